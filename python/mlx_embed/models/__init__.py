@@ -1,0 +1,3 @@
+"""Model architectures, keyed by config.json ``model_type``."""
+
+SUPPORTED = ("bert", "qwen3")

@@ -1,0 +1,194 @@
+"""BERT encoder (all-MiniLM, BGE, E5, GTE, ...) for embeddings.
+
+One self-contained file in the style of mlx-lm's model files: ``ModelArgs``
+from config.json, plain modules, and ``sanitize`` mapping checkpoint names to
+ours. Only the encoder is built; the pooler/MLM heads are dropped because
+sentence embeddings pool the last hidden state directly.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .. import ops
+
+
+@dataclass
+class ModelArgs:
+    model_type: str = "bert"
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    position_embedding_type: str = "absolute"
+
+    @classmethod
+    def from_dict(cls, params: dict) -> "ModelArgs":
+        fields = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in params.items() if k in fields})
+
+    def __post_init__(self):
+        if self.position_embedding_type != "absolute":
+            raise ValueError(
+                f"bert: position_embedding_type={self.position_embedding_type!r} "
+                "is not supported (only 'absolute')"
+            )
+        if self.hidden_act not in ("gelu", "gelu_new", "gelu_pytorch_tanh"):
+            raise ValueError(f"bert: hidden_act={self.hidden_act!r} is not supported")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError("bert: hidden_size must be divisible by num_attention_heads")
+
+
+class Embeddings(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.position_embeddings = nn.Embedding(
+            args.max_position_embeddings, args.hidden_size
+        )
+        self.token_type_embeddings = nn.Embedding(args.type_vocab_size, args.hidden_size)
+        self.norm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+
+    def __call__(self, input_ids: mx.array) -> mx.array:
+        L = input_ids.shape[1]
+        # Single-segment input: token_type_ids are all 0, so the type embedding
+        # is one row broadcast over every position.
+        x = (
+            self.word_embeddings(input_ids)
+            + self.position_embeddings.weight[:L]
+            + self.token_type_embeddings.weight[0]
+        )
+        return self.norm(x)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        dim = args.hidden_size
+        self.n_heads = args.num_attention_heads
+        self.head_dim = dim // self.n_heads
+        self.scale = self.head_dim**-0.5
+        # q, k and v share one projection: a single [D, 3D] GEMM keeps the BLAS
+        # busier than three [D, D] ones on small batches. sanitize() fuses them.
+        self.qkv = nn.Linear(dim, 3 * dim, bias=True)
+        self.out_proj = nn.Linear(dim, dim, bias=True)
+
+    def __call__(self, x: mx.array, mask: Optional[mx.array]) -> mx.array:
+        B, L, D = x.shape
+        qkv = self.qkv(x).reshape(B, L, 3, self.n_heads, self.head_dim)
+        qkv = qkv.transpose(2, 0, 3, 1, 4)  # [3, B, H, L, hd]
+        q, k, v = qkv[0], qkv[1], qkv[2]
+        scores = (q * self.scale) @ k.swapaxes(-1, -2)
+        if mask is not None:
+            scores = scores + mask
+        probs = ops.softmax(scores)
+        out = (probs @ v).transpose(0, 2, 1, 3).reshape(B, L, D)
+        return self.out_proj(out)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.up = nn.Linear(args.hidden_size, args.intermediate_size)
+        self.down = nn.Linear(args.intermediate_size, args.hidden_size)
+        self.tanh_gelu = args.hidden_act != "gelu"
+
+    def __call__(self, x: mx.array) -> mx.array:
+        h = self.up(x)
+        h = ops.gelu_tanh(h) if self.tanh_gelu else ops.gelu(h)
+        return self.down(h)
+
+
+class TransformerBlock(nn.Module):
+    """Post-LN block, as in the original BERT."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.attention = Attention(args)
+        self.attention_norm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.ffn = FeedForward(args)
+        self.ffn_norm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+
+    def __call__(self, x: mx.array, mask: Optional[mx.array]) -> mx.array:
+        x = self.attention_norm(x + self.attention(x, mask))
+        return self.ffn_norm(x + self.ffn(x))
+
+
+class Model(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model_type = args.model_type
+        self.embeddings = Embeddings(args)
+        self.layers = [TransformerBlock(args) for _ in range(args.num_hidden_layers)]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.args.vocab_size
+
+    def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
+        """Last hidden state [B, L, D]; ``attention_mask`` is 1 for real tokens."""
+        x = self.embeddings(input_ids)
+        # Additive key mask, broadcast over heads and query positions. Large
+        # negative rather than -inf so an all-padding row could never make NaNs;
+        # exp() of it underflows to exactly 0, so real rows are unaffected.
+        neg = mx.array(-1e9 if x.dtype == mx.float32 else -3e4, dtype=x.dtype)
+        mask = mx.where(attention_mask[:, None, None, :].astype(mx.bool_), 0.0, neg)
+        mask = mask.astype(x.dtype)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x
+
+    # Checkpoint name -> our name. Patterns are applied after stripping any
+    # leading "bert." (BertForMaskedLM etc. wrap the encoder under it).
+    _RENAMES = (
+        (r"^embeddings\.LayerNorm\.", "embeddings.norm."),
+        (r"^encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.", r"layers.\1.attention.\2."),
+        (r"^encoder\.layer\.(\d+)\.attention\.output\.dense\.", r"layers.\1.attention.out_proj."),
+        (r"^encoder\.layer\.(\d+)\.attention\.output\.LayerNorm\.", r"layers.\1.attention_norm."),
+        (r"^encoder\.layer\.(\d+)\.intermediate\.dense\.", r"layers.\1.ffn.up."),
+        (r"^encoder\.layer\.(\d+)\.output\.dense\.", r"layers.\1.ffn.down."),
+        (r"^encoder\.layer\.(\d+)\.output\.LayerNorm\.", r"layers.\1.ffn_norm."),
+    )
+
+    def sanitize(self, weights: dict) -> dict:
+        out = {}
+        for name, w in weights.items():
+            if name.startswith("bert."):
+                name = name[len("bert.") :]
+            if (
+                name.startswith(("pooler.", "cls.", "lm_head."))
+                or name.endswith("position_ids")
+            ):
+                continue
+            # Very old checkpoints name LayerNorm parameters gamma/beta.
+            name = re.sub(r"LayerNorm\.gamma$", "LayerNorm.weight", name)
+            name = re.sub(r"LayerNorm\.beta$", "LayerNorm.bias", name)
+            for pat, rep in self._RENAMES:
+                name, n = re.subn(pat, rep, name)
+                if n:
+                    break
+            out[name] = w
+
+        # Fuse separate q/k/v projections into the qkv Linear. Works for
+        # quantized tensors too: weight, scales and biases are all split along
+        # the output dimension (axis 0).
+        for i in range(self.args.num_hidden_layers):
+            pre = f"layers.{i}.attention."
+            for suffix in ("weight", "bias", "scales", "biases"):
+                parts = [f"{pre}{p}.{suffix}" for p in ("query", "key", "value")]
+                if all(p in out for p in parts):
+                    out[f"{pre}qkv.{suffix}"] = mx.concatenate(
+                        [out.pop(p) for p in parts], axis=0
+                    )
+        return out

@@ -1,0 +1,50 @@
+"""Qwen3 decoder as an embedding model (Qwen3-Embedding).
+
+The transformer itself is mlx-lm's ``Qwen3Model``, used as is: we only add the
+embedding-specific wrapper (no LM head, weight-name normalization). Pooling of
+the last real token happens in the engine.
+
+Right padding is exact here without any padding mask: attention is causal, so
+a real token never attends to the padding that follows it, and the engine
+gathers each row's last *real* position.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import qwen3 as _lm
+
+
+class ModelArgs(_lm.ModelArgs):
+    pass
+
+
+class Model(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model_type = args.model_type
+        self.model = _lm.Qwen3Model(args)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.args.vocab_size
+
+    def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
+        # attention_mask is unused on purpose (see module docstring); the
+        # final RMSNorm is applied inside Qwen3Model.
+        return self.model(input_ids)
+
+    def sanitize(self, weights: dict) -> dict:
+        out = {}
+        for name, w in weights.items():
+            # Embedding checkpoints may carry an LM head (tied or not) that we
+            # never use; Qwen3Model (HF "Qwen3Model" saves) has no "model."
+            # prefix, Qwen3ForCausalLM and mlx-lm conversions do.
+            if name.startswith("lm_head.") or "rotary_emb.inv_freq" in name:
+                continue
+            if not name.startswith("model."):
+                name = "model." + name
+            out[name] = w
+        return out

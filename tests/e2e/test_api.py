@@ -1,0 +1,167 @@
+"""The four embed routes, the OpenAI client, limits and concurrency, against the real server."""
+
+from __future__ import annotations
+
+import base64
+import concurrent.futures as cf
+
+import numpy as np
+import openai
+import pytest
+
+from conftest import cosine_rows
+
+ROUTES = {
+    "native": ("/api/v1/embed", lambda texts: {"texts": texts}, lambda r: r["embeddings"]),
+    "openai": ("/v1/embeddings", lambda texts: {"input": texts, "model": "all-MiniLM-L6-v2"},
+               lambda r: [d["embedding"] for d in sorted(r["data"], key=lambda d: d["index"])]),
+    "tei": ("/embed", lambda texts: {"inputs": texts}, lambda r: r),
+    "ollama": ("/api/embed", lambda texts: {"model": "all-MiniLM-L6-v2", "input": texts}, lambda r: r["embeddings"]),
+}
+
+
+def embed_via(server, route: str, texts: list[str]) -> np.ndarray:
+    path, make_body, extract = ROUTES[route]
+    resp = server.post(path, make_body(texts))
+    assert resp.status_code == 200, resp.text
+    return np.asarray(extract(resp.json()), dtype=np.float32)
+
+
+@pytest.mark.parametrize("encoding", ["base64", "float"])
+def test_openai_client_matches_golden(server, golden, encoding):
+    texts, reference = golden
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    if encoding == "base64":
+        result = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts)  # the client's default
+    else:
+        result = client.embeddings.create(model="all-MiniLM-L6-v2", input=texts, encoding_format="float")
+    got = np.asarray([d.embedding for d in sorted(result.data, key=lambda d: d.index)], dtype=np.float32)
+    assert got.shape == reference.shape
+    assert cosine_rows(got, reference).min() >= 0.99999
+    assert np.abs(got - reference).max() <= 1e-5
+    assert result.usage.prompt_tokens > len(texts)
+
+
+def test_four_routes_agree(server, golden):
+    texts = golden[0][:8]
+    results = {route: embed_via(server, route, texts) for route in ROUTES}
+    for route, vectors in results.items():
+        assert vectors.shape == (8, 384), route
+        np.testing.assert_allclose(vectors, results["native"], atol=1e-6, err_msg=route)
+    np.testing.assert_allclose(results["native"], golden[1][:8], atol=1e-5)
+
+
+def test_native_response_shape(server):
+    body = server.post("/api/v1/embed", {"texts": ["hello world", "second"]}).json()
+    assert body["model"] == "all-MiniLM-L6-v2"
+    assert body["dimension"] == 384
+    assert len(body["embeddings"]) == 2
+    # [CLS] hello world [SEP] = 4, [CLS] second [SEP] = 3
+    assert body["usage"] == {"prompt_tokens": 7, "total_tokens": 7}
+
+
+def test_dimensions_keeps_prefix_and_renormalizes(server, golden):
+    text = golden[0][0]
+    full = embed_via(server, "native", [text])[0]
+    resp = server.post("/v1/embeddings", {"input": text, "dimensions": 64, "encoding_format": "base64"})
+    assert resp.status_code == 200, resp.text
+    short = np.frombuffer(base64.b64decode(resp.json()["data"][0]["embedding"]), dtype="<f4")
+    assert short.shape == (64,)
+    expected = full[:64] / np.linalg.norm(full[:64])
+    np.testing.assert_allclose(short, expected, atol=1e-6)
+    tei = server.post("/embed", {"inputs": text, "dimensions": 64}).json()
+    np.testing.assert_allclose(np.asarray(tei[0]), expected, atol=1e-6)
+
+
+def test_token_id_input_equals_text(server):
+    # "hello world" in the MiniLM vocabulary, without [CLS]/[SEP] (the server adds them).
+    by_text = server.post("/v1/embeddings", {"input": "hello world"}).json()["data"][0]["embedding"]
+    by_ids = server.post("/v1/embeddings", {"input": [7592, 2088]}).json()["data"][0]["embedding"]
+    by_id_lists = server.post("/v1/embeddings", {"input": [[7592, 2088], [7592]]}).json()["data"]
+    np.testing.assert_allclose(by_ids, by_text, atol=1e-6)
+    np.testing.assert_allclose(by_id_lists[0]["embedding"], by_text, atol=1e-6)
+    assert len(by_id_lists) == 2
+
+
+def test_64_concurrent_clients_get_their_own_vectors(server):
+    texts = [f"concurrent client {i} writes about topic number {i * 7 % 13} and item {i}" for i in range(64)]
+    singles = {t: embed_via(server, "native", [t])[0] for t in texts[:16]}
+
+    def call(i):
+        route = list(ROUTES)[i % 4]
+        return texts[i], embed_via(server, route, [texts[i]])[0]
+
+    with cf.ThreadPoolExecutor(64) as pool:
+        results = list(pool.map(call, range(64)))
+    assert len(results) == 64
+    for text, vector in results:
+        # Each answer is for its own text: compare with a fresh single-request result.
+        expected = singles[text] if text in singles else embed_via(server, "native", [text])[0]
+        np.testing.assert_allclose(vector, expected, atol=1e-5)
+    assert len({tuple(np.round(v, 4)) for _, v in results}) == 64
+
+
+LIMIT_CASES = [
+    # (route, body or raw bytes, headers, expected status)
+    ("/api/v1/embed", {"texts": []}, None, 400),
+    ("/api/v1/embed", {"texts": [""]}, None, 400),
+    ("/api/v1/embed", {"texts": ["ok", 3]}, None, 422),
+    ("/api/v1/embed", {"wrong": ["ok"]}, None, 422),
+    ("/api/v1/embed", b'{"texts": ["unterminated', {"content-type": "application/json"}, 400),
+    ("/api/v1/embed", b'{"texts": ["ok"]}', {"content-type": "text/plain"}, 415),
+    ("/api/v1/embed", {"texts": ["x"] * 2049}, None, 413),
+    ("/v1/embeddings", {"input": "hi", "dimensions": 0}, None, 400),
+    ("/v1/embeddings", {"input": "hi", "dimensions": 385}, None, 400),
+    ("/v1/embeddings", {"input": "hi", "encoding_format": "hex"}, None, 422),
+    ("/v1/embeddings", {"input": [[1, 99999999]]}, None, 400),
+    ("/embed", {"inputs": []}, None, 400),
+    ("/api/embed", {"model": "m", "input": ""}, None, 400),
+]
+
+
+@pytest.mark.parametrize("path,body,headers,status", LIMIT_CASES)
+def test_limits_give_exact_status(server, path, body, headers, status):
+    import requests
+
+    if isinstance(body, bytes):
+        resp = requests.post(server.url + path, data=body, headers=headers, timeout=30)
+    else:
+        resp = server.post(path, body)
+    assert resp.status_code == status, resp.text
+    error = resp.json()
+    if path.startswith("/v1/"):
+        assert set(error["error"]) >= {"message", "type", "param", "code"}
+    else:
+        assert isinstance(error["error"], str) and error["error"]
+    assert server.healthy()
+
+
+def test_body_over_limit_is_413(server):
+    resp = server.post("/api/v1/embed", {"texts": ["a" * (3 * 1024 * 1024)]})
+    assert resp.status_code == 413
+    assert server.healthy()
+
+
+def test_too_long_without_truncation_is_422(server):
+    long_text = "word " * 400
+    resp = server.post("/api/v1/embed", {"texts": ["short", long_text], "truncate": False})
+    assert resp.status_code == 422, resp.text
+    message = resp.json()["error"]
+    assert "1" in message and "402" in message  # index 1, 400 words + [CLS] + [SEP]
+    ok = server.post("/api/v1/embed", {"texts": ["short", long_text]})
+    assert ok.status_code == 200
+    assert ok.json()["usage"]["prompt_tokens"] == 3 + 256
+
+
+def test_ops_routes(server):
+    assert server.get("/health").status_code == 200
+    info = server.get("/info").json()
+    assert info["dim"] == 384 and info["max_input_length"] == 256
+    models = server.get("/v1/models").json()
+    assert models["data"][0]["id"] == "all-MiniLM-L6-v2"
+    spec = server.get("/openapi.json").json()
+    for path in ["/api/v1/embed", "/v1/embeddings", "/embed", "/api/embed"]:
+        assert path in spec["paths"], path
+    metrics = server.get("/metrics").text
+    for name in ["batch_size", "queue_wait", "gil_wait", "model_seconds", "padding"]:
+        assert name in metrics, name

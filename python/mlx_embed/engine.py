@@ -182,7 +182,15 @@ class EmbeddingModel:
         if max_length is None:
             max_length = st.get("max_seq_length")
         if max_length is None:
-            max_length = min(int(config.get("max_position_embeddings", 512)), 8192)
+            # No sentence-transformers config: the smallest of the position
+            # table, the tokenizer's declared limit (HF uses ~1e30 for "none")
+            # and 8192, past which CPU attention cost is unreasonable anyway.
+            caps = [int(config.get("max_position_embeddings", 512)), 8192]
+            tc = _read_json(os.path.join(path, "tokenizer_config.json")) or {}
+            mml = tc.get("model_max_length")
+            if isinstance(mml, (int, float)) and 0 < mml < 1e7:
+                caps.append(int(mml))
+            max_length = min(caps)
         self.max_length = int(max_length)
         limit = config.get("max_position_embeddings")
         if model_type == "bert" and limit and self.max_length > limit:

@@ -40,3 +40,39 @@ pub struct MetricsSnapshot {
     pub gil_wait_seconds: Histogram,
     pub model_seconds: Histogram,
 }
+
+/// Bucket bounds for durations in seconds: sub-millisecond queue hops up to
+/// a minute of queueing (the default `max_queue_wait`).
+pub const SECONDS_BOUNDS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0, 60.0,
+];
+
+/// Bucket bounds for inputs per batch (powers of two cover every `max_batch_size`).
+pub const BATCH_SIZE_BOUNDS: &[f64] =
+    &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
+
+/// Bucket bounds for padded tokens per batch.
+pub const BATCH_TOKENS_BOUNDS: &[f64] = &[
+    16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0, 16384.0, 32768.0,
+    65536.0,
+];
+
+impl Histogram {
+    /// An empty histogram with the given ascending upper bounds.
+    pub fn with_bounds(bounds: &[f64]) -> Self {
+        Self { bounds: bounds.to_vec(), counts: vec![0; bounds.len()], overflow: 0, sum: 0.0, count: 0 }
+    }
+
+    /// Records one observation in the first bucket whose bound is `>= value`.
+    pub fn observe(&mut self, value: f64) {
+        // Bounds are few (<= 20), so a partition point beats anything fancier.
+        let i = self.bounds.partition_point(|&b| b < value);
+        match self.counts.get_mut(i) {
+            Some(c) => *c += 1,
+            None => self.overflow += 1,
+        }
+        self.sum += value;
+        self.count += 1;
+    }
+}

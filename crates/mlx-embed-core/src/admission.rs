@@ -1,0 +1,123 @@
+//! Admission: a fair (FIFO) semaphore counted in inputs, plus a bounded,
+//! time-limited waiting line in front of it.
+
+use std::future::{poll_fn, Future};
+use std::pin::pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::recorder::Recorder;
+use crate::OverloadReason;
+
+/// Why admission did not hand out permits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    Overloaded(OverloadReason),
+    /// The semaphore was closed (`close()` or the model died).
+    Closed,
+}
+
+pub(crate) struct Admission {
+    semaphore: Arc<Semaphore>,
+    /// Permits in all; a request never asks for more than this.
+    bound: usize,
+    max_waiting: usize,
+    max_queue_wait: Duration,
+    /// Inputs currently waiting for permits (not those that already hold them).
+    waiting: AtomicUsize,
+}
+
+/// Takes a caller's inputs out of the waiting count however its wait ends,
+/// including the caller dropping its `embed` future.
+struct WaitingSlot<'a> {
+    waiting: &'a AtomicUsize,
+    n: usize,
+}
+
+impl Drop for WaitingSlot<'_> {
+    fn drop(&mut self) {
+        self.waiting.fetch_sub(self.n, Ordering::AcqRel);
+    }
+}
+
+impl Admission {
+    pub fn new(max_concurrent: usize, max_waiting: usize, max_queue_wait: Duration) -> Self {
+        // Zero permits would admit nobody, ever; one is the smallest working bound.
+        // tokio caps a semaphore at usize::MAX >> 3 permits and an acquire at u32::MAX.
+        let bound = max_concurrent.clamp(1, u32::MAX as usize);
+        Self {
+            semaphore: Arc::new(Semaphore::new(bound)),
+            bound,
+            max_waiting,
+            max_queue_wait,
+            waiting: AtomicUsize::new(0),
+        }
+    }
+
+    pub fn waiting_inputs(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
+    /// Wakes every waiter with `Closed` and refuses every later caller.
+    pub fn close(&self) {
+        self.semaphore.close();
+    }
+
+    /// Waits for `n` inputs' worth of permits (at most the whole bound, so a
+    /// request larger than the bound can still run, alone).
+    pub async fn admit(&self, n: usize, arrived: Instant) -> Result<OwnedSemaphorePermit, Refusal> {
+        let permits = n.min(self.bound) as u32;
+        let mut acquire = pin!(self.semaphore.clone().acquire_many_owned(permits));
+
+        // The first poll either gets the permits at once or puts us in the
+        // semaphore's FIFO line; only in the second case do the waiting bounds apply,
+        // so nobody is refused while there is room.
+        let first = poll_fn(|cx| Poll::Ready(acquire.as_mut().poll(cx))).await;
+        if let Poll::Ready(permit) = first {
+            return permit.map_err(|_| Refusal::Closed);
+        }
+
+        let _slot = self.enter_waiting_line(n)?;
+        let permit = match arrived.checked_add(self.max_queue_wait) {
+            Some(deadline) => {
+                match tokio::time::timeout_at(deadline.into(), acquire).await {
+                    Ok(permit) => permit,
+                    Err(_) => return Err(Refusal::Overloaded(OverloadReason::QueueTimeout)),
+                }
+            }
+            // A wait bound too large to represent means "no bound".
+            None => acquire.await,
+        };
+        permit.map_err(|_| Refusal::Closed)
+    }
+
+    fn enter_waiting_line(&self, n: usize) -> Result<WaitingSlot<'_>, Refusal> {
+        // A compare-exchange loop rather than add-then-undo, so a refused caller
+        // never makes the line look longer than it is to a concurrent one.
+        let mut current = self.waiting.load(Ordering::Acquire);
+        loop {
+            if current.saturating_add(n) > self.max_waiting {
+                return Err(Refusal::Overloaded(OverloadReason::QueueFull));
+            }
+            match self.waiting.compare_exchange_weak(current, current + n, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok(WaitingSlot { waiting: &self.waiting, n }),
+                Err(seen) => current = seen,
+            }
+        }
+    }
+
+    /// When to come back: the time the model needs for the work ahead at its
+    /// recent throughput, in whole seconds (HTTP `Retry-After` granularity), 1 to 60 s.
+    pub fn retry_after(&self, recorder: &Recorder) -> Duration {
+        let Some(per_second) = recorder.throughput() else {
+            return Duration::from_secs(1);
+        };
+        let ahead = self.waiting_inputs() as f64
+            + recorder.in_flight_inputs.load(Ordering::Relaxed) as f64;
+        Duration::from_secs((ahead / per_second).ceil().clamp(1.0, 60.0) as u64)
+    }
+}

@@ -1,0 +1,176 @@
+//! Live counters behind [`crate::MetricsSnapshot`]: atomics for counts, one
+//! small mutex for the histograms (written by the model thread once per batch).
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use crate::metrics::{BATCH_SIZE_BOUNDS, BATCH_TOKENS_BOUNDS, SECONDS_BOUNDS};
+use crate::{CoreError, Embeddings, Histogram, MetricsSnapshot};
+
+/// Locks a mutex, ignoring poisoning: our critical sections never run user
+/// code, so a poisoned lock still guards consistent data.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+struct Histograms {
+    batch_size: Histogram,
+    batch_tokens: Histogram,
+    queue_wait: Histogram,
+    gil_wait: Histogram,
+    model: Histogram,
+}
+
+/// Counters shared by callers, the collector and the model thread.
+pub(crate) struct Recorder {
+    pub in_flight_inputs: AtomicU64,
+    pub queued_inputs: AtomicU64,
+    requests_ok: AtomicU64,
+    requests_overloaded: AtomicU64,
+    requests_model_error: AtomicU64,
+    requests_unavailable: AtomicU64,
+    requests_cancelled: AtomicU64,
+    inputs_cancelled: AtomicU64,
+    batches: AtomicU64,
+    real_tokens: AtomicU64,
+    padded_tokens: AtomicU64,
+    /// Inputs the model computed and the time it took: the throughput behind `retry_after`.
+    inputs_computed: AtomicU64,
+    model_nanos: AtomicU64,
+    /// Requests between the start of `embed` and their answer, for `drained()`.
+    active_requests: AtomicUsize,
+    idle: Notify,
+    hist: Mutex<Histograms>,
+}
+
+impl Recorder {
+    pub fn new() -> Self {
+        Self {
+            in_flight_inputs: AtomicU64::new(0),
+            queued_inputs: AtomicU64::new(0),
+            requests_ok: AtomicU64::new(0),
+            requests_overloaded: AtomicU64::new(0),
+            requests_model_error: AtomicU64::new(0),
+            requests_unavailable: AtomicU64::new(0),
+            requests_cancelled: AtomicU64::new(0),
+            inputs_cancelled: AtomicU64::new(0),
+            batches: AtomicU64::new(0),
+            real_tokens: AtomicU64::new(0),
+            padded_tokens: AtomicU64::new(0),
+            inputs_computed: AtomicU64::new(0),
+            model_nanos: AtomicU64::new(0),
+            active_requests: AtomicUsize::new(0),
+            idle: Notify::new(),
+            hist: Mutex::new(Histograms {
+                batch_size: Histogram::with_bounds(BATCH_SIZE_BOUNDS),
+                batch_tokens: Histogram::with_bounds(BATCH_TOKENS_BOUNDS),
+                queue_wait: Histogram::with_bounds(SECONDS_BOUNDS),
+                gil_wait: Histogram::with_bounds(SECONDS_BOUNDS),
+                model: Histogram::with_bounds(SECONDS_BOUNDS),
+            }),
+        }
+    }
+
+    /// Counts a finished `embed` call by its outcome. Refusals that are not
+    /// about capacity or the model (shutdown, invalid input) are not counted.
+    pub fn count_outcome(&self, result: &Result<Embeddings, CoreError>) {
+        let counter = match result {
+            Ok(_) => &self.requests_ok,
+            Err(CoreError::Overloaded { .. }) => &self.requests_overloaded,
+            Err(CoreError::Model(_)) => &self.requests_model_error,
+            Err(CoreError::ModelUnavailable(_)) => &self.requests_unavailable,
+            Err(CoreError::ShuttingDown | CoreError::InvalidInput(_)) => return,
+        };
+        counter.fetch_add(1, Relaxed);
+    }
+
+    pub fn inputs_cancelled(&self, n: usize) {
+        self.inputs_cancelled.fetch_add(n as u64, Relaxed);
+    }
+
+    pub fn request_cancelled(&self) {
+        self.requests_cancelled.fetch_add(1, Relaxed);
+    }
+
+    pub fn dequeued(&self, n: usize) {
+        self.queued_inputs.fetch_sub(n as u64, Relaxed);
+    }
+
+    pub fn queue_wait(&self, wait: Duration) {
+        lock(&self.hist).queue_wait.observe(wait.as_secs_f64());
+    }
+
+    /// One model call: its size, estimated padded tokens and timings.
+    pub fn model_call(&self, inputs: usize, est_padded: usize, model: Duration, gil_wait: Duration) {
+        self.batches.fetch_add(1, Relaxed);
+        self.inputs_computed.fetch_add(inputs as u64, Relaxed);
+        self.model_nanos.fetch_add(model.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
+        let mut h = lock(&self.hist);
+        h.batch_size.observe(inputs as f64);
+        h.batch_tokens.observe(est_padded as f64);
+        h.model.observe(model.as_secs_f64());
+        h.gil_wait.observe(gil_wait.as_secs_f64());
+    }
+
+    pub fn tokens(&self, real: u64, padded: u64) {
+        self.real_tokens.fetch_add(real, Relaxed);
+        self.padded_tokens.fetch_add(padded, Relaxed);
+    }
+
+    /// Inputs per second of model time, once the model has run at all.
+    pub fn throughput(&self) -> Option<f64> {
+        let nanos = self.model_nanos.load(Relaxed);
+        let inputs = self.inputs_computed.load(Relaxed);
+        (nanos > 0 && inputs > 0).then(|| inputs as f64 / (nanos as f64 * 1e-9))
+    }
+
+    pub fn request_started(&self) {
+        self.active_requests.fetch_add(1, Relaxed);
+    }
+
+    pub fn request_finished(&self) {
+        if self.active_requests.fetch_sub(1, Relaxed) == 1 {
+            self.idle.notify_waiters();
+        }
+    }
+
+    /// Resolves once no request is between `embed` and its answer.
+    pub async fn idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            let mut notified = std::pin::pin!(notified);
+            // Registering before the check means a finish in between still wakes us.
+            notified.as_mut().enable();
+            if self.active_requests.load(Relaxed) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    pub fn snapshot(&self, waiting_inputs: u64) -> MetricsSnapshot {
+        let h = lock(&self.hist);
+        MetricsSnapshot {
+            waiting_inputs,
+            in_flight_inputs: self.in_flight_inputs.load(Relaxed),
+            queued_inputs: self.queued_inputs.load(Relaxed),
+            requests_ok: self.requests_ok.load(Relaxed),
+            requests_overloaded: self.requests_overloaded.load(Relaxed),
+            requests_model_error: self.requests_model_error.load(Relaxed),
+            requests_unavailable: self.requests_unavailable.load(Relaxed),
+            requests_cancelled: self.requests_cancelled.load(Relaxed),
+            inputs_cancelled_before_compute: self.inputs_cancelled.load(Relaxed),
+            batches: self.batches.load(Relaxed),
+            batch_size: h.batch_size.clone(),
+            batch_tokens: h.batch_tokens.clone(),
+            real_tokens: self.real_tokens.load(Relaxed),
+            padded_tokens: self.padded_tokens.load(Relaxed),
+            queue_wait_seconds: h.queue_wait.clone(),
+            gil_wait_seconds: h.gil_wait.clone(),
+            model_seconds: h.model.clone(),
+        }
+    }
+}

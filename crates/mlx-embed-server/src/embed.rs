@@ -1,0 +1,132 @@
+//! The one embed path every API adapter calls:
+//! validate -> `batcher.embed` -> truncation check -> `dimensions` -> normalize.
+
+use mlx_embed_core::{l2_normalize, EmbedInput};
+
+use crate::errors::{ApiError, ErrorKind};
+use crate::state::AppState;
+
+/// What every API's request boils down to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmbedRequest {
+    pub inputs: Vec<EmbedInput>,
+    /// Scale each vector to unit length (after `dimensions`).
+    pub normalize: bool,
+    /// `false`: refuse (422) inputs longer than the model's maximum instead of truncating them.
+    pub truncate: bool,
+    /// Keep only the first N components (1..=dim); re-normalized when `normalize`.
+    pub dimensions: Option<i64>,
+}
+
+impl EmbedRequest {
+    /// Defaults shared by the APIs: normalize, truncate, full dimension.
+    pub fn new(inputs: Vec<EmbedInput>) -> Self {
+        Self { inputs, normalize: true, truncate: true, dimensions: None }
+    }
+}
+
+/// What every API's response is built from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EmbedOutput {
+    /// One vector per input, in input order.
+    pub vectors: Vec<Vec<f32>>,
+    /// Length of each vector.
+    pub dimension: usize,
+    /// Tokens the model ran over all inputs (after truncation).
+    pub prompt_tokens: u64,
+}
+
+/// Embeds `req`; errors carry their status (see [`crate::errors`]).
+pub async fn embed(state: &AppState, req: EmbedRequest) -> Result<EmbedOutput, ApiError> {
+    let dim = state.model_info().dim;
+    let dimension = validate(state, &req, dim)?;
+
+    let n_inputs = req.inputs.len();
+    let out = state.batcher().embed(req.inputs).await?;
+    if out.vectors.len() != n_inputs {
+        // The core promises one vector per input; never answer with misaligned data.
+        return Err(ApiError::new(
+            ErrorKind::Model,
+            format!("model returned {} vectors for {n_inputs} inputs", out.vectors.len()),
+        ));
+    }
+
+    if !req.truncate {
+        let max = state.model_info().max_input_tokens;
+        if let Some((i, n)) = out
+            .untruncated_token_counts
+            .iter()
+            .enumerate()
+            .find(|(_, &n)| n as usize > max)
+        {
+            return Err(ApiError::new(
+                ErrorKind::Unprocessable,
+                format!(
+                    "input {i} has {n} tokens, more than the model's maximum of {max}; \
+                     shorten it or set truncate to true"
+                ),
+            )
+            .code("context_length_exceeded"));
+        }
+    }
+
+    let mut vectors = out.vectors;
+    for v in &mut vectors {
+        v.truncate(dimension);
+        if req.normalize {
+            l2_normalize(v);
+        }
+    }
+    let prompt_tokens = out.token_counts.iter().map(|&n| u64::from(n)).sum();
+    Ok(EmbedOutput { vectors, dimension, prompt_tokens })
+}
+
+/// Checks limits before any model work; returns the output dimension.
+fn validate(state: &AppState, req: &EmbedRequest, dim: usize) -> Result<usize, ApiError> {
+    let max_inputs = state.args().max_inputs_per_request;
+    if req.inputs.is_empty() {
+        return Err(ApiError::invalid("input is empty: send at least one text").param("input"));
+    }
+    if req.inputs.len() > max_inputs {
+        return Err(ApiError::new(
+            ErrorKind::TooLarge,
+            format!(
+                "{} inputs is more than the limit of {max_inputs} per request \
+                 (--max-inputs-per-request); split the request",
+                req.inputs.len()
+            ),
+        )
+        .param("input"));
+    }
+    let vocab = state.vocab_size();
+    for (i, input) in req.inputs.iter().enumerate() {
+        match input {
+            EmbedInput::Text(t) if t.is_empty() => {
+                return Err(ApiError::invalid(format!("input {i} is an empty string")).param("input"));
+            }
+            EmbedInput::Tokens(ids) if ids.is_empty() => {
+                return Err(ApiError::invalid(format!("input {i} is an empty token list")).param("input"));
+            }
+            EmbedInput::Tokens(ids) => {
+                if let Some(vocab) = vocab {
+                    if let Some((j, id)) = ids.iter().enumerate().find(|(_, &id)| u64::from(id) >= vocab) {
+                        return Err(ApiError::invalid(format!(
+                            "input {i} has token id {id} at position {j}, outside the vocabulary \
+                             (ids must be below {vocab})"
+                        ))
+                        .param("input"));
+                    }
+                }
+            }
+            EmbedInput::Text(_) => {}
+        }
+    }
+    match req.dimensions {
+        None => Ok(dim),
+        Some(n) if n >= 1 && n as u64 <= dim as u64 => Ok(n as usize),
+        Some(n) => Err(ApiError::invalid(format!(
+            "dimensions must be between 1 and the model's dimension {dim}, got {n}"
+        ))
+        .param("dimensions")),
+    }
+}

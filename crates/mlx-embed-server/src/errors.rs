@@ -1,0 +1,375 @@
+//! Errors: the server's own [`ServerError`], and [`ApiError`], one request's
+//! failure with its HTTP status, rendered in the shape of the API that was called.
+//!
+//! # Status codes (every embed route)
+//!
+//! | status | when |
+//! | --- | --- |
+//! | 400 | malformed JSON; empty input list; an empty string or empty token list; a token id outside the vocabulary (names the input index); `dimensions` < 1 or > the model's dimension; input the model rejects as invalid |
+//! | 401 | `--api-key` is set and `Authorization: Bearer <key>` is missing or wrong (every route but `/health`) |
+//! | 404 / 405 | unknown route / wrong method |
+//! | 413 | body larger than `--max-body-bytes` (2 MiB); more inputs than `--max-inputs-per-request` (2048) |
+//! | 415 | `Content-Type` is not `application/json` |
+//! | 422 | well-formed JSON of the wrong shape (missing, null or wrong-typed field, non-string item, arrays nested too deep); an input longer than the model's maximum with `truncate: false` (names the index and its token count) |
+//! | 429 | the server is overloaded (admission queue full or waited too long); `Retry-After` says when to retry, in whole seconds (>= 1) |
+//! | 500 | the model failed on this request (the model's message) |
+//! | 503 | the model is unavailable, or the server is shutting down |
+//!
+//! # Error bodies
+//!
+//! * native `/api/v1/*` and operational routes: `{"error": {"message": str, "type": str, "code": int}}`
+//! * OpenAI `/v1/*`: `{"error": {"message": str, "type": str, "param": str|null, "code": str|null}}`
+//! * TEI `/embed`: `{"error": str, "error_type": str}`
+//! * Ollama `/api/embed`: `{"error": str}`
+
+use std::marker::PhantomData;
+use std::time::Duration;
+
+use axum::extract::rejection::JsonRejection;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use mlx_embed_core::CoreError;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// Why [`crate::serve`] could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("invalid server settings: {0}")]
+    Config(String),
+    #[error("warm-up failed (the model could not embed a full batch): {0}")]
+    Warmup(#[source] CoreError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot install signal handlers: {0}")]
+    Signal(#[source] std::io::Error),
+    #[error("server failed: {0}")]
+    Serve(#[source] std::io::Error),
+}
+
+/// What went wrong, independent of the API shape it is reported in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// 400: the request is well-formed but its values are not acceptable.
+    InvalidRequest,
+    /// 401.
+    Unauthorized,
+    /// 404 / 405.
+    NotFound,
+    MethodNotAllowed,
+    /// 413.
+    TooLarge,
+    /// 415.
+    UnsupportedMediaType,
+    /// 422: wrong JSON shape or input too long without truncation.
+    Unprocessable,
+    /// 429.
+    Overloaded,
+    /// 500.
+    Model,
+    /// 503.
+    Unavailable,
+}
+
+impl ErrorKind {
+    pub fn status(self) -> StatusCode {
+        match self {
+            ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
+            ErrorKind::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ErrorKind::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorKind::Overloaded => StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::Model => StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// Machine-readable type for the native and OpenAI shapes.
+    fn openai_type(self) -> &'static str {
+        match self {
+            ErrorKind::Unauthorized => "authentication_error",
+            ErrorKind::NotFound | ErrorKind::MethodNotAllowed => "not_found_error",
+            ErrorKind::Overloaded => "rate_limit_error",
+            ErrorKind::Model => "server_error",
+            ErrorKind::Unavailable => "service_unavailable",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// TEI's `error_type` vocabulary.
+    fn tei_type(self) -> &'static str {
+        match self {
+            ErrorKind::Unauthorized => "Unauthorized",
+            ErrorKind::NotFound | ErrorKind::MethodNotAllowed => "NotFound",
+            ErrorKind::Overloaded => "Overloaded",
+            ErrorKind::Model => "Backend",
+            ErrorKind::Unavailable => "Unhealthy",
+            _ => "Validation",
+        }
+    }
+}
+
+/// One request's failure, before it is shaped for an API.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub kind: ErrorKind,
+    pub message: String,
+    /// The request field at fault (OpenAI's `param`).
+    pub param: Option<&'static str>,
+    /// OpenAI's `code`, e.g. `invalid_api_key`.
+    pub code: Option<&'static str>,
+    /// Seconds for `Retry-After` (429 only).
+    pub retry_after: Option<u64>,
+}
+
+impl ApiError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self { kind, message: message.into(), param: None, code: None, retry_after: None }
+    }
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidRequest, message)
+    }
+    pub fn param(mut self, param: &'static str) -> Self {
+        self.param = Some(param);
+        self
+    }
+    pub fn code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+    pub fn status(&self) -> StatusCode {
+        self.kind.status()
+    }
+
+    pub fn unauthorized() -> Self {
+        Self::new(
+            ErrorKind::Unauthorized,
+            "missing or invalid API key: send `Authorization: Bearer <key>`",
+        )
+        .code("invalid_api_key")
+    }
+
+    /// Maps axum's JSON rejections: 400 malformed JSON, 415 wrong content type,
+    /// 422 wrong shape, 413 body over `max_body_bytes`.
+    pub fn from_json_rejection(rejection: JsonRejection, max_body_bytes: usize) -> Self {
+        match rejection {
+            JsonRejection::JsonDataError(e) => Self::new(ErrorKind::Unprocessable, e.body_text()),
+            JsonRejection::JsonSyntaxError(e) => {
+                Self::new(ErrorKind::InvalidRequest, e.body_text()).code("invalid_json")
+            }
+            JsonRejection::MissingJsonContentType(_) => Self::new(
+                ErrorKind::UnsupportedMediaType,
+                "expected a request with `Content-Type: application/json`",
+            ),
+            other if other.status() == StatusCode::PAYLOAD_TOO_LARGE => Self::new(
+                ErrorKind::TooLarge,
+                format!("request body is larger than the limit of {max_body_bytes} bytes"),
+            ),
+            other => Self::new(ErrorKind::InvalidRequest, other.body_text()),
+        }
+    }
+}
+
+impl From<CoreError> for ApiError {
+    fn from(err: CoreError) -> Self {
+        match err {
+            CoreError::Overloaded { retry_after, .. } => {
+                let mut e = Self::new(
+                    ErrorKind::Overloaded,
+                    "server is overloaded: too many inputs waiting; retry later",
+                );
+                e.retry_after = Some(retry_after_secs(retry_after));
+                e
+            }
+            CoreError::Model(msg) => Self::new(ErrorKind::Model, format!("model error: {msg}")),
+            CoreError::ModelUnavailable(msg) => {
+                Self::new(ErrorKind::Unavailable, format!("model unavailable: {msg}"))
+            }
+            CoreError::ShuttingDown => {
+                Self::new(ErrorKind::Unavailable, "server is shutting down; retry elsewhere")
+            }
+            CoreError::InvalidInput(msg) => Self::invalid(format!("invalid input: {msg}")),
+        }
+    }
+}
+
+/// Whole seconds, rounded up, at least 1.
+pub fn retry_after_secs(d: Duration) -> u64 {
+    let secs = d.as_secs() + u64::from(d.subsec_nanos() > 0);
+    secs.max(1)
+}
+
+// ---- per-API error shapes -------------------------------------------------
+
+/// Native and operational routes' error body.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct NativeErrorBody {
+    pub error: NativeErrorDetail,
+}
+#[derive(Debug, Serialize, ToSchema)]
+pub struct NativeErrorDetail {
+    pub message: String,
+    /// e.g. `invalid_request_error`, `rate_limit_error`.
+    #[serde(rename = "type")]
+    #[schema(rename = "type")]
+    pub kind: String,
+    /// The HTTP status.
+    pub code: u16,
+}
+
+/// OpenAI's error body.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiErrorBody {
+    pub error: OpenAiErrorDetail,
+}
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiErrorDetail {
+    pub message: String,
+    #[serde(rename = "type")]
+    #[schema(rename = "type")]
+    pub kind: String,
+    pub param: Option<String>,
+    pub code: Option<String>,
+}
+
+/// TEI's error body.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TeiErrorBody {
+    pub error: String,
+    pub error_type: String,
+}
+
+/// Ollama's error body.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OllamaErrorBody {
+    pub error: String,
+}
+
+/// Which API's error shape to answer in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    Native,
+    OpenAi,
+    Tei,
+    Ollama,
+}
+
+impl Api {
+    /// The API a path belongs to (for errors raised before routing, e.g. 401/404).
+    pub fn for_path(path: &str) -> Api {
+        if path == "/v1" || path.starts_with("/v1/") {
+            Api::OpenAi
+        } else if path == "/embed" {
+            Api::Tei
+        } else if path == "/api/embed" {
+            Api::Ollama
+        } else {
+            Api::Native
+        }
+    }
+
+    pub fn render(self, err: ApiError) -> Response {
+        let status = err.status();
+        let mut response = match self {
+            Api::Native => Json(NativeErrorBody {
+                error: NativeErrorDetail {
+                    message: err.message,
+                    kind: err.kind.openai_type().into(),
+                    code: status.as_u16(),
+                },
+            })
+            .into_response(),
+            Api::OpenAi => Json(OpenAiErrorBody {
+                error: OpenAiErrorDetail {
+                    message: err.message,
+                    kind: err.kind.openai_type().into(),
+                    param: err.param.map(Into::into),
+                    code: err.code.map(Into::into),
+                },
+            })
+            .into_response(),
+            Api::Tei => Json(TeiErrorBody {
+                error: err.message,
+                error_type: err.kind.tei_type().into(),
+            })
+            .into_response(),
+            Api::Ollama => Json(OllamaErrorBody { error: err.message }).into_response(),
+        };
+        *response.status_mut() = status;
+        let headers = response.headers_mut();
+        if let Some(secs) = err.retry_after {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if err.kind == ErrorKind::Unauthorized {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+/// Type-level [`Api`], so a handler's error type fixes its shape.
+pub trait Flavor: Send + Sync + 'static {
+    const API: Api;
+}
+pub struct Native;
+pub struct OpenAi;
+pub struct Tei;
+pub struct Ollama;
+impl Flavor for Native {
+    const API: Api = Api::Native;
+}
+impl Flavor for OpenAi {
+    const API: Api = Api::OpenAi;
+}
+impl Flavor for Tei {
+    const API: Api = Api::Tei;
+}
+impl Flavor for Ollama {
+    const API: Api = Api::Ollama;
+}
+
+/// An [`ApiError`] that renders in `F`'s shape; `?` converts into it.
+pub struct Shaped<F: Flavor>(pub ApiError, PhantomData<F>);
+
+impl<F: Flavor> From<ApiError> for Shaped<F> {
+    fn from(err: ApiError) -> Self {
+        Shaped(err, PhantomData)
+    }
+}
+
+impl<F: Flavor> IntoResponse for Shaped<F> {
+    fn into_response(self) -> Response {
+        F::API.render(self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_after_rounds_up_to_at_least_one() {
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(10)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(retry_after_secs(Duration::from_secs(3)), 3);
+    }
+
+    #[test]
+    fn paths_map_to_apis() {
+        assert_eq!(Api::for_path("/v1/embeddings"), Api::OpenAi);
+        assert_eq!(Api::for_path("/v1/models"), Api::OpenAi);
+        assert_eq!(Api::for_path("/embed"), Api::Tei);
+        assert_eq!(Api::for_path("/api/embed"), Api::Ollama);
+        assert_eq!(Api::for_path("/api/v1/embed"), Api::Native);
+        assert_eq!(Api::for_path("/metrics"), Api::Native);
+    }
+}

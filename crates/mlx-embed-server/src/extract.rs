@@ -1,0 +1,218 @@
+//! Request parsing shared by the API adapters: a JSON extractor whose
+//! rejections come out in the route's error shape, and the input unions the
+//! APIs accept (string or list of strings; OpenAI's token-id forms).
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use axum::extract::{FromRequest, Request};
+use axum::Json;
+use mlx_embed_core::EmbedInput;
+use serde::de::{self, DeserializeOwned, Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use crate::errors::{ApiError, Flavor, Shaped};
+use crate::state::AppState;
+
+/// `Json<T>` whose rejections (400 malformed, 413 too large, 415 content type,
+/// 422 wrong shape) render in `F`'s error shape.
+pub struct ApiJson<T, F>(pub T, PhantomData<F>);
+
+impl<T, F> FromRequest<AppState> for ApiJson<T, F>
+where
+    T: DeserializeOwned + Send,
+    F: Flavor,
+{
+    type Rejection = Shaped<F>;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(value)) => Ok(ApiJson(value, PhantomData)),
+            Err(rejection) => {
+                Err(ApiError::from_json_rejection(rejection, state.args().max_body_bytes).into())
+            }
+        }
+    }
+}
+
+/// A string or a list of strings.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum TextInputs {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl TextInputs {
+    pub fn into_inputs(self) -> Vec<EmbedInput> {
+        match self {
+            TextInputs::One(s) => vec![EmbedInput::Text(s)],
+            TextInputs::Many(v) => v.into_iter().map(EmbedInput::Text).collect(),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for TextInputs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = TextInputs;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string or an array of strings")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<TextInputs, E> {
+                Ok(TextInputs::One(s.to_owned()))
+            }
+            fn visit_string<E: de::Error>(self, s: String) -> Result<TextInputs, E> {
+                Ok(TextInputs::One(s))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<TextInputs, A::Error> {
+                let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+                while let Some(s) = seq.next_element::<String>()? {
+                    out.push(s);
+                }
+                Ok(TextInputs::Many(out))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+/// OpenAI's `input`: a string, strings, token ids, or lists of token ids.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum OpenAiInput {
+    Text(String),
+    Texts(Vec<String>),
+    Tokens(Vec<u32>),
+    TokenLists(Vec<Vec<u32>>),
+}
+
+impl OpenAiInput {
+    pub fn into_inputs(self) -> Vec<EmbedInput> {
+        match self {
+            OpenAiInput::Text(s) => vec![EmbedInput::Text(s)],
+            OpenAiInput::Texts(v) => v.into_iter().map(EmbedInput::Text).collect(),
+            OpenAiInput::Tokens(ids) => vec![EmbedInput::Tokens(ids)],
+            OpenAiInput::TokenLists(v) => v.into_iter().map(EmbedInput::Tokens).collect(),
+        }
+    }
+}
+
+/// One item of an `input` array before we know which form the array is.
+enum Item {
+    Text(String),
+    Id(u32),
+    Ids(Vec<u32>),
+}
+
+impl<'de> Deserialize<'de> for Item {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Item;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a string, a token id, or an array of token ids")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Item, E> {
+                Ok(Item::Text(s.to_owned()))
+            }
+            fn visit_string<E: de::Error>(self, s: String) -> Result<Item, E> {
+                Ok(Item::Text(s))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Item, E> {
+                u32::try_from(v)
+                    .map(Item::Id)
+                    .map_err(|_| E::custom(format!("token id {v} is out of range")))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Item, E> {
+                u64::try_from(v)
+                    .map_err(|_| E::custom(format!("token id {v} is negative")))
+                    .and_then(|v| self.visit_u64(v))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Item, A::Error> {
+                let mut ids = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(65_536));
+                while let Some(id) = seq.next_element::<u32>()? {
+                    ids.push(id);
+                }
+                Ok(Item::Ids(ids))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+impl<'de> Deserialize<'de> for OpenAiInput {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = OpenAiInput;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str(
+                    "a string, an array of strings, an array of token ids, \
+                     or an array of arrays of token ids",
+                )
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<OpenAiInput, E> {
+                Ok(OpenAiInput::Text(s.to_owned()))
+            }
+            fn visit_string<E: de::Error>(self, s: String) -> Result<OpenAiInput, E> {
+                Ok(OpenAiInput::Text(s))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<OpenAiInput, A::Error> {
+                let mut out: Option<OpenAiInput> = None;
+                let mixed = || {
+                    de::Error::custom(
+                        "input array mixes strings, token ids and token-id arrays; use one form",
+                    )
+                };
+                while let Some(item) = seq.next_element::<Item>()? {
+                    match (&mut out, item) {
+                        (None, Item::Text(s)) => out = Some(OpenAiInput::Texts(vec![s])),
+                        (None, Item::Id(i)) => out = Some(OpenAiInput::Tokens(vec![i])),
+                        (None, Item::Ids(v)) => out = Some(OpenAiInput::TokenLists(vec![v])),
+                        (Some(OpenAiInput::Texts(all)), Item::Text(s)) => all.push(s),
+                        (Some(OpenAiInput::Tokens(all)), Item::Id(i)) => all.push(i),
+                        (Some(OpenAiInput::TokenLists(all)), Item::Ids(v)) => all.push(v),
+                        _ => return Err(mixed()),
+                    }
+                }
+                Ok(out.unwrap_or(OpenAiInput::Texts(Vec::new())))
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn oa(json: &str) -> Result<OpenAiInput, serde_json::Error> {
+        serde_json::from_str(json)
+    }
+
+    #[test]
+    fn openai_input_forms() {
+        assert_eq!(oa(r#""a""#).unwrap(), OpenAiInput::Text("a".into()));
+        assert_eq!(oa(r#"["a","b"]"#).unwrap(), OpenAiInput::Texts(vec!["a".into(), "b".into()]));
+        assert_eq!(oa("[1,2]").unwrap(), OpenAiInput::Tokens(vec![1, 2]));
+        assert_eq!(oa("[[1],[2,3]]").unwrap(), OpenAiInput::TokenLists(vec![vec![1], vec![2, 3]]));
+        assert_eq!(oa("[]").unwrap(), OpenAiInput::Texts(vec![]));
+        for bad in ["[[[1]]]", r#"["a",1]"#, "[-1]", "[1.5]", "null", "3", r#"{"a":1}"#, "[null]"] {
+            assert!(oa(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn text_inputs_forms() {
+        let one: TextInputs = serde_json::from_str(r#""x""#).unwrap();
+        assert_eq!(one, TextInputs::One("x".into()));
+        let many: TextInputs = serde_json::from_str(r#"["x","y"]"#).unwrap();
+        assert_eq!(many.into_inputs().len(), 2);
+        for bad in ["[1]", r#"[["x"]]"#, "null", "1", "[null]"] {
+            assert!(serde_json::from_str::<TextInputs>(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! Shared state every handler sees.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mlx_embed_core::{Batcher, ModelInfo};
+
+use crate::config::ServerArgs;
+use crate::metrics::HttpMetrics;
+
+/// Cheap to clone: one `Arc` inside.
+#[derive(Clone)]
+pub struct AppState(Arc<Inner>);
+
+struct Inner {
+    batcher: Batcher,
+    args: ServerArgs,
+    model_name: String,
+    vocab_size: Option<u64>,
+    load_duration: Duration,
+    shutting_down: AtomicBool,
+    http: HttpMetrics,
+}
+
+impl AppState {
+    /// State for `batcher` served with `args`; `load_duration` is how long the model took to load.
+    pub fn new(batcher: Batcher, args: &ServerArgs, load_duration: Duration) -> Self {
+        let info = batcher.model_info();
+        let model_name = args.served_model_name.clone().unwrap_or_else(|| info.name.clone());
+        let vocab_size = info.details.get("vocab_size").and_then(|v| v.trim().parse().ok());
+        Self(Arc::new(Inner {
+            batcher,
+            args: args.clone(),
+            model_name,
+            vocab_size,
+            load_duration,
+            shutting_down: AtomicBool::new(false),
+            http: HttpMetrics::default(),
+        }))
+    }
+
+    pub fn batcher(&self) -> &Batcher {
+        &self.0.batcher
+    }
+    pub fn model_info(&self) -> &ModelInfo {
+        self.0.batcher.model_info()
+    }
+    pub fn args(&self) -> &ServerArgs {
+        &self.0.args
+    }
+    /// The name the APIs report: `--served-model-name` or the model's own.
+    pub fn model_name(&self) -> &str {
+        &self.0.model_name
+    }
+    /// `ModelInfo.details["vocab_size"]`, when the model reports it.
+    pub fn vocab_size(&self) -> Option<u64> {
+        self.0.vocab_size
+    }
+    pub fn load_duration(&self) -> Duration {
+        self.0.load_duration
+    }
+    pub(crate) fn http_metrics(&self) -> &HttpMetrics {
+        &self.0.http
+    }
+
+    /// Marks the server as draining: `/health` answers 503 from now on.
+    pub fn begin_shutdown(&self) {
+        self.0.shutting_down.store(true, Ordering::SeqCst);
+    }
+    pub fn is_shutting_down(&self) -> bool {
+        self.0.shutting_down.load(Ordering::SeqCst)
+    }
+    /// Healthy batcher and not shutting down.
+    pub fn is_ready(&self) -> bool {
+        !self.is_shutting_down() && self.0.batcher.is_healthy()
+    }
+}

@@ -1,0 +1,192 @@
+"""``mlx-embed`` / ``python -m mlx_embed`` command line.
+
+    mlx-embed embed [TEXT ...] [-i FILE] [--jsonl] [-o OUT.jsonl|OUT.npy] [--model DIR]
+    mlx-embed serve ...        (everything after "serve" goes to the Rust server)
+    mlx-embed info [--model DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Iterable, Optional, TextIO
+
+
+def _read_inputs(args) -> list[str]:
+    texts: list[str] = list(args.texts or [])
+    if args.input:
+        f: TextIO = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
+        try:
+            jsonl = args.jsonl or (args.input.endswith(".jsonl") and not args.lines)
+            for n, line in enumerate(f, 1):
+                line = line.rstrip("\n").rstrip("\r")
+                if jsonl:
+                    if not line.strip():
+                        continue
+                    try:
+                        obj = json.loads(line)
+                    except json.JSONDecodeError as e:
+                        raise SystemExit(f"{args.input}:{n}: invalid JSON: {e}")
+                    if not isinstance(obj, dict) or not isinstance(obj.get(args.field), str):
+                        raise SystemExit(
+                            f"{args.input}:{n}: expected an object with a string {args.field!r}"
+                        )
+                    texts.append(obj[args.field])
+                else:
+                    texts.append(line)
+        finally:
+            if f is not sys.stdin:
+                f.close()
+    return texts
+
+
+class Progress:
+    """A dependency-free progress bar on stderr, shown only for long inputs
+    on a terminal (or when forced) so pipes and logs stay clean."""
+
+    def __init__(self, total: int, enabled: bool, width: int = 30):
+        self.total, self.enabled, self.width = total, enabled, width
+        self.start = time.perf_counter()
+        self.done = 0
+
+    def update(self, n: int) -> None:
+        self.done += n
+        if not self.enabled:
+            return
+        frac = self.done / max(self.total, 1)
+        fill = int(self.width * frac)
+        rate = self.done / max(time.perf_counter() - self.start, 1e-9)
+        bar = "#" * fill + "-" * (self.width - fill)
+        sys.stderr.write(f"\r[{bar}] {self.done}/{self.total} {rate:6.1f} texts/s")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _chunks(seq: list, size: int) -> Iterable[tuple[int, list]]:
+    for i in range(0, len(seq), size):
+        yield i, seq[i : i + size]
+
+
+def cmd_embed(args) -> int:
+    import numpy as np
+
+    import mlx_embed
+
+    texts = _read_inputs(args)
+    if not texts:
+        print("mlx-embed embed: no input texts (give TEXT arguments or -i FILE)", file=sys.stderr)
+        return 2
+    model = mlx_embed.load(
+        args.model, dtype=args.dtype, quantize=args.quantize, instruction=args.instruction
+    )
+    show = args.progress == "always" or (
+        args.progress == "auto" and len(texts) >= 2 * args.chunk and sys.stderr.isatty()
+    )
+    bar = Progress(len(texts), show)
+    out_vecs = np.empty((len(texts), model.dim), dtype=np.float32)
+    counts = [0] * len(texts)
+    try:
+        # Chunks only exist to drive the progress bar; the engine still sorts
+        # and sub-batches within each chunk.
+        for start, part in _chunks(texts, args.chunk):
+            vecs, c = model.embed_with_counts(
+                part, normalize=not args.no_normalize, truncate=not args.no_truncate
+            )
+            out_vecs[start : start + len(part)] = vecs
+            counts[start : start + len(part)] = c
+            bar.update(len(part))
+    finally:
+        bar.close()
+
+    out = args.output
+    if out and out.endswith(".npy"):
+        np.save(out, out_vecs)
+        return 0
+    f = sys.stdout if not out or out == "-" else open(out, "w", encoding="utf-8")
+    try:
+        for i, v in enumerate(out_vecs):
+            rec = {"index": i, "tokens": counts[i], "embedding": v.tolist()}
+            f.write(json.dumps(rec) + "\n")
+    finally:
+        if f is not sys.stdout:
+            f.close()
+    return 0
+
+
+def cmd_info(args) -> int:
+    import mlx_embed
+
+    info = {"blas": mlx_embed.blas_info()}
+    if not args.blas_only:
+        info["model"] = mlx_embed.load(args.model).info()
+    print(json.dumps(info, indent=2))
+    return 0
+
+
+def cmd_serve(rest: list[str]) -> int:
+    # Imported here: _native is the Rust extension built by maturin and is only
+    # needed (and only present) for the server.
+    try:
+        from mlx_embed import _native
+    except ImportError as e:
+        print(
+            "mlx-embed serve: the server extension mlx_embed._native is not built "
+            f"({e}); install the package with pip/maturin",
+            file=sys.stderr,
+        )
+        return 1
+    return _native.serve(["mlx-embed", *rest])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="mlx-embed", description="Text embeddings with MLX.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    e = sub.add_parser("embed", help="embed texts and write vectors")
+    e.add_argument("texts", nargs="*", help="texts to embed")
+    e.add_argument("-i", "--input", help="file with one text per line, or JSONL ('-' = stdin)")
+    e.add_argument("--jsonl", action="store_true", help="input is JSONL ({\"text\": ...} per line)")
+    e.add_argument("--lines", action="store_true", help="treat a .jsonl input as plain lines")
+    e.add_argument("--field", default="text", help="JSONL field holding the text (default: text)")
+    e.add_argument("-o", "--output", help="output .jsonl (default stdout) or .npy")
+    e.add_argument("-m", "--model", help="model folder (default: bundled all-MiniLM-L6-v2)")
+    e.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    e.add_argument("--quantize", type=int, choices=[4, 8])
+    e.add_argument("--instruction", help="query instruction (qwen3 models)")
+    e.add_argument("--no-normalize", action="store_true", help="do not L2-normalize")
+    e.add_argument("--no-truncate", action="store_true", help="fail on texts over max_length")
+    e.add_argument("--chunk", type=int, default=256, help="texts per progress step")
+    e.add_argument("--progress", choices=["auto", "always", "never"], default="auto")
+    e.set_defaults(func=cmd_embed)
+
+    i = sub.add_parser("info", help="show BLAS and model information")
+    i.add_argument("-m", "--model")
+    i.add_argument("--blas-only", action="store_true")
+    i.set_defaults(func=cmd_info)
+
+    # Declared for --help only; main() intercepts "serve" before parsing so
+    # that its arguments reach the Rust parser untouched.
+    sub.add_parser("serve", help="run the HTTP server (arguments go to the server)", add_help=False)
+    return p
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "serve":
+        return cmd_serve(argv[1:])
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError, TypeError) as e:
+        print(f"mlx-embed: error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

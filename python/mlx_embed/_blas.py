@@ -11,7 +11,8 @@ must run from ``mlx_embed/__init__.py`` and must not import ``mlx`` itself at
 module import time.
 
 Sources, first match wins:
-  1. ``MLX_EMBED_BLAS=/path/to/lib.so`` (or ``none`` to keep the reference BLAS).
+  1. ``MLX_EMBED_BLAS=/path/to/lib.so`` (``none`` keeps the reference BLAS,
+     ``scipy-openblas32`` forces route 3).
   2. A system OpenBLAS (Debian/Ubuntu/Fedora paths, then ``ctypes.util``).
   3. The ``scipy-openblas32`` wheel. It exports CBLAS only under a ``scipy_``
      prefix, so we compile a tiny forwarding shim (``cblas_sgemm`` ->
@@ -229,7 +230,13 @@ def setup() -> None:
         _state.reason = f"{ENV_VAR}={env}"
         log.info("keeping MLX's reference BLAS (%s=%s)", ENV_VAR, env)
         return
-    if env:
+    if env.lower() in ("scipy-openblas32", "scipy"):
+        shim = _load_scipy_openblas()
+        if shim:
+            _state.library, _state.source = shim, "scipy-openblas32"
+        elif not _state.reason:
+            _state.reason = f"{ENV_VAR}={env} but the scipy-openblas32 package is not importable"
+    elif env:
         lib = _try_global_load(env)
         if lib is not None:
             _state.handles.append(lib)

@@ -112,7 +112,7 @@ class EmbeddingModel:
         *,
         dtype: str = "float32",
         quantize: Optional[int] = None,
-        group_size: int = 64,
+        group_size: int = 32,
         instruction: Optional[str] = None,
         pooling: Optional[str] = None,
         max_length: Optional[int] = None,
@@ -140,12 +140,7 @@ class EmbeddingModel:
         self.dtype = dtype
         self._fault_marker = os.environ.get(FAULT_ENV) or None
 
-        if model_type == "bert":
-            from .models import bert as arch
-        else:
-            from .models import qwen3 as arch
-        args = arch.ModelArgs.from_dict(config)
-        model = arch.Model(args)
+        model = _build_model(model_type, config)
 
         weights = model.sanitize(_load_weights(path))
         qcfg = _quant_config(config)
@@ -447,6 +442,15 @@ class EmbeddingModel:
             f"EmbeddingModel(name={self.name!r}, model_type={self.model_type!r}, "
             f"dim={self.dim}, max_length={self.max_length}, pooling={self.pooling!r}{q})"
         )
+
+
+def _build_model(model_type: str, config: dict) -> nn.Module:
+    # Imported lazily: mlx-lm (for qwen3) costs ~1 s of imports.
+    if model_type == "bert":
+        from .models import bert as arch
+    else:
+        from .models import qwen3 as arch
+    return arch.Model(arch.ModelArgs.from_dict(config))
 
 
 def _l2_normalize(x: np.ndarray) -> np.ndarray:

@@ -83,12 +83,10 @@ impl Admission {
 
         let _slot = self.enter_waiting_line(n)?;
         let permit = match arrived.checked_add(self.max_queue_wait) {
-            Some(deadline) => {
-                match tokio::time::timeout_at(deadline.into(), acquire).await {
-                    Ok(permit) => permit,
-                    Err(_) => return Err(Refusal::Overloaded(OverloadReason::QueueTimeout)),
-                }
-            }
+            Some(deadline) => match tokio::time::timeout_at(deadline.into(), acquire).await {
+                Ok(permit) => permit,
+                Err(_) => return Err(Refusal::Overloaded(OverloadReason::QueueTimeout)),
+            },
             // A wait bound too large to represent means "no bound".
             None => acquire.await,
         };
@@ -103,8 +101,18 @@ impl Admission {
             if current.saturating_add(n) > self.max_waiting {
                 return Err(Refusal::Overloaded(OverloadReason::QueueFull));
             }
-            match self.waiting.compare_exchange_weak(current, current + n, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => return Ok(WaitingSlot { waiting: &self.waiting, n }),
+            match self.waiting.compare_exchange_weak(
+                current,
+                current + n,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => {
+                    return Ok(WaitingSlot {
+                        waiting: &self.waiting,
+                        n,
+                    })
+                }
                 Err(seen) => current = seen,
             }
         }
@@ -116,8 +124,8 @@ impl Admission {
         let Some(per_second) = recorder.throughput() else {
             return Duration::from_secs(1);
         };
-        let ahead = self.waiting_inputs() as f64
-            + recorder.in_flight_inputs.load(Ordering::Relaxed) as f64;
+        let ahead =
+            self.waiting_inputs() as f64 + recorder.in_flight_inputs.load(Ordering::Relaxed) as f64;
         Duration::from_secs((ahead / per_second).ceil().clamp(1.0, 60.0) as u64)
     }
 }

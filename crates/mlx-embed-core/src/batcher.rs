@@ -1,6 +1,19 @@
-//! PUBLIC API CONTRACT (implementation to be written): other crates compile against these signatures.
+//! The public handle: admission, hand-off to the collector, and the answer.
 
-use crate::{BatcherConfig, CoreError, EmbedInput, Embedder, EmbedderError, MetricsSnapshot, ModelInfo};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::oneshot;
+
+use crate::admission::Refusal;
+use crate::queue::Pending;
+use crate::request::{ActiveGuard, CallerGuard, Request, Ticket};
+use crate::shared::Shared;
+use crate::{collector, model_thread};
+use crate::{
+    BatcherConfig, CoreError, EmbedInput, Embedder, EmbedderError, MetricsSnapshot, ModelInfo,
+};
 
 /// What one caller gets back: its own inputs' vectors, in its order.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -14,54 +27,170 @@ pub struct Embeddings {
 }
 
 /// Handle to a running batcher; cheap to clone, shareable across tasks.
+///
+/// Callers are admitted by a fair semaphore counted in inputs, batched by one
+/// collector thread, and computed by one model thread. When the last clone is
+/// dropped both threads finish what they hold and exit.
 #[derive(Clone)]
-pub struct Batcher {}
+pub struct Batcher {
+    inner: Arc<Inner>,
+}
+
+/// Owned only by `Batcher` handles (the threads hold `Shared`), so its drop
+/// means "no handle left".
+struct Inner {
+    shared: Arc<Shared>,
+    info: ModelInfo,
+}
+
+impl std::fmt::Debug for Batcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batcher")
+            .field("model", &self.inner.info.name)
+            .field("healthy", &self.is_healthy())
+            .field("config", &self.inner.shared.config)
+            .finish()
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.shared.stop();
+    }
+}
 
 impl Batcher {
     /// Spawns the model thread, builds the model there with `load`, and returns
     /// once it is loaded (or with `ModelUnavailable` if loading failed).
     /// Blocking: call it before or outside async code (or in `spawn_blocking`).
+    ///
+    /// `embed` uses tokio's timer for `max_queue_wait`: the runtime it is
+    /// polled on needs the time driver (`enable_time`/`enable_all`, as
+    /// `#[tokio::main]` and `#[tokio::test]` have). `max_concurrent_requests`
+    /// of zero is taken as one, and `max_batch_size` of zero as one.
     pub fn start<E, F>(config: BatcherConfig, load: F) -> Result<Self, CoreError>
     where
         E: Embedder + 'static,
         F: FnOnce() -> Result<E, EmbedderError> + Send + 'static,
     {
-        let _ = (config, load);
-        todo!()
+        let shared = Arc::new(Shared::new(config));
+        let loaded = model_thread::spawn(shared.clone(), load).map_err(|e| {
+            CoreError::ModelUnavailable(format!("cannot spawn the model thread: {e}"))
+        })?;
+        let info = match loaded.recv() {
+            Ok(Ok(info)) => info,
+            Ok(Err(message)) => return Err(CoreError::ModelUnavailable(message)),
+            Err(_) => {
+                return Err(CoreError::ModelUnavailable(
+                    "model thread exited while loading".into(),
+                ))
+            }
+        };
+        let collector_shared = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("mlx-embed-batcher".into())
+            .spawn(move || collector::run(collector_shared));
+        if let Err(e) = spawned {
+            shared.stop();
+            return Err(CoreError::ModelUnavailable(format!(
+                "cannot spawn the batch collector: {e}"
+            )));
+        }
+        tracing::info!(model = %info.name, dim = info.dim, config = ?shared.config, "batcher started");
+        // Both threads are detached: they exit on their own after `stop`, and
+        // joining a thread mid-batch from a drop could block an async runtime.
+        Ok(Self {
+            inner: Arc::new(Inner { shared, info }),
+        })
     }
 
     /// Embeds `inputs` (non-empty) and returns exactly their vectors, in order.
     /// Waits for admission; `Overloaded` only past `max_waiting` or `max_queue_wait`.
     /// Dropping the future before its batch starts means its inputs are never computed.
+    ///
+    /// The future is `Send` and runs on any tokio runtime flavor; waiting for
+    /// admission uses tokio's timer, so the runtime needs its time driver.
     pub async fn embed(&self, inputs: Vec<EmbedInput>) -> Result<Embeddings, CoreError> {
-        let _ = inputs;
-        todo!()
+        let shared = &*self.inner.shared;
+        let result = self.embed_inner(inputs).await;
+        shared.recorder.count_outcome(&result);
+        result
     }
 
+    async fn embed_inner(&self, inputs: Vec<EmbedInput>) -> Result<Embeddings, CoreError> {
+        let shared = &*self.inner.shared;
+        let arrived = Instant::now();
+        let n = inputs.len();
+        if n == 0 {
+            return Err(CoreError::InvalidInput("no inputs to embed".into()));
+        }
+        if shared.dead.get().is_some() || shared.closed.load(Ordering::Acquire) {
+            return Err(shared.refusal());
+        }
+        let active = ActiveGuard::new(shared.recorder.clone());
+        let permit = match shared.admission.admit(n, arrived).await {
+            Ok(permit) => permit,
+            Err(Refusal::Closed) => return Err(shared.refusal()),
+            Err(Refusal::Overloaded(reason)) => {
+                let retry_after = shared.admission.retry_after(&shared.recorder);
+                return Err(CoreError::Overloaded {
+                    reason,
+                    retry_after,
+                });
+            }
+        };
+        let ticket = Ticket::new(permit, n, shared.recorder.clone());
+        let (reply, answer) = oneshot::channel();
+        let request = Arc::new(Request::new(n, arrived, reply, ticket, active));
+        let caller = CallerGuard::new(&request);
+        shared.submit(Pending::new(request, inputs))?;
+        let result = answer.await;
+        caller.disarm();
+        // No answer means the request was dropped unanswered: the model is gone.
+        result.unwrap_or_else(|_| Err(shared.unavailable()))
+    }
+
+    /// What the model reported about itself when it loaded.
     pub fn model_info(&self) -> &ModelInfo {
-        todo!()
+        &self.inner.info
     }
 
+    /// The configuration this batcher runs with.
     pub fn config(&self) -> &BatcherConfig {
-        todo!()
+        &self.inner.shared.config
     }
 
     /// True while the model thread is alive and the batcher accepts work.
     pub fn is_healthy(&self) -> bool {
-        todo!()
+        let shared = &self.inner.shared;
+        shared.dead.get().is_none() && !shared.closed.load(Ordering::Acquire)
     }
 
+    /// Why the model is unavailable, once it is (`None` while it is alive).
+    pub fn model_failure(&self) -> Option<&str> {
+        self.inner.shared.dead.get().map(String::as_str)
+    }
+
+    /// A copy of every counter and histogram, taken without stopping anything.
     pub fn metrics(&self) -> MetricsSnapshot {
-        todo!()
+        let shared = &self.inner.shared;
+        shared
+            .recorder
+            .snapshot(shared.admission.waiting_inputs() as u64)
     }
 
     /// Stops accepting new work (`ShuttingDown`); admitted work still completes.
+    /// Callers still waiting for admission are refused with `ShuttingDown`.
     pub fn close(&self) {
-        todo!()
+        let shared = &self.inner.shared;
+        if !shared.closed.swap(true, Ordering::AcqRel) {
+            tracing::info!("batcher closed to new work");
+        }
+        shared.admission.close();
     }
 
     /// Waits until every admitted request has been answered.
     pub async fn drained(&self) {
-        todo!()
+        self.inner.shared.recorder.idle().await;
     }
 }

@@ -5,11 +5,18 @@
 //! OS thread for its whole life. Nothing here knows HTTP or Python, so a Rust
 //! program can link it and embed in-process.
 
+mod admission;
+mod batcher;
+mod collector;
 pub mod config;
 pub mod embedder;
 pub mod error;
 pub mod metrics;
-mod batcher;
+mod model_thread;
+mod queue;
+mod recorder;
+mod request;
+mod shared;
 
 pub use batcher::{Batcher, Embeddings};
 pub use config::BatcherConfig;

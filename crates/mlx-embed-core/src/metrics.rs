@@ -49,8 +49,9 @@ pub const SECONDS_BOUNDS: &[f64] = &[
 ];
 
 /// Bucket bounds for inputs per batch (powers of two cover every `max_batch_size`).
-pub const BATCH_SIZE_BOUNDS: &[f64] =
-    &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0];
+pub const BATCH_SIZE_BOUNDS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+];
 
 /// Bucket bounds for padded tokens per batch.
 pub const BATCH_TOKENS_BOUNDS: &[f64] = &[
@@ -61,7 +62,13 @@ pub const BATCH_TOKENS_BOUNDS: &[f64] = &[
 impl Histogram {
     /// An empty histogram with the given ascending upper bounds.
     pub fn with_bounds(bounds: &[f64]) -> Self {
-        Self { bounds: bounds.to_vec(), counts: vec![0; bounds.len()], overflow: 0, sum: 0.0, count: 0 }
+        Self {
+            bounds: bounds.to_vec(),
+            counts: vec![0; bounds.len()],
+            overflow: 0,
+            sum: 0.0,
+            count: 0,
+        }
     }
 
     /// Records one observation in the first bucket whose bound is `>= value`.
@@ -74,5 +81,22 @@ impl Histogram {
         }
         self.sum += value;
         self.count += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn observe_fills_the_first_bucket_at_or_above() {
+        let mut h = Histogram::with_bounds(&[1.0, 2.0]);
+        for v in [0.5, 1.0, 1.5, 2.0, 3.0] {
+            h.observe(v);
+        }
+        assert_eq!(
+            (h.counts.clone(), h.overflow, h.count, h.sum),
+            (vec![2, 2], 1, 5, 8.0)
+        );
     }
 }

@@ -104,10 +104,17 @@ impl Recorder {
     }
 
     /// One model call: its size, estimated padded tokens and timings.
-    pub fn model_call(&self, inputs: usize, est_padded: usize, model: Duration, gil_wait: Duration) {
+    pub fn model_call(
+        &self,
+        inputs: usize,
+        est_padded: usize,
+        model: Duration,
+        gil_wait: Duration,
+    ) {
         self.batches.fetch_add(1, Relaxed);
         self.inputs_computed.fetch_add(inputs as u64, Relaxed);
-        self.model_nanos.fetch_add(model.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
+        self.model_nanos
+            .fetch_add(model.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
         let mut h = lock(&self.hist);
         h.batch_size.observe(inputs as f64);
         h.batch_tokens.observe(est_padded as f64);

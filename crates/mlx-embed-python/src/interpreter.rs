@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::PyDict;
 
 use crate::BridgeError;
 
@@ -44,21 +44,36 @@ fn find_virtualenv() -> Option<PathBuf> {
     })
 }
 
-/// `site.addsitedir` rather than PYTHONPATH so `.pth` files (editable installs) are honoured.
+/// `site.addsitedir` rather than PYTHONPATH so `.pth` files (editable installs)
+/// are honoured; the venv's entries go first, and the base interpreter's own
+/// site-packages go away unless the venv asks for them, as in a venv's python.
 fn add_virtualenv(py: Python<'_>, venv: &Path) -> Result<(), BridgeError> {
-    let sys = py.import("sys")?;
-    let version = sys.getattr("version_info")?;
-    let (major, minor): (u32, u32) = (version.getattr("major")?.extract()?, version.getattr("minor")?.extract()?);
-    let site_packages = venv.join("lib").join(format!("python{major}.{minor}")).join("site-packages");
-    if !site_packages.is_dir() {
-        tracing::warn!(venv = %venv.display(), "virtualenv has no site-packages for python {major}.{minor}");
-        return Ok(());
-    }
-    let site_packages = site_packages.to_string_lossy().into_owned();
-    let path = sys.getattr("path")?.cast_into::<PyList>().map_err(|e| BridgeError::Python(e.to_string()))?;
-    if !path.contains(&site_packages)? {
-        py.import("site")?.call_method1("addsitedir", (&site_packages,))?;
-        tracing::info!(site_packages = %site_packages, "added virtualenv packages");
+    let include_system = std::fs::read_to_string(venv.join("pyvenv.cfg"))
+        .map(|cfg| cfg.lines().any(|l| l.replace(' ', "").eq_ignore_ascii_case("include-system-site-packages=true")))
+        .unwrap_or(false);
+    let locals = PyDict::new(py);
+    locals.set_item("venv", venv.to_string_lossy().as_ref())?;
+    locals.set_item("include_system", include_system)?;
+    py.run(
+        c"import os, site, sys
+site_packages = os.path.join(venv, 'lib', f'python{sys.version_info[0]}.{sys.version_info[1]}', 'site-packages')
+added = []
+if os.path.isdir(site_packages) and site_packages not in sys.path:
+    before = list(sys.path)
+    system = set(site.getsitepackages()) if not include_system else set()
+    site.addsitedir(site_packages)
+    added = [p for p in sys.path if p not in before]
+    sys.path[:] = added + [p for p in before if p not in system]
+",
+        // One dict as globals: comprehensions cannot see exec's separate locals.
+        Some(&locals),
+        None,
+    )?;
+    let added: Vec<String> = locals.get_item("added")?.map(|a| a.extract()).transpose()?.unwrap_or_default();
+    if added.is_empty() {
+        tracing::warn!(venv = %venv.display(), "virtualenv added no packages");
+    } else {
+        tracing::info!(venv = %venv.display(), "using virtualenv packages");
     }
     Ok(())
 }

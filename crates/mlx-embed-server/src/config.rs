@@ -28,12 +28,12 @@ pub struct ServerArgs {
 
     /// Most inputs in one model call.
     #[arg(long, env = "MLX_EMBED_MAX_BATCH_SIZE", default_value_t = core_defaults().max_batch_size,
-          value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_batch_size: usize,
 
     /// Most padded tokens (longest input x count) in one model call.
     #[arg(long, env = "MLX_EMBED_MAX_BATCH_TOKENS", default_value_t = core_defaults().max_batch_tokens,
-          value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_batch_tokens: usize,
 
     /// How long an idle model waits for more requests before running a lone one (ms).
@@ -44,7 +44,7 @@ pub struct ServerArgs {
     /// Inputs admitted to the model queue at once; more wait their turn (FIFO).
     #[arg(long, env = "MLX_EMBED_MAX_CONCURRENT_REQUESTS",
           default_value_t = core_defaults().max_concurrent_requests,
-          value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_concurrent_requests: usize,
 
     /// Inputs allowed to wait for admission before new requests get 429.
@@ -62,12 +62,12 @@ pub struct ServerArgs {
 
     /// Largest request body in bytes; larger bodies get 413.
     #[arg(long, env = "MLX_EMBED_MAX_BODY_BYTES", default_value_t = 2 * 1024 * 1024,
-          value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_body_bytes: usize,
 
     /// Most inputs in one request; more get 413.
     #[arg(long, env = "MLX_EMBED_MAX_INPUTS_PER_REQUEST", default_value_t = 2048,
-          value_parser = clap::value_parser!(u64).range(1..).map(|v| v as usize))]
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_inputs_per_request: usize,
 
     /// When set, every route except /health requires `Authorization: Bearer <key>`.
@@ -145,14 +145,25 @@ mod tests {
         if std::env::vars().all(|(k, _)| !k.starts_with("MLX_EMBED_")) {
             assert_eq!(parsed, ServerArgs::default());
         }
-        assert_eq!(ServerArgs::default().batcher_config(), BatcherConfig::default());
+        assert_eq!(
+            ServerArgs::default().batcher_config(),
+            BatcherConfig::default()
+        );
     }
 
     #[test]
     fn flags_parse() {
         let a = Cli::try_parse_from([
-            "x", "--port", "9", "--no-batching", "--max-queue-wait-ms", "5", "--api-key", "k",
-            "--served-model-name", "m",
+            "x",
+            "--port",
+            "9",
+            "--no-batching",
+            "--max-queue-wait-ms",
+            "5",
+            "--api-key",
+            "k",
+            "--served-model-name",
+            "m",
         ])
         .unwrap()
         .args;

@@ -21,7 +21,12 @@ pub struct EmbedRequest {
 impl EmbedRequest {
     /// Defaults shared by the APIs: normalize, truncate, full dimension.
     pub fn new(inputs: Vec<EmbedInput>) -> Self {
-        Self { inputs, normalize: true, truncate: true, dimensions: None }
+        Self {
+            inputs,
+            normalize: true,
+            truncate: true,
+            dimensions: None,
+        }
     }
 }
 
@@ -47,7 +52,10 @@ pub async fn embed(state: &AppState, req: EmbedRequest) -> Result<EmbedOutput, A
         // The core promises one vector per input; never answer with misaligned data.
         return Err(ApiError::new(
             ErrorKind::Model,
-            format!("model returned {} vectors for {n_inputs} inputs", out.vectors.len()),
+            format!(
+                "model returned {} vectors for {n_inputs} inputs",
+                out.vectors.len()
+            ),
         ));
     }
 
@@ -78,7 +86,11 @@ pub async fn embed(state: &AppState, req: EmbedRequest) -> Result<EmbedOutput, A
         }
     }
     let prompt_tokens = out.token_counts.iter().map(|&n| u64::from(n)).sum();
-    Ok(EmbedOutput { vectors, dimension, prompt_tokens })
+    Ok(EmbedOutput {
+        vectors,
+        dimension,
+        prompt_tokens,
+    })
 }
 
 /// Checks limits before any model work; returns the output dimension.
@@ -102,14 +114,22 @@ fn validate(state: &AppState, req: &EmbedRequest, dim: usize) -> Result<usize, A
     for (i, input) in req.inputs.iter().enumerate() {
         match input {
             EmbedInput::Text(t) if t.is_empty() => {
-                return Err(ApiError::invalid(format!("input {i} is an empty string")).param("input"));
+                return Err(
+                    ApiError::invalid(format!("input {i} is an empty string")).param("input")
+                );
             }
             EmbedInput::Tokens(ids) if ids.is_empty() => {
-                return Err(ApiError::invalid(format!("input {i} is an empty token list")).param("input"));
+                return Err(
+                    ApiError::invalid(format!("input {i} is an empty token list")).param("input"),
+                );
             }
             EmbedInput::Tokens(ids) => {
                 if let Some(vocab) = vocab {
-                    if let Some((j, id)) = ids.iter().enumerate().find(|(_, &id)| u64::from(id) >= vocab) {
+                    if let Some((j, id)) = ids
+                        .iter()
+                        .enumerate()
+                        .find(|(_, &id)| u64::from(id) >= vocab)
+                    {
                         return Err(ApiError::invalid(format!(
                             "input {i} has token id {id} at position {j}, outside the vocabulary \
                              (ids must be below {vocab})"

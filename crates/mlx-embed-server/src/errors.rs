@@ -132,7 +132,13 @@ pub struct ApiError {
 
 impl ApiError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self { kind, message: message.into(), param: None, code: None, retry_after: None }
+        Self {
+            kind,
+            message: message.into(),
+            param: None,
+            code: None,
+            retry_after: None,
+        }
     }
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::InvalidRequest, message)
@@ -193,9 +199,10 @@ impl From<CoreError> for ApiError {
             CoreError::ModelUnavailable(msg) => {
                 Self::new(ErrorKind::Unavailable, format!("model unavailable: {msg}"))
             }
-            CoreError::ShuttingDown => {
-                Self::new(ErrorKind::Unavailable, "server is shutting down; retry elsewhere")
-            }
+            CoreError::ShuttingDown => Self::new(
+                ErrorKind::Unavailable,
+                "server is shutting down; retry elsewhere",
+            ),
             CoreError::InvalidInput(msg) => Self::invalid(format!("invalid input: {msg}")),
         }
     }

@@ -17,7 +17,7 @@ use crate::state::AppState;
 
 /// `Json<T>` whose rejections (400 malformed, 413 too large, 415 content type,
 /// 422 wrong shape) render in `F`'s error shape.
-pub struct ApiJson<T, F>(pub T, PhantomData<F>);
+pub struct ApiJson<T, F>(pub T, pub PhantomData<F>);
 
 impl<T, F> FromRequest<AppState> for ApiJson<T, F>
 where
@@ -196,11 +196,26 @@ mod tests {
     #[test]
     fn openai_input_forms() {
         assert_eq!(oa(r#""a""#).unwrap(), OpenAiInput::Text("a".into()));
-        assert_eq!(oa(r#"["a","b"]"#).unwrap(), OpenAiInput::Texts(vec!["a".into(), "b".into()]));
+        assert_eq!(
+            oa(r#"["a","b"]"#).unwrap(),
+            OpenAiInput::Texts(vec!["a".into(), "b".into()])
+        );
         assert_eq!(oa("[1,2]").unwrap(), OpenAiInput::Tokens(vec![1, 2]));
-        assert_eq!(oa("[[1],[2,3]]").unwrap(), OpenAiInput::TokenLists(vec![vec![1], vec![2, 3]]));
+        assert_eq!(
+            oa("[[1],[2,3]]").unwrap(),
+            OpenAiInput::TokenLists(vec![vec![1], vec![2, 3]])
+        );
         assert_eq!(oa("[]").unwrap(), OpenAiInput::Texts(vec![]));
-        for bad in ["[[[1]]]", r#"["a",1]"#, "[-1]", "[1.5]", "null", "3", r#"{"a":1}"#, "[null]"] {
+        for bad in [
+            "[[[1]]]",
+            r#"["a",1]"#,
+            "[-1]",
+            "[1.5]",
+            "null",
+            "3",
+            r#"{"a":1}"#,
+            "[null]",
+        ] {
             assert!(oa(bad).is_err(), "{bad}");
         }
     }

@@ -2,7 +2,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use mlx_embed_core::{Batcher, ModelInfo};
 
@@ -19,6 +19,7 @@ struct Inner {
     model_name: String,
     vocab_size: Option<u64>,
     load_duration: Duration,
+    started_unix: u64,
     shutting_down: AtomicBool,
     http: HttpMetrics,
 }
@@ -27,14 +28,23 @@ impl AppState {
     /// State for `batcher` served with `args`; `load_duration` is how long the model took to load.
     pub fn new(batcher: Batcher, args: &ServerArgs, load_duration: Duration) -> Self {
         let info = batcher.model_info();
-        let model_name = args.served_model_name.clone().unwrap_or_else(|| info.name.clone());
-        let vocab_size = info.details.get("vocab_size").and_then(|v| v.trim().parse().ok());
+        let model_name = args
+            .served_model_name
+            .clone()
+            .unwrap_or_else(|| info.name.clone());
+        let vocab_size = info
+            .details
+            .get("vocab_size")
+            .and_then(|v| v.trim().parse().ok());
         Self(Arc::new(Inner {
             batcher,
             args: args.clone(),
             model_name,
             vocab_size,
             load_duration,
+            started_unix: SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
             shutting_down: AtomicBool::new(false),
             http: HttpMetrics::default(),
         }))
@@ -59,6 +69,10 @@ impl AppState {
     }
     pub fn load_duration(&self) -> Duration {
         self.0.load_duration
+    }
+    /// Unix seconds when this state was made (server start).
+    pub fn started_unix(&self) -> u64 {
+        self.0.started_unix
     }
     pub(crate) fn http_metrics(&self) -> &HttpMetrics {
         &self.0.http

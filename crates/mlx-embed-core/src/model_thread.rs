@@ -1,0 +1,270 @@
+//! The model thread: builds the model, then runs one `embed_batch` call per
+//! prepared batch for the model's whole life, slicing each output back to
+//! the requests it came from.
+
+use std::any::Any;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::Instant;
+
+use crate::queue::{Batch, Part};
+use crate::shared::Shared;
+use crate::{BatchOutput, CoreError, EmbedInput, Embedder, EmbedderError, ModelInfo};
+
+/// The thread's name, visible in debuggers and panic messages.
+pub(crate) const THREAD_NAME: &str = "mlx-embed-model";
+
+/// The model panicked: the thread ends and the batcher is unhealthy.
+struct Died(String);
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "panic with a non-string payload".to_string()
+    }
+}
+
+/// Marks the model dead if the thread unwinds for any reason we did not
+/// catch ourselves, so callers never wait on a thread that is gone.
+struct DeathGuard<'a>(&'a Shared);
+
+impl Drop for DeathGuard<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.kill("model thread died: unexpected panic".into());
+        }
+    }
+}
+
+/// What the model thread reports once `load` has run: the model's facts, or why it failed.
+pub(crate) type Loaded = Result<ModelInfo, String>;
+
+/// Spawns the model thread, runs `load` there and reports its result. The
+/// thread is detached: it exits by itself once stopped or dead.
+pub(crate) fn spawn<E, F>(shared: Arc<Shared>, load: F) -> std::io::Result<mpsc::Receiver<Loaded>>
+where
+    E: Embedder + 'static,
+    F: FnOnce() -> Result<E, EmbedderError> + Send + 'static,
+{
+    let (loaded_tx, loaded_rx) = mpsc::sync_channel(1);
+    std::thread::Builder::new()
+        .name(THREAD_NAME.into())
+        .spawn(move || {
+            let loaded = catch_unwind(AssertUnwindSafe(|| {
+                let model = load()?;
+                let info = model.info();
+                Ok::<_, EmbedderError>((model, info))
+            }));
+            let (model, info) = match loaded {
+                Ok(Ok(loaded)) => loaded,
+                Ok(Err(e)) => {
+                    let _ = loaded_tx.send(Err(format!("model failed to load: {}", e.message)));
+                    return;
+                }
+                Err(payload) => {
+                    let _ = loaded_tx.send(Err(format!(
+                        "model load panicked: {}",
+                        panic_message(&*payload)
+                    )));
+                    return;
+                }
+            };
+            let dim = info.dim;
+            let _ = loaded_tx.send(Ok(info));
+            drop(loaded_tx);
+            ModelThread {
+                shared: &shared,
+                model,
+                dim,
+            }
+            .run();
+        })?;
+    Ok(loaded_rx)
+}
+
+struct ModelThread<'a, E> {
+    shared: &'a Shared,
+    model: E,
+    /// Embedding dimension promised by `info()`; zero means "whatever the model returns".
+    dim: usize,
+}
+
+impl<E: Embedder> ModelThread<'_, E> {
+    fn run(mut self) {
+        let _guard = DeathGuard(self.shared);
+        while let Some(batch) = self.next_batch() {
+            if let Err(Died(message)) = self.run_batch(batch) {
+                tracing::error!(%message, "embedding model panicked; model thread exiting");
+                self.shared.kill(format!("model thread died: {message}"));
+                return;
+            }
+        }
+        tracing::debug!("model thread exiting");
+    }
+
+    /// Blocks until the collector has a batch ready; `None` once stopped.
+    fn next_batch(&self) -> Option<Batch> {
+        let mut st = self.shared.state();
+        loop {
+            if st.stop {
+                return None;
+            }
+            if let Some(batch) = st.next.take() {
+                st.model_busy = true;
+                st.next_full = false;
+                // The collector can now prepare the batch after this one, if it
+                // has anything to prepare it from (a needless wake-up is a
+                // context switch stolen from callers on a small machine).
+                if st.collector_waiting && (st.collector_queued > 0 || !st.inbox.is_empty()) {
+                    self.shared.collector_cv.notify_one();
+                }
+                return Some(batch);
+            }
+            st.model_busy = false;
+            st.model_waiting = true;
+            st = self
+                .shared
+                .model_cv
+                .wait(st)
+                .unwrap_or_else(|e| e.into_inner());
+            st.model_waiting = false;
+        }
+    }
+
+    fn run_batch(&mut self, mut batch: Batch) -> Result<(), Died> {
+        let recorder = &*self.shared.recorder;
+        // Callers that left while this batch waited in the slot cost nothing.
+        batch.drop_abandoned(recorder);
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let now = Instant::now();
+        for part in &batch.parts {
+            if part.req.mark_started() {
+                recorder.queue_wait(now.saturating_duration_since(part.req.arrived));
+            }
+        }
+
+        let outcome = match self.call(&batch.inputs, batch.padded_tokens()) {
+            Ok(outcome) => outcome,
+            Err(died) => {
+                let error = CoreError::ModelUnavailable(format!("model thread died: {}", died.0));
+                for part in &batch.parts {
+                    part.req.fail(error.clone());
+                }
+                return Err(died);
+            }
+        };
+        match outcome {
+            Ok(output) => {
+                for part in &batch.parts {
+                    self.deliver(part, part.start, &output);
+                }
+            }
+            Err(message) if batch.parts.len() == 1 => {
+                batch.parts[0].req.fail(CoreError::Model(message))
+            }
+            Err(message) => {
+                // Which request broke the batch? Re-run each part alone, so only
+                // the offending request gets the error.
+                tracing::warn!(%message, parts = batch.parts.len(), "batch failed; retrying each request alone");
+                for (i, part) in batch.parts.iter().enumerate() {
+                    let inputs = &batch.inputs[part.start..part.start + part.len];
+                    let padded = inputs
+                        .iter()
+                        .map(EmbedInput::estimated_tokens)
+                        .max()
+                        .unwrap_or(0)
+                        * inputs.len();
+                    match self.call(inputs, padded) {
+                        Ok(Ok(output)) => self.deliver(part, 0, &output),
+                        Ok(Err(message)) => part.req.fail(CoreError::Model(message)),
+                        Err(died) => {
+                            let error = CoreError::ModelUnavailable(format!(
+                                "model thread died: {}",
+                                died.0
+                            ));
+                            for part in &batch.parts[i..] {
+                                part.req.fail(error.clone());
+                            }
+                            return Err(died);
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One model call with its metrics. The outer error is a panic (the model
+    /// is no longer trustworthy); the inner one the model's own error, or an
+    /// output of the wrong shape.
+    fn call(
+        &mut self,
+        inputs: &[EmbedInput],
+        est_padded: usize,
+    ) -> Result<Result<BatchOutput, String>, Died> {
+        let started = Instant::now();
+        let result = catch_unwind(AssertUnwindSafe(|| self.model.embed_batch(inputs)));
+        let elapsed = started.elapsed();
+        let result = result.map_err(|payload| Died(panic_message(&*payload)))?;
+        let recorder = &*self.shared.recorder;
+        let gil_wait = result.as_ref().map(|o| o.gil_wait).unwrap_or_default();
+        recorder.model_call(inputs.len(), est_padded, elapsed, gil_wait);
+        let output = match result {
+            Ok(output) => output,
+            Err(e) => return Ok(Err(e.message)),
+        };
+        if let Err(message) = self.check_shape(&output, inputs.len()) {
+            return Ok(Err(message));
+        }
+        let real: u64 = output.token_counts.iter().map(|&t| u64::from(t)).sum();
+        recorder.tokens(real, output.padded_tokens);
+        Ok(Ok(output))
+    }
+
+    /// A model returning the wrong number of floats or counts is a model
+    /// error, never a panic or a mis-sliced answer.
+    fn check_shape(&self, output: &BatchOutput, n: usize) -> Result<(), String> {
+        let floats = output.vectors.len();
+        let ok_vectors = if self.dim > 0 {
+            floats == n * self.dim
+        } else {
+            floats > 0 && floats.checked_rem(n) == Some(0)
+        };
+        if !ok_vectors {
+            return Err(format!(
+                "model returned {floats} floats for {n} inputs (dimension {})",
+                self.dim
+            ));
+        }
+        if output.token_counts.len() != n || output.untruncated_token_counts.len() != n {
+            return Err(format!(
+                "model returned {} token counts and {} untruncated counts for {n} inputs",
+                output.token_counts.len(),
+                output.untruncated_token_counts.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Hands `part` its rows of `output`, which start at row `first_row`.
+    fn deliver(&self, part: &Part, first_row: usize, output: &BatchOutput) {
+        let n = output.token_counts.len();
+        let dim = output.vectors.len() / n;
+        let rows = first_row..first_row + part.len;
+        let vectors = output.vectors[rows.start * dim..rows.end * dim]
+            .chunks_exact(dim)
+            .map(<[f32]>::to_vec);
+        part.req.deliver(
+            part.offset,
+            vectors,
+            &output.token_counts[rows.clone()],
+            &output.untruncated_token_counts[rows],
+        );
+    }
+}

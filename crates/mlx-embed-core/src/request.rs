@@ -1,0 +1,212 @@
+//! One admitted `embed` call as the collector and model thread see it: where
+//! its answer is assembled and how the caller is told.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Instant;
+
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
+
+use crate::recorder::{lock, Recorder};
+use crate::{CoreError, Embeddings};
+
+pub(crate) type Reply = oneshot::Sender<Result<Embeddings, CoreError>>;
+
+/// The admission permits and in-flight count of a request; given back the
+/// moment its answer is ready, before the caller is woken (so a caller that
+/// immediately calls again finds its room free), or when its caller leaves.
+pub(crate) struct Ticket {
+    _permit: OwnedSemaphorePermit,
+    inputs: usize,
+    recorder: Arc<Recorder>,
+}
+
+impl Ticket {
+    pub fn new(permit: OwnedSemaphorePermit, inputs: usize, recorder: Arc<Recorder>) -> Self {
+        recorder
+            .in_flight_inputs
+            .fetch_add(inputs as u64, Ordering::Relaxed);
+        Self {
+            _permit: permit,
+            inputs,
+            recorder,
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.recorder
+            .in_flight_inputs
+            .fetch_sub(self.inputs as u64, Ordering::Relaxed);
+    }
+}
+
+/// Counts a request as active (for `drained()`) from the start of `embed`
+/// until after its answer is sent.
+pub(crate) struct ActiveGuard(Arc<Recorder>);
+
+impl ActiveGuard {
+    pub fn new(recorder: Arc<Recorder>) -> Self {
+        recorder.request_started();
+        Self(recorder)
+    }
+}
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.0.request_finished();
+    }
+}
+
+struct Answer {
+    embeddings: Embeddings,
+    reply: Option<Reply>,
+    ticket: Option<Ticket>,
+    active: Option<ActiveGuard>,
+}
+
+pub(crate) struct Request {
+    pub len: usize,
+    pub arrived: Instant,
+    caller_gone: AtomicBool,
+    /// Set once the request got an error: its remaining inputs are pointless.
+    failed: AtomicBool,
+    /// Set when its first input enters a running batch (queue-wait metric).
+    started: AtomicBool,
+    cancel_counted: AtomicBool,
+    answer: Mutex<Answer>,
+}
+
+impl Request {
+    pub fn new(
+        len: usize,
+        arrived: Instant,
+        reply: Reply,
+        ticket: Ticket,
+        active: ActiveGuard,
+    ) -> Self {
+        Self {
+            len,
+            arrived,
+            caller_gone: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+            started: AtomicBool::new(false),
+            cancel_counted: AtomicBool::new(false),
+            answer: Mutex::new(Answer {
+                embeddings: Embeddings {
+                    vectors: Vec::with_capacity(len),
+                    token_counts: Vec::with_capacity(len),
+                    untruncated_token_counts: Vec::with_capacity(len),
+                },
+                reply: Some(reply),
+                ticket: Some(ticket),
+                active: Some(active),
+            }),
+        }
+    }
+
+    /// True when computing more of this request would be wasted.
+    pub fn abandoned(&self) -> bool {
+        self.caller_gone.load(Ordering::Acquire) || self.failed.load(Ordering::Acquire)
+    }
+
+    /// Returns true the first time it is called (the request's first batch starts).
+    pub fn mark_started(&self) -> bool {
+        !self.started.swap(true, Ordering::AcqRel)
+    }
+
+    /// Accounts for `n` of this request's inputs being dropped uncomputed.
+    /// Only a caller that went away counts as a cancellation; a request that
+    /// already failed simply stops.
+    pub fn skipped(&self, n: usize, recorder: &Recorder) {
+        if self.failed.load(Ordering::Acquire) || !self.caller_gone.load(Ordering::Acquire) {
+            return;
+        }
+        recorder.inputs_cancelled(n);
+        if !self.cancel_counted.swap(true, Ordering::AcqRel) {
+            recorder.request_cancelled();
+        }
+    }
+
+    /// Appends computed rows for inputs `offset..offset + vectors.len()`;
+    /// answers the caller when the last one arrives. Chunks of one request run
+    /// in order on the single model thread, so appending keeps input order.
+    pub fn deliver(
+        &self,
+        offset: usize,
+        vectors: impl Iterator<Item = Vec<f32>>,
+        tokens: &[u32],
+        untruncated: &[u32],
+    ) {
+        let mut answer = lock(&self.answer);
+        if answer.reply.is_none() {
+            return;
+        }
+        let e = &mut answer.embeddings;
+        debug_assert_eq!(
+            e.vectors.len(),
+            offset,
+            "chunks of a request must arrive in order"
+        );
+        e.vectors.extend(vectors);
+        e.token_counts.extend_from_slice(tokens);
+        e.untruncated_token_counts.extend_from_slice(untruncated);
+        if e.vectors.len() == self.len {
+            let embeddings = std::mem::take(&mut answer.embeddings);
+            Self::answer(answer, Ok(embeddings));
+        }
+    }
+
+    /// Answers with an error; later chunks of this request are skipped.
+    pub fn fail(&self, error: CoreError) {
+        self.failed.store(true, Ordering::Release);
+        let answer = lock(&self.answer);
+        if answer.reply.is_some() {
+            Self::answer(answer, Err(error));
+        }
+    }
+
+    fn answer(
+        mut answer: std::sync::MutexGuard<'_, Answer>,
+        result: Result<Embeddings, CoreError>,
+    ) {
+        let reply = answer.reply.take();
+        let ticket = answer.ticket.take();
+        let active = answer.active.take();
+        drop(answer);
+        drop(ticket);
+        if let Some(reply) = reply {
+            // The caller may have gone; its loss.
+            let _ = reply.send(result);
+        }
+        drop(active);
+    }
+}
+
+/// Held by the `embed` future: if the future is dropped before the answer,
+/// the request is marked so its remaining inputs are skipped. Weak, so it
+/// never keeps the reply sender alive (a dropped request must wake its caller).
+pub(crate) struct CallerGuard(Option<Weak<Request>>);
+
+impl CallerGuard {
+    pub fn new(request: &Arc<Request>) -> Self {
+        Self(Some(Arc::downgrade(request)))
+    }
+
+    pub fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for CallerGuard {
+    fn drop(&mut self) {
+        if let Some(request) = self.0.take().and_then(|w| w.upgrade()) {
+            request.caller_gone.store(true, Ordering::Release);
+            // Its admission room goes to the next caller now, not when the
+            // collector reaches (and skips) its leftover inputs.
+            let ticket = lock(&request.answer).ticket.take();
+            drop(ticket);
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! Admission: `Overloaded` only past `max_waiting` or `max_queue_wait`, never below.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use mlx_embed_core::{BatcherConfig, CoreError, OverloadReason};
+use tokio::time::timeout;
+
+#[tokio::test(flavor = "current_thread")]
+async fn exactly_the_surplus_beyond_the_waiting_bound_is_refused() {
+    let gate = Gate::closed();
+    let config = BatcherConfig {
+        max_concurrent_requests: 2,
+        max_waiting: 5,
+        ..BatcherConfig::default()
+    };
+    let (batcher, record) = start(config, Duration::ZERO, Some(gate.clone()));
+    let mut handles = Vec::new();
+    for i in 0..20 {
+        let b = batcher.clone();
+        handles.push(tokio::spawn(async move {
+            let t = format!("caller {i}");
+            b.embed(owned_texts(std::slice::from_ref(&t)))
+                .await
+                .map(|got| assert_answer(&[t], &got))
+        }));
+    }
+    // 2 admitted (the model is held at the gate), 5 waiting, 13 refused at once.
+    eventually("line formed", || {
+        let m = batcher.metrics();
+        m.in_flight_inputs == 2 && m.waiting_inputs == 5 && m.requests_overloaded == 13
+    })
+    .await;
+    eventually("model busy", || !record.batches().is_empty()).await;
+    gate.open();
+    let mut ok = 0;
+    let mut full = 0;
+    for h in handles {
+        match timeout(LIMIT, h).await.unwrap().unwrap() {
+            Ok(()) => ok += 1,
+            Err(CoreError::Overloaded {
+                reason: OverloadReason::QueueFull,
+                retry_after,
+            }) => {
+                assert!(
+                    retry_after >= Duration::from_secs(1) && retry_after <= Duration::from_secs(60)
+                );
+                full += 1;
+            }
+            Err(e) => panic!("unexpected error {e}"),
+        }
+    }
+    assert_eq!((ok, full), (7, 13));
+    assert_eq!(batcher.metrics().requests_ok, 7);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn waiting_too_long_gives_queue_timeout() {
+    let gate = Gate::closed();
+    let config = BatcherConfig {
+        max_concurrent_requests: 1,
+        max_queue_wait: Duration::from_millis(100),
+        ..BatcherConfig::default()
+    };
+    let (batcher, _record) = start(config, Duration::ZERO, Some(gate.clone()));
+    let first = {
+        let b = batcher.clone();
+        tokio::spawn(async move { b.embed(texts(&["holder"])).await })
+    };
+    eventually("first admitted", || batcher.metrics().in_flight_inputs == 1).await;
+    let started = std::time::Instant::now();
+    let err = timeout(LIMIT, batcher.embed(texts(&["late"])))
+        .await
+        .unwrap()
+        .unwrap_err();
+    let waited = started.elapsed();
+    assert!(
+        matches!(
+            err,
+            CoreError::Overloaded {
+                reason: OverloadReason::QueueTimeout,
+                ..
+            }
+        ),
+        "got {err:?}"
+    );
+    assert!(
+        waited >= Duration::from_millis(90) && waited < Duration::from_secs(5),
+        "waited {waited:?}"
+    );
+    assert_eq!(
+        batcher.metrics().waiting_inputs,
+        0,
+        "the timed-out caller left the line"
+    );
+    gate.open();
+    assert!(timeout(LIMIT, first).await.unwrap().unwrap().is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lots_of_waiting_within_bounds_refuses_nobody() {
+    let config = BatcherConfig {
+        max_concurrent_requests: 4,
+        max_waiting: 10_000,
+        ..BatcherConfig::default()
+    };
+    let (batcher, _record) = start(config, Duration::from_micros(500), None);
+    let mut handles = Vec::new();
+    for i in 0..600 {
+        let b = batcher.clone();
+        handles.push(tokio::spawn(async move {
+            let texts: Vec<String> = (0..(i % 3 + 1)).map(|j| format!("c{i}-{j}")).collect();
+            let got = b
+                .embed(owned_texts(&texts))
+                .await
+                .expect("never refused within bounds");
+            assert_answer(&texts, &got);
+        }));
+    }
+    let mut peak_waiting = 0;
+    for h in handles {
+        peak_waiting = peak_waiting.max(batcher.metrics().waiting_inputs);
+        timeout(LIMIT, h).await.unwrap().unwrap();
+    }
+    let m = batcher.metrics();
+    assert_eq!(m.requests_overloaded, 0);
+    assert_eq!(m.requests_ok, 600);
+    assert!(m.queue_wait_seconds.count == 600);
+    let _ = peak_waiting;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_larger_than_the_bound_still_runs() {
+    let config = BatcherConfig {
+        max_concurrent_requests: 4,
+        max_waiting: 0,
+        ..BatcherConfig::default()
+    };
+    let (batcher, _record) = start(config, Duration::ZERO, None);
+    let many: Vec<String> = (0..50).map(|i| format!("n{i}")).collect();
+    let got = timeout(LIMIT, batcher.embed(owned_texts(&many)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_answer(&many, &got);
+    // And a sequential caller is never refused, even with no waiting room:
+    // the previous request's room is free before its answer arrives.
+    for i in 0..50 {
+        let t = format!("seq {i}");
+        batcher
+            .embed(owned_texts(&[t]))
+            .await
+            .expect("room was free");
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_caller_that_gives_up_waiting_frees_its_place_in_line() {
+    let gate = Gate::closed();
+    let config = BatcherConfig {
+        max_concurrent_requests: 1,
+        max_waiting: 1,
+        ..BatcherConfig::default()
+    };
+    let (batcher, _record) = start(config, Duration::ZERO, Some(gate.clone()));
+    let holder = {
+        let b = batcher.clone();
+        tokio::spawn(async move { b.embed(texts(&["holder"])).await })
+    };
+    eventually("holder admitted", || {
+        batcher.metrics().in_flight_inputs == 1
+    })
+    .await;
+    // Waits, then gives up (future dropped by the timeout).
+    assert!(timeout(
+        Duration::from_millis(20),
+        batcher.embed(texts(&["impatient"]))
+    )
+    .await
+    .is_err());
+    assert_eq!(batcher.metrics().waiting_inputs, 0);
+    let patient = {
+        let b = batcher.clone();
+        tokio::spawn(async move { b.embed(texts(&["patient"])).await })
+    };
+    eventually("patient waiting", || batcher.metrics().waiting_inputs == 1).await;
+    gate.open();
+    assert!(timeout(LIMIT, holder).await.unwrap().unwrap().is_ok());
+    assert!(timeout(LIMIT, patient).await.unwrap().unwrap().is_ok());
+}

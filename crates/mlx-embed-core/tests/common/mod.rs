@@ -1,0 +1,201 @@
+//! A deterministic fake embedder for the batcher tests: the vector of a text
+//! is a hash of the text, and every batch the fake sees is recorded.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use mlx_embed_core::{
+    BatchOutput, Batcher, BatcherConfig, EmbedInput, Embedder, EmbedderError, ModelInfo,
+};
+
+pub const DIM: usize = 8;
+
+/// Upper bound for any single wait in a test: nothing should take this long.
+pub const LIMIT: Duration = Duration::from_secs(10);
+
+/// Text of an input as the fake sees it.
+pub fn text_of(input: &EmbedInput) -> String {
+    match input {
+        EmbedInput::Text(t) => t.clone(),
+        EmbedInput::Tokens(ids) => format!("tokens:{ids:?}"),
+    }
+}
+
+/// The fake's vector for `text`: FNV-1a of the text, then of each index.
+pub fn vector_for(text: &str) -> Vec<f32> {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in text.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    (0..DIM)
+        .map(|i| {
+            let x =
+                (h ^ (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_mul(0x0100_0000_01b3);
+            (x >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        })
+        .collect()
+}
+
+/// Token count the fake reports for a text (distinct from the batcher's estimate on purpose).
+pub fn tokens_for(text: &str) -> u32 {
+    text.len() as u32 + 1
+}
+
+pub fn texts(inputs: &[&str]) -> Vec<EmbedInput> {
+    inputs
+        .iter()
+        .map(|t| EmbedInput::Text((*t).to_string()))
+        .collect()
+}
+
+pub fn owned_texts(inputs: &[String]) -> Vec<EmbedInput> {
+    inputs.iter().map(|t| EmbedInput::Text(t.clone())).collect()
+}
+
+/// A door the fake waits at before every batch: closed, the model "runs"
+/// forever; lets tests line requests up deterministically behind a busy model.
+#[derive(Default)]
+pub struct Gate {
+    open: Mutex<bool>,
+    cv: Condvar,
+}
+
+impl Gate {
+    pub fn closed() -> Arc<Self> {
+        Arc::new(Self::default())
+    }
+    pub fn open(&self) {
+        *self.open.lock().unwrap() = true;
+        self.cv.notify_all();
+    }
+    fn pass(&self) {
+        let mut open = self.open.lock().unwrap();
+        while !*open {
+            open = self.cv.wait(open).unwrap();
+        }
+    }
+}
+
+/// What the fake saw and did; shared with the test.
+#[derive(Default)]
+pub struct Record {
+    pub batches: Mutex<Vec<Vec<String>>>,
+    pub dropped: AtomicBool,
+    pub thread_name: Mutex<Option<String>>,
+}
+
+impl Record {
+    pub fn batches(&self) -> Vec<Vec<String>> {
+        self.batches.lock().unwrap().clone()
+    }
+    pub fn computed(&self) -> Vec<String> {
+        self.batches().into_iter().flatten().collect()
+    }
+}
+
+/// Texts containing these markers make the fake misbehave.
+pub const FAIL: &str = "FAIL";
+pub const PANIC: &str = "PANIC";
+pub const BAD_SHAPE: &str = "BADSHAPE";
+
+pub struct Fake {
+    pub record: Arc<Record>,
+    pub delay: Duration,
+    pub gate: Option<Arc<Gate>>,
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        self.record.dropped.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Embedder for Fake {
+    fn info(&self) -> ModelInfo {
+        *self.record.thread_name.lock().unwrap() =
+            std::thread::current().name().map(str::to_string);
+        ModelInfo {
+            name: "fake".into(),
+            dim: DIM,
+            max_input_tokens: 512,
+            ..ModelInfo::default()
+        }
+    }
+
+    fn embed_batch(&mut self, inputs: &[EmbedInput]) -> Result<BatchOutput, EmbedderError> {
+        assert!(
+            !inputs.is_empty(),
+            "the batcher must never send an empty batch"
+        );
+        let batch: Vec<String> = inputs.iter().map(text_of).collect();
+        self.record.batches.lock().unwrap().push(batch.clone());
+        if let Some(gate) = &self.gate {
+            gate.pass();
+        }
+        if !self.delay.is_zero() {
+            std::thread::sleep(self.delay);
+        }
+        if batch.iter().any(|t| t.contains(PANIC)) {
+            panic!("fake model exploded");
+        }
+        if let Some(bad) = batch.iter().find(|t| t.contains(FAIL)) {
+            return Err(EmbedderError::new(format!("cannot embed {bad}")));
+        }
+        let mut vectors: Vec<f32> = batch.iter().flat_map(|t| vector_for(t)).collect();
+        if batch.iter().any(|t| t.contains(BAD_SHAPE)) {
+            vectors.pop();
+        }
+        let token_counts: Vec<u32> = batch.iter().map(|t| tokens_for(t)).collect();
+        let padded = u64::from(*token_counts.iter().max().unwrap()) * batch.len() as u64;
+        Ok(BatchOutput {
+            vectors,
+            untruncated_token_counts: token_counts.iter().map(|t| t + 1).collect(),
+            token_counts,
+            padded_tokens: padded,
+            gil_wait: Duration::from_micros(10),
+        })
+    }
+}
+
+/// Starts a batcher over a fake; returns the handle and the fake's record.
+pub fn start(
+    config: BatcherConfig,
+    delay: Duration,
+    gate: Option<Arc<Gate>>,
+) -> (Batcher, Arc<Record>) {
+    let record = Arc::new(Record::default());
+    let rec = record.clone();
+    let batcher = Batcher::start(config, move || {
+        Ok(Fake {
+            record: rec,
+            delay,
+            gate,
+        })
+    })
+    .expect("fake loads");
+    (batcher, record)
+}
+
+/// Waits (bounded) until `cond` holds, polling.
+pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + LIMIT;
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// Checks a caller got exactly the fake's answer for its texts.
+pub fn assert_answer(texts: &[String], got: &mlx_embed_core::Embeddings) {
+    assert_eq!(got.vectors.len(), texts.len());
+    for (i, t) in texts.iter().enumerate() {
+        assert_eq!(got.vectors[i], vector_for(t), "vector {i} ({t})");
+        assert_eq!(got.token_counts[i], tokens_for(t));
+        assert_eq!(got.untruncated_token_counts[i], tokens_for(t) + 1);
+    }
+}

@@ -1,0 +1,319 @@
+//! Failures: model errors, panics, cancellation, shutdown.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use common::*;
+use mlx_embed_core::{Batcher, BatcherConfig, CoreError, EmbedderError};
+use tokio::time::timeout;
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_failing_text_fails_only_its_own_request() {
+    let gate = Gate::closed();
+    let (batcher, record) = start(BatcherConfig::default(), Duration::ZERO, Some(gate.clone()));
+    let holder = {
+        let b = batcher.clone();
+        tokio::spawn(async move { b.embed(texts(&["holder"])).await })
+    };
+    eventually("holder running", || record.batches().len() == 1).await;
+    let mut handles = Vec::new();
+    for (i, bad) in [false, true, false, false].into_iter().enumerate() {
+        let b = batcher.clone();
+        let texts: Vec<String> = (0..3)
+            .map(|j| {
+                if bad && j == 1 {
+                    format!("r{i} {FAIL}")
+                } else {
+                    format!("r{i}-{j}")
+                }
+            })
+            .collect();
+        handles.push((
+            texts.clone(),
+            tokio::spawn(async move { b.embed(owned_texts(&texts)).await }),
+        ));
+    }
+    eventually("queued", || batcher.metrics().in_flight_inputs == 13).await;
+    gate.open();
+    assert!(timeout(LIMIT, holder).await.unwrap().unwrap().is_ok());
+    for (texts, h) in handles {
+        let result = timeout(LIMIT, h).await.unwrap().unwrap();
+        if texts.iter().any(|t| t.contains(FAIL)) {
+            assert_eq!(result, Err(CoreError::Model("cannot embed r1 FAIL".into())));
+        } else {
+            assert_answer(&texts, &result.expect("innocent request succeeds"));
+        }
+    }
+    // The mixed batch was tried once, then each request alone.
+    assert!(
+        record.batches()[1].len() == 12,
+        "the four requests shared a batch"
+    );
+    let m = batcher.metrics();
+    assert_eq!((m.requests_ok, m.requests_model_error), (4, 1));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn wrong_output_size_is_a_model_error_not_a_panic() {
+    let (batcher, _record) = start(BatcherConfig::default(), Duration::ZERO, None);
+    let err = batcher.embed(texts(&["ok", BAD_SHAPE])).await.unwrap_err();
+    assert!(
+        matches!(&err, CoreError::Model(m) if m.contains("floats")),
+        "{err:?}"
+    );
+    assert!(batcher.is_healthy());
+    assert!(batcher.embed(texts(&["fine"])).await.is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_panic_makes_every_caller_unavailable_promptly() {
+    let gate = Gate::closed();
+    let config = BatcherConfig {
+        max_concurrent_requests: 8,
+        ..BatcherConfig::default()
+    };
+    let (batcher, record) = start(config, Duration::ZERO, Some(gate.clone()));
+    let holder = {
+        let b = batcher.clone();
+        tokio::spawn(async move { b.embed(texts(&[PANIC])).await })
+    };
+    eventually("panicking batch running", || record.batches().len() == 1).await;
+    // 7 more admitted (queued for the model) and 10 waiting for admission.
+    let mut handles = Vec::new();
+    for i in 0..17 {
+        let b = batcher.clone();
+        handles.push(tokio::spawn(async move {
+            b.embed(owned_texts(&[format!("victim {i}")])).await
+        }));
+    }
+    eventually("line formed", || {
+        let m = batcher.metrics();
+        m.in_flight_inputs == 8 && m.waiting_inputs == 10
+    })
+    .await;
+    let opened = Instant::now();
+    gate.open();
+    for h in std::iter::once(holder).chain(handles) {
+        let err = timeout(Duration::from_secs(2), h)
+            .await
+            .expect("nobody hangs")
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            matches!(&err, CoreError::ModelUnavailable(m) if m.contains("model thread died")),
+            "{err:?}"
+        );
+    }
+    assert!(opened.elapsed() < Duration::from_secs(1));
+    assert!(!batcher.is_healthy());
+    assert!(batcher
+        .model_failure()
+        .unwrap()
+        .contains("fake model exploded"));
+    let err = timeout(LIMIT, batcher.embed(texts(&["after"])))
+        .await
+        .unwrap()
+        .unwrap_err();
+    assert!(matches!(err, CoreError::ModelUnavailable(_)));
+    assert!(record.computed().iter().all(|t| !t.starts_with("victim")));
+    assert_eq!(batcher.metrics().requests_unavailable, 19);
+    timeout(LIMIT, batcher.drained())
+        .await
+        .expect("nothing left pending");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn cancelled_callers_cost_no_compute() {
+    let gate = Gate::closed();
+    let config = BatcherConfig {
+        max_batch_size: 4,
+        ..BatcherConfig::default()
+    };
+    let (batcher, record) = start(config, Duration::ZERO, Some(gate.clone()));
+    let spawn = |name: &str, n: usize| {
+        let b = batcher.clone();
+        let texts: Vec<String> = (0..n).map(|j| format!("{name}-{j}")).collect();
+        tokio::spawn(async move { b.embed(owned_texts(&texts)).await })
+    };
+    let a = spawn("a", 1);
+    eventually("a running", || record.batches().len() == 1).await;
+    // b and the start of c sit in the prepared batch, the rest of c and d in the queue.
+    let b = spawn("b", 2);
+    let c = spawn("c", 10);
+    let d = spawn("d", 3);
+    let e = spawn("e", 1);
+    eventually("queued", || batcher.metrics().in_flight_inputs == 17).await;
+    c.abort();
+    d.abort();
+    assert!(c.await.unwrap_err().is_cancelled());
+    assert!(d.await.unwrap_err().is_cancelled());
+    gate.open();
+    for h in [a, b, e] {
+        timeout(LIMIT, h)
+            .await
+            .unwrap()
+            .unwrap()
+            .expect("survivors succeed");
+    }
+    let computed = record.computed();
+    assert!(
+        computed
+            .iter()
+            .all(|t| !t.starts_with('c') && !t.starts_with('d')),
+        "{computed:?}"
+    );
+    let m = batcher.metrics();
+    assert_eq!(m.requests_cancelled, 2);
+    assert_eq!(m.inputs_cancelled_before_compute, 13);
+    timeout(LIMIT, batcher.drained()).await.unwrap();
+    assert_eq!(
+        (m.in_flight_inputs, batcher.metrics().queued_inputs),
+        (0, 0)
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn close_refuses_new_work_and_drains_admitted_work() {
+    let gate = Gate::closed();
+    let (batcher, record) = start(BatcherConfig::default(), Duration::ZERO, Some(gate.clone()));
+    let running = {
+        let b = batcher.clone();
+        tokio::spawn(async move { b.embed(texts(&["running"])).await })
+    };
+    eventually("running", || record.batches().len() == 1).await;
+    let queued = {
+        let b = batcher.clone();
+        tokio::spawn(async move { b.embed(texts(&["queued 1", "queued 2"])).await })
+    };
+    eventually("queued", || batcher.metrics().in_flight_inputs == 3).await;
+    batcher.close();
+    assert!(!batcher.is_healthy());
+    assert_eq!(
+        batcher.embed(texts(&["new"])).await,
+        Err(CoreError::ShuttingDown)
+    );
+    assert!(
+        timeout(Duration::from_millis(50), batcher.drained())
+            .await
+            .is_err(),
+        "work still pending"
+    );
+    gate.open();
+    timeout(LIMIT, batcher.drained()).await.expect("drained");
+    assert!(running.await.unwrap().is_ok());
+    assert_answer(
+        &["queued 1".into(), "queued 2".into()],
+        &queued.await.unwrap().unwrap(),
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn close_refuses_callers_still_waiting_for_admission() {
+    let gate = Gate::closed();
+    let config = BatcherConfig {
+        max_concurrent_requests: 1,
+        ..BatcherConfig::default()
+    };
+    let (batcher, _record) = start(config, Duration::ZERO, Some(gate.clone()));
+    let admitted = {
+        let b = batcher.clone();
+        tokio::spawn(async move { b.embed(texts(&["admitted"])).await })
+    };
+    eventually("admitted", || batcher.metrics().in_flight_inputs == 1).await;
+    let waiting = {
+        let b = batcher.clone();
+        tokio::spawn(async move { b.embed(texts(&["waiting"])).await })
+    };
+    eventually("waiting", || batcher.metrics().waiting_inputs == 1).await;
+    batcher.close();
+    assert_eq!(
+        timeout(LIMIT, waiting).await.unwrap().unwrap(),
+        Err(CoreError::ShuttingDown)
+    );
+    gate.open();
+    assert!(timeout(LIMIT, admitted).await.unwrap().unwrap().is_ok());
+    timeout(LIMIT, batcher.drained()).await.unwrap();
+}
+
+#[test]
+fn load_errors_and_panics_are_model_unavailable() {
+    let err = Batcher::start(BatcherConfig::default(), || {
+        Err::<Fake, _>(EmbedderError::new("no weights"))
+    })
+    .err();
+    assert!(
+        matches!(&err, Some(CoreError::ModelUnavailable(m)) if m.contains("no weights")),
+        "{err:?}"
+    );
+    let err = Batcher::start(
+        BatcherConfig::default(),
+        || -> Result<Fake, EmbedderError> { panic!("boom") },
+    )
+    .err();
+    assert!(
+        matches!(&err, Some(CoreError::ModelUnavailable(m)) if m.contains("boom")),
+        "{err:?}"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn empty_input_is_invalid() {
+    let (batcher, _record) = start(BatcherConfig::default(), Duration::ZERO, None);
+    assert!(matches!(
+        batcher.embed(vec![]).await,
+        Err(CoreError::InvalidInput(_))
+    ));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn dropping_the_last_handle_ends_the_model_thread() {
+    let (batcher, record) = start(BatcherConfig::default(), Duration::ZERO, None);
+    let clone = batcher.clone();
+    clone.embed(texts(&["x"])).await.unwrap();
+    drop(batcher);
+    assert!(
+        !record.dropped.load(Ordering::SeqCst),
+        "a clone still holds it"
+    );
+    drop(clone);
+    eventually("model dropped on its thread", || {
+        record.dropped.load(Ordering::SeqCst)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_cancelled_caller_gives_its_admission_room_back_at_once() {
+    let gate = Gate::closed();
+    let config = BatcherConfig {
+        max_concurrent_requests: 2,
+        max_waiting: 0,
+        ..BatcherConfig::default()
+    };
+    let (batcher, record) = start(config, Duration::ZERO, Some(gate.clone()));
+    let running = {
+        let b = batcher.clone();
+        tokio::spawn(async move { b.embed(texts(&["running"])).await })
+    };
+    eventually("running", || record.batches().len() == 1).await;
+    let queued = {
+        let b = batcher.clone();
+        tokio::spawn(async move { b.embed(texts(&["queued"])).await })
+    };
+    eventually("queued", || batcher.metrics().in_flight_inputs == 2).await;
+    queued.abort();
+    assert!(queued.await.unwrap_err().is_cancelled());
+    // No waiting room at all: this only works if the cancelled caller's room is free.
+    let next = {
+        let b = batcher.clone();
+        tokio::spawn(async move { b.embed(texts(&["next"])).await })
+    };
+    eventually("next admitted", || batcher.metrics().in_flight_inputs == 2).await;
+    gate.open();
+    assert!(timeout(LIMIT, running).await.unwrap().unwrap().is_ok());
+    assert!(timeout(LIMIT, next).await.unwrap().unwrap().is_ok());
+    assert!(!record.computed().contains(&"queued".to_string()));
+    assert_eq!(batcher.metrics().requests_overloaded, 0);
+}

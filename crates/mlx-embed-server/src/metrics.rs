@@ -1,0 +1,334 @@
+//! Prometheus text exposition, written by hand: the server's own per-route
+//! request counts and latencies, plus the core's [`MetricsSnapshot`].
+//!
+//! Metric names (all prefixed `mlx_embed_`):
+//! `http_requests_total{route,code}`, `http_request_duration_seconds{route}` (histogram),
+//! `waiting_inputs`, `queued_inputs`, `in_flight_inputs` (gauges),
+//! `batcher_requests_total{outcome}`, `inputs_cancelled_total`, `batches_total`,
+//! `batch_size`, `batch_tokens`, `queue_wait_seconds`, `gil_wait_seconds`,
+//! `model_seconds` (histograms), `real_tokens_total`, `padded_tokens_total`,
+//! `padding_ratio` (real / padded tokens), `healthy`, `shutting_down`, `info{model,version}`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::Mutex;
+
+use mlx_embed_core::{Histogram, MetricsSnapshot};
+
+use crate::state::AppState;
+
+/// Upper bounds (seconds) of the request latency histogram.
+const LATENCY_BOUNDS: [f64; 14] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+];
+
+#[derive(Default)]
+struct RouteStats {
+    by_code: BTreeMap<u16, u64>,
+    latency: Option<Histogram>,
+}
+
+/// Per-route request counts by status code and latency histograms.
+#[derive(Default)]
+pub struct HttpMetrics {
+    routes: Mutex<BTreeMap<String, RouteStats>>,
+}
+
+impl HttpMetrics {
+    /// Records one finished request on `route` (the matched path, or `unmatched`).
+    pub fn record(&self, route: &str, status: u16, seconds: f64) {
+        let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
+        if !routes.contains_key(route) {
+            routes.insert(route.to_owned(), RouteStats::default());
+        }
+        let stats = routes.get_mut(route).expect("inserted above");
+        *stats.by_code.entry(status).or_default() += 1;
+        let h = stats.latency.get_or_insert_with(|| Histogram {
+            bounds: LATENCY_BOUNDS.to_vec(),
+            counts: vec![0; LATENCY_BOUNDS.len()],
+            ..Histogram::default()
+        });
+        observe(h, seconds);
+    }
+}
+
+fn observe(h: &mut Histogram, value: f64) {
+    match h.bounds.iter().position(|&b| value <= b) {
+        Some(i) => h.counts[i] += 1,
+        None => h.overflow += 1,
+    }
+    h.sum += value;
+    h.count += 1;
+}
+
+/// The whole `/metrics` body.
+pub fn render(state: &AppState) -> String {
+    let mut out = String::with_capacity(8 * 1024);
+    render_http(&mut out, state.http_metrics());
+    render_core(&mut out, &state.batcher().metrics());
+    head(
+        &mut out,
+        "mlx_embed_healthy",
+        "1 while the model is up and the server is not draining.",
+        "gauge",
+    );
+    let _ = writeln!(out, "mlx_embed_healthy {}", u8::from(state.is_ready()));
+    head(
+        &mut out,
+        "mlx_embed_shutting_down",
+        "1 once a shutdown signal arrived.",
+        "gauge",
+    );
+    let _ = writeln!(
+        out,
+        "mlx_embed_shutting_down {}",
+        u8::from(state.is_shutting_down())
+    );
+    head(
+        &mut out,
+        "mlx_embed_info",
+        "The served model and server version.",
+        "gauge",
+    );
+    let _ = writeln!(
+        out,
+        "mlx_embed_info{{model=\"{}\",version=\"{}\"}} 1",
+        escape(state.model_name()),
+        env!("CARGO_PKG_VERSION")
+    );
+    out
+}
+
+fn render_http(out: &mut String, http: &HttpMetrics) {
+    let routes = http.routes.lock().unwrap_or_else(|e| e.into_inner());
+    head(
+        out,
+        "mlx_embed_http_requests_total",
+        "HTTP requests by route and status code.",
+        "counter",
+    );
+    for (route, stats) in routes.iter() {
+        for (code, n) in &stats.by_code {
+            let _ = writeln!(
+                out,
+                "mlx_embed_http_requests_total{{route=\"{}\",code=\"{code}\"}} {n}",
+                escape(route)
+            );
+        }
+    }
+    head(
+        out,
+        "mlx_embed_http_request_duration_seconds",
+        "HTTP request latency by route.",
+        "histogram",
+    );
+    for (route, stats) in routes.iter() {
+        if let Some(h) = &stats.latency {
+            histogram_lines(
+                out,
+                "mlx_embed_http_request_duration_seconds",
+                &format!("route=\"{}\"", escape(route)),
+                h,
+            );
+        }
+    }
+}
+
+fn render_core(out: &mut String, m: &MetricsSnapshot) {
+    gauge(
+        out,
+        "mlx_embed_waiting_inputs",
+        "Inputs waiting for admission.",
+        m.waiting_inputs,
+    );
+    gauge(
+        out,
+        "mlx_embed_queued_inputs",
+        "Inputs admitted and queued for the model, not yet in a batch.",
+        m.queued_inputs,
+    );
+    gauge(
+        out,
+        "mlx_embed_in_flight_inputs",
+        "Inputs admitted and not yet answered.",
+        m.in_flight_inputs,
+    );
+
+    head(
+        out,
+        "mlx_embed_batcher_requests_total",
+        "Batcher requests by outcome.",
+        "counter",
+    );
+    for (outcome, n) in [
+        ("ok", m.requests_ok),
+        ("overloaded", m.requests_overloaded),
+        ("model_error", m.requests_model_error),
+        ("unavailable", m.requests_unavailable),
+        ("cancelled", m.requests_cancelled),
+    ] {
+        let _ = writeln!(
+            out,
+            "mlx_embed_batcher_requests_total{{outcome=\"{outcome}\"}} {n}"
+        );
+    }
+    counter(
+        out,
+        "mlx_embed_inputs_cancelled_total",
+        "Inputs skipped because their caller left before their batch started.",
+        m.inputs_cancelled_before_compute,
+    );
+    counter(out, "mlx_embed_batches_total", "Model calls.", m.batches);
+    histogram(
+        out,
+        "mlx_embed_batch_size",
+        "Inputs per model call.",
+        &m.batch_size,
+    );
+    histogram(
+        out,
+        "mlx_embed_batch_tokens",
+        "Estimated padded tokens per model call.",
+        &m.batch_tokens,
+    );
+    counter(
+        out,
+        "mlx_embed_real_tokens_total",
+        "Real tokens the model ran.",
+        m.real_tokens,
+    );
+    counter(
+        out,
+        "mlx_embed_padded_tokens_total",
+        "Padded tokens the model processed.",
+        m.padded_tokens,
+    );
+    head(
+        out,
+        "mlx_embed_padding_ratio",
+        "Real tokens / padded tokens (1 = no padding waste).",
+        "gauge",
+    );
+    let ratio = if m.padded_tokens == 0 {
+        1.0
+    } else {
+        m.real_tokens as f64 / m.padded_tokens as f64
+    };
+    let _ = writeln!(out, "mlx_embed_padding_ratio {ratio}");
+    histogram(
+        out,
+        "mlx_embed_queue_wait_seconds",
+        "Seconds from submission to the start of the batch.",
+        &m.queue_wait_seconds,
+    );
+    histogram(
+        out,
+        "mlx_embed_gil_wait_seconds",
+        "Seconds waiting to enter the Python interpreter per batch.",
+        &m.gil_wait_seconds,
+    );
+    histogram(
+        out,
+        "mlx_embed_model_seconds",
+        "Seconds per model call.",
+        &m.model_seconds,
+    );
+}
+
+fn head(out: &mut String, name: &str, help: &str, kind: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn gauge(out: &mut String, name: &str, help: &str, v: u64) {
+    head(out, name, help, "gauge");
+    let _ = writeln!(out, "{name} {v}");
+}
+
+fn counter(out: &mut String, name: &str, help: &str, v: u64) {
+    head(out, name, help, "counter");
+    let _ = writeln!(out, "{name} {v}");
+}
+
+fn histogram(out: &mut String, name: &str, help: &str, h: &Histogram) {
+    head(out, name, help, "histogram");
+    histogram_lines(out, name, "", h);
+}
+
+/// Converts a non-cumulative [`Histogram`] into cumulative `_bucket` lines,
+/// `+Inf`, `_sum` and `_count` (`_count` equals the `+Inf` bucket).
+fn histogram_lines(out: &mut String, name: &str, labels: &str, h: &Histogram) {
+    let sep = if labels.is_empty() { "" } else { "," };
+    let mut cumulative = 0u64;
+    for (bound, n) in h.bounds.iter().zip(&h.counts) {
+        cumulative += n;
+        let _ = writeln!(
+            out,
+            "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}"
+        );
+    }
+    cumulative += h.overflow;
+    let _ = writeln!(
+        out,
+        "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {cumulative}"
+    );
+    let braces = if labels.is_empty() {
+        String::new()
+    } else {
+        format!("{{{labels}}}")
+    };
+    let _ = writeln!(out, "{name}_sum{braces} {}", h.sum);
+    let _ = writeln!(out, "{name}_count{braces} {cumulative}");
+}
+
+fn escape(s: &str) -> String {
+    s.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_is_cumulative() {
+        let h = Histogram {
+            bounds: vec![1.0, 2.0],
+            counts: vec![3, 4],
+            overflow: 5,
+            sum: 20.5,
+            count: 12,
+        };
+        let mut out = String::new();
+        histogram_lines(&mut out, "x", "", &h);
+        assert_eq!(
+            out,
+            "x_bucket{le=\"1\"} 3\nx_bucket{le=\"2\"} 7\nx_bucket{le=\"+Inf\"} 12\nx_sum 20.5\nx_count 12\n"
+        );
+        let mut out = String::new();
+        histogram_lines(&mut out, "x", "route=\"/a\"", &h);
+        assert!(out.contains("x_bucket{route=\"/a\",le=\"+Inf\"} 12\n"));
+        assert!(out.contains("x_count{route=\"/a\"} 12\n"));
+    }
+
+    #[test]
+    fn http_metrics_record() {
+        let m = HttpMetrics::default();
+        m.record("/embed", 200, 0.003);
+        m.record("/embed", 200, 7.0);
+        m.record("/embed", 429, 0.001);
+        let mut out = String::new();
+        render_http(&mut out, &m);
+        assert!(out.contains("mlx_embed_http_requests_total{route=\"/embed\",code=\"200\"} 2"));
+        assert!(out.contains("mlx_embed_http_requests_total{route=\"/embed\",code=\"429\"} 1"));
+        assert!(out.contains(
+            "mlx_embed_http_request_duration_seconds_bucket{route=\"/embed\",le=\"0.005\"} 2"
+        ));
+        assert!(out.contains("mlx_embed_http_request_duration_seconds_count{route=\"/embed\"} 3"));
+    }
+
+    #[test]
+    fn escapes_labels() {
+        assert_eq!(escape("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
+    }
+}

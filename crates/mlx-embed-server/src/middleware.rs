@@ -1,0 +1,124 @@
+//! Cross-cutting layers: request ids, per-request log line and metrics, API-key check.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header::AUTHORIZATION;
+use axum::http::{HeaderName, HeaderValue};
+use axum::middleware::Next;
+use axum::response::Response;
+use tracing::Instrument;
+
+use crate::errors::{Api, ApiError};
+use crate::state::AppState;
+
+/// Header carrying the request id, accepted from the client and echoed back.
+pub static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+
+/// The request's id, as a request extension for handlers that want it.
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
+
+/// A client-supplied id is kept when it is short printable ASCII; otherwise we make one.
+fn request_id(req: &Request) -> String {
+    if let Some(v) = req.headers().get(&REQUEST_ID).and_then(|v| v.to_str().ok()) {
+        if !v.is_empty() && v.len() <= 128 && v.bytes().all(|b| b.is_ascii_graphic()) {
+            return v.to_owned();
+        }
+    }
+    static PREFIX: OnceLock<u32> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let prefix = PREFIX.get_or_init(|| {
+        let t = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        (t.as_nanos() as u32) ^ std::process::id().rotate_left(16)
+    });
+    format!("{prefix:08x}-{:06x}", NEXT.fetch_add(1, Ordering::Relaxed))
+}
+
+/// Outermost layer: request id (echoed as `x-request-id`), a tracing span
+/// carrying it, one debug line per request (no request text), and HTTP metrics.
+pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let id = request_id(&req);
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|p| p.as_str().to_owned())
+        .unwrap_or_else(|| "unmatched".to_owned());
+    let method = req.method().clone();
+    req.extensions_mut().insert(RequestId(id.clone()));
+
+    let span = tracing::info_span!("request", id = %id, method = %method, route = %route);
+    let mut response = next.run(req).instrument(span.clone()).await;
+
+    let elapsed = start.elapsed();
+    let status = response.status().as_u16();
+    state
+        .http_metrics()
+        .record(&route, status, elapsed.as_secs_f64());
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        response.headers_mut().insert(REQUEST_ID.clone(), v);
+    }
+    span.in_scope(|| {
+        tracing::debug!(status, ms = elapsed.as_secs_f64() * 1e3, "request done");
+    });
+    response
+}
+
+/// With `--api-key`, every route but `/health` needs `Authorization: Bearer <key>`;
+/// otherwise 401 in the path's API error shape.
+pub async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let Some(key) = state.args().api_key.as_deref() else {
+        return next.run(req).await;
+    };
+    let path = req.uri().path();
+    if path == "/health" {
+        return next.run(req).await;
+    }
+    let presented = req
+        .headers()
+        .get(AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, token)| token.trim());
+    match presented {
+        Some(token) if constant_time_eq(token.as_bytes(), key.as_bytes()) => next.run(req).await,
+        _ => {
+            tracing::debug!("rejected: missing or wrong API key");
+            Api::for_path(path).render(ApiError::unauthorized())
+        }
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ct_eq() {
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+
+    #[test]
+    fn ids_are_kept_or_made() {
+        let req = Request::builder()
+            .header("x-request-id", "abc-1")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        assert_eq!(request_id(&req), "abc-1");
+        let req = Request::builder().body(axum::body::Body::empty()).unwrap();
+        let (a, b) = (request_id(&req), request_id(&req));
+        assert_ne!(a, b);
+    }
+}

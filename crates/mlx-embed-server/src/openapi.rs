@@ -1,0 +1,43 @@
+//! The OpenAPI document, generated from the handlers' types.
+
+use std::sync::OnceLock;
+
+use utoipa::OpenApi;
+
+use crate::errors::{NativeErrorBody, OllamaErrorBody, OpenAiErrorBody, TeiErrorBody};
+use crate::routes::{native, ollama, openai, ops, tei};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "mlx-embed", description = "Text embeddings: native, OpenAI, TEI and Ollama compatible APIs."),
+    paths(
+        native::embed,
+        openai::embeddings,
+        openai::models,
+        tei::embed,
+        ollama::embed,
+        ops::health,
+        ops::metrics,
+        ops::info,
+        ops::openapi,
+    ),
+    components(schemas(NativeErrorBody, OpenAiErrorBody, TeiErrorBody, OllamaErrorBody)),
+    tags(
+        (name = "native", description = "The native API"),
+        (name = "openai", description = "OpenAI compatible"),
+        (name = "tei", description = "text-embeddings-inference compatible"),
+        (name = "ollama", description = "Ollama compatible"),
+        (name = "ops", description = "Health, metrics, info"),
+    )
+)]
+pub struct ApiDoc;
+
+/// The document as JSON, built once.
+pub fn json() -> &'static str {
+    static DOC: OnceLock<String> = OnceLock::new();
+    DOC.get_or_init(|| {
+        ApiDoc::openapi()
+            .to_json()
+            .expect("OpenAPI document serializes")
+    })
+}

@@ -1,0 +1,85 @@
+//! The router and its thin API adapters. Each embed route parses its own
+//! request shape into one [`crate::embed::EmbedRequest`], calls
+//! [`crate::embed::embed`], and formats its own response.
+
+pub mod native;
+pub mod ollama;
+pub mod openai;
+pub mod ops;
+pub mod tei;
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+
+use axum::extract::DefaultBodyLimit;
+use axum::middleware::from_fn_with_state;
+use axum::routing::{get, post};
+use axum::Router;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::middleware::{observe, require_api_key};
+use crate::state::AppState;
+
+/// Every route, with body limit, API-key check, request ids, logs and metrics.
+pub fn router(state: AppState) -> Router {
+    let max_body = state.args().max_body_bytes;
+    Router::new()
+        .route("/api/v1/embed", post(native::embed))
+        .route("/v1/embeddings", post(openai::embeddings))
+        .route("/v1/models", get(openai::models))
+        .route("/embed", post(tei::embed))
+        .route("/api/embed", post(ollama::embed))
+        .route("/health", get(ops::health))
+        .route("/metrics", get(ops::metrics))
+        .route("/info", get(ops::info))
+        .route("/openapi.json", get(ops::openapi))
+        .fallback(ops::not_found)
+        .method_not_allowed_fallback(ops::method_not_allowed)
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(from_fn_with_state(state.clone(), require_api_key))
+        .layer(from_fn_with_state(state.clone(), observe))
+        .with_state(state)
+}
+
+/// Token usage of one request.
+#[derive(Debug, Clone, Serialize, ToSchema)]
+pub struct Usage {
+    pub prompt_tokens: u64,
+    pub total_tokens: u64,
+}
+
+impl Usage {
+    pub fn new(prompt_tokens: u64) -> Self {
+        Self {
+            prompt_tokens,
+            total_tokens: prompt_tokens,
+        }
+    }
+}
+
+/// Requests may name a model; we serve one, so a different name is only logged:
+/// a warning the first time each name is seen (up to 64 names), debug after.
+pub(crate) fn note_model_name(state: &AppState, requested: Option<&str>) {
+    static SEEN: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
+    let Some(requested) = requested.filter(|r| !r.is_empty() && *r != state.model_name()) else {
+        return;
+    };
+    let first = {
+        let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+        seen.len() < 64 && seen.insert(requested.to_owned())
+    };
+    if first {
+        tracing::warn!(
+            requested,
+            served = state.model_name(),
+            "request names another model; serving ours"
+        );
+    } else {
+        tracing::debug!(
+            requested,
+            served = state.model_name(),
+            "request names another model; serving ours"
+        );
+    }
+}

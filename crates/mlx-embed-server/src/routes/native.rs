@@ -1,0 +1,72 @@
+//! `POST /api/v1/embed`: the native API.
+
+use axum::extract::State;
+use axum::Json;
+use mlx_embed_core::EmbedInput;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::Usage;
+use crate::embed::{embed as run_embed, EmbedRequest};
+use crate::errors::{Native, NativeErrorBody, Shaped};
+use crate::extract::ApiJson;
+use crate::state::AppState;
+
+/// Native embed request.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct NativeEmbedRequest {
+    /// Texts to embed (1 to `--max-inputs-per-request`), none empty.
+    pub texts: Vec<String>,
+    /// Unit-length vectors (default true).
+    pub normalize: Option<bool>,
+    /// Truncate inputs longer than the model's maximum (default true); false answers 422 instead.
+    pub truncate: Option<bool>,
+    /// Keep the first N components (1..=dimension), re-normalized when `normalize`.
+    pub dimensions: Option<i64>,
+}
+
+/// Native embed response.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct NativeEmbedResponse {
+    /// One vector per text, in order.
+    pub embeddings: Vec<Vec<f32>>,
+    pub model: String,
+    /// Length of each vector.
+    pub dimension: usize,
+    pub usage: Usage,
+}
+
+/// Embed texts.
+///
+/// Errors use `{"error": {"message", "type", "code"}}`; status codes as in the crate docs
+/// (400, 401, 413, 415, 422, 429 with Retry-After, 500, 503).
+#[utoipa::path(
+    post, path = "/api/v1/embed", tag = "native",
+    request_body = NativeEmbedRequest,
+    responses(
+        (status = 200, description = "Embeddings in input order", body = NativeEmbedResponse),
+        (status = "4XX", description = "Invalid request (400, 401, 413, 415, 422, 429)", body = NativeErrorBody),
+        (status = "5XX", description = "Model failed (500) or unavailable (503)", body = NativeErrorBody),
+    )
+)]
+pub async fn embed(
+    State(state): State<AppState>,
+    ApiJson(req, _): ApiJson<NativeEmbedRequest, Native>,
+) -> Result<Json<NativeEmbedResponse>, Shaped<Native>> {
+    let out = run_embed(
+        &state,
+        EmbedRequest {
+            inputs: req.texts.into_iter().map(EmbedInput::Text).collect(),
+            normalize: req.normalize.unwrap_or(true),
+            truncate: req.truncate.unwrap_or(true),
+            dimensions: req.dimensions,
+        },
+    )
+    .await?;
+    Ok(Json(NativeEmbedResponse {
+        embeddings: out.vectors,
+        model: state.model_name().to_owned(),
+        dimension: out.dimension,
+        usage: Usage::new(out.prompt_tokens),
+    }))
+}

@@ -1,0 +1,167 @@
+//! `POST /v1/embeddings` and `GET /v1/models`: OpenAI compatible.
+
+use axum::extract::State;
+use axum::Json;
+use base64::Engine as _;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::{note_model_name, Usage};
+use crate::embed::{embed as run_embed, EmbedRequest};
+use crate::errors::{OpenAi, OpenAiErrorBody, Shaped};
+use crate::extract::{ApiJson, OpenAiInput};
+use crate::state::AppState;
+
+/// How vectors are encoded in the response.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum EncodingFormat {
+    /// JSON array of floats.
+    #[default]
+    Float,
+    /// Base64 (standard alphabet) of the little-endian f32 bytes.
+    Base64,
+}
+
+/// OpenAI embeddings request.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct OpenAiEmbeddingRequest {
+    /// A string, strings, token ids, or lists of token ids (the model's own tokenizer).
+    pub input: OpenAiInput,
+    /// Accepted; a name other than the served model is logged, not refused.
+    pub model: Option<String>,
+    /// `float` (default) or `base64`.
+    pub encoding_format: Option<EncodingFormat>,
+    /// Keep the first N components (1..=dimension), re-normalized.
+    pub dimensions: Option<i64>,
+    /// Accepted and ignored.
+    pub user: Option<String>,
+}
+
+/// A float array, or base64 of little-endian f32 bytes.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum EmbeddingValue {
+    Float(Vec<f32>),
+    Base64(String),
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiEmbedding {
+    /// Always `embedding`.
+    pub object: String,
+    pub index: usize,
+    pub embedding: EmbeddingValue,
+}
+
+/// OpenAI embeddings response. Vectors are unit length.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiEmbeddingResponse {
+    /// Always `list`.
+    pub object: String,
+    pub data: Vec<OpenAiEmbedding>,
+    pub model: String,
+    pub usage: Usage,
+}
+
+/// Little-endian f32 bytes, base64 (standard alphabet, padded).
+pub fn encode_base64(v: &[f32]) -> String {
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// Create embeddings.
+///
+/// Errors use `{"error": {"message", "type", "param", "code"}}`.
+#[utoipa::path(
+    post, path = "/v1/embeddings", tag = "openai",
+    request_body = OpenAiEmbeddingRequest,
+    responses(
+        (status = 200, description = "Embeddings in input order", body = OpenAiEmbeddingResponse),
+        (status = "4XX", description = "Invalid request (400, 401, 413, 415, 422, 429)", body = OpenAiErrorBody),
+        (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
+    )
+)]
+pub async fn embeddings(
+    State(state): State<AppState>,
+    ApiJson(req, _): ApiJson<OpenAiEmbeddingRequest, OpenAi>,
+) -> Result<Json<OpenAiEmbeddingResponse>, Shaped<OpenAi>> {
+    note_model_name(&state, req.model.as_deref());
+    let format = req.encoding_format.unwrap_or_default();
+    let out = run_embed(
+        &state,
+        EmbedRequest {
+            inputs: req.input.into_inputs(),
+            normalize: true,
+            truncate: true,
+            dimensions: req.dimensions,
+        },
+    )
+    .await?;
+    let data = out
+        .vectors
+        .into_iter()
+        .enumerate()
+        .map(|(index, v)| OpenAiEmbedding {
+            object: "embedding".into(),
+            index,
+            embedding: match format {
+                EncodingFormat::Float => EmbeddingValue::Float(v),
+                EncodingFormat::Base64 => EmbeddingValue::Base64(encode_base64(&v)),
+            },
+        })
+        .collect();
+    Ok(Json(OpenAiEmbeddingResponse {
+        object: "list".into(),
+        data,
+        model: state.model_name().to_owned(),
+        usage: Usage::new(out.prompt_tokens),
+    }))
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiModel {
+    pub id: String,
+    /// Always `model`.
+    pub object: String,
+    /// Unix seconds when the server started.
+    pub created: u64,
+    pub owned_by: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiModelList {
+    /// Always `list`.
+    pub object: String,
+    pub data: Vec<OpenAiModel>,
+}
+
+/// The one served model.
+#[utoipa::path(
+    get, path = "/v1/models", tag = "openai",
+    responses(
+        (status = 200, description = "The served model", body = OpenAiModelList),
+        (status = 401, description = "Missing or wrong API key", body = OpenAiErrorBody),
+    )
+)]
+pub async fn models(State(state): State<AppState>) -> Json<OpenAiModelList> {
+    Json(OpenAiModelList {
+        object: "list".into(),
+        data: vec![OpenAiModel {
+            id: state.model_name().to_owned(),
+            object: "model".into(),
+            created: state.started_unix(),
+            owned_by: "mlx-embed".into(),
+        }],
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_is_le_f32() {
+        assert_eq!(encode_base64(&[1.0]), "AACAPw==");
+    }
+}

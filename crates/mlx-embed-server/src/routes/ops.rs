@@ -1,0 +1,165 @@
+//! Operational routes: `/health`, `/metrics`, `/info`, `/openapi.json`, and the
+//! 404/405 fallbacks.
+
+use std::collections::BTreeMap;
+
+use axum::extract::State;
+use axum::http::{header, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+use utoipa::ToSchema;
+
+use crate::errors::{Api, ApiError, ErrorKind, NativeErrorBody};
+use crate::state::AppState;
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HealthResponse {
+    /// `ok`, `shutting_down` or `unhealthy`.
+    pub status: String,
+    /// Why the model is unavailable, when it is.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// 200 while the model is up and the server is not draining; 503 otherwise. Never needs the API key.
+#[utoipa::path(
+    get, path = "/health", tag = "ops",
+    responses(
+        (status = 200, description = "Ready", body = HealthResponse),
+        (status = 503, description = "Model down or shutting down", body = HealthResponse),
+    )
+)]
+pub async fn health(State(state): State<AppState>) -> (StatusCode, Json<HealthResponse>) {
+    let reason = state.batcher().model_failure().map(str::to_owned);
+    let (code, status) = if state.is_shutting_down() {
+        (StatusCode::SERVICE_UNAVAILABLE, "shutting_down")
+    } else if !state.batcher().is_healthy() {
+        (StatusCode::SERVICE_UNAVAILABLE, "unhealthy")
+    } else {
+        (StatusCode::OK, "ok")
+    };
+    (
+        code,
+        Json(HealthResponse {
+            status: status.into(),
+            reason,
+        }),
+    )
+}
+
+/// Prometheus text exposition (see [`crate::metrics`] for the names).
+#[utoipa::path(
+    get, path = "/metrics", tag = "ops",
+    responses((status = 200, description = "Prometheus text format 0.0.4", body = String, content_type = "text/plain"))
+)]
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        crate::metrics::render(&state),
+    )
+        .into_response()
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchingInfo {
+    pub enabled: bool,
+    pub max_batch_size: usize,
+    pub max_batch_tokens: usize,
+    pub batch_window_ms: u64,
+    pub max_concurrent_requests: usize,
+    pub max_waiting: usize,
+    pub max_queue_wait_ms: u64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct LimitsInfo {
+    pub max_body_bytes: usize,
+    pub max_inputs_per_request: usize,
+    pub auth_required: bool,
+}
+
+/// What is served and how.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct InfoResponse {
+    /// The served model name.
+    pub model: String,
+    /// The model's own name.
+    pub model_id: String,
+    pub dimension: usize,
+    /// Longest input in tokens; longer inputs are truncated (or refused with `truncate: false`).
+    pub max_input_tokens: usize,
+    pub preferred_batch_tokens: Option<usize>,
+    /// Everything the model reports (dtype, BLAS library, pooling, ...).
+    pub details: BTreeMap<String, String>,
+    pub batching: BatchingInfo,
+    pub limits: LimitsInfo,
+    pub version: String,
+}
+
+/// Model, batching and limits.
+#[utoipa::path(
+    get, path = "/info", tag = "ops",
+    responses(
+        (status = 200, description = "Server and model facts", body = InfoResponse),
+        (status = 401, description = "Missing or wrong API key", body = NativeErrorBody),
+    )
+)]
+pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
+    let m = state.model_info();
+    let c = state.batcher().config();
+    let a = state.args();
+    Json(InfoResponse {
+        model: state.model_name().to_owned(),
+        model_id: m.name.clone(),
+        dimension: m.dim,
+        max_input_tokens: m.max_input_tokens,
+        preferred_batch_tokens: m.preferred_batch_tokens,
+        details: m.details.clone(),
+        batching: BatchingInfo {
+            enabled: c.enable_batching,
+            max_batch_size: c.max_batch_size,
+            max_batch_tokens: c.max_batch_tokens,
+            batch_window_ms: c.batch_window.as_millis() as u64,
+            max_concurrent_requests: c.max_concurrent_requests,
+            max_waiting: c.max_waiting,
+            max_queue_wait_ms: c.max_queue_wait.as_millis() as u64,
+        },
+        limits: LimitsInfo {
+            max_body_bytes: a.max_body_bytes,
+            max_inputs_per_request: a.max_inputs_per_request,
+            auth_required: a.api_key.is_some(),
+        },
+        version: env!("CARGO_PKG_VERSION").into(),
+    })
+}
+
+/// This API's OpenAPI 3.1 document.
+#[utoipa::path(
+    get, path = "/openapi.json", tag = "ops",
+    responses((status = 200, description = "OpenAPI document", content_type = "application/json"))
+)]
+pub async fn openapi() -> Response {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        crate::openapi::json(),
+    )
+        .into_response()
+}
+
+pub async fn not_found(uri: Uri) -> Response {
+    Api::for_path(uri.path()).render(ApiError::new(
+        ErrorKind::NotFound,
+        format!("no route for {}", uri.path()),
+    ))
+}
+
+pub async fn method_not_allowed(uri: Uri) -> Response {
+    Api::for_path(uri.path()).render(ApiError::new(
+        ErrorKind::MethodNotAllowed,
+        format!("method not allowed on {}", uri.path()),
+    ))
+}

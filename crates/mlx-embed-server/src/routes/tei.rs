@@ -1,0 +1,53 @@
+//! `POST /embed`: Hugging Face text-embeddings-inference compatible.
+
+use axum::extract::State;
+use axum::Json;
+use serde::Deserialize;
+use utoipa::ToSchema;
+
+use crate::embed::{embed as run_embed, EmbedRequest};
+use crate::errors::{Shaped, Tei, TeiErrorBody};
+use crate::extract::{ApiJson, TextInputs};
+use crate::state::AppState;
+
+/// TEI embed request.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct TeiEmbedRequest {
+    /// A text or a list of texts.
+    pub inputs: TextInputs,
+    /// Unit-length vectors (default true).
+    pub normalize: Option<bool>,
+    /// Truncate inputs longer than the model's maximum (default true); false answers 422 instead.
+    pub truncate: Option<bool>,
+    /// Keep the first N components (1..=dimension), re-normalized when `normalize`.
+    pub dimensions: Option<i64>,
+}
+
+/// Embed texts; answers a bare list of vectors.
+///
+/// Errors use `{"error": str, "error_type": str}`.
+#[utoipa::path(
+    post, path = "/embed", tag = "tei",
+    request_body = TeiEmbedRequest,
+    responses(
+        (status = 200, description = "One vector per input, in order", body = Vec<Vec<f32>>),
+        (status = "4XX", description = "Invalid request (400, 401, 413, 415, 422, 429)", body = TeiErrorBody),
+        (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiErrorBody),
+    )
+)]
+pub async fn embed(
+    State(state): State<AppState>,
+    ApiJson(req, _): ApiJson<TeiEmbedRequest, Tei>,
+) -> Result<Json<Vec<Vec<f32>>>, Shaped<Tei>> {
+    let out = run_embed(
+        &state,
+        EmbedRequest {
+            inputs: req.inputs.into_inputs(),
+            normalize: req.normalize.unwrap_or(true),
+            truncate: req.truncate.unwrap_or(true),
+            dimensions: req.dimensions,
+        },
+    )
+    .await?;
+    Ok(Json(out.vectors))
+}

@@ -1,0 +1,203 @@
+//! Start-up (warm-up, bind, summary), serving, and graceful shutdown.
+
+use std::fmt::Write as _;
+use std::future::{Future, IntoFuture};
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use mlx_embed_core::{Batcher, CoreError, EmbedInput};
+use tokio::net::TcpListener;
+
+use crate::config::ServerArgs;
+use crate::errors::ServerError;
+use crate::routes::router;
+use crate::shutdown::Trigger;
+use crate::state::AppState;
+
+/// Warms up, binds `--host:--port`, logs the start-up summary, serves until
+/// SIGINT/SIGTERM, then drains: `/health` turns 503, no new connections are
+/// accepted, accepted requests are answered, the batcher is closed and drained,
+/// all within `--drain-timeout-secs` (a second signal stops waiting). Returns
+/// `Ok(())` after a shutdown.
+pub async fn serve(
+    args: ServerArgs,
+    batcher: Batcher,
+    load_duration: Duration,
+) -> Result<(), ServerError> {
+    check(&args)?;
+    let trigger = Trigger::from_signals().map_err(ServerError::Signal)?;
+    warm_up_if_enabled(&args, &batcher, load_duration).await?;
+    let addr = format!("{}:{}", args.host, args.port);
+    let listener = TcpListener::bind(&addr)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: addr.clone(),
+            source,
+        })?;
+    run(listener, args, batcher, load_duration, trigger).await
+}
+
+/// Like [`serve`] on an already bound `listener` (its address wins over
+/// `--host/--port`), shutting down when `shutdown` completes instead of on signals.
+/// For tests and embedders.
+pub async fn serve_on(
+    listener: TcpListener,
+    args: ServerArgs,
+    batcher: Batcher,
+    load_duration: Duration,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
+    check(&args)?;
+    warm_up_if_enabled(&args, &batcher, load_duration).await?;
+    run(
+        listener,
+        args,
+        batcher,
+        load_duration,
+        Trigger::from_future(shutdown),
+    )
+    .await
+}
+
+fn check(args: &ServerArgs) -> Result<(), ServerError> {
+    if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+        return Err(ServerError::Config("--api-key must not be empty".into()));
+    }
+    if args.max_body_bytes == 0 || args.max_inputs_per_request == 0 {
+        return Err(ServerError::Config(
+            "--max-body-bytes and --max-inputs-per-request must be at least 1".into(),
+        ));
+    }
+    Ok(())
+}
+
+async fn warm_up_if_enabled(
+    args: &ServerArgs,
+    batcher: &Batcher,
+    load: Duration,
+) -> Result<(), ServerError> {
+    if args.no_warmup {
+        tracing::info!(
+            load_ms = load.as_millis() as u64,
+            "warm-up skipped (--no-warmup)"
+        );
+        return Ok(());
+    }
+    let warm = warm_up(batcher).await.map_err(ServerError::Warmup)?;
+    tracing::info!(
+        load_ms = load.as_millis() as u64,
+        warmup_ms = warm.as_millis() as u64,
+        cold_start_ms = (load + warm).as_millis() as u64,
+        "model warm: cold start {:.2}s (load {:.2}s + warm-up {:.2}s)",
+        (load + warm).as_secs_f64(),
+        load.as_secs_f64(),
+        warm.as_secs_f64(),
+    );
+    Ok(())
+}
+
+/// Embeds one full batch of maximum-length texts so memory trouble shows at boot.
+async fn warm_up(batcher: &Batcher) -> Result<Duration, CoreError> {
+    let info = batcher.model_info();
+    let config = batcher.config();
+    // Admission counts inputs: a request larger than that could never be admitted.
+    let n = config
+        .max_batch_size
+        .min(config.max_concurrent_requests)
+        .max(1);
+    // ~4 characters per "warmup " word pair keeps the core's chars/4 estimate near
+    // the real count while a real tokenizer still reaches the model's maximum.
+    let words = (info.max_input_tokens.max(1) * 4).div_ceil(7);
+    let text = "warmup ".repeat(words);
+    let start = Instant::now();
+    batcher.embed(vec![EmbedInput::Text(text); n]).await?;
+    Ok(start.elapsed())
+}
+
+fn log_summary(state: &AppState, addr: Option<SocketAddr>) {
+    let m = state.model_info();
+    let c = state.batcher().config();
+    let mut details = String::new();
+    for (k, v) in &m.details {
+        let _ = write!(
+            details,
+            "{}{k}={v}",
+            if details.is_empty() { "" } else { ", " }
+        );
+    }
+    tracing::info!(
+        model = state.model_name(),
+        dim = m.dim,
+        max_input_tokens = m.max_input_tokens,
+        details = %details,
+        batching = c.enable_batching,
+        max_batch_size = c.max_batch_size,
+        max_batch_tokens = c.max_batch_tokens,
+        batch_window_ms = c.batch_window.as_millis() as u64,
+        max_concurrent_requests = c.max_concurrent_requests,
+        max_waiting = c.max_waiting,
+        max_queue_wait_ms = c.max_queue_wait.as_millis() as u64,
+        auth = state.args().api_key.is_some(),
+        "serving {} (dim {}, max {} tokens) on http://{}",
+        state.model_name(),
+        m.dim,
+        m.max_input_tokens,
+        addr.map_or_else(|| "?".to_owned(), |a| a.to_string()),
+    );
+}
+
+async fn run(
+    listener: TcpListener,
+    args: ServerArgs,
+    batcher: Batcher,
+    load_duration: Duration,
+    trigger: Trigger,
+) -> Result<(), ServerError> {
+    let state = AppState::new(batcher.clone(), &args, load_duration);
+    log_summary(&state, listener.local_addr().ok());
+
+    let mut graceful = trigger.clone();
+    let draining = state.clone();
+    let server = axum::serve(listener, router(state.clone()))
+        .with_graceful_shutdown(async move {
+            graceful.reached(1).await;
+            draining.begin_shutdown();
+        })
+        .into_future();
+    let mut server = std::pin::pin!(server);
+    let mut trigger = trigger;
+
+    // Serve until the first shutdown request. The server also watches it, so it
+    // may finish first: then it must not be polled again.
+    let mut connections_closed = false;
+    tokio::select! {
+        result = &mut server => {
+            result.map_err(ServerError::Serve)?;
+            connections_closed = true;
+        }
+        _ = trigger.reached(1) => {}
+    }
+    state.begin_shutdown();
+    tracing::info!(
+        drain_timeout_secs = args.drain_timeout_secs,
+        "shutting down: no new connections; answering accepted requests"
+    );
+    let deadline = tokio::time::Instant::now() + args.drain_timeout();
+    if !connections_closed {
+        tokio::select! {
+            result = &mut server => result.map_err(ServerError::Serve)?,
+            _ = tokio::time::sleep_until(deadline) => {
+                tracing::warn!("drain timeout: connections still open are dropped");
+            }
+            _ = trigger.reached(2) => tracing::warn!("second signal: not waiting for open connections"),
+        }
+    }
+    batcher.close();
+    tokio::select! {
+        _ = batcher.drained() => {}
+        _ = tokio::time::sleep_until(deadline) => tracing::warn!("drain timeout: batcher still busy"),
+        _ = trigger.reached(2) => tracing::warn!("second signal: not waiting for the batcher"),
+    }
+    tracing::info!("shut down");
+    Ok(())
+}

@@ -1,0 +1,710 @@
+//! The HTTP layer over real HTTP against a deterministic fake model.
+
+mod common;
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use common::*;
+use mlx_embed_core::EmbedInput;
+use mlx_embed_server::ServerArgs;
+use serde_json::{json, Value};
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Shape {
+    Native,
+    OpenAi,
+    Tei,
+    Ollama,
+}
+
+/// The four embed routes: path, error shape, request body for a list of inputs.
+const ROUTES: [(&str, Shape); 4] = [
+    ("/api/v1/embed", Shape::Native),
+    ("/v1/embeddings", Shape::OpenAi),
+    ("/embed", Shape::Tei),
+    ("/api/embed", Shape::Ollama),
+];
+
+fn body(shape: Shape, inputs: Value) -> Value {
+    match shape {
+        Shape::Native => json!({ "texts": inputs }),
+        Shape::OpenAi => json!({ "input": inputs, "model": "fake-model" }),
+        Shape::Tei => json!({ "inputs": inputs }),
+        Shape::Ollama => json!({ "model": "fake-model", "input": inputs }),
+    }
+}
+
+fn vectors(shape: Shape, resp: &Value) -> Vec<Vec<f32>> {
+    let list = match shape {
+        Shape::Native | Shape::Ollama => resp["embeddings"].as_array().unwrap().clone(),
+        Shape::Tei => resp.as_array().unwrap().clone(),
+        Shape::OpenAi => resp["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .enumerate()
+            .map(|(i, d)| {
+                assert_eq!(d["index"], i);
+                assert_eq!(d["object"], "embedding");
+                d["embedding"].clone()
+            })
+            .collect(),
+    };
+    list.iter().map(floats).collect()
+}
+
+/// Checks the route's error shape and returns the message.
+fn error_message(shape: Shape, v: &Value) -> String {
+    match shape {
+        Shape::Native => {
+            assert!(v["error"]["type"].is_string(), "{v}");
+            assert!(v["error"]["code"].is_u64(), "{v}");
+            v["error"]["message"]
+                .as_str()
+                .expect("native error.message")
+                .to_owned()
+        }
+        Shape::OpenAi => {
+            let e = v["error"].as_object().expect("openai error object");
+            assert!(e["type"].is_string(), "{v}");
+            assert!(e.contains_key("param") && e.contains_key("code"), "{v}");
+            e["message"].as_str().unwrap().to_owned()
+        }
+        Shape::Tei => {
+            assert!(v["error_type"].is_string(), "{v}");
+            v["error"].as_str().expect("tei error string").to_owned()
+        }
+        Shape::Ollama => {
+            assert_eq!(v.as_object().unwrap().len(), 1, "{v}");
+            v["error"].as_str().expect("ollama error string").to_owned()
+        }
+    }
+}
+
+async fn post(s: &Server, path: &str, body: &Value) -> (u16, reqwest::header::HeaderMap, Value) {
+    let r = client().post(s.url(path)).json(body).send().await.unwrap();
+    let status = r.status().as_u16();
+    let headers = r.headers().clone();
+    let text = r.text().await.unwrap();
+    let v =
+        serde_json::from_str(&text).unwrap_or_else(|_| panic!("{path} {status}: not JSON: {text}"));
+    (status, headers, v)
+}
+
+async fn post_raw(
+    s: &Server,
+    path: &str,
+    content_type: &str,
+    raw: impl Into<reqwest::Body>,
+) -> (u16, Value) {
+    let r = client()
+        .post(s.url(path))
+        .header("content-type", content_type)
+        .body(raw)
+        .send()
+        .await
+        .unwrap();
+    let status = r.status().as_u16();
+    let text = r.text().await.unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or_else(|_| panic!("{path} {status}: not JSON: {text}")),
+    )
+}
+
+/// Posts and asserts status + error shape; returns the message.
+async fn expect_error(s: &Server, path: &str, shape: Shape, body: &Value, status: u16) -> String {
+    let (got, _, v) = post(s, path, body).await;
+    assert_eq!(got, status, "{path} {body} -> {v}");
+    error_message(shape, &v)
+}
+
+#[tokio::test]
+async fn all_routes_return_the_same_vectors() {
+    let s = Server::default().await;
+    let inputs = ["hello world", "the quick brown fox", "z"];
+    let expected: Vec<Vec<f32>> = inputs.iter().map(|t| unit_vector(&text(t))).collect();
+    for (path, shape) in ROUTES {
+        let (status, headers, v) = post(&s, path, &body(shape, json!(inputs))).await;
+        assert_eq!(status, 200, "{path}: {v}");
+        assert!(headers.contains_key("x-request-id"));
+        let got = vectors(shape, &v);
+        assert_eq!(got.len(), 3);
+        for (g, e) in got.iter().zip(&expected) {
+            assert_close(g, e);
+        }
+        // A single string where the API allows it.
+        if shape != Shape::Native {
+            let (status, _, v) = post(&s, path, &body(shape, json!("hello world"))).await;
+            assert_eq!(status, 200);
+            let got = vectors(shape, &v);
+            assert_eq!(got.len(), 1);
+            assert_close(&got[0], &expected[0]);
+        }
+    }
+    // Response envelopes.
+    let tokens: u64 = inputs
+        .iter()
+        .map(|t| u64::from(untruncated_tokens(&text(t))))
+        .sum();
+    let (_, _, v) = post(&s, "/api/v1/embed", &json!({ "texts": inputs })).await;
+    assert_eq!(v["model"], "fake-model");
+    assert_eq!(v["dimension"], DIM);
+    assert_eq!(v["usage"]["prompt_tokens"], tokens);
+    assert_eq!(v["usage"]["total_tokens"], tokens);
+    let (_, _, v) = post(
+        &s,
+        "/v1/embeddings",
+        &json!({ "input": inputs, "model": "other", "user": "u" }),
+    )
+    .await;
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["model"], "fake-model");
+    assert_eq!(v["usage"]["prompt_tokens"], tokens);
+    let (_, _, v) = post(&s, "/api/embed", &json!({ "model": "x", "input": inputs })).await;
+    assert_eq!(v["model"], "fake-model");
+    assert_eq!(v["prompt_eval_count"], tokens);
+    assert!(v["total_duration"].as_u64().unwrap() > 0);
+    assert!(v["load_duration"].is_u64());
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn normalize_false_returns_raw_vectors() {
+    let s = Server::default().await;
+    for (path, shape) in [("/api/v1/embed", Shape::Native), ("/embed", Shape::Tei)] {
+        let mut b = body(shape, json!(["abc"]));
+        b["normalize"] = json!(false);
+        let (status, _, v) = post(&s, path, &b).await;
+        assert_eq!(status, 200);
+        assert_close(&vectors(shape, &v)[0], &raw_vector(&text("abc")));
+    }
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn openai_token_inputs() {
+    let s = Server::default().await;
+    let (status, _, v) = post(&s, "/v1/embeddings", &json!({ "input": [1, 2, 3] })).await;
+    assert_eq!(status, 200, "{v}");
+    assert_close(
+        &vectors(Shape::OpenAi, &v)[0],
+        &unit_vector(&EmbedInput::Tokens(vec![1, 2, 3])),
+    );
+    let (status, _, v) = post(&s, "/v1/embeddings", &json!({ "input": [[1, 2], [999]] })).await;
+    assert_eq!(status, 200, "{v}");
+    let got = vectors(Shape::OpenAi, &v);
+    assert_close(&got[0], &unit_vector(&EmbedInput::Tokens(vec![1, 2])));
+    assert_close(&got[1], &unit_vector(&EmbedInput::Tokens(vec![999])));
+    // Out of the vocabulary: 400 naming the input index.
+    let msg = expect_error(
+        &s,
+        "/v1/embeddings",
+        Shape::OpenAi,
+        &json!({ "input": [[1], [2, 1000]] }),
+        400,
+    )
+    .await;
+    assert!(msg.contains("input 1") && msg.contains("1000"), "{msg}");
+    // Deeper nesting, mixed forms, negative ids: 422.
+    for bad in [
+        json!([[[1]]]),
+        json!(["a", 1]),
+        json!([-1]),
+        json!([1.5]),
+        json!(null),
+        json!({"a": 1}),
+    ] {
+        expect_error(
+            &s,
+            "/v1/embeddings",
+            Shape::OpenAi,
+            &json!({ "input": bad }),
+            422,
+        )
+        .await;
+    }
+    // Empty token list: 400.
+    expect_error(
+        &s,
+        "/v1/embeddings",
+        Shape::OpenAi,
+        &json!({ "input": [[1], []] }),
+        400,
+    )
+    .await;
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn dimensions_keep_first_n_renormalized() {
+    let s = Server::default().await;
+    let mut expected = raw_vector(&text("dims"));
+    expected.truncate(3);
+    mlx_embed_core::l2_normalize(&mut expected);
+    for (path, shape) in ROUTES {
+        let mut b = body(shape, json!(["dims"]));
+        b["dimensions"] = json!(3);
+        let (status, _, v) = post(&s, path, &b).await;
+        assert_eq!(status, 200, "{path}: {v}");
+        assert_close(&vectors(shape, &v)[0], &expected);
+        if shape == Shape::Native {
+            assert_eq!(v["dimension"], 3);
+        }
+        for bad in [0, -1, DIM as i64 + 1] {
+            b["dimensions"] = json!(bad);
+            let msg = expect_error(&s, path, shape, &b, 400).await;
+            assert!(msg.contains("dimensions"), "{msg}");
+        }
+    }
+    // Full dimension is fine.
+    let (status, _, _) = post(
+        &s,
+        "/v1/embeddings",
+        &json!({ "input": "x", "dimensions": DIM }),
+    )
+    .await;
+    assert_eq!(status, 200);
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn openai_base64_decodes_to_the_floats() {
+    let s = Server::default().await;
+    let inputs = json!(["one", "two"]);
+    let (_, _, floats_resp) = post(
+        &s,
+        "/v1/embeddings",
+        &json!({ "input": inputs, "encoding_format": "float" }),
+    )
+    .await;
+    let (status, _, b64_resp) = post(
+        &s,
+        "/v1/embeddings",
+        &json!({ "input": inputs, "encoding_format": "base64" }),
+    )
+    .await;
+    assert_eq!(status, 200);
+    let want = vectors(Shape::OpenAi, &floats_resp);
+    for (i, d) in b64_resp["data"].as_array().unwrap().iter().enumerate() {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(d["embedding"].as_str().unwrap())
+            .unwrap();
+        let got: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        assert_eq!(got, want[i]);
+    }
+    expect_error(
+        &s,
+        "/v1/embeddings",
+        Shape::OpenAi,
+        &json!({ "input": "x", "encoding_format": "hex" }),
+        422,
+    )
+    .await;
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn request_shape_errors() {
+    let s = Server::default().await;
+    for (path, shape) in ROUTES {
+        // Empty list and empty string: 400.
+        expect_error(&s, path, shape, &body(shape, json!([])), 400).await;
+        let msg = expect_error(&s, path, shape, &body(shape, json!(["ok", ""])), 400).await;
+        assert!(msg.contains("input 1"), "{msg}");
+        // Missing, null, wrong-typed field; non-string item; nested too deep: 422.
+        expect_error(&s, path, shape, &json!({ "model": "m" }), 422).await;
+        expect_error(&s, path, shape, &body(shape, Value::Null), 422).await;
+        expect_error(&s, path, shape, &body(shape, json!(42)), 422).await;
+        if shape != Shape::OpenAi {
+            expect_error(&s, path, shape, &body(shape, json!(["a", 3])), 422).await;
+            expect_error(&s, path, shape, &body(shape, json!([["a"]])), 422).await;
+        }
+        let mut wrong = body(shape, json!(["a"]));
+        wrong["truncate"] = json!("yes");
+        if shape != Shape::OpenAi {
+            expect_error(&s, path, shape, &wrong, 422).await;
+        }
+        // Malformed JSON: 400. Wrong content type: 415.
+        let (status, v) = post_raw(&s, path, "application/json", "{\"texts\": [").await;
+        assert_eq!(status, 400, "{path}: {v}");
+        error_message(shape, &v);
+        let (status, v) = post_raw(&s, path, "text/plain", "hello").await;
+        assert_eq!(status, 415, "{path}: {v}");
+        error_message(shape, &v);
+    }
+    // Native needs a list.
+    expect_error(
+        &s,
+        "/api/v1/embed",
+        Shape::Native,
+        &json!({ "texts": "one" }),
+        422,
+    )
+    .await;
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn truncation_is_default_and_refusal_names_the_input() {
+    let s = Server::default().await;
+    let long = "word ".repeat(100); // 500 chars -> 127 tokens > 64
+    let long_tokens = untruncated_tokens(&text(&long));
+    for (path, shape) in ROUTES {
+        let (status, _, v) = post(&s, path, &body(shape, json!(["short", long]))).await;
+        assert_eq!(status, 200, "{path}: {v}");
+        if shape == Shape::OpenAi {
+            continue; // OpenAI has no truncate flag: always truncates.
+        }
+        let mut b = body(shape, json!(["short", long]));
+        b["truncate"] = json!(false);
+        let msg = expect_error(&s, path, shape, &b, 422).await;
+        assert!(
+            msg.contains("input 1") && msg.contains(&long_tokens.to_string()),
+            "{msg}"
+        );
+        b["truncate"] = json!(true);
+        let (status, _, _) = post(&s, path, &b).await;
+        assert_eq!(status, 200);
+    }
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn size_limits_return_413() {
+    let args = ServerArgs {
+        max_body_bytes: 4096,
+        max_inputs_per_request: 4,
+        ..test_args()
+    };
+    let s = Server::start(args).await;
+    for (path, shape) in ROUTES {
+        let msg = expect_error(
+            &s,
+            path,
+            shape,
+            &body(shape, json!(["a", "b", "c", "d", "e"])),
+            413,
+        )
+        .await;
+        assert!(msg.contains('4') && msg.contains("limit"), "{msg}");
+        let (status, _, _) = post(&s, path, &body(shape, json!(["a", "b", "c", "d"]))).await;
+        assert_eq!(status, 200);
+        let big = "x".repeat(8000);
+        let msg = expect_error(&s, path, shape, &body(shape, json!([big])), 413).await;
+        assert!(msg.contains("4096"), "{msg}");
+    }
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn default_body_limit_is_2_mib() {
+    let s = Server::default().await;
+    let big = "x".repeat(2 * 1024 * 1024 + 10);
+    let msg = expect_error(
+        &s,
+        "/v1/embeddings",
+        Shape::OpenAi,
+        &json!({ "input": big }),
+        413,
+    )
+    .await;
+    assert!(msg.contains("2097152"), "{msg}");
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn model_failures_map_to_500_and_503() {
+    let s = Server::default().await;
+    for (path, shape) in ROUTES {
+        let msg = expect_error(&s, path, shape, &body(shape, json!(["boom"])), 500).await;
+        assert!(msg.contains("fake model exploded"), "{msg}");
+    }
+    // Other requests still work.
+    let (status, _, _) = post(&s, "/embed", &json!({ "inputs": "fine" })).await;
+    assert_eq!(status, 200);
+    // A dead model: 503 everywhere, health 503.
+    let (status, _, _) = post(&s, "/embed", &json!({ "inputs": "panic" })).await;
+    assert_eq!(status, 503);
+    for (path, shape) in ROUTES {
+        expect_error(&s, path, shape, &body(shape, json!(["after"])), 503).await;
+    }
+    let r = client().get(s.url("/health")).send().await.unwrap();
+    assert_eq!(r.status(), 503);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(v["status"], "unhealthy");
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn overload_returns_429_with_retry_after() {
+    let args = ServerArgs {
+        max_concurrent_requests: 1,
+        max_waiting: 0,
+        max_queue_wait_ms: 50,
+        ..test_args()
+    };
+    let s = Server::start(args).await;
+    let slow_url = s.url("/embed");
+    let slow = tokio::spawn(async move {
+        client()
+            .post(slow_url)
+            .json(&json!({ "inputs": "slow one" }))
+            .send()
+            .await
+            .unwrap()
+            .status()
+    });
+    s.wait_in_flight(1).await;
+    for (path, shape) in ROUTES {
+        let (status, headers, v) = post(&s, path, &body(shape, json!(["b"]))).await;
+        assert_eq!(status, 429, "{path}: {v}");
+        error_message(shape, &v);
+        let retry: u64 = headers["retry-after"].to_str().unwrap().parse().unwrap();
+        assert!(retry >= 1);
+    }
+    assert_eq!(slow.await.unwrap(), 200);
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn api_key_guards_everything_but_health() {
+    let args = ServerArgs {
+        api_key: Some("sekret".into()),
+        ..test_args()
+    };
+    let s = Server::start(args).await;
+    let c = client();
+    assert_eq!(c.get(s.url("/health")).send().await.unwrap().status(), 200);
+    for (path, shape) in ROUTES {
+        for auth in [None, Some("Bearer wrong"), Some("Basic sekret")] {
+            let mut req = c.post(s.url(path)).json(&body(shape, json!(["a"])));
+            if let Some(a) = auth {
+                req = req.header("authorization", a);
+            }
+            let r = req.send().await.unwrap();
+            assert_eq!(r.status(), 401, "{path}");
+            assert!(r.headers().contains_key("www-authenticate"));
+            error_message(shape, &r.json().await.unwrap());
+        }
+        let r = c
+            .post(s.url(path))
+            .header("authorization", "Bearer sekret")
+            .json(&body(shape, json!(["a"])))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+    }
+    for path in ["/metrics", "/info", "/v1/models", "/openapi.json"] {
+        assert_eq!(
+            c.get(s.url(path)).send().await.unwrap().status(),
+            401,
+            "{path}"
+        );
+        let r = c
+            .get(s.url(path))
+            .bearer_auth("sekret")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+    }
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn ops_routes() {
+    let s = Server::default().await;
+    let c = client();
+    let r = c.get(s.url("/health")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["status"], "ok");
+
+    let v: Value = c
+        .get(s.url("/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"][0]["id"], "fake-model");
+    assert_eq!(v["data"][0]["object"], "model");
+
+    let v: Value = c
+        .get(s.url("/info"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["model"], "fake-model");
+    assert_eq!(v["dimension"], DIM);
+    assert_eq!(v["max_input_tokens"], MAX_TOKENS);
+    assert_eq!(v["details"]["dtype"], "float32");
+    assert_eq!(v["details"]["blas"], "none");
+    assert_eq!(v["batching"]["max_batch_size"], 32);
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+
+    let r = c.get(s.url("/openapi.json")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    let doc: Value = r.json().await.unwrap();
+    for path in [
+        "/api/v1/embed",
+        "/v1/embeddings",
+        "/embed",
+        "/api/embed",
+        "/health",
+        "/metrics",
+        "/info",
+        "/v1/models",
+    ] {
+        assert!(doc["paths"].get(path).is_some(), "openapi lacks {path}");
+    }
+    assert!(doc["components"]["schemas"]
+        .get("OpenAiEmbeddingRequest")
+        .is_some());
+
+    // Some traffic, then metrics.
+    post(&s, "/embed", &json!({ "inputs": ["a", "b"] })).await;
+    expect_error(&s, "/embed", Shape::Tei, &json!({ "inputs": [] }), 400).await;
+    let r = c.get(s.url("/metrics")).send().await.unwrap();
+    assert!(r.headers()["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/plain"));
+    let text = r.text().await.unwrap();
+    for name in [
+        "mlx_embed_http_requests_total{route=\"/embed\",code=\"200\"} 1",
+        "mlx_embed_http_requests_total{route=\"/embed\",code=\"400\"} 1",
+        "mlx_embed_http_request_duration_seconds_bucket{route=\"/embed\",le=\"+Inf\"} 2",
+        "mlx_embed_waiting_inputs ",
+        "mlx_embed_queued_inputs ",
+        "mlx_embed_in_flight_inputs ",
+        "mlx_embed_batch_size_bucket{le=\"+Inf\"}",
+        "mlx_embed_batch_tokens_count",
+        "mlx_embed_queue_wait_seconds_sum",
+        "mlx_embed_gil_wait_seconds_count",
+        "mlx_embed_model_seconds_bucket",
+        "mlx_embed_padding_ratio ",
+        "mlx_embed_inputs_cancelled_total ",
+        "mlx_embed_batcher_requests_total{outcome=\"ok\"} 1",
+    ] {
+        assert!(text.contains(name), "metrics lack {name}:\n{text}");
+    }
+    // Unknown route and wrong method: JSON errors.
+    let r = c.get(s.url("/nope")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    error_message(Shape::Native, &r.json().await.unwrap());
+    let r = c.get(s.url("/v1/embeddings")).send().await.unwrap();
+    assert_eq!(r.status(), 405);
+    error_message(Shape::OpenAi, &r.json().await.unwrap());
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn request_ids_are_echoed_or_generated() {
+    let s = Server::default().await;
+    let c = client();
+    let r = c
+        .get(s.url("/health"))
+        .header("x-request-id", "my-id-42")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.headers()["x-request-id"], "my-id-42");
+    let a = c.get(s.url("/health")).send().await.unwrap().headers()["x-request-id"].clone();
+    let b = c.get(s.url("/health")).send().await.unwrap().headers()["x-request-id"].clone();
+    assert_ne!(a, b);
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn served_model_name_overrides() {
+    let s = Server::start(ServerArgs {
+        served_model_name: Some("public-name".into()),
+        ..test_args()
+    })
+    .await;
+    let (_, _, v) = post(&s, "/v1/embeddings", &json!({ "input": "x" })).await;
+    assert_eq!(v["model"], "public-name");
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn warm_up_runs_one_full_batch_before_serving() {
+    let s = Server::start(ServerArgs {
+        no_warmup: false,
+        max_batch_size: 4,
+        ..test_args()
+    })
+    .await;
+    let m = s.batcher.metrics();
+    assert_eq!(m.requests_ok, 1, "{m:?}");
+    assert_eq!(m.batch_size.count, m.batches);
+    // 4 texts of the maximum length went through the model.
+    assert!(m.real_tokens >= 4 * MAX_TOKENS as u64, "{m:?}");
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn graceful_shutdown_answers_accepted_requests() {
+    let s = Server::default().await;
+    let url = s.url("/embed");
+    let in_flight = tokio::spawn(async move {
+        let r = client()
+            .post(url)
+            .json(&json!({ "inputs": "slow request" }))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.json::<Value>().await.unwrap())
+    });
+    s.wait_in_flight(1).await;
+    let batcher = s.batcher.clone();
+    let base = s.base.clone();
+    let started = std::time::Instant::now();
+    s.stop().await.expect("serve returns Ok after shutdown");
+    assert!(started.elapsed() < Duration::from_secs(4));
+    let (status, v) = in_flight.await.unwrap();
+    assert_eq!(status, 200, "{v}");
+    assert_close(&floats(&v[0]), &unit_vector(&text("slow request")));
+    // Batcher closed; no more connections accepted.
+    assert!(!batcher.is_healthy());
+    assert!(client().get(format!("{base}/health")).send().await.is_err());
+}
+
+#[tokio::test]
+async fn drain_timeout_bounds_shutdown() {
+    let s = Server::start(ServerArgs {
+        drain_timeout_secs: 0,
+        ..test_args()
+    })
+    .await;
+    let url = s.url("/embed");
+    let in_flight = tokio::spawn(async move {
+        client()
+            .post(url)
+            .json(&json!({ "inputs": "slow" }))
+            .send()
+            .await
+    });
+    s.wait_in_flight(1).await;
+    let started = std::time::Instant::now();
+    s.stop()
+        .await
+        .expect("serve returns Ok after the drain timeout");
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        started.elapsed()
+    );
+    let _ = in_flight.await;
+}

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Model-engine throughput: texts/s and real tokens/s per batch size.
+
+Each BLAS configuration runs in its own subprocess because the BLAS is chosen
+when ``mlx_embed`` is first imported. The corpus is generated
+deterministically (mixed lengths, ~110 tokens on average for MiniLM).
+
+    python scripts/bench_model.py                    # OpenBLAS vs reference BLAS
+    python scripts/bench_model.py --blas auto        # only the default BLAS
+    python scripts/bench_model.py --model DIR --texts 128 --batch-sizes 1,16,64
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_WORDS = (
+    "the of and to in is was for on that with as by at from his her an were are "
+    "which this be or has had not but its new after who first also they two been "
+    "their one year all other more some time can over into these would only most "
+    "embedding vector model server request latency throughput token batch search "
+    "retrieval document query similarity cosine index cluster memory kernel thread "
+    "python rust network protocol benchmark encoder attention layer normalization "
+    "history science river mountain library museum village festival election "
+    "weather football orchestra painting chemistry mathematics philosophy economy"
+).split()
+
+
+def make_corpus(n: int, seed: int = 0) -> list[str]:
+    """Mixed lengths: mostly short/medium sentences plus some long passages,
+    so that padding and sub-batching matter the way they do in real traffic."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        r = rng.random()
+        if r < 0.3:
+            words = rng.randint(3, 20)
+        elif r < 0.8:
+            words = rng.randint(40, 120)
+        else:
+            words = rng.randint(150, 260)
+        text = " ".join(rng.choice(_WORDS) for _ in range(words))
+        out.append(text[0].upper() + text[1:] + ".")
+    return out
+
+
+def child(args) -> None:
+    sys.path.insert(0, str(ROOT / "python"))
+    import mlx_embed  # BLAS is picked here, from MLX_EMBED_BLAS
+
+    model = mlx_embed.load(args.model)
+    texts = make_corpus(args.texts)
+    tokens = sum(model.count_tokens(texts))
+    # Warm-up: thread pools, page faults, compiled kernels for these shapes.
+    model.embed(texts[: max(args.batch_sizes)])
+    results = []
+    for bs in args.batch_sizes:
+        times = []
+        for _ in range(args.repeats):
+            t0 = time.perf_counter()
+            for i in range(0, len(texts), bs):
+                model.embed(texts[i : i + bs])
+            times.append(time.perf_counter() - t0)
+        med = statistics.median(times)
+        results.append(
+            {
+                "batch_size": bs,
+                "seconds": med,
+                "texts_per_s": len(texts) / med,
+                "tokens_per_s": tokens / med,
+                "runs": len(times),
+            }
+        )
+    info = model.info()
+    print(
+        json.dumps(
+            {
+                "blas": info["blas"],
+                "blas_gflops": info["blas_gflops"],
+                "model": info["name"],
+                "texts": len(texts),
+                "tokens": tokens,
+                "preferred_batch_tokens": info["preferred_batch_tokens"],
+                "results": results,
+            }
+        )
+    )
+
+
+def versions() -> dict:
+    out = {"python": platform.python_version(), "machine": platform.machine()}
+    try:
+        from importlib.metadata import version
+
+        for pkg in ("mlx", "numpy", "tokenizers", "mlx-lm"):
+            out[pkg] = version(pkg)
+    except Exception:
+        pass
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    out["cpu"] = line.split(":", 1)[1].strip()
+                    break
+        out["cores"] = os.cpu_count()
+    except OSError:
+        pass
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", help="model folder (default: bundled all-MiniLM-L6-v2)")
+    p.add_argument("--texts", type=int, default=64)
+    p.add_argument("--batch-sizes", default="1,8,32,64")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--ref-repeats", type=int, default=1, help="repeats for the (slow) reference BLAS")
+    p.add_argument("--blas", choices=["both", "auto", "none"], default="both")
+    p.add_argument("--json", help="also write raw results here")
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    args.batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
+    if args.child:
+        child(args)
+        return 0
+
+    configs = {"both": ["auto", "none"], "auto": ["auto"], "none": ["none"]}[args.blas]
+    runs = {}
+    for cfg in configs:
+        env = dict(os.environ)
+        if cfg == "none":
+            env["MLX_EMBED_BLAS"] = "none"
+        cmd = [sys.executable, __file__, "--child", "--texts", str(args.texts),
+               "--batch-sizes", ",".join(map(str, args.batch_sizes)),
+               "--repeats", str(args.ref_repeats if cfg == "none" else args.repeats)]
+        if args.model:
+            cmd += ["--model", args.model]
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            print(r.stderr, file=sys.stderr)
+            return r.returncode
+        runs[cfg] = json.loads(r.stdout.strip().splitlines()[-1])
+
+    print(f"# {json.dumps(versions())}")
+    print(f"# command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
+    first = next(iter(runs.values()))
+    print(f"# model {first['model']}, {first['texts']} texts, {first['tokens']} real tokens, "
+          f"preferred_batch_tokens {first['preferred_batch_tokens']}")
+    print()
+    print("| BLAS | GFLOP/s | batch | texts/s | tokens/s |")
+    print("|---|---:|---:|---:|---:|")
+    for cfg, run in runs.items():
+        name = "reference" if run["blas"] == "reference" else os.path.basename(run["blas"])
+        for res in run["results"]:
+            print(f"| {name} | {run['blas_gflops']:.0f} | {res['batch_size']} | "
+                  f"{res['texts_per_s']:.1f} | {res['tokens_per_s']:.0f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"versions": versions(), "runs": runs}, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""Shared fixtures: every model is loaded once per test session."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures"
+GOLDEN = FIXTURES / "golden"
+TINY_QWEN3 = FIXTURES / "tiny-qwen3"
+
+# Until the package is installed (pyproject/maturin), import it from the tree.
+if str(ROOT / "python") not in sys.path:
+    sys.path.insert(0, str(ROOT / "python"))
+
+import mlx_embed  # noqa: E402  (must come before anything imports mlx.core)
+
+
+def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a / np.linalg.norm(a, axis=1, keepdims=True)
+    b = b / np.linalg.norm(b, axis=1, keepdims=True)
+    return (a * b).sum(axis=1)
+
+
+@pytest.fixture(scope="session")
+def cos():
+    return _cos
+
+
+@pytest.fixture(scope="session")
+def golden_texts() -> list[str]:
+    return json.loads((GOLDEN / "minilm_texts.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="session")
+def golden_mean() -> np.ndarray:
+    return np.load(GOLDEN / "minilm_mean_normalized.npy")
+
+
+@pytest.fixture(scope="session")
+def golden_cls() -> np.ndarray:
+    return np.load(GOLDEN / "minilm_cls_normalized.npy")
+
+
+@pytest.fixture(scope="session")
+def qwen_reference() -> np.ndarray:
+    return np.load(TINY_QWEN3 / "reference_last_token_normalized.npy")
+
+
+@pytest.fixture(scope="session")
+def minilm():
+    return mlx_embed.load()
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    return Path(mlx_embed.engine.default_model_path())
+
+
+@pytest.fixture(scope="session")
+def minilm_cls(tmp_path_factory, minilm_dir):
+    """The bundled model with a 1_Pooling/config.json that selects CLS, so the
+    real config-reading path is what picks the pooling."""
+    d = tmp_path_factory.mktemp("minilm-cls")
+    for item in minilm_dir.iterdir():
+        if item.name != "1_Pooling":
+            os.symlink(item, d / item.name)
+    (d / "1_Pooling").mkdir()
+    cfg = json.loads((minilm_dir / "1_Pooling" / "config.json").read_text())
+    cfg.update(pooling_mode_cls_token=True, pooling_mode_mean_tokens=False)
+    (d / "1_Pooling" / "config.json").write_text(json.dumps(cfg))
+    return mlx_embed.load(d)
+
+
+@pytest.fixture(scope="session")
+def qwen():
+    # The reference was made with 128-token truncation (see its README).
+    return mlx_embed.load(TINY_QWEN3, max_length=128)

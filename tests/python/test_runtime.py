@@ -1,0 +1,146 @@
+"""BLAS selection, offline loading, threads and the CLI."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import mlx_embed
+from conftest import ROOT
+
+PY_ENV = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+
+
+def _run_py(code: str, **env) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        env={**PY_ENV, **env},
+    )
+
+
+def test_blas_info_reports_openblas_far_above_reference():
+    info = mlx_embed.blas_info()
+    print(f"\nblas: {info['library']} {info['gflops']:.1f} GFLOP/s")
+    if info["library"] == "reference":
+        pytest.skip("no optimized BLAS on this machine")
+    assert "openblas" in info["library"].lower()
+    assert info["effective"] is True
+    ref = _run_py(
+        "import json, mlx_embed; print(json.dumps(mlx_embed.blas_info()))",
+        MLX_EMBED_BLAS="none",
+    )
+    assert ref.returncode == 0, ref.stderr
+    ref_info = json.loads(ref.stdout.strip().splitlines()[-1])
+    assert ref_info["library"] == "reference"
+    print(f"reference: {ref_info['gflops']:.1f} GFLOP/s")
+    assert info["gflops"] > 5 * ref_info["gflops"]
+    assert info["gflops"] > 30
+
+
+def test_blas_env_path_is_used():
+    info = mlx_embed.blas_info()
+    if info["library"] == "reference":
+        pytest.skip("no optimized BLAS on this machine")
+    lib = info["library"].split(" -> ")[0]
+    r = _run_py(
+        "import json, mlx_embed; print(json.dumps(mlx_embed.blas_info()))",
+        MLX_EMBED_BLAS=lib,
+    )
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["source"] == "env" and got["library"] == lib and got["effective"]
+
+
+def test_default_model_loads_offline_without_network():
+    # Any socket use fails; HF_HUB_OFFLINE as the issue requires.
+    code = (
+        "import socket\n"
+        "def _no(*a, **k): raise OSError('network access attempted')\n"
+        "socket.socket.connect = _no\n"
+        "socket.create_connection = _no\n"
+        "import mlx_embed\n"
+        "m = mlx_embed.load()\n"
+        "print(m.embed(['offline works']).shape)\n"
+    )
+    r = _run_py(code, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    assert r.returncode == 0, r.stderr
+    assert "(1, 384)" in r.stdout
+
+
+def _wait_os_thread_gone(t: threading.Thread) -> None:
+    # MLX's Python binding keeps thread_local state whose destructor takes the
+    # GIL; let the thread finish exiting before the test process may end.
+    task = f"/proc/self/task/{t.native_id}"
+    deadline = time.monotonic() + 5
+    while os.path.exists(task) and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+def test_load_and_embed_on_a_non_main_thread(golden_texts, golden_mean):
+    out = {}
+
+    def work():
+        try:
+            m = mlx_embed.load()
+            out["vec"] = m.embed(golden_texts[:5])
+            out["raw"] = m.embed_raw(golden_texts[:2] + [[7592]])
+        except BaseException as e:
+            out["err"] = e
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    _wait_os_thread_gone(t)
+    assert "err" not in out, out.get("err")
+    assert np.abs(out["vec"] - golden_mean[:5]).max() <= 1e-5
+    assert out["raw"][1][2] == 3
+
+
+def test_cli_embed_jsonl_and_npy(tmp_path, minilm):
+    from mlx_embed.cli import main
+
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "hello world"}\n{"text": ""}\n\n{"text": "third"}\n')
+    out_npy = tmp_path / "out.npy"
+    assert main(["embed", "-i", str(src), "-o", str(out_npy), "--progress", "never"]) == 0
+    arr = np.load(out_npy)
+    assert arr.shape == (3, 384)
+    assert np.abs(arr - minilm.embed(["hello world", "", "third"])).max() <= 1e-6
+
+    lines = tmp_path / "in.txt"
+    lines.write_text("one\ntwo\n")
+    out_jsonl = tmp_path / "out.jsonl"
+    assert main(["embed", "-i", str(lines), "-o", str(out_jsonl), "--chunk", "1",
+                 "--progress", "always"]) == 0
+    recs = [json.loads(x) for x in out_jsonl.read_text().splitlines()]
+    assert [r["index"] for r in recs] == [0, 1]
+    assert len(recs[0]["embedding"]) == 384 and recs[0]["tokens"] == 3
+
+
+def test_cli_args_and_module_entry(tmp_path):
+    r = subprocess.run(
+        [sys.executable, "-m", "mlx_embed", "embed", "hi there", "-o", str(tmp_path / "o.npy")],
+        capture_output=True, text=True, timeout=120, env=PY_ENV,
+    )
+    assert r.returncode == 0, r.stderr
+    assert np.load(tmp_path / "o.npy").shape == (1, 384)
+
+
+def test_cli_serve_passes_arguments_through(monkeypatch):
+    import types
+
+    from mlx_embed import cli
+
+    seen = {}
+    fake = types.ModuleType("mlx_embed._native")
+    fake.serve = lambda argv: seen.setdefault("argv", argv) and 7
+    monkeypatch.setitem(sys.modules, "mlx_embed._native", fake)
+    monkeypatch.setattr(mlx_embed, "_native", fake, raising=False)
+    rc = cli.main(["serve", "--port", "8080", "--help", "-x"])
+    assert seen["argv"] == ["mlx-embed", "--port", "8080", "--help", "-x"]
+    assert rc == 7

@@ -434,6 +434,8 @@ class EmbeddingModel:
             "blas_gflops": b["gflops"],
             "preferred_batch_tokens": self.batch_tokens,
             "quantization": self.quantization,
+            # The server checks token-id input against it before queueing.
+            "vocab_size": self.tokenizer.vocab_size,
         }
 
     def __repr__(self) -> str:

@@ -149,6 +149,7 @@ impl<E: Embedder> ModelThread<'_, E> {
             }
         }
 
+        let started = Instant::now();
         let outcome = match self.call(&batch.inputs, batch.padded_tokens()) {
             Ok(outcome) => outcome,
             Err(died) => {
@@ -161,6 +162,14 @@ impl<E: Embedder> ModelThread<'_, E> {
         };
         match outcome {
             Ok(output) => {
+                let tokens: u64 = output.token_counts.iter().map(|&t| u64::from(t)).sum();
+                tracing::info!(
+                    "batch of {} texts / {} tokens from {} requests in {:.1} ms",
+                    batch.inputs.len(),
+                    tokens,
+                    batch.parts.len(),
+                    started.elapsed().as_secs_f64() * 1e3
+                );
                 for part in &batch.parts {
                     self.deliver(part, part.start, &output);
                 }

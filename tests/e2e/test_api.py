@@ -171,3 +171,21 @@ def test_ops_routes(server):
     metrics = server.get("/metrics").text
     for name in ["batch_size", "queue_wait", "gil_wait", "model_seconds", "padding"]:
         assert name in metrics, name
+
+
+def test_mlx_embed_serve_command(tmp_path, golden):
+    """The `mlx-embed serve` console script (Python process hosting the Rust server) serves the same vectors."""
+    import sys
+    from pathlib import Path
+
+    from conftest import start_server
+
+    command = [str(Path(sys.prefix) / "bin" / "mlx-embed"), "serve"]
+    srv = start_server(tmp_path, "--no-warmup", command=command)
+    try:
+        texts, reference = golden
+        resp = srv.post("/api/v1/embed", {"texts": texts[:3]})
+        assert resp.status_code == 200, resp.text
+        np.testing.assert_allclose(np.asarray(resp.json()["embeddings"]), reference[:3], atol=1e-5)
+    finally:
+        assert srv.stop() == 0, srv.log()[-3000:]

@@ -9,7 +9,7 @@ use mlx_embed_server::ServerArgs;
 
 /// `mlx-embed serve`: serve an embedding model over HTTP (all flags also read MLX_EMBED_* env vars).
 #[derive(Debug, Parser)]
-#[command(name = "mlx-embed serve", version, about)]
+#[command(name = "mlx-embed serve", bin_name = "mlx-embed serve", version)]
 pub struct ServeCli {
     #[command(flatten)]
     pub model: ModelArgs,

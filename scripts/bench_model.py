@@ -8,6 +8,7 @@ deterministically (mixed lengths, ~110 tokens on average for MiniLM).
     python scripts/bench_model.py                    # OpenBLAS vs reference BLAS
     python scripts/bench_model.py --blas auto        # only the default BLAS
     python scripts/bench_model.py --model DIR --texts 128 --batch-sizes 1,16,64
+    python scripts/bench_model.py --profile          # per-op profile, one forward
 """
 
 from __future__ import annotations
@@ -98,6 +99,77 @@ def child(args) -> None:
     )
 
 
+def profile(args) -> None:
+    """Per-op wall time of one BERT forward pass, evaluating after every op
+    (so each op is timed alone; the sum is a bit above a normal pass)."""
+    sys.path.insert(0, str(ROOT / "python"))
+    import mlx_embed
+    import mlx.core as mx
+    import numpy as np
+
+    from mlx_embed import ops
+
+    model = mlx_embed.load(args.model)
+    if model.model_type != "bert":
+        raise SystemExit("--profile supports bert models")
+    texts = make_corpus(args.texts)[: args.profile_batch]
+    ids = [model.tokenizer.finish(c)[0] for c in model.tokenizer.encode_contents(texts)]
+    L = max(map(len, ids))
+    arr = np.zeros((len(ids), L), np.int32)
+    msk = np.zeros((len(ids), L), np.int32)
+    for i, row in enumerate(ids):
+        arr[i, : len(row)] = row
+        msk[i, : len(row)] = 1
+    ids_mx, mask_mx = mx.array(arr), mx.array(msk)
+    net = model.model
+    totals: dict = {}
+
+    def timed(name, fn, *a):
+        out = fn(*a)
+        mx.eval(out)
+        t0 = time.perf_counter()
+        for _ in range(args.profile_repeats):
+            out = fn(*a)
+            mx.eval(out)
+        totals[name] = totals.get(name, 0.0) + (time.perf_counter() - t0) / args.profile_repeats
+        return out
+
+    x = timed("embeddings+layernorm", net.embeddings, ids_mx)
+    neg = mx.where(mask_mx[:, None, None, :].astype(mx.bool_), 0.0, -1e9).astype(x.dtype)
+    B, _, D = x.shape
+    for layer in net.layers:
+        att = layer.attention
+        qkv = timed("qkv linear", att.qkv, x)
+        qkv = qkv.reshape(B, L, 3, att.n_heads, att.head_dim).transpose(2, 0, 3, 1, 4)
+        q, k, v = timed("qkv split/transpose", lambda t: (t[0] * att.scale, t[1], t[2]), qkv)
+        s = timed("scores q@k^T + mask", lambda a, b: a @ b.swapaxes(-1, -2) + neg, q, k)
+        p_ = timed("softmax", ops.softmax, s)
+        o = timed("probs@v + merge heads",
+                  lambda a, b: (a @ b).transpose(0, 2, 1, 3).reshape(B, L, D), p_, v)
+        o = timed("attn out linear", att.out_proj, o)
+        x = timed("residual+layernorm", lambda a, b: layer.attention_norm(a + b), x, o)
+        h = timed("ffn up linear", layer.ffn.up, x)
+        h = timed("gelu", ops.gelu, h)
+        h = timed("ffn down linear", layer.ffn.down, h)
+        x = timed("residual+layernorm", lambda a, b: layer.ffn_norm(a + b), x, h)
+    m = mask_mx.astype(x.dtype)[..., None]
+    timed("mean pooling", lambda a: (a * m).sum(1) / m.sum(1), x)
+
+    whole = []
+    for _ in range(args.profile_repeats):
+        t0 = time.perf_counter()
+        mx.eval(model._forward(ids_mx, mask_mx, mx.array(msk.sum(1) - 1)))
+        whole.append(time.perf_counter() - t0)
+    total = sum(totals.values())
+    print(f"# batch {len(ids)} x {L} tokens ({int(msk.sum())} real), BLAS {mlx_embed.blas_info()['library']}")
+    print(f"# whole forward (lazy graph, one eval): {statistics.median(whole) * 1e3:.1f} ms; "
+          f"sum of per-op times: {total * 1e3:.1f} ms")
+    print("| op (all layers) | ms | share |")
+    print("|---|---:|---:|")
+    for name, t in sorted(totals.items(), key=lambda kv: -kv[1]):
+        print(f"| {name} | {t * 1e3:.1f} | {100 * t / total:.0f}% |")
+
+
 def versions() -> dict:
     out = {"python": platform.python_version(), "machine": platform.machine()}
     try:
@@ -128,11 +200,17 @@ def main() -> int:
     p.add_argument("--ref-repeats", type=int, default=1, help="repeats for the (slow) reference BLAS")
     p.add_argument("--blas", choices=["both", "auto", "none"], default="both")
     p.add_argument("--json", help="also write raw results here")
+    p.add_argument("--profile", action="store_true", help="per-op profile of one forward pass")
+    p.add_argument("--profile-batch", type=int, default=32)
+    p.add_argument("--profile-repeats", type=int, default=3)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     args.batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
     if args.child:
         child(args)
+        return 0
+    if args.profile:
+        profile(args)
         return 0
 
     configs = {"both": ["auto", "none"], "auto": ["auto"], "none": ["none"]}[args.blas]

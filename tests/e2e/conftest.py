@@ -61,8 +61,11 @@ class Server:
         return self.proc.returncode
 
 
-def start_server(tmp_path: Path, *args: str, env: dict | None = None, command: list[str] | None = None) -> Server:
-    """Starts the server and waits until /health answers 200."""
+def start_server(tmp_path: Path, *args: str, env: dict | None = None, command: list[str] | None = None,
+                 host: str | None = "127.0.0.1") -> Server:
+    """Starts the server and waits until /health answers 200.
+
+    host=None leaves out --host (and MLX_EMBED_HOST), to test the default listen address."""
     if command is None:
         if not SERVER_BINARY.exists():
             pytest.fail(f"{SERVER_BINARY} is missing: run `make build` (make test does)")
@@ -70,9 +73,12 @@ def start_server(tmp_path: Path, *args: str, env: dict | None = None, command: l
     port = free_port()
     log_path = tmp_path / f"server-{port}.log"
     full_env = {**os.environ, "VIRTUAL_ENV": sys.prefix, "MLX_EMBED_LOG": "info", **(env or {})}
+    if host is None:
+        full_env.pop("MLX_EMBED_HOST", None)
+    host_args = [] if host is None else ["--host", host]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [*command, "--host", "127.0.0.1", "--port", str(port), *args],
+            [*command, *host_args, "--port", str(port), *args],
             stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT,
         )
     server = Server(proc=proc, url=f"http://127.0.0.1:{port}", log_path=log_path, args=list(args))

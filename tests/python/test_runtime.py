@@ -144,3 +144,16 @@ def test_cli_serve_passes_arguments_through(monkeypatch):
     rc = cli.main(["serve", "--port", "8080", "--help", "-x"])
     assert seen["argv"] == ["mlx-embed", "--port", "8080", "--help", "-x"]
     assert rc == 7
+
+
+def test_scipy_openblas32_shim(tmp_path):
+    """The pip-only route: forwarding shim compiled into a cache dir."""
+    pytest.importorskip("scipy_openblas32")
+    r = _run_py(
+        "import json, mlx_embed; print(json.dumps(mlx_embed.blas_info()))",
+        MLX_EMBED_BLAS="scipy-openblas32", XDG_CACHE_HOME=str(tmp_path),
+    )
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout.strip().splitlines()[-1])
+    assert info["source"] == "scipy-openblas32" and info["effective"], info
+    assert list((tmp_path / "mlx_embed").glob("cblas-shim-*.so"))

@@ -98,8 +98,8 @@ impl<E: Embedder> ModelThread<'_, E> {
         let _guard = DeathGuard(self.shared);
         while let Some(batch) = self.next_batch() {
             if let Err(Died(message)) = self.run_batch(batch) {
+                // `die` has already marked the model dead.
                 tracing::error!(%message, "embedding model panicked; model thread exiting");
-                self.shared.kill(format!("model thread died: {message}"));
                 return;
             }
         }
@@ -153,10 +153,7 @@ impl<E: Embedder> ModelThread<'_, E> {
         let outcome = match self.call(&batch.inputs, batch.padded_tokens()) {
             Ok(outcome) => outcome,
             Err(died) => {
-                let error = CoreError::ModelUnavailable(format!("model thread died: {}", died.0));
-                for part in &batch.parts {
-                    part.req.fail(error.clone());
-                }
+                self.die(&died, &batch.parts);
                 return Err(died);
             }
         };
@@ -193,13 +190,7 @@ impl<E: Embedder> ModelThread<'_, E> {
                         Ok(Ok(output)) => self.deliver(part, 0, &output),
                         Ok(Err(message)) => part.req.fail(CoreError::Model(message)),
                         Err(died) => {
-                            let error = CoreError::ModelUnavailable(format!(
-                                "model thread died: {}",
-                                died.0
-                            ));
-                            for part in &batch.parts[i..] {
-                                part.req.fail(error.clone());
-                            }
+                            self.die(&died, &batch.parts[i..]);
                             return Err(died);
                         }
                     }
@@ -207,6 +198,17 @@ impl<E: Embedder> ModelThread<'_, E> {
             }
         }
         Ok(())
+    }
+
+    /// The model panicked: marks it dead, then fails `parts` (the batch's
+    /// unanswered requests). In that order, so a caller told "model thread died"
+    /// can never find the batcher still healthy, nor a request sneak in after it.
+    fn die(&self, died: &Died, parts: &[Part]) {
+        self.shared.kill(format!("model thread died: {}", died.0));
+        let error = self.shared.unavailable();
+        for part in parts {
+            part.req.fail(error.clone());
+        }
     }
 
     /// One model call with its metrics. The outer error is a panic (the model

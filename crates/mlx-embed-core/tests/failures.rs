@@ -317,3 +317,23 @@ async fn a_cancelled_caller_gives_its_admission_room_back_at_once() {
     assert!(!record.computed().contains(&"queued".to_string()));
     assert_eq!(batcher.metrics().requests_overloaded, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_told_the_model_died_never_sees_it_healthy() {
+    // The model is marked dead before the dying batch's callers are answered,
+    // so health checks made on hearing the news agree with it. Repeated, since
+    // the opposite order loses only a narrow race.
+    for round in 0..20 {
+        let (batcher, _record) = start(BatcherConfig::default(), Duration::ZERO, None);
+        let err = timeout(LIMIT, batcher.embed(texts(&["fine", PANIC])))
+            .await
+            .expect("answered")
+            .unwrap_err();
+        assert!(
+            matches!(&err, CoreError::ModelUnavailable(m) if m.contains("model thread died")),
+            "{err:?}"
+        );
+        assert!(!batcher.is_healthy(), "round {round}: still healthy");
+        assert!(batcher.model_failure().is_some());
+    }
+}

@@ -169,7 +169,17 @@ impl ApiError {
         match rejection {
             JsonRejection::JsonDataError(e) => Self::new(ErrorKind::Unprocessable, e.body_text()),
             JsonRejection::JsonSyntaxError(e) => {
-                Self::new(ErrorKind::InvalidRequest, e.body_text()).code("invalid_json")
+                let mut message = e.body_text();
+                // serde_json's words for a lone `\ud800`-style escape ("unexpected
+                // end of hex escape") do not say what is wrong with the text.
+                if message.contains("surrogate") || message.contains("hex escape") {
+                    message.push_str(
+                        " (a \\uXXXX escape needs four hex digits, and one in \\uD800-\\uDFFF \
+                         must be followed by the other half of its surrogate pair: \
+                         lone surrogates are not text)",
+                    );
+                }
+                Self::new(ErrorKind::InvalidRequest, message).code("invalid_json")
             }
             JsonRejection::MissingJsonContentType(_) => Self::new(
                 ErrorKind::UnsupportedMediaType,

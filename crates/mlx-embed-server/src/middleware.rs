@@ -40,7 +40,8 @@ fn request_id(req: &Request) -> String {
 }
 
 /// Outermost layer: request id (echoed as `x-request-id`), a tracing span
-/// carrying it, one debug line per request (no request text), and HTTP metrics.
+/// carrying it, one info line per request (id, route, status, time; never the
+/// request text), and HTTP metrics.
 pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let start = Instant::now();
     let id = request_id(&req);
@@ -63,8 +64,10 @@ pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next
     if let Ok(v) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(REQUEST_ID.clone(), v);
     }
+    // Info level so an id a client reports can be found in the log; the body
+    // stays out of it, since texts may be private.
     span.in_scope(|| {
-        tracing::debug!(status, ms = elapsed.as_secs_f64() * 1e3, "request done");
+        tracing::info!(status, ms = elapsed.as_secs_f64() * 1e3, "request done");
     });
     response
 }

@@ -16,12 +16,14 @@ use crate::state::AppState;
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct NativeEmbedRequest {
     /// Texts to embed (1 to `--max-inputs-per-request`), none empty.
+    #[schema(min_items = 1)]
     pub texts: Vec<String>,
     /// Unit-length vectors (default true).
     pub normalize: Option<bool>,
     /// Truncate inputs longer than the model's maximum (default true); false answers 422 instead.
     pub truncate: Option<bool>,
     /// Keep the first N components (1..=dimension), re-normalized when `normalize`.
+    #[schema(minimum = 1)]
     pub dimensions: Option<i64>,
 }
 
@@ -41,7 +43,7 @@ pub struct NativeEmbedResponse {
 /// Errors use `{"error": {"message", "type", "code"}}`; status codes as in the crate docs
 /// (400, 401, 413, 415, 422, 429 with Retry-After, 500, 503).
 #[utoipa::path(
-    post, path = "/api/v1/embed", tag = "native",
+    post, path = "/api/v1/embed", tag = "native", operation_id = "native_embed",
     request_body = NativeEmbedRequest,
     responses(
         (status = 200, description = "Embeddings in input order", body = NativeEmbedResponse),

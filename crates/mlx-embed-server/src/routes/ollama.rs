@@ -23,6 +23,7 @@ pub struct OllamaEmbedRequest {
     /// Truncate inputs longer than the model's maximum (default true); false answers 422 instead.
     pub truncate: Option<bool>,
     /// Keep the first N components (1..=dimension), re-normalized.
+    #[schema(minimum = 1)]
     pub dimensions: Option<i64>,
 }
 
@@ -43,7 +44,7 @@ pub struct OllamaEmbedResponse {
 ///
 /// Errors use `{"error": str}`.
 #[utoipa::path(
-    post, path = "/api/embed", tag = "ollama",
+    post, path = "/api/embed", tag = "ollama", operation_id = "ollama_embed",
     request_body = OllamaEmbedRequest,
     responses(
         (status = 200, description = "Embeddings in input order", body = OllamaEmbedResponse),

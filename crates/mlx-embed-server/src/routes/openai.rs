@@ -13,7 +13,7 @@ use crate::extract::{ApiJson, OpenAiInput};
 use crate::state::AppState;
 
 /// How vectors are encoded in the response.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum EncodingFormat {
     /// JSON array of floats.
@@ -21,6 +21,20 @@ pub enum EncodingFormat {
     Float,
     /// Base64 (standard alphabet) of the little-endian f32 bytes.
     Base64,
+}
+
+// Not derived: serde_json reports a derived unit enum given a non-string (e.g. `1`)
+// as a *syntax* error, which would answer well-formed JSON with 400 instead of 422.
+impl<'de> Deserialize<'de> for EncodingFormat {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const VARIANTS: &[&str] = &["float", "base64"];
+        let name = String::deserialize(d)?;
+        match name.as_str() {
+            "float" => Ok(EncodingFormat::Float),
+            "base64" => Ok(EncodingFormat::Base64),
+            other => Err(serde::de::Error::unknown_variant(other, VARIANTS)),
+        }
+    }
 }
 
 /// OpenAI embeddings request.
@@ -33,6 +47,7 @@ pub struct OpenAiEmbeddingRequest {
     /// `float` (default) or `base64`.
     pub encoding_format: Option<EncodingFormat>,
     /// Keep the first N components (1..=dimension), re-normalized.
+    #[schema(minimum = 1)]
     pub dimensions: Option<i64>,
     /// Accepted and ignored.
     pub user: Option<String>,
@@ -74,7 +89,7 @@ pub fn encode_base64(v: &[f32]) -> String {
 ///
 /// Errors use `{"error": {"message", "type", "param", "code"}}`.
 #[utoipa::path(
-    post, path = "/v1/embeddings", tag = "openai",
+    post, path = "/v1/embeddings", tag = "openai", operation_id = "openai_embeddings",
     request_body = OpenAiEmbeddingRequest,
     responses(
         (status = 200, description = "Embeddings in input order", body = OpenAiEmbeddingResponse),
@@ -159,6 +174,22 @@ pub async fn models(State(state): State<AppState>) -> Json<OpenAiModelList> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn encoding_format_errors_are_data_errors() {
+        let parse = |s: &str| serde_json::from_str::<Option<EncodingFormat>>(s);
+        assert_eq!(parse(r#""base64""#).unwrap(), Some(EncodingFormat::Base64));
+        assert_eq!(parse(r#""float""#).unwrap(), Some(EncodingFormat::Float));
+        assert_eq!(parse("null").unwrap(), None);
+        for bad in ["1", r#""hex""#, "[]", "{}", "true"] {
+            let err = parse(bad).unwrap_err();
+            assert!(err.is_data(), "{bad}: {err}");
+        }
+        assert_eq!(
+            parse(r#""hex""#).unwrap_err().to_string(),
+            "unknown variant `hex`, expected `float` or `base64` at line 1 column 5"
+        );
+    }
 
     #[test]
     fn base64_is_le_f32() {

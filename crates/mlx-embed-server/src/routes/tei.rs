@@ -20,6 +20,7 @@ pub struct TeiEmbedRequest {
     /// Truncate inputs longer than the model's maximum (default true); false answers 422 instead.
     pub truncate: Option<bool>,
     /// Keep the first N components (1..=dimension), re-normalized when `normalize`.
+    #[schema(minimum = 1)]
     pub dimensions: Option<i64>,
 }
 
@@ -27,7 +28,7 @@ pub struct TeiEmbedRequest {
 ///
 /// Errors use `{"error": str, "error_type": str}`.
 #[utoipa::path(
-    post, path = "/embed", tag = "tei",
+    post, path = "/embed", tag = "tei", operation_id = "tei_embed",
     request_body = TeiEmbedRequest,
     responses(
         (status = 200, description = "One vector per input, in order", body = Vec<Vec<f32>>),

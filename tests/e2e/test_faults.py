@@ -1,0 +1,170 @@
+"""Model faults, model-thread death and shutdown under load, against the real server."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import socket
+import time
+
+import numpy as np
+import pytest
+import requests
+
+import rawhttp
+from conftest import start_server
+from test_overload import HOST, metrics, port_of, wait_until_model_runs
+
+LONG = [" ".join(f"occupy{i}w{j}" for j in range(120)) for i in range(8)]  # ~256 tokens each
+
+
+async def occupy_model(server, port: int) -> asyncio.Task:
+    """Sends LONG and returns once the model is computing it (so later requests queue)."""
+    started = metrics(server)["mlx_embed_queue_wait_seconds_count"]
+    blocker = asyncio.create_task(rawhttp.request(HOST, port, "/api/v1/embed", {"texts": LONG}))
+    await wait_until_model_runs(server, started)
+    return blocker
+
+
+def test_model_fault_fails_only_its_own_request(tmp_path):
+    marker = "@@boom@@"
+    server = start_server(tmp_path, "--no-warmup", env={"MLX_EMBED_TEST_FAULT": marker})
+    port = port_of(server)
+    good = [[f"healthy neighbour {i} talks about rivers and {i}"] for i in range(6)]
+    good.append(["two texts in one request", "the second one of them"])
+    singles = [np.asarray(server.post("/api/v1/embed", {"texts": t}).json()["embeddings"], dtype=np.float32)
+               for t in good]
+    bad = {"input": ["a fine first text", f"second text carries {marker}"]}
+
+    async def scenario():
+        # The model is busy with LONG, so the next eight requests queue up and
+        # go into one batch together.
+        blocker = await occupy_model(server, port)
+        tasks = [rawhttp.request(HOST, port, "/api/v1/embed", {"texts": t}) for t in good[:3]]
+        tasks.append(rawhttp.request(HOST, port, "/v1/embeddings", bad))
+        tasks += [rawhttp.request(HOST, port, "/api/v1/embed", {"texts": t}) for t in good[3:]]
+        results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
+        return (await blocker), results
+
+    blocked, results = asyncio.run(scenario())
+    assert blocked.status == 200
+    failed = results.pop(3)
+    assert failed.status == 500, failed.body
+    assert failed.json() == {"error": {
+        "message": "model error: RuntimeError: injected test fault on input 1",
+        "type": "server_error", "param": None, "code": None}}
+    for texts, single, resp in zip(good, singles, results):
+        assert resp.status == 200, resp.body
+        np.testing.assert_allclose(np.asarray(resp.json()["embeddings"], dtype=np.float32), single, atol=1e-5,
+                                   err_msg=str(texts))
+    # The eight shared one batch, which failed and was re-run request by request.
+    log = re.sub(r"\x1b\[[0-9;]*m", "", server.log())  # the log is colored
+    retries = re.findall(r"batch failed; retrying each request alone.*parts=(\d+)", log)
+    assert retries == ["8"], retries
+    assert server.healthy()
+    m = metrics(server)
+    assert m['mlx_embed_batcher_requests_total{outcome="model_error"}'] == 1
+    assert server.stop() == 0
+
+
+KILL_MESSAGE = "model thread died: test hook MLX_EMBED_TEST_KILL: killing the model thread"
+UNAVAILABLE = {
+    "/api/v1/embed": ({"texts": ["after death"]},
+                      {"error": {"message": f"model unavailable: {KILL_MESSAGE}", "type": "service_unavailable",
+                                 "code": 503}}),
+    "/v1/embeddings": ({"input": "after death"},
+                       {"error": {"message": f"model unavailable: {KILL_MESSAGE}", "type": "service_unavailable",
+                                  "param": None, "code": None}}),
+    "/embed": ({"inputs": "after death"},
+               {"error": f"model unavailable: {KILL_MESSAGE}", "error_type": "Unhealthy"}),
+    "/api/embed": ({"input": "after death"}, {"error": f"model unavailable: {KILL_MESSAGE}"}),
+}
+
+
+def test_model_thread_death_is_503_and_nothing_hangs(tmp_path):
+    marker = "@@die@@"
+    server = start_server(tmp_path, "--no-warmup", "--drain-timeout-secs", "10",
+                          env={"MLX_EMBED_TEST_KILL": marker})
+    port = port_of(server)
+
+    async def scenario():
+        blocker = await occupy_model(server, port)
+        # The killer and its neighbours queue behind LONG; then more arrive while it dies.
+        first = [rawhttp.request(HOST, port, "/api/v1/embed", {"texts": [f"neighbour {i}"]}) for i in range(4)]
+        first.append(rawhttp.request(HOST, port, "/api/v1/embed", {"texts": [f"this one {marker} kills"]}))
+        return await asyncio.wait_for(asyncio.gather(blocker, *first), timeout=120)
+
+    blocked, *results = asyncio.run(scenario())
+    assert blocked.status == 200
+    for resp in results:
+        assert resp.status == 503, resp.body
+        assert resp.json() == UNAVAILABLE["/api/v1/embed"][1]
+
+    health = server.get("/health", timeout=5)
+    assert health.status_code == 503
+    assert health.json() == {"status": "unhealthy", "reason": KILL_MESSAGE}
+    for path, (body, expected) in UNAVAILABLE.items():
+        started = time.monotonic()
+        resp = server.post(path, body, timeout=5)
+        assert resp.status_code == 503 and resp.json() == expected, (path, resp.text)
+        assert time.monotonic() - started < 2
+    assert metrics(server)["mlx_embed_healthy"] == 0
+
+    started = time.monotonic()
+    assert server.stop(timeout=20) == 0, server.log()[-3000:]
+    assert time.monotonic() - started < 10
+
+
+def test_sigterm_under_load_drains_then_refuses_and_exits_0(tmp_path):
+    drain = 30
+    server = start_server(tmp_path, "--no-warmup", "--drain-timeout-secs", str(drain))
+    port = port_of(server)
+    n = 32
+    texts = [[f"request {i} part {k}: " + " ".join(f"load{i}w{j}" for j in range(40)) for k in range(2)]
+             for i in range(n)]
+    ok_before = metrics(server)['mlx_embed_batcher_requests_total{outcome="ok"}']
+
+    async def scenario():
+        tasks = [asyncio.create_task(rawhttp.request(HOST, port, "/api/v1/embed", {"texts": t})) for t in texts]
+        # Every request accepted: either answered already or its inputs in flight.
+        deadline = time.monotonic() + 30
+        while True:
+            m = metrics(server)
+            answered = m['mlx_embed_batcher_requests_total{outcome="ok"}'] - ok_before
+            if answered * 2 + m["mlx_embed_in_flight_inputs"] >= 2 * n:
+                break
+            assert time.monotonic() < deadline, "requests never all accepted"
+            await asyncio.sleep(0.02)
+        assert answered < n, "all answered before SIGTERM; make the load heavier"
+        signalled = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        # New connections are refused while the accepted requests are still draining.
+        refused_at = None
+        while time.monotonic() - signalled < 5:
+            try:
+                with socket.create_connection((HOST, port), timeout=1):
+                    pass
+            except ConnectionRefusedError:
+                refused_at = time.monotonic()
+                break
+            await asyncio.sleep(0.01)
+        pending_when_refused = sum(not t.done() for t in tasks)
+        results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=drain + 10)
+        return signalled, refused_at, pending_when_refused, results
+
+    signalled, refused_at, pending_when_refused, results = asyncio.run(scenario())
+    assert refused_at is not None, "new connections still accepted 5 s after SIGTERM"
+    assert pending_when_refused > 0, "the listener closed only after the drain"
+    for t, resp in zip(texts, results):
+        assert resp.status == 200, resp.body
+        assert len(resp.json()["embeddings"]) == 2
+    code = server.proc.wait(timeout=drain + 10)
+    exited = time.monotonic() - signalled
+    print(f"\nshutdown: {n} accepted requests all 200, refused new connections after "
+          f"{refused_at - signalled:.2f}s with {pending_when_refused} still running, exit {code} after {exited:.1f}s")
+    assert code == 0
+    assert exited < drain
+    log = server.log()
+    assert "received SIGTERM" in log and "shut down" in log
+    assert "drain timeout" not in log

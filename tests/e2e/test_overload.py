@@ -1,0 +1,181 @@
+"""Overload and clients that leave: 429 for the surplus with nothing mixed up,
+and abandoned requests never computed."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import resource
+import time
+
+import numpy as np
+import pytest
+
+import rawhttp
+from conftest import start_server
+
+HOST = "127.0.0.1"
+
+
+def metrics(server) -> dict[str, float]:
+    """Prometheus text -> {'name{labels}': value} (histogram buckets included)."""
+    out = {}
+    for line in server.get("/metrics").text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
+async def wait_until_model_runs(server, started_before: float, timeout: float = 30):
+    """Waits until the model has started one more batch than `started_before`
+    (the queue-wait histogram counts each request whose first batch started), so
+    requests sent from now on cannot join that batch."""
+    deadline = time.monotonic() + timeout
+    while metrics(server)["mlx_embed_queue_wait_seconds_count"] <= started_before:
+        assert time.monotonic() < deadline, "the model never started the batch"
+        await asyncio.sleep(0.01)
+
+
+def port_of(server) -> int:
+    return int(server.url.rsplit(":", 1)[1])
+
+
+def raise_fd_limit(needed: int):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < needed:
+        if hard < needed:
+            pytest.fail(f"need {needed} file descriptors, the hard limit is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+
+
+@pytest.fixture
+def fd_room():
+    # 2,000 client sockets here and as many in the server (which inherits the limit).
+    raise_fd_limit(8192)
+
+
+def test_2000_concurrent_requests_surplus_gets_429(tmp_path, fd_room):
+    server = start_server(tmp_path, "--max-concurrent-requests", "64", "--max-queue-wait-ms", "200",
+                          "--max-waiting", "256", "--no-warmup")
+    port = port_of(server)
+    n = 2000
+    texts = [f"overload caller {i} asks about subject {i % 37} and detail {i * 7919 % 1000}" for i in range(n)]
+    sample = list(range(0, n, 50))  # 40 texts checked against their own single-request vectors
+    singles = {}
+    for i in sample:
+        resp = server.post("/api/v1/embed", {"texts": [texts[i]]})
+        assert resp.status_code == 200
+        singles[i] = np.asarray(resp.json()["embeddings"][0], dtype=np.float32)
+    before = metrics(server)
+
+    async def one(i):
+        return await asyncio.wait_for(
+            rawhttp.request(HOST, port, "/api/v1/embed", {"texts": [texts[i]]}), timeout=90)
+
+    async def health_poller(stop: asyncio.Event, seen: list):
+        while not stop.is_set():
+            resp = await asyncio.wait_for(rawhttp.request(HOST, port, "/health", b"", method="GET"), timeout=30)
+            seen.append(resp.status)
+            await asyncio.sleep(0.05)
+
+    async def storm():
+        stop, health = asyncio.Event(), []
+        poller = asyncio.create_task(health_poller(stop, health))
+        started = time.monotonic()
+        results = await asyncio.gather(*(one(i) for i in range(n)), return_exceptions=True)
+        elapsed = time.monotonic() - started
+        stop.set()
+        await poller
+        return results, health, elapsed
+
+    results, health, elapsed = asyncio.run(storm())
+    errors = [r for r in results if isinstance(r, BaseException)]
+    assert not errors, f"{len(errors)} requests failed at the transport level: {errors[:3]!r}"
+    ok = [i for i, r in enumerate(results) if r.status == 200]
+    refused = [i for i, r in enumerate(results) if r.status == 429]
+    print(f"\noverload: {n} concurrent -> {len(ok)} x 200, {len(refused)} x 429 in {elapsed:.1f}s; "
+          f"health polls {len(health)} all 200: {set(health) == {200}}")
+    assert len(ok) + len(refused) == n, sorted({r.status for r in results})
+    assert len(ok) >= 64 and len(refused) > 0
+
+    for i in refused:
+        r = results[i]
+        assert int(r.headers["retry-after"]) >= 1
+        assert r.json() == {"error": {"message": "server is overloaded: too many inputs waiting; retry later",
+                                      "type": "rate_limit_error", "code": 429}}
+    vectors = {}
+    for i in ok:
+        body = results[i].json()
+        assert len(body["embeddings"]) == 1 and body["dimension"] == 384
+        vectors[i] = np.asarray(body["embeddings"][0], dtype=np.float32)
+        if i in singles:
+            np.testing.assert_allclose(vectors[i], singles[i], atol=1e-5, err_msg=f"request {i}")
+    # Every caller got a vector for its own (distinct) text: no two answers alike.
+    assert len({tuple(np.round(v, 5)) for v in vectors.values()}) == len(ok)
+    # Answers that were not sampled are checked after the storm, a few of them.
+    for i in ok[:: max(1, len(ok) // 20)]:
+        again = server.post("/api/v1/embed", {"texts": [texts[i]]}).json()["embeddings"][0]
+        np.testing.assert_allclose(vectors[i], again, atol=1e-5, err_msg=f"request {i}")
+
+    assert len(health) >= 3 and set(health) == {200}, health
+    after = metrics(server)
+    ok_key, over_key = ('mlx_embed_batcher_requests_total{outcome="ok"}',
+                        'mlx_embed_batcher_requests_total{outcome="overloaded"}')
+    assert after[over_key] - before[over_key] == len(refused)
+    # The re-checks above are ok requests too.
+    assert after[ok_key] - before[ok_key] == len(ok) + len(ok[:: max(1, len(ok) // 20)])
+    assert after["mlx_embed_in_flight_inputs"] == 0 and after["mlx_embed_waiting_inputs"] == 0
+    assert server.healthy()
+    assert server.stop() == 0
+
+
+def test_clients_that_leave_while_queued_are_not_computed(tmp_path, fd_room):
+    # Room for every request, so all 500 are admitted and queued behind the busy model.
+    server = start_server(tmp_path, "--max-concurrent-requests", "1024", "--no-warmup")
+    port = port_of(server)
+    n = 500
+    long_texts = [" ".join(f"busy{i}x{j}" for j in range(120)) for i in range(16)]  # ~256 tokens each
+    before = metrics(server)
+
+    async def scenario():
+        blocker = asyncio.create_task(rawhttp.request(HOST, port, "/api/v1/embed", {"texts": long_texts}))
+        await wait_until_model_runs(server, before["mlx_embed_queue_wait_seconds_count"])
+        writers = []
+        for i in range(n):
+            reader, writer = await asyncio.open_connection(HOST, port)
+            writer.write(rawhttp.encode_request(HOST, port, "/api/v1/embed",
+                                                {"texts": [f"abandoned request number {i}"]}))
+            writers.append((reader, writer))
+        await asyncio.gather(*(w.drain() for _, w in writers))
+        # All 500 admitted and queued (16 blocker inputs + 500).
+        deadline = time.monotonic() + 30
+        while (queued := metrics(server)["mlx_embed_in_flight_inputs"]) < 16 + n:
+            assert time.monotonic() < deadline, f"only {queued} inputs in flight"
+            await asyncio.sleep(0.02)
+        assert not blocker.done(), "the model finished the blocker before the clients left; make it longer"
+        for _, w in writers:
+            w.close()
+        await asyncio.gather(*(w.wait_closed() for _, w in writers), return_exceptions=True)
+        return await asyncio.wait_for(blocker, timeout=120)
+
+    blocked = asyncio.run(scenario())
+    assert blocked.status == 200 and len(blocked.json()["embeddings"]) == 16
+
+    deadline = time.monotonic() + 30
+    while (m := metrics(server))["mlx_embed_in_flight_inputs"] != 0:
+        assert time.monotonic() < deadline, "abandoned inputs never released"
+        time.sleep(0.05)
+    cancelled = m["mlx_embed_inputs_cancelled_total"] - before["mlx_embed_inputs_cancelled_total"]
+    computed = m["mlx_embed_batch_size_sum"] - before["mlx_embed_batch_size_sum"]
+    print(f"\nclient gone: {n} abandoned -> cancelled before compute {cancelled:.0f}, "
+          f"texts computed {computed:.0f} (16 of them the blocker's)")
+    assert cancelled == n
+    assert computed == 16
+    assert (m['mlx_embed_batcher_requests_total{outcome="cancelled"}']
+            - before['mlx_embed_batcher_requests_total{outcome="cancelled"}']) == n
+
+    assert server.healthy()
+    resp = server.post("/api/v1/embed", {"texts": ["still serving after 500 callers left"]})
+    assert resp.status_code == 200 and len(resp.json()["embeddings"][0]) == 384
+    assert server.stop() == 0

@@ -60,7 +60,7 @@ def child(args) -> None:
     sys.path.insert(0, str(ROOT / "python"))
     import mlx_embed  # BLAS is picked here, from MLX_EMBED_BLAS
 
-    model = mlx_embed.load(args.model)
+    model = mlx_embed.load(args.model, batch_tokens=args.batch_tokens)
     texts = make_corpus(args.texts)
     tokens = sum(model.count_tokens(texts))
     # Warm-up: thread pools, page faults, compiled kernels for these shapes.
@@ -200,6 +200,7 @@ def main() -> int:
     p.add_argument("--ref-repeats", type=int, default=1, help="repeats for the (slow) reference BLAS")
     p.add_argument("--blas", choices=["both", "auto", "none"], default="both")
     p.add_argument("--json", help="also write raw results here")
+    p.add_argument("--batch-tokens", type=int, help="override the engine's sub-batch token budget")
     p.add_argument("--profile", action="store_true", help="per-op profile of one forward pass")
     p.add_argument("--profile-batch", type=int, default=32)
     p.add_argument("--profile-repeats", type=int, default=3)
@@ -224,6 +225,8 @@ def main() -> int:
                "--repeats", str(args.ref_repeats if cfg == "none" else args.repeats)]
         if args.model:
             cmd += ["--model", args.model]
+        if args.batch_tokens:
+            cmd += ["--batch-tokens", str(args.batch_tokens)]
         r = subprocess.run(cmd, env=env, capture_output=True, text=True)
         if r.returncode != 0:
             print(r.stderr, file=sys.stderr)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Iterable, Optional, TextIO
@@ -141,7 +142,13 @@ def cmd_serve(rest: list[str]) -> int:
             file=sys.stderr,
         )
         return 1
-    return _native.serve(["mlx-embed", *rest])
+    code = _native.serve(["mlx-embed", *rest])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The server has answered everything; skip interpreter finalization, which
+    # would tear MLX and OpenBLAS down while the model thread may still hold
+    # MLX objects (the same exit-time crash the Rust binary avoids with _exit).
+    os._exit(code)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -85,5 +85,7 @@ fn serve(cli: ServeCli) -> Result<(), String> {
 fn init_logging(filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // A second `serve` call in one Python process keeps the first subscriber.
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).try_init();
+    // Colours only on a terminal: log files and CI output stay plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).with_ansi(ansi).try_init();
 }

@@ -187,7 +187,7 @@ mod tests {
         }
         assert_eq!(
             parse(r#""hex""#).unwrap_err().to_string(),
-            "unknown variant `hex`, expected `float` or `base64` at line 1 column 5"
+            "unknown variant `hex`, expected `float` or `base64`"
         );
     }
 

@@ -53,7 +53,9 @@ build: setup
 bench: setup build
 	$(BIN)/python scripts/bench_model.py
 
+# The chart needs matplotlib; kept out of the default install.
 loadtest: setup build
+	$(BIN)/pip install -q matplotlib
 	$(BIN)/python scripts/loadtest
 
 clean:

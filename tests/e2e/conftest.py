@@ -1,97 +1,13 @@
-"""Start the real server binary on a free loopback port and talk HTTP to it."""
+"""Fixtures for the end-to-end tests; the helpers live in harness.py."""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pytest
-import requests
 
-ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = ROOT / "tests" / "fixtures"
-SERVER_BINARY = ROOT / "target" / "release" / "mlx-embed-server"
-STARTUP_TIMEOUT_S = 180
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen
-    url: str
-    log_path: Path
-    args: list[str] = field(default_factory=list)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def post(self, path: str, body, **kwargs) -> requests.Response:
-        return requests.post(self.url + path, json=body, timeout=kwargs.pop("timeout", 60), **kwargs)
-
-    def get(self, path: str, **kwargs) -> requests.Response:
-        return requests.get(self.url + path, timeout=kwargs.pop("timeout", 30), **kwargs)
-
-    def healthy(self) -> bool:
-        try:
-            return self.get("/health", timeout=5).status_code == 200
-        except requests.RequestException:
-            return False
-
-    def stop(self, timeout: float = 60) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
-
-def start_server(tmp_path: Path, *args: str, env: dict | None = None, command: list[str] | None = None,
-                 host: str | None = "127.0.0.1") -> Server:
-    """Starts the server and waits until /health answers 200.
-
-    host=None leaves out --host (and MLX_EMBED_HOST), to test the default listen address."""
-    if command is None:
-        if not SERVER_BINARY.exists():
-            pytest.fail(f"{SERVER_BINARY} is missing: run `make build` (make test does)")
-        command = [str(SERVER_BINARY)]
-    port = free_port()
-    log_path = tmp_path / f"server-{port}.log"
-    full_env = {**os.environ, "VIRTUAL_ENV": sys.prefix, "MLX_EMBED_LOG": "info", **(env or {})}
-    if host is None:
-        full_env.pop("MLX_EMBED_HOST", None)
-    host_args = [] if host is None else ["--host", host]
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [*command, *host_args, "--port", str(port), *args],
-            stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT,
-        )
-    server = Server(proc=proc, url=f"http://127.0.0.1:{port}", log_path=log_path, args=list(args))
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"server exited with {proc.returncode} during startup:\n{server.log()[-4000:]}")
-        if server.healthy():
-            return server
-        time.sleep(0.2)
-    server.stop()
-    pytest.fail(f"server not healthy after {STARTUP_TIMEOUT_S}s:\n{server.log()[-4000:]}")
-
+from harness import FIXTURES, start_server
 
 @pytest.fixture(scope="session")
 def golden():
@@ -107,9 +23,3 @@ def server(tmp_path_factory):
     yield srv
     code = srv.stop()
     assert code == 0, f"server exited {code}:\n{srv.log()[-4000:]}"
-
-
-def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    a = a / np.linalg.norm(a, axis=1, keepdims=True)
-    b = b / np.linalg.norm(b, axis=1, keepdims=True)
-    return (a * b).sum(axis=1)

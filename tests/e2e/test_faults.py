@@ -13,7 +13,7 @@ import pytest
 import requests
 
 import rawhttp
-from conftest import start_server
+from harness import start_server
 from test_overload import HOST, metrics, port_of, wait_until_model_runs
 
 LONG = [" ".join(f"occupy{i}w{j}" for j in range(120)) for i in range(8)]  # ~256 tokens each

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import rawhttp
-from conftest import start_server
+from harness import start_server
 
 HOST = "127.0.0.1"
 

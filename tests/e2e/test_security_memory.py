@@ -12,7 +12,7 @@ import pytest
 import requests
 
 import rawhttp
-from conftest import start_server
+from harness import start_server
 from test_overload import HOST, port_of
 
 

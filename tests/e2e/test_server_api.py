@@ -9,7 +9,7 @@ import numpy as np
 import openai
 import pytest
 
-from conftest import cosine_rows
+from harness import cosine_rows
 
 ROUTES = {
     "native": ("/api/v1/embed", lambda texts: {"texts": texts}, lambda r: r["embeddings"]),
@@ -178,7 +178,7 @@ def test_mlx_embed_serve_command(tmp_path, golden):
     import sys
     from pathlib import Path
 
-    from conftest import start_server
+    from harness import start_server
 
     command = [str(Path(sys.prefix) / "bin" / "mlx-embed"), "serve"]
     srv = start_server(tmp_path, "--no-warmup", command=command)

@@ -268,6 +268,29 @@ def setup() -> None:
         )
 
 
+def _thread_fn(name: str):
+    for h in reversed(_state.handles):
+        for prefix in ("", "scipy_"):
+            fn = getattr(h, prefix + name, None)
+            if fn is not None:
+                return fn
+    return None
+
+
+def get_num_threads() -> Optional[int]:
+    fn = _thread_fn("openblas_get_num_threads")
+    return int(fn()) if fn is not None else None
+
+
+def set_num_threads(n: int) -> bool:
+    """Set the OpenBLAS thread count (process-wide). False if not OpenBLAS."""
+    fn = _thread_fn("openblas_set_num_threads")
+    if fn is None:
+        return False
+    fn(ctypes.c_int(int(n)))
+    return True
+
+
 def measure_gflops(n: int = 512, repeats: int = 3) -> float:
     """Best-of-N fp32 matmul throughput through MLX, in GFLOP/s."""
     import mlx.core as mx

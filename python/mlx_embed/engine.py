@@ -6,6 +6,7 @@ import glob
 import json
 import logging
 import os
+import queue
 import re
 import threading
 from typing import Optional, Sequence, Union
@@ -26,9 +27,11 @@ DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 QWEN3_INSTRUCTION_TEMPLATE = "Instruct: {instruction}\nQuery: "
 
 # Padded tokens (longest x rows) per forward pass. Measured on a 2-core x86
-# with OpenBLAS (docs/benchmarks.md): per-token cost is flat above ~2k tokens
-# per pass and large passes only add memory, so there is no point going higher.
-DEFAULT_BATCH_TOKENS = 4096
+# with OpenBLAS (docs/benchmarks.md): per-token cost *rises* with pass size on
+# CPU, because the [B, H, L, L] scores and [T, 4D] FFN activations fall out of
+# cache and the element-wise kernels become memory bound; 512-1024 was best,
+# 2048+ lost ~30%. Small passes also feed the parallel workers below.
+DEFAULT_BATCH_TOKENS = 1024
 
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
@@ -118,6 +121,7 @@ class EmbeddingModel:
         max_length: Optional[int] = None,
         batch_tokens: Optional[int] = None,
         name: Optional[str] = None,
+        workers: Optional[int] = None,
         _is_default: bool = False,
     ):
         if dtype not in _DTYPES:
@@ -218,6 +222,12 @@ class EmbeddingModel:
         self.batch_tokens = int(batch_tokens or DEFAULT_BATCH_TOKENS)
         self._lock = threading.Lock()
         self._forward = self._build_forward()
+        if workers is None:
+            env = os.environ.get("MLX_EMBED_WORKERS", "").strip()
+            workers = int(env) if env else _default_workers()
+        self.workers = max(1, int(workers))
+        self._pool: Optional[_WorkerPool] = None
+        self._blas_threads = _blas.get_num_threads()
 
     # ------------------------------------------------------------------ setup
 
@@ -312,21 +322,74 @@ class EmbeddingModel:
         if n == 0:
             return out, 0
         lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=n)
-        padded_total = 0
+        plan = self._plan(lengths)
         with self._lock:
-            for idx in self._plan(lengths):
-                L = self._bucket(int(lengths[idx].max()))
-                arr = np.full((len(idx), L), self.pad_id, dtype=np.int32)
-                mask = np.zeros((len(idx), L), dtype=np.int32)
-                for r, i in enumerate(idx):
-                    row = ids[i]
-                    arr[r, : len(row)] = row
-                    mask[r, : len(row)] = 1
-                last = (lengths[idx] - 1).astype(np.int32)
-                vec = self._forward(mx.array(arr), mx.array(mask), mx.array(last))
-                out[idx] = np.array(vec.astype(mx.float32), copy=False)
-                padded_total += L * len(idx)
-        return out, padded_total
+            if self.workers > 1 and len(plan) > 1:
+                padded = self._run_parallel(plan, ids, lengths, out)
+            else:
+                self._set_blas_threads(self._blas_threads)
+                padded = sum(self._run_batch(idx, ids, lengths, out) for idx in plan)
+        return out, padded
+
+    def _run_batch(self, idx, ids, lengths, out) -> int:
+        L = self._bucket(int(lengths[idx].max()))
+        arr = np.full((len(idx), L), self.pad_id, dtype=np.int32)
+        mask = np.zeros((len(idx), L), dtype=np.int32)
+        for r, i in enumerate(idx):
+            row = ids[i]
+            arr[r, : len(row)] = row
+            mask[r, : len(row)] = 1
+        last = (lengths[idx] - 1).astype(np.int32)
+        # Building the lazy graph (and mx.compile's trace/cache lookup) is
+        # serialized across workers; the evaluation below runs in parallel.
+        with _GRAPH_LOCK:
+            vec = self._forward(mx.array(arr), mx.array(mask), mx.array(last))
+            vec = vec.astype(mx.float32)
+        mx.eval(vec)
+        out[idx] = np.array(vec, copy=False)
+        return L * len(idx)
+
+    def _set_blas_threads(self, n: Optional[int]) -> None:
+        if n is not None and _blas.get_num_threads() != n:
+            _blas.set_num_threads(n)
+
+    def _run_parallel(self, plan, ids, lengths, out) -> int:
+        """Sub-batches on the caller's thread plus the worker threads.
+
+        MLX's CPU element-wise kernels are single-threaded, so one caller
+        leaves the other core(s) idle for most of a pass; OpenBLAS goes to one
+        thread meanwhile so the callers do not oversubscribe the cores.
+        Measured 1.2-1.4x over one caller with 2-thread BLAS on 2 cores.
+        """
+        if self._pool is None:
+            self._pool = _WorkerPool(self.workers - 1)
+        self._set_blas_threads(1)
+        state = {"next": 0, "padded": 0, "error": None}
+        lk = threading.Lock()
+
+        def drain() -> None:
+            while True:
+                with lk:
+                    k = state["next"]
+                    state["next"] += 1
+                    if k >= len(plan) or state["error"] is not None:
+                        return
+                try:
+                    p = self._run_batch(plan[k], ids, lengths, out)
+                except BaseException as e:  # surfaced on the caller's thread
+                    with lk:
+                        state["error"] = state["error"] or e
+                    return
+                with lk:
+                    state["padded"] += p
+
+        done = self._pool.submit(drain)
+        drain()
+        for ev in done:
+            ev.wait()
+        if state["error"] is not None:
+            raise state["error"]
+        return state["padded"]
 
     # ------------------------------------------------------------ public API
 
@@ -460,6 +523,50 @@ def _build_model(model_type: str, config: dict) -> nn.Module:
     else:
         from .models import qwen3 as arch
     return arch.Model(arch.ModelArgs.from_dict(config))
+
+
+_GRAPH_LOCK = threading.Lock()
+
+
+def _default_workers() -> int:
+    # Parallel callers only pay off where element-wise kernels are the
+    # bottleneck: the CPU backend. Two is what was measured (2 cores).
+    if mx.default_device() != mx.cpu:
+        return 1
+    return 2 if (os.cpu_count() or 1) >= 2 else 1
+
+
+class _WorkerPool:
+    """Long-lived daemon threads, each running MLX on its own CPU stream
+    (MLX streams are per thread). They block on a queue between calls and are
+    never joined: a thread that exits after using MLX runs a thread_local
+    destructor that needs the GIL, which is unsafe during interpreter
+    shutdown, while a blocked daemon thread is simply discarded at exit."""
+
+    def __init__(self, n: int):
+        self._queues = [queue.SimpleQueue() for _ in range(n)]
+        for i, q in enumerate(self._queues):
+            threading.Thread(
+                target=self._loop, args=(q,), name=f"mlx_embed-worker-{i}", daemon=True
+            ).start()
+
+    @staticmethod
+    def _loop(q: "queue.SimpleQueue") -> None:
+        with mx.stream(mx.new_stream(mx.default_device())):
+            while True:
+                fn, ev = q.get()
+                try:
+                    fn()
+                finally:
+                    ev.set()
+
+    def submit(self, fn) -> list[threading.Event]:
+        events = []
+        for q in self._queues:
+            ev = threading.Event()
+            q.put((fn, ev))
+            events.append(ev)
+        return events
 
 
 def _l2_normalize(x: np.ndarray) -> np.ndarray:

@@ -56,3 +56,13 @@ def test_qwen3_one_at_a_time_equals_batch(qwen, golden_texts):
     batch = qwen.embed(golden_texts)
     single = np.concatenate([qwen.embed([t]) for t in golden_texts])
     assert np.abs(batch - single).max() <= 1e-6
+
+
+def test_parallel_workers_equal_serial(minilm, golden_texts):
+    import mlx_embed
+
+    assert minilm.workers == 2 or minilm.workers == 1
+    serial = mlx_embed.load(workers=1, batch_tokens=minilm.batch_tokens)
+    a = serial.embed(golden_texts)
+    b = minilm.embed(golden_texts)
+    assert np.abs(a - b).max() <= 1e-6

@@ -141,9 +141,13 @@ def test_cli_serve_passes_arguments_through(monkeypatch):
     fake.serve = lambda argv: seen.setdefault("argv", argv) and 7
     monkeypatch.setitem(sys.modules, "mlx_embed._native", fake)
     monkeypatch.setattr(mlx_embed, "_native", fake, raising=False)
-    rc = cli.main(["serve", "--port", "8080", "--help", "-x"])
+    # cmd_serve ends the process with os._exit (skips finalization after the
+    # server drained); record the code instead.
+    exits = []
+    monkeypatch.setattr(cli.os, "_exit", lambda code: exits.append(code))
+    cli.main(["serve", "--port", "8080", "--help", "-x"])
     assert seen["argv"] == ["mlx-embed", "--port", "8080", "--help", "-x"]
-    assert rc == 7
+    assert exits == [7]
 
 
 def test_scipy_openblas32_shim(tmp_path):

@@ -44,7 +44,17 @@ end
 
 function common.next_text()
   cursor = cursor % #common.corpus + 1
-  return common.corpus[cursor]
+  -- Installs wrk's hooks for a POST to `path` whose body `make_body(next_text)` builds.
+function common.install(path, make_body)
+  setup, init, response, done = common.setup, common.init, common.response, common.done
+  wrk.method = "POST"
+  wrk.headers["Content-Type"] = "application/json"
+  request = function()
+    return wrk.format(nil, path, nil, make_body(common.next_text))
+  end
+end
+
+return common.corpus[cursor]
 end
 
 function common.response(status)
@@ -62,6 +72,16 @@ function common.done(summary, latency, requests)
   io.write(string.format("socket_errors: %d\n", summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout))
   for _, p in ipairs({ 50, 95, 99 }) do
     io.write(string.format("p%d_ms: %.3f\n", p, latency:percentile(p) / 1000.0))
+  end
+end
+
+-- Installs wrk's hooks for a POST to `path` whose body `make_body(next_text)` builds.
+function common.install(path, make_body)
+  setup, init, response, done = common.setup, common.init, common.response, common.done
+  wrk.method = "POST"
+  wrk.headers["Content-Type"] = "application/json"
+  request = function()
+    return wrk.format(nil, path, nil, make_body(common.next_text))
   end
 end
 

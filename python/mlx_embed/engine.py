@@ -298,6 +298,11 @@ class EmbeddingModel:
         order = np.argsort(lengths, kind="stable")
         batches, start, n = [], 0, len(order)
         budget = self.batch_tokens
+        if self.workers > 1 and n > 1:
+            # A call smaller than workers x budget would otherwise leave a
+            # worker idle: split it into about `workers` equal sub-batches.
+            share = -(-int(lengths.sum()) // self.workers)
+            budget = max(min(budget, share), int(lengths.max()))
         while start < n:
             end = start + 1
             # lengths are ascending along `order`, so the padded size of

@@ -588,6 +588,13 @@ def load(
     instruction: Optional[str] = None,
     **kwargs,
 ) -> EmbeddingModel:
+    if mx.default_device() == mx.cpu:
+        # MLX's CPU buffer cache is freed by a C++ static destructor at process
+        # exit, which aborted about one exit in five here (heap corruption in
+        # CommonAllocator::~CommonAllocator) once the model had run on a
+        # non-main thread. Without the cache nothing is left to free then; the
+        # cost measured within noise (glibc reuses the freed blocks anyway).
+        mx.set_cache_limit(0)
     is_default = path is None
     if is_default:
         path = default_model_path()

@@ -9,6 +9,9 @@ deterministically (mixed lengths, ~110 tokens on average for MiniLM).
     python scripts/bench_model.py --blas auto        # only the default BLAS
     python scripts/bench_model.py --model DIR --texts 128 --batch-sizes 1,16,64
     python scripts/bench_model.py --profile          # per-op profile, one forward
+    python scripts/bench_model.py --blas auto --peer-python .bench-venv/bin/python
+        # side by side with sentence-transformers (torch CPU) in one run:
+        # engine, peer, engine, peer, ... on the same corpus; medians, ratio
 """
 
 from __future__ import annotations
@@ -97,6 +100,132 @@ def child(args) -> None:
             }
         )
     )
+
+
+def _serve(run_once, meta: dict) -> None:
+    """Line protocol for the interleaved side-by-side run: print meta, then
+    for each "<batch_size>" line on stdin time one pass over the corpus."""
+    print(json.dumps(meta), flush=True)
+    for line in sys.stdin:
+        line = line.strip()
+        if not line:
+            continue
+        if line == "quit":
+            break
+        bs = int(line)
+        t0 = time.perf_counter()
+        run_once(bs)
+        print(json.dumps({"batch_size": bs, "seconds": time.perf_counter() - t0}), flush=True)
+
+
+def engine_serve(args) -> None:
+    sys.path.insert(0, str(ROOT / "python"))
+    import mlx_embed
+
+    model = mlx_embed.load(args.model, batch_tokens=args.batch_tokens)
+    texts = make_corpus(args.texts)
+    tokens = sum(model.count_tokens(texts))
+    model.embed(texts[: max(args.batch_sizes)])
+
+    def run_once(bs):
+        for i in range(0, len(texts), bs):
+            model.embed(texts[i : i + bs])
+
+    info = model.info()
+    _serve(run_once, {"name": "mlx_embed", "blas": info["blas"], "blas_gflops": info["blas_gflops"],
+                      "texts": len(texts), "tokens": tokens,
+                      "preferred_batch_tokens": info["preferred_batch_tokens"]})
+
+
+def peer_serve(args) -> None:
+    """sentence-transformers (torch CPU) on the same corpus; run with the
+    peer's interpreter (it must have torch + sentence-transformers)."""
+    import torch
+
+    torch.set_num_threads(args.peer_threads)
+    from sentence_transformers import SentenceTransformer
+
+    st = SentenceTransformer(args.model, device="cpu")
+    texts = make_corpus(args.texts)
+    tokens = sum(len(x) for x in st.tokenizer(texts, truncation=True, max_length=st.max_seq_length)["input_ids"])
+    st.encode(texts[: max(args.batch_sizes)], batch_size=max(args.batch_sizes))
+
+    def run_once(bs):
+        for i in range(0, len(texts), bs):
+            st.encode(texts[i : i + bs], batch_size=bs)
+
+    from importlib.metadata import version
+    _serve(run_once, {"name": f"sentence-transformers {version('sentence-transformers')} "
+                              f"torch {torch.__version__} threads {args.peer_threads}",
+                      "texts": len(texts), "tokens": tokens})
+
+
+def _default_model_dir() -> str:
+    sys.path.insert(0, str(ROOT / "python"))
+    from mlx_embed.engine import default_model_path
+
+    return default_model_path()
+
+
+def side_by_side(args) -> int:
+    """Engine and peer(s) as long-lived subprocesses, runs interleaved
+    (engine, peer, engine, peer, ...) so both see the same machine load."""
+    model = args.model or _default_model_dir()
+    common = ["--texts", str(args.texts), "--batch-sizes", ",".join(map(str, args.batch_sizes)),
+              "--model", model]
+    if args.batch_tokens:
+        common += ["--batch-tokens", str(args.batch_tokens)]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    procs = {"mlx_embed": subprocess.Popen([sys.executable, __file__, "--engine-serve", *common],
+                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)}
+    for th in args.peer_threads_list:
+        procs[f"torch-{th}t"] = subprocess.Popen(
+            [args.peer_python, __file__, "--peer-serve", "--peer-threads", str(th), *common],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    meta = {}
+    for k, pr in procs.items():  # each loads and warms up alone, in turn
+        line = pr.stdout.readline()
+        if not line:
+            raise SystemExit(f"{k} failed to start")
+        meta[k] = json.loads(line)
+    times = {k: {bs: [] for bs in args.batch_sizes} for k in procs}
+    load0 = os.getloadavg()
+    for _ in range(args.repeats):
+        for bs in args.batch_sizes:
+            for k, pr in procs.items():
+                pr.stdin.write(f"{bs}\n")
+                pr.stdin.flush()
+                times[k][bs].append(json.loads(pr.stdout.readline())["seconds"])
+    load1 = os.getloadavg()
+    for pr in procs.values():
+        pr.stdin.write("quit\n")
+        pr.stdin.close()
+        pr.wait()
+    n = meta["mlx_embed"]["texts"]
+    tps = {k: {bs: n / statistics.median(v) for bs, v in t.items()} for k, t in times.items()}
+    print(f"# {json.dumps(versions())}")
+    print(f"# command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
+    for k, m in meta.items():
+        print(f"# {k}: {json.dumps(m)}")
+    print(f"# load average (1/5/15 min) before {load0}, after {load1}; "
+          f"{args.repeats} interleaved rounds, medians")
+    print()
+    names = list(procs)
+    print("| batch | " + " | ".join(f"{k} texts/s" for k in names) + " |")
+    print("|---:|" + "---:|" * len(names))
+    for bs in args.batch_sizes:
+        print(f"| {bs} | " + " | ".join(f"{tps[k][bs]:.1f}" for k in names) + " |")
+    best = {k: max(v.values()) for k, v in tps.items()}
+    peer_best = max(v for k, v in best.items() if k != "mlx_embed")
+    print()
+    print("best: " + ", ".join(f"{k} {v:.1f}" for k, v in best.items()))
+    print(f"ratio ours_best / peer_best = {best['mlx_embed'] / peer_best:.3f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"versions": versions(), "meta": meta, "times": times,
+                       "texts_per_s": tps, "load": [load0, load1],
+                       "ratio": best["mlx_embed"] / peer_best}, f, indent=2)
+    return 0
 
 
 def profile(args) -> None:
@@ -204,15 +333,34 @@ def main() -> int:
     p.add_argument("--profile", action="store_true", help="per-op profile of one forward pass")
     p.add_argument("--profile-batch", type=int, default=32)
     p.add_argument("--profile-repeats", type=int, default=3)
+    default_peer = ROOT / ".bench-venv" / "bin" / "python"
+    p.add_argument("--peer-python", default=str(default_peer) if default_peer.exists() else None,
+                   help="interpreter with torch + sentence-transformers: run them side by side "
+                        "with the engine, interleaved (default .bench-venv/bin/python if present)")
+    p.add_argument("--no-peer", action="store_true", help="skip the side-by-side peer run")
+    p.add_argument("--peer-threads", default="2", help="torch thread counts to run, e.g. 2,1")
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--engine-serve", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--peer-serve", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     args.batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
+    args.peer_threads_list = [int(x) for x in str(args.peer_threads).split(",")]
+    args.peer_threads = args.peer_threads_list[0]
     if args.child:
         child(args)
+        return 0
+    if args.engine_serve:
+        engine_serve(args)
+        return 0
+    if args.peer_serve:
+        peer_serve(args)
         return 0
     if args.profile:
         profile(args)
         return 0
+
+    if args.peer_python and not args.no_peer and args.blas != "none":
+        return side_by_side(args)
 
     configs = {"both": ["auto", "none"], "auto": ["auto"], "none": ["none"]}[args.blas]
     runs = {}

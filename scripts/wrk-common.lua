@@ -44,17 +44,7 @@ end
 
 function common.next_text()
   cursor = cursor % #common.corpus + 1
-  -- Installs wrk's hooks for a POST to `path` whose body `make_body(next_text)` builds.
-function common.install(path, make_body)
-  setup, init, response, done = common.setup, common.init, common.response, common.done
-  wrk.method = "POST"
-  wrk.headers["Content-Type"] = "application/json"
-  request = function()
-    return wrk.format(nil, path, nil, make_body(common.next_text))
-  end
-end
-
-return common.corpus[cursor]
+  return common.corpus[cursor]
 end
 
 function common.response(status)

@@ -152,7 +152,7 @@ def test_cli_serve_passes_arguments_through(monkeypatch):
 
 def test_scipy_openblas32_shim(tmp_path):
     """The pip-only route: forwarding shim compiled into a cache dir."""
-    pytest.importorskip("scipy_openblas32")
+    import scipy_openblas32  # noqa: F401  (the `test` extra installs it: fail, never skip)
     r = _run_py(
         "import json, mlx_embed; print(json.dumps(mlx_embed.blas_info()))",
         MLX_EMBED_BLAS="scipy-openblas32", XDG_CACHE_HOME=str(tmp_path),

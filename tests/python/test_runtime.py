@@ -23,23 +23,29 @@ def _run_py(code: str, **env) -> subprocess.CompletedProcess:
     )
 
 
-def test_blas_info_reports_openblas_far_above_reference():
+def _blas_info_in_subprocess(**env) -> dict:
+    r = _run_py("import json, mlx_embed; print(json.dumps(mlx_embed.blas_info()))", **env)
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def reference_gflops() -> float:
+    info = _blas_info_in_subprocess(MLX_EMBED_BLAS="none")
+    assert info["library"] == "reference"
+    print(f"\nreference: {info['gflops']:.1f} GFLOP/s")
+    return info["gflops"]
+
+
+# The speed checks compare with the reference BLAS measured in the same run
+# rather than a fixed figure: the machine may be busy (the optimized BLAS
+# measured 90-200 GFLOP/s quiet, ~22 while a build ran; the reference 3-6).
+def test_blas_info_reports_openblas_far_above_reference(reference_gflops):
     info = mlx_embed.blas_info()
     print(f"\nblas: {info['library']} {info['gflops']:.1f} GFLOP/s")
-    if info["library"] == "reference":
-        pytest.skip("no optimized BLAS on this machine")
-    assert "openblas" in info["library"].lower()
-    assert info["effective"] is True
-    ref = _run_py(
-        "import json, mlx_embed; print(json.dumps(mlx_embed.blas_info()))",
-        MLX_EMBED_BLAS="none",
-    )
-    assert ref.returncode == 0, ref.stderr
-    ref_info = json.loads(ref.stdout.strip().splitlines()[-1])
-    assert ref_info["library"] == "reference"
-    print(f"reference: {ref_info['gflops']:.1f} GFLOP/s")
-    assert info["gflops"] > 5 * ref_info["gflops"]
-    assert info["gflops"] > 30
+    # `make test` installs OpenBLAS (libopenblas0-pthread): its absence is a failure, not a skip.
+    assert "openblas" in info["library"].lower(), info
+    assert info["gflops"] > 2 * reference_gflops
 
 
 def test_blas_env_path_is_used():
@@ -150,14 +156,11 @@ def test_cli_serve_passes_arguments_through(monkeypatch):
     assert exits == [7]
 
 
-def test_scipy_openblas32_shim(tmp_path):
+def test_scipy_openblas32_shim(tmp_path, reference_gflops):
     """The pip-only route: forwarding shim compiled into a cache dir."""
     import scipy_openblas32  # noqa: F401  (the `test` extra installs it: fail, never skip)
-    r = _run_py(
-        "import json, mlx_embed; print(json.dumps(mlx_embed.blas_info()))",
-        MLX_EMBED_BLAS="scipy-openblas32", XDG_CACHE_HOME=str(tmp_path),
-    )
-    assert r.returncode == 0, r.stderr
-    info = json.loads(r.stdout.strip().splitlines()[-1])
-    assert info["source"] == "scipy-openblas32" and info["effective"], info
+
+    info = _blas_info_in_subprocess(MLX_EMBED_BLAS="scipy-openblas32", XDG_CACHE_HOME=str(tmp_path))
+    assert info["source"] == "scipy-openblas32", info
+    assert info["gflops"] > 2 * reference_gflops, info
     assert list((tmp_path / "mlx_embed").glob("cblas-shim-*.so"))

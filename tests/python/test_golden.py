@@ -1,6 +1,7 @@
 """Numerical parity with sentence-transformers / transformers references."""
 
 import numpy as np
+import pytest
 
 MIN_COS = 0.99999
 MAX_DIFF = 1e-5
@@ -30,9 +31,11 @@ def test_cls_pooling_matches_golden(minilm_cls, golden_texts, golden_cls, cos):
     assert d <= MAX_DIFF
 
 
-def test_one_at_a_time_equals_batch(minilm, golden_texts):
-    batch = minilm.embed(golden_texts)
-    single = np.concatenate([minilm.embed([t]) for t in golden_texts])
+@pytest.mark.parametrize("model_fixture", ["minilm", "qwen"])
+def test_one_at_a_time_equals_batch(model_fixture, golden_texts, request):
+    model = request.getfixturevalue(model_fixture)
+    batch = model.embed(golden_texts)
+    single = np.concatenate([model.embed([t]) for t in golden_texts])
     assert np.abs(batch - single).max() <= 1e-6
 
 
@@ -50,12 +53,6 @@ def test_qwen3_last_token_matches_reference(qwen, golden_texts, qwen_reference, 
     c, d = _report("tiny-qwen3 last-token", got, qwen_reference, cos)
     assert c >= MIN_COS
     assert d <= MAX_DIFF
-
-
-def test_qwen3_one_at_a_time_equals_batch(qwen, golden_texts):
-    batch = qwen.embed(golden_texts)
-    single = np.concatenate([qwen.embed([t]) for t in golden_texts])
-    assert np.abs(batch - single).max() <= 1e-6
 
 
 def test_parallel_workers_equal_serial(minilm, golden_texts):

@@ -16,7 +16,7 @@ import numpy as np
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import _blas
+from . import _blas, ops
 from .models import SUPPORTED
 from .tokenization import TextTokenizer
 
@@ -336,6 +336,7 @@ class EmbeddingModel:
                 padded = self._run_parallel(plan, ids, lengths, out)
             else:
                 self._set_blas_threads(self._blas_threads)
+                ops.set_kernel_threads(self._blas_threads or os.cpu_count() or 1)
                 padded = sum(self._run_batch(idx, ids, lengths, out) for idx in plan)
         return out, padded
 
@@ -348,11 +349,11 @@ class EmbeddingModel:
             arr[r, : len(row)] = row
             mask[r, : len(row)] = 1
         last = (lengths[idx] - 1).astype(np.int32)
-        # Building the lazy graph (and mx.compile's trace/cache lookup) is
-        # serialized across workers; the evaluation below runs in parallel.
-        with _GRAPH_LOCK:
-            vec = self._forward(mx.array(arr), mx.array(mask), mx.array(last))
-            vec = vec.astype(mx.float32)
+        # No lock around building the graph: the GIL already serializes it
+        # (mx.compile's tracing included), while mx.eval and the native
+        # kernels release the GIL, so the workers' passes overlap there.
+        vec = self._forward(mx.array(arr), mx.array(mask), mx.array(last))
+        vec = vec.astype(mx.float32)
         mx.eval(vec)
         out[idx] = np.array(vec, copy=False)
         return L * len(idx)
@@ -372,6 +373,7 @@ class EmbeddingModel:
         if self._pool is None:
             self._pool = _WorkerPool(self.workers - 1)
         self._set_blas_threads(1)
+        ops.set_kernel_threads(1)
         state = {"next": 0, "padded": 0, "error": None}
         lk = threading.Lock()
 
@@ -531,9 +533,6 @@ def _build_model(model_type: str, config: dict) -> nn.Module:
     else:
         from .models import qwen3 as arch
     return arch.Model(arch.ModelArgs.from_dict(config))
-
-
-_GRAPH_LOCK = threading.Lock()
 
 
 # Fewest real tokens in one call worth splitting across the MLX workers.

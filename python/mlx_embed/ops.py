@@ -1,31 +1,49 @@
-"""GELU and softmax with fast CPU paths.
+"""GELU and attention softmax with fast CPU paths.
 
 On MLX's Linux CPU backend, transcendental ops (erf, exp, tanh) run through a
 slow per-element path (measured here: nn.gelu ~50 ns/element, exp ~23
 ns/element, against ~1 ns for a compiled multiply-add), and GELU + softmax
-were most of a MiniLM forward pass (docs/benchmarks.md). So on CPU we rebuild
-them from mul/add/div/floor, which mx.compile fuses into one generated C++
-loop:
+were most of a MiniLM forward pass (docs/benchmarks.md). Three paths, best
+first, chosen by ``MLX_EMBED_FAST_OPS``:
 
-* erf: rational approximation erf(z) ~= z * P(z^2) / Q(z^2) on [-4, 4]
-  (|erf(4)| = 1 - 1.5e-8, so clamping costs nothing in float32). P and Q
-  are degree 5 in z^2, fitted here by iteratively reweighted least squares
-  (``_fit_erf``); max error of the fit 2.2e-8, GELU error in float32 within
-  ~2 ulp of |x|.
-* exp (for softmax, inputs <= 0 after the max shift): 2^y split into
-  2^floor(y) (built by writing the exponent bits) times a degree-5 polynomial
-  for 2^frac(y), relative error ~2e-7 in float32.
+* ``native`` (default on CPU): the SIMD kernels of our Rust extension
+  (crates/mlx-embed-kernels, AVX2+FMA where the CPU has it), run in place on
+  the evaluated MLX array's buffer with the GIL released. The softmax takes
+  the key lengths instead of an additive mask and fuses scale, mask, max,
+  exp, sum and normalize into three passes per row (~1 ns/element against
+  ~5 for the compiled-MLX path below). Costs one ``mx.eval`` per call: the
+  graph is cut there, which a forward pass on CPU pays for in a few µs.
+* ``mlx``: the same math from mul/add/div/floor, which mx.compile fuses into
+  one generated C++ loop (MLX builds those without AVX, hence slower):
 
-On Metal/CUDA the built-in ops are fast and exact, so they are used as is.
-Set ``MLX_EMBED_FAST_OPS=0`` to force the exact ops everywhere.
+  - erf: rational approximation erf(z) ~= z * P(z^2) / Q(z^2) on [-4, 4]
+    (|erf(4)| = 1 - 1.5e-8, so clamping costs nothing in float32). P and Q
+    are degree 5 in z^2, fitted here by iteratively reweighted least squares
+    (``_fit_erf``); max error of the fit 2.2e-8, GELU error in float32
+    within ~2 ulp of |x|.
+  - exp (for softmax, inputs <= 0 after the max shift): 2^y split into
+    2^floor(y) (built by writing the exponent bits) times a degree-5
+    polynomial for 2^frac(y), relative error ~2e-7 in float32.
+
+  The Rust kernels use these same fitted coefficients.
+* ``exact`` (``MLX_EMBED_FAST_OPS=0``): MLX's built-in ops; always used on
+  Metal/CUDA, where they are fast and exact.
 """
 
 from __future__ import annotations
 
 import os
+from typing import Optional
+
+import numpy as np
 
 import mlx.core as mx
 import mlx.nn as nn
+
+try:
+    from . import _native
+except ImportError:  # a source checkout without the built extension
+    _native = None
 
 # Fitted by _fit_erf(5, 5): erf(z) ~= z * P(z^2) / Q(z^2), lowest degree first.
 _ERF_P = (
@@ -86,17 +104,44 @@ _gelu_compiled = mx.compile(_gelu_rational)
 _softmax_compiled = mx.compile(_softmax_fast)
 
 
-def fast_ops_enabled() -> bool:
-    if os.environ.get("MLX_EMBED_FAST_OPS", "1").strip() in ("0", "false", "no"):
-        return False
-    return mx.default_device() == mx.cpu
+def _select_path() -> str:
+    """``native``, ``mlx`` or ``exact``; see the module docstring."""
+    env = os.environ.get("MLX_EMBED_FAST_OPS", "1").strip().lower()
+    if env in ("0", "false", "no", "exact") or mx.default_device() != mx.cpu:
+        return "exact"
+    if env == "mlx" or _native is None or not hasattr(_native, "masked_softmax_"):
+        return "mlx"
+    return "native"
 
 
-_FAST = fast_ops_enabled()
+PATH = _select_path()
+_FAST = PATH != "exact"
+_NATIVE = PATH == "native"
+# Threads the native kernels may use per call. The engine lowers it to 1
+# while its MLX workers run side by side, one per core.
+_kernel_threads = max(1, os.cpu_count() or 1)
 
 
-def gelu(x: mx.array) -> mx.array:
-    """Exact (erf) GELU."""
+def set_kernel_threads(n: int) -> None:
+    global _kernel_threads
+    _kernel_threads = max(1, int(n))
+
+
+def _writable_view(x: mx.array) -> np.ndarray:
+    """The evaluated array's own buffer as NumPy, without a copy."""
+    mx.eval(x)
+    view = np.array(x, copy=False)
+    if not view.flags.writeable or not view.flags.c_contiguous:
+        raise RuntimeError("MLX did not expose a writable contiguous buffer")
+    return view
+
+
+def gelu(x: mx.array, *, overwrite_input: bool = False) -> mx.array:
+    """Exact (erf) GELU. With ``overwrite_input`` (x is a temporary nobody
+    reads again) the native path writes the result into x's buffer."""
+    if _NATIVE and overwrite_input and x.dtype == mx.float32:
+        _native.gelu_(_writable_view(x), _kernel_threads)
+        return x
     if _FAST and x.dtype == mx.float32:
         return _gelu_compiled(x)
     return nn.gelu(x)
@@ -111,6 +156,45 @@ def softmax(x: mx.array) -> mx.array:
     if _FAST and x.dtype == mx.float32:
         return _softmax_compiled(x)
     return mx.softmax(x, axis=-1, precise=True)
+
+
+class KeyMask:
+    """Which keys of a padded batch are real tokens, in the two forms the
+    softmax paths take: per-sequence lengths (native kernel) or an additive
+    [B, 1, 1, L] mask (MLX). Each is built on first use, once per forward.
+    Padding must be at the end of each row (as the engine pads)."""
+
+    def __init__(self, attention_mask: mx.array, dtype: mx.Dtype):
+        self._mask = attention_mask
+        self._dtype = dtype
+        self._lengths: Optional[list[int]] = None
+        self._additive: Optional[mx.array] = None
+
+    @property
+    def lengths(self) -> list[int]:
+        if self._lengths is None:
+            self._lengths = self._mask.astype(mx.int32).sum(axis=1).tolist()
+        return self._lengths
+
+    @property
+    def additive(self) -> mx.array:
+        if self._additive is None:
+            # Large negative rather than -inf so an all-padding row could never
+            # make NaNs; exp() of it underflows to exactly 0.
+            neg = -1e9 if self._dtype == mx.float32 else -3e4
+            keep = self._mask[:, None, None, :].astype(mx.bool_)
+            self._additive = mx.where(keep, 0.0, neg).astype(self._dtype)
+        return self._additive
+
+
+def attention_probs(q: mx.array, k: mx.array, mask: KeyMask, scale: float) -> mx.array:
+    """softmax(scale * q @ k^T) over keys, padding keys weighted 0; q and k
+    are [B, H, L, head_dim]."""
+    if _NATIVE and q.dtype == mx.float32:
+        scores = q @ k.swapaxes(-1, -2)
+        _native.masked_softmax_(_writable_view(scores), mask.lengths, scale, _kernel_threads)
+        return scores
+    return softmax((q * scale) @ k.swapaxes(-1, -2) + mask.additive)
 
 
 def _fit_erf(deg_p: int = 5, deg_q: int = 5, zmax: float = 4.0, iters: int = 30):

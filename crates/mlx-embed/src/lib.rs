@@ -4,7 +4,10 @@
 //! The same code runs from the Rust binary `mlx-embed-server` (which starts
 //! its own interpreter) and from Python as `mlx_embed._native.serve(argv)`,
 //! the route `pip install .` gives the `mlx-embed serve` command.
+//!
+//! The extension also carries the engine's SIMD CPU kernels (`kernels`).
 
+mod kernels;
 mod launch;
 
 pub use launch::{run, ServeCli};
@@ -21,6 +24,7 @@ fn serve(py: Python<'_>, argv: Vec<String>) -> i32 {
 #[pymodule]
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(serve, module)?)?;
+    kernels::register(module)?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -83,15 +82,12 @@ class Attention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim, bias=True)
         self.out_proj = nn.Linear(dim, dim, bias=True)
 
-    def __call__(self, x: mx.array, mask: Optional[mx.array]) -> mx.array:
+    def __call__(self, x: mx.array, mask: ops.KeyMask) -> mx.array:
         B, L, D = x.shape
         qkv = self.qkv(x).reshape(B, L, 3, self.n_heads, self.head_dim)
         qkv = qkv.transpose(2, 0, 3, 1, 4)  # [3, B, H, L, hd]
         q, k, v = qkv[0], qkv[1], qkv[2]
-        scores = (q * self.scale) @ k.swapaxes(-1, -2)
-        if mask is not None:
-            scores = scores + mask
-        probs = ops.softmax(scores)
+        probs = ops.attention_probs(q, k, mask, self.scale)
         out = (probs @ v).transpose(0, 2, 1, 3).reshape(B, L, D)
         return self.out_proj(out)
 
@@ -105,7 +101,7 @@ class FeedForward(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         h = self.up(x)
-        h = ops.gelu_tanh(h) if self.tanh_gelu else ops.gelu(h)
+        h = ops.gelu_tanh(h) if self.tanh_gelu else ops.gelu(h, overwrite_input=True)
         return self.down(h)
 
 
@@ -119,7 +115,7 @@ class TransformerBlock(nn.Module):
         self.ffn = FeedForward(args)
         self.ffn_norm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
 
-    def __call__(self, x: mx.array, mask: Optional[mx.array]) -> mx.array:
+    def __call__(self, x: mx.array, mask: ops.KeyMask) -> mx.array:
         x = self.attention_norm(x + self.attention(x, mask))
         return self.ffn_norm(x + self.ffn(x))
 
@@ -137,14 +133,10 @@ class Model(nn.Module):
         return self.args.vocab_size
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
-        """Last hidden state [B, L, D]; ``attention_mask`` is 1 for real tokens."""
+        """Last hidden state [B, L, D]; ``attention_mask`` is 1 for real tokens,
+        which come first in each row (padding at the end)."""
         x = self.embeddings(input_ids)
-        # Additive key mask, broadcast over heads and query positions. Large
-        # negative rather than -inf so an all-padding row could never make NaNs;
-        # exp() of it underflows to exactly 0, so real rows are unaffected.
-        neg = mx.array(-1e9 if x.dtype == mx.float32 else -3e4, dtype=x.dtype)
-        mask = mx.where(attention_mask[:, None, None, :].astype(mx.bool_), 0.0, neg)
-        mask = mask.astype(x.dtype)
+        mask = ops.KeyMask(attention_mask, x.dtype)
         for layer in self.layers:
             x = layer(x, mask)
         return x

@@ -1,0 +1,47 @@
+//! ns per element of the kernels on engine-sized buffers, 1 and 2 threads.
+//!
+//! cargo bench -p mlx-embed-kernels --bench kernels
+
+use std::time::Instant;
+
+use mlx_embed_kernels::{gelu, masked_softmax, simd_level, SoftmaxShape};
+
+fn median_ns_per_element(elements: usize, mut run: impl FnMut()) -> f64 {
+    run();
+    let mut times: Vec<f64> = (0..15)
+        .map(|_| {
+            let t = Instant::now();
+            run();
+            t.elapsed().as_nanos() as f64 / elements as f64
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
+
+fn main() {
+    println!("simd: {}", simd_level());
+    // A 1024-token sub-batch of 8 sequences x 128 tokens, 12 heads.
+    let shape = SoftmaxShape { sequences: 8, rows_per_sequence: 12 * 128, row_len: 128 };
+    let n = 8 * 12 * 128 * 128;
+    let source: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 / 50.0 - 10.0).collect();
+    let lens = [128, 120, 110, 100, 128, 64, 90, 128];
+    for threads in [1, 2] {
+        let mut buf = source.clone();
+        let ns = median_ns_per_element(n, || {
+            buf.copy_from_slice(&source);
+            masked_softmax(&mut buf, shape, &lens, 0.125, threads).unwrap();
+        });
+        println!("masked_softmax [8,12,128,128] threads {threads}: {ns:.3} ns/element (incl. refill copy)");
+    }
+    let n = 1024 * 1536;
+    let source: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0).collect();
+    for threads in [1, 2] {
+        let mut buf = source.clone();
+        let ns = median_ns_per_element(n, || {
+            buf.copy_from_slice(&source);
+            gelu(&mut buf, threads);
+        });
+        println!("gelu [1024,1536] threads {threads}: {ns:.3} ns/element (incl. refill copy)");
+    }
+}

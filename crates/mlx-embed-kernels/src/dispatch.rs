@@ -1,0 +1,51 @@
+//! Run-time choice between the AVX2+FMA and the generic build of a kernel.
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx2_fma() -> bool {
+    use std::sync::OnceLock;
+    static DETECTED: OnceLock<bool> = OnceLock::new();
+    *DETECTED.get_or_init(|| {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    })
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) fn has_avx2_fma() -> bool {
+    false
+}
+
+/// `a * b + c`, fused where the build has FMA. A plain `mul_add` without it
+/// would call libm's software fma, far slower than the two operations.
+#[inline(always)]
+pub(crate) fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
+    if FMA {
+        a.mul_add(b, c)
+    } else {
+        a * b + c
+    }
+}
+
+/// Defines `$name(args)` that runs `$body::<true>` compiled for AVX2+FMA when
+/// the CPU has them, else `$body::<false>` compiled for the baseline target.
+/// `$body` must be `#[inline(always)]` so it is compiled into each wrapper
+/// with that wrapper's target features.
+macro_rules! simd_dispatch {
+    ($vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) => $body:ident) => {
+        $vis fn $name($($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn with_avx2($($arg: $ty),*) {
+                    $body::<true>($($arg),*)
+                }
+                if $crate::dispatch::has_avx2_fma() {
+                    // SAFETY: the CPU was just checked for AVX2 and FMA.
+                    return unsafe { with_avx2($($arg),*) };
+                }
+            }
+            $body::<false>($($arg),*)
+        }
+    };
+}
+
+pub(crate) use simd_dispatch;

@@ -1,0 +1,41 @@
+//! CPU kernels for the element-wise work of an encoder forward pass.
+//!
+//! MLX's Linux CPU backend evaluates `exp`/`erf` one scalar at a time and its
+//! compiled kernels are built without AVX, so on x86 the attention softmax
+//! and the FFN's GELU cost as much as the GEMMs around them
+//! (docs/benchmarks.md). These kernels work in place on a float32 buffer the
+//! engine hands over between two MLX ops:
+//!
+//! * [`masked_softmax`]: scale, key-length mask and softmax over the last
+//!   axis of attention scores, fused in three passes over each row;
+//! * [`gelu`]: exact (erf) GELU through a rational erf.
+//!
+//! Each is compiled twice, generic and with AVX2+FMA, and picks at run time;
+//! the code is written with 8-lane arrays the compiler maps onto SIMD
+//! registers, so no intrinsics and no `unsafe` beyond the dispatch.
+
+mod dispatch;
+mod exp;
+mod gelu;
+mod parallel;
+mod softmax;
+
+pub use gelu::gelu;
+pub use softmax::{masked_softmax, SoftmaxShape};
+
+/// Whether the AVX2+FMA versions run on this CPU (for logs and benchmarks).
+pub fn simd_level() -> &'static str {
+    if dispatch::has_avx2_fma() {
+        "avx2+fma"
+    } else {
+        "generic"
+    }
+}
+
+/// Reasons a kernel refuses its arguments.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KernelError {
+    /// The buffer's length or the key lengths do not match the described shape.
+    #[error("{0}")]
+    Shape(String),
+}

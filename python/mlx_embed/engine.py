@@ -26,12 +26,14 @@ FAULT_ENV = "MLX_EMBED_TEST_FAULT"
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 QWEN3_INSTRUCTION_TEMPLATE = "Instruct: {instruction}\nQuery: "
 
-# Padded tokens (longest x rows) per forward pass. Measured on a 2-core x86
-# with OpenBLAS (docs/benchmarks.md): per-token cost *rises* with pass size on
-# CPU, because the [B, H, L, L] scores and [T, 4D] FFN activations fall out of
-# cache and the element-wise kernels become memory bound; 512-1024 was best,
-# 2048+ lost ~30%. Small passes also feed the parallel workers below.
-DEFAULT_BATCH_TOKENS = 1024
+# Padded tokens (longest x rows) per forward pass on the CPU. Measured on a
+# 2-core x86 with OpenBLAS and the native kernels (docs/benchmarks.md): the
+# per-token cost *rises* with pass size, because the [B, H, L, L] scores and
+# [T, 4D] FFN activations fall out of cache; 256-512 was best, 1024 lost ~10%,
+# 2048 ~25%. Small passes also feed the parallel workers below and waste less
+# on padding. GPUs want the opposite: big passes.
+CPU_BATCH_TOKENS = 256
+GPU_BATCH_TOKENS = 16384
 
 _DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
@@ -219,7 +221,7 @@ class EmbeddingModel:
         self.tokenizer = TextTokenizer(tok_path, self.max_length, append_ids=append)
         self.pad_id = int(config.get("pad_token_id") or 0)
 
-        self.batch_tokens = int(batch_tokens or DEFAULT_BATCH_TOKENS)
+        self.batch_tokens = int(batch_tokens or _default_batch_tokens())
         self._lock = threading.Lock()
         self._forward = self._build_forward()
         if workers is None:
@@ -317,9 +319,14 @@ class EmbeddingModel:
         return batches
 
     def _bucket(self, n: int) -> int:
-        # Compiled kernels are specialized per shape; rounding the padded
-        # length up keeps the number of distinct shapes small for a few
-        # percent of extra (masked, so result-neutral) tokens.
+        # The compiled-MLX ops are specialized per shape; for them, rounding
+        # the padded length up keeps the number of distinct shapes small for
+        # a few percent of extra (masked, so result-neutral) tokens. Nothing
+        # else in a forward pass depends on the shape, so otherwise pad only
+        # to the longest text (the corpus of docs/benchmarks.md at a 1024
+        # budget: 8128 padded tokens with buckets, 7970 without).
+        if ops.PATH != "mlx":
+            return n
         step = 8 if n <= 64 else 16 if n <= 256 else 64
         return min(-(-n // step) * step, max(self.max_length, n))
 
@@ -374,6 +381,9 @@ class EmbeddingModel:
             self._pool = _WorkerPool(self.workers - 1)
         self._set_blas_threads(1)
         ops.set_kernel_threads(1)
+        # Longest sub-batches first: the cheap ones fill in at the end, so
+        # neither worker is left alone with one long pass.
+        plan = sorted(plan, key=lambda idx: -int(lengths[idx].max()) * len(idx))
         state = {"next": 0, "padded": 0, "error": None}
         lk = threading.Lock()
 
@@ -537,6 +547,10 @@ def _build_model(model_type: str, config: dict) -> nn.Module:
 
 # Fewest real tokens in one call worth splitting across the MLX workers.
 _MIN_PARALLEL_TOKENS = 256
+
+
+def _default_batch_tokens() -> int:
+    return CPU_BATCH_TOKENS if mx.default_device() == mx.cpu else GPU_BATCH_TOKENS
 
 
 def _default_workers() -> int:

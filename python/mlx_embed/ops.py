@@ -158,6 +158,33 @@ def softmax(x: mx.array) -> mx.array:
     return mx.softmax(x, axis=-1, precise=True)
 
 
+def add_layer_norm(
+    x: mx.array, residual: mx.array, norm: nn.LayerNorm, *, overwrite_input: bool = False
+) -> mx.array:
+    """``norm(x + residual)``. With ``overwrite_input`` (x is a temporary)
+    the native path fuses the add into the norm and writes into x's buffer."""
+    if (
+        _NATIVE
+        and overwrite_input
+        and x.dtype == residual.dtype == mx.float32
+        and x.shape == residual.shape
+        and "weight" in norm
+        and "bias" in norm
+        and norm.weight.dtype == norm.bias.dtype == mx.float32
+    ):
+        mx.eval(residual)
+        _native.add_layer_norm_(
+            _writable_view(x),
+            np.array(residual, copy=False),
+            np.array(norm.weight, copy=False),
+            np.array(norm.bias, copy=False),
+            norm.eps,
+            _kernel_threads,
+        )
+        return x
+    return norm(x + residual)
+
+
 class KeyMask:
     """Which keys of a padded batch are real tokens, in the two forms the
     softmax paths take: per-sequence lengths (native kernel) or an additive

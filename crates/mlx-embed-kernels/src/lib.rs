@@ -8,7 +8,8 @@
 //!
 //! * [`masked_softmax`]: scale, key-length mask and softmax over the last
 //!   axis of attention scores, fused in three passes over each row;
-//! * [`gelu`]: exact (erf) GELU through a rational erf.
+//! * [`gelu`]: exact (erf) GELU through a rational erf;
+//! * [`add_layer_norm`]: residual add and layer norm in one pass pair.
 //!
 //! Each is compiled twice, generic and with AVX2+FMA, and picks at run time;
 //! the code is written with 8-lane arrays the compiler maps onto SIMD
@@ -17,10 +18,12 @@
 mod dispatch;
 mod exp;
 mod gelu;
+mod layer_norm;
 mod parallel;
 mod softmax;
 
 pub use gelu::gelu;
+pub use layer_norm::add_layer_norm;
 pub use softmax::{masked_softmax, SoftmaxShape};
 
 /// Whether the AVX2+FMA versions run on this CPU (for logs and benchmarks).

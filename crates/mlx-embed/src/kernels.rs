@@ -1,9 +1,9 @@
-//! `mlx_embed._native.masked_softmax_` and `gelu_`: the CPU kernels of
-//! `mlx-embed-kernels` over a writable float32 buffer (in the engine, a NumPy
-//! view of an evaluated MLX array), run outside the GIL so the engine's other
-//! MLX worker keeps going meanwhile.
+//! `mlx_embed._native.masked_softmax_`, `gelu_` and `add_layer_norm_`: the
+//! CPU kernels of `mlx-embed-kernels` over a writable float32 buffer (in the
+//! engine, a NumPy view of an evaluated MLX array), run outside the GIL so
+//! the engine's other MLX worker keeps going meanwhile.
 
-use mlx_embed_kernels::{gelu, masked_softmax, SoftmaxShape};
+use mlx_embed_kernels::{add_layer_norm, gelu, masked_softmax, SoftmaxShape};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -14,6 +14,15 @@ fn writable_f32(obj: &Bound<'_, PyAny>) -> PyResult<PyBuffer<f32>> {
     if buf.readonly() {
         return Err(PyValueError::new_err("buffer is read-only"));
     }
+    if !buf.is_c_contiguous() {
+        return Err(PyValueError::new_err("buffer must be C-contiguous"));
+    }
+    Ok(buf)
+}
+
+/// A C-contiguous float32 buffer the kernel only reads.
+fn readable_f32(obj: &Bound<'_, PyAny>) -> PyResult<PyBuffer<f32>> {
+    let buf = PyBuffer::<f32>::get(obj)?;
     if !buf.is_c_contiguous() {
         return Err(PyValueError::new_err("buffer must be C-contiguous"));
     }
@@ -75,9 +84,51 @@ fn gelu_py(py: Python<'_>, x: &Bound<'_, PyAny>, threads: usize) -> PyResult<()>
     Ok(())
 }
 
+/// `add_layer_norm_(x, residual, weight, bias, eps, threads=1)`: in place,
+/// `x = layer_norm(x + residual) * weight + bias` over rows of `weight.size`.
+#[pyfunction]
+#[pyo3(name = "add_layer_norm_", signature = (x, residual, weight, bias, eps, threads = 1))]
+fn add_layer_norm_py(
+    py: Python<'_>,
+    x: &Bound<'_, PyAny>,
+    residual: &Bound<'_, PyAny>,
+    weight: &Bound<'_, PyAny>,
+    bias: &Bound<'_, PyAny>,
+    eps: f32,
+    threads: usize,
+) -> PyResult<()> {
+    let out = writable_f32(x)?;
+    let inputs = [readable_f32(residual)?, readable_f32(weight)?, readable_f32(bias)?];
+    let out_range = byte_range(&out);
+    if inputs.iter().any(|b| overlaps(byte_range(b), out_range)) {
+        return Err(PyValueError::new_err("x must not share memory with the other arguments"));
+    }
+    let [residual, weight, bias] = inputs.map(|b| (b.buf_ptr() as usize, b.item_count()));
+    with_floats_detached(py, &out, |floats| {
+        // SAFETY: the three input exports live until this function returns,
+        // are contiguous float32 of the given lengths, and were checked not
+        // to overlap the one buffer written.
+        let read = |(addr, len): (usize, usize)| unsafe {
+            std::slice::from_raw_parts(addr as *const f32, len)
+        };
+        add_layer_norm(floats, read(residual), read(weight), read(bias), eps, threads.max(1))
+    })
+    .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+fn byte_range(buf: &PyBuffer<f32>) -> (usize, usize) {
+    let start = buf.buf_ptr() as usize;
+    (start, start + buf.len_bytes())
+}
+
+fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
+    a.0 < b.1 && b.0 < a.1
+}
+
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(masked_softmax_py, module)?)?;
     module.add_function(wrap_pyfunction!(gelu_py, module)?)?;
+    module.add_function(wrap_pyfunction!(add_layer_norm_py, module)?)?;
     module.add("kernel_simd", mlx_embed_kernels::simd_level())?;
     Ok(())
 }

@@ -85,7 +85,10 @@ class Attention(nn.Module):
     def __call__(self, x: mx.array, mask: ops.KeyMask) -> mx.array:
         B, L, D = x.shape
         qkv = self.qkv(x).reshape(B, L, 3, self.n_heads, self.head_dim)
-        qkv = qkv.transpose(2, 0, 3, 1, 4)  # [3, B, H, L, hd]
+        # One contiguous copy into [3, B, H, L, hd], then slices that are
+        # contiguous views: MLX's matmul would otherwise copy each strided
+        # q/k/v on its own, measured 2.5x slower on the CPU.
+        qkv = mx.contiguous(qkv.transpose(2, 0, 3, 1, 4))
         q, k, v = qkv[0], qkv[1], qkv[2]
         probs = ops.attention_probs(q, k, mask, self.scale)
         out = (probs @ v).transpose(0, 2, 1, 3).reshape(B, L, D)
@@ -116,8 +119,8 @@ class TransformerBlock(nn.Module):
         self.ffn_norm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
 
     def __call__(self, x: mx.array, mask: ops.KeyMask) -> mx.array:
-        x = self.attention_norm(x + self.attention(x, mask))
-        return self.ffn_norm(x + self.ffn(x))
+        x = ops.add_layer_norm(self.attention(x, mask), x, self.attention_norm, overwrite_input=True)
+        return ops.add_layer_norm(self.ffn(x), x, self.ffn_norm, overwrite_input=True)
 
 
 class Model(nn.Module):

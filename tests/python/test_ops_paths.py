@@ -1,0 +1,117 @@
+"""The three element-wise paths (native kernels, compiled MLX, exact MLX):
+each kernel against MLX's exact op, and golden parity of the whole model on
+every path (the path is picked at import, so the other two run in a
+subprocess each)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mlx_embed import _native, ops
+from conftest import GOLDEN, ROOT
+
+
+def test_the_native_path_is_the_default_on_cpu():
+    # A silent fallback would leave every other test green and the engine
+    # several times slower.
+    assert mx.default_device() == mx.cpu
+    assert ops.PATH == "native"
+    assert _native.kernel_simd in ("avx2+fma", "generic")
+
+
+def _evaluated(*arrays):
+    mx.eval(*arrays)
+    return arrays
+
+
+def test_masked_softmax_matches_mlx_softmax_with_an_additive_mask():
+    mx.random.seed(3)
+    scores = mx.random.normal((3, 4, 37, 37)) * 6
+    lengths = [37, 1, 20]
+    keep = mx.arange(37)[None, :] < mx.array(lengths)[:, None]
+    additive = mx.where(keep, 0.0, -1e9)[:, None, None, :]
+    (want,) = _evaluated(mx.softmax(scores * 0.125 + additive, axis=-1, precise=True))
+    for threads in (1, 2):
+        out = mx.array(scores)  # a copy the kernel may overwrite
+        _native.masked_softmax_(ops._writable_view(out), lengths, 0.125, threads)
+        assert np.abs(np.array(out) - np.array(want)).max() < 1e-6
+        assert (np.array(out)[2, :, :, 20:] == 0).all()
+
+
+def test_gelu_matches_mlx_erf_gelu():
+    x = mx.linspace(-12, 12, 300_003).reshape(3, -1)
+    (want,) = _evaluated(nn.gelu(x))
+    out = mx.array(x)
+    _native.gelu_(ops._writable_view(out), 2)
+    # Float32 rounding scales with |x|: ~2 ulp of 12 is 2e-6.
+    assert np.abs(np.array(out) - np.array(want)).max() <= 3e-6
+
+
+def test_add_layer_norm_matches_mlx_layer_norm():
+    mx.random.seed(5)
+    norm = nn.LayerNorm(389, eps=1e-12)
+    norm.weight = mx.random.uniform(0.5, 1.5, (389,))
+    norm.bias = mx.random.normal((389,)) * 0.1
+    x = mx.random.normal((2, 50, 389)) * 3 + 10
+    res = mx.random.normal((2, 50, 389))
+    (want,) = _evaluated(norm(x + res))
+    got = ops.add_layer_norm(mx.array(x), res, norm, overwrite_input=True)
+    assert np.abs(np.array(got) - np.array(want)).max() < 1e-5
+    # Without permission to overwrite, the input stays untouched.
+    x_before = np.array(x)
+    ops.add_layer_norm(x, res, norm)
+    assert (np.array(x) == x_before).all()
+
+
+def test_kernels_reject_what_they_cannot_handle():
+    ro = np.zeros((2, 8), np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ValueError, match="read-only"):
+        _native.gelu_(ro)
+    with pytest.raises(ValueError, match="contiguous"):
+        _native.gelu_(np.zeros((8, 8), np.float32)[:, ::2])
+    with pytest.raises(BufferError):
+        _native.gelu_(np.zeros(8, np.float64))
+    scores = np.zeros((2, 3, 8), np.float32)
+    with pytest.raises(ValueError, match="key length 9"):
+        _native.masked_softmax_(scores, [8, 9], 1.0)
+    with pytest.raises(ValueError, match="1 key lengths for 2"):
+        _native.masked_softmax_(scores, [8], 1.0)
+    x = np.zeros((4, 8), np.float32)
+    w = np.ones(8, np.float32)
+    with pytest.raises(ValueError, match="share memory"):
+        _native.add_layer_norm_(x, x, w, w * 0, 1e-5)
+
+
+_PARITY = """
+import json, numpy as np, mlx_embed
+from mlx_embed import ops
+texts = json.load(open({texts!r}, encoding="utf-8"))
+ref = np.load({ref!r})
+got = mlx_embed.load().embed(texts)
+cos = (got * ref).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(ref, axis=1)
+print(json.dumps({{"path": ops.PATH, "min_cos": float(cos.min()),
+                  "max_diff": float(np.abs(got - ref).max())}}))
+"""
+
+
+@pytest.mark.parametrize("env_value, path", [("mlx", "mlx"), ("0", "exact")])
+def test_golden_parity_on_the_other_paths(env_value, path):
+    code = _PARITY.format(texts=str(GOLDEN / "minilm_texts.json"),
+                          ref=str(GOLDEN / "minilm_mean_normalized.npy"))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "MLX_EMBED_FAST_OPS": env_value}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    print(f"\n{result}")
+    assert result["path"] == path
+    assert result["min_cos"] >= 0.99999
+    assert result["max_diff"] <= 1e-5

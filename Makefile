@@ -50,8 +50,18 @@ build: setup
 	$(BIN)/pip install -q --no-build-isolation --no-deps -e .
 	cargo build --release -p mlx-embed --bins
 
-bench: setup build
-	$(BIN)/python scripts/bench_model.py
+# The engine side by side with sentence-transformers on torch CPU. The peer
+# gets its own venv: torch from PyPI is a multi-GB CUDA build (it runs on the
+# CPU too), kept out of the project's venv and out of `make test`.
+PEER_VENV ?= .bench-venv
+bench: setup build $(PEER_VENV)/.installed
+	$(BIN)/python scripts/bench_model.py --peer-python $(PEER_VENV)/bin/python
+
+$(PEER_VENV)/.installed:
+	test -x $(PEER_VENV)/bin/python || $(PYTHON) -m venv $(PEER_VENV)
+	$(PEER_VENV)/bin/pip install -q --upgrade pip
+	$(PEER_VENV)/bin/pip install -q 'sentence-transformers>=3'
+	touch $@
 
 # The chart needs matplotlib; kept out of the default install.
 loadtest: setup build

@@ -1,17 +1,32 @@
 #!/usr/bin/env python3
-"""Model-engine throughput: texts/s and real tokens/s per batch size.
+"""Model-engine throughput, side by side: texts/s and real tokens/s per batch
+size for the engine's configurations and for sentence-transformers.
 
-Each BLAS configuration runs in its own subprocess because the BLAS is chosen
-when ``mlx_embed`` is first imported. The corpus is generated
-deterministically (mixed lengths, ~110 tokens on average for MiniLM).
+Every configuration is a long-lived subprocess (the BLAS and the element-wise
+path are picked at import) that loads, warms up, then times one whole-corpus
+pass per request; rounds are interleaved (config A, B, ..., peer, A, B, ...)
+so all see the same machine load. Medians over rounds.
 
-    python scripts/bench_model.py                    # OpenBLAS vs reference BLAS
-    python scripts/bench_model.py --blas auto        # only the default BLAS
-    python scripts/bench_model.py --model DIR --texts 128 --batch-sizes 1,16,64
-    python scripts/bench_model.py --profile          # per-op profile, one forward
-    python scripts/bench_model.py --blas auto --peer-python .bench-venv/bin/python
-        # side by side with sentence-transformers (torch CPU) in one run:
-        # engine, peer, engine, peer, ... on the same corpus; medians, ratio
+Engine configurations (``--configs``):
+  mlx_embed   the default: native SIMD kernels, OpenBLAS, length-sorted
+              sub-batches, two MLX workers
+  unsorted    the same with sub-batches cut in input order (no length sort)
+  mlx-ops     element-wise ops as compiled MLX graphs (MLX_EMBED_FAST_OPS=mlx)
+  exact-ops   MLX's built-in erf/softmax/layer norm (MLX_EMBED_FAST_OPS=0)
+  ref-blas    MLX's bundled reference BLAS (MLX_EMBED_BLAS=none); slow, so it
+              runs in the first round only (--ref-rounds)
+Peers: sentence-transformers on torch CPU at each --peer-threads count, run by
+--peer-python (default .bench-venv/bin/python, made by `make bench`).
+
+    python scripts/bench_model.py                       # everything
+    python scripts/bench_model.py --configs mlx_embed --peer-threads 2,1
+    python scripts/bench_model.py --no-peer --configs mlx_embed,ref-blas
+    python scripts/bench_model.py --profile             # per-op profile, one forward
+
+The corpus is generated deterministically (mixed lengths, ~108 tokens per
+text for MiniLM). The summary reports each configuration's best, the ratio
+to the peer's best, whether batching ever loses to one-at-a-time, and the
+fraction of the measured fp32 GEMM peak the best pass reaches.
 """
 
 from __future__ import annotations
@@ -59,49 +74,6 @@ def make_corpus(n: int, seed: int = 0) -> list[str]:
     return out
 
 
-def child(args) -> None:
-    sys.path.insert(0, str(ROOT / "python"))
-    import mlx_embed  # BLAS is picked here, from MLX_EMBED_BLAS
-
-    model = mlx_embed.load(args.model, batch_tokens=args.batch_tokens)
-    texts = make_corpus(args.texts)
-    tokens = sum(model.count_tokens(texts))
-    # Warm-up: thread pools, page faults, compiled kernels for these shapes.
-    model.embed(texts[: max(args.batch_sizes)])
-    results = []
-    for bs in args.batch_sizes:
-        times = []
-        for _ in range(args.repeats):
-            t0 = time.perf_counter()
-            for i in range(0, len(texts), bs):
-                model.embed(texts[i : i + bs])
-            times.append(time.perf_counter() - t0)
-        med = statistics.median(times)
-        results.append(
-            {
-                "batch_size": bs,
-                "seconds": med,
-                "texts_per_s": len(texts) / med,
-                "tokens_per_s": tokens / med,
-                "runs": len(times),
-            }
-        )
-    info = model.info()
-    print(
-        json.dumps(
-            {
-                "blas": info["blas"],
-                "blas_gflops": info["blas_gflops"],
-                "model": info["name"],
-                "texts": len(texts),
-                "tokens": tokens,
-                "preferred_batch_tokens": info["preferred_batch_tokens"],
-                "results": results,
-            }
-        )
-    )
-
-
 def _serve(run_once, meta: dict) -> None:
     """Line protocol for the interleaved side-by-side run: print meta, then
     for each "<batch_size>" line on stdin time one pass over the corpus."""
@@ -118,13 +90,79 @@ def _serve(run_once, meta: dict) -> None:
         print(json.dumps({"batch_size": bs, "seconds": time.perf_counter() - t0}), flush=True)
 
 
+ENGINE_CONFIGS = {
+    "mlx_embed": {},
+    "unsorted": {},
+    "mlx-ops": {"MLX_EMBED_FAST_OPS": "mlx"},
+    "exact-ops": {"MLX_EMBED_FAST_OPS": "0"},
+    "ref-blas": {"MLX_EMBED_BLAS": "none"},
+}
+
+
+def forward_flops(config: dict, lengths: list[int]) -> float:
+    """Useful FLOPs of one forward pass over texts of these token counts:
+    the linear layers (2 per multiply-add) plus attention's two [n, n] GEMMs
+    per layer. Padding excluded: it is work, not useful work."""
+    d, inter, layers = config["hidden_size"], config["intermediate_size"], config["num_hidden_layers"]
+    per_token = layers * 2 * (4 * d * d + 2 * d * inter)
+    return float(sum(n * per_token + layers * 4 * n * n * d for n in lengths))
+
+
+def gemm_peak_gflops() -> dict:
+    """fp32 GEMM peak through MLX at the BLAS's own thread count: the
+    model's shapes at 1024 tokens and a large square one; best of 5 each."""
+    import mlx.core as mx
+
+    shapes = [(1024, 384, 1536), (1024, 1536, 384), (1024, 384, 1152), (2048, 2048, 2048)]
+    out = {}
+    for m, k, n in shapes:
+        a, b = mx.random.normal((m, k)), mx.random.normal((k, n))
+        mx.eval(a, b)
+        mx.eval(a @ b)
+        best = min(_timed(lambda: mx.eval(a @ b)) for _ in range(5))
+        out[f"{m}x{k}x{n}"] = 2 * m * k * n / best / 1e9
+    return out
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def _plan_in_input_order(model):
+    """The engine's planner without the length sort (for the `unsorted`
+    configuration): consecutive texts, cut under the same token budget."""
+    import numpy as np
+
+    def plan(lengths):
+        batches, start = [], 0
+        while start < len(lengths):
+            end, longest = start + 1, int(lengths[start])
+            while end < len(lengths):
+                longest_next = max(longest, int(lengths[end]))
+                if longest_next * (end - start + 1) > model.batch_tokens:
+                    break
+                end, longest = end + 1, longest_next
+            batches.append(np.arange(start, end))
+            start = end
+        return batches
+
+    return plan
+
+
 def engine_serve(args) -> None:
     sys.path.insert(0, str(ROOT / "python"))
     import mlx_embed
+    from mlx_embed import ops
 
     model = mlx_embed.load(args.model, batch_tokens=args.batch_tokens)
+    if args.unsorted:
+        model._plan = _plan_in_input_order(model)
     texts = make_corpus(args.texts)
-    tokens = sum(model.count_tokens(texts))
+    lengths = model.count_tokens(texts)
+    with open(os.path.join(model.path, "config.json")) as f:
+        flops = forward_flops(json.load(f), lengths)
     model.embed(texts[: max(args.batch_sizes)])
 
     def run_once(bs):
@@ -132,9 +170,13 @@ def engine_serve(args) -> None:
             model.embed(texts[i : i + bs])
 
     info = model.info()
-    _serve(run_once, {"name": "mlx_embed", "blas": info["blas"], "blas_gflops": info["blas_gflops"],
-                      "texts": len(texts), "tokens": tokens,
-                      "preferred_batch_tokens": info["preferred_batch_tokens"]})
+    meta = {"blas": info["blas"], "blas_gflops": round(info["blas_gflops"], 1),
+            "ops_path": ops.PATH, "workers": model.workers,
+            "texts": len(texts), "tokens": sum(lengths), "forward_gflop": flops / 1e9,
+            "preferred_batch_tokens": info["preferred_batch_tokens"]}
+    if args.gemm_peak:
+        meta["gemm_peak_gflops"] = {k: round(v, 1) for k, v in gemm_peak_gflops().items()}
+    _serve(run_once, meta)
 
 
 def peer_serve(args) -> None:
@@ -168,31 +210,45 @@ def _default_model_dir() -> str:
 
 
 def side_by_side(args) -> int:
-    """Engine and peer(s) as long-lived subprocesses, runs interleaved
-    (engine, peer, engine, peer, ...) so both see the same machine load."""
+    """All configurations as long-lived subprocesses, interleaved round by
+    round so every one sees the same machine load."""
     model = args.model or _default_model_dir()
     common = ["--texts", str(args.texts), "--batch-sizes", ",".join(map(str, args.batch_sizes)),
               "--model", model]
     if args.batch_tokens:
         common += ["--batch-tokens", str(args.batch_tokens)]
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    procs = {"mlx_embed": subprocess.Popen([sys.executable, __file__, "--engine-serve", *common],
-                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)}
-    for th in args.peer_threads_list:
-        procs[f"torch-{th}t"] = subprocess.Popen(
-            [args.peer_python, __file__, "--peer-serve", "--peer-threads", str(th), *common],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-    meta = {}
-    for k, pr in procs.items():  # each loads and warms up alone, in turn
-        line = pr.stdout.readline()
+    base_env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                    TOKENIZERS_PARALLELISM="false")
+    # Started one after another: each loads, warms up and (the first)
+    # measures the GEMM peak while the others are not yet running.
+    commands = {}
+    for name in args.configs:
+        extra = ["--unsorted"] if name == "unsorted" else []
+        if name == args.configs[0]:
+            extra.append("--gemm-peak")
+        commands[name] = ([sys.executable, __file__, "--engine-serve", *extra, *common],
+                          {**base_env, **ENGINE_CONFIGS[name]})
+    if args.peer_python and not args.no_peer:
+        for th in args.peer_threads_list:
+            commands[f"torch-{th}t"] = (
+                [args.peer_python, __file__, "--peer-serve", "--peer-threads", str(th), *common],
+                base_env)
+    procs, meta = {}, {}
+    for k, (cmd, env) in commands.items():
+        procs[k] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    text=True, env=env)
+        line = procs[k].stdout.readline()
         if not line:
             raise SystemExit(f"{k} failed to start")
         meta[k] = json.loads(line)
     times = {k: {bs: [] for bs in args.batch_sizes} for k in procs}
     load0 = os.getloadavg()
-    for _ in range(args.repeats):
+    t_start = time.time()
+    for rnd in range(args.repeats):
         for bs in args.batch_sizes:
             for k, pr in procs.items():
+                if k == "ref-blas" and rnd >= args.ref_rounds:
+                    continue
                 pr.stdin.write(f"{bs}\n")
                 pr.stdin.flush()
                 times[k][bs].append(json.loads(pr.stdout.readline())["seconds"])
@@ -201,31 +257,55 @@ def side_by_side(args) -> int:
         pr.stdin.write("quit\n")
         pr.stdin.close()
         pr.wait()
-    n = meta["mlx_embed"]["texts"]
-    tps = {k: {bs: n / statistics.median(v) for bs, v in t.items()} for k, t in times.items()}
+
+    first = meta[args.configs[0]]
+    n_texts, n_tokens = first["texts"], first["tokens"]
+    tps = {k: {bs: n_texts / statistics.median(v) for bs, v in t.items()} for k, t in times.items()}
     print(f"# {json.dumps(versions())}")
     print(f"# command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
     for k, m in meta.items():
         print(f"# {k}: {json.dumps(m)}")
-    print(f"# load average (1/5/15 min) before {load0}, after {load1}; "
-          f"{args.repeats} interleaved rounds, medians")
-    print()
+    print(f"# {n_texts} texts, {n_tokens} real tokens; {args.repeats} interleaved rounds "
+          f"(ref-blas {min(args.ref_rounds, args.repeats)}), medians; {time.time() - t_start:.0f} s; "
+          f"load average (1/5/15 min) before {_load(load0)}, after {_load(load1)}")
     names = list(procs)
-    print("| batch | " + " | ".join(f"{k} texts/s" for k in names) + " |")
-    print("|---:|" + "---:|" * len(names))
-    for bs in args.batch_sizes:
-        print(f"| {bs} | " + " | ".join(f"{tps[k][bs]:.1f}" for k in names) + " |")
+    for unit, scale in (("texts/s", 1.0), ("real tokens/s", n_tokens / n_texts)):
+        print()
+        print(f"| batch | " + " | ".join(f"{k} {unit}" for k in names) + " |")
+        print("|---:|" + "---:|" * len(names))
+        for bs in args.batch_sizes:
+            cells = [f"{tps[k][bs] * scale:.1f}" if unit == "texts/s" else f"{tps[k][bs] * scale:.0f}"
+                     for k in names]
+            print(f"| {bs} | " + " | ".join(cells) + " |")
     best = {k: max(v.values()) for k, v in tps.items()}
-    peer_best = max(v for k, v in best.items() if k != "mlx_embed")
     print()
-    print("best: " + ", ".join(f"{k} {v:.1f}" for k, v in best.items()))
-    print(f"ratio ours_best / peer_best = {best['mlx_embed'] / peer_best:.3f}")
+    print("best texts/s: " + ", ".join(f"{k} {v:.1f}" for k, v in best.items()))
+    summary = {"best": best}
+    peers = {k: v for k, v in best.items() if k.startswith("torch-")}
+    if peers:
+        peer_best = max(peers.values())
+        summary["ratio_vs_peer_best"] = best[args.configs[0]] / peer_best
+        print(f"{args.configs[0]} best / peer best = {summary['ratio_vs_peer_best']:.2f}x")
+    for k in args.configs:
+        if 1 in tps[k] and len(tps[k]) > 1:
+            worst = min(v / tps[k][1] for bs, v in tps[k].items() if bs != 1)
+            print(f"{k}: batched / one-at-a-time, worst batch size: {worst:.2f}x")
+    if "gemm_peak_gflops" in first:
+        peak = max(first["gemm_peak_gflops"].values())
+        reached = first["forward_gflop"] * best[args.configs[0]] / n_texts
+        summary["gemm_fraction"] = reached / peak
+        print(f"{args.configs[0]} best pass: {reached:.0f} GFLOP/s of useful work "
+              f"({first['forward_gflop']:.0f} GFLOP per corpus), {100 * reached / peak:.0f}% of the "
+              f"measured fp32 GEMM peak {peak:.0f} GFLOP/s ({first['gemm_peak_gflops']})")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"versions": versions(), "meta": meta, "times": times,
-                       "texts_per_s": tps, "load": [load0, load1],
-                       "ratio": best["mlx_embed"] / peer_best}, f, indent=2)
+            json.dump({"versions": versions(), "meta": meta, "times": times, "texts_per_s": tps,
+                       "load": [load0, load1], "summary": summary}, f, indent=2)
     return 0
+
+
+def _load(avg) -> str:
+    return "/".join(f"{x:.1f}" for x in avg)
 
 
 def profile(args) -> None:
@@ -337,9 +417,10 @@ def main() -> int:
     p.add_argument("--model", help="model folder (default: bundled all-MiniLM-L6-v2)")
     p.add_argument("--texts", type=int, default=64)
     p.add_argument("--batch-sizes", default="1,8,32,64")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--ref-repeats", type=int, default=1, help="repeats for the (slow) reference BLAS")
-    p.add_argument("--blas", choices=["both", "auto", "none"], default="both")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
+    p.add_argument("--ref-rounds", type=int, default=1, help="rounds for the (slow) ref-blas configuration")
+    p.add_argument("--configs", default=",".join(ENGINE_CONFIGS),
+                   help=f"engine configurations, first one is the headline ({', '.join(ENGINE_CONFIGS)})")
     p.add_argument("--json", help="also write raw results here")
     p.add_argument("--batch-tokens", type=int, help="override the engine's sub-batch token budget")
     p.add_argument("--profile", action="store_true", help="per-op profile of one forward pass")
@@ -347,20 +428,22 @@ def main() -> int:
     p.add_argument("--profile-repeats", type=int, default=3)
     default_peer = ROOT / ".bench-venv" / "bin" / "python"
     p.add_argument("--peer-python", default=str(default_peer) if default_peer.exists() else None,
-                   help="interpreter with torch + sentence-transformers: run them side by side "
-                        "with the engine, interleaved (default .bench-venv/bin/python if present)")
-    p.add_argument("--no-peer", action="store_true", help="skip the side-by-side peer run")
-    p.add_argument("--peer-threads", default="2", help="torch thread counts to run, e.g. 2,1")
-    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+                   help="interpreter with torch + sentence-transformers (default .bench-venv/bin/python "
+                        "if present; `make bench` creates it)")
+    p.add_argument("--no-peer", action="store_true", help="skip sentence-transformers")
+    p.add_argument("--peer-threads", default="2,1", help="torch thread counts to run, e.g. 2,1")
     p.add_argument("--engine-serve", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--unsorted", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--gemm-peak", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--peer-serve", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     args.batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
     args.peer_threads_list = [int(x) for x in str(args.peer_threads).split(",")]
     args.peer_threads = args.peer_threads_list[0]
-    if args.child:
-        child(args)
-        return 0
+    args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
+    unknown = [c for c in args.configs if c not in ENGINE_CONFIGS]
+    if unknown:
+        p.error(f"unknown configurations {unknown}; choose from {list(ENGINE_CONFIGS)}")
     if args.engine_serve:
         engine_serve(args)
         return 0
@@ -370,46 +453,9 @@ def main() -> int:
     if args.profile:
         profile(args)
         return 0
-
-    if args.peer_python and not args.no_peer and args.blas != "none":
-        return side_by_side(args)
-
-    configs = {"both": ["auto", "none"], "auto": ["auto"], "none": ["none"]}[args.blas]
-    runs = {}
-    for cfg in configs:
-        env = dict(os.environ)
-        if cfg == "none":
-            env["MLX_EMBED_BLAS"] = "none"
-        cmd = [sys.executable, __file__, "--child", "--texts", str(args.texts),
-               "--batch-sizes", ",".join(map(str, args.batch_sizes)),
-               "--repeats", str(args.ref_repeats if cfg == "none" else args.repeats)]
-        if args.model:
-            cmd += ["--model", args.model]
-        if args.batch_tokens:
-            cmd += ["--batch-tokens", str(args.batch_tokens)]
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        if r.returncode != 0:
-            print(r.stderr, file=sys.stderr)
-            return r.returncode
-        runs[cfg] = json.loads(r.stdout.strip().splitlines()[-1])
-
-    print(f"# {json.dumps(versions())}")
-    print(f"# command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
-    first = next(iter(runs.values()))
-    print(f"# model {first['model']}, {first['texts']} texts, {first['tokens']} real tokens, "
-          f"preferred_batch_tokens {first['preferred_batch_tokens']}")
-    print()
-    print("| BLAS | GFLOP/s | batch | texts/s | tokens/s |")
-    print("|---|---:|---:|---:|---:|")
-    for cfg, run in runs.items():
-        name = "reference" if run["blas"] == "reference" else os.path.basename(run["blas"])
-        for res in run["results"]:
-            print(f"| {name} | {run['blas_gflops']:.0f} | {res['batch_size']} | "
-                  f"{res['texts_per_s']:.1f} | {res['tokens_per_s']:.0f} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"versions": versions(), "runs": runs}, f, indent=2)
-    return 0
+    if not args.no_peer and not args.peer_python:
+        print("# peer skipped: no .bench-venv (make bench creates it) and no --peer-python", file=sys.stderr)
+    return side_by_side(args)
 
 
 if __name__ == "__main__":

@@ -109,18 +109,46 @@ def forward_flops(config: dict, lengths: list[int]) -> float:
 
 
 def gemm_peak_gflops() -> dict:
-    """fp32 GEMM peak through MLX at the BLAS's own thread count: the
-    model's shapes at 1024 tokens and a large square one; best of 5 each."""
+    """The machine's fp32 GEMM peak through MLX, on the model's shapes at 1024
+    tokens and a large square one, best of 5 each, measured two ways: one
+    GEMM with the BLAS's own threads, and one single-threaded GEMM per core
+    running at once (how the engine's workers use the BLAS)."""
+    import threading
+
     import mlx.core as mx
+    from mlx_embed import _blas
 
     shapes = [(1024, 384, 1536), (1024, 1536, 384), (1024, 384, 1152), (2048, 2048, 2048)]
+    cores = os.cpu_count() or 1
     out = {}
     for m, k, n in shapes:
         a, b = mx.random.normal((m, k)), mx.random.normal((k, n))
-        mx.eval(a, b)
-        mx.eval(a @ b)
+        mx.eval(a, b, a @ b)
         best = min(_timed(lambda: mx.eval(a @ b)) for _ in range(5))
-        out[f"{m}x{k}x{n}"] = 2 * m * k * n / best / 1e9
+        out[f"{m}x{k}x{n} blas threads"] = 2 * m * k * n / best / 1e9
+
+        def worker(barrier, reps=5):
+            with mx.stream(mx.new_stream(mx.cpu)):
+                barrier.wait()
+                for _ in range(reps):
+                    mx.eval(a @ b)
+
+        threads_before = _blas.get_num_threads()
+        _blas.set_num_threads(1)
+        walls = []
+        for _ in range(3):
+            barrier = threading.Barrier(cores + 1)
+            ts = [threading.Thread(target=worker, args=(barrier,)) for _ in range(cores)]
+            for t in ts:
+                t.start()
+            barrier.wait()
+            t0 = time.perf_counter()
+            for t in ts:
+                t.join()
+            walls.append(time.perf_counter() - t0)
+        if threads_before:
+            _blas.set_num_threads(threads_before)
+        out[f"{m}x{k}x{n} {cores}x1 thread"] = cores * 5 * 2 * m * k * n / min(walls) / 1e9
     return out
 
 

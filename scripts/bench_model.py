@@ -387,7 +387,7 @@ def profile(args) -> None:
             q, k, v = timed("qkv split/transpose", lambda t: (t[0], t[1], t[2]), qkv)
             s = timed("scores q@k^T", lambda a, b: a @ b.swapaxes(-1, -2), q, k)
             p_ = timed("softmax (masked)", lambda t: ops._native.masked_softmax_(
-                ops._writable_view(t), key_mask.lengths, att.scale, ops._kernel_threads) or t, s)
+                ops._native_buffer(t), key_mask.lengths, att.scale, ops._kernel_threads) or t, s)
         else:
             q, k, v = timed("qkv split/transpose", lambda t: (t[0] * att.scale, t[1], t[2]), qkv)
             s = timed("scores q@k^T", lambda a, b: a @ b.swapaxes(-1, -2) + key_mask.additive, q, k)

@@ -127,21 +127,32 @@ def set_kernel_threads(n: int) -> None:
     _kernel_threads = max(1, int(n))
 
 
-def _writable_view(x: mx.array) -> np.ndarray:
-    """The evaluated array's own buffer as NumPy, without a copy."""
+def _native_buffer(x: mx.array) -> Optional[np.ndarray]:
+    """The evaluated array's own buffer as a NumPy view (no copy), or None
+    when it is not one writable C-contiguous float32 block the kernels can
+    work on in place; callers then take the MLX path."""
+    if x.dtype != mx.float32:
+        return None
     mx.eval(x)
     view = np.array(x, copy=False)
-    if not view.flags.writeable or not view.flags.c_contiguous:
-        raise RuntimeError("MLX did not expose a writable contiguous buffer")
+    if not (view.flags.writeable and view.flags.c_contiguous and view.dtype == np.float32):
+        return None
     return view
+
+
+def _readonly_buffer(x: mx.array) -> np.ndarray:
+    mx.eval(x)
+    return np.ascontiguousarray(np.array(x, copy=False), dtype=np.float32)
 
 
 def gelu(x: mx.array, *, overwrite_input: bool = False) -> mx.array:
     """Exact (erf) GELU. With ``overwrite_input`` (x is a temporary nobody
     reads again) the native path writes the result into x's buffer."""
-    if _NATIVE and overwrite_input and x.dtype == mx.float32:
-        _native.gelu_(_writable_view(x), _kernel_threads)
-        return x
+    if _NATIVE and overwrite_input:
+        buf = _native_buffer(x)
+        if buf is not None:
+            _native.gelu_(buf, _kernel_threads)
+            return x
     if _FAST and x.dtype == mx.float32:
         return _gelu_compiled(x)
     return nn.gelu(x)
@@ -166,22 +177,21 @@ def add_layer_norm(
     if (
         _NATIVE
         and overwrite_input
-        and x.dtype == residual.dtype == mx.float32
         and x.shape == residual.shape
         and "weight" in norm
         and "bias" in norm
-        and norm.weight.dtype == norm.bias.dtype == mx.float32
     ):
-        mx.eval(residual)
-        _native.add_layer_norm_(
-            _writable_view(x),
-            np.array(residual, copy=False),
-            np.array(norm.weight, copy=False),
-            np.array(norm.bias, copy=False),
-            norm.eps,
-            _kernel_threads,
-        )
-        return x
+        buf = _native_buffer(x)
+        if buf is not None:
+            _native.add_layer_norm_(
+                buf,
+                _readonly_buffer(residual),
+                _readonly_buffer(norm.weight),
+                _readonly_buffer(norm.bias),
+                norm.eps,
+                _kernel_threads,
+            )
+            return x
     return norm(x + residual)
 
 
@@ -217,10 +227,13 @@ class KeyMask:
 def attention_probs(q: mx.array, k: mx.array, mask: KeyMask, scale: float) -> mx.array:
     """softmax(scale * q @ k^T) over keys, padding keys weighted 0; q and k
     are [B, H, L, head_dim]."""
-    if _NATIVE and q.dtype == mx.float32:
+    if _NATIVE:
         scores = q @ k.swapaxes(-1, -2)
-        _native.masked_softmax_(_writable_view(scores), mask.lengths, scale, _kernel_threads)
-        return scores
+        buf = _native_buffer(scores)
+        if buf is not None:
+            _native.masked_softmax_(buf, mask.lengths, scale, _kernel_threads)
+            return scores
+        return softmax(scores * scale + mask.additive)
     return softmax((q * scale) @ k.swapaxes(-1, -2) + mask.additive)
 
 

@@ -550,7 +550,7 @@ async fn ops_routes() {
     assert_eq!(v["max_input_tokens"], MAX_TOKENS);
     assert_eq!(v["details"]["dtype"], "float32");
     assert_eq!(v["details"]["blas"], "none");
-    assert_eq!(v["batching"]["max_batch_size"], 32);
+    assert_eq!(v["batching"]["max_batch_size"], 64);
     assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
 
     let r = c.get(s.url("/openapi.json")).send().await.unwrap();

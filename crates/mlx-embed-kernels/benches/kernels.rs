@@ -22,9 +22,15 @@ fn median_ns_per_element(elements: usize, mut run: impl FnMut()) -> f64 {
 fn main() {
     println!("simd: {}", simd_level());
     // A 1024-token sub-batch of 8 sequences x 128 tokens, 12 heads.
-    let shape = SoftmaxShape { sequences: 8, rows_per_sequence: 12 * 128, row_len: 128 };
+    let shape = SoftmaxShape {
+        sequences: 8,
+        rows_per_sequence: 12 * 128,
+        row_len: 128,
+    };
     let n = 8 * 12 * 128 * 128;
-    let source: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 / 50.0 - 10.0).collect();
+    let source: Vec<f32> = (0..n)
+        .map(|i| ((i * 7919) % 1000) as f32 / 50.0 - 10.0)
+        .collect();
     let lens = [128, 120, 110, 100, 128, 64, 90, 128];
     for threads in [1, 2] {
         let mut buf = source.clone();
@@ -35,7 +41,9 @@ fn main() {
         println!("masked_softmax [8,12,128,128] threads {threads}: {ns:.3} ns/element (incl. refill copy)");
     }
     let n = 1024 * 1536;
-    let source: Vec<f32> = (0..n).map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0).collect();
+    let source: Vec<f32> = (0..n)
+        .map(|i| ((i * 7919) % 1000) as f32 / 100.0 - 5.0)
+        .collect();
     for threads in [1, 2] {
         let mut buf = source.clone();
         let ns = median_ns_per_element(n, || {

@@ -25,25 +25,29 @@ pub(crate) fn madd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     }
 }
 
-/// Defines `$name(args)` that runs `$body::<true>` compiled for AVX2+FMA when
-/// the CPU has them, else `$body::<false>` compiled for the baseline target.
-/// `$body` must be `#[inline(always)]` so it is compiled into each wrapper
-/// with that wrapper's target features.
+/// `simd_dispatch! { fn name<FMA>(args) { body } }` defines `name(args)`,
+/// which runs `body` compiled for AVX2+FMA (with the const `FMA` = true) when
+/// the CPU has them, else compiled for the baseline target (`FMA` = false).
 macro_rules! simd_dispatch {
-    ($vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) => $body:ident) => {
+    ($vis:vis fn $name:ident<$fma:ident>($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
         $vis fn $name($($arg: $ty),*) {
+            // Inlined into each wrapper below, so it is compiled once with
+            // each wrapper's target features.
+            #[inline(always)]
+            fn body<const $fma: bool>($($arg: $ty),*) $body
+
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx2,fma")]
                 unsafe fn with_avx2($($arg: $ty),*) {
-                    $body::<true>($($arg),*)
+                    body::<true>($($arg),*)
                 }
                 if $crate::dispatch::has_avx2_fma() {
                     // SAFETY: the CPU was just checked for AVX2 and FMA.
                     return unsafe { with_avx2($($arg),*) };
                 }
             }
-            $body::<false>($($arg),*)
+            body::<false>($($arg),*)
         }
     };
 }

@@ -59,13 +59,19 @@ mod tests {
             let got = exp_nonpositive::<true>(x) as f64;
             worst_abs = worst_abs.max((got - (x as f64).exp()).abs());
         }
-        assert!(worst_abs < 2.4e-7, "absolute error on [-20, 0]: {worst_abs:e}");
+        assert!(
+            worst_abs < 2.4e-7,
+            "absolute error on [-20, 0]: {worst_abs:e}"
+        );
         assert_eq!(exp_nonpositive::<true>(0.0), POW2[0]);
     }
 
     #[test]
     fn tiny_inputs_clamp_to_the_smallest_normal() {
-        assert_eq!(exp_nonpositive::<true>(-1000.0), f32::MIN_POSITIVE * POW2[0]);
+        assert_eq!(
+            exp_nonpositive::<true>(-1000.0),
+            f32::MIN_POSITIVE * POW2[0]
+        );
         assert!(exp_nonpositive::<true>(-1e9) > 0.0);
     }
 }

@@ -30,12 +30,11 @@ pub fn gelu(data: &mut [f32], threads: usize) {
     for_each_piece(data, 1, threads, |piece, _| gelu_piece(piece));
 }
 
-simd_dispatch!(fn gelu_piece(data: &mut [f32]) => gelu_body);
-
-#[inline(always)]
-fn gelu_body<const FMA: bool>(data: &mut [f32]) {
-    for v in data.iter_mut() {
-        *v = gelu_one::<FMA>(*v);
+simd_dispatch! {
+    fn gelu_piece<FMA>(data: &mut [f32]) {
+        for v in data.iter_mut() {
+            *v = gelu_one::<FMA>(*v);
+        }
     }
 }
 
@@ -53,7 +52,13 @@ fn gelu_one<const FMA: bool>(x: f32) -> f32 {
     let z = x * std::f32::consts::FRAC_1_SQRT_2;
     // |erf(4)| = 1 - 1.5e-8: clamping is exact in float32. Compare-selects
     // rather than clamp() so the loop vectorizes without NaN blends.
-    let z = if z > 4.0 { 4.0 } else if z < -4.0 { -4.0 } else { z };
+    let z = if z > 4.0 {
+        4.0
+    } else if z < -4.0 {
+        -4.0
+    } else {
+        z
+    };
     let t = z * z;
     let erf = z * horner::<FMA>(&ERF_P, t) / horner::<FMA>(&ERF_Q, t);
     let half = 0.5 * x;
@@ -88,7 +93,9 @@ mod tests {
 
     #[test]
     fn matches_a_float64_gelu() {
-        let xs: Vec<f32> = (0..=400_001).map(|i| -20.0 + 40.0 * i as f32 / 400_001.0).collect();
+        let xs: Vec<f32> = (0..=400_001)
+            .map(|i| -20.0 + 40.0 * i as f32 / 400_001.0)
+            .collect();
         for threads in [1, 2] {
             let mut got = xs.clone();
             gelu(&mut got, threads);
@@ -99,7 +106,10 @@ mod tests {
                 // Relative to max(|x|, 1): float32 rounding of x itself.
                 worst_abs = worst_abs.max(err / (x.abs() as f64).max(1.0));
             }
-            assert!(worst_abs < 3e-7, "threads {threads}: worst scaled error {worst_abs:e}");
+            assert!(
+                worst_abs < 3e-7,
+                "threads {threads}: worst scaled error {worst_abs:e}"
+            );
         }
         let mut zero = [0.0f32, -0.0];
         gelu(&mut zero, 1);

@@ -32,62 +32,61 @@ pub fn add_layer_norm(
     }
     for_each_piece(x, dim, threads, |piece, first_row| {
         let start = first_row * dim;
-        add_layer_norm_rows(piece, &residual[start..start + piece.len()], weight, bias, eps)
+        add_layer_norm_rows(
+            piece,
+            &residual[start..start + piece.len()],
+            weight,
+            bias,
+            eps,
+        )
     });
     Ok(())
 }
 
-simd_dispatch!(fn add_layer_norm_rows(
-    x: &mut [f32],
-    residual: &[f32],
-    weight: &[f32],
-    bias: &[f32],
-    eps: f32,
-) => add_layer_norm_body);
-
-#[inline(always)]
-fn add_layer_norm_body<const FMA: bool>(
-    x: &mut [f32],
-    residual: &[f32],
-    weight: &[f32],
-    bias: &[f32],
-    eps: f32,
-) {
-    let dim = weight.len();
-    for (row, res) in x.chunks_exact_mut(dim).zip(residual.chunks_exact(dim)) {
-        let mut lanes = [0.0f32; 8];
-        let mut row_chunks = row.chunks_exact_mut(8);
-        let mut res_chunks = res.chunks_exact(8);
-        for (r, s) in (&mut row_chunks).zip(&mut res_chunks) {
-            for j in 0..8 {
-                r[j] += s[j];
-                lanes[j] += r[j];
+simd_dispatch! {
+    fn add_layer_norm_rows<FMA>(
+        x: &mut [f32],
+        residual: &[f32],
+        weight: &[f32],
+        bias: &[f32],
+        eps: f32,
+    ) {
+        let dim = weight.len();
+        for (row, res) in x.chunks_exact_mut(dim).zip(residual.chunks_exact(dim)) {
+            let mut lanes = [0.0f32; 8];
+            let mut row_chunks = row.chunks_exact_mut(8);
+            let mut res_chunks = res.chunks_exact(8);
+            for (r, s) in (&mut row_chunks).zip(&mut res_chunks) {
+                for j in 0..8 {
+                    r[j] += s[j];
+                    lanes[j] += r[j];
+                }
             }
-        }
-        let mut sum: f32 = 0.0;
-        for (r, s) in row_chunks.into_remainder().iter_mut().zip(res_chunks.remainder()) {
-            *r += *s;
-            sum += *r;
-        }
-        sum += lanes.iter().sum::<f32>();
-        let mean = sum / dim as f32;
-
-        // Two passes (mean, then squared deviations): the one-pass E[x^2] -
-        // E[x]^2 loses digits when |mean| >> std, as after a residual add.
-        let mut lanes = [0.0f32; 8];
-        let mut chunks = row.chunks_exact(8);
-        for c in &mut chunks {
-            for j in 0..8 {
-                let d = c[j] - mean;
-                lanes[j] += d * d;
+            let mut sum: f32 = 0.0;
+            for (r, s) in row_chunks.into_remainder().iter_mut().zip(res_chunks.remainder()) {
+                *r += *s;
+                sum += *r;
             }
-        }
-        let mut squares: f32 = chunks.remainder().iter().map(|&v| (v - mean) * (v - mean)).sum();
-        squares += lanes.iter().sum::<f32>();
-        let inv_std = 1.0 / (squares / dim as f32 + eps).sqrt();
+            sum += lanes.iter().sum::<f32>();
+            let mean = sum / dim as f32;
 
-        for ((v, &w), &b) in row.iter_mut().zip(weight).zip(bias) {
-            *v = crate::dispatch::madd::<FMA>((*v - mean) * inv_std, w, b);
+            // Two passes (mean, then squared deviations): the one-pass E[x^2] -
+            // E[x]^2 loses digits when |mean| >> std, as after a residual add.
+            let mut lanes = [0.0f32; 8];
+            let mut chunks = row.chunks_exact(8);
+            for c in &mut chunks {
+                for j in 0..8 {
+                    let d = c[j] - mean;
+                    lanes[j] += d * d;
+                }
+            }
+            let mut squares: f32 = chunks.remainder().iter().map(|&v| (v - mean) * (v - mean)).sum();
+            squares += lanes.iter().sum::<f32>();
+            let inv_std = 1.0 / (squares / dim as f32 + eps).sqrt();
+
+            for ((v, &w), &b) in row.iter_mut().zip(weight).zip(bias) {
+                *v = crate::dispatch::madd::<FMA>((*v - mean) * inv_std, w, b);
+            }
         }
     }
 }
@@ -109,8 +108,9 @@ mod tests {
             let mut got = x.clone();
             add_layer_norm(&mut got, &res, &w, &b, 1e-12, threads).unwrap();
             for r in 0..rows {
-                let row: Vec<f64> =
-                    (0..dim).map(|j| x[r * dim + j] as f64 + res[r * dim + j] as f64).collect();
+                let row: Vec<f64> = (0..dim)
+                    .map(|j| x[r * dim + j] as f64 + res[r * dim + j] as f64)
+                    .collect();
                 let mean = row.iter().sum::<f64>() / dim as f64;
                 let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / dim as f64;
                 for j in 0..dim {

@@ -29,7 +29,11 @@ pub fn masked_softmax(
     scale: f32,
     threads: usize,
 ) -> Result<(), KernelError> {
-    let SoftmaxShape { sequences, rows_per_sequence, row_len } = shape;
+    let SoftmaxShape {
+        sequences,
+        rows_per_sequence,
+        row_len,
+    } = shape;
     let want = sequences
         .checked_mul(rows_per_sequence)
         .and_then(|n| n.checked_mul(row_len));
@@ -46,41 +50,44 @@ pub fn masked_softmax(
         )));
     }
     if let Some(&bad) = key_lengths.iter().find(|&&k| k > row_len) {
-        return Err(KernelError::Shape(format!("key length {bad} > row length {row_len}")));
+        return Err(KernelError::Shape(format!(
+            "key length {bad} > row length {row_len}"
+        )));
     }
     if !(scale.is_finite() && scale > 0.0) {
-        return Err(KernelError::Shape(format!("scale must be positive, got {scale}")));
+        return Err(KernelError::Shape(format!(
+            "scale must be positive, got {scale}"
+        )));
     }
     if scores.is_empty() {
         return Ok(());
     }
     for_each_piece(scores, row_len, threads, |piece, first_row| {
-        softmax_rows(piece, row_len, first_row, rows_per_sequence, key_lengths, scale)
+        softmax_rows(
+            piece,
+            row_len,
+            first_row,
+            rows_per_sequence,
+            key_lengths,
+            scale,
+        )
     });
     Ok(())
 }
 
-simd_dispatch!(fn softmax_rows(
-    rows: &mut [f32],
-    row_len: usize,
-    first_row: usize,
-    rows_per_sequence: usize,
-    key_lengths: &[usize],
-    scale: f32,
-) => softmax_rows_body);
-
-#[inline(always)]
-fn softmax_rows_body<const FMA: bool>(
-    rows: &mut [f32],
-    row_len: usize,
-    first_row: usize,
-    rows_per_sequence: usize,
-    key_lengths: &[usize],
-    scale: f32,
-) {
-    for (i, row) in rows.chunks_exact_mut(row_len).enumerate() {
-        let valid = key_lengths[(first_row + i) / rows_per_sequence];
-        softmax_row::<FMA>(row, valid, scale);
+simd_dispatch! {
+    fn softmax_rows<FMA>(
+        rows: &mut [f32],
+        row_len: usize,
+        first_row: usize,
+        rows_per_sequence: usize,
+        key_lengths: &[usize],
+        scale: f32,
+    ) {
+        for (i, row) in rows.chunks_exact_mut(row_len).enumerate() {
+            let valid = key_lengths[(first_row + i) / rows_per_sequence];
+            softmax_row::<FMA>(row, valid, scale);
+        }
     }
 }
 
@@ -136,7 +143,10 @@ mod tests {
     use super::*;
 
     fn reference(row: &[f32], valid: usize, scale: f32) -> Vec<f64> {
-        let live: Vec<f64> = row[..valid].iter().map(|&v| v as f64 * scale as f64).collect();
+        let live: Vec<f64> = row[..valid]
+            .iter()
+            .map(|&v| v as f64 * scale as f64)
+            .collect();
         let max = live.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
         let sum: f64 = live.iter().map(|v| (v - max).exp()).sum();
         let mut out: Vec<f64> = live.iter().map(|v| (v - max).exp() / sum).collect();
@@ -148,7 +158,9 @@ mod tests {
         let mut s = seed;
         (0..n)
             .map(|_| {
-                s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                s = s
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
                 ((s >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 40.0
             })
             .collect()
@@ -158,7 +170,11 @@ mod tests {
     fn matches_a_float64_reference_with_masks_and_threads() {
         // Odd sizes exercise the 8-lane remainders; 100k floats are enough for
         // two threads to split the rows.
-        let shape = SoftmaxShape { sequences: 3, rows_per_sequence: 111, row_len: 301 };
+        let shape = SoftmaxShape {
+            sequences: 3,
+            rows_per_sequence: 111,
+            row_len: 301,
+        };
         let lens = [301, 1, 150];
         let input = pseudo_random(3 * 111 * 301, 7);
         for threads in [1, 2] {
@@ -170,7 +186,10 @@ mod tests {
                     assert!((g as f64 - w).abs() < 1e-6, "row {r} key {k}: {g} vs {w}");
                 }
                 let valid = lens[r / 111];
-                assert!(row_out[valid..].iter().all(|&v| v == 0.0), "padding must be exactly 0");
+                assert!(
+                    row_out[valid..].iter().all(|&v| v == 0.0),
+                    "padding must be exactly 0"
+                );
                 let total: f64 = row_out.iter().map(|&v| v as f64).sum();
                 assert!((total - 1.0).abs() < 1e-5, "row {r} sums to {total}");
             }
@@ -183,7 +202,11 @@ mod tests {
         let mut alone = row.clone();
         masked_softmax(
             &mut alone,
-            SoftmaxShape { sequences: 1, rows_per_sequence: 1, row_len: 129 },
+            SoftmaxShape {
+                sequences: 1,
+                rows_per_sequence: 1,
+                row_len: 129,
+            },
             &[100],
             0.2,
             1,
@@ -192,7 +215,11 @@ mod tests {
         let mut many: Vec<f32> = (0..600).flat_map(|_| row.clone()).collect();
         masked_softmax(
             &mut many,
-            SoftmaxShape { sequences: 600, rows_per_sequence: 1, row_len: 129 },
+            SoftmaxShape {
+                sequences: 600,
+                rows_per_sequence: 1,
+                row_len: 129,
+            },
             &[100; 600],
             0.2,
             2,
@@ -206,21 +233,33 @@ mod tests {
     #[test]
     fn a_row_without_valid_keys_is_uniform() {
         let mut row = vec![3.0, -1.0, 7.0, 0.5];
-        let shape = SoftmaxShape { sequences: 1, rows_per_sequence: 1, row_len: 4 };
+        let shape = SoftmaxShape {
+            sequences: 1,
+            rows_per_sequence: 1,
+            row_len: 4,
+        };
         masked_softmax(&mut row, shape, &[0], 1.0, 1).unwrap();
         assert_eq!(row, vec![0.25; 4]);
     }
 
     #[test]
     fn rejects_inconsistent_shapes() {
-        let shape = SoftmaxShape { sequences: 2, rows_per_sequence: 2, row_len: 4 };
+        let shape = SoftmaxShape {
+            sequences: 2,
+            rows_per_sequence: 2,
+            row_len: 4,
+        };
         let mut buf = vec![0.0; 16];
         assert!(masked_softmax(&mut buf, shape, &[4, 4], 1.0, 1).is_ok());
         assert!(masked_softmax(&mut buf[..15], shape, &[4, 4], 1.0, 1).is_err());
         assert!(masked_softmax(&mut buf, shape, &[4], 1.0, 1).is_err());
         assert!(masked_softmax(&mut buf, shape, &[4, 5], 1.0, 1).is_err());
         assert!(masked_softmax(&mut buf, shape, &[4, 4], 0.0, 1).is_err());
-        let huge = SoftmaxShape { sequences: usize::MAX, rows_per_sequence: 2, row_len: 4 };
+        let huge = SoftmaxShape {
+            sequences: usize::MAX,
+            rows_per_sequence: 2,
+            row_len: 4,
+        };
         assert!(masked_softmax(&mut buf, huge, &[4, 4], 1.0, 1).is_err());
     }
 }

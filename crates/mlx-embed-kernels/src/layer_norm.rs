@@ -23,7 +23,7 @@ pub fn add_layer_norm(
             bias.len()
         )));
     }
-    if x.len() != residual.len() || x.len() % dim != 0 {
+    if x.len() != residual.len() || !x.len().is_multiple_of(dim) {
         return Err(KernelError::Shape(format!(
             "x ({}) and residual ({}) must be the same whole number of rows of {dim}",
             x.len(),

@@ -10,7 +10,7 @@ pub(crate) fn for_each_piece<F>(data: &mut [f32], unit: usize, threads: usize, w
 where
     F: Fn(&mut [f32], usize) + Sync,
 {
-    let units = if unit == 0 { 0 } else { data.len() / unit };
+    let units = data.len().checked_div(unit).unwrap_or(0);
     let by_size = data.len() / MIN_ELEMENTS_PER_THREAD;
     let pieces = threads.min(by_size).min(units).max(1);
     if pieces == 1 {

@@ -98,7 +98,7 @@ impl Embedder for PythonEmbedder {
 
 /// Bulk conversion: one pass over the bytes, no per-element Python calls.
 fn le_f32s(bytes: &[u8]) -> Result<Vec<f32>, BridgeError> {
-    if bytes.len() % 4 != 0 {
+    if !bytes.len().is_multiple_of(4) {
         return Err(BridgeError::Protocol(format!("{} vector bytes is not a whole number of float32", bytes.len())));
     }
     Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())

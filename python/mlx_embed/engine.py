@@ -356,11 +356,11 @@ class EmbeddingModel:
             arr[r, : len(row)] = row
             mask[r, : len(row)] = 1
         last = (lengths[idx] - 1).astype(np.int32)
-        # No lock around building the graph: the GIL already serializes it
-        # (mx.compile's tracing included), while mx.eval and the native
-        # kernels release the GIL, so the workers' passes overlap there.
-        vec = self._forward(mx.array(arr), mx.array(mask), mx.array(last))
-        vec = vec.astype(mx.float32)
+        # Graph building is serialized across workers; the evaluations and
+        # native kernels inside the pass, and the final eval, overlap.
+        with ops.building_graph():
+            vec = self._forward(mx.array(arr), mx.array(mask), mx.array(last))
+            vec = vec.astype(mx.float32)
         mx.eval(vec)
         out[idx] = np.array(vec, copy=False)
         return L * len(idx)

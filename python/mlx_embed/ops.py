@@ -33,7 +33,9 @@ first, chosen by ``MLX_EMBED_FAST_OPS``:
 from __future__ import annotations
 
 import os
-from typing import Optional
+import threading
+from contextlib import contextmanager
+from typing import Iterator, Optional
 
 import numpy as np
 
@@ -127,13 +129,49 @@ def set_kernel_threads(n: int) -> None:
     _kernel_threads = max(1, int(n))
 
 
+# Building a lazy graph is not safe from two threads at once in every case:
+# the GIL can switch threads in the middle of an mx.compile trace (ours on the
+# compiled-MLX path; nn.silu/nn.gelu_approx inside models), while the other
+# thread looks up the same compile cache. So graph building holds this lock
+# (``building_graph``), and every point where a forward pass evaluates or runs
+# a native kernel lets go of it, which is where the engine's workers overlap.
+_graph_lock = threading.Lock()
+_holds_graph_lock = threading.local()
+
+
+@contextmanager
+def building_graph() -> Iterator[None]:
+    """Hold the graph lock while building (part of) a forward pass."""
+    with _graph_lock:
+        _holds_graph_lock.value = True
+        try:
+            yield
+        finally:
+            _holds_graph_lock.value = False
+
+
+@contextmanager
+def _graph_lock_released() -> Iterator[None]:
+    if not getattr(_holds_graph_lock, "value", False):
+        yield
+        return
+    _holds_graph_lock.value = False
+    _graph_lock.release()
+    try:
+        yield
+    finally:
+        _graph_lock.acquire()
+        _holds_graph_lock.value = True
+
+
 def _native_buffer(x: mx.array) -> Optional[np.ndarray]:
     """The evaluated array's own buffer as a NumPy view (no copy), or None
     when it is not one writable C-contiguous float32 block the kernels can
     work on in place; callers then take the MLX path."""
     if x.dtype != mx.float32:
         return None
-    mx.eval(x)
+    with _graph_lock_released():
+        mx.eval(x)
     view = np.array(x, copy=False)
     if not (view.flags.writeable and view.flags.c_contiguous and view.dtype == np.float32):
         return None
@@ -141,7 +179,8 @@ def _native_buffer(x: mx.array) -> Optional[np.ndarray]:
 
 
 def _readonly_buffer(x: mx.array) -> np.ndarray:
-    mx.eval(x)
+    with _graph_lock_released():
+        mx.eval(x)
     return np.ascontiguousarray(np.array(x, copy=False), dtype=np.float32)
 
 
@@ -151,7 +190,8 @@ def gelu(x: mx.array, *, overwrite_input: bool = False) -> mx.array:
     if _NATIVE and overwrite_input:
         buf = _native_buffer(x)
         if buf is not None:
-            _native.gelu_(buf, _kernel_threads)
+            with _graph_lock_released():
+                _native.gelu_(buf, _kernel_threads)
             return x
     if _FAST and x.dtype == mx.float32:
         return _gelu_compiled(x)
@@ -183,14 +223,9 @@ def add_layer_norm(
     ):
         buf = _native_buffer(x)
         if buf is not None:
-            _native.add_layer_norm_(
-                buf,
-                _readonly_buffer(residual),
-                _readonly_buffer(norm.weight),
-                _readonly_buffer(norm.bias),
-                norm.eps,
-                _kernel_threads,
-            )
+            inputs = [_readonly_buffer(a) for a in (residual, norm.weight, norm.bias)]
+            with _graph_lock_released():
+                _native.add_layer_norm_(buf, *inputs, norm.eps, _kernel_threads)
             return x
     return norm(x + residual)
 
@@ -231,7 +266,9 @@ def attention_probs(q: mx.array, k: mx.array, mask: KeyMask, scale: float) -> mx
         scores = q @ k.swapaxes(-1, -2)
         buf = _native_buffer(scores)
         if buf is not None:
-            _native.masked_softmax_(buf, mask.lengths, scale, _kernel_threads)
+            lengths = mask.lengths
+            with _graph_lock_released():
+                _native.masked_softmax_(buf, lengths, scale, _kernel_threads)
             return scores
         return softmax(scores * scale + mask.additive)
     return softmax((q * scale) @ k.swapaxes(-1, -2) + mask.additive)

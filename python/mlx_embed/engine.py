@@ -523,6 +523,10 @@ class EmbeddingModel:
             "blas": b["library"],
             "blas_gflops": b["gflops"],
             "preferred_batch_tokens": self.batch_tokens,
+            # Which element-wise path runs (see ops.py); "native" names the
+            # SIMD level the kernels picked on this CPU.
+            "elementwise_ops": ops.describe_path(),
+            "workers": self.workers,
             "quantization": self.quantization,
             # The server checks token-id input against it before queueing.
             "vocab_size": self.tokenizer.vocab_size,

@@ -119,6 +119,11 @@ def _select_path() -> str:
 PATH = _select_path()
 _FAST = PATH != "exact"
 _NATIVE = PATH == "native"
+def describe_path() -> str:
+    """``native (avx2+fma)``, ``native (generic)``, ``mlx`` or ``exact``."""
+    return f"native ({_native.kernel_simd})" if _NATIVE else PATH
+
+
 # Threads the native kernels may use per call. The engine lowers it to 1
 # while its MLX workers run side by side, one per core.
 _kernel_threads = max(1, os.cpu_count() or 1)

@@ -163,6 +163,9 @@ def test_ops_routes(server):
     info = server.get("/info").json()
     assert info["dimension"] == 384 and info["max_input_tokens"] == 256
     assert info["details"]["blas"] != "reference"
+    # The server's embedded interpreter must reach the same fast path as
+    # in-process use, not fall back silently.
+    assert info["details"]["elementwise_ops"].startswith("native (")
     models = server.get("/v1/models").json()
     assert models["data"][0]["id"] == "all-MiniLM-L6-v2"
     spec = server.get("/openapi.json").json()

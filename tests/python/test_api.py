@@ -140,6 +140,8 @@ def test_info(minilm, qwen):
         "blas_gflops", "preferred_batch_tokens", "quantization",
     }
     assert info["dim"] == 384 and info["max_length"] == 256
+    assert info["elementwise_ops"] in ("native (avx2+fma)", "native (generic)")
+    assert info["workers"] == minilm.workers
     assert info["dtype"] == "float32" and info["pooling"] == "mean"
     assert info["model_type"] == "bert" and info["quantization"] is None
     assert isinstance(info["preferred_batch_tokens"], int) and info["preferred_batch_tokens"] >= 256

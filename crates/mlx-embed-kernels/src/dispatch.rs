@@ -1,7 +1,15 @@
 //! Run-time choice between the AVX2+FMA and the generic build of a kernel.
 
-#[cfg(target_arch = "x86_64")]
 pub(crate) fn has_avx2_fma() -> bool {
+    #[cfg(test)]
+    if tests::FORCE_GENERIC.with(|force| force.get()) {
+        return false;
+    }
+    detected()
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detected() -> bool {
     use std::sync::OnceLock;
     static DETECTED: OnceLock<bool> = OnceLock::new();
     *DETECTED.get_or_init(|| {
@@ -10,7 +18,7 @@ pub(crate) fn has_avx2_fma() -> bool {
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-pub(crate) fn has_avx2_fma() -> bool {
+fn detected() -> bool {
     false
 }
 
@@ -53,3 +61,35 @@ macro_rules! simd_dispatch {
 }
 
 pub(crate) use simd_dispatch;
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use std::cell::Cell;
+
+    thread_local! {
+        pub(super) static FORCE_GENERIC: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Runs `f` on this thread's generic (baseline) kernels, the ones a CPU
+    /// without AVX2+FMA gets. Per thread: use one kernel thread inside.
+    pub(crate) fn on_generic_kernels<R>(f: impl FnOnce() -> R) -> R {
+        FORCE_GENERIC.with(|force| force.set(true));
+        let out = f();
+        FORCE_GENERIC.with(|force| force.set(false));
+        out
+    }
+
+    /// Both builds this CPU can run: (name, run `f` on that build).
+    pub(crate) fn each_build(mut f: impl FnMut(&str, usize)) {
+        // The detected build with 1 and 2 kernel threads, then the generic one.
+        f("detected", 1);
+        f("detected", 2);
+        on_generic_kernels(|| f("generic", 1));
+    }
+
+    #[test]
+    fn the_generic_override_holds_for_its_closure_only() {
+        assert!(!on_generic_kernels(super::has_avx2_fma));
+        assert_eq!(super::has_avx2_fma(), super::detected());
+    }
+}

@@ -100,7 +100,7 @@ mod tests {
         let xs: Vec<f32> = (0..=400_001)
             .map(|i| -20.0 + 40.0 * i as f32 / 400_001.0)
             .collect();
-        for threads in [1, 2] {
+        crate::dispatch::tests::each_build(|build, threads| {
             let mut got = xs.clone();
             gelu(&mut got, threads);
             let mut worst_abs = 0.0f64;
@@ -112,9 +112,9 @@ mod tests {
             }
             assert!(
                 worst_abs < 3e-7,
-                "threads {threads}: worst scaled error {worst_abs:e}"
+                "{build} build, threads {threads}: worst scaled error {worst_abs:e}"
             );
-        }
+        });
         let mut zero = [0.0f32, -0.0];
         gelu(&mut zero, 1);
         assert_eq!(zero[0], 0.0);

@@ -104,7 +104,7 @@ mod tests {
         let res: Vec<f32> = (0..rows * dim).map(|i| gen(i + 5, 2.0)).collect();
         let w: Vec<f32> = (0..dim).map(|i| 0.5 + (i % 7) as f32 * 0.1).collect();
         let b: Vec<f32> = (0..dim).map(|i| (i % 5) as f32 * 0.01 - 0.02).collect();
-        for threads in [1, 2] {
+        crate::dispatch::tests::each_build(|build, threads| {
             let mut got = x.clone();
             add_layer_norm(&mut got, &res, &w, &b, 1e-12, threads).unwrap();
             for r in 0..rows {
@@ -116,10 +116,10 @@ mod tests {
                 for j in 0..dim {
                     let want = (row[j] - mean) / (var + 1e-12).sqrt() * w[j] as f64 + b[j] as f64;
                     let g = got[r * dim + j] as f64;
-                    assert!((g - want).abs() < 2e-5, "row {r} col {j}: {g} vs {want}");
+                    assert!((g - want).abs() < 2e-5, "{build} build: row {r} col {j}: {g} vs {want}");
                 }
             }
-        }
+        });
     }
 
     #[test]

@@ -177,13 +177,13 @@ mod tests {
         };
         let lens = [301, 1, 150];
         let input = pseudo_random(3 * 111 * 301, 7);
-        for threads in [1, 2] {
+        crate::dispatch::tests::each_build(|build, threads| {
             let mut got = input.clone();
             masked_softmax(&mut got, shape, &lens, 0.125, threads).unwrap();
             for (r, (row_in, row_out)) in input.chunks(301).zip(got.chunks(301)).enumerate() {
                 let want = reference(row_in, lens[r / 111], 0.125);
                 for (k, (&g, &w)) in row_out.iter().zip(&want).enumerate() {
-                    assert!((g as f64 - w).abs() < 1e-6, "row {r} key {k}: {g} vs {w}");
+                    assert!((g as f64 - w).abs() < 1e-6, "{build} build: row {r} key {k}: {g} vs {w}");
                 }
                 let valid = lens[r / 111];
                 assert!(
@@ -193,7 +193,7 @@ mod tests {
                 let total: f64 = row_out.iter().map(|&v| v as f64).sum();
                 assert!((total - 1.0).abs() < 1e-5, "row {r} sums to {total}");
             }
-        }
+        });
     }
 
     #[test]

@@ -178,7 +178,7 @@ def _native_buffer(x: mx.array) -> Optional[np.ndarray]:
     with _graph_lock_released():
         mx.eval(x)
     view = np.array(x, copy=False)
-    if not (view.flags.writeable and view.flags.c_contiguous and view.dtype == np.float32):
+    if not (view.flags.writeable and view.flags.c_contiguous):
         return None
     return view
 

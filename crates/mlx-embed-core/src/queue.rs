@@ -301,24 +301,29 @@ mod tests {
         out
     }
 
-    #[test]
-    fn huge_request_takes_turns_with_small_ones() {
+    /// Queues requests of these sizes in order (4 inputs per batch at most)
+    /// and drains it.
+    fn batches_for(sizes: &[usize], batching: bool) -> Vec<Vec<(usize, usize)>> {
         let recorder = Arc::new(Recorder::new());
-        let limits = Limits {
+        let mut queue = FairQueue::new(Limits {
             max_batch_size: 4,
             max_batch_tokens: 1000,
-            batching: true,
-        };
-        let mut queue = FairQueue::new(limits);
+            batching,
+        });
         let mut ids = Vec::new();
-        for n in [10, 1, 2, 1] {
+        for &n in sizes {
             let (req, inputs) = request(n, &recorder);
             ids.push(req.clone());
             queue.push(Pending::new(req, inputs));
         }
+        drain(&mut queue, &ids, &recorder)
+    }
+
+    #[test]
+    fn huge_request_takes_turns_with_small_ones() {
         // The big one gets one batch, then everyone else, then the big one again.
         assert_eq!(
-            drain(&mut queue, &ids, &recorder),
+            batches_for(&[10, 1, 2, 1], true),
             vec![
                 vec![(0, 4)],
                 vec![(1, 1), (2, 2), (3, 1)],
@@ -330,42 +335,16 @@ mod tests {
 
     #[test]
     fn a_request_cut_by_a_full_batch_keeps_its_place() {
-        let recorder = Arc::new(Recorder::new());
-        let limits = Limits {
-            max_batch_size: 4,
-            max_batch_tokens: 1000,
-            batching: true,
-        };
-        let mut queue = FairQueue::new(limits);
-        let mut ids = Vec::new();
-        for n in [3, 3, 1] {
-            let (req, inputs) = request(n, &recorder);
-            ids.push(req.clone());
-            queue.push(Pending::new(req, inputs));
-        }
         assert_eq!(
-            drain(&mut queue, &ids, &recorder),
+            batches_for(&[3, 3, 1], true),
             vec![vec![(0, 3), (1, 1)], vec![(1, 2), (2, 1)]]
         );
     }
 
     #[test]
     fn serial_limits_never_mix_requests() {
-        let recorder = Arc::new(Recorder::new());
-        let limits = Limits {
-            max_batch_size: 4,
-            max_batch_tokens: 1000,
-            batching: false,
-        };
-        let mut queue = FairQueue::new(limits);
-        let mut ids = Vec::new();
-        for n in [1, 6, 2] {
-            let (req, inputs) = request(n, &recorder);
-            ids.push(req.clone());
-            queue.push(Pending::new(req, inputs));
-        }
         assert_eq!(
-            drain(&mut queue, &ids, &recorder),
+            batches_for(&[1, 6, 2], false),
             vec![vec![(0, 1)], vec![(1, 4)], vec![(2, 2)], vec![(1, 2)]]
         );
     }

@@ -13,11 +13,7 @@ use tokio::time::timeout;
 async fn a_failing_text_fails_only_its_own_request() {
     let gate = Gate::closed();
     let (batcher, record) = start(BatcherConfig::default(), Duration::ZERO, Some(gate.clone()));
-    let holder = {
-        let b = batcher.clone();
-        tokio::spawn(async move { b.embed(texts(&["holder"])).await })
-    };
-    eventually("holder running", || record.batches().len() == 1).await;
+    let holder = occupy_model(&batcher, &record, "holder").await;
     let mut handles = Vec::new();
     for (i, bad) in [false, true, false, false].into_iter().enumerate() {
         let b = batcher.clone();
@@ -75,11 +71,7 @@ async fn model_panic_makes_every_caller_unavailable_promptly() {
         ..BatcherConfig::default()
     };
     let (batcher, record) = start(config, Duration::ZERO, Some(gate.clone()));
-    let holder = {
-        let b = batcher.clone();
-        tokio::spawn(async move { b.embed(texts(&[PANIC])).await })
-    };
-    eventually("panicking batch running", || record.batches().len() == 1).await;
+    let holder = occupy_model(&batcher, &record, PANIC).await;
     // 7 more admitted (queued for the model) and 10 waiting for admission.
     let mut handles = Vec::new();
     for i in 0..17 {
@@ -178,11 +170,7 @@ async fn cancelled_callers_cost_no_compute() {
 async fn close_refuses_new_work_and_drains_admitted_work() {
     let gate = Gate::closed();
     let (batcher, record) = start(BatcherConfig::default(), Duration::ZERO, Some(gate.clone()));
-    let running = {
-        let b = batcher.clone();
-        tokio::spawn(async move { b.embed(texts(&["running"])).await })
-    };
-    eventually("running", || record.batches().len() == 1).await;
+    let running = occupy_model(&batcher, &record, "running").await;
     let queued = {
         let b = batcher.clone();
         tokio::spawn(async move { b.embed(texts(&["queued 1", "queued 2"])).await })
@@ -293,11 +281,7 @@ async fn a_cancelled_caller_gives_its_admission_room_back_at_once() {
         ..BatcherConfig::default()
     };
     let (batcher, record) = start(config, Duration::ZERO, Some(gate.clone()));
-    let running = {
-        let b = batcher.clone();
-        tokio::spawn(async move { b.embed(texts(&["running"])).await })
-    };
-    eventually("running", || record.batches().len() == 1).await;
+    let running = occupy_model(&batcher, &record, "running").await;
     let queued = {
         let b = batcher.clone();
         tokio::spawn(async move { b.embed(texts(&["queued"])).await })

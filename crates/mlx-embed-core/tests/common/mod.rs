@@ -190,6 +190,19 @@ pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     }
 }
 
+/// Sends a one-text request and waits until its batch is on the model (held
+/// there by a closed gate); returns the request's task.
+pub async fn occupy_model(
+    batcher: &Batcher,
+    record: &Record,
+    text: &'static str,
+) -> tokio::task::JoinHandle<Result<mlx_embed_core::Embeddings, mlx_embed_core::CoreError>> {
+    let b = batcher.clone();
+    let task = tokio::spawn(async move { b.embed(texts(&[text])).await });
+    eventually(&format!("{text:?} running"), || record.batches().len() == 1).await;
+    task
+}
+
 /// Checks a caller got exactly the fake's answer for its texts.
 pub fn assert_answer(texts: &[String], got: &mlx_embed_core::Embeddings) {
     assert_eq!(got.vectors.len(), texts.len());

@@ -1,18 +1,18 @@
 //! The public handle: admission, hand-off to the collector, and the answer.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::oneshot;
 
 use crate::admission::Refusal;
+use crate::model_thread;
 use crate::queue::Pending;
 use crate::request::{ActiveGuard, CallerGuard, Request, Ticket};
 use crate::shared::Shared;
-use crate::{collector, model_thread};
 use crate::{
     BatcherConfig, CoreError, EmbedInput, Embedder, EmbedderError, MetricsSnapshot, ModelInfo,
+    Priority,
 };
 
 /// What one caller gets back: its own inputs' vectors, in its order.
@@ -28,16 +28,16 @@ pub struct Embeddings {
 
 /// Handle to a running batcher; cheap to clone, shareable across tasks.
 ///
-/// Callers are admitted by a fair semaphore counted in inputs, batched by one
-/// collector thread, and computed by one model thread. When the last clone is
-/// dropped both threads finish what they hold and exit.
+/// Callers are admitted by a fair semaphore per priority lane, counted in
+/// inputs; the model thread cuts each batch from the lanes and computes it.
+/// When the last clone is dropped the model thread finishes its batch and exits.
 #[derive(Clone)]
 pub struct Batcher {
     inner: Arc<Inner>,
 }
 
-/// Owned only by `Batcher` handles (the threads hold `Shared`), so its drop
-/// means "no handle left".
+/// Owned only by `Batcher` handles (the model thread holds `Shared`), so its
+/// drop means "no handle left".
 struct Inner {
     shared: Arc<Shared>,
     info: ModelInfo,
@@ -86,19 +86,9 @@ impl Batcher {
                 ))
             }
         };
-        let collector_shared = shared.clone();
-        let spawned = std::thread::Builder::new()
-            .name("mlx-embed-batcher".into())
-            .spawn(move || collector::run(collector_shared));
-        if let Err(e) = spawned {
-            shared.stop();
-            return Err(CoreError::ModelUnavailable(format!(
-                "cannot spawn the batch collector: {e}"
-            )));
-        }
         tracing::info!(model = %info.name, dim = info.dim, config = ?shared.config, "batcher started");
-        // Both threads are detached: they exit on their own after `stop`, and
-        // joining a thread mid-batch from a drop could block an async runtime.
+        // The model thread is detached: it exits on its own after `stop`, and
+        // joining it mid-batch from a drop could block an async runtime.
         Ok(Self {
             inner: Arc::new(Inner { shared, info }),
         })
@@ -111,28 +101,42 @@ impl Batcher {
     /// The future is `Send` and runs on any tokio runtime flavor; waiting for
     /// admission uses tokio's timer, so the runtime needs its time driver.
     pub async fn embed(&self, inputs: Vec<EmbedInput>) -> Result<Embeddings, CoreError> {
+        self.embed_with_priority(inputs, Priority::Normal).await
+    }
+
+    /// [`Batcher::embed`] in the lane of `priority`: high-priority inputs go
+    /// into the next batch ahead of waiting normal and low ones; each lane
+    /// has its own admission bounds.
+    pub async fn embed_with_priority(
+        &self,
+        inputs: Vec<EmbedInput>,
+        priority: Priority,
+    ) -> Result<Embeddings, CoreError> {
         let shared = &*self.inner.shared;
-        let result = self.embed_inner(inputs).await;
-        shared.recorder.count_outcome(&result);
+        let result = self.embed_inner(inputs, priority).await;
+        shared.recorder.count_outcome(priority, &result);
         result
     }
 
-    async fn embed_inner(&self, inputs: Vec<EmbedInput>) -> Result<Embeddings, CoreError> {
+    async fn embed_inner(
+        &self,
+        inputs: Vec<EmbedInput>,
+        priority: Priority,
+    ) -> Result<Embeddings, CoreError> {
         let shared = &*self.inner.shared;
         let arrived = Instant::now();
         let n = inputs.len();
         if n == 0 {
             return Err(CoreError::InvalidInput("no inputs to embed".into()));
         }
-        if shared.dead.get().is_some() || shared.closed.load(Ordering::Acquire) {
-            return Err(shared.refusal());
-        }
+        shared.check_open()?;
         let active = ActiveGuard::new(shared.recorder.clone());
-        let permit = match shared.admission.admit(n, arrived).await {
+        let admission = shared.admission(priority);
+        let permit = match admission.admit(n, arrived).await {
             Ok(permit) => permit,
             Err(Refusal::Closed) => return Err(shared.refusal()),
             Err(Refusal::Overloaded(reason)) => {
-                let retry_after = shared.admission.retry_after(&shared.recorder);
+                let retry_after = admission.retry_after(&shared.recorder);
                 return Err(CoreError::Overloaded {
                     reason,
                     retry_after,
@@ -141,7 +145,7 @@ impl Batcher {
         };
         let ticket = Ticket::new(permit, n, shared.recorder.clone());
         let (reply, answer) = oneshot::channel();
-        let request = Arc::new(Request::new(n, arrived, reply, ticket, active));
+        let request = Arc::new(Request::new(n, priority, arrived, reply, ticket, active));
         let caller = CallerGuard::new(&request);
         shared.submit(Pending::new(request, inputs))?;
         let result = answer.await;
@@ -162,31 +166,24 @@ impl Batcher {
 
     /// True while the model thread is alive and the batcher accepts work.
     pub fn is_healthy(&self) -> bool {
-        let shared = &self.inner.shared;
-        shared.dead.get().is_none() && !shared.closed.load(Ordering::Acquire)
+        self.inner.shared.is_healthy()
     }
 
     /// Why the model is unavailable, once it is (`None` while it is alive).
     pub fn model_failure(&self) -> Option<&str> {
-        self.inner.shared.dead.get().map(String::as_str)
+        self.inner.shared.dead_reason()
     }
 
     /// A copy of every counter and histogram, taken without stopping anything.
     pub fn metrics(&self) -> MetricsSnapshot {
         let shared = &self.inner.shared;
-        shared
-            .recorder
-            .snapshot(shared.admission.waiting_inputs() as u64)
+        shared.recorder.snapshot(shared.waiting_inputs())
     }
 
     /// Stops accepting new work (`ShuttingDown`); admitted work still completes.
     /// Callers still waiting for admission are refused with `ShuttingDown`.
     pub fn close(&self) {
-        let shared = &self.inner.shared;
-        if !shared.closed.swap(true, Ordering::AcqRel) {
-            tracing::info!("batcher closed to new work");
-        }
-        shared.admission.close();
+        self.inner.shared.close();
     }
 
     /// Waits until every admitted request has been answered.

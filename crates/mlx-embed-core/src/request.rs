@@ -8,7 +8,7 @@ use std::time::Instant;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use crate::recorder::{lock, Recorder};
-use crate::{CoreError, Embeddings};
+use crate::{CoreError, Embeddings, Priority};
 
 pub(crate) type Reply = oneshot::Sender<Result<Embeddings, CoreError>>;
 
@@ -68,6 +68,8 @@ struct Answer {
 
 pub(crate) struct Request {
     pub len: usize,
+    /// The lane it waits in.
+    pub priority: Priority,
     pub arrived: Instant,
     caller_gone: AtomicBool,
     /// Set once the request got an error: its remaining inputs are pointless.
@@ -81,6 +83,7 @@ pub(crate) struct Request {
 impl Request {
     pub fn new(
         len: usize,
+        priority: Priority,
         arrived: Instant,
         reply: Reply,
         ticket: Ticket,
@@ -88,6 +91,7 @@ impl Request {
     ) -> Self {
         Self {
             len,
+            priority,
             arrived,
             caller_gone: AtomicBool::new(false),
             failed: AtomicBool::new(false),

@@ -118,6 +118,7 @@ impl ServerArgs {
             max_waiting: self.max_waiting,
             max_queue_wait: Duration::from_millis(self.max_queue_wait_ms),
             enable_batching: !self.no_batching,
+            ..core_defaults()
         }
     }
 

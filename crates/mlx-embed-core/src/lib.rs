@@ -9,6 +9,7 @@
 
 mod admission;
 mod batcher;
+mod cache;
 pub mod config;
 pub mod embedder;
 pub mod error;
@@ -21,6 +22,7 @@ mod request;
 mod shared;
 
 pub use batcher::{Batcher, Embeddings};
+pub use cache::CacheMetrics;
 pub use config::BatcherConfig;
 pub use embedder::{l2_normalize, BatchOutput, EmbedInput, Embedder, EmbedderError, ModelInfo};
 pub use error::{CoreError, OverloadReason};

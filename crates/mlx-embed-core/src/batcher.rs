@@ -176,8 +176,7 @@ impl Batcher {
 
     /// A copy of every counter and histogram, taken without stopping anything.
     pub fn metrics(&self) -> MetricsSnapshot {
-        let shared = &self.inner.shared;
-        shared.recorder.snapshot(shared.waiting_inputs())
+        self.inner.shared.metrics()
     }
 
     /// Stops accepting new work (`ShuttingDown`); admitted work still completes.

@@ -359,7 +359,10 @@ mod tests {
         let m = cache.metrics();
         assert_eq!((m.entries, m.bytes), (3, 3 * per as u64));
         assert!(m.bytes <= m.capacity_bytes);
-        assert!(matches!(cache.lookup(key(1, 3)), Lookup::Lead(_)), "1 evicted");
+        assert!(
+            matches!(cache.lookup(key(1, 3)), Lookup::Lead(_)),
+            "1 evicted"
+        );
         for id in [0, 2, 3] {
             assert!(
                 matches!(cache.lookup(key(id, 3)), Lookup::Hit(v) if v[0] == id as f32),
@@ -379,7 +382,11 @@ mod tests {
             assert!(m.bytes <= capacity as u64, "{} > {capacity}", m.bytes);
         }
         let m = cache.metrics();
-        assert!(m.entries > 10, "the cache holds many entries ({})", m.entries);
+        assert!(
+            m.entries > 10,
+            "the cache holds many entries ({})",
+            m.entries
+        );
         assert_eq!(m.misses, 2_000);
     }
 
@@ -391,8 +398,13 @@ mod tests {
             panic!("expected to follow");
         };
         leader.publish(&[7.0; 64]);
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-        assert_eq!(rt.block_on(follower.wait()).as_deref(), Some(&[7.0f32; 64][..]));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        assert_eq!(
+            rt.block_on(follower.wait()).as_deref(),
+            Some(&[7.0f32; 64][..])
+        );
         assert_eq!(cache.metrics().entries, 0);
     }
 

@@ -1,6 +1,6 @@
 //! Metrics as plain data; the server renders them as Prometheus text.
 
-use crate::Priority;
+use crate::{CacheMetrics, Priority};
 
 /// A fixed-bucket histogram: `counts[i]` observations were `<= bounds[i]` and
 /// above `bounds[i-1]` (NOT cumulative); `overflow` counts those above the last bound.
@@ -43,6 +43,8 @@ pub struct MetricsSnapshot {
     pub model_seconds: Histogram,
     /// The same queue figures per priority lane, high, normal, low.
     pub lanes: Vec<LaneMetrics>,
+    /// The embedding cache (all zero when it is off).
+    pub cache: CacheMetrics,
 }
 
 /// Queue figures of one priority lane.

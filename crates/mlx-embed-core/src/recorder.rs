@@ -8,7 +8,9 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::metrics::{BATCH_SIZE_BOUNDS, BATCH_TOKENS_BOUNDS, SECONDS_BOUNDS};
-use crate::{CoreError, Embeddings, Histogram, LaneMetrics, MetricsSnapshot, Priority};
+use crate::{
+    CacheMetrics, CoreError, Embeddings, Histogram, LaneMetrics, MetricsSnapshot, Priority,
+};
 
 /// Locks a mutex, ignoring poisoning: our critical sections never run user
 /// code, so a poisoned lock still guards consistent data.
@@ -176,7 +178,7 @@ impl Recorder {
     }
 
     /// Every counter; `waiting_inputs` per lane comes from admission.
-    pub fn snapshot(&self, waiting_inputs: [u64; 3]) -> MetricsSnapshot {
+    pub fn snapshot(&self, waiting_inputs: [u64; 3], cache: CacheMetrics) -> MetricsSnapshot {
         let h = lock(&self.hist);
         let lanes = Priority::ALL
             .iter()
@@ -210,6 +212,7 @@ impl Recorder {
             gil_wait_seconds: h.gil_wait.clone(),
             model_seconds: h.model.clone(),
             lanes,
+            cache,
         }
     }
 }

@@ -37,10 +37,11 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
 use crate::admission::Admission;
+use crate::cache::Cache;
 use crate::queue::{Batch, Lanes, Limits, Pending};
 use crate::recorder::{lock, Recorder};
 use crate::request::Request;
-use crate::{BatcherConfig, CoreError, Priority};
+use crate::{BatcherConfig, CoreError, MetricsSnapshot, Priority};
 
 /// Whether the batcher takes new work (see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -98,6 +99,8 @@ pub(crate) struct Shared {
     /// Admission per lane, in `Priority::index` order.
     admission: [Admission; 3],
     pub recorder: Arc<Recorder>,
+    /// `None` when `cache_bytes` is zero.
+    pub cache: Option<Arc<Cache>>,
     /// Why the model is dead; set once, just before the state turns `Dead`,
     /// so `Batcher::model_failure` can lend it out without the lock.
     dead_reason: OnceLock<String>,
@@ -121,6 +124,7 @@ impl Shared {
             )
         });
         Self {
+            cache: Cache::new(config.cache_bytes),
             config,
             limits,
             state: Mutex::new(State {
@@ -141,6 +145,12 @@ impl Shared {
 
     pub fn admission(&self, priority: Priority) -> &Admission {
         &self.admission[priority.index()]
+    }
+
+    /// Every counter, gauge and histogram, the cache's included.
+    pub fn metrics(&self) -> MetricsSnapshot {
+        let cache = self.cache.as_ref().map(|c| c.metrics()).unwrap_or_default();
+        self.recorder.snapshot(self.waiting_inputs(), cache)
     }
 
     /// Inputs waiting for admission, per lane.

@@ -63,7 +63,9 @@ pub struct EmbedderError {
 
 impl EmbedderError {
     pub fn new(message: impl Into<String>) -> Self {
-        Self { message: message.into() }
+        Self {
+            message: message.into(),
+        }
     }
 }
 

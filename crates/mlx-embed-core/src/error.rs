@@ -15,7 +15,10 @@ pub enum OverloadReason {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CoreError {
     #[error("overloaded ({reason:?}); retry after {retry_after:?}")]
-    Overloaded { reason: OverloadReason, retry_after: Duration },
+    Overloaded {
+        reason: OverloadReason,
+        retry_after: Duration,
+    },
     /// The model raised on this request's own inputs (the message is the model's).
     #[error("model error: {0}")]
     Model(String),

@@ -24,7 +24,12 @@ pub struct PythonModelOptions {
 
 impl Default for PythonModelOptions {
     fn default() -> Self {
-        Self { model: None, dtype: "float32".into(), quantize: None, instruction: None }
+        Self {
+            model: None,
+            dtype: "float32".into(),
+            quantize: None,
+            instruction: None,
+        }
     }
 }
 
@@ -46,12 +51,18 @@ impl PythonEmbedder {
             kwargs.set_item("dtype", &options.dtype)?;
             kwargs.set_item("quantize", options.quantize)?;
             kwargs.set_item("instruction", options.instruction.as_deref())?;
-            let model = py.import("mlx_embed")?.call_method("load", (options.model.as_deref(),), Some(&kwargs))?;
+            let model = py.import("mlx_embed")?.call_method(
+                "load",
+                (options.model.as_deref(),),
+                Some(&kwargs),
+            )?;
             let info = read_info(&model.call_method0("info")?)?;
             Ok(Self {
                 model: model.unbind(),
                 info,
-                kill_marker: std::env::var("MLX_EMBED_TEST_KILL").ok().filter(|m| !m.is_empty()),
+                kill_marker: std::env::var("MLX_EMBED_TEST_KILL")
+                    .ok()
+                    .filter(|m| !m.is_empty()),
             })
         })
     }
@@ -62,8 +73,13 @@ impl PythonEmbedder {
     }
 
     fn check_kill_hook(&self, inputs: &[EmbedInput]) {
-        let Some(marker) = &self.kill_marker else { return };
-        if inputs.iter().any(|input| matches!(input, EmbedInput::Text(t) if t.contains(marker.as_str()))) {
+        let Some(marker) = &self.kill_marker else {
+            return;
+        };
+        if inputs
+            .iter()
+            .any(|input| matches!(input, EmbedInput::Text(t) if t.contains(marker.as_str())))
+        {
             panic!("test hook MLX_EMBED_TEST_KILL: killing the model thread");
         }
     }
@@ -87,10 +103,20 @@ impl Embedder for PythonEmbedder {
                 }
             }
             let answer = self.model.bind(py).call_method1("embed_raw", (batch,))?;
-            let (vectors, token_counts, untruncated_token_counts, padded_tokens): (Bound<'_, PyBytes>, Vec<u32>, Vec<u32>, u64) =
-                answer.extract()?;
+            let (vectors, token_counts, untruncated_token_counts, padded_tokens): (
+                Bound<'_, PyBytes>,
+                Vec<u32>,
+                Vec<u32>,
+                u64,
+            ) = answer.extract()?;
             let vectors = le_f32s(vectors.as_bytes())?;
-            Ok(BatchOutput { vectors, token_counts, untruncated_token_counts, padded_tokens, gil_wait })
+            Ok(BatchOutput {
+                vectors,
+                token_counts,
+                untruncated_token_counts,
+                padded_tokens,
+                gil_wait,
+            })
         })
         .map_err(|err: BridgeError| err.into())
     }
@@ -99,21 +125,32 @@ impl Embedder for PythonEmbedder {
 /// Bulk conversion: one pass over the bytes, no per-element Python calls.
 fn le_f32s(bytes: &[u8]) -> Result<Vec<f32>, BridgeError> {
     if !bytes.len().is_multiple_of(4) {
-        return Err(BridgeError::Protocol(format!("{} vector bytes is not a whole number of float32", bytes.len())));
+        return Err(BridgeError::Protocol(format!(
+            "{} vector bytes is not a whole number of float32",
+            bytes.len()
+        )));
     }
-    Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
 }
 
 fn read_info(info: &Bound<'_, PyAny>) -> Result<ModelInfo, BridgeError> {
-    let info = info.cast::<PyDict>().map_err(|_| BridgeError::Protocol("model.info() is not a dict".into()))?;
+    let info = info
+        .cast::<PyDict>()
+        .map_err(|_| BridgeError::Protocol("model.info() is not a dict".into()))?;
     let required = |key: &str| -> Result<Bound<'_, PyAny>, BridgeError> {
-        info.get_item(key)?.ok_or_else(|| BridgeError::Protocol(format!("model.info() lacks {key:?}")))
+        info.get_item(key)?
+            .ok_or_else(|| BridgeError::Protocol(format!("model.info() lacks {key:?}")))
     };
     let mut model_info = ModelInfo {
         name: required("name")?.extract()?,
         dim: required("dim")?.extract()?,
         max_input_tokens: required("max_length")?.extract()?,
-        preferred_batch_tokens: info.get_item("preferred_batch_tokens")?.and_then(|v| v.extract().ok()),
+        preferred_batch_tokens: info
+            .get_item("preferred_batch_tokens")?
+            .and_then(|v| v.extract().ok()),
         details: Default::default(),
     };
     for (key, value) in info.iter() {

@@ -7,7 +7,11 @@ use mlx_embed_core::EmbedderError;
 pub enum BridgeError {
     /// `mlx_embed` could not be imported; the message says where Python looked.
     #[error("cannot import the Python package `mlx_embed`: {message} (sys.prefix = {prefix}; sys.path = {path}). Install the project into a virtualenv (`make serve` does) and set VIRTUAL_ENV or run the binary from that virtualenv")]
-    NotImportable { message: String, prefix: String, path: String },
+    NotImportable {
+        message: String,
+        prefix: String,
+        path: String,
+    },
     /// Python raised while loading or running the model.
     #[error("python: {0}")]
     Python(String),

@@ -301,7 +301,7 @@ def side_by_side(args) -> int:
     names = list(procs)
     for unit, scale in (("texts/s", 1.0), ("real tokens/s", n_tokens / n_texts)):
         print()
-        print(f"| batch | " + " | ".join(f"{k} {unit}" for k in names) + " |")
+        print("| batch | " + " | ".join(f"{k} {unit}" for k in names) + " |")
         print("|---:|" + "---:|" * len(names))
         for bs in args.batch_sizes:
             cells = [f"{tps[k][bs] * scale:.1f}" if unit == "texts/s" else f"{tps[k][bs] * scale:.0f}"

@@ -1,8 +1,6 @@
 """API contract: shapes, errors, counts and the server-facing embed_raw."""
 
 import json
-import os
-import shutil
 
 import numpy as np
 import pytest

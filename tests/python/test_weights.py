@@ -1,12 +1,10 @@
 """Checkpoint formats: sharded, prefixed names, quantized."""
 
 import json
-import os
 import shutil
 
 import mlx.core as mx
 import numpy as np
-import pytest
 
 import mlx_embed
 from conftest import TINY_QWEN3

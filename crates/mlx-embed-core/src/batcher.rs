@@ -1,4 +1,5 @@
-//! The public handle: admission, hand-off to the collector, and the answer.
+//! The public handle: tokenize, the cache, admission into a lane, hand-off
+//! to the model thread, and the answer.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -6,13 +7,15 @@ use std::time::Instant;
 use tokio::sync::oneshot;
 
 use crate::admission::Refusal;
+use crate::cache::{Cache, CacheKey, Lookup};
 use crate::model_thread;
 use crate::queue::Pending;
 use crate::request::{ActiveGuard, CallerGuard, Request, Ticket};
 use crate::shared::Shared;
+use crate::tokenize;
 use crate::{
-    BatcherConfig, CoreError, EmbedInput, Embedder, EmbedderError, MetricsSnapshot, ModelInfo,
-    Priority,
+    BatcherConfig, CoreError, EmbedInput, EmbedOptions, Embedder, EmbedderError, Encoded,
+    MetricsSnapshot, ModelInfo, Priority, Tokenize,
 };
 
 /// What one caller gets back: its own inputs' vectors, in its order.
@@ -20,10 +23,10 @@ use crate::{
 pub struct Embeddings {
     /// Pooled, not normalized, one per input in input order.
     pub vectors: Vec<Vec<f32>>,
-    /// Tokens the model ran per input (after truncation).
+    /// Exact tokens the model ran per input (after truncation, special tokens included).
     pub token_counts: Vec<u32>,
-    /// Tokens per input before truncation.
-    pub untruncated_token_counts: Vec<u32>,
+    /// How many of the inputs were answered from the embedding cache.
+    pub cache_hits: u32,
 }
 
 /// Handle to a running batcher; cheap to clone, shareable across tasks.
@@ -41,6 +44,7 @@ pub struct Batcher {
 struct Inner {
     shared: Arc<Shared>,
     info: ModelInfo,
+    tokenizer: Option<Arc<dyn Tokenize>>,
 }
 
 impl std::fmt::Debug for Batcher {
@@ -77,8 +81,8 @@ impl Batcher {
         let loaded = model_thread::spawn(shared.clone(), load).map_err(|e| {
             CoreError::ModelUnavailable(format!("cannot spawn the model thread: {e}"))
         })?;
-        let info = match loaded.recv() {
-            Ok(Ok(info)) => info,
+        let (info, tokenizer) = match loaded.recv() {
+            Ok(Ok(loaded)) => loaded,
             Ok(Err(message)) => return Err(CoreError::ModelUnavailable(message)),
             Err(_) => {
                 return Err(CoreError::ModelUnavailable(
@@ -90,30 +94,38 @@ impl Batcher {
         // The model thread is detached: it exits on its own after `stop`, and
         // joining it mid-batch from a drop could block an async runtime.
         Ok(Self {
-            inner: Arc::new(Inner { shared, info }),
+            inner: Arc::new(Inner {
+                shared,
+                info,
+                tokenizer,
+            }),
         })
     }
 
     /// Embeds `inputs` (non-empty) and returns exactly their vectors, in order.
-    /// Waits for admission; `Overloaded` only past `max_waiting` or `max_queue_wait`.
-    /// Dropping the future before its batch starts means its inputs are never computed.
     ///
-    /// The future is `Send` and runs on any tokio runtime flavor; waiting for
-    /// admission uses tokio's timer, so the runtime needs its time driver.
-    pub async fn embed(&self, inputs: Vec<EmbedInput>) -> Result<Embeddings, CoreError> {
-        self.embed_with_priority(inputs, Priority::Normal).await
-    }
-
-    /// [`Batcher::embed`] in the lane of `priority`: high-priority inputs go
-    /// into the next batch ahead of waiting normal and low ones; each lane
-    /// has its own admission bounds.
-    pub async fn embed_with_priority(
+    /// The inputs are tokenized first (on tokio's blocking pool, with the
+    /// model's [`Tokenize`]): an unknown prompt name or a bad token id is
+    /// `InvalidInput`, and with `options.truncate == false` an input over the
+    /// model's maximum is `InputTooLong`, before anything is queued. Inputs
+    /// the embedding cache has are answered from it; the rest wait for
+    /// admission in the lane of `options.priority` (`Overloaded` only past
+    /// that lane's `max_waiting` or `max_queue_wait`), and high-priority
+    /// inputs go into the next batch ahead of waiting normal and low ones.
+    /// Dropping the future before its batch starts means its inputs are never
+    /// computed.
+    ///
+    /// The future is `Send` and runs on any tokio runtime flavor; it needs
+    /// the runtime's time driver (admission waits with tokio's timer) and
+    /// its blocking pool.
+    pub async fn embed(
         &self,
         inputs: Vec<EmbedInput>,
-        priority: Priority,
+        options: EmbedOptions,
     ) -> Result<Embeddings, CoreError> {
         let shared = &*self.inner.shared;
-        let result = self.embed_inner(inputs, priority).await;
+        let priority = options.priority;
+        let result = self.embed_inner(inputs, options).await;
         shared.recorder.count_outcome(priority, &result);
         result
     }
@@ -121,16 +133,103 @@ impl Batcher {
     async fn embed_inner(
         &self,
         inputs: Vec<EmbedInput>,
-        priority: Priority,
+        options: EmbedOptions,
     ) -> Result<Embeddings, CoreError> {
         let shared = &*self.inner.shared;
-        let arrived = Instant::now();
-        let n = inputs.len();
-        if n == 0 {
+        if inputs.is_empty() {
             return Err(CoreError::InvalidInput("no inputs to embed".into()));
         }
         shared.check_open()?;
+        // Counts this call for `drained()` from here, tokenizing included.
+        let _active = ActiveGuard::new(shared.recorder.clone());
+        let inner = &*self.inner;
+        let encoded =
+            tokenize::encode_all(inner.tokenizer.clone(), &inner.info, inputs, &options).await?;
+        let token_counts: Vec<u32> = encoded.iter().map(|e| e.len() as u32).collect();
+        let (vectors, cache_hits) = match &shared.cache {
+            Some(cache) => {
+                self.compute_cached(cache, encoded, options.priority)
+                    .await?
+            }
+            None => (self.compute(encoded, options.priority).await?, 0),
+        };
+        Ok(Embeddings {
+            vectors,
+            token_counts,
+            cache_hits,
+        })
+    }
+
+    /// The cache path: hits at once; misses this call leads are computed in
+    /// one request; misses another call is computing are awaited. A leader
+    /// that gives up (fails, or its caller left) wakes its followers with
+    /// nothing, and they look up again: one of them leads the next try.
+    /// Leads are published before any follow is awaited, so two calls
+    /// following each other's keys cannot wait on each other.
+    async fn compute_cached(
+        &self,
+        cache: &Arc<Cache>,
+        encoded: Vec<Encoded>,
+        priority: Priority,
+    ) -> Result<(Vec<Vec<f32>>, u32), CoreError> {
+        let mut out: Vec<Option<Vec<f32>>> = vec![None; encoded.len()];
+        let mut hits = 0u32;
+        let mut todo: Vec<usize> = (0..encoded.len()).collect();
+        while !todo.is_empty() {
+            let mut leads = Vec::new();
+            let mut follows = Vec::new();
+            for i in todo.drain(..) {
+                let key = CacheKey {
+                    ids: encoded[i].ids.clone(),
+                    type_ids: encoded[i].type_ids.clone(),
+                };
+                match cache.lookup(key) {
+                    Lookup::Hit(vector) => {
+                        out[i] = Some(vector.to_vec());
+                        hits += 1;
+                    }
+                    Lookup::Lead(lead) => leads.push((i, lead)),
+                    Lookup::Follow(follow) => follows.push((i, follow)),
+                }
+            }
+            if !leads.is_empty() {
+                let inputs = leads.iter().map(|(i, _)| encoded[*i].clone()).collect();
+                // On error the leads drop unpublished, which wakes their followers.
+                let vectors = self.compute(inputs, priority).await?;
+                for ((i, lead), vector) in leads.into_iter().zip(vectors) {
+                    lead.publish(&vector);
+                    out[i] = Some(vector);
+                }
+            }
+            for (i, follow) in follows {
+                match follow.wait().await {
+                    Some(vector) => {
+                        out[i] = Some(vector.to_vec());
+                        hits += 1;
+                    }
+                    None => todo.push(i),
+                }
+            }
+        }
+        let vectors = out
+            .into_iter()
+            .map(|v| v.expect("every input answered"))
+            .collect();
+        Ok((vectors, hits))
+    }
+
+    /// Admission into `priority`'s lane, then the model: the vectors of
+    /// `encoded`, in order.
+    async fn compute(
+        &self,
+        encoded: Vec<Encoded>,
+        priority: Priority,
+    ) -> Result<Vec<Vec<f32>>, CoreError> {
+        let shared = &*self.inner.shared;
+        let n = encoded.len();
         let active = ActiveGuard::new(shared.recorder.clone());
+        // Queue wait (and its bound) starts once the request is ready to queue.
+        let arrived = Instant::now();
         let admission = shared.admission(priority);
         let permit = match admission.admit(n, arrived).await {
             Ok(permit) => permit,
@@ -147,7 +246,7 @@ impl Batcher {
         let (reply, answer) = oneshot::channel();
         let request = Arc::new(Request::new(n, priority, arrived, reply, ticket, active));
         let caller = CallerGuard::new(&request);
-        shared.submit(Pending::new(request, inputs))?;
+        shared.submit(Pending::new(request, encoded))?;
         let result = answer.await;
         caller.disarm();
         // No answer means the request was dropped unanswered: the model is gone.
@@ -157,6 +256,12 @@ impl Batcher {
     /// What the model reported about itself when it loaded.
     pub fn model_info(&self) -> &ModelInfo {
         &self.inner.info
+    }
+
+    /// The model's tokenizer (`None` for a model that takes token ids only):
+    /// what `embed` runs, for callers that want the ids without embedding.
+    pub fn tokenizer(&self) -> Option<&Arc<dyn Tokenize>> {
+        self.inner.tokenizer.as_ref()
     }
 
     /// The configuration this batcher runs with.

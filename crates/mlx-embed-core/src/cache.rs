@@ -377,7 +377,7 @@ mod tests {
         let cache = Cache::new(capacity).unwrap();
         for id in 0..2_000u32 {
             let len = (id % 37) as usize + 1;
-            lead(&cache, key(id, len)).publish(&vec![1.0; 16]);
+            lead(&cache, key(id, len)).publish(&[1.0; 16]);
             let m = cache.metrics();
             assert!(m.bytes <= capacity as u64, "{} > {capacity}", m.bytes);
         }

@@ -6,8 +6,8 @@
 //! takes high first, then normal, then low, under these rules:
 //!
 //! - **Budgets.** A batch holds at most `max_batch_size` inputs and
-//!   `max_batch_tokens` padded tokens (longest x count); a lone input always
-//!   fits, however long.
+//!   `max_batch_tokens` padded tokens (longest x count, exact: inputs arrive
+//!   tokenized); a lone input always fits, however long.
 //! - **Short batches for queries.** When high-priority inputs are waiting,
 //!   lower lanes top the batch up only to `max_priority_batch_size` inputs,
 //!   so a query waits for the running batch plus one short one.
@@ -28,7 +28,7 @@ use std::sync::Arc;
 
 use crate::recorder::Recorder;
 use crate::request::Request;
-use crate::{EmbedInput, Priority};
+use crate::{Encoded, Priority};
 
 /// Budgets and lane rules for cutting batches.
 #[derive(Debug, Clone, Copy)]
@@ -48,7 +48,7 @@ pub(crate) struct Limits {
 /// The not-yet-batched rest of a request.
 pub(crate) struct Pending {
     pub req: Arc<Request>,
-    inputs: std::vec::IntoIter<EmbedInput>,
+    inputs: std::vec::IntoIter<Encoded>,
     /// Index (in the request) of the next input to batch.
     next_index: usize,
     /// Inputs batched during this request's current turn at the front.
@@ -56,7 +56,7 @@ pub(crate) struct Pending {
 }
 
 impl Pending {
-    pub fn new(req: Arc<Request>, inputs: Vec<EmbedInput>) -> Self {
+    pub fn new(req: Arc<Request>, inputs: Vec<Encoded>) -> Self {
         Self {
             req,
             inputs: inputs.into_iter(),
@@ -83,9 +83,9 @@ pub(crate) struct Part {
 /// Inputs for one model call and which request each belongs to.
 #[derive(Default)]
 pub(crate) struct Batch {
-    pub inputs: Vec<EmbedInput>,
+    pub inputs: Vec<Encoded>,
     pub parts: Vec<Part>,
-    /// Largest token estimate in the batch (the padded length).
+    /// Tokens of the longest input in the batch (the padded length).
     max_tokens: usize,
 }
 
@@ -94,12 +94,17 @@ impl Batch {
         self.inputs.is_empty()
     }
 
-    /// Estimated padded tokens: longest input x count.
+    /// Padded tokens: longest input x count.
     pub fn padded_tokens(&self) -> usize {
         self.max_tokens * self.inputs.len()
     }
 
-    /// Whether one more input of `tokens` estimated tokens stays within
+    /// Tokens of all inputs, unpadded.
+    pub fn real_tokens(&self) -> usize {
+        self.inputs.iter().map(Encoded::len).sum()
+    }
+
+    /// Whether one more input of `tokens` tokens stays within
     /// `cap` inputs and the token budget. A lone input always fits.
     fn fits(&self, tokens: usize, cap: usize, limits: &Limits) -> bool {
         let n = self.inputs.len();
@@ -108,8 +113,8 @@ impl Batch {
                 && self.max_tokens.max(tokens).saturating_mul(n + 1) <= limits.max_batch_tokens)
     }
 
-    fn push(&mut self, req: &Arc<Request>, index: usize, input: EmbedInput) {
-        self.max_tokens = self.max_tokens.max(input.estimated_tokens());
+    fn push(&mut self, req: &Arc<Request>, index: usize, input: Encoded) {
+        self.max_tokens = self.max_tokens.max(input.len());
         let start = self.inputs.len();
         self.inputs.push(input);
         if let Some(last) = self.parts.last_mut() {
@@ -218,7 +223,7 @@ impl FairQueue {
                 let Some(next) = front.inputs.as_slice().first() else {
                     break;
                 };
-                if !batch.fits(next.estimated_tokens(), cap, &limits) {
+                if !batch.fits(next.len(), cap, &limits) {
                     break;
                 }
                 let input = front.inputs.next().expect("peeked above");
@@ -348,7 +353,7 @@ mod tests {
         n: usize,
         priority: Priority,
         recorder: &Arc<Recorder>,
-    ) -> (Arc<Request>, Vec<EmbedInput>) {
+    ) -> (Arc<Request>, Vec<Encoded>) {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
@@ -367,7 +372,13 @@ mod tests {
         ));
         (
             req,
-            (0..n).map(|i| EmbedInput::Text(format!("{i}"))).collect(),
+            (0..n)
+                .map(|i| Encoded {
+                    ids: vec![i as u32],
+                    type_ids: None,
+                    untruncated_len: 1,
+                })
+                .collect(),
         )
     }
 

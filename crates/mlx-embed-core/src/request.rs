@@ -8,9 +8,12 @@ use std::time::Instant;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use crate::recorder::{lock, Recorder};
-use crate::{CoreError, Embeddings, Priority};
+use crate::{CoreError, Priority};
 
-pub(crate) type Reply = oneshot::Sender<Result<Embeddings, CoreError>>;
+/// A request's vectors (pooled, not normalized, in input order), or why not.
+pub(crate) type Answered = Result<Vec<Vec<f32>>, CoreError>;
+
+pub(crate) type Reply = oneshot::Sender<Answered>;
 
 /// The admission permits and in-flight count of a request; given back the
 /// moment its answer is ready, before the caller is woken (so a caller that
@@ -60,7 +63,7 @@ impl Drop for ActiveGuard {
 }
 
 struct Answer {
-    embeddings: Embeddings,
+    vectors: Vec<Vec<f32>>,
     reply: Option<Reply>,
     ticket: Option<Ticket>,
     active: Option<ActiveGuard>,
@@ -98,11 +101,7 @@ impl Request {
             started: AtomicBool::new(false),
             cancel_counted: AtomicBool::new(false),
             answer: Mutex::new(Answer {
-                embeddings: Embeddings {
-                    vectors: Vec::with_capacity(len),
-                    token_counts: Vec::with_capacity(len),
-                    untruncated_token_counts: Vec::with_capacity(len),
-                },
+                vectors: Vec::with_capacity(len),
                 reply: Some(reply),
                 ticket: Some(ticket),
                 active: Some(active),
@@ -136,29 +135,21 @@ impl Request {
     /// Appends computed rows for inputs `offset..offset + vectors.len()`;
     /// answers the caller when the last one arrives. Chunks of one request run
     /// in order on the single model thread, so appending keeps input order.
-    pub fn deliver(
-        &self,
-        offset: usize,
-        vectors: impl Iterator<Item = Vec<f32>>,
-        tokens: &[u32],
-        untruncated: &[u32],
-    ) {
+    pub fn deliver(&self, offset: usize, vectors: impl Iterator<Item = Vec<f32>>) {
         let mut answer = lock(&self.answer);
         if answer.reply.is_none() {
             return;
         }
-        let e = &mut answer.embeddings;
+        let done = &mut answer.vectors;
         debug_assert_eq!(
-            e.vectors.len(),
+            done.len(),
             offset,
             "chunks of a request must arrive in order"
         );
-        e.vectors.extend(vectors);
-        e.token_counts.extend_from_slice(tokens);
-        e.untruncated_token_counts.extend_from_slice(untruncated);
-        if e.vectors.len() == self.len {
-            let embeddings = std::mem::take(&mut answer.embeddings);
-            Self::answer(answer, Ok(embeddings));
+        done.extend(vectors);
+        if done.len() == self.len {
+            let vectors = std::mem::take(&mut answer.vectors);
+            Self::answer(answer, Ok(vectors));
         }
     }
 
@@ -171,10 +162,7 @@ impl Request {
         }
     }
 
-    fn answer(
-        mut answer: std::sync::MutexGuard<'_, Answer>,
-        result: Result<Embeddings, CoreError>,
-    ) {
+    fn answer(mut answer: std::sync::MutexGuard<'_, Answer>, result: Answered) {
         let reply = answer.reply.take();
         let ticket = answer.ticket.take();
         let active = answer.active.take();

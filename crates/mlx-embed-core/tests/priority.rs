@@ -6,20 +6,37 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use mlx_embed_core::{Batcher, BatcherConfig, CoreError, OverloadReason, Priority};
+use mlx_embed_core::{Batcher, BatcherConfig, CoreError, EmbedOptions, OverloadReason, Priority};
 use tokio::task::JoinHandle;
 use tokio::time::timeout;
 
 type Answer = Result<mlx_embed_core::Embeddings, CoreError>;
 
+fn options(priority: Priority) -> EmbedOptions {
+    EmbedOptions {
+        priority,
+        ..EmbedOptions::default()
+    }
+}
+
 fn spawn(batcher: &Batcher, priority: Priority, names: &[&str]) -> JoinHandle<Answer> {
     let b = batcher.clone();
     let texts: Vec<String> = names.iter().map(|s| s.to_string()).collect();
     tokio::spawn(async move {
-        let got = b.embed_with_priority(owned_texts(&texts), priority).await?;
+        let got = b.embed(owned_texts(&texts), options(priority)).await?;
         assert_answer(&texts, &got);
         Ok(got)
     })
+}
+
+/// Spawns the request and waits until it is queued: tokenizing runs on the
+/// blocking pool, so spawn order alone does not fix the order of arrival.
+async fn queue(batcher: &Batcher, priority: Priority, names: &[&str]) -> JoinHandle<Answer> {
+    let before = batcher.metrics().in_flight_inputs;
+    let task = spawn(batcher, priority, names);
+    let want = before + names.len() as u64;
+    eventually("queued", || batcher.metrics().in_flight_inputs == want).await;
+    task
 }
 
 fn strings(batches: &[&[&str]]) -> Vec<Vec<String>> {
@@ -40,14 +57,14 @@ async fn batches_take_high_then_normal_then_low() {
     };
     let (batcher, record) = start(config, Duration::ZERO, Some(gate.clone()));
     let holder = occupy_model(&batcher, &record, "holder").await;
-    // Arrival order mixes the lanes; current_thread runs the tasks in spawn order.
+    // Arrival order mixes the lanes.
     let tasks = vec![
-        spawn(&batcher, Low, &["l1a", "l1b"]),
-        spawn(&batcher, Normal, &["n1a", "n1b"]),
-        spawn(&batcher, High, &["h1"]),
-        spawn(&batcher, Normal, &["n2"]),
-        spawn(&batcher, High, &["h2a", "h2b"]),
-        spawn(&batcher, Low, &["l2"]),
+        queue(&batcher, Low, &["l1a", "l1b"]).await,
+        queue(&batcher, Normal, &["n1a", "n1b"]).await,
+        queue(&batcher, High, &["h1"]).await,
+        queue(&batcher, Normal, &["n2"]).await,
+        queue(&batcher, High, &["h2a", "h2b"]).await,
+        queue(&batcher, Low, &["l2"]).await,
     ];
     eventually("all queued", || batcher.metrics().in_flight_inputs == 10).await;
     let m = batcher.metrics();
@@ -89,14 +106,14 @@ async fn a_lower_lane_is_passed_over_at_most_aging_batches_times() {
     let (batcher, record) = start(config, Duration::ZERO, Some(gate.clone()));
     let holder = occupy_model(&batcher, &record, "holder").await;
     let mut tasks = vec![
-        spawn(&batcher, Priority::Low, &["low"]),
-        spawn(&batcher, Priority::Normal, &["normal"]),
+        queue(&batcher, Priority::Low, &["low"]).await,
+        queue(&batcher, Priority::Normal, &["normal"]).await,
     ];
     let high: Vec<[String; 2]> = (0..6)
         .map(|i| [format!("h{i}a"), format!("h{i}b")])
         .collect();
     for pair in &high {
-        tasks.push(spawn(&batcher, Priority::High, &[&pair[0], &pair[1]]));
+        tasks.push(queue(&batcher, Priority::High, &[&pair[0], &pair[1]]).await);
     }
     eventually("all queued", || batcher.metrics().in_flight_inputs == 15).await;
     gate.open();
@@ -131,14 +148,10 @@ async fn each_lane_has_its_own_admission_room() {
     };
     let (batcher, record) = start(config, Duration::ZERO, Some(gate.clone()));
     let holder = occupy_model(&batcher, &record, "bulk 0").await;
-    let bulk = spawn(&batcher, Priority::Normal, &["bulk 1"]);
-    eventually("normal room full", || {
-        batcher.metrics().in_flight_inputs == 2
-    })
-    .await;
+    let bulk = queue(&batcher, Priority::Normal, &["bulk 1"]).await;
     // The normal lane has no room and no waiting room: refused at once.
     let refused = batcher
-        .embed_with_priority(texts(&["bulk 2"]), Priority::Normal)
+        .embed(texts(&["bulk 2"]), options(Priority::Normal))
         .await;
     assert!(
         matches!(
@@ -151,8 +164,7 @@ async fn each_lane_has_its_own_admission_room() {
         "{refused:?}"
     );
     // The high lane's room is its own.
-    let query = spawn(&batcher, Priority::High, &["query"]);
-    eventually("query admitted", || batcher.metrics().in_flight_inputs == 3).await;
+    let query = queue(&batcher, Priority::High, &["query"]).await;
     let m = batcher.metrics();
     let refusals: Vec<u64> = m.lanes.iter().map(|l| l.requests_overloaded).collect();
     assert_eq!(refusals, vec![0, 1, 0]);

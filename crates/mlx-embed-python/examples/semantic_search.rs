@@ -2,7 +2,7 @@
 //!
 //! `cargo run --release --example semantic_search` (with the project's .venv built by `make test`).
 
-use mlx_embed_core::{l2_normalize, Batcher, BatcherConfig, EmbedInput};
+use mlx_embed_core::{l2_normalize, Batcher, BatcherConfig, EmbedInput, EmbedOptions};
 use mlx_embed_python::{PythonEmbedder, PythonModelOptions};
 
 const CORPUS: &[&str] = &[
@@ -32,7 +32,7 @@ fn embed_all(
         .map(|t| EmbedInput::Text(t.to_string()))
         .collect();
     let mut vectors = runtime
-        .block_on(batcher.embed(inputs))
+        .block_on(batcher.embed(inputs, EmbedOptions::default()))
         .expect("embed")
         .vectors;
     vectors.iter_mut().for_each(|v| l2_normalize(v));

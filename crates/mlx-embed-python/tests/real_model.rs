@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use mlx_embed_core::{l2_normalize, Batcher, BatcherConfig, EmbedInput};
+use mlx_embed_core::{l2_normalize, Batcher, BatcherConfig, EmbedInput, EmbedOptions};
 use mlx_embed_python::{PythonEmbedder, PythonModelOptions};
 
 fn fixtures() -> PathBuf {
@@ -62,7 +62,10 @@ async fn golden_texts_match_reference_and_concurrent_callers_get_their_own() {
     assert_eq!((rows, dim), (texts.len(), 384));
 
     let out = batcher
-        .embed(texts.iter().cloned().map(EmbedInput::Text).collect())
+        .embed(
+            texts.iter().cloned().map(EmbedInput::Text).collect(),
+            EmbedOptions::default(),
+        )
         .await
         .expect("embed golden");
     let mut worst = 1.0f32;
@@ -82,7 +85,11 @@ async fn golden_texts_match_reference_and_concurrent_callers_get_their_own() {
         .cloned()
         .map(|text| {
             let batcher = batcher.clone();
-            tokio::spawn(async move { batcher.embed(vec![EmbedInput::Text(text)]).await })
+            tokio::spawn(async move {
+                batcher
+                    .embed(vec![EmbedInput::Text(text)], EmbedOptions::default())
+                    .await
+            })
         })
         .collect();
     let mut concurrent = Vec::new();
@@ -98,7 +105,10 @@ async fn golden_texts_match_reference_and_concurrent_callers_get_their_own() {
     }
     for (text, vector) in callers.iter().zip(&concurrent) {
         let single = batcher
-            .embed(vec![EmbedInput::Text(text.clone())])
+            .embed(
+                vec![EmbedInput::Text(text.clone())],
+                EmbedOptions::default(),
+            )
             .await
             .unwrap()
             .vectors

@@ -106,11 +106,13 @@ async fn warm_up(batcher: &Batcher) -> Result<Duration, CoreError> {
         .min(config.max_concurrent_requests)
         .max(1);
     // At least one token per word: truncated to exactly the model's maximum.
-    let text = "warmup ".repeat(info.max_input_tokens.max(1));
+    // Distinct texts, or the embedding cache would compute only one of them.
+    let words = "warmup ".repeat(info.max_input_tokens.max(1));
+    let texts = (0..n)
+        .map(|i| EmbedInput::Text(format!("{i} {words}")))
+        .collect();
     let start = Instant::now();
-    batcher
-        .embed(vec![EmbedInput::Text(text); n], EmbedOptions::default())
-        .await?;
+    batcher.embed(texts, EmbedOptions::default()).await?;
     Ok(start.elapsed())
 }
 

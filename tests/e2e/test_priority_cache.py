@@ -58,7 +58,7 @@ def test_every_route_takes_a_priority_header_and_the_body_priority(tmp_path):
     for bad in ["urgent", "", "1"]:
         resp = server.post("/api/v1/embed", {"texts": ["x"]}, headers={"X-Priority": bad})
         assert resp.status_code == 400, (bad, resp.text)
-        assert "X-Priority" in resp.json()["error"]
+        assert "X-Priority must be high, normal or low" in json.dumps(resp.json())
     resp = server.post("/v1/embeddings", {"input": ["x"], "priority": "high"})
     assert resp.status_code == 422, resp.text
     assert server.stop() == 0
@@ -125,6 +125,9 @@ def test_high_priority_queries_overtake_a_saturating_bulk_client(tmp_path):
 
 def test_cached_answers_are_bitwise_the_models(tmp_path, golden):
     texts, reference = golden
+    # The API refuses empty strings (400), so the golden row for "" is left out.
+    keep = [i for i, t in enumerate(texts) if t != ""]
+    texts, reference = [texts[i] for i in keep], reference[keep]
     cached = start_server(tmp_path, "--no-warmup")
     uncached = start_server(tmp_path, "--no-cache", "--no-warmup")
     for path, body, key in [

@@ -12,7 +12,8 @@ loopback for each configuration and drives it over HTTP.
    model's mean seconds per batch for --bulk-texts-sized batches, measured
    on the idle server before the load (from /metrics `model_seconds`).
    Target (issue 16): high-priority p50 <= 1.5x and p99 <= 3x that time.
-   The server runs with --no-cache so every bulk text is computed.
+   The server runs with --no-cache so every bulk text is computed, and with
+   --max-priority-batch-size a quarter of --bulk-texts (the defaults' 16 of 64).
 
 2. Cache. A Graphiti-like ingestion replay: --episodes episodes, each one
    request of entity names (--entities-per-episode, drawn with a Zipf
@@ -25,7 +26,7 @@ loopback for each configuration and drives it over HTTP.
    and the cache's hit rate (from /metrics).
 
     python scripts/bench_priority.py                 # full run (~3 minutes)
-    python scripts/bench_priority.py --quick         # smoke run (~40 s)
+    python scripts/bench_priority.py --quick         # smoke run (about a minute)
     python scripts/bench_priority.py --write-docs    # also update docs/benchmarks.md
 
 Numbers depend on the machine and what else runs on it; run on a quiet one.
@@ -260,7 +261,7 @@ def full_batch_seconds(server: Server, texts: int, rounds: int) -> float:
 
 
 def bench_priority(a, log_dir: Path) -> dict:
-    args = ["--no-cache", "--max-batch-size", str(a.bulk_texts)]
+    args = ["--no-cache", "--max-batch-size", str(a.bulk_texts), "--max-priority-batch-size", str(a.priority_batch_size)]
     with Server(args, log_dir, "priority") as server:
         batch_s = full_batch_seconds(server, a.bulk_texts, rounds=3 if a.quick else 5)
         phases = {}
@@ -334,7 +335,8 @@ def report(a, prio: dict, cache: dict) -> str:
     lines = [
         f"One full batch ({a.bulk_texts} short texts) takes {b * 1e3:.0f} ms of model time on the idle server.",
         f"Bulk: {a.bulk_conns} connections x {a.bulk_texts} texts, normal priority; queries: one short text at "
-        f"{a.query_rate:g}/s for {a.seconds:g} s. Server flags: `--no-cache --max-batch-size {a.bulk_texts}`.",
+        f"{a.query_rate:g}/s for {a.seconds:g} s. Server flags: `--no-cache --max-batch-size {a.bulk_texts} "
+        f"--max-priority-batch-size {a.priority_batch_size}`.",
         "",
         "| queries sent with | answered | p50 | p99 | p50 / batch | p99 / batch | bulk texts/s |",
         "| --- | --- | --- | --- | --- | --- | --- |",
@@ -372,17 +374,25 @@ def write_docs(text: str, command: str) -> None:
     DOCS.write_text(doc)
 
 
+FULL = {"bulk_conns": 64, "bulk_texts": 64, "seconds": 60.0, "warmup": 5.0, "episodes": 400, "vocab_size": 2000}
+QUICK = {"bulk_conns": 8, "bulk_texts": 16, "seconds": 4.0, "warmup": 1.0, "episodes": 40, "vocab_size": 300}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small, short smoke run")
-    p.add_argument("--bulk-conns", type=int, default=64)
-    p.add_argument("--bulk-texts", type=int, default=64)
+    # Defaults of None are filled from FULL or QUICK, so explicit values win in both modes.
+    p.add_argument("--bulk-conns", type=int)
+    p.add_argument("--bulk-texts", type=int, help="texts per bulk request, also the server's --max-batch-size")
+    p.add_argument("--priority-batch-size", type=int,
+                   help="the server's --max-priority-batch-size (default: a quarter of --bulk-texts, "
+                        "the server defaults' proportion)")
     p.add_argument("--query-rate", type=float, default=5.0)
-    p.add_argument("--seconds", type=float, default=60.0, help="query phase length")
-    p.add_argument("--warmup", type=float, default=5.0, help="seconds of bulk load before queries start")
-    p.add_argument("--episodes", type=int, default=400)
+    p.add_argument("--seconds", type=float, help="query phase length")
+    p.add_argument("--warmup", type=float, help="seconds of bulk load before queries start")
+    p.add_argument("--episodes", type=int)
     p.add_argument("--entities-per-episode", type=int, default=12)
-    p.add_argument("--vocab-size", type=int, default=2000)
+    p.add_argument("--vocab-size", type=int)
     p.add_argument("--zipf-s", type=float, default=1.1)
     p.add_argument("--replay-conns", type=int, default=8)
     p.add_argument("--skip", choices=["priority", "cache"], action="append", default=[])
@@ -390,9 +400,11 @@ def main() -> None:
     p.add_argument("--json", type=Path, help="also write the raw results here")
     p.add_argument("--log-dir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")))
     a = p.parse_args()
-    if a.quick:
-        a.bulk_conns, a.bulk_texts, a.seconds, a.warmup = 8, 16, 6.0, 2.0
-        a.episodes, a.vocab_size = 60, 300
+    for name, value in (QUICK if a.quick else FULL).items():
+        if getattr(a, name) is None:
+            setattr(a, name, value)
+    if a.priority_batch_size is None:
+        a.priority_batch_size = max(1, a.bulk_texts // 4)
     prio = bench_priority(a, a.log_dir) if "priority" not in a.skip else {"batch_s": float("nan"), "phases": {}}
     cache = bench_cache(a, a.log_dir) if "cache" not in a.skip else {}
     text = report(a, prio, cache)

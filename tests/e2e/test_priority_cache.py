@@ -203,7 +203,7 @@ def test_bench_priority_quick_runs(tmp_path):
     """The issue-16 benchmark script works end to end (figures are for a quiet machine)."""
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_priority.py"), "--quick", "--seconds", "3",
+        [sys.executable, str(ROOT / "scripts" / "bench_priority.py"), "--quick",
          "--json", str(out), "--log-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

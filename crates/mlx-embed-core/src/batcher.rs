@@ -183,7 +183,7 @@ impl Batcher {
                     ids: encoded[i].ids.clone(),
                     type_ids: encoded[i].type_ids.clone(),
                 };
-                match cache.lookup(key) {
+                match cache.lookup(key, priority) {
                     Lookup::Hit(vector) => {
                         out[i] = Some(vector.to_vec());
                         hits += 1;

@@ -10,7 +10,9 @@
 //!
 //! Single flight: the first lookup of a missing key becomes its [`Lead`]
 //! and computes it; concurrent lookups of that key [`Follow`] it and get the
-//! leader's vector. A leader that fails or is dropped (its caller left)
+//! leader's vector, unless the leader is less urgent (then they lead a
+//! computation of their own in their own lane, which later callers follow:
+//! a query never waits in the bulk lane). A leader that fails or is dropped (its caller left)
 //! publishes nothing: its followers are woken with `None` and look up again,
 //! so one of them leads the next try. Nobody waits on a leader that is gone,
 //! and nobody gets a vector computed for another key.
@@ -26,6 +28,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::watch;
 
 use crate::recorder::lock;
+use crate::Priority;
 
 /// Bytes charged per entry beyond its vector's and ids' own bytes: the
 /// shared key (Arc header and two Vecs, 64), the vector's Arc header (16),
@@ -67,6 +70,14 @@ pub struct CacheMetrics {
 
 type Flight = watch::Receiver<Option<Arc<[f32]>>>;
 
+struct FlightEntry {
+    /// The flight's number, so a leader only ever removes its own flight.
+    id: u64,
+    /// The leader's lane: only callers of that lane or a lower one follow it.
+    priority: Priority,
+    rx: Flight,
+}
+
 const NIL: usize = usize::MAX;
 
 struct Node {
@@ -89,9 +100,8 @@ struct Lru {
     /// Least recently used: evicted first.
     tail: usize,
     bytes: usize,
-    /// Keys being computed, with the channel their leader publishes on and
-    /// the flight's number (so a leader only ever removes its own flight).
-    flights: HashMap<Arc<CacheKey>, (u64, Flight)>,
+    /// Keys being computed: who leads each, and the channel it publishes on.
+    flights: HashMap<Arc<CacheKey>, FlightEntry>,
     next_flight: u64,
 }
 
@@ -235,24 +245,38 @@ impl Cache {
         })
     }
 
-    pub fn lookup(self: &Arc<Self>, key: CacheKey) -> Lookup {
+    /// Looks `key` up for a caller in `priority`'s lane. A caller never
+    /// follows a less urgent leader (it would wait in that leader's lane):
+    /// it leads its own computation instead, and later callers follow it.
+    pub fn lookup(self: &Arc<Self>, key: CacheKey, priority: Priority) -> Lookup {
         let mut lru = lock(&self.lru);
         if let Some(vector) = lru.get(&key) {
             drop(lru);
             self.hits.fetch_add(1, Relaxed);
             return Lookup::Hit(vector);
         }
-        if let Some((_, rx)) = lru.flights.get(&key) {
-            return Lookup::Follow(Follow {
-                cache: self.clone(),
-                rx: rx.clone(),
-            });
+        if let Some(flight) = lru.flights.get(&key) {
+            if flight.priority <= priority {
+                return Lookup::Follow(Follow {
+                    cache: self.clone(),
+                    rx: flight.rx.clone(),
+                });
+            }
         }
         let key = Arc::new(key);
         let (tx, rx) = watch::channel(None);
         let flight = lru.next_flight;
         lru.next_flight += 1;
-        lru.flights.insert(key.clone(), (flight, rx));
+        // Replaces a less urgent flight for later callers; its own followers
+        // keep their channel and still get its vector.
+        lru.flights.insert(
+            key.clone(),
+            FlightEntry {
+                id: flight,
+                priority,
+                rx,
+            },
+        );
         drop(lru);
         self.misses.fetch_add(1, Relaxed);
         Lookup::Lead(Lead {
@@ -296,7 +320,7 @@ impl Drop for Lead {
         if lru
             .flights
             .get(&self.key)
-            .is_some_and(|(flight, _)| *flight == self.flight)
+            .is_some_and(|f| f.id == self.flight)
         {
             lru.flights.remove(&self.key);
         }
@@ -336,7 +360,7 @@ mod tests {
     }
 
     fn lead(cache: &Arc<Cache>, k: CacheKey) -> Lead {
-        match cache.lookup(k) {
+        match cache.lookup(k, Priority::Normal) {
             Lookup::Lead(l) => l,
             _ => panic!("expected to lead"),
         }
@@ -355,18 +379,18 @@ mod tests {
             lead(&cache, key(id, 3)).publish(&[id as f32; 8]);
         }
         // Touch 0 so 1 is the least recently used.
-        assert!(matches!(cache.lookup(key(0, 3)), Lookup::Hit(v) if v[0] == 0.0));
+        assert!(matches!(cache.lookup(key(0, 3), Priority::Normal), Lookup::Hit(v) if v[0] == 0.0));
         lead(&cache, key(3, 3)).publish(&[3.0; 8]);
         let m = cache.metrics();
         assert_eq!((m.entries, m.bytes), (3, 3 * per as u64));
         assert!(m.bytes <= m.capacity_bytes);
         assert!(
-            matches!(cache.lookup(key(1, 3)), Lookup::Lead(_)),
+            matches!(cache.lookup(key(1, 3), Priority::Normal), Lookup::Lead(_)),
             "1 evicted"
         );
         for id in [0, 2, 3] {
             assert!(
-                matches!(cache.lookup(key(id, 3)), Lookup::Hit(v) if v[0] == id as f32),
+                matches!(cache.lookup(key(id, 3), Priority::Normal), Lookup::Hit(v) if v[0] == id as f32),
                 "{id} kept"
             );
         }
@@ -395,7 +419,7 @@ mod tests {
     fn an_entry_larger_than_the_cache_is_served_but_not_kept() {
         let cache = Cache::new(100).unwrap();
         let leader = lead(&cache, key(7, 50));
-        let Lookup::Follow(follower) = cache.lookup(key(7, 50)) else {
+        let Lookup::Follow(follower) = cache.lookup(key(7, 50), Priority::Normal) else {
             panic!("expected to follow");
         };
         leader.publish(&[7.0; 64]);
@@ -421,8 +445,45 @@ mod tests {
             type_ids: Some(vec![0, 1]),
         };
         lead(&cache, plain.clone()).publish(&[1.0]);
-        assert!(matches!(cache.lookup(typed), Lookup::Lead(_)));
-        assert!(matches!(cache.lookup(plain), Lookup::Hit(_)));
+        assert!(matches!(
+            cache.lookup(typed, Priority::Normal),
+            Lookup::Lead(_)
+        ));
+        assert!(matches!(
+            cache.lookup(plain, Priority::Normal),
+            Lookup::Hit(_)
+        ));
+    }
+
+    #[test]
+    fn a_caller_never_follows_a_less_urgent_leader() {
+        let cache = Cache::new(1 << 20).unwrap();
+        let bulk = lead(&cache, key(5, 2));
+        // Same lane or less urgent: follow.
+        assert!(matches!(
+            cache.lookup(key(5, 2), Priority::Low),
+            Lookup::Follow(_)
+        ));
+        assert!(matches!(
+            cache.lookup(key(5, 2), Priority::Normal),
+            Lookup::Follow(_)
+        ));
+        // More urgent: lead its own computation, which later callers follow.
+        let Lookup::Lead(query) = cache.lookup(key(5, 2), Priority::High) else {
+            panic!("a query must not wait on a normal-lane leader");
+        };
+        assert!(matches!(
+            cache.lookup(key(5, 2), Priority::High),
+            Lookup::Follow(_)
+        ));
+        // The first leader finishing leaves the newer flight in place.
+        bulk.publish(&[1.0; 4]);
+        assert!(matches!(
+            cache.lookup(key(5, 2), Priority::High),
+            Lookup::Hit(_)
+        ));
+        query.publish(&[1.0; 4]);
+        assert_eq!(cache.metrics().entries, 1);
     }
 
     #[tokio::test(flavor = "current_thread")]
@@ -430,7 +491,7 @@ mod tests {
         let cache = Cache::new(1 << 20).unwrap();
         let leader = lead(&cache, key(1, 4));
         let followers: Vec<_> = (0..5)
-            .map(|_| match cache.lookup(key(1, 4)) {
+            .map(|_| match cache.lookup(key(1, 4), Priority::Normal) {
                 Lookup::Follow(f) => tokio::spawn(f.wait()),
                 _ => panic!("expected to follow"),
             })

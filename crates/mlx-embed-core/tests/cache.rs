@@ -223,3 +223,44 @@ async fn followers_of_a_failing_leader_get_their_own_answer() {
     assert_eq!(record.computed().iter().filter(|t| **t == bad).count(), 4);
     assert_eq!(batcher.metrics().cache.entries, 1);
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_query_never_waits_on_a_bulk_computation_of_the_same_input() {
+    use mlx_embed_core::Priority;
+    let gate = Gate::closed();
+    let (batcher, record) = start(BatcherConfig::default(), Duration::ZERO, Some(gate.clone()));
+    let holder = occupy_model(&batcher, &record, "holder").await;
+    let lane = |priority| EmbedOptions {
+        priority,
+        ..EmbedOptions::default()
+    };
+    let b = batcher.clone();
+    let bulk = tokio::spawn(async move {
+        b.embed(texts(&["backlog", "alice"]), lane(Priority::Low))
+            .await
+    });
+    eventually("bulk queued", || batcher.metrics().in_flight_inputs == 3).await;
+    let b = batcher.clone();
+    let query = tokio::spawn(async move { b.embed(texts(&["alice"]), lane(Priority::High)).await });
+    // The query leads its own computation in the high lane instead of
+    // following the low-lane one.
+    eventually("query queued", || batcher.metrics().in_flight_inputs == 4).await;
+    gate.open();
+    let got = timeout(LIMIT, query).await.unwrap().unwrap().unwrap();
+    assert_answer(&["alice".into()], &got);
+    assert_eq!(got.cache_hits, 0);
+    timeout(LIMIT, holder).await.unwrap().unwrap().unwrap();
+    timeout(LIMIT, bulk).await.unwrap().unwrap().unwrap();
+    // The query's input comes first; the bulk request tops the batch up.
+    assert_eq!(
+        record.batches(),
+        vec![
+            vec!["holder".to_string()],
+            vec![
+                "alice".to_string(),
+                "backlog".to_string(),
+                "alice".to_string()
+            ],
+        ]
+    );
+}

@@ -386,6 +386,7 @@ class EmbeddingModel:
             "blas": b["library"],
             "blas_gflops": b["gflops"],
             "preferred_batch_tokens": self.batch_tokens,
+            "device_batch_tokens": self.batch_tokens,
             # Which element-wise path runs (see ops.py); "native" names the
             # SIMD level the kernels picked on this CPU.
             "elementwise_ops": self.context.describe(),

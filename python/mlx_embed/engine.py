@@ -16,7 +16,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from . import _blas, device, loading, ops
+from . import _blas, device, loading, ops, startup
 from .errors import InvalidInput
 from .loading import DEFAULT_MODEL_NAME, default_model_path  # noqa: F401  (re-exported)
 from .scheduler import Scheduler
@@ -101,6 +101,10 @@ class EmbeddingModel:
         )
         self._fault_marker = os.environ.get(FAULT_ENV) or None
         self.load_timings = {**ck.timings, "total": time.perf_counter() - t0}
+        for stage in ("read_weights", "build"):
+            startup.record(stage, ck.timings[stage])
+        startup.record("load_total", self.load_timings["total"])
+        log.info("mlx_embed startup: %s", startup.describe())
 
     # ------------------------------------------------------------ settings
 
@@ -368,6 +372,8 @@ class EmbeddingModel:
             "pipeline": str(self.scheduler.pipeline).lower(),
             "cache_limit_mb": str(self.cache_limit_mb),
             "blas": b["library"],
+            # Where this process's start went, up to the model being built.
+            "startup": startup.describe(),
         }
         if self.quantization:
             out["quantization"] = f"{self.quantization}-bit"
@@ -395,6 +401,7 @@ class EmbeddingModel:
             "quantization": self.quantization,
             "cache_limit_mb": self.cache_limit_mb,
             "memory": self.memory(),
+            "startup": startup.describe(),
             # The server checks token-id input against it before queueing.
             "vocab_size": self.tokenizer.vocab_size,
         }

@@ -16,6 +16,14 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
+try:
+    import mlx.core  # noqa: F401
+except ImportError as e:  # the `mlx` wheel alone has no backend on Linux
+    raise ImportError(
+        f"MLX cannot load ({e}); on Linux install a backend with it: "
+        "pip install 'mlx-embed[cpu]' (or 'mlx-embed[cuda]' on an NVIDIA GPU)"
+    ) from e
+
 from . import _blas, device, loading, ops, startup
 from .errors import InvalidInput
 from .loading import DEFAULT_MODEL_NAME, default_model_path  # noqa: F401  (re-exported)

@@ -51,7 +51,8 @@ impl From<BridgeError> for EmbedderError {
 /// Python means the interpreter cannot be trusted again; anything else is a
 /// failure of this batch.
 pub(crate) fn classify(py: Python<'_>, err: &PyErr) -> EmbedderError {
-    let message = describe(py, err);
+    // `ExceptionClass: message`, as the last line of a Python traceback.
+    let message = err.to_string();
     if err.is_instance_of::<PyValueError>(py) || err.is_instance_of::<PyTypeError>(py) {
         EmbedderError::invalid_input(message)
     } else if err.is_instance_of::<PanicException>(py) || !err.is_instance_of::<PyException>(py) {
@@ -59,11 +60,6 @@ pub(crate) fn classify(py: Python<'_>, err: &PyErr) -> EmbedderError {
     } else {
         EmbedderError::model_failure(message)
     }
-}
-
-/// `ExceptionClass: message`, as Python prints the last line of a traceback.
-pub(crate) fn describe(_py: Python<'_>, err: &PyErr) -> String {
-    err.to_string()
 }
 
 #[cfg(test)]

@@ -21,8 +21,7 @@
 mod embedder;
 mod error;
 pub mod interpreter;
-mod legacy;
 mod spec;
 
-pub use embedder::{PythonEmbedder, PythonModelOptions};
+pub use embedder::{EngineOptions, PythonEmbedder, PythonModelOptions};
 pub use error::BridgeError;

@@ -55,6 +55,7 @@ pub struct NativeEmbedResponse {
 #[utoipa::path(
     post, path = "/api/v1/embed", tag = "native", operation_id = "native_embed",
     request_body = NativeEmbedRequest,
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
         (status = 200, description = "Embeddings in input order", body = NativeEmbedResponse),
         (status = "4XX", description = "Invalid request (400, 401, 413, 415, 422, 429)", body = NativeErrorBody),

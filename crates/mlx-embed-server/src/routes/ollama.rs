@@ -47,6 +47,7 @@ pub struct OllamaEmbedResponse {
 #[utoipa::path(
     post, path = "/api/embed", tag = "ollama", operation_id = "ollama_embed",
     request_body = OllamaEmbedRequest,
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
         (status = 200, description = "Embeddings in input order", body = OllamaEmbedResponse),
         (status = "4XX", description = "Invalid request (400, 401, 413, 415, 422, 429)", body = OllamaErrorBody),

@@ -99,6 +99,7 @@ pub fn encode_base64(v: &[f32]) -> String {
 #[utoipa::path(
     post, path = "/v1/embeddings", tag = "openai", operation_id = "openai_embeddings",
     request_body = OpenAiEmbeddingRequest,
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
         (status = 200, description = "Embeddings in input order", body = OpenAiEmbeddingResponse),
         (status = "4XX", description = "Invalid request (400, 401, 413, 415, 422, 429)", body = OpenAiErrorBody),

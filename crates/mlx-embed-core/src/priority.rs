@@ -7,7 +7,7 @@ use std::str::FromStr;
 /// queue with its own admission bounds.
 ///
 /// Interactive queries use `High`, ordinary traffic `Normal` (the default),
-/// bulk ingestion `Low`. The collector serves lanes high > normal > low, with
+/// bulk ingestion `Low`. Batches take lanes high > normal > low, with
 /// an aging rule that bounds how long a lower lane can be passed over
 /// (see [`crate::BatcherConfig::aging_batches`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -28,7 +28,7 @@ struct Histograms {
     model: Histogram,
 }
 
-/// Counters shared by callers, the collector and the model thread.
+/// Counters shared by callers and the model thread.
 pub(crate) struct Recorder {
     pub in_flight_inputs: AtomicU64,
     /// Inputs in the lanes, not yet in a batch, per lane.

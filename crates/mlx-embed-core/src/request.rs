@@ -1,4 +1,4 @@
-//! One admitted `embed` call as the collector and model thread see it: where
+//! One admitted `embed` call as the lanes and the model thread see it: where
 //! its answer is assembled and how the caller is told.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -196,7 +196,7 @@ impl Drop for CallerGuard {
         if let Some(request) = self.0.take().and_then(|w| w.upgrade()) {
             request.caller_gone.store(true, Ordering::Release);
             // Its admission room goes to the next caller now, not when the
-            // collector reaches (and skips) its leftover inputs.
+            // next batch cut reaches (and skips) its leftover inputs.
             let ticket = lock(&request.answer).ticket.take();
             drop(ticket);
         }

@@ -742,7 +742,7 @@ async fn served_model_name_overrides() {
 }
 
 #[tokio::test]
-async fn warm_up_runs_one_full_batch_before_serving() {
+async fn warm_up_runs_one_maximum_length_text_before_serving() {
     let s = Server::start(ServerArgs {
         no_warmup: false,
         max_batch_size: 4,
@@ -751,9 +751,9 @@ async fn warm_up_runs_one_full_batch_before_serving() {
     .await;
     let m = s.batcher.metrics();
     assert_eq!(m.requests_ok, 1, "{m:?}");
-    assert_eq!(m.batch_size.count, m.batches);
-    // 4 texts of the maximum length went through the model.
-    assert!(m.real_tokens >= 4 * MAX_TOKENS as u64, "{m:?}");
+    assert_eq!(m.batches, 1, "{m:?}");
+    // One text, truncated to exactly the model's maximum (tokens are exact now).
+    assert_eq!(m.real_tokens, MAX_TOKENS as u64, "{m:?}");
     s.stop().await.unwrap();
 }
 

@@ -203,6 +203,17 @@ class EmbeddingModel:
         (process-wide figures: cheap to poll, e.g. for /metrics)."""
         return device.memory()
 
+    def live_details(self) -> dict[str, str]:
+        """Display figures that change or cost time to get, for ``/info`` at
+        request time (``spec().details`` is fixed at load): MLX memory, and
+        the CPU BLAS's GFLOP/s, measured on the first call (~0.1 s) rather
+        than on the start path."""
+        out = {k.removesuffix("_bytes") + "_mb": f"{v / 2**20:.1f}" for k, v in self.memory().items()
+               if v >= 0}
+        if device.is_cpu():
+            out["blas_gflops"] = f"{_blas.info(measure=True)['gflops']:.1f}"
+        return out
+
     def _check_ids(self, ids, *, whole: bool = True) -> list:
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
             raise InvalidInput(f"ids must be a list of token id lists, got {type(ids).__name__}")

@@ -11,7 +11,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::interpreter::ensure_python;
 use crate::spec::{read_spec, ModelSpec};
-use crate::{error, legacy, BridgeError};
+use crate::{error, BridgeError};
 
 /// What to load; mirrors `mlx_embed.load(path, dtype=, quantize=, instruction=)`.
 #[derive(Debug, Clone, PartialEq)]
@@ -59,8 +59,6 @@ pub struct PythonEmbedder {
     model: Py<PyAny>,
     info: ModelInfo,
     tokenizer: Arc<HfTokenizer>,
-    /// The engine predates `spec()`/`embed_ids` (see [`legacy`]).
-    legacy: bool,
     /// Set once the interpreter or the model is found unusable: every later
     /// batch is told the model is gone rather than tried again.
     gone: Option<String>,
@@ -71,7 +69,7 @@ impl PythonEmbedder {
     /// thread, reads its spec and builds the Rust tokenizer from it.
     pub fn load(options: &PythonModelOptions) -> Result<Self, BridgeError> {
         ensure_python()?;
-        let (model, spec, legacy) = Python::attach(|py| -> Result<_, BridgeError> {
+        let (model, spec) = Python::attach(|py| -> Result<_, BridgeError> {
             let kwargs = PyDict::new(py);
             kwargs.set_item("dtype", &options.dtype)?;
             kwargs.set_item("quantize", options.quantize)?;
@@ -94,13 +92,8 @@ impl PythonEmbedder {
                 (options.model.as_deref(),),
                 Some(&kwargs),
             )?;
-            let legacy = legacy::is_legacy(&model)?;
-            let spec = if legacy {
-                legacy::read_spec(&model)?
-            } else {
-                read_spec(&model.call_method0("spec")?)?
-            };
-            Ok((model.unbind(), spec, legacy))
+            let spec = read_spec(&model.call_method0("spec")?)?;
+            Ok((model.unbind(), spec))
         })?;
         let ModelSpec { info, tokenizer } = spec;
         let tokenizer = HfTokenizer::from_spec(tokenizer)?;
@@ -124,7 +117,6 @@ impl PythonEmbedder {
             model,
             info,
             tokenizer: Arc::new(tokenizer),
-            legacy,
             gone: None,
         })
     }
@@ -158,15 +150,6 @@ impl Embedder for PythonEmbedder {
             let gil_wait = before_attach.elapsed();
             let (ids, type_ids) = id_lists(py, inputs).map_err(|err| error::classify(py, &err))?;
             let model = self.model.bind(py);
-            if self.legacy {
-                let (vectors, padded_tokens) =
-                    legacy::embed(model, ids).map_err(|err| error::classify(py, &err))?;
-                return Ok(BatchOutput {
-                    vectors: le_f32s(vectors.as_bytes())?,
-                    padded_tokens,
-                    gil_wait,
-                });
-            }
             let result = model
                 .call_method1("embed_ids", (ids, type_ids))
                 .map_err(|err| error::classify(py, &err))?;

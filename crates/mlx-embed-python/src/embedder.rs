@@ -59,9 +59,6 @@ pub struct PythonEmbedder {
     model: Py<PyAny>,
     info: ModelInfo,
     tokenizer: Arc<HfTokenizer>,
-    /// Set once the interpreter or the model is found unusable: every later
-    /// batch is told the model is gone rather than tried again.
-    gone: Option<String>,
 }
 
 impl PythonEmbedder {
@@ -117,7 +114,6 @@ impl PythonEmbedder {
             model,
             info,
             tokenizer: Arc::new(tokenizer),
-            gone: None,
         })
     }
 
@@ -142,20 +138,18 @@ impl Embedder for PythonEmbedder {
     }
 
     fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError> {
-        if let Some(reason) = &self.gone {
-            return Err(EmbedderError::model_gone(reason.clone()));
-        }
         let before_attach = Instant::now();
-        let result = Python::attach(|py| -> Result<BatchOutput, EmbedderError> {
+        Python::attach(|py| -> Result<BatchOutput, EmbedderError> {
             let gil_wait = before_attach.elapsed();
             let (ids, type_ids) = id_lists(py, inputs).map_err(|err| error::classify(py, &err))?;
-            let model = self.model.bind(py);
-            let result = model
+            let result = self
+                .model
+                .bind(py)
                 .call_method1("embed_ids", (ids, type_ids))
                 .map_err(|err| error::classify(py, &err))?;
             let vectors = result
                 .getattr("vectors")
-                .map_err(|e| protocol(py, "EmbedResult.vectors", &e))?;
+                .map_err(|e| protocol("EmbedResult.vectors", &e))?;
             let vectors = vectors.cast::<PyBytes>().map_err(|_| {
                 EmbedderError::model_failure("EmbedResult.vectors is not bytes".to_string())
             })?;
@@ -163,19 +157,13 @@ impl Embedder for PythonEmbedder {
             let padded_tokens: u64 = result
                 .getattr("padded_tokens")
                 .and_then(|v| v.extract())
-                .map_err(|e| protocol(py, "EmbedResult.padded_tokens", &e))?;
+                .map_err(|e| protocol("EmbedResult.padded_tokens", &e))?;
             Ok(BatchOutput {
                 vectors,
                 padded_tokens,
                 gil_wait,
             })
-        });
-        if let Err(e) = &result {
-            if e.kind == mlx_embed_core::EmbedderErrorKind::ModelGone {
-                self.gone = Some(e.message.clone());
-            }
-        }
-        result
+        })
     }
 }
 
@@ -201,10 +189,9 @@ fn id_lists<'py>(
     Ok((ids, Some(type_ids)))
 }
 
-fn protocol(py: Python<'_>, what: &str, err: &PyErr) -> EmbedderError {
+fn protocol(what: &str, err: &PyErr) -> EmbedderError {
     EmbedderError::model_failure(format!(
-        "unexpected answer from the model: cannot read {what}: {}",
-        error::describe(py, err)
+        "unexpected answer from the model: cannot read {what}: {err}"
     ))
 }
 

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use mlx_embed_core::{EmbedInput, EmbedOptions, Tokenize};
+use mlx_embed_core::{EmbedInput, EmbedOptions, Prompt, Tokenize, TruncationDirection};
 use mlx_embed_python::{interpreter::ensure_python, PythonEmbedder, PythonModelOptions};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -66,10 +66,47 @@ fn texts() -> Vec<String> {
         .collect()
 }
 
-/// The Python engine's ids and pre-truncation lengths for `texts`, and for
-/// `token_inputs` given as ids.
+/// The option sets both sides are compared under, as Rust options and as
+/// the Python engine's `encode` keyword arguments.
+fn cases(named_prompt: Option<&str>) -> Vec<(EmbedOptions, String)> {
+    let mut out: Vec<(EmbedOptions, String)> = Vec::new();
+    for (direction, py_direction) in [
+        (TruncationDirection::Right, "right"),
+        (TruncationDirection::Left, "left"),
+    ] {
+        let base = EmbedOptions {
+            truncation_direction: direction,
+            ..EmbedOptions::default()
+        };
+        out.push((
+            base.clone(),
+            format!("dict(truncation_direction={py_direction:?})"),
+        ));
+        out.push((
+            EmbedOptions {
+                prompt: Prompt::Raw("topic: rivers. ".into()),
+                ..base.clone()
+            },
+            format!("dict(truncation_direction={py_direction:?}, prompt='topic: rivers. ')"),
+        ));
+        if let Some(name) = named_prompt {
+            out.push((
+                EmbedOptions {
+                    prompt: Prompt::Named(name.into()),
+                    ..base.clone()
+                },
+                format!("dict(truncation_direction={py_direction:?}, prompt_name={name:?})"),
+            ));
+        }
+    }
+    out
+}
+
+/// The Python engine's ids and pre-truncation lengths for `texts` under
+/// `kwargs` (a Python dict expression), and for `token_inputs` given as ids.
 fn python_ids(
     folder: Option<&Path>,
+    kwargs: &str,
     texts: &[String],
     token_inputs: &[Vec<u32>],
 ) -> (Vec<Vec<u32>>, Vec<usize>, Vec<Vec<u32>>) {
@@ -82,16 +119,23 @@ fn python_ids(
         locals
             .set_item("token_inputs", token_inputs.to_vec())
             .unwrap();
-        py.run(
-            c"import mlx_embed
-model = mlx_embed.load(folder)
-ids, before = model.encode(texts)
-token_ids = [model.tokenizer.finish(list(t))[0] for t in token_inputs]
-",
-            Some(&locals),
-            None,
-        )
-        .unwrap();
+        let code = format!(
+            "import mlx_embed
+model = MODELS.get(folder) or MODELS.setdefault(folder, mlx_embed.load(folder))
+kwargs = {kwargs}
+ids, before = model.encode(texts, **kwargs)
+token_ids = [model.tokenizer.finish(list(t), kwargs['truncation_direction'])[0] for t in token_inputs]
+"
+        );
+        let globals = py.import("__main__").unwrap().dict();
+        if globals.get_item("MODELS").unwrap().is_none() {
+            globals.set_item("MODELS", PyDict::new(py)).unwrap();
+        }
+        locals
+            .set_item("MODELS", globals.get_item("MODELS").unwrap().unwrap())
+            .unwrap();
+        let code = std::ffi::CString::new(code).unwrap();
+        py.run(&code, Some(&locals), None).unwrap();
         let get = |name: &str| locals.get_item(name).unwrap().unwrap();
         (
             get("ids").extract().unwrap(),
@@ -101,7 +145,7 @@ token_ids = [model.tokenizer.finish(list(t))[0] for t in token_inputs]
     })
 }
 
-fn check(folder: Option<&Path>) {
+fn check(folder: Option<&Path>) -> usize {
     let name = folder.map_or("all-MiniLM-L6-v2".to_string(), |f| f.display().to_string());
     let embedder = PythonEmbedder::load(&PythonModelOptions {
         model: folder.map(|f| f.to_string_lossy().into_owned()),
@@ -109,36 +153,45 @@ fn check(folder: Option<&Path>) {
     })
     .unwrap_or_else(|e| panic!("{name}: {e}"));
     let tokenizer = embedder.hf_tokenizer().clone();
+    let named = tokenizer.spec().prompts.keys().next().cloned();
     let texts = texts();
     let token_inputs = vec![
         vec![5u32],
         vec![1, 2, 3, 4, 5, 6, 7],
         (0..2000).map(|i| i % 97).collect(),
     ];
-    let (py_ids, py_before, py_token_ids) = python_ids(folder, &texts, &token_inputs);
-    let options = EmbedOptions::default();
-    let mut truncated = 0;
-    for (i, text) in texts.iter().enumerate() {
-        let got = tokenizer
-            .encode(&EmbedInput::Text(text.clone()), &options)
-            .unwrap_or_else(|e| panic!("{name}: text {i}: {e}"));
-        assert_eq!(got.ids, py_ids[i], "{name}: ids of text {i} {text:?}");
-        assert_eq!(
-            got.untruncated_len as usize, py_before[i],
-            "{name}: length of text {i} {text:?}"
+    let mut compared = 0;
+    for (options, kwargs) in cases(named.as_deref()) {
+        let (py_ids, py_before, py_token_ids) = python_ids(folder, &kwargs, &texts, &token_inputs);
+        let mut truncated = 0;
+        for (i, text) in texts.iter().enumerate() {
+            let got = tokenizer
+                .encode(&EmbedInput::Text(text.clone()), &options)
+                .unwrap_or_else(|e| panic!("{name} {kwargs}: text {i}: {e}"));
+            assert_eq!(
+                got.ids, py_ids[i],
+                "{name} {kwargs}: ids of text {i} {text:?}"
+            );
+            assert_eq!(
+                got.untruncated_len as usize, py_before[i],
+                "{name} {kwargs}: length of text {i} {text:?}"
+            );
+            truncated += usize::from(got.untruncated_len as usize > got.ids.len());
+            compared += 1;
+        }
+        assert!(
+            truncated >= 2,
+            "{name} {kwargs}: the long texts must truncate ({truncated} did)"
         );
-        truncated += usize::from(got.untruncated_len as usize > got.ids.len());
+        for (i, ids) in token_inputs.iter().enumerate() {
+            let got = tokenizer
+                .encode(&EmbedInput::Tokens(ids.clone()), &options)
+                .unwrap();
+            assert_eq!(got.ids, py_token_ids[i], "{name} {kwargs}: token input {i}");
+            compared += 1;
+        }
     }
-    assert!(
-        truncated >= 2,
-        "{name}: the long texts must truncate ({truncated} did)"
-    );
-    for (i, ids) in token_inputs.iter().enumerate() {
-        let got = tokenizer
-            .encode(&EmbedInput::Tokens(ids.clone()), &options)
-            .unwrap();
-        assert_eq!(got.ids, py_token_ids[i], "{name}: token input {i}");
-    }
+    compared
 }
 
 #[test]
@@ -149,8 +202,12 @@ fn rust_and_python_tokenize_identically_for_every_model() {
         !folders.is_empty(),
         "no model fixtures found under tests/fixtures"
     );
-    check(None);
+    let mut compared = check(None);
     for folder in &folders {
-        check(Some(folder));
+        compared += check(Some(folder));
     }
+    eprintln!(
+        "{compared} inputs tokenized identically over {} models",
+        folders.len() + 1
+    );
 }

@@ -102,12 +102,11 @@ async fn warm_up_if_enabled(
 /// every call into device passes of a bounded token budget anyway.
 async fn warm_up(batcher: &Batcher) -> Result<Duration, CoreError> {
     let info = batcher.model_info();
-    let n = 1;
     // At least one token per word: truncated to exactly the model's maximum.
     let text = "warmup ".repeat(info.max_input_tokens.max(1));
     let start = Instant::now();
     batcher
-        .embed(vec![EmbedInput::Text(text); n], EmbedOptions::default())
+        .embed(vec![EmbedInput::Text(text)], EmbedOptions::default())
         .await?;
     Ok(start.elapsed())
 }

@@ -391,7 +391,6 @@ class EmbeddingModel:
             "device": self.device,
             "blas": b["library"],
             "blas_gflops": b["gflops"],
-            "preferred_batch_tokens": self.batch_tokens,
             "device_batch_tokens": self.batch_tokens,
             # Which element-wise path runs (see ops.py); "native" names the
             # SIMD level the kernels picked on this CPU.

@@ -15,6 +15,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import ops
+from . import EmbeddingDefaults
+
+EMBEDDING_DEFAULTS = EmbeddingDefaults(pooling="mean")
 
 
 @dataclass
@@ -134,6 +137,11 @@ class Model(nn.Module):
     @property
     def vocab_size(self) -> int:
         return self.args.vocab_size
+
+    @property
+    def max_length(self) -> int:
+        """Longest input the position table allows."""
+        return self.args.max_position_embeddings
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
         """Last hidden state [B, L, D]; ``attention_mask`` is 1 for real tokens,

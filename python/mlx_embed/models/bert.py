@@ -15,9 +15,9 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import ops
-from . import EmbeddingDefaults
 
-EMBEDDING_DEFAULTS = EmbeddingDefaults(pooling="mean")
+# What the engine assumes when the checkpoint folder does not say.
+EMBEDDING_DEFAULTS = {"pooling": "mean"}
 
 
 @dataclass

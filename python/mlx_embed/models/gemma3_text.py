@@ -21,9 +21,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import gemma3_text as _lm
 
-from . import EmbeddingDefaults
 
-EMBEDDING_DEFAULTS = EmbeddingDefaults(pooling="mean")
+EMBEDDING_DEFAULTS = {"pooling": "mean"}
 
 _GLOBAL, _LOCAL = "full_attention", "sliding_attention"
 

@@ -17,9 +17,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import ops
-from . import EmbeddingDefaults
 
-EMBEDDING_DEFAULTS = EmbeddingDefaults(pooling="mean")
+EMBEDDING_DEFAULTS = {"pooling": "mean"}
 
 _GLOBAL, _LOCAL = "full_attention", "sliding_attention"
 

@@ -18,9 +18,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import ops
-from . import EmbeddingDefaults
 
-EMBEDDING_DEFAULTS = EmbeddingDefaults(pooling="mean")
+EMBEDDING_DEFAULTS = {"pooling": "mean"}
 
 # HF's MPNetEncoder buckets with these constants whatever the config says,
 # so a config asking for other values describes a model nobody can run.

@@ -15,15 +15,13 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import qwen2 as _lm
 
-from . import EmbeddingDefaults
-
 # gte-Qwen2: last-token pooling over "... <|endoftext|>"; queries carry an
 # instruction in the same template as Qwen3-Embedding.
-EMBEDDING_DEFAULTS = EmbeddingDefaults(
-    pooling="lasttoken",
-    append_token="<|endoftext|>",
-    instruction_template="Instruct: {instruction}\nQuery: ",
-)
+EMBEDDING_DEFAULTS = {
+    "pooling": "last",
+    "eos_token": "<|endoftext|>",
+    "instruction_template": "Instruct: {instruction}\nQuery: ",
+}
 
 
 @dataclass

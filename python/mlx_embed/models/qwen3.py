@@ -15,15 +15,13 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import qwen3 as _lm
 
-from . import EmbeddingDefaults
-
 # Qwen3-Embedding: last-token pooling over "... <|endoftext|>", and queries
 # carry an instruction in this template.
-EMBEDDING_DEFAULTS = EmbeddingDefaults(
-    pooling="lasttoken",
-    append_token="<|endoftext|>",
-    instruction_template="Instruct: {instruction}\nQuery: ",
-)
+EMBEDDING_DEFAULTS = {
+    "pooling": "last",
+    "eos_token": "<|endoftext|>",
+    "instruction_template": "Instruct: {instruction}\nQuery: ",
+}
 
 
 class ModelArgs(_lm.ModelArgs):

@@ -14,10 +14,10 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import EmbeddingDefaults, bert
+from . import bert
 
 # No sentence-transformers folder: mean over tokens, as multilingual-e5 does.
-EMBEDDING_DEFAULTS = EmbeddingDefaults(pooling="mean")
+EMBEDDING_DEFAULTS = {"pooling": "mean"}
 
 
 @dataclass

@@ -15,8 +15,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import qwen3 as _lm
 
-# Qwen3-Embedding: last-token pooling over "... <|endoftext|>", and queries
-# carry an instruction in this template.
+# Qwen3-Embedding pools the last token and was trained with EOS there (older
+# tokenizer.json files do not append it); queries carry an instruction.
 EMBEDDING_DEFAULTS = {
     "pooling": "last",
     "eos_token": "<|endoftext|>",

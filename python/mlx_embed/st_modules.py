@@ -5,9 +5,9 @@ optional Normalize; ``config_sentence_transformers.json`` carries the
 prompts and the default prompt name; ``sentence_bert_config.json`` the
 maximum sequence length. ``read_pipeline`` parses all of it once at load
 (both the ``pooling_mode_*`` flags of sentence-transformers < 6 and the
-``pooling_mode`` list of 6+), ``StPipeline.pool`` and ``StPipeline.project``
-run it on MLX arrays. A folder without ``modules.json`` gets the
-architecture's defaults. Normalization itself is not applied here: vectors
+``pooling_mode`` list of 6+), and ``pipeline(hidden, mask)`` runs it on MLX
+arrays (pooling, then the Dense layers). A folder without ``modules.json``
+gets the architecture's defaults. Normalization itself is not applied here: vectors
 leave the engine unnormalized and the caller (server or library API)
 normalizes.
 """
@@ -22,8 +22,8 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-# Order in which sentence-transformers concatenates multiple modes.
-POOLING_MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+from . import pooling
+
 _LEGACY_FLAGS = {
     "pooling_mode_cls_token": "cls",
     "pooling_mode_max_tokens": "max",
@@ -32,8 +32,6 @@ _LEGACY_FLAGS = {
     "pooling_mode_weightedmean_tokens": "weightedmean",
     "pooling_mode_lasttoken": "lasttoken",
 }
-# Names older configs and this package's own API use for the same modes.
-_ALIASES = {"last": "lasttoken", "last_token": "lasttoken", "mean_sqrt_len": "mean_sqrt_len_tokens"}
 
 _ACTIVATIONS = {
     "Identity": lambda x: x,
@@ -50,21 +48,6 @@ def _read_json(path: str) -> Optional[dict]:
         return None
     with open(path, encoding="utf-8") as f:
         return json.load(f)
-
-
-def normalize_pooling(mode) -> tuple[str, ...]:
-    """A pooling mode (str, or list for concatenated modes) as a tuple of
-    sentence-transformers mode names; ValueError for an unknown mode."""
-    modes = (mode,) if isinstance(mode, str) else tuple(mode)
-    out = []
-    for m in modes:
-        m = _ALIASES.get(m, m)
-        if m not in POOLING_MODES:
-            raise ValueError(f"unsupported pooling mode {m!r}; supported: {', '.join(POOLING_MODES)}")
-        out.append(m)
-    if not out:
-        raise ValueError("pooling needs at least one mode")
-    return tuple(out)
 
 
 @dataclass
@@ -100,29 +83,10 @@ class StPipeline:
             return int(self.dense[-1].weight.shape[0])
         return hidden_size * len(self.pooling)
 
-    def pool(self, h: mx.array, mask: mx.array) -> mx.array:
-        """[B, L, D] hidden states of right-padded rows -> [B, D * modes]."""
-        lengths = mask.astype(mx.int32).sum(axis=1)
-        m = mask.astype(h.dtype)[..., None]
-        out = []
-        mean_sum = None
-        for mode in self.pooling:
-            if mode == "cls":
-                out.append(h[:, 0])
-            elif mode == "lasttoken":
-                last = mx.maximum(lengths - 1, 0)
-                out.append(mx.take_along_axis(h, last[:, None, None], axis=1)[:, 0])
-            elif mode == "max":
-                out.append(mx.where(m > 0, h, -mx.inf).max(axis=1))
-            elif mode in ("mean", "mean_sqrt_len_tokens"):
-                if mean_sum is None:
-                    mean_sum = (h * m).sum(axis=1)
-                count = mx.maximum(m.sum(axis=1), 1e-9)
-                out.append(mean_sum / (count if mode == "mean" else mx.sqrt(count)))
-            else:  # weightedmean: token i (from 1) weighs i
-                w = m * mx.arange(1, h.shape[1] + 1, dtype=h.dtype)[None, :, None]
-                out.append((h * w).sum(axis=1) / mx.maximum(w.sum(axis=1), 1e-9))
-        return out[0] if len(out) == 1 else mx.concatenate(out, axis=-1)
+    def __call__(self, h: mx.array, mask: mx.array) -> mx.array:
+        """Last hidden state [B, L, D] of right-padded rows -> the folder's
+        (unnormalized) sentence vectors [B, output_dim]."""
+        return self.project(pooling.pool(h, mask, self.pooling))
 
     def project(self, x: mx.array) -> mx.array:
         """The Dense layers, in order."""
@@ -133,13 +97,13 @@ class StPipeline:
 
 def _pooling_modes(cfg: dict, where: str) -> tuple[str, ...]:
     if "pooling_mode" in cfg:
-        return normalize_pooling(cfg["pooling_mode"])
+        return pooling.check_modes(cfg["pooling_mode"])
     modes = [mode for key, mode in _LEGACY_FLAGS.items() if cfg.get(key)]
     unknown = [k for k, v in cfg.items() if k.startswith("pooling_mode") and v and k not in _LEGACY_FLAGS]
     if unknown:
         raise ValueError(f"unsupported pooling in {where}: {unknown}")
     # sentence-transformers' own fallback when no flag is set.
-    return tuple(m for m in POOLING_MODES if m in modes) or ("mean",)
+    return tuple(m for m in pooling.MODES if m in modes) or ("mean",)
 
 
 def _load_dense(folder: str, sub: str) -> DenseLayer:
@@ -169,6 +133,9 @@ def _load_dense(folder: str, sub: str) -> DenseLayer:
     bias = w.get("linear.bias")
     if cfg.get("bias", True) and bias is None:
         raise ValueError(f"{path}: config has a bias but the weights do not")
+    # Evaluated here: a lazy load belongs to this thread's stream, and the
+    # engine's worker threads could not evaluate it.
+    mx.eval(weight, *([bias] if bias is not None else []))
     return DenseLayer(weight=weight, bias=bias, activation=act)
 
 
@@ -189,7 +156,7 @@ def read_pipeline(folder: str, default_pooling: str) -> StPipeline:
         )
     max_len = bert_cfg.get("max_seq_length")
     pipe = StPipeline(
-        pooling=normalize_pooling(default_pooling),
+        pooling=pooling.check_modes(default_pooling),
         prompts=dict(prompts),
         default_prompt_name=default_name,
         max_seq_length=int(max_len) if max_len else None,

@@ -3,9 +3,9 @@
 mlx-lm's Gemma 3 blocks (q/k-norm attention, sandwich RMSNorms with
 ``1 + weight``, GeGLU-tanh MLP) as they are; what differs from the causal LM
 is the masking. EmbeddingGemma sets ``use_bidirectional_attention: true``:
-global layers see every real token, sliding layers every real token less
-than ``sliding_window`` positions away on either side, and padding is masked
-in both. The embedding scale sqrt(hidden_size) is taken in the weights'
+global layers see every real token, sliding layers every real token at most
+``sliding_window // 2`` positions away on either side (transformers turns the
+config's window into that symmetric one), and padding is masked in both. The embedding scale sqrt(hidden_size) is taken in the weights'
 dtype (transformers), not rounded through bfloat16 (mlx-lm's LM), which in
 float32 differs by up to 0.2%.
 
@@ -125,7 +125,7 @@ class _Encoder(nn.Module):
         neg = -1e9 if h.dtype == mx.float32 else -3e4
         keep = attention_mask.astype(mx.bool_)[:, None, None, :]  # [B, 1, 1, L] keys
         pos = mx.arange(L)
-        near = mx.abs(pos[:, None] - pos[None, :]) < self.args.sliding_window
+        near = mx.abs(pos[:, None] - pos[None, :]) <= self.args.sliding_window // 2
         masks = {
             _GLOBAL: mx.where(keep, 0.0, neg).astype(h.dtype),
             _LOCAL: mx.where(keep & near, 0.0, neg).astype(h.dtype),

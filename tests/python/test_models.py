@@ -135,6 +135,18 @@ def test_default_prompt_applies_unless_overridden(golden_texts):
     assert np.array_equal(a, b)
 
 
+def test_roberta_model_type_is_the_same_network(golden_texts, tmp_path):
+    """RoBERTa checkpoints (model_type "roberta") run through the XLM-R file."""
+    d = tmp_path / "roberta"
+    shutil.copytree(FIXTURES / "tiny-xlm-roberta", d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(model_type="roberta", architectures=["RobertaModel"])
+    (d / "config.json").write_text(json.dumps(cfg))
+    model = mlx_embed.load(d)
+    assert model.model_type == "roberta"
+    _check(model.embed(golden_texts), _ref("tiny-xlm-roberta", "reference_mean_normalized.npy"))
+
+
 def test_unknown_prompt_name_is_invalid_input():
     with pytest.raises(mlx_embed.errors.InvalidInput, match="nope"):
         _model("tiny-xlm-roberta").embed(["x"], prompt_name="nope")

@@ -9,8 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
 from harness import FIXTURES, cosine_rows, start_server
+
+MAX_LEN = 128
 
 # folder -> (reference of the folder as served: its default prompt if any, width)
 SERVED = {
@@ -21,6 +24,17 @@ SERVED = {
     "tiny-qwen2": ("reference_last_token_normalized.npy", 64),
     "tiny-gemma3": ("reference_normalized.npy", 48),
 }
+
+
+def _expected_tokens(folder: str, texts: list[str]) -> int:
+    """Tokens the texts run as: the folder's default prompt (if any) in
+    front, specials included, truncated to the fixture's max length."""
+    st = json.loads((FIXTURES / folder / "config_sentence_transformers.json").read_text())
+    prompt = st["prompts"][st["default_prompt_name"]] if st.get("default_prompt_name") else ""
+    tok = Tokenizer.from_file(str(FIXTURES / folder / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(max_length=MAX_LEN)
+    return sum(len(e.ids) for e in tok.encode_batch([prompt + t for t in texts]))
 
 
 def _routes(name: str) -> dict:
@@ -57,5 +71,8 @@ def test_serve_fixture_on_four_routes(folder, tmp_path):
             print(f"{folder} {route}: min cosine {c:.8f}, max |diff| {d:.2e}")
             assert c >= 0.99999, route
             assert d <= 1e-5, route
+            if route == "native":
+                # Usage counts every token run, a default prompt's included.
+                assert resp.json()["usage"]["prompt_tokens"] == _expected_tokens(folder, texts)
     finally:
         assert srv.stop() == 0, srv.log()[-3000:]

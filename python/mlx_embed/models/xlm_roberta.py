@@ -63,6 +63,8 @@ class Embeddings(bert.Embeddings):
 
 class Model(bert.Model):
     def __init__(self, args: ModelArgs):
+        # Not bert.Model.__init__: it would first allocate BERT's embedding
+        # tables (250k x 1024 floats for XLM-R large) only to replace them.
         nn.Module.__init__(self)
         self.args = args
         self.model_type = args.model_type

@@ -76,3 +76,65 @@ def test_serve_fixture_on_four_routes(folder, tmp_path):
                 assert resp.json()["usage"]["prompt_tokens"] == _expected_tokens(folder, texts)
     finally:
         assert srv.stop() == 0, srv.log()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def e5_server(tmp_path_factory):
+    """The e5-style folder (prompts query/passage, no default) served."""
+    srv = start_server(tmp_path_factory.mktemp("e5"), "--model", str(FIXTURES / "tiny-xlm-roberta"),
+                       "--no-warmup")
+    yield srv
+    assert srv.stop() == 0, srv.log()[-3000:]
+
+
+def _native(srv, texts, **extra) -> tuple[np.ndarray, int]:
+    resp = srv.post("/api/v1/embed", {"texts": texts, **extra})
+    assert resp.status_code == 200, resp.text[:500]
+    body = resp.json()
+    return np.asarray(body["embeddings"], dtype=np.float32), body["usage"]["prompt_tokens"]
+
+
+def test_prompt_name_on_native_tei_and_openai(e5_server, golden):
+    texts = [t for t in golden[0] if t != ""]
+    keep = [i for i, t in enumerate(golden[0]) if t != ""]
+    reference = np.load(FIXTURES / "tiny-xlm-roberta" / "reference_query_normalized.npy")[keep]
+    bodies = {
+        "/api/v1/embed": ({"texts": texts, "prompt_name": "query"}, lambda r: r["embeddings"]),
+        "/embed": ({"inputs": texts, "prompt_name": "query"}, lambda r: r),
+        # extra_body={"prompt_name": ...} in the OpenAI client sends it top level.
+        "/v1/embeddings": ({"input": texts, "model": "tiny-xlm-roberta", "prompt_name": "query"},
+                           lambda r: [d["embedding"] for d in sorted(r["data"], key=lambda d: d["index"])]),
+    }
+    for path, (body, extract) in bodies.items():
+        resp = e5_server.post(path, body)
+        assert resp.status_code == 200, f"{path}: {resp.text[:500]}"
+        got = np.asarray(extract(resp.json()), dtype=np.float32)
+        assert cosine_rows(got, reference).min() >= 0.99999, path
+        assert np.abs(got - reference).max() <= 1e-5, path
+    resp = e5_server.post("/embed", {"inputs": texts[:1], "prompt_name": "nope"})
+    assert resp.status_code == 400, resp.text
+
+
+def test_prompt_name_equals_the_raw_prefixed_text(e5_server, golden):
+    texts = [t for t in golden[0][:34] if t != ""]  # shorter than max length
+    named, n_named = _native(e5_server, texts, prompt_name="query")
+    raw, n_raw = _native(e5_server, ["query: " + t for t in texts])
+    plain, n_plain = _native(e5_server, texts)
+    assert np.array_equal(named, raw)
+    # Usage counts the prompt's tokens.
+    assert n_named == n_raw > n_plain
+
+
+def test_truncation_direction_left_keeps_the_last_tokens(e5_server):
+    tail = " ".join(f"river{i % 7} bank{i % 5}" for i in range(150))
+    a = "mountains and valleys " * 60 + tail
+    b = "the quick brown fox " * 70 + tail
+    left, _ = _native(e5_server, [a, b], truncation_direction="left")
+    right, _ = _native(e5_server, [a, b], truncation_direction="right")
+    tei = e5_server.post("/embed", {"inputs": [a, b], "truncation_direction": "Left"})
+    assert tei.status_code == 200, tei.text[:500]
+    # Both keep the same last tokens (the tail): the same vector.
+    assert np.abs(left[0] - left[1]).max() <= 1e-6
+    assert np.abs(np.asarray(tei.json(), dtype=np.float32) - left).max() <= 1e-6
+    assert np.abs(right[0] - right[1]).max() > 1e-2
+    assert np.abs(left[0] - right[0]).max() > 1e-2

@@ -357,7 +357,6 @@ def _profile_forward(args, model, ctx) -> None:
     import mlx_embed
     import numpy as np
     from mlx_embed import ops
-    from mlx_embed.pooling import pool
 
     texts = make_corpus(args.texts)[: args.profile_batch]
     ids, _ = model.encode(texts)
@@ -416,7 +415,7 @@ def _profile_forward(args, model, ctx) -> None:
     whole = []
     for _ in range(args.profile_repeats):
         t0 = time.perf_counter()
-        mx.eval(pool(net(ids_mx, mask_mx), mask_mx, mx.array(msk.sum(1) - 1), model.pooling))
+        mx.eval(model.scheduler.head(net(ids_mx, mask_mx), mask_mx))
         whole.append(time.perf_counter() - t0)
     total = sum(totals.values())
     print(f"# batch {len(ids)} x {L} tokens ({int(msk.sum())} real), BLAS {mlx_embed.blas_info()['library']}, "

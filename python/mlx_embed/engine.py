@@ -99,7 +99,7 @@ class EmbeddingModel:
         self.context = ops.make_context(fast_ops, kernel_threads=self._blas_threads)
         self.scheduler = Scheduler(
             self.model,
-            pooling=self.pooling,
+            head=ck.head,
             dim=self.dim,
             pad_id=self.pad_id,
             max_length=self.max_length,

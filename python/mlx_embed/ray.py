@@ -28,6 +28,7 @@ Needs the ``ray`` extra: ``pip install 'mlx-embed[ray]'``.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence, Union
@@ -159,6 +160,25 @@ class MlxEmbedder:
                 except Exception as e:
                     raise BadRow(f"row {self.id_column}={row_id!r}: {e}") from e
             raise batch_error
+
+
+def _bad_row_message(error: BaseException) -> Optional[str]:
+    """The BadRow message inside the error Ray raised for a failed UDF, if any.
+
+    Ray wraps the actor's exception (RayTaskError, UserCodeException) and keeps
+    the original in its cause chain or, across processes, in the text."""
+    seen = set()
+    stack = [error]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, BadRow):
+            return str(e)
+        stack += [getattr(e, "cause", None), e.__cause__, e.__context__]
+    match = re.search(r"BadRow: (.+)", str(error))
+    return match.group(1).strip() if match else None
 
 
 def _text_problem(text: Any) -> Optional[str]:
@@ -299,8 +319,7 @@ def run_bulk(
 
     Resumes: ids already in ``output_dir`` are skipped. Afterwards every input
     id must be in the output exactly once, else ``BulkError``. A row the
-    model cannot embed fails the job with ``BadRow`` naming its id (Ray
-    re-raises it as a subclass of both ``RayTaskError`` and ``BadRow``).
+    model cannot embed fails the job with ``BadRow`` naming its id.
     """
     import time
 
@@ -377,7 +396,13 @@ def run_bulk(
             num_cpus=cpus_per_actor,
         )
         out.mkdir(parents=True, exist_ok=True)
-        ds.write_parquet(os.fspath(out), min_rows_per_file=rows_per_file, mode="append")
+        try:
+            ds.write_parquet(os.fspath(out), min_rows_per_file=rows_per_file, mode="append")
+        except Exception as e:
+            message = _bad_row_message(e)
+            if message is None:
+                raise
+            raise BadRow(message) from e
 
     final, _, files = _scan_output(out, id_column)
     final = pa.array(final, type=input_ids.type) if final else pa.array([], type=input_ids.type)

@@ -131,7 +131,8 @@ def cmd_bulk(args) -> int:
         print(f"mlx-embed bulk: needs the ray extra (pip install 'mlx-embed[ray]'): {e}",
               file=sys.stderr)
         return 1
-    if not ray.is_initialized():
+    started_ray = not ray.is_initialized()
+    if started_ray:
         # No --address and no RAY_ADDRESS: a local cluster of --num-cpus CPUs.
         ray.init(address=args.address, num_cpus=None if args.address else args.num_cpus)
     try:
@@ -146,6 +147,10 @@ def cmd_bulk(args) -> int:
     except (BadRow, BulkError) as e:
         print(f"mlx-embed bulk: error: {e}", file=sys.stderr)
         return 1
+    finally:
+        if started_ray:
+            # Also ends the workers' log forwarding, so the summary is stdout's last line.
+            ray.shutdown()
     summary = {
         "input_rows": result.input_rows, "already_done": result.already_done,
         "embedded": result.embedded, "removed_files": result.removed_files,

@@ -27,6 +27,7 @@ Needs the ``ray`` extra: ``pip install 'mlx-embed[ray]'``.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 from dataclasses import dataclass
@@ -158,7 +159,9 @@ class MlxEmbedder:
                 try:
                     self.model.embed([text], normalize=self.normalize, truncate=self.truncate)
                 except Exception as e:
-                    raise BadRow(f"row {self.id_column}={row_id!r}: {e}") from e
+                    # Alone in the call, the text is "text 0" to the engine.
+                    reason = re.sub(r"^text 0\b", "text", str(e))
+                    raise BadRow(f"row {self.id_column}={row_id!r}: {reason}") from e
             raise batch_error
 
 
@@ -319,7 +322,9 @@ def run_bulk(
 
     Resumes: ids already in ``output_dir`` are skipped. Afterwards every input
     id must be in the output exactly once, else ``BulkError``. A row the
-    model cannot embed fails the job with ``BadRow`` naming its id.
+    model cannot embed fails the job with ``BadRow`` naming its id. (Ray Data
+    lets a failed job's actors go only once Python has collected the failed
+    executor; ``mlx-embed bulk`` runs one job per process.)
     """
     import time
 
@@ -396,13 +401,21 @@ def run_bulk(
             num_cpus=cpus_per_actor,
         )
         out.mkdir(parents=True, exist_ok=True)
+        bad_row = None
         try:
             ds.write_parquet(os.fspath(out), min_rows_per_file=rows_per_file, mode="append")
         except Exception as e:
-            message = _bad_row_message(e)
-            if message is None:
+            bad_row = _bad_row_message(e)
+            if bad_row is None:
                 raise
-            raise BadRow(message) from e
+        if bad_row is not None:
+            # Ray Data lets a failed job's actors go when nothing refers to
+            # them any more; Ray's error, through its traceback, still would.
+            # So the BadRow is raised outside the handler, without that error,
+            # and the actors' CPUs are free for the caller's next job.
+            del ds
+            gc.collect()
+            raise BadRow(bad_row)
 
     final, _, files = _scan_output(out, id_column)
     final = pa.array(final, type=input_ids.type) if final else pa.array([], type=input_ids.type)

@@ -322,5 +322,5 @@ def test_a_row_the_model_refuses_is_named_by_its_id():
     embedder = MlxEmbedder(workers=1, truncate=False)
     rows = make_rows(40, "y")
     rows[27]["text"] = "long " * 600
-    with pytest.raises(BadRow, match=r"row id='y-00027': text 0 has 60\d tokens, more than max_length=256"):
+    with pytest.raises(BadRow, match=r"row id='y-00027': text has 60\d tokens, more than max_length=256"):
         embedder(pa.Table.from_pylist(rows))

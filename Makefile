@@ -12,7 +12,7 @@ PORT ?= 8080
 export PYO3_PYTHON := $(BIN)/python
 export VIRTUAL_ENV := $(abspath $(VENV))
 
-.PHONY: serve test setup system-deps build bench loadtest clean
+.PHONY: serve test setup system-deps build bench loadtest replicas bench-scale clean
 
 serve: setup build
 	$(BIN)/mlx-embed serve --host $(HOST) --port $(PORT)
@@ -69,6 +69,15 @@ $(PEER_VENV)/.installed:
 loadtest: setup build
 	$(BIN)/pip install -q matplotlib
 	$(BIN)/python scripts/loadtest
+
+# REPLICAS servers behind nginx on $(PORT) (docs/scaling.md); Ctrl-C stops all.
+REPLICAS ?= 2
+replicas: setup build
+	$(BIN)/python scripts/replicas.py --replicas $(REPLICAS) --port $(PORT)
+
+# Replicas behind nginx beside one replica, and Ray bulk beside `mlx-embed embed` (docs/scaling.md).
+bench-scale: setup build
+	$(BIN)/python scripts/bench_scale.py
 
 clean:
 	rm -rf $(VENV) target python/mlx_embed/*.so

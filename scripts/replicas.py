@@ -22,9 +22,9 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 NGINX_CONF = ROOT / "deploy" / "nginx" / "nginx.conf"
@@ -51,15 +51,15 @@ def render_nginx_conf(listen_port: int, upstream_ports: Sequence[int], conf: Pat
     """deploy/nginx/nginx.conf with its replica lines and listen port replaced;
     every other directive stays as shipped."""
     text = conf.read_text()
-    block = re.search(r"^([ \t]*)# replicas:begin\n(.*?)^[ \t]*# replicas:end\n", text, re.S | re.M)
+    block = re.search(r"^([ \t]*)# replicas:begin\n(.*?)^[ \t]*# replicas:end\n", text, re.DOTALL | re.MULTILINE)
     if not block:
         raise ValueError(f"{conf}: no '# replicas:begin' ... '# replicas:end' block")
     indent = block.group(1)
-    template = re.search(r"^[ \t]*server 127\.0\.0\.1:\d+(.*);$", block.group(2), re.M)
+    template = re.search(r"^[ \t]*server 127\.0\.0\.1:\d+(.*);$", block.group(2), re.MULTILINE)
     params = template.group(1) if template else ""
     servers = "".join(f"{indent}server {HOST}:{p}{params};\n" for p in upstream_ports)
     text = text[: block.start(2)] + servers + text[block.end(2):]
-    text, n = re.subn(r"^(\s*)listen [^;]+;", rf"\g<1>listen {HOST}:{listen_port};", text, count=1, flags=re.M)
+    text, n = re.subn(r"^(\s*)listen [^;]+;", rf"\g<1>listen {HOST}:{listen_port};", text, count=1, flags=re.MULTILINE)
     if n != 1:
         raise ValueError(f"{conf}: no listen directive")
     return text
@@ -94,7 +94,7 @@ class Replica:
     def healthy(self) -> bool:
         return _get(self.url + "/health") == 200
 
-    def stop(self, timeout: float = 60) -> Optional[int]:
+    def stop(self, timeout: float = 60) -> int | None:
         """SIGTERM (drain), then SIGKILL past `timeout`; the exit code."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -107,7 +107,7 @@ class Replica:
 
 
 def start_replica(port: int, log_dir: Path, args: Sequence[str] = (), *, wait: bool = True,
-                  timeout: float = 180, env: Optional[dict] = None) -> Replica:
+                  timeout: float = 180, env: dict | None = None) -> Replica:
     """Starts the server binary on `port`; with `wait`, returns once /health is 200."""
     if not SERVER_BINARY.exists():
         raise FileNotFoundError(f"{SERVER_BINARY} is missing: run `make build`")
@@ -159,7 +159,7 @@ class Nginx:
         path = self.prefix / "nginx.err"
         return path.read_text(errors="replace") if path.exists() else ""
 
-    def stop(self, timeout: float = 20) -> Optional[int]:
+    def stop(self, timeout: float = 20) -> int | None:
         """SIGQUIT: finish the requests in flight, then exit."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGQUIT)
@@ -178,7 +178,7 @@ def start_nginx(port: int, upstream_ports: Sequence[int], prefix: Path, timeout:
     conf.write_text(render_nginx_conf(port, upstream_ports))
     nginx = find_nginx()
     base = [nginx, "-p", str(prefix), "-c", str(conf), "-e", "stderr"]
-    check = subprocess.run([*base, "-t"], capture_output=True, text=True, timeout=timeout)
+    check = subprocess.run([*base, "-t"], check=False, capture_output=True, text=True, timeout=timeout)
     if check.returncode != 0:
         raise RuntimeError(f"nginx -t failed:\n{check.stderr}")
     with open(prefix / "nginx.err", "ab") as err:
@@ -197,7 +197,7 @@ def start_nginx(port: int, upstream_ports: Sequence[int], prefix: Path, timeout:
     raise TimeoutError(f"nginx not accepting on :{port} after {timeout}s")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     server_args: list[str] = []
     if "--" in argv:

@@ -30,13 +30,14 @@ from __future__ import annotations
 import gc
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence, Union
+from typing import Any
 
 import numpy as np
 
-__all__ = ["MlxEmbedder", "BadRow", "BulkError", "BulkResult", "run_bulk", "read_input"]
+__all__ = ["BadRow", "BulkError", "BulkResult", "MlxEmbedder", "read_input", "run_bulk"]
 
 EMBEDDING_COLUMN = "embedding"
 # CPUs of the cluster that the model actors leave to Ray Data's own tasks.
@@ -54,7 +55,7 @@ class BulkError(RuntimeError):
 def _import_ray():
     try:
         import ray
-        import ray.data  # noqa: F401
+        import ray.data
     except ImportError as e:  # pragma: no cover - exercised only without the extra
         raise ImportError(
             "mlx_embed.ray needs Ray Data: pip install 'mlx-embed[ray]'"
@@ -91,7 +92,7 @@ class MlxEmbedder:
 
     def __init__(
         self,
-        model: Optional[str] = None,
+        model: str | None = None,
         *,
         text_column: str = "text",
         id_column: str = "id",
@@ -99,8 +100,8 @@ class MlxEmbedder:
         truncate: bool = True,
         workers: int = 1,
         dtype: str = "float32",
-        quantize: Optional[int] = None,
-        instruction: Optional[str] = None,
+        quantize: int | None = None,
+        instruction: str | None = None,
     ):
         import mlx_embed
 
@@ -152,7 +153,7 @@ class MlxEmbedder:
             return np.empty((0, self.model.dim), dtype=np.float32)
         try:
             return self.model.embed(texts, normalize=self.normalize, truncate=self.truncate)
-        except Exception as batch_error:
+        except Exception:
             # The engine names a failing input by its place in the call; one
             # text at a time finds the row, so the message can name its id.
             for row_id, text in zip(ids, texts):
@@ -162,10 +163,10 @@ class MlxEmbedder:
                     # Alone in the call, the text is "text 0" to the engine.
                     reason = re.sub(r"^text 0\b", "text", str(e))
                     raise BadRow(f"row {self.id_column}={row_id!r}: {reason}") from e
-            raise batch_error
+            raise
 
 
-def _bad_row_message(error: BaseException) -> Optional[str]:
+def _bad_row_message(error: BaseException) -> str | None:
     """The BadRow message inside the error Ray raised for a failed UDF, if any.
 
     Ray wraps the actor's exception (RayTaskError, UserCodeException) and keeps
@@ -184,7 +185,7 @@ def _bad_row_message(error: BaseException) -> Optional[str]:
     return match.group(1).strip() if match else None
 
 
-def _text_problem(text: Any) -> Optional[str]:
+def _text_problem(text: Any) -> str | None:
     if text is None:
         return "text is null"
     if not isinstance(text, str):
@@ -258,12 +259,15 @@ def _scan_output(output_dir: Path, id_column: str) -> tuple[list, list[str], int
         return done, removed, kept
     for f in sorted(output_dir.glob("*.parquet")):
         try:
-            ids = pq.read_table(f, columns=[id_column]).column(id_column).to_pylist()
-        except Exception:
+            pq.read_metadata(f)
+        except (OSError, ValueError):  # pyarrow's ArrowInvalid is a ValueError
             f.unlink()
             removed.append(f.name)
             continue
-        done.extend(ids)
+        try:
+            done.extend(pq.read_table(f, columns=[id_column]).column(id_column).to_pylist())
+        except (KeyError, ValueError) as e:
+            raise BulkError(f"{f}: no {id_column!r} column; not this job's output ({e})") from e
         kept += 1
     return done, removed, kept
 
@@ -298,22 +302,22 @@ def _check_ids(ids, where: str) -> None:
 
 
 def run_bulk(
-    inputs: Union[str, Sequence[str]],
-    output_dir: Union[str, os.PathLike],
+    inputs: str | Sequence[str],
+    output_dir: str | os.PathLike,
     *,
-    model: Optional[str] = None,
+    model: str | None = None,
     id_column: str = "id",
     text_column: str = "text",
-    concurrency: Optional[int] = None,
+    concurrency: int | None = None,
     cpus_per_actor: float = 1.0,
-    workers_per_actor: Optional[int] = None,
+    workers_per_actor: int | None = None,
     batch_size: int = 256,
     rows_per_file: int = 10_000,
     normalize: bool = True,
     truncate: bool = True,
     dtype: str = "float32",
-    quantize: Optional[int] = None,
-    instruction: Optional[str] = None,
+    quantize: int | None = None,
+    instruction: str | None = None,
 ) -> BulkResult:
     """Embeds ``inputs`` (Parquet or JSONL with ``id_column`` and
     ``text_column``) into Parquet files of ``id``, ``text``, ``embedding``
@@ -389,12 +393,12 @@ def run_bulk(
         ds = ds.repartition(target_num_rows_per_block=batch_size)
         ds = ds.map_batches(
             MlxEmbedder,
-            fn_constructor_kwargs=dict(
-                model=model, text_column=text_column, id_column=id_column,
-                normalize=normalize, truncate=truncate,
-                workers=workers_per_actor, dtype=dtype,
-                quantize=quantize, instruction=instruction,
-            ),
+            fn_constructor_kwargs={
+                "model": model, "text_column": text_column, "id_column": id_column,
+                "normalize": normalize, "truncate": truncate,
+                "workers": workers_per_actor, "dtype": dtype,
+                "quantize": quantize, "instruction": instruction,
+            },
             batch_size=batch_size,
             batch_format="pyarrow",
             compute=ray.data.ActorPoolStrategy(size=concurrency),

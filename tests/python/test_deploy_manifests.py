@@ -137,7 +137,7 @@ def test_queue_metric_named_in_the_hpa_exists():
 
 
 def nginx_directive(name: str) -> str:
-    values = re.findall(rf"^\s*{name}\s+([^;]+);", NGINX_CONF.read_text(), re.M)
+    values = re.findall(rf"^\s*{name}\s+([^;]+);", NGINX_CONF.read_text(), re.MULTILINE)
     assert len(values) == 1, f"{name}: {values}"
     return values[0].strip()
 
@@ -162,6 +162,6 @@ def test_nginx_limits_follow_the_server(server_defaults):
     assert "http_429" not in retry_on
     assert 2 <= int(nginx_directive("proxy_next_upstream_tries")) <= 3
     assert seconds(nginx_directive("proxy_next_upstream_timeout")) >= 2 * read
-    assert re.search(r"^\s*least_conn;", NGINX_CONF.read_text(), re.M)
+    assert re.search(r"^\s*least_conn;", NGINX_CONF.read_text(), re.MULTILINE)
     assert int(nginx_directive("keepalive")) > 0
     assert nginx_directive("proxy_http_version") == "1.1"

@@ -22,9 +22,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 import ray
-
 from mlx_embed.ray import BadRow, BulkError, MlxEmbedder, run_bulk
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,11 +30,10 @@ CLI = [sys.executable, "-m", "mlx_embed"]
 ROWS = 2000
 JOB_TIMEOUT_S = 300
 ACTOR_TITLE = "MapBatches(MlxEmbedder)"
-WORDS = ("alpha beta gamma delta river mountain quantum sparse vector search embedding "
-         "model cluster replica shard index query answer corpus token").split()
+WORDS = ["alpha", "beta", "gamma", "delta", "river", "mountain", "quantum", "sparse", "vector", "search", "embedding", "model", "cluster", "replica", "shard", "index", "query", "answer", "corpus", "token"]
 # Two actors of half a CPU each leave one of the cluster's two CPUs to Ray
 # Data's read and write tasks (run_bulk refuses a plan that leaves none).
-SMALL_POOL = dict(concurrency=2, cpus_per_actor=0.5, workers_per_actor=1)
+SMALL_POOL = {"concurrency": 2, "cpus_per_actor": 0.5, "workers_per_actor": 1}
 
 
 def make_rows(n: int, prefix: str = "doc") -> list[dict]:
@@ -71,7 +68,7 @@ def reference(corpus) -> dict[str, np.ndarray]:
     """id -> vector from the single-process CLI on the same rows."""
     out = corpus["dir"] / "reference.npy"
     r = subprocess.run([*CLI, "embed", "-i", str(corpus["jsonl"]), "-o", str(out), "--progress", "never"],
-                       capture_output=True, text=True, timeout=JOB_TIMEOUT_S, cwd=ROOT)
+                       check=False, capture_output=True, text=True, timeout=JOB_TIMEOUT_S, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     vectors = np.load(out)
     assert vectors.shape == (ROWS, 384)
@@ -127,7 +124,7 @@ def bounded(**kwargs):
     def target():
         try:
             box["result"] = run_bulk(**kwargs)
-        except BaseException as e:  # handed to the test's thread
+        except BaseException as e:  # noqa: BLE001  (handed to the test's thread)
             box["error"] = e
 
     t = threading.Thread(target=target, daemon=True)
@@ -182,7 +179,7 @@ def test_bulk_cli_with_an_actor_killed_mid_job(corpus, reference, tmp_path):
                 seen |= embedder_pids()
                 # Kill one actor once the job has written some rows but not all.
                 if killed is None and seen and (written := rows_written(out)):
-                    killed, written_at_kill = sorted(seen)[0], written
+                    killed, written_at_kill = min(seen), written
                     os.kill(killed, signal.SIGKILL)
                 time.sleep(0.05)
         finally:
@@ -212,7 +209,7 @@ def test_bulk_cli_fails_loudly_on_a_bad_row(tmp_path):
     r = subprocess.run(
         [*CLI, "bulk", str(path), "-o", str(tmp_path / "out"), "--num-cpus", "2", "--concurrency", "1",
          "--batch-size", "100"],
-        capture_output=True, text=True, timeout=JOB_TIMEOUT_S, cwd=ROOT, env=ray_env())
+        check=False, capture_output=True, text=True, timeout=JOB_TIMEOUT_S, cwd=ROOT, env=ray_env())
     assert r.returncode == 1, r.stderr[-3000:]
     assert "mlx-embed bulk: error: row id='bad-00157': text is empty" in r.stderr
 

@@ -177,12 +177,16 @@ def start_nginx(port: int, upstream_ports: Sequence[int], prefix: Path, timeout:
     conf = prefix / "nginx.conf"
     conf.write_text(render_nginx_conf(port, upstream_ports))
     nginx = find_nginx()
-    base = [nginx, "-p", str(prefix), "-c", str(conf), "-e", "stderr"]
-    check = subprocess.run([*base, "-t"], check=False, capture_output=True, text=True, timeout=timeout)
+    base = [nginx, "-p", str(prefix), "-c", str(conf)]
+    check = subprocess.run([*base, "-e", "stderr", "-t"], check=False, capture_output=True, text=True,
+                           timeout=timeout)
     if check.returncode != 0:
         raise RuntimeError(f"nginx -t failed:\n{check.stderr}")
+    # The config's error_log goes to stderr, into nginx.err; -e only covers
+    # what nginx logs before it has read the config.
     with open(prefix / "nginx.err", "ab") as err:
-        proc = subprocess.Popen(base, stdout=err, stderr=subprocess.STDOUT, cwd=prefix)
+        proc = subprocess.Popen([*base, "-e", str(prefix / "startup.err")], stdout=err,
+                                stderr=subprocess.STDOUT, cwd=prefix)
     server = Nginx(port=port, proc=proc, prefix=prefix)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

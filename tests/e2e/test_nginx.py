@@ -147,6 +147,15 @@ def retried_from(nginx: rp.Nginx, replica: rp.Replica) -> int:
     return sum(1 for line in lines if f"upstream=127.0.0.1:{replica.port}, " in line)
 
 
+def upstream_failures(nginx: rp.Nginx, replica: rp.Replica) -> dict[str, int]:
+    """What nginx's error log says went wrong with `replica`, by kind."""
+    kinds = {"refused": "Connection refused", "closed before answering": "prematurely closed",
+             "reset": "reset by peer", "timed out": "timed out"}
+    lines = [line for line in nginx.error_log().splitlines()
+             if f'upstream: "http://127.0.0.1:{replica.port}/' in line]
+    return {kind: sum(text in line for line in lines) for kind, text in kinds.items()}
+
+
 def test_sigterm_one_replica_mid_load_drains_with_no_client_errors(cluster):
     a, b = cluster["replicas"]
     nginx = cluster["nginx"]
@@ -166,8 +175,12 @@ def test_sigterm_one_replica_mid_load_drains_with_no_client_errors(cluster):
     log = a.log()
     assert "received SIGTERM" in log and "shut down" in log
     assert "drain timeout" not in log, "the replica exited before answering what it accepted"
+    # A request the draining replica had accepted and then sat on would show as a timeout.
+    failures = upstream_failures(nginx, a)
+    assert failures["timed out"] == 0, failures
     print(f"\nSIGTERM: {load.ok} answers, 0 errors; the drained replica had answered {served_by_a}, "
-          f"exited 0 after {exited:.2f}s; {retried_from(nginx, a)} requests resent by nginx")
+          f"exited 0 after {exited:.2f}s; {retried_from(nginx, a)} requests resent by nginx "
+          f"({failures})")
 
 
 def test_kill_9_one_replica_mid_load_then_bring_it_back(cluster, tmp_path):

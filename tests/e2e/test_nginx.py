@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import requests
-from harness import ROOT, cosine_rows
+from harness import ROOT, TEST_SERVER_BINARY, cosine_rows
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import replicas as rp
@@ -217,7 +217,7 @@ def test_replica_answering_503_is_skipped(tmp_path):
     resends to the healthy one (proxy_next_upstream http_503)."""
     marker = "@@die@@"
     sick = rp.start_replica(rp.free_port(), tmp_path, REPLICA_ARGS, wait=False,
-                            env={"MLX_EMBED_TEST_KILL": marker})
+                            env={"MLX_EMBED_TEST_KILL": marker}, binary=TEST_SERVER_BINARY)
     well = rp.start_replica(rp.free_port(), tmp_path, REPLICA_ARGS, wait=False)
     nginx = None
     try:

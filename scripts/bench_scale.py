@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
-import replicas as rp
+import replicas as rp  # noqa: E402  (after the sys.path line above)
 
 RESULTS = ROOT / "docs" / "scaling-results.json"
 DOC = ROOT / "docs" / "scaling.md"

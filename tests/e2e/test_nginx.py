@@ -28,7 +28,10 @@ CLIENTS = 8
 MAX_REQUESTS = 20_000  # per load run; the phases below stop it long before
 MAX_LOAD_SECONDS = 240
 DRAIN_SECONDS = 30
-REPLICA_ARGS = ["--no-warmup", "--drain-timeout-secs", str(DRAIN_SECONDS)]
+# No embedding cache: the load repeats PAIRS, and a replica answering from a
+# warm cache would be far faster than one brought back cold, so least_conn
+# would rightly send it nearly everything; the test is about real compute.
+REPLICA_ARGS = ["--no-warmup", "--no-cache", "--drain-timeout-secs", str(DRAIN_SECONDS)]
 # Distinct two-text requests; each answer is checked against its own texts' vectors.
 PAIRS = [[f"request {i}: how do replicas share the load", f"second text {i} about nginx and retries"]
          for i in range(24)]

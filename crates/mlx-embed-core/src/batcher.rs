@@ -8,14 +8,14 @@ use tokio::sync::oneshot;
 
 use crate::admission::Refusal;
 use crate::cache::{Cache, CacheKey, Lookup};
-use crate::model_thread;
+use crate::model_thread::{self, Handles};
 use crate::queue::Pending;
 use crate::request::{ActiveGuard, CallerGuard, Request, Ticket};
 use crate::shared::Shared;
 use crate::tokenize;
 use crate::{
     BatcherConfig, CoreError, EmbedInput, EmbedOptions, Embedder, EmbedderError, Encoded,
-    MetricsSnapshot, ModelInfo, Priority, Tokenize,
+    LiveStats, MetricsSnapshot, ModelInfo, Priority, Tokenize,
 };
 
 /// What one caller gets back: its own inputs' vectors, in its order.
@@ -45,6 +45,7 @@ struct Inner {
     shared: Arc<Shared>,
     info: ModelInfo,
     tokenizer: Option<Arc<dyn Tokenize>>,
+    live_stats: Option<Arc<dyn LiveStats>>,
 }
 
 impl std::fmt::Debug for Batcher {
@@ -81,7 +82,11 @@ impl Batcher {
         let loaded = model_thread::spawn(shared.clone(), load).map_err(|e| {
             CoreError::ModelUnavailable(format!("cannot spawn the model thread: {e}"))
         })?;
-        let (info, tokenizer) = match loaded.recv() {
+        let Handles {
+            info,
+            tokenizer,
+            live_stats,
+        } = match loaded.recv() {
             Ok(Ok(loaded)) => loaded,
             Ok(Err(message)) => return Err(CoreError::ModelUnavailable(message)),
             Err(_) => {
@@ -98,6 +103,7 @@ impl Batcher {
                 shared,
                 info,
                 tokenizer,
+                live_stats,
             }),
         })
     }
@@ -262,6 +268,12 @@ impl Batcher {
     /// what `embed` runs, for callers that want the ids without embedding.
     pub fn tokenizer(&self) -> Option<&Arc<dyn Tokenize>> {
         self.inner.tokenizer.as_ref()
+    }
+
+    /// The model's live figures (device memory...), if it reports any. They
+    /// are read without the model thread, so they answer while it is busy.
+    pub fn live_stats(&self) -> Option<&Arc<dyn LiveStats>> {
+        self.inner.live_stats.as_ref()
     }
 
     /// The configuration this batcher runs with.

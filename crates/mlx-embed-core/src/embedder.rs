@@ -188,6 +188,33 @@ pub struct ModelInfo {
     pub details: BTreeMap<String, String>,
 }
 
+/// The device memory of the model's runtime (MLX: active, cache, peak), in bytes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceMemory {
+    /// Bytes held by live arrays.
+    pub active_bytes: u64,
+    /// Freed buffers the runtime keeps for reuse.
+    pub cache_bytes: u64,
+    /// The highest `active_bytes` since the process started.
+    pub peak_bytes: u64,
+    /// The cap on `cache_bytes`, if one was set.
+    pub cache_limit_bytes: Option<u64>,
+}
+
+/// Figures a model reports while it runs, read from any thread (HTTP
+/// handlers, metrics scrapes) without a round trip through the model thread,
+/// which may be busy with a batch for a long time.
+///
+/// Both calls may block briefly (a Python model waits for the interpreter):
+/// async callers should run them on a blocking pool.
+pub trait LiveStats: Send + Sync {
+    /// The device memory now.
+    fn memory(&self) -> Result<DeviceMemory, EmbedderError>;
+    /// Display facts that change while the model runs or cost time to get,
+    /// as of now; shown over [`ModelInfo::details`], which are fixed at load.
+    fn details(&self) -> Result<BTreeMap<String, String>, EmbedderError>;
+}
+
 /// An embedding model driven by the batcher from one dedicated OS thread.
 ///
 /// It is created on that thread (see [`crate::Batcher::start`]) and never moves,
@@ -199,6 +226,11 @@ pub trait Embedder {
     /// the model takes token ids only, which run as given (truncated to
     /// `max_input_tokens`); text is invalid input.
     fn tokenizer(&self) -> Option<Arc<dyn Tokenize>>;
+    /// Live figures (device memory...), taken once after load like
+    /// [`Embedder::tokenizer`]. `None` (the default): the model has none.
+    fn live_stats(&self) -> Option<Arc<dyn LiveStats>> {
+        None
+    }
     /// Embeds a batch in one model call. `inputs` is never empty.
     fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError>;
 }

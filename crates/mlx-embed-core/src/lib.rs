@@ -52,8 +52,9 @@ pub use batcher::{Batcher, Embeddings};
 pub use cache::CacheMetrics;
 pub use config::BatcherConfig;
 pub use embedder::{
-    l2_normalize, BatchOutput, EmbedInput, EmbedOptions, Embedder, EmbedderError,
-    EmbedderErrorKind, Encoded, ModelInfo, ModelKind, Prompt, Tokenize, TruncationDirection,
+    l2_normalize, BatchOutput, DeviceMemory, EmbedInput, EmbedOptions, Embedder, EmbedderError,
+    EmbedderErrorKind, Encoded, LiveStats, ModelInfo, ModelKind, Prompt, Tokenize,
+    TruncationDirection,
 };
 pub use error::{CoreError, OverloadReason};
 pub use metrics::{Histogram, LaneMetrics, MetricsSnapshot};

@@ -12,8 +12,8 @@ use std::time::Instant;
 use crate::queue::{Batch, Part};
 use crate::shared::Shared;
 use crate::{
-    BatchOutput, CoreError, Embedder, EmbedderError, EmbedderErrorKind, Encoded, ModelInfo,
-    Tokenize,
+    BatchOutput, CoreError, Embedder, EmbedderError, EmbedderErrorKind, Encoded, LiveStats,
+    ModelInfo, Tokenize,
 };
 
 /// The thread's name, visible in debuggers and panic messages.
@@ -44,9 +44,16 @@ impl Drop for DeathGuard<'_> {
     }
 }
 
-/// What the model thread reports once `load` has run: the model's facts and
-/// tokenizer, or why it failed.
-pub(crate) type Loaded = Result<(ModelInfo, Option<Arc<dyn Tokenize>>), String>;
+/// What a loaded model hands the callers' side, taken once on the model thread.
+pub(crate) struct Handles {
+    pub info: ModelInfo,
+    pub tokenizer: Option<Arc<dyn Tokenize>>,
+    pub live_stats: Option<Arc<dyn LiveStats>>,
+}
+
+/// What the model thread reports once `load` has run: the model's handles,
+/// or why it failed.
+pub(crate) type Loaded = Result<Handles, String>;
 
 /// Spawns the model thread, runs `load` there and reports its result. The
 /// thread is detached: it exits by itself once stopped or dead.
@@ -61,11 +68,14 @@ where
         .spawn(move || {
             let loaded = catch_unwind(AssertUnwindSafe(|| {
                 let model = load()?;
-                let info = model.info();
-                let tokenizer = model.tokenizer();
-                Ok::<_, EmbedderError>((model, info, tokenizer))
+                let handles = Handles {
+                    info: model.info(),
+                    tokenizer: model.tokenizer(),
+                    live_stats: model.live_stats(),
+                };
+                Ok::<_, EmbedderError>((model, handles))
             }));
-            let (model, info, tokenizer) = match loaded {
+            let (model, handles) = match loaded {
                 Ok(Ok(loaded)) => loaded,
                 Ok(Err(e)) => {
                     let _ = loaded_tx.send(Err(format!("model failed to load: {}", e.message)));
@@ -79,8 +89,8 @@ where
                     return;
                 }
             };
-            let dim = info.dim;
-            let _ = loaded_tx.send(Ok((info, tokenizer)));
+            let dim = handles.info.dim;
+            let _ = loaded_tx.send(Ok(handles));
             drop(loaded_tx);
             ModelThread {
                 shared: &shared,

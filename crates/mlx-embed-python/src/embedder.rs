@@ -4,12 +4,15 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use mlx_embed_core::{BatchOutput, Embedder, EmbedderError, Encoded, ModelInfo, Tokenize};
+use mlx_embed_core::{
+    BatchOutput, Embedder, EmbedderError, Encoded, LiveStats, ModelInfo, Tokenize,
+};
 use mlx_embed_tokenizer::HfTokenizer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::interpreter::ensure_python;
+use crate::live::PythonLiveStats;
 use crate::spec::{read_spec, ModelSpec};
 use crate::{error, BridgeError};
 
@@ -135,6 +138,11 @@ impl Embedder for PythonEmbedder {
 
     fn tokenizer(&self) -> Option<Arc<dyn Tokenize>> {
         Some(self.tokenizer.clone())
+    }
+
+    fn live_stats(&self) -> Option<Arc<dyn LiveStats>> {
+        let model = Python::attach(|py| self.model.clone_ref(py));
+        Some(Arc::new(PythonLiveStats::new(model)))
     }
 
     fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError> {

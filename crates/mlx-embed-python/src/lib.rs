@@ -21,7 +21,9 @@
 mod embedder;
 mod error;
 pub mod interpreter;
+mod live;
 mod spec;
 
 pub use embedder::{EngineOptions, PythonEmbedder, PythonModelOptions};
 pub use error::BridgeError;
+pub use live::PythonLiveStats;

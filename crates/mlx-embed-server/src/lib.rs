@@ -10,6 +10,7 @@ pub mod config;
 pub mod embed;
 pub mod errors;
 pub mod extract;
+mod live;
 pub mod metrics;
 pub mod middleware;
 pub mod openapi;

@@ -12,13 +12,14 @@
 //! `lane_queued_inputs` (gauges), `lane_requests_overloaded_total`,
 //! `lane_queue_wait_seconds` (histogram); the embedding cache:
 //! `cache_hits_total`, `cache_misses_total`, `cache_entries`, `cache_bytes`,
-//! `cache_capacity_bytes`.
+//! `cache_capacity_bytes`; the model runtime's memory, when the model reports it:
+//! `mlx_memory_bytes{kind="active|cache|peak|cache_limit"}` (read at scrape time).
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
 
-use mlx_embed_core::{Histogram, LaneMetrics, MetricsSnapshot};
+use mlx_embed_core::{DeviceMemory, Histogram, LaneMetrics, MetricsSnapshot};
 
 use crate::state::AppState;
 
@@ -66,11 +67,15 @@ fn observe(h: &mut Histogram, value: f64) {
     h.count += 1;
 }
 
-/// The whole `/metrics` body.
-pub fn render(state: &AppState) -> String {
+/// The whole `/metrics` body; `memory` is the model's device memory, read
+/// just before (`None`: the model reports none, and its gauges are left out).
+pub fn render(state: &AppState, memory: Option<&DeviceMemory>) -> String {
     let mut out = String::with_capacity(8 * 1024);
     render_http(&mut out, state.http_metrics());
     render_core(&mut out, &state.batcher().metrics());
+    if let Some(memory) = memory {
+        render_memory(&mut out, memory);
+    }
     head(
         &mut out,
         "mlx_embed_healthy",
@@ -321,6 +326,29 @@ fn render_cache(out: &mut String, m: &MetricsSnapshot) {
         "The embedding cache's size limit (0: off).",
         c.capacity_bytes,
     );
+}
+
+/// MLX's memory as one gauge labelled `kind="active|cache|peak"` (plus
+/// `cache_limit` when one is set), so a dashboard stacks active and cache.
+fn render_memory(out: &mut String, m: &DeviceMemory) {
+    let name = "mlx_embed_mlx_memory_bytes";
+    head(
+        out,
+        name,
+        "MLX memory now: active (live arrays), cache (freed buffers kept for reuse), peak (highest active since start), cache_limit (the cap on cache).",
+        "gauge",
+    );
+    let kinds = [
+        ("active", Some(m.active_bytes)),
+        ("cache", Some(m.cache_bytes)),
+        ("peak", Some(m.peak_bytes)),
+        ("cache_limit", m.cache_limit_bytes),
+    ];
+    for (kind, value) in kinds {
+        if let Some(v) = value {
+            let _ = writeln!(out, "{name}{{kind=\"{kind}\"}} {v}");
+        }
+    }
 }
 
 fn head(out: &mut String, name: &str, help: &str, kind: &str) {

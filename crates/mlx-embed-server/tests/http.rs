@@ -929,3 +929,77 @@ async fn usage_counts_cache_hits() {
     }
     s.stop().await.unwrap();
 }
+
+/// The model's live figures are read when asked: `/info` and `/metrics`
+/// follow the fake's memory batch by batch (ids: marker, one per byte, end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn info_and_metrics_show_live_model_memory() {
+    let s = Server::default().await;
+    let c = client();
+    let memory_of = |v: &Value| {
+        let m = &v["memory"];
+        (
+            m["active_bytes"].as_u64().unwrap(),
+            m["cache_bytes"].as_u64().unwrap(),
+            m["peak_bytes"].as_u64().unwrap(),
+            m["cache_limit_bytes"].as_u64().unwrap(),
+        )
+    };
+    let info = || async {
+        c.get(s.url("/info"))
+            .send()
+            .await
+            .unwrap()
+            .json::<Value>()
+            .await
+            .unwrap()
+    };
+
+    let v = info().await;
+    assert_eq!(
+        memory_of(&v),
+        (0, FAKE_CACHE_BYTES, 0, FAKE_CACHE_LIMIT),
+        "{v}"
+    );
+    assert_eq!(v["details"]["batches_run"], "0");
+    // The load-time details are still there beside the live ones.
+    assert_eq!(v["details"]["dtype"], "float32");
+
+    // 5 tokens ("abc" + 2 markers), then 3 ("a" + 2): active follows the
+    // last batch, peak keeps the highest.
+    assert_eq!(
+        post(&s, "/embed", &json!({ "inputs": ["abc"] })).await.0,
+        200
+    );
+    assert_eq!(post(&s, "/embed", &json!({ "inputs": ["a"] })).await.0, 200);
+    let v = info().await;
+    let (active, peak) = (3 * FAKE_BYTES_PER_TOKEN, 5 * FAKE_BYTES_PER_TOKEN);
+    assert_eq!(
+        memory_of(&v),
+        (active, FAKE_CACHE_BYTES, peak, FAKE_CACHE_LIMIT),
+        "{v}"
+    );
+    assert_eq!(v["details"]["batches_run"], "2");
+
+    let text = c
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "# TYPE mlx_embed_mlx_memory_bytes gauge".to_string(),
+        format!("mlx_embed_mlx_memory_bytes{{kind=\"active\"}} {active}"),
+        format!("mlx_embed_mlx_memory_bytes{{kind=\"cache\"}} {FAKE_CACHE_BYTES}"),
+        format!("mlx_embed_mlx_memory_bytes{{kind=\"peak\"}} {peak}"),
+        format!("mlx_embed_mlx_memory_bytes{{kind=\"cache_limit\"}} {FAKE_CACHE_LIMIT}"),
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "/metrics lacks {line:?}:\n{text}"
+        );
+    }
+    s.stop().await.unwrap();
+}

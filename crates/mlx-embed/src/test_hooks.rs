@@ -15,7 +15,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use mlx_embed_core::{
-    BatchOutput, EmbedInput, EmbedOptions, Embedder, EmbedderError, Encoded, ModelInfo, Tokenize,
+    BatchOutput, EmbedInput, EmbedOptions, Embedder, EmbedderError, Encoded, LiveStats, ModelInfo,
+    Tokenize,
 };
 use mlx_embed_python::PythonEmbedder;
 
@@ -113,6 +114,10 @@ impl Embedder for Faulty {
 
     fn tokenizer(&self) -> Option<Arc<dyn Tokenize>> {
         self.tokenizer.clone()
+    }
+
+    fn live_stats(&self) -> Option<Arc<dyn LiveStats>> {
+        self.model.live_stats()
     }
 
     fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError> {

@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use mlx_embed_core::ModelKind;
+use mlx_embed_core::{DeviceMemory, ModelKind};
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -55,12 +55,13 @@ pub async fn health(State(state): State<AppState>) -> (StatusCode, Json<HealthRe
     responses((status = 200, description = "Prometheus text format 0.0.4", body = String, content_type = "text/plain"))
 )]
 pub async fn metrics(State(state): State<AppState>) -> Response {
+    let memory = crate::live::memory(&state).await;
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        crate::metrics::render(&state),
+        crate::metrics::render(&state, memory.as_ref()),
     )
         .into_response()
 }
@@ -91,6 +92,30 @@ pub struct LimitsInfo {
     pub auth_required: bool,
 }
 
+/// The model runtime's device memory (MLX), read when `/info` was asked.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct MemoryInfo {
+    /// Bytes held by live arrays.
+    pub active_bytes: u64,
+    /// Freed buffers kept for reuse.
+    pub cache_bytes: u64,
+    /// The highest `active_bytes` since the process started.
+    pub peak_bytes: u64,
+    /// The cap on `cache_bytes`, if one is set.
+    pub cache_limit_bytes: Option<u64>,
+}
+
+impl From<DeviceMemory> for MemoryInfo {
+    fn from(m: DeviceMemory) -> Self {
+        Self {
+            active_bytes: m.active_bytes,
+            cache_bytes: m.cache_bytes,
+            peak_bytes: m.peak_bytes,
+            cache_limit_bytes: m.cache_limit_bytes,
+        }
+    }
+}
+
 /// What is served and how.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct InfoResponse {
@@ -110,8 +135,12 @@ pub struct InfoResponse {
     pub prompts: BTreeMap<String, String>,
     /// The prompt used when a request names none.
     pub default_prompt_name: Option<String>,
-    /// Everything else the model reports, for display (dtype, BLAS library, pooling, ...).
+    /// Everything else the model reports, for display (dtype, BLAS library,
+    /// pooling, ...), with the figures that change read now (memory in MB, ...).
     pub details: BTreeMap<String, String>,
+    /// Device memory now; absent for a model that does not report it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryInfo>,
     pub batching: BatchingInfo,
     pub limits: LimitsInfo,
     pub version: String,
@@ -126,8 +155,11 @@ pub struct InfoResponse {
     )
 )]
 pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
+    let live = crate::live::reading(&state).await;
     let m = state.model_info();
     let c = state.batcher().config();
+    let mut details = m.details.clone();
+    details.extend(live.details);
     let a = state.args();
     Json(InfoResponse {
         model: state.model_name().to_owned(),
@@ -143,7 +175,8 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
         vocab_size: m.vocab_size,
         prompts: m.prompts.clone(),
         default_prompt_name: m.default_prompt_name.clone(),
-        details: m.details.clone(),
+        details,
+        memory: live.memory.map(MemoryInfo::from),
         batching: BatchingInfo {
             enabled: c.enable_batching,
             max_batch_size: c.max_batch_size,

@@ -5,12 +5,13 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use mlx_embed_core::{
-    l2_normalize, BatchOutput, Batcher, BatcherConfig, EmbedInput, EmbedOptions, Embedder,
-    EmbedderError, Encoded, ModelInfo, Prompt, Tokenize, TruncationDirection,
+    l2_normalize, BatchOutput, Batcher, BatcherConfig, DeviceMemory, EmbedInput, EmbedOptions,
+    Embedder, EmbedderError, Encoded, LiveStats, ModelInfo, Prompt, Tokenize, TruncationDirection,
 };
 use mlx_embed_server::{serve_on, ServerArgs, ServerError};
 use tokio::sync::oneshot;
@@ -89,8 +90,44 @@ impl Tokenize for FakeTokenizer {
 
 /// Vector = hash of the input's ids; texts starting with "slow" take 600 ms;
 /// "boom" fails the batch; "invalid" is refused as invalid input by the
-/// model; "panic" kills the model thread.
-pub struct Fake;
+/// model; "panic" kills the model thread. Its live memory is
+/// [`FAKE_BYTES_PER_TOKEN`] per padded token of the last batch.
+#[derive(Default)]
+pub struct Fake {
+    memory: Arc<FakeMemory>,
+}
+
+/// "Active" bytes per padded token of the fake's last batch.
+pub const FAKE_BYTES_PER_TOKEN: u64 = 100;
+/// The fake's constant "cache" bytes and cache limit.
+pub const FAKE_CACHE_BYTES: u64 = 4096;
+pub const FAKE_CACHE_LIMIT: u64 = 1 << 20;
+
+/// The fake's live figures, moved by each batch it runs.
+#[derive(Default)]
+pub struct FakeMemory {
+    active: AtomicU64,
+    peak: AtomicU64,
+    batches: AtomicU64,
+}
+
+impl LiveStats for FakeMemory {
+    fn memory(&self) -> Result<DeviceMemory, EmbedderError> {
+        Ok(DeviceMemory {
+            active_bytes: self.active.load(Ordering::SeqCst),
+            cache_bytes: FAKE_CACHE_BYTES,
+            peak_bytes: self.peak.load(Ordering::SeqCst),
+            cache_limit_bytes: Some(FAKE_CACHE_LIMIT),
+        })
+    }
+
+    fn details(&self) -> Result<BTreeMap<String, String>, EmbedderError> {
+        Ok(BTreeMap::from([(
+            "batches_run".into(),
+            self.batches.load(Ordering::SeqCst).to_string(),
+        )]))
+    }
+}
 
 /// The fake's ids for `input` with default options.
 pub fn encode(input: &EmbedInput) -> Encoded {
@@ -163,6 +200,10 @@ impl Embedder for Fake {
         Some(Arc::new(FakeTokenizer))
     }
 
+    fn live_stats(&self) -> Option<Arc<dyn LiveStats>> {
+        Some(self.memory.clone())
+    }
+
     fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError> {
         let texts: Vec<String> = inputs.iter().map(|e| text_of_ids(&e.ids)).collect();
         let is = |p: &str| texts.iter().any(|t| t.starts_with(p));
@@ -181,6 +222,10 @@ impl Embedder for Fake {
             std::thread::sleep(Duration::from_millis(600));
         }
         let padded = inputs.iter().map(Encoded::len).max().unwrap_or(0) * inputs.len();
+        let active = padded as u64 * FAKE_BYTES_PER_TOKEN;
+        self.memory.active.store(active, Ordering::SeqCst);
+        self.memory.peak.fetch_max(active, Ordering::SeqCst);
+        self.memory.batches.fetch_add(1, Ordering::SeqCst);
         Ok(BatchOutput {
             vectors: inputs
                 .iter()
@@ -193,7 +238,7 @@ impl Embedder for Fake {
 }
 
 pub fn start_batcher(config: BatcherConfig) -> Batcher {
-    Batcher::start(config, || Ok(Fake)).expect("fake model loads")
+    Batcher::start(config, || Ok(Fake::default())).expect("fake model loads")
 }
 
 /// A running server; dropping it without `stop` leaves the task to the runtime.

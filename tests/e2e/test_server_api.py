@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import concurrent.futures as cf
+import re
 
 import numpy as np
 import openai
@@ -176,6 +177,44 @@ def test_ops_routes(server):
     metrics = server.get("/metrics").text
     for name in ["batch_size", "queue_wait", "gil_wait", "model_seconds", "padding"]:
         assert name in metrics, name
+
+
+MEMORY_KINDS = ("active", "cache", "peak")
+
+
+def mlx_memory_gauges(metrics: str) -> dict[str, int]:
+    """``mlx_embed_mlx_memory_bytes{kind="..."} N`` lines of a /metrics body."""
+    found = re.findall(r'^mlx_embed_mlx_memory_bytes\{kind="(\w+)"\} (\d+)$', metrics, re.M)
+    return {kind: int(value) for kind, value in found}
+
+
+def test_info_and_metrics_show_mlx_memory(server):
+    """The engine's MLX memory reaches /info and /metrics, read at request
+    time: after a batch, the peak covers what was active, and both routes
+    report the same process-wide figures."""
+    resp = server.post("/api/v1/embed", {"texts": ["memory figures " * 40]})
+    assert resp.status_code == 200, resp.text
+    info = server.get("/info").json()
+    memory = info["memory"]
+    for kind in MEMORY_KINDS:
+        assert isinstance(memory[f"{kind}_bytes"], int) and memory[f"{kind}_bytes"] >= 0, memory
+    assert memory["peak_bytes"] >= memory["active_bytes"], memory
+    # The weights are live arrays: a loaded model holds at least 1 MB active.
+    assert memory["active_bytes"] > 2**20, memory
+    # The live details are the same figures, in MB, beside the load-time ones.
+    details = info["details"]
+    assert float(details["peak_mb"]) >= float(details["active_mb"]) > 1.0, details
+    assert float(details["blas_gflops"]) > 0, details
+    assert details["dtype"] == "float32"
+    # The limit the engine applied at load (0 on the CPU: cache off), in bytes.
+    assert memory["cache_limit_bytes"] == int(details["cache_limit_mb"]) * 2**20, (memory, details)
+
+    gauges = mlx_memory_gauges(server.get("/metrics").text)
+    assert set(gauges) == {*MEMORY_KINDS, "cache_limit"}, gauges
+    assert gauges["peak"] >= gauges["active"] > 2**20, gauges
+    # No batch ran in between, and the peak never drops.
+    assert gauges["peak"] >= memory["peak_bytes"], (gauges, memory)
+    assert gauges["cache_limit"] == memory["cache_limit_bytes"], (gauges, memory)
 
 
 def test_mlx_embed_serve_command(tmp_path, golden):

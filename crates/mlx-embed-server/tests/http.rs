@@ -962,7 +962,7 @@ async fn info_and_metrics_show_live_model_memory() {
         "{v}"
     );
     assert_eq!(v["details"]["batches_run"], "0");
-    // The load-time details are still there beside the live ones.
+    // The load-time details are still there beside the live ones, and win.
     assert_eq!(v["details"]["dtype"], "float32");
 
     // 5 tokens ("abc" + 2 markers), then 3 ("a" + 2): active follows the

@@ -136,7 +136,8 @@ pub struct InfoResponse {
     /// The prompt used when a request names none.
     pub default_prompt_name: Option<String>,
     /// Everything else the model reports, for display (dtype, BLAS library,
-    /// pooling, ...), with the figures that change read now (memory in MB, ...).
+    /// pooling, ...), with the figures that change read now (memory in MB, ...)
+    /// added.
     pub details: BTreeMap<String, String>,
     /// Device memory now; absent for a model that does not report it.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -159,7 +160,11 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
     let m = state.model_info();
     let c = state.batcher().config();
     let mut details = m.details.clone();
-    details.extend(live.details);
+    // Live figures come beside the load-time ones; a fact the model stated
+    // at load keeps its wording (the engine repeats its cache limit live).
+    for (key, value) in live.details {
+        details.entry(key).or_insert(value);
+    }
     let a = state.args();
     Json(InfoResponse {
         model: state.model_name().to_owned(),

@@ -122,10 +122,14 @@ impl LiveStats for FakeMemory {
     }
 
     fn details(&self) -> Result<BTreeMap<String, String>, EmbedderError> {
-        Ok(BTreeMap::from([(
-            "batches_run".into(),
-            self.batches.load(Ordering::SeqCst).to_string(),
-        )]))
+        Ok(BTreeMap::from([
+            (
+                "batches_run".into(),
+                self.batches.load(Ordering::SeqCst).to_string(),
+            ),
+            // Said at load too: `/info` keeps the load-time wording.
+            ("dtype".into(), "fp32 (live)".into()),
+        ]))
     }
 }
 

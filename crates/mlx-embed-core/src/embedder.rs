@@ -3,6 +3,7 @@
 //! model itself ([`Embedder`]), with its typed facts ([`ModelInfo`]) and
 //! typed failures ([`EmbedderError`]).
 
+use std::any::Any;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -215,6 +216,37 @@ pub trait LiveStats: Send + Sync {
     fn details(&self) -> Result<BTreeMap<String, String>, EmbedderError>;
 }
 
+/// A batch an [`Embedder`] has queued and not yet answered (see
+/// [`Embedder::submit`]). What it holds is the model's own business.
+pub struct Ticket(Box<dyn Any>);
+
+impl Ticket {
+    /// Wraps whatever the model needs to collect the batch later.
+    pub fn new<T: Any>(pending: T) -> Self {
+        Self(Box::new(pending))
+    }
+
+    /// What [`Ticket::new`] wrapped, if it was a `T` (else the ticket back).
+    pub fn into_inner<T: Any>(self) -> Result<T, Self> {
+        self.0.downcast::<T>().map(|b| *b).map_err(Self)
+    }
+}
+
+impl std::fmt::Debug for Ticket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Ticket")
+    }
+}
+
+/// What one [`Embedder::submit`] step did.
+#[derive(Debug)]
+pub struct Submitted {
+    /// The new batch's ticket, or why it could not even be queued.
+    pub next: Result<Ticket, EmbedderError>,
+    /// The output of the batch submitted before, when one was given.
+    pub running: Option<Result<BatchOutput, EmbedderError>>,
+}
+
 /// An embedding model driven by the batcher from one dedicated OS thread.
 ///
 /// It is created on that thread (see [`crate::Batcher::start`]) and never moves,
@@ -233,6 +265,39 @@ pub trait Embedder {
     }
     /// Embeds a batch in one model call. `inputs` is never empty.
     fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError>;
+
+    /// True when consecutive batches overlap on the model's device: the
+    /// model thread then queues batch k+1 with [`Embedder::submit`] before it
+    /// collects batch k. `false` (the default): one `embed_batch` per batch.
+    fn pipelines(&self) -> bool {
+        false
+    }
+
+    /// Queues `next` (never empty) and, in the same step, collects `running`,
+    /// the batch submitted just before, so a model behind an interpreter
+    /// crosses into it once per batch. The default computes `next` at once
+    /// with `embed_batch`, after collecting `running`.
+    fn submit(&mut self, next: &[Encoded], running: Option<Ticket>) -> Submitted {
+        let running = running.map(|ticket| self.collect(ticket));
+        let output = self.embed_batch(next);
+        Submitted {
+            next: Ok(Ticket::new(output)),
+            running,
+        }
+    }
+
+    /// Waits for a submitted batch and returns its output (when no next
+    /// batch is there to submit with it). The default reads what the default
+    /// `submit` stored.
+    fn collect(&mut self, ticket: Ticket) -> Result<BatchOutput, EmbedderError> {
+        ticket
+            .into_inner::<Result<BatchOutput, EmbedderError>>()
+            .unwrap_or_else(|_| {
+                Err(EmbedderError::model_failure(
+                    "a ticket this model did not issue",
+                ))
+            })
+    }
 }
 
 /// Scales `v` to unit L2 norm (a zero vector stays zero), like sentence-transformers.

@@ -53,8 +53,8 @@ pub use cache::CacheMetrics;
 pub use config::BatcherConfig;
 pub use embedder::{
     l2_normalize, BatchOutput, DeviceMemory, EmbedInput, EmbedOptions, Embedder, EmbedderError,
-    EmbedderErrorKind, Encoded, LiveStats, ModelInfo, ModelKind, Prompt, Tokenize,
-    TruncationDirection,
+    EmbedderErrorKind, Encoded, LiveStats, ModelInfo, ModelKind, Prompt, Submitted, Ticket,
+    Tokenize, TruncationDirection,
 };
 pub use error::{CoreError, OverloadReason};
 pub use metrics::{Histogram, LaneMetrics, MetricsSnapshot};

@@ -13,7 +13,7 @@ use crate::queue::{Batch, Part};
 use crate::shared::Shared;
 use crate::{
     BatchOutput, CoreError, Embedder, EmbedderError, EmbedderErrorKind, Encoded, LiveStats,
-    ModelInfo, Tokenize,
+    ModelInfo, Ticket, Tokenize,
 };
 
 /// The thread's name, visible in debuggers and panic messages.
@@ -102,6 +102,13 @@ where
     Ok(loaded_rx)
 }
 
+/// A batch submitted to the model and not yet collected.
+struct InFlight {
+    batch: Batch,
+    ticket: Ticket,
+    submitted: Instant,
+}
+
 struct ModelThread<'a, E> {
     shared: &'a Shared,
     model: E,
@@ -112,18 +119,134 @@ struct ModelThread<'a, E> {
 impl<E: Embedder> ModelThread<'_, E> {
     fn run(mut self) {
         let _guard = DeathGuard(self.shared);
-        while let Some(batch) = self.shared.next_batch() {
-            if let Err(Died(message)) = self.run_batch(batch) {
-                // `die` has already marked the model dead.
-                tracing::error!(%message, "embedding model gone (panicked or said so); model thread exiting");
-                return;
-            }
+        let ended = if self.model.pipelines() {
+            self.run_pipelined()
+        } else {
+            self.run_one_by_one()
+        };
+        if let Err(Died(message)) = ended {
+            // `die` has already marked the model dead.
+            tracing::error!(%message, "embedding model gone (panicked or said so); model thread exiting");
+            return;
         }
         self.shared.drain_after_stop();
         tracing::debug!("model thread exiting");
     }
 
-    fn run_batch(&mut self, batch: Batch) -> Result<(), Died> {
+    /// One `embed_batch` per batch, each answered before the next is cut.
+    fn run_one_by_one(&mut self) -> Result<(), Died> {
+        while let Some(batch) = self.shared.next_batch() {
+            self.mark_started(&batch);
+            let started = Instant::now();
+            match self.call(&batch.inputs) {
+                Ok(outcome) => self.settle(&batch, outcome, started)?,
+                Err(died) => {
+                    self.die(&died, &batch.parts);
+                    return Err(died);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Batch k+1 is submitted before batch k is collected, so the device
+    /// never waits for the host between batches. A batch cut while another
+    /// is in flight goes in at once; with none waiting, the running one is
+    /// collected, and only then does the thread wait for work.
+    fn run_pipelined(&mut self) -> Result<(), Died> {
+        let mut running: Option<InFlight> = None;
+        loop {
+            let next = match running {
+                Some(_) => self.shared.try_next_batch(),
+                None => match self.shared.next_batch() {
+                    Some(batch) => Some(batch),
+                    None => return Ok(()),
+                },
+            };
+            let Some(batch) = next else {
+                // Nothing to overlap with: wait for the running batch itself.
+                if let Some(prev) = running.take() {
+                    let collected =
+                        catch_unwind(AssertUnwindSafe(|| self.model.collect(prev.ticket)));
+                    match collected {
+                        Ok(result) => self.finish(&prev.batch, result, prev.submitted)?,
+                        Err(payload) => {
+                            let died = Died(panic_message(&*payload));
+                            self.die(&died, &prev.batch.parts);
+                            return Err(died);
+                        }
+                    }
+                }
+                continue;
+            };
+            self.mark_started(&batch);
+            let submitted = Instant::now();
+            let (prev, prev_ticket) = match running.take() {
+                Some(InFlight {
+                    batch,
+                    ticket,
+                    submitted,
+                }) => (Some((batch, submitted)), Some(ticket)),
+                None => (None, None),
+            };
+            let step = catch_unwind(AssertUnwindSafe(|| {
+                self.model.submit(&batch.inputs, prev_ticket)
+            }));
+            let step = match step {
+                Ok(step) => step,
+                Err(payload) => {
+                    let died = Died(panic_message(&*payload));
+                    if let Some((prev, _)) = &prev {
+                        self.die(&died, &prev.parts);
+                    }
+                    self.die(&died, &batch.parts);
+                    return Err(died);
+                }
+            };
+            // The older batch is answered first: its callers have waited longest.
+            if let Some((prev, prev_submitted)) = prev {
+                let result = step.running.unwrap_or_else(|| {
+                    Err(EmbedderError::model_failure(
+                        "the model did not collect the running batch",
+                    ))
+                });
+                if let Err(died) = self.finish(&prev, result, prev_submitted) {
+                    self.die(&died, &batch.parts);
+                    return Err(died);
+                }
+            }
+            match step.next {
+                Ok(ticket) => {
+                    running = Some(InFlight {
+                        batch,
+                        ticket,
+                        submitted,
+                    })
+                }
+                Err(error) => self.finish(&batch, Err(error), submitted)?,
+            }
+        }
+    }
+
+    /// Checks, records and answers a batch whose result is in. `Err`: the
+    /// model died, and the batch's unanswered requests are failed already.
+    fn finish(
+        &mut self,
+        batch: &Batch,
+        result: Result<BatchOutput, EmbedderError>,
+        started: Instant,
+    ) -> Result<(), Died> {
+        match self.measure(&batch.inputs, result, started) {
+            Ok(outcome) => self.settle(batch, outcome, started),
+            Err(died) => {
+                self.die(&died, &batch.parts);
+                Err(died)
+            }
+        }
+    }
+
+    /// Records the queue wait of the requests whose first inputs start now.
+    fn mark_started(&self, batch: &Batch) {
         let recorder = &*self.shared.recorder;
         let now = Instant::now();
         for part in &batch.parts {
@@ -134,15 +257,17 @@ impl<E: Embedder> ModelThread<'_, E> {
                 );
             }
         }
+    }
 
-        let started = Instant::now();
-        let outcome = match self.call(&batch.inputs) {
-            Ok(outcome) => outcome,
-            Err(died) => {
-                self.die(&died, &batch.parts);
-                return Err(died);
-            }
-        };
+    /// Answers a computed batch: its rows to each request, or, when it
+    /// failed, the error to the request that caused it. `Err`: the model died
+    /// on a retry (the batch's unanswered requests are failed already).
+    fn settle(
+        &mut self,
+        batch: &Batch,
+        outcome: Result<BatchOutput, EmbedderError>,
+        started: Instant,
+    ) -> Result<(), Died> {
         match outcome {
             Ok(output) => {
                 tracing::info!(
@@ -194,8 +319,19 @@ impl<E: Embedder> ModelThread<'_, E> {
     fn call(&mut self, inputs: &[Encoded]) -> Result<Result<BatchOutput, EmbedderError>, Died> {
         let started = Instant::now();
         let result = catch_unwind(AssertUnwindSafe(|| self.model.embed_batch(inputs)));
-        let elapsed = started.elapsed();
         let result = result.map_err(|payload| Died(panic_message(&*payload)))?;
+        self.measure(inputs, result, started)
+    }
+
+    /// A model call's metrics and checks, once its result is in (`started`:
+    /// when it was called or submitted). Errors as for [`Self::call`].
+    fn measure(
+        &self,
+        inputs: &[Encoded],
+        result: Result<BatchOutput, EmbedderError>,
+        started: Instant,
+    ) -> Result<Result<BatchOutput, EmbedderError>, Died> {
+        let elapsed = started.elapsed();
         let recorder = &*self.shared.recorder;
         let gil_wait = result.as_ref().map(|o| o.gil_wait).unwrap_or_default();
         let longest = inputs.iter().map(Encoded::len).max().unwrap_or(0);

@@ -270,6 +270,19 @@ impl Shared {
         }
     }
 
+    /// The next batch if any input waits now, without waiting for one: the
+    /// model has a batch in flight, so it is busy and no window applies.
+    /// `None` when the lanes are empty or the batcher is stopped or dead.
+    pub fn try_next_batch(&self) -> Option<Batch> {
+        let mut st = self.state();
+        if st.phase == Phase::Stopped || st.model == ModelState::Dead || st.lanes.is_empty() {
+            return None;
+        }
+        st.model = ModelState::Busy;
+        let batch = st.lanes.cut(&self.recorder);
+        (!batch.is_empty()).then_some(batch)
+    }
+
     /// `Open` -> `Closed`: refuse new callers and those waiting for admission.
     pub fn close(&self) {
         let mut st = self.state();

@@ -134,7 +134,7 @@ impl Gate {
     pub fn close(&self) {
         *self.open.lock().unwrap() = false;
     }
-    fn pass(&self) {
+    pub fn pass(&self) {
         let mut open = self.open.lock().unwrap();
         while !*open {
             open = self.cv.wait(open).unwrap();

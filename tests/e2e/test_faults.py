@@ -9,6 +9,7 @@ import socket
 import time
 
 import numpy as np
+import pytest
 
 import rawhttp
 from harness import SERVER_BINARY, TEST_SERVER_BINARY, start_server
@@ -25,11 +26,14 @@ async def occupy_model(server, port: int) -> asyncio.Task:
     return blocker
 
 
-def test_model_fault_fails_only_its_own_request(tmp_path):
+@pytest.mark.parametrize("pipeline", ["false", "true"])
+def test_model_fault_fails_only_its_own_request(tmp_path, pipeline):
+    """Also with the across-batch pipeline forced on (the GPU default): the
+    failed batch is the one queued behind the running one."""
     marker = "@@boom@@"
     # No cache: the requests below repeat the texts of the singles, and must reach the model together.
-    server = start_server(tmp_path, "--no-warmup", "--no-cache", env={"MLX_EMBED_TEST_FAULT": marker},
-                          command=[str(TEST_SERVER_BINARY)])
+    server = start_server(tmp_path, "--no-warmup", "--no-cache", "--pipeline", pipeline,
+                          env={"MLX_EMBED_TEST_FAULT": marker}, command=[str(TEST_SERVER_BINARY)])
     port = port_of(server)
     good = [[f"healthy neighbour {i} talks about rivers and {i}"] for i in range(6)]
     good.append(["two texts in one request", "the second one of them"])

@@ -217,6 +217,41 @@ def test_info_and_metrics_show_mlx_memory(server):
     assert gauges["cache_limit"] == memory["cache_limit_bytes"], (gauges, memory)
 
 
+def test_pipelined_server_answers_each_client_its_golden_vectors(tmp_path, golden):
+    """``--pipeline true`` forces the across-batch overlap on the CPU (the
+    engine's default only on a GPU): batch k+1 is queued before batch k is
+    collected. Concurrent clients still get exactly their own vectors, in order."""
+    from harness import start_server
+
+    texts, reference = golden
+    srv = start_server(tmp_path, "--no-warmup", "--no-cache", "--pipeline", "true")
+    try:
+        assert srv.get("/info").json()["details"]["pipeline"] == "true"
+        # The bridge read it too, so the model thread runs the pipelined loop.
+        assert "pipelines=true" in re.sub(r"\x1b\[[0-9;]*m", "", srv.log()), srv.log()[-3000:]
+        # Client i asks for 1-3 consecutive golden texts, so batches mix
+        # requests of several sizes (the golden set's empty text is refused: left out).
+        usable = [r for r, t in enumerate(texts) if t.strip()]
+        spans = [(i % len(usable), 1 + i % 3) for i in range(48)]
+
+        def call(span):
+            start, n = span
+            rows = [usable[(start + k) % len(usable)] for k in range(n)]
+            resp = srv.post("/api/v1/embed", {"texts": [texts[r] for r in rows]})
+            assert resp.status_code == 200, resp.text
+            return rows, np.asarray(resp.json()["embeddings"], dtype=np.float32)
+
+        with cf.ThreadPoolExecutor(48) as pool:
+            results = list(pool.map(call, spans))
+        for rows, got in results:
+            assert got.shape == (len(rows), reference.shape[1])
+            assert cosine_rows(got, reference[rows]).min() >= 0.99999, rows
+        batches = re.findall(r"^mlx_embed_batches_total (\d+)$", srv.get("/metrics").text, re.M)
+        assert batches and int(batches[0]) >= 2, batches
+    finally:
+        assert srv.stop() == 0, srv.log()[-3000:]
+
+
 def test_mlx_embed_serve_command(tmp_path, golden):
     """The `mlx-embed serve` console script (Python process hosting the Rust server) serves the same vectors."""
     import sys

@@ -2,10 +2,11 @@
 //! `embed_ids` called once per batch with token ids the Rust tokenizer made.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use mlx_embed_core::{
-    BatchOutput, Embedder, EmbedderError, Encoded, LiveStats, ModelInfo, Tokenize,
+    BatchOutput, Embedder, EmbedderError, Encoded, LiveStats, ModelInfo, Submitted, Ticket,
+    Tokenize,
 };
 use mlx_embed_tokenizer::HfTokenizer;
 use pyo3::prelude::*;
@@ -31,7 +32,7 @@ pub struct PythonModelOptions {
     pub engine: EngineOptions,
 }
 
-/// The Python engine's per-model settings (`mlx_embed.load(cache_limit_mb=, fast_ops=, workers=, batch_tokens=)`).
+/// The Python engine's per-model settings (`mlx_embed.load(cache_limit_mb=, fast_ops=, workers=, batch_tokens=, pipeline=)`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EngineOptions {
     /// MLX buffer cache limit in MiB (engine default: 2048 on a GPU, 0 on the CPU).
@@ -42,6 +43,9 @@ pub struct EngineOptions {
     pub workers: Option<usize>,
     /// Padded tokens per device pass (how the engine cuts one model call).
     pub batch_tokens: Option<usize>,
+    /// Queue calls on the device and collect them later, so consecutive
+    /// batches overlap (engine default: on a GPU only).
+    pub pipeline: Option<bool>,
 }
 
 impl Default for PythonModelOptions {
@@ -62,7 +66,11 @@ pub struct PythonEmbedder {
     model: Py<PyAny>,
     info: ModelInfo,
     tokenizer: Arc<HfTokenizer>,
+    pipelines: bool,
 }
+
+/// A call the engine has queued: its `PendingResult`.
+struct PendingCall(Py<PyAny>);
 
 impl PythonEmbedder {
     /// Starts or joins the interpreter, loads the model on the calling
@@ -87,6 +95,9 @@ impl PythonEmbedder {
             if let Some(n) = engine.batch_tokens {
                 kwargs.set_item("batch_tokens", n)?;
             }
+            if let Some(on) = engine.pipeline {
+                kwargs.set_item("pipeline", on)?;
+            }
             let model = py.import("mlx_embed")?.call_method(
                 "load",
                 (options.model.as_deref(),),
@@ -95,7 +106,11 @@ impl PythonEmbedder {
             let spec = read_spec(&model.call_method0("spec")?)?;
             Ok((model.unbind(), spec))
         })?;
-        let ModelSpec { info, tokenizer } = spec;
+        let ModelSpec {
+            info,
+            tokenizer,
+            pipelines,
+        } = spec;
         let tokenizer = HfTokenizer::from_spec(tokenizer)?;
         if tokenizer.vocab_size() > info.vocab_size {
             // The tokenizer's added tokens past the embedding table would
@@ -111,12 +126,14 @@ impl PythonEmbedder {
             dim = info.dim,
             max_input_tokens = info.max_input_tokens,
             vocab_size = info.vocab_size,
+            pipelines,
             "python model loaded; tokenizing in Rust"
         );
         Ok(Self {
             model,
             info,
             tokenizer: Arc::new(tokenizer),
+            pipelines,
         })
     }
 
@@ -155,24 +172,79 @@ impl Embedder for PythonEmbedder {
                 .bind(py)
                 .call_method1("embed_ids", (ids, type_ids))
                 .map_err(|err| error::classify(py, &err))?;
-            let vectors = result
-                .getattr("vectors")
-                .map_err(|e| protocol("EmbedResult.vectors", &e))?;
-            let vectors = vectors.cast::<PyBytes>().map_err(|_| {
-                EmbedderError::model_failure("EmbedResult.vectors is not bytes".to_string())
-            })?;
-            let vectors = le_f32s(vectors.as_bytes())?;
-            let padded_tokens: u64 = result
-                .getattr("padded_tokens")
-                .and_then(|v| v.extract())
-                .map_err(|e| protocol("EmbedResult.padded_tokens", &e))?;
-            Ok(BatchOutput {
-                vectors,
-                padded_tokens,
-                gil_wait,
-            })
+            read_result(&result, gil_wait)
         })
     }
+
+    fn pipelines(&self) -> bool {
+        self.pipelines
+    }
+
+    /// `submit_ids` for `next`, then `result()` for `running`, in one
+    /// interpreter crossing.
+    fn submit(&mut self, next: &[Encoded], running: Option<Ticket>) -> Submitted {
+        let before_attach = Instant::now();
+        Python::attach(|py| {
+            let gil_wait = before_attach.elapsed();
+            let queued = id_lists(py, next)
+                .and_then(|(ids, type_ids)| {
+                    self.model
+                        .bind(py)
+                        .call_method1("submit_ids", (ids, type_ids))
+                })
+                .map(|pending| Ticket::new(PendingCall(pending.unbind())))
+                .map_err(|err| error::classify(py, &err));
+            let running = running.map(|ticket| collect_in(py, ticket, gil_wait));
+            Submitted {
+                next: queued,
+                running,
+            }
+        })
+    }
+
+    fn collect(&mut self, ticket: Ticket) -> Result<BatchOutput, EmbedderError> {
+        let before_attach = Instant::now();
+        Python::attach(|py| collect_in(py, ticket, before_attach.elapsed()))
+    }
+}
+
+/// Waits for a queued call (`PendingResult.result()`) and reads its answer.
+fn collect_in(
+    py: Python<'_>,
+    ticket: Ticket,
+    gil_wait: Duration,
+) -> Result<BatchOutput, EmbedderError> {
+    let PendingCall(pending) = ticket
+        .into_inner()
+        .map_err(|_| EmbedderError::model_failure("a ticket the Python model did not issue"))?;
+    let result = pending
+        .bind(py)
+        .call_method0("result")
+        .map_err(|err| error::classify(py, &err))?;
+    read_result(&result, gil_wait)
+}
+
+/// An `EmbedResult` as the core's output.
+fn read_result(
+    result: &Bound<'_, PyAny>,
+    gil_wait: Duration,
+) -> Result<BatchOutput, EmbedderError> {
+    let vectors = result
+        .getattr("vectors")
+        .map_err(|e| protocol("EmbedResult.vectors", &e))?;
+    let vectors = vectors.cast::<PyBytes>().map_err(|_| {
+        EmbedderError::model_failure("EmbedResult.vectors is not bytes".to_string())
+    })?;
+    let vectors = le_f32s(vectors.as_bytes())?;
+    let padded_tokens: u64 = result
+        .getattr("padded_tokens")
+        .and_then(|v| v.extract())
+        .map_err(|e| protocol("EmbedResult.padded_tokens", &e))?;
+    Ok(BatchOutput {
+        vectors,
+        padded_tokens,
+        gil_wait,
+    })
 }
 
 /// The batch as Python lists: ids per input, and segment ids if any input has them.

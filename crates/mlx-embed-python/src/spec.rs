@@ -15,6 +15,9 @@ use crate::BridgeError;
 pub(crate) struct ModelSpec {
     pub info: ModelInfo,
     pub tokenizer: TokenizerSpec,
+    /// The engine queues a call on the device and returns (`submit_ids`),
+    /// so consecutive calls can overlap: its `details["pipeline"]`.
+    pub pipelines: bool,
 }
 
 pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeError> {
@@ -59,6 +62,15 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
             details.insert(key.to_string(), value);
         }
     }
+    let pipelines = match details.get("pipeline").map(String::as_str) {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(other) => {
+            return Err(BridgeError::Protocol(format!(
+                "model.spec().details[\"pipeline\"] is {other:?}; expected true or false"
+            )))
+        }
+    };
     let info = ModelInfo {
         name: field(spec, "name")?,
         kind,
@@ -70,7 +82,11 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
         default_prompt_name,
         details,
     };
-    Ok(ModelSpec { info, tokenizer })
+    Ok(ModelSpec {
+        info,
+        tokenizer,
+        pipelines,
+    })
 }
 
 fn field<'py, T: FromPyObjectOwned<'py>>(

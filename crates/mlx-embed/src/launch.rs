@@ -47,6 +47,9 @@ pub struct ModelArgs {
     /// Padded tokens per device pass, how the engine cuts one model call [default: 256 on the CPU, 16384 on a GPU].
     #[arg(long, env = "MLX_EMBED_DEVICE_BATCH_TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
     pub device_batch_tokens: Option<u32>,
+    /// Queue each batch on the device and collect it after the next one is queued, so consecutive batches overlap [default: true on a GPU, false on the CPU].
+    #[arg(long, env = "MLX_EMBED_PIPELINE", value_parser = clap::builder::BoolishValueParser::new())]
+    pub pipeline: Option<bool>,
 }
 
 /// The engine's names, plus the older `MLX_EMBED_FAST_OPS` spellings (1/0) as hidden aliases.
@@ -74,6 +77,7 @@ impl ModelArgs {
                 fast_ops: self.fast_ops.clone(),
                 workers: self.workers.map(usize::from),
                 batch_tokens: self.device_batch_tokens.map(|n| n as usize),
+                pipeline: self.pipeline,
             },
         }
     }

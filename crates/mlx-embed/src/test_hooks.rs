@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use mlx_embed_core::{
     BatchOutput, EmbedInput, EmbedOptions, Embedder, EmbedderError, Encoded, LiveStats, ModelInfo,
-    Tokenize,
+    Submitted, Ticket, Tokenize,
 };
 use mlx_embed_python::PythonEmbedder;
 
@@ -121,6 +121,62 @@ impl Embedder for Faulty {
     }
 
     fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError> {
+        self.injected(inputs)?;
+        self.model.embed_batch(inputs)
+    }
+
+    fn pipelines(&self) -> bool {
+        self.model.pipelines()
+    }
+
+    /// A hooked batch is never queued: its ticket carries the injected fault,
+    /// which it answers when collected, as a failure on the device would.
+    fn submit(&mut self, next: &[Encoded], running: Option<Ticket>) -> Submitted {
+        let (failed, inner_running) = match running.map(Hooked::from_ticket) {
+            Some(Hooked::Failed(error)) => (Some(Err(error)), None),
+            Some(Hooked::Queued(ticket)) => (None, Some(ticket)),
+            None => (None, None),
+        };
+        match self.injected(next) {
+            Err(error) => Submitted {
+                next: Ok(Ticket::new(Hooked::Failed(error))),
+                running: failed.or_else(|| inner_running.map(|t| self.model.collect(t))),
+            },
+            Ok(()) => {
+                let step = self.model.submit(next, inner_running);
+                Submitted {
+                    next: step.next.map(|t| Ticket::new(Hooked::Queued(t))),
+                    running: failed.or(step.running),
+                }
+            }
+        }
+    }
+
+    fn collect(&mut self, ticket: Ticket) -> Result<BatchOutput, EmbedderError> {
+        match Hooked::from_ticket(ticket) {
+            Hooked::Failed(error) => Err(error),
+            Hooked::Queued(ticket) => self.model.collect(ticket),
+        }
+    }
+}
+
+/// A batch [`Faulty`] submitted: failed by a hook, or queued on the model.
+enum Hooked {
+    Failed(EmbedderError),
+    Queued(Ticket),
+}
+
+impl Hooked {
+    fn from_ticket(ticket: Ticket) -> Self {
+        ticket
+            .into_inner()
+            .unwrap_or_else(|_| panic!("a ticket Faulty did not issue"))
+    }
+}
+
+impl Faulty {
+    /// Panics for a batch holding a kill marker; fails one holding a fault marker.
+    fn injected(&self, inputs: &[Encoded]) -> Result<(), EmbedderError> {
         let hooks: Vec<Option<Hook>> = inputs.iter().map(|e| self.marked.hook(&e.ids)).collect();
         if hooks.contains(&Some(Hook::Kill)) {
             panic!("test hook MLX_EMBED_TEST_KILL: killing the model thread");
@@ -130,6 +186,6 @@ impl Embedder for Faulty {
                 "RuntimeError: injected test fault on input {i}"
             )));
         }
-        self.model.embed_batch(inputs)
+        Ok(())
     }
 }

@@ -124,3 +124,76 @@ async fn golden_texts_match_reference_and_concurrent_callers_get_their_own() {
         );
     }
 }
+
+/// The bridge's two-step path on the real engine, forced on the CPU
+/// (`pipeline: true`): batch 2 submitted while batch 1 is collected gives
+/// exactly what one-shot `embed_batch` gives; a batch the engine refuses
+/// fails alone; the live figures read MLX's memory.
+#[test]
+fn pipelined_submit_and_collect_match_the_one_shot_path() {
+    use mlx_embed_core::{Embedder, EmbedderErrorKind, Encoded};
+    use mlx_embed_python::EngineOptions;
+
+    let mut options = PythonModelOptions::default();
+    options.engine = EngineOptions {
+        pipeline: Some(true),
+        ..EngineOptions::default()
+    };
+    let mut model = PythonEmbedder::load(&options).expect("model loads");
+    assert!(model.pipelines());
+    let tokenizer = model.tokenizer().unwrap();
+    let encode = |texts: &[&str]| -> Vec<Encoded> {
+        texts
+            .iter()
+            .map(|t| {
+                tokenizer
+                    .encode(&EmbedInput::Text((*t).into()), &EmbedOptions::default())
+                    .unwrap()
+            })
+            .collect()
+    };
+    let first = encode(&["a river runs through it", "short"]);
+    let second = encode(&[
+        "the second batch",
+        "has three texts",
+        "of varied length here",
+    ]);
+    // The vocabulary is 30522 ids: this one is out of range.
+    let bad = vec![Encoded {
+        ids: vec![101, 999_999, 102],
+        type_ids: None,
+        untruncated_len: 3,
+    }];
+
+    let one_shot_first = model.embed_batch(&first).unwrap().vectors;
+    let one_shot_second = model.embed_batch(&second).unwrap().vectors;
+
+    let step = model.submit(&first, None);
+    assert!(step.running.is_none());
+    let step = model.submit(&second, Some(step.next.unwrap()));
+    assert_eq!(step.running.unwrap().unwrap().vectors, one_shot_first);
+    let step = model.submit(&bad, Some(step.next.unwrap()));
+    assert_eq!(step.running.unwrap().unwrap().vectors, one_shot_second);
+    let refused = match step.next {
+        Ok(ticket) => model.collect(ticket).unwrap_err(),
+        Err(error) => error,
+    };
+    assert_eq!(refused.kind, EmbedderErrorKind::InvalidInput, "{refused:?}");
+    // The model still answers after the refusal.
+    let ticket = model.submit(&first, None).next.unwrap();
+    assert_eq!(model.collect(ticket).unwrap().vectors, one_shot_first);
+
+    let live = model
+        .live_stats()
+        .expect("the Python model reports live stats");
+    let memory = live.memory().unwrap();
+    assert!(memory.active_bytes > 1 << 20, "{memory:?}");
+    assert!(memory.peak_bytes >= memory.active_bytes, "{memory:?}");
+    // The CPU default: MLX's cache off.
+    assert_eq!(memory.cache_limit_bytes, Some(0), "{memory:?}");
+    let details = live.details().unwrap();
+    assert!(
+        details["blas_gflops"].parse::<f64>().unwrap() > 0.0,
+        "{details:?}"
+    );
+}

@@ -134,10 +134,12 @@ fn pipelined_submit_and_collect_match_the_one_shot_path() {
     use mlx_embed_core::{Embedder, EmbedderErrorKind, Encoded};
     use mlx_embed_python::EngineOptions;
 
-    let mut options = PythonModelOptions::default();
-    options.engine = EngineOptions {
-        pipeline: Some(true),
-        ..EngineOptions::default()
+    let options = PythonModelOptions {
+        engine: EngineOptions {
+            pipeline: Some(true),
+            ..EngineOptions::default()
+        },
+        ..PythonModelOptions::default()
     };
     let mut model = PythonEmbedder::load(&options).expect("model loads");
     assert!(model.pipelines());

@@ -120,7 +120,7 @@ _PATH_NAMES = {
 
 
 def native_available() -> bool:
-    return _native is not None and hasattr(_native, "masked_softmax_")
+    return _native is not None and hasattr(_native, "linear_")
 
 
 def resolve_path(fast_ops: Optional[str] = None, device: Optional[mx.Device] = None) -> str:
@@ -269,6 +269,66 @@ def gelu(x: mx.array, *, overwrite_input: bool = False) -> mx.array:
     if ctx.path != "exact" and x.dtype == mx.float32:
         return _gelu_compiled(x)
     return nn.gelu(x)
+
+
+def _packed_linear(layer: nn.Module) -> Optional[tuple]:
+    """``(packed weight, bias view or None, outputs, inputs)`` of a float32
+    ``nn.Linear`` for the native kernel, packed on first use and kept on the
+    layer (tied to the weight array it was packed from); None for anything
+    else (quantized layers, other dtypes), which keep MLX's matmul."""
+    if type(layer) is not nn.Linear or layer.weight.dtype != mx.float32:
+        return None
+    weight = layer.weight
+    cached = layer.__dict__.get("_mlx_embed_packed")
+    if cached is not None and cached[0] is weight:
+        return cached[1]
+    outputs, inputs = weight.shape
+    w = _readonly_buffer(weight)
+    packed = np.empty(_native.linear_packed_len(outputs, inputs), dtype=np.float32)
+    _native.pack_linear_weights(w, outputs, inputs, packed)
+    bias = _readonly_buffer(layer.bias) if "bias" in layer else None
+    entry = (packed, bias, outputs, inputs)
+    # A plain attribute, not a module child: nn.Module keeps arrays, dicts
+    # and lists as parameters, and this must not become one.
+    object.__setattr__(layer, "_mlx_embed_packed", (weight, entry))
+    return entry
+
+
+def prepare(model: nn.Module, ctx: ForwardContext) -> None:
+    """Pack every float32 ``nn.Linear`` of ``model`` for the native kernel
+    now (at load) rather than in its first forward pass."""
+    if ctx.path != "native":
+        return
+    for _, module in model.named_modules():
+        _packed_linear(module)
+
+
+def linear(layer: nn.Module, x: mx.array, *, activation: Optional[str] = None) -> mx.array:
+    """``layer(x)``, then ``activation`` (None or ``"gelu"``, exact). On the native path a float32
+    ``nn.Linear`` runs in the SIMD kernel on weights packed once (the BLAS
+    re-packs them on every call, a large share of a small pass), with the
+    bias and the GELU fused into it."""
+    if activation not in (None, "gelu"):
+        raise ValueError(f"linear: activation must be None or 'gelu', got {activation!r}")
+    ctx = current()
+    entry = _packed_linear(layer) if ctx.path == "native" and x.dtype == mx.float32 else None
+    if entry is None:
+        y = layer(x)
+        return gelu(y, overwrite_input=True) if activation else y
+    packed, bias, outputs, inputs = entry
+    if x.shape[-1] != inputs:
+        raise ValueError(f"linear: input width {x.shape[-1]}, layer takes {inputs}")
+    out = mx.zeros((*x.shape[:-1], outputs), dtype=mx.float32)
+    with _graph_lock_released():
+        mx.eval(x, out)
+    xs = np.array(x, copy=False)
+    if not xs.flags.c_contiguous:
+        xs = np.ascontiguousarray(xs)
+    dst = np.array(out, copy=False)
+    with _graph_lock_released():
+        _native.linear_(xs, packed, bias, dst, inputs, outputs, activation == "gelu",
+                        ctx.kernel_threads)
+    return out
 
 
 def gelu_tanh(x: mx.array) -> mx.array:

@@ -318,17 +318,33 @@ def linear(layer: nn.Module, x: mx.array, *, activation: Optional[str] = None) -
     packed, bias, outputs, inputs = entry
     if x.shape[-1] != inputs:
         raise ValueError(f"linear: input width {x.shape[-1]}, layer takes {inputs}")
-    out = mx.zeros((*x.shape[:-1], outputs), dtype=mx.float32)
     with _graph_lock_released():
-        mx.eval(x, out)
+        mx.eval(x)
     xs = np.array(x, copy=False)
     if not xs.flags.c_contiguous:
         xs = np.ascontiguousarray(xs)
-    dst = np.array(out, copy=False)
+    dst = _scratch(xs.size // inputs * outputs).reshape(*x.shape[:-1], outputs)
     with _graph_lock_released():
         _native.linear_(xs, packed, bias, dst, inputs, outputs, activation == "gelu",
                         ctx.kernel_threads)
-    return out
+    # A new array from the host buffer, not an evaluated MLX output for the
+    # kernel to fill: the copy is made here on the calling thread, where an
+    # MLX allocation would cost an evaluation on the stream's thread (a
+    # thread hand-off; measured 35 vs 45 us for [256, 1536], 3 vs 11 us for
+    # [17, 1536]). So the scratch buffer is free again at once.
+    return mx.array(dst)
+
+
+_scratch_local = threading.local()
+
+
+def _scratch(n: int) -> np.ndarray:
+    """This thread's reusable float32 buffer of at least ``n`` floats (a
+    fresh large allocation per call would page-fault it in every time)."""
+    buf = getattr(_scratch_local, "buf", None)
+    if buf is None or buf.size < n:
+        buf = _scratch_local.buf = np.empty(max(n, 1 << 16), dtype=np.float32)
+    return buf[:n]
 
 
 def gelu_tanh(x: mx.array) -> mx.array:

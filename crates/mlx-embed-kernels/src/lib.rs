@@ -24,6 +24,7 @@ mod gelu;
 mod layer_norm;
 mod linear;
 mod parallel;
+mod pool;
 mod softmax;
 
 pub use gelu::gelu;

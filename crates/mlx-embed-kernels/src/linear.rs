@@ -25,8 +25,8 @@ pub const PANEL: usize = 16;
 /// the broadcast fill the 16 AVX2 registers.
 const ROWS: usize = 6;
 
-/// Below this many multiply-adds per thread, a thread spawn (~20 µs) costs
-/// more than it saves.
+/// Below this many multiply-adds per thread (~20 µs of work), handing a
+/// piece to a helper thread costs more than it saves.
 const MIN_MADDS_PER_THREAD: usize = 1 << 21;
 
 /// Sizes of one [`linear`] call: `x` is `[rows, inputs]`, the weight
@@ -154,18 +154,12 @@ pub fn linear(
         return Ok(());
     }
     let per_piece = panels.div_ceil(pieces);
-    std::thread::scope(|scope| {
-        let job = &job;
-        for piece in 1..pieces {
-            let (first, end) = (piece * per_piece, ((piece + 1) * per_piece).min(panels));
-            if first < end {
-                // SAFETY: as above; each piece writes only the columns of its
-                // own panels, so no two threads touch the same float.
-                scope.spawn(move || unsafe { job.run(dst, first, end) });
-            }
-        }
-        // SAFETY: as above; the caller's thread takes the first panels.
-        unsafe { job.run(dst, 0, per_piece.min(panels)) };
+    crate::pool::run(pieces, &|piece| {
+        let (first, end) = (piece * per_piece, ((piece + 1) * per_piece).min(panels));
+        // SAFETY: as above; each piece writes only the columns of its own
+        // panels, so no two threads touch the same float, and `run` returns
+        // only when every piece is done.
+        unsafe { job.run(dst, first, end) };
     });
     Ok(())
 }

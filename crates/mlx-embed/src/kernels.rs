@@ -1,12 +1,12 @@
-//! `mlx_embed._native.masked_softmax_`, `gelu_`, `add_layer_norm_` and
-//! `linear_` (with `pack_linear_weights`): the CPU kernels of
+//! `mlx_embed._native.masked_softmax_`, `gelu_`, `add_layer_norm_`,
+//! `attention_` and `linear_` (with `pack_linear_weights`): the CPU kernels of
 //! `mlx-embed-kernels` over float32 buffers (in the engine, NumPy views of
 //! evaluated MLX arrays), run outside the GIL so the engine's other MLX
 //! worker keeps going meanwhile.
 
 use mlx_embed_kernels::{
-    add_layer_norm, gelu, linear, masked_softmax, pack_weights, packed_len, Activation,
-    LinearShape, SoftmaxShape,
+    add_layer_norm, attention, gelu, linear, masked_softmax, pack_weights, packed_len, Activation,
+    AttentionShape, LinearShape, SoftmaxShape,
 };
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
@@ -237,6 +237,48 @@ fn linear_py(
     .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
+/// `attention_(qkv, key_lengths, heads, scale, out, threads=1)`: multi-head
+/// attention of `qkv` shaped `[batch, len, 3 * heads * head_dim]` (the fused
+/// projection) into `out` shaped `[batch, len, heads * head_dim]`, keys at or
+/// past `key_lengths[sequence]` weighted zero.
+#[pyfunction]
+#[pyo3(name = "attention_", signature = (qkv, key_lengths, heads, scale, out, threads = 1))]
+fn attention_py(
+    py: Python<'_>,
+    qkv: &Bound<'_, PyAny>,
+    key_lengths: Vec<usize>,
+    heads: usize,
+    scale: f32,
+    out: &Bound<'_, PyAny>,
+    threads: usize,
+) -> PyResult<()> {
+    let dst = writable_f32(out)?;
+    let src = readable_f32(qkv)?;
+    if overlaps(byte_range(&src), byte_range(&dst)) {
+        return Err(PyValueError::new_err("qkv and out must not share memory"));
+    }
+    let dims = src.shape();
+    if dims.len() != 3 || heads == 0 || dims[2] % (3 * heads) != 0 {
+        return Err(PyValueError::new_err(
+            "qkv must be [batch, len, 3 * heads * head_dim]",
+        ));
+    }
+    let shape = AttentionShape {
+        batch: dims[0],
+        len: dims[1],
+        heads,
+        head_dim: dims[2] / (3 * heads),
+    };
+    let (addr, len) = (src.buf_ptr() as usize, src.item_count());
+    with_floats_detached(py, &dst, |floats| {
+        // SAFETY: `src` is a live, contiguous float32 export of `len` items
+        // for this whole call, checked not to overlap the buffer written.
+        let qkv = unsafe { std::slice::from_raw_parts(addr as *const f32, len) };
+        attention(qkv, &key_lengths, shape, scale, floats, threads.max(1))
+    })
+    .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 fn byte_range(buf: &PyBuffer<f32>) -> (usize, usize) {
     let start = buf.buf_ptr() as usize;
     (start, start + buf.len_bytes())
@@ -253,6 +295,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(linear_packed_len_py, module)?)?;
     module.add_function(wrap_pyfunction!(pack_linear_weights_py, module)?)?;
     module.add_function(wrap_pyfunction!(linear_py, module)?)?;
+    module.add_function(wrap_pyfunction!(attention_py, module)?)?;
     module.add("kernel_simd", mlx_embed_kernels::simd_level())?;
     Ok(())
 }

@@ -406,7 +406,12 @@ class KeyMask:
     @property
     def lengths(self) -> list[int]:
         if self._lengths is None:
-            self._lengths = self._mask.astype(mx.int32).sum(axis=1).tolist()
+            # On the host: the engine's mask is an array made from NumPy,
+            # already there, while an MLX sum would cost an evaluation (a
+            # hand-off to the stream's thread) per forward pass.
+            with _graph_lock_released():
+                mask = np.array(self._mask, copy=False)
+            self._lengths = mask.astype(np.int64).sum(axis=1).tolist()
         return self._lengths
 
     @property

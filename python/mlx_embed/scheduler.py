@@ -227,11 +227,7 @@ class Scheduler:
                 h = self.model(mx.array(arr), mask_mx, token_type_ids=mx.array(types))
             else:
                 h = self.model(mx.array(arr), mask_mx)
-            vec = pool(h, mask_mx, mx.array(last), self.pooling).astype(mx.float32)
-            if normalize:
-                # Same convention as sentence-transformers (eps 1e-12).
-                norm = mx.sqrt((vec * vec).sum(axis=-1, keepdims=True))
-                vec = vec / mx.maximum(norm, 1e-12)
+            vec = pool(h, mask_mx, mx.array(last), self.pooling, normalize=normalize)
         return vec, L * len(idx)
 
     def _device_streams(self) -> list:

@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use clap::Parser;
-use mlx_embed_core::Batcher;
+use mlx_embed_core::{Batcher, Embedder};
 use mlx_embed_python::{EngineOptions, PythonEmbedder, PythonModelOptions};
 use mlx_embed_server::ServerArgs;
 
@@ -64,7 +64,10 @@ impl ModelArgs {
         PythonModelOptions {
             model: self.model.clone(),
             dtype: self.dtype.clone(),
-            quantize: self.quantize.as_deref().map(|bits| bits.parse().expect("validated by clap")),
+            quantize: self
+                .quantize
+                .as_deref()
+                .map(|bits| bits.parse().expect("validated by clap")),
             instruction: self.instruction.clone(),
             engine: EngineOptions {
                 cache_limit_mb: self.cache_limit_mb,
@@ -78,6 +81,16 @@ impl ModelArgs {
 
 /// Runs the server to completion and returns the process exit code.
 pub fn run(argv: Vec<String>) -> i32 {
+    run_with(argv, |model| model)
+}
+
+/// [`run`] with the loaded model passed through `wrap` before the batcher
+/// gets it (the test-hooks build wraps it in its fault injector).
+pub(crate) fn run_with<E, W>(argv: Vec<String>, wrap: W) -> i32
+where
+    E: Embedder + 'static,
+    W: FnOnce(PythonEmbedder) -> E + Send + 'static,
+{
     let cli = match ServeCli::try_parse_from(argv) {
         Ok(cli) => cli,
         Err(err) => {
@@ -86,7 +99,7 @@ pub fn run(argv: Vec<String>) -> i32 {
         }
     };
     init_logging(&cli.log);
-    match serve(cli) {
+    match serve(cli, wrap) {
         Ok(()) => 0,
         Err(message) => {
             tracing::error!("{message}");
@@ -96,24 +109,50 @@ pub fn run(argv: Vec<String>) -> i32 {
     }
 }
 
-fn serve(cli: ServeCli) -> Result<(), String> {
+fn serve<E, W>(cli: ServeCli, wrap: W) -> Result<(), String>
+where
+    E: Embedder + 'static,
+    W: FnOnce(PythonEmbedder) -> E + Send + 'static,
+{
     let started = Instant::now();
     let options = cli.model.options();
-    let batcher = Batcher::start(cli.server.batcher_config(), move || PythonEmbedder::load_for_batcher(&options))
-        .map_err(|err| format!("could not load the model: {err}"))?;
+    let batcher = Batcher::start(cli.server.batcher_config(), move || {
+        PythonEmbedder::load_for_batcher(&options).map(wrap)
+    })
+    .map_err(|err| format!("could not load the model: {err}"))?;
     let load_duration = started.elapsed();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("mlx-embed-http")
         .build()
         .map_err(|err| format!("could not start the async runtime: {err}"))?;
-    runtime.block_on(mlx_embed_server::serve(cli.server, batcher, load_duration)).map_err(|err| err.to_string())
+    runtime
+        .block_on(mlx_embed_server::serve(cli.server, batcher, load_duration))
+        .map_err(|err| err.to_string())
 }
 
 fn init_logging(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // A second `serve` call in one Python process keeps the first subscriber.
     // Colours only on a terminal: log files and CI output stay plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).with_ansi(ansi).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_ansi(ansi)
+        .try_init();
+}
+
+/// Ends the process with `code` once stdout and stderr are flushed, without
+/// running C/C++ exit-time destructors: MLX and OpenBLAS tear down global
+/// state there while the detached model thread may still hold MLX objects,
+/// which aborted the process (heap corruption) after heavy load. Every
+/// accepted request has been answered by the time a binary calls this.
+pub fn exit_now(code: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: _exit only ends the process; no Rust state is observed afterwards.
+    unsafe { libc::_exit(code) }
 }

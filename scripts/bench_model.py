@@ -254,7 +254,7 @@ def engine_serve(args) -> None:
             "ops_path": model.context.describe(), "workers": model.workers,
             "texts": {k: len(v) for k, v in texts.items()}, "tokens": tokens, "forward_gflop": flops,
             "latency_tokens": model.count_tokens([LATENCY_TEXT])[0],
-            "preferred_batch_tokens": info["preferred_batch_tokens"]}
+            "device_batch_tokens": info["device_batch_tokens"]}
     if args.gemm_peak:
         meta["gemm_peak_gflops"] = {k: round(v, 1) for k, v in gemm_peak_gflops().items()}
     _serve(model.embed, meta, texts)
@@ -504,7 +504,6 @@ def _profile_forward(args, model, ctx) -> None:
     import mlx_embed
     import numpy as np
     from mlx_embed import ops
-    from mlx_embed.pooling import pool
 
     texts = make_corpus(args.texts)[: args.profile_batch]
     ids, _ = model.encode(texts)
@@ -563,7 +562,7 @@ def _profile_forward(args, model, ctx) -> None:
     whole = []
     for _ in range(args.profile_repeats):
         t0 = time.perf_counter()
-        mx.eval(pool(net(ids_mx, mask_mx), mask_mx, mx.array(msk.sum(1) - 1), model.pooling))
+        mx.eval(model.scheduler.head(net(ids_mx, mask_mx), mask_mx))
         whole.append(time.perf_counter() - t0)
     total = sum(totals.values())
     print(f"# batch {len(ids)} x {L} tokens ({int(msk.sum())} real), BLAS {mlx_embed.blas_info()['library']}, "

@@ -100,7 +100,7 @@ class EmbeddingModel:
         ops.prepare(self.model, self.context)
         self.scheduler = Scheduler(
             self.model,
-            pooling=self.pooling,
+            head=ck.head,
             dim=self.dim,
             pad_id=self.pad_id,
             max_length=self.max_length,
@@ -392,7 +392,6 @@ class EmbeddingModel:
             "device": self.device,
             "blas": b["library"],
             "blas_gflops": b["gflops"],
-            "preferred_batch_tokens": self.batch_tokens,
             "device_batch_tokens": self.batch_tokens,
             # Which element-wise path runs (see ops.py); "native" names the
             # SIMD level the kernels picked on this CPU.

@@ -33,14 +33,13 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
 from . import _blas, device, ops
-from .pooling import pool
 
 # Padded tokens (longest x rows) per forward pass on the CPU. Measured on a
 # 2-core x86 with OpenBLAS and the native kernels (docs/benchmarks.md): the
@@ -74,7 +73,7 @@ class Scheduler:
         self,
         model: nn.Module,
         *,
-        pooling: str,
+        head: Callable[[mx.array, mx.array], mx.array],
         dim: int,
         pad_id: int,
         max_length: int,
@@ -86,7 +85,8 @@ class Scheduler:
         takes_type_ids: bool = False,
     ):
         self.model = model
-        self.pooling = pooling
+        # Pooling and any Dense layers: (hidden [B, L, D], mask) -> [B, dim].
+        self.head = head
         self.dim = dim
         self.pad_id = pad_id
         self.max_length = max_length
@@ -218,7 +218,6 @@ class Scheduler:
             mask[r, : len(row)] = 1
             if types is not None:
                 types[r, : len(row)] = type_ids[i]
-        last = (lengths[idx] - 1).astype(np.int32)
         # Graph building is serialized across workers; the evaluations and
         # native kernels inside the pass, and the final eval, overlap.
         with ops.building_graph():
@@ -227,7 +226,11 @@ class Scheduler:
                 h = self.model(mx.array(arr), mask_mx, token_type_ids=mx.array(types))
             else:
                 h = self.model(mx.array(arr), mask_mx)
-            vec = pool(h, mask_mx, mx.array(last), self.pooling, normalize=normalize)
+            vec = self.head(h, mask_mx).astype(mx.float32)
+            if normalize:
+                # Same convention as sentence-transformers (eps 1e-12).
+                norm = mx.sqrt((vec * vec).sum(axis=-1, keepdims=True))
+                vec = vec / mx.maximum(norm, 1e-12)
         return vec, L * len(idx)
 
     def _device_streams(self) -> list:

@@ -102,7 +102,7 @@ def test_info(minilm, qwen):
     info = minilm.info()
     assert set(info) >= {
         "name", "dim", "max_length", "dtype", "pooling", "model_type", "blas",
-        "blas_gflops", "preferred_batch_tokens", "quantization", "device", "memory",
+        "blas_gflops", "device_batch_tokens", "quantization", "device", "memory",
     }
     assert info["dim"] == 384 and info["max_length"] == 256
     assert info["elementwise_ops"] in ("native (avx2+fma)", "native (generic)")
@@ -110,7 +110,7 @@ def test_info(minilm, qwen):
     assert info["dtype"] == "float32" and info["pooling"] == "mean"
     assert info["model_type"] == "bert" and info["quantization"] is None
     assert info["device"].startswith("cpu")
-    assert info["preferred_batch_tokens"] == 256
+    assert info["device_batch_tokens"] == 256
     assert qwen.info()["pooling"] == "last"
     json.dumps(info)  # plain data
 

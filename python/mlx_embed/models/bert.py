@@ -131,6 +131,11 @@ class Model(nn.Module):
     def vocab_size(self) -> int:
         return self.args.vocab_size
 
+    @property
+    def max_length(self) -> int:
+        """Longest input the position table allows."""
+        return self.args.max_position_embeddings
+
     def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
         """Last hidden state [B, L, D]; ``attention_mask`` is 1 for real tokens,
         which come first in each row (padding at the end)."""

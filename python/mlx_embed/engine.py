@@ -97,6 +97,7 @@ class EmbeddingModel:
 
         self._blas_threads = _blas.get_num_threads()
         self.context = ops.make_context(fast_ops, kernel_threads=self._blas_threads)
+        ops.prepare(self.model, self.context)
         self.scheduler = Scheduler(
             self.model,
             head=ck.head,

@@ -184,11 +184,10 @@ def _plan_in_input_order(model):
 def engine_serve(args) -> None:
     sys.path.insert(0, str(ROOT / "python"))
     import mlx_embed
-    from mlx_embed import ops
 
     model = mlx_embed.load(args.model, batch_tokens=args.batch_tokens)
     if args.unsorted:
-        model._plan = _plan_in_input_order(model)
+        model.scheduler.plan = _plan_in_input_order(model)
     texts = make_corpus(args.texts)
     lengths = model.count_tokens(texts)
     with open(os.path.join(model.path, "config.json")) as f:
@@ -201,7 +200,7 @@ def engine_serve(args) -> None:
 
     info = model.info()
     meta = {"blas": info["blas"], "blas_gflops": round(info["blas_gflops"], 1),
-            "ops_path": ops.PATH, "workers": model.workers,
+            "ops_path": model.context.describe(), "workers": model.workers,
             "texts": len(texts), "tokens": sum(lengths), "forward_gflop": flops / 1e9,
             "preferred_batch_tokens": info["preferred_batch_tokens"]}
     if args.gemm_peak:
@@ -301,7 +300,7 @@ def side_by_side(args) -> int:
     names = list(procs)
     for unit, scale in (("texts/s", 1.0), ("real tokens/s", n_tokens / n_texts)):
         print()
-        print(f"| batch | " + " | ".join(f"{k} {unit}" for k in names) + " |")
+        print("| batch | " + " | ".join(f"{k} {unit}" for k in names) + " |")
         print("|---:|" + "---:|" * len(names))
         for bs in args.batch_sizes:
             cells = [f"{tps[k][bs] * scale:.1f}" if unit == "texts/s" else f"{tps[k][bs] * scale:.0f}"
@@ -343,16 +342,25 @@ def profile(args) -> None:
     (so each op is timed alone; the sum is a bit above a normal pass)."""
     sys.path.insert(0, str(ROOT / "python"))
     import mlx_embed
-    import mlx.core as mx
-    import numpy as np
-
     from mlx_embed import ops
 
     model = mlx_embed.load(args.model)
     if model.model_type != "bert":
         raise SystemExit("--profile supports bert models")
+    # The model's own element-wise settings, active for the whole profile.
+    with ops.forward_context(model.context):
+        _profile_forward(args, model, model.context)
+
+
+def _profile_forward(args, model, ctx) -> None:
+    import mlx.core as mx
+    import mlx_embed
+    import numpy as np
+    from mlx_embed import ops
+    from mlx_embed.pooling import pool
+
     texts = make_corpus(args.texts)[: args.profile_batch]
-    ids = [model.tokenizer.finish(c)[0] for c in model.tokenizer.encode_contents(texts)]
+    ids, _ = model.encode(texts)
     L = max(map(len, ids))
     arr = np.zeros((len(ids), L), np.int32)
     msk = np.zeros((len(ids), L), np.int32)
@@ -381,13 +389,13 @@ def profile(args) -> None:
         qkv = timed("qkv linear", att.qkv, x)
         qkv = mx.contiguous(
             qkv.reshape(B, L, 3, att.n_heads, att.head_dim).transpose(2, 0, 3, 1, 4))
-        if ops.PATH == "native":
+        if ctx.path == "native":
             # The kernel works in place, so its repeats re-normalize the same
             # buffer: same cost, and the values stay a valid softmax.
             q, k, v = timed("qkv split/transpose", lambda t: (t[0], t[1], t[2]), qkv)
             s = timed("scores q@k^T", lambda a, b: a @ b.swapaxes(-1, -2), q, k)
             p_ = timed("softmax (masked)", lambda t: ops._native.masked_softmax_(
-                ops._native_buffer(t), key_mask.lengths, att.scale, ops._kernel_threads) or t, s)
+                ops._native_buffer(t), key_mask.lengths, att.scale, ctx.kernel_threads) or t, s)
         else:
             q, k, v = timed("qkv split/transpose", lambda t: (t[0] * att.scale, t[1], t[2]), qkv)
             s = timed("scores q@k^T", lambda a, b: a @ b.swapaxes(-1, -2) + key_mask.additive, q, k)
@@ -408,11 +416,11 @@ def profile(args) -> None:
     whole = []
     for _ in range(args.profile_repeats):
         t0 = time.perf_counter()
-        mx.eval(model._forward(ids_mx, mask_mx, mx.array(msk.sum(1) - 1)))
+        mx.eval(pool(net(ids_mx, mask_mx), mask_mx, mx.array(msk.sum(1) - 1), model.pooling))
         whole.append(time.perf_counter() - t0)
     total = sum(totals.values())
     print(f"# batch {len(ids)} x {L} tokens ({int(msk.sum())} real), BLAS {mlx_embed.blas_info()['library']}, "
-          f"ops path {ops.PATH}")
+          f"ops path {ctx.describe()}")
     print(f"# whole forward (lazy graph, one eval): {statistics.median(whole) * 1e3:.1f} ms; "
           f"sum of per-op times: {total * 1e3:.1f} ms")
     print("| op (all layers) | ms | share |")

@@ -8,19 +8,21 @@ Public API::
 
     model = mlx_embed.load(path=None, *, dtype="float32", quantize=None,
                            instruction=None, pooling=None, max_length=None,
-                           batch_tokens=None, group_size=64, name=None)
-    model.embed(texts, *, normalize=True, truncate=True, instruction=None)
-        -> np.ndarray float32 [len(texts), model.dim]
+                           batch_tokens=None, workers=None, fast_ops=None,
+                           cache_limit_mb=None, pipeline=None, group_size=32,
+                           name=None)
+    model.embed(texts, *, normalize=True, truncate=True,
+                truncation_direction="right", prompt_name=None, prompt=None,
+                instruction=None) -> np.ndarray float32 [len(texts), model.dim]
     model.embed_with_counts(...) -> (array, tokens_per_text)
-    model.embed_raw(inputs) -> (bytes, counts, counts_before_truncation, padded)
+    model.encode(texts, ...) -> (ids, tokens_before_truncation)
+    model.count_tokens(texts, ...) -> tokens_per_text
+    model.spec() -> mlx_embed.spec.ModelSpec        # the Rust bridge's view
+    model.embed_ids(ids, type_ids=None) -> mlx_embed.spec.EmbedResult
+    model.memory() -> dict                          # MLX active/cache/peak bytes
     model.info() -> dict
     mlx_embed.blas_info() -> dict
-
-Test-only hook: if the environment variable ``MLX_EMBED_TEST_FAULT`` is set to
-a marker string when a model is loaded, ``embed``/``embed_raw`` raise
-``RuntimeError("injected test fault on input {i}")`` for any text containing
-the marker. It exists for the server's error-path tests; never set it in
-production.
+    mlx_embed.errors.InvalidInput                   # bad input (a ValueError)
 """
 
 from . import _blas
@@ -28,7 +30,7 @@ from . import _blas
 _blas.setup()
 
 __version__ = "0.1.0"
-__all__ = ["load", "blas_info", "EmbeddingModel", "__version__"]
+__all__ = ["load", "blas_info", "EmbeddingModel", "InvalidInput", "__version__"]
 
 
 def blas_info() -> dict:
@@ -39,7 +41,14 @@ def blas_info() -> dict:
 
 def load(path=None, *, dtype="float32", quantize=None, instruction=None, **kwargs):
     """Load an embedding model from a local Hugging Face folder (or the bundled
-    all-MiniLM-L6-v2 when ``path`` is None)."""
+    all-MiniLM-L6-v2 when ``path`` is None).
+
+    Engine settings, per model (environment variables are only fallbacks):
+    ``fast_ops`` "native" | "mlx" | "exact" (CPU element-wise path),
+    ``workers`` (MLX threads on the CPU), ``batch_tokens`` (padded tokens per
+    device pass), ``cache_limit_mb`` (MLX buffer cache; default 0 on the CPU,
+    2048 on a GPU), ``pipeline`` (async sub-batch submission; default on a GPU).
+    """
     from .engine import load as _load
 
     return _load(path, dtype=dtype, quantize=quantize, instruction=instruction, **kwargs)
@@ -50,4 +59,8 @@ def __getattr__(name):
         from .engine import EmbeddingModel
 
         return EmbeddingModel
+    if name == "InvalidInput":
+        from .errors import InvalidInput
+
+        return InvalidInput
     raise AttributeError(f"module 'mlx_embed' has no attribute {name!r}")

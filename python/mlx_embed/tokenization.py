@@ -3,23 +3,30 @@
 We encode *without* special tokens and without truncation, then truncate the
 content and wrap it in the post-processor's prefix/suffix ourselves. That gives,
 from a single ``encode_batch`` call, both the token count before truncation
-(which the server reports) and the truncated ids, and lets pre-tokenized
-(token id) input go through exactly the same path as text.
+and the truncated ids, and lets pre-tokenized (token id) input go through
+exactly the same path as text.
 
 For a single sequence this is what HF's truncation does too: it trims the
 content to ``max_length - num_special_tokens`` and then applies the template.
+The server tokenizes in Rust by the same rules (``spec.TokenizerSpec``); this
+module is the Python library's copy of them.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Mapping, Optional, Sequence
 
 from tokenizers import Tokenizer
 
+from .errors import InvalidInput
+from .spec import PairSpec
 
-def _find_sub(hay: list[int], needle: list[int]) -> int:
+TRUNCATION_DIRECTIONS = ("right", "left")
+
+
+def _find_sub(hay: list[int], needle: list[int], start: int = 0) -> int:
     n = len(needle)
-    for i in range(len(hay) - n + 1):
+    for i in range(start, len(hay) - n + 1):
         if hay[i : i + n] == needle:
             return i
     return -1
@@ -39,6 +46,7 @@ class TextTokenizer:
         tok.no_truncation()
         tok.no_padding()
         self._tok = tok
+        self.path = path
         self.max_length = int(max_length)
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
 
@@ -64,6 +72,29 @@ class TextTokenizer:
                 f"({self.n_special} special tokens)"
             )
         self.max_content = self.max_length - self.n_special
+        self.pair = self._probe_pair()
+
+    def _probe_pair(self) -> Optional[PairSpec]:
+        """Where the post-processor puts special tokens around a pair, found
+        the way the single-sequence split is; None when it cannot be split."""
+        a = self._tok.encode("hello", add_special_tokens=False).ids
+        b = self._tok.encode("world", add_special_tokens=False).ids
+        try:
+            enc = self._tok.encode("hello", "world", add_special_tokens=True)
+        except Exception:
+            return None
+        full, types = enc.ids, enc.type_ids
+        i = _find_sub(full, a) if a else -1
+        j = _find_sub(full, b, i + len(a)) if i >= 0 and b else -1
+        if i < 0 or j < 0:
+            return None
+        return PairSpec(
+            prefix_ids=full[:i],
+            middle_ids=full[i + len(a) : j],
+            suffix_ids=full[j + len(b) :],
+            first_type_id=int(types[i]),
+            second_type_id=int(types[j]),
+        )
 
     def token_id(self, token: str) -> Optional[int]:
         return self._tok.token_to_id(token)
@@ -74,9 +105,46 @@ class TextTokenizer:
             return []
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
 
-    def finish(self, content: list[int]) -> tuple[list[int], int]:
-        """Truncate and add special tokens; returns (ids, count_before_truncation)."""
+    def finish(self, content: list[int], direction: str = "right") -> tuple[list[int], int]:
+        """Truncate (keeping the start for ``right``, the end for ``left``) and
+        add special tokens; returns (ids, count_before_truncation)."""
         before = len(content) + self.n_special
         if len(content) > self.max_content:
-            content = content[: self.max_content]
+            if direction == "left":
+                content = content[len(content) - self.max_content :]
+            else:
+                content = content[: self.max_content]
         return self.prefix + content + self.suffix, before
+
+
+def check_direction(direction: str) -> str:
+    if direction not in TRUNCATION_DIRECTIONS:
+        raise InvalidInput(
+            f"truncation_direction must be 'right' or 'left', got {direction!r}"
+        )
+    return direction
+
+
+def resolve_prompt(
+    *,
+    prompt_name: Optional[str],
+    prompt: Optional[str],
+    prompts: Mapping[str, str],
+    default_prompt_name: Optional[str],
+    instruction: Optional[str],
+) -> str:
+    """The text put before every input (see ``spec.TokenizerSpec``)."""
+    if prompt is not None and prompt_name is not None:
+        raise InvalidInput("give prompt or prompt_name, not both")
+    if prompt is not None:
+        return prompt
+    if prompt_name is not None:
+        if prompt_name not in prompts:
+            known = ", ".join(sorted(prompts)) or "none"
+            raise InvalidInput(f"unknown prompt name {prompt_name!r} (this model has: {known})")
+        return prompts[prompt_name]
+    if instruction is not None:
+        return instruction
+    if default_prompt_name is not None:
+        return prompts.get(default_prompt_name, "")
+    return ""

@@ -1,28 +1,27 @@
 """The three element-wise paths (native kernels, compiled MLX, exact MLX):
 each kernel against MLX's exact op, and golden parity of the whole model on
-every path (the path is picked at import, so the other two run in a
-subprocess each)."""
+every path (picked per model with ``load(fast_ops=...)``, or by the
+environment variable when no argument is given)."""
 
 import json
 import os
 import subprocess
 import sys
 
-import numpy as np
-import pytest
-
 import mlx.core as mx
 import mlx.nn as nn
-
+import numpy as np
+import pytest
+from conftest import ROOT
 from mlx_embed import _native, ops
-from conftest import GOLDEN, ROOT
 
 
-def test_the_native_path_is_the_default_on_cpu():
+def test_the_native_path_is_the_default_on_cpu(minilm):
     # A silent fallback would leave every other test green and the engine
     # several times slower.
     assert mx.default_device() == mx.cpu
-    assert ops.PATH == "native"
+    assert minilm.context.path == "native"
+    assert ops.default_context().path == "native"
     assert _native.kernel_simd in ("avx2+fma", "generic")
 
 
@@ -90,31 +89,32 @@ def test_kernels_reject_what_they_cannot_handle():
         _native.add_layer_norm_(x, x, w, w * 0, 1e-5)
 
 
-_PARITY = """
-import json, numpy as np, mlx_embed
-from mlx_embed import ops
-texts = json.load(open({texts!r}, encoding="utf-8"))
-ref = np.load({ref!r})
-got = mlx_embed.load().embed(texts)
-cos = (got * ref).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(ref, axis=1)
-print(json.dumps({{"path": ops.PATH, "min_cos": float(cos.min()),
-                  "max_diff": float(np.abs(got - ref).max())}}))
+@pytest.mark.parametrize("fast_ops", ["mlx", "exact"])
+def test_golden_parity_on_the_other_paths(fast_ops, golden_texts, golden_mean, cos):
+    import mlx_embed
+
+    model = mlx_embed.load(fast_ops=fast_ops)
+    assert model.context.path == fast_ops
+    got = model.embed(golden_texts)
+    c, d = cos(got, golden_mean).min(), np.abs(got - golden_mean).max()
+    print(f"\n{fast_ops}: min cosine {c:.8f}, max |diff| {d:.2e}")
+    assert c >= 0.99999
+    assert d <= 1e-5
+
+
+_ENV_PATH = """
+import json, mlx_embed
+m = mlx_embed.load()
+print(json.dumps({"env": m.context.path, "arg": mlx_embed.load(fast_ops="native").context.path}))
 """
 
 
-@pytest.mark.parametrize("env_value, path", [("mlx", "mlx"), ("0", "exact")])
-def test_golden_parity_on_the_other_paths(env_value, path):
-    code = _PARITY.format(texts=str(GOLDEN / "minilm_texts.json"),
-                          ref=str(GOLDEN / "minilm_mean_normalized.npy"))
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "MLX_EMBED_FAST_OPS": env_value}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+def test_environment_is_only_the_fallback():
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "MLX_EMBED_FAST_OPS": "0"}
+    r = subprocess.run([sys.executable, "-c", _ENV_PATH], capture_output=True, text=True,
                        timeout=300, env=env)
     assert r.returncode == 0, r.stderr
-    result = json.loads(r.stdout.strip().splitlines()[-1])
-    print(f"\n{result}")
-    assert result["path"] == path
-    assert result["min_cos"] >= 0.99999
-    assert result["max_diff"] <= 1e-5
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"env": "exact", "arg": "native"}
 
 
 def test_arrays_the_kernels_cannot_take_fall_back_to_mlx():

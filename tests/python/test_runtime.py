@@ -7,10 +7,9 @@ import sys
 import threading
 import time
 
+import mlx_embed
 import numpy as np
 import pytest
-
-import mlx_embed
 from conftest import ROOT
 
 PY_ENV = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
@@ -94,7 +93,7 @@ def test_load_and_embed_on_a_non_main_thread(golden_texts, golden_mean):
         try:
             m = mlx_embed.load()
             out["vec"] = m.embed(golden_texts[:5])
-            out["raw"] = m.embed_raw(golden_texts[:2] + [[7592]])
+            out["ids"] = m.embed_ids([[101, 7592, 102]])
         except BaseException as e:
             out["err"] = e
 
@@ -104,7 +103,7 @@ def test_load_and_embed_on_a_non_main_thread(golden_texts, golden_mean):
     _wait_os_thread_gone(t)
     assert "err" not in out, out.get("err")
     assert np.abs(out["vec"] - golden_mean[:5]).max() <= 1e-5
-    assert out["raw"][1][2] == 3
+    assert len(out["ids"].vectors) == 384 * 4
 
 
 def test_cli_embed_jsonl_and_npy(tmp_path, minilm):

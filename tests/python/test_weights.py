@@ -1,14 +1,11 @@
 """Checkpoint formats: sharded, prefixed names, quantized."""
 
 import json
-import os
 import shutil
 
 import mlx.core as mx
-import numpy as np
-import pytest
-
 import mlx_embed
+import numpy as np
 from conftest import TINY_QWEN3
 
 

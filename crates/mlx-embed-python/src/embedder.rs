@@ -20,11 +20,32 @@ pub struct PythonModelOptions {
     pub quantize: Option<u8>,
     /// Query instruction for instruction-tuned decoder models (Qwen3-Embedding).
     pub instruction: Option<String>,
+    /// Engine settings passed to `load()` as keyword arguments; `None` keeps the engine's default.
+    pub engine: EngineOptions,
+}
+
+/// The Python engine's per-model settings (`mlx_embed.load(cache_limit_mb=, fast_ops=, workers=, batch_tokens=)`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineOptions {
+    /// MLX buffer cache limit in MiB (engine default: 2048 on a GPU, 0 on the CPU).
+    pub cache_limit_mb: Option<u64>,
+    /// CPU element-wise path: "native", "mlx" or "exact".
+    pub fast_ops: Option<String>,
+    /// MLX worker threads on the CPU.
+    pub workers: Option<usize>,
+    /// Padded tokens per device pass (how the engine cuts one model call).
+    pub batch_tokens: Option<usize>,
 }
 
 impl Default for PythonModelOptions {
     fn default() -> Self {
-        Self { model: None, dtype: "float32".into(), quantize: None, instruction: None }
+        Self {
+            model: None,
+            dtype: "float32".into(),
+            quantize: None,
+            instruction: None,
+            engine: EngineOptions::default(),
+        }
     }
 }
 
@@ -46,6 +67,19 @@ impl PythonEmbedder {
             kwargs.set_item("dtype", &options.dtype)?;
             kwargs.set_item("quantize", options.quantize)?;
             kwargs.set_item("instruction", options.instruction.as_deref())?;
+            let engine = &options.engine;
+            if let Some(mb) = engine.cache_limit_mb {
+                kwargs.set_item("cache_limit_mb", mb)?;
+            }
+            if let Some(path) = &engine.fast_ops {
+                kwargs.set_item("fast_ops", path)?;
+            }
+            if let Some(n) = engine.workers {
+                kwargs.set_item("workers", n)?;
+            }
+            if let Some(n) = engine.batch_tokens {
+                kwargs.set_item("batch_tokens", n)?;
+            }
             let model = py.import("mlx_embed")?.call_method("load", (options.model.as_deref(),), Some(&kwargs))?;
             let info = read_info(&model.call_method0("info")?)?;
             Ok(Self {

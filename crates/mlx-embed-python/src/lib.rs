@@ -22,5 +22,5 @@ mod embedder;
 mod error;
 pub mod interpreter;
 
-pub use embedder::{PythonEmbedder, PythonModelOptions};
+pub use embedder::{EngineOptions, PythonEmbedder, PythonModelOptions};
 pub use error::BridgeError;

@@ -4,7 +4,7 @@ use std::time::Instant;
 
 use clap::Parser;
 use mlx_embed_core::Batcher;
-use mlx_embed_python::{PythonEmbedder, PythonModelOptions};
+use mlx_embed_python::{EngineOptions, PythonEmbedder, PythonModelOptions};
 use mlx_embed_server::ServerArgs;
 
 /// `mlx-embed serve`: serve an embedding model over HTTP (all flags also read MLX_EMBED_* env vars).
@@ -35,6 +35,28 @@ pub struct ModelArgs {
     /// Query instruction for instruction-tuned decoder models (Qwen3-Embedding).
     #[arg(long, env = "MLX_EMBED_INSTRUCTION")]
     pub instruction: Option<String>,
+    /// MLX buffer cache limit in MiB [default: 2048 on a GPU, 0 on the CPU]; bounds device memory, since every new batch shape leaves buffers in the cache.
+    #[arg(long, env = "MLX_EMBED_CACHE_LIMIT_MB")]
+    pub cache_limit_mb: Option<u64>,
+    /// CPU element-wise ops: native SIMD kernels, compiled MLX graphs or MLX's exact ops [default: native; a GPU always runs exact].
+    #[arg(long, env = "MLX_EMBED_FAST_OPS", value_parser = fast_ops_values())]
+    pub fast_ops: Option<String>,
+    /// MLX worker threads on the CPU [default: 2 with 2+ cores; 1 on a GPU].
+    #[arg(long, env = "MLX_EMBED_WORKERS", value_parser = clap::value_parser!(u16).range(1..))]
+    pub workers: Option<u16>,
+    /// Padded tokens per device pass, how the engine cuts one model call [default: 256 on the CPU, 16384 on a GPU].
+    #[arg(long, env = "MLX_EMBED_DEVICE_BATCH_TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
+    pub device_batch_tokens: Option<u32>,
+}
+
+/// The engine's names, plus the older `MLX_EMBED_FAST_OPS` spellings (1/0) as hidden aliases.
+fn fast_ops_values() -> clap::builder::PossibleValuesParser {
+    use clap::builder::PossibleValue;
+    clap::builder::PossibleValuesParser::new([
+        PossibleValue::new("native").aliases(["1", "true"]),
+        PossibleValue::new("mlx"),
+        PossibleValue::new("exact").aliases(["0", "false"]),
+    ])
 }
 
 impl ModelArgs {
@@ -44,6 +66,12 @@ impl ModelArgs {
             dtype: self.dtype.clone(),
             quantize: self.quantize.as_deref().map(|bits| bits.parse().expect("validated by clap")),
             instruction: self.instruction.clone(),
+            engine: EngineOptions {
+                cache_limit_mb: self.cache_limit_mb,
+                fast_ops: self.fast_ops.clone(),
+                workers: self.workers.map(usize::from),
+                batch_tokens: self.device_batch_tokens.map(|n| n as usize),
+            },
         }
     }
 }

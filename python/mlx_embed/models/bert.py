@@ -17,6 +17,10 @@ import mlx.nn as nn
 
 from .. import ops
 
+# What the engine assumes for this architecture when the checkpoint folder
+# does not say (sentence-transformers' 1_Pooling config wins over these).
+EMBEDDING_DEFAULTS = {"pooling": "mean"}
+
 
 @dataclass
 class ModelArgs:

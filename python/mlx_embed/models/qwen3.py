@@ -15,6 +15,14 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import qwen3 as _lm
 
+# Qwen3-Embedding pools the last token and was trained with EOS there (older
+# tokenizer.json files do not append it); queries carry an instruction.
+EMBEDDING_DEFAULTS = {
+    "pooling": "last",
+    "eos_token": "<|endoftext|>",
+    "instruction_template": "Instruct: {instruction}\nQuery: ",
+}
+
 
 class ModelArgs(_lm.ModelArgs):
     pass

@@ -1,0 +1,84 @@
+"""Which device MLX runs on, and its memory: usage figures and the buffer cache limit."""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import mlx.core as mx
+
+log = logging.getLogger("mlx_embed")
+
+# MLX keeps freed buffers in a cache for reuse, unbounded by default on a GPU,
+# and every new padded shape leaves buffers behind. Measured on an H200 (issue
+# 11): with varied-shape calls the cache grew to 111 GB and the process died
+# out of device memory, while active memory stayed at 2.4 GB; capped at 2 GB
+# it stayed at 2.0 GB with the same throughput (1,774 vs 1,922 texts/s, fp32,
+# one call of 2,048 texts). So 2 GB is the default on Metal and CUDA.
+DEFAULT_GPU_CACHE_LIMIT_MB = 2048
+
+_MB = 1024 * 1024
+# MLX has no getter for the cache limit; the last value we set (process-wide).
+_cache_limit_bytes: Optional[int] = None
+
+
+def is_cpu() -> bool:
+    return mx.default_device().type == mx.DeviceType.cpu
+
+
+def backend() -> str:
+    """``cpu``, ``cuda`` or ``metal``."""
+    if is_cpu():
+        return "cpu"
+    if mx.cuda.is_available():
+        return "cuda"
+    if mx.metal.is_available():
+        return "metal"
+    return "gpu"
+
+
+def device_name() -> str:
+    """E.g. ``cpu (AMD EPYC)`` or ``cuda (NVIDIA H200)``: for /info and logs."""
+    try:
+        name = str(mx.device_info().get("device_name") or "").strip()
+    except Exception:  # an old MLX or a backend without device_info
+        name = ""
+    return f"{backend()} ({name})" if name else backend()
+
+
+def apply_cache_limit(cache_limit_mb: Optional[int]) -> int:
+    """Set MLX's buffer cache limit; returns the MB applied.
+
+    None picks the default: 2 GB on a GPU, 0 on the CPU. The CPU keeps no
+    cache because MLX frees it from a C++ static destructor at process exit,
+    which aborted about one exit in five here (heap corruption in
+    CommonAllocator::~CommonAllocator) once the model had run on a non-main
+    thread; the cost measured within noise (glibc reuses freed blocks anyway).
+    The limit is process-wide: the last model loaded sets it.
+    """
+    global _cache_limit_bytes
+    if cache_limit_mb is None:
+        cache_limit_mb = 0 if is_cpu() else DEFAULT_GPU_CACHE_LIMIT_MB
+    cache_limit_mb = int(cache_limit_mb)
+    if cache_limit_mb < 0:
+        raise ValueError(f"cache_limit_mb must be >= 0, got {cache_limit_mb}")
+    if cache_limit_mb and is_cpu():
+        log.warning(
+            "cache_limit_mb=%d on the CPU: MLX may abort at process exit while freeing "
+            "its cache (0, the CPU default, avoids it)", cache_limit_mb,
+        )
+    _cache_limit_bytes = cache_limit_mb * _MB
+    mx.set_cache_limit(_cache_limit_bytes)
+    return cache_limit_mb
+
+
+def memory() -> dict[str, int]:
+    """MLX's memory figures in bytes: ``active`` (live arrays), ``cache``
+    (freed buffers kept for reuse), ``peak`` (highest active since start) and
+    ``cache_limit`` (-1 when never set by us)."""
+    return {
+        "active_bytes": int(mx.get_active_memory()),
+        "cache_bytes": int(mx.get_cache_memory()),
+        "peak_bytes": int(mx.get_peak_memory()),
+        "cache_limit_bytes": -1 if _cache_limit_bytes is None else int(_cache_limit_bytes),
+    }

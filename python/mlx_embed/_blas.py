@@ -22,15 +22,10 @@ Sources, first match wins:
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import hashlib
 import logging
 import os
 import platform
-import shutil
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 from typing import Optional
@@ -127,12 +122,15 @@ def _try_global_load(path: str) -> Optional[ctypes.CDLL]:
     return lib
 
 
-def _system_candidates() -> list[str]:
-    out = [p for p in _SYSTEM_CANDIDATES if os.path.exists(p)]
+def _system_candidates():
+    """Known paths first; ``find_library`` runs ``ldconfig -p`` (tens of ms
+    of a cold start), so only when none of them loaded."""
+    yield from (p for p in _SYSTEM_CANDIDATES if os.path.exists(p))
+    import ctypes.util
+
     found = ctypes.util.find_library("openblas")
     if found:
-        out.append(found)
-    return out
+        yield found
 
 
 def _cache_dir() -> str:
@@ -157,6 +155,13 @@ def _scipy_openblas_lib() -> Optional[str]:
 
 
 def _build_shim(scipy_lib: str) -> Optional[str]:
+    # Imported here: only this rare route needs them, and every start pays for
+    # module imports.
+    import hashlib
+    import shutil
+    import subprocess
+    import tempfile
+
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if not cc:
         return None

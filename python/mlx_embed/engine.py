@@ -17,7 +17,15 @@ from typing import Optional, Sequence, Union
 import numpy as np
 from tokenizers import Tokenizer
 
-from . import _blas, device, loading, ops
+try:
+    import mlx.core  # noqa: F401
+except ImportError as e:  # the `mlx` wheel alone has no backend on Linux
+    raise ImportError(
+        f"MLX cannot load ({e}); on Linux install a backend with it: "
+        "pip install 'mlx-embed[cpu]' (or 'mlx-embed[cuda]' on an NVIDIA GPU)"
+    ) from e
+
+from . import _blas, device, loading, ops, startup
 from .errors import InvalidInput
 from .loading import DEFAULT_MODEL_NAME, default_model_path  # noqa: F401  (re-exported)
 from .pairs import template_spec
@@ -53,6 +61,8 @@ class EmbeddingModel(ScoringMixin):
         fast_ops: Optional[str] = None,
         cache_limit_mb: Optional[int] = None,
         pipeline: Optional[bool] = None,
+        streams: int = 1,
+        dequantize: Optional[bool] = None,
         kind: Optional[str] = None,
         _is_default: bool = False,
     ):
@@ -62,7 +72,7 @@ class EmbeddingModel(ScoringMixin):
         ck = loading.load_checkpoint(
             os.fspath(path), dtype=dtype, quantize=quantize, group_size=group_size,
             max_length=max_length, pooling=pooling, name=name, is_default=_is_default,
-            kind=kind,
+            dequantize=dequantize, backend=device.backend(), kind=kind,
         )
         self.path = ck.path
         self.name = ck.name
@@ -70,6 +80,8 @@ class EmbeddingModel(ScoringMixin):
         self.model = ck.model
         self.dtype = ck.dtype
         self.quantization = ck.quantization
+        self.checkpoint_quantization = ck.checkpoint_quantization
+        self.dequantized_because = ck.dequantized_because
         self.dim = ck.dim
         self.vocab_size = ck.vocab_size
         self.pad_id = ck.pad_id
@@ -118,10 +130,15 @@ class EmbeddingModel(ScoringMixin):
             batch_tokens=batch_tokens,
             workers=workers,
             pipeline=pipeline,
+            streams=streams,
             takes_type_ids="token_type_ids" in inspect.signature(self.model.__call__).parameters,
         )
         self._fault_marker = os.environ.get(FAULT_ENV) or None
         self.load_timings = {**ck.timings, "total": time.perf_counter() - t0}
+        for stage in ("read_weights", "build"):
+            startup.record(stage, ck.timings[stage])
+        startup.record("load_total", self.load_timings["total"])
+        log.info("mlx_embed startup: %s", startup.describe())
 
     # ------------------------------------------------------------ settings
 
@@ -185,11 +202,23 @@ class EmbeddingModel(ScoringMixin):
         """Embed complete token sequences (prompt, specials and truncation
         already applied by the caller). Vectors are unnormalized; bad ids
         raise :class:`~mlx_embed.errors.InvalidInput`."""
+        return self.submit_ids(ids, type_ids).result()
+
+    def submit_ids(
+        self,
+        ids: Sequence[Sequence[int]],
+        type_ids: Optional[Sequence[Sequence[int]]] = None,
+    ) -> "PendingResult":
+        """:meth:`embed_ids` in two steps, for callers that overlap
+        consecutive calls: this validates and queues the call (on a GPU it
+        returns once the device has the work), ``.result()`` collects it. A
+        model thread can submit batch k+1, then collect batch k, in one
+        interpreter crossing, so the device never waits for the host
+        between batches."""
         ids = self._check_ids(ids)
         if type_ids is not None:
             type_ids = self._check_type_ids(type_ids, ids)
-        vecs, padded = self.scheduler.run(ids, type_ids)
-        return EmbedResult(vectors=vecs.astype("<f4", copy=False).tobytes(), padded_tokens=padded)
+        return PendingResult(self.scheduler.submit(ids, type_ids))
 
     def memory(self) -> dict[str, int]:
         """MLX's active, cache and peak memory and the cache limit, in bytes
@@ -324,9 +353,7 @@ class EmbeddingModel(ScoringMixin):
             texts, truncate=truncate, truncation_direction=truncation_direction,
             prompt_name=prompt_name, prompt=prompt, instruction=instruction,
         )
-        vecs, _ = self.scheduler.run(ids)
-        if normalize:
-            vecs = _l2_normalize(vecs)
+        vecs, _ = self.scheduler.run(ids, normalize=normalize)
         return vecs, [len(x) for x in ids]
 
     def embed(self, texts: list[str], **kwargs) -> np.ndarray:
@@ -396,9 +423,18 @@ class EmbeddingModel(ScoringMixin):
             "pipeline": str(self.scheduler.pipeline).lower(),
             "cache_limit_mb": str(self.cache_limit_mb),
             "blas": b["library"],
+            # Where this process's start went, up to the model being built.
+            "startup": startup.describe(),
         }
         if self.quantization:
             out["quantization"] = f"{self.quantization}-bit"
+        elif self.checkpoint_quantization:
+            out["quantization"] = (
+                f"{self.checkpoint_quantization}-bit checkpoint dequantized to {self.dtype} "
+                f"at load ({self.dequantized_because})"
+            )
+        if self.scheduler.streams > 1:
+            out["streams"] = str(self.scheduler.streams)
         return out
 
     def info(self) -> dict:
@@ -423,8 +459,11 @@ class EmbeddingModel(ScoringMixin):
             "workers": self.workers,
             "pipeline": self.scheduler.pipeline,
             "quantization": self.quantization,
+            "checkpoint_quantization": self.checkpoint_quantization,
+            "dequantized": self.dequantized_because,
             "cache_limit_mb": self.cache_limit_mb,
             "memory": self.memory(),
+            "startup": startup.describe(),
             # The server checks token-id input against it before queueing.
             "vocab_size": self.tokenizer.vocab_size,
         }
@@ -437,10 +476,15 @@ class EmbeddingModel(ScoringMixin):
         )
 
 
-def _l2_normalize(x: np.ndarray) -> np.ndarray:
-    # Same convention as sentence-transformers / torch.nn.functional.normalize.
-    norms = np.linalg.norm(x, axis=1, keepdims=True)
-    return x / np.maximum(norms, 1e-12)
+class PendingResult:
+    """A call queued by :meth:`EmbeddingModel.submit_ids`."""
+
+    def __init__(self, pending):
+        self._pending = pending
+
+    def result(self) -> EmbedResult:
+        vecs, padded = self._pending.result()
+        return EmbedResult(vectors=vecs.astype("<f4", copy=False).tobytes(), padded_tokens=padded)
 
 
 def load(

@@ -166,6 +166,49 @@ def quantizable(group_size: int):
     return pred
 
 
+# Backends whose quantized matmul measured slower than float, so a
+# pre-quantized checkpoint is dequantized at load there (issue 11):
+# - cpu: MLX's quantized matmul on a 2-core x86 ran ~20x slower than fp32
+#   OpenBLAS (Qwen3-0.6B shape, 64 texts: 4.3 texts/s fp32, 0.1 texts/s 4-bit);
+# - cuda: on an H200, Qwen3-0.6B shape, one call of 1,024 texts: bf16 3,471
+#   texts/s, 8-bit 1,170, 4-bit 1,066 (2 texts: 11.0 ms bf16, 8.3 ms 4-bit).
+# Metal is not listed: its quantized kernels are MLX's main target, and no
+# Mac was available to measure them.
+SLOW_QUANTIZED = {
+    "cpu": "MLX's quantized matmul on a 2-core x86 CPU measured ~20x slower than fp32 "
+           "(Qwen3-0.6B shape: 0.1 vs 4.3 texts/s)",
+    "cuda": "on an H200 the quantized kernels measured ~3x lower throughput than bf16 "
+            "(Qwen3-0.6B shape: 1,066-1,170 vs 3,471 texts/s)",
+}
+
+
+def dequantize_layers(model: nn.Module) -> int:
+    """Replace every quantized Linear/Embedding by its float equivalent with
+    the same (dequantized) values; returns how many were replaced."""
+    from mlx.utils import tree_unflatten
+
+    swaps = []
+    for name, m in model.named_modules():
+        if not isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            continue
+        w = mx.dequantize(
+            m.weight, m.scales, m.get("biases"), m.group_size, m.bits,
+            mode=getattr(m, "mode", "affine"),
+        )
+        if isinstance(m, nn.QuantizedLinear):
+            out_dims, in_dims = w.shape
+            new = nn.Linear(in_dims, out_dims, bias="bias" in m)
+            if "bias" in m:
+                new.bias = m.bias
+        else:
+            new = nn.Embedding(*w.shape)
+        new.weight = w
+        swaps.append((name, new))
+    if swaps:
+        model.update_modules(tree_unflatten(swaps))
+    return len(swaps)
+
+
 # ------------------------------------------------------------------ checkpoint
 
 
@@ -180,7 +223,12 @@ class Checkpoint:
     model: nn.Module
     defaults: dict
     dtype: str
+    # Bits the forward pass runs at (None: float weights).
     quantization: Optional[int]
+    # Bits of a pre-quantized checkpoint, also when dequantized at load.
+    checkpoint_quantization: Optional[int]
+    # Why a pre-quantized checkpoint was dequantized (None: it was not).
+    dequantized_because: Optional[str]
     dim: int
     vocab_size: int
     pad_id: int
@@ -210,7 +258,12 @@ def load_checkpoint(
     name: Optional[str] = None,
     is_default: bool = False,
     kind: Optional[str] = None,
+    dequantize: Optional[bool] = None,
+    backend: str = "cpu",
 ) -> Checkpoint:
+    """Build the model in ``path``. ``dequantize``: whether a pre-quantized
+    checkpoint runs as float weights (None: where quantized matmul measured
+    slow, see ``SLOW_QUANTIZED``); ``backend`` is ``device.backend()``."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     if quantize is not None and quantize not in QUANT_BITS:
@@ -256,7 +309,22 @@ def load_checkpoint(
         quantization = int(qcfg["bits"])
     model.load_weights(list(weights.items()), strict=True)
     del weights
+    checkpoint_quantization = quantization
+    dequantized_because = None
+    if quantization is not None:
+        if dequantize is None and backend in SLOW_QUANTIZED:
+            dequantized_because = SLOW_QUANTIZED[backend]
+        elif dequantize:
+            dequantized_because = "dequantize=True"
+        if dequantized_because is not None:
+            n = dequantize_layers(model)
+            quantization = None
+            log.info("dequantized %d layers of the %d-bit checkpoint to %s at load: %s",
+                     n, checkpoint_quantization, dtype, dequantized_because)
     if qcfg is None and quantize is not None:
+        if backend in SLOW_QUANTIZED:
+            log.warning("quantize=%d on %s: %s; float weights are faster here",
+                        quantize, backend, SLOW_QUANTIZED[backend])
         nn.quantize(model, group_size, quantize, class_predicate=quantizable(group_size))
         quantization = int(quantize)
     model.set_dtype(DTYPES[dtype])
@@ -292,6 +360,8 @@ def load_checkpoint(
         defaults=defaults,
         dtype=dtype,
         quantization=quantization,
+        checkpoint_quantization=checkpoint_quantization,
+        dequantized_because=dequantized_because,
         dim=len(labels) if labels else int(config["hidden_size"]),
         vocab_size=int(config["vocab_size"]),
         pad_id=int(config.get("pad_token_id") or 0),

@@ -73,6 +73,7 @@ class Scheduler:
         batch_tokens: Optional[int] = None,
         workers: Optional[int] = None,
         pipeline: Optional[bool] = None,
+        streams: int = 1,
         takes_type_ids: bool = False,
     ):
         self.model = model
@@ -91,6 +92,14 @@ class Scheduler:
         # Pipelining buys nothing where the forward pass evaluates inside
         # (the native kernels do, on the CPU) and the workers already overlap.
         self.pipeline = (not device.is_cpu()) if pipeline is None else bool(pipeline)
+        # Device streams the pipelined path spreads sub-batches over. More
+        # than one let independent passes overlap on the device (a probe on an
+        # H200: 1.37x-1.69x for calls of 32 from 2-4 engine instances on their
+        # own streams); not yet measured inside one engine, so 1 by default.
+        if int(streams) < 1:
+            raise ValueError(f"streams must be >= 1, got {streams}")
+        self.streams = int(streams)
+        self._streams: list = []
         self.takes_type_ids = takes_type_ids
         self._lock = threading.Lock()
         self._pool: Optional[_WorkerPool] = None
@@ -144,35 +153,51 @@ class Scheduler:
         self,
         ids: Sequence[Sequence[int]],
         type_ids: Optional[Sequence[Sequence[int]]] = None,
+        *,
+        normalize: bool = False,
     ) -> tuple[np.ndarray, int]:
-        """Pooled, unnormalized float32 vectors [n, dim] in input order, and
-        the padded tokens processed. ``ids`` are complete sequences (specials
-        included), each non-empty; the caller has validated them."""
+        """Pooled float32 vectors [n, dim] in input order (L2-normalized on
+        the device with ``normalize``), and the padded tokens processed.
+        ``ids`` are complete sequences (specials included), each non-empty;
+        the caller has validated them."""
+        return self.submit(ids, type_ids, normalize=normalize).result()
+
+    def submit(
+        self,
+        ids: Sequence[Sequence[int]],
+        type_ids: Optional[Sequence[Sequence[int]]] = None,
+        *,
+        normalize: bool = False,
+    ) -> "Pending":
+        """Start a call; ``.result()`` on the answer collects it. Pipelined,
+        this returns once every sub-batch is queued on the device, so the
+        caller can build and submit the next call before collecting this one
+        (consecutive calls then overlap); otherwise the work is done here."""
         n = len(ids)
         if n == 0:
-            return np.empty((0, self.dim), dtype=np.float32), 0
+            return Pending(np.empty((0, self.dim), dtype=np.float32), 0)
         lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=n)
         plan = self.plan(lengths)
         with self._lock:
             if self.pipeline:
                 with ops.forward_context(self.context):
-                    return self._run_pipelined(plan, ids, type_ids, lengths)
+                    return self._submit_pipelined(plan, ids, type_ids, lengths, normalize)
             out = np.empty((n, self.dim), dtype=np.float32)
             if self.workers > 1 and len(plan) > 1:
-                padded = self._run_parallel(plan, ids, type_ids, lengths, out)
+                padded = self._run_parallel(plan, ids, type_ids, lengths, out, normalize)
             else:
                 self._set_blas_threads(self._blas_threads)
                 ctx = self.context.with_threads(self._blas_threads or os.cpu_count() or 1)
                 with ops.forward_context(ctx):
                     padded = 0
                     for idx in plan:
-                        vec, p = self._submit(idx, ids, type_ids, lengths)
+                        vec, p = self._submit(idx, ids, type_ids, lengths, normalize)
                         mx.eval(vec)
                         out[idx] = np.array(vec, copy=False)
                         padded += p
-        return out, padded
+        return Pending(out, padded)
 
-    def _submit(self, idx, ids, type_ids, lengths) -> tuple[mx.array, int]:
+    def _submit(self, idx, ids, type_ids, lengths, normalize) -> tuple[mx.array, int]:
         """Build one sub-batch's padded arrays and its pooled-vector graph."""
         L = self.bucket(int(lengths[idx].max()))
         arr = np.full((len(idx), L), self.pad_id, dtype=np.int32)
@@ -194,27 +219,40 @@ class Scheduler:
             else:
                 h = self.model(mx.array(arr), mask_mx)
             vec = pool(h, mask_mx, mx.array(last), self.pooling).astype(mx.float32)
+            if normalize:
+                # Same convention as sentence-transformers (eps 1e-12).
+                norm = mx.sqrt((vec * vec).sum(axis=-1, keepdims=True))
+                vec = vec / mx.maximum(norm, 1e-12)
         return vec, L * len(idx)
 
-    def _run_pipelined(self, plan, ids, type_ids, lengths) -> tuple[np.ndarray, int]:
+    def _device_streams(self) -> list:
+        if not self._streams:
+            self._streams = [mx.default_stream(mx.default_device())] + [
+                mx.new_stream(mx.default_device()) for _ in range(self.streams - 1)
+            ]
+        return self._streams
+
+    def _submit_pipelined(self, plan, ids, type_ids, lengths, normalize) -> "Pending":
         parts, padded = [], 0
-        for idx in plan:
-            vec, p = self._submit(idx, ids, type_ids, lengths)
-            mx.async_eval(vec)
+        streams = self._device_streams()
+        for k, idx in enumerate(plan):
+            with mx.stream(streams[k % len(streams)]):
+                vec, p = self._submit(idx, ids, type_ids, lengths, normalize)
+                mx.async_eval(vec)
             parts.append(vec)
             padded += p
         order = np.concatenate(plan)
         vecs = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
         if not np.array_equal(order, np.arange(len(order))):
             vecs = vecs[mx.array(np.argsort(order).astype(np.int32))]
-        # The call's one host sync.
-        return np.array(vecs), padded
+        mx.async_eval(vecs)
+        return Pending(vecs, padded)
 
     def _set_blas_threads(self, n: Optional[int]) -> None:
         if n is not None and _blas.get_num_threads() != n:
             _blas.set_num_threads(n)
 
-    def _run_parallel(self, plan, ids, type_ids, lengths, out) -> int:
+    def _run_parallel(self, plan, ids, type_ids, lengths, out, normalize) -> int:
         """Sub-batches on the caller's thread plus the worker threads.
 
         MLX's CPU element-wise kernels are single-threaded, so one caller
@@ -241,7 +279,7 @@ class Scheduler:
                         if k >= len(plan) or state["error"] is not None:
                             return
                     try:
-                        vec, p = self._submit(plan[k], ids, type_ids, lengths)
+                        vec, p = self._submit(plan[k], ids, type_ids, lengths, normalize)
                         mx.eval(vec)
                         out[plan[k]] = np.array(vec, copy=False)
                     except BaseException as e:  # surfaced on the caller's thread
@@ -258,6 +296,22 @@ class Scheduler:
         if state["error"] is not None:
             raise state["error"]
         return state["padded"]
+
+
+class Pending:
+    """A submitted call: ``result()`` gives (vectors [n, dim] float32 in input
+    order, padded tokens). For a pipelined call the vectors are still on the
+    device until then; ``result()`` is the call's one host sync."""
+
+    def __init__(self, vectors, padded_tokens: int):
+        self._vectors = vectors
+        self.padded_tokens = padded_tokens
+
+    def result(self) -> tuple[np.ndarray, int]:
+        v = self._vectors
+        if isinstance(v, mx.array):
+            v = self._vectors = np.array(v)
+        return v, self.padded_tokens
 
 
 class _WorkerPool:

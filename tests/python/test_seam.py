@@ -228,3 +228,30 @@ def test_memory_bounded_over_500_varied_calls(qwen):
     end = qwen.memory()["active_bytes"]
     print(f"\nactive after 50 calls {base} B, after 500 {end} B")
     assert end <= base * 1.1 + 1024 * 1024
+
+
+def test_streams_and_overlapping_calls_equal_synchronous(golden_texts):
+    """Sub-batches spread over two streams, and two calls in flight at once
+    (submit k+1 before collecting k, as a model thread would), give the
+    synchronous vectors."""
+    sync = mlx_embed.load(fast_ops="exact", pipeline=False, workers=1, batch_tokens=300)
+    piped = mlx_embed.load(fast_ops="exact", pipeline=True, streams=2, batch_tokens=300)
+    assert piped.spec().details["streams"] == "2"
+    ids, _ = sync.encode(golden_texts)
+    first, second = ids[:25], ids[25:]
+    pending_first = piped.submit_ids(first)
+    pending_second = piped.submit_ids(second)
+    got = np.concatenate([_vectors(pending_first.result(), 384),
+                          _vectors(pending_second.result(), 384)])
+    want = _vectors(sync.embed_ids(ids), 384)
+    assert np.abs(got - want).max() <= 1e-6
+    with pytest.raises(ValueError, match="streams must be >= 1"):
+        mlx_embed.load(streams=0)
+
+
+def test_normalization_on_the_device_matches_numpy(minilm, golden_texts):
+    raw = minilm.embed(golden_texts, normalize=False)
+    ref = raw / np.maximum(np.linalg.norm(raw, axis=1, keepdims=True), 1e-12)
+    got = minilm.embed(golden_texts)
+    assert np.abs(got - ref).max() <= 1e-6
+    assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)

@@ -1,0 +1,34 @@
+"""scripts/bench_gpu.py runs end to end in its CPU dry mode (tiny shapes, no
+torch), so the script is ready for the next GPU machine."""
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def test_bench_gpu_dry_run(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--dry-run", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads((tmp_path / "results.json").read_text())
+    assert out["meta"]["device"].startswith("cpu")
+    assert set(out["results"]) == {"tiny-bert", "tiny-qwen3"}
+    for name, res in out["results"].items():
+        assert res["texts"] == 48 and res["tokens"] > 48 * 3
+        for dtype in ("bfloat16", "float32"):
+            rates = res[f"engine_{dtype}"]
+            assert set(rates) == {"one_call", "calls_of_8", "calls_of_8_overlapped"}
+            assert all(v > 0 for v in rates.values()), (name, dtype, rates)
+        assert res["latency_ms_fp32"] > 0
+        mem = res["memory"]
+        assert mem["calls"] == 40
+        before, after = mem["before"], mem["after"]
+        assert after["cache_bytes"] == 0  # CPU: no cache
+        assert after["active_bytes"] <= before["active_bytes"] * 1.1
+    assert "| tiny-bert |" in r.stdout and "| tiny-qwen3 |" in r.stdout

@@ -1,6 +1,7 @@
 # Two entry points do everything on a fresh machine:
 #   make serve   set up, build, serve all-MiniLM-L6-v2 on 127.0.0.1:8080
 #   make test    set up, build, run every Rust and Python test
+#   make lint    rustfmt, clippy (warnings are errors) and ruff; CI runs it before make test
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -12,7 +13,7 @@ PORT ?= 8080
 export PYO3_PYTHON := $(BIN)/python
 export VIRTUAL_ENV := $(abspath $(VENV))
 
-.PHONY: serve test setup system-deps build bench loadtest clean
+.PHONY: serve test lint setup system-deps build bench loadtest clean
 
 serve: setup build
 	$(BIN)/mlx-embed serve --host $(HOST) --port $(PORT)
@@ -20,6 +21,12 @@ serve: setup build
 test: setup build
 	cargo test --workspace --release
 	$(BIN)/python -m pytest -q tests
+
+# clippy builds the workspace like the tests do, so pyo3 needs the venv's interpreter (setup).
+lint: setup
+	cargo fmt --all --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	$(BIN)/ruff check
 
 setup: system-deps $(VENV)/.installed
 

@@ -5,7 +5,6 @@ A module of its own, not conftest.py: tests/python has a conftest too, and
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket

@@ -9,8 +9,6 @@ import socket
 import time
 
 import numpy as np
-import pytest
-import requests
 
 import rawhttp
 from harness import start_server

@@ -4,7 +4,6 @@ and abandoned requests never computed."""
 from __future__ import annotations
 
 import asyncio
-import re
 import resource
 import time
 

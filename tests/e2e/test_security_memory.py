@@ -108,7 +108,7 @@ def test_log_has_request_ids_but_no_request_text(keyed_server):
     while "client-id-of-a-400" not in keyed_server.log() and time.monotonic() < deadline:
         time.sleep(0.05)
     log = re.sub(r"\x1b\[[0-9;]*m", "", keyed_server.log())  # the log is colored
-    lines = {rid: [l for l in log.splitlines() if rid in l]
+    lines = {rid: [line for line in log.splitlines() if rid in line]
              for rid in ("client-chosen-id-42", made_id, "client-id-of-a-400")}
     assert all(len(v) == 1 for v in lines.values()), lines
     assert "status=200" in lines["client-chosen-id-42"][0] and "/api/v1/embed" in lines["client-chosen-id-42"][0]

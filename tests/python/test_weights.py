@@ -1,7 +1,6 @@
 """Checkpoint formats: sharded, prefixed names, quantized."""
 
 import json
-import os
 import shutil
 
 import mlx.core as mx

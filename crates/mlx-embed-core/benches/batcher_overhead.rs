@@ -6,14 +6,30 @@
 
 use std::time::{Duration, Instant};
 
+use std::sync::Arc;
+
 use mlx_embed_core::{
-    BatchOutput, Batcher, BatcherConfig, EmbedInput, Embedder, EmbedderError, ModelInfo,
+    BatchOutput, Batcher, BatcherConfig, EmbedInput, EmbedOptions, Embedder, EmbedderError,
+    Encoded, ModelInfo, Tokenize,
 };
 
 const DIM: usize = 8;
 
 /// Returns zeros at once, so everything measured is the batcher's own cost.
 struct ZeroCost;
+
+/// Four ids per input, whatever it is: the batcher's tokenize step without a tokenizer's cost.
+struct FourIds;
+
+impl Tokenize for FourIds {
+    fn encode(&self, _: &EmbedInput, _: &EmbedOptions) -> Result<Encoded, EmbedderError> {
+        Ok(Encoded {
+            ids: vec![1, 2, 3, 4],
+            type_ids: None,
+            untruncated_len: 4,
+        })
+    }
+}
 
 impl Embedder for ZeroCost {
     fn info(&self) -> ModelInfo {
@@ -24,11 +40,12 @@ impl Embedder for ZeroCost {
             ..ModelInfo::default()
         }
     }
-    fn embed_batch(&mut self, inputs: &[EmbedInput]) -> Result<BatchOutput, EmbedderError> {
+    fn tokenizer(&self) -> Option<Arc<dyn Tokenize>> {
+        Some(Arc::new(FourIds))
+    }
+    fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError> {
         Ok(BatchOutput {
             vectors: vec![0.0; inputs.len() * DIM],
-            token_counts: vec![4; inputs.len()],
-            untruncated_token_counts: vec![4; inputs.len()],
             padded_tokens: 4 * inputs.len() as u64,
             gil_wait: Duration::ZERO,
         })
@@ -54,7 +71,10 @@ fn run(
         // Warm-up: threads running, allocator primed.
         for _ in 0..1000 {
             batcher
-                .embed(vec![EmbedInput::Text("warm up".into())])
+                .embed(
+                    vec![EmbedInput::Text("warm up".into())],
+                    EmbedOptions::default(),
+                )
                 .await
                 .unwrap();
         }
@@ -67,7 +87,7 @@ fn run(
                     for i in 0..per_caller {
                         let input = EmbedInput::Text(format!("caller {c} request {i}"));
                         let t = Instant::now();
-                        b.embed(vec![input]).await.unwrap();
+                        b.embed(vec![input], EmbedOptions::default()).await.unwrap();
                         lat.push(t.elapsed());
                     }
                     lat

@@ -10,9 +10,10 @@ use crate::admission::Refusal;
 use crate::queue::Pending;
 use crate::request::{ActiveGuard, CallerGuard, Request, Ticket};
 use crate::shared::Shared;
-use crate::{collector, model_thread};
+use crate::{collector, model_thread, tokenize};
 use crate::{
-    BatcherConfig, CoreError, EmbedInput, Embedder, EmbedderError, MetricsSnapshot, ModelInfo,
+    BatcherConfig, CoreError, EmbedInput, EmbedOptions, Embedder, EmbedderError, MetricsSnapshot,
+    ModelInfo, Tokenize,
 };
 
 /// What one caller gets back: its own inputs' vectors, in its order.
@@ -20,10 +21,10 @@ use crate::{
 pub struct Embeddings {
     /// Pooled, not normalized, one per input in input order.
     pub vectors: Vec<Vec<f32>>,
-    /// Tokens the model ran per input (after truncation).
+    /// Exact tokens the model ran per input (after truncation, special tokens included).
     pub token_counts: Vec<u32>,
-    /// Tokens per input before truncation.
-    pub untruncated_token_counts: Vec<u32>,
+    /// How many of the inputs were answered from the embedding cache.
+    pub cache_hits: u32,
 }
 
 /// Handle to a running batcher; cheap to clone, shareable across tasks.
@@ -41,6 +42,7 @@ pub struct Batcher {
 struct Inner {
     shared: Arc<Shared>,
     info: ModelInfo,
+    tokenizer: Option<Arc<dyn Tokenize>>,
 }
 
 impl std::fmt::Debug for Batcher {
@@ -77,8 +79,8 @@ impl Batcher {
         let loaded = model_thread::spawn(shared.clone(), load).map_err(|e| {
             CoreError::ModelUnavailable(format!("cannot spawn the model thread: {e}"))
         })?;
-        let info = match loaded.recv() {
-            Ok(Ok(info)) => info,
+        let (info, tokenizer) = match loaded.recv() {
+            Ok(Ok(loaded)) => loaded,
             Ok(Err(message)) => return Err(CoreError::ModelUnavailable(message)),
             Err(_) => {
                 return Err(CoreError::ModelUnavailable(
@@ -100,26 +102,44 @@ impl Batcher {
         // Both threads are detached: they exit on their own after `stop`, and
         // joining a thread mid-batch from a drop could block an async runtime.
         Ok(Self {
-            inner: Arc::new(Inner { shared, info }),
+            inner: Arc::new(Inner {
+                shared,
+                info,
+                tokenizer,
+            }),
         })
     }
 
     /// Embeds `inputs` (non-empty) and returns exactly their vectors, in order.
-    /// Waits for admission; `Overloaded` only past `max_waiting` or `max_queue_wait`.
-    /// Dropping the future before its batch starts means its inputs are never computed.
     ///
-    /// The future is `Send` and runs on any tokio runtime flavor; waiting for
-    /// admission uses tokio's timer, so the runtime needs its time driver.
-    pub async fn embed(&self, inputs: Vec<EmbedInput>) -> Result<Embeddings, CoreError> {
+    /// The inputs are tokenized first (on tokio's blocking pool, with the
+    /// model's [`Tokenize`]): an unknown prompt name or a bad token id is
+    /// `InvalidInput`, and with `options.truncate == false` an input over the
+    /// model's maximum is `InputTooLong`, before anything is queued. Then the
+    /// request waits for admission; `Overloaded` only past `max_waiting` or
+    /// `max_queue_wait`. Dropping the future before its batch starts means its
+    /// inputs are never computed.
+    ///
+    /// The future is `Send` and runs on any tokio runtime flavor; it needs
+    /// the runtime's time driver (admission waits with tokio's timer) and
+    /// its blocking pool.
+    pub async fn embed(
+        &self,
+        inputs: Vec<EmbedInput>,
+        options: EmbedOptions,
+    ) -> Result<Embeddings, CoreError> {
         let shared = &*self.inner.shared;
-        let result = self.embed_inner(inputs).await;
+        let result = self.embed_inner(inputs, options).await;
         shared.recorder.count_outcome(&result);
         result
     }
 
-    async fn embed_inner(&self, inputs: Vec<EmbedInput>) -> Result<Embeddings, CoreError> {
+    async fn embed_inner(
+        &self,
+        inputs: Vec<EmbedInput>,
+        options: EmbedOptions,
+    ) -> Result<Embeddings, CoreError> {
         let shared = &*self.inner.shared;
-        let arrived = Instant::now();
         let n = inputs.len();
         if n == 0 {
             return Err(CoreError::InvalidInput("no inputs to embed".into()));
@@ -128,6 +148,12 @@ impl Batcher {
             return Err(shared.refusal());
         }
         let active = ActiveGuard::new(shared.recorder.clone());
+        let inner = &*self.inner;
+        let encoded =
+            tokenize::encode_all(inner.tokenizer.clone(), &inner.info, inputs, &options).await?;
+        let token_counts: Vec<u32> = encoded.iter().map(|e| e.len() as u32).collect();
+        // Queue wait (and its bound) starts once the request is ready to queue.
+        let arrived = Instant::now();
         let permit = match shared.admission.admit(n, arrived).await {
             Ok(permit) => permit,
             Err(Refusal::Closed) => return Err(shared.refusal()),
@@ -141,9 +167,9 @@ impl Batcher {
         };
         let ticket = Ticket::new(permit, n, shared.recorder.clone());
         let (reply, answer) = oneshot::channel();
-        let request = Arc::new(Request::new(n, arrived, reply, ticket, active));
+        let request = Arc::new(Request::new(token_counts, arrived, reply, ticket, active));
         let caller = CallerGuard::new(&request);
-        shared.submit(Pending::new(request, inputs))?;
+        shared.submit(Pending::new(request, encoded))?;
         let result = answer.await;
         caller.disarm();
         // No answer means the request was dropped unanswered: the model is gone.
@@ -153,6 +179,12 @@ impl Batcher {
     /// What the model reported about itself when it loaded.
     pub fn model_info(&self) -> &ModelInfo {
         &self.inner.info
+    }
+
+    /// The model's tokenizer (`None` for a model that takes token ids only):
+    /// what `embed` runs, for callers that want the ids without embedding.
+    pub fn tokenizer(&self) -> Option<&Arc<dyn Tokenize>> {
+        self.inner.tokenizer.as_ref()
     }
 
     /// The configuration this batcher runs with.

@@ -15,7 +15,10 @@ pub enum OverloadReason {
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CoreError {
     #[error("overloaded ({reason:?}); retry after {retry_after:?}")]
-    Overloaded { reason: OverloadReason, retry_after: Duration },
+    Overloaded {
+        reason: OverloadReason,
+        retry_after: Duration,
+    },
     /// The model raised on this request's own inputs (the message is the model's).
     #[error("model error: {0}")]
     Model(String),
@@ -24,6 +27,18 @@ pub enum CoreError {
     ModelUnavailable(String),
     #[error("shutting down")]
     ShuttingDown,
+    /// The request cannot be embedded as sent: no inputs, an unknown prompt
+    /// name, a token id outside the vocabulary, or input the model itself
+    /// rejected as invalid. The message names the input where there is one.
     #[error("invalid input: {0}")]
     InvalidInput(String),
+    /// Input `index` has `tokens` tokens (special tokens included), more than
+    /// the model's `max`, and the caller asked not to truncate. Raised after
+    /// tokenization, before the request is admitted: nothing was computed.
+    #[error("input {index} has {tokens} tokens, more than the model's maximum of {max}")]
+    InputTooLong {
+        index: usize,
+        tokens: usize,
+        max: usize,
+    },
 }

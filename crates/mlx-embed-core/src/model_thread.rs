@@ -10,12 +10,15 @@ use std::time::Instant;
 
 use crate::queue::{Batch, Part};
 use crate::shared::Shared;
-use crate::{BatchOutput, CoreError, EmbedInput, Embedder, EmbedderError, ModelInfo};
+use crate::{
+    BatchOutput, CoreError, Embedder, EmbedderError, EmbedderErrorKind, Encoded, ModelInfo,
+    Tokenize,
+};
 
 /// The thread's name, visible in debuggers and panic messages.
 pub(crate) const THREAD_NAME: &str = "mlx-embed-model";
 
-/// The model panicked: the thread ends and the batcher is unhealthy.
+/// The model panicked or reported itself gone: the thread ends and the batcher is unhealthy.
 struct Died(String);
 
 fn panic_message(payload: &(dyn Any + Send)) -> String {
@@ -40,8 +43,9 @@ impl Drop for DeathGuard<'_> {
     }
 }
 
-/// What the model thread reports once `load` has run: the model's facts, or why it failed.
-pub(crate) type Loaded = Result<ModelInfo, String>;
+/// What the model thread reports once `load` has run: the model's facts and
+/// tokenizer, or why it failed.
+pub(crate) type Loaded = Result<(ModelInfo, Option<Arc<dyn Tokenize>>), String>;
 
 /// Spawns the model thread, runs `load` there and reports its result. The
 /// thread is detached: it exits by itself once stopped or dead.
@@ -57,9 +61,10 @@ where
             let loaded = catch_unwind(AssertUnwindSafe(|| {
                 let model = load()?;
                 let info = model.info();
-                Ok::<_, EmbedderError>((model, info))
+                let tokenizer = model.tokenizer();
+                Ok::<_, EmbedderError>((model, info, tokenizer))
             }));
-            let (model, info) = match loaded {
+            let (model, info, tokenizer) = match loaded {
                 Ok(Ok(loaded)) => loaded,
                 Ok(Err(e)) => {
                     let _ = loaded_tx.send(Err(format!("model failed to load: {}", e.message)));
@@ -74,7 +79,7 @@ where
                 }
             };
             let dim = info.dim;
-            let _ = loaded_tx.send(Ok(info));
+            let _ = loaded_tx.send(Ok((info, tokenizer)));
             drop(loaded_tx);
             ModelThread {
                 shared: &shared,
@@ -99,7 +104,7 @@ impl<E: Embedder> ModelThread<'_, E> {
         while let Some(batch) = self.next_batch() {
             if let Err(Died(message)) = self.run_batch(batch) {
                 // `die` has already marked the model dead.
-                tracing::error!(%message, "embedding model panicked; model thread exiting");
+                tracing::error!(%message, "embedding model gone (panicked or said so); model thread exiting");
                 return;
             }
         }
@@ -150,7 +155,7 @@ impl<E: Embedder> ModelThread<'_, E> {
         }
 
         let started = Instant::now();
-        let outcome = match self.call(&batch.inputs, batch.padded_tokens()) {
+        let outcome = match self.call(&batch.inputs) {
             Ok(outcome) => outcome,
             Err(died) => {
                 self.die(&died, &batch.parts);
@@ -159,36 +164,27 @@ impl<E: Embedder> ModelThread<'_, E> {
         };
         match outcome {
             Ok(output) => {
-                let tokens: u64 = output.token_counts.iter().map(|&t| u64::from(t)).sum();
                 tracing::info!(
                     "batch of {} texts / {} tokens from {} requests in {:.1} ms",
                     batch.inputs.len(),
-                    tokens,
+                    batch.real_tokens(),
                     batch.parts.len(),
                     started.elapsed().as_secs_f64() * 1e3
                 );
                 for part in &batch.parts {
-                    self.deliver(part, part.start, &output);
+                    self.deliver(part, part.start, &output, batch.inputs.len());
                 }
             }
-            Err(message) if batch.parts.len() == 1 => {
-                batch.parts[0].req.fail(CoreError::Model(message))
-            }
-            Err(message) => {
+            Err(error) if batch.parts.len() == 1 => batch.parts[0].req.fail(failure(error)),
+            Err(error) => {
                 // Which request broke the batch? Re-run each part alone, so only
                 // the offending request gets the error.
-                tracing::warn!(%message, parts = batch.parts.len(), "batch failed; retrying each request alone");
+                tracing::warn!(message = %error.message, parts = batch.parts.len(), "batch failed; retrying each request alone");
                 for (i, part) in batch.parts.iter().enumerate() {
                     let inputs = &batch.inputs[part.start..part.start + part.len];
-                    let padded = inputs
-                        .iter()
-                        .map(EmbedInput::estimated_tokens)
-                        .max()
-                        .unwrap_or(0)
-                        * inputs.len();
-                    match self.call(inputs, padded) {
-                        Ok(Ok(output)) => self.deliver(part, 0, &output),
-                        Ok(Err(message)) => part.req.fail(CoreError::Model(message)),
+                    match self.call(inputs) {
+                        Ok(Ok(output)) => self.deliver(part, 0, &output, part.len),
+                        Ok(Err(error)) => part.req.fail(failure(error)),
                         Err(died) => {
                             self.die(&died, &batch.parts[i..]);
                             return Err(died);
@@ -211,35 +207,33 @@ impl<E: Embedder> ModelThread<'_, E> {
         }
     }
 
-    /// One model call with its metrics. The outer error is a panic (the model
-    /// is no longer trustworthy); the inner one the model's own error, or an
-    /// output of the wrong shape.
-    fn call(
-        &mut self,
-        inputs: &[EmbedInput],
-        est_padded: usize,
-    ) -> Result<Result<BatchOutput, String>, Died> {
+    /// One model call with its metrics. The outer error means the model is
+    /// gone (it panicked, or said so); the inner one is the model's own error
+    /// on these inputs, or an output of the wrong shape.
+    fn call(&mut self, inputs: &[Encoded]) -> Result<Result<BatchOutput, EmbedderError>, Died> {
         let started = Instant::now();
         let result = catch_unwind(AssertUnwindSafe(|| self.model.embed_batch(inputs)));
         let elapsed = started.elapsed();
         let result = result.map_err(|payload| Died(panic_message(&*payload)))?;
         let recorder = &*self.shared.recorder;
         let gil_wait = result.as_ref().map(|o| o.gil_wait).unwrap_or_default();
-        recorder.model_call(inputs.len(), est_padded, elapsed, gil_wait);
+        let longest = inputs.iter().map(Encoded::len).max().unwrap_or(0);
+        recorder.model_call(inputs.len(), longest * inputs.len(), elapsed, gil_wait);
         let output = match result {
             Ok(output) => output,
-            Err(e) => return Ok(Err(e.message)),
+            Err(e) if e.kind == EmbedderErrorKind::ModelGone => return Err(Died(e.message)),
+            Err(e) => return Ok(Err(e)),
         };
         if let Err(message) = self.check_shape(&output, inputs.len()) {
-            return Ok(Err(message));
+            return Ok(Err(EmbedderError::model_failure(message)));
         }
-        let real: u64 = output.token_counts.iter().map(|&t| u64::from(t)).sum();
+        let real: u64 = inputs.iter().map(|e| e.len() as u64).sum();
         recorder.tokens(real, output.padded_tokens);
         Ok(Ok(output))
     }
 
-    /// A model returning the wrong number of floats or counts is a model
-    /// error, never a panic or a mis-sliced answer.
+    /// A model returning the wrong number of floats is a model error, never
+    /// a panic or a mis-sliced answer.
     fn check_shape(&self, output: &BatchOutput, n: usize) -> Result<(), String> {
         let floats = output.vectors.len();
         let ok_vectors = if self.dim > 0 {
@@ -253,29 +247,26 @@ impl<E: Embedder> ModelThread<'_, E> {
                 self.dim
             ));
         }
-        if output.token_counts.len() != n || output.untruncated_token_counts.len() != n {
-            return Err(format!(
-                "model returned {} token counts and {} untruncated counts for {n} inputs",
-                output.token_counts.len(),
-                output.untruncated_token_counts.len()
-            ));
-        }
         Ok(())
     }
 
-    /// Hands `part` its rows of `output`, which start at row `first_row`.
-    fn deliver(&self, part: &Part, first_row: usize, output: &BatchOutput) {
-        let n = output.token_counts.len();
-        let dim = output.vectors.len() / n;
+    /// Hands `part` its rows of `output` (`rows` rows in all), which start at row `first_row`.
+    fn deliver(&self, part: &Part, first_row: usize, output: &BatchOutput, rows: usize) {
+        let dim = output.vectors.len() / rows;
         let rows = first_row..first_row + part.len;
         let vectors = output.vectors[rows.start * dim..rows.end * dim]
             .chunks_exact(dim)
             .map(<[f32]>::to_vec);
-        part.req.deliver(
-            part.offset,
-            vectors,
-            &output.token_counts[rows.clone()],
-            &output.untruncated_token_counts[rows],
-        );
+        part.req.deliver(part.offset, vectors);
+    }
+}
+
+/// What a caller is told when the model failed on its inputs.
+fn failure(error: EmbedderError) -> CoreError {
+    match error.kind {
+        EmbedderErrorKind::InvalidInput => CoreError::InvalidInput(error.message),
+        EmbedderErrorKind::ModelFailure | EmbedderErrorKind::ModelGone => {
+            CoreError::Model(error.message)
+        }
     }
 }

@@ -1,13 +1,14 @@
 //! The collector's queue and how batches are cut from it: FIFO across
-//! requests, size and padded-token budgets, and round-robin at batch
-//! granularity so one huge request cannot starve the small ones behind it.
+//! requests, size and padded-token budgets (exact: inputs arrive tokenized),
+//! and round-robin at batch granularity so one huge request cannot starve the
+//! small ones behind it.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use crate::recorder::Recorder;
 use crate::request::Request;
-use crate::EmbedInput;
+use crate::Encoded;
 
 /// Budgets one batch must respect.
 #[derive(Debug, Clone, Copy)]
@@ -21,7 +22,7 @@ pub(crate) struct Limits {
 /// The not-yet-batched rest of a request.
 pub(crate) struct Pending {
     pub req: Arc<Request>,
-    inputs: std::vec::IntoIter<EmbedInput>,
+    inputs: std::vec::IntoIter<Encoded>,
     /// Index (in the request) of the next input to batch.
     next_index: usize,
     /// Inputs batched during this request's current turn at the front.
@@ -29,7 +30,7 @@ pub(crate) struct Pending {
 }
 
 impl Pending {
-    pub fn new(req: Arc<Request>, inputs: Vec<EmbedInput>) -> Self {
+    pub fn new(req: Arc<Request>, inputs: Vec<Encoded>) -> Self {
         Self {
             req,
             inputs: inputs.into_iter(),
@@ -56,9 +57,9 @@ pub(crate) struct Part {
 /// Inputs for one model call and which request each belongs to.
 #[derive(Default)]
 pub(crate) struct Batch {
-    pub inputs: Vec<EmbedInput>,
+    pub inputs: Vec<Encoded>,
     pub parts: Vec<Part>,
-    /// Largest token estimate in the batch (the padded length).
+    /// Tokens of the longest input in the batch (the padded length).
     max_tokens: usize,
 }
 
@@ -67,12 +68,12 @@ impl Batch {
         self.inputs.is_empty()
     }
 
-    /// Estimated padded tokens: longest input x count.
-    pub fn padded_tokens(&self) -> usize {
-        self.max_tokens * self.inputs.len()
+    /// Tokens of all inputs, unpadded.
+    pub fn real_tokens(&self) -> usize {
+        self.inputs.iter().map(Encoded::len).sum()
     }
 
-    /// Whether one more input of `tokens` estimated tokens stays within budget.
+    /// Whether one more input of `tokens` tokens stays within budget.
     /// A lone input always fits, however long: it has to run somehow.
     fn fits(&self, tokens: usize, limits: &Limits) -> bool {
         let n = self.inputs.len();
@@ -81,8 +82,8 @@ impl Batch {
                 && self.max_tokens.max(tokens).saturating_mul(n + 1) <= limits.max_batch_tokens)
     }
 
-    fn push(&mut self, req: &Arc<Request>, index: usize, input: EmbedInput) {
-        self.max_tokens = self.max_tokens.max(input.estimated_tokens());
+    fn push(&mut self, req: &Arc<Request>, index: usize, input: Encoded) {
+        self.max_tokens = self.max_tokens.max(input.len());
         let start = self.inputs.len();
         self.inputs.push(input);
         if let Some(last) = self.parts.last_mut() {
@@ -103,11 +104,7 @@ impl Batch {
     /// `pending` back untouched.
     pub fn whole(pending: Pending, limits: &Limits) -> Result<Batch, Pending> {
         let inputs = pending.inputs.as_slice();
-        let longest = inputs
-            .iter()
-            .map(EmbedInput::estimated_tokens)
-            .max()
-            .unwrap_or(0);
+        let longest = inputs.iter().map(Encoded::len).max().unwrap_or(0);
         let n = inputs.len();
         let fits = n <= limits.max_batch_size
             && (n == 1 || longest.saturating_mul(n) <= limits.max_batch_tokens);
@@ -147,7 +144,7 @@ impl Batch {
             }
             part.start = self.inputs.len();
             for input in inputs {
-                self.max_tokens = self.max_tokens.max(input.estimated_tokens());
+                self.max_tokens = self.max_tokens.max(input.len());
                 self.inputs.push(input);
             }
             self.parts.push(part);
@@ -222,7 +219,7 @@ impl FairQueue {
                 let Some(next) = front.inputs.as_slice().first() else {
                     break;
                 };
-                if !batch.fits(next.estimated_tokens(), &limits) {
+                if !batch.fits(next.len(), &limits) {
                     break;
                 }
                 let input = front.inputs.next().expect("peeked above");
@@ -253,7 +250,7 @@ mod tests {
     use crate::request::{ActiveGuard, Ticket};
     use std::time::Instant;
 
-    fn request(n: usize, recorder: &Arc<Recorder>) -> (Arc<Request>, Vec<EmbedInput>) {
+    fn request(n: usize, recorder: &Arc<Recorder>) -> (Arc<Request>, Vec<Encoded>) {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
@@ -263,7 +260,7 @@ mod tests {
         let (reply, _answer) = tokio::sync::oneshot::channel();
         let ticket = Ticket::new(permit, n, recorder.clone());
         let req = Arc::new(Request::new(
-            n,
+            vec![1; n],
             Instant::now(),
             reply,
             ticket,
@@ -271,7 +268,13 @@ mod tests {
         ));
         (
             req,
-            (0..n).map(|i| EmbedInput::Text(format!("{i}"))).collect(),
+            (0..n)
+                .map(|i| Encoded {
+                    ids: vec![i as u32],
+                    type_ids: None,
+                    untruncated_len: 1,
+                })
+                .collect(),
         )
     }
 

@@ -82,7 +82,11 @@ impl Recorder {
             Err(CoreError::Overloaded { .. }) => &self.requests_overloaded,
             Err(CoreError::Model(_)) => &self.requests_model_error,
             Err(CoreError::ModelUnavailable(_)) => &self.requests_unavailable,
-            Err(CoreError::ShuttingDown | CoreError::InvalidInput(_)) => return,
+            Err(
+                CoreError::ShuttingDown
+                | CoreError::InvalidInput(_)
+                | CoreError::InputTooLong { .. },
+            ) => return,
         };
         counter.fetch_add(1, Relaxed);
     }
@@ -103,21 +107,15 @@ impl Recorder {
         lock(&self.hist).queue_wait.observe(wait.as_secs_f64());
     }
 
-    /// One model call: its size, estimated padded tokens and timings.
-    pub fn model_call(
-        &self,
-        inputs: usize,
-        est_padded: usize,
-        model: Duration,
-        gil_wait: Duration,
-    ) {
+    /// One model call: its size, padded tokens (longest x count) and timings.
+    pub fn model_call(&self, inputs: usize, padded: usize, model: Duration, gil_wait: Duration) {
         self.batches.fetch_add(1, Relaxed);
         self.inputs_computed.fetch_add(inputs as u64, Relaxed);
         self.model_nanos
             .fetch_add(model.as_nanos().min(u64::MAX as u128) as u64, Relaxed);
         let mut h = lock(&self.hist);
         h.batch_size.observe(inputs as f64);
-        h.batch_tokens.observe(est_padded as f64);
+        h.batch_tokens.observe(padded as f64);
         h.model.observe(model.as_secs_f64());
         h.gil_wait.observe(gil_wait.as_secs_f64());
     }

@@ -79,13 +79,15 @@ pub(crate) struct Request {
 }
 
 impl Request {
+    /// `token_counts`: the exact tokens of each input, known from tokenization.
     pub fn new(
-        len: usize,
+        token_counts: Vec<u32>,
         arrived: Instant,
         reply: Reply,
         ticket: Ticket,
         active: ActiveGuard,
     ) -> Self {
+        let len = token_counts.len();
         Self {
             len,
             arrived,
@@ -96,8 +98,8 @@ impl Request {
             answer: Mutex::new(Answer {
                 embeddings: Embeddings {
                     vectors: Vec::with_capacity(len),
-                    token_counts: Vec::with_capacity(len),
-                    untruncated_token_counts: Vec::with_capacity(len),
+                    token_counts,
+                    cache_hits: 0,
                 },
                 reply: Some(reply),
                 ticket: Some(ticket),
@@ -132,13 +134,7 @@ impl Request {
     /// Appends computed rows for inputs `offset..offset + vectors.len()`;
     /// answers the caller when the last one arrives. Chunks of one request run
     /// in order on the single model thread, so appending keeps input order.
-    pub fn deliver(
-        &self,
-        offset: usize,
-        vectors: impl Iterator<Item = Vec<f32>>,
-        tokens: &[u32],
-        untruncated: &[u32],
-    ) {
+    pub fn deliver(&self, offset: usize, vectors: impl Iterator<Item = Vec<f32>>) {
         let mut answer = lock(&self.answer);
         if answer.reply.is_none() {
             return;
@@ -150,8 +146,6 @@ impl Request {
             "chunks of a request must arrive in order"
         );
         e.vectors.extend(vectors);
-        e.token_counts.extend_from_slice(tokens);
-        e.untruncated_token_counts.extend_from_slice(untruncated);
         if e.vectors.len() == self.len {
             let embeddings = std::mem::take(&mut answer.embeddings);
             Self::answer(answer, Ok(embeddings));

@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use mlx_embed_core::{BatcherConfig, CoreError, OverloadReason};
+use mlx_embed_core::{BatcherConfig, CoreError, EmbedOptions, OverloadReason};
 use tokio::time::timeout;
 
 #[tokio::test(flavor = "current_thread")]
@@ -22,9 +22,12 @@ async fn exactly_the_surplus_beyond_the_waiting_bound_is_refused() {
         let b = batcher.clone();
         handles.push(tokio::spawn(async move {
             let t = format!("caller {i}");
-            b.embed(owned_texts(std::slice::from_ref(&t)))
-                .await
-                .map(|got| assert_answer(&[t], &got))
+            b.embed(
+                owned_texts(std::slice::from_ref(&t)),
+                EmbedOptions::default(),
+            )
+            .await
+            .map(|got| assert_answer(&[t], &got))
         }));
     }
     // 2 admitted (the model is held at the gate), 5 waiting, 13 refused at once.
@@ -67,14 +70,17 @@ async fn waiting_too_long_gives_queue_timeout() {
     let (batcher, _record) = start(config, Duration::ZERO, Some(gate.clone()));
     let first = {
         let b = batcher.clone();
-        tokio::spawn(async move { b.embed(texts(&["holder"])).await })
+        tokio::spawn(async move { b.embed(texts(&["holder"]), EmbedOptions::default()).await })
     };
     eventually("first admitted", || batcher.metrics().in_flight_inputs == 1).await;
     let started = std::time::Instant::now();
-    let err = timeout(LIMIT, batcher.embed(texts(&["late"])))
-        .await
-        .unwrap()
-        .unwrap_err();
+    let err = timeout(
+        LIMIT,
+        batcher.embed(texts(&["late"]), EmbedOptions::default()),
+    )
+    .await
+    .unwrap()
+    .unwrap_err();
     let waited = started.elapsed();
     assert!(
         matches!(
@@ -113,7 +119,7 @@ async fn lots_of_waiting_within_bounds_refuses_nobody() {
         handles.push(tokio::spawn(async move {
             let texts: Vec<String> = (0..(i % 3 + 1)).map(|j| format!("c{i}-{j}")).collect();
             let got = b
-                .embed(owned_texts(&texts))
+                .embed(owned_texts(&texts), EmbedOptions::default())
                 .await
                 .expect("never refused within bounds");
             assert_answer(&texts, &got);
@@ -140,17 +146,20 @@ async fn a_request_larger_than_the_bound_still_runs() {
     };
     let (batcher, _record) = start(config, Duration::ZERO, None);
     let many: Vec<String> = (0..50).map(|i| format!("n{i}")).collect();
-    let got = timeout(LIMIT, batcher.embed(owned_texts(&many)))
-        .await
-        .unwrap()
-        .unwrap();
+    let got = timeout(
+        LIMIT,
+        batcher.embed(owned_texts(&many), EmbedOptions::default()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     assert_answer(&many, &got);
     // And a sequential caller is never refused, even with no waiting room:
     // the previous request's room is free before its answer arrives.
     for i in 0..50 {
         let t = format!("seq {i}");
         batcher
-            .embed(owned_texts(&[t]))
+            .embed(owned_texts(&[t]), EmbedOptions::default())
             .await
             .expect("room was free");
     }
@@ -167,7 +176,7 @@ async fn a_caller_that_gives_up_waiting_frees_its_place_in_line() {
     let (batcher, _record) = start(config, Duration::ZERO, Some(gate.clone()));
     let holder = {
         let b = batcher.clone();
-        tokio::spawn(async move { b.embed(texts(&["holder"])).await })
+        tokio::spawn(async move { b.embed(texts(&["holder"]), EmbedOptions::default()).await })
     };
     eventually("holder admitted", || {
         batcher.metrics().in_flight_inputs == 1
@@ -176,14 +185,14 @@ async fn a_caller_that_gives_up_waiting_frees_its_place_in_line() {
     // Waits, then gives up (future dropped by the timeout).
     assert!(timeout(
         Duration::from_millis(20),
-        batcher.embed(texts(&["impatient"]))
+        batcher.embed(texts(&["impatient"]), EmbedOptions::default())
     )
     .await
     .is_err());
     assert_eq!(batcher.metrics().waiting_inputs, 0);
     let patient = {
         let b = batcher.clone();
-        tokio::spawn(async move { b.embed(texts(&["patient"])).await })
+        tokio::spawn(async move { b.embed(texts(&["patient"]), EmbedOptions::default()).await })
     };
     eventually("patient waiting", || batcher.metrics().waiting_inputs == 1).await;
     gate.open();

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::*;
-use mlx_embed_core::{Batcher, BatcherConfig, EmbedInput};
+use mlx_embed_core::{Batcher, BatcherConfig, EmbedInput, EmbedOptions};
 use tokio::time::timeout;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -20,7 +20,10 @@ async fn thousand_concurrent_callers_get_their_own_vectors() {
             let texts: Vec<String> = (0..(i % 3 + 1))
                 .map(|j| format!("caller {i} input {j}"))
                 .collect();
-            let got = b.embed(owned_texts(&texts)).await.expect("embed");
+            let got = b
+                .embed(owned_texts(&texts), EmbedOptions::default())
+                .await
+                .expect("embed");
             assert_answer(&texts, &got);
         }));
     }
@@ -78,14 +81,21 @@ async fn batches_are_fifo_and_within_budgets() {
         let b = batcher.clone();
         handles.push(tokio::spawn(async move {
             let got = b
-                .embed(vec![EmbedInput::Text(text.clone())])
+                .embed(
+                    vec![EmbedInput::Text(text.clone())],
+                    EmbedOptions::default(),
+                )
                 .await
                 .expect("embed");
             assert_answer(&[text], &got);
         }));
+        // Requests are tokenized on the blocking pool before they queue, so
+        // queue order is the order tokenization finishes: admit one at a time.
+        eventually("admitted", || {
+            batcher.metrics().in_flight_inputs == i as u64 + 1
+        })
+        .await;
     }
-    // current_thread: spawned tasks first run, in spawn order, when we yield.
-    eventually("all admitted", || batcher.metrics().in_flight_inputs == 300).await;
     gate.open();
     for h in handles {
         timeout(LIMIT, h).await.unwrap().unwrap();
@@ -94,12 +104,7 @@ async fn batches_are_fifo_and_within_budgets() {
     assert_eq!(batches.concat(), order, "inputs computed in FIFO order");
     for batch in &batches {
         assert!(batch.len() <= config.max_batch_size);
-        let padded = batch
-            .iter()
-            .map(|t| EmbedInput::Text(t.clone()).estimated_tokens())
-            .max()
-            .unwrap()
-            * batch.len();
+        let padded = batch.iter().map(|t| tokens_for(t) as usize).max().unwrap() * batch.len();
         assert!(
             padded <= config.max_batch_tokens || batch.len() == 1,
             "batch over token budget: {padded}"
@@ -128,7 +133,10 @@ async fn huge_request_is_split_in_order_and_does_not_starve_small_ones() {
         let b = batcher.clone();
         let big = big.clone();
         tokio::spawn(async move {
-            let got = b.embed(owned_texts(&big)).await.expect("big embed");
+            let got = b
+                .embed(owned_texts(&big), EmbedOptions::default())
+                .await
+                .expect("big embed");
             assert_answer(&big, &got);
             Instant::now()
         })
@@ -139,7 +147,10 @@ async fn huge_request_is_split_in_order_and_does_not_starve_small_ones() {
         let b = batcher.clone();
         small.push(tokio::spawn(async move {
             let texts = vec![format!("small {i} a"), format!("small {i} b")];
-            let got = b.embed(owned_texts(&texts)).await.expect("small embed");
+            let got = b
+                .embed(owned_texts(&texts), EmbedOptions::default())
+                .await
+                .expect("small embed");
             assert_answer(&texts, &got);
             Instant::now()
         }));
@@ -195,7 +206,10 @@ async fn serial_mode_never_mixes_requests() {
         let texts: Vec<String> = (0..n).map(|j| format!("r{r}-{j}")).collect();
         let b = batcher.clone();
         handles.push(tokio::spawn(async move {
-            let got = b.embed(owned_texts(&texts)).await.expect("embed");
+            let got = b
+                .embed(owned_texts(&texts), EmbedOptions::default())
+                .await
+                .expect("embed");
             assert_answer(&texts, &got);
         }));
     }
@@ -226,13 +240,16 @@ async fn batch_window_gathers_company_on_an_idle_model() {
     let (batcher, record) = start(config, Duration::ZERO, None);
     let a = {
         let b = batcher.clone();
-        tokio::spawn(async move { b.embed(texts(&["first"])).await })
+        tokio::spawn(async move { b.embed(texts(&["first"]), EmbedOptions::default()).await })
     };
     tokio::time::sleep(Duration::from_millis(10)).await;
-    let second = timeout(LIMIT, batcher.embed(texts(&["second"])))
-        .await
-        .unwrap()
-        .unwrap();
+    let second = timeout(
+        LIMIT,
+        batcher.embed(texts(&["second"]), EmbedOptions::default()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
     assert_answer(&["second".into()], &second);
     timeout(LIMIT, a).await.unwrap().unwrap().unwrap();
     assert_eq!(
@@ -245,12 +262,18 @@ async fn batch_window_gathers_company_on_an_idle_model() {
 async fn idle_model_starts_a_lone_request_at_once() {
     let (batcher, _record) = start(BatcherConfig::default(), Duration::ZERO, None);
     // Warm up, then time one request on an idle model: no window, no waiting.
-    batcher.embed(texts(&["warm"])).await.unwrap();
+    batcher
+        .embed(texts(&["warm"]), EmbedOptions::default())
+        .await
+        .unwrap();
     let started = Instant::now();
     for i in 0..100 {
         let t = format!("lone {i}");
         let got = batcher
-            .embed(owned_texts(std::slice::from_ref(&t)))
+            .embed(
+                owned_texts(std::slice::from_ref(&t)),
+                EmbedOptions::default(),
+            )
             .await
             .unwrap();
         assert_answer(&[t], &got);
@@ -280,8 +303,16 @@ async fn tokens_inputs_and_multi_input_requests_keep_order() {
         EmbedInput::Text("!".into()),
     ];
     let names: Vec<String> = inputs.iter().map(text_of).collect();
-    let got = batcher.embed(inputs).await.unwrap();
-    assert_answer(&names, &got);
+    let got = batcher
+        .embed(inputs, EmbedOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(got.vectors.len(), names.len());
+    for (i, name) in names.iter().enumerate() {
+        assert_eq!(got.vectors[i], vector_for(name), "vector {i} ({name})");
+    }
+    // Exact tokens: the ids or the text's bytes, plus the two markers.
+    assert_eq!(got.token_counts, vec![5, 7, 3, 7, 3]);
 }
 
 #[test]
@@ -290,7 +321,7 @@ fn embed_futures_are_send_and_batcher_is_shareable() {
     fn assert_sync<T: Send + Sync + Clone + 'static>() {}
     assert_sync::<Batcher>();
     let (batcher, _record) = start(BatcherConfig::default(), Duration::ZERO, None);
-    let fut = batcher.embed(texts(&["x"]));
+    let fut = batcher.embed(texts(&["x"]), EmbedOptions::default());
     assert_send(&fut);
     // Works from a runtime that only exists for this call, too.
     let rt = tokio::runtime::Builder::new_current_thread()

@@ -6,7 +6,10 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use common::*;
-use mlx_embed_core::{Batcher, BatcherConfig, CoreError, EmbedderError};
+use mlx_embed_core::{
+    Batcher, BatcherConfig, CoreError, EmbedInput, EmbedOptions, EmbedderError, Prompt,
+    TruncationDirection,
+};
 use tokio::time::timeout;
 
 #[tokio::test(flavor = "current_thread")]
@@ -28,7 +31,9 @@ async fn a_failing_text_fails_only_its_own_request() {
             .collect();
         handles.push((
             texts.clone(),
-            tokio::spawn(async move { b.embed(owned_texts(&texts)).await }),
+            tokio::spawn(
+                async move { b.embed(owned_texts(&texts), EmbedOptions::default()).await },
+            ),
         ));
     }
     eventually("queued", || batcher.metrics().in_flight_inputs == 13).await;
@@ -54,13 +59,19 @@ async fn a_failing_text_fails_only_its_own_request() {
 #[tokio::test(flavor = "current_thread")]
 async fn wrong_output_size_is_a_model_error_not_a_panic() {
     let (batcher, _record) = start(BatcherConfig::default(), Duration::ZERO, None);
-    let err = batcher.embed(texts(&["ok", BAD_SHAPE])).await.unwrap_err();
+    let err = batcher
+        .embed(texts(&["ok", BAD_SHAPE]), EmbedOptions::default())
+        .await
+        .unwrap_err();
     assert!(
         matches!(&err, CoreError::Model(m) if m.contains("floats")),
         "{err:?}"
     );
     assert!(batcher.is_healthy());
-    assert!(batcher.embed(texts(&["fine"])).await.is_ok());
+    assert!(batcher
+        .embed(texts(&["fine"]), EmbedOptions::default())
+        .await
+        .is_ok());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -77,7 +88,11 @@ async fn model_panic_makes_every_caller_unavailable_promptly() {
     for i in 0..17 {
         let b = batcher.clone();
         handles.push(tokio::spawn(async move {
-            b.embed(owned_texts(&[format!("victim {i}")])).await
+            b.embed(
+                owned_texts(&[format!("victim {i}")]),
+                EmbedOptions::default(),
+            )
+            .await
         }));
     }
     eventually("line formed", || {
@@ -104,10 +119,13 @@ async fn model_panic_makes_every_caller_unavailable_promptly() {
         .model_failure()
         .unwrap()
         .contains("fake model exploded"));
-    let err = timeout(LIMIT, batcher.embed(texts(&["after"])))
-        .await
-        .unwrap()
-        .unwrap_err();
+    let err = timeout(
+        LIMIT,
+        batcher.embed(texts(&["after"]), EmbedOptions::default()),
+    )
+    .await
+    .unwrap()
+    .unwrap_err();
     assert!(matches!(err, CoreError::ModelUnavailable(_)));
     assert!(record.computed().iter().all(|t| !t.starts_with("victim")));
     assert_eq!(batcher.metrics().requests_unavailable, 19);
@@ -127,7 +145,7 @@ async fn cancelled_callers_cost_no_compute() {
     let spawn = |name: &str, n: usize| {
         let b = batcher.clone();
         let texts: Vec<String> = (0..n).map(|j| format!("{name}-{j}")).collect();
-        tokio::spawn(async move { b.embed(owned_texts(&texts)).await })
+        tokio::spawn(async move { b.embed(owned_texts(&texts), EmbedOptions::default()).await })
     };
     let a = spawn("a", 1);
     eventually("a running", || record.batches().len() == 1).await;
@@ -173,13 +191,18 @@ async fn close_refuses_new_work_and_drains_admitted_work() {
     let running = occupy_model(&batcher, &record, "running").await;
     let queued = {
         let b = batcher.clone();
-        tokio::spawn(async move { b.embed(texts(&["queued 1", "queued 2"])).await })
+        tokio::spawn(async move {
+            b.embed(texts(&["queued 1", "queued 2"]), EmbedOptions::default())
+                .await
+        })
     };
     eventually("queued", || batcher.metrics().in_flight_inputs == 3).await;
     batcher.close();
     assert!(!batcher.is_healthy());
     assert_eq!(
-        batcher.embed(texts(&["new"])).await,
+        batcher
+            .embed(texts(&["new"]), EmbedOptions::default())
+            .await,
         Err(CoreError::ShuttingDown)
     );
     assert!(
@@ -207,12 +230,12 @@ async fn close_refuses_callers_still_waiting_for_admission() {
     let (batcher, _record) = start(config, Duration::ZERO, Some(gate.clone()));
     let admitted = {
         let b = batcher.clone();
-        tokio::spawn(async move { b.embed(texts(&["admitted"])).await })
+        tokio::spawn(async move { b.embed(texts(&["admitted"]), EmbedOptions::default()).await })
     };
     eventually("admitted", || batcher.metrics().in_flight_inputs == 1).await;
     let waiting = {
         let b = batcher.clone();
-        tokio::spawn(async move { b.embed(texts(&["waiting"])).await })
+        tokio::spawn(async move { b.embed(texts(&["waiting"]), EmbedOptions::default()).await })
     };
     eventually("waiting", || batcher.metrics().waiting_inputs == 1).await;
     batcher.close();
@@ -228,7 +251,7 @@ async fn close_refuses_callers_still_waiting_for_admission() {
 #[test]
 fn load_errors_and_panics_are_model_unavailable() {
     let err = Batcher::start(BatcherConfig::default(), || {
-        Err::<Fake, _>(EmbedderError::new("no weights"))
+        Err::<Fake, _>(EmbedderError::model_failure("no weights"))
     })
     .err();
     assert!(
@@ -250,7 +273,7 @@ fn load_errors_and_panics_are_model_unavailable() {
 async fn empty_input_is_invalid() {
     let (batcher, _record) = start(BatcherConfig::default(), Duration::ZERO, None);
     assert!(matches!(
-        batcher.embed(vec![]).await,
+        batcher.embed(vec![], EmbedOptions::default()).await,
         Err(CoreError::InvalidInput(_))
     ));
 }
@@ -259,7 +282,10 @@ async fn empty_input_is_invalid() {
 async fn dropping_the_last_handle_ends_the_model_thread() {
     let (batcher, record) = start(BatcherConfig::default(), Duration::ZERO, None);
     let clone = batcher.clone();
-    clone.embed(texts(&["x"])).await.unwrap();
+    clone
+        .embed(texts(&["x"]), EmbedOptions::default())
+        .await
+        .unwrap();
     drop(batcher);
     assert!(
         !record.dropped.load(Ordering::SeqCst),
@@ -284,7 +310,7 @@ async fn a_cancelled_caller_gives_its_admission_room_back_at_once() {
     let running = occupy_model(&batcher, &record, "running").await;
     let queued = {
         let b = batcher.clone();
-        tokio::spawn(async move { b.embed(texts(&["queued"])).await })
+        tokio::spawn(async move { b.embed(texts(&["queued"]), EmbedOptions::default()).await })
     };
     eventually("queued", || batcher.metrics().in_flight_inputs == 2).await;
     queued.abort();
@@ -292,7 +318,7 @@ async fn a_cancelled_caller_gives_its_admission_room_back_at_once() {
     // No waiting room at all: this only works if the cancelled caller's room is free.
     let next = {
         let b = batcher.clone();
-        tokio::spawn(async move { b.embed(texts(&["next"])).await })
+        tokio::spawn(async move { b.embed(texts(&["next"]), EmbedOptions::default()).await })
     };
     eventually("next admitted", || batcher.metrics().in_flight_inputs == 2).await;
     gate.open();
@@ -309,10 +335,13 @@ async fn a_caller_told_the_model_died_never_sees_it_healthy() {
     // the opposite order loses only a narrow race.
     for round in 0..20 {
         let (batcher, _record) = start(BatcherConfig::default(), Duration::ZERO, None);
-        let err = timeout(LIMIT, batcher.embed(texts(&["fine", PANIC])))
-            .await
-            .expect("answered")
-            .unwrap_err();
+        let err = timeout(
+            LIMIT,
+            batcher.embed(texts(&["fine", PANIC]), EmbedOptions::default()),
+        )
+        .await
+        .expect("answered")
+        .unwrap_err();
         assert!(
             matches!(&err, CoreError::ModelUnavailable(m) if m.contains("model thread died")),
             "{err:?}"
@@ -320,4 +349,141 @@ async fn a_caller_told_the_model_died_never_sees_it_healthy() {
         assert!(!batcher.is_healthy(), "round {round}: still healthy");
         assert!(batcher.model_failure().is_some());
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn too_long_without_truncation_is_refused_before_any_compute() {
+    let (batcher, record) = start(BatcherConfig::default(), Duration::ZERO, None);
+    let long = "y".repeat(MAX_TOKENS);
+    let refuse = EmbedOptions {
+        truncate: false,
+        ..EmbedOptions::default()
+    };
+    let err = batcher
+        .embed(texts(&["short", &long]), refuse.clone())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        CoreError::InputTooLong {
+            index: 1,
+            tokens: MAX_TOKENS + 2,
+            max: MAX_TOKENS
+        }
+    );
+    assert!(record.batches().is_empty(), "nothing was computed");
+    assert_eq!(batcher.metrics().in_flight_inputs, 0);
+    // Exactly at the maximum is fine, and the default truncates.
+    let fits = "y".repeat(MAX_TOKENS - 2);
+    let got = batcher.embed(texts(&[&fits]), refuse).await.unwrap();
+    assert_eq!(got.token_counts, vec![MAX_TOKENS as u32]);
+    let got = batcher
+        .embed(texts(&[&long]), EmbedOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(got.token_counts, vec![MAX_TOKENS as u32]);
+    assert_eq!(got.vectors[0], vector_for(&long[..MAX_TOKENS - 2]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn truncation_side_reaches_the_tokenizer() {
+    let (batcher, _record) = start(BatcherConfig::default(), Duration::ZERO, None);
+    let long = format!("{}{}", "a".repeat(MAX_TOKENS), "b".repeat(MAX_TOKENS));
+    let left = EmbedOptions {
+        truncation_direction: TruncationDirection::Left,
+        ..EmbedOptions::default()
+    };
+    let got = batcher.embed(texts(&[&long]), left).await.unwrap();
+    assert_eq!(
+        got.vectors[0],
+        vector_for(&long[long.len() - (MAX_TOKENS - 2)..])
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokenizer_and_prompt_errors_are_invalid_input_naming_the_input() {
+    let (batcher, record) = start(BatcherConfig::default(), Duration::ZERO, None);
+    let err = batcher
+        .embed(
+            vec![
+                EmbedInput::Tokens(vec![1, 2]),
+                EmbedInput::Tokens(vec![3, 5000]),
+            ],
+            EmbedOptions::default(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        CoreError::InvalidInput("input 1: token id 5000 is outside the vocabulary".into())
+    );
+    let err = batcher
+        .embed(
+            texts(&["x"]),
+            EmbedOptions {
+                prompt: Prompt::Named("query".into()),
+                ..EmbedOptions::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        CoreError::InvalidInput(
+            "unknown prompt name \"query\": this model has no named prompts".into()
+        )
+    );
+    assert!(record.batches().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn model_side_invalid_input_is_invalid_input_for_its_request_only() {
+    let gate = Gate::closed();
+    let (batcher, record) = start(BatcherConfig::default(), Duration::ZERO, Some(gate.clone()));
+    let first = occupy_model(&batcher, &record, "first").await;
+    let b = batcher.clone();
+    let bad = tokio::spawn(async move {
+        b.embed(
+            texts(&["fine", &format!("an {INVALID} one")]),
+            EmbedOptions::default(),
+        )
+        .await
+    });
+    let b = batcher.clone();
+    let good = tokio::spawn(async move {
+        b.embed(texts(&["neighbour"]), EmbedOptions::default())
+            .await
+    });
+    eventually("both queued", || batcher.metrics().in_flight_inputs == 4).await;
+    gate.open();
+    assert_eq!(
+        timeout(LIMIT, bad).await.unwrap().unwrap().unwrap_err(),
+        CoreError::InvalidInput(format!("will not embed an {INVALID} one"))
+    );
+    assert_answer(
+        &["neighbour".into()],
+        &timeout(LIMIT, good).await.unwrap().unwrap().unwrap(),
+    );
+    first.await.unwrap().unwrap();
+    assert!(batcher.is_healthy());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_says_it_is_gone_makes_the_batcher_unavailable() {
+    let (batcher, _record) = start(BatcherConfig::default(), Duration::ZERO, None);
+    let err = batcher
+        .embed(texts(&[GONE]), EmbedOptions::default())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        CoreError::ModelUnavailable("model thread died: fake model lost its interpreter".into())
+    );
+    assert!(!batcher.is_healthy());
+    assert!(matches!(
+        batcher
+            .embed(texts(&["after"]), EmbedOptions::default())
+            .await,
+        Err(CoreError::ModelUnavailable(_))
+    ));
 }

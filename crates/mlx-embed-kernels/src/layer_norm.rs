@@ -116,7 +116,10 @@ mod tests {
                 for j in 0..dim {
                     let want = (row[j] - mean) / (var + 1e-12).sqrt() * w[j] as f64 + b[j] as f64;
                     let g = got[r * dim + j] as f64;
-                    assert!((g - want).abs() < 2e-5, "{build} build: row {r} col {j}: {g} vs {want}");
+                    assert!(
+                        (g - want).abs() < 2e-5,
+                        "{build} build: row {r} col {j}: {g} vs {want}"
+                    );
                 }
             }
         });

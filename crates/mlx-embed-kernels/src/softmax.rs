@@ -183,7 +183,10 @@ mod tests {
             for (r, (row_in, row_out)) in input.chunks(301).zip(got.chunks(301)).enumerate() {
                 let want = reference(row_in, lens[r / 111], 0.125);
                 for (k, (&g, &w)) in row_out.iter().zip(&want).enumerate() {
-                    assert!((g as f64 - w).abs() < 1e-6, "{build} build: row {r} key {k}: {g} vs {w}");
+                    assert!(
+                        (g as f64 - w).abs() < 1e-6,
+                        "{build} build: row {r} key {k}: {g} vs {w}"
+                    );
                 }
                 let valid = lens[r / 111];
                 assert!(

@@ -2,7 +2,7 @@
 //!
 //! `cargo run --release --example semantic_search` (with the project's .venv built by `make test`).
 
-use mlx_embed_core::{l2_normalize, Batcher, BatcherConfig, EmbedInput};
+use mlx_embed_core::{l2_normalize, Batcher, BatcherConfig, EmbedInput, EmbedOptions};
 use mlx_embed_python::{PythonEmbedder, PythonModelOptions};
 
 const CORPUS: &[&str] = &[
@@ -16,26 +16,51 @@ const CORPUS: &[&str] = &[
     "Transformers use self-attention to relate every token to every other.",
 ];
 
-const QUERIES: &[&str] = &["How do plants make food?", "async programming in Rust", "Where is the Eiffel Tower?"];
+const QUERIES: &[&str] = &[
+    "How do plants make food?",
+    "async programming in Rust",
+    "Where is the Eiffel Tower?",
+];
 
-fn embed_all(batcher: &Batcher, runtime: &tokio::runtime::Runtime, texts: &[&str]) -> Vec<Vec<f32>> {
-    let inputs = texts.iter().map(|t| EmbedInput::Text(t.to_string())).collect();
-    let mut vectors = runtime.block_on(batcher.embed(inputs)).expect("embed").vectors;
+fn embed_all(
+    batcher: &Batcher,
+    runtime: &tokio::runtime::Runtime,
+    texts: &[&str],
+) -> Vec<Vec<f32>> {
+    let inputs = texts
+        .iter()
+        .map(|t| EmbedInput::Text(t.to_string()))
+        .collect();
+    let mut vectors = runtime
+        .block_on(batcher.embed(inputs, EmbedOptions::default()))
+        .expect("embed")
+        .vectors;
     vectors.iter_mut().for_each(|v| l2_normalize(v));
     vectors
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let options = PythonModelOptions::default();
-    let batcher = Batcher::start(BatcherConfig::default(), move || PythonEmbedder::load_for_batcher(&options))?;
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-    println!("model {} ({} dims)", batcher.model_info().name, batcher.model_info().dim);
+    let batcher = Batcher::start(BatcherConfig::default(), move || {
+        PythonEmbedder::load_for_batcher(&options)
+    })?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    println!(
+        "model {} ({} dims)",
+        batcher.model_info().name,
+        batcher.model_info().dim
+    );
 
     let corpus = embed_all(&batcher, &runtime, CORPUS);
     for (query, q) in QUERIES.iter().zip(embed_all(&batcher, &runtime, QUERIES)) {
         // Unit vectors: the dot product is the cosine similarity.
-        let mut scored: Vec<(f32, &str)> =
-            corpus.iter().zip(CORPUS).map(|(d, text)| (d.iter().zip(&q).map(|(a, b)| a * b).sum(), *text)).collect();
+        let mut scored: Vec<(f32, &str)> = corpus
+            .iter()
+            .zip(CORPUS)
+            .map(|(d, text)| (d.iter().zip(&q).map(|(a, b)| a * b).sum(), *text))
+            .collect();
         scored.sort_by(|a, b| b.0.total_cmp(&a.0));
         println!("\n{query}");
         for (score, text) in scored.iter().take(3) {

@@ -1,13 +1,17 @@
-//! `PythonEmbedder`: one Python call per batch.
+//! `PythonEmbedder`: the Python model's typed `spec()` read once, its
+//! `embed_ids` called once per batch with token ids the Rust tokenizer made.
 
+use std::sync::Arc;
 use std::time::Instant;
 
-use mlx_embed_core::{BatchOutput, EmbedInput, Embedder, EmbedderError, ModelInfo};
+use mlx_embed_core::{BatchOutput, Embedder, EmbedderError, Encoded, ModelInfo, Tokenize};
+use mlx_embed_tokenizer::HfTokenizer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::interpreter::ensure_python;
-use crate::BridgeError;
+use crate::spec::{read_spec, ModelSpec};
+use crate::{error, legacy, BridgeError};
 
 /// What to load; mirrors `mlx_embed.load(path, dtype=, quantize=, instruction=)`.
 #[derive(Debug, Clone, PartialEq)]
@@ -49,20 +53,25 @@ impl Default for PythonModelOptions {
     }
 }
 
-/// The Python `mlx_embed` model, called once per batch with the interpreter attached once.
+/// The Python `mlx_embed` model, called once per batch with the interpreter
+/// attached once; its tokenizer runs in Rust ([`HfTokenizer`]).
 pub struct PythonEmbedder {
     model: Py<PyAny>,
     info: ModelInfo,
-    /// Test-only: an input containing this marker panics the model thread,
-    /// so tests can prove a dead model thread is noticed (`MLX_EMBED_TEST_KILL`).
-    kill_marker: Option<String>,
+    tokenizer: Arc<HfTokenizer>,
+    /// The engine predates `spec()`/`embed_ids` (see [`legacy`]).
+    legacy: bool,
+    /// Set once the interpreter or the model is found unusable: every later
+    /// batch is told the model is gone rather than tried again.
+    gone: Option<String>,
 }
 
 impl PythonEmbedder {
-    /// Starts or joins the interpreter and loads the model on the calling thread.
+    /// Starts or joins the interpreter, loads the model on the calling
+    /// thread, reads its spec and builds the Rust tokenizer from it.
     pub fn load(options: &PythonModelOptions) -> Result<Self, BridgeError> {
         ensure_python()?;
-        Python::attach(|py| {
+        let (model, spec, legacy) = Python::attach(|py| -> Result<_, BridgeError> {
             let kwargs = PyDict::new(py);
             kwargs.set_item("dtype", &options.dtype)?;
             kwargs.set_item("quantize", options.quantize)?;
@@ -80,13 +89,43 @@ impl PythonEmbedder {
             if let Some(n) = engine.batch_tokens {
                 kwargs.set_item("batch_tokens", n)?;
             }
-            let model = py.import("mlx_embed")?.call_method("load", (options.model.as_deref(),), Some(&kwargs))?;
-            let info = read_info(&model.call_method0("info")?)?;
-            Ok(Self {
-                model: model.unbind(),
-                info,
-                kill_marker: std::env::var("MLX_EMBED_TEST_KILL").ok().filter(|m| !m.is_empty()),
-            })
+            let model = py.import("mlx_embed")?.call_method(
+                "load",
+                (options.model.as_deref(),),
+                Some(&kwargs),
+            )?;
+            let legacy = legacy::is_legacy(&model)?;
+            let spec = if legacy {
+                legacy::read_spec(&model)?
+            } else {
+                read_spec(&model.call_method0("spec")?)?
+            };
+            Ok((model.unbind(), spec, legacy))
+        })?;
+        let ModelSpec { info, tokenizer } = spec;
+        let tokenizer = HfTokenizer::from_spec(tokenizer)?;
+        if tokenizer.vocab_size() > info.vocab_size {
+            // The tokenizer's added tokens past the embedding table would
+            // index out of it: refuse the model rather than crash on them.
+            return Err(BridgeError::Protocol(format!(
+                "the tokenizer has {} ids but the model only {}",
+                tokenizer.vocab_size(),
+                info.vocab_size
+            )));
+        }
+        tracing::info!(
+            model = %info.name,
+            dim = info.dim,
+            max_input_tokens = info.max_input_tokens,
+            vocab_size = info.vocab_size,
+            "python model loaded; tokenizing in Rust"
+        );
+        Ok(Self {
+            model,
+            info,
+            tokenizer: Arc::new(tokenizer),
+            legacy,
+            gone: None,
         })
     }
 
@@ -95,11 +134,9 @@ impl PythonEmbedder {
         Self::load(options).map_err(EmbedderError::from)
     }
 
-    fn check_kill_hook(&self, inputs: &[EmbedInput]) {
-        let Some(marker) = &self.kill_marker else { return };
-        if inputs.iter().any(|input| matches!(input, EmbedInput::Text(t) if t.contains(marker.as_str()))) {
-            panic!("test hook MLX_EMBED_TEST_KILL: killing the model thread");
-        }
+    /// The Rust tokenizer built from the model's spec.
+    pub fn hf_tokenizer(&self) -> &Arc<HfTokenizer> {
+        &self.tokenizer
     }
 }
 
@@ -108,53 +145,96 @@ impl Embedder for PythonEmbedder {
         self.info.clone()
     }
 
-    fn embed_batch(&mut self, inputs: &[EmbedInput]) -> Result<BatchOutput, EmbedderError> {
-        self.check_kill_hook(inputs);
-        let before_attach = Instant::now();
-        Python::attach(|py| {
-            let gil_wait = before_attach.elapsed();
-            let batch = PyList::empty(py);
-            for input in inputs {
-                match input {
-                    EmbedInput::Text(text) => batch.append(text)?,
-                    EmbedInput::Tokens(ids) => batch.append(ids)?,
-                }
-            }
-            let answer = self.model.bind(py).call_method1("embed_raw", (batch,))?;
-            let (vectors, token_counts, untruncated_token_counts, padded_tokens): (Bound<'_, PyBytes>, Vec<u32>, Vec<u32>, u64) =
-                answer.extract()?;
-            let vectors = le_f32s(vectors.as_bytes())?;
-            Ok(BatchOutput { vectors, token_counts, untruncated_token_counts, padded_tokens, gil_wait })
-        })
-        .map_err(|err: BridgeError| err.into())
+    fn tokenizer(&self) -> Option<Arc<dyn Tokenize>> {
+        Some(self.tokenizer.clone())
     }
+
+    fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError> {
+        if let Some(reason) = &self.gone {
+            return Err(EmbedderError::model_gone(reason.clone()));
+        }
+        let before_attach = Instant::now();
+        let result = Python::attach(|py| -> Result<BatchOutput, EmbedderError> {
+            let gil_wait = before_attach.elapsed();
+            let (ids, type_ids) = id_lists(py, inputs).map_err(|err| error::classify(py, &err))?;
+            let model = self.model.bind(py);
+            if self.legacy {
+                let (vectors, padded_tokens) =
+                    legacy::embed(model, ids).map_err(|err| error::classify(py, &err))?;
+                return Ok(BatchOutput {
+                    vectors: le_f32s(vectors.as_bytes())?,
+                    padded_tokens,
+                    gil_wait,
+                });
+            }
+            let result = model
+                .call_method1("embed_ids", (ids, type_ids))
+                .map_err(|err| error::classify(py, &err))?;
+            let vectors = result
+                .getattr("vectors")
+                .map_err(|e| protocol(py, "EmbedResult.vectors", &e))?;
+            let vectors = vectors.cast::<PyBytes>().map_err(|_| {
+                EmbedderError::model_failure("EmbedResult.vectors is not bytes".to_string())
+            })?;
+            let vectors = le_f32s(vectors.as_bytes())?;
+            let padded_tokens: u64 = result
+                .getattr("padded_tokens")
+                .and_then(|v| v.extract())
+                .map_err(|e| protocol(py, "EmbedResult.padded_tokens", &e))?;
+            Ok(BatchOutput {
+                vectors,
+                padded_tokens,
+                gil_wait,
+            })
+        });
+        if let Err(e) = &result {
+            if e.kind == mlx_embed_core::EmbedderErrorKind::ModelGone {
+                self.gone = Some(e.message.clone());
+            }
+        }
+        result
+    }
+}
+
+/// The batch as Python lists: ids per input, and segment ids if any input has them.
+fn id_lists<'py>(
+    py: Python<'py>,
+    inputs: &[Encoded],
+) -> PyResult<(Bound<'py, PyList>, Option<Bound<'py, PyList>>)> {
+    let ids = PyList::empty(py);
+    for input in inputs {
+        ids.append(&input.ids)?;
+    }
+    if inputs.iter().all(|e| e.type_ids.is_none()) {
+        return Ok((ids, None));
+    }
+    let type_ids = PyList::empty(py);
+    for input in inputs {
+        match &input.type_ids {
+            Some(t) => type_ids.append(t)?,
+            None => type_ids.append(vec![0u32; input.ids.len()])?,
+        }
+    }
+    Ok((ids, Some(type_ids)))
+}
+
+fn protocol(py: Python<'_>, what: &str, err: &PyErr) -> EmbedderError {
+    EmbedderError::model_failure(format!(
+        "unexpected answer from the model: cannot read {what}: {}",
+        error::describe(py, err)
+    ))
 }
 
 /// Bulk conversion: one pass over the bytes, no per-element Python calls.
-fn le_f32s(bytes: &[u8]) -> Result<Vec<f32>, BridgeError> {
+fn le_f32s(bytes: &[u8]) -> Result<Vec<f32>, EmbedderError> {
     if !bytes.len().is_multiple_of(4) {
-        return Err(BridgeError::Protocol(format!("{} vector bytes is not a whole number of float32", bytes.len())));
+        return Err(EmbedderError::model_failure(format!(
+            "unexpected answer from the model: {} vector bytes is not a whole number of float32",
+            bytes.len()
+        )));
     }
-    Ok(bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect())
-}
-
-fn read_info(info: &Bound<'_, PyAny>) -> Result<ModelInfo, BridgeError> {
-    let info = info.cast::<PyDict>().map_err(|_| BridgeError::Protocol("model.info() is not a dict".into()))?;
-    let required = |key: &str| -> Result<Bound<'_, PyAny>, BridgeError> {
-        info.get_item(key)?.ok_or_else(|| BridgeError::Protocol(format!("model.info() lacks {key:?}")))
-    };
-    let mut model_info = ModelInfo {
-        name: required("name")?.extract()?,
-        dim: required("dim")?.extract()?,
-        max_input_tokens: required("max_length")?.extract()?,
-        preferred_batch_tokens: info.get_item("preferred_batch_tokens")?.and_then(|v| v.extract().ok()),
-        details: Default::default(),
-    };
-    for (key, value) in info.iter() {
-        let key: String = key.extract()?;
-        if !["name", "dim", "max_length"].contains(&key.as_str()) && !value.is_none() {
-            model_info.details.insert(key, value.str()?.to_string());
-        }
-    }
-    Ok(model_info)
+    Ok(bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect())
 }

@@ -1,23 +1,35 @@
-//! The bridge's one error type.
+//! The bridge's one error type, and how a Python exception becomes a typed
+//! [`EmbedderError`].
 
 use mlx_embed_core::EmbedderError;
+use mlx_embed_tokenizer::TokenizerError;
+use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
+use pyo3::panic::PanicException;
+use pyo3::prelude::*;
 
-/// What can go wrong between Rust and the Python model.
+/// What can go wrong between Rust and the Python model while loading it.
 #[derive(Debug, thiserror::Error)]
 pub enum BridgeError {
     /// `mlx_embed` could not be imported; the message says where Python looked.
     #[error("cannot import the Python package `mlx_embed`: {message} (sys.prefix = {prefix}; sys.path = {path}). Install the project into a virtualenv (`make serve` does) and set VIRTUAL_ENV or run the binary from that virtualenv")]
-    NotImportable { message: String, prefix: String, path: String },
-    /// Python raised while loading or running the model.
+    NotImportable {
+        message: String,
+        prefix: String,
+        path: String,
+    },
+    /// Python raised while loading the model.
     #[error("python: {0}")]
     Python(String),
     /// The model answered with something the bridge cannot use.
     #[error("unexpected answer from the model: {0}")]
     Protocol(String),
+    /// The model's tokenizer could not be built in Rust.
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
 }
 
-impl From<pyo3::PyErr> for BridgeError {
-    fn from(err: pyo3::PyErr) -> Self {
+impl From<PyErr> for BridgeError {
+    fn from(err: PyErr) -> Self {
         BridgeError::Python(err.to_string())
     }
 }
@@ -26,8 +38,30 @@ impl From<BridgeError> for EmbedderError {
     fn from(err: BridgeError) -> Self {
         match err {
             // The model's own message is what a client needs to see, unprefixed.
-            BridgeError::Python(message) => EmbedderError::new(message),
-            other => EmbedderError::new(other.to_string()),
+            BridgeError::Python(message) => EmbedderError::model_failure(message),
+            other => EmbedderError::model_failure(other.to_string()),
         }
     }
+}
+
+/// A Python exception from the model as the kind the core acts on, by class:
+/// `mlx_embed.errors.InvalidInput` (a `ValueError`), `ValueError` and
+/// `TypeError` are the input's fault; a `BaseException` that is not an
+/// `Exception` (`SystemExit`, `KeyboardInterrupt`) or a Rust panic inside
+/// Python means the interpreter cannot be trusted again; anything else is a
+/// failure of this batch.
+pub(crate) fn classify(py: Python<'_>, err: &PyErr) -> EmbedderError {
+    let message = describe(py, err);
+    if err.is_instance_of::<PyValueError>(py) || err.is_instance_of::<PyTypeError>(py) {
+        EmbedderError::invalid_input(message)
+    } else if err.is_instance_of::<PanicException>(py) || !err.is_instance_of::<PyException>(py) {
+        EmbedderError::model_gone(message)
+    } else {
+        EmbedderError::model_failure(message)
+    }
+}
+
+/// `ExceptionClass: message`, as Python prints the last line of a traceback.
+pub(crate) fn describe(_py: Python<'_>, err: &PyErr) -> String {
+    err.to_string()
 }

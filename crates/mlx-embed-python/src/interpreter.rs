@@ -28,7 +28,11 @@ pub fn ensure_python() -> Result<(), BridgeError> {
             Err(err) => {
                 let path = sys.getattr("path")?.str()?.to_string();
                 tracing::error!(sys_prefix = %prefix, "mlx_embed is not importable");
-                Err(BridgeError::NotImportable { message: err.to_string(), prefix, path })
+                Err(BridgeError::NotImportable {
+                    message: err.to_string(),
+                    prefix,
+                    path,
+                })
             }
         }
     })
@@ -40,7 +44,9 @@ fn find_virtualenv() -> Option<PathBuf> {
     }
     let exe = std::env::current_exe().ok()?;
     exe.ancestors().skip(1).find_map(|dir| {
-        [dir.to_path_buf(), dir.join(".venv")].into_iter().find(|candidate| candidate.join("pyvenv.cfg").is_file())
+        [dir.to_path_buf(), dir.join(".venv")]
+            .into_iter()
+            .find(|candidate| candidate.join("pyvenv.cfg").is_file())
     })
 }
 
@@ -49,7 +55,12 @@ fn find_virtualenv() -> Option<PathBuf> {
 /// site-packages go away unless the venv asks for them, as in a venv's python.
 fn add_virtualenv(py: Python<'_>, venv: &Path) -> Result<(), BridgeError> {
     let include_system = std::fs::read_to_string(venv.join("pyvenv.cfg"))
-        .map(|cfg| cfg.lines().any(|l| l.replace(' ', "").eq_ignore_ascii_case("include-system-site-packages=true")))
+        .map(|cfg| {
+            cfg.lines().any(|l| {
+                l.replace(' ', "")
+                    .eq_ignore_ascii_case("include-system-site-packages=true")
+            })
+        })
         .unwrap_or(false);
     let locals = PyDict::new(py);
     locals.set_item("venv", venv.to_string_lossy().as_ref())?;
@@ -69,7 +80,11 @@ if os.path.isdir(site_packages) and site_packages not in sys.path:
         Some(&locals),
         None,
     )?;
-    let added: Vec<String> = locals.get_item("added")?.map(|a| a.extract()).transpose()?.unwrap_or_default();
+    let added: Vec<String> = locals
+        .get_item("added")?
+        .map(|a| a.extract())
+        .transpose()?
+        .unwrap_or_default();
     if added.is_empty() {
         tracing::warn!(venv = %venv.display(), "virtualenv added no packages");
     } else {

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use mlx_embed_core::{l2_normalize, Batcher, BatcherConfig, EmbedInput};
+use mlx_embed_core::{l2_normalize, Batcher, BatcherConfig, EmbedInput, EmbedOptions};
 use mlx_embed_python::{PythonEmbedder, PythonModelOptions};
 
 fn fixtures() -> PathBuf {
@@ -17,10 +17,19 @@ fn read_npy_f32(path: &PathBuf) -> (Vec<f32>, usize, usize) {
     assert_eq!(&bytes[..6], b"\x93NUMPY");
     let header_len = u16::from_le_bytes([bytes[8], bytes[9]]) as usize;
     let header = std::str::from_utf8(&bytes[10..10 + header_len]).unwrap();
-    assert!(header.contains("'<f4'") && header.contains("'fortran_order': False"), "{header}");
+    assert!(
+        header.contains("'<f4'") && header.contains("'fortran_order': False"),
+        "{header}"
+    );
     let shape = &header[header.find("'shape': (").unwrap() + 10..];
-    let dims: Vec<usize> = shape[..shape.find(')').unwrap()].split(',').filter_map(|d| d.trim().parse().ok()).collect();
-    let data = bytes[10 + header_len..].chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    let dims: Vec<usize> = shape[..shape.find(')').unwrap()]
+        .split(',')
+        .filter_map(|d| d.trim().parse().ok())
+        .collect();
+    let data = bytes[10 + header_len..]
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect();
     (data, dims[0], dims[1])
 }
 
@@ -33,7 +42,10 @@ fn cosine(a: &[f32], b: &[f32]) -> f32 {
 
 fn start() -> Batcher {
     let options = PythonModelOptions::default();
-    Batcher::start(BatcherConfig::default(), move || PythonEmbedder::load_for_batcher(&options)).expect("model loads")
+    Batcher::start(BatcherConfig::default(), move || {
+        PythonEmbedder::load_for_batcher(&options)
+    })
+    .expect("model loads")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -42,11 +54,20 @@ async fn golden_texts_match_reference_and_concurrent_callers_get_their_own() {
     assert_eq!(batcher.model_info().dim, 384);
     assert_eq!(batcher.model_info().max_input_tokens, 256);
 
-    let texts: Vec<String> = serde_json::from_str(&std::fs::read_to_string(fixtures().join("minilm_texts.json")).unwrap()).unwrap();
+    let texts: Vec<String> = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("minilm_texts.json")).unwrap(),
+    )
+    .unwrap();
     let (reference, rows, dim) = read_npy_f32(&fixtures().join("minilm_mean_normalized.npy"));
     assert_eq!((rows, dim), (texts.len(), 384));
 
-    let out = batcher.embed(texts.iter().cloned().map(EmbedInput::Text).collect()).await.expect("embed golden");
+    let out = batcher
+        .embed(
+            texts.iter().cloned().map(EmbedInput::Text).collect(),
+            EmbedOptions::default(),
+        )
+        .await
+        .expect("embed golden");
     let mut worst = 1.0f32;
     for (i, mut vector) in out.vectors.into_iter().enumerate() {
         l2_normalize(&mut vector);
@@ -55,23 +76,51 @@ async fn golden_texts_match_reference_and_concurrent_callers_get_their_own() {
     assert!(worst >= 0.99999, "min cosine to golden {worst}");
 
     // 200 concurrent callers with distinct texts, each compared with its single-call vector.
-    let callers: Vec<String> = (0..200).map(|i| format!("caller {i} asks about subject {} in detail", i * 31 % 97)).collect();
+    let callers: Vec<String> = (0..200)
+        .map(|i| format!("caller {i} asks about subject {} in detail", i * 31 % 97))
+        .collect();
     let batcher = Arc::new(batcher);
     let handles: Vec<_> = callers
         .iter()
         .cloned()
         .map(|text| {
             let batcher = batcher.clone();
-            tokio::spawn(async move { batcher.embed(vec![EmbedInput::Text(text)]).await })
+            tokio::spawn(async move {
+                batcher
+                    .embed(vec![EmbedInput::Text(text)], EmbedOptions::default())
+                    .await
+            })
         })
         .collect();
     let mut concurrent = Vec::new();
     for handle in handles {
-        concurrent.push(handle.await.unwrap().expect("concurrent embed").vectors.remove(0));
+        concurrent.push(
+            handle
+                .await
+                .unwrap()
+                .expect("concurrent embed")
+                .vectors
+                .remove(0),
+        );
     }
     for (text, vector) in callers.iter().zip(&concurrent) {
-        let single = batcher.embed(vec![EmbedInput::Text(text.clone())]).await.unwrap().vectors.remove(0);
-        let max_diff = single.iter().zip(vector).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-        assert!(max_diff <= 1e-5, "{text}: batched differs from single by {max_diff}");
+        let single = batcher
+            .embed(
+                vec![EmbedInput::Text(text.clone())],
+                EmbedOptions::default(),
+            )
+            .await
+            .unwrap()
+            .vectors
+            .remove(0);
+        let max_diff = single
+            .iter()
+            .zip(vector)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            max_diff <= 1e-5,
+            "{text}: batched differs from single by {max_diff}"
+        );
     }
 }

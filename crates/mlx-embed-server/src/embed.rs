@@ -1,7 +1,7 @@
 //! The one embed path every API adapter calls:
-//! validate -> `batcher.embed` -> truncation check -> `dimensions` -> normalize.
+//! validate -> `batcher.embed` (tokenize, admit, batch, compute) -> `dimensions` -> normalize.
 
-use mlx_embed_core::{l2_normalize, EmbedInput};
+use mlx_embed_core::{l2_normalize, EmbedInput, EmbedOptions};
 
 use crate::errors::{ApiError, ErrorKind};
 use crate::state::AppState;
@@ -10,21 +10,23 @@ use crate::state::AppState;
 #[derive(Debug, Clone, PartialEq)]
 pub struct EmbedRequest {
     pub inputs: Vec<EmbedInput>,
+    /// Priority, truncation (`truncate: false` refuses over-long inputs with
+    /// 422 before any compute), truncation side and prompt.
+    pub options: EmbedOptions,
     /// Scale each vector to unit length (after `dimensions`).
     pub normalize: bool,
-    /// `false`: refuse (422) inputs longer than the model's maximum instead of truncating them.
-    pub truncate: bool,
     /// Keep only the first N components (1..=dim); re-normalized when `normalize`.
     pub dimensions: Option<i64>,
 }
 
 impl EmbedRequest {
-    /// Defaults shared by the APIs: normalize, truncate, full dimension.
+    /// Defaults shared by the APIs: normalize, truncate on the right, the
+    /// model's default prompt, normal priority, full dimension.
     pub fn new(inputs: Vec<EmbedInput>) -> Self {
         Self {
             inputs,
+            options: EmbedOptions::default(),
             normalize: true,
-            truncate: true,
             dimensions: None,
         }
     }
@@ -37,7 +39,7 @@ pub struct EmbedOutput {
     pub vectors: Vec<Vec<f32>>,
     /// Length of each vector.
     pub dimension: usize,
-    /// Tokens the model ran over all inputs (after truncation).
+    /// Exact tokens the model ran over all inputs (after truncation, specials included).
     pub prompt_tokens: u64,
 }
 
@@ -47,7 +49,7 @@ pub async fn embed(state: &AppState, req: EmbedRequest) -> Result<EmbedOutput, A
     let dimension = validate(state, &req, dim)?;
 
     let n_inputs = req.inputs.len();
-    let out = state.batcher().embed(req.inputs).await?;
+    let out = state.batcher().embed(req.inputs, req.options).await?;
     if out.vectors.len() != n_inputs {
         // The core promises one vector per input; never answer with misaligned data.
         return Err(ApiError::new(
@@ -57,25 +59,6 @@ pub async fn embed(state: &AppState, req: EmbedRequest) -> Result<EmbedOutput, A
                 out.vectors.len()
             ),
         ));
-    }
-
-    if !req.truncate {
-        let max = state.model_info().max_input_tokens;
-        if let Some((i, n)) = out
-            .untruncated_token_counts
-            .iter()
-            .enumerate()
-            .find(|(_, &n)| n as usize > max)
-        {
-            return Err(ApiError::new(
-                ErrorKind::Unprocessable,
-                format!(
-                    "input {i} has {n} tokens, more than the model's maximum of {max}; \
-                     shorten it or set truncate to true"
-                ),
-            )
-            .code("context_length_exceeded"));
-        }
     }
 
     let mut vectors = out.vectors;
@@ -110,7 +93,7 @@ fn validate(state: &AppState, req: &EmbedRequest, dim: usize) -> Result<usize, A
         )
         .param("input"));
     }
-    let vocab = state.vocab_size();
+    // Token ids are checked against the vocabulary by the tokenizer, with the rest of the input.
     for (i, input) in req.inputs.iter().enumerate() {
         match input {
             EmbedInput::Text(t) if t.is_empty() => {
@@ -123,22 +106,7 @@ fn validate(state: &AppState, req: &EmbedRequest, dim: usize) -> Result<usize, A
                     ApiError::invalid(format!("input {i} is an empty token list")).param("input"),
                 );
             }
-            EmbedInput::Tokens(ids) => {
-                if let Some(vocab) = vocab {
-                    if let Some((j, id)) = ids
-                        .iter()
-                        .enumerate()
-                        .find(|(_, &id)| u64::from(id) >= vocab)
-                    {
-                        return Err(ApiError::invalid(format!(
-                            "input {i} has token id {id} at position {j}, outside the vocabulary \
-                             (ids must be below {vocab})"
-                        ))
-                        .param("input"));
-                    }
-                }
-            }
-            EmbedInput::Text(_) => {}
+            _ => {}
         }
     }
     match req.dimensions {

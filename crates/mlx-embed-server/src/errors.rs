@@ -5,12 +5,12 @@
 //!
 //! | status | when |
 //! | --- | --- |
-//! | 400 | malformed JSON; empty input list; an empty string or empty token list; a token id outside the vocabulary (names the input index); `dimensions` < 1 or > the model's dimension; input the model rejects as invalid |
+//! | 400 | malformed JSON; empty input list; an empty string or empty token list; a token id outside the vocabulary (names the input index); `dimensions` < 1 or > the model's dimension; an unknown `prompt_name`; input the model rejects as invalid (a `ValueError` in the Python model) |
 //! | 401 | `--api-key` is set and `Authorization: Bearer <key>` is missing or wrong (every route but `/health`) |
 //! | 404 / 405 | unknown route / wrong method |
 //! | 413 | body larger than `--max-body-bytes` (2 MiB); more inputs than `--max-inputs-per-request` (2048) |
 //! | 415 | `Content-Type` is not `application/json` |
-//! | 422 | well-formed JSON of the wrong shape (missing, null or wrong-typed field, non-string item, arrays nested too deep); an input longer than the model's maximum with `truncate: false` (names the index and its token count) |
+//! | 422 | well-formed JSON of the wrong shape (missing, null or wrong-typed field, non-string item, arrays nested too deep, `truncation_direction` not left/right); an input longer than the model's maximum with `truncate: false` (names the index and its token count; refused before any compute) |
 //! | 429 | the server is overloaded (admission queue full or waited too long); `Retry-After` says when to retry, in whole seconds (>= 1) |
 //! | 500 | the model failed on this request (the model's message) |
 //! | 503 | the model is unavailable, or the server is shutting down |
@@ -213,7 +213,24 @@ impl From<CoreError> for ApiError {
                 ErrorKind::Unavailable,
                 "server is shutting down; retry elsewhere",
             ),
-            CoreError::InvalidInput(msg) => Self::invalid(format!("invalid input: {msg}")),
+            // The core's message starts `input N:` when one input is at fault,
+            // otherwise it names the option (an unknown prompt name).
+            CoreError::InvalidInput(msg) => {
+                let param = if msg.starts_with("input ") {
+                    "input"
+                } else {
+                    "prompt_name"
+                };
+                Self::invalid(msg).param(param)
+            }
+            CoreError::InputTooLong { index, tokens, max } => Self::new(
+                ErrorKind::Unprocessable,
+                format!(
+                    "input {index} has {tokens} tokens, more than the model's maximum of {max}; \
+                     shorten it or set truncate to true"
+                ),
+            )
+            .code("context_length_exceeded"),
         }
     }
 }

@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 
 use axum::extract::{FromRequest, Request};
 use axum::Json;
-use mlx_embed_core::EmbedInput;
+use mlx_embed_core::{EmbedInput, Priority, TruncationDirection};
 use serde::de::{self, DeserializeOwned, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -185,6 +185,79 @@ impl<'de> Deserialize<'de> for OpenAiInput {
     }
 }
 
+/// `truncation_direction`: which end of an over-long input is kept.
+/// `left` or `right` in any case (TEI sends `Left`/`Right`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
+#[schema(rename_all = "lowercase")]
+pub enum TruncationSide {
+    /// Cut the start, keep the last tokens.
+    Left,
+    /// Cut the end, keep the first tokens (default).
+    Right,
+}
+
+impl From<TruncationSide> for TruncationDirection {
+    fn from(side: TruncationSide) -> Self {
+        match side {
+            TruncationSide::Left => TruncationDirection::Left,
+            TruncationSide::Right => TruncationDirection::Right,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for TruncationSide {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match lowercase_name(d, &["left", "right"])?.as_str() {
+            "left" => Ok(TruncationSide::Left),
+            _ => Ok(TruncationSide::Right),
+        }
+    }
+}
+
+/// `priority`: `high`, `normal` (default) or `low`, any case.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
+#[schema(rename_all = "lowercase")]
+pub enum PriorityName {
+    High,
+    Normal,
+    Low,
+}
+
+impl From<PriorityName> for Priority {
+    fn from(p: PriorityName) -> Self {
+        match p {
+            PriorityName::High => Priority::High,
+            PriorityName::Normal => Priority::Normal,
+            PriorityName::Low => Priority::Low,
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for PriorityName {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match lowercase_name(d, &["high", "normal", "low"])?.as_str() {
+            "high" => Ok(PriorityName::High),
+            "low" => Ok(PriorityName::Low),
+            _ => Ok(PriorityName::Normal),
+        }
+    }
+}
+
+/// A string that must be one of `names` ignoring case, lowercased.
+/// Not a derived enum: serde_json reports a derived unit enum given a
+/// non-string as a *syntax* error (400); a wrong value is a shape error (422).
+fn lowercase_name<'de, D: Deserializer<'de>>(
+    d: D,
+    names: &'static [&'static str],
+) -> Result<String, D::Error> {
+    let name = String::deserialize(d)?.to_lowercase();
+    if names.contains(&name.as_str()) {
+        Ok(name)
+    } else {
+        Err(de::Error::unknown_variant(&name, names))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,6 +291,25 @@ mod tests {
         ] {
             assert!(oa(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn option_names_ignore_case_and_refuse_others_as_data_errors() {
+        let side = |s: &str| serde_json::from_str::<TruncationSide>(s);
+        assert_eq!(side(r#""Left""#).unwrap(), TruncationSide::Left);
+        assert_eq!(side(r#""right""#).unwrap(), TruncationSide::Right);
+        assert_eq!(side(r#""RIGHT""#).unwrap(), TruncationSide::Right);
+        for bad in [r#""middle""#, "1", "null", "[]"] {
+            assert!(side(bad).unwrap_err().is_data(), "{bad}");
+        }
+        assert_eq!(
+            side(r#""Middle""#).unwrap_err().to_string(),
+            "unknown variant `middle`, expected `left` or `right`"
+        );
+        let prio = |s: &str| serde_json::from_str::<PriorityName>(s);
+        assert_eq!(prio(r#""HIGH""#).unwrap(), PriorityName::High);
+        assert_eq!(prio(r#""low""#).unwrap(), PriorityName::Low);
+        assert!(prio(r#""urgent""#).unwrap_err().is_data());
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use mlx_embed_core::{Batcher, CoreError, EmbedInput};
+use mlx_embed_core::{Batcher, CoreError, EmbedInput, EmbedOptions};
 use tokio::net::TcpListener;
 
 use crate::config::ServerArgs;
@@ -103,12 +103,12 @@ async fn warm_up_if_enabled(
 async fn warm_up(batcher: &Batcher) -> Result<Duration, CoreError> {
     let info = batcher.model_info();
     let n = 1;
-    // ~4 characters per "warmup " word pair keeps the core's chars/4 estimate near
-    // the real count while a real tokenizer still reaches the model's maximum.
-    let words = (info.max_input_tokens.max(1) * 4).div_ceil(7);
-    let text = "warmup ".repeat(words);
+    // At least one token per word: truncated to exactly the model's maximum.
+    let text = "warmup ".repeat(info.max_input_tokens.max(1));
     let start = Instant::now();
-    batcher.embed(vec![EmbedInput::Text(text); n]).await?;
+    batcher
+        .embed(vec![EmbedInput::Text(text); n], EmbedOptions::default())
+        .await?;
     Ok(start.elapsed())
 }
 
@@ -131,6 +131,7 @@ fn log_summary(state: &AppState, addr: Option<SocketAddr>) {
         batching = c.enable_batching,
         max_batch_size = c.max_batch_size,
         max_batch_tokens = c.max_batch_tokens,
+        device_batch_tokens = m.device_batch_tokens,
         batch_window_ms = c.batch_window.as_millis() as u64,
         max_concurrent_requests = c.max_concurrent_requests,
         max_waiting = c.max_waiting,

@@ -17,7 +17,6 @@ struct Inner {
     batcher: Batcher,
     args: ServerArgs,
     model_name: String,
-    vocab_size: Option<u64>,
     load_duration: Duration,
     started_unix: u64,
     shutting_down: AtomicBool,
@@ -32,15 +31,10 @@ impl AppState {
             .served_model_name
             .clone()
             .unwrap_or_else(|| info.name.clone());
-        let vocab_size = info
-            .details
-            .get("vocab_size")
-            .and_then(|v| v.trim().parse().ok());
         Self(Arc::new(Inner {
             batcher,
             args: args.clone(),
             model_name,
-            vocab_size,
             load_duration,
             started_unix: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -62,10 +56,6 @@ impl AppState {
     /// The name the APIs report: `--served-model-name` or the model's own.
     pub fn model_name(&self) -> &str {
         &self.0.model_name
-    }
-    /// `ModelInfo.details["vocab_size"]`, when the model reports it.
-    pub fn vocab_size(&self) -> Option<u64> {
-        self.0.vocab_size
     }
     pub fn load_duration(&self) -> Duration {
         self.0.load_duration

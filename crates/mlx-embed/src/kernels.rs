@@ -98,10 +98,16 @@ fn add_layer_norm_py(
     threads: usize,
 ) -> PyResult<()> {
     let out = writable_f32(x)?;
-    let inputs = [readable_f32(residual)?, readable_f32(weight)?, readable_f32(bias)?];
+    let inputs = [
+        readable_f32(residual)?,
+        readable_f32(weight)?,
+        readable_f32(bias)?,
+    ];
     let out_range = byte_range(&out);
     if inputs.iter().any(|b| overlaps(byte_range(b), out_range)) {
-        return Err(PyValueError::new_err("x must not share memory with the other arguments"));
+        return Err(PyValueError::new_err(
+            "x must not share memory with the other arguments",
+        ));
     }
     let [residual, weight, bias] = inputs.map(|b| (b.buf_ptr() as usize, b.item_count()));
     with_floats_detached(py, &out, |floats| {
@@ -111,7 +117,14 @@ fn add_layer_norm_py(
         let read = |(addr, len): (usize, usize)| unsafe {
             std::slice::from_raw_parts(addr as *const f32, len)
         };
-        add_layer_norm(floats, read(residual), read(weight), read(bias), eps, threads.max(1))
+        add_layer_norm(
+            floats,
+            read(residual),
+            read(weight),
+            read(bias),
+            eps,
+            threads.max(1),
+        )
     })
     .map_err(|e| PyValueError::new_err(e.to_string()))
 }

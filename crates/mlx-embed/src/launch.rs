@@ -64,7 +64,10 @@ impl ModelArgs {
         PythonModelOptions {
             model: self.model.clone(),
             dtype: self.dtype.clone(),
-            quantize: self.quantize.as_deref().map(|bits| bits.parse().expect("validated by clap")),
+            quantize: self
+                .quantize
+                .as_deref()
+                .map(|bits| bits.parse().expect("validated by clap")),
             instruction: self.instruction.clone(),
             engine: EngineOptions {
                 cache_limit_mb: self.cache_limit_mb,
@@ -99,21 +102,30 @@ pub fn run(argv: Vec<String>) -> i32 {
 fn serve(cli: ServeCli) -> Result<(), String> {
     let started = Instant::now();
     let options = cli.model.options();
-    let batcher = Batcher::start(cli.server.batcher_config(), move || PythonEmbedder::load_for_batcher(&options))
-        .map_err(|err| format!("could not load the model: {err}"))?;
+    let batcher = Batcher::start(cli.server.batcher_config(), move || {
+        PythonEmbedder::load_for_batcher(&options)
+    })
+    .map_err(|err| format!("could not load the model: {err}"))?;
     let load_duration = started.elapsed();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("mlx-embed-http")
         .build()
         .map_err(|err| format!("could not start the async runtime: {err}"))?;
-    runtime.block_on(mlx_embed_server::serve(cli.server, batcher, load_duration)).map_err(|err| err.to_string())
+    runtime
+        .block_on(mlx_embed_server::serve(cli.server, batcher, load_duration))
+        .map_err(|err| err.to_string())
 }
 
 fn init_logging(filter: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_new(filter).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let filter = tracing_subscriber::EnvFilter::try_new(filter)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // A second `serve` call in one Python process keeps the first subscriber.
     // Colours only on a terminal: log files and CI output stay plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_target(false).with_ansi(ansi).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_ansi(ansi)
+        .try_init();
 }

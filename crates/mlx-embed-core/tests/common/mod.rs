@@ -1,5 +1,7 @@
-//! A deterministic fake embedder for the batcher tests: the vector of a text
-//! is a hash of the text, and every batch the fake sees is recorded.
+//! A deterministic fake embedder for the batcher tests: its tokenizer turns
+//! a text into one id per byte between two markers (so the fake can read the
+//! text back from the ids), the vector of a text is a hash of the text, and
+//! every batch the fake sees is recorded.
 #![allow(dead_code)]
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -7,10 +9,19 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use mlx_embed_core::{
-    BatchOutput, Batcher, BatcherConfig, EmbedInput, Embedder, EmbedderError, ModelInfo,
+    BatchOutput, Batcher, BatcherConfig, EmbedInput, EmbedOptions, Embedder, EmbedderError,
+    Encoded, ModelInfo, Tokenize, TruncationDirection,
 };
 
 pub const DIM: usize = 8;
+/// The fake model's longest input, markers included.
+pub const MAX_TOKENS: usize = 2048;
+/// First id of a text input; a byte `b` of the text is id `b`.
+const TEXT_START: u32 = 1000;
+/// First id of a token-id input.
+const TOKENS_START: u32 = 1001;
+/// Last id of every input.
+const END: u32 = 1002;
 
 /// Upper bound for any single wait in a test: nothing should take this long.
 pub const LIMIT: Duration = Duration::from_secs(10);
@@ -20,6 +31,55 @@ pub fn text_of(input: &EmbedInput) -> String {
     match input {
         EmbedInput::Text(t) => t.clone(),
         EmbedInput::Tokens(ids) => format!("tokens:{ids:?}"),
+        EmbedInput::Pair { query, document } => format!("pair:{query}|{document}"),
+    }
+}
+
+/// The text an encoded input came from (what `text_of` gave for its input).
+pub fn text_of_ids(ids: &[u32]) -> String {
+    let body = &ids[1..ids.len() - 1];
+    if ids[0] == TOKENS_START {
+        format!("tokens:{body:?}")
+    } else {
+        String::from_utf8_lossy(&body.iter().map(|&b| b as u8).collect::<Vec<u8>>()).into_owned()
+    }
+}
+
+/// The fake's tokenizer: markers around one id per byte (or around the given
+/// ids), the content cut to `MAX_TOKENS` on the side the options ask for.
+pub struct FakeTokenizer;
+
+impl Tokenize for FakeTokenizer {
+    fn encode(&self, input: &EmbedInput, options: &EmbedOptions) -> Result<Encoded, EmbedderError> {
+        let (start, content): (u32, Vec<u32>) = match input {
+            EmbedInput::Text(t) => (TEXT_START, t.bytes().map(u32::from).collect()),
+            EmbedInput::Tokens(ids) => {
+                if let Some(bad) = ids.iter().find(|&&id| id >= TEXT_START) {
+                    return Err(EmbedderError::invalid_input(format!(
+                        "token id {bad} is outside the vocabulary"
+                    )));
+                }
+                (TOKENS_START, ids.clone())
+            }
+            EmbedInput::Pair { .. } => {
+                return Err(EmbedderError::invalid_input("the fake embeds no pairs"))
+            }
+        };
+        let untruncated_len = content.len() as u32 + 2;
+        let keep = content.len().min(MAX_TOKENS - 2);
+        let content = match options.truncation_direction {
+            TruncationDirection::Right => &content[..keep],
+            TruncationDirection::Left => &content[content.len() - keep..],
+        };
+        let mut ids = Vec::with_capacity(keep + 2);
+        ids.push(start);
+        ids.extend_from_slice(content);
+        ids.push(END);
+        Ok(Encoded {
+            ids,
+            type_ids: None,
+            untruncated_len,
+        })
     }
 }
 
@@ -38,9 +98,9 @@ pub fn vector_for(text: &str) -> Vec<f32> {
         .collect()
 }
 
-/// Token count the fake reports for a text (distinct from the batcher's estimate on purpose).
+/// Tokens the fake's tokenizer makes of a text (up to `MAX_TOKENS`).
 pub fn tokens_for(text: &str) -> u32 {
-    text.len() as u32 + 1
+    text.len() as u32 + 2
 }
 
 pub fn texts(inputs: &[&str]) -> Vec<EmbedInput> {
@@ -99,6 +159,10 @@ impl Record {
 pub const FAIL: &str = "FAIL";
 pub const PANIC: &str = "PANIC";
 pub const BAD_SHAPE: &str = "BADSHAPE";
+/// The fake calls these inputs invalid (as a model-side validation error would).
+pub const INVALID: &str = "INVALID";
+/// The fake reports itself gone for good.
+pub const GONE: &str = "GONE";
 
 pub struct Fake {
     pub record: Arc<Record>,
@@ -119,17 +183,22 @@ impl Embedder for Fake {
         ModelInfo {
             name: "fake".into(),
             dim: DIM,
-            max_input_tokens: 512,
+            max_input_tokens: MAX_TOKENS,
+            vocab_size: TEXT_START as usize,
             ..ModelInfo::default()
         }
     }
 
-    fn embed_batch(&mut self, inputs: &[EmbedInput]) -> Result<BatchOutput, EmbedderError> {
+    fn tokenizer(&self) -> Option<Arc<dyn Tokenize>> {
+        Some(Arc::new(FakeTokenizer))
+    }
+
+    fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError> {
         assert!(
             !inputs.is_empty(),
             "the batcher must never send an empty batch"
         );
-        let batch: Vec<String> = inputs.iter().map(text_of).collect();
+        let batch: Vec<String> = inputs.iter().map(|e| text_of_ids(&e.ids)).collect();
         self.record.batches.lock().unwrap().push(batch.clone());
         if let Some(gate) = &self.gate {
             gate.pass();
@@ -141,19 +210,24 @@ impl Embedder for Fake {
             panic!("fake model exploded");
         }
         if let Some(bad) = batch.iter().find(|t| t.contains(FAIL)) {
-            return Err(EmbedderError::new(format!("cannot embed {bad}")));
+            return Err(EmbedderError::model_failure(format!("cannot embed {bad}")));
+        }
+        if let Some(bad) = batch.iter().find(|t| t.contains(INVALID)) {
+            return Err(EmbedderError::invalid_input(format!(
+                "will not embed {bad}"
+            )));
+        }
+        if batch.iter().any(|t| t.contains(GONE)) {
+            return Err(EmbedderError::model_gone("fake model lost its interpreter"));
         }
         let mut vectors: Vec<f32> = batch.iter().flat_map(|t| vector_for(t)).collect();
         if batch.iter().any(|t| t.contains(BAD_SHAPE)) {
             vectors.pop();
         }
-        let token_counts: Vec<u32> = batch.iter().map(|t| tokens_for(t)).collect();
-        let padded = u64::from(*token_counts.iter().max().unwrap()) * batch.len() as u64;
+        let padded = inputs.iter().map(Encoded::len).max().unwrap() * inputs.len();
         Ok(BatchOutput {
             vectors,
-            untruncated_token_counts: token_counts.iter().map(|t| t + 1).collect(),
-            token_counts,
-            padded_tokens: padded,
+            padded_tokens: padded as u64,
             gil_wait: Duration::from_micros(10),
         })
     }
@@ -198,7 +272,7 @@ pub async fn occupy_model(
     text: &'static str,
 ) -> tokio::task::JoinHandle<Result<mlx_embed_core::Embeddings, mlx_embed_core::CoreError>> {
     let b = batcher.clone();
-    let task = tokio::spawn(async move { b.embed(texts(&[text])).await });
+    let task = tokio::spawn(async move { b.embed(texts(&[text]), EmbedOptions::default()).await });
     eventually(&format!("{text:?} running"), || record.batches().len() == 1).await;
     task
 }
@@ -209,6 +283,5 @@ pub fn assert_answer(texts: &[String], got: &mlx_embed_core::Embeddings) {
     for (i, t) in texts.iter().enumerate() {
         assert_eq!(got.vectors[i], vector_for(t), "vector {i} ({t})");
         assert_eq!(got.token_counts[i], tokens_for(t));
-        assert_eq!(got.untruncated_token_counts[i], tokens_for(t) + 1);
     }
 }

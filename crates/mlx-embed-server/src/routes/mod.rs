@@ -18,6 +18,9 @@ use axum::Router;
 use serde::Serialize;
 use utoipa::ToSchema;
 
+use mlx_embed_core::Prompt;
+
+use crate::errors::ApiError;
 use crate::middleware::{observe, require_api_key};
 use crate::state::AppState;
 
@@ -40,6 +43,22 @@ pub fn router(state: AppState) -> Router {
         .layer(from_fn_with_state(state.clone(), require_api_key))
         .layer(from_fn_with_state(state.clone(), observe))
         .with_state(state)
+}
+
+/// The prompt a request asked for: a named one of the model's, raw text, or
+/// (neither) the model's default.
+pub(crate) fn prompt_of(
+    prompt_name: Option<String>,
+    raw: Option<String>,
+) -> Result<Prompt, ApiError> {
+    match (prompt_name, raw) {
+        (Some(_), Some(_)) => {
+            Err(ApiError::invalid("give either prompt_name or prompt, not both").param("prompt"))
+        }
+        (Some(name), None) => Ok(Prompt::Named(name)),
+        (None, Some(text)) => Ok(Prompt::Raw(text)),
+        (None, None) => Ok(Prompt::Default),
+    }
 }
 
 /// Token usage of one request.

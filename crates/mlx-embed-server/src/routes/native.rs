@@ -2,14 +2,14 @@
 
 use axum::extract::State;
 use axum::Json;
-use mlx_embed_core::EmbedInput;
+use mlx_embed_core::{EmbedInput, EmbedOptions};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::Usage;
+use super::{prompt_of, Usage};
 use crate::embed::{embed as run_embed, EmbedRequest};
 use crate::errors::{Native, NativeErrorBody, Shaped};
-use crate::extract::ApiJson;
+use crate::extract::{ApiJson, PriorityName, TruncationSide};
 use crate::state::AppState;
 
 /// Native embed request.
@@ -22,6 +22,15 @@ pub struct NativeEmbedRequest {
     pub normalize: Option<bool>,
     /// Truncate inputs longer than the model's maximum (default true); false answers 422 instead.
     pub truncate: Option<bool>,
+    /// Which end of an over-long input to keep: `right` (default) keeps the start, `left` the end.
+    pub truncation_direction: Option<TruncationSide>,
+    /// One of the model's named prompts (`/info` lists them) prepended to every text;
+    /// default: the model's default prompt, if it has one.
+    pub prompt_name: Option<String>,
+    /// Text prepended to every text instead of a named prompt (`""`: none at all).
+    pub prompt: Option<String>,
+    /// `high`, `normal` (default) or `low`: higher lanes are served first.
+    pub priority: Option<PriorityName>,
     /// Keep the first N components (1..=dimension), re-normalized when `normalize`.
     #[schema(minimum = 1)]
     pub dimensions: Option<i64>,
@@ -55,12 +64,18 @@ pub async fn embed(
     State(state): State<AppState>,
     ApiJson(req, _): ApiJson<NativeEmbedRequest, Native>,
 ) -> Result<Json<NativeEmbedResponse>, Shaped<Native>> {
+    let options = EmbedOptions {
+        priority: req.priority.map(Into::into).unwrap_or_default(),
+        truncate: req.truncate.unwrap_or(true),
+        truncation_direction: req.truncation_direction.map(Into::into).unwrap_or_default(),
+        prompt: prompt_of(req.prompt_name, req.prompt)?,
+    };
     let out = run_embed(
         &state,
         EmbedRequest {
             inputs: req.texts.into_iter().map(EmbedInput::Text).collect(),
+            options,
             normalize: req.normalize.unwrap_or(true),
-            truncate: req.truncate.unwrap_or(true),
             dimensions: req.dimensions,
         },
     )

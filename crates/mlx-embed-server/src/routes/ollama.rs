@@ -4,6 +4,7 @@ use std::time::Instant;
 
 use axum::extract::State;
 use axum::Json;
+use mlx_embed_core::EmbedOptions;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -62,8 +63,11 @@ pub async fn embed(
         &state,
         EmbedRequest {
             inputs: req.input.into_inputs(),
+            options: EmbedOptions {
+                truncate: req.truncate.unwrap_or(true),
+                ..EmbedOptions::default()
+            },
             normalize: true,
-            truncate: req.truncate.unwrap_or(true),
             dimensions: req.dimensions,
         },
     )

@@ -3,6 +3,7 @@
 use axum::extract::State;
 use axum::Json;
 use base64::Engine as _;
+use mlx_embed_core::{EmbedOptions, Prompt};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -51,6 +52,9 @@ pub struct OpenAiEmbeddingRequest {
     pub dimensions: Option<i64>,
     /// Accepted and ignored.
     pub user: Option<String>,
+    /// One of the model's named prompts (`/info` lists them); default: the model's default
+    /// prompt. Not an OpenAI field: the official client sends it with `extra_body`.
+    pub prompt_name: Option<String>,
 }
 
 /// A float array, or base64 of little-endian f32 bytes.
@@ -107,8 +111,11 @@ pub async fn embeddings(
         &state,
         EmbedRequest {
             inputs: req.input.into_inputs(),
+            options: EmbedOptions {
+                prompt: req.prompt_name.map_or(Prompt::Default, Prompt::Named),
+                ..EmbedOptions::default()
+            },
             normalize: true,
-            truncate: true,
             dimensions: req.dimensions,
         },
     )

@@ -7,6 +7,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use mlx_embed_core::ModelKind;
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -64,11 +65,19 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
         .into_response()
 }
 
+/// The two batch budgets and the admission bounds. The core decides which
+/// inputs share one model call (`max_batch_size` inputs, `max_batch_tokens`
+/// padded tokens, exact); the model cuts each call into device passes of at
+/// most `device_batch_tokens` padded tokens.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct BatchingInfo {
     pub enabled: bool,
+    /// Inputs per model call.
     pub max_batch_size: usize,
+    /// Padded tokens (longest input x inputs) per model call, counted by the core.
     pub max_batch_tokens: usize,
+    /// Padded tokens per device pass inside one model call, the engine's own budget.
+    pub device_batch_tokens: Option<usize>,
     pub batch_window_ms: u64,
     pub max_concurrent_requests: usize,
     pub max_waiting: usize,
@@ -90,10 +99,18 @@ pub struct InfoResponse {
     /// The model's own name.
     pub model_id: String,
     pub dimension: usize,
-    /// Longest input in tokens; longer inputs are truncated (or refused with `truncate: false`).
+    /// `embedding`, `classifier` or `reranker`.
+    pub kind: String,
+    /// Longest input in tokens, special tokens included; longer inputs are
+    /// truncated (or refused with `truncate: false`).
     pub max_input_tokens: usize,
-    pub preferred_batch_tokens: Option<usize>,
-    /// Everything the model reports (dtype, BLAS library, pooling, ...).
+    /// Token ids (OpenAI token input) must be below this.
+    pub vocab_size: usize,
+    /// The model's named prompts (`prompt_name` picks one): name -> text prepended.
+    pub prompts: BTreeMap<String, String>,
+    /// The prompt used when a request names none.
+    pub default_prompt_name: Option<String>,
+    /// Everything else the model reports, for display (dtype, BLAS library, pooling, ...).
     pub details: BTreeMap<String, String>,
     pub batching: BatchingInfo,
     pub limits: LimitsInfo,
@@ -116,13 +133,22 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
         model: state.model_name().to_owned(),
         model_id: m.name.clone(),
         dimension: m.dim,
+        kind: match &m.kind {
+            ModelKind::Embedding => "embedding",
+            ModelKind::Classifier { .. } => "classifier",
+            ModelKind::Reranker => "reranker",
+        }
+        .into(),
         max_input_tokens: m.max_input_tokens,
-        preferred_batch_tokens: m.preferred_batch_tokens,
+        vocab_size: m.vocab_size,
+        prompts: m.prompts.clone(),
+        default_prompt_name: m.default_prompt_name.clone(),
         details: m.details.clone(),
         batching: BatchingInfo {
             enabled: c.enable_batching,
             max_batch_size: c.max_batch_size,
             max_batch_tokens: c.max_batch_tokens,
+            device_batch_tokens: m.device_batch_tokens,
             batch_window_ms: c.batch_window.as_millis() as u64,
             max_concurrent_requests: c.max_concurrent_requests,
             max_waiting: c.max_waiting,

@@ -2,12 +2,13 @@
 
 use axum::extract::State;
 use axum::Json;
+use mlx_embed_core::{EmbedOptions, Prompt};
 use serde::Deserialize;
 use utoipa::ToSchema;
 
 use crate::embed::{embed as run_embed, EmbedRequest};
 use crate::errors::{Shaped, Tei, TeiErrorBody};
-use crate::extract::{ApiJson, TextInputs};
+use crate::extract::{ApiJson, TextInputs, TruncationSide};
 use crate::state::AppState;
 
 /// TEI embed request.
@@ -19,6 +20,10 @@ pub struct TeiEmbedRequest {
     pub normalize: Option<bool>,
     /// Truncate inputs longer than the model's maximum (default true); false answers 422 instead.
     pub truncate: Option<bool>,
+    /// `Right` (default) keeps the start of an over-long input, `Left` its end (any case).
+    pub truncation_direction: Option<TruncationSide>,
+    /// One of the model's named prompts (`/info` lists them); default: the model's default prompt.
+    pub prompt_name: Option<String>,
     /// Keep the first N components (1..=dimension), re-normalized when `normalize`.
     #[schema(minimum = 1)]
     pub dimensions: Option<i64>,
@@ -44,8 +49,13 @@ pub async fn embed(
         &state,
         EmbedRequest {
             inputs: req.inputs.into_inputs(),
+            options: EmbedOptions {
+                truncate: req.truncate.unwrap_or(true),
+                truncation_direction: req.truncation_direction.map(Into::into).unwrap_or_default(),
+                prompt: req.prompt_name.map_or(Prompt::Default, Prompt::Named),
+                ..EmbedOptions::default()
+            },
             normalize: req.normalize.unwrap_or(true),
-            truncate: req.truncate.unwrap_or(true),
             dimensions: req.dimensions,
         },
     )

@@ -5,11 +5,12 @@ use std::collections::hash_map::DefaultHasher;
 use std::collections::BTreeMap;
 use std::hash::{Hash, Hasher};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use mlx_embed_core::{
-    l2_normalize, BatchOutput, Batcher, BatcherConfig, EmbedInput, Embedder, EmbedderError,
-    ModelInfo,
+    l2_normalize, BatchOutput, Batcher, BatcherConfig, EmbedInput, EmbedOptions, Embedder,
+    EmbedderError, Encoded, ModelInfo, Prompt, Tokenize, TruncationDirection,
 };
 use mlx_embed_server::{serve_on, ServerArgs, ServerError};
 use tokio::sync::oneshot;
@@ -18,31 +19,105 @@ use tokio::task::JoinHandle;
 pub const DIM: usize = 8;
 pub const MAX_TOKENS: usize = 64;
 pub const VOCAB: u32 = 1000;
+/// First id of a text input (its bytes follow, as ids `byte + 3`).
+const TEXT: u32 = 1;
+/// First id of a token-id input.
+const TOKENS: u32 = 2;
+/// Last id of every input.
+const END: u32 = 0;
 
-/// Vector = hash of the input; texts starting with "slow" take 600 ms; "boom"
-/// fails the batch; "panic" kills the model thread.
-pub struct Fake;
+/// The fake's named prompts, as `/info` shows them.
+pub fn prompts() -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("query".into(), "query: ".into()),
+        ("passage".into(), "passage: ".into()),
+    ])
+}
 
-pub fn untruncated_tokens(input: &EmbedInput) -> u32 {
-    match input {
-        EmbedInput::Text(t) => (t.len() / 4 + 2) as u32,
-        EmbedInput::Tokens(ids) => (ids.len() + 2) as u32,
+/// The fake's tokenizer: a marker, one id per byte of prompt + text (or the
+/// given ids), an end marker; the content cut to fit `MAX_TOKENS`.
+pub struct FakeTokenizer;
+
+impl Tokenize for FakeTokenizer {
+    fn encode(&self, input: &EmbedInput, options: &EmbedOptions) -> Result<Encoded, EmbedderError> {
+        let (start, content): (u32, Vec<u32>) = match input {
+            EmbedInput::Text(t) => {
+                let prompt = match &options.prompt {
+                    Prompt::Default => String::new(),
+                    Prompt::Raw(p) => p.clone(),
+                    Prompt::Named(name) => prompts().get(name).cloned().ok_or_else(|| {
+                        EmbedderError::invalid_input(format!("unknown prompt name {name:?}"))
+                    })?,
+                };
+                (
+                    TEXT,
+                    format!("{prompt}{t}")
+                        .bytes()
+                        .map(|b| u32::from(b) + 3)
+                        .collect(),
+                )
+            }
+            EmbedInput::Tokens(ids) => {
+                if let Some((j, id)) = ids.iter().enumerate().find(|(_, &id)| id >= VOCAB) {
+                    return Err(EmbedderError::invalid_input(format!(
+                        "token id {id} at position {j} is outside the vocabulary \
+                         (ids must be below {VOCAB})"
+                    )));
+                }
+                (TOKENS, ids.clone())
+            }
+            EmbedInput::Pair { .. } => {
+                return Err(EmbedderError::invalid_input("the fake embeds no pairs"))
+            }
+        };
+        let untruncated_len = content.len() as u32 + 2;
+        let keep = content.len().min(MAX_TOKENS - 2);
+        let content = match options.truncation_direction {
+            TruncationDirection::Right => &content[..keep],
+            TruncationDirection::Left => &content[content.len() - keep..],
+        };
+        let mut ids = vec![start];
+        ids.extend_from_slice(content);
+        ids.push(END);
+        Ok(Encoded {
+            ids,
+            type_ids: None,
+            untruncated_len,
+        })
     }
 }
 
-/// The fake's raw (unnormalized) vector.
-pub fn raw_vector(input: &EmbedInput) -> Vec<f32> {
+/// Vector = hash of the input's ids; texts starting with "slow" take 600 ms;
+/// "boom" fails the batch; "invalid" is refused as invalid input by the
+/// model; "panic" kills the model thread.
+pub struct Fake;
+
+/// The fake's ids for `input` with default options.
+pub fn encode(input: &EmbedInput) -> Encoded {
+    FakeTokenizer
+        .encode(input, &EmbedOptions::default())
+        .expect("the fake encodes it")
+}
+
+pub fn untruncated_tokens(input: &EmbedInput) -> u32 {
+    encode(input).untruncated_len
+}
+
+/// The fake's raw (unnormalized) vector for these ids.
+pub fn raw_vector_of_ids(ids: &[u32]) -> Vec<f32> {
     (0..DIM)
         .map(|i| {
             let mut h = DefaultHasher::new();
-            match input {
-                EmbedInput::Text(t) => (0u8, t).hash(&mut h),
-                EmbedInput::Tokens(ids) => (1u8, ids).hash(&mut h),
-            }
+            ids.hash(&mut h);
             i.hash(&mut h);
             (h.finish() % 20_001) as f32 / 1000.0 - 10.0
         })
         .collect()
+}
+
+/// The fake's raw (unnormalized) vector for `input` with default options.
+pub fn raw_vector(input: &EmbedInput) -> Vec<f32> {
+    raw_vector_of_ids(&encode(input).ids)
 }
 
 pub fn unit_vector(input: &EmbedInput) -> Vec<f32> {
@@ -55,47 +130,63 @@ pub fn text(s: &str) -> EmbedInput {
     EmbedInput::Text(s.to_owned())
 }
 
+/// The text a text input's ids spell (empty for token-id inputs).
+fn text_of_ids(ids: &[u32]) -> String {
+    if ids[0] != TEXT {
+        return String::new();
+    }
+    let bytes: Vec<u8> = ids[1..ids.len() - 1]
+        .iter()
+        .map(|&b| (b - 3) as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
 impl Embedder for Fake {
     fn info(&self) -> ModelInfo {
         ModelInfo {
             name: "fake-model".into(),
             dim: DIM,
             max_input_tokens: MAX_TOKENS,
-            preferred_batch_tokens: None,
+            vocab_size: VOCAB as usize,
+            device_batch_tokens: Some(256),
+            prompts: prompts(),
             details: BTreeMap::from([
                 ("dtype".into(), "float32".into()),
                 ("blas".into(), "none".into()),
-                ("vocab_size".into(), VOCAB.to_string()),
             ]),
+            ..ModelInfo::default()
         }
     }
 
-    fn embed_batch(&mut self, inputs: &[EmbedInput]) -> Result<BatchOutput, EmbedderError> {
-        let is = |p: &str| {
-            inputs
-                .iter()
-                .any(|i| matches!(i, EmbedInput::Text(t) if t.starts_with(p)))
-        };
+    fn tokenizer(&self) -> Option<Arc<dyn Tokenize>> {
+        Some(Arc::new(FakeTokenizer))
+    }
+
+    fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError> {
+        let texts: Vec<String> = inputs.iter().map(|e| text_of_ids(&e.ids)).collect();
+        let is = |p: &str| texts.iter().any(|t| t.starts_with(p));
         if is("panic") {
             panic!("fake model panicked");
         }
         if is("boom") {
-            return Err(EmbedderError::new("fake model exploded"));
+            return Err(EmbedderError::model_failure("fake model exploded"));
+        }
+        if is("invalid") {
+            return Err(EmbedderError::invalid_input(
+                "ValueError: the fake refuses this input",
+            ));
         }
         if is("slow") {
             std::thread::sleep(Duration::from_millis(600));
         }
-        let untruncated: Vec<u32> = inputs.iter().map(untruncated_tokens).collect();
-        let counts: Vec<u32> = untruncated
-            .iter()
-            .map(|&n| n.min(MAX_TOKENS as u32))
-            .collect();
-        let padded = u64::from(*counts.iter().max().unwrap_or(&0)) * inputs.len() as u64;
+        let padded = inputs.iter().map(Encoded::len).max().unwrap_or(0) * inputs.len();
         Ok(BatchOutput {
-            vectors: inputs.iter().flat_map(raw_vector).collect(),
-            token_counts: counts,
-            untruncated_token_counts: untruncated,
-            padded_tokens: padded,
+            vectors: inputs
+                .iter()
+                .flat_map(|e| raw_vector_of_ids(&e.ids))
+                .collect(),
+            padded_tokens: padded as u64,
             gil_wait: Duration::ZERO,
         })
     }

@@ -1,0 +1,129 @@
+//! Step 1 of every request: its inputs as exact token ids, before it is
+//! admitted or queued, so every budget after this counts real tokens and an
+//! over-long input with `truncate: false` is refused before any compute.
+
+use std::sync::Arc;
+
+use crate::{
+    CoreError, EmbedInput, EmbedOptions, EmbedderErrorKind, Encoded, ModelInfo, Prompt, Tokenize,
+    TruncationDirection,
+};
+
+/// Encodes `inputs` with the model's tokenizer (or as bare token ids when it
+/// has none), checking the options and every input's length.
+///
+/// Runs the tokenizer on tokio's blocking pool: tokenizing a long text takes
+/// long enough to stall the async workers, and there it overlaps the model
+/// running other requests' batches.
+pub(crate) async fn encode_all(
+    tokenizer: Option<Arc<dyn Tokenize>>,
+    info: &ModelInfo,
+    inputs: Vec<EmbedInput>,
+    options: &EmbedOptions,
+) -> Result<Vec<Encoded>, CoreError> {
+    check_prompt(info, &options.prompt)?;
+    let max = info.max_input_tokens;
+    let encoded = match tokenizer {
+        Some(tokenizer) => {
+            let options = options.clone();
+            tokio::task::spawn_blocking(move || encode_with(&*tokenizer, &inputs, &options))
+                .await
+                .map_err(|e| CoreError::Model(format!("tokenizer panicked: {e}")))??
+        }
+        None => inputs
+            .iter()
+            .enumerate()
+            .map(|(i, input)| ids_only(i, input, max, options.truncation_direction))
+            .collect::<Result<Vec<_>, _>>()?,
+    };
+    for (index, e) in encoded.iter().enumerate() {
+        if e.is_empty() {
+            return Err(CoreError::InvalidInput(format!(
+                "input {index} has no tokens"
+            )));
+        }
+        if !options.truncate && e.untruncated_len as usize > max {
+            return Err(CoreError::InputTooLong {
+                index,
+                tokens: e.untruncated_len as usize,
+                max,
+            });
+        }
+        debug_assert!(
+            max == 0 || e.len() <= max,
+            "the tokenizer returned {} tokens, over the model's {max}",
+            e.len()
+        );
+    }
+    Ok(encoded)
+}
+
+fn encode_with(
+    tokenizer: &dyn Tokenize,
+    inputs: &[EmbedInput],
+    options: &EmbedOptions,
+) -> Result<Vec<Encoded>, CoreError> {
+    inputs
+        .iter()
+        .enumerate()
+        .map(|(i, input)| {
+            tokenizer.encode(input, options).map_err(|e| match e.kind {
+                EmbedderErrorKind::InvalidInput => {
+                    CoreError::InvalidInput(format!("input {i}: {}", e.message))
+                }
+                EmbedderErrorKind::ModelFailure | EmbedderErrorKind::ModelGone => {
+                    CoreError::Model(format!("tokenizer failed on input {i}: {}", e.message))
+                }
+            })
+        })
+        .collect()
+}
+
+/// A named prompt must be one the model has; checked once per request rather
+/// than reported against its first input.
+fn check_prompt(info: &ModelInfo, prompt: &Prompt) -> Result<(), CoreError> {
+    let Prompt::Named(name) = prompt else {
+        return Ok(());
+    };
+    if info.prompts.contains_key(name) {
+        return Ok(());
+    }
+    let known: Vec<&str> = info.prompts.keys().map(String::as_str).collect();
+    Err(CoreError::InvalidInput(if known.is_empty() {
+        format!("unknown prompt name {name:?}: this model has no named prompts")
+    } else {
+        format!(
+            "unknown prompt name {name:?}: this model has {}",
+            known.join(", ")
+        )
+    }))
+}
+
+/// A model without a tokenizer runs token ids as given, cut to its maximum.
+fn ids_only(
+    index: usize,
+    input: &EmbedInput,
+    max: usize,
+    direction: TruncationDirection,
+) -> Result<Encoded, CoreError> {
+    let EmbedInput::Tokens(ids) = input else {
+        return Err(CoreError::InvalidInput(format!(
+            "input {index}: this model takes token ids only"
+        )));
+    };
+    let untruncated_len = u32::try_from(ids.len()).unwrap_or(u32::MAX);
+    let keep = if max == 0 {
+        ids.len()
+    } else {
+        ids.len().min(max)
+    };
+    let ids = match direction {
+        TruncationDirection::Right => ids[..keep].to_vec(),
+        TruncationDirection::Left => ids[ids.len() - keep..].to_vec(),
+    };
+    Ok(Encoded {
+        ids,
+        type_ids: None,
+        untruncated_len,
+    })
+}

@@ -1,0 +1,103 @@
+//! Reading the Python model's typed `spec()` (`mlx_embed.ModelSpec`) into
+//! the core's [`ModelInfo`] and the tokenizer's [`TokenizerSpec`].
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use mlx_embed_core::{ModelInfo, ModelKind};
+use mlx_embed_tokenizer::TokenizerSpec;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::BridgeError;
+
+/// What `model.spec()` says, split by who needs it.
+pub(crate) struct ModelSpec {
+    pub info: ModelInfo,
+    pub tokenizer: TokenizerSpec,
+}
+
+pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeError> {
+    let max_length: usize = field(spec, "max_length")?;
+    let kind = match field::<String>(spec, "kind")?.as_str() {
+        "embedding" => ModelKind::Embedding,
+        "reranker" => ModelKind::Reranker,
+        "classifier" => ModelKind::Classifier {
+            labels: optional(spec, "labels")?.unwrap_or_default(),
+        },
+        other => {
+            return Err(BridgeError::Protocol(format!(
+                "model.spec().kind is {other:?}; expected embedding, classifier or reranker"
+            )))
+        }
+    };
+    let tok = spec.getattr("tokenizer")?;
+    let prompts: BTreeMap<String, String> = optional(&tok, "prompts")?.unwrap_or_default();
+    let default_prompt_name: Option<String> = optional(&tok, "default_prompt_name")?;
+    let tokenizer = TokenizerSpec {
+        path: PathBuf::from(field::<String>(&tok, "path")?),
+        max_length,
+        prefix_ids: field(&tok, "prefix_ids")?,
+        suffix_ids: field(&tok, "suffix_ids")?,
+        prompts: prompts.clone(),
+        default_prompt_name: default_prompt_name.clone(),
+        instruction: optional(&tok, "instruction")?,
+    };
+    let mut details = BTreeMap::new();
+    if let Some(d) = optional::<Bound<'_, PyAny>>(spec, "details")? {
+        let d = d
+            .cast::<PyDict>()
+            .map_err(|_| BridgeError::Protocol("model.spec().details is not a dict".into()))?;
+        for (key, value) in d.iter() {
+            if !value.is_none() {
+                details.insert(key.str()?.to_string(), value.str()?.to_string());
+            }
+        }
+    }
+    for key in ["pooling", "device"] {
+        if let Some(value) = optional::<String>(spec, key)? {
+            details.insert(key.to_string(), value);
+        }
+    }
+    let info = ModelInfo {
+        name: field(spec, "name")?,
+        kind,
+        dim: field(spec, "dim")?,
+        max_input_tokens: max_length,
+        vocab_size: field(spec, "vocab_size")?,
+        device_batch_tokens: optional(spec, "batch_tokens")?,
+        prompts,
+        default_prompt_name,
+        details,
+    };
+    Ok(ModelSpec { info, tokenizer })
+}
+
+fn field<'py, T: FromPyObjectOwned<'py>>(
+    obj: &Bound<'py, PyAny>,
+    name: &str,
+) -> Result<T, BridgeError> {
+    let value = obj
+        .getattr(name)
+        .map_err(|e| BridgeError::Protocol(format!("model.spec() lacks {name:?}: {e}")))?;
+    value.extract::<T>().map_err(|e| wrong_type(name, e.into()))
+}
+
+/// A field that may be missing or `None`.
+fn optional<'py, T: FromPyObjectOwned<'py>>(
+    obj: &Bound<'py, PyAny>,
+    name: &str,
+) -> Result<Option<T>, BridgeError> {
+    match obj.getattr(name) {
+        Ok(value) if value.is_none() => Ok(None),
+        Ok(value) => value
+            .extract::<T>()
+            .map(Some)
+            .map_err(|e| wrong_type(name, e.into())),
+        Err(_) => Ok(None),
+    }
+}
+
+fn wrong_type(name: &str, err: PyErr) -> BridgeError {
+    BridgeError::Protocol(format!("model.spec().{name} has the wrong type: {err}"))
+}

@@ -1,0 +1,219 @@
+//! [`HfTokenizer`]: the spec's rules over a Hugging Face `tokenizers::Tokenizer`.
+
+use std::path::Path;
+
+use mlx_embed_core::{
+    EmbedInput, EmbedOptions, EmbedderError, Encoded, Prompt, Tokenize, TruncationDirection,
+};
+use tokenizers::Tokenizer;
+
+use crate::{TokenizerError, TokenizerSpec};
+
+/// A model's tokenizer with its prompts, specials and length limit.
+pub struct HfTokenizer {
+    tokenizer: Tokenizer,
+    spec: TokenizerSpec,
+    vocab_size: usize,
+    /// Content tokens that fit between the prefix and the suffix.
+    max_content: usize,
+}
+
+impl std::fmt::Debug for HfTokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HfTokenizer")
+            .field("spec", &self.spec)
+            .field("vocab_size", &self.vocab_size)
+            .finish()
+    }
+}
+
+impl HfTokenizer {
+    /// Loads `spec.path` and checks the spec against it.
+    pub fn from_spec(spec: TokenizerSpec) -> Result<Self, TokenizerError> {
+        let tokenizer = load(&spec.path)?;
+        Self::with_tokenizer(tokenizer, spec)
+    }
+
+    /// A spec for `path` as the Python engine derives one when a model file
+    /// gives none: the prefix and suffix are whatever the tokenizer's own
+    /// post-processor puts around a probe text, no prompts.
+    pub fn probe_spec(path: &Path, max_length: usize) -> Result<TokenizerSpec, TokenizerError> {
+        let tokenizer = load(path)?;
+        let probe = "hello world";
+        let encode = |specials| {
+            tokenizer
+                .encode_fast(probe, specials)
+                .map(|e| e.get_ids().to_vec())
+                .map_err(|e| TokenizerError::Spec(format!("cannot encode a probe text: {e}")))
+        };
+        let content = encode(false)?;
+        let full = encode(true)?;
+        let (prefix_ids, suffix_ids) = match find(&full, &content) {
+            Some(i) if !content.is_empty() => {
+                (full[..i].to_vec(), full[i + content.len()..].to_vec())
+            }
+            // A post-processor we cannot split: treat it as adding nothing.
+            _ => (Vec::new(), Vec::new()),
+        };
+        Ok(TokenizerSpec {
+            path: path.to_path_buf(),
+            max_length,
+            prefix_ids,
+            suffix_ids,
+            ..TokenizerSpec::default()
+        })
+    }
+
+    fn with_tokenizer(tokenizer: Tokenizer, spec: TokenizerSpec) -> Result<Self, TokenizerError> {
+        let vocab_size = tokenizer.get_vocab_size(true);
+        let specials = spec.prefix_ids.len() + spec.suffix_ids.len();
+        if specials >= spec.max_length {
+            return Err(TokenizerError::Spec(format!(
+                "max_length {} leaves no room for content ({specials} special tokens)",
+                spec.max_length
+            )));
+        }
+        if let Some(id) = spec
+            .prefix_ids
+            .iter()
+            .chain(&spec.suffix_ids)
+            .find(|&&id| id as usize >= vocab_size)
+        {
+            return Err(TokenizerError::Spec(format!(
+                "special token id {id} is outside the vocabulary of {vocab_size}"
+            )));
+        }
+        if let Some(name) = &spec.default_prompt_name {
+            if !spec.prompts.contains_key(name) {
+                return Err(TokenizerError::Spec(format!(
+                    "default prompt {name:?} is not one of the prompts"
+                )));
+            }
+        }
+        Ok(Self {
+            max_content: spec.max_length - specials,
+            tokenizer,
+            spec,
+            vocab_size,
+        })
+    }
+
+    /// Ids are below this (added tokens included).
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// The spec this tokenizer follows.
+    pub fn spec(&self) -> &TokenizerSpec {
+        &self.spec
+    }
+
+    /// The text prepended to a text input under `prompt`.
+    fn prompt_text<'a>(&'a self, prompt: &'a Prompt) -> Result<&'a str, EmbedderError> {
+        match prompt {
+            Prompt::Raw(text) => Ok(text),
+            Prompt::Named(name) => {
+                self.spec
+                    .prompts
+                    .get(name)
+                    .map(String::as_str)
+                    .ok_or_else(|| {
+                        EmbedderError::invalid_input(format!("unknown prompt name {name:?}"))
+                    })
+            }
+            Prompt::Default => Ok(
+                match (&self.spec.instruction, &self.spec.default_prompt_name) {
+                    (Some(instruction), _) => instruction,
+                    (None, Some(name)) => &self.spec.prompts[name],
+                    (None, None) => "",
+                },
+            ),
+        }
+    }
+
+    fn encode_text(&self, text: &str, prompt: &str) -> Result<Vec<u32>, EmbedderError> {
+        let encoding = if prompt.is_empty() {
+            self.tokenizer.encode_fast(text, false)
+        } else {
+            self.tokenizer.encode_fast(format!("{prompt}{text}"), false)
+        };
+        encoding
+            .map(|e| e.get_ids().to_vec())
+            .map_err(|e| EmbedderError::invalid_input(format!("cannot tokenize: {e}")))
+    }
+
+    fn check_ids(&self, ids: &[u32]) -> Result<(), EmbedderError> {
+        match ids
+            .iter()
+            .enumerate()
+            .find(|(_, &id)| id as usize >= self.vocab_size)
+        {
+            Some((position, id)) => Err(EmbedderError::invalid_input(format!(
+                "token id {id} at position {position} is outside the vocabulary \
+                 (ids must be below {})",
+                self.vocab_size
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Cuts `content` to fit and wraps it in the specials.
+    fn finish(&self, content: &[u32], direction: TruncationDirection) -> Encoded {
+        let specials = self.spec.prefix_ids.len() + self.spec.suffix_ids.len();
+        let untruncated_len = u32::try_from(content.len() + specials).unwrap_or(u32::MAX);
+        let keep = content.len().min(self.max_content);
+        let content = match direction {
+            TruncationDirection::Right => &content[..keep],
+            TruncationDirection::Left => &content[content.len() - keep..],
+        };
+        let mut ids = Vec::with_capacity(keep + specials);
+        ids.extend_from_slice(&self.spec.prefix_ids);
+        ids.extend_from_slice(content);
+        ids.extend_from_slice(&self.spec.suffix_ids);
+        Encoded {
+            ids,
+            type_ids: None,
+            untruncated_len,
+        }
+    }
+}
+
+impl Tokenize for HfTokenizer {
+    fn encode(&self, input: &EmbedInput, options: &EmbedOptions) -> Result<Encoded, EmbedderError> {
+        let direction = options.truncation_direction;
+        match input {
+            EmbedInput::Text(text) => {
+                let content = self.encode_text(text, self.prompt_text(&options.prompt)?)?;
+                Ok(self.finish(&content, direction))
+            }
+            EmbedInput::Tokens(ids) => {
+                self.check_ids(ids)?;
+                Ok(self.finish(ids, direction))
+            }
+            EmbedInput::Pair { .. } => Err(EmbedderError::invalid_input(
+                "this model embeds single texts, not query/document pairs",
+            )),
+        }
+    }
+}
+
+/// The model's tokenizer with whatever truncation and padding its file
+/// carries turned off (MiniLM's has truncation at 128 and fixed padding to
+/// 128): both are decided by the spec instead.
+fn load(path: &Path) -> Result<Tokenizer, TokenizerError> {
+    let error = |message: String| TokenizerError::Load {
+        path: path.display().to_string(),
+        message,
+    };
+    let mut tokenizer = Tokenizer::from_file(path).map_err(|e| error(e.to_string()))?;
+    tokenizer
+        .with_truncation(None)
+        .map_err(|e| error(e.to_string()))?;
+    tokenizer.with_padding(None);
+    Ok(tokenizer)
+}
+
+fn find(hay: &[u32], needle: &[u32]) -> Option<usize> {
+    hay.windows(needle.len().max(1))
+        .position(|window| window == needle)
+}

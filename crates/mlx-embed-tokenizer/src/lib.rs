@@ -1,0 +1,33 @@
+//! mlx-embed-tokenizer: a model's `tokenizer.json` run in Rust, behind
+//! [`mlx_embed_core::Tokenize`], so the server tokenizes on tokio's blocking
+//! pool before a request queues instead of inside the model's interpreter.
+//!
+//! The rules are the Python engine's (`mlx_embed.tokenization`), and a test
+//! holds both to identical ids:
+//!
+//! * the content is encoded **without** special tokens and without the
+//!   truncation or padding a `tokenizer.json` may carry;
+//! * text first gets its prompt prepended: [`Prompt::Default`] is the
+//!   model's instruction if one is set, else its default named prompt, else
+//!   nothing; [`Prompt::Named`] one of the model's prompts; [`Prompt::Raw`]
+//!   the given text;
+//! * the content is cut to `max_length - specials` tokens, keeping the start
+//!   ([`TruncationDirection::Right`]) or the end ([`TruncationDirection::Left`]);
+//! * then wrapped in the model's prefix and suffix ids (`[CLS]`/`[SEP]`, EOS).
+//!
+//! Token-id input skips the prompt, is checked against the vocabulary, and is
+//! truncated and wrapped the same way.
+//!
+//! [`Prompt::Default`]: mlx_embed_core::Prompt::Default
+//! [`Prompt::Named`]: mlx_embed_core::Prompt::Named
+//! [`Prompt::Raw`]: mlx_embed_core::Prompt::Raw
+//! [`TruncationDirection::Right`]: mlx_embed_core::TruncationDirection::Right
+//! [`TruncationDirection::Left`]: mlx_embed_core::TruncationDirection::Left
+
+mod encoder;
+mod error;
+mod spec;
+
+pub use encoder::HfTokenizer;
+pub use error::TokenizerError;
+pub use spec::TokenizerSpec;

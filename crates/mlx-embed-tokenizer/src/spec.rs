@@ -1,0 +1,25 @@
+//! What a model says about its tokenization (the Python `TokenizerSpec`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// Everything needed to tokenize exactly as the model's Python side does.
+/// The bridge fills it from the Python model's `spec().tokenizer`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TokenizerSpec {
+    /// The model's `tokenizer.json`.
+    pub path: PathBuf,
+    /// Longest input in tokens, special tokens included.
+    pub max_length: usize,
+    /// Special ids before the content (BERT: `[CLS]`).
+    pub prefix_ids: Vec<u32>,
+    /// Special ids after the content (BERT: `[SEP]`; Qwen3: EOS).
+    pub suffix_ids: Vec<u32>,
+    /// Named prompts: name -> text prepended to the input text.
+    pub prompts: BTreeMap<String, String>,
+    /// The prompt used when a request names none.
+    pub default_prompt_name: Option<String>,
+    /// The model's instruction prefix, already in the model's template
+    /// (Qwen3: `"Instruct: ...\nQuery: "`); when set it is the default prompt.
+    pub instruction: Option<String>,
+}

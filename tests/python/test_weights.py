@@ -1,6 +1,7 @@
 """Checkpoint formats: sharded, prefixed names, quantized."""
 
 import json
+import os
 import shutil
 
 import mlx.core as mx

@@ -43,7 +43,7 @@ pub use batcher::{Batcher, Embeddings};
 pub use config::BatcherConfig;
 pub use embedder::{
     l2_normalize, BatchOutput, EmbedInput, EmbedOptions, Embedder, EmbedderError,
-    EmbedderErrorKind, Encoded, ModelInfo, ModelKind, Priority, Prompt, Tokenize,
+    EmbedderErrorKind, Encoded, ModelInfo, ModelKind, Priority, Prompt, TokenSpan, Tokenize,
     TruncationDirection,
 };
 pub use error::{CoreError, OverloadReason};

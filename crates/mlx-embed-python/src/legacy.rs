@@ -42,6 +42,7 @@ pub(crate) fn read_spec(model: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErr
         prompts: BTreeMap::new(),
         default_prompt_name: None,
         instruction: (!instruction.is_empty()).then_some(instruction),
+        pair: None,
     };
     let mut details = BTreeMap::new();
     for (key, value) in info.iter() {

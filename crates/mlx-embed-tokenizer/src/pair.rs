@@ -87,8 +87,9 @@ pub fn truncate_pair_lengths(n1: usize, n2: usize, budget: usize) -> (usize, usi
         return (n1, n2);
     }
     let swap = n1 > n2;
-    let (mut short, mut long) = if swap { (n2, n1) } else { (n1, n2) };
-    long = if short > budget {
+    // Only the shorter length matters from here: the longer side is cut to fit it.
+    let mut short = n1.min(n2);
+    let mut long = if short > budget {
         short
     } else {
         short.max(budget - short)

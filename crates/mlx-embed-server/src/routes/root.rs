@@ -17,7 +17,6 @@ use axum::Json;
 use mlx_embed_core::{EmbedOptions, ModelKind};
 use serde::Deserialize;
 use serde_json::Value;
-use utoipa::ToSchema;
 
 use super::predict::{parse_inputs, predictions, Prediction};
 use super::similarity::{similarities, SimilarityRequest};

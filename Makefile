@@ -26,6 +26,7 @@ test: setup build
 lint: setup
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy -p mlx-embed --all-targets --features test-hooks -- -D warnings
 	$(BIN)/ruff check
 
 setup: system-deps $(VENV)/.installed
@@ -52,10 +53,12 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/pip install -q --no-build-isolation -e '.[cpu,test]'
 	touch $@
 
-# Rebuilds the extension module (mlx-embed serve) and the Rust server binary after Rust changes.
+# Rebuilds the extension module (mlx-embed serve) and the Rust server binary after Rust
+# changes, and the end-to-end tests' server with fault injection (never installed or shipped).
 build: setup
 	$(BIN)/pip install -q --no-build-isolation --no-deps -e .
-	cargo build --release -p mlx-embed --bins
+	cargo build --release -p mlx-embed --bin mlx-embed-server
+	cargo build --release -p mlx-embed --features test-hooks --bin mlx-embed-server-test
 
 # The engine side by side with sentence-transformers on torch CPU. The peer
 # gets its own venv: torch from PyPI is a multi-GB CUDA build (it runs on the

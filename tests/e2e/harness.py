@@ -21,6 +21,9 @@ import requests
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 SERVER_BINARY = ROOT / "target" / "release" / "mlx-embed-server"
+# The same server with the test hooks (MLX_EMBED_TEST_FAULT / MLX_EMBED_TEST_KILL);
+# built by `make build` with the launcher's `test-hooks` feature, never shipped.
+TEST_SERVER_BINARY = ROOT / "target" / "release" / "mlx-embed-server-test"
 STARTUP_TIMEOUT_S = 180
 
 
@@ -69,9 +72,9 @@ def start_server(tmp_path: Path, *args: str, env: dict | None = None, command: l
 
     host=None leaves out --host (and MLX_EMBED_HOST), to test the default listen address."""
     if command is None:
-        if not SERVER_BINARY.exists():
-            pytest.fail(f"{SERVER_BINARY} is missing: run `make build` (make test does)")
         command = [str(SERVER_BINARY)]
+    if not Path(command[0]).exists() and command[0] in (str(SERVER_BINARY), str(TEST_SERVER_BINARY)):
+        pytest.fail(f"{command[0]} is missing: run `make build` (make test does)")
     port = free_port()
     log_path = tmp_path / f"server-{port}.log"
     full_env = {**os.environ, "VIRTUAL_ENV": sys.prefix, "MLX_EMBED_LOG": "info", **(env or {})}

@@ -140,10 +140,10 @@ def cases():
     add("encoding-format-null-ok-but-number", "openai", dumps({"input": "hi", "encoding_format": 1}), 422,
         f"{SHAPE}encoding_format: invalid type: integer `1`, expected a string", pos=True)
     add("token-id-at-vocab-size", "openai", dumps({"input": [101, 30522]}), 400,
-        "input 0 has token id 30522 at position 1, outside the vocabulary (ids must be below 30522)",
+        "input 0: token id 30522 at position 1 is outside the vocabulary (ids must be below 30522)",
         param="input")
     add("token-id-far-out", "openai", dumps({"input": [[7592], [7592, 99999999]]}), 400,
-        "input 1 has token id 99999999 at position 1, outside the vocabulary (ids must be below 30522)",
+        "input 1: token id 99999999 at position 1 is outside the vocabulary (ids must be below 30522)",
         param="input")
     add("token-id-over-u32", "openai", dumps({"input": [1, 4294967296]}), 422,
         f"{SHAPE}input[1]: token id 4294967296 is out of range", pos=True)

@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 import rawhttp
-from harness import start_server
+from harness import SERVER_BINARY, TEST_SERVER_BINARY, start_server
 from test_overload import HOST, metrics, port_of, wait_until_model_runs
 
 LONG = [" ".join(f"occupy{i}w{j}" for j in range(120)) for i in range(8)]  # ~256 tokens each
@@ -27,7 +27,8 @@ async def occupy_model(server, port: int) -> asyncio.Task:
 
 def test_model_fault_fails_only_its_own_request(tmp_path):
     marker = "@@boom@@"
-    server = start_server(tmp_path, "--no-warmup", env={"MLX_EMBED_TEST_FAULT": marker})
+    server = start_server(tmp_path, "--no-warmup", env={"MLX_EMBED_TEST_FAULT": marker},
+                          command=[str(TEST_SERVER_BINARY)])
     port = port_of(server)
     good = [[f"healthy neighbour {i} talks about rivers and {i}"] for i in range(6)]
     good.append(["two texts in one request", "the second one of them"])
@@ -83,7 +84,7 @@ UNAVAILABLE = {
 def test_model_thread_death_is_503_and_nothing_hangs(tmp_path):
     marker = "@@die@@"
     server = start_server(tmp_path, "--no-warmup", "--drain-timeout-secs", "10",
-                          env={"MLX_EMBED_TEST_KILL": marker})
+                          env={"MLX_EMBED_TEST_KILL": marker}, command=[str(TEST_SERVER_BINARY)])
     port = port_of(server)
 
     async def scenario():
@@ -112,6 +113,18 @@ def test_model_thread_death_is_503_and_nothing_hangs(tmp_path):
     started = time.monotonic()
     assert server.stop(timeout=20) == 0, server.log()[-3000:]
     assert time.monotonic() - started < 10
+
+
+def test_release_binary_carries_no_test_hooks():
+    # The hooks live behind the launcher's `test-hooks` feature: the shipped
+    # server and the Python extension do not even contain their names.
+    native = sorted((SERVER_BINARY.parents[2] / "python" / "mlx_embed").glob("_native*.so"))
+    assert native, "the extension module is missing: run `make build`"
+    for binary in (SERVER_BINARY, *native):
+        data = binary.read_bytes()
+        for hook in (b"MLX_EMBED_TEST_FAULT", b"MLX_EMBED_TEST_KILL"):
+            assert hook not in data, f"{binary.name} contains {hook.decode()}"
+    assert b"MLX_EMBED_TEST_KILL" in TEST_SERVER_BINARY.read_bytes()
 
 
 def test_sigterm_under_load_drains_then_refuses_and_exits_0(tmp_path):

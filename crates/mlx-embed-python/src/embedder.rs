@@ -11,7 +11,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 
 use crate::interpreter::ensure_python;
 use crate::spec::{read_spec, ModelSpec};
-use crate::{error, legacy, BridgeError};
+use crate::{error, BridgeError};
 
 /// What to load; mirrors `mlx_embed.load(path, dtype=, quantize=, instruction=)`.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,11 +63,6 @@ pub struct PythonEmbedder {
     model: Py<PyAny>,
     info: ModelInfo,
     tokenizer: Arc<HfTokenizer>,
-    /// The engine predates `spec()`/`embed_ids` (see [`legacy`]).
-    legacy: bool,
-    /// Set once the interpreter or the model is found unusable: every later
-    /// batch is told the model is gone rather than tried again.
-    gone: Option<String>,
 }
 
 impl PythonEmbedder {
@@ -75,7 +70,7 @@ impl PythonEmbedder {
     /// thread, reads its spec and builds the Rust tokenizer from it.
     pub fn load(options: &PythonModelOptions) -> Result<Self, BridgeError> {
         ensure_python()?;
-        let (model, spec, legacy) = Python::attach(|py| -> Result<_, BridgeError> {
+        let (model, spec) = Python::attach(|py| -> Result<_, BridgeError> {
             let kwargs = PyDict::new(py);
             kwargs.set_item("dtype", &options.dtype)?;
             kwargs.set_item("quantize", options.quantize)?;
@@ -101,13 +96,8 @@ impl PythonEmbedder {
                 (options.model.as_deref(),),
                 Some(&kwargs),
             )?;
-            let legacy = legacy::is_legacy(&model)?;
-            let spec = if legacy {
-                legacy::read_spec(&model)?
-            } else {
-                read_spec(&model.call_method0("spec")?)?
-            };
-            Ok((model.unbind(), spec, legacy))
+            let spec = read_spec(&model.call_method0("spec")?)?;
+            Ok((model.unbind(), spec))
         })?;
         let ModelSpec { info, tokenizer } = spec;
         let tokenizer = HfTokenizer::from_spec(tokenizer)?;
@@ -131,8 +121,6 @@ impl PythonEmbedder {
             model,
             info,
             tokenizer: Arc::new(tokenizer),
-            legacy,
-            gone: None,
         })
     }
 
@@ -157,29 +145,18 @@ impl Embedder for PythonEmbedder {
     }
 
     fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError> {
-        if let Some(reason) = &self.gone {
-            return Err(EmbedderError::model_gone(reason.clone()));
-        }
         let before_attach = Instant::now();
-        let result = Python::attach(|py| -> Result<BatchOutput, EmbedderError> {
+        Python::attach(|py| -> Result<BatchOutput, EmbedderError> {
             let gil_wait = before_attach.elapsed();
             let (ids, type_ids) = id_lists(py, inputs).map_err(|err| error::classify(py, &err))?;
-            let model = self.model.bind(py);
-            if self.legacy {
-                let (vectors, padded_tokens) =
-                    legacy::embed(model, ids).map_err(|err| error::classify(py, &err))?;
-                return Ok(BatchOutput {
-                    vectors: le_f32s(vectors.as_bytes())?,
-                    padded_tokens,
-                    gil_wait,
-                });
-            }
-            let result = model
+            let result = self
+                .model
+                .bind(py)
                 .call_method1("embed_ids", (ids, type_ids))
                 .map_err(|err| error::classify(py, &err))?;
             let vectors = result
                 .getattr("vectors")
-                .map_err(|e| protocol(py, "EmbedResult.vectors", &e))?;
+                .map_err(|e| protocol("EmbedResult.vectors", &e))?;
             let vectors = vectors.cast::<PyBytes>().map_err(|_| {
                 EmbedderError::model_failure("EmbedResult.vectors is not bytes".to_string())
             })?;
@@ -187,19 +164,13 @@ impl Embedder for PythonEmbedder {
             let padded_tokens: u64 = result
                 .getattr("padded_tokens")
                 .and_then(|v| v.extract())
-                .map_err(|e| protocol(py, "EmbedResult.padded_tokens", &e))?;
+                .map_err(|e| protocol("EmbedResult.padded_tokens", &e))?;
             Ok(BatchOutput {
                 vectors,
                 padded_tokens,
                 gil_wait,
             })
-        });
-        if let Err(e) = &result {
-            if e.kind == mlx_embed_core::EmbedderErrorKind::ModelGone {
-                self.gone = Some(e.message.clone());
-            }
-        }
-        result
+        })
     }
 }
 
@@ -225,10 +196,9 @@ fn id_lists<'py>(
     Ok((ids, Some(type_ids)))
 }
 
-fn protocol(py: Python<'_>, what: &str, err: &PyErr) -> EmbedderError {
+fn protocol(what: &str, err: &PyErr) -> EmbedderError {
     EmbedderError::model_failure(format!(
-        "unexpected answer from the model: cannot read {what}: {}",
-        error::describe(py, err)
+        "unexpected answer from the model: cannot read {what}: {err}"
     ))
 }
 

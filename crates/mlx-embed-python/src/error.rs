@@ -51,7 +51,8 @@ impl From<BridgeError> for EmbedderError {
 /// Python means the interpreter cannot be trusted again; anything else is a
 /// failure of this batch.
 pub(crate) fn classify(py: Python<'_>, err: &PyErr) -> EmbedderError {
-    let message = describe(py, err);
+    // `ExceptionClass: message`, as the last line of a Python traceback.
+    let message = err.to_string();
     if err.is_instance_of::<PyValueError>(py) || err.is_instance_of::<PyTypeError>(py) {
         EmbedderError::invalid_input(message)
     } else if err.is_instance_of::<PanicException>(py) || !err.is_instance_of::<PyException>(py) {
@@ -61,7 +62,41 @@ pub(crate) fn classify(py: Python<'_>, err: &PyErr) -> EmbedderError {
     }
 }
 
-/// `ExceptionClass: message`, as Python prints the last line of a traceback.
-pub(crate) fn describe(_py: Python<'_>, err: &PyErr) -> String {
-    err.to_string()
+#[cfg(test)]
+mod tests {
+    use mlx_embed_core::EmbedderErrorKind;
+    use pyo3::types::PyDict;
+
+    use super::*;
+
+    /// The kind the bridge gives the exception `raise_it` raises.
+    fn kind_of(raise_it: &std::ffi::CStr) -> (EmbedderErrorKind, String) {
+        crate::interpreter::ensure_python().expect("python");
+        Python::attach(|py| {
+            let globals = PyDict::new(py);
+            let err = py
+                .run(raise_it, Some(&globals), None)
+                .expect_err("the snippet raises");
+            let e = classify(py, &err);
+            (e.kind, e.message)
+        })
+    }
+
+    #[test]
+    fn exceptions_map_to_kinds_by_class() {
+        use EmbedderErrorKind::*;
+        assert_eq!(
+            kind_of(c"from mlx_embed.errors import InvalidInput\nraise InvalidInput('token id 7 is bad')"),
+            (InvalidInput, "InvalidInput: token id 7 is bad".into())
+        );
+        assert_eq!(kind_of(c"raise ValueError('bad')").0, InvalidInput);
+        assert_eq!(kind_of(c"raise TypeError('bad')").0, InvalidInput);
+        assert_eq!(
+            kind_of(c"raise RuntimeError('out of memory')"),
+            (ModelFailure, "RuntimeError: out of memory".into())
+        );
+        assert_eq!(kind_of(c"raise MemoryError()").0, ModelFailure);
+        assert_eq!(kind_of(c"raise SystemExit(3)").0, ModelGone);
+        assert_eq!(kind_of(c"raise KeyboardInterrupt()").0, ModelGone);
+    }
 }

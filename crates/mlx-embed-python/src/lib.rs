@@ -21,7 +21,6 @@
 mod embedder;
 mod error;
 pub mod interpreter;
-mod legacy;
 mod spec;
 
 pub use embedder::{EngineOptions, PythonEmbedder, PythonModelOptions};

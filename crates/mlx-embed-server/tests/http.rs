@@ -441,6 +441,101 @@ async fn model_failures_map_to_500_and_503() {
 }
 
 #[tokio::test]
+async fn model_side_invalid_input_is_400_for_that_request_only() {
+    let s = Server::default().await;
+    for (path, shape) in ROUTES {
+        let msg = expect_error(&s, path, shape, &body(shape, json!(["invalid one"])), 400).await;
+        assert_eq!(msg, "ValueError: the fake refuses this input");
+    }
+    let (status, _, _) = post(&s, "/embed", &json!({ "inputs": "fine" })).await;
+    assert_eq!(status, 200);
+    s.stop().await.unwrap();
+}
+
+/// The fake's unit vector for `t` under `options`.
+fn unit_with(t: &str, options: &mlx_embed_core::EmbedOptions) -> Vec<f32> {
+    use mlx_embed_core::Tokenize;
+    let ids = FakeTokenizer.encode(&text(t), options).unwrap().ids;
+    let mut v = raw_vector_of_ids(&ids);
+    mlx_embed_core::l2_normalize(&mut v);
+    v
+}
+
+#[tokio::test]
+async fn prompts_and_truncation_side_reach_the_tokenizer() {
+    use mlx_embed_core::{EmbedOptions, Prompt, TruncationDirection};
+    let s = Server::default().await;
+    let named = |name: &str| EmbedOptions {
+        prompt: Prompt::Named(name.into()),
+        ..EmbedOptions::default()
+    };
+    // prompt_name on the native, TEI and OpenAI (top-level, as extra_body sends it) routes.
+    for (path, shape) in &ROUTES[..3] {
+        let mut b = body(*shape, json!(["rivers"]));
+        b["prompt_name"] = json!("query");
+        let (status, _, v) = post(&s, path, &b).await;
+        assert_eq!(status, 200, "{path}: {v}");
+        assert_close(
+            &vectors(*shape, &v)[0],
+            &unit_with("rivers", &named("query")),
+        );
+        assert_ne!(
+            unit_with("rivers", &named("query")),
+            unit_vector(&text("rivers"))
+        );
+
+        b["prompt_name"] = json!("nope");
+        let msg = expect_error(&s, path, *shape, &b, 400).await;
+        assert_eq!(
+            msg,
+            "unknown prompt name \"nope\": this model has passage, query"
+        );
+    }
+    // A raw prompt (native only), and not both at once.
+    let (status, _, v) = post(
+        &s,
+        "/api/v1/embed",
+        &json!({ "texts": ["rivers"], "prompt": "passage: " }),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_close(
+        &vectors(Shape::Native, &v)[0],
+        &unit_with("rivers", &named("passage")),
+    );
+    let both = json!({ "texts": ["rivers"], "prompt": "x", "prompt_name": "query" });
+    let msg = expect_error(&s, "/api/v1/embed", Shape::Native, &both, 400).await;
+    assert_eq!(msg, "give either prompt_name or prompt, not both");
+
+    // truncation_direction: TEI's capitalised names and lowercase, native too.
+    let long = format!("{}{}", "a".repeat(MAX_TOKENS), "b".repeat(MAX_TOKENS));
+    let left = EmbedOptions {
+        truncation_direction: TruncationDirection::Left,
+        ..EmbedOptions::default()
+    };
+    for (path, shape, side) in [
+        ("/embed", Shape::Tei, "Left"),
+        ("/api/v1/embed", Shape::Native, "left"),
+    ] {
+        let mut b = body(shape, json!([long]));
+        b["truncation_direction"] = json!(side);
+        let (status, _, v) = post(&s, path, &b).await;
+        assert_eq!(status, 200, "{path}: {v}");
+        assert_close(&vectors(shape, &v)[0], &unit_with(&long, &left));
+        b["truncation_direction"] = json!("Right");
+        let (_, _, v) = post(&s, path, &b).await;
+        assert_close(&vectors(shape, &v)[0], &unit_vector(&text(&long)));
+        b["truncation_direction"] = json!("middle");
+        let msg = expect_error(&s, path, shape, &b, 422).await;
+        assert!(
+            msg.contains("unknown variant `middle`, expected `left` or `right`"),
+            "{msg}"
+        );
+    }
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn overload_returns_429_with_retry_after() {
     let args = ServerArgs {
         max_concurrent_requests: 1,
@@ -551,6 +646,14 @@ async fn ops_routes() {
     assert_eq!(v["details"]["dtype"], "float32");
     assert_eq!(v["details"]["blas"], "none");
     assert_eq!(v["batching"]["max_batch_size"], 64);
+    // Both budgets: the core's per model call, the engine's per device pass.
+    assert_eq!(v["batching"]["max_batch_tokens"], 8192);
+    assert_eq!(v["batching"]["device_batch_tokens"], 256);
+    assert_eq!(v["kind"], "embedding");
+    assert_eq!(v["vocab_size"], VOCAB);
+    assert_eq!(v["prompts"]["query"], "query: ");
+    assert_eq!(v["default_prompt_name"], Value::Null);
+    assert!(v["details"].get("vocab_size").is_none(), "{v}");
     assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
 
     let r = c.get(s.url("/openapi.json")).send().await.unwrap();

@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use clap::Parser;
-use mlx_embed_core::Batcher;
+use mlx_embed_core::{Batcher, Embedder};
 use mlx_embed_python::{EngineOptions, PythonEmbedder, PythonModelOptions};
 use mlx_embed_server::ServerArgs;
 
@@ -110,6 +110,16 @@ impl ModelArgs {
 
 /// Runs the server to completion and returns the process exit code.
 pub fn run(argv: Vec<String>) -> i32 {
+    run_with(argv, |model| model)
+}
+
+/// [`run`] with the loaded model passed through `wrap` before the batcher
+/// gets it (the test-hooks build wraps it in its fault injector).
+pub(crate) fn run_with<E, W>(argv: Vec<String>, wrap: W) -> i32
+where
+    E: Embedder + 'static,
+    W: FnOnce(PythonEmbedder) -> E + Clone + Send + 'static,
+{
     let cli = match ServeCli::try_parse_from(argv) {
         Ok(cli) => cli,
         Err(err) => {
@@ -118,7 +128,7 @@ pub fn run(argv: Vec<String>) -> i32 {
         }
     };
     init_logging(&cli.log);
-    match serve(cli) {
+    match serve(cli, wrap) {
         Ok(()) => 0,
         Err(message) => {
             tracing::error!("{message}");
@@ -128,13 +138,18 @@ pub fn run(argv: Vec<String>) -> i32 {
     }
 }
 
-fn serve(cli: ServeCli) -> Result<(), String> {
+fn serve<E, W>(cli: ServeCli, wrap: W) -> Result<(), String>
+where
+    E: Embedder + 'static,
+    W: FnOnce(PythonEmbedder) -> E + Clone + Send + 'static,
+{
     let started = Instant::now();
     let mut batchers = Vec::new();
     for options in cli.model.all_options() {
         let what = options.model.clone().unwrap_or_else(|| "the default model".into());
+        let wrap = wrap.clone();
         let batcher = Batcher::start(cli.server.batcher_config(), move || {
-            PythonEmbedder::load_for_batcher(&options)
+            PythonEmbedder::load_for_batcher(&options).map(wrap)
         })
         .map_err(|err| format!("could not load {what}: {err}"))?;
         batchers.push(batcher);
@@ -161,4 +176,17 @@ fn init_logging(filter: &str) {
         .with_target(false)
         .with_ansi(ansi)
         .try_init();
+}
+
+/// Ends the process with `code` once stdout and stderr are flushed, without
+/// running C/C++ exit-time destructors: MLX and OpenBLAS tear down global
+/// state there while the detached model thread may still hold MLX objects,
+/// which aborted the process (heap corruption) after heavy load. Every
+/// accepted request has been answered by the time a binary calls this.
+pub fn exit_now(code: i32) -> ! {
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: _exit only ends the process; no Rust state is observed afterwards.
+    unsafe { libc::_exit(code) }
 }

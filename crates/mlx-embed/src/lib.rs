@@ -9,8 +9,10 @@
 
 mod kernels;
 mod launch;
+#[cfg(feature = "test-hooks")]
+pub mod test_hooks;
 
-pub use launch::{run, ServeCli};
+pub use launch::{exit_now, run, ServeCli};
 
 use pyo3::prelude::*;
 

@@ -1,0 +1,213 @@
+//! The Rust tokenizer the server uses and the Python engine's own tokenization
+//! (what `mlx_embed.load().embed(texts)` runs) give identical ids: on the
+//! golden texts, the bad-input edge cases, texts long enough to truncate, and
+//! token-id input, for the default model and every model fixture under
+//! tests/fixtures (new fixtures are picked up as they appear).
+
+use std::path::{Path, PathBuf};
+
+use mlx_embed_core::{EmbedInput, EmbedOptions, Prompt, Tokenize, TruncationDirection};
+use mlx_embed_python::{interpreter::ensure_python, PythonEmbedder, PythonModelOptions};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+fn fixtures() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+}
+
+/// Every fixture folder that holds a loadable model (config + tokenizer).
+fn model_fixtures() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(fixtures())
+        .expect("tests/fixtures")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.join("config.json").is_file() && p.join("tokenizer.json").is_file())
+        .collect();
+    dirs.sort();
+    dirs
+}
+
+/// Texts that exercise the tokenizer: the golden set, the edge cases of
+/// tests/e2e/test_bad_input.py, and awkward ones of our own.
+fn texts() -> Vec<String> {
+    let golden: Vec<String> = serde_json::from_str(
+        &std::fs::read_to_string(fixtures().join("golden/minilm_texts.json")).unwrap(),
+    )
+    .unwrap();
+    let edge = [
+        "a\u{0}b\u{7}\u{200b}\u{200d}\u{feff}c",
+        "zero\u{200b}width\u{2060}joiner",
+        "bell\u{7}\u{1b}escape",
+        "abc",
+        "zerowidthjoiner",
+        "ok",
+        "hi",
+        "hello",
+        " ",
+        "\n\t \r\n",
+        "ok \u{fffd}\u{fffd} bytes",
+        "e\u{301}t\u{e9} na\u{ef}ve caf\u{e9} \u{c5}ngstr\u{f6}m",
+        "日本語のテキストと漢字",
+        "مرحبا بالعالم",
+        "emoji 🙂👍🏽 and flags 🇫🇷",
+        "[CLS] [SEP] [MASK] [PAD] [UNK] <|endoftext|> <|im_start|>",
+        "https://example.com/path?q=1&r=2#frag user@example.com",
+        "   leading and trailing spaces   ",
+        "UPPER lower MiXeD 12345 3.14159 -42",
+    ];
+    let long_words = "word ".repeat(600);
+    let long_mixed = (0..400)
+        .map(|i| format!("token{i} ünïcödé {}", i * 7))
+        .collect::<Vec<_>>()
+        .join(" ");
+    golden
+        .into_iter()
+        .chain(edge.iter().map(|s| s.to_string()))
+        .chain([long_words, long_mixed])
+        .collect()
+}
+
+/// The option sets both sides are compared under, as Rust options and as
+/// the Python engine's `encode` keyword arguments.
+fn cases(named_prompt: Option<&str>) -> Vec<(EmbedOptions, String)> {
+    let mut out: Vec<(EmbedOptions, String)> = Vec::new();
+    for (direction, py_direction) in [
+        (TruncationDirection::Right, "right"),
+        (TruncationDirection::Left, "left"),
+    ] {
+        let base = EmbedOptions {
+            truncation_direction: direction,
+            ..EmbedOptions::default()
+        };
+        out.push((
+            base.clone(),
+            format!("dict(truncation_direction={py_direction:?})"),
+        ));
+        out.push((
+            EmbedOptions {
+                prompt: Prompt::Raw("topic: rivers. ".into()),
+                ..base.clone()
+            },
+            format!("dict(truncation_direction={py_direction:?}, prompt='topic: rivers. ')"),
+        ));
+        if let Some(name) = named_prompt {
+            out.push((
+                EmbedOptions {
+                    prompt: Prompt::Named(name.into()),
+                    ..base.clone()
+                },
+                format!("dict(truncation_direction={py_direction:?}, prompt_name={name:?})"),
+            ));
+        }
+    }
+    out
+}
+
+/// The Python engine's ids and pre-truncation lengths for `texts` under
+/// `kwargs` (a Python dict expression), and for `token_inputs` given as ids.
+fn python_ids(
+    folder: Option<&Path>,
+    kwargs: &str,
+    texts: &[String],
+    token_inputs: &[Vec<u32>],
+) -> (Vec<Vec<u32>>, Vec<usize>, Vec<Vec<u32>>) {
+    Python::attach(|py| {
+        let locals = PyDict::new(py);
+        locals
+            .set_item("folder", folder.map(|f| f.to_string_lossy().into_owned()))
+            .unwrap();
+        locals.set_item("texts", texts.to_vec()).unwrap();
+        locals
+            .set_item("token_inputs", token_inputs.to_vec())
+            .unwrap();
+        let code = format!(
+            "import mlx_embed
+model = MODELS.get(folder) or MODELS.setdefault(folder, mlx_embed.load(folder))
+kwargs = {kwargs}
+ids, before = model.encode(texts, **kwargs)
+token_ids = [model.tokenizer.finish(list(t), kwargs['truncation_direction'])[0] for t in token_inputs]
+"
+        );
+        let globals = py.import("__main__").unwrap().dict();
+        if globals.get_item("MODELS").unwrap().is_none() {
+            globals.set_item("MODELS", PyDict::new(py)).unwrap();
+        }
+        locals
+            .set_item("MODELS", globals.get_item("MODELS").unwrap().unwrap())
+            .unwrap();
+        let code = std::ffi::CString::new(code).unwrap();
+        py.run(&code, Some(&locals), None).unwrap();
+        let get = |name: &str| locals.get_item(name).unwrap().unwrap();
+        (
+            get("ids").extract().unwrap(),
+            get("before").extract().unwrap(),
+            get("token_ids").extract().unwrap(),
+        )
+    })
+}
+
+fn check(folder: Option<&Path>) -> usize {
+    let name = folder.map_or("all-MiniLM-L6-v2".to_string(), |f| f.display().to_string());
+    let embedder = PythonEmbedder::load(&PythonModelOptions {
+        model: folder.map(|f| f.to_string_lossy().into_owned()),
+        ..PythonModelOptions::default()
+    })
+    .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let tokenizer = embedder.hf_tokenizer().clone();
+    let named = tokenizer.spec().prompts.keys().next().cloned();
+    let texts = texts();
+    let token_inputs = vec![
+        vec![5u32],
+        vec![1, 2, 3, 4, 5, 6, 7],
+        (0..2000).map(|i| i % 97).collect(),
+    ];
+    let mut compared = 0;
+    for (options, kwargs) in cases(named.as_deref()) {
+        let (py_ids, py_before, py_token_ids) = python_ids(folder, &kwargs, &texts, &token_inputs);
+        let mut truncated = 0;
+        for (i, text) in texts.iter().enumerate() {
+            let got = tokenizer
+                .encode(&EmbedInput::Text(text.clone()), &options)
+                .unwrap_or_else(|e| panic!("{name} {kwargs}: text {i}: {e}"));
+            assert_eq!(
+                got.ids, py_ids[i],
+                "{name} {kwargs}: ids of text {i} {text:?}"
+            );
+            assert_eq!(
+                got.untruncated_len as usize, py_before[i],
+                "{name} {kwargs}: length of text {i} {text:?}"
+            );
+            truncated += usize::from(got.untruncated_len as usize > got.ids.len());
+            compared += 1;
+        }
+        assert!(
+            truncated >= 2,
+            "{name} {kwargs}: the long texts must truncate ({truncated} did)"
+        );
+        for (i, ids) in token_inputs.iter().enumerate() {
+            let got = tokenizer
+                .encode(&EmbedInput::Tokens(ids.clone()), &options)
+                .unwrap();
+            assert_eq!(got.ids, py_token_ids[i], "{name} {kwargs}: token input {i}");
+            compared += 1;
+        }
+    }
+    compared
+}
+
+#[test]
+fn rust_and_python_tokenize_identically_for_every_model() {
+    ensure_python().expect("python");
+    let folders = model_fixtures();
+    assert!(
+        !folders.is_empty(),
+        "no model fixtures found under tests/fixtures"
+    );
+    let mut compared = check(None);
+    for folder in &folders {
+        compared += check(Some(folder));
+    }
+    eprintln!(
+        "{compared} inputs tokenized identically over {} models",
+        folders.len() + 1
+    );
+}

@@ -1,0 +1,212 @@
+//! The tokenization rules on a real BERT tokenizer.json (the tiny-qwen3
+//! fixture carries MiniLM's WordPiece file, baked-in truncation and padding
+//! included): specials, both truncation sides, prompts, the instruction,
+//! token-id input and the vocabulary check.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use mlx_embed_core::{
+    EmbedInput, EmbedOptions, EmbedderErrorKind, Prompt, Tokenize, TruncationDirection,
+};
+use mlx_embed_tokenizer::{HfTokenizer, TokenizerError, TokenizerSpec};
+
+const CLS: u32 = 101;
+const SEP: u32 = 102;
+
+fn tokenizer_json() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-qwen3/tokenizer.json")
+}
+
+fn spec(max_length: usize) -> TokenizerSpec {
+    HfTokenizer::probe_spec(&tokenizer_json(), max_length).expect("probe")
+}
+
+fn tokenizer(spec: TokenizerSpec) -> HfTokenizer {
+    HfTokenizer::from_spec(spec).expect("tokenizer")
+}
+
+fn text(t: &str) -> EmbedInput {
+    EmbedInput::Text(t.into())
+}
+
+fn ids(tok: &HfTokenizer, input: &EmbedInput, options: &EmbedOptions) -> Vec<u32> {
+    tok.encode(input, options).expect("encodes").ids
+}
+
+/// Content ids of `t` with no specials, as the tokenizer itself gives them.
+fn content(t: &str) -> Vec<u32> {
+    let full = ids(&tokenizer(spec(4096)), &text(t), &EmbedOptions::default());
+    full[1..full.len() - 1].to_vec()
+}
+
+#[test]
+fn probe_finds_bert_specials_and_the_file_truncation_is_ignored() {
+    let s = spec(512);
+    assert_eq!(
+        (s.prefix_ids.clone(), s.suffix_ids.clone()),
+        (vec![CLS], vec![SEP])
+    );
+    let tok = tokenizer(s);
+    assert_eq!(tok.vocab_size(), 30522);
+    // 300 words: past the file's own truncation (128) and fixed padding (128).
+    let long = "hello ".repeat(300);
+    let e = tok.encode(&text(&long), &EmbedOptions::default()).unwrap();
+    assert_eq!(e.ids.len(), 302);
+    assert_eq!(e.untruncated_len, 302);
+    assert_eq!((e.ids[0], e.ids[301]), (CLS, SEP));
+}
+
+#[test]
+fn truncation_keeps_the_start_or_the_end_inside_the_specials() {
+    let tok = tokenizer(spec(6));
+    let words = "one two three four five six seven";
+    let all = content(words);
+    assert_eq!(all.len(), 7);
+    let right = tok.encode(&text(words), &EmbedOptions::default()).unwrap();
+    assert_eq!(
+        right.ids,
+        [vec![CLS], all[..4].to_vec(), vec![SEP]].concat()
+    );
+    assert_eq!(right.untruncated_len, 9);
+    let left = EmbedOptions {
+        truncation_direction: TruncationDirection::Left,
+        ..EmbedOptions::default()
+    };
+    assert_eq!(
+        ids(&tok, &text(words), &left),
+        [vec![CLS], all[3..].to_vec(), vec![SEP]].concat()
+    );
+    // Short inputs are untouched either way.
+    assert_eq!(
+        ids(&tok, &text("one"), &left),
+        ids(&tok, &text("one"), &EmbedOptions::default())
+    );
+}
+
+#[test]
+fn prompts_and_the_instruction_are_prepended_to_the_text() {
+    let mut s = spec(512);
+    s.prompts = BTreeMap::from([
+        ("query".to_string(), "query: ".to_string()),
+        ("passage".to_string(), "passage: ".to_string()),
+    ]);
+    s.default_prompt_name = Some("query".into());
+    let tok = tokenizer(s.clone());
+    let wrap = |t: &str| [vec![CLS], content(t), vec![SEP]].concat();
+    let with = |prompt: Prompt| EmbedOptions {
+        prompt,
+        ..EmbedOptions::default()
+    };
+    assert_eq!(
+        ids(&tok, &text("rivers"), &EmbedOptions::default()),
+        wrap("query: rivers")
+    );
+    assert_eq!(
+        ids(
+            &tok,
+            &text("rivers"),
+            &with(Prompt::Named("passage".into()))
+        ),
+        wrap("passage: rivers")
+    );
+    assert_eq!(
+        ids(&tok, &text("rivers"), &with(Prompt::Raw("topic: ".into()))),
+        wrap("topic: rivers")
+    );
+    assert_eq!(
+        ids(&tok, &text("rivers"), &with(Prompt::Raw(String::new()))),
+        wrap("rivers")
+    );
+    let err = tok
+        .encode(&text("rivers"), &with(Prompt::Named("nope".into())))
+        .unwrap_err();
+    assert_eq!(err.kind, EmbedderErrorKind::InvalidInput);
+    assert_eq!(err.message, "unknown prompt name \"nope\"");
+    // Token input never gets a prompt.
+    let tokens = EmbedInput::Tokens(vec![7592, 2088]);
+    assert_eq!(
+        ids(&tok, &tokens, &EmbedOptions::default()),
+        vec![CLS, 7592, 2088, SEP]
+    );
+
+    // An instruction (already in the model's template) is the default prompt.
+    s.instruction = Some("Instruct: find rivers\nQuery: ".into());
+    let tok = tokenizer(s);
+    assert_eq!(
+        ids(&tok, &text("rivers"), &EmbedOptions::default()),
+        wrap("Instruct: find rivers\nQuery: rivers")
+    );
+    assert_eq!(
+        ids(
+            &tok,
+            &text("rivers"),
+            &with(Prompt::Named("passage".into()))
+        ),
+        wrap("passage: rivers")
+    );
+}
+
+#[test]
+fn token_input_is_checked_against_the_vocabulary_then_truncated() {
+    let tok = tokenizer(spec(4));
+    let e = tok
+        .encode(
+            &EmbedInput::Tokens(vec![1, 2, 3, 30521]),
+            &EmbedOptions::default(),
+        )
+        .unwrap();
+    assert_eq!(e.ids, vec![CLS, 1, 2, SEP]);
+    assert_eq!(e.untruncated_len, 6);
+    let err = tok
+        .encode(
+            &EmbedInput::Tokens(vec![1, 30522]),
+            &EmbedOptions::default(),
+        )
+        .unwrap_err();
+    assert_eq!(err.kind, EmbedderErrorKind::InvalidInput);
+    assert_eq!(
+        err.message,
+        "token id 30522 at position 1 is outside the vocabulary (ids must be below 30522)"
+    );
+    let pair = EmbedInput::Pair {
+        query: "q".into(),
+        document: "d".into(),
+    };
+    assert_eq!(
+        tok.encode(&pair, &EmbedOptions::default())
+            .unwrap_err()
+            .kind,
+        EmbedderErrorKind::InvalidInput
+    );
+}
+
+#[test]
+fn inconsistent_specs_are_refused() {
+    let too_short = spec(2);
+    assert!(matches!(
+        HfTokenizer::from_spec(too_short),
+        Err(TokenizerError::Spec(_))
+    ));
+    let mut bad_default = spec(64);
+    bad_default.default_prompt_name = Some("query".into());
+    assert!(matches!(
+        HfTokenizer::from_spec(bad_default),
+        Err(TokenizerError::Spec(_))
+    ));
+    let mut bad_special = spec(64);
+    bad_special.suffix_ids = vec![40_000];
+    assert!(matches!(
+        HfTokenizer::from_spec(bad_special),
+        Err(TokenizerError::Spec(_))
+    ));
+    let missing = TokenizerSpec {
+        path: "/nonexistent/tokenizer.json".into(),
+        max_length: 64,
+        ..TokenizerSpec::default()
+    };
+    assert!(matches!(
+        HfTokenizer::from_spec(missing),
+        Err(TokenizerError::Load { .. })
+    ));
+}

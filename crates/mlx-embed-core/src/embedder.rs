@@ -118,13 +118,17 @@ pub trait Tokenize: Send + Sync {
         options: &EmbedOptions,
     ) -> Result<Vec<TokenSpan>, EmbedderError> {
         let _ = (text, add_special_tokens, options);
-        Err(EmbedderError::invalid_input("this model's tokenizer cannot list tokens"))
+        Err(EmbedderError::invalid_input(
+            "this model's tokenizer cannot list tokens",
+        ))
     }
 
     /// Token ids back to text (TEI's `/decode`). Default: not supported.
     fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, EmbedderError> {
         let _ = (ids, skip_special_tokens);
-        Err(EmbedderError::invalid_input("this model's tokenizer cannot decode"))
+        Err(EmbedderError::invalid_input(
+            "this model's tokenizer cannot decode",
+        ))
     }
 }
 

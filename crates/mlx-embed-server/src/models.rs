@@ -116,9 +116,7 @@ fn article(kind: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mlx_embed_core::{
-        BatchOutput, BatcherConfig, Embedder, EmbedderError, Encoded, Tokenize,
-    };
+    use mlx_embed_core::{BatchOutput, BatcherConfig, Embedder, EmbedderError, Encoded, Tokenize};
     use std::sync::Arc;
 
     struct Fake(ModelKind);
@@ -165,9 +163,15 @@ mod tests {
         assert_eq!(resolve(&models, None, Task::Embed).unwrap().name, "emb");
         assert_eq!(resolve(&models, Some(""), Task::Rerank).unwrap().name, "rr");
         assert_eq!(resolve(&models, None, Task::Predict).unwrap().name, "rr");
-        assert_eq!(resolve(&models, Some("rr"), Task::Tokenize).unwrap().name, "rr");
+        assert_eq!(
+            resolve(&models, Some("rr"), Task::Tokenize).unwrap().name,
+            "rr"
+        );
         let e = resolve(&models, Some("nope"), Task::Embed).unwrap_err();
-        assert_eq!((e.kind, e.code), (ErrorKind::NotFound, Some("model_not_found")));
+        assert_eq!(
+            (e.kind, e.code),
+            (ErrorKind::NotFound, Some("model_not_found"))
+        );
         assert!(e.message.contains("emb, rr"), "{}", e.message);
         let e = resolve(&models, Some("emb"), Task::Rerank).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidRequest);

@@ -66,7 +66,10 @@ pub async fn score(state: &AppState, req: ScoreRequest) -> Result<ScoreOutput, A
     }
     let mut scores = out.vectors;
     if scores.iter().flatten().any(|s| s.is_nan()) {
-        return Err(ApiError::new(ErrorKind::Model, "model returned a NaN score"));
+        return Err(ApiError::new(
+            ErrorKind::Model,
+            "model returned a NaN score",
+        ));
     }
     if !req.raw_scores {
         scores.iter_mut().for_each(|row| activate(row));

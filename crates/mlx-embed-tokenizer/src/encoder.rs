@@ -253,7 +253,10 @@ impl HfTokenizer {
 
     /// A prompt-template reranker has no meaning for a lone text.
     fn takes_pairs_only(&self) -> bool {
-        self.spec.pair.as_ref().is_some_and(|p| p.template.is_some())
+        self.spec
+            .pair
+            .as_ref()
+            .is_some_and(|p| p.template.is_some())
     }
 
     fn special(&self, id: u32) -> TokenSpan {

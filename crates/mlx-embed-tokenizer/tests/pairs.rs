@@ -3,14 +3,16 @@
 
 use std::path::PathBuf;
 
-use mlx_embed_core::{
-    EmbedInput, EmbedOptions, Prompt, Tokenize, TruncationDirection,
-};
+use mlx_embed_core::{EmbedInput, EmbedOptions, Prompt, Tokenize, TruncationDirection};
 use mlx_embed_tokenizer::{HfTokenizer, PairSpec, TokenizerSpec};
-use tokenizers::{Tokenizer, TruncationDirection as HfDirection, TruncationParams, TruncationStrategy};
+use tokenizers::{
+    Tokenizer, TruncationDirection as HfDirection, TruncationParams, TruncationStrategy,
+};
 
 fn fixture(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures").join(name)
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
 }
 
 fn pairs(folder: &str) -> Vec<(String, String)> {
@@ -114,7 +116,9 @@ fn template_pairs_wrap_the_prompt() {
         pair: Some(PairSpec {
             prefix_ids: prefix.clone(),
             suffix_ids: suffix.clone(),
-            template: Some("<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}".into()),
+            template: Some(
+                "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}".into(),
+            ),
             default_instruction: Some("Find".into()),
             ..PairSpec::default()
         }),
@@ -172,5 +176,9 @@ fn single_text_models_refuse_pairs() {
             &EmbedOptions::default(),
         )
         .unwrap_err();
-    assert!(err.message.contains("not query/document pairs"), "{}", err.message);
+    assert!(
+        err.message.contains("not query/document pairs"),
+        "{}",
+        err.message
+    );
 }

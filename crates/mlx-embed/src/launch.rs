@@ -74,7 +74,10 @@ impl ModelArgs {
         let mut out: Vec<PythonModelOptions> = if self.model.is_empty() {
             vec![self.options(None)]
         } else {
-            self.model.iter().map(|m| self.options(Some(m.clone()))).collect()
+            self.model
+                .iter()
+                .map(|m| self.options(Some(m.clone())))
+                .collect()
         };
         if let Some(path) = &self.rerank_model {
             out.push(PythonModelOptions {
@@ -146,7 +149,10 @@ where
     let started = Instant::now();
     let mut batchers = Vec::new();
     for options in cli.model.all_options() {
-        let what = options.model.clone().unwrap_or_else(|| "the default model".into());
+        let what = options
+            .model
+            .clone()
+            .unwrap_or_else(|| "the default model".into());
         let wrap = wrap.clone();
         let batcher = Batcher::start(cli.server.batcher_config(), move || {
             PythonEmbedder::load_for_batcher(&options).map(wrap)
@@ -161,7 +167,11 @@ where
         .build()
         .map_err(|err| format!("could not start the async runtime: {err}"))?;
     runtime
-        .block_on(mlx_embed_server::serve_models(cli.server, batchers, load_duration))
+        .block_on(mlx_embed_server::serve_models(
+            cli.server,
+            batchers,
+            load_duration,
+        ))
         .map_err(|err| err.to_string())
 }
 

@@ -183,7 +183,13 @@ mod tests {
         assert_eq!(inputs[1], EmbedInput::Text("t".into()));
         let (batch, inputs) = parse_inputs(json!([])).unwrap();
         assert!(batch && inputs.is_empty());
-        for bad in [json!(1), json!([["a"]]), json!([1, 2]), json!({"a": 1}), json!(null)] {
+        for bad in [
+            json!(1),
+            json!([["a"]]),
+            json!([1, 2]),
+            json!({"a": 1}),
+            json!(null),
+        ] {
             let e = parse_inputs(bad.clone()).unwrap_err();
             assert_eq!(e.kind, ErrorKind::Unprocessable, "{bad}");
         }

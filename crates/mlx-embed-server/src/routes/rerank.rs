@@ -229,11 +229,21 @@ async fn cohere_rerank(
             )
         }
     };
-    let texts: Vec<String> = req.documents.into_iter().map(RerankDocument::into_text).collect();
+    let texts: Vec<String> = req
+        .documents
+        .into_iter()
+        .map(RerankDocument::into_text)
+        .collect();
     let out = score(
         state,
-        pairs_request(req.model, &req.query, &texts, EmbedOptions::default(), false)
-            .map_err(|e| e.param("documents"))?,
+        pairs_request(
+            req.model,
+            &req.query,
+            &texts,
+            EmbedOptions::default(),
+            false,
+        )
+        .map_err(|e| e.param("documents"))?,
     )
     .await?;
     let scores = first_label(&out);
@@ -276,9 +286,7 @@ fn pairs_request(
     raw_scores: bool,
 ) -> Result<ScoreRequest, ApiError> {
     if texts.is_empty() {
-        return Err(ApiError::invalid(
-            "no documents to rank: send at least one",
-        ));
+        return Err(ApiError::invalid("no documents to rank: send at least one"));
     }
     Ok(ScoreRequest {
         model,

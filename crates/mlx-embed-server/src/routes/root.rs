@@ -54,7 +54,10 @@ pub async fn inference(
     ApiJson(body, _): ApiJson<Value, Tei>,
 ) -> Result<Response, Shaped<Tei>> {
     let unprocessable = |e: serde_json::Error| {
-        ApiError::new(ErrorKind::Unprocessable, format!("invalid request body: {e}"))
+        ApiError::new(
+            ErrorKind::Unprocessable,
+            format!("invalid request body: {e}"),
+        )
     };
     let is_similarity = body
         .get("inputs")
@@ -65,7 +68,11 @@ pub async fn inference(
         return Ok(Json(similarities(&state, req).await?).into_response());
     }
     let model = body.get("model").and_then(Value::as_str).map(str::to_owned);
-    let default_kind = state.model_for(model.as_deref(), Task::Tokenize)?.info().kind.clone();
+    let default_kind = state
+        .model_for(model.as_deref(), Task::Tokenize)?
+        .info()
+        .kind
+        .clone();
     if body.get("parameters").is_some() || !matches!(default_kind, ModelKind::Embedding) {
         return Ok(Json(classify(&state, model, body).await?).into_response());
     }
@@ -101,8 +108,9 @@ async fn classify(
         None => None,
         Some(k) if k >= 1 => Some(usize::try_from(k).unwrap_or(usize::MAX)),
         Some(k) => {
-            return Err(ApiError::invalid(format!("top_k must be at least 1, got {k}"))
-                .param("parameters"))
+            return Err(
+                ApiError::invalid(format!("top_k must be at least 1, got {k}")).param("parameters"),
+            )
         }
     };
     let (_, inputs) = parse_inputs(inputs)?;

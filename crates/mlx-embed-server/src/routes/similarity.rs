@@ -41,7 +41,9 @@ pub(crate) async fn similarities(
     req: SimilarityRequest,
 ) -> Result<Vec<f32>, ApiError> {
     if req.inputs.sentences.is_empty() {
-        return Err(ApiError::invalid("inputs.sentences is empty: send at least one").param("inputs"));
+        return Err(
+            ApiError::invalid("inputs.sentences is empty: send at least one").param("inputs"),
+        );
     }
     let p = req.parameters.unwrap_or_default();
     let mut inputs = Vec::with_capacity(req.inputs.sentences.len() + 1);

@@ -39,7 +39,10 @@ impl TeiEmbedRequest {
             inputs: self.inputs.into_inputs(),
             options: EmbedOptions {
                 truncate: self.truncate.unwrap_or(true),
-                truncation_direction: self.truncation_direction.map(Into::into).unwrap_or_default(),
+                truncation_direction: self
+                    .truncation_direction
+                    .map(Into::into)
+                    .unwrap_or_default(),
                 prompt: self.prompt_name.map_or(Prompt::Default, Prompt::Named),
                 ..EmbedOptions::default()
             },
@@ -65,7 +68,6 @@ pub async fn embed(
     State(state): State<AppState>,
     ApiJson(req, _): ApiJson<TeiEmbedRequest, Tei>,
 ) -> Result<Json<Vec<Vec<f32>>>, Shaped<Tei>> {
-    let out = run_embed(&state, req.into_request())
-    .await?;
+    let out = run_embed(&state, req.into_request()).await?;
     Ok(Json(out.vectors))
 }

@@ -17,7 +17,17 @@ pub struct ServedModel {
     pub batcher: Batcher,
 }
 
+impl std::fmt::Debug for ServedModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServedModel")
+            .field("name", &self.name)
+            .field("kind", &self.info().kind)
+            .finish()
+    }
+}
+
 impl ServedModel {
+    /// The model's facts (kind, labels, limits).
     pub fn info(&self) -> &ModelInfo {
         self.batcher.model_info()
     }

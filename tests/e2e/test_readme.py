@@ -47,6 +47,8 @@ EXCLUDED = {
 # imports (`make setup`, which `make test` runs, performs the same installs).
 EXCLUDED_PREFIXES = {
     "pip install": "replaces the editable install the tests run from; `make setup` installs the same",
+    "python scripts/bench_gpu.py": "needs an NVIDIA GPU (its --dry-run runs in make test)",
+    "python scripts/cold_start.py": "a benchmark (median of repeated cold starts) for a quiet machine",
 }
 
 

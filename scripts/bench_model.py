@@ -202,7 +202,7 @@ def engine_serve(args) -> None:
     meta = {"blas": info["blas"], "blas_gflops": round(info["blas_gflops"], 1),
             "ops_path": model.context.describe(), "workers": model.workers,
             "texts": len(texts), "tokens": sum(lengths), "forward_gflop": flops / 1e9,
-            "preferred_batch_tokens": info["preferred_batch_tokens"]}
+            "device_batch_tokens": info["device_batch_tokens"]}
     if args.gemm_peak:
         meta["gemm_peak_gflops"] = {k: round(v, 1) for k, v in gemm_peak_gflops().items()}
     _serve(run_once, meta)
@@ -357,7 +357,6 @@ def _profile_forward(args, model, ctx) -> None:
     import mlx_embed
     import numpy as np
     from mlx_embed import ops
-    from mlx_embed.pooling import pool
 
     texts = make_corpus(args.texts)[: args.profile_batch]
     ids, _ = model.encode(texts)
@@ -416,7 +415,7 @@ def _profile_forward(args, model, ctx) -> None:
     whole = []
     for _ in range(args.profile_repeats):
         t0 = time.perf_counter()
-        mx.eval(pool(net(ids_mx, mask_mx), mask_mx, mx.array(msk.sum(1) - 1), model.pooling))
+        mx.eval(model.scheduler.head(net(ids_mx, mask_mx), mask_mx))
         whole.append(time.perf_counter() - t0)
     total = sum(totals.values())
     print(f"# batch {len(ids)} x {L} tokens ({int(msk.sum())} real), BLAS {mlx_embed.blas_info()['library']}, "

@@ -21,11 +21,11 @@ from __future__ import annotations
 import importlib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Optional
 
-from . import models
+from . import models, st_modules
 from .models import sequence_classification
 
 KINDS = ("embedding", "classifier", "reranker")
@@ -40,6 +40,20 @@ class Head:
     # The module to build instead of the architecture's embedding file; None
     # for embedding models.
     module: Optional[ModuleType]
+
+
+@dataclass
+class ScoreHead(st_modules.StPipeline):
+    """What follows a scorer's model: nothing. Its output is already one raw
+    logit per label (the activation is the caller's), so it is not pooled."""
+
+    labels: list = field(default_factory=list)
+
+    def output_dim(self, hidden_size: int) -> int:
+        return len(self.labels)
+
+    def __call__(self, h, mask):
+        return h
 
 
 def _named_like_reranker(path: str) -> bool:

@@ -24,13 +24,12 @@ from typing import Any, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import heads, models
+from . import heads, models, pooling as pooling_modes, st_modules
 
 log = logging.getLogger("mlx_embed")
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
-POOLINGS = ("mean", "cls", "last")
 QUANT_BITS = (2, 3, 4, 5, 6, 8)
 
 
@@ -77,51 +76,13 @@ def architecture(model_type: Optional[str]) -> ModuleType:
 # ------------------------------------------------------- sentence-transformers
 
 
-def pooling_from_folder(path: str) -> Optional[str]:
-    pool_dir = "1_Pooling"
-    modules = read_json(os.path.join(path, "modules.json"))
-    if isinstance(modules, list):
-        for m in modules:
-            if str(m.get("type", "")).endswith("Pooling") and m.get("path"):
-                pool_dir = m["path"]
-    cfg = read_json(os.path.join(path, pool_dir, "config.json"))
-    if not cfg:
-        return None
-    if cfg.get("pooling_mode_cls_token"):
-        return "cls"
-    if cfg.get("pooling_mode_lasttoken"):
-        return "last"
-    if cfg.get("pooling_mode_mean_tokens"):
-        return "mean"
-    modes = [k for k, v in cfg.items() if k.startswith("pooling_mode") and v]
-    raise ValueError(f"unsupported pooling in {pool_dir}/config.json: {modes}")
-
-
-def prompts_from_folder(path: str) -> tuple[dict[str, str], Optional[str]]:
-    """``prompts`` and ``default_prompt_name`` of config_sentence_transformers.json."""
-    cfg = read_json(os.path.join(path, "config_sentence_transformers.json")) or {}
-    raw = cfg.get("prompts") or {}
-    if not isinstance(raw, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in raw.items()
-    ):
-        raise ValueError(f"{path}/config_sentence_transformers.json: prompts must map str to str")
-    default = cfg.get("default_prompt_name")
-    if default is not None and default not in raw:
-        raise ValueError(
-            f"{path}/config_sentence_transformers.json: default_prompt_name {default!r} "
-            "is not one of its prompts"
-        )
-    return dict(raw), default
-
-
-def max_length_from_folder(path: str, config: dict) -> int:
-    st = read_json(os.path.join(path, "sentence_bert_config.json")) or {}
-    if st.get("max_seq_length") is not None:
-        return int(st["max_seq_length"])
-    # No sentence-transformers config: the smallest of the position table,
+def max_length_from_folder(path: str, positions: int, pipeline: st_modules.StPipeline) -> int:
+    if pipeline.max_seq_length is not None:
+        return pipeline.max_seq_length
+    # No sentence-transformers limit: the smallest of the model's positions,
     # the tokenizer's declared limit (HF uses ~1e30 for "none") and 8192,
     # past which CPU attention cost is unreasonable anyway.
-    caps = [int(config.get("max_position_embeddings", 512)), 8192]
+    caps = [positions, 8192]
     tc = read_json(os.path.join(path, "tokenizer_config.json")) or {}
     mml = tc.get("model_max_length")
     if isinstance(mml, (int, float)) and 0 < mml < 1e7:
@@ -234,6 +195,8 @@ class Checkpoint:
     pad_id: int
     max_length: int
     pooling: str
+    # Pooling and Dense layers: (hidden [B, L, D], mask) -> vectors [B, dim].
+    head: st_modules.StPipeline
     prompts: dict[str, str]
     default_prompt_name: Optional[str]
     tokenizer_path: str
@@ -274,9 +237,9 @@ def load_checkpoint(
     if config is None:
         raise FileNotFoundError(f"{path} has no config.json")
     model_type = config.get("model_type")
-    head = heads.resolve(config, path, kind)
+    choice = heads.resolve(config, path, kind)
     try:
-        arch = head.module or architecture(model_type)
+        arch = choice.module or architecture(model_type)
     except ValueError as e:
         raise ValueError(f"{e} (in {path}/config.json)") from None
     defaults = dict(getattr(arch, "EMBEDDING_DEFAULTS", {}))
@@ -332,24 +295,28 @@ def load_checkpoint(
     mx.eval(model.parameters())
     timings["build"] = time.perf_counter() - t0
 
-    if max_length is None:
-        max_length = max_length_from_folder(path, config)
-    max_length = int(max_length)
-    limit = config.get("max_position_embeddings")
-    if limit and max_length > int(limit):
-        raise ValueError(f"max_length {max_length} > max_position_embeddings {limit}")
-
-    labels = list(getattr(model, "labels", None) or []) if head.kind != "embedding" else []
-    if head.kind != "embedding":
+    labels: list[str] = []
+    if choice.kind == "embedding":
+        head = st_modules.read_pipeline(path, defaults.get("pooling", "mean"))
         if pooling is not None:
-            raise ValueError(f"pooling does not apply to a {head.kind}: it scores, not embeds")
-        # The head reads its own token (first or last real one).
-        pooling = "none"
-    elif pooling is None:
-        pooling = pooling_from_folder(path) or defaults.get("pooling", "mean")
-    if pooling not in POOLINGS and head.kind == "embedding":
-        raise ValueError(f"pooling must be mean, cls or last, got {pooling!r}")
-    prompts, default_prompt_name = prompts_from_folder(path)
+            head.pooling = pooling_modes.check_modes(pooling)
+            if head.dense:
+                raise ValueError(f"pooling={pooling!r}: {path} has Dense layers made for its own pooling")
+    else:
+        if pooling is not None:
+            raise ValueError(f"pooling does not apply to a {choice.kind}: it scores, not embeds")
+        labels = list(model.labels)
+        head = heads.ScoreHead(pooling=("none",), labels=labels)
+    # The architecture's own limit where it has one (RoBERTa-style tables
+    # hold 2 positions fewer tokens than rows), else config.json's.
+    positions = getattr(model, "max_length", None) or int(config.get("max_position_embeddings", 512))
+    if max_length is None:
+        max_length = max_length_from_folder(path, positions, head)
+    max_length = int(max_length)
+    if max_length > positions:
+        raise ValueError(f"max_length {max_length} > the {positions} positions {model_type} models have")
+    # Nomic's config format names the width n_embd; the model knows.
+    hidden = int(getattr(model, "hidden_size", None) or config["hidden_size"])
 
     return Checkpoint(
         path=path,
@@ -362,15 +329,16 @@ def load_checkpoint(
         quantization=quantization,
         checkpoint_quantization=checkpoint_quantization,
         dequantized_because=dequantized_because,
-        dim=len(labels) if labels else int(config["hidden_size"]),
+        dim=head.output_dim(hidden),
         vocab_size=int(config["vocab_size"]),
         pad_id=int(config.get("pad_token_id") or 0),
         max_length=max_length,
-        pooling=pooling,
-        prompts=prompts,
-        default_prompt_name=default_prompt_name,
+        pooling=pooling_modes.describe(head.pooling),
+        head=head,
+        prompts=dict(head.prompts),
+        default_prompt_name=head.default_prompt_name,
         tokenizer_path=tok_path,
-        kind=head.kind,
+        kind=choice.kind,
         labels=labels,
         module=arch,
         timings=timings,

@@ -1,22 +1,57 @@
-"""Pooling the last hidden state into one vector per sequence, on the device."""
+"""Pooling the last hidden state into one vector per sequence, on the device.
+
+The modes are sentence-transformers' (``Pooling(pooling_mode=...)``), with
+the same arithmetic; several modes concatenate in the order given.
+"""
 
 from __future__ import annotations
 
 import mlx.core as mx
 
+MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
+# Other spellings of the same modes (this package's older API, configs).
+ALIASES = {"last": "lasttoken", "last_token": "lasttoken", "mean_sqrt_len": "mean_sqrt_len_tokens"}
 
-def pool(h: mx.array, mask: mx.array, last: mx.array, kind: str) -> mx.array:
-    """``h`` [B, L, D], ``mask`` [B, L] (1 = real token, padding at the end),
-    ``last`` [B] the index of each row's last real token; returns [B, D]."""
-    if kind == "mean":
-        m = mask.astype(h.dtype)[..., None]
-        s = (h * m).sum(axis=1)
-        return s / mx.maximum(m.sum(axis=1), 1e-9)
-    if kind == "cls":
-        return h[:, 0]
-    if kind == "last":
-        return mx.take_along_axis(h, last[:, None, None], axis=1)[:, 0]
-    if kind == "none":
-        # Scoring heads (classifiers, rerankers) already give [B, labels].
-        return h
-    raise ValueError(f"pooling must be mean, cls or last, got {kind!r}")
+
+def check_modes(mode) -> tuple[str, ...]:
+    """A mode (str) or modes (list, concatenated) as canonical names;
+    ValueError naming the supported ones otherwise."""
+    modes = (mode,) if isinstance(mode, str) else tuple(mode)
+    out = tuple(ALIASES.get(m, m) for m in modes)
+    bad = [m for m in out if m not in MODES]
+    if bad or not out:
+        raise ValueError(f"unsupported pooling {mode!r}; supported: {', '.join(MODES)}")
+    return out
+
+
+def describe(modes: tuple[str, ...]) -> str:
+    """Display name: ``mean``, ``cls``, ``last`` (last token), ``mean+max``..."""
+    return "+".join("last" if m == "lasttoken" else m for m in modes)
+
+
+def pool(h: mx.array, mask: mx.array, modes: tuple[str, ...]) -> mx.array:
+    """``h`` [B, L, D], ``mask`` [B, L] (1 = real token, padding at the end);
+    returns [B, D * len(modes)]."""
+    m = mask.astype(h.dtype)[..., None]
+    out = []
+    total = None
+    for mode in modes:
+        if mode == "cls":
+            out.append(h[:, 0])
+        elif mode == "lasttoken":
+            last = mx.maximum(mask.astype(mx.int32).sum(axis=1) - 1, 0)
+            out.append(mx.take_along_axis(h, last[:, None, None], axis=1)[:, 0])
+        elif mode == "max":
+            out.append(mx.where(m > 0, h, mx.array(-mx.inf, dtype=h.dtype)).max(axis=1))
+        elif mode in ("mean", "mean_sqrt_len_tokens"):
+            if total is None:
+                total = (h * m).sum(axis=1)
+            count = mx.maximum(m.sum(axis=1), 1e-9)
+            out.append(total / (count if mode == "mean" else mx.sqrt(count)))
+        elif mode == "weightedmean":
+            # Token i (counting from 1) weighs i.
+            w = m * mx.arange(1, h.shape[1] + 1, dtype=h.dtype)[None, :, None]
+            out.append((h * w).sum(axis=1) / mx.maximum(w.sum(axis=1), 1e-9))
+        else:
+            raise ValueError(f"unsupported pooling {mode!r}; supported: {', '.join(MODES)}")
+    return out[0] if len(out) == 1 else mx.concatenate(out, axis=-1)

@@ -17,6 +17,15 @@ Two ways to run the sub-batches:
   work of pass k+1 (padding, mask, graph) overlaps the device compute of pass
   k; the vectors are gathered into input order on the device and copied to
   the host once per call.
+
+Across calls: ``submit`` returns a :class:`Pending` once the call's passes
+are queued, before the host copy; ``Pending.result()`` is the copy. A caller
+holding batch k+1 while batch k runs (the server's model thread, keeping the
+bridge's one interpreter crossing per batch: submit k+1, then collect k) keeps
+the device busy between batches. ``EmbeddingModel.submit_ids`` exposes it;
+the Rust core's model thread does not use it yet (its ``Embedder`` trait
+answers each batch before taking the next), so today calls overlap only for
+Python callers, and passes within a call for everyone.
 """
 
 from __future__ import annotations
@@ -24,14 +33,13 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
 from . import _blas, device, ops
-from .pooling import pool
 
 # Padded tokens (longest x rows) per forward pass on the CPU. Measured on a
 # 2-core x86 with OpenBLAS and the native kernels (docs/benchmarks.md): the
@@ -65,7 +73,7 @@ class Scheduler:
         self,
         model: nn.Module,
         *,
-        pooling: str,
+        head: Callable[[mx.array, mx.array], mx.array],
         dim: int,
         pad_id: int,
         max_length: int,
@@ -77,7 +85,8 @@ class Scheduler:
         takes_type_ids: bool = False,
     ):
         self.model = model
-        self.pooling = pooling
+        # Pooling and any Dense layers: (hidden [B, L, D], mask) -> [B, dim].
+        self.head = head
         self.dim = dim
         self.pad_id = pad_id
         self.max_length = max_length
@@ -209,7 +218,6 @@ class Scheduler:
             mask[r, : len(row)] = 1
             if types is not None:
                 types[r, : len(row)] = type_ids[i]
-        last = (lengths[idx] - 1).astype(np.int32)
         # Graph building is serialized across workers; the evaluations and
         # native kernels inside the pass, and the final eval, overlap.
         with ops.building_graph():
@@ -218,7 +226,7 @@ class Scheduler:
                 h = self.model(mx.array(arr), mask_mx, token_type_ids=mx.array(types))
             else:
                 h = self.model(mx.array(arr), mask_mx)
-            vec = pool(h, mask_mx, mx.array(last), self.pooling).astype(mx.float32)
+            vec = self.head(h, mask_mx).astype(mx.float32)
             if normalize:
                 # Same convention as sentence-transformers (eps 1e-12).
                 norm = mx.sqrt((vec * vec).sum(axis=-1, keepdims=True))

@@ -38,6 +38,8 @@ pub struct ScoreOutput {
     pub labels: Vec<String>,
     /// Exact tokens the model ran over all inputs.
     pub prompt_tokens: u64,
+    /// Inputs answered from the cache.
+    pub cache_hits: u32,
 }
 
 /// Scores `req`; errors carry their status (see [`crate::errors`]).
@@ -79,6 +81,7 @@ pub async fn score(state: &AppState, req: ScoreRequest) -> Result<ScoreOutput, A
         scores,
         labels,
         prompt_tokens: out.token_counts.iter().map(|&n| u64::from(n)).sum(),
+        cache_hits: out.cache_hits,
     })
 }
 

@@ -1,3 +1,32 @@
-"""Model architectures, keyed by config.json ``model_type``."""
+"""Model architectures, keyed by config.json ``model_type``.
 
-SUPPORTED = ("bert", "qwen3")
+Each architecture is one module in the style of mlx-lm's model files:
+``ModelArgs`` (from config.json, checking the fields it relies on), ``Model``
+(``model(input_ids, attention_mask) -> last hidden state [B, L, D]`` for
+right-padded rows, plus ``sanitize(weights)``) and ``EMBEDDING_DEFAULTS``:
+what the engine assumes when the folder does not say (a sentence-transformers
+folder's pooling wins), with the keys
+
+- ``pooling``: mean, cls, last (token), max, ...;
+- ``eos_token``: appended after the text when the tokenizer does not end
+  with it already (decoder embedders pool the last token, trained as EOS);
+- ``instruction_template``: how a raw per-request instruction is put before
+  the text (``{instruction}`` is replaced).
+
+The engine reads only these, never the architecture's name.
+"""
+
+SUPPORTED = (
+    "bert",
+    "xlm-roberta",
+    "roberta",
+    "mpnet",
+    "modernbert",
+    "nomic_bert",
+    "qwen2",
+    "qwen3",
+    "gemma3_text",
+)
+
+# model_type -> module name, where they differ.
+REMAPPING = {"xlm-roberta": "xlm_roberta", "roberta": "xlm_roberta"}

@@ -142,6 +142,11 @@ class Model(nn.Module):
     def vocab_size(self) -> int:
         return self.args.vocab_size
 
+    @property
+    def max_length(self) -> int:
+        """Longest input the position table allows."""
+        return self.args.max_position_embeddings
+
     def __call__(
         self,
         input_ids: mx.array,

@@ -273,7 +273,7 @@ async fn cohere_rerank(
             },
             billed_units: CohereBilledUnits { search_units: 1 },
         },
-        usage: Usage::new(out.prompt_tokens),
+        usage: Usage::new(out.prompt_tokens, out.cache_hits),
     }))
 }
 

@@ -77,7 +77,7 @@ pub async fn inference(
         return Ok(Json(classify(&state, model, body).await?).into_response());
     }
     let req: TeiEmbedRequest = serde_json::from_value(body).map_err(unprocessable)?;
-    Ok(Json(run_embed(&state, req.into_request()).await?.vectors).into_response())
+    Ok(Json(run_embed(&state, req.into_request(None)).await?.vectors).into_response())
 }
 
 /// Predictions per input, best first, as the Inference API nests them.

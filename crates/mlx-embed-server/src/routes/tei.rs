@@ -2,13 +2,13 @@
 
 use axum::extract::State;
 use axum::Json;
-use mlx_embed_core::{EmbedOptions, Prompt};
+use mlx_embed_core::{EmbedOptions, Priority, Prompt};
 use serde::Deserialize;
 use utoipa::ToSchema;
 
 use crate::embed::{embed as run_embed, EmbedRequest};
 use crate::errors::{Shaped, Tei, TeiErrorBody};
-use crate::extract::{ApiJson, TextInputs, TruncationSide};
+use crate::extract::{ApiJson, PriorityHeader, TextInputs, TruncationSide};
 use crate::state::AppState;
 
 /// TEI embed request.
@@ -33,7 +33,8 @@ pub struct TeiEmbedRequest {
 
 impl TeiEmbedRequest {
     /// The one embed path's request for this TEI request.
-    pub(crate) fn into_request(self) -> EmbedRequest {
+    /// `priority`: the `X-Priority` header's lane, if any.
+    pub(crate) fn into_request(self, priority: Option<Priority>) -> EmbedRequest {
         EmbedRequest {
             model: self.model,
             inputs: self.inputs.into_inputs(),
@@ -44,7 +45,7 @@ impl TeiEmbedRequest {
                     .map(Into::into)
                     .unwrap_or_default(),
                 prompt: self.prompt_name.map_or(Prompt::Default, Prompt::Named),
-                ..EmbedOptions::default()
+                priority: priority.unwrap_or_default(),
             },
             normalize: self.normalize.unwrap_or(true),
             dimensions: self.dimensions,
@@ -58,6 +59,7 @@ impl TeiEmbedRequest {
 #[utoipa::path(
     post, path = "/embed", tag = "tei", operation_id = "tei_embed",
     request_body = TeiEmbedRequest,
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
         (status = 200, description = "One vector per input, in order", body = Vec<Vec<f32>>),
         (status = "4XX", description = "Invalid request (400, 401, 413, 415, 422, 429)", body = TeiErrorBody),
@@ -66,8 +68,9 @@ impl TeiEmbedRequest {
 )]
 pub async fn embed(
     State(state): State<AppState>,
+    PriorityHeader(priority, _): PriorityHeader<Tei>,
     ApiJson(req, _): ApiJson<TeiEmbedRequest, Tei>,
 ) -> Result<Json<Vec<Vec<f32>>>, Shaped<Tei>> {
-    let out = run_embed(&state, req.into_request()).await?;
+    let out = run_embed(&state, req.into_request(priority)).await?;
     Ok(Json(out.vectors))
 }

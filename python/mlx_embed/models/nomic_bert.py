@@ -1,0 +1,197 @@
+"""NomicBERT encoder (nomic-embed-text-v1, v1.5).
+
+Written from the architecture's published definition (Nomic's
+``modeling_hf_nomic_bert.py``, which Hugging Face runs as remote code), for
+checkpoints in that format: ``n_embd``/``n_head``/... in config.json and
+``encoder.layers.N.attn.Wqkv`` weights. A post-LN BERT without absolute
+positions: rotary embeddings (rotate-half, base ``rotary_emb_base``, over
+``rotary_emb_fraction`` of each head), one fused q/k/v projection, and a
+SwiGLU feed-forward ``fc2(fc11(x) * silu(fc12(x)))``, all without biases in
+the published checkpoints.
+
+Matryoshka: v1.5 is trained so that the first 64..768 dimensions are usable
+on their own; the server's ``dimensions`` truncates and renormalizes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .. import ops
+
+EMBEDDING_DEFAULTS = {"pooling": "mean"}
+
+
+@dataclass
+class ModelArgs:
+    model_type: str = "nomic_bert"
+    vocab_size: int = 30528
+    n_embd: int = 768
+    n_head: int = 12
+    n_layer: int = 12
+    n_inner: Optional[int] = None
+    n_positions: int = 8192
+    activation_function: str = "swiglu"
+    layer_norm_epsilon: float = 1e-12
+    type_vocab_size: int = 2
+    rotary_emb_fraction: float = 1.0
+    rotary_emb_base: float = 1000.0
+    rotary_emb_interleaved: bool = False
+    rotary_emb_scale_base: Optional[float] = None
+    rotary_scaling_factor: Optional[float] = None
+    qkv_proj_bias: bool = False
+    mlp_fc1_bias: bool = False
+    mlp_fc2_bias: bool = False
+    prenorm: bool = False
+    causal: bool = False
+    parallel_block: bool = False
+    use_rms_norm: bool = False
+
+    @classmethod
+    def from_dict(cls, params: dict) -> "ModelArgs":
+        if "n_embd" not in params:
+            raise ValueError(
+                "nomic_bert: config.json is not in Nomic's format (no 'n_embd'); "
+                "supported: the published nomic-embed-text checkpoints"
+            )
+        fields = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in params.items() if k in fields})
+
+    def __post_init__(self):
+        unsupported = {
+            "activation_function": self.activation_function != "swiglu",
+            "rotary_emb_fraction": not 0 < self.rotary_emb_fraction <= 1,
+            "rotary_emb_interleaved": self.rotary_emb_interleaved,
+            "rotary_emb_scale_base": self.rotary_emb_scale_base is not None,
+            "rotary_scaling_factor": self.rotary_scaling_factor is not None,
+            "prenorm": self.prenorm,
+            "causal": self.causal,
+            "parallel_block": self.parallel_block,
+            "use_rms_norm": self.use_rms_norm,
+        }
+        bad = [k for k, v in unsupported.items() if v]
+        if bad:
+            raise ValueError(
+                "nomic_bert: unsupported variant ("
+                + ", ".join(f"{k}={getattr(self, k)!r}" for k in bad)
+                + "); supported: swiglu, post-norm, non-causal, rotate-half rotary without scaling"
+            )
+        if self.n_embd % self.n_head:
+            raise ValueError("nomic_bert: n_embd must be divisible by n_head")
+        if self.n_inner is None:
+            self.n_inner = 4 * self.n_embd
+        self.head_dim = self.n_embd // self.n_head
+        self.rotary_dim = int(self.head_dim * self.rotary_emb_fraction)
+        if self.rotary_dim % 2:
+            raise ValueError("nomic_bert: the rotary part of a head must have an even size")
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        dim = args.n_embd
+        self.n_heads = args.n_head
+        self.head_dim = args.head_dim
+        self.rotary_dim = args.rotary_dim
+        self.base = float(args.rotary_emb_base)
+        self.scale = self.head_dim**-0.5
+        self.Wqkv = nn.Linear(dim, 3 * dim, bias=args.qkv_proj_bias)
+        self.out_proj = nn.Linear(dim, dim, bias=args.qkv_proj_bias)
+
+    def __call__(self, x: mx.array, mask: ops.KeyMask) -> mx.array:
+        B, L, D = x.shape
+        qkv = self.Wqkv(x).reshape(B, L, 3, self.n_heads, self.head_dim)
+        qkv = mx.contiguous(qkv.transpose(2, 0, 3, 1, 4))
+
+        def rope(t):
+            # Rotates the first rotary_dim features of each head only.
+            return mx.fast.rope(t, self.rotary_dim, traditional=False, base=self.base, scale=1.0, offset=0)
+
+        q, k, v = rope(qkv[0]), rope(qkv[1]), qkv[2]
+        probs = ops.attention_probs(q, k, mask, self.scale)
+        out = (probs @ v).transpose(0, 2, 1, 3).reshape(B, L, D)
+        return self.out_proj(out)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.fc11 = nn.Linear(args.n_embd, args.n_inner, bias=args.mlp_fc1_bias)
+        self.fc12 = nn.Linear(args.n_embd, args.n_inner, bias=args.mlp_fc1_bias)
+        self.fc2 = nn.Linear(args.n_inner, args.n_embd, bias=args.mlp_fc2_bias)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.fc2(self.fc11(x) * nn.silu(self.fc12(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.attn = Attention(args)
+        self.norm1 = nn.LayerNorm(args.n_embd, eps=args.layer_norm_epsilon)
+        self.mlp = SwiGLU(args)
+        self.norm2 = nn.LayerNorm(args.n_embd, eps=args.layer_norm_epsilon)
+
+    def __call__(self, x: mx.array, mask: ops.KeyMask) -> mx.array:
+        x = ops.add_layer_norm(self.attn(x, mask), x, self.norm1, overwrite_input=True)
+        return ops.add_layer_norm(self.mlp(x), x, self.norm2, overwrite_input=True)
+
+
+class Embeddings(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(args.vocab_size, args.n_embd)
+        if args.type_vocab_size > 0:
+            self.token_type_embeddings = nn.Embedding(args.type_vocab_size, args.n_embd)
+
+    def __call__(self, input_ids: mx.array) -> mx.array:
+        x = self.word_embeddings(input_ids)
+        if "token_type_embeddings" in self:
+            # Single segment: type 0 on every position.
+            x = x + self.token_type_embeddings.weight[0]
+        return x
+
+
+class Model(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model_type = args.model_type
+        self.embeddings = Embeddings(args)
+        self.emb_ln = nn.LayerNorm(args.n_embd, eps=args.layer_norm_epsilon)
+        self.layers = [Block(args) for _ in range(args.n_layer)]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.args.vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self.args.n_embd
+
+    @property
+    def max_length(self) -> int:
+        return self.args.n_positions
+
+    def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
+        x = self.emb_ln(self.embeddings(input_ids))
+        mask = ops.KeyMask(attention_mask, x.dtype)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x
+
+    def sanitize(self, weights: dict) -> dict:
+        out = {}
+        for name, w in weights.items():
+            # NomicBertForPreTraining & co. keep the encoder under "bert.".
+            if name.startswith("bert."):
+                name = name[len("bert.") :]
+            if name.startswith(("cls.", "pooler.", "lm_head.", "classifier.")):
+                continue
+            out[re.sub(r"^encoder\.layers\.", "layers.", name)] = w
+        return out

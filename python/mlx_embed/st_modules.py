@@ -1,0 +1,206 @@
+"""The sentence-transformers pipeline a model folder describes.
+
+``modules.json`` lists Transformer -> Pooling -> optional Dense layers ->
+optional Normalize; ``config_sentence_transformers.json`` carries the
+prompts and the default prompt name; ``sentence_bert_config.json`` the
+maximum sequence length. ``read_pipeline`` parses all of it once at load
+(both the ``pooling_mode_*`` flags of sentence-transformers < 6 and the
+``pooling_mode`` list of 6+), and ``pipeline(hidden, mask)`` runs it on MLX
+arrays (pooling, then the Dense layers). A folder without ``modules.json``
+gets the architecture's defaults. Normalization itself is not applied here: vectors
+leave the engine unnormalized and the caller (server or library API)
+normalizes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from . import pooling
+
+_LEGACY_FLAGS = {
+    "pooling_mode_cls_token": "cls",
+    "pooling_mode_max_tokens": "max",
+    "pooling_mode_mean_tokens": "mean",
+    "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
+    "pooling_mode_weightedmean_tokens": "weightedmean",
+    "pooling_mode_lasttoken": "lasttoken",
+}
+
+_ACTIVATIONS = {
+    "Identity": lambda x: x,
+    "Tanh": mx.tanh,
+    "ReLU": nn.relu,
+    "GELU": nn.gelu,
+    "Sigmoid": mx.sigmoid,
+    "SiLU": nn.silu,
+}
+
+
+def _read_json(path: str) -> Optional[dict]:
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+@dataclass
+class DenseLayer:
+    """A sentence-transformers ``Dense`` module: activation(x @ W.T + b)."""
+
+    weight: mx.array  # [out, in]
+    bias: Optional[mx.array]
+    activation: str
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = x @ self.weight.T
+        if self.bias is not None:
+            y = y + self.bias
+        return _ACTIVATIONS[self.activation](y)
+
+
+@dataclass
+class StPipeline:
+    """Everything after the transformer, and the prompts, for one folder."""
+
+    pooling: tuple[str, ...]
+    dense: list = field(default_factory=list)
+    normalize: bool = False
+    prompts: dict = field(default_factory=dict)
+    default_prompt_name: Optional[str] = None
+    max_seq_length: Optional[int] = None
+    include_prompt: bool = True
+    has_modules: bool = False
+
+    def output_dim(self, hidden_size: int) -> int:
+        if self.dense:
+            return int(self.dense[-1].weight.shape[0])
+        return hidden_size * len(self.pooling)
+
+    def __call__(self, h: mx.array, mask: mx.array) -> mx.array:
+        """Last hidden state [B, L, D] of right-padded rows -> the folder's
+        (unnormalized) sentence vectors [B, output_dim]."""
+        return self.project(pooling.pool(h, mask, self.pooling))
+
+    def project(self, x: mx.array) -> mx.array:
+        """The Dense layers, in order."""
+        for layer in self.dense:
+            x = layer(x.astype(layer.weight.dtype))
+        return x
+
+
+def _pooling_modes(cfg: dict, where: str) -> tuple[str, ...]:
+    if "pooling_mode" in cfg:
+        return pooling.check_modes(cfg["pooling_mode"])
+    modes = [mode for key, mode in _LEGACY_FLAGS.items() if cfg.get(key)]
+    unknown = [k for k, v in cfg.items() if k.startswith("pooling_mode") and v and k not in _LEGACY_FLAGS]
+    if unknown:
+        raise ValueError(f"unsupported pooling in {where}: {unknown}")
+    # sentence-transformers' own fallback when no flag is set.
+    return tuple(m for m in pooling.MODES if m in modes) or ("mean",)
+
+
+def _load_dense(folder: str, sub: str) -> DenseLayer:
+    where = os.path.join(sub, "config.json")
+    cfg = _read_json(os.path.join(folder, where))
+    if cfg is None:
+        raise FileNotFoundError(f"{folder}: Dense module {sub!r} has no config.json")
+    act = str(cfg.get("activation_function", "torch.nn.modules.activation.Tanh")).rsplit(".", 1)[-1]
+    if act not in _ACTIVATIONS:
+        raise ValueError(
+            f"{where}: unsupported activation_function {cfg.get('activation_function')!r}; "
+            f"supported: {', '.join(_ACTIVATIONS)}"
+        )
+    path = os.path.join(folder, sub, "model.safetensors")
+    if not os.path.exists(path):
+        raise FileNotFoundError(
+            f"{folder}/{sub}: no model.safetensors (pytorch_model.bin needs torch to read; "
+            "convert it with sentence-transformers' save(safe_serialization=True))"
+        )
+    w = mx.load(path)
+    weight = w.get("linear.weight")
+    if weight is None:
+        raise ValueError(f"{path}: no 'linear.weight'")
+    shape = (int(cfg["out_features"]), int(cfg["in_features"]))
+    if tuple(weight.shape) != shape:
+        raise ValueError(f"{path}: linear.weight is {tuple(weight.shape)}, config says {shape}")
+    bias = w.get("linear.bias")
+    if cfg.get("bias", True) and bias is None:
+        raise ValueError(f"{path}: config has a bias but the weights do not")
+    # Evaluated here: a lazy load belongs to this thread's stream, and the
+    # engine's worker threads could not evaluate it.
+    mx.eval(weight, *([bias] if bias is not None else []))
+    return DenseLayer(weight=weight, bias=bias, activation=act)
+
+
+def read_pipeline(folder: str, default_pooling: str) -> StPipeline:
+    """The folder's sentence-transformers pipeline, or the architecture's
+    default (``default_pooling``, nothing else) when it has no modules.json."""
+    modules = _read_json(os.path.join(folder, "modules.json"))
+    st_cfg = _read_json(os.path.join(folder, "config_sentence_transformers.json")) or {}
+    bert_cfg = _read_json(os.path.join(folder, "sentence_bert_config.json")) or {}
+    prompts = st_cfg.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise ValueError(f"{folder}/config_sentence_transformers.json: prompts must map names to strings")
+    default_name = st_cfg.get("default_prompt_name")
+    if default_name is not None and default_name not in prompts:
+        raise ValueError(
+            f"{folder}/config_sentence_transformers.json: default_prompt_name {default_name!r} "
+            f"is not one of the prompts {sorted(prompts)}"
+        )
+    max_len = bert_cfg.get("max_seq_length")
+    pipe = StPipeline(
+        pooling=pooling.check_modes(default_pooling),
+        prompts=dict(prompts),
+        default_prompt_name=default_name,
+        max_seq_length=int(max_len) if max_len else None,
+    )
+    if not isinstance(modules, list):
+        # A folder with just a 1_Pooling/ (no modules.json) still says how it pools.
+        cfg = _read_json(os.path.join(folder, "1_Pooling", "config.json"))
+        if cfg:
+            pipe.pooling = _pooling_modes(cfg, "1_Pooling/config.json")
+        return pipe
+
+    pipe.has_modules = True
+    seen_pooling = False
+    for i, m in enumerate(sorted(modules, key=lambda m: m.get("idx", 0))):
+        kind = str(m.get("type", "")).rsplit(".", 1)[-1]
+        sub = m.get("path", "") or ""
+        if i == 0:
+            if kind != "Transformer":
+                raise ValueError(f"{folder}/modules.json: the first module must be a Transformer, got {kind!r}")
+            if sub:
+                raise ValueError(f"{folder}/modules.json: a Transformer in a subfolder ({sub!r}) is not supported")
+            continue
+        if kind == "Pooling" and not seen_pooling:
+            where = os.path.join(sub, "config.json")
+            cfg = _read_json(os.path.join(folder, where))
+            if cfg is None:
+                raise FileNotFoundError(f"{folder}: Pooling module {sub!r} has no config.json")
+            pipe.pooling = _pooling_modes(cfg, where)
+            pipe.include_prompt = bool(cfg.get("include_prompt", True))
+            seen_pooling = True
+        elif kind == "Dense" and seen_pooling and not pipe.normalize:
+            pipe.dense.append(_load_dense(folder, sub))
+        elif kind == "Normalize" and seen_pooling:
+            pipe.normalize = True
+        else:
+            raise ValueError(
+                f"{folder}/modules.json: module {i} ({m.get('type')!r}) is not supported here; "
+                "supported: Transformer -> Pooling -> Dense* -> Normalize"
+            )
+    if not seen_pooling:
+        raise ValueError(f"{folder}/modules.json has no Pooling module")
+    if not pipe.include_prompt:
+        raise ValueError(
+            f"{folder}: Pooling with include_prompt=false (prompt tokens left out of the pool) "
+            "is not supported"
+        )
+    return pipe

@@ -1,0 +1,220 @@
+"""Every architecture against its transformers / sentence-transformers
+references (tests/fixtures/tiny-*/README.md says how each was made), through
+the public loading path: ``mlx_embed.load(folder)``, fp32 on the CPU."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import mlx_embed
+from conftest import FIXTURES
+
+MIN_COS = 0.99999
+MAX_DIFF = 1e-5
+MAX_LEN = 128
+
+# folder -> (reference of the folder as it is, model_type, pooling, dim)
+ARCHITECTURES = {
+    "tiny-xlm-roberta": ("reference_mean_normalized.npy", "xlm-roberta", "mean", 64),
+    "tiny-mpnet": ("reference_mean_normalized.npy", "mpnet", "mean", 64),
+    "tiny-modernbert": ("reference_cls_normalized.npy", "modernbert", "cls", 64),
+    "tiny-nomic-bert": ("reference_document_normalized.npy", "nomic_bert", "mean", 64),
+    "tiny-qwen2": ("reference_last_token_normalized.npy", "qwen2", "last", 64),
+    "tiny-gemma3": ("reference_normalized.npy", "gemma3_text", "mean", 48),
+}
+
+_loaded: dict = {}
+
+
+def _model(folder: str, **kw):
+    key = (folder, tuple(sorted(kw.items())))
+    if key not in _loaded:
+        _loaded[key] = mlx_embed.load(FIXTURES / folder, **kw)
+    return _loaded[key]
+
+
+def _ref(folder: str, name: str) -> np.ndarray:
+    return np.load(FIXTURES / folder / name)
+
+
+def _check(got: np.ndarray, ref: np.ndarray, normalized: bool = True) -> None:
+    assert got.shape == ref.shape and got.dtype == np.float32
+    a = got / np.linalg.norm(got, axis=1, keepdims=True)
+    b = ref / np.linalg.norm(ref, axis=1, keepdims=True)
+    cos = (a * b).sum(axis=1)
+    diff = np.abs(got - ref).max()
+    print(f"min cosine {cos.min():.8f}, max |diff| {diff:.2e}")
+    assert cos.min() >= MIN_COS
+    # Unnormalized references are O(1..10) in size: compare relative to scale.
+    assert diff <= MAX_DIFF * (1.0 if normalized else max(1.0, float(np.abs(ref).max())))
+
+
+@pytest.mark.parametrize("folder", sorted(ARCHITECTURES))
+def test_matches_reference(folder, golden_texts):
+    ref_name, model_type, pooling, dim = ARCHITECTURES[folder]
+    model = _model(folder)
+    assert (model.model_type, model.pooling, model.dim, model.max_length) == (
+        model_type, pooling, dim, MAX_LEN)
+    _check(model.embed(golden_texts), _ref(folder, ref_name))
+
+
+@pytest.mark.parametrize("folder", sorted(ARCHITECTURES))
+def test_batch_equals_single_and_max_length(folder, golden_texts):
+    model = _model(folder)
+    got = model.embed(golden_texts)
+    # Mixed lengths, from specials only to inputs cut at max length.
+    counts = model.count_tokens(golden_texts, prompt="")
+    assert min(counts) <= 3 and counts.count(MAX_LEN) >= 4 and max(counts) == MAX_LEN
+    single = np.concatenate([model.embed([t]) for t in golden_texts])
+    assert np.abs(got - single).max() <= 1e-6
+
+
+@pytest.mark.parametrize(
+    "mode", ["cls", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken", "mean_max"]
+)
+def test_pooling_modes(mode, golden_texts):
+    """Each sentence-transformers pooling mode on the same transformer output
+    (tiny-mpnet), unnormalized: mean_sqrt_len_tokens differs from mean only
+    in scale."""
+    pooling = ("mean", "max") if mode == "mean_max" else mode
+    model = mlx_embed.load(FIXTURES / "tiny-mpnet", pooling=pooling)
+    ref = _ref("tiny-mpnet", f"reference_{mode}.npy")
+    assert model.dim == ref.shape[1]
+    _check(model.embed(golden_texts, normalize=False), ref, normalized=False)
+
+
+def test_modernbert_mean_pooling_override(golden_texts):
+    model = _model("tiny-modernbert", pooling="mean")
+    _check(model.embed(golden_texts), _ref("tiny-modernbert", "reference_mean_normalized.npy"))
+
+
+@pytest.mark.parametrize(
+    "folder, name, ref",
+    [
+        ("tiny-xlm-roberta", "query", "reference_query_normalized.npy"),
+        ("tiny-xlm-roberta", "passage", "reference_passage_normalized.npy"),
+        ("tiny-nomic-bert", "query", "reference_query_normalized.npy"),
+        ("tiny-nomic-bert", "document", "reference_document_normalized.npy"),
+        ("tiny-qwen2", "query", "reference_query_normalized.npy"),
+        ("tiny-gemma3", "query", "reference_query_normalized.npy"),
+        ("tiny-gemma3", "document", "reference_document_normalized.npy"),
+    ],
+)
+def test_prompt_name_selects_the_prompt(folder, name, ref, golden_texts):
+    model = _model(folder)
+    _check(model.embed(golden_texts, prompt_name=name), _ref(folder, ref))
+
+
+def test_prompt_equals_raw_text(golden_texts):
+    """e5 style: prompt_name="query" embeds exactly "query: x" as raw text,
+    token counts included."""
+    model = _model("tiny-xlm-roberta")
+    assert model.prompts["query"] == "query: " and model.default_prompt_name is None
+    texts = golden_texts[:34]  # the ones shorter than max length
+    a, ca = model.embed_with_counts(texts, prompt_name="query")
+    b, cb = model.embed_with_counts(["query: " + t for t in texts])
+    assert ca == cb
+    assert np.array_equal(a, b)
+    plain, cp = model.embed_with_counts(texts)
+    assert all(x > y for x, y in zip(ca, cp))
+    assert np.abs(plain - a).max() > 1e-2
+
+
+def test_default_prompt_applies_unless_overridden(golden_texts):
+    model = _model("tiny-nomic-bert")
+    assert model.default_prompt_name == "document"
+    assert model.spec().tokenizer.default_prompt_name == "document"
+    assert model.spec().tokenizer.prompts["query"] == "search_query: "
+    _check(model.embed(golden_texts, prompt=""), _ref("tiny-nomic-bert", "reference_noprompt_normalized.npy"))
+    a = model.embed(golden_texts[:5])
+    b = model.embed(["search_document: " + t for t in golden_texts[:5]], prompt="")
+    assert np.array_equal(a, b)
+
+
+def test_roberta_model_type_is_the_same_network(golden_texts, tmp_path):
+    """RoBERTa checkpoints (model_type "roberta") run through the XLM-R file."""
+    d = tmp_path / "roberta"
+    shutil.copytree(FIXTURES / "tiny-xlm-roberta", d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(model_type="roberta", architectures=["RobertaModel"])
+    (d / "config.json").write_text(json.dumps(cfg))
+    model = mlx_embed.load(d)
+    assert model.model_type == "roberta"
+    _check(model.embed(golden_texts), _ref("tiny-xlm-roberta", "reference_mean_normalized.npy"))
+
+
+def test_unknown_prompt_name_is_invalid_input():
+    with pytest.raises(mlx_embed.errors.InvalidInput, match="nope"):
+        _model("tiny-xlm-roberta").embed(["x"], prompt_name="nope")
+
+
+@pytest.mark.parametrize("folder", sorted(ARCHITECTURES))
+def test_left_truncation_keeps_the_last_tokens(folder, golden_texts):
+    model = _model(folder)
+    long = golden_texts[34]
+    right, _ = model.encode([long], prompt="")
+    left, before = model.encode([long], truncation_direction="left", prompt="")
+    tok = model.tokenizer
+    content = tok.encode_contents([long])[0]
+    assert before[0] > MAX_LEN and len(left[0]) == MAX_LEN == len(right[0])
+    n = tok.max_content
+    assert left[0] == tok.prefix + content[-n:] + tok.suffix
+    assert right[0] == tok.prefix + content[:n] + tok.suffix
+    assert left[0] != right[0]
+    v_left = model.embed([long], truncation_direction="left", prompt="")
+    v_tail = model.embed_ids([left[0]])
+    got = np.frombuffer(v_tail.vectors, dtype="<f4").reshape(1, -1)
+    assert np.allclose(v_left, got / np.linalg.norm(got), atol=1e-6)
+
+
+def test_dense_layers_change_the_width(tmp_path):
+    """embeddinggemma-style Dense layers: 48 -> 96 -> 48, the spec reports
+    the pipeline's output width."""
+    model = _model("tiny-gemma3")
+    assert model.spec().dim == 48
+    # A folder whose last Dense goes to 96: the output width follows.
+    d = tmp_path / "wide"
+    shutil.copytree(FIXTURES / "tiny-gemma3", d)
+    mods = json.loads((d / "modules.json").read_text())
+    mods = [m for m in mods if m["path"] != "3_Dense"]
+    for i, m in enumerate(mods):
+        m["idx"] = i
+    (d / "modules.json").write_text(json.dumps(mods))
+    wide = mlx_embed.load(d)
+    assert wide.dim == 96 and wide.embed(["hello"]).shape == (1, 96)
+
+
+@pytest.mark.parametrize(
+    "folder, edit, match",
+    [
+        ("tiny-gemma3", {"use_bidirectional_attention": False}, "use_bidirectional_attention"),
+        ("tiny-qwen2", {"use_sliding_window": True}, "use_sliding_window"),
+        ("tiny-nomic-bert", {"rotary_scaling_factor": 2.0}, "rotary_scaling_factor"),
+        ("tiny-nomic-bert", {"activation_function": "gelu"}, "activation_function"),
+        ("tiny-modernbert", {"hidden_activation": "relu"}, "hidden_activation"),
+        ("tiny-mpnet", {"relative_attention_num_buckets": 64}, "relative_attention_num_buckets"),
+        ("tiny-mpnet", {"model_type": "deberta-v2"}, "supported: bert, xlm-roberta"),
+    ],
+)
+def test_unsupported_variants_are_named(folder, edit, match, tmp_path):
+    d = tmp_path / "m"
+    shutil.copytree(FIXTURES / folder, d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.update(edit)
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=match):
+        mlx_embed.load(d)
+
+
+def test_unsupported_st_module_is_named(tmp_path):
+    d = tmp_path / "m"
+    shutil.copytree(FIXTURES / "tiny-mpnet", d)
+    mods = json.loads((d / "modules.json").read_text())
+    mods.insert(2, {"idx": 2, "name": "2", "path": "2_LayerNorm", "type": "sentence_transformers.models.LayerNorm"})
+    (d / "modules.json").write_text(json.dumps(mods))
+    with pytest.raises(ValueError, match="LayerNorm.*not supported"):
+        mlx_embed.load(d)

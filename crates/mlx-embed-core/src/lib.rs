@@ -53,7 +53,8 @@ pub use cache::CacheMetrics;
 pub use config::BatcherConfig;
 pub use embedder::{
     l2_normalize, BatchOutput, EmbedInput, EmbedOptions, Embedder, EmbedderError,
-    EmbedderErrorKind, Encoded, ModelInfo, ModelKind, Prompt, Tokenize, TruncationDirection,
+    EmbedderErrorKind, Encoded, ModelInfo, ModelKind, Prompt, TokenSpan, Tokenize,
+    TruncationDirection,
 };
 pub use error::{CoreError, OverloadReason};
 pub use metrics::{Histogram, LaneMetrics, MetricsSnapshot};

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -62,15 +63,17 @@ class Embeddings(nn.Module):
         self.token_type_embeddings = nn.Embedding(args.type_vocab_size, args.hidden_size)
         self.norm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
 
-    def __call__(self, input_ids: mx.array) -> mx.array:
+    def __call__(self, input_ids: mx.array, token_type_ids: Optional[mx.array] = None) -> mx.array:
         L = input_ids.shape[1]
-        # Single-segment input: token_type_ids are all 0, so the type embedding
-        # is one row broadcast over every position.
-        x = (
-            self.word_embeddings(input_ids)
-            + self.position_embeddings.weight[:L]
-            + self.token_type_embeddings.weight[0]
+        # Single-segment input (embeddings): token_type_ids are all 0, so the
+        # type embedding is one row broadcast over every position. Pairs
+        # (cross-encoders) mark the second segment with type 1.
+        types = (
+            self.token_type_embeddings.weight[0]
+            if token_type_ids is None
+            else self.token_type_embeddings(token_type_ids)
         )
+        x = self.word_embeddings(input_ids) + self.position_embeddings.weight[:L] + types
         return self.norm(x)
 
 
@@ -136,10 +139,20 @@ class Model(nn.Module):
         """Longest input the position table allows."""
         return self.args.max_position_embeddings
 
-    def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
+    def __call__(
+        self,
+        input_ids: mx.array,
+        attention_mask: mx.array,
+        token_type_ids: Optional[mx.array] = None,
+    ) -> mx.array:
         """Last hidden state [B, L, D]; ``attention_mask`` is 1 for real tokens,
-        which come first in each row (padding at the end)."""
-        x = self.embeddings(input_ids)
+        which come first in each row (padding at the end); ``token_type_ids``
+        only for sentence pairs."""
+        x = (
+            self.embeddings(input_ids)
+            if token_type_ids is None
+            else self.embeddings(input_ids, token_type_ids)
+        )
         mask = ops.KeyMask(attention_mask, x.dtype)
         for layer in self.layers:
             x = layer(x, mask)

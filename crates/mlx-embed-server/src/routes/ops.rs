@@ -7,7 +7,6 @@ use axum::extract::State;
 use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use mlx_embed_core::ModelKind;
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -32,10 +31,20 @@ pub struct HealthResponse {
     )
 )]
 pub async fn health(State(state): State<AppState>) -> (StatusCode, Json<HealthResponse>) {
-    let reason = state.batcher().model_failure().map(str::to_owned);
+    // One unhealthy model makes the server unhealthy: its routes would fail.
+    let several = state.models().len() > 1;
+    let reason = state.models().iter().find_map(|m| {
+        m.batcher.model_failure().map(|r| {
+            if several {
+                format!("{}: {r}", m.name)
+            } else {
+                r.to_owned()
+            }
+        })
+    });
     let (code, status) = if state.is_shutting_down() {
         (StatusCode::SERVICE_UNAVAILABLE, "shutting_down")
-    } else if !state.batcher().is_healthy() {
+    } else if !state.models().iter().all(|m| m.batcher.is_healthy()) {
         (StatusCode::SERVICE_UNAVAILABLE, "unhealthy")
     } else {
         (StatusCode::OK, "ok")
@@ -91,7 +100,23 @@ pub struct LimitsInfo {
     pub auth_required: bool,
 }
 
-/// What is served and how.
+/// One served model.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelSummary {
+    /// The served name (what a request's `model` field picks).
+    pub model: String,
+    pub model_id: String,
+    /// `embedding`, `classifier` or `reranker`.
+    pub kind: String,
+    /// Vector width, or the number of labels of a classifier/reranker.
+    pub dimension: usize,
+    /// Label names of a classifier/reranker, in score order.
+    pub labels: Vec<String>,
+    pub max_input_tokens: usize,
+    pub device_batch_tokens: Option<usize>,
+}
+
+/// What is served and how: the default model at the top level, every model in `models`.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct InfoResponse {
     /// The served model name.
@@ -112,6 +137,10 @@ pub struct InfoResponse {
     pub default_prompt_name: Option<String>,
     /// Everything else the model reports, for display (dtype, BLAS library, pooling, ...).
     pub details: BTreeMap<String, String>,
+    /// Label names of a classifier/reranker, in score order.
+    pub labels: Vec<String>,
+    /// Every served model, the default first (each has its own queue and model thread).
+    pub models: Vec<ModelSummary>,
     pub batching: BatchingInfo,
     pub limits: LimitsInfo,
     pub version: String,
@@ -133,17 +162,29 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
         model: state.model_name().to_owned(),
         model_id: m.name.clone(),
         dimension: m.dim,
-        kind: match &m.kind {
-            ModelKind::Embedding => "embedding",
-            ModelKind::Classifier { .. } => "classifier",
-            ModelKind::Reranker => "reranker",
-        }
-        .into(),
+        kind: m.kind.as_str().into(),
         max_input_tokens: m.max_input_tokens,
         vocab_size: m.vocab_size,
         prompts: m.prompts.clone(),
         default_prompt_name: m.default_prompt_name.clone(),
         details: m.details.clone(),
+        labels: m.kind.labels().to_vec(),
+        models: state
+            .models()
+            .iter()
+            .map(|s| {
+                let i = s.info();
+                ModelSummary {
+                    model: s.name.clone(),
+                    model_id: i.name.clone(),
+                    kind: i.kind.as_str().into(),
+                    dimension: i.dim,
+                    labels: i.kind.labels().to_vec(),
+                    max_input_tokens: i.max_input_tokens,
+                    device_batch_tokens: i.device_batch_tokens,
+                }
+            })
+            .collect(),
         batching: BatchingInfo {
             enabled: c.enable_batching,
             max_batch_size: c.max_batch_size,

@@ -2,9 +2,13 @@
 //! queue and model thread), and which one a request gets.
 //!
 //! A request's `model` field picks a model by its served name; without one,
-//! the first served model that can do the task answers. A name nobody serves
-//! is a 404 (OpenAI's `model_not_found`); a model that cannot do the task
-//! (reranking with an embedding model) is a 400.
+//! the first served model that can do the task answers. With two or more
+//! models, a name nobody serves is a 404 (OpenAI's `model_not_found`). A
+//! server of one model answers whatever name a client sends (logged once per
+//! name): OpenAI-style clients default to names like `text-embedding-ada-002`
+//! (LangChain, LlamaIndex) or `text-embedding-3-small` (graphiti), and TEI
+//! ignores the field, so they keep working unchanged. A model that cannot do
+//! the task (reranking with an embedding model) is a 400.
 
 use mlx_embed_core::{Batcher, ModelInfo, ModelKind};
 
@@ -73,7 +77,24 @@ pub fn resolve<'a>(
     requested: Option<&str>,
     task: Task,
 ) -> Result<&'a ServedModel, ApiError> {
-    match requested.filter(|r| !r.is_empty()) {
+    let requested = requested.filter(|r| !r.is_empty());
+    if let [only] = models {
+        if let Some(name) = requested.filter(|name| *name != only.name) {
+            note_other_name(name, &only.name);
+        }
+        return if task.accepts(&only.info().kind) {
+            Ok(only)
+        } else {
+            Err(ApiError::invalid(format!(
+                "this route needs {}; this server serves {} ({})",
+                task.wants(),
+                only.name,
+                only.info().kind.as_str()
+            ))
+            .param("model"))
+        };
+    }
+    match requested {
         Some(name) => {
             let model = models.iter().find(|m| m.name == name).ok_or_else(|| {
                 let served: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
@@ -112,6 +133,29 @@ pub fn resolve<'a>(
                 ))
                 .param("model")
             }),
+    }
+}
+
+/// A warning the first time each other name is seen (up to 64 names), debug after.
+fn note_other_name(requested: &str, served: &str) {
+    static SEEN: std::sync::Mutex<std::collections::BTreeSet<String>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let first = {
+        let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+        seen.len() < 64 && seen.insert(requested.to_owned())
+    };
+    if first {
+        tracing::warn!(
+            requested,
+            served,
+            "request names another model; serving ours"
+        );
+    } else {
+        tracing::debug!(
+            requested,
+            served,
+            "request names another model; serving ours"
+        );
     }
 }
 
@@ -190,5 +234,14 @@ mod tests {
         let e = resolve(&only, None, Task::Rerank).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidRequest);
         assert!(e.message.contains("--rerank-model"), "{}", e.message);
+        // One model: any name reaches it (OpenAI-style clients send their own defaults).
+        assert_eq!(
+            resolve(&only, Some("text-embedding-ada-002"), Task::Embed)
+                .unwrap()
+                .name,
+            "emb"
+        );
+        let e = resolve(&only, Some("other"), Task::Rerank).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidRequest);
     }
 }

@@ -44,7 +44,7 @@ pub struct OpenAiEmbeddingRequest {
     /// A string, strings, token ids, or lists of token ids (the model's own tokenizer).
     pub input: OpenAiInput,
     /// Which served model answers (`/v1/models` lists them); default: the first
-    /// embedding model. An unknown name is a 404 (`model_not_found`).
+    /// embedding model. With several models served, an unknown name is a 404 (`model_not_found`).
     pub model: Option<String>,
     /// `float` (default) or `base64`.
     pub encoding_format: Option<EncodingFormat>,

@@ -202,7 +202,7 @@ def engine_serve(args) -> None:
     meta = {"blas": info["blas"], "blas_gflops": round(info["blas_gflops"], 1),
             "ops_path": model.context.describe(), "workers": model.workers,
             "texts": len(texts), "tokens": sum(lengths), "forward_gflop": flops / 1e9,
-            "preferred_batch_tokens": info["preferred_batch_tokens"]}
+            "device_batch_tokens": info["device_batch_tokens"]}
     if args.gemm_peak:
         meta["gemm_peak_gflops"] = {k: round(v, 1) for k, v in gemm_peak_gflops().items()}
     _serve(run_once, meta)

@@ -33,9 +33,6 @@ from .tokenization import TextTokenizer, check_direction, resolve_prompt
 
 log = logging.getLogger("mlx_embed")
 
-# The server's legacy entry point (embed_raw) raises on inputs containing this
-# marker; it goes away with embed_raw once the bridge calls embed_ids.
-FAULT_ENV = "MLX_EMBED_TEST_FAULT"
 
 
 class EmbeddingModel:
@@ -113,7 +110,6 @@ class EmbeddingModel:
             streams=streams,
             takes_type_ids="token_type_ids" in inspect.signature(self.model.__call__).parameters,
         )
-        self._fault_marker = os.environ.get(FAULT_ENV) or None
         self.load_timings = {**ck.timings, "total": time.perf_counter() - t0}
         for stage in ("read_weights", "build"):
             startup.record(stage, ck.timings[stage])
@@ -203,7 +199,18 @@ class EmbeddingModel:
         (process-wide figures: cheap to poll, e.g. for /metrics)."""
         return device.memory()
 
-    def _check_ids(self, ids, *, whole: bool = True) -> list:
+    def live_details(self) -> dict[str, str]:
+        """Display figures that change or cost time to get, for ``/info`` at
+        request time (``spec().details`` is fixed at load): MLX memory, and
+        the CPU BLAS's GFLOP/s, measured on the first call (~0.1 s) rather
+        than on the start path."""
+        out = {k.removesuffix("_bytes") + "_mb": f"{v / 2**20:.1f}" for k, v in self.memory().items()
+               if v >= 0}
+        if device.is_cpu():
+            out["blas_gflops"] = f"{_blas.info(measure=True)['gflops']:.1f}"
+        return out
+
+    def _check_ids(self, ids) -> list:
         if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
             raise InvalidInput(f"ids must be a list of token id lists, got {type(ids).__name__}")
         rows = list(ids)
@@ -212,7 +219,7 @@ class EmbeddingModel:
                 raise InvalidInput(f"input {i}: expected a list of token ids, got {type(row).__name__}")
             if len(row) == 0:
                 raise InvalidInput(f"input {i}: empty sequence (it needs at least one token)")
-            if whole and len(row) > self.max_length:
+            if len(row) > self.max_length:
                 raise InvalidInput(
                     f"input {i} has {len(row)} tokens, more than max_length={self.max_length}"
                 )
@@ -343,44 +350,6 @@ class EmbeddingModel:
         """Tokens each text would run as (after truncation, specials included)."""
         return [len(x) for x in self.encode(texts, **kwargs)[0]]
 
-    def embed_raw(
-        self, inputs: list[Union[str, list[int]]]
-    ) -> tuple[bytes, list[int], list[int], int]:
-        """The server's previous entry point, kept until the bridge calls
-        :meth:`embed_ids`: texts or content ids (no specials) in; the
-        unnormalized vectors' bytes, tokens run, tokens before truncation and
-        padded tokens out."""
-        if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
-            raise TypeError(f"inputs must be a list, got {type(inputs).__name__}")
-        marker = self._fault_marker
-        if marker:
-            for i, t in enumerate(inputs):
-                if isinstance(t, str) and marker in t:
-                    raise RuntimeError(f"injected test fault on input {i}")
-        n = len(inputs)
-        ids: list = [None] * n
-        before: list = [0] * n
-        text_idx, text_vals = [], []
-        for i, x in enumerate(inputs):
-            if isinstance(x, str):
-                text_idx.append(i)
-                text_vals.append(x)
-            elif isinstance(x, (list, tuple)):
-                if x:
-                    try:
-                        self._check_ids([x], whole=False)
-                    except InvalidInput as e:
-                        raise InvalidInput(str(e).replace("input 0", f"input {i}", 1)) from None
-                ids[i], before[i] = self.tokenizer.finish([int(v) for v in x])
-            else:
-                raise TypeError(f"input {i} must be str or list[int], got {type(x).__name__}")
-        if text_vals:
-            t_ids, t_before = self.encode(text_vals)
-            for j, i in enumerate(text_idx):
-                ids[i], before[i] = t_ids[j], t_before[j]
-        vecs, padded = self.scheduler.run(ids)
-        return vecs.astype("<f4", copy=False).tobytes(), [len(x) for x in ids], before, padded
-
     # ------------------------------------------------------------- reports
 
     def _details(self) -> dict[str, str]:
@@ -422,7 +391,6 @@ class EmbeddingModel:
             "device": self.device,
             "blas": b["library"],
             "blas_gflops": b["gflops"],
-            "preferred_batch_tokens": self.batch_tokens,
             "device_batch_tokens": self.batch_tokens,
             # Which element-wise path runs (see ops.py); "native" names the
             # SIMD level the kernels picked on this CPU.

@@ -17,6 +17,15 @@ Two ways to run the sub-batches:
   work of pass k+1 (padding, mask, graph) overlaps the device compute of pass
   k; the vectors are gathered into input order on the device and copied to
   the host once per call.
+
+Across calls: ``submit`` returns a :class:`Pending` once the call's passes
+are queued, before the host copy; ``Pending.result()`` is the copy. A caller
+holding batch k+1 while batch k runs (the server's model thread, keeping the
+bridge's one interpreter crossing per batch: submit k+1, then collect k) keeps
+the device busy between batches. ``EmbeddingModel.submit_ids`` exposes it;
+the Rust core's model thread does not use it yet (its ``Embedder`` trait
+answers each batch before taking the next), so today calls overlap only for
+Python callers, and passes within a call for everyone.
 """
 
 from __future__ import annotations

@@ -60,7 +60,9 @@ def minilm():
 
 @pytest.fixture(scope="session")
 def minilm_dir() -> Path:
-    return Path(mlx_embed.engine.default_model_path())
+    from mlx_embed.loading import default_model_path
+
+    return Path(default_model_path())
 
 
 @pytest.fixture(scope="session")

@@ -19,8 +19,7 @@ def test_empty_list(minilm, qwen):
     assert minilm.embed([]).shape == (0, 384)
     assert qwen.embed([]).shape == (0, 64)
     assert minilm.embed([]).dtype == np.float32
-    b, counts, before, padded = minilm.embed_raw([])
-    assert (b, counts, before, padded) == (b"", [], [], 0)
+    assert minilm.encode([]) == ([], [])
 
 
 def test_empty_string_embeds(minilm, golden_texts, golden_mean):
@@ -84,18 +83,6 @@ def test_count_tokens_matches_encode(minilm, golden_texts):
         assert len(x) == min(b, 256)
 
 
-def test_embed_raw_until_the_bridge_moves(minilm, golden_texts):
-    """The server's previous entry point (texts or content ids); removed once
-    the bridge calls embed_ids."""
-    raw, counts, before, padded = minilm.embed_raw(golden_texts + [[1000] * 400])
-    arr = np.frombuffer(raw, dtype="<f4").reshape(len(golden_texts) + 1, minilm.dim)
-    ref, ref_counts = minilm.embed_with_counts(golden_texts, normalize=False)
-    assert np.abs(arr[:-1] - ref).max() <= 1e-6
-    assert counts == ref_counts + [256] and before[-1] == 402
-    with pytest.raises(InvalidInput, match="input 1"):
-        minilm.embed_raw(["ok", [101, 30522]])
-
-
 def test_qwen3_instruction(qwen):
     q = "what is the capital of France?"
     prefixed = "Instruct: find the answer\nQuery: " + q
@@ -115,7 +102,7 @@ def test_info(minilm, qwen):
     info = minilm.info()
     assert set(info) >= {
         "name", "dim", "max_length", "dtype", "pooling", "model_type", "blas",
-        "blas_gflops", "preferred_batch_tokens", "quantization", "device", "memory",
+        "blas_gflops", "device_batch_tokens", "quantization", "device", "memory",
     }
     assert info["dim"] == 384 and info["max_length"] == 256
     assert info["elementwise_ops"] in ("native (avx2+fma)", "native (generic)")
@@ -123,7 +110,7 @@ def test_info(minilm, qwen):
     assert info["dtype"] == "float32" and info["pooling"] == "mean"
     assert info["model_type"] == "bert" and info["quantization"] is None
     assert info["device"].startswith("cpu")
-    assert info["preferred_batch_tokens"] == 256
+    assert info["device_batch_tokens"] == 256
     assert qwen.info()["pooling"] == "last"
     json.dumps(info)  # plain data
 

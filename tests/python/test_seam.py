@@ -255,3 +255,12 @@ def test_normalization_on_the_device_matches_numpy(minilm, golden_texts):
     got = minilm.embed(golden_texts)
     assert np.abs(got - ref).max() <= 1e-6
     assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
+
+
+def test_live_details_for_info(minilm):
+    d = minilm.live_details()
+    assert set(d) == {"active_mb", "cache_mb", "peak_mb", "cache_limit_mb", "blas_gflops"}
+    assert float(d["active_mb"]) > 10  # MiniLM's fp32 weights alone are ~87 MB
+    assert float(d["cache_mb"]) == 0.0
+    assert float(d["blas_gflops"]) > 1.0
+    assert all(isinstance(v, str) for v in d.values())

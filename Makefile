@@ -13,7 +13,7 @@ PORT ?= 8080
 export PYO3_PYTHON := $(BIN)/python
 export VIRTUAL_ENV := $(abspath $(VENV))
 
-.PHONY: serve test lint setup system-deps build bench loadtest clean
+.PHONY: serve test lint setup system-deps build bench loadtest replicas bench-scale clean
 
 serve: setup build
 	$(BIN)/mlx-embed serve --host $(HOST) --port $(PORT)
@@ -32,12 +32,14 @@ lint: setup
 setup: system-deps $(VENV)/.installed
 
 # OpenBLAS gives MLX's CPU backend a ~30x faster matmul than the reference BLAS
-# its Linux wheel links; wrk drives the load tests. Both from the OS packages.
+# its Linux wheel links; wrk drives the load tests; nginx balances replicas
+# (deploy/nginx, tests/e2e/test_nginx.py). All from the OS packages.
 system-deps:
 	@need=""; \
 	if [ "$$(uname -s)" = Linux ]; then \
 	  ldconfig -p 2>/dev/null | grep -q 'libopenblas\.so\.0' || need="$$need libopenblas0-pthread"; \
 	  command -v wrk >/dev/null || need="$$need wrk"; \
+	  command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need="$$need nginx"; \
 	fi; \
 	if [ -n "$$need" ]; then \
 	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
@@ -77,6 +79,15 @@ $(PEER_VENV)/.installed:
 loadtest: setup build
 	$(BIN)/pip install -q matplotlib
 	$(BIN)/python scripts/loadtest
+
+# REPLICAS servers behind nginx on $(PORT) (docs/scaling.md); Ctrl-C stops all.
+REPLICAS ?= 2
+replicas: setup build
+	$(BIN)/python scripts/replicas.py --replicas $(REPLICAS) --port $(PORT)
+
+# Replicas behind nginx beside one replica, and Ray bulk beside `mlx-embed embed` (docs/scaling.md).
+bench-scale: setup build
+	$(BIN)/python scripts/bench_scale.py
 
 clean:
 	rm -rf $(VENV) target python/mlx_embed/*.so

@@ -3,6 +3,7 @@
     mlx-embed embed [TEXT ...] [-i FILE] [--jsonl] [-o OUT.jsonl|OUT.npy] [--model DIR]
     mlx-embed serve ...        (everything after "serve" goes to the Rust server)
     mlx-embed info [--model DIR]
+    mlx-embed bulk INPUT... -o OUT_DIR [--concurrency N] ...   (Ray Data; the `ray` extra)
 """
 
 from __future__ import annotations
@@ -120,6 +121,46 @@ def cmd_embed(args) -> int:
     return 0
 
 
+def cmd_bulk(args) -> int:
+    """Embeds a Parquet/JSONL corpus on Ray Data into Parquet (id, text, embedding)."""
+    try:
+        import ray
+
+        from mlx_embed.ray import BadRow, BulkError, run_bulk
+    except ImportError as e:
+        print(f"mlx-embed bulk: needs the ray extra (pip install 'mlx-embed[ray]'): {e}",
+              file=sys.stderr)
+        return 1
+    started_ray = not ray.is_initialized()
+    if started_ray:
+        # No --address and no RAY_ADDRESS: a local cluster of --num-cpus CPUs.
+        ray.init(address=args.address, num_cpus=None if args.address else args.num_cpus)
+    try:
+        result = run_bulk(
+            args.inputs, args.output, model=args.model, id_column=args.id_column,
+            text_column=args.text_column, concurrency=args.concurrency,
+            cpus_per_actor=args.cpus_per_actor, workers_per_actor=args.workers_per_actor,
+            batch_size=args.batch_size, rows_per_file=args.rows_per_file,
+            normalize=not args.no_normalize, truncate=not args.no_truncate,
+            dtype=args.dtype, quantize=args.quantize, instruction=args.instruction,
+        )
+    except (BadRow, BulkError) as e:
+        print(f"mlx-embed bulk: error: {e}", file=sys.stderr)
+        return 1
+    finally:
+        if started_ray:
+            # Also ends the workers' log forwarding, so the summary is stdout's last line.
+            ray.shutdown()
+    summary = {
+        "input_rows": result.input_rows, "already_done": result.already_done,
+        "embedded": result.embedded, "removed_files": result.removed_files,
+        "output_files": result.output_files, "seconds": round(result.seconds, 2),
+        "texts_per_s": round(result.embedded / max(result.seconds, 1e-9), 1),
+    }
+    print(json.dumps(summary))
+    return 0
+
+
 def cmd_info(args) -> int:
     import mlx_embed
 
@@ -171,6 +212,36 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--chunk", type=int, default=256, help="texts per progress step")
     e.add_argument("--progress", choices=["auto", "always", "never"], default="auto")
     e.set_defaults(func=cmd_embed)
+
+    b = sub.add_parser(
+        "bulk", help="embed a Parquet/JSONL corpus on Ray Data into Parquet (resumable)",
+        description="Reads Parquet or JSONL rows with an id and a text, embeds them on a pool "
+        "of Ray actors (one model each) and appends Parquet files of id, text, embedding "
+        "(list<float32>) to OUT_DIR. Ids already in OUT_DIR are skipped, so running the same "
+        "command again resumes. A row that cannot be embedded fails the job with its id.",
+    )
+    b.add_argument("inputs", nargs="+", help=".parquet / .jsonl files or folders of them")
+    b.add_argument("-o", "--output", required=True, help="output folder of .parquet files")
+    b.add_argument("-m", "--model", help="model folder (default: bundled all-MiniLM-L6-v2)")
+    b.add_argument("--id-column", default="id")
+    b.add_argument("--text-column", default="text")
+    b.add_argument("--concurrency", type=int,
+                   help="model actors (default: the cluster's CPUs less one, / --cpus-per-actor)")
+    b.add_argument("--cpus-per-actor", type=float, default=1.0,
+                   help="CPUs each actor claims from Ray (default 1)")
+    b.add_argument("--workers-per-actor", type=int,
+                   help="MLX threads per actor (default: --cpus-per-actor, at least 1)")
+    b.add_argument("--batch-size", type=int, default=256, help="rows per model call")
+    b.add_argument("--rows-per-file", type=int, default=10_000,
+                   help="rows per output file at least (the last may hold fewer)")
+    b.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else local)")
+    b.add_argument("--num-cpus", type=int, help="CPUs of the local cluster (default: all)")
+    b.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
+    b.add_argument("--quantize", type=int, choices=[4, 8])
+    b.add_argument("--instruction", help="query instruction (qwen3 models)")
+    b.add_argument("--no-normalize", action="store_true", help="do not L2-normalize")
+    b.add_argument("--no-truncate", action="store_true", help="fail on texts over max_length")
+    b.set_defaults(func=cmd_bulk)
 
     i = sub.add_parser("info", help="show BLAS and model information")
     i.add_argument("-m", "--model")

@@ -86,7 +86,7 @@ class Connection:
     async def __aexit__(self, *exc):
         self.writer.close()
 
-    async def post(self, path: str, body) -> Response:
-        self.writer.write(encode_request(self.host, self.port, path, body, keep_alive=True))
+    async def post(self, path: str, body, headers: dict[str, str] | None = None) -> Response:
+        self.writer.write(encode_request(self.host, self.port, path, body, keep_alive=True, headers=headers))
         await self.writer.drain()
         return await read_response(self.reader)

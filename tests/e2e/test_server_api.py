@@ -60,7 +60,9 @@ def test_native_response_shape(server):
     assert body["dimension"] == 384
     assert len(body["embeddings"]) == 2
     # [CLS] hello world [SEP] = 4, [CLS] second [SEP] = 3
-    assert body["usage"] == {"prompt_tokens": 7, "total_tokens": 7}
+    assert body["usage"] == {"prompt_tokens": 7, "total_tokens": 7, "cache_hits": body["usage"]["cache_hits"]}
+    again = server.post("/api/v1/embed", {"texts": ["hello world", "second"]}).json()
+    assert again["usage"] == {"prompt_tokens": 7, "total_tokens": 7, "cache_hits": 2}
 
 
 def test_dimensions_keeps_prefix_and_renormalizes(server, golden):

@@ -59,20 +59,32 @@ struct Outcome {
     batches: u64,
 }
 
+/// Request `i` of caller `c`: distinct texts (every one a cache miss), or a
+/// few texts over and over (cache hits once seen).
+fn distinct(c: usize, i: usize) -> String {
+    format!("caller {c} request {i}")
+}
+
+fn repeated(_c: usize, i: usize) -> String {
+    format!("popular text {}", i % 16)
+}
+
 fn run(
     runtime: &tokio::runtime::Runtime,
     config: BatcherConfig,
     callers: usize,
     requests: usize,
+    text: fn(usize, usize) -> String,
 ) -> Outcome {
     let batcher = Batcher::start(config, || Ok(ZeroCost)).expect("start");
     let per_caller = requests / callers;
     let (elapsed, latencies) = runtime.block_on(async {
-        // Warm-up: threads running, allocator primed.
-        for _ in 0..1000 {
+        // Warm-up: threads running, allocator primed (distinct texts, so a
+        // cache does not answer them).
+        for i in 0..1000 {
             batcher
                 .embed(
-                    vec![EmbedInput::Text("warm up".into())],
+                    vec![EmbedInput::Text(format!("warm up {i}"))],
                     EmbedOptions::default(),
                 )
                 .await
@@ -85,7 +97,7 @@ fn run(
                 tokio::spawn(async move {
                     let mut lat = Vec::with_capacity(per_caller);
                     for i in 0..per_caller {
-                        let input = EmbedInput::Text(format!("caller {c} request {i}"));
+                        let input = EmbedInput::Text(text(c, i));
                         let t = Instant::now();
                         b.embed(vec![input], EmbedOptions::default()).await.unwrap();
                         lat.push(t.elapsed());
@@ -184,9 +196,15 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
+    // The batcher alone: no embedding cache (its rows are below).
     let batching = BatcherConfig {
         max_concurrent_requests: 4096,
+        cache_bytes: 0,
         ..BatcherConfig::default()
+    };
+    let cached = BatcherConfig {
+        cache_bytes: BatcherConfig::default().cache_bytes,
+        ..batching.clone()
     };
     let serial = BatcherConfig {
         enable_batching: false,
@@ -209,26 +227,34 @@ fn main() {
     );
     report(
         "1 caller, current-thread runtime",
-        run(&current, batching.clone(), 1, requests / 4),
+        run(&current, batching.clone(), 1, requests / 4, distinct),
     );
     report(
         "1 caller, multi-thread runtime (2 workers)",
-        run(&multi, batching.clone(), 1, requests / 4),
+        run(&multi, batching.clone(), 1, requests / 4, distinct),
     );
     report(
         "64 callers, multi-thread (2 workers)",
-        run(&multi, batching.clone(), 64, requests),
+        run(&multi, batching.clone(), 64, requests, distinct),
     );
     report(
         "256 callers, multi-thread (2 workers)",
-        run(&multi, batching.clone(), 256, requests),
+        run(&multi, batching.clone(), 256, requests, distinct),
     );
     report(
         "64 callers, current-thread runtime",
-        run(&current, batching.clone(), 64, requests),
+        run(&current, batching.clone(), 64, requests, distinct),
     );
     report(
         "64 callers, multi-thread, enable_batching=false",
-        run(&multi, serial, 64, requests / 4),
+        run(&multi, serial, 64, requests / 4, distinct),
+    );
+    report(
+        "64 callers, multi-thread, cache on, every text new (misses)",
+        run(&multi, cached.clone(), 64, requests, distinct),
+    );
+    report(
+        "64 callers, multi-thread, cache on, 16 texts repeated (hits)",
+        run(&multi, cached, 64, requests, repeated),
     );
 }

@@ -1,19 +1,21 @@
-//! The public handle: admission, hand-off to the collector, and the answer.
+//! The public handle: tokenize, the cache, admission into a lane, hand-off
+//! to the model thread, and the answer.
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::oneshot;
 
 use crate::admission::Refusal;
+use crate::cache::{Cache, CacheKey, Lookup};
+use crate::model_thread;
 use crate::queue::Pending;
 use crate::request::{ActiveGuard, CallerGuard, Request, Ticket};
 use crate::shared::Shared;
-use crate::{collector, model_thread, tokenize};
+use crate::tokenize;
 use crate::{
-    BatcherConfig, CoreError, EmbedInput, EmbedOptions, Embedder, EmbedderError, MetricsSnapshot,
-    ModelInfo, Tokenize,
+    BatcherConfig, CoreError, EmbedInput, EmbedOptions, Embedder, EmbedderError, Encoded,
+    MetricsSnapshot, ModelInfo, Priority, Tokenize,
 };
 
 /// What one caller gets back: its own inputs' vectors, in its order.
@@ -29,16 +31,16 @@ pub struct Embeddings {
 
 /// Handle to a running batcher; cheap to clone, shareable across tasks.
 ///
-/// Callers are admitted by a fair semaphore counted in inputs, batched by one
-/// collector thread, and computed by one model thread. When the last clone is
-/// dropped both threads finish what they hold and exit.
+/// Callers are admitted by a fair semaphore per priority lane, counted in
+/// inputs; the model thread cuts each batch from the lanes and computes it.
+/// When the last clone is dropped the model thread finishes its batch and exits.
 #[derive(Clone)]
 pub struct Batcher {
     inner: Arc<Inner>,
 }
 
-/// Owned only by `Batcher` handles (the threads hold `Shared`), so its drop
-/// means "no handle left".
+/// Owned only by `Batcher` handles (the model thread holds `Shared`), so its
+/// drop means "no handle left".
 struct Inner {
     shared: Arc<Shared>,
     info: ModelInfo,
@@ -88,19 +90,9 @@ impl Batcher {
                 ))
             }
         };
-        let collector_shared = shared.clone();
-        let spawned = std::thread::Builder::new()
-            .name("mlx-embed-batcher".into())
-            .spawn(move || collector::run(collector_shared));
-        if let Err(e) = spawned {
-            shared.stop();
-            return Err(CoreError::ModelUnavailable(format!(
-                "cannot spawn the batch collector: {e}"
-            )));
-        }
         tracing::info!(model = %info.name, dim = info.dim, config = ?shared.config, "batcher started");
-        // Both threads are detached: they exit on their own after `stop`, and
-        // joining a thread mid-batch from a drop could block an async runtime.
+        // The model thread is detached: it exits on its own after `stop`, and
+        // joining it mid-batch from a drop could block an async runtime.
         Ok(Self {
             inner: Arc::new(Inner {
                 shared,
@@ -115,10 +107,13 @@ impl Batcher {
     /// The inputs are tokenized first (on tokio's blocking pool, with the
     /// model's [`Tokenize`]): an unknown prompt name or a bad token id is
     /// `InvalidInput`, and with `options.truncate == false` an input over the
-    /// model's maximum is `InputTooLong`, before anything is queued. Then the
-    /// request waits for admission; `Overloaded` only past `max_waiting` or
-    /// `max_queue_wait`. Dropping the future before its batch starts means its
-    /// inputs are never computed.
+    /// model's maximum is `InputTooLong`, before anything is queued. Inputs
+    /// the embedding cache has are answered from it; the rest wait for
+    /// admission in the lane of `options.priority` (`Overloaded` only past
+    /// that lane's `max_waiting` or `max_queue_wait`), and high-priority
+    /// inputs go into the next batch ahead of waiting normal and low ones.
+    /// Dropping the future before its batch starts means its inputs are never
+    /// computed.
     ///
     /// The future is `Send` and runs on any tokio runtime flavor; it needs
     /// the runtime's time driver (admission waits with tokio's timer) and
@@ -129,8 +124,9 @@ impl Batcher {
         options: EmbedOptions,
     ) -> Result<Embeddings, CoreError> {
         let shared = &*self.inner.shared;
+        let priority = options.priority;
         let result = self.embed_inner(inputs, options).await;
-        shared.recorder.count_outcome(&result);
+        shared.recorder.count_outcome(priority, &result);
         result
     }
 
@@ -140,25 +136,106 @@ impl Batcher {
         options: EmbedOptions,
     ) -> Result<Embeddings, CoreError> {
         let shared = &*self.inner.shared;
-        let n = inputs.len();
-        if n == 0 {
+        if inputs.is_empty() {
             return Err(CoreError::InvalidInput("no inputs to embed".into()));
         }
-        if shared.dead.get().is_some() || shared.closed.load(Ordering::Acquire) {
-            return Err(shared.refusal());
-        }
-        let active = ActiveGuard::new(shared.recorder.clone());
+        shared.check_open()?;
+        // Counts this call for `drained()` from here, tokenizing included.
+        let _active = ActiveGuard::new(shared.recorder.clone());
         let inner = &*self.inner;
         let encoded =
             tokenize::encode_all(inner.tokenizer.clone(), &inner.info, inputs, &options).await?;
         let token_counts: Vec<u32> = encoded.iter().map(|e| e.len() as u32).collect();
+        let (vectors, cache_hits) = match &shared.cache {
+            Some(cache) => {
+                self.compute_cached(cache, encoded, options.priority)
+                    .await?
+            }
+            None => (self.compute(encoded, options.priority).await?, 0),
+        };
+        Ok(Embeddings {
+            vectors,
+            token_counts,
+            cache_hits,
+        })
+    }
+
+    /// The cache path: hits at once; misses this call leads are computed in
+    /// one request; misses another call is computing are awaited. A leader
+    /// that gives up (fails, or its caller left) wakes its followers with
+    /// nothing, and they look up again: one of them leads the next try.
+    /// Leads are published before any follow is awaited, so two calls
+    /// following each other's keys cannot wait on each other.
+    async fn compute_cached(
+        &self,
+        cache: &Arc<Cache>,
+        encoded: Vec<Encoded>,
+        priority: Priority,
+    ) -> Result<(Vec<Vec<f32>>, u32), CoreError> {
+        let mut out: Vec<Option<Vec<f32>>> = vec![None; encoded.len()];
+        let mut hits = 0u32;
+        let mut todo: Vec<usize> = (0..encoded.len()).collect();
+        while !todo.is_empty() {
+            let mut leads = Vec::new();
+            let mut follows = Vec::new();
+            for i in todo.drain(..) {
+                let key = CacheKey {
+                    ids: encoded[i].ids.clone(),
+                    type_ids: encoded[i].type_ids.clone(),
+                };
+                match cache.lookup(key, priority) {
+                    Lookup::Hit(vector) => {
+                        out[i] = Some(vector.to_vec());
+                        hits += 1;
+                    }
+                    Lookup::Lead(lead) => leads.push((i, lead)),
+                    Lookup::Follow(follow) => follows.push((i, follow)),
+                }
+            }
+            if !leads.is_empty() {
+                let inputs = leads.iter().map(|(i, _)| encoded[*i].clone()).collect();
+                // On error the leads drop unpublished, which wakes their followers.
+                let vectors = self.compute(inputs, priority).await?;
+                for ((i, lead), vector) in leads.into_iter().zip(vectors) {
+                    lead.publish(&vector);
+                    out[i] = Some(vector);
+                }
+            }
+            for (i, follow) in follows {
+                match follow.wait().await {
+                    Some(vector) => {
+                        out[i] = Some(vector.to_vec());
+                        hits += 1;
+                    }
+                    None => todo.push(i),
+                }
+            }
+        }
+        let vectors = out
+            .into_iter()
+            .map(|v| v.expect("every input answered"))
+            .collect();
+        Ok((vectors, hits))
+    }
+
+    /// Admission into `priority`'s lane, then the model: the vectors of
+    /// `encoded`, in order.
+    async fn compute(
+        &self,
+        encoded: Vec<Encoded>,
+        priority: Priority,
+    ) -> Result<Vec<Vec<f32>>, CoreError> {
+        let shared = &*self.inner.shared;
+        let n = encoded.len();
+        let active = ActiveGuard::new(shared.recorder.clone());
         // Queue wait (and its bound) starts once the request is ready to queue.
         let arrived = Instant::now();
-        let permit = match shared.admission.admit(n, arrived).await {
+        let admission = shared.admission(priority);
+        let permit = match admission.admit(n, arrived).await {
             Ok(permit) => permit,
             Err(Refusal::Closed) => return Err(shared.refusal()),
             Err(Refusal::Overloaded(reason)) => {
-                let retry_after = shared.admission.retry_after(&shared.recorder);
+                let retry_after = admission.retry_after(&shared.recorder);
                 return Err(CoreError::Overloaded {
                     reason,
                     retry_after,
@@ -167,7 +244,7 @@ impl Batcher {
         };
         let ticket = Ticket::new(permit, n, shared.recorder.clone());
         let (reply, answer) = oneshot::channel();
-        let request = Arc::new(Request::new(token_counts, arrived, reply, ticket, active));
+        let request = Arc::new(Request::new(n, priority, arrived, reply, ticket, active));
         let caller = CallerGuard::new(&request);
         shared.submit(Pending::new(request, encoded))?;
         let result = answer.await;
@@ -194,31 +271,23 @@ impl Batcher {
 
     /// True while the model thread is alive and the batcher accepts work.
     pub fn is_healthy(&self) -> bool {
-        let shared = &self.inner.shared;
-        shared.dead.get().is_none() && !shared.closed.load(Ordering::Acquire)
+        self.inner.shared.is_healthy()
     }
 
     /// Why the model is unavailable, once it is (`None` while it is alive).
     pub fn model_failure(&self) -> Option<&str> {
-        self.inner.shared.dead.get().map(String::as_str)
+        self.inner.shared.dead_reason()
     }
 
     /// A copy of every counter and histogram, taken without stopping anything.
     pub fn metrics(&self) -> MetricsSnapshot {
-        let shared = &self.inner.shared;
-        shared
-            .recorder
-            .snapshot(shared.admission.waiting_inputs() as u64)
+        self.inner.shared.metrics()
     }
 
     /// Stops accepting new work (`ShuttingDown`); admitted work still completes.
     /// Callers still waiting for admission are refused with `ShuttingDown`.
     pub fn close(&self) {
-        let shared = &self.inner.shared;
-        if !shared.closed.swap(true, Ordering::AcqRel) {
-            tracing::info!("batcher closed to new work");
-        }
-        shared.admission.close();
+        self.inner.shared.close();
     }
 
     /// Waits until every admitted request has been answered.

@@ -7,15 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// How urgently a caller wants its answer; the queue serves higher lanes
-/// first and ages lower ones so they are never starved.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Priority {
-    High,
-    #[default]
-    Normal,
-    Low,
-}
+use crate::Priority;
 
 /// Which end of an over-long input survives truncation.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]

@@ -7,15 +7,23 @@
 //!    [`ModelInfo::max_input_tokens`] on the side the request chose. With
 //!    `truncate: false` an input over that maximum is refused here
 //!    ([`CoreError::InputTooLong`]), before any compute.
-//! 2. **Admit**: a fair tokio semaphore counted in inputs
+//! 2. **Cache**: inputs whose exact ids were embedded before are answered
+//!    from the embedding cache ([`BatcherConfig::cache_bytes`]) without
+//!    admission or model; concurrent misses of one input compute it once.
+//! 3. **Admit** the misses into their [`Priority`] lane: a fair tokio
+//!    semaphore per lane counted in inputs
 //!    ([`BatcherConfig::max_concurrent_requests`]); past `max_waiting` inputs
 //!    or `max_queue_wait` a caller is told [`CoreError::Overloaded`].
-//! 3. **Collect**: one collector thread decides which inputs share a model
-//!    call, FIFO with round-robin between requests, under two exact budgets:
+//! 4. **Collect**: each time the model thread is free it cuts its next batch
+//!    from the lanes (`queue.rs`): high > normal > low with aging, FIFO with
+//!    round-robin between requests inside a lane, under two exact budgets:
 //!    `max_batch_size` inputs and `max_batch_tokens` padded tokens (longest
 //!    input's tokens x inputs).
-//! 4. **Compute**: one [`Embedder::embed_batch`] per batch on the one model
+//! 5. **Compute**: one [`Embedder::embed_batch`] per batch on the one model
 //!    thread, which lives as long as the model.
+//!
+//! The batcher's lifecycle (open, closed, stopped; the model loading,
+//! waiting, busy or dead) and every wake-up are in one place, `shared.rs`.
 //!
 //! How one model call is cut into device passes is the model's own business,
 //! on its own budget ([`ModelInfo::device_batch_tokens`], padded tokens per
@@ -27,12 +35,13 @@
 
 mod admission;
 mod batcher;
-mod collector;
+mod cache;
 pub mod config;
 pub mod embedder;
 pub mod error;
 pub mod metrics;
 mod model_thread;
+pub mod priority;
 mod queue;
 mod recorder;
 mod request;
@@ -40,11 +49,12 @@ mod shared;
 mod tokenize;
 
 pub use batcher::{Batcher, Embeddings};
+pub use cache::CacheMetrics;
 pub use config::BatcherConfig;
 pub use embedder::{
     l2_normalize, BatchOutput, EmbedInput, EmbedOptions, Embedder, EmbedderError,
-    EmbedderErrorKind, Encoded, ModelInfo, ModelKind, Priority, Prompt, Tokenize,
-    TruncationDirection,
+    EmbedderErrorKind, Encoded, ModelInfo, ModelKind, Prompt, Tokenize, TruncationDirection,
 };
 pub use error::{CoreError, OverloadReason};
-pub use metrics::{Histogram, MetricsSnapshot};
+pub use metrics::{Histogram, LaneMetrics, MetricsSnapshot};
+pub use priority::{ParsePriorityError, Priority};

@@ -1,5 +1,7 @@
 //! Metrics as plain data; the server renders them as Prometheus text.
 
+use crate::{CacheMetrics, Priority};
+
 /// A fixed-bucket histogram: `counts[i]` observations were `<= bounds[i]` and
 /// above `bounds[i-1]` (NOT cumulative); `overflow` counts those above the last bound.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -39,6 +41,24 @@ pub struct MetricsSnapshot {
     pub queue_wait_seconds: Histogram,
     pub gil_wait_seconds: Histogram,
     pub model_seconds: Histogram,
+    /// The same queue figures per priority lane, high, normal, low.
+    pub lanes: Vec<LaneMetrics>,
+    /// The embedding cache (all zero when it is off).
+    pub cache: CacheMetrics,
+}
+
+/// Queue figures of one priority lane.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LaneMetrics {
+    pub priority: Priority,
+    /// Inputs waiting for this lane's admission.
+    pub waiting_inputs: u64,
+    /// Inputs admitted to this lane, not yet in a batch.
+    pub queued_inputs: u64,
+    /// Requests of this lane refused (`Overloaded`).
+    pub requests_overloaded: u64,
+    /// Seconds from arrival to the start of the request's first batch.
+    pub queue_wait_seconds: Histogram,
 }
 
 /// Bucket bounds for durations in seconds: sub-millisecond queue hops up to

@@ -1,6 +1,7 @@
-//! The model thread: builds the model, then runs one `embed_batch` call per
-//! prepared batch for the model's whole life, slicing each output back to
-//! the requests it came from.
+//! The model thread: builds the model, then, for the model's whole life,
+//! takes the next batch from the lanes (`Shared::next_batch`), runs one
+//! `embed_batch` call on it and slices the output back to the requests it
+//! came from.
 
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -101,56 +102,26 @@ struct ModelThread<'a, E> {
 impl<E: Embedder> ModelThread<'_, E> {
     fn run(mut self) {
         let _guard = DeathGuard(self.shared);
-        while let Some(batch) = self.next_batch() {
+        while let Some(batch) = self.shared.next_batch() {
             if let Err(Died(message)) = self.run_batch(batch) {
                 // `die` has already marked the model dead.
                 tracing::error!(%message, "embedding model gone (panicked or said so); model thread exiting");
                 return;
             }
         }
+        self.shared.drain_after_stop();
         tracing::debug!("model thread exiting");
     }
 
-    /// Blocks until the collector has a batch ready; `None` once stopped.
-    fn next_batch(&self) -> Option<Batch> {
-        let mut st = self.shared.state();
-        loop {
-            if st.stop {
-                return None;
-            }
-            if let Some(batch) = st.next.take() {
-                st.model_busy = true;
-                st.next_full = false;
-                // The collector can now prepare the batch after this one, if it
-                // has anything to prepare it from (a needless wake-up is a
-                // context switch stolen from callers on a small machine).
-                if st.collector_waiting && (st.collector_queued > 0 || !st.inbox.is_empty()) {
-                    self.shared.collector_cv.notify_one();
-                }
-                return Some(batch);
-            }
-            st.model_busy = false;
-            st.model_waiting = true;
-            st = self
-                .shared
-                .model_cv
-                .wait(st)
-                .unwrap_or_else(|e| e.into_inner());
-            st.model_waiting = false;
-        }
-    }
-
-    fn run_batch(&mut self, mut batch: Batch) -> Result<(), Died> {
+    fn run_batch(&mut self, batch: Batch) -> Result<(), Died> {
         let recorder = &*self.shared.recorder;
-        // Callers that left while this batch waited in the slot cost nothing.
-        batch.drop_abandoned(recorder);
-        if batch.is_empty() {
-            return Ok(());
-        }
         let now = Instant::now();
         for part in &batch.parts {
             if part.req.mark_started() {
-                recorder.queue_wait(now.saturating_duration_since(part.req.arrived));
+                recorder.queue_wait(
+                    part.req.priority,
+                    now.saturating_duration_since(part.req.arrived),
+                );
             }
         }
 

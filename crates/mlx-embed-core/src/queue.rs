@@ -1,20 +1,46 @@
-//! The collector's queue and how batches are cut from it: FIFO across
-//! requests, size and padded-token budgets (exact: inputs arrive tokenized),
-//! and round-robin at batch granularity so one huge request cannot starve the
-//! small ones behind it.
+//! The queue and the one place that cuts a model call from it.
+//!
+//! Admitted requests wait in three lanes, one per [`Priority`]. Inside a lane
+//! requests are served FIFO with round-robin at batch granularity, so one
+//! huge request cannot starve the small ones behind it. Across lanes a batch
+//! takes high first, then normal, then low, under these rules:
+//!
+//! - **Budgets.** A batch holds at most `max_batch_size` inputs and
+//!   `max_batch_tokens` padded tokens (longest x count, exact: inputs arrive
+//!   tokenized); a lone input always fits, however long.
+//! - **Short batches for queries.** When high-priority inputs are waiting,
+//!   lower lanes top the batch up only to `max_priority_batch_size` inputs,
+//!   so a query waits for the running batch plus one short one.
+//! - **Aging.** A lane that had inputs waiting but got none in
+//!   `aging_batches` consecutive batches goes first in the next one (one turn
+//!   of its front request). So no lane is passed over more than
+//!   `aging_batches` times in a row, whatever the lanes above it do.
+//!
+//! Invariants (checked by `debug_assert!`s):
+//! - a [`FairQueue`]'s `inputs` is the sum of its entries' remaining inputs,
+//!   and no entry is empty;
+//! - a [`Batch`]'s parts cover its inputs contiguously, in order;
+//! - a batch never exceeds `max_batch_size` inputs, nor `max_batch_tokens`
+//!   padded tokens unless it holds a single input.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use crate::recorder::Recorder;
 use crate::request::Request;
-use crate::Encoded;
+use crate::{Encoded, Priority};
 
-/// Budgets one batch must respect.
+/// Budgets and lane rules for cutting batches.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Limits {
     pub max_batch_size: usize,
     pub max_batch_tokens: usize,
+    /// Most inputs in a batch cut while high-priority inputs wait (lower
+    /// lanes stop topping it up there); at most `max_batch_size`.
+    pub max_priority_batch_size: usize,
+    /// Consecutive batches a lane with waiting inputs may be passed over
+    /// before it goes first; at least 1.
+    pub aging_batches: u32,
     /// False: a batch never mixes requests.
     pub batching: bool,
 }
@@ -68,17 +94,22 @@ impl Batch {
         self.inputs.is_empty()
     }
 
+    /// Padded tokens: longest input x count.
+    pub fn padded_tokens(&self) -> usize {
+        self.max_tokens * self.inputs.len()
+    }
+
     /// Tokens of all inputs, unpadded.
     pub fn real_tokens(&self) -> usize {
         self.inputs.iter().map(Encoded::len).sum()
     }
 
-    /// Whether one more input of `tokens` tokens stays within budget.
-    /// A lone input always fits, however long: it has to run somehow.
-    fn fits(&self, tokens: usize, limits: &Limits) -> bool {
+    /// Whether one more input of `tokens` tokens stays within
+    /// `cap` inputs and the token budget. A lone input always fits.
+    fn fits(&self, tokens: usize, cap: usize, limits: &Limits) -> bool {
         let n = self.inputs.len();
         n == 0
-            || (n < limits.max_batch_size
+            || (n < cap
                 && self.max_tokens.max(tokens).saturating_mul(n + 1) <= limits.max_batch_tokens)
     }
 
@@ -100,75 +131,46 @@ impl Batch {
         });
     }
 
-    /// A batch holding all of `pending`, if it fits in one batch; otherwise
-    /// `pending` back untouched.
-    pub fn whole(pending: Pending, limits: &Limits) -> Result<Batch, Pending> {
-        let inputs = pending.inputs.as_slice();
-        let longest = inputs.iter().map(Encoded::len).max().unwrap_or(0);
-        let n = inputs.len();
-        let fits = n <= limits.max_batch_size
-            && (n == 1 || longest.saturating_mul(n) <= limits.max_batch_tokens);
-        if !fits || pending.next_index != 0 {
-            return Err(pending);
-        }
-        let Pending { req, inputs, .. } = pending;
-        let len = inputs.len();
-        Ok(Batch {
-            inputs: inputs.collect(),
-            parts: vec![Part {
-                req,
-                offset: 0,
-                start: 0,
-                len,
-            }],
-            max_tokens: longest,
-        })
-    }
-
-    /// Drops the parts whose request no longer wants them (its caller went
-    /// away, or it already failed), so they cost no compute.
-    pub fn drop_abandoned(&mut self, recorder: &Recorder) {
-        if !self.parts.iter().any(|p| p.req.abandoned()) {
-            return;
-        }
-        let old_inputs = std::mem::take(&mut self.inputs);
-        let old_parts = std::mem::take(&mut self.parts);
-        let mut old_inputs = old_inputs.into_iter();
-        self.max_tokens = 0;
-        for mut part in old_parts {
-            let inputs = old_inputs.by_ref().take(part.len);
-            if part.req.abandoned() {
-                part.req.skipped(part.len, recorder);
-                inputs.for_each(drop);
-                continue;
+    /// Checks the batch invariants (debug builds only).
+    fn debug_check(&self, limits: &Limits) {
+        if cfg!(debug_assertions) {
+            let mut next = 0;
+            for part in &self.parts {
+                debug_assert_eq!(part.start, next, "parts cover the batch contiguously");
+                debug_assert!(part.len > 0, "no empty part");
+                next += part.len;
             }
-            part.start = self.inputs.len();
-            for input in inputs {
-                self.max_tokens = self.max_tokens.max(input.len());
-                self.inputs.push(input);
-            }
-            self.parts.push(part);
+            debug_assert_eq!(next, self.inputs.len(), "parts cover every input");
+            debug_assert!(self.inputs.len() <= limits.max_batch_size);
+            debug_assert!(
+                self.inputs.len() <= 1 || self.padded_tokens() <= limits.max_batch_tokens,
+                "token budget"
+            );
         }
     }
 }
 
-/// Requests waiting for the model, owned by the collector.
+/// One lane: requests of one priority waiting for the model.
 pub(crate) struct FairQueue {
     entries: VecDeque<Pending>,
     limits: Limits,
+    priority: Priority,
+    /// Inputs queued (not yet batched) across `entries`.
     inputs: usize,
 }
 
 impl FairQueue {
-    pub fn new(limits: Limits) -> Self {
+    pub fn new(limits: Limits, priority: Priority) -> Self {
         Self {
             entries: VecDeque::new(),
             limits,
+            priority,
             inputs: 0,
         }
     }
 
     pub fn push(&mut self, pending: Pending) {
+        debug_assert!(pending.remaining() > 0, "no empty entry");
         self.inputs += pending.remaining();
         self.entries.push_back(pending);
     }
@@ -182,27 +184,29 @@ impl FairQueue {
         self.inputs
     }
 
-    /// Empties the queue, returning every request in it.
+    /// Empties the lane, returning every request in it.
     pub fn take_all(&mut self, recorder: &Recorder) -> Vec<Arc<Request>> {
-        recorder.dequeued(self.inputs);
+        recorder.dequeued(self.priority, self.inputs);
         self.inputs = 0;
         self.entries.drain(..).map(|p| p.req).collect()
     }
 
-    /// Moves queued inputs into `batch` until a budget stops it or the queue
-    /// runs dry. Requests are taken front to back; each gets a turn of at most
-    /// one full batch of inputs, after which an unfinished request moves to the
-    /// back, so huge requests interleave with small ones instead of starving
-    /// them. A request interrupted only because the batch filled keeps its place.
-    /// Returns true if the queue still holds inputs that did not fit.
-    pub fn fill(&mut self, batch: &mut Batch, recorder: &Recorder) -> bool {
+    /// Moves queued inputs into `batch` until it holds `cap` inputs, a budget
+    /// stops it or the lane runs dry; returns how many it moved. Requests are
+    /// taken front to back; each gets a turn of at most one full batch of
+    /// inputs, after which an unfinished request moves to the back, so huge
+    /// requests interleave with small ones. A request interrupted only
+    /// because the batch filled keeps its place. Requests whose callers left
+    /// are dropped on the way, uncomputed.
+    pub fn fill(&mut self, batch: &mut Batch, cap: usize, recorder: &Recorder) -> usize {
         let limits = self.limits;
+        let mut moved = 0;
         while let Some(front) = self.entries.front_mut() {
             if front.req.abandoned() {
                 let n = front.remaining();
                 front.req.skipped(n, recorder);
                 self.inputs -= n;
-                recorder.dequeued(n);
+                recorder.dequeued(self.priority, n);
                 self.entries.pop_front();
                 continue;
             }
@@ -212,14 +216,14 @@ impl FairQueue {
                     .last()
                     .is_some_and(|p| !Arc::ptr_eq(&p.req, &front.req))
             {
-                return true;
+                break;
             }
             let mut taken = 0;
             while front.turn_used < limits.max_batch_size {
                 let Some(next) = front.inputs.as_slice().first() else {
                     break;
                 };
-                if !batch.fits(next.len(), &limits) {
+                if !batch.fits(next.len(), cap, &limits) {
                     break;
                 }
                 let input = front.inputs.next().expect("peeked above");
@@ -229,7 +233,8 @@ impl FairQueue {
                 taken += 1;
             }
             self.inputs -= taken;
-            recorder.dequeued(taken);
+            moved += taken;
+            recorder.dequeued(self.priority, taken);
             if front.remaining() == 0 {
                 self.entries.pop_front();
             } else if front.turn_used >= limits.max_batch_size {
@@ -237,10 +242,104 @@ impl FairQueue {
                 rotated.turn_used = 0;
                 self.entries.push_back(rotated);
             } else {
-                return true;
+                break;
             }
         }
-        false
+        debug_assert_eq!(
+            self.inputs,
+            self.entries.iter().map(Pending::remaining).sum::<usize>(),
+            "lane input count"
+        );
+        moved
+    }
+}
+
+/// The three lanes and the aging state; cuts every batch the model runs.
+pub(crate) struct Lanes {
+    lanes: [FairQueue; 3],
+    /// Per lane: consecutive batches cut while it had inputs waiting and got none.
+    passed_over: [u32; 3],
+    limits: Limits,
+}
+
+impl Lanes {
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            lanes: Priority::ALL.map(|p| FairQueue::new(limits, p)),
+            passed_over: [0; 3],
+            limits,
+        }
+    }
+
+    pub fn push(&mut self, pending: Pending) {
+        self.lanes[pending.req.priority.index()].push(pending);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lanes.iter().all(FairQueue::is_empty)
+    }
+
+    /// Inputs queued in every lane.
+    pub fn inputs(&self) -> usize {
+        self.lanes.iter().map(FairQueue::inputs).sum()
+    }
+
+    /// Whether `priority`'s lane holds any request.
+    pub fn has_waiting(&self, priority: Priority) -> bool {
+        !self.lanes[priority.index()].is_empty()
+    }
+
+    /// Empties every lane, returning every request in them.
+    pub fn take_all(&mut self, recorder: &Recorder) -> Vec<Arc<Request>> {
+        self.passed_over = [0; 3];
+        self.lanes
+            .iter_mut()
+            .flat_map(|lane| lane.take_all(recorder))
+            .collect()
+    }
+
+    /// Cuts the next model call (see the module doc for the rules). Empty
+    /// only when every request it met had been abandoned; the lanes are then
+    /// empty too.
+    pub fn cut(&mut self, recorder: &Recorder) -> Batch {
+        let limits = self.limits;
+        let waiting = Priority::ALL.map(|p| self.has_waiting(p));
+        let aged = |i: usize| waiting[i] && self.passed_over[i] >= limits.aging_batches;
+        // Aged lanes first (lowest first: it has been passed over longest
+        // relative to its rank), then the rest by priority.
+        let mut order = [2, 1, 0]
+            .into_iter()
+            .filter(|&i| aged(i))
+            .collect::<Vec<_>>();
+        order.extend((0..3).filter(|&i| !aged(i)));
+        let priority_cap = if waiting[Priority::High.index()] {
+            limits.max_priority_batch_size
+        } else {
+            limits.max_batch_size
+        };
+        let mut batch = Batch::default();
+        let mut moved = [0; 3];
+        for i in order {
+            let cap = if i == Priority::High.index() {
+                limits.max_batch_size
+            } else {
+                priority_cap
+            };
+            moved[i] = self.lanes[i].fill(&mut batch, cap, recorder);
+        }
+        for i in 0..3 {
+            self.passed_over[i] = if waiting[i] && moved[i] == 0 && !self.lanes[i].is_empty() {
+                self.passed_over[i] + 1
+            } else {
+                0
+            };
+        }
+        batch.debug_check(&limits);
+        debug_assert!(
+            !batch.is_empty() || self.is_empty(),
+            "an empty cut drains every lane"
+        );
+        batch
     }
 }
 
@@ -250,7 +349,11 @@ mod tests {
     use crate::request::{ActiveGuard, Ticket};
     use std::time::Instant;
 
-    fn request(n: usize, recorder: &Arc<Recorder>) -> (Arc<Request>, Vec<Encoded>) {
+    fn request(
+        n: usize,
+        priority: Priority,
+        recorder: &Arc<Recorder>,
+    ) -> (Arc<Request>, Vec<Encoded>) {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
@@ -260,7 +363,8 @@ mod tests {
         let (reply, _answer) = tokio::sync::oneshot::channel();
         let ticket = Ticket::new(permit, n, recorder.clone());
         let req = Arc::new(Request::new(
-            vec![1; n],
+            n,
+            priority,
             Instant::now(),
             reply,
             ticket,
@@ -278,16 +382,31 @@ mod tests {
         )
     }
 
-    /// Cuts batches until the queue is empty; each batch as (request id, inputs) runs.
-    fn drain(
-        queue: &mut FairQueue,
-        ids: &[Arc<Request>],
-        recorder: &Recorder,
-    ) -> Vec<Vec<(usize, usize)>> {
+    fn limits(batching: bool) -> Limits {
+        Limits {
+            max_batch_size: 4,
+            max_batch_tokens: 1000,
+            max_priority_batch_size: 4,
+            aging_batches: 1000,
+            batching,
+        }
+    }
+
+    /// Queues requests of these (size, priority) in order, drains the lanes
+    /// and returns each batch as (request index, inputs) runs.
+    fn batches_with(requests: &[(usize, Priority)], limits: Limits) -> Vec<Vec<(usize, usize)>> {
+        let recorder = Arc::new(Recorder::new());
+        let mut lanes = Lanes::new(limits);
+        let mut ids = Vec::new();
+        for &(n, priority) in requests {
+            let (req, inputs) = request(n, priority, &recorder);
+            ids.push(req.clone());
+            recorder.queued(priority, n);
+            lanes.push(Pending::new(req, inputs));
+        }
         let mut out = Vec::new();
-        while !queue.is_empty() {
-            let mut batch = Batch::default();
-            queue.fill(&mut batch, recorder);
+        while !lanes.is_empty() {
+            let batch = lanes.cut(&recorder);
             out.push(
                 batch
                     .parts
@@ -301,25 +420,13 @@ mod tests {
                     .collect(),
             );
         }
+        assert_eq!(recorder.queued_total(), 0, "queued count back to zero");
         out
     }
 
-    /// Queues requests of these sizes in order (4 inputs per batch at most)
-    /// and drains it.
     fn batches_for(sizes: &[usize], batching: bool) -> Vec<Vec<(usize, usize)>> {
-        let recorder = Arc::new(Recorder::new());
-        let mut queue = FairQueue::new(Limits {
-            max_batch_size: 4,
-            max_batch_tokens: 1000,
-            batching,
-        });
-        let mut ids = Vec::new();
-        for &n in sizes {
-            let (req, inputs) = request(n, &recorder);
-            ids.push(req.clone());
-            queue.push(Pending::new(req, inputs));
-        }
-        drain(&mut queue, &ids, &recorder)
+        let requests: Vec<_> = sizes.iter().map(|&n| (n, Priority::Normal)).collect();
+        batches_with(&requests, limits(batching))
     }
 
     #[test]
@@ -349,6 +456,66 @@ mod tests {
         assert_eq!(
             batches_for(&[1, 6, 2], false),
             vec![vec![(0, 1)], vec![(1, 4)], vec![(2, 2)], vec![(1, 2)]]
+        );
+    }
+
+    use Priority::{High, Low, Normal};
+
+    #[test]
+    fn lanes_go_high_then_normal_then_low_fifo_inside_each() {
+        assert_eq!(
+            batches_with(
+                &[
+                    (2, Low),
+                    (2, Normal),
+                    (1, High),
+                    (1, Normal),
+                    (2, High),
+                    (1, Low)
+                ],
+                limits(true)
+            ),
+            vec![
+                vec![(2, 1), (4, 2), (1, 1)],
+                vec![(1, 1), (3, 1), (0, 2)],
+                vec![(5, 1)]
+            ]
+        );
+    }
+
+    #[test]
+    fn lower_lanes_top_up_a_query_batch_only_to_the_priority_size() {
+        let limits = Limits {
+            max_priority_batch_size: 2,
+            ..limits(true)
+        };
+        // With the high request waiting the normal one adds one input; then full batches.
+        assert_eq!(
+            batches_with(&[(6, Normal), (1, High)], limits),
+            vec![vec![(1, 1), (0, 1)], vec![(0, 4)], vec![(0, 1)]]
+        );
+    }
+
+    #[test]
+    fn a_lane_passed_over_aging_batches_times_goes_first() {
+        let limits = Limits {
+            aging_batches: 2,
+            ..limits(true)
+        };
+        // Five full high batches queued ahead of one low and one normal input:
+        // both are passed over twice, then go first (low before normal).
+        let mut requests = vec![(1, Low), (1, Normal)];
+        requests.extend([(4, High); 5]);
+        assert_eq!(
+            batches_with(&requests, limits),
+            vec![
+                vec![(2, 4)],
+                vec![(3, 4)],
+                vec![(0, 1), (1, 1), (4, 2)],
+                vec![(4, 2), (5, 2)],
+                vec![(5, 2), (6, 2)],
+                vec![(6, 2)],
+            ]
         );
     }
 }

@@ -8,7 +8,9 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::metrics::{BATCH_SIZE_BOUNDS, BATCH_TOKENS_BOUNDS, SECONDS_BOUNDS};
-use crate::{CoreError, Embeddings, Histogram, MetricsSnapshot};
+use crate::{
+    CacheMetrics, CoreError, Embeddings, Histogram, LaneMetrics, MetricsSnapshot, Priority,
+};
 
 /// Locks a mutex, ignoring poisoning: our critical sections never run user
 /// code, so a poisoned lock still guards consistent data.
@@ -20,16 +22,20 @@ struct Histograms {
     batch_size: Histogram,
     batch_tokens: Histogram,
     queue_wait: Histogram,
+    /// Queue wait per lane, in `Priority::index` order.
+    lane_queue_wait: [Histogram; 3],
     gil_wait: Histogram,
     model: Histogram,
 }
 
-/// Counters shared by callers, the collector and the model thread.
+/// Counters shared by callers and the model thread.
 pub(crate) struct Recorder {
     pub in_flight_inputs: AtomicU64,
-    pub queued_inputs: AtomicU64,
+    /// Inputs in the lanes, not yet in a batch, per lane.
+    queued_inputs: [AtomicU64; 3],
     requests_ok: AtomicU64,
-    requests_overloaded: AtomicU64,
+    /// Refused requests per lane.
+    requests_overloaded: [AtomicU64; 3],
     requests_model_error: AtomicU64,
     requests_unavailable: AtomicU64,
     requests_cancelled: AtomicU64,
@@ -50,9 +56,9 @@ impl Recorder {
     pub fn new() -> Self {
         Self {
             in_flight_inputs: AtomicU64::new(0),
-            queued_inputs: AtomicU64::new(0),
+            queued_inputs: Default::default(),
             requests_ok: AtomicU64::new(0),
-            requests_overloaded: AtomicU64::new(0),
+            requests_overloaded: Default::default(),
             requests_model_error: AtomicU64::new(0),
             requests_unavailable: AtomicU64::new(0),
             requests_cancelled: AtomicU64::new(0),
@@ -68,6 +74,7 @@ impl Recorder {
                 batch_size: Histogram::with_bounds(BATCH_SIZE_BOUNDS),
                 batch_tokens: Histogram::with_bounds(BATCH_TOKENS_BOUNDS),
                 queue_wait: Histogram::with_bounds(SECONDS_BOUNDS),
+                lane_queue_wait: std::array::from_fn(|_| Histogram::with_bounds(SECONDS_BOUNDS)),
                 gil_wait: Histogram::with_bounds(SECONDS_BOUNDS),
                 model: Histogram::with_bounds(SECONDS_BOUNDS),
             }),
@@ -76,10 +83,10 @@ impl Recorder {
 
     /// Counts a finished `embed` call by its outcome. Refusals that are not
     /// about capacity or the model (shutdown, invalid input) are not counted.
-    pub fn count_outcome(&self, result: &Result<Embeddings, CoreError>) {
+    pub fn count_outcome(&self, priority: Priority, result: &Result<Embeddings, CoreError>) {
         let counter = match result {
             Ok(_) => &self.requests_ok,
-            Err(CoreError::Overloaded { .. }) => &self.requests_overloaded,
+            Err(CoreError::Overloaded { .. }) => &self.requests_overloaded[priority.index()],
             Err(CoreError::Model(_)) => &self.requests_model_error,
             Err(CoreError::ModelUnavailable(_)) => &self.requests_unavailable,
             Err(
@@ -99,12 +106,24 @@ impl Recorder {
         self.requests_cancelled.fetch_add(1, Relaxed);
     }
 
-    pub fn dequeued(&self, n: usize) {
-        self.queued_inputs.fetch_sub(n as u64, Relaxed);
+    pub fn queued(&self, lane: Priority, n: usize) {
+        self.queued_inputs[lane.index()].fetch_add(n as u64, Relaxed);
     }
 
-    pub fn queue_wait(&self, wait: Duration) {
-        lock(&self.hist).queue_wait.observe(wait.as_secs_f64());
+    pub fn dequeued(&self, lane: Priority, n: usize) {
+        self.queued_inputs[lane.index()].fetch_sub(n as u64, Relaxed);
+    }
+
+    /// Inputs in all lanes.
+    #[cfg(test)]
+    pub fn queued_total(&self) -> u64 {
+        self.queued_inputs.iter().map(|q| q.load(Relaxed)).sum()
+    }
+
+    pub fn queue_wait(&self, lane: Priority, wait: Duration) {
+        let mut h = lock(&self.hist);
+        h.queue_wait.observe(wait.as_secs_f64());
+        h.lane_queue_wait[lane.index()].observe(wait.as_secs_f64());
     }
 
     /// One model call: its size, padded tokens (longest x count) and timings.
@@ -156,14 +175,28 @@ impl Recorder {
         }
     }
 
-    pub fn snapshot(&self, waiting_inputs: u64) -> MetricsSnapshot {
+    /// Every counter; `waiting_inputs` per lane comes from admission.
+    pub fn snapshot(&self, waiting_inputs: [u64; 3], cache: CacheMetrics) -> MetricsSnapshot {
         let h = lock(&self.hist);
+        let lanes = Priority::ALL
+            .iter()
+            .map(|&priority| {
+                let i = priority.index();
+                LaneMetrics {
+                    priority,
+                    waiting_inputs: waiting_inputs[i],
+                    queued_inputs: self.queued_inputs[i].load(Relaxed),
+                    requests_overloaded: self.requests_overloaded[i].load(Relaxed),
+                    queue_wait_seconds: h.lane_queue_wait[i].clone(),
+                }
+            })
+            .collect::<Vec<_>>();
         MetricsSnapshot {
-            waiting_inputs,
+            waiting_inputs: waiting_inputs.iter().sum(),
             in_flight_inputs: self.in_flight_inputs.load(Relaxed),
-            queued_inputs: self.queued_inputs.load(Relaxed),
+            queued_inputs: lanes.iter().map(|l| l.queued_inputs).sum(),
             requests_ok: self.requests_ok.load(Relaxed),
-            requests_overloaded: self.requests_overloaded.load(Relaxed),
+            requests_overloaded: lanes.iter().map(|l| l.requests_overloaded).sum(),
             requests_model_error: self.requests_model_error.load(Relaxed),
             requests_unavailable: self.requests_unavailable.load(Relaxed),
             requests_cancelled: self.requests_cancelled.load(Relaxed),
@@ -176,6 +209,8 @@ impl Recorder {
             queue_wait_seconds: h.queue_wait.clone(),
             gil_wait_seconds: h.gil_wait.clone(),
             model_seconds: h.model.clone(),
+            lanes,
+            cache,
         }
     }
 }

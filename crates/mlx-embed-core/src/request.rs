@@ -1,4 +1,4 @@
-//! One admitted `embed` call as the collector and model thread see it: where
+//! One admitted `embed` call as the lanes and the model thread see it: where
 //! its answer is assembled and how the caller is told.
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,9 +8,12 @@ use std::time::Instant;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use crate::recorder::{lock, Recorder};
-use crate::{CoreError, Embeddings};
+use crate::{CoreError, Priority};
 
-pub(crate) type Reply = oneshot::Sender<Result<Embeddings, CoreError>>;
+/// A request's vectors (pooled, not normalized, in input order), or why not.
+pub(crate) type Answered = Result<Vec<Vec<f32>>, CoreError>;
+
+pub(crate) type Reply = oneshot::Sender<Answered>;
 
 /// The admission permits and in-flight count of a request; given back the
 /// moment its answer is ready, before the caller is woken (so a caller that
@@ -60,7 +63,7 @@ impl Drop for ActiveGuard {
 }
 
 struct Answer {
-    embeddings: Embeddings,
+    vectors: Vec<Vec<f32>>,
     reply: Option<Reply>,
     ticket: Option<Ticket>,
     active: Option<ActiveGuard>,
@@ -68,6 +71,8 @@ struct Answer {
 
 pub(crate) struct Request {
     pub len: usize,
+    /// The lane it waits in.
+    pub priority: Priority,
     pub arrived: Instant,
     caller_gone: AtomicBool,
     /// Set once the request got an error: its remaining inputs are pointless.
@@ -79,28 +84,24 @@ pub(crate) struct Request {
 }
 
 impl Request {
-    /// `token_counts`: the exact tokens of each input, known from tokenization.
     pub fn new(
-        token_counts: Vec<u32>,
+        len: usize,
+        priority: Priority,
         arrived: Instant,
         reply: Reply,
         ticket: Ticket,
         active: ActiveGuard,
     ) -> Self {
-        let len = token_counts.len();
         Self {
             len,
+            priority,
             arrived,
             caller_gone: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             started: AtomicBool::new(false),
             cancel_counted: AtomicBool::new(false),
             answer: Mutex::new(Answer {
-                embeddings: Embeddings {
-                    vectors: Vec::with_capacity(len),
-                    token_counts,
-                    cache_hits: 0,
-                },
+                vectors: Vec::with_capacity(len),
                 reply: Some(reply),
                 ticket: Some(ticket),
                 active: Some(active),
@@ -139,16 +140,16 @@ impl Request {
         if answer.reply.is_none() {
             return;
         }
-        let e = &mut answer.embeddings;
+        let done = &mut answer.vectors;
         debug_assert_eq!(
-            e.vectors.len(),
+            done.len(),
             offset,
             "chunks of a request must arrive in order"
         );
-        e.vectors.extend(vectors);
-        if e.vectors.len() == self.len {
-            let embeddings = std::mem::take(&mut answer.embeddings);
-            Self::answer(answer, Ok(embeddings));
+        done.extend(vectors);
+        if done.len() == self.len {
+            let vectors = std::mem::take(&mut answer.vectors);
+            Self::answer(answer, Ok(vectors));
         }
     }
 
@@ -161,10 +162,7 @@ impl Request {
         }
     }
 
-    fn answer(
-        mut answer: std::sync::MutexGuard<'_, Answer>,
-        result: Result<Embeddings, CoreError>,
-    ) {
+    fn answer(mut answer: std::sync::MutexGuard<'_, Answer>, result: Answered) {
         let reply = answer.reply.take();
         let ticket = answer.ticket.take();
         let active = answer.active.take();
@@ -198,7 +196,7 @@ impl Drop for CallerGuard {
         if let Some(request) = self.0.take().and_then(|w| w.upgrade()) {
             request.caller_gone.store(true, Ordering::Release);
             // Its admission room goes to the next caller now, not when the
-            // collector reaches (and skips) its leftover inputs.
+            // next batch cut reaches (and skips) its leftover inputs.
             let ticket = lock(&request.answer).ticket.take();
             drop(ticket);
         }

@@ -60,6 +60,26 @@ pub struct ServerArgs {
     #[arg(long, env = "MLX_EMBED_NO_BATCHING", default_value_t = !core_defaults().enable_batching)]
     pub no_batching: bool,
 
+    /// Most inputs in a batch cut while high-priority inputs wait (normal and
+    /// low inputs top it up only this far, so queries get a short batch).
+    #[arg(long, env = "MLX_EMBED_MAX_PRIORITY_BATCH_SIZE",
+          default_value_t = core_defaults().max_priority_batch_size,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub max_priority_batch_size: usize,
+
+    /// Aging: a priority lane passed over by this many consecutive batches goes first in the next.
+    #[arg(long, env = "MLX_EMBED_AGING_BATCHES", default_value_t = core_defaults().aging_batches,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub aging_batches: u32,
+
+    /// Embedding cache size in MiB (raw vectors keyed by exact token ids).
+    #[arg(long, env = "MLX_EMBED_CACHE_MB", default_value_t = core_defaults().cache_bytes >> 20)]
+    pub cache_mb: usize,
+
+    /// Turn the embedding cache off (same as --cache-mb 0).
+    #[arg(long, env = "MLX_EMBED_NO_CACHE")]
+    pub no_cache: bool,
+
     /// Largest request body in bytes; larger bodies get 413.
     #[arg(long, env = "MLX_EMBED_MAX_BODY_BYTES", default_value_t = 2 * 1024 * 1024,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
@@ -98,6 +118,10 @@ impl Default for ServerArgs {
             max_waiting: core.max_waiting,
             max_queue_wait_ms: core.max_queue_wait.as_millis() as u64,
             no_batching: !core.enable_batching,
+            max_priority_batch_size: core.max_priority_batch_size,
+            aging_batches: core.aging_batches,
+            cache_mb: core.cache_bytes >> 20,
+            no_cache: false,
             max_body_bytes: 2 * 1024 * 1024,
             max_inputs_per_request: 2048,
             api_key: None,
@@ -118,6 +142,13 @@ impl ServerArgs {
             max_waiting: self.max_waiting,
             max_queue_wait: Duration::from_millis(self.max_queue_wait_ms),
             enable_batching: !self.no_batching,
+            max_priority_batch_size: self.max_priority_batch_size,
+            aging_batches: self.aging_batches,
+            cache_bytes: if self.no_cache {
+                0
+            } else {
+                self.cache_mb.saturating_mul(1 << 20)
+            },
         }
     }
 
@@ -172,5 +203,21 @@ mod tests {
         assert_eq!(a.batcher_config().max_queue_wait, Duration::from_millis(5));
         assert_eq!(a.api_key.as_deref(), Some("k"));
         assert!(Cli::try_parse_from(["x", "--max-batch-size", "0"]).is_err());
+    }
+
+    #[test]
+    fn cache_and_lane_flags() {
+        let parse = |args: &[&str]| {
+            let mut all = vec!["x"];
+            all.extend_from_slice(args);
+            Cli::try_parse_from(all).unwrap().args.batcher_config()
+        };
+        assert_eq!(parse(&[]).cache_bytes, 128 << 20);
+        assert_eq!(parse(&["--cache-mb", "3"]).cache_bytes, 3 << 20);
+        assert_eq!(parse(&["--cache-mb", "0"]).cache_bytes, 0);
+        assert_eq!(parse(&["--no-cache", "--cache-mb", "3"]).cache_bytes, 0);
+        let lanes = parse(&["--max-priority-batch-size", "4", "--aging-batches", "2"]);
+        assert_eq!((lanes.max_priority_batch_size, lanes.aging_batches), (4, 2));
+        assert!(Cli::try_parse_from(["x", "--aging-batches", "0"]).is_err());
     }
 }

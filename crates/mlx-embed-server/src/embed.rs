@@ -41,6 +41,8 @@ pub struct EmbedOutput {
     pub dimension: usize,
     /// Exact tokens the model ran over all inputs (after truncation, specials included).
     pub prompt_tokens: u64,
+    /// Inputs answered from the embedding cache.
+    pub cache_hits: u32,
 }
 
 /// Embeds `req`; errors carry their status (see [`crate::errors`]).
@@ -73,6 +75,7 @@ pub async fn embed(state: &AppState, req: EmbedRequest) -> Result<EmbedOutput, A
         vectors,
         dimension,
         prompt_tokens,
+        cache_hits: out.cache_hits,
     })
 }
 

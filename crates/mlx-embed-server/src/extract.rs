@@ -5,7 +5,8 @@
 use std::fmt;
 use std::marker::PhantomData;
 
-use axum::extract::{FromRequest, Request};
+use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::request::Parts;
 use axum::Json;
 use mlx_embed_core::{EmbedInput, Priority, TruncationDirection};
 use serde::de::{self, DeserializeOwned, Deserializer, SeqAccess, Visitor};
@@ -32,6 +33,33 @@ where
             Err(rejection) => {
                 Err(ApiError::from_json_rejection(rejection, state.args().max_body_bytes).into())
             }
+        }
+    }
+}
+
+/// The `X-Priority: high|normal|low` header (any case), which every embed
+/// route takes; `None` when absent. Any other value is refused with 400 in
+/// the route's error shape. A `priority` in the body, where an API has one,
+/// wins over the header.
+pub struct PriorityHeader<F>(pub Option<Priority>, pub PhantomData<F>);
+
+/// The header's name.
+pub const PRIORITY_HEADER: &str = "x-priority";
+
+impl<F: Flavor> FromRequestParts<AppState> for PriorityHeader<F> {
+    type Rejection = Shaped<F>;
+
+    async fn from_request_parts(parts: &mut Parts, _: &AppState) -> Result<Self, Self::Rejection> {
+        let Some(value) = parts.headers.get(PRIORITY_HEADER) else {
+            return Ok(PriorityHeader(None, PhantomData));
+        };
+        let text = String::from_utf8_lossy(value.as_bytes());
+        match text.parse::<Priority>() {
+            Ok(p) => Ok(PriorityHeader(Some(p), PhantomData)),
+            Err(_) => Err(ApiError::invalid(format!(
+                "X-Priority must be high, normal or low, not {text:?}"
+            ))
+            .into()),
         }
     }
 }

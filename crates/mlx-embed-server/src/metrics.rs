@@ -7,13 +7,18 @@
 //! `batcher_requests_total{outcome}`, `inputs_cancelled_total`, `batches_total`,
 //! `batch_size`, `batch_tokens`, `queue_wait_seconds`, `gil_wait_seconds`,
 //! `model_seconds` (histograms), `real_tokens_total`, `padded_tokens_total`,
-//! `padding_ratio` (real / padded tokens), `healthy`, `shutting_down`, `info{model,version}`.
+//! `padding_ratio` (real / padded tokens), `healthy`, `shutting_down`, `info{model,version}`;
+//! per priority lane (`{priority="high|normal|low"}`): `lane_waiting_inputs`,
+//! `lane_queued_inputs` (gauges), `lane_requests_overloaded_total`,
+//! `lane_queue_wait_seconds` (histogram); the embedding cache:
+//! `cache_hits_total`, `cache_misses_total`, `cache_entries`, `cache_bytes`,
+//! `cache_capacity_bytes`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::Mutex;
 
-use mlx_embed_core::{Histogram, MetricsSnapshot};
+use mlx_embed_core::{Histogram, LaneMetrics, MetricsSnapshot};
 
 use crate::state::AppState;
 
@@ -232,6 +237,89 @@ fn render_core(out: &mut String, m: &MetricsSnapshot) {
         "mlx_embed_model_seconds",
         "Seconds per model call.",
         &m.model_seconds,
+    );
+    render_lanes(out, m);
+    render_cache(out, m);
+}
+
+/// Per priority lane, labelled `priority="high|normal|low"`.
+fn render_lanes(out: &mut String, m: &MetricsSnapshot) {
+    type Field = fn(&LaneMetrics) -> u64;
+    let gauges: [(&str, &str, &str, Field); 3] = [
+        (
+            "mlx_embed_lane_waiting_inputs",
+            "Inputs waiting for admission, per priority lane.",
+            "gauge",
+            |l| l.waiting_inputs,
+        ),
+        (
+            "mlx_embed_lane_queued_inputs",
+            "Inputs admitted and queued for the model, per priority lane.",
+            "gauge",
+            |l| l.queued_inputs,
+        ),
+        (
+            "mlx_embed_lane_requests_overloaded_total",
+            "Requests refused with 429, per priority lane.",
+            "counter",
+            |l| l.requests_overloaded,
+        ),
+    ];
+    for (name, help, kind, field) in gauges {
+        head(out, name, help, kind);
+        for lane in &m.lanes {
+            let _ = writeln!(
+                out,
+                "{name}{{priority=\"{}\"}} {}",
+                lane.priority,
+                field(lane)
+            );
+        }
+    }
+    let name = "mlx_embed_lane_queue_wait_seconds";
+    head(
+        out,
+        name,
+        "Seconds from submission to the start of the batch, per priority lane.",
+        "histogram",
+    );
+    for lane in &m.lanes {
+        let labels = format!("priority=\"{}\"", lane.priority);
+        histogram_lines(out, name, &labels, &lane.queue_wait_seconds);
+    }
+}
+
+fn render_cache(out: &mut String, m: &MetricsSnapshot) {
+    let c = &m.cache;
+    counter(
+        out,
+        "mlx_embed_cache_hits_total",
+        "Inputs answered from the embedding cache (or a concurrent computation of the same input).",
+        c.hits,
+    );
+    counter(
+        out,
+        "mlx_embed_cache_misses_total",
+        "Inputs the embedding cache did not have and the model computed.",
+        c.misses,
+    );
+    gauge(
+        out,
+        "mlx_embed_cache_entries",
+        "Vectors in the embedding cache.",
+        c.entries,
+    );
+    gauge(
+        out,
+        "mlx_embed_cache_bytes",
+        "Bytes accounted to the embedding cache's entries.",
+        c.bytes,
+    );
+    gauge(
+        out,
+        "mlx_embed_cache_capacity_bytes",
+        "The embedding cache's size limit (0: off).",
+        c.capacity_bytes,
     );
 }
 

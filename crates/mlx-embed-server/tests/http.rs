@@ -742,7 +742,7 @@ async fn served_model_name_overrides() {
 }
 
 #[tokio::test]
-async fn warm_up_runs_one_full_batch_before_serving() {
+async fn warm_up_runs_one_max_length_text_before_serving() {
     let s = Server::start(ServerArgs {
         no_warmup: false,
         max_batch_size: 4,
@@ -751,9 +751,9 @@ async fn warm_up_runs_one_full_batch_before_serving() {
     .await;
     let m = s.batcher.metrics();
     assert_eq!(m.requests_ok, 1, "{m:?}");
-    assert_eq!(m.batch_size.count, m.batches);
-    // 4 texts of the maximum length went through the model.
-    assert!(m.real_tokens >= 4 * MAX_TOKENS as u64, "{m:?}");
+    assert_eq!((m.batches, m.batch_size.sum), (1, 1.0), "{m:?}");
+    // One text of exactly the maximum length went through the model.
+    assert_eq!(m.real_tokens, MAX_TOKENS as u64, "{m:?}");
     s.stop().await.unwrap();
 }
 
@@ -810,4 +810,122 @@ async fn drain_timeout_bounds_shutdown() {
         started.elapsed()
     );
     let _ = in_flight.await;
+}
+
+/// Requests the high, normal and low lanes each saw (their queue-wait counts).
+fn lane_counts(s: &Server) -> Vec<u64> {
+    s.batcher
+        .metrics()
+        .lanes
+        .iter()
+        .map(|l| l.queue_wait_seconds.count)
+        .collect()
+}
+
+#[tokio::test]
+async fn priority_header_and_body_pick_the_lane_on_every_route() {
+    let s = Server::start(ServerArgs {
+        no_cache: true,
+        ..test_args()
+    })
+    .await;
+    let cases: [(&str, Value, Option<&str>, usize); 9] = [
+        ("/api/v1/embed", json!({"texts": ["q"]}), Some("high"), 0),
+        ("/v1/embeddings", json!({"input": "q"}), Some("LOW"), 2),
+        ("/embed", json!({"inputs": "q"}), Some("High"), 0),
+        ("/api/embed", json!({"input": "q"}), Some("normal"), 1),
+        (
+            "/v1/embeddings",
+            json!({"input": "q", "priority": -3}),
+            None,
+            0,
+        ),
+        (
+            "/v1/embeddings",
+            json!({"input": "q", "priority": 0}),
+            Some("high"),
+            1,
+        ),
+        (
+            "/v1/embeddings",
+            json!({"input": "q", "priority": 7}),
+            None,
+            2,
+        ),
+        (
+            "/api/v1/embed",
+            json!({"texts": ["q"], "priority": "low"}),
+            Some("high"),
+            2,
+        ),
+        ("/api/v1/embed", json!({"texts": ["q"]}), None, 1),
+    ];
+    for (path, body, header, lane) in cases {
+        let before = lane_counts(&s);
+        let mut req = client().post(s.url(path)).json(&body);
+        if let Some(h) = header {
+            req = req.header("X-Priority", h);
+        }
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200, "{path} {body} {header:?}");
+        let mut want = before.clone();
+        want[lane] += 1;
+        assert_eq!(lane_counts(&s), want, "{path} {body} {header:?}");
+    }
+    for path in ["/api/v1/embed", "/v1/embeddings", "/embed", "/api/embed"] {
+        let body = json!({"texts": ["q"], "input": "q", "inputs": "q"});
+        let r = client()
+            .post(s.url(path))
+            .header("X-Priority", "urgent")
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), 400, "{path}");
+        let v: Value = r.json().await.unwrap();
+        assert!(v.to_string().contains("X-Priority"), "{path}: {v}");
+    }
+    let (status, _, _) = post(
+        &s,
+        "/v1/embeddings",
+        &json!({"input": "q", "priority": "high"}),
+    )
+    .await;
+    assert_eq!(status, 422);
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn usage_counts_cache_hits() {
+    let s = Server::start(test_args()).await;
+    let body = json!({"texts": ["cached once", "cached once", "other"]});
+    let (_, _, first) = post(&s, "/api/v1/embed", &body).await;
+    assert_eq!(first["usage"]["cache_hits"], 1, "{first}");
+    let (_, _, second) = post(&s, "/api/v1/embed", &body).await;
+    assert_eq!(second["usage"]["cache_hits"], 3, "{second}");
+    assert_eq!(first["embeddings"], second["embeddings"]);
+    assert_eq!(
+        first["usage"]["prompt_tokens"],
+        second["usage"]["prompt_tokens"]
+    );
+    let (_, _, openai) = post(&s, "/v1/embeddings", &json!({"input": ["other"]})).await;
+    assert_eq!(openai["usage"]["cache_hits"], 1, "{openai}");
+    let metrics = client()
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "mlx_embed_cache_hits_total 5",
+        "mlx_embed_cache_misses_total 2",
+        "mlx_embed_cache_entries 2",
+        "mlx_embed_lane_queued_inputs{priority=\"high\"} 0",
+        "mlx_embed_lane_queue_wait_seconds_count{priority=\"normal\"} 1",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} missing");
+    }
+    s.stop().await.unwrap();
 }

@@ -130,6 +130,10 @@ impl Gate {
         *self.open.lock().unwrap() = true;
         self.cv.notify_all();
     }
+    /// Batches that reach the gate from now on wait again.
+    pub fn close(&self) {
+        *self.open.lock().unwrap() = false;
+    }
     fn pass(&self) {
         let mut open = self.open.lock().unwrap();
         while !*open {

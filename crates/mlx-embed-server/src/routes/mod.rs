@@ -64,15 +64,20 @@ pub(crate) fn prompt_of(
 /// Token usage of one request.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Usage {
+    /// Exact tokens of all inputs (after truncation, specials included),
+    /// cached or not.
     pub prompt_tokens: u64,
     pub total_tokens: u64,
+    /// Inputs answered from the embedding cache instead of the model.
+    pub cache_hits: u32,
 }
 
 impl Usage {
-    pub fn new(prompt_tokens: u64) -> Self {
+    pub fn new(prompt_tokens: u64, cache_hits: u32) -> Self {
         Self {
             prompt_tokens,
             total_tokens: prompt_tokens,
+            cache_hits,
         }
     }
 }

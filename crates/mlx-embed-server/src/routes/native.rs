@@ -9,7 +9,7 @@ use utoipa::ToSchema;
 use super::{prompt_of, Usage};
 use crate::embed::{embed as run_embed, EmbedRequest};
 use crate::errors::{Native, NativeErrorBody, Shaped};
-use crate::extract::{ApiJson, PriorityName, TruncationSide};
+use crate::extract::{ApiJson, PriorityHeader, PriorityName, TruncationSide};
 use crate::state::AppState;
 
 /// Native embed request.
@@ -29,7 +29,8 @@ pub struct NativeEmbedRequest {
     pub prompt_name: Option<String>,
     /// Text prepended to every text instead of a named prompt (`""`: none at all).
     pub prompt: Option<String>,
-    /// `high`, `normal` (default) or `low`: higher lanes are served first.
+    /// `high`, `normal` (default) or `low`: higher lanes are served first. Wins over an
+    /// `X-Priority` header.
     pub priority: Option<PriorityName>,
     /// Keep the first N components (1..=dimension), re-normalized when `normalize`.
     #[schema(minimum = 1)]
@@ -54,6 +55,7 @@ pub struct NativeEmbedResponse {
 #[utoipa::path(
     post, path = "/api/v1/embed", tag = "native", operation_id = "native_embed",
     request_body = NativeEmbedRequest,
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
         (status = 200, description = "Embeddings in input order", body = NativeEmbedResponse),
         (status = "4XX", description = "Invalid request (400, 401, 413, 415, 422, 429)", body = NativeErrorBody),
@@ -62,10 +64,11 @@ pub struct NativeEmbedResponse {
 )]
 pub async fn embed(
     State(state): State<AppState>,
+    PriorityHeader(header, _): PriorityHeader<Native>,
     ApiJson(req, _): ApiJson<NativeEmbedRequest, Native>,
 ) -> Result<Json<NativeEmbedResponse>, Shaped<Native>> {
     let options = EmbedOptions {
-        priority: req.priority.map(Into::into).unwrap_or_default(),
+        priority: req.priority.map(Into::into).or(header).unwrap_or_default(),
         truncate: req.truncate.unwrap_or(true),
         truncation_direction: req.truncation_direction.map(Into::into).unwrap_or_default(),
         prompt: prompt_of(req.prompt_name, req.prompt)?,
@@ -84,6 +87,6 @@ pub async fn embed(
         embeddings: out.vectors,
         model: state.model_name().to_owned(),
         dimension: out.dimension,
-        usage: Usage::new(out.prompt_tokens),
+        usage: Usage::new(out.prompt_tokens, out.cache_hits),
     }))
 }

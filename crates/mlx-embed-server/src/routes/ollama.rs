@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 use super::note_model_name;
 use crate::embed::{embed as run_embed, EmbedRequest};
 use crate::errors::{Ollama, OllamaErrorBody, Shaped};
-use crate::extract::{ApiJson, TextInputs};
+use crate::extract::{ApiJson, PriorityHeader, TextInputs};
 use crate::state::AppState;
 
 /// Ollama embed request (`options` and `keep_alive` are accepted and ignored).
@@ -47,6 +47,7 @@ pub struct OllamaEmbedResponse {
 #[utoipa::path(
     post, path = "/api/embed", tag = "ollama", operation_id = "ollama_embed",
     request_body = OllamaEmbedRequest,
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
         (status = 200, description = "Embeddings in input order", body = OllamaEmbedResponse),
         (status = "4XX", description = "Invalid request (400, 401, 413, 415, 422, 429)", body = OllamaErrorBody),
@@ -55,6 +56,7 @@ pub struct OllamaEmbedResponse {
 )]
 pub async fn embed(
     State(state): State<AppState>,
+    PriorityHeader(priority, _): PriorityHeader<Ollama>,
     ApiJson(req, _): ApiJson<OllamaEmbedRequest, Ollama>,
 ) -> Result<Json<OllamaEmbedResponse>, Shaped<Ollama>> {
     let start = Instant::now();
@@ -65,6 +67,7 @@ pub async fn embed(
             inputs: req.input.into_inputs(),
             options: EmbedOptions {
                 truncate: req.truncate.unwrap_or(true),
+                priority: priority.unwrap_or_default(),
                 ..EmbedOptions::default()
             },
             normalize: true,

@@ -3,14 +3,14 @@
 use axum::extract::State;
 use axum::Json;
 use base64::Engine as _;
-use mlx_embed_core::{EmbedOptions, Prompt};
+use mlx_embed_core::{EmbedOptions, Priority, Prompt};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::{note_model_name, Usage};
 use crate::embed::{embed as run_embed, EmbedRequest};
 use crate::errors::{OpenAi, OpenAiErrorBody, Shaped};
-use crate::extract::{ApiJson, OpenAiInput};
+use crate::extract::{ApiJson, OpenAiInput, PriorityHeader};
 use crate::state::AppState;
 
 /// How vectors are encoded in the response.
@@ -55,6 +55,10 @@ pub struct OpenAiEmbeddingRequest {
     /// One of the model's named prompts (`/info` lists them); default: the model's default
     /// prompt. Not an OpenAI field: the official client sends it with `extra_body`.
     pub prompt_name: Option<String>,
+    /// vLLM's request priority: lower is served earlier, 0 is the default. Below 0 is the high
+    /// lane, 0 normal, above 0 low. Wins over an `X-Priority` header. The official client
+    /// sends it with `extra_body`.
+    pub priority: Option<i64>,
 }
 
 /// A float array, or base64 of little-endian f32 bytes.
@@ -95,6 +99,7 @@ pub fn encode_base64(v: &[f32]) -> String {
 #[utoipa::path(
     post, path = "/v1/embeddings", tag = "openai", operation_id = "openai_embeddings",
     request_body = OpenAiEmbeddingRequest,
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
         (status = 200, description = "Embeddings in input order", body = OpenAiEmbeddingResponse),
         (status = "4XX", description = "Invalid request (400, 401, 413, 415, 422, 429)", body = OpenAiErrorBody),
@@ -103,6 +108,7 @@ pub fn encode_base64(v: &[f32]) -> String {
 )]
 pub async fn embeddings(
     State(state): State<AppState>,
+    PriorityHeader(header, _): PriorityHeader<OpenAi>,
     ApiJson(req, _): ApiJson<OpenAiEmbeddingRequest, OpenAi>,
 ) -> Result<Json<OpenAiEmbeddingResponse>, Shaped<OpenAi>> {
     note_model_name(&state, req.model.as_deref());
@@ -113,6 +119,11 @@ pub async fn embeddings(
             inputs: req.input.into_inputs(),
             options: EmbedOptions {
                 prompt: req.prompt_name.map_or(Prompt::Default, Prompt::Named),
+                priority: req
+                    .priority
+                    .map(Priority::from_vllm)
+                    .or(header)
+                    .unwrap_or_default(),
                 ..EmbedOptions::default()
             },
             normalize: true,
@@ -137,7 +148,7 @@ pub async fn embeddings(
         object: "list".into(),
         data,
         model: state.model_name().to_owned(),
-        usage: Usage::new(out.prompt_tokens),
+        usage: Usage::new(out.prompt_tokens, out.cache_hits),
     }))
 }
 

@@ -8,7 +8,7 @@ use utoipa::ToSchema;
 
 use crate::embed::{embed as run_embed, EmbedRequest};
 use crate::errors::{Shaped, Tei, TeiErrorBody};
-use crate::extract::{ApiJson, TextInputs, TruncationSide};
+use crate::extract::{ApiJson, PriorityHeader, TextInputs, TruncationSide};
 use crate::state::AppState;
 
 /// TEI embed request.
@@ -35,6 +35,7 @@ pub struct TeiEmbedRequest {
 #[utoipa::path(
     post, path = "/embed", tag = "tei", operation_id = "tei_embed",
     request_body = TeiEmbedRequest,
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
         (status = 200, description = "One vector per input, in order", body = Vec<Vec<f32>>),
         (status = "4XX", description = "Invalid request (400, 401, 413, 415, 422, 429)", body = TeiErrorBody),
@@ -43,6 +44,7 @@ pub struct TeiEmbedRequest {
 )]
 pub async fn embed(
     State(state): State<AppState>,
+    PriorityHeader(priority, _): PriorityHeader<Tei>,
     ApiJson(req, _): ApiJson<TeiEmbedRequest, Tei>,
 ) -> Result<Json<Vec<Vec<f32>>>, Shaped<Tei>> {
     let out = run_embed(
@@ -53,7 +55,7 @@ pub async fn embed(
                 truncate: req.truncate.unwrap_or(true),
                 truncation_direction: req.truncation_direction.map(Into::into).unwrap_or_default(),
                 prompt: req.prompt_name.map_or(Prompt::Default, Prompt::Named),
-                ..EmbedOptions::default()
+                priority: priority.unwrap_or_default(),
             },
             normalize: req.normalize.unwrap_or(true),
             dimensions: req.dimensions,

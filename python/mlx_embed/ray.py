@@ -1,0 +1,436 @@
+"""Bulk embedding on Ray Data: one model per actor, ``map_batches`` over a corpus.
+
+Online traffic goes to ``mlx-embed serve`` replicas; an offline corpus goes
+through Ray Data, which already knows how to read and write files in
+parallel, stream blocks through a pool of stateful actors, restart an actor
+that dies and retry its block elsewhere. This module adds only the model
+side and the resumable job around it::
+
+    import ray
+    from mlx_embed.ray import MlxEmbedder
+
+    ds = ray.data.read_parquet("corpus/")
+    ds = ds.map_batches(MlxEmbedder, fn_constructor_kwargs={"model": None},
+                        compute=ray.data.ActorPoolStrategy(size=2), batch_size=256,
+                        batch_format="pyarrow")
+    ds.write_parquet("vectors/")
+
+(``concurrency=N`` works as well; Ray 2.51 deprecated it for ``compute``.)
+
+``run_bulk`` is what ``mlx-embed bulk`` runs: read Parquet or JSONL, skip the
+ids already in the output folder, embed the rest, append Parquet files of
+``id``, ``text``, ``embedding`` (``list<float32>``), then check that every
+input id is in the output exactly once.
+
+Needs the ``ray`` extra: ``pip install 'mlx-embed[ray]'``.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["BadRow", "BulkError", "BulkResult", "MlxEmbedder", "read_input", "run_bulk"]
+
+EMBEDDING_COLUMN = "embedding"
+# CPUs of the cluster that the model actors leave to Ray Data's own tasks.
+IO_CPUS = 1
+
+
+class BadRow(ValueError):
+    """A row the model cannot embed; the message names the row's id."""
+
+
+class BulkError(RuntimeError):
+    """The bulk job's input or output is not what it must be."""
+
+
+def _import_ray():
+    try:
+        import ray
+        import ray.data
+    except ImportError as e:  # pragma: no cover - exercised only without the extra
+        raise ImportError(
+            "mlx_embed.ray needs Ray Data: pip install 'mlx-embed[ray]'"
+        ) from e
+    return ray
+
+
+def _vectors_to_list_array(vecs: np.ndarray):
+    """[n, dim] float32 -> pyarrow list<float32> (one list per row), no copy of the values."""
+    import pyarrow as pa
+
+    n, dim = vecs.shape
+    offsets = pa.array(np.arange(0, (n + 1) * dim, dim, dtype=np.int32))
+    values = pa.array(np.ascontiguousarray(vecs, dtype=np.float32).reshape(-1))
+    return pa.ListArray.from_arrays(offsets, values)
+
+
+class MlxEmbedder:
+    """Callable class for ``Dataset.map_batches``: loads the model once per actor.
+
+    Takes a batch as a ``pyarrow.Table``, a ``pandas.DataFrame`` or Ray's
+    default dict of numpy arrays, with a text column (and, for error
+    messages, an id column). Returns the batch with an ``embedding`` column
+    of ``list<float32>``: a Table for Table and dict input (a dict would turn
+    the vectors into a tensor column), a DataFrame for DataFrame input.
+
+    Keyword arguments (``fn_constructor_kwargs``): ``model`` (a local model
+    folder, default the bundled all-MiniLM-L6-v2), ``text_column``,
+    ``id_column``, ``normalize``, ``truncate`` (False: a text over the
+    model's limit fails its row), ``workers`` (MLX threads; match the
+    actor's ``num_cpus``), and ``dtype``/``quantize``/``instruction`` for
+    ``mlx_embed.load``.
+    """
+
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        text_column: str = "text",
+        id_column: str = "id",
+        normalize: bool = True,
+        truncate: bool = True,
+        workers: int = 1,
+        dtype: str = "float32",
+        quantize: int | None = None,
+        instruction: str | None = None,
+    ):
+        import mlx_embed
+
+        self.model = mlx_embed.load(
+            model, dtype=dtype, quantize=quantize, instruction=instruction, workers=workers
+        )
+        self.text_column = text_column
+        self.id_column = id_column
+        self.normalize = normalize
+        self.truncate = truncate
+
+    def __call__(self, batch):
+        import pandas as pd
+        import pyarrow as pa
+
+        if isinstance(batch, pd.DataFrame):
+            table = pa.Table.from_pandas(batch, preserve_index=False)
+        elif isinstance(batch, dict):
+            table = pa.table({k: pa.array(list(v)) if v.dtype == object else v
+                              for k, v in batch.items()})
+        else:
+            table = batch
+        vecs = self.embed_table(table)
+        column = _vectors_to_list_array(vecs)
+        if isinstance(batch, pd.DataFrame):
+            out = batch.copy()
+            out[EMBEDDING_COLUMN] = pd.Series(
+                pd.arrays.ArrowExtensionArray(column), index=batch.index
+            )
+            return out
+        return table.append_column(EMBEDDING_COLUMN, column)
+
+    def embed_table(self, table) -> np.ndarray:
+        """The vectors of ``table``'s text column, float32 [rows, dim], in row order."""
+        if self.text_column not in table.column_names:
+            raise BulkError(
+                f"no {self.text_column!r} column in the batch (columns: {table.column_names})"
+            )
+        texts = table.column(self.text_column).to_pylist()
+        if self.id_column in table.column_names:
+            ids = table.column(self.id_column).to_pylist()
+        else:
+            ids = [None] * len(texts)
+        for row_id, text in zip(ids, texts):
+            problem = _text_problem(text)
+            if problem:
+                raise BadRow(f"row {self.id_column}={row_id!r}: {problem}")
+        if not texts:
+            return np.empty((0, self.model.dim), dtype=np.float32)
+        try:
+            return self.model.embed(texts, normalize=self.normalize, truncate=self.truncate)
+        except Exception:
+            # The engine names a failing input by its place in the call; one
+            # text at a time finds the row, so the message can name its id.
+            for row_id, text in zip(ids, texts):
+                try:
+                    self.model.embed([text], normalize=self.normalize, truncate=self.truncate)
+                except Exception as e:
+                    # Alone in the call, the text is "text 0" to the engine.
+                    reason = re.sub(r"^text 0\b", "text", str(e))
+                    raise BadRow(f"row {self.id_column}={row_id!r}: {reason}") from e
+            raise
+
+
+def _bad_row_message(error: BaseException) -> str | None:
+    """The BadRow message inside the error Ray raised for a failed UDF, if any.
+
+    Ray wraps the actor's exception (RayTaskError, UserCodeException) and keeps
+    the original in its cause chain or, across processes, in the text."""
+    seen = set()
+    stack = [error]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, BadRow):
+            return str(e)
+        stack += [getattr(e, "cause", None), e.__cause__, e.__context__]
+    match = re.search(r"BadRow: (.+)", str(error))
+    return match.group(1).strip() if match else None
+
+
+def _text_problem(text: Any) -> str | None:
+    if text is None:
+        return "text is null"
+    if not isinstance(text, str):
+        return f"text must be a string, got {type(text).__name__}"
+    if not text:
+        return "text is empty"
+    return None
+
+
+# ------------------------------------------------------------------ the job
+
+
+@dataclass
+class BulkResult:
+    """What one ``run_bulk`` call did."""
+
+    input_rows: int
+    already_done: int  # rows found in the output folder before this run
+    embedded: int  # rows embedded by this run
+    removed_files: list[str]  # unreadable output files (an interrupted write) deleted before resuming
+    output_files: int
+    seconds: float
+
+
+def _input_format(paths: Sequence[str]) -> str:
+    kinds = set()
+    for p in paths:
+        path = Path(p)
+        if path.is_dir():
+            names = [f.name for f in path.iterdir() if f.is_file() and not f.name.startswith(".")]
+            if names and all(n.endswith(".parquet") for n in names):
+                kinds.add("parquet")
+            elif names and all(n.endswith((".jsonl", ".json")) for n in names):
+                kinds.add("jsonl")
+            else:
+                raise BulkError(f"{p}: a folder of .parquet or of .jsonl files expected")
+        elif path.suffix == ".parquet":
+            kinds.add("parquet")
+        elif path.suffix in (".jsonl", ".json"):
+            kinds.add("jsonl")
+        elif not path.exists():
+            raise FileNotFoundError(f"{p}: no such file or folder")
+        else:
+            raise BulkError(f"{p}: .parquet or .jsonl input expected")
+    if len(kinds) != 1:
+        raise BulkError("inputs mix Parquet and JSONL; give one kind")
+    return kinds.pop()
+
+
+def read_input(paths: Sequence[str]):
+    """A Ray Dataset over Parquet files or JSONL files (one JSON object per line)."""
+    ray = _import_ray()
+    paths = [os.fspath(p) for p in paths]
+    if _input_format(paths) == "parquet":
+        return ray.data.read_parquet(paths)
+    return ray.data.read_json(paths, lines=True)
+
+
+def _scan_output(output_dir: Path, id_column: str) -> tuple[list, list[str], int]:
+    """Ids already written (in file order), unreadable files removed, files kept.
+
+    Each output file is written whole by one write task; a file cut short by
+    a killed job has no Parquet footer, so it is deleted and its rows done again.
+    """
+    import pyarrow.parquet as pq
+
+    done: list = []
+    removed: list[str] = []
+    kept = 0
+    if not output_dir.exists():
+        return done, removed, kept
+    for f in sorted(output_dir.glob("*.parquet")):
+        try:
+            pq.read_metadata(f)
+        except (OSError, ValueError):  # pyarrow's ArrowInvalid is a ValueError
+            f.unlink()
+            removed.append(f.name)
+            continue
+        try:
+            done.extend(pq.read_table(f, columns=[id_column]).column(id_column).to_pylist())
+        except (KeyError, ValueError) as e:
+            raise BulkError(f"{f}: no {id_column!r} column; not this job's output ({e})") from e
+        kept += 1
+    return done, removed, kept
+
+
+def _drop_done(done_ref, id_column: str):
+    """A batch function that drops the rows whose id is already in the output (resume)."""
+    cache: dict = {}
+
+    def drop(table):
+        import pyarrow.compute as pc
+
+        if "done" not in cache:
+            cache["done"] = _import_ray().get(done_ref)
+        return table.filter(pc.invert(pc.is_in(table.column(id_column), value_set=cache["done"])))
+
+    return drop
+
+
+def _check_ids(ids, where: str) -> None:
+    """Ids must be present and unique: resuming and the final check go by id."""
+    import pyarrow.compute as pc
+
+    nulls = ids.null_count
+    if nulls:
+        raise BulkError(f"{where}: {nulls} rows have a null id")
+    if pc.count_distinct(ids).as_py() != len(ids):
+        counts = pc.value_counts(ids)
+        dup = next(v for v in counts.to_pylist() if v["counts"] > 1)
+        raise BulkError(
+            f"{where}: id {dup['values']!r} appears {dup['counts']} times; ids must be unique"
+        )
+
+
+def run_bulk(
+    inputs: str | Sequence[str],
+    output_dir: str | os.PathLike,
+    *,
+    model: str | None = None,
+    id_column: str = "id",
+    text_column: str = "text",
+    concurrency: int | None = None,
+    cpus_per_actor: float = 1.0,
+    workers_per_actor: int | None = None,
+    batch_size: int = 256,
+    rows_per_file: int = 10_000,
+    normalize: bool = True,
+    truncate: bool = True,
+    dtype: str = "float32",
+    quantize: int | None = None,
+    instruction: str | None = None,
+) -> BulkResult:
+    """Embeds ``inputs`` (Parquet or JSONL with ``id_column`` and
+    ``text_column``) into Parquet files of ``id``, ``text``, ``embedding``
+    under ``output_dir``, on the Ray cluster this process is connected to
+    (a local one is started if none is).
+
+    Resumes: ids already in ``output_dir`` are skipped. Afterwards every input
+    id must be in the output exactly once, else ``BulkError``. A row the
+    model cannot embed fails the job with ``BadRow`` naming its id. (Ray Data
+    lets a failed job's actors go only once Python has collected the failed
+    executor; ``mlx-embed bulk`` runs one job per process.)
+    """
+    import time
+
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    ray = _import_ray()
+    started = time.perf_counter()
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    out = Path(output_dir)
+    if batch_size < 1 or rows_per_file < 1 or cpus_per_actor <= 0:
+        raise ValueError("batch_size and rows_per_file must be >= 1, cpus_per_actor > 0")
+    if not ray.is_initialized():
+        ray.init()
+    # Ray Data's file listing, reading, re-blocking and writing are tasks that
+    # each claim one CPU; actors holding every CPU would leave them waiting
+    # forever (the job would hang at 0 rows), so one CPU stays theirs.
+    cpus = ray.cluster_resources().get("CPU", 0)
+    if concurrency is None:
+        concurrency = max(1, int((cpus - IO_CPUS) // cpus_per_actor))
+    if concurrency < 1 or concurrency * cpus_per_actor > cpus - IO_CPUS:
+        raise BulkError(
+            f"{concurrency} actors x {cpus_per_actor:g} CPUs leave less than {IO_CPUS} of the "
+            f"cluster's {cpus:g} CPUs for reading and writing; lower --concurrency or "
+            "--cpus-per-actor (an actor may claim 0.5 CPU and still run its MLX workers)"
+        )
+    if workers_per_actor is None:
+        workers_per_actor = max(1, round(cpus_per_actor))
+
+    ds = read_input(inputs)
+    missing = {id_column, text_column} - set(ds.schema().names)
+    if missing:
+        raise BulkError(
+            f"input has no {sorted(missing)} column(s) (columns: {ds.schema().names}); "
+            "--id-column/--text-column name them"
+        )
+    ds = ds.select_columns([id_column, text_column])
+    # The ids alone, read once up front: a duplicate or null id fails the job
+    # before any compute, and the end check compares id sets.
+    chunks = [t.column(id_column).combine_chunks()
+              for t in ray.get(ds.select_columns([id_column]).to_arrow_refs()) if t.num_rows]
+    if not chunks:
+        raise BulkError("the input has no rows")
+    input_ids = pa.concat_arrays(chunks)
+    _check_ids(input_ids, "input")
+    input_rows = len(input_ids)
+
+    done, removed, _ = _scan_output(out, id_column)
+    done = pa.array(done, type=input_ids.type) if done else pa.array([], type=input_ids.type)
+    if len(done):
+        _check_ids(done, str(out))
+        if not pc.all(pc.is_in(done, value_set=input_ids)).as_py():
+            raise BulkError(f"{out} holds ids that are not in the input: not this job's output")
+        ds = ds.map_batches(
+            _drop_done(ray.put(done), id_column), batch_format="pyarrow"
+        )
+    todo = input_rows - len(done)
+    if todo > 0:
+        # Blocks of one model batch each spread the rows over all actors
+        # (the reader may hand over a whole file as one block).
+        ds = ds.repartition(target_num_rows_per_block=batch_size)
+        ds = ds.map_batches(
+            MlxEmbedder,
+            fn_constructor_kwargs={
+                "model": model, "text_column": text_column, "id_column": id_column,
+                "normalize": normalize, "truncate": truncate,
+                "workers": workers_per_actor, "dtype": dtype,
+                "quantize": quantize, "instruction": instruction,
+            },
+            batch_size=batch_size,
+            batch_format="pyarrow",
+            compute=ray.data.ActorPoolStrategy(size=concurrency),
+            num_cpus=cpus_per_actor,
+        )
+        out.mkdir(parents=True, exist_ok=True)
+        bad_row = None
+        try:
+            ds.write_parquet(os.fspath(out), min_rows_per_file=rows_per_file, mode="append")
+        except Exception as e:
+            bad_row = _bad_row_message(e)
+            if bad_row is None:
+                raise
+        if bad_row is not None:
+            # Ray Data lets a failed job's actors go when nothing refers to
+            # them any more; Ray's error, through its traceback, still would.
+            # So the BadRow is raised outside the handler, without that error,
+            # and the actors' CPUs are free for the caller's next job.
+            del ds
+            gc.collect()
+            raise BadRow(bad_row)
+
+    final, _, files = _scan_output(out, id_column)
+    final = pa.array(final, type=input_ids.type) if final else pa.array([], type=input_ids.type)
+    _check_ids(final, str(out))
+    if len(final) != input_rows or not pc.all(pc.is_in(final, value_set=input_ids)).as_py():
+        raise BulkError(f"{out} holds {len(final)} rows, not the input's {input_rows} ids")
+    return BulkResult(
+        input_rows=input_rows,
+        already_done=len(done),
+        embedded=len(final) - len(done),
+        removed_files=removed,
+        output_files=files,
+        seconds=time.perf_counter() - started,
+    )

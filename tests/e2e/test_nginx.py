@@ -1,0 +1,277 @@
+"""Two real replicas behind real nginx (deploy/nginx/nginx.conf), under load.
+
+A replica drained by SIGTERM, killed with SIGKILL, or whose model died (503)
+mid-load costs the clients nothing: nginx resends to the other replica, every
+answer is the right vector, and a replica brought back gets traffic again.
+Each test is bounded: a fixed number of clients, a request cap and deadlines.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+from harness import ROOT, TEST_SERVER_BINARY, cosine_rows
+
+sys.path.insert(0, str(ROOT / "scripts"))
+import replicas as rp
+
+CLIENTS = 8
+MAX_REQUESTS = 20_000  # per load run; the phases below stop it long before
+MAX_LOAD_SECONDS = 240
+DRAIN_SECONDS = 30
+REPLICA_ARGS = ["--no-warmup", "--drain-timeout-secs", str(DRAIN_SECONDS)]
+# Distinct two-text requests; each answer is checked against its own texts' vectors.
+PAIRS = [[f"request {i}: how do replicas share the load", f"second text {i} about nginx and retries"]
+         for i in range(24)]
+
+
+def embed_count(replica: rp.Replica) -> int:
+    """Embed requests this replica answered 200, from its /metrics."""
+    text = requests.get(replica.url + "/metrics", timeout=10).text
+    return int(sum(float(v) for v in re.findall(
+        r'^mlx_embed_http_requests_total\{route="/api/v1/embed",code="200"\} (\S+)$', text, re.MULTILINE)))
+
+
+def wait_for(condition, timeout: float, what: str, poll: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(poll)
+    pytest.fail(f"timed out after {timeout}s waiting for {what}")
+
+
+class Load:
+    """CLIENTS threads posting PAIRS through nginx on keep-alive sessions until
+    stopped, MAX_REQUESTS are sent or MAX_LOAD_SECONDS pass. Any answer other
+    than a 200 carrying the request's own vectors is recorded as an error."""
+
+    def __init__(self, url: str, reference: dict[str, np.ndarray]):
+        self.url, self.reference = url, reference
+        self.ok = 0
+        self.errors: list[str] = []
+        self.sent = 0
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._deadline = time.monotonic() + MAX_LOAD_SECONDS
+        self._threads = [threading.Thread(target=self._client, args=(c,), daemon=True) for c in range(CLIENTS)]
+
+    def __enter__(self):
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=90)
+        assert not any(t.is_alive() for t in self._threads), "a load client did not stop"
+
+    def _next(self) -> int | None:
+        with self._lock:
+            if self._stop.is_set() or self.sent >= MAX_REQUESTS or time.monotonic() > self._deadline:
+                return None
+            self.sent += 1
+            return self.sent
+
+    def _client(self, c: int) -> None:
+        session = requests.Session()
+        while (n := self._next()) is not None:
+            pair = PAIRS[(n * 7 + c) % len(PAIRS)]
+            try:
+                r = session.post(self.url + "/api/v1/embed", json={"texts": pair}, timeout=90)
+            except requests.RequestException as e:
+                self._error(f"request {n}: {e!r}")
+                continue
+            if r.status_code != 200:
+                self._error(f"request {n}: HTTP {r.status_code}: {r.text[:200]}")
+                continue
+            got = np.asarray(r.json()["embeddings"], dtype=np.float32)
+            want = np.stack([self.reference[t] for t in pair])
+            if got.shape != want.shape or cosine_rows(got, want).min() < 0.99999:
+                self._error(f"request {n}: wrong vectors for {pair}")
+                continue
+            with self._lock:
+                self.ok += 1
+
+    def _error(self, message: str) -> None:
+        with self._lock:
+            self.errors.append(message)
+
+    def wait_ok(self, n: int, timeout: float, what: str) -> None:
+        """Waits for `n` more correct answers than now."""
+        target = self.ok + n
+        wait_for(lambda: self.ok >= target or self.errors, timeout, what)
+        assert not self.errors, self.errors[:5]
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """Two replicas and nginx on free loopback ports; everything stopped after."""
+    ports = [rp.free_port(), rp.free_port()]
+    started = [rp.start_replica(p, tmp_path, REPLICA_ARGS, wait=False) for p in ports]
+    procs = {"replicas": list(started), "nginx": None}
+    try:
+        for r in started:
+            rp.wait_healthy(r)
+        procs["nginx"] = rp.start_nginx(rp.free_port(), ports, tmp_path / "nginx")
+        yield procs
+    finally:
+        if procs["nginx"]:
+            procs["nginx"].stop()
+        for r in procs["replicas"]:
+            r.stop(timeout=DRAIN_SECONDS + 10)
+
+
+def reference_vectors(replica: rp.Replica) -> dict[str, np.ndarray]:
+    texts = sorted({t for pair in PAIRS for t in pair})
+    r = requests.post(replica.url + "/api/v1/embed", json={"texts": texts}, timeout=60)
+    assert r.status_code == 200, r.text
+    return dict(zip(texts, np.asarray(r.json()["embeddings"], dtype=np.float32)))
+
+
+def retried_from(nginx: rp.Nginx, replica: rp.Replica) -> int:
+    """Requests that `replica` failed and another replica then answered, from
+    nginx's access log (upstream addresses "a, b" with statuses "502, 200")."""
+    lines = wait_for(lambda: nginx.access_log() or None, 5, "the access log")
+    return sum(1 for line in lines if f"upstream=127.0.0.1:{replica.port}, " in line)
+
+
+def upstream_failures(nginx: rp.Nginx, replica: rp.Replica) -> dict[str, int]:
+    """What nginx's error log says went wrong with `replica`, by kind."""
+    kinds = {"refused": "Connection refused", "closed before answering": "prematurely closed",
+             "reset": "reset by peer", "timed out": "timed out"}
+    lines = [line for line in nginx.error_log().splitlines()
+             if f'upstream: "http://127.0.0.1:{replica.port}/' in line]
+    return {kind: sum(text in line for line in lines) for kind, text in kinds.items()}
+
+
+def test_sigterm_one_replica_mid_load_drains_with_no_client_errors(cluster):
+    a, b = cluster["replicas"]
+    nginx = cluster["nginx"]
+    reference = reference_vectors(a)
+    with Load(nginx.url, reference) as load:
+        wait_for(lambda: embed_count(a) >= 20 and embed_count(b) >= 20, 120, "both replicas serving")
+        served_by_a = embed_count(a)
+        signalled = time.monotonic()
+        a.proc.send_signal(signal.SIGTERM)
+        code = a.proc.wait(timeout=DRAIN_SECONDS + 10)
+        exited = time.monotonic() - signalled
+        # The other replica carries the load alone from here.
+        load.wait_ok(60, 120, "answers after the drained replica left")
+    assert load.errors == [], load.errors[:5]
+    assert code == 0, a.log()[-3000:]
+    assert exited < DRAIN_SECONDS
+    log = a.log()
+    assert "received SIGTERM" in log and "shut down" in log
+    assert "drain timeout" not in log, "the replica exited before answering what it accepted"
+    # A request the draining replica had accepted and then sat on would show as a timeout.
+    failures = upstream_failures(nginx, a)
+    assert failures["timed out"] == 0, failures
+    print(f"\nSIGTERM: {load.ok} answers, 0 errors; the drained replica had answered {served_by_a}, "
+          f"exited 0 after {exited:.2f}s; {retried_from(nginx, a)} requests resent by nginx "
+          f"({failures})")
+
+
+def test_kill_9_one_replica_mid_load_then_bring_it_back(cluster, tmp_path):
+    a, b = cluster["replicas"]
+    nginx = cluster["nginx"]
+    reference = reference_vectors(a)
+    with Load(nginx.url, reference) as load:
+        wait_for(lambda: embed_count(a) >= 20 and embed_count(b) >= 20, 120, "both replicas serving")
+        a.proc.kill()
+        a.proc.wait(timeout=10)
+        load.wait_ok(60, 120, "answers after the kill")
+        resent = retried_from(nginx, a)
+
+        # Bring it back on the same port: nginx tries it again after fail_timeout.
+        back = rp.start_replica(a.port, tmp_path / "back", REPLICA_ARGS)
+        cluster["replicas"].append(back)
+        returned = time.monotonic()
+        wait_for(lambda: embed_count(back) >= 30, 60, "traffic on the replica brought back")
+        seconds_to_return = time.monotonic() - returned
+        before_back, before_b = embed_count(back), embed_count(b)
+        load.wait_ok(120, 120, "answers with both replicas up")
+        share = (embed_count(back) - before_back) / max(
+            embed_count(back) - before_back + embed_count(b) - before_b, 1)
+    assert load.errors == [], load.errors[:5]
+    # least_conn over two equal replicas: each takes a real part of the load.
+    assert share >= 0.2, f"the replica brought back took only {share:.0%} of the requests"
+    print(f"\nkill -9: {load.ok} answers, 0 errors, {resent} requests resent to the survivor; "
+          f"the replica brought back served again after {seconds_to_return:.1f}s, "
+          f"then {share:.0%} of the requests")
+
+
+def test_replica_answering_503_is_skipped(tmp_path):
+    """A replica whose model thread died answers 503 to everything: nginx
+    resends to the healthy one (proxy_next_upstream http_503)."""
+    marker = "@@die@@"
+    sick = rp.start_replica(rp.free_port(), tmp_path, REPLICA_ARGS, wait=False,
+                            env={"MLX_EMBED_TEST_KILL": marker}, binary=TEST_SERVER_BINARY)
+    well = rp.start_replica(rp.free_port(), tmp_path, REPLICA_ARGS, wait=False)
+    nginx = None
+    try:
+        rp.wait_healthy(sick)
+        rp.wait_healthy(well)
+        nginx = rp.start_nginx(rp.free_port(), [sick.port, well.port], tmp_path / "nginx")
+        r = requests.post(sick.url + "/api/v1/embed", json={"texts": [f"x {marker} y"]}, timeout=60)
+        assert r.status_code == 503
+        wait_for(lambda: not sick.healthy(), 10, "the sick replica to report unhealthy")
+        reference = reference_vectors(well)
+        session = requests.Session()
+        for i in range(40):
+            pair = PAIRS[i % len(PAIRS)]
+            r = session.post(nginx.url + "/api/v1/embed", json={"texts": pair}, timeout=60)
+            assert r.status_code == 200, r.text
+            got = np.asarray(r.json()["embeddings"], dtype=np.float32)
+            assert cosine_rows(got, np.stack([reference[t] for t in pair])).min() >= 0.99999
+        assert requests.get(sick.url + "/metrics", timeout=10).text.count('code="503"') >= 1
+        assert retried_from(nginx, sick) >= 1, "nginx never tried the sick replica"
+    finally:
+        if nginx:
+            nginx.stop()
+        sick.stop()
+        well.stop()
+
+
+def test_body_limit_is_the_servers(cluster):
+    """nginx's client_max_body_size is the server's --max-body-bytes (2 MiB):
+    a body of exactly the limit reaches a replica, one byte more gets nginx's 413."""
+    nginx = cluster["nginx"]
+    limit = 2 * 1024 * 1024
+
+    def body(size: int) -> bytes:
+        head, tail = b'{"texts": ["hello"], "padding": "', b'"}'
+        return head + b"x" * (size - len(head) - len(tail)) + tail
+
+    headers = {"content-type": "application/json"}
+    r = requests.post(nginx.url + "/api/v1/embed", data=body(limit), headers=headers, timeout=60)
+    assert r.headers.get("content-type", "").startswith("application/json"), r.text[:300]
+    assert r.status_code in (200, 422), r.text[:300]  # the replica's answer, whatever it makes of "padding"
+    r = requests.post(nginx.url + "/api/v1/embed", data=body(limit + 1), headers=headers, timeout=60)
+    assert r.status_code == 413
+    assert "nginx" in r.text, r.text[:300]  # refused by nginx before any replica saw it
+
+
+def test_shipped_config_passes_nginx_t(tmp_path):
+    """deploy/nginx/nginx.conf as shipped (replicas on 8081/8082) is valid."""
+    conf = ROOT / "deploy" / "nginx" / "nginx.conf"
+    r = subprocess.run([rp.find_nginx(), "-t", "-p", str(tmp_path), "-c", str(conf), "-e", "stderr"],
+                       check=False, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    assert "syntax is ok" in r.stderr
+    rendered = rp.render_nginx_conf(9000, [9001, 9002, 9003])
+    assert re.findall(r"server 127\.0\.0\.1:(\d+) max_fails=1 fail_timeout=2s;", rendered) == [
+        "9001", "9002", "9003"]
+    assert "listen 127.0.0.1:9000;" in rendered
+    assert Path(conf).read_text().count("server 127.0.0.1:") == 2

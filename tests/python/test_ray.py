@@ -1,0 +1,323 @@
+"""Bulk embedding on a real local Ray cluster (2 CPUs), 2,000 short rows.
+
+The output of `mlx-embed bulk` / `run_bulk` must equal the single-process
+`mlx-embed embed` on the same rows (to 1e-6), hold every input id exactly
+once, survive an actor killed mid-job, resume from what was written, and
+fail loudly on a bad row with its id. Every job runs under a time bound.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import ray
+from mlx_embed.ray import BadRow, BulkError, MlxEmbedder, run_bulk
+
+ROOT = Path(__file__).resolve().parents[2]
+CLI = [sys.executable, "-m", "mlx_embed"]
+ROWS = 2000
+JOB_TIMEOUT_S = 300
+ACTOR_TITLE = "MapBatches(MlxEmbedder)"
+WORDS = ["alpha", "beta", "gamma", "delta", "river", "mountain", "quantum", "sparse", "vector", "search", "embedding", "model", "cluster", "replica", "shard", "index", "query", "answer", "corpus", "token"]
+# Two actors of half a CPU each leave one of the cluster's two CPUs to Ray
+# Data's read and write tasks (run_bulk refuses a plan that leaves none).
+SMALL_POOL = {"concurrency": 2, "cpus_per_actor": 0.5, "workers_per_actor": 1}
+
+
+def make_rows(n: int, prefix: str = "doc") -> list[dict]:
+    return [{"id": f"{prefix}-{i:05d}",
+             "text": f"row {i}: " + " ".join(WORDS[(i * k + k) % len(WORDS)] for k in range(1, 3 + i % 11))}
+            for i in range(n)]
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def ray_env() -> dict:
+    # No usage reports from a test run (and nothing to reach here anyway).
+    return {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict:
+    d = tmp_path_factory.mktemp("corpus")
+    rows = make_rows(ROWS)
+    table = pa.Table.from_pylist(rows)
+    (d / "parquet").mkdir()
+    for k in range(4):
+        pq.write_table(table.slice(k * 500, 500), d / "parquet" / f"part-{k}.parquet")
+    return {"rows": rows, "jsonl": write_jsonl(d / "rows.jsonl", rows), "parquet": d / "parquet", "dir": d}
+
+
+@pytest.fixture(scope="module")
+def reference(corpus) -> dict[str, np.ndarray]:
+    """id -> vector from the single-process CLI on the same rows."""
+    out = corpus["dir"] / "reference.npy"
+    r = subprocess.run([*CLI, "embed", "-i", str(corpus["jsonl"]), "-o", str(out), "--progress", "never"],
+                       check=False, capture_output=True, text=True, timeout=JOB_TIMEOUT_S, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    vectors = np.load(out)
+    assert vectors.shape == (ROWS, 384)
+    return {row["id"]: v for row, v in zip(corpus["rows"], vectors)}
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=300 * 1024 * 1024,
+             log_to_driver=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture
+def cluster(ray_session):
+    """The module's local cluster, once the previous job's actors have released
+    its 2 CPUs (Ray stops them a moment after a job ends)."""
+    deadline = time.monotonic() + 60
+    while ray.available_resources().get("CPU", 0) < 2:
+        assert time.monotonic() < deadline, f"CPUs still held: {ray.available_resources()}"
+        time.sleep(0.2)
+
+
+def read_output(out: Path) -> pa.Table:
+    files = sorted(out.glob("*.parquet"))
+    assert files, f"no output in {out}"
+    return pa.concat_tables(pq.read_table(f) for f in files)
+
+
+def check_output(out: Path, rows: list[dict], reference: dict[str, np.ndarray]) -> pa.Table:
+    """Every input id exactly once, its own text, and the CLI's vector."""
+    table = read_output(out)
+    assert table.schema.field("embedding").type == pa.list_(pa.float32())
+    assert table.column_names == ["id", "text", "embedding"]
+    ids = table.column("id").to_pylist()
+    assert len(ids) == len(rows), f"{len(ids)} rows written for {len(rows)} input rows"
+    assert len(set(ids)) == len(rows), "some rows written twice"
+    assert set(ids) == {r["id"] for r in rows}
+    texts = dict(zip(ids, table.column("text").to_pylist()))
+    assert all(texts[r["id"]] == r["text"] for r in rows)
+    got = np.asarray(table.column("embedding").to_pylist(), dtype=np.float32)
+    want = np.stack([reference[i] for i in ids])
+    assert np.abs(got - want).max() <= 1e-6
+    return table
+
+
+def bounded(**kwargs):
+    """run_bulk, failing the test if it takes more than JOB_TIMEOUT_S."""
+    box: dict = {}
+
+    def target():
+        try:
+            box["result"] = run_bulk(**kwargs)
+        except BaseException as e:  # noqa: BLE001  (handed to the test's thread)
+            box["error"] = e
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(JOB_TIMEOUT_S)
+    assert not t.is_alive(), f"bulk job still running after {JOB_TIMEOUT_S}s"
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def rows_written(out: Path) -> int:
+    """Rows in the finished output files (one being written has no footer yet)."""
+    n = 0
+    for f in out.glob("*.parquet"):
+        try:
+            n += pq.read_metadata(f).num_rows
+        except (OSError, pa.ArrowInvalid):
+            pass
+    return n
+
+
+def embedder_pids() -> set[int]:
+    """Processes of the MlxEmbedder actors (Ray names them after the class)."""
+    pids = set()
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                if ACTOR_TITLE in (p / "cmdline").read_bytes().decode(errors="replace"):
+                    pids.add(int(p.name))
+            except OSError:
+                pass
+    return pids
+
+
+# ------------------------------------------------------------ the CLI, end to end
+# Each CLI run starts (and stops) its own local Ray cluster of 2 CPUs.
+
+
+def test_bulk_cli_with_an_actor_killed_mid_job(corpus, reference, tmp_path):
+    """`mlx-embed bulk` equals `mlx-embed embed` on the same rows, even with one
+    of its actors killed mid-job: Ray restarts it, and no row is lost or written twice."""
+    out = tmp_path / "out"
+    cmd = [*CLI, "bulk", str(corpus["parquet"]), "-o", str(out), "--num-cpus", "2",
+           "--concurrency", "2", "--cpus-per-actor", "0.5", "--batch-size", "50", "--rows-per-file", "200"]
+    with open(tmp_path / "stdout", "w+") as stdout, open(tmp_path / "stderr", "w+") as stderr:
+        job = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, cwd=ROOT, env=ray_env())
+        killed, seen, written_at_kill = None, set(), 0
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        try:
+            while job.poll() is None and time.monotonic() < deadline:
+                seen |= embedder_pids()
+                # Kill one actor once the job has written some rows but not all.
+                if killed is None and seen and (written := rows_written(out)):
+                    killed, written_at_kill = min(seen), written
+                    os.kill(killed, signal.SIGKILL)
+                time.sleep(0.05)
+        finally:
+            if job.poll() is None:
+                job.kill()
+            job.wait(30)
+        stdout.seek(0), stderr.seek(0)
+        out_text, err_text = stdout.read(), stderr.read()
+    assert job.returncode == 0, err_text[-4000:]
+    assert killed is not None, "the job ended before an actor could be killed"
+    assert 0 < written_at_kill < ROWS
+    assert len(seen - {killed}) >= 2, f"no replacement actor: seen {sorted(seen)}, killed {killed}"
+    summary = json.loads([line for line in out_text.splitlines() if line.startswith("{")][-1])
+    assert (summary["input_rows"], summary["embedded"], summary["already_done"]) == (ROWS, ROWS, 0)
+    # Ray's own progress report went to the terminal (stderr here).
+    assert "MapBatches(MlxEmbedder)" in err_text
+    check_output(out, corpus["rows"], reference)
+    assert len(list(out.glob("*.parquet"))) == summary["output_files"] >= 2
+    print(f"\nkilled actor pid {killed} with {written_at_kill} rows written; "
+          f"{len(seen)} actor processes in all; {ROWS} rows out, none twice")
+
+
+def test_bulk_cli_fails_loudly_on_a_bad_row(tmp_path):
+    rows = make_rows(300, "bad")
+    rows[157]["text"] = ""
+    path = write_jsonl(tmp_path / "bad.jsonl", rows)
+    r = subprocess.run(
+        [*CLI, "bulk", str(path), "-o", str(tmp_path / "out"), "--num-cpus", "2", "--concurrency", "1",
+         "--batch-size", "100"],
+        check=False, capture_output=True, text=True, timeout=JOB_TIMEOUT_S, cwd=ROOT, env=ray_env())
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "mlx-embed bulk: error: row id='bad-00157': text is empty" in r.stderr
+
+
+# ------------------------------------------------------------ the library on one cluster
+
+
+def test_run_bulk_equals_single_process_cli(cluster, corpus, reference, tmp_path):
+    out = tmp_path / "out"
+    result = bounded(inputs=str(corpus["jsonl"]), output_dir=out, batch_size=100, rows_per_file=500,
+                     **SMALL_POOL)
+    assert (result.input_rows, result.embedded, result.already_done) == (ROWS, ROWS, 0)
+    check_output(out, corpus["rows"], reference)
+    assert result.output_files == len(list(out.glob("*.parquet"))) >= 2
+
+
+def test_resume_embeds_only_what_is_missing(cluster, corpus, reference, tmp_path):
+    rows = corpus["rows"][:600]
+    path = write_jsonl(tmp_path / "rows.jsonl", rows)
+    out = tmp_path / "out"
+    first = bounded(inputs=str(path), output_dir=out, batch_size=50, rows_per_file=100, **SMALL_POOL)
+    assert first.embedded == len(rows) and first.output_files >= 4
+    files = sorted(out.glob("*.parquet"))
+    lost = sum(pq.read_metadata(f).num_rows for f in files[:3])
+    files[0].unlink()
+    files[1].unlink()
+    # A write cut short by a killed job: no Parquet footer.
+    files[2].write_bytes(files[2].read_bytes()[:200])
+
+    again = bounded(inputs=str(path), output_dir=out, batch_size=50, rows_per_file=100, **SMALL_POOL)
+    assert again.removed_files == [files[2].name]
+    assert again.already_done == len(rows) - lost
+    assert again.embedded == lost
+    check_output(out, rows, reference)
+
+    done = bounded(inputs=str(path), output_dir=out, **SMALL_POOL)
+    assert (done.already_done, done.embedded) == (len(rows), 0)
+
+
+def test_bad_input_fails_before_any_compute(cluster, tmp_path):
+    rows = make_rows(50, "z")
+    rows[40]["id"] = rows[3]["id"]
+    with pytest.raises(BulkError, match=r"input: id 'z-00003' appears 2 times; ids must be unique"):
+        bounded(inputs=write_jsonl(tmp_path / "dup.jsonl", rows), output_dir=tmp_path / "o1",
+                concurrency=1)
+    assert not (tmp_path / "o1").exists(), "nothing may be embedded before the ids are checked"
+
+    with pytest.raises(BulkError, match=r"no \['text'\] column"):
+        bounded(inputs=write_jsonl(tmp_path / "notext.jsonl", [{"id": "a", "body": "x"}]),
+                output_dir=tmp_path / "o2", concurrency=1)
+
+    # Two actors of one CPU each would leave Ray Data's read tasks no CPU: the
+    # job would wait forever, so it is refused up front.
+    with pytest.raises(BulkError, match="leave less than 1 of the cluster's 2 CPUs"):
+        bounded(inputs=write_jsonl(tmp_path / "ok.jsonl", make_rows(10)), output_dir=tmp_path / "o3",
+                concurrency=2)
+
+
+def test_map_batches_with_the_callable_class(cluster, tmp_path):
+    """The documented use: ds.map_batches(MlxEmbedder, ...) with Ray's default
+    (numpy) batches still gives a list<float32> embedding column."""
+    rows = make_rows(200)
+    ds = ray.data.from_items(rows).map_batches(
+        MlxEmbedder, fn_constructor_kwargs={"workers": 1}, concurrency=1, num_cpus=1, batch_size=64)
+    table = pa.concat_tables(ray.get(ds.to_arrow_refs()))
+    assert table.schema.field("embedding").type == pa.list_(pa.float32())
+    import mlx_embed
+
+    model = mlx_embed.load()
+    by_id = dict(zip(table.column("id").to_pylist(), table.column("embedding").to_pylist()))
+    want = model.embed([r["text"] for r in rows])
+    got = np.asarray([by_id[r["id"]] for r in rows], dtype=np.float32)
+    assert np.abs(got - want).max() <= 1e-6
+
+
+def test_callable_class_keeps_the_batch_type(minilm):
+    embedder = MlxEmbedder(workers=1)
+    rows = make_rows(9)
+    want = minilm.embed([r["text"] for r in rows])
+
+    table = embedder(pa.Table.from_pylist(rows))
+    assert isinstance(table, pa.Table)
+    assert table.schema.field("embedding").type == pa.list_(pa.float32())
+    assert np.abs(np.asarray(table.column("embedding").to_pylist()) - want).max() <= 1e-6
+
+    frame = embedder(pd.DataFrame(rows))
+    assert isinstance(frame, pd.DataFrame) and list(frame.columns) == ["id", "text", "embedding"]
+    # Through Arrow the column stays list<float32> (no tensor or float64 detour).
+    assert pa.Table.from_pandas(frame).schema.field("embedding").type == pa.list_(pa.float32())
+    assert np.abs(np.stack(frame["embedding"].to_numpy()) - want).max() <= 1e-6
+
+    numpy_batch = {"id": np.array([r["id"] for r in rows], dtype=object),
+                   "text": np.array([r["text"] for r in rows], dtype=object)}
+    out = embedder(numpy_batch)
+    assert isinstance(out, pa.Table)
+    assert out.schema.field("embedding").type == pa.list_(pa.float32())
+
+    with pytest.raises(BadRow, match=r"row id='a': text must be a string, got int"):
+        embedder(pa.table({"id": ["a", "b"], "text": [1, 2]}))
+    with pytest.raises(BadRow, match=r"row id='b': text is null"):
+        embedder(pa.table({"id": ["a", "b"], "text": ["fine", None]}))
+
+
+def test_a_row_the_model_refuses_is_named_by_its_id():
+    """Too long with truncate=False: the engine names the text's place in the
+    call; the embedder finds the row and names its id."""
+    embedder = MlxEmbedder(workers=1, truncate=False)
+    rows = make_rows(40, "y")
+    rows[27]["text"] = "long " * 600
+    with pytest.raises(BadRow, match=r"row id='y-00027': text has 60\d tokens, more than max_length=256"):
+        embedder(pa.Table.from_pylist(rows))

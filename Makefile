@@ -62,17 +62,18 @@ build: setup
 	cargo build --release -p mlx-embed --bin mlx-embed-server
 	cargo build --release -p mlx-embed --features test-hooks --bin mlx-embed-server-test
 
-# The engine side by side with sentence-transformers on torch CPU. The peer
-# gets its own venv: torch from PyPI is a multi-GB CUDA build (it runs on the
-# CPU too), kept out of the project's venv and out of `make test`.
+# The engine side by side with ONNX Runtime and sentence-transformers (torch
+# CPU). The peers get their own venv: torch from PyPI is a multi-GB CUDA build
+# (it runs on the CPU too), kept out of the project's venv and out of `make
+# test`; optimum exports the same weights to ONNX for ONNX Runtime.
 PEER_VENV ?= .bench-venv
-bench: setup build $(PEER_VENV)/.installed
+bench: setup build $(PEER_VENV)/.installed-st-ort
 	$(BIN)/python scripts/bench_model.py --peer-python $(PEER_VENV)/bin/python
 
-$(PEER_VENV)/.installed:
+$(PEER_VENV)/.installed-st-ort:
 	test -x $(PEER_VENV)/bin/python || $(PYTHON) -m venv $(PEER_VENV)
 	$(PEER_VENV)/bin/pip install -q --upgrade pip
-	$(PEER_VENV)/bin/pip install -q 'sentence-transformers>=3'
+	$(PEER_VENV)/bin/pip install -q 'sentence-transformers>=3' onnxruntime 'optimum-onnx[onnxruntime]'
 	touch $@
 
 # The chart needs matplotlib; kept out of the default install.

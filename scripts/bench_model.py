@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Model-engine throughput, side by side: texts/s and real tokens/s per batch
-size for the engine's configurations and for sentence-transformers.
+size for the engine's configurations, ONNX Runtime and sentence-transformers,
+and the time of one short text per call.
 
 Every configuration is a long-lived subprocess (the BLAS and the element-wise
 path are picked at import) that loads, warms up, then times one whole-corpus
@@ -15,11 +16,22 @@ Engine configurations (``--configs``):
   exact-ops   MLX's built-in erf/softmax/layer norm (MLX_EMBED_FAST_OPS=0)
   ref-blas    MLX's bundled reference BLAS (MLX_EMBED_BLAS=none); slow, so it
               runs in the first round only (--ref-rounds)
-Peers: sentence-transformers on torch CPU at each --peer-threads count, run by
---peer-python (default .bench-venv/bin/python, made by `make bench`).
+Peers, run by --peer-python (default .bench-venv/bin/python, made by `make bench`):
+  torch-Nt    sentence-transformers on torch CPU, N threads (--peer-threads)
+  ort-Nt      ONNX Runtime (CPU execution provider, N intra-op threads,
+              --ort-threads) on the same weights exported to ONNX by optimum
+              (cached under .bench/onnx), HF tokenizer, mean pooling and
+              normalization in NumPy: the path sentence-transformers' ONNX
+              backend takes, without its Python wrapper
+Corpora (--corpus, each its own interleaved run in the same session):
+  mixed       the deterministic mixed-length corpus below (~108 tokens/text)
+  short       the load test's sentences (scripts/wrk-common.lua, ~22 tokens)
+Every process also times one short text per call (--latency-calls per round;
+the median over all rounds is the "one short text" latency).
 
     python scripts/bench_model.py                       # everything
     python scripts/bench_model.py --configs mlx_embed --peer-threads 2,1
+    python scripts/bench_model.py --configs mlx_embed --corpus short --no-torch
     python scripts/bench_model.py --no-peer --configs mlx_embed,ref-blas
     python scripts/bench_model.py --profile             # per-op profile, one forward
 
@@ -74,20 +86,58 @@ def make_corpus(n: int, seed: int = 0) -> list[str]:
     return out
 
 
-def _serve(run_once, meta: dict) -> None:
-    """Line protocol for the interleaved side-by-side run: print meta, then
-    for each "<batch_size>" line on stdin time one pass over the corpus."""
+def short_corpus(n: int) -> list[str]:
+    """``n`` sentences spread evenly over the load test's 672 (the texts wrk
+    sends, read from scripts/wrk-common.lua by scripts/loadtest's parser)."""
+    from importlib.machinery import SourceFileLoader
+
+    loadtest = SourceFileLoader("mlx_embed_loadtest", str(ROOT / "scripts" / "loadtest")).load_module()
+    texts = loadtest.lua_corpus()
+    step = len(texts) / min(n, len(texts))
+    return [texts[int(i * step)] for i in range(min(n, len(texts)))]
+
+
+def corpora(n: int) -> dict[str, list[str]]:
+    return {"mixed": make_corpus(n), "short": short_corpus(n)}
+
+
+# The "one short text" of the latency figure: a load-test sentence of the
+# short corpus' typical length (21 tokens with MiniLM's specials).
+LATENCY_TEXT = "Document 3-4-5 criticises the new vector index and what it means for the team."
+
+# Texts whose vectors every process reports, to show the peers run the same model.
+SAMPLE_TEXTS = [LATENCY_TEXT, "hello world", make_corpus(3)[2]]
+
+
+def _serve(embed, meta: dict, texts: dict[str, list[str]]) -> None:
+    """Line protocol for the interleaved side-by-side run. ``embed(list of
+    str)`` returns L2-normalized vectors [n, dim]. Prints meta (with the
+    sample vectors), then answers each stdin line:
+    ``run <corpus> <batch_size>``: seconds for one pass over that corpus in
+    calls of batch_size texts; ``lat <calls>``: seconds of each of that many
+    one-short-text calls."""
+    meta["sample"] = [[round(float(v), 7) for v in row] for row in embed(SAMPLE_TEXTS)]
     print(json.dumps(meta), flush=True)
     for line in sys.stdin:
-        line = line.strip()
-        if not line:
+        parts = line.split()
+        if not parts:
             continue
-        if line == "quit":
+        if parts[0] == "quit":
             break
-        bs = int(line)
+        if parts[0] == "lat":
+            one = [LATENCY_TEXT]
+            out = []
+            for _ in range(int(parts[1])):
+                t0 = time.perf_counter()
+                embed(one)
+                out.append(time.perf_counter() - t0)
+            print(json.dumps({"seconds": out}), flush=True)
+            continue
+        corpus, bs = texts[parts[1]], int(parts[2])
         t0 = time.perf_counter()
-        run_once(bs)
-        print(json.dumps({"batch_size": bs, "seconds": time.perf_counter() - t0}), flush=True)
+        for i in range(0, len(corpus), bs):
+            embed(corpus[i : i + bs])
+        print(json.dumps({"seconds": time.perf_counter() - t0}), flush=True)
 
 
 ENGINE_CONFIGS = {
@@ -188,28 +238,30 @@ def engine_serve(args) -> None:
     model = mlx_embed.load(args.model, batch_tokens=args.batch_tokens)
     if args.unsorted:
         model.scheduler.plan = _plan_in_input_order(model)
-    texts = make_corpus(args.texts)
-    lengths = model.count_tokens(texts)
+    texts = corpora(args.texts)
     with open(os.path.join(model.path, "config.json")) as f:
-        flops = forward_flops(json.load(f), lengths)
-    model.embed(texts[: max(args.batch_sizes)])
-
-    def run_once(bs):
-        for i in range(0, len(texts), bs):
-            model.embed(texts[i : i + bs])
+        config = json.load(f)
+    tokens, flops = {}, {}
+    for name, corpus in texts.items():
+        lengths = model.count_tokens(corpus)
+        tokens[name], flops[name] = sum(lengths), forward_flops(config, lengths) / 1e9
+        model.embed(corpus[: max(args.batch_sizes)])
+    for _ in range(5):
+        model.embed([LATENCY_TEXT])
 
     info = model.info()
     meta = {"blas": info["blas"], "blas_gflops": round(info["blas_gflops"], 1),
             "ops_path": model.context.describe(), "workers": model.workers,
-            "texts": len(texts), "tokens": sum(lengths), "forward_gflop": flops / 1e9,
+            "texts": {k: len(v) for k, v in texts.items()}, "tokens": tokens, "forward_gflop": flops,
+            "latency_tokens": model.count_tokens([LATENCY_TEXT])[0],
             "device_batch_tokens": info["device_batch_tokens"]}
     if args.gemm_peak:
         meta["gemm_peak_gflops"] = {k: round(v, 1) for k, v in gemm_peak_gflops().items()}
-    _serve(run_once, meta)
+    _serve(model.embed, meta, texts)
 
 
 def peer_serve(args) -> None:
-    """sentence-transformers (torch CPU) on the same corpus; run with the
+    """sentence-transformers (torch CPU) on the same corpora; run with the
     peer's interpreter (it must have torch + sentence-transformers)."""
     import torch
 
@@ -217,18 +269,76 @@ def peer_serve(args) -> None:
     from sentence_transformers import SentenceTransformer
 
     st = SentenceTransformer(args.model, device="cpu")
-    texts = make_corpus(args.texts)
-    tokens = sum(len(x) for x in st.tokenizer(texts, truncation=True, max_length=st.max_seq_length)["input_ids"])
-    st.encode(texts[: max(args.batch_sizes)], batch_size=max(args.batch_sizes))
+    texts = corpora(args.texts)
+    tokens = {k: sum(len(x) for x in st.tokenizer(v, truncation=True, max_length=st.max_seq_length)["input_ids"])
+              for k, v in texts.items()}
+    for corpus in texts.values():
+        st.encode(corpus[: max(args.batch_sizes)], batch_size=max(args.batch_sizes))
 
-    def run_once(bs):
-        for i in range(0, len(texts), bs):
-            st.encode(texts[i : i + bs], batch_size=bs)
+    def embed(batch):
+        return st.encode(batch, batch_size=len(batch), normalize_embeddings=True)
 
     from importlib.metadata import version
-    _serve(run_once, {"name": f"sentence-transformers {version('sentence-transformers')} "
-                              f"torch {torch.__version__} threads {args.peer_threads}",
-                      "texts": len(texts), "tokens": tokens})
+    _serve(embed, {"name": f"sentence-transformers {version('sentence-transformers')} "
+                           f"torch {torch.__version__} threads {args.peer_threads}",
+                   "texts": {k: len(v) for k, v in texts.items()}, "tokens": tokens}, texts)
+
+
+def export_onnx(model_dir: str) -> str:
+    """The model exported to ONNX by optimum (feature extraction: input ids,
+    attention mask, token types -> last hidden state), cached under
+    .bench/onnx/<folder name>-<hash of its config and weights' size>."""
+    import hashlib
+
+    src = Path(model_dir)
+    key = hashlib.sha256((src / "config.json").read_bytes()
+                         + str((src / "model.safetensors").stat().st_size).encode()).hexdigest()[:12]
+    out = ROOT / ".bench" / "onnx" / f"{src.name}-{key}"
+    if not (out / "model.onnx").exists():
+        from optimum.exporters.onnx import main_export
+
+        # library_name: the plain encoder (last hidden state), not optimum's
+        # sentence-transformers graph with pooling inside; pooling is ours.
+        main_export(str(src), output=str(out), task="feature-extraction", device="cpu",
+                    library_name="transformers")
+    return str(out / "model.onnx")
+
+
+def ort_serve(args) -> None:
+    """ONNX Runtime on the CPU, same weights, texts and thread count; run
+    with the peer's interpreter (onnxruntime, optimum, transformers)."""
+    import numpy as np
+    import onnxruntime as ort
+    from transformers import AutoTokenizer
+
+    path = export_onnx(args.model)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = args.ort_threads
+    so.inter_op_num_threads = 1
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    sess = ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+    names = {i.name for i in sess.get_inputs()}
+    tok = AutoTokenizer.from_pretrained(args.model)
+    with open(os.path.join(args.model, "sentence_bert_config.json")) as f:
+        max_len = int(json.load(f)["max_seq_length"])
+
+    def embed(batch):
+        enc = tok(batch, padding=True, truncation=True, max_length=max_len, return_tensors="np")
+        feed = {k: v.astype(np.int64) for k, v in enc.items() if k in names}
+        h = sess.run(["last_hidden_state"], feed)[0]
+        m = enc["attention_mask"][..., None].astype(np.float32)
+        v = (h * m).sum(axis=1) / np.maximum(m.sum(axis=1), 1e-9)
+        return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+
+    texts = corpora(args.texts)
+    tokens = {k: sum(len(x) for x in tok(v, truncation=True, max_length=max_len)["input_ids"])
+              for k, v in texts.items()}
+    for corpus in texts.values():
+        embed(corpus[: max(args.batch_sizes)])
+    from importlib.metadata import version
+    _serve(embed, {"name": f"onnxruntime {ort.__version__} (optimum {version('optimum-onnx')} export) "
+                           f"threads {args.ort_threads}",
+                   "texts": {k: len(v) for k, v in texts.items()}, "tokens": tokens}, texts)
 
 
 def _default_model_dir() -> str:
@@ -253,12 +363,15 @@ def side_by_side(args) -> int:
     commands = {}
     for name in args.configs:
         extra = ["--unsorted"] if name == "unsorted" else []
-        if name == args.configs[0]:
+        if name == args.configs[0] and not args.no_gemm_peak:
             extra.append("--gemm-peak")
         commands[name] = ([sys.executable, __file__, "--engine-serve", *extra, *common],
                           {**base_env, **ENGINE_CONFIGS[name]})
     if args.peer_python and not args.no_peer:
-        for th in args.peer_threads_list:
+        for th in [] if args.no_ort else args.ort_threads_list:
+            commands[f"ort-{th}t"] = (
+                [args.peer_python, __file__, "--ort-serve", "--ort-threads", str(th), *common], base_env)
+        for th in [] if args.no_torch else args.peer_threads_list:
             commands[f"torch-{th}t"] = (
                 [args.peer_python, __file__, "--peer-serve", "--peer-threads", str(th), *common],
                 base_env)
@@ -270,65 +383,99 @@ def side_by_side(args) -> int:
         if not line:
             raise SystemExit(f"{k} failed to start")
         meta[k] = json.loads(line)
-    times = {k: {bs: [] for bs in args.batch_sizes} for k in procs}
+
+    def ask(pr, request: str) -> dict:
+        pr.stdin.write(request + "\n")
+        pr.stdin.flush()
+        return json.loads(pr.stdout.readline())
+
+    times = {c: {k: {bs: [] for bs in args.batch_sizes} for k in procs} for c in args.corpus}
+    latency = {k: [] for k in procs}
     load0 = os.getloadavg()
     t_start = time.time()
     for rnd in range(args.repeats):
-        for bs in args.batch_sizes:
-            for k, pr in procs.items():
-                if k == "ref-blas" and rnd >= args.ref_rounds:
-                    continue
-                pr.stdin.write(f"{bs}\n")
-                pr.stdin.flush()
-                times[k][bs].append(json.loads(pr.stdout.readline())["seconds"])
+        for k, pr in procs.items():
+            if args.latency_calls and not (k == "ref-blas" and rnd >= args.ref_rounds):
+                latency[k] += ask(pr, f"lat {args.latency_calls}")["seconds"]
+        for c in args.corpus:
+            for bs in args.batch_sizes:
+                for k, pr in procs.items():
+                    if k == "ref-blas" and rnd >= args.ref_rounds:
+                        continue
+                    times[c][k][bs].append(ask(pr, f"run {c} {bs}")["seconds"])
     load1 = os.getloadavg()
     for pr in procs.values():
         pr.stdin.write("quit\n")
         pr.stdin.close()
         pr.wait()
 
-    first = meta[args.configs[0]]
-    n_texts, n_tokens = first["texts"], first["tokens"]
-    tps = {k: {bs: n_texts / statistics.median(v) for bs, v in t.items()} for k, t in times.items()}
+    import numpy as np
+
+    head = args.configs[0]
     print(f"# {json.dumps(versions())}")
     print(f"# command: {' '.join([os.path.basename(sys.executable), *sys.argv])}")
     for k, m in meta.items():
-        print(f"# {k}: {json.dumps(m)}")
-    print(f"# {n_texts} texts, {n_tokens} real tokens; {args.repeats} interleaved rounds "
-          f"(ref-blas {min(args.ref_rounds, args.repeats)}), medians; {time.time() - t_start:.0f} s; "
-          f"load average (1/5/15 min) before {_load(load0)}, after {_load(load1)}")
+        print(f"# {k}: {json.dumps({a: b for a, b in m.items() if a != 'sample'})}")
+    ref = np.array(meta[head]["sample"])
+    for k, m in meta.items():
+        if k != head:
+            print(f"# {k}: max |diff| of its vectors vs {head} on {len(ref)} sample texts: "
+                  f"{np.abs(np.array(m['sample']) - ref).max():.1e}")
+    print(f"# {args.repeats} interleaved rounds (ref-blas {min(args.ref_rounds, args.repeats)}), medians; "
+          f"{time.time() - t_start:.0f} s; load average (1/5/15 min) before {_load(load0)}, after {_load(load1)}")
     names = list(procs)
-    for unit, scale in (("texts/s", 1.0), ("real tokens/s", n_tokens / n_texts)):
+    summary: dict = {"corpora": {}}
+    for c in args.corpus:
+        n_texts, n_tokens = meta[head]["texts"][c], meta[head]["tokens"][c]
+        tps = {k: {bs: n_texts / statistics.median(v) for bs, v in t.items()} for k, t in times[c].items()}
+        print(f"\n## corpus {c}: {n_texts} texts, {n_tokens} real tokens ({n_tokens / n_texts:.1f} per text)")
+        for unit, scale in (("texts/s", 1.0), ("real tokens/s", n_tokens / n_texts)):
+            print()
+            print("| batch | " + " | ".join(f"{k} {unit}" for k in names) + " |")
+            print("|---:|" + "---:|" * len(names))
+            for bs in args.batch_sizes:
+                cells = [f"{tps[k][bs] * scale:.1f}" if unit == "texts/s" else f"{tps[k][bs] * scale:.0f}"
+                         for k in names]
+                print(f"| {bs} | " + " | ".join(cells) + " |")
+        best = {k: max(v.values()) for k, v in tps.items()}
         print()
-        print("| batch | " + " | ".join(f"{k} {unit}" for k in names) + " |")
-        print("|---:|" + "---:|" * len(names))
-        for bs in args.batch_sizes:
-            cells = [f"{tps[k][bs] * scale:.1f}" if unit == "texts/s" else f"{tps[k][bs] * scale:.0f}"
-                     for k in names]
-            print(f"| {bs} | " + " | ".join(cells) + " |")
-    best = {k: max(v.values()) for k, v in tps.items()}
-    print()
-    print("best texts/s: " + ", ".join(f"{k} {v:.1f}" for k, v in best.items()))
-    summary = {"best": best}
-    peers = {k: v for k, v in best.items() if k.startswith("torch-")}
-    if peers:
-        peer_best = max(peers.values())
-        summary["ratio_vs_peer_best"] = best[args.configs[0]] / peer_best
-        print(f"{args.configs[0]} best / peer best = {summary['ratio_vs_peer_best']:.2f}x")
-    for k in args.configs:
-        if 1 in tps[k] and len(tps[k]) > 1:
-            worst = min(v / tps[k][1] for bs, v in tps[k].items() if bs != 1)
-            print(f"{k}: batched / one-at-a-time, worst batch size: {worst:.2f}x")
-    if "gemm_peak_gflops" in first:
-        peak = max(first["gemm_peak_gflops"].values())
-        reached = first["forward_gflop"] * best[args.configs[0]] / n_texts
-        summary["gemm_fraction"] = reached / peak
-        print(f"{args.configs[0]} best pass: {reached:.0f} GFLOP/s of useful work "
-              f"({first['forward_gflop']:.0f} GFLOP per corpus), {100 * reached / peak:.0f}% of the "
-              f"measured fp32 GEMM peak {peak:.0f} GFLOP/s ({first['gemm_peak_gflops']})")
+        print("best texts/s: " + ", ".join(f"{k} {v:.1f}" for k, v in best.items()))
+        s = {"texts_per_s": tps, "best": best}
+        for prefix in ("ort-", "torch-"):
+            peers = {k: v for k, v in best.items() if k.startswith(prefix)}
+            if peers:
+                s[f"ratio_vs_{prefix[:-1]}_best"] = best[head] / max(peers.values())
+                print(f"{head} best / {prefix[:-1]} best = {s[f'ratio_vs_{prefix[:-1]}_best']:.2f}x")
+        for k in args.configs:
+            if 1 in tps[k] and len(tps[k]) > 1:
+                worst = min(v / tps[k][1] for bs, v in tps[k].items() if bs != 1)
+                print(f"{k}: batched / one-at-a-time, worst batch size: {worst:.2f}x")
+        if "gemm_peak_gflops" in meta[head]:
+            peak = max(meta[head]["gemm_peak_gflops"].values())
+            reached = meta[head]["forward_gflop"][c] * best[head] / n_texts
+            s["gemm_fraction"] = reached / peak
+            print(f"{head} best pass: {reached:.0f} GFLOP/s of useful work "
+                  f"({meta[head]['forward_gflop'][c]:.0f} GFLOP per corpus), {100 * reached / peak:.0f}% of the "
+                  f"measured fp32 GEMM peak {peak:.0f} GFLOP/s")
+        summary["corpora"][c] = s
+    if args.latency_calls:
+        med = {k: statistics.median(v) * 1e3 for k, v in latency.items() if v}
+        print(f"\n## one short text per call ({meta[head].get('latency_tokens')} tokens: {LATENCY_TEXT!r}), "
+              f"median of {len(latency[head])} calls")
+        print()
+        print("| | " + " | ".join(med) + " |")
+        print("|---|" + "---:|" * len(med))
+        print("| ms | " + " | ".join(f"{v:.2f}" for v in med.values()) + " |")
+        summary["latency_ms"] = med
+        for prefix in ("ort-", "torch-"):
+            peers = {k: v for k, v in med.items() if k.startswith(prefix)}
+            if peers:
+                r = med[head] / min(peers.values())
+                summary[f"latency_vs_{prefix[:-1]}"] = r
+                print(f"{head} / fastest {prefix[:-1]}: {r:.2f}x the time")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"versions": versions(), "meta": meta, "times": times, "texts_per_s": tps,
+            json.dump({"versions": versions(), "meta": meta, "times": times, "latency": latency,
                        "load": [load0, load1], "summary": summary}, f, indent=2)
     return 0
 
@@ -465,18 +612,31 @@ def main() -> int:
     p.add_argument("--profile-repeats", type=int, default=3)
     default_peer = ROOT / ".bench-venv" / "bin" / "python"
     p.add_argument("--peer-python", default=str(default_peer) if default_peer.exists() else None,
-                   help="interpreter with torch + sentence-transformers (default .bench-venv/bin/python "
+                   help="interpreter with torch, sentence-transformers and onnxruntime (default .bench-venv/bin/python "
                         "if present; `make bench` creates it)")
     p.add_argument("--no-peer", action="store_true", help="skip sentence-transformers")
     p.add_argument("--peer-threads", default="2,1", help="torch thread counts to run, e.g. 2,1")
+    p.add_argument("--ort-threads", default="2", help="ONNX Runtime intra-op thread counts to run, e.g. 2,1")
+    p.add_argument("--no-torch", action="store_true", help="skip sentence-transformers (keep ONNX Runtime)")
+    p.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime")
+    p.add_argument("--corpus", default="mixed,short", help="corpora to run: mixed, short or both")
+    p.add_argument("--latency-calls", type=int, default=40,
+                   help="one-short-text calls per process per round (0: no latency figure)")
+    p.add_argument("--no-gemm-peak", action="store_true", help="skip the GEMM peak measurement")
     p.add_argument("--engine-serve", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--unsorted", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--gemm-peak", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--peer-serve", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--ort-serve", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     args.batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
     args.peer_threads_list = [int(x) for x in str(args.peer_threads).split(",")]
     args.peer_threads = args.peer_threads_list[0]
+    args.ort_threads_list = [int(x) for x in str(args.ort_threads).split(",")]
+    args.ort_threads = args.ort_threads_list[0]
+    args.corpus = [c.strip() for c in args.corpus.split(",") if c.strip()]
+    if any(c not in ("mixed", "short") for c in args.corpus):
+        p.error("--corpus takes mixed, short or both")
     args.configs = [c.strip() for c in args.configs.split(",") if c.strip()]
     unknown = [c for c in args.configs if c not in ENGINE_CONFIGS]
     if unknown:
@@ -486,6 +646,9 @@ def main() -> int:
         return 0
     if args.peer_serve:
         peer_serve(args)
+        return 0
+    if args.ort_serve:
+        ort_serve(args)
         return 0
     if args.profile:
         profile(args)

@@ -15,6 +15,7 @@ import time
 from typing import Optional, Sequence, Union
 
 import numpy as np
+from tokenizers import Tokenizer
 
 try:
     import mlx.core  # noqa: F401
@@ -27,7 +28,9 @@ except ImportError as e:  # the `mlx` wheel alone has no backend on Linux
 from . import _blas, device, loading, ops, startup
 from .errors import InvalidInput
 from .loading import DEFAULT_MODEL_NAME, default_model_path  # noqa: F401  (re-exported)
+from .pairs import template_spec
 from .scheduler import Scheduler
+from .scoring import ScoringMixin
 from .spec import EmbedResult, ModelSpec, TokenizerSpec
 from .tokenization import TextTokenizer, check_direction, resolve_prompt
 
@@ -35,8 +38,9 @@ log = logging.getLogger("mlx_embed")
 
 
 
-class EmbeddingModel:
-    """A loaded embedding model. Build with :func:`mlx_embed.load`."""
+class EmbeddingModel(ScoringMixin):
+    """A loaded model. Build with :func:`mlx_embed.load`. An embedding model
+    embeds; a classifier or reranker (``kind``) scores, see ``scoring.py``."""
 
     def __init__(
         self,
@@ -56,6 +60,7 @@ class EmbeddingModel:
         pipeline: Optional[bool] = None,
         streams: int = 1,
         dequantize: Optional[bool] = None,
+        kind: Optional[str] = None,
         _is_default: bool = False,
     ):
         t0 = time.perf_counter()
@@ -64,7 +69,7 @@ class EmbeddingModel:
         ck = loading.load_checkpoint(
             os.fspath(path), dtype=dtype, quantize=quantize, group_size=group_size,
             max_length=max_length, pooling=pooling, name=name, is_default=_is_default,
-            dequantize=dequantize, backend=device.backend(),
+            dequantize=dequantize, backend=device.backend(), kind=kind,
         )
         self.path = ck.path
         self.name = ck.name
@@ -81,6 +86,8 @@ class EmbeddingModel:
         self.pooling = ck.pooling
         self.prompts = ck.prompts
         self.default_prompt_name = ck.default_prompt_name
+        self.kind = ck.kind
+        self.labels = ck.labels
         self.device = device.device_name()
         self._template: Optional[str] = ck.defaults.get("instruction_template")
         self._type_vocab_size = int(ck.config.get("type_vocab_size") or 1)
@@ -92,11 +99,25 @@ class EmbeddingModel:
             if eos_id is not None:
                 append = (eos_id,)
         self.tokenizer = TextTokenizer(ck.tokenizer_path, self.max_length, append_ids=append)
+        # Scorers that read vocabulary rows (yes/no rerankers) resolve them
+        # with the folder's tokenizer.
+        bind = getattr(self.model, "bind_tokenizer", None)
+        if bind is not None:
+            bind(self.tokenizer.token_id)
+        # Decoder rerankers write a pair into their prompt instead of the
+        # tokenizer's pair template.
+        rr = getattr(ck.module, "RERANKER_DEFAULTS", None)
+        if rr is not None:
+            self.tokenizer.pair = template_spec(
+                Tokenizer.from_file(ck.tokenizer_path), prefix=rr.prefix, suffix=rr.suffix,
+                template=rr.template, default_instruction=rr.default_instruction,
+            )
         self.instruction = instruction
         self._instruction_prefix = self._format_instruction(instruction)
 
         self._blas_threads = _blas.get_num_threads()
         self.context = ops.make_context(fast_ops, kernel_threads=self._blas_threads)
+        ops.prepare(self.model, self.context)
         self.scheduler = Scheduler(
             self.model,
             head=ck.head,
@@ -156,6 +177,8 @@ class EmbeddingModel:
             batch_tokens=self.batch_tokens,
             workers=self.workers,
             elementwise_ops=self.context.describe(),
+            kind=self.kind,
+            labels=list(self.labels),
             tokenizer=TokenizerSpec(
                 path=tok.path,
                 prefix_ids=list(tok.prefix),
@@ -330,6 +353,10 @@ class EmbeddingModel:
     ) -> tuple[np.ndarray, list[int]]:
         """Like :meth:`embed`, also returning the tokens run per text
         (special tokens included, after truncation)."""
+        if self.kind != "embedding":
+            raise InvalidInput(
+                f"{self.name} is a {self.kind}: use predict(), score() or rerank(), not embed()"
+            )
         ids, _ = self.encode(
             texts, truncate=truncate, truncation_direction=truncation_direction,
             prompt_name=prompt_name, prompt=prompt, instruction=instruction,
@@ -356,6 +383,7 @@ class EmbeddingModel:
         b = _blas.info(measure=False)
         out = {
             "model_type": self.model_type,
+            "kind": self.kind,
             "dtype": self.dtype,
             "pooling": self.pooling,
             "device": self.device,
@@ -388,6 +416,8 @@ class EmbeddingModel:
             "dtype": self.dtype,
             "pooling": self.pooling,
             "model_type": self.model_type,
+            "kind": self.kind,
+            "labels": list(self.labels),
             "device": self.device,
             "blas": b["library"],
             "blas_gflops": b["gflops"],

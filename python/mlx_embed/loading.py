@@ -24,7 +24,7 @@ from typing import Any, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import models, pooling as pooling_modes, st_modules
+from . import heads, models, pooling as pooling_modes, st_modules
 
 log = logging.getLogger("mlx_embed")
 
@@ -200,6 +200,12 @@ class Checkpoint:
     prompts: dict[str, str]
     default_prompt_name: Optional[str]
     tokenizer_path: str
+    # "embedding", "classifier" or "reranker" (heads.py); scorers output one
+    # raw logit per label (dim == len(labels)) and are not pooled.
+    kind: str = "embedding"
+    labels: list[str] = field(default_factory=list)
+    # The built model's module (its RERANKER_DEFAULTS etc.).
+    module: Optional[ModuleType] = None
     # Seconds per loading stage, for the startup log.
     timings: dict[str, float] = field(default_factory=dict)
 
@@ -214,6 +220,7 @@ def load_checkpoint(
     pooling: Optional[str] = None,
     name: Optional[str] = None,
     is_default: bool = False,
+    kind: Optional[str] = None,
     dequantize: Optional[bool] = None,
     backend: str = "cpu",
 ) -> Checkpoint:
@@ -230,8 +237,9 @@ def load_checkpoint(
     if config is None:
         raise FileNotFoundError(f"{path} has no config.json")
     model_type = config.get("model_type")
+    choice = heads.resolve(config, path, kind)
     try:
-        arch = architecture(model_type)
+        arch = choice.module or architecture(model_type)
     except ValueError as e:
         raise ValueError(f"{e} (in {path}/config.json)") from None
     defaults = dict(getattr(arch, "EMBEDDING_DEFAULTS", {}))
@@ -287,11 +295,18 @@ def load_checkpoint(
     mx.eval(model.parameters())
     timings["build"] = time.perf_counter() - t0
 
-    head = st_modules.read_pipeline(path, defaults.get("pooling", "mean"))
-    if pooling is not None:
-        head.pooling = pooling_modes.check_modes(pooling)
-        if head.dense:
-            raise ValueError(f"pooling={pooling!r}: {path} has Dense layers made for its own pooling")
+    labels: list[str] = []
+    if choice.kind == "embedding":
+        head = st_modules.read_pipeline(path, defaults.get("pooling", "mean"))
+        if pooling is not None:
+            head.pooling = pooling_modes.check_modes(pooling)
+            if head.dense:
+                raise ValueError(f"pooling={pooling!r}: {path} has Dense layers made for its own pooling")
+    else:
+        if pooling is not None:
+            raise ValueError(f"pooling does not apply to a {choice.kind}: it scores, not embeds")
+        labels = list(model.labels)
+        head = heads.ScoreHead(pooling=("none",), labels=labels)
     # The architecture's own limit where it has one (RoBERTa-style tables
     # hold 2 positions fewer tokens than rows), else config.json's.
     positions = getattr(model, "max_length", None) or int(config.get("max_position_embeddings", 512))
@@ -323,5 +338,8 @@ def load_checkpoint(
         prompts=dict(head.prompts),
         default_prompt_name=head.default_prompt_name,
         tokenizer_path=tok_path,
+        kind=choice.kind,
+        labels=labels,
+        module=arch,
         timings=timings,
     )

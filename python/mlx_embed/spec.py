@@ -12,15 +12,29 @@ from typing import Optional
 
 @dataclass(frozen=True)
 class PairSpec:
-    """How a (query, document) pair is wrapped in special tokens:
-    ``prefix + a + middle + b + suffix``, each part with its own token type id
-    (BERT: ``[CLS] a [SEP]`` type 0, ``b [SEP]`` type 1)."""
+    """How a (query, document) pair becomes one input (cross-encoders).
+
+    Segments (``template`` is None; BERT, XLM-RoBERTa): both texts encoded
+    without specials, cut by HF's ``longest_first`` rule to
+    ``max_length - len(prefix_ids + middle_ids + suffix_ids)`` tokens
+    (``mlx_embed.pairs.truncate_pair_lengths``), then
+    ``prefix + a + middle + b + suffix``. Token types: ``first_type_id`` for
+    ``prefix + a + middle``, ``second_type_id`` for ``b + suffix`` (BERT:
+    ``[CLS] a [SEP]`` 0, ``b [SEP]`` 1); none are sent when both are 0.
+
+    Template (decoder rerankers): the pair is written into one text,
+    ``template`` with ``{instruction}`` (``default_instruction`` unless the
+    request gives one), ``{query}`` and ``{document}`` replaced in one pass;
+    that text is encoded without specials, truncated like a single text and
+    wrapped as ``prefix_ids + text + suffix_ids`` (``middle_ids`` is empty)."""
 
     prefix_ids: list[int]
     middle_ids: list[int]
     suffix_ids: list[int]
     first_type_id: int = 0
     second_type_id: int = 0
+    template: Optional[str] = None
+    default_instruction: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -66,7 +80,10 @@ class ModelSpec:
     workers: int
     elementwise_ops: str
     tokenizer: TokenizerSpec
+    # "embedding" (dim-wide vectors), "classifier" or "reranker" (raw logits,
+    # one per label: dim == len(labels); the caller applies sigmoid/softmax).
     kind: str = "embedding"
+    labels: list[str] = field(default_factory=list)
     # Display only (the server's /info): never parsed back.
     details: dict[str, str] = field(default_factory=dict)
 

@@ -125,3 +125,35 @@ def test_arrays_the_kernels_cannot_take_fall_back_to_mlx():
     assert ops._native_buffer(mx.zeros((2, 2), dtype=mx.float16)) is None
     got = ops.gelu(x, overwrite_input=True)
     assert np.abs(np.array(got) - np.array(nn.gelu(x))).max() <= 3e-6
+
+
+def test_native_linear_matches_mlx_linear_with_its_bias_and_fused_gelu():
+    mx.random.seed(7)
+    layer = nn.Linear(70, 45)
+    x = mx.random.normal((3, 11, 70))
+    (want,) = _evaluated(layer(x))
+    (want_gelu,) = _evaluated(nn.gelu(want))
+    for threads in (1, 2):
+        with ops.forward_context(ops.ForwardContext(path="native", kernel_threads=threads)):
+            got = ops.linear(layer, x)
+            got_gelu = ops.linear(layer, x, activation="gelu")
+        assert got.shape == (3, 11, 45)
+        assert np.abs(np.array(got) - np.array(want)).max() < 1e-5
+        assert np.abs(np.array(got_gelu) - np.array(want_gelu)).max() < 1e-5
+    with pytest.raises(ValueError, match="activation"):
+        ops.linear(layer, x, activation="relu")
+
+
+def test_native_attention_matches_the_mlx_path_with_padding():
+    mx.random.seed(9)
+    B, L, H, hd = 3, 13, 4, 8
+    qkv = mx.random.normal((B, L, 3 * H * hd))
+    lengths = [13, 5, 1]
+    mask = mx.array((np.arange(L)[None, :] < np.array(lengths)[:, None]).astype(np.int32))
+    with ops.forward_context(ops.ForwardContext(path="exact")):
+        (want,) = _evaluated(ops.attention(qkv, ops.KeyMask(mask, mx.float32), H, hd**-0.5))
+    for threads in (1, 2):
+        with ops.forward_context(ops.ForwardContext(path="native", kernel_threads=threads)):
+            got = ops.attention(qkv, ops.KeyMask(mask, mx.float32), H, hd**-0.5)
+        assert got.shape == (B, L, H * hd)
+        assert np.abs(np.array(got) - np.array(want)).max() < 1e-5

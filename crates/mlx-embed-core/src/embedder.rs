@@ -100,6 +100,43 @@ pub trait Tokenize: Send + Sync {
     /// to the model's maximum. Errors are [`EmbedderErrorKind::InvalidInput`]
     /// and describe the input (the core names its index).
     fn encode(&self, input: &EmbedInput, options: &EmbedOptions) -> Result<Encoded, EmbedderError>;
+
+    /// The tokens of one text as the model would see them (prompt applied,
+    /// not truncated), with the model's special tokens when `add_special_tokens`
+    /// (TEI's `/tokenize`). Default: not supported.
+    fn tokens(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+        options: &EmbedOptions,
+    ) -> Result<Vec<TokenSpan>, EmbedderError> {
+        let _ = (text, add_special_tokens, options);
+        Err(EmbedderError::invalid_input(
+            "this model's tokenizer cannot list tokens",
+        ))
+    }
+
+    /// Token ids back to text (TEI's `/decode`). Default: not supported.
+    fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, EmbedderError> {
+        let _ = (ids, skip_special_tokens);
+        Err(EmbedderError::invalid_input(
+            "this model's tokenizer cannot decode",
+        ))
+    }
+}
+
+/// One token of a text (TEI's `/tokenize` item).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenSpan {
+    pub id: u32,
+    /// The token's text: the slice of the input it covers, or the special
+    /// token's own text.
+    pub text: String,
+    /// A special token the model adds (not from the input).
+    pub special: bool,
+    /// Byte offsets of the token in the input (`start == stop` for specials).
+    pub start: usize,
+    pub stop: usize,
 }
 
 /// The result of one model call on a batch.
@@ -159,10 +196,30 @@ pub enum ModelKind {
     /// One vector per input.
     #[default]
     Embedding,
-    /// One score per label.
+    /// One score per label (several labels; `labels` in logit order).
     Classifier { labels: Vec<String> },
-    /// One relevance score per query/document pair.
-    Reranker,
+    /// One relevance score per query/document pair; `labels` has the one
+    /// name TEI's `/predict` reports for it (`id2label`, e.g. "LABEL_0").
+    Reranker { labels: Vec<String> },
+}
+
+impl ModelKind {
+    /// Label names of a scoring model, in output order (empty for embeddings).
+    pub fn labels(&self) -> &[String] {
+        match self {
+            ModelKind::Embedding => &[],
+            ModelKind::Classifier { labels } | ModelKind::Reranker { labels } => labels,
+        }
+    }
+
+    /// "embedding", "classifier" or "reranker", as the APIs report it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            ModelKind::Embedding => "embedding",
+            ModelKind::Classifier { .. } => "classifier",
+            ModelKind::Reranker { .. } => "reranker",
+        }
+    }
 }
 
 /// What the model reports about itself once loaded.

@@ -54,7 +54,7 @@ pub use config::BatcherConfig;
 pub use embedder::{
     l2_normalize, BatchOutput, DeviceMemory, EmbedInput, EmbedOptions, Embedder, EmbedderError,
     EmbedderErrorKind, Encoded, LiveStats, ModelInfo, ModelKind, Prompt, Submitted, Ticket,
-    Tokenize, TruncationDirection,
+    TokenSpan, Tokenize, TruncationDirection,
 };
 pub use error::{CoreError, OverloadReason};
 pub use metrics::{Histogram, LaneMetrics, MetricsSnapshot};

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,6 +24,8 @@ const REFUSE: &str = "REFUSE";
 struct Pipelined {
     fake: Fake,
     submit_gate: Arc<Gate>,
+    /// `submit` calls begun (counted before the gate).
+    entered: Arc<AtomicUsize>,
     events: Arc<Mutex<Vec<String>>>,
 }
 
@@ -57,6 +60,7 @@ impl Embedder for Pipelined {
         true
     }
     fn submit(&mut self, next: &[Encoded], running: Option<Ticket>) -> Submitted {
+        self.entered.fetch_add(1, Ordering::SeqCst);
         self.submit_gate.pass();
         self.events
             .lock()
@@ -83,6 +87,7 @@ struct Started {
     batcher: Batcher,
     record: Arc<Record>,
     submit_gate: Arc<Gate>,
+    entered: Arc<AtomicUsize>,
     events: Arc<Mutex<Vec<String>>>,
 }
 
@@ -90,8 +95,14 @@ fn start_pipelined(config: BatcherConfig) -> Started {
     let record = Arc::new(Record::default());
     let submit_gate = Gate::closed();
     let events = Arc::new(Mutex::new(Vec::new()));
+    let entered = Arc::new(AtomicUsize::new(0));
     let batcher = Batcher::start(config, {
-        let (record, submit_gate, events) = (record.clone(), submit_gate.clone(), events.clone());
+        let (record, submit_gate, events, entered) = (
+            record.clone(),
+            submit_gate.clone(),
+            events.clone(),
+            entered.clone(),
+        );
         move || {
             Ok(Pipelined {
                 fake: Fake {
@@ -100,6 +111,7 @@ fn start_pipelined(config: BatcherConfig) -> Started {
                     gate: None,
                 },
                 submit_gate,
+                entered,
                 events,
             })
         }
@@ -109,7 +121,18 @@ fn start_pipelined(config: BatcherConfig) -> Started {
         batcher,
         record,
         submit_gate,
+        entered,
         events,
+    }
+}
+
+impl Started {
+    /// Waits until the model thread is inside its first `submit` (held at the gate).
+    async fn first_submit_entered(&self) {
+        eventually("first batch in submit", || {
+            self.entered.load(Ordering::SeqCst) == 1
+        })
+        .await;
     }
 }
 
@@ -129,11 +152,11 @@ async fn the_next_batch_is_submitted_before_the_running_one_is_collected() {
     let s = start_pipelined(BatcherConfig::default());
     // "a" sits in `submit` behind the closed gate; "b" and "c" queue meanwhile.
     let a = send(&s.batcher, &strings(&["a"]));
-    eventually("a submitting", || s.batcher.metrics().in_flight_inputs == 1).await;
+    s.first_submit_entered().await;
     let b = send(&s.batcher, &strings(&["b1", "b2"]));
-    eventually("b queued", || s.batcher.metrics().in_flight_inputs == 3).await;
+    eventually("b queued", || s.batcher.metrics().queued_inputs == 2).await;
     let c = send(&s.batcher, &strings(&["c"]));
-    eventually("c queued", || s.batcher.metrics().in_flight_inputs == 4).await;
+    eventually("c queued", || s.batcher.metrics().queued_inputs == 3).await;
     s.submit_gate.open();
     for (texts, answer) in [(vec!["a"], a), (vec!["b1", "b2"], b), (vec!["c"], c)] {
         let got = timeout(LIMIT, answer).await.unwrap().unwrap().unwrap();
@@ -180,10 +203,7 @@ async fn many_concurrent_callers_get_their_own_vectors_in_order() {
 async fn failures_stay_with_the_request_that_caused_them() {
     let s = start_pipelined(BatcherConfig::default());
     let holder = send(&s.batcher, &strings(&["holder"]));
-    eventually("holder submitting", || {
-        s.batcher.metrics().in_flight_inputs == 1
-    })
-    .await;
+    s.first_submit_entered().await;
     // One batch fails when collected (FAIL), one when submitted (REFUSE);
     // each shares its batch with innocent requests.
     let cases: Vec<(Vec<String>, Option<CoreError>)> = vec![
@@ -196,10 +216,10 @@ async fn failures_stay_with_the_request_that_caused_them() {
     ];
     let mut answers = Vec::new();
     for (texts, _) in &cases {
-        let before = s.batcher.metrics().in_flight_inputs;
+        let before = s.batcher.metrics().queued_inputs;
         answers.push(send(&s.batcher, texts));
         let want = before + texts.len() as u64;
-        eventually("queued", || s.batcher.metrics().in_flight_inputs == want).await;
+        eventually("queued", || s.batcher.metrics().queued_inputs == want).await;
     }
     s.submit_gate.open();
     assert_answer(
@@ -232,15 +252,9 @@ async fn failures_stay_with_the_request_that_caused_them() {
 async fn a_panic_at_collect_fails_the_running_and_the_queued_batch() {
     let s = start_pipelined(BatcherConfig::default());
     let first = send(&s.batcher, &strings(&[&format!("p {PANIC}")]));
-    eventually("first submitting", || {
-        s.batcher.metrics().in_flight_inputs == 1
-    })
-    .await;
+    s.first_submit_entered().await;
     let second = send(&s.batcher, &strings(&["innocent"]));
-    eventually("second queued", || {
-        s.batcher.metrics().in_flight_inputs == 2
-    })
-    .await;
+    eventually("second queued", || s.batcher.metrics().queued_inputs == 1).await;
     s.submit_gate.open();
     for answer in [first, second] {
         let got = timeout(LIMIT, answer).await.unwrap().unwrap();

@@ -4,7 +4,10 @@
 
 use std::time::Instant;
 
-use mlx_embed_kernels::{gelu, masked_softmax, simd_level, SoftmaxShape};
+use mlx_embed_kernels::{
+    gelu, linear, masked_softmax, pack_weights, packed_len, simd_level, Activation, LinearShape,
+    SoftmaxShape,
+};
 
 fn median_ns_per_element(elements: usize, mut run: impl FnMut()) -> f64 {
     run();
@@ -51,5 +54,42 @@ fn main() {
             gelu(&mut buf, threads);
         });
         println!("gelu [1024,1536] threads {threads}: {ns:.3} ns/element (incl. refill copy)");
+    }
+    // MiniLM's four linear layers at one short text (17 tokens) and at a
+    // full 256-token sub-batch.
+    for rows in [17, 256] {
+        for (inputs, outputs) in [(384, 1152), (384, 384), (384, 1536), (1536, 384)] {
+            let x: Vec<f32> = (0..rows * inputs).map(|i| (i % 97) as f32 / 97.0).collect();
+            let w: Vec<f32> = (0..outputs * inputs)
+                .map(|i| (i % 89) as f32 / 89.0)
+                .collect();
+            let mut packed = vec![0.0; packed_len(outputs, inputs)];
+            pack_weights(&w, outputs, inputs, &mut packed).unwrap();
+            let bias = vec![0.5; outputs];
+            let mut out = vec![0.0; rows * outputs];
+            let shape = LinearShape {
+                rows,
+                inputs,
+                outputs,
+            };
+            for threads in [1, 2] {
+                let ns = median_ns_per_element(rows * inputs * outputs, || {
+                    linear(
+                        &x,
+                        &packed,
+                        Some(&bias),
+                        &mut out,
+                        shape,
+                        Activation::None,
+                        threads,
+                    )
+                    .unwrap();
+                });
+                println!(
+                    "linear [{rows},{inputs}] x [{inputs},{outputs}] threads {threads}: {:.1} GFLOP/s",
+                    2.0 / ns
+                );
+            }
+        }
     }
 }

@@ -51,7 +51,7 @@ fn horner<const FMA: bool>(coeffs: &[f32; 6], t: f32) -> f32 {
 }
 
 #[inline(always)]
-fn gelu_one<const FMA: bool>(x: f32) -> f32 {
+pub(crate) fn gelu_one<const FMA: bool>(x: f32) -> f32 {
     let z = x * std::f32::consts::FRAC_1_SQRT_2;
     // |erf(4)| = 1 - 1.5e-8: clamping is exact in float32. Compare-selects
     // rather than clamp() so the loop vectorizes without NaN blends.

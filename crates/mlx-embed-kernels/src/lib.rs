@@ -9,21 +9,32 @@
 //! * [`masked_softmax`]: scale, key-length mask and softmax over the last
 //!   axis of attention scores, fused in three passes over each row;
 //! * [`gelu`]: exact (erf) GELU through a rational erf;
-//! * [`add_layer_norm`]: residual add and layer norm in one pass pair.
+//! * [`add_layer_norm`]: residual add and layer norm in one pass pair;
+//! * [`attention`]: multi-head attention from the fused q/k/v projection to
+//!   merged heads, the softmax's masking and scale included;
+//! * [`linear`]: `x @ w^T + bias` (optionally GELU) on weights packed once
+//!   by [`pack_weights`] (the BLAS re-packs them on every call).
 //!
 //! Each is compiled twice, generic and with AVX2+FMA, and picks at run time;
 //! the code is written with 8-lane arrays the compiler maps onto SIMD
-//! registers, so no intrinsics and no `unsafe` beyond the dispatch.
+//! registers, so no intrinsics; `unsafe` only in the dispatch and where
+//! [`linear`]'s and [`attention`]'s threads write disjoint parts of one
+//! output buffer.
 
+mod attention;
 mod dispatch;
 mod exp;
 mod gelu;
 mod layer_norm;
+mod linear;
 mod parallel;
+mod pool;
 mod softmax;
 
+pub use attention::{attention, AttentionShape};
 pub use gelu::gelu;
 pub use layer_norm::add_layer_norm;
+pub use linear::{linear, pack_weights, packed_len, Activation, LinearShape, PANEL};
 pub use softmax::{masked_softmax, SoftmaxShape};
 
 /// Whether the AVX2+FMA versions run on this CPU (for logs and benchmarks).

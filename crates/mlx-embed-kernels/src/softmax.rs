@@ -92,7 +92,7 @@ simd_dispatch! {
 }
 
 #[inline(always)]
-fn softmax_row<const FMA: bool>(row: &mut [f32], valid: usize, scale: f32) {
+pub(crate) fn softmax_row<const FMA: bool>(row: &mut [f32], valid: usize, scale: f32) {
     if valid == 0 {
         row.fill(1.0 / row.len() as f32);
         return;

@@ -30,6 +30,9 @@ pub struct PythonModelOptions {
     pub instruction: Option<String>,
     /// Engine settings passed to `load()` as keyword arguments; `None` keeps the engine's default.
     pub engine: EngineOptions,
+    /// `load(kind=)`: "embedding", "classifier" or "reranker"; `None` lets
+    /// the folder decide (a *ForSequenceClassification head is a scorer).
+    pub kind: Option<String>,
 }
 
 /// The Python engine's per-model settings (`mlx_embed.load(cache_limit_mb=, fast_ops=, workers=, batch_tokens=, pipeline=)`).
@@ -56,6 +59,7 @@ impl Default for PythonModelOptions {
             quantize: None,
             instruction: None,
             engine: EngineOptions::default(),
+            kind: None,
         }
     }
 }
@@ -97,6 +101,9 @@ impl PythonEmbedder {
             }
             if let Some(on) = engine.pipeline {
                 kwargs.set_item("pipeline", on)?;
+            }
+            if let Some(kind) = &options.kind {
+                kwargs.set_item("kind", kind)?;
             }
             let model = py.import("mlx_embed")?.call_method(
                 "load",

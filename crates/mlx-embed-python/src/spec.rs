@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use mlx_embed_core::{ModelInfo, ModelKind};
-use mlx_embed_tokenizer::TokenizerSpec;
+use mlx_embed_tokenizer::{PairSpec, TokenizerSpec};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -24,7 +24,9 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
     let max_length: usize = field(spec, "max_length")?;
     let kind = match field::<String>(spec, "kind")?.as_str() {
         "embedding" => ModelKind::Embedding,
-        "reranker" => ModelKind::Reranker,
+        "reranker" => ModelKind::Reranker {
+            labels: optional(spec, "labels")?.unwrap_or_default(),
+        },
         "classifier" => ModelKind::Classifier {
             labels: optional(spec, "labels")?.unwrap_or_default(),
         },
@@ -45,6 +47,7 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
         prompts: prompts.clone(),
         default_prompt_name: default_prompt_name.clone(),
         instruction: optional(&tok, "instruction")?,
+        pair: read_pair(&tok)?,
     };
     let mut details = BTreeMap::new();
     if let Some(d) = optional::<Bound<'_, PyAny>>(spec, "details")? {
@@ -87,6 +90,22 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
         tokenizer,
         pipelines,
     })
+}
+
+/// `spec().tokenizer.pair` (a `PairSpec` dataclass or None).
+fn read_pair(tok: &Bound<'_, PyAny>) -> Result<Option<PairSpec>, BridgeError> {
+    let Some(pair) = optional::<Bound<'_, PyAny>>(tok, "pair")? else {
+        return Ok(None);
+    };
+    Ok(Some(PairSpec {
+        prefix_ids: field(&pair, "prefix_ids")?,
+        middle_ids: field(&pair, "middle_ids")?,
+        suffix_ids: field(&pair, "suffix_ids")?,
+        first_type_id: optional(&pair, "first_type_id")?.unwrap_or(0),
+        second_type_id: optional(&pair, "second_type_id")?.unwrap_or(0),
+        template: optional(&pair, "template")?,
+        default_instruction: optional(&pair, "default_instruction")?,
+    }))
 }
 
 fn field<'py, T: FromPyObjectOwned<'py>>(

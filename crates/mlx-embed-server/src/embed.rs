@@ -4,11 +4,15 @@
 use mlx_embed_core::{l2_normalize, EmbedInput, EmbedOptions};
 
 use crate::errors::{ApiError, ErrorKind};
+use crate::models::Task;
 use crate::state::AppState;
 
 /// What every API's request boils down to.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EmbedRequest {
+    /// The request's `model` field: which served model answers (none: the
+    /// first embedding model; an unknown name is a 404).
+    pub model: Option<String>,
     pub inputs: Vec<EmbedInput>,
     /// Priority, truncation (`truncate: false` refuses over-long inputs with
     /// 422 before any compute), truncation side and prompt.
@@ -24,6 +28,7 @@ impl EmbedRequest {
     /// model's default prompt, normal priority, full dimension.
     pub fn new(inputs: Vec<EmbedInput>) -> Self {
         Self {
+            model: None,
             inputs,
             options: EmbedOptions::default(),
             normalize: true,
@@ -35,6 +40,8 @@ impl EmbedRequest {
 /// What every API's response is built from.
 #[derive(Debug, Clone, PartialEq)]
 pub struct EmbedOutput {
+    /// The served name of the model that answered.
+    pub model: String,
     /// One vector per input, in input order.
     pub vectors: Vec<Vec<f32>>,
     /// Length of each vector.
@@ -47,11 +54,13 @@ pub struct EmbedOutput {
 
 /// Embeds `req`; errors carry their status (see [`crate::errors`]).
 pub async fn embed(state: &AppState, req: EmbedRequest) -> Result<EmbedOutput, ApiError> {
-    let dim = state.model_info().dim;
-    let dimension = validate(state, &req, dim)?;
+    check_inputs(state, &req.inputs)?;
+    let model = state.model_for(req.model.as_deref(), Task::Embed)?;
+    let dim = model.info().dim;
+    let dimension = validate(&req, dim)?;
 
     let n_inputs = req.inputs.len();
-    let out = state.batcher().embed(req.inputs, req.options).await?;
+    let out = model.batcher.embed(req.inputs, req.options).await?;
     if out.vectors.len() != n_inputs {
         // The core promises one vector per input; never answer with misaligned data.
         return Err(ApiError::new(
@@ -72,6 +81,7 @@ pub async fn embed(state: &AppState, req: EmbedRequest) -> Result<EmbedOutput, A
     }
     let prompt_tokens = out.token_counts.iter().map(|&n| u64::from(n)).sum();
     Ok(EmbedOutput {
+        model: model.name.clone(),
         vectors,
         dimension,
         prompt_tokens,
@@ -79,25 +89,26 @@ pub async fn embed(state: &AppState, req: EmbedRequest) -> Result<EmbedOutput, A
     })
 }
 
-/// Checks limits before any model work; returns the output dimension.
-fn validate(state: &AppState, req: &EmbedRequest, dim: usize) -> Result<usize, ApiError> {
+/// Checks the inputs against the request limits before any model work (and
+/// before the model is picked: an empty request is a 400 whatever it names).
+pub(crate) fn check_inputs(state: &AppState, inputs: &[EmbedInput]) -> Result<(), ApiError> {
     let max_inputs = state.args().max_inputs_per_request;
-    if req.inputs.is_empty() {
+    if inputs.is_empty() {
         return Err(ApiError::invalid("input is empty: send at least one text").param("input"));
     }
-    if req.inputs.len() > max_inputs {
+    if inputs.len() > max_inputs {
         return Err(ApiError::new(
             ErrorKind::TooLarge,
             format!(
                 "{} inputs is more than the limit of {max_inputs} per request \
                  (--max-inputs-per-request); split the request",
-                req.inputs.len()
+                inputs.len()
             ),
         )
         .param("input"));
     }
     // Token ids are checked against the vocabulary by the tokenizer, with the rest of the input.
-    for (i, input) in req.inputs.iter().enumerate() {
+    for (i, input) in inputs.iter().enumerate() {
         match input {
             EmbedInput::Text(t) if t.is_empty() => {
                 return Err(
@@ -112,6 +123,11 @@ fn validate(state: &AppState, req: &EmbedRequest, dim: usize) -> Result<usize, A
             _ => {}
         }
     }
+    Ok(())
+}
+
+/// The output dimension `req` asks for.
+fn validate(req: &EmbedRequest, dim: usize) -> Result<usize, ApiError> {
     match req.dimensions {
         None => Ok(dim),
         Some(n) if n >= 1 && n as u64 <= dim as u64 => Ok(n as usize),

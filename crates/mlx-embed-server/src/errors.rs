@@ -299,9 +299,18 @@ pub enum Api {
 impl Api {
     /// The API a path belongs to (for errors raised before routing, e.g. 401/404).
     pub fn for_path(path: &str) -> Api {
-        if path == "/v1" || path.starts_with("/v1/") {
+        if path == "/v1" || path.starts_with("/v1/") || path == "/v2/rerank" {
             Api::OpenAi
-        } else if path == "/embed" {
+        } else if matches!(
+            path,
+            "/" | "/embed"
+                | "/embed_all"
+                | "/rerank"
+                | "/predict"
+                | "/similarity"
+                | "/tokenize"
+                | "/decode"
+        ) {
             Api::Tei
         } else if path == "/api/embed" {
             Api::Ollama
@@ -402,6 +411,9 @@ mod tests {
         assert_eq!(Api::for_path("/v1/embeddings"), Api::OpenAi);
         assert_eq!(Api::for_path("/v1/models"), Api::OpenAi);
         assert_eq!(Api::for_path("/embed"), Api::Tei);
+        assert_eq!(Api::for_path("/rerank"), Api::Tei);
+        assert_eq!(Api::for_path("/"), Api::Tei);
+        assert_eq!(Api::for_path("/v2/rerank"), Api::OpenAi);
         assert_eq!(Api::for_path("/api/embed"), Api::Ollama);
         assert_eq!(Api::for_path("/api/v1/embed"), Api::Native);
         assert_eq!(Api::for_path("/metrics"), Api::Native);

@@ -1,10 +1,15 @@
 //! mlx-embed-server: the HTTP layer of mlx-embed.
 //!
 //! Four embedding APIs (native `/api/v1/embed`, OpenAI `/v1/embeddings`, TEI
-//! `/embed`, Ollama `/api/embed`) are thin adapters over one embed path
-//! ([`embed::embed`]) that drives a [`mlx_embed_core::Batcher`]; plus `/health`,
-//! `/metrics`, `/info`, `/v1/models` and `/openapi.json`. Status codes and
-//! error shapes are listed in [`errors`]. Knows nothing of Python.
+//! `/embed`, Ollama `/api/embed`, and TEI's `/similarity`) are thin adapters
+//! over one embed path ([`embed::embed`]); the cross-encoder APIs (TEI
+//! `/rerank` and `/predict`, Cohere/Jina `/v1/rerank` and `/v2/rerank`, the
+//! Inference API's `POST /`) over one scoring path ([`score::score`]). Both
+//! drive the [`mlx_embed_core::Batcher`] of the model the request picks
+//! ([`models`]: one batcher, queue and model thread per served model). Plus
+//! `/tokenize`, `/decode`, `/health`, `/metrics`, `/info`, `/v1/models` and
+//! `/openapi.json`. Status codes and error shapes are listed in [`errors`].
+//! Knows nothing of Python.
 
 pub mod config;
 pub mod embed;
@@ -13,8 +18,10 @@ pub mod extract;
 mod live;
 pub mod metrics;
 pub mod middleware;
+pub mod models;
 pub mod openapi;
 pub mod routes;
+pub mod score;
 mod serve;
 mod shutdown;
 pub mod state;
@@ -22,5 +29,5 @@ pub mod state;
 pub use config::ServerArgs;
 pub use errors::ServerError;
 pub use routes::router;
-pub use serve::{serve, serve_on};
+pub use serve::{serve, serve_models, serve_on};
 pub use state::AppState;

@@ -7,13 +7,15 @@
 //! `batcher_requests_total{outcome}`, `inputs_cancelled_total`, `batches_total`,
 //! `batch_size`, `batch_tokens`, `queue_wait_seconds`, `gil_wait_seconds`,
 //! `model_seconds` (histograms), `real_tokens_total`, `padded_tokens_total`,
-//! `padding_ratio` (real / padded tokens), `healthy`, `shutting_down`, `info{model,version}`;
+//! `padding_ratio` (real / padded tokens), `healthy`, `shutting_down`, `info{model,kind,version}`;
 //! per priority lane (`{priority="high|normal|low"}`): `lane_waiting_inputs`,
 //! `lane_queued_inputs` (gauges), `lane_requests_overloaded_total`,
 //! `lane_queue_wait_seconds` (histogram); the embedding cache:
 //! `cache_hits_total`, `cache_misses_total`, `cache_entries`, `cache_bytes`,
-//! `cache_capacity_bytes`; the model runtime's memory, when the model reports it:
-//! `mlx_memory_bytes{kind="active|cache|peak|cache_limit"}` (read at scrape time).
+//! `cache_capacity_bytes`. A server with several models labels every core
+//! metric with `model="name"`. MLX's memory, when the model reports it:
+//! `mlx_memory_bytes{kind="active|cache|peak|cache_limit"}`, read at scrape
+//! time; MLX counts it per process, so it carries no model label.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -72,7 +74,7 @@ fn observe(h: &mut Histogram, value: f64) {
 pub fn render(state: &AppState, memory: Option<&DeviceMemory>) -> String {
     let mut out = String::with_capacity(8 * 1024);
     render_http(&mut out, state.http_metrics());
-    render_core(&mut out, &state.batcher().metrics());
+    render_models(&mut out, state);
     if let Some(memory) = memory {
         render_memory(&mut out, memory);
     }
@@ -100,13 +102,77 @@ pub fn render(state: &AppState, memory: Option<&DeviceMemory>) -> String {
         "The served model and server version.",
         "gauge",
     );
-    let _ = writeln!(
-        out,
-        "mlx_embed_info{{model=\"{}\",version=\"{}\"}} 1",
-        escape(state.model_name()),
-        env!("CARGO_PKG_VERSION")
-    );
+    for m in state.models() {
+        let _ = writeln!(
+            out,
+            "mlx_embed_info{{model=\"{}\",kind=\"{}\",version=\"{}\"}} 1",
+            escape(&m.name),
+            m.info().kind.as_str(),
+            env!("CARGO_PKG_VERSION")
+        );
+    }
     out
+}
+
+/// The core's metrics of every model. One model: as they are. Several: every
+/// sample gets a `model="name"` label, each family's samples kept together
+/// under one HELP/TYPE as the exposition format requires.
+fn render_models(out: &mut String, state: &AppState) {
+    let models = state.models();
+    if let [only] = models {
+        render_core(out, &only.batcher.metrics());
+        return;
+    }
+    // Family name -> (HELP/TYPE lines, samples), in first-seen order.
+    let mut families: Vec<(String, String, Vec<String>)> = Vec::new();
+    for m in models {
+        let mut text = String::new();
+        render_core(&mut text, &m.batcher.metrics());
+        let label = format!("model=\"{}\"", escape(&m.name));
+        let mut current = usize::MAX;
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# HELP ") {
+                let name = rest.split(' ').next().unwrap_or_default();
+                current = match families.iter().position(|f| f.0 == name) {
+                    Some(i) => i,
+                    None => {
+                        families.push((name.to_owned(), String::new(), Vec::new()));
+                        families.len() - 1
+                    }
+                };
+                if families[current].1.is_empty() {
+                    families[current].1.push_str(line);
+                }
+            } else if line.starts_with("# TYPE ") {
+                let head = &mut families[current].1;
+                if !head.contains("\n# TYPE ") {
+                    head.push('\n');
+                    head.push_str(line);
+                }
+            } else if current != usize::MAX {
+                families[current].2.push(with_label(line, &label));
+            }
+        }
+    }
+    for (_, head, samples) in families {
+        let _ = writeln!(out, "{head}");
+        for s in samples {
+            let _ = writeln!(out, "{s}");
+        }
+    }
+}
+
+/// `name{a="b"} v` -> `name{label,a="b"} v`; `name v` -> `name{label} v`.
+fn with_label(sample: &str, label: &str) -> String {
+    match (sample.find('{'), sample.find(' ')) {
+        (Some(brace), Some(space)) if brace < space => {
+            let inner = &sample[brace + 1..];
+            let sep = if inner.starts_with('}') { "" } else { "," };
+            format!("{}{{{label}{sep}{inner}", &sample[..brace])
+        }
+        (_, Some(space)) => format!("{}{{{label}}}{}", &sample[..space], &sample[space..]),
+        _ => sample.to_owned(),
+    }
 }
 
 fn render_http(out: &mut String, http: &HttpMetrics) {
@@ -441,6 +507,17 @@ mod tests {
             "mlx_embed_http_request_duration_seconds_bucket{route=\"/embed\",le=\"0.005\"} 2"
         ));
         assert!(out.contains("mlx_embed_http_request_duration_seconds_count{route=\"/embed\"} 3"));
+    }
+
+    #[test]
+    fn adds_a_label_to_samples() {
+        let l = "model=\"m\"";
+        assert_eq!(with_label("x 3", l), "x{model=\"m\"} 3");
+        assert_eq!(
+            with_label("x_bucket{le=\"1\"} 3", l),
+            "x_bucket{model=\"m\",le=\"1\"} 3"
+        );
+        assert_eq!(with_label("x{} 3", l), "x{model=\"m\"} 3");
     }
 
     #[test]

@@ -5,17 +5,25 @@ use std::sync::OnceLock;
 use utoipa::OpenApi;
 
 use crate::errors::{NativeErrorBody, OllamaErrorBody, OpenAiErrorBody, TeiErrorBody};
-use crate::routes::{native, ollama, openai, ops, tei};
+use crate::routes::{native, ollama, openai, ops, predict, rerank, root, similarity, tei, tokens};
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "mlx-embed", description = "Text embeddings: native, OpenAI, TEI and Ollama compatible APIs."),
+    info(title = "mlx-embed", description = "Text embeddings and cross-encoders: native, OpenAI, TEI, Cohere/Jina and Ollama compatible APIs."),
     paths(
         native::embed,
         openai::embeddings,
         openai::models,
         tei::embed,
         ollama::embed,
+        rerank::tei_rerank,
+        rerank::cohere_rerank_v1,
+        rerank::cohere_rerank_v2,
+        predict::predict,
+        similarity::similarity,
+        tokens::tokenize,
+        tokens::decode,
+        root::inference,
         ops::health,
         ops::metrics,
         ops::info,
@@ -27,6 +35,7 @@ use crate::routes::{native, ollama, openai, ops, tei};
         (name = "openai", description = "OpenAI compatible"),
         (name = "tei", description = "text-embeddings-inference compatible"),
         (name = "ollama", description = "Ollama compatible"),
+        (name = "cohere", description = "Cohere / Jina rerank compatible"),
         (name = "ops", description = "Health, metrics, info"),
     )
 )]

@@ -5,7 +5,7 @@ use std::future::{Future, IntoFuture};
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use mlx_embed_core::{Batcher, CoreError, EmbedInput, EmbedOptions};
+use mlx_embed_core::{Batcher, CoreError, EmbedInput, EmbedOptions, ModelKind};
 use tokio::net::TcpListener;
 
 use crate::config::ServerArgs;
@@ -24,9 +24,20 @@ pub async fn serve(
     batcher: Batcher,
     load_duration: Duration,
 ) -> Result<(), ServerError> {
+    serve_models(args, vec![batcher], load_duration).await
+}
+
+/// [`serve`] for several models, each with its own batcher (queue and model
+/// thread); requests pick one by name ([`crate::models`]), the first is the
+/// default. `load_duration` is how long loading them all took.
+pub async fn serve_models(
+    args: ServerArgs,
+    batchers: Vec<Batcher>,
+    load_duration: Duration,
+) -> Result<(), ServerError> {
     check(&args)?;
     let trigger = Trigger::from_signals().map_err(ServerError::Signal)?;
-    warm_up_if_enabled(&args, &batcher, load_duration).await?;
+    warm_up_if_enabled(&args, &batchers, load_duration).await?;
     let addr = format!("{}:{}", args.host, args.port);
     let listener = TcpListener::bind(&addr)
         .await
@@ -34,7 +45,7 @@ pub async fn serve(
             addr: addr.clone(),
             source,
         })?;
-    run(listener, args, batcher, load_duration, trigger).await
+    run(listener, args, batchers, load_duration, trigger).await
 }
 
 /// Like [`serve`] on an already bound `listener` (its address wins over
@@ -48,11 +59,12 @@ pub async fn serve_on(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
     check(&args)?;
-    warm_up_if_enabled(&args, &batcher, load_duration).await?;
+    let batchers = vec![batcher];
+    warm_up_if_enabled(&args, &batchers, load_duration).await?;
     run(
         listener,
         args,
-        batcher,
+        batchers,
         load_duration,
         Trigger::from_future(shutdown),
     )
@@ -73,7 +85,7 @@ fn check(args: &ServerArgs) -> Result<(), ServerError> {
 
 async fn warm_up_if_enabled(
     args: &ServerArgs,
-    batcher: &Batcher,
+    batchers: &[Batcher],
     load: Duration,
 ) -> Result<(), ServerError> {
     if args.no_warmup {
@@ -83,7 +95,10 @@ async fn warm_up_if_enabled(
         );
         return Ok(());
     }
-    let warm = warm_up(batcher).await.map_err(ServerError::Warmup)?;
+    let mut warm = Duration::ZERO;
+    for batcher in batchers {
+        warm += warm_up(batcher).await.map_err(ServerError::Warmup)?;
+    }
     tracing::info!(
         load_ms = load.as_millis() as u64,
         warmup_ms = warm.as_millis() as u64,
@@ -96,22 +111,42 @@ async fn warm_up_if_enabled(
     Ok(())
 }
 
-/// Embeds one maximum-length text: proof that the model runs end to end
-/// before `/health` says so. A full batch (64 x 256 tokens) cost most of a
-/// 3.15 s cold start on a 2-core CPU and proved nothing more: the engine cuts
-/// every call into device passes of a bounded token budget anyway.
+/// Embeds (or, for a cross-encoder, scores as a query/document pair) one
+/// maximum-length input: proof that the model runs end to end before
+/// `/health` says so. A full batch (64 x 256 tokens) cost most of a 3.15 s
+/// cold start on a 2-core CPU and proved nothing more: the engine cuts every
+/// call into device passes of a bounded token budget anyway.
 async fn warm_up(batcher: &Batcher) -> Result<Duration, CoreError> {
     let info = batcher.model_info();
     // At least one token per word: truncated to exactly the model's maximum.
     let text = "warmup ".repeat(info.max_input_tokens.max(1));
+    let input = match info.kind {
+        ModelKind::Embedding => EmbedInput::Text(text),
+        ModelKind::Classifier { .. } | ModelKind::Reranker { .. } => EmbedInput::Pair {
+            query: "warmup".into(),
+            document: text,
+        },
+    };
     let start = Instant::now();
-    batcher
-        .embed(vec![EmbedInput::Text(text)], EmbedOptions::default())
-        .await?;
+    batcher.embed(vec![input], EmbedOptions::default()).await?;
     Ok(start.elapsed())
 }
 
 fn log_summary(state: &AppState, addr: Option<SocketAddr>) {
+    for served in &state.models()[1..] {
+        let m = served.info();
+        tracing::info!(
+            model = served.name.as_str(),
+            kind = m.kind.as_str(),
+            dim = m.dim,
+            max_input_tokens = m.max_input_tokens,
+            "also serving {} ({}, max {} tokens): requests pick it with \"model\": {:?}",
+            served.name,
+            m.kind.as_str(),
+            m.max_input_tokens,
+            served.name,
+        );
+    }
     let m = state.model_info();
     let c = state.batcher().config();
     let mut details = String::new();
@@ -147,11 +182,11 @@ fn log_summary(state: &AppState, addr: Option<SocketAddr>) {
 async fn run(
     listener: TcpListener,
     args: ServerArgs,
-    batcher: Batcher,
+    batchers: Vec<Batcher>,
     load_duration: Duration,
     trigger: Trigger,
 ) -> Result<(), ServerError> {
-    let state = AppState::new(batcher.clone(), &args, load_duration);
+    let state = AppState::with_models(batchers.clone(), &args, load_duration)?;
     log_summary(&state, listener.local_addr().ok());
 
     let mut graceful = trigger.clone();
@@ -190,9 +225,14 @@ async fn run(
             _ = trigger.reached(2) => tracing::warn!("second signal: not waiting for open connections"),
         }
     }
-    batcher.close();
+    batchers.iter().for_each(Batcher::close);
+    let drained = async {
+        for batcher in &batchers {
+            batcher.drained().await;
+        }
+    };
     tokio::select! {
-        _ = batcher.drained() => {}
+        _ = drained => {}
         _ = tokio::time::sleep_until(deadline) => tracing::warn!("drain timeout: batcher still busy"),
         _ = trigger.reached(2) => tracing::warn!("second signal: not waiting for the batcher"),
     }

@@ -7,16 +7,19 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use mlx_embed_core::{Batcher, ModelInfo};
 
 use crate::config::ServerArgs;
+use crate::errors::{ApiError, ServerError};
 use crate::metrics::HttpMetrics;
+use crate::models::{resolve, ServedModel, Task};
 
 /// Cheap to clone: one `Arc` inside.
 #[derive(Clone)]
 pub struct AppState(Arc<Inner>);
 
 struct Inner {
-    batcher: Batcher,
+    /// At least one; the first is the default model of the routes that need
+    /// no particular kind, and the one `--served-model-name` renames.
+    models: Vec<ServedModel>,
     args: ServerArgs,
-    model_name: String,
     load_duration: Duration,
     started_unix: u64,
     shutting_down: AtomicBool,
@@ -26,36 +29,68 @@ struct Inner {
 impl AppState {
     /// State for `batcher` served with `args`; `load_duration` is how long the model took to load.
     pub fn new(batcher: Batcher, args: &ServerArgs, load_duration: Duration) -> Self {
-        let info = batcher.model_info();
-        let model_name = args
-            .served_model_name
-            .clone()
-            .unwrap_or_else(|| info.name.clone());
-        Self(Arc::new(Inner {
-            batcher,
+        Self::with_models(vec![batcher], args, load_duration)
+            .expect("one model always has a unique name")
+    }
+
+    /// State for several models, each with its own batcher; the first is the
+    /// default. Names must be unique (they are how requests pick a model).
+    pub fn with_models(
+        batchers: Vec<Batcher>,
+        args: &ServerArgs,
+        load_duration: Duration,
+    ) -> Result<Self, ServerError> {
+        if batchers.is_empty() {
+            return Err(ServerError::Config("no model to serve".into()));
+        }
+        let mut models: Vec<ServedModel> = Vec::with_capacity(batchers.len());
+        for (i, batcher) in batchers.into_iter().enumerate() {
+            let name = match (&args.served_model_name, i) {
+                (Some(name), 0) => name.clone(),
+                _ => batcher.model_info().name.clone(),
+            };
+            if models.iter().any(|m| m.name == name) {
+                return Err(ServerError::Config(format!(
+                    "two models are named {name:?}: requests could not tell them apart \
+                     (rename the folder, or the first model with --served-model-name)"
+                )));
+            }
+            models.push(ServedModel { name, batcher });
+        }
+        Ok(Self(Arc::new(Inner {
+            models,
             args: args.clone(),
-            model_name,
             load_duration,
             started_unix: SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             shutting_down: AtomicBool::new(false),
             http: HttpMetrics::default(),
-        }))
+        })))
     }
 
+    /// The default (first) model's batcher.
     pub fn batcher(&self) -> &Batcher {
-        &self.0.batcher
+        &self.0.models[0].batcher
     }
+    /// The default (first) model's facts.
     pub fn model_info(&self) -> &ModelInfo {
-        self.0.batcher.model_info()
+        self.0.models[0].batcher.model_info()
+    }
+    /// Every served model, the default first.
+    pub fn models(&self) -> &[ServedModel] {
+        &self.0.models
+    }
+    /// The model a request gets for `task` (see [`crate::models`]).
+    pub fn model_for(&self, requested: Option<&str>, task: Task) -> Result<&ServedModel, ApiError> {
+        resolve(&self.0.models, requested, task)
     }
     pub fn args(&self) -> &ServerArgs {
         &self.0.args
     }
-    /// The name the APIs report: `--served-model-name` or the model's own.
+    /// The default model's name: `--served-model-name` or the model's own.
     pub fn model_name(&self) -> &str {
-        &self.0.model_name
+        &self.0.models[0].name
     }
     pub fn load_duration(&self) -> Duration {
         self.0.load_duration
@@ -75,8 +110,8 @@ impl AppState {
     pub fn is_shutting_down(&self) -> bool {
         self.0.shutting_down.load(Ordering::SeqCst)
     }
-    /// Healthy batcher and not shutting down.
+    /// Every model's batcher healthy and not shutting down.
     pub fn is_ready(&self) -> bool {
-        !self.is_shutting_down() && self.0.batcher.is_healthy()
+        !self.is_shutting_down() && self.0.models.iter().all(|m| m.batcher.is_healthy())
     }
 }

@@ -156,17 +156,33 @@ async fn all_routes_return_the_same_vectors() {
     let (_, _, v) = post(
         &s,
         "/v1/embeddings",
-        &json!({ "input": inputs, "model": "other", "user": "u" }),
+        &json!({ "input": inputs, "model": "fake-model", "user": "u" }),
     )
     .await;
     assert_eq!(v["object"], "list");
     assert_eq!(v["model"], "fake-model");
     assert_eq!(v["usage"]["prompt_tokens"], tokens);
-    let (_, _, v) = post(&s, "/api/embed", &json!({ "model": "x", "input": inputs })).await;
+    let (_, _, v) = post(
+        &s,
+        "/api/embed",
+        &json!({ "model": "fake-model", "input": inputs }),
+    )
+    .await;
     assert_eq!(v["model"], "fake-model");
     assert_eq!(v["prompt_eval_count"], tokens);
     assert!(v["total_duration"].as_u64().unwrap() > 0);
     assert!(v["load_duration"].is_u64());
+    // A server of one model answers whatever name a client sends (LangChain
+    // and LlamaIndex default to text-embedding-ada-002); several models are
+    // picked by name, with 404 for others (tests/e2e/test_rerank.py).
+    let (status, _, v) = post(
+        &s,
+        "/v1/embeddings",
+        &json!({ "input": "x", "model": "text-embedding-ada-002" }),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["data"].as_array().unwrap().len(), 1);
     s.stop().await.unwrap();
 }
 

@@ -3,11 +3,13 @@
 use std::path::Path;
 
 use mlx_embed_core::{
-    EmbedInput, EmbedOptions, EmbedderError, Encoded, Prompt, Tokenize, TruncationDirection,
+    EmbedInput, EmbedOptions, EmbedderError, Encoded, Prompt, TokenSpan, Tokenize,
+    TruncationDirection,
 };
 use tokenizers::Tokenizer;
 
-use crate::{TokenizerError, TokenizerSpec};
+use crate::pair::{cut, truncate_pair_lengths};
+use crate::{PairSpec, TokenizerError, TokenizerSpec};
 
 /// A model's tokenizer with its prompts, specials and length limit.
 pub struct HfTokenizer {
@@ -83,6 +85,26 @@ impl HfTokenizer {
                 "special token id {id} is outside the vocabulary of {vocab_size}"
             )));
         }
+        if let Some(pair) = &spec.pair {
+            if pair.specials() >= spec.max_length {
+                return Err(TokenizerError::Spec(format!(
+                    "max_length {} leaves no room for a pair ({} special tokens)",
+                    spec.max_length,
+                    pair.specials()
+                )));
+            }
+            if let Some(id) = pair
+                .prefix_ids
+                .iter()
+                .chain(&pair.middle_ids)
+                .chain(&pair.suffix_ids)
+                .find(|&&id| id as usize >= vocab_size)
+            {
+                return Err(TokenizerError::Spec(format!(
+                    "pair special token id {id} is outside the vocabulary of {vocab_size}"
+                )));
+            }
+        }
         if let Some(name) = &spec.default_prompt_name {
             if !spec.prompts.contains_key(name) {
                 return Err(TokenizerError::Spec(format!(
@@ -157,6 +179,96 @@ impl HfTokenizer {
         }
     }
 
+    /// Encodes a query/document pair per the model's [`PairSpec`]. For a
+    /// prompt-template reranker a raw prompt is the instruction; segment
+    /// pairs take no prompt.
+    fn encode_pair(
+        &self,
+        query: &str,
+        document: &str,
+        options: &EmbedOptions,
+    ) -> Result<Encoded, EmbedderError> {
+        let pair = self.spec.pair.as_ref().ok_or_else(|| {
+            EmbedderError::invalid_input("this model takes single texts, not query/document pairs")
+        })?;
+        let specials = pair.specials();
+        let budget = self.spec.max_length - specials;
+        let direction = options.truncation_direction;
+        if pair.template.is_some() {
+            let text = match &options.prompt {
+                Prompt::Default => pair.format(query, document),
+                Prompt::Raw(instruction) => PairSpec {
+                    default_instruction: Some(instruction.clone()),
+                    ..pair.clone()
+                }
+                .format(query, document),
+                Prompt::Named(name) => {
+                    return Err(EmbedderError::invalid_input(format!(
+                        "unknown prompt name {name:?} (this reranker has no named prompts)"
+                    )))
+                }
+            }
+            .unwrap_or_default();
+            let content = self.encode_text(&text, "")?;
+            let untruncated_len = u32::try_from(content.len() + specials).unwrap_or(u32::MAX);
+            let content = cut(&content, budget, direction);
+            let mut ids = Vec::with_capacity(content.len() + specials);
+            ids.extend_from_slice(&pair.prefix_ids);
+            ids.extend_from_slice(content);
+            ids.extend_from_slice(&pair.suffix_ids);
+            return Ok(Encoded {
+                ids,
+                type_ids: None,
+                untruncated_len,
+            });
+        }
+        if options.prompt != Prompt::Default {
+            return Err(EmbedderError::invalid_input(
+                "prompts do not apply to query/document pairs of this model",
+            ));
+        }
+        let a = self.encode_text(query, "")?;
+        let b = self.encode_text(document, "")?;
+        let untruncated_len = u32::try_from(a.len() + b.len() + specials).unwrap_or(u32::MAX);
+        let (n1, n2) = truncate_pair_lengths(a.len(), b.len(), budget);
+        let (a, b) = (cut(&a, n1, direction), cut(&b, n2, direction));
+        let mut ids = Vec::with_capacity(a.len() + b.len() + specials);
+        ids.extend_from_slice(&pair.prefix_ids);
+        ids.extend_from_slice(a);
+        ids.extend_from_slice(&pair.middle_ids);
+        let first = ids.len();
+        ids.extend_from_slice(b);
+        ids.extend_from_slice(&pair.suffix_ids);
+        let type_ids = pair.uses_type_ids().then(|| {
+            let mut types = vec![pair.first_type_id; first];
+            types.resize(ids.len(), pair.second_type_id);
+            types
+        });
+        Ok(Encoded {
+            ids,
+            type_ids,
+            untruncated_len,
+        })
+    }
+
+    /// A prompt-template reranker has no meaning for a lone text.
+    fn takes_pairs_only(&self) -> bool {
+        self.spec
+            .pair
+            .as_ref()
+            .is_some_and(|p| p.template.is_some())
+    }
+
+    fn special(&self, id: u32) -> TokenSpan {
+        TokenSpan {
+            id,
+            text: self.tokenizer.id_to_token(id).unwrap_or_default(),
+            special: true,
+            start: 0,
+            stop: 0,
+        }
+    }
+
     /// Cuts `content` to fit and wraps it in the specials.
     fn finish(&self, content: &[u32], direction: TruncationDirection) -> Encoded {
         let specials = self.spec.prefix_ids.len() + self.spec.suffix_ids.len();
@@ -182,6 +294,9 @@ impl Tokenize for HfTokenizer {
     fn encode(&self, input: &EmbedInput, options: &EmbedOptions) -> Result<Encoded, EmbedderError> {
         let direction = options.truncation_direction;
         match input {
+            EmbedInput::Text(_) if self.takes_pairs_only() => Err(EmbedderError::invalid_input(
+                "this reranker scores query/document pairs, not single texts",
+            )),
             EmbedInput::Text(text) => {
                 let content = self.encode_text(text, self.prompt_text(&options.prompt)?)?;
                 Ok(self.finish(&content, direction))
@@ -190,10 +305,47 @@ impl Tokenize for HfTokenizer {
                 self.check_ids(ids)?;
                 Ok(self.finish(ids, direction))
             }
-            EmbedInput::Pair { .. } => Err(EmbedderError::invalid_input(
-                "this model embeds single texts, not query/document pairs",
-            )),
+            EmbedInput::Pair { query, document } => self.encode_pair(query, document, options),
         }
+    }
+
+    fn tokens(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+        options: &EmbedOptions,
+    ) -> Result<Vec<TokenSpan>, EmbedderError> {
+        let prompt = self.prompt_text(&options.prompt)?;
+        let full = format!("{prompt}{text}");
+        // `encode`, not `encode_fast`: the offsets are the point here.
+        let encoding = self
+            .tokenizer
+            .encode(full.as_str(), false)
+            .map_err(|e| EmbedderError::invalid_input(format!("cannot tokenize: {e}")))?;
+        let mut out = Vec::with_capacity(encoding.len() + 4);
+        if add_special_tokens {
+            out.extend(self.spec.prefix_ids.iter().map(|&id| self.special(id)));
+        }
+        for (&id, &(start, stop)) in encoding.get_ids().iter().zip(encoding.get_offsets()) {
+            out.push(TokenSpan {
+                id,
+                text: full.get(start..stop).unwrap_or_default().to_owned(),
+                special: false,
+                start,
+                stop,
+            });
+        }
+        if add_special_tokens {
+            out.extend(self.spec.suffix_ids.iter().map(|&id| self.special(id)));
+        }
+        Ok(out)
+    }
+
+    fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, EmbedderError> {
+        self.check_ids(ids)?;
+        self.tokenizer
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| EmbedderError::invalid_input(format!("cannot decode: {e}")))
     }
 }
 

@@ -18,6 +18,10 @@
 //! Token-id input skips the prompt, is checked against the vocabulary, and is
 //! truncated and wrapped the same way.
 //!
+//! A query/document pair (cross-encoders) follows the model's [`PairSpec`]:
+//! the tokenizer's pair template with `longest_first` truncation, or a
+//! reranker's prompt template (see the `pair` module).
+//!
 //! [`Prompt::Default`]: mlx_embed_core::Prompt::Default
 //! [`Prompt::Named`]: mlx_embed_core::Prompt::Named
 //! [`Prompt::Raw`]: mlx_embed_core::Prompt::Raw
@@ -26,8 +30,10 @@
 
 mod encoder;
 mod error;
+mod pair;
 mod spec;
 
 pub use encoder::HfTokenizer;
 pub use error::TokenizerError;
+pub use pair::{truncate_pair_lengths, PairSpec};
 pub use spec::TokenizerSpec;

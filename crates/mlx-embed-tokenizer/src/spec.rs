@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use crate::PairSpec;
+
 /// Everything needed to tokenize exactly as the model's Python side does.
 /// The bridge fills it from the Python model's `spec().tokenizer`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -22,4 +24,7 @@ pub struct TokenizerSpec {
     /// The model's instruction prefix, already in the model's template
     /// (Qwen3: `"Instruct: ...\nQuery: "`); when set it is the default prompt.
     pub instruction: Option<String>,
+    /// How a query/document pair becomes one input (cross-encoders); `None`:
+    /// the model takes single texts only.
+    pub pair: Option<PairSpec>,
 }

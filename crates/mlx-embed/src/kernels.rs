@@ -1,9 +1,13 @@
-//! `mlx_embed._native.masked_softmax_`, `gelu_` and `add_layer_norm_`: the
-//! CPU kernels of `mlx-embed-kernels` over a writable float32 buffer (in the
-//! engine, a NumPy view of an evaluated MLX array), run outside the GIL so
-//! the engine's other MLX worker keeps going meanwhile.
+//! `mlx_embed._native.masked_softmax_`, `gelu_`, `add_layer_norm_`,
+//! `attention_` and `linear_` (with `pack_linear_weights`): the CPU kernels of
+//! `mlx-embed-kernels` over float32 buffers (in the engine, NumPy views of
+//! evaluated MLX arrays), run outside the GIL so the engine's other MLX
+//! worker keeps going meanwhile.
 
-use mlx_embed_kernels::{add_layer_norm, gelu, masked_softmax, SoftmaxShape};
+use mlx_embed_kernels::{
+    add_layer_norm, attention, gelu, linear, masked_softmax, pack_weights, packed_len, Activation,
+    AttentionShape, LinearShape, SoftmaxShape,
+};
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -129,6 +133,152 @@ fn add_layer_norm_py(
     .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
+/// `linear_packed_len(outputs, inputs)`: floats `pack_linear_weights` writes.
+#[pyfunction]
+#[pyo3(name = "linear_packed_len")]
+fn linear_packed_len_py(outputs: usize, inputs: usize) -> usize {
+    packed_len(outputs, inputs)
+}
+
+/// `pack_linear_weights(w, outputs, inputs, packed)`: packs a row-major
+/// `[outputs, inputs]` weight into `packed` (`linear_packed_len` floats) for
+/// `linear_`; once per layer, at load.
+#[pyfunction]
+#[pyo3(name = "pack_linear_weights")]
+fn pack_linear_weights_py(
+    py: Python<'_>,
+    w: &Bound<'_, PyAny>,
+    outputs: usize,
+    inputs: usize,
+    packed: &Bound<'_, PyAny>,
+) -> PyResult<()> {
+    let dst = writable_f32(packed)?;
+    let src = readable_f32(w)?;
+    if overlaps(byte_range(&src), byte_range(&dst)) {
+        return Err(PyValueError::new_err("w and packed must not share memory"));
+    }
+    let (addr, len) = (src.buf_ptr() as usize, src.item_count());
+    with_floats_detached(py, &dst, |floats| {
+        // SAFETY: `src` is a live, contiguous float32 export of `len` items
+        // for this whole call, checked not to overlap the buffer written.
+        let w = unsafe { std::slice::from_raw_parts(addr as *const f32, len) };
+        pack_weights(w, outputs, inputs, floats)
+    })
+    .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// `linear_(x, packed, bias, out, inputs, outputs, gelu=False, threads=1)`:
+/// `out = x @ w^T + bias` (then exact GELU if `gelu`) over rows of `inputs`
+/// floats, `w` packed by `pack_linear_weights`; `bias` may be None; `out`
+/// (rows x `outputs` floats) is overwritten.
+#[pyfunction]
+#[pyo3(name = "linear_", signature = (x, packed, bias, out, inputs, outputs, gelu = false, threads = 1))]
+#[allow(clippy::too_many_arguments)]
+fn linear_py(
+    py: Python<'_>,
+    x: &Bound<'_, PyAny>,
+    packed: &Bound<'_, PyAny>,
+    bias: Option<&Bound<'_, PyAny>>,
+    out: &Bound<'_, PyAny>,
+    inputs: usize,
+    outputs: usize,
+    gelu: bool,
+    threads: usize,
+) -> PyResult<()> {
+    let dst = writable_f32(out)?;
+    let mut reads = vec![readable_f32(x)?, readable_f32(packed)?];
+    if let Some(b) = bias {
+        reads.push(readable_f32(b)?);
+    }
+    let out_range = byte_range(&dst);
+    if reads.iter().any(|b| overlaps(byte_range(b), out_range)) {
+        return Err(PyValueError::new_err(
+            "out must not share memory with the other arguments",
+        ));
+    }
+    if inputs == 0 || reads[0].item_count() % inputs != 0 {
+        return Err(PyValueError::new_err(format!(
+            "x has {} floats, not whole rows of {inputs}",
+            reads[0].item_count()
+        )));
+    }
+    let shape = LinearShape {
+        rows: reads[0].item_count() / inputs,
+        inputs,
+        outputs,
+    };
+    let views: Vec<(usize, usize)> = reads
+        .iter()
+        .map(|b| (b.buf_ptr() as usize, b.item_count()))
+        .collect();
+    let act = if gelu {
+        Activation::Gelu
+    } else {
+        Activation::None
+    };
+    with_floats_detached(py, &dst, |floats| {
+        // SAFETY: the input exports live until this function returns, are
+        // contiguous float32 of the given lengths, and were checked not to
+        // overlap the one buffer written.
+        let read = |(addr, len): (usize, usize)| unsafe {
+            std::slice::from_raw_parts(addr as *const f32, len)
+        };
+        let bias = views.get(2).map(|&v| read(v));
+        linear(
+            read(views[0]),
+            read(views[1]),
+            bias,
+            floats,
+            shape,
+            act,
+            threads.max(1),
+        )
+    })
+    .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// `attention_(qkv, key_lengths, heads, scale, out, threads=1)`: multi-head
+/// attention of `qkv` shaped `[batch, len, 3 * heads * head_dim]` (the fused
+/// projection) into `out` shaped `[batch, len, heads * head_dim]`, keys at or
+/// past `key_lengths[sequence]` weighted zero.
+#[pyfunction]
+#[pyo3(name = "attention_", signature = (qkv, key_lengths, heads, scale, out, threads = 1))]
+fn attention_py(
+    py: Python<'_>,
+    qkv: &Bound<'_, PyAny>,
+    key_lengths: Vec<usize>,
+    heads: usize,
+    scale: f32,
+    out: &Bound<'_, PyAny>,
+    threads: usize,
+) -> PyResult<()> {
+    let dst = writable_f32(out)?;
+    let src = readable_f32(qkv)?;
+    if overlaps(byte_range(&src), byte_range(&dst)) {
+        return Err(PyValueError::new_err("qkv and out must not share memory"));
+    }
+    let dims = src.shape();
+    if dims.len() != 3 || heads == 0 || dims[2] % (3 * heads) != 0 {
+        return Err(PyValueError::new_err(
+            "qkv must be [batch, len, 3 * heads * head_dim]",
+        ));
+    }
+    let shape = AttentionShape {
+        batch: dims[0],
+        len: dims[1],
+        heads,
+        head_dim: dims[2] / (3 * heads),
+    };
+    let (addr, len) = (src.buf_ptr() as usize, src.item_count());
+    with_floats_detached(py, &dst, |floats| {
+        // SAFETY: `src` is a live, contiguous float32 export of `len` items
+        // for this whole call, checked not to overlap the buffer written.
+        let qkv = unsafe { std::slice::from_raw_parts(addr as *const f32, len) };
+        attention(qkv, &key_lengths, shape, scale, floats, threads.max(1))
+    })
+    .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 fn byte_range(buf: &PyBuffer<f32>) -> (usize, usize) {
     let start = buf.buf_ptr() as usize;
     (start, start + buf.len_bytes())
@@ -142,6 +292,10 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(masked_softmax_py, module)?)?;
     module.add_function(wrap_pyfunction!(gelu_py, module)?)?;
     module.add_function(wrap_pyfunction!(add_layer_norm_py, module)?)?;
+    module.add_function(wrap_pyfunction!(linear_packed_len_py, module)?)?;
+    module.add_function(wrap_pyfunction!(pack_linear_weights_py, module)?)?;
+    module.add_function(wrap_pyfunction!(linear_py, module)?)?;
+    module.add_function(wrap_pyfunction!(attention_py, module)?)?;
     module.add("kernel_simd", mlx_embed_kernels::simd_level())?;
     Ok(())
 }

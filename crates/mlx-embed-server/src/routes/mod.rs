@@ -6,10 +6,12 @@ pub mod native;
 pub mod ollama;
 pub mod openai;
 pub mod ops;
+pub mod predict;
+pub mod rerank;
+pub mod root;
+pub mod similarity;
 pub mod tei;
-
-use std::collections::BTreeSet;
-use std::sync::Mutex;
+pub mod tokens;
 
 use axum::extract::DefaultBodyLimit;
 use axum::middleware::from_fn_with_state;
@@ -33,6 +35,14 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models", get(openai::models))
         .route("/embed", post(tei::embed))
         .route("/api/embed", post(ollama::embed))
+        .route("/rerank", post(rerank::tei_rerank))
+        .route("/v1/rerank", post(rerank::cohere_rerank_v1))
+        .route("/v2/rerank", post(rerank::cohere_rerank_v2))
+        .route("/predict", post(predict::predict))
+        .route("/similarity", post(similarity::similarity))
+        .route("/tokenize", post(tokens::tokenize))
+        .route("/decode", post(tokens::decode))
+        .route("/", post(root::inference))
         .route("/health", get(ops::health))
         .route("/metrics", get(ops::metrics))
         .route("/info", get(ops::info))
@@ -79,31 +89,5 @@ impl Usage {
             total_tokens: prompt_tokens,
             cache_hits,
         }
-    }
-}
-
-/// Requests may name a model; we serve one, so a different name is only logged:
-/// a warning the first time each name is seen (up to 64 names), debug after.
-pub(crate) fn note_model_name(state: &AppState, requested: Option<&str>) {
-    static SEEN: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
-    let Some(requested) = requested.filter(|r| !r.is_empty() && *r != state.model_name()) else {
-        return;
-    };
-    let first = {
-        let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
-        seen.len() < 64 && seen.insert(requested.to_owned())
-    };
-    if first {
-        tracing::warn!(
-            requested,
-            served = state.model_name(),
-            "request names another model; serving ours"
-        );
-    } else {
-        tracing::debug!(
-            requested,
-            served = state.model_name(),
-            "request names another model; serving ours"
-        );
     }
 }

@@ -15,6 +15,8 @@ use crate::state::AppState;
 /// Native embed request.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct NativeEmbedRequest {
+    /// Which served model answers (`/v1/models` lists them); default: the first embedding model.
+    pub model: Option<String>,
     /// Texts to embed (1 to `--max-inputs-per-request`), none empty.
     #[schema(min_items = 1)]
     pub texts: Vec<String>,
@@ -76,6 +78,7 @@ pub async fn embed(
     let out = run_embed(
         &state,
         EmbedRequest {
+            model: req.model,
             inputs: req.texts.into_iter().map(EmbedInput::Text).collect(),
             options,
             normalize: req.normalize.unwrap_or(true),
@@ -85,7 +88,7 @@ pub async fn embed(
     .await?;
     Ok(Json(NativeEmbedResponse {
         embeddings: out.vectors,
-        model: state.model_name().to_owned(),
+        model: out.model,
         dimension: out.dimension,
         usage: Usage::new(out.prompt_tokens, out.cache_hits),
     }))

@@ -8,7 +8,6 @@ use mlx_embed_core::EmbedOptions;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::note_model_name;
 use crate::embed::{embed as run_embed, EmbedRequest};
 use crate::errors::{Ollama, OllamaErrorBody, Shaped};
 use crate::extract::{ApiJson, PriorityHeader, TextInputs};
@@ -17,7 +16,7 @@ use crate::state::AppState;
 /// Ollama embed request (`options` and `keep_alive` are accepted and ignored).
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct OllamaEmbedRequest {
-    /// Accepted; a name other than the served model is logged, not refused.
+    /// Which served model answers; default: the first embedding model. Unknown: 404.
     pub model: Option<String>,
     /// A text or a list of texts.
     pub input: TextInputs,
@@ -60,10 +59,10 @@ pub async fn embed(
     ApiJson(req, _): ApiJson<OllamaEmbedRequest, Ollama>,
 ) -> Result<Json<OllamaEmbedResponse>, Shaped<Ollama>> {
     let start = Instant::now();
-    note_model_name(&state, req.model.as_deref());
     let out = run_embed(
         &state,
         EmbedRequest {
+            model: req.model,
             inputs: req.input.into_inputs(),
             options: EmbedOptions {
                 truncate: req.truncate.unwrap_or(true),
@@ -76,7 +75,7 @@ pub async fn embed(
     )
     .await?;
     Ok(Json(OllamaEmbedResponse {
-        model: state.model_name().to_owned(),
+        model: out.model,
         embeddings: out.vectors,
         total_duration: start.elapsed().as_nanos() as u64,
         load_duration: 0,

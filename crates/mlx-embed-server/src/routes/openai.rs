@@ -7,7 +7,7 @@ use mlx_embed_core::{EmbedOptions, Priority, Prompt};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{note_model_name, Usage};
+use super::Usage;
 use crate::embed::{embed as run_embed, EmbedRequest};
 use crate::errors::{OpenAi, OpenAiErrorBody, Shaped};
 use crate::extract::{ApiJson, OpenAiInput, PriorityHeader};
@@ -43,7 +43,8 @@ impl<'de> Deserialize<'de> for EncodingFormat {
 pub struct OpenAiEmbeddingRequest {
     /// A string, strings, token ids, or lists of token ids (the model's own tokenizer).
     pub input: OpenAiInput,
-    /// Accepted; a name other than the served model is logged, not refused.
+    /// Which served model answers (`/v1/models` lists them); default: the first
+    /// embedding model. With several models served, an unknown name is a 404 (`model_not_found`).
     pub model: Option<String>,
     /// `float` (default) or `base64`.
     pub encoding_format: Option<EncodingFormat>,
@@ -111,11 +112,11 @@ pub async fn embeddings(
     PriorityHeader(header, _): PriorityHeader<OpenAi>,
     ApiJson(req, _): ApiJson<OpenAiEmbeddingRequest, OpenAi>,
 ) -> Result<Json<OpenAiEmbeddingResponse>, Shaped<OpenAi>> {
-    note_model_name(&state, req.model.as_deref());
     let format = req.encoding_format.unwrap_or_default();
     let out = run_embed(
         &state,
         EmbedRequest {
+            model: req.model,
             inputs: req.input.into_inputs(),
             options: EmbedOptions {
                 prompt: req.prompt_name.map_or(Prompt::Default, Prompt::Named),
@@ -147,7 +148,7 @@ pub async fn embeddings(
     Ok(Json(OpenAiEmbeddingResponse {
         object: "list".into(),
         data,
-        model: state.model_name().to_owned(),
+        model: out.model,
         usage: Usage::new(out.prompt_tokens, out.cache_hits),
     }))
 }
@@ -169,23 +170,27 @@ pub struct OpenAiModelList {
     pub data: Vec<OpenAiModel>,
 }
 
-/// The one served model.
+/// The served models, the default first.
 #[utoipa::path(
     get, path = "/v1/models", tag = "openai",
     responses(
-        (status = 200, description = "The served model", body = OpenAiModelList),
+        (status = 200, description = "The served models", body = OpenAiModelList),
         (status = 401, description = "Missing or wrong API key", body = OpenAiErrorBody),
     )
 )]
 pub async fn models(State(state): State<AppState>) -> Json<OpenAiModelList> {
     Json(OpenAiModelList {
         object: "list".into(),
-        data: vec![OpenAiModel {
-            id: state.model_name().to_owned(),
-            object: "model".into(),
-            created: state.started_unix(),
-            owned_by: "mlx-embed".into(),
-        }],
+        data: state
+            .models()
+            .iter()
+            .map(|m| OpenAiModel {
+                id: m.name.clone(),
+                object: "model".into(),
+                created: state.started_unix(),
+                owned_by: "mlx-embed".into(),
+            })
+            .collect(),
     })
 }
 

@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use mlx_embed_core::{DeviceMemory, ModelKind};
+use mlx_embed_core::DeviceMemory;
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -32,10 +32,20 @@ pub struct HealthResponse {
     )
 )]
 pub async fn health(State(state): State<AppState>) -> (StatusCode, Json<HealthResponse>) {
-    let reason = state.batcher().model_failure().map(str::to_owned);
+    // One unhealthy model makes the server unhealthy: its routes would fail.
+    let several = state.models().len() > 1;
+    let reason = state.models().iter().find_map(|m| {
+        m.batcher.model_failure().map(|r| {
+            if several {
+                format!("{}: {r}", m.name)
+            } else {
+                r.to_owned()
+            }
+        })
+    });
     let (code, status) = if state.is_shutting_down() {
         (StatusCode::SERVICE_UNAVAILABLE, "shutting_down")
-    } else if !state.batcher().is_healthy() {
+    } else if !state.models().iter().all(|m| m.batcher.is_healthy()) {
         (StatusCode::SERVICE_UNAVAILABLE, "unhealthy")
     } else {
         (StatusCode::OK, "ok")
@@ -116,7 +126,23 @@ impl From<DeviceMemory> for MemoryInfo {
     }
 }
 
-/// What is served and how.
+/// One served model.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ModelSummary {
+    /// The served name (what a request's `model` field picks).
+    pub model: String,
+    pub model_id: String,
+    /// `embedding`, `classifier` or `reranker`.
+    pub kind: String,
+    /// Vector width, or the number of labels of a classifier/reranker.
+    pub dimension: usize,
+    /// Label names of a classifier/reranker, in score order.
+    pub labels: Vec<String>,
+    pub max_input_tokens: usize,
+    pub device_batch_tokens: Option<usize>,
+}
+
+/// What is served and how: the default model at the top level, every model in `models`.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct InfoResponse {
     /// The served model name.
@@ -139,9 +165,14 @@ pub struct InfoResponse {
     /// pooling, ...), with the figures that change read now (memory in MB, ...)
     /// added.
     pub details: BTreeMap<String, String>,
-    /// Device memory now; absent for a model that does not report it.
+    /// MLX's memory now (process-wide, so one figure for all models);
+    /// absent for a model that does not report it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryInfo>,
+    /// Label names of a classifier/reranker, in score order.
+    pub labels: Vec<String>,
+    /// Every served model, the default first (each has its own queue and model thread).
+    pub models: Vec<ModelSummary>,
     pub batching: BatchingInfo,
     pub limits: LimitsInfo,
     pub version: String,
@@ -170,18 +201,30 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
         model: state.model_name().to_owned(),
         model_id: m.name.clone(),
         dimension: m.dim,
-        kind: match &m.kind {
-            ModelKind::Embedding => "embedding",
-            ModelKind::Classifier { .. } => "classifier",
-            ModelKind::Reranker => "reranker",
-        }
-        .into(),
+        kind: m.kind.as_str().into(),
         max_input_tokens: m.max_input_tokens,
         vocab_size: m.vocab_size,
         prompts: m.prompts.clone(),
         default_prompt_name: m.default_prompt_name.clone(),
         details,
         memory: live.memory.map(MemoryInfo::from),
+        labels: m.kind.labels().to_vec(),
+        models: state
+            .models()
+            .iter()
+            .map(|s| {
+                let i = s.info();
+                ModelSummary {
+                    model: s.name.clone(),
+                    model_id: i.name.clone(),
+                    kind: i.kind.as_str().into(),
+                    dimension: i.dim,
+                    labels: i.kind.labels().to_vec(),
+                    max_input_tokens: i.max_input_tokens,
+                    device_batch_tokens: i.device_batch_tokens,
+                }
+            })
+            .collect(),
         batching: BatchingInfo {
             enabled: c.enable_batching,
             max_batch_size: c.max_batch_size,

@@ -2,7 +2,7 @@
 
 use axum::extract::State;
 use axum::Json;
-use mlx_embed_core::{EmbedOptions, Prompt};
+use mlx_embed_core::{EmbedOptions, Priority, Prompt};
 use serde::Deserialize;
 use utoipa::ToSchema;
 
@@ -14,6 +14,8 @@ use crate::state::AppState;
 /// TEI embed request.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct TeiEmbedRequest {
+    /// Which served model answers (not a TEI field: TEI serves one); default: the first embedding model.
+    pub model: Option<String>,
     /// A text or a list of texts.
     pub inputs: TextInputs,
     /// Unit-length vectors (default true).
@@ -27,6 +29,28 @@ pub struct TeiEmbedRequest {
     /// Keep the first N components (1..=dimension), re-normalized when `normalize`.
     #[schema(minimum = 1)]
     pub dimensions: Option<i64>,
+}
+
+impl TeiEmbedRequest {
+    /// The one embed path's request for this TEI request.
+    /// `priority`: the `X-Priority` header's lane, if any.
+    pub(crate) fn into_request(self, priority: Option<Priority>) -> EmbedRequest {
+        EmbedRequest {
+            model: self.model,
+            inputs: self.inputs.into_inputs(),
+            options: EmbedOptions {
+                truncate: self.truncate.unwrap_or(true),
+                truncation_direction: self
+                    .truncation_direction
+                    .map(Into::into)
+                    .unwrap_or_default(),
+                prompt: self.prompt_name.map_or(Prompt::Default, Prompt::Named),
+                priority: priority.unwrap_or_default(),
+            },
+            normalize: self.normalize.unwrap_or(true),
+            dimensions: self.dimensions,
+        }
+    }
 }
 
 /// Embed texts; answers a bare list of vectors.
@@ -47,20 +71,6 @@ pub async fn embed(
     PriorityHeader(priority, _): PriorityHeader<Tei>,
     ApiJson(req, _): ApiJson<TeiEmbedRequest, Tei>,
 ) -> Result<Json<Vec<Vec<f32>>>, Shaped<Tei>> {
-    let out = run_embed(
-        &state,
-        EmbedRequest {
-            inputs: req.inputs.into_inputs(),
-            options: EmbedOptions {
-                truncate: req.truncate.unwrap_or(true),
-                truncation_direction: req.truncation_direction.map(Into::into).unwrap_or_default(),
-                prompt: req.prompt_name.map_or(Prompt::Default, Prompt::Named),
-                priority: priority.unwrap_or_default(),
-            },
-            normalize: req.normalize.unwrap_or(true),
-            dimensions: req.dimensions,
-        },
-    )
-    .await?;
+    let out = run_embed(&state, req.into_request(priority)).await?;
     Ok(Json(out.vectors))
 }

@@ -1,0 +1,523 @@
+//! Linear layers, `out = x @ w^T + bias`, on weights packed once at load.
+//!
+//! MLX hands its matmuls to the BLAS, which re-packs the whole weight matrix
+//! on every call. For the engine's passes (at most a few hundred tokens) that
+//! packing is a large share of the work: one short text through MiniLM ran
+//! 18 M instructions of OpenBLAS weight packing beside 55 M of its GEMM
+//! kernel (callgrind, docs/benchmarks.md), and it streams the weights through
+//! memory twice. Here the weights are packed once ([`pack_weights`]) into
+//! panels of [`PANEL`] output columns, k-major, so the inner loop reads one
+//! contiguous panel row and broadcasts one input value per row of `x`; `x`
+//! is read in place (it is small: a pass's tokens times the input width).
+//!
+//! Every output element is its bias plus the products summed in k order with
+//! one fused multiply-add each, whatever the number of rows or the thread
+//! split, so a text gets bit-identical results alone or in any batch.
+
+use crate::dispatch::{madd, simd_dispatch};
+use crate::gelu::gelu_one;
+use crate::KernelError;
+
+/// Output columns per packed panel: two 8-lane registers.
+pub const PANEL: usize = 16;
+
+/// Rows of `x` per register tile: 6 x 2 accumulators plus the panel row and
+/// the broadcast fill the 16 AVX2 registers.
+const ROWS: usize = 6;
+
+/// Rows per tile where AVX-512 is there: a panel row is one 16-lane
+/// register, so 12 accumulators leave room in its 32 registers, and each
+/// instruction does twice the work (the same multiply-adds in the same
+/// order, so the same bits as the AVX2 build).
+const ROWS_WIDE: usize = 12;
+
+/// Rows of `x` worked through all panels before the next rows: a multiple
+/// of both tile heights, small enough (96 x 1536 floats = 590 KB) to stay
+/// in L2 while the weights stream past it from L3.
+const ROW_BLOCK: usize = 96;
+
+/// Below this many multiply-adds per thread (~20 µs of work), handing a
+/// piece to a helper thread costs more than it saves.
+const MIN_MADDS_PER_THREAD: usize = 1 << 21;
+
+/// Sizes of one [`linear`] call: `x` is `[rows, inputs]`, the weight
+/// `[outputs, inputs]`, `out` `[rows, outputs]`, all row-major.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinearShape {
+    /// Rows of `x` and `out` (tokens).
+    pub rows: usize,
+    /// Width of `x` (the layer's input features).
+    pub inputs: usize,
+    /// Width of `out` (the layer's output features).
+    pub outputs: usize,
+}
+
+/// What [`linear`] applies to each output after the bias.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// Nothing.
+    None,
+    /// Exact (erf) GELU, the same function as [`crate::gelu`].
+    Gelu,
+}
+
+/// Floats that [`pack_weights`] writes for an `[outputs, inputs]` weight.
+pub fn packed_len(outputs: usize, inputs: usize) -> usize {
+    outputs.div_ceil(PANEL) * inputs * PANEL
+}
+
+/// Packs a row-major `[outputs, inputs]` weight (the layout of `nn.Linear`)
+/// for [`linear`]: panel `p`, input `k`, lane `j` holds
+/// `w[p * PANEL + j, k]` at `(p * inputs + k) * PANEL + j`, zero past the
+/// last output.
+pub fn pack_weights(
+    w: &[f32],
+    outputs: usize,
+    inputs: usize,
+    packed: &mut [f32],
+) -> Result<(), KernelError> {
+    if w.len() != outputs * inputs {
+        return Err(KernelError::Shape(format!(
+            "weight has {} floats, expected {outputs} x {inputs}",
+            w.len()
+        )));
+    }
+    if packed.len() != packed_len(outputs, inputs) {
+        return Err(KernelError::Shape(format!(
+            "packed buffer has {} floats, expected {}",
+            packed.len(),
+            packed_len(outputs, inputs)
+        )));
+    }
+    for (p, panel) in packed.chunks_exact_mut(inputs * PANEL).enumerate() {
+        for (k, lanes) in panel.chunks_exact_mut(PANEL).enumerate() {
+            for (j, lane) in lanes.iter_mut().enumerate() {
+                let o = p * PANEL + j;
+                *lane = if o < outputs { w[o * inputs + k] } else { 0.0 };
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `out[r, o] = act(bias[o] + sum_k x[r, k] * w[o, k])` with `w` packed by
+/// [`pack_weights`]; `out` is overwritten. Output panels are split across up
+/// to `threads` threads (the caller's included) when the call is big enough.
+pub fn linear(
+    x: &[f32],
+    packed: &[f32],
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    shape: LinearShape,
+    act: Activation,
+    threads: usize,
+) -> Result<(), KernelError> {
+    let LinearShape {
+        rows,
+        inputs,
+        outputs,
+    } = shape;
+    if inputs == 0 || outputs == 0 {
+        return Err(KernelError::Shape("linear: zero inputs or outputs".into()));
+    }
+    if x.len() != rows * inputs {
+        return Err(KernelError::Shape(format!(
+            "x has {} floats, expected {rows} x {inputs}",
+            x.len()
+        )));
+    }
+    if out.len() != rows * outputs {
+        return Err(KernelError::Shape(format!(
+            "out has {} floats, expected {rows} x {outputs}",
+            out.len()
+        )));
+    }
+    if packed.len() != packed_len(outputs, inputs) {
+        return Err(KernelError::Shape(format!(
+            "packed weight has {} floats, expected {} for {outputs} x {inputs}",
+            packed.len(),
+            packed_len(outputs, inputs)
+        )));
+    }
+    if bias.is_some_and(|b| b.len() != outputs) {
+        return Err(KernelError::Shape(format!(
+            "bias must have {outputs} floats"
+        )));
+    }
+    if rows == 0 {
+        return Ok(());
+    }
+    let panels = outputs.div_ceil(PANEL);
+    let by_size = (rows * inputs * outputs) / MIN_MADDS_PER_THREAD;
+    let pieces = threads.min(by_size).min(panels).max(1);
+    let job = Job {
+        x,
+        packed,
+        bias,
+        shape,
+        act,
+    };
+    let dst = OutPtr(out.as_mut_ptr());
+    if pieces == 1 {
+        // SAFETY: `out` holds rows x outputs floats (checked above) and is
+        // borrowed mutably for this whole call.
+        unsafe { job.run(dst, 0, panels) };
+        return Ok(());
+    }
+    let per_piece = panels.div_ceil(pieces);
+    crate::pool::run(pieces, &|piece| {
+        let (first, end) = (piece * per_piece, ((piece + 1) * per_piece).min(panels));
+        // SAFETY: as above; each piece writes only the columns of its own
+        // panels, so no two threads touch the same float, and `run` returns
+        // only when every piece is done.
+        unsafe { job.run(dst, first, end) };
+    });
+    Ok(())
+}
+
+/// `out`'s base pointer, shared by the threads of one [`linear`] call, each
+/// writing its own columns.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: only used inside `linear`, whose threads write disjoint columns
+// while `linear` holds the unique borrow of the buffer.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+struct Job<'a> {
+    x: &'a [f32],
+    packed: &'a [f32],
+    bias: Option<&'a [f32]>,
+    shape: LinearShape,
+    act: Activation,
+}
+
+impl Job<'_> {
+    /// Computes the output columns of panels `first..end` for every row.
+    ///
+    /// # Safety
+    /// `out` must point to `rows * outputs` writable floats that nobody else
+    /// reads or writes in these columns meanwhile.
+    unsafe fn run(&self, out: OutPtr, first: usize, end: usize) {
+        let LinearShape {
+            rows,
+            inputs,
+            outputs,
+        } = self.shape;
+        let wide = has_avx512();
+        let step = if wide { ROWS_WIDE } else { ROWS };
+        let mut tile = [[0.0f32; PANEL]; ROWS_WIDE];
+        // Rows in blocks, panels inside: a block of x stays in L2 while the
+        // panels stream past it. With the panels outside, all of x is read
+        // again for every panel, and at 256 rows it fell out of L2 beside the
+        // output and the weights on this loaded machine (20 GFLOP/s).
+        for block in (0..rows).step_by(ROW_BLOCK) {
+            let block_end = (block + ROW_BLOCK).min(rows);
+            for p in first..end {
+                let panel = &self.packed[p * inputs * PANEL..(p + 1) * inputs * PANEL];
+                let col = p * PANEL;
+                let width = PANEL.min(outputs - col);
+                let mut init = [0.0f32; PANEL];
+                if let Some(b) = self.bias {
+                    init[..width].copy_from_slice(&b[col..col + width]);
+                }
+                let mut r = block;
+                while r < block_end {
+                    let n = step.min(block_end - r);
+                    let x = &self.x[r * inputs..(r + n) * inputs];
+                    if wide {
+                        panel_tile_wide(x, inputs, panel, &init, &mut tile, self.act);
+                    } else {
+                        panel_tile(x, inputs, panel, &init, &mut tile, self.act);
+                    }
+                    for (i, vals) in tile[..n].iter().enumerate() {
+                        // SAFETY: row r + i < rows and col + width <= outputs,
+                        // so the range lies inside `out`; the caller owns
+                        // these columns.
+                        let dst = unsafe {
+                            std::slice::from_raw_parts_mut(
+                                out.0.add((r + i) * outputs + col),
+                                width,
+                            )
+                        };
+                        dst.copy_from_slice(&vals[..width]);
+                    }
+                    r += n;
+                }
+            }
+        }
+    }
+}
+
+simd_dispatch! {
+    fn panel_tile<FMA>(
+        x: &[f32],
+        inputs: usize,
+        panel: &[f32],
+        init: &[f32; PANEL],
+        tile: &mut [[f32; PANEL]; ROWS_WIDE],
+        act: Activation,
+    ) {
+        match x.len() / inputs {
+            6 => tile_rows::<FMA, 6>(x, inputs, panel, init, tile),
+            5 => tile_rows::<FMA, 5>(x, inputs, panel, init, tile),
+            4 => tile_rows::<FMA, 4>(x, inputs, panel, init, tile),
+            3 => tile_rows::<FMA, 3>(x, inputs, panel, init, tile),
+            2 => tile_rows::<FMA, 2>(x, inputs, panel, init, tile),
+            _ => tile_rows::<FMA, 1>(x, inputs, panel, init, tile),
+        }
+        if act == Activation::Gelu {
+            for row in tile.iter_mut() {
+                for v in row.iter_mut() {
+                    *v = gelu_one::<FMA>(*v);
+                }
+            }
+        }
+    }
+}
+
+/// Whether [`panel_tile_wide`] can run here.
+fn has_avx512() -> bool {
+    #[cfg(test)]
+    if tests::FORCE_NARROW.with(|f| f.get()) {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static WIDE: OnceLock<bool> = OnceLock::new();
+        crate::dispatch::has_avx2_fma()
+            && *WIDE.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// [`panel_tile`] for up to [`ROWS_WIDE`] rows, built for AVX-512; only
+/// called where [`has_avx512`] said yes.
+fn panel_tile_wide(
+    x: &[f32],
+    inputs: usize,
+    panel: &[f32],
+    init: &[f32; PANEL],
+    tile: &mut [[f32; PANEL]; ROWS_WIDE],
+    act: Activation,
+) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx2,fma")]
+        unsafe fn wide(
+            x: &[f32],
+            inputs: usize,
+            panel: &[f32],
+            init: &[f32; PANEL],
+            tile: &mut [[f32; PANEL]; ROWS_WIDE],
+            act: Activation,
+        ) {
+            match x.len() / inputs {
+                12 => tile_rows::<true, 12>(x, inputs, panel, init, tile),
+                11 => tile_rows::<true, 11>(x, inputs, panel, init, tile),
+                10 => tile_rows::<true, 10>(x, inputs, panel, init, tile),
+                9 => tile_rows::<true, 9>(x, inputs, panel, init, tile),
+                8 => tile_rows::<true, 8>(x, inputs, panel, init, tile),
+                7 => tile_rows::<true, 7>(x, inputs, panel, init, tile),
+                6 => tile_rows::<true, 6>(x, inputs, panel, init, tile),
+                5 => tile_rows::<true, 5>(x, inputs, panel, init, tile),
+                4 => tile_rows::<true, 4>(x, inputs, panel, init, tile),
+                3 => tile_rows::<true, 3>(x, inputs, panel, init, tile),
+                2 => tile_rows::<true, 2>(x, inputs, panel, init, tile),
+                _ => tile_rows::<true, 1>(x, inputs, panel, init, tile),
+            }
+            if act == Activation::Gelu {
+                for row in tile.iter_mut() {
+                    for v in row.iter_mut() {
+                        *v = gelu_one::<true>(*v);
+                    }
+                }
+            }
+        }
+        // SAFETY: callers check has_avx512() (AVX-512F, AVX2 and FMA) first.
+        unsafe { wide(x, inputs, panel, init, tile, act) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    panel_tile(x, inputs, panel, init, tile, act)
+}
+
+/// The register tile: `R` rows of `x` against one panel, k in order.
+#[inline(always)]
+fn tile_rows<const FMA: bool, const R: usize>(
+    x: &[f32],
+    inputs: usize,
+    panel: &[f32],
+    init: &[f32; PANEL],
+    tile: &mut [[f32; PANEL]; ROWS_WIDE],
+) {
+    let rows: [&[f32]; R] = std::array::from_fn(|r| &x[r * inputs..(r + 1) * inputs]);
+    let mut acc = [*init; R];
+    for (k, lanes) in panel.chunks_exact(PANEL).enumerate() {
+        let lanes: &[f32; PANEL] = lanes.try_into().expect("chunks_exact yields PANEL floats");
+        for r in 0..R {
+            let a = rows[r][k];
+            for j in 0..PANEL {
+                acc[r][j] = madd::<FMA>(a, lanes[j], acc[r][j]);
+            }
+        }
+    }
+    tile[..R].copy_from_slice(&acc);
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::cell::Cell;
+
+    thread_local! {
+        pub(super) static FORCE_NARROW: Cell<bool> = const { Cell::new(false) };
+    }
+
+    #[test]
+    fn the_avx512_and_avx2_builds_give_the_same_bits() {
+        let s = LinearShape {
+            rows: 29,
+            inputs: 70,
+            outputs: 45,
+        };
+        let x = values(29 * 70, 9);
+        let w = values(45 * 70, 10);
+        let b = values(45, 11);
+        let pw = packed(&w, 45, 70);
+        let mut wide = vec![0.0; 29 * 45];
+        let mut narrow = vec![0.0; 29 * 45];
+        linear(&x, &pw, Some(&b), &mut wide, s, Activation::Gelu, 1).unwrap();
+        FORCE_NARROW.with(|f| f.set(true));
+        linear(&x, &pw, Some(&b), &mut narrow, s, Activation::Gelu, 1).unwrap();
+        FORCE_NARROW.with(|f| f.set(false));
+        assert_eq!(wide, narrow);
+    }
+
+    fn reference(x: &[f32], w: &[f32], bias: Option<&[f32]>, s: LinearShape) -> Vec<f64> {
+        let mut out = vec![0.0f64; s.rows * s.outputs];
+        for r in 0..s.rows {
+            for o in 0..s.outputs {
+                let mut acc = bias.map_or(0.0, |b| b[o] as f64);
+                for k in 0..s.inputs {
+                    acc += x[r * s.inputs + k] as f64 * w[o * s.inputs + k] as f64;
+                }
+                out[r * s.outputs + o] = acc;
+            }
+        }
+        out
+    }
+
+    fn values(n: usize, seed: usize) -> Vec<f32> {
+        (0..n)
+            .map(|i| (((i * 7919 + seed * 104_729) % 2001) as f32 / 1000.0 - 1.0) * 0.5)
+            .collect()
+    }
+
+    fn packed(w: &[f32], outputs: usize, inputs: usize) -> Vec<f32> {
+        let mut p = vec![f32::NAN; packed_len(outputs, inputs)];
+        pack_weights(w, outputs, inputs, &mut p).unwrap();
+        p
+    }
+
+    #[test]
+    fn matches_a_float64_matmul_on_ragged_shapes() {
+        // Rows not a multiple of the tile, outputs not a multiple of a panel,
+        // and one shape big enough to be split across threads.
+        for (rows, inputs, outputs) in [(1, 3, 1), (7, 33, 17), (13, 64, 40), (70, 384, 200)] {
+            let s = LinearShape {
+                rows,
+                inputs,
+                outputs,
+            };
+            let x = values(rows * inputs, 1);
+            let w = values(outputs * inputs, 2);
+            let b = values(outputs, 3);
+            let pw = packed(&w, outputs, inputs);
+            for bias in [None, Some(&b[..])] {
+                let want = reference(&x, &w, bias, s);
+                crate::dispatch::tests::each_build(|build, threads| {
+                    let mut out = vec![f32::NAN; rows * outputs];
+                    linear(&x, &pw, bias, &mut out, s, Activation::None, threads).unwrap();
+                    for (i, (&g, &e)) in out.iter().zip(&want).enumerate() {
+                        assert!(
+                            (g as f64 - e).abs() <= 1e-5 * (1.0 + e.abs()),
+                            "{build} x{threads} {s:?} at {i}: {g} vs {e}"
+                        );
+                    }
+                });
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_gets_the_same_bits_alone_and_in_any_batch() {
+        let (inputs, outputs) = (96, 50);
+        let x = values(23 * inputs, 4);
+        let w = values(outputs * inputs, 5);
+        let b = values(outputs, 6);
+        let pw = packed(&w, outputs, inputs);
+        let all = LinearShape {
+            rows: 23,
+            inputs,
+            outputs,
+        };
+        let mut batch = vec![0.0; 23 * outputs];
+        linear(&x, &pw, Some(&b), &mut batch, all, Activation::Gelu, 2).unwrap();
+        for r in 0..23 {
+            let one = LinearShape {
+                rows: 1,
+                inputs,
+                outputs,
+            };
+            let mut alone = vec![0.0; outputs];
+            linear(
+                &x[r * inputs..(r + 1) * inputs],
+                &pw,
+                Some(&b),
+                &mut alone,
+                one,
+                Activation::Gelu,
+                1,
+            )
+            .unwrap();
+            assert_eq!(alone[..], batch[r * outputs..(r + 1) * outputs], "row {r}");
+        }
+    }
+
+    #[test]
+    fn gelu_epilogue_equals_the_gelu_kernel() {
+        let s = LinearShape {
+            rows: 9,
+            inputs: 40,
+            outputs: 33,
+        };
+        let x = values(9 * 40, 7);
+        let w = values(33 * 40, 8);
+        let pw = packed(&w, 33, 40);
+        let mut plain = vec![0.0; 9 * 33];
+        let mut fused = vec![0.0; 9 * 33];
+        linear(&x, &pw, None, &mut plain, s, Activation::None, 1).unwrap();
+        linear(&x, &pw, None, &mut fused, s, Activation::Gelu, 1).unwrap();
+        crate::gelu(&mut plain, 1);
+        assert_eq!(plain, fused);
+    }
+
+    #[test]
+    fn refuses_mismatched_buffers() {
+        let s = LinearShape {
+            rows: 2,
+            inputs: 4,
+            outputs: 3,
+        };
+        let pw = packed(&values(12, 1), 3, 4);
+        let mut out = vec![0.0; 6];
+        let x = values(8, 2);
+        assert!(linear(&x[..7], &pw, None, &mut out, s, Activation::None, 1).is_err());
+        assert!(linear(&x, &pw[..10], None, &mut out, s, Activation::None, 1).is_err());
+        assert!(linear(&x, &pw, Some(&[0.0; 2]), &mut out, s, Activation::None, 1).is_err());
+        assert!(linear(&x, &pw, None, &mut out[..5], s, Activation::None, 1).is_err());
+        assert!(pack_weights(&values(11, 1), 3, 4, &mut vec![0.0; 64]).is_err());
+    }
+}

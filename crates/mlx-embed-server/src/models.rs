@@ -1,0 +1,247 @@
+//! The models one server serves, each behind its own [`Batcher`] (its own
+//! queue and model thread), and which one a request gets.
+//!
+//! A request's `model` field picks a model by its served name; without one,
+//! the first served model that can do the task answers. With two or more
+//! models, a name nobody serves is a 404 (OpenAI's `model_not_found`). A
+//! server of one model answers whatever name a client sends (logged once per
+//! name): OpenAI-style clients default to names like `text-embedding-ada-002`
+//! (LangChain, LlamaIndex) or `text-embedding-3-small` (graphiti), and TEI
+//! ignores the field, so they keep working unchanged. A model that cannot do
+//! the task (reranking with an embedding model) is a 400.
+
+use mlx_embed_core::{Batcher, ModelInfo, ModelKind};
+
+use crate::errors::{ApiError, ErrorKind};
+
+/// One served model.
+pub struct ServedModel {
+    /// The name the APIs report and requests pick it by.
+    pub name: String,
+    pub batcher: Batcher,
+}
+
+impl std::fmt::Debug for ServedModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServedModel")
+            .field("name", &self.name)
+            .field("kind", &self.info().kind)
+            .finish()
+    }
+}
+
+impl ServedModel {
+    /// The model's facts (kind, labels, limits).
+    pub fn info(&self) -> &ModelInfo {
+        self.batcher.model_info()
+    }
+}
+
+/// What a request wants done, which decides which models qualify.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Task {
+    /// Vectors (every embed route, `/similarity`).
+    Embed,
+    /// Query/document relevance (`/rerank`, `/v1/rerank`, `/v2/rerank`).
+    Rerank,
+    /// Label scores (`/predict`): classifiers and rerankers.
+    Predict,
+    /// Tokenization only (`/tokenize`, `/decode`): any model.
+    Tokenize,
+}
+
+impl Task {
+    fn accepts(self, kind: &ModelKind) -> bool {
+        match self {
+            Task::Embed => matches!(kind, ModelKind::Embedding),
+            Task::Rerank => matches!(kind, ModelKind::Reranker { .. }),
+            Task::Predict => !matches!(kind, ModelKind::Embedding),
+            Task::Tokenize => true,
+        }
+    }
+
+    fn wants(self) -> &'static str {
+        match self {
+            Task::Embed => "an embedding model",
+            Task::Rerank => "a reranker (a cross-encoder: serve one with --rerank-model)",
+            Task::Predict => "a classifier or reranker (a sequence-classification model)",
+            Task::Tokenize => "a model",
+        }
+    }
+}
+
+/// Picks the model for a request. `requested` is the request's `model`
+/// field (empty means none).
+pub fn resolve<'a>(
+    models: &'a [ServedModel],
+    requested: Option<&str>,
+    task: Task,
+) -> Result<&'a ServedModel, ApiError> {
+    let requested = requested.filter(|r| !r.is_empty());
+    if let [only] = models {
+        if let Some(name) = requested.filter(|name| *name != only.name) {
+            note_other_name(name, &only.name);
+        }
+        return if task.accepts(&only.info().kind) {
+            Ok(only)
+        } else {
+            Err(ApiError::invalid(format!(
+                "this route needs {}; this server serves {} ({})",
+                task.wants(),
+                only.name,
+                only.info().kind.as_str()
+            ))
+            .param("model"))
+        };
+    }
+    match requested {
+        Some(name) => {
+            let model = models.iter().find(|m| m.name == name).ok_or_else(|| {
+                let served: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
+                ApiError::new(
+                    ErrorKind::NotFound,
+                    format!(
+                        "The model `{name}` does not exist; this server serves: {}",
+                        served.join(", ")
+                    ),
+                )
+                .param("model")
+                .code("model_not_found")
+            })?;
+            if !task.accepts(&model.info().kind) {
+                return Err(ApiError::invalid(format!(
+                    "model `{name}` is {} model; this route needs {}",
+                    article(model.info().kind.as_str()),
+                    task.wants()
+                ))
+                .param("model"));
+            }
+            Ok(model)
+        }
+        None => models
+            .iter()
+            .find(|m| task.accepts(&m.info().kind))
+            .ok_or_else(|| {
+                let kinds: Vec<String> = models
+                    .iter()
+                    .map(|m| format!("{} ({})", m.name, m.info().kind.as_str()))
+                    .collect();
+                ApiError::invalid(format!(
+                    "this route needs {}; this server serves {}",
+                    task.wants(),
+                    kinds.join(", ")
+                ))
+                .param("model")
+            }),
+    }
+}
+
+/// A warning the first time each other name is seen (up to 64 names), debug after.
+fn note_other_name(requested: &str, served: &str) {
+    static SEEN: std::sync::Mutex<std::collections::BTreeSet<String>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    let first = {
+        let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+        seen.len() < 64 && seen.insert(requested.to_owned())
+    };
+    if first {
+        tracing::warn!(
+            requested,
+            served,
+            "request names another model; serving ours"
+        );
+    } else {
+        tracing::debug!(
+            requested,
+            served,
+            "request names another model; serving ours"
+        );
+    }
+}
+
+fn article(kind: &str) -> String {
+    if kind.starts_with(['a', 'e', 'i', 'o', 'u']) {
+        format!("an {kind}")
+    } else {
+        format!("a {kind}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_embed_core::{BatchOutput, BatcherConfig, Embedder, EmbedderError, Encoded, Tokenize};
+    use std::sync::Arc;
+
+    struct Fake(ModelKind);
+    impl Embedder for Fake {
+        fn info(&self) -> ModelInfo {
+            ModelInfo {
+                name: "fake".into(),
+                kind: self.0.clone(),
+                dim: 1,
+                max_input_tokens: 8,
+                vocab_size: 10,
+                ..ModelInfo::default()
+            }
+        }
+        fn tokenizer(&self) -> Option<Arc<dyn Tokenize>> {
+            None
+        }
+        fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError> {
+            Ok(BatchOutput {
+                vectors: vec![0.0; inputs.len()],
+                ..BatchOutput::default()
+            })
+        }
+    }
+
+    fn served(name: &str, kind: ModelKind) -> ServedModel {
+        ServedModel {
+            name: name.into(),
+            batcher: Batcher::start(BatcherConfig::default(), move || Ok(Fake(kind))).unwrap(),
+        }
+    }
+
+    #[test]
+    fn picks_by_name_and_task() {
+        let models = vec![
+            served("emb", ModelKind::Embedding),
+            served(
+                "rr",
+                ModelKind::Reranker {
+                    labels: vec!["LABEL_0".into()],
+                },
+            ),
+        ];
+        assert_eq!(resolve(&models, None, Task::Embed).unwrap().name, "emb");
+        assert_eq!(resolve(&models, Some(""), Task::Rerank).unwrap().name, "rr");
+        assert_eq!(resolve(&models, None, Task::Predict).unwrap().name, "rr");
+        assert_eq!(
+            resolve(&models, Some("rr"), Task::Tokenize).unwrap().name,
+            "rr"
+        );
+        let e = resolve(&models, Some("nope"), Task::Embed).unwrap_err();
+        assert_eq!(
+            (e.kind, e.code),
+            (ErrorKind::NotFound, Some("model_not_found"))
+        );
+        assert!(e.message.contains("emb, rr"), "{}", e.message);
+        let e = resolve(&models, Some("emb"), Task::Rerank).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidRequest);
+        assert!(e.message.contains("an embedding model"), "{}", e.message);
+        let only = vec![served("emb", ModelKind::Embedding)];
+        let e = resolve(&only, None, Task::Rerank).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidRequest);
+        assert!(e.message.contains("--rerank-model"), "{}", e.message);
+        // One model: any name reaches it (OpenAI-style clients send their own defaults).
+        assert_eq!(
+            resolve(&only, Some("text-embedding-ada-002"), Task::Embed)
+                .unwrap()
+                .name,
+            "emb"
+        );
+        let e = resolve(&only, Some("other"), Task::Rerank).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidRequest);
+    }
+}

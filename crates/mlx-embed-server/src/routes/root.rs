@@ -1,0 +1,143 @@
+//! `POST /`: the Hugging Face Inference API's one URL, as
+//! `huggingface_hub.InferenceClient(model="http://host:port")` calls it.
+//! The body says what is wanted:
+//!
+//! * `{"inputs": {"source_sentence", "sentences"}}`: sentence similarity;
+//! * `{"inputs": ..., "parameters": {"function_to_apply", "top_k"}}`: text
+//!   classification (the client always sends `parameters` for it);
+//! * otherwise (`feature_extraction`'s root-level `normalize`, `truncate`,
+//!   ...): the default model's job: embeddings for an embedding model,
+//!   predictions for a classifier.
+//!
+//! Each case goes through the same path as its own route.
+
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use mlx_embed_core::{EmbedOptions, ModelKind};
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::predict::{parse_inputs, predictions, Prediction};
+use super::similarity::{similarities, SimilarityRequest};
+use super::tei::TeiEmbedRequest;
+use crate::embed::embed as run_embed;
+use crate::errors::{ApiError, ErrorKind, Shaped, Tei, TeiErrorBody};
+use crate::extract::ApiJson;
+use crate::models::Task;
+use crate::score::{activate, score, ScoreRequest};
+use crate::state::AppState;
+
+/// Text-classification parameters of the Inference API.
+#[derive(Debug, Default, Deserialize)]
+struct ClassifyParameters {
+    /// `sigmoid`, `softmax` or `none`; default: sigmoid for one label, softmax for several.
+    function_to_apply: Option<String>,
+    /// Keep the best k labels per input.
+    top_k: Option<i64>,
+}
+
+/// Embed, classify or compare, depending on the body and the model.
+///
+/// Errors use `{"error": str, "error_type": str}`.
+#[utoipa::path(
+    post, path = "/", tag = "tei", operation_id = "inference_api",
+    request_body(content = Object, description = "A feature-extraction, text-classification or sentence-similarity payload of the Hugging Face Inference API"),
+    responses(
+        (status = 200, description = "Vectors, [[{label, score}]] per input, or similarities"),
+        (status = "4XX", description = "Invalid request", body = TeiErrorBody),
+        (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiErrorBody),
+    )
+)]
+pub async fn inference(
+    State(state): State<AppState>,
+    ApiJson(body, _): ApiJson<Value, Tei>,
+) -> Result<Response, Shaped<Tei>> {
+    let unprocessable = |e: serde_json::Error| {
+        ApiError::new(
+            ErrorKind::Unprocessable,
+            format!("invalid request body: {e}"),
+        )
+    };
+    let is_similarity = body
+        .get("inputs")
+        .and_then(Value::as_object)
+        .is_some_and(|o| o.contains_key("source_sentence"));
+    if is_similarity {
+        let req: SimilarityRequest = serde_json::from_value(body).map_err(unprocessable)?;
+        return Ok(Json(similarities(&state, req).await?).into_response());
+    }
+    let model = body.get("model").and_then(Value::as_str).map(str::to_owned);
+    let default_kind = state
+        .model_for(model.as_deref(), Task::Tokenize)?
+        .info()
+        .kind
+        .clone();
+    if body.get("parameters").is_some() || !matches!(default_kind, ModelKind::Embedding) {
+        return Ok(Json(classify(&state, model, body).await?).into_response());
+    }
+    let req: TeiEmbedRequest = serde_json::from_value(body).map_err(unprocessable)?;
+    Ok(Json(run_embed(&state, req.into_request(None)).await?.vectors).into_response())
+}
+
+/// Predictions per input, best first, as the Inference API nests them.
+async fn classify(
+    state: &AppState,
+    model: Option<String>,
+    mut body: Value,
+) -> Result<Vec<Vec<Prediction>>, ApiError> {
+    let inputs = body
+        .get_mut("inputs")
+        .map(Value::take)
+        .ok_or_else(|| ApiError::new(ErrorKind::Unprocessable, "missing field `inputs`"))?;
+    let params: ClassifyParameters = match body.get_mut("parameters").map(Value::take) {
+        None | Some(Value::Null) => ClassifyParameters::default(),
+        Some(p) => serde_json::from_value(p).map_err(|e| {
+            ApiError::new(ErrorKind::Unprocessable, format!("invalid parameters: {e}"))
+        })?,
+    };
+    let function = params.function_to_apply.as_deref();
+    if !matches!(function, None | Some("sigmoid" | "softmax" | "none")) {
+        return Err(ApiError::invalid(format!(
+            "function_to_apply must be sigmoid, softmax or none, got {:?}",
+            function.unwrap_or_default()
+        ))
+        .param("parameters"));
+    }
+    let top_k = match params.top_k {
+        None => None,
+        Some(k) if k >= 1 => Some(usize::try_from(k).unwrap_or(usize::MAX)),
+        Some(k) => {
+            return Err(
+                ApiError::invalid(format!("top_k must be at least 1, got {k}")).param("parameters"),
+            )
+        }
+    };
+    let (_, inputs) = parse_inputs(inputs)?;
+    let mut out = score(
+        state,
+        ScoreRequest {
+            model,
+            task: Task::Predict,
+            inputs,
+            options: EmbedOptions::default(),
+            raw_scores: function.is_some(),
+        },
+    )
+    .await?;
+    for row in &mut out.scores {
+        match function {
+            Some("sigmoid") => row
+                .iter_mut()
+                .for_each(|x| activate(std::slice::from_mut(x))),
+            Some("softmax") if row.len() == 1 => row[0] = 1.0,
+            Some("softmax") => activate(row),
+            _ => {}
+        }
+    }
+    let mut all = predictions(&out);
+    if let Some(k) = top_k {
+        all.iter_mut().for_each(|p| p.truncate(k));
+    }
+    Ok(all)
+}

@@ -1,0 +1,93 @@
+//! `POST /similarity` (Hugging Face TEI, `InferenceClient.sentence_similarity`):
+//! cosine similarity of a source sentence to others, from the one embed path.
+
+use axum::extract::State;
+use axum::Json;
+use mlx_embed_core::{EmbedInput, EmbedOptions, Prompt};
+use serde::Deserialize;
+use utoipa::ToSchema;
+
+use crate::embed::{embed as run_embed, EmbedRequest};
+use crate::errors::{ApiError, Shaped, Tei, TeiErrorBody};
+use crate::extract::{ApiJson, TruncationSide};
+use crate::state::AppState;
+
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct SimilarityInputs {
+    pub source_sentence: String,
+    /// Sentences to compare with the source (at least one).
+    pub sentences: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize, ToSchema)]
+pub struct SimilarityParameters {
+    pub truncate: Option<bool>,
+    pub truncation_direction: Option<TruncationSide>,
+    pub prompt_name: Option<String>,
+}
+
+/// TEI similarity request.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct SimilarityRequest {
+    /// Which served embedding model answers (not a TEI field); default: the first one.
+    pub model: Option<String>,
+    pub inputs: SimilarityInputs,
+    pub parameters: Option<SimilarityParameters>,
+}
+
+/// Cosine similarity of each sentence to the source, in order.
+pub(crate) async fn similarities(
+    state: &AppState,
+    req: SimilarityRequest,
+) -> Result<Vec<f32>, ApiError> {
+    if req.inputs.sentences.is_empty() {
+        return Err(
+            ApiError::invalid("inputs.sentences is empty: send at least one").param("inputs"),
+        );
+    }
+    let p = req.parameters.unwrap_or_default();
+    let mut inputs = Vec::with_capacity(req.inputs.sentences.len() + 1);
+    inputs.push(EmbedInput::Text(req.inputs.source_sentence));
+    inputs.extend(req.inputs.sentences.into_iter().map(EmbedInput::Text));
+    let out = run_embed(
+        state,
+        EmbedRequest {
+            model: req.model,
+            inputs,
+            options: EmbedOptions {
+                truncate: p.truncate.unwrap_or(true),
+                truncation_direction: p.truncation_direction.map(Into::into).unwrap_or_default(),
+                prompt: p.prompt_name.map_or(Prompt::Default, Prompt::Named),
+                ..EmbedOptions::default()
+            },
+            // Unit vectors: the dot product is the cosine.
+            normalize: true,
+            dimensions: None,
+        },
+    )
+    .await?;
+    let (source, others) = out.vectors.split_first().expect("one vector per input");
+    Ok(others
+        .iter()
+        .map(|v| v.iter().zip(source).map(|(a, b)| a * b).sum())
+        .collect())
+}
+
+/// Cosine similarity of sentences to a source sentence.
+///
+/// Errors use `{"error": str, "error_type": str}`.
+#[utoipa::path(
+    post, path = "/similarity", tag = "tei", operation_id = "tei_similarity",
+    request_body = SimilarityRequest,
+    responses(
+        (status = 200, description = "One similarity per sentence, in order", body = Vec<f32>),
+        (status = "4XX", description = "Invalid request (400, 401, 404 unknown model, 413, 415, 422, 429)", body = TeiErrorBody),
+        (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiErrorBody),
+    )
+)]
+pub async fn similarity(
+    State(state): State<AppState>,
+    ApiJson(req, _): ApiJson<SimilarityRequest, Tei>,
+) -> Result<Json<Vec<f32>>, Shaped<Tei>> {
+    Ok(Json(similarities(&state, req).await?))
+}

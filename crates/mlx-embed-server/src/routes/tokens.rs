@@ -1,0 +1,164 @@
+//! `POST /tokenize` and `POST /decode` (Hugging Face TEI): the served model's
+//! own tokenizer, as the embed and score paths use it.
+
+use axum::extract::State;
+use axum::Json;
+use mlx_embed_core::{EmbedOptions, Prompt, Tokenize};
+use serde::{Deserialize, Serialize};
+use std::sync::Arc;
+use utoipa::ToSchema;
+
+use crate::errors::{ApiError, ErrorKind, Shaped, Tei, TeiErrorBody};
+use crate::extract::{ApiJson, TextInputs};
+use crate::models::Task;
+use crate::state::AppState;
+
+/// TEI tokenize request.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct TokenizeRequest {
+    /// Whose tokenizer (not a TEI field); default: the first served model.
+    pub model: Option<String>,
+    /// A text or a list of texts.
+    pub inputs: TextInputs,
+    /// Include the model's special tokens (default true).
+    pub add_special_tokens: Option<bool>,
+    /// One of the model's named prompts, tokenized with the text.
+    pub prompt_name: Option<String>,
+}
+
+/// One token.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SimpleToken {
+    pub id: u32,
+    pub text: String,
+    /// Added by the model, not from the input.
+    pub special: bool,
+    /// Byte offsets into the text (with its prompt); none for special tokens.
+    pub start: Option<usize>,
+    pub stop: Option<usize>,
+}
+
+fn tokenizer(state: &AppState, model: Option<&str>) -> Result<Arc<dyn Tokenize>, ApiError> {
+    state
+        .model_for(model, Task::Tokenize)?
+        .batcher
+        .tokenizer()
+        .cloned()
+        .ok_or_else(|| ApiError::invalid("this model takes token ids only: it has no tokenizer"))
+}
+
+/// Split texts into the model's tokens; one list per text.
+///
+/// Errors use `{"error": str, "error_type": str}`.
+#[utoipa::path(
+    post, path = "/tokenize", tag = "tei", operation_id = "tei_tokenize",
+    request_body = TokenizeRequest,
+    responses(
+        (status = 200, description = "Tokens per text", body = Vec<Vec<SimpleToken>>),
+        (status = "4XX", description = "Invalid request (400, 401, 404 unknown model, 413, 415, 422)", body = TeiErrorBody),
+    )
+)]
+pub async fn tokenize(
+    State(state): State<AppState>,
+    ApiJson(req, _): ApiJson<TokenizeRequest, Tei>,
+) -> Result<Json<Vec<Vec<SimpleToken>>>, Shaped<Tei>> {
+    let tok = tokenizer(&state, req.model.as_deref())?;
+    let texts = match req.inputs {
+        TextInputs::One(t) => vec![t],
+        TextInputs::Many(v) => v,
+    };
+    check_count(&state, texts.len())?;
+    let specials = req.add_special_tokens.unwrap_or(true);
+    let options = EmbedOptions {
+        prompt: req.prompt_name.map_or(Prompt::Default, Prompt::Named),
+        ..EmbedOptions::default()
+    };
+    // Tokenizing is CPU work: off the async threads, as the core does.
+    let out = tokio::task::spawn_blocking(move || {
+        texts
+            .iter()
+            .map(|t| tok.tokens(t, specials, &options))
+            .collect::<Result<Vec<_>, _>>()
+    })
+    .await
+    .map_err(|e| ApiError::new(ErrorKind::Model, format!("tokenizer task failed: {e}")))?
+    .map_err(|e| ApiError::invalid(e.message).param("inputs"))?;
+    Ok(Json(
+        out.into_iter()
+            .map(|spans| {
+                spans
+                    .into_iter()
+                    .map(|s| SimpleToken {
+                        id: s.id,
+                        text: s.text,
+                        special: s.special,
+                        start: (!s.special).then_some(s.start),
+                        stop: (!s.special).then_some(s.stop),
+                    })
+                    .collect()
+            })
+            .collect(),
+    ))
+}
+
+/// Token ids: one list, or a list of lists.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(untagged)]
+pub enum DecodeIds {
+    One(Vec<u32>),
+    Many(Vec<Vec<u32>>),
+}
+
+/// TEI decode request.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct DecodeRequest {
+    /// Whose tokenizer (not a TEI field); default: the first served model.
+    pub model: Option<String>,
+    pub ids: DecodeIds,
+    /// Leave special tokens out of the text (default true).
+    pub skip_special_tokens: Option<bool>,
+}
+
+/// Token ids back to text; one string per id list.
+///
+/// Errors use `{"error": str, "error_type": str}`.
+#[utoipa::path(
+    post, path = "/decode", tag = "tei", operation_id = "tei_decode",
+    request_body = DecodeRequest,
+    responses(
+        (status = 200, description = "One text per id list", body = Vec<String>),
+        (status = "4XX", description = "Invalid request (400 id outside the vocabulary, 401, 404 unknown model, 413, 415, 422)", body = TeiErrorBody),
+    )
+)]
+pub async fn decode(
+    State(state): State<AppState>,
+    ApiJson(req, _): ApiJson<DecodeRequest, Tei>,
+) -> Result<Json<Vec<String>>, Shaped<Tei>> {
+    let tok = tokenizer(&state, req.model.as_deref())?;
+    let lists = match req.ids {
+        DecodeIds::One(ids) => vec![ids],
+        DecodeIds::Many(lists) => lists,
+    };
+    check_count(&state, lists.len())?;
+    let skip = req.skip_special_tokens.unwrap_or(true);
+    let out = lists
+        .iter()
+        .map(|ids| tok.decode(ids, skip))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ApiError::invalid(e.message).param("ids"))?;
+    Ok(Json(out))
+}
+
+fn check_count(state: &AppState, n: usize) -> Result<(), ApiError> {
+    let max = state.args().max_inputs_per_request;
+    if n == 0 {
+        return Err(ApiError::invalid("nothing to do: send at least one input"));
+    }
+    if n > max {
+        return Err(ApiError::new(
+            ErrorKind::TooLarge,
+            format!("{n} inputs is more than the limit of {max} per request"),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,138 @@
+//! The one scoring path the cross-encoder routes call (`/rerank`,
+//! `/v1/rerank`, `/v2/rerank`, `/predict`, `POST /`): validate -> pick the
+//! model -> `batcher.embed` (each pair or text one input: the same admission,
+//! batching and model thread as embeddings) -> activation.
+//!
+//! The model returns raw logits, one per label; the activation is TEI's:
+//! sigmoid for one label, softmax over several, none with `raw_scores`.
+
+use mlx_embed_core::{EmbedInput, EmbedOptions};
+
+use crate::embed::check_inputs;
+use crate::errors::{ApiError, ErrorKind};
+use crate::models::Task;
+use crate::state::AppState;
+
+/// What every scoring route's request boils down to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScoreRequest {
+    /// The request's `model` field (none: the first model that can do `task`).
+    pub model: Option<String>,
+    /// [`Task::Rerank`] or [`Task::Predict`].
+    pub task: Task,
+    /// Query/document pairs, or single texts for a classifier.
+    pub inputs: Vec<EmbedInput>,
+    pub options: EmbedOptions,
+    /// Raw logits instead of sigmoid/softmax scores.
+    pub raw_scores: bool,
+}
+
+/// Scores per input, in input order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScoreOutput {
+    /// The served name of the model that answered.
+    pub model: String,
+    /// One row per input, one score per label.
+    pub scores: Vec<Vec<f32>>,
+    /// The model's label names, in score order.
+    pub labels: Vec<String>,
+    /// Exact tokens the model ran over all inputs.
+    pub prompt_tokens: u64,
+    /// Inputs answered from the cache.
+    pub cache_hits: u32,
+}
+
+/// Scores `req`; errors carry their status (see [`crate::errors`]).
+pub async fn score(state: &AppState, req: ScoreRequest) -> Result<ScoreOutput, ApiError> {
+    check_inputs(state, &req.inputs)?;
+    let model = state.model_for(req.model.as_deref(), req.task)?;
+    let labels = model.info().kind.labels().to_vec();
+    let width = model.info().dim;
+    if labels.len() != width {
+        return Err(ApiError::new(
+            ErrorKind::Model,
+            format!("model has {} labels but {width} outputs", labels.len()),
+        ));
+    }
+    let n_inputs = req.inputs.len();
+    let out = model.batcher.embed(req.inputs, req.options).await?;
+    if out.vectors.len() != n_inputs || out.vectors.iter().any(|v| v.len() != width) {
+        // Never answer with misaligned data.
+        return Err(ApiError::new(
+            ErrorKind::Model,
+            format!(
+                "model returned {} score rows for {n_inputs} inputs",
+                out.vectors.len()
+            ),
+        ));
+    }
+    let mut scores = out.vectors;
+    if scores.iter().flatten().any(|s| s.is_nan()) {
+        return Err(ApiError::new(
+            ErrorKind::Model,
+            "model returned a NaN score",
+        ));
+    }
+    if !req.raw_scores {
+        scores.iter_mut().for_each(|row| activate(row));
+    }
+    Ok(ScoreOutput {
+        model: model.name.clone(),
+        scores,
+        labels,
+        prompt_tokens: out.token_counts.iter().map(|&n| u64::from(n)).sum(),
+        cache_hits: out.cache_hits,
+    })
+}
+
+/// Sigmoid of one logit, or softmax over several, in place.
+pub fn activate(row: &mut [f32]) {
+    if let [x] = row {
+        *x = 1.0 / (1.0 + (-f64::from(*x)).exp()) as f32;
+        return;
+    }
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let exps: Vec<f64> = row.iter().map(|&x| f64::from(x - max).exp()).collect();
+    let sum: f64 = exps.iter().sum();
+    for (x, e) in row.iter_mut().zip(exps) {
+        *x = (e / sum) as f32;
+    }
+}
+
+/// Indices of `scores` best first; equal scores keep input order.
+pub fn ranking(scores: &[f32]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..scores.len()).collect();
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+    order
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sigmoid_and_softmax() {
+        let mut one = [0.0f32];
+        activate(&mut one);
+        assert_eq!(one, [0.5]);
+        let mut one = [2.0f32];
+        activate(&mut one);
+        assert!((one[0] - 0.880_797_1).abs() < 1e-6);
+        let mut three = [1.0f32, 2.0, 3.0];
+        activate(&mut three);
+        let want = [0.090_030_57, 0.244_728_48, 0.665_240_94];
+        for (a, b) in three.iter().zip(want) {
+            assert!((a - b).abs() < 1e-6, "{three:?}");
+        }
+        // Large logits do not overflow.
+        let mut big = [1000.0f32, 0.0];
+        activate(&mut big);
+        assert_eq!(big, [1.0, 0.0]);
+    }
+
+    #[test]
+    fn ranking_is_stable_and_descending() {
+        assert_eq!(ranking(&[0.1, 0.9, 0.5, 0.9]), vec![1, 3, 2, 0]);
+        assert_eq!(ranking(&[]), Vec::<usize>::new());
+    }
+}

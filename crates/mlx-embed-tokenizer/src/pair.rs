@@ -1,0 +1,159 @@
+//! Query/document pairs for cross-encoders (the Python `spec.PairSpec` and
+//! `mlx_embed.pairs`; a test holds both to identical ids).
+//!
+//! Two styles:
+//!
+//! * **segments** (BERT, XLM-RoBERTa cross-encoders): both texts encoded
+//!   without specials, cut by Hugging Face's `longest_first` rule
+//!   ([`truncate_pair_lengths`]), then `prefix + query + middle + document +
+//!   suffix` (`[CLS] q [SEP] d [SEP]`, `<s> q </s></s> d </s>`), with token
+//!   types when the model has them;
+//! * **template** (decoder rerankers such as Qwen3-Reranker): the pair is
+//!   written into one text ([`PairSpec::template`]), encoded without specials,
+//!   cut like a single text and wrapped in the prompt's own ids.
+
+use mlx_embed_core::TruncationDirection;
+
+/// How a pair becomes one input; filled by the bridge from the model's
+/// `spec().tokenizer.pair`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PairSpec {
+    /// Ids before the query (segments) or the prompt before the pair text (template).
+    pub prefix_ids: Vec<u32>,
+    /// Ids between query and document (segments only).
+    pub middle_ids: Vec<u32>,
+    /// Ids after the document (segments) or the prompt after the pair text (template).
+    pub suffix_ids: Vec<u32>,
+    /// Token type of `prefix + query + middle`.
+    pub first_type_id: u32,
+    /// Token type of `document + suffix`; no types are sent when both are 0.
+    pub second_type_id: u32,
+    /// Template style: the pair text with `{instruction}`, `{query}` and
+    /// `{document}` replaced (in one pass: a query may contain braces).
+    pub template: Option<String>,
+    /// What `{instruction}` becomes.
+    pub default_instruction: Option<String>,
+}
+
+impl PairSpec {
+    /// Special ids a pair adds around its content.
+    pub fn specials(&self) -> usize {
+        self.prefix_ids.len() + self.middle_ids.len() + self.suffix_ids.len()
+    }
+
+    /// Whether the model takes token types (BERT), so pairs carry them.
+    pub fn uses_type_ids(&self) -> bool {
+        self.template.is_none() && (self.first_type_id != 0 || self.second_type_id != 0)
+    }
+
+    /// The pair text of the template style.
+    pub fn format(&self, query: &str, document: &str) -> Option<String> {
+        let template = self.template.as_deref()?;
+        let instruction = self.default_instruction.as_deref().unwrap_or("");
+        let mut out = String::with_capacity(template.len() + query.len() + document.len());
+        let mut rest = template;
+        while let Some(open) = rest.find('{') {
+            out.push_str(&rest[..open]);
+            let tail = &rest[open..];
+            let field = [
+                ("{instruction}", instruction),
+                ("{query}", query),
+                ("{document}", document),
+            ]
+            .into_iter()
+            .find(|(name, _)| tail.starts_with(name));
+            match field {
+                Some((name, value)) => {
+                    out.push_str(value);
+                    rest = &tail[name.len()..];
+                }
+                None => {
+                    out.push('{');
+                    rest = &tail[1..];
+                }
+            }
+        }
+        out.push_str(rest);
+        Some(out)
+    }
+}
+
+/// Content lengths Hugging Face tokenizers keep under `longest_first`
+/// truncation of a pair to `budget` content tokens: the longer side gives up
+/// tokens until both fit; when both are long they share the budget and the
+/// second gets the odd token.
+pub fn truncate_pair_lengths(n1: usize, n2: usize, budget: usize) -> (usize, usize) {
+    if n1 + n2 <= budget {
+        return (n1, n2);
+    }
+    let swap = n1 > n2;
+    // Only the shorter length matters from here: the longer side is cut to fit it.
+    let mut short = n1.min(n2);
+    let mut long = if short > budget {
+        short
+    } else {
+        short.max(budget - short)
+    };
+    if short + long > budget {
+        short = budget / 2;
+        long = short + budget % 2;
+    }
+    if swap {
+        (long, short)
+    } else {
+        (short, long)
+    }
+}
+
+/// The first `n` tokens (`Right`) or the last `n` (`Left`).
+pub(crate) fn cut(ids: &[u32], n: usize, direction: TruncationDirection) -> &[u32] {
+    if ids.len() <= n {
+        return ids;
+    }
+    match direction {
+        TruncationDirection::Right => &ids[..n],
+        TruncationDirection::Left => &ids[ids.len() - n..],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn longest_first_cases() {
+        // Fits: untouched.
+        assert_eq!(truncate_pair_lengths(3, 4, 7), (3, 4));
+        // Only the longer side is cut.
+        assert_eq!(truncate_pair_lengths(2, 10, 7), (2, 5));
+        assert_eq!(truncate_pair_lengths(10, 2, 7), (5, 2));
+        // Both long: the budget is shared, the second side gets the odd token.
+        assert_eq!(truncate_pair_lengths(10, 10, 7), (3, 4));
+        assert_eq!(truncate_pair_lengths(10, 9, 8), (4, 4));
+        // The shorter side alone is over the budget.
+        assert_eq!(truncate_pair_lengths(9, 12, 5), (2, 3));
+        assert_eq!(truncate_pair_lengths(0, 12, 5), (0, 5));
+    }
+
+    #[test]
+    fn template_fills_each_field_once() {
+        let spec = PairSpec {
+            template: Some("<I>: {instruction}\n<Q>: {query}\n<D>: {document} {x}".into()),
+            default_instruction: Some("find".into()),
+            ..PairSpec::default()
+        };
+        assert_eq!(
+            spec.format("{document}", "d{query}").unwrap(),
+            "<I>: find\n<Q>: {document}\n<D>: d{query} {x}"
+        );
+        assert_eq!(PairSpec::default().format("q", "d"), None);
+    }
+
+    #[test]
+    fn cut_keeps_the_chosen_end() {
+        let ids = [1, 2, 3, 4, 5];
+        assert_eq!(cut(&ids, 2, TruncationDirection::Right), &[1, 2]);
+        assert_eq!(cut(&ids, 2, TruncationDirection::Left), &[4, 5]);
+        assert_eq!(cut(&ids, 9, TruncationDirection::Left), &ids);
+    }
+}

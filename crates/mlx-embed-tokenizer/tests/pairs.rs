@@ -1,0 +1,184 @@
+//! Pair encoding against the `tokenizers` crate's own pair encoding with
+//! `longest_first` truncation, on every pair of the cross-encoder fixtures.
+
+use std::path::PathBuf;
+
+use mlx_embed_core::{EmbedInput, EmbedOptions, Prompt, Tokenize, TruncationDirection};
+use mlx_embed_tokenizer::{HfTokenizer, PairSpec, TokenizerSpec};
+use tokenizers::{
+    Tokenizer, TruncationDirection as HfDirection, TruncationParams, TruncationStrategy,
+};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
+}
+
+fn pairs(folder: &str) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(fixture(folder).join("pairs.json")).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+fn options(direction: TruncationDirection) -> EmbedOptions {
+    EmbedOptions {
+        truncation_direction: direction,
+        ..EmbedOptions::default()
+    }
+}
+
+/// The tokenizer's pair template, as the Python engine probes it.
+fn segments_spec(folder: &str, max_length: usize, types: (u32, u32)) -> TokenizerSpec {
+    let path = fixture(folder).join("tokenizer.json");
+    let mut tok = Tokenizer::from_file(&path).unwrap();
+    // MiniLM's file pads to 128 and truncates: neither belongs in a probe.
+    tok.with_padding(None);
+    tok.with_truncation(None).unwrap();
+    let probe = tok.encode(("hello", "world"), true).unwrap();
+    let seq = probe.get_sequence_ids();
+    let ids = probe.get_ids();
+    let a0 = seq.iter().position(|s| *s == Some(0)).unwrap();
+    let a1 = seq.iter().rposition(|s| *s == Some(0)).unwrap() + 1;
+    let b0 = seq.iter().position(|s| *s == Some(1)).unwrap();
+    let b1 = seq.iter().rposition(|s| *s == Some(1)).unwrap() + 1;
+    let single = HfTokenizer::probe_spec(&path, max_length).unwrap();
+    TokenizerSpec {
+        pair: Some(PairSpec {
+            prefix_ids: ids[..a0].to_vec(),
+            middle_ids: ids[a1..b0].to_vec(),
+            suffix_ids: ids[b1..].to_vec(),
+            first_type_id: types.0,
+            second_type_id: types.1,
+            ..PairSpec::default()
+        }),
+        ..single
+    }
+}
+
+fn check_segments(folder: &str, types: (u32, u32)) {
+    let ours = HfTokenizer::from_spec(segments_spec(folder, 128, types)).unwrap();
+    for (direction, hf_direction) in [
+        (TruncationDirection::Right, HfDirection::Right),
+        (TruncationDirection::Left, HfDirection::Left),
+    ] {
+        let mut reference = Tokenizer::from_file(fixture(folder).join("tokenizer.json")).unwrap();
+        reference
+            .with_truncation(Some(TruncationParams {
+                max_length: 128,
+                strategy: TruncationStrategy::LongestFirst,
+                direction: hf_direction,
+                stride: 0,
+            }))
+            .unwrap();
+        reference.with_padding(None);
+        let mut truncated = 0;
+        for (i, (q, d)) in pairs(folder).into_iter().enumerate() {
+            let want = reference.encode((q.as_str(), d.as_str()), true).unwrap();
+            let got = ours
+                .encode(
+                    &EmbedInput::Pair {
+                        query: q,
+                        document: d,
+                    },
+                    &options(direction),
+                )
+                .unwrap();
+            assert_eq!(got.ids, want.get_ids(), "{folder} pair {i} {direction:?}");
+            match &got.type_ids {
+                Some(t) => assert_eq!(t, want.get_type_ids(), "{folder} pair {i}"),
+                None => assert!(want.get_type_ids().iter().all(|&t| t == 0)),
+            }
+            truncated += usize::from(got.untruncated_len > 128);
+        }
+        assert!(truncated >= 5, "{folder}: the fixture exercises truncation");
+    }
+}
+
+#[test]
+fn bert_pairs_match_tokenizers() {
+    check_segments("tiny-bert-reranker", (0, 1));
+}
+
+#[test]
+fn xlmr_pairs_match_tokenizers() {
+    check_segments("tiny-xlmr-reranker", (0, 0));
+}
+
+#[test]
+fn template_pairs_wrap_the_prompt() {
+    let folder = "tiny-qwen3-reranker";
+    let path = fixture(folder).join("tokenizer.json");
+    let tok = Tokenizer::from_file(&path).unwrap();
+    let enc = |s: &str| tok.encode(s, false).unwrap().get_ids().to_vec();
+    let prefix = enc("<|im_start|>system\nJudge.<|im_end|>\n<|im_start|>user\n");
+    let suffix = enc("<|im_end|>\n<|im_start|>assistant\n");
+    let spec = TokenizerSpec {
+        pair: Some(PairSpec {
+            prefix_ids: prefix.clone(),
+            suffix_ids: suffix.clone(),
+            template: Some(
+                "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}".into(),
+            ),
+            default_instruction: Some("Find".into()),
+            ..PairSpec::default()
+        }),
+        ..HfTokenizer::probe_spec(&path, 64).unwrap()
+    };
+    let ours = HfTokenizer::from_spec(spec).unwrap();
+    let pair = EmbedInput::Pair {
+        query: "q {document}".into(),
+        document: "the document".into(),
+    };
+    let got = ours.encode(&pair, &EmbedOptions::default()).unwrap();
+    let want = [
+        prefix.clone(),
+        enc("<Instruct>: Find\n<Query>: q {document}\n<Document>: the document"),
+        suffix.clone(),
+    ]
+    .concat();
+    assert_eq!(got.ids, want);
+    assert_eq!(got.type_ids, None);
+    // A raw prompt is the instruction.
+    let raw = EmbedOptions {
+        prompt: Prompt::Raw("Other".into()),
+        ..EmbedOptions::default()
+    };
+    let got = ours.encode(&pair, &raw).unwrap();
+    let text = enc("<Instruct>: Other\n<Query>: q {document}\n<Document>: the document");
+    assert_eq!(got.ids, [prefix.clone(), text, suffix.clone()].concat());
+    // Over the limit the pair text is cut, the prompt's ends kept.
+    let long = EmbedInput::Pair {
+        query: "q".into(),
+        document: "word ".repeat(200),
+    };
+    let got = ours.encode(&long, &EmbedOptions::default()).unwrap();
+    assert_eq!(got.ids.len(), 64);
+    assert!(got.untruncated_len > 64);
+    assert_eq!(&got.ids[..prefix.len()], prefix.as_slice());
+    assert_eq!(&got.ids[64 - suffix.len()..], suffix.as_slice());
+    let named = EmbedOptions {
+        prompt: Prompt::Named("query".into()),
+        ..EmbedOptions::default()
+    };
+    assert!(ours.encode(&pair, &named).is_err());
+}
+
+#[test]
+fn single_text_models_refuse_pairs() {
+    let path = fixture("tiny-bert-reranker").join("tokenizer.json");
+    let ours = HfTokenizer::from_spec(HfTokenizer::probe_spec(&path, 128).unwrap()).unwrap();
+    let err = ours
+        .encode(
+            &EmbedInput::Pair {
+                query: "q".into(),
+                document: "d".into(),
+            },
+            &EmbedOptions::default(),
+        )
+        .unwrap_err();
+    assert!(
+        err.message.contains("not query/document pairs"),
+        "{}",
+        err.message
+    );
+}

@@ -1,0 +1,142 @@
+"""Qwen3 decoder as a yes/no reranker (Qwen3-Reranker).
+
+A causal LM reads one prompt holding the instruction, the query and the
+document, and the relevance is the log-odds of its next token being "yes"
+rather than "no": ``logit[yes] - logit[no]`` at the last position, as
+sentence-transformers' ``LogitScore`` and the model card compute it (the
+model card's ``softmax([no, yes])[1]`` is the sigmoid of that difference).
+Only the two vocabulary rows are ever multiplied, not the whole LM head.
+
+The transformer is mlx-lm's ``Qwen3Model`` as in ``qwen3.py``; right padding
+is exact for the same reason (causal attention never looks ahead), and the
+score is read at each row's last real token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models import qwen3 as _lm
+
+
+@dataclass(frozen=True)
+class RerankerDefaults:
+    """How a (query, document) pair becomes this reranker's input."""
+
+    # Chat-formatted text around the pair, encoded on its own (as the model
+    # card does) and placed before/after the encoded pair text.
+    prefix: str
+    suffix: str
+    # The pair text; "{instruction}", "{query}" and "{document}" are replaced.
+    template: str
+    default_instruction: str
+    # Vocabulary tokens whose logit difference is the score: (true, false).
+    true_token: str = "yes"
+    false_token: str = "no"
+
+
+# The Qwen3-Reranker model card's prompt, verbatim.
+RERANKER_DEFAULTS = RerankerDefaults(
+    prefix=(
+        "<|im_start|>system\nJudge whether the Document meets the requirements based on "
+        'the Query and the Instruct provided. Note that the answer can only be "yes" or '
+        '"no".<|im_end|>\n<|im_start|>user\n'
+    ),
+    suffix="<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+    template="<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}",
+    default_instruction=(
+        "Given a web search query, retrieve relevant passages that answer the query"
+    ),
+)
+
+
+class ModelArgs(_lm.ModelArgs):
+    pass
+
+
+class Model(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model_type = args.model_type
+        self.model = _lm.Qwen3Model(args)
+        if not args.tie_word_embeddings:
+            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        # Plain ints, not a tuple: an nn.Module stores tuples as children.
+        self._yes_id: Optional[int] = None
+        self._no_id: Optional[int] = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.args.vocab_size
+
+    @property
+    def num_labels(self) -> int:
+        return 1
+
+    @property
+    def labels(self) -> list:
+        return ["score"]
+
+    def bind_tokenizer(self, token_id: Callable[[str], Optional[int]]) -> None:
+        """Resolve the yes/no tokens with the folder's tokenizer; called once
+        after the weights are loaded. Keeps only their two rows of the LM head
+        (a 4B model's untied head is 1.5 GB in fp32)."""
+        d = RERANKER_DEFAULTS
+        ids = (token_id(d.true_token), token_id(d.false_token))
+        if None in ids:
+            raise ValueError(
+                f"qwen3 reranker: the tokenizer has no single token for "
+                f"{d.true_token!r} and/or {d.false_token!r}"
+            )
+        self._yes_id, self._no_id = int(ids[0]), int(ids[1])
+        head = self.get("lm_head")
+        table = self.model.embed_tokens if head is None else head
+        if not hasattr(table, "scales"):
+            rows = mx.take(table.weight, mx.array([self._yes_id, self._no_id]), axis=0)
+            # (w_yes - w_no) . h is the logit difference in one product.
+            self.score_rows = rows[0:1] - rows[1:2]
+            # Evaluated here: a lazy graph built on this thread's stream
+            # cannot be evaluated by the engine's worker threads.
+            mx.eval(self.score_rows)
+            if head is not None:
+                self.pop("lm_head")
+
+    def __call__(
+        self,
+        input_ids: mx.array,
+        attention_mask: mx.array,
+        token_type_ids: Optional[mx.array] = None,
+    ) -> mx.array:
+        """logit(yes) - logit(no) at each row's last real token, [B, 1]."""
+        if self._yes_id is None:
+            raise RuntimeError("qwen3 reranker: bind_tokenizer() was not called")
+        h = self.model(input_ids)
+        last = attention_mask.astype(mx.int32).sum(axis=1) - 1
+        h = mx.take_along_axis(h, last[:, None, None], axis=1)[:, 0]
+        rows = self.get("score_rows")
+        if rows is not None:
+            return h @ rows.T
+        # Quantized head: the full projection, then the two columns.
+        head = self.get("lm_head")
+        logits = head(h) if head is not None else self.model.embed_tokens.as_linear(h)
+        yes, no = self._yes_id, self._no_id
+        return logits[:, yes : yes + 1] - logits[:, no : no + 1]
+
+    def sanitize(self, weights: dict) -> dict:
+        out = {}
+        for name, w in weights.items():
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name.startswith("lm_head."):
+                if self.args.tie_word_embeddings:
+                    continue
+                out[name] = w
+                continue
+            if not name.startswith("model."):
+                name = "model." + name
+            out[name] = w
+        return out

@@ -1,0 +1,182 @@
+"""Sequence-classification heads on the encoders: cross-encoder rerankers
+(ms-marco-MiniLM, bge-reranker) and text classifiers.
+
+transformers' ``BertForSequenceClassification`` and
+``XLMRobertaForSequenceClassification`` (and RoBERTa's) put a small head on
+the first token's hidden state:
+
+* BERT: the pooler (``dense`` + tanh on [CLS]) then ``classifier`` (Linear to
+  ``num_labels``);
+* (XLM-)RoBERTa: ``classifier.dense`` + tanh then ``classifier.out_proj``; no
+  pooler.
+
+The encoder underneath is the embedding architecture's own module, chosen by
+``model_type``, so every encoder file gains classification without a copy.
+The head returns raw logits (``[B, num_labels]``): whether to apply a sigmoid
+or a softmax is the caller's decision (TEI's ``raw_scores``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+
+# config.json ``architectures`` entries this module serves: the encoder's
+# module, the head style and the prefix the checkpoint keeps the encoder under.
+ARCHITECTURES = {
+    "BertForSequenceClassification": ("bert", "pooler", "bert."),
+    "XLMRobertaForSequenceClassification": ("xlm_roberta", "roberta", "roberta."),
+    "RobertaForSequenceClassification": ("xlm_roberta", "roberta", "roberta."),
+}
+
+
+def architecture(config: dict) -> Optional[str]:
+    """The sequence-classification architecture ``config`` names, if any."""
+    for a in config.get("architectures") or ():
+        if a in ARCHITECTURES:
+            return a
+    return None
+
+
+@dataclass
+class ModelArgs:
+    # The whole config.json: the encoder reads its own fields from it.
+    config: dict
+    architecture: str
+    num_labels: int
+    labels: list = field(default_factory=list)
+    hidden_size: int = 0
+
+    @classmethod
+    def from_dict(cls, params: dict) -> "ModelArgs":
+        arch = architecture(params)
+        if arch is None:
+            raise ValueError(
+                f"config.json names no supported sequence-classification architecture "
+                f"(got {params.get('architectures')!r}; supported: {', '.join(ARCHITECTURES)})"
+            )
+        labels = labels_from_config(params)
+        return cls(
+            config=dict(params),
+            architecture=arch,
+            num_labels=len(labels),
+            labels=labels,
+            hidden_size=int(params["hidden_size"]),
+        )
+
+
+def labels_from_config(config: dict) -> list:
+    """Label names in logit order, from ``id2label`` (keys are strings in
+    config.json) or ``num_labels``; transformers' default is two labels."""
+    id2label = config.get("id2label")
+    if isinstance(id2label, dict) and id2label:
+        try:
+            ordered = sorted(((int(k), str(v)) for k, v in id2label.items()))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"config.json id2label has a non-integer key: {e}") from e
+        if [k for k, _ in ordered] != list(range(len(ordered))):
+            raise ValueError("config.json id2label keys must be 0..n-1")
+        return [v for _, v in ordered]
+    n = int(config.get("num_labels", 2))
+    if n < 1:
+        raise ValueError(f"config.json num_labels must be >= 1, got {n}")
+    return [f"LABEL_{i}" for i in range(n)]
+
+
+class PoolerHead(nn.Module):
+    """BERT: tanh(dense([CLS])) then the classifier."""
+
+    def __init__(self, hidden: int, num_labels: int):
+        super().__init__()
+        self.pooler = nn.Linear(hidden, hidden)
+        self.classifier = nn.Linear(hidden, num_labels)
+
+    def __call__(self, first: mx.array) -> mx.array:
+        return self.classifier(mx.tanh(self.pooler(first)))
+
+    @staticmethod
+    def rename(name: str) -> Optional[str]:
+        if name.startswith("pooler.dense."):
+            return "pooler." + name[len("pooler.dense.") :]
+        if name.startswith("classifier."):
+            return name
+        return None
+
+
+class RobertaHead(nn.Module):
+    """(XLM-)RoBERTa: out_proj(tanh(dense(<s>)))."""
+
+    def __init__(self, hidden: int, num_labels: int):
+        super().__init__()
+        self.dense = nn.Linear(hidden, hidden)
+        self.out_proj = nn.Linear(hidden, num_labels)
+
+    def __call__(self, first: mx.array) -> mx.array:
+        return self.out_proj(mx.tanh(self.dense(first)))
+
+    @staticmethod
+    def rename(name: str) -> Optional[str]:
+        for part in ("dense.", "out_proj."):
+            if name.startswith("classifier." + part):
+                return name[len("classifier.") :]
+        return None
+
+
+_HEADS = {"pooler": PoolerHead, "roberta": RobertaHead}
+
+
+class Model(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model_type = args.config.get("model_type")
+        module, style, self._prefix = ARCHITECTURES[args.architecture]
+        arch = importlib.import_module(f"{__package__}.{module}")
+        self.encoder = arch.Model(arch.ModelArgs.from_dict(args.config))
+        self.head = _HEADS[style](args.hidden_size, args.num_labels)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.encoder.vocab_size
+
+    @property
+    def num_labels(self) -> int:
+        return self.args.num_labels
+
+    @property
+    def labels(self) -> list:
+        return list(self.args.labels)
+
+    def __call__(
+        self,
+        input_ids: mx.array,
+        attention_mask: mx.array,
+        token_type_ids: Optional[mx.array] = None,
+    ) -> mx.array:
+        """Raw logits [B, num_labels] for right-padded rows."""
+        if token_type_ids is None:
+            h = self.encoder(input_ids, attention_mask)
+        else:
+            h = self.encoder(input_ids, attention_mask, token_type_ids)
+        return self.head(h[:, 0])
+
+    def sanitize(self, weights: dict) -> dict:
+        head, rest = {}, {}
+        prefix = self._prefix
+        for name, w in weights.items():
+            bare = name[len(prefix) :] if name.startswith(prefix) else name
+            new = self.head.rename(bare)
+            if new is not None:
+                head["head." + new] = w
+            elif bare.startswith("pooler."):
+                # A pooler the head does not use (RoBERTa checkpoints may carry one).
+                continue
+            else:
+                rest[bare] = w
+        out = {"encoder." + k: v for k, v in self.encoder.sanitize(rest).items()}
+        out.update(head)
+        return out

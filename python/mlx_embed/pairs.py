@@ -1,0 +1,166 @@
+"""Query/document pairs for cross-encoders: the Python library's copy of the
+pair rules in ``spec.PairSpec`` (the server applies the same rules in Rust).
+
+Two styles:
+
+* segments (BERT, XLM-RoBERTa cross-encoders): the tokenizer's own pair
+  template, e.g. ``[CLS] q [SEP] d [SEP]`` with token types 0/1, or
+  ``<s> q </s></s> d </s>``, read from its post-processor by
+  ``TextTokenizer``. Over the limit, HF's ``longest_first`` rule cuts the
+  longer side (:func:`truncate_pair_lengths`), as ``tokenizer(q, d,
+  truncation=True)`` and sentence-transformers' CrossEncoder do.
+* template (decoder rerankers such as Qwen3-Reranker): the pair is written
+  into one text, encoded without specials, truncated like any single text and
+  wrapped in the prompt's own ids (each side encoded on its own, as the model
+  card does).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from tokenizers import Tokenizer
+
+from .errors import InvalidInput
+from .spec import PairSpec
+from .tokenization import check_direction
+
+_FIELD = re.compile(r"\{(instruction|query|document)\}")
+
+
+def template_spec(
+    tokenizer: Tokenizer, *, prefix: str, suffix: str, template: str, default_instruction: str
+) -> PairSpec:
+    """A template-style pair spec (see ``spec.PairSpec``)."""
+    return PairSpec(
+        prefix_ids=tokenizer.encode(prefix, add_special_tokens=False).ids,
+        middle_ids=[],
+        suffix_ids=tokenizer.encode(suffix, add_special_tokens=False).ids,
+        template=template,
+        default_instruction=default_instruction,
+    )
+
+
+def format_pair(spec: PairSpec, query: str, document: str, instruction: Optional[str] = None) -> str:
+    """The pair text of a template-style spec. One pass over the template,
+    not ``str.format`` or chained replaces: a query may itself contain braces
+    or ``{document}``."""
+    if spec.template is None:
+        raise ValueError("format_pair() is for template-style pairs")
+    if instruction is None:
+        instruction = spec.default_instruction or ""
+    values = {"instruction": instruction, "query": query, "document": document}
+    return _FIELD.sub(lambda m: values[m.group(1)], spec.template)
+
+
+def uses_type_ids(spec: PairSpec) -> bool:
+    return spec.template is None and (spec.first_type_id != 0 or spec.second_type_id != 0)
+
+
+def n_special(spec: PairSpec) -> int:
+    return len(spec.prefix_ids) + len(spec.middle_ids) + len(spec.suffix_ids)
+
+
+def truncate_pair_lengths(n1: int, n2: int, budget: int) -> tuple[int, int]:
+    """Content lengths kept by HF tokenizers' ``longest_first`` truncation
+    (``truncate_encodings`` in the tokenizers crate): the longer side gives
+    up tokens until both fit; when both are long they share the budget, the
+    second getting the odd token."""
+    if n1 + n2 <= budget:
+        return n1, n2
+    swap = n1 > n2
+    if swap:
+        n1, n2 = n2, n1
+    # From here n1 <= n2.
+    n2 = n1 if n1 > budget else max(n1, budget - n1)
+    if n1 + n2 > budget:
+        n1 = budget // 2
+        n2 = n1 + budget % 2
+    return (n2, n1) if swap else (n1, n2)
+
+
+def _cut(ids: list, n: int, left: bool) -> list:
+    if len(ids) <= n:
+        return ids
+    return ids[len(ids) - n :] if left else ids[:n]
+
+
+class PairEncoder:
+    """Encodes pairs per a :class:`~mlx_embed.spec.PairSpec` within
+    ``max_length`` tokens (specials included)."""
+
+    def __init__(self, tokenizer: Tokenizer, spec: PairSpec, max_length: int):
+        self._tok = tokenizer
+        self.spec = spec
+        self.max_length = int(max_length)
+        self.n_special = n_special(spec)
+        self.max_content = self.max_length - self.n_special
+        self.type_ids = uses_type_ids(spec)
+        if self.max_content < 1:
+            raise ValueError(
+                f"max_length={self.max_length} leaves no room for a pair "
+                f"({self.n_special} special tokens)"
+            )
+
+    @classmethod
+    def from_file(cls, path: str, spec: PairSpec, max_length: int) -> "PairEncoder":
+        tok = Tokenizer.from_file(path)
+        # As in TextTokenizer: nothing baked into tokenizer.json may cut or pad.
+        tok.no_truncation()
+        tok.no_padding()
+        return cls(tok, spec, max_length)
+
+    def encode(
+        self,
+        pairs: list,
+        *,
+        truncation_direction: str = "right",
+        instruction: Optional[str] = None,
+    ) -> tuple[list, Optional[list], list]:
+        """(ids per pair, type ids per pair or None, tokens before truncation)."""
+        left = check_direction(truncation_direction) == "left"
+        pairs = _check_pairs(pairs)
+        s = self.spec
+        if s.template is not None:
+            if instruction is not None and "{instruction}" not in s.template:
+                raise InvalidInput("this reranker's prompt takes no instruction")
+            texts = [format_pair(s, q, d, instruction) for q, d in pairs]
+            contents = self._contents(texts)
+            ids = [s.prefix_ids + _cut(c, self.max_content, left) + s.suffix_ids for c in contents]
+            return ids, None, [len(c) + self.n_special for c in contents]
+        if instruction is not None:
+            raise InvalidInput("instructions are only defined for prompt-template rerankers")
+
+        enc = self._contents([x for q, d in pairs for x in (q, d)])
+        ids, before = [], []
+        types: Optional[list] = [] if self.type_ids else None
+        for k in range(len(pairs)):
+            a, b = enc[2 * k], enc[2 * k + 1]
+            before.append(len(a) + len(b) + self.n_special)
+            n1, n2 = truncate_pair_lengths(len(a), len(b), self.max_content)
+            a, b = _cut(a, n1, left), _cut(b, n2, left)
+            ids.append(s.prefix_ids + a + s.middle_ids + b + s.suffix_ids)
+            if types is not None:
+                first = len(s.prefix_ids) + len(a) + len(s.middle_ids)
+                types.append([s.first_type_id] * first + [s.second_type_id] * (len(b) + len(s.suffix_ids)))
+        return ids, types, before
+
+    def _contents(self, texts: list) -> list:
+        if not texts:
+            return []
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+
+
+def _check_pairs(pairs) -> list:
+    if isinstance(pairs, (str, bytes)) or not hasattr(pairs, "__iter__"):
+        raise TypeError(f"pairs must be a list of (query, document), got {type(pairs).__name__}")
+    out = []
+    for i, p in enumerate(pairs):
+        if isinstance(p, (str, bytes)) or len(p) != 2:
+            raise TypeError(f"pairs[{i}] must be a (query, document) pair")
+        q, d = p
+        if not isinstance(q, str) or not isinstance(d, str):
+            raise TypeError(f"pairs[{i}] must hold two str")
+        out.append((q, d))
+    return out

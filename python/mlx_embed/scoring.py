@@ -1,0 +1,142 @@
+"""The Python library's cross-encoder API: ``predict``, ``score`` and
+``rerank`` on a model loaded as a classifier or reranker (``heads.py``).
+
+The engine returns raw logits; turning them into scores is this module's
+(and, on the server path, the server's) business, with TEI's rule:
+sigmoid for one label, softmax over several, nothing with ``raw_scores``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import numpy as np
+
+from .errors import InvalidInput
+from .pairs import PairEncoder
+
+
+def activate(logits: np.ndarray) -> np.ndarray:
+    """[n, labels] raw logits -> scores: sigmoid (1 label) or softmax."""
+    x = np.asarray(logits, dtype=np.float64)
+    if x.shape[1] == 1:
+        out = 1.0 / (1.0 + np.exp(-x))
+    else:
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        out = e / e.sum(axis=1, keepdims=True)
+    return out.astype(np.float32)
+
+
+class ScoringMixin:
+    """Methods for scorer models; mixed into ``EmbeddingModel``, which
+    provides ``kind``, ``labels``, ``max_length``, ``tokenizer``, ``encode``
+    and ``scheduler``."""
+
+    kind: str
+    labels: list
+
+    def _require_scorer(self, what: str) -> None:
+        if self.kind == "embedding":
+            raise InvalidInput(
+                f"{self.name} is an embedding model; {what} needs a classifier or reranker "
+                "(a *ForSequenceClassification checkpoint, or a Qwen3 reranker)"
+            )
+
+    @property
+    def pair_encoder(self) -> PairEncoder:
+        enc = getattr(self, "_pair_encoder", None)
+        if enc is None:
+            pair = self.tokenizer.pair
+            if pair is None:
+                raise InvalidInput(f"{self.name}'s tokenizer has no pair template")
+            enc = PairEncoder.from_file(self.tokenizer.path, pair, self.max_length)
+            self._pair_encoder = enc
+        return enc
+
+    def encode_pairs(
+        self,
+        pairs: Sequence,
+        *,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+        instruction: Optional[str] = None,
+    ) -> tuple[list, Optional[list], list]:
+        """(ids, type ids or None, tokens before truncation) per pair: what
+        ``embed_ids`` takes."""
+        ids, types, before = self.pair_encoder.encode(
+            pairs, truncation_direction=truncation_direction, instruction=instruction
+        )
+        if not truncate:
+            for i, b in enumerate(before):
+                if b > self.max_length:
+                    raise InvalidInput(
+                        f"pair {i} has {b} tokens, more than max_length={self.max_length} "
+                        "(pass truncate=True to cut it)"
+                    )
+        return ids, types, before
+
+    def score(
+        self,
+        pairs: Sequence,
+        *,
+        raw_scores: bool = False,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+        instruction: Optional[str] = None,
+    ) -> np.ndarray:
+        """Scores [len(pairs), labels] of (query, document) pairs."""
+        self._require_scorer("score()")
+        ids, types, _ = self.encode_pairs(
+            pairs, truncate=truncate, truncation_direction=truncation_direction,
+            instruction=instruction,
+        )
+        logits, _ = self.scheduler.run(ids, types)
+        return logits if raw_scores else activate(logits)
+
+    def rerank(
+        self,
+        query: str,
+        documents: Sequence[str],
+        *,
+        top_n: Optional[int] = None,
+        raw_scores: bool = False,
+        **kwargs,
+    ) -> list[tuple[int, float]]:
+        """(document index, score) pairs, best first; ``top_n`` keeps that many."""
+        if self.kind != "reranker":
+            raise InvalidInput(f"{self.name} is a {self.kind}, not a reranker")
+        if isinstance(documents, str):
+            raise TypeError("documents must be a list of str")
+        if top_n is not None and top_n < 1:
+            raise InvalidInput(f"top_n must be >= 1, got {top_n}")
+        s = self.score([(query, d) for d in documents], raw_scores=raw_scores, **kwargs)[:, 0]
+        # Stable: equal scores keep the documents' order.
+        order = np.argsort(-s, kind="stable")
+        if top_n is not None:
+            order = order[:top_n]
+        return [(int(i), float(s[i])) for i in order]
+
+    def predict(
+        self,
+        inputs: Sequence,
+        *,
+        raw_scores: bool = False,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+    ) -> np.ndarray:
+        """Label scores [n, labels] for texts or (text, text) pairs (a
+        classifier's single texts or NLI-style pairs); labels in ``labels``."""
+        self._require_scorer("predict()")
+        inputs = list(inputs)
+        singles = [isinstance(x, str) for x in inputs]
+        if any(singles) and not all(singles):
+            raise TypeError("give all texts or all pairs, not a mix")
+        if inputs and all(singles):
+            if self.tokenizer.pair is not None and self.tokenizer.pair.template is not None:
+                raise InvalidInput(f"{self.name} scores (query, document) pairs, not single texts")
+            ids, _ = self.encode(inputs, truncate=truncate, truncation_direction=truncation_direction)
+            logits, _ = self.scheduler.run(ids)
+            return logits if raw_scores else activate(logits)
+        return self.score(
+            inputs, raw_scores=raw_scores, truncate=truncate, truncation_direction=truncation_direction
+        )

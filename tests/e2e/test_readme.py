@@ -1,0 +1,242 @@
+"""Every command the README shows works.
+
+The README's shell blocks, Python blocks and inline commands (a code span
+starting with make, mlx-embed, pip, cargo, curl, ruff or python) are found by
+parsing README.md. Each one is run for real, or is in EXCLUDED with the reason
+it cannot run inside `make test`. A command that is neither fails this test:
+adding a command to the README means making it run here.
+
+Servers: one `mlx-embed serve --rerank-model tests/fixtures/tiny-bert-reranker`
+on a free port answers the curl and Python examples (their `localhost:8080`
+rewritten to it); `mlx-embed serve ...` and `make serve` commands are started
+themselves on a free port, checked on /health and stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from harness import ROOT, free_port, start_server
+
+README = ROOT / "README.md"
+BIN = Path(sys.prefix) / "bin"
+COMMAND_WORDS = ("make", "mlx-embed", "pip", "cargo", "curl", "ruff", "python", "python3")
+
+# Commands that cannot run inside `make test`, with the reason.
+EXCLUDED = {
+    "make test": "this test runs inside `make test`",
+    "make lint": "CI runs it right before `make test` (.ci/run)",
+    "make bench": "a minutes-long benchmark for a quiet machine (the coordinator runs it)",
+    "make loadtest": "a minutes-long benchmark for a quiet machine (the coordinator runs it)",
+    "cargo fmt --check": "part of `make lint`",
+    "cargo clippy --workspace --all-targets -- -D warnings": "part of `make lint`",
+    "ruff check": "part of `make lint`",
+}
+# Prefixes: installs would replace the editable install this very test suite
+# imports (`make setup`, which `make test` runs, performs the same installs).
+EXCLUDED_PREFIXES = {
+    "pip install": "replaces the editable install the tests run from; `make setup` installs the same",
+    "python scripts/bench_gpu.py": "needs an NVIDIA GPU (its --dry-run runs in make test)",
+    "python scripts/cold_start.py": "a benchmark (median of repeated cold starts) for a quiet machine",
+}
+
+
+def _strip_comment(line: str) -> str:
+    # A " #" outside quotes starts a comment.
+    out, quote = [], None
+    for i, ch in enumerate(line):
+        if quote:
+            if ch == quote:
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch == "#" and (i == 0 or line[i - 1].isspace()):
+            break
+        out.append(ch)
+    return "".join(out).rstrip()
+
+
+def readme_commands() -> tuple[list[str], list[str], list[str]]:
+    """(shell commands, python blocks, rust blocks) in README order."""
+    text = README.read_text(encoding="utf-8")
+    shell, python, rust = [], [], []
+    for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", text, re.M | re.S):
+        if lang == "sh":
+            pending = ""
+            for line in body.splitlines():
+                line = _strip_comment(line)
+                if not line.strip():
+                    continue
+                if line.endswith("\\"):
+                    pending += line[:-1] + " "
+                    continue
+                shell.append(" ".join((pending + line).split()))
+                pending = ""
+        elif lang == "python":
+            python.append(body)
+        elif lang == "rust":
+            rust.append(body)
+    outside = re.sub(r"^```.*?^```", "", text, flags=re.M | re.S)
+    for span in re.findall(r"`([^`\n]+)`", outside):
+        first = span.split(" ", 1)[0]
+        if first in COMMAND_WORDS and " " in span:
+            shell.append(" ".join(span.split()))
+    return list(dict.fromkeys(shell)), python, rust
+
+
+def excluded(cmd: str) -> str | None:
+    if cmd in EXCLUDED:
+        return EXCLUDED[cmd]
+    for prefix, why in EXCLUDED_PREFIXES.items():
+        if cmd.startswith(prefix):
+            return why
+    return None
+
+
+def _local(cmd: str, port: int) -> str:
+    return re.sub(r"(localhost|127\.0\.0\.1):8080", f"127.0.0.1:{port}", cmd)
+
+
+def _env() -> dict:
+    return {**os.environ, "VIRTUAL_ENV": sys.prefix, "PATH": f"{BIN}:{os.environ.get('PATH', '')}"}
+
+
+def _wait_healthy(port: int, proc: subprocess.Popen, log: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"exited {proc.returncode} before serving:\n{log.read_text()[-3000:]}")
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.3)
+    pytest.fail(f"not healthy after {timeout:.0f}s:\n{log.read_text()[-3000:]}")
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    # make serve runs the server as a child: signal the whole group.
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        return proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait()
+
+
+def run_server_command(cmd: str, tmp_path: Path) -> None:
+    port = free_port()
+    args = shlex.split(cmd.replace("[flags]", ""))
+    if args[0] == "make":
+        args += [f"PORT={port}", "HOST=127.0.0.1"]
+        timeout = 600.0  # `make serve` runs setup and build first
+    else:
+        args[0] = str(BIN / args[0])
+        args += ["--host", "127.0.0.1", "--port", str(port)]
+        timeout = 300.0
+    log = tmp_path / f"serve-{port}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=_env(), cwd=ROOT,
+                                start_new_session=True)
+    try:
+        _wait_healthy(port, proc, log, timeout)
+    finally:
+        code = _stop(proc)
+    assert code in (0, -signal.SIGTERM, 2), f"{cmd}: exit {code}\n{log.read_text()[-3000:]}"
+
+
+def run_curl(cmd: str, port: int) -> None:
+    args = shlex.split(_local(cmd, port))
+    args[1:1] = ["-w", "\n%{http_code}"]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"{cmd}: curl exit {r.returncode} {r.stderr}"
+    body, _, status = r.stdout.rpartition("\n")
+    assert status == "200", f"{cmd}: HTTP {status}: {body[:500]}"
+    json.loads(body)
+
+
+def run_cli(cmd: str, tmp_path: Path) -> None:
+    (tmp_path / "texts.txt").write_text("hello\nworld\n")
+    (tmp_path / "texts.jsonl").write_text('{"text": "hello"}\n{"text": "world"}\n')
+    args = shlex.split(cmd)
+    args[0] = str(BIN / args[0])
+    r = subprocess.run(args, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=_env())
+    assert r.returncode == 0, f"{cmd}: exit {r.returncode}\n{r.stderr[-3000:]}"
+    if "-o" in args:
+        out = tmp_path / args[args.index("-o") + 1]
+        assert out.exists() and out.stat().st_size > 0, cmd
+
+
+@pytest.fixture(scope="module")
+def readme_server(tmp_path_factory):
+    srv = start_server(tmp_path_factory.mktemp("readme"), "--rerank-model",
+                       str(ROOT / "tests" / "fixtures" / "tiny-bert-reranker"))
+    yield srv
+    srv.stop()
+
+
+def test_readme_has_the_cli_fix():
+    shell, _, _ = readme_commands()
+    assert not any("--file" in c for c in shell), "mlx-embed embed has no --file flag (it is -i/--input)"
+    assert any(c.startswith("mlx-embed embed -i ") for c in shell)
+
+
+def test_every_readme_command_runs(readme_server, tmp_path):
+    shell, python, rust = readme_commands()
+    port = int(readme_server.url.rsplit(":", 1)[1])
+    ran, skipped, unknown = [], [], []
+    for cmd in shell:
+        why = excluded(cmd)
+        if why:
+            skipped.append((cmd, why))
+        elif cmd.startswith("curl "):
+            run_curl(cmd, port)
+            ran.append(cmd)
+        elif cmd.startswith("mlx-embed serve --help"):
+            r = subprocess.run([str(BIN / "mlx-embed"), "serve", "--help"], capture_output=True, text=True,
+                               timeout=120, env=_env())
+            assert r.returncode == 0 and "--rerank-model" in r.stdout, r.stderr
+            ran.append(cmd)
+        elif cmd.startswith(("mlx-embed serve", "make serve")):
+            run_server_command(cmd, tmp_path)
+            ran.append(cmd)
+        elif cmd.startswith("mlx-embed embed"):
+            run_cli(cmd, tmp_path)
+            ran.append(cmd)
+        elif cmd == "cargo run --release --example semantic_search":
+            r = subprocess.run(shlex.split(cmd), capture_output=True, text=True, timeout=900, cwd=ROOT,
+                               env=_env())
+            assert r.returncode == 0, r.stderr[-3000:]
+            ran.append(cmd)
+        else:
+            unknown.append(cmd)
+    assert not unknown, (
+        "README commands this test neither runs nor excludes (make them run here, or add them to "
+        f"EXCLUDED with the reason): {unknown}"
+    )
+    for i, block in enumerate(python):
+        code = _local(block, port)
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                           cwd=tmp_path, env=_env())
+        assert r.returncode == 0, f"README python block {i}:\n{block}\n{r.stderr[-3000:]}"
+    # Rust blocks are library snippets, not commands: they must at least name
+    # the crates that exist (examples/semantic_search.rs compiles the real use).
+    for block in rust:
+        for crate in re.findall(r"use (mlx_embed_\w+)::", block):
+            assert (ROOT / "crates" / crate.replace("_", "-")).is_dir(), crate
+    assert len(ran) >= 8, ran

@@ -1,0 +1,293 @@
+"""Cross-encoders and two models in one server, end to end: the real server
+binary serving all-MiniLM-L6-v2 next to the tiny BERT reranker, classifier
+and Qwen3 yes/no reranker fixtures, driven over HTTP and with the real
+clients (huggingface_hub's InferenceClient, cohere's Client and ClientV2).
+
+References: tests/fixtures/tiny-*/README.md (transformers / CrossEncoder)."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import cohere
+import huggingface_hub
+import numpy as np
+import pytest
+import requests
+
+from harness import FIXTURES, start_server
+
+BERT_RERANKER = FIXTURES / "tiny-bert-reranker"
+BERT_CLASSIFIER = FIXTURES / "tiny-bert-classifier"
+QWEN3_RERANKER = FIXTURES / "tiny-qwen3-reranker"
+EMBEDDER = "all-MiniLM-L6-v2"
+
+
+def _pairs(folder):
+    return json.loads((folder / "pairs.json").read_text())
+
+
+def _ref(folder, name):
+    return np.load(folder / name)
+
+
+@pytest.fixture(scope="module")
+def duo(tmp_path_factory):
+    """The default embedding model plus the BERT reranker (--rerank-model)."""
+    srv = start_server(tmp_path_factory.mktemp("duo"), "--rerank-model", str(BERT_RERANKER))
+    yield srv
+    assert srv.stop() == 0, srv.log()[-4000:]
+
+
+@pytest.fixture(scope="module")
+def scorers(tmp_path_factory):
+    """Three cross-encoders by repeated --model: classifier first (the default
+    model), then the two rerankers."""
+    srv = start_server(
+        tmp_path_factory.mktemp("scorers"),
+        "--model", str(BERT_CLASSIFIER), "--model", str(BERT_RERANKER), "--model", str(QWEN3_RERANKER),
+    )
+    yield srv
+    assert srv.stop() == 0, srv.log()[-4000:]
+
+
+def _sort_desc(scores):
+    return sorted(range(len(scores)), key=lambda i: -scores[i])
+
+
+# ---------------------------------------------------------------- reranking
+
+
+def test_tei_rerank_matches_reference(duo):
+    pairs = _pairs(BERT_RERANKER)
+    ref = _ref(BERT_RERANKER, "reference_pair_scores.npy")
+    # All pairs under one query at a time: group the fixture's pairs by query.
+    by_query: dict[str, list[int]] = {}
+    for i, (q, _) in enumerate(pairs):
+        by_query.setdefault(q, []).append(i)
+    checked = 0
+    for q, idx in by_query.items():
+        texts = [pairs[i][1] for i in idx]
+        r = duo.post("/rerank", {"query": q, "texts": texts, "return_text": True})
+        assert r.status_code == 200, r.text
+        ranks = r.json()
+        assert [x["index"] for x in ranks] == _sort_desc([float(ref[i]) for i in idx])
+        for x in ranks:
+            assert abs(x["score"] - float(ref[idx[x["index"]]])) <= 1e-5
+            assert x["text"] == texts[x["index"]]
+            checked += 1
+    assert checked == len(pairs)
+    raw = duo.post("/rerank", {"query": pairs[0][0], "texts": [pairs[0][1]], "raw_scores": True}).json()
+    assert abs(raw[0]["score"] - float(_ref(BERT_RERANKER, "reference_pair_logits.npy")[0, 0])) <= 1e-5
+    assert "text" not in raw[0]
+
+
+def test_cohere_shape_over_http(duo):
+    docs = [p[1] for p in _pairs(BERT_RERANKER)[:6]]
+    query = "a query"
+    body = {"model": "tiny-bert-reranker", "query": query, "documents": docs, "top_n": 3}
+    r = duo.post("/v1/rerank", body)
+    assert r.status_code == 200, r.text
+    out = r.json()
+    assert out["model"] == "tiny-bert-reranker" and out["id"]
+    assert len(out["results"]) == 3
+    assert [x["document"]["text"] for x in out["results"]] == [docs[x["index"]] for x in out["results"]]
+    tei = duo.post("/rerank", {"query": query, "texts": docs}).json()
+    assert [x["index"] for x in out["results"]] == [x["index"] for x in tei[:3]]
+    assert [x["relevance_score"] for x in out["results"]] == pytest.approx([x["score"] for x in tei[:3]], abs=1e-6)
+    assert out["usage"]["total_tokens"] > 0
+    # Jina-style document objects, no documents back, v2 path.
+    r = duo.post("/v2/rerank", {"model": "tiny-bert-reranker", "query": query, "documents": [{"text": d} for d in docs]})
+    assert r.status_code == 200, r.text
+    v2 = r.json()
+    assert len(v2["results"]) == len(docs) and "document" not in v2["results"][0]
+
+
+def test_cohere_clients_unchanged(duo):
+    docs = ["Paris is the capital of France.", "Pizza is food.", "", "Berlin is in Germany."]
+    http = duo.post("/rerank", {"query": "capital of france", "texts": docs}).json()
+    co = cohere.Client(api_key="unused", base_url=duo.url)
+    res = co.rerank(model="tiny-bert-reranker", query="capital of france", documents=docs, top_n=2,
+                    return_documents=True)
+    assert [r.index for r in res.results] == [x["index"] for x in http[:2]]
+    assert [r.relevance_score for r in res.results] == pytest.approx([x["score"] for x in http[:2]], abs=1e-6)
+    assert res.results[0].document.text == docs[res.results[0].index]
+    co2 = cohere.ClientV2(api_key="unused", base_url=duo.url)
+    res2 = co2.rerank(model="tiny-bert-reranker", query="capital of france", documents=docs)
+    assert [r.index for r in res2.results] == [x["index"] for x in http]
+
+
+def test_qwen3_and_bert_rerankers_side_by_side(scorers):
+    for folder, name in ((QWEN3_RERANKER, "tiny-qwen3-reranker"), (BERT_RERANKER, "tiny-bert-reranker")):
+        pairs = _pairs(folder)
+        scores = _ref(folder, "reference_pair_scores.npy")
+        logits = _ref(folder, "reference_pair_logits.npy")
+        # One request per pair through /predict ([query, document] is one pair in TEI's shape).
+        got = [scorers.post("/predict", {"model": name, "inputs": list(p)}).json() for p in pairs[:12]]
+        for i, g in enumerate(got):
+            assert g[0]["label"] in ("LABEL_0", "score")
+            assert abs(g[0]["score"] - float(scores[i])) <= 1e-5, (name, i)
+        # A batch of all pairs in one request, raw logits.
+        r = scorers.post("/predict", {"model": name, "inputs": [list(p) for p in pairs], "raw_scores": True})
+        assert r.status_code == 200, r.text
+        raw = np.array([row[0]["score"] for row in r.json()])
+        np.testing.assert_allclose(raw, logits[:, 0], rtol=1e-5, atol=1e-5)
+
+
+def test_classifier_predict(scorers):
+    texts = json.loads((FIXTURES / "golden" / "minilm_texts.json").read_text())
+    ref = _ref(BERT_CLASSIFIER, "reference_text_logits.npy")
+    labels = ["negative", "neutral", "positive"]
+    # Texts 5..24 (3 and 4 are empty and blank: an empty string is a 400 here as on every route).
+    r = scorers.post("/predict", {"inputs": texts[5:25], "raw_scores": True})  # the default model
+    assert r.status_code == 200, r.text
+    for i, row in enumerate(r.json(), start=5):
+        got = {p["label"]: p["score"] for p in row}
+        np.testing.assert_allclose([got[label] for label in labels], ref[i], rtol=1e-5, atol=1e-5)
+        assert [p["score"] for p in row] == sorted((p["score"] for p in row), reverse=True)
+    one = scorers.post("/predict", {"inputs": texts[1]}).json()
+    e = np.exp(ref[1] - ref[1].max())
+    probs = dict(zip(labels, e / e.sum()))
+    assert [p["label"] for p in one] == sorted(labels, key=lambda k: -probs[k])
+    assert all(abs(p["score"] - probs[p["label"]]) <= 1e-5 for p in one)
+
+
+def test_inference_client(duo, scorers, golden):
+    hub = huggingface_hub
+    texts, mean = golden
+    client = hub.InferenceClient(model=duo.url)
+    vec = client.feature_extraction(texts[1])
+    assert vec.shape == (1, 384)
+    assert float(np.dot(vec[0], mean[1])) >= 0.99999
+    sims = client.sentence_similarity(texts[8], other_sentences=[texts[8], texts[9], texts[13]])
+    want = [float(np.dot(mean[8], mean[j])) for j in (8, 9, 13)]
+    assert sims == pytest.approx(want, abs=1e-5)
+    classifier = hub.InferenceClient(model=scorers.url)
+    out = classifier.text_classification(texts[1])
+    http = scorers.post("/predict", {"inputs": texts[1]}).json()
+    assert [(o.label, round(o.score, 5)) for o in out] == [(p["label"], round(p["score"], 5)) for p in http]
+    top = classifier.text_classification(texts[1], top_k=1, function_to_apply="none")
+    raw = _ref(BERT_CLASSIFIER, "reference_text_logits.npy")[1]
+    assert len(top) == 1 and abs(top[0].score - float(raw.max())) <= 1e-4
+
+
+# ------------------------------------------------------------ two models
+
+
+def test_models_listed_and_labelled(duo):
+    models = duo.get("/v1/models").json()["data"]
+    assert [m["id"] for m in models] == [EMBEDDER, "tiny-bert-reranker"]
+    info = duo.get("/info").json()
+    assert [(m["model"], m["kind"]) for m in info["models"]] == [(EMBEDDER, "embedding"), ("tiny-bert-reranker", "reranker")]
+    assert info["models"][1]["labels"] == ["LABEL_0"]
+    duo.post("/rerank", {"query": "q", "texts": ["d"]})
+    metrics = duo.get("/metrics").text
+    assert f'mlx_embed_batches_total{{model="{EMBEDDER}"}}' in metrics
+    assert 'mlx_embed_batches_total{model="tiny-bert-reranker"}' in metrics
+    assert metrics.count("# TYPE mlx_embed_batches_total counter") == 1
+    assert 'mlx_embed_info{model="tiny-bert-reranker",kind="reranker"' in metrics
+
+
+def test_unknown_model_is_404_in_openai_shape(duo):
+    r = duo.post("/v1/embeddings", {"model": "no-such-model", "input": ["x"]})
+    assert r.status_code == 404
+    err = r.json()["error"]
+    assert err["code"] == "model_not_found" and err["param"] == "model" and "no-such-model" in err["message"]
+    for path, body in [
+        ("/v1/rerank", {"model": "nope", "query": "q", "documents": ["d"]}),
+        ("/rerank", {"model": "nope", "query": "q", "texts": ["d"]}),
+        ("/embed", {"model": "nope", "inputs": "x"}),
+        ("/api/embed", {"model": "nope", "input": "x"}),
+    ]:
+        assert duo.post(path, body).status_code == 404, path
+
+
+def test_two_models_under_concurrent_load(duo, golden):
+    """Embeddings and reranks interleaved from 16 threads: every answer is
+    the one its own request asked for, from the model it named."""
+    texts, mean = golden
+    pairs = _pairs(BERT_RERANKER)
+    ref = _ref(BERT_RERANKER, "reference_pair_scores.npy")
+    session = requests.Session()
+    session.mount("http://", requests.adapters.HTTPAdapter(pool_maxsize=16))
+    usable = [i for i, t in enumerate(texts) if t]  # "" is a 400 on every embed route
+
+    def one(k: int):
+        if k % 2:
+            i = usable[k % len(usable)]
+            r = session.post(duo.url + "/v1/embeddings", json={"model": EMBEDDER, "input": [texts[i]]}, timeout=120)
+            assert r.status_code == 200, r.text
+            body = r.json()
+            assert body["model"] == EMBEDDER
+            return float(np.dot(np.array(body["data"][0]["embedding"]), mean[i])) >= 0.99999
+        i = k % len(pairs)
+        r = session.post(duo.url + "/rerank", json={"query": pairs[i][0], "texts": [pairs[i][1]]}, timeout=120)
+        assert r.status_code == 200, r.text
+        return abs(r.json()[0]["score"] - float(ref[i])) <= 1e-5
+
+    with ThreadPoolExecutor(16) as pool:
+        ok = list(pool.map(one, range(320)))
+    assert sum(ok) == len(ok), f"{len(ok) - sum(ok)} mixed-up answers"
+
+
+# -------------------------------------------------------------- bad input
+
+
+def test_rerank_bad_input(duo, tmp_path):
+    q = "query"
+    cases = [
+        ("/rerank", {"query": q, "texts": []}, 400),
+        ("/v1/rerank", {"query": q, "documents": []}, 400),
+        ("/v1/rerank", {"query": q, "documents": ["d"], "top_n": 0}, 400),
+        ("/v2/rerank", {"model": "tiny-bert-reranker", "query": q, "documents": ["d"], "top_n": -3}, 400),
+        ("/rerank", {"query": q, "texts": ["d"] * 2049}, 413),
+        ("/rerank", {"query": q, "texts": ["word " * 300], "truncate": False}, 422),
+        ("/rerank", {"query": q, "texts": "not a list"}, 422),
+        ("/rerank", {"texts": ["d"]}, 422),
+        ("/v1/rerank", {"model": EMBEDDER, "query": q, "documents": ["d"]}, 400),
+        ("/predict", {"model": EMBEDDER, "inputs": "x"}, 400),
+        ("/predict", {"inputs": [["a"]]}, 422),
+    ]
+    for path, body, status in cases:
+        r = duo.post(path, body)
+        assert r.status_code == status, (path, body if len(json.dumps(body)) < 200 else "...", r.text)
+    too_long = duo.post("/rerank", {"query": q, "texts": ["ok", "word " * 300], "truncate": False})
+    assert "input 1 has" in too_long.json()["error"]
+    # A pair that fits is fine with truncate: false; an empty document is a valid pair.
+    assert duo.post("/rerank", {"query": q, "texts": ["short", ""], "truncate": False}).status_code == 200
+
+
+def test_rerank_against_an_embedding_only_server(server):
+    for path, body in [
+        ("/rerank", {"query": "q", "texts": ["d"]}),
+        ("/v1/rerank", {"query": "q", "documents": ["d"]}),
+        ("/v2/rerank", {"model": EMBEDDER, "query": "q", "documents": ["d"]}),
+        ("/predict", {"inputs": "x"}),
+    ]:
+        r = server.post(path, body)
+        assert r.status_code == 400, (path, r.text)
+    body = server.post("/rerank", {"query": "q", "texts": ["d"]}).json()
+    assert "--rerank-model" in body["error"] and body["error_type"] == "Validation"
+
+
+# ------------------------------------------------------- tokenize, decode
+
+
+def test_tokenize_and_decode(server, duo):
+    toks = server.post("/tokenize", {"inputs": "Hello world"}).json()
+    # Each token's text is the slice of the input it covers (the vocabulary is lowercase).
+    assert [t["text"] for t in toks[0]] == ["[CLS]", "Hello", "world", "[SEP]"]
+    assert [t["special"] for t in toks[0]] == [True, False, False, True]
+    assert (toks[0][1]["start"], toks[0][1]["stop"]) == (0, 5)
+    ids = [t["id"] for t in toks[0]]
+    assert ids == [101, 7592, 2088, 102]
+    plain = server.post("/tokenize", {"inputs": ["a b", "c"], "add_special_tokens": False}).json()
+    assert [len(x) for x in plain] == [2, 1]
+    assert server.post("/decode", {"ids": ids}).json() == ["hello world"]
+    assert server.post("/decode", {"ids": [ids, ids], "skip_special_tokens": False}).json() == [
+        "[CLS] hello world [SEP]"
+    ] * 2
+    assert server.post("/decode", {"ids": [10 ** 6]}).status_code == 400
+    assert duo.post("/tokenize", {"model": "tiny-bert-reranker", "inputs": "x"}).status_code == 200
+    assert duo.post("/tokenize", {"model": "nope", "inputs": "x"}).status_code == 404

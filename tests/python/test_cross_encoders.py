@@ -1,0 +1,291 @@
+"""Cross-encoders against their transformers / sentence-transformers references.
+
+Fixtures (tests/fixtures/tiny-*-reranker, tiny-bert-classifier) and how their
+references were made: each folder's README and
+scripts/fixtures/make_cross_encoders.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+import mlx_embed
+from mlx_embed.errors import InvalidInput
+from mlx_embed.pairs import truncate_pair_lengths
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
+BERT_RERANKER = os.path.join(FIXTURES, "tiny-bert-reranker")
+BERT_CLASSIFIER = os.path.join(FIXTURES, "tiny-bert-classifier")
+QWEN3_RERANKER = os.path.join(FIXTURES, "tiny-qwen3-reranker")
+XLMR_RERANKER = os.path.join(FIXTURES, "tiny-xlmr-reranker")
+GOLDEN_TEXTS = os.path.join(FIXTURES, "golden", "minilm_texts.json")
+
+
+def _json(path):
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def _tokenizer(folder) -> Tokenizer:
+    tok = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+
+_MODELS: dict = {}
+
+
+def _model(folder, **kwargs):
+    key = (folder, tuple(sorted(kwargs.items())))
+    if key not in _MODELS:
+        _MODELS[key] = mlx_embed.load(folder, **kwargs)
+    return _MODELS[key]
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-np.asarray(x, dtype=np.float64)))
+
+
+def _assert_logits(got, ref):
+    # rtol: the fixtures' heads amplify float32 rounding of the hidden state;
+    # the logits reach ~10 (see the fixture READMEs).
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("n1,n2,budget", [(a, b, c) for a in range(0, 9) for b in range(0, 9) for c in (1, 2, 5, 8)])
+def test_longest_first_matches_tokenizers(n1, n2, budget):
+    """Our longest_first lengths are exactly what the tokenizers library keeps."""
+    tok = _tokenizer(BERT_RERANKER)
+    a = " ".join(["a"] * n1)
+    b = " ".join(["b"] * n2)
+    tok.enable_truncation(budget + 3, strategy="longest_first")
+    enc = tok.encode(a, b)
+    kept = (enc.sequence_ids.count(0), enc.sequence_ids.count(1))
+    assert truncate_pair_lengths(n1, n2, budget) == kept
+
+
+@pytest.mark.parametrize("folder", [BERT_RERANKER, BERT_CLASSIFIER, XLMR_RERANKER])
+@pytest.mark.parametrize("direction", ["right", "left"])
+def test_bert_pair_ids_match_tokenizers(folder, direction):
+    """Pair ids and token types equal the tokenizers library's own pair
+    encoding with longest_first truncation, on every fixture pair."""
+    model = _model(folder)
+    pairs = _json(os.path.join(folder, "pairs.json"))
+    ids, types, before = model.encode_pairs(pairs, truncation_direction=direction)
+    ref = _tokenizer(folder)
+    ref.enable_truncation(128, strategy="longest_first", direction=direction)
+    full = _tokenizer(folder)
+    truncated = 0
+    for i, (q, d) in enumerate(pairs):
+        e = ref.encode(q, d)
+        assert ids[i] == e.ids, i
+        if types is None:  # XLM-RoBERTa: one token type, none sent
+            assert set(e.type_ids) == {0}, i
+        else:
+            assert types[i] == e.type_ids, i
+        assert before[i] == len(full.encode(q, d).ids), i
+        truncated += before[i] > 128
+    assert truncated >= 5  # the fixture exercises truncation
+
+
+def test_kinds_and_specs():
+    r, c, q = _model(BERT_RERANKER), _model(BERT_CLASSIFIER), _model(QWEN3_RERANKER)
+    assert (r.kind, r.labels, r.dim) == ("reranker", ["LABEL_0"], 1)
+    assert (c.kind, c.labels, c.dim) == ("classifier", ["negative", "neutral", "positive"], 3)
+    assert (q.kind, q.labels, q.dim) == ("reranker", ["score"], 1)
+    spec = r.spec()
+    assert (spec.kind, spec.labels, spec.dim, spec.pooling) == ("reranker", ["LABEL_0"], 1, "none")
+    p = spec.tokenizer.pair
+    assert (p.prefix_ids, p.middle_ids, p.suffix_ids) == ([101], [102], [102])
+    assert (p.first_type_id, p.second_type_id, p.template) == (0, 1, None)
+    p = q.spec().tokenizer.pair
+    assert p.template == "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
+    tok = _tokenizer(QWEN3_RERANKER)
+    assert tok.decode(p.prefix_ids, skip_special_tokens=False).startswith("<|im_start|>system\nJudge")
+    assert tok.decode(p.suffix_ids, skip_special_tokens=False) == (
+        "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
+    # The embedding model next to them is unchanged.
+    e = _model(os.path.join(FIXTURES, "tiny-qwen3"))
+    assert (e.kind, e.labels, e.spec().kind) == ("embedding", [], "embedding")
+
+
+def test_bert_reranker_matches_reference():
+    model = _model(BERT_RERANKER)
+    pairs = _json(os.path.join(BERT_RERANKER, "pairs.json"))
+    # One call: the scheduler cuts it into padded sub-batches of mixed lengths.
+    logits = model.score(pairs, raw_scores=True)
+    _assert_logits(logits, np.load(os.path.join(BERT_RERANKER, "reference_pair_logits.npy")))
+    scores = model.score(pairs)[:, 0]
+    ref_scores = np.load(os.path.join(BERT_RERANKER, "reference_pair_scores.npy"))
+    assert np.abs(scores - ref_scores).max() <= 1e-5
+    # The reference really depends on the pair: scores spread out.
+    assert ref_scores.max() - ref_scores.min() > 0.5
+    # Each pair alone gives the same as in the batch.
+    for i in (0, 3, 35, 41):
+        alone = model.score([pairs[i]], raw_scores=True)
+        assert abs(float(alone[0, 0]) - float(logits[i, 0])) <= 1e-5
+
+
+def test_xlmr_reranker_matches_reference():
+    """bge-reranker style: RoBERTa head on <s>, positions from padding_idx + 1,
+    <s> q </s></s> d </s>, no token types."""
+    model = _model(XLMR_RERANKER)
+    assert (model.kind, model.labels, model.model_type) == ("reranker", ["LABEL_0"], "xlm-roberta")
+    pair = model.spec().tokenizer.pair
+    assert (pair.prefix_ids, pair.middle_ids, pair.suffix_ids) == ([0], [2, 2], [2])
+    assert (pair.first_type_id, pair.second_type_id) == (0, 0)
+    pairs = _json(os.path.join(XLMR_RERANKER, "pairs.json"))
+    _assert_logits(
+        model.score(pairs, raw_scores=True),
+        np.load(os.path.join(XLMR_RERANKER, "reference_pair_logits.npy")),
+    )
+    ref = np.load(os.path.join(XLMR_RERANKER, "reference_pair_scores.npy"))
+    assert np.abs(model.score(pairs)[:, 0] - ref).max() <= 1e-5
+    assert ref.max() - ref.min() > 0.5
+
+
+def test_bert_reranker_needs_token_types():
+    """Feeding type 0 everywhere gives clearly different logits: the fixture
+    would catch a model that ignores the second segment's type."""
+    model = _model(BERT_RERANKER)
+    pairs = _json(os.path.join(BERT_RERANKER, "pairs.json"))[:8]
+    ids, types, _ = model.encode_pairs(pairs)
+    with_types = np.frombuffer(model.embed_ids(ids, types).vectors, dtype="<f4")
+    without = np.frombuffer(model.embed_ids(ids).vectors, dtype="<f4")
+    np.testing.assert_allclose(with_types, model.score(pairs, raw_scores=True)[:, 0], atol=1e-6)
+    assert np.abs(with_types - without).max() > 1e-2
+
+
+def test_rerank_orders_and_cuts():
+    model = _model(BERT_RERANKER)
+    pairs = _json(os.path.join(BERT_RERANKER, "pairs.json"))
+    query = pairs[0][0]
+    docs = [p[1] for p in pairs[:12]]
+    scores = model.score([(query, d) for d in docs])[:, 0]
+    ranked = model.rerank(query, docs)
+    assert [i for i, _ in ranked] == sorted(range(len(docs)), key=lambda i: -scores[i])
+    assert [s for _, s in ranked] == pytest.approx(sorted(scores, reverse=True), abs=1e-6)
+    assert model.rerank(query, docs, top_n=3) == ranked[:3]
+    raw = model.rerank(query, docs, raw_scores=True)
+    assert [i for i, _ in raw] == [i for i, _ in ranked]
+    with pytest.raises(InvalidInput, match="top_n"):
+        model.rerank(query, docs, top_n=0)
+    with pytest.raises(InvalidInput, match="not a reranker"):
+        _model(BERT_CLASSIFIER).rerank(query, docs)
+
+
+def test_bert_classifier_matches_reference():
+    model = _model(BERT_CLASSIFIER)
+    texts = _json(GOLDEN_TEXTS)
+    ref = np.load(os.path.join(BERT_CLASSIFIER, "reference_text_logits.npy"))
+    _assert_logits(model.predict(texts, raw_scores=True), ref)
+    probs = model.predict(texts)
+    e = np.exp(ref.astype(np.float64) - ref.max(axis=1, keepdims=True))
+    assert np.abs(probs - e / e.sum(axis=1, keepdims=True)).max() <= 1e-5
+    pairs = _json(os.path.join(BERT_CLASSIFIER, "pairs.json"))
+    _assert_logits(
+        model.predict(pairs, raw_scores=True),
+        np.load(os.path.join(BERT_CLASSIFIER, "reference_pair_logits.npy")),
+    )
+
+
+def test_qwen3_reranker_matches_reference():
+    model = _model(QWEN3_RERANKER)
+    pairs = _json(os.path.join(QWEN3_RERANKER, "pairs.json"))
+    ids, types, before = model.encode_pairs(pairs)
+    suffix = model.spec().tokenizer.pair.suffix_ids
+    assert types is None
+    assert all(len(x) <= 256 for x in ids) and sum(b > 256 for b in before) >= 5
+    # Every row ends with the prompt's suffix, truncated or not.
+    assert all(x[-len(suffix) :] == suffix for x in ids)
+    _assert_logits(
+        model.score(pairs, raw_scores=True),
+        np.load(os.path.join(QWEN3_RERANKER, "reference_pair_logits.npy")),
+    )
+    ref = np.load(os.path.join(QWEN3_RERANKER, "reference_pair_scores.npy"))
+    assert np.abs(model.score(pairs)[:, 0] - ref).max() <= 1e-5
+    assert ref.max() - ref.min() > 0.5
+
+
+def test_qwen3_reranker_one_worker_equals_two():
+    pairs = _json(os.path.join(QWEN3_RERANKER, "pairs.json"))
+    one = _model(QWEN3_RERANKER, workers=1).score(pairs, raw_scores=True)
+    two = _model(QWEN3_RERANKER, workers=2).score(pairs, raw_scores=True)
+    np.testing.assert_allclose(one, two, rtol=0, atol=1e-5)
+
+
+def test_qwen3_reranker_untied_head_equals_tied(tmp_path):
+    """A checkpoint with its own lm_head (Qwen3-Reranker-4B/8B) scores with
+    that head's yes/no rows: the fixture's tied table saved as lm_head gives
+    the same logits, and the full head is dropped after loading."""
+    import mlx.core as mx
+
+    folder = tmp_path / "Qwen3-Reranker-untied"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_bytes(open(os.path.join(QWEN3_RERANKER, name), "rb").read())
+    config = _json(os.path.join(QWEN3_RERANKER, "config.json"))
+    config["tie_word_embeddings"] = False
+    (folder / "config.json").write_text(json.dumps(config))
+    weights = mx.load(os.path.join(QWEN3_RERANKER, "model.safetensors"))
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"]
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    untied = mlx_embed.load(str(folder))
+    assert untied.kind == "reranker"
+    assert "lm_head" not in untied.model
+    pairs = _json(os.path.join(QWEN3_RERANKER, "pairs.json"))[:6]
+    np.testing.assert_allclose(
+        untied.score(pairs, raw_scores=True), _model(QWEN3_RERANKER).score(pairs, raw_scores=True),
+        rtol=0, atol=1e-6,
+    )
+
+
+def test_qwen3_reranker_instruction_and_braces():
+    model = _model(QWEN3_RERANKER)
+    tok = _tokenizer(QWEN3_RERANKER)
+    (a,), _, _ = model.encode_pairs([("q", "d")])
+    (b,), _, _ = model.encode_pairs([("q", "d")], instruction="Find code")
+    assert a != b
+    assert "<Instruct>: Find code\n<Query>: q\n<Document>: d" in tok.decode(b, skip_special_tokens=False)
+    # Braces in a query are text, not template fields.
+    (c,), _, _ = model.encode_pairs([("{document}", "d")])
+    assert "<Query>: {document}\n<Document>: d" in tok.decode(c, skip_special_tokens=False)
+    with pytest.raises(InvalidInput, match="pairs, not single texts"):
+        model.predict(["just a text"])
+
+
+def test_kind_resolution(tmp_path):
+    """Qwen3 is a reranker when asked or when named like one; a classifier
+    folder cannot be loaded as an embedding model; an embedding folder has no
+    reranker head."""
+    assert _model(os.path.join(FIXTURES, "tiny-qwen3"), kind="reranker").kind == "reranker"
+    assert _model(QWEN3_RERANKER, kind="embedding").kind == "embedding"
+    with pytest.raises(ValueError, match="not an embedding model"):
+        mlx_embed.load(BERT_RERANKER, kind="embedding")
+    with pytest.raises(ValueError, match="3-label classifier"):
+        mlx_embed.load(BERT_CLASSIFIER, kind="reranker")
+    with pytest.raises(ValueError, match="no reranker head"):
+        mlx_embed.load(None, kind="reranker")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        mlx_embed.load(BERT_RERANKER, kind="scorer")
+
+
+def test_bad_input():
+    model = _model(BERT_RERANKER)
+    with pytest.raises(InvalidInput, match="truncation_direction"):
+        model.score([("a", "b")], truncation_direction="middle")
+    with pytest.raises(InvalidInput, match="pair 0 has 2"):
+        model.score([("word " * 100, "word " * 100)], truncate=False)
+    with pytest.raises(TypeError, match=r"pairs\[1\]"):
+        model.score([("a", "b"), ("only one",)])
+    with pytest.raises(InvalidInput, match="embedding model"):
+        _model(os.path.join(FIXTURES, "tiny-qwen3")).score([("a", "b")])
+    with pytest.raises(InvalidInput, match="use predict"):
+        model.embed(["a"])

@@ -196,10 +196,13 @@ impl<E: Embedder> ModelThread<'_, E> {
                 Ok(step) => step,
                 Err(payload) => {
                     let died = Died(panic_message(&*payload));
-                    if let Some((prev, _)) = &prev {
-                        self.die(&died, &prev.parts);
+                    match &prev {
+                        Some((prev, _)) => {
+                            self.die(&died, &prev.parts);
+                            self.fail_unanswered(&batch.parts);
+                        }
+                        None => self.die(&died, &batch.parts),
                     }
-                    self.die(&died, &batch.parts);
                     return Err(died);
                 }
             };
@@ -211,7 +214,7 @@ impl<E: Embedder> ModelThread<'_, E> {
                     ))
                 });
                 if let Err(died) = self.finish(&prev, result, prev_submitted) {
-                    self.die(&died, &batch.parts);
+                    self.fail_unanswered(&batch.parts);
                     return Err(died);
                 }
             }
@@ -307,6 +310,11 @@ impl<E: Embedder> ModelThread<'_, E> {
     /// can never find the batcher still healthy, nor a request sneak in after it.
     fn die(&self, died: &Died, parts: &[Part]) {
         self.shared.kill(format!("model thread died: {}", died.0));
+        self.fail_unanswered(parts);
+    }
+
+    /// Fails `parts` as unavailable, once the model is marked dead.
+    fn fail_unanswered(&self, parts: &[Part]) {
         let error = self.shared.unavailable();
         for part in parts {
             part.req.fail(error.clone());

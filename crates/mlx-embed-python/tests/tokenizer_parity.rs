@@ -155,12 +155,19 @@ fn check(folder: Option<&Path>) -> usize {
     let tokenizer = embedder.hf_tokenizer().clone();
     let named = tokenizer.spec().prompts.keys().next().cloned();
     let texts = texts();
+    let mut compared = 0;
+    if let Some(pair) = &tokenizer.spec().pair {
+        compared += check_pairs(folder, &name, &tokenizer, &texts);
+        if pair.template.is_some() {
+            // A prompt-template reranker scores pairs only: a lone text has no encoding.
+            return compared;
+        }
+    }
     let token_inputs = vec![
         vec![5u32],
         vec![1, 2, 3, 4, 5, 6, 7],
         (0..2000).map(|i| i % 97).collect(),
     ];
-    let mut compared = 0;
     for (options, kwargs) in cases(named.as_deref()) {
         let (py_ids, py_before, py_token_ids) = python_ids(folder, &kwargs, &texts, &token_inputs);
         let mut truncated = 0;
@@ -190,6 +197,89 @@ fn check(folder: Option<&Path>) -> usize {
             assert_eq!(got.ids, py_token_ids[i], "{name} {kwargs}: token input {i}");
             compared += 1;
         }
+    }
+    compared
+}
+
+/// Query/document pairs of a cross-encoder: Rust's `EmbedInput::Pair` against
+/// Python's `encode_pairs`, ids and segment ids, both truncation sides.
+fn check_pairs(
+    folder: Option<&Path>,
+    name: &str,
+    tokenizer: &mlx_embed_tokenizer::HfTokenizer,
+    texts: &[String],
+) -> usize {
+    let pairs: Vec<(String, String)> = texts
+        .iter()
+        .zip(texts.iter().rev())
+        .map(|(q, d)| (q.clone(), d.clone()))
+        .collect();
+    let mut compared = 0;
+    for (direction, py_direction) in [
+        (TruncationDirection::Right, "right"),
+        (TruncationDirection::Left, "left"),
+    ] {
+        let (py_ids, py_types, py_before) = Python::attach(|py| {
+            let locals = PyDict::new(py);
+            locals
+                .set_item("folder", folder.map(|f| f.to_string_lossy().into_owned()))
+                .unwrap();
+            locals.set_item("pairs", pairs.clone()).unwrap();
+            locals.set_item("direction", py_direction).unwrap();
+            let globals = py.import("__main__").unwrap().dict();
+            if globals.get_item("MODELS").unwrap().is_none() {
+                globals.set_item("MODELS", PyDict::new(py)).unwrap();
+            }
+            locals
+                .set_item("MODELS", globals.get_item("MODELS").unwrap().unwrap())
+                .unwrap();
+            py.run(
+                c"import mlx_embed
+model = MODELS.get(folder) or MODELS.setdefault(folder, mlx_embed.load(folder))
+ids, types, before = model.encode_pairs(pairs, truncation_direction=direction)
+",
+                Some(&locals),
+                None,
+            )
+            .unwrap();
+            let get = |key: &str| locals.get_item(key).unwrap().unwrap();
+            let ids: Vec<Vec<u32>> = get("ids").extract().unwrap();
+            let types: Option<Vec<Vec<u32>>> = get("types").extract().unwrap();
+            let before: Vec<usize> = get("before").extract().unwrap();
+            (ids, types, before)
+        });
+        let options = EmbedOptions {
+            truncation_direction: direction,
+            ..EmbedOptions::default()
+        };
+        let mut truncated = 0;
+        for (i, (query, document)) in pairs.iter().enumerate() {
+            let got = tokenizer
+                .encode(
+                    &EmbedInput::Pair {
+                        query: query.clone(),
+                        document: document.clone(),
+                    },
+                    &options,
+                )
+                .unwrap_or_else(|e| panic!("{name} {py_direction}: pair {i}: {e}"));
+            assert_eq!(got.ids, py_ids[i], "{name} {py_direction}: ids of pair {i}");
+            assert_eq!(
+                got.type_ids,
+                py_types.as_ref().map(|t| t[i].clone()),
+                "{name} {py_direction}: segment ids of pair {i}"
+            );
+            assert_eq!(
+                got.untruncated_len as usize, py_before[i],
+                "{name} {py_direction}: length of pair {i}"
+            );
+            truncated += usize::from(got.untruncated_len as usize > got.ids.len());
+            compared += 1;
+        }
+        assert!(
+            truncated >= 2,
+            "{name} {py_direction}: the long pairs must truncate ({truncated} did)"
+        );
     }
     compared
 }

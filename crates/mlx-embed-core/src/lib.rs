@@ -53,7 +53,7 @@ pub use cache::CacheMetrics;
 pub use config::BatcherConfig;
 pub use embedder::{
     l2_normalize, BatchOutput, EmbedInput, EmbedOptions, Embedder, EmbedderError,
-    EmbedderErrorKind, Encoded, ModelInfo, ModelKind, Prompt, TokenSpan, Tokenize,
+    EmbedderErrorKind, Encoded, ModelInfo, ModelKind, Output, Prompt, TokenSpan, Tokenize,
     TruncationDirection,
 };
 pub use error::{CoreError, OverloadReason};

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use mlx_embed_core::{BatchOutput, Embedder, EmbedderError, Encoded, ModelInfo, Tokenize};
+use mlx_embed_core::{BatchOutput, Embedder, EmbedderError, Encoded, ModelInfo, Output, Tokenize};
 use mlx_embed_tokenizer::HfTokenizer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
@@ -144,15 +144,23 @@ impl Embedder for PythonEmbedder {
         Some(self.tokenizer.clone())
     }
 
-    fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError> {
+    fn embed_batch(
+        &mut self,
+        inputs: &[Encoded],
+        output: Output,
+    ) -> Result<BatchOutput, EmbedderError> {
         let before_attach = Instant::now();
         Python::attach(|py| -> Result<BatchOutput, EmbedderError> {
             let gil_wait = before_attach.elapsed();
             let (ids, type_ids) = id_lists(py, inputs).map_err(|err| error::classify(py, &err))?;
+            let kwargs = PyDict::new(py);
+            kwargs
+                .set_item("output", output.as_str())
+                .map_err(|err| error::classify(py, &err))?;
             let result = self
                 .model
                 .bind(py)
-                .call_method1("embed_ids", (ids, type_ids))
+                .call_method("embed_ids", (ids, type_ids), Some(&kwargs))
                 .map_err(|err| error::classify(py, &err))?;
             let vectors = result
                 .getattr("vectors")
@@ -165,8 +173,14 @@ impl Embedder for PythonEmbedder {
                 .getattr("padded_tokens")
                 .and_then(|v| v.extract())
                 .map_err(|e| protocol("EmbedResult.padded_tokens", &e))?;
+            // The model thread checks the counts against the inputs.
+            let rows: Vec<u32> = result
+                .getattr("rows")
+                .and_then(|v| v.extract())
+                .map_err(|e| protocol("EmbedResult.rows", &e))?;
             Ok(BatchOutput {
                 vectors,
+                rows,
                 padded_tokens,
                 gil_wait,
             })

@@ -15,7 +15,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use mlx_embed_core::{
-    BatchOutput, EmbedInput, EmbedOptions, Embedder, EmbedderError, Encoded, ModelInfo, Tokenize,
+    BatchOutput, EmbedInput, EmbedOptions, Embedder, EmbedderError, Encoded, ModelInfo, Output,
+    Tokenize,
 };
 use mlx_embed_python::PythonEmbedder;
 
@@ -118,7 +119,11 @@ impl Embedder for Faulty {
         self.tokenizer.clone()
     }
 
-    fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError> {
+    fn embed_batch(
+        &mut self,
+        inputs: &[Encoded],
+        output: Output,
+    ) -> Result<BatchOutput, EmbedderError> {
         let hooks: Vec<Option<Hook>> = inputs.iter().map(|e| self.marked.hook(&e.ids)).collect();
         if hooks.contains(&Some(Hook::Kill)) {
             panic!("test hook MLX_EMBED_TEST_KILL: killing the model thread");
@@ -128,6 +133,6 @@ impl Embedder for Faulty {
                 "RuntimeError: injected test fault on input {i}"
             )));
         }
-        self.model.embed_batch(inputs)
+        self.model.embed_batch(inputs, output)
     }
 }

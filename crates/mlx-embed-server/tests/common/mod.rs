@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use mlx_embed_core::{
     l2_normalize, BatchOutput, Batcher, BatcherConfig, EmbedInput, EmbedOptions, Embedder,
-    EmbedderError, Encoded, ModelInfo, Prompt, Tokenize, TruncationDirection,
+    EmbedderError, Encoded, ModelInfo, Output, Prompt, Tokenize, TruncationDirection,
 };
 use mlx_embed_server::{serve_on, ServerArgs, ServerError};
 use tokio::sync::oneshot;
@@ -115,6 +115,21 @@ pub fn raw_vector_of_ids(ids: &[u32]) -> Vec<f32> {
         .collect()
 }
 
+/// Width of the fake's per-token rows: not `DIM`, as a model whose Dense
+/// head changes the width has hidden states of another size.
+pub const TOKEN_WIDTH: usize = 6;
+
+/// The fake's per-token rows for these ids: row `j` hashes `ids[..=j]`.
+pub fn token_rows_of_ids(ids: &[u32]) -> Vec<Vec<f32>> {
+    (0..ids.len())
+        .map(|j| {
+            let mut row = raw_vector_of_ids(&ids[..=j]);
+            row.truncate(TOKEN_WIDTH);
+            row
+        })
+        .collect()
+}
+
 /// The fake's raw (unnormalized) vector for `input` with default options.
 pub fn raw_vector(input: &EmbedInput) -> Vec<f32> {
     raw_vector_of_ids(&encode(input).ids)
@@ -163,7 +178,11 @@ impl Embedder for Fake {
         Some(Arc::new(FakeTokenizer))
     }
 
-    fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError> {
+    fn embed_batch(
+        &mut self,
+        inputs: &[Encoded],
+        output: Output,
+    ) -> Result<BatchOutput, EmbedderError> {
         let texts: Vec<String> = inputs.iter().map(|e| text_of_ids(&e.ids)).collect();
         let is = |p: &str| texts.iter().any(|t| t.starts_with(p));
         if is("panic") {
@@ -181,11 +200,25 @@ impl Embedder for Fake {
             std::thread::sleep(Duration::from_millis(600));
         }
         let padded = inputs.iter().map(Encoded::len).max().unwrap_or(0) * inputs.len();
+        let (vectors, rows) = match output {
+            Output::Pooled => (
+                inputs
+                    .iter()
+                    .flat_map(|e| raw_vector_of_ids(&e.ids))
+                    .collect(),
+                vec![1; inputs.len()],
+            ),
+            Output::Tokens => (
+                inputs
+                    .iter()
+                    .flat_map(|e| token_rows_of_ids(&e.ids).concat())
+                    .collect(),
+                inputs.iter().map(|e| e.len() as u32).collect(),
+            ),
+        };
         Ok(BatchOutput {
-            vectors: inputs
-                .iter()
-                .flat_map(|e| raw_vector_of_ids(&e.ids))
-                .collect(),
+            vectors,
+            rows,
             padded_tokens: padded as u64,
             gil_wait: Duration::ZERO,
         })

@@ -18,7 +18,8 @@ Public API::
     model.encode(texts, ...) -> (ids, tokens_before_truncation)
     model.count_tokens(texts, ...) -> tokens_per_text
     model.spec() -> mlx_embed.spec.ModelSpec        # the Rust bridge's view
-    model.embed_ids(ids, type_ids=None) -> mlx_embed.spec.EmbedResult
+    model.embed_tokens(texts, ...) -> [np.ndarray float32 [tokens, hidden] per text]
+    model.embed_ids(ids, type_ids=None, *, output="pooled"|"tokens") -> mlx_embed.spec.EmbedResult
     model.memory() -> dict                          # MLX active/cache/peak bytes
     model.info() -> dict
     mlx_embed.blas_info() -> dict

@@ -29,7 +29,7 @@ from . import _blas, device, loading, ops, startup
 from .errors import InvalidInput
 from .loading import DEFAULT_MODEL_NAME, default_model_path  # noqa: F401  (re-exported)
 from .pairs import template_spec
-from .scheduler import Scheduler
+from .scheduler import OUTPUTS, Scheduler
 from .scoring import ScoringMixin
 from .spec import EmbedResult, ModelSpec, TokenizerSpec
 from .tokenization import TextTokenizer, check_direction, resolve_prompt
@@ -195,16 +195,22 @@ class EmbeddingModel(ScoringMixin):
         self,
         ids: Sequence[Sequence[int]],
         type_ids: Optional[Sequence[Sequence[int]]] = None,
+        *,
+        output: str = "pooled",
     ) -> EmbedResult:
         """Embed complete token sequences (prompt, specials and truncation
         already applied by the caller). Vectors are unnormalized; bad ids
-        raise :class:`~mlx_embed.errors.InvalidInput`."""
-        return self.submit_ids(ids, type_ids).result()
+        raise :class:`~mlx_embed.errors.InvalidInput`. ``output="tokens"``
+        (embedding models only) returns every token's last hidden state
+        instead of the pooled vector: no pooling, no Dense head."""
+        return self.submit_ids(ids, type_ids, output=output).result()
 
     def submit_ids(
         self,
         ids: Sequence[Sequence[int]],
         type_ids: Optional[Sequence[Sequence[int]]] = None,
+        *,
+        output: str = "pooled",
     ) -> "PendingResult":
         """:meth:`embed_ids` in two steps, for callers that overlap
         consecutive calls: this validates and queues the call (on a GPU it
@@ -212,10 +218,28 @@ class EmbeddingModel(ScoringMixin):
         model thread can submit batch k+1, then collect batch k, in one
         interpreter crossing, so the device never waits for the host
         between batches."""
+        self._check_output(output)
         ids = self._check_ids(ids)
         if type_ids is not None:
             type_ids = self._check_type_ids(type_ids, ids)
-        return PendingResult(self.scheduler.submit(ids, type_ids))
+        return PendingResult(self.scheduler.submit(ids, type_ids, output=output))
+
+    def embed_tokens(self, texts: list[str], **kwargs) -> list[np.ndarray]:
+        """Each text's per-token vectors: float32 [tokens, hidden] per text
+        (specials included, unnormalized), in input order. Keyword arguments
+        as :meth:`encode` takes them."""
+        self._check_output("tokens")
+        ids, _ = self.encode(texts, **kwargs)
+        flat, _ = self.scheduler.run(ids, output="tokens")
+        return np.split(flat, np.cumsum([len(x) for x in ids])[:-1])
+
+    def _check_output(self, output) -> None:
+        if output not in OUTPUTS:
+            raise InvalidInput(f"output must be one of {', '.join(OUTPUTS)}, got {output!r}")
+        if output == "tokens" and self.kind != "embedding":
+            raise InvalidInput(
+                f"{self.name} is a {self.kind}: per-token vectors come from embedding models"
+            )
 
     def memory(self) -> dict[str, int]:
         """MLX's active, cache and peak memory and the cache limit, in bytes
@@ -453,7 +477,11 @@ class PendingResult:
 
     def result(self) -> EmbedResult:
         vecs, padded = self._pending.result()
-        return EmbedResult(vectors=vecs.astype("<f4", copy=False).tobytes(), padded_tokens=padded)
+        return EmbedResult(
+            vectors=vecs.astype("<f4", copy=False).tobytes(),
+            padded_tokens=padded,
+            rows=self._pending.rows,
+        )
 
 
 def load(

@@ -4,7 +4,9 @@ The Rust core decides which inputs share a model call; this module owns the
 next step down (docs/architecture.md): sort the call's sequences by exact
 length, cut them into sub-batches of at most ``batch_tokens`` padded tokens
 (longest x rows), run each through the model and pooling, and put the
-vectors back in input order.
+vectors back in input order. With ``output="tokens"`` the pooling and Dense
+head are skipped: each input's last hidden state rows (one per real token)
+come back, flattened in input order.
 
 Two ways to run the sub-batches:
 
@@ -49,6 +51,9 @@ from . import _blas, device, ops
 # padding. GPUs want the opposite: big passes (16384 is not yet measured).
 CPU_BATCH_TOKENS = 256
 GPU_BATCH_TOKENS = 16384
+
+# What one call returns per input: one pooled vector, or one row per token.
+OUTPUTS = ("pooled", "tokens")
 
 # Fewest real tokens in one call worth splitting across the MLX workers.
 MIN_PARALLEL_TOKENS = 256
@@ -164,12 +169,15 @@ class Scheduler:
         type_ids: Optional[Sequence[Sequence[int]]] = None,
         *,
         normalize: bool = False,
+        output: str = "pooled",
     ) -> tuple[np.ndarray, int]:
         """Pooled float32 vectors [n, dim] in input order (L2-normalized on
         the device with ``normalize``), and the padded tokens processed.
         ``ids`` are complete sequences (specials included), each non-empty;
-        the caller has validated them."""
-        return self.submit(ids, type_ids, normalize=normalize).result()
+        the caller has validated them. ``output="tokens"``: the last hidden
+        state of every token instead, [sum of lengths, hidden] float32 with
+        input 0's rows first (never normalized)."""
+        return self.submit(ids, type_ids, normalize=normalize, output=output).result()
 
     def submit(
         self,
@@ -177,37 +185,44 @@ class Scheduler:
         type_ids: Optional[Sequence[Sequence[int]]] = None,
         *,
         normalize: bool = False,
+        output: str = "pooled",
     ) -> "Pending":
         """Start a call; ``.result()`` on the answer collects it. Pipelined,
         this returns once every sub-batch is queued on the device, so the
         caller can build and submit the next call before collecting this one
         (consecutive calls then overlap); otherwise the work is done here."""
+        if output not in OUTPUTS:
+            raise ValueError(f"output must be one of {', '.join(OUTPUTS)}, got {output!r}")
+        tokens = output == "tokens"
         n = len(ids)
-        if n == 0:
-            return Pending(np.empty((0, self.dim), dtype=np.float32), 0)
         lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=n)
+        if n == 0:
+            out = _TokenRows(lengths) if tokens else np.empty((0, self.dim), dtype=np.float32)
+            return Pending(out, 0)
         plan = self.plan(lengths)
         with self._lock:
             if self.pipeline:
                 with ops.forward_context(self.context):
-                    return self._submit_pipelined(plan, ids, type_ids, lengths, normalize)
-            out = np.empty((n, self.dim), dtype=np.float32)
+                    return self._submit_pipelined(plan, ids, type_ids, lengths, normalize, tokens)
+            out = _TokenRows(lengths) if tokens else np.empty((n, self.dim), dtype=np.float32)
             if self.workers > 1 and len(plan) > 1:
-                padded = self._run_parallel(plan, ids, type_ids, lengths, out, normalize)
+                padded = self._run_parallel(plan, ids, type_ids, lengths, out, normalize, tokens)
             else:
                 self._set_blas_threads(self._blas_threads)
                 ctx = self.context.with_threads(self._blas_threads or os.cpu_count() or 1)
                 with ops.forward_context(ctx):
                     padded = 0
                     for idx in plan:
-                        vec, p = self._submit(idx, ids, type_ids, lengths, normalize)
+                        vec, p = self._submit(idx, ids, type_ids, lengths, normalize, tokens)
                         mx.eval(vec)
-                        out[idx] = np.array(vec, copy=False)
+                        _store(out, idx, np.array(vec, copy=False))
                         padded += p
         return Pending(out, padded)
 
-    def _submit(self, idx, ids, type_ids, lengths, normalize) -> tuple[mx.array, int]:
-        """Build one sub-batch's padded arrays and its pooled-vector graph."""
+    def _submit(self, idx, ids, type_ids, lengths, normalize, tokens) -> tuple[mx.array, int]:
+        """Build one sub-batch's padded arrays and its pooled-vector graph
+        ([B, dim]); with ``tokens``, its last hidden state ([B, L, hidden],
+        padding included: the caller keeps each row's real tokens)."""
         L = self.bucket(int(lengths[idx].max()))
         arr = np.full((len(idx), L), self.pad_id, dtype=np.int32)
         mask = np.zeros((len(idx), L), dtype=np.int32)
@@ -226,6 +241,8 @@ class Scheduler:
                 h = self.model(mx.array(arr), mask_mx, token_type_ids=mx.array(types))
             else:
                 h = self.model(mx.array(arr), mask_mx)
+            if tokens:
+                return h.astype(mx.float32), L * len(idx)
             vec = self.head(h, mask_mx).astype(mx.float32)
             if normalize:
                 # Same convention as sentence-transformers (eps 1e-12).
@@ -240,15 +257,22 @@ class Scheduler:
             ]
         return self._streams
 
-    def _submit_pipelined(self, plan, ids, type_ids, lengths, normalize) -> "Pending":
+    def _submit_pipelined(self, plan, ids, type_ids, lengths, normalize, tokens) -> "Pending":
         parts, padded = [], 0
         streams = self._device_streams()
         for k, idx in enumerate(plan):
             with mx.stream(streams[k % len(streams)]):
-                vec, p = self._submit(idx, ids, type_ids, lengths, normalize)
+                vec, p = self._submit(idx, ids, type_ids, lengths, normalize, tokens)
                 mx.async_eval(vec)
             parts.append(vec)
             padded += p
+        if tokens:
+            # Ragged rows: each pass is copied to the host on its own when the
+            # result is read (per-token output is rare; pooled keeps one copy).
+            rows = _TokenRows(lengths)
+            for idx, vec in zip(plan, parts):
+                rows.add(idx, vec)
+            return Pending(rows, padded)
         order = np.concatenate(plan)
         vecs = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
         if not np.array_equal(order, np.arange(len(order))):
@@ -260,7 +284,7 @@ class Scheduler:
         if n is not None and _blas.get_num_threads() != n:
             _blas.set_num_threads(n)
 
-    def _run_parallel(self, plan, ids, type_ids, lengths, out, normalize) -> int:
+    def _run_parallel(self, plan, ids, type_ids, lengths, out, normalize, tokens) -> int:
         """Sub-batches on the caller's thread plus the worker threads.
 
         MLX's CPU element-wise kernels are single-threaded, so one caller
@@ -287,9 +311,9 @@ class Scheduler:
                         if k >= len(plan) or state["error"] is not None:
                             return
                     try:
-                        vec, p = self._submit(plan[k], ids, type_ids, lengths, normalize)
+                        vec, p = self._submit(plan[k], ids, type_ids, lengths, normalize, tokens)
                         mx.eval(vec)
-                        out[plan[k]] = np.array(vec, copy=False)
+                        _store(out, plan[k], np.array(vec, copy=False))
                     except BaseException as e:  # surfaced on the caller's thread
                         with lk:
                             state["error"] = state["error"] or e
@@ -306,19 +330,63 @@ class Scheduler:
         return state["padded"]
 
 
+class _TokenRows:
+    """Per-token output of one call: each sub-batch's hidden states
+    [B, L, hidden] with the input indices of its rows, until read; then each
+    input's first ``lengths[i]`` rows (its real tokens), in input order."""
+
+    def __init__(self, lengths: np.ndarray):
+        self.lengths = lengths
+        self._parts: list = []
+
+    def add(self, idx: np.ndarray, hidden) -> None:
+        # list.append is atomic: worker threads add their passes concurrently.
+        self._parts.append((idx, hidden))
+
+    def flat(self) -> np.ndarray:
+        """[sum of lengths, hidden] float32: input 0's token rows, then input 1's..."""
+        per = [None] * len(self.lengths)
+        width = 0
+        for idx, hidden in self._parts:
+            a = np.array(hidden, copy=False)
+            width = a.shape[-1]
+            for r, i in enumerate(idx):
+                per[i] = a[r, : int(self.lengths[i])]
+        if not per:
+            return np.empty((0, width), dtype=np.float32)
+        return np.ascontiguousarray(np.concatenate(per, axis=0), dtype=np.float32)
+
+
+def _store(out, idx: np.ndarray, computed: np.ndarray) -> None:
+    """Put one pass's output where its inputs go."""
+    if isinstance(out, _TokenRows):
+        out.add(idx, computed)
+    else:
+        out[idx] = computed
+
+
 class Pending:
     """A submitted call: ``result()`` gives (vectors [n, dim] float32 in input
-    order, padded tokens). For a pipelined call the vectors are still on the
-    device until then; ``result()`` is the call's one host sync."""
+    order, padded tokens), or for per-token output the flat rows
+    [sum of lengths, hidden] (``rows`` tells each input's count). For a
+    pipelined call the vectors are still on the device until then;
+    ``result()`` is the call's host sync."""
 
     def __init__(self, vectors, padded_tokens: int):
         self._vectors = vectors
         self.padded_tokens = padded_tokens
+        self.rows = (
+            [int(x) for x in vectors.lengths]
+            if isinstance(vectors, _TokenRows)
+            else [1] * len(vectors)
+        )
 
     def result(self) -> tuple[np.ndarray, int]:
         v = self._vectors
         if isinstance(v, mx.array):
             v = self._vectors = np.array(v)
+        elif isinstance(v, _TokenRows):
+            v = self._vectors = v.flat()
         return v, self.padded_tokens
 
 

@@ -90,10 +90,13 @@ class ModelSpec:
 
 @dataclass(frozen=True)
 class EmbedResult:
-    """One ``embed_ids`` call's answer: ``vectors`` is little-endian float32
-    ``[n, dim]``, pooled and *unnormalized*, rows in input order;
-    ``padded_tokens`` is the work the device did (sum over sub-batches of
-    longest x rows)."""
+    """One ``embed_ids`` call's answer: ``vectors`` is little-endian float32,
+    *unnormalized*, inputs in order: ``[n, dim]`` pooled vectors, or with
+    ``output="tokens"`` each input's last hidden state rows (one per token,
+    specials included; ``[sum(rows), hidden]``). ``rows`` is the row count
+    of each input (1 each for pooled output); ``padded_tokens`` is the work
+    the device did (sum over sub-batches of longest x rows)."""
 
     vectors: bytes
     padded_tokens: int
+    rows: list[int] = field(default_factory=list)

@@ -271,6 +271,19 @@ def test_rerank_against_an_embedding_only_server(server):
     assert "--rerank-model" in body["error"] and body["error_type"] == "Validation"
 
 
+def test_embed_all_needs_an_embedding_model(duo, scorers):
+    """Per-token vectors come from embedding models only: a cross-encoder
+    named, or a server of cross-encoders only, is a 400 (TEI: 424)."""
+    named = duo.post("/embed_all", {"model": "tiny-bert-reranker", "inputs": "x"})
+    assert named.status_code == 400, named.text
+    assert "an embedding model" in named.json()["error"]
+    none = scorers.post("/embed_all", {"inputs": "x"})
+    assert none.status_code == 400, none.text
+    # The embedding model next to the reranker answers by default.
+    ok = duo.post("/embed_all", {"inputs": "hello world"})
+    assert ok.status_code == 200 and np.array(ok.json()).shape == (1, 4, 384)
+
+
 # ------------------------------------------------------- tokenize, decode
 
 

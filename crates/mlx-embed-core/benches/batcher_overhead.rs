@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use mlx_embed_core::{
     BatchOutput, Batcher, BatcherConfig, EmbedInput, EmbedOptions, Embedder, EmbedderError,
-    Encoded, ModelInfo, Tokenize,
+    Encoded, ModelInfo, Output, Tokenize,
 };
 
 const DIM: usize = 8;
@@ -51,9 +51,17 @@ impl Embedder for ZeroCost {
     fn tokenizer(&self) -> Option<Arc<dyn Tokenize>> {
         Some(Arc::new(FourIds))
     }
-    fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError> {
+    fn embed_batch(
+        &mut self,
+        inputs: &[Encoded],
+        output: Output,
+    ) -> Result<BatchOutput, EmbedderError> {
+        if output != Output::Pooled {
+            return Err(EmbedderError::invalid_input("pooled vectors only"));
+        }
         Ok(BatchOutput {
             vectors: vec![0.0; inputs.len() * DIM],
+            rows: vec![1; inputs.len()],
             padded_tokens: 4 * inputs.len() as u64,
             gil_wait: Duration::ZERO,
         })

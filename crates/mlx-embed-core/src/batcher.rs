@@ -15,18 +15,35 @@ use crate::shared::Shared;
 use crate::tokenize;
 use crate::{
     BatcherConfig, CoreError, EmbedInput, EmbedOptions, Embedder, EmbedderError, Encoded,
-    LiveStats, MetricsSnapshot, ModelInfo, Priority, Tokenize,
+    LiveStats, MetricsSnapshot, ModelInfo, Output, Priority, Tokenize,
 };
 
 /// What one caller gets back: its own inputs' vectors, in its order.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Embeddings {
-    /// Pooled, not normalized, one per input in input order.
+    /// Not normalized, one entry per input in input order: the pooled vector
+    /// ([`Output::Pooled`]), or the input's token rows, row-major
+    /// ([`Output::Tokens`]; see [`Embeddings::rows`]).
     pub vectors: Vec<Vec<f32>>,
+    /// Rows in each entry of `vectors`: 1 for pooled output, the input's
+    /// token count for token output.
+    pub row_counts: Vec<u32>,
     /// Exact tokens the model ran per input (after truncation, special tokens included).
     pub token_counts: Vec<u32>,
     /// How many of the inputs were answered from the embedding cache.
     pub cache_hits: u32,
+}
+
+impl Embeddings {
+    /// The rows of input `i`: one pooled vector, or one per token.
+    ///
+    /// # Panics
+    /// If `i` is not an input index.
+    pub fn rows(&self, i: usize) -> std::slice::ChunksExact<'_, f32> {
+        let v = &self.vectors[i];
+        let width = v.len() / (self.row_counts[i].max(1) as usize);
+        v.chunks_exact(width.max(1))
+    }
 }
 
 /// Handle to a running batcher; cheap to clone, shareable across tasks.
@@ -152,15 +169,31 @@ impl Batcher {
         let encoded =
             tokenize::encode_all(inner.tokenizer.clone(), &inner.info, inputs, &options).await?;
         let token_counts: Vec<u32> = encoded.iter().map(|e| e.len() as u32).collect();
-        let (vectors, cache_hits) = match &shared.cache {
-            Some(cache) => {
-                self.compute_cached(cache, encoded, options.priority)
-                    .await?
+        let (vectors, row_counts, cache_hits) = match (options.output, &shared.cache) {
+            (Output::Pooled, Some(cache)) => {
+                let (vectors, hits) = self
+                    .compute_cached(cache, encoded, options.priority)
+                    .await?;
+                (vectors, vec![1; token_counts.len()], hits)
             }
-            None => (self.compute(encoded, options.priority).await?, 0),
+            (Output::Pooled, None) => (
+                self.compute(encoded, options.priority, Output::Pooled)
+                    .await?,
+                vec![1; token_counts.len()],
+                0,
+            ),
+            // The cache holds pooled vectors only; token rows are computed
+            // every time. The model thread has checked one row per token.
+            (Output::Tokens, _) => (
+                self.compute(encoded, options.priority, Output::Tokens)
+                    .await?,
+                token_counts.clone(),
+                0,
+            ),
         };
         Ok(Embeddings {
             vectors,
+            row_counts,
             token_counts,
             cache_hits,
         })
@@ -201,7 +234,7 @@ impl Batcher {
             if !leads.is_empty() {
                 let inputs = leads.iter().map(|(i, _)| encoded[*i].clone()).collect();
                 // On error the leads drop unpublished, which wakes their followers.
-                let vectors = self.compute(inputs, priority).await?;
+                let vectors = self.compute(inputs, priority, Output::Pooled).await?;
                 for ((i, lead), vector) in leads.into_iter().zip(vectors) {
                     lead.publish(&vector);
                     out[i] = Some(vector);
@@ -224,12 +257,13 @@ impl Batcher {
         Ok((vectors, hits))
     }
 
-    /// Admission into `priority`'s lane, then the model: the vectors of
+    /// Admission into `priority`'s lane, then the model: the `output` of
     /// `encoded`, in order.
     async fn compute(
         &self,
         encoded: Vec<Encoded>,
         priority: Priority,
+        output: Output,
     ) -> Result<Vec<Vec<f32>>, CoreError> {
         let shared = &*self.inner.shared;
         let n = encoded.len();
@@ -250,7 +284,9 @@ impl Batcher {
         };
         let ticket = Ticket::new(permit, n, shared.recorder.clone());
         let (reply, answer) = oneshot::channel();
-        let request = Arc::new(Request::new(n, priority, arrived, reply, ticket, active));
+        let request = Arc::new(Request::new(
+            n, priority, output, arrived, reply, ticket, active,
+        ));
         let caller = CallerGuard::new(&request);
         shared.submit(Pending::new(request, encoded))?;
         let result = answer.await;

@@ -33,7 +33,29 @@ pub enum Prompt {
     Raw(String),
 }
 
-/// Per-request choices that change how inputs are tokenized and queued.
+/// What the model returns per input.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Output {
+    /// One pooled vector (the model's pooling and any Dense layers), not normalized.
+    #[default]
+    Pooled,
+    /// The last hidden state of every token the model ran, special tokens
+    /// included: one row per token, no pooling, no normalization (TEI's
+    /// `/embed_all`). Never cached: the cache holds pooled vectors.
+    Tokens,
+}
+
+impl Output {
+    /// "pooled" or "tokens", as the Python engine's `embed_ids(output=)` takes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Output::Pooled => "pooled",
+            Output::Tokens => "tokens",
+        }
+    }
+}
+
+/// Per-request choices that change how inputs are tokenized, queued and computed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct EmbedOptions {
     pub priority: Priority,
@@ -42,6 +64,8 @@ pub struct EmbedOptions {
     pub truncate: bool,
     pub truncation_direction: TruncationDirection,
     pub prompt: Prompt,
+    /// Pooled vectors or per-token rows; a model call computes one kind only.
+    pub output: Output,
 }
 
 impl Default for EmbedOptions {
@@ -51,6 +75,7 @@ impl Default for EmbedOptions {
             truncate: true,
             truncation_direction: TruncationDirection::Right,
             prompt: Prompt::Default,
+            output: Output::Pooled,
         }
     }
 }
@@ -142,8 +167,14 @@ pub struct TokenSpan {
 /// The result of one model call on a batch.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct BatchOutput {
-    /// Pooled, NOT normalized vectors, row-major: `inputs.len() * dim` floats in input order.
+    /// NOT normalized rows, row-major, inputs in order: for [`Output::Pooled`]
+    /// one `dim`-wide vector per input; for [`Output::Tokens`] each input's
+    /// token rows (the model's hidden width each), in token order.
     pub vectors: Vec<f32>,
+    /// Rows per input, in input order: 1 each for [`Output::Pooled`], the
+    /// input's token count for [`Output::Tokens`]. The model thread checks
+    /// it, so a model can never hand one input another's rows.
+    pub rows: Vec<u32>,
     /// Padded tokens the model's device passes processed (for the padding metric).
     pub padded_tokens: u64,
     /// Time spent waiting to enter the Python interpreter (zero for non-Python models).
@@ -320,8 +351,16 @@ pub trait Embedder {
     fn live_stats(&self) -> Option<Arc<dyn LiveStats>> {
         None
     }
-    /// Embeds a batch in one model call. `inputs` is never empty.
-    fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError>;
+
+    /// Embeds a batch in one model call. `inputs` is never empty, and all of
+    /// them want `output`: the queue never mixes kinds in one call. A model
+    /// that cannot give per-token rows answers [`Output::Tokens`] with
+    /// [`EmbedderErrorKind::InvalidInput`].
+    fn embed_batch(
+        &mut self,
+        inputs: &[Encoded],
+        output: Output,
+    ) -> Result<BatchOutput, EmbedderError>;
 
     /// True when consecutive batches overlap on the model's device: the
     /// model thread then queues batch k+1 with [`Embedder::submit`] before it
@@ -330,15 +369,15 @@ pub trait Embedder {
         false
     }
 
-    /// Queues `next` (never empty) and, in the same step, collects `running`,
-    /// the batch submitted just before, so a model behind an interpreter
-    /// crosses into it once per batch. The default computes `next` at once
-    /// with `embed_batch`, after collecting `running`.
-    fn submit(&mut self, next: &[Encoded], running: Option<Ticket>) -> Submitted {
+    /// Queues `next` (never empty, all wanting `output`) and, in the same
+    /// step, collects `running`, the batch submitted just before, so a model
+    /// behind an interpreter crosses into it once per batch. The default
+    /// computes `next` at once with `embed_batch`, after collecting `running`.
+    fn submit(&mut self, next: &[Encoded], output: Output, running: Option<Ticket>) -> Submitted {
         let running = running.map(|ticket| self.collect(ticket));
-        let output = self.embed_batch(next);
+        let result = self.embed_batch(next, output);
         Submitted {
-            next: Ok(Ticket::new(output)),
+            next: Ok(Ticket::new(result)),
             running,
         }
     }

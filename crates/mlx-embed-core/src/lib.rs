@@ -53,7 +53,7 @@ pub use cache::CacheMetrics;
 pub use config::BatcherConfig;
 pub use embedder::{
     l2_normalize, BatchOutput, DeviceMemory, EmbedInput, EmbedOptions, Embedder, EmbedderError,
-    EmbedderErrorKind, Encoded, LiveStats, ModelInfo, ModelKind, Prompt, Submitted, Ticket,
+    EmbedderErrorKind, Encoded, LiveStats, ModelInfo, ModelKind, Output, Prompt, Submitted, Ticket,
     TokenSpan, Tokenize, TruncationDirection,
 };
 pub use error::{CoreError, OverloadReason};

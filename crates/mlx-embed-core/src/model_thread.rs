@@ -13,7 +13,7 @@ use crate::queue::{Batch, Part};
 use crate::shared::Shared;
 use crate::{
     BatchOutput, CoreError, Embedder, EmbedderError, EmbedderErrorKind, Encoded, LiveStats,
-    ModelInfo, Ticket, Tokenize,
+    ModelInfo, Output, Ticket, Tokenize,
 };
 
 /// The thread's name, visible in debuggers and panic messages.
@@ -138,7 +138,7 @@ impl<E: Embedder> ModelThread<'_, E> {
         while let Some(batch) = self.shared.next_batch() {
             self.mark_started(&batch);
             let started = Instant::now();
-            match self.call(&batch.inputs) {
+            match self.call(&batch.inputs, batch.output) {
                 Ok(outcome) => self.settle(&batch, outcome, started)?,
                 Err(died) => {
                     self.die(&died, &batch.parts);
@@ -190,7 +190,7 @@ impl<E: Embedder> ModelThread<'_, E> {
                 None => (None, None),
             };
             let step = catch_unwind(AssertUnwindSafe(|| {
-                self.model.submit(&batch.inputs, prev_ticket)
+                self.model.submit(&batch.inputs, batch.output, prev_ticket)
             }));
             let step = match step {
                 Ok(step) => step,
@@ -239,7 +239,7 @@ impl<E: Embedder> ModelThread<'_, E> {
         result: Result<BatchOutput, EmbedderError>,
         started: Instant,
     ) -> Result<(), Died> {
-        match self.measure(&batch.inputs, result, started) {
+        match self.measure(&batch.inputs, batch.output, result, started) {
             Ok(outcome) => self.settle(batch, outcome, started),
             Err(died) => {
                 self.die(&died, &batch.parts);
@@ -280,8 +280,9 @@ impl<E: Embedder> ModelThread<'_, E> {
                     batch.parts.len(),
                     started.elapsed().as_secs_f64() * 1e3
                 );
+                let starts = row_starts(&output.rows);
                 for part in &batch.parts {
-                    self.deliver(part, part.start, &output, batch.inputs.len());
+                    self.deliver(part, part.start, &output, &starts);
                 }
             }
             Err(error) if batch.parts.len() == 1 => batch.parts[0].req.fail(failure(error)),
@@ -291,8 +292,8 @@ impl<E: Embedder> ModelThread<'_, E> {
                 tracing::warn!(message = %error.message, parts = batch.parts.len(), "batch failed; retrying each request alone");
                 for (i, part) in batch.parts.iter().enumerate() {
                     let inputs = &batch.inputs[part.start..part.start + part.len];
-                    match self.call(inputs) {
-                        Ok(Ok(output)) => self.deliver(part, 0, &output, part.len),
+                    match self.call(inputs, batch.output) {
+                        Ok(Ok(output)) => self.deliver(part, 0, &output, &row_starts(&output.rows)),
                         Ok(Err(error)) => part.req.fail(failure(error)),
                         Err(died) => {
                             self.die(&died, &batch.parts[i..]);
@@ -324,11 +325,15 @@ impl<E: Embedder> ModelThread<'_, E> {
     /// One model call with its metrics. The outer error means the model is
     /// gone (it panicked, or said so); the inner one is the model's own error
     /// on these inputs, or an output of the wrong shape.
-    fn call(&mut self, inputs: &[Encoded]) -> Result<Result<BatchOutput, EmbedderError>, Died> {
+    fn call(
+        &mut self,
+        inputs: &[Encoded],
+        output: Output,
+    ) -> Result<Result<BatchOutput, EmbedderError>, Died> {
         let started = Instant::now();
-        let result = catch_unwind(AssertUnwindSafe(|| self.model.embed_batch(inputs)));
+        let result = catch_unwind(AssertUnwindSafe(|| self.model.embed_batch(inputs, output)));
         let result = result.map_err(|payload| Died(panic_message(&*payload)))?;
-        self.measure(inputs, result, started)
+        self.measure(inputs, output, result, started)
     }
 
     /// A model call's metrics and checks, once its result is in (`started`:
@@ -336,6 +341,7 @@ impl<E: Embedder> ModelThread<'_, E> {
     fn measure(
         &self,
         inputs: &[Encoded],
+        output: Output,
         result: Result<BatchOutput, EmbedderError>,
         started: Instant,
     ) -> Result<Result<BatchOutput, EmbedderError>, Died> {
@@ -344,12 +350,13 @@ impl<E: Embedder> ModelThread<'_, E> {
         let gil_wait = result.as_ref().map(|o| o.gil_wait).unwrap_or_default();
         let longest = inputs.iter().map(Encoded::len).max().unwrap_or(0);
         recorder.model_call(inputs.len(), longest * inputs.len(), elapsed, gil_wait);
+        let kind = output;
         let output = match result {
             Ok(output) => output,
             Err(e) if e.kind == EmbedderErrorKind::ModelGone => return Err(Died(e.message)),
             Err(e) => return Ok(Err(e)),
         };
-        if let Err(message) = self.check_shape(&output, inputs.len()) {
+        if let Err(message) = self.check_shape(&output, inputs, kind) {
             return Ok(Err(EmbedderError::model_failure(message)));
         }
         let real: u64 = inputs.iter().map(|e| e.len() as u64).sum();
@@ -357,33 +364,66 @@ impl<E: Embedder> ModelThread<'_, E> {
         Ok(Ok(output))
     }
 
-    /// A model returning the wrong number of floats is a model error, never
-    /// a panic or a mis-sliced answer.
-    fn check_shape(&self, output: &BatchOutput, n: usize) -> Result<(), String> {
-        let floats = output.vectors.len();
-        let ok_vectors = if self.dim > 0 {
-            floats == n * self.dim
-        } else {
-            floats > 0 && floats.checked_rem(n) == Some(0)
+    /// A model returning the wrong number of rows or floats is a model
+    /// error, never a panic or a mis-sliced answer: pooled output is one
+    /// `dim`-wide row per input; token output one row per token of each
+    /// input, all of one width.
+    fn check_shape(
+        &self,
+        output: &BatchOutput,
+        inputs: &[Encoded],
+        kind: Output,
+    ) -> Result<(), String> {
+        let n = inputs.len();
+        let want_rows = |i: usize| match kind {
+            Output::Pooled => 1,
+            Output::Tokens => inputs[i].len(),
         };
-        if !ok_vectors {
+        if output.rows.len() != n || (0..n).any(|i| output.rows[i] as usize != want_rows(i)) {
             return Err(format!(
-                "model returned {floats} floats for {n} inputs (dimension {})",
+                "model returned {} row counts {:?} for {n} inputs wanting {} output",
+                output.rows.len(),
+                &output.rows[..output.rows.len().min(8)],
+                kind.as_str()
+            ));
+        }
+        let rows: usize = output.rows.iter().map(|&r| r as usize).sum();
+        let floats = output.vectors.len();
+        let ok = match (kind, self.dim) {
+            (Output::Pooled, dim) if dim > 0 => floats == rows * dim,
+            // A hidden width need not be the pooled `dim` (Dense heads).
+            _ => floats > 0 && floats.checked_rem(rows) == Some(0),
+        };
+        if !ok {
+            return Err(format!(
+                "model returned {floats} floats for {rows} {} rows (dimension {})",
+                kind.as_str(),
                 self.dim
             ));
         }
         Ok(())
     }
 
-    /// Hands `part` its rows of `output` (`rows` rows in all), which start at row `first_row`.
-    fn deliver(&self, part: &Part, first_row: usize, output: &BatchOutput, rows: usize) {
-        let dim = output.vectors.len() / rows;
-        let rows = first_row..first_row + part.len;
-        let vectors = output.vectors[rows.start * dim..rows.end * dim]
-            .chunks_exact(dim)
-            .map(<[f32]>::to_vec);
+    /// Hands `part` its rows of `output`; the batch's input `first` is the
+    /// part's first, and `starts` is each input's first row (plus the total).
+    fn deliver(&self, part: &Part, first: usize, output: &BatchOutput, starts: &[usize]) {
+        let width = output.vectors.len() / starts[starts.len() - 1];
+        let vectors = (first..first + part.len)
+            .map(|i| output.vectors[starts[i] * width..starts[i + 1] * width].to_vec());
         part.req.deliver(part.offset, vectors);
     }
+}
+
+/// Each input's first row in a checked output, and the total rows last.
+fn row_starts(rows: &[u32]) -> Vec<usize> {
+    let mut starts = Vec::with_capacity(rows.len() + 1);
+    let mut next = 0;
+    starts.push(0);
+    for &r in rows {
+        next += r as usize;
+        starts.push(next);
+    }
+    starts
 }
 
 /// What a caller is told when the model failed on its inputs.

@@ -5,6 +5,11 @@
 //! huge request cannot starve the small ones behind it. Across lanes a batch
 //! takes high first, then normal, then low, under these rules:
 //!
+//! - **One kind per call.** A batch holds requests of one [`Output`] only
+//!   (pooled vectors or per-token rows): it takes the kind of its first
+//!   input, and a lane whose front request wants the other kind adds nothing
+//!   to it (FIFO is kept; that lane goes first in a later batch, by aging if
+//!   need be).
 //! - **Budgets.** A batch holds at most `max_batch_size` inputs and
 //!   `max_batch_tokens` padded tokens (longest x count, exact: inputs arrive
 //!   tokenized); a lone input always fits, however long.
@@ -19,7 +24,8 @@
 //! Invariants (checked by `debug_assert!`s):
 //! - a [`FairQueue`]'s `inputs` is the sum of its entries' remaining inputs,
 //!   and no entry is empty;
-//! - a [`Batch`]'s parts cover its inputs contiguously, in order;
+//! - a [`Batch`]'s parts cover its inputs contiguously, in order, and all
+//!   want the batch's [`Output`];
 //! - a batch never exceeds `max_batch_size` inputs, nor `max_batch_tokens`
 //!   padded tokens unless it holds a single input.
 
@@ -28,7 +34,7 @@ use std::sync::Arc;
 
 use crate::recorder::Recorder;
 use crate::request::Request;
-use crate::{Encoded, Priority};
+use crate::{Encoded, Output, Priority};
 
 /// Budgets and lane rules for cutting batches.
 #[derive(Debug, Clone, Copy)]
@@ -87,9 +93,16 @@ pub(crate) struct Batch {
     pub parts: Vec<Part>,
     /// Tokens of the longest input in the batch (the padded length).
     max_tokens: usize,
+    /// What the model computes for every input (the first input's kind).
+    pub output: Output,
 }
 
 impl Batch {
+    /// Whether inputs of `req` may join: the batch is empty or of its kind.
+    fn takes(&self, req: &Request) -> bool {
+        self.inputs.is_empty() || self.output == req.output
+    }
+
     pub fn is_empty(&self) -> bool {
         self.inputs.is_empty()
     }
@@ -114,6 +127,9 @@ impl Batch {
     }
 
     fn push(&mut self, req: &Arc<Request>, index: usize, input: Encoded) {
+        if self.inputs.is_empty() {
+            self.output = req.output;
+        }
         self.max_tokens = self.max_tokens.max(input.len());
         let start = self.inputs.len();
         self.inputs.push(input);
@@ -138,6 +154,7 @@ impl Batch {
             for part in &self.parts {
                 debug_assert_eq!(part.start, next, "parts cover the batch contiguously");
                 debug_assert!(part.len > 0, "no empty part");
+                debug_assert_eq!(part.req.output, self.output, "one output kind per batch");
                 next += part.len;
             }
             debug_assert_eq!(next, self.inputs.len(), "parts cover every input");
@@ -209,6 +226,9 @@ impl FairQueue {
                 recorder.dequeued(self.priority, n);
                 self.entries.pop_front();
                 continue;
+            }
+            if !batch.takes(&front.req) {
+                break;
             }
             if !limits.batching
                 && batch
@@ -352,6 +372,7 @@ mod tests {
     fn request(
         n: usize,
         priority: Priority,
+        output: Output,
         recorder: &Arc<Recorder>,
     ) -> (Arc<Request>, Vec<Encoded>) {
         let runtime = tokio::runtime::Builder::new_current_thread()
@@ -365,6 +386,7 @@ mod tests {
         let req = Arc::new(Request::new(
             n,
             priority,
+            output,
             Instant::now(),
             reply,
             ticket,
@@ -395,11 +417,27 @@ mod tests {
     /// Queues requests of these (size, priority) in order, drains the lanes
     /// and returns each batch as (request index, inputs) runs.
     fn batches_with(requests: &[(usize, Priority)], limits: Limits) -> Vec<Vec<(usize, usize)>> {
+        let requests: Vec<_> = requests
+            .iter()
+            .map(|&(n, p)| (n, p, Output::Pooled))
+            .collect();
+        batches_of_kinds(&requests, limits)
+            .into_iter()
+            .map(|(_, runs)| runs)
+            .collect()
+    }
+
+    /// [`batches_with`] for requests of either output kind; each batch also
+    /// says its kind.
+    fn batches_of_kinds(
+        requests: &[(usize, Priority, Output)],
+        limits: Limits,
+    ) -> Vec<(Output, Vec<(usize, usize)>)> {
         let recorder = Arc::new(Recorder::new());
         let mut lanes = Lanes::new(limits);
         let mut ids = Vec::new();
-        for &(n, priority) in requests {
-            let (req, inputs) = request(n, priority, &recorder);
+        for &(n, priority, output) in requests {
+            let (req, inputs) = request(n, priority, output, &recorder);
             ids.push(req.clone());
             recorder.queued(priority, n);
             lanes.push(Pending::new(req, inputs));
@@ -407,7 +445,11 @@ mod tests {
         let mut out = Vec::new();
         while !lanes.is_empty() {
             let batch = lanes.cut(&recorder);
-            out.push(
+            for part in &batch.parts {
+                assert_eq!(part.req.output, batch.output, "a batch mixed output kinds");
+            }
+            out.push((
+                batch.output,
                 batch
                     .parts
                     .iter()
@@ -418,7 +460,7 @@ mod tests {
                         )
                     })
                     .collect(),
-            );
+            ));
         }
         assert_eq!(recorder.queued_total(), 0, "queued count back to zero");
         out
@@ -515,6 +557,52 @@ mod tests {
                 vec![(4, 2), (5, 2)],
                 vec![(5, 2), (6, 2)],
                 vec![(6, 2)],
+            ]
+        );
+    }
+
+    use Output::{Pooled, Tokens};
+
+    #[test]
+    fn pooled_and_token_requests_never_share_a_batch() {
+        // One lane, kinds interleaved: each run of one kind is its own batch, in FIFO order.
+        assert_eq!(
+            batches_of_kinds(
+                &[
+                    (2, Normal, Pooled),
+                    (1, Normal, Tokens),
+                    (1, Normal, Tokens),
+                    (1, Normal, Pooled),
+                ],
+                limits(true)
+            ),
+            vec![
+                (Pooled, vec![(0, 2)]),
+                (Tokens, vec![(1, 1), (2, 1)]),
+                (Pooled, vec![(3, 1)]),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_lane_of_the_other_kind_waits_then_ages_in() {
+        let limits = Limits {
+            aging_batches: 2,
+            ..limits(true)
+        };
+        // High pooled work keeps coming; the normal token request cannot
+        // join it, and goes first once passed over twice.
+        let mut requests = vec![(1, Normal, Tokens), (1, Normal, Pooled)];
+        requests.extend([(4, High, Pooled); 4]);
+        assert_eq!(
+            batches_of_kinds(&requests, limits),
+            vec![
+                (Pooled, vec![(2, 4)]),
+                (Pooled, vec![(3, 4)]),
+                (Tokens, vec![(0, 1)]),
+                (Pooled, vec![(4, 4)]),
+                (Pooled, vec![(5, 4),]),
+                (Pooled, vec![(1, 1)]),
             ]
         );
     }

@@ -8,9 +8,10 @@ use std::time::Instant;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use crate::recorder::{lock, Recorder};
-use crate::{CoreError, Priority};
+use crate::{CoreError, Output, Priority};
 
-/// A request's vectors (pooled, not normalized, in input order), or why not.
+/// A request's vectors (not normalized, in input order; per input one pooled
+/// vector, or its token rows flattened), or why not.
 pub(crate) type Answered = Result<Vec<Vec<f32>>, CoreError>;
 
 pub(crate) type Reply = oneshot::Sender<Answered>;
@@ -73,6 +74,8 @@ pub(crate) struct Request {
     pub len: usize,
     /// The lane it waits in.
     pub priority: Priority,
+    /// What the model computes for it; a batch holds one kind only.
+    pub output: Output,
     pub arrived: Instant,
     caller_gone: AtomicBool,
     /// Set once the request got an error: its remaining inputs are pointless.
@@ -87,6 +90,7 @@ impl Request {
     pub fn new(
         len: usize,
         priority: Priority,
+        output: Output,
         arrived: Instant,
         reply: Reply,
         ticket: Ticket,
@@ -95,6 +99,7 @@ impl Request {
         Self {
             len,
             priority,
+            output,
             arrived,
             caller_gone: AtomicBool::new(false),
             failed: AtomicBool::new(false),

@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::*;
 use mlx_embed_core::{
     BatchOutput, Batcher, BatcherConfig, DeviceMemory, Embedder, EmbedderError, Encoded, LiveStats,
-    ModelInfo, Tokenize,
+    ModelInfo, Output, Tokenize,
 };
 
 /// Counts the batches its model has started; memory grows 1 KiB per batch.
@@ -53,9 +53,13 @@ impl Embedder for WithStats {
     fn live_stats(&self) -> Option<Arc<dyn LiveStats>> {
         Some(self.stats.clone())
     }
-    fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError> {
+    fn embed_batch(
+        &mut self,
+        inputs: &[Encoded],
+        output: Output,
+    ) -> Result<BatchOutput, EmbedderError> {
         self.stats.started.fetch_add(1, Ordering::SeqCst);
-        self.fake.embed_batch(inputs)
+        self.fake.embed_batch(inputs, output)
     }
 }
 

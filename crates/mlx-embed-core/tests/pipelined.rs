@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::*;
 use mlx_embed_core::{
     BatchOutput, Batcher, BatcherConfig, CoreError, EmbedOptions, Embedder, EmbedderError, Encoded,
-    ModelInfo, Submitted, Ticket, Tokenize,
+    ModelInfo, Output, Submitted, Ticket, Tokenize,
 };
 use tokio::time::timeout;
 
@@ -50,16 +50,20 @@ impl Embedder for Pipelined {
         self.fake.tokenizer()
     }
     /// The one-shot path, which failed batches are retried on.
-    fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError> {
+    fn embed_batch(
+        &mut self,
+        inputs: &[Encoded],
+        output: Output,
+    ) -> Result<BatchOutput, EmbedderError> {
         match refused(inputs) {
             Some(error) => Err(error),
-            None => self.fake.embed_batch(inputs),
+            None => self.fake.embed_batch(inputs, output),
         }
     }
     fn pipelines(&self) -> bool {
         true
     }
-    fn submit(&mut self, next: &[Encoded], running: Option<Ticket>) -> Submitted {
+    fn submit(&mut self, next: &[Encoded], output: Output, running: Option<Ticket>) -> Submitted {
         self.entered.fetch_add(1, Ordering::SeqCst);
         self.submit_gate.pass();
         self.events
@@ -69,17 +73,18 @@ impl Embedder for Pipelined {
         let running = running.map(|ticket| self.collect(ticket));
         let next = match refused(next) {
             Some(error) => Err(error),
-            None => Ok(Ticket::new(next.to_vec())),
+            None => Ok(Ticket::new((next.to_vec(), output))),
         };
         Submitted { next, running }
     }
     fn collect(&mut self, ticket: Ticket) -> Result<BatchOutput, EmbedderError> {
-        let inputs: Vec<Encoded> = ticket.into_inner().expect("a ticket of this fake");
+        let (inputs, output): (Vec<Encoded>, Output) =
+            ticket.into_inner().expect("a ticket of this fake");
         self.events
             .lock()
             .unwrap()
             .push(format!("collect {}", names(&inputs)));
-        self.fake.embed_batch(&inputs)
+        self.fake.embed_batch(&inputs, output)
     }
 }
 

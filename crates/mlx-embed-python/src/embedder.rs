@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mlx_embed_core::{
-    BatchOutput, Embedder, EmbedderError, Encoded, LiveStats, ModelInfo, Submitted, Ticket,
+    BatchOutput, Embedder, EmbedderError, Encoded, LiveStats, ModelInfo, Output, Submitted, Ticket,
     Tokenize,
 };
 use mlx_embed_tokenizer::HfTokenizer;
@@ -169,15 +169,23 @@ impl Embedder for PythonEmbedder {
         Some(Arc::new(PythonLiveStats::new(model)))
     }
 
-    fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError> {
+    fn embed_batch(
+        &mut self,
+        inputs: &[Encoded],
+        output: Output,
+    ) -> Result<BatchOutput, EmbedderError> {
         let before_attach = Instant::now();
         Python::attach(|py| -> Result<BatchOutput, EmbedderError> {
             let gil_wait = before_attach.elapsed();
             let (ids, type_ids) = id_lists(py, inputs).map_err(|err| error::classify(py, &err))?;
+            let kwargs = PyDict::new(py);
+            kwargs
+                .set_item("output", output.as_str())
+                .map_err(|err| error::classify(py, &err))?;
             let result = self
                 .model
                 .bind(py)
-                .call_method1("embed_ids", (ids, type_ids))
+                .call_method("embed_ids", (ids, type_ids), Some(&kwargs))
                 .map_err(|err| error::classify(py, &err))?;
             read_result(&result, gil_wait)
         })
@@ -189,15 +197,17 @@ impl Embedder for PythonEmbedder {
 
     /// `submit_ids` for `next`, then `result()` for `running`, in one
     /// interpreter crossing.
-    fn submit(&mut self, next: &[Encoded], running: Option<Ticket>) -> Submitted {
+    fn submit(&mut self, next: &[Encoded], output: Output, running: Option<Ticket>) -> Submitted {
         let before_attach = Instant::now();
         Python::attach(|py| {
             let gil_wait = before_attach.elapsed();
             let queued = id_lists(py, next)
                 .and_then(|(ids, type_ids)| {
+                    let kwargs = PyDict::new(py);
+                    kwargs.set_item("output", output.as_str())?;
                     self.model
                         .bind(py)
-                        .call_method1("submit_ids", (ids, type_ids))
+                        .call_method("submit_ids", (ids, type_ids), Some(&kwargs))
                 })
                 .map(|pending| Ticket::new(PendingCall(pending.unbind())))
                 .map_err(|err| error::classify(py, &err));
@@ -247,8 +257,14 @@ fn read_result(
         .getattr("padded_tokens")
         .and_then(|v| v.extract())
         .map_err(|e| protocol("EmbedResult.padded_tokens", &e))?;
+    // The model thread checks the counts against the inputs.
+    let rows: Vec<u32> = result
+        .getattr("rows")
+        .and_then(|v| v.extract())
+        .map_err(|e| protocol("EmbedResult.rows", &e))?;
     Ok(BatchOutput {
         vectors,
+        rows,
         padded_tokens,
         gil_wait,
     })

@@ -131,7 +131,7 @@ async fn golden_texts_match_reference_and_concurrent_callers_get_their_own() {
 /// fails alone; the live figures read MLX's memory.
 #[test]
 fn pipelined_submit_and_collect_match_the_one_shot_path() {
-    use mlx_embed_core::{Embedder, EmbedderErrorKind, Encoded};
+    use mlx_embed_core::{Embedder, EmbedderErrorKind, Encoded, Output};
     use mlx_embed_python::EngineOptions;
 
     let options = PythonModelOptions {
@@ -167,14 +167,14 @@ fn pipelined_submit_and_collect_match_the_one_shot_path() {
         untruncated_len: 3,
     }];
 
-    let one_shot_first = model.embed_batch(&first).unwrap().vectors;
-    let one_shot_second = model.embed_batch(&second).unwrap().vectors;
+    let one_shot_first = model.embed_batch(&first, Output::Pooled).unwrap().vectors;
+    let one_shot_second = model.embed_batch(&second, Output::Pooled).unwrap().vectors;
 
-    let step = model.submit(&first, None);
+    let step = model.submit(&first, Output::Pooled, None);
     assert!(step.running.is_none());
-    let step = model.submit(&second, Some(step.next.unwrap()));
+    let step = model.submit(&second, Output::Pooled, Some(step.next.unwrap()));
     assert_eq!(step.running.unwrap().unwrap().vectors, one_shot_first);
-    let step = model.submit(&bad, Some(step.next.unwrap()));
+    let step = model.submit(&bad, Output::Pooled, Some(step.next.unwrap()));
     assert_eq!(step.running.unwrap().unwrap().vectors, one_shot_second);
     let refused = match step.next {
         Ok(ticket) => model.collect(ticket).unwrap_err(),
@@ -182,7 +182,7 @@ fn pipelined_submit_and_collect_match_the_one_shot_path() {
     };
     assert_eq!(refused.kind, EmbedderErrorKind::InvalidInput, "{refused:?}");
     // The model still answers after the refusal.
-    let ticket = model.submit(&first, None).next.unwrap();
+    let ticket = model.submit(&first, Output::Pooled, None).next.unwrap();
     assert_eq!(model.collect(ticket).unwrap().vectors, one_shot_first);
 
     let live = model

@@ -1,7 +1,9 @@
 //! The one embed path every API adapter calls:
 //! validate -> `batcher.embed` (tokenize, admit, batch, compute) -> `dimensions` -> normalize.
+//! Per-token output (`options.output`, TEI's `/embed_all`) takes the same
+//! path and comes back as raw rows: neither cut nor normalized.
 
-use mlx_embed_core::{l2_normalize, EmbedInput, EmbedOptions};
+use mlx_embed_core::{l2_normalize, EmbedInput, EmbedOptions, Output};
 
 use crate::errors::{ApiError, ErrorKind};
 use crate::models::Task;
@@ -15,11 +17,12 @@ pub struct EmbedRequest {
     pub model: Option<String>,
     pub inputs: Vec<EmbedInput>,
     /// Priority, truncation (`truncate: false` refuses over-long inputs with
-    /// 422 before any compute), truncation side and prompt.
+    /// 422 before any compute), truncation side, prompt and output kind.
     pub options: EmbedOptions,
-    /// Scale each vector to unit length (after `dimensions`).
+    /// Scale each vector to unit length (after `dimensions`); pooled output only.
     pub normalize: bool,
-    /// Keep only the first N components (1..=dim); re-normalized when `normalize`.
+    /// Keep only the first N components (1..=dim); re-normalized when
+    /// `normalize`; pooled output only.
     pub dimensions: Option<i64>,
 }
 
@@ -42,9 +45,12 @@ impl EmbedRequest {
 pub struct EmbedOutput {
     /// The served name of the model that answered.
     pub model: String,
-    /// One vector per input, in input order.
+    /// One entry per input, in input order: its vector, or (per-token
+    /// output) its `rows` token rows, row-major.
     pub vectors: Vec<Vec<f32>>,
-    /// Length of each vector.
+    /// Rows in each entry of `vectors` (1 for pooled output).
+    pub rows: Vec<u32>,
+    /// Length of each vector (of each row).
     pub dimension: usize,
     /// Exact tokens the model ran over all inputs (after truncation, specials included).
     pub prompt_tokens: u64,
@@ -57,12 +63,13 @@ pub async fn embed(state: &AppState, req: EmbedRequest) -> Result<EmbedOutput, A
     check_inputs(state, &req.inputs)?;
     let model = state.model_for(req.model.as_deref(), Task::Embed)?;
     let dim = model.info().dim;
+    let output = req.options.output;
     let dimension = validate(&req, dim)?;
 
     let n_inputs = req.inputs.len();
     let out = model.batcher.embed(req.inputs, req.options).await?;
-    if out.vectors.len() != n_inputs {
-        // The core promises one vector per input; never answer with misaligned data.
+    if out.vectors.len() != n_inputs || out.row_counts.len() != n_inputs {
+        // The core promises one entry per input; never answer with misaligned data.
         return Err(ApiError::new(
             ErrorKind::Model,
             format!(
@@ -73,16 +80,23 @@ pub async fn embed(state: &AppState, req: EmbedRequest) -> Result<EmbedOutput, A
     }
 
     let mut vectors = out.vectors;
-    for v in &mut vectors {
-        v.truncate(dimension);
-        if req.normalize {
-            l2_normalize(v);
+    let dimension = match output {
+        Output::Pooled => {
+            for v in &mut vectors {
+                v.truncate(dimension);
+                if req.normalize {
+                    l2_normalize(v);
+                }
+            }
+            dimension
         }
-    }
+        Output::Tokens => row_width(&vectors, &out.row_counts)?,
+    };
     let prompt_tokens = out.token_counts.iter().map(|&n| u64::from(n)).sum();
     Ok(EmbedOutput {
         model: model.name.clone(),
         vectors,
+        rows: out.row_counts,
         dimension,
         prompt_tokens,
         cache_hits: out.cache_hits,
@@ -126,8 +140,32 @@ pub(crate) fn check_inputs(state: &AppState, inputs: &[EmbedInput]) -> Result<()
     Ok(())
 }
 
+/// The width every token row has (the model's hidden size, which need not
+/// be the pooled `dim`); a model error if the rows disagree.
+fn row_width(vectors: &[Vec<f32>], rows: &[u32]) -> Result<usize, ApiError> {
+    let width = vectors[0].len() / (rows[0].max(1) as usize);
+    if width == 0
+        || vectors
+            .iter()
+            .zip(rows)
+            .any(|(v, &r)| v.len() != r as usize * width)
+    {
+        return Err(ApiError::new(
+            ErrorKind::Model,
+            "model returned token rows of different widths",
+        ));
+    }
+    Ok(width)
+}
+
 /// The output dimension `req` asks for.
 fn validate(req: &EmbedRequest, dim: usize) -> Result<usize, ApiError> {
+    if req.options.output == Output::Tokens && (req.normalize || req.dimensions.is_some()) {
+        // Per-token rows are the raw hidden states (TEI's contract); no route asks otherwise.
+        return Err(ApiError::invalid(
+            "per-token output is neither normalized nor cut to dimensions",
+        ));
+    }
     match req.dimensions {
         None => Ok(dim),
         Some(n) if n >= 1 && n as u64 <= dim as u64 => Ok(n as usize),

@@ -170,7 +170,9 @@ fn article(kind: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mlx_embed_core::{BatchOutput, BatcherConfig, Embedder, EmbedderError, Encoded, Tokenize};
+    use mlx_embed_core::{
+        BatchOutput, BatcherConfig, Embedder, EmbedderError, Encoded, Output, Tokenize,
+    };
     use std::sync::Arc;
 
     struct Fake(ModelKind);
@@ -188,9 +190,14 @@ mod tests {
         fn tokenizer(&self) -> Option<Arc<dyn Tokenize>> {
             None
         }
-        fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError> {
+        fn embed_batch(
+            &mut self,
+            inputs: &[Encoded],
+            _: Output,
+        ) -> Result<BatchOutput, EmbedderError> {
             Ok(BatchOutput {
                 vectors: vec![0.0; inputs.len()],
+                rows: vec![1; inputs.len()],
                 ..BatchOutput::default()
             })
         }

@@ -15,6 +15,7 @@ use crate::routes::{native, ollama, openai, ops, predict, rerank, root, similari
         openai::embeddings,
         openai::models,
         tei::embed,
+        tei::embed_all,
         ollama::embed,
         rerank::tei_rerank,
         rerank::cohere_rerank_v1,

@@ -1019,3 +1019,123 @@ async fn info_and_metrics_show_live_model_memory() {
     }
     s.stop().await.unwrap();
 }
+
+/// `/embed_all`'s answer as floats: per input, per token, one row.
+fn token_rows(v: &Value) -> Vec<Vec<Vec<f32>>> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list: {v}"))
+        .iter()
+        .map(|rows| rows.as_array().unwrap().iter().map(floats).collect())
+        .collect()
+}
+
+#[tokio::test]
+async fn embed_all_returns_every_token_row() {
+    use mlx_embed_core::Tokenize;
+    let s = Server::default().await;
+    let inputs = ["hello world", "z"];
+    let (status, _, v) = post(&s, "/embed_all", &json!({ "inputs": inputs })).await;
+    assert_eq!(status, 200, "{v}");
+    let got = token_rows(&v);
+    assert_eq!(got.len(), 2);
+    for (t, rows) in inputs.iter().zip(&got) {
+        let ids = encode(&text(t)).ids;
+        // One raw (unnormalized) row per token, markers included, of the
+        // model's row width (not its pooled dimension).
+        assert_eq!(rows.len(), ids.len(), "{t}");
+        assert_eq!(rows, &token_rows_of_ids(&ids), "{t}");
+        assert!(rows.iter().all(|r| r.len() == TOKEN_WIDTH));
+    }
+
+    // A single string is a list of one; prompt and truncation side reach the tokenizer.
+    let long = "0123456789".repeat(10);
+    let (status, _, v) = post(
+        &s,
+        "/embed_all",
+        &json!({ "inputs": long, "prompt_name": "query", "truncation_direction": "Left" }),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let want = mlx_embed_core::EmbedOptions {
+        prompt: mlx_embed_core::Prompt::Named("query".into()),
+        truncation_direction: mlx_embed_core::TruncationDirection::Left,
+        ..Default::default()
+    };
+    let ids = FakeTokenizer
+        .encode(&text(&long), &want)
+        .expect("the fake encodes it")
+        .ids;
+    assert_eq!(ids.len(), MAX_TOKENS);
+    assert_eq!(token_rows(&v), vec![token_rows_of_ids(&ids)]);
+
+    // Bad input: the same codes as /embed.
+    let msg = expect_error(
+        &s,
+        "/embed_all",
+        Shape::Tei,
+        &json!({ "inputs": [long], "truncate": false }),
+        422,
+    )
+    .await;
+    assert!(msg.contains("input 0"), "{msg}");
+    expect_error(&s, "/embed_all", Shape::Tei, &json!({ "inputs": [] }), 400).await;
+    expect_error(
+        &s,
+        "/embed_all",
+        Shape::Tei,
+        &json!({ "inputs": [""] }),
+        400,
+    )
+    .await;
+    expect_error(&s, "/embed_all", Shape::Tei, &json!({ "inputs": [1] }), 422).await;
+    expect_error(&s, "/embed_all", Shape::Tei, &json!({ "text": "a" }), 422).await;
+    let msg = expect_error(
+        &s,
+        "/embed_all",
+        Shape::Tei,
+        &json!({ "inputs": "a", "prompt_name": "nope" }),
+        400,
+    )
+    .await;
+    assert!(msg.contains("nope"), "{msg}");
+    let r = client()
+        .post(s.url("/embed_all"))
+        .header("X-Priority", "urgent")
+        .json(&json!({ "inputs": "a" }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
+
+    // Per-token rows never touch the embedding cache (pooled vectors only).
+    let metrics = client()
+        .get(s.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "mlx_embed_cache_hits_total 0",
+        "mlx_embed_cache_misses_total 0",
+    ] {
+        assert!(metrics.lines().any(|l| l == line), "{line} missing");
+    }
+    let (_, _, again) = post(&s, "/embed_all", &json!({ "inputs": inputs })).await;
+    assert_eq!(token_rows(&again), got);
+
+    let doc: Value = client()
+        .get(s.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(
+        doc["paths"]["/embed_all"]["post"].is_object(),
+        "openapi lacks /embed_all"
+    );
+    s.stop().await.unwrap();
+}

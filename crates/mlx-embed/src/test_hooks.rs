@@ -16,7 +16,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use mlx_embed_core::{
     BatchOutput, EmbedInput, EmbedOptions, Embedder, EmbedderError, Encoded, LiveStats, ModelInfo,
-    Submitted, Ticket, Tokenize,
+    Output, Submitted, Ticket, Tokenize,
 };
 use mlx_embed_python::PythonEmbedder;
 
@@ -123,9 +123,13 @@ impl Embedder for Faulty {
         self.model.live_stats()
     }
 
-    fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError> {
+    fn embed_batch(
+        &mut self,
+        inputs: &[Encoded],
+        output: Output,
+    ) -> Result<BatchOutput, EmbedderError> {
         self.injected(inputs)?;
-        self.model.embed_batch(inputs)
+        self.model.embed_batch(inputs, output)
     }
 
     fn pipelines(&self) -> bool {
@@ -134,7 +138,7 @@ impl Embedder for Faulty {
 
     /// A hooked batch is never queued: its ticket carries the injected fault,
     /// which it answers when collected, as a failure on the device would.
-    fn submit(&mut self, next: &[Encoded], running: Option<Ticket>) -> Submitted {
+    fn submit(&mut self, next: &[Encoded], output: Output, running: Option<Ticket>) -> Submitted {
         let (failed, inner_running) = match running.map(Hooked::from_ticket) {
             Some(Hooked::Failed(error)) => (Some(Err(error)), None),
             Some(Hooked::Queued(ticket)) => (None, Some(ticket)),
@@ -146,7 +150,7 @@ impl Embedder for Faulty {
                 running: failed.or_else(|| inner_running.map(|t| self.model.collect(t))),
             },
             Ok(()) => {
-                let step = self.model.submit(next, inner_running);
+                let step = self.model.submit(next, output, inner_running);
                 Submitted {
                     next: step.next.map(|t| Ticket::new(Hooked::Queued(t))),
                     running: failed.or(step.running),

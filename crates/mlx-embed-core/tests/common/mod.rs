@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use mlx_embed_core::{
     BatchOutput, Batcher, BatcherConfig, EmbedInput, EmbedOptions, Embedder, EmbedderError,
-    Encoded, ModelInfo, Tokenize, TruncationDirection,
+    Encoded, ModelInfo, Output, Tokenize, TruncationDirection,
 };
 
 pub const DIM: usize = 8;
@@ -98,6 +98,12 @@ pub fn vector_for(text: &str) -> Vec<f32> {
         .collect()
 }
 
+/// The fake's row for token `j` of the input read back as `text`
+/// ([`Output::Tokens`]).
+pub fn token_row_for(text: &str, j: usize) -> Vec<f32> {
+    vector_for(&format!("{text}@{j}"))
+}
+
 /// Tokens the fake's tokenizer makes of a text (up to `MAX_TOKENS`).
 pub fn tokens_for(text: &str) -> u32 {
     text.len() as u32 + 2
@@ -146,6 +152,8 @@ impl Gate {
 #[derive(Default)]
 pub struct Record {
     pub batches: Mutex<Vec<Vec<String>>>,
+    /// The output kind of each batch, in the order of `batches`.
+    pub kinds: Mutex<Vec<Output>>,
     pub dropped: AtomicBool,
     pub thread_name: Mutex<Option<String>>,
 }
@@ -153,6 +161,9 @@ pub struct Record {
 impl Record {
     pub fn batches(&self) -> Vec<Vec<String>> {
         self.batches.lock().unwrap().clone()
+    }
+    pub fn kinds(&self) -> Vec<Output> {
+        self.kinds.lock().unwrap().clone()
     }
     pub fn computed(&self) -> Vec<String> {
         self.batches().into_iter().flatten().collect()
@@ -197,13 +208,22 @@ impl Embedder for Fake {
         Some(Arc::new(FakeTokenizer))
     }
 
-    fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError> {
+    fn embed_batch(
+        &mut self,
+        inputs: &[Encoded],
+        output: Output,
+    ) -> Result<BatchOutput, EmbedderError> {
         assert!(
             !inputs.is_empty(),
             "the batcher must never send an empty batch"
         );
         let batch: Vec<String> = inputs.iter().map(|e| text_of_ids(&e.ids)).collect();
-        self.record.batches.lock().unwrap().push(batch.clone());
+        {
+            // Both under one lock order, so `kinds` always matches `batches`.
+            let mut batches = self.record.batches.lock().unwrap();
+            batches.push(batch.clone());
+            self.record.kinds.lock().unwrap().push(output);
+        }
         if let Some(gate) = &self.gate {
             gate.pass();
         }
@@ -224,13 +244,27 @@ impl Embedder for Fake {
         if batch.iter().any(|t| t.contains(GONE)) {
             return Err(EmbedderError::model_gone("fake model lost its interpreter"));
         }
-        let mut vectors: Vec<f32> = batch.iter().flat_map(|t| vector_for(t)).collect();
+        let (mut vectors, rows): (Vec<f32>, Vec<u32>) = match output {
+            Output::Pooled => (
+                batch.iter().flat_map(|t| vector_for(t)).collect(),
+                vec![1; batch.len()],
+            ),
+            Output::Tokens => (
+                batch
+                    .iter()
+                    .zip(inputs)
+                    .flat_map(|(t, e)| (0..e.len()).flat_map(move |j| token_row_for(t, j)))
+                    .collect(),
+                inputs.iter().map(|e| e.len() as u32).collect(),
+            ),
+        };
         if batch.iter().any(|t| t.contains(BAD_SHAPE)) {
             vectors.pop();
         }
         let padded = inputs.iter().map(Encoded::len).max().unwrap() * inputs.len();
         Ok(BatchOutput {
             vectors,
+            rows,
             padded_tokens: padded as u64,
             gil_wait: Duration::from_micros(10),
         })

@@ -34,6 +34,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/embeddings", post(openai::embeddings))
         .route("/v1/models", get(openai::models))
         .route("/embed", post(tei::embed))
+        .route("/embed_all", post(tei::embed_all))
         .route("/api/embed", post(ollama::embed))
         .route("/rerank", post(rerank::tei_rerank))
         .route("/v1/rerank", post(rerank::cohere_rerank_v1))

@@ -2,7 +2,7 @@
 
 use axum::extract::State;
 use axum::Json;
-use mlx_embed_core::{EmbedInput, EmbedOptions};
+use mlx_embed_core::{EmbedInput, EmbedOptions, Output};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -74,6 +74,7 @@ pub async fn embed(
         truncate: req.truncate.unwrap_or(true),
         truncation_direction: req.truncation_direction.map(Into::into).unwrap_or_default(),
         prompt: prompt_of(req.prompt_name, req.prompt)?,
+        output: Output::Pooled,
     };
     let out = run_embed(
         &state,

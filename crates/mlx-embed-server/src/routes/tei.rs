@@ -2,7 +2,7 @@
 
 use axum::extract::State;
 use axum::Json;
-use mlx_embed_core::{EmbedOptions, Priority, Prompt};
+use mlx_embed_core::{EmbedOptions, Output, Priority, Prompt};
 use serde::Deserialize;
 use utoipa::ToSchema;
 
@@ -46,6 +46,7 @@ impl TeiEmbedRequest {
                     .unwrap_or_default(),
                 prompt: self.prompt_name.map_or(Prompt::Default, Prompt::Named),
                 priority: priority.unwrap_or_default(),
+                output: Output::Pooled,
             },
             normalize: self.normalize.unwrap_or(true),
             dimensions: self.dimensions,
@@ -73,4 +74,71 @@ pub async fn embed(
 ) -> Result<Json<Vec<Vec<f32>>>, Shaped<Tei>> {
     let out = run_embed(&state, req.into_request(priority)).await?;
     Ok(Json(out.vectors))
+}
+
+/// TEI embed_all request: per-token vectors.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct TeiEmbedAllRequest {
+    /// Which served model answers (not a TEI field: TEI serves one); default: the first embedding model.
+    pub model: Option<String>,
+    /// A text or a list of texts.
+    pub inputs: TextInputs,
+    /// Truncate inputs longer than the model's maximum (default true); false answers 422 instead.
+    pub truncate: Option<bool>,
+    /// `Right` (default) keeps the start of an over-long input, `Left` its end (any case).
+    pub truncation_direction: Option<TruncationSide>,
+    /// One of the model's named prompts (`/info` lists them); default: the model's default prompt.
+    pub prompt_name: Option<String>,
+}
+
+impl TeiEmbedAllRequest {
+    /// The one embed path's request: per-token rows, raw (not normalized).
+    pub(crate) fn into_request(self, priority: Option<Priority>) -> EmbedRequest {
+        EmbedRequest {
+            model: self.model,
+            inputs: self.inputs.into_inputs(),
+            options: EmbedOptions {
+                truncate: self.truncate.unwrap_or(true),
+                truncation_direction: self
+                    .truncation_direction
+                    .map(Into::into)
+                    .unwrap_or_default(),
+                prompt: self.prompt_name.map_or(Prompt::Default, Prompt::Named),
+                priority: priority.unwrap_or_default(),
+                output: Output::Tokens,
+            },
+            normalize: false,
+            dimensions: None,
+        }
+    }
+}
+
+/// The last hidden state of every token of each input (special tokens
+/// included, the prompt's too): no pooling, no normalization. Embedding
+/// models only; never answered from the embedding cache.
+///
+/// Errors use `{"error": str, "error_type": str}`.
+#[utoipa::path(
+    post, path = "/embed_all", tag = "tei", operation_id = "tei_embed_all",
+    request_body = TeiEmbedAllRequest,
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
+    responses(
+        (status = 200, description = "Per input, in order: one vector per token, in token order (as many as /tokenize lists with special tokens)", body = Vec<Vec<Vec<f32>>>),
+        (status = "4XX", description = "Invalid request (400 incl. a model that is not an embedding model, 401, 404 unknown model, 413, 415, 422, 429)", body = TeiErrorBody),
+        (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiErrorBody),
+    )
+)]
+pub async fn embed_all(
+    State(state): State<AppState>,
+    PriorityHeader(priority, _): PriorityHeader<Tei>,
+    ApiJson(req, _): ApiJson<TeiEmbedAllRequest, Tei>,
+) -> Result<Json<Vec<Vec<Vec<f32>>>>, Shaped<Tei>> {
+    let out = run_embed(&state, req.into_request(priority)).await?;
+    let width = out.dimension;
+    Ok(Json(
+        out.vectors
+            .iter()
+            .map(|rows| rows.chunks_exact(width).map(<[f32]>::to_vec).collect())
+            .collect(),
+    ))
 }

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use mlx_embed_core::{
     l2_normalize, BatchOutput, Batcher, BatcherConfig, DeviceMemory, EmbedInput, EmbedOptions,
-    Embedder, EmbedderError, Encoded, LiveStats, ModelInfo, Prompt, Tokenize, TruncationDirection,
+    Embedder, EmbedderError, Encoded, LiveStats, ModelInfo, Output, Prompt, Tokenize,
+    TruncationDirection,
 };
 use mlx_embed_server::{serve_on, ServerArgs, ServerError};
 use tokio::sync::oneshot;
@@ -156,6 +157,21 @@ pub fn raw_vector_of_ids(ids: &[u32]) -> Vec<f32> {
         .collect()
 }
 
+/// Width of the fake's per-token rows: not `DIM`, as a model whose Dense
+/// head changes the width has hidden states of another size.
+pub const TOKEN_WIDTH: usize = 6;
+
+/// The fake's per-token rows for these ids: row `j` hashes `ids[..=j]`.
+pub fn token_rows_of_ids(ids: &[u32]) -> Vec<Vec<f32>> {
+    (0..ids.len())
+        .map(|j| {
+            let mut row = raw_vector_of_ids(&ids[..=j]);
+            row.truncate(TOKEN_WIDTH);
+            row
+        })
+        .collect()
+}
+
 /// The fake's raw (unnormalized) vector for `input` with default options.
 pub fn raw_vector(input: &EmbedInput) -> Vec<f32> {
     raw_vector_of_ids(&encode(input).ids)
@@ -208,7 +224,11 @@ impl Embedder for Fake {
         Some(self.memory.clone())
     }
 
-    fn embed_batch(&mut self, inputs: &[Encoded]) -> Result<BatchOutput, EmbedderError> {
+    fn embed_batch(
+        &mut self,
+        inputs: &[Encoded],
+        output: Output,
+    ) -> Result<BatchOutput, EmbedderError> {
         let texts: Vec<String> = inputs.iter().map(|e| text_of_ids(&e.ids)).collect();
         let is = |p: &str| texts.iter().any(|t| t.starts_with(p));
         if is("panic") {
@@ -230,11 +250,25 @@ impl Embedder for Fake {
         self.memory.active.store(active, Ordering::SeqCst);
         self.memory.peak.fetch_max(active, Ordering::SeqCst);
         self.memory.batches.fetch_add(1, Ordering::SeqCst);
+        let (vectors, rows) = match output {
+            Output::Pooled => (
+                inputs
+                    .iter()
+                    .flat_map(|e| raw_vector_of_ids(&e.ids))
+                    .collect(),
+                vec![1; inputs.len()],
+            ),
+            Output::Tokens => (
+                inputs
+                    .iter()
+                    .flat_map(|e| token_rows_of_ids(&e.ids).concat())
+                    .collect(),
+                inputs.iter().map(|e| e.len() as u32).collect(),
+            ),
+        };
         Ok(BatchOutput {
-            vectors: inputs
-                .iter()
-                .flat_map(|e| raw_vector_of_ids(&e.ids))
-                .collect(),
+            vectors,
+            rows,
             padded_tokens: padded as u64,
             gil_wait: Duration::ZERO,
         })

@@ -1,0 +1,183 @@
+//! Per-token output (`Output::Tokens`, TEI's `/embed_all`): one row per
+//! token, kinds never share a model call, never served from the cache.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use mlx_embed_core::{BatcherConfig, CoreError, EmbedOptions, Embeddings, Output, Priority};
+use tokio::time::timeout;
+
+fn tokens() -> EmbedOptions {
+    EmbedOptions {
+        output: Output::Tokens,
+        ..EmbedOptions::default()
+    }
+}
+
+/// `got` holds, per text, one fake row per token, in token order.
+fn assert_token_rows(texts: &[String], got: &Embeddings) {
+    assert_eq!(got.vectors.len(), texts.len());
+    assert_eq!(got.row_counts, got.token_counts);
+    for (i, t) in texts.iter().enumerate() {
+        let n = tokens_for(t) as usize;
+        assert_eq!(got.token_counts[i] as usize, n, "tokens of {t}");
+        assert_eq!(got.vectors[i].len(), n * DIM, "floats of {t}");
+        let rows: Vec<&[f32]> = got.rows(i).collect();
+        assert_eq!(rows.len(), n, "rows of {t}");
+        for (j, row) in rows.iter().enumerate() {
+            assert_eq!(*row, token_row_for(t, j).as_slice(), "row {j} of {t}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_output_has_one_row_per_token() {
+    let (batcher, record) = start(BatcherConfig::default(), Duration::ZERO, None);
+    let texts: Vec<String> = ["a", "hello world", &"x".repeat(300)]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let got = batcher.embed(owned_texts(&texts), tokens()).await.unwrap();
+    assert_token_rows(&texts, &got);
+    assert_eq!(got.cache_hits, 0);
+    assert_eq!(record.kinds(), vec![Output::Tokens]);
+
+    // Pooled output of the same texts is still one vector each, rows of 1.
+    let pooled = batcher
+        .embed(owned_texts(&texts), EmbedOptions::default())
+        .await
+        .unwrap();
+    assert_answer(&texts, &pooled);
+    assert_eq!(pooled.row_counts, vec![1, 1, 1]);
+    assert_eq!(
+        pooled.rows(1).collect::<Vec<_>>(),
+        vec![&pooled.vectors[1][..]]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_and_token_requests_never_share_a_model_call() {
+    let gate = Gate::closed();
+    let (batcher, record) = start(BatcherConfig::default(), Duration::ZERO, Some(gate.clone()));
+    // A blocker holds the model so the rest line up in one lane, kinds interleaved.
+    let blocker = {
+        let b = batcher.clone();
+        tokio::spawn(async move {
+            b.embed(texts(&["blocker"]), EmbedOptions::default())
+                .await
+                .unwrap()
+        })
+    };
+    eventually("blocker in the model", || record.batches().len() == 1).await;
+    let mut handles = Vec::new();
+    for i in 0..12usize {
+        let output = if i % 3 == 1 {
+            Output::Tokens
+        } else {
+            Output::Pooled
+        };
+        let texts: Vec<String> = (0..=i % 2).map(|j| format!("r{i}-{j}")).collect();
+        let b = batcher.clone();
+        handles.push(tokio::spawn(async move {
+            let got = b
+                .embed(
+                    owned_texts(&texts),
+                    EmbedOptions {
+                        output,
+                        ..EmbedOptions::default()
+                    },
+                )
+                .await
+                .unwrap();
+            match output {
+                Output::Pooled => assert_answer(&texts, &got),
+                Output::Tokens => assert_token_rows(&texts, &got),
+            }
+            (texts, output)
+        }));
+        eventually("queued", || {
+            batcher.metrics().queued_inputs as usize == {
+                (0..=i).map(|k| k % 2 + 1).sum::<usize>()
+            }
+        })
+        .await;
+    }
+    gate.open();
+    let mut kind_of = std::collections::HashMap::new();
+    for h in handles {
+        let (texts, output) = timeout(LIMIT, h).await.unwrap().unwrap();
+        for t in texts {
+            kind_of.insert(t, output);
+        }
+    }
+    timeout(LIMIT, blocker).await.unwrap().unwrap();
+    let batches = record.batches();
+    let kinds = record.kinds();
+    assert_eq!(batches.len(), kinds.len());
+    let mut seen = 0;
+    for (batch, kind) in batches.iter().zip(&kinds).skip(1) {
+        for t in batch {
+            assert_eq!(kind_of[t], *kind, "{t} ran in a {kind:?} batch: {batch:?}");
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, kind_of.len(), "every input computed once");
+    // Queued as P T P P T P P T ..., FIFO in one lane: each run of one kind
+    // is one call (runs of pooled requests share theirs).
+    let want: Vec<Output> = [Output::Pooled, Output::Tokens]
+        .into_iter()
+        .cycle()
+        .take(9)
+        .collect();
+    assert_eq!(kinds[1..], want[..]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_output_bypasses_the_cache() {
+    let (batcher, record) = start(BatcherConfig::default(), Duration::ZERO, None);
+    let text = vec!["cached text".to_string()];
+    let pooled = batcher
+        .embed(owned_texts(&text), EmbedOptions::default())
+        .await
+        .unwrap();
+    assert_answer(&text, &pooled);
+    // The pooled vector is cached; token rows are not, and never come from it.
+    for _ in 0..2 {
+        let got = batcher.embed(owned_texts(&text), tokens()).await.unwrap();
+        assert_token_rows(&text, &got);
+        assert_eq!(got.cache_hits, 0);
+    }
+    let again = batcher
+        .embed(owned_texts(&text), EmbedOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(again.cache_hits, 1);
+    assert_eq!(
+        record.kinds(),
+        vec![Output::Pooled, Output::Tokens, Output::Tokens]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_output_of_the_wrong_shape_is_a_model_error() {
+    let (batcher, _record) = start(BatcherConfig::default(), Duration::ZERO, None);
+    let err = batcher
+        .embed(texts(&["fine", BAD_SHAPE]), tokens())
+        .await
+        .unwrap_err();
+    assert!(matches!(err, CoreError::Model(_)), "{err:?}");
+    // The model is fine: the next request is answered.
+    let ok = batcher
+        .embed(
+            texts(&["fine"]),
+            EmbedOptions {
+                priority: Priority::High,
+                ..tokens()
+            },
+        )
+        .await
+        .unwrap();
+    assert_token_rows(&["fine".to_string()], &ok);
+}

@@ -160,6 +160,82 @@ def run_server_command(cmd: str, tmp_path: Path) -> None:
     assert code in (0, -signal.SIGTERM, 2), f"{cmd}: exit {code}\n{log.read_text()[-3000:]}"
 
 
+def _free_run(n: int) -> int:
+    """A free port whose next n-1 ports are free too (`make replicas` puts
+    the replicas on the ports after nginx's)."""
+    for _ in range(50):
+        port = free_port()
+        if all(_bindable(port + k) for k in range(1, n)):
+            return port
+    pytest.fail(f"no {n} consecutive free ports")
+
+
+def _bindable(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        # TIME_WAIT leftovers of closed connections do not count; a listener does.
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def run_replicas(cmd: str, tmp_path: Path) -> None:
+    """`make replicas`: nginx answers /health and an embedding through the
+    replicas behind it; Ctrl-C (SIGINT to the group) stops everything."""
+    port = _free_run(3)
+    log = tmp_path / f"replicas-{port}.log"
+    args = [*shlex.split(cmd), f"PORT={port}"]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=_env(), cwd=ROOT,
+                                start_new_session=True)
+    try:
+        _wait_healthy(port, proc, log, 600.0)
+        r = requests.post(f"http://127.0.0.1:{port}/embed", json={"inputs": ["hello", "world"]}, timeout=60)
+        assert r.status_code == 200 and len(r.json()) == 2, r.text[:500]
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        try:
+            code = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            code = proc.wait()
+    assert code in (0, 2, -signal.SIGINT), f"{cmd}: exit {code}\n{log.read_text()[-3000:]}"
+    for k in range(3):
+        assert _bindable(port + k), f"port {port + k} still held after {cmd} stopped"
+
+
+def run_bulk(cmd: str, tmp_path: Path) -> None:
+    """`mlx-embed bulk corpus.parquet -o vectors/` on a small corpus: every
+    row comes back once, equal to `mlx-embed embed` on the same texts."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from mlx_embed import load
+
+    rows = [{"id": f"doc-{i}", "text": f"readme row {i} about {w}"}
+            for i, w in enumerate(["apples", "rivers", "engines", "music"] * 10)]
+    args = shlex.split(cmd)
+    src, out = tmp_path / args[2], tmp_path / args[args.index("-o") + 1]
+    pq.write_table(pa.Table.from_pylist(rows), src)
+    args[0] = str(BIN / args[0])
+    r = subprocess.run(args, capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                       env={**_env(), "RAY_USAGE_STATS_ENABLED": "0"})
+    assert r.returncode == 0, f"{cmd}: exit {r.returncode}\n{r.stderr[-3000:]}"
+    table = pa.concat_tables([pq.read_table(f) for f in sorted(out.glob("*.parquet"))])
+    got = {row["id"]: row for row in table.to_pylist()}
+    assert sorted(got) == sorted(row["id"] for row in rows) and table.num_rows == len(rows)
+    want = load().embed([row["text"] for row in rows])
+    for row, vec in zip(rows, want):
+        assert got[row["id"]]["text"] == row["text"]
+        v = np.asarray(got[row["id"]]["embedding"], dtype=np.float32)
+        assert float(v @ vec / (np.linalg.norm(v) * np.linalg.norm(vec))) >= 0.99999, row["id"]
+
+
 def run_curl(cmd: str, port: int) -> None:
     args = shlex.split(_local(cmd, port))
     args[1:1] = ["-w", "\n%{http_code}"]
@@ -217,6 +293,12 @@ def test_every_readme_command_runs(readme_server, tmp_path):
             ran.append(cmd)
         elif cmd.startswith("mlx-embed embed"):
             run_cli(cmd, tmp_path)
+            ran.append(cmd)
+        elif cmd == "make replicas":
+            run_replicas(cmd, tmp_path)
+            ran.append(cmd)
+        elif cmd.startswith("mlx-embed bulk "):
+            run_bulk(cmd, tmp_path)
             ran.append(cmd)
         elif cmd == "cargo run --release --example semantic_search":
             r = subprocess.run(shlex.split(cmd), capture_output=True, text=True, timeout=900, cwd=ROOT,

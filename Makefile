@@ -77,7 +77,7 @@ $(PEER_VENV)/.installed-st-ort:
 	touch $@
 
 # The chart needs matplotlib; kept out of the default install.
-loadtest: setup build
+loadtest: setup build $(PEER_VENV)/.installed-st-ort
 	$(BIN)/pip install -q matplotlib
 	$(BIN)/python scripts/loadtest
 

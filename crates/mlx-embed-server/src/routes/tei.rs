@@ -31,6 +31,24 @@ pub struct TeiEmbedRequest {
     pub dimensions: Option<i64>,
 }
 
+/// TEI's request options as the core's, with TEI's defaults: truncate on the
+/// right, the model's default prompt, normal priority.
+fn tei_options(
+    truncate: Option<bool>,
+    truncation_direction: Option<TruncationSide>,
+    prompt_name: Option<String>,
+    priority: Option<Priority>,
+    output: Output,
+) -> EmbedOptions {
+    EmbedOptions {
+        truncate: truncate.unwrap_or(true),
+        truncation_direction: truncation_direction.map(Into::into).unwrap_or_default(),
+        prompt: prompt_name.map_or(Prompt::Default, Prompt::Named),
+        priority: priority.unwrap_or_default(),
+        output,
+    }
+}
+
 impl TeiEmbedRequest {
     /// The one embed path's request for this TEI request.
     /// `priority`: the `X-Priority` header's lane, if any.
@@ -38,16 +56,13 @@ impl TeiEmbedRequest {
         EmbedRequest {
             model: self.model,
             inputs: self.inputs.into_inputs(),
-            options: EmbedOptions {
-                truncate: self.truncate.unwrap_or(true),
-                truncation_direction: self
-                    .truncation_direction
-                    .map(Into::into)
-                    .unwrap_or_default(),
-                prompt: self.prompt_name.map_or(Prompt::Default, Prompt::Named),
-                priority: priority.unwrap_or_default(),
-                output: Output::Pooled,
-            },
+            options: tei_options(
+                self.truncate,
+                self.truncation_direction,
+                self.prompt_name,
+                priority,
+                Output::Pooled,
+            ),
             normalize: self.normalize.unwrap_or(true),
             dimensions: self.dimensions,
         }
@@ -97,16 +112,13 @@ impl TeiEmbedAllRequest {
         EmbedRequest {
             model: self.model,
             inputs: self.inputs.into_inputs(),
-            options: EmbedOptions {
-                truncate: self.truncate.unwrap_or(true),
-                truncation_direction: self
-                    .truncation_direction
-                    .map(Into::into)
-                    .unwrap_or_default(),
-                prompt: self.prompt_name.map_or(Prompt::Default, Prompt::Named),
-                priority: priority.unwrap_or_default(),
-                output: Output::Tokens,
-            },
+            options: tei_options(
+                self.truncate,
+                self.truncation_direction,
+                self.prompt_name,
+                priority,
+                Output::Tokens,
+            ),
             normalize: false,
             dimensions: None,
         }

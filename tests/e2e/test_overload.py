@@ -134,22 +134,26 @@ def test_clients_that_leave_while_queued_are_not_computed(tmp_path, fd_room):
     server = start_server(tmp_path, "--max-concurrent-requests", "1024", "--no-warmup")
     port = port_of(server)
     n = 500
-    long_texts = [" ".join(f"busy{i}x{j}" for j in range(120)) for i in range(16)]  # ~256 tokens each
+    # One batch of ~7,700 tokens (30 texts truncated to 256 tokens; the call cap is 8,192): long enough
+    # that the 500 clients connect, queue and leave while it runs, even on a fast engine.
+    long_texts = [" ".join(f"busy{i}x{j}" for j in range(120)) for i in range(30)]
+    blockers = len(long_texts)
     before = metrics(server)
 
     async def scenario():
         blocker = asyncio.create_task(rawhttp.request(HOST, port, "/api/v1/embed", {"texts": long_texts}))
         await wait_until_model_runs(server, before["mlx_embed_queue_wait_seconds_count"])
-        writers = []
-        for i in range(n):
+        async def abandoned(i: int):
             reader, writer = await asyncio.open_connection(HOST, port)
             writer.write(rawhttp.encode_request(HOST, port, "/api/v1/embed",
                                                 {"texts": [f"abandoned request number {i}"]}))
-            writers.append((reader, writer))
-        await asyncio.gather(*(w.drain() for _, w in writers))
-        # All 500 admitted and queued (16 blocker inputs + 500).
+            await writer.drain()
+            return reader, writer
+
+        writers = await asyncio.gather(*(abandoned(i) for i in range(n)))
+        # All 500 admitted and queued behind the blocker's inputs.
         deadline = time.monotonic() + 30
-        while (queued := metrics(server)["mlx_embed_in_flight_inputs"]) < 16 + n:
+        while (queued := metrics(server)["mlx_embed_in_flight_inputs"]) < blockers + n:
             assert time.monotonic() < deadline, f"only {queued} inputs in flight"
             await asyncio.sleep(0.02)
         assert not blocker.done(), "the model finished the blocker before the clients left; make it longer"
@@ -159,7 +163,7 @@ def test_clients_that_leave_while_queued_are_not_computed(tmp_path, fd_room):
         return await asyncio.wait_for(blocker, timeout=120)
 
     blocked = asyncio.run(scenario())
-    assert blocked.status == 200 and len(blocked.json()["embeddings"]) == 16
+    assert blocked.status == 200 and len(blocked.json()["embeddings"]) == blockers
 
     deadline = time.monotonic() + 30
     while (m := metrics(server))["mlx_embed_in_flight_inputs"] != 0:
@@ -168,9 +172,9 @@ def test_clients_that_leave_while_queued_are_not_computed(tmp_path, fd_room):
     cancelled = m["mlx_embed_inputs_cancelled_total"] - before["mlx_embed_inputs_cancelled_total"]
     computed = m["mlx_embed_batch_size_sum"] - before["mlx_embed_batch_size_sum"]
     print(f"\nclient gone: {n} abandoned -> cancelled before compute {cancelled:.0f}, "
-          f"texts computed {computed:.0f} (16 of them the blocker's)")
+          f"texts computed {computed:.0f} ({blockers} of them the blocker's)")
     assert cancelled == n
-    assert computed == 16
+    assert computed == blockers
     assert (m['mlx_embed_batcher_requests_total{outcome="cancelled"}']
             - before['mlx_embed_batcher_requests_total{outcome="cancelled"}']) == n
 

@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::PyDict;
 
 use crate::BridgeError;
@@ -15,11 +16,17 @@ use crate::BridgeError;
 /// running binary (so `target/release/x` of a checkout finds `./.venv`).
 /// It fails fast, logging `sys.prefix`, when `mlx_embed` still cannot be imported.
 pub fn ensure_python() -> Result<(), BridgeError> {
+    // Models load on their own threads, often at once (two models in one
+    // server, parallel tests): one of them rewrites `sys.path`, and the
+    // others wait for it to finish before they import (an import while
+    // `sys.path` was being rewritten failed with ModuleNotFoundError).
+    static PATHS_SET: PyOnceLock<()> = PyOnceLock::new();
     Python::initialize();
     Python::attach(|py| {
-        if let Some(venv) = find_virtualenv() {
-            add_virtualenv(py, &venv)?;
-        }
+        PATHS_SET.get_or_try_init(py, || match find_virtualenv() {
+            Some(venv) => add_virtualenv(py, &venv),
+            None => Ok(()),
+        })?;
         let sys = py.import("sys")?;
         let prefix: String = sys.getattr("prefix")?.extract()?;
         tracing::info!(sys_prefix = %prefix, "python interpreter ready");

@@ -208,7 +208,7 @@ impl Batcher {
     async fn compute_cached(
         &self,
         cache: &Arc<Cache>,
-        encoded: Vec<Encoded>,
+        mut encoded: Vec<Encoded>,
         priority: Priority,
     ) -> Result<(Vec<Vec<f32>>, u32), CoreError> {
         let mut out: Vec<Option<Vec<f32>>> = vec![None; encoded.len()];
@@ -232,7 +232,11 @@ impl Batcher {
                 }
             }
             if !leads.is_empty() {
-                let inputs = leads.iter().map(|(i, _)| encoded[*i].clone()).collect();
+                // A lead is answered below or the call fails: its input is not looked up again.
+                let inputs = leads
+                    .iter()
+                    .map(|(i, _)| std::mem::take(&mut encoded[*i]))
+                    .collect();
                 // On error the leads drop unpublished, which wakes their followers.
                 let vectors = self.compute(inputs, priority, Output::Pooled).await?;
                 for ((i, lead), vector) in leads.into_iter().zip(vectors) {

@@ -177,15 +177,8 @@ impl Embedder for PythonEmbedder {
         let before_attach = Instant::now();
         Python::attach(|py| -> Result<BatchOutput, EmbedderError> {
             let gil_wait = before_attach.elapsed();
-            let (ids, type_ids) = id_lists(py, inputs).map_err(|err| error::classify(py, &err))?;
-            let kwargs = PyDict::new(py);
-            kwargs
-                .set_item("output", output.as_str())
-                .map_err(|err| error::classify(py, &err))?;
             let result = self
-                .model
-                .bind(py)
-                .call_method("embed_ids", (ids, type_ids), Some(&kwargs))
+                .call_ids(py, "embed_ids", inputs, output)
                 .map_err(|err| error::classify(py, &err))?;
             read_result(&result, gil_wait)
         })
@@ -201,14 +194,8 @@ impl Embedder for PythonEmbedder {
         let before_attach = Instant::now();
         Python::attach(|py| {
             let gil_wait = before_attach.elapsed();
-            let queued = id_lists(py, next)
-                .and_then(|(ids, type_ids)| {
-                    let kwargs = PyDict::new(py);
-                    kwargs.set_item("output", output.as_str())?;
-                    self.model
-                        .bind(py)
-                        .call_method("submit_ids", (ids, type_ids), Some(&kwargs))
-                })
+            let queued = self
+                .call_ids(py, "submit_ids", next, output)
                 .map(|pending| Ticket::new(PendingCall(pending.unbind())))
                 .map_err(|err| error::classify(py, &err));
             let running = running.map(|ticket| collect_in(py, ticket, gil_wait));
@@ -222,6 +209,24 @@ impl Embedder for PythonEmbedder {
     fn collect(&mut self, ticket: Ticket) -> Result<BatchOutput, EmbedderError> {
         let before_attach = Instant::now();
         Python::attach(|py| collect_in(py, ticket, before_attach.elapsed()))
+    }
+}
+
+impl PythonEmbedder {
+    /// `model.<method>(ids, type_ids, output=...)`: `embed_ids` or `submit_ids`.
+    fn call_ids<'py>(
+        &self,
+        py: Python<'py>,
+        method: &str,
+        inputs: &[Encoded],
+        output: Output,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let (ids, type_ids) = id_lists(py, inputs)?;
+        let kwargs = PyDict::new(py);
+        kwargs.set_item("output", output.as_str())?;
+        self.model
+            .bind(py)
+            .call_method(method, (ids, type_ids), Some(&kwargs))
     }
 }
 

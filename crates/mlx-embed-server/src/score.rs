@@ -54,18 +54,9 @@ pub async fn score(state: &AppState, req: ScoreRequest) -> Result<ScoreOutput, A
             format!("model has {} labels but {width} outputs", labels.len()),
         ));
     }
-    let n_inputs = req.inputs.len();
+    // One row of `width` (= `dim`) scores per input: the model thread checks
+    // every output's shape before it answers.
     let out = model.batcher.embed(req.inputs, req.options).await?;
-    if out.vectors.len() != n_inputs || out.vectors.iter().any(|v| v.len() != width) {
-        // Never answer with misaligned data.
-        return Err(ApiError::new(
-            ErrorKind::Model,
-            format!(
-                "model returned {} score rows for {n_inputs} inputs",
-                out.vectors.len()
-            ),
-        ));
-    }
     let mut scores = out.vectors;
     if scores.iter().flatten().any(|s| s.is_nan()) {
         return Err(ApiError::new(

@@ -4,24 +4,32 @@
 For three model shapes with seeded random weights (MiniLM-L6, BERT-base,
 Qwen3-0.6B) it reports:
 
-* parity: fp32 engine vs fp32 transformers on the same ids (min cosine, max |diff|);
+* parity: the engine (fp32 and bf16) against fp32 transformers on the same
+  ids (min cosine, max |diff|);
 * texts/s for one call and for calls of 32 (back to back, and with the next
   call submitted before the previous is collected), in bf16 and fp32, beside
   torch fp16 (BERT shapes) / bf16 (Qwen3) at batch 32 and 256;
-* one-text latency (fp32);
-* MLX memory (active/cache/peak) and device memory before and after 2,000
-  calls of varied shapes;
-* with ``--sweep``: the device sub-batch budget (``batch_tokens``) and the
-  stream count, one call and calls of 32;
-* with ``--quantized``: Qwen3 shape bf16 vs 8-bit vs 4-bit quantized kernels,
+* one-text latency (fp32 and bf16, engine and torch fp32);
+* MLX memory (active/cache/peak) and device memory over 2,000 calls of
+  varied shapes (Qwen3 shape), sampled every 250 calls;
+* ``--variants``: fused attention (``mx.fast.scaled_dot_product_attention``)
+  on the BERT shapes, more device streams, fp16;
+* ``--sweep``: the device sub-batch budget (``batch_tokens``);
+* ``--quantized``: Qwen3 shape bf16 vs 8-bit vs 4-bit quantized kernels,
   one call and two-text latency (the measured choice behind dequantizing
   pre-quantized checkpoints on CUDA).
 
 Torch is optional: without it the peer and parity rows are left out.
 
-    python scripts/bench_gpu.py --out results/            # on a CUDA (or Metal) machine
+    python scripts/bench_gpu.py --variants --sweep --quantized --out results/
     python scripts/bench_gpu.py --shapes minilm --sweep
     python scripts/bench_gpu.py --dry-run                 # tiny shapes on the CPU (make test)
+
+A device lease can be short, so the work can be split: ``--stage torch
+--workdir W`` makes the checkpoints and the torch figures (no MLX needed),
+``--stage engine --workdir W`` reuses them. ``--deadline S`` skips the
+optional sections once S seconds have passed; results.json is rewritten
+after every section, so a run cut short still leaves what it measured.
 
 Token ids are generated (seeded, mixed lengths, ~64 tokens on average), not
 tokenized text, so engine and peer see exactly the same input.
@@ -36,17 +44,21 @@ import statistics
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 
-import mlx_embed  # noqa: E402  (before mlx.core: it picks the CPU BLAS)
-
-import mlx.core as mx  # noqa: E402
-import numpy as np  # noqa: E402
+# Imported in main() unless the stage is torch-only: mlx_embed first (it
+# picks the CPU BLAS before mlx.core loads).
+mlx_embed = None
+mx = None
 
 TOKENIZER = ROOT / "tests" / "fixtures" / "tiny-qwen3" / "tokenizer.json"
+T0 = time.perf_counter()
 
 _BERT = {
     "model_type": "bert", "vocab_size": 30522, "max_position_embeddings": 512,
@@ -76,6 +88,11 @@ DRY_SHAPES = {
                     "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
                     "intermediate_size": 128}, 48),
 }
+PARITY_TEXTS = 256
+
+
+def log(msg: str) -> None:
+    print(f"[{time.perf_counter() - T0:7.1f}s] {msg}", flush=True)
 
 
 def corpus(n: int, seed: int, max_len: int = 256) -> list[list[int]]:
@@ -100,10 +117,12 @@ def torch_available() -> bool:
     return True
 
 
-def make_checkpoint(name: str, config: dict, folder: Path, seed: int, use_torch: bool) -> None:
+def make_checkpoint(config: dict, folder: Path, seed: int, use_torch: bool) -> None:
     """A Hugging Face folder with seeded random weights: made by transformers
     when torch is here (so the peer loads the very same weights), otherwise
-    by the engine's own model classes."""
+    by the engine's own model classes. Kept when already there."""
+    if (folder / "config.json").exists():
+        return
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "tokenizer.json").write_bytes(TOKENIZER.read_bytes())
     if use_torch:
@@ -112,7 +131,7 @@ def make_checkpoint(name: str, config: dict, folder: Path, seed: int, use_torch:
 
         torch.manual_seed(seed)
         cfg = AutoConfig.for_model(**config)
-        model = AutoModel.from_config(cfg, torch_dtype=torch.float32)
+        model = AutoModel.from_config(cfg)
         model.save_pretrained(folder, safe_serialization=True)
         return
     from mlx.utils import tree_flatten
@@ -135,8 +154,8 @@ def seconds(fn, reps: int) -> float:
     return statistics.median(times)
 
 
-def engine_rates(model, ids: list[list[int]], reps: int, call: int) -> dict:
-    def one_call():
+def engine_rates(model, ids: list[list[int]], reps: int, call: int, one_call: bool = True) -> dict:
+    def whole():
         model.embed_ids(ids)
 
     def calls_of(n):
@@ -154,24 +173,30 @@ def engine_rates(model, ids: list[list[int]], reps: int, call: int) -> dict:
         if prev is not None:
             prev.result()
 
-    one_call()
-    calls_of(call)
     n = len(ids)
-    return {
-        "one_call": n / seconds(one_call, reps),
-        f"calls_of_{call}": n / seconds(lambda: calls_of(call), reps),
-        f"calls_of_{call}_overlapped": n / seconds(lambda: overlapped(call), reps),
-    }
+    out = {}
+    if one_call:
+        whole()  # new shapes compile their kernels once
+        out["one_call"] = n / seconds(whole, reps)
+    calls_of(call)
+    out[f"calls_of_{call}"] = n / seconds(lambda: calls_of(call), reps)
+    out[f"calls_of_{call}_overlapped"] = n / seconds(lambda: overlapped(call), reps)
+    return out
 
 
-def latency_ms(model, ids: list[list[int]], reps: int) -> float:
-    one = [ids[0]]
-    model.embed_ids(one)
-    return 1e3 * seconds(lambda: model.embed_ids(one), reps)
+def latency_ms(model, ids: list[list[int]], reps: int, rows: int = 1) -> float:
+    few = ids[:rows]
+    model.embed_ids(few)
+    return 1e3 * seconds(lambda: model.embed_ids(few), reps)
 
 
 def mlx_vectors(model, ids) -> np.ndarray:
     return np.frombuffer(model.embed_ids(ids).vectors, "<f4").reshape(len(ids), -1)
+
+
+def parity(ref: np.ndarray, got: np.ndarray) -> dict:
+    cos = (ref * got).sum(1) / np.linalg.norm(ref, axis=1) / np.linalg.norm(got, axis=1)
+    return {"min_cosine": float(cos.min()), "max_abs_diff": float(np.abs(ref - got).max())}
 
 
 class TorchPeer:
@@ -181,8 +206,7 @@ class TorchPeer:
 
         self.torch = torch
         self.dev = "cuda" if torch.cuda.is_available() else "cpu"
-        self.dtype = getattr(torch, dtype)
-        self.model = AutoModel.from_pretrained(folder, torch_dtype=self.dtype).to(self.dev).eval()
+        self.model = AutoModel.from_pretrained(folder, dtype=getattr(torch, dtype)).to(self.dev).eval()
         self.pooling = pooling
 
     def embed(self, ids: list[list[int]], batch: int) -> np.ndarray:
@@ -230,103 +254,205 @@ def memory_run(model, calls: int, seed: int, max_rows: int) -> dict:
     rng = np.random.default_rng(seed)
     pool = corpus(4096, seed + 1)
     before = {**model.memory(), "device_used_bytes": device_used_bytes()}
-    for _ in range(calls):
+    samples, every = [], max(1, calls // 8)
+    t0 = time.perf_counter()
+    for c in range(calls):
         rows = int(rng.integers(1, max_rows + 1))
         pick = rng.integers(0, len(pool), rows)
         model.embed_ids([pool[i] for i in pick])
+        if (c + 1) % every == 0:
+            samples.append({"calls": c + 1, **model.memory(), "device_used_bytes": device_used_bytes()})
     mx.synchronize()
+    secs = time.perf_counter() - t0
     after = {**model.memory(), "device_used_bytes": device_used_bytes()}
-    return {"calls": calls, "before": before, "after": after}
+    return {"calls": calls, "seconds": secs, "before": before, "after": after, "samples": samples}
 
 
-def bench_shape(name, config, n_texts, args, use_torch, workdir: Path) -> dict:
-    folder = workdir / name
-    make_checkpoint(name, config, folder, args.seed, use_torch)
-    ids = corpus(n_texts, args.seed)
-    pooling = "last" if config["model_type"] == "qwen3" else "mean"
-    res: dict = {"texts": len(ids), "tokens": sum(map(len, ids))}
-    common = {"batch_tokens": args.batch_tokens} if args.batch_tokens else {}
-    models = {}
-    for dtype in ("bfloat16", "float32"):
-        m = mlx_embed.load(folder, dtype=dtype, **common)
-        models[dtype] = m
-        res[f"engine_{dtype}"] = engine_rates(m, ids, args.reps, args.call)
-        print(f"{name} engine {dtype}: {res[f'engine_{dtype}']}", flush=True)
-    fp32 = models["float32"]
-    res["device"] = fp32.device
-    res["engine_details"] = fp32.spec().details
-    res["latency_ms_fp32"] = latency_ms(fp32, ids, max(5, args.reps * 5))
-    if use_torch:
-        sub = ids[: min(len(ids), 256)]
-        ref = TorchPeer(folder, pooling, "float32").embed(sub, 32)
-        got = mlx_vectors(fp32, sub)
-        cos = (ref * got).sum(1) / np.linalg.norm(ref, axis=1) / np.linalg.norm(got, axis=1)
-        res["parity_fp32"] = {"min_cosine": float(cos.min()),
-                              "max_abs_diff": float(np.abs(ref - got).max())}
-        half = "bfloat16" if config["model_type"] == "qwen3" else "float16"
-        peer = TorchPeer(folder, pooling, half)
-        res[f"torch_{half}"] = {f"batch_{b}": peer.rate(ids, b, args.reps) for b in (32, 256)}
-        peer32 = TorchPeer(folder, pooling, "float32")
-        one = [ids[0]]
-        peer32.embed(one, 1)
-        res["torch_latency_ms_fp32"] = 1e3 * seconds(lambda: peer32.embed(one, 1), max(5, args.reps * 5))
-        del peer, peer32
-        print(f"{name} torch: {res[f'torch_{half}']} parity {res['parity_fp32']}", flush=True)
-    del models
-    if config["model_type"] == "qwen3" or args.dry_run:
-        m = mlx_embed.load(folder, dtype="bfloat16", **common)
-        res["memory"] = memory_run(m, args.memory_calls, args.seed, args.call * 2)
-        print(f"{name} memory: {res['memory']}", flush=True)
-    if args.sweep:
-        res["sweep"] = {}
-        budgets = (1024, 2048) if args.dry_run else (2048, 4096, 8192, 16384, 32768)
-        for bt in budgets:
-            for streams in (1, 2, 4):
-                m = mlx_embed.load(folder, dtype="bfloat16", batch_tokens=bt, streams=streams)
-                res["sweep"][f"batch_tokens={bt},streams={streams}"] = engine_rates(
-                    m, ids, args.reps, args.call)
-        print(f"{name} sweep: {res['sweep']}", flush=True)
-    if args.quantized and config["model_type"] == "qwen3":
-        res["quantized"] = {}
-        big = ids[: min(len(ids), 1024)]
-        for label, kw in (("bf16", {}), ("8-bit", {"quantize": 8}), ("4-bit", {"quantize": 4})):
-            m = mlx_embed.load(folder, dtype="bfloat16", group_size=64, **kw)
-            m.embed_ids(big)
-            rate = len(big) / seconds(lambda m=m: m.embed_ids(big), args.reps)
-            two = big[:2]
-            m.embed_ids(two)
-            lat = 1e3 * seconds(lambda m=m: m.embed_ids(two), max(5, args.reps * 5))
-            res["quantized"][label] = {"texts_per_s_one_call": rate, "two_texts_ms": lat}
-        print(f"{name} quantized: {res['quantized']}", flush=True)
+def pooling_of(config: dict) -> str:
+    return "last" if config["model_type"] == "qwen3" else "mean"
+
+
+def half_of(config: dict) -> str:
+    return "bfloat16" if config["model_type"] == "qwen3" else "float16"
+
+
+# ------------------------------------------------------------------ stages
+
+
+def torch_figures(name: str, config: dict, folder: Path, ids, args) -> dict:
+    """Reference vectors (fp32, first PARITY_TEXTS ids) and the torch rows;
+    cached in the checkpoint folder for a later engine stage."""
+    cached = folder / "torch.json"
+    if cached.exists():
+        return json.loads(cached.read_text())
+    pooling = pooling_of(config)
+    peer32 = TorchPeer(folder, pooling, "float32")
+    np.save(folder / "torch_ref.npy", peer32.embed(ids[:PARITY_TEXTS], 32))
+    one = [ids[0]]
+    peer32.embed(one, 1)
+    res = {"torch_latency_ms_fp32": 1e3 * seconds(lambda: peer32.embed(one, 1), max(5, args.reps * 5))}
+    half = half_of(config)
+    peer = TorchPeer(folder, pooling, half)
+    res[f"torch_{half}"] = {f"batch_{b}": peer.rate(ids, b, args.reps) for b in (32, 256)}
+    res["torch_latency_ms_half"] = 1e3 * seconds(lambda: peer.embed(one, 1), max(5, args.reps * 5))
+    cached.write_text(json.dumps(res))
+    log(f"{name} torch: {res}")
     return res
 
 
+class Report:
+    """results.json, rewritten after every section."""
+
+    def __init__(self, out, meta: dict):
+        self.out, self.meta, self.results = out, meta, {}
+
+    def save(self) -> None:
+        if self.out:
+            os.makedirs(self.out, exist_ok=True)
+            Path(self.out, "results.json").write_text(
+                json.dumps({"meta": self.meta, "results": self.results}, indent=2))
+
+
+def section(report: Report, shape: str, key: str, fn, args, optional: bool = True) -> None:
+    """Run one measurement into results[shape][key]; an optional one is
+    skipped past the deadline, and a failure is recorded, not fatal."""
+    res = report.results.setdefault(shape, {})
+    if optional and args.deadline and time.perf_counter() - T0 > args.deadline:
+        res[key] = {"skipped": "past --deadline"}
+        log(f"{shape} {key}: skipped (deadline)")
+        report.save()
+        return
+    t0 = time.perf_counter()
+    try:
+        res[key] = fn()
+    except Exception as e:  # noqa: BLE001 - the other sections still run
+        res[key] = {"error": f"{type(e).__name__}: {e}"}
+        traceback.print_exc()
+        if args.dry_run:
+            raise
+    log(f"{shape} {key} ({time.perf_counter() - t0:.1f}s): {str(res[key])[:400]}")
+    report.save()
+
+
+def engine_core(report, name, config, folder, ids, args, common) -> None:
+    res = report.results.setdefault(name, {"texts": len(ids), "tokens": sum(map(len, ids))})
+    ref_path = folder / "torch_ref.npy"
+    ref = np.load(ref_path) if ref_path.exists() else None
+    sub = ids[:PARITY_TEXTS]
+    for dtype in ("bfloat16", "float32"):
+        def run(dtype=dtype):
+            m = mlx_embed.load(folder, dtype=dtype, **common)
+            out = {"rates": engine_rates(m, ids, args.reps, args.call),
+                   "latency_ms": latency_ms(m, ids, max(5, args.reps * 5)),
+                   "device": m.device, "details": m.spec().details}
+            if ref is not None:
+                out["parity"] = parity(ref, mlx_vectors(m, sub))
+            return out
+
+        section(report, name, f"_engine_{dtype}", run, args, optional=False)
+        got = res.pop(f"_engine_{dtype}")
+        if "error" in got:
+            res[f"engine_{dtype}"] = got
+            continue
+        res[f"engine_{dtype}"] = got["rates"]
+        res[f"latency_ms_{dtype}"] = got["latency_ms"]
+        res["device"], res["engine_details"] = got["device"], got["details"]
+        if "parity" in got:
+            res[f"parity_{'fp32' if dtype == 'float32' else 'bf16'}"] = got["parity"]
+    res["latency_ms_fp32"] = res.get("latency_ms_float32")
+    report.save()
+
+
+def engine_optional(report, plans, args, common) -> None:
+    """The memory run (Qwen3 shape), then the optional sections in priority
+    order, each across the shapes, so a deadline drops the least wanted."""
+    reps = max(1, args.reps - 1)
+
+    def load(folder, **kw):
+        return mlx_embed.load(folder, **{"dtype": "bfloat16", **common, **kw})
+
+    for name, config, folder, ids in plans:
+        if config["model_type"] == "qwen3" or args.dry_run:
+            section(report, name, "memory", lambda f=folder: memory_run(
+                load(f), args.memory_calls, args.seed, args.call * 2), args, optional=False)
+    bert = [p for p in plans if p[1]["model_type"] == "bert"]
+    qwen = [p for p in plans if p[1]["model_type"] == "qwen3"]
+    if args.variants:
+        for name, config, folder, ids in bert:
+            for dtype in ("bfloat16", "float32"):
+                def fused(folder=folder, ids=ids, dtype=dtype):
+                    m = load(folder, dtype=dtype, fused_attention=True)
+                    out = {"rates": engine_rates(m, ids, reps, args.call),
+                           "latency_ms": latency_ms(m, ids, max(5, reps * 5))}
+                    ref_path = folder / "torch_ref.npy"
+                    if ref_path.exists():
+                        out["parity"] = parity(np.load(ref_path), mlx_vectors(m, ids[:PARITY_TEXTS]))
+                    return out
+
+                section(report, name, f"fused_attention_{dtype}", fused, args)
+        for name, config, folder, ids in plans:
+            for streams in (2, 4):
+                section(report, name, f"streams_{streams}", lambda f=folder, i=ids, s=streams: engine_rates(
+                    load(f, streams=s), i, reps, args.call, one_call=False), args)
+    if args.quantized:
+        for name, config, folder, ids in qwen:
+            big = ids[: min(len(ids), 1024)]
+            for label, kw in (("bf16", {}), ("8-bit", {"quantize": 8}), ("4-bit", {"quantize": 4})):
+                def quant(folder=folder, big=big, kw=kw):
+                    m = load(folder, group_size=64, **kw)
+                    m.embed_ids(big)
+                    return {"texts_per_s_one_call": len(big) / seconds(lambda: m.embed_ids(big), reps),
+                            "two_texts_ms": latency_ms(m, big, max(5, reps * 5), rows=2)}
+
+                section(report, name, f"quantized_{label}", quant, args)
+    if args.variants:
+        for name, config, folder, ids in bert:
+            section(report, name, "engine_float16", lambda f=folder, i=ids: engine_rates(
+                load(f, dtype="float16"), i, reps, args.call), args)
+    if args.sweep:
+        budgets = (1024, 2048) if args.dry_run else (4096, 8192, 32768, 65536)
+        for bt in budgets:
+            for name, config, folder, ids in plans:
+                section(report, name, f"batch_tokens_{bt}", lambda f=folder, i=ids, bt=bt: engine_rates(
+                    load(f, batch_tokens=bt), i, reps, args.call), args)
+
+
 def summary(results: dict, call: int) -> str:
+    nan = float("nan")
     lines = ["| shape | engine bf16 one call | bf16 calls of {c} | overlapped | engine fp32 one call "
-             "| torch half b256 | torch half b32 | 1-text ms engine/torch | parity min cos |".format(c=call),
+             "| torch half b256 | torch half b32 | 1-text ms engine fp32/torch fp32 | parity min cos |"
+             .format(c=call),
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for name, r in results.items():
-        b, f = r["engine_bfloat16"], r["engine_float32"]
+        b, f = r.get("engine_bfloat16", {}), r.get("engine_float32", {})
         peer = r.get("torch_float16") or r.get("torch_bfloat16") or {}
         par = r.get("parity_fp32", {}).get("min_cosine")
+        lat = r.get("latency_ms_fp32") or nan
         lines.append(
-            f"| {name} | {b['one_call']:.0f} | {b[f'calls_of_{call}']:.0f} | "
-            f"{b[f'calls_of_{call}_overlapped']:.0f} | {f['one_call']:.0f} | "
-            f"{peer.get('batch_256', float('nan')):.0f} | {peer.get('batch_32', float('nan')):.0f} | "
-            f"{r['latency_ms_fp32']:.1f} / {r.get('torch_latency_ms_fp32', float('nan')):.1f} | "
+            f"| {name} | {b.get('one_call', nan):.0f} | {b.get(f'calls_of_{call}', nan):.0f} | "
+            f"{b.get(f'calls_of_{call}_overlapped', nan):.0f} | {f.get('one_call', nan):.0f} | "
+            f"{peer.get('batch_256', nan):.0f} | {peer.get('batch_32', nan):.0f} | "
+            f"{lat:.1f} / {r.get('torch_latency_ms_fp32', nan):.1f} | "
             f"{'-' if par is None else f'{par:.7f}'} |")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
+    global mlx_embed, mx
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", default=",".join(SHAPES), help=f"comma list of {', '.join(SHAPES)}")
     p.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU, seconds not minutes")
     p.add_argument("--allow-cpu", action="store_true", help="run the real shapes without a GPU")
     p.add_argument("--no-torch", action="store_true", help="leave the torch peer and parity out")
-    p.add_argument("--sweep", action="store_true", help="batch_tokens x streams sweep")
+    p.add_argument("--stage", choices=("all", "torch", "engine"), default="all",
+                   help="torch: checkpoints and torch figures only; engine: reuse them")
+    p.add_argument("--workdir", help="checkpoints and torch figures kept here (default: a temp folder)")
+    p.add_argument("--deadline", type=float, help="skip optional sections after this many seconds")
+    p.add_argument("--variants", action="store_true", help="fused attention, streams, fp16")
+    p.add_argument("--sweep", action="store_true", help="batch_tokens sweep")
     p.add_argument("--quantized", action="store_true", help="Qwen3 shape: 8/4-bit kernels vs bf16")
     p.add_argument("--batch-tokens", type=int, help="device sub-batch budget (default: the engine's)")
+    p.add_argument("--texts", type=int, help="texts per shape (default: 8192/4096/2048)")
     p.add_argument("--call", type=int, default=32, help="texts per call for the small-call rows")
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--memory-calls", type=int, default=2000)
@@ -334,6 +460,12 @@ def main(argv=None) -> int:
     p.add_argument("--out", help="folder for results.json")
     args = p.parse_args(argv)
 
+    if args.stage != "torch":
+        import mlx_embed as _mlx_embed
+
+        import mlx.core as _mx
+
+        mlx_embed, mx = _mlx_embed, _mx
     if args.dry_run:
         mx.set_default_device(mx.cpu)
         shapes = DRY_SHAPES
@@ -344,24 +476,46 @@ def main(argv=None) -> int:
         if unknown:
             p.error(f"unknown shapes {sorted(unknown)}")
         shapes = {n: SHAPES[n] for n in names}
-        if mx.default_device() == mx.cpu and not args.allow_cpu:
+        if mx is not None and mx.default_device() == mx.cpu and not args.allow_cpu:
             p.error("no GPU: MLX runs on the CPU here (use --dry-run or --allow-cpu)")
     use_torch = torch_available() and not args.no_torch and not args.dry_run
-    meta = {"mlx": mx.__version__, "device": None, "torch": None, "argv": sys.argv[1:]}
+    if args.stage == "torch" and not use_torch:
+        p.error("--stage torch needs torch and transformers")
+    meta = {"mlx": getattr(mx, "__version__", None), "device": None, "torch": None,
+            "argv": sys.argv[1:]}
     if use_torch:
         import torch
+        import transformers
 
         meta["torch"] = torch.__version__
-    results = {}
+        meta["transformers"] = transformers.__version__
+        if torch.cuda.is_available():
+            meta["torch_device"] = torch.cuda.get_device_name()
+    report = Report(args.out, meta)
+    common = {"batch_tokens": args.batch_tokens} if args.batch_tokens else {}
     with tempfile.TemporaryDirectory(prefix="bench_gpu-") as tmp:
+        work = Path(args.workdir or tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        plans = []
         for name, (config, n) in shapes.items():
-            results[name] = bench_shape(name, config, n, args, use_torch, Path(tmp))
-            meta["device"] = results[name]["device"]
+            folder = work / name
+            make_checkpoint(config, folder, args.seed, use_torch)
+            ids = corpus(args.texts or n, args.seed)
+            plans.append((name, config, folder, ids))
+            log(f"{name}: checkpoint ready")
+            if use_torch or (folder / "torch.json").exists():
+                # An earlier --stage torch left them, or torch is here.
+                report.results.setdefault(name, {}).update(torch_figures(name, config, folder, ids, args))
+                report.save()
+        if args.stage != "torch":
+            for name, config, folder, ids in plans:
+                engine_core(report, name, config, folder, ids, args, common)
+                meta["device"] = report.results[name].get("device")
+            engine_optional(report, plans, args, common)
+    report.save()
     print(f"\n# {meta}")
-    print(summary(results, args.call))
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
-        Path(args.out, "results.json").write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    if args.stage != "torch":
+        print(summary(report.results, args.call))
     return 0
 
 

@@ -59,6 +59,7 @@ class EmbeddingModel(ScoringMixin):
         cache_limit_mb: Optional[int] = None,
         pipeline: Optional[bool] = None,
         streams: int = 1,
+        fused_attention: Optional[bool] = None,
         dequantize: Optional[bool] = None,
         kind: Optional[str] = None,
         _is_default: bool = False,
@@ -116,7 +117,9 @@ class EmbeddingModel(ScoringMixin):
         self._instruction_prefix = self._format_instruction(instruction)
 
         self._blas_threads = _blas.get_num_threads()
-        self.context = ops.make_context(fast_ops, kernel_threads=self._blas_threads)
+        self.context = ops.make_context(
+            fast_ops, kernel_threads=self._blas_threads, fused_attention=fused_attention
+        )
         ops.prepare(self.model, self.context)
         self.scheduler = Scheduler(
             self.model,
@@ -415,6 +418,7 @@ class EmbeddingModel(ScoringMixin):
             "workers": str(self.workers),
             "device_batch_tokens": str(self.batch_tokens),
             "pipeline": str(self.scheduler.pipeline).lower(),
+            "attention": "fused" if self.context.fused_attention else "matmul",
             "cache_limit_mb": str(self.cache_limit_mb),
             "blas": b["library"],
             # Where this process's start went, up to the model being built.

@@ -156,6 +156,10 @@ class ForwardContext:
 
     path: str = "exact"
     kernel_threads: int = 1
+    # BERT-style self-attention through mx.fast.scaled_dot_product_attention
+    # (one fused kernel where the backend has one, e.g. cuDNN on CUDA in
+    # half precision) instead of two matmuls around a softmax.
+    fused_attention: bool = False
 
     def with_threads(self, n: int) -> "ForwardContext":
         return replace(self, kernel_threads=max(1, int(n)))
@@ -165,11 +169,25 @@ class ForwardContext:
         return f"native ({_native.kernel_simd})" if self.path == "native" else self.path
 
 
-def make_context(fast_ops: Optional[str] = None, kernel_threads: Optional[int] = None) -> ForwardContext:
+def make_context(
+    fast_ops: Optional[str] = None,
+    kernel_threads: Optional[int] = None,
+    fused_attention: Optional[bool] = None,
+) -> ForwardContext:
+    path = resolve_path(fast_ops)
+    if fused_attention is None:
+        fused_attention = default_fused_attention()
     return ForwardContext(
-        path=resolve_path(fast_ops),
+        path=path,
         kernel_threads=max(1, int(kernel_threads or os.cpu_count() or 1)),
+        fused_attention=bool(fused_attention) and path == "exact",
     )
+
+
+def default_fused_attention() -> bool:
+    """Off everywhere until measured faster (scripts/bench_gpu.py): on the CPU
+    the native kernel fuses attention already."""
+    return False
 
 
 _active = threading.local()
@@ -465,6 +483,10 @@ def attention(qkv: mx.array, mask: KeyMask, n_heads: int, scale: float) -> mx.ar
             _native.attention_(src, lengths, n_heads, scale, dst, ctx.kernel_threads)
         return mx.array(dst)
     hd = D // n_heads
+    if ctx.fused_attention:
+        q, k, v = mx.split(qkv.reshape(B, L, 3 * n_heads, hd).transpose(0, 2, 1, 3), 3, axis=1)
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask.additive)
+        return out.transpose(0, 2, 1, 3).reshape(B, L, D)
     # One contiguous copy into [3, B, H, L, hd], then slices that are
     # contiguous views: MLX's matmul would otherwise copy each strided
     # q/k/v on its own, measured 2.5x slower on the CPU.

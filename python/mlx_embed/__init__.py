@@ -9,8 +9,9 @@ Public API::
     model = mlx_embed.load(path=None, *, dtype="float32", quantize=None,
                            instruction=None, pooling=None, max_length=None,
                            batch_tokens=None, workers=None, fast_ops=None,
-                           cache_limit_mb=None, pipeline=None, group_size=32,
-                           name=None)
+                           cache_limit_mb=None, pipeline=None, streams=1,
+                           fused_attention=None, shape_buckets=None,
+                           group_size=32, name=None)
     model.embed(texts, *, normalize=True, truncate=True,
                 truncation_direction="right", prompt_name=None, prompt=None,
                 instruction=None) -> np.ndarray float32 [len(texts), model.dim]
@@ -59,7 +60,11 @@ def load(path=None, *, dtype="float32", quantize=None, instruction=None, **kwarg
     ``fast_ops`` "native" | "mlx" | "exact" (CPU element-wise path),
     ``workers`` (MLX threads on the CPU), ``batch_tokens`` (padded tokens per
     device pass), ``cache_limit_mb`` (MLX buffer cache; default 0 on the CPU,
-    2048 on a GPU), ``pipeline`` (async sub-batch submission; default on a GPU).
+    2048 on a GPU), ``pipeline`` (async sub-batch submission; default on a GPU),
+    ``streams`` (device streams the passes of a call spread over; 1),
+    ``fused_attention`` (BERT-style attention through
+    ``mx.fast.scaled_dot_product_attention``; default on a GPU in fp16/bf16),
+    ``shape_buckets`` (pad passes to a bounded set of shapes; default on a GPU).
     """
     with _startup.timed("import_engine"):
         from .engine import load as _load

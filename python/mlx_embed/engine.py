@@ -60,6 +60,7 @@ class EmbeddingModel(ScoringMixin):
         pipeline: Optional[bool] = None,
         streams: int = 1,
         fused_attention: Optional[bool] = None,
+        shape_buckets: Optional[bool] = None,
         dequantize: Optional[bool] = None,
         kind: Optional[str] = None,
         _is_default: bool = False,
@@ -118,7 +119,8 @@ class EmbeddingModel(ScoringMixin):
 
         self._blas_threads = _blas.get_num_threads()
         self.context = ops.make_context(
-            fast_ops, kernel_threads=self._blas_threads, fused_attention=fused_attention
+            fast_ops, kernel_threads=self._blas_threads, fused_attention=fused_attention,
+            dtype=self.dtype,
         )
         ops.prepare(self.model, self.context)
         self.scheduler = Scheduler(
@@ -132,6 +134,7 @@ class EmbeddingModel(ScoringMixin):
             workers=workers,
             pipeline=pipeline,
             streams=streams,
+            shape_buckets=shape_buckets,
             takes_type_ids="token_type_ids" in inspect.signature(self.model.__call__).parameters,
         )
         self.load_timings = {**ck.timings, "total": time.perf_counter() - t0}
@@ -419,6 +422,7 @@ class EmbeddingModel(ScoringMixin):
             "device_batch_tokens": str(self.batch_tokens),
             "pipeline": str(self.scheduler.pipeline).lower(),
             "attention": "fused" if self.context.fused_attention else "matmul",
+            "shape_buckets": str(self.scheduler.shape_buckets).lower(),
             "cache_limit_mb": str(self.cache_limit_mb),
             "blas": b["library"],
             # Where this process's start went, up to the model being built.

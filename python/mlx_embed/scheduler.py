@@ -24,10 +24,13 @@ Across calls: ``submit`` returns a :class:`Pending` once the call's passes
 are queued, before the host copy; ``Pending.result()`` is the copy. A caller
 holding batch k+1 while batch k runs (the server's model thread, keeping the
 bridge's one interpreter crossing per batch: submit k+1, then collect k) keeps
-the device busy between batches. ``EmbeddingModel.submit_ids`` exposes it;
-the Rust core's model thread does not use it yet (its ``Embedder`` trait
-answers each batch before taking the next), so today calls overlap only for
-Python callers, and passes within a call for everyone.
+the device busy between batches. ``EmbeddingModel.submit_ids`` exposes it,
+and the Rust core's model thread uses it (``--pipeline``, on by default on
+a GPU).
+
+On a GPU the passes also take a bounded set of shapes (``shape_buckets``):
+lengths padded to 4 steps per octave, rows to a power of two, because each
+new shape costs a one-time build there (see ``Scheduler.__init__``).
 """
 
 from __future__ import annotations
@@ -48,7 +51,8 @@ from . import _blas, device, ops
 # per-token cost *rises* with pass size, because the [B, H, L, L] scores and
 # [T, 4D] FFN activations fall out of cache; 256-512 was best, 1024 lost ~10%,
 # 2048 ~25%. Small passes also feed the parallel workers and waste less on
-# padding. GPUs want the opposite: big passes (16384 is not yet measured).
+# padding. GPUs want the opposite: big passes (16384; the sweep over it is
+# still to be measured, docs/benchmarks.md).
 CPU_BATCH_TOKENS = 256
 GPU_BATCH_TOKENS = 16384
 
@@ -61,6 +65,21 @@ MIN_PARALLEL_TOKENS = 256
 
 def default_batch_tokens() -> int:
     return CPU_BATCH_TOKENS if device.is_cpu() else GPU_BATCH_TOKENS
+
+
+def bucket_length(n: int) -> int:
+    """``n`` rounded up to 16 or to one of 4 steps per octave above it
+    (20, 24, 28, 32, 40, 48, ...): at most 25% padding, ~4 lengths per
+    doubling of the longest text."""
+    if n <= 16:
+        return 16
+    step = 1 << ((n - 1).bit_length() - 3)
+    return -(-n // step) * step
+
+
+def bucket_rows(n: int) -> int:
+    """``n`` rounded up to a power of two."""
+    return 1 << max(0, (n - 1).bit_length())
 
 
 def default_workers() -> int:
@@ -87,6 +106,7 @@ class Scheduler:
         workers: Optional[int] = None,
         pipeline: Optional[bool] = None,
         streams: int = 1,
+        shape_buckets: Optional[bool] = None,
         takes_type_ids: bool = False,
     ):
         self.model = model
@@ -106,14 +126,23 @@ class Scheduler:
         # Pipelining buys nothing where the forward pass evaluates inside
         # (the native kernels do, on the CPU) and the workers already overlap.
         self.pipeline = (not device.is_cpu()) if pipeline is None else bool(pipeline)
-        # Device streams the pipelined path spreads sub-batches over. More
-        # than one let independent passes overlap on the device (a probe on an
-        # H200: 1.37x-1.69x for calls of 32 from 2-4 engine instances on their
-        # own streams); not yet measured inside one engine, so 1 by default.
+        # Device streams the pipelined path spreads sub-batches over. A probe
+        # with separate engine instances on their own streams gained 1.37x-
+        # 1.69x (issue 11), but inside one engine 2 and 4 streams measured
+        # 0.97x and 0.99x of one on an H200 (MiniLM shape, calls of 32,
+        # docs/benchmarks.md): 1 by default.
         if int(streams) < 1:
             raise ValueError(f"streams must be >= 1, got {streams}")
         self.streams = int(streams)
         self._streams: list = []
+        # On a GPU every new (rows, length) shape of a pass costs a one-time
+        # build: measured on an H200 (docs/benchmarks.md), 60 calls of 1-64
+        # random texts took 14.3 ms each the first time and 6.1 ms again
+        # (MiniLM shape), 98 vs 24 ms with cuDNN attention (Qwen3 shape), and
+        # MLX keeps only 256 cuDNN attention plans. So passes are padded to a
+        # bounded set of shapes there: lengths to 4 steps per octave, rows to
+        # a power of two (pad rows are discarded).
+        self.shape_buckets = (not device.is_cpu()) if shape_buckets is None else bool(shape_buckets)
         self.takes_type_ids = takes_type_ids
         self._lock = threading.Lock()
         self._pool: Optional[_WorkerPool] = None
@@ -141,13 +170,20 @@ class Scheduler:
             budget = max(min(budget, share), int(lengths.max()))
         while start < n:
             end = start + 1
-            # lengths are ascending along `order`, so the padded size of
-            # [start, end] is lengths[order[end]] * (end - start + 1).
-            while end < n and int(lengths[order[end]]) * (end - start + 1) <= budget:
+            # lengths are ascending along `order`, so the longest of
+            # [start, end] is lengths[order[end]].
+            while end < n and self.padded_size(int(lengths[order[end]]), end - start + 1) <= budget:
                 end += 1
             batches.append(order[start:end])
             start = end
         return batches
+
+    def padded_size(self, longest: int, rows: int) -> int:
+        """Padded tokens of a pass over ``rows`` sequences, the longest
+        ``longest`` tokens (what the plan's budget counts)."""
+        if self.shape_buckets:
+            return self.bucket(longest) * bucket_rows(rows)
+        return longest * rows
 
     def bucket(self, n: int) -> int:
         # The compiled-MLX ops are specialized per shape; for them, rounding
@@ -156,6 +192,8 @@ class Scheduler:
         # else in a forward pass depends on the shape, so otherwise pad only
         # to the longest text (the corpus of docs/benchmarks.md at a 1024
         # budget: 8128 padded tokens with buckets, 7970 without).
+        if self.shape_buckets:
+            return min(bucket_length(n), max(self.max_length, n))
         if self.context.path != "mlx":
             return n
         step = 8 if n <= 64 else 16 if n <= 256 else 64
@@ -224,9 +262,13 @@ class Scheduler:
         ([B, dim]); with ``tokens``, its last hidden state ([B, L, hidden],
         padding included: the caller keeps each row's real tokens)."""
         L = self.bucket(int(lengths[idx].max()))
-        arr = np.full((len(idx), L), self.pad_id, dtype=np.int32)
-        mask = np.zeros((len(idx), L), dtype=np.int32)
-        types = np.zeros((len(idx), L), dtype=np.int32) if type_ids is not None else None
+        real = len(idx)
+        B = bucket_rows(real) if self.shape_buckets else real
+        arr = np.full((B, L), self.pad_id, dtype=np.int32)
+        mask = np.zeros((B, L), dtype=np.int32)
+        # A pad row sees one (pad) token, so no row has every key masked.
+        mask[real:, 0] = 1
+        types = np.zeros((B, L), dtype=np.int32) if type_ids is not None else None
         for r, i in enumerate(idx):
             row = ids[i]
             arr[r, : len(row)] = row
@@ -241,14 +283,16 @@ class Scheduler:
                 h = self.model(mx.array(arr), mask_mx, token_type_ids=mx.array(types))
             else:
                 h = self.model(mx.array(arr), mask_mx)
+            if B > real:
+                h, mask_mx = h[:real], mask_mx[:real]
             if tokens:
-                return h.astype(mx.float32), L * len(idx)
+                return h.astype(mx.float32), L * B
             vec = self.head(h, mask_mx).astype(mx.float32)
             if normalize:
                 # Same convention as sentence-transformers (eps 1e-12).
                 norm = mx.sqrt((vec * vec).sum(axis=-1, keepdims=True))
                 vec = vec / mx.maximum(norm, 1e-12)
-        return vec, L * len(idx)
+        return vec, L * B
 
     def _device_streams(self) -> list:
         if not self._streams:

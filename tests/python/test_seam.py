@@ -8,6 +8,7 @@ import os
 import mlx_embed
 import numpy as np
 import pytest
+from conftest import FIXTURES, TINY_QWEN3
 from mlx_embed import device, ops
 from mlx_embed.errors import InvalidInput
 from mlx_embed.spec import EmbedResult, ModelSpec, TokenizerSpec
@@ -264,3 +265,93 @@ def test_live_details_for_info(minilm):
     assert float(d["cache_mb"]) == 0.0
     assert float(d["blas_gflops"]) > 1.0
     assert all(isinstance(v, str) for v in d.values())
+
+
+# ---------------------------------------------------------------- GPU shapes
+# The GPU defaults (bounded pass shapes, fused attention in half precision)
+# are forced on here: the CPU runs the same graphs.
+
+
+def test_length_and_row_buckets():
+    from mlx_embed.scheduler import bucket_length, bucket_rows
+
+    assert [bucket_length(n) for n in (1, 16, 17, 20, 21, 33, 64, 65, 100, 129, 300, 512, 513)] == [
+        16, 16, 20, 20, 24, 40, 64, 80, 112, 160, 320, 512, 640]
+    assert [bucket_rows(n) for n in (1, 2, 3, 5, 32, 33, 64, 65)] == [1, 2, 4, 8, 32, 64, 64, 128]
+    for n in range(17, 40000):
+        assert n <= bucket_length(n) <= n * 1.25
+    # Every shape a 16384-token budget can form stays within MLX's 256 cached
+    # cuDNN attention plans, even for a 32k-token model.
+    lengths = sorted({bucket_length(n) for n in range(1, 32769)})
+    shapes = [(n, 1 << k) for n in lengths for k in range(15) if n << k <= 16384 or k == 0]
+    assert len(shapes) == 235
+
+
+def test_bucketed_plan_respects_the_budget_after_padding():
+    m = mlx_embed.load(fast_ops="exact", pipeline=True, shape_buckets=True, batch_tokens=2048)
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(3, 257, 500)
+    plan = m.scheduler.plan(lengths)
+    assert sorted(np.concatenate(plan).tolist()) == list(range(500))
+    shapes = set()
+    for idx in plan:
+        longest = int(lengths[idx].max())
+        size = m.scheduler.padded_size(longest, len(idx))
+        assert size <= 2048 or len(idx) == 1
+        shapes.add((m.scheduler.bucket(longest), len(idx)))
+    # Rows fill their power of two: only the last pass of a length is short.
+    assert sum(1 for idx in plan if len(idx) & (len(idx) - 1)) <= len({s[0] for s in shapes})
+
+
+@pytest.mark.parametrize("model", ["minilm", "qwen3"])
+def test_bucketed_shapes_equal_exact_shapes(golden_texts, model):
+    path = None if model == "minilm" else str(TINY_QWEN3)
+    plain = mlx_embed.load(path, fast_ops="exact", pipeline=False, workers=1, batch_tokens=300)
+    bucketed = mlx_embed.load(path, fast_ops="exact", pipeline=True, shape_buckets=True,
+                              batch_tokens=300)
+    assert bucketed.spec().details["shape_buckets"] == "true"
+    assert plain.spec().details["shape_buckets"] == "false"  # the CPU default
+    ids, _ = plain.encode(golden_texts)
+    dim = plain.dim
+    for sub in (ids, ids[:3], ids[5:6]):
+        want = plain.embed_ids(sub)
+        got = bucketed.embed_ids(sub)
+        assert np.abs(_vectors(got, dim) - _vectors(want, dim)).max() <= 1e-5
+        assert got.padded_tokens >= want.padded_tokens
+    # The whole corpus really ran in padded shapes.
+    assert bucketed.embed_ids(ids).padded_tokens > plain.embed_ids(ids).padded_tokens
+    rows_plain = plain.embed_ids(ids[:7], output="tokens")
+    rows_bucketed = bucketed.embed_ids(ids[:7], output="tokens")
+    assert rows_bucketed.rows == rows_plain.rows == [len(x) for x in ids[:7]]
+    a = np.frombuffer(rows_plain.vectors, "<f4")
+    b = np.frombuffer(rows_bucketed.vectors, "<f4")
+    assert a.shape == b.shape and np.abs(a - b).max() <= 1e-5
+
+
+def test_bucketed_pair_scoring_equals_exact(golden_texts):
+    path = str(FIXTURES / "tiny-bert-reranker")
+    plain = mlx_embed.load(path, fast_ops="exact", pipeline=False, workers=1)
+    bucketed = mlx_embed.load(path, fast_ops="exact", pipeline=True, shape_buckets=True)
+    pairs = [("what is mlx", t) for t in golden_texts[:9]]
+    assert np.abs(np.asarray(bucketed.score(pairs)) - np.asarray(plain.score(pairs))).max() <= 1e-5
+
+
+def test_fused_attention_equals_matmul_attention(golden_texts):
+    matmul = mlx_embed.load(fast_ops="exact", fused_attention=False)
+    fused = mlx_embed.load(fast_ops="exact", fused_attention=True)
+    assert (matmul.spec().details["attention"], fused.spec().details["attention"]) == ("matmul", "fused")
+    assert np.abs(fused.embed(golden_texts) - matmul.embed(golden_texts)).max() <= 1e-6
+    # The defaults: fused on a GPU in half precision only (measured there).
+    gpu = mx_device("gpu")
+    assert ops.default_fused_attention("bfloat16", gpu) and ops.default_fused_attention("float16", gpu)
+    assert not ops.default_fused_attention("float32", gpu)
+    assert not ops.default_fused_attention("bfloat16", mx_device("cpu"))
+    assert mlx_embed.load(dtype="bfloat16").spec().details["attention"] == "matmul"  # CPU
+    # The native path has its own fused kernel; the flag does not apply there.
+    assert not mlx_embed.load(fused_attention=True).context.fused_attention
+
+
+def mx_device(kind: str):
+    import mlx.core as mx
+
+    return mx.Device(mx.gpu if kind == "gpu" else mx.cpu)

@@ -12,8 +12,9 @@ Qwen3-0.6B) it reports:
 * one-text latency (fp32 and bf16, engine and torch fp32);
 * MLX memory (active/cache/peak) and device memory over 2,000 calls of
   varied shapes (Qwen3 shape), sampled every 250 calls;
-* ``--variants``: fused attention (``mx.fast.scaled_dot_product_attention``)
-  on the BERT shapes, more device streams, fp16;
+* ``--variants``: the cost of new pass shapes (with and without
+  ``shape_buckets``), fused attention (``mx.fast.scaled_dot_product_attention``)
+  against the matmul path on the BERT shapes, more device streams, fp16;
 * ``--sweep``: the device sub-batch budget (``batch_tokens``);
 * ``--quantized``: Qwen3 shape bf16 vs 8-bit vs 4-bit quantized kernels,
   one call and two-text latency (the measured choice behind dequantizing
@@ -268,6 +269,23 @@ def memory_run(model, calls: int, seed: int, max_rows: int) -> dict:
     return {"calls": calls, "seconds": secs, "before": before, "after": after, "samples": samples}
 
 
+def shape_costs(model, args, calls: int = 60) -> dict:
+    """ms per call for calls of 1-64 random texts: the first pass (every
+    shape new to the process) and the same calls again (shapes built)."""
+    pool = corpus(4096, args.seed + 1)
+    rng = np.random.default_rng(args.seed + 5)
+    batches = [[pool[i] for i in rng.integers(0, len(pool), int(rng.integers(1, args.call * 2 + 1)))]
+               for _ in range(calls)]
+    model.embed_ids(pool[:8])
+    out = {}
+    for label in ("new_shapes_ms_per_call", "same_shapes_ms_per_call"):
+        t0 = time.perf_counter()
+        for b in batches:
+            model.embed_ids(b)
+        out[label] = 1e3 * (time.perf_counter() - t0) / calls
+    return out
+
+
 def pooling_of(config: dict) -> str:
     return "last" if config["model_type"] == "qwen3" else "mean"
 
@@ -378,10 +396,18 @@ def engine_optional(report, plans, args, common) -> None:
     bert = [p for p in plans if p[1]["model_type"] == "bert"]
     qwen = [p for p in plans if p[1]["model_type"] == "qwen3"]
     if args.variants:
+        for name, config, folder, ids in plans:
+            section(report, name, "new_shapes", lambda f=folder: {
+                f"shape_buckets={b}": shape_costs(load(f, shape_buckets=b), args, 10 if args.dry_run else 60)
+                for b in (True, False)
+            }, args)
         for name, config, folder, ids in bert:
             for dtype in ("bfloat16", "float32"):
-                def fused(folder=folder, ids=ids, dtype=dtype):
-                    m = load(folder, dtype=dtype, fused_attention=True)
+                # The path the default does not take for this dtype here.
+                fused_flag = not mlx_embed.ops.default_fused_attention(dtype)
+
+                def other(folder=folder, ids=ids, dtype=dtype, fused_flag=fused_flag):
+                    m = load(folder, dtype=dtype, fused_attention=fused_flag)
                     out = {"rates": engine_rates(m, ids, reps, args.call),
                            "latency_ms": latency_ms(m, ids, max(5, reps * 5))}
                     ref_path = folder / "torch_ref.npy"
@@ -389,7 +415,8 @@ def engine_optional(report, plans, args, common) -> None:
                         out["parity"] = parity(np.load(ref_path), mlx_vectors(m, ids[:PARITY_TEXTS]))
                     return out
 
-                section(report, name, f"fused_attention_{dtype}", fused, args)
+                label = "fused" if fused_flag else "matmul"
+                section(report, name, f"attention_{label}_{dtype}", other, args)
         for name, config, folder, ids in plans:
             for streams in (2, 4):
                 section(report, name, f"streams_{streams}", lambda f=folder, i=ids, s=streams: engine_rates(

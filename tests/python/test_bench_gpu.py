@@ -12,7 +12,8 @@ from conftest import ROOT
 def test_bench_gpu_dry_run(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
     r = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--dry-run", "--out", str(tmp_path)],
+        [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--dry-run", "--variants",
+         "--sweep", "--quantized", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, env=env,
     )
     assert r.returncode == 0, r.stderr[-3000:]
@@ -31,4 +32,17 @@ def test_bench_gpu_dry_run(tmp_path):
         before, after = mem["before"], mem["after"]
         assert after["cache_bytes"] == 0  # CPU: no cache
         assert after["active_bytes"] <= before["active_bytes"] * 1.1
+        assert len(mem["samples"]) == 8 and mem["samples"][-1]["calls"] == 40
+        # Every optional section ran (a failure stops a dry run).
+        shapes = res["new_shapes"]
+        assert set(shapes) == {"shape_buckets=True", "shape_buckets=False"}
+        assert all(v > 0 for d in shapes.values() for v in d.values())
+        assert set(res["streams_2"]) == {"calls_of_8", "calls_of_8_overlapped"}
+        assert res["batch_tokens_1024"]["one_call"] > 0
+    bert, qwen = out["results"]["tiny-bert"], out["results"]["tiny-qwen3"]
+    # The CPU default is the matmul path, so the variant is the fused one.
+    for dtype in ("bfloat16", "float32"):
+        assert bert[f"attention_fused_{dtype}"]["rates"]["one_call"] > 0
+    assert bert["engine_float16"]["one_call"] > 0
+    assert {"quantized_bf16", "quantized_8-bit", "quantized_4-bit"} <= set(qwen)
     assert "| tiny-bert |" in r.stdout and "| tiny-qwen3 |" in r.stdout

@@ -6,8 +6,33 @@
 //! on a condition variable between calls (after a short spin, since the next
 //! call of a forward pass usually follows within microseconds).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// How long a helper spins for the next job, and a caller for its last
+/// pieces, before sleeping. The calls of one forward pass come tens of
+/// microseconds apart, and a futex wake-up on this VM costs about as much as
+/// a whole small kernel call: with the caller sleeping until the helper's
+/// piece was done, 2 threads ran a 14-row [384 -> 1536] linear in 134 us
+/// against 167 us on one (docs/benchmarks.md).
+const SPIN: Duration = Duration::from_micros(200);
+
+/// Spins until `ready()` or [`SPIN`] has passed; whether `ready()` held.
+fn spin_until(ready: impl Fn() -> bool) -> bool {
+    let start = Instant::now();
+    loop {
+        for _ in 0..64 {
+            if ready() {
+                return true;
+            }
+            std::hint::spin_loop();
+        }
+        if start.elapsed() >= SPIN {
+            return ready();
+        }
+    }
+}
 
 /// One call's work: run piece `i` for every `i` in `1..pieces` (the caller
 /// runs piece 0). The reference is only valid until the call returns, which
@@ -32,6 +57,9 @@ struct Shared {
     done: Condvar,
     /// Bumped per job, read without the lock by spinning helpers.
     generation: AtomicU64,
+    /// The current job's pieces not yet finished, read without the lock by
+    /// its spinning caller (the job's `unfinished` is the locked truth).
+    outstanding: AtomicUsize,
 }
 
 struct Pool {
@@ -52,6 +80,7 @@ fn pool() -> &'static Pool {
             wake: Condvar::new(),
             done: Condvar::new(),
             generation: AtomicU64::new(0),
+            outstanding: AtomicUsize::new(0),
         });
         for i in 0..helpers {
             let shared = Arc::clone(&shared);
@@ -94,6 +123,7 @@ pub(crate) fn run(pieces: usize, work: &(dyn Fn(usize) + Sync)) {
         let work: *const Piece =
             unsafe { std::mem::transmute::<&(dyn Fn(usize) + Sync + '_), &'static Piece>(work) };
         let mut slot = shared.job.lock().unwrap_or_else(|e| e.into_inner());
+        shared.outstanding.store(pieces - 1, Ordering::Relaxed);
         *slot = Some(Job {
             work,
             pieces,
@@ -120,11 +150,19 @@ pub(crate) fn run(pieces: usize, work: &(dyn Fn(usize) + Sync)) {
             job.next += 1;
             drop(slot);
             ok &= caught(i);
+            shared.outstanding.fetch_sub(1, Ordering::Release);
             slot = shared.job.lock().unwrap_or_else(|e| e.into_inner());
             slot.as_mut().expect("job present").unfinished -= 1;
             continue;
         }
         if job.unfinished == 0 {
+            break;
+        }
+        // A helper is finishing its piece: spin for it before sleeping.
+        drop(slot);
+        spin_until(|| shared.outstanding.load(Ordering::Acquire) == 0);
+        slot = shared.job.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.as_ref().expect("job present").unfinished == 0 {
             break;
         }
         slot = shared.done.wait(slot).unwrap_or_else(|e| e.into_inner());
@@ -138,14 +176,9 @@ pub(crate) fn run(pieces: usize, work: &(dyn Fn(usize) + Sync)) {
 fn helper(shared: &Shared) {
     let mut seen = 0u64;
     loop {
-        // Spin briefly: the next kernel call of a forward pass usually
-        // comes within microseconds, sooner than a futex wake-up.
-        for _ in 0..2_000 {
-            if shared.generation.load(Ordering::Acquire) != seen {
-                break;
-            }
-            std::hint::spin_loop();
-        }
+        // Spin first: the next kernel call of a forward pass usually comes
+        // sooner than a futex wake-up would.
+        spin_until(|| shared.generation.load(Ordering::Acquire) != seen);
         let mut slot = shared.job.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             let gen = shared.generation.load(Ordering::Acquire);
@@ -164,6 +197,8 @@ fn helper(shared: &Shared) {
                     slot = shared.job.lock().unwrap_or_else(|e| e.into_inner());
                     let job = slot.as_mut().expect("the caller waits for this piece");
                     job.unfinished -= 1;
+                    // After `unfinished`, so a caller that saw 0 finds it done.
+                    shared.outstanding.fetch_sub(1, Ordering::Release);
                     job.panicked |= !ok;
                     if job.unfinished == 0 {
                         shared.done.notify_all();

@@ -73,9 +73,13 @@ def test_2000_concurrent_requests_surplus_gets_429(tmp_path, fd_room):
             rawhttp.request(HOST, port, "/api/v1/embed", {"texts": [texts[i]]}), timeout=90)
 
     async def health_poller(stop: asyncio.Event, seen: list):
-        while not stop.is_set():
+        # (sent at, status) for each poll. The storm can be over in under a
+        # second on the event loop it shares with 2,000 clients, so polling
+        # goes on until it is over *and* 3 polls are in.
+        while not stop.is_set() or len(seen) < 3:
+            sent = time.monotonic()
             resp = await asyncio.wait_for(rawhttp.request(HOST, port, "/health", b"", method="GET"), timeout=30)
-            seen.append(resp.status)
+            seen.append((sent, resp.status))
             await asyncio.sleep(0.05)
 
     async def storm():
@@ -83,18 +87,19 @@ def test_2000_concurrent_requests_surplus_gets_429(tmp_path, fd_room):
         poller = asyncio.create_task(health_poller(stop, health))
         started = time.monotonic()
         results = await asyncio.gather(*(one(i) for i in range(n)), return_exceptions=True)
-        elapsed = time.monotonic() - started
+        ended = time.monotonic()
         stop.set()
         await poller
-        return results, health, elapsed
+        return results, health, started, ended
 
-    results, health, elapsed = asyncio.run(storm())
+    results, health, started, ended = asyncio.run(storm())
+    elapsed = ended - started
     errors = [r for r in results if isinstance(r, BaseException)]
     assert not errors, f"{len(errors)} requests failed at the transport level: {errors[:3]!r}"
     ok = [i for i, r in enumerate(results) if r.status == 200]
     refused = [i for i, r in enumerate(results) if r.status == 429]
     print(f"\noverload: {n} concurrent -> {len(ok)} x 200, {len(refused)} x 429 in {elapsed:.1f}s; "
-          f"health polls {len(health)} all 200: {set(health) == {200}}")
+          f"health polls {len(health)} all 200: {set(s for _, s in health) == {200}}")
     assert len(ok) + len(refused) == n, sorted({r.status for r in results})
     assert len(ok) >= 64 and len(refused) > 0
 
@@ -117,7 +122,9 @@ def test_2000_concurrent_requests_surplus_gets_429(tmp_path, fd_room):
         again = server.post("/api/v1/embed", {"texts": [texts[i]]}).json()["embeddings"][0]
         np.testing.assert_allclose(vectors[i], again, atol=1e-5, err_msg=f"request {i}")
 
-    assert len(health) >= 3 and set(health) == {200}, health
+    # /health answers 200 throughout, including while the storm is queued.
+    assert len(health) >= 3 and {status for _, status in health} == {200}, health
+    assert any(sent < ended for sent, _ in health), (health, started, ended)
     after = metrics(server)
     ok_key, over_key = ('mlx_embed_batcher_requests_total{outcome="ok"}',
                         'mlx_embed_batcher_requests_total{outcome="overloaded"}')

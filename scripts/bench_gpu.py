@@ -360,23 +360,14 @@ def engine_core(report, name, config, folder, ids, args, common) -> None:
     for dtype in ("bfloat16", "float32"):
         def run(dtype=dtype):
             m = mlx_embed.load(folder, dtype=dtype, **common)
-            out = {"rates": engine_rates(m, ids, args.reps, args.call),
-                   "latency_ms": latency_ms(m, ids, max(5, args.reps * 5)),
-                   "device": m.device, "details": m.spec().details}
+            rates = engine_rates(m, ids, args.reps, args.call)
+            res[f"latency_ms_{dtype}"] = latency_ms(m, ids, max(5, args.reps * 5))
+            res["device"], res["engine_details"] = m.device, m.spec().details
             if ref is not None:
-                out["parity"] = parity(ref, mlx_vectors(m, sub))
-            return out
+                res[f"parity_{'fp32' if dtype == 'float32' else 'bf16'}"] = parity(ref, mlx_vectors(m, sub))
+            return rates
 
-        section(report, name, f"_engine_{dtype}", run, args, optional=False)
-        got = res.pop(f"_engine_{dtype}")
-        if "error" in got:
-            res[f"engine_{dtype}"] = got
-            continue
-        res[f"engine_{dtype}"] = got["rates"]
-        res[f"latency_ms_{dtype}"] = got["latency_ms"]
-        res["device"], res["engine_details"] = got["device"], got["details"]
-        if "parity" in got:
-            res[f"parity_{'fp32' if dtype == 'float32' else 'bf16'}"] = got["parity"]
+        section(report, name, f"engine_{dtype}", run, args, optional=False)
     res["latency_ms_fp32"] = res.get("latency_ms_float32")
     report.save()
 

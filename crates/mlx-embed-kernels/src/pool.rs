@@ -18,18 +18,16 @@ use std::time::{Duration, Instant};
 /// against 167 us on one (docs/benchmarks.md).
 const SPIN: Duration = Duration::from_micros(200);
 
-/// Spins until `ready()` or [`SPIN`] has passed; whether `ready()` held.
-fn spin_until(ready: impl Fn() -> bool) -> bool {
+/// Spins until `ready()` or [`SPIN`] has passed (the caller re-checks under
+/// its lock either way).
+fn spin_until(ready: impl Fn() -> bool) {
     let start = Instant::now();
-    loop {
+    while start.elapsed() < SPIN {
         for _ in 0..64 {
             if ready() {
-                return true;
+                return;
             }
             std::hint::spin_loop();
-        }
-        if start.elapsed() >= SPIN {
-            return ready();
         }
     }
 }

@@ -16,6 +16,9 @@ Qwen3-0.6B) it reports:
   ``shape_buckets``), fused attention (``mx.fast.scaled_dot_product_attention``)
   against the matmul path on the BERT shapes, more device streams, fp16;
 * ``--sweep``: the device sub-batch budget (``batch_tokens``);
+* ``--small-calls``: calls of 32 with mixed-length calls split into passes
+  (``split_saving_tokens`` 0/256/1024/4096, with each plan's padding), 2 and
+  4 model threads, and an ``mx.compile`` probe of the forward pass;
 * ``--quantized``: Qwen3 shape bf16 vs 8-bit vs 4-bit quantized kernels,
   one call and two-text latency (the measured choice behind dequantizing
   pre-quantized checkpoints on CUDA).
@@ -286,6 +289,70 @@ def shape_costs(model, args, calls: int = 60) -> dict:
     return out
 
 
+def padding_factor(model, ids: list[list[int]], call: int) -> float:
+    """Padded tokens per real token when ``ids`` run in calls of ``call``
+    under the model's plan (``call=0``: one call)."""
+    sched = model.scheduler
+    lengths = np.array([len(x) for x in ids])
+    padded = 0
+    for i in range(0, len(ids), call or len(ids)):
+        part = lengths[i : i + (call or len(ids))]
+        padded += sum(sched.padded_size(int(part[idx].max()), len(idx)) for idx in sched.plan(part))
+    return padded / int(lengths.sum())
+
+
+def threaded_rate(models: list, ids: list[list[int]], call: int, reps: int) -> float:
+    """texts/s with one engine instance per thread, each on its own device
+    stream, sharing calls of ``call`` round robin (several model threads)."""
+    import threading
+
+    calls = [ids[i : i + call] for i in range(0, len(ids), call)]
+
+    def run_all():
+        errors = []
+
+        def work(k):
+            try:
+                # MLX streams belong to the thread that made them.
+                with mx.stream(mx.new_stream(mx.default_device())):
+                    for c in calls[k :: len(models)]:
+                        models[k].embed_ids(c)
+            except Exception as e:  # noqa: BLE001 - re-raised below
+                errors.append(e)
+
+        threads = [threading.Thread(target=work, args=(k,)) for k in range(len(models))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise errors[0]
+
+    run_all()  # new shapes build once
+    return len(ids) / seconds(run_all, reps)
+
+
+def small_calls(load, ids, call: int, reps: int, dry_run: bool) -> dict:
+    """What server-sized calls of ``call`` texts gain from splitting mixed
+    lengths into passes (``split_saving_tokens``), from several model
+    threads, and from ``mx.compile`` of the forward pass (a probe)."""
+    out = {}
+    default = load().scheduler.split_saving_tokens
+    for split in sorted({0, 256, 1024, 4096, default}):
+        m = load(split_saving_tokens=split)
+        out[f"split_{split}"] = {**engine_rates(m, ids, reps, call),
+                                 "padding_one_call": padding_factor(m, ids, 0),
+                                 f"padding_calls_of_{call}": padding_factor(m, ids, call)}
+    for n in (2, 4):
+        out[f"threads_{n}"] = {f"calls_of_{call}": threaded_rate([load() for _ in range(n)], ids, call, reps)}
+    # The CPU dry run takes the pure-MLX element-wise path: the native
+    # kernels evaluate inside the pass, which a compiled function cannot.
+    m = load(**({"fast_ops": "mlx"} if dry_run else {}))
+    m.scheduler.model = mx.compile(m.model)
+    out["compiled_forward"] = engine_rates(m, ids, reps, call)
+    return out
+
+
 def pooling_of(config: dict) -> str:
     return "last" if config["model_type"] == "qwen3" else "mean"
 
@@ -380,7 +447,13 @@ def engine_optional(report, plans, args, common) -> None:
     def load(folder, **kw):
         return mlx_embed.load(folder, **{"dtype": "bfloat16", **common, **kw})
 
+    if args.small_calls:
+        for name, config, folder, ids in plans:
+            section(report, name, "small_calls", lambda f=folder, i=ids: small_calls(
+                lambda **kw: load(f, **kw), i, args.call, reps, args.dry_run), args)
     for name, config, folder, ids in plans:
+        if args.no_core:
+            break
         if config["model_type"] == "qwen3" or args.dry_run:
             section(report, name, "memory", lambda f=folder: memory_run(
                 load(f), args.memory_calls, args.seed, args.call * 2), args, optional=False)
@@ -468,6 +541,10 @@ def main(argv=None) -> int:
     p.add_argument("--deadline", type=float, help="skip optional sections after this many seconds")
     p.add_argument("--variants", action="store_true", help="fused attention, streams, fp16")
     p.add_argument("--sweep", action="store_true", help="batch_tokens sweep")
+    p.add_argument("--small-calls", action="store_true",
+                   help="calls of --call texts: split passes, model threads, mx.compile")
+    p.add_argument("--no-core", action="store_true",
+                   help="leave out the core figures and the memory run (measured before)")
     p.add_argument("--quantized", action="store_true", help="Qwen3 shape: 8/4-bit kernels vs bf16")
     p.add_argument("--batch-tokens", type=int, help="device sub-batch budget (default: the engine's)")
     p.add_argument("--texts", type=int, help="texts per shape (default: 8192/4096/2048)")
@@ -527,8 +604,9 @@ def main(argv=None) -> int:
                 report.save()
         if args.stage != "torch":
             for name, config, folder, ids in plans:
-                engine_core(report, name, config, folder, ids, args, common)
-                meta["device"] = report.results[name].get("device")
+                if not args.no_core:
+                    engine_core(report, name, config, folder, ids, args, common)
+                meta["device"] = report.results.setdefault(name, {}).get("device") or str(mx.default_device())
             engine_optional(report, plans, args, common)
     report.save()
     print(f"\n# {meta}")

@@ -13,7 +13,7 @@ def test_bench_gpu_dry_run(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
     r = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--dry-run", "--variants",
-         "--sweep", "--quantized", "--out", str(tmp_path)],
+         "--sweep", "--quantized", "--small-calls", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, env=env,
     )
     assert r.returncode == 0, r.stderr[-3000:]
@@ -39,6 +39,13 @@ def test_bench_gpu_dry_run(tmp_path):
         assert all(v > 0 for d in shapes.values() for v in d.values())
         assert set(res["streams_2"]) == {"calls_of_8", "calls_of_8_overlapped"}
         assert res["batch_tokens_1024"]["one_call"] > 0
+        small = res["small_calls"]
+        assert set(small) == {"split_0", "split_256", "split_1024", "split_4096", "threads_2",
+                              "threads_4", "compiled_forward"}
+        assert all(v > 0 for d in small.values() for v in d.values())
+        # A lower threshold splits at least where a higher one does.
+        pads = [small[f"split_{s}"]["padding_calls_of_8"] for s in (0, 256, 1024, 4096)]
+        assert pads[1] <= pads[2] <= pads[3] <= pads[0] and pads[1] >= 1.0
     bert, qwen = out["results"]["tiny-bert"], out["results"]["tiny-qwen3"]
     # The CPU default is the matmul path, so the variant is the fused one.
     for dtype in ("bfloat16", "float32"):

@@ -303,6 +303,34 @@ def test_bucketed_plan_respects_the_budget_after_padding():
     assert sum(1 for idx in plan if len(idx) & (len(idx) - 1)) <= len({s[0] for s in shapes})
 
 
+def test_mixed_lengths_split_into_passes_where_that_saves_padding():
+    """16 texts of 10 tokens, 8 of 60 and 8 of 250 in one call: one pass pads
+    to 32 x 256. Halving saves 3,840 padded tokens (16 x 16 + 16 x 256), then
+    halving the long half saves 1,536 more (8 x 64 + 8 x 256)."""
+    rng = np.random.default_rng(11)
+    ids = [[101, *rng.integers(1000, 29000, n - 2).tolist(), 102]
+           for n in [250] * 8 + [10] * 16 + [60] * 8]
+    lengths = np.array([len(x) for x in ids])
+    gpu_like = {"fast_ops": "exact", "pipeline": True, "shape_buckets": True, "batch_tokens": 16384}
+    whole = mlx_embed.load(**gpu_like)
+    assert whole.spec().details["split_saving_tokens"] == "0"  # the CPU default
+    want = whole.embed_ids(ids)
+    assert want.padded_tokens == 32 * 256
+    dim = whole.dim
+    for saving, passes, padded in ((1024, [16, 8, 8], 16 * 16 + 8 * 64 + 8 * 256),
+                                   (2048, [16, 16], 16 * 16 + 16 * 256),
+                                   (4000, [32], 32 * 256)):
+        m = mlx_embed.load(**gpu_like, split_saving_tokens=saving)
+        plan = m.scheduler.plan(lengths)
+        assert [len(idx) for idx in plan] == passes
+        assert sorted(np.concatenate(plan).tolist()) == list(range(32))
+        got = m.embed_ids(ids)
+        assert got.padded_tokens == padded
+        assert np.abs(_vectors(got, dim) - _vectors(want, dim)).max() <= 1e-5
+    with pytest.raises(ValueError, match="split_saving_tokens"):
+        mlx_embed.load(split_saving_tokens=-1)
+
+
 @pytest.mark.parametrize("model", ["minilm", "qwen3"])
 def test_bucketed_shapes_equal_exact_shapes(golden_texts, model):
     path = None if model == "minilm" else str(TINY_QWEN3)

@@ -451,6 +451,12 @@ def engine_optional(report, plans, args, common) -> None:
         for name, config, folder, ids in plans:
             section(report, name, "small_calls", lambda f=folder, i=ids: small_calls(
                 lambda **kw: load(f, **kw), i, args.call, reps, args.dry_run), args)
+    if args.sweep:
+        budgets = (1024, 2048) if args.dry_run else (4096, 8192, 32768, 65536)
+        for bt in budgets:
+            for name, config, folder, ids in plans:
+                section(report, name, f"batch_tokens_{bt}", lambda f=folder, i=ids, bt=bt: engine_rates(
+                    load(f, batch_tokens=bt), i, reps, args.call), args)
     for name, config, folder, ids in plans:
         if args.no_core:
             break
@@ -500,12 +506,6 @@ def engine_optional(report, plans, args, common) -> None:
         for name, config, folder, ids in bert:
             section(report, name, "engine_float16", lambda f=folder, i=ids: engine_rates(
                 load(f, dtype="float16"), i, reps, args.call), args)
-    if args.sweep:
-        budgets = (1024, 2048) if args.dry_run else (4096, 8192, 32768, 65536)
-        for bt in budgets:
-            for name, config, folder, ids in plans:
-                section(report, name, f"batch_tokens_{bt}", lambda f=folder, i=ids, bt=bt: engine_rates(
-                    load(f, batch_tokens=bt), i, reps, args.call), args)
 
 
 def summary(results: dict, call: int) -> str:

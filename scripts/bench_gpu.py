@@ -16,9 +16,9 @@ Qwen3-0.6B) it reports:
   ``shape_buckets``), fused attention (``mx.fast.scaled_dot_product_attention``)
   against the matmul path on the BERT shapes, more device streams, fp16;
 * ``--sweep``: the device sub-batch budget (``batch_tokens``);
-* ``--small-calls``: calls of 32 with mixed-length calls split into passes
-  (``split_saving_tokens`` 0/256/1024/4096, with each plan's padding), 2 and
-  4 model threads, and an ``mx.compile`` probe of the forward pass;
+* ``--small-calls``: calls of 32 under the defaults with the padding they
+  carry, 2 and 4 model threads (an engine instance each), and an
+  ``mx.compile`` probe of the forward pass;
 * ``--quantized``: Qwen3 shape bf16 vs 8-bit vs 4-bit quantized kernels,
   one call and two-text latency (the measured choice behind dequantizing
   pre-quantized checkpoints on CUDA).
@@ -333,18 +333,16 @@ def threaded_rate(models: list, ids: list[list[int]], call: int, reps: int) -> f
 
 
 def small_calls(load, ids, call: int, reps: int, dry_run: bool) -> dict:
-    """What server-sized calls of ``call`` texts gain from splitting mixed
-    lengths into passes (``split_saving_tokens``), from several model
-    threads, and from ``mx.compile`` of the forward pass (a probe)."""
-    out = {}
-    default = load().scheduler.split_saving_tokens
-    for split in sorted({0, 256, 1024, 4096, default}):
-        m = load(split_saving_tokens=split)
-        out[f"split_{split}"] = {**engine_rates(m, ids, reps, call),
-                                 "padding_one_call": padding_factor(m, ids, 0),
-                                 f"padding_calls_of_{call}": padding_factor(m, ids, call)}
+    """Server-sized calls of ``call`` texts under the defaults (with the
+    padding they carry, against one call's), several model threads (one
+    engine instance each), and ``mx.compile`` of the forward pass (a probe)."""
+    m = load()
+    out = {"defaults": {**engine_rates(m, ids, reps, call),
+                        "padding_one_call": padding_factor(m, ids, 0),
+                        f"padding_calls_of_{call}": padding_factor(m, ids, call)}}
     for n in (2, 4):
-        out[f"threads_{n}"] = {f"calls_of_{call}": threaded_rate([load() for _ in range(n)], ids, call, reps)}
+        models = [load() for _ in range(n)]
+        out[f"threads_{n}"] = {f"calls_of_{call}": threaded_rate(models, ids, call, reps)}
     # The CPU dry run takes the pure-MLX element-wise path: the native
     # kernels evaluate inside the pass, which a compiled function cannot.
     m = load(**({"fast_ops": "mlx"} if dry_run else {}))
@@ -542,7 +540,7 @@ def main(argv=None) -> int:
     p.add_argument("--variants", action="store_true", help="fused attention, streams, fp16")
     p.add_argument("--sweep", action="store_true", help="batch_tokens sweep")
     p.add_argument("--small-calls", action="store_true",
-                   help="calls of --call texts: split passes, model threads, mx.compile")
+                   help="calls of --call texts: padding, model threads, mx.compile")
     p.add_argument("--no-core", action="store_true",
                    help="leave out the core figures and the memory run (measured before)")
     p.add_argument("--quantized", action="store_true", help="Qwen3 shape: 8/4-bit kernels vs bf16")

@@ -11,7 +11,7 @@ Public API::
                            batch_tokens=None, workers=None, fast_ops=None,
                            cache_limit_mb=None, pipeline=None, streams=1,
                            fused_attention=None, shape_buckets=None,
-                           split_saving_tokens=None, group_size=32, name=None)
+                           group_size=32, name=None)
     model.embed(texts, *, normalize=True, truncate=True,
                 truncation_direction="right", prompt_name=None, prompt=None,
                 instruction=None) -> np.ndarray float32 [len(texts), model.dim]
@@ -64,9 +64,7 @@ def load(path=None, *, dtype="float32", quantize=None, instruction=None, **kwarg
     ``streams`` (device streams the passes of a call spread over; 1),
     ``fused_attention`` (BERT-style attention through
     ``mx.fast.scaled_dot_product_attention``; default on a GPU in fp16/bf16),
-    ``shape_buckets`` (pad passes to a bounded set of shapes; default on a GPU),
-    ``split_saving_tokens`` (halve a pass of mixed lengths when that saves at
-    least this many padded tokens; 0 never splits, the CPU default).
+    ``shape_buckets`` (pad passes to a bounded set of shapes; default on a GPU).
     """
     with _startup.timed("import_engine"):
         from .engine import load as _load

@@ -61,7 +61,6 @@ class EmbeddingModel(ScoringMixin):
         streams: int = 1,
         fused_attention: Optional[bool] = None,
         shape_buckets: Optional[bool] = None,
-        split_saving_tokens: Optional[int] = None,
         dequantize: Optional[bool] = None,
         kind: Optional[str] = None,
         _is_default: bool = False,
@@ -136,7 +135,6 @@ class EmbeddingModel(ScoringMixin):
             pipeline=pipeline,
             streams=streams,
             shape_buckets=shape_buckets,
-            split_saving_tokens=split_saving_tokens,
             takes_type_ids="token_type_ids" in inspect.signature(self.model.__call__).parameters,
         )
         self.load_timings = {**ck.timings, "total": time.perf_counter() - t0}
@@ -425,7 +423,6 @@ class EmbeddingModel(ScoringMixin):
             "pipeline": str(self.scheduler.pipeline).lower(),
             "attention": "fused" if self.context.fused_attention else "matmul",
             "shape_buckets": str(self.scheduler.shape_buckets).lower(),
-            "split_saving_tokens": str(self.scheduler.split_saving_tokens),
             "cache_limit_mb": str(self.cache_limit_mb),
             "blas": b["library"],
             # Where this process's start went, up to the model being built.

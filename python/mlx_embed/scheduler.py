@@ -35,6 +35,7 @@ new shape costs a one-time build there (see ``Scheduler.__init__``).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -55,8 +56,6 @@ from . import _blas, device, ops
 # still to be measured, docs/benchmarks.md).
 CPU_BATCH_TOKENS = 256
 GPU_BATCH_TOKENS = 16384
-# Padded tokens a split of one pass must save on a GPU (see Scheduler.__init__).
-GPU_SPLIT_SAVING_TOKENS = 1024
 
 # What one call returns per input: one pooled vector, or one row per token.
 OUTPUTS = ("pooled", "tokens")
@@ -109,7 +108,6 @@ class Scheduler:
         pipeline: Optional[bool] = None,
         streams: int = 1,
         shape_buckets: Optional[bool] = None,
-        split_saving_tokens: Optional[int] = None,
         takes_type_ids: bool = False,
     ):
         self.model = model
@@ -137,7 +135,10 @@ class Scheduler:
         if int(streams) < 1:
             raise ValueError(f"streams must be >= 1, got {streams}")
         self.streams = int(streams)
-        self._streams: list = []
+        # MLX streams belong to the thread that made them: a model used from
+        # more than one thread (a Python thread pool) keeps its extra streams
+        # per thread, and its first pass always runs on the caller's own.
+        self._thread_streams = threading.local()
         # On a GPU every new (rows, length) shape of a pass costs a one-time
         # build: measured on an H200 (docs/benchmarks.md), 60 calls of 1-64
         # random texts took 14.3 ms each the first time and 6.1 ms again
@@ -146,18 +147,6 @@ class Scheduler:
         # bounded set of shapes there: lengths to 4 steps per octave, rows to
         # a power of two (pad rows are discarded).
         self.shape_buckets = (not device.is_cpu()) if shape_buckets is None else bool(shape_buckets)
-        # A call of mixed lengths in one pass pads every row to the longest:
-        # 32 random texts of the benchmark corpus (docs/benchmarks.md) pad to
-        # 3.5x their real tokens in one pass, against 1.1x for one call of
-        # 8,192 texts cut by length. Where a pass costs little beyond its
-        # tokens (a GPU with pipelined passes), a pass is halved, shortest
-        # rows first, whenever that saves at least this many padded tokens.
-        # 0 never splits (the CPU: its passes are already 256 tokens).
-        if split_saving_tokens is None:
-            split_saving_tokens = 0 if device.is_cpu() else GPU_SPLIT_SAVING_TOKENS
-        if int(split_saving_tokens) < 0:
-            raise ValueError(f"split_saving_tokens must be >= 0, got {split_saving_tokens}")
-        self.split_saving_tokens = int(split_saving_tokens)
         self.takes_type_ids = takes_type_ids
         self._lock = threading.Lock()
         self._pool: Optional[_WorkerPool] = None
@@ -191,26 +180,7 @@ class Scheduler:
                 end += 1
             batches.append(order[start:end])
             start = end
-        if self.split_saving_tokens:
-            batches = [part for idx in batches for part in self._halve(idx, lengths)]
         return batches
-
-    def _halve(self, idx: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
-        """``idx`` (ascending lengths) as one pass, or recursively halved
-        while a split saves ``split_saving_tokens`` padded tokens. The first
-        half takes a power of two of rows, so with row buckets no half gains
-        pad rows."""
-        rows = len(idx)
-        if rows < 2:
-            return [idx]
-        half = bucket_rows(rows) // 2
-        whole = self.padded_size(int(lengths[idx[-1]]), rows)
-        split = self.padded_size(int(lengths[idx[half - 1]]), half) + self.padded_size(
-            int(lengths[idx[-1]]), rows - half
-        )
-        if whole - split < self.split_saving_tokens:
-            return [idx]
-        return self._halve(idx[:half], lengths) + self._halve(idx[half:], lengths)
 
     def padded_size(self, longest: int, rows: int) -> int:
         """Padded tokens of a pass over ``rows`` sequences, the longest
@@ -329,17 +299,21 @@ class Scheduler:
         return vec, L * B
 
     def _device_streams(self) -> list:
-        if not self._streams:
-            self._streams = [mx.default_stream(mx.default_device())] + [
+        """The calling thread's streams: None (its current stream) first,
+        then ``streams - 1`` of its own."""
+        mine = getattr(self._thread_streams, "streams", None)
+        if mine is None:
+            mine = self._thread_streams.streams = [None] + [
                 mx.new_stream(mx.default_device()) for _ in range(self.streams - 1)
             ]
-        return self._streams
+        return mine
 
     def _submit_pipelined(self, plan, ids, type_ids, lengths, normalize, tokens) -> "Pending":
         parts, padded = [], 0
         streams = self._device_streams()
         for k, idx in enumerate(plan):
-            with mx.stream(streams[k % len(streams)]):
+            stream = streams[k % len(streams)]
+            with mx.stream(stream) if stream is not None else contextlib.nullcontext():
                 vec, p = self._submit(idx, ids, type_ids, lengths, normalize, tokens)
                 mx.async_eval(vec)
             parts.append(vec)

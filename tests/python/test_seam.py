@@ -4,6 +4,7 @@ and per-model engine settings (forward context, cache limit, pipelining)."""
 import dataclasses
 import json
 import os
+import threading
 
 import mlx_embed
 import numpy as np
@@ -303,34 +304,6 @@ def test_bucketed_plan_respects_the_budget_after_padding():
     assert sum(1 for idx in plan if len(idx) & (len(idx) - 1)) <= len({s[0] for s in shapes})
 
 
-def test_mixed_lengths_split_into_passes_where_that_saves_padding():
-    """16 texts of 10 tokens, 8 of 60 and 8 of 250 in one call: one pass pads
-    to 32 x 256. Halving saves 3,840 padded tokens (16 x 16 + 16 x 256), then
-    halving the long half saves 1,536 more (8 x 64 + 8 x 256)."""
-    rng = np.random.default_rng(11)
-    ids = [[101, *rng.integers(1000, 29000, n - 2).tolist(), 102]
-           for n in [250] * 8 + [10] * 16 + [60] * 8]
-    lengths = np.array([len(x) for x in ids])
-    gpu_like = {"fast_ops": "exact", "pipeline": True, "shape_buckets": True, "batch_tokens": 16384}
-    whole = mlx_embed.load(**gpu_like)
-    assert whole.spec().details["split_saving_tokens"] == "0"  # the CPU default
-    want = whole.embed_ids(ids)
-    assert want.padded_tokens == 32 * 256
-    dim = whole.dim
-    for saving, passes, padded in ((1024, [16, 8, 8], 16 * 16 + 8 * 64 + 8 * 256),
-                                   (2048, [16, 16], 16 * 16 + 16 * 256),
-                                   (4000, [32], 32 * 256)):
-        m = mlx_embed.load(**gpu_like, split_saving_tokens=saving)
-        plan = m.scheduler.plan(lengths)
-        assert [len(idx) for idx in plan] == passes
-        assert sorted(np.concatenate(plan).tolist()) == list(range(32))
-        got = m.embed_ids(ids)
-        assert got.padded_tokens == padded
-        assert np.abs(_vectors(got, dim) - _vectors(want, dim)).max() <= 1e-5
-    with pytest.raises(ValueError, match="split_saving_tokens"):
-        mlx_embed.load(split_saving_tokens=-1)
-
-
 @pytest.mark.parametrize("model", ["minilm", "qwen3"])
 def test_bucketed_shapes_equal_exact_shapes(golden_texts, model):
     path = None if model == "minilm" else str(TINY_QWEN3)
@@ -362,6 +335,30 @@ def test_bucketed_pair_scoring_equals_exact(golden_texts):
     bucketed = mlx_embed.load(path, fast_ops="exact", pipeline=True, shape_buckets=True)
     pairs = [("what is mlx", t) for t in golden_texts[:9]]
     assert np.abs(np.asarray(bucketed.score(pairs)) - np.asarray(plain.score(pairs))).max() <= 1e-5
+
+
+@pytest.mark.parametrize("streams", [1, 2])
+def test_pipelined_model_serves_any_thread(golden_texts, streams):
+    """MLX streams belong to the thread that made them: a pipelined model
+    (the GPU default) used on one thread, then from another (a Python thread
+    pool), must not reuse the first thread's streams ("There is no Stream(cpu,
+    0) in current thread" before the fix)."""
+    m = mlx_embed.load(fast_ops="exact", pipeline=True, streams=streams, batch_tokens=128)
+    want = m.embed(golden_texts)
+    got = {}
+
+    def other_thread():
+        try:
+            got["vectors"] = m.embed(golden_texts)
+        except Exception as e:  # noqa: BLE001 - asserted below
+            got["error"] = e
+
+    t = threading.Thread(target=other_thread)
+    t.start()
+    t.join()
+    assert "error" not in got, got.get("error")
+    assert np.array_equal(got["vectors"], want)
+    assert np.array_equal(m.embed(golden_texts), want)
 
 
 def test_fused_attention_equals_matmul_attention(golden_texts):

@@ -357,6 +357,60 @@ def linear(layer: nn.Module, x: mx.array, *, activation: Optional[str] = None) -
     return mx.array(dst)
 
 
+def post_ln_encoder(blocks, x: mx.array, mask: "KeyMask") -> Optional[mx.array]:
+    """BERT's post-LN ``blocks`` over ``x`` [B, L, D] in one native call, or
+    None where that does not apply (another path or dtype, or a block the
+    call does not cover: tanh GELU, no bias, quantized), and the caller runs
+    them one by one. The same kernels in the same order, so the same bits;
+    what it saves is the trip through Python and MLX around each of a pass's
+    seven kernel calls per block (docs/benchmarks.md)."""
+    ctx = current()
+    if ctx.path != "native" or x.dtype != mx.float32 or not hasattr(_native, "post_ln_encoder_"):
+        return None
+    specs = []
+    for block in blocks:
+        spec = _post_ln_spec(block)
+        if spec is None:
+            return None
+        specs.append(spec)
+    with _graph_lock_released():
+        mx.eval(x)
+    buf = np.array(x, dtype=np.float32)  # our own writable copy
+    lengths = mask.lengths
+    with _graph_lock_released():
+        _native.post_ln_encoder_(buf, lengths, x.shape[1], specs, ctx.kernel_threads)
+    return mx.array(buf)
+
+
+def _post_ln_spec(block) -> Optional[tuple]:
+    """The ``post_ln_encoder_`` tuple of one block, made once per set of
+    weight arrays and kept on the block; None if it does not qualify."""
+    cached = block.__dict__.get("_mlx_embed_post_ln")
+    # Modules are dicts: .get skips nn.Module's slower attribute lookup, and
+    # this check runs for every block of every pass.
+    if cached is not None and all(
+        m.get("weight") is w and m.get("bias") is b for m, (w, b) in zip(cached[0], cached[1])
+    ):
+        return cached[2]
+    parts = getattr(block, "post_ln_parts", lambda: None)()
+    if parts is None:
+        return None
+    heads, scale, qkv, out, norm1, up, down, norm2 = parts
+    modules = (qkv, out, norm1, up, down, norm2)
+    sources = tuple((m.get("weight"), m.get("bias")) for m in modules)
+    spec = None
+    linears = [_packed_linear(m) for m in (qkv, out, up, down)]
+    norms_ok = all("weight" in n and "bias" in n for n in (norm1, norm2))
+    if norms_ok and all(e is not None and e[1] is not None for e in linears):
+        (qw, qb, *_), (ow, ob, *_), (uw, ub, *_), (dw, db, *_) = linears
+        n1, n2 = _norm_params(norm1), _norm_params(norm2)
+        spec = (int(heads), float(scale), qw, qb, ow, ob, *n1, float(norm1.eps),
+                uw, ub, dw, db, *n2, float(norm2.eps))
+    # A plain attribute: see _packed_linear.
+    object.__setattr__(block, "_mlx_embed_post_ln", (modules, sources, spec))
+    return spec
+
+
 _scratch_local = threading.local()
 
 

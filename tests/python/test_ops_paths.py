@@ -3,6 +3,7 @@ each kernel against MLX's exact op, and golden parity of the whole model on
 every path (picked per model with ``load(fast_ops=...)``, or by the
 environment variable when no argument is given)."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -157,3 +158,44 @@ def test_native_attention_matches_the_mlx_path_with_padding():
             got = ops.attention(qkv, ops.KeyMask(mask, mx.float32), H, hd**-0.5)
         assert got.shape == (B, L, H * hd)
         assert np.abs(np.array(got) - np.array(want)).max() < 1e-5
+
+
+def test_the_fused_encoder_equals_the_kernels_one_by_one(minilm, golden_texts, golden_mean, monkeypatch):
+    """BERT's blocks run as one native call on the native path; it must give
+    the per-kernel path's vectors to the bit (same kernels, same order)."""
+    calls = []
+    real = _native.post_ln_encoder_
+
+    def counting(*args, **kwargs):
+        calls.append(len(args[3]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_native, "post_ln_encoder_", counting)
+    fused = minilm.embed(golden_texts)
+    # One call per device pass, each with all 6 blocks.
+    assert calls and set(calls) == {6}
+    monkeypatch.setattr(ops, "post_ln_encoder", lambda *args, **kwargs: None)
+    one_by_one = minilm.embed(golden_texts)
+    assert np.array_equal(fused, one_by_one)
+    cos = (fused * golden_mean).sum(axis=1)
+    assert cos.min() >= 0.99999
+    with pytest.raises(ValueError, match="a block is 16 items"):
+        real(np.zeros((1, 2, 4), np.float32), [2], 2, [(1, 0.5)])
+
+
+def test_the_fused_encoder_is_not_used_where_it_does_not_apply(minilm):
+    block = minilm.model.layers[0]
+    assert ops._post_ln_spec(block) is not None
+    tanh = dataclasses.replace(minilm.model.args, hidden_act="gelu_new")
+    from mlx_embed.models import bert
+
+    tanh_block = bert.TransformerBlock(tanh)
+    assert tanh_block.post_ln_parts() is None and ops._post_ln_spec(tanh_block) is None
+    x = mx.zeros((1, 3, 384))
+    mask = ops.KeyMask(mx.ones((1, 3), dtype=mx.int32), mx.float32)
+    with ops.forward_context(ops.ForwardContext(path="exact")):
+        assert ops.post_ln_encoder(minilm.model.layers, x, mask) is None
+    with ops.forward_context(ops.ForwardContext(path="native")):
+        assert ops.post_ln_encoder(minilm.model.layers, x.astype(mx.float16), mask) is None
+        assert ops.post_ln_encoder([tanh_block], x, mask) is None
+        assert ops.post_ln_encoder(minilm.model.layers, x, mask).shape == (1, 3, 384)

@@ -13,7 +13,9 @@
 //! * [`attention`]: multi-head attention from the fused q/k/v projection to
 //!   merged heads, the softmax's masking and scale included;
 //! * [`linear`]: `x @ w^T + bias` (optionally GELU) on weights packed once
-//!   by [`pack_weights`] (the BLAS re-packs them on every call).
+//!   by [`pack_weights`] (the BLAS re-packs them on every call);
+//! * [`post_ln_encoder`]: a stack of BERT's post-LN blocks from the kernels
+//!   above in one call (no round trip through Python between them).
 //!
 //! Each is compiled twice, generic and with AVX2+FMA, and picks at run time;
 //! the code is written with 8-lane arrays the compiler maps onto SIMD
@@ -23,6 +25,7 @@
 
 mod attention;
 mod dispatch;
+mod encoder;
 mod exp;
 mod gelu;
 mod layer_norm;
@@ -32,6 +35,7 @@ mod pool;
 mod softmax;
 
 pub use attention::{attention, AttentionShape};
+pub use encoder::{post_ln_encoder, Norm, PackedLinear, PostLnBlock};
 pub use gelu::gelu;
 pub use layer_norm::add_layer_norm;
 pub use linear::{linear, pack_weights, packed_len, Activation, LinearShape, PANEL};

@@ -1,16 +1,19 @@
 //! `mlx_embed._native.masked_softmax_`, `gelu_`, `add_layer_norm_`,
-//! `attention_` and `linear_` (with `pack_linear_weights`): the CPU kernels of
+//! `attention_`, `linear_` (with `pack_linear_weights`) and
+//! `post_ln_encoder_`: the CPU kernels of
 //! `mlx-embed-kernels` over float32 buffers (in the engine, NumPy views of
 //! evaluated MLX arrays), run outside the GIL so the engine's other MLX
 //! worker keeps going meanwhile.
 
 use mlx_embed_kernels::{
-    add_layer_norm, attention, gelu, linear, masked_softmax, pack_weights, packed_len, Activation,
-    AttentionShape, LinearShape, SoftmaxShape,
+    add_layer_norm, attention, gelu, linear, masked_softmax, pack_weights, packed_len,
+    post_ln_encoder, Activation, AttentionShape, LinearShape, Norm, PackedLinear, PostLnBlock,
+    SoftmaxShape,
 };
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
+use pyo3::types::PyTuple;
 
 /// A writable, C-contiguous float32 buffer: the only layout the kernels take.
 fn writable_f32(obj: &Bound<'_, PyAny>) -> PyResult<PyBuffer<f32>> {
@@ -279,6 +282,135 @@ fn attention_py(
     .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
+/// One block's buffers as `post_ln_encoder_` takes them: heads, scale, then
+/// the 14 float arrays and the two epsilons in `PostLnBlock` order.
+struct BlockExports {
+    heads: usize,
+    scale: f32,
+    /// qkv (packed, bias), out, attention norm (weight, bias), up, down, ffn norm.
+    arrays: Vec<PyBuffer<f32>>,
+    eps: [f32; 2],
+}
+
+impl BlockExports {
+    fn extract(t: &Bound<'_, PyTuple>) -> PyResult<Self> {
+        if t.len() != 16 {
+            return Err(PyValueError::new_err(format!(
+                "a block is 16 items (heads, scale, qkv w/b, out w/b, norm w/b/eps, up w/b, \
+                 down w/b, norm w/b/eps), got {}",
+                t.len()
+            )));
+        }
+        let mut arrays = Vec::with_capacity(12);
+        for i in [2, 3, 4, 5, 6, 7, 9, 10, 11, 12, 13, 14] {
+            arrays.push(readable_f32(&t.get_item(i)?)?);
+        }
+        Ok(Self {
+            heads: t.get_item(0)?.extract()?,
+            scale: t.get_item(1)?.extract()?,
+            arrays,
+            eps: [t.get_item(8)?.extract()?, t.get_item(15)?.extract()?],
+        })
+    }
+
+    fn views(&self) -> BlockViews {
+        BlockViews {
+            heads: self.heads,
+            scale: self.scale,
+            arrays: self
+                .arrays
+                .iter()
+                .map(|b| (b.buf_ptr() as usize, b.item_count()))
+                .collect(),
+            eps: self.eps,
+        }
+    }
+}
+
+/// [`BlockExports`] as plain addresses, to cross into the GIL-free closure.
+struct BlockViews {
+    heads: usize,
+    scale: f32,
+    arrays: Vec<(usize, usize)>,
+    eps: [f32; 2],
+}
+
+impl BlockViews {
+    /// SAFETY: the exports these were taken from must be alive and not
+    /// written while the returned block is used.
+    unsafe fn block(&self) -> PostLnBlock<'_> {
+        let read = |i: usize| {
+            let (addr, len) = self.arrays[i];
+            unsafe { std::slice::from_raw_parts(addr as *const f32, len) }
+        };
+        let linear = |i: usize| PackedLinear {
+            packed: read(i),
+            bias: read(i + 1),
+        };
+        PostLnBlock {
+            heads: self.heads,
+            scale: self.scale,
+            qkv: linear(0),
+            out: linear(2),
+            attention_norm: Norm {
+                weight: read(4),
+                bias: read(5),
+                eps: self.eps[0],
+            },
+            up: linear(6),
+            down: linear(8),
+            ffn_norm: Norm {
+                weight: read(10),
+                bias: read(11),
+                eps: self.eps[1],
+            },
+        }
+    }
+}
+
+/// `post_ln_encoder_(x, key_lengths, len, blocks, threads=1)`: BERT's
+/// post-LN blocks in order over `x` (`[batch, len, dim]`, overwritten), keys
+/// at or past `key_lengths[sequence]` weighted zero. Each block is a tuple
+/// `(heads, scale, qkv_packed, qkv_bias, out_packed, out_bias, norm1_weight,
+/// norm1_bias, norm1_eps, up_packed, up_bias, down_packed, down_bias,
+/// norm2_weight, norm2_bias, norm2_eps)`; the linears are packed by
+/// `pack_linear_weights` and the up projection gets the exact GELU.
+#[pyfunction]
+#[pyo3(name = "post_ln_encoder_", signature = (x, key_lengths, len, blocks, threads = 1))]
+fn post_ln_encoder_py(
+    py: Python<'_>,
+    x: &Bound<'_, PyAny>,
+    key_lengths: Vec<usize>,
+    len: usize,
+    blocks: Vec<Bound<'_, PyTuple>>,
+    threads: usize,
+) -> PyResult<()> {
+    let out = writable_f32(x)?;
+    let exports = blocks
+        .iter()
+        .map(BlockExports::extract)
+        .collect::<PyResult<Vec<_>>>()?;
+    let out_range = byte_range(&out);
+    if exports
+        .iter()
+        .flat_map(|e| &e.arrays)
+        .any(|b| overlaps(byte_range(b), out_range))
+    {
+        return Err(PyValueError::new_err(
+            "x must not share memory with the weights",
+        ));
+    }
+    let views: Vec<BlockViews> = exports.iter().map(BlockExports::views).collect();
+    with_floats_detached(py, &out, |floats| {
+        // SAFETY: `exports` keeps every weight export alive until this
+        // function returns; they are only read, and were checked not to
+        // overlap the one buffer written.
+        let blocks: Vec<PostLnBlock> = views.iter().map(|v| unsafe { v.block() }).collect();
+        post_ln_encoder(floats, &key_lengths, len, &blocks, threads.max(1))
+    })
+    .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 fn byte_range(buf: &PyBuffer<f32>) -> (usize, usize) {
     let start = buf.buf_ptr() as usize;
     (start, start + buf.len_bytes())
@@ -296,6 +428,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(pack_linear_weights_py, module)?)?;
     module.add_function(wrap_pyfunction!(linear_py, module)?)?;
     module.add_function(wrap_pyfunction!(attention_py, module)?)?;
+    module.add_function(wrap_pyfunction!(post_ln_encoder_py, module)?)?;
     module.add("kernel_simd", mlx_embed_kernels::simd_level())?;
     Ok(())
 }

@@ -117,6 +117,15 @@ class TransformerBlock(nn.Module):
         self.ffn = FeedForward(args)
         self.ffn_norm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
 
+    def post_ln_parts(self) -> Optional[tuple]:
+        """What ``ops.post_ln_encoder`` runs this block from; None with the
+        tanh GELU, which its fused up projection does not do."""
+        if self.ffn.tanh_gelu:
+            return None
+        a = self.attention
+        return (a.n_heads, a.scale, a.qkv, a.out_proj, self.attention_norm, self.ffn.up,
+                self.ffn.down, self.ffn_norm)
+
     def __call__(self, x: mx.array, mask: ops.KeyMask) -> mx.array:
         x = ops.add_layer_norm(self.attention(x, mask), x, self.attention_norm, overwrite_input=True)
         return ops.add_layer_norm(self.ffn(x), x, self.ffn_norm, overwrite_input=True)
@@ -154,6 +163,9 @@ class Model(nn.Module):
             else self.embeddings(input_ids, token_type_ids)
         )
         mask = ops.KeyMask(attention_mask, x.dtype)
+        fused = ops.post_ln_encoder(self.layers, x, mask)
+        if fused is not None:
+            return fused
         for layer in self.layers:
             x = layer(x, mask)
         return x

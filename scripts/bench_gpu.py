@@ -16,6 +16,9 @@ Qwen3-0.6B) it reports:
   ``shape_buckets``), fused attention (``mx.fast.scaled_dot_product_attention``)
   against the matmul path on the BERT shapes, more device streams, fp16;
 * ``--sweep``: the device sub-batch budget (``batch_tokens``);
+* ``--graph-ops``: one call and calls of 32 with MLX_MAX_OPS_PER_BUFFER at
+  20 (MLX's CUDA default), 60 and 200 (kernels per CUDA graph), each in a
+  child process;
 * ``--small-calls``: calls of 32 under the defaults with the padding they
   carry, 2 and 4 model threads (an engine instance each), and an
   ``mx.compile`` probe of the forward pass;
@@ -45,6 +48,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -351,6 +355,30 @@ def small_calls(load, ids, call: int, reps: int, dry_run: bool) -> dict:
     return out
 
 
+def graph_ops(name: str, workdir: Path, args) -> dict:
+    """The default engine's rates with MLX_MAX_OPS_PER_BUFFER at 20 (MLX's
+    CUDA default), 60 and 200. MLX's CUDA backend records an evaluation's
+    kernels into CUDA graphs of at most that many nodes, each instantiated
+    or updated and launched on its own, so a small pass of a few hundred
+    kernels makes several; the variable is read once per process, so each
+    value runs in a child process of this script (``--rates-only``)."""
+    out = {}
+    for per_graph in (20, 60, 200):
+        with tempfile.TemporaryDirectory(prefix="bench_gpu-graph-") as tmp:
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--stage", "engine", "--workdir",
+                   str(workdir), "--no-core", "--no-torch", "--rates-only", "--shapes", name,
+                   "--call", str(args.call), "--reps", str(args.reps), "--out", tmp]
+            cmd += ["--texts", str(args.texts)] if args.texts else []
+            cmd += ["--dry-run"] if args.dry_run else []
+            env = {**os.environ, "MLX_MAX_OPS_PER_BUFFER": str(per_graph)}
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+            if r.returncode != 0:
+                raise RuntimeError(f"MLX_MAX_OPS_PER_BUFFER={per_graph}: {r.stderr[-2000:]}")
+            child = json.loads(Path(tmp, "results.json").read_text())
+            out[f"ops_per_graph_{per_graph}"] = child["results"][name]["rates"]
+    return out
+
+
 def pooling_of(config: dict) -> str:
     return "last" if config["model_type"] == "qwen3" else "mean"
 
@@ -445,10 +473,18 @@ def engine_optional(report, plans, args, common) -> None:
     def load(folder, **kw):
         return mlx_embed.load(folder, **{"dtype": "bfloat16", **common, **kw})
 
+    if args.rates_only:
+        for name, config, folder, ids in plans:
+            section(report, name, "rates", lambda f=folder, i=ids: engine_rates(
+                load(f), i, reps, args.call), args, optional=False)
+        return
     if args.small_calls:
         for name, config, folder, ids in plans:
             section(report, name, "small_calls", lambda f=folder, i=ids: small_calls(
                 lambda **kw: load(f, **kw), i, args.call, reps, args.dry_run), args)
+    if args.graph_ops:
+        for name, config, folder, ids in plans:
+            section(report, name, "graph_ops", lambda n=name, f=folder: graph_ops(n, f.parent, args), args)
     if args.sweep:
         budgets = (1024, 2048) if args.dry_run else (4096, 8192, 32768, 65536)
         for bt in budgets:
@@ -541,6 +577,9 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", action="store_true", help="batch_tokens sweep")
     p.add_argument("--small-calls", action="store_true",
                    help="calls of --call texts: padding, model threads, mx.compile")
+    p.add_argument("--graph-ops", action="store_true",
+                   help="one call and calls of --call with MLX_MAX_OPS_PER_BUFFER 20/60/200")
+    p.add_argument("--rates-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--no-core", action="store_true",
                    help="leave out the core figures and the memory run (measured before)")
     p.add_argument("--quantized", action="store_true", help="Qwen3 shape: 8/4-bit kernels vs bf16")
@@ -561,7 +600,8 @@ def main(argv=None) -> int:
         mlx_embed, mx = _mlx_embed, _mx
     if args.dry_run:
         mx.set_default_device(mx.cpu)
-        shapes = DRY_SHAPES
+        picked = [s.strip() for s in args.shapes.split(",") if s.strip() in DRY_SHAPES]
+        shapes = {n: DRY_SHAPES[n] for n in picked} or DRY_SHAPES
         args.reps, args.memory_calls, args.call = 1, min(args.memory_calls, 40), 8
     else:
         names = [s.strip() for s in args.shapes.split(",") if s.strip()]

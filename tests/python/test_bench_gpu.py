@@ -13,7 +13,7 @@ def test_bench_gpu_dry_run(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
     r = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--dry-run", "--variants",
-         "--sweep", "--quantized", "--small-calls", "--out", str(tmp_path)],
+         "--sweep", "--quantized", "--small-calls", "--graph-ops", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, env=env,
     )
     assert r.returncode == 0, r.stderr[-3000:]
@@ -39,6 +39,10 @@ def test_bench_gpu_dry_run(tmp_path):
         assert all(v > 0 for d in shapes.values() for v in d.values())
         assert set(res["streams_2"]) == {"calls_of_8", "calls_of_8_overlapped"}
         assert res["batch_tokens_1024"]["one_call"] > 0
+        graphs = res["graph_ops"]  # each value ran in a child process
+        assert set(graphs) == {"ops_per_graph_20", "ops_per_graph_60", "ops_per_graph_200"}
+        assert all(set(r) == {"one_call", "calls_of_8", "calls_of_8_overlapped"} and min(r.values()) > 0
+                   for r in graphs.values())
         small = res["small_calls"]
         assert set(small) == {"defaults", "threads_2", "threads_4", "compiled_forward"}
         assert all(v > 0 for d in small.values() for v in d.values())

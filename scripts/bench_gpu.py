@@ -20,8 +20,7 @@ Qwen3-0.6B) it reports:
   20 (MLX's CUDA default), 60 and 200 (kernels per CUDA graph), each in a
   child process;
 * ``--small-calls``: calls of 32 under the defaults with the padding they
-  carry, 2 and 4 model threads (an engine instance each), and an
-  ``mx.compile`` probe of the forward pass;
+  carry, and 2 and 4 model threads (an engine instance each);
 * ``--quantized``: Qwen3 shape bf16 vs 8-bit vs 4-bit quantized kernels,
   one call and two-text latency (the measured choice behind dequantizing
   pre-quantized checkpoints on CUDA).
@@ -336,10 +335,12 @@ def threaded_rate(models: list, ids: list[list[int]], call: int, reps: int) -> f
     return len(ids) / seconds(run_all, reps)
 
 
-def small_calls(load, ids, call: int, reps: int, dry_run: bool) -> dict:
+def small_calls(load, ids, call: int, reps: int) -> dict:
     """Server-sized calls of ``call`` texts under the defaults (with the
-    padding they carry, against one call's), several model threads (one
-    engine instance each), and ``mx.compile`` of the forward pass (a probe)."""
+    padding they carry, against one call's), and several model threads (one
+    engine instance each, as separate model threads would run them).
+    (``mx.compile`` of the forward pass was probed twice on an H200 without
+    a gain, docs/benchmarks.md.)"""
     m = load()
     out = {"defaults": {**engine_rates(m, ids, reps, call),
                         "padding_one_call": padding_factor(m, ids, 0),
@@ -347,11 +348,6 @@ def small_calls(load, ids, call: int, reps: int, dry_run: bool) -> dict:
     for n in (2, 4):
         models = [load() for _ in range(n)]
         out[f"threads_{n}"] = {f"calls_of_{call}": threaded_rate(models, ids, call, reps)}
-    # The CPU dry run takes the pure-MLX element-wise path: the native
-    # kernels evaluate inside the pass, which a compiled function cannot.
-    m = load(**({"fast_ops": "mlx"} if dry_run else {}))
-    m.scheduler.model = mx.compile(m.model)
-    out["compiled_forward"] = engine_rates(m, ids, reps, call)
     return out
 
 
@@ -481,7 +477,7 @@ def engine_optional(report, plans, args, common) -> None:
     if args.small_calls:
         for name, config, folder, ids in plans:
             section(report, name, "small_calls", lambda f=folder, i=ids: small_calls(
-                lambda **kw: load(f, **kw), i, args.call, reps, args.dry_run), args)
+                lambda **kw: load(f, **kw), i, args.call, reps), args)
     if args.graph_ops:
         for name, config, folder, ids in plans:
             section(report, name, "graph_ops", lambda n=name, f=folder: graph_ops(n, f.parent, args), args)
@@ -576,7 +572,7 @@ def main(argv=None) -> int:
     p.add_argument("--variants", action="store_true", help="fused attention, streams, fp16")
     p.add_argument("--sweep", action="store_true", help="batch_tokens sweep")
     p.add_argument("--small-calls", action="store_true",
-                   help="calls of --call texts: padding, model threads, mx.compile")
+                   help="calls of --call texts: padding, model threads")
     p.add_argument("--graph-ops", action="store_true",
                    help="one call and calls of --call with MLX_MAX_OPS_PER_BUFFER 20/60/200")
     p.add_argument("--rates-only", action="store_true", help=argparse.SUPPRESS)

@@ -44,7 +44,7 @@ def test_bench_gpu_dry_run(tmp_path):
         assert all(set(r) == {"one_call", "calls_of_8", "calls_of_8_overlapped"} and min(r.values()) > 0
                    for r in graphs.values())
         small = res["small_calls"]
-        assert set(small) == {"defaults", "threads_2", "threads_4", "compiled_forward"}
+        assert set(small) == {"defaults", "threads_2", "threads_4"}
         assert all(v > 0 for d in small.values() for v in d.values())
         # Calls of 8 mixed lengths pad more than one call sorted by length.
         pad = small["defaults"]

@@ -99,23 +99,20 @@ pub fn post_ln_encoder(
     QKV.with_borrow_mut(|qkv_buf| {
         HEADS.with_borrow_mut(|heads_buf| {
             INNER.with_borrow_mut(|inner_buf| {
-                for b in blocks {
-                    let inner = b.up.bias.len();
-                    let qkv = sized(qkv_buf, rows * 3 * dim);
-                    let shape = |inputs, outputs| LinearShape {
+                // `x @ w^T + bias` of one packed layer, `rows` rows wide.
+                let run = |x: &[f32], l: PackedLinear, out: &mut [f32], outputs, act| {
+                    let inputs = x.len() / rows;
+                    let shape = LinearShape {
                         rows,
                         inputs,
                         outputs,
                     };
-                    linear(
-                        x,
-                        b.qkv.packed,
-                        Some(b.qkv.bias),
-                        qkv,
-                        shape(dim, 3 * dim),
-                        Activation::None,
-                        threads,
-                    )?;
+                    linear(x, l.packed, Some(l.bias), out, shape, act, threads)
+                };
+                for b in blocks {
+                    let inner = b.up.bias.len();
+                    let qkv = sized(qkv_buf, rows * 3 * dim);
+                    run(x, b.qkv, qkv, 3 * dim, Activation::None)?;
                     let merged = sized(heads_buf, rows * dim);
                     let att = AttentionShape {
                         batch,
@@ -126,37 +123,13 @@ pub fn post_ln_encoder(
                     attention(qkv, key_lengths, att, b.scale, merged, threads)?;
                     // q/k/v are spent: the projection and first norm reuse them.
                     let x1 = &mut qkv[..rows * dim];
-                    linear(
-                        merged,
-                        b.out.packed,
-                        Some(b.out.bias),
-                        x1,
-                        shape(dim, dim),
-                        Activation::None,
-                        threads,
-                    )?;
+                    run(merged, b.out, x1, dim, Activation::None)?;
                     let n = b.attention_norm;
                     add_layer_norm(x1, x, n.weight, n.bias, n.eps, threads)?;
                     let hidden = sized(inner_buf, rows * inner);
-                    linear(
-                        x1,
-                        b.up.packed,
-                        Some(b.up.bias),
-                        hidden,
-                        shape(dim, inner),
-                        Activation::Gelu,
-                        threads,
-                    )?;
+                    run(x1, b.up, hidden, inner, Activation::Gelu)?;
                     // The block's input is spent too: the output goes there.
-                    linear(
-                        hidden,
-                        b.down.packed,
-                        Some(b.down.bias),
-                        x,
-                        shape(inner, dim),
-                        Activation::None,
-                        threads,
-                    )?;
+                    run(hidden, b.down, x, dim, Activation::None)?;
                     let n = b.ffn_norm;
                     add_layer_norm(x, x1, n.weight, n.bias, n.eps, threads)?;
                 }
@@ -276,23 +249,20 @@ mod tests {
 
             let mut x = x0.clone();
             let rows = batch * len;
-            let shape = |inputs, outputs| LinearShape {
-                rows,
-                inputs,
-                outputs,
+            // One kernel call, one fresh output: the path the engine took
+            // before the fused call.
+            let lin = |x: &[f32], l: PackedLinear, inputs: usize, outputs: usize, act| {
+                let mut out = vec![0.0; rows * outputs];
+                let shape = LinearShape {
+                    rows,
+                    inputs,
+                    outputs,
+                };
+                linear(x, l.packed, Some(l.bias), &mut out, shape, act, 1).unwrap();
+                out
             };
             for b in &blocks {
-                let mut qkv = vec![0.0; rows * 3 * dim];
-                linear(
-                    &x,
-                    b.qkv.packed,
-                    Some(b.qkv.bias),
-                    &mut qkv,
-                    shape(dim, 3 * dim),
-                    Activation::None,
-                    1,
-                )
-                .unwrap();
+                let qkv = lin(&x, b.qkv, dim, 3 * dim, Activation::None);
                 let mut merged = vec![0.0; rows * dim];
                 let att = AttentionShape {
                     batch,
@@ -301,40 +271,10 @@ mod tests {
                     head_dim: dim / heads,
                 };
                 attention(&qkv, &lengths, att, b.scale, &mut merged, 1).unwrap();
-                let mut x1 = vec![0.0; rows * dim];
-                linear(
-                    &merged,
-                    b.out.packed,
-                    Some(b.out.bias),
-                    &mut x1,
-                    shape(dim, dim),
-                    Activation::None,
-                    1,
-                )
-                .unwrap();
+                let mut x1 = lin(&merged, b.out, dim, dim, Activation::None);
                 add_layer_norm(&mut x1, &x, norm.weight, norm.bias, norm.eps, 1).unwrap();
-                let mut hidden = vec![0.0; rows * inner];
-                linear(
-                    &x1,
-                    b.up.packed,
-                    Some(b.up.bias),
-                    &mut hidden,
-                    shape(dim, inner),
-                    Activation::Gelu,
-                    1,
-                )
-                .unwrap();
-                let mut y = vec![0.0; rows * dim];
-                linear(
-                    &hidden,
-                    b.down.packed,
-                    Some(b.down.bias),
-                    &mut y,
-                    shape(inner, dim),
-                    Activation::None,
-                    1,
-                )
-                .unwrap();
+                let hidden = lin(&x1, b.up, dim, inner, Activation::Gelu);
+                let mut y = lin(&hidden, b.down, inner, dim, Activation::None);
                 add_layer_norm(&mut y, &x1, norm.weight, norm.bias, norm.eps, 1).unwrap();
                 x = y;
             }

@@ -262,6 +262,17 @@ impl Job<'_> {
     }
 }
 
+/// `tile_rows` for as many rows as `x` holds, from the listed counts (one
+/// row otherwise): the row count must be a constant of the register tile.
+macro_rules! tile_by_rows {
+    ($fma:tt; $($r:literal)*; $x:ident, $inputs:ident, $panel:ident, $init:ident, $tile:ident, $next:ident) => {
+        match $x.len() / $inputs {
+            $($r => tile_rows::<$fma, $r>($x, $inputs, $panel, $init, $tile, $next),)*
+            _ => tile_rows::<$fma, 1>($x, $inputs, $panel, $init, $tile, $next),
+        }
+    };
+}
+
 simd_dispatch! {
     fn panel_tile<FMA>(
         x: &[f32],
@@ -272,14 +283,7 @@ simd_dispatch! {
         act: Activation,
         next: *const f32,
     ) {
-        match x.len() / inputs {
-            6 => tile_rows::<FMA, 6>(x, inputs, panel, init, tile, next),
-            5 => tile_rows::<FMA, 5>(x, inputs, panel, init, tile, next),
-            4 => tile_rows::<FMA, 4>(x, inputs, panel, init, tile, next),
-            3 => tile_rows::<FMA, 3>(x, inputs, panel, init, tile, next),
-            2 => tile_rows::<FMA, 2>(x, inputs, panel, init, tile, next),
-            _ => tile_rows::<FMA, 1>(x, inputs, panel, init, tile, next),
-        }
+        tile_by_rows!(FMA; 6 5 4 3 2; x, inputs, panel, init, tile, next);
         if act == Activation::Gelu {
             for row in tile.iter_mut() {
                 for v in row.iter_mut() {
@@ -330,20 +334,7 @@ fn panel_tile_wide(
             act: Activation,
             next: *const f32,
         ) {
-            match x.len() / inputs {
-                12 => tile_rows::<true, 12>(x, inputs, panel, init, tile, next),
-                11 => tile_rows::<true, 11>(x, inputs, panel, init, tile, next),
-                10 => tile_rows::<true, 10>(x, inputs, panel, init, tile, next),
-                9 => tile_rows::<true, 9>(x, inputs, panel, init, tile, next),
-                8 => tile_rows::<true, 8>(x, inputs, panel, init, tile, next),
-                7 => tile_rows::<true, 7>(x, inputs, panel, init, tile, next),
-                6 => tile_rows::<true, 6>(x, inputs, panel, init, tile, next),
-                5 => tile_rows::<true, 5>(x, inputs, panel, init, tile, next),
-                4 => tile_rows::<true, 4>(x, inputs, panel, init, tile, next),
-                3 => tile_rows::<true, 3>(x, inputs, panel, init, tile, next),
-                2 => tile_rows::<true, 2>(x, inputs, panel, init, tile, next),
-                _ => tile_rows::<true, 1>(x, inputs, panel, init, tile, next),
-            }
+            tile_by_rows!(true; 12 11 10 9 8 7 6 5 4 3 2; x, inputs, panel, init, tile, next);
             if act == Activation::Gelu {
                 for row in tile.iter_mut() {
                     for v in row.iter_mut() {

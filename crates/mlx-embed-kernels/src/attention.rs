@@ -111,8 +111,16 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
+/// Queries whose scores are computed together: each key row loaded is used
+/// by this many queries (one query at a time, the scores' loads and stores
+/// outnumbered the multiply-adds).
+const QUERY_BLOCK: usize = 4;
+
+/// Keys per register tile of [`block_scores`] (two AVX2 registers).
+const KEY_CHUNK: usize = 16;
+
 /// One head's keys transposed (`[head_dim, len]`), its values gathered
-/// (`[len, head_dim]`) and one row of scores.
+/// (`[len, head_dim]`) and [`QUERY_BLOCK`] rows of scores.
 struct Scratch {
     keys_t: Vec<f32>,
     values: Vec<f32>,
@@ -124,7 +132,7 @@ impl Scratch {
         Self {
             keys_t: vec![0.0; head_dim * len],
             values: vec![0.0; len * head_dim],
-            scores: vec![0.0; len],
+            scores: vec![0.0; QUERY_BLOCK * len],
         }
     }
 }
@@ -159,45 +167,123 @@ unsafe fn head(
         scratch.values[j * head_dim..(j + 1) * head_dim]
             .copy_from_slice(&qkv[at(j, 2)..at(j, 2) + head_dim]);
     }
-    for i in 0..len {
-        let q = &qkv[at(i, 0)..at(i, 0) + head_dim];
-        let row = (b * len + i) * width + h * head_dim;
-        // SAFETY: row + head_dim <= batch * len * width (i < len, h < heads),
-        // and these floats belong to this (b, h) alone.
-        let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(row), head_dim) };
-        query_row(q, valid, len, scale, scratch, dst);
+    // A sequence without valid keys attends uniformly over all of them.
+    let keys = if valid == 0 { len } else { valid };
+    for first in (0..len).step_by(QUERY_BLOCK) {
+        let n = QUERY_BLOCK.min(len - first);
+        // A short last block repeats its last query; the extra rows are
+        // computed and dropped.
+        let q_at: [usize; QUERY_BLOCK] = std::array::from_fn(|r| at(first + r.min(n - 1), 0));
+        block_scores(
+            qkv,
+            &q_at,
+            head_dim,
+            &scratch.keys_t,
+            len,
+            keys,
+            &mut scratch.scores,
+        );
+        for r in 0..n {
+            let scores = &mut scratch.scores[r * len..(r + 1) * len];
+            let row = (b * len + first + r) * width + h * head_dim;
+            // SAFETY: row + head_dim <= batch * len * width (first + r < len,
+            // h < heads), and these floats belong to this (b, h) alone.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(row), head_dim) };
+            attend(scores, valid, keys, scale, &scratch.values, dst);
+        }
     }
 }
 
+// `scores[r, j] = q_r . k_j` for the QUERY_BLOCK queries at `q_at` and the
+// first `keys` keys (rows of `len` floats), each a chain of multiply-adds
+// over the features in order: the bits of one query at a time, with each
+// loaded key feature used by every query.
 simd_dispatch! {
-    fn query_row<FMA>(
-        q: &[f32],
-        valid: usize,
+    fn block_scores<FMA>(
+        qkv: &[f32],
+        q_at: &[usize; QUERY_BLOCK],
+        head_dim: usize,
+        keys_t: &[f32],
         len: usize,
-        scale: f32,
-        scratch: &mut Scratch,
-        dst: &mut [f32],
+        keys: usize,
+        scores: &mut [f32],
     ) {
-        let head_dim = q.len();
-        // A sequence without valid keys attends uniformly over all of them.
-        let keys = if valid == 0 { len } else { valid };
-        let scores = &mut scratch.scores[..len];
-        scores[..keys].fill(0.0);
-        for (d, &qd) in q.iter().enumerate() {
-            let kt = &scratch.keys_t[d * len..d * len + keys];
-            for (s, &k) in scores[..keys].iter_mut().zip(kt) {
-                *s = madd::<FMA>(qd, k, *s);
+        let q: [&[f32]; QUERY_BLOCK] = std::array::from_fn(|r| &qkv[q_at[r]..q_at[r] + head_dim]);
+        let mut j = 0;
+        while j + KEY_CHUNK <= keys {
+            let mut acc = [[0.0f32; KEY_CHUNK]; QUERY_BLOCK];
+            for d in 0..head_dim {
+                let k: &[f32; KEY_CHUNK] = keys_t[d * len + j..d * len + j + KEY_CHUNK]
+                    .try_into()
+                    .expect("a KEY_CHUNK-long slice");
+                for r in 0..QUERY_BLOCK {
+                    let qd = q[r][d];
+                    for c in 0..KEY_CHUNK {
+                        acc[r][c] = madd::<FMA>(qd, k[c], acc[r][c]);
+                    }
+                }
             }
+            for (r, a) in acc.iter().enumerate() {
+                scores[r * len + j..r * len + j + KEY_CHUNK].copy_from_slice(a);
+            }
+            j += KEY_CHUNK;
         }
-        softmax_row::<FMA>(scores, valid, scale);
-        dst.fill(0.0);
-        for (j, &p) in scores[..keys].iter().enumerate() {
-            let v = &scratch.values[j * head_dim..(j + 1) * head_dim];
-            for (o, &x) in dst.iter_mut().zip(v) {
-                *o = madd::<FMA>(p, x, *o);
+        for jj in j..keys {
+            for r in 0..QUERY_BLOCK {
+                let mut s = 0.0;
+                for d in 0..head_dim {
+                    s = madd::<FMA>(q[r][d], keys_t[d * len + jj], s);
+                }
+                scores[r * len + jj] = s;
             }
         }
     }
+}
+
+// One query's softmax over its scores, then `dst = sum_j p_j v_j` in key
+// order.
+simd_dispatch! {
+    fn attend<FMA>(
+        scores: &mut [f32],
+        valid: usize,
+        keys: usize,
+        scale: f32,
+        values: &[f32],
+        dst: &mut [f32],
+    ) {
+        softmax_row::<FMA>(scores, valid, scale);
+        let p = &scores[..keys];
+        // The output row in registers for the usual head widths; it was
+        // loaded and stored once per key.
+        match dst.len() {
+            32 => weighted_sum::<FMA, 32>(p, values, dst),
+            64 => weighted_sum::<FMA, 64>(p, values, dst),
+            head_dim => {
+                dst.fill(0.0);
+                for (j, &pj) in p.iter().enumerate() {
+                    let v = &values[j * head_dim..(j + 1) * head_dim];
+                    for (o, &x) in dst.iter_mut().zip(v) {
+                        *o = madd::<FMA>(pj, x, *o);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `dst = sum_j p[j] * values[j]` over rows of `HD` floats, in key order.
+#[inline(always)]
+fn weighted_sum<const FMA: bool, const HD: usize>(p: &[f32], values: &[f32], dst: &mut [f32]) {
+    let mut acc = [0.0f32; HD];
+    for (j, &pj) in p.iter().enumerate() {
+        let v: &[f32; HD] = values[j * HD..(j + 1) * HD]
+            .try_into()
+            .expect("an HD-long slice");
+        for c in 0..HD {
+            acc[c] = madd::<FMA>(pj, v[c], acc[c]);
+        }
+    }
+    dst.copy_from_slice(&acc);
 }
 
 #[cfg(test)]

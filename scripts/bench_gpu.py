@@ -50,6 +50,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
@@ -297,9 +298,10 @@ def padding_factor(model, ids: list[list[int]], call: int) -> float:
     under the model's plan (``call=0``: one call)."""
     sched = model.scheduler
     lengths = np.array([len(x) for x in ids])
+    step = call or len(ids)
     padded = 0
-    for i in range(0, len(ids), call or len(ids)):
-        part = lengths[i : i + (call or len(ids))]
+    for i in range(0, len(ids), step):
+        part = lengths[i : i + step]
         padded += sum(sched.padded_size(int(part[idx].max()), len(idx)) for idx in sched.plan(part))
     return padded / int(lengths.sum())
 
@@ -307,8 +309,6 @@ def padding_factor(model, ids: list[list[int]], call: int) -> float:
 def threaded_rate(models: list, ids: list[list[int]], call: int, reps: int) -> float:
     """texts/s with one engine instance per thread, each on its own device
     stream, sharing calls of ``call`` round robin (several model threads)."""
-    import threading
-
     calls = [ids[i : i + call] for i in range(0, len(ids), call)]
 
     def run_all():

@@ -120,7 +120,9 @@ _PATH_NAMES = {
 
 
 def native_available() -> bool:
-    return _native is not None and hasattr(_native, "linear_")
+    # The newest kernel entry point: an extension built from an older tree
+    # lacks it, and then the native path is not offered at all.
+    return _native is not None and hasattr(_native, "post_ln_encoder_")
 
 
 def resolve_path(fast_ops: Optional[str] = None, device: Optional[mx.Device] = None) -> str:
@@ -365,7 +367,7 @@ def post_ln_encoder(blocks, x: mx.array, mask: "KeyMask") -> Optional[mx.array]:
     what it saves is the trip through Python and MLX around each of a pass's
     seven kernel calls per block (docs/benchmarks.md)."""
     ctx = current()
-    if ctx.path != "native" or x.dtype != mx.float32 or not hasattr(_native, "post_ln_encoder_"):
+    if ctx.path != "native" or x.dtype != mx.float32:
         return None
     specs = []
     for block in blocks:

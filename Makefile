@@ -27,6 +27,8 @@ lint: setup
 	cargo fmt --all --check
 	cargo clippy --workspace --all-targets -- -D warnings
 	cargo clippy -p mlx-embed --all-targets --features test-hooks -- -D warnings
+	# The stable-ABI extension the GPU relay carries (scripts/gpu-relay-prepare).
+	cargo clippy -p mlx-embed --lib --features abi3 -- -D warnings
 	$(BIN)/ruff check
 
 setup: system-deps $(VENV)/.installed

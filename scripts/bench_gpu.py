@@ -20,7 +20,17 @@ Qwen3-0.6B) it reports:
   20 (MLX's CUDA default), 60 and 200 (kernels per CUDA graph), each in a
   child process;
 * ``--small-calls``: calls of 32 under the defaults with the padding they
-  carry, and 2 and 4 model threads (an engine instance each);
+  carry, 2 and 4 model threads (an engine instance each), and one engine
+  rotating consecutive calls over 2 and 4 streams;
+* ``--server``: the Rust server itself on this machine, started as
+  ``python -m mlx_embed serve`` (the extension hosts it, so the stable-ABI
+  build from ``scripts/gpu-relay-prepare`` runs under any Python 3.11+):
+  ``/info``'s device, then texts/s with one text per request at 64
+  connections and 32 texts per request at 4, under the default flags,
+  ``--streams 2`` and ``4`` and ``--model-threads 2`` and ``4``, beside the
+  engine's one call in this process;
+  answers are checked against the engine's own vectors
+  (``scripts/http_load.py`` is the client);
 * ``--quantized``: Qwen3 shape bf16 vs 8-bit vs 4-bit quantized kernels,
   one call and two-text latency (the measured choice behind dequantizing
   pre-quantized checkpoints on CUDA).
@@ -348,6 +358,9 @@ def small_calls(load, ids, call: int, reps: int) -> dict:
     for n in (2, 4):
         models = [load() for _ in range(n)]
         out[f"threads_{n}"] = {f"calls_of_{call}": threaded_rate(models, ids, call, reps)}
+    for n in (2, 4):
+        # One engine, consecutive calls on alternate streams (what --streams gives the server).
+        out[f"streams_{n}"] = engine_rates(load(streams=n, pipeline=True), ids, reps, call, one_call=False)
     return out
 
 
@@ -372,6 +385,152 @@ def graph_ops(name: str, workdir: Path, args) -> dict:
                 raise RuntimeError(f"MLX_MAX_OPS_PER_BUFFER={per_graph}: {r.stderr[-2000:]}")
             child = json.loads(Path(tmp, "results.json").read_text())
             out[f"ops_per_graph_{per_graph}"] = child["results"][name]["rates"]
+    return out
+
+
+SERVER_FLAGS = {"defaults": [], "streams_2": ["--streams", "2"], "streams_4": ["--streams", "4"],
+                "threads_2": ["--model-threads", "2"], "threads_4": ["--model-threads", "4"]}
+# (texts per request, connections): the one-text-per-request load of issue
+# 11's target, and bulk callers sending server-sized calls.
+SERVER_LOADS = ((1, 64), (32, 4))
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_json(url: str, body: dict | None = None, timeout: float = 30.0):
+    import urllib.request
+
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read())
+
+
+def start_server(folder: Path, dtype: str, flags: list[str], log_path: Path):
+    """``python -m mlx_embed serve`` on a free loopback port; returns (process, base url)
+    once /health answers, or raises with the log's end."""
+    import urllib.error
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "mlx_embed", "serve", "--model", str(folder), "--dtype", dtype,
+           "--host", "127.0.0.1", "--port", str(port), "--no-cache", *flags]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), os.environ.get("PYTHONPATH", "")])}
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
+        try:
+            http_json(base + "/health", timeout=2)
+            return proc, base
+        except (urllib.error.URLError, OSError, ValueError):
+            time.sleep(0.25)
+    proc.kill()
+    raise RuntimeError(f"server not healthy in 300 s:\n{log_path.read_text()[-3000:]}")
+
+
+def stop_server(proc) -> int:
+    import signal
+
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
+
+
+def server_load(base: str, contents: list[list[int]], per_request: int, connections: int, workdir: Path,
+                deadline: float, keep: int = 0) -> dict:
+    """Every text once through /v1/embeddings as token ids (the server adds
+    the specials), ``per_request`` texts a request, over ``connections``."""
+    bodies = [json.dumps({"input": contents[i : i + per_request], "encoding_format": "base64"})
+              for i in range(0, len(contents), per_request)]
+    path = workdir / f"bodies-{per_request}.jsonl"
+    path.write_text("\n".join(bodies) + "\n")
+    cmd = [sys.executable, str(ROOT / "scripts" / "http_load.py"), "--url", base + "/v1/embeddings",
+           "--bodies", str(path), "--connections", str(connections), "--procs", str(min(8, connections)),
+           "--deadline", str(deadline), "--keep", str(keep)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=deadline + 120)
+    if r.returncode != 0:
+        raise RuntimeError(f"http_load failed: {r.stderr[-2000:]}")
+    out = json.loads(r.stdout)
+    if out["statuses"] != {"200": len(bodies)} or out["errors"]:
+        raise RuntimeError(f"not every request answered 200: {out['statuses']}, errors {out['errors']}")
+    out["texts_per_s"] = len(contents) / out["seconds"]
+    return out
+
+
+def answered_vectors(answers: dict, per_request: int, n: int) -> np.ndarray:
+    """The first ``n`` texts' vectors from the kept answers (body k holds
+    texts k * per_request ...)."""
+    import base64
+
+    rows = [None] * n
+    for k, text in answers.items():
+        for item in json.loads(text)["data"]:
+            i = int(k) * per_request + item["index"]
+            if i < n:
+                rows[i] = np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4")
+    missing = [i for i, r in enumerate(rows) if r is None]
+    if missing:
+        raise RuntimeError(f"no answer kept for texts {missing[:8]}")
+    return np.stack(rows)
+
+
+def engine_reference(folder: Path, dtype: str, contents: list[list[int]], check: int, reps: int):
+    """The engine's one-call texts/s on the ids the server runs for
+    ``contents`` (the content, then the specials), and the first ``check``
+    texts' unit vectors."""
+    m = mlx_embed.load(folder, dtype=dtype)
+    full = [m.tokenizer.finish(c, "right")[0] for c in contents]
+    m.embed_ids(full)  # new shapes build once
+    rate = len(full) / seconds(lambda: m.embed_ids(full), reps)
+    want = np.frombuffer(m.embed_ids(full[:check]).vectors, dtype="<f4").reshape(check, -1)
+    return rate, want / np.linalg.norm(want, axis=1, keepdims=True)
+
+
+def server_rows(name: str, folder: Path, ids: list[list[int]], args, workdir: Path) -> dict:
+    """The server beside the engine's one call in this process (see the module doc)."""
+    # bf16 as the engine rows run it; the dry run on the CPU checks in fp32.
+    dtype, min_cosine = ("float32", 0.99999) if args.dry_run else ("bfloat16", 0.999)
+    contents = [x[1:-1] for x in ids]
+    check = min(64, len(ids))
+    rate, want = engine_reference(folder, dtype, contents, check, args.reps)
+    out = {"dtype": dtype, "engine_one_call": rate}
+    mx.clear_cache()
+    limit = 30 if args.dry_run else 120
+    for label, flags in SERVER_FLAGS.items():
+        log_path = workdir / f"server-{name}-{label}.log"
+        proc, base = start_server(folder, dtype, flags, log_path)
+        row = {"flags": " ".join(flags)}
+        try:
+            info = http_json(base + "/info")
+            details = info.get("details", {})
+            row["device"], row["details"] = details.get("device"), details
+            row["model_threads"] = info.get("batching", {}).get("model_threads")
+            for per_request, connections in SERVER_LOADS:
+                server_load(base, contents, per_request, connections, workdir, limit)  # shapes build once
+                keep = -(-check // per_request)
+                got = server_load(base, contents, per_request, connections, workdir, limit, keep=keep)
+                vectors = answered_vectors(got.pop("answers"), per_request, check)
+                cos = float((vectors * want).sum(axis=1).min())
+                if cos < min_cosine:
+                    raise RuntimeError(f"{label}: server answers differ from the engine (min cosine {cos})")
+                got["min_cosine_vs_engine"] = cos
+                got["vs_engine_one_call"] = got["texts_per_s"] / out["engine_one_call"]
+                row[f"texts_{per_request}_per_request_c{connections}"] = got
+        finally:
+            row["exit_code"] = stop_server(proc)
+        out[label] = row
     return out
 
 
@@ -478,6 +637,10 @@ def engine_optional(report, plans, args, common) -> None:
         for name, config, folder, ids in plans:
             section(report, name, "small_calls", lambda f=folder, i=ids: small_calls(
                 lambda **kw: load(f, **kw), i, args.call, reps), args)
+    if args.server:
+        for name, config, folder, ids in plans:
+            section(report, name, "server", lambda n=name, f=folder, i=ids: server_rows(
+                n, f, i, args, f.parent), args)
     if args.graph_ops:
         for name, config, folder, ids in plans:
             section(report, name, "graph_ops", lambda n=name, f=folder: graph_ops(n, f.parent, args), args)
@@ -573,6 +736,8 @@ def main(argv=None) -> int:
     p.add_argument("--sweep", action="store_true", help="batch_tokens sweep")
     p.add_argument("--small-calls", action="store_true",
                    help="calls of --call texts: padding, model threads")
+    p.add_argument("--server", action="store_true",
+                   help="the Rust server on this machine (python -m mlx_embed serve) under HTTP load")
     p.add_argument("--graph-ops", action="store_true",
                    help="one call and calls of --call with MLX_MAX_OPS_PER_BUFFER 20/60/200")
     p.add_argument("--rates-only", action="store_true", help=argparse.SUPPRESS)

@@ -128,11 +128,11 @@ class Scheduler:
         # Pipelining buys nothing where the forward pass evaluates inside
         # (the native kernels do, on the CPU) and the workers already overlap.
         self.pipeline = (not device.is_cpu()) if pipeline is None else bool(pipeline)
-        # Device streams the pipelined path spreads sub-batches over. A probe
-        # with separate engine instances on their own streams gained 1.37x-
-        # 1.69x (issue 11), but inside one engine 2 and 4 streams measured
-        # 0.97x and 0.99x of one on an H200 (MiniLM shape, calls of 32,
-        # docs/benchmarks.md): 1 by default.
+        # Device streams the pipelined path spreads passes over, call after
+        # call (``_call_streams``). A probe with separate engine instances on
+        # their own streams gained 1.37x-1.69x (issue 11); inside one engine
+        # the first lease measured no gain, but then every one-pass call ran
+        # on the first stream. 1 by default until a GPU measures the rotation.
         if int(streams) < 1:
             raise ValueError(f"streams must be >= 1, got {streams}")
         self.streams = int(streams)
@@ -299,21 +299,29 @@ class Scheduler:
                 vec = vec / mx.maximum(norm, 1e-12)
         return vec, L * B
 
-    def _device_streams(self) -> list:
-        """The calling thread's streams: None (its current stream) first,
-        then ``streams - 1`` of its own."""
-        mine = getattr(self._thread_streams, "streams", None)
-        if mine is None:
-            mine = self._thread_streams.streams = [None] + [
+    def _call_streams(self, passes: int) -> list:
+        """The stream of each of a call's passes, from the calling thread's
+        own: None (its current stream), then ``streams - 1`` it made. The
+        rotation carries on from call to call, so a call of one pass (what a
+        server batch of 32 texts is) lands on another stream than the call
+        before it, and a caller that submits call k+1 before collecting call
+        k has them run side by side on the device. Restarting at the first
+        stream for every call, as before, put every one-pass call on one
+        stream: that is why 2 and 4 streams measured 0.97x and 0.99x."""
+        mine = self._thread_streams
+        streams = getattr(mine, "streams", None)
+        if streams is None:
+            streams = mine.streams = [None] + [
                 mx.new_stream(mx.default_device()) for _ in range(self.streams - 1)
             ]
-        return mine
+            mine.next = 0
+        first = mine.next
+        mine.next = (first + passes) % len(streams)
+        return [streams[(first + k) % len(streams)] for k in range(passes)]
 
     def _submit_pipelined(self, plan, ids, type_ids, lengths, normalize, tokens) -> "Pending":
         parts, padded = [], 0
-        streams = self._device_streams()
-        for k, idx in enumerate(plan):
-            stream = streams[k % len(streams)]
+        for idx, stream in zip(plan, self._call_streams(len(plan))):
             with mx.stream(stream) if stream is not None else contextlib.nullcontext():
                 vec, p = self._submit(idx, ids, type_ids, lengths, normalize, tokens)
                 mx.async_eval(vec)

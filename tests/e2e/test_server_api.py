@@ -217,16 +217,26 @@ def test_info_and_metrics_show_mlx_memory(server):
     assert gauges["cache_limit"] == memory["cache_limit_bytes"], (gauges, memory)
 
 
-def test_pipelined_server_answers_each_client_its_golden_vectors(tmp_path, golden):
+@pytest.mark.parametrize("streams,threads", [(1, 1), (2, 1), (2, 2)])
+def test_pipelined_server_answers_each_client_its_golden_vectors(tmp_path, golden, streams, threads):
     """``--pipeline true`` forces the across-batch overlap on the CPU (the
     engine's default only on a GPU): batch k+1 is queued before batch k is
-    collected. Concurrent clients still get exactly their own vectors, in order."""
+    collected, with ``--streams 2`` on the other stream than batch k, and
+    with ``--model-threads 2`` by two model threads on the one model.
+    Concurrent clients still get exactly their own vectors, in order."""
     from harness import start_server
 
     texts, reference = golden
-    srv = start_server(tmp_path, "--no-warmup", "--no-cache", "--pipeline", "true")
+    srv = start_server(tmp_path, "--no-warmup", "--no-cache", "--pipeline", "true", "--streams", str(streams),
+                       "--model-threads", str(threads))
     try:
-        assert srv.get("/info").json()["details"]["pipeline"] == "true"
+        info = srv.get("/info").json()
+        details = info["details"]
+        assert details["pipeline"] == "true"
+        assert details.get("streams", "1") == str(streams), details
+        assert info["batching"]["model_threads"] == threads
+        if threads > 1:
+            assert "model threads started" in srv.log() and "threads=2" in re.sub(r"\x1b\[[0-9;]*m", "", srv.log())
         # The bridge read it too, so the model thread runs the pipelined loop.
         assert "pipelines=true" in re.sub(r"\x1b\[[0-9;]*m", "", srv.log()), srv.log()[-3000:]
         # Client i asks for 1-3 consecutive golden texts, so batches mix

@@ -44,7 +44,8 @@ def test_bench_gpu_dry_run(tmp_path):
         assert all(set(r) == {"one_call", "calls_of_8", "calls_of_8_overlapped"} and min(r.values()) > 0
                    for r in graphs.values())
         small = res["small_calls"]
-        assert set(small) == {"defaults", "threads_2", "threads_4"}
+        assert set(small) == {"defaults", "threads_2", "threads_4", "streams_2", "streams_4"}
+        assert set(small["streams_2"]) == {"calls_of_8", "calls_of_8_overlapped"}
         assert all(v > 0 for d in small.values() for v in d.values())
         # Calls of 8 mixed lengths pad more than one call sorted by length.
         pad = small["defaults"]
@@ -56,3 +57,34 @@ def test_bench_gpu_dry_run(tmp_path):
     assert bert["engine_float16"]["one_call"] > 0
     assert {"quantized_bf16", "quantized_8-bit", "quantized_4-bit"} <= set(qwen)
     assert "| tiny-bert |" in r.stdout and "| tiny-qwen3 |" in r.stdout
+
+
+def test_bench_gpu_server_dry_run(tmp_path):
+    """``--server`` starts the real server (``python -m mlx_embed serve``)
+    under each flag set, drives it with scripts/http_load.py, and checks its
+    answers against the engine's vectors: all of it on the CPU here."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--dry-run", "--no-core", "--server",
+         "--shapes", "tiny-bert", "--workdir", str(tmp_path / "work"), "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, env=env,
+    )
+    assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-3000:]
+    server = json.loads((tmp_path / "results.json").read_text())["results"]["tiny-bert"]["server"]
+    assert server["dtype"] == "float32" and server["engine_one_call"] > 0
+    configs = (("defaults", "1", 1), ("streams_2", "2", 1), ("streams_4", "4", 1),
+               ("threads_2", "1", 2), ("threads_4", "1", 4))
+    assert set(server) == {"dtype", "engine_one_call"} | {c[0] for c in configs}
+    for label, streams, threads in configs:
+        row = server[label]
+        assert row["exit_code"] == 0, label
+        assert row["device"].startswith("cpu"), row["device"]
+        assert row["details"].get("streams", "1") == streams, row["details"]
+        assert row["model_threads"] == threads
+        for key, requests in (("texts_1_per_request_c64", 48), ("texts_32_per_request_c4", 2)):
+            load = row[key]
+            # Every text once, each request answered 200, answers equal to the engine's.
+            assert load["requests"] == requests and load["answered"] == requests, load
+            assert load["statuses"] == {"200": requests} and load["errors"] == 0
+            assert load["min_cosine_vs_engine"] >= 0.99999
+            assert load["texts_per_s"] > 0 and load["vs_engine_one_call"] > 0

@@ -361,6 +361,47 @@ def test_pipelined_model_serves_any_thread(golden_texts, streams):
     assert np.array_equal(m.embed(golden_texts), want)
 
 
+def test_pipelined_calls_rotate_over_streams(golden_texts):
+    """With ``streams=2`` consecutive one-pass calls take turns on the two
+    streams (so a device runs call k+1 beside call k), a multi-pass call
+    spreads its passes and the rotation carries on after it, and calls
+    submitted before the previous one is collected give the vectors of the
+    synchronous path."""
+    m = mlx_embed.load(fast_ops="exact", pipeline=True, streams=2, batch_tokens=128)
+    ref = mlx_embed.load(fast_ops="exact", pipeline=False, batch_tokens=128)
+    used = []
+    pick = m.scheduler._call_streams
+
+    def recording(passes):
+        streams = pick(passes)
+        used.append(streams)
+        return streams
+
+    m.scheduler._call_streams = recording
+    calls = [golden_texts[i : i + 3] for i in range(0, 12, 3)]
+    ids = [m.encode(c)[0] for c in calls]
+    pending = []
+    for call in ids:
+        pending.append(m.submit_ids(call))
+    got = [np.frombuffer(p.result().vectors, dtype="<f4").reshape(len(c), -1) for p, c in zip(pending, ids)]
+    for call, vectors in zip(ids, got):
+        want = np.frombuffer(ref.embed_ids(call).vectors, dtype="<f4").reshape(len(call), -1)
+        assert np.abs(vectors - want).max() <= 1e-6
+    assert [len(s) for s in used] == [1, 1, 1, 1]
+    first, second = used[0][0], used[1][0]
+    assert first is None and second is not None
+    assert [s[0] for s in used] == [first, second, first, second]
+    # 30 texts of up to ~20 tokens at 128 padded tokens a pass: several
+    # passes, alternating, and the next call continues the rotation.
+    many = m.encode(golden_texts * 2)[0]
+    m.submit_ids(many).result()
+    passes = used[-1]
+    assert len(passes) > 2
+    assert passes == [[first, second][k % 2] for k in range(len(passes))]
+    m.submit_ids(ids[0]).result()
+    assert used[-1] == [[first, second][len(passes) % 2]]
+
+
 def test_fused_attention_equals_matmul_attention(golden_texts):
     matmul = mlx_embed.load(fast_ops="exact", fused_attention=False)
     fused = mlx_embed.load(fast_ops="exact", fused_attention=True)

@@ -39,6 +39,12 @@ pub struct BatcherConfig {
     /// 0 turns it off. 128 MiB by default: about 50,000 entries of a 384-wide
     /// model, 25,000 of a 1024-wide one, small next to the model itself.
     pub cache_bytes: usize,
+    /// Model threads, each running its own batches on the one loaded model
+    /// (through [`crate::Embedder::replica`]), so the host work of one batch
+    /// overlaps the device work of others. 1 by default: on the CPU the
+    /// engine's own workers already use every core; a GPU may gain
+    /// (docs/benchmarks.md). Zero is taken as one.
+    pub model_threads: usize,
 }
 
 impl Default for BatcherConfig {
@@ -54,6 +60,7 @@ impl Default for BatcherConfig {
             aging_batches: 8,
             enable_batching: true,
             cache_bytes: 128 << 20,
+            model_threads: 1,
         }
     }
 }

@@ -335,10 +335,16 @@ pub struct Submitted {
     pub running: Option<Result<BatchOutput, EmbedderError>>,
 }
 
-/// An embedding model driven by the batcher from one dedicated OS thread.
+/// Builds another handle on an already loaded model, on the model thread
+/// that will use it (see [`Embedder::replica`]).
+pub type Replica<E> = Box<dyn FnOnce() -> Result<E, EmbedderError> + Send>;
+
+/// An embedding model driven by the batcher from dedicated OS threads.
 ///
-/// It is created on that thread (see [`crate::Batcher::start`]) and never moves,
-/// so implementations need not be `Send` (MLX streams are per thread).
+/// It is created on its thread (see [`crate::Batcher::start`]) and never moves,
+/// so implementations need not be `Send` (MLX streams are per thread). With
+/// [`crate::BatcherConfig::model_threads`] above one, each further thread
+/// gets its own handle from [`Embedder::replica`].
 pub trait Embedder {
     /// Facts about the loaded model.
     fn info(&self) -> ModelInfo;
@@ -361,6 +367,18 @@ pub trait Embedder {
         inputs: &[Encoded],
         output: Output,
     ) -> Result<BatchOutput, EmbedderError>;
+
+    /// A builder for another handle on this loaded model, for another model
+    /// thread: it runs on that thread, and both handles then embed
+    /// concurrently (the weights are shared, not loaded again). `None` (the
+    /// default): the model serves from one thread only, and asking for more
+    /// fails `Batcher::start`.
+    fn replica(&self) -> Option<Replica<Self>>
+    where
+        Self: Sized,
+    {
+        None
+    }
 
     /// True when consecutive batches overlap on the model's device: the
     /// model thread then queues batch k+1 with [`Embedder::submit`] before it

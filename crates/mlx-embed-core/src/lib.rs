@@ -1,4 +1,4 @@
-//! mlx-embed-core: many concurrent callers, one model on one thread.
+//! mlx-embed-core: many concurrent callers, one model on its own thread(s).
 //!
 //! [`Batcher::embed`] takes a request through these steps:
 //!
@@ -19,11 +19,13 @@
 //!    round-robin between requests inside a lane, under two exact budgets:
 //!    `max_batch_size` inputs and `max_batch_tokens` padded tokens (longest
 //!    input's tokens x inputs).
-//! 5. **Compute**: one [`Embedder::embed_batch`] per batch on the one model
-//!    thread, which lives as long as the model.
+//! 5. **Compute**: one [`Embedder::embed_batch`] per batch on a model
+//!    thread, which lives as long as the model (one by default;
+//!    [`BatcherConfig::model_threads`] runs more, each on its own handle).
 //!
-//! The batcher's lifecycle (open, closed, stopped; the model loading,
-//! waiting, busy or dead) and every wake-up are in one place, `shared.rs`.
+//! The batcher's lifecycle (open, closed, stopped; each model thread
+//! starting, waiting or busy; the model dead) and every wake-up are in one
+//! place, `shared.rs`.
 //!
 //! How one model call is cut into device passes is the model's own business,
 //! on its own budget ([`ModelInfo::device_batch_tokens`], padded tokens per
@@ -53,8 +55,8 @@ pub use cache::CacheMetrics;
 pub use config::BatcherConfig;
 pub use embedder::{
     l2_normalize, BatchOutput, DeviceMemory, EmbedInput, EmbedOptions, Embedder, EmbedderError,
-    EmbedderErrorKind, Encoded, LiveStats, ModelInfo, ModelKind, Output, Prompt, Submitted, Ticket,
-    TokenSpan, Tokenize, TruncationDirection,
+    EmbedderErrorKind, Encoded, LiveStats, ModelInfo, ModelKind, Output, Prompt, Replica,
+    Submitted, Ticket, TokenSpan, Tokenize, TruncationDirection,
 };
 pub use error::{CoreError, OverloadReason};
 pub use metrics::{Histogram, LaneMetrics, MetricsSnapshot};

@@ -1,7 +1,8 @@
-//! The model thread: builds the model, then, for the model's whole life,
-//! takes the next batch from the lanes (`Shared::next_batch`), runs one
-//! `embed_batch` call on it and slices the output back to the requests it
-//! came from.
+//! The model threads: the first builds the model (and, with
+//! `model_threads` above one, the others get their handles from
+//! [`Embedder::replica`]); then each, for the model's whole life, takes the
+//! next batch from the lanes (`Shared::next_batch`), runs one `embed_batch`
+//! call on it and slices the output back to the requests it came from.
 
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -10,13 +11,14 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::queue::{Batch, Part};
-use crate::shared::Shared;
+use crate::shared::{Activity, Shared};
 use crate::{
     BatchOutput, CoreError, Embedder, EmbedderError, EmbedderErrorKind, Encoded, LiveStats,
-    ModelInfo, Output, Ticket, Tokenize,
+    ModelInfo, Output, Replica, Ticket, Tokenize,
 };
 
-/// The thread's name, visible in debuggers and panic messages.
+/// The first model thread's name, visible in debuggers and panic messages;
+/// the others add their number ("mlx-embed-model-1", ...).
 pub(crate) const THREAD_NAME: &str = "mlx-embed-model";
 
 /// The model panicked or reported itself gone: the thread ends and the batcher is unhealthy.
@@ -55,8 +57,10 @@ pub(crate) struct Handles {
 /// or why it failed.
 pub(crate) type Loaded = Result<Handles, String>;
 
-/// Spawns the model thread, runs `load` there and reports its result. The
-/// thread is detached: it exits by itself once stopped or dead.
+/// Spawns the first model thread, runs `load` there, starts the other
+/// `model_threads - 1` on replicas of the model, and reports the result once
+/// all are ready. The threads are detached: each exits by itself once
+/// stopped or dead.
 pub(crate) fn spawn<E, F>(shared: Arc<Shared>, load: F) -> std::io::Result<mpsc::Receiver<Loaded>>
 where
     E: Embedder + 'static,
@@ -90,16 +94,71 @@ where
                 }
             };
             let dim = handles.info.dim;
+            if let Err(message) = start_replicas(&shared, &model, dim) {
+                // The replicas already running exit on `Stopped`.
+                shared.stop();
+                let _ = loaded_tx.send(Err(message));
+                return;
+            }
             let _ = loaded_tx.send(Ok(handles));
             drop(loaded_tx);
-            ModelThread {
-                shared: &shared,
-                model,
-                dim,
-            }
-            .run();
+            ModelThread::new(&shared, model, dim).run();
         })?;
     Ok(loaded_rx)
+}
+
+/// Starts model threads 1..`model_threads`, each on its own replica of
+/// `model` built on that thread, and returns once every one is ready to take
+/// batches, or with why one is not.
+fn start_replicas<E: Embedder + 'static>(
+    shared: &Arc<Shared>,
+    model: &E,
+    dim: usize,
+) -> Result<(), String> {
+    let threads = shared.config.model_threads.max(1);
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
+    for n in 1..threads {
+        let build: Replica<E> = model.replica().ok_or_else(|| {
+            format!("model_threads = {threads}, but this model serves from one thread only")
+        })?;
+        let shared = shared.clone();
+        let ready_tx = ready_tx.clone();
+        std::thread::Builder::new()
+            .name(format!("{THREAD_NAME}-{n}"))
+            .spawn(move || {
+                let model = match catch_unwind(AssertUnwindSafe(build)) {
+                    Ok(Ok(model)) => model,
+                    Ok(Err(e)) => {
+                        let _ = ready_tx.send(Err(format!(
+                            "model thread {n} failed to start: {}",
+                            e.message
+                        )));
+                        return;
+                    }
+                    Err(payload) => {
+                        let _ = ready_tx.send(Err(format!(
+                            "model thread {n} panicked while starting: {}",
+                            panic_message(&*payload)
+                        )));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(()));
+                drop(ready_tx);
+                ModelThread::new(&shared, model, dim).run();
+            })
+            .map_err(|e| format!("cannot spawn model thread {n}: {e}"))?;
+    }
+    drop(ready_tx);
+    for _ in 1..threads {
+        ready_rx
+            .recv()
+            .map_err(|_| "a model thread exited while starting".to_string())??;
+    }
+    if threads > 1 {
+        tracing::info!(threads, "model threads started");
+    }
+    Ok(())
 }
 
 /// A batch submitted to the model and not yet collected.
@@ -114,9 +173,20 @@ struct ModelThread<'a, E> {
     model: E,
     /// Embedding dimension promised by `info()`; zero means "whatever the model returns".
     dim: usize,
+    /// This thread's part in the shared state machine (see `shared.rs`).
+    activity: Activity,
 }
 
-impl<E: Embedder> ModelThread<'_, E> {
+impl<'a, E: Embedder> ModelThread<'a, E> {
+    fn new(shared: &'a Shared, model: E, dim: usize) -> Self {
+        Self {
+            shared,
+            model,
+            dim,
+            activity: Activity::Starting,
+        }
+    }
+
     fn run(mut self) {
         let _guard = DeathGuard(self.shared);
         let ended = if self.model.pipelines() {
@@ -135,7 +205,7 @@ impl<E: Embedder> ModelThread<'_, E> {
 
     /// One `embed_batch` per batch, each answered before the next is cut.
     fn run_one_by_one(&mut self) -> Result<(), Died> {
-        while let Some(batch) = self.shared.next_batch() {
+        while let Some(batch) = self.shared.next_batch(&mut self.activity) {
             self.mark_started(&batch);
             let started = Instant::now();
             match self.call(&batch.inputs, batch.output) {
@@ -157,8 +227,8 @@ impl<E: Embedder> ModelThread<'_, E> {
         let mut running: Option<InFlight> = None;
         loop {
             let next = match running {
-                Some(_) => self.shared.try_next_batch(),
-                None => match self.shared.next_batch() {
+                Some(_) => self.shared.try_next_batch(&mut self.activity),
+                None => match self.shared.next_batch(&mut self.activity) {
                     Some(batch) => Some(batch),
                     None => return Ok(()),
                 },

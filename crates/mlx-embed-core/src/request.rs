@@ -64,7 +64,10 @@ impl Drop for ActiveGuard {
 }
 
 struct Answer {
+    /// One slot per input, filled as its batch is answered.
     vectors: Vec<Vec<f32>>,
+    /// Slots filled so far.
+    delivered: usize,
     reply: Option<Reply>,
     ticket: Option<Ticket>,
     active: Option<ActiveGuard>,
@@ -106,7 +109,8 @@ impl Request {
             started: AtomicBool::new(false),
             cancel_counted: AtomicBool::new(false),
             answer: Mutex::new(Answer {
-                vectors: Vec::with_capacity(len),
+                vectors: vec![Vec::new(); len],
+                delivered: 0,
                 reply: Some(reply),
                 ticket: Some(ticket),
                 active: Some(active),
@@ -137,22 +141,21 @@ impl Request {
         }
     }
 
-    /// Appends computed rows for inputs `offset..offset + vectors.len()`;
-    /// answers the caller when the last one arrives. Chunks of one request run
-    /// in order on the single model thread, so appending keeps input order.
+    /// Stores computed rows for inputs `offset..`, one entry per input;
+    /// answers the caller when the last input is in. With more than one
+    /// model thread a request's chunks can be answered in any order.
     pub fn deliver(&self, offset: usize, vectors: impl Iterator<Item = Vec<f32>>) {
         let mut answer = lock(&self.answer);
         if answer.reply.is_none() {
             return;
         }
-        let done = &mut answer.vectors;
-        debug_assert_eq!(
-            done.len(),
-            offset,
-            "chunks of a request must arrive in order"
-        );
-        done.extend(vectors);
-        if done.len() == self.len {
+        let mut n = 0;
+        for (slot, v) in answer.vectors[offset..].iter_mut().zip(vectors) {
+            *slot = v;
+            n += 1;
+        }
+        answer.delivered += n;
+        if answer.delivered == self.len {
             let vectors = std::mem::take(&mut answer.vectors);
             Self::answer(answer, Ok(vectors));
         }

@@ -1,18 +1,20 @@
 //! The batcher's lifecycle in one place: the state callers and the model
 //! thread share, every transition, and every wake-up.
 //!
-//! Two small state machines live behind one mutex, next to the lanes:
+//! Behind one mutex, next to the lanes: whether the batcher takes new work
+//! (`Phase`), whether the model is dead, and how many model threads sleep.
+//! Each model thread keeps its own [`Activity`].
 //!
 //! ```text
 //! Phase (does the batcher take new work?)
 //!   Open ──close()──> Closed ──last handle dropped──> Stopped
 //!   Open ─────────────last handle dropped───────────> Stopped
 //!
-//! ModelState (what the model thread is doing)
-//!   Loading ──loaded, no work──> Waiting { window_ends } ──work due──> Busy
-//!                                       ^                               │
-//!                                       └────────────no work────────────┘
-//!   Busy ──model panicked──> Dead   (terminal)
+//! Activity (what one model thread is doing; there are `model_threads`)
+//!   Starting ──no work──> Waiting { window_ends } ──work due──> Busy
+//!                                ^                               │
+//!                                └────────────no work────────────┘
+//! A model thread whose model panics marks the model dead (terminal).
 //! ```
 //!
 //! (A model that fails to load never gets a batcher: `Batcher::start`
@@ -21,17 +23,17 @@
 //! - `Open`: callers are admitted. `Closed`: new callers are refused with
 //!   `ShuttingDown` (admission is closed, so waiting callers are refused
 //!   too); admitted work still runs. `Stopped`: no handle is left, so no
-//!   caller is either; the model thread exits after its current batch.
-//! - `Busy`: the model thread is cutting or running a batch; arrivals just
-//!   queue. `Waiting`: it sleeps on the one condition variable until there is
-//!   work; with a batch window, `window_ends` is when it stops waiting for
-//!   company. `Dead`: every queued request was failed and nothing enters
-//!   again; why is in [`Shared::dead_reason`].
+//!   caller is either; the model threads exit after their current batch.
+//! - `Busy`: the thread is cutting or running a batch; arrivals just queue.
+//!   `Waiting`: it sleeps on the one condition variable until there is work;
+//!   with a batch window, `window_ends` is when it stops waiting for company.
+//!   A dead model: every queued request was failed and nothing enters again; why is
+//!   in [`Shared::dead_reason`].
 //!
-//! Wake-ups: only the model thread ever sleeps, and only in
-//! [`Shared::next_batch`]. It is woken when [`State::model_should_wake`]
-//! says so after an arrival, and on `Stopped`. Every check and every
-//! transition happens under the mutex, so no wake-up can be lost.
+//! Wake-ups: only model threads ever sleep, and only in
+//! [`Shared::next_batch`]. They are woken when [`State::model_should_wake`]
+//! says so after an arrival, and on `Stopped` or death. Every check and
+//! every transition happens under the mutex, so no wake-up can be lost.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
@@ -51,42 +53,45 @@ pub(crate) enum Phase {
     Stopped,
 }
 
-/// What the model thread is doing (see the module doc).
+/// What one model thread is doing (see the module doc); each thread keeps its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ModelState {
-    Loading,
+pub(crate) enum Activity {
+    /// Loaded, before its first batch: as idle as a waiting thread.
+    Starting,
     Busy,
     /// Asleep for work; `Some(t)`: work is queued and it waits for company until `t`.
     Waiting {
         window_ends: Option<Instant>,
     },
-    Dead,
 }
 
 /// Everything behind the one state mutex. Critical sections are short and
 /// run no user code.
 pub(crate) struct State {
     pub phase: Phase,
-    pub model: ModelState,
+    /// The model panicked or said it is gone (terminal).
+    pub dead: bool,
+    /// Model threads asleep with nothing queued.
+    idle: usize,
+    /// Model threads asleep with work queued, waiting out a batch window.
+    in_window: usize,
     /// Admitted requests not yet (fully) in a batch.
     pub lanes: Lanes,
 }
 
 impl State {
-    /// The one wake-up rule for arrivals: wake a sleeping model thread when it
-    /// has work to start now. While it waits out a batch window, only a full
-    /// batch or a high-priority input ends the wait early.
+    /// The one wake-up rule for arrivals: wake the sleeping model threads
+    /// when one of them has work to start now. While a thread waits out a
+    /// batch window, only a full batch or a high-priority input ends the
+    /// wait early.
     fn model_should_wake(&self, limits: &Limits) -> bool {
-        match self.model {
-            ModelState::Waiting { window_ends: None } => !self.lanes.is_empty(),
-            ModelState::Waiting {
-                window_ends: Some(_),
-            } => {
-                self.lanes.inputs() >= limits.max_batch_size
-                    || self.lanes.has_waiting(Priority::High)
-            }
-            ModelState::Loading | ModelState::Busy | ModelState::Dead => false,
+        if self.dead || self.lanes.is_empty() {
+            return false;
         }
+        self.idle > 0
+            || (self.in_window > 0
+                && (self.lanes.inputs() >= limits.max_batch_size
+                    || self.lanes.has_waiting(Priority::High)))
     }
 }
 
@@ -94,14 +99,14 @@ pub(crate) struct Shared {
     pub config: BatcherConfig,
     pub limits: Limits,
     state: Mutex<State>,
-    /// Wakes the model thread (the only thread that sleeps on the state).
+    /// Wakes the model threads (the only threads that sleep on the state).
     model_cv: Condvar,
     /// Admission per lane, in `Priority::index` order.
     admission: [Admission; 3],
     pub recorder: Arc<Recorder>,
     /// `None` when `cache_bytes` is zero.
     pub cache: Option<Arc<Cache>>,
-    /// Why the model is dead; set once, just before the state turns `Dead`,
+    /// Why the model is dead; set once, just before the state turns dead,
     /// so `Batcher::model_failure` can lend it out without the lock.
     dead_reason: OnceLock<String>,
 }
@@ -129,7 +134,9 @@ impl Shared {
             limits,
             state: Mutex::new(State {
                 phase: Phase::Open,
-                model: ModelState::Loading,
+                dead: false,
+                idle: 0,
+                in_window: 0,
                 lanes: Lanes::new(limits),
             }),
             model_cv: Condvar::new(),
@@ -163,19 +170,19 @@ impl Shared {
         self.dead_reason.get().map(String::as_str)
     }
 
-    /// True while the batcher is `Open` and the model not `Dead`.
+    /// True while the batcher is `Open` and the model not dead.
     pub fn is_healthy(&self) -> bool {
         let st = self.state();
-        st.phase == Phase::Open && st.model != ModelState::Dead
+        st.phase == Phase::Open && !st.dead
     }
 
     /// `Ok` while a new caller may start; otherwise the error it gets.
     pub fn check_open(&self) -> Result<(), CoreError> {
         let st = self.state();
-        match (st.phase, st.model) {
-            (_, ModelState::Dead) => Err(self.unavailable()),
-            (Phase::Open, _) => Ok(()),
-            (Phase::Closed | Phase::Stopped, _) => Err(CoreError::ShuttingDown),
+        match (st.phase, st.dead) {
+            (_, true) => Err(self.unavailable()),
+            (Phase::Open, false) => Ok(()),
+            (Phase::Closed | Phase::Stopped, false) => Err(CoreError::ShuttingDown),
         }
     }
 
@@ -202,7 +209,7 @@ impl Shared {
         let lane = pending.req.priority;
         let n = pending.remaining();
         let mut st = self.state();
-        if st.model == ModelState::Dead || st.phase == Phase::Stopped {
+        if st.dead || st.phase == Phase::Stopped {
             return Err(self.unavailable());
         }
         self.recorder.queued(lane, n);
@@ -210,56 +217,61 @@ impl Shared {
         let wake = st.model_should_wake(&self.limits);
         drop(st);
         if wake {
-            self.model_cv.notify_one();
+            // All of them: one woken in its batch window may not take the
+            // work, and then an idle one must. Each re-checks under the lock.
+            self.model_cv.notify_all();
         }
         Ok(())
     }
 
-    /// The model thread's only way to get work: blocks until a batch is
-    /// due and returns it (`Busy`), or `None` once `Stopped` or `Dead`.
+    /// A model thread's only way to get work: blocks until a batch is due
+    /// and returns it (`me` turns `Busy`), or `None` once `Stopped` or dead.
     ///
-    /// A batch is due when work is queued, except that a model coming out of
-    /// `Waiting` with a non-zero batch window first waits up to the window
-    /// for company (a full batch or a high-priority input ends it early).
-    /// Work that queued while the model was `Busy` has waited already: no
-    /// window for it. A model just out of `Loading` counts as idle.
-    pub fn next_batch(&self) -> Option<Batch> {
+    /// A batch is due when work is queued, except that a thread coming out
+    /// of `Waiting` with a non-zero batch window first waits up to the
+    /// window for company (a full batch or a high-priority input ends it
+    /// early). Work that queued while the thread was `Busy` has waited
+    /// already: no window for it. A thread just `Starting` counts as idle.
+    pub fn next_batch(&self, me: &mut Activity) -> Option<Batch> {
         let window = self.config.batch_window;
         let mut st = self.state();
         loop {
-            if st.phase == Phase::Stopped || st.model == ModelState::Dead {
+            if st.phase == Phase::Stopped || st.dead {
                 return None;
             }
             if st.lanes.is_empty() {
-                st.model = ModelState::Waiting { window_ends: None };
+                *me = Activity::Waiting { window_ends: None };
+                st.idle += 1;
                 st = self.model_cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                st.idle -= 1;
                 continue;
             }
-            // A freshly loaded model is as idle as a waiting one.
-            let window_ends = match st.model {
+            let window_ends = match *me {
                 _ if window.is_zero() => None,
-                ModelState::Waiting { window_ends } => {
+                Activity::Waiting { window_ends } => {
                     Some(window_ends.unwrap_or_else(|| Instant::now() + window))
                 }
-                ModelState::Loading => Some(Instant::now() + window),
-                ModelState::Busy | ModelState::Dead => None,
+                Activity::Starting => Some(Instant::now() + window),
+                Activity::Busy => None,
             };
             let company_or_urgent = st.lanes.inputs() >= self.limits.max_batch_size
                 || st.lanes.has_waiting(Priority::High);
             match window_ends {
                 Some(until) if !company_or_urgent && Instant::now() < until => {
-                    st.model = ModelState::Waiting {
+                    *me = Activity::Waiting {
                         window_ends: Some(until),
                     };
                     let timeout = until.saturating_duration_since(Instant::now());
+                    st.in_window += 1;
                     st = self
                         .model_cv
                         .wait_timeout(st, timeout)
                         .unwrap_or_else(|e| e.into_inner())
                         .0;
+                    st.in_window -= 1;
                 }
                 _ => {
-                    st.model = ModelState::Busy;
+                    *me = Activity::Busy;
                     let batch = st.lanes.cut(&self.recorder);
                     if !batch.is_empty() {
                         return Some(batch);
@@ -271,14 +283,14 @@ impl Shared {
     }
 
     /// The next batch if any input waits now, without waiting for one: the
-    /// model has a batch in flight, so it is busy and no window applies.
+    /// thread has a batch in flight, so it is busy and no window applies.
     /// `None` when the lanes are empty or the batcher is stopped or dead.
-    pub fn try_next_batch(&self) -> Option<Batch> {
+    pub fn try_next_batch(&self, me: &mut Activity) -> Option<Batch> {
         let mut st = self.state();
-        if st.phase == Phase::Stopped || st.model == ModelState::Dead || st.lanes.is_empty() {
+        if st.phase == Phase::Stopped || st.dead || st.lanes.is_empty() {
             return None;
         }
-        st.model = ModelState::Busy;
+        *me = Activity::Busy;
         let batch = st.lanes.cut(&self.recorder);
         (!batch.is_empty()).then_some(batch)
     }
@@ -294,22 +306,23 @@ impl Shared {
         self.admission.iter().for_each(Admission::close);
     }
 
-    /// -> `Stopped`: every handle is gone; the model thread finishes its
-    /// current batch and exits.
+    /// -> `Stopped`: every handle is gone (or the model threads failed to
+    /// start); each model thread finishes its current batch and exits.
     pub fn stop(&self) {
         self.state().phase = Phase::Stopped;
         self.model_cv.notify_all();
     }
 
-    /// -> `Dead`: refuse everything from now on and fail every queued
-    /// request. The caller fails the requests of the batch it was running.
+    /// -> dead: refuse everything from now on and fail every queued
+    /// request. The caller fails the requests of the batch it was running;
+    /// the other model threads answer theirs and exit.
     pub fn kill(&self, reason: String) {
         let _ = self.dead_reason.set(reason);
         tracing::error!(reason = %self.dead_reason().unwrap_or(""), "embedding model unavailable");
         self.admission.iter().for_each(Admission::close);
         let queued: Vec<Arc<Request>> = {
             let mut st = self.state();
-            st.model = ModelState::Dead;
+            st.dead = true;
             st.lanes.take_all(&self.recorder)
         };
         self.model_cv.notify_all();
@@ -319,7 +332,7 @@ impl Shared {
         }
     }
 
-    /// The model thread is exiting after `Stopped`: drops what is left
+    /// A model thread is exiting after `Stopped`: drops what is left
     /// (only requests whose callers are gone can be, as no handle is left).
     pub fn drain_after_stop(&self) {
         let left = self.state().lanes.take_all(&self.recorder);

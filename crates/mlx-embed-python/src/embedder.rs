@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use mlx_embed_core::{
-    BatchOutput, Embedder, EmbedderError, Encoded, LiveStats, ModelInfo, Output, Submitted, Ticket,
-    Tokenize,
+    BatchOutput, Embedder, EmbedderError, Encoded, LiveStats, ModelInfo, Output, Replica,
+    Submitted, Ticket, Tokenize,
 };
 use mlx_embed_tokenizer::HfTokenizer;
 use pyo3::prelude::*;
@@ -35,7 +35,7 @@ pub struct PythonModelOptions {
     pub kind: Option<String>,
 }
 
-/// The Python engine's per-model settings (`mlx_embed.load(cache_limit_mb=, fast_ops=, workers=, batch_tokens=, pipeline=)`).
+/// The Python engine's per-model settings (`mlx_embed.load(cache_limit_mb=, fast_ops=, workers=, batch_tokens=, pipeline=, streams=)`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EngineOptions {
     /// MLX buffer cache limit in MiB (engine default: 2048 on a GPU, 0 on the CPU).
@@ -49,6 +49,8 @@ pub struct EngineOptions {
     /// Queue calls on the device and collect them later, so consecutive
     /// batches overlap (engine default: on a GPU only).
     pub pipeline: Option<bool>,
+    /// Device streams the pipelined path rotates over, call after call (engine default: 1).
+    pub streams: Option<usize>,
 }
 
 impl Default for PythonModelOptions {
@@ -101,6 +103,9 @@ impl PythonEmbedder {
             }
             if let Some(on) = engine.pipeline {
                 kwargs.set_item("pipeline", on)?;
+            }
+            if let Some(n) = engine.streams {
+                kwargs.set_item("streams", n)?;
             }
             if let Some(kind) = &options.kind {
                 kwargs.set_item("kind", kind)?;
@@ -167,6 +172,22 @@ impl Embedder for PythonEmbedder {
     fn live_stats(&self) -> Option<Arc<dyn LiveStats>> {
         let model = Python::attach(|py| self.model.clone_ref(py));
         Some(Arc::new(PythonLiveStats::new(model)))
+    }
+
+    /// The same Python model object: the engine takes calls from any
+    /// thread, each on that thread's own MLX streams.
+    fn replica(&self) -> Option<Replica<Self>> {
+        let model = Python::attach(|py| self.model.clone_ref(py));
+        let (info, tokenizer, pipelines) =
+            (self.info.clone(), self.tokenizer.clone(), self.pipelines);
+        Some(Box::new(move || {
+            Ok(Self {
+                model,
+                info,
+                tokenizer,
+                pipelines,
+            })
+        }))
     }
 
     fn embed_batch(

@@ -72,6 +72,12 @@ pub struct ServerArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub aging_batches: u32,
 
+    /// Model threads per model, each running its own batches on the one loaded model, so one
+    /// batch's host work overlaps others' device work (for GPUs; not yet measured there).
+    #[arg(long, env = "MLX_EMBED_MODEL_THREADS", default_value_t = core_defaults().model_threads,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16))]
+    pub model_threads: usize,
+
     /// Embedding cache size in MiB (raw vectors keyed by exact token ids).
     #[arg(long, env = "MLX_EMBED_CACHE_MB", default_value_t = core_defaults().cache_bytes >> 20)]
     pub cache_mb: usize,
@@ -120,6 +126,7 @@ impl Default for ServerArgs {
             no_batching: !core.enable_batching,
             max_priority_batch_size: core.max_priority_batch_size,
             aging_batches: core.aging_batches,
+            model_threads: core.model_threads,
             cache_mb: core.cache_bytes >> 20,
             no_cache: false,
             max_body_bytes: 2 * 1024 * 1024,
@@ -144,6 +151,7 @@ impl ServerArgs {
             enable_batching: !self.no_batching,
             max_priority_batch_size: self.max_priority_batch_size,
             aging_batches: self.aging_batches,
+            model_threads: self.model_threads,
             cache_bytes: if self.no_cache {
                 0
             } else {

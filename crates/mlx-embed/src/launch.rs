@@ -58,6 +58,9 @@ pub struct ModelArgs {
     /// Queue each batch on the device and collect it after the next one is queued, so consecutive batches overlap [default: true on a GPU, false on the CPU].
     #[arg(long, env = "MLX_EMBED_PIPELINE", value_parser = clap::builder::BoolishValueParser::new())]
     pub pipeline: Option<bool>,
+    /// Device streams the pipelined path rotates over, call after call, so a batch runs beside the one before it on the device [default: 1].
+    #[arg(long, env = "MLX_EMBED_STREAMS", value_parser = clap::value_parser!(u16).range(1..))]
+    pub streams: Option<u16>,
 }
 
 /// The engine's names, plus the older `MLX_EMBED_FAST_OPS` spellings (1/0) as hidden aliases.
@@ -109,6 +112,7 @@ impl ModelArgs {
                 workers: self.workers.map(usize::from),
                 batch_tokens: self.device_batch_tokens.map(|n| n as usize),
                 pipeline: self.pipeline,
+                streams: self.streams.map(usize::from),
             },
             kind: None,
         }

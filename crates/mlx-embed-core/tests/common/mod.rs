@@ -4,13 +4,13 @@
 //! every batch the fake sees is recorded.
 #![allow(dead_code)]
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use mlx_embed_core::{
     BatchOutput, Batcher, BatcherConfig, EmbedInput, EmbedOptions, Embedder, EmbedderError,
-    Encoded, ModelInfo, Output, Tokenize, TruncationDirection,
+    Encoded, ModelInfo, Output, Replica, Tokenize, TruncationDirection,
 };
 
 pub const DIM: usize = 8;
@@ -155,7 +155,11 @@ pub struct Record {
     /// The output kind of each batch, in the order of `batches`.
     pub kinds: Mutex<Vec<Output>>,
     pub dropped: AtomicBool,
+    /// Fakes dropped (one per model thread, replicas included).
+    pub drops: AtomicUsize,
     pub thread_name: Mutex<Option<String>>,
+    /// The name of the thread that ran each batch, in the order of `batches`.
+    pub batch_threads: Mutex<Vec<String>>,
 }
 
 impl Record {
@@ -188,6 +192,7 @@ pub struct Fake {
 impl Drop for Fake {
     fn drop(&mut self) {
         self.record.dropped.store(true, Ordering::SeqCst);
+        self.record.drops.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -208,6 +213,18 @@ impl Embedder for Fake {
         Some(Arc::new(FakeTokenizer))
     }
 
+    /// Another fake on the same record, gate and delay.
+    fn replica(&self) -> Option<Replica<Self>> {
+        let (record, delay, gate) = (self.record.clone(), self.delay, self.gate.clone());
+        Some(Box::new(move || {
+            Ok(Fake {
+                record,
+                delay,
+                gate,
+            })
+        }))
+    }
+
     fn embed_batch(
         &mut self,
         inputs: &[Encoded],
@@ -223,6 +240,9 @@ impl Embedder for Fake {
             let mut batches = self.record.batches.lock().unwrap();
             batches.push(batch.clone());
             self.record.kinds.lock().unwrap().push(output);
+            let thread = std::thread::current();
+            let name = thread.name().unwrap_or("unnamed").to_string();
+            self.record.batch_threads.lock().unwrap().push(name);
         }
         if let Some(gate) = &self.gate {
             gate.pass();

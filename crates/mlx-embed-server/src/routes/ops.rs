@@ -93,6 +93,8 @@ pub struct BatchingInfo {
     pub max_concurrent_requests: usize,
     pub max_waiting: usize,
     pub max_queue_wait_ms: u64,
+    /// Model threads per model, each running its own batches.
+    pub model_threads: usize,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -234,6 +236,7 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
             max_concurrent_requests: c.max_concurrent_requests,
             max_waiting: c.max_waiting,
             max_queue_wait_ms: c.max_queue_wait.as_millis() as u64,
+            model_threads: c.model_threads.max(1),
         },
         limits: LimitsInfo {
             max_body_bytes: a.max_body_bytes,

@@ -1,0 +1,151 @@
+#!/usr/bin/env python3
+"""A bounded HTTP/1.1 load generator for JSON POSTs, in the standard library only.
+
+For machines without wrk (the GPU relay's): each line of ``--bodies`` is one
+request body, sent once, in order, over ``--connections`` keep-alive
+connections spread across ``--procs`` processes (one asyncio loop each), so
+the client is not the bottleneck at tens of thousands of small requests a
+second. It stops when every body is sent or at ``--deadline`` seconds, and
+prints one JSON object: requests sent and answered, status counts, seconds
+from the first request to the last answer, latency percentiles, and the
+bodies of the first ``--keep`` answers (for a correctness check).
+
+    python3 scripts/http_load.py --url http://127.0.0.1:8080/v1/embeddings \\
+        --bodies bodies.jsonl --connections 64 --procs 8 --deadline 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import statistics
+import sys
+import time
+from urllib.parse import urlsplit
+
+
+async def _one_connection(host, port, path, bodies, state, deadline, out):
+    reader, writer = await asyncio.open_connection(host, port)
+    head = f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
+    try:
+        while time.perf_counter() < deadline:
+            i = state["next"]
+            if i >= len(bodies):
+                return
+            state["next"] = i + 1
+            body = bodies[i]
+            t0 = time.perf_counter()
+            writer.write(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            status_line = await reader.readline()
+            if not status_line:
+                out["errors"] += 1
+                return
+            status = int(status_line.split()[1])
+            length = 0
+            while True:
+                line = await reader.readline()
+                if line in (b"\r\n", b"\n", b""):
+                    break
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            answer = await reader.readexactly(length)
+            out["latencies"].append(time.perf_counter() - t0)
+            out["statuses"][status] = out["statuses"].get(status, 0) + 1
+            if i < out["keep"]:
+                out["answers"][i] = answer.decode()
+    except (ConnectionError, asyncio.IncompleteReadError):
+        out["errors"] += 1
+    finally:
+        writer.close()
+
+
+def _worker(index, url, bodies, connections, start_at, deadline, keep, queue):
+    parts = urlsplit(url)
+    host, port = parts.hostname, parts.port or 80
+    out = {"latencies": [], "statuses": {}, "errors": 0, "answers": {}, "keep": keep}
+    state = {"next": 0}
+
+    async def main():
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        t0 = time.perf_counter()
+        stop = t0 + deadline
+        await asyncio.gather(*(
+            _one_connection(host, port, parts.path or "/", bodies, state, stop, out)
+            for _ in range(connections)
+        ))
+        return time.perf_counter() - t0
+
+    seconds = asyncio.run(main())
+    queue.put({"index": index, "sent": state["next"], "latencies": out["latencies"],
+               "statuses": out["statuses"], "errors": out["errors"], "answers": out["answers"],
+               "seconds": seconds})
+
+
+def run(url: str, bodies: list[bytes], connections: int, procs: int, deadline: float, keep: int = 0) -> dict:
+    """Sends every body once (bounded by ``deadline`` seconds) and returns the
+    figures; ``answers`` maps the index of each of the first ``keep`` bodies
+    to its answer's text."""
+    procs = max(1, min(procs, connections, len(bodies)))
+    # fork: this process holds no device or threads (run it as its own process).
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    start_at = time.time() + 0.5  # every process starts together
+    workers = []
+    for p in range(procs):
+        conns = connections // procs + (1 if p < connections % procs else 0)
+        # Process p sends bodies p, p + procs, ...: its k-th is body p + k * procs.
+        keep_here = len(range(p, min(keep, len(bodies)), procs))
+        w = ctx.Process(target=_worker, args=(p, url, bodies[p::procs], conns, start_at, deadline,
+                                              keep_here, queue))
+        w.start()
+        workers.append(w)
+    results = [queue.get(timeout=deadline + 60) for _ in workers]
+    for w in workers:
+        w.join(timeout=10)
+    latencies = sorted(x for r in results for x in r["latencies"])
+    statuses: dict[str, int] = {}
+    answers: dict[int, str] = {}
+    for r in results:
+        for k, v in r["statuses"].items():
+            statuses[str(k)] = statuses.get(str(k), 0) + v
+        for k, text in r["answers"].items():
+            answers[r["index"] + k * procs] = text
+
+    def pct(q):
+        return 1e3 * latencies[min(len(latencies) - 1, int(q * len(latencies)))] if latencies else None
+
+    return {
+        "requests": len(bodies),
+        "sent": sum(r["sent"] for r in results),
+        "answered": len(latencies),
+        "errors": sum(r["errors"] for r in results),
+        "statuses": statuses,
+        # Every process starts at one agreed moment; the slowest one's span is the run's.
+        "seconds": max(r["seconds"] for r in results),
+        "latency_ms": {"p50": pct(0.5), "p99": pct(0.99),
+                       "mean": 1e3 * statistics.fmean(latencies) if latencies else None},
+        "answers": answers,
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--url", required=True)
+    p.add_argument("--bodies", required=True, help="one JSON request body per line")
+    p.add_argument("--connections", type=int, default=64)
+    p.add_argument("--procs", type=int, default=4)
+    p.add_argument("--deadline", type=float, default=60.0, help="seconds; the run stops then")
+    p.add_argument("--keep", type=int, default=0, help="answers of the first N bodies to print")
+    args = p.parse_args(argv)
+    with open(args.bodies, "rb") as f:
+        bodies = [line.rstrip(b"\n") for line in f if line.strip()]
+    json.dump(run(args.url, bodies, args.connections, args.procs, args.deadline, args.keep), sys.stdout)
+    print()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

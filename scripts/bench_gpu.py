@@ -500,8 +500,10 @@ def engine_reference(folder: Path, dtype: str, contents: list[list[int]], check:
 
 def server_rows(name: str, folder: Path, ids: list[list[int]], args, workdir: Path) -> dict:
     """The server beside the engine's one call in this process (see the module doc)."""
-    # bf16 as the engine rows run it; the dry run on the CPU checks in fp32.
-    dtype, min_cosine = ("float32", 0.99999) if args.dry_run else ("bfloat16", 0.999)
+    # bf16 as the engine rows run it on a GPU; fp32 on the CPU (the dry run,
+    # --allow-cpu), where half precision has no fast path.
+    on_cpu = mx.default_device() == mx.cpu
+    dtype, min_cosine = ("float32", 0.99999) if on_cpu else ("bfloat16", 0.999)
     contents = [x[1:-1] for x in ids]
     check = min(64, len(ids))
     rate, want = engine_reference(folder, dtype, contents, check, args.reps)

@@ -49,14 +49,14 @@ impl Embeddings {
 /// Handle to a running batcher; cheap to clone, shareable across tasks.
 ///
 /// Callers are admitted by a fair semaphore per priority lane, counted in
-/// inputs; the model thread cuts each batch from the lanes and computes it.
-/// When the last clone is dropped the model thread finishes its batch and exits.
+/// inputs; a free model thread cuts each batch from the lanes and computes it.
+/// When the last clone is dropped each model thread finishes its batch and exits.
 #[derive(Clone)]
 pub struct Batcher {
     inner: Arc<Inner>,
 }
 
-/// Owned only by `Batcher` handles (the model thread holds `Shared`), so its
+/// Owned only by `Batcher` handles (the model threads hold `Shared`), so its
 /// drop means "no handle left".
 struct Inner {
     shared: Arc<Shared>,
@@ -82,8 +82,10 @@ impl Drop for Inner {
 }
 
 impl Batcher {
-    /// Spawns the model thread, builds the model there with `load`, and returns
-    /// once it is loaded (or with `ModelUnavailable` if loading failed).
+    /// Spawns the model thread, builds the model there with `load`, starts
+    /// any further model threads (`config.model_threads`) on its replicas,
+    /// and returns once all are ready (or with `ModelUnavailable` if loading
+    /// failed, or the model cannot serve from that many threads).
     /// Blocking: call it before or outside async code (or in `spawn_blocking`).
     ///
     /// `embed` uses tokio's timer for `max_queue_wait`: the runtime it is

@@ -70,26 +70,19 @@ where
     std::thread::Builder::new()
         .name(THREAD_NAME.into())
         .spawn(move || {
-            let loaded = catch_unwind(AssertUnwindSafe(|| {
+            let loaded = build_model("model load", || {
                 let model = load()?;
                 let handles = Handles {
                     info: model.info(),
                     tokenizer: model.tokenizer(),
                     live_stats: model.live_stats(),
                 };
-                Ok::<_, EmbedderError>((model, handles))
-            }));
+                Ok((model, handles))
+            });
             let (model, handles) = match loaded {
-                Ok(Ok(loaded)) => loaded,
-                Ok(Err(e)) => {
-                    let _ = loaded_tx.send(Err(format!("model failed to load: {}", e.message)));
-                    return;
-                }
-                Err(payload) => {
-                    let _ = loaded_tx.send(Err(format!(
-                        "model load panicked: {}",
-                        panic_message(&*payload)
-                    )));
+                Ok(loaded) => loaded,
+                Err(message) => {
+                    let _ = loaded_tx.send(Err(message));
                     return;
                 }
             };
@@ -126,20 +119,10 @@ fn start_replicas<E: Embedder + 'static>(
         std::thread::Builder::new()
             .name(format!("{THREAD_NAME}-{n}"))
             .spawn(move || {
-                let model = match catch_unwind(AssertUnwindSafe(build)) {
-                    Ok(Ok(model)) => model,
-                    Ok(Err(e)) => {
-                        let _ = ready_tx.send(Err(format!(
-                            "model thread {n} failed to start: {}",
-                            e.message
-                        )));
-                        return;
-                    }
-                    Err(payload) => {
-                        let _ = ready_tx.send(Err(format!(
-                            "model thread {n} panicked while starting: {}",
-                            panic_message(&*payload)
-                        )));
+                let model = match build_model(&format!("model thread {n}'s start"), build) {
+                    Ok(model) => model,
+                    Err(message) => {
+                        let _ = ready_tx.send(Err(message));
                         return;
                     }
                 };
@@ -159,6 +142,19 @@ fn start_replicas<E: Embedder + 'static>(
         tracing::info!(threads, "model threads started");
     }
     Ok(())
+}
+
+/// Runs `build` (the model's load, or a replica's), a panic caught: the
+/// result, or "`what` failed: ..." / "`what` panicked: ...".
+fn build_model<T>(
+    what: &str,
+    build: impl FnOnce() -> Result<T, EmbedderError>,
+) -> Result<T, String> {
+    match catch_unwind(AssertUnwindSafe(build)) {
+        Ok(Ok(built)) => Ok(built),
+        Ok(Err(e)) => Err(format!("{what} failed: {}", e.message)),
+        Err(payload) => Err(format!("{what} panicked: {}", panic_message(&*payload))),
+    }
 }
 
 /// A batch submitted to the model and not yet collected.

@@ -41,13 +41,7 @@ async fn three_threads_run_three_batches_at_once() {
     eventually("three batches on the model", || record.batches().len() == 3).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(record.batches().len(), 3, "only three threads");
-    let names: BTreeSet<String> = record
-        .batch_threads
-        .lock()
-        .unwrap()
-        .iter()
-        .cloned()
-        .collect();
+    let names = record.threads_used();
     let want: BTreeSet<String> = ["mlx-embed-model", "mlx-embed-model-1", "mlx-embed-model-2"]
         .into_iter()
         .map(String::from)
@@ -93,13 +87,7 @@ async fn many_callers_on_four_threads_each_get_their_own_vectors() {
     computed.sort();
     sent.sort();
     assert_eq!(computed, sent);
-    let used: BTreeSet<String> = record
-        .batch_threads
-        .lock()
-        .unwrap()
-        .iter()
-        .cloned()
-        .collect();
+    let used = record.threads_used();
     assert!(used.len() >= 2, "batches ran on {used:?}");
 }
 
@@ -134,16 +122,23 @@ fn a_model_without_replicas_refuses_more_threads() {
         }))
     })
     .unwrap_err();
+    // The loaded model is let go, not left on a thread waiting for work.
+    assert_refused_and_dropped(err, "serves from one thread only", &record, 1);
+}
+
+/// `err` is `ModelUnavailable` saying `why`, and `fakes` fakes get dropped:
+/// no model thread is left waiting for work.
+fn assert_refused_and_dropped(err: CoreError, why: &str, record: &Record, fakes: usize) {
     match err {
-        CoreError::ModelUnavailable(message) => {
-            assert!(message.contains("serves from one thread only"), "{message}")
-        }
+        CoreError::ModelUnavailable(message) => assert!(message.contains(why), "{message}"),
         other => panic!("unexpected {other:?}"),
     }
-    // The loaded model is let go, not left on a thread waiting for work.
     let deadline = std::time::Instant::now() + LIMIT;
-    while !record.dropped.load(Ordering::SeqCst) {
-        assert!(std::time::Instant::now() < deadline, "model never dropped");
+    while record.drops.load(Ordering::SeqCst) < fakes {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "model threads left running"
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
 }
@@ -198,18 +193,14 @@ fn a_thread_that_fails_to_start_fails_the_start_and_stops_the_others() {
         })
     })
     .unwrap_err();
-    match err {
-        CoreError::ModelUnavailable(message) => {
-            assert!(message.contains("failed to start: no room"), "{message}")
-        }
-        other => panic!("unexpected {other:?}"),
-    }
     // The first model and the replica that did start exit and drop their fakes.
-    let deadline = std::time::Instant::now() + LIMIT;
-    while record.drops.load(Ordering::SeqCst) < 2 {
-        assert!(std::time::Instant::now() < deadline, "threads left running");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    // (The replicas build side by side: either may be the one that fails.)
+    assert_refused_and_dropped(
+        err,
+        "'s start failed: no room for a second replica",
+        &record,
+        2,
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

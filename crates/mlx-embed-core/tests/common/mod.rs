@@ -172,6 +172,10 @@ impl Record {
     pub fn computed(&self) -> Vec<String> {
         self.batches().into_iter().flatten().collect()
     }
+    /// The names of the threads that ran batches.
+    pub fn threads_used(&self) -> std::collections::BTreeSet<String> {
+        self.batch_threads.lock().unwrap().iter().cloned().collect()
+    }
 }
 
 /// Texts containing these markers make the fake misbehave.

@@ -720,6 +720,18 @@ def summary(results: dict, call: int) -> str:
             f"{peer.get('batch_256', nan):.0f} | {peer.get('batch_32', nan):.0f} | "
             f"{lat:.1f} / {r.get('torch_latency_ms_fp32', nan):.1f} | "
             f"{'-' if par is None else f'{par:.7f}'} |")
+    loads = [f"texts_{n}_per_request_c{c}" for n, c in SERVER_LOADS]
+    for name, r in results.items():
+        server = r.get("server")
+        if not isinstance(server, dict) or "engine_one_call" not in server:
+            continue
+        lines += ["", f"server, {name} ({server['dtype']}; engine one call {server['engine_one_call']:.0f} texts/s):",
+                  "| flags | " + " | ".join(loads) + " |", "|---|" + "---:|" * len(loads)]
+        for label in SERVER_FLAGS:
+            row = server.get(label, {})
+            cells = [f"{row[k]['texts_per_s']:.0f} ({row[k]['vs_engine_one_call']:.2f}x)" if k in row else "-"
+                     for k in loads]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

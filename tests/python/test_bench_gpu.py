@@ -88,3 +88,5 @@ def test_bench_gpu_server_dry_run(tmp_path):
             assert load["statuses"] == {"200": requests} and load["errors"] == 0
             assert load["min_cosine_vs_engine"] >= 0.99999
             assert load["texts_per_s"] > 0 and load["vs_engine_one_call"] > 0
+    # The lease's output shows the table even if results.json does not come back.
+    assert "server, tiny-bert (float32;" in r.stdout and "| threads_4 | " in r.stdout

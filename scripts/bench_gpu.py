@@ -27,8 +27,8 @@ Qwen3-0.6B) it reports:
   build from ``scripts/gpu-relay-prepare`` runs under any Python 3.11+):
   ``/info``'s device, then texts/s with one text per request at 64
   connections and 32 texts per request at 4, under the default flags,
-  ``--streams 2`` and ``4`` and ``--model-threads 2`` and ``4``, beside the
-  engine's one call in this process;
+  ``--streams 2`` and ``4``, ``--model-threads 2`` and ``4``, and batches of
+  up to 256 texts, beside the engine's one call in this process;
   answers are checked against the engine's own vectors
   (``scripts/http_load.py`` is the client);
 * ``--quantized``: Qwen3 shape bf16 vs 8-bit vs 4-bit quantized kernels,
@@ -389,7 +389,10 @@ def graph_ops(name: str, workdir: Path, args) -> dict:
 
 
 SERVER_FLAGS = {"defaults": [], "streams_2": ["--streams", "2"], "streams_4": ["--streams", "4"],
-                "threads_2": ["--model-threads", "2"], "threads_4": ["--model-threads", "4"]}
+                "threads_2": ["--model-threads", "2"], "threads_4": ["--model-threads", "4"],
+                # The collector's caps are the CPU's (64 inputs, 8192 tokens); a GPU
+                # may want bigger calls when more than 64 texts wait.
+                "big_batches": ["--max-batch-size", "256", "--max-batch-tokens", "32768"]}
 # (texts per request, connections): the one-text-per-request load of issue
 # 11's target, and bulk callers sending server-sized calls.
 SERVER_LOADS = ((1, 64), (32, 4))

@@ -73,7 +73,7 @@ def test_bench_gpu_server_dry_run(tmp_path):
     server = json.loads((tmp_path / "results.json").read_text())["results"]["tiny-bert"]["server"]
     assert server["dtype"] == "float32" and server["engine_one_call"] > 0
     configs = (("defaults", "1", 1), ("streams_2", "2", 1), ("streams_4", "4", 1),
-               ("threads_2", "1", 2), ("threads_4", "1", 4))
+               ("threads_2", "1", 2), ("threads_4", "1", 4), ("big_batches", "1", 1))
     assert set(server) == {"dtype", "engine_one_call"} | {c[0] for c in configs}
     for label, streams, threads in configs:
         row = server[label]

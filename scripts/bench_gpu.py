@@ -398,57 +398,22 @@ SERVER_FLAGS = {"defaults": [], "streams_2": ["--streams", "2"], "streams_4": ["
 SERVER_LOADS = ((1, 64), (32, 4))
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def http_json(url: str, body: dict | None = None, timeout: float = 30.0):
+def get_json(url: str, timeout: float = 30.0):
     import urllib.request
 
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
+    with urllib.request.urlopen(url, timeout=timeout) as r:
         return json.loads(r.read())
 
 
-def start_server(folder: Path, dtype: str, flags: list[str], log_path: Path):
-    """``python -m mlx_embed serve`` on a free loopback port; returns (process, base url)
-    once /health answers, or raises with the log's end."""
-    import urllib.error
+def start_server(folder: Path, dtype: str, flags: list[str], log_dir: Path):
+    """``python -m mlx_embed serve`` on a free loopback port, once /health answers."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import replicas
 
-    port = free_port()
-    cmd = [sys.executable, "-m", "mlx_embed", "serve", "--model", str(folder), "--dtype", dtype,
-           "--host", "127.0.0.1", "--port", str(port), "--no-cache", *flags]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "python"), os.environ.get("PYTHONPATH", "")])}
-    with open(log_path, "wb") as log_file:
-        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{log_path.read_text()[-3000:]}")
-        try:
-            http_json(base + "/health", timeout=2)
-            return proc, base
-        except (urllib.error.URLError, OSError, ValueError):
-            time.sleep(0.25)
-    proc.kill()
-    raise RuntimeError(f"server not healthy in 300 s:\n{log_path.read_text()[-3000:]}")
-
-
-def stop_server(proc) -> int:
-    import signal
-
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait()
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "python"), os.environ.get("PYTHONPATH", "")])}
+    return replicas.start_replica(
+        replicas.free_port(), log_dir, ["--model", str(folder), "--dtype", dtype, "--no-cache", *flags],
+        timeout=300, env=env, command=[sys.executable, "-m", "mlx_embed", "serve"])
 
 
 def server_load(base: str, contents: list[list[int]], per_request: int, connections: int, workdir: Path,
@@ -514,11 +479,11 @@ def server_rows(name: str, folder: Path, ids: list[list[int]], args, workdir: Pa
     mx.clear_cache()
     limit = 30 if args.dry_run else 120
     for label, flags in SERVER_FLAGS.items():
-        log_path = workdir / f"server-{name}-{label}.log"
-        proc, base = start_server(folder, dtype, flags, log_path)
+        server = start_server(folder, dtype, flags, workdir / f"server-{name}-{label}")
+        base = server.url
         row = {"flags": " ".join(flags)}
         try:
-            info = http_json(base + "/info")
+            info = get_json(base + "/info")
             details = info.get("details", {})
             row["device"], row["details"] = details.get("device"), details
             row["model_threads"] = info.get("batching", {}).get("model_threads")
@@ -534,7 +499,7 @@ def server_rows(name: str, folder: Path, ids: list[list[int]], args, workdir: Pa
                 got["vs_engine_one_call"] = got["texts_per_s"] / out["engine_one_call"]
                 row[f"texts_{per_request}_per_request_c{connections}"] = got
         finally:
-            row["exit_code"] = stop_server(proc)
+            row["exit_code"] = server.stop()
         out[label] = row
     return out
 

@@ -107,16 +107,20 @@ class Replica:
 
 
 def start_replica(port: int, log_dir: Path, args: Sequence[str] = (), *, wait: bool = True,
-                  timeout: float = 180, env: dict | None = None, binary: Path = SERVER_BINARY) -> Replica:
-    """Starts the server binary on `port`; with `wait`, returns once /health is 200."""
-    if not binary.exists():
-        raise FileNotFoundError(f"{binary} is missing: run `make build`")
+                  timeout: float = 180, env: dict | None = None, binary: Path = SERVER_BINARY,
+                  command: Sequence[str] | None = None) -> Replica:
+    """Starts the server binary (or `command`, e.g. `python -m mlx_embed serve`) on `port`;
+    with `wait`, returns once /health is 200."""
+    if command is None:
+        if not binary.exists():
+            raise FileNotFoundError(f"{binary} is missing: run `make build`")
+        command = [str(binary)]
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"replica-{port}.log"
     full_env = {**os.environ, "VIRTUAL_ENV": sys.prefix, "MLX_EMBED_LOG": "info", **(env or {})}
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [str(binary), "--host", HOST, "--port", str(port), *args],
+            [*command, "--host", HOST, "--port", str(port), *args],
             stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT,
         )
     replica = Replica(port=port, proc=proc, log_path=log_path, args=list(args))

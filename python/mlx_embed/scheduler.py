@@ -305,9 +305,7 @@ class Scheduler:
         rotation carries on from call to call, so a call of one pass (what a
         server batch of 32 texts is) lands on another stream than the call
         before it, and a caller that submits call k+1 before collecting call
-        k has them run side by side on the device. Restarting at the first
-        stream for every call, as before, put every one-pass call on one
-        stream: that is why 2 and 4 streams measured 0.97x and 0.99x."""
+        k has them run side by side on the device."""
         mine = self._thread_streams
         streams = getattr(mine, "streams", None)
         if streams is None:

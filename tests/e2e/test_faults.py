@@ -13,17 +13,24 @@ import pytest
 
 import rawhttp
 from harness import SERVER_BINARY, TEST_SERVER_BINARY, start_server
-from test_overload import HOST, metrics, port_of, wait_until_model_runs
+from test_overload import (HOLD, HOST, metrics, port_of, start_held_server, wait_for_in_flight,
+                           wait_until_model_runs)
 
-LONG = [" ".join(f"occupy{i}w{j}" for j in range(120)) for i in range(8)]  # ~256 tokens each
+BLOCKER = [f"{HOLD} occupies the model"] + [f"occupy {i}" for i in range(7)]
 
 
 async def occupy_model(server, port: int) -> asyncio.Task:
-    """Sends LONG and returns once the model is computing it (so later requests queue)."""
+    """Sends BLOCKER and returns once the model holds it (so later requests queue)."""
     started = metrics(server)["mlx_embed_queue_wait_seconds_count"]
-    blocker = asyncio.create_task(rawhttp.request(HOST, port, "/api/v1/embed", {"texts": LONG}))
+    blocker = asyncio.create_task(rawhttp.request(HOST, port, "/api/v1/embed", {"texts": BLOCKER}))
     await wait_until_model_runs(server, started)
     return blocker
+
+
+async def release_when_queued(server, release, queued: int):
+    """Lets the held model go on once `queued` more inputs wait behind BLOCKER."""
+    await wait_for_in_flight(server, len(BLOCKER) + queued)
+    release.touch()
 
 
 @pytest.mark.parametrize("pipeline", ["false", "true"])
@@ -32,8 +39,8 @@ def test_model_fault_fails_only_its_own_request(tmp_path, pipeline):
     failed batch is the one queued behind the running one."""
     marker = "@@boom@@"
     # No cache: the requests below repeat the texts of the singles, and must reach the model together.
-    server = start_server(tmp_path, "--no-warmup", "--no-cache", "--pipeline", pipeline,
-                          env={"MLX_EMBED_TEST_FAULT": marker}, command=[str(TEST_SERVER_BINARY)])
+    server, release = start_held_server(tmp_path, "--no-warmup", "--no-cache", "--pipeline", pipeline,
+                                        env={"MLX_EMBED_TEST_FAULT": marker})
     port = port_of(server)
     good = [[f"healthy neighbour {i} talks about rivers and {i}"] for i in range(6)]
     good.append(["two texts in one request", "the second one of them"])
@@ -42,13 +49,16 @@ def test_model_fault_fails_only_its_own_request(tmp_path, pipeline):
     bad = {"input": ["a fine first text", f"second text carries {marker}"]}
 
     async def scenario():
-        # The model is busy with LONG, so the next eight requests queue up and
-        # go into one batch together.
+        # The model holds BLOCKER, so the next eight requests queue up and go
+        # into one batch together.
         blocker = await occupy_model(server, port)
         tasks = [rawhttp.request(HOST, port, "/api/v1/embed", {"texts": t}) for t in good[:3]]
         tasks.append(rawhttp.request(HOST, port, "/v1/embeddings", bad))
         tasks += [rawhttp.request(HOST, port, "/api/v1/embed", {"texts": t}) for t in good[3:]]
-        results = await asyncio.wait_for(asyncio.gather(*tasks), timeout=120)
+        queued = sum(map(len, good)) + len(bad["input"])
+        results = await asyncio.wait_for(
+            asyncio.gather(*tasks, release_when_queued(server, release, queued)), timeout=120)
+        results.pop()
         return (await blocker), results
 
     blocked, results = asyncio.run(scenario())
@@ -88,18 +98,19 @@ UNAVAILABLE = {
 
 def test_model_thread_death_is_503_and_nothing_hangs(tmp_path):
     marker = "@@die@@"
-    server = start_server(tmp_path, "--no-warmup", "--drain-timeout-secs", "10",
-                          env={"MLX_EMBED_TEST_KILL": marker}, command=[str(TEST_SERVER_BINARY)])
+    server, release = start_held_server(tmp_path, "--no-warmup", "--drain-timeout-secs", "10",
+                                        env={"MLX_EMBED_TEST_KILL": marker})
     port = port_of(server)
 
     async def scenario():
         blocker = await occupy_model(server, port)
-        # The killer and its neighbours queue behind LONG; then more arrive while it dies.
+        # The killer and its neighbours queue behind BLOCKER, then it dies.
         first = [rawhttp.request(HOST, port, "/api/v1/embed", {"texts": [f"neighbour {i}"]}) for i in range(4)]
         first.append(rawhttp.request(HOST, port, "/api/v1/embed", {"texts": [f"this one {marker} kills"]}))
-        return await asyncio.wait_for(asyncio.gather(blocker, *first), timeout=120)
+        return await asyncio.wait_for(
+            asyncio.gather(blocker, *first, release_when_queued(server, release, len(first))), timeout=120)
 
-    blocked, *results = asyncio.run(scenario())
+    blocked, *results, _ = asyncio.run(scenario())
     assert blocked.status == 200
     for resp in results:
         assert resp.status == 503, resp.body

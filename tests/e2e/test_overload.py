@@ -11,9 +11,13 @@ import numpy as np
 import pytest
 
 import rawhttp
-from harness import start_server
+from harness import TEST_SERVER_BINARY, start_server
 
 HOST = "127.0.0.1"
+# A batch holding a text with this marker holds the test server's model thread
+# until the test creates the release file (MLX_EMBED_TEST_HOLD): requests can
+# then queue and leave behind a busy model however fast or loaded the machine is.
+HOLD = "@@hold@@"
 
 
 def metrics(server) -> dict[str, float]:
@@ -34,6 +38,22 @@ async def wait_until_model_runs(server, started_before: float, timeout: float = 
     while metrics(server)["mlx_embed_queue_wait_seconds_count"] <= started_before:
         assert time.monotonic() < deadline, "the model never started the batch"
         await asyncio.sleep(0.01)
+
+
+def start_held_server(tmp_path, *args: str, env: dict | None = None):
+    """The test-hooks server, whose model holds any batch with a HOLD text
+    until the returned release file exists."""
+    release = tmp_path / "release-the-model"
+    hooks = {"MLX_EMBED_TEST_HOLD": HOLD, "MLX_EMBED_TEST_RELEASE": str(release), **(env or {})}
+    return start_server(tmp_path, *args, env=hooks, command=[str(TEST_SERVER_BINARY)]), release
+
+
+async def wait_for_in_flight(server, inputs: int, timeout: float = 30):
+    """Waits until exactly `inputs` inputs are admitted and not yet answered."""
+    deadline = time.monotonic() + timeout
+    while (now := metrics(server)["mlx_embed_in_flight_inputs"]) != inputs:
+        assert time.monotonic() < deadline, f"{now:.0f} inputs in flight, waited for {inputs}"
+        await asyncio.sleep(0.02)
 
 
 def port_of(server) -> int:
@@ -137,18 +157,16 @@ def test_2000_concurrent_requests_surplus_gets_429(tmp_path, fd_room):
 
 
 def test_clients_that_leave_while_queued_are_not_computed(tmp_path, fd_room):
-    # Room for every request, so all 500 are admitted and queued behind the busy model.
-    server = start_server(tmp_path, "--max-concurrent-requests", "1024", "--no-warmup")
+    # Room for every request, so all 500 are admitted and queued behind the held model.
+    server, release = start_held_server(tmp_path, "--max-concurrent-requests", "1024", "--no-warmup")
     port = port_of(server)
     n = 500
-    # One batch of ~7,700 tokens (30 texts truncated to 256 tokens; the call cap is 8,192): long enough
-    # that the 500 clients connect, queue and leave while it runs, even on a fast engine.
-    long_texts = [" ".join(f"busy{i}x{j}" for j in range(120)) for i in range(30)]
-    blockers = len(long_texts)
+    blocker_texts = [f"{HOLD} the blocker holds the model"] + [f"blocker text {i}" for i in range(29)]
+    blockers = len(blocker_texts)
     before = metrics(server)
 
     async def scenario():
-        blocker = asyncio.create_task(rawhttp.request(HOST, port, "/api/v1/embed", {"texts": long_texts}))
+        blocker = asyncio.create_task(rawhttp.request(HOST, port, "/api/v1/embed", {"texts": blocker_texts}))
         await wait_until_model_runs(server, before["mlx_embed_queue_wait_seconds_count"])
         async def abandoned(i: int):
             reader, writer = await asyncio.open_connection(HOST, port)
@@ -159,14 +177,14 @@ def test_clients_that_leave_while_queued_are_not_computed(tmp_path, fd_room):
 
         writers = await asyncio.gather(*(abandoned(i) for i in range(n)))
         # All 500 admitted and queued behind the blocker's inputs.
-        deadline = time.monotonic() + 30
-        while (queued := metrics(server)["mlx_embed_in_flight_inputs"]) < blockers + n:
-            assert time.monotonic() < deadline, f"only {queued} inputs in flight"
-            await asyncio.sleep(0.02)
-        assert not blocker.done(), "the model finished the blocker before the clients left; make it longer"
+        await wait_for_in_flight(server, blockers + n)
         for _, w in writers:
             w.close()
         await asyncio.gather(*(w.wait_closed() for _, w in writers), return_exceptions=True)
+        # The server has let go of every abandoned request before the model moves on.
+        await wait_for_in_flight(server, blockers)
+        assert not blocker.done()
+        release.touch()
         return await asyncio.wait_for(blocker, timeout=120)
 
     blocked = asyncio.run(scenario())

@@ -7,12 +7,18 @@
 //!   contains the marker fails with a model error naming that input's index
 //!   in the batch (`RuntimeError: injected test fault on input N`).
 //! * `MLX_EMBED_TEST_KILL=<marker>`: such a batch panics the model thread.
+//! * `MLX_EMBED_TEST_HOLD=<marker>`: such a batch holds the model thread until
+//!   the file named by `MLX_EMBED_TEST_RELEASE` exists (at most
+//!   [`HOLD_LIMIT`]), so a test can queue, cancel or kill requests behind a
+//!   busy model without racing a batch that merely takes long.
 //!
 //! The marker is seen where the text still exists, at tokenization; the ids
 //! it became are remembered and recognised when their batch runs.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use mlx_embed_core::{
     BatchOutput, EmbedInput, EmbedOptions, Embedder, EmbedderError, Encoded, LiveStats, ModelInfo,
@@ -22,49 +28,80 @@ use mlx_embed_python::PythonEmbedder;
 
 /// Runs the server with the hooks the environment asks for.
 pub fn run(argv: Vec<String>) -> i32 {
-    let fault = marker("MLX_EMBED_TEST_FAULT");
-    let kill = marker("MLX_EMBED_TEST_KILL");
+    let markers = Markers {
+        fault: marker("MLX_EMBED_TEST_FAULT"),
+        kill: marker("MLX_EMBED_TEST_KILL"),
+        hold: marker("MLX_EMBED_TEST_HOLD"),
+    };
+    let release = std::env::var_os("MLX_EMBED_TEST_RELEASE").map(PathBuf::from);
     // Cloned per model: a server with several models wraps each.
     crate::launch::run_with(argv, move |model| {
-        Faulty::new(model, fault.clone(), kill.clone())
+        Faulty::new(model, markers.clone(), release.clone())
     })
 }
+
+/// A held batch goes on by itself after this long, so a failed test cannot
+/// leave the server hanging.
+pub const HOLD_LIMIT: Duration = Duration::from_secs(120);
 
 fn marker(var: &str) -> Option<String> {
     std::env::var(var).ok().filter(|m| !m.is_empty())
 }
 
-/// What a marked input did: fail its batch, or kill the model thread.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Hook {
-    Fault,
-    Kill,
+/// The markers the environment set, each optional.
+#[derive(Debug, Clone, Default)]
+struct Markers {
+    fault: Option<String>,
+    kill: Option<String>,
+    hold: Option<String>,
 }
 
-/// Ids of the inputs that carried a marker, and what they do (a kill wins).
-#[derive(Default)]
-struct Marked(Mutex<HashMap<Vec<u32>, Hook>>);
+/// What a marked input does to its batch; one input may carry several.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Hooks {
+    fault: bool,
+    kill: bool,
+    hold: bool,
+}
 
-impl Marked {
-    fn add(&self, ids: &[u32], hook: Hook) {
-        let mut marked = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let entry = marked.entry(ids.to_vec()).or_insert(hook);
-        if hook == Hook::Kill {
-            *entry = Hook::Kill;
+impl Hooks {
+    fn of(text: &str, markers: &Markers) -> Self {
+        let carries = |m: &Option<String>| m.as_deref().is_some_and(|m| text.contains(m));
+        Self {
+            fault: carries(&markers.fault),
+            kill: carries(&markers.kill),
+            hold: carries(&markers.hold),
         }
     }
 
-    fn hook(&self, ids: &[u32]) -> Option<Hook> {
+    fn any(self) -> bool {
+        self.fault || self.kill || self.hold
+    }
+}
+
+/// Ids of the inputs that carried a marker, and what they do.
+#[derive(Default)]
+struct Marked(Mutex<HashMap<Vec<u32>, Hooks>>);
+
+impl Marked {
+    fn add(&self, ids: &[u32], hooks: Hooks) {
+        let mut marked = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let entry = marked.entry(ids.to_vec()).or_default();
+        entry.fault |= hooks.fault;
+        entry.kill |= hooks.kill;
+        entry.hold |= hooks.hold;
+    }
+
+    fn hooks(&self, ids: &[u32]) -> Hooks {
         let marked = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        marked.get(ids).copied()
+        marked.get(ids).copied().unwrap_or_default()
     }
 }
 
 /// The model's tokenizer, remembering the ids of marked texts.
 struct MarkingTokenizer {
     inner: Arc<dyn Tokenize>,
-    fault: Option<String>,
-    kill: Option<String>,
+    markers: Markers,
     marked: Arc<Marked>,
 }
 
@@ -72,12 +109,9 @@ impl Tokenize for MarkingTokenizer {
     fn encode(&self, input: &EmbedInput, options: &EmbedOptions) -> Result<Encoded, EmbedderError> {
         let encoded = self.inner.encode(input, options)?;
         if let EmbedInput::Text(text) = input {
-            let carries = |m: &Option<String>| m.as_deref().is_some_and(|m| text.contains(m));
-            if carries(&self.kill) {
-                self.marked.add(&encoded.ids, Hook::Kill);
-            }
-            if carries(&self.fault) {
-                self.marked.add(&encoded.ids, Hook::Fault);
+            let hooks = Hooks::of(text, &self.markers);
+            if hooks.any() {
+                self.marked.add(&encoded.ids, hooks);
             }
         }
         Ok(encoded)
@@ -89,16 +123,16 @@ pub struct Faulty {
     model: PythonEmbedder,
     tokenizer: Option<Arc<dyn Tokenize>>,
     marked: Arc<Marked>,
+    release: Option<PathBuf>,
 }
 
 impl Faulty {
-    fn new(model: PythonEmbedder, fault: Option<String>, kill: Option<String>) -> Self {
+    fn new(model: PythonEmbedder, markers: Markers, release: Option<PathBuf>) -> Self {
         let marked = Arc::new(Marked::default());
         let tokenizer = model.tokenizer().map(|inner| {
             Arc::new(MarkingTokenizer {
                 inner,
-                fault,
-                kill,
+                markers,
                 marked: marked.clone(),
             }) as Arc<dyn Tokenize>
         });
@@ -106,6 +140,7 @@ impl Faulty {
             model,
             tokenizer,
             marked,
+            release,
         }
     }
 }
@@ -182,17 +217,39 @@ impl Hooked {
 }
 
 impl Faulty {
-    /// Panics for a batch holding a kill marker; fails one holding a fault marker.
+    /// Holds a batch with a hold marker until released, then panics for one
+    /// with a kill marker, or fails one with a fault marker.
     fn injected(&self, inputs: &[Encoded]) -> Result<(), EmbedderError> {
-        let hooks: Vec<Option<Hook>> = inputs.iter().map(|e| self.marked.hook(&e.ids)).collect();
-        if hooks.contains(&Some(Hook::Kill)) {
+        let hooks: Vec<Hooks> = inputs.iter().map(|e| self.marked.hooks(&e.ids)).collect();
+        if hooks.iter().any(|h| h.hold) {
+            self.hold();
+        }
+        if hooks.iter().any(|h| h.kill) {
             panic!("test hook MLX_EMBED_TEST_KILL: killing the model thread");
         }
-        if let Some(i) = hooks.iter().position(|h| *h == Some(Hook::Fault)) {
+        if let Some(i) = hooks.iter().position(|h| h.fault) {
             return Err(EmbedderError::model_failure(format!(
                 "RuntimeError: injected test fault on input {i}"
             )));
         }
         Ok(())
+    }
+
+    /// Blocks the model thread until the release file exists, or [`HOLD_LIMIT`].
+    fn hold(&self) {
+        let Some(release) = &self.release else {
+            tracing::warn!("MLX_EMBED_TEST_HOLD without MLX_EMBED_TEST_RELEASE: not holding");
+            return;
+        };
+        tracing::info!(release = %release.display(), "test hook: holding the model thread");
+        let started = Instant::now();
+        while !release.exists() {
+            if started.elapsed() > HOLD_LIMIT {
+                tracing::warn!("test hook: never released; going on");
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        tracing::info!("test hook: released");
     }
 }

@@ -66,6 +66,7 @@ import traceback
 from pathlib import Path
 
 import numpy as np
+import replicas  # this script's neighbour in scripts/
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
@@ -407,9 +408,6 @@ def get_json(url: str, timeout: float = 30.0):
 
 def start_server(folder: Path, dtype: str, flags: list[str], log_dir: Path):
     """``python -m mlx_embed serve`` on a free loopback port, once /health answers."""
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import replicas
-
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "python"), os.environ.get("PYTHONPATH", "")])}
     return replicas.start_replica(
         replicas.free_port(), log_dir, ["--model", str(folder), "--dtype", dtype, "--no-cache", *flags],

@@ -25,37 +25,24 @@ import sys
 import time
 from urllib.parse import urlsplit
 
+import rawhttp
+
 
 async def _one_connection(host, port, path, bodies, state, deadline, out):
     reader, writer = await asyncio.open_connection(host, port)
-    head = f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Type: application/json\r\n"
     try:
         while time.perf_counter() < deadline:
             i = state["next"]
             if i >= len(bodies):
                 return
             state["next"] = i + 1
-            body = bodies[i]
             t0 = time.perf_counter()
-            writer.write(f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
-            status_line = await reader.readline()
-            if not status_line:
-                out["errors"] += 1
-                return
-            status = int(status_line.split()[1])
-            length = 0
-            while True:
-                line = await reader.readline()
-                if line in (b"\r\n", b"\n", b""):
-                    break
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            answer = await reader.readexactly(length)
+            writer.write(rawhttp.encode_request(host, port, path, bodies[i], keep_alive=True))
+            answer = await rawhttp.read_response(reader)
             out["latencies"].append(time.perf_counter() - t0)
-            out["statuses"][status] = out["statuses"].get(status, 0) + 1
+            out["statuses"][answer.status] = out["statuses"].get(answer.status, 0) + 1
             if i < out["keep"]:
-                out["answers"][i] = answer.decode()
+                out["answers"][i] = answer.body.decode()
     except (ConnectionError, asyncio.IncompleteReadError):
         out["errors"] += 1
     finally:

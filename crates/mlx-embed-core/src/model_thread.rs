@@ -108,7 +108,7 @@ fn start_replicas<E: Embedder + 'static>(
     model: &E,
     dim: usize,
 ) -> Result<(), String> {
-    let threads = shared.config.model_threads.max(1);
+    let threads = shared.config.model_threads;
     let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
     for n in 1..threads {
         let build: Replica<E> = model.replica().ok_or_else(|| {

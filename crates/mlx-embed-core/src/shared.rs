@@ -112,7 +112,9 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub fn new(config: BatcherConfig) -> Self {
+    pub fn new(mut config: BatcherConfig) -> Self {
+        // Stored as run, so every reader sees the count of threads started.
+        config.model_threads = config.model_threads.max(1);
         let max_batch_size = config.max_batch_size.max(1);
         let limits = Limits {
             max_batch_size,

@@ -170,7 +170,7 @@ fn log_summary(state: &AppState, addr: Option<SocketAddr>) {
         max_concurrent_requests = c.max_concurrent_requests,
         max_waiting = c.max_waiting,
         max_queue_wait_ms = c.max_queue_wait.as_millis() as u64,
-        model_threads = c.model_threads.max(1),
+        model_threads = c.model_threads,
         auth = state.args().api_key.is_some(),
         "serving {} (dim {}, max {} tokens) on http://{}",
         state.model_name(),

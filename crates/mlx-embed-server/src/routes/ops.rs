@@ -236,7 +236,7 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
             max_concurrent_requests: c.max_concurrent_requests,
             max_waiting: c.max_waiting,
             max_queue_wait_ms: c.max_queue_wait.as_millis() as u64,
-            model_threads: c.model_threads.max(1),
+            model_threads: c.model_threads,
         },
         limits: LimitsInfo {
             max_body_bytes: a.max_body_bytes,

@@ -1,8 +1,9 @@
-"""A minimal asyncio HTTP/1.1 client for the load tests.
+"""A minimal asyncio HTTP/1.1 client for the load tests and ``http_load.py``.
 
 Plain streams instead of an HTTP library: thousands of concurrent connections
 from one Python process on a 2-core machine need the cheapest client there is,
-and the tests must control exactly when a socket opens and closes.
+the tests must control exactly when a socket opens and closes, and the GPU
+relay's machine has nothing beyond the standard library.
 """
 
 from __future__ import annotations

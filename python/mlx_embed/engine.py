@@ -91,6 +91,7 @@ class EmbeddingModel(ScoringMixin):
         self.kind = ck.kind
         self.labels = ck.labels
         self.device = device.device_name()
+        self.parameter_count, self.weights_bytes = loading.weight_stats([self.model, *ck.head.dense])
         self._template: Optional[str] = ck.defaults.get("instruction_template")
         self._type_vocab_size = int(ck.config.get("type_vocab_size") or 1)
 
@@ -195,6 +196,8 @@ class EmbeddingModel(ScoringMixin):
                 pair=tok.pair,
             ),
             details=self._details(),
+            parameters=self.parameter_count,
+            weights_bytes=self.weights_bytes,
         )
 
     def embed_ids(
@@ -450,6 +453,8 @@ class EmbeddingModel(ScoringMixin):
             "model_type": self.model_type,
             "kind": self.kind,
             "labels": list(self.labels),
+            "parameters": self.parameter_count,
+            "weights_bytes": self.weights_bytes,
             "device": self.device,
             "blas": b["library"],
             "blas_gflops": b["gflops"],

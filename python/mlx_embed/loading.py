@@ -170,6 +170,30 @@ def dequantize_layers(model: nn.Module) -> int:
     return len(swaps)
 
 
+def weight_stats(modules) -> tuple[int, int]:
+    """(parameters, bytes) of the weights of ``modules`` as they sit in memory.
+    A quantized layer counts the values it packs, not its packed words, scales
+    or biases, so a 4-bit model reports the parameter count of its float twin
+    (what Ollama's ``parameter_size`` and model cards state)."""
+    from mlx.utils import tree_flatten
+
+    params = nbytes = 0
+    for module in modules:
+        packed = {
+            name: m for name, m in module.named_modules()
+            if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+        }
+        for name, w in tree_flatten(module.parameters()):
+            nbytes += w.nbytes
+            owner, _, leaf = name.rpartition(".")
+            layer = packed.get(owner)
+            if layer is None or leaf == "bias":
+                params += w.size
+            elif leaf == "weight":
+                params += w.size * 32 // layer.bits
+    return params, nbytes
+
+
 # ------------------------------------------------------------------ checkpoint
 
 

@@ -86,6 +86,10 @@ class ModelSpec:
     labels: list[str] = field(default_factory=list)
     # Display only (the server's /info): never parsed back.
     details: dict[str, str] = field(default_factory=dict)
+    # The weights as loaded: parameter count (a quantized layer counts the
+    # values it packs) and bytes in memory.
+    parameters: Optional[int] = None
+    weights_bytes: Optional[int] = None
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,24 @@ def test_prequantized_checkpoint_matches_quantize_on_load(tmp_path, golden_texts
     assert np.abs(pre.embed(texts) - on_load.embed(texts)).max() <= 1e-6
 
 
+def test_weight_stats_count_what_quantized_layers_pack(qwen):
+    """A quantized model reports its float twin's parameter count (what
+    Ollama's listings and model cards state) and its real, smaller size."""
+    from mlx.utils import tree_flatten
+
+    floats = dict(tree_flatten(qwen.model.parameters()))
+    n = sum(w.size for w in floats.values())
+    assert qwen.parameter_count == n and qwen.weights_bytes == 4 * n
+    spec = qwen.spec()
+    assert (spec.parameters, spec.weights_bytes) == (n, 4 * n)
+    for bits in (4, 8):
+        q = mlx_embed.load(TINY_QWEN3, quantize=bits, max_length=128)
+        assert q.quantization == bits and q.parameter_count == n
+        packed = sum(w.nbytes for _, w in tree_flatten(q.model.parameters()))
+        assert q.weights_bytes == packed < 4 * n
+        assert q.info()["parameters"] == n and q.info()["weights_bytes"] == packed
+
+
 def test_quantize_on_load_minilm(minilm, golden_texts, cos):
     """4-bit MiniLM does NOT reach the 0.97 min-cosine target (measured on
     all 40 golden texts: group 32 -> 0.902, group 64 -> 0.864; mean ~0.96);

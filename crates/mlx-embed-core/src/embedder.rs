@@ -275,6 +275,24 @@ pub struct ModelInfo {
     pub default_prompt_name: Option<String>,
     /// Free-form facts for display only (dtype, BLAS library, pooling, ...).
     pub details: BTreeMap<String, String>,
+    /// What the weights are, where the model says (the Python engine does).
+    pub weights: Option<WeightsInfo>,
+}
+
+/// A loaded model's weights: what model listings (Ollama's `/api/tags`,
+/// `/api/show`) and `/info` report.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WeightsInfo {
+    /// The architecture, `config.json`'s `model_type` ("bert", "qwen3", ...).
+    pub architecture: String,
+    /// The float type the forward pass runs in ("float32", "bfloat16", ...).
+    pub dtype: String,
+    /// Bits of the quantized weights the forward pass runs, if it runs any.
+    pub quantization_bits: Option<u32>,
+    /// Parameter count; a quantized layer counts the values it packs.
+    pub parameters: u64,
+    /// Bytes the weights take in memory.
+    pub bytes: u64,
 }
 
 /// The device memory of the model's runtime (MLX: active, cache, peak), in bytes.

@@ -56,7 +56,7 @@ pub use config::BatcherConfig;
 pub use embedder::{
     l2_normalize, BatchOutput, DeviceMemory, EmbedInput, EmbedOptions, Embedder, EmbedderError,
     EmbedderErrorKind, Encoded, LiveStats, ModelInfo, ModelKind, Output, Prompt, Replica,
-    Submitted, Ticket, TokenSpan, Tokenize, TruncationDirection,
+    Submitted, Ticket, TokenSpan, Tokenize, TruncationDirection, WeightsInfo,
 };
 pub use error::{CoreError, OverloadReason};
 pub use metrics::{Histogram, LaneMetrics, MetricsSnapshot};

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use mlx_embed_core::{ModelInfo, ModelKind};
+use mlx_embed_core::{ModelInfo, ModelKind, WeightsInfo};
 use mlx_embed_tokenizer::{PairSpec, TokenizerSpec};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -84,12 +84,27 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
         prompts,
         default_prompt_name,
         details,
+        weights: read_weights(spec)?,
     };
     Ok(ModelSpec {
         info,
         tokenizer,
         pipelines,
     })
+}
+
+/// The weights' facts, where `spec()` counts them (`parameters`).
+fn read_weights(spec: &Bound<'_, PyAny>) -> Result<Option<WeightsInfo>, BridgeError> {
+    let Some(parameters) = optional::<u64>(spec, "parameters")? else {
+        return Ok(None);
+    };
+    Ok(Some(WeightsInfo {
+        architecture: field(spec, "model_type")?,
+        dtype: field(spec, "dtype")?,
+        quantization_bits: optional(spec, "quantization")?,
+        parameters,
+        bytes: optional(spec, "weights_bytes")?.unwrap_or(0),
+    }))
 }
 
 /// `spec().tokenizer.pair` (a `PairSpec` dataclass or None).

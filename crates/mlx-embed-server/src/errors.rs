@@ -312,7 +312,10 @@ impl Api {
                 | "/decode"
         ) {
             Api::Tei
-        } else if path == "/api/embed" {
+        } else if matches!(
+            path,
+            "/api/embed" | "/api/embeddings" | "/api/tags" | "/api/ps" | "/api/show"
+        ) {
             Api::Ollama
         } else {
             Api::Native
@@ -415,6 +418,8 @@ mod tests {
         assert_eq!(Api::for_path("/"), Api::Tei);
         assert_eq!(Api::for_path("/v2/rerank"), Api::OpenAi);
         assert_eq!(Api::for_path("/api/embed"), Api::Ollama);
+        assert_eq!(Api::for_path("/api/embeddings"), Api::Ollama);
+        assert_eq!(Api::for_path("/api/tags"), Api::Ollama);
         assert_eq!(Api::for_path("/api/v1/embed"), Api::Native);
         assert_eq!(Api::for_path("/metrics"), Api::Native);
     }

@@ -48,6 +48,8 @@ pub enum Task {
     Predict,
     /// Tokenization only (`/tokenize`, `/decode`): any model.
     Tokenize,
+    /// The model's facts (Ollama's `/api/show`): any model.
+    Describe,
 }
 
 impl Task {
@@ -56,7 +58,7 @@ impl Task {
             Task::Embed => matches!(kind, ModelKind::Embedding),
             Task::Rerank => matches!(kind, ModelKind::Reranker { .. }),
             Task::Predict => !matches!(kind, ModelKind::Embedding),
-            Task::Tokenize => true,
+            Task::Tokenize | Task::Describe => true,
         }
     }
 
@@ -65,7 +67,7 @@ impl Task {
             Task::Embed => "an embedding model",
             Task::Rerank => "a reranker (a cross-encoder: serve one with --rerank-model)",
             Task::Predict => "a classifier or reranker (a sequence-classification model)",
-            Task::Tokenize => "a model",
+            Task::Tokenize | Task::Describe => "a model",
         }
     }
 }

@@ -680,6 +680,10 @@ async fn ops_routes() {
         "/v1/embeddings",
         "/embed",
         "/api/embed",
+        "/api/embeddings",
+        "/api/tags",
+        "/api/ps",
+        "/api/show",
         "/health",
         "/metrics",
         "/info",
@@ -1137,5 +1141,69 @@ async fn embed_all_returns_every_token_row() {
         doc["paths"]["/embed_all"]["post"].is_object(),
         "openapi lacks /embed_all"
     );
+    s.stop().await.unwrap();
+}
+
+/// Ollama's listings and legacy route over a model that does not describe
+/// its weights (the fake): listed under `:latest`, sizes 0, no family.
+#[tokio::test]
+async fn ollama_listings_and_legacy_embeddings() {
+    let s = Server::default().await;
+    let get = |path: &'static str| {
+        let url = s.url(path);
+        async move {
+            let r = client().get(url).send().await.unwrap();
+            assert_eq!(r.status().as_u16(), 200, "{path}");
+            r.json::<Value>().await.unwrap()
+        }
+    };
+    let tags = get("/api/tags").await;
+    let listed = &tags["models"].as_array().unwrap()[..];
+    assert_eq!(listed.len(), 1, "{tags}");
+    assert_eq!(listed[0]["name"], "fake-model:latest");
+    assert_eq!(listed[0]["model"], "fake-model:latest");
+    assert_eq!(listed[0]["size"], 0);
+    assert_eq!(listed[0]["details"]["family"], "");
+    assert_eq!(listed[0]["details"]["families"], json!([]));
+    let ps = get("/api/ps").await;
+    assert_eq!(ps["models"][0]["context_length"], MAX_TOKENS);
+    assert_eq!(ps["models"][0]["size_vram"], 0);
+
+    let (status, _, shown) = post(&s, "/api/show", &json!({ "name": "fake-model:latest" })).await;
+    assert_eq!(status, 200, "{shown}");
+    assert_eq!(
+        shown["model_info"],
+        json!({ "general.architecture": "", "general.context_length": MAX_TOKENS,
+                "general.embedding_length": DIM })
+    );
+    assert_eq!(shown["capabilities"], json!(["embedding"]));
+
+    // The legacy route answers the vector before normalization.
+    let (status, _, legacy) = post(&s, "/api/embeddings", &json!({ "prompt": "abc" })).await;
+    assert_eq!(status, 200, "{legacy}");
+    let (_, _, raw) = post(
+        &s,
+        "/api/v1/embed",
+        &json!({ "texts": ["abc"], "normalize": false }),
+    )
+    .await;
+    assert_eq!(floats(&legacy["embedding"]), floats(&raw["embeddings"][0]));
+    expect_error(
+        &s,
+        "/api/embeddings",
+        Shape::Ollama,
+        &json!({ "prompt": "" }),
+        400,
+    )
+    .await;
+    expect_error(
+        &s,
+        "/api/embeddings",
+        Shape::Ollama,
+        &json!({ "model": "m" }),
+        422,
+    )
+    .await;
+    expect_error(&s, "/api/show", Shape::Ollama, &json!({ "model": 3 }), 422).await;
     s.stop().await.unwrap();
 }

@@ -1,22 +1,51 @@
-//! `POST /api/embed`: Ollama compatible.
+//! Ollama compatible: `POST /api/embed`, the legacy `POST /api/embeddings`,
+//! and the model listings Ollama clients read before they embed
+//! (`GET /api/tags`, `GET /api/ps`, `POST /api/show`).
+//!
+//! Ollama names a model `name:tag`, the tag `latest` when none is given, so
+//! the listings call a served model `<name>:latest` and the routes take a
+//! model named with or without `:latest`.
 
-use std::time::Instant;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use axum::extract::State;
 use axum::Json;
-use mlx_embed_core::EmbedOptions;
+use mlx_embed_core::{EmbedInput, EmbedOptions, ModelKind};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use utoipa::ToSchema;
 
 use crate::embed::{embed as run_embed, EmbedRequest};
 use crate::errors::{Ollama, OllamaErrorBody, Shaped};
 use crate::extract::{ApiJson, PriorityHeader, TextInputs};
+use crate::models::{ServedModel, Task};
 use crate::state::AppState;
+
+/// The tag Ollama assumes when a model name has none.
+const DEFAULT_TAG: &str = ":latest";
+
+/// A request's model name as our served names spell it (`:latest` dropped).
+fn served_name(requested: Option<String>) -> Option<String> {
+    requested.map(|name| match name.strip_suffix(DEFAULT_TAG) {
+        Some(bare) => bare.to_owned(),
+        None => name,
+    })
+}
+
+/// A served model's name as Ollama lists it: `name:tag`.
+fn tagged_name(model: &ServedModel) -> String {
+    if model.name.contains(':') {
+        model.name.clone()
+    } else {
+        format!("{}{DEFAULT_TAG}", model.name)
+    }
+}
 
 /// Ollama embed request (`options` and `keep_alive` are accepted and ignored).
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct OllamaEmbedRequest {
-    /// Which served model answers; default: the first embedding model. Unknown: 404.
+    /// Which served model answers (with or without `:latest`); default: the first embedding model. Unknown: 404.
     pub model: Option<String>,
     /// A text or a list of texts.
     pub input: TextInputs,
@@ -62,7 +91,7 @@ pub async fn embed(
     let out = run_embed(
         &state,
         EmbedRequest {
-            model: req.model,
+            model: served_name(req.model),
             inputs: req.input.into_inputs(),
             options: EmbedOptions {
                 truncate: req.truncate.unwrap_or(true),
@@ -81,4 +110,320 @@ pub async fn embed(
         load_duration: 0,
         prompt_eval_count: out.prompt_tokens,
     }))
+}
+
+/// Ollama's legacy embedding request (`options` and `keep_alive` are accepted and ignored).
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct OllamaEmbeddingsRequest {
+    /// Which served model answers (with or without `:latest`); default: the first embedding model. Unknown: 404.
+    pub model: Option<String>,
+    /// One text.
+    pub prompt: String,
+}
+
+/// Ollama's legacy embedding response: the model's vector *before*
+/// normalization, as Ollama answers on this route (`/api/embed` normalizes).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OllamaEmbeddingsResponse {
+    pub embedding: Vec<f32>,
+}
+
+/// Embed one text (Ollama's legacy route, superseded there by `/api/embed`).
+///
+/// Inputs longer than the model's maximum are truncated. Errors use `{"error": str}`.
+#[utoipa::path(
+    post, path = "/api/embeddings", tag = "ollama", operation_id = "ollama_embeddings",
+    request_body = OllamaEmbeddingsRequest,
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
+    responses(
+        (status = 200, description = "The unnormalized embedding", body = OllamaEmbeddingsResponse),
+        (status = "4XX", description = "Invalid request (400, 401, 413, 415, 422, 429)", body = OllamaErrorBody),
+        (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OllamaErrorBody),
+    )
+)]
+pub async fn embeddings(
+    State(state): State<AppState>,
+    PriorityHeader(priority, _): PriorityHeader<Ollama>,
+    ApiJson(req, _): ApiJson<OllamaEmbeddingsRequest, Ollama>,
+) -> Result<Json<OllamaEmbeddingsResponse>, Shaped<Ollama>> {
+    let out = run_embed(
+        &state,
+        EmbedRequest {
+            model: served_name(req.model),
+            inputs: vec![EmbedInput::Text(req.prompt)],
+            options: EmbedOptions {
+                priority: priority.unwrap_or_default(),
+                ..EmbedOptions::default()
+            },
+            normalize: false,
+            dimensions: None,
+        },
+    )
+    .await?;
+    let embedding = out.vectors.into_iter().next().unwrap_or_default();
+    Ok(Json(OllamaEmbeddingsResponse { embedding }))
+}
+
+/// What Ollama calls a model's details.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OllamaModelDetails {
+    pub parent_model: String,
+    /// `safetensors` (the folders the engine loads).
+    pub format: String,
+    /// The architecture (`config.json`'s `model_type`).
+    pub family: String,
+    pub families: Vec<String>,
+    /// Parameters, rounded as Ollama prints them (`23M`, `1.5B`); a quantized layer counts the values it packs.
+    pub parameter_size: String,
+    /// `Q4`/`Q8` for quantized weights, else the float type (`F32`, `BF16`, `F16`).
+    pub quantization_level: String,
+}
+
+/// One served model as `GET /api/tags` lists it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OllamaModel {
+    /// `<served name>:latest`.
+    pub name: String,
+    pub model: String,
+    /// When the server started (RFC 3339): models are loaded then and never change.
+    pub modified_at: String,
+    /// Bytes the weights take in memory.
+    pub size: u64,
+    pub details: OllamaModelDetails,
+}
+
+/// Every served model.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OllamaModelList {
+    pub models: Vec<OllamaModel>,
+}
+
+/// One served model as `GET /api/ps` lists it: all are loaded while the server runs.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OllamaRunningModel {
+    pub name: String,
+    pub model: String,
+    pub size: u64,
+    /// Bytes of weights in accelerator memory: `size` on a GPU, 0 on the CPU.
+    pub size_vram: u64,
+    pub details: OllamaModelDetails,
+    /// Longest input in tokens.
+    pub context_length: usize,
+}
+
+/// The loaded models.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OllamaRunningList {
+    pub models: Vec<OllamaRunningModel>,
+}
+
+/// Ollama show request.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct OllamaShowRequest {
+    /// The model (with or without `:latest`; older clients send it as `name`).
+    #[serde(alias = "name")]
+    pub model: Option<String>,
+}
+
+/// What Ollama shows of a model.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OllamaShowResponse {
+    pub details: OllamaModelDetails,
+    /// `general.architecture`, `general.parameter_count`, and
+    /// `<architecture>.context_length` / `.embedding_length` (the vector width).
+    #[schema(value_type = Object)]
+    pub model_info: BTreeMap<String, Value>,
+    /// `["embedding"]` for an embedding model; empty for a classifier or reranker.
+    pub capabilities: Vec<String>,
+    pub modified_at: String,
+}
+
+/// List the served models.
+#[utoipa::path(
+    get, path = "/api/tags", tag = "ollama", operation_id = "ollama_tags",
+    responses((status = 200, description = "Every served model", body = OllamaModelList))
+)]
+pub async fn tags(State(state): State<AppState>) -> Json<OllamaModelList> {
+    let modified_at = started_at(&state);
+    Json(OllamaModelList {
+        models: state
+            .models()
+            .iter()
+            .map(|m| OllamaModel {
+                name: tagged_name(m),
+                model: tagged_name(m),
+                modified_at: modified_at.clone(),
+                size: weights_bytes(m),
+                details: details(m),
+            })
+            .collect(),
+    })
+}
+
+/// List the loaded models (every served one).
+#[utoipa::path(
+    get, path = "/api/ps", tag = "ollama", operation_id = "ollama_ps",
+    responses((status = 200, description = "Every served model", body = OllamaRunningList))
+)]
+pub async fn ps(State(state): State<AppState>) -> Json<OllamaRunningList> {
+    Json(OllamaRunningList {
+        models: state
+            .models()
+            .iter()
+            .map(|m| {
+                let on_cpu = m
+                    .info()
+                    .details
+                    .get("device")
+                    .is_none_or(|d| d.starts_with("cpu"));
+                OllamaRunningModel {
+                    name: tagged_name(m),
+                    model: tagged_name(m),
+                    size: weights_bytes(m),
+                    size_vram: if on_cpu { 0 } else { weights_bytes(m) },
+                    details: details(m),
+                    context_length: m.info().max_input_tokens,
+                }
+            })
+            .collect(),
+    })
+}
+
+/// Show one model.
+///
+/// With several models served, an unknown name is a 404; a one-model server
+/// answers for any name, as its other routes do.
+#[utoipa::path(
+    post, path = "/api/show", tag = "ollama", operation_id = "ollama_show",
+    request_body = OllamaShowRequest,
+    responses(
+        (status = 200, description = "The model's facts", body = OllamaShowResponse),
+        (status = "4XX", description = "Invalid request (400, 401, 404, 413, 415, 422)", body = OllamaErrorBody),
+    )
+)]
+pub async fn show(
+    State(state): State<AppState>,
+    ApiJson(req, _): ApiJson<OllamaShowRequest, Ollama>,
+) -> Result<Json<OllamaShowResponse>, Shaped<Ollama>> {
+    let model = state.model_for(served_name(req.model).as_deref(), Task::Describe)?;
+    let info = model.info();
+    let architecture = info
+        .weights
+        .as_ref()
+        .map_or_else(String::new, |w| w.architecture.clone());
+    let mut model_info = BTreeMap::from([(
+        "general.architecture".to_owned(),
+        Value::from(architecture.clone()),
+    )]);
+    if let Some(w) = &info.weights {
+        model_info.insert("general.parameter_count".into(), w.parameters.into());
+    }
+    let key = if architecture.is_empty() {
+        "general".to_owned()
+    } else {
+        architecture
+    };
+    model_info.insert(
+        format!("{key}.context_length"),
+        info.max_input_tokens.into(),
+    );
+    model_info.insert(format!("{key}.embedding_length"), info.dim.into());
+    let capabilities = match info.kind {
+        ModelKind::Embedding => vec!["embedding".to_owned()],
+        _ => Vec::new(),
+    };
+    Ok(Json(OllamaShowResponse {
+        details: details(model),
+        model_info,
+        capabilities,
+        modified_at: started_at(&state),
+    }))
+}
+
+fn details(model: &ServedModel) -> OllamaModelDetails {
+    let weights = model.info().weights.as_ref();
+    let family = weights.map_or_else(String::new, |w| w.architecture.clone());
+    OllamaModelDetails {
+        parent_model: String::new(),
+        format: "safetensors".into(),
+        families: if family.is_empty() {
+            Vec::new()
+        } else {
+            vec![family.clone()]
+        },
+        family,
+        parameter_size: weights.map_or_else(String::new, |w| parameter_size(w.parameters)),
+        quantization_level: weights.map_or_else(String::new, |w| match w.quantization_bits {
+            Some(bits) => format!("Q{bits}"),
+            None => float_level(&w.dtype),
+        }),
+    }
+}
+
+fn weights_bytes(model: &ServedModel) -> u64 {
+    model.info().weights.as_ref().map_or(0, |w| w.bytes)
+}
+
+fn started_at(state: &AppState) -> String {
+    let at = UNIX_EPOCH + Duration::from_secs(state.started_unix());
+    humantime::format_rfc3339_seconds(at).to_string()
+}
+
+/// `float32` -> `F32`, `bfloat16` -> `BF16`, `float16` -> `F16`.
+fn float_level(dtype: &str) -> String {
+    match dtype {
+        "float32" => "F32".into(),
+        "float16" => "F16".into(),
+        "bfloat16" => "BF16".into(),
+        other => other.to_uppercase(),
+    }
+}
+
+/// A parameter count the way Ollama prints it: whole millions below a
+/// billion (`23M`), one decimal above (`1.5B`).
+fn parameter_size(n: u64) -> String {
+    const THOUSAND: f64 = 1e3;
+    const MILLION: f64 = 1e6;
+    const BILLION: f64 = 1e9;
+    let x = n as f64;
+    if x >= BILLION {
+        format!("{:.1}B", x / BILLION)
+    } else if x >= MILLION {
+        format!("{:.0}M", x / MILLION)
+    } else if x >= THOUSAND {
+        format!("{:.0}K", x / THOUSAND)
+    } else {
+        n.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameter_sizes_read_like_ollamas() {
+        assert_eq!(parameter_size(22_565_376), "23M");
+        assert_eq!(parameter_size(137_000_000), "137M");
+        assert_eq!(parameter_size(595_776_512), "596M");
+        assert_eq!(parameter_size(1_543_714_304), "1.5B");
+        assert_eq!(parameter_size(8_030_261_248), "8.0B");
+        assert_eq!(parameter_size(4_096), "4K");
+        assert_eq!(parameter_size(12), "12");
+    }
+
+    #[test]
+    fn latest_is_the_default_tag() {
+        assert_eq!(served_name(Some("m:latest".into())).as_deref(), Some("m"));
+        assert_eq!(served_name(Some("m".into())).as_deref(), Some("m"));
+        assert_eq!(served_name(Some("m:v2".into())).as_deref(), Some("m:v2"));
+        assert_eq!(served_name(None), None);
+    }
+
+    #[test]
+    fn float_types_name_like_ollamas() {
+        assert_eq!(float_level("float32"), "F32");
+        assert_eq!(float_level("bfloat16"), "BF16");
+        assert_eq!(float_level("float16"), "F16");
+    }
 }

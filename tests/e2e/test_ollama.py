@@ -1,0 +1,122 @@
+"""The Ollama API through Ollama's own Python client (`ollama` on PyPI), against
+the real server binary: `embed`, the legacy `embeddings`, and the model
+listings (`list`, `ps`, `show`) that clients read before they embed."""
+
+from __future__ import annotations
+
+import numpy as np
+import ollama
+import pytest
+
+from harness import FIXTURES, cosine_rows, start_server
+
+EMBEDDER = "all-MiniLM-L6-v2"
+RERANKER = "tiny-bert-reranker"
+# all-MiniLM-L6-v2 without its unused pooler: sentence-transformers counts
+# 22,713,216 with it, and the pooler is 384 x 384 + 384 = 147,840.
+MINILM_PARAMETERS = 22_565_376
+
+
+@pytest.fixture(scope="module")
+def duo(tmp_path_factory):
+    """The default embedding model plus the BERT reranker: two listed models."""
+    srv = start_server(tmp_path_factory.mktemp("ollama-duo"), "--rerank-model", str(FIXTURES / RERANKER))
+    yield srv
+    assert srv.stop() == 0, srv.log()[-4000:]
+
+
+def client(server) -> ollama.Client:
+    return ollama.Client(host=server.url, timeout=60)
+
+
+def non_empty(golden, n: int):
+    """The first ``n`` golden texts every route takes (an empty string is a 400) and their references."""
+    texts, ref = golden
+    idx = [i for i, t in enumerate(texts) if t][:n]
+    return [texts[i] for i in idx], ref[idx]
+
+
+def test_embed_matches_sentence_transformers(server, golden):
+    texts, ref = non_empty(golden, 16)
+    out = client(server).embed(model=EMBEDDER, input=texts)
+    got = np.asarray(out.embeddings, dtype=np.float32)
+    assert got.shape == (16, 384)
+    assert cosine_rows(got, ref).min() >= 0.99999
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    assert out.model == EMBEDDER and out.prompt_eval_count > 16
+
+
+def test_legacy_embeddings_are_the_unnormalized_vector(server, golden):
+    texts, ref = non_empty(golden, 6)
+    c = client(server)
+    for i in (0, 5):
+        out = c.embeddings(model=f"{EMBEDDER}:latest", prompt=texts[i])
+        got = np.asarray(out.embedding, dtype=np.float32)
+        raw = server.post("/api/v1/embed", {"texts": [texts[i]], "normalize": False}).json()["embeddings"][0]
+        np.testing.assert_allclose(got, np.asarray(raw, dtype=np.float32), atol=1e-6)
+        # Ollama answers this route before normalization; the direction is the model's.
+        assert abs(np.linalg.norm(got) - 1.0) > 0.1
+        assert cosine_rows(got[None, :], ref[i : i + 1])[0] >= 0.99999
+
+
+def test_legacy_embeddings_bad_input(server):
+    c = client(server)
+    with pytest.raises(ollama.ResponseError) as e:
+        c.embeddings(model=EMBEDDER, prompt="")
+    assert e.value.status_code == 400 and e.value.error == "input 0 is an empty string"
+    resp = server.post("/api/embeddings", {"model": EMBEDDER})
+    assert resp.status_code == 422
+    assert "missing field `prompt`" in resp.json()["error"]
+    assert server.healthy()
+
+
+def test_list_ps_and_show_describe_the_served_model(server):
+    c = client(server)
+    (listed,) = c.list().models
+    assert listed.model == f"{EMBEDDER}:latest"
+    assert listed.size == MINILM_PARAMETERS * 4  # float32 weights
+    d = listed.details
+    assert (d.format, d.family, d.families, d.parameter_size, d.quantization_level) == (
+        "safetensors", "bert", ["bert"], "23M", "F32")
+    assert listed.modified_at is not None and listed.modified_at.year >= 2024
+
+    (running,) = c.ps().models
+    assert running.model == f"{EMBEDDER}:latest"
+    assert (running.size, running.size_vram, running.context_length) == (MINILM_PARAMETERS * 4, 0, 256)
+
+    for name in (EMBEDDER, f"{EMBEDDER}:latest"):
+        shown = c.show(name)
+        assert shown.capabilities == ["embedding"]
+        assert shown.modelinfo == {
+            "general.architecture": "bert",
+            "general.parameter_count": MINILM_PARAMETERS,
+            "bert.context_length": 256,
+            "bert.embedding_length": 384,
+        }
+        assert shown.details.parameter_size == "23M"
+
+
+def test_two_models_listed_and_picked_by_tagged_name(duo, golden):
+    texts, ref = non_empty(golden, 2)
+    c = client(duo)
+    assert [m.model for m in c.list().models] == [f"{EMBEDDER}:latest", f"{RERANKER}:latest"]
+    assert [m.model for m in c.ps().models] == [f"{EMBEDDER}:latest", f"{RERANKER}:latest"]
+
+    reranker = c.show(f"{RERANKER}:latest")
+    assert reranker.capabilities == []
+    assert reranker.modelinfo["general.architecture"] == "bert"
+    assert reranker.modelinfo["bert.embedding_length"] == 1  # one relevance logit
+
+    out = c.embed(model=f"{EMBEDDER}:latest", input=texts)
+    assert cosine_rows(np.asarray(out.embeddings, dtype=np.float32), ref).min() >= 0.99999
+
+    with pytest.raises(ollama.ResponseError) as e:
+        c.show("nope:latest")
+    assert e.value.status_code == 404 and "nope" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
+        c.embed(model=f"{RERANKER}:latest", input="x")
+    assert e.value.status_code == 400 and "embedding model" in e.value.error
+    with pytest.raises(ollama.ResponseError) as e:
+        c.embeddings(model="nope", prompt="x")
+    assert e.value.status_code == 404
+    assert duo.healthy()

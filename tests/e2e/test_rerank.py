@@ -189,6 +189,22 @@ def test_models_listed_and_labelled(duo):
     assert 'mlx_embed_info{model="tiny-bert-reranker",kind="reranker"' in metrics
 
 
+def test_openai_client_retrieves_each_model(duo, server):
+    import openai
+
+    c = openai.OpenAI(base_url=duo.url + "/v1", api_key="unused")
+    for name in (EMBEDDER, "tiny-bert-reranker"):
+        got = c.models.retrieve(name)
+        assert (got.id, got.object, got.owned_by) == (name, "model", "mlx-embed")
+    with pytest.raises(openai.NotFoundError) as e:
+        c.models.retrieve("no-such-model")
+    assert e.value.body["code"] == "model_not_found"
+    # A one-model server answers any name with its model, as its embed routes do.
+    one = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    assert one.models.retrieve("text-embedding-3-small").id == EMBEDDER
+    assert one.models.retrieve("BAAI/bge-m3").id == EMBEDDER
+
+
 def test_unknown_model_is_404_in_openai_shape(duo):
     r = duo.post("/v1/embeddings", {"model": "no-such-model", "input": ["x"]})
     assert r.status_code == 404

@@ -42,6 +42,7 @@ def test_listens_on_loopback_only_by_default(tmp_path):
 
 
 API_KEY = "s3cret-test-key-7f1c"
+APP_ORIGIN = "http://app.example"
 UNAUTHORIZED = "missing or invalid API key: send `Authorization: Bearer <key>`"
 AUTH_ROUTES = [
     # (method, path, body, shape of the 401 body)
@@ -54,6 +55,7 @@ AUTH_ROUTES = [
     ("GET", "/api/ps", None, "ollama"),
     ("POST", "/api/show", {"model": "x"}, "ollama"),
     ("GET", "/v1/models", None, "openai"),
+    ("GET", "/v1/models/all-MiniLM-L6-v2", None, "openai"),
     ("GET", "/info", None, "native"),
     ("GET", "/metrics", None, "native"),
     ("GET", "/openapi.json", None, "native"),
@@ -69,7 +71,8 @@ UNAUTHORIZED_BODY = {
 
 @pytest.fixture(scope="module")
 def keyed_server(tmp_path_factory):
-    server = start_server(tmp_path_factory.mktemp("keyed"), "--no-warmup", "--api-key", API_KEY)
+    server = start_server(tmp_path_factory.mktemp("keyed"), "--no-warmup", "--api-key", API_KEY,
+                          "--cors-allow-origin", APP_ORIGIN)
     yield server
     assert server.stop() == 0
 
@@ -85,6 +88,22 @@ def test_api_key_protects_every_route(keyed_server, method, path, body, shape):
         assert resp.json() == UNAUTHORIZED_BODY[shape]
     ok = requests.request(method, url, json=body, headers={"authorization": f"Bearer {API_KEY}"}, timeout=60)
     assert ok.status_code == 200, ok.text
+
+
+def test_browser_pages_of_listed_origins_only(keyed_server):
+    """--cors-allow-origin: the preflight needs no key (browsers send none),
+    and the listed origin can read answers, a 401 included; others cannot."""
+    url = keyed_server.url + "/v1/embeddings"
+    for origin, allowed in ((APP_ORIGIN, True), ("http://evil.example", False)):
+        pre = requests.options(url, headers={"origin": origin, "access-control-request-method": "POST",
+                                             "access-control-request-headers": "authorization,content-type"},
+                               timeout=30)
+        assert pre.status_code == 200
+        assert pre.headers.get("access-control-allow-origin") == (origin if allowed else None)
+        for headers, status in (({}, 401), ({"authorization": f"Bearer {API_KEY}"}, 200)):
+            r = requests.post(url, json={"input": "hi"}, headers={"origin": origin, **headers}, timeout=60)
+            assert r.status_code == status
+            assert r.headers.get("access-control-allow-origin") == (origin if allowed else None)
 
 
 def test_health_needs_no_key(keyed_server):

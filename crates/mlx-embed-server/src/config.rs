@@ -100,6 +100,13 @@ pub struct ServerArgs {
     #[arg(long, env = "MLX_EMBED_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
 
+    /// Web pages of these origins may call the API from a browser (CORS), e.g.
+    /// `https://app.example.com`; comma-separated, or `*` for any origin. Unset:
+    /// none, so a page the user visits cannot read answers from a local server.
+    #[arg(long, env = "MLX_EMBED_CORS_ALLOW_ORIGIN", value_delimiter = ',',
+          value_parser = parse_origin)]
+    pub cors_allow_origin: Vec<String>,
+
     /// On SIGINT/SIGTERM, how long to keep answering accepted requests before exiting (s).
     #[arg(long, env = "MLX_EMBED_DRAIN_TIMEOUT_SECS", default_value_t = 30)]
     pub drain_timeout_secs: u64,
@@ -132,10 +139,29 @@ impl Default for ServerArgs {
             max_body_bytes: 2 * 1024 * 1024,
             max_inputs_per_request: 2048,
             api_key: None,
+            cors_allow_origin: Vec::new(),
             drain_timeout_secs: 30,
             no_warmup: false,
         }
     }
+}
+
+/// `*`, or an origin as browsers send it: `http(s)://host[:port]`, no path.
+fn parse_origin(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    if s == "*" {
+        return Ok(s.to_owned());
+    }
+    let host = s
+        .strip_prefix("http://")
+        .or_else(|| s.strip_prefix("https://"))
+        .ok_or_else(|| format!("{s:?} is not an origin: expected http(s)://host[:port] or *"))?;
+    if host.is_empty() || host.contains(['/', ' ', '*']) || !s.is_ascii() {
+        return Err(format!(
+            "{s:?} is not an origin: expected http(s)://host[:port] (no path) or *"
+        ));
+    }
+    Ok(s.to_owned())
 }
 
 impl ServerArgs {
@@ -211,6 +237,33 @@ mod tests {
         assert_eq!(a.batcher_config().max_queue_wait, Duration::from_millis(5));
         assert_eq!(a.api_key.as_deref(), Some("k"));
         assert!(Cli::try_parse_from(["x", "--max-batch-size", "0"]).is_err());
+    }
+
+    #[test]
+    fn cors_origins_parse() {
+        let parse = |v: &str| Cli::try_parse_from(["x", "--cors-allow-origin", v]);
+        assert_eq!(
+            parse("http://a.example, https://b.example:8443")
+                .unwrap()
+                .args
+                .cors_allow_origin,
+            ["http://a.example", "https://b.example:8443"]
+        );
+        assert_eq!(parse("*").unwrap().args.cors_allow_origin, ["*"]);
+        for bad in [
+            "ftp://x",
+            "a.example",
+            "http://",
+            "http://a.example/path",
+            "http://*.example",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+        assert!(Cli::try_parse_from(["x"])
+            .unwrap()
+            .args
+            .cors_allow_origin
+            .is_empty());
     }
 
     #[test]

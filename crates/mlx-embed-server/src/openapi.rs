@@ -14,6 +14,7 @@ use crate::routes::{native, ollama, openai, ops, predict, rerank, root, similari
         native::embed,
         openai::embeddings,
         openai::models,
+        openai::model,
         tei::embed,
         tei::embed_all,
         ollama::embed,

@@ -1207,3 +1207,77 @@ async fn ollama_listings_and_legacy_embeddings() {
     expect_error(&s, "/api/show", Shape::Ollama, &json!({ "model": 3 }), 422).await;
     s.stop().await.unwrap();
 }
+
+/// `--cors-allow-origin`: a listed origin's preflight is answered without the
+/// API key and its requests (a 401 too) carry the CORS headers; any other
+/// origin, and every origin on a server without the flag, gets none.
+#[tokio::test]
+async fn cors_lets_only_listed_origins_read_answers() {
+    const ORIGIN: &str = "http://app.example";
+    async fn preflight(s: &Server, origin: &str) -> reqwest::Response {
+        client()
+            .request(reqwest::Method::OPTIONS, s.url("/v1/embeddings"))
+            .header("origin", origin)
+            .header("access-control-request-method", "POST")
+            .header(
+                "access-control-request-headers",
+                "content-type,authorization",
+            )
+            .send()
+            .await
+            .unwrap()
+    }
+    let allow_origin = |r: &reqwest::Response| {
+        r.headers()
+            .get("access-control-allow-origin")
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    let args = ServerArgs {
+        api_key: Some("sekret".into()),
+        cors_allow_origin: vec![ORIGIN.into()],
+        ..test_args()
+    };
+    let s = Server::start(args).await;
+    let r = preflight(&s, ORIGIN).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(allow_origin(&r).as_deref(), Some(ORIGIN));
+    let allowed = r.headers()["access-control-allow-headers"]
+        .to_str()
+        .unwrap();
+    assert!(
+        allowed.contains("authorization") && allowed.contains("x-priority"),
+        "{allowed}"
+    );
+    assert_eq!(
+        allow_origin(&preflight(&s, "http://other.example").await),
+        None
+    );
+
+    let send = |key: Option<&'static str>| {
+        let mut req = client()
+            .post(s.url("/v1/embeddings"))
+            .header("origin", ORIGIN)
+            .json(&json!({ "input": "abc" }));
+        if let Some(k) = key {
+            req = req.header("authorization", format!("Bearer {k}"));
+        }
+        req.send()
+    };
+    let denied = send(None).await.unwrap();
+    assert_eq!(denied.status(), 401);
+    assert_eq!(allow_origin(&denied).as_deref(), Some(ORIGIN));
+    let ok = send(Some("sekret")).await.unwrap();
+    assert_eq!(ok.status(), 200);
+    assert_eq!(allow_origin(&ok).as_deref(), Some(ORIGIN));
+    let exposed = ok.headers()["access-control-expose-headers"]
+        .to_str()
+        .unwrap();
+    assert!(exposed.contains("x-request-id"), "{exposed}");
+    s.stop().await.unwrap();
+
+    let plain = Server::default().await;
+    let r = preflight(&plain, ORIGIN).await;
+    assert_eq!(r.status(), 405);
+    assert_eq!(allow_origin(&r), None);
+    plain.stop().await.unwrap();
+}

@@ -13,7 +13,10 @@ pub mod similarity;
 pub mod tei;
 pub mod tokens;
 
+use std::time::Duration;
+
 use axum::extract::DefaultBodyLimit;
+use axum::http::{header, HeaderName, HeaderValue, Method};
 use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
 use axum::Router;
@@ -22,17 +25,22 @@ use utoipa::ToSchema;
 
 use mlx_embed_core::Prompt;
 
+use tower_http::cors::{AllowOrigin, CorsLayer};
+
 use crate::errors::ApiError;
-use crate::middleware::{observe, require_api_key};
+use crate::extract::PRIORITY_HEADER;
+use crate::middleware::{observe, require_api_key, REQUEST_ID};
 use crate::state::AppState;
 
-/// Every route, with body limit, API-key check, request ids, logs and metrics.
+/// Every route, with body limit, API-key check, CORS (`--cors-allow-origin`),
+/// request ids, logs and metrics.
 pub fn router(state: AppState) -> Router {
     let max_body = state.args().max_body_bytes;
-    Router::new()
+    let routes = Router::new()
         .route("/api/v1/embed", post(native::embed))
         .route("/v1/embeddings", post(openai::embeddings))
         .route("/v1/models", get(openai::models))
+        .route("/v1/models/{*model}", get(openai::model))
         .route("/embed", post(tei::embed))
         .route("/embed_all", post(tei::embed_all))
         .route("/api/embed", post(ollama::embed))
@@ -55,9 +63,41 @@ pub fn router(state: AppState) -> Router {
         .fallback(ops::not_found)
         .method_not_allowed_fallback(ops::method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
-        .layer(from_fn_with_state(state.clone(), require_api_key))
+        .layer(from_fn_with_state(state.clone(), require_api_key));
+    // Outside the key check: a browser's preflight carries no credentials,
+    // and a 401 needs the CORS headers for the page to read it.
+    let routes = match cors(&state.args().cors_allow_origin) {
+        Some(layer) => routes.layer(layer),
+        None => routes,
+    };
+    routes
         .layer(from_fn_with_state(state.clone(), observe))
         .with_state(state)
+}
+
+/// The CORS policy for `--cors-allow-origin` (none when it is empty).
+fn cors(origins: &[String]) -> Option<CorsLayer> {
+    if origins.is_empty() {
+        return None;
+    }
+    let allow = if origins.iter().any(|o| o == "*") {
+        AllowOrigin::any()
+    } else {
+        AllowOrigin::list(origins.iter().filter_map(|o| HeaderValue::from_str(o).ok()))
+    };
+    Some(
+        CorsLayer::new()
+            .allow_origin(allow)
+            .allow_methods([Method::GET, Method::POST])
+            .allow_headers([
+                header::CONTENT_TYPE,
+                header::AUTHORIZATION,
+                HeaderName::from_static(PRIORITY_HEADER),
+                REQUEST_ID.clone(),
+            ])
+            .expose_headers([REQUEST_ID.clone(), header::RETRY_AFTER])
+            .max_age(Duration::from_secs(3600)),
+    )
 }
 
 /// The prompt a request asked for: a named one of the model's, raw text, or

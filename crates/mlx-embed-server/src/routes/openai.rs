@@ -1,6 +1,7 @@
 //! `POST /v1/embeddings` and `GET /v1/models`: OpenAI compatible.
 
-use axum::extract::State;
+use axum::extract::rejection::PathRejection;
+use axum::extract::{Path, State};
 use axum::Json;
 use base64::Engine as _;
 use mlx_embed_core::{EmbedOptions, Priority, Prompt};
@@ -9,8 +10,9 @@ use utoipa::ToSchema;
 
 use super::Usage;
 use crate::embed::{embed as run_embed, EmbedRequest};
-use crate::errors::{OpenAi, OpenAiErrorBody, Shaped};
+use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
 use crate::extract::{ApiJson, OpenAiInput, PriorityHeader};
+use crate::models::{ServedModel, Task};
 use crate::state::AppState;
 
 /// How vectors are encoded in the response.
@@ -184,14 +186,40 @@ pub async fn models(State(state): State<AppState>) -> Json<OpenAiModelList> {
         data: state
             .models()
             .iter()
-            .map(|m| OpenAiModel {
-                id: m.name.clone(),
-                object: "model".into(),
-                created: state.started_unix(),
-                owned_by: "mlx-embed".into(),
-            })
+            .map(|m| model_object(&state, m))
             .collect(),
     })
+}
+
+/// One served model (`client.models.retrieve(name)`). The name may contain
+/// `/` (`BAAI/bge-m3`). With several models served an unknown name is a 404
+/// (`model_not_found`); a one-model server answers with its model for any
+/// name, as its other routes do.
+#[utoipa::path(
+    get, path = "/v1/models/{model}", tag = "openai", operation_id = "retrieve_model",
+    params(("model" = String, Path, description = "A served model's name")),
+    responses(
+        (status = 200, description = "The model", body = OpenAiModel),
+        (status = 401, description = "Missing or wrong API key", body = OpenAiErrorBody),
+        (status = 404, description = "No such model (several served)", body = OpenAiErrorBody),
+    )
+)]
+pub async fn model(
+    State(state): State<AppState>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<OpenAiModel>, Shaped<OpenAi>> {
+    let Path(name) = name.map_err(|e| ApiError::invalid(e.body_text()).param("model"))?;
+    let served = state.model_for(Some(&name), Task::Describe)?;
+    Ok(Json(model_object(&state, served)))
+}
+
+fn model_object(state: &AppState, model: &ServedModel) -> OpenAiModel {
+    OpenAiModel {
+        id: model.name.clone(),
+        object: "model".into(),
+        created: state.started_unix(),
+        owned_by: "mlx-embed".into(),
+    }
 }
 
 #[cfg(test)]

@@ -51,6 +51,8 @@ AUTH_ROUTES = [
     ("POST", "/embed", {"inputs": "hi"}, "tei"),
     ("POST", "/api/embed", {"input": "hi"}, "ollama"),
     ("POST", "/api/embeddings", {"prompt": "hi"}, "ollama"),
+    ("POST", "/v1/embed", {"texts": ["hi"]}, "openai"),
+    ("POST", "/v2/embed", {"texts": ["hi"]}, "openai"),
     ("GET", "/api/tags", None, "ollama"),
     ("GET", "/api/ps", None, "ollama"),
     ("POST", "/api/show", {"model": "x"}, "ollama"),

@@ -299,7 +299,7 @@ pub enum Api {
 impl Api {
     /// The API a path belongs to (for errors raised before routing, e.g. 401/404).
     pub fn for_path(path: &str) -> Api {
-        if path == "/v1" || path.starts_with("/v1/") || path == "/v2/rerank" {
+        if path == "/v1" || path.starts_with("/v1/") || matches!(path, "/v2/rerank" | "/v2/embed") {
             Api::OpenAi
         } else if matches!(
             path,
@@ -417,6 +417,7 @@ mod tests {
         assert_eq!(Api::for_path("/rerank"), Api::Tei);
         assert_eq!(Api::for_path("/"), Api::Tei);
         assert_eq!(Api::for_path("/v2/rerank"), Api::OpenAi);
+        assert_eq!(Api::for_path("/v2/embed"), Api::OpenAi);
         assert_eq!(Api::for_path("/api/embed"), Api::Ollama);
         assert_eq!(Api::for_path("/api/embeddings"), Api::Ollama);
         assert_eq!(Api::for_path("/api/tags"), Api::Ollama);

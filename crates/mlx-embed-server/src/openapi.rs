@@ -5,7 +5,9 @@ use std::sync::OnceLock;
 use utoipa::OpenApi;
 
 use crate::errors::{NativeErrorBody, OllamaErrorBody, OpenAiErrorBody, TeiErrorBody};
-use crate::routes::{native, ollama, openai, ops, predict, rerank, root, similarity, tei, tokens};
+use crate::routes::{
+    cohere, native, ollama, openai, ops, predict, rerank, root, similarity, tei, tokens,
+};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -22,6 +24,8 @@ use crate::routes::{native, ollama, openai, ops, predict, rerank, root, similari
         ollama::tags,
         ollama::ps,
         ollama::show,
+        cohere::embed_v1,
+        cohere::embed_v2,
         rerank::tei_rerank,
         rerank::cohere_rerank_v1,
         rerank::cohere_rerank_v2,
@@ -41,7 +45,7 @@ use crate::routes::{native, ollama, openai, ops, predict, rerank, root, similari
         (name = "openai", description = "OpenAI compatible"),
         (name = "tei", description = "text-embeddings-inference compatible"),
         (name = "ollama", description = "Ollama compatible"),
-        (name = "cohere", description = "Cohere / Jina rerank compatible"),
+        (name = "cohere", description = "Cohere embed and Cohere / Jina rerank compatible"),
         (name = "ops", description = "Health, metrics, info"),
     )
 )]

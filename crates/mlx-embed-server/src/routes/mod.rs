@@ -2,6 +2,7 @@
 //! request shape into one [`crate::embed::EmbedRequest`], calls
 //! [`crate::embed::embed`], and formats its own response.
 
+pub mod cohere;
 pub mod native;
 pub mod ollama;
 pub mod openai;
@@ -49,6 +50,8 @@ pub fn router(state: AppState) -> Router {
         .route("/api/ps", get(ollama::ps))
         .route("/api/show", post(ollama::show))
         .route("/rerank", post(rerank::tei_rerank))
+        .route("/v1/embed", post(cohere::embed_v1))
+        .route("/v2/embed", post(cohere::embed_v2))
         .route("/v1/rerank", post(rerank::cohere_rerank_v1))
         .route("/v2/rerank", post(rerank::cohere_rerank_v2))
         .route("/predict", post(predict::predict))

@@ -264,7 +264,7 @@ async fn cohere_rerank(
         })
         .collect();
     Ok(Json(CohereRerankResponse {
-        id: request_id(),
+        id: request_id("rerank"),
         model: out.model,
         results,
         meta: CohereMeta {
@@ -308,8 +308,8 @@ fn first_label(out: &ScoreOutput) -> Vec<f32> {
     out.scores.iter().map(|row| row[0]).collect()
 }
 
-/// A unique-enough id for Cohere's `id` field.
-fn request_id() -> String {
+/// A unique-enough id for Cohere's `id` field, e.g. `rerank-<time>-<n>`.
+pub(crate) fn request_id(kind: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::{SystemTime, UNIX_EPOCH};
     static NEXT: AtomicU64 = AtomicU64::new(0);
@@ -317,7 +317,7 @@ fn request_id() -> String {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     format!(
-        "rerank-{nanos:x}-{:x}",
+        "{kind}-{nanos:x}-{:x}",
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
 }

@@ -1,0 +1,401 @@
+//! `POST /v1/embed` and `POST /v2/embed`: Cohere compatible (the `cohere`
+//! Python client's `Client.embed` and `ClientV2.embed` with `base_url`).
+//!
+//! Text only. `input_type` picks the model's prompt of that role where it
+//! has one (`search_query` -> `query`, `search_document` -> `document` or
+//! `passage`, `classification`, `clustering`), else its default prompt.
+//! Vectors are unit length; `embedding_types` also answers them as bytes:
+//! `int8` is `round(127 x)` per component, `uint8` that plus 128, `binary`
+//! and `ubinary` one sign bit per component (`x > 0`), eight to a byte,
+//! first component in the high bit (`binary` is `ubinary` - 128), and
+//! `base64` the little-endian float32 bytes.
+
+use std::collections::BTreeMap;
+
+use axum::extract::State;
+use axum::Json;
+use mlx_embed_core::{EmbedInput, EmbedOptions, Priority, Prompt, TruncationDirection};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use utoipa::ToSchema;
+
+use super::openai::encode_base64;
+use crate::embed::{embed as run_embed, EmbedRequest};
+use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
+use crate::extract::ApiJson;
+use crate::models::Task;
+use crate::state::AppState;
+
+/// What the texts are for; picks the model's prompt of that role.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum CohereInputType {
+    SearchDocument,
+    SearchQuery,
+    Classification,
+    Clustering,
+    /// Refused: this server embeds text.
+    Image,
+}
+
+/// A form the vectors are answered in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CohereEmbeddingType {
+    Float,
+    Int8,
+    Uint8,
+    Binary,
+    Ubinary,
+    Base64,
+}
+
+/// Which end of an over-long text is cut.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum CohereTruncate {
+    /// Refuse an over-long text (422).
+    None,
+    /// Cut its start (keep the end).
+    Start,
+    /// Cut its end (the default).
+    End,
+}
+
+/// Cohere embed request (v1 and v2).
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct CohereEmbedRequest {
+    /// Which served model answers; default: the first embedding model. Unknown: 404 (several served).
+    pub model: Option<String>,
+    /// The texts to embed (at least one).
+    pub texts: Option<Vec<String>>,
+    /// Refused: this server embeds text.
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub images: Option<Vec<Value>>,
+    /// Refused (v2's mixed text and image content): send `texts`.
+    #[schema(value_type = Option<Vec<Object>>)]
+    pub inputs: Option<Vec<Value>>,
+    pub input_type: Option<CohereInputType>,
+    /// Forms to answer in (default: float).
+    pub embedding_types: Option<Vec<CohereEmbeddingType>>,
+    /// `END` (default), `START` or `NONE`.
+    pub truncate: Option<CohereTruncate>,
+    /// v2: keep the first N components (1..=dimension), re-normalized.
+    #[schema(minimum = 1)]
+    pub output_dimension: Option<i64>,
+    /// v2: accepted at or above the model's maximum input; a shorter cut is refused (400).
+    pub max_tokens: Option<i64>,
+    /// v2: lower is served earlier; 0 (default) normal, below 0 high, above 0 low.
+    pub priority: Option<i64>,
+}
+
+/// Vectors by form; only the forms asked for are present.
+#[derive(Debug, Default, Serialize, ToSchema)]
+pub struct CohereEmbeddingsByType {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub float: Option<Vec<Vec<f32>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub int8: Option<Vec<Vec<i8>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uint8: Option<Vec<Vec<u8>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub binary: Option<Vec<Vec<i8>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ubinary: Option<Vec<Vec<u8>>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub base64: Option<Vec<String>>,
+}
+
+/// The vectors: a plain list (v1 without `embedding_types`) or by form.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+pub enum CohereEmbeddings {
+    Floats(Vec<Vec<f32>>),
+    ByType(CohereEmbeddingsByType),
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CohereEmbedApiVersion {
+    pub version: String,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CohereEmbedBilledUnits {
+    /// Exact tokens of all texts (after truncation, specials included).
+    pub input_tokens: u64,
+}
+
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CohereEmbedMeta {
+    pub api_version: CohereEmbedApiVersion,
+    pub billed_units: CohereEmbedBilledUnits,
+}
+
+/// Cohere embed response.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CohereEmbedResponse {
+    pub id: String,
+    /// `embeddings_floats` (a plain list) or `embeddings_by_type`.
+    pub response_type: String,
+    pub embeddings: CohereEmbeddings,
+    /// The texts, as sent.
+    pub texts: Vec<String>,
+    pub meta: CohereEmbedMeta,
+}
+
+/// Embed texts (Cohere v1: a plain float list unless `embedding_types` is given).
+///
+/// Errors use `{"error": {"message", "type", "param", "code"}}`.
+#[utoipa::path(
+    post, path = "/v1/embed", tag = "cohere", operation_id = "cohere_embed_v1",
+    request_body = CohereEmbedRequest,
+    responses(
+        (status = 200, description = "Embeddings in input order", body = CohereEmbedResponse),
+        (status = "4XX", description = "Invalid request (400, 401, 404 unknown model, 413, 415, 422, 429)", body = OpenAiErrorBody),
+        (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
+    )
+)]
+pub async fn embed_v1(
+    State(state): State<AppState>,
+    ApiJson(req, _): ApiJson<CohereEmbedRequest, OpenAi>,
+) -> Result<Json<CohereEmbedResponse>, Shaped<OpenAi>> {
+    Ok(Json(embed(&state, req, "1").await?))
+}
+
+/// Embed texts (Cohere v2, `cohere.ClientV2`: always by form, float by default).
+///
+/// Errors use `{"error": {"message", "type", "param", "code"}}`.
+#[utoipa::path(
+    post, path = "/v2/embed", tag = "cohere", operation_id = "cohere_embed_v2",
+    request_body = CohereEmbedRequest,
+    responses(
+        (status = 200, description = "Embeddings in input order", body = CohereEmbedResponse),
+        (status = "4XX", description = "Invalid request (as /v1/embed)", body = OpenAiErrorBody),
+        (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
+    )
+)]
+pub async fn embed_v2(
+    State(state): State<AppState>,
+    ApiJson(req, _): ApiJson<CohereEmbedRequest, OpenAi>,
+) -> Result<Json<CohereEmbedResponse>, Shaped<OpenAi>> {
+    Ok(Json(embed(&state, req, "2").await?))
+}
+
+async fn embed(
+    state: &AppState,
+    req: CohereEmbedRequest,
+    version: &str,
+) -> Result<CohereEmbedResponse, ApiError> {
+    if req.images.is_some()
+        || req.inputs.is_some()
+        || req.input_type == Some(CohereInputType::Image)
+    {
+        return Err(ApiError::invalid(
+            "this server embeds text: send `texts` (images and mixed `inputs` are not supported)",
+        )
+        .param("texts"));
+    }
+    let texts = req.texts.ok_or_else(|| {
+        ApiError::invalid("texts is required: send at least one text").param("texts")
+    })?;
+    let model = state.model_for(req.model.as_deref(), Task::Embed)?;
+    if let Some(n) = req.max_tokens {
+        let max = model.info().max_input_tokens;
+        if n < max as i64 {
+            return Err(ApiError::invalid(format!(
+                "max_tokens below the model's maximum input ({max} tokens) is not supported; \
+                 texts are cut at the model's maximum (see truncate)"
+            ))
+            .param("max_tokens"));
+        }
+    }
+    let prompt = prompt_for(req.input_type, &model.info().prompts);
+    let truncate = req.truncate.unwrap_or(CohereTruncate::End);
+    let out = run_embed(
+        state,
+        EmbedRequest {
+            model: Some(model.name.clone()),
+            inputs: texts.iter().cloned().map(EmbedInput::Text).collect(),
+            options: EmbedOptions {
+                truncate: truncate != CohereTruncate::None,
+                truncation_direction: match truncate {
+                    CohereTruncate::Start => TruncationDirection::Left,
+                    _ => TruncationDirection::Right,
+                },
+                prompt,
+                priority: req.priority.map(Priority::from_vllm).unwrap_or_default(),
+                ..EmbedOptions::default()
+            },
+            normalize: true,
+            dimensions: req.output_dimension,
+        },
+    )
+    .await
+    .map_err(|e| match e.message.strip_prefix("dimensions ") {
+        // The one embed path names OpenAI's field; this API calls it output_dimension.
+        Some(rest) if e.param == Some("dimensions") => ApiError {
+            message: format!("output_dimension {rest}"),
+            ..e.param("output_dimension")
+        },
+        _ => e,
+    })?;
+    let (response_type, embeddings) = match (version, req.embedding_types) {
+        ("1", None) => ("embeddings_floats", CohereEmbeddings::Floats(out.vectors)),
+        (_, types) => (
+            "embeddings_by_type",
+            CohereEmbeddings::ByType(by_type(
+                out.vectors,
+                types.unwrap_or_else(|| vec![CohereEmbeddingType::Float]),
+            )),
+        ),
+    };
+    Ok(CohereEmbedResponse {
+        id: super::rerank::request_id("embed"),
+        response_type: response_type.into(),
+        embeddings,
+        texts,
+        meta: CohereEmbedMeta {
+            api_version: CohereEmbedApiVersion {
+                version: version.into(),
+            },
+            billed_units: CohereEmbedBilledUnits {
+                input_tokens: out.prompt_tokens,
+            },
+        },
+    })
+}
+
+/// The model's prompt for `input_type`'s role, else its default one.
+fn prompt_for(input_type: Option<CohereInputType>, prompts: &BTreeMap<String, String>) -> Prompt {
+    let names: &[&str] = match input_type {
+        None | Some(CohereInputType::Image) => &[],
+        Some(CohereInputType::SearchQuery) => &["query"],
+        Some(CohereInputType::SearchDocument) => &["document", "passage"],
+        Some(CohereInputType::Classification) => &["classification"],
+        Some(CohereInputType::Clustering) => &["clustering"],
+    };
+    names
+        .iter()
+        .find(|name| prompts.contains_key(**name))
+        .map_or(Prompt::Default, |name| Prompt::Named((*name).to_owned()))
+}
+
+fn by_type(vectors: Vec<Vec<f32>>, mut types: Vec<CohereEmbeddingType>) -> CohereEmbeddingsByType {
+    types.sort();
+    types.dedup();
+    let mut out = CohereEmbeddingsByType::default();
+    for t in types {
+        match t {
+            CohereEmbeddingType::Float => out.float = Some(vectors.clone()),
+            CohereEmbeddingType::Int8 => out.int8 = Some(vectors.iter().map(|v| int8(v)).collect()),
+            CohereEmbeddingType::Uint8 => {
+                out.uint8 = Some(
+                    vectors
+                        .iter()
+                        .map(|v| {
+                            int8(v)
+                                .into_iter()
+                                .map(|x| (x as i16 + 128) as u8)
+                                .collect()
+                        })
+                        .collect(),
+                )
+            }
+            CohereEmbeddingType::Binary => {
+                out.binary = Some(
+                    vectors
+                        .iter()
+                        .map(|v| {
+                            sign_bits(v)
+                                .into_iter()
+                                .map(|b| (b as i16 - 128) as i8)
+                                .collect()
+                        })
+                        .collect(),
+                )
+            }
+            CohereEmbeddingType::Ubinary => {
+                out.ubinary = Some(vectors.iter().map(|v| sign_bits(v)).collect())
+            }
+            CohereEmbeddingType::Base64 => {
+                out.base64 = Some(vectors.iter().map(|v| encode_base64(v)).collect())
+            }
+        }
+    }
+    out
+}
+
+/// `round(127 x)` per component of a unit vector (each in [-1, 1]).
+fn int8(v: &[f32]) -> Vec<i8> {
+    v.iter()
+        .map(|x| (x.clamp(-1.0, 1.0) * 127.0).round() as i8)
+        .collect()
+}
+
+/// One bit per component, set where it is positive; eight to a byte, the
+/// first component in the high bit, the last byte padded with zeros.
+fn sign_bits(v: &[f32]) -> Vec<u8> {
+    v.chunks(8)
+        .map(|chunk| {
+            chunk.iter().enumerate().fold(
+                0u8,
+                |byte, (i, x)| if *x > 0.0 { byte | (0x80 >> i) } else { byte },
+            )
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_forms() {
+        assert_eq!(
+            int8(&[1.0, -1.0, 0.5, -0.003, 2.0]),
+            [127, -127, 64, 0, 127]
+        );
+        let v = [0.1, -0.1, 0.0, 0.3, -0.2, 0.2, 0.2, -0.5, 0.9, 0.0];
+        // 1 0 0 1 0 1 1 0 | 1 (padded)
+        assert_eq!(sign_bits(&v), [0b1001_0110, 0b1000_0000]);
+        let t = by_type(
+            vec![v.to_vec()],
+            vec![
+                CohereEmbeddingType::Binary,
+                CohereEmbeddingType::Ubinary,
+                CohereEmbeddingType::Binary,
+            ],
+        );
+        assert_eq!(t.ubinary.unwrap()[0], [150, 128]);
+        assert_eq!(t.binary.unwrap()[0], [22, 0]);
+        assert!(t.float.is_none() && t.int8.is_none());
+        let u = by_type(vec![vec![1.0, -1.0, 0.0]], vec![CohereEmbeddingType::Uint8]);
+        assert_eq!(u.uint8.unwrap()[0], [255, 1, 128]);
+    }
+
+    #[test]
+    fn input_types_pick_the_models_prompts() {
+        let prompts: BTreeMap<String, String> = [("query", "q: "), ("passage", "p: ")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        let named = |s: &str| Prompt::Named(s.to_owned());
+        assert_eq!(
+            prompt_for(Some(CohereInputType::SearchQuery), &prompts),
+            named("query")
+        );
+        assert_eq!(
+            prompt_for(Some(CohereInputType::SearchDocument), &prompts),
+            named("passage")
+        );
+        assert_eq!(
+            prompt_for(Some(CohereInputType::Clustering), &prompts),
+            Prompt::Default
+        );
+        assert_eq!(prompt_for(None, &prompts), Prompt::Default);
+        assert_eq!(
+            prompt_for(Some(CohereInputType::SearchQuery), &BTreeMap::new()),
+            Prompt::Default
+        );
+    }
+}

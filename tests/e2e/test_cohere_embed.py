@@ -1,0 +1,132 @@
+"""Cohere's embed API through Cohere's own Python client (`Client.embed`,
+`ClientV2.embed`) against the real server binary: vectors against
+sentence-transformers' references, the byte forms against NumPy computed
+from the float answer, input_type -> the model's prompts, and bad input."""
+
+from __future__ import annotations
+
+import base64
+
+import cohere
+import numpy as np
+import pytest
+
+from harness import FIXTURES, cosine_rows, start_server
+
+EMBEDDER = "all-MiniLM-L6-v2"
+NOMIC = FIXTURES / "tiny-nomic-bert"
+
+
+@pytest.fixture(scope="module")
+def nomic(tmp_path_factory):
+    """A folder with query/document/classification/clustering prompts, default document."""
+    srv = start_server(tmp_path_factory.mktemp("nomic"), "--model", str(NOMIC), "--no-warmup")
+    yield srv
+    assert srv.stop() == 0, srv.log()[-3000:]
+
+
+def texts_and_refs(golden, n):
+    texts, ref = golden
+    idx = [i for i, t in enumerate(texts) if t][:n]
+    return [texts[i] for i in idx], ref[idx]
+
+
+def test_v1_floats_match_sentence_transformers(server, golden):
+    texts, ref = texts_and_refs(golden, 12)
+    res = cohere.Client(api_key="unused", base_url=server.url).embed(texts=texts, model=EMBEDDER)
+    assert res.response_type == "embeddings_floats"
+    got = np.asarray(res.embeddings, dtype=np.float32)
+    assert got.shape == (12, 384) and cosine_rows(got, ref).min() >= 0.99999
+    assert res.texts == texts
+    assert res.meta.api_version.version == "1" and res.meta.billed_units.input_tokens > 12
+
+
+def test_byte_forms_are_the_float_vector_quantized(server, golden):
+    texts, ref = texts_and_refs(golden, 6)
+    res = cohere.Client(api_key="unused", base_url=server.url).embed(
+        texts=texts, model=EMBEDDER, embedding_types=["float", "int8", "uint8", "binary", "ubinary", "base64"])
+    assert res.response_type == "embeddings_by_type"
+    e = res.embeddings
+    f = np.asarray(e.float_, dtype=np.float32)
+    assert cosine_rows(f, ref).min() >= 0.99999
+    np.testing.assert_array_equal(np.asarray(e.int8), np.round(f * 127).astype(np.int64))
+    np.testing.assert_array_equal(np.asarray(e.uint8), np.round(f * 127).astype(np.int64) + 128)
+    packed = np.packbits(f > 0, axis=1).astype(np.int64)
+    assert packed.shape == (6, 48)
+    np.testing.assert_array_equal(np.asarray(e.ubinary), packed)
+    np.testing.assert_array_equal(np.asarray(e.binary), packed - 128)
+    decoded = np.stack([np.frombuffer(base64.b64decode(s), dtype="<f4") for s in e.base64])
+    np.testing.assert_array_equal(decoded, f)
+
+
+def test_v2_output_dimension_and_priority(server, golden):
+    texts, ref = texts_and_refs(golden, 4)
+    co2 = cohere.ClientV2(api_key="unused", base_url=server.url)
+    res = co2.embed(texts=texts, model=EMBEDDER, input_type="search_document", embedding_types=["float"],
+                    output_dimension=128, priority=-1)
+    got = np.asarray(res.embeddings.float_, dtype=np.float32)
+    assert got.shape == (4, 128)
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+    assert cosine_rows(got, ref[:, :128]).min() >= 0.99999
+    # v2 answers by form, float when none is asked for.
+    plain = server.post("/v2/embed", {"texts": texts[:1], "model": EMBEDDER, "input_type": "search_query"}).json()
+    assert plain["response_type"] == "embeddings_by_type" and list(plain["embeddings"]) == ["float"]
+
+
+def test_input_type_picks_the_models_prompt(nomic, golden):
+    texts = [t for t in golden[0] if t][:8]
+    keep = [i for i, t in enumerate(golden[0]) if t][:8]
+    co2 = cohere.ClientV2(api_key="unused", base_url=nomic.url)
+    for input_type, reference in (("search_query", "query"), ("search_document", "document")):
+        res = co2.embed(texts=texts, model="tiny-nomic-bert", input_type=input_type, embedding_types=["float"])
+        got = np.asarray(res.embeddings.float_, dtype=np.float32)
+        ref = np.load(NOMIC / f"reference_{reference}_normalized.npy")[keep]
+        assert cosine_rows(got, ref).min() >= 0.99999, input_type
+    for input_type, prompt in (("clustering", "clustering"), ("classification", "classification")):
+        res = co2.embed(texts=texts[:2], model="tiny-nomic-bert", input_type=input_type, embedding_types=["float"])
+        native = nomic.post("/api/v1/embed", {"texts": texts[:2], "prompt_name": prompt}).json()["embeddings"]
+        np.testing.assert_array_equal(np.asarray(res.embeddings.float_, dtype=np.float32),
+                                      np.asarray(native, dtype=np.float32))
+    # No input_type: the folder's default prompt (document).
+    v1 = cohere.Client(api_key="unused", base_url=nomic.url).embed(texts=texts, model="tiny-nomic-bert")
+    ref = np.load(NOMIC / "reference_document_normalized.npy")[keep]
+    assert cosine_rows(np.asarray(v1.embeddings, dtype=np.float32), ref).min() >= 0.99999
+
+
+def test_truncate_start_keeps_the_end(server):
+    tail = " ".join(f"river{i % 7} bank{i % 5}" for i in range(150))
+    long = "mountains and valleys " * 60 + tail
+    start = server.post("/v1/embed", {"texts": [long], "truncate": "START"}).json()["embeddings"][0]
+    left = server.post("/api/v1/embed", {"texts": [long], "truncation_direction": "left"}).json()["embeddings"][0]
+    end = server.post("/v1/embed", {"texts": [long]}).json()["embeddings"][0]
+    right = server.post("/api/v1/embed", {"texts": [long]}).json()["embeddings"][0]
+    assert start == left and end == right and start != end
+    r = server.post("/v1/embed", {"texts": [long], "truncate": "NONE"})
+    assert r.status_code == 422 and "input 0" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("body,status,param,needle", [
+    ({"images": ["data:image/png;base64,AAAA"]}, 400, "texts", "embeds text"),
+    ({"texts": ["a"], "input_type": "image"}, 400, "texts", "embeds text"),
+    ({"inputs": [{"content": [{"type": "text", "text": "a"}]}]}, 400, "texts", "embeds text"),
+    ({"model": EMBEDDER}, 400, "texts", "texts is required"),
+    ({"texts": []}, 400, "input", "input is empty"),
+    ({"texts": ["a"], "output_dimension": 0}, 400, "output_dimension",
+     "output_dimension must be between 1 and the model's dimension 384, got 0"),
+    ({"texts": ["a"], "max_tokens": 16}, 400, "max_tokens", "256 tokens"),
+    ({"texts": ["a"], "embedding_types": ["float", "hex"]}, 422, None, "unknown variant `hex`"),
+    ({"texts": ["a"], "input_type": "search"}, 422, None, "unknown variant `search`"),
+    ({"texts": ["a"], "truncate": "end"}, 422, None, "unknown variant `end`"),
+])
+def test_bad_input(server, body, status, param, needle):
+    for path in ("/v1/embed", "/v2/embed"):
+        r = server.post(path, body)
+        assert r.status_code == status, (path, r.text)
+        err = r.json()["error"]
+        assert needle in err["message"] and err["param"] == param, (path, err)
+    with pytest.raises(cohere.errors.BadRequestError):
+        cohere.ClientV2(api_key="unused", base_url=server.url).embed(
+            texts=["a"], model=EMBEDDER, input_type="search_query", embedding_types=["float"], max_tokens=3)
+    ok = server.post("/v2/embed", {"texts": ["a"], "max_tokens": 100000})
+    assert ok.status_code == 200
+    assert server.healthy()

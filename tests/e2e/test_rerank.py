@@ -172,6 +172,20 @@ def test_inference_client(duo, scorers, golden):
     assert len(top) == 1 and abs(top[0].score - float(raw.max())) <= 1e-4
 
 
+def test_tei_info_for_tei_clients(duo, scorers):
+    """/info carries TEI's names too: huggingface_hub reads it as an endpoint's
+    info, and Dify checks model_type and sizes its calls by the two maxima."""
+    info = huggingface_hub.InferenceClient(model=duo.url, provider="hf-inference").get_endpoint_info()
+    assert info["model_type"] == {"embedding": {"pooling": "mean"}}
+    assert (info["model_id"], info["model_dtype"], info["model_sha"]) == (EMBEDDER, "float32", None)
+    assert (info["max_input_length"], info["max_client_batch_size"], info["max_batch_requests"],
+            info["max_batch_tokens"], info["max_concurrent_requests"], info["auto_truncate"]) == (
+        256, 2048, 64, 8192, 512, True)
+    labels = json.loads((BERT_CLASSIFIER / "config.json").read_text())["id2label"]
+    got = scorers.get("/info").json()["model_type"]
+    assert got == {"classifier": {"id2label": labels, "label2id": {v: int(k) for k, v in labels.items()}}}
+
+
 # ------------------------------------------------------------ two models
 
 

@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use mlx_embed_core::DeviceMemory;
+use mlx_embed_core::{DeviceMemory, ModelInfo, ModelKind};
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -178,6 +178,76 @@ pub struct InfoResponse {
     pub batching: BatchingInfo,
     pub limits: LimitsInfo,
     pub version: String,
+    // TEI's `/info` names for the same facts, which TEI clients read (Dify
+    // checks `model_type` and sizes its calls by the two maxima).
+    /// The default model's task, as TEI names it.
+    pub model_type: TeiModelType,
+    /// The float type the model runs in.
+    pub model_dtype: String,
+    /// Always null (no Hub revision: a local folder).
+    pub model_sha: Option<String>,
+    /// `max_input_tokens`.
+    pub max_input_length: usize,
+    /// `limits.max_inputs_per_request`.
+    pub max_client_batch_size: usize,
+    /// `batching.max_batch_size`.
+    pub max_batch_requests: usize,
+    /// `batching.max_batch_tokens`.
+    pub max_batch_tokens: usize,
+    /// `batching.max_concurrent_requests`.
+    pub max_concurrent_requests: usize,
+    /// Over-long inputs are cut unless a request says `truncate: false`.
+    pub auto_truncate: bool,
+}
+
+/// A model's task in TEI's shape: `{"embedding": {"pooling": "mean"}}`,
+/// `{"reranker": {"id2label": ..., "label2id": ...}}` or the same for `classifier`.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TeiModelType {
+    Embedding {
+        /// `cls`, `mean`, `last_token`, ... (the engine's pooling).
+        pooling: String,
+    },
+    Classifier {
+        id2label: BTreeMap<String, String>,
+        label2id: BTreeMap<String, usize>,
+    },
+    Reranker {
+        id2label: BTreeMap<String, String>,
+        label2id: BTreeMap<String, usize>,
+    },
+}
+
+impl TeiModelType {
+    fn of(info: &ModelInfo) -> Self {
+        let labels = info.kind.labels();
+        let id2label = labels
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (i.to_string(), l.clone()))
+            .collect();
+        let label2id = labels
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (l.clone(), i))
+            .collect();
+        match info.kind {
+            ModelKind::Embedding => {
+                let pooling = info.details.get("pooling").map_or("mean", String::as_str);
+                TeiModelType::Embedding {
+                    pooling: if pooling == "last" {
+                        "last_token"
+                    } else {
+                        pooling
+                    }
+                    .to_owned(),
+                }
+            }
+            ModelKind::Classifier { .. } => TeiModelType::Classifier { id2label, label2id },
+            ModelKind::Reranker { .. } => TeiModelType::Reranker { id2label, label2id },
+        }
+    }
 }
 
 /// Model, batching and limits.
@@ -244,6 +314,20 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
             auth_required: a.api_key.is_some(),
         },
         version: env!("CARGO_PKG_VERSION").into(),
+        model_type: TeiModelType::of(m),
+        model_dtype: m
+            .weights
+            .as_ref()
+            .map(|w| w.dtype.clone())
+            .or_else(|| m.details.get("dtype").cloned())
+            .unwrap_or_else(|| "unknown".into()),
+        model_sha: None,
+        max_input_length: m.max_input_tokens,
+        max_client_batch_size: a.max_inputs_per_request,
+        max_batch_requests: c.max_batch_size,
+        max_batch_tokens: c.max_batch_tokens,
+        max_concurrent_requests: c.max_concurrent_requests,
+        auto_truncate: true,
     })
 }
 
@@ -272,4 +356,37 @@ pub async fn method_not_allowed(uri: Uri) -> Response {
         ErrorKind::MethodNotAllowed,
         format!("method not allowed on {}", uri.path()),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn tei_model_types() {
+        let info = |kind, pooling: Option<&str>| ModelInfo {
+            kind,
+            details: pooling
+                .map(|p| BTreeMap::from([("pooling".to_owned(), p.to_owned())]))
+                .unwrap_or_default(),
+            ..ModelInfo::default()
+        };
+        let as_json = |i: &ModelInfo| serde_json::to_value(TeiModelType::of(i)).unwrap();
+        assert_eq!(
+            as_json(&info(ModelKind::Embedding, Some("last"))),
+            json!({ "embedding": { "pooling": "last_token" } })
+        );
+        assert_eq!(
+            as_json(&info(ModelKind::Embedding, Some("cls"))),
+            json!({ "embedding": { "pooling": "cls" } })
+        );
+        let reranker = ModelKind::Reranker {
+            labels: vec!["LABEL_0".into()],
+        };
+        assert_eq!(
+            as_json(&info(reranker, None)),
+            json!({ "reranker": { "id2label": { "0": "LABEL_0" }, "label2id": { "LABEL_0": 0 } } })
+        );
+    }
 }

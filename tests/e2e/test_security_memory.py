@@ -53,6 +53,8 @@ AUTH_ROUTES = [
     ("POST", "/api/embeddings", {"prompt": "hi"}, "ollama"),
     ("POST", "/v1/embed", {"texts": ["hi"]}, "openai"),
     ("POST", "/v2/embed", {"texts": ["hi"]}, "openai"),
+    ("POST", "/vectors", {"text": "hi"}, "weaviate"),
+    ("GET", "/meta", None, "weaviate"),
     ("GET", "/api/tags", None, "ollama"),
     ("GET", "/api/ps", None, "ollama"),
     ("POST", "/api/show", {"model": "x"}, "ollama"),
@@ -68,6 +70,7 @@ UNAUTHORIZED_BODY = {
                          "code": "invalid_api_key"}},
     "tei": {"error": UNAUTHORIZED, "error_type": "Unauthorized"},
     "ollama": {"error": UNAUTHORIZED},
+    "weaviate": {"error": UNAUTHORIZED},
 }
 
 
@@ -111,6 +114,8 @@ def test_browser_pages_of_listed_origins_only(keyed_server):
 def test_health_needs_no_key(keyed_server):
     resp = requests.get(keyed_server.url + "/health", timeout=10)
     assert resp.status_code == 200 and resp.json() == {"status": "ok"}
+    for probe in ("/.well-known/live", "/.well-known/ready"):
+        assert requests.get(keyed_server.url + probe, timeout=10).status_code == 204, probe
 
 
 def test_log_has_request_ids_but_no_request_text(keyed_server):

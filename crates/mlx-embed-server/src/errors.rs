@@ -287,6 +287,12 @@ pub struct OllamaErrorBody {
     pub error: String,
 }
 
+/// Weaviate `text2vec-transformers`' error body.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct WeaviateErrorBody {
+    pub error: String,
+}
+
 /// Which API's error shape to answer in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Api {
@@ -294,6 +300,7 @@ pub enum Api {
     OpenAi,
     Tei,
     Ollama,
+    Weaviate,
 }
 
 impl Api {
@@ -317,6 +324,8 @@ impl Api {
             "/api/embed" | "/api/embeddings" | "/api/tags" | "/api/ps" | "/api/show"
         ) {
             Api::Ollama
+        } else if matches!(path, "/vectors" | "/vectors/" | "/meta") {
+            Api::Weaviate
         } else {
             Api::Native
         }
@@ -348,6 +357,7 @@ impl Api {
             })
             .into_response(),
             Api::Ollama => Json(OllamaErrorBody { error: err.message }).into_response(),
+            Api::Weaviate => Json(WeaviateErrorBody { error: err.message }).into_response(),
         };
         *response.status_mut() = status;
         let headers = response.headers_mut();
@@ -369,6 +379,7 @@ pub struct Native;
 pub struct OpenAi;
 pub struct Tei;
 pub struct Ollama;
+pub struct Weaviate;
 impl Flavor for Native {
     const API: Api = Api::Native;
 }
@@ -380,6 +391,9 @@ impl Flavor for Tei {
 }
 impl Flavor for Ollama {
     const API: Api = Api::Ollama;
+}
+impl Flavor for Weaviate {
+    const API: Api = Api::Weaviate;
 }
 
 /// An [`ApiError`] that renders in `F`'s shape; `?` converts into it.
@@ -421,6 +435,7 @@ mod tests {
         assert_eq!(Api::for_path("/api/embed"), Api::Ollama);
         assert_eq!(Api::for_path("/api/embeddings"), Api::Ollama);
         assert_eq!(Api::for_path("/api/tags"), Api::Ollama);
+        assert_eq!(Api::for_path("/vectors"), Api::Weaviate);
         assert_eq!(Api::for_path("/api/v1/embed"), Api::Native);
         assert_eq!(Api::for_path("/metrics"), Api::Native);
     }

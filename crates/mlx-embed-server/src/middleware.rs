@@ -72,14 +72,14 @@ pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next
     response
 }
 
-/// With `--api-key`, every route but `/health` needs `Authorization: Bearer <key>`;
-/// otherwise 401 in the path's API error shape.
+/// With `--api-key`, every route but the probes (`/health`, `/.well-known/*`)
+/// needs `Authorization: Bearer <key>`; otherwise 401 in the path's API error shape.
 pub async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let Some(key) = state.args().api_key.as_deref() else {
         return next.run(req).await;
     };
     let path = req.uri().path();
-    if path == "/health" {
+    if path == "/health" || path.starts_with("/.well-known/") {
         return next.run(req).await;
     }
     let presented = req

@@ -4,9 +4,11 @@ use std::sync::OnceLock;
 
 use utoipa::OpenApi;
 
-use crate::errors::{NativeErrorBody, OllamaErrorBody, OpenAiErrorBody, TeiErrorBody};
+use crate::errors::{
+    NativeErrorBody, OllamaErrorBody, OpenAiErrorBody, TeiErrorBody, WeaviateErrorBody,
+};
 use crate::routes::{
-    cohere, native, ollama, openai, ops, predict, rerank, root, similarity, tei, tokens,
+    cohere, native, ollama, openai, ops, predict, rerank, root, similarity, tei, tokens, weaviate,
 };
 
 #[derive(OpenApi)]
@@ -34,18 +36,23 @@ use crate::routes::{
         tokens::tokenize,
         tokens::decode,
         root::inference,
+        weaviate::vectors,
+        weaviate::meta,
+        weaviate::live,
+        weaviate::ready,
         ops::health,
         ops::metrics,
         ops::info,
         ops::openapi,
     ),
-    components(schemas(NativeErrorBody, OpenAiErrorBody, TeiErrorBody, OllamaErrorBody)),
+    components(schemas(NativeErrorBody, OpenAiErrorBody, TeiErrorBody, OllamaErrorBody, WeaviateErrorBody)),
     tags(
         (name = "native", description = "The native API"),
         (name = "openai", description = "OpenAI compatible"),
         (name = "tei", description = "text-embeddings-inference compatible"),
         (name = "ollama", description = "Ollama compatible"),
         (name = "cohere", description = "Cohere embed and Cohere / Jina rerank compatible"),
+        (name = "weaviate", description = "Weaviate text2vec-transformers inference API compatible"),
         (name = "ops", description = "Health, metrics, info"),
     )
 )]

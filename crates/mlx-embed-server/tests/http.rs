@@ -1281,3 +1281,101 @@ async fn cors_lets_only_listed_origins_read_answers() {
     assert_eq!(allow_origin(&r), None);
     plain.stop().await.unwrap();
 }
+
+/// Weaviate's `text2vec-transformers` API: a single text posted without a
+/// content type (as Weaviate sends it), a batch, `task_type` picking the
+/// model's prompt, and the probes, which need no API key.
+#[tokio::test]
+async fn weaviate_vectors_meta_and_probes() {
+    let args = ServerArgs {
+        api_key: Some("sekret".into()),
+        ..test_args()
+    };
+    let s = Server::start(args).await;
+    let c = client();
+    let send = |body: &'static str| {
+        c.post(s.url("/vectors"))
+            .header("authorization", "Bearer sekret")
+            .body(body)
+            .send()
+    };
+    let one = send(r#"{"text": "abc", "config": {"pooling_strategy": "masked_mean"}}"#)
+        .await
+        .unwrap();
+    assert_eq!(one.status(), 200);
+    let one: Value = one.json().await.unwrap();
+    assert_eq!(one["text"], "abc");
+    assert_eq!(one["dims"], DIM);
+    let native = |body: Value| {
+        let req = c
+            .post(s.url("/api/v1/embed"))
+            .header("authorization", "Bearer sekret")
+            .json(&body)
+            .send();
+        async move { req.await.unwrap().json::<Value>().await.unwrap() }
+    };
+    let plain = native(json!({ "texts": ["abc", "de"] })).await;
+    assert_eq!(floats(&one["vector"]), floats(&plain["embeddings"][0]));
+
+    let batch: Value = send(r#"{"texts": ["abc", "de"], "config": {"task_type": "query"}}"#)
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let query = native(json!({ "texts": ["abc", "de"], "prompt_name": "query" })).await;
+    assert_eq!(batch["dims"], DIM);
+    assert_eq!(
+        vectors(Shape::Native, &json!({ "embeddings": batch["vectors"] })),
+        vectors(Shape::Native, &query)
+    );
+    let passage: Value =
+        send(r#"{"texts": ["abc"], "config": {"task_type": "passage", "dimensions": 4}}"#)
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+    assert_eq!(passage["dims"], 4);
+
+    for (body, status) in [
+        (r#"{"config": {}}"#, 400),
+        (r#"{"text": "a", "texts": ["b"]}"#, 400),
+        (r#"{"text": ""}"#, 400),
+        (r#"{"text": "a", "config": {"task_type": "both"}}"#, 422),
+        (r#"{"text": "a""#, 400),
+    ] {
+        let r = send(body).await.unwrap();
+        assert_eq!(r.status().as_u16(), status, "{body}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(v.as_object().unwrap().len(), 1, "{v}");
+        assert!(v["error"].is_string(), "{v}");
+    }
+    let denied = c
+        .post(s.url("/vectors"))
+        .body(r#"{"text": "a"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(denied.status(), 401);
+
+    for probe in ["/.well-known/live", "/.well-known/ready"] {
+        assert_eq!(
+            c.get(s.url(probe)).send().await.unwrap().status(),
+            204,
+            "{probe}"
+        );
+    }
+    let meta: Value = c
+        .get(s.url("/meta"))
+        .header("authorization", "Bearer sekret")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(meta["model"]["name"], "fake-model");
+    assert_eq!(meta["model"]["dimension"], DIM);
+    s.stop().await.unwrap();
+}

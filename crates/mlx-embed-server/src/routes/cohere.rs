@@ -20,6 +20,7 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::openai::encode_base64;
+use super::role_prompt;
 use crate::embed::{embed as run_embed, EmbedRequest};
 use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
 use crate::extract::ApiJson;
@@ -267,17 +268,14 @@ async fn embed(
 
 /// The model's prompt for `input_type`'s role, else its default one.
 fn prompt_for(input_type: Option<CohereInputType>, prompts: &BTreeMap<String, String>) -> Prompt {
-    let names: &[&str] = match input_type {
+    let roles: &[&str] = match input_type {
         None | Some(CohereInputType::Image) => &[],
         Some(CohereInputType::SearchQuery) => &["query"],
         Some(CohereInputType::SearchDocument) => &["document", "passage"],
         Some(CohereInputType::Classification) => &["classification"],
         Some(CohereInputType::Clustering) => &["clustering"],
     };
-    names
-        .iter()
-        .find(|name| prompts.contains_key(**name))
-        .map_or(Prompt::Default, |name| Prompt::Named((*name).to_owned()))
+    role_prompt(roles, prompts)
 }
 
 fn by_type(vectors: Vec<Vec<f32>>, mut types: Vec<CohereEmbeddingType>) -> CohereEmbeddingsByType {

@@ -13,7 +13,9 @@ pub mod root;
 pub mod similarity;
 pub mod tei;
 pub mod tokens;
+pub mod weaviate;
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
@@ -21,12 +23,10 @@ use axum::http::{header, HeaderName, HeaderValue, Method};
 use axum::middleware::from_fn_with_state;
 use axum::routing::{get, post};
 use axum::Router;
-use serde::Serialize;
-use utoipa::ToSchema;
-
 use mlx_embed_core::Prompt;
-
+use serde::Serialize;
 use tower_http::cors::{AllowOrigin, CorsLayer};
+use utoipa::ToSchema;
 
 use crate::errors::ApiError;
 use crate::extract::PRIORITY_HEADER;
@@ -59,6 +59,11 @@ pub fn router(state: AppState) -> Router {
         .route("/tokenize", post(tokens::tokenize))
         .route("/decode", post(tokens::decode))
         .route("/", post(root::inference))
+        .route("/vectors", post(weaviate::vectors))
+        .route("/vectors/", post(weaviate::vectors))
+        .route("/meta", get(weaviate::meta))
+        .route("/.well-known/live", get(weaviate::live))
+        .route("/.well-known/ready", get(weaviate::ready))
         .route("/health", get(ops::health))
         .route("/metrics", get(ops::metrics))
         .route("/info", get(ops::info))
@@ -117,6 +122,16 @@ pub(crate) fn prompt_of(
         (None, Some(text)) => Ok(Prompt::Raw(text)),
         (None, None) => Ok(Prompt::Default),
     }
+}
+
+/// The first of `roles` the model has a prompt named for, else its default
+/// prompt: how APIs that say what a text is for (Cohere's `input_type`,
+/// Weaviate's `task_type`) pick a prompt.
+pub(crate) fn role_prompt(roles: &[&str], prompts: &BTreeMap<String, String>) -> Prompt {
+    roles
+        .iter()
+        .find(|name| prompts.contains_key(**name))
+        .map_or(Prompt::Default, |name| Prompt::Named((*name).to_owned()))
 }
 
 /// Token usage of one request.

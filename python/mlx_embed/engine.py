@@ -91,7 +91,10 @@ class EmbeddingModel(ScoringMixin):
         self.kind = ck.kind
         self.labels = ck.labels
         self.device = device.device_name()
-        self.parameter_count, self.weights_bytes = loading.weight_stats([self.model, *ck.head.dense])
+        self.parameter_count, self.weights_bytes = loading.weight_stats(
+            [self.model],
+            [a for d in ck.head.dense for a in (d.weight, d.bias) if a is not None],
+        )
         self._template: Optional[str] = ck.defaults.get("instruction_template")
         self._type_vocab_size = int(ck.config.get("type_vocab_size") or 1)
 

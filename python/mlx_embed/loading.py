@@ -170,14 +170,16 @@ def dequantize_layers(model: nn.Module) -> int:
     return len(swaps)
 
 
-def weight_stats(modules) -> tuple[int, int]:
-    """(parameters, bytes) of the weights of ``modules`` as they sit in memory.
-    A quantized layer counts the values it packs, not its packed words, scales
-    or biases, so a 4-bit model reports the parameter count of its float twin
-    (what Ollama's ``parameter_size`` and model cards state)."""
+def weight_stats(modules, arrays=()) -> tuple[int, int]:
+    """(parameters, bytes) of the weights of ``modules`` (``nn.Module``s) and
+    of loose ``arrays`` (sentence-transformers Dense layers), as they sit in
+    memory. A quantized layer counts the values it packs, not its packed
+    words, scales or biases, so a 4-bit model reports the parameter count of
+    its float twin (what Ollama's ``parameter_size`` and model cards state)."""
     from mlx.utils import tree_flatten
 
-    params = nbytes = 0
+    params = sum(a.size for a in arrays)
+    nbytes = sum(a.nbytes for a in arrays)
     for module in modules:
         packed = {
             name: m for name, m in module.named_modules()

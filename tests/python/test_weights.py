@@ -76,6 +76,21 @@ def test_weight_stats_count_what_quantized_layers_pack(qwen):
         assert q.info()["parameters"] == n and q.info()["weights_bytes"] == packed
 
 
+def test_weight_stats_count_dense_layers():
+    """A folder with sentence-transformers Dense layers (EmbeddingGemma's
+    projections) counts them beside the transformer."""
+    from conftest import FIXTURES
+    from mlx.utils import tree_flatten
+
+    m = mlx_embed.load(FIXTURES / "tiny-gemma3")
+    transformer = sum(w.size for _, w in tree_flatten(m.model.parameters()))
+    dense = [a for d in m.scheduler.head.dense for a in (d.weight, d.bias) if a is not None]
+    assert dense, "the fixture has Dense layers"
+    n = transformer + sum(a.size for a in dense)
+    assert m.parameter_count == n > transformer
+    assert m.weights_bytes == 4 * n
+
+
 def test_quantize_on_load_minilm(minilm, golden_texts, cos):
     """4-bit MiniLM does NOT reach the 0.97 min-cosine target (measured on
     all 40 golden texts: group 32 -> 0.902, group 64 -> 0.864; mean ~0.96);

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from harness import FIXTURES, start_server
+from harness import FIXTURES, NOMIC, start_server
 
 @pytest.fixture(scope="session")
 def golden():
@@ -23,3 +23,12 @@ def server(tmp_path_factory):
     yield srv
     code = srv.stop()
     assert code == 0, f"server exited {code}:\n{srv.log()[-4000:]}"
+
+
+@pytest.fixture(scope="session")
+def nomic(tmp_path_factory):
+    """The NomicBERT fixture: prompts query/document/classification/clustering
+    (no passage), default document. For the APIs that pick a prompt by role."""
+    srv = start_server(tmp_path_factory.mktemp("nomic"), "--model", str(NOMIC), "--no-warmup")
+    yield srv
+    assert srv.stop() == 0, srv.log()[-3000:]

@@ -25,6 +25,7 @@ SERVER_BINARY = ROOT / "target" / "release" / "mlx-embed-server"
 # built by `make build` with the launcher's `test-hooks` feature, never shipped.
 TEST_SERVER_BINARY = ROOT / "target" / "release" / "mlx-embed-server-test"
 STARTUP_TIMEOUT_S = 180
+NOMIC = FIXTURES / "tiny-nomic-bert"
 
 
 def free_port() -> int:
@@ -96,6 +97,14 @@ def start_server(tmp_path: Path, *args: str, env: dict | None = None, command: l
         time.sleep(0.2)
     server.stop()
     pytest.fail(f"server not healthy after {STARTUP_TIMEOUT_S}s:\n{server.log()[-4000:]}")
+
+
+def non_empty_golden(golden, n: int):
+    """The first ``n`` golden texts every route takes (an empty string is a
+    400), their references and their positions in the golden set."""
+    texts, ref = golden
+    idx = [i for i, t in enumerate(texts) if t][:n]
+    return [texts[i] for i in idx], ref[idx], idx
 
 
 def cosine_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -11,28 +11,13 @@ import cohere
 import numpy as np
 import pytest
 
-from harness import FIXTURES, cosine_rows, start_server
+from harness import NOMIC, cosine_rows, non_empty_golden
 
 EMBEDDER = "all-MiniLM-L6-v2"
-NOMIC = FIXTURES / "tiny-nomic-bert"
-
-
-@pytest.fixture(scope="module")
-def nomic(tmp_path_factory):
-    """A folder with query/document/classification/clustering prompts, default document."""
-    srv = start_server(tmp_path_factory.mktemp("nomic"), "--model", str(NOMIC), "--no-warmup")
-    yield srv
-    assert srv.stop() == 0, srv.log()[-3000:]
-
-
-def texts_and_refs(golden, n):
-    texts, ref = golden
-    idx = [i for i, t in enumerate(texts) if t][:n]
-    return [texts[i] for i in idx], ref[idx]
 
 
 def test_v1_floats_match_sentence_transformers(server, golden):
-    texts, ref = texts_and_refs(golden, 12)
+    texts, ref, _ = non_empty_golden(golden, 12)
     res = cohere.Client(api_key="unused", base_url=server.url).embed(texts=texts, model=EMBEDDER)
     assert res.response_type == "embeddings_floats"
     got = np.asarray(res.embeddings, dtype=np.float32)
@@ -42,7 +27,7 @@ def test_v1_floats_match_sentence_transformers(server, golden):
 
 
 def test_byte_forms_are_the_float_vector_quantized(server, golden):
-    texts, ref = texts_and_refs(golden, 6)
+    texts, ref, _ = non_empty_golden(golden, 6)
     res = cohere.Client(api_key="unused", base_url=server.url).embed(
         texts=texts, model=EMBEDDER, embedding_types=["float", "int8", "uint8", "binary", "ubinary", "base64"])
     assert res.response_type == "embeddings_by_type"
@@ -60,7 +45,7 @@ def test_byte_forms_are_the_float_vector_quantized(server, golden):
 
 
 def test_v2_output_dimension_and_priority(server, golden):
-    texts, ref = texts_and_refs(golden, 4)
+    texts, ref, _ = non_empty_golden(golden, 4)
     co2 = cohere.ClientV2(api_key="unused", base_url=server.url)
     res = co2.embed(texts=texts, model=EMBEDDER, input_type="search_document", embedding_types=["float"],
                     output_dimension=128, priority=-1)
@@ -74,8 +59,7 @@ def test_v2_output_dimension_and_priority(server, golden):
 
 
 def test_input_type_picks_the_models_prompt(nomic, golden):
-    texts = [t for t in golden[0] if t][:8]
-    keep = [i for i, t in enumerate(golden[0]) if t][:8]
+    texts, _, keep = non_empty_golden(golden, 8)
     co2 = cohere.ClientV2(api_key="unused", base_url=nomic.url)
     for input_type, reference in (("search_query", "query"), ("search_document", "document")):
         res = co2.embed(texts=texts, model="tiny-nomic-bert", input_type=input_type, embedding_types=["float"])

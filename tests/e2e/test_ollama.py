@@ -8,7 +8,7 @@ import numpy as np
 import ollama
 import pytest
 
-from harness import FIXTURES, cosine_rows, start_server
+from harness import FIXTURES, cosine_rows, non_empty_golden, start_server
 
 EMBEDDER = "all-MiniLM-L6-v2"
 RERANKER = "tiny-bert-reranker"
@@ -29,15 +29,8 @@ def client(server) -> ollama.Client:
     return ollama.Client(host=server.url, timeout=60)
 
 
-def non_empty(golden, n: int):
-    """The first ``n`` golden texts every route takes (an empty string is a 400) and their references."""
-    texts, ref = golden
-    idx = [i for i, t in enumerate(texts) if t][:n]
-    return [texts[i] for i in idx], ref[idx]
-
-
 def test_embed_matches_sentence_transformers(server, golden):
-    texts, ref = non_empty(golden, 16)
+    texts, ref, _ = non_empty_golden(golden, 16)
     out = client(server).embed(model=EMBEDDER, input=texts)
     got = np.asarray(out.embeddings, dtype=np.float32)
     assert got.shape == (16, 384)
@@ -47,7 +40,7 @@ def test_embed_matches_sentence_transformers(server, golden):
 
 
 def test_legacy_embeddings_are_the_unnormalized_vector(server, golden):
-    texts, ref = non_empty(golden, 6)
+    texts, ref, _ = non_empty_golden(golden, 6)
     c = client(server)
     for i in (0, 5):
         out = c.embeddings(model=f"{EMBEDDER}:latest", prompt=texts[i])
@@ -97,7 +90,7 @@ def test_list_ps_and_show_describe_the_served_model(server):
 
 
 def test_two_models_listed_and_picked_by_tagged_name(duo, golden):
-    texts, ref = non_empty(golden, 2)
+    texts, ref, _ = non_empty_golden(golden, 2)
     c = client(duo)
     assert [m.model for m in c.list().models] == [f"{EMBEDDER}:latest", f"{RERANKER}:latest"]
     assert [m.model for m in c.ps().models] == [f"{EMBEDDER}:latest", f"{RERANKER}:latest"]

@@ -8,20 +8,9 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 import requests
 
-from harness import FIXTURES, cosine_rows, start_server
-
-NOMIC = FIXTURES / "tiny-nomic-bert"
-
-
-@pytest.fixture(scope="module")
-def nomic(tmp_path_factory):
-    """Prompts query/document (no passage), default document."""
-    srv = start_server(tmp_path_factory.mktemp("weaviate-nomic"), "--model", str(NOMIC), "--no-warmup")
-    yield srv
-    assert srv.stop() == 0, srv.log()[-3000:]
+from harness import NOMIC, cosine_rows, non_empty_golden
 
 
 def vectors(server, body: dict) -> requests.Response:
@@ -29,14 +18,8 @@ def vectors(server, body: dict) -> requests.Response:
     return requests.post(server.url + "/vectors", data=json.dumps(body).encode(), timeout=60)
 
 
-def non_empty(golden, n):
-    texts, ref = golden
-    idx = [i for i, t in enumerate(texts) if t][:n]
-    return [texts[i] for i in idx], ref[idx], idx
-
-
 def test_single_and_batch_match_sentence_transformers(server, golden):
-    texts, ref, _ = non_empty(golden, 8)
+    texts, ref, _ = non_empty_golden(golden, 8)
     r = vectors(server, {"text": texts[0], "config": {"pooling_strategy": "masked_mean", "task_type": "passage"}})
     assert r.status_code == 200, r.text
     one = r.json()
@@ -49,7 +32,7 @@ def test_single_and_batch_match_sentence_transformers(server, golden):
 
 
 def test_task_type_picks_the_models_prompt(nomic, golden):
-    texts, _, idx = non_empty(golden, 6)
+    texts, _, idx = non_empty_golden(golden, 6)
     for task_type, reference in (("query", "query"), ("passage", "document")):
         got = vectors(nomic, {"texts": texts, "config": {"task_type": task_type}}).json()["vectors"]
         ref = np.load(NOMIC / f"reference_{reference}_normalized.npy")[idx]

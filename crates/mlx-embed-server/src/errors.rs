@@ -6,10 +6,10 @@
 //! | status | when |
 //! | --- | --- |
 //! | 400 | malformed JSON; empty input list; an empty string or empty token list; a token id outside the vocabulary (names the input index); `dimensions` < 1 or > the model's dimension; an unknown `prompt_name`; input the model rejects as invalid (a `ValueError` in the Python model) |
-//! | 401 | `--api-key` is set and `Authorization: Bearer <key>` is missing or wrong (every route but `/health`) |
+//! | 401 | `--api-key` is set and `Authorization: Bearer <key>` is missing or wrong (every route but `/health` and `/.well-known/*`) |
 //! | 404 / 405 | unknown route / wrong method |
 //! | 413 | body larger than `--max-body-bytes` (2 MiB); more inputs than `--max-inputs-per-request` (2048) |
-//! | 415 | `Content-Type` is not `application/json` |
+//! | 415 | `Content-Type` is not `application/json` (Weaviate's `/vectors` reads any body as JSON) |
 //! | 422 | well-formed JSON of the wrong shape (missing, null or wrong-typed field, non-string item, arrays nested too deep, `truncation_direction` not left/right); an input longer than the model's maximum with `truncate: false` (names the index and its token count; refused before any compute) |
 //! | 429 | the server is overloaded (admission queue full or waited too long); `Retry-After` says when to retry, in whole seconds (>= 1) |
 //! | 500 | the model failed on this request (the model's message) |
@@ -18,9 +18,10 @@
 //! # Error bodies
 //!
 //! * native `/api/v1/*` and operational routes: `{"error": {"message": str, "type": str, "code": int}}`
-//! * OpenAI `/v1/*`: `{"error": {"message": str, "type": str, "param": str|null, "code": str|null}}`
-//! * TEI `/embed`: `{"error": str, "error_type": str}`
-//! * Ollama `/api/embed`: `{"error": str}`
+//! * OpenAI `/v1/*`, and Cohere's `/v2/embed`, `/v2/rerank`: `{"error": {"message": str, "type": str, "param": str|null, "code": str|null}}`
+//! * TEI `/embed` etc.: `{"error": str, "error_type": str}`
+//! * Ollama `/api/*` (but `/api/v1/*`): `{"error": str}`
+//! * Weaviate `/vectors`, `/meta`: `{"error": str}`
 
 use std::marker::PhantomData;
 use std::time::Duration;

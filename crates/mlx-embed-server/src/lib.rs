@@ -1,14 +1,17 @@
 //! mlx-embed-server: the HTTP layer of mlx-embed.
 //!
-//! Four embedding APIs (native `/api/v1/embed`, OpenAI `/v1/embeddings`, TEI
-//! `/embed`, Ollama `/api/embed`, and TEI's `/similarity`) are thin adapters
-//! over one embed path ([`embed::embed`]); the cross-encoder APIs (TEI
-//! `/rerank` and `/predict`, Cohere/Jina `/v1/rerank` and `/v2/rerank`, the
-//! Inference API's `POST /`) over one scoring path ([`score::score`]). Both
-//! drive the [`mlx_embed_core::Batcher`] of the model the request picks
+//! The embedding APIs (native `/api/v1/embed`, OpenAI `/v1/embeddings`, TEI
+//! `/embed`, Ollama `/api/embed` and `/api/embeddings`, Cohere `/v1/embed` and
+//! `/v2/embed`, Weaviate's `/vectors`, and TEI's `/similarity`) are thin
+//! adapters over one embed path ([`embed::embed`]); the cross-encoder APIs
+//! (TEI `/rerank` and `/predict`, Cohere/Jina `/v1/rerank` and `/v2/rerank`,
+//! the Inference API's `POST /`) over one scoring path ([`score::score`]).
+//! Both drive the [`mlx_embed_core::Batcher`] of the model the request picks
 //! ([`models`]: one batcher, queue and model thread per served model). Plus
-//! `/tokenize`, `/decode`, `/health`, `/metrics`, `/info`, `/v1/models` and
-//! `/openapi.json`. Status codes and error shapes are listed in [`errors`].
+//! `/tokenize`, `/decode`, the model listings (`/v1/models`, Ollama's
+//! `/api/tags`, `/api/ps`, `/api/show`, Weaviate's `/meta`), `/health` and the
+//! `/.well-known` probes, `/metrics`, `/info` and `/openapi.json`. Status
+//! codes and error shapes are listed in [`errors`].
 //! Knows nothing of Python.
 
 pub mod config;

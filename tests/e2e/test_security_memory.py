@@ -57,6 +57,7 @@ AUTH_ROUTES = [
     ("GET", "/meta", None, "weaviate"),
     ("GET", "/api/tags", None, "ollama"),
     ("GET", "/api/ps", None, "ollama"),
+    ("GET", "/api/version", None, "ollama"),
     ("POST", "/api/show", {"model": "x"}, "ollama"),
     ("GET", "/v1/models", None, "openai"),
     ("GET", "/v1/models/all-MiniLM-L6-v2", None, "openai"),

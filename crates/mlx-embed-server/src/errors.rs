@@ -322,7 +322,12 @@ impl Api {
             Api::Tei
         } else if matches!(
             path,
-            "/api/embed" | "/api/embeddings" | "/api/tags" | "/api/ps" | "/api/show"
+            "/api/embed"
+                | "/api/embeddings"
+                | "/api/tags"
+                | "/api/ps"
+                | "/api/show"
+                | "/api/version"
         ) {
             Api::Ollama
         } else if matches!(path, "/vectors" | "/vectors/" | "/meta") {

@@ -26,6 +26,7 @@ use crate::routes::{
         ollama::tags,
         ollama::ps,
         ollama::show,
+        ollama::version,
         cohere::embed_v1,
         cohere::embed_v2,
         rerank::tei_rerank,

@@ -1,6 +1,6 @@
 //! Ollama compatible: `POST /api/embed`, the legacy `POST /api/embeddings`,
-//! and the model listings Ollama clients read before they embed
-//! (`GET /api/tags`, `GET /api/ps`, `POST /api/show`).
+//! and what Ollama clients read before they embed (`GET /api/version`, the
+//! model listings `GET /api/tags`, `GET /api/ps`, `POST /api/show`).
 //!
 //! Ollama names a model `name:tag`, the tag `latest` when none is given, so
 //! the listings call a served model `<name>:latest` and the routes take a
@@ -236,6 +236,23 @@ pub struct OllamaShowResponse {
     /// `["embedding"]` for an embedding model; empty for a classifier or reranker.
     pub capabilities: Vec<String>,
     pub modified_at: String,
+}
+
+/// Ollama's version answer, with this server's version.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OllamaVersion {
+    pub version: String,
+}
+
+/// This server's version (Ollama clients check the route to verify a connection).
+#[utoipa::path(
+    get, path = "/api/version", tag = "ollama", operation_id = "ollama_version",
+    responses((status = 200, description = "mlx-embed's version", body = OllamaVersion))
+)]
+pub async fn version() -> Json<OllamaVersion> {
+    Json(OllamaVersion {
+        version: env!("CARGO_PKG_VERSION").into(),
+    })
 }
 
 /// List the served models.

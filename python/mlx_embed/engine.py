@@ -92,7 +92,7 @@ class EmbeddingModel(ScoringMixin):
         self.labels = ck.labels
         self.device = device.device_name()
         self.parameter_count, self.weights_bytes = loading.weight_stats(
-            [self.model],
+            self.model,
             [a for d in ck.head.dense for a in (d.weight, d.bias) if a is not None],
         )
         self._template: Optional[str] = ck.defaults.get("instruction_template")

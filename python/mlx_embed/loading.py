@@ -170,29 +170,28 @@ def dequantize_layers(model: nn.Module) -> int:
     return len(swaps)
 
 
-def weight_stats(modules, arrays=()) -> tuple[int, int]:
-    """(parameters, bytes) of the weights of ``modules`` (``nn.Module``s) and
-    of loose ``arrays`` (sentence-transformers Dense layers), as they sit in
-    memory. A quantized layer counts the values it packs, not its packed
+def weight_stats(model: nn.Module, arrays=()) -> tuple[int, int]:
+    """(parameters, bytes) of the weights of ``model`` and of loose ``arrays``
+    (sentence-transformers Dense layers, which are not modules), as they sit
+    in memory. A quantized layer counts the values it packs, not its packed
     words, scales or biases, so a 4-bit model reports the parameter count of
     its float twin (what Ollama's ``parameter_size`` and model cards state)."""
     from mlx.utils import tree_flatten
 
+    packed = {
+        name: m for name, m in model.named_modules()
+        if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+    }
     params = sum(a.size for a in arrays)
     nbytes = sum(a.nbytes for a in arrays)
-    for module in modules:
-        packed = {
-            name: m for name, m in module.named_modules()
-            if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
-        }
-        for name, w in tree_flatten(module.parameters()):
-            nbytes += w.nbytes
-            owner, _, leaf = name.rpartition(".")
-            layer = packed.get(owner)
-            if layer is None or leaf == "bias":
-                params += w.size
-            elif leaf == "weight":
-                params += w.size * 32 // layer.bits
+    for name, w in tree_flatten(model.parameters()):
+        nbytes += w.nbytes
+        owner, _, leaf = name.rpartition(".")
+        layer = packed.get(owner)
+        if layer is None or leaf == "bias":
+            params += w.size
+        elif leaf == "weight":
+            params += w.size * 32 // layer.bits
     return params, nbytes
 
 

@@ -168,10 +168,19 @@ fn validate(req: &EmbedRequest, dim: usize) -> Result<usize, ApiError> {
     }
     match req.dimensions {
         None => Ok(dim),
-        Some(n) if n >= 1 && n as u64 <= dim as u64 => Ok(n as usize),
-        Some(n) => Err(ApiError::invalid(format!(
-            "dimensions must be between 1 and the model's dimension {dim}, got {n}"
+        Some(n) => output_dimension(n, dim, "dimensions"),
+    }
+}
+
+/// `n` as the output width of a model `dim` wide (1..=dim); the error names
+/// the request's `field` (OpenAI's `dimensions`, Cohere's `output_dimension`).
+pub(crate) fn output_dimension(n: i64, dim: usize, field: &'static str) -> Result<usize, ApiError> {
+    if n >= 1 && n as u64 <= dim as u64 {
+        Ok(n as usize)
+    } else {
+        Err(ApiError::invalid(format!(
+            "{field} must be between 1 and the model's dimension {dim}, got {n}"
         ))
-        .param("dimensions")),
+        .param(field))
     }
 }

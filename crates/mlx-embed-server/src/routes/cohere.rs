@@ -21,7 +21,7 @@ use utoipa::ToSchema;
 
 use super::openai::encode_base64;
 use super::role_prompt;
-use crate::embed::{embed as run_embed, EmbedRequest};
+use crate::embed::{embed as run_embed, output_dimension, EmbedRequest};
 use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
 use crate::extract::ApiJson;
 use crate::models::Task;
@@ -40,7 +40,7 @@ pub enum CohereInputType {
 }
 
 /// A form the vectors are answered in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum CohereEmbeddingType {
     Float,
@@ -210,6 +210,9 @@ async fn embed(
             .param("max_tokens"));
         }
     }
+    if let Some(n) = req.output_dimension {
+        output_dimension(n, model.info().dim, "output_dimension")?;
+    }
     let prompt = prompt_for(req.input_type, &model.info().prompts);
     let truncate = req.truncate.unwrap_or(CohereTruncate::End);
     let out = run_embed(
@@ -231,27 +234,19 @@ async fn embed(
             dimensions: req.output_dimension,
         },
     )
-    .await
-    .map_err(|e| match e.message.strip_prefix("dimensions ") {
-        // The one embed path names OpenAI's field; this API calls it output_dimension.
-        Some(rest) if e.param == Some("dimensions") => ApiError {
-            message: format!("output_dimension {rest}"),
-            ..e.param("output_dimension")
-        },
-        _ => e,
-    })?;
+    .await?;
     let (response_type, embeddings) = match (version, req.embedding_types) {
         ("1", None) => ("embeddings_floats", CohereEmbeddings::Floats(out.vectors)),
         (_, types) => (
             "embeddings_by_type",
             CohereEmbeddings::ByType(by_type(
                 out.vectors,
-                types.unwrap_or_else(|| vec![CohereEmbeddingType::Float]),
+                types.as_deref().unwrap_or(&[CohereEmbeddingType::Float]),
             )),
         ),
     };
     Ok(CohereEmbedResponse {
-        id: super::rerank::request_id("embed"),
+        id: super::cohere_id("embed"),
         response_type: response_type.into(),
         embeddings,
         texts,
@@ -278,55 +273,43 @@ fn prompt_for(input_type: Option<CohereInputType>, prompts: &BTreeMap<String, St
     role_prompt(roles, prompts)
 }
 
-fn by_type(vectors: Vec<Vec<f32>>, mut types: Vec<CohereEmbeddingType>) -> CohereEmbeddingsByType {
-    types.sort();
-    types.dedup();
-    let mut out = CohereEmbeddingsByType::default();
-    for t in types {
-        match t {
-            CohereEmbeddingType::Float => out.float = Some(vectors.clone()),
-            CohereEmbeddingType::Int8 => out.int8 = Some(vectors.iter().map(|v| int8(v)).collect()),
-            CohereEmbeddingType::Uint8 => {
-                out.uint8 = Some(
-                    vectors
-                        .iter()
-                        .map(|v| {
-                            int8(v)
-                                .into_iter()
-                                .map(|x| (x as i16 + 128) as u8)
-                                .collect()
-                        })
-                        .collect(),
-                )
-            }
-            CohereEmbeddingType::Binary => {
-                out.binary = Some(
-                    vectors
-                        .iter()
-                        .map(|v| {
-                            sign_bits(v)
-                                .into_iter()
-                                .map(|b| (b as i16 - 128) as i8)
-                                .collect()
-                        })
-                        .collect(),
-                )
-            }
-            CohereEmbeddingType::Ubinary => {
-                out.ubinary = Some(vectors.iter().map(|v| sign_bits(v)).collect())
-            }
-            CohereEmbeddingType::Base64 => {
-                out.base64 = Some(vectors.iter().map(|v| encode_base64(v)).collect())
-            }
-        }
+fn by_type(vectors: Vec<Vec<f32>>, types: &[CohereEmbeddingType]) -> CohereEmbeddingsByType {
+    let wants = |t| types.contains(&t);
+    CohereEmbeddingsByType {
+        int8: wants(CohereEmbeddingType::Int8).then(|| rows(&vectors, int8)),
+        uint8: wants(CohereEmbeddingType::Uint8).then(|| rows(&vectors, uint8)),
+        binary: wants(CohereEmbeddingType::Binary).then(|| rows(&vectors, binary)),
+        ubinary: wants(CohereEmbeddingType::Ubinary).then(|| rows(&vectors, sign_bits)),
+        base64: wants(CohereEmbeddingType::Base64).then(|| rows(&vectors, encode_base64)),
+        // Last: the float form takes the vectors the others are made from.
+        float: wants(CohereEmbeddingType::Float).then_some(vectors),
     }
-    out
+}
+
+fn rows<T>(vectors: &[Vec<f32>], form: impl Fn(&[f32]) -> T) -> Vec<T> {
+    vectors.iter().map(|v| form(v)).collect()
 }
 
 /// `round(127 x)` per component of a unit vector (each in [-1, 1]).
 fn int8(v: &[f32]) -> Vec<i8> {
     v.iter()
         .map(|x| (x.clamp(-1.0, 1.0) * 127.0).round() as i8)
+        .collect()
+}
+
+/// [`int8`] + 128.
+fn uint8(v: &[f32]) -> Vec<u8> {
+    int8(v)
+        .into_iter()
+        .map(|x| (x as i16 + 128) as u8)
+        .collect()
+}
+
+/// [`sign_bits`] - 128.
+fn binary(v: &[f32]) -> Vec<i8> {
+    sign_bits(v)
+        .into_iter()
+        .map(|b| (b as i16 - 128) as i8)
         .collect()
 }
 
@@ -358,7 +341,7 @@ mod tests {
         assert_eq!(sign_bits(&v), [0b1001_0110, 0b1000_0000]);
         let t = by_type(
             vec![v.to_vec()],
-            vec![
+            &[
                 CohereEmbeddingType::Binary,
                 CohereEmbeddingType::Ubinary,
                 CohereEmbeddingType::Binary,
@@ -367,7 +350,7 @@ mod tests {
         assert_eq!(t.ubinary.unwrap()[0], [150, 128]);
         assert_eq!(t.binary.unwrap()[0], [22, 0]);
         assert!(t.float.is_none() && t.int8.is_none());
-        let u = by_type(vec![vec![1.0, -1.0, 0.0]], vec![CohereEmbeddingType::Uint8]);
+        let u = by_type(vec![vec![1.0, -1.0, 0.0]], &[CohereEmbeddingType::Uint8]);
         assert_eq!(u.uint8.unwrap()[0], [255, 1, 128]);
     }
 

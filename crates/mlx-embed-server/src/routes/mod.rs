@@ -135,6 +135,21 @@ pub(crate) fn role_prompt(roles: &[&str], prompts: &BTreeMap<String, String>) ->
         .map_or(Prompt::Default, |name| Prompt::Named((*name).to_owned()))
 }
 
+/// A unique-enough id for the `id` field of Cohere's answers (embed and
+/// rerank), e.g. `rerank-<time>-<n>`.
+pub(crate) fn cohere_id(kind: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::{SystemTime, UNIX_EPOCH};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    format!(
+        "{kind}-{nanos:x}-{:x}",
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
 /// Token usage of one request.
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct Usage {

@@ -266,12 +266,15 @@ pub async fn tags(State(state): State<AppState>) -> Json<OllamaModelList> {
         models: state
             .models()
             .iter()
-            .map(|m| OllamaModel {
-                name: tagged_name(m),
-                model: tagged_name(m),
-                modified_at: modified_at.clone(),
-                size: weights_bytes(m),
-                details: details(m),
+            .map(|m| {
+                let name = tagged_name(m);
+                OllamaModel {
+                    model: name.clone(),
+                    name,
+                    modified_at: modified_at.clone(),
+                    size: weights_bytes(m),
+                    details: details(m),
+                }
             })
             .collect(),
     })
@@ -293,11 +296,12 @@ pub async fn ps(State(state): State<AppState>) -> Json<OllamaRunningList> {
                     .details
                     .get("device")
                     .is_none_or(|d| d.starts_with("cpu"));
+                let (name, size) = (tagged_name(m), weights_bytes(m));
                 OllamaRunningModel {
-                    name: tagged_name(m),
-                    model: tagged_name(m),
-                    size: weights_bytes(m),
-                    size_vram: if on_cpu { 0 } else { weights_bytes(m) },
+                    model: name.clone(),
+                    name,
+                    size,
+                    size_vram: if on_cpu { 0 } else { size },
                     details: details(m),
                     context_length: m.info().max_input_tokens,
                 }

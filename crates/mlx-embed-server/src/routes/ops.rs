@@ -209,30 +209,37 @@ pub enum TeiModelType {
         /// `cls`, `mean`, `last_token`, ... (the engine's pooling).
         pooling: String,
     },
-    Classifier {
-        id2label: BTreeMap<String, String>,
-        label2id: BTreeMap<String, usize>,
-    },
-    Reranker {
-        id2label: BTreeMap<String, String>,
-        label2id: BTreeMap<String, usize>,
-    },
+    Classifier(TeiLabels),
+    Reranker(TeiLabels),
+}
+
+/// A scorer's labels both ways, keyed as in a Hugging Face `config.json`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TeiLabels {
+    pub id2label: BTreeMap<String, String>,
+    pub label2id: BTreeMap<String, usize>,
+}
+
+impl TeiLabels {
+    fn of(labels: &[String]) -> Self {
+        Self {
+            id2label: labels
+                .iter()
+                .enumerate()
+                .map(|(i, l)| (i.to_string(), l.clone()))
+                .collect(),
+            label2id: labels
+                .iter()
+                .enumerate()
+                .map(|(i, l)| (l.clone(), i))
+                .collect(),
+        }
+    }
 }
 
 impl TeiModelType {
     fn of(info: &ModelInfo) -> Self {
-        let labels = info.kind.labels();
-        let id2label = labels
-            .iter()
-            .enumerate()
-            .map(|(i, l)| (i.to_string(), l.clone()))
-            .collect();
-        let label2id = labels
-            .iter()
-            .enumerate()
-            .map(|(i, l)| (l.clone(), i))
-            .collect();
-        match info.kind {
+        match &info.kind {
             ModelKind::Embedding => {
                 let pooling = info.details.get("pooling").map_or("mean", String::as_str);
                 TeiModelType::Embedding {
@@ -244,8 +251,8 @@ impl TeiModelType {
                     .to_owned(),
                 }
             }
-            ModelKind::Classifier { .. } => TeiModelType::Classifier { id2label, label2id },
-            ModelKind::Reranker { .. } => TeiModelType::Reranker { id2label, label2id },
+            ModelKind::Classifier { labels } => TeiModelType::Classifier(TeiLabels::of(labels)),
+            ModelKind::Reranker { labels } => TeiModelType::Reranker(TeiLabels::of(labels)),
         }
     }
 }

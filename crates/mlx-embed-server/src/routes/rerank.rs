@@ -264,7 +264,7 @@ async fn cohere_rerank(
         })
         .collect();
     Ok(Json(CohereRerankResponse {
-        id: request_id("rerank"),
+        id: super::cohere_id("rerank"),
         model: out.model,
         results,
         meta: CohereMeta {
@@ -306,18 +306,4 @@ fn pairs_request(
 /// A reranker has one label: its scores as a flat list.
 fn first_label(out: &ScoreOutput) -> Vec<f32> {
     out.scores.iter().map(|row| row[0]).collect()
-}
-
-/// A unique-enough id for Cohere's `id` field, e.g. `rerank-<time>-<n>`.
-pub(crate) fn request_id(kind: &str) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    use std::time::{SystemTime, UNIX_EPOCH};
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    format!(
-        "{kind}-{nanos:x}-{:x}",
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    )
 }

@@ -90,6 +90,7 @@ class EmbeddingModel(ScoringMixin):
         self.default_prompt_name = ck.default_prompt_name
         self.kind = ck.kind
         self.labels = ck.labels
+        self.sparse = ck.sparse
         self.device = device.device_name()
         self.parameter_count, self.weights_bytes = loading.weight_stats(
             self.model,
@@ -189,6 +190,7 @@ class EmbeddingModel(ScoringMixin):
             elementwise_ops=self.context.describe(),
             kind=self.kind,
             labels=list(self.labels),
+            sparse=self.sparse,
             tokenizer=TokenizerSpec(
                 path=tok.path,
                 prefix_ids=list(tok.prefix),
@@ -409,6 +411,25 @@ class EmbeddingModel(ScoringMixin):
         prefix), ``instruction`` (formatted by the model's template)."""
         return self.embed_with_counts(texts, **kwargs)[0]
 
+    def embed_sparse(self, texts: list[str], **kwargs) -> list[tuple[np.ndarray, np.ndarray]]:
+        """A SPLADE model's vectors as ``(indices, values)`` per text: the
+        non-zero vocabulary entries in increasing index order (int32, float32),
+        unnormalized (TEI's ``/embed_sparse``). Keyword arguments as
+        :meth:`embed` takes them, except ``normalize``."""
+        if not self.sparse:
+            raise InvalidInput(
+                f"{self.name} is not a SPLADE model: sparse vectors need pooling='splade' "
+                "on a masked-LM checkpoint, or a SparseEncoder folder"
+            )
+        if "normalize" in kwargs:
+            raise InvalidInput("embed_sparse returns the raw SPLADE weights: no normalize")
+        dense = self.embed(texts, normalize=False, **kwargs)
+        out = []
+        for row in dense:
+            (nz,) = np.nonzero(row)
+            out.append((nz.astype(np.int32), row[nz]))
+        return out
+
     def count_tokens(self, texts: list[str], **kwargs) -> list[int]:
         """Tokens each text would run as (after truncation, specials included)."""
         return [len(x) for x in self.encode(texts, **kwargs)[0]]
@@ -456,6 +477,7 @@ class EmbeddingModel(ScoringMixin):
             "model_type": self.model_type,
             "kind": self.kind,
             "labels": list(self.labels),
+            "sparse": self.sparse,
             "parameters": self.parameter_count,
             "weights_bytes": self.weights_bytes,
             "device": self.device,

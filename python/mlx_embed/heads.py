@@ -9,6 +9,10 @@
   ``--rerank-model``), or when its folder is named like one ("...Reranker...",
   as Qwen/Qwen3-Reranker-* are): its config.json says only
   ``Qwen3ForCausalLM``, the same as Qwen3-Embedding's.
+* A SPLADE model (a sentence-transformers ``SparseEncoder`` folder, or
+  ``pooling="splade"`` as TEI's ``--pooling splade``) is an ``embedding``
+  model built with its masked-LM head (``models/masked_lm.py``): its vectors
+  span the vocabulary and are mostly zero (``sparse``).
 * Anything else is an ``embedding`` model.
 
 The choice is returned as the model module to build, so the loader stays
@@ -26,9 +30,11 @@ from types import ModuleType
 from typing import Optional
 
 from . import models, st_modules
-from .models import sequence_classification
+from .models import masked_lm, sequence_classification
 
 KINDS = ("embedding", "classifier", "reranker")
+# The pooling value that selects SPLADE (TEI's --pooling splade).
+SPLADE = "splade"
 
 # config.json model_type -> the decoder-reranker module for it.
 DECODER_RERANKERS = {"qwen3": "qwen3_reranker"}
@@ -40,6 +46,8 @@ class Head:
     # The module to build instead of the architecture's embedding file; None
     # for embedding models.
     module: Optional[ModuleType]
+    # SPLADE: vectors over the vocabulary, pooled from the masked-LM logits.
+    sparse: bool = False
 
 
 @dataclass
@@ -65,12 +73,30 @@ def _named_like_reranker(path: str) -> bool:
     return "rerank" in name.lower()
 
 
-def resolve(config: dict, path: str, kind: Optional[str] = None) -> Head:
+def resolve(
+    config: dict, path: str, kind: Optional[str] = None, pooling: Optional[str] = None
+) -> Head:
     """The head for a checkpoint; ``kind`` (one of :data:`KINDS`) forces it
-    and fails clearly where the checkpoint has no such head."""
+    and fails clearly where the checkpoint has no such head; ``pooling`` is
+    the caller's override (only ``"splade"`` changes the head)."""
     if kind is not None and kind not in KINDS:
         raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     model_type = config.get("model_type")
+    declared = st_modules.declares_splade(path)
+    if pooling is not None and pooling != SPLADE and declared:
+        raise ValueError(
+            f"{path} is a SPLADE SparseEncoder: pooling={pooling!r} does not apply "
+            "(it pools masked-LM logits over the vocabulary, not hidden states)"
+        )
+    if pooling == SPLADE or (pooling is None and declared):
+        if kind not in (None, "embedding") or sequence_classification.architecture(config):
+            raise ValueError(f"{path}: SPLADE makes an embedding model, not a {kind or 'scorer'}")
+        if model_type not in masked_lm.MODEL_TYPES:
+            raise ValueError(
+                f"{path}: SPLADE needs a masked-LM checkpoint of {', '.join(masked_lm.MODEL_TYPES)} "
+                f"(BertForMaskedLM), got model_type {model_type!r}"
+            )
+        return Head("embedding", masked_lm, sparse=True)
     if sequence_classification.architecture(config) is not None:
         labels = sequence_classification.labels_from_config(config)
         natural = "reranker" if len(labels) == 1 else "classifier"

@@ -229,6 +229,8 @@ class Checkpoint:
     # raw logit per label (dim == len(labels)) and are not pooled.
     kind: str = "embedding"
     labels: list[str] = field(default_factory=list)
+    # SPLADE: ``dim == vocab_size`` vectors, non-negative and mostly zero.
+    sparse: bool = False
     # The built model's module (its RERANKER_DEFAULTS etc.).
     module: Optional[ModuleType] = None
     # Seconds per loading stage, for the startup log.
@@ -262,7 +264,9 @@ def load_checkpoint(
     if config is None:
         raise FileNotFoundError(f"{path} has no config.json")
     model_type = config.get("model_type")
-    choice = heads.resolve(config, path, kind)
+    if isinstance(pooling, str) and pooling.strip().lower() == heads.SPLADE:
+        pooling = heads.SPLADE
+    choice = heads.resolve(config, path, kind, pooling)
     try:
         arch = choice.module or architecture(model_type)
     except ValueError as e:
@@ -321,7 +325,10 @@ def load_checkpoint(
     timings["build"] = time.perf_counter() - t0
 
     labels: list[str] = []
-    if choice.kind == "embedding":
+    if choice.sparse:
+        head = st_modules.read_splade_pipeline(path, int(config["vocab_size"]))
+        head.logits = model.mlm_logits
+    elif choice.kind == "embedding":
         head = st_modules.read_pipeline(path, defaults.get("pooling", "mean"))
         if pooling is not None:
             head.pooling = pooling_modes.check_modes(pooling)
@@ -365,6 +372,7 @@ def load_checkpoint(
         tokenizer_path=tok_path,
         kind=choice.kind,
         labels=labels,
+        sparse=choice.sparse,
         module=arch,
         timings=timings,
     )

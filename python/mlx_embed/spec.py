@@ -84,6 +84,9 @@ class ModelSpec:
     # one per label: dim == len(labels); the caller applies sigmoid/softmax).
     kind: str = "embedding"
     labels: list[str] = field(default_factory=list)
+    # SPLADE: the ``dim == vocab_size`` vectors are non-negative and mostly
+    # zero; TEI's /embed_sparse lists their non-zero entries.
+    sparse: bool = False
     # Display only (the server's /info): never parsed back.
     details: dict[str, str] = field(default_factory=dict)
     # The weights as loaded: parameter count (a quantized layer counts the

@@ -95,6 +95,85 @@ class StPipeline:
         return x
 
 
+SPLADE_STRATEGIES = ("max", "sum")
+SPLADE_ACTIVATIONS = ("relu", "log1p_relu")
+# Floats of masked-LM logits one SPLADE step materializes ([rows, L, vocab]):
+# a pass of 256 tokens over a 30,522-word vocabulary is 31 MB at this bound.
+_SPLADE_CHUNK_FLOATS = 1 << 23
+
+
+@dataclass
+class SpladePipeline(StPipeline):
+    """SPLADE (sentence-transformers' ``SpladePooling``): per token,
+    ``log1p(relu(logits))`` over the vocabulary (``log1p_relu`` takes log1p
+    once more), padding zeroed, then the max or the sum over tokens. The
+    output is ``vocab_size`` wide, non-negative and mostly zero: TEI's
+    ``/embed_sparse`` lists its non-zero entries."""
+
+    strategy: str = "max"
+    activation: str = "relu"
+    vocab_size: int = 0
+    # The model's ``mlm_logits``: [rows, L, D] -> [rows, L, vocab]; set at load.
+    logits: Optional[object] = None
+
+    def output_dim(self, hidden_size: int) -> int:
+        return self.vocab_size
+
+    def __call__(self, h: mx.array, mask: mx.array) -> mx.array:
+        rows, length = h.shape[0], h.shape[1]
+        # Cut by rows so the [rows, L, vocab] logits stay bounded: a long
+        # pass would otherwise hold gigabytes of them at once.
+        step = max(1, _SPLADE_CHUNK_FLOATS // max(1, length * self.vocab_size))
+        keep = mask.astype(h.dtype)[..., None]
+        out = []
+        for start in range(0, rows, step):
+            part = self.logits(h[start : start + step]) * keep[start : start + step]
+            act = mx.log1p(mx.maximum(part, 0))
+            if self.activation == "log1p_relu":
+                act = mx.log1p(act)
+            out.append(act.max(axis=1) if self.strategy == "max" else act.sum(axis=1))
+        return out[0] if len(out) == 1 else mx.concatenate(out, axis=0)
+
+
+def _splade_pooling(cfg: dict, where: str) -> tuple[str, str]:
+    strategy = cfg.get("pooling_strategy", "max")
+    activation = cfg.get("activation_function", "relu")
+    if strategy not in SPLADE_STRATEGIES:
+        raise ValueError(f"{where}: pooling_strategy {strategy!r} is not one of {SPLADE_STRATEGIES}")
+    if activation not in SPLADE_ACTIVATIONS:
+        raise ValueError(
+            f"{where}: activation_function {activation!r} is not one of {SPLADE_ACTIVATIONS}"
+        )
+    return strategy, activation
+
+
+def declares_splade(folder: str) -> bool:
+    """Whether the folder's modules.json is a SPLADE ``SparseEncoder``."""
+    modules = _read_json(os.path.join(folder, "modules.json"))
+    return isinstance(modules, list) and any(
+        str(m.get("type", "")).rsplit(".", 1)[-1] == "SpladePooling" for m in modules
+    )
+
+
+def read_splade_pipeline(folder: str, vocab_size: int) -> SpladePipeline:
+    """The folder's SPLADE pipeline: its ``SpladePooling`` settings where it
+    has a modules.json (sentence-transformers' ``SparseEncoder``), else
+    SPLADE v2's max pooling of relu (a bare ``BertForMaskedLM`` folder served
+    with ``pooling="splade"``, as TEI's ``--pooling splade``)."""
+    base, splade = _read(folder, "mean", sparse=True)
+    pipe = SpladePipeline(
+        pooling=("splade",),
+        prompts=base.prompts,
+        default_prompt_name=base.default_prompt_name,
+        max_seq_length=base.max_seq_length,
+        has_modules=base.has_modules,
+        vocab_size=int(vocab_size),
+    )
+    if splade is not None:
+        pipe.strategy, pipe.activation = splade
+    return pipe
+
+
 def _pooling_modes(cfg: dict, where: str) -> tuple[str, ...]:
     if "pooling_mode" in cfg:
         return pooling.check_modes(cfg["pooling_mode"])
@@ -142,7 +221,19 @@ def _load_dense(folder: str, sub: str) -> DenseLayer:
 def read_pipeline(folder: str, default_pooling: str) -> StPipeline:
     """The folder's sentence-transformers pipeline, or the architecture's
     default (``default_pooling``, nothing else) when it has no modules.json."""
+    return _read(folder, default_pooling, sparse=False)[0]
+
+
+def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, Optional[tuple]]:
+    """The pipeline, and a SparseEncoder's ``(strategy, activation)`` (None
+    without a ``SpladePooling``; one is accepted only when ``sparse``)."""
+    splade: Optional[tuple] = None
     modules = _read_json(os.path.join(folder, "modules.json"))
+    if sparse and not declares_splade(folder):
+        # A dense pipeline's pooling and Dense layers do not apply to SPLADE
+        # (pooling="splade" over a folder made for another pooling, which TEI's
+        # --pooling splade allows too); its prompts and length still do.
+        modules = None
     st_cfg = _read_json(os.path.join(folder, "config_sentence_transformers.json")) or {}
     bert_cfg = _read_json(os.path.join(folder, "sentence_bert_config.json")) or {}
     prompts = st_cfg.get("prompts") or {}
@@ -164,9 +255,9 @@ def read_pipeline(folder: str, default_pooling: str) -> StPipeline:
     if not isinstance(modules, list):
         # A folder with just a 1_Pooling/ (no modules.json) still says how it pools.
         cfg = _read_json(os.path.join(folder, "1_Pooling", "config.json"))
-        if cfg:
+        if cfg and not sparse:
             pipe.pooling = _pooling_modes(cfg, "1_Pooling/config.json")
-        return pipe
+        return pipe, None
 
     pipe.has_modules = True
     seen_pooling = False
@@ -174,12 +265,16 @@ def read_pipeline(folder: str, default_pooling: str) -> StPipeline:
         kind = str(m.get("type", "")).rsplit(".", 1)[-1]
         sub = m.get("path", "") or ""
         if i == 0:
-            if kind != "Transformer":
+            if kind not in (("Transformer", "MLMTransformer") if sparse else ("Transformer",)):
                 raise ValueError(f"{folder}/modules.json: the first module must be a Transformer, got {kind!r}")
             if sub:
                 raise ValueError(f"{folder}/modules.json: a Transformer in a subfolder ({sub!r}) is not supported")
             continue
-        if kind == "Pooling" and not seen_pooling:
+        if kind == "SpladePooling" and sparse and not seen_pooling:
+            where = os.path.join(sub, "config.json")
+            splade = _splade_pooling(_read_json(os.path.join(folder, where)) or {}, where)
+            seen_pooling = True
+        elif kind == "Pooling" and not seen_pooling and not sparse:
             where = os.path.join(sub, "config.json")
             cfg = _read_json(os.path.join(folder, where))
             if cfg is None:
@@ -194,8 +289,11 @@ def read_pipeline(folder: str, default_pooling: str) -> StPipeline:
         else:
             raise ValueError(
                 f"{folder}/modules.json: module {i} ({m.get('type')!r}) is not supported here; "
-                "supported: Transformer -> Pooling -> Dense* -> Normalize"
+                "supported: Transformer -> Pooling -> Dense* -> Normalize, or a SPLADE "
+                "SparseEncoder (MLMTransformer -> SpladePooling)"
             )
+    if splade is not None and (pipe.dense or pipe.normalize):
+        raise ValueError(f"{folder}/modules.json: modules after SpladePooling are not supported")
     if not seen_pooling:
         raise ValueError(f"{folder}/modules.json has no Pooling module")
     if not pipe.include_prompt:
@@ -203,4 +301,4 @@ def read_pipeline(folder: str, default_pooling: str) -> StPipeline:
             f"{folder}: Pooling with include_prompt=false (prompt tokens left out of the pool) "
             "is not supported"
         )
-    return pipe
+    return pipe, splade

@@ -261,6 +261,10 @@ pub struct ModelInfo {
     pub kind: ModelKind,
     /// Output width: floats per input in [`BatchOutput::vectors`].
     pub dim: usize,
+    /// SPLADE: each vector spans the vocabulary (`dim == vocab_size`), is
+    /// non-negative and mostly zero; [`sparse_entries`] lists what is set
+    /// (TEI's `/embed_sparse`).
+    pub sparse: bool,
     /// Longest input in tokens, special tokens included; longer ones are
     /// truncated (or refused with `truncate: false`).
     pub max_input_tokens: usize,
@@ -432,8 +436,30 @@ pub trait Embedder {
     }
 }
 
+/// The non-zero entries of `v` as `(index, value)`, in index order: a
+/// SPLADE vector as sparse indexes (Qdrant, Elasticsearch, TEI) take it.
+pub fn sparse_entries(v: &[f32]) -> Vec<(u32, f32)> {
+    v.iter()
+        .enumerate()
+        .filter(|(_, &x)| x != 0.0)
+        .map(|(i, &x)| (i as u32, x))
+        .collect()
+}
+
 /// Scales `v` to unit L2 norm (a zero vector stays zero), like sentence-transformers.
 pub fn l2_normalize(v: &mut [f32]) {
     let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
     v.iter_mut().for_each(|x| *x /= norm);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sparse_entries_keep_every_non_zero_in_index_order() {
+        let v = [0.0, 1.5, 0.0, -0.0, 2.0e-7, 0.25];
+        assert_eq!(sparse_entries(&v), vec![(1, 1.5), (4, 2.0e-7), (5, 0.25)]);
+        assert!(sparse_entries(&[0.0; 4]).is_empty());
+    }
 }

@@ -54,9 +54,9 @@ pub use batcher::{Batcher, Embeddings};
 pub use cache::CacheMetrics;
 pub use config::BatcherConfig;
 pub use embedder::{
-    l2_normalize, BatchOutput, DeviceMemory, EmbedInput, EmbedOptions, Embedder, EmbedderError,
-    EmbedderErrorKind, Encoded, LiveStats, ModelInfo, ModelKind, Output, Prompt, Replica,
-    Submitted, Ticket, TokenSpan, Tokenize, TruncationDirection, WeightsInfo,
+    l2_normalize, sparse_entries, BatchOutput, DeviceMemory, EmbedInput, EmbedOptions, Embedder,
+    EmbedderError, EmbedderErrorKind, Encoded, LiveStats, ModelInfo, ModelKind, Output, Prompt,
+    Replica, Submitted, Ticket, TokenSpan, Tokenize, TruncationDirection, WeightsInfo,
 };
 pub use error::{CoreError, OverloadReason};
 pub use metrics::{Histogram, LaneMetrics, MetricsSnapshot};

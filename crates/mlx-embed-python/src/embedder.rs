@@ -17,7 +17,7 @@ use crate::live::PythonLiveStats;
 use crate::spec::{read_spec, ModelSpec};
 use crate::{error, BridgeError};
 
-/// What to load; mirrors `mlx_embed.load(path, dtype=, quantize=, instruction=)`.
+/// What to load; mirrors `mlx_embed.load(path, dtype=, quantize=, instruction=, pooling=)`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PythonModelOptions {
     /// Local Hugging Face folder; `None` is the default all-MiniLM-L6-v2.
@@ -28,6 +28,9 @@ pub struct PythonModelOptions {
     pub quantize: Option<u8>,
     /// Query instruction for instruction-tuned decoder models (Qwen3-Embedding).
     pub instruction: Option<String>,
+    /// `load(pooling=)`: overrides the folder's pooling ("splade": SPLADE
+    /// sparse vectors from a masked-LM checkpoint); `None` keeps the folder's.
+    pub pooling: Option<String>,
     /// Engine settings passed to `load()` as keyword arguments; `None` keeps the engine's default.
     pub engine: EngineOptions,
     /// `load(kind=)`: "embedding", "classifier" or "reranker"; `None` lets
@@ -60,6 +63,7 @@ impl Default for PythonModelOptions {
             dtype: "float32".into(),
             quantize: None,
             instruction: None,
+            pooling: None,
             engine: EngineOptions::default(),
             kind: None,
         }
@@ -88,6 +92,9 @@ impl PythonEmbedder {
             kwargs.set_item("dtype", &options.dtype)?;
             kwargs.set_item("quantize", options.quantize)?;
             kwargs.set_item("instruction", options.instruction.as_deref())?;
+            if let Some(pooling) = &options.pooling {
+                kwargs.set_item("pooling", pooling)?;
+            }
             let engine = &options.engine;
             if let Some(mb) = engine.cache_limit_mb {
                 kwargs.set_item("cache_limit_mb", mb)?;

@@ -78,6 +78,7 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
         name: field(spec, "name")?,
         kind,
         dim: field(spec, "dim")?,
+        sparse: optional(spec, "sparse")?.unwrap_or(false),
         max_input_tokens: max_length,
         vocab_size: field(spec, "vocab_size")?,
         device_batch_tokens: optional(spec, "batch_tokens")?,

@@ -1,9 +1,11 @@
 //! The one embed path every API adapter calls:
 //! validate -> `batcher.embed` (tokenize, admit, batch, compute) -> `dimensions` -> normalize.
 //! Per-token output (`options.output`, TEI's `/embed_all`) takes the same
-//! path and comes back as raw rows: neither cut nor normalized.
+//! path and comes back as raw rows: neither cut nor normalized. SPLADE's
+//! sparse form ([`embed_sparse`], TEI's `/embed_sparse`) is the same raw
+//! vectors with their zeros left out.
 
-use mlx_embed_core::{l2_normalize, EmbedInput, EmbedOptions, Output};
+use mlx_embed_core::{l2_normalize, sparse_entries, EmbedInput, EmbedOptions, Output};
 
 use crate::errors::{ApiError, ErrorKind};
 use crate::models::Task;
@@ -60,8 +62,41 @@ pub struct EmbedOutput {
 
 /// Embeds `req`; errors carry their status (see [`crate::errors`]).
 pub async fn embed(state: &AppState, req: EmbedRequest) -> Result<EmbedOutput, ApiError> {
+    run(state, req, Task::Embed).await
+}
+
+/// What [`embed_sparse`] answers: each input's non-zero entries.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SparseOutput {
+    /// The served name of the model that answered.
+    pub model: String,
+    /// Per input, in input order: `(vocabulary index, weight)` of every
+    /// non-zero entry, in index order; unnormalized.
+    pub entries: Vec<Vec<(u32, f32)>>,
+    /// Exact tokens the model ran over all inputs.
+    pub prompt_tokens: u64,
+}
+
+/// Embeds `req` with a SPLADE model (one that is not is a 400) and keeps
+/// each vector's non-zero entries. The vectors are the raw SPLADE weights:
+/// `req.normalize` and `req.dimensions` must be off (no route asks otherwise).
+pub async fn embed_sparse(state: &AppState, req: EmbedRequest) -> Result<SparseOutput, ApiError> {
+    if req.normalize || req.dimensions.is_some() || req.options.output != Output::Pooled {
+        return Err(ApiError::invalid(
+            "sparse output is the raw pooled SPLADE weights: not normalized, not cut",
+        ));
+    }
+    let out = run(state, req, Task::EmbedSparse).await?;
+    Ok(SparseOutput {
+        model: out.model,
+        entries: out.vectors.iter().map(|v| sparse_entries(v)).collect(),
+        prompt_tokens: out.prompt_tokens,
+    })
+}
+
+async fn run(state: &AppState, req: EmbedRequest, task: Task) -> Result<EmbedOutput, ApiError> {
     check_inputs(state, &req.inputs)?;
-    let model = state.model_for(req.model.as_deref(), Task::Embed)?;
+    let model = state.model_for(req.model.as_deref(), task)?;
     let dim = model.info().dim;
     let output = req.options.output;
     let dimension = validate(&req, dim)?;

@@ -313,6 +313,7 @@ impl Api {
             path,
             "/" | "/embed"
                 | "/embed_all"
+                | "/embed_sparse"
                 | "/rerank"
                 | "/predict"
                 | "/similarity"

@@ -42,6 +42,8 @@ impl ServedModel {
 pub enum Task {
     /// Vectors (every embed route, `/similarity`).
     Embed,
+    /// SPLADE vectors as their non-zero entries (`/embed_sparse`).
+    EmbedSparse,
     /// Query/document relevance (`/rerank`, `/v1/rerank`, `/v2/rerank`).
     Rerank,
     /// Label scores (`/predict`): classifiers and rerankers.
@@ -53,9 +55,11 @@ pub enum Task {
 }
 
 impl Task {
-    fn accepts(self, kind: &ModelKind) -> bool {
+    fn accepts(self, info: &ModelInfo) -> bool {
+        let kind = &info.kind;
         match self {
             Task::Embed => matches!(kind, ModelKind::Embedding),
+            Task::EmbedSparse => matches!(kind, ModelKind::Embedding) && info.sparse,
             Task::Rerank => matches!(kind, ModelKind::Reranker { .. }),
             Task::Predict => !matches!(kind, ModelKind::Embedding),
             Task::Tokenize | Task::Describe => true,
@@ -65,6 +69,10 @@ impl Task {
     fn wants(self) -> &'static str {
         match self {
             Task::Embed => "an embedding model",
+            Task::EmbedSparse => {
+                "a SPLADE model (sparse vectors: a SparseEncoder folder, or a BertForMaskedLM \
+                 folder served with --pooling splade)"
+            }
             Task::Rerank => "a reranker (a cross-encoder: serve one with --rerank-model)",
             Task::Predict => "a classifier or reranker (a sequence-classification model)",
             Task::Tokenize | Task::Describe => "a model",
@@ -84,7 +92,7 @@ pub fn resolve<'a>(
         if let Some(name) = requested.filter(|name| *name != only.name) {
             note_other_name(name, &only.name);
         }
-        return if task.accepts(&only.info().kind) {
+        return if task.accepts(only.info()) {
             Ok(only)
         } else {
             Err(ApiError::invalid(format!(
@@ -110,7 +118,7 @@ pub fn resolve<'a>(
                 .param("model")
                 .code("model_not_found")
             })?;
-            if !task.accepts(&model.info().kind) {
+            if !task.accepts(model.info()) {
                 return Err(ApiError::invalid(format!(
                     "model `{name}` is {} model; this route needs {}",
                     article(model.info().kind.as_str()),
@@ -122,7 +130,7 @@ pub fn resolve<'a>(
         }
         None => models
             .iter()
-            .find(|m| task.accepts(&m.info().kind))
+            .find(|m| task.accepts(m.info()))
             .ok_or_else(|| {
                 let kinds: Vec<String> = models
                     .iter()
@@ -177,12 +185,13 @@ mod tests {
     };
     use std::sync::Arc;
 
-    struct Fake(ModelKind);
+    struct Fake(ModelKind, bool);
     impl Embedder for Fake {
         fn info(&self) -> ModelInfo {
             ModelInfo {
                 name: "fake".into(),
                 kind: self.0.clone(),
+                sparse: self.1,
                 dim: 1,
                 max_input_tokens: 8,
                 vocab_size: 10,
@@ -206,10 +215,41 @@ mod tests {
     }
 
     fn served(name: &str, kind: ModelKind) -> ServedModel {
+        served_as(name, kind, false)
+    }
+
+    fn served_as(name: &str, kind: ModelKind, sparse: bool) -> ServedModel {
         ServedModel {
             name: name.into(),
-            batcher: Batcher::start(BatcherConfig::default(), move || Ok(Fake(kind))).unwrap(),
+            batcher: Batcher::start(BatcherConfig::default(), move || Ok(Fake(kind, sparse)))
+                .unwrap(),
         }
+    }
+
+    #[test]
+    fn sparse_routes_pick_the_splade_model() {
+        let models = vec![
+            served("dense", ModelKind::Embedding),
+            served_as("splade", ModelKind::Embedding, true),
+        ];
+        // Unnamed: dense vectors from the first embedding model, sparse ones
+        // from the first SPLADE model; a SPLADE model still answers dense routes.
+        assert_eq!(resolve(&models, None, Task::Embed).unwrap().name, "dense");
+        assert_eq!(
+            resolve(&models, None, Task::EmbedSparse).unwrap().name,
+            "splade"
+        );
+        assert_eq!(
+            resolve(&models, Some("splade"), Task::Embed).unwrap().name,
+            "splade"
+        );
+        let e = resolve(&models, Some("dense"), Task::EmbedSparse).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidRequest);
+        assert!(e.message.contains("a SPLADE model"), "{}", e.message);
+        let only = vec![served("dense", ModelKind::Embedding)];
+        let e = resolve(&only, None, Task::EmbedSparse).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidRequest);
+        assert!(e.message.contains("--pooling splade"), "{}", e.message);
     }
 
     #[test]

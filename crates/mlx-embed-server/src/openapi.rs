@@ -21,6 +21,7 @@ use crate::routes::{
         openai::model,
         tei::embed,
         tei::embed_all,
+        tei::embed_sparse,
         ollama::embed,
         ollama::embeddings,
         ollama::tags,

@@ -1144,6 +1144,59 @@ async fn embed_all_returns_every_token_row() {
     s.stop().await.unwrap();
 }
 
+/// `/embed_sparse` over a model that is not SPLADE (the fake): a 400 in TEI's
+/// shape naming what it needs, after the request's own checks; listed in the
+/// OpenAPI document. (Its answers are checked end to end against the real
+/// engine's SPLADE fixture in tests/e2e/test_embed_sparse.py.)
+#[tokio::test]
+async fn embed_sparse_needs_a_splade_model() {
+    let s = Server::default().await;
+    let msg = expect_error(
+        &s,
+        "/embed_sparse",
+        Shape::Tei,
+        &json!({ "inputs": "a" }),
+        400,
+    )
+    .await;
+    assert!(msg.contains("a SPLADE model"), "{msg}");
+    expect_error(
+        &s,
+        "/embed_sparse",
+        Shape::Tei,
+        &json!({ "inputs": [] }),
+        400,
+    )
+    .await;
+    expect_error(
+        &s,
+        "/embed_sparse",
+        Shape::Tei,
+        &json!({ "inputs": [""] }),
+        400,
+    )
+    .await;
+    expect_error(
+        &s,
+        "/embed_sparse",
+        Shape::Tei,
+        &json!({ "text": "a" }),
+        422,
+    )
+    .await;
+    let doc: Value = client()
+        .get(s.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let ok = &doc["paths"]["/embed_sparse"]["post"]["responses"]["200"];
+    assert!(ok.is_object(), "openapi lacks /embed_sparse");
+    s.stop().await.unwrap();
+}
+
 /// Ollama's listings and legacy route over a model that does not describe
 /// its weights (the fake): listed under `:latest`, sizes 0, no family.
 #[tokio::test]

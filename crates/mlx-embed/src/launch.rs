@@ -43,6 +43,11 @@ pub struct ModelArgs {
     /// Query instruction for instruction-tuned decoder models (Qwen3-Embedding).
     #[arg(long, env = "MLX_EMBED_INSTRUCTION")]
     pub instruction: Option<String>,
+    /// Pooling of the --model folders, over what their sentence-transformers files say: cls,
+    /// mean, max, last-token, weightedmean, mean-sqrt-len, or splade (a BertForMaskedLM folder's
+    /// SPLADE sparse vectors, for /embed_sparse) [default: the folder's own].
+    #[arg(long, env = "MLX_EMBED_POOLING", value_parser = pooling_values())]
+    pub pooling: Option<String>,
     /// MLX buffer cache limit in MiB [default: 2048 on a GPU, 0 on the CPU]; bounds device memory, since every new batch shape leaves buffers in the cache.
     #[arg(long, env = "MLX_EMBED_CACHE_LIMIT_MB")]
     pub cache_limit_mb: Option<u64>,
@@ -73,6 +78,20 @@ fn fast_ops_values() -> clap::builder::PossibleValuesParser {
     ])
 }
 
+/// The engine's pooling names, with TEI's spellings (`last-token`) as aliases.
+fn pooling_values() -> clap::builder::PossibleValuesParser {
+    use clap::builder::PossibleValue;
+    clap::builder::PossibleValuesParser::new([
+        PossibleValue::new("cls"),
+        PossibleValue::new("mean"),
+        PossibleValue::new("max"),
+        PossibleValue::new("lasttoken").aliases(["last-token", "last_token", "last"]),
+        PossibleValue::new("weightedmean"),
+        PossibleValue::new("mean_sqrt_len_tokens").aliases(["mean-sqrt-len", "mean_sqrt_len"]),
+        PossibleValue::new("splade"),
+    ])
+}
+
 impl ModelArgs {
     /// What to load, in serving order: each `--model` (or the default model),
     /// then the `--rerank-model`, loaded as a reranker.
@@ -87,9 +106,10 @@ impl ModelArgs {
         };
         if let Some(path) = &self.rerank_model {
             out.push(PythonModelOptions {
-                // The query instruction is the embedding model's; the
-                // reranker's prompt comes with its model file.
+                // The query instruction and pooling are the embedding
+                // model's; the reranker's prompt comes with its model file.
                 instruction: None,
+                pooling: None,
                 kind: Some("reranker".into()),
                 ..self.options(Some(path.clone()))
             });
@@ -106,6 +126,7 @@ impl ModelArgs {
                 .as_deref()
                 .map(|bits| bits.parse().expect("validated by clap")),
             instruction: self.instruction.clone(),
+            pooling: self.pooling.clone(),
             engine: EngineOptions {
                 cache_limit_mb: self.cache_limit_mb,
                 fast_ops: self.fast_ops.clone(),

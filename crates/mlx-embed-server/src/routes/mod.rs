@@ -44,6 +44,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/models/{*model}", get(openai::model))
         .route("/embed", post(tei::embed))
         .route("/embed_all", post(tei::embed_all))
+        .route("/embed_sparse", post(tei::embed_sparse))
         .route("/api/embed", post(ollama::embed))
         .route("/api/embeddings", post(ollama::embeddings))
         .route("/api/tags", get(ollama::tags))

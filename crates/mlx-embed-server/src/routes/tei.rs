@@ -1,12 +1,13 @@
-//! `POST /embed`: Hugging Face text-embeddings-inference compatible.
+//! `POST /embed`, `/embed_all` and `/embed_sparse`: Hugging Face
+//! text-embeddings-inference compatible.
 
 use axum::extract::State;
 use axum::Json;
 use mlx_embed_core::{EmbedOptions, Output, Priority, Prompt};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::embed::{embed as run_embed, EmbedRequest};
+use crate::embed::{embed as run_embed, embed_sparse as run_embed_sparse, EmbedRequest};
 use crate::errors::{Shaped, Tei, TeiErrorBody};
 use crate::extract::{ApiJson, PriorityHeader, TextInputs, TruncationSide};
 use crate::state::AppState;
@@ -151,6 +152,83 @@ pub async fn embed_all(
         out.vectors
             .iter()
             .map(|rows| rows.chunks_exact(width).map(<[f32]>::to_vec).collect())
+            .collect(),
+    ))
+}
+
+/// TEI embed_sparse request: a SPLADE model's vectors as non-zero entries.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct TeiEmbedSparseRequest {
+    /// Which served model answers (not a TEI field: TEI serves one); default: the first SPLADE model.
+    pub model: Option<String>,
+    /// A text or a list of texts.
+    pub inputs: TextInputs,
+    /// Truncate inputs longer than the model's maximum (default true); false answers 422 instead.
+    pub truncate: Option<bool>,
+    /// `Right` (default) keeps the start of an over-long input, `Left` its end (any case).
+    pub truncation_direction: Option<TruncationSide>,
+    /// One of the model's named prompts (`/info` lists them); default: the model's default prompt.
+    pub prompt_name: Option<String>,
+}
+
+impl TeiEmbedSparseRequest {
+    /// The one embed path's request: pooled, raw (SPLADE weights are not normalized).
+    pub(crate) fn into_request(self, priority: Option<Priority>) -> EmbedRequest {
+        EmbedRequest {
+            model: self.model,
+            inputs: self.inputs.into_inputs(),
+            options: tei_options(
+                self.truncate,
+                self.truncation_direction,
+                self.prompt_name,
+                priority,
+                Output::Pooled,
+            ),
+            normalize: false,
+            dimensions: None,
+        }
+    }
+}
+
+/// One non-zero entry of a sparse vector.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SparseValue {
+    /// Vocabulary index (a token id of the model's tokenizer; `/decode` names it).
+    pub index: u32,
+    /// Its SPLADE weight (> 0).
+    pub value: f32,
+}
+
+/// SPLADE sparse embeddings: per input, the non-zero entries of its vector
+/// over the vocabulary, in index order, unnormalized. Needs a SPLADE model
+/// (a sentence-transformers SparseEncoder folder, or a BertForMaskedLM folder
+/// served with `--pooling splade`); any other model is a 400.
+///
+/// Errors use `{"error": str, "error_type": str}`.
+#[utoipa::path(
+    post, path = "/embed_sparse", tag = "tei", operation_id = "tei_embed_sparse",
+    request_body = TeiEmbedSparseRequest,
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
+    responses(
+        (status = 200, description = "Per input, in order: its non-zero entries, in index order", body = Vec<Vec<SparseValue>>),
+        (status = "4XX", description = "Invalid request (400 incl. a model that is not a SPLADE model, 401, 404 unknown model, 413, 415, 422, 429)", body = TeiErrorBody),
+        (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiErrorBody),
+    )
+)]
+pub async fn embed_sparse(
+    State(state): State<AppState>,
+    PriorityHeader(priority, _): PriorityHeader<Tei>,
+    ApiJson(req, _): ApiJson<TeiEmbedSparseRequest, Tei>,
+) -> Result<Json<Vec<Vec<SparseValue>>>, Shaped<Tei>> {
+    let out = run_embed_sparse(&state, req.into_request(priority)).await?;
+    Ok(Json(
+        out.entries
+            .into_iter()
+            .map(|v| {
+                v.into_iter()
+                    .map(|(index, value)| SparseValue { index, value })
+                    .collect()
+            })
             .collect(),
     ))
 }

@@ -8,7 +8,7 @@ adding a command to the README means making it run here.
 
 Servers: one `mlx-embed serve --rerank-model tests/fixtures/tiny-bert-reranker`
 on a free port answers the curl and Python examples (their `localhost:8080`
-rewritten to it); `mlx-embed serve ...` and `make serve` commands are started
+rewritten to it), one serving tests/fixtures/tiny-splade the `/embed_sparse` one; `mlx-embed serve ...` and `make serve` commands are started
 themselves on a free port, checked on /health and stopped.
 """
 
@@ -266,13 +266,22 @@ def readme_server(tmp_path_factory):
     srv.stop()
 
 
+@pytest.fixture(scope="module")
+def splade_server(tmp_path_factory):
+    """Answers the README's /embed_sparse example, which needs a SPLADE model."""
+    srv = start_server(tmp_path_factory.mktemp("readme-splade"), "--model",
+                       str(ROOT / "tests" / "fixtures" / "tiny-splade"), "--no-warmup")
+    yield srv
+    srv.stop()
+
+
 def test_readme_has_the_cli_fix():
     shell, _, _ = readme_commands()
     assert not any("--file" in c for c in shell), "mlx-embed embed has no --file flag (it is -i/--input)"
     assert any(c.startswith("mlx-embed embed -i ") for c in shell)
 
 
-def test_every_readme_command_runs(readme_server, tmp_path):
+def test_every_readme_command_runs(readme_server, splade_server, tmp_path):
     shell, python, rust = readme_commands()
     port = int(readme_server.url.rsplit(":", 1)[1])
     ran, skipped, unknown = [], [], []
@@ -280,6 +289,9 @@ def test_every_readme_command_runs(readme_server, tmp_path):
         why = excluded(cmd)
         if why:
             skipped.append((cmd, why))
+        elif cmd.startswith("curl ") and "/embed_sparse" in cmd:
+            run_curl(cmd, int(splade_server.url.rsplit(":", 1)[1]))
+            ran.append(cmd)
         elif cmd.startswith("curl "):
             run_curl(cmd, port)
             ran.append(cmd)

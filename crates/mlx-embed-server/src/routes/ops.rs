@@ -138,6 +138,8 @@ pub struct ModelSummary {
     pub kind: String,
     /// Vector width, or the number of labels of a classifier/reranker.
     pub dimension: usize,
+    /// SPLADE: vectors over the vocabulary, mostly zero (`/embed_sparse` answers).
+    pub sparse: bool,
     /// Label names of a classifier/reranker, in score order.
     pub labels: Vec<String>,
     pub max_input_tokens: usize,
@@ -154,6 +156,8 @@ pub struct InfoResponse {
     pub dimension: usize,
     /// `embedding`, `classifier` or `reranker`.
     pub kind: String,
+    /// SPLADE: vectors over the vocabulary, mostly zero (`/embed_sparse` answers).
+    pub sparse: bool,
     /// Longest input in tokens, special tokens included; longer inputs are
     /// truncated (or refused with `truncate: false`).
     pub max_input_tokens: usize,
@@ -281,6 +285,7 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
         model_id: m.name.clone(),
         dimension: m.dim,
         kind: m.kind.as_str().into(),
+        sparse: m.sparse,
         max_input_tokens: m.max_input_tokens,
         vocab_size: m.vocab_size,
         prompts: m.prompts.clone(),
@@ -298,6 +303,7 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
                     model_id: i.name.clone(),
                     kind: i.kind.as_str().into(),
                     dimension: i.dim,
+                    sparse: i.sparse,
                     labels: i.kind.labels().to_vec(),
                     max_input_tokens: i.max_input_tokens,
                     device_batch_tokens: i.device_batch_tokens,

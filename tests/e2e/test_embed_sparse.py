@@ -1,0 +1,163 @@
+"""TEI's ``/embed_sparse`` (SPLADE) end to end on the real server binary,
+against sentence-transformers' SparseEncoder references of the tiny-splade
+fixture (tests/fixtures/tiny-splade/README.md).
+
+One server serves a dense model first and the SPLADE model second, so the
+unnamed sparse route must find the SPLADE model and the unnamed dense routes
+the dense one; a second server loads a bare BertForMaskedLM folder with
+``--pooling splade`` (TEI's flag)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import requests
+
+from harness import FIXTURES, NOMIC, non_empty_golden, start_server
+
+SPLADE = FIXTURES / "tiny-splade"
+VOCAB = 30522
+MAX_LENGTH = 128
+
+
+def _reference() -> np.ndarray:
+    ref = np.load(SPLADE / "reference_max.npz")
+    offsets, indices, values = ref["offsets"], ref["indices"], ref["values"]
+    out = np.zeros((len(offsets) - 1, VOCAB), dtype=np.float32)
+    for i in range(len(offsets) - 1):
+        out[i, indices[offsets[i]: offsets[i + 1]]] = values[offsets[i]: offsets[i + 1]]
+    return out
+
+
+def _dense(answer: list) -> np.ndarray:
+    """A /embed_sparse answer as vocabulary-wide rows, checking its form."""
+    out = np.zeros((len(answer), VOCAB), dtype=np.float32)
+    for i, entries in enumerate(answer):
+        assert entries, "a SPLADE vector is never empty"
+        idx = [e["index"] for e in entries]
+        assert idx == sorted(set(idx)), "indices in increasing order, each once"
+        assert all(set(e) == {"index", "value"} and e["value"] > 0 for e in entries)
+        out[i, idx] = [e["value"] for e in entries]
+    return out
+
+
+def _assert_matches(got: np.ndarray, want: np.ndarray) -> None:
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= 5e-5
+    cos = (got * want).sum(axis=1) / (np.linalg.norm(got, axis=1) * np.linalg.norm(want, axis=1))
+    assert cos.min() >= 0.99999
+    differ = (got > 0) != (want > 0)
+    assert np.maximum(got, want)[differ].max(initial=0.0) < 1e-4
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    srv = start_server(tmp_path_factory.mktemp("sparse"), "--model", str(NOMIC),
+                       "--model", str(SPLADE), "--no-warmup")
+    yield srv
+    assert srv.stop() == 0, srv.log()[-3000:]
+
+
+def test_sparse_vectors_match_the_sparse_encoder(pair, golden):
+    texts, _, idx = non_empty_golden(golden, 40)
+    r = pair.post("/embed_sparse", {"inputs": texts})
+    assert r.status_code == 200, r.text
+    _assert_matches(_dense(r.json()), _reference()[idx])
+    # The same raw vectors on the dense routes when the SPLADE model is named.
+    r = pair.post("/embed", {"model": "tiny-splade", "inputs": texts[:6], "normalize": False})
+    assert r.status_code == 200, r.text
+    dense = np.array(r.json(), dtype=np.float32)
+    assert dense.shape == (6, VOCAB)
+    _assert_matches(dense, _reference()[idx[:6]])
+    r = pair.post("/v1/embeddings", {"model": "tiny-splade", "input": texts[:2]})
+    assert r.status_code == 200, r.text
+    unit = np.array([d["embedding"] for d in r.json()["data"]], dtype=np.float32)
+    assert np.abs(np.linalg.norm(unit, axis=1) - 1).max() < 1e-5
+
+
+def test_models_are_picked_by_task(pair):
+    # Unnamed dense routes: the first model (NomicBERT), not the SPLADE one.
+    r = pair.post("/embed", {"inputs": "hello"})
+    assert r.status_code == 200 and len(r.json()[0]) != VOCAB
+    # The dense model named on the sparse route: a 400 in TEI's shape.
+    r = pair.post("/embed_sparse", {"model": "tiny-nomic-bert", "inputs": "hello"})
+    assert r.status_code == 400
+    body = r.json()
+    assert body["error_type"] == "Validation" and "a SPLADE model" in body["error"]
+    r = pair.post("/embed_sparse", {"model": "nope", "inputs": "hello"})
+    assert r.status_code == 404
+    info = pair.get("/info").json()
+    assert [(m["model"], m["sparse"], m["dimension"]) for m in info["models"]] == [
+        ("tiny-nomic-bert", False, info["models"][0]["dimension"]),
+        ("tiny-splade", True, VOCAB),
+    ]
+    doc = pair.get("/openapi.json").json()
+    assert "/embed_sparse" in doc["paths"]
+
+
+def test_request_options(pair, golden):
+    one = pair.post("/embed_sparse", {"inputs": "hello world"})
+    assert one.status_code == 200, one.text
+    assert len(one.json()) == 1
+    both = pair.post("/embed_sparse", {"inputs": ["hello world", "hello world"],
+                                       "prompt_name": "query"})
+    assert both.status_code == 200, both.text
+    assert both.json()[0] == both.json()[1] == one.json()[0]  # the query prompt is ""
+    long = "one two three four five six seven eight nine ten " * 30
+    left = _dense(pair.post("/embed_sparse", {"inputs": long, "truncation_direction": "Left"}).json())
+    right = _dense(pair.post("/embed_sparse", {"inputs": long}).json())
+    assert np.abs(left - right).max() > 0.01  # each side kept its own end
+    for body, status in [
+        ({"inputs": long, "truncate": False}, 422),
+        ({"inputs": []}, 400),
+        ({"inputs": [""]}, 400),
+        ({"inputs": "a", "prompt_name": "nope"}, 400),
+        ({"input": "a"}, 422),
+    ]:
+        r = pair.post("/embed_sparse", body)
+        assert r.status_code == status, (body, r.text)
+        assert set(r.json()) == {"error", "error_type"}
+
+
+def test_concurrent_callers_get_their_own_vectors(pair, golden):
+    texts, _, idx = non_empty_golden(golden, 24)
+    want = _reference()[idx]
+
+    def one(i: int) -> tuple[int, np.ndarray]:
+        r = requests.post(pair.url + "/embed_sparse", json={"inputs": [texts[i]]}, timeout=60)
+        assert r.status_code == 200, r.text
+        return i, _dense(r.json())[0]
+
+    with ThreadPoolExecutor(8) as pool:
+        got = dict(pool.map(one, range(len(texts))))
+    _assert_matches(np.stack([got[i] for i in range(len(texts))]), want)
+
+
+def test_a_dense_server_refuses_sparse(server):
+    r = server.post("/embed_sparse", {"inputs": "hello"})
+    assert r.status_code == 400
+    assert "--pooling splade" in r.json()["error"]
+
+
+def test_pooling_flag_makes_a_masked_lm_folder_sparse(tmp_path, golden):
+    bare = tmp_path / "bare-mlm"
+    shutil.copytree(SPLADE, bare)
+    for extra in ("modules.json", "config_sentence_transformers.json"):
+        (bare / extra).unlink()
+    shutil.rmtree(bare / "1_SpladePooling")
+    srv = start_server(tmp_path, "--model", str(bare), "--pooling", "splade", "--no-warmup")
+    try:
+        texts, _, idx = non_empty_golden(golden, 8)
+        r = srv.post("/embed_sparse", {"inputs": texts})
+        assert r.status_code == 200, r.text
+        _assert_matches(_dense(r.json()), _reference()[idx])
+        info = srv.get("/info").json()
+        assert info["model_type"] == {"embedding": {"pooling": "splade"}}
+        assert info["sparse"] is True and info["max_input_length"] == MAX_LENGTH
+        assert json.loads((bare / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    finally:
+        assert srv.stop() == 0, srv.log()[-3000:]

@@ -289,7 +289,10 @@ class Scheduler:
             else:
                 h = self.model(mx.array(arr), mask_mx)
             if B > real:
-                h, mask_mx = h[:real], mask_mx[:real]
+                # A new array from the host rows, not a lazy slice: a head that
+                # reads the lengths on the host (SPLADE) then waits for no
+                # device work queued before it.
+                h, mask_mx = h[:real], mx.array(mask[:real])
             if tokens:
                 return h.astype(mx.float32), L * B
             vec = self.head(h, mask_mx).astype(mx.float32)

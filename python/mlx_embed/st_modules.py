@@ -21,8 +21,9 @@ from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
-from . import pooling
+from . import ops, pooling
 
 _LEGACY_FLAGS = {
     "pooling_mode_cls_token": "cls",
@@ -97,8 +98,8 @@ class StPipeline:
 
 SPLADE_STRATEGIES = ("max", "sum")
 SPLADE_ACTIVATIONS = ("relu", "log1p_relu")
-# Floats of masked-LM logits one SPLADE step materializes ([rows, L, vocab]):
-# a pass of 256 tokens over a 30,522-word vocabulary is 31 MB at this bound.
+# Floats of masked-LM logits one SPLADE step materializes ([tokens, vocab]),
+# beyond one row: 274 tokens over a 30,522-word vocabulary, 32 MB.
 _SPLADE_CHUNK_FLOATS = 1 << 23
 
 
@@ -120,19 +121,44 @@ class SpladePipeline(StPipeline):
         return self.vocab_size
 
     def __call__(self, h: mx.array, mask: mx.array) -> mx.array:
-        rows, length = h.shape[0], h.shape[1]
-        # Cut by rows so the [rows, L, vocab] logits stay bounded: a long
-        # pass would otherwise hold gigabytes of them at once.
-        step = max(1, _SPLADE_CHUNK_FLOATS // max(1, length * self.vocab_size))
-        keep = mask.astype(h.dtype)[..., None]
-        out = []
-        for start in range(0, rows, step):
-            part = self.logits(h[start : start + step]) * keep[start : start + step]
-            act = mx.log1p(mx.maximum(part, 0))
-            if self.activation == "log1p_relu":
-                act = mx.log1p(act)
-            out.append(act.max(axis=1) if self.strategy == "max" else act.sum(axis=1))
+        # Only real tokens get logits: padding would cost a [rows, L, vocab]
+        # mask product (the largest step on the CPU, above the matmul), and
+        # sentence-transformers zeroes its logits anyway, which relu and
+        # log1p keep at 0, so it never adds to a max or a sum.
+        lengths = ops.KeyMask(mask, h.dtype).lengths
+        rows, length, width = h.shape
+        flat = h.reshape(rows * length, width)
+        if sum(lengths) < rows * length:
+            real = np.concatenate([r * length + np.arange(n) for r, n in enumerate(lengths)])
+            flat = mx.take(flat, mx.array(real.astype(np.int32)), axis=0)
+        # Whole rows at a time, so the [tokens, vocab] logits stay bounded.
+        budget = max(1, _SPLADE_CHUNK_FLOATS // max(1, self.vocab_size))
+        out, first, row = [], 0, 0
+        while row < rows:
+            end, tokens = row, 0
+            while end < rows and (end == row or tokens + lengths[end] <= budget):
+                tokens += lengths[end]
+                end += 1
+            logits = self.logits(flat[first : first + tokens])
+            if self.strategy == "sum":
+                logits = self._activate(logits)
+            pooled, at = [], 0
+            for n in lengths[row:end]:
+                seg = logits[at : at + n]
+                pooled.append(seg.max(axis=0) if self.strategy == "max" else seg.sum(axis=0))
+                at += n
+            block = mx.stack(pooled)
+            # relu and log1p never decrease, so for max they may come after
+            # it: the transcendental runs on [rows, vocab], not on every
+            # token's logits (equal up to rounding).
+            out.append(self._activate(block) if self.strategy == "max" else block)
+            first += tokens
+            row = end
         return out[0] if len(out) == 1 else mx.concatenate(out, axis=0)
+
+    def _activate(self, x: mx.array) -> mx.array:
+        act = mx.log1p(mx.maximum(x, 0))
+        return mx.log1p(act) if self.activation == "log1p_relu" else act
 
 
 def _splade_pooling(cfg: dict, where: str) -> tuple[str, str]:

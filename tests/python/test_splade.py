@@ -169,3 +169,18 @@ def test_per_token_rows_are_the_encoder_states(splade, texts):
     """/embed_all on a SPLADE model: the encoder's hidden states, not logits."""
     rows = splade.embed_tokens(texts[1:3])
     assert [r.shape[1] for r in rows] == [32, 32]
+
+
+def test_gpu_defaults_give_the_same_vectors(splade, texts):
+    """The GPU's path on this CPU: padded shape buckets (pad rows cut before
+    the head), pipelined calls, two streams: the same vectors."""
+    model = mlx_embed.load(SPLADE, shape_buckets=True, pipeline=True, streams=2)
+    want = splade.embed(texts, normalize=False)
+    got = model.embed(texts[:27], normalize=False)  # 27 rows pad to 32
+    assert np.abs(got - want[:27]).max() <= 1e-5
+    pending = [model.submit_ids([model.encode([t])[0][0] for t in texts[i : i + 5]])
+               for i in range(0, 20, 5)]
+    for k, p in enumerate(pending):
+        res = p.result()
+        vecs = np.frombuffer(res.vectors, dtype="<f4").reshape(-1, VOCAB)
+        assert np.abs(vecs - want[5 * k : 5 * k + 5]).max() <= 1e-5

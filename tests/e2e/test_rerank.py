@@ -104,6 +104,36 @@ def test_cohere_shape_over_http(duo):
     assert len(v2["results"]) == len(docs) and "document" not in v2["results"][0]
 
 
+def test_rerank_takes_the_documents_shape_too(duo):
+    """Infinity, vLLM and Jina serve `/rerank` with `documents` (and Infinity
+    `/embeddings` without the version prefix): that body gets /v1/rerank's answer."""
+    docs = [p[1] for p in _pairs(BERT_RERANKER)[:5]]
+    body = {"model": "tiny-bert-reranker", "query": "a query", "documents": docs, "top_n": 2}
+    r = duo.post("/rerank", body)
+    assert r.status_code == 200, r.text
+    got, want = r.json(), duo.post("/v1/rerank", body).json()
+    assert [x["index"] for x in got["results"]] == [x["index"] for x in want["results"]]
+    assert [x["relevance_score"] for x in got["results"]] == [x["relevance_score"] for x in want["results"]]
+    assert got["results"][0]["document"]["text"] == docs[got["results"][0]["index"]]
+    assert got["usage"] == want["usage"] and got["model"] == "tiny-bert-reranker"
+    # Infinity's return_documents: false; object documents (Jina).
+    r = duo.post("/rerank", {"query": "a query", "documents": [{"text": d} for d in docs],
+                             "return_documents": False})
+    assert r.status_code == 200 and "document" not in r.json()["results"][0]
+    # Its errors come in the same (Cohere/OpenAI) shape as /v1/rerank's; TEI's body keeps TEI's.
+    bad = duo.post("/rerank", {"query": "q", "documents": ["d"], "top_n": 0})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_n"
+    bad = duo.post("/rerank", {"query": "q", "documents": "nope"})
+    assert bad.status_code == 422 and "message" in bad.json()["error"]
+    bad = duo.post("/rerank", {"query": "q"})
+    assert bad.status_code == 422 and "missing field `texts`" in bad.json()["error"]
+    emb = duo.post("/embeddings", {"model": EMBEDDER, "input": ["hello"]})
+    assert emb.status_code == 200, emb.text
+    v1 = duo.post("/v1/embeddings", {"model": EMBEDDER, "input": ["hello"]}).json()
+    assert emb.json()["data"] == v1["data"]
+    assert duo.get("/models").json() == duo.get("/v1/models").json()
+
+
 def test_cohere_clients_unchanged(duo):
     docs = ["Paris is the capital of France.", "Pizza is food.", "", "Berlin is in Germany."]
     http = duo.post("/rerank", {"query": "capital of france", "texts": docs}).json()

@@ -307,7 +307,10 @@ pub enum Api {
 impl Api {
     /// The API a path belongs to (for errors raised before routing, e.g. 401/404).
     pub fn for_path(path: &str) -> Api {
-        if path == "/v1" || path.starts_with("/v1/") || matches!(path, "/v2/rerank" | "/v2/embed") {
+        if path == "/v1"
+            || path.starts_with("/v1/")
+            || matches!(path, "/v2/rerank" | "/v2/embed" | "/embeddings" | "/models")
+        {
             Api::OpenAi
         } else if matches!(
             path,

@@ -18,10 +18,12 @@ enum Shape {
     Ollama,
 }
 
-/// The four embed routes: path, error shape, request body for a list of inputs.
-const ROUTES: [(&str, Shape); 4] = [
+/// The embed routes: path, error shape, request body for a list of inputs.
+const ROUTES: [(&str, Shape); 5] = [
     ("/api/v1/embed", Shape::Native),
     ("/v1/embeddings", Shape::OpenAi),
+    // OpenAI's route without the version prefix (Infinity's path).
+    ("/embeddings", Shape::OpenAi),
     ("/embed", Shape::Tei),
     ("/api/embed", Shape::Ollama),
 ];
@@ -486,7 +488,7 @@ async fn prompts_and_truncation_side_reach_the_tokenizer() {
         ..EmbedOptions::default()
     };
     // prompt_name on the native, TEI and OpenAI (top-level, as extra_body sends it) routes.
-    for (path, shape) in &ROUTES[..3] {
+    for (path, shape) in ROUTES.iter().filter(|(_, shape)| *shape != Shape::Ollama) {
         let mut b = body(*shape, json!(["rivers"]));
         b["prompt_name"] = json!("query");
         let (status, _, v) = post(&s, path, &b).await;
@@ -647,6 +649,16 @@ async fn ops_routes() {
     assert_eq!(v["object"], "list");
     assert_eq!(v["data"][0]["id"], "fake-model");
     assert_eq!(v["data"][0]["object"], "model");
+    // The same list without the version prefix (Infinity's path).
+    let bare: Value = c
+        .get(s.url("/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(bare["data"], v["data"]);
 
     let v: Value = c
         .get(s.url("/info"))

@@ -42,6 +42,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/embeddings", post(openai::embeddings))
         .route("/v1/models", get(openai::models))
         .route("/v1/models/{*model}", get(openai::model))
+        // Without the version prefix, as Infinity serves them and as an
+        // OpenAI client configured with a bare `base_url` calls them.
+        .route("/embeddings", post(openai::embeddings))
+        .route("/models", get(openai::models))
         .route("/embed", post(tei::embed))
         .route("/embed_all", post(tei::embed_all))
         .route("/embed_sparse", post(tei::embed_sparse))

@@ -96,7 +96,7 @@ pub fn encode_base64(v: &[f32]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
-/// Create embeddings.
+/// Create embeddings (also served at `/embeddings`).
 ///
 /// Errors use `{"error": {"message", "type", "param", "code"}}`.
 #[utoipa::path(
@@ -172,7 +172,7 @@ pub struct OpenAiModelList {
     pub data: Vec<OpenAiModel>,
 }
 
-/// The served models, the default first.
+/// The served models, the default first (also served at `/models`).
 #[utoipa::path(
     get, path = "/v1/models", tag = "openai",
     responses(

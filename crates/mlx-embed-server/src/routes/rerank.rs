@@ -1,16 +1,18 @@
-//! Reranking: `POST /rerank` (Hugging Face TEI) and `POST /v1/rerank`,
+//! Reranking: `POST /rerank` (Hugging Face TEI's shape, or the Cohere/Jina
+//! shape Infinity and vLLM serve there) and `POST /v1/rerank`,
 //! `POST /v2/rerank` (Cohere / Jina; the `cohere` Python client works with
 //! `base_url`). Each document becomes one query/document pair input of the
 //! one scoring path ([`crate::score`]).
 
 use axum::extract::State;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use mlx_embed_core::{EmbedInput, EmbedOptions};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::Usage;
-use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped, Tei, TeiErrorBody};
+use crate::errors::{ApiError, ErrorKind, OpenAi, OpenAiErrorBody, Shaped, Tei, TeiErrorBody};
 use crate::extract::{ApiJson, TruncationSide};
 use crate::models::Task;
 use crate::score::{ranking, score, ScoreOutput, ScoreRequest};
@@ -48,22 +50,52 @@ pub struct TeiRank {
 
 /// Rank documents by relevance to a query; best first.
 ///
+/// TEI's shape (`texts`). A body with `documents` instead, the shape
+/// Infinity, vLLM and Jina serve on this path, is answered as `/v1/rerank`
+/// answers it (Cohere/Jina response and errors).
+///
 /// Errors use `{"error": str, "error_type": str}`.
 #[utoipa::path(
     post, path = "/rerank", tag = "tei", operation_id = "tei_rerank",
     request_body = TeiRerankRequest,
     responses(
-        (status = 200, description = "Documents best first", body = Vec<TeiRank>),
+        (status = 200, description = "Documents best first (a `documents` body: the /v1/rerank response)", body = Vec<TeiRank>),
         (status = "4XX", description = "Invalid request (400 also: no reranker served; 401, 404 unknown model, 413, 415, 422, 429)", body = TeiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiErrorBody),
     )
 )]
 pub async fn tei_rerank(
     State(state): State<AppState>,
-    ApiJson(req, _): ApiJson<TeiRerankRequest, Tei>,
+    ApiJson(body, _): ApiJson<serde_json::Value, Tei>,
+) -> Response {
+    if body.get("documents").is_some() && body.get("texts").is_none() {
+        return match parse::<CohereRerankRequest>(body) {
+            Ok(req) => cohere_rerank(&state, req, "1", true).await.into_response(),
+            Err(e) => Shaped::<OpenAi>::from(e).into_response(),
+        };
+    }
+    match parse::<TeiRerankRequest>(body) {
+        Ok(req) => tei_rank(&state, req).await.into_response(),
+        Err(e) => Shaped::<Tei>::from(e).into_response(),
+    }
+}
+
+/// A JSON body already read, as `T`; a wrong shape is a 422 as for any route.
+fn parse<T: serde::de::DeserializeOwned>(body: serde_json::Value) -> Result<T, ApiError> {
+    serde_json::from_value(body).map_err(|e| {
+        ApiError::new(
+            ErrorKind::Unprocessable,
+            format!("Failed to deserialize the JSON body into the target type: {e}"),
+        )
+    })
+}
+
+async fn tei_rank(
+    state: &AppState,
+    req: TeiRerankRequest,
 ) -> Result<Json<Vec<TeiRank>>, Shaped<Tei>> {
     let out = score(
-        &state,
+        state,
         pairs_request(
             req.model,
             &req.query,

@@ -94,7 +94,7 @@ def resolve(
         if model_type not in masked_lm.MODEL_TYPES:
             raise ValueError(
                 f"{path}: SPLADE needs a masked-LM checkpoint of {', '.join(masked_lm.MODEL_TYPES)} "
-                f"(BertForMaskedLM), got model_type {model_type!r}"
+                f"(BertForMaskedLM, DistilBertForMaskedLM), got model_type {model_type!r}"
             )
         return Head("embedding", masked_lm, sparse=True)
     if sequence_classification.architecture(config) is not None:

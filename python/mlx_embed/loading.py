@@ -78,6 +78,12 @@ def architecture(model_type: Optional[str]) -> ModuleType:
 
 def max_length_from_folder(path: str, positions: int, pipeline: st_modules.StPipeline) -> int:
     if pipeline.max_seq_length is not None:
+        # A folder may declare more than the model computes exactly (a
+        # Mistral's max_seq_length past its sliding window): the folder only
+        # lowers the model's limit, never raises it.
+        if pipeline.max_seq_length > positions:
+            log.info("%s: max_seq_length %d capped at the model's %d", path, pipeline.max_seq_length, positions)
+            return positions
         return pipeline.max_seq_length
     # No sentence-transformers limit: the smallest of the model's positions,
     # the tokenizer's declared limit (HF uses ~1e30 for "none") and 8192,

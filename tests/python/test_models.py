@@ -20,10 +20,13 @@ MAX_LEN = 128
 # folder -> (reference of the folder as it is, model_type, pooling, dim)
 ARCHITECTURES = {
     "tiny-xlm-roberta": ("reference_mean_normalized.npy", "xlm-roberta", "mean", 64),
+    "tiny-camembert": ("reference_mean_normalized.npy", "camembert", "mean", 64),
+    "tiny-distilbert": ("reference_mean_normalized.npy", "distilbert", "mean", 64),
     "tiny-mpnet": ("reference_mean_normalized.npy", "mpnet", "mean", 64),
     "tiny-modernbert": ("reference_cls_normalized.npy", "modernbert", "cls", 64),
     "tiny-nomic-bert": ("reference_document_normalized.npy", "nomic_bert", "mean", 64),
     "tiny-qwen2": ("reference_last_token_normalized.npy", "qwen2", "last", 64),
+    "tiny-mistral": ("reference_last_token_normalized.npy", "mistral", "last", 64),
     "tiny-gemma3": ("reference_normalized.npy", "gemma3_text", "mean", 48),
 }
 
@@ -100,6 +103,7 @@ def test_modernbert_mean_pooling_override(golden_texts):
         ("tiny-nomic-bert", "query", "reference_query_normalized.npy"),
         ("tiny-nomic-bert", "document", "reference_document_normalized.npy"),
         ("tiny-qwen2", "query", "reference_query_normalized.npy"),
+        ("tiny-mistral", "query", "reference_query_normalized.npy"),
         ("tiny-gemma3", "query", "reference_query_normalized.npy"),
         ("tiny-gemma3", "document", "reference_document_normalized.npy"),
     ],
@@ -147,6 +151,89 @@ def test_roberta_model_type_is_the_same_network(golden_texts, tmp_path):
     _check(model.embed(golden_texts), _ref("tiny-xlm-roberta", "reference_mean_normalized.npy"))
 
 
+def _renamed_weights(src, dst, rename, extra=()):
+    """src copied to dst with its weights renamed (and task-head tensors
+    added) as the masked-LM / classifier checkpoints of the same encoder
+    carry them."""
+    import mlx.core as mx
+
+    shutil.copytree(FIXTURES / src, dst)
+    w = mx.load(str(dst / "model.safetensors"))
+    out = {rename(k): v for k, v in w.items()}
+    for name, shape in extra:
+        out[name] = mx.ones(shape)
+    mx.save_safetensors(str(dst / "model.safetensors"), out)
+    return dst
+
+
+def test_distilbert_cls_pooling_tas_b_style(golden_texts, tmp_path):
+    """msmarco-distilbert-base-tas-b: the folder's Pooling says cls and has
+    no Normalize (scored by dot product), so unnormalized vectors match."""
+    d = tmp_path / "tas-b"
+    shutil.copytree(FIXTURES / "tiny-distilbert", d)
+    pool = json.loads((d / "1_Pooling" / "config.json").read_text())
+    pool.update(pooling_mode_cls_token=True, pooling_mode_mean_tokens=False)
+    (d / "1_Pooling" / "config.json").write_text(json.dumps(pool))
+    mods = [m for m in json.loads((d / "modules.json").read_text()) if m["path"] != "2_Normalize"]
+    (d / "modules.json").write_text(json.dumps(mods))
+    model = mlx_embed.load(d)
+    assert (model.model_type, model.pooling, model.dim) == ("distilbert", "cls", 64)
+    _check(model.embed(golden_texts, normalize=False), _ref("tiny-distilbert", "reference_cls.npy"),
+           normalized=False)
+
+
+def test_distilbert_masked_lm_checkpoint_names(golden_texts, tmp_path):
+    """DistilBertForMaskedLM / ...ForSequenceClassification keep the encoder
+    under "distilbert." beside their heads: the same embeddings."""
+    d = _renamed_weights(
+        "tiny-distilbert", tmp_path / "mlm", lambda k: "distilbert." + k,
+        [("vocab_transform.weight", (64, 64)), ("vocab_transform.bias", (64,)),
+         ("vocab_layer_norm.weight", (64,)), ("vocab_layer_norm.bias", (64,)),
+         ("vocab_projector.weight", (1200, 64)), ("vocab_projector.bias", (1200,)),
+         ("pre_classifier.weight", (64, 64)), ("classifier.weight", (2, 64))])
+    got = mlx_embed.load(d).embed(golden_texts)
+    assert np.array_equal(got, _model("tiny-distilbert").embed(golden_texts))
+
+
+def test_distilbert_runs_the_native_fused_encoder(golden_texts, monkeypatch):
+    """DistilBERT's blocks are BERT's: on the CPU's native path all of them
+    run in one post_ln_encoder_ call per pass, to the bit what the blocks
+    give one by one."""
+    import mlx.core as mx
+    from mlx_embed import _native, ops
+
+    model = _model("tiny-distilbert")
+    assert model.context.path == "native"
+    calls = []
+    real = _native.post_ln_encoder_
+
+    def counting(*args, **kwargs):
+        calls.append(len(args[3]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_native, "post_ln_encoder_", counting)
+    fused = model.embed(golden_texts)
+    assert calls and set(calls) == {2}
+    x = mx.zeros((1, 3, 64))
+    mask = ops.KeyMask(mx.ones((1, 3), dtype=mx.int32), mx.float32)
+    with ops.forward_context(ops.ForwardContext(path="native")):
+        assert ops.post_ln_encoder(model.model.layers, x, mask) is not None
+    monkeypatch.setattr(ops, "post_ln_encoder", lambda *args, **kwargs: None)
+    assert np.array_equal(fused, model.embed(golden_texts))
+
+
+def test_camembert_masked_lm_checkpoint_names(golden_texts, tmp_path):
+    """CamembertForMaskedLM (camembert-base) keeps the encoder under
+    "roberta." beside lm_head.*: the same embeddings."""
+    d = _renamed_weights(
+        "tiny-camembert", tmp_path / "mlm", lambda k: "roberta." + k,
+        [("lm_head.dense.weight", (64, 64)), ("lm_head.dense.bias", (64,)),
+         ("lm_head.layer_norm.weight", (64,)), ("lm_head.layer_norm.bias", (64,)),
+         ("lm_head.decoder.weight", (935, 64)), ("lm_head.bias", (935,))])
+    got = mlx_embed.load(d).embed(golden_texts)
+    assert np.array_equal(got, _model("tiny-camembert").embed(golden_texts))
+
+
 def test_unknown_prompt_name_is_invalid_input():
     with pytest.raises(mlx_embed.errors.InvalidInput, match="nope"):
         _model("tiny-xlm-roberta").embed(["x"], prompt_name="nope")
@@ -188,15 +275,97 @@ def test_dense_layers_change_the_width(tmp_path):
     assert wide.dim == 96 and wide.embed(["hello"]).shape == (1, 96)
 
 
+def _mistral_copy(dst, drop=(), **edit):
+    """tiny-mistral copied to dst with config.json keys dropped / set."""
+    shutil.copytree(FIXTURES / "tiny-mistral", dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    for k in drop:
+        cfg.pop(k)
+    cfg.update(edit)
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_mistral_instruction_is_the_query_prompt(golden_texts):
+    """e5-mistral / SFR style: a raw instruction in the Instruct/Query
+    template is the folder's query prompt."""
+    model = _model("tiny-mistral")
+    task = "Given a web search query, retrieve relevant passages that answer the query"
+    assert model.prompts["query"] == f"Instruct: {task}\nQuery: " and model.default_prompt_name is None
+    _check(model.embed(golden_texts, instruction=task), _ref("tiny-mistral", "reference_query_normalized.npy"))
+
+
+def test_mistral_max_length_is_capped_at_the_sliding_window(golden_texts, tmp_path):
+    """Inside the sliding window Mistral's attention is full causal attention,
+    so the window caps max_length: the folder's 128 drops to a window of 64,
+    texts that fit in it give the reference, an explicit max_length past it is
+    refused, and no window (null) leaves the folder's 128."""
+    ref = _ref("tiny-mistral", "reference_last_token_normalized.npy")
+    counts = _model("tiny-mistral").count_tokens(golden_texts, prompt="")
+    fit = [i for i, n in enumerate(counts) if n <= 64]
+    assert 10 <= len(fit) < len(golden_texts)
+    d = _mistral_copy(tmp_path / "w64", sliding_window=64)
+    capped = mlx_embed.load(d)
+    assert capped.max_length == 64
+    _check(capped.embed([golden_texts[i] for i in fit]), ref[fit])
+    assert max(capped.count_tokens(golden_texts, prompt="")) == 64
+    with pytest.raises(ValueError, match="max_length 128 > the 64"):
+        mlx_embed.load(d, max_length=128)
+    full = mlx_embed.load(_mistral_copy(tmp_path / "none", sliding_window=None))
+    assert full.max_length == MAX_LEN
+    _check(full.embed(golden_texts), ref)
+
+
+def test_mistral_transformers5_config(golden_texts, tmp_path):
+    """The config as transformers 5 writes it (rope_parameters, head_dim)
+    is the same model as the published flat rope_theta."""
+    d = _mistral_copy(tmp_path / "m", drop=("rope_theta",), head_dim=16,
+                      rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    _check(mlx_embed.load(d).embed(golden_texts), _ref("tiny-mistral", "reference_last_token_normalized.npy"))
+
+
+def test_mistral_4bit(golden_texts, tmp_path):
+    """What people run on a Mac: a Mistral embedder in 4-bit, quantized at
+    load or as a pre-quantized mlx-lm style folder ("model." names, an LM
+    head the embedder drops, config "quantization"), the same model either
+    way. The tiny random weights have little redundancy: 4-bit measured min
+    cosine 0.931, mean 0.977 to the fp32 reference (8-bit: 0.9998)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    fp = _model("tiny-mistral")
+    q = mlx_embed.load(FIXTURES / "tiny-mistral", quantize=4)
+    assert q.quantization == 4 and q.parameter_count == fp.parameter_count
+    assert q.weights_bytes < fp.weights_bytes / 4
+    got = q.embed(golden_texts)
+    cos = (got * _ref("tiny-mistral", "reference_last_token_normalized.npy")).sum(axis=1)
+    assert cos.min() >= 0.9 and cos.mean() >= 0.95
+    d = tmp_path / "m4"
+    shutil.copytree(FIXTURES / "tiny-mistral", d)
+    params = dict(tree_flatten(q.model.parameters()))
+    params.update({f"lm_head.{k}": params[f"model.embed_tokens.{k}"] for k in ("weight", "scales", "biases")})
+    mx.save_safetensors(str(d / "model.safetensors"), params)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["quantization"] = {"group_size": 32, "bits": 4}
+    (d / "config.json").write_text(json.dumps(cfg))
+    pre = mlx_embed.load(d, dequantize=False)
+    assert pre.quantization == 4
+    assert np.abs(pre.embed(golden_texts) - got).max() <= 1e-6
+
+
 @pytest.mark.parametrize(
     "folder, edit, match",
     [
         ("tiny-gemma3", {"use_bidirectional_attention": False}, "use_bidirectional_attention"),
         ("tiny-qwen2", {"use_sliding_window": True}, "use_sliding_window"),
+        ("tiny-mistral", {"hidden_act": "gelu"}, "hidden_act"),
+        ("tiny-mistral", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"),
         ("tiny-nomic-bert", {"rotary_scaling_factor": 2.0}, "rotary_scaling_factor"),
         ("tiny-nomic-bert", {"activation_function": "gelu"}, "activation_function"),
         ("tiny-modernbert", {"hidden_activation": "relu"}, "hidden_activation"),
         ("tiny-mpnet", {"relative_attention_num_buckets": 64}, "relative_attention_num_buckets"),
+        ("tiny-distilbert", {"sinusoidal_pos_embds": True}, "sinusoidal_pos_embds"),
+        ("tiny-distilbert", {"activation": "relu"}, "activation"),
         ("tiny-mpnet", {"model_type": "deberta-v2"}, "supported: bert, xlm-roberta"),
     ],
 )

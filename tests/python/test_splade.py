@@ -184,3 +184,32 @@ def test_gpu_defaults_give_the_same_vectors(splade, texts):
         res = p.result()
         vecs = np.frombuffer(res.vectors, dtype="<f4").reshape(-1, VOCAB)
         assert np.abs(vecs - want[5 * k : 5 * k + 5]).max() <= 1e-5
+
+
+SPLADE_DISTILBERT = FIXTURES / "tiny-splade-distilbert"
+
+
+def test_distilbert_masked_lm_splade(tmp_path, texts):
+    """A DistilBertForMaskedLM SparseEncoder (opensearch v2-distill style:
+    max of log1p(log1p(relu))), and the bare masked-LM folder with
+    pooling="splade" (max of log1p(relu)), against the fixture's float64
+    sentence-transformers references."""
+    model = mlx_embed.load(SPLADE_DISTILBERT)
+    assert model.sparse and model.model_type == "distilbert" and model.dim == 1200
+    _check(model.embed(texts, normalize=False), np.load(SPLADE_DISTILBERT / "reference_log1p_relu.npy"))
+    bare = tmp_path / "bare"
+    shutil.copytree(SPLADE_DISTILBERT, bare)
+    for extra in ("modules.json", "config_sentence_transformers.json"):
+        (bare / extra).unlink()
+    shutil.rmtree(bare / "1_SpladePooling")
+    # Without pooling="splade" it is a dense DistilBERT embedder.
+    assert not mlx_embed.load(bare).sparse
+    relu = mlx_embed.load(bare, pooling="splade")
+    _check(relu.embed(texts, normalize=False), np.load(SPLADE_DISTILBERT / "reference_max.npy"))
+
+
+def test_distilbert_splade_needs_its_head(tmp_path):
+    """An embedding-only DistilBERT (no vocab_transform / vocab_layer_norm /
+    vocab_projector) cannot be SPLADE: refused by name."""
+    with pytest.raises(ValueError, match="vocab_transform"):
+        mlx_embed.load(FIXTURES / "tiny-distilbert", pooling="splade")

@@ -20,13 +20,16 @@ SUPPORTED = (
     "bert",
     "xlm-roberta",
     "roberta",
+    "camembert",
+    "distilbert",
     "mpnet",
     "modernbert",
     "nomic_bert",
     "qwen2",
+    "mistral",
     "qwen3",
     "gemma3_text",
 )
 
 # model_type -> module name, where they differ.
-REMAPPING = {"xlm-roberta": "xlm_roberta", "roberta": "xlm_roberta"}
+REMAPPING = {"xlm-roberta": "xlm_roberta", "roberta": "xlm_roberta", "camembert": "xlm_roberta"}

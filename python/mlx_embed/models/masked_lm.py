@@ -1,4 +1,5 @@
-"""The masked-language-model head on BERT, for SPLADE sparse embeddings.
+"""The masked-language-model head on BERT or DistilBERT, for SPLADE sparse
+embeddings.
 
 SPLADE models (naver/splade-*, prithivida/Splade_PP_en_v1,
 opensearch-neural-sparse-encoding-v1) are transformers'
@@ -8,6 +9,11 @@ token's hidden state to one logit per vocabulary entry:
     transform.dense -> the config's activation -> transform.LayerNorm
     -> decoder (tied to the word embeddings unless the checkpoint has its own)
     + bias
+
+The DistilBERT ones (opensearch-neural-sparse-encoding-v2-distill, the
+document side of ...-doc-v2-distill) are ``DistilBertForMaskedLM``: the same
+head under other names, ``vocab_transform`` -> ``activation`` ->
+``vocab_layer_norm`` (eps 1e-12) -> ``vocab_projector`` (tied, with its bias).
 
 The model returns the last hidden state like every embedding architecture;
 the SPLADE head (``st_modules.SpladePipeline``) calls :meth:`Model.mlm_logits`
@@ -22,14 +28,23 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import bert
+from . import bert, distilbert
 
 EMBEDDING_DEFAULTS = {"pooling": "splade"}
 
 # config.json model_type values this head is built on.
-MODEL_TYPES = ("bert",)
+MODEL_TYPES = ("bert", "distilbert")
 
 _PREFIX = "cls.predictions."
+
+# DistilBertForMaskedLM's head names -> ours.
+_DISTILBERT_HEAD = {
+    "vocab_transform.weight": "lm_head.transform.weight",
+    "vocab_transform.bias": "lm_head.transform.bias",
+    "vocab_layer_norm.weight": "lm_head.norm.weight",
+    "vocab_layer_norm.bias": "lm_head.norm.bias",
+    "vocab_projector.bias": "lm_head.bias",
+}
 
 
 @dataclass
@@ -47,7 +62,16 @@ class ModelArgs:
         if params.get("model_type") not in MODEL_TYPES:
             raise ValueError(
                 f"SPLADE needs a masked-LM checkpoint of {', '.join(MODEL_TYPES)} "
-                f"(BertForMaskedLM); got model_type {params.get('model_type')!r}"
+                f"(BertForMaskedLM, DistilBertForMaskedLM); got model_type {params.get('model_type')!r}"
+            )
+        if params.get("model_type") == "distilbert":
+            return cls(
+                config=dict(params),
+                hidden_size=int(params.get("dim", 768)),
+                vocab_size=int(params["vocab_size"]),
+                hidden_act=str(params.get("activation", "gelu")),
+                layer_norm_eps=distilbert.LAYER_NORM_EPS,
+                tie_word_embeddings=bool(params.get("tie_word_embeddings", True)),
             )
         return cls(
             config=dict(params),
@@ -86,7 +110,10 @@ class Model(nn.Module):
         super().__init__()
         self.args = args
         self.model_type = args.config.get("model_type")
-        self.encoder = bert.Model(bert.ModelArgs.from_dict(args.config))
+        if self.model_type == "distilbert":
+            self.encoder = distilbert.Model(distilbert.ModelArgs.from_dict(args.config))
+        else:
+            self.encoder = bert.Model(bert.ModelArgs.from_dict(args.config))
         self.lm_head = LMHead(args)
 
     @property
@@ -96,6 +123,11 @@ class Model(nn.Module):
     @property
     def max_length(self) -> int:
         return self.encoder.max_length
+
+    @property
+    def hidden_size(self) -> int:
+        """The encoder's width (DistilBERT's config calls it ``dim``)."""
+        return self.args.hidden_size
 
     def __call__(
         self,
@@ -113,6 +145,8 @@ class Model(nn.Module):
         return self.lm_head(h, self.encoder.embeddings.word_embeddings)
 
     def sanitize(self, weights: dict) -> dict:
+        if self.model_type == "distilbert":
+            return self._sanitize_distilbert(weights)
         head, rest = {}, {}
         for name, w in weights.items():
             bare = name[len("bert.") :] if name.startswith("bert.") else name
@@ -138,6 +172,31 @@ class Model(nn.Module):
             raise ValueError(
                 "SPLADE needs the masked-LM head (cls.predictions.*), which these weights "
                 f"lack ({', '.join(missing)}): is this a BertForMaskedLM checkpoint?"
+            )
+        out = {"encoder." + k: v for k, v in self.encoder.sanitize(rest).items()}
+        out.update(head)
+        return out
+
+    def _sanitize_distilbert(self, weights: dict) -> dict:
+        head, rest = {}, {}
+        for name, w in weights.items():
+            if name in _DISTILBERT_HEAD:
+                head[_DISTILBERT_HEAD[name]] = w
+            elif name == "vocab_projector.weight":
+                if not self.args.tie_word_embeddings:
+                    head["lm_head.decoder.weight"] = w
+            else:
+                rest[name] = w
+        missing = [
+            n for n, ours in _DISTILBERT_HEAD.items() if ours not in head
+        ]
+        if not self.args.tie_word_embeddings and "lm_head.decoder.weight" not in head:
+            missing.append("vocab_projector.weight")
+        if missing:
+            raise ValueError(
+                "SPLADE needs the masked-LM head (vocab_transform, vocab_layer_norm, "
+                f"vocab_projector), which these weights lack ({', '.join(missing)}): "
+                "is this a DistilBertForMaskedLM checkpoint?"
             )
         out = {"encoder." + k: v for k, v in self.encoder.sanitize(rest).items()}
         out.update(head)

@@ -26,7 +26,9 @@ class ModelArgs(bert.ModelArgs):
     vocab_size: int = 250002
     max_position_embeddings: int = 514
     type_vocab_size: int = 1
-    layer_norm_eps: float = 1e-5
+    # transformers' default for XLM-RoBERTa, RoBERTa and CamemBERT configs
+    # that leave the key out (published ones state it).
+    layer_norm_eps: float = 1e-12
     pad_token_id: int = 1
 
     def __post_init__(self):

@@ -14,10 +14,10 @@ tokenizer, max_seq_length 256), cached under .bench/splade-<shape>/. Shapes
 (``--shape``): ``minilm`` (hidden 384, 6 layers, 12 heads, intermediate 1536:
 all-MiniLM-L6-v2's encoder), ``bert-base`` (768, 12, 12, 3072: naver/splade-*
 and Splade_PP's), ``tiny`` (32, 2, 4, 64: for --dry-run). The vocabulary
-bias is negative (-4.5 + N(0, 1) per term, like tests/fixtures/tiny-splade),
-so a text has a few hundred non-zero dimensions, as with real SPLADE models;
-the peer checks that transformers loads the folder with no missing or
-unexpected weights.
+bias is negative (-3.8 + N(0, 1) per term for MiniLM, -3.4 for bert-base;
+tests/fixtures/tiny-splade has -4.5), so a text has a few hundred non-zero
+dimensions, as with real SPLADE models. The peer checks that transformers
+loads the folder with no missing, unexpected or mismatched weights.
 
 Both sides are long-lived subprocesses (the engine in this interpreter, the
 peer in --peer-python, default .bench-venv/bin/python, torch CPU at
@@ -34,7 +34,7 @@ Parity: the engine's dense vectors of the timed texts against ST's
 script exits 1 if the minimum cosine is below --min-cosine (0.9999).
 
     python scripts/bench_splade.py                                  # MiniLM shape, 256 mixed texts
-    python scripts/bench_splade.py --shape bert-base --texts 128 --rounds 2
+    python scripts/bench_splade.py --shape bert-base --texts 128 --deadline-s 420
     python scripts/bench_splade.py --corpus short
     python scripts/bench_splade.py --dry-run --no-peer              # engine only, seconds
     python scripts/bench_splade.py --json docs/splade-results.json  # merges into the file's "runs"
@@ -68,9 +68,15 @@ VOCAB = 30522
 MAX_POSITIONS = 512
 MAX_SEQ_LENGTH = 256
 SEED = 0
-# Per-term level of the MLM logits (cls.predictions.bias): the logits of a
-# token spread ~1 around it, so only a few hundred terms per text end above 0.
-VOCAB_BIAS = -4.5
+# Per-term level of the MLM logits (cls.predictions.bias), mean per shape
+# and spread 1: the rest of a term's logit moves little from token to token
+# with random weights (std ~0.2 over a text's tokens in the MiniLM shape,
+# ~0.03 in bert-base's 12 layers), so the mean sets how many terms end above
+# 0. Chosen so that a text has a few hundred non-zero dimensions, as with
+# real SPLADE models: MiniLM shape at -3.8, median 304 on the mixed corpus
+# and 226 on the short one (70 at tiny-splade's -4.5); bert-base at -3.4,
+# 282 and 272 (120 at -3.8).
+VOCAB_BIAS = {"minilm": -3.8, "bert-base": -3.4, "tiny": -4.5}
 VOCAB_BIAS_STD = 1.0
 # Bumped whenever the weights written for the same shape change (the cache key).
 BUILD_VERSION = 1
@@ -116,7 +122,7 @@ def write_safetensors(path: Path, tensors: dict) -> None:
             f.write(tensors[name].astype("<f4", copy=False).tobytes())
 
 
-def random_weights(shape: dict) -> dict:
+def random_weights(shape: dict, vocab_bias: float) -> dict:
     """BertForMaskedLM's tensors (transformers' names, tied decoder: no
     cls.predictions.decoder.*), from one seeded generator in a fixed order.
     Linear weights N(0, 1/fan_in) and word/position embeddings N(0, 1/D)
@@ -155,7 +161,7 @@ def random_weights(shape: dict) -> dict:
         norm(p + "output.LayerNorm")
     linear("cls.predictions.transform.dense", d, d)
     norm("cls.predictions.transform.LayerNorm")
-    out["cls.predictions.bias"] = normal((VOCAB,), VOCAB_BIAS_STD, VOCAB_BIAS)
+    out["cls.predictions.bias"] = normal((VOCAB,), VOCAB_BIAS_STD, vocab_bias)
     return out
 
 
@@ -165,7 +171,7 @@ def build_checkpoint(shape_name: str) -> Path:
     shape = SHAPES[shape_name]
     out = ROOT / ".bench" / f"splade-{shape_name}"
     spec = {"build_version": BUILD_VERSION, "seed": SEED, "shape": shape, "vocab_size": VOCAB,
-            "max_seq_length": MAX_SEQ_LENGTH, "vocab_bias": [VOCAB_BIAS, VOCAB_BIAS_STD]}
+            "max_seq_length": MAX_SEQ_LENGTH, "vocab_bias": [VOCAB_BIAS[shape_name], VOCAB_BIAS_STD]}
     marker = out / "bench-build.json"
     if marker.exists() and json.loads(marker.read_text()) == spec:
         return out
@@ -193,7 +199,7 @@ def build_checkpoint(shape_name: str) -> Path:
         "vocab_size": VOCAB,
     }
     _save_json(out / "config.json", config)
-    write_safetensors(out / "model.safetensors", random_weights(shape))
+    write_safetensors(out / "model.safetensors", random_weights(shape, VOCAB_BIAS[shape_name]))
     src = Path(minilm_dir())
     for name in ("tokenizer.json", "vocab.txt", "special_tokens_map.json"):
         shutil.copy(src / name, out / name)
@@ -255,13 +261,15 @@ def _latency(embed, calls: str) -> dict:
     return {"seconds": out}
 
 
-def _pass(embed, texts: list[str], bs: int) -> dict:
-    """Seconds for the corpus in calls of ``bs`` texts (0: one call)."""
+def _pass(embed, texts: list[str], bs: int, keep: dict) -> dict:
+    """Seconds for the corpus in calls of ``bs`` texts (0: one call); the
+    outputs are kept in ``keep[bs]`` (the parity check reads the last)."""
     step = bs or len(texts)
     t0 = time.perf_counter()
-    for i in range(0, len(texts), step):
-        embed(texts[i : i + step])
-    return {"seconds": time.perf_counter() - t0}
+    out = [embed(texts[i : i + step]) for i in range(0, len(texts), step)]
+    seconds = time.perf_counter() - t0
+    keep[bs] = out
+    return {"seconds": seconds}
 
 
 # ------------------------------------------------------------------ engine
@@ -296,15 +304,17 @@ def engine_serve(args) -> None:
             "encoder_gflop": forward_flops(config, lengths) / 1e9,
             "head_gflop": head_flops(config, sum(lengths)) / 1e9}
 
-    def dump(path):
-        vecs = embed(texts)
+    keep: dict = {}
+
+    def dump(bs, path):
+        vecs = np.concatenate(keep[int(bs)])
         np.save(path, vecs)
         return {"shape": list(vecs.shape)}
 
-    _serve({"run": lambda bs: _pass(embed, texts, int(bs)),
+    _serve({"run": lambda bs: _pass(embed, texts, int(bs), keep),
             "lat": lambda calls: _latency(embed, calls),
             "dump": dump,
-            "profile": lambda reps: engine_profile(model, texts, int(reps))}, meta)
+            "profile": lambda reps, n: engine_profile(model, texts[: int(n)], int(reps))}, meta)
 
 
 def engine_profile(model, texts: list[str], reps: int) -> dict:
@@ -314,7 +324,8 @@ def engine_profile(model, texts: list[str], reps: int) -> dict:
     two callers with one BLAS thread each): the encoder (``model.model``),
     then the SPLADE head in its steps (gather of the real tokens' rows,
     transform + GELU + LayerNorm, the decoder matmul against the tied
-    word embeddings + bias, max over each text's tokens, log1p(relu)),
+    word embeddings, the bias add, max over each text's tokens,
+    log1p(relu)),
     each evaluated on its own; and the head as the engine calls it."""
     import mlx.core as mx
     import mlx.nn as nn
@@ -332,15 +343,13 @@ def engine_profile(model, texts: list[str], reps: int) -> dict:
     threads_before = _blas.get_num_threads()
     _blas.set_num_threads(cores)
     parts = {k: 0.0 for k in ("encoder", "head: gather real tokens", "head: transform+gelu+layernorm",
-                              "head: decoder matmul + bias", "head: max over tokens",
-                              "head: log1p(relu)")}
+                              "head: decoder matmul [tokens, D] x [D, vocab]",
+                              "head: max over tokens", "head: + bias, log1p(relu)")}
     whole_head = 0.0
     padded = 0
 
     def timed(name, fn):
-        out = fn()
-        mx.eval(out)
-        best = math.inf
+        best, out = math.inf, None
         for _ in range(reps):
             t0 = time.perf_counter()
             out = fn()
@@ -368,15 +377,35 @@ def engine_profile(model, texts: list[str], reps: int) -> dict:
                             lambda: mx.take(h.reshape(-1, h.shape[-1]), mx.array(rows), axis=0))
             x, _ = timed("head: transform+gelu+layernorm",
                          lambda: lm.norm(nn.gelu(lm.transform(flat))))
-            logits, _ = timed("head: decoder matmul + bias", lambda: table.as_linear(x) + lm.bias)
+            scores, _ = timed("head: decoder matmul [tokens, D] x [D, vocab]", lambda: table.as_linear(x))
             offsets = np.concatenate([[0], np.cumsum(lens)])
             pooled, _ = timed("head: max over tokens", lambda: mx.stack(
-                [logits[int(a):int(b)].max(axis=0) for a, b in zip(offsets[:-1], offsets[1:])]))
-            timed("head: log1p(relu)", lambda: mx.log1p(mx.maximum(pooled, 0)))
+                [scores[int(a):int(b)].max(axis=0) for a, b in zip(offsets[:-1], offsets[1:])]))
+            # The engine's order: bias, relu and log1p after the max, on [texts, vocab].
+            timed("head: + bias, log1p(relu)", lambda: mx.log1p(mx.maximum(pooled + lm.bias, 0)))
+        # The one-short-text call: encoder, head, and the whole embed call
+        # (tokenization and the host copy included), medians of 10.
+        one = mx.array(np.array(model.encode([LATENCY_TEXT])[0], dtype=np.int32))
+        one_mask = mx.ones_like(one)
+        latency = {}
+        for name, fn in (("encoder", lambda: net(one, one_mask)),
+                         ("head", lambda: head(h1, one_mask)),
+                         ("embed call", lambda: model.embed([LATENCY_TEXT], normalize=False))):
+            if name == "head":
+                h1 = net(one, one_mask)
+                mx.eval(h1)
+            runs = []
+            for _ in range(10):
+                t0 = time.perf_counter()
+                out = fn()
+                if not isinstance(out, np.ndarray):
+                    mx.eval(out)
+                runs.append(time.perf_counter() - t0)
+            latency[name] = statistics.median(runs)
     if threads_before:
         _blas.set_num_threads(threads_before)
     return {"sub_batches": len(plan), "padded_tokens": int(padded), "real_tokens": int(lengths.sum()),
-            "blas_threads": cores, "seconds": parts, "head_as_called": whole_head}
+            "blas_threads": cores, "seconds": parts, "head_as_called": whole_head, "one_text": latency}
 
 
 # -------------------------------------------------------------------- peer
@@ -423,15 +452,22 @@ def peer_serve(args) -> None:
             "attention": st[0].auto_model.config._attn_implementation,
             "texts": len(texts), "tokens": sum(lengths), "padded_tokens": padded}
 
-    def dump(path):
-        dense = st.encode(texts, batch_size=32).to_dense().numpy()
+    keep: dict = {}
+
+    def run(bs):
+        out = _pass(lambda b: st.encode(b, batch_size=int(bs)), texts, 0, keep)
+        keep[int(bs)] = keep.pop(0)
+        return out
+
+    def dump(bs, path):
+        dense = torch.cat([t.to_dense() for t in keep[int(bs)]]).numpy()
         np.save(path, dense)
         return {"shape": list(dense.shape)}
 
-    _serve({"run": lambda bs: _pass(lambda b: st.encode(b, batch_size=int(bs)), texts, 0),
+    _serve({"run": run,
             "lat": lambda calls: _latency(st.encode, calls),
             "dump": dump,
-            "profile": lambda reps: peer_profile(st, texts, int(reps))}, meta)
+            "profile": lambda reps, n: peer_profile(st, texts[: int(n)], int(reps))}, meta)
 
 
 def peer_profile(st, texts: list[str], reps: int, bs: int = 32) -> dict:
@@ -517,9 +553,10 @@ def side_by_side(args) -> int:
         if args.deadline_s and rnd and time.time() - t_bench > args.deadline_s:
             print(f"# --deadline-s {args.deadline_s} passed: stopping after {rnd} rounds", file=sys.stderr)
             break
-        for k in procs:
-            if args.latency_calls:
-                latency[k] += ask(k, "lat", args.latency_calls)["seconds"]
+        # One call at a time, alternating, so both see the same moments.
+        for _ in range(args.latency_calls):
+            for k in procs:
+                latency[k] += ask(k, "lat", 1)["seconds"]
         for k, bs in cols:
             times[f"{k} {bs}"].append(ask(k, "run", bs)["seconds"])
         rounds_done += 1
@@ -528,13 +565,15 @@ def side_by_side(args) -> int:
 
     parity = None
     with tempfile.TemporaryDirectory() as tmp:
+        # The vectors of each side's last timed pass (the engine's first call
+        # size, ST's first batch size).
         eng = os.path.join(tmp, "engine.npy")
-        ask("mlx_embed", "dump", eng)
+        ask("mlx_embed", "dump", args.engine_calls[0], eng)
         a = np.load(eng).astype(np.float64)
         nnz = (a > 0).sum(axis=1)
         if peer:
             ref = os.path.join(tmp, "peer.npy")
-            ask(peer, "dump", ref)
+            ask(peer, "dump", args.batch_sizes[0], ref)
             b = np.load(ref).astype(np.float64)
             cos = (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-30)
             parity = {"texts": len(a), "min_cosine": float(cos.min()), "max_abs_diff": float(np.abs(a - b).max()),
@@ -544,7 +583,7 @@ def side_by_side(args) -> int:
     profiles = {}
     if args.profile:
         for k in procs:
-            profiles[k] = ask(k, "profile", args.profile_repeats)
+            profiles[k] = ask(k, "profile", args.profile_repeats, min(args.profile_texts, args.texts))
     for pr in procs.values():
         pr.stdin.write("quit\n")
         pr.stdin.close()
@@ -582,37 +621,48 @@ def side_by_side(args) -> int:
         peer_best = max(v for c, v in tps.items() if c.startswith(peer + " "))
         summary["peer_best"] = peer_best
         summary["ratio_engine_vs_st_best"] = engine_best / peer_best
+        # The same ratio within each round (both sides' passes of one round
+        # ran back to back): steadier than the ratio of medians under load.
+        per_round = [min(times[c][r] for c in times if c.startswith(peer + " "))
+                     / min(times[c][r] for c in times if c.startswith("mlx_embed "))
+                     for r in range(rounds_done)]
+        summary["ratio_per_round"] = per_round
         print(f"\nmlx_embed best {engine_best:.1f} texts/s, ST best {peer_best:.1f} texts/s: "
-              f"engine / ST = {engine_best / peer_best:.2f}x")
+              f"engine / ST = {engine_best / peer_best:.2f}x (medians); within each round: "
+              + ", ".join(f"{r:.2f}x" for r in per_round) + f" (median {statistics.median(per_round):.2f}x)")
     useful = em["encoder_gflop"] + em["head_gflop"]
     summary["useful_gflop_per_pass"] = {"encoder": em["encoder_gflop"], "head": em["head_gflop"]}
     print(f"useful work per pass: encoder {em['encoder_gflop']:.0f} GFLOP, MLM head {em['head_gflop']:.0f} GFLOP; "
           f"engine best reaches {useful * engine_best / n_texts:.0f} GFLOP/s (BLAS measured {em['blas_gflops']} GFLOP/s)")
     if args.latency_calls:
         med = {k: statistics.median(v) * 1e3 for k, v in latency.items() if v}
+        low = {k: min(v) * 1e3 for k, v in latency.items() if v}
         summary["latency_ms"] = med
+        summary["latency_min_ms"] = low
         print(f"\n## one short text per call ({em['latency_tokens']} tokens: {LATENCY_TEXT!r}), "
-              f"median of {len(latency['mlx_embed'])} calls")
+              f"{len(latency['mlx_embed'])} calls each, alternating")
         print()
         print("| | " + " | ".join(med) + " |")
         print("|---|" + "---:|" * len(med))
-        print("| ms | " + " | ".join(f"{v:.2f}" for v in med.values()) + " |")
+        print("| median ms | " + " | ".join(f"{v:.2f}" for v in med.values()) + " |")
+        print("| min ms | " + " | ".join(f"{v:.2f}" for v in low.values()) + " |")
         if peer:
             summary["latency_engine_vs_st"] = med["mlx_embed"] / med[peer]
             print(f"mlx_embed / ST: {med['mlx_embed'] / med[peer]:.2f}x the time")
     summary["nnz_per_text"] = {"min": int(nnz.min()), "median": float(np.median(nnz)), "max": int(nnz.max())}
     if parity:
         summary["parity"] = parity
-        print(f"\n## parity on the {parity['texts']} timed texts (engine dense vectors vs ST encode().to_dense())")
+        print(f"\n## parity on the {parity['texts']} timed texts (the last timed pass of each: engine "
+              f"dense vectors vs ST encode(batch_size={args.batch_sizes[0]}).to_dense())")
         print(f"min cosine {parity['min_cosine']:.8f}, max |diff| {parity['max_abs_diff']:.2e} "
               f"(values up to {parity['max_value']:.3f}); {parity['support_mismatch']} entries non-zero on one "
               f"side only (largest {parity['support_mismatch_max_value']:.1e})")
     for k, p in profiles.items():
         secs = p["seconds"]
         total = sum(secs.values())
-        extra = (f"{p['sub_batches']} sub-batches, {p['real_tokens']} real / {p['padded_tokens']} padded tokens, "
+        extra = (f"{min(args.profile_texts, args.texts)} texts, {p['sub_batches']} sub-batches, {p['real_tokens']} real / {p['padded_tokens']} padded tokens, "
                  f"one caller, BLAS {p['blas_threads']} threads; the head as the engine calls it "
-                 f"{p['head_as_called']:.2f} s" if k == "mlx_embed" else f"batches of {p['batch_size']}")
+                 f"{p['head_as_called']:.2f} s" if k == "mlx_embed" else f"{min(args.profile_texts, args.texts)} texts in batches of {p['batch_size']}")
         print(f"\n## where {k}'s time goes (one pass, each step evaluated alone, best of "
               f"{args.profile_repeats}; {extra})")
         print()
@@ -621,6 +671,8 @@ def side_by_side(args) -> int:
         for name, s in secs.items():
             print(f"| {name} | {s:.3f} | {100 * s / total:.0f}% |")
         print(f"| sum | {total:.3f} | |")
+        if "one_text" in p:
+            print("\none short text, medians of 10: " + ", ".join(f"{n} {v * 1e3:.1f} ms" for n, v in p["one_text"].items()))
     if args.json:
         label = f"{args.shape} {args.corpus} {n_texts}"
         result = {"date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "command": " ".join(["python", *sys.argv]),
@@ -660,7 +712,8 @@ def main() -> int:
     p.add_argument("--peer-threads", type=int, default=2, help="torch threads (default 2)")
     p.add_argument("--no-peer", action="store_true", help="engine only (no sentence-transformers, no parity)")
     p.add_argument("--no-profile", dest="profile", action="store_false", help="skip the time breakdown")
-    p.add_argument("--profile-repeats", type=int, default=2)
+    p.add_argument("--profile-repeats", type=int, default=2, help="best of this many per step")
+    p.add_argument("--profile-texts", type=int, default=64, help="the profile's texts (the corpus' first)")
     p.add_argument("--min-cosine", type=float, default=0.9999, help="parity threshold (exit 1 below it)")
     p.add_argument("--deadline-s", type=float, help="start no new round after this many seconds of timing")
     p.add_argument("--dry-run", action="store_true", help="tiny shape, 16 texts, 1 round: a smoke test")

@@ -333,7 +333,7 @@ def load_checkpoint(
     labels: list[str] = []
     if choice.sparse:
         head = st_modules.read_splade_pipeline(path, int(config["vocab_size"]))
-        head.logits = model.mlm_logits
+        head.model = model
     elif choice.kind == "embedding":
         head = st_modules.read_pipeline(path, defaults.get("pooling", "mean"))
         if pooling is not None:

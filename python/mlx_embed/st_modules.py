@@ -114,8 +114,9 @@ class SpladePipeline(StPipeline):
     strategy: str = "max"
     activation: str = "relu"
     vocab_size: int = 0
-    # The model's ``mlm_logits``: [rows, L, D] -> [rows, L, vocab]; set at load.
-    logits: Optional[object] = None
+    # The masked-LM model, set at load: ``mlm_scores`` ([tokens, D] ->
+    # [tokens, vocab], the logits before the bias) and ``mlm_bias`` ([vocab]).
+    model: Optional[object] = None
 
     def output_dim(self, hidden_size: int) -> int:
         return self.vocab_size
@@ -139,19 +140,21 @@ class SpladePipeline(StPipeline):
             while end < rows and (end == row or tokens + lengths[end] <= budget):
                 tokens += lengths[end]
                 end += 1
-            logits = self.logits(flat[first : first + tokens])
+            scores = self.model.mlm_scores(flat[first : first + tokens])
             if self.strategy == "sum":
-                logits = self._activate(logits)
+                scores = self._activate(scores + self.model.mlm_bias)
             pooled, at = [], 0
             for n in lengths[row:end]:
-                seg = logits[at : at + n]
+                seg = scores[at : at + n]
                 pooled.append(seg.max(axis=0) if self.strategy == "max" else seg.sum(axis=0))
                 at += n
             block = mx.stack(pooled)
-            # relu and log1p never decrease, so for max they may come after
-            # it: the transcendental runs on [rows, vocab], not on every
-            # token's logits (equal up to rounding).
-            out.append(self._activate(block) if self.strategy == "max" else block)
+            if self.strategy == "max":
+                # The bias, relu and log1p never decrease (rounding included),
+                # so they may come after the max: they run on [rows, vocab],
+                # not on every token's logits, for the same bits.
+                block = self._activate(block + self.model.mlm_bias)
+            out.append(block)
             first += tokens
             row = end
         return out[0] if len(out) == 1 else mx.concatenate(out, axis=0)

@@ -16,7 +16,7 @@ head under other names, ``vocab_transform`` -> ``activation`` ->
 ``vocab_layer_norm`` (eps 1e-12) -> ``vocab_projector`` (tied, with its bias).
 
 The model returns the last hidden state like every embedding architecture;
-the SPLADE head (``st_modules.SpladePipeline``) calls :meth:`Model.mlm_logits`
+the SPLADE head (``st_modules.SpladePipeline``) calls :meth:`Model.mlm_scores`
 on it and pools the activations, so the engine's scheduler stays generic.
 """
 
@@ -96,13 +96,16 @@ class LMHead(nn.Module):
         self._tanh_gelu = args.hidden_act != "gelu"
 
     def __call__(self, h: mx.array, embeddings: nn.Module) -> mx.array:
+        return self.scores(h, embeddings) + self.bias
+
+    def scores(self, h: mx.array, embeddings: nn.Module) -> mx.array:
+        """The logits before the vocabulary bias."""
         x = self.transform(h)
         x = nn.gelu_approx(x) if self._tanh_gelu else nn.gelu(x)
         x = self.norm(x)
         # Tied: scores against the word-embedding table itself (quantized or
         # not: both embedding classes score through as_linear).
-        logits = self.decoder(x) if "decoder" in self else embeddings.as_linear(x)
-        return logits + self.bias
+        return self.decoder(x) if "decoder" in self else embeddings.as_linear(x)
 
 
 class Model(nn.Module):
@@ -143,6 +146,16 @@ class Model(nn.Module):
     def mlm_logits(self, h: mx.array) -> mx.array:
         """[..., D] hidden states -> [..., vocab] masked-LM logits."""
         return self.lm_head(h, self.encoder.embeddings.word_embeddings)
+
+    def mlm_scores(self, h: mx.array) -> mx.array:
+        """:meth:`mlm_logits` before :attr:`mlm_bias` is added (SPLADE's max
+        pooling adds it once per text, after the max)."""
+        return self.lm_head.scores(h, self.encoder.embeddings.word_embeddings)
+
+    @property
+    def mlm_bias(self) -> mx.array:
+        """The per-vocabulary-entry bias of the logits, [vocab]."""
+        return self.lm_head.bias
 
     def sanitize(self, weights: dict) -> dict:
         if self.model_type == "distilbert":

@@ -309,7 +309,10 @@ impl Api {
     pub fn for_path(path: &str) -> Api {
         if path == "/v1"
             || path.starts_with("/v1/")
-            || matches!(path, "/v2/rerank" | "/v2/embed" | "/embeddings" | "/models")
+            || matches!(
+                path,
+                "/v2/rerank" | "/v2/embed" | "/embeddings" | "/models" | "/score"
+            )
         {
             Api::OpenAi
         } else if matches!(

@@ -46,6 +46,10 @@ pub enum Task {
     EmbedSparse,
     /// Query/document relevance (`/rerank`, `/v1/rerank`, `/v2/rerank`).
     Rerank,
+    /// Pair scores (vLLM's `/score`): a reranker's, else an embedding
+    /// model's cosine. Unnamed, the first reranker answers, else the first
+    /// embedding model.
+    Score,
     /// Label scores (`/predict`): classifiers and rerankers.
     Predict,
     /// Tokenization only (`/tokenize`, `/decode`): any model.
@@ -61,8 +65,17 @@ impl Task {
             Task::Embed => matches!(kind, ModelKind::Embedding),
             Task::EmbedSparse => matches!(kind, ModelKind::Embedding) && info.sparse,
             Task::Rerank => matches!(kind, ModelKind::Reranker { .. }),
+            Task::Score => matches!(kind, ModelKind::Reranker { .. } | ModelKind::Embedding),
             Task::Predict => !matches!(kind, ModelKind::Embedding),
             Task::Tokenize | Task::Describe => true,
+        }
+    }
+
+    /// The narrower task whose models go first when a request names none.
+    fn preferred(self) -> Option<Task> {
+        match self {
+            Task::Score => Some(Task::Rerank),
+            _ => None,
         }
     }
 
@@ -74,6 +87,7 @@ impl Task {
                  folder served with --pooling splade)"
             }
             Task::Rerank => "a reranker (a cross-encoder: serve one with --rerank-model)",
+            Task::Score => "a reranker or an embedding model",
             Task::Predict => "a classifier or reranker (a sequence-classification model)",
             Task::Tokenize | Task::Describe => "a model",
         }
@@ -128,9 +142,10 @@ pub fn resolve<'a>(
             }
             Ok(model)
         }
-        None => models
-            .iter()
-            .find(|m| task.accepts(m.info()))
+        None => task
+            .preferred()
+            .and_then(|first| models.iter().find(|m| first.accepts(m.info())))
+            .or_else(|| models.iter().find(|m| task.accepts(m.info())))
             .ok_or_else(|| {
                 let kinds: Vec<String> = models
                     .iter()
@@ -224,6 +239,32 @@ mod tests {
             batcher: Batcher::start(BatcherConfig::default(), move || Ok(Fake(kind, sparse)))
                 .unwrap(),
         }
+    }
+
+    #[test]
+    fn scoring_prefers_a_reranker_unless_named() {
+        let reranker = ModelKind::Reranker {
+            labels: vec!["LABEL_0".into()],
+        };
+        let models = vec![
+            served("emb", ModelKind::Embedding),
+            served("rr", reranker),
+            served(
+                "clf",
+                ModelKind::Classifier {
+                    labels: vec!["a".into(), "b".into()],
+                },
+            ),
+        ];
+        assert_eq!(resolve(&models, None, Task::Score).unwrap().name, "rr");
+        assert_eq!(
+            resolve(&models, Some("emb"), Task::Score).unwrap().name,
+            "emb"
+        );
+        let e = resolve(&models, Some("clf"), Task::Score).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::InvalidRequest);
+        let only = vec![served("emb", ModelKind::Embedding)];
+        assert_eq!(resolve(&only, None, Task::Score).unwrap().name, "emb");
     }
 
     #[test]

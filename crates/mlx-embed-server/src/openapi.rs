@@ -8,12 +8,13 @@ use crate::errors::{
     NativeErrorBody, OllamaErrorBody, OpenAiErrorBody, TeiErrorBody, WeaviateErrorBody,
 };
 use crate::routes::{
-    cohere, native, ollama, openai, ops, predict, rerank, root, similarity, tei, tokens, weaviate,
+    cohere, native, ollama, openai, ops, predict, rerank, root, similarity, tei, tokens, vllm,
+    weaviate,
 };
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "mlx-embed", description = "Text embeddings and cross-encoders: native, OpenAI, TEI, Cohere/Jina and Ollama compatible APIs."),
+    info(title = "mlx-embed", description = "Text embeddings and cross-encoders: native, OpenAI, TEI, Cohere/Jina, Ollama, Weaviate and vLLM-score compatible APIs."),
     paths(
         native::embed,
         openai::embeddings,
@@ -33,6 +34,7 @@ use crate::routes::{
         rerank::tei_rerank,
         rerank::cohere_rerank_v1,
         rerank::cohere_rerank_v2,
+        vllm::score_pairs,
         predict::predict,
         similarity::similarity,
         tokens::tokenize,
@@ -54,6 +56,7 @@ use crate::routes::{
         (name = "tei", description = "text-embeddings-inference compatible"),
         (name = "ollama", description = "Ollama compatible"),
         (name = "cohere", description = "Cohere embed and Cohere / Jina rerank compatible"),
+        (name = "vllm", description = "vLLM's score API"),
         (name = "weaviate", description = "Weaviate text2vec-transformers inference API compatible"),
         (name = "ops", description = "Health, metrics, info"),
     )

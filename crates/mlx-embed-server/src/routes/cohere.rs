@@ -246,7 +246,7 @@ async fn embed(
         ),
     };
     Ok(CohereEmbedResponse {
-        id: super::cohere_id("embed"),
+        id: super::response_id("embed"),
         response_type: response_type.into(),
         embeddings,
         texts,

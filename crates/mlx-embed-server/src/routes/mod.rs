@@ -13,6 +13,7 @@ pub mod root;
 pub mod similarity;
 pub mod tei;
 pub mod tokens;
+pub mod vllm;
 pub mod weaviate;
 
 use std::collections::BTreeMap;
@@ -60,6 +61,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v2/embed", post(cohere::embed_v2))
         .route("/v1/rerank", post(rerank::cohere_rerank_v1))
         .route("/v2/rerank", post(rerank::cohere_rerank_v2))
+        .route("/score", post(vllm::score_pairs))
+        .route("/v1/score", post(vllm::score_pairs))
         .route("/predict", post(predict::predict))
         .route("/similarity", post(similarity::similarity))
         .route("/tokenize", post(tokens::tokenize))
@@ -141,8 +144,8 @@ pub(crate) fn role_prompt(roles: &[&str], prompts: &BTreeMap<String, String>) ->
 }
 
 /// A unique-enough id for the `id` field of Cohere's answers (embed and
-/// rerank), e.g. `rerank-<time>-<n>`.
-pub(crate) fn cohere_id(kind: &str) -> String {
+/// rerank) and vLLM's (score), e.g. `rerank-<time>-<n>`.
+pub(crate) fn response_id(kind: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::{SystemTime, UNIX_EPOCH};
     static NEXT: AtomicU64 = AtomicU64::new(0);

@@ -296,7 +296,7 @@ async fn cohere_rerank(
         })
         .collect();
     Ok(Json(CohereRerankResponse {
-        id: super::cohere_id("rerank"),
+        id: super::response_id("rerank"),
         model: out.model,
         results,
         meta: CohereMeta {

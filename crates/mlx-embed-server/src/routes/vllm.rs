@@ -1,0 +1,176 @@
+//! `POST /score` and `POST /v1/score` (vLLM's score API): relevance of
+//! `text_2` to `text_1`. A reranker scores each pair (sigmoid of its logit,
+//! through the one scoring path); an embedding model answers the cosine of
+//! the two texts' vectors (the one embed path), as vLLM does for both.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::extract::State;
+use axum::Json;
+use mlx_embed_core::{EmbedInput, EmbedOptions, ModelKind};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::{response_id, Usage};
+use crate::embed::{embed as run_embed, EmbedRequest};
+use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
+use crate::extract::{ApiJson, TextInputs};
+use crate::models::Task;
+use crate::score::{score, ScoreRequest};
+use crate::state::AppState;
+
+/// vLLM score request.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct ScoreBody {
+    /// Which served model answers; default: the first reranker, else the first embedding model.
+    pub model: Option<String>,
+    /// One text, or a list (one per `text_2` item).
+    pub text_1: TextInputs,
+    /// A text or a list of texts to score against `text_1`.
+    pub text_2: TextInputs,
+}
+
+/// One pair's score.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ScoreData {
+    /// Position of the pair (of the `text_2` item).
+    pub index: usize,
+    /// Always `score`.
+    pub object: &'static str,
+    /// Reranker: sigmoid of the logit; embedding model: cosine similarity.
+    pub score: f32,
+}
+
+/// vLLM score response.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ScoreResponse {
+    pub id: String,
+    /// Always `list`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    pub model: String,
+    /// One per pair, in pair order.
+    pub data: Vec<ScoreData>,
+    pub usage: Usage,
+}
+
+/// The pairs vLLM forms: one `text_1` against every `text_2`, or the two
+/// lists side by side.
+fn pairs(text_1: TextInputs, text_2: TextInputs) -> Result<Vec<(String, String)>, ApiError> {
+    let firsts = match text_1 {
+        TextInputs::One(t) => vec![t],
+        TextInputs::Many(v) => v,
+    };
+    let seconds = match text_2 {
+        TextInputs::One(t) => vec![t],
+        TextInputs::Many(v) => v,
+    };
+    if firsts.is_empty() || seconds.is_empty() {
+        return Err(ApiError::invalid(
+            "text_1 and text_2 must each hold at least one text",
+        ));
+    }
+    match firsts.len() {
+        1 => Ok(seconds
+            .into_iter()
+            .map(|second| (firsts[0].clone(), second))
+            .collect()),
+        n if n == seconds.len() => Ok(firsts.into_iter().zip(seconds).collect()),
+        n => Err(ApiError::invalid(format!(
+            "text_1 has {n} texts and text_2 {}: give one text_1, or as many as text_2",
+            seconds.len()
+        ))
+        .param("text_1")),
+    }
+}
+
+/// Score text pairs (vLLM's score API, also at `/score`).
+///
+/// Errors use `{"error": {"message", "type", "param", "code"}}`.
+#[utoipa::path(
+    post, path = "/v1/score", tag = "vllm", operation_id = "vllm_score",
+    request_body = ScoreBody,
+    responses(
+        (status = 200, description = "One score per pair, in order", body = ScoreResponse),
+        (status = "4XX", description = "Invalid request (400 also: text_1 and text_2 lengths disagree, a classifier; 401, 404 unknown model, 413, 415, 422, 429)", body = OpenAiErrorBody),
+        (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
+    )
+)]
+pub async fn score_pairs(
+    State(state): State<AppState>,
+    ApiJson(req, _): ApiJson<ScoreBody, OpenAi>,
+) -> Result<Json<ScoreResponse>, Shaped<OpenAi>> {
+    let pairs = pairs(req.text_1, req.text_2)?;
+    let model = state.model_for(req.model.as_deref(), Task::Score)?;
+    let name = Some(model.name.clone());
+    let (model, scores, usage) = if matches!(model.info().kind, ModelKind::Reranker { .. }) {
+        let out = score(
+            &state,
+            ScoreRequest {
+                model: name,
+                task: Task::Rerank,
+                inputs: pairs
+                    .into_iter()
+                    .map(|(query, document)| EmbedInput::Pair { query, document })
+                    .collect(),
+                options: EmbedOptions::default(),
+                raw_scores: false,
+            },
+        )
+        .await?;
+        let scores: Vec<f32> = out.scores.iter().map(|row| row[0]).collect();
+        (
+            out.model,
+            scores,
+            Usage::new(out.prompt_tokens, out.cache_hits),
+        )
+    } else {
+        let n = pairs.len();
+        let (firsts, seconds): (Vec<String>, Vec<String>) = pairs.into_iter().unzip();
+        let out = run_embed(
+            &state,
+            EmbedRequest {
+                model: name,
+                // Unit vectors: each pair's dot product is its cosine.
+                ..EmbedRequest::new(
+                    firsts
+                        .into_iter()
+                        .chain(seconds)
+                        .map(EmbedInput::Text)
+                        .collect(),
+                )
+            },
+        )
+        .await?;
+        let (a, b) = out.vectors.split_at(n);
+        let scores = a
+            .iter()
+            .zip(b)
+            .map(|(x, y)| x.iter().zip(y).map(|(p, q)| p * q).sum())
+            .collect();
+        (
+            out.model,
+            scores,
+            Usage::new(out.prompt_tokens, out.cache_hits),
+        )
+    };
+    Ok(Json(ScoreResponse {
+        id: response_id("score"),
+        object: "list",
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        model,
+        data: scores
+            .into_iter()
+            .enumerate()
+            .map(|(index, score)| ScoreData {
+                index,
+                object: "score",
+                score,
+            })
+            .collect(),
+        usage,
+    }))
+}

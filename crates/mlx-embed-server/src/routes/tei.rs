@@ -92,10 +92,11 @@ pub async fn embed(
     Ok(Json(out.vectors))
 }
 
-/// TEI embed_all request: per-token vectors.
+/// TEI's `/embed_all` and `/embed_sparse` request: the model's raw output,
+/// so no `normalize` and no `dimensions`.
 #[derive(Debug, Deserialize, ToSchema)]
-pub struct TeiEmbedAllRequest {
-    /// Which served model answers (not a TEI field: TEI serves one); default: the first embedding model.
+pub struct TeiRawRequest {
+    /// Which served model answers (not a TEI field: TEI serves one); default: the first that can.
     pub model: Option<String>,
     /// A text or a list of texts.
     pub inputs: TextInputs,
@@ -107,9 +108,9 @@ pub struct TeiEmbedAllRequest {
     pub prompt_name: Option<String>,
 }
 
-impl TeiEmbedAllRequest {
-    /// The one embed path's request: per-token rows, raw (not normalized).
-    pub(crate) fn into_request(self, priority: Option<Priority>) -> EmbedRequest {
+impl TeiRawRequest {
+    /// The one embed path's request for `output`, raw (not normalized).
+    pub(crate) fn into_request(self, priority: Option<Priority>, output: Output) -> EmbedRequest {
         EmbedRequest {
             model: self.model,
             inputs: self.inputs.into_inputs(),
@@ -118,7 +119,7 @@ impl TeiEmbedAllRequest {
                 self.truncation_direction,
                 self.prompt_name,
                 priority,
-                Output::Tokens,
+                output,
             ),
             normalize: false,
             dimensions: None,
@@ -133,7 +134,7 @@ impl TeiEmbedAllRequest {
 /// Errors use `{"error": str, "error_type": str}`.
 #[utoipa::path(
     post, path = "/embed_all", tag = "tei", operation_id = "tei_embed_all",
-    request_body = TeiEmbedAllRequest,
+    request_body = TeiRawRequest,
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "Per input, in order: one vector per token, in token order (as many as /tokenize lists with special tokens)", body = Vec<Vec<Vec<f32>>>),
@@ -144,9 +145,9 @@ impl TeiEmbedAllRequest {
 pub async fn embed_all(
     State(state): State<AppState>,
     PriorityHeader(priority, _): PriorityHeader<Tei>,
-    ApiJson(req, _): ApiJson<TeiEmbedAllRequest, Tei>,
+    ApiJson(req, _): ApiJson<TeiRawRequest, Tei>,
 ) -> Result<Json<Vec<Vec<Vec<f32>>>>, Shaped<Tei>> {
-    let out = run_embed(&state, req.into_request(priority)).await?;
+    let out = run_embed(&state, req.into_request(priority, Output::Tokens)).await?;
     let width = out.dimension;
     Ok(Json(
         out.vectors
@@ -154,40 +155,6 @@ pub async fn embed_all(
             .map(|rows| rows.chunks_exact(width).map(<[f32]>::to_vec).collect())
             .collect(),
     ))
-}
-
-/// TEI embed_sparse request: a SPLADE model's vectors as non-zero entries.
-#[derive(Debug, Deserialize, ToSchema)]
-pub struct TeiEmbedSparseRequest {
-    /// Which served model answers (not a TEI field: TEI serves one); default: the first SPLADE model.
-    pub model: Option<String>,
-    /// A text or a list of texts.
-    pub inputs: TextInputs,
-    /// Truncate inputs longer than the model's maximum (default true); false answers 422 instead.
-    pub truncate: Option<bool>,
-    /// `Right` (default) keeps the start of an over-long input, `Left` its end (any case).
-    pub truncation_direction: Option<TruncationSide>,
-    /// One of the model's named prompts (`/info` lists them); default: the model's default prompt.
-    pub prompt_name: Option<String>,
-}
-
-impl TeiEmbedSparseRequest {
-    /// The one embed path's request: pooled, raw (SPLADE weights are not normalized).
-    pub(crate) fn into_request(self, priority: Option<Priority>) -> EmbedRequest {
-        EmbedRequest {
-            model: self.model,
-            inputs: self.inputs.into_inputs(),
-            options: tei_options(
-                self.truncate,
-                self.truncation_direction,
-                self.prompt_name,
-                priority,
-                Output::Pooled,
-            ),
-            normalize: false,
-            dimensions: None,
-        }
-    }
 }
 
 /// One non-zero entry of a sparse vector.
@@ -207,7 +174,7 @@ pub struct SparseValue {
 /// Errors use `{"error": str, "error_type": str}`.
 #[utoipa::path(
     post, path = "/embed_sparse", tag = "tei", operation_id = "tei_embed_sparse",
-    request_body = TeiEmbedSparseRequest,
+    request_body = TeiRawRequest,
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "Per input, in order: its non-zero entries, in index order", body = Vec<Vec<SparseValue>>),
@@ -218,9 +185,9 @@ pub struct SparseValue {
 pub async fn embed_sparse(
     State(state): State<AppState>,
     PriorityHeader(priority, _): PriorityHeader<Tei>,
-    ApiJson(req, _): ApiJson<TeiEmbedSparseRequest, Tei>,
+    ApiJson(req, _): ApiJson<TeiRawRequest, Tei>,
 ) -> Result<Json<Vec<Vec<SparseValue>>>, Shaped<Tei>> {
-    let out = run_embed_sparse(&state, req.into_request(priority)).await?;
+    let out = run_embed_sparse(&state, req.into_request(priority, Output::Pooled)).await?;
     Ok(Json(
         out.entries
             .into_iter()

@@ -11,11 +11,14 @@ Public API::
                            batch_tokens=None, workers=None, fast_ops=None,
                            cache_limit_mb=None, pipeline=None, streams=1,
                            fused_attention=None, shape_buckets=None,
-                           group_size=32, name=None)
+                           group_size=32, name=None, kind=None)
+                           # pooling="splade": a BertForMaskedLM / DistilBertForMaskedLM
+                           # folder's SPLADE vectors (a SparseEncoder folder is SPLADE by itself)
     model.embed(texts, *, normalize=True, truncate=True,
                 truncation_direction="right", prompt_name=None, prompt=None,
                 instruction=None) -> np.ndarray float32 [len(texts), model.dim]
     model.embed_with_counts(...) -> (array, tokens_per_text)
+    model.embed_sparse(texts, ...) -> [(indices int32, values float32) per text]   # SPLADE models
     model.encode(texts, ...) -> (ids, tokens_before_truncation)
     model.count_tokens(texts, ...) -> tokens_per_text
     model.spec() -> mlx_embed.spec.ModelSpec        # the Rust bridge's view
@@ -65,6 +68,10 @@ def load(path=None, *, dtype="float32", quantize=None, instruction=None, **kwarg
     ``fused_attention`` (BERT-style attention through
     ``mx.fast.scaled_dot_product_attention``; default on a GPU in fp16/bf16),
     ``shape_buckets`` (pad passes to a bounded set of shapes; default on a GPU).
+
+    What the folder is: ``pooling`` overrides its pooling ("splade" makes a
+    masked-LM checkpoint a SPLADE sparse model), ``kind`` forces "embedding",
+    "classifier" or "reranker" (see ``heads.py``).
     """
     with _startup.timed("import_engine"):
         from .engine import load as _load

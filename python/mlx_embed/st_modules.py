@@ -178,7 +178,10 @@ def _splade_pooling(cfg: dict, where: str) -> tuple[str, str]:
 
 def declares_splade(folder: str) -> bool:
     """Whether the folder's modules.json is a SPLADE ``SparseEncoder``."""
-    modules = _read_json(os.path.join(folder, "modules.json"))
+    return _has_splade(_read_json(os.path.join(folder, "modules.json")))
+
+
+def _has_splade(modules) -> bool:
     return isinstance(modules, list) and any(
         str(m.get("type", "")).rsplit(".", 1)[-1] == "SpladePooling" for m in modules
     )
@@ -258,7 +261,7 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
     without a ``SpladePooling``; one is accepted only when ``sparse``)."""
     splade: Optional[tuple] = None
     modules = _read_json(os.path.join(folder, "modules.json"))
-    if sparse and not declares_splade(folder):
+    if sparse and not _has_splade(modules):
         # A dense pipeline's pooling and Dense layers do not apply to SPLADE
         # (pooling="splade" over a folder made for another pooling, which TEI's
         # --pooling splade allows too); its prompts and length still do.

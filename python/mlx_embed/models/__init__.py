@@ -33,3 +33,17 @@ SUPPORTED = (
 
 # model_type -> module name, where they differ.
 REMAPPING = {"xlm-roberta": "xlm_roberta", "roberta": "xlm_roberta", "camembert": "xlm_roberta"}
+
+
+def decoder_weights(weights: dict, drop=("lm_head.", "score."), skip="rotary_emb.inv_freq") -> dict:
+    """A decoder checkpoint's weights under mlx-lm's ``model.`` prefix: the
+    bare ``*Model`` saves have none, ``*ForCausalLM`` and mlx-lm conversions
+    do. Heads an embedding never uses (names starting with ``drop``) and
+    saved RoPE buffers (names containing ``skip``) are left out."""
+    out = {}
+    for name, w in weights.items():
+        if name.startswith(drop) or skip in name:
+            continue
+        out[name if name.startswith("model.") else "model." + name] = w
+    return out
+

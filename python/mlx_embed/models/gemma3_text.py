@@ -21,6 +21,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import gemma3_text as _lm
 
+from . import decoder_weights
+
 
 EMBEDDING_DEFAULTS = {"pooling": "mean"}
 
@@ -98,16 +100,9 @@ class Model(nn.Module):
         return self.model(input_ids, attention_mask)
 
     def sanitize(self, weights: dict) -> dict:
-        out = {}
-        for name, w in weights.items():
-            if name.startswith("lm_head.") or "rotary_emb" in name:
-                continue
-            # Gemma3TextModel saves without the "model." prefix, the causal
-            # LM (and mlx-lm conversions) with it.
-            if not name.startswith("model."):
-                name = "model." + name
-            out[name] = w
-        return out
+        # Gemma3TextModel saves without the "model." prefix, the causal LM
+        # (and mlx-lm conversions) with it.
+        return decoder_weights(weights, drop=("lm_head.",), skip="rotary_emb")
 
 
 class _Encoder(nn.Module):

@@ -84,7 +84,9 @@ class ModelArgs:
 
 
 class LMHead(nn.Module):
-    """``cls.predictions``: transform, then scores against the vocabulary."""
+    """``cls.predictions``: transform, then scores against the vocabulary;
+    the logits are those scores plus ``bias``, which the caller adds where it
+    is cheapest (SPLADE's max pooling: once per text, after the max)."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -96,9 +98,6 @@ class LMHead(nn.Module):
         self._tanh_gelu = args.hidden_act != "gelu"
 
     def __call__(self, h: mx.array, embeddings: nn.Module) -> mx.array:
-        return self.scores(h, embeddings) + self.bias
-
-    def scores(self, h: mx.array, embeddings: nn.Module) -> mx.array:
         """The logits before the vocabulary bias."""
         x = self.transform(h)
         x = nn.gelu_approx(x) if self._tanh_gelu else nn.gelu(x)
@@ -143,14 +142,10 @@ class Model(nn.Module):
             return self.encoder(input_ids, attention_mask)
         return self.encoder(input_ids, attention_mask, token_type_ids)
 
-    def mlm_logits(self, h: mx.array) -> mx.array:
-        """[..., D] hidden states -> [..., vocab] masked-LM logits."""
-        return self.lm_head(h, self.encoder.embeddings.word_embeddings)
-
     def mlm_scores(self, h: mx.array) -> mx.array:
-        """:meth:`mlm_logits` before :attr:`mlm_bias` is added (SPLADE's max
-        pooling adds it once per text, after the max)."""
-        return self.lm_head.scores(h, self.encoder.embeddings.word_embeddings)
+        """[..., D] hidden states -> [..., vocab] masked-LM logits before
+        :attr:`mlm_bias` is added."""
+        return self.lm_head(h, self.encoder.embeddings.word_embeddings)
 
     @property
     def mlm_bias(self) -> mx.array:

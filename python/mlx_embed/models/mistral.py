@@ -37,6 +37,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import llama as _lm
 
+from . import decoder_weights
+
 # e5-mistral / SFR / Linq: last-token pooling over "<s> ... </s>" (the model
 # card's code appends EOS by hand; older tokenizer.json files do not add it),
 # queries carry an instruction, documents none.
@@ -110,14 +112,7 @@ class Model(nn.Module):
         return self.model(input_ids)
 
     def sanitize(self, weights: dict) -> dict:
-        out = {}
-        for name, w in weights.items():
-            # MistralModel saves without the "model." prefix, MistralForCausalLM
-            # (and mlx-lm conversions) with it plus an LM head that embeddings
-            # never use.
-            if name.startswith(("lm_head.", "score.")) or "rotary_emb.inv_freq" in name:
-                continue
-            if not name.startswith("model."):
-                name = "model." + name
-            out[name] = w
-        return out
+        # MistralModel saves without the "model." prefix, MistralForCausalLM
+        # (and mlx-lm conversions) with it plus an LM head that embeddings
+        # never use.
+        return decoder_weights(weights)

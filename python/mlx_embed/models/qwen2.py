@@ -15,6 +15,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import qwen2 as _lm
 
+from . import decoder_weights
+
 # gte-Qwen2: last-token pooling over "... <|endoftext|>"; queries carry an
 # instruction in the same template as Qwen3-Embedding.
 EMBEDDING_DEFAULTS = {
@@ -68,13 +70,6 @@ class Model(nn.Module):
         return self.model(input_ids)
 
     def sanitize(self, weights: dict) -> dict:
-        out = {}
-        for name, w in weights.items():
-            # Qwen2Model saves without the "model." prefix, Qwen2ForCausalLM
-            # with it plus an LM head that embeddings never use.
-            if name.startswith(("lm_head.", "score.")) or "rotary_emb.inv_freq" in name:
-                continue
-            if not name.startswith("model."):
-                name = "model." + name
-            out[name] = w
-        return out
+        # Qwen2Model saves without the "model." prefix, Qwen2ForCausalLM with
+        # it plus an LM head that embeddings never use.
+        return decoder_weights(weights)

@@ -15,6 +15,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import qwen3 as _lm
 
+from . import decoder_weights
+
 # Qwen3-Embedding pools the last token and was trained with EOS there (older
 # tokenizer.json files do not append it); queries carry an instruction.
 EMBEDDING_DEFAULTS = {
@@ -45,14 +47,7 @@ class Model(nn.Module):
         return self.model(input_ids)
 
     def sanitize(self, weights: dict) -> dict:
-        out = {}
-        for name, w in weights.items():
-            # Embedding checkpoints may carry an LM head (tied or not) that we
-            # never use; Qwen3Model (HF "Qwen3Model" saves) has no "model."
-            # prefix, Qwen3ForCausalLM and mlx-lm conversions do.
-            if name.startswith("lm_head.") or "rotary_emb.inv_freq" in name:
-                continue
-            if not name.startswith("model."):
-                name = "model." + name
-            out[name] = w
-        return out
+        # Embedding checkpoints may carry an LM head (tied or not) that we
+        # never use; Qwen3Model (HF "Qwen3Model" saves) has no "model."
+        # prefix, Qwen3ForCausalLM and mlx-lm conversions do.
+        return decoder_weights(weights, drop=("lm_head.",))

@@ -55,9 +55,13 @@ pub struct ScoreResponse {
     pub usage: Usage,
 }
 
-/// The pairs vLLM forms: one `text_1` against every `text_2`, or the two
-/// lists side by side.
-fn pairs(text_1: TextInputs, text_2: TextInputs) -> Result<Vec<(String, String)>, ApiError> {
+/// vLLM's pairing: one `text_1` against every `text_2`, or the two lists
+/// side by side. Returns both lists, `firsts` one text or as many as
+/// `seconds`: pair `i` is `(firsts[i % firsts.len()], seconds[i])`.
+fn pair_lists(
+    text_1: TextInputs,
+    text_2: TextInputs,
+) -> Result<(Vec<String>, Vec<String>), ApiError> {
     let firsts = match text_1 {
         TextInputs::One(t) => vec![t],
         TextInputs::Many(v) => v,
@@ -71,18 +75,15 @@ fn pairs(text_1: TextInputs, text_2: TextInputs) -> Result<Vec<(String, String)>
             "text_1 and text_2 must each hold at least one text",
         ));
     }
-    match firsts.len() {
-        1 => Ok(seconds
-            .into_iter()
-            .map(|second| (firsts[0].clone(), second))
-            .collect()),
-        n if n == seconds.len() => Ok(firsts.into_iter().zip(seconds).collect()),
-        n => Err(ApiError::invalid(format!(
-            "text_1 has {n} texts and text_2 {}: give one text_1, or as many as text_2",
+    if firsts.len() != 1 && firsts.len() != seconds.len() {
+        return Err(ApiError::invalid(format!(
+            "text_1 has {} texts and text_2 {}: give one text_1, or as many as text_2",
+            firsts.len(),
             seconds.len()
         ))
-        .param("text_1")),
+        .param("text_1"));
     }
+    Ok((firsts, seconds))
 }
 
 /// Score text pairs (vLLM's score API, also at `/score`).
@@ -101,7 +102,7 @@ pub async fn score_pairs(
     State(state): State<AppState>,
     ApiJson(req, _): ApiJson<ScoreBody, OpenAi>,
 ) -> Result<Json<ScoreResponse>, Shaped<OpenAi>> {
-    let pairs = pairs(req.text_1, req.text_2)?;
+    let (firsts, seconds) = pair_lists(req.text_1, req.text_2)?;
     let model = state.model_for(req.model.as_deref(), Task::Score)?;
     let name = Some(model.name.clone());
     let (model, scores, usage) = if matches!(model.info().kind, ModelKind::Reranker { .. }) {
@@ -110,9 +111,13 @@ pub async fn score_pairs(
             ScoreRequest {
                 model: name,
                 task: Task::Rerank,
-                inputs: pairs
+                inputs: seconds
                     .into_iter()
-                    .map(|(query, document)| EmbedInput::Pair { query, document })
+                    .enumerate()
+                    .map(|(i, document)| EmbedInput::Pair {
+                        query: firsts[i % firsts.len()].clone(),
+                        document,
+                    })
                     .collect(),
                 options: EmbedOptions::default(),
                 raw_scores: false,
@@ -126,8 +131,8 @@ pub async fn score_pairs(
             Usage::new(out.prompt_tokens, out.cache_hits),
         )
     } else {
-        let n = pairs.len();
-        let (firsts, seconds): (Vec<String>, Vec<String>) = pairs.into_iter().unzip();
+        // Each text once (one text_1 is not embedded once per pair).
+        let n_firsts = firsts.len();
         let out = run_embed(
             &state,
             EmbedRequest {
@@ -143,11 +148,11 @@ pub async fn score_pairs(
             },
         )
         .await?;
-        let (a, b) = out.vectors.split_at(n);
-        let scores = a
+        let (a, b) = out.vectors.split_at(n_firsts);
+        let scores = b
             .iter()
-            .zip(b)
-            .map(|(x, y)| x.iter().zip(y).map(|(p, q)| p * q).sum())
+            .enumerate()
+            .map(|(i, y)| a[i % n_firsts].iter().zip(y).map(|(p, q)| p * q).sum())
             .collect();
         (
             out.model,

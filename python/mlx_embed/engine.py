@@ -7,6 +7,7 @@ validates what callers pass and puts the pieces together.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
 import logging
@@ -105,7 +106,20 @@ class EmbeddingModel(ScoringMixin):
             eos_id = TextTokenizer(ck.tokenizer_path, self.max_length).token_id(eos)
             if eos_id is not None:
                 append = (eos_id,)
-        self.tokenizer = TextTokenizer(ck.tokenizer_path, self.max_length, append_ids=append)
+        self.tokenizer = TextTokenizer(
+            ck.tokenizer_path, self.max_length, append_ids=append,
+            special_tokens=ck.defaults.get("special_tokens", True),
+            drop_unknown=ck.defaults.get("drop_unknown", False),
+            truncate_chars=ck.defaults.get("truncate_chars", False),
+        )
+        # Whether an input may run with no tokens at all (its vector is what
+        # the pooling makes of nothing: zeros for the mean).
+        self.empty_inputs = bool(ck.defaults.get("empty_inputs", False))
+        if ck.config.get("type_vocab_size") == 0 and self.tokenizer.pair is not None:
+            # No token-type table (DeBERTa-v3): its tokenizer still marks the
+            # second segment 1, which transformers accepts and never reads, so
+            # pairs go without type ids rather than fail the range check.
+            self.tokenizer.pair = dataclasses.replace(self.tokenizer.pair, first_type_id=0, second_type_id=0)
         # Scorers that read vocabulary rows (yes/no rerankers) resolve them
         # with the folder's tokenizer.
         bind = getattr(self.model, "bind_tokenizer", None)
@@ -191,6 +205,7 @@ class EmbeddingModel(ScoringMixin):
             kind=self.kind,
             labels=list(self.labels),
             sparse=self.sparse,
+            empty_inputs=self.empty_inputs,
             tokenizer=TokenizerSpec(
                 path=tok.path,
                 prefix_ids=list(tok.prefix),
@@ -199,6 +214,8 @@ class EmbeddingModel(ScoringMixin):
                 default_prompt_name=self.default_prompt_name,
                 instruction=self._instruction_prefix,
                 pair=tok.pair,
+                drop_ids=list(tok.drop_ids),
+                char_limit=tok.char_limit,
             ),
             details=self._details(),
             parameters=self.parameter_count,
@@ -278,7 +295,7 @@ class EmbeddingModel(ScoringMixin):
         for i, row in enumerate(rows):
             if isinstance(row, (str, bytes)) or not isinstance(row, (Sequence, np.ndarray)):
                 raise InvalidInput(f"input {i}: expected a list of token ids, got {type(row).__name__}")
-            if len(row) == 0:
+            if len(row) == 0 and not self.empty_inputs:
                 raise InvalidInput(f"input {i}: empty sequence (it needs at least one token)")
             if len(row) > self.max_length:
                 raise InvalidInput(
@@ -289,6 +306,9 @@ class EmbeddingModel(ScoringMixin):
         # One conversion for the whole call; a mixed or non-integer row turns
         # the dtype to object/float/str/bool, and only then do we look for it.
         flat = np.array(list(itertools.chain.from_iterable(rows)))
+        if flat.size == 0:
+            # Every row empty (a model that takes empty inputs): no id to check.
+            return rows
         if flat.dtype.kind not in "iu":
             for i, row in enumerate(rows):
                 for v in row:
@@ -366,7 +386,9 @@ class EmbeddingModel(ScoringMixin):
             texts = [prefix + t for t in texts]
         out = [
             self.tokenizer.finish(c, truncation_direction)
-            for c in self.tokenizer.encode_contents(texts)
+            for c in self.tokenizer.encode_contents(
+                texts, truncate=truncate, direction=truncation_direction
+            )
         ]
         ids, before = [o[0] for o in out], [o[1] for o in out]
         if not truncate:

@@ -267,8 +267,16 @@ def load_checkpoint(
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     config = read_json(os.path.join(path, "config.json"))
+    first = st_modules.input_module(path)
     if config is None:
-        raise FileNotFoundError(f"{path} has no config.json")
+        if first is None:
+            raise FileNotFoundError(f"{path} has no config.json")
+        # A sentence-transformers StaticEmbedding folder says what it is in
+        # modules.json only.
+        config = {"model_type": first.model_type}
+    # Where the weights and tokenizer.json are: a self-contained first module
+    # keeps them in its own subfolder (0_StaticEmbedding/).
+    files = first.files if first is not None else path
     model_type = config.get("model_type")
     if isinstance(pooling, str) and pooling.strip().lower() == heads.SPLADE:
         pooling = heads.SPLADE
@@ -278,14 +286,17 @@ def load_checkpoint(
     except ValueError as e:
         raise ValueError(f"{e} (in {path}/config.json)") from None
     defaults = dict(getattr(arch, "EMBEDDING_DEFAULTS", {}))
-    tok_path = os.path.join(path, "tokenizer.json")
+    tok_path = os.path.join(files, "tokenizer.json")
     if not os.path.exists(tok_path):
-        raise FileNotFoundError(f"{path} has no tokenizer.json")
+        raise FileNotFoundError(f"{files} has no tokenizer.json")
     timings["import"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     model = arch.Model(arch.ModelArgs.from_dict(config))
-    weights = model.sanitize(load_weights(path))
+    weights = model.sanitize(load_weights(files))
+    # What the folder decides beyond its architecture's defaults (Model2Vec's
+    # config: its max_length, dropping the unknown token).
+    defaults.update(getattr(model, "embedding_defaults", None) or {})
     timings["read_weights"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -349,7 +360,7 @@ def load_checkpoint(
     # hold 2 positions fewer tokens than rows), else config.json's.
     positions = getattr(model, "max_length", None) or int(config.get("max_position_embeddings", 512))
     if max_length is None:
-        max_length = max_length_from_folder(path, positions, head)
+        max_length = defaults.get("max_length") or max_length_from_folder(path, positions, head)
     max_length = int(max_length)
     if max_length > positions:
         raise ValueError(f"max_length {max_length} > the {positions} positions {model_type} models have")
@@ -368,7 +379,7 @@ def load_checkpoint(
         checkpoint_quantization=checkpoint_quantization,
         dequantized_because=dequantized_because,
         dim=head.output_dim(hidden),
-        vocab_size=int(config["vocab_size"]),
+        vocab_size=int(config.get("vocab_size") or model.vocab_size),
         pad_id=int(config.get("pad_token_id") or 0),
         max_length=max_length,
         pooling=pooling_modes.describe(head.pooling),

@@ -266,7 +266,9 @@ class Scheduler:
         """Build one sub-batch's padded arrays and its pooled-vector graph
         ([B, dim]); with ``tokens``, its last hidden state ([B, L, hidden],
         padding included: the caller keeps each row's real tokens)."""
-        L = self.bucket(int(lengths[idx].max()))
+        # At least one column: a pass of inputs with no tokens (a static
+        # model's empty texts) pools all-masked rows, which the mean makes 0.
+        L = max(1, self.bucket(int(lengths[idx].max())))
         real = len(idx)
         B = bucket_rows(real) if self.shape_buckets else real
         arr = np.full((B, L), self.pad_id, dtype=np.int32)

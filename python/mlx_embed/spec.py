@@ -51,6 +51,12 @@ class TokenizerSpec:
     from ``prompts`` (unknown name: invalid input), else ``instruction`` when
     the model was loaded with one, else ``prompts[default_prompt_name]``,
     else none.
+
+    Static embeddings (Model2Vec) add two rules: with ``char_limit`` set, a
+    text (prompt included) longer than that many characters is cut to it
+    before it is encoded (its start kept for ``right``, its end for
+    ``left``), when truncating; ids in ``drop_ids`` are left out of the
+    content after the token truncation (Model2Vec drops its unknown token).
     """
 
     path: str
@@ -60,6 +66,8 @@ class TokenizerSpec:
     default_prompt_name: Optional[str] = None
     instruction: Optional[str] = None
     pair: Optional[PairSpec] = None
+    drop_ids: list[int] = field(default_factory=list)
+    char_limit: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +95,9 @@ class ModelSpec:
     # SPLADE: the ``dim == vocab_size`` vectors are non-negative and mostly
     # zero; TEI's /embed_sparse lists their non-zero entries.
     sparse: bool = False
+    # An input may have no tokens at all (static embeddings: the empty bag's
+    # vector is zeros); otherwise one with none is refused.
+    empty_inputs: bool = False
     # Display only (the server's /info): never parsed back.
     details: dict[str, str] = field(default_factory=dict)
     # The weights as loaded: parameter count (a quantized layer counts the

@@ -1,7 +1,8 @@
 """The sentence-transformers pipeline a model folder describes.
 
 ``modules.json`` lists Transformer -> Pooling -> optional Dense layers ->
-optional Normalize; ``config_sentence_transformers.json`` carries the
+optional Normalize (or a StaticEmbedding, which pools itself, in place of
+the first two); ``config_sentence_transformers.json`` carries the
 prompts and the default prompt name; ``sentence_bert_config.json`` the
 maximum sequence length. ``read_pipeline`` parses all of it once at load
 (both the ``pooling_mode_*`` flags of sentence-transformers < 6 and the
@@ -250,6 +251,51 @@ def _load_dense(folder: str, sub: str) -> DenseLayer:
     return DenseLayer(weight=weight, bias=bias, activation=act)
 
 
+# A first module that is a whole model by itself (no Transformer, no Pooling
+# after it), with its files in its own subfolder: class name -> the
+# model_type it is built as when the folder has no config.json. A
+# StaticEmbedding averages its token rows (``nn.EmbeddingBag``'s mean), which
+# is mean pooling over the real tokens.
+INPUT_MODULES = {"StaticEmbedding": "static_embedding"}
+
+
+@dataclass(frozen=True)
+class InputModule:
+    """A folder's first module when it is one of :data:`INPUT_MODULES`."""
+
+    model_type: str
+    # Where its weights and tokenizer.json are (the folder itself for ".").
+    files: str
+
+
+def _first_module(modules) -> Optional[dict]:
+    if not isinstance(modules, list) or not modules:
+        return None
+    return min(modules, key=lambda m: m.get("idx", 0))
+
+
+def input_module(folder: str) -> Optional[InputModule]:
+    """The folder's self-contained first module (a StaticEmbedding), or None
+    for a Transformer folder (or no modules.json)."""
+    first = _first_module(_read_json(os.path.join(folder, "modules.json")))
+    if first is None:
+        return None
+    kind = str(first.get("type", "")).rsplit(".", 1)[-1]
+    if kind not in INPUT_MODULES:
+        return None
+    return InputModule(INPUT_MODULES[kind], os.path.normpath(os.path.join(folder, first.get("path", "") or "")))
+
+
+def _tokenizer_truncation(files: str) -> Optional[int]:
+    """The max_length a tokenizer.json truncates at (sentence-transformers
+    leaves it on for a StaticEmbedding), or None."""
+    tok = _read_json(os.path.join(files, "tokenizer.json")) or {}
+    trunc = tok.get("truncation")
+    if isinstance(trunc, dict) and isinstance(trunc.get("max_length"), int) and trunc["max_length"] > 0:
+        return int(trunc["max_length"])
+    return None
+
+
 def read_pipeline(folder: str, default_pooling: str) -> StPipeline:
     """The folder's sentence-transformers pipeline, or the architecture's
     default (``default_pooling``, nothing else) when it has no modules.json."""
@@ -296,9 +342,18 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
     for i, m in enumerate(sorted(modules, key=lambda m: m.get("idx", 0))):
         kind = str(m.get("type", "")).rsplit(".", 1)[-1]
         sub = m.get("path", "") or ""
+        if i == 0 and kind in INPUT_MODULES and not sparse:
+            pipe.pooling = ("mean",)
+            if pipe.max_seq_length is None:
+                pipe.max_seq_length = _tokenizer_truncation(os.path.join(folder, sub))
+            seen_pooling = True
+            continue
         if i == 0:
             if kind not in (("Transformer", "MLMTransformer") if sparse else ("Transformer",)):
-                raise ValueError(f"{folder}/modules.json: the first module must be a Transformer, got {kind!r}")
+                raise ValueError(
+                    f"{folder}/modules.json: the first module must be a Transformer or a StaticEmbedding, "
+                    f"got {kind!r}"
+                )
             if sub:
                 raise ValueError(f"{folder}/modules.json: a Transformer in a subfolder ({sub!r}) is not supported")
             continue
@@ -321,8 +376,8 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
         else:
             raise ValueError(
                 f"{folder}/modules.json: module {i} ({m.get('type')!r}) is not supported here; "
-                "supported: Transformer -> Pooling -> Dense* -> Normalize, or a SPLADE "
-                "SparseEncoder (MLMTransformer -> SpladePooling)"
+                "supported: Transformer -> Pooling -> Dense* -> Normalize, StaticEmbedding -> "
+                "Dense* -> Normalize, or a SPLADE SparseEncoder (MLMTransformer -> SpladePooling)"
             )
     if splade is not None and (pipe.dense or pipe.normalize):
         raise ValueError(f"{folder}/modules.json: modules after SpladePooling are not supported")

@@ -14,6 +14,8 @@ module is the Python library's copy of them.
 
 from __future__ import annotations
 
+import json
+import statistics
 from typing import Mapping, Optional, Sequence
 
 from tokenizers import Tokenizer
@@ -39,7 +41,16 @@ class TextTokenizer:
         max_length: int,
         *,
         append_ids: Sequence[int] = (),
+        special_tokens: bool = True,
+        drop_unknown: bool = False,
+        truncate_chars: bool = False,
     ):
+        """``special_tokens=False``: no prefix or suffix, whatever the
+        post-processor would add (static embeddings encode without them).
+        ``drop_unknown``: the unknown token is left out of every input after
+        truncation, ``truncate_chars``: a text is cut to ``max_length`` x the
+        vocabulary's median token length in characters before it is
+        tokenized, when truncating (both as Model2Vec's ``encode``)."""
         tok = Tokenizer.from_file(path)
         # Some tokenizer.json files bake in truncation/fixed padding (MiniLM has
         # truncation=128 and padding=Fixed(128)); both would change results.
@@ -54,7 +65,9 @@ class TextTokenizer:
         content = tok.encode(probe, add_special_tokens=False).ids
         full = tok.encode(probe, add_special_tokens=True).ids
         i = _find_sub(full, content) if content else -1
-        if i < 0:
+        if not special_tokens:
+            self.prefix, self.suffix = [], []
+        elif i < 0:
             # Post-processor we cannot split (should not happen for template,
             # BERT/RoBERTa or byte-level processors): treat as no specials.
             self.prefix, self.suffix = [], []
@@ -72,7 +85,13 @@ class TextTokenizer:
                 f"({self.n_special} special tokens)"
             )
         self.max_content = self.max_length - self.n_special
-        self.pair = self._probe_pair()
+        self.pair = self._probe_pair() if special_tokens else None
+        unk = unknown_id(tok) if drop_unknown else None
+        self.drop_ids: list[int] = [unk] if unk is not None else []
+        self.char_limit: Optional[int] = None
+        if truncate_chars:
+            lengths = [len(t) for t in tok.get_vocab(with_added_tokens=True)]
+            self.char_limit = self.max_length * int(statistics.median(lengths))
 
     def _probe_pair(self) -> Optional[PairSpec]:
         """Where the post-processor puts special tokens around a pair, found
@@ -99,22 +118,47 @@ class TextTokenizer:
     def token_id(self, token: str) -> Optional[int]:
         return self._tok.token_to_id(token)
 
-    def encode_contents(self, texts: list[str]) -> list[list[int]]:
-        """Content ids (no special tokens, untruncated) for each text."""
+    def encode_contents(
+        self, texts: list[str], *, truncate: bool = False, direction: str = "right"
+    ) -> list[list[int]]:
+        """Content ids (no special tokens, not cut to tokens) for each text;
+        with ``truncate`` a text over ``char_limit`` characters is cut first
+        (its start kept for ``right``, its end for ``left``)."""
         if not texts:
             return []
+        limit = self.char_limit
+        if truncate and limit is not None:
+            texts = [
+                t if len(t) <= limit else (t[len(t) - limit :] if direction == "left" else t[:limit])
+                for t in texts
+            ]
         return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
 
     def finish(self, content: list[int], direction: str = "right") -> tuple[list[int], int]:
-        """Truncate (keeping the start for ``right``, the end for ``left``) and
-        add special tokens; returns (ids, count_before_truncation)."""
+        """Truncate (keeping the start for ``right``, the end for ``left``),
+        leave out ``drop_ids`` and add special tokens; returns (ids,
+        count_before_truncation), which counts the dropped ids too."""
         before = len(content) + self.n_special
         if len(content) > self.max_content:
             if direction == "left":
                 content = content[len(content) - self.max_content :]
             else:
                 content = content[: self.max_content]
+        if self.drop_ids:
+            content = [t for t in content if t not in self.drop_ids]
         return self.prefix + content + self.suffix, before
+
+
+def unknown_id(tok: Tokenizer) -> Optional[int]:
+    """The tokenizer's unknown-token id, found as Model2Vec finds it: the
+    model's ``unk_token`` (WordPiece, BPE, WordLevel), or a Unigram model's
+    ``unk_id``; None when it has none."""
+    model = tok.model
+    if hasattr(model, "unk_token"):
+        token = model.unk_token
+        return tok.token_to_id(token) if token is not None else None
+    unk = json.loads(tok.to_str()).get("model", {}).get("unk_id")
+    return int(unk) if isinstance(unk, int) else None
 
 
 def check_direction(direction: str) -> str:

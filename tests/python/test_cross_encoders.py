@@ -23,6 +23,8 @@ BERT_RERANKER = os.path.join(FIXTURES, "tiny-bert-reranker")
 BERT_CLASSIFIER = os.path.join(FIXTURES, "tiny-bert-classifier")
 QWEN3_RERANKER = os.path.join(FIXTURES, "tiny-qwen3-reranker")
 XLMR_RERANKER = os.path.join(FIXTURES, "tiny-xlmr-reranker")
+DEBERTA_RERANKER = os.path.join(FIXTURES, "tiny-deberta-v3-reranker")
+DEBERTA_NLI = os.path.join(FIXTURES, "tiny-deberta-v2-nli")
 GOLDEN_TEXTS = os.path.join(FIXTURES, "golden", "minilm_texts.json")
 
 
@@ -289,3 +291,223 @@ def test_bad_input():
         _model(os.path.join(FIXTURES, "tiny-qwen3")).score([("a", "b")])
     with pytest.raises(InvalidInput, match="use predict"):
         model.embed(["a"])
+
+
+# ------------------------------------------------------------ DeBERTa-v2 / v3
+
+
+def test_deberta_log_buckets_match_transformers():
+    """DeBERTa's log buckets equal transformers' make_log_bucket_position on
+    distances -1023..1023, for the fixture's (16, 64), v3's (256, 512) and
+    four more settings: every ceil boundary lands on the same side."""
+    from mlx_embed.models.deberta_v2 import log_bucket_positions
+
+    tables = np.load(os.path.join(DEBERTA_RERANKER, "reference_log_buckets.npz"))
+    rel = np.arange(-1023, 1024)
+    assert len(tables.files) == 6
+    for key in tables.files:
+        buckets, max_position = (int(x[1:]) for x in key.split("_"))
+        np.testing.assert_array_equal(log_bucket_positions(rel, buckets, max_position), tables[key], err_msg=key)
+        # The table really is log-spaced past buckets // 2 (so a linear
+        # bucket function would fail it).
+        assert tables[key].max() < 1023
+
+
+def test_deberta_v3_reranker_matches_reference():
+    """mxbai-rerank / DeBERTa-v3 style: log-bucketed relative positions,
+    c2p + p2c with shared keys, no absolute positions, ContextPooler + GELU,
+    [CLS] q [SEP] d [SEP]."""
+    model = _model(DEBERTA_RERANKER)
+    assert (model.kind, model.labels, model.model_type, model.max_length) == (
+        "reranker", ["LABEL_0"], "deberta-v2", 128)
+    pair = model.spec().tokenizer.pair
+    assert (pair.prefix_ids, pair.middle_ids, pair.suffix_ids) == ([1], [2], [2])
+    # The tokenizer marks the second segment 1; a model without a token-type
+    # table (type_vocab_size 0) is sent none.
+    assert set(_tokenizer(DEBERTA_RERANKER).encode("a", "b").type_ids) == {0, 1}
+    assert (pair.first_type_id, pair.second_type_id) == (0, 0)
+    pairs = _json(os.path.join(DEBERTA_RERANKER, "pairs.json"))
+    logits = model.score(pairs, raw_scores=True)
+    _assert_logits(logits, np.load(os.path.join(DEBERTA_RERANKER, "reference_pair_logits.npy")))
+    ref = np.load(os.path.join(DEBERTA_RERANKER, "reference_pair_scores.npy"))
+    assert np.abs(model.score(pairs)[:, 0] - ref).max() <= 1e-5
+    assert ref.max() - ref.min() > 0.5
+    # Alone equals batched, truncated pairs (35, 40-41) included.
+    for i in (0, 3, 35, 40, 41, 42):
+        alone = model.score([pairs[i]], raw_scores=True)
+        assert abs(float(alone[0, 0]) - float(logits[i, 0])) <= 1e-5, i
+
+
+@pytest.mark.parametrize("folder", [DEBERTA_RERANKER, DEBERTA_NLI])
+@pytest.mark.parametrize("direction", ["right", "left"])
+def test_deberta_pair_ids_match_tokenizers(folder, direction):
+    """Pair ids equal the tokenizers library's longest_first encoding; type
+    ids go only to the model with a token-type table (the NLI fixture's)."""
+    model = _model(folder)
+    pairs = _json(os.path.join(folder, "pairs.json"))
+    ids, types, before = model.encode_pairs(pairs, truncation_direction=direction)
+    ref = _tokenizer(folder)
+    ref.enable_truncation(128, strategy="longest_first", direction=direction)
+    with_table = _json(os.path.join(folder, "config.json"))["type_vocab_size"] > 0
+    assert (types is not None) == with_table
+    for i, (q, d) in enumerate(pairs):
+        e = ref.encode(q, d)
+        assert ids[i] == e.ids, i
+        if with_table:
+            assert types[i] == e.type_ids, i
+    assert sum(b > 128 for b in before) >= 5
+
+
+def test_deberta_v2_nli_matches_reference():
+    """The v2 switches v3 leaves off (absolute positions, token types,
+    separate position projections, unbucketed distances clamped at
+    max_relative_positions, embed_proj, the ConvLayer, "p2c|c2p" as a
+    string, a tanh pooler), as a 3-label NLI classifier (nli-deberta-v3 style)."""
+    model = _model(DEBERTA_NLI)
+    assert (model.kind, model.labels) == ("classifier", ["contradiction", "entailment", "neutral"])
+    pairs = _json(os.path.join(DEBERTA_NLI, "pairs.json"))
+    ref = np.load(os.path.join(DEBERTA_NLI, "reference_pair_logits.npy"))
+    _assert_logits(model.predict(pairs, raw_scores=True), ref)
+    e = np.exp(ref.astype(np.float64) - ref.max(axis=1, keepdims=True))
+    assert np.abs(model.predict(pairs) - e / e.sum(axis=1, keepdims=True)).max() <= 1e-5
+    texts = _json(GOLDEN_TEXTS)
+    _assert_logits(model.predict(texts, raw_scores=True),
+                   np.load(os.path.join(DEBERTA_NLI, "reference_text_logits.npy")))
+    # Its token types count: all zeros gives clearly different logits.
+    ids, types, _ = model.encode_pairs(pairs[:8])
+    with_types = np.frombuffer(model.embed_ids(ids, types).vectors, dtype="<f4").reshape(8, 3)
+    without = np.frombuffer(model.embed_ids(ids).vectors, dtype="<f4").reshape(8, 3)
+    _assert_logits(with_types, ref[:8])
+    assert np.abs(with_types - without).max() > 1e-2
+    # Three labels: not a reranker.
+    with pytest.raises(ValueError, match="3-label classifier"):
+        mlx_embed.load(DEBERTA_NLI, kind="reranker")
+
+
+@pytest.mark.parametrize("folder", [DEBERTA_RERANKER, DEBERTA_NLI])
+def test_deberta_bare_encoder_embeds(folder, tmp_path):
+    """The same weights under architectures ["DebertaV2Model"] are an
+    embedding model (mean pooling) matching transformers' DebertaV2Model."""
+    for name in ("tokenizer.json", "tokenizer_config.json", "model.safetensors"):
+        (tmp_path / name).write_bytes(open(os.path.join(folder, name), "rb").read())
+    config = _json(os.path.join(folder, "config.json"))
+    config["architectures"] = ["DebertaV2Model"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = mlx_embed.load(str(tmp_path))
+    assert (model.kind, model.pooling, model.dim) == ("embedding", "mean", 64)
+    texts = _json(GOLDEN_TEXTS)
+    keep = [i for i, t in enumerate(texts) if t.strip()]
+    got = np.asarray(model.embed([texts[i] for i in keep]))
+    ref = np.load(os.path.join(folder, "reference_text_mean.npy"))[keep]
+    assert (got * ref).sum(axis=1).min() >= 0.99999
+    assert np.abs(got - ref).max() <= 1e-5
+
+
+def _mutate_no(term):
+    def apply(encoder):
+        for layer in encoder.layers:
+            setattr(layer.attention, term, False)
+    return apply
+
+
+def _mutate_scale(encoder):
+    for layer in encoder.layers:
+        layer.attention.scale = layer.attention.head_dim ** 0.5
+
+
+def _mutate_unshared(encoder):
+    # Position keys through the query projection and vice versa.
+    for layer in encoder.layers:
+        a = layer.attention
+        a.share_att_key, a.pos_key_proj, a.pos_query_proj = False, a.query_proj, a.key_proj
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        _mutate_no("p2c"),
+        _mutate_no("c2p"),
+        _mutate_scale,
+        _mutate_unshared,
+        lambda encoder: encoder.pop("rel_norm"),
+        "linear buckets",
+    ],
+    ids=["no-p2c", "no-c2p", "scale-sqrt-d", "keys-swapped", "no-rel-layernorm", "linear-buckets"],
+)
+def test_deberta_reranker_fixture_catches(mutate, monkeypatch):
+    """Each DeBERTa mistake the fixture is meant to catch moves some logit
+    by far more than the parity tolerance."""
+    from mlx_embed.models import deberta_v2
+
+    model = mlx_embed.load(DEBERTA_RERANKER)
+    if mutate == "linear buckets":
+        monkeypatch.setattr(deberta_v2, "log_bucket_positions", lambda rel, b, m: np.asarray(rel))
+    else:
+        mutate(model.model.encoder)
+    deberta_v2._relative_index.cache_clear()
+    try:
+        logits = model.score(_json(os.path.join(DEBERTA_RERANKER, "pairs.json")), raw_scores=True)
+    finally:
+        deberta_v2._relative_index.cache_clear()
+    ref = np.load(os.path.join(DEBERTA_RERANKER, "reference_pair_logits.npy"))
+    assert np.abs(logits - ref).max() > 0.5
+
+
+def _mutate_no_conv(encoder):
+    encoder.pop("conv")
+
+
+def _mutate_pos_swapped(encoder):
+    for layer in encoder.layers:
+        a = layer.attention
+        a.pos_key_proj, a.pos_query_proj = a.pos_query_proj, a.pos_key_proj
+
+
+def _mutate_shared(encoder):
+    for layer in encoder.layers:
+        layer.attention.share_att_key = True
+
+
+@pytest.mark.parametrize(
+    "mutate", [_mutate_no_conv, _mutate_pos_swapped, _mutate_shared, "unmasked embeddings"],
+    ids=["no-conv", "pos-projections-swapped", "shared-projections", "unmasked-embeddings"],
+)
+def test_deberta_nli_fixture_catches(mutate, monkeypatch):
+    """The v2 switches: each mistake moves the batched logits well past tolerance."""
+    import mlx.core as mx
+    from mlx_embed.models import deberta_v2
+
+    model = mlx_embed.load(DEBERTA_NLI)
+    if mutate == "unmasked embeddings":
+        # Padding rows left as they come out of the LayerNorm: the
+        # convolution then reads them next to the last real tokens.
+        embed = deberta_v2.Embeddings.__call__
+        monkeypatch.setattr(deberta_v2.Embeddings, "__call__",
+                            lambda self, ids, mask, types: embed(self, ids, mx.ones_like(mask), types))
+    else:
+        mutate(model.model.encoder)
+    logits = model.score(_json(os.path.join(DEBERTA_NLI, "pairs.json")), raw_scores=True)
+    ref = np.load(os.path.join(DEBERTA_NLI, "reference_pair_logits.npy"))
+    assert np.abs(logits - ref).max() > 0.1
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"pos_att_type": ["c2p", "p2p"]}, "pos_att_type"),
+        ({"norm_rel_ebd": "batch_norm"}, "norm_rel_ebd"),
+        ({"conv_kernel_size": 4}, "conv_kernel_size"),
+        ({"conv_kernel_size": 3, "conv_act": "mish"}, "conv_act"),
+        ({"hidden_act": "silu"}, "hidden_act"),
+        ({"pooler_hidden_act": "softplus"}, "pooler_hidden_act"),
+        ({"attention_head_size": 32}, "attention_head_size"),
+        ({"pooler_hidden_size": 32}, "pooler_hidden_size"),
+    ],
+)
+def test_deberta_refuses_what_it_does_not_implement(change, message, tmp_path):
+    for name in ("tokenizer.json", "tokenizer_config.json", "model.safetensors"):
+        (tmp_path / name).write_bytes(open(os.path.join(DEBERTA_RERANKER, name), "rb").read())
+    config = {**_json(os.path.join(DEBERTA_RERANKER, "config.json")), **change}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=message):
+        mlx_embed.load(str(tmp_path))

@@ -366,7 +366,7 @@ def test_mistral_4bit(golden_texts, tmp_path):
         ("tiny-mpnet", {"relative_attention_num_buckets": 64}, "relative_attention_num_buckets"),
         ("tiny-distilbert", {"sinusoidal_pos_embds": True}, "sinusoidal_pos_embds"),
         ("tiny-distilbert", {"activation": "relu"}, "activation"),
-        ("tiny-mpnet", {"model_type": "deberta-v2"}, "supported: bert, xlm-roberta"),
+        ("tiny-mpnet", {"model_type": "deberta"}, "supported: bert, xlm-roberta"),
     ],
 )
 def test_unsupported_variants_are_named(folder, edit, match, tmp_path):

@@ -265,6 +265,9 @@ pub struct ModelInfo {
     /// non-negative and mostly zero; [`sparse_entries`] lists what is set
     /// (TEI's `/embed_sparse`).
     pub sparse: bool,
+    /// An input may have no tokens at all (a static embedding's empty text:
+    /// its vector is zeros); otherwise one with none is refused.
+    pub empty_inputs: bool,
     /// Longest input in tokens, special tokens included; longer ones are
     /// truncated (or refused with `truncate: false`).
     pub max_input_tokens: usize,

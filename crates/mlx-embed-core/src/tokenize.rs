@@ -49,7 +49,7 @@ pub(crate) async fn encode_all(
             .collect::<Result<Vec<_>, _>>()?,
     };
     for (index, e) in encoded.iter().enumerate() {
-        if e.is_empty() {
+        if e.is_empty() && !info.empty_inputs {
             return Err(CoreError::InvalidInput(format!(
                 "input {index} has no tokens"
             )));

@@ -48,6 +48,8 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
         default_prompt_name: default_prompt_name.clone(),
         instruction: optional(&tok, "instruction")?,
         pair: read_pair(&tok)?,
+        drop_ids: optional(&tok, "drop_ids")?.unwrap_or_default(),
+        char_limit: optional(&tok, "char_limit")?,
     };
     let mut details = BTreeMap::new();
     if let Some(d) = optional::<Bound<'_, PyAny>>(spec, "details")? {
@@ -79,6 +81,7 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
         kind,
         dim: field(spec, "dim")?,
         sparse: optional(spec, "sparse")?.unwrap_or(false),
+        empty_inputs: optional(spec, "empty_inputs")?.unwrap_or(false),
         max_input_tokens: max_length,
         vocab_size: field(spec, "vocab_size")?,
         device_batch_tokens: optional(spec, "batch_tokens")?,

@@ -280,7 +280,7 @@ impl HfTokenizer {
         };
         let mut ids = Vec::with_capacity(keep + specials);
         ids.extend_from_slice(&self.spec.prefix_ids);
-        ids.extend_from_slice(content);
+        ids.extend(content.iter().filter(|id| !self.spec.drop_ids.contains(id)));
         ids.extend_from_slice(&self.spec.suffix_ids);
         Encoded {
             ids,
@@ -298,7 +298,14 @@ impl Tokenize for HfTokenizer {
                 "this reranker scores query/document pairs, not single texts",
             )),
             EmbedInput::Text(text) => {
-                let content = self.encode_text(text, self.prompt_text(&options.prompt)?)?;
+                let prompt = self.prompt_text(&options.prompt)?;
+                let content = match self.spec.char_limit {
+                    Some(limit) if options.truncate => {
+                        let full = format!("{prompt}{text}");
+                        self.encode_text(cut_chars(&full, limit, direction), "")?
+                    }
+                    _ => self.encode_text(text, prompt)?,
+                };
                 Ok(self.finish(&content, direction))
             }
             EmbedInput::Tokens(ids) => {
@@ -327,6 +334,9 @@ impl Tokenize for HfTokenizer {
             out.extend(self.spec.prefix_ids.iter().map(|&id| self.special(id)));
         }
         for (&id, &(start, stop)) in encoding.get_ids().iter().zip(encoding.get_offsets()) {
+            if self.spec.drop_ids.contains(&id) {
+                continue;
+            }
             out.push(TokenSpan {
                 id,
                 text: full.get(start..stop).unwrap_or_default().to_owned(),
@@ -363,6 +373,28 @@ fn load(path: &Path) -> Result<Tokenizer, TokenizerError> {
         .map_err(|e| error(e.to_string()))?;
     tokenizer.with_padding(None);
     Ok(tokenizer)
+}
+
+/// `text` cut to at most `limit` characters (Unicode scalar values, as
+/// Python counts a str), its start kept for right truncation, its end for left.
+fn cut_chars(text: &str, limit: usize, direction: TruncationDirection) -> &str {
+    match direction {
+        TruncationDirection::Right => match text.char_indices().nth(limit) {
+            Some((at, _)) => &text[..at],
+            None => text,
+        },
+        TruncationDirection::Left => {
+            let chars = text.chars().count();
+            if chars <= limit {
+                return text;
+            }
+            let (at, _) = text
+                .char_indices()
+                .nth(chars - limit)
+                .expect("inside the text");
+            &text[at..]
+        }
+    }
 }
 
 fn find(hay: &[u32], needle: &[u32]) -> Option<usize> {

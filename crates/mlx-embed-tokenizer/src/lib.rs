@@ -13,7 +13,12 @@
 //!   the given text;
 //! * the content is cut to `max_length - specials` tokens, keeping the start
 //!   ([`TruncationDirection::Right`]) or the end ([`TruncationDirection::Left`]);
-//! * then wrapped in the model's prefix and suffix ids (`[CLS]`/`[SEP]`, EOS).
+//! * then wrapped in the model's prefix and suffix ids (`[CLS]`/`[SEP]`, EOS;
+//!   none for static embeddings, whose libraries encode without them).
+//!
+//! Model2Vec adds two rules (see [`TokenizerSpec`]): when truncating, a text
+//! is first cut to `char_limit` characters, and `drop_ids` (its unknown
+//! token) are left out of the content after the token truncation.
 //!
 //! Token-id input skips the prompt, is checked against the vocabulary, and is
 //! truncated and wrapped the same way.

@@ -27,4 +27,11 @@ pub struct TokenizerSpec {
     /// How a query/document pair becomes one input (cross-encoders); `None`:
     /// the model takes single texts only.
     pub pair: Option<PairSpec>,
+    /// Ids left out of the content after the token truncation (Model2Vec
+    /// drops its unknown token: it truncates first, then filters).
+    pub drop_ids: Vec<u32>,
+    /// When truncating, a text (prompt included) longer than this many
+    /// characters is cut to it before it is encoded, keeping its start
+    /// (right) or end (left): Model2Vec's `max_length` x median token length.
+    pub char_limit: Option<usize>,
 }

@@ -12,6 +12,13 @@ folder's pooling wins), with the keys
   with it already (decoder embedders pool the last token, trained as EOS);
 - ``instruction_template``: how a raw per-request instruction is put before
   the text (``{instruction}`` is replaced).
+- ``special_tokens``: False where the model's library encodes without the
+  tokenizer's special tokens (static embeddings);
+- ``empty_inputs``: True where an input with no tokens is valid (a static
+  model's empty bag is the zero vector) instead of refused.
+
+A built ``Model`` may add folder-specific ones as ``model.embedding_defaults``
+(Model2Vec's ``max_length``, ``drop_unknown``, ``truncate_chars``).
 
 The engine reads only these, never the architecture's name.
 """
@@ -29,10 +36,23 @@ SUPPORTED = (
     "mistral",
     "qwen3",
     "gemma3_text",
+    "model2vec",
+    "static_embedding",
+    "deberta-v2",
 )
 
-# model_type -> module name, where they differ.
-REMAPPING = {"xlm-roberta": "xlm_roberta", "roberta": "xlm_roberta", "camembert": "xlm_roberta"}
+# model_type -> module name, where they differ. Static embedding bags
+# (models/static.py) are Model2Vec folders and sentence-transformers
+# StaticEmbedding folders, which have no config.json (the loader builds them
+# as static_embedding).
+REMAPPING = {
+    "xlm-roberta": "xlm_roberta",
+    "roberta": "xlm_roberta",
+    "camembert": "xlm_roberta",
+    "deberta-v2": "deberta_v2",
+    "model2vec": "static",
+    "static_embedding": "static",
+}
 
 
 def decoder_weights(weights: dict, drop=("lm_head.", "score."), skip="rotary_emb.inv_freq") -> dict:

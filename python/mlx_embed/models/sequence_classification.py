@@ -9,6 +9,8 @@ the first token's hidden state:
   ``num_labels``);
 * (XLM-)RoBERTa: ``classifier.dense`` + tanh then ``classifier.out_proj``; no
   pooler.
+* DeBERTa-v2/v3: ``pooler.dense`` + ``pooler_hidden_act`` (GELU) then
+  ``classifier``.
 
 The encoder underneath is the embedding architecture's own module, chosen by
 ``model_type``, so every encoder file gains classification without a copy.
@@ -31,6 +33,7 @@ ARCHITECTURES = {
     "BertForSequenceClassification": ("bert", "pooler", "bert."),
     "XLMRobertaForSequenceClassification": ("xlm_roberta", "roberta", "roberta."),
     "RobertaForSequenceClassification": ("xlm_roberta", "roberta", "roberta."),
+    "DebertaV2ForSequenceClassification": ("deberta_v2", "context_pooler", "deberta."),
 }
 
 
@@ -126,7 +129,31 @@ class RobertaHead(nn.Module):
         return None
 
 
-_HEADS = {"pooler": PoolerHead, "roberta": RobertaHead}
+class ContextPoolerHead(PoolerHead):
+    """DeBERTa's ContextPooler: ``pooler_hidden_act`` (GELU by default, not
+    tanh) of dense([CLS]), then the classifier; BERT's weight names."""
+
+    def __init__(self, hidden: int, num_labels: int, act):
+        super().__init__(hidden, num_labels)
+        self._act = act
+
+    def __call__(self, first: mx.array) -> mx.array:
+        return self.classifier(self._act(self.pooler(first)))
+
+
+def _context_pooler(args: "ModelArgs") -> ContextPoolerHead:
+    from .deberta_v2 import activation
+
+    act = activation(args.config.get("pooler_hidden_act", "gelu"), "pooler_hidden_act")
+    return ContextPoolerHead(args.hidden_size, args.num_labels, act)
+
+
+# Head style -> how to build it from the classifier's ModelArgs.
+_HEADS = {
+    "pooler": lambda a: PoolerHead(a.hidden_size, a.num_labels),
+    "roberta": lambda a: RobertaHead(a.hidden_size, a.num_labels),
+    "context_pooler": _context_pooler,
+}
 
 
 class Model(nn.Module):
@@ -137,7 +164,7 @@ class Model(nn.Module):
         module, style, self._prefix = ARCHITECTURES[args.architecture]
         arch = importlib.import_module(f"{__package__}.{module}")
         self.encoder = arch.Model(arch.ModelArgs.from_dict(args.config))
-        self.head = _HEADS[style](args.hidden_size, args.num_labels)
+        self.head = _HEADS[style](args)
 
     @property
     def vocab_size(self) -> int:

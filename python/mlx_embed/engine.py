@@ -149,7 +149,7 @@ class EmbeddingModel(ScoringMixin):
             pad_id=self.pad_id,
             max_length=self.max_length,
             context=self.context,
-            batch_tokens=batch_tokens,
+            batch_tokens=batch_tokens or ck.defaults.get("batch_tokens"),
             workers=workers,
             pipeline=pipeline,
             streams=streams,

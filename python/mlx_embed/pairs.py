@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 
 from .errors import InvalidInput
 from .spec import PairSpec
-from .tokenization import check_direction
+from .tokenization import check_direction, content_ids
 
 _FIELD = re.compile(r"\{(instruction|query|document)\}")
 
@@ -149,7 +149,7 @@ class PairEncoder:
     def _contents(self, texts: list) -> list:
         if not texts:
             return []
-        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+        return content_ids(self._tok, texts)
 
 
 def _check_pairs(pairs) -> list:

@@ -132,7 +132,7 @@ class TextTokenizer:
                 t if len(t) <= limit else (t[len(t) - limit :] if direction == "left" else t[:limit])
                 for t in texts
             ]
-        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
+        return content_ids(self._tok, texts)
 
     def finish(self, content: list[int], direction: str = "right") -> tuple[list[int], int]:
         """Truncate (keeping the start for ``right``, the end for ``left``),
@@ -147,6 +147,14 @@ class TextTokenizer:
         if self.drop_ids:
             content = [t for t in content if t not in self.drop_ids]
         return self.prefix + content + self.suffix, before
+
+
+def content_ids(tok: Tokenizer, texts: list[str]) -> list[list[int]]:
+    """Each text's ids without special tokens. ``encode_batch_fast`` skips
+    the character offsets nothing here reads (the same ids, ~25% less
+    tokenizer time); tokenizers < 0.21 lack it."""
+    encode = getattr(tok, "encode_batch_fast", tok.encode_batch)
+    return [e.ids for e in encode(texts, add_special_tokens=False)]
 
 
 def unknown_id(tok: Tokenizer) -> Optional[int]:

@@ -101,6 +101,8 @@ def test_info(served):
     info = srv.get("/info").json()
     assert info["max_input_length"] == FOLDERS[folder][1], info
     assert info["model_type"] == {"embedding": {"pooling": "mean"}}, info
+    # The static architecture's device pass budget, not the CPU's 256.
+    assert info["details"]["device_batch_tokens"] == "8192", info
     vecs = srv.post("/embed", {"inputs": ["hello"]}).json()
     assert len(vecs[0]) == 64
 

@@ -217,3 +217,14 @@ def test_a_folder_without_weights_key_is_refused(tmp_path):
     save_file({"emb": np.zeros((4, 4), dtype=np.float32)}, str(dst / "model.safetensors"))
     with pytest.raises(ValueError, match="'embeddings' \\(Model2Vec\\)"):
         mlx_embed.load(dst)
+
+
+def test_static_models_take_big_device_passes_unless_told(golden_texts):
+    # A static pass is one gather: the architecture's 8192-token budget
+    # replaces the CPU's 256 (a 1.6x throughput difference), an explicit
+    # batch_tokens still wins, and the cut does not change a vector.
+    default = _model("tiny-model2vec")
+    small = _model("tiny-model2vec", batch_tokens=16)
+    assert default.batch_tokens == 8192 and small.batch_tokens == 16
+    assert default.spec().batch_tokens == 8192
+    np.testing.assert_array_equal(default.embed(golden_texts), small.embed(golden_texts))

@@ -37,6 +37,11 @@ EMBEDDING_DEFAULTS = {
     "pooling": "mean",
     "special_tokens": False,
     "empty_inputs": True,
+    # A pass is one [tokens, dim] gather and a mean, not attention: the
+    # per-pass overhead is what costs, and the CPU's 256-token passes ran
+    # 9.7k texts/s on a 256-wide table where 1024-16384 ran 15-17k (4,000
+    # golden texts, this 2-core machine; docs/benchmarks.md).
+    "batch_tokens": 8192,
 }
 
 MODEL2VEC = "model2vec"

@@ -69,17 +69,24 @@ build: setup
 # (it runs on the CPU too), kept out of the project's venv and out of `make
 # test`; optimum exports the same weights to ONNX for ONNX Runtime.
 PEER_VENV ?= .bench-venv
-bench: setup build $(PEER_VENV)/.installed-st-ort
+bench: setup build $(PEER_VENV)/.installed-peers
 	$(BIN)/python scripts/bench_model.py --peer-python $(PEER_VENV)/bin/python
 
-$(PEER_VENV)/.installed-st-ort:
+# model2vec (scripts/bench_static.py's peer) 0.10 asks for huggingface-hub>=1,
+# which optimum-onnx's transformers<4.58 refuses (pip would fall back to
+# model2vec 0.9); loading a local folder works with either hub, so it goes in
+# without its dependencies (jinja2 and joblib are its only ones not already
+# there). The stamp was .installed-st-ort before model2vec: an older venv
+# runs this once more.
+$(PEER_VENV)/.installed-peers:
 	test -x $(PEER_VENV)/bin/python || $(PYTHON) -m venv $(PEER_VENV)
 	$(PEER_VENV)/bin/pip install -q --upgrade pip
-	$(PEER_VENV)/bin/pip install -q 'sentence-transformers>=3' onnxruntime 'optimum-onnx[onnxruntime]'
+	$(PEER_VENV)/bin/pip install -q 'sentence-transformers>=3' onnxruntime 'optimum-onnx[onnxruntime]' jinja2 joblib
+	$(PEER_VENV)/bin/pip install -q --no-deps 'model2vec>=0.10'
 	touch $@
 
 # The chart needs matplotlib; kept out of the default install.
-loadtest: setup build $(PEER_VENV)/.installed-st-ort
+loadtest: setup build $(PEER_VENV)/.installed-peers
 	$(BIN)/pip install -q matplotlib
 	$(BIN)/python scripts/loadtest
 

@@ -180,13 +180,18 @@ def log_bucket_positions(rel: np.ndarray, buckets: int, max_position: int) -> np
 
 
 @functools.lru_cache(maxsize=64)
-def _relative_index(length: int, buckets: int, max_position: int, span: int) -> mx.array:
-    """[L, L] row of the relative table that query i uses for key j."""
+def _relative_index(length: int, buckets: int, max_position: int, span: int) -> tuple[mx.array, int, int]:
+    """([L, L] index, first, last): query i uses row ``first + index[i, j]``
+    of the relative table for key j. Only rows ``first..last`` are ever read
+    (2L - 1 of v3's 512 for inputs under 128 tokens), so the layers project
+    and score against that slice, not the whole table."""
     pos = np.arange(length)
     rel = pos[:, None] - pos[None, :]
     if buckets > 0 and max_position > 0:
         rel = log_bucket_positions(rel, buckets, max_position)
-    return mx.array(np.clip(rel + span, 0, 2 * span - 1).astype(np.int32))
+    rows = np.clip(rel + span, 0, 2 * span - 1)
+    first, last = int(rows.min()), int(rows.max())
+    return mx.array((rows - first).astype(np.int32)), first, last
 
 
 class Embeddings(nn.Module):
@@ -361,10 +366,10 @@ class Model(nn.Module):
         mask = ops.KeyMask(attention_mask, x.dtype)
         rel = index = None
         if a.relative_attention:
-            rel = self.rel_embeddings.weight
+            index, first, last = _relative_index(L, a.position_buckets, a.max_relative, a.span)
+            rel = self.rel_embeddings.weight[first : last + 1]
             if "rel_norm" in self:
                 rel = self.rel_norm(rel)
-            index = _relative_index(L, a.position_buckets, a.max_relative, a.span)
         embedded = x
         for i, layer in enumerate(self.layers):
             x = layer(x, mask, rel, index)

@@ -42,6 +42,8 @@ SUPPORTED = (
     "model2vec",
     "static_embedding",
     "deberta-v2",
+    "new",
+    "gte",
 )
 
 # model_type -> module name, where they differ. Static embedding bags
@@ -53,6 +55,10 @@ REMAPPING = {
     "roberta": "xlm_roberta",
     "camembert": "xlm_roberta",
     "deberta-v2": "deberta_v2",
+    # Alibaba GTE (new-impl); TEI reads model_type "gte" as the same
+    # network (its GTE config takes both names).
+    "new": "gte_new",
+    "gte": "gte_new",
     "model2vec": "static",
     "static_embedding": "static",
 }

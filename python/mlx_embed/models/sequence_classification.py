@@ -11,6 +11,8 @@ the first token's hidden state:
   pooler.
 * DeBERTa-v2/v3: ``pooler.dense`` + ``pooler_hidden_act`` (GELU) then
   ``classifier``.
+* Alibaba GTE (``NewForSequenceClassification``): BERT's head, the encoder
+  under ``new.``.
 
 The encoder underneath is the embedding architecture's own module, chosen by
 ``model_type``, so every encoder file gains classification without a copy.
@@ -34,6 +36,8 @@ ARCHITECTURES = {
     "XLMRobertaForSequenceClassification": ("xlm_roberta", "roberta", "roberta."),
     "RobertaForSequenceClassification": ("xlm_roberta", "roberta", "roberta."),
     "DebertaV2ForSequenceClassification": ("deberta_v2", "context_pooler", "deberta."),
+    # Alibaba GTE (gte-multilingual-reranker-base): NewPooler is BERT's pooler.
+    "NewForSequenceClassification": ("gte_new", "pooler", "new."),
 }
 
 

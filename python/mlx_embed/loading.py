@@ -62,15 +62,15 @@ def model_name(path: str, is_default: bool) -> str:
     return os.path.basename(path.rstrip("/")) or path
 
 
-def architecture(model_type: Optional[str]) -> ModuleType:
-    """The model file for a config.json ``model_type``. Imported on demand:
+def architecture(model_type: Optional[str], config: Optional[dict] = None) -> ModuleType:
+    """The model file for a config.json ``model_type`` (and the rest of the
+    config, where one model_type covers two networks). Imported on demand:
     mlx-lm (behind qwen3) alone costs about a second of imports."""
     if model_type not in models.SUPPORTED:
         raise ValueError(
             f"unsupported model_type {model_type!r}; supported: {', '.join(models.SUPPORTED)}"
         )
-    remap = getattr(models, "REMAPPING", {})
-    return importlib.import_module(f"{models.__name__}.{remap.get(model_type, model_type)}")
+    return importlib.import_module(f"{models.__name__}.{models.module_for(model_type, config or {})}")
 
 
 # ------------------------------------------------------- sentence-transformers
@@ -282,7 +282,7 @@ def load_checkpoint(
         pooling = heads.SPLADE
     choice = heads.resolve(config, path, kind, pooling)
     try:
-        arch = choice.module or architecture(model_type)
+        arch = choice.module or architecture(model_type, config)
     except ValueError as e:
         raise ValueError(f"{e} (in {path}/config.json)") from None
     defaults = dict(getattr(arch, "EMBEDDING_DEFAULTS", {}))

@@ -64,6 +64,16 @@ REMAPPING = {
 }
 
 
+def module_for(model_type: str, config: dict) -> str:
+    """The module name for a config.json: ``REMAPPING``, except where one
+    ``model_type`` covers two networks. JinaBERT checkpoints say
+    ``model_type: "bert"``; their ALiBi positions (no position table) tell
+    them apart from BERT."""
+    if model_type == "bert" and config.get("position_embedding_type") == "alibi":
+        return "jina_bert"
+    return REMAPPING.get(model_type, model_type)
+
+
 def decoder_weights(weights: dict, drop=("lm_head.", "score."), skip="rotary_emb.inv_freq") -> dict:
     """A decoder checkpoint's weights under mlx-lm's ``model.`` prefix: the
     bare ``*Model`` saves have none, ``*ForCausalLM`` and mlx-lm conversions

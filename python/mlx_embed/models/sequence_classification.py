@@ -13,6 +13,8 @@ the first token's hidden state:
   ``classifier``.
 * Alibaba GTE (``NewForSequenceClassification``): BERT's head, the encoder
   under ``new.``.
+* JinaBERT (``JinaBertForSequenceClassification``): BERT's head, the ALiBi
+  encoder (models/jina_bert.py) under ``bert.``.
 
 The encoder underneath is the embedding architecture's own module, chosen by
 ``model_type``, so every encoder file gains classification without a copy.
@@ -38,6 +40,9 @@ ARCHITECTURES = {
     "DebertaV2ForSequenceClassification": ("deberta_v2", "context_pooler", "deberta."),
     # Alibaba GTE (gte-multilingual-reranker-base): NewPooler is BERT's pooler.
     "NewForSequenceClassification": ("gte_new", "pooler", "new."),
+    # JinaBERT (jina-reranker-v1-*): BertForSequenceClassification's head
+    # (pooler + classifier) on the ALiBi encoder under "bert.".
+    "JinaBertForSequenceClassification": ("jina_bert", "pooler", "bert."),
 }
 
 

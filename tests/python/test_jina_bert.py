@@ -1,0 +1,232 @@
+"""JinaBERT (``model_type: "bert"`` with ALiBi) against references computed by
+its remote code (the qk-post-norm JinaBERT); how each fixture was made:
+tests/fixtures/tiny-jina-*/README.md and scripts/fixtures/make_jina.py."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import mlx_embed
+from conftest import FIXTURES
+from mlx_embed.models import jina_bert
+
+MIN_COS = 0.99999
+MAX_DIFF = 1e-5
+MAX_LEN = 128
+EMBEDDER = "tiny-jina-bert"
+RERANKER = FIXTURES / "tiny-jina-reranker"
+
+_loaded: dict = {}
+
+
+def _model(folder, **kw):
+    key = (str(folder), tuple(sorted(kw.items())))
+    if key not in _loaded:
+        _loaded[key] = mlx_embed.load(FIXTURES / folder, **kw)
+    return _loaded[key]
+
+
+def _ref(name: str) -> np.ndarray:
+    return np.load(FIXTURES / EMBEDDER / name)
+
+
+def _check(got: np.ndarray, ref: np.ndarray) -> None:
+    assert got.shape == ref.shape and got.dtype == np.float32
+    cos = (got * ref).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(ref, axis=1)
+    diff = np.abs(got - ref).max()
+    print(f"min cosine {cos.min():.8f}, max |diff| {diff:.2e}")
+    assert cos.min() >= MIN_COS
+    assert diff <= MAX_DIFF
+
+
+def _copy(folder: str, dst, **edit):
+    """The fixture copied to dst with config.json keys set (None: removed)."""
+    shutil.copytree(FIXTURES / folder, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    for k, v in edit.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def test_matches_reference(golden_texts):
+    model = _model(EMBEDDER)
+    # model_type "bert", but the ALiBi encoder (bert.py has no q/k norms and
+    # would refuse position_embedding_type "alibi").
+    assert isinstance(model.model, jina_bert.Model)
+    assert (model.model_type, model.pooling, model.dim, model.max_length) == ("bert", "mean", 48, MAX_LEN)
+    assert model.context.path == "native"
+    _check(model.embed(golden_texts), _ref("reference_mean_normalized.npy"))
+
+
+@pytest.mark.parametrize("fast_ops", ["mlx", "exact"])
+def test_other_op_paths_match_reference(fast_ops, golden_texts):
+    """The MLX paths (what runs on Metal / CUDA) give the same vectors as the
+    native CPU kernels."""
+    model = _model(EMBEDDER, fast_ops=fast_ops)
+    assert model.context.path == fast_ops
+    _check(model.embed(golden_texts), _ref("reference_mean_normalized.npy"))
+
+
+def test_bfloat16(golden_texts):
+    """bfloat16 stays close to the fp32 reference, the ALiBi table made on
+    the thread running the pass (two workers). Measured min cosine 0.99996."""
+    model = _model(EMBEDDER, dtype="bfloat16", workers=2)
+    got = model.embed(golden_texts)
+    cos = (got * _ref("reference_mean_normalized.npy")).sum(axis=1)
+    assert got.dtype == np.float32 and cos.min() >= 0.999
+
+
+def test_batch_equals_single_and_max_length(golden_texts):
+    """Right padding leaves the ALiBi distances between real tokens as they
+    are, so a padded batch gives each text's own vector; some texts are cut
+    at the folder's 128 tokens."""
+    model = _model(EMBEDDER)
+    got = model.embed(golden_texts)
+    counts = model.count_tokens(golden_texts, prompt="")
+    assert min(counts) <= 3 and counts.count(MAX_LEN) >= 4 and max(counts) == MAX_LEN
+    single = np.concatenate([model.embed([t]) for t in golden_texts])
+    assert np.abs(got - single).max() <= 1e-6
+
+
+def test_long_inputs_match_reference():
+    """Inputs of 800 to 1024 tokens (max_length raised to 1024 at load):
+    ALiBi distances far past the fixture's usual 128, where a wrong slope or
+    an asymmetric bias is furthest off."""
+    texts = json.loads((FIXTURES / EMBEDDER / "long_texts.json").read_text())
+    model = _model(EMBEDDER, max_length=1024)
+    counts = model.count_tokens(texts)
+    assert min(counts) >= 800 and max(counts) == 1024
+    _check(model.embed(texts), _ref("reference_long_mean_normalized.npy"))
+
+
+def test_alibi_slopes_are_the_references():
+    """Slopes for 1 to 16 heads equal the reference's (read from its bias
+    tensor), non-powers of two (6 here, 12 in jina-embeddings-v2-base)
+    included; the bias is -slope * |i - j|, symmetric."""
+    ref = json.loads((FIXTURES / EMBEDDER / "reference_alibi_slopes.json").read_text())
+    for n, slopes in ref.items():
+        np.testing.assert_allclose(jina_bert.alibi_slopes(int(n)), slopes, rtol=1e-7, atol=0)
+    # The 6-head set is not the power-of-two formula's 2^(-8/6 (h+1)).
+    assert abs(jina_bert.alibi_slopes(6)[4] - 2 ** (-8 / 6 * 5)) > 0.05
+    bias = jina_bert.alibi_bias(6, 5)
+    assert bias.shape == (6, 5, 5) and np.array_equal(bias, bias.transpose(0, 2, 1))
+    assert bias[1, 0, 3] == pytest.approx(-3 * ref["6"][1]) and bias[1, 2, 2] == 0
+
+
+def test_reglu_matches_reference(golden_texts, tmp_path):
+    """feed_forward_type "reglu" on the same weights: ReLU on the gate half."""
+    model = mlx_embed.load(_copy(EMBEDDER, tmp_path / "reglu", feed_forward_type="reglu"))
+    _check(model.embed(golden_texts), _ref("reference_reglu_mean_normalized.npy"))
+
+
+def test_masked_lm_prefix_and_fused_names(golden_texts, tmp_path):
+    """JinaBertForMaskedLM checkpoints (jina-embeddings-v2's `architectures`)
+    keep the encoder under "bert." with an MLM head beside it: same vectors."""
+    import mlx.core as mx
+
+    d = _copy(EMBEDDER, tmp_path / "mlm", architectures=["JinaBertForMaskedLM"])
+    w = mx.load(str(d / "model.safetensors"))
+    out = {"bert." + k: v for k, v in w.items()}
+    out["cls.predictions.bias"] = mx.zeros((10,))
+    mx.save_safetensors(str(d / "model.safetensors"), out)
+    assert np.array_equal(mlx_embed.load(d).embed(golden_texts), _model(EMBEDDER).embed(golden_texts))
+
+
+def test_plain_bert_still_goes_to_bert():
+    """Only ALiBi configs are routed here: an absolute-position BERT keeps
+    bert.py (and bert.py still names what it does not do)."""
+    from mlx_embed import loading
+    from mlx_embed.models import bert
+
+    assert loading.architecture("bert", {"position_embedding_type": "absolute"}) is bert
+    assert loading.architecture("bert") is bert
+    assert loading.architecture("bert", {"position_embedding_type": "alibi"}) is jina_bert
+    with pytest.raises(ValueError, match="position_embedding_type"):
+        bert.ModelArgs.from_dict({"position_embedding_type": "relative_key"})
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        ({"feed_forward_type": "original"}, "feed_forward_type='original'"),
+        ({"feed_forward_type": "swiglu"}, "feed_forward_type='swiglu'"),
+        ({"auto_map": {"AutoModel": "jinaai/jina-bert-implementation--modeling_bert.JinaBertModel"}},
+         "jina-bert-implementation"),
+    ],
+)
+def test_unsupported_variants_are_named(edit, match, tmp_path):
+    with pytest.raises(ValueError, match=match):
+        mlx_embed.load(_copy(EMBEDDER, tmp_path / "m", **edit))
+
+
+def test_other_layout_weights_are_refused(tmp_path):
+    """A jina-bert-implementation checkpoint (mlp.gated_layers / mlp.wo /
+    mlp.layernorm) is refused by name even when its config says nothing."""
+    import mlx.core as mx
+
+    d = _copy(EMBEDDER, tmp_path / "other", auto_map=None)
+    w = mx.load(str(d / "model.safetensors"))
+    out = {k.replace("mlp.up_gated_layer", "mlp.gated_layers"): v for k, v in w.items()}
+    mx.save_safetensors(str(d / "model.safetensors"), out)
+    with pytest.raises(ValueError, match="mlp.gated_layers"):
+        mlx_embed.load(d)
+
+
+# ------------------------------------------------------------------ reranker
+
+
+def test_reranker_matches_reference():
+    """jina-reranker-v1 style: BERT's pooler (dense + tanh on [CLS]) and
+    classifier on the ALiBi encoder; [CLS] q [SEP] d [SEP] with types 0/1."""
+    model = _model(RERANKER)
+    assert (model.kind, model.labels, model.model_type, model.dim) == ("reranker", ["LABEL_0"], "bert", 1)
+    pair = model.spec().tokenizer.pair
+    assert (pair.prefix_ids, pair.middle_ids, pair.suffix_ids) == ([2], [3], [3])
+    assert (pair.first_type_id, pair.second_type_id) == (0, 1)
+    pairs = json.loads((RERANKER / "pairs.json").read_text())
+    logits = model.score(pairs, raw_scores=True)
+    ref = np.load(RERANKER / "reference_pair_logits.npy")
+    # rtol: the logits reach several units (see the fixture README).
+    np.testing.assert_allclose(logits, ref, rtol=1e-5, atol=1e-5)
+    scores = model.score(pairs)[:, 0]
+    ref_scores = np.load(RERANKER / "reference_pair_scores.npy")
+    assert np.abs(scores - ref_scores).max() <= 1e-5
+    assert ref_scores.max() - ref_scores.min() > 0.5
+    for i in (0, 3, 35, 40, 41):  # 40, 41: the over-long query, both sides cut
+        alone = model.score([pairs[i]], raw_scores=True)
+        assert abs(float(alone[0, 0]) - float(logits[i, 0])) <= 1e-5 * max(1.0, abs(float(logits[i, 0])))
+
+
+def test_reranker_pairs_are_truncated_like_the_tokenizer():
+    from tokenizers import Tokenizer
+
+    model = _model(RERANKER)
+    pairs = json.loads((RERANKER / "pairs.json").read_text())
+    ids, types, before = model.encode_pairs(pairs)
+    tok = Tokenizer.from_file(str(RERANKER / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(MAX_LEN, strategy="longest_first")
+    encs = tok.encode_batch([tuple(p) for p in pairs])
+    assert ids == [e.ids for e in encs]
+    assert types == [e.type_ids for e in encs]
+    assert sum(n > MAX_LEN for n in before) == 8
+
+
+def test_reranker_orders_documents():
+    model = _model(RERANKER)
+    pairs = json.loads((RERANKER / "pairs.json").read_text())
+    query = pairs[0][0]
+    docs = [p[1] for p in pairs[:12]]
+    scores = model.score([(query, d) for d in docs])[:, 0]
+    ranked = model.rerank(query, docs, top_n=5)
+    assert [i for i, _ in ranked] == sorted(range(len(docs)), key=lambda i: -scores[i])[:5]
+    with pytest.raises(ValueError, match="not an embedding model"):
+        mlx_embed.load(RERANKER, kind="embedding")

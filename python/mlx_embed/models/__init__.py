@@ -26,6 +26,8 @@ A built ``Model`` may add folder-specific ones as ``model.embedding_defaults``
 The engine reads only these, never the architecture's name.
 """
 
+import mlx.core as mx
+
 SUPPORTED = (
     "bert",
     "xlm-roberta",
@@ -86,3 +88,52 @@ def decoder_weights(weights: dict, drop=("lm_head.", "score."), skip="rotary_emb
         out[name if name.startswith("model.") else "model." + name] = w
     return out
 
+
+# A linear layer's tensors, quantized ones included; all of them are cut
+# along the output axis (0), so fused projections split and join there.
+LINEAR_TENSORS = ("weight", "bias", "scales", "biases")
+
+
+def join_linears(weights: dict, parts, joined: str) -> None:
+    """In place: the linears named ``parts`` (prefixes) concatenated along the
+    output axis into ``joined``, where the checkpoint has all of them (one
+    fused q/k/v projection from three)."""
+    for suffix in LINEAR_TENSORS:
+        names = [f"{p}.{suffix}" for p in parts]
+        if all(n in weights for n in names):
+            weights[f"{joined}.{suffix}"] = mx.concatenate([weights.pop(n) for n in names], axis=0)
+
+
+def split_linear(weights: dict, fused: str, parts) -> None:
+    """In place: the linear ``fused`` cut into equal ``parts`` along the
+    output axis, in order (a GLU's up and gate halves)."""
+    for suffix in LINEAR_TENSORS:
+        name = f"{fused}.{suffix}"
+        if name in weights:
+            for part, w in zip(parts, mx.split(weights.pop(name), len(parts), axis=0)):
+                weights[f"{part}.{suffix}"] = w
+
+
+class LengthTables:
+    """Constant tables that depend only on the padded input length (RoPE's
+    cos/sin, ALiBi's biases), built with NumPy by ``build(length)`` once per
+    length and kept as MLX arrays that hold their data, so a pass pays no
+    host copy. What a pass derives from them (a dtype cast, a slice) is lazy
+    and is made by the pass itself, on the thread that runs it: a lazy array
+    built on one worker's stream cannot be evaluated on another's. Lengths
+    repeat (the scheduler pads to a few shapes), so a few are kept."""
+
+    def __init__(self, build, keep: int = 16):
+        self._build = build
+        self._keep = keep
+        self._cache: dict = {}
+
+    def __call__(self, length: int) -> tuple:
+        hit = self._cache.get(length)
+        if hit is None:
+            hit = tuple(mx.array(t) for t in self._build(length))
+            mx.eval(*hit)
+            if len(self._cache) >= self._keep:
+                self._cache.clear()
+            self._cache[length] = hit
+        return hit

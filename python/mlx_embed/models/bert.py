@@ -16,6 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import ops
+from . import join_linears
 
 # What the engine assumes for this architecture when the checkpoint folder
 # does not say (sentence-transformers' 1_Pooling config wins over these).
@@ -206,10 +207,5 @@ class Model(nn.Module):
         # the output dimension (axis 0).
         for i in range(self.args.num_hidden_layers):
             pre = f"layers.{i}.attention."
-            for suffix in ("weight", "bias", "scales", "biases"):
-                parts = [f"{pre}{p}.{suffix}" for p in ("query", "key", "value")]
-                if all(p in out for p in parts):
-                    out[f"{pre}qkv.{suffix}"] = mx.concatenate(
-                        [out.pop(p) for p in parts], axis=0
-                    )
+            join_linears(out, [pre + p for p in ("query", "key", "value")], pre + "qkv")
         return out

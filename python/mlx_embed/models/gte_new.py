@@ -42,6 +42,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .. import ops
+from . import LengthTables, join_linears, split_linear
 
 # The model cards and the sentence-transformers folders pool the first token.
 EMBEDDING_DEFAULTS = {"pooling": "cls"}
@@ -151,31 +152,26 @@ _rotate_compiled = mx.compile(_rotate)
 class Rotary:
     """The rotary positions of one model: cos/sin tables [L, 3H, d/2] per
     input length (q and k heads rotated, v heads kept), shared by the layers
-    of a pass. The NumPy tables are kept per length; the MLX arrays are made
-    in each pass, on the thread that runs it (a lazy MLX array built on one
-    worker's stream cannot be evaluated on another's)."""
+    of a pass."""
 
     def __init__(self, args: ModelArgs):
         self.args = args
-        self._cache: dict = {}
+        self._tables = LengthTables(self._build)
+
+    def _build(self, length: int) -> tuple[np.ndarray, np.ndarray]:
+        a = self.args
+        H, half = a.num_attention_heads, a.head_dim // 2
+        cos, sin = rope_table(a, length)
+        c = np.ones((length, 3 * H, half), np.float32)
+        s = np.zeros((length, 3 * H, half), np.float32)
+        # Both halves of a row hold the same frequencies.
+        c[:, : 2 * H] = cos[:, None, :half]
+        s[:, : 2 * H] = sin[:, None, :half]
+        return c, s
 
     def tables(self, length: int, dtype: mx.Dtype) -> tuple[mx.array, mx.array]:
-        hit = self._cache.get(length)
-        if hit is None:
-            a = self.args
-            H, half = a.num_attention_heads, a.head_dim // 2
-            cos, sin = rope_table(a, length)
-            c = np.ones((length, 3 * H, half), np.float32)
-            s = np.zeros((length, 3 * H, half), np.float32)
-            # Both halves of a row hold the same frequencies.
-            c[:, : 2 * H] = cos[:, None, :half]
-            s[:, : 2 * H] = sin[:, None, :half]
-            hit = (c, s)
-            # Lengths repeat (the scheduler pads to a few shapes); keep a few.
-            if len(self._cache) > 16:
-                self._cache.clear()
-            self._cache[length] = hit
-        return mx.array(hit[0]).astype(dtype), mx.array(hit[1]).astype(dtype)
+        c, s = self._tables(length)
+        return c.astype(dtype), s.astype(dtype)
 
     def __call__(self, qkv: mx.array, tables, q_scale: Optional[mx.array]) -> mx.array:
         out = _rotate_compiled(qkv, *tables)
@@ -317,14 +313,7 @@ class Model(nn.Module):
             # pack_qkv: false checkpoints keep q/k/v apart; the packed
             # projection is their concatenation in that order (the reference
             # splits it so). Quantized tensors split along axis 0 as well.
-            pre = f"layers.{i}.attention."
-            for suffix in ("weight", "bias", "scales", "biases"):
-                parts = [f"{pre}{p}_proj.{suffix}" for p in "qkv"]
-                if all(p in out for p in parts):
-                    out[f"{pre}qkv_proj.{suffix}"] = mx.concatenate([out.pop(p) for p in parts], axis=0)
-                fused = f"layers.{i}.mlp.up_gate_proj.{suffix}"
-                if fused in out:
-                    up, gate = mx.split(out.pop(fused), 2, axis=0)
-                    out[f"layers.{i}.mlp.up.{suffix}"] = up
-                    out[f"layers.{i}.mlp.gate.{suffix}"] = gate
+            pre = f"layers.{i}."
+            join_linears(out, [f"{pre}attention.{p}_proj" for p in "qkv"], pre + "attention.qkv_proj")
+            split_linear(out, pre + "mlp.up_gate_proj", (pre + "mlp.up", pre + "mlp.gate"))
         return out

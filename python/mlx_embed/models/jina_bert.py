@@ -51,6 +51,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .. import ops
+from . import LengthTables, join_linears, split_linear
 
 # jina-embeddings-v2 folders (and the reference's own encode()) mean-pool.
 EMBEDDING_DEFAULTS = {"pooling": "mean"}
@@ -219,11 +220,10 @@ class Model(nn.Module):
         self.model_type = args.model_type
         self.embeddings = Embeddings(args)
         self.layers = [Layer(args) for _ in range(args.num_hidden_layers)]
-        # Not a module child (no parameters): NumPy ALiBi tables per padded
-        # length. The MLX array is made in each pass, on the thread running
-        # it (a lazy array built on one worker's stream cannot be evaluated
-        # on another's).
-        object.__setattr__(self, "_alibi", {})
+        # Not a module child (no parameters): ALiBi biases per padded length.
+        object.__setattr__(
+            self, "_alibi", LengthTables(lambda n: (alibi_bias(args.num_attention_heads, n),), keep=8)
+        )
 
     @property
     def vocab_size(self) -> int:
@@ -236,14 +236,8 @@ class Model(nn.Module):
         return self.args.max_position_embeddings
 
     def _alibi_table(self, length: int, dtype: mx.Dtype) -> mx.array:
-        table = self._alibi.get(length)
-        if table is None:
-            table = alibi_bias(self.args.num_attention_heads, length)
-            # Lengths repeat (the scheduler pads to a few shapes); keep a few.
-            if len(self._alibi) > 8:
-                self._alibi.clear()
-            self._alibi[length] = table
-        return mx.array(table).astype(dtype)[None]
+        (table,) = self._alibi(length)
+        return table.astype(dtype)[None]
 
     def __call__(
         self,
@@ -293,14 +287,6 @@ class Model(nn.Module):
             out[name] = w
         for i in range(self.args.num_hidden_layers):
             pre = f"layers.{i}."
-            # Quantized tensors split / join along the output axis (0) too.
-            for suffix in ("weight", "bias", "scales", "biases"):
-                parts = [f"{pre}attention.{p}.{suffix}" for p in ("query", "key", "value")]
-                if all(p in out for p in parts):
-                    out[f"{pre}attention.qkv.{suffix}"] = mx.concatenate([out.pop(p) for p in parts], axis=0)
-                fused = f"{pre}mlp.up_gated.{suffix}"
-                if fused in out:
-                    up, gate = mx.split(out.pop(fused), 2, axis=0)
-                    out[f"{pre}mlp.up.{suffix}"] = up
-                    out[f"{pre}mlp.gate.{suffix}"] = gate
+            join_linears(out, [f"{pre}attention.{p}" for p in ("query", "key", "value")], pre + "attention.qkv")
+            split_linear(out, pre + "mlp.up_gated", (pre + "mlp.up", pre + "mlp.gate"))
         return out

@@ -18,6 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import ops
+from . import join_linears
 
 EMBEDDING_DEFAULTS = {"pooling": "mean"}
 
@@ -194,8 +195,5 @@ class Model(nn.Module):
             out[name] = w
         for i in range(self.args.num_hidden_layers):
             pre = f"layers.{i}.attention."
-            for suffix in ("weight", "bias", "scales", "biases"):
-                parts = [f"{pre}{p}.{suffix}" for p in ("q", "k", "v")]
-                if all(p in out for p in parts):
-                    out[f"{pre}qkv.{suffix}"] = mx.concatenate([out.pop(p) for p in parts], axis=0)
+            join_linears(out, [pre + p for p in ("q", "k", "v")], pre + "qkv")
         return out

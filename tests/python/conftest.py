@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -26,6 +27,47 @@ def _cos(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     a = a / np.linalg.norm(a, axis=1, keepdims=True)
     b = b / np.linalg.norm(b, axis=1, keepdims=True)
     return (a * b).sum(axis=1)
+
+
+# Parity with a reference: what every architecture's fixture is held to.
+MIN_COS = 0.99999
+MAX_DIFF = 1e-5
+
+_loaded: dict = {}
+
+
+def load_fixture(folder, **kw):
+    """``mlx_embed.load`` of a fixture folder (a name under tests/fixtures or
+    a path), once per test session for the same options."""
+    key = (str(folder), tuple(sorted(kw.items())))
+    if key not in _loaded:
+        _loaded[key] = mlx_embed.load(FIXTURES / folder, **kw)
+    return _loaded[key]
+
+
+def assert_parity(got: np.ndarray, ref: np.ndarray, normalized: bool = True) -> None:
+    """float32 rows with cosine >= MIN_COS to the reference's and max |diff|
+    <= MAX_DIFF (relative to the reference's scale when it is unnormalized:
+    those are O(1..10) in size)."""
+    assert got.shape == ref.shape and got.dtype == np.float32
+    cos = _cos(got, ref)
+    diff = np.abs(got - ref).max()
+    print(f"min cosine {cos.min():.8f}, max |diff| {diff:.2e}")
+    assert cos.min() >= MIN_COS
+    assert diff <= MAX_DIFF * (1.0 if normalized else max(1.0, float(np.abs(ref).max())))
+
+
+def copy_fixture(folder: str, dst, **edit):
+    """The fixture copied to dst with config.json keys set (None: removed)."""
+    shutil.copytree(FIXTURES / folder, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    for k, v in edit.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (dst / "config.json").write_text(json.dumps(cfg))
+    return dst
 
 
 @pytest.fixture(scope="session")

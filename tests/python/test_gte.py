@@ -5,65 +5,31 @@ tests/fixtures/tiny-gte-*/README.md and scripts/fixtures/make_gte.py."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
 
 import mlx_embed
-from conftest import FIXTURES
+from conftest import FIXTURES, MAX_DIFF, assert_parity, copy_fixture, load_fixture
 from mlx_embed.models import gte_new
 
-MIN_COS = 0.99999
-MAX_DIFF = 1e-5
 MAX_LEN = 128
 EMBEDDERS = ("tiny-gte-en", "tiny-gte-multilingual")
 RERANKER = FIXTURES / "tiny-gte-reranker"
 # The positions reference_rope_cos_sin.npy holds (make_gte.py ROPE_ROWS).
 ROPE_ROWS = [0, 1, 2, 17, 127, 511, 1000, 4095, 8191]
 
-_loaded: dict = {}
-
-
-def _model(folder, **kw):
-    key = (str(folder), tuple(sorted(kw.items())))
-    if key not in _loaded:
-        _loaded[key] = mlx_embed.load(FIXTURES / folder, **kw)
-    return _loaded[key]
-
 
 def _ref(folder: str, name: str) -> np.ndarray:
     return np.load(FIXTURES / folder / name)
 
 
-def _check(got: np.ndarray, ref: np.ndarray) -> None:
-    assert got.shape == ref.shape and got.dtype == np.float32
-    cos = (got * ref).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(ref, axis=1)
-    diff = np.abs(got - ref).max()
-    print(f"min cosine {cos.min():.8f}, max |diff| {diff:.2e}")
-    assert cos.min() >= MIN_COS
-    assert diff <= MAX_DIFF
-
-
-def _copy(folder: str, dst, **edit):
-    """The fixture copied to dst with config.json keys set (None: removed)."""
-    shutil.copytree(FIXTURES / folder, dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    for k, v in edit.items():
-        if v is None:
-            cfg.pop(k, None)
-        else:
-            cfg[k] = v
-    (dst / "config.json").write_text(json.dumps(cfg))
-    return dst
-
-
 @pytest.mark.parametrize("folder", EMBEDDERS)
 def test_matches_reference(folder, golden_texts):
-    model = _model(folder)
+    model = load_fixture(folder)
     assert (model.model_type, model.pooling, model.dim, model.max_length) == ("new", "cls", 64, MAX_LEN)
     assert model.context.path == "native"
-    _check(model.embed(golden_texts), _ref(folder, "reference_cls_normalized.npy"))
+    assert_parity(model.embed(golden_texts), _ref(folder, "reference_cls_normalized.npy"))
 
 
 @pytest.mark.parametrize("folder", EMBEDDERS)
@@ -71,9 +37,9 @@ def test_matches_reference(folder, golden_texts):
 def test_other_op_paths_match_reference(folder, fast_ops, golden_texts):
     """The MLX paths (what runs on Metal / CUDA) give the same vectors as the
     native CPU kernels."""
-    model = _model(folder, fast_ops=fast_ops)
+    model = load_fixture(folder, fast_ops=fast_ops)
     assert model.context.path == fast_ops
-    _check(model.embed(golden_texts), _ref(folder, "reference_cls_normalized.npy"))
+    assert_parity(model.embed(golden_texts), _ref(folder, "reference_cls_normalized.npy"))
 
 
 @pytest.mark.parametrize("folder", EMBEDDERS)
@@ -82,7 +48,7 @@ def test_bfloat16(folder, golden_texts):
     reference; the RoPE tables are cast on the thread running the pass (two
     workers here), where a cached lazy array from another thread's stream
     failed to evaluate. Measured min cosine 0.9997 (en) and 0.9998."""
-    model = _model(folder, dtype="bfloat16", workers=2)
+    model = load_fixture(folder, dtype="bfloat16", workers=2)
     got = model.embed(golden_texts)
     cos = (got * _ref(folder, "reference_cls_normalized.npy")).sum(axis=1)
     assert got.dtype == np.float32 and cos.min() >= 0.999
@@ -90,7 +56,7 @@ def test_bfloat16(folder, golden_texts):
 
 @pytest.mark.parametrize("folder", EMBEDDERS)
 def test_batch_equals_single_and_max_length(folder, golden_texts):
-    model = _model(folder)
+    model = load_fixture(folder)
     got = model.embed(golden_texts)
     counts = model.count_tokens(golden_texts, prompt="")
     assert min(counts) <= 3 and counts.count(MAX_LEN) >= 4 and max(counts) == MAX_LEN
@@ -100,14 +66,14 @@ def test_batch_equals_single_and_max_length(folder, golden_texts):
 
 @pytest.mark.parametrize("folder", EMBEDDERS)
 def test_mean_pooling_override(folder, golden_texts):
-    _check(_model(folder, pooling="mean").embed(golden_texts), _ref(folder, "reference_mean_normalized.npy"))
+    assert_parity(load_fixture(folder, pooling="mean").embed(golden_texts), _ref(folder, "reference_mean_normalized.npy"))
 
 
 @pytest.mark.parametrize("folder", EMBEDDERS)
 def test_rope_table_is_the_references(folder):
     """Our cos/sin (fixed NTK: factor 2 and 8 here) equal the reference's own
     cache at positions up to 8191, where a wrong base is furthest off."""
-    args = _model(folder).model.args
+    args = load_fixture(folder).model.args
     cos, sin = gte_new.rope_table(args, ROPE_ROWS[-1] + 1)
     ref = _ref(folder, "reference_rope_cos_sin.npy")
     assert np.abs(cos[ROPE_ROWS] - ref[0]).max() <= 2e-7
@@ -123,25 +89,25 @@ def test_long_inputs_match_reference(folder):
     """Inputs of 800 to 1024 tokens (max_length raised to 1024 at load):
     positions far past the fixture's usual 128."""
     texts = json.loads((FIXTURES / folder / "long_texts.json").read_text())
-    model = _model(folder, max_length=1024)
+    model = load_fixture(folder, max_length=1024)
     counts = model.count_tokens(texts)
     assert min(counts) >= 800 and max(counts) == 1024
-    _check(model.embed(texts), _ref(folder, "reference_long_cls_normalized.npy"))
+    assert_parity(model.embed(texts), _ref(folder, "reference_long_cls_normalized.npy"))
 
 
 @pytest.mark.parametrize("folder", EMBEDDERS)
 def test_logn_attention_scale(folder, golden_texts, tmp_path):
     """logn_attention_scale: queries times log(length) / log(8192) per row;
     batched rows of different lengths each keep their own scale."""
-    model = mlx_embed.load(_copy(folder, tmp_path / "logn", logn_attention_scale=True))
+    model = mlx_embed.load(copy_fixture(folder, tmp_path / "logn", logn_attention_scale=True))
     ref = _ref(folder, "reference_logn_cls_normalized.npy")
-    _check(model.embed(golden_texts), ref)
+    assert_parity(model.embed(golden_texts), ref)
     single = np.concatenate([model.embed([t]) for t in golden_texts])
     assert np.abs(single - ref).max() <= MAX_DIFF
     # With clip1 every length under 8192 scales by max(log_8192(n), 1) = 1:
     # the plain model.
-    clipped = mlx_embed.load(_copy(folder, tmp_path / "clip", logn_attention_scale=True, logn_attention_clip1=True))
-    _check(clipped.embed(golden_texts), _ref(folder, "reference_cls_normalized.npy"))
+    clipped = mlx_embed.load(copy_fixture(folder, tmp_path / "clip", logn_attention_scale=True, logn_attention_clip1=True))
+    assert_parity(clipped.embed(golden_texts), _ref(folder, "reference_cls_normalized.npy"))
 
 
 def test_unpacked_qkv_checkpoint(golden_texts, tmp_path):
@@ -149,7 +115,7 @@ def test_unpacked_qkv_checkpoint(golden_texts, tmp_path):
     projection is their concatenation, so the vectors are the same bits."""
     import mlx.core as mx
 
-    d = _copy("tiny-gte-en", tmp_path / "split", pack_qkv=False)
+    d = copy_fixture("tiny-gte-en", tmp_path / "split", pack_qkv=False)
     w = mx.load(str(d / "model.safetensors"))
     out = {}
     for k, v in w.items():
@@ -159,23 +125,23 @@ def test_unpacked_qkv_checkpoint(golden_texts, tmp_path):
         else:
             out["new." + k] = v  # and the NewForMaskedLM prefix
     mx.save_safetensors(str(d / "model.safetensors"), out)
-    assert np.array_equal(mlx_embed.load(d).embed(golden_texts), _model("tiny-gte-en").embed(golden_texts))
+    assert np.array_equal(mlx_embed.load(d).embed(golden_texts), load_fixture("tiny-gte-en").embed(golden_texts))
 
 
 def test_gte_model_type_and_transformers5_config(golden_texts, tmp_path):
     """model_type "gte" (TEI's other name for this network) is the same
     network, and so is a config re-saved by transformers 5
     (rope_parameters instead of rope_scaling / rope_theta)."""
-    want = _model("tiny-gte-en").embed(golden_texts)
-    a = mlx_embed.load(_copy("tiny-gte-en", tmp_path / "gte", model_type="gte"))
+    want = load_fixture("tiny-gte-en").embed(golden_texts)
+    a = mlx_embed.load(copy_fixture("tiny-gte-en", tmp_path / "gte", model_type="gte"))
     assert a.model_type == "gte" and np.array_equal(a.embed(golden_texts), want)
-    b = mlx_embed.load(_copy("tiny-gte-en", tmp_path / "t5", rope_scaling=None, rope_theta=None, rope_parameters={
+    b = mlx_embed.load(copy_fixture("tiny-gte-en", tmp_path / "t5", rope_scaling=None, rope_theta=None, rope_parameters={
         "factor": 2.0, "rope_theta": 500000.0, "rope_type": "ntk", "type": "ntk"}))
     assert np.array_equal(b.embed(golden_texts), want)
 
 
 def test_left_truncation_keeps_the_last_tokens(golden_texts):
-    model = _model("tiny-gte-en")
+    model = load_fixture("tiny-gte-en")
     long = golden_texts[34]
     left, before = model.encode([long], truncation_direction="left", prompt="")
     tok = model.tokenizer
@@ -201,7 +167,7 @@ def test_left_truncation_keeps_the_last_tokens(golden_texts):
 )
 def test_unsupported_variants_are_named(edit, match, tmp_path):
     with pytest.raises(ValueError, match=match):
-        mlx_embed.load(_copy("tiny-gte-en", tmp_path / "m", **edit))
+        mlx_embed.load(copy_fixture("tiny-gte-en", tmp_path / "m", **edit))
 
 
 # ------------------------------------------------------------------ reranker
@@ -210,7 +176,7 @@ def test_unsupported_variants_are_named(edit, match, tmp_path):
 def test_reranker_matches_reference():
     """gte-multilingual-reranker-base style: NewPooler (dense + tanh on <s>),
     classifier; <s> q </s></s> d </s>, one token type (none sent)."""
-    model = _model(RERANKER)
+    model = load_fixture(RERANKER)
     assert (model.kind, model.labels, model.model_type, model.dim) == ("reranker", ["LABEL_0"], "new", 1)
     pair = model.spec().tokenizer.pair
     assert (pair.prefix_ids, pair.middle_ids, pair.suffix_ids) == ([0], [2, 2], [2])
@@ -232,7 +198,7 @@ def test_reranker_matches_reference():
 def test_reranker_pairs_are_truncated_like_the_tokenizer():
     from tokenizers import Tokenizer
 
-    model = _model(RERANKER)
+    model = load_fixture(RERANKER)
     pairs = json.loads((RERANKER / "pairs.json").read_text())
     ids, types, before = model.encode_pairs(pairs)
     tok = Tokenizer.from_file(str(RERANKER / "tokenizer.json"))
@@ -244,7 +210,7 @@ def test_reranker_pairs_are_truncated_like_the_tokenizer():
 
 
 def test_reranker_orders_documents():
-    model = _model(RERANKER)
+    model = load_fixture(RERANKER)
     pairs = json.loads((RERANKER / "pairs.json").read_text())
     query = pairs[0][0]
     docs = [p[1] for p in pairs[:12]]

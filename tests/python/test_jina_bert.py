@@ -5,80 +5,46 @@ tests/fixtures/tiny-jina-*/README.md and scripts/fixtures/make_jina.py."""
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
 
 import mlx_embed
-from conftest import FIXTURES
+from conftest import FIXTURES, assert_parity, copy_fixture, load_fixture
 from mlx_embed.models import jina_bert
 
-MIN_COS = 0.99999
-MAX_DIFF = 1e-5
 MAX_LEN = 128
 EMBEDDER = "tiny-jina-bert"
 RERANKER = FIXTURES / "tiny-jina-reranker"
-
-_loaded: dict = {}
-
-
-def _model(folder, **kw):
-    key = (str(folder), tuple(sorted(kw.items())))
-    if key not in _loaded:
-        _loaded[key] = mlx_embed.load(FIXTURES / folder, **kw)
-    return _loaded[key]
 
 
 def _ref(name: str) -> np.ndarray:
     return np.load(FIXTURES / EMBEDDER / name)
 
 
-def _check(got: np.ndarray, ref: np.ndarray) -> None:
-    assert got.shape == ref.shape and got.dtype == np.float32
-    cos = (got * ref).sum(axis=1) / np.linalg.norm(got, axis=1) / np.linalg.norm(ref, axis=1)
-    diff = np.abs(got - ref).max()
-    print(f"min cosine {cos.min():.8f}, max |diff| {diff:.2e}")
-    assert cos.min() >= MIN_COS
-    assert diff <= MAX_DIFF
-
-
-def _copy(folder: str, dst, **edit):
-    """The fixture copied to dst with config.json keys set (None: removed)."""
-    shutil.copytree(FIXTURES / folder, dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    for k, v in edit.items():
-        if v is None:
-            cfg.pop(k, None)
-        else:
-            cfg[k] = v
-    (dst / "config.json").write_text(json.dumps(cfg))
-    return dst
-
-
 def test_matches_reference(golden_texts):
-    model = _model(EMBEDDER)
+    model = load_fixture(EMBEDDER)
     # model_type "bert", but the ALiBi encoder (bert.py has no q/k norms and
     # would refuse position_embedding_type "alibi").
     assert isinstance(model.model, jina_bert.Model)
     assert (model.model_type, model.pooling, model.dim, model.max_length) == ("bert", "mean", 48, MAX_LEN)
     assert model.context.path == "native"
-    _check(model.embed(golden_texts), _ref("reference_mean_normalized.npy"))
+    assert_parity(model.embed(golden_texts), _ref("reference_mean_normalized.npy"))
 
 
 @pytest.mark.parametrize("fast_ops", ["mlx", "exact"])
 def test_other_op_paths_match_reference(fast_ops, golden_texts):
     """The MLX paths (what runs on Metal / CUDA) give the same vectors as the
     native CPU kernels."""
-    model = _model(EMBEDDER, fast_ops=fast_ops)
+    model = load_fixture(EMBEDDER, fast_ops=fast_ops)
     assert model.context.path == fast_ops
-    _check(model.embed(golden_texts), _ref("reference_mean_normalized.npy"))
+    assert_parity(model.embed(golden_texts), _ref("reference_mean_normalized.npy"))
 
 
 def test_bfloat16(golden_texts):
     """bfloat16 stays close to the fp32 reference, the ALiBi table made on
     the thread running the pass (two workers). Measured min cosine 0.99996."""
-    model = _model(EMBEDDER, dtype="bfloat16", workers=2)
+    model = load_fixture(EMBEDDER, dtype="bfloat16", workers=2)
     got = model.embed(golden_texts)
     cos = (got * _ref("reference_mean_normalized.npy")).sum(axis=1)
     assert got.dtype == np.float32 and cos.min() >= 0.999
@@ -88,7 +54,7 @@ def test_batch_equals_single_and_max_length(golden_texts):
     """Right padding leaves the ALiBi distances between real tokens as they
     are, so a padded batch gives each text's own vector; some texts are cut
     at the folder's 128 tokens."""
-    model = _model(EMBEDDER)
+    model = load_fixture(EMBEDDER)
     got = model.embed(golden_texts)
     counts = model.count_tokens(golden_texts, prompt="")
     assert min(counts) <= 3 and counts.count(MAX_LEN) >= 4 and max(counts) == MAX_LEN
@@ -101,10 +67,10 @@ def test_long_inputs_match_reference():
     ALiBi distances far past the fixture's usual 128, where a wrong slope or
     an asymmetric bias is furthest off."""
     texts = json.loads((FIXTURES / EMBEDDER / "long_texts.json").read_text())
-    model = _model(EMBEDDER, max_length=1024)
+    model = load_fixture(EMBEDDER, max_length=1024)
     counts = model.count_tokens(texts)
     assert min(counts) >= 800 and max(counts) == 1024
-    _check(model.embed(texts), _ref("reference_long_mean_normalized.npy"))
+    assert_parity(model.embed(texts), _ref("reference_long_mean_normalized.npy"))
 
 
 def test_alibi_slopes_are_the_references():
@@ -123,8 +89,8 @@ def test_alibi_slopes_are_the_references():
 
 def test_reglu_matches_reference(golden_texts, tmp_path):
     """feed_forward_type "reglu" on the same weights: ReLU on the gate half."""
-    model = mlx_embed.load(_copy(EMBEDDER, tmp_path / "reglu", feed_forward_type="reglu"))
-    _check(model.embed(golden_texts), _ref("reference_reglu_mean_normalized.npy"))
+    model = mlx_embed.load(copy_fixture(EMBEDDER, tmp_path / "reglu", feed_forward_type="reglu"))
+    assert_parity(model.embed(golden_texts), _ref("reference_reglu_mean_normalized.npy"))
 
 
 def test_masked_lm_prefix_and_fused_names(golden_texts, tmp_path):
@@ -132,12 +98,12 @@ def test_masked_lm_prefix_and_fused_names(golden_texts, tmp_path):
     keep the encoder under "bert." with an MLM head beside it: same vectors."""
     import mlx.core as mx
 
-    d = _copy(EMBEDDER, tmp_path / "mlm", architectures=["JinaBertForMaskedLM"])
+    d = copy_fixture(EMBEDDER, tmp_path / "mlm", architectures=["JinaBertForMaskedLM"])
     w = mx.load(str(d / "model.safetensors"))
     out = {"bert." + k: v for k, v in w.items()}
     out["cls.predictions.bias"] = mx.zeros((10,))
     mx.save_safetensors(str(d / "model.safetensors"), out)
-    assert np.array_equal(mlx_embed.load(d).embed(golden_texts), _model(EMBEDDER).embed(golden_texts))
+    assert np.array_equal(mlx_embed.load(d).embed(golden_texts), load_fixture(EMBEDDER).embed(golden_texts))
 
 
 def test_plain_bert_still_goes_to_bert():
@@ -164,7 +130,7 @@ def test_plain_bert_still_goes_to_bert():
 )
 def test_unsupported_variants_are_named(edit, match, tmp_path):
     with pytest.raises(ValueError, match=match):
-        mlx_embed.load(_copy(EMBEDDER, tmp_path / "m", **edit))
+        mlx_embed.load(copy_fixture(EMBEDDER, tmp_path / "m", **edit))
 
 
 def test_other_layout_weights_are_refused(tmp_path):
@@ -172,7 +138,7 @@ def test_other_layout_weights_are_refused(tmp_path):
     mlp.layernorm) is refused by name even when its config says nothing."""
     import mlx.core as mx
 
-    d = _copy(EMBEDDER, tmp_path / "other", auto_map=None)
+    d = copy_fixture(EMBEDDER, tmp_path / "other", auto_map=None)
     w = mx.load(str(d / "model.safetensors"))
     out = {k.replace("mlp.up_gated_layer", "mlp.gated_layers"): v for k, v in w.items()}
     mx.save_safetensors(str(d / "model.safetensors"), out)
@@ -186,7 +152,7 @@ def test_other_layout_weights_are_refused(tmp_path):
 def test_reranker_matches_reference():
     """jina-reranker-v1 style: BERT's pooler (dense + tanh on [CLS]) and
     classifier on the ALiBi encoder; [CLS] q [SEP] d [SEP] with types 0/1."""
-    model = _model(RERANKER)
+    model = load_fixture(RERANKER)
     assert (model.kind, model.labels, model.model_type, model.dim) == ("reranker", ["LABEL_0"], "bert", 1)
     pair = model.spec().tokenizer.pair
     assert (pair.prefix_ids, pair.middle_ids, pair.suffix_ids) == ([2], [3], [3])
@@ -208,7 +174,7 @@ def test_reranker_matches_reference():
 def test_reranker_pairs_are_truncated_like_the_tokenizer():
     from tokenizers import Tokenizer
 
-    model = _model(RERANKER)
+    model = load_fixture(RERANKER)
     pairs = json.loads((RERANKER / "pairs.json").read_text())
     ids, types, before = model.encode_pairs(pairs)
     tok = Tokenizer.from_file(str(RERANKER / "tokenizer.json"))
@@ -221,7 +187,7 @@ def test_reranker_pairs_are_truncated_like_the_tokenizer():
 
 
 def test_reranker_orders_documents():
-    model = _model(RERANKER)
+    model = load_fixture(RERANKER)
     pairs = json.loads((RERANKER / "pairs.json").read_text())
     query = pairs[0][0]
     docs = [p[1] for p in pairs[:12]]

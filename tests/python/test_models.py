@@ -11,10 +11,8 @@ import numpy as np
 import pytest
 
 import mlx_embed
-from conftest import FIXTURES
+from conftest import FIXTURES, assert_parity, load_fixture
 
-MIN_COS = 0.99999
-MAX_DIFF = 1e-5
 MAX_LEN = 128
 
 # folder -> (reference of the folder as it is, model_type, pooling, dim)
@@ -30,44 +28,23 @@ ARCHITECTURES = {
     "tiny-gemma3": ("reference_normalized.npy", "gemma3_text", "mean", 48),
 }
 
-_loaded: dict = {}
-
-
-def _model(folder: str, **kw):
-    key = (folder, tuple(sorted(kw.items())))
-    if key not in _loaded:
-        _loaded[key] = mlx_embed.load(FIXTURES / folder, **kw)
-    return _loaded[key]
-
 
 def _ref(folder: str, name: str) -> np.ndarray:
     return np.load(FIXTURES / folder / name)
 
 
-def _check(got: np.ndarray, ref: np.ndarray, normalized: bool = True) -> None:
-    assert got.shape == ref.shape and got.dtype == np.float32
-    a = got / np.linalg.norm(got, axis=1, keepdims=True)
-    b = ref / np.linalg.norm(ref, axis=1, keepdims=True)
-    cos = (a * b).sum(axis=1)
-    diff = np.abs(got - ref).max()
-    print(f"min cosine {cos.min():.8f}, max |diff| {diff:.2e}")
-    assert cos.min() >= MIN_COS
-    # Unnormalized references are O(1..10) in size: compare relative to scale.
-    assert diff <= MAX_DIFF * (1.0 if normalized else max(1.0, float(np.abs(ref).max())))
-
-
 @pytest.mark.parametrize("folder", sorted(ARCHITECTURES))
 def test_matches_reference(folder, golden_texts):
     ref_name, model_type, pooling, dim = ARCHITECTURES[folder]
-    model = _model(folder)
+    model = load_fixture(folder)
     assert (model.model_type, model.pooling, model.dim, model.max_length) == (
         model_type, pooling, dim, MAX_LEN)
-    _check(model.embed(golden_texts), _ref(folder, ref_name))
+    assert_parity(model.embed(golden_texts), _ref(folder, ref_name))
 
 
 @pytest.mark.parametrize("folder", sorted(ARCHITECTURES))
 def test_batch_equals_single_and_max_length(folder, golden_texts):
-    model = _model(folder)
+    model = load_fixture(folder)
     got = model.embed(golden_texts)
     # Mixed lengths, from specials only to inputs cut at max length.
     counts = model.count_tokens(golden_texts, prompt="")
@@ -87,12 +64,12 @@ def test_pooling_modes(mode, golden_texts):
     model = mlx_embed.load(FIXTURES / "tiny-mpnet", pooling=pooling)
     ref = _ref("tiny-mpnet", f"reference_{mode}.npy")
     assert model.dim == ref.shape[1]
-    _check(model.embed(golden_texts, normalize=False), ref, normalized=False)
+    assert_parity(model.embed(golden_texts, normalize=False), ref, normalized=False)
 
 
 def test_modernbert_mean_pooling_override(golden_texts):
-    model = _model("tiny-modernbert", pooling="mean")
-    _check(model.embed(golden_texts), _ref("tiny-modernbert", "reference_mean_normalized.npy"))
+    model = load_fixture("tiny-modernbert", pooling="mean")
+    assert_parity(model.embed(golden_texts), _ref("tiny-modernbert", "reference_mean_normalized.npy"))
 
 
 @pytest.mark.parametrize(
@@ -109,14 +86,14 @@ def test_modernbert_mean_pooling_override(golden_texts):
     ],
 )
 def test_prompt_name_selects_the_prompt(folder, name, ref, golden_texts):
-    model = _model(folder)
-    _check(model.embed(golden_texts, prompt_name=name), _ref(folder, ref))
+    model = load_fixture(folder)
+    assert_parity(model.embed(golden_texts, prompt_name=name), _ref(folder, ref))
 
 
 def test_prompt_equals_raw_text(golden_texts):
     """e5 style: prompt_name="query" embeds exactly "query: x" as raw text,
     token counts included."""
-    model = _model("tiny-xlm-roberta")
+    model = load_fixture("tiny-xlm-roberta")
     assert model.prompts["query"] == "query: " and model.default_prompt_name is None
     texts = golden_texts[:34]  # the ones shorter than max length
     a, ca = model.embed_with_counts(texts, prompt_name="query")
@@ -129,11 +106,11 @@ def test_prompt_equals_raw_text(golden_texts):
 
 
 def test_default_prompt_applies_unless_overridden(golden_texts):
-    model = _model("tiny-nomic-bert")
+    model = load_fixture("tiny-nomic-bert")
     assert model.default_prompt_name == "document"
     assert model.spec().tokenizer.default_prompt_name == "document"
     assert model.spec().tokenizer.prompts["query"] == "search_query: "
-    _check(model.embed(golden_texts, prompt=""), _ref("tiny-nomic-bert", "reference_noprompt_normalized.npy"))
+    assert_parity(model.embed(golden_texts, prompt=""), _ref("tiny-nomic-bert", "reference_noprompt_normalized.npy"))
     a = model.embed(golden_texts[:5])
     b = model.embed(["search_document: " + t for t in golden_texts[:5]], prompt="")
     assert np.array_equal(a, b)
@@ -148,7 +125,7 @@ def test_roberta_model_type_is_the_same_network(golden_texts, tmp_path):
     (d / "config.json").write_text(json.dumps(cfg))
     model = mlx_embed.load(d)
     assert model.model_type == "roberta"
-    _check(model.embed(golden_texts), _ref("tiny-xlm-roberta", "reference_mean_normalized.npy"))
+    assert_parity(model.embed(golden_texts), _ref("tiny-xlm-roberta", "reference_mean_normalized.npy"))
 
 
 def _renamed_weights(src, dst, rename, extra=()):
@@ -178,7 +155,7 @@ def test_distilbert_cls_pooling_tas_b_style(golden_texts, tmp_path):
     (d / "modules.json").write_text(json.dumps(mods))
     model = mlx_embed.load(d)
     assert (model.model_type, model.pooling, model.dim) == ("distilbert", "cls", 64)
-    _check(model.embed(golden_texts, normalize=False), _ref("tiny-distilbert", "reference_cls.npy"),
+    assert_parity(model.embed(golden_texts, normalize=False), _ref("tiny-distilbert", "reference_cls.npy"),
            normalized=False)
 
 
@@ -192,7 +169,7 @@ def test_distilbert_masked_lm_checkpoint_names(golden_texts, tmp_path):
          ("vocab_projector.weight", (1200, 64)), ("vocab_projector.bias", (1200,)),
          ("pre_classifier.weight", (64, 64)), ("classifier.weight", (2, 64))])
     got = mlx_embed.load(d).embed(golden_texts)
-    assert np.array_equal(got, _model("tiny-distilbert").embed(golden_texts))
+    assert np.array_equal(got, load_fixture("tiny-distilbert").embed(golden_texts))
 
 
 def test_distilbert_runs_the_native_fused_encoder(golden_texts, monkeypatch):
@@ -202,7 +179,7 @@ def test_distilbert_runs_the_native_fused_encoder(golden_texts, monkeypatch):
     import mlx.core as mx
     from mlx_embed import _native, ops
 
-    model = _model("tiny-distilbert")
+    model = load_fixture("tiny-distilbert")
     assert model.context.path == "native"
     calls = []
     real = _native.post_ln_encoder_
@@ -231,17 +208,17 @@ def test_camembert_masked_lm_checkpoint_names(golden_texts, tmp_path):
          ("lm_head.layer_norm.weight", (64,)), ("lm_head.layer_norm.bias", (64,)),
          ("lm_head.decoder.weight", (935, 64)), ("lm_head.bias", (935,))])
     got = mlx_embed.load(d).embed(golden_texts)
-    assert np.array_equal(got, _model("tiny-camembert").embed(golden_texts))
+    assert np.array_equal(got, load_fixture("tiny-camembert").embed(golden_texts))
 
 
 def test_unknown_prompt_name_is_invalid_input():
     with pytest.raises(mlx_embed.errors.InvalidInput, match="nope"):
-        _model("tiny-xlm-roberta").embed(["x"], prompt_name="nope")
+        load_fixture("tiny-xlm-roberta").embed(["x"], prompt_name="nope")
 
 
 @pytest.mark.parametrize("folder", sorted(ARCHITECTURES))
 def test_left_truncation_keeps_the_last_tokens(folder, golden_texts):
-    model = _model(folder)
+    model = load_fixture(folder)
     long = golden_texts[34]
     right, _ = model.encode([long], prompt="")
     left, before = model.encode([long], truncation_direction="left", prompt="")
@@ -261,7 +238,7 @@ def test_left_truncation_keeps_the_last_tokens(folder, golden_texts):
 def test_dense_layers_change_the_width(tmp_path):
     """embeddinggemma-style Dense layers: 48 -> 96 -> 48, the spec reports
     the pipeline's output width."""
-    model = _model("tiny-gemma3")
+    model = load_fixture("tiny-gemma3")
     assert model.spec().dim == 48
     # A folder whose last Dense goes to 96: the output width follows.
     d = tmp_path / "wide"
@@ -289,10 +266,10 @@ def _mistral_copy(dst, drop=(), **edit):
 def test_mistral_instruction_is_the_query_prompt(golden_texts):
     """e5-mistral / SFR style: a raw instruction in the Instruct/Query
     template is the folder's query prompt."""
-    model = _model("tiny-mistral")
+    model = load_fixture("tiny-mistral")
     task = "Given a web search query, retrieve relevant passages that answer the query"
     assert model.prompts["query"] == f"Instruct: {task}\nQuery: " and model.default_prompt_name is None
-    _check(model.embed(golden_texts, instruction=task), _ref("tiny-mistral", "reference_query_normalized.npy"))
+    assert_parity(model.embed(golden_texts, instruction=task), _ref("tiny-mistral", "reference_query_normalized.npy"))
 
 
 def test_mistral_max_length_is_capped_at_the_sliding_window(golden_texts, tmp_path):
@@ -301,19 +278,19 @@ def test_mistral_max_length_is_capped_at_the_sliding_window(golden_texts, tmp_pa
     texts that fit in it give the reference, an explicit max_length past it is
     refused, and no window (null) leaves the folder's 128."""
     ref = _ref("tiny-mistral", "reference_last_token_normalized.npy")
-    counts = _model("tiny-mistral").count_tokens(golden_texts, prompt="")
+    counts = load_fixture("tiny-mistral").count_tokens(golden_texts, prompt="")
     fit = [i for i, n in enumerate(counts) if n <= 64]
     assert 10 <= len(fit) < len(golden_texts)
     d = _mistral_copy(tmp_path / "w64", sliding_window=64)
     capped = mlx_embed.load(d)
     assert capped.max_length == 64
-    _check(capped.embed([golden_texts[i] for i in fit]), ref[fit])
+    assert_parity(capped.embed([golden_texts[i] for i in fit]), ref[fit])
     assert max(capped.count_tokens(golden_texts, prompt="")) == 64
     with pytest.raises(ValueError, match="max_length 128 > the 64"):
         mlx_embed.load(d, max_length=128)
     full = mlx_embed.load(_mistral_copy(tmp_path / "none", sliding_window=None))
     assert full.max_length == MAX_LEN
-    _check(full.embed(golden_texts), ref)
+    assert_parity(full.embed(golden_texts), ref)
 
 
 def test_mistral_transformers5_config(golden_texts, tmp_path):
@@ -321,7 +298,7 @@ def test_mistral_transformers5_config(golden_texts, tmp_path):
     is the same model as the published flat rope_theta."""
     d = _mistral_copy(tmp_path / "m", drop=("rope_theta",), head_dim=16,
                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-    _check(mlx_embed.load(d).embed(golden_texts), _ref("tiny-mistral", "reference_last_token_normalized.npy"))
+    assert_parity(mlx_embed.load(d).embed(golden_texts), _ref("tiny-mistral", "reference_last_token_normalized.npy"))
 
 
 def test_mistral_4bit(golden_texts, tmp_path):
@@ -333,7 +310,7 @@ def test_mistral_4bit(golden_texts, tmp_path):
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
-    fp = _model("tiny-mistral")
+    fp = load_fixture("tiny-mistral")
     q = mlx_embed.load(FIXTURES / "tiny-mistral", quantize=4)
     assert q.quantization == 4 and q.parameter_count == fp.parameter_count
     assert q.weights_bytes < fp.weights_bytes / 4

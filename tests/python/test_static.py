@@ -12,10 +12,7 @@ import numpy as np
 import pytest
 
 import mlx_embed
-from conftest import FIXTURES
-
-MIN_COS = 0.99999
-MAX_DIFF = 1e-5
+from conftest import FIXTURES, MAX_DIFF, MIN_COS, load_fixture
 
 # folder -> (reference, normalized, model_type, max_length)
 FOLDERS = {
@@ -23,15 +20,6 @@ FOLDERS = {
     "tiny-model2vec": ("reference_normalized.npy", True, "model2vec", 512),
     "tiny-model2vec-vq": ("reference.npy", False, "model2vec", 256),
 }
-
-_loaded: dict = {}
-
-
-def _model(folder: str, **kw):
-    key = (folder, tuple(sorted(kw.items())))
-    if key not in _loaded:
-        _loaded[key] = mlx_embed.load(FIXTURES / folder, **kw)
-    return _loaded[key]
 
 
 def _ref(folder: str, name: str) -> np.ndarray:
@@ -55,7 +43,7 @@ def _check(got: np.ndarray, ref: np.ndarray) -> None:
 @pytest.mark.parametrize("folder", sorted(FOLDERS))
 def test_matches_reference(folder, golden_texts):
     ref_name, normalized, model_type, max_length = FOLDERS[folder]
-    model = _model(folder)
+    model = load_fixture(folder)
     assert (model.model_type, model.pooling, model.dim, model.max_length) == (
         model_type, "mean", 64, max_length)
     _check(model.embed(golden_texts, normalize=normalized), _ref(folder, ref_name))
@@ -63,14 +51,14 @@ def test_matches_reference(folder, golden_texts):
 
 @pytest.mark.parametrize("folder", sorted(FOLDERS))
 def test_batched_equals_single(folder, golden_texts):
-    model = _model(folder)
+    model = load_fixture(folder)
     got = model.embed(golden_texts)
     single = np.concatenate([model.embed([t]) for t in golden_texts])
     assert np.abs(got - single).max() <= 1e-6
 
 
 def test_sentence_transformers_unnormalized_and_matryoshka(golden_texts):
-    model = _model("tiny-static")
+    model = load_fixture("tiny-static")
     _check(model.embed(golden_texts, normalize=False), _ref("tiny-static", "reference_unnormalized.npy"))
     # sentence-transformers' truncate_dim + normalize_embeddings: the first
     # components of the unnormalized vector, renormalized.
@@ -84,7 +72,7 @@ def test_sentence_transformers_unnormalized_and_matryoshka(golden_texts):
 def test_no_special_tokens_and_empty_texts(folder):
     from tokenizers import Tokenizer
 
-    model = _model(folder)
+    model = load_fixture(folder)
     tok = Tokenizer.from_file(model.spec().tokenizer.path)
     text = "the quick brown fox"
     with_specials = tok.encode(text).ids
@@ -107,7 +95,7 @@ def test_no_special_tokens_and_empty_texts(folder):
 
 def test_model2vec_drops_unknown_words_sentence_transformers_keeps_them():
     text = "東京 hello"
-    m2v, st = _model("tiny-model2vec"), _model("tiny-static")
+    m2v, st = load_fixture("tiny-model2vec"), load_fixture("tiny-static")
     assert m2v.spec().tokenizer.drop_ids == [1] and st.spec().tokenizer.drop_ids == []
     assert m2v.count_tokens([text]) == [1]
     assert st.count_tokens([text]) == [3]
@@ -121,7 +109,7 @@ def test_model2vec_truncation(golden_texts):
     """512 tokens and 512 x 4 characters (the fixture's median token length
     is 4); truncate=False runs the whole text, or refuses it when it has
     more than 512 tokens."""
-    model = _model("tiny-model2vec")
+    model = load_fixture("tiny-model2vec")
     spec = model.spec().tokenizer
     assert spec.char_limit == 512 * 4
     long_code = golden_texts[38]  # 2254 characters, 648 tokens
@@ -143,7 +131,7 @@ def test_model2vec_truncation(golden_texts):
 
 
 def test_sentence_transformers_does_not_truncate(golden_texts):
-    model = _model("tiny-static")
+    model = load_fixture("tiny-static")
     assert model.spec().tokenizer.char_limit is None
     counts = model.count_tokens(golden_texts)
     assert max(counts) == 648 and counts.count(0) == 2
@@ -189,7 +177,7 @@ def test_vocabulary_quantized_rows_are_folded():
     cluster row differ only by their weights."""
     from safetensors.numpy import load_file
 
-    model = _model("tiny-model2vec-vq")
+    model = load_fixture("tiny-model2vec-vq")
     w = load_file(str(FIXTURES / "tiny-model2vec-vq" / "model.safetensors"))
     mapping, weights = w["mapping"], w["weights"]
     ids = np.flatnonzero(mapping == mapping[10])[:2]
@@ -223,8 +211,8 @@ def test_static_models_take_big_device_passes_unless_told(golden_texts):
     # A static pass is one gather: the architecture's 8192-token budget
     # replaces the CPU's 256 (a 1.6x throughput difference), an explicit
     # batch_tokens still wins, and the cut does not change a vector.
-    default = _model("tiny-model2vec")
-    small = _model("tiny-model2vec", batch_tokens=16)
+    default = load_fixture("tiny-model2vec")
+    small = load_fixture("tiny-model2vec", batch_tokens=16)
     assert default.batch_tokens == 8192 and small.batch_tokens == 16
     assert default.spec().batch_tokens == 8192
     np.testing.assert_array_equal(default.embed(golden_texts), small.embed(golden_texts))

@@ -65,8 +65,9 @@ import time
 import traceback
 from pathlib import Path
 
+import http_load  # this script's neighbours in scripts/
 import numpy as np
-import replicas  # this script's neighbour in scripts/
+import replicas
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
@@ -422,34 +423,11 @@ def server_load(base: str, contents: list[list[int]], per_request: int, connecti
               for i in range(0, len(contents), per_request)]
     path = workdir / f"bodies-{per_request}.jsonl"
     path.write_text("\n".join(bodies) + "\n")
-    cmd = [sys.executable, str(ROOT / "scripts" / "http_load.py"), "--url", base + "/v1/embeddings",
-           "--bodies", str(path), "--connections", str(connections), "--procs", str(min(8, connections)),
-           "--deadline", str(deadline), "--keep", str(keep)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=deadline + 120)
-    if r.returncode != 0:
-        raise RuntimeError(f"http_load failed: {r.stderr[-2000:]}")
-    out = json.loads(r.stdout)
+    out = http_load.run_in_child(base + "/v1/embeddings", path, connections, min(8, connections), deadline, keep)
     if out["statuses"] != {"200": len(bodies)} or out["errors"]:
         raise RuntimeError(f"not every request answered 200: {out['statuses']}, errors {out['errors']}")
     out["texts_per_s"] = len(contents) / out["seconds"]
     return out
-
-
-def answered_vectors(answers: dict, per_request: int, n: int) -> np.ndarray:
-    """The first ``n`` texts' vectors from the kept answers (body k holds
-    texts k * per_request ...)."""
-    import base64
-
-    rows = [None] * n
-    for k, text in answers.items():
-        for item in json.loads(text)["data"]:
-            i = int(k) * per_request + item["index"]
-            if i < n:
-                rows[i] = np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4")
-    missing = [i for i, r in enumerate(rows) if r is None]
-    if missing:
-        raise RuntimeError(f"no answer kept for texts {missing[:8]}")
-    return np.stack(rows)
 
 
 def engine_reference(folder: Path, dtype: str, contents: list[list[int]], check: int, reps: int):
@@ -494,7 +472,7 @@ def server_rows(name: str, folder: Path, ids: list[list[int]], args, workdir: Pa
                 server_load(base, contents, per_request, connections, workdir, limit)  # shapes build once
                 keep = -(-check // per_request)
                 got = server_load(base, contents, per_request, connections, workdir, limit, keep=keep)
-                vectors = answered_vectors(got.pop("answers"), per_request, check)
+                vectors = http_load.answered_vectors(got.pop("answers"), per_request, check)
                 cos = float((vectors * want).sum(axis=1).min())
                 if cos < min_cosine:
                     raise RuntimeError(f"{label}: server answers differ from the engine (min cosine {cos})")

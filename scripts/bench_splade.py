@@ -252,6 +252,30 @@ def _serve(handlers: dict, meta: dict) -> None:
         print(json.dumps(handlers[parts[0]](*parts[1:])), flush=True)
 
 
+def _start(commands: dict, env=None):
+    """The other end of ``_serve``: each command started as a long-lived
+    child. Returns (the processes, each one's meta line, ``ask(name, verb,
+    *args)`` -> that child's JSON answer)."""
+    procs, meta = {}, {}
+    for k, cmd in commands.items():
+        procs[k] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        line = procs[k].stdout.readline()
+        if not line:
+            raise SystemExit(f"{k} failed to start")
+        meta[k] = json.loads(line)
+
+    def ask(name: str, *request) -> dict:
+        pr = procs[name]
+        pr.stdin.write(" ".join(map(str, request)) + "\n")
+        pr.stdin.flush()
+        line = pr.stdout.readline()
+        if not line:
+            raise SystemExit(f"{name} died answering {request}")
+        return json.loads(line)
+
+    return procs, meta, ask
+
+
 def _latency(embed, calls: str) -> dict:
     out = []
     for _ in range(int(calls)):
@@ -523,24 +547,8 @@ def side_by_side(args) -> int:
     if args.peer_python and not args.no_peer:
         commands[f"st-{args.peer_threads}t"] = [args.peer_python, __file__, "--peer-serve",
                                                 "--peer-threads", str(args.peer_threads), *common]
-    procs, meta = {}, {}
     t_start = time.time()
-    for k, cmd in commands.items():
-        procs[k] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-        line = procs[k].stdout.readline()
-        if not line:
-            raise SystemExit(f"{k} failed to start")
-        meta[k] = json.loads(line)
-
-    def ask(name: str, *request) -> dict:
-        pr = procs[name]
-        pr.stdin.write(" ".join(map(str, request)) + "\n")
-        pr.stdin.flush()
-        line = pr.stdout.readline()
-        if not line:
-            raise SystemExit(f"{name} died answering {request}")
-        return json.loads(line)
-
+    procs, meta, ask = _start(commands, env)
     peer = next((k for k in procs if k != "mlx_embed"), None)
     # Columns: (process, batch size); the engine's 0 is one call for the corpus.
     cols = [("mlx_embed", bs) for bs in args.engine_calls] + ([(peer, bs) for bs in args.batch_sizes] if peer else [])

@@ -71,7 +71,6 @@ below --min-cosine (0.9999).
 from __future__ import annotations
 
 import argparse
-import base64
 import http.client
 import json
 import math
@@ -88,8 +87,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import http_load  # noqa: E402
 from bench_model import LATENCY_TEXT, make_corpus, short_corpus, versions  # noqa: E402
-from bench_splade import _save_json, _serve, minilm_dir, write_safetensors  # noqa: E402
+from bench_splade import _save_json, _serve, _start, minilm_dir, write_safetensors  # noqa: E402
 
 # format: "model2vec" (config.json + model.safetensors "embeddings") or "st"
 # (0_StaticEmbedding/ + 1_Normalize, no config.json).
@@ -417,13 +417,11 @@ def server_pass(server: Server, bodies_path: Path, n_bodies: int, n_texts: int, 
     """The corpus once through /v1/embeddings (scripts/http_load.py in its own
     process); texts/s over the span from the first request to the last answer."""
     before = server.metrics()
-    cmd = [sys.executable, str(ROOT / "scripts" / "http_load.py"), "--url", server.url + "/v1/embeddings",
-           "--bodies", str(bodies_path), "--connections", str(args.connections), "--procs", "1",
-           "--deadline", str(args.server_deadline_s), "--keep", str(keep)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.server_deadline_s + 120)
-    if r.returncode != 0:
-        raise SystemExit(f"http_load failed: {r.stderr[-2000:]}")
-    out = json.loads(r.stdout)
+    try:
+        out = http_load.run_in_child(server.url + "/v1/embeddings", bodies_path, args.connections, 1,
+                                     args.server_deadline_s, keep)
+    except RuntimeError as e:
+        raise SystemExit(str(e)) from None
     after = server.metrics()
     if out["statuses"] != {"200": n_bodies} or out["errors"]:
         print(f"# server pass incomplete: {out['statuses']}, errors {out['errors']} "
@@ -459,21 +457,6 @@ def server_latency(server: Server, calls: int) -> list[float]:
     finally:
         conn.close()
     return out
-
-
-def server_vectors(answers: dict, per_request: int, n: int):
-    import numpy as np
-
-    rows = [None] * n
-    for k, text in answers.items():
-        for item in json.loads(text)["data"]:
-            i = int(k) * per_request + item["index"]
-            if i < n:
-                rows[i] = np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4")
-    missing = [i for i, r in enumerate(rows) if r is None]
-    if missing:
-        raise SystemExit(f"server: no answer kept for texts {missing[:8]}")
-    return np.stack(rows)
 
 
 # -------------------------------------------------------------------- main
@@ -517,24 +500,8 @@ def side_by_side(args) -> int:
                               str(args.peer_threads), "--st-batch-sizes", ",".join(map(str, args.st_batch_sizes))]
     # The format's own library: the parity that must hold.
     reference = "model2vec" if shape["format"] == "model2vec" else "st"
-    procs, meta = {}, {}
     t_start = time.time()
-    for k, cmd in commands.items():
-        procs[k] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        line = procs[k].stdout.readline()
-        if not line:
-            raise SystemExit(f"{k} failed to start")
-        meta[k] = json.loads(line)
-
-    def ask(name: str, *request) -> dict:
-        pr = procs[name]
-        pr.stdin.write(" ".join(map(str, request)) + "\n")
-        pr.stdin.flush()
-        line = pr.stdout.readline()
-        if not line:
-            raise SystemExit(f"{name} died answering {request}")
-        return json.loads(line)
-
+    procs, meta, ask = _start(commands)
     texts = corpus(args.corpus, args.texts)
     tmp = Path(tempfile.mkdtemp(prefix="bench-static-"))
     server = None
@@ -602,7 +569,7 @@ def side_by_side(args) -> int:
         parity[k]["enforced"] = k == reference
     if server:
         got = server_pass(server, bodies_path, len(bodies), len(texts), args, keep=len(bodies))
-        parity["server"] = compare(eng, server_vectors(got["answers"], args.per_request, len(texts)))
+        parity["server"] = compare(eng, http_load.answered_vectors(got["answers"], args.per_request, len(texts)))
         parity["server"]["enforced"] = True
     profiles = {}
     if args.profile:

@@ -118,6 +118,38 @@ def run(url: str, bodies: list[bytes], connections: int, procs: int, deadline: f
     }
 
 
+def run_in_child(url: str, bodies_path, connections: int, procs: int, deadline: float, keep: int = 0) -> dict:
+    """``run`` in a process of its own (the load generator then shares no
+    interpreter with the caller); raises RuntimeError if it fails."""
+    import subprocess
+
+    cmd = [sys.executable, __file__, "--url", url, "--bodies", str(bodies_path), "--connections",
+           str(connections), "--procs", str(procs), "--deadline", str(deadline), "--keep", str(keep)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=deadline + 120)
+    if r.returncode != 0:
+        raise RuntimeError(f"http_load failed: {r.stderr[-2000:]}")
+    return json.loads(r.stdout)
+
+
+def answered_vectors(answers: dict, per_request: int, n: int):
+    """The first ``n`` texts' float32 vectors from kept ``/v1/embeddings``
+    answers in base64 (body k holds texts k * per_request ...)."""
+    import base64
+
+    import numpy as np
+
+    rows = [None] * n
+    for k, text in answers.items():
+        for item in json.loads(text)["data"]:
+            i = int(k) * per_request + item["index"]
+            if i < n:
+                rows[i] = np.frombuffer(base64.b64decode(item["embedding"]), dtype="<f4")
+    missing = [i for i, r in enumerate(rows) if r is None]
+    if missing:
+        raise RuntimeError(f"no answer kept for texts {missing[:8]}")
+    return np.stack(rows)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--url", required=True)

@@ -4,12 +4,14 @@ sequence-classification reranker (--rerank-model), over loopback HTTP.
 
 - Alibaba GTE (`model_type: "new"`): tiny-gte-en (gte-base-en-v1.5 style,
   CLS pooling) and tiny-gte-reranker (NewForSequenceClassification);
-- JinaBERT (`model_type: "bert"`, ALiBi): tiny-jina-bert
-  (jina-embeddings-v2 style, mean pooling) and tiny-jina-reranker
-  (JinaBertForSequenceClassification).
+- JinaBERT (`model_type: "bert"`, ALiBi), both layer layouts:
+  tiny-jina-bert (jina-embeddings-v2-base-code style, qk-post-norm) with
+  tiny-jina-reranker, and tiny-jina-v2 (jina-embeddings-v2-base-en style,
+  jina-bert-implementation) with tiny-jina-reranker-v1
+  (JinaBertForSequenceClassification, mean pooling for the embedders).
 
-References: each fixture's README.md (made by the remote code,
-scripts/fixtures/make_gte.py and make_jina.py)."""
+References: each fixture's README.md (scripts/fixtures/make_gte.py,
+make_jina.py and make_jina_v2.py)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from harness import FIXTURES, cosine_rows, non_empty_golden, start_server
 SERVED = {
     "gte": ("tiny-gte-en", "reference_cls_normalized.npy", "tiny-gte-reranker"),
     "jina": ("tiny-jina-bert", "reference_mean_normalized.npy", "tiny-jina-reranker"),
+    "jina-v2": ("tiny-jina-v2", "reference_mean_normalized.npy", "tiny-jina-reranker-v1"),
 }
 
 

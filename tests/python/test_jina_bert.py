@@ -1,6 +1,10 @@
-"""JinaBERT (``model_type: "bert"`` with ALiBi) against references computed by
-its remote code (the qk-post-norm JinaBERT); how each fixture was made:
-tests/fixtures/tiny-jina-*/README.md and scripts/fixtures/make_jina.py."""
+"""JinaBERT (``model_type: "bert"`` with ALiBi) in both its layer layouts:
+tiny-jina-bert / tiny-jina-reranker (jina-bert-v2-qk-post-norm, references
+from its remote code) and tiny-jina-v2 / tiny-jina-reranker-v1
+(jina-bert-implementation, references from transformers' BERT with its GLU
+and ALiBi put in, cross-checked against an independent port). How each was
+made: tests/fixtures/tiny-jina-*/README.md, scripts/fixtures/make_jina.py and
+make_jina_v2.py."""
 
 from __future__ import annotations
 
@@ -16,37 +20,49 @@ from mlx_embed.models import jina_bert
 MAX_LEN = 128
 EMBEDDER = "tiny-jina-bert"
 RERANKER = FIXTURES / "tiny-jina-reranker"
+# embedder fixture -> the layout its config names and its layer class
+LAYOUTS = {
+    "tiny-jina-bert": (jina_bert.QK_POST_NORM, jina_bert.QkPostNormLayer),
+    "tiny-jina-v2": (jina_bert.IMPLEMENTATION, jina_bert.PostNormLayer),
+}
+EMBEDDERS = pytest.mark.parametrize("embedder", sorted(LAYOUTS))
 
 
-def _ref(name: str) -> np.ndarray:
-    return np.load(FIXTURES / EMBEDDER / name)
+def _ref(name: str, embedder: str = EMBEDDER) -> np.ndarray:
+    return np.load(FIXTURES / embedder / name)
 
 
-def test_matches_reference(golden_texts):
-    model = load_fixture(EMBEDDER)
-    # model_type "bert", but the ALiBi encoder (bert.py has no q/k norms and
-    # would refuse position_embedding_type "alibi").
+@EMBEDDERS
+def test_matches_reference(embedder, golden_texts):
+    model = load_fixture(embedder)
+    # model_type "bert", but the ALiBi encoder (bert.py would refuse
+    # position_embedding_type "alibi"), in the layout config.json names.
     assert isinstance(model.model, jina_bert.Model)
+    layout, layer = LAYOUTS[embedder]
+    assert model.model.args.layout == layout
+    assert all(type(x) is layer for x in model.model.layers) and len(model.model.layers) == 2
     assert (model.model_type, model.pooling, model.dim, model.max_length) == ("bert", "mean", 48, MAX_LEN)
     assert model.context.path == "native"
-    assert_parity(model.embed(golden_texts), _ref("reference_mean_normalized.npy"))
+    assert_parity(model.embed(golden_texts), _ref("reference_mean_normalized.npy", embedder))
 
 
+@EMBEDDERS
 @pytest.mark.parametrize("fast_ops", ["mlx", "exact"])
-def test_other_op_paths_match_reference(fast_ops, golden_texts):
+def test_other_op_paths_match_reference(embedder, fast_ops, golden_texts):
     """The MLX paths (what runs on Metal / CUDA) give the same vectors as the
     native CPU kernels."""
-    model = load_fixture(EMBEDDER, fast_ops=fast_ops)
+    model = load_fixture(embedder, fast_ops=fast_ops)
     assert model.context.path == fast_ops
-    assert_parity(model.embed(golden_texts), _ref("reference_mean_normalized.npy"))
+    assert_parity(model.embed(golden_texts), _ref("reference_mean_normalized.npy", embedder))
 
 
-def test_bfloat16(golden_texts):
+@EMBEDDERS
+def test_bfloat16(embedder, golden_texts):
     """bfloat16 stays close to the fp32 reference, the ALiBi table made on
     the thread running the pass (two workers). Measured min cosine 0.99996."""
-    model = load_fixture(EMBEDDER, dtype="bfloat16", workers=2)
+    model = load_fixture(embedder, dtype="bfloat16", workers=2)
     got = model.embed(golden_texts)
-    cos = (got * _ref("reference_mean_normalized.npy")).sum(axis=1)
+    cos = (got * _ref("reference_mean_normalized.npy", embedder)).sum(axis=1)
     assert got.dtype == np.float32 and cos.min() >= 0.999
 
 
@@ -62,15 +78,16 @@ def test_batch_equals_single_and_max_length(golden_texts):
     assert np.abs(got - single).max() <= 1e-6
 
 
-def test_long_inputs_match_reference():
+@EMBEDDERS
+def test_long_inputs_match_reference(embedder):
     """Inputs of 800 to 1024 tokens (max_length raised to 1024 at load):
     ALiBi distances far past the fixture's usual 128, where a wrong slope or
     an asymmetric bias is furthest off."""
-    texts = json.loads((FIXTURES / EMBEDDER / "long_texts.json").read_text())
-    model = load_fixture(EMBEDDER, max_length=1024)
+    texts = json.loads((FIXTURES / embedder / "long_texts.json").read_text())
+    model = load_fixture(embedder, max_length=1024)
     counts = model.count_tokens(texts)
     assert min(counts) >= 800 and max(counts) == 1024
-    assert_parity(model.embed(texts), _ref("reference_long_mean_normalized.npy"))
+    assert_parity(model.embed(texts), _ref("reference_long_mean_normalized.npy", embedder))
 
 
 def test_alibi_slopes_are_the_references():
@@ -87,23 +104,37 @@ def test_alibi_slopes_are_the_references():
     assert bias[1, 0, 3] == pytest.approx(-3 * ref["6"][1]) and bias[1, 2, 2] == 0
 
 
-def test_reglu_matches_reference(golden_texts, tmp_path):
+@EMBEDDERS
+def test_reglu_matches_reference(embedder, golden_texts, tmp_path):
     """feed_forward_type "reglu" on the same weights: ReLU on the gate half."""
-    model = mlx_embed.load(copy_fixture(EMBEDDER, tmp_path / "reglu", feed_forward_type="reglu"))
-    assert_parity(model.embed(golden_texts), _ref("reference_reglu_mean_normalized.npy"))
+    model = mlx_embed.load(copy_fixture(embedder, tmp_path / "reglu", feed_forward_type="reglu"))
+    assert_parity(model.embed(golden_texts), _ref("reference_reglu_mean_normalized.npy", embedder))
 
 
-def test_masked_lm_prefix_and_fused_names(golden_texts, tmp_path):
+@EMBEDDERS
+def test_masked_lm_prefix_and_fused_names(embedder, golden_texts, tmp_path):
     """JinaBertForMaskedLM checkpoints (jina-embeddings-v2's `architectures`)
     keep the encoder under "bert." with an MLM head beside it: same vectors."""
     import mlx.core as mx
 
-    d = copy_fixture(EMBEDDER, tmp_path / "mlm", architectures=["JinaBertForMaskedLM"])
+    d = copy_fixture(embedder, tmp_path / "mlm", architectures=["JinaBertForMaskedLM"])
     w = mx.load(str(d / "model.safetensors"))
     out = {"bert." + k: v for k, v in w.items()}
     out["cls.predictions.bias"] = mx.zeros((10,))
     mx.save_safetensors(str(d / "model.safetensors"), out)
-    assert np.array_equal(mlx_embed.load(d).embed(golden_texts), load_fixture(EMBEDDER).embed(golden_texts))
+    assert np.array_equal(mlx_embed.load(d).embed(golden_texts), load_fixture(embedder).embed(golden_texts))
+
+
+@EMBEDDERS
+def test_weights_decide_when_config_names_no_layout(embedder, golden_texts, tmp_path):
+    """A folder whose config.json names neither remote code (auto_map and
+    _name_or_path dropped, as conversions do): the weight names pick the
+    layout, same vectors."""
+    d = copy_fixture(embedder, tmp_path / "bare", auto_map=None, _name_or_path=None)
+    model = mlx_embed.load(d)
+    layout, layer = LAYOUTS[embedder]
+    assert model.model.args.layout == layout and type(model.model.layers[0]) is layer
+    assert np.array_equal(model.embed(golden_texts), load_fixture(embedder).embed(golden_texts))
 
 
 def test_plain_bert_still_goes_to_bert():
@@ -124,8 +155,7 @@ def test_plain_bert_still_goes_to_bert():
     [
         ({"feed_forward_type": "original"}, "feed_forward_type='original'"),
         ({"feed_forward_type": "swiglu"}, "feed_forward_type='swiglu'"),
-        ({"auto_map": {"AutoModel": "jinaai/jina-bert-implementation--modeling_bert.JinaBertModel"}},
-         "jina-bert-implementation"),
+        ({"_name_or_path": "jinaai/jina-bert-implementation"}, "names both"),
     ],
 )
 def test_unsupported_variants_are_named(edit, match, tmp_path):
@@ -133,37 +163,41 @@ def test_unsupported_variants_are_named(edit, match, tmp_path):
         mlx_embed.load(copy_fixture(EMBEDDER, tmp_path / "m", **edit))
 
 
-def test_other_layout_weights_are_refused(tmp_path):
-    """A jina-bert-implementation checkpoint (mlp.gated_layers / mlp.wo /
-    mlp.layernorm) is refused by name even when its config says nothing."""
-    import mlx.core as mx
+@pytest.mark.parametrize("embedder, other", [("tiny-jina-bert", "tiny-jina-v2"), ("tiny-jina-v2", "tiny-jina-bert")])
+def test_config_and_weights_of_different_layouts_are_refused(embedder, other, tmp_path):
+    """config.json naming one layout over the other's weights is an error
+    that names both, not a load with missing or unused weights."""
+    import shutil
 
-    d = copy_fixture(EMBEDDER, tmp_path / "other", auto_map=None)
-    w = mx.load(str(d / "model.safetensors"))
-    out = {k.replace("mlp.up_gated_layer", "mlp.gated_layers"): v for k, v in w.items()}
-    mx.save_safetensors(str(d / "model.safetensors"), out)
-    with pytest.raises(ValueError, match="mlp.gated_layers"):
+    d = copy_fixture(embedder, tmp_path / "mixed")
+    shutil.copy(FIXTURES / other / "model.safetensors", d / "model.safetensors")
+    with pytest.raises(ValueError, match=f"names {LAYOUTS[embedder][0]}, but the weights are in {LAYOUTS[other][0]}"):
         mlx_embed.load(d)
 
 
 # ------------------------------------------------------------------ reranker
 
 
-def test_reranker_matches_reference():
+@pytest.mark.parametrize("reranker", ["tiny-jina-reranker", "tiny-jina-reranker-v1"])
+def test_reranker_matches_reference(reranker):
     """jina-reranker-v1 style: BERT's pooler (dense + tanh on [CLS]) and
-    classifier on the ALiBi encoder; [CLS] q [SEP] d [SEP] with types 0/1."""
-    model = load_fixture(RERANKER)
+    classifier on the ALiBi encoder (either layout); [CLS] q [SEP] d [SEP]
+    with types 0/1."""
+    folder = FIXTURES / reranker
+    model = load_fixture(reranker)
     assert (model.kind, model.labels, model.model_type, model.dim) == ("reranker", ["LABEL_0"], "bert", 1)
+    layout = jina_bert.IMPLEMENTATION if reranker.endswith("-v1") else jina_bert.QK_POST_NORM
+    assert model.model.encoder.args.layout == layout
     pair = model.spec().tokenizer.pair
     assert (pair.prefix_ids, pair.middle_ids, pair.suffix_ids) == ([2], [3], [3])
     assert (pair.first_type_id, pair.second_type_id) == (0, 1)
-    pairs = json.loads((RERANKER / "pairs.json").read_text())
+    pairs = json.loads((folder / "pairs.json").read_text())
     logits = model.score(pairs, raw_scores=True)
-    ref = np.load(RERANKER / "reference_pair_logits.npy")
+    ref = np.load(folder / "reference_pair_logits.npy")
     # rtol: the logits reach several units (see the fixture README).
     np.testing.assert_allclose(logits, ref, rtol=1e-5, atol=1e-5)
     scores = model.score(pairs)[:, 0]
-    ref_scores = np.load(RERANKER / "reference_pair_scores.npy")
+    ref_scores = np.load(folder / "reference_pair_scores.npy")
     assert np.abs(scores - ref_scores).max() <= 1e-5
     assert ref_scores.max() - ref_scores.min() > 0.5
     for i in (0, 3, 35, 40, 41):  # 40, 41: the over-long query, both sides cut

@@ -3,24 +3,31 @@ jina-embeddings-v2 encoders and jina-reranker-v1 cross-encoders).
 
 Their ``config.json`` says ``model_type: "bert"`` and
 ``position_embedding_type: "alibi"`` (``models.module_for`` sends those here,
-not to bert.py) and runs as remote code. Written from the semantics of the
-qk-post-norm JinaBERT (jinaai/jina-bert-v2-qk-post-norm's ``modeling_bert.py``,
-the code of jina-embeddings-v2-base-code), for checkpoints in its format
-(``encoder.layer.N.attention.self.layer_norm_q``, ``mlp.up_gated_layer``,
-``layer_norm_1`` ...):
+not to bert.py) and runs as remote code, in one of two layer layouts:
 
-* embeddings: word + token type, then LayerNorm; no position table;
-* per layer, post-LN throughout:
-  - q = LN_q(x Wq + bq), k = LN_k(x Wk + bk) (each over the whole hidden
-    width, before the heads are split), v = x Wv + bv;
-  - softmax(q k^T / sqrt(head_dim) + alibi) v, where head h's bias is
-    ``-slope_h * |i - j|`` (symmetric: every key is penalized by its
-    distance, before or after), unscaled by 1/sqrt(head_dim);
-  - a = LN_attn(out_proj(ctx) + x) (BERT's attention output), then
-    r = LN_1(x + a): the layer's input is added a second time;
-  - GLU: ``up_gated_layer`` [2 * intermediate] holds up then gate;
-    down(up * act(gate)) with exact GELU (``feed_forward_type: "geglu"``) or
-    ReLU (``"reglu"``), then LN_2(r + mlp).
+* jinaai/jina-bert-implementation's (jina-embeddings-v2-small/base-en/de/es/zh,
+  jina-reranker-v1): BERT's post-LN layer with a GLU feed-forward;
+* jinaai/jina-bert-v2-qk-post-norm's (jina-embeddings-v2-base-code): LayerNorms
+  on the query and key, and the layer's input added twice.
+
+``config.json`` names the layout (``auto_map`` or ``_name_or_path``); where it
+does not, the weights do (``mlp.gated_layers`` or ``mlp.up_gated_layer``).
+
+* embeddings (both): word + token type, then LayerNorm; no position table;
+* attention (both): softmax(q k^T / sqrt(head_dim) + alibi) v, where head h's
+  bias is ``-slope_h * |i - j|`` (symmetric: every key is penalized by its
+  distance, before or after), unscaled by 1/sqrt(head_dim); then
+  a = LN_attn(out_proj(ctx) + x) (BERT's attention output);
+* the GLU (both): down(up * act(gate)) with exact GELU
+  (``feed_forward_type: "geglu"``) or ReLU (``"reglu"``); ``hidden_act`` is
+  not read. The fused projection holds gate then up (``mlp.gated_layers``) or
+  up then gate (``mlp.up_gated_layer``);
+* jina-bert-implementation's layer: a as above, then
+  ``mlp.layernorm(wo(glu(a)) + a)``;
+* qk-post-norm's layer: q = LN_q(x Wq + bq), k = LN_k(x Wk + bk) (each over
+  the whole hidden width, before the heads are split); after a,
+  r = LN_1(x + a) (the layer's input added a second time), then
+  LN_2(r + glu(r)).
 * ALiBi slopes as the reference builds them: for a power-of-two head count n,
   ``start = 2 ** (-8 / n)`` and slope_h = start ** (h + 1); otherwise the
   slopes of the largest power of two p below n, then every other slope of 2p
@@ -32,11 +39,8 @@ or MLX's fused SDPA with the bias as its additive mask where the backend
 uses that. The projections, GELU and residual LayerNorms use ops.py's
 kernels.
 
-Not implemented, refused at load: jinaai/jina-bert-implementation's layout
-(``mlp.gated_layers`` / ``mlp.wo`` / ``mlp.layernorm``, no q/k norms; the code
-of jina-embeddings-v2-small/base-en/de/es/zh and jina-reranker-v1), which has
-no reference fixture here yet; ``feed_forward_type: "original"`` (a plain MLP);
-position types other than ALiBi.
+Not implemented, refused at load: ``feed_forward_type: "original"`` (a plain
+MLP, which no published checkpoint uses); position types other than ALiBi.
 """
 
 from __future__ import annotations
@@ -56,10 +60,11 @@ from . import LengthTables, join_linears, split_linear
 # jina-embeddings-v2 folders (and the reference's own encode()) mean-pool.
 EMBEDDING_DEFAULTS = {"pooling": "mean"}
 
-# The remote code this file follows, as config.json's auto_map names it, and
-# the one it does not (another layer layout under the same model_type).
-_IMPLEMENTED = "jina-bert-v2-qk-post-norm"
-_OTHER_LAYOUT = "jina-bert-implementation"
+# The two layer layouts, as config.json's auto_map / _name_or_path name the
+# remote code, and the weight each one's checkpoints have in every layer.
+IMPLEMENTATION = "jina-bert-implementation"
+QK_POST_NORM = "jina-bert-v2-qk-post-norm"
+_LAYOUT_WEIGHTS = {IMPLEMENTATION: ".mlp.gated_layers.", QK_POST_NORM: ".mlp.up_gated_layer."}
 
 
 def alibi_slopes(n_heads: int) -> list[float]:
@@ -99,11 +104,16 @@ class ModelArgs:
     position_embedding_type: str = "absolute"
     feed_forward_type: str = "geglu"
     auto_map: dict = field(default_factory=dict)
+    name_or_path: str = ""
+    # IMPLEMENTATION or QK_POST_NORM; None until the weights say.
+    layout: Optional[str] = None
 
     @classmethod
     def from_dict(cls, params: dict) -> "ModelArgs":
         fields = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in params.items() if k in fields and v is not None})
+        kw = {k: v for k, v in params.items() if k in fields and v is not None and k != "layout"}
+        kw["name_or_path"] = str(params.get("_name_or_path") or "")
+        return cls(**kw)
 
     def __post_init__(self):
         bad = []
@@ -111,9 +121,12 @@ class ModelArgs:
             bad.append(f"position_embedding_type={self.position_embedding_type!r} (only 'alibi')")
         if self.feed_forward_type not in ("geglu", "reglu"):
             bad.append(f"feed_forward_type={self.feed_forward_type!r} (only 'geglu', 'reglu')")
-        code = " ".join(str(v) for v in (self.auto_map or {}).values())
-        if _OTHER_LAYOUT in code:
-            bad.append(_other_layout_message(f"auto_map names {_OTHER_LAYOUT}"))
+        code = " ".join([self.name_or_path, *(str(v) for v in (self.auto_map or {}).values())])
+        named = [layout for layout in _LAYOUT_WEIGHTS if layout in code]
+        if len(named) > 1:
+            bad.append(f"config.json names both {IMPLEMENTATION} and {QK_POST_NORM}")
+        elif named:
+            self.layout = named[0]
         if bad:
             raise ValueError("JinaBERT: unsupported variant: " + "; ".join(bad))
         if self.hidden_size % self.num_attention_heads:
@@ -121,12 +134,12 @@ class ModelArgs:
         self.head_dim = self.hidden_size // self.num_attention_heads
 
 
-def _other_layout_message(why: str) -> str:
-    return (
-        f"{why}: jinaai/{_OTHER_LAYOUT}'s layer layout (mlp.gated_layers / mlp.wo / mlp.layernorm, "
-        f"no q/k LayerNorms) is not implemented; only jinaai/{_IMPLEMENTED}'s (q/k LayerNorms, "
-        "mlp.up_gated_layer, layer_norm_1/2) is"
-    )
+def layout_of(weights: dict) -> Optional[str]:
+    """The layer layout a checkpoint's weight names show, if any."""
+    found = {layout for layout, marker in _LAYOUT_WEIGHTS.items() if any(marker in n for n in weights)}
+    if len(found) > 1:
+        raise ValueError(f"JinaBERT: the weights mix {IMPLEMENTATION}'s and {QK_POST_NORM}'s layer layouts")
+    return found.pop() if found else None
 
 
 class Embeddings(nn.Module):
@@ -152,8 +165,10 @@ class Attention(nn.Module):
         # One [D, 3D] projection (sanitize() fuses query/key/value): one GEMM
         # instead of three on small batches.
         self.qkv = nn.Linear(dim, 3 * dim, bias=True)
-        self.q_norm = nn.LayerNorm(dim, eps=args.layer_norm_eps)
-        self.k_norm = nn.LayerNorm(dim, eps=args.layer_norm_eps)
+        self.qk_norm = args.layout == QK_POST_NORM
+        if self.qk_norm:
+            self.q_norm = nn.LayerNorm(dim, eps=args.layer_norm_eps)
+            self.k_norm = nn.LayerNorm(dim, eps=args.layer_norm_eps)
         self.out_proj = nn.Linear(dim, dim, bias=True)
 
     def __call__(self, x: mx.array, bias: mx.array) -> mx.array:
@@ -161,9 +176,9 @@ class Attention(nn.Module):
         B, L, D = x.shape
         H = self.n_heads
         qkv = ops.linear(self.qkv, x)
-        q = self.q_norm(qkv[..., :D])
-        k = self.k_norm(qkv[..., D : 2 * D])
-        v = qkv[..., 2 * D :]
+        q, k, v = qkv[..., :D], qkv[..., D : 2 * D], qkv[..., 2 * D :]
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = (t.reshape(B, L, H, D // H).transpose(0, 2, 1, 3) for t in (q, k, v))
         if ops.current().fused_attention:
             out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=bias)
@@ -175,9 +190,10 @@ class Attention(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    """``down(up(x) * act(gate(x)))``; the checkpoint's ``up_gated_layer``
-    (up rows, then gate rows) is kept as two projections so the GELU runs
-    fused into the gate's GEMM on the native path."""
+    """``down(up(x) * act(gate(x)))``; the checkpoint's fused projection
+    (``up_gated_layer``: up rows, then gate rows; ``gated_layers``: gate rows,
+    then up rows) is kept as two so the GELU runs fused into the gate's GEMM
+    on the native path."""
 
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -195,7 +211,26 @@ class GatedMLP(nn.Module):
         return ops.linear(self.down, act * ops.linear(self.up, x))
 
 
-class Layer(nn.Module):
+class PostNormLayer(nn.Module):
+    """jina-bert-implementation's layer: BERT's, with the GLU feed-forward."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        eps = args.layer_norm_eps
+        self.attention = Attention(args)
+        self.attention_norm = nn.LayerNorm(args.hidden_size, eps=eps)
+        self.mlp = GatedMLP(args)
+        self.mlp_norm = nn.LayerNorm(args.hidden_size, eps=eps)
+
+    def __call__(self, x: mx.array, bias: mx.array) -> mx.array:
+        a = ops.add_layer_norm(self.attention(x, bias), x, self.attention_norm, overwrite_input=True)
+        return ops.add_layer_norm(self.mlp(a), a, self.mlp_norm, overwrite_input=True)
+
+
+class QkPostNormLayer(nn.Module):
+    """jina-bert-v2-qk-post-norm's layer: q/k LayerNorms and the layer's
+    input added twice."""
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         eps = args.layer_norm_eps
@@ -219,11 +254,15 @@ class Model(nn.Module):
         self.args = args
         self.model_type = args.model_type
         self.embeddings = Embeddings(args)
-        self.layers = [Layer(args) for _ in range(args.num_hidden_layers)]
+        self._build_layers()
         # Not a module child (no parameters): ALiBi biases per padded length.
         object.__setattr__(
             self, "_alibi", LengthTables(lambda n: (alibi_bias(args.num_attention_heads, n),), keep=8)
         )
+
+    def _build_layers(self) -> None:
+        layer = QkPostNormLayer if self.args.layout == QK_POST_NORM else PostNormLayer
+        self.layers = [layer(self.args) for _ in range(self.args.num_hidden_layers)]
 
     @property
     def vocab_size(self) -> int:
@@ -257,6 +296,9 @@ class Model(nn.Module):
 
     _RENAMES = (
         (r"^embeddings\.LayerNorm\.", "embeddings.norm."),
+        (r"^encoder\.layer\.(\d+)\.mlp\.gated_layers\.", r"layers.\1.mlp.gated_up."),
+        (r"^encoder\.layer\.(\d+)\.mlp\.wo\.", r"layers.\1.mlp.down."),
+        (r"^encoder\.layer\.(\d+)\.mlp\.layernorm\.", r"layers.\1.mlp_norm."),
         (r"^encoder\.layer\.(\d+)\.attention\.self\.(query|key|value)\.", r"layers.\1.attention.\2."),
         (r"^encoder\.layer\.(\d+)\.attention\.self\.layer_norm_q\.", r"layers.\1.attention.q_norm."),
         (r"^encoder\.layer\.(\d+)\.attention\.self\.layer_norm_k\.", r"layers.\1.attention.k_norm."),
@@ -269,8 +311,16 @@ class Model(nn.Module):
     )
 
     def sanitize(self, weights: dict) -> dict:
-        if any(".mlp.gated_layers." in n for n in weights):
-            raise ValueError("JinaBERT: " + _other_layout_message("the weights have mlp.gated_layers"))
+        shown = layout_of(weights)
+        if shown is not None and self.args.layout not in (None, shown):
+            raise ValueError(
+                f"JinaBERT: config.json names {self.args.layout}, but the weights are in {shown}'s layout"
+            )
+        if self.args.layout is None:
+            # A folder whose config names neither remote code (auto_map
+            # dropped by a conversion): the weights decide.
+            self.args.layout = shown or IMPLEMENTATION
+            self._build_layers()
         out = {}
         for name, w in weights.items():
             # JinaBertForMaskedLM / ForSequenceClassification keep the encoder under "bert.".
@@ -289,4 +339,5 @@ class Model(nn.Module):
             pre = f"layers.{i}."
             join_linears(out, [f"{pre}attention.{p}" for p in ("query", "key", "value")], pre + "attention.qkv")
             split_linear(out, pre + "mlp.up_gated", (pre + "mlp.up", pre + "mlp.gate"))
+            split_linear(out, pre + "mlp.gated_up", (pre + "mlp.gate", pre + "mlp.up"))
         return out

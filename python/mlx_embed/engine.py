@@ -115,10 +115,13 @@ class EmbeddingModel(ScoringMixin):
         # Whether an input may run with no tokens at all (its vector is what
         # the pooling makes of nothing: zeros for the mean).
         self.empty_inputs = bool(ck.defaults.get("empty_inputs", False))
-        if ck.config.get("type_vocab_size") == 0 and self.tokenizer.pair is not None:
-            # No token-type table (DeBERTa-v3): its tokenizer still marks the
-            # second segment 1, which transformers accepts and never reads, so
-            # pairs go without type ids rather than fail the range check.
+        reads_types = getattr(self.model, "reads_type_ids", None)
+        if reads_types is None:
+            reads_types = "token_type_ids" in inspect.signature(self.model.__call__).parameters
+        if (ck.config.get("type_vocab_size") == 0 or not reads_types) and self.tokenizer.pair is not None:
+            # No token-type table (DeBERTa-v3, ModernBERT): the tokenizer may
+            # still mark the second segment 1, which transformers never reads,
+            # so pairs go without type ids rather than fail the range check.
             self.tokenizer.pair = dataclasses.replace(self.tokenizer.pair, first_type_id=0, second_type_id=0)
         # Scorers that read vocabulary rows (yes/no rerankers) resolve them
         # with the folder's tokenizer.
@@ -154,7 +157,7 @@ class EmbeddingModel(ScoringMixin):
             pipeline=pipeline,
             streams=streams,
             shape_buckets=shape_buckets,
-            takes_type_ids="token_type_ids" in inspect.signature(self.model.__call__).parameters,
+            takes_type_ids=reads_types,
         )
         self.load_timings = {**ck.timings, "total": time.perf_counter() - t0}
         for stage in ("read_weights", "build"):

@@ -25,6 +25,8 @@ QWEN3_RERANKER = os.path.join(FIXTURES, "tiny-qwen3-reranker")
 XLMR_RERANKER = os.path.join(FIXTURES, "tiny-xlmr-reranker")
 DEBERTA_RERANKER = os.path.join(FIXTURES, "tiny-deberta-v3-reranker")
 DEBERTA_NLI = os.path.join(FIXTURES, "tiny-deberta-v2-nli")
+MODERNBERT_RERANKER = os.path.join(FIXTURES, "tiny-modernbert-reranker")
+DISTILBERT_CLASSIFIER = os.path.join(FIXTURES, "tiny-distilbert-classifier")
 GOLDEN_TEXTS = os.path.join(FIXTURES, "golden", "minilm_texts.json")
 
 
@@ -196,6 +198,84 @@ def test_bert_classifier_matches_reference():
         model.predict(pairs, raw_scores=True),
         np.load(os.path.join(BERT_CLASSIFIER, "reference_pair_logits.npy")),
     )
+
+
+@pytest.mark.parametrize("folder", [MODERNBERT_RERANKER, DISTILBERT_CLASSIFIER])
+def test_pairs_without_token_types_match_tokenizers(folder):
+    """ModernBERT and DistilBERT have no token-type table: pairs are the
+    tokenizer's own ids (longest_first at 128) and carry no types, though
+    the tokenizer marks the second segment 1."""
+    model = _model(folder)
+    pairs = _json(os.path.join(folder, "pairs.json"))
+    ids, types, before = model.encode_pairs(pairs)
+    assert types is None
+    p = model.spec().tokenizer.pair
+    assert (p.first_type_id, p.second_type_id) == (0, 0)
+    ref = _tokenizer(folder)
+    ref.enable_truncation(128, strategy="longest_first")
+    assert ids == [e.ids for e in ref.encode_batch([tuple(x) for x in pairs])]
+    assert sum(n > 128 for n in before) == 8
+    assert 1 in ref.encode(*pairs[0]).type_ids
+
+
+def test_modernbert_reranker_matches_reference():
+    """gte-reranker-modernbert style: the classification head (dense, GELU,
+    LayerNorm without bias, classifier) on the mean of the real tokens' last
+    hidden states (`classifier_pooling: "mean"`), [CLS] q [SEP] d [SEP]."""
+    model = _model(MODERNBERT_RERANKER)
+    assert (model.kind, model.labels, model.model_type, model.dim) == ("reranker", ["LABEL_0"], "modernbert", 1)
+    assert model.model.head.mean_pooling
+    pairs = _json(os.path.join(MODERNBERT_RERANKER, "pairs.json"))
+    logits = model.score(pairs, raw_scores=True)
+    _assert_logits(logits, np.load(os.path.join(MODERNBERT_RERANKER, "reference_pair_logits.npy")))
+    ref = np.load(os.path.join(MODERNBERT_RERANKER, "reference_pair_scores.npy"))
+    assert np.abs(model.score(pairs)[:, 0] - ref).max() <= 1e-5
+    assert ref.max() - ref.min() > 0.5
+    for i in (0, 3, 35, 40, 41):  # 40, 41: the over-long query, both sides cut
+        alone = model.score([pairs[i]], raw_scores=True)
+        assert abs(float(alone[0, 0]) - float(logits[i, 0])) <= 1e-5 * max(1.0, abs(float(logits[i, 0])))
+
+
+def test_modernbert_reranker_cls_pooling(tmp_path):
+    """The same weights with `classifier_pooling: "cls"`: [CLS] into the
+    head, transformers' other branch (up to 5 units away from the mean's)."""
+    import shutil
+
+    d = tmp_path / "cls"
+    shutil.copytree(MODERNBERT_RERANKER, d)
+    cfg = _json(d / "config.json")
+    cfg["classifier_pooling"] = "cls"
+    (d / "config.json").write_text(json.dumps(cfg))
+    model = mlx_embed.load(str(d))
+    assert not model.model.head.mean_pooling
+    pairs = _json(os.path.join(MODERNBERT_RERANKER, "pairs.json"))
+    ref = np.load(os.path.join(MODERNBERT_RERANKER, "reference_pair_logits_cls.npy"))
+    _assert_logits(model.score(pairs, raw_scores=True), ref)
+    assert np.abs(ref - np.load(os.path.join(MODERNBERT_RERANKER, "reference_pair_logits.npy"))).max() > 1
+    cfg["classifier_pooling"] = "max"
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="classifier_pooling='max'"):
+        mlx_embed.load(str(d))
+
+
+def test_distilbert_classifier_matches_reference():
+    """distilbert-sst-2 style: classifier(relu(pre_classifier([CLS]))) over
+    two labels; texts and pairs, softmax probabilities; no token types."""
+    model = _model(DISTILBERT_CLASSIFIER)
+    assert (model.kind, model.labels, model.model_type, model.dim) == (
+        "classifier", ["NEGATIVE", "POSITIVE"], "distilbert", 2)
+    texts = _json(GOLDEN_TEXTS)
+    ref = np.load(os.path.join(DISTILBERT_CLASSIFIER, "reference_text_logits.npy"))
+    _assert_logits(model.predict(texts, raw_scores=True), ref)
+    e = np.exp(ref.astype(np.float64) - ref.max(axis=1, keepdims=True))
+    assert np.abs(model.predict(texts) - e / e.sum(axis=1, keepdims=True)).max() <= 1e-5
+    assert set(ref.argmax(axis=1)) == {0, 1}
+    pairs = _json(os.path.join(DISTILBERT_CLASSIFIER, "pairs.json"))
+    _assert_logits(model.predict(pairs, raw_scores=True),
+                   np.load(os.path.join(DISTILBERT_CLASSIFIER, "reference_pair_logits.npy")))
+    ids, _, _ = model.encode_pairs(pairs[:2])
+    with pytest.raises(InvalidInput, match="type"):
+        model.embed_ids(ids, [[1] * len(x) for x in ids])
 
 
 def test_qwen3_reranker_matches_reference():

@@ -88,6 +88,10 @@ class Embeddings(nn.Module):
 
 
 class Model(bert.Model):
+    # bert.Model's forward takes token types; DistilBERT has no table for
+    # them, so the engine sends none (pairs included).
+    reads_type_ids = False
+
     def __init__(self, args: ModelArgs):
         # Not bert.Model.__init__: it would build BERT's token-type table.
         nn.Module.__init__(self)

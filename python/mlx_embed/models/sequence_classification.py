@@ -15,6 +15,12 @@ the first token's hidden state:
   under ``new.``.
 * JinaBERT (``JinaBertForSequenceClassification``): BERT's head, the ALiBi
   encoder (models/jina_bert.py) under ``bert.``.
+* ModernBERT (``ModernBertForSequenceClassification``, gte-reranker-modernbert):
+  ``classifier(head.norm(act(head.dense(pooled))))``, where ``pooled`` is
+  [CLS] or the mean over real tokens (``classifier_pooling``); encoder under
+  ``model.``.
+* DistilBERT (``DistilBertForSequenceClassification``): ``classifier(relu(
+  pre_classifier([CLS])))``; encoder under ``distilbert.``.
 
 The encoder underneath is the embedding architecture's own module, chosen by
 ``model_type``, so every encoder file gains classification without a copy.
@@ -25,6 +31,7 @@ or a softmax is the caller's decision (TEI's ``raw_scores``).
 from __future__ import annotations
 
 import importlib
+import inspect
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -43,6 +50,8 @@ ARCHITECTURES = {
     # JinaBERT (jina-reranker-v1-*): BertForSequenceClassification's head
     # (pooler + classifier) on the ALiBi encoder under "bert.".
     "JinaBertForSequenceClassification": ("jina_bert", "pooler", "bert."),
+    "ModernBertForSequenceClassification": ("modernbert", "modernbert", "model."),
+    "DistilBertForSequenceClassification": ("distilbert", "distilbert", "distilbert."),
 }
 
 
@@ -77,7 +86,8 @@ class ModelArgs:
             architecture=arch,
             num_labels=len(labels),
             labels=labels,
-            hidden_size=int(params["hidden_size"]),
+            # DistilBERT's config.json says "dim".
+            hidden_size=int(params.get("hidden_size") or params["dim"]),
         )
 
 
@@ -157,11 +167,63 @@ def _context_pooler(args: "ModelArgs") -> ContextPoolerHead:
     return ContextPoolerHead(args.hidden_size, args.num_labels, act)
 
 
+class ModernBertHead(nn.Module):
+    """ModernBERT: ``classifier(norm(act(dense(pooled))))``; the pooled
+    state is [CLS] or the mean over real tokens (``classifier_pooling``)."""
+
+    def __init__(self, args: "ModelArgs"):
+        super().__init__()
+        from .deberta_v2 import activation
+
+        cfg, hidden = args.config, args.hidden_size
+        self.mean_pooling = _modernbert_pooling(cfg) == "mean"
+        self.dense = nn.Linear(hidden, hidden, bias=bool(cfg.get("classifier_bias", False)))
+        self.norm = nn.LayerNorm(hidden, eps=float(cfg.get("norm_eps", 1e-5)), bias=bool(cfg.get("norm_bias", False)))
+        self.classifier = nn.Linear(hidden, args.num_labels)
+        self._act = activation(cfg.get("classifier_activation", "gelu"), "classifier_activation")
+
+    def __call__(self, pooled: mx.array) -> mx.array:
+        return self.classifier(self.norm(self._act(self.dense(pooled))))
+
+    @staticmethod
+    def rename(name: str) -> Optional[str]:
+        if name.startswith(("head.dense.", "head.norm.")):
+            return name[len("head.") :]
+        if name.startswith("classifier."):
+            return name
+        return None
+
+
+def _modernbert_pooling(config: dict) -> str:
+    pooling = config.get("classifier_pooling", "cls")
+    if pooling not in ("cls", "mean"):
+        raise ValueError(f"ModernBERT: classifier_pooling={pooling!r} is not supported (only 'cls', 'mean')")
+    return pooling
+
+
+class DistilBertHead(nn.Module):
+    """DistilBERT: ``classifier(relu(pre_classifier([CLS])))``."""
+
+    def __init__(self, hidden: int, num_labels: int):
+        super().__init__()
+        self.pre_classifier = nn.Linear(hidden, hidden)
+        self.classifier = nn.Linear(hidden, num_labels)
+
+    def __call__(self, first: mx.array) -> mx.array:
+        return self.classifier(nn.relu(self.pre_classifier(first)))
+
+    @staticmethod
+    def rename(name: str) -> Optional[str]:
+        return name if name.startswith(("pre_classifier.", "classifier.")) else None
+
+
 # Head style -> how to build it from the classifier's ModelArgs.
 _HEADS = {
     "pooler": lambda a: PoolerHead(a.hidden_size, a.num_labels),
     "roberta": lambda a: RobertaHead(a.hidden_size, a.num_labels),
     "context_pooler": _context_pooler,
+    "modernbert": ModernBertHead,
+    "distilbert": lambda a: DistilBertHead(a.hidden_size, a.num_labels),
 }
 
 
@@ -174,10 +236,19 @@ class Model(nn.Module):
         arch = importlib.import_module(f"{__package__}.{module}")
         self.encoder = arch.Model(arch.ModelArgs.from_dict(args.config))
         self.head = _HEADS[style](args)
+        # Whether pairs carry token types to the encoder (ModernBERT and
+        # DistilBERT have no type table; the engine then sends none).
+        self.reads_type_ids = getattr(
+            self.encoder, "reads_type_ids", "token_type_ids" in inspect.signature(self.encoder.__call__).parameters
+        )
 
     @property
     def vocab_size(self) -> int:
         return self.encoder.vocab_size
+
+    @property
+    def hidden_size(self) -> int:
+        return self.args.hidden_size
 
     @property
     def num_labels(self) -> int:
@@ -194,10 +265,13 @@ class Model(nn.Module):
         token_type_ids: Optional[mx.array] = None,
     ) -> mx.array:
         """Raw logits [B, num_labels] for right-padded rows."""
-        if token_type_ids is None:
+        if token_type_ids is None or not self.reads_type_ids:
             h = self.encoder(input_ids, attention_mask)
         else:
             h = self.encoder(input_ids, attention_mask, token_type_ids)
+        if getattr(self.head, "mean_pooling", False):
+            m = attention_mask.astype(h.dtype)[..., None]
+            return self.head((h * m).sum(axis=1) / m.sum(axis=1))
         return self.head(h[:, 0])
 
     def sanitize(self, weights: dict) -> dict:

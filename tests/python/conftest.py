@@ -57,6 +57,24 @@ def assert_parity(got: np.ndarray, ref: np.ndarray, normalized: bool = True) -> 
     assert diff <= MAX_DIFF * (1.0 if normalized else max(1.0, float(np.abs(ref).max())))
 
 
+def assert_reranker_matches(model, folder, alone=(0, 3, 35, 40, 41)) -> np.ndarray:
+    """A reranker fixture's pairs (``pairs.json``) scored in one call: raw
+    logits to rtol 1e-5 + atol 1e-5 (they reach several units) and sigmoid
+    scores to 1e-5 of the references, which spread; the pairs ``alone``
+    (40, 41: the over-long query, both sides cut) score as in the batch."""
+    folder = FIXTURES / folder
+    pairs = json.loads((folder / "pairs.json").read_text())
+    logits = model.score(pairs, raw_scores=True)
+    np.testing.assert_allclose(logits, np.load(folder / "reference_pair_logits.npy"), rtol=1e-5, atol=1e-5)
+    ref = np.load(folder / "reference_pair_scores.npy")
+    assert np.abs(model.score(pairs)[:, 0] - ref).max() <= 1e-5
+    assert ref.max() - ref.min() > 0.5
+    for i in alone:
+        one = float(model.score([pairs[i]], raw_scores=True)[0, 0])
+        assert abs(one - float(logits[i, 0])) <= 1e-5 * max(1.0, abs(float(logits[i, 0]))), i
+    return logits
+
+
 def copy_fixture(folder: str, dst, **edit):
     """The fixture copied to dst with config.json keys set (None: removed)."""
     shutil.copytree(FIXTURES / folder, dst)

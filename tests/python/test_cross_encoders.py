@@ -16,6 +16,7 @@ from tokenizers import Tokenizer
 
 import mlx_embed
 from mlx_embed.errors import InvalidInput
+from conftest import assert_reranker_matches
 from mlx_embed.pairs import truncate_pair_lengths
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
@@ -121,20 +122,8 @@ def test_kinds_and_specs():
 
 
 def test_bert_reranker_matches_reference():
-    model = _model(BERT_RERANKER)
-    pairs = _json(os.path.join(BERT_RERANKER, "pairs.json"))
     # One call: the scheduler cuts it into padded sub-batches of mixed lengths.
-    logits = model.score(pairs, raw_scores=True)
-    _assert_logits(logits, np.load(os.path.join(BERT_RERANKER, "reference_pair_logits.npy")))
-    scores = model.score(pairs)[:, 0]
-    ref_scores = np.load(os.path.join(BERT_RERANKER, "reference_pair_scores.npy"))
-    assert np.abs(scores - ref_scores).max() <= 1e-5
-    # The reference really depends on the pair: scores spread out.
-    assert ref_scores.max() - ref_scores.min() > 0.5
-    # Each pair alone gives the same as in the batch.
-    for i in (0, 3, 35, 41):
-        alone = model.score([pairs[i]], raw_scores=True)
-        assert abs(float(alone[0, 0]) - float(logits[i, 0])) <= 1e-5
+    assert_reranker_matches(_model(BERT_RERANKER), BERT_RERANKER)
 
 
 def test_xlmr_reranker_matches_reference():
@@ -145,14 +134,7 @@ def test_xlmr_reranker_matches_reference():
     pair = model.spec().tokenizer.pair
     assert (pair.prefix_ids, pair.middle_ids, pair.suffix_ids) == ([0], [2, 2], [2])
     assert (pair.first_type_id, pair.second_type_id) == (0, 0)
-    pairs = _json(os.path.join(XLMR_RERANKER, "pairs.json"))
-    _assert_logits(
-        model.score(pairs, raw_scores=True),
-        np.load(os.path.join(XLMR_RERANKER, "reference_pair_logits.npy")),
-    )
-    ref = np.load(os.path.join(XLMR_RERANKER, "reference_pair_scores.npy"))
-    assert np.abs(model.score(pairs)[:, 0] - ref).max() <= 1e-5
-    assert ref.max() - ref.min() > 0.5
+    assert_reranker_matches(model, XLMR_RERANKER)
 
 
 def test_bert_reranker_needs_token_types():
@@ -225,15 +207,7 @@ def test_modernbert_reranker_matches_reference():
     model = _model(MODERNBERT_RERANKER)
     assert (model.kind, model.labels, model.model_type, model.dim) == ("reranker", ["LABEL_0"], "modernbert", 1)
     assert model.model.head.mean_pooling
-    pairs = _json(os.path.join(MODERNBERT_RERANKER, "pairs.json"))
-    logits = model.score(pairs, raw_scores=True)
-    _assert_logits(logits, np.load(os.path.join(MODERNBERT_RERANKER, "reference_pair_logits.npy")))
-    ref = np.load(os.path.join(MODERNBERT_RERANKER, "reference_pair_scores.npy"))
-    assert np.abs(model.score(pairs)[:, 0] - ref).max() <= 1e-5
-    assert ref.max() - ref.min() > 0.5
-    for i in (0, 3, 35, 40, 41):  # 40, 41: the over-long query, both sides cut
-        alone = model.score([pairs[i]], raw_scores=True)
-        assert abs(float(alone[0, 0]) - float(logits[i, 0])) <= 1e-5 * max(1.0, abs(float(logits[i, 0])))
+    assert_reranker_matches(model, MODERNBERT_RERANKER)
 
 
 def test_modernbert_reranker_cls_pooling(tmp_path):
@@ -406,16 +380,7 @@ def test_deberta_v3_reranker_matches_reference():
     # table (type_vocab_size 0) is sent none.
     assert set(_tokenizer(DEBERTA_RERANKER).encode("a", "b").type_ids) == {0, 1}
     assert (pair.first_type_id, pair.second_type_id) == (0, 0)
-    pairs = _json(os.path.join(DEBERTA_RERANKER, "pairs.json"))
-    logits = model.score(pairs, raw_scores=True)
-    _assert_logits(logits, np.load(os.path.join(DEBERTA_RERANKER, "reference_pair_logits.npy")))
-    ref = np.load(os.path.join(DEBERTA_RERANKER, "reference_pair_scores.npy"))
-    assert np.abs(model.score(pairs)[:, 0] - ref).max() <= 1e-5
-    assert ref.max() - ref.min() > 0.5
-    # Alone equals batched, truncated pairs (35, 40-41) included.
-    for i in (0, 3, 35, 40, 41, 42):
-        alone = model.score([pairs[i]], raw_scores=True)
-        assert abs(float(alone[0, 0]) - float(logits[i, 0])) <= 1e-5, i
+    assert_reranker_matches(model, DEBERTA_RERANKER, alone=(0, 3, 35, 40, 41, 42))
 
 
 @pytest.mark.parametrize("folder", [DEBERTA_RERANKER, DEBERTA_NLI])

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import mlx_embed
-from conftest import FIXTURES, assert_parity, copy_fixture, load_fixture
+from conftest import FIXTURES, assert_parity, assert_reranker_matches, copy_fixture, load_fixture
 from mlx_embed.models import jina_bert
 
 MAX_LEN = 128
@@ -191,18 +191,7 @@ def test_reranker_matches_reference(reranker):
     pair = model.spec().tokenizer.pair
     assert (pair.prefix_ids, pair.middle_ids, pair.suffix_ids) == ([2], [3], [3])
     assert (pair.first_type_id, pair.second_type_id) == (0, 1)
-    pairs = json.loads((folder / "pairs.json").read_text())
-    logits = model.score(pairs, raw_scores=True)
-    ref = np.load(folder / "reference_pair_logits.npy")
-    # rtol: the logits reach several units (see the fixture README).
-    np.testing.assert_allclose(logits, ref, rtol=1e-5, atol=1e-5)
-    scores = model.score(pairs)[:, 0]
-    ref_scores = np.load(folder / "reference_pair_scores.npy")
-    assert np.abs(scores - ref_scores).max() <= 1e-5
-    assert ref_scores.max() - ref_scores.min() > 0.5
-    for i in (0, 3, 35, 40, 41):  # 40, 41: the over-long query, both sides cut
-        alone = model.score([pairs[i]], raw_scores=True)
-        assert abs(float(alone[0, 0]) - float(logits[i, 0])) <= 1e-5 * max(1.0, abs(float(logits[i, 0])))
+    assert_reranker_matches(model, folder)
 
 
 def test_reranker_pairs_are_truncated_like_the_tokenizer():

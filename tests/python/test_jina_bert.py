@@ -90,6 +90,28 @@ def test_long_inputs_match_reference(embedder):
     assert_parity(model.embed(texts), _ref("reference_long_mean_normalized.npy", embedder))
 
 
+@EMBEDDERS
+def test_long_inputs_in_query_blocks(embedder, monkeypatch):
+    """Long inputs' attention in blocks of 64 query rows, each block's ALiBi
+    rows made in the graph (no [heads, L, L] table): the same vectors."""
+    from mlx_embed import ops
+
+    rows = []
+    real = jina_bert.alibi_rows
+
+    def spy(slopes, start, end, length):
+        rows.append((start, end, length))
+        return real(slopes, start, end, length)
+
+    monkeypatch.setattr(jina_bert, "alibi_rows", spy)
+    monkeypatch.setattr(ops, "SCORES_BLOCK_BYTES", 6 * 4 * 1024 * 64)
+    texts = json.loads((FIXTURES / embedder / "long_texts.json").read_text())
+    model = mlx_embed.load(FIXTURES / embedder, max_length=1024)
+    assert_parity(model.embed(texts), _ref("reference_long_mean_normalized.npy", embedder))
+    # Each of the 2 layers: the 1024-token inputs in 16 blocks of 64 rows.
+    assert (0, 64, 1024) in rows and (960, 1024, 1024) in rows and len(rows) >= 2 * 16
+
+
 def test_alibi_slopes_are_the_references():
     """Slopes for 1 to 16 heads equal the reference's (read from its bias
     tensor), non-powers of two (6 here, 12 in jina-embeddings-v2-base)

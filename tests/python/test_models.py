@@ -53,6 +53,28 @@ def test_batch_equals_single_and_max_length(folder, golden_texts):
     assert np.abs(got - single).max() <= 1e-6
 
 
+@pytest.mark.parametrize("folder", ["tiny-modernbert", "tiny-nomic-bert"])
+def test_attention_in_query_blocks_matches_reference(folder, golden_texts, monkeypatch):
+    """The long-input attention (query rows in blocks, ModernBERT's local
+    band made per block) on ordinary inputs: blocks of 16 query rows give
+    the reference vectors."""
+    from mlx_embed import ops
+
+    seen = []
+    real = ops.query_blocks
+
+    def spy(q, keys):
+        blocks = real(q, keys)
+        seen.append(len(blocks))
+        return blocks
+
+    monkeypatch.setattr(ops, "query_blocks", spy)
+    monkeypatch.setattr(ops, "SCORES_BLOCK_BYTES", 16 * 4 * 4 * MAX_LEN)
+    model = mlx_embed.load(FIXTURES / folder)
+    assert_parity(model.embed(golden_texts), _ref(folder, ARCHITECTURES[folder][0]))
+    assert max(seen) >= 8
+
+
 @pytest.mark.parametrize(
     "mode", ["cls", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken", "mean_max"]
 )

@@ -36,7 +36,9 @@ does not, the weights do (``mlp.gated_layers`` or ``mlp.up_gated_layer``).
 The attention runs through MLX (the native fused kernel takes no bias): one
 matmul, the bias and padding mask added, the project's softmax, one matmul;
 or MLX's fused SDPA with the bias as its additive mask where the backend
-uses that. The projections, GELU and residual LayerNorms use ops.py's
+uses that. Long inputs (jina-embeddings-v2 takes 8192 tokens) go in blocks
+of query rows (``ops.blocked_attention``), their ALiBi rows made in the
+graph, instead of one [heads, L, L] table per length. The projections, GELU and residual LayerNorms use ops.py's
 kernels.
 
 Not implemented, refused at load: ``feed_forward_type: "original"`` (a plain
@@ -86,6 +88,13 @@ def alibi_bias(n_heads: int, length: int) -> np.ndarray:
     dist = np.abs(pos[None, :] - pos[:, None])
     slopes = np.asarray(alibi_slopes(n_heads), dtype=np.float64)
     return (-slopes[:, None, None] * dist[None]).astype(np.float32)
+
+
+def alibi_rows(slopes: mx.array, start: int, end: int, length: int) -> mx.array:
+    """Rows [start, end) of the ALiBi bias, [heads, end - start, length],
+    built in the graph from the [heads] ``slopes``."""
+    dist = mx.abs(mx.arange(start, end)[:, None] - mx.arange(length)[None, :]).astype(mx.float32)
+    return -slopes[:, None, None] * dist[None]
 
 
 @dataclass
@@ -171,8 +180,9 @@ class Attention(nn.Module):
             self.k_norm = nn.LayerNorm(dim, eps=args.layer_norm_eps)
         self.out_proj = nn.Linear(dim, dim, bias=True)
 
-    def __call__(self, x: mx.array, bias: mx.array) -> mx.array:
-        """``bias``: ALiBi plus the padding mask, [B, H, L, L]."""
+    def __call__(self, x: mx.array, additive) -> mx.array:
+        """``additive(start, end)``: ALiBi plus the padding mask for query
+        rows [start, end)."""
         B, L, D = x.shape
         H = self.n_heads
         qkv = ops.linear(self.qkv, x)
@@ -180,12 +190,9 @@ class Attention(nn.Module):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = (t.reshape(B, L, H, D // H).transpose(0, 2, 1, 3) for t in (q, k, v))
-        if ops.current().fused_attention:
-            out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=bias)
-        else:
-            # The bias is added after the 1/sqrt(head_dim) scaling, as in the
-            # reference (ALiBi slopes are not scaled).
-            out = ops.softmax((q * self.scale) @ k.swapaxes(-1, -2) + bias) @ v
+        # The bias is added after the 1/sqrt(head_dim) scaling, as in the
+        # reference (ALiBi slopes are not scaled).
+        out = ops.blocked_attention(q, k, v, self.scale, additive=additive, fused=ops.current().fused_attention)
         return ops.linear(self.out_proj, out.transpose(0, 2, 1, 3).reshape(B, L, D))
 
 
@@ -222,8 +229,8 @@ class PostNormLayer(nn.Module):
         self.mlp = GatedMLP(args)
         self.mlp_norm = nn.LayerNorm(args.hidden_size, eps=eps)
 
-    def __call__(self, x: mx.array, bias: mx.array) -> mx.array:
-        a = ops.add_layer_norm(self.attention(x, bias), x, self.attention_norm, overwrite_input=True)
+    def __call__(self, x: mx.array, additive) -> mx.array:
+        a = ops.add_layer_norm(self.attention(x, additive), x, self.attention_norm, overwrite_input=True)
         return ops.add_layer_norm(self.mlp(a), a, self.mlp_norm, overwrite_input=True)
 
 
@@ -240,8 +247,8 @@ class QkPostNormLayer(nn.Module):
         self.mlp = GatedMLP(args)
         self.norm2 = nn.LayerNorm(args.hidden_size, eps=eps)
 
-    def __call__(self, x: mx.array, bias: mx.array) -> mx.array:
-        a = ops.add_layer_norm(self.attention(x, bias), x, self.attention_norm, overwrite_input=True)
+    def __call__(self, x: mx.array, additive) -> mx.array:
+        a = ops.add_layer_norm(self.attention(x, additive), x, self.attention_norm, overwrite_input=True)
         # The reference adds the layer's input again after the attention
         # block's own residual LayerNorm (layer_norm_1(residual + attention_output)).
         r = ops.add_layer_norm(a, x, self.norm1, overwrite_input=True)
@@ -259,6 +266,7 @@ class Model(nn.Module):
         object.__setattr__(
             self, "_alibi", LengthTables(lambda n: (alibi_bias(args.num_attention_heads, n),), keep=8)
         )
+        object.__setattr__(self, "_slopes", np.asarray(alibi_slopes(args.num_attention_heads), dtype=np.float32))
 
     def _build_layers(self) -> None:
         layer = QkPostNormLayer if self.args.layout == QK_POST_NORM else PostNormLayer
@@ -289,9 +297,20 @@ class Model(nn.Module):
         sentence pairs."""
         x = self.embeddings(input_ids, token_type_ids)
         mask = ops.KeyMask(attention_mask, x.dtype)
-        bias = self._alibi_table(input_ids.shape[1], x.dtype) + mask.additive
+        length = input_ids.shape[1]
+        whole: list = []
+
+        def additive(start: int, end: int) -> mx.array:
+            if (start, end) == (0, length):
+                # Every layer adds the same [B, H, L, L] term: made once.
+                if not whole:
+                    whole.append(self._alibi_table(length, x.dtype) + mask.additive)
+                return whole[0]
+            rows = alibi_rows(mx.array(self._slopes), start, end, length)
+            return rows.astype(x.dtype)[None] + mask.additive
+
         for layer in self.layers:
-            x = layer(x, bias)
+            x = layer(x, additive)
         return x
 
     _RENAMES = (

@@ -96,7 +96,9 @@ class Attention(nn.Module):
         self.Wqkv = nn.Linear(dim, 3 * dim, bias=args.attention_bias)
         self.Wo = nn.Linear(dim, dim, bias=args.attention_bias)
 
-    def __call__(self, x: mx.array, mask: ops.KeyMask, window: mx.array) -> mx.array:
+    def __call__(self, x: mx.array, mask: ops.KeyMask, window) -> mx.array:
+        """``window(start, end)``: the local band plus padding mask for query
+        rows [start, end) (local layers only)."""
         B, L, D = x.shape
         qkv = self.Wqkv(x).reshape(B, L, 3, self.n_heads, self.head_dim)
         qkv = mx.contiguous(qkv.transpose(2, 0, 3, 1, 4))
@@ -105,10 +107,10 @@ class Attention(nn.Module):
         k = mx.fast.rope(qkv[1], self.head_dim, traditional=False, base=self.rope_base, scale=1.0, offset=0)
         v = qkv[2]
         if self.is_global:
-            probs = ops.attention_probs(q, k, mask, self.scale)
+            out = ops.blocked_attention(q, k, v, self.scale, mask=mask)
         else:
-            probs = ops.softmax((q * self.scale) @ k.swapaxes(-1, -2) + mask.additive + window)
-        out = (probs @ v).transpose(0, 2, 1, 3).reshape(B, L, D)
+            out = ops.blocked_attention(q, k, v, self.scale, additive=window)
+        out = out.transpose(0, 2, 1, 3).reshape(B, L, D)
         return self.Wo(out)
 
 
@@ -136,7 +138,7 @@ class Layer(nn.Module):
         self.mlp_norm = _layer_norm(args)
         self.mlp = MLP(args)
 
-    def __call__(self, x: mx.array, mask: ops.KeyMask, window: mx.array) -> mx.array:
+    def __call__(self, x: mx.array, mask: ops.KeyMask, window) -> mx.array:
         h = self.attn_norm(x) if self.attn_norm is not None else x
         x = x + self.attn(h, mask, window)
         return x + self.mlp(self.mlp_norm(x))
@@ -173,11 +175,21 @@ class Model(nn.Module):
         L = input_ids.shape[1]
         x = self.embeddings(input_ids)
         mask = ops.KeyMask(attention_mask, x.dtype)
-        # Local layers: |query - key| <= local_attention // 2, on top of the
-        # padding mask. Built once per forward; only the band depends on L.
-        pos = mx.arange(L)
-        near = mx.abs(pos[:, None] - pos[None, :]) <= self.args.local_attention // 2
-        window = mx.where(near, 0.0, -1e9 if x.dtype == mx.float32 else -3e4).astype(x.dtype)
+        half = self.args.local_attention // 2
+        neg = -1e9 if x.dtype == mx.float32 else -3e4
+        whole: list = []
+
+        def window(start: int, end: int) -> mx.array:
+            # Local layers: |query - key| <= local_attention // 2, on top of
+            # the padding mask; all rows made once per forward.
+            if (start, end) == (0, L) and whole:
+                return whole[0]
+            near = mx.abs(mx.arange(start, end)[:, None] - mx.arange(L)[None, :]) <= half
+            band = mask.additive + mx.where(near, 0.0, neg).astype(x.dtype)
+            if (start, end) == (0, L):
+                whole.append(band)
+            return band
+
         for layer in self.layers:
             x = layer(x, mask, window)
         return self.final_norm(x)

@@ -113,8 +113,7 @@ class Attention(nn.Module):
             return mx.fast.rope(t, self.rotary_dim, traditional=False, base=self.base, scale=1.0, offset=0)
 
         q, k, v = rope(qkv[0]), rope(qkv[1]), qkv[2]
-        probs = ops.attention_probs(q, k, mask, self.scale)
-        out = (probs @ v).transpose(0, 2, 1, 3).reshape(B, L, D)
+        out = ops.blocked_attention(q, k, v, self.scale, mask=mask).transpose(0, 2, 1, 3).reshape(B, L, D)
         return self.out_proj(out)
 
 

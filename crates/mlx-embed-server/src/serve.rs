@@ -111,15 +111,22 @@ async fn warm_up_if_enabled(
     Ok(())
 }
 
+/// The warm-up input's length in words: the model's maximum in tokens, up
+/// to this many. A maximum-length input of a long-context model costs
+/// minutes on a CPU (jina-embeddings-v2-base at 8,192 tokens: 251 s on 2
+/// cores; Qwen3-Embedding allows 32,768) and proves nothing a 512-token one
+/// does not.
+const WARMUP_MAX_WORDS: usize = 512;
+
 /// Embeds (or, for a cross-encoder, scores as a query/document pair) one
-/// maximum-length input: proof that the model runs end to end before
-/// `/health` says so. A full batch (64 x 256 tokens) cost most of a 3.15 s
-/// cold start on a 2-core CPU and proved nothing more: the engine cuts every
-/// call into device passes of a bounded token budget anyway.
+/// input of the model's maximum length, up to [`WARMUP_MAX_WORDS`]: proof
+/// that the model runs end to end before `/health` says so. A full batch
+/// (64 x 256 tokens) cost most of a 3.15 s cold start on a 2-core CPU and
+/// proved nothing more: the engine cuts every call into device passes of a
+/// bounded token budget anyway.
 async fn warm_up(batcher: &Batcher) -> Result<Duration, CoreError> {
     let info = batcher.model_info();
-    // At least one token per word: truncated to exactly the model's maximum.
-    let text = "warmup ".repeat(info.max_input_tokens.max(1));
+    let text = warm_up_text(info.max_input_tokens);
     let input = match info.kind {
         ModelKind::Embedding => EmbedInput::Text(text),
         ModelKind::Classifier { .. } | ModelKind::Reranker { .. } => EmbedInput::Pair {
@@ -130,6 +137,12 @@ async fn warm_up(batcher: &Batcher) -> Result<Duration, CoreError> {
     let start = Instant::now();
     batcher.embed(vec![input], EmbedOptions::default()).await?;
     Ok(start.elapsed())
+}
+
+/// At least one token per word, so a model whose maximum is under
+/// [`WARMUP_MAX_WORDS`] gets an input truncated to exactly its maximum.
+fn warm_up_text(max_input_tokens: usize) -> String {
+    "warmup ".repeat(max_input_tokens.clamp(1, WARMUP_MAX_WORDS))
 }
 
 fn log_summary(state: &AppState, addr: Option<SocketAddr>) {
@@ -239,4 +252,20 @@ async fn run(
     }
     tracing::info!("shut down");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn warm_up_text_is_the_maximum_up_to_the_cap() {
+        let words = |max| warm_up_text(max).split_whitespace().count();
+        assert_eq!(words(0), 1);
+        assert_eq!(words(64), 64);
+        assert_eq!(words(WARMUP_MAX_WORDS), WARMUP_MAX_WORDS);
+        // jina-embeddings-v2 (8,192) and Qwen3-Embedding (32,768): capped.
+        assert_eq!(words(8192), WARMUP_MAX_WORDS);
+        assert_eq!(words(32768), WARMUP_MAX_WORDS);
+    }
 }

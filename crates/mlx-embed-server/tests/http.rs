@@ -775,6 +775,7 @@ async fn served_model_name_overrides() {
 
 #[tokio::test]
 async fn warm_up_runs_one_max_length_text_before_serving() {
+    // The test model allows 64 tokens, under the warm-up's cap of 512 words.
     let s = Server::start(ServerArgs {
         no_warmup: false,
         max_batch_size: 4,

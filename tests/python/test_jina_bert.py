@@ -91,25 +91,25 @@ def test_long_inputs_match_reference(embedder):
 
 
 @EMBEDDERS
-def test_long_inputs_in_query_blocks(embedder, monkeypatch):
-    """Long inputs' attention in blocks of 64 query rows, each block's ALiBi
-    rows made in the graph (no [heads, L, L] table): the same vectors."""
+@pytest.mark.parametrize("fast_ops", ["native", "mlx"])
+def test_long_inputs_in_query_blocks(embedder, fast_ops, monkeypatch):
+    """Long inputs' attention in blocks of 64 query rows: the native ALiBi
+    softmax with each block's first query position, or (MLX path) each
+    block's ALiBi rows made in the graph, no [heads, L, L] table: the same
+    vectors."""
     from mlx_embed import ops
 
-    rows = []
-    real = jina_bert.alibi_rows
-
-    def spy(slopes, start, end, length):
-        rows.append((start, end, length))
-        return real(slopes, start, end, length)
-
-    monkeypatch.setattr(jina_bert, "alibi_rows", spy)
+    blocks, rows = [], []
+    real_blocks, real_rows = ops.query_blocks, jina_bert.alibi_rows
+    monkeypatch.setattr(ops, "query_blocks", lambda q, keys: blocks.append(real_blocks(q, keys)) or blocks[-1])
+    monkeypatch.setattr(jina_bert, "alibi_rows", lambda *a: rows.append(a[1:]) or real_rows(*a))
     monkeypatch.setattr(ops, "SCORES_BLOCK_BYTES", 6 * 4 * 1024 * 64)
     texts = json.loads((FIXTURES / embedder / "long_texts.json").read_text())
-    model = mlx_embed.load(FIXTURES / embedder, max_length=1024)
+    model = mlx_embed.load(FIXTURES / embedder, max_length=1024, fast_ops=fast_ops)
     assert_parity(model.embed(texts), _ref("reference_long_mean_normalized.npy", embedder))
-    # Each of the 2 layers: the 1024-token inputs in 16 blocks of 64 rows.
-    assert (0, 64, 1024) in rows and (960, 1024, 1024) in rows and len(rows) >= 2 * 16
+    # Each of the 2 layers of a 1024-token pass: 16 blocks of 64 rows.
+    assert [(0, 64), (960, 1024)] == [blocks[0][0], blocks[0][-1]] and len(blocks[0]) == 16
+    assert len(rows) == (0 if fast_ops == "native" else sum(len(b) for b in blocks))
 
 
 def test_alibi_slopes_are_the_references():

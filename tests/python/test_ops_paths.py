@@ -260,3 +260,30 @@ def test_blocked_attention_bounds_memory(monkeypatch):
     whole, blocked = peak(1 << 40), peak(scores // 16)
     print(f"peak {whole / 1e9:.2f} GB whole, {blocked / 1e9:.2f} GB in 16 blocks")
     assert whole >= 2 * scores and blocked <= whole / 4
+
+
+@pytest.mark.parametrize("block_rows", [45, 7])
+def test_native_alibi_softmax_matches_the_mlx_bias(block_rows, monkeypatch):
+    """The native kernel's ALiBi (the bias made inside the softmax, each
+    block from its first query position) equals MLX adding the
+    -slope_h |i - j| table and the padding mask before its softmax."""
+    mx.random.seed(8)
+    B, H, L, hd = 2, 3, 45, 8
+    q, k, v = (mx.random.normal((B, H, L, hd)) for _ in range(3))
+    mask = ops.KeyMask(mx.array(np.arange(L)[None, :] < np.array([[L], [30]])), mx.float32)
+    slopes = [0.5, 0.0625, 0.25]
+
+    def additive(start, end):
+        dist = mx.abs(mx.arange(start, end)[:, None] - mx.arange(L)[None, :]).astype(mx.float32)
+        return -mx.array(slopes)[:, None, None] * dist[None] + mask.additive
+
+    with ops.forward_context(ops.make_context("exact")):
+        (want,) = _evaluated(ops.blocked_attention(q, k, v, 0.35, additive=additive))
+    monkeypatch.setattr(ops, "SCORES_BLOCK_BYTES", B * H * L * 4 * block_rows)
+    calls = []
+    real = _native.masked_softmax_alibi_
+    monkeypatch.setattr(_native, "masked_softmax_alibi_", lambda *a: calls.append(a[4]) or real(*a))
+    with ops.forward_context(ops.make_context("native")):
+        (got,) = _evaluated(ops.blocked_attention(q, k, v, 0.35, mask=mask, additive=additive, alibi=slopes))
+    assert calls == list(range(0, L, block_rows))
+    assert np.abs(np.array(got) - np.array(want)).max() <= 1e-5

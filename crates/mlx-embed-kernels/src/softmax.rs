@@ -1,4 +1,5 @@
-//! Fused scale + key mask + softmax over attention scores.
+//! Fused scale + key mask (+ ALiBi position bias) + softmax over attention
+//! scores.
 
 use crate::dispatch::simd_dispatch;
 use crate::exp::exp_nonpositive;
@@ -28,6 +29,90 @@ pub fn masked_softmax(
     key_lengths: &[usize],
     scale: f32,
     threads: usize,
+) -> Result<(), KernelError> {
+    check(scores, shape, key_lengths, scale)?;
+    if scores.is_empty() {
+        return Ok(());
+    }
+    let SoftmaxShape {
+        rows_per_sequence,
+        row_len,
+        ..
+    } = shape;
+    for_each_piece(scores, row_len, threads, |piece, first_row| {
+        softmax_rows(
+            piece,
+            row_len,
+            first_row,
+            rows_per_sequence,
+            key_lengths,
+            scale,
+        )
+    });
+    Ok(())
+}
+
+/// ALiBi's linear position bias, `-slopes[head] * |query - key|` (the same
+/// for keys before and after the query), added to the scaled scores before
+/// the softmax. A sequence's rows are `[heads, queries]`, so
+/// `rows_per_sequence` is `slopes.len()` times the query rows; query
+/// positions count from `first_query` (a block of query rows of a longer
+/// input).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Alibi<'a> {
+    /// One slope per head, in head order.
+    pub slopes: &'a [f32],
+    /// Position of the block's first query row.
+    pub first_query: usize,
+}
+
+/// [`masked_softmax`] with ALiBi: each row becomes
+/// `softmax(scale * row[j] - slope * |query - j|)` over its valid keys,
+/// followed by zeros. One pass computes the bias in the row instead of a
+/// `[heads, queries, keys]` table added before a separate softmax.
+pub fn masked_softmax_alibi(
+    scores: &mut [f32],
+    shape: SoftmaxShape,
+    key_lengths: &[usize],
+    scale: f32,
+    alibi: Alibi<'_>,
+    threads: usize,
+) -> Result<(), KernelError> {
+    check(scores, shape, key_lengths, scale)?;
+    let heads = alibi.slopes.len();
+    if heads == 0 || !shape.rows_per_sequence.is_multiple_of(heads) {
+        return Err(KernelError::Shape(format!(
+            "{} rows per sequence are not heads x queries for {heads} slopes",
+            shape.rows_per_sequence
+        )));
+    }
+    if scores.is_empty() {
+        return Ok(());
+    }
+    let SoftmaxShape {
+        rows_per_sequence,
+        row_len,
+        ..
+    } = shape;
+    for_each_piece(scores, row_len, threads, |piece, first_row| {
+        alibi_rows(
+            piece,
+            row_len,
+            first_row,
+            rows_per_sequence,
+            key_lengths,
+            scale,
+            alibi,
+        )
+    });
+    Ok(())
+}
+
+fn check(
+    scores: &[f32],
+    shape: SoftmaxShape,
+    key_lengths: &[usize],
+    scale: f32,
 ) -> Result<(), KernelError> {
     let SoftmaxShape {
         sequences,
@@ -59,19 +144,6 @@ pub fn masked_softmax(
             "scale must be positive, got {scale}"
         )));
     }
-    if scores.is_empty() {
-        return Ok(());
-    }
-    for_each_piece(scores, row_len, threads, |piece, first_row| {
-        softmax_rows(
-            piece,
-            row_len,
-            first_row,
-            rows_per_sequence,
-            key_lengths,
-            scale,
-        )
-    });
     Ok(())
 }
 
@@ -87,6 +159,31 @@ simd_dispatch! {
         for (i, row) in rows.chunks_exact_mut(row_len).enumerate() {
             let valid = key_lengths[(first_row + i) / rows_per_sequence];
             softmax_row::<FMA>(row, valid, scale);
+        }
+    }
+}
+
+simd_dispatch! {
+    fn alibi_rows<FMA>(
+        rows: &mut [f32],
+        row_len: usize,
+        first_row: usize,
+        rows_per_sequence: usize,
+        key_lengths: &[usize],
+        scale: f32,
+        alibi: Alibi<'_>,
+    ) {
+        let queries = rows_per_sequence / alibi.slopes.len();
+        for (i, row) in rows.chunks_exact_mut(row_len).enumerate() {
+            let r = first_row + i;
+            let within = r % rows_per_sequence;
+            let slope = alibi.slopes[within / queries];
+            let query = (alibi.first_query + within % queries) as f32;
+            let valid = key_lengths[r / rows_per_sequence];
+            for (key, v) in row[..valid].iter_mut().enumerate() {
+                *v = *v * scale - slope * (query - key as f32).abs();
+            }
+            softmax_row::<FMA>(row, valid, 1.0);
         }
     }
 }
@@ -231,6 +328,58 @@ mod tests {
         for copy in many.chunks(129) {
             assert_eq!(copy, &alone[..]);
         }
+    }
+
+    #[test]
+    fn alibi_matches_a_float64_reference_in_blocks_of_query_rows() {
+        // 2 sequences x 3 heads x 37 query rows (a block starting at query
+        // 50) x 301 keys; a non-power-of-two head count, padded keys.
+        let slopes = [0.5f32, 0.0625, 0.25];
+        let (heads, queries, keys, first) = (3, 37, 301, 50);
+        let shape = SoftmaxShape {
+            sequences: 2,
+            rows_per_sequence: heads * queries,
+            row_len: keys,
+        };
+        let lens = [301, 120];
+        let input = pseudo_random(2 * heads * queries * keys, 11);
+        let alibi = Alibi {
+            slopes: &slopes,
+            first_query: first,
+        };
+        crate::dispatch::tests::each_build(|build, threads| {
+            let mut got = input.clone();
+            masked_softmax_alibi(&mut got, shape, &lens, 0.125, alibi, threads).unwrap();
+            for (r, (row_in, row_out)) in input.chunks(keys).zip(got.chunks(keys)).enumerate() {
+                let valid = lens[r / (heads * queries)];
+                let (head, query) = ((r / queries) % heads, first + r % queries);
+                let live: Vec<f64> = row_in[..valid]
+                    .iter()
+                    .enumerate()
+                    .map(|(j, &v)| {
+                        v as f64 * 0.125 - slopes[head] as f64 * (query as f64 - j as f64).abs()
+                    })
+                    .collect();
+                let max = live.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = live.iter().map(|v| (v - max).exp()).sum();
+                for (j, &g) in row_out[..valid].iter().enumerate() {
+                    let w = (live[j] - max).exp() / sum;
+                    assert!(
+                        (g as f64 - w).abs() < 1e-6,
+                        "{build} build: row {r} key {j}: {g} vs {w}"
+                    );
+                }
+                assert!(row_out[valid..].iter().all(|&v| v == 0.0));
+            }
+        });
+        // Rows that are not heads x queries are refused.
+        let mut buf = vec![0.0; 2 * 4 * 8];
+        let shape = SoftmaxShape {
+            sequences: 2,
+            rows_per_sequence: 4,
+            row_len: 8,
+        };
+        assert!(masked_softmax_alibi(&mut buf, shape, &[8, 8], 1.0, alibi, 1).is_err());
     }
 
     #[test]

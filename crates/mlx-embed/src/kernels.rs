@@ -1,4 +1,4 @@
-//! `mlx_embed._native.masked_softmax_`, `gelu_`, `add_layer_norm_`,
+//! `mlx_embed._native.masked_softmax_` (and `masked_softmax_alibi_`), `gelu_`, `add_layer_norm_`,
 //! `attention_`, `linear_` (with `pack_linear_weights`) and
 //! `post_ln_encoder_`: the CPU kernels of
 //! `mlx-embed-kernels` over float32 buffers (in the engine, NumPy views of
@@ -6,9 +6,9 @@
 //! worker keeps going meanwhile.
 
 use mlx_embed_kernels::{
-    add_layer_norm, attention, gelu, linear, masked_softmax, pack_weights, packed_len,
-    post_ln_encoder, Activation, AttentionShape, LinearShape, Norm, PackedLinear, PostLnBlock,
-    SoftmaxShape,
+    add_layer_norm, attention, gelu, linear, masked_softmax, masked_softmax_alibi, pack_weights,
+    packed_len, post_ln_encoder, Activation, Alibi, AttentionShape, LinearShape, Norm,
+    PackedLinear, PostLnBlock, SoftmaxShape,
 };
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
@@ -78,6 +78,48 @@ fn masked_softmax_py(
     };
     with_floats_detached(py, &buf, |floats| {
         masked_softmax(floats, shape, &key_lengths, scale, threads.max(1))
+    })
+    .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// `masked_softmax_alibi_(scores, key_lengths, scale, slopes, first_query,
+/// threads=1)`: [`masked_softmax_`](masked_softmax_py) over `scores` shaped
+/// `[sequences, heads, queries, keys]` with ALiBi's `-slopes[head] *
+/// |query - key|` added to the scaled scores, query positions counted from
+/// `first_query`.
+#[pyfunction]
+#[pyo3(
+    name = "masked_softmax_alibi_",
+    signature = (scores, key_lengths, scale, slopes, first_query, threads = 1)
+)]
+fn masked_softmax_alibi_py(
+    py: Python<'_>,
+    scores: &Bound<'_, PyAny>,
+    key_lengths: Vec<usize>,
+    scale: f32,
+    slopes: Vec<f32>,
+    first_query: usize,
+    threads: usize,
+) -> PyResult<()> {
+    let buf = writable_f32(scores)?;
+    let dims = buf.shape();
+    if dims.len() != 4 || dims[1] != slopes.len() {
+        return Err(PyValueError::new_err(format!(
+            "scores must be [sequences, heads, queries, keys] with one slope per head, got {dims:?} and {} slopes",
+            slopes.len()
+        )));
+    }
+    let shape = SoftmaxShape {
+        sequences: dims[0],
+        rows_per_sequence: dims[1] * dims[2],
+        row_len: dims[3],
+    };
+    let alibi = Alibi {
+        slopes: &slopes,
+        first_query,
+    };
+    with_floats_detached(py, &buf, |floats| {
+        masked_softmax_alibi(floats, shape, &key_lengths, scale, alibi, threads.max(1))
     })
     .map_err(|e| PyValueError::new_err(e.to_string()))
 }
@@ -422,6 +464,7 @@ fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
 
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(masked_softmax_py, module)?)?;
+    module.add_function(wrap_pyfunction!(masked_softmax_alibi_py, module)?)?;
     module.add_function(wrap_pyfunction!(gelu_py, module)?)?;
     module.add_function(wrap_pyfunction!(add_layer_norm_py, module)?)?;
     module.add_function(wrap_pyfunction!(linear_packed_len_py, module)?)?;

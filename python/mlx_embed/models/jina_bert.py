@@ -50,7 +50,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -88,6 +88,18 @@ def alibi_bias(n_heads: int, length: int) -> np.ndarray:
     dist = np.abs(pos[None, :] - pos[:, None])
     slopes = np.asarray(alibi_slopes(n_heads), dtype=np.float64)
     return (-slopes[:, None, None] * dist[None]).astype(np.float32)
+
+
+@dataclass
+class AlibiTerms:
+    """What one forward pass's attention adds to the scores: the padding
+    ``mask``; ALiBi's ``slopes`` (the native path computes the bias from them
+    inside its softmax); ``additive(start, end)``, the bias plus the padding
+    mask for query rows [start, end), for the other paths."""
+
+    mask: ops.KeyMask
+    slopes: list
+    additive: Callable[[int, int], mx.array]
 
 
 def alibi_rows(slopes: mx.array, start: int, end: int, length: int) -> mx.array:
@@ -180,9 +192,7 @@ class Attention(nn.Module):
             self.k_norm = nn.LayerNorm(dim, eps=args.layer_norm_eps)
         self.out_proj = nn.Linear(dim, dim, bias=True)
 
-    def __call__(self, x: mx.array, additive) -> mx.array:
-        """``additive(start, end)``: ALiBi plus the padding mask for query
-        rows [start, end)."""
+    def __call__(self, x: mx.array, terms: "AlibiTerms") -> mx.array:
         B, L, D = x.shape
         H = self.n_heads
         qkv = ops.linear(self.qkv, x)
@@ -192,7 +202,10 @@ class Attention(nn.Module):
         q, k, v = (t.reshape(B, L, H, D // H).transpose(0, 2, 1, 3) for t in (q, k, v))
         # The bias is added after the 1/sqrt(head_dim) scaling, as in the
         # reference (ALiBi slopes are not scaled).
-        out = ops.blocked_attention(q, k, v, self.scale, additive=additive, fused=ops.current().fused_attention)
+        out = ops.blocked_attention(
+            q, k, v, self.scale, mask=terms.mask, additive=terms.additive, alibi=terms.slopes,
+            fused=ops.current().fused_attention,
+        )
         return ops.linear(self.out_proj, out.transpose(0, 2, 1, 3).reshape(B, L, D))
 
 
@@ -229,8 +242,8 @@ class PostNormLayer(nn.Module):
         self.mlp = GatedMLP(args)
         self.mlp_norm = nn.LayerNorm(args.hidden_size, eps=eps)
 
-    def __call__(self, x: mx.array, additive) -> mx.array:
-        a = ops.add_layer_norm(self.attention(x, additive), x, self.attention_norm, overwrite_input=True)
+    def __call__(self, x: mx.array, terms: AlibiTerms) -> mx.array:
+        a = ops.add_layer_norm(self.attention(x, terms), x, self.attention_norm, overwrite_input=True)
         return ops.add_layer_norm(self.mlp(a), a, self.mlp_norm, overwrite_input=True)
 
 
@@ -247,8 +260,8 @@ class QkPostNormLayer(nn.Module):
         self.mlp = GatedMLP(args)
         self.norm2 = nn.LayerNorm(args.hidden_size, eps=eps)
 
-    def __call__(self, x: mx.array, additive) -> mx.array:
-        a = ops.add_layer_norm(self.attention(x, additive), x, self.attention_norm, overwrite_input=True)
+    def __call__(self, x: mx.array, terms: AlibiTerms) -> mx.array:
+        a = ops.add_layer_norm(self.attention(x, terms), x, self.attention_norm, overwrite_input=True)
         # The reference adds the layer's input again after the attention
         # block's own residual LayerNorm (layer_norm_1(residual + attention_output)).
         r = ops.add_layer_norm(a, x, self.norm1, overwrite_input=True)
@@ -266,7 +279,7 @@ class Model(nn.Module):
         object.__setattr__(
             self, "_alibi", LengthTables(lambda n: (alibi_bias(args.num_attention_heads, n),), keep=8)
         )
-        object.__setattr__(self, "_slopes", np.asarray(alibi_slopes(args.num_attention_heads), dtype=np.float32))
+        object.__setattr__(self, "_slopes", alibi_slopes(args.num_attention_heads))
 
     def _build_layers(self) -> None:
         layer = QkPostNormLayer if self.args.layout == QK_POST_NORM else PostNormLayer
@@ -306,11 +319,12 @@ class Model(nn.Module):
                 if not whole:
                     whole.append(self._alibi_table(length, x.dtype) + mask.additive)
                 return whole[0]
-            rows = alibi_rows(mx.array(self._slopes), start, end, length)
+            rows = alibi_rows(mx.array(self._slopes, dtype=mx.float32), start, end, length)
             return rows.astype(x.dtype)[None] + mask.additive
 
+        terms = AlibiTerms(mask, self._slopes, additive)
         for layer in self.layers:
-            x = layer(x, additive)
+            x = layer(x, terms)
         return x
 
     _RENAMES = (

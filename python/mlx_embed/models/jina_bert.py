@@ -33,13 +33,14 @@ does not, the weights do (``mlp.gated_layers`` or ``mlp.up_gated_layer``).
   slopes of the largest power of two p below n, then every other slope of 2p
   (``[0::2]``) for the remaining n - p heads.
 
-The attention runs through MLX (the native fused kernel takes no bias): one
-matmul, the bias and padding mask added, the project's softmax, one matmul;
-or MLX's fused SDPA with the bias as its additive mask where the backend
-uses that. Long inputs (jina-embeddings-v2 takes 8192 tokens) go in blocks
-of query rows (``ops.blocked_attention``), their ALiBi rows made in the
-graph, instead of one [heads, L, L] table per length. The projections, GELU and residual LayerNorms use ops.py's
-kernels.
+The attention: on the CPU's native path, one matmul, then the native masked
+softmax with the ALiBi bias computed in its pass (``masked_softmax_alibi_``),
+then one matmul; elsewhere MLX: the bias and padding mask added before the
+project's softmax, or MLX's fused SDPA with them as its additive mask where
+the backend uses that. Long inputs (jina-embeddings-v2 takes 8192 tokens) go
+in blocks of query rows (``ops.blocked_attention``), their ALiBi rows made
+per block, never a [heads, L, L] table. The projections, GELU and residual
+LayerNorms use ops.py's kernels.
 
 Not implemented, refused at load: ``feed_forward_type: "original"`` (a plain
 MLP, which no published checkpoint uses); position types other than ALiBi.

@@ -287,3 +287,33 @@ def test_native_alibi_softmax_matches_the_mlx_bias(block_rows, monkeypatch):
         (got,) = _evaluated(ops.blocked_attention(q, k, v, 0.35, mask=mask, additive=additive, alibi=slopes))
     assert calls == list(range(0, L, block_rows))
     assert np.abs(np.array(got) - np.array(want)).max() <= 1e-5
+
+
+@pytest.mark.parametrize("block_rows", [45, 7])
+def test_native_window_softmax_matches_the_mlx_band(block_rows, monkeypatch):
+    """The native kernel's local window (ModernBERT's local layers: each row
+    cut to keys within 4 of its query) equals MLX adding the band mask and
+    the padding mask before its softmax, in blocks of query rows too."""
+    mx.random.seed(4)
+    B, H, L, hd, half = 2, 3, 45, 8, 4
+    q, k, v = (mx.random.normal((B, H, L, hd)) for _ in range(3))
+    lengths = [L, 30]
+    mask = ops.KeyMask(mx.array(np.arange(L)[None, :] < np.array(lengths)[:, None]), mx.float32)
+
+    def additive(start, end):
+        near = mx.abs(mx.arange(start, end)[:, None] - mx.arange(L)[None, :]) <= half
+        return mask.additive + mx.where(near, 0.0, -1e9)
+
+    with ops.forward_context(ops.make_context("exact")):
+        (want,) = _evaluated(ops.blocked_attention(q, k, v, 0.35, additive=additive))
+    monkeypatch.setattr(ops, "SCORES_BLOCK_BYTES", B * H * L * 4 * block_rows)
+    calls = []
+    real = _native.masked_softmax_window_
+    monkeypatch.setattr(_native, "masked_softmax_window_", lambda *a: calls.append(a[4]) or real(*a))
+    with ops.forward_context(ops.make_context("native")):
+        (got,) = _evaluated(ops.blocked_attention(q, k, v, 0.35, mask=mask, additive=additive, window=half))
+    assert calls == list(range(0, L, block_rows))
+    # Real query rows only: a padding row's output is never read.
+    got, want = np.array(got), np.array(want)
+    for b, n in enumerate(lengths):
+        assert np.abs(got[b, :, :n] - want[b, :, :n]).max() <= 1e-5

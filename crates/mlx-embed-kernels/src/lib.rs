@@ -39,7 +39,9 @@ pub use encoder::{post_ln_encoder, Norm, PackedLinear, PostLnBlock};
 pub use gelu::gelu;
 pub use layer_norm::add_layer_norm;
 pub use linear::{linear, pack_weights, packed_len, Activation, LinearShape, PANEL};
-pub use softmax::{masked_softmax, masked_softmax_alibi, Alibi, SoftmaxShape};
+pub use softmax::{
+    masked_softmax, masked_softmax_alibi, masked_softmax_window, Alibi, SoftmaxShape, Window,
+};
 
 /// Whether the AVX2+FMA versions run on this CPU (for logs and benchmarks).
 pub fn simd_level() -> &'static str {

@@ -1,5 +1,5 @@
-//! Fused scale + key mask (+ ALiBi position bias) + softmax over attention
-//! scores.
+//! Fused scale + key mask (+ ALiBi position bias, or a local window) +
+//! softmax over attention scores.
 
 use crate::dispatch::simd_dispatch;
 use crate::exp::exp_nonpositive;
@@ -108,6 +108,60 @@ pub fn masked_softmax_alibi(
     Ok(())
 }
 
+/// A local attention window (ModernBERT's local layers): keys more than
+/// `half` positions from the query get no weight. A sequence's rows are
+/// `[heads, queries]`; query positions count from `first_query`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    /// Attention heads: `rows_per_sequence` is heads x query rows.
+    pub heads: usize,
+    /// Keys at most this far from the query (either side) are attended.
+    pub half: usize,
+    /// Position of the block's first query row.
+    pub first_query: usize,
+}
+
+/// [`masked_softmax`] over each row's keys within [`Window`]`::half` of its
+/// query (and under the sequence's key length); every other key gets
+/// exactly zero. The rows are cut to the window before the softmax, so no
+/// band mask is built or added.
+pub fn masked_softmax_window(
+    scores: &mut [f32],
+    shape: SoftmaxShape,
+    key_lengths: &[usize],
+    scale: f32,
+    window: Window,
+    threads: usize,
+) -> Result<(), KernelError> {
+    check(scores, shape, key_lengths, scale)?;
+    if window.heads == 0 || !shape.rows_per_sequence.is_multiple_of(window.heads) {
+        return Err(KernelError::Shape(format!(
+            "{} rows per sequence are not heads x queries for {} heads",
+            shape.rows_per_sequence, window.heads
+        )));
+    }
+    if scores.is_empty() {
+        return Ok(());
+    }
+    let SoftmaxShape {
+        rows_per_sequence,
+        row_len,
+        ..
+    } = shape;
+    for_each_piece(scores, row_len, threads, |piece, first_row| {
+        window_rows(
+            piece,
+            row_len,
+            first_row,
+            rows_per_sequence,
+            key_lengths,
+            scale,
+            window,
+        )
+    });
+    Ok(())
+}
+
 fn check(
     scores: &[f32],
     shape: SoftmaxShape,
@@ -184,6 +238,31 @@ simd_dispatch! {
                 *v = *v * scale - slope * (query - key as f32).abs();
             }
             softmax_row::<FMA>(row, valid, 1.0);
+        }
+    }
+}
+
+simd_dispatch! {
+    fn window_rows<FMA>(
+        rows: &mut [f32],
+        row_len: usize,
+        first_row: usize,
+        rows_per_sequence: usize,
+        key_lengths: &[usize],
+        scale: f32,
+        window: Window,
+    ) {
+        let queries = rows_per_sequence / window.heads;
+        for (i, row) in rows.chunks_exact_mut(row_len).enumerate() {
+            let r = first_row + i;
+            let query = window.first_query + (r % rows_per_sequence) % queries;
+            let valid = key_lengths[r / rows_per_sequence];
+            // A real query (query < valid) always has its own key in range; a
+            // padding row past the band gets a uniform row nobody reads.
+            let lo = query.saturating_sub(window.half).min(valid);
+            let hi = (query + window.half + 1).min(valid);
+            row[..lo].fill(0.0);
+            softmax_row::<FMA>(&mut row[lo..], hi - lo, scale);
         }
     }
 }
@@ -380,6 +459,62 @@ mod tests {
             row_len: 8,
         };
         assert!(masked_softmax_alibi(&mut buf, shape, &[8, 8], 1.0, alibi, 1).is_err());
+    }
+
+    #[test]
+    fn window_matches_a_float64_reference_in_blocks_of_query_rows() {
+        // 2 sequences x 3 heads x 37 query rows from query 50 x 301 keys,
+        // half window 8: rows near the start, the middle and past a
+        // sequence's key length (120) all occur.
+        let (heads, queries, keys, first, half) = (3, 37, 301, 50, 8);
+        let shape = SoftmaxShape {
+            sequences: 2,
+            rows_per_sequence: heads * queries,
+            row_len: keys,
+        };
+        let lens = [301, 60];
+        let input = pseudo_random(2 * heads * queries * keys, 13);
+        let window = Window {
+            heads,
+            half,
+            first_query: first,
+        };
+        crate::dispatch::tests::each_build(|build, threads| {
+            let mut got = input.clone();
+            masked_softmax_window(&mut got, shape, &lens, 0.125, window, threads).unwrap();
+            for (r, (row_in, row_out)) in input.chunks(keys).zip(got.chunks(keys)).enumerate() {
+                let valid = lens[r / (heads * queries)];
+                let query = first + r % queries;
+                if query >= valid {
+                    continue; // a padding query row: its output is never read
+                }
+                let near = |j: usize| j < valid && j.abs_diff(query) <= half;
+                let live: Vec<(usize, f64)> = (0..keys)
+                    .filter(|&j| near(j))
+                    .map(|j| (j, row_in[j] as f64 * 0.125))
+                    .collect();
+                let max = live.iter().map(|x| x.1).fold(f64::NEG_INFINITY, f64::max);
+                let sum: f64 = live.iter().map(|x| (x.1 - max).exp()).sum();
+                for (j, &g) in row_out.iter().enumerate() {
+                    let w = if near(j) {
+                        (row_in[j] as f64 * 0.125 - max).exp() / sum
+                    } else {
+                        0.0
+                    };
+                    assert!(
+                        (g as f64 - w).abs() < 1e-6,
+                        "{build} build: row {r} key {j}: {g} vs {w}"
+                    );
+                }
+            }
+        });
+        let mut buf = vec![0.0; 2 * 4 * 8];
+        let shape = SoftmaxShape {
+            sequences: 2,
+            rows_per_sequence: 4,
+            row_len: 8,
+        };
+        assert!(masked_softmax_window(&mut buf, shape, &[8, 8], 1.0, window, 1).is_err());
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! `mlx_embed._native.masked_softmax_` (and `masked_softmax_alibi_`), `gelu_`, `add_layer_norm_`,
+//! `mlx_embed._native.masked_softmax_` (with `masked_softmax_alibi_` and
+//! `masked_softmax_window_`), `gelu_`, `add_layer_norm_`,
 //! `attention_`, `linear_` (with `pack_linear_weights`) and
 //! `post_ln_encoder_`: the CPU kernels of
 //! `mlx-embed-kernels` over float32 buffers (in the engine, NumPy views of
@@ -6,9 +7,9 @@
 //! worker keeps going meanwhile.
 
 use mlx_embed_kernels::{
-    add_layer_norm, attention, gelu, linear, masked_softmax, masked_softmax_alibi, pack_weights,
-    packed_len, post_ln_encoder, Activation, Alibi, AttentionShape, LinearShape, Norm,
-    PackedLinear, PostLnBlock, SoftmaxShape,
+    add_layer_norm, attention, gelu, linear, masked_softmax, masked_softmax_alibi,
+    masked_softmax_window, pack_weights, packed_len, post_ln_encoder, Activation, Alibi,
+    AttentionShape, LinearShape, Norm, PackedLinear, PostLnBlock, SoftmaxShape, Window,
 };
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
@@ -120,6 +121,47 @@ fn masked_softmax_alibi_py(
     };
     with_floats_detached(py, &buf, |floats| {
         masked_softmax_alibi(floats, shape, &key_lengths, scale, alibi, threads.max(1))
+    })
+    .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
+/// `masked_softmax_window_(scores, key_lengths, scale, half, first_query,
+/// threads=1)`: [`masked_softmax_`](masked_softmax_py) over `scores` shaped
+/// `[sequences, heads, queries, keys]` where only keys within `half`
+/// positions of the query (counted from `first_query`) get weight.
+#[pyfunction]
+#[pyo3(
+    name = "masked_softmax_window_",
+    signature = (scores, key_lengths, scale, half, first_query, threads = 1)
+)]
+fn masked_softmax_window_py(
+    py: Python<'_>,
+    scores: &Bound<'_, PyAny>,
+    key_lengths: Vec<usize>,
+    scale: f32,
+    half: usize,
+    first_query: usize,
+    threads: usize,
+) -> PyResult<()> {
+    let buf = writable_f32(scores)?;
+    let dims = buf.shape();
+    if dims.len() != 4 {
+        return Err(PyValueError::new_err(format!(
+            "scores must be [sequences, heads, queries, keys], got {dims:?}"
+        )));
+    }
+    let shape = SoftmaxShape {
+        sequences: dims[0],
+        rows_per_sequence: dims[1] * dims[2],
+        row_len: dims[3],
+    };
+    let window = Window {
+        heads: dims[1],
+        half,
+        first_query,
+    };
+    with_floats_detached(py, &buf, |floats| {
+        masked_softmax_window(floats, shape, &key_lengths, scale, window, threads.max(1))
     })
     .map_err(|e| PyValueError::new_err(e.to_string()))
 }
@@ -465,6 +507,7 @@ fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(masked_softmax_py, module)?)?;
     module.add_function(wrap_pyfunction!(masked_softmax_alibi_py, module)?)?;
+    module.add_function(wrap_pyfunction!(masked_softmax_window_py, module)?)?;
     module.add_function(wrap_pyfunction!(gelu_py, module)?)?;
     module.add_function(wrap_pyfunction!(add_layer_norm_py, module)?)?;
     module.add_function(wrap_pyfunction!(linear_packed_len_py, module)?)?;

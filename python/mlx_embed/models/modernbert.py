@@ -92,6 +92,7 @@ class Attention(nn.Module):
         self.head_dim = dim // self.n_heads
         self.scale = self.head_dim**-0.5
         self.is_global = kind == _GLOBAL
+        self.half_window = args.local_attention // 2
         self.rope_base = args.thetas[kind]
         self.Wqkv = nn.Linear(dim, 3 * dim, bias=args.attention_bias)
         self.Wo = nn.Linear(dim, dim, bias=args.attention_bias)
@@ -109,7 +110,7 @@ class Attention(nn.Module):
         if self.is_global:
             out = ops.blocked_attention(q, k, v, self.scale, mask=mask)
         else:
-            out = ops.blocked_attention(q, k, v, self.scale, additive=window)
+            out = ops.blocked_attention(q, k, v, self.scale, mask=mask, additive=window, window=self.half_window)
         out = out.transpose(0, 2, 1, 3).reshape(B, L, D)
         return self.Wo(out)
 

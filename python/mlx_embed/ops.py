@@ -602,10 +602,9 @@ def _native_position_probs(q, k, mask: KeyMask, scale: float, first_query: int, 
         return None
     lengths = mask.lengths
     with _graph_lock_released():
-        if alibi is not None:
-            _native.masked_softmax_alibi_(buf, lengths, scale, alibi, first_query, ctx.kernel_threads)
-        else:
-            _native.masked_softmax_window_(buf, lengths, scale, window, first_query, ctx.kernel_threads)
+        _native.masked_softmax_positions_(
+            buf, lengths, scale, first_query, slopes=alibi, half=window, threads=ctx.kernel_threads
+        )
     return scores
 
 

@@ -263,57 +263,39 @@ def test_blocked_attention_bounds_memory(monkeypatch):
 
 
 @pytest.mark.parametrize("block_rows", [45, 7])
-def test_native_alibi_softmax_matches_the_mlx_bias(block_rows, monkeypatch):
-    """The native kernel's ALiBi (the bias made inside the softmax, each
-    block from its first query position) equals MLX adding the
-    -slope_h |i - j| table and the padding mask before its softmax."""
+@pytest.mark.parametrize("kind", ["alibi", "window"])
+def test_native_position_softmax_matches_mlx(kind, block_rows, monkeypatch):
+    """The native kernel's position terms, made inside its softmax for each
+    block of query rows from the block's first query position, equal MLX
+    adding the same term and the padding mask before its softmax: ALiBi's
+    -slope_h |i - j| (JinaBERT), or a local window of keys within 4 of the
+    query (ModernBERT's local layers)."""
     mx.random.seed(8)
-    B, H, L, hd = 2, 3, 45, 8
-    q, k, v = (mx.random.normal((B, H, L, hd)) for _ in range(3))
-    mask = ops.KeyMask(mx.array(np.arange(L)[None, :] < np.array([[L], [30]])), mx.float32)
-    slopes = [0.5, 0.0625, 0.25]
-
-    def additive(start, end):
-        dist = mx.abs(mx.arange(start, end)[:, None] - mx.arange(L)[None, :]).astype(mx.float32)
-        return -mx.array(slopes)[:, None, None] * dist[None] + mask.additive
-
-    with ops.forward_context(ops.make_context("exact")):
-        (want,) = _evaluated(ops.blocked_attention(q, k, v, 0.35, additive=additive))
-    monkeypatch.setattr(ops, "SCORES_BLOCK_BYTES", B * H * L * 4 * block_rows)
-    calls = []
-    real = _native.masked_softmax_alibi_
-    monkeypatch.setattr(_native, "masked_softmax_alibi_", lambda *a: calls.append(a[4]) or real(*a))
-    with ops.forward_context(ops.make_context("native")):
-        (got,) = _evaluated(ops.blocked_attention(q, k, v, 0.35, mask=mask, additive=additive, alibi=slopes))
-    assert calls == list(range(0, L, block_rows))
-    assert np.abs(np.array(got) - np.array(want)).max() <= 1e-5
-
-
-@pytest.mark.parametrize("block_rows", [45, 7])
-def test_native_window_softmax_matches_the_mlx_band(block_rows, monkeypatch):
-    """The native kernel's local window (ModernBERT's local layers: each row
-    cut to keys within 4 of its query) equals MLX adding the band mask and
-    the padding mask before its softmax, in blocks of query rows too."""
-    mx.random.seed(4)
     B, H, L, hd, half = 2, 3, 45, 8, 4
     q, k, v = (mx.random.normal((B, H, L, hd)) for _ in range(3))
     lengths = [L, 30]
     mask = ops.KeyMask(mx.array(np.arange(L)[None, :] < np.array(lengths)[:, None]), mx.float32)
+    slopes = [0.5, 0.0625, 0.25]
 
     def additive(start, end):
-        near = mx.abs(mx.arange(start, end)[:, None] - mx.arange(L)[None, :]) <= half
-        return mask.additive + mx.where(near, 0.0, -1e9)
+        dist = mx.abs(mx.arange(start, end)[:, None] - mx.arange(L)[None, :])
+        if kind == "alibi":
+            return -mx.array(slopes)[:, None, None] * dist.astype(mx.float32)[None] + mask.additive
+        return mask.additive + mx.where(dist <= half, 0.0, -1e9)
 
     with ops.forward_context(ops.make_context("exact")):
         (want,) = _evaluated(ops.blocked_attention(q, k, v, 0.35, additive=additive))
     monkeypatch.setattr(ops, "SCORES_BLOCK_BYTES", B * H * L * 4 * block_rows)
     calls = []
-    real = _native.masked_softmax_window_
-    monkeypatch.setattr(_native, "masked_softmax_window_", lambda *a: calls.append(a[4]) or real(*a))
+    real = _native.masked_softmax_positions_
+    monkeypatch.setattr(_native, "masked_softmax_positions_", lambda *a, **kw: calls.append(a[3]) or real(*a, **kw))
+    term = {"alibi": slopes} if kind == "alibi" else {"window": half}
     with ops.forward_context(ops.make_context("native")):
-        (got,) = _evaluated(ops.blocked_attention(q, k, v, 0.35, mask=mask, additive=additive, window=half))
+        (got,) = _evaluated(ops.blocked_attention(q, k, v, 0.35, mask=mask, additive=additive, **term))
     assert calls == list(range(0, L, block_rows))
-    # Real query rows only: a padding row's output is never read.
+    # Real query rows (a padding row's output is never read).
     got, want = np.array(got), np.array(want)
     for b, n in enumerate(lengths):
         assert np.abs(got[b, :, :n] - want[b, :, :n]).max() <= 1e-5
+    with pytest.raises(ValueError, match="not both"):
+        _native.masked_softmax_positions_(np.zeros((1, 3, 2, 2), np.float32), [2], 1.0, 0, slopes=slopes, half=1)

@@ -40,7 +40,7 @@ pub use gelu::gelu;
 pub use layer_norm::add_layer_norm;
 pub use linear::{linear, pack_weights, packed_len, Activation, LinearShape, PANEL};
 pub use softmax::{
-    masked_softmax, masked_softmax_alibi, masked_softmax_window, Alibi, SoftmaxShape, Window,
+    masked_softmax, masked_softmax_positions, PositionBias, Positions, SoftmaxShape,
 };
 
 /// Whether the AVX2+FMA versions run on this CPU (for logs and benchmarks).

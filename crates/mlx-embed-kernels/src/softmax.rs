@@ -52,37 +52,61 @@ pub fn masked_softmax(
     Ok(())
 }
 
-/// ALiBi's linear position bias, `-slopes[head] * |query - key|` (the same
-/// for keys before and after the query), added to the scaled scores before
-/// the softmax. A sequence's rows are `[heads, queries]`, so
-/// `rows_per_sequence` is `slopes.len()` times the query rows; query
-/// positions count from `first_query` (a block of query rows of a longer
-/// input).
+/// A bias that depends on the query's position, applied inside the
+/// softmax's own pass over a row (no `[heads, queries, keys]` table).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Alibi<'a> {
-    /// One slope per head, in head order.
-    pub slopes: &'a [f32],
+pub enum PositionBias<'a> {
+    /// ALiBi: `-slopes[head] * |query - key|` (the same for keys before and
+    /// after the query) added to the scaled scores; one slope per head, in
+    /// head order.
+    Alibi(&'a [f32]),
+    /// A local window (ModernBERT's local layers): keys more than `half`
+    /// positions from the query get exactly zero weight.
+    Window {
+        /// Attention heads.
+        heads: usize,
+        /// Keys at most this far from the query (either side) are attended.
+        half: usize,
+    },
+}
+
+impl PositionBias<'_> {
+    fn heads(&self) -> usize {
+        match self {
+            PositionBias::Alibi(slopes) => slopes.len(),
+            PositionBias::Window { heads, .. } => *heads,
+        }
+    }
+}
+
+/// Where a block's query rows sit: a sequence's rows are `[heads, queries]`
+/// (so `rows_per_sequence` is heads x query rows), the queries at positions
+/// `first_query..` (a block of query rows of a longer input).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Positions<'a> {
+    /// What the query's position does to its row.
+    pub bias: PositionBias<'a>,
     /// Position of the block's first query row.
     pub first_query: usize,
 }
 
-/// [`masked_softmax`] with ALiBi: each row becomes
-/// `softmax(scale * row[j] - slope * |query - j|)` over its valid keys,
-/// followed by zeros. One pass computes the bias in the row instead of a
-/// `[heads, queries, keys]` table added before a separate softmax.
-pub fn masked_softmax_alibi(
+/// [`masked_softmax`] with a position-dependent bias: each row becomes
+/// `softmax(scale * row[j] - slope * |query - j|)` over its valid keys
+/// (ALiBi), or the softmax of its valid keys within the window of its
+/// query, followed by zeros.
+pub fn masked_softmax_positions(
     scores: &mut [f32],
     shape: SoftmaxShape,
     key_lengths: &[usize],
     scale: f32,
-    alibi: Alibi<'_>,
+    positions: Positions<'_>,
     threads: usize,
 ) -> Result<(), KernelError> {
     check(scores, shape, key_lengths, scale)?;
-    let heads = alibi.slopes.len();
+    let heads = positions.bias.heads();
     if heads == 0 || !shape.rows_per_sequence.is_multiple_of(heads) {
         return Err(KernelError::Shape(format!(
-            "{} rows per sequence are not heads x queries for {heads} slopes",
+            "{} rows per sequence are not heads x queries for {heads} heads",
             shape.rows_per_sequence
         )));
     }
@@ -95,68 +119,14 @@ pub fn masked_softmax_alibi(
         ..
     } = shape;
     for_each_piece(scores, row_len, threads, |piece, first_row| {
-        alibi_rows(
+        position_rows(
             piece,
             row_len,
             first_row,
             rows_per_sequence,
             key_lengths,
             scale,
-            alibi,
-        )
-    });
-    Ok(())
-}
-
-/// A local attention window (ModernBERT's local layers): keys more than
-/// `half` positions from the query get no weight. A sequence's rows are
-/// `[heads, queries]`; query positions count from `first_query`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Window {
-    /// Attention heads: `rows_per_sequence` is heads x query rows.
-    pub heads: usize,
-    /// Keys at most this far from the query (either side) are attended.
-    pub half: usize,
-    /// Position of the block's first query row.
-    pub first_query: usize,
-}
-
-/// [`masked_softmax`] over each row's keys within [`Window`]`::half` of its
-/// query (and under the sequence's key length); every other key gets
-/// exactly zero. The rows are cut to the window before the softmax, so no
-/// band mask is built or added.
-pub fn masked_softmax_window(
-    scores: &mut [f32],
-    shape: SoftmaxShape,
-    key_lengths: &[usize],
-    scale: f32,
-    window: Window,
-    threads: usize,
-) -> Result<(), KernelError> {
-    check(scores, shape, key_lengths, scale)?;
-    if window.heads == 0 || !shape.rows_per_sequence.is_multiple_of(window.heads) {
-        return Err(KernelError::Shape(format!(
-            "{} rows per sequence are not heads x queries for {} heads",
-            shape.rows_per_sequence, window.heads
-        )));
-    }
-    if scores.is_empty() {
-        return Ok(());
-    }
-    let SoftmaxShape {
-        rows_per_sequence,
-        row_len,
-        ..
-    } = shape;
-    for_each_piece(scores, row_len, threads, |piece, first_row| {
-        window_rows(
-            piece,
-            row_len,
-            first_row,
-            rows_per_sequence,
-            key_lengths,
-            scale,
-            window,
+            positions,
         )
     });
     Ok(())
@@ -218,51 +188,40 @@ simd_dispatch! {
 }
 
 simd_dispatch! {
-    fn alibi_rows<FMA>(
+    fn position_rows<FMA>(
         rows: &mut [f32],
         row_len: usize,
         first_row: usize,
         rows_per_sequence: usize,
         key_lengths: &[usize],
         scale: f32,
-        alibi: Alibi<'_>,
+        positions: Positions<'_>,
     ) {
-        let queries = rows_per_sequence / alibi.slopes.len();
+        let queries = rows_per_sequence / positions.bias.heads();
         for (i, row) in rows.chunks_exact_mut(row_len).enumerate() {
             let r = first_row + i;
             let within = r % rows_per_sequence;
-            let slope = alibi.slopes[within / queries];
-            let query = (alibi.first_query + within % queries) as f32;
+            let query = positions.first_query + within % queries;
             let valid = key_lengths[r / rows_per_sequence];
-            for (key, v) in row[..valid].iter_mut().enumerate() {
-                *v = *v * scale - slope * (query - key as f32).abs();
+            match positions.bias {
+                PositionBias::Alibi(slopes) => {
+                    let slope = slopes[within / queries];
+                    let at = query as f32;
+                    for (key, v) in row[..valid].iter_mut().enumerate() {
+                        *v = *v * scale - slope * (at - key as f32).abs();
+                    }
+                    softmax_row::<FMA>(row, valid, 1.0);
+                }
+                PositionBias::Window { half, .. } => {
+                    // A real query (query < valid) always has its own key in
+                    // range; a padding row past the window gets a uniform
+                    // row nobody reads.
+                    let lo = query.saturating_sub(half).min(valid);
+                    let hi = (query + half + 1).min(valid);
+                    row[..lo].fill(0.0);
+                    softmax_row::<FMA>(&mut row[lo..], hi - lo, scale);
+                }
             }
-            softmax_row::<FMA>(row, valid, 1.0);
-        }
-    }
-}
-
-simd_dispatch! {
-    fn window_rows<FMA>(
-        rows: &mut [f32],
-        row_len: usize,
-        first_row: usize,
-        rows_per_sequence: usize,
-        key_lengths: &[usize],
-        scale: f32,
-        window: Window,
-    ) {
-        let queries = rows_per_sequence / window.heads;
-        for (i, row) in rows.chunks_exact_mut(row_len).enumerate() {
-            let r = first_row + i;
-            let query = window.first_query + (r % rows_per_sequence) % queries;
-            let valid = key_lengths[r / rows_per_sequence];
-            // A real query (query < valid) always has its own key in range; a
-            // padding row past the band gets a uniform row nobody reads.
-            let lo = query.saturating_sub(window.half).min(valid);
-            let hi = (query + window.half + 1).min(valid);
-            row[..lo].fill(0.0);
-            softmax_row::<FMA>(&mut row[lo..], hi - lo, scale);
         }
     }
 }
@@ -422,13 +381,13 @@ mod tests {
         };
         let lens = [301, 120];
         let input = pseudo_random(2 * heads * queries * keys, 11);
-        let alibi = Alibi {
-            slopes: &slopes,
+        let alibi = Positions {
+            bias: PositionBias::Alibi(&slopes),
             first_query: first,
         };
         crate::dispatch::tests::each_build(|build, threads| {
             let mut got = input.clone();
-            masked_softmax_alibi(&mut got, shape, &lens, 0.125, alibi, threads).unwrap();
+            masked_softmax_positions(&mut got, shape, &lens, 0.125, alibi, threads).unwrap();
             for (r, (row_in, row_out)) in input.chunks(keys).zip(got.chunks(keys)).enumerate() {
                 let valid = lens[r / (heads * queries)];
                 let (head, query) = ((r / queries) % heads, first + r % queries);
@@ -458,7 +417,7 @@ mod tests {
             rows_per_sequence: 4,
             row_len: 8,
         };
-        assert!(masked_softmax_alibi(&mut buf, shape, &[8, 8], 1.0, alibi, 1).is_err());
+        assert!(masked_softmax_positions(&mut buf, shape, &[8, 8], 1.0, alibi, 1).is_err());
     }
 
     #[test]
@@ -474,14 +433,13 @@ mod tests {
         };
         let lens = [301, 60];
         let input = pseudo_random(2 * heads * queries * keys, 13);
-        let window = Window {
-            heads,
-            half,
+        let window = Positions {
+            bias: PositionBias::Window { heads, half },
             first_query: first,
         };
         crate::dispatch::tests::each_build(|build, threads| {
             let mut got = input.clone();
-            masked_softmax_window(&mut got, shape, &lens, 0.125, window, threads).unwrap();
+            masked_softmax_positions(&mut got, shape, &lens, 0.125, window, threads).unwrap();
             for (r, (row_in, row_out)) in input.chunks(keys).zip(got.chunks(keys)).enumerate() {
                 let valid = lens[r / (heads * queries)];
                 let query = first + r % queries;
@@ -514,7 +472,7 @@ mod tests {
             rows_per_sequence: 4,
             row_len: 8,
         };
-        assert!(masked_softmax_window(&mut buf, shape, &[8, 8], 1.0, window, 1).is_err());
+        assert!(masked_softmax_positions(&mut buf, shape, &[8, 8], 1.0, window, 1).is_err());
     }
 
     #[test]

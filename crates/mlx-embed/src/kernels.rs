@@ -1,5 +1,5 @@
-//! `mlx_embed._native.masked_softmax_` (with `masked_softmax_alibi_` and
-//! `masked_softmax_window_`), `gelu_`, `add_layer_norm_`,
+//! `mlx_embed._native.masked_softmax_` (and `masked_softmax_positions_`),
+//! `gelu_`, `add_layer_norm_`,
 //! `attention_`, `linear_` (with `pack_linear_weights`) and
 //! `post_ln_encoder_`: the CPU kernels of
 //! `mlx-embed-kernels` over float32 buffers (in the engine, NumPy views of
@@ -7,9 +7,9 @@
 //! worker keeps going meanwhile.
 
 use mlx_embed_kernels::{
-    add_layer_norm, attention, gelu, linear, masked_softmax, masked_softmax_alibi,
-    masked_softmax_window, pack_weights, packed_len, post_ln_encoder, Activation, Alibi,
-    AttentionShape, LinearShape, Norm, PackedLinear, PostLnBlock, SoftmaxShape, Window,
+    add_layer_norm, attention, gelu, linear, masked_softmax, masked_softmax_positions,
+    pack_weights, packed_len, post_ln_encoder, Activation, AttentionShape, LinearShape, Norm,
+    PackedLinear, PositionBias, Positions, PostLnBlock, SoftmaxShape,
 };
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
@@ -83,64 +83,26 @@ fn masked_softmax_py(
     .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
-/// `masked_softmax_alibi_(scores, key_lengths, scale, slopes, first_query,
-/// threads=1)`: [`masked_softmax_`](masked_softmax_py) over `scores` shaped
-/// `[sequences, heads, queries, keys]` with ALiBi's `-slopes[head] *
-/// |query - key|` added to the scaled scores, query positions counted from
-/// `first_query`.
+/// `masked_softmax_positions_(scores, key_lengths, scale, first_query,
+/// slopes=None, half=None, threads=1)`: [`masked_softmax_`](masked_softmax_py)
+/// over `scores` shaped `[sequences, heads, queries, keys]`, the queries at
+/// positions `first_query..`, with ALiBi's `-slopes[head] * |query - key|`
+/// added to the scaled scores (`slopes`), or only the keys within `half`
+/// positions of the query weighted (`half`). Exactly one of the two.
 #[pyfunction]
 #[pyo3(
-    name = "masked_softmax_alibi_",
-    signature = (scores, key_lengths, scale, slopes, first_query, threads = 1)
+    name = "masked_softmax_positions_",
+    signature = (scores, key_lengths, scale, first_query, slopes = None, half = None, threads = 1)
 )]
-fn masked_softmax_alibi_py(
+#[allow(clippy::too_many_arguments)]
+fn masked_softmax_positions_py(
     py: Python<'_>,
     scores: &Bound<'_, PyAny>,
     key_lengths: Vec<usize>,
     scale: f32,
-    slopes: Vec<f32>,
     first_query: usize,
-    threads: usize,
-) -> PyResult<()> {
-    let buf = writable_f32(scores)?;
-    let dims = buf.shape();
-    if dims.len() != 4 || dims[1] != slopes.len() {
-        return Err(PyValueError::new_err(format!(
-            "scores must be [sequences, heads, queries, keys] with one slope per head, got {dims:?} and {} slopes",
-            slopes.len()
-        )));
-    }
-    let shape = SoftmaxShape {
-        sequences: dims[0],
-        rows_per_sequence: dims[1] * dims[2],
-        row_len: dims[3],
-    };
-    let alibi = Alibi {
-        slopes: &slopes,
-        first_query,
-    };
-    with_floats_detached(py, &buf, |floats| {
-        masked_softmax_alibi(floats, shape, &key_lengths, scale, alibi, threads.max(1))
-    })
-    .map_err(|e| PyValueError::new_err(e.to_string()))
-}
-
-/// `masked_softmax_window_(scores, key_lengths, scale, half, first_query,
-/// threads=1)`: [`masked_softmax_`](masked_softmax_py) over `scores` shaped
-/// `[sequences, heads, queries, keys]` where only keys within `half`
-/// positions of the query (counted from `first_query`) get weight.
-#[pyfunction]
-#[pyo3(
-    name = "masked_softmax_window_",
-    signature = (scores, key_lengths, scale, half, first_query, threads = 1)
-)]
-fn masked_softmax_window_py(
-    py: Python<'_>,
-    scores: &Bound<'_, PyAny>,
-    key_lengths: Vec<usize>,
-    scale: f32,
-    half: usize,
-    first_query: usize,
+    slopes: Option<Vec<f32>>,
+    half: Option<usize>,
     threads: usize,
 ) -> PyResult<()> {
     let buf = writable_f32(scores)?;
@@ -150,18 +112,34 @@ fn masked_softmax_window_py(
             "scores must be [sequences, heads, queries, keys], got {dims:?}"
         )));
     }
+    let bias = match (&slopes, half) {
+        (Some(slopes), None) if slopes.len() == dims[1] => PositionBias::Alibi(slopes),
+        (None, Some(half)) => PositionBias::Window {
+            heads: dims[1],
+            half,
+        },
+        _ => {
+            return Err(PyValueError::new_err(format!(
+                "give one slope per head ({}) or a window half, not both",
+                dims[1]
+            )))
+        }
+    };
     let shape = SoftmaxShape {
         sequences: dims[0],
         rows_per_sequence: dims[1] * dims[2],
         row_len: dims[3],
     };
-    let window = Window {
-        heads: dims[1],
-        half,
-        first_query,
-    };
+    let positions = Positions { bias, first_query };
     with_floats_detached(py, &buf, |floats| {
-        masked_softmax_window(floats, shape, &key_lengths, scale, window, threads.max(1))
+        masked_softmax_positions(
+            floats,
+            shape,
+            &key_lengths,
+            scale,
+            positions,
+            threads.max(1),
+        )
     })
     .map_err(|e| PyValueError::new_err(e.to_string()))
 }
@@ -506,8 +484,7 @@ fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
 
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(masked_softmax_py, module)?)?;
-    module.add_function(wrap_pyfunction!(masked_softmax_alibi_py, module)?)?;
-    module.add_function(wrap_pyfunction!(masked_softmax_window_py, module)?)?;
+    module.add_function(wrap_pyfunction!(masked_softmax_positions_py, module)?)?;
     module.add_function(wrap_pyfunction!(gelu_py, module)?)?;
     module.add_function(wrap_pyfunction!(add_layer_norm_py, module)?)?;
     module.add_function(wrap_pyfunction!(linear_packed_len_py, module)?)?;

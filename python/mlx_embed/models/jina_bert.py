@@ -34,7 +34,7 @@ does not, the weights do (``mlp.gated_layers`` or ``mlp.up_gated_layer``).
   (``[0::2]``) for the remaining n - p heads.
 
 The attention: on the CPU's native path, one matmul, then the native masked
-softmax with the ALiBi bias computed in its pass (``masked_softmax_alibi_``),
+softmax with the ALiBi bias computed in its pass (``masked_softmax_positions_``),
 then one matmul; elsewhere MLX: the bias and padding mask added before the
 project's softmax, or MLX's fused SDPA with them as its additive mask where
 the backend uses that. Long inputs (jina-embeddings-v2 takes 8192 tokens) go

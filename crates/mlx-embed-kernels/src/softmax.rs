@@ -30,26 +30,7 @@ pub fn masked_softmax(
     scale: f32,
     threads: usize,
 ) -> Result<(), KernelError> {
-    check(scores, shape, key_lengths, scale)?;
-    if scores.is_empty() {
-        return Ok(());
-    }
-    let SoftmaxShape {
-        rows_per_sequence,
-        row_len,
-        ..
-    } = shape;
-    for_each_piece(scores, row_len, threads, |piece, first_row| {
-        softmax_rows(
-            piece,
-            row_len,
-            first_row,
-            rows_per_sequence,
-            key_lengths,
-            scale,
-        )
-    });
-    Ok(())
+    softmax_in_place(scores, shape, key_lengths, scale, None, threads)
 }
 
 /// A bias that depends on the query's position, applied inside the
@@ -110,6 +91,18 @@ pub fn masked_softmax_positions(
             shape.rows_per_sequence
         )));
     }
+    softmax_in_place(scores, shape, key_lengths, scale, Some(positions), threads)
+}
+
+fn softmax_in_place(
+    scores: &mut [f32],
+    shape: SoftmaxShape,
+    key_lengths: &[usize],
+    scale: f32,
+    positions: Option<Positions<'_>>,
+    threads: usize,
+) -> Result<(), KernelError> {
+    check(scores, shape, key_lengths, scale)?;
     if scores.is_empty() {
         return Ok(());
     }
@@ -119,7 +112,7 @@ pub fn masked_softmax_positions(
         ..
     } = shape;
     for_each_piece(scores, row_len, threads, |piece, first_row| {
-        position_rows(
+        softmax_rows(
             piece,
             row_len,
             first_row,
@@ -179,30 +172,18 @@ simd_dispatch! {
         rows_per_sequence: usize,
         key_lengths: &[usize],
         scale: f32,
+        positions: Option<Positions<'_>>,
     ) {
-        for (i, row) in rows.chunks_exact_mut(row_len).enumerate() {
-            let valid = key_lengths[(first_row + i) / rows_per_sequence];
-            softmax_row::<FMA>(row, valid, scale);
-        }
-    }
-}
-
-simd_dispatch! {
-    fn position_rows<FMA>(
-        rows: &mut [f32],
-        row_len: usize,
-        first_row: usize,
-        rows_per_sequence: usize,
-        key_lengths: &[usize],
-        scale: f32,
-        positions: Positions<'_>,
-    ) {
-        let queries = rows_per_sequence / positions.bias.heads();
+        let queries = positions.map_or(1, |p| rows_per_sequence / p.bias.heads());
         for (i, row) in rows.chunks_exact_mut(row_len).enumerate() {
             let r = first_row + i;
+            let valid = key_lengths[r / rows_per_sequence];
+            let Some(positions) = positions else {
+                softmax_row::<FMA>(row, valid, scale);
+                continue;
+            };
             let within = r % rows_per_sequence;
             let query = positions.first_query + within % queries;
-            let valid = key_lengths[r / rows_per_sequence];
             match positions.bias {
                 PositionBias::Alibi(slopes) => {
                     let slope = slopes[within / queries];

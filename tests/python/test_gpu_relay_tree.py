@@ -1,0 +1,41 @@
+"""scripts/gpu-relay-tree, in a clone of this repository: `hide` leaves only
+the benchmark's one fixture file tracked and refuses commits (one would
+delete the fixtures); `restore` brings the index back to HEAD, and nothing
+is committed either way."""
+
+import subprocess
+
+from conftest import ROOT
+
+
+def _git(cwd, *args, check=True):
+    return subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True, check=check)
+
+
+def test_hide_and_restore_in_a_clone(tmp_path):
+    repo = tmp_path / "r"
+    _git(tmp_path, "clone", "-q", "--no-hardlinks", str(ROOT), str(repo))
+    head = _git(repo, "rev-parse", "HEAD").stdout
+    tracked = _git(repo, "ls-files", "tests/fixtures").stdout.split()
+    assert len(tracked) > 100
+
+    def tree(*args):
+        return subprocess.run(["bash", "scripts/gpu-relay-tree", *args], cwd=repo, capture_output=True, text=True)
+
+    # No .gpuN here: the tree alone (tens of MB) is under 64 MiB.
+    assert tree("check").returncode == 0
+    hide = tree("hide")
+    assert hide.returncode == 0, hide.stderr
+    assert _git(repo, "ls-files", "tests/fixtures").stdout.split() == ["tests/fixtures/tiny-qwen3/tokenizer.json"]
+    # The untracked fixtures do not travel: ignored, not offered as new files.
+    assert _git(repo, "ls-files", "--others", "--exclude-standard", "tests").stdout == ""
+    assert "working tree" in hide.stdout
+    refused = _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x",
+                   check=False)
+    assert refused.returncode != 0 and "restore first" in refused.stderr
+    assert tree("hide").returncode != 0  # not twice
+    assert tree("restore").returncode == 0
+    assert _git(repo, "ls-files", "tests/fixtures").stdout.split() == tracked
+    assert _git(repo, "status", "--porcelain").stdout == ""
+    assert _git(repo, "rev-parse", "HEAD").stdout == head
+    assert not (repo / ".git" / "hooks" / "pre-commit").exists()

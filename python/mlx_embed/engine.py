@@ -8,7 +8,6 @@ validates what callers pass and puts the pieces together.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import itertools
 import logging
 import os
@@ -29,6 +28,7 @@ except ImportError as e:  # the `mlx` wheel alone has no backend on Linux
 from . import _blas, device, loading, ops, startup
 from .errors import InvalidInput
 from .loading import DEFAULT_MODEL_NAME, default_model_path  # noqa: F401  (re-exported)
+from .models import reads_type_ids
 from .pairs import template_spec
 from .scheduler import OUTPUTS, Scheduler
 from .scoring import ScoringMixin
@@ -115,9 +115,7 @@ class EmbeddingModel(ScoringMixin):
         # Whether an input may run with no tokens at all (its vector is what
         # the pooling makes of nothing: zeros for the mean).
         self.empty_inputs = bool(ck.defaults.get("empty_inputs", False))
-        reads_types = getattr(self.model, "reads_type_ids", None)
-        if reads_types is None:
-            reads_types = "token_type_ids" in inspect.signature(self.model.__call__).parameters
+        reads_types = reads_type_ids(self.model)
         if (ck.config.get("type_vocab_size") == 0 or not reads_types) and self.tokenizer.pair is not None:
             # No token-type table (DeBERTa-v3, ModernBERT): the tokenizer may
             # still mark the second segment 1, which transformers never reads,

@@ -75,6 +75,27 @@ def assert_reranker_matches(model, folder, alone=(0, 3, 35, 40, 41)) -> np.ndarr
     return logits
 
 
+def assert_pairs_match_tokenizer(model, folder, max_len: int = 128) -> list:
+    """A reranker fixture's pairs as the model encodes them: the ids, and
+    the type ids when it sends any, are the tokenizers library's own pair
+    encoding with longest_first truncation at ``max_len``, 8 pairs being cut
+    there. Returns the library's encodings."""
+    from tokenizers import Tokenizer
+
+    folder = FIXTURES / folder
+    pairs = json.loads((folder / "pairs.json").read_text())
+    ids, types, before = model.encode_pairs(pairs)
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    tok.no_padding()
+    tok.enable_truncation(max_len, strategy="longest_first")
+    encs = tok.encode_batch([tuple(p) for p in pairs])
+    assert ids == [e.ids for e in encs]
+    if types is not None:
+        assert types == [e.type_ids for e in encs]
+    assert sum(n > max_len for n in before) == 8
+    return encs
+
+
 def copy_fixture(folder: str, dst, **edit):
     """The fixture copied to dst with config.json keys set (None: removed)."""
     shutil.copytree(FIXTURES / folder, dst)

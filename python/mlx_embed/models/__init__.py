@@ -26,6 +26,8 @@ A built ``Model`` may add folder-specific ones as ``model.embedding_defaults``
 The engine reads only these, never the architecture's name.
 """
 
+import inspect
+
 import mlx.core as mx
 
 SUPPORTED = (
@@ -64,6 +66,22 @@ REMAPPING = {
     "model2vec": "static",
     "static_embedding": "static",
 }
+
+
+def reads_type_ids(model) -> bool:
+    """Whether ``model``'s forward uses token type ids: its own
+    ``reads_type_ids`` where it says (DistilBERT's takes and ignores them),
+    else whether its ``__call__`` takes ``token_type_ids``."""
+    takes = "token_type_ids" in inspect.signature(model.__call__).parameters
+    return bool(getattr(model, "reads_type_ids", takes))
+
+
+def config_args(cls, params: dict) -> dict:
+    """The config.json keys that are ``cls``'s init fields (a ModelArgs
+    dataclass): an architecture takes what it reads and leaves the rest
+    (training settings, ``auto_map``, other heads' keys) to the checkpoint."""
+    fields = {k for k, f in cls.__dataclass_fields__.items() if f.init}
+    return {k: v for k, v in params.items() if k in fields}
 
 
 def module_for(model_type: str, config: dict) -> str:

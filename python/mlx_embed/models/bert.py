@@ -16,7 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import ops
-from . import join_linears
+from . import config_args, join_linears
 
 # What the engine assumes for this architecture when the checkpoint folder
 # does not say (sentence-transformers' 1_Pooling config wins over these).
@@ -39,8 +39,7 @@ class ModelArgs:
 
     @classmethod
     def from_dict(cls, params: dict) -> "ModelArgs":
-        fields = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in params.items() if k in fields})
+        return cls(**config_args(cls, params))
 
     def __post_init__(self):
         if self.position_embedding_type != "absolute":

@@ -29,6 +29,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import ops
+from . import config_args
 
 # A bare encoder folder (no sentence-transformers modules) embeds by mean.
 EMBEDDING_DEFAULTS = {"pooling": "mean"}
@@ -84,8 +85,7 @@ class ModelArgs:
 
     @classmethod
     def from_dict(cls, params: dict) -> "ModelArgs":
-        fields = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in params.items() if k in fields})
+        return cls(**config_args(cls, params))
 
     def __post_init__(self):
         if self.model_type != "deberta-v2":

@@ -18,7 +18,7 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import bert
+from . import bert, config_args
 
 EMBEDDING_DEFAULTS = {"pooling": "mean"}
 
@@ -46,8 +46,7 @@ class ModelArgs:
 
     @classmethod
     def from_dict(cls, params: dict) -> "ModelArgs":
-        fields = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in params.items() if k in fields})
+        return cls(**config_args(cls, params))
 
     def __post_init__(self):
         if self.sinusoidal_pos_embds:

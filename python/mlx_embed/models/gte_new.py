@@ -42,7 +42,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .. import ops
-from . import LengthTables, join_linears, split_linear
+from . import LengthTables, config_args, join_linears, split_linear
 
 # The model cards and the sentence-transformers folders pool the first token.
 EMBEDDING_DEFAULTS = {"pooling": "cls"}
@@ -77,8 +77,7 @@ class ModelArgs:
 
     @classmethod
     def from_dict(cls, params: dict) -> "ModelArgs":
-        fields = cls.__dataclass_fields__
-        kw = {k: v for k, v in params.items() if k in fields}
+        kw = config_args(cls, params)
         rp = params.get("rope_parameters")
         if isinstance(rp, dict) and "rope_theta" in rp and "rope_theta" not in params:
             kw["rope_theta"] = rp["rope_theta"]

@@ -58,7 +58,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .. import ops
-from . import LengthTables, join_linears, split_linear
+from . import LengthTables, config_args, join_linears, split_linear
 
 # jina-embeddings-v2 folders (and the reference's own encode()) mean-pool.
 EMBEDDING_DEFAULTS = {"pooling": "mean"}
@@ -128,12 +128,11 @@ class ModelArgs:
     auto_map: dict = field(default_factory=dict)
     name_or_path: str = ""
     # IMPLEMENTATION or QK_POST_NORM; None until the weights say.
-    layout: Optional[str] = None
+    layout: Optional[str] = field(default=None, init=False)
 
     @classmethod
     def from_dict(cls, params: dict) -> "ModelArgs":
-        fields = cls.__dataclass_fields__
-        kw = {k: v for k, v in params.items() if k in fields and v is not None and k != "layout"}
+        kw = config_args(cls, {k: v for k, v in params.items() if v is not None})
         kw["name_or_path"] = str(params.get("_name_or_path") or "")
         return cls(**kw)
 

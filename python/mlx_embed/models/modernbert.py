@@ -17,6 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import ops
+from . import config_args
 
 EMBEDDING_DEFAULTS = {"pooling": "mean"}
 
@@ -50,8 +51,7 @@ class ModelArgs:
 
     @classmethod
     def from_dict(cls, params: dict) -> "ModelArgs":
-        fields = {k for k, f in cls.__dataclass_fields__.items() if f.init}
-        return cls(**{k: v for k, v in params.items() if k in fields})
+        return cls(**config_args(cls, params))
 
     def __post_init__(self):
         if self.hidden_activation not in ("gelu", "gelu_pytorch_tanh", "gelu_new"):

@@ -18,7 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import ops
-from . import join_linears
+from . import config_args, join_linears
 
 EMBEDDING_DEFAULTS = {"pooling": "mean"}
 
@@ -44,8 +44,7 @@ class ModelArgs:
 
     @classmethod
     def from_dict(cls, params: dict) -> "ModelArgs":
-        fields = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in params.items() if k in fields})
+        return cls(**config_args(cls, params))
 
     def __post_init__(self):
         if self.hidden_act != "gelu":

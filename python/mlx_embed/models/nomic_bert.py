@@ -23,6 +23,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import ops
+from . import config_args
 
 EMBEDDING_DEFAULTS = {"pooling": "mean"}
 
@@ -59,8 +60,7 @@ class ModelArgs:
                 "nomic_bert: config.json is not in Nomic's format (no 'n_embd'); "
                 "supported: the published nomic-embed-text checkpoints"
             )
-        fields = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in params.items() if k in fields})
+        return cls(**config_args(cls, params))
 
     def __post_init__(self):
         unsupported = {

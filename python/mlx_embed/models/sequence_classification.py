@@ -31,12 +31,13 @@ or a softmax is the caller's decision (TEI's ``raw_scores``).
 from __future__ import annotations
 
 import importlib
-import inspect
 from dataclasses import dataclass, field
 from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from . import reads_type_ids
 
 # config.json ``architectures`` entries this module serves: the encoder's
 # module, the head style and the prefix the checkpoint keeps the encoder under.
@@ -238,9 +239,7 @@ class Model(nn.Module):
         self.head = _HEADS[style](args)
         # Whether pairs carry token types to the encoder (ModernBERT and
         # DistilBERT have no type table; the engine then sends none).
-        self.reads_type_ids = getattr(
-            self.encoder, "reads_type_ids", "token_type_ids" in inspect.signature(self.encoder.__call__).parameters
-        )
+        self.reads_type_ids = reads_type_ids(self.encoder)
 
     @property
     def vocab_size(self) -> int:

@@ -390,11 +390,17 @@ def graph_ops(name: str, workdir: Path, args) -> dict:
     return out
 
 
+# The collector's caps are the CPU's (64 inputs, 8192 tokens); a GPU may want
+# bigger calls when more than 64 texts wait.
+BIG = ["--max-batch-size", "256", "--max-batch-tokens", "32768"]
 SERVER_FLAGS = {"defaults": [], "streams_2": ["--streams", "2"], "streams_4": ["--streams", "4"],
                 "threads_2": ["--model-threads", "2"], "threads_4": ["--model-threads", "4"],
-                # The collector's caps are the CPU's (64 inputs, 8192 tokens); a GPU
-                # may want bigger calls when more than 64 texts wait.
-                "big_batches": ["--max-batch-size", "256", "--max-batch-tokens", "32768"]}
+                "big_batches": BIG,
+                # The third lease's best two, together, and bigger still.
+                "big_threads_2": [*BIG, "--model-threads", "2"], "big_streams_2": [*BIG, "--streams", "2"],
+                "bigger_batches": ["--max-batch-size", "512", "--max-batch-tokens", "65536"]}
+# What --server runs unless --server-flags names others: the third lease's sets.
+DEFAULT_SERVER_FLAGS = ("defaults", "streams_2", "streams_4", "threads_2", "threads_4", "big_batches")
 # (texts per request, connections): the one-text-per-request load of issue
 # 11's target, and bulk callers sending server-sized calls.
 SERVER_LOADS = ((1, 64), (32, 4))
@@ -454,7 +460,8 @@ def server_rows(name: str, folder: Path, ids: list[list[int]], args, workdir: Pa
     out = {"dtype": dtype, "engine_one_call": rate}
     mx.clear_cache()
     limit = 30 if args.dry_run else 120
-    for label, flags in SERVER_FLAGS.items():
+    for label in args.server_flags:
+        flags = SERVER_FLAGS[label]
         if past_deadline(args):
             # A shape's flag sets take minutes on a GPU (a server start each):
             # what ran is kept, the rest says why it is missing.
@@ -682,8 +689,8 @@ def summary(results: dict, call: int) -> str:
             continue
         lines += ["", f"server, {name} ({server['dtype']}; engine one call {server['engine_one_call']:.0f} texts/s):",
                   "| flags | " + " | ".join(loads) + " |", "|---|" + "---:|" * len(loads)]
-        for label in SERVER_FLAGS:
-            row = server.get(label, {})
+        for label in (k for k in SERVER_FLAGS if k in server):
+            row = server[label]
             cells = [f"{row[k]['texts_per_s']:.0f} ({row[k]['vs_engine_one_call']:.2f}x)" if k in row else "-"
                      for k in loads]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
@@ -707,6 +714,8 @@ def main(argv=None) -> int:
                    help="calls of --call texts: padding, model threads")
     p.add_argument("--server", action="store_true",
                    help="the Rust server on this machine (python -m mlx_embed serve) under HTTP load")
+    p.add_argument("--server-flags", default=",".join(DEFAULT_SERVER_FLAGS),
+                   help=f"comma list of the server flag sets --server runs, of {', '.join(SERVER_FLAGS)}")
     p.add_argument("--graph-ops", action="store_true",
                    help="one call and calls of --call with MLX_MAX_OPS_PER_BUFFER 20/60/200")
     p.add_argument("--rates-only", action="store_true", help=argparse.SUPPRESS)
@@ -721,6 +730,10 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", help="folder for results.json")
     args = p.parse_args(argv)
+    args.server_flags = [x.strip() for x in args.server_flags.split(",") if x.strip()]
+    unknown = sorted(set(args.server_flags) - set(SERVER_FLAGS))
+    if unknown:
+        p.error(f"unknown --server-flags {', '.join(unknown)}; known: {', '.join(SERVER_FLAGS)}")
 
     if args.stage != "torch":
         import mlx_embed as _mlx_embed

@@ -39,7 +39,7 @@ import contextlib
 import os
 import queue
 import threading
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -63,6 +63,15 @@ OUTPUTS = ("pooled", "tokens")
 
 # Fewest real tokens in one call worth splitting across the MLX workers.
 MIN_PARALLEL_TOKENS = 256
+
+# MLX's CUDA backend records each evaluation into CUDA graphs, and two threads
+# recording at once abort the process: on an H200, two engine instances called
+# from two threads died with "cudaStreamEndCapture(...) failed: operation failed
+# due to a previous error during capture" (docs/benchmarks.md, third lease). So
+# off the CPU every Scheduler in the process queues its passes under this one
+# lock, pass by pass; the host arrays are built before it is taken, and the host
+# copies that collect the passes (``Pending.result``) happen outside it.
+_DEVICE_QUEUE_LOCK = threading.Lock()
 
 
 def default_batch_tokens() -> int:
@@ -149,7 +158,7 @@ class Scheduler:
         # a power of two (pad rows are discarded).
         self.shape_buckets = (not device.is_cpu()) if shape_buckets is None else bool(shape_buckets)
         self.takes_type_ids = takes_type_ids
-        self._lock = threading.Lock()
+        self._lock = threading.Lock() if device.is_cpu() else _DEVICE_QUEUE_LOCK
         self._pool: Optional[_WorkerPool] = None
         self._blas_threads = _blas.get_num_threads()
 
@@ -243,10 +252,9 @@ class Scheduler:
             out = _TokenRows(lengths) if tokens else np.empty((0, self.dim), dtype=np.float32)
             return Pending(out, 0)
         plan = self.plan(lengths)
+        if self.pipeline:
+            return self._submit_pipelined(plan, ids, type_ids, lengths, normalize, tokens)
         with self._lock:
-            if self.pipeline:
-                with ops.forward_context(self.context):
-                    return self._submit_pipelined(plan, ids, type_ids, lengths, normalize, tokens)
             out = _TokenRows(lengths) if tokens else np.empty((n, self.dim), dtype=np.float32)
             if self.workers > 1 and len(plan) > 1:
                 padded = self._run_parallel(plan, ids, type_ids, lengths, out, normalize, tokens)
@@ -266,6 +274,10 @@ class Scheduler:
         """Build one sub-batch's padded arrays and its pooled-vector graph
         ([B, dim]); with ``tokens``, its last hidden state ([B, L, hidden],
         padding included: the caller keeps each row's real tokens)."""
+        return self._graph(self._host_arrays(idx, ids, type_ids, lengths), normalize, tokens)
+
+    def _host_arrays(self, idx, ids, type_ids, lengths) -> "_PassArrays":
+        """One sub-batch's padded ids, mask and type ids, on the host."""
         # At least one column: a pass of inputs with no tokens (a static
         # model's empty texts) pools all-masked rows, which the mean makes 0.
         L = max(1, self.bucket(int(lengths[idx].max())))
@@ -282,6 +294,11 @@ class Scheduler:
             mask[r, : len(row)] = 1
             if types is not None:
                 types[r, : len(row)] = type_ids[i]
+        return _PassArrays(arr, mask, types, real)
+
+    def _graph(self, host: "_PassArrays", normalize, tokens) -> tuple[mx.array, int]:
+        arr, mask, types, real = host.ids, host.mask, host.types, host.real
+        B, L = arr.shape
         # Graph building is serialized across workers; the evaluations and
         # native kernels inside the pass, and the final eval, overlap.
         with ops.building_graph():
@@ -324,24 +341,31 @@ class Scheduler:
 
     def _submit_pipelined(self, plan, ids, type_ids, lengths, normalize, tokens) -> "Pending":
         parts, padded = [], 0
-        for idx, stream in zip(plan, self._call_streams(len(plan))):
-            with mx.stream(stream) if stream is not None else contextlib.nullcontext():
-                vec, p = self._submit(idx, ids, type_ids, lengths, normalize, tokens)
-                mx.async_eval(vec)
-            parts.append(vec)
-            padded += p
-        if tokens:
-            # Ragged rows: each pass is copied to the host on its own when the
-            # result is read (per-token output is rare; pooled keeps one copy).
-            rows = _TokenRows(lengths)
-            for idx, vec in zip(plan, parts):
-                rows.add(idx, vec)
-            return Pending(rows, padded)
-        order = np.concatenate(plan)
-        vecs = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
-        if not np.array_equal(order, np.arange(len(order))):
-            vecs = vecs[mx.array(np.argsort(order).astype(np.int32))]
-        mx.async_eval(vecs)
+        with ops.forward_context(self.context):
+            for idx, stream in zip(plan, self._call_streams(len(plan))):
+                # Padding pass k+1 on the host overlaps pass k on the device,
+                # and another thread's passes, which take the lock meanwhile.
+                host = self._host_arrays(idx, ids, type_ids, lengths)
+                on_stream = mx.stream(stream) if stream is not None else contextlib.nullcontext()
+                with self._lock, on_stream:
+                    vec, p = self._graph(host, normalize, tokens)
+                    mx.async_eval(vec)
+                parts.append(vec)
+                padded += p
+            if tokens:
+                # Ragged rows: each pass is copied to the host on its own when
+                # the result is read (per-token output is rare; pooled keeps
+                # one copy).
+                rows = _TokenRows(lengths)
+                for idx, vec in zip(plan, parts):
+                    rows.add(idx, vec)
+                return Pending(rows, padded)
+            order = np.concatenate(plan)
+            with self._lock:
+                vecs = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
+                if not np.array_equal(order, np.arange(len(order))):
+                    vecs = vecs[mx.array(np.argsort(order).astype(np.int32))]
+                mx.async_eval(vecs)
         return Pending(vecs, padded)
 
     def _set_blas_threads(self, n: Optional[int]) -> None:
@@ -392,6 +416,16 @@ class Scheduler:
         if state["error"] is not None:
             raise state["error"]
         return state["padded"]
+
+
+class _PassArrays(NamedTuple):
+    """One pass's inputs on the host, padded to its shape [B, L]: rows past
+    ``real`` are padding rows."""
+
+    ids: np.ndarray
+    mask: np.ndarray
+    types: Optional[np.ndarray]
+    real: int
 
 
 class _TokenRows:

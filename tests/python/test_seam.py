@@ -361,6 +361,63 @@ def test_pipelined_model_serves_any_thread(golden_texts, streams):
     assert np.array_equal(m.embed(golden_texts), want)
 
 
+def test_engines_off_the_cpu_queue_passes_one_thread_at_a_time(golden_texts, monkeypatch):
+    """On a GPU, two threads recording MLX graphs at once aborted the process
+    (H200: "cudaStreamEndCapture(...) failed", two engine instances on two
+    threads). Off the CPU every engine's passes are queued under one process
+    lock: two engines called from two threads never build a pass graph at the
+    same moment, and each gets the synchronous path's vectors. On the CPU each
+    engine keeps its own lock, so separate engines still run side by side."""
+    from mlx_embed import scheduler as scheduler_mod
+
+    cpu = mlx_embed.load(fast_ops="exact", pipeline=True)
+    assert cpu.scheduler._lock is not mlx_embed.load(fast_ops="exact").scheduler._lock
+    monkeypatch.setattr(scheduler_mod, "device", type("Gpu", (), {"is_cpu": staticmethod(lambda: False)}))
+    engines = [mlx_embed.load(fast_ops="exact", batch_tokens=128) for _ in range(2)]
+    monkeypatch.undo()
+    assert engines[0].scheduler.pipeline and engines[0].scheduler.shape_buckets
+    assert engines[0].scheduler._lock is engines[1].scheduler._lock is scheduler_mod._DEVICE_QUEUE_LOCK
+    ref = mlx_embed.load(fast_ops="exact", pipeline=False, batch_tokens=128)
+    want = ref.embed(golden_texts)
+    inside, most = [0], [0]
+    count = threading.Lock()
+
+    def watched(graph):
+        def run(*args, **kwargs):
+            with count:
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+            try:
+                threading.Event().wait(0.002)  # widen the window another thread could enter
+                return graph(*args, **kwargs)
+            finally:
+                with count:
+                    inside[0] -= 1
+
+        return run
+
+    for e in engines:
+        e.scheduler._graph = watched(e.scheduler._graph)
+    got, errors = {}, []
+
+    def caller(k):
+        try:
+            got[k] = [engines[k].embed(golden_texts) for _ in range(3)]
+        except Exception as e:  # noqa: BLE001 - asserted below
+            errors.append(e)
+
+    threads = [threading.Thread(target=caller, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert most[0] == 1
+    for k in range(2):
+        for vectors in got[k]:
+            assert np.abs(vectors - want).max() <= 1e-6
+
+
 def test_pipelined_calls_rotate_over_streams(golden_texts):
     """With ``streams=2`` consecutive one-pass calls take turns on the two
     streams (so a device runs call k+1 beside call k), a multi-pass call

@@ -30,3 +30,33 @@ def test_old_fast_ops_env_spelling_still_works(tmp_path):
         assert server.get("/info").json()["details"]["elementwise_ops"] == "exact"
     finally:
         server.stop()
+
+
+# The server as `python -m mlx_embed serve` runs it, with MLX's device taken
+# for a GPU: the launcher asks the engine where it computes before loading.
+AS_IF_ON_A_GPU = (
+    "import sys; import mlx_embed.device as d; d.is_cpu = lambda: False; "
+    "from mlx_embed.cli import main; sys.exit(main(['serve', *sys.argv[1:]]))"
+)
+
+
+def test_batch_caps_default_by_device(tmp_path, golden):
+    """On a GPU the collector's caps default to 256 inputs and 32768 tokens
+    (64 and 8192 on the CPU, test_rerank's /info check); a flag given wins."""
+    import sys
+
+    texts, reference = golden
+    keep = [i for i, t in enumerate(texts) if t][:6]
+    for flags, want in (([], (256, 32768)), (["--max-batch-size", "48"], (48, 32768))):
+        server = start_server(tmp_path, "--no-warmup", *flags, command=[sys.executable, "-c", AS_IF_ON_A_GPU])
+        try:
+            info = server.get("/info").json()
+            assert (info["batching"]["max_batch_size"], info["batching"]["max_batch_tokens"]) == want
+            assert (info["max_batch_requests"], info["max_batch_tokens"]) == want
+            assert info["details"]["pipeline"] == "true"
+            resp = server.post("/api/v1/embed", {"texts": [texts[i] for i in keep]})
+            assert resp.status_code == 200, resp.text
+            got = np.array(resp.json()["embeddings"], dtype=np.float32)
+            assert np.abs(got - reference[keep]).max() <= 1e-5
+        finally:
+            server.stop()

@@ -8,9 +8,11 @@ pub struct BatcherConfig {
     /// Most inputs in one model call. 64 by default: the MLX engine on a CPU
     /// still gains from 32 to 64 inputs per call (short texts, 2 cores: 246
     /// to 286 texts/s, docs/benchmarks.md), and the engine cuts a call into
-    /// its own cache-sized passes anyway.
+    /// its own cache-sized passes anyway. 256 for a model on an accelerator
+    /// ([`BatcherConfig::for_device`]).
     pub max_batch_size: usize,
     /// Most padded tokens (longest estimate x count) in one model call.
+    /// 8192 by default, 32768 on an accelerator.
     pub max_batch_tokens: usize,
     /// How long an idle model waits for company before running a lone request.
     /// Zero by default: on an idle model waiting only adds latency.
@@ -42,12 +44,44 @@ pub struct BatcherConfig {
     /// Model threads, each running its own batches on the one loaded model
     /// (through [`crate::Embedder::replica`]), so the host work of one batch
     /// overlaps the device work of others. 1 by default: on the CPU the
-    /// engine's own workers already use every core; a GPU may gain
-    /// (docs/benchmarks.md). Zero is taken as one.
+    /// engine's own workers already use every core, and on an H200 two or
+    /// four threads cut single-text requests into smaller, costlier passes
+    /// and gained nothing over bigger batches (docs/benchmarks.md). Zero is
+    /// taken as one.
     pub model_threads: usize,
 }
 
+/// Where the model computes, as far as batching cares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    /// The host's cores: a call's cost grows with its size from the first input.
+    Cpu,
+    /// A GPU (CUDA, Metal): a call has a fixed cost that bigger calls share.
+    Accelerator,
+}
+
+impl BatcherConfig {
+    /// The defaults for a model on `device`. On an accelerator a call costs
+    /// milliseconds whatever its size (about 3 ms for 32 MiniLM texts on an
+    /// H200, where one call of 8,192 runs 31,000-42,000 texts/s), so the
+    /// collector may put more of what is waiting into one call: with 256
+    /// inputs and 32768 tokens, 32-text requests from 4 connections ran
+    /// 1.16x-1.66x (MiniLM shape) and 1.56x-1.98x (BERT-base) the 64 / 8192
+    /// caps' texts/s in three runs each (docs/benchmarks.md, third lease).
+    pub fn for_device(device: DeviceKind) -> Self {
+        match device {
+            DeviceKind::Cpu => Self::default(),
+            DeviceKind::Accelerator => Self {
+                max_batch_size: 256,
+                max_batch_tokens: 32_768,
+                ..Self::default()
+            },
+        }
+    }
+}
+
 impl Default for BatcherConfig {
+    /// The CPU's defaults ([`DeviceKind::Cpu`]).
     fn default() -> Self {
         Self {
             max_batch_size: 64,

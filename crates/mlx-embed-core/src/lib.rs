@@ -52,7 +52,7 @@ mod tokenize;
 
 pub use batcher::{Batcher, Embeddings};
 pub use cache::CacheMetrics;
-pub use config::BatcherConfig;
+pub use config::{BatcherConfig, DeviceKind};
 pub use embedder::{
     l2_normalize, sparse_entries, BatchOutput, DeviceMemory, EmbedInput, EmbedOptions, Embedder,
     EmbedderError, EmbedderErrorKind, Encoded, LiveStats, ModelInfo, ModelKind, Output, Prompt,

@@ -6,6 +6,8 @@ use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyDict;
 
+use mlx_embed_core::DeviceKind;
+
 use crate::BridgeError;
 
 /// Makes sure an interpreter is running and `mlx_embed` is importable.
@@ -42,6 +44,25 @@ pub fn ensure_python() -> Result<(), BridgeError> {
                 })
             }
         }
+    })
+}
+
+/// Where MLX computes in this process (`mlx_embed.device.is_cpu()`): the
+/// device every model loads onto, known before any is loaded, so a server
+/// can pick its batching defaults first.
+pub fn default_device() -> Result<DeviceKind, BridgeError> {
+    ensure_python()?;
+    Python::attach(|py| {
+        let on_cpu: bool = py
+            .import("mlx_embed.device")?
+            .getattr("is_cpu")?
+            .call0()?
+            .extract()?;
+        Ok(if on_cpu {
+            DeviceKind::Cpu
+        } else {
+            DeviceKind::Accelerator
+        })
     })
 }
 

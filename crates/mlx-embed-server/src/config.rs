@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use mlx_embed_core::BatcherConfig;
+use mlx_embed_core::{BatcherConfig, DeviceKind};
 
 fn core_defaults() -> BatcherConfig {
     BatcherConfig::default()
@@ -26,15 +26,15 @@ pub struct ServerArgs {
     #[arg(long, env = "MLX_EMBED_SERVED_MODEL_NAME")]
     pub served_model_name: Option<String>,
 
-    /// Most inputs in one model call.
-    #[arg(long, env = "MLX_EMBED_MAX_BATCH_SIZE", default_value_t = core_defaults().max_batch_size,
+    /// Most inputs in one model call [default: 64 on the CPU, 256 on a GPU].
+    #[arg(long, env = "MLX_EMBED_MAX_BATCH_SIZE",
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
-    pub max_batch_size: usize,
+    pub max_batch_size: Option<usize>,
 
-    /// Most padded tokens (longest input x count) in one model call.
-    #[arg(long, env = "MLX_EMBED_MAX_BATCH_TOKENS", default_value_t = core_defaults().max_batch_tokens,
+    /// Most padded tokens (longest input x count) in one model call [default: 8192 on the CPU, 32768 on a GPU].
+    #[arg(long, env = "MLX_EMBED_MAX_BATCH_TOKENS",
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
-    pub max_batch_tokens: usize,
+    pub max_batch_tokens: Option<usize>,
 
     /// How long an idle model waits for more requests before running a lone one (ms).
     #[arg(long, env = "MLX_EMBED_BATCH_WINDOW_MS",
@@ -73,7 +73,8 @@ pub struct ServerArgs {
     pub aging_batches: u32,
 
     /// Model threads per model, each running its own batches on the one loaded model, so one
-    /// batch's host work overlaps others' device work (for GPUs; not yet measured there).
+    /// batch's host work overlaps others' device work (on an H200 more than one lost with
+    /// single-text requests and gained nothing over the GPU's bigger batches).
     #[arg(long, env = "MLX_EMBED_MODEL_THREADS", default_value_t = core_defaults().model_threads,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16))]
     pub model_threads: usize,
@@ -124,8 +125,8 @@ impl Default for ServerArgs {
             host: "127.0.0.1".into(),
             port: 8080,
             served_model_name: None,
-            max_batch_size: core.max_batch_size,
-            max_batch_tokens: core.max_batch_tokens,
+            max_batch_size: None,
+            max_batch_tokens: None,
             batch_window_ms: core.batch_window.as_millis() as u64,
             max_concurrent_requests: core.max_concurrent_requests,
             max_waiting: core.max_waiting,
@@ -165,11 +166,14 @@ fn parse_origin(s: &str) -> Result<String, String> {
 }
 
 impl ServerArgs {
-    /// The batcher settings these flags describe.
-    pub fn batcher_config(&self) -> BatcherConfig {
+    /// The batcher settings these flags describe for a model on `device`:
+    /// the batch caps not given are that device's defaults
+    /// ([`BatcherConfig::for_device`]).
+    pub fn batcher_config(&self, device: DeviceKind) -> BatcherConfig {
+        let caps = BatcherConfig::for_device(device);
         BatcherConfig {
-            max_batch_size: self.max_batch_size,
-            max_batch_tokens: self.max_batch_tokens,
+            max_batch_size: self.max_batch_size.unwrap_or(caps.max_batch_size),
+            max_batch_tokens: self.max_batch_tokens.unwrap_or(caps.max_batch_tokens),
             batch_window: Duration::from_millis(self.batch_window_ms),
             max_concurrent_requests: self.max_concurrent_requests,
             max_waiting: self.max_waiting,
@@ -211,8 +215,35 @@ mod tests {
             assert_eq!(parsed, ServerArgs::default());
         }
         assert_eq!(
-            ServerArgs::default().batcher_config(),
+            ServerArgs::default().batcher_config(DeviceKind::Cpu),
             BatcherConfig::default()
+        );
+    }
+
+    #[test]
+    fn batch_caps_default_by_device_and_flags_win() {
+        let gpu = ServerArgs::default().batcher_config(DeviceKind::Accelerator);
+        assert_eq!((gpu.max_batch_size, gpu.max_batch_tokens), (256, 32_768));
+        assert_eq!(
+            gpu,
+            BatcherConfig {
+                max_batch_size: 256,
+                max_batch_tokens: 32_768,
+                ..BatcherConfig::default()
+            }
+        );
+        let given = Cli::try_parse_from(["x", "--max-batch-size", "48"])
+            .unwrap()
+            .args;
+        for device in [DeviceKind::Cpu, DeviceKind::Accelerator] {
+            assert_eq!(given.batcher_config(device).max_batch_size, 48);
+        }
+        assert_eq!(given.batcher_config(DeviceKind::Cpu).max_batch_tokens, 8192);
+        assert_eq!(
+            given
+                .batcher_config(DeviceKind::Accelerator)
+                .max_batch_tokens,
+            32_768
         );
     }
 
@@ -233,8 +264,9 @@ mod tests {
         .unwrap()
         .args;
         assert_eq!(a.port, 9);
-        assert!(!a.batcher_config().enable_batching);
-        assert_eq!(a.batcher_config().max_queue_wait, Duration::from_millis(5));
+        let config = a.batcher_config(DeviceKind::Cpu);
+        assert!(!config.enable_batching);
+        assert_eq!(config.max_queue_wait, Duration::from_millis(5));
         assert_eq!(a.api_key.as_deref(), Some("k"));
         assert!(Cli::try_parse_from(["x", "--max-batch-size", "0"]).is_err());
     }
@@ -271,7 +303,10 @@ mod tests {
         let parse = |args: &[&str]| {
             let mut all = vec!["x"];
             all.extend_from_slice(args);
-            Cli::try_parse_from(all).unwrap().args.batcher_config()
+            Cli::try_parse_from(all)
+                .unwrap()
+                .args
+                .batcher_config(DeviceKind::Cpu)
         };
         assert_eq!(parse(&[]).cache_bytes, 128 << 20);
         assert_eq!(parse(&["--cache-mb", "3"]).cache_bytes, 3 << 20);

@@ -778,7 +778,7 @@ async fn warm_up_runs_one_max_length_text_before_serving() {
     // The test model allows 64 tokens, under the warm-up's cap of 512 words.
     let s = Server::start(ServerArgs {
         no_warmup: false,
-        max_batch_size: 4,
+        max_batch_size: Some(4),
         ..test_args()
     })
     .await;

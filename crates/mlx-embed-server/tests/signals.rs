@@ -5,6 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::*;
+use mlx_embed_core::DeviceKind;
 use mlx_embed_server::{serve, ServerArgs};
 
 #[cfg(unix)]
@@ -12,11 +13,11 @@ use mlx_embed_server::{serve, ServerArgs};
 async fn sigterm_shuts_down_cleanly() {
     let args = ServerArgs {
         port: 0,
-        max_batch_size: 2,
+        max_batch_size: Some(2),
         ..test_args()
     };
     let batcher = tokio::task::spawn_blocking({
-        let config = args.batcher_config();
+        let config = args.batcher_config(DeviceKind::Cpu);
         move || start_batcher(config)
     })
     .await

@@ -176,6 +176,10 @@ where
     W: FnOnce(PythonEmbedder) -> E + Clone + Send + 'static,
 {
     let started = Instant::now();
+    // The batch caps' defaults depend on the device (bigger calls on a GPU).
+    let device = mlx_embed_python::interpreter::default_device()
+        .map_err(|err| format!("could not start the Python engine: {err}"))?;
+    let config = cli.server.batcher_config(device);
     let mut batchers = Vec::new();
     for options in cli.model.all_options() {
         let what = options
@@ -183,7 +187,7 @@ where
             .clone()
             .unwrap_or_else(|| "the default model".into());
         let wrap = wrap.clone();
-        let batcher = Batcher::start(cli.server.batcher_config(), move || {
+        let batcher = Batcher::start(config.clone(), move || {
             PythonEmbedder::load_for_batcher(&options).map(wrap)
         })
         .map_err(|err| format!("could not load {what}: {err}"))?;

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mlx_embed_core::{
-    l2_normalize, BatchOutput, Batcher, BatcherConfig, DeviceMemory, EmbedInput, EmbedOptions,
-    Embedder, EmbedderError, Encoded, LiveStats, ModelInfo, Output, Prompt, Tokenize,
+    l2_normalize, BatchOutput, Batcher, BatcherConfig, DeviceKind, DeviceMemory, EmbedInput,
+    EmbedOptions, Embedder, EmbedderError, Encoded, LiveStats, ModelInfo, Output, Prompt, Tokenize,
     TruncationDirection,
 };
 use mlx_embed_server::{serve_on, ServerArgs, ServerError};
@@ -290,7 +290,7 @@ pub struct Server {
 impl Server {
     pub async fn start(args: ServerArgs) -> Server {
         let batcher = tokio::task::spawn_blocking({
-            let config = args.batcher_config();
+            let config = args.batcher_config(DeviceKind::Cpu);
             move || start_batcher(config)
         })
         .await

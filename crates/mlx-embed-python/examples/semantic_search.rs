@@ -41,9 +41,9 @@ fn embed_all(
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let options = PythonModelOptions::default();
-    let batcher = Batcher::start(BatcherConfig::default(), move || {
-        PythonEmbedder::load_for_batcher(&options)
-    })?;
+    // Bigger model calls where MLX computes on a GPU, as the server makes them.
+    let config = BatcherConfig::for_device(mlx_embed_python::interpreter::default_device()?);
+    let batcher = Batcher::start(config, move || PythonEmbedder::load_for_batcher(&options))?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -366,6 +366,71 @@ def small_calls(load, ids, call: int, reps: int) -> dict:
     return out
 
 
+PROFILE_ROWS = (1, 8, 32, 128, 512)
+PROFILE_LENGTH = 64
+
+
+def graph_primitives(*outputs) -> dict:
+    """The primitives MLX would run for ``outputs``, by name (from
+    ``mx.export_to_dot``; evaluated inputs such as the weights are not ops)."""
+    import io
+    import re
+    from collections import Counter
+
+    dot = io.StringIO()
+    mx.export_to_dot(dot, *outputs)
+    return dict(Counter(re.findall(r'label ="(\w+)"', dot.getvalue())).most_common())
+
+
+def pass_profile(model, ids: list[list[int]], passes: int) -> dict:
+    """Where one device pass's time goes, by rows, every text cut to
+    ``PROFILE_LENGTH`` tokens: the host's padding (``host_ms``), building the
+    graph in Python (``graph_ms``), ``mx.async_eval`` returning (``submit_ms``:
+    MLX encoding and launching the kernels on the host) and waiting for the
+    vectors (``wait_ms``), medians of ``passes``; with the graph's primitives.
+    A straight line through the rows gives a pass's fixed cost (intercept)
+    and its cost per text (slope): the fixed cost is what holds server-sized
+    calls back on a GPU (docs/benchmarks.md, third lease)."""
+    from mlx_embed import ops
+
+    sched = model.scheduler
+    texts = [x[: PROFILE_LENGTH - 1] + x[-1:] for x in ids if len(x) >= PROFILE_LENGTH]
+    out: dict = {"length": PROFILE_LENGTH, "passes": passes, "rows": {}}
+    for rows in PROFILE_ROWS:
+        if rows > len(texts):
+            break
+        batch = texts[:rows]
+        lengths = np.full(rows, PROFILE_LENGTH, dtype=np.int64)
+        idx = np.arange(rows)
+        phases = {"host_ms": [], "graph_ms": [], "submit_ms": [], "wait_ms": [], "total_ms": []}
+        for k in range(passes + 3):  # the first passes build the shape
+            t0 = time.perf_counter()
+            host = sched._host_arrays(idx, batch, None, lengths)
+            t1 = time.perf_counter()
+            with ops.forward_context(sched.context):
+                vec, _ = sched._graph(host, False, False)
+            t2 = time.perf_counter()
+            if k == 0:
+                primitives = graph_primitives(vec)
+            mx.async_eval(vec)
+            t3 = time.perf_counter()
+            np.array(vec)
+            t4 = time.perf_counter()
+            if k >= 3:
+                for key, a, b in (("host_ms", t0, t1), ("graph_ms", t1, t2), ("submit_ms", t2, t3),
+                                  ("wait_ms", t3, t4), ("total_ms", t0, t4)):
+                    phases[key].append((b - a) * 1e3)
+        out["rows"][rows] = {key: float(np.median(v)) for key, v in phases.items()}
+        out["rows"][rows]["primitives"] = sum(primitives.values())
+    if len(out["rows"]) >= 2:
+        x = np.array(list(out["rows"]), dtype=np.float64)
+        y = np.array([r["total_ms"] for r in out["rows"].values()])
+        slope, intercept = np.polyfit(x, y, 1)
+        out["fixed_ms"], out["ms_per_text"] = float(intercept), float(slope)
+    out["primitives_by_name"] = primitives
+    return out
+
+
 def graph_ops(name: str, workdir: Path, args) -> dict:
     """The default engine's rates with MLX_MAX_OPS_PER_BUFFER at 20 (MLX's
     CUDA default), 60 and 200. MLX's CUDA backend records an evaluation's
@@ -595,8 +660,13 @@ def engine_optional(report, plans, args, common) -> None:
             section(report, name, "rates", lambda f=folder, i=ids: engine_rates(
                 load(f), i, reps, args.call), args, optional=False)
         return
-    # The server first: it is issue 11's target itself; the engine-level
-    # small-call rows only explain it.
+    # The pass profile first: a second of device time says where a
+    # server-sized pass's fixed cost goes. Then the server: it is issue 11's
+    # target itself; the engine-level small-call rows only explain it.
+    if args.pass_profile:
+        for name, config, folder, ids in plans:
+            section(report, name, "pass_profile", lambda f=folder, i=ids: pass_profile(
+                load(f), i, 5 if args.dry_run else 30), args)
     if args.server:
         for name, config, folder, ids in plans:
             section(report, name, "server", lambda n=name, f=folder, i=ids: server_rows(
@@ -714,6 +784,8 @@ def main(argv=None) -> int:
                    help="calls of --call texts: padding, model threads")
     p.add_argument("--server", action="store_true",
                    help="the Rust server on this machine (python -m mlx_embed serve) under HTTP load")
+    p.add_argument("--pass-profile", action="store_true",
+                   help="one pass's time by phase (host, graph, submit, wait) for 1-512 texts, and its primitives")
     p.add_argument("--server-flags", default=",".join(DEFAULT_SERVER_FLAGS),
                    help=f"comma list of the server flag sets --server runs, of {', '.join(SERVER_FLAGS)}")
     p.add_argument("--graph-ops", action="store_true",

@@ -382,7 +382,7 @@ def graph_primitives(*outputs) -> dict:
     return dict(Counter(re.findall(r'label ="(\w+)"', dot.getvalue())).most_common())
 
 
-def pass_profile(model, ids: list[list[int]], passes: int) -> dict:
+def pass_profile(model, ids: list[list[int]], passes: int, row_counts=PROFILE_ROWS) -> dict:
     """Where one device pass's time goes, by rows, every text cut to
     ``PROFILE_LENGTH`` tokens: the host's padding (``host_ms``), building the
     graph in Python (``graph_ms``), ``mx.async_eval`` returning (``submit_ms``:
@@ -396,10 +396,9 @@ def pass_profile(model, ids: list[list[int]], passes: int) -> dict:
     sched = model.scheduler
     texts = [x[: PROFILE_LENGTH - 1] + x[-1:] for x in ids if len(x) >= PROFILE_LENGTH]
     out: dict = {"length": PROFILE_LENGTH, "passes": passes, "rows": {}}
-    for rows in PROFILE_ROWS:
-        if rows > len(texts):
-            break
-        batch = texts[:rows]
+    for rows in row_counts:
+        # Texts repeat where the corpus has fewer long ones (the dry run's).
+        batch = (texts * -(-rows // len(texts)))[:rows]
         lengths = np.full(rows, PROFILE_LENGTH, dtype=np.int64)
         idx = np.arange(rows)
         phases = {"host_ms": [], "graph_ms": [], "submit_ms": [], "wait_ms": [], "total_ms": []}
@@ -666,7 +665,7 @@ def engine_optional(report, plans, args, common) -> None:
     if args.pass_profile:
         for name, config, folder, ids in plans:
             section(report, name, "pass_profile", lambda f=folder, i=ids: pass_profile(
-                load(f), i, 5 if args.dry_run else 30), args)
+                load(f), i, *((5, PROFILE_ROWS[:3]) if args.dry_run else (30,))), args)
     if args.server:
         for name, config, folder, ids in plans:
             section(report, name, "server", lambda n=name, f=folder, i=ids: server_rows(

@@ -48,6 +48,7 @@ EXCLUDED = {
 EXCLUDED_PREFIXES = {
     "pip install": "replaces the editable install the tests run from; `make setup` installs the same",
     "python scripts/bench_gpu.py": "needs an NVIDIA GPU (its --dry-run runs in make test)",
+    "python scripts/gpu_architectures.py": "needs a GPU (its --dry-run runs in make test)",
     "python scripts/cold_start.py": "a benchmark (median of repeated cold starts) for a quiet machine",
 }
 

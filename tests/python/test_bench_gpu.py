@@ -13,7 +13,7 @@ def test_bench_gpu_dry_run(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
     r = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--dry-run", "--variants",
-         "--sweep", "--quantized", "--small-calls", "--graph-ops", "--out", str(tmp_path)],
+         "--sweep", "--quantized", "--small-calls", "--graph-ops", "--pass-profile", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, env=env,
     )
     assert r.returncode == 0, r.stderr[-3000:]
@@ -50,6 +50,15 @@ def test_bench_gpu_dry_run(tmp_path):
         # Calls of 8 mixed lengths pad more than one call sorted by length.
         pad = small["defaults"]
         assert 1.0 <= pad["padding_one_call"] < pad["padding_calls_of_8"]
+        profile = res["pass_profile"]
+        assert profile["length"] == 64 and list(profile["rows"]) == ["1", "8", "32"]
+        for row in profile["rows"].values():
+            phases = ("host_ms", "graph_ms", "submit_ms", "wait_ms")
+            assert all(row[k] >= 0 for k in phases) and row["total_ms"] > 0
+            assert row["total_ms"] >= max(row[k] for k in phases)
+            # One graph per pass shape: the same primitives whatever the rows.
+            assert row["primitives"] == sum(profile["primitives_by_name"].values())
+        assert profile["ms_per_text"] > 0 and "Matmul" in str(profile["primitives_by_name"])
     bert, qwen = out["results"]["tiny-bert"], out["results"]["tiny-qwen3"]
     # The CPU default is the matmul path, so the variant is the fused one.
     for dtype in ("bfloat16", "float32"):
@@ -57,6 +66,45 @@ def test_bench_gpu_dry_run(tmp_path):
     assert bert["engine_float16"]["one_call"] > 0
     assert {"quantized_bf16", "quantized_8-bit", "quantized_4-bit"} <= set(qwen)
     assert "| tiny-bert |" in r.stdout and "| tiny-qwen3 |" in r.stdout
+
+
+def test_bench_gpu_refuses_an_unknown_server_flag_set():
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--dry-run", "--server",
+         "--server-flags", "defaults,nope"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
+    )
+    assert r.returncode == 2
+    assert "unknown --server-flags nope; known: defaults, streams_2" in r.stderr
+
+
+def test_gpu_architectures_dry_run(tmp_path):
+    """scripts/gpu_architectures.py, which runs every fixture on the next GPU
+    against that machine's CPU, checks here every architecture with the GPU's
+    settings forced (pipelined passes, shape buckets, MLX's own element-wise
+    ops, fused attention, attention in query blocks) against the CPU path."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_architectures.py"), "--dry-run", "--out", str(tmp_path)],
+        capture_output=True, text=True, timeout=900, env=env,
+    )
+    assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-3000:]
+    rows = json.loads((tmp_path / "architectures.json").read_text())["rows"]
+    fixtures = sorted(p.name for p in (ROOT / "tests" / "fixtures").glob("tiny-*") if (p / "README.md").is_file())
+    models = ["all-MiniLM-L6-v2", *fixtures]
+    assert len(fixtures) >= 29
+    assert sorted(rows) == sorted(f"{m}:{run}" for m in models for run in ("float32", "float32_blocked"))
+    kinds = {}
+    for key, row in rows.items():
+        assert row["ok"] and row["device"].startswith("cpu"), (key, row)
+        kinds[key.split(":")[0]] = row["kind"]
+        if row["kind"] == "embedding":
+            assert row["min_cosine"] >= 0.9999, (key, row)
+        else:
+            assert row["max_abs_diff"] <= 1e-3 * (1 + row["max_abs_score"]), (key, row)
+    assert (kinds["tiny-qwen3-reranker"], kinds["tiny-bert-classifier"], kinds["tiny-splade"]) == (
+        "reranker", "classifier", "embedding")
+    assert "93" not in r.stdout and f"{2 * len(models)} of {2 * len(models)} rows pass" in r.stdout
 
 
 def test_bench_gpu_server_dry_run(tmp_path):

@@ -11,7 +11,15 @@ wide, 12 heads, GEGLU, ALiBi; seeded random weights, tiny-jina-v2's
 tokenizer): one input of each length, each configuration in its own process
 (so each peak is its own), interleaved rounds, medians.
 
+``--model qwen3-0.6b``: the decoders (Qwen3-Embedding takes 32,768 tokens),
+whose mlx-lm attention ``ops.block_long_causal_attention`` cuts the same way:
+Qwen3-0.6B's layer shape (1024 wide, 16 query and 8 key heads of 128, MLP
+3072) with ``--layers`` of its 28 layers (4 by default: the attention's
+memory is per layer, its time per layer), seeded random weights, tiny-qwen3's
+tokenizer.
+
     python scripts/bench_long_input.py --lengths 1024,2048,4096 --rounds 3 --json docs/long-input-results.json
+    python scripts/bench_long_input.py --model qwen3-0.6b --lengths 2048,4096,8192 --rounds 1
 
 Configurations: ``blocked`` (the default) and ``whole`` (one block whatever
 the size: the code before blocks, ``SCORES_BLOCK_BYTES`` set past any input).
@@ -35,6 +43,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "tiny-jina-v2"
 SHAPE = {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 3072}
+QWEN3_FIXTURE = ROOT / "tests" / "fixtures" / "tiny-qwen3"
+QWEN3_SHAPE = {"hidden_size": 1024, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+               "intermediate_size": 3072}
 WORDS = ("the of and to in is was for on that with as by at from his her an were are model data search "
          "query document vector").split()
 
@@ -85,6 +96,25 @@ def make_model(folder: Path) -> None:
     mx.save_safetensors(str(folder / "model.safetensors"), w)
 
 
+def make_qwen3(folder: Path, layers: int) -> dict:
+    """tiny-qwen3's folder at Qwen3-0.6B's layer shape with ``layers``
+    layers, seeded random weights (mlx-lm's initialization, norms 1)."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import qwen3
+
+    shutil.copytree(QWEN3_FIXTURE, folder)
+    for f in folder.glob("reference_*.npy"):
+        f.unlink()
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(QWEN3_SHAPE, num_hidden_layers=layers)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    mx.random.seed(0)
+    model = qwen3.Qwen3Model(qwen3.ModelArgs.from_dict(cfg))
+    mx.save_safetensors(str(folder / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    return {**QWEN3_SHAPE, "num_hidden_layers": layers}
+
+
 def text_of(tokens: int) -> str:
     # ~1.2 tokens a word with this vocabulary; run() reports the exact count.
     rnd = random.Random(tokens)
@@ -102,7 +132,7 @@ def run(folder: str, config: str, tokens: int, block_bytes: int) -> dict:
         ops.SCORES_BLOCK_BYTES = 1 << 62
     elif block_bytes:
         ops.SCORES_BLOCK_BYTES = block_bytes
-    model = mlx_embed.load(folder, max_length=8192)
+    model = mlx_embed.load(folder, max_length=max(8192, tokens + 64))
     model.embed(["warm up"])
     text = text_of(tokens)
     mx.reset_peak_memory()
@@ -120,6 +150,8 @@ def run(folder: str, config: str, tokens: int, block_bytes: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=("jina-v2-base", "qwen3-0.6b"), default="jina-v2-base")
+    ap.add_argument("--layers", type=int, default=4, help="layers of the qwen3-0.6b shape")
     ap.add_argument("--lengths", default="1024,2048,4096", help="input lengths (approximate tokens)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--configs", default="blocked,whole")
@@ -136,8 +168,12 @@ def main() -> int:
     configs = args.configs.split(",")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / "jina-v2-base-shape"
-        make_model(folder)
+        folder = Path(tmp) / f"{args.model}-shape"
+        if args.model == "qwen3-0.6b":
+            shape = make_qwen3(folder, args.layers)
+        else:
+            make_model(folder)
+            shape = SHAPE
         for r in range(args.rounds):
             for tokens in lengths:
                 for config in configs:
@@ -168,7 +204,8 @@ def main() -> int:
             summary.append(s)
             print(f"| {s['tokens']} | {config} | {s['seconds']:.2f} | {s['mlx_peak_gb']:.2f} | {s['max_rss_gb']:.2f} |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"shape": SHAPE, "rows": rows, "summary": summary}, indent=1) + "\n")
+        Path(args.json).write_text(
+            json.dumps({"model": args.model, "shape": shape, "rows": rows, "summary": summary}, indent=1) + "\n")
     return 0
 
 

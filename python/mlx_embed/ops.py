@@ -589,6 +589,54 @@ def blocked_attention(
     return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
 
 
+def block_long_causal_attention(module) -> None:
+    """Make an mlx-lm model module's attention take query blocks for long
+    inputs inside this engine's forward passes (the decoders: Qwen3, Qwen2,
+    Mistral). mlx-lm calls ``mx.fast.scaled_dot_product_attention`` with a
+    "causal" mask, whose fallback (the CPU; float32 on CUDA) holds the whole
+    [B, H, L, L] scores of a layer: 4.2 GB for one 8,192-token input to a
+    16-head model, measured; a 32,768-token input to Qwen3-Embedding-0.6B
+    would need 64 GB. Past ``SCORES_BLOCK_BYTES`` the query rows go in
+    blocks, each against only the keys up to its last row (the causal mask
+    hides the rest: half the work), each evaluated before the next. Outside
+    this engine's passes (another mlx-lm user in the process), with a KV
+    cache, or in half precision on a GPU (MLX's fused kernel, which never
+    holds the scores) mlx-lm's own function runs unchanged."""
+    original = module.scaled_dot_product_attention
+    if getattr(original, "_mlx_embed_blocks", False):
+        return
+
+    def attention(queries, keys, values, cache=None, scale=1.0, mask=None, **kwargs):
+        blocks = None
+        if (
+            cache is None
+            and not kwargs.get("sinks")
+            and isinstance(mask, str)
+            and mask == "causal"
+            and getattr(_active, "ctx", None) is not None
+            and queries.shape[2] == keys.shape[2]
+            and not (mx.default_device() != mx.cpu and queries.dtype in (mx.float16, mx.bfloat16))
+        ):
+            blocks = query_blocks(queries, keys.shape[2])
+        if blocks is None or len(blocks) == 1:
+            return original(queries, keys, values, cache=cache, scale=scale, mask=mask, **kwargs)
+        outs = []
+        for start, end in blocks:
+            # "causal" aligns the last query with the last key: rows
+            # [start, end) against keys [0, end) is the causal mask's band.
+            out = mx.fast.scaled_dot_product_attention(
+                queries[:, :, start:end], keys[:, :, :end], values[:, :, :end], scale=scale, mask="causal"
+            )
+            with _graph_lock_released():
+                mx.eval(out)
+            outs.append(out)
+        return mx.concatenate(outs, axis=2)
+
+    attention._mlx_embed_blocks = True
+    attention.__wrapped_original__ = original
+    module.scaled_dot_product_attention = attention
+
+
 def _native_position_probs(q, k, mask: KeyMask, scale: float, first_query: int, alibi, window):
     """Attention weights with ALiBi's bias or a local window, by the native
     kernels in place over the scores; None off the native path or with

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -73,6 +74,37 @@ def test_attention_in_query_blocks_matches_reference(folder, golden_texts, monke
     model = mlx_embed.load(FIXTURES / folder)
     assert_parity(model.embed(golden_texts), _ref(folder, ARCHITECTURES[folder][0]))
     assert max(seen) >= 8
+
+
+@pytest.mark.parametrize("folder", ["tiny-qwen2", "tiny-mistral", "tiny-qwen3"])
+def test_decoder_attention_in_query_blocks_matches_reference(folder, golden_texts, monkeypatch):
+    """The decoders' long-input attention (mlx-lm's causal attention in query
+    blocks, each against the keys up to its last row:
+    ops.block_long_causal_attention) on ordinary inputs: blocks of 8 query
+    rows give the reference vectors, and mlx-lm's own function runs again
+    outside the engine's passes."""
+    from mlx_embed import ops
+
+    seen = []
+    real = ops.query_blocks
+
+    def spy(q, keys):
+        blocks = real(q, keys)
+        seen.append(len(blocks))
+        return blocks
+
+    monkeypatch.setattr(ops, "query_blocks", spy)
+    heads = 4
+    monkeypatch.setattr(ops, "SCORES_BLOCK_BYTES", heads * 8 * MAX_LEN * 4)
+    model = mlx_embed.load(FIXTURES / folder, max_length=MAX_LEN)
+    ref = _ref(folder, "reference_last_token_normalized.npy")
+    assert model.model.args.num_attention_heads == heads
+    assert_parity(model.embed(golden_texts), ref)
+    assert max(seen) >= 8
+    seen.clear()
+    ids = mx.array([model.encode(golden_texts[:1])[0][0]])
+    model.model.model(ids)  # mlx-lm's model, outside a forward pass of the engine
+    assert seen == []
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@ each kernel against MLX's exact op, and golden parity of the whole model on
 every path (picked per model with ``load(fast_ops=...)``, or by the
 environment variable when no argument is given)."""
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -260,6 +261,47 @@ def test_blocked_attention_bounds_memory(monkeypatch):
     whole, blocked = peak(1 << 40), peak(scores // 16)
     print(f"peak {whole / 1e9:.2f} GB whole, {blocked / 1e9:.2f} GB in 16 blocks")
     assert whole >= 2 * scores and blocked <= whole / 4
+
+
+def test_long_causal_attention_in_blocks_bounds_memory(monkeypatch):
+    """mlx-lm's causal attention for one 2048-token, 16-head input (8 key
+    heads, as Qwen3's grouped queries) inside an engine pass: in query blocks,
+    each against the keys up to its last row, the same output as mlx-lm's
+    own call, at a fraction of its peak (measured 0.28 GB at once, 0.01 GB
+    in blocks); with a KV cache, or outside the engine's passes, mlx-lm's
+    function runs as it is."""
+    import types
+
+    from mlx_lm.models import base
+
+    mx.random.seed(9)
+    B, H, KV, L, hd = 1, 16, 8, 2048, 16
+    q = mx.random.normal((B, H, L, hd))
+    k, v = (mx.random.normal((B, KV, L, hd)) for _ in range(2))
+    _evaluated(q, k, v)
+    module = types.SimpleNamespace(scaled_dot_product_attention=base.scaled_dot_product_attention)
+    ops.block_long_causal_attention(module)
+    ops.block_long_causal_attention(module)  # once is enough: no wrapper around the wrapper
+    assert module.scaled_dot_product_attention.__wrapped_original__ is base.scaled_dot_product_attention
+    scores = B * H * L * L * 4
+    monkeypatch.setattr(ops, "SCORES_BLOCK_BYTES", scores // 32)
+
+    def run(in_engine: bool, **kw):
+        mx.reset_peak_memory()
+        base_mem = mx.get_active_memory()
+        ctx = ops.forward_context(ops.make_context("mlx")) if in_engine else contextlib.nullcontext()
+        with ctx:
+            (out,) = _evaluated(module.scaled_dot_product_attention(q, k, v, scale=0.25, mask="causal", **kw))
+        return np.array(out), mx.get_peak_memory() - base_mem
+
+    whole, whole_peak = run(False)
+    blocked, blocked_peak = run(True)
+    print(f"peak {whole_peak / 1e9:.2f} GB at once, {blocked_peak / 1e9:.2f} GB in blocks")
+    assert np.abs(blocked - whole).max() <= 1e-5
+    assert whole_peak >= scores and blocked_peak <= whole_peak / 8
+    # A KV cache (generation) keeps mlx-lm's call: its peak is the whole one.
+    _, cached_peak = run(True, cache=types.SimpleNamespace())
+    assert cached_peak >= scores
 
 
 @pytest.mark.parametrize("block_rows", [45, 7])

@@ -37,7 +37,11 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import llama as _lm
 
+from .. import ops
 from . import decoder_weights
+
+# Long inputs: attention in query blocks (ops.block_long_causal_attention).
+ops.block_long_causal_attention(_lm)
 
 # e5-mistral / SFR / Linq: last-token pooling over "<s> ... </s>" (the model
 # card's code appends EOS by hand; older tokenizer.json files do not add it),

@@ -15,7 +15,11 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import qwen2 as _lm
 
+from .. import ops
 from . import decoder_weights
+
+# Long inputs: attention in query blocks (ops.block_long_causal_attention).
+ops.block_long_causal_attention(_lm)
 
 # gte-Qwen2: last-token pooling over "... <|endoftext|>"; queries carry an
 # instruction in the same template as Qwen3-Embedding.

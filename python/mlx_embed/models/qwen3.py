@@ -15,7 +15,11 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import qwen3 as _lm
 
+from .. import ops
 from . import decoder_weights
+
+# Long inputs: attention in query blocks (ops.block_long_causal_attention).
+ops.block_long_causal_attention(_lm)
 
 # Qwen3-Embedding pools the last token and was trained with EOS there (older
 # tokenizer.json files do not append it); queries carry an instruction.

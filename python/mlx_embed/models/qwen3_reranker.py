@@ -21,6 +21,11 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import qwen3 as _lm
 
+from .. import ops
+
+# Long inputs: attention in query blocks (ops.block_long_causal_attention).
+ops.block_long_causal_attention(_lm)
+
 
 @dataclass(frozen=True)
 class RerankerDefaults:

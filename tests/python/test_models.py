@@ -54,11 +54,9 @@ def test_batch_equals_single_and_max_length(folder, golden_texts):
     assert np.abs(got - single).max() <= 1e-6
 
 
-@pytest.mark.parametrize("folder", ["tiny-modernbert", "tiny-nomic-bert"])
-def test_attention_in_query_blocks_matches_reference(folder, golden_texts, monkeypatch):
-    """The long-input attention (query rows in blocks, ModernBERT's local
-    band made per block) on ordinary inputs: blocks of 16 query rows give
-    the reference vectors."""
+@pytest.fixture
+def query_block_counts(monkeypatch) -> list:
+    """How many query blocks each attention call took (``ops.query_blocks``)."""
     from mlx_embed import ops
 
     seen = []
@@ -70,14 +68,24 @@ def test_attention_in_query_blocks_matches_reference(folder, golden_texts, monke
         return blocks
 
     monkeypatch.setattr(ops, "query_blocks", spy)
+    return seen
+
+
+@pytest.mark.parametrize("folder", ["tiny-modernbert", "tiny-nomic-bert"])
+def test_attention_in_query_blocks_matches_reference(folder, golden_texts, monkeypatch, query_block_counts):
+    """The long-input attention (query rows in blocks, ModernBERT's local
+    band made per block) on ordinary inputs: blocks of 16 query rows give
+    the reference vectors."""
+    from mlx_embed import ops
+
     monkeypatch.setattr(ops, "SCORES_BLOCK_BYTES", 16 * 4 * 4 * MAX_LEN)
     model = mlx_embed.load(FIXTURES / folder)
     assert_parity(model.embed(golden_texts), _ref(folder, ARCHITECTURES[folder][0]))
-    assert max(seen) >= 8
+    assert max(query_block_counts) >= 8
 
 
 @pytest.mark.parametrize("folder", ["tiny-qwen2", "tiny-mistral", "tiny-qwen3"])
-def test_decoder_attention_in_query_blocks_matches_reference(folder, golden_texts, monkeypatch):
+def test_decoder_attention_in_query_blocks_matches_reference(folder, golden_texts, monkeypatch, query_block_counts):
     """The decoders' long-input attention (mlx-lm's causal attention in query
     blocks, each against the keys up to its last row:
     ops.block_long_causal_attention) on ordinary inputs: blocks of 8 query
@@ -85,26 +93,17 @@ def test_decoder_attention_in_query_blocks_matches_reference(folder, golden_text
     outside the engine's passes."""
     from mlx_embed import ops
 
-    seen = []
-    real = ops.query_blocks
-
-    def spy(q, keys):
-        blocks = real(q, keys)
-        seen.append(len(blocks))
-        return blocks
-
-    monkeypatch.setattr(ops, "query_blocks", spy)
     heads = 4
     monkeypatch.setattr(ops, "SCORES_BLOCK_BYTES", heads * 8 * MAX_LEN * 4)
     model = mlx_embed.load(FIXTURES / folder, max_length=MAX_LEN)
     ref = _ref(folder, "reference_last_token_normalized.npy")
     assert model.model.args.num_attention_heads == heads
     assert_parity(model.embed(golden_texts), ref)
-    assert max(seen) >= 8
-    seen.clear()
+    assert max(query_block_counts) >= 8
+    query_block_counts.clear()
     ids = mx.array([model.encode(golden_texts[:1])[0][0]])
     model.model.model(ids)  # mlx-lm's model, outside a forward pass of the engine
-    assert seen == []
+    assert query_block_counts == []
 
 
 @pytest.mark.parametrize(

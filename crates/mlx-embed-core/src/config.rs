@@ -28,8 +28,8 @@ pub struct BatcherConfig {
     pub max_queue_wait: Duration,
     /// Most inputs in a batch cut while high-priority inputs wait: normal and
     /// low inputs top such a batch up only this far, so a query waits for the
-    /// running batch plus one short one. 16 by default (a quarter of
-    /// `max_batch_size`); capped at `max_batch_size`.
+    /// running batch plus one short one. 16 by default on every device (a
+    /// quarter of the CPU's `max_batch_size`); capped at `max_batch_size`.
     pub max_priority_batch_size: usize,
     /// Aging: a lane with inputs waiting that got no place in this many
     /// consecutive batches goes first in the next one. 8 by default; zero is

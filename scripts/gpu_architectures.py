@@ -53,7 +53,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 # --fixtures: on a device machine the fixtures come in a call of their own
 # (scripts/gpu-relay-tree hide takes them out of the working tree).
-FIXTURES = Path(os.environ.get("MLX_EMBED_FIXTURES", ROOT / "tests" / "fixtures"))
+FIXTURES = ROOT / "tests" / "fixtures"
 DEFAULT = "all-MiniLM-L6-v2"
 # What the GPU defaults switch on, forced on the CPU for --dry-run.
 GPU_LIKE = {"pipeline": True, "shape_buckets": True, "fast_ops": "exact", "fused_attention": True}
@@ -163,7 +163,6 @@ def main(argv=None) -> int:
     if args.fixtures:
         global FIXTURES
         FIXTURES = Path(args.fixtures).resolve()
-        os.environ["MLX_EMBED_FIXTURES"] = str(FIXTURES)  # for the two sides
     if args.side:
         side(Path(args.side_out), args.side == "cpu", args.dry_run, only)
         return 0
@@ -180,7 +179,8 @@ def main(argv=None) -> int:
             # A process each: the device side must not see the CPU default,
             # and MLX's buffer cache limit is process-wide.
             stem = Path(tmp) / which
-            cmd = [sys.executable, __file__, "--side", which, "--side-out", str(stem), "--only", args.only]
+            cmd = [sys.executable, __file__, "--side", which, "--side-out", str(stem), "--only", args.only,
+                   "--fixtures", str(FIXTURES)]
             if args.dry_run:
                 cmd.append("--dry-run")
             env = {**os.environ, "PYTHONPATH": os.pathsep.join(

@@ -1,5 +1,7 @@
 """Engine settings given as server flags reach the Python engine and show in /info."""
 
+import sys
+
 import numpy as np
 from harness import start_server
 
@@ -43,8 +45,6 @@ AS_IF_ON_A_GPU = (
 def test_batch_caps_default_by_device(tmp_path, golden):
     """On a GPU the collector's caps default to 256 inputs and 32768 tokens
     (64 and 8192 on the CPU, test_rerank's /info check); a flag given wins."""
-    import sys
-
     texts, reference = golden
     keep = [i for i, t in enumerate(texts) if t][:6]
     for flags, want in (([], (256, 32768)), (["--max-batch-size", "48"], (48, 32768))):

@@ -462,9 +462,13 @@ SERVER_FLAGS = {"defaults": [], "streams_2": ["--streams", "2"], "streams_4": ["
                 "big_batches": BIG,
                 # The third lease's best two, together, and bigger still.
                 "big_threads_2": [*BIG, "--model-threads", "2"], "big_streams_2": [*BIG, "--streams", "2"],
-                "bigger_batches": ["--max-batch-size", "512", "--max-batch-tokens", "65536"]}
-# What --server runs unless --server-flags names others: the third lease's sets.
-DEFAULT_SERVER_FLAGS = ("defaults", "streams_2", "streams_4", "threads_2", "threads_4", "big_batches")
+                "bigger_batches": ["--max-batch-size", "512", "--max-batch-tokens", "65536"],
+                # Callers answered together wait for each other (docs/benchmarks.md,
+                # "Regrouping callers": measured there against a simulated device only).
+                "regroup_2": ["--regroup-window-ms", "2"], "regroup_4": ["--regroup-window-ms", "4"]}
+# What --server runs unless --server-flags names others: today's defaults
+# beside the regroup window, which has not met a GPU yet.
+DEFAULT_SERVER_FLAGS = ("defaults", "regroup_2", "regroup_4")
 # (texts per request, connections): the one-text-per-request load of issue
 # 11's target, and bulk callers sending server-sized calls.
 SERVER_LOADS = ((1, 64), (32, 4))
@@ -512,6 +516,21 @@ def engine_reference(folder: Path, dtype: str, contents: list[list[int]], check:
     return rate, want / np.linalg.norm(want, axis=1, keepdims=True)
 
 
+def batch_counts(base: str) -> tuple[float, float]:
+    """The server's model calls and the inputs they held, from /metrics."""
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+
+    def value(name):
+        found = re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
+        return sum(float(v) for v in found)
+
+    return value("mlx_embed_batches_total"), value("mlx_embed_batch_size_sum")
+
+
 def server_rows(name: str, folder: Path, ids: list[list[int]], args, workdir: Path) -> dict:
     """The server beside the engine's one call in this process (see the module doc)."""
     # bf16 as the engine rows run it on a GPU; fp32 on the CPU (the dry run,
@@ -539,10 +558,16 @@ def server_rows(name: str, folder: Path, ids: list[list[int]], args, workdir: Pa
             details = info.get("details", {})
             row["device"], row["details"] = details.get("device"), details
             row["model_threads"] = info.get("batching", {}).get("model_threads")
+            row["batching"] = info.get("batching", {})
             for per_request, connections in SERVER_LOADS:
                 server_load(base, contents, per_request, connections, workdir, limit)  # shapes build once
                 keep = -(-check // per_request)
+                before = batch_counts(base)
                 got = server_load(base, contents, per_request, connections, workdir, limit, keep=keep)
+                after = batch_counts(base)
+                # How the collector grouped the load: what the regroup window changes.
+                got["model_calls"] = after[0] - before[0]
+                got["inputs_per_call"] = (after[1] - before[1]) / max(1.0, after[0] - before[0])
                 vectors = http_load.answered_vectors(got.pop("answers"), per_request, check)
                 cos = float((vectors * want).sum(axis=1).min())
                 if cos < min_cosine:
@@ -760,7 +785,8 @@ def summary(results: dict, call: int) -> str:
                   "| flags | " + " | ".join(loads) + " |", "|---|" + "---:|" * len(loads)]
         for label in (k for k in SERVER_FLAGS if k in server):
             row = server[label]
-            cells = [f"{row[k]['texts_per_s']:.0f} ({row[k]['vs_engine_one_call']:.2f}x)" if k in row else "-"
+            cells = [f"{row[k]['texts_per_s']:.0f} ({row[k]['vs_engine_one_call']:.2f}x, "
+                     f"{row[k].get('inputs_per_call', nan):.1f} a call)" if k in row else "-"
                      for k in loads]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

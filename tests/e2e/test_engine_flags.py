@@ -1,6 +1,9 @@
 """Engine settings given as server flags reach the Python engine and show in /info."""
 
+import concurrent.futures as cf
+import re
 import sys
+import time
 
 import numpy as np
 from harness import start_server
@@ -60,3 +63,44 @@ def test_batch_caps_default_by_device(tmp_path, golden):
             assert np.abs(got - reference[keep]).max() <= 1e-5
         finally:
             server.stop()
+
+
+def _batches(server) -> int:
+    return int(re.findall(r"^mlx_embed_batches_total (\d+)$", server.get("/metrics").text, re.M)[0])
+
+
+def test_regroup_window_keeps_returning_callers_in_one_batch(tmp_path, golden):
+    """`--regroup-window-ms`: after a batch of two texts is answered, one text
+    that comes back waits for the second instead of running alone; it waits
+    only until the second comes, and a caller that comes straight back with
+    as many texts as were answered never waits."""
+    texts, reference = golden
+    keep = [i for i, t in enumerate(texts) if t][:6]
+    server = start_server(tmp_path, "--no-warmup", "--no-cache", "--regroup-window-ms", "5000")
+    try:
+        assert server.get("/info").json()["batching"]["regroup_window_ms"] == 5000
+
+        def embed(rows):
+            resp = server.post("/api/v1/embed", {"texts": [texts[i] for i in rows]})
+            assert resp.status_code == 200, resp.text
+            got = np.array(resp.json()["embeddings"], dtype=np.float32)
+            assert np.abs(got - reference[rows]).max() <= 1e-5
+            return time.monotonic()
+
+        embed(keep[:2])
+        before = _batches(server)
+        started = time.monotonic()
+        with cf.ThreadPoolExecutor(2) as pool:
+            first = pool.submit(embed, keep[2:3])
+            time.sleep(0.5)
+            second = pool.submit(embed, keep[3:4])
+            ended = first.result(), second.result()
+        assert _batches(server) - before == 1, "the two came back to one batch"
+        assert 0.4 <= min(ended) - started < 4.0, ended
+        # Two answered, two back at once, ten times over: no wait for the window.
+        started = time.monotonic()
+        for k in range(10):
+            embed(keep[k % 5: k % 5 + 2])
+        assert time.monotonic() - started < 4.0
+    finally:
+        server.stop()

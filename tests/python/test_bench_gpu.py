@@ -120,15 +120,14 @@ def test_bench_gpu_server_dry_run(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-3000:]
     server = json.loads((tmp_path / "results.json").read_text())["results"]["tiny-bert"]["server"]
     assert server["dtype"] == "float32" and server["engine_one_call"] > 0
-    configs = (("defaults", "1", 1), ("streams_2", "2", 1), ("streams_4", "4", 1),
-               ("threads_2", "1", 2), ("threads_4", "1", 4), ("big_batches", "1", 1))
+    configs = (("defaults", 0), ("regroup_2", 2), ("regroup_4", 4))
     assert set(server) == {"dtype", "engine_one_call"} | {c[0] for c in configs}
-    for label, streams, threads in configs:
+    for label, regroup_ms in configs:
         row = server[label]
         assert row["exit_code"] == 0, label
         assert row["device"].startswith("cpu"), row["device"]
-        assert row["details"].get("streams", "1") == streams, row["details"]
-        assert row["model_threads"] == threads
+        assert row["model_threads"] == 1
+        assert row["batching"]["regroup_window_ms"] == regroup_ms
         for key, requests in (("texts_1_per_request_c64", 48), ("texts_32_per_request_c4", 2)):
             load = row[key]
             # Every text once, each request answered 200, answers equal to the engine's.
@@ -136,5 +135,8 @@ def test_bench_gpu_server_dry_run(tmp_path):
             assert load["statuses"] == {"200": requests} and load["errors"] == 0
             assert load["min_cosine_vs_engine"] >= 0.99999
             assert load["texts_per_s"] > 0 and load["vs_engine_one_call"] > 0
+            # Every text reached the model, in at least one call and at most one per request.
+            assert 1 <= load["model_calls"] <= requests, load
+            assert round(load["inputs_per_call"] * load["model_calls"]) == 48, load
     # The lease's output shows the table even if results.json does not come back.
-    assert "server, tiny-bert (float32;" in r.stdout and "| threads_4 | " in r.stdout
+    assert "server, tiny-bert (float32;" in r.stdout and "| regroup_4 | " in r.stdout

@@ -17,6 +17,20 @@ pub struct BatcherConfig {
     /// How long an idle model waits for company before running a lone request.
     /// Zero by default: on an idle model waiting only adds latency.
     pub batch_window: Duration,
+    /// How long a batch may wait, after a batch is answered, for that
+    /// batch's callers to come back. Zero (the default) turns it off.
+    ///
+    /// Callers that wait for their answer before they send again (a client
+    /// with N connections, a pipeline awaiting its embeddings) come back
+    /// together shortly after their batch is answered. On a device where
+    /// every pass has a fixed cost, running whatever is queued at once
+    /// splits them for good into groups that alternate on the device, each
+    /// paying the fixed cost; waiting up to this long for the ones answered
+    /// lately folds them back into one pass. The wait ends early once as
+    /// many inputs have arrived as were answered, at a full batch, or for a
+    /// high-priority input, so a lone caller that comes straight back never
+    /// waits for it.
+    pub regroup_window: Duration,
     /// Inputs (not requests) admitted at once, per priority lane; more wait
     /// their turn in FIFO order. Each lane has its own room, so bulk traffic
     /// in one lane cannot take the room queries need in another.
@@ -87,6 +101,7 @@ impl Default for BatcherConfig {
             max_batch_size: 64,
             max_batch_tokens: 8192,
             batch_window: Duration::ZERO,
+            regroup_window: Duration::ZERO,
             max_concurrent_requests: 512,
             max_waiting: 65_536,
             max_queue_wait: Duration::from_secs(60),

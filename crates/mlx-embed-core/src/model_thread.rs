@@ -337,6 +337,8 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
         outcome: Result<BatchOutput, EmbedderError>,
         started: Instant,
     ) -> Result<(), Died> {
+        // Before any answer goes out: a caller may be back before this returns.
+        self.shared.answered(batch.inputs.len());
         match outcome {
             Ok(output) => {
                 tracing::info!(

@@ -77,6 +77,11 @@ pub(crate) struct State {
     in_window: usize,
     /// Admitted requests not yet (fully) in a batch.
     pub lanes: Lanes,
+    /// Inputs of the batches answered lately whose callers have not come
+    /// back yet, as far as arrivals tell (see `BatcherConfig::regroup_window`).
+    returning: usize,
+    /// Until when a cut waits for them.
+    returning_until: Option<Instant>,
 }
 
 impl State {
@@ -90,8 +95,20 @@ impl State {
         }
         self.idle > 0
             || (self.in_window > 0
-                && (self.lanes.inputs() >= limits.max_batch_size
-                    || self.lanes.has_waiting(Priority::High)))
+                && (self.company_or_urgent(limits)
+                    || (self.returning_until.is_some() && self.returning == 0)))
+    }
+
+    /// A full batch waits, or a high-priority input: no wait is worth more.
+    fn company_or_urgent(&self, limits: &Limits) -> bool {
+        self.lanes.inputs() >= limits.max_batch_size || self.lanes.has_waiting(Priority::High)
+    }
+
+    /// Until when a cut waits for the callers answered lately to come back;
+    /// `None`: cut now.
+    fn regroup_until(&self, limits: &Limits, now: Instant) -> Option<Instant> {
+        let until = self.returning_until?;
+        (self.returning > 0 && now < until && !self.company_or_urgent(limits)).then_some(until)
     }
 }
 
@@ -140,6 +157,8 @@ impl Shared {
                 idle: 0,
                 in_window: 0,
                 lanes: Lanes::new(limits),
+                returning: 0,
+                returning_until: None,
             }),
             model_cv: Condvar::new(),
             admission,
@@ -215,6 +234,9 @@ impl Shared {
             return Err(self.unavailable());
         }
         self.recorder.queued(lane, n);
+        // Any arrival counts: callers cannot be told apart, and under open
+        // traffic the arrivals end the wait as returns would.
+        st.returning = st.returning.saturating_sub(n);
         st.lanes.push(pending);
         let wake = st.model_should_wake(&self.limits);
         drop(st);
@@ -234,6 +256,8 @@ impl Shared {
     /// window for company (a full batch or a high-priority input ends it
     /// early). Work that queued while the thread was `Busy` has waited
     /// already: no window for it. A thread just `Starting` counts as idle.
+    /// With a regroup window, a cut also waits for the callers of the
+    /// batches answered lately (see [`Shared::answered`]), from any state.
     pub fn next_batch(&self, me: &mut Activity) -> Option<Batch> {
         let window = self.config.batch_window;
         let mut st = self.state();
@@ -256,14 +280,22 @@ impl Shared {
                 Activity::Starting => Some(Instant::now() + window),
                 Activity::Busy => None,
             };
-            let company_or_urgent = st.lanes.inputs() >= self.limits.max_batch_size
-                || st.lanes.has_waiting(Priority::High);
-            match window_ends {
-                Some(until) if !company_or_urgent && Instant::now() < until => {
+            let now = Instant::now();
+            let window_wait =
+                window_ends.filter(|&until| now < until && !st.company_or_urgent(&self.limits));
+            let wait_until = match (window_wait, st.regroup_until(&self.limits, now)) {
+                (Some(a), Some(b)) => Some(a.max(b)),
+                (a, b) => a.or(b),
+            };
+            match wait_until {
+                Some(until) => {
                     *me = Activity::Waiting {
-                        window_ends: Some(until),
+                        // The batch window's end carries over the wake-up (an
+                        // ended one for a thread that had none: it came from
+                        // `Busy`); the regroup's end is in the state.
+                        window_ends: Some(window_ends.unwrap_or(now)),
                     };
-                    let timeout = until.saturating_duration_since(Instant::now());
+                    let timeout = until.saturating_duration_since(now);
                     st.in_window += 1;
                     st = self
                         .model_cv
@@ -287,14 +319,41 @@ impl Shared {
     /// The next batch if any input waits now, without waiting for one: the
     /// thread has a batch in flight, so it is busy and no window applies.
     /// `None` when the lanes are empty or the batcher is stopped or dead.
+    ///
+    /// Also `None` while callers answered lately may still come back (see
+    /// `BatcherConfig::regroup_window`): the thread then collects what is
+    /// running and waits for them in [`Shared::next_batch`].
     pub fn try_next_batch(&self, me: &mut Activity) -> Option<Batch> {
         let mut st = self.state();
-        if st.phase == Phase::Stopped || st.dead || st.lanes.is_empty() {
+        if st.phase == Phase::Stopped
+            || st.dead
+            || st.lanes.is_empty()
+            || st.regroup_until(&self.limits, Instant::now()).is_some()
+        {
             return None;
         }
         *me = Activity::Busy;
         let batch = st.lanes.cut(&self.recorder);
         (!batch.is_empty()).then_some(batch)
+    }
+
+    /// A batch of `inputs` was answered: with a regroup window, its callers
+    /// may come back together, and the next cut waits for them (see
+    /// `BatcherConfig::regroup_window`).
+    pub fn answered(&self, inputs: usize) {
+        let window = self.config.regroup_window;
+        if window.is_zero() {
+            return;
+        }
+        let now = Instant::now();
+        let mut st = self.state();
+        if st.returning_until.is_some_and(|until| now >= until) {
+            // Whoever did not come back within the window is not coming.
+            st.returning = 0;
+        }
+        // More than a full batch is never waited for: a full batch ends the wait.
+        st.returning = (st.returning + inputs).min(self.limits.max_batch_size);
+        st.returning_until = Some(now + window);
     }
 
     /// `Open` -> `Closed`: refuse new callers and those waiting for admission.

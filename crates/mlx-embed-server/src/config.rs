@@ -41,6 +41,14 @@ pub struct ServerArgs {
           default_value_t = core_defaults().batch_window.as_millis() as u64)]
     pub batch_window_ms: u64,
 
+    /// How long a batch may wait, after a batch is answered, for that batch's callers to come
+    /// back, so callers that wait for their answers keep sharing one model call (ms; 0: off).
+    /// Ends early once as many inputs have arrived as were answered; for a device whose every
+    /// pass has a fixed cost.
+    #[arg(long, env = "MLX_EMBED_REGROUP_WINDOW_MS",
+          default_value_t = core_defaults().regroup_window.as_millis() as u64)]
+    pub regroup_window_ms: u64,
+
     /// Inputs admitted to the model queue at once; more wait their turn (FIFO).
     #[arg(long, env = "MLX_EMBED_MAX_CONCURRENT_REQUESTS",
           default_value_t = core_defaults().max_concurrent_requests,
@@ -128,6 +136,7 @@ impl Default for ServerArgs {
             max_batch_size: None,
             max_batch_tokens: None,
             batch_window_ms: core.batch_window.as_millis() as u64,
+            regroup_window_ms: core.regroup_window.as_millis() as u64,
             max_concurrent_requests: core.max_concurrent_requests,
             max_waiting: core.max_waiting,
             max_queue_wait_ms: core.max_queue_wait.as_millis() as u64,
@@ -175,6 +184,7 @@ impl ServerArgs {
             max_batch_size: self.max_batch_size.unwrap_or(caps.max_batch_size),
             max_batch_tokens: self.max_batch_tokens.unwrap_or(caps.max_batch_tokens),
             batch_window: Duration::from_millis(self.batch_window_ms),
+            regroup_window: Duration::from_millis(self.regroup_window_ms),
             max_concurrent_requests: self.max_concurrent_requests,
             max_waiting: self.max_waiting,
             max_queue_wait: Duration::from_millis(self.max_queue_wait_ms),

@@ -180,6 +180,7 @@ fn log_summary(state: &AppState, addr: Option<SocketAddr>) {
         max_batch_tokens = c.max_batch_tokens,
         device_batch_tokens = m.device_batch_tokens,
         batch_window_ms = c.batch_window.as_millis() as u64,
+        regroup_window_ms = c.regroup_window.as_millis() as u64,
         max_concurrent_requests = c.max_concurrent_requests,
         max_waiting = c.max_waiting,
         max_queue_wait_ms = c.max_queue_wait.as_millis() as u64,

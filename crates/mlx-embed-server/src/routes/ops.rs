@@ -90,6 +90,8 @@ pub struct BatchingInfo {
     /// Padded tokens per device pass inside one model call, the engine's own budget.
     pub device_batch_tokens: Option<usize>,
     pub batch_window_ms: u64,
+    /// How long a batch waits for the callers answered lately to come back (0: off).
+    pub regroup_window_ms: u64,
     pub max_concurrent_requests: usize,
     pub max_waiting: usize,
     pub max_queue_wait_ms: u64,
@@ -316,6 +318,7 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
             max_batch_tokens: c.max_batch_tokens,
             device_batch_tokens: m.device_batch_tokens,
             batch_window_ms: c.batch_window.as_millis() as u64,
+            regroup_window_ms: c.regroup_window.as_millis() as u64,
             max_concurrent_requests: c.max_concurrent_requests,
             max_waiting: c.max_waiting,
             max_queue_wait_ms: c.max_queue_wait.as_millis() as u64,

@@ -29,7 +29,9 @@ pub struct BatcherConfig {
     /// lately folds them back into one pass. The wait ends early once as
     /// many inputs have arrived as were answered, at a full batch, or for a
     /// high-priority input, so a lone caller that comes straight back never
-    /// waits for it.
+    /// waits for it. 2 ms on an accelerator ([`BatcherConfig::for_device`]),
+    /// zero on the CPU, where a pass costs what its inputs cost and waiting
+    /// gains nothing.
     pub regroup_window: Duration,
     /// Inputs (not requests) admitted at once, per priority lane; more wait
     /// their turn in FIFO order. Each lane has its own room, so bulk traffic
@@ -82,12 +84,20 @@ impl BatcherConfig {
     /// inputs and 32768 tokens, 32-text requests from 4 connections ran
     /// 1.16x-1.66x (MiniLM shape) and 1.56x-1.98x (BERT-base) the 64 / 8192
     /// caps' texts/s in three runs each (docs/benchmarks.md, third lease).
+    ///
+    /// The regroup window is 2 ms there: against a device simulated with a
+    /// fixed cost per pass it kept closed-loop callers in one pass (1.3x-1.4x
+    /// the texts/s in the core's simulation at 3 ms a pass, 1.2x-1.6x through
+    /// the real server and HTTP clients at 10 ms), cost a lone caller
+    /// nothing, and independent users at most its 2 ms (docs/benchmarks.md,
+    /// "Regrouping callers"). It has not met a real GPU yet.
     pub fn for_device(device: DeviceKind) -> Self {
         match device {
             DeviceKind::Cpu => Self::default(),
             DeviceKind::Accelerator => Self {
                 max_batch_size: 256,
                 max_batch_tokens: 32_768,
+                regroup_window: Duration::from_millis(2),
                 ..Self::default()
             },
         }

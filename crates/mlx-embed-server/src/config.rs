@@ -43,11 +43,10 @@ pub struct ServerArgs {
 
     /// How long a batch may wait, after a batch is answered, for that batch's callers to come
     /// back, so callers that wait for their answers keep sharing one model call (ms; 0: off).
-    /// Ends early once as many inputs have arrived as were answered; for a device whose every
-    /// pass has a fixed cost.
-    #[arg(long, env = "MLX_EMBED_REGROUP_WINDOW_MS",
-          default_value_t = core_defaults().regroup_window.as_millis() as u64)]
-    pub regroup_window_ms: u64,
+    /// Ends early once as many inputs have arrived as were answered [default: 0 on the CPU, 2 on
+    /// a GPU, whose every pass has a fixed cost].
+    #[arg(long, env = "MLX_EMBED_REGROUP_WINDOW_MS")]
+    pub regroup_window_ms: Option<u64>,
 
     /// Inputs admitted to the model queue at once; more wait their turn (FIFO).
     #[arg(long, env = "MLX_EMBED_MAX_CONCURRENT_REQUESTS",
@@ -136,7 +135,7 @@ impl Default for ServerArgs {
             max_batch_size: None,
             max_batch_tokens: None,
             batch_window_ms: core.batch_window.as_millis() as u64,
-            regroup_window_ms: core.regroup_window.as_millis() as u64,
+            regroup_window_ms: None,
             max_concurrent_requests: core.max_concurrent_requests,
             max_waiting: core.max_waiting,
             max_queue_wait_ms: core.max_queue_wait.as_millis() as u64,
@@ -176,15 +175,17 @@ fn parse_origin(s: &str) -> Result<String, String> {
 
 impl ServerArgs {
     /// The batcher settings these flags describe for a model on `device`:
-    /// the batch caps not given are that device's defaults
-    /// ([`BatcherConfig::for_device`]).
+    /// the batch caps and the regroup window not given are that device's
+    /// defaults ([`BatcherConfig::for_device`]).
     pub fn batcher_config(&self, device: DeviceKind) -> BatcherConfig {
         let caps = BatcherConfig::for_device(device);
         BatcherConfig {
             max_batch_size: self.max_batch_size.unwrap_or(caps.max_batch_size),
             max_batch_tokens: self.max_batch_tokens.unwrap_or(caps.max_batch_tokens),
             batch_window: Duration::from_millis(self.batch_window_ms),
-            regroup_window: Duration::from_millis(self.regroup_window_ms),
+            regroup_window: self
+                .regroup_window_ms
+                .map_or(caps.regroup_window, Duration::from_millis),
             max_concurrent_requests: self.max_concurrent_requests,
             max_waiting: self.max_waiting,
             max_queue_wait: Duration::from_millis(self.max_queue_wait_ms),
@@ -239,8 +240,16 @@ mod tests {
             BatcherConfig {
                 max_batch_size: 256,
                 max_batch_tokens: 32_768,
+                regroup_window: Duration::from_millis(2),
                 ..BatcherConfig::default()
             }
+        );
+        let off = Cli::try_parse_from(["x", "--regroup-window-ms", "0"])
+            .unwrap()
+            .args;
+        assert_eq!(
+            off.batcher_config(DeviceKind::Accelerator).regroup_window,
+            Duration::ZERO
         );
         let given = Cli::try_parse_from(["x", "--max-batch-size", "48"])
             .unwrap()

@@ -12,6 +12,11 @@
 //!   [`HOLD_LIMIT`]), so a test can queue, cancel or kill requests behind a
 //!   busy model without racing a batch that merely takes long.
 //!
+//! * `MLX_EMBED_TEST_PASS_MS=<ms>`: every batch also pays this fixed cost
+//!   on a simulated device, one batch after another, as a GPU's passes do
+//!   (the real model still computes the vectors): the batching policies for
+//!   such a device meet real HTTP clients on a machine without one.
+//!
 //! The marker is seen where the text still exists, at tokenization; the ids
 //! it became are remembered and recognised when their batch runs.
 
@@ -34,9 +39,14 @@ pub fn run(argv: Vec<String>) -> i32 {
         hold: marker("MLX_EMBED_TEST_HOLD"),
     };
     let release = std::env::var_os("MLX_EMBED_TEST_RELEASE").map(PathBuf::from);
+    let pass_cost = std::env::var("MLX_EMBED_TEST_PASS_MS")
+        .ok()
+        .and_then(|ms| ms.parse::<f64>().ok())
+        .filter(|ms| *ms > 0.0)
+        .map(|ms| Duration::from_secs_f64(ms / 1e3));
     // Cloned per model: a server with several models wraps each.
     crate::launch::run_with(argv, move |model| {
-        Faulty::new(model, markers.clone(), release.clone())
+        Faulty::new(model, markers.clone(), release.clone(), pass_cost)
     })
 }
 
@@ -124,10 +134,38 @@ pub struct Faulty {
     tokenizer: Option<Arc<dyn Tokenize>>,
     marked: Arc<Marked>,
     release: Option<PathBuf>,
+    device: Option<SimulatedDevice>,
+}
+
+/// The fixed cost of `MLX_EMBED_TEST_PASS_MS`: each batch holds the
+/// simulated device for `pass` after the one before it.
+struct SimulatedDevice {
+    pass: Duration,
+    free_at: Instant,
+}
+
+impl SimulatedDevice {
+    /// Queues a pass; returns when it will be done.
+    fn queue(&mut self) -> Instant {
+        self.free_at = self.free_at.max(Instant::now()) + self.pass;
+        self.free_at
+    }
+}
+
+fn sleep_until(t: Instant) {
+    let now = Instant::now();
+    if t > now {
+        std::thread::sleep(t - now);
+    }
 }
 
 impl Faulty {
-    fn new(model: PythonEmbedder, markers: Markers, release: Option<PathBuf>) -> Self {
+    fn new(
+        model: PythonEmbedder,
+        markers: Markers,
+        release: Option<PathBuf>,
+        pass_cost: Option<Duration>,
+    ) -> Self {
         let marked = Arc::new(Marked::default());
         let tokenizer = model.tokenizer().map(|inner| {
             Arc::new(MarkingTokenizer {
@@ -141,7 +179,18 @@ impl Faulty {
             tokenizer,
             marked,
             release,
+            device: pass_cost.map(|pass| SimulatedDevice {
+                pass,
+                free_at: Instant::now(),
+            }),
         }
+    }
+
+    /// When the simulated device finishes a batch queued now (now without one).
+    fn queue_pass(&mut self) -> Instant {
+        self.device
+            .as_mut()
+            .map_or_else(Instant::now, SimulatedDevice::queue)
     }
 }
 
@@ -164,7 +213,10 @@ impl Embedder for Faulty {
         output: Output,
     ) -> Result<BatchOutput, EmbedderError> {
         self.injected(inputs)?;
-        self.model.embed_batch(inputs, output)
+        let done_at = self.queue_pass();
+        let output = self.model.embed_batch(inputs, output);
+        sleep_until(done_at);
+        output
     }
 
     fn pipelines(&self) -> bool {
@@ -176,18 +228,33 @@ impl Embedder for Faulty {
     fn submit(&mut self, next: &[Encoded], output: Output, running: Option<Ticket>) -> Submitted {
         let (failed, inner_running) = match running.map(Hooked::from_ticket) {
             Some(Hooked::Failed(error)) => (Some(Err(error)), None),
-            Some(Hooked::Queued(ticket)) => (None, Some(ticket)),
+            Some(Hooked::Queued(queued)) => (None, Some(queued)),
             None => (None, None),
         };
+        let running_done_at = inner_running.as_ref().map(|q| q.done_at);
         match self.injected(next) {
             Err(error) => Submitted {
                 next: Ok(Ticket::new(Hooked::Failed(error))),
-                running: failed.or_else(|| inner_running.map(|t| self.model.collect(t))),
+                running: failed.or_else(|| {
+                    inner_running.map(|q| {
+                        let output = self.model.collect(q.ticket);
+                        sleep_until(q.done_at);
+                        output
+                    })
+                }),
             },
             Ok(()) => {
-                let step = self.model.submit(next, output, inner_running);
+                let done_at = self.queue_pass();
+                let step = self
+                    .model
+                    .submit(next, output, inner_running.map(|q| q.ticket));
+                if let Some(running) = running_done_at {
+                    sleep_until(running);
+                }
                 Submitted {
-                    next: step.next.map(|t| Ticket::new(Hooked::Queued(t))),
+                    next: step
+                        .next
+                        .map(|ticket| Ticket::new(Hooked::Queued(Queued { ticket, done_at }))),
                     running: failed.or(step.running),
                 }
             }
@@ -197,7 +264,11 @@ impl Embedder for Faulty {
     fn collect(&mut self, ticket: Ticket) -> Result<BatchOutput, EmbedderError> {
         match Hooked::from_ticket(ticket) {
             Hooked::Failed(error) => Err(error),
-            Hooked::Queued(ticket) => self.model.collect(ticket),
+            Hooked::Queued(queued) => {
+                let output = self.model.collect(queued.ticket);
+                sleep_until(queued.done_at);
+                output
+            }
         }
     }
 }
@@ -205,7 +276,13 @@ impl Embedder for Faulty {
 /// A batch [`Faulty`] submitted: failed by a hook, or queued on the model.
 enum Hooked {
     Failed(EmbedderError),
-    Queued(Ticket),
+    Queued(Queued),
+}
+
+/// A batch on the model, and when the simulated device is done with it.
+struct Queued {
+    ticket: Ticket,
+    done_at: Instant,
 }
 
 impl Hooked {

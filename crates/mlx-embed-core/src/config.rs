@@ -85,12 +85,14 @@ impl BatcherConfig {
     /// 1.16x-1.66x (MiniLM shape) and 1.56x-1.98x (BERT-base) the 64 / 8192
     /// caps' texts/s in three runs each (docs/benchmarks.md, third lease).
     ///
-    /// The regroup window is 2 ms there: against a device simulated with a
-    /// fixed cost per pass it kept closed-loop callers in one pass (1.3x-1.4x
-    /// the texts/s in the core's simulation at 3 ms a pass, 1.2x-1.6x through
-    /// the real server and HTTP clients at 10 ms), cost a lone caller
-    /// nothing, and independent users at most its 2 ms (docs/benchmarks.md,
-    /// "Regrouping callers"). It has not met a real GPU yet.
+    /// The regroup window is 2 ms there. Against a device simulated with a
+    /// fixed cost per pass it kept closed-loop callers in one pass: 1.3x the
+    /// texts/s in the core's simulation at 3 ms a pass, and 1.29x for
+    /// single-text requests through the real server and HTTP clients at
+    /// 10 ms a pass (longer windows gained more there, and cost independent
+    /// users more in the simulation). It cost a lone caller nothing
+    /// (docs/benchmarks.md, "Regrouping callers"). It has not met a real
+    /// GPU yet.
     pub fn for_device(device: DeviceKind) -> Self {
         match device {
             DeviceKind::Cpu => Self::default(),

@@ -347,3 +347,22 @@ pub fn assert_answer(texts: &[String], got: &mlx_embed_core::Embeddings) {
         assert_eq!(got.token_counts[i], tokens_for(t));
     }
 }
+
+/// Sends `n` one-text requests one after another, each after the answer to
+/// the one before (a lone caller), checks every answer, and returns how long
+/// they took together.
+pub async fn lone_requests(batcher: &mlx_embed_core::Batcher, n: usize) -> Duration {
+    let started = std::time::Instant::now();
+    for i in 0..n {
+        let t = format!("lone {i}");
+        let got = batcher
+            .embed(
+                owned_texts(std::slice::from_ref(&t)),
+                mlx_embed_core::EmbedOptions::default(),
+            )
+            .await
+            .unwrap();
+        assert_answer(&[t], &got);
+    }
+    started.elapsed()
+}

@@ -219,6 +219,7 @@ impl Batcher {
         while !todo.is_empty() {
             let mut leads = Vec::new();
             let mut follows = Vec::new();
+            let n_looked_up = todo.len();
             for i in todo.drain(..) {
                 let key = CacheKey {
                     ids: encoded[i].ids.clone(),
@@ -233,6 +234,9 @@ impl Batcher {
                     Lookup::Follow(follow) => follows.push((i, follow)),
                 }
             }
+            // The leads arrive in the queue; the rest came back all the same.
+            let served = n_looked_up - leads.len();
+            self.inner.shared.arrived_elsewhere(served);
             if !leads.is_empty() {
                 // A lead is answered below or the call fails: its input is not looked up again.
                 let inputs = leads

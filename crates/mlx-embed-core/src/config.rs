@@ -26,10 +26,13 @@ pub struct BatcherConfig {
     /// every pass has a fixed cost, running whatever is queued at once
     /// splits them for good into groups that alternate on the device, each
     /// paying the fixed cost; waiting up to this long for the ones answered
-    /// lately folds them back into one pass. The wait ends early once as
-    /// many inputs have arrived as were answered, at a full batch, or for a
-    /// high-priority input, so a lone caller that comes straight back never
-    /// waits for it. 2 ms on an accelerator ([`BatcherConfig::for_device`]),
+    /// lately folds them back into one pass. Only requests a batch completes
+    /// count as answered. The wait ends early once as many inputs have
+    /// arrived (or been answered from the cache) as those requests held, at a
+    /// batch full by inputs or by tokens, or for a high-priority input, so a
+    /// lone caller that comes straight back with as many inputs never waits
+    /// for it. Nothing waits without batching or once the batcher is closed.
+    /// With several model threads each answer restarts the window. 2 ms on an accelerator ([`BatcherConfig::for_device`]),
     /// zero on the CPU, where a pass costs what its inputs cost and waiting
     /// gains nothing.
     pub regroup_window: Duration,

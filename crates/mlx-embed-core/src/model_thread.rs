@@ -338,7 +338,7 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
         started: Instant,
     ) -> Result<(), Died> {
         // Before any answer goes out: a caller may be back before this returns.
-        self.shared.answered(batch.inputs.len());
+        self.shared.answered(batch.completed_inputs());
         match outcome {
             Ok(output) => {
                 tracing::info!(

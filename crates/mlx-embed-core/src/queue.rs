@@ -74,6 +74,11 @@ impl Pending {
     pub fn remaining(&self) -> usize {
         self.inputs.len()
     }
+
+    /// Tokens of the inputs not yet batched.
+    fn remaining_tokens(&self) -> usize {
+        self.inputs.as_slice().iter().map(Encoded::len).sum()
+    }
 }
 
 /// A contiguous run of one request's inputs inside a batch.
@@ -115,6 +120,16 @@ impl Batch {
     /// Tokens of all inputs, unpadded.
     pub fn real_tokens(&self) -> usize {
         self.inputs.iter().map(Encoded::len).sum()
+    }
+
+    /// Inputs of the requests whose last inputs are in this batch: the
+    /// callers answered by it, who may come back.
+    pub fn completed_inputs(&self) -> usize {
+        self.parts
+            .iter()
+            .filter(|p| p.offset + p.len == p.req.len)
+            .map(|p| p.req.len)
+            .sum()
     }
 
     /// Whether one more input of `tokens` tokens stays within
@@ -174,6 +189,8 @@ pub(crate) struct FairQueue {
     priority: Priority,
     /// Inputs queued (not yet batched) across `entries`.
     inputs: usize,
+    /// Their tokens.
+    tokens: usize,
 }
 
 impl FairQueue {
@@ -183,12 +200,14 @@ impl FairQueue {
             limits,
             priority,
             inputs: 0,
+            tokens: 0,
         }
     }
 
     pub fn push(&mut self, pending: Pending) {
         debug_assert!(pending.remaining() > 0, "no empty entry");
         self.inputs += pending.remaining();
+        self.tokens += pending.remaining_tokens();
         self.entries.push_back(pending);
     }
 
@@ -201,10 +220,16 @@ impl FairQueue {
         self.inputs
     }
 
+    /// Tokens of the inputs queued.
+    pub fn tokens(&self) -> usize {
+        self.tokens
+    }
+
     /// Empties the lane, returning every request in it.
     pub fn take_all(&mut self, recorder: &Recorder) -> Vec<Arc<Request>> {
         recorder.dequeued(self.priority, self.inputs);
         self.inputs = 0;
+        self.tokens = 0;
         self.entries.drain(..).map(|p| p.req).collect()
     }
 
@@ -223,6 +248,7 @@ impl FairQueue {
                 let n = front.remaining();
                 front.req.skipped(n, recorder);
                 self.inputs -= n;
+                self.tokens -= front.remaining_tokens();
                 recorder.dequeued(self.priority, n);
                 self.entries.pop_front();
                 continue;
@@ -247,6 +273,7 @@ impl FairQueue {
                     break;
                 }
                 let input = front.inputs.next().expect("peeked above");
+                self.tokens -= input.len();
                 batch.push(&front.req, front.next_index, input);
                 front.next_index += 1;
                 front.turn_used += 1;
@@ -269,6 +296,14 @@ impl FairQueue {
             self.inputs,
             self.entries.iter().map(Pending::remaining).sum::<usize>(),
             "lane input count"
+        );
+        debug_assert_eq!(
+            self.tokens,
+            self.entries
+                .iter()
+                .map(Pending::remaining_tokens)
+                .sum::<usize>(),
+            "lane token count"
         );
         moved
     }
@@ -302,6 +337,11 @@ impl Lanes {
     /// Inputs queued in every lane.
     pub fn inputs(&self) -> usize {
         self.lanes.iter().map(FairQueue::inputs).sum()
+    }
+
+    /// Tokens queued in every lane.
+    pub fn tokens(&self) -> usize {
+        self.lanes.iter().map(FairQueue::tokens).sum()
     }
 
     /// Whether `priority`'s lane holds any request.

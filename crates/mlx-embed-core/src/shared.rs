@@ -93,22 +93,37 @@ impl State {
         if self.dead || self.lanes.is_empty() {
             return false;
         }
-        self.idle > 0
-            || (self.in_window > 0
-                && (self.company_or_urgent(limits)
-                    || (self.returning_until.is_some() && self.returning == 0)))
+        self.idle > 0 || (self.in_window > 0 && self.company_or_urgent(limits))
     }
 
-    /// A full batch waits, or a high-priority input: no wait is worth more.
+    /// A full batch waits (by inputs or by tokens), or a high-priority
+    /// input: no wait is worth more.
     fn company_or_urgent(&self, limits: &Limits) -> bool {
-        self.lanes.inputs() >= limits.max_batch_size || self.lanes.has_waiting(Priority::High)
+        self.lanes.inputs() >= limits.max_batch_size
+            || self.lanes.tokens() >= limits.max_batch_tokens
+            || self.lanes.has_waiting(Priority::High)
     }
 
     /// Until when a cut waits for the callers answered lately to come back;
-    /// `None`: cut now.
+    /// `None`: cut now. Only while the batcher takes new work: once it is
+    /// closed, nobody can come back.
     fn regroup_until(&self, limits: &Limits, now: Instant) -> Option<Instant> {
         let until = self.returning_until?;
-        (self.returning > 0 && now < until && !self.company_or_urgent(limits)).then_some(until)
+        (self.phase == Phase::Open
+            && self.returning > 0
+            && now < until
+            && !self.company_or_urgent(limits))
+        .then_some(until)
+    }
+
+    /// Counts `n` arriving inputs against those expected back; true when
+    /// they were the last expected, which ends a regroup wait.
+    fn arrive(&mut self, n: usize) -> bool {
+        let was = self.returning;
+        // Any arrival counts: callers cannot be told apart, and under open
+        // traffic the arrivals end the wait as returns would.
+        self.returning = was.saturating_sub(n);
+        was > 0 && self.returning == 0
     }
 }
 
@@ -234,11 +249,9 @@ impl Shared {
             return Err(self.unavailable());
         }
         self.recorder.queued(lane, n);
-        // Any arrival counts: callers cannot be told apart, and under open
-        // traffic the arrivals end the wait as returns would.
-        st.returning = st.returning.saturating_sub(n);
+        let regrouped = st.arrive(n);
         st.lanes.push(pending);
-        let wake = st.model_should_wake(&self.limits);
+        let wake = st.model_should_wake(&self.limits) || (regrouped && st.in_window > 0);
         drop(st);
         if wake {
             // All of them: one woken in its batch window may not take the
@@ -337,12 +350,27 @@ impl Shared {
         (!batch.is_empty()).then_some(batch)
     }
 
-    /// A batch of `inputs` was answered: with a regroup window, its callers
-    /// may come back together, and the next cut waits for them (see
-    /// `BatcherConfig::regroup_window`).
+    /// `n` inputs of a caller were answered without the model (the
+    /// embedding cache): they count as callers come back, like queued ones.
+    pub fn arrived_elsewhere(&self, n: usize) {
+        if self.config.regroup_window.is_zero() || n == 0 {
+            return;
+        }
+        let mut st = self.state();
+        if st.arrive(n) && st.in_window > 0 {
+            drop(st);
+            self.model_cv.notify_all();
+        }
+    }
+
+    /// A batch was answered, completing requests of `inputs` inputs in all
+    /// ([`crate::queue::Batch::completed_inputs`]): with a regroup window
+    /// their callers may come back together, and the next cut waits for
+    /// them (see `BatcherConfig::regroup_window`). Without batching no cut
+    /// could take them together, so nothing waits.
     pub fn answered(&self, inputs: usize) {
         let window = self.config.regroup_window;
-        if window.is_zero() {
+        if window.is_zero() || !self.limits.batching || inputs == 0 {
             return;
         }
         let now = Instant::now();

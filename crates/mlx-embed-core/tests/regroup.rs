@@ -166,3 +166,124 @@ async fn a_full_batch_goes_at_once() {
         ]
     );
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_cut_over_several_batches_waits_for_nobody() {
+    let config = BatcherConfig {
+        max_batch_size: 4,
+        ..regrouping(Duration::from_secs(5))
+    };
+    let (batcher, record) = start(config, Duration::ZERO, None);
+    let ten: Vec<String> = (0..10).map(|i| format!("t{i}")).collect();
+    let started = Instant::now();
+    for round in 0..3 {
+        let inputs: Vec<String> = ten.iter().map(|t| format!("{t} r{round}")).collect();
+        let got = timeout(
+            LIMIT,
+            batcher.embed(owned_texts(&inputs), EmbedOptions::default()),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_answer(&inputs, &got);
+    }
+    // Only the last batch of each round answers its caller; the first two
+    // answer nobody, so nothing waits for a caller to come back.
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    let sizes: Vec<usize> = record.batches().iter().map(Vec::len).collect();
+    assert_eq!(sizes, vec![4, 4, 2, 4, 4, 2, 4, 4, 2]);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn inputs_the_cache_answers_count_as_come_back() {
+    let (batcher, record) = start(regrouping(Duration::from_secs(5)), Duration::ZERO, None);
+    batcher
+        .embed(texts(&["seen1", "seen2"]), EmbedOptions::default())
+        .await
+        .unwrap();
+    // Two answered; two come back from the cache, the new one runs at once.
+    let started = Instant::now();
+    let got = timeout(
+        LIMIT,
+        batcher.embed(texts(&["seen1", "seen2", "new"]), EmbedOptions::default()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_answer(&["seen1".into(), "seen2".into(), "new".into()], &got);
+    assert_eq!(got.cache_hits, 2);
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(record.batches().last().unwrap(), &vec!["new".to_string()]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_full_by_tokens_goes_at_once() {
+    // Each text is 8 tokens with its specials: two fill the 16-token budget.
+    let config = BatcherConfig {
+        max_batch_tokens: 16,
+        ..regrouping(Duration::from_secs(5))
+    };
+    let gate = Gate::closed();
+    let (batcher, record) = start(config, Duration::ZERO, Some(gate.clone()));
+    let m = occupy_model(&batcher, &record, "m").await;
+    let mut queued = Vec::new();
+    for t in ["aaaaaa", "bbbbbb"] {
+        let b = batcher.clone();
+        queued.push(tokio::spawn(async move {
+            b.embed(texts(&[t]), EmbedOptions::default()).await
+        }));
+    }
+    eventually("two queued", || batcher.metrics().queued_inputs == 2).await;
+    let started = Instant::now();
+    gate.open();
+    timeout(LIMIT, m).await.unwrap().unwrap().unwrap();
+    for task in queued {
+        timeout(LIMIT, task).await.unwrap().unwrap().unwrap();
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        record.batches(),
+        vec![
+            vec!["m".to_string()],
+            vec!["aaaaaa".to_string(), "bbbbbb".to_string()],
+        ]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_batching_nothing_waits() {
+    let config = BatcherConfig {
+        enable_batching: false,
+        ..regrouping(Duration::from_secs(5))
+    };
+    let (batcher, _record) = start(config, Duration::ZERO, None);
+    batcher
+        .embed(texts(&["x1", "y1", "z1"]), EmbedOptions::default())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    timeout(
+        LIMIT,
+        batcher.embed(texts(&["x2"]), EmbedOptions::default()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+}

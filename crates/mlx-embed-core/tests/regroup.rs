@@ -25,6 +25,26 @@ fn high() -> EmbedOptions {
     }
 }
 
+type Caller =
+    tokio::task::JoinHandle<Result<mlx_embed_core::Embeddings, mlx_embed_core::CoreError>>;
+
+/// One-text requests behind a busy model, queued one at a time so they
+/// queue in this order.
+async fn queue_in_order(batcher: &mlx_embed_core::Batcher, these: &[&'static str]) -> Vec<Caller> {
+    let mut queued = Vec::new();
+    for (k, &t) in these.iter().enumerate() {
+        let b = batcher.clone();
+        queued.push(tokio::spawn(async move {
+            b.embed(texts(&[t]), EmbedOptions::default()).await
+        }));
+        eventually(&format!("{t} queued"), || {
+            batcher.metrics().queued_inputs == k as u64 + 1
+        })
+        .await;
+    }
+    queued
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_answered_together_come_back_to_one_batch() {
     let (batcher, record) = start(regrouping(Duration::from_secs(5)), Duration::ZERO, None);
@@ -39,6 +59,7 @@ async fn callers_answered_together_come_back_to_one_batch() {
         let b = batcher.clone();
         tokio::spawn(async move { b.embed(texts(&["a2"]), EmbedOptions::default()).await })
     };
+    eventually("a2 queued", || batcher.metrics().queued_inputs == 1).await;
     tokio::time::sleep(Duration::from_millis(50)).await;
     let b2 = timeout(
         LIMIT,
@@ -134,14 +155,7 @@ async fn a_full_batch_goes_at_once() {
     let gate = Gate::closed();
     let (batcher, record) = start(config, Duration::ZERO, Some(gate.clone()));
     let m = occupy_model(&batcher, &record, "m").await;
-    let mut queued = Vec::new();
-    for t in ["w1", "w2", "w3"] {
-        let b = batcher.clone();
-        queued.push(tokio::spawn(async move {
-            b.embed(texts(&[t]), EmbedOptions::default()).await
-        }));
-    }
-    eventually("three queued", || batcher.metrics().queued_inputs == 3).await;
+    let mut queued = queue_in_order(&batcher, &["w1", "w2", "w3"]).await;
     let started = Instant::now();
     gate.open();
     timeout(LIMIT, m).await.unwrap().unwrap().unwrap();
@@ -234,14 +248,7 @@ async fn a_batch_full_by_tokens_goes_at_once() {
     let gate = Gate::closed();
     let (batcher, record) = start(config, Duration::ZERO, Some(gate.clone()));
     let m = occupy_model(&batcher, &record, "m").await;
-    let mut queued = Vec::new();
-    for t in ["aaaaaa", "bbbbbb"] {
-        let b = batcher.clone();
-        queued.push(tokio::spawn(async move {
-            b.embed(texts(&[t]), EmbedOptions::default()).await
-        }));
-    }
-    eventually("two queued", || batcher.metrics().queued_inputs == 2).await;
+    let queued = queue_in_order(&batcher, &["aaaaaa", "bbbbbb"]).await;
     let started = Instant::now();
     gate.open();
     timeout(LIMIT, m).await.unwrap().unwrap().unwrap();

@@ -493,14 +493,13 @@ def start_server(folder: Path, dtype: str, flags: list[str], log_dir: Path):
 def server_load(base: str, contents: list[list[int]], per_request: int, connections: int, workdir: Path,
                 deadline: float, keep: int = 0) -> dict:
     """Every text once through /v1/embeddings as token ids (the server adds
-    the specials), ``per_request`` texts a request, over ``connections``."""
+    the specials), ``per_request`` texts a request, over ``connections``; with
+    how the server grouped them into model calls (what the regroup window
+    changes)."""
     bodies = [json.dumps({"input": contents[i : i + per_request], "encoding_format": "base64"})
               for i in range(0, len(contents), per_request)]
-    path = workdir / f"bodies-{per_request}.jsonl"
-    path.write_text("\n".join(bodies) + "\n")
-    out = http_load.run_in_child(base + "/v1/embeddings", path, connections, min(8, connections), deadline, keep)
-    if out["statuses"] != {"200": len(bodies)} or out["errors"]:
-        raise RuntimeError(f"not every request answered 200: {out['statuses']}, errors {out['errors']}")
+    out = http_load.send_all(base, "/v1/embeddings", bodies, workdir / f"bodies-{per_request}.jsonl",
+                             connections, min(8, connections), deadline, keep)
     out["texts_per_s"] = len(contents) / out["seconds"]
     return out
 
@@ -515,21 +514,6 @@ def engine_reference(folder: Path, dtype: str, contents: list[list[int]], check:
     rate = len(full) / seconds(lambda: m.embed_ids(full), reps)
     want = np.frombuffer(m.embed_ids(full[:check]).vectors, dtype="<f4").reshape(check, -1)
     return rate, want / np.linalg.norm(want, axis=1, keepdims=True)
-
-
-def batch_counts(base: str) -> tuple[float, float]:
-    """The server's model calls and the inputs they held, from /metrics."""
-    import re
-    import urllib.request
-
-    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
-        text = r.read().decode()
-
-    def value(name):
-        found = re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M)
-        return sum(float(v) for v in found)
-
-    return value("mlx_embed_batches_total"), value("mlx_embed_batch_size_sum")
 
 
 def server_rows(name: str, folder: Path, ids: list[list[int]], args, workdir: Path) -> dict:
@@ -563,12 +547,7 @@ def server_rows(name: str, folder: Path, ids: list[list[int]], args, workdir: Pa
             for per_request, connections in SERVER_LOADS:
                 server_load(base, contents, per_request, connections, workdir, limit)  # shapes build once
                 keep = -(-check // per_request)
-                before = batch_counts(base)
                 got = server_load(base, contents, per_request, connections, workdir, limit, keep=keep)
-                after = batch_counts(base)
-                # How the collector grouped the load: what the regroup window changes.
-                got["model_calls"] = after[0] - before[0]
-                got["inputs_per_call"] = (after[1] - before[1]) / max(1.0, after[0] - before[0])
                 vectors = http_load.answered_vectors(got.pop("answers"), per_request, check)
                 cos = float((vectors * want).sum(axis=1).min())
                 if cos < min_cosine:

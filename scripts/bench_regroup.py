@@ -32,7 +32,6 @@ import statistics
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 import http_load  # this script's neighbours in scripts/
@@ -49,32 +48,13 @@ def corpus(n: int) -> list[str]:
     return [" ".join(words[(i * 7 + k) % len(words)] for k in range(4 + i % 9)) + f" {i}" for i in range(n)]
 
 
-def counts(base: str) -> tuple[float, float]:
-    """Model calls and the inputs they held so far, from /metrics."""
-    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
-        text = r.read().decode()
-    calls = inputs = 0.0
-    for line in text.splitlines():
-        if line.startswith("mlx_embed_batches_total "):
-            calls = float(line.split()[-1])
-        elif line.startswith("mlx_embed_batch_size_sum "):
-            inputs = float(line.split()[-1])
-    return calls, inputs
-
-
 def one_load(base: str, texts: list[str], per_request: int, connections: int, procs: int,
              workdir: Path, deadline: float) -> dict:
     bodies = [json.dumps({"input": texts[i : i + per_request]}) for i in range(0, len(texts), per_request)]
-    path = workdir / f"bodies-{per_request}.jsonl"
-    path.write_text("\n".join(bodies) + "\n")
-    before = counts(base)
-    out = http_load.run_in_child(base + "/v1/embeddings", path, connections, min(procs, connections), deadline)
-    after = counts(base)
-    if out["statuses"] != {"200": len(bodies)} or out["errors"]:
-        raise RuntimeError(f"not every request answered 200: {out['statuses']}, errors {out['errors']}")
-    calls = after[0] - before[0]
-    return {"texts_per_s": len(texts) / out["seconds"], "model_calls": calls,
-            "inputs_per_call": (after[1] - before[1]) / max(1.0, calls),
+    out = http_load.send_all(base, "/v1/embeddings", bodies, workdir / f"bodies-{per_request}.jsonl",
+                             connections, min(procs, connections), deadline)
+    return {"texts_per_s": len(texts) / out["seconds"], "model_calls": out["model_calls"],
+            "inputs_per_call": out["inputs_per_call"],
             "p50_ms": out["latency_ms"]["p50"], "p99_ms": out["latency_ms"]["p99"]}
 
 

@@ -23,6 +23,7 @@ import multiprocessing as mp
 import statistics
 import sys
 import time
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import rawhttp
@@ -129,6 +130,38 @@ def run_in_child(url: str, bodies_path, connections: int, procs: int, deadline: 
     if r.returncode != 0:
         raise RuntimeError(f"http_load failed: {r.stderr[-2000:]}")
     return json.loads(r.stdout)
+
+
+def _batch_counts(base: str) -> tuple[float, float]:
+    """The server's model calls and the inputs they held so far (every
+    model's), from its /metrics."""
+    import re
+    import urllib.request
+
+    with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
+        text = r.read().decode()
+
+    def value(name):
+        return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M))
+
+    return value("mlx_embed_batches_total"), value("mlx_embed_batch_size_sum")
+
+
+def send_all(base: str, path: str, bodies: list[str], bodies_file, connections: int, procs: int,
+             deadline: float, keep: int = 0) -> dict:
+    """Every body once through ``base + path`` (``run_in_child``; the bodies
+    are written to ``bodies_file``); raises RuntimeError unless every request
+    was answered 200. Adds how the server grouped them (from /metrics):
+    ``model_calls`` and ``inputs_per_call``."""
+    Path(bodies_file).write_text("\n".join(bodies) + "\n")
+    before = _batch_counts(base)
+    out = run_in_child(base + path, bodies_file, connections, procs, deadline, keep)
+    after = _batch_counts(base)
+    if out["statuses"] != {"200": len(bodies)} or out["errors"]:
+        raise RuntimeError(f"not every request answered 200: {out['statuses']}, errors {out['errors']}")
+    out["model_calls"] = after[0] - before[0]
+    out["inputs_per_call"] = (after[1] - before[1]) / max(1.0, out["model_calls"])
+    return out
 
 
 def answered_vectors(answers: dict, per_request: int, n: int):

@@ -117,13 +117,14 @@ impl State {
     }
 
     /// Counts `n` arriving inputs against those expected back; true when
-    /// they were the last expected, which ends a regroup wait.
+    /// they were the last expected and a thread waits for them: it must be
+    /// woken.
     fn arrive(&mut self, n: usize) -> bool {
         let was = self.returning;
         // Any arrival counts: callers cannot be told apart, and under open
         // traffic the arrivals end the wait as returns would.
         self.returning = was.saturating_sub(n);
-        was > 0 && self.returning == 0
+        was > 0 && self.returning == 0 && self.in_window > 0
     }
 }
 
@@ -251,7 +252,7 @@ impl Shared {
         self.recorder.queued(lane, n);
         let regrouped = st.arrive(n);
         st.lanes.push(pending);
-        let wake = st.model_should_wake(&self.limits) || (regrouped && st.in_window > 0);
+        let wake = st.model_should_wake(&self.limits) || regrouped;
         drop(st);
         if wake {
             // All of them: one woken in its batch window may not take the
@@ -356,9 +357,8 @@ impl Shared {
         if self.config.regroup_window.is_zero() || n == 0 {
             return;
         }
-        let mut st = self.state();
-        if st.arrive(n) && st.in_window > 0 {
-            drop(st);
+        let wake = self.state().arrive(n);
+        if wake {
             self.model_cv.notify_all();
         }
     }

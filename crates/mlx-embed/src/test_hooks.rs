@@ -186,6 +186,14 @@ impl Faulty {
         }
     }
 
+    /// The model's output for a queued batch, once the simulated device is
+    /// done with it too.
+    fn collect_queued(&mut self, queued: Queued) -> Result<BatchOutput, EmbedderError> {
+        let output = self.model.collect(queued.ticket);
+        sleep_until(queued.done_at);
+        output
+    }
+
     /// When the simulated device finishes a batch queued now (now without one).
     fn queue_pass(&mut self) -> Instant {
         self.device
@@ -235,13 +243,7 @@ impl Embedder for Faulty {
         match self.injected(next) {
             Err(error) => Submitted {
                 next: Ok(Ticket::new(Hooked::Failed(error))),
-                running: failed.or_else(|| {
-                    inner_running.map(|q| {
-                        let output = self.model.collect(q.ticket);
-                        sleep_until(q.done_at);
-                        output
-                    })
-                }),
+                running: failed.or_else(|| inner_running.map(|q| self.collect_queued(q))),
             },
             Ok(()) => {
                 let done_at = self.queue_pass();
@@ -264,11 +266,7 @@ impl Embedder for Faulty {
     fn collect(&mut self, ticket: Ticket) -> Result<BatchOutput, EmbedderError> {
         match Hooked::from_ticket(ticket) {
             Hooked::Failed(error) => Err(error),
-            Hooked::Queued(queued) => {
-                let output = self.model.collect(queued.ticket);
-                sleep_until(queued.done_at);
-                output
-            }
+            Hooked::Queued(queued) => self.collect_queued(queued),
         }
     }
 }

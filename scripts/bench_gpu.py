@@ -390,7 +390,23 @@ def pass_profile(model, ids: list[list[int]], passes: int, row_counts=PROFILE_RO
     vectors (``wait_ms``), medians of ``passes``; with the graph's primitives.
     A straight line through the rows gives a pass's fixed cost (intercept)
     and its cost per text (slope): the fixed cost is what holds server-sized
-    calls back on a GPU (docs/benchmarks.md, third lease)."""
+    calls back on a GPU (docs/benchmarks.md, third lease). Then the same
+    with ``ops.LEAN_GRAPH`` off (``without_lean_graph``): what the graph's
+    views and reshapes cost a pass."""
+    from mlx_embed import ops
+
+    out = _profile_rows(model, ids, passes, row_counts)
+    ops.LEAN_GRAPH = False
+    try:
+        plain = _profile_rows(model, ids, passes, row_counts)
+    finally:
+        ops.LEAN_GRAPH = True
+    out["without_lean_graph"] = {k: plain[k] for k in ("rows", "fixed_ms", "ms_per_text", "primitives_by_name")
+                                 if k in plain}
+    return out
+
+
+def _profile_rows(model, ids: list[list[int]], passes: int, row_counts) -> dict:
     from mlx_embed import ops
 
     sched = model.scheduler
@@ -463,13 +479,14 @@ SERVER_FLAGS = {"defaults": [], "streams_2": ["--streams", "2"], "streams_4": ["
                 # The third lease's best two, together, and bigger still.
                 "big_threads_2": [*BIG, "--model-threads", "2"], "big_streams_2": [*BIG, "--streams", "2"],
                 "bigger_batches": ["--max-batch-size", "512", "--max-batch-tokens", "65536"],
-                # Callers answered together wait for each other: 2 ms is the GPU's
-                # default, chosen against a simulated device (docs/benchmarks.md,
-                # "Regrouping callers"); off, and longer.
-                "regroup_off": ["--regroup-window-ms", "0"], "regroup_4": ["--regroup-window-ms", "4"]}
+                # Callers answered together wait for each other: 4 ms is the GPU's
+                # default, measured on an H200 beside these (docs/benchmarks.md,
+                # fourth lease).
+                "regroup_off": ["--regroup-window-ms", "0"], "regroup_2": ["--regroup-window-ms", "2"],
+                "regroup_4": ["--regroup-window-ms", "4"], "regroup_8": ["--regroup-window-ms", "8"]}
 # What --server runs unless --server-flags names others: today's defaults
-# beside the regroup window off and longer, which has not met a GPU yet.
-DEFAULT_SERVER_FLAGS = ("defaults", "regroup_off", "regroup_4")
+# beside the regroup window off and shorter.
+DEFAULT_SERVER_FLAGS = ("defaults", "regroup_off", "regroup_2")
 # (texts per request, connections): the one-text-per-request load of issue
 # 11's target, and bulk callers sending server-sized calls.
 SERVER_LOADS = ((1, 64), (32, 4))

@@ -41,8 +41,10 @@ if _age is not None:
     _startup.record("process_start", _age)
 
 from . import _blas  # noqa: E402  (timed with the rest of the package import)
+from . import precision as _precision  # noqa: E402
 
 _blas.setup()
+_precision.keep_float32_exact()
 _startup.record("import_mlx_embed", _time.perf_counter() - _t0)
 
 __version__ = "0.1.0"

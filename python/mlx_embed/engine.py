@@ -25,7 +25,7 @@ except ImportError as e:  # the `mlx` wheel alone has no backend on Linux
         "pip install 'mlx-embed[cpu]' (or 'mlx-embed[cuda]' on an NVIDIA GPU)"
     ) from e
 
-from . import _blas, device, loading, ops, startup
+from . import _blas, device, loading, ops, precision, startup
 from .errors import InvalidInput
 from .loading import DEFAULT_MODEL_NAME, default_model_path  # noqa: F401  (re-exported)
 from .models import reads_type_ids
@@ -474,6 +474,8 @@ class EmbeddingModel(ScoringMixin):
             "attention": "fused" if self.context.fused_attention else "matmul",
             "shape_buckets": str(self.scheduler.shape_buckets).lower(),
             "cache_limit_mb": str(self.cache_limit_mb),
+            # TF32 is off unless MLX_ENABLE_TF32 says otherwise (precision.py).
+            "float32_matmul": precision.float32_matmul(),
             "blas": b["library"],
             # Where this process's start went, up to the model being built.
             "startup": startup.describe(),
@@ -516,6 +518,7 @@ class EmbeddingModel(ScoringMixin):
             "checkpoint_quantization": self.checkpoint_quantization,
             "dequantized": self.dequantized_because,
             "cache_limit_mb": self.cache_limit_mb,
+            "float32_matmul": precision.float32_matmul(),
             "memory": self.memory(),
             "startup": startup.describe(),
             # The server checks token-id input against it before queueing.

@@ -48,10 +48,10 @@ AS_IF_ON_A_GPU = (
 def test_batch_caps_default_by_device(tmp_path, golden):
     """On a GPU the collector's caps default to 256 inputs and 32768 tokens
     (64 and 8192 on the CPU, test_rerank's /info check) and the regroup window
-    to 2 ms (0 on the CPU); a flag given wins."""
+    to 4 ms (0 on the CPU); a flag given wins."""
     texts, reference = golden
     keep = [i for i, t in enumerate(texts) if t][:6]
-    for flags, want, regroup in (([], (256, 32768), 2),
+    for flags, want, regroup in (([], (256, 32768), 4),
                                  (["--max-batch-size", "48", "--regroup-window-ms", "0"], (48, 32768), 0)):
         server = start_server(tmp_path, "--no-warmup", *flags, command=[sys.executable, "-c", AS_IF_ON_A_GPU])
         try:

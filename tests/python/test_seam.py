@@ -478,3 +478,40 @@ def mx_device(kind: str):
     import mlx.core as mx
 
     return mx.Device(mx.gpu if kind == "gpu" else mx.cpu)
+
+
+@pytest.mark.parametrize(
+    "given, want_env, want_matmul",
+    [(None, "0", "exact"), ("1", "1", "tf32"), ("0", "0", "exact")],
+)
+def test_float32_stays_exact_unless_asked(given, want_env, want_matmul):
+    """MLX runs float32 matmuls as TF32 on CUDA and M5 Metal by default; the
+    package turns that off at import unless MLX_ENABLE_TF32 is set, and says
+    which one runs (precision.py)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "MLX_ENABLE_TF32"}
+    if given is not None:
+        env["MLX_ENABLE_TF32"] = given
+    code = (
+        "import os, json, mlx_embed\n"
+        "m = mlx_embed.load()\n"
+        "print(json.dumps([os.environ['MLX_ENABLE_TF32'], m.spec().details['float32_matmul'],"
+        " m.info()['float32_matmul']]))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [want_env, want_matmul, want_matmul]
+
+
+@pytest.mark.parametrize("value, want", [("0", "exact"), (" 0 ", "exact"), ("", "exact"), ("no", "exact"),
+                                         ("1", "tf32"), (" 2x", "tf32"), ("-1", "tf32")])
+def test_float32_matmul_reads_the_variable_as_mlx_does(monkeypatch, value, want):
+    from mlx_embed import precision
+
+    monkeypatch.setenv("MLX_ENABLE_TF32", value)
+    assert precision.float32_matmul() == want
+    monkeypatch.delenv("MLX_ENABLE_TF32")
+    assert precision.float32_matmul() == "tf32"

@@ -348,17 +348,17 @@ fn main() {
             },
         ),
         (
-            "regroup window 2 ms (the default)",
+            "regroup window 2 ms",
             BatcherConfig {
-                cache_bytes: 0,
-                ..BatcherConfig::for_device(DeviceKind::Accelerator)
+                regroup_window: Duration::from_millis(2),
+                ..gpu.clone()
             },
         ),
         (
-            "regroup window 4 ms",
+            "regroup window 4 ms (the default)",
             BatcherConfig {
-                regroup_window: Duration::from_millis(4),
-                ..gpu.clone()
+                cache_bytes: 0,
+                ..BatcherConfig::for_device(DeviceKind::Accelerator)
             },
         ),
     ];

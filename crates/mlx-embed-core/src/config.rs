@@ -88,21 +88,20 @@ impl BatcherConfig {
     /// 1.16x-1.66x (MiniLM shape) and 1.56x-1.98x (BERT-base) the 64 / 8192
     /// caps' texts/s in three runs each (docs/benchmarks.md, third lease).
     ///
-    /// The regroup window is 2 ms there. Against a device simulated with a
-    /// fixed cost per pass it kept closed-loop callers in one pass: 1.3x the
-    /// texts/s in the core's simulation at 3 ms a pass, and 1.29x for
-    /// single-text requests through the real server and HTTP clients at
-    /// 10 ms a pass (longer windows gained more there, and cost independent
-    /// users more in the simulation). It cost a lone caller nothing
-    /// (docs/benchmarks.md, "Regrouping callers"). It has not met a real
-    /// GPU yet.
+    /// The regroup window is 4 ms there. On an H200 (docs/benchmarks.md,
+    /// fourth lease) it kept 64 single-text connections in one pass of
+    /// ~63 inputs instead of two of 32, for 1.90x the texts/s of no window
+    /// on the MiniLM shape and 1.23x on Qwen3-0.6B; 2 ms gained less
+    /// (1.44x, 1.21x) and 8 ms no more. It costs a lone caller nothing; in
+    /// the core's simulation it cost independent (open-loop) users more
+    /// than 2 ms did (docs/benchmarks.md, "Regrouping callers").
     pub fn for_device(device: DeviceKind) -> Self {
         match device {
             DeviceKind::Cpu => Self::default(),
             DeviceKind::Accelerator => Self {
                 max_batch_size: 256,
                 max_batch_tokens: 32_768,
-                regroup_window: Duration::from_millis(2),
+                regroup_window: Duration::from_millis(4),
                 ..Self::default()
             },
         }

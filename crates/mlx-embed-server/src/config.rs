@@ -43,7 +43,7 @@ pub struct ServerArgs {
 
     /// How long a batch may wait, after a batch is answered, for that batch's callers to come
     /// back, so callers that wait for their answers keep sharing one model call (ms; 0: off).
-    /// Ends early once as many inputs have arrived as were answered [default: 0 on the CPU, 2 on
+    /// Ends early once as many inputs have arrived as were answered [default: 0 on the CPU, 4 on
     /// a GPU, whose every pass has a fixed cost].
     #[arg(long, env = "MLX_EMBED_REGROUP_WINDOW_MS")]
     pub regroup_window_ms: Option<u64>,
@@ -240,7 +240,7 @@ mod tests {
             BatcherConfig {
                 max_batch_size: 256,
                 max_batch_tokens: 32_768,
-                regroup_window: Duration::from_millis(2),
+                regroup_window: Duration::from_millis(4),
                 ..BatcherConfig::default()
             }
         );

@@ -390,23 +390,7 @@ def pass_profile(model, ids: list[list[int]], passes: int, row_counts=PROFILE_RO
     vectors (``wait_ms``), medians of ``passes``; with the graph's primitives.
     A straight line through the rows gives a pass's fixed cost (intercept)
     and its cost per text (slope): the fixed cost is what holds server-sized
-    calls back on a GPU (docs/benchmarks.md, third lease). Then the same
-    with ``ops.LEAN_GRAPH`` off (``without_lean_graph``): what the graph's
-    views and reshapes cost a pass."""
-    from mlx_embed import ops
-
-    out = _profile_rows(model, ids, passes, row_counts)
-    ops.LEAN_GRAPH = False
-    try:
-        plain = _profile_rows(model, ids, passes, row_counts)
-    finally:
-        ops.LEAN_GRAPH = True
-    out["without_lean_graph"] = {k: plain[k] for k in ("rows", "fixed_ms", "ms_per_text", "primitives_by_name")
-                                 if k in plain}
-    return out
-
-
-def _profile_rows(model, ids: list[list[int]], passes: int, row_counts) -> dict:
+    calls back on a GPU (docs/benchmarks.md, third lease)."""
     from mlx_embed import ops
 
     sched = model.scheduler

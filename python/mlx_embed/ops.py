@@ -318,59 +318,13 @@ def _packed_linear(layer: nn.Module) -> Optional[tuple]:
     return entry
 
 
-# Every primitive in a pass's graph costs the host a few microseconds to
-# build and to hand to the device, whatever the size of the pass: on an H200
-# a pass had a fixed cost of ~2.1 ms (MiniLM shape, 221 primitives) and
-# ~6.0 ms (Qwen3-0.6B, 1,302), mostly MLX encoding the graph, and only a
-# third of the primitives were kernels; the rest were views, reshapes and
-# broadcasts (docs/benchmarks.md, fourth lease). So the non-native paths
-# (a GPU's) keep each linear's transposed weight as an evaluated view, made
-# once (the same strides ``nn.Linear`` makes per pass, no copy), and the
-# encoders that allow it run their layers on [tokens, width] rows, so a
-# projection is one AddMM rather than reshapes around it. A switch for the
-# benchmark's before/after; the results are the same to the last bit.
-LEAN_GRAPH = True
-
-
-def _transposed_weight(layer: nn.Module) -> Optional[mx.array]:
-    """``layer.weight.T`` of a plain ``nn.Linear`` as an evaluated view (made
-    by :func:`prepare`), or None where there is none for this weight."""
-    cached = layer.__dict__.get("_mlx_embed_weight_t")
-    if cached is None or cached[0] is not layer.weight:
-        return None
-    return cached[1]
-
-
-class _ViewLinear(nn.Linear):
-    """``nn.Linear`` on its evaluated transposed-weight view (LEAN_GRAPH):
-    what :func:`prepare` makes of the plain linears of a model on a
-    non-native path, the decoders mlx-lm builds included, so their
-    projections lose a Transpose primitive each."""
-
-    def __call__(self, x: mx.array) -> mx.array:
-        transposed = _transposed_weight(self) if LEAN_GRAPH else None
-        if transposed is None:
-            return super().__call__(x)
-        if "bias" in self:
-            return mx.addmm(self["bias"], x, transposed)
-        return x @ transposed
-
-
 def prepare(model: nn.Module, ctx: ForwardContext) -> None:
-    """Now (at load) rather than in the first forward pass: pack every
-    float32 ``nn.Linear`` of ``model`` for the native kernel; on the other
-    paths, give each plain ``nn.Linear`` its transposed weight view
-    (LEAN_GRAPH)."""
+    """Pack every float32 ``nn.Linear`` of ``model`` for the native kernel
+    now (at load) rather than in its first forward pass."""
+    if ctx.path != "native":
+        return
     for _, module in model.named_modules():
-        if ctx.path == "native":
-            _packed_linear(module)
-        elif type(module) in (nn.Linear, _ViewLinear):
-            weight = module.weight
-            transposed = weight.T
-            mx.eval(transposed)
-            # A plain attribute: see _packed_linear.
-            object.__setattr__(module, "_mlx_embed_weight_t", (weight, transposed))
-            module.__class__ = _ViewLinear
+        _packed_linear(module)
 
 
 def linear(layer: nn.Module, x: mx.array, *, activation: Optional[str] = None) -> mx.array:
@@ -522,7 +476,6 @@ class KeyMask:
     Padding must be at the end of each row (as the engine pads)."""
 
     def __init__(self, attention_mask: mx.array, dtype: mx.Dtype):
-        self.shape: tuple[int, int] = tuple(attention_mask.shape)  # [B, L]
         self._mask = attention_mask
         self._dtype = dtype
         self._lengths: Optional[list[int]] = None
@@ -706,16 +659,14 @@ def _native_position_probs(q, k, mask: KeyMask, scale: float, first_query: int, 
 def attention(qkv: mx.array, mask: KeyMask, n_heads: int, scale: float) -> mx.array:
     """Multi-head self-attention from the fused projection ``qkv`` [B, L,
     3 * D] (q, k, v of each position side by side, heads inside each) to
-    merged heads [B, L, D], padding keys weighted 0. ``qkv`` may also come
-    as rows [B * L, 3 * D] (LEAN_GRAPH), and the heads go back as rows.
+    merged heads [B, L, D], padding keys weighted 0.
 
     On the native path one kernel call reads the projection as it lies and
     writes the merged heads (no transpose copies, no evaluation point
     between the two matmuls and the softmax); elsewhere MLX's matmuls around
     :func:`attention_probs`."""
-    B, L = mask.shape
-    D = qkv.shape[-1] // 3
-    merged = (*qkv.shape[:-1], D)
+    B, L, three_d = qkv.shape
+    D = three_d // 3
     ctx = current()
     if ctx.path == "native" and qkv.dtype == mx.float32:
         with _graph_lock_released():
@@ -726,20 +677,20 @@ def attention(qkv: mx.array, mask: KeyMask, n_heads: int, scale: float) -> mx.ar
         dst = _scratch(B * L * D).reshape(B, L, D)
         lengths = mask.lengths
         with _graph_lock_released():
-            _native.attention_(src.reshape(B, L, 3 * D), lengths, n_heads, scale, dst, ctx.kernel_threads)
-        return mx.array(dst.reshape(merged))
+            _native.attention_(src, lengths, n_heads, scale, dst, ctx.kernel_threads)
+        return mx.array(dst)
     hd = D // n_heads
     if ctx.fused_attention:
         q, k, v = mx.split(qkv.reshape(B, L, 3 * n_heads, hd).transpose(0, 2, 1, 3), 3, axis=1)
         out = mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask.additive)
-        return out.transpose(0, 2, 1, 3).reshape(merged)
+        return out.transpose(0, 2, 1, 3).reshape(B, L, D)
     # One contiguous copy into [3, B, H, L, hd], then slices that are
     # contiguous views: MLX's matmul would otherwise copy each strided
     # q/k/v on its own, measured 2.5x slower on the CPU.
     parts = mx.contiguous(qkv.reshape(B, L, 3, n_heads, hd).transpose(2, 0, 3, 1, 4))
     q, k, v = parts[0], parts[1], parts[2]
     probs = attention_probs(q, k, mask, scale)
-    return (probs @ v).transpose(0, 2, 1, 3).reshape(merged)
+    return (probs @ v).transpose(0, 2, 1, 3).reshape(B, L, D)
 
 
 def _fit_erf(deg_p: int = 5, deg_q: int = 5, zmax: float = 4.0, iters: int = 30):

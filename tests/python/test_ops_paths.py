@@ -14,7 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from conftest import FIXTURES, ROOT
+from conftest import ROOT
 from mlx_embed import _native, ops
 
 
@@ -341,46 +341,3 @@ def test_native_position_softmax_matches_mlx(kind, block_rows, monkeypatch):
         assert np.abs(got[b, :, :n] - want[b, :, :n]).max() <= 1e-5
     with pytest.raises(ValueError, match="not both"):
         _native.masked_softmax_positions_(np.zeros((1, 3, 2, 2), np.float32), [2], 1.0, 0, slopes=slopes, half=1)
-
-
-def _pass_primitives(model, texts) -> tuple[int, np.ndarray]:
-    """The primitives of one pass's graph (mx.export_to_dot, as
-    scripts/bench_gpu.py counts them) and the model's vectors."""
-    import io
-    import re
-
-    sched = model.scheduler
-    ids, _ = model.encode(texts)
-    host = sched._host_arrays(np.arange(len(ids)), ids, None, np.array([len(x) for x in ids]))
-    with ops.forward_context(sched.context):
-        vec, _ = sched._graph(host, False, False)
-    dot = io.StringIO()
-    mx.export_to_dot(dot, vec)
-    count = len(re.findall(r'label ="(\w+)"', dot.getvalue()))
-    return count, np.asarray(model.embed(texts))
-
-
-@pytest.mark.parametrize("folder, fewer", [(None, 70), ("tiny-qwen3", 14)])
-def test_lean_graph_drops_views_and_keeps_the_bits(folder, fewer, golden_texts):
-    """On the GPU's path (``fast_ops="exact"``, fused attention) each linear
-    runs on its weight's evaluated transposed view, and BERT's layers on
-    [tokens, width] rows: MiniLM's six layers lose 70 primitives (24
-    Transposes and 46 Reshapes), tiny-qwen3's two layers 14 Transposes, with
-    the same vectors to the last bit."""
-    import mlx_embed
-
-    path = None if folder is None else FIXTURES / folder
-    m = mlx_embed.load(path, fast_ops="exact", fused_attention=True)
-    texts = [t for t in golden_texts if t][:5]
-    try:
-        lean, lean_vectors = _pass_primitives(m, texts)
-        ops.LEAN_GRAPH = False
-        plain, plain_vectors = _pass_primitives(m, texts)
-    finally:
-        ops.LEAN_GRAPH = True
-    assert plain - lean == fewer, (plain, lean)
-    assert np.array_equal(lean_vectors, plain_vectors)
-    # The native path (the CPU's default) keeps nn.Linear as it is: its kernel packs them.
-    native = mlx_embed.load(path)
-    assert not any(type(mod) is ops._ViewLinear for _, mod in native.model.named_modules())
-    assert any(type(mod) is ops._ViewLinear for _, mod in m.model.named_modules())

@@ -166,14 +166,9 @@ class Model(nn.Module):
         fused = ops.post_ln_encoder(self.layers, x, mask)
         if fused is not None:
             return fused
-        shape = x.shape
-        if ops.LEAN_GRAPH:
-            # Rows [B * L, D] between the layers: each projection one AddMM
-            # (ops.LEAN_GRAPH); only attention needs the batch's shape.
-            x = x.reshape(-1, shape[-1])
         for layer in self.layers:
             x = layer(x, mask)
-        return x.reshape(shape)
+        return x
 
     # Checkpoint name -> our name. Patterns are applied after stripping any
     # leading "bert." (BertForMaskedLM etc. wrap the encoder under it).

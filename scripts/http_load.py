@@ -132,19 +132,51 @@ def run_in_child(url: str, bodies_path, connections: int, procs: int, deadline: 
     return json.loads(r.stdout)
 
 
-def _batch_counts(base: str) -> tuple[float, float]:
-    """The server's model calls and the inputs they held so far (every
-    model's), from its /metrics."""
+# The server's running totals that send_all reads before and after a load
+# (every model's; the HTTP ones for the route loaded only).
+_TOTALS = ("batches_total", "batch_size_sum", "model_seconds_sum", "gil_wait_seconds_sum",
+           "queue_wait_seconds_sum", "queue_wait_seconds_count")
+_ROUTE_TOTALS = ("http_request_duration_seconds_sum", "http_request_duration_seconds_count")
+
+
+def _server_totals(base: str, route: str) -> dict[str, float]:
+    """The server's totals so far, from its /metrics."""
     import re
     import urllib.request
 
     with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
         text = r.read().decode()
 
-    def value(name):
-        return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M))
+    def value(name, labels=r"(?:\{[^}]*\})?"):
+        return sum(float(v) for v in re.findall(rf"^mlx_embed_{name}{labels} ([0-9.e+-]+)$", text, re.M))
 
-    return value("mlx_embed_batches_total"), value("mlx_embed_batch_size_sum")
+    out = {name: value(name) for name in _TOTALS}
+    for name in _ROUTE_TOTALS:
+        out[name] = value(name, r"\{" + re.escape(f'route="{route}"') + r"\}")
+    return out
+
+
+def _round_breakdown(before: dict, after: dict, out: dict, connections: int) -> dict:
+    """Where a closed-loop round went, in ms: each connection's round
+    (``round``: the run's seconds over its requests), the client's latency
+    (send to answer) and its gap (answer to the next send), the server's
+    own time on a request (the HTTP handler), the part of it queued (from
+    arrival to the start of its model call: the regroup window, a running
+    pass), and a model call's time (``model_call``, from its submission to
+    its vectors) with its wait for the interpreter (``gil_wait``)."""
+    d = {k: after[k] - before[k] for k in after}
+    calls = max(1.0, d["batches_total"])
+    rounds = max(1.0, out["answered"] / max(1, connections))
+    mean = out["latency_ms"]["mean"] or 0.0
+    return {
+        "round": 1e3 * out["seconds"] / rounds,
+        "client_latency": mean,
+        "client_gap": max(0.0, 1e3 * out["seconds"] / rounds - mean),
+        "server": 1e3 * d["http_request_duration_seconds_sum"] / max(1.0, d["http_request_duration_seconds_count"]),
+        "queued": 1e3 * d["queue_wait_seconds_sum"] / max(1.0, d["queue_wait_seconds_count"]),
+        "model_call": 1e3 * d["model_seconds_sum"] / calls,
+        "gil_wait": 1e3 * d["gil_wait_seconds_sum"] / calls,
+    }
 
 
 def send_all(base: str, path: str, bodies: list[str], bodies_file, connections: int, procs: int,
@@ -152,15 +184,17 @@ def send_all(base: str, path: str, bodies: list[str], bodies_file, connections: 
     """Every body once through ``base + path`` (``run_in_child``; the bodies
     are written to ``bodies_file``); raises RuntimeError unless every request
     was answered 200. Adds how the server grouped them (from /metrics):
-    ``model_calls`` and ``inputs_per_call``."""
+    ``model_calls``, ``inputs_per_call``, and where a round's time went
+    (``round_ms``, see ``_round_breakdown``)."""
     Path(bodies_file).write_text("\n".join(bodies) + "\n")
-    before = _batch_counts(base)
+    before = _server_totals(base, path)
     out = run_in_child(base + path, bodies_file, connections, procs, deadline, keep)
-    after = _batch_counts(base)
+    after = _server_totals(base, path)
     if out["statuses"] != {"200": len(bodies)} or out["errors"]:
         raise RuntimeError(f"not every request answered 200: {out['statuses']}, errors {out['errors']}")
-    out["model_calls"] = after[0] - before[0]
-    out["inputs_per_call"] = (after[1] - before[1]) / max(1.0, out["model_calls"])
+    out["model_calls"] = after["batches_total"] - before["batches_total"]
+    out["inputs_per_call"] = (after["batch_size_sum"] - before["batch_size_sum"]) / max(1.0, out["model_calls"])
+    out["round_ms"] = _round_breakdown(before, after, out, connections)
     return out
 
 

@@ -142,5 +142,11 @@ def test_bench_gpu_server_dry_run(tmp_path):
             # Every text reached the model, in at least one call and at most one per request.
             assert 1 <= load["model_calls"] <= requests, load
             assert round(load["inputs_per_call"] * load["model_calls"]) == 48, load
+            # Where a round went: the server's time on a request lies inside the
+            # client's latency, and holds the time queued for a model call.
+            b = load["round_ms"]
+            assert b["round"] >= b["client_latency"] >= b["server"] > b["queued"] >= 0, b
+            assert b["model_call"] > 0 and b["gil_wait"] >= 0, b
     # The lease's output shows the table even if results.json does not come back.
     assert "server, tiny-bert (float32;" in r.stdout and "| regroup_2 | " in r.stdout
+    assert "| regroup_2 | texts_1_per_request_c64 | " in r.stdout

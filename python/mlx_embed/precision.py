@@ -4,8 +4,9 @@ asked for them.
 MLX runs float32 matmuls (and on M5-class Metal, attention) with TF32 tensor
 cores unless ``MLX_ENABLE_TF32=0``: 10 mantissa bits per product instead of
 23. On an H200 (docs/benchmarks.md, fourth lease) that moved the float32
-scores of the reranker and classifier fixtures by up to 1.4e-2 against the
-CPU (a relative 1.6e-3), and float32 embeddings to a cosine of 0.9999996.
+scores of the reranker and classifier fixtures by up to 2.1e-2 against the
+CPU (5.6e-3 of the score), and float32 embeddings to a cosine of 0.9999961;
+with it off, 1.1e-5 and 0.9999999.
 Someone who picks float32 on a GPU, where bfloat16 is the default, picks it
 for exact results, so the engine keeps float32 exact; bfloat16 and float16
 matmuls are unaffected. MLX reads the variable once per process, at its

@@ -13,12 +13,22 @@ def test_bench_gpu_dry_run(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
     r = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--dry-run", "--variants",
-         "--sweep", "--quantized", "--small-calls", "--graph-ops", "--pass-profile", "--out", str(tmp_path)],
+         "--sweep", "--quantized", "--small-calls", "--graph-ops", "--pass-profile", "--kernel-probe",
+         "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, env=env,
     )
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads((tmp_path / "results.json").read_text())
     assert out["meta"]["device"].startswith("cpu")
+    probe = out["meta"]["kernel_probe"]
+    assert probe["chain"] == 20 and probe["passes"] == 3
+    # One Add alone; then 20 more primitives of each kind (views: Reshapes).
+    assert probe["one"]["primitives"] == 1
+    assert {k: probe[k]["primitives"] for k in ("views", "adds", "matmuls")} == {
+        "views": 21, "adds": 21, "matmuls": 21}
+    assert all(probe[k]["total_ms"] > 0 for k in ("one", "views", "adds", "matmuls"))
+    # Twenty matmuls cost more than the add alone, on any device.
+    assert probe["matmuls"]["us_each"]["total_ms"] > 0
     assert set(out["results"]) == {"tiny-bert", "tiny-qwen3"}
     for name, res in out["results"].items():
         assert res["texts"] == 48 and res["tokens"] > 48 * 3

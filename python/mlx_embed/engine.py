@@ -475,7 +475,7 @@ class EmbeddingModel(ScoringMixin):
             "shape_buckets": str(self.scheduler.shape_buckets).lower(),
             "cache_limit_mb": str(self.cache_limit_mb),
             # TF32 is off unless MLX_ENABLE_TF32 says otherwise (precision.py).
-            "float32_matmul": precision.float32_matmul(),
+            "float32_matmul": precision.float32_matmul(device.is_cpu()),
             "blas": b["library"],
             # Where this process's start went, up to the model being built.
             "startup": startup.describe(),
@@ -518,7 +518,7 @@ class EmbeddingModel(ScoringMixin):
             "checkpoint_quantization": self.checkpoint_quantization,
             "dequantized": self.dequantized_because,
             "cache_limit_mb": self.cache_limit_mb,
-            "float32_matmul": precision.float32_matmul(),
+            "float32_matmul": precision.float32_matmul(device.is_cpu()),
             "memory": self.memory(),
             "startup": startup.describe(),
             # The server checks token-id input against it before queueing.

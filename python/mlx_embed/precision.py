@@ -5,7 +5,7 @@ MLX runs float32 matmuls (and on M5-class Metal, attention) with TF32 tensor
 cores unless ``MLX_ENABLE_TF32=0``: 10 mantissa bits per product instead of
 23. On an H200 (docs/benchmarks.md, fourth lease) that moved the float32
 scores of the reranker and classifier fixtures by up to 2.1e-2 against the
-CPU (5.6e-3 of the score), and float32 embeddings to a cosine of 0.9999961;
+CPU (5.6e-3 of 1 + the score), and float32 embeddings to a cosine of 0.9999961;
 with it off, 1.1e-5 and 0.9999999.
 Someone who picks float32 on a GPU, where bfloat16 is the default, picks it
 for exact results, so the engine keeps float32 exact; bfloat16 and float16
@@ -20,23 +20,40 @@ from __future__ import annotations
 
 import os
 import re
+from typing import Optional
 
 VARIABLE = "MLX_ENABLE_TF32"
+# What the variable said when the package set it (MLX reads it once, at its
+# first float32 matmul, which comes after that); None: never set up.
+_at_import: list = []
 
 
 def keep_float32_exact() -> None:
     """Turn MLX's TF32 matmuls off for this process unless the environment
     already says what it wants."""
     os.environ.setdefault(VARIABLE, "0")
+    _at_import[:] = [os.environ[VARIABLE]]
 
 
-def float32_matmul() -> str:
-    """``exact`` or ``tf32``: what float32 matmuls run as on a backend with
-    TF32 (CUDA, M5-class Metal), read as MLX reads ``MLX_ENABLE_TF32``:
-    C's ``atoi``, so unset means on, and anything that does not start with
-    a nonzero integer (``0``, ``""``, ``no``) means off."""
-    value = os.environ.get(VARIABLE)
+def tf32_enabled(value: Optional[str]) -> bool:
+    """Whether MLX turns TF32 on for this value of the variable: it reads it
+    with C's ``atoi`` (glibc: ``(int) strtol``), so unset means on, ASCII
+    whitespace, a sign and ASCII digits make the number, anything else reads
+    0, and the number is cut to a 32-bit int."""
     if value is None:
-        return "tf32"
-    match = re.match(r"\s*([+-]?\d+)", value)
-    return "tf32" if match and int(match.group(1)) != 0 else "exact"
+        return True
+    match = re.match(r"[ \t\n\v\f\r]*([+-]?[0-9]+)", value)
+    if not match:
+        return False
+    number = max(-(2**63), min(2**63 - 1, int(match.group(1))))
+    return number & 0xFFFFFFFF != 0
+
+
+def float32_matmul(on_cpu: bool) -> str:
+    """``exact`` or ``tf32``: what float32 matmuls run as. ``tf32`` only off
+    the CPU (CUDA; on Metal, M5-class chips only), as the variable read when
+    the package was imported."""
+    if on_cpu:
+        return "exact"
+    value = _at_import[0] if _at_import else os.environ.get(VARIABLE)
+    return "tf32" if tf32_enabled(value) else "exact"

@@ -486,32 +486,41 @@ def mx_device(kind: str):
 )
 def test_float32_stays_exact_unless_asked(given, want_env, want_matmul):
     """MLX runs float32 matmuls as TF32 on CUDA and M5 Metal by default; the
-    package turns that off at import unless MLX_ENABLE_TF32 is set, and says
-    which one runs (precision.py)."""
-    import os
+    package turns that off at import unless MLX_ENABLE_TF32 is set, and
+    reports what runs: off the CPU the value it imported with (MLX reads the
+    variable once, later changes do nothing), on the CPU always exact."""
     import subprocess
     import sys
 
+    from conftest import ROOT
+
     env = {k: v for k, v in os.environ.items() if k != "MLX_ENABLE_TF32"}
+    env["PYTHONPATH"] = str(ROOT / "python")
     if given is not None:
         env["MLX_ENABLE_TF32"] = given
     code = (
         "import os, json, mlx_embed\n"
+        "from mlx_embed import precision\n"
         "m = mlx_embed.load()\n"
-        "print(json.dumps([os.environ['MLX_ENABLE_TF32'], m.spec().details['float32_matmul'],"
-        " m.info()['float32_matmul']]))\n"
+        "seen = os.environ['MLX_ENABLE_TF32']\n"
+        "os.environ['MLX_ENABLE_TF32'] = '0' if seen != '0' else '1'\n"
+        "print(json.dumps([seen, m.spec().details['float32_matmul'], m.info()['float32_matmul'],"
+        " precision.float32_matmul(on_cpu=False)]))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=120, check=True)
-    assert json.loads(out.stdout.strip().splitlines()[-1]) == [want_env, want_matmul, want_matmul]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [want_env, "exact", "exact", want_matmul]
 
 
-@pytest.mark.parametrize("value, want", [("0", "exact"), (" 0 ", "exact"), ("", "exact"), ("no", "exact"),
-                                         ("1", "tf32"), (" 2x", "tf32"), ("-1", "tf32")])
-def test_float32_matmul_reads_the_variable_as_mlx_does(monkeypatch, value, want):
+@pytest.mark.parametrize("value, want", [
+    (None, True), ("0", False), (" 0 ", False), ("", False), ("no", False), ("1", True), (" 2x", True),
+    ("-1", True), ("\t+3", True),
+    # Not atoi's whitespace or digits: read as 0.
+    ("\xa01", False), ("\u0661", False),
+    # atoi is (int) strtol: 2**32 cuts to 0, a number past a long clamps to LONG_MAX (-1 as an int).
+    ("4294967296", False), ("4294967297", True), ("99999999999999999999999", True),
+])
+def test_tf32_enabled_reads_the_variable_as_mlx_does(value, want):
     from mlx_embed import precision
 
-    monkeypatch.setenv("MLX_ENABLE_TF32", value)
-    assert precision.float32_matmul() == want
-    monkeypatch.delenv("MLX_ENABLE_TF32")
-    assert precision.float32_matmul() == "tf32"
+    assert precision.tf32_enabled(value) is want

@@ -32,7 +32,7 @@ pub struct BatcherConfig {
     /// batch full by inputs or by tokens, or for a high-priority input, so a
     /// lone caller that comes straight back with as many inputs never waits
     /// for it. Nothing waits without batching or once the batcher is closed.
-    /// With several model threads each answer restarts the window. 2 ms on
+    /// With several model threads each answer restarts the window. 4 ms on
     /// an accelerator ([`BatcherConfig::for_device`]), zero on the CPU, where
     /// a pass costs what its inputs cost and waiting gains nothing.
     pub regroup_window: Duration,

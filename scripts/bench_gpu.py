@@ -385,6 +385,34 @@ def graph_primitives(*outputs) -> dict:
 PROBE_KINDS = ("one", "views", "adds", "matmuls")
 
 
+def phase_medians(stages, runs: int, warmup: int) -> dict:
+    """Median ms of each stage of a pass, and of the whole (``total_ms``),
+    over ``runs`` passes after ``warmup`` untimed ones (new shapes build
+    there). ``stages``: (name, fn) pairs run in order, each given the
+    previous one's result (the first None)."""
+    times: dict = {name: [] for name, _ in stages}
+    times["total_ms"] = []
+    for k in range(warmup + runs):
+        value = None
+        start = mark = time.perf_counter()
+        took = []
+        for name, fn in stages:
+            value = fn(value)
+            now = time.perf_counter()
+            took.append((name, now - mark))
+            mark = now
+        if k >= warmup:
+            for name, seconds_ in took:
+                times[name].append(seconds_ * 1e3)
+            times["total_ms"].append((mark - start) * 1e3)
+    return {name: float(np.median(v)) for name, v in times.items()}
+
+
+def submitted(y: mx.array) -> mx.array:
+    mx.async_eval(y)
+    return y
+
+
 def kernel_probe(n: int, reps: int) -> dict:
     """What one primitive costs a pass, by kind: one add alone, then that
     add followed by a chain of ``n`` views (reshapes), element-wise adds or
@@ -415,20 +443,8 @@ def kernel_probe(n: int, reps: int) -> dict:
 
     out: dict = {"chain": n, "dtype": str(dtype), "passes": reps}
     for kind in PROBE_KINDS:
-        phases = {"build_ms": [], "submit_ms": [], "wait_ms": [], "total_ms": []}
-        for k in range(reps + 2):  # the first two build the kernels
-            t0 = time.perf_counter()
-            y = chain(kind)
-            t1 = time.perf_counter()
-            mx.async_eval(y)
-            t2 = time.perf_counter()
-            mx.eval(y)
-            t3 = time.perf_counter()
-            if k >= 2:
-                for key, a, b in (("build_ms", t0, t1), ("submit_ms", t1, t2), ("wait_ms", t2, t3),
-                                  ("total_ms", t0, t3)):
-                    phases[key].append((b - a) * 1e3)
-        out[kind] = {key: float(np.median(v)) for key, v in phases.items()}
+        out[kind] = phase_medians((("build_ms", lambda _, kind=kind: chain(kind)), ("submit_ms", submitted),
+                                   ("wait_ms", lambda y: mx.eval(y))), reps, warmup=2)
         out[kind]["primitives"] = sum(graph_primitives(chain(kind)).values())
     for kind in PROBE_KINDS[1:]:
         out[kind]["us_each"] = {key: 1e3 * (out[kind][key] - out["one"][key]) / n
@@ -455,25 +471,16 @@ def pass_profile(model, ids: list[list[int]], passes: int, row_counts=PROFILE_RO
         batch = (texts * -(-rows // len(texts)))[:rows]
         lengths = np.full(rows, PROFILE_LENGTH, dtype=np.int64)
         idx = np.arange(rows)
-        phases = {"host_ms": [], "graph_ms": [], "submit_ms": [], "wait_ms": [], "total_ms": []}
-        for k in range(passes + 3):  # the first passes build the shape
-            t0 = time.perf_counter()
-            host = sched._host_arrays(idx, batch, None, lengths)
-            t1 = time.perf_counter()
+        def graph(host):
             with ops.forward_context(sched.context):
-                vec, _ = sched._graph(host, False, False)
-            t2 = time.perf_counter()
-            if k == 0:
-                primitives = graph_primitives(vec)
-            mx.async_eval(vec)
-            t3 = time.perf_counter()
-            np.array(vec)
-            t4 = time.perf_counter()
-            if k >= 3:
-                for key, a, b in (("host_ms", t0, t1), ("graph_ms", t1, t2), ("submit_ms", t2, t3),
-                                  ("wait_ms", t3, t4), ("total_ms", t0, t4)):
-                    phases[key].append((b - a) * 1e3)
-        out["rows"][rows] = {key: float(np.median(v)) for key, v in phases.items()}
+                return sched._graph(host, False, False)[0]
+
+        def host(_, batch=batch, lengths=lengths, idx=idx):
+            return sched._host_arrays(idx, batch, None, lengths)
+
+        primitives = graph_primitives(graph(host(None)))
+        out["rows"][rows] = phase_medians((("host_ms", host), ("graph_ms", graph), ("submit_ms", submitted),
+                                           ("wait_ms", np.array)), passes, warmup=3)
         out["rows"][rows]["primitives"] = sum(primitives.values())
     if len(out["rows"]) >= 2:
         x = np.array(list(out["rows"]), dtype=np.float64)

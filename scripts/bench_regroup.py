@@ -55,7 +55,9 @@ def one_load(base: str, texts: list[str], per_request: int, connections: int, pr
                              connections, min(procs, connections), deadline)
     return {"texts_per_s": len(texts) / out["seconds"], "model_calls": out["model_calls"],
             "inputs_per_call": out["inputs_per_call"],
-            "p50_ms": out["latency_ms"]["p50"], "p99_ms": out["latency_ms"]["p99"]}
+            "p50_ms": out["latency_ms"]["p50"], "p99_ms": out["latency_ms"]["p99"],
+            # Where a round went (http_load._round_breakdown), flat for the medians.
+            **{f"{k}_ms": v for k, v in out["round_ms"].items()}}
 
 
 def main(argv=None) -> int:
@@ -113,6 +115,16 @@ def main(argv=None) -> int:
             m, base = med[(w, n, c)], med[(windows[0], n, c)]
             print(f"| {n} x {c} | {w} | {m['texts_per_s']:.0f} | {m['texts_per_s'] / base['texts_per_s']:.2f}x | "
                   f"{m['inputs_per_call']:.1f} | {m['p50_ms']:.2f} | {m['p99_ms']:.2f} |")
+    print("\nwhere a round went (ms; round = client latency + client gap; the server's time holds the "
+          "queued part and the model call):")
+    print("| load | --regroup-window-ms | round | client latency | client gap | server | queued | model call |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for n, c in loads:
+        for w in windows:
+            m = med[(w, n, c)]
+            print(f"| {n} x {c} | {w} | {m['round_ms']:.2f} | {m['client_latency_ms']:.2f} | "
+                  f"{m['client_gap_ms']:.2f} | {m['server_ms']:.2f} | {m['queued_ms']:.2f} | "
+                  f"{m['model_call_ms']:.2f} |")
     if args.json:
         Path(args.json).write_text(json.dumps({"argv": sys.argv[1:], "pass_ms": args.pass_ms, "raw": raw},
                                               indent=1) + "\n")

@@ -831,17 +831,12 @@ def summary(results: dict, call: int) -> str:
                      f"{row[k].get('inputs_per_call', nan):.1f} a call)" if k in row else "-"
                      for k in loads]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
-        lines += ["", f"where a round went, {name} (ms: round = client latency + client gap; the server's "
-                  "time holds the queued part and the model call):",
-                  "| flags | load | round | client latency | client gap | server | queued | model call |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|"]
+        lines += ["", f"{http_load.ROUND_TITLE}, {name}:", *http_load.round_header("flags", "load")]
         for label in (k for k in SERVER_FLAGS if k in server):
             for k in loads:
                 b = server[label].get(k, {}).get("round_ms")
                 if b:
-                    lines.append(f"| {label} | {k} | {b['round']:.2f} | {b['client_latency']:.2f} | "
-                                 f"{b['client_gap']:.2f} | {b['server']:.2f} | {b['queued']:.2f} | "
-                                 f"{b['model_call']:.2f} |")
+                    lines.append(f"| {label} | {k} | {http_load.round_cells(b)} |")
     return "\n".join(lines)
 
 

@@ -115,16 +115,13 @@ def main(argv=None) -> int:
             m, base = med[(w, n, c)], med[(windows[0], n, c)]
             print(f"| {n} x {c} | {w} | {m['texts_per_s']:.0f} | {m['texts_per_s'] / base['texts_per_s']:.2f}x | "
                   f"{m['inputs_per_call']:.1f} | {m['p50_ms']:.2f} | {m['p99_ms']:.2f} |")
-    print("\nwhere a round went (ms; round = client latency + client gap; the server's time holds the "
-          "queued part and the model call):")
-    print("| load | --regroup-window-ms | round | client latency | client gap | server | queued | model call |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print(f"\n{http_load.ROUND_TITLE}:")
+    print("\n".join(http_load.round_header("load", "--regroup-window-ms")))
     for n, c in loads:
         for w in windows:
             m = med[(w, n, c)]
-            print(f"| {n} x {c} | {w} | {m['round_ms']:.2f} | {m['client_latency_ms']:.2f} | "
-                  f"{m['client_gap_ms']:.2f} | {m['server_ms']:.2f} | {m['queued_ms']:.2f} | "
-                  f"{m['model_call_ms']:.2f} |")
+            cells = http_load.round_cells({k: m[f"{k}_ms"] for k in http_load.ROUND_COLUMNS})
+            print(f"| {n} x {c} | {w} | {cells} |")
     if args.json:
         Path(args.json).write_text(json.dumps({"argv": sys.argv[1:], "pass_ms": args.pass_ms, "raw": raw},
                                               indent=1) + "\n")

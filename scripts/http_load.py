@@ -167,16 +167,34 @@ def _round_breakdown(before: dict, after: dict, out: dict, connections: int) -> 
     d = {k: after[k] - before[k] for k in after}
     calls = max(1.0, d["batches_total"])
     rounds = max(1.0, out["answered"] / max(1, connections))
+    round_ms = 1e3 * out["seconds"] / rounds
     mean = out["latency_ms"]["mean"] or 0.0
     return {
-        "round": 1e3 * out["seconds"] / rounds,
+        "round": round_ms,
         "client_latency": mean,
-        "client_gap": max(0.0, 1e3 * out["seconds"] / rounds - mean),
+        "client_gap": max(0.0, round_ms - mean),
         "server": 1e3 * d["http_request_duration_seconds_sum"] / max(1.0, d["http_request_duration_seconds_count"]),
         "queued": 1e3 * d["queue_wait_seconds_sum"] / max(1.0, d["queue_wait_seconds_count"]),
         "model_call": 1e3 * d["model_seconds_sum"] / calls,
         "gil_wait": 1e3 * d["gil_wait_seconds_sum"] / calls,
     }
+
+
+# The breakdown's columns as bench_gpu.py and bench_regroup.py print them.
+ROUND_COLUMNS = ("round", "client_latency", "client_gap", "server", "queued", "model_call")
+ROUND_TITLE = ("where a round went (ms; round = client latency + client gap; the server's time holds "
+               "the queued part and the model call)")
+
+
+def round_cells(breakdown: dict) -> str:
+    """One table row's cells for a ``_round_breakdown``, in ROUND_COLUMNS order."""
+    return " | ".join(f"{breakdown[k]:.2f}" for k in ROUND_COLUMNS)
+
+
+def round_header(*leading: str) -> list[str]:
+    """A markdown table's head: ``leading`` columns, then ROUND_COLUMNS."""
+    names = [*leading, *(k.replace("_", " ") for k in ROUND_COLUMNS)]
+    return ["| " + " | ".join(names) + " |", "|" + "---|" * len(leading) + "---:|" * len(ROUND_COLUMNS)]
 
 
 def send_all(base: str, path: str, bodies: list[str], bodies_file, connections: int, procs: int,

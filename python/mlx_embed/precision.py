@@ -25,14 +25,14 @@ from typing import Optional
 VARIABLE = "MLX_ENABLE_TF32"
 # What the variable said when the package set it (MLX reads it once, at its
 # first float32 matmul, which comes after that); None: never set up.
-_at_import: list = []
+_at_import: Optional[str] = None
 
 
 def keep_float32_exact() -> None:
     """Turn MLX's TF32 matmuls off for this process unless the environment
     already says what it wants."""
-    os.environ.setdefault(VARIABLE, "0")
-    _at_import[:] = [os.environ[VARIABLE]]
+    global _at_import
+    _at_import = os.environ.setdefault(VARIABLE, "0")
 
 
 def tf32_enabled(value: Optional[str]) -> bool:
@@ -55,5 +55,5 @@ def float32_matmul(on_cpu: bool) -> str:
     the package was imported."""
     if on_cpu:
         return "exact"
-    value = _at_import[0] if _at_import else os.environ.get(VARIABLE)
+    value = _at_import if _at_import is not None else os.environ.get(VARIABLE)
     return "tf32" if tf32_enabled(value) else "exact"

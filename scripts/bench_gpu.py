@@ -30,7 +30,9 @@ Qwen3-0.6B) it reports:
   ``--streams 2`` and ``4``, ``--model-threads 2`` and ``4``, and batches of
   up to 256 texts, beside the engine's one call in this process;
   answers are checked against the engine's own vectors
-  (``scripts/http_load.py`` is the client);
+  (``scripts/http_load.py`` is the client); where wrk is installed, each
+  load again with wrk as the client for ``--wrk-seconds`` (the relay
+  carries it), so what the Python client costs a round shows;
 * ``--quantized``: Qwen3 shape bf16 vs 8-bit vs 4-bit quantized kernels,
   one call and two-text latency (the measured choice behind dequantizing
   pre-quantized checkpoints on CUDA).
@@ -566,6 +568,21 @@ def server_load(base: str, contents: list[list[int]], per_request: int, connecti
     return out
 
 
+def server_load_wrk(base: str, contents: list[list[int]], per_request: int, connections: int,
+                    workdir: Path, seconds: float) -> dict:
+    """``server_load`` with wrk as the client (``http_load.send_wrk``): the
+    same bodies over and over for ``seconds``; what the Python client costs a
+    round is the difference between the two rows."""
+    bodies = [json.dumps({"input": contents[i : i + per_request], "encoding_format": "base64"})
+              for i in range(0, len(contents), per_request)]
+    threads = max(1, min(4, (os.cpu_count() or 2) // 2, connections))
+    out = http_load.send_wrk(base, "/v1/embeddings", bodies, workdir / f"wrk-bodies-{per_request}.jsonl",
+                             connections, threads, seconds)
+    out["texts_per_s"] = out["answered"] * len(contents) / len(bodies) / out["seconds"]
+    out["threads"] = threads
+    return out
+
+
 def engine_reference(folder: Path, dtype: str, contents: list[list[int]], check: int, reps: int):
     """The engine's one-call texts/s on the ids the server runs for
     ``contents`` (the content, then the specials), and the first ``check``
@@ -616,11 +633,29 @@ def server_rows(name: str, folder: Path, ids: list[list[int]], args, workdir: Pa
                     raise RuntimeError(f"{label}: server answers differ from the engine (min cosine {cos})")
                 got["min_cosine_vs_engine"] = cos
                 got["vs_engine_one_call"] = got["texts_per_s"] / out["engine_one_call"]
+                got["wrk"] = wrk_row(base, contents, per_request, connections, workdir, args,
+                                     out["engine_one_call"])
                 row[f"texts_{per_request}_per_request_c{connections}"] = got
         finally:
             row["exit_code"] = server.stop()
         out[label] = row
     return out
+
+
+def wrk_row(base: str, contents, per_request: int, connections: int, workdir: Path, args,
+            engine_one_call: float) -> dict:
+    """The same load with wrk as the client (``--wrk-seconds``), or why it
+    is missing: a wrk that fails (not installed, a library missing on the
+    device machine) leaves the Python client's row standing."""
+    if args.wrk_seconds <= 0:
+        return {"skipped": "--wrk-seconds 0"}
+    try:
+        got = server_load_wrk(base, contents, per_request, connections, workdir, args.wrk_seconds)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:
+        log(f"wrk: {err}")
+        return {"error": str(err)[-500:]}
+    got["vs_engine_one_call"] = got["texts_per_s"] / engine_one_call
+    return got
 
 
 def pooling_of(config: dict) -> str:
@@ -826,18 +861,29 @@ def summary(results: dict, call: int) -> str:
         lines += ["", f"server, {name} ({server['dtype']}; engine one call {server['engine_one_call']:.0f} texts/s):",
                   "| flags | " + " | ".join(loads) + " |", "|---|" + "---:|" * len(loads)]
         for label in (k for k in SERVER_FLAGS if k in server):
-            row = server[label]
-            cells = [f"{row[k]['texts_per_s']:.0f} ({row[k]['vs_engine_one_call']:.2f}x, "
-                     f"{row[k].get('inputs_per_call', nan):.1f} a call)" if k in row else "-"
-                     for k in loads]
-            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+            for client, pick in CLIENTS:
+                got = [pick(server[label].get(k)) for k in loads]
+                if not any(got):
+                    continue
+                cells = [f"{g['texts_per_s']:.0f} ({g['vs_engine_one_call']:.2f}x, "
+                         f"{g.get('inputs_per_call', nan):.1f} a call)" if g else "-" for g in got]
+                lines.append(f"| {label}{client} | " + " | ".join(cells) + " |")
         lines += ["", f"{http_load.ROUND_TITLE}, {name}:", *http_load.round_header("flags", "load")]
         for label in (k for k in SERVER_FLAGS if k in server):
-            for k in loads:
-                b = server[label].get(k, {}).get("round_ms")
-                if b:
-                    lines.append(f"| {label} | {k} | {http_load.round_cells(b)} |")
+            for client, pick in CLIENTS:
+                for k in loads:
+                    g = pick(server[label].get(k))
+                    if g and g.get("round_ms"):
+                        lines.append(f"| {label}{client} | {k} | {http_load.round_cells(g['round_ms'])} |")
     return "\n".join(lines)
+
+
+def _measured(row):
+    return row if isinstance(row, dict) and "texts_per_s" in row else None
+
+
+# A server load's row by client: the Python client's own, then wrk's inside it.
+CLIENTS = (("", _measured), (", wrk", lambda row: _measured((row or {}).get("wrk"))))
 
 
 def main(argv=None) -> int:
@@ -861,6 +907,8 @@ def main(argv=None) -> int:
                    help="one pass's time by phase (host, graph, submit, wait) for 1-512 texts, and its primitives")
     p.add_argument("--kernel-probe", action="store_true",
                    help="what one view, element-wise add or small matmul costs a pass, host and device")
+    p.add_argument("--wrk-seconds", type=float, default=5.0,
+                   help="--server: each load also with wrk as the client for this long (0: not)")
     p.add_argument("--server-flags", default=",".join(DEFAULT_SERVER_FLAGS),
                    help=f"comma list of the server flag sets --server runs, of {', '.join(SERVER_FLAGS)}")
     p.add_argument("--graph-ops", action="store_true",
@@ -893,6 +941,7 @@ def main(argv=None) -> int:
         picked = [s.strip() for s in args.shapes.split(",") if s.strip() in DRY_SHAPES]
         shapes = {n: DRY_SHAPES[n] for n in picked} or DRY_SHAPES
         args.reps, args.memory_calls, args.call = 1, min(args.memory_calls, 40), 8
+        args.wrk_seconds = min(args.wrk_seconds, 1.0)
     else:
         names = [s.strip() for s in args.shapes.split(",") if s.strip()]
         unknown = set(names) - set(SHAPES)

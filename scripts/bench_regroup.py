@@ -18,7 +18,9 @@ connection sending its next request when the last is answered), and reports
 texts/s, the server's model calls and inputs per call (from /metrics), and
 latency percentiles; medians over the rounds. Every answer must be 200. The
 lone connection (``1x1``) shows what the window costs a caller with nobody to
-wait for.
+wait for. ``--client wrk`` drives the same loads with wrk instead (the same
+bodies over and over for ``--wrk-seconds``), which spends less of each round
+in the client than Python does.
 
     python scripts/bench_regroup.py                    # defaults: 3 ms a pass, windows 0,2,4
     python scripts/bench_regroup.py --json docs/regroup-results.json
@@ -49,11 +51,20 @@ def corpus(n: int) -> list[str]:
 
 
 def one_load(base: str, texts: list[str], per_request: int, connections: int, procs: int,
-             workdir: Path, deadline: float) -> dict:
+             workdir: Path, deadline: float, wrk_seconds: float = 0.0) -> dict:
+    """Every text once with the Python client; with ``wrk_seconds``, wrk
+    sending the same bodies over and over for that long instead."""
     bodies = [json.dumps({"input": texts[i : i + per_request]}) for i in range(0, len(texts), per_request)]
-    out = http_load.send_all(base, "/v1/embeddings", bodies, workdir / f"bodies-{per_request}.jsonl",
-                             connections, min(procs, connections), deadline)
-    return {"texts_per_s": len(texts) / out["seconds"], "model_calls": out["model_calls"],
+    bodies_file = workdir / f"bodies-{per_request}.jsonl"
+    if wrk_seconds > 0:
+        out = http_load.send_wrk(base, "/v1/embeddings", bodies, bodies_file, connections,
+                                 min(procs, connections), wrk_seconds)
+        sent = out["answered"] * len(texts) / len(bodies)
+    else:
+        out = http_load.send_all(base, "/v1/embeddings", bodies, bodies_file, connections,
+                                 min(procs, connections), deadline)
+        sent = len(texts)
+    return {"texts_per_s": sent / out["seconds"], "model_calls": out["model_calls"],
             "inputs_per_call": out["inputs_per_call"],
             "p50_ms": out["latency_ms"]["p50"], "p99_ms": out["latency_ms"]["p99"],
             # Where a round went (http_load._round_breakdown), flat for the medians.
@@ -68,7 +79,11 @@ def main(argv=None) -> int:
     p.add_argument("--texts", type=int, default=3072, help="texts sent once per load")
     p.add_argument("--lone-texts", type=int, default=200, help="texts a load of one connection sends")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--procs", type=int, default=2, help="client processes")
+    p.add_argument("--procs", type=int, default=2, help="client processes (wrk: threads)")
+    p.add_argument("--client", choices=("python", "wrk"), default="python",
+                   help="python: scripts/http_load.py sends every text once; wrk: the same bodies "
+                        "for --wrk-seconds")
+    p.add_argument("--wrk-seconds", type=float, default=5.0)
     p.add_argument("--model", default=str(MODEL))
     p.add_argument("--deadline", type=float, default=120, help="seconds per load at most")
     p.add_argument("--json", help="write the raw figures here")
@@ -78,6 +93,7 @@ def main(argv=None) -> int:
     windows = [int(w) for w in args.windows.split(",") if w.strip()]
     loads = [tuple(int(x) for x in spec.split("x")) for spec in args.loads.split(",") if spec.strip()]
     texts = corpus(args.texts)
+    wrk_seconds = args.wrk_seconds if args.client == "wrk" else 0.0
     env = {"MLX_EMBED_TEST_PASS_MS": str(args.pass_ms), "MLX_EMBED_LOG": "warn"}
     raw: dict = {f"{w}": {f"{n}x{c}": [] for n, c in loads} for w in windows}
     started = time.time()
@@ -94,7 +110,7 @@ def main(argv=None) -> int:
                         # One connection waits a whole pass per request: fewer texts.
                         sent = texts[: args.lone_texts] if c == 1 else texts
                         one_load(server.url, texts[:256], n, c, args.procs, work, args.deadline)  # warm up
-                        got = one_load(server.url, sent, n, c, args.procs, work, args.deadline)
+                        got = one_load(server.url, sent, n, c, args.procs, work, args.deadline, wrk_seconds)
                         raw[f"{w}"][f"{n}x{c}"].append(got)
                         print(f"round {r + 1}, window {w} ms, {n}x{c}: {got['texts_per_s']:.0f} texts/s, "
                               f"{got['inputs_per_call']:.1f} inputs a call", file=sys.stderr, flush=True)
@@ -103,7 +119,8 @@ def main(argv=None) -> int:
                 if code != 0:
                     raise RuntimeError(f"server exited {code}:\n{server.log()[-3000:]}")
     print(f"simulated device: {args.pass_ms} ms a pass; {args.texts} texts per load; medians of {args.rounds} "
-          f"rounds; {args.procs} client processes; {time.time() - started:.0f} s")
+          f"rounds; {args.procs} client {'threads (wrk' if wrk_seconds else 'processes (Python'}); "
+          f"{time.time() - started:.0f} s")
     print("| load (texts x connections) | --regroup-window-ms | texts/s | vs 0 | inputs per call | p50 ms | p99 ms |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     med = {}
@@ -123,7 +140,8 @@ def main(argv=None) -> int:
             cells = http_load.round_cells({k: m[f"{k}_ms"] for k in http_load.ROUND_COLUMNS})
             print(f"| {n} x {c} | {w} | {cells} |")
     if args.json:
-        Path(args.json).write_text(json.dumps({"argv": sys.argv[1:], "pass_ms": args.pass_ms, "raw": raw},
+        Path(args.json).write_text(json.dumps({"argv": sys.argv[1:], "pass_ms": args.pass_ms,
+                                               "client": args.client, "raw": raw},
                                               indent=1) + "\n")
     return 0
 

@@ -12,6 +12,11 @@ bodies of the first ``--keep`` answers (for a correctness check).
 
     python3 scripts/http_load.py --url http://127.0.0.1:8080/v1/embeddings \\
         --bodies bodies.jsonl --connections 64 --procs 8 --deadline 60
+
+``send_all`` wraps it with the server's own figures (``/metrics``: how it
+grouped the requests, where a round's time went); ``send_wrk`` does the
+same with wrk as the client (``scripts/wrk-bodies.lua``), where wrk is
+installed, to tell what the Python client costs a round.
 """
 
 from __future__ import annotations
@@ -201,19 +206,71 @@ def send_all(base: str, path: str, bodies: list[str], bodies_file, connections: 
              deadline: float, keep: int = 0) -> dict:
     """Every body once through ``base + path`` (``run_in_child``; the bodies
     are written to ``bodies_file``); raises RuntimeError unless every request
-    was answered 200. Adds how the server grouped them (from /metrics):
-    ``model_calls``, ``inputs_per_call``, and where a round's time went
-    (``round_ms``, see ``_round_breakdown``)."""
+    was answered 200. Adds how the server grouped them (``_with_grouping``)."""
     Path(bodies_file).write_text("\n".join(bodies) + "\n")
     before = _server_totals(base, path)
     out = run_in_child(base + path, bodies_file, connections, procs, deadline, keep)
     after = _server_totals(base, path)
     if out["statuses"] != {"200": len(bodies)} or out["errors"]:
         raise RuntimeError(f"not every request answered 200: {out['statuses']}, errors {out['errors']}")
+    return _with_grouping(out, before, after, connections)
+
+
+def _with_grouping(out: dict, before: dict, after: dict, connections: int) -> dict:
+    """``out`` with how the server grouped its requests (from /metrics before
+    and after the load): ``model_calls``, ``inputs_per_call``, and where a
+    round's time went (``round_ms``, see ``_round_breakdown``)."""
     out["model_calls"] = after["batches_total"] - before["batches_total"]
     out["inputs_per_call"] = (after["batch_size_sum"] - before["batch_size_sum"]) / max(1.0, out["model_calls"])
     out["round_ms"] = _round_breakdown(before, after, out, connections)
     return out
+
+
+WRK_SCRIPT = Path(__file__).resolve().parent / "wrk-bodies.lua"
+
+
+def run_wrk(url: str, bodies_file, connections: int, threads: int, seconds: float) -> dict:
+    """wrk (C, one event loop per thread) sending the lines of ``bodies_file``
+    to ``url`` for ``seconds``, each connection its next request when the last
+    is answered, as ``run`` does; the same figures as ``run`` (no answers
+    kept). Raises RuntimeError if wrk fails or any request did."""
+    import shutil
+    import subprocess
+
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise RuntimeError("wrk is not on PATH")
+    threads = max(1, min(threads, connections))
+    cmd = [wrk, "-t", str(threads), "-c", str(connections), "-d", f"{max(1, round(seconds))}s",
+           "--timeout", "30s", "-s", str(WRK_SCRIPT), url, "--", str(bodies_file)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120)
+    lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
+    if r.returncode != 0 or not lines:
+        raise RuntimeError(f"wrk failed ({r.returncode}): {(r.stderr or r.stdout)[-2000:]}")
+    got = json.loads(lines[-1])
+    errors = sum(got[k] for k in ("connect_errors", "read_errors", "write_errors", "timeouts"))
+    if errors or got["status_errors"] or not got["requests"]:
+        raise RuntimeError(f"wrk: {got['requests']} requests, {errors} socket errors, "
+                           f"{got['status_errors']} answers of 400 or over")
+    lat = got["latency_us"]
+    return {"requests": got["requests"], "sent": got["requests"], "answered": got["requests"],
+            "errors": 0, "statuses": {"200": got["requests"]},
+            "seconds": got["duration_us"] / 1e6,
+            "latency_ms": {"p50": lat["p50"] / 1e3, "p99": lat["p99"] / 1e3, "mean": lat["mean"] / 1e3},
+            "answers": {}}
+
+
+def send_wrk(base: str, path: str, bodies: list[str], bodies_file, connections: int, threads: int,
+             seconds: float) -> dict:
+    """``send_all`` with wrk as the client (``run_wrk``): the bodies for
+    ``seconds`` (over and over) rather than each once, and no answers kept;
+    the same figures, so the two clients' rows compare. A Python client
+    spends some of each round itself; wrk's rows say how much."""
+    Path(bodies_file).write_text("\n".join(bodies) + "\n")
+    before = _server_totals(base, path)
+    out = run_wrk(base + path, bodies_file, connections, threads, seconds)
+    after = _server_totals(base, path)
+    return _with_grouping(out, before, after, connections)
 
 
 def answered_vectors(answers: dict, per_request: int, n: int):

@@ -31,3 +31,25 @@ def test_bench_regroup_small_run(tmp_path):
     lone = raw["30"]["1x1"][0]
     assert lone["inputs_per_call"] == 1.0 and lone["p50_ms"] < 45, lone
     assert "| 1 x 16 | 30 |" in r.stdout
+
+
+def test_bench_regroup_with_wrk_as_the_client(tmp_path):
+    """``--client wrk``: the same loads from wrk (make setup installs it),
+    the bodies over and over for --wrk-seconds; the window still regroups."""
+    out = tmp_path / "regroup-wrk.json"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_regroup.py"), "--pass-ms", "20", "--windows", "0,30",
+         "--loads", "1x16", "--texts", "192", "--rounds", "1", "--client", "wrk", "--wrk-seconds", "2",
+         "--json", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(out.read_text())
+    assert got["client"] == "wrk"
+    off, on = got["raw"]["0"]["1x16"][0], got["raw"]["30"]["1x16"][0]
+    for run in (off, on):
+        # Two seconds of 20 ms passes: dozens of model calls, each answered.
+        assert 20 <= run["model_calls"] <= 110, run
+        assert run["client_latency_ms"] >= run["server_ms"] > 0, run
+    assert on["inputs_per_call"] >= 1.5 * off["inputs_per_call"], (off, on)
+    assert "client threads (wrk)" in r.stdout

@@ -3,6 +3,7 @@ torch), so the script is ready for the next GPU machine."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -157,6 +158,16 @@ def test_bench_gpu_server_dry_run(tmp_path):
             b = load["round_ms"]
             assert b["round"] >= b["client_latency"] >= b["server"] > b["queued"] >= 0, b
             assert b["model_call"] > 0 and b["gil_wait"] >= 0, b
+            # The same load with wrk as the client (make setup installs it):
+            # the bodies over and over for a second, every answer 200.
+            w = load["wrk"]
+            assert w["answered"] >= 1 and w["statuses"] == {"200": w["answered"]}, w
+            assert 0.9 <= w["seconds"] <= 3.0, w
+            assert w["texts_per_s"] > 0 and w["vs_engine_one_call"] > 0
+            assert w["model_calls"] >= 1 and w["inputs_per_call"] >= 1, w
+            assert w["round_ms"]["client_latency"] >= w["round_ms"]["server"] > 0, w
+    assert shutil.which("wrk"), "make setup installs wrk"
     # The lease's output shows the table even if results.json does not come back.
     assert "server, tiny-bert (float32;" in r.stdout and "| regroup_2 | " in r.stdout
     assert "| regroup_2 | texts_1_per_request_c64 | " in r.stdout
+    assert "| regroup_2, wrk | texts_1_per_request_c64 | " in r.stdout

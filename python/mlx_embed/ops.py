@@ -274,6 +274,14 @@ def _native_buffer(x: mx.array) -> Optional[np.ndarray]:
     return view
 
 
+def host_view(x: mx.array) -> np.ndarray:
+    """``x`` as a NumPy view (no copy), evaluated first outside the graph
+    lock (a no-op for an array made from a host buffer)."""
+    with _graph_lock_released():
+        mx.eval(x)
+    return np.array(x, copy=False)
+
+
 def _readonly_buffer(x: mx.array) -> np.ndarray:
     with _graph_lock_released():
         mx.eval(x)
@@ -359,15 +367,69 @@ def linear(layer: nn.Module, x: mx.array, *, activation: Optional[str] = None) -
     return mx.array(dst)
 
 
-def post_ln_encoder(blocks, x: mx.array, mask: "KeyMask") -> Optional[mx.array]:
+def embeddings_on_host(
+    word: nn.Module,
+    ids: mx.array,
+    positions: tuple[nn.Module, int],
+    norm: nn.Module,
+    types: Optional[nn.Module] = None,
+    type_ids: Optional[mx.array] = None,
+) -> Optional[np.ndarray]:
+    """A BERT-style embedding layer computed on the host, for the native
+    encoder: ``norm((word[ids] + types[type_ids]) + position rows)``, in
+    transformers' order of additions, as a new writable float32 [B, L, D]
+    (``post_ln_encoder`` takes it as it is). ``positions`` is the position
+    table and the first row a sequence uses; without ``type_ids`` every
+    token takes ``types`` row 0. MLX would run the same gathers, adds and
+    norm on its stream's thread, one hand-off each (~0.3 ms of a one-text
+    pass, docs/benchmarks.md). None off the native path, or for tables that
+    are not float32 ``nn.Embedding`` (quantized) or a norm without weight
+    and bias: the caller then builds the MLX graph."""
+    ctx = current()
+    position_table, first = positions
+    tables = [word, position_table] + ([types] if types is not None else [])
+    if (
+        ctx.path != "native"
+        or any(type(t) is not nn.Embedding or t.weight.dtype != mx.float32 for t in tables)
+        or "weight" not in norm
+        or "bias" not in norm
+    ):
+        return None
+    with _graph_lock_released():
+        ids_host = np.array(ids, copy=False)
+        type_ids_host = None if type_ids is None else np.array(type_ids, copy=False)
+    x = _table_view(word)[ids_host]  # a new C-contiguous [B, L, D]
+    if types is not None:
+        x += _table_view(types)[0 if type_ids_host is None else type_ids_host]
+    # The kernel repeats the L position rows over the batch's B sequences.
+    rows = _table_view(position_table)[first : first + ids_host.shape[1]]
+    with _graph_lock_released():
+        _native.add_layer_norm_(x, rows, *_norm_params(norm), norm.eps, ctx.kernel_threads)
+    return x
+
+
+def _table_view(table: nn.Embedding) -> np.ndarray:
+    """An embedding table's weight as a NumPy view, made once per weight array."""
+    cached = table.__dict__.get("_mlx_embed_view")
+    if cached is None or cached[0] is not table.weight:
+        cached = (table.weight, _readonly_buffer(table.weight))
+        # A plain attribute: see _packed_linear.
+        object.__setattr__(table, "_mlx_embed_view", cached)
+    return cached[1]
+
+
+def post_ln_encoder(blocks, x, mask: "KeyMask") -> Optional[mx.array]:
     """BERT's post-LN ``blocks`` over ``x`` [B, L, D] in one native call, or
     None where that does not apply (another path or dtype, or a block the
     call does not cover: tanh GELU, no bias, quantized), and the caller runs
     them one by one. The same kernels in the same order, so the same bits;
     what it saves is the trip through Python and MLX around each of a pass's
-    seven kernel calls per block (docs/benchmarks.md)."""
+    seven kernel calls per block (docs/benchmarks.md). ``x`` is an MLX array,
+    or a writable float32 NumPy array the call may overwrite
+    (``embeddings_on_host``'s)."""
     ctx = current()
-    if ctx.path != "native" or x.dtype != mx.float32:
+    on_host = isinstance(x, np.ndarray)
+    if ctx.path != "native" or x.dtype != (np.float32 if on_host else mx.float32):
         return None
     specs = []
     for block in blocks:
@@ -375,9 +437,12 @@ def post_ln_encoder(blocks, x: mx.array, mask: "KeyMask") -> Optional[mx.array]:
         if spec is None:
             return None
         specs.append(spec)
-    with _graph_lock_released():
-        mx.eval(x)
-    buf = np.array(x, dtype=np.float32)  # our own writable copy
+    if on_host:
+        buf = x
+    else:
+        with _graph_lock_released():
+            mx.eval(x)
+        buf = np.array(x, dtype=np.float32)  # our own writable copy
     lengths = mask.lengths
     with _graph_lock_released():
         _native.post_ln_encoder_(buf, lengths, x.shape[1], specs, ctx.kernel_threads)

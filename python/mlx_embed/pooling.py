@@ -29,9 +29,11 @@ def describe(modes: tuple[str, ...]) -> str:
     return "+".join("last" if m == "lasttoken" else m for m in modes)
 
 
-def pool(h: mx.array, mask: mx.array, modes: tuple[str, ...]) -> mx.array:
+def pool(h, mask, modes: tuple[str, ...], xp=mx):
     """``h`` [B, L, D], ``mask`` [B, L] (1 = real token, padding at the end);
-    returns [B, D * len(modes)]."""
+    returns [B, D * len(modes)]. ``xp`` is the array library of ``h`` and
+    ``mask``: ``mlx.core`` (on the device), or ``numpy`` for a host buffer
+    (the same arithmetic; ``StPipeline.pool_on_host``)."""
     m = mask.astype(h.dtype)[..., None]
     out = []
     total = None
@@ -39,19 +41,26 @@ def pool(h: mx.array, mask: mx.array, modes: tuple[str, ...]) -> mx.array:
         if mode == "cls":
             out.append(h[:, 0])
         elif mode == "lasttoken":
-            last = mx.maximum(mask.astype(mx.int32).sum(axis=1) - 1, 0)
-            out.append(mx.take_along_axis(h, last[:, None, None], axis=1)[:, 0])
+            last = xp.maximum(mask.astype(xp.int32).sum(axis=1) - 1, 0)
+            out.append(xp.take_along_axis(h, last[:, None, None], axis=1)[:, 0])
         elif mode == "max":
-            out.append(mx.where(m > 0, h, mx.array(-mx.inf, dtype=h.dtype)).max(axis=1))
+            # A Python float is weakly typed in both libraries: h's dtype stays.
+            out.append(xp.where(m > 0, h, -float("inf")).max(axis=1))
         elif mode in ("mean", "mean_sqrt_len_tokens"):
             if total is None:
                 total = (h * m).sum(axis=1)
-            count = mx.maximum(m.sum(axis=1), 1e-9)
-            out.append(total / (count if mode == "mean" else mx.sqrt(count)))
+            count = xp.maximum(m.sum(axis=1), 1e-9)
+            out.append(total / (count if mode == "mean" else xp.sqrt(count)))
         elif mode == "weightedmean":
             # Token i (counting from 1) weighs i.
-            w = m * mx.arange(1, h.shape[1] + 1, dtype=h.dtype)[None, :, None]
-            out.append((h * w).sum(axis=1) / mx.maximum(w.sum(axis=1), 1e-9))
+            w = m * xp.arange(1, h.shape[1] + 1, dtype=h.dtype)[None, :, None]
+            out.append((h * w).sum(axis=1) / xp.maximum(w.sum(axis=1), 1e-9))
         else:
             raise ValueError(f"unsupported pooling {mode!r}; supported: {', '.join(MODES)}")
-    return out[0] if len(out) == 1 else mx.concatenate(out, axis=-1)
+    return out[0] if len(out) == 1 else xp.concatenate(out, axis=-1)
+
+
+def unit_rows(vec, xp=mx):
+    """Each row over its L2 norm, as sentence-transformers normalizes (eps 1e-12)."""
+    norm = xp.sqrt((vec * vec).sum(axis=-1, keepdims=True))
+    return vec / xp.maximum(norm, 1e-12)

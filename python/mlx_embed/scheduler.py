@@ -45,7 +45,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from . import _blas, device, ops
+from . import _blas, device, ops, pooling
 
 # Padded tokens (longest x rows) per forward pass on the CPU. Measured on a
 # 2-core x86 with OpenBLAS and the native kernels (docs/benchmarks.md): the
@@ -123,6 +123,8 @@ class Scheduler:
         self.model = model
         # Pooling and any Dense layers: (hidden [B, L, D], mask) -> [B, dim].
         self.head = head
+        # On the CPU a head that only pools runs in NumPy (``_pool_on_host``).
+        self._pools_on_host = device.is_cpu() and getattr(head, "pools_on_host", False)
         self.dim = dim
         self.pad_id = pad_id
         self.max_length = max_length
@@ -307,6 +309,8 @@ class Scheduler:
                 h = self.model(mx.array(arr), mask_mx, token_type_ids=mx.array(types))
             else:
                 h = self.model(mx.array(arr), mask_mx)
+            if not tokens and self._pools_on_host and h.dtype == mx.float32:
+                return self._pool_on_host(h, mask, real, normalize), L * B
             if B > real:
                 # A new array from the host rows, not a lazy slice: a head that
                 # reads the lengths on the host (SPLADE) then waits for no
@@ -316,10 +320,21 @@ class Scheduler:
                 return h.astype(mx.float32), L * B
             vec = self.head(h, mask_mx).astype(mx.float32)
             if normalize:
-                # Same convention as sentence-transformers (eps 1e-12).
-                norm = mx.sqrt((vec * vec).sum(axis=-1, keepdims=True))
-                vec = vec / mx.maximum(norm, 1e-12)
+                vec = pooling.unit_rows(vec)
         return vec, L * B
+
+    def _pool_on_host(self, h: mx.array, mask: np.ndarray, real: int, normalize: bool) -> mx.array:
+        """The head (pooling alone) and the norm in NumPy, as an evaluated
+        [real, dim] array. The native encoder's output is a host buffer
+        already, and MLX would hand each op of the pooling to its stream's
+        thread (~0.3 ms of a one-text pass, docs/benchmarks.md); a pass MLX
+        computes is evaluated here, outside the graph lock, as the final
+        evaluation would."""
+        hidden = ops.host_view(h)[:real]
+        vec = self.head.pool_on_host(hidden, mask[:real])
+        if normalize:
+            vec = pooling.unit_rows(vec, np)
+        return mx.array(vec.astype(np.float32, copy=False))
 
     def _call_streams(self, passes: int) -> list:
         """The stream of each of a call's passes, from the calling thread's

@@ -90,6 +90,18 @@ class StPipeline:
         (unnormalized) sentence vectors [B, output_dim]."""
         return self.project(pooling.pool(h, mask, self.pooling))
 
+    @property
+    def pools_on_host(self) -> bool:
+        """Whether ``pool_on_host`` applies: the pipeline is pooling alone (no
+        Dense layers, and ``__call__`` not replaced by a subclass's)."""
+        return not self.dense and type(self).__call__ is StPipeline.__call__
+
+    def pool_on_host(self, h: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """``__call__`` in NumPy, for a host buffer (see ``pools_on_host``)."""
+        if not self.pools_on_host:
+            raise ValueError("this pipeline does more than pool: run it with MLX")
+        return pooling.pool(h, mask, self.pooling, xp=np)
+
     def project(self, x: mx.array) -> mx.array:
         """The Dense layers, in order."""
         for layer in self.dense:

@@ -120,6 +120,40 @@ def test_pooling_modes(mode, golden_texts):
     assert_parity(model.embed(golden_texts, normalize=False), ref, normalized=False)
 
 
+@pytest.mark.parametrize("modes", [("cls",), ("max",), ("mean",), ("mean_sqrt_len_tokens",),
+                                   ("weightedmean",), ("lasttoken",), ("mean", "max", "cls")])
+def test_pooling_in_numpy_matches_mlx(modes):
+    """One pooling implementation for both libraries: on the CPU a head that
+    only pools runs it in NumPy on the host buffer, on a GPU in MLX; rows of
+    every length, padding included."""
+    from mlx_embed import pooling
+
+    rng = np.random.default_rng(1)
+    h = rng.standard_normal((4, 7, 16)).astype(np.float32)
+    lengths = np.array([7, 1, 4, 6])
+    mask = (np.arange(7)[None] < lengths[:, None]).astype(np.int32)
+    got = pooling.pool(h, mask, modes, xp=np)
+    want = np.array(pooling.pool(mx.array(h), mx.array(mask), modes))
+    assert got.dtype == np.float32 and got.shape == want.shape == (4, 16 * len(modes))
+    assert np.abs(got - want).max() < 1e-6
+    unit = pooling.unit_rows(got, np)
+    assert np.abs(unit - np.array(pooling.unit_rows(mx.array(got)))).max() < 1e-7
+    assert np.allclose(np.linalg.norm(unit, axis=1), 1.0, atol=1e-6)
+
+
+def test_only_heads_that_only_pool_run_on_the_host(minilm, golden_texts, golden_mean):
+    """Dense layers (Gemma's), SPLADE and scorers keep MLX; a plain pooling
+    head on the CPU takes the host path, and its vectors are the reference's."""
+    assert minilm.scheduler._pools_on_host
+    assert_parity(minilm.embed(golden_texts), golden_mean)
+    gemma = load_fixture("tiny-gemma3")
+    assert gemma.scheduler.head.dense and not gemma.scheduler._pools_on_host
+    for folder in ("tiny-splade", "tiny-bert-reranker"):
+        assert not load_fixture(folder).scheduler._pools_on_host, folder
+    with pytest.raises(ValueError, match="does more than pool"):
+        gemma.scheduler.head.pool_on_host(np.zeros((1, 2, 8), np.float32), np.ones((1, 2), np.int32))
+
+
 def test_modernbert_mean_pooling_override(golden_texts):
     model = load_fixture("tiny-modernbert", pooling="mean")
     assert_parity(model.embed(golden_texts), _ref("tiny-modernbert", "reference_mean_normalized.npy"))

@@ -202,6 +202,42 @@ def test_the_fused_encoder_is_not_used_where_it_does_not_apply(minilm):
         assert ops.post_ln_encoder(minilm.model.layers, x, mask).shape == (1, 3, 384)
 
 
+@pytest.mark.parametrize("fixture", ["minilm", "tiny-xlm-roberta", "tiny-distilbert", "tiny-bert-reranker"])
+def test_embeddings_on_the_host_match_the_mlx_graph(fixture, minilm):
+    """The native path sums a BERT-style embedding layer on the host
+    (``ops.embeddings_on_host``): the same rows in transformers' order and the
+    same norm as the MLX graph, to float32 rounding of the norm; token types
+    (pairs) included; the MLX graph elsewhere."""
+    import mlx_embed
+
+    model = minilm.model if fixture == "minilm" else mlx_embed.load(ROOT / "tests" / "fixtures" / fixture).model
+    emb = getattr(model, "encoder", model).embeddings
+    rng = np.random.default_rng(0)
+    ids = mx.array(rng.integers(0, emb.word_embeddings.weight.shape[0], (3, 9)).astype(np.int32))
+    types = mx.array((np.arange(9) >= 5).astype(np.int32)[None].repeat(3, axis=0))
+    pairs = fixture == "tiny-bert-reranker"
+    args = (ids, types) if pairs else (ids,)
+    with ops.forward_context(ops.ForwardContext(path="exact")):
+        want = np.array(emb(*args))
+        assert emb.on_host(*args) is None
+    for threads in (1, 2):
+        with ops.forward_context(ops.ForwardContext(path="native", kernel_threads=threads)):
+            got = emb.on_host(*args)
+        assert isinstance(got, np.ndarray) and got.dtype == np.float32 and got.flags.writeable
+        assert got.shape == want.shape and np.abs(got - want).max() < 1e-5, (fixture, threads)
+    if pairs:  # the second segment's type row is in it
+        with ops.forward_context(ops.ForwardContext(path="native")):
+            single = emb.on_host(ids)
+        assert np.array_equal(single[:, :5], got[:, :5]) and np.abs(single[:, 5:] - got[:, 5:]).max() > 1e-3
+    half = emb.word_embeddings.weight
+    emb.word_embeddings.weight = half.astype(mx.float16)
+    try:
+        with ops.forward_context(ops.ForwardContext(path="native")):
+            assert emb.on_host(*args) is None
+    finally:
+        emb.word_embeddings.weight = half
+
+
 @pytest.mark.parametrize("path", ["native", "mlx", "exact"])
 @pytest.mark.parametrize("kind", ["mask", "additive", "fused"])
 def test_blocked_attention_equals_one_block(path, kind, monkeypatch):

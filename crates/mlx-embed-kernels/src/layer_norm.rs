@@ -6,8 +6,10 @@ use crate::KernelError;
 
 /// In place over rows of `x` (`[rows, dim]`, dim = `weight.len()`):
 /// `x = layer_norm(x + residual) * weight + bias`, with the biased variance
-/// and `eps` inside the square root, as BERT's LayerNorm. Uses up to
-/// `threads` threads (the caller's included) when the buffer is large.
+/// and `eps` inside the square root, as BERT's LayerNorm. `residual` has as
+/// many rows as `x`, or fewer that repeat over them (a sequence's position
+/// rows added to each of a batch's sequences). Uses up to `threads` threads
+/// (the caller's included) when the buffer is large.
 pub fn add_layer_norm(
     x: &mut [f32],
     residual: &[f32],
@@ -23,18 +25,23 @@ pub fn add_layer_norm(
             bias.len()
         )));
     }
-    if x.len() != residual.len() || !x.len().is_multiple_of(dim) {
+    if residual.is_empty()
+        || !residual.len().is_multiple_of(dim)
+        || !x.len().is_multiple_of(residual.len())
+    {
         return Err(KernelError::Shape(format!(
-            "x ({}) and residual ({}) must be the same whole number of rows of {dim}",
+            "x ({}) must be whole rows of {dim}, and residual ({}) as many rows or a \
+             non-empty whole number of rows repeating over them",
             x.len(),
             residual.len()
         )));
     }
+    let residual_rows = residual.len() / dim;
     for_each_piece(x, dim, threads, |piece, first_row| {
-        let start = first_row * dim;
         add_layer_norm_rows(
             piece,
-            &residual[start..start + piece.len()],
+            residual,
+            first_row % residual_rows,
             weight,
             bias,
             eps,
@@ -47,12 +54,14 @@ simd_dispatch! {
     fn add_layer_norm_rows<FMA>(
         x: &mut [f32],
         residual: &[f32],
+        first_residual_row: usize,
         weight: &[f32],
         bias: &[f32],
         eps: f32,
     ) {
         let dim = weight.len();
-        for (row, res) in x.chunks_exact_mut(dim).zip(residual.chunks_exact(dim)) {
+        let residual_rows = residual.chunks_exact(dim).cycle().skip(first_residual_row);
+        for (row, res) in x.chunks_exact_mut(dim).zip(residual_rows) {
             let mut lanes = [0.0f32; 8];
             let mut row_chunks = row.chunks_exact_mut(8);
             let mut res_chunks = res.chunks_exact(8);
@@ -126,10 +135,32 @@ mod tests {
     }
 
     #[test]
+    fn repeats_a_shorter_residual_over_the_rows() {
+        let dim = 389;
+        let (rows, repeat) = (300, 3); // two threads split the rows off a repeat boundary
+        let gen = |i: usize, k: f32| ((i * 7919 + 13) % 997) as f32 / 997.0 * k - k / 2.0;
+        let x: Vec<f32> = (0..rows * dim).map(|i| gen(i, 4.0)).collect();
+        let short: Vec<f32> = (0..repeat * dim).map(|i| gen(i + 5, 2.0)).collect();
+        let full: Vec<f32> = (0..rows * dim).map(|i| short[i % (repeat * dim)]).collect();
+        let w: Vec<f32> = (0..dim).map(|i| 0.5 + (i % 7) as f32 * 0.1).collect();
+        let b: Vec<f32> = (0..dim).map(|i| (i % 5) as f32 * 0.01 - 0.02).collect();
+        crate::dispatch::tests::each_build(|build, threads| {
+            let (mut want, mut got) = (x.clone(), x.clone());
+            add_layer_norm(&mut want, &full, &w, &b, 1e-12, threads).unwrap();
+            add_layer_norm(&mut got, &short, &w, &b, 1e-12, threads).unwrap();
+            assert!(got == want, "{build} build, {threads} threads");
+        });
+    }
+
+    #[test]
     fn rejects_mismatched_shapes() {
         let mut x = vec![0.0; 8];
         assert!(add_layer_norm(&mut x, &[0.0; 8], &[1.0; 4], &[0.0; 4], 1e-5, 1).is_ok());
-        assert!(add_layer_norm(&mut x, &[0.0; 4], &[1.0; 4], &[0.0; 4], 1e-5, 1).is_err());
+        // One row of 4 repeating over two.
+        assert!(add_layer_norm(&mut x, &[0.0; 4], &[1.0; 4], &[0.0; 4], 1e-5, 1).is_ok());
+        assert!(add_layer_norm(&mut x, &[0.0; 12], &[1.0; 4], &[0.0; 4], 1e-5, 1).is_err());
+        assert!(add_layer_norm(&mut x, &[0.0; 0], &[1.0; 4], &[0.0; 4], 1e-5, 1).is_err());
+        assert!(add_layer_norm(&mut x, &[0.0; 6], &[1.0; 3], &[0.0; 3], 1e-5, 1).is_err());
         assert!(add_layer_norm(&mut x, &[0.0; 8], &[1.0; 3], &[0.0; 3], 1e-5, 1).is_err());
         assert!(add_layer_norm(&mut x, &[0.0; 8], &[1.0; 4], &[0.0; 2], 1e-5, 1).is_err());
     }

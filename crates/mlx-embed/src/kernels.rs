@@ -154,7 +154,9 @@ fn gelu_py(py: Python<'_>, x: &Bound<'_, PyAny>, threads: usize) -> PyResult<()>
 }
 
 /// `add_layer_norm_(x, residual, weight, bias, eps, threads=1)`: in place,
-/// `x = layer_norm(x + residual) * weight + bias` over rows of `weight.size`.
+/// `x = layer_norm(x + residual) * weight + bias` over rows of `weight.size`;
+/// `residual`'s rows repeat over `x`'s where it has fewer (position rows
+/// over a batch of sequences).
 #[pyfunction]
 #[pyo3(name = "add_layer_norm_", signature = (x, residual, weight, bias, eps, threads = 1))]
 fn add_layer_norm_py(

@@ -14,6 +14,7 @@ from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from .. import ops
 from . import config_args, join_linears
@@ -62,9 +63,13 @@ class Embeddings(nn.Module):
         )
         self.token_type_embeddings = nn.Embedding(args.type_vocab_size, args.hidden_size)
         self.norm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        # The position row of a sequence's first token (RoBERTa's start after
+        # the padding index).
+        self.first_position = 0
 
     def __call__(self, input_ids: mx.array, token_type_ids: Optional[mx.array] = None) -> mx.array:
         L = input_ids.shape[1]
+        p = self.first_position
         # Single-segment input (embeddings): token_type_ids are all 0, so the
         # type embedding is one row broadcast over every position. Pairs
         # (cross-encoders) mark the second segment with type 1.
@@ -73,8 +78,19 @@ class Embeddings(nn.Module):
             if token_type_ids is None
             else self.token_type_embeddings(token_type_ids)
         )
-        x = self.word_embeddings(input_ids) + self.position_embeddings.weight[:L] + types
+        # transformers' order: (word + type) + position.
+        x = self.word_embeddings(input_ids) + types + self.position_embeddings.weight[p : p + L]
         return self.norm(x)
+
+    def on_host(
+        self, input_ids: mx.array, token_type_ids: Optional[mx.array] = None
+    ) -> Optional[np.ndarray]:
+        """``__call__`` computed on the host for the native encoder, or None
+        off it (``ops.embeddings_on_host``)."""
+        return ops.embeddings_on_host(
+            self.word_embeddings, input_ids, (self.position_embeddings, self.first_position),
+            self.norm, self.token_type_embeddings, token_type_ids,
+        )
 
 
 class Attention(nn.Module):
@@ -157,15 +173,21 @@ class Model(nn.Module):
         """Last hidden state [B, L, D]; ``attention_mask`` is 1 for real tokens,
         which come first in each row (padding at the end); ``token_type_ids``
         only for sentence pairs."""
-        x = (
-            self.embeddings(input_ids)
-            if token_type_ids is None
-            else self.embeddings(input_ids, token_type_ids)
-        )
-        mask = ops.KeyMask(attention_mask, x.dtype)
+        # On the native path the embeddings are summed on the host and go to
+        # the encoder's one native call without an MLX evaluation between.
+        x = self.embeddings.on_host(input_ids, token_type_ids)
+        if x is None:
+            x = (
+                self.embeddings(input_ids)
+                if token_type_ids is None
+                else self.embeddings(input_ids, token_type_ids)
+            )
+        mask = ops.KeyMask(attention_mask, mx.float32 if isinstance(x, np.ndarray) else x.dtype)
         fused = ops.post_ln_encoder(self.layers, x, mask)
         if fused is not None:
             return fused
+        if isinstance(x, np.ndarray):
+            x = mx.array(x)  # blocks the native call does not cover run one by one
         for layer in self.layers:
             x = layer(x, mask)
         return x

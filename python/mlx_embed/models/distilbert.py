@@ -17,7 +17,9 @@ from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
+from .. import ops
 from . import bert, config_args
 
 EMBEDDING_DEFAULTS = {"pooling": "mean"}
@@ -84,6 +86,15 @@ class Embeddings(nn.Module):
         # and transformers' DistilBERT does not take them either.
         L = input_ids.shape[1]
         return self.norm(self.word_embeddings(input_ids) + self.position_embeddings.weight[:L])
+
+    def on_host(
+        self, input_ids: mx.array, token_type_ids: Optional[mx.array] = None
+    ) -> Optional[np.ndarray]:
+        """``__call__`` computed on the host for the native encoder, or None
+        off it (``ops.embeddings_on_host``)."""
+        return ops.embeddings_on_host(
+            self.word_embeddings, input_ids, (self.position_embeddings, 0), self.norm
+        )
 
 
 class Model(bert.Model):

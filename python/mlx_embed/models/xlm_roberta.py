@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import mlx.core as mx
 import mlx.nn as nn
 
 from . import bert
@@ -47,20 +46,10 @@ class ModelArgs(bert.ModelArgs):
 class Embeddings(bert.Embeddings):
     def __init__(self, args: ModelArgs):
         super().__init__(args)
-        self.first_position = args.pad_token_id + 1
-
-    def __call__(self, input_ids: mx.array) -> mx.array:
-        L = input_ids.shape[1]
-        p = self.first_position
         # Padding sits at the end of each row and is masked out of attention
         # and pooling, so giving it positions p+n.. instead of padding_idx
         # (as HF does) cannot change a real token's result.
-        x = (
-            self.word_embeddings(input_ids)
-            + self.position_embeddings.weight[p : p + L]
-            + self.token_type_embeddings.weight[0]
-        )
-        return self.norm(x)
+        self.first_position = args.pad_token_id + 1
 
 
 class Model(bert.Model):

@@ -579,7 +579,6 @@ def server_load_wrk(base: str, contents: list[list[int]], per_request: int, conn
     out = http_load.send_wrk(base, "/v1/embeddings", bodies, workdir / f"wrk-bodies-{per_request}.jsonl",
                              connections, threads, seconds)
     out["texts_per_s"] = out["answered"] * len(contents) / len(bodies) / out["seconds"]
-    out["threads"] = threads
     return out
 
 
@@ -651,7 +650,7 @@ def wrk_row(base: str, contents, per_request: int, connections: int, workdir: Pa
         return {"skipped": "--wrk-seconds 0"}
     try:
         got = server_load_wrk(base, contents, per_request, connections, workdir, args.wrk_seconds)
-    except (RuntimeError, OSError, subprocess.TimeoutExpired) as err:
+    except (RuntimeError, OSError, ValueError, KeyError, subprocess.TimeoutExpired) as err:
         log(f"wrk: {err}")
         return {"error": str(err)[-500:]}
     got["vs_engine_one_call"] = got["texts_per_s"] / engine_one_call

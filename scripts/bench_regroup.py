@@ -94,6 +94,8 @@ def main(argv=None) -> int:
     loads = [tuple(int(x) for x in spec.split("x")) for spec in args.loads.split(",") if spec.strip()]
     texts = corpus(args.texts)
     wrk_seconds = args.wrk_seconds if args.client == "wrk" else 0.0
+    if args.client == "wrk" and wrk_seconds <= 0:
+        p.error("--client wrk needs --wrk-seconds > 0")
     env = {"MLX_EMBED_TEST_PASS_MS": str(args.pass_ms), "MLX_EMBED_LOG": "warn"}
     raw: dict = {f"{w}": {f"{n}x{c}": [] for n, c in loads} for w in windows}
     started = time.time()

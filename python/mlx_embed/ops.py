@@ -274,6 +274,14 @@ def _native_buffer(x: mx.array) -> Optional[np.ndarray]:
     return view
 
 
+@contextmanager
+def outside_graph_lock() -> Iterator[None]:
+    """Let go of the graph lock, where this thread holds it, for host work
+    that builds no graph (so the other workers build meanwhile)."""
+    with _graph_lock_released():
+        yield
+
+
 def host_view(x: mx.array) -> np.ndarray:
     """``x`` as a NumPy view (no copy), evaluated first outside the graph
     lock (a no-op for an array made from a host buffer)."""
@@ -381,8 +389,8 @@ def embeddings_on_host(
     (``post_ln_encoder`` takes it as it is). ``positions`` is the position
     table and the first row a sequence uses; without ``type_ids`` every
     token takes ``types`` row 0. MLX would run the same gathers, adds and
-    norm on its stream's thread, one hand-off each (~0.3 ms of a one-text
-    pass, docs/benchmarks.md). None off the native path, or for tables that
+    norm on its stream's thread, one hand-off each (about 0.2 ms of a
+    one-text pass, docs/benchmarks.md). None off the native path, or for tables that
     are not float32 ``nn.Embedding`` (quantized) or a norm without weight
     and bias: the caller then builds the MLX graph."""
     ctx = current()
@@ -395,16 +403,21 @@ def embeddings_on_host(
         or "bias" not in norm
     ):
         return None
+    word_rows, position_rows = _table_view(word), _table_view(position_table)
+    type_rows = None if types is None else _table_view(types)
+    norm_params = _norm_params(norm)
     with _graph_lock_released():
         ids_host = np.array(ids, copy=False)
-        type_ids_host = None if type_ids is None else np.array(type_ids, copy=False)
-    x = _table_view(word)[ids_host]  # a new C-contiguous [B, L, D]
-    if types is not None:
-        x += _table_view(types)[0 if type_ids_host is None else type_ids_host]
-    # The kernel repeats the L position rows over the batch's B sequences.
-    rows = _table_view(position_table)[first : first + ids_host.shape[1]]
-    with _graph_lock_released():
-        _native.add_layer_norm_(x, rows, *_norm_params(norm), norm.eps, ctx.kernel_threads)
+        length = ids_host.shape[1]
+        # The kernel repeats the position rows over the batch's sequences, so
+        # a short slice would repeat where MLX refuses to broadcast.
+        rows = position_rows[first : first + length]
+        if len(rows) != length:
+            raise ValueError(f"{length} tokens but {len(position_rows) - first} position rows from {first}")
+        x = word_rows[ids_host]  # a new C-contiguous [B, L, D]
+        if type_rows is not None:
+            x += type_rows[0 if type_ids is None else np.array(type_ids, copy=False)]
+        _native.add_layer_norm_(x, rows, *norm_params, norm.eps, ctx.kernel_threads)
     return x
 
 

@@ -123,8 +123,6 @@ class Scheduler:
         self.model = model
         # Pooling and any Dense layers: (hidden [B, L, D], mask) -> [B, dim].
         self.head = head
-        # On the CPU a head that only pools runs in NumPy (``_pool_on_host``).
-        self._pools_on_host = device.is_cpu() and getattr(head, "pools_on_host", False)
         self.dim = dim
         self.pad_id = pad_id
         self.max_length = max_length
@@ -159,6 +157,15 @@ class Scheduler:
         # bounded set of shapes there: lengths to 4 steps per octave, rows to
         # a power of two (pad rows are discarded).
         self.shape_buckets = (not device.is_cpu()) if shape_buckets is None else bool(shape_buckets)
+        # On the CPU's native path a head that only pools runs in NumPy
+        # (``_pool_on_host``), unless passes are pipelined (``--pipeline
+        # true``): the host pooling would wait for each pass as it is queued.
+        self._pools_on_host = (
+            device.is_cpu()
+            and context.path == "native"
+            and not self.pipeline
+            and getattr(head, "pools_on_host", False)
+        )
         self.takes_type_ids = takes_type_ids
         self._lock = threading.Lock() if device.is_cpu() else _DEVICE_QUEUE_LOCK
         self._pool: Optional[_WorkerPool] = None
@@ -327,13 +334,14 @@ class Scheduler:
         """The head (pooling alone) and the norm in NumPy, as an evaluated
         [real, dim] array. The native encoder's output is a host buffer
         already, and MLX would hand each op of the pooling to its stream's
-        thread (~0.3 ms of a one-text pass, docs/benchmarks.md); a pass MLX
-        computes is evaluated here, outside the graph lock, as the final
-        evaluation would."""
-        hidden = ops.host_view(h)[:real]
-        vec = self.head.pool_on_host(hidden, mask[:real])
-        if normalize:
-            vec = pooling.unit_rows(vec, np)
+        thread (about 0.2 ms of a one-text pass, docs/benchmarks.md); a pass MLX
+        computes (not the BERT family's) is evaluated here, as the final
+        evaluation would, outside the graph lock like the pooling."""
+        with ops.outside_graph_lock():
+            hidden = ops.host_view(h)[:real]
+            vec = self.head.pool_on_host(hidden, mask[:real])
+            if normalize:
+                vec = pooling.unit_rows(vec, np)
         return mx.array(vec.astype(np.float32, copy=False))
 
     def _call_streams(self, passes: int) -> list:

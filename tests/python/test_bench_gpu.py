@@ -132,6 +132,7 @@ def test_bench_gpu_server_dry_run(tmp_path):
         capture_output=True, text=True, timeout=600, env=env,
     )
     assert r.returncode == 0, r.stderr[-3000:] + r.stdout[-3000:]
+    assert shutil.which("wrk"), "make setup installs wrk"
     server = json.loads((tmp_path / "results.json").read_text())["results"]["tiny-bert"]["server"]
     assert server["dtype"] == "float32" and server["engine_one_call"] > 0
     # The dry run's server is on the CPU, whose default window is 0.
@@ -161,12 +162,11 @@ def test_bench_gpu_server_dry_run(tmp_path):
             # The same load with wrk as the client (make setup installs it):
             # the bodies over and over for a second, every answer 200.
             w = load["wrk"]
-            assert w["answered"] >= 1 and w["statuses"] == {"200": w["answered"]}, w
+            assert w["answered"] >= 1 and w["statuses"] == {"under_400": w["answered"]}, w
             assert 0.9 <= w["seconds"] <= 3.0, w
             assert w["texts_per_s"] > 0 and w["vs_engine_one_call"] > 0
             assert w["model_calls"] >= 1 and w["inputs_per_call"] >= 1, w
             assert w["round_ms"]["client_latency"] >= w["round_ms"]["server"] > 0, w
-    assert shutil.which("wrk"), "make setup installs wrk"
     # The lease's output shows the table even if results.json does not come back.
     assert "server, tiny-bert (float32;" in r.stdout and "| regroup_2 | " in r.stdout
     assert "| regroup_2 | texts_1_per_request_c64 | " in r.stdout

@@ -141,11 +141,29 @@ def test_pooling_in_numpy_matches_mlx(modes):
     assert np.allclose(np.linalg.norm(unit, axis=1), 1.0, atol=1e-6)
 
 
-def test_only_heads_that_only_pool_run_on_the_host(minilm, golden_texts, golden_mean):
+def test_only_heads_that_only_pool_run_on_the_host(minilm, golden_texts, golden_mean, monkeypatch):
     """Dense layers (Gemma's), SPLADE and scorers keep MLX; a plain pooling
     head on the CPU takes the host path, and its vectors are the reference's."""
     assert minilm.scheduler._pools_on_host
+    calls = []
+    real = type(minilm.scheduler)._pool_on_host
+
+    def counting(self, *args):
+        calls.append(args[2])  # the real rows of the pass
+        return real(self, *args)
+
+    monkeypatch.setattr(type(minilm.scheduler), "_pool_on_host", counting)
     assert_parity(minilm.embed(golden_texts), golden_mean)
+    assert sum(calls) == len(golden_texts)
+    # Passes padded to bucketed shapes: the pad rows are dropped before pooling.
+    bucketed = mlx_embed.load(shape_buckets=True)
+    calls.clear()
+    got = bucketed.embed(golden_texts[:3])
+    assert calls == [3] and bucketed.scheduler._pools_on_host
+    assert np.abs(got - minilm.embed(golden_texts[:3])).max() < 1e-6
+    # Off the native path, or pipelined, MLX pools.
+    assert not mlx_embed.load(fast_ops="mlx").scheduler._pools_on_host
+    assert not mlx_embed.load(pipeline=True).scheduler._pools_on_host
     gemma = load_fixture("tiny-gemma3")
     assert gemma.scheduler.head.dense and not gemma.scheduler._pools_on_host
     for folder in ("tiny-splade", "tiny-bert-reranker"):

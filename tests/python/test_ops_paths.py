@@ -213,8 +213,9 @@ def test_embeddings_on_the_host_match_the_mlx_graph(fixture, minilm):
     model = minilm.model if fixture == "minilm" else mlx_embed.load(ROOT / "tests" / "fixtures" / fixture).model
     emb = getattr(model, "encoder", model).embeddings
     rng = np.random.default_rng(0)
-    ids = mx.array(rng.integers(0, emb.word_embeddings.weight.shape[0], (3, 9)).astype(np.int32))
-    types = mx.array((np.arange(9) >= 5).astype(np.int32)[None].repeat(3, axis=0))
+    # 64 x 40 rows: two kernel threads split them (off a sequence boundary).
+    ids = mx.array(rng.integers(0, emb.word_embeddings.weight.shape[0], (64, 40)).astype(np.int32))
+    types = mx.array((np.arange(40) >= 5).astype(np.int32)[None].repeat(64, axis=0))
     pairs = fixture == "tiny-bert-reranker"
     args = (ids, types) if pairs else (ids,)
     with ops.forward_context(ops.ForwardContext(path="exact")):
@@ -229,6 +230,8 @@ def test_embeddings_on_the_host_match_the_mlx_graph(fixture, minilm):
         with ops.forward_context(ops.ForwardContext(path="native")):
             single = emb.on_host(ids)
         assert np.array_equal(single[:, :5], got[:, :5]) and np.abs(single[:, 5:] - got[:, 5:]).max() > 1e-3
+    with ops.forward_context(ops.ForwardContext(path="native")), pytest.raises(ValueError, match="position rows"):
+        emb.on_host(mx.zeros((1, emb.position_embeddings.weight.shape[0] + 1), dtype=mx.int32))
     half = emb.word_embeddings.weight
     emb.word_embeddings.weight = half.astype(mx.float16)
     try:

@@ -137,7 +137,9 @@ mod tests {
     #[test]
     fn repeats_a_shorter_residual_over_the_rows() {
         let dim = 389;
-        let (rows, repeat) = (300, 3); // two threads split the rows off a repeat boundary
+        // Two threads take 150 rows each: the second starts at residual row 150 % 4 = 2.
+        let (rows, repeat) = (300, 4);
+        assert!(rows * dim >= 2 * crate::parallel::MIN_ELEMENTS_PER_THREAD);
         let gen = |i: usize, k: f32| ((i * 7919 + 13) % 997) as f32 / 997.0 * k - k / 2.0;
         let x: Vec<f32> = (0..rows * dim).map(|i| gen(i, 4.0)).collect();
         let short: Vec<f32> = (0..repeat * dim).map(|i| gen(i + 5, 2.0)).collect();

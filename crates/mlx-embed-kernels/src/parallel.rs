@@ -1,7 +1,7 @@
 //! Splitting a buffer across scoped threads.
 
 /// Below this many elements per thread a spawn (~20 µs) costs more than it saves.
-const MIN_ELEMENTS_PER_THREAD: usize = 1 << 15;
+pub(crate) const MIN_ELEMENTS_PER_THREAD: usize = 1 << 15;
 
 /// Runs `work` over `data` cut into at most `threads` pieces on whole
 /// `unit`-element boundaries (rows), in parallel when the pieces are big

@@ -335,12 +335,19 @@ def _packed_linear(layer: nn.Module) -> Optional[tuple]:
 
 
 def prepare(model: nn.Module, ctx: ForwardContext) -> None:
-    """Pack every float32 ``nn.Linear`` of ``model`` for the native kernel
-    now (at load) rather than in its first forward pass."""
+    """Pack for the native kernel now (at load) rather than in the first
+    forward pass the float32 ``nn.Linear`` layers of every part of
+    ``model`` that runs them through :func:`linear`: a module whose class
+    says ``native_linears = True`` (the BERT family's encoders). Nothing
+    else would ever read a packed copy, which is as large as the weights
+    (1.8 GB for Qwen3-0.6B's decoder layers, whose mlx-lm modules call
+    MLX's matmul)."""
     if ctx.path != "native":
         return
-    for _, module in model.named_modules():
-        _packed_linear(module)
+    for _, part in model.named_modules():
+        if getattr(type(part), "native_linears", False):
+            for _, module in part.named_modules():
+                _packed_linear(module)
 
 
 def linear(layer: nn.Module, x: mx.array, *, activation: Optional[str] = None) -> mx.array:

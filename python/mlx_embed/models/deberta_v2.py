@@ -327,6 +327,9 @@ class ConvLayer(nn.Module):
 
 
 class Model(nn.Module):
+    # Its linears run through ops.linear: ops.prepare packs them at load.
+    native_linears = True
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args

@@ -338,10 +338,11 @@ def prepare(model: nn.Module, ctx: ForwardContext) -> None:
     """Pack for the native kernel now (at load) rather than in the first
     forward pass the float32 ``nn.Linear`` layers of every part of
     ``model`` that runs them through :func:`linear`: a module whose class
-    says ``native_linears = True`` (the BERT family's encoders). Nothing
-    else would ever read a packed copy, which is as large as the weights
-    (1.8 GB for Qwen3-0.6B's decoder layers, whose mlx-lm modules call
-    MLX's matmul)."""
+    says ``native_linears = True`` (the attention and feed-forward blocks
+    of bert.py, deberta_v2.py, jina_bert.py and gte_new.py). Nothing else
+    would ever read a packed copy, which is as large as the weights (1.8 GB
+    for Qwen3-0.6B's decoder layers, whose mlx-lm modules call MLX's
+    matmul)."""
     if ctx.path != "native":
         return
     for _, part in model.named_modules():

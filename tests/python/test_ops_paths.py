@@ -202,26 +202,32 @@ def test_the_fused_encoder_is_not_used_where_it_does_not_apply(minilm):
         assert ops.post_ln_encoder(minilm.model.layers, x, mask).shape == (1, 3, 384)
 
 
-def test_only_linears_the_native_kernel_runs_are_packed(minilm, golden_texts):
-    """A packed copy is as large as the weights: ops.prepare makes one for
-    the layers that run through ops.linear (the BERT family's encoders),
-    none for a decoder's mlx-lm layers or a head's MLX matmuls, and a
-    forward pass packs nothing more."""
+@pytest.mark.parametrize("fixture, at_load, linears", [
+    ("tiny-xlm-roberta", 8, 8), ("tiny-distilbert", 8, 8), ("tiny-jina-v2", 10, 10), ("tiny-gte-en", 10, 10),
+    # Heads (classifier, pooler), DeBERTa's embedding projection and the
+    # decoders' mlx-lm layers call MLX's matmul: nothing of theirs is packed.
+    ("tiny-bert-reranker", 8, 10), ("tiny-deberta-v2-nli", 16, 19), ("tiny-qwen3", 0, 14),
+    ("tiny-modernbert", 0, 12),
+])
+def test_only_linears_the_native_kernel_runs_are_packed(fixture, at_load, linears, golden_texts):
+    """A packed copy is as large as the weights: ops.prepare makes one at
+    load for each layer that runs through ops.linear and for no other, so a
+    forward pass then packs nothing more."""
     import mlx_embed
 
     def packed(model):
-        linears = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear]
-        return sorted(n for n, m in linears if "_mlx_embed_packed" in m.__dict__), len(linears)
+        found = [(n, m) for n, m in model.named_modules() if type(m) is nn.Linear]
+        return {n for n, m in found if "_mlx_embed_packed" in m.__dict__}, len(found)
 
-    names, total = packed(minilm.model)
-    assert len(names) == total == 24
-    qwen3 = mlx_embed.load(ROOT / "tests" / "fixtures" / "tiny-qwen3")
-    qwen3.embed(golden_texts[:4])
-    assert packed(qwen3.model) == ([], 14)
-    reranker = mlx_embed.load(ROOT / "tests" / "fixtures" / "tiny-bert-reranker")
-    assert reranker.score([(golden_texts[0], t) for t in golden_texts[1:5]]).shape == (4, 1)
-    names, total = packed(reranker.model)
-    assert total == 10 and len(names) == 8 and not any(n.startswith("head.") for n in names), names
+    model = mlx_embed.load(ROOT / "tests" / "fixtures" / fixture)
+    names, total = packed(model.model)
+    assert (len(names), total) == (at_load, linears), sorted(names)
+    assert not any(n.startswith("head.") or n.endswith("embed_proj") for n in names), sorted(names)
+    if model.kind == "embedding":
+        model.embed(golden_texts[:4])
+    else:
+        model.score([(golden_texts[0], t) for t in golden_texts[1:5]])
+    assert packed(model.model) == (names, total)
 
 
 @pytest.mark.parametrize("fixture", ["minilm", "tiny-xlm-roberta", "tiny-distilbert", "tiny-bert-reranker"])

@@ -192,6 +192,9 @@ def _logn_scale(args: ModelArgs, attention_mask: mx.array, dtype: mx.Dtype) -> m
 
 
 class Attention(nn.Module):
+    # Its linears run through ops.linear: ops.prepare packs them at load.
+    native_linears = True
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         dim = args.hidden_size
@@ -210,6 +213,9 @@ class GatedMLP(nn.Module):
     (up rows, then gate rows) is kept as two projections, so the GELU runs
     fused into the gate's GEMM on the native path instead of over a strided
     half of one output."""
+
+    # Its linears run through ops.linear: ops.prepare packs them at load.
+    native_linears = True
 
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -263,9 +269,6 @@ class Embeddings(nn.Module):
 
 
 class Model(nn.Module):
-    # Its linears run through ops.linear: ops.prepare packs them at load.
-    native_linears = True
-
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args

@@ -178,6 +178,9 @@ class Embeddings(nn.Module):
 
 
 class Attention(nn.Module):
+    # Its linears run through ops.linear: ops.prepare packs them at load.
+    native_linears = True
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         dim = args.hidden_size
@@ -214,6 +217,9 @@ class GatedMLP(nn.Module):
     (``up_gated_layer``: up rows, then gate rows; ``gated_layers``: gate rows,
     then up rows) is kept as two so the GELU runs fused into the gate's GEMM
     on the native path."""
+
+    # Its linears run through ops.linear: ops.prepare packs them at load.
+    native_linears = True
 
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -269,9 +275,6 @@ class QkPostNormLayer(nn.Module):
 
 
 class Model(nn.Module):
-    # Its linears run through ops.linear: ops.prepare packs them at load.
-    native_linears = True
-
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args

@@ -554,14 +554,19 @@ def start_server(folder: Path, dtype: str, flags: list[str], log_dir: Path):
         timeout=300, env=env, command=[sys.executable, "-m", "mlx_embed", "serve"])
 
 
+def request_bodies(contents: list[list[int]], per_request: int) -> list[str]:
+    """/v1/embeddings bodies of ``per_request`` token-id inputs each, vectors in base64."""
+    return [json.dumps({"input": contents[i : i + per_request], "encoding_format": "base64"})
+            for i in range(0, len(contents), per_request)]
+
+
 def server_load(base: str, contents: list[list[int]], per_request: int, connections: int, workdir: Path,
                 deadline: float, keep: int = 0) -> dict:
     """Every text once through /v1/embeddings as token ids (the server adds
     the specials), ``per_request`` texts a request, over ``connections``; with
     how the server grouped them into model calls (what the regroup window
     changes)."""
-    bodies = [json.dumps({"input": contents[i : i + per_request], "encoding_format": "base64"})
-              for i in range(0, len(contents), per_request)]
+    bodies = request_bodies(contents, per_request)
     out = http_load.send_all(base, "/v1/embeddings", bodies, workdir / f"bodies-{per_request}.jsonl",
                              connections, min(8, connections), deadline, keep)
     out["texts_per_s"] = len(contents) / out["seconds"]
@@ -573,8 +578,7 @@ def server_load_wrk(base: str, contents: list[list[int]], per_request: int, conn
     """``server_load`` with wrk as the client (``http_load.send_wrk``): the
     same bodies over and over for ``seconds``; what the Python client costs a
     round is the difference between the two rows."""
-    bodies = [json.dumps({"input": contents[i : i + per_request], "encoding_format": "base64"})
-              for i in range(0, len(contents), per_request)]
+    bodies = request_bodies(contents, per_request)
     threads = max(1, min(4, (os.cpu_count() or 2) // 2, connections))
     out = http_load.send_wrk(base, "/v1/embeddings", bodies, workdir / f"wrk-bodies-{per_request}.jsonl",
                              connections, threads, seconds)

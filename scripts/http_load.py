@@ -206,20 +206,23 @@ def send_all(base: str, path: str, bodies: list[str], bodies_file, connections: 
              deadline: float, keep: int = 0) -> dict:
     """Every body once through ``base + path`` (``run_in_child``; the bodies
     are written to ``bodies_file``); raises RuntimeError unless every request
-    was answered 200. Adds how the server grouped them (``_with_grouping``)."""
-    Path(bodies_file).write_text("\n".join(bodies) + "\n")
-    before = _server_totals(base, path)
-    out = run_in_child(base + path, bodies_file, connections, procs, deadline, keep)
-    after = _server_totals(base, path)
+    was answered 200. Adds how the server grouped them (``_measured``)."""
+    out = _measured(base, path, bodies, bodies_file, connections,
+                    lambda: run_in_child(base + path, bodies_file, connections, procs, deadline, keep))
     if out["statuses"] != {"200": len(bodies)} or out["errors"]:
         raise RuntimeError(f"not every request answered 200: {out['statuses']}, errors {out['errors']}")
-    return _with_grouping(out, before, after, connections)
+    return out
 
 
-def _with_grouping(out: dict, before: dict, after: dict, connections: int) -> dict:
-    """``out`` with how the server grouped its requests (from /metrics before
-    and after the load): ``model_calls``, ``inputs_per_call``, and where a
-    round's time went (``round_ms``, see ``_round_breakdown``)."""
+def _measured(base: str, path: str, bodies: list[str], bodies_file, connections: int, load) -> dict:
+    """``load()``'s figures (a client sending the bodies, written to
+    ``bodies_file`` first), with how the server grouped its requests, from
+    /metrics before and after: ``model_calls``, ``inputs_per_call``, and
+    where a round's time went (``round_ms``, see ``_round_breakdown``)."""
+    Path(bodies_file).write_text("\n".join(bodies) + "\n")
+    before = _server_totals(base, path)
+    out = load()
+    after = _server_totals(base, path)
     out["model_calls"] = after["batches_total"] - before["batches_total"]
     out["inputs_per_call"] = (after["batch_size_sum"] - before["batch_size_sum"]) / max(1.0, out["model_calls"])
     out["round_ms"] = _round_breakdown(before, after, out, connections)
@@ -272,11 +275,8 @@ def send_wrk(base: str, path: str, bodies: list[str], bodies_file, connections: 
     ``seconds`` (over and over) rather than each once, and no answers kept;
     the same figures, so the two clients' rows compare. A Python client
     spends some of each round itself; wrk's rows say how much."""
-    Path(bodies_file).write_text("\n".join(bodies) + "\n")
-    before = _server_totals(base, path)
-    out = run_wrk(base + path, bodies_file, connections, threads, seconds)
-    after = _server_totals(base, path)
-    return _with_grouping(out, before, after, connections)
+    return _measured(base, path, bodies, bodies_file, connections,
+                     lambda: run_wrk(base + path, bodies_file, connections, threads, seconds))
 
 
 def answered_vectors(answers: dict, per_request: int, n: int):

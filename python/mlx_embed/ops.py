@@ -274,14 +274,6 @@ def _native_buffer(x: mx.array) -> Optional[np.ndarray]:
     return view
 
 
-@contextmanager
-def outside_graph_lock() -> Iterator[None]:
-    """Let go of the graph lock, where this thread holds it, for host work
-    that builds no graph (so the other workers build meanwhile)."""
-    with _graph_lock_released():
-        yield
-
-
 def host_view(x: mx.array) -> np.ndarray:
     """``x`` as a NumPy view (no copy), evaluated first outside the graph
     lock (a no-op for an array made from a host buffer)."""
@@ -291,9 +283,7 @@ def host_view(x: mx.array) -> np.ndarray:
 
 
 def _readonly_buffer(x: mx.array) -> np.ndarray:
-    with _graph_lock_released():
-        mx.eval(x)
-    return np.ascontiguousarray(np.array(x, copy=False), dtype=np.float32)
+    return np.ascontiguousarray(host_view(x), dtype=np.float32)
 
 
 def gelu(x: mx.array, *, overwrite_input: bool = False) -> mx.array:
@@ -398,9 +388,9 @@ def embeddings_on_host(
     table and the first row a sequence uses; without ``type_ids`` every
     token takes ``types`` row 0. MLX would run the same gathers, adds and
     norm on its stream's thread, one hand-off each (about 0.2 ms of a
-    one-text pass, docs/benchmarks.md). None off the native path, or for tables that
-    are not float32 ``nn.Embedding`` (quantized) or a norm without weight
-    and bias: the caller then builds the MLX graph."""
+    one-text pass, docs/benchmarks.md). None off the native path, or for
+    tables that are not float32 ``nn.Embedding`` (quantized) or a norm
+    without weight and bias: the caller then builds the MLX graph."""
     ctx = current()
     position_table, first = positions
     tables = [word, position_table] + ([types] if types is not None else [])
@@ -421,7 +411,9 @@ def embeddings_on_host(
         # a short slice would repeat where MLX refuses to broadcast.
         rows = position_rows[first : first + length]
         if len(rows) != length:
-            raise ValueError(f"{length} tokens but {len(position_rows) - first} position rows from {first}")
+            raise ValueError(
+                f"{length} tokens but {len(position_rows) - first} position rows from {first}"
+            )
         x = word_rows[ids_host]  # a new C-contiguous [B, L, D]
         if type_rows is not None:
             x += type_rows[0 if type_ids is None else np.array(type_ids, copy=False)]

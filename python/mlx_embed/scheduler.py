@@ -316,19 +316,23 @@ class Scheduler:
                 h = self.model(mx.array(arr), mask_mx, token_type_ids=mx.array(types))
             else:
                 h = self.model(mx.array(arr), mask_mx)
-            if not tokens and self._pools_on_host and h.dtype == mx.float32:
-                return self._pool_on_host(h, mask, real, normalize), L * B
-            if B > real:
-                # A new array from the host rows, not a lazy slice: a head that
-                # reads the lengths on the host (SPLADE) then waits for no
-                # device work queued before it.
-                h, mask_mx = h[:real], mx.array(mask[:real])
-            if tokens:
-                return h.astype(mx.float32), L * B
-            vec = self.head(h, mask_mx).astype(mx.float32)
-            if normalize:
-                vec = pooling.unit_rows(vec)
-        return vec, L * B
+            if tokens or not (self._pools_on_host and h.dtype == mx.float32):
+                return self._head_graph(h, mask, mask_mx, real, normalize, tokens), L * B
+        # Outside the graph lock: pooling on the host builds no graph.
+        return self._pool_on_host(h, mask, real, normalize), L * B
+
+    def _head_graph(self, h, mask, mask_mx, real, normalize, tokens) -> mx.array:
+        """The pass's output graph after the model: the head, the norm."""
+        B = h.shape[0]
+        if B > real:
+            # A new array from the host rows, not a lazy slice: a head that
+            # reads the lengths on the host (SPLADE) then waits for no
+            # device work queued before it.
+            h, mask_mx = h[:real], mx.array(mask[:real])
+        if tokens:
+            return h.astype(mx.float32)
+        vec = self.head(h, mask_mx).astype(mx.float32)
+        return pooling.unit_rows(vec) if normalize else vec
 
     def _pool_on_host(self, h: mx.array, mask: np.ndarray, real: int, normalize: bool) -> mx.array:
         """The head (pooling alone) and the norm in NumPy, as an evaluated
@@ -336,12 +340,10 @@ class Scheduler:
         already, and MLX would hand each op of the pooling to its stream's
         thread (about 0.2 ms of a one-text pass, docs/benchmarks.md); a pass MLX
         computes (not the BERT family's) is evaluated here, as the final
-        evaluation would, outside the graph lock like the pooling."""
-        with ops.outside_graph_lock():
-            hidden = ops.host_view(h)[:real]
-            vec = self.head.pool_on_host(hidden, mask[:real])
-            if normalize:
-                vec = pooling.unit_rows(vec, np)
+        evaluation would."""
+        vec = self.head.pool_on_host(ops.host_view(h)[:real], mask[:real])
+        if normalize:
+            vec = pooling.unit_rows(vec, np)
         return mx.array(vec.astype(np.float32, copy=False))
 
     def _call_streams(self, passes: int) -> list:

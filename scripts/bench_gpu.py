@@ -493,6 +493,41 @@ def pass_profile(model, ids: list[list[int]], passes: int, row_counts=PROFILE_RO
     return out
 
 
+JOINED_ROWS = (1, 8, 32)
+
+
+def joined_ab(load, ids: list[list[int]], reps: int, rounds: int, row_counts=JOINED_ROWS) -> dict:
+    """A decoder with its q/k/v and gate/up projections joined into one
+    matmul each (``joined_linears=True``, ``sibling_linears.py``) against the
+    same checkpoint with them apart (the default): ms a call of 1, 8
+    and 32 texts, both models loaded once and timed in turn for ``rounds``
+    rounds, which goes first alternating (medians of every round's median of
+    ``reps``), the kernels a pass
+    has (matrix products in the graph) and the largest difference between
+    their vectors."""
+    models = {"joined": load(joined_linears=True), "separate": load()}
+    times: dict = {key: {rows: [] for rows in row_counts} for key in models}
+    for k in range(rounds):
+        for key, m in list(models.items())[:: 1 if k % 2 == 0 else -1]:
+            for rows in row_counts:
+                few = ids[:rows]
+                m.embed_ids(few)
+                times[key][rows].append(seconds(lambda m=m, few=few: m.embed_ids(few), reps))
+    out: dict = {"groups": models["joined"].joined_groups, "rounds": rounds, "reps": reps, "rows": {}}
+    for rows in row_counts:
+        joined, separate = (1e3 * statistics.median(times[k][rows]) for k in ("joined", "separate"))
+        out["rows"][rows] = {"joined_ms": joined, "separate_ms": separate, "speedup": separate / joined}
+    vectors = [mlx_vectors(m, ids[: row_counts[-1]]) for m in models.values()]
+    out["max_abs_diff"] = float(np.abs(vectors[0] - vectors[1]).max())
+    probe = mx.array([ids[0][:16]])
+    out["matmuls"] = {
+        key: sum(n for name, n in graph_primitives(m.model(probe, mx.ones(probe.shape, dtype=mx.int32))).items()
+                 if name in ("Matmul", "AddMM", "QuantizedMatmul"))
+        for key, m in models.items()
+    }
+    return out
+
+
 def graph_ops(name: str, workdir: Path, args) -> dict:
     """The default engine's rates with MLX_MAX_OPS_PER_BUFFER at 20 (MLX's
     CUDA default), 60 and 200. MLX's CUDA backend records an evaluation's
@@ -759,6 +794,7 @@ def engine_optional(report, plans, args, common) -> None:
     def load(folder, **kw):
         return mlx_embed.load(folder, **{"dtype": "bfloat16", **common, **kw})
 
+    qwen3_plans = [p for p in plans if p[1]["model_type"] == "qwen3"]
     if args.rates_only:
         for name, config, folder, ids in plans:
             section(report, name, "rates", lambda f=folder, i=ids: engine_rates(
@@ -767,10 +803,21 @@ def engine_optional(report, plans, args, common) -> None:
     # The pass profile first: a second of device time says where a
     # server-sized pass's fixed cost goes. Then the server: it is issue 11's
     # target itself; the engine-level small-call rows only explain it.
+    profile_args = (5, PROFILE_ROWS[:3]) if args.dry_run else (30,)
     if args.pass_profile:
         for name, config, folder, ids in plans:
             section(report, name, "pass_profile", lambda f=folder, i=ids: pass_profile(
-                load(f), i, *((5, PROFILE_ROWS[:3]) if args.dry_run else (30,))), args)
+                load(f), i, *profile_args), args)
+    if args.joined_ab:
+        # The bf16 default on a GPU; float32 on the CPU, which has no fast
+        # half-precision path.
+        dtype = "float32" if mx.default_device() == mx.cpu else "bfloat16"
+        for name, config, folder, ids in qwen3_plans:
+            section(report, name, "joined_linears", lambda f=folder, i=ids: joined_ab(
+                lambda **kw: load(f, dtype=dtype, **kw), i, reps, 1 if args.dry_run else 3), args)
+            if args.pass_profile:
+                section(report, name, "pass_profile_joined", lambda f=folder, i=ids: pass_profile(
+                    load(f, joined_linears=True), i, *profile_args), args)
     if args.server:
         for name, config, folder, ids in plans:
             section(report, name, "server", lambda n=name, f=folder, i=ids: server_rows(
@@ -795,7 +842,6 @@ def engine_optional(report, plans, args, common) -> None:
             section(report, name, "memory", lambda f=folder: memory_run(
                 load(f), args.memory_calls, args.seed, args.call * 2), args, optional=False)
     bert = [p for p in plans if p[1]["model_type"] == "bert"]
-    qwen = [p for p in plans if p[1]["model_type"] == "qwen3"]
     if args.variants:
         for name, config, folder, ids in plans:
             section(report, name, "new_shapes", lambda f=folder: {
@@ -823,7 +869,7 @@ def engine_optional(report, plans, args, common) -> None:
                 section(report, name, f"streams_{streams}", lambda f=folder, i=ids, s=streams: engine_rates(
                     load(f, streams=s), i, reps, args.call, one_call=False), args)
     if args.quantized:
-        for name, config, folder, ids in qwen:
+        for name, config, folder, ids in qwen3_plans:
             big = ids[: min(len(ids), 1024)]
             for label, kw in (("bf16", {}), ("8-bit", {"quantize": 8}), ("4-bit", {"quantize": 4})):
                 def quant(folder=folder, big=big, kw=kw):
@@ -908,6 +954,9 @@ def main(argv=None) -> int:
                    help="the Rust server on this machine (python -m mlx_embed serve) under HTTP load")
     p.add_argument("--pass-profile", action="store_true",
                    help="one pass's time by phase (host, graph, submit, wait) for 1-512 texts, and its primitives")
+    p.add_argument("--joined-ab", action="store_true",
+                   help="decoder shapes: q/k/v and gate/up joined into one matmul each against apart (the "
+                        "default), calls of 1-32 texts (with --pass-profile: the joined pass's profile too)")
     p.add_argument("--kernel-probe", action="store_true",
                    help="what one view, element-wise add or small matmul costs a pass, host and device")
     p.add_argument("--wrk-seconds", type=float, default=5.0,

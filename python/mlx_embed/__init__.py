@@ -11,7 +11,7 @@ Public API::
                            batch_tokens=None, workers=None, fast_ops=None,
                            cache_limit_mb=None, pipeline=None, streams=1,
                            fused_attention=None, shape_buckets=None,
-                           group_size=32, name=None, kind=None)
+                           joined_linears=False, group_size=32, name=None, kind=None)
                            # pooling="splade": a BertForMaskedLM / DistilBertForMaskedLM
                            # folder's SPLADE vectors (a SparseEncoder folder is SPLADE by itself)
     model.embed(texts, *, normalize=True, truncate=True,
@@ -69,7 +69,9 @@ def load(path=None, *, dtype="float32", quantize=None, instruction=None, **kwarg
     ``streams`` (device streams the passes of a call spread over; 1),
     ``fused_attention`` (BERT-style attention through
     ``mx.fast.scaled_dot_product_attention``; default on a GPU in fp16/bf16),
-    ``shape_buckets`` (pad passes to a bounded set of shapes; default on a GPU).
+    ``shape_buckets`` (pad passes to a bounded set of shapes; default on a GPU),
+    ``joined_linears`` (a decoder's q/k/v and gate/up projections as one
+    matmul each; off, see ``sibling_linears.py``).
 
     What the folder is: ``pooling`` overrides its pooling ("splade" makes a
     masked-LM checkpoint a SPLADE sparse model), ``kind`` forces "embedding",

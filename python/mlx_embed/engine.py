@@ -64,6 +64,7 @@ class EmbeddingModel(ScoringMixin):
         shape_buckets: Optional[bool] = None,
         dequantize: Optional[bool] = None,
         kind: Optional[str] = None,
+        joined_linears: bool = False,
         _is_default: bool = False,
     ):
         t0 = time.perf_counter()
@@ -73,6 +74,7 @@ class EmbeddingModel(ScoringMixin):
             os.fspath(path), dtype=dtype, quantize=quantize, group_size=group_size,
             max_length=max_length, pooling=pooling, name=name, is_default=_is_default,
             dequantize=dequantize, backend=device.backend(), kind=kind,
+            joined_linears=joined_linears,
         )
         self.path = ck.path
         self.name = ck.name
@@ -82,6 +84,7 @@ class EmbeddingModel(ScoringMixin):
         self.quantization = ck.quantization
         self.checkpoint_quantization = ck.checkpoint_quantization
         self.dequantized_because = ck.dequantized_because
+        self.joined_groups = ck.joined_groups
         self.dim = ck.dim
         self.vocab_size = ck.vocab_size
         self.pad_id = ck.pad_id
@@ -489,6 +492,8 @@ class EmbeddingModel(ScoringMixin):
             )
         if self.scheduler.streams > 1:
             out["streams"] = str(self.scheduler.streams)
+        if self.joined_groups:
+            out["joined_linears"] = str(self.joined_groups)
         return out
 
     def info(self) -> dict:
@@ -517,6 +522,8 @@ class EmbeddingModel(ScoringMixin):
             "quantization": self.quantization,
             "checkpoint_quantization": self.checkpoint_quantization,
             "dequantized": self.dequantized_because,
+            # Groups of sibling projections run as one matmul each.
+            "joined_linears": self.joined_groups,
             "cache_limit_mb": self.cache_limit_mb,
             "float32_matmul": precision.float32_matmul(device.is_cpu()),
             "memory": self.memory(),

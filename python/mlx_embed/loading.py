@@ -24,7 +24,7 @@ from typing import Any, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import heads, models, pooling as pooling_modes, st_modules
+from . import heads, models, pooling as pooling_modes, sibling_linears, st_modules
 
 log = logging.getLogger("mlx_embed")
 
@@ -241,6 +241,8 @@ class Checkpoint:
     module: Optional[ModuleType] = None
     # Seconds per loading stage, for the startup log.
     timings: dict[str, float] = field(default_factory=dict)
+    # Groups of sibling linears that run as one matmul (sibling_linears.py).
+    joined_groups: int = 0
 
 
 def load_checkpoint(
@@ -256,10 +258,13 @@ def load_checkpoint(
     kind: Optional[str] = None,
     dequantize: Optional[bool] = None,
     backend: str = "cpu",
+    joined_linears: bool = False,
 ) -> Checkpoint:
     """Build the model in ``path``. ``dequantize``: whether a pre-quantized
     checkpoint runs as float weights (None: where quantized matmul measured
-    slow, see ``SLOW_QUANTIZED``); ``backend`` is ``device.backend()``."""
+    slow, see ``SLOW_QUANTIZED``); ``backend`` is ``device.backend()``;
+    ``joined_linears``: whether the sibling linears the architecture names
+    (``JOINED_LINEARS``) run as one matmul (``sibling_linears.py``)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     if quantize is not None and quantize not in QUANT_BITS:
@@ -339,6 +344,9 @@ def load_checkpoint(
     model.set_dtype(DTYPES[dtype])
     model.eval()
     mx.eval(model.parameters())
+    # Last, on the weights as they will run: quantized siblings join only
+    # where their settings agree, dequantized ones as floats.
+    joined = sibling_linears.join(model, getattr(arch, "JOINED_LINEARS", ())) if joined_linears else 0
     timings["build"] = time.perf_counter() - t0
 
     labels: list[str] = []
@@ -392,4 +400,5 @@ def load_checkpoint(
         sparse=choice.sparse,
         module=arch,
         timings=timings,
+        joined_groups=joined,
     )

@@ -15,7 +15,7 @@ def test_bench_gpu_dry_run(tmp_path):
     r = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--dry-run", "--variants",
          "--sweep", "--quantized", "--small-calls", "--graph-ops", "--pass-profile", "--kernel-probe",
-         "--out", str(tmp_path)],
+         "--joined-ab", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, env=env,
     )
     assert r.returncode == 0, r.stderr[-3000:]
@@ -76,6 +76,17 @@ def test_bench_gpu_dry_run(tmp_path):
         assert bert[f"attention_fused_{dtype}"]["rates"]["one_call"] > 0
     assert bert["engine_float16"]["one_call"] > 0
     assert {"quantized_bf16", "quantized_8-bit", "quantized_4-bit"} <= set(qwen)
+    # The decoder's joined projections against separate ones: the same
+    # vectors (bit for bit on the CPU), three fewer matrix products a layer
+    # (two layers), and the joined pass profiled beside the default's.
+    joined = qwen["joined_linears"]
+    assert joined["groups"] == 4 and joined["max_abs_diff"] == 0
+    assert joined["matmuls"]["separate"] - joined["matmuls"]["joined"] == 6
+    assert list(joined["rows"]) == ["1", "8", "32"]
+    assert all(r["joined_ms"] > 0 and r["separate_ms"] > 0 for r in joined["rows"].values())
+    assert (sum(qwen["pass_profile"]["primitives_by_name"].values())
+            > sum(qwen["pass_profile_joined"]["primitives_by_name"].values()))
+    assert "joined_linears" not in bert
     assert "| tiny-bert |" in r.stdout and "| tiny-qwen3 |" in r.stdout
 
 

@@ -107,6 +107,15 @@ def decoder_weights(weights: dict, drop=("lm_head.", "score."), skip="rotary_emb
     return out
 
 
+# mlx-lm's decoder blocks project one input three times (queries, keys,
+# values) and twice (gate, up); the loader runs each group as one matmul
+# (sibling_linears.py). An architecture opts in with JOINED_LINEARS.
+DECODER_SIBLINGS = (
+    (("q_proj", "k_proj", "v_proj"), "qkv_proj"),
+    (("gate_proj", "up_proj"), "gate_up_proj"),
+)
+
+
 # A linear layer's tensors, quantized ones included; all of them are cut
 # along the output axis (0), so fused projections split and join there.
 LINEAR_TENSORS = ("weight", "bias", "scales", "biases")

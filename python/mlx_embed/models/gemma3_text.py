@@ -21,10 +21,13 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import gemma3_text as _lm
 
-from . import decoder_weights
+from . import DECODER_SIBLINGS, decoder_weights
 
 
 EMBEDDING_DEFAULTS = {"pooling": "mean"}
+
+# Queries/keys/values and gate/up as one matmul each (sibling_linears.py).
+JOINED_LINEARS = DECODER_SIBLINGS
 
 _GLOBAL, _LOCAL = "full_attention", "sliding_attention"
 

@@ -38,7 +38,7 @@ import mlx.nn as nn
 from mlx_lm.models import llama as _lm
 
 from .. import ops
-from . import decoder_weights
+from . import DECODER_SIBLINGS, decoder_weights
 
 # Long inputs: attention in query blocks (ops.block_long_causal_attention).
 ops.block_long_causal_attention(_lm)
@@ -51,6 +51,9 @@ EMBEDDING_DEFAULTS = {
     "eos_token": "</s>",
     "instruction_template": "Instruct: {instruction}\nQuery: ",
 }
+
+# Queries/keys/values and gate/up as one matmul each (sibling_linears.py).
+JOINED_LINEARS = DECODER_SIBLINGS
 
 
 @dataclass

@@ -22,9 +22,13 @@ import mlx.nn as nn
 from mlx_lm.models import qwen3 as _lm
 
 from .. import ops
+from . import DECODER_SIBLINGS
 
 # Long inputs: attention in query blocks (ops.block_long_causal_attention).
 ops.block_long_causal_attention(_lm)
+
+# Queries/keys/values and gate/up as one matmul each (sibling_linears.py).
+JOINED_LINEARS = DECODER_SIBLINGS
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,12 @@ Qwen3-0.6B) it reports:
   varied shapes (Qwen3 shape), sampled every 250 calls;
 * ``--variants``: the cost of new pass shapes (with and without
   ``shape_buckets``), fused attention (``mx.fast.scaled_dot_product_attention``)
-  against the matmul path on the BERT shapes, more device streams, fp16;
+  against the matmul path on the BERT shapes, more device streams;
+* ``--float16``: every shape in fp16, its rates and one-text latency, and its
+  vectors against the engine's fp32 ones on the same ids (an fp16 overflow
+  shows there);
+* ``--joined-ab``: the Qwen3 shape with its q/k/v and gate/up projections
+  joined into one matmul each against apart (``load(joined_linears=)``);
 * ``--sweep``: the device sub-batch budget (``batch_tokens``);
 * ``--graph-ops``: one call and calls of 32 with MLX_MAX_OPS_PER_BUFFER at
   20 (MLX's CUDA default), 60 and 200 (kernels per CUDA graph), each in a
@@ -493,6 +498,20 @@ def pass_profile(model, ids: list[list[int]], passes: int, row_counts=PROFILE_RO
     return out
 
 
+def float16_rows(load, folder: Path, ids: list[list[int]], reps: int, call: int) -> dict:
+    """The engine in float16: rates, one-text latency, and its vectors
+    against float32's on the same ids (no torch needed: an fp16 overflow,
+    which bf16's range hides, shows as a low cosine or NaN)."""
+    half = load(folder, dtype="float16")
+    out = {**engine_rates(half, ids, reps, call), "latency_ms": latency_ms(half, ids, max(5, reps * 5))}
+    sub = ids[:PARITY_TEXTS]
+    got = mlx_vectors(half, sub)
+    del half
+    out["vs_float32"] = parity(mlx_vectors(load(folder, dtype="float32"), sub), got)
+    out["finite"] = bool(np.isfinite(got).all())
+    return out
+
+
 JOINED_ROWS = (1, 8, 32)
 
 
@@ -822,6 +841,10 @@ def engine_optional(report, plans, args, common) -> None:
         for name, config, folder, ids in plans:
             section(report, name, "server", lambda n=name, f=folder, i=ids: server_rows(
                 n, f, i, args, f.parent), args)
+    if args.float16:
+        for name, config, folder, ids in plans:
+            section(report, name, "engine_float16", lambda f=folder, i=ids: float16_rows(load, f, i, reps, args.call),
+                    args)
     if args.small_calls:
         for name, config, folder, ids in plans:
             section(report, name, "small_calls", lambda f=folder, i=ids: small_calls(
@@ -879,10 +902,6 @@ def engine_optional(report, plans, args, common) -> None:
                             "two_texts_ms": latency_ms(m, big, max(5, reps * 5), rows=2)}
 
                 section(report, name, f"quantized_{label}", quant, args)
-    if args.variants:
-        for name, config, folder, ids in bert:
-            section(report, name, "engine_float16", lambda f=folder, i=ids: engine_rates(
-                load(f, dtype="float16"), i, reps, args.call), args)
 
 
 def summary(results: dict, call: int) -> str:
@@ -954,6 +973,8 @@ def main(argv=None) -> int:
                    help="the Rust server on this machine (python -m mlx_embed serve) under HTTP load")
     p.add_argument("--pass-profile", action="store_true",
                    help="one pass's time by phase (host, graph, submit, wait) for 1-512 texts, and its primitives")
+    p.add_argument("--float16", action="store_true",
+                   help="every shape in fp16: rates, one-text latency, vectors against fp32")
     p.add_argument("--joined-ab", action="store_true",
                    help="decoder shapes: q/k/v and gate/up joined into one matmul each against apart (the "
                         "default), calls of 1-32 texts (with --pass-profile: the joined pass's profile too)")

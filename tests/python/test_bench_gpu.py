@@ -15,7 +15,7 @@ def test_bench_gpu_dry_run(tmp_path):
     r = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--dry-run", "--variants",
          "--sweep", "--quantized", "--small-calls", "--graph-ops", "--pass-profile", "--kernel-probe",
-         "--joined-ab", "--out", str(tmp_path)],
+         "--joined-ab", "--float16", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, env=env,
     )
     assert r.returncode == 0, r.stderr[-3000:]
@@ -74,7 +74,11 @@ def test_bench_gpu_dry_run(tmp_path):
     # The CPU default is the matmul path, so the variant is the fused one.
     for dtype in ("bfloat16", "float32"):
         assert bert[f"attention_fused_{dtype}"]["rates"]["one_call"] > 0
-    assert bert["engine_float16"]["one_call"] > 0
+    for res in (bert, qwen):
+        half = res["engine_float16"]
+        assert half["one_call"] > 0 and half["calls_of_8"] > 0 and half["latency_ms"] > 0
+        # The tiny shapes' activations stay far inside fp16's range.
+        assert half["finite"] and half["vs_float32"]["min_cosine"] >= 0.999
     assert {"quantized_bf16", "quantized_8-bit", "quantized_4-bit"} <= set(qwen)
     # The decoder's joined projections against separate ones: the same
     # vectors (bit for bit on the CPU), three fewer matrix products a layer

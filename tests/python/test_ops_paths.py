@@ -408,3 +408,42 @@ def test_native_position_softmax_matches_mlx(kind, block_rows, monkeypatch):
         assert np.abs(got[b, :, :n] - want[b, :, :n]).max() <= 1e-5
     with pytest.raises(ValueError, match="not both"):
         _native.masked_softmax_positions_(np.zeros((1, 3, 2, 2), np.float32), [2], 1.0, 0, slopes=slopes, half=1)
+
+
+def test_native_swiglu_matches_mlx_silu_times_up():
+    mx.random.seed(5)
+    gate, up = _evaluated(mx.random.normal((3, 17, 96)) * 8, mx.random.normal((3, 17, 96)))
+    want = np.array(nn.silu(gate) * up)
+    buf = np.array(gate)
+    _native.swiglu_(buf, np.array(up), 2)
+    assert np.abs(buf - want).max() <= 1e-6 * np.abs(want).max()
+    with pytest.raises(ValueError, match="must not share memory"):
+        _native.swiglu_(buf, buf)
+
+
+@pytest.mark.parametrize("fixture", ["tiny-qwen3", "tiny-qwen2", "tiny-mistral", "tiny-qwen3-reranker"])
+def test_the_decoders_swiglu_runs_the_native_kernel_on_the_native_path(fixture, golden_texts, monkeypatch):
+    """mlx-lm's feed-forward ``swiglu`` takes the native kernel inside the
+    engine's passes on the native path (once a layer a pass, on the gate
+    projection's own buffer), MLX's compiled one on the others, with the same
+    vectors to float32 rounding."""
+    import mlx_embed
+
+    folder = ROOT / "tests" / "fixtures" / fixture
+    layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
+    calls = []
+    real = _native.swiglu_
+    monkeypatch.setattr(_native, "swiglu_", lambda gate, up, threads=1: (calls.append(gate.shape),
+                                                                          real(gate, up, threads))[1])
+    native, exact = (mlx_embed.load(folder, fast_ops=path) for path in ("native", "exact"))
+
+    def run(model):
+        if model.kind == "embedding":
+            return model.embed(golden_texts)
+        return np.array(model.score([(golden_texts[1], t) for t in golden_texts[2:10]]))
+
+    want = run(exact)
+    assert calls == []
+    got = run(native)
+    assert calls and len(calls) % layers == 0, calls
+    assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())

@@ -1,4 +1,5 @@
-//! CPU kernels for the element-wise work of an encoder forward pass.
+//! CPU kernels for the element-wise work of an encoder (or a decoder's
+//! feed-forward) forward pass.
 //!
 //! MLX's Linux CPU backend evaluates `exp`/`erf` one scalar at a time and its
 //! compiled kernels are built without AVX, so on x86 the attention softmax
@@ -9,6 +10,7 @@
 //! * [`masked_softmax`]: scale, key-length mask and softmax over the last
 //!   axis of attention scores, fused in three passes over each row;
 //! * [`gelu`]: exact (erf) GELU through a rational erf;
+//! * [`swiglu`]: the decoders' `silu(gate) * up`;
 //! * [`add_layer_norm`]: residual add and layer norm in one pass pair;
 //! * [`attention`]: multi-head attention from the fused q/k/v projection to
 //!   merged heads, the softmax's masking and scale included;
@@ -33,6 +35,7 @@ mod linear;
 mod parallel;
 mod pool;
 mod softmax;
+mod swiglu;
 
 pub use attention::{attention, AttentionShape};
 pub use encoder::{post_ln_encoder, Norm, PackedLinear, PostLnBlock};
@@ -42,6 +45,7 @@ pub use linear::{linear, pack_weights, packed_len, Activation, LinearShape, PANE
 pub use softmax::{
     masked_softmax, masked_softmax_positions, PositionBias, Positions, SoftmaxShape,
 };
+pub use swiglu::swiglu;
 
 /// Whether the AVX2+FMA versions run on this CPU (for logs and benchmarks).
 pub fn simd_level() -> &'static str {

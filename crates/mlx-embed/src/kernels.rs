@@ -1,5 +1,5 @@
 //! `mlx_embed._native.masked_softmax_` (and `masked_softmax_positions_`),
-//! `gelu_`, `add_layer_norm_`,
+//! `gelu_`, `swiglu_`, `add_layer_norm_`,
 //! `attention_`, `linear_` (with `pack_linear_weights`) and
 //! `post_ln_encoder_`: the CPU kernels of
 //! `mlx-embed-kernels` over float32 buffers (in the engine, NumPy views of
@@ -8,8 +8,8 @@
 
 use mlx_embed_kernels::{
     add_layer_norm, attention, gelu, linear, masked_softmax, masked_softmax_positions,
-    pack_weights, packed_len, post_ln_encoder, Activation, AttentionShape, LinearShape, Norm,
-    PackedLinear, PositionBias, Positions, PostLnBlock, SoftmaxShape,
+    pack_weights, packed_len, post_ln_encoder, swiglu, Activation, AttentionShape, LinearShape,
+    Norm, PackedLinear, PositionBias, Positions, PostLnBlock, SoftmaxShape,
 };
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
@@ -151,6 +151,30 @@ fn gelu_py(py: Python<'_>, x: &Bound<'_, PyAny>, threads: usize) -> PyResult<()>
     let buf = writable_f32(x)?;
     with_floats_detached(py, &buf, |floats| gelu(floats, threads.max(1)));
     Ok(())
+}
+
+/// `swiglu_(gate, up, threads=1)`: in place, `gate = silu(gate) * up`.
+#[pyfunction]
+#[pyo3(name = "swiglu_", signature = (gate, up, threads = 1))]
+fn swiglu_py(
+    py: Python<'_>,
+    gate: &Bound<'_, PyAny>,
+    up: &Bound<'_, PyAny>,
+    threads: usize,
+) -> PyResult<()> {
+    let out = writable_f32(gate)?;
+    let up = readable_f32(up)?;
+    if overlaps(byte_range(&up), byte_range(&out)) {
+        return Err(PyValueError::new_err("gate must not share memory with up"));
+    }
+    let (addr, len) = (up.buf_ptr() as usize, up.item_count());
+    with_floats_detached(py, &out, |floats| {
+        // SAFETY: `up`'s export lives until this function returns, is
+        // contiguous float32 of `len` items, and does not overlap `gate`.
+        let up = unsafe { std::slice::from_raw_parts(addr as *const f32, len) };
+        swiglu(floats, up, threads.max(1))
+    })
+    .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
 /// `add_layer_norm_(x, residual, weight, bias, eps, threads=1)`: in place,
@@ -488,6 +512,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(masked_softmax_py, module)?)?;
     module.add_function(wrap_pyfunction!(masked_softmax_positions_py, module)?)?;
     module.add_function(wrap_pyfunction!(gelu_py, module)?)?;
+    module.add_function(wrap_pyfunction!(swiglu_py, module)?)?;
     module.add_function(wrap_pyfunction!(add_layer_norm_py, module)?)?;
     module.add_function(wrap_pyfunction!(linear_packed_len_py, module)?)?;
     module.add_function(wrap_pyfunction!(pack_linear_weights_py, module)?)?;

@@ -715,35 +715,45 @@ def block_long_causal_attention(module) -> None:
     module.scaled_dot_product_attention = attention
 
 
+def _native_gated(gate: mx.array, up: mx.array, activation: str) -> Optional[mx.array]:
+    """``act(gate) * up`` by the native kernel inside the engine's passes on
+    the native path, written into ``gate``'s buffer: callers pass their gate
+    projection's fresh output, which nothing else reads. None where it does
+    not apply (other paths, outside a pass, a gate that is not one contiguous
+    float32 block such as a joined projection's slice): callers take MLX's."""
+    ctx = getattr(_active, "ctx", None)
+    if ctx is None or ctx.path != "native" or not gate.dtype == up.dtype == mx.float32 or gate.shape != up.shape:
+        return None
+    buf = _native_buffer(gate)
+    if buf is None:
+        return None
+    up_buf = _readonly_buffer(up)
+    with _graph_lock_released():
+        _native.gated_linear_unit_(buf, up_buf, activation, ctx.kernel_threads)
+    return gate
+
+
+def gelu_tanh_gated(gate: mx.array, up: mx.array) -> mx.array:
+    """GeGLU, ``gelu_approx(gate) * up`` (Gemma 3's feed-forward): the native
+    kernel where ``_native_gated`` applies, MLX's ops elsewhere."""
+    out = _native_gated(gate, up, "gelu_tanh")
+    return out if out is not None else nn.gelu_approx(gate) * up
+
+
 def native_swiglu(module) -> None:
     """Make an mlx-lm model module's ``swiglu(gate, up)`` (the feed-forward
-    activation of Qwen3, Qwen2, Llama/Mistral) run the native kernel inside
-    this engine's forward passes on the native path. MLX's compiled SiLU runs
-    one scalar exp at a time here: 4.6 of a Qwen3-0.6B layer's 32.6 ms at 64
-    tokens (docs/benchmarks.md). ``gate`` is the gate projection's fresh
-    output, which nothing else reads, so the kernel writes into it. Outside
-    the engine's passes, on other paths, or where the gate is not one
-    contiguous float32 block (a joined projection's slice), mlx-lm's own
-    function runs."""
+    activation of Qwen3, Qwen2, Llama/Mistral) run the native kernel where
+    ``_native_gated`` applies, mlx-lm's own function elsewhere (another
+    mlx-lm user in the process included). MLX's compiled SiLU runs one
+    scalar exp at a time on the CPU: 4.6 of a Qwen3-0.6B layer's 32.6 ms at
+    64 tokens (docs/benchmarks.md)."""
     original = module.swiglu
     if getattr(original, "_mlx_embed_native", False):
         return
 
     def swiglu(gate: mx.array, up: mx.array) -> mx.array:
-        ctx = getattr(_active, "ctx", None)
-        if (
-            ctx is not None
-            and ctx.path == "native"
-            and gate.dtype == up.dtype == mx.float32
-            and gate.shape == up.shape
-        ):
-            buf = _native_buffer(gate)
-            if buf is not None:
-                up_buf = _readonly_buffer(up)
-                with _graph_lock_released():
-                    _native.swiglu_(buf, up_buf, ctx.kernel_threads)
-                return gate
-        return original(gate, up)
+        out = _native_gated(gate, up, "silu")
+        return out if out is not None else original(gate, up)
 
     swiglu._mlx_embed_native = True
     swiglu.__wrapped_original__ = original

@@ -410,31 +410,42 @@ def test_native_position_softmax_matches_mlx(kind, block_rows, monkeypatch):
         _native.masked_softmax_positions_(np.zeros((1, 3, 2, 2), np.float32), [2], 1.0, 0, slopes=slopes, half=1)
 
 
-def test_native_swiglu_matches_mlx_silu_times_up():
+@pytest.mark.parametrize("activation, mlx_act", [("silu", nn.silu), ("gelu_tanh", nn.gelu_approx)])
+def test_native_gated_linear_unit_matches_mlx(activation, mlx_act):
     mx.random.seed(5)
     gate, up = _evaluated(mx.random.normal((3, 17, 96)) * 8, mx.random.normal((3, 17, 96)))
-    want = np.array(nn.silu(gate) * up)
+    want = np.array(mlx_act(gate) * up)
     buf = np.array(gate)
-    _native.swiglu_(buf, np.array(up), 2)
+    _native.gated_linear_unit_(buf, np.array(up), activation, 2)
     assert np.abs(buf - want).max() <= 1e-6 * np.abs(want).max()
     with pytest.raises(ValueError, match="must not share memory"):
-        _native.swiglu_(buf, buf)
+        _native.gated_linear_unit_(buf, buf, activation)
+    with pytest.raises(ValueError, match="activation must be"):
+        _native.gated_linear_unit_(buf, np.array(up), "relu")
 
 
-@pytest.mark.parametrize("fixture", ["tiny-qwen3", "tiny-qwen2", "tiny-mistral", "tiny-qwen3-reranker"])
-def test_the_decoders_swiglu_runs_the_native_kernel_on_the_native_path(fixture, golden_texts, monkeypatch):
-    """mlx-lm's feed-forward ``swiglu`` takes the native kernel inside the
-    engine's passes on the native path (once a layer a pass, on the gate
-    projection's own buffer), MLX's compiled one on the others, with the same
-    vectors to float32 rounding."""
+@pytest.mark.parametrize("fixture, activation", [
+    ("tiny-qwen3", "silu"), ("tiny-qwen2", "silu"), ("tiny-mistral", "silu"), ("tiny-qwen3-reranker", "silu"),
+    ("tiny-gemma3", "gelu_tanh"),
+])
+def test_the_decoders_feed_forward_runs_the_native_kernel_on_the_native_path(
+        fixture, activation, golden_texts, monkeypatch):
+    """The decoders' gated feed-forward (mlx-lm's ``swiglu``, Gemma 3's
+    GeGLU) takes the native kernel inside the engine's passes on the native
+    path (once a layer a pass, on the gate projection's own buffer), MLX's
+    ops on the others, with the same vectors to float32 rounding."""
     import mlx_embed
 
     folder = ROOT / "tests" / "fixtures" / fixture
     layers = json.loads((folder / "config.json").read_text())["num_hidden_layers"]
     calls = []
-    real = _native.swiglu_
-    monkeypatch.setattr(_native, "swiglu_", lambda gate, up, threads=1: (calls.append(gate.shape),
-                                                                          real(gate, up, threads))[1])
+    real = _native.gated_linear_unit_
+
+    def counted(gate, up, act, threads=1):
+        calls.append(act)
+        real(gate, up, act, threads)
+
+    monkeypatch.setattr(_native, "gated_linear_unit_", counted)
     native, exact = (mlx_embed.load(folder, fast_ops=path) for path in ("native", "exact"))
 
     def run(model):
@@ -445,5 +456,5 @@ def test_the_decoders_swiglu_runs_the_native_kernel_on_the_native_path(fixture, 
     want = run(exact)
     assert calls == []
     got = run(native)
-    assert calls and len(calls) % layers == 0, calls
+    assert calls and len(calls) % layers == 0 and set(calls) == {activation}, calls
     assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())

@@ -10,7 +10,8 @@
 //! * [`masked_softmax`]: scale, key-length mask and softmax over the last
 //!   axis of attention scores, fused in three passes over each row;
 //! * [`gelu`]: exact (erf) GELU through a rational erf;
-//! * [`swiglu`]: the decoders' `silu(gate) * up`;
+//! * [`gated_linear_unit`]: the decoders' `silu(gate) * up` (SwiGLU) or
+//!   `gelu_tanh(gate) * up` (GeGLU);
 //! * [`add_layer_norm`]: residual add and layer norm in one pass pair;
 //! * [`attention`]: multi-head attention from the fused q/k/v projection to
 //!   merged heads, the softmax's masking and scale included;
@@ -30,22 +31,22 @@ mod dispatch;
 mod encoder;
 mod exp;
 mod gelu;
+mod glu;
 mod layer_norm;
 mod linear;
 mod parallel;
 mod pool;
 mod softmax;
-mod swiglu;
 
 pub use attention::{attention, AttentionShape};
 pub use encoder::{post_ln_encoder, Norm, PackedLinear, PostLnBlock};
 pub use gelu::gelu;
+pub use glu::{gated_linear_unit, GateActivation};
 pub use layer_norm::add_layer_norm;
 pub use linear::{linear, pack_weights, packed_len, Activation, LinearShape, PANEL};
 pub use softmax::{
     masked_softmax, masked_softmax_positions, PositionBias, Positions, SoftmaxShape,
 };
-pub use swiglu::swiglu;
 
 /// Whether the AVX2+FMA versions run on this CPU (for logs and benchmarks).
 pub fn simd_level() -> &'static str {

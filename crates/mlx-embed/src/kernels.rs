@@ -1,5 +1,5 @@
 //! `mlx_embed._native.masked_softmax_` (and `masked_softmax_positions_`),
-//! `gelu_`, `swiglu_`, `add_layer_norm_`,
+//! `gelu_`, `gated_linear_unit_`, `add_layer_norm_`,
 //! `attention_`, `linear_` (with `pack_linear_weights`) and
 //! `post_ln_encoder_`: the CPU kernels of
 //! `mlx-embed-kernels` over float32 buffers (in the engine, NumPy views of
@@ -7,9 +7,10 @@
 //! worker keeps going meanwhile.
 
 use mlx_embed_kernels::{
-    add_layer_norm, attention, gelu, linear, masked_softmax, masked_softmax_positions,
-    pack_weights, packed_len, post_ln_encoder, swiglu, Activation, AttentionShape, LinearShape,
-    Norm, PackedLinear, PositionBias, Positions, PostLnBlock, SoftmaxShape,
+    add_layer_norm, attention, gated_linear_unit, gelu, linear, masked_softmax,
+    masked_softmax_positions, pack_weights, packed_len, post_ln_encoder, Activation,
+    AttentionShape, GateActivation, LinearShape, Norm, PackedLinear, PositionBias, Positions,
+    PostLnBlock, SoftmaxShape,
 };
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
@@ -153,15 +154,27 @@ fn gelu_py(py: Python<'_>, x: &Bound<'_, PyAny>, threads: usize) -> PyResult<()>
     Ok(())
 }
 
-/// `swiglu_(gate, up, threads=1)`: in place, `gate = silu(gate) * up`.
+/// `gated_linear_unit_(gate, up, activation, threads=1)`: in place,
+/// `gate = act(gate) * up` with `activation` "silu" (SwiGLU) or "gelu_tanh"
+/// (GeGLU).
 #[pyfunction]
-#[pyo3(name = "swiglu_", signature = (gate, up, threads = 1))]
-fn swiglu_py(
+#[pyo3(name = "gated_linear_unit_", signature = (gate, up, activation, threads = 1))]
+fn gated_linear_unit_py(
     py: Python<'_>,
     gate: &Bound<'_, PyAny>,
     up: &Bound<'_, PyAny>,
+    activation: &str,
     threads: usize,
 ) -> PyResult<()> {
+    let activation = match activation {
+        "silu" => GateActivation::Silu,
+        "gelu_tanh" => GateActivation::GeluTanh,
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "activation must be 'silu' or 'gelu_tanh', got {other:?}"
+            )))
+        }
+    };
     let out = writable_f32(gate)?;
     let up = readable_f32(up)?;
     if overlaps(byte_range(&up), byte_range(&out)) {
@@ -172,7 +185,7 @@ fn swiglu_py(
         // SAFETY: `up`'s export lives until this function returns, is
         // contiguous float32 of `len` items, and does not overlap `gate`.
         let up = unsafe { std::slice::from_raw_parts(addr as *const f32, len) };
-        swiglu(floats, up, threads.max(1))
+        gated_linear_unit(floats, up, activation, threads.max(1))
     })
     .map_err(|e| PyValueError::new_err(e.to_string()))
 }
@@ -512,7 +525,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(masked_softmax_py, module)?)?;
     module.add_function(wrap_pyfunction!(masked_softmax_positions_py, module)?)?;
     module.add_function(wrap_pyfunction!(gelu_py, module)?)?;
-    module.add_function(wrap_pyfunction!(swiglu_py, module)?)?;
+    module.add_function(wrap_pyfunction!(gated_linear_unit_py, module)?)?;
     module.add_function(wrap_pyfunction!(add_layer_norm_py, module)?)?;
     module.add_function(wrap_pyfunction!(linear_packed_len_py, module)?)?;
     module.add_function(wrap_pyfunction!(pack_linear_weights_py, module)?)?;

@@ -21,6 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import gemma3_text as _lm
 
+from .. import ops
 from . import DECODER_SIBLINGS, decoder_weights
 
 
@@ -114,6 +115,8 @@ class _Encoder(nn.Module):
         self.args = args
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = [_lm.TransformerBlock(args, i) for i in range(args.num_hidden_layers)]
+        for layer in self.layers:
+            layer.mlp = _GeGLU(args.hidden_size, args.intermediate_size)
         self.norm = _lm.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
@@ -131,3 +134,11 @@ class _Encoder(nn.Module):
         for kind, layer in zip(self.args.layer_types, self.layers):
             h = layer(h, masks[kind])
         return self.norm(h)
+
+
+class _GeGLU(_lm.MLP):
+    """mlx-lm's Gemma 3 feed-forward with its GeGLU through ``ops`` (the
+    native kernel on the CPU: MLX's compiled tanh runs one scalar at a time)."""
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(ops.gelu_tanh_gated(self.gate_proj(x), self.up_proj(x)))

@@ -56,7 +56,7 @@ simd_dispatch! {
 
 simd_dispatch! {
     fn gelu_tanh_piece<FMA>(gate: &mut [f32], up: &[f32]) {
-        const TWO_SQRT_2_OVER_PI: f32 = 1.595_769_1;
+        const TWO_SQRT_2_OVER_PI: f32 = 1.595_769;
         for (g, &u) in gate.iter_mut().zip(up) {
             let x = *g;
             let s = TWO_SQRT_2_OVER_PI * madd::<FMA>(0.044_715 * x * x, x, x);

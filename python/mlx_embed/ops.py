@@ -718,16 +718,22 @@ def block_long_causal_attention(module) -> None:
 def _native_gated(gate: mx.array, up: mx.array, activation: str) -> Optional[mx.array]:
     """``act(gate) * up`` by the native kernel inside the engine's passes on
     the native path, written into ``gate``'s buffer: callers pass their gate
-    projection's fresh output, which nothing else reads. None where it does
-    not apply (other paths, outside a pass, a gate that is not one contiguous
-    float32 block such as a joined projection's slice): callers take MLX's."""
+    projection's fresh output, which nothing else reads (a joined projection's
+    one-row slice is its own half of the product). None where it does not
+    apply (other paths, outside a pass, a gate that is not one contiguous
+    float32 block such as a joined projection's slice of several rows, a gate
+    sharing memory with ``up``): callers take MLX's."""
     ctx = getattr(_active, "ctx", None)
     if ctx is None or ctx.path != "native" or not gate.dtype == up.dtype == mx.float32 or gate.shape != up.shape:
         return None
+    with _graph_lock_released():
+        mx.eval(gate, up)
     buf = _native_buffer(gate)
     if buf is None:
         return None
     up_buf = _readonly_buffer(up)
+    if np.may_share_memory(buf, up_buf):
+        return None
     with _graph_lock_released():
         _native.gated_linear_unit_(buf, up_buf, activation, ctx.kernel_threads)
     return gate
@@ -745,8 +751,8 @@ def native_swiglu(module) -> None:
     activation of Qwen3, Qwen2, Llama/Mistral) run the native kernel where
     ``_native_gated`` applies, mlx-lm's own function elsewhere (another
     mlx-lm user in the process included). MLX's compiled SiLU runs one
-    scalar exp at a time on the CPU: 4.6 of a Qwen3-0.6B layer's 32.6 ms at
-    64 tokens (docs/benchmarks.md)."""
+    scalar exp at a time on the CPU (docs/benchmarks.md, "The decoders'
+    gated feed-forward by a native kernel")."""
     original = module.swiglu
     if getattr(original, "_mlx_embed_native", False):
         return

@@ -9,8 +9,10 @@ is off by default: docs/benchmarks.md, "A decoder's projections as one matmul
 each"). The first sibling's module takes the concatenated weights (so a
 quantized one keeps its settings), and every sibling's name becomes a
 ``_Part`` that returns its columns of that one product. mlx-lm's code runs as
-it is. On the CPU the vectors are the same bit for bit: each output column is
-reduced the same way whatever the matrix's width.
+it is. With MLX's ops on the CPU the vectors are the same bit for bit: each
+output column is reduced the same way whatever the matrix's width. (The
+native SiLU kernel, ``ops.native_swiglu``, needs a contiguous gate, so a joined
+gate takes MLX's: float32 rounding apart.)
 
 A group computes its product when a part is called with an input other than
 the one it last saw (by identity: mlx-lm never changes an input in place

@@ -81,10 +81,12 @@ def test_bench_gpu_dry_run(tmp_path):
         assert half["finite"] and half["vs_float32"]["min_cosine"] >= 0.999
     assert {"quantized_bf16", "quantized_8-bit", "quantized_4-bit"} <= set(qwen)
     # The decoder's joined projections against separate ones: the same
-    # vectors (bit for bit on the CPU), three fewer matrix products a layer
-    # (two layers), and the joined pass profiled beside the default's.
+    # vectors (to float32 rounding: on the CPU the separate gate takes the
+    # native SiLU kernel, the joined one's slice MLX's), three fewer matrix
+    # products a layer (two layers), and the joined pass profiled beside the
+    # default's.
     joined = qwen["joined_linears"]
-    assert joined["groups"] == 4 and joined["max_abs_diff"] == 0
+    assert joined["groups"] == 4 and joined["max_abs_diff"] <= 1e-5
     assert joined["matmuls"]["separate"] - joined["matmuls"]["joined"] == 6
     assert list(joined["rows"]) == ["1", "8", "32"]
     assert all(r["joined_ms"] > 0 and r["separate_ms"] > 0 for r in joined["rows"].values())

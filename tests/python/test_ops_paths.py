@@ -413,7 +413,8 @@ def test_native_position_softmax_matches_mlx(kind, block_rows, monkeypatch):
 @pytest.mark.parametrize("activation, mlx_act", [("silu", nn.silu), ("gelu_tanh", nn.gelu_approx)])
 def test_native_gated_linear_unit_matches_mlx(activation, mlx_act):
     mx.random.seed(5)
-    gate, up = _evaluated(mx.random.normal((3, 17, 96)) * 8, mx.random.normal((3, 17, 96)))
+    # Over 2 x 32768 values: two kernel threads split them.
+    gate, up = _evaluated(mx.random.normal((3, 170, 160)) * 8, mx.random.normal((3, 170, 160)))
     want = np.array(mlx_act(gate) * up)
     buf = np.array(gate)
     _native.gated_linear_unit_(buf, np.array(up), activation, 2)
@@ -458,3 +459,19 @@ def test_the_decoders_feed_forward_runs_the_native_kernel_on_the_native_path(
     got = run(native)
     assert calls and len(calls) % layers == 0 and set(calls) == {activation}, calls
     assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+
+
+def test_the_swiglu_wrapper_wraps_once_and_runs_mlx_lm_outside_the_engine(monkeypatch):
+    """Another mlx-lm user in the process (outside the engine's passes)
+    gets mlx-lm's own ``swiglu``; wrapping twice keeps one wrapper."""
+    from mlx_lm.models import qwen3
+
+    import mlx_embed.models.qwen3  # noqa: F401 - wraps qwen3.swiglu
+
+    wrapper = qwen3.swiglu
+    assert wrapper._mlx_embed_native and wrapper.__wrapped_original__ is not wrapper
+    ops.native_swiglu(qwen3)
+    assert qwen3.swiglu is wrapper
+    monkeypatch.setattr(_native, "gated_linear_unit_", lambda *a: pytest.fail("native kernel outside a pass"))
+    gate, up = _evaluated(mx.random.normal((2, 5, 32)), mx.random.normal((2, 5, 32)))
+    assert np.array_equal(np.array(wrapper(gate, up)), np.array(wrapper.__wrapped_original__(gate, up)))

@@ -156,7 +156,8 @@ fn gelu_py(py: Python<'_>, x: &Bound<'_, PyAny>, threads: usize) -> PyResult<()>
 
 /// `gated_linear_unit_(gate, up, activation, threads=1)`: in place,
 /// `gate = act(gate) * up` with `activation` "silu" (SwiGLU) or "gelu_tanh"
-/// (GeGLU).
+/// (GeGLU), element by element over flat buffers of equal length (the
+/// caller checks shapes).
 #[pyfunction]
 #[pyo3(name = "gated_linear_unit_", signature = (gate, up, activation, threads = 1))]
 fn gated_linear_unit_py(

@@ -56,6 +56,34 @@ fn with_floats_detached<R: Send>(
     })
 }
 
+/// Runs `work` on `written`'s floats with the GIL released, handing it
+/// `read`'s floats too; refuses buffers that share memory (`names`: how the
+/// error calls the two, written first).
+fn with_input_detached<R: Send>(
+    py: Python<'_>,
+    written: &Bound<'_, PyAny>,
+    read: &Bound<'_, PyAny>,
+    names: (&str, &str),
+    work: impl FnOnce(&mut [f32], &[f32]) -> R + Send,
+) -> PyResult<R> {
+    let out = writable_f32(written)?;
+    let input = readable_f32(read)?;
+    if overlaps(byte_range(&input), byte_range(&out)) {
+        return Err(PyValueError::new_err(format!(
+            "{} must not share memory with {}",
+            names.0, names.1
+        )));
+    }
+    let (addr, len) = (input.buf_ptr() as usize, input.item_count());
+    Ok(with_floats_detached(py, &out, |floats| {
+        // SAFETY: `input`'s export lives until this function returns, is
+        // contiguous float32 of `len` items, and was checked not to overlap
+        // the buffer written.
+        let read = unsafe { std::slice::from_raw_parts(addr as *const f32, len) };
+        work(floats, read)
+    }))
+}
+
 /// `masked_softmax_(scores, key_lengths, scale, threads=1)`: in place over
 /// `scores` shaped `[sequences, ..., keys]`, softmax of `scale * scores` over
 /// the last axis with keys at or past `key_lengths[sequence]` set to zero.
@@ -176,18 +204,9 @@ fn gated_linear_unit_py(
             )))
         }
     };
-    let out = writable_f32(gate)?;
-    let up = readable_f32(up)?;
-    if overlaps(byte_range(&up), byte_range(&out)) {
-        return Err(PyValueError::new_err("gate must not share memory with up"));
-    }
-    let (addr, len) = (up.buf_ptr() as usize, up.item_count());
-    with_floats_detached(py, &out, |floats| {
-        // SAFETY: `up`'s export lives until this function returns, is
-        // contiguous float32 of `len` items, and does not overlap `gate`.
-        let up = unsafe { std::slice::from_raw_parts(addr as *const f32, len) };
+    with_input_detached(py, gate, up, ("gate", "up"), |floats, up| {
         gated_linear_unit(floats, up, activation, threads.max(1))
-    })
+    })?
     .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
@@ -257,18 +276,9 @@ fn pack_linear_weights_py(
     inputs: usize,
     packed: &Bound<'_, PyAny>,
 ) -> PyResult<()> {
-    let dst = writable_f32(packed)?;
-    let src = readable_f32(w)?;
-    if overlaps(byte_range(&src), byte_range(&dst)) {
-        return Err(PyValueError::new_err("w and packed must not share memory"));
-    }
-    let (addr, len) = (src.buf_ptr() as usize, src.item_count());
-    with_floats_detached(py, &dst, |floats| {
-        // SAFETY: `src` is a live, contiguous float32 export of `len` items
-        // for this whole call, checked not to overlap the buffer written.
-        let w = unsafe { std::slice::from_raw_parts(addr as *const f32, len) };
+    with_input_detached(py, packed, w, ("packed", "w"), |floats, w| {
         pack_weights(w, outputs, inputs, floats)
-    })
+    })?
     .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 

@@ -726,8 +726,8 @@ def _native_gated(gate: mx.array, up: mx.array, activation: str) -> Optional[mx.
     ctx = getattr(_active, "ctx", None)
     if ctx is None or ctx.path != "native" or not gate.dtype == up.dtype == mx.float32 or gate.shape != up.shape:
         return None
-    with _graph_lock_released():
-        mx.eval(gate, up)
+    # Each evaluates its own array (gate first: the rest of the layer so
+    # far); a gate the kernel cannot take leaves up to MLX's graph.
     buf = _native_buffer(gate)
     if buf is None:
         return None

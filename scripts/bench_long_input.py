@@ -12,7 +12,7 @@ tokenizer): one input of each length, each configuration in its own process
 (so each peak is its own), interleaved rounds, medians.
 
 ``--model qwen3-0.6b``: the decoders (Qwen3-Embedding takes 32,768 tokens),
-whose mlx-lm attention ``ops.block_long_causal_attention`` cuts the same way:
+whose mlx-lm attention ``ops.engine_attention`` cuts the same way:
 Qwen3-0.6B's layer shape (1024 wide, 16 query and 8 key heads of 128, MLP
 3072) with ``--layers`` of its 28 layers (4 by default: the attention's
 memory is per layer, its time per layer), seeded random weights, tiny-qwen3's

@@ -555,9 +555,14 @@ class KeyMask:
 
     def __init__(self, attention_mask: mx.array, dtype: mx.Dtype):
         self._mask = attention_mask
-        self._dtype = dtype
+        self.dtype = dtype
         self._lengths: Optional[list[int]] = None
         self._additive: Optional[mx.array] = None
+
+    @property
+    def length(self) -> int:
+        """Keys per row, padding included."""
+        return self._mask.shape[1]
 
     @property
     def lengths(self) -> list[int]:
@@ -575,9 +580,9 @@ class KeyMask:
         if self._additive is None:
             # Large negative rather than -inf so an all-padding row could never
             # make NaNs; exp() of it underflows to exactly 0.
-            neg = -1e9 if self._dtype == mx.float32 else -3e4
+            neg = -1e9 if self.dtype == mx.float32 else -3e4
             keep = self._mask[:, None, None, :].astype(mx.bool_)
-            self._additive = mx.where(keep, 0.0, neg).astype(self._dtype)
+            self._additive = mx.where(keep, 0.0, neg).astype(self.dtype)
         return self._additive
 
 
@@ -667,50 +672,144 @@ def blocked_attention(
     return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
 
 
-def block_long_causal_attention(module) -> None:
-    """Make an mlx-lm model module's attention take query blocks for long
-    inputs inside this engine's forward passes (the decoders: Qwen3, Qwen2,
-    Mistral). mlx-lm calls ``mx.fast.scaled_dot_product_attention`` with a
-    "causal" mask, whose fallback (the CPU; float32 on CUDA) holds the whole
-    [B, H, L, L] scores of a layer: 4.2 GB for one 8,192-token input to a
-    16-head model, measured; a 32,768-token input to Qwen3-Embedding-0.6B
-    would need 64 GB. Past ``SCORES_BLOCK_BYTES`` the query rows go in
-    blocks, each against only the keys up to its last row (the causal mask
-    hides the rest: half the work), each evaluated before the next. Outside
-    this engine's passes (another mlx-lm user in the process), with a KV
-    cache, or in half precision on a GPU (MLX's fused kernel, which never
-    holds the scores) mlx-lm's own function runs unchanged."""
+class BandMask:
+    """What a bidirectional decoder layer (EmbeddingGemma) lets a query see:
+    the batch's real keys, and with ``half`` only those at most ``half``
+    positions from the query (a sliding layer). Passed as ``mask`` to an
+    mlx-lm attention whose module :func:`engine_attention` wraps: the native
+    softmax takes it as key lengths and a window, MLX as ``additive``."""
+
+    def __init__(self, keys: KeyMask, half: Optional[int] = None):
+        self.keys = keys
+        self.half = half
+        self._additive: Optional[mx.array] = None
+
+    @property
+    def additive(self) -> mx.array:
+        """[B, 1, 1, L] (padding only) or [B, 1, L, L] (with the window)."""
+        if self._additive is None:
+            if self.half is None:
+                self._additive = self.keys.additive
+            else:
+                L = self.keys.length
+                pos = mx.arange(L)
+                near = mx.abs(pos[:, None] - pos[None, :]) <= self.half
+                neg = mx.array(-1e9 if self.keys.dtype == mx.float32 else -3e4, dtype=self.keys.dtype)
+                self._additive = mx.where(near, self.keys.additive, neg)
+        return self._additive
+
+
+def native_attention(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    scale: float,
+    *,
+    lengths: Optional[list[int]] = None,
+    first_query: int = 0,
+    causal: bool = False,
+    window: Optional[int] = None,
+) -> Optional[mx.array]:
+    """``softmax(scale * q @ k^T) @ v`` with the softmax by the native
+    kernel, inside the engine's passes on the native path; None elsewhere
+    (callers take MLX's). ``q`` is [B, H, Lq, head_dim] at positions
+    ``first_query..``; ``k`` and ``v`` are [B, Hkv, Lk, head_dim] with H a
+    multiple of Hkv (grouped-query attention: query head h reads kv head
+    ``h // (H / Hkv)``). Keys at or past ``lengths[b]`` (default: none) get
+    zero weight, and also keys after the query (``causal``) or further than
+    ``window`` from it.
+
+    MLX's own attention on the CPU runs its softmax one scalar exp at a time:
+    30% of a Qwen3-0.6B layer at 512 tokens (docs/benchmarks.md, "The
+    decoders' attention softmax by the native kernel (CPU)")."""
+    ctx = getattr(_active, "ctx", None)
+    if ctx is None or ctx.path != "native" or q.dtype != mx.float32 or (causal and window is not None):
+        return None
+    B, H, Lq, hd = q.shape
+    kv_heads, Lk = k.shape[1], k.shape[2]
+    if H % kv_heads:
+        return None
+    # A kv head's query heads as consecutive blocks of rows: one matmul per
+    # kv head with no repeated keys, and the scores land in [B, H, Lq, Lk]
+    # order, the layout the kernel reads.
+    scores = q.reshape(B, kv_heads, (H // kv_heads) * Lq, hd) @ k.swapaxes(-1, -2)
+    buf = _native_buffer(scores)
+    if buf is None:
+        return None
+    rows = buf.reshape(B, H, Lq, Lk)
+    lengths = [Lk] * B if lengths is None else lengths
+    with _graph_lock_released():
+        if causal or window is not None:
+            _native.masked_softmax_positions_(
+                rows, lengths, scale, first_query, half=window, causal=causal, threads=ctx.kernel_threads
+            )
+        else:
+            _native.masked_softmax_(rows, lengths, scale, ctx.kernel_threads)
+    return (scores @ v).reshape(B, H, Lq, hd)
+
+
+def engine_attention(module) -> None:
+    """Make an mlx-lm model module's attention (its module-level
+    ``scaled_dot_product_attention``) run this engine's inside the engine's
+    forward passes, and mlx-lm's own everywhere else (a KV cache, attention
+    sinks, another mlx-lm user in the process):
+
+    - a "causal" mask (Qwen3, Qwen2, Mistral): the native softmax on the
+      CPU's native path (:func:`native_attention`). And query blocks for
+      long inputs: mlx-lm's ``mx.fast.scaled_dot_product_attention`` falls
+      back (the CPU; float32 on CUDA) to holding a layer's whole [B, H, L,
+      L] scores, 4.2 GB for one 8,192-token input to a 16-head model,
+      measured; a 32,768-token input to Qwen3-Embedding-0.6B would need
+      64 GB. Past ``SCORES_BLOCK_BYTES`` the query rows go in blocks, each
+      against only the keys up to its last row (half the work), each
+      evaluated before the next. In half precision on a GPU MLX's fused
+      kernel, which never holds the scores, runs whole.
+    - a :class:`BandMask` (EmbeddingGemma): the native softmax over the
+      real keys (and the window) on the native path, MLX's attention with
+      the mask's additive form elsewhere."""
     original = module.scaled_dot_product_attention
-    if getattr(original, "_mlx_embed_blocks", False):
+    if getattr(original, "_mlx_embed_attention", False):
         return
 
     def attention(queries, keys, values, cache=None, scale=1.0, mask=None, **kwargs):
-        blocks = None
-        if (
+        band = isinstance(mask, BandMask)
+        causal = isinstance(mask, str) and mask == "causal"
+        in_pass = (
             cache is None
             and not kwargs.get("sinks")
-            and isinstance(mask, str)
-            and mask == "causal"
             and getattr(_active, "ctx", None) is not None
             and queries.shape[2] == keys.shape[2]
-            and not (mx.default_device() != mx.cpu and queries.dtype in (mx.float16, mx.bfloat16))
-        ):
-            blocks = query_blocks(queries, keys.shape[2])
-        if blocks is None or len(blocks) == 1:
-            return original(queries, keys, values, cache=cache, scale=scale, mask=mask, **kwargs)
+        )
+        if not (in_pass and (band or causal)):
+            return original(
+                queries, keys, values, cache=cache, scale=scale, mask=mask.additive if band else mask, **kwargs
+            )
+        if band:
+            out = native_attention(queries, keys, values, scale, lengths=mask.keys.lengths, window=mask.half)
+            if out is None:
+                out = original(queries, keys, values, cache=cache, scale=scale, mask=mask.additive, **kwargs)
+            return out
+        whole = mx.default_device() != mx.cpu and queries.dtype in (mx.float16, mx.bfloat16)
+        blocks = [(0, queries.shape[2])] if whole else query_blocks(queries, keys.shape[2])
         outs = []
         for start, end in blocks:
             # "causal" aligns the last query with the last key: rows
             # [start, end) against keys [0, end) is the causal mask's band.
-            out = mx.fast.scaled_dot_product_attention(
-                queries[:, :, start:end], keys[:, :, :end], values[:, :, :end], scale=scale, mask="causal"
+            qb, kb, vb = (
+                (queries, keys, values)
+                if len(blocks) == 1
+                else (queries[:, :, start:end], keys[:, :, :end], values[:, :, :end])
             )
-            with _graph_lock_released():
-                mx.eval(out)
+            out = native_attention(qb, kb, vb, scale, first_query=start, causal=True)
+            if out is None:
+                out = original(qb, kb, vb, cache=cache, scale=scale, mask="causal", **kwargs)
+            if len(blocks) > 1:
+                with _graph_lock_released():
+                    mx.eval(out)
             outs.append(out)
-        return mx.concatenate(outs, axis=2)
+        return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
 
-    attention._mlx_embed_blocks = True
+    attention._mlx_embed_attention = True
     attention.__wrapped_original__ = original
     module.scaled_dot_product_attention = attention
 

@@ -88,7 +88,7 @@ def test_attention_in_query_blocks_matches_reference(folder, golden_texts, monke
 def test_decoder_attention_in_query_blocks_matches_reference(folder, golden_texts, monkeypatch, query_block_counts):
     """The decoders' long-input attention (mlx-lm's causal attention in query
     blocks, each against the keys up to its last row:
-    ops.block_long_causal_attention) on ordinary inputs: blocks of 8 query
+    ops.engine_attention) on ordinary inputs: blocks of 8 query
     rows give the reference vectors, and mlx-lm's own function runs again
     outside the engine's passes."""
     from mlx_embed import ops

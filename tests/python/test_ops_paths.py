@@ -347,8 +347,8 @@ def test_long_causal_attention_in_blocks_bounds_memory(monkeypatch):
     k, v = (mx.random.normal((B, KV, L, hd)) for _ in range(2))
     _evaluated(q, k, v)
     module = types.SimpleNamespace(scaled_dot_product_attention=base.scaled_dot_product_attention)
-    ops.block_long_causal_attention(module)
-    ops.block_long_causal_attention(module)  # once is enough: no wrapper around the wrapper
+    ops.engine_attention(module)
+    ops.engine_attention(module)  # once is enough: no wrapper around the wrapper
     assert module.scaled_dot_product_attention.__wrapped_original__ is base.scaled_dot_product_attention
     scores = B * H * L * L * 4
     monkeypatch.setattr(ops, "SCORES_BLOCK_BYTES", scores // 32)
@@ -406,8 +406,9 @@ def test_native_position_softmax_matches_mlx(kind, block_rows, monkeypatch):
     got, want = np.array(got), np.array(want)
     for b, n in enumerate(lengths):
         assert np.abs(got[b, :, :n] - want[b, :, :n]).max() <= 1e-5
-    with pytest.raises(ValueError, match="not both"):
-        _native.masked_softmax_positions_(np.zeros((1, 3, 2, 2), np.float32), [2], 1.0, 0, slopes=slopes, half=1)
+    for both in ({"slopes": slopes, "half": 1}, {"half": 1, "causal": True}, {}):
+        with pytest.raises(ValueError, match="exactly one"):
+            _native.masked_softmax_positions_(np.zeros((1, 3, 2, 2), np.float32), [2], 1.0, 0, **both)
 
 
 @pytest.mark.parametrize("activation, mlx_act", [("silu", nn.silu), ("gelu_tanh", nn.gelu_approx)])
@@ -458,6 +459,95 @@ def test_the_decoders_feed_forward_runs_the_native_kernel_on_the_native_path(
     assert calls == []
     got = run(native)
     assert calls and len(calls) % layers == 0 and set(calls) == {activation}, calls
+    assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+
+
+@pytest.mark.parametrize("kind", ["causal", "lengths", "window"])
+@pytest.mark.parametrize("kv_heads", [6, 2, 1])
+def test_native_attention_matches_mlx_with_grouped_queries(kind, kv_heads):
+    """The decoders' attention by the native softmax: 6 query heads over 6,
+    2 or 1 key/value heads (query head h reads kv head h // group, as MLX's
+    fused attention and transformers' repeat_kv do), causal (a block of query
+    rows from position 5 against the keys up to its last row), padding keys,
+    or a window with padding keys, against MLX's attention with the same
+    additive mask; off the native path it steps aside."""
+    mx.random.seed(11)
+    B, H, L, hd, half, first = 2, 6, 23, 8, 3, 5
+    q = mx.random.normal((B, H, L, hd))
+    k, v = (mx.random.normal((B, kv_heads, L, hd)) for _ in range(2))
+    lengths = [L, 14]
+    keys = ops.KeyMask(mx.array(np.arange(L)[None, :] < np.array(lengths)[:, None]), mx.float32)
+    if kind == "causal":
+        q = q[:, :, first:]
+        term = {"causal": True, "first_query": first}
+        mask = "causal"
+    elif kind == "lengths":
+        term = {"lengths": lengths}
+        mask = keys.additive
+    else:
+        term = {"lengths": lengths, "window": half}
+        mask = ops.BandMask(keys, half=half).additive
+    q, k, v = _evaluated(q, k, v)
+    want = np.array(mx.fast.scaled_dot_product_attention(q, k, v, scale=0.3, mask=mask))
+    assert ops.native_attention(q, k, v, 0.3, **term) is None  # outside a pass
+    with ops.forward_context(ops.make_context("mlx")):
+        assert ops.native_attention(q, k, v, 0.3, **term) is None
+    with ops.forward_context(ops.make_context("native")):
+        (got,) = _evaluated(ops.native_attention(q, k, v, 0.3, **term))
+    assert got.shape == q.shape
+    got = np.array(got)
+    # Real query rows (a padding row's output is never read).
+    rows = [L - first] * B if kind == "causal" else lengths
+    for b, n in enumerate(rows):
+        assert np.abs(got[b, :, :n] - want[b, :, :n]).max() <= 1e-5
+
+
+@pytest.mark.parametrize("fixture", ["tiny-qwen3", "tiny-qwen2", "tiny-mistral", "tiny-qwen3-reranker", "tiny-gemma3"])
+def test_the_decoders_attention_runs_the_native_softmax_on_the_native_path(fixture, golden_texts, monkeypatch):
+    """The decoders' attention (mlx-lm's, through ops.engine_attention) takes
+    the native softmax inside the engine's passes on the native path: the
+    causal one in every layer of Qwen3, Qwen2, Mistral and the Qwen3
+    reranker; EmbeddingGemma's global layers over the real keys and its
+    sliding layers with their window. MLX's attention on the other paths,
+    with the same vectors to float32 rounding."""
+    import mlx_embed
+
+    folder = ROOT / "tests" / "fixtures" / fixture
+    config = json.loads((folder / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    calls = []
+    real_positions, real_masked = _native.masked_softmax_positions_, _native.masked_softmax_
+
+    def positions(scores, lengths, scale, first, **kw):
+        calls.append("causal" if kw.get("causal") else f"window {kw.get('half')}")
+        real_positions(scores, lengths, scale, first, **kw)
+
+    def masked(scores, lengths, scale, threads=1):
+        calls.append("keys")
+        real_masked(scores, lengths, scale, threads)
+
+    monkeypatch.setattr(_native, "masked_softmax_positions_", positions)
+    monkeypatch.setattr(_native, "masked_softmax_", masked)
+    native, exact = (mlx_embed.load(folder, fast_ops=path) for path in ("native", "exact"))
+
+    def run(model):
+        if model.kind == "embedding":
+            return model.embed(golden_texts)
+        return np.array(model.score([(golden_texts[1], t) for t in golden_texts[2:10]]))
+
+    want = run(exact)
+    assert calls == []
+    got = run(native)
+    assert calls and len(calls) % layers == 0, calls
+    if fixture == "tiny-gemma3":
+        # Counted, not in order: the engine's workers run sub-batches side by side.
+        kinds = native.model.args.layer_types
+        passes = len(calls) // layers
+        window = f"window {config['sliding_window'] // 2}"
+        assert calls.count("keys") == passes * kinds.count("full_attention") > 0
+        assert calls.count(window) == passes * kinds.count("sliding_attention") > 0
+    else:
+        assert set(calls) == {"causal"}
     assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
 
 

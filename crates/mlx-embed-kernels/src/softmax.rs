@@ -1,5 +1,5 @@
-//! Fused scale + key mask (+ ALiBi position bias, or a local window) +
-//! softmax over attention scores.
+//! Fused scale + key mask (+ ALiBi position bias, a local window, or a
+//! causal mask) + softmax over attention scores.
 
 use crate::dispatch::simd_dispatch;
 use crate::exp::exp_nonpositive;
@@ -49,13 +49,19 @@ pub enum PositionBias<'a> {
         /// Keys at most this far from the query (either side) are attended.
         half: usize,
     },
+    /// Causal attention (the decoders): keys after the query get exactly
+    /// zero weight.
+    Causal {
+        /// Attention heads.
+        heads: usize,
+    },
 }
 
 impl PositionBias<'_> {
     fn heads(&self) -> usize {
         match self {
             PositionBias::Alibi(slopes) => slopes.len(),
-            PositionBias::Window { heads, .. } => *heads,
+            PositionBias::Window { heads, .. } | PositionBias::Causal { heads } => *heads,
         }
     }
 }
@@ -74,7 +80,7 @@ pub struct Positions<'a> {
 /// [`masked_softmax`] with a position-dependent bias: each row becomes
 /// `softmax(scale * row[j] - slope * |query - j|)` over its valid keys
 /// (ALiBi), or the softmax of its valid keys within the window of its
-/// query, followed by zeros.
+/// query, or up to its query (causal), followed by zeros.
 pub fn masked_softmax_positions(
     scores: &mut [f32],
     shape: SoftmaxShape,
@@ -201,6 +207,11 @@ simd_dispatch! {
                     let hi = (query + half + 1).min(valid);
                     row[..lo].fill(0.0);
                     softmax_row::<FMA>(&mut row[lo..], hi - lo, scale);
+                }
+                PositionBias::Causal { .. } => {
+                    // A padding query past the valid keys sees all of them:
+                    // a row nobody reads, finite all the same.
+                    softmax_row::<FMA>(row, (query + 1).min(valid), scale);
                 }
             }
         }
@@ -401,12 +412,15 @@ mod tests {
         assert!(masked_softmax_positions(&mut buf, shape, &[8, 8], 1.0, alibi, 1).is_err());
     }
 
-    #[test]
-    fn window_matches_a_float64_reference_in_blocks_of_query_rows() {
-        // 2 sequences x 3 heads x 37 query rows from query 50 x 301 keys,
-        // half window 8: rows near the start, the middle and past a
-        // sequence's key length (120) all occur.
-        let (heads, queries, keys, first, half) = (3, 37, 301, 50, 8);
+    /// 2 sequences x 3 heads x 37 query rows from query 50 x 301 keys, the
+    /// second sequence 60 keys long: rows near the start, the middle and past
+    /// a sequence's key length all occur. `seen(query, key)`: whether the
+    /// bias lets a query see a valid key.
+    fn matches_a_float64_reference_with_a_band(
+        bias: PositionBias<'_>,
+        seen: impl Fn(usize, usize) -> bool,
+    ) {
+        let (heads, queries, keys, first) = (3, 37, 301, 50);
         let shape = SoftmaxShape {
             sequences: 2,
             rows_per_sequence: heads * queries,
@@ -414,20 +428,21 @@ mod tests {
         };
         let lens = [301, 60];
         let input = pseudo_random(2 * heads * queries * keys, 13);
-        let window = Positions {
-            bias: PositionBias::Window { heads, half },
+        let positions = Positions {
+            bias,
             first_query: first,
         };
         crate::dispatch::tests::each_build(|build, threads| {
             let mut got = input.clone();
-            masked_softmax_positions(&mut got, shape, &lens, 0.125, window, threads).unwrap();
+            masked_softmax_positions(&mut got, shape, &lens, 0.125, positions, threads).unwrap();
             for (r, (row_in, row_out)) in input.chunks(keys).zip(got.chunks(keys)).enumerate() {
                 let valid = lens[r / (heads * queries)];
                 let query = first + r % queries;
                 if query >= valid {
+                    assert!(row_out.iter().all(|w| w.is_finite()));
                     continue; // a padding query row: its output is never read
                 }
-                let near = |j: usize| j < valid && j.abs_diff(query) <= half;
+                let near = |j: usize| j < valid && seen(query, j);
                 let live: Vec<(usize, f64)> = (0..keys)
                     .filter(|&j| near(j))
                     .map(|j| (j, row_in[j] as f64 * 0.125))
@@ -447,13 +462,27 @@ mod tests {
                 }
             }
         });
+        // 4 rows per sequence are not 3 heads x queries.
         let mut buf = vec![0.0; 2 * 4 * 8];
         let shape = SoftmaxShape {
             sequences: 2,
             rows_per_sequence: 4,
             row_len: 8,
         };
-        assert!(masked_softmax_positions(&mut buf, shape, &[8, 8], 1.0, window, 1).is_err());
+        assert!(masked_softmax_positions(&mut buf, shape, &[8, 8], 1.0, positions, 1).is_err());
+    }
+
+    #[test]
+    fn window_matches_a_float64_reference_in_blocks_of_query_rows() {
+        let half = 8;
+        matches_a_float64_reference_with_a_band(PositionBias::Window { heads: 3, half }, |q, j| {
+            j.abs_diff(q) <= half
+        });
+    }
+
+    #[test]
+    fn causal_matches_a_float64_reference_in_blocks_of_query_rows() {
+        matches_a_float64_reference_with_a_band(PositionBias::Causal { heads: 3 }, |q, j| j <= q);
     }
 
     #[test]

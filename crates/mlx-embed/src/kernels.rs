@@ -113,15 +113,20 @@ fn masked_softmax_py(
 }
 
 /// `masked_softmax_positions_(scores, key_lengths, scale, first_query,
-/// slopes=None, half=None, threads=1)`: [`masked_softmax_`](masked_softmax_py)
-/// over `scores` shaped `[sequences, heads, queries, keys]`, the queries at
-/// positions `first_query..`, with ALiBi's `-slopes[head] * |query - key|`
-/// added to the scaled scores (`slopes`), or only the keys within `half`
-/// positions of the query weighted (`half`). Exactly one of the two.
+/// slopes=None, half=None, causal=False, threads=1)`:
+/// [`masked_softmax_`](masked_softmax_py) over `scores` shaped `[sequences,
+/// heads, queries, keys]`, the queries at positions `first_query..`, with
+/// ALiBi's `-slopes[head] * |query - key|` added to the scaled scores
+/// (`slopes`), or only the keys within `half` positions of the query
+/// weighted (`half`), or only the keys up to the query (`causal`). Exactly
+/// one of the three.
 #[pyfunction]
 #[pyo3(
     name = "masked_softmax_positions_",
-    signature = (scores, key_lengths, scale, first_query, slopes = None, half = None, threads = 1)
+    signature = (
+        scores, key_lengths, scale, first_query, slopes = None, half = None, causal = false,
+        threads = 1
+    )
 )]
 #[allow(clippy::too_many_arguments)]
 fn masked_softmax_positions_py(
@@ -132,6 +137,7 @@ fn masked_softmax_positions_py(
     first_query: usize,
     slopes: Option<Vec<f32>>,
     half: Option<usize>,
+    causal: bool,
     threads: usize,
 ) -> PyResult<()> {
     let buf = writable_f32(scores)?;
@@ -141,16 +147,14 @@ fn masked_softmax_positions_py(
             "scores must be [sequences, heads, queries, keys], got {dims:?}"
         )));
     }
-    let bias = match (&slopes, half) {
-        (Some(slopes), None) if slopes.len() == dims[1] => PositionBias::Alibi(slopes),
-        (None, Some(half)) => PositionBias::Window {
-            heads: dims[1],
-            half,
-        },
+    let heads = dims[1];
+    let bias = match (&slopes, half, causal) {
+        (Some(slopes), None, false) if slopes.len() == heads => PositionBias::Alibi(slopes),
+        (None, Some(half), false) => PositionBias::Window { heads, half },
+        (None, None, true) => PositionBias::Causal { heads },
         _ => {
             return Err(PyValueError::new_err(format!(
-                "give one slope per head ({}) or a window half, not both",
-                dims[1]
+                "give one slope per head ({heads}), a window half, or causal=True: exactly one"
             )))
         }
     };

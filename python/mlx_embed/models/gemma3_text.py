@@ -24,6 +24,9 @@ from mlx_lm.models import gemma3_text as _lm
 from .. import ops
 from . import DECODER_SIBLINGS, decoder_weights
 
+# The attention's softmax by the native kernel on the CPU, given the layer's
+# ops.BandMask (the real keys, and a sliding layer's window).
+ops.engine_attention(_lm)
 
 EMBEDDING_DEFAULTS = {"pooling": "mean"}
 
@@ -122,14 +125,10 @@ class _Encoder(nn.Module):
     def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
         h = self.embed_tokens(input_ids)
         h = h * mx.array(self.args.hidden_size**0.5, dtype=h.dtype)
-        L = input_ids.shape[1]
-        neg = -1e9 if h.dtype == mx.float32 else -3e4
-        keep = attention_mask.astype(mx.bool_)[:, None, None, :]  # [B, 1, 1, L] keys
-        pos = mx.arange(L)
-        near = mx.abs(pos[:, None] - pos[None, :]) <= self.args.sliding_window // 2
+        keys = ops.KeyMask(attention_mask, h.dtype)
         masks = {
-            _GLOBAL: mx.where(keep, 0.0, neg).astype(h.dtype),
-            _LOCAL: mx.where(keep & near, 0.0, neg).astype(h.dtype),
+            _GLOBAL: ops.BandMask(keys),
+            _LOCAL: ops.BandMask(keys, half=self.args.sliding_window // 2),
         }
         for kind, layer in zip(self.args.layer_types, self.layers):
             h = layer(h, masks[kind])

@@ -18,9 +18,10 @@ from mlx_lm.models import qwen3 as _lm
 from .. import ops
 from . import DECODER_SIBLINGS, decoder_weights
 
-# Long inputs: attention in query blocks (ops.block_long_causal_attention);
-# the feed-forward's SiLU by the native kernel on the CPU (ops.native_swiglu).
-ops.block_long_causal_attention(_lm)
+# The attention's softmax by the native kernel on the CPU, long inputs in
+# query blocks (ops.engine_attention); the feed-forward's SiLU by the native
+# kernel on the CPU (ops.native_swiglu).
+ops.engine_attention(_lm)
 ops.native_swiglu(_lm)
 
 # Qwen3-Embedding pools the last token and was trained with EOS there (older

@@ -24,9 +24,10 @@ from mlx_lm.models import qwen3 as _lm
 from .. import ops
 from . import DECODER_SIBLINGS
 
-# Long inputs: attention in query blocks (ops.block_long_causal_attention);
-# the feed-forward's SiLU by the native kernel on the CPU (ops.native_swiglu).
-ops.block_long_causal_attention(_lm)
+# The attention's softmax by the native kernel on the CPU, long inputs in
+# query blocks (ops.engine_attention); the feed-forward's SiLU by the native
+# kernel on the CPU (ops.native_swiglu).
+ops.engine_attention(_lm)
 ops.native_swiglu(_lm)
 
 # Queries/keys/values and gate/up as one matmul each (sibling_linears.py).

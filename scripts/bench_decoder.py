@@ -26,6 +26,16 @@ native extension copied in (the kernels are a superset):
     cp python/mlx_embed/_native*.so /tmp/before/python/mlx_embed/
     python scripts/bench_decoder.py --tree before=/tmp/before/python --tree after=python \\
         --shape qwen3-0.6b --cases 1x64,8x64,1x512 --rounds 3 --json /tmp/decoder.json
+
+``--folder`` times an existing model folder instead (a real checkpoint, or
+a test fixture for a quick check of the script itself).
+
+``--attention`` times one layer's attention alone in this tree, for the
+shape's heads: MLX's ``mx.fast.scaled_dot_product_attention`` (what mlx-lm
+calls) against ``ops.native_attention``, causal for Qwen3 and over all keys
+for Gemma, each ``TEXTSxTOKENS`` case, medians of 20 calls:
+
+    python scripts/bench_decoder.py --attention --shape qwen3-0.6b --cases 1x64,4x64,8x64,1x512
 """
 
 from __future__ import annotations
@@ -105,8 +115,9 @@ def worker(args) -> None:
     out = {"tree": str(Path(mlx_embed.__file__).parents[1]), "cases": {}}
     vectors = {}
     for texts, tokens in parse_cases(args.cases):
-        # The tokenizer's range (30,522 ids), which the engine checks ids against.
-        ids = rng.integers(1000, 30000, (texts, tokens)).tolist()
+        # Within the tokenizer's range, which the engine checks ids against.
+        vocab = min(model.vocab_size, model.tokenizer.vocab_size)
+        ids = rng.integers(vocab // 10, vocab, (texts, tokens)).tolist()
         model.embed_ids(ids)  # warm-up: this shape's first graph
         times = []
         for _ in range(args.calls):
@@ -117,6 +128,43 @@ def worker(args) -> None:
         vectors[f"{texts}x{tokens}"] = np.frombuffer(vecs.vectors, "<f4").reshape(texts, -1).astype(np.float64)
     np.savez(args.vectors, **vectors)
     print(json.dumps(out))
+
+
+def attention_alone(config: dict, cases: list[tuple[int, int]]) -> dict:
+    import mlx_embed  # noqa: F401 - before mlx.core: picks the BLAS
+    import mlx.core as mx
+
+    from mlx_embed import _blas, ops
+
+    heads, kv_heads, hd = config["num_attention_heads"], config["num_key_value_heads"], config["head_dim"]
+    causal = config["model_type"] != "gemma3_text"
+    ctx = ops.make_context("native", kernel_threads=_blas.get_num_threads())
+
+    def median_ms(fn) -> float:
+        for _ in range(3):
+            mx.eval(fn())
+        times = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            mx.eval(fn())
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times) * 1e3
+
+    out = {}
+    for texts, tokens in cases:
+        mx.random.seed(0)
+        q = mx.random.normal((texts, heads, tokens, hd))
+        k, v = (mx.random.normal((texts, kv_heads, tokens, hd)) for _ in range(2))
+        mx.eval(q, k, v)
+        scale = hd**-0.5
+        mlx_ms = median_ms(lambda: mx.fast.scaled_dot_product_attention(
+            q, k, v, scale=scale, mask="causal" if causal else None))
+        with ops.forward_context(ctx):
+            native_ms = median_ms(lambda: ops.native_attention(q, k, v, scale, causal=causal))
+        out[f"{texts}x{tokens}"] = {"mlx_ms": mlx_ms, "native_ms": native_ms}
+        print(f"  {texts}x{tokens}: MLX {mlx_ms:.2f} ms, native {native_ms:.2f} ms "
+              f"({mlx_ms / native_ms:.2f}x)", flush=True)
+    return out
 
 
 def compare(reference: Path, other: Path) -> dict:
@@ -136,11 +184,14 @@ def main() -> None:
     ap.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
                     help="a python/ folder to import mlx_embed from; the first is the reference")
     ap.add_argument("--shape", choices=sorted(SHAPES), default="qwen3-0.6b")
+    ap.add_argument("--folder", type=Path, help="an existing model folder instead of a seeded --shape")
     ap.add_argument("--cases", default="1x64,8x64,1x512", help="TEXTSxTOKENS, comma separated")
     ap.add_argument("--calls", type=int, default=3, help="timed calls per case and round")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "mlx-embed-bench-decoder")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--attention", action="store_true",
+                    help="time one layer's attention alone (MLX against the native softmax), this tree")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--vectors", type=Path, help=argparse.SUPPRESS)
@@ -149,12 +200,23 @@ def main() -> None:
         worker(args)
         return
 
+    if args.attention:
+        sys.path.insert(0, str(ROOT / "python"))
+        print(f"{args.shape}, one layer's attention (threads as the engine's one caller):")
+        result = {"shape": args.shape, "attention": attention_alone(SHAPES[args.shape], parse_cases(args.cases))}
+        if args.json:
+            args.json.write_text(json.dumps(result, indent=2) + "\n")
+        return
     trees = [t.split("=", 1) for t in args.tree]
     if not trees or any(len(t) != 2 for t in trees):
         ap.error("give at least one --tree NAME=PATH")
-    folder = args.workdir / args.shape
-    sys.path.insert(0, str(ROOT / "python"))
-    make_checkpoint(SHAPES[args.shape], folder)
+    args.workdir.mkdir(parents=True, exist_ok=True)
+    folder = args.folder
+    if folder is None:
+        folder = args.workdir / args.shape
+        sys.path.insert(0, str(ROOT / "python"))
+        make_checkpoint(SHAPES[args.shape], folder)
+    label = folder.name
 
     runs: dict[str, list[dict]] = {name: [] for name, _ in trees}
     for r in range(args.rounds):
@@ -174,13 +236,13 @@ def main() -> None:
             print(f"round {r + 1} {name} ({result['tree']}): {cells}", flush=True)
 
     reference = trees[0][0]
-    summary = {"shape": args.shape, "cases": args.cases, "calls": args.calls, "rounds": args.rounds,
+    summary = {"model": label, "cases": args.cases, "calls": args.calls, "rounds": args.rounds,
                "medians_ms": {}, "runs_ms": runs, "vs_" + reference: {}}
     for name, _ in trees:
         summary["medians_ms"][name] = {
             case: statistics.median(run[case] for run in runs[name]) for case in runs[name][0]
         }
-    print(f"\n{args.shape}, medians over {args.rounds} rounds (ms a call):")
+    print(f"\n{label}, medians over {args.rounds} rounds (ms a call):")
     for case in runs[reference][0]:
         base = summary["medians_ms"][reference][case]
         row = "  ".join(

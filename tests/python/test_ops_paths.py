@@ -464,13 +464,14 @@ def test_the_decoders_feed_forward_runs_the_native_kernel_on_the_native_path(
 
 @pytest.mark.parametrize("kind", ["causal", "lengths", "window"])
 @pytest.mark.parametrize("kv_heads", [6, 2, 1])
-def test_native_attention_matches_mlx_with_grouped_queries(kind, kv_heads):
+def test_native_attention_matches_mlx_with_grouped_queries(kind, kv_heads, monkeypatch):
     """The decoders' attention by the native softmax: 6 query heads over 6,
     2 or 1 key/value heads (query head h reads kv head h // group, as MLX's
     fused attention and transformers' repeat_kv do), causal (a block of query
     rows from position 5 against the keys up to its last row), padding keys,
     or a window with padding keys, against MLX's attention with the same
-    additive mask; off the native path it steps aside."""
+    additive mask; off the native path, and below NATIVE_ATTENTION_MIN_KEYS
+    keys, it steps aside."""
     mx.random.seed(11)
     B, H, L, hd, half, first = 2, 6, 23, 8, 3, 5
     q = mx.random.normal((B, H, L, hd))
@@ -492,6 +493,9 @@ def test_native_attention_matches_mlx_with_grouped_queries(kind, kv_heads):
     assert ops.native_attention(q, k, v, 0.3, **term) is None  # outside a pass
     with ops.forward_context(ops.make_context("mlx")):
         assert ops.native_attention(q, k, v, 0.3, **term) is None
+    with ops.forward_context(ops.make_context("native")):
+        assert ops.native_attention(q, k, v, 0.3, **term) is None  # 23 keys < 256
+    monkeypatch.setattr(ops, "NATIVE_ATTENTION_MIN_KEYS", L)
     with ops.forward_context(ops.make_context("native")):
         (got,) = _evaluated(ops.native_attention(q, k, v, 0.3, **term))
     assert got.shape == q.shape
@@ -515,15 +519,17 @@ def test_the_decoders_attention_runs_the_native_softmax_on_the_native_path(fixtu
     folder = ROOT / "tests" / "fixtures" / fixture
     config = json.loads((folder / "config.json").read_text())
     layers = config["num_hidden_layers"]
-    calls = []
+    calls, keys_seen = [], []
     real_positions, real_masked = _native.masked_softmax_positions_, _native.masked_softmax_
 
     def positions(scores, lengths, scale, first, **kw):
         calls.append("causal" if kw.get("causal") else f"window {kw.get('half')}")
+        keys_seen.append(scores.shape[-1])
         real_positions(scores, lengths, scale, first, **kw)
 
     def masked(scores, lengths, scale, threads=1):
         calls.append("keys")
+        keys_seen.append(scores.shape[-1])
         real_masked(scores, lengths, scale, threads)
 
     monkeypatch.setattr(_native, "masked_softmax_positions_", positions)
@@ -537,6 +543,12 @@ def test_the_decoders_attention_runs_the_native_softmax_on_the_native_path(fixtu
 
     want = run(exact)
     assert calls == []
+    # By default only passes of NATIVE_ATTENTION_MIN_KEYS keys or more take
+    # the kernel (the golden texts' longest passes, where there are such).
+    assert np.abs(run(native) - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+    assert all(n >= ops.NATIVE_ATTENTION_MIN_KEYS for n in keys_seen), keys_seen
+    calls.clear()
+    monkeypatch.setattr(ops, "NATIVE_ATTENTION_MIN_KEYS", 1)
     got = run(native)
     assert calls and len(calls) % layers == 0, calls
     if fixture == "tiny-gemma3":

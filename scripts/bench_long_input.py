@@ -12,7 +12,10 @@ tokenizer): one input of each length, each configuration in its own process
 (so each peak is its own), interleaved rounds, medians.
 
 ``--model qwen3-0.6b``: the decoders (Qwen3-Embedding takes 32,768 tokens),
-whose mlx-lm attention ``ops.engine_attention`` cuts the same way:
+whose mlx-lm attention ``ops.engine_attention`` cuts the same way (on the
+CPU's native path with the native softmax in each block, from
+``ops.NATIVE_ATTENTION_MIN_KEYS`` keys; docs/benchmarks.md's figures for it
+predate that):
 Qwen3-0.6B's layer shape (1024 wide, 16 query and 8 key heads of 128, MLP
 3072) with ``--layers`` of its 28 layers (4 by default: the attention's
 memory is per layer, its time per layer), seeded random weights, tiny-qwen3's
@@ -22,7 +25,8 @@ tokenizer.
     python scripts/bench_long_input.py --model qwen3-0.6b --lengths 2048,4096,8192 --rounds 1
 
 Configurations: ``blocked`` (the default) and ``whole`` (one block whatever
-the size: the code before blocks, ``SCORES_BLOCK_BYTES`` set past any input).
+the size, ``SCORES_BLOCK_BYTES`` set past any input: the memory of the code
+before blocks).
 """
 
 from __future__ import annotations

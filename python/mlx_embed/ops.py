@@ -119,10 +119,14 @@ _PATH_NAMES = {
 }
 
 
+# The extension's kernel_api these modules call (crates/mlx-embed/src/kernels.rs).
+KERNEL_API = 2
+
+
 def native_available() -> bool:
-    # The newest kernel entry point: an extension built from an older tree
-    # lacks it, and then the native path is not offered at all.
-    return _native is not None and hasattr(_native, "post_ln_encoder_")
+    # An extension built from an older tree lacks entry points or arguments
+    # these modules call, and then the native path is not offered at all.
+    return _native is not None and getattr(_native, "kernel_api", 0) >= KERNEL_API
 
 
 def resolve_path(fast_ops: Optional[str] = None, device: Optional[mx.Device] = None) -> str:
@@ -576,13 +580,17 @@ class KeyMask:
         return self._lengths
 
     @property
+    def masked_value(self) -> float:
+        """What an additive mask adds for a hidden key: large negative rather
+        than -inf so an all-padding row could never make NaNs; exp() of it
+        underflows to exactly 0 (-3e4 fits half precision)."""
+        return -1e9 if self.dtype == mx.float32 else -3e4
+
+    @property
     def additive(self) -> mx.array:
         if self._additive is None:
-            # Large negative rather than -inf so an all-padding row could never
-            # make NaNs; exp() of it underflows to exactly 0.
-            neg = -1e9 if self.dtype == mx.float32 else -3e4
             keep = self._mask[:, None, None, :].astype(mx.bool_)
-            self._additive = mx.where(keep, 0.0, neg).astype(self.dtype)
+            self._additive = mx.where(keep, 0.0, self.masked_value).astype(self.dtype)
         return self._additive
 
 
@@ -694,8 +702,8 @@ class BandMask:
                 L = self.keys.length
                 pos = mx.arange(L)
                 near = mx.abs(pos[:, None] - pos[None, :]) <= self.half
-                neg = mx.array(-1e9 if self.keys.dtype == mx.float32 else -3e4, dtype=self.keys.dtype)
-                self._additive = mx.where(near, self.keys.additive, neg)
+                hidden = mx.array(self.keys.masked_value, dtype=self.keys.dtype)
+                self._additive = mx.where(near, self.keys.additive, hidden)
         return self._additive
 
 
@@ -710,7 +718,7 @@ def native_attention(
     v: mx.array,
     scale: float,
     *,
-    lengths: Optional[list[int]] = None,
+    padding: Optional[KeyMask] = None,
     first_query: int = 0,
     causal: bool = False,
     window: Optional[int] = None,
@@ -720,8 +728,8 @@ def native_attention(
     (callers take MLX's). ``q`` is [B, H, Lq, head_dim] at positions
     ``first_query..``; ``k`` and ``v`` are [B, Hkv, Lk, head_dim] with H a
     multiple of Hkv (grouped-query attention: query head h reads kv head
-    ``h // (H / Hkv)``). Keys at or past ``lengths[b]`` (default: none) get
-    zero weight, and also keys after the query (``causal``) or further than
+    ``h // (H / Hkv)``). Padding keys (``padding``, default: none) get zero
+    weight, and also keys after the query (``causal``) or further than
     ``window`` from it.
 
     MLX's own attention on the CPU runs its softmax one scalar exp at a time:
@@ -751,7 +759,7 @@ def native_attention(
     if buf is None:
         return None
     rows = buf.reshape(B, H, Lq, Lk)
-    lengths = [Lk] * B if lengths is None else lengths
+    lengths = [Lk] * B if padding is None else padding.lengths
     with _graph_lock_released():
         if causal or window is not None:
             _native.masked_softmax_positions_(
@@ -799,7 +807,7 @@ def engine_attention(module) -> None:
                 queries, keys, values, cache=cache, scale=scale, mask=mask.additive if band else mask, **kwargs
             )
         if band:
-            out = native_attention(queries, keys, values, scale, lengths=mask.keys.lengths, window=mask.half)
+            out = native_attention(queries, keys, values, scale, padding=mask.keys, window=mask.half)
             if out is None:
                 out = original(queries, keys, values, cache=cache, scale=scale, mask=mask.additive, **kwargs)
             return out

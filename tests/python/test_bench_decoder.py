@@ -33,3 +33,20 @@ def test_bench_decoder_small_run(tmp_path, fixture):
     assert set(diff) == {"2x8", "1x40"}
     assert all(d["min_cosine"] >= 0.99999 and d["max_abs_diff"] <= 1e-6 for d in diff.values())
     assert "b vs a: min cosine" in r.stdout
+
+
+def test_bench_decoder_attention_alone(tmp_path):
+    """``--attention``: both timings for each case, and which one the engine
+    runs (MLX's below ops.NATIVE_ATTENTION_MIN_KEYS keys)."""
+    out = tmp_path / "attention.json"
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_decoder.py"), "--attention", "--shape", "qwen3-0.6b",
+         "--cases", "1x8,1x256", "--json", str(out)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
+        cwd=tmp_path,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(out.read_text())["attention"]
+    assert set(res) == {"1x8", "1x256"}
+    assert all(row["mlx_ms"] > 0 and row["native_ms"] > 0 for row in res.values())
+    assert res["1x8"]["engine_runs"] == "MLX" and res["1x256"]["engine_runs"] == "native"

@@ -88,18 +88,33 @@ def test_attention_in_query_blocks_matches_reference(folder, golden_texts, monke
 def test_decoder_attention_in_query_blocks_matches_reference(folder, golden_texts, monkeypatch, query_block_counts):
     """The decoders' long-input attention (mlx-lm's causal attention in query
     blocks, each against the keys up to its last row:
-    ops.engine_attention) on ordinary inputs: blocks of 8 query
-    rows give the reference vectors, and mlx-lm's own function runs again
-    outside the engine's passes."""
-    from mlx_embed import ops
+    ops.engine_attention) on ordinary inputs: blocks of 8 query rows give
+    the reference vectors, with the native softmax in each block (its floor
+    lowered: the golden texts are short) and with MLX's; mlx-lm's own
+    function runs again outside the engine's passes."""
+    from mlx_embed import _native, ops
 
     heads = 4
     monkeypatch.setattr(ops, "SCORES_BLOCK_BYTES", heads * 8 * MAX_LEN * 4)
-    model = mlx_embed.load(FIXTURES / folder, max_length=MAX_LEN)
+    monkeypatch.setattr(ops, "NATIVE_ATTENTION_MIN_KEYS", 1)
+    first_queries = []
+    real = _native.masked_softmax_positions_
+
+    def spy(scores, lengths, scale, first, **kw):
+        assert kw.get("causal")
+        first_queries.append(first)
+        real(scores, lengths, scale, first, **kw)
+
+    monkeypatch.setattr(_native, "masked_softmax_positions_", spy)
     ref = _ref(folder, "reference_last_token_normalized.npy")
-    assert model.model.args.num_attention_heads == heads
-    assert_parity(model.embed(golden_texts), ref)
-    assert max(query_block_counts) >= 8
+    for fast_ops in ("native", "mlx"):
+        model = mlx_embed.load(FIXTURES / folder, max_length=MAX_LEN, fast_ops=fast_ops)
+        assert model.model.args.num_attention_heads == heads
+        assert_parity(model.embed(golden_texts), ref)
+        assert max(query_block_counts) >= 8
+        # Blocks past the first (query rows from position 8 on) took the kernel.
+        assert (max(first_queries, default=0) >= 8) == (fast_ops == "native")
+        first_queries.clear()
     query_block_counts.clear()
     ids = mx.array([model.encode(golden_texts[:1])[0][0]])
     model.model.model(ids)  # mlx-lm's model, outside a forward pass of the engine

@@ -462,6 +462,26 @@ def test_the_decoders_feed_forward_runs_the_native_kernel_on_the_native_path(
     assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
 
 
+def test_an_extension_from_an_older_tree_is_not_offered(monkeypatch):
+    """An extension built from an older tree (before the causal softmax:
+    ``kernel_api`` 1, or none at all) leaves the native path unoffered
+    rather than failing a long decoder pass: the default falls back to the
+    compiled-MLX path and an explicit request says what is missing."""
+    import types
+
+    assert _native.kernel_api == ops.KERNEL_API and ops.native_available()
+    monkeypatch.delenv("MLX_EMBED_FAST_OPS", raising=False)
+    for api in (None, ops.KERNEL_API - 1):
+        old = types.SimpleNamespace(**{name: getattr(_native, name) for name in dir(_native) if name.endswith("_")})
+        if api is not None:
+            old.kernel_api = api
+        monkeypatch.setattr(ops, "_native", old)
+        assert not ops.native_available()
+        assert ops.resolve_path(None) == "mlx"
+        with pytest.raises(ValueError, match="needs the built extension"):
+            ops.resolve_path("native")
+
+
 @pytest.mark.parametrize("kind", ["causal", "lengths", "window"])
 @pytest.mark.parametrize("kv_heads", [6, 2, 1])
 def test_native_attention_matches_mlx_with_grouped_queries(kind, kv_heads, monkeypatch):
@@ -483,10 +503,10 @@ def test_native_attention_matches_mlx_with_grouped_queries(kind, kv_heads, monke
         term = {"causal": True, "first_query": first}
         mask = "causal"
     elif kind == "lengths":
-        term = {"lengths": lengths}
+        term = {"padding": keys}
         mask = keys.additive
     else:
-        term = {"lengths": lengths, "window": half}
+        term = {"padding": keys, "window": half}
         mask = ops.BandMask(keys, half=half).additive
     q, k, v = _evaluated(q, k, v)
     want = np.array(mx.fast.scaled_dot_product_attention(q, k, v, scale=0.3, mask=mask))

@@ -536,6 +536,12 @@ fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
     a.0 < b.1 && b.0 < a.1
 }
 
+/// `mlx_embed._native.kernel_api`: raised whenever a kernel entry point or
+/// argument is added, so `ops.native_available` can tell an extension built
+/// from an older tree (it then offers no native path rather than failing a
+/// pass). 2: `masked_softmax_positions_(causal=)`.
+const KERNEL_API: u32 = 2;
+
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(masked_softmax_py, module)?)?;
     module.add_function(wrap_pyfunction!(masked_softmax_positions_py, module)?)?;
@@ -548,5 +554,6 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(attention_py, module)?)?;
     module.add_function(wrap_pyfunction!(post_ln_encoder_py, module)?)?;
     module.add("kernel_simd", mlx_embed_kernels::simd_level())?;
+    module.add("kernel_api", KERNEL_API)?;
     Ok(())
 }

@@ -177,7 +177,7 @@ class Model(nn.Module):
         x = self.embeddings(input_ids)
         mask = ops.KeyMask(attention_mask, x.dtype)
         half = self.args.local_attention // 2
-        neg = -1e9 if x.dtype == mx.float32 else -3e4
+        neg = mask.masked_value
         whole: list = []
 
         def window(start: int, end: int) -> mx.array:

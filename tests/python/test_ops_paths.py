@@ -5,6 +5,7 @@ environment variable when no argument is given)."""
 
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -426,6 +427,14 @@ def test_native_gated_linear_unit_matches_mlx(activation, mlx_act):
         _native.gated_linear_unit_(buf, np.array(up), "relu")
 
 
+def _answers(model, texts):
+    """What a decoder fixture answers for the golden texts: the vectors of an
+    embedder, the scores of eight pairs for a reranker."""
+    if model.kind == "embedding":
+        return model.embed(texts)
+    return np.array(model.score([(texts[1], t) for t in texts[2:10]]))
+
+
 @pytest.mark.parametrize("fixture, activation", [
     ("tiny-qwen3", "silu"), ("tiny-qwen2", "silu"), ("tiny-mistral", "silu"), ("tiny-qwen3-reranker", "silu"),
     ("tiny-gemma3", "gelu_tanh"),
@@ -449,11 +458,7 @@ def test_the_decoders_feed_forward_runs_the_native_kernel_on_the_native_path(
 
     monkeypatch.setattr(_native, "gated_linear_unit_", counted)
     native, exact = (mlx_embed.load(folder, fast_ops=path) for path in ("native", "exact"))
-
-    def run(model):
-        if model.kind == "embedding":
-            return model.embed(golden_texts)
-        return np.array(model.score([(golden_texts[1], t) for t in golden_texts[2:10]]))
+    run = functools.partial(_answers, texts=golden_texts)
 
     want = run(exact)
     assert calls == []
@@ -555,11 +560,7 @@ def test_the_decoders_attention_runs_the_native_softmax_on_the_native_path(fixtu
     monkeypatch.setattr(_native, "masked_softmax_positions_", positions)
     monkeypatch.setattr(_native, "masked_softmax_", masked)
     native, exact = (mlx_embed.load(folder, fast_ops=path) for path in ("native", "exact"))
-
-    def run(model):
-        if model.kind == "embedding":
-            return model.embed(golden_texts)
-        return np.array(model.score([(golden_texts[1], t) for t in golden_texts[2:10]]))
+    run = functools.partial(_answers, texts=golden_texts)
 
     want = run(exact)
     assert calls == []

@@ -616,12 +616,15 @@ def attention_probs(q: mx.array, k: mx.array, mask: KeyMask, scale: float) -> mx
 SCORES_BLOCK_BYTES = 128 << 20
 
 
-def query_blocks(q: mx.array, keys: int) -> list[tuple[int, int]]:
+def query_blocks(q: mx.array, keys: int, max_rows: Optional[int] = None) -> list[tuple[int, int]]:
     """[start, end) query-row blocks of ``q`` [B, H, L, head_dim] whose
-    scores against ``keys`` keys stay within SCORES_BLOCK_BYTES; one block
-    (all rows) for the inputs embedding servers mostly see."""
+    scores against ``keys`` keys stay within SCORES_BLOCK_BYTES, and of at
+    most ``max_rows`` rows; one block (all rows) for the inputs embedding
+    servers mostly see."""
     B, H, L, _ = q.shape
     rows = max(1, SCORES_BLOCK_BYTES // (B * H * keys * q.dtype.size))
+    if max_rows is not None:
+        rows = min(rows, max_rows)
     if rows >= L:
         return [(0, L)]
     return [(i, min(i + rows, L)) for i in range(0, L, rows)]
@@ -711,6 +714,24 @@ class BandMask:
 # MLX's attention: 0.96-0.99x at 32-128 keys, 1.00x at 256, 1.15x at 512.
 NATIVE_ATTENTION_MIN_KEYS = 256
 
+# Causal attention on the native path goes in blocks of this many query rows,
+# each against the keys up to its last row: the scores above the diagonal are
+# never computed, and a block's scores stay in cache. One Qwen3-0.6B layer's
+# attention at 1,024 tokens: 88.7 ms in one block, 47.7 ms in blocks of 256
+# rows (scripts/bench_decoder.py --attention); blocks of 128 or 512 rows
+# measured slower.
+CAUSAL_BLOCK_ROWS = 256
+
+
+def takes_native_attention(q: mx.array, keys: int) -> bool:
+    """Whether :func:`native_attention` runs for queries ``q`` against
+    ``keys`` keys here: inside the engine's passes on the native path, in
+    float32, from NATIVE_ATTENTION_MIN_KEYS keys."""
+    ctx = getattr(_active, "ctx", None)
+    return (
+        ctx is not None and ctx.path == "native" and q.dtype == mx.float32 and keys >= NATIVE_ATTENTION_MIN_KEYS
+    )
+
 
 def native_attention(
     q: mx.array,
@@ -738,15 +759,9 @@ def native_attention(
     evaluation point a layer, which cost the engine's two workers more than
     the softmax saved (docs/benchmarks.md, "The decoders' attention softmax
     by the native kernel (CPU)")."""
-    ctx = getattr(_active, "ctx", None)
-    if (
-        ctx is None
-        or ctx.path != "native"
-        or q.dtype != mx.float32
-        or (causal and window is not None)
-        or k.shape[2] < NATIVE_ATTENTION_MIN_KEYS
-    ):
+    if not takes_native_attention(q, k.shape[2]) or (causal and window is not None):
         return None
+    ctx = _active.ctx
     B, H, Lq, hd = q.shape
     kv_heads, Lk = k.shape[1], k.shape[2]
     if H % kv_heads:
@@ -784,8 +799,10 @@ def engine_attention(module) -> None:
       measured; a 32,768-token input to Qwen3-Embedding-0.6B would need
       64 GB. Past ``SCORES_BLOCK_BYTES`` the query rows go in blocks, each
       against only the keys up to its last row (half the work), each
-      evaluated before the next. In half precision on a GPU MLX's fused
-      kernel, which never holds the scores, runs whole.
+      evaluated before the next. With the native softmax the blocks are of
+      at most ``CAUSAL_BLOCK_ROWS`` rows at any size, which is faster. In
+      half precision on a GPU MLX's fused kernel, which never holds the
+      scores, runs whole.
     - a :class:`BandMask` (EmbeddingGemma): the native softmax over the
       real keys (and the window) on the native path, MLX's attention with
       the mask's additive form elsewhere."""
@@ -812,7 +829,8 @@ def engine_attention(module) -> None:
                 out = original(queries, keys, values, cache=cache, scale=scale, mask=mask.additive, **kwargs)
             return out
         whole = mx.default_device() != mx.cpu and queries.dtype in (mx.float16, mx.bfloat16)
-        blocks = [(0, queries.shape[2])] if whole else query_blocks(queries, keys.shape[2])
+        rows = CAUSAL_BLOCK_ROWS if takes_native_attention(queries, keys.shape[2]) else None
+        blocks = [(0, queries.shape[2])] if whole else query_blocks(queries, keys.shape[2], rows)
         outs = []
         for start, end in blocks:
             # "causal" aligns the last query with the last key: rows

@@ -531,6 +531,39 @@ def test_native_attention_matches_mlx_with_grouped_queries(kind, kv_heads, monke
         assert np.abs(got[b, :, :n] - want[b, :, :n]).max() <= 1e-5
 
 
+def test_native_causal_attention_goes_in_row_blocks(monkeypatch):
+    """On the native path mlx-lm's causal attention goes in blocks of
+    CAUSAL_BLOCK_ROWS query rows at any size (the kernel from each block's
+    first query, against the keys up to its last row), with MLX's whole
+    causal attention's output; on the other paths it stays one block."""
+    import types
+
+    from mlx_lm.models import base
+
+    mx.random.seed(12)
+    B, H, KV, L, hd = 2, 4, 2, 23, 8
+    q = mx.random.normal((B, H, L, hd))
+    k, v = (mx.random.normal((B, KV, L, hd)) for _ in range(2))
+    _evaluated(q, k, v)
+    module = types.SimpleNamespace(scaled_dot_product_attention=base.scaled_dot_product_attention)
+    ops.engine_attention(module)
+    want = np.array(mx.fast.scaled_dot_product_attention(q, k, v, scale=0.3, mask="causal"))
+    monkeypatch.setattr(ops, "NATIVE_ATTENTION_MIN_KEYS", 1)
+    monkeypatch.setattr(ops, "CAUSAL_BLOCK_ROWS", 5)
+    firsts = []
+    real = _native.masked_softmax_positions_
+    monkeypatch.setattr(
+        _native, "masked_softmax_positions_", lambda *a, **kw: firsts.append((a[3], a[0].shape[-1])) or real(*a, **kw)
+    )
+    for path, blocks in (("native", [(i, min(i + 5, L)) for i in range(0, L, 5)]), ("mlx", [(0, L)])):
+        firsts.clear()
+        with ops.forward_context(ops.make_context(path)):
+            assert ops.query_blocks(q, L, ops.CAUSAL_BLOCK_ROWS if ops.takes_native_attention(q, L) else None) == blocks
+            (got,) = _evaluated(module.scaled_dot_product_attention(q, k, v, scale=0.3, mask="causal"))
+        assert np.abs(np.array(got) - want).max() <= 1e-5
+        assert firsts == ([(start, end) for start, end in blocks] if path == "native" else [])
+
+
 @pytest.mark.parametrize("fixture", ["tiny-qwen3", "tiny-qwen2", "tiny-mistral", "tiny-qwen3-reranker", "tiny-gemma3"])
 def test_the_decoders_attention_runs_the_native_softmax_on_the_native_path(fixture, golden_texts, monkeypatch):
     """The decoders' attention (mlx-lm's, through ops.engine_attention) takes

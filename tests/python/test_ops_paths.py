@@ -331,6 +331,22 @@ def test_blocked_attention_bounds_memory(monkeypatch):
     assert whole >= 2 * scores and blocked <= whole / 4
 
 
+def _wrapped_mlx_lm_attention(seed: int, B: int, H: int, KV: int, L: int, hd: int):
+    """Random grouped-query q, k, v (evaluated), and a module holding mlx-lm's
+    attention as ops.engine_attention wraps it."""
+    import types
+
+    from mlx_lm.models import base
+
+    mx.random.seed(seed)
+    q = mx.random.normal((B, H, L, hd))
+    k, v = (mx.random.normal((B, KV, L, hd)) for _ in range(2))
+    _evaluated(q, k, v)
+    module = types.SimpleNamespace(scaled_dot_product_attention=base.scaled_dot_product_attention)
+    ops.engine_attention(module)
+    return q, k, v, module
+
+
 def test_long_causal_attention_in_blocks_bounds_memory(monkeypatch):
     """mlx-lm's causal attention for one 2048-token, 16-head input (8 key
     heads, as Qwen3's grouped queries) inside an engine pass: in query blocks,
@@ -342,13 +358,8 @@ def test_long_causal_attention_in_blocks_bounds_memory(monkeypatch):
 
     from mlx_lm.models import base
 
-    mx.random.seed(9)
     B, H, KV, L, hd = 1, 16, 8, 2048, 16
-    q = mx.random.normal((B, H, L, hd))
-    k, v = (mx.random.normal((B, KV, L, hd)) for _ in range(2))
-    _evaluated(q, k, v)
-    module = types.SimpleNamespace(scaled_dot_product_attention=base.scaled_dot_product_attention)
-    ops.engine_attention(module)
+    q, k, v, module = _wrapped_mlx_lm_attention(9, B, H, KV, L, hd)
     ops.engine_attention(module)  # once is enough: no wrapper around the wrapper
     assert module.scaled_dot_product_attention.__wrapped_original__ is base.scaled_dot_product_attention
     scores = B * H * L * L * 4
@@ -536,17 +547,8 @@ def test_native_causal_attention_goes_in_row_blocks(monkeypatch):
     CAUSAL_BLOCK_ROWS query rows at any size (the kernel from each block's
     first query, against the keys up to its last row), with MLX's whole
     causal attention's output; on the other paths it stays one block."""
-    import types
-
-    from mlx_lm.models import base
-
-    mx.random.seed(12)
     B, H, KV, L, hd = 2, 4, 2, 23, 8
-    q = mx.random.normal((B, H, L, hd))
-    k, v = (mx.random.normal((B, KV, L, hd)) for _ in range(2))
-    _evaluated(q, k, v)
-    module = types.SimpleNamespace(scaled_dot_product_attention=base.scaled_dot_product_attention)
-    ops.engine_attention(module)
+    q, k, v, module = _wrapped_mlx_lm_attention(12, B, H, KV, L, hd)
     want = np.array(mx.fast.scaled_dot_product_attention(q, k, v, scale=0.3, mask="causal"))
     monkeypatch.setattr(ops, "NATIVE_ATTENTION_MIN_KEYS", 1)
     monkeypatch.setattr(ops, "CAUSAL_BLOCK_ROWS", 5)

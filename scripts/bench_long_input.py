@@ -25,8 +25,8 @@ tokenizer.
     python scripts/bench_long_input.py --model qwen3-0.6b --lengths 2048,4096,8192 --rounds 1
 
 Configurations: ``blocked`` (the default) and ``whole`` (one block whatever
-the size, ``SCORES_BLOCK_BYTES`` set past any input: the memory of the code
-before blocks).
+the size, ``SCORES_BLOCK_BYTES`` and ``CAUSAL_BLOCK_ROWS`` set past any
+input: the memory of the code before blocks).
 """
 
 from __future__ import annotations
@@ -134,6 +134,7 @@ def run(folder: str, config: str, tokens: int, block_bytes: int) -> dict:
 
     if config == "whole":
         ops.SCORES_BLOCK_BYTES = 1 << 62
+        ops.CAUSAL_BLOCK_ROWS = 1 << 62  # the native path's causal blocks too
     elif block_bytes:
         ops.SCORES_BLOCK_BYTES = block_bytes
     model = mlx_embed.load(folder, max_length=max(8192, tokens + 64))

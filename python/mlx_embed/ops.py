@@ -759,13 +759,32 @@ def native_attention(
     evaluation point a layer, which cost the engine's two workers more than
     the softmax saved (docs/benchmarks.md, "The decoders' attention softmax
     by the native kernel (CPU)")."""
-    if not takes_native_attention(q, k.shape[2]) or (causal and window is not None):
+    if not takes_native_attention(q, k.shape[2]) or (causal and window is not None) or q.shape[1] % k.shape[1]:
         return None
-    ctx = _active.ctx
+    probs = _native_probs(_active.ctx, q, k, scale, padding, first_query, half=window, causal=causal)
+    return None if probs is None else (probs @ v).reshape(q.shape[:3] + (v.shape[-1],))
+
+
+def _native_probs(
+    ctx: ForwardContext,
+    q: mx.array,
+    k: mx.array,
+    scale: float,
+    padding: Optional[KeyMask],
+    first_query: int = 0,
+    *,
+    slopes: Optional[list[float]] = None,
+    half: Optional[int] = None,
+    causal: bool = False,
+) -> Optional[mx.array]:
+    """Attention weights by the native kernels in place over the scores of
+    [B, H, Lq, head_dim] queries against [B, Hkv, Lk, head_dim] keys, as
+    [B, Hkv, (H / Hkv) * Lq, Lk]: padding keys (``padding``, default none)
+    weighted 0, and ALiBi's bias (``slopes``), a window (``half``) or the
+    causal mask, from query position ``first_query``. None where the scores
+    are not one float32 buffer the kernel can take."""
     B, H, Lq, hd = q.shape
     kv_heads, Lk = k.shape[1], k.shape[2]
-    if H % kv_heads:
-        return None
     # A kv head's query heads as consecutive blocks of rows: one matmul per
     # kv head with no repeated keys, and the scores land in [B, H, Lq, Lk]
     # order, the layout the kernel reads.
@@ -776,13 +795,14 @@ def native_attention(
     rows = buf.reshape(B, H, Lq, Lk)
     lengths = [Lk] * B if padding is None else padding.lengths
     with _graph_lock_released():
-        if causal or window is not None:
+        if slopes is not None or half is not None or causal:
             _native.masked_softmax_positions_(
-                rows, lengths, scale, first_query, half=window, causal=causal, threads=ctx.kernel_threads
+                rows, lengths, scale, first_query, slopes=slopes, half=half, causal=causal,
+                threads=ctx.kernel_threads,
             )
         else:
             _native.masked_softmax_(rows, lengths, scale, ctx.kernel_threads)
-    return (scores @ v).reshape(B, H, Lq, hd)
+    return scores
 
 
 def engine_attention(module) -> None:
@@ -912,16 +932,7 @@ def _native_position_probs(q, k, mask: KeyMask, scale: float, first_query: int, 
     ctx = current()
     if (alibi is None and window is None) or ctx.path != "native" or q.dtype != mx.float32:
         return None
-    scores = q @ k.swapaxes(-1, -2)
-    buf = _native_buffer(scores)
-    if buf is None:
-        return None
-    lengths = mask.lengths
-    with _graph_lock_released():
-        _native.masked_softmax_positions_(
-            buf, lengths, scale, first_query, slopes=alibi, half=window, threads=ctx.kernel_threads
-        )
-    return scores
+    return _native_probs(ctx, q, k, scale, mask, first_query, slopes=alibi, half=window)
 
 
 def attention(qkv: mx.array, mask: KeyMask, n_heads: int, scale: float) -> mx.array:

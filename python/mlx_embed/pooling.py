@@ -10,7 +10,10 @@ import mlx.core as mx
 
 MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 # Other spellings of the same modes (this package's older API, configs).
-ALIASES = {"last": "lasttoken", "last_token": "lasttoken", "mean_sqrt_len": "mean_sqrt_len_tokens"}
+ALIASES = {
+    "last": "lasttoken", "last_token": "lasttoken", "last-token": "lasttoken",
+    "mean_sqrt_len": "mean_sqrt_len_tokens", "mean-sqrt-len": "mean_sqrt_len_tokens",
+}
 
 
 def check_modes(mode) -> tuple[str, ...]:

@@ -85,12 +85,12 @@ def test_count_tokens_matches_encode(minilm, golden_texts):
 
 def test_qwen3_instruction(qwen):
     q = "what is the capital of France?"
-    prefixed = "Instruct: find the answer\nQuery: " + q
+    prefixed = "Instruct: find the answer\nQuery:" + q
     a = qwen.embed([q], instruction="find the answer")
     b = qwen.embed([prefixed])
     assert np.abs(a - b).max() <= 1e-6
     assert np.abs(a - qwen.embed([q])).max() > 1e-3
-    assert np.abs(a - qwen.embed([q], prompt="Instruct: find the answer\nQuery: ")).max() <= 1e-6
+    assert np.abs(a - qwen.embed([q], prompt="Instruct: find the answer\nQuery:")).max() <= 1e-6
 
 
 def test_instruction_rejected_for_bert(minilm):

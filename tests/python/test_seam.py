@@ -46,7 +46,7 @@ def test_spec_carries_the_formatted_instruction():
     from conftest import TINY_QWEN3
 
     m = mlx_embed.load(TINY_QWEN3, max_length=128, instruction="find it")
-    assert m.spec().tokenizer.instruction == "Instruct: find it\nQuery: "
+    assert m.spec().tokenizer.instruction == "Instruct: find it\nQuery:"
 
 
 def test_embed_ids_equals_embed(minilm, qwen, golden_texts):

@@ -22,7 +22,7 @@ pub struct TokenizerSpec {
     /// The prompt used when a request names none.
     pub default_prompt_name: Option<String>,
     /// The model's instruction prefix, already in the model's template
-    /// (Qwen3: `"Instruct: ...\nQuery: "`); when set it is the default prompt.
+    /// (Qwen3: `"Instruct: ...\nQuery:"`); when set it is the default prompt.
     pub instruction: Option<String>,
     /// How a query/document pair becomes one input (cross-encoders); `None`:
     /// the model takes single texts only.

@@ -69,27 +69,44 @@ pub struct ModelArgs {
 }
 
 /// The engine's names, plus the older `MLX_EMBED_FAST_OPS` spellings (1/0) as hidden aliases.
-fn fast_ops_values() -> clap::builder::PossibleValuesParser {
-    use clap::builder::PossibleValue;
-    clap::builder::PossibleValuesParser::new([
-        PossibleValue::new("native").aliases(["1", "true"]),
-        PossibleValue::new("mlx"),
-        PossibleValue::new("exact").aliases(["0", "false"]),
+fn fast_ops_values() -> impl clap::builder::TypedValueParser<Value = String> {
+    names_with_aliases(&[
+        ("native", &["1", "true"]),
+        ("mlx", &[]),
+        ("exact", &["0", "false"]),
     ])
 }
 
 /// The engine's pooling names, with TEI's spellings (`last-token`) as aliases.
-fn pooling_values() -> clap::builder::PossibleValuesParser {
-    use clap::builder::PossibleValue;
-    clap::builder::PossibleValuesParser::new([
-        PossibleValue::new("cls"),
-        PossibleValue::new("mean"),
-        PossibleValue::new("max"),
-        PossibleValue::new("lasttoken").aliases(["last-token", "last_token", "last"]),
-        PossibleValue::new("weightedmean"),
-        PossibleValue::new("mean_sqrt_len_tokens").aliases(["mean-sqrt-len", "mean_sqrt_len"]),
-        PossibleValue::new("splade"),
+fn pooling_values() -> impl clap::builder::TypedValueParser<Value = String> {
+    names_with_aliases(&[
+        ("cls", &[]),
+        ("mean", &[]),
+        ("max", &[]),
+        ("lasttoken", &["last-token", "last_token", "last"]),
+        ("weightedmean", &[]),
+        ("mean_sqrt_len_tokens", &["mean-sqrt-len", "mean_sqrt_len"]),
+        ("splade", &[]),
     ])
+}
+
+/// A fixed set of names, each with its aliases, parsed to the name itself:
+/// the engine is handed one spelling whichever one the user typed.
+fn names_with_aliases(
+    names: &'static [(&'static str, &'static [&'static str])],
+) -> impl clap::builder::TypedValueParser<Value = String> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    PossibleValuesParser::new(
+        names
+            .iter()
+            .map(|(name, aliases)| PossibleValue::new(*name).aliases(aliases.iter().copied())),
+    )
+    .map(move |typed: String| {
+        names
+            .iter()
+            .find(|(name, aliases)| *name == typed || aliases.contains(&typed.as_str()))
+            .map_or(typed.clone(), |(name, _)| (*name).to_string())
+    })
 }
 
 impl ModelArgs {
@@ -232,4 +249,43 @@ pub fn exit_now(code: i32) -> ! {
     let _ = std::io::stderr().flush();
     // SAFETY: _exit only ends the process; no Rust state is observed afterwards.
     unsafe { libc::_exit(code) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(args: &[&str]) -> ModelArgs {
+        let argv = std::iter::once("mlx-embed serve").chain(args.iter().copied());
+        ServeCli::try_parse_from(argv).expect("flags parse").model
+    }
+
+    #[test]
+    fn an_alias_reaches_the_engine_as_the_name_it_stands_for() {
+        for (typed, name) in [
+            ("last-token", "lasttoken"),
+            ("last", "lasttoken"),
+            ("lasttoken", "lasttoken"),
+            ("mean-sqrt-len", "mean_sqrt_len_tokens"),
+            ("cls", "cls"),
+        ] {
+            assert_eq!(parsed(&["--pooling", typed]).pooling.as_deref(), Some(name));
+        }
+        assert_eq!(
+            parsed(&["--fast-ops", "1"]).fast_ops.as_deref(),
+            Some("native")
+        );
+        assert_eq!(
+            parsed(&["--fast-ops", "false"]).fast_ops.as_deref(),
+            Some("exact")
+        );
+        assert_eq!(parsed(&[]).pooling, None);
+    }
+
+    #[test]
+    fn a_name_outside_the_set_is_refused() {
+        let argv = ["mlx-embed serve", "--pooling", "average"];
+        let err = ServeCli::try_parse_from(argv).expect_err("an unknown pooling");
+        assert_eq!(err.kind(), clap::error::ErrorKind::InvalidValue);
+    }
 }

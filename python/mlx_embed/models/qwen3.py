@@ -25,11 +25,13 @@ ops.engine_attention(_lm)
 ops.native_swiglu(_lm)
 
 # Qwen3-Embedding pools the last token and was trained with EOS there (older
-# tokenizer.json files do not append it); queries carry an instruction.
+# tokenizer.json files do not append it); queries carry an instruction, in
+# the model card's template: no space after "Query:" (its byte-level BPE would
+# make the query's first word another token; gte-Qwen2 and e5-mistral have one).
 EMBEDDING_DEFAULTS = {
     "pooling": "last",
     "eos_token": "<|endoftext|>",
-    "instruction_template": "Instruct: {instruction}\nQuery: ",
+    "instruction_template": "Instruct: {instruction}\nQuery:",
 }
 
 # Queries/keys/values and gate/up as one matmul each (sibling_linears.py).

@@ -192,6 +192,28 @@ def cmd_serve(rest: list[str]) -> int:
     os._exit(code)
 
 
+def _count(raw: str) -> int:
+    """An argparse type for a count or size: 0 or below is refused at the
+    command line, naming the flag (a negative --chunk embedded nothing)."""
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {raw}")
+    return value
+
+
+def _positive_float(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be above 0, got {raw}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mlx-embed", description="Text embeddings with MLX.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -209,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--instruction", help="query instruction (qwen3 models)")
     e.add_argument("--no-normalize", action="store_true", help="do not L2-normalize")
     e.add_argument("--no-truncate", action="store_true", help="fail on texts over max_length")
-    e.add_argument("--chunk", type=int, default=256, help="texts per progress step")
+    e.add_argument("--chunk", type=_count, default=256, help="texts per progress step")
     e.add_argument("--progress", choices=["auto", "always", "never"], default="auto")
     e.set_defaults(func=cmd_embed)
 
@@ -225,17 +247,17 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("-m", "--model", help="model folder (default: bundled all-MiniLM-L6-v2)")
     b.add_argument("--id-column", default="id")
     b.add_argument("--text-column", default="text")
-    b.add_argument("--concurrency", type=int,
+    b.add_argument("--concurrency", type=_count,
                    help="model actors (default: the cluster's CPUs less one, / --cpus-per-actor)")
-    b.add_argument("--cpus-per-actor", type=float, default=1.0,
+    b.add_argument("--cpus-per-actor", type=_positive_float, default=1.0,
                    help="CPUs each actor claims from Ray (default 1)")
-    b.add_argument("--workers-per-actor", type=int,
+    b.add_argument("--workers-per-actor", type=_count,
                    help="MLX threads per actor (default: --cpus-per-actor, at least 1)")
-    b.add_argument("--batch-size", type=int, default=256, help="rows per model call")
-    b.add_argument("--rows-per-file", type=int, default=10_000,
+    b.add_argument("--batch-size", type=_count, default=256, help="rows per model call")
+    b.add_argument("--rows-per-file", type=_count, default=10_000,
                    help="rows per output file at least (the last may hold fewer)")
     b.add_argument("--address", help="Ray cluster to join (default: RAY_ADDRESS, else local)")
-    b.add_argument("--num-cpus", type=int, help="CPUs of the local cluster (default: all)")
+    b.add_argument("--num-cpus", type=_count, help="CPUs of the local cluster (default: all)")
     b.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     b.add_argument("--quantize", type=int, choices=[4, 8])
     b.add_argument("--instruction", help="query instruction (qwen3 models)")

@@ -68,6 +68,11 @@ class EmbeddingModel(ScoringMixin):
         _is_default: bool = False,
     ):
         t0 = time.perf_counter()
+        _check_settings(
+            quantize=quantize, group_size=group_size, max_length=max_length, batch_tokens=batch_tokens,
+            workers=workers, streams=streams, pipeline=pipeline, fused_attention=fused_attention,
+            shape_buckets=shape_buckets, dequantize=dequantize, joined_linears=joined_linears, name=name,
+        )
         # Before the weights: their buffers then obey the limit too.
         self.cache_limit_mb = device.apply_cache_limit(cache_limit_mb)
         ck = loading.load_checkpoint(
@@ -265,6 +270,9 @@ class EmbeddingModel(ScoringMixin):
         as :meth:`encode` takes them."""
         self._check_output("tokens")
         ids, _ = self.encode(texts, **kwargs)
+        if not ids:
+            # np.split of nothing is one empty piece, not none.
+            return []
         flat, _ = self.scheduler.run(ids, output="tokens")
         return np.split(flat, np.cumsum([len(x) for x in ids])[:-1])
 
@@ -553,6 +561,30 @@ class PendingResult:
             padded_tokens=padded,
             rows=self._pending.rows,
         )
+
+
+_COUNTS = ("quantize", "group_size", "max_length", "batch_tokens", "workers", "streams")
+_SWITCHES = ("pipeline", "fused_attention", "shape_buckets", "dequantize", "joined_linears")
+
+
+def _check_settings(**settings) -> None:
+    """Refuse a load() setting of the wrong type or below 1, naming it:
+    ``pipeline="no"`` would have switched pipelining on, ``workers=0`` quietly
+    become 1, ``max_length=2.5`` become 2 and ``quantize=4.0`` failed inside
+    MLX. None keeps a setting's default."""
+    for key, value in settings.items():
+        if value is None:
+            continue
+        if key in _COUNTS:
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"{key} must be a whole number, got {value!r}")
+            if value < 1:
+                raise ValueError(f"{key} must be at least 1, got {value!r}")
+        elif key in _SWITCHES:
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"{key} must be True, False or None, got {value!r}")
+        elif key == "name" and not isinstance(value, str):
+            raise TypeError(f"name must be a string, got {value!r}")
 
 
 def load(

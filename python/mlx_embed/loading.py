@@ -340,6 +340,12 @@ def load_checkpoint(
             log.warning("quantize=%d on %s: %s; float weights are faster here",
                         quantize, backend, SLOW_QUANTIZED[backend])
         nn.quantize(model, group_size, quantize, class_predicate=quantizable(group_size))
+        if not any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules()):
+            # Reporting the bits then would claim a quantization that never ran.
+            raise ValueError(
+                f"quantize={quantize} with group_size={group_size} quantizes no layer: no layer's input "
+                f"width is a multiple of {group_size} (MLX takes 32, 64 or 128)"
+            )
         quantization = int(quantize)
     model.set_dtype(DTYPES[dtype])
     model.eval()

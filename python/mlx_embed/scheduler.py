@@ -132,6 +132,8 @@ class Scheduler:
             raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
         if workers is None:
             env = os.environ.get("MLX_EMBED_WORKERS", "").strip()
+            if env and not (env.isdigit() and int(env) >= 1):
+                raise ValueError(f"MLX_EMBED_WORKERS must be a whole number of at least 1, got {env!r}")
             workers = int(env) if env else default_workers()
         self.workers = max(1, int(workers))
         # Pipelining buys nothing where the forward pass evaluates inside

@@ -136,6 +136,26 @@ def test_cli_args_and_module_entry(tmp_path):
     assert np.load(tmp_path / "o.npy").shape == (1, 384)
 
 
+@pytest.mark.parametrize("args", [
+    ["embed", "x", "--chunk", "-5"],
+    ["embed", "x", "--chunk", "0"],
+    ["embed", "x", "--chunk", "2.5"],
+    ["bulk", "in.jsonl", "-o", "out", "--batch-size", "0"],
+    ["bulk", "in.jsonl", "-o", "out", "--concurrency", "-1"],
+    ["bulk", "in.jsonl", "-o", "out", "--rows-per-file", "0"],
+    ["bulk", "in.jsonl", "-o", "out", "--cpus-per-actor", "0"],
+])
+def test_cli_refuses_counts_below_one_naming_the_flag(args, capsys):
+    """A negative --chunk once embedded nothing and wrote uninitialized
+    memory as the vectors, with exit code 0."""
+    from mlx_embed.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2
+    assert f"argument {args[-2]}:" in capsys.readouterr().err
+
+
 def test_cli_serve_passes_arguments_through(monkeypatch):
     import types
 

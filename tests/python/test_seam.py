@@ -247,8 +247,37 @@ def test_streams_and_overlapping_calls_equal_synchronous(golden_texts):
                           _vectors(pending_second.result(), 384)])
     want = _vectors(sync.embed_ids(ids), 384)
     assert np.abs(got - want).max() <= 1e-6
-    with pytest.raises(ValueError, match="streams must be >= 1"):
+    with pytest.raises(ValueError, match="streams must be at least 1, got 0"):
         mlx_embed.load(streams=0)
+
+
+@pytest.mark.parametrize(("setting", "error", "message"), [
+    ({"workers": 0}, ValueError, "workers must be at least 1, got 0"),
+    ({"batch_tokens": 0}, ValueError, "batch_tokens must be at least 1, got 0"),
+    ({"max_length": -1}, ValueError, "max_length must be at least 1"),
+    ({"max_length": 2.5}, TypeError, "max_length must be a whole number, got 2.5"),
+    ({"max_length": "64"}, TypeError, "max_length must be a whole number"),
+    ({"quantize": 4.0}, TypeError, "quantize must be a whole number, got 4.0"),
+    ({"pipeline": "no"}, TypeError, "pipeline must be True, False or None, got 'no'"),
+    ({"joined_linears": 1}, TypeError, "joined_linears must be True, False or None"),
+    ({"name": 5}, TypeError, "name must be a string, got 5"),
+])
+def test_load_refuses_a_setting_of_the_wrong_type_or_range_naming_it(setting, error, message):
+    """Each of these was once coerced quietly: pipeline="no" switched
+    pipelining on, workers=0 became 1, max_length=2.5 became 2."""
+    with pytest.raises(error, match=message):
+        mlx_embed.load(TINY_QWEN3, **setting)
+
+
+def test_quantizing_no_layer_is_an_error_not_a_report(monkeypatch):
+    """A group size that divides no layer's input width quantized nothing,
+    yet the model reported 4-bit weights."""
+    monkeypatch.setenv("MLX_EMBED_WORKERS", "1")
+    with pytest.raises(ValueError, match="group_size=7 quantizes no layer"):
+        mlx_embed.load(TINY_QWEN3, quantize=4, group_size=7)
+    monkeypatch.setenv("MLX_EMBED_WORKERS", "two")
+    with pytest.raises(ValueError, match="MLX_EMBED_WORKERS must be a whole number of at least 1, got 'two'"):
+        mlx_embed.load(TINY_QWEN3)
 
 
 def test_normalization_on_the_device_matches_numpy(minilm, golden_texts):

@@ -70,6 +70,8 @@ def test_embed_tokens_per_text(minilm):
     assert [x.shape for x in got] == [(n, 384) for n in counts]
     ids, _ = minilm.encode(texts)
     assert np.abs(got[1].mean(axis=0) - _pooled(minilm, ids)[1]).max() <= 1e-5
+    # One list per text, so none for none (np.split of nothing is one piece).
+    assert minilm.embed_tokens([]) == []
 
 
 def test_empty_call_and_bad_requests(minilm):

@@ -64,6 +64,51 @@ def test_every_route_takes_a_priority_header_and_the_body_priority(tmp_path):
     assert server.stop() == 0
 
 
+def lane_totals(server) -> dict[str, float]:
+    """Requests that started, per lane, summed over the served models."""
+    out = {HIGH: 0.0, NORMAL: 0.0, LOW: 0.0}
+    for key, value in metrics(server).items():
+        if key.startswith("mlx_embed_lane_queue_wait_seconds_count{"):
+            out[next(lane for lane in out if lane in key)] += value
+    return out
+
+
+def test_the_priority_header_reaches_every_route_that_runs_a_model(tmp_path):
+    """Cohere's, Weaviate's, the Inference API's, the similarity and score
+    routes and the rerankers once dropped the header: a bad value answered
+    200, and `high` ran in the normal lane."""
+    reranker = str(ROOT / "tests" / "fixtures" / "tiny-bert-reranker")
+    server = start_server(tmp_path, "--no-cache", "--no-warmup", "--rerank-model", reranker)
+    pair = {"query": "a query", "documents": ["one", "two"]}
+    cases = [
+        ("/v1/embed", {"texts": ["a query"]}, "high", HIGH),
+        # A body priority wins over the header.
+        ("/v2/embed", {"texts": ["a query"], "priority": 5}, "high", LOW),
+        ("/vectors", {"text": "a query"}, "low", LOW),
+        ("/", {"inputs": "a query"}, "high", HIGH),
+        ("/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b"]}}, "low", LOW),
+        ("/score", {"text_1": "a", "text_2": "b"}, "high", HIGH),
+        ("/rerank", {"query": "a query", "texts": ["one", "two"]}, "low", LOW),
+        ("/rerank", pair, "high", HIGH),
+        ("/v1/rerank", pair, "low", LOW),
+        ("/v2/rerank", pair, "high", HIGH),
+        ("/predict", {"inputs": [["a query", "one"]]}, "low", LOW),
+    ]
+    for path, body, header, lane in cases:
+        before = lane_totals(server)
+        resp = server.post(path, body, headers={"X-Priority": header})
+        assert resp.status_code == 200, (path, resp.text)
+        after = lane_totals(server)
+        assert {k for k in after if after[k] != before[k]} == {lane}, (path, before, after)
+        resp = server.post(path, body, headers={"X-Priority": "urgent"})
+        assert resp.status_code == 400, (path, resp.text)
+        assert "X-Priority must be high, normal or low" in resp.text, (path, resp.text)
+    # The cosine of a text with itself stays inside [-1, 1].
+    same = server.post("/similarity", {"inputs": {"source_sentence": "a cat", "sentences": ["a cat"] * 4}})
+    assert same.status_code == 200 and all(-1.0 <= x <= 1.0 for x in same.json()), same.text
+    assert server.stop() == 0
+
+
 def test_high_priority_queries_overtake_a_saturating_bulk_client(tmp_path):
     raise_fd_limit(1024)
     server = start_server(tmp_path, "--no-cache", "--max-batch-size", "16", "--max-priority-batch-size", "4")

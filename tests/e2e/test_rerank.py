@@ -134,6 +134,9 @@ def test_rerank_takes_the_documents_shape_too(duo):
     v1 = duo.post("/v1/embeddings", {"model": EMBEDDER, "input": ["hello"]}).json()
     assert emb.json()["data"] == v1["data"]
     assert duo.get("/models").json() == duo.get("/v1/models").json()
+    # models.retrieve from a client whose base_url has no /v1.
+    one = duo.get(f"/models/{EMBEDDER}")
+    assert one.status_code == 200 and one.json() == duo.get(f"/v1/models/{EMBEDDER}").json(), one.text
 
 
 def test_vllm_score_api(duo, scorers):

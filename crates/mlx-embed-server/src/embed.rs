@@ -28,6 +28,16 @@ pub struct EmbedRequest {
     pub dimensions: Option<i64>,
 }
 
+/// The cosine of two unit vectors: their dot product, kept inside [-1, 1]
+/// (float32 rounding can put a vector's cosine with itself at 1.0000004).
+pub(crate) fn unit_cosine(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| x * y)
+        .sum::<f32>()
+        .clamp(-1.0, 1.0)
+}
+
 impl EmbedRequest {
     /// Defaults shared by the APIs: normalize, truncate on the right, the
     /// model's default prompt, normal priority, full dimension.

@@ -23,7 +23,7 @@ use super::openai::encode_base64;
 use super::role_prompt;
 use crate::embed::{embed as run_embed, output_dimension, EmbedRequest};
 use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
-use crate::extract::ApiJson;
+use crate::extract::{ApiJson, PriorityHeader};
 use crate::models::Task;
 use crate::state::AppState;
 
@@ -150,6 +150,7 @@ pub struct CohereEmbedResponse {
 #[utoipa::path(
     post, path = "/v1/embed", tag = "cohere", operation_id = "cohere_embed_v1",
     request_body = CohereEmbedRequest,
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
         (status = 200, description = "Embeddings in input order", body = CohereEmbedResponse),
         (status = "4XX", description = "Invalid request (400, 401, 404 unknown model, 413, 415, 422, 429)", body = OpenAiErrorBody),
@@ -158,9 +159,10 @@ pub struct CohereEmbedResponse {
 )]
 pub async fn embed_v1(
     State(state): State<AppState>,
+    PriorityHeader(header, _): PriorityHeader<OpenAi>,
     ApiJson(req, _): ApiJson<CohereEmbedRequest, OpenAi>,
 ) -> Result<Json<CohereEmbedResponse>, Shaped<OpenAi>> {
-    Ok(Json(embed(&state, req, "1").await?))
+    Ok(Json(embed(&state, req, "1", header).await?))
 }
 
 /// Embed texts (Cohere v2, `cohere.ClientV2`: always by form, float by default).
@@ -169,6 +171,7 @@ pub async fn embed_v1(
 #[utoipa::path(
     post, path = "/v2/embed", tag = "cohere", operation_id = "cohere_embed_v2",
     request_body = CohereEmbedRequest,
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
         (status = 200, description = "Embeddings in input order", body = CohereEmbedResponse),
         (status = "4XX", description = "Invalid request (as /v1/embed)", body = OpenAiErrorBody),
@@ -177,15 +180,17 @@ pub async fn embed_v1(
 )]
 pub async fn embed_v2(
     State(state): State<AppState>,
+    PriorityHeader(header, _): PriorityHeader<OpenAi>,
     ApiJson(req, _): ApiJson<CohereEmbedRequest, OpenAi>,
 ) -> Result<Json<CohereEmbedResponse>, Shaped<OpenAi>> {
-    Ok(Json(embed(&state, req, "2").await?))
+    Ok(Json(embed(&state, req, "2", header).await?))
 }
 
 async fn embed(
     state: &AppState,
     req: CohereEmbedRequest,
     version: &str,
+    header: Option<Priority>,
 ) -> Result<CohereEmbedResponse, ApiError> {
     if req.images.is_some()
         || req.inputs.is_some()
@@ -227,7 +232,11 @@ async fn embed(
                     _ => TruncationDirection::Right,
                 },
                 prompt,
-                priority: req.priority.map(Priority::from_vllm).unwrap_or_default(),
+                priority: req
+                    .priority
+                    .map(Priority::from_vllm)
+                    .or(header)
+                    .unwrap_or_default(),
                 ..EmbedOptions::default()
             },
             normalize: true,

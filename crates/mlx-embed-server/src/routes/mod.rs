@@ -47,6 +47,7 @@ pub fn router(state: AppState) -> Router {
         // OpenAI client configured with a bare `base_url` calls them.
         .route("/embeddings", post(openai::embeddings))
         .route("/models", get(openai::models))
+        .route("/models/{*model}", get(openai::model))
         .route("/embed", post(tei::embed))
         .route("/embed_all", post(tei::embed_all))
         .route("/embed_sparse", post(tei::embed_sparse))

@@ -10,7 +10,7 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use crate::errors::{ApiError, ErrorKind, Shaped, Tei, TeiErrorBody};
-use crate::extract::{ApiJson, TruncationSide};
+use crate::extract::{ApiJson, PriorityHeader, TruncationSide};
 use crate::models::Task;
 use crate::score::{ranking, score, ScoreOutput, ScoreRequest};
 use crate::state::AppState;
@@ -122,6 +122,7 @@ pub(crate) fn predictions(out: &ScoreOutput) -> Vec<Vec<Prediction>> {
 #[utoipa::path(
     post, path = "/predict", tag = "tei", operation_id = "tei_predict",
     request_body = PredictRequest,
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "Labels best first, per input", body = PredictResponse),
         (status = "4XX", description = "Invalid request (400 also: no classifier served; 401, 404 unknown model, 413, 415, 422, 429)", body = TeiErrorBody),
@@ -130,6 +131,7 @@ pub(crate) fn predictions(out: &ScoreOutput) -> Vec<Vec<Prediction>> {
 )]
 pub async fn predict(
     State(state): State<AppState>,
+    PriorityHeader(priority, _): PriorityHeader<Tei>,
     ApiJson(req, _): ApiJson<PredictRequest, Tei>,
 ) -> Result<Json<PredictResponse>, Shaped<Tei>> {
     let (batch, inputs) = parse_inputs(req.inputs)?;
@@ -142,6 +144,7 @@ pub async fn predict(
             options: EmbedOptions {
                 truncate: req.truncate.unwrap_or(true),
                 truncation_direction: req.truncation_direction.map(Into::into).unwrap_or_default(),
+                priority: priority.unwrap_or_default(),
                 ..EmbedOptions::default()
             },
             raw_scores: req.raw_scores,

@@ -7,13 +7,13 @@
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use mlx_embed_core::{EmbedInput, EmbedOptions};
+use mlx_embed_core::{EmbedInput, EmbedOptions, Priority};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::Usage;
 use crate::errors::{ApiError, ErrorKind, OpenAi, OpenAiErrorBody, Shaped, Tei, TeiErrorBody};
-use crate::extract::{ApiJson, TruncationSide};
+use crate::extract::{ApiJson, PriorityHeader, TruncationSide};
 use crate::models::Task;
 use crate::score::{ranking, score, ScoreOutput, ScoreRequest};
 use crate::state::AppState;
@@ -58,6 +58,7 @@ pub struct TeiRank {
 #[utoipa::path(
     post, path = "/rerank", tag = "tei", operation_id = "tei_rerank",
     request_body = TeiRerankRequest,
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "Documents best first (a `documents` body: the /v1/rerank response)", body = Vec<TeiRank>),
         (status = "4XX", description = "Invalid request (400 also: no reranker served; 401, 404 unknown model, 413, 415, 422, 429)", body = TeiErrorBody),
@@ -66,16 +67,19 @@ pub struct TeiRank {
 )]
 pub async fn tei_rerank(
     State(state): State<AppState>,
+    PriorityHeader(priority, _): PriorityHeader<Tei>,
     ApiJson(body, _): ApiJson<serde_json::Value, Tei>,
 ) -> Response {
     if body.get("documents").is_some() && body.get("texts").is_none() {
         return match parse::<CohereRerankRequest>(body) {
-            Ok(req) => cohere_rerank(&state, req, "1", true).await.into_response(),
+            Ok(req) => cohere_rerank(&state, req, "1", true, priority)
+                .await
+                .into_response(),
             Err(e) => Shaped::<OpenAi>::from(e).into_response(),
         };
     }
     match parse::<TeiRerankRequest>(body) {
-        Ok(req) => tei_rank(&state, req).await.into_response(),
+        Ok(req) => tei_rank(&state, req, priority).await.into_response(),
         Err(e) => Shaped::<Tei>::from(e).into_response(),
     }
 }
@@ -93,6 +97,7 @@ fn parse<T: serde::de::DeserializeOwned>(body: serde_json::Value) -> Result<T, A
 async fn tei_rank(
     state: &AppState,
     req: TeiRerankRequest,
+    priority: Option<Priority>,
 ) -> Result<Json<Vec<TeiRank>>, Shaped<Tei>> {
     let out = score(
         state,
@@ -103,6 +108,7 @@ async fn tei_rank(
             EmbedOptions {
                 truncate: req.truncate.unwrap_or(true),
                 truncation_direction: req.truncation_direction.map(Into::into).unwrap_or_default(),
+                priority: priority.unwrap_or_default(),
                 ..EmbedOptions::default()
             },
             req.raw_scores,
@@ -212,6 +218,7 @@ pub struct CohereRerankResponse {
 #[utoipa::path(
     post, path = "/v1/rerank", tag = "cohere", operation_id = "cohere_rerank_v1",
     request_body = CohereRerankRequest,
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "Documents best first", body = CohereRerankResponse),
         (status = "4XX", description = "Invalid request (400 also: top_n < 1, no reranker served; 401, 404 unknown model, 413, 415, 422, 429)", body = OpenAiErrorBody),
@@ -220,9 +227,10 @@ pub struct CohereRerankResponse {
 )]
 pub async fn cohere_rerank_v1(
     State(state): State<AppState>,
+    PriorityHeader(priority, _): PriorityHeader<OpenAi>,
     ApiJson(req, _): ApiJson<CohereRerankRequest, OpenAi>,
 ) -> Result<Json<CohereRerankResponse>, Shaped<OpenAi>> {
-    cohere_rerank(&state, req, "1", true).await
+    cohere_rerank(&state, req, "1", true, priority).await
 }
 
 /// Rank documents (Cohere v2 shape, `cohere.ClientV2`); best first.
@@ -231,6 +239,7 @@ pub async fn cohere_rerank_v1(
 #[utoipa::path(
     post, path = "/v2/rerank", tag = "cohere", operation_id = "cohere_rerank_v2",
     request_body = CohereRerankRequest,
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "Documents best first", body = CohereRerankResponse),
         (status = "4XX", description = "Invalid request (as /v1/rerank)", body = OpenAiErrorBody),
@@ -239,9 +248,10 @@ pub async fn cohere_rerank_v1(
 )]
 pub async fn cohere_rerank_v2(
     State(state): State<AppState>,
+    PriorityHeader(priority, _): PriorityHeader<OpenAi>,
     ApiJson(req, _): ApiJson<CohereRerankRequest, OpenAi>,
 ) -> Result<Json<CohereRerankResponse>, Shaped<OpenAi>> {
-    cohere_rerank(&state, req, "2", false).await
+    cohere_rerank(&state, req, "2", false, priority).await
 }
 
 async fn cohere_rerank(
@@ -249,6 +259,7 @@ async fn cohere_rerank(
     req: CohereRerankRequest,
     version: &str,
     documents_by_default: bool,
+    priority: Option<Priority>,
 ) -> Result<Json<CohereRerankResponse>, Shaped<OpenAi>> {
     let top_n = match req.top_n {
         None => None,
@@ -272,7 +283,10 @@ async fn cohere_rerank(
             req.model,
             &req.query,
             &texts,
-            EmbedOptions::default(),
+            EmbedOptions {
+                priority: priority.unwrap_or_default(),
+                ..EmbedOptions::default()
+            },
             false,
         )
         .map_err(|e| e.param("documents"))?,

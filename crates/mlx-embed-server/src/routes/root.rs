@@ -14,7 +14,7 @@
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use mlx_embed_core::{EmbedOptions, ModelKind};
+use mlx_embed_core::{EmbedOptions, ModelKind, Priority};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -23,7 +23,7 @@ use super::similarity::{similarities, SimilarityRequest};
 use super::tei::TeiEmbedRequest;
 use crate::embed::embed as run_embed;
 use crate::errors::{ApiError, ErrorKind, Shaped, Tei, TeiErrorBody};
-use crate::extract::ApiJson;
+use crate::extract::{ApiJson, PriorityHeader};
 use crate::models::Task;
 use crate::score::{activate, score, ScoreRequest};
 use crate::state::AppState;
@@ -43,6 +43,7 @@ struct ClassifyParameters {
 #[utoipa::path(
     post, path = "/", tag = "tei", operation_id = "inference_api",
     request_body(content = Object, description = "A feature-extraction, text-classification or sentence-similarity payload of the Hugging Face Inference API"),
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "Vectors, [[{label, score}]] per input, or similarities"),
         (status = "4XX", description = "Invalid request", body = TeiErrorBody),
@@ -51,6 +52,7 @@ struct ClassifyParameters {
 )]
 pub async fn inference(
     State(state): State<AppState>,
+    PriorityHeader(priority, _): PriorityHeader<Tei>,
     ApiJson(body, _): ApiJson<Value, Tei>,
 ) -> Result<Response, Shaped<Tei>> {
     let unprocessable = |e: serde_json::Error| {
@@ -65,7 +67,7 @@ pub async fn inference(
         .is_some_and(|o| o.contains_key("source_sentence"));
     if is_similarity {
         let req: SimilarityRequest = serde_json::from_value(body).map_err(unprocessable)?;
-        return Ok(Json(similarities(&state, req).await?).into_response());
+        return Ok(Json(similarities(&state, req, priority).await?).into_response());
     }
     let model = body.get("model").and_then(Value::as_str).map(str::to_owned);
     let default_kind = state
@@ -74,10 +76,10 @@ pub async fn inference(
         .kind
         .clone();
     if body.get("parameters").is_some() || !matches!(default_kind, ModelKind::Embedding) {
-        return Ok(Json(classify(&state, model, body).await?).into_response());
+        return Ok(Json(classify(&state, model, body, priority).await?).into_response());
     }
     let req: TeiEmbedRequest = serde_json::from_value(body).map_err(unprocessable)?;
-    Ok(Json(run_embed(&state, req.into_request(None)).await?.vectors).into_response())
+    Ok(Json(run_embed(&state, req.into_request(priority)).await?.vectors).into_response())
 }
 
 /// Predictions per input, best first, as the Inference API nests them.
@@ -85,6 +87,7 @@ async fn classify(
     state: &AppState,
     model: Option<String>,
     mut body: Value,
+    priority: Option<Priority>,
 ) -> Result<Vec<Vec<Prediction>>, ApiError> {
     let inputs = body
         .get_mut("inputs")
@@ -120,7 +123,10 @@ async fn classify(
             model,
             task: Task::Predict,
             inputs,
-            options: EmbedOptions::default(),
+            options: EmbedOptions {
+                priority: priority.unwrap_or_default(),
+                ..EmbedOptions::default()
+            },
             raw_scores: function.is_some(),
         },
     )

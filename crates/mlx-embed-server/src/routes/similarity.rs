@@ -3,13 +3,13 @@
 
 use axum::extract::State;
 use axum::Json;
-use mlx_embed_core::{EmbedInput, EmbedOptions, Prompt};
+use mlx_embed_core::{EmbedInput, EmbedOptions, Priority, Prompt};
 use serde::Deserialize;
 use utoipa::ToSchema;
 
-use crate::embed::{embed as run_embed, EmbedRequest};
+use crate::embed::{embed as run_embed, unit_cosine, EmbedRequest};
 use crate::errors::{ApiError, Shaped, Tei, TeiErrorBody};
-use crate::extract::{ApiJson, TruncationSide};
+use crate::extract::{ApiJson, PriorityHeader, TruncationSide};
 use crate::state::AppState;
 
 #[derive(Debug, Deserialize, ToSchema)]
@@ -39,6 +39,7 @@ pub struct SimilarityRequest {
 pub(crate) async fn similarities(
     state: &AppState,
     req: SimilarityRequest,
+    priority: Option<Priority>,
 ) -> Result<Vec<f32>, ApiError> {
     if req.inputs.sentences.is_empty() {
         return Err(
@@ -58,6 +59,7 @@ pub(crate) async fn similarities(
                 truncate: p.truncate.unwrap_or(true),
                 truncation_direction: p.truncation_direction.map(Into::into).unwrap_or_default(),
                 prompt: p.prompt_name.map_or(Prompt::Default, Prompt::Named),
+                priority: priority.unwrap_or_default(),
                 ..EmbedOptions::default()
             },
             // Unit vectors: the dot product is the cosine.
@@ -67,10 +69,7 @@ pub(crate) async fn similarities(
     )
     .await?;
     let (source, others) = out.vectors.split_first().expect("one vector per input");
-    Ok(others
-        .iter()
-        .map(|v| v.iter().zip(source).map(|(a, b)| a * b).sum())
-        .collect())
+    Ok(others.iter().map(|v| unit_cosine(source, v)).collect())
 }
 
 /// Cosine similarity of sentences to a source sentence.
@@ -79,6 +78,7 @@ pub(crate) async fn similarities(
 #[utoipa::path(
     post, path = "/similarity", tag = "tei", operation_id = "tei_similarity",
     request_body = SimilarityRequest,
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "One similarity per sentence, in order", body = Vec<f32>),
         (status = "4XX", description = "Invalid request (400, 401, 404 unknown model, 413, 415, 422, 429)", body = TeiErrorBody),
@@ -87,7 +87,8 @@ pub(crate) async fn similarities(
 )]
 pub async fn similarity(
     State(state): State<AppState>,
+    PriorityHeader(priority, _): PriorityHeader<Tei>,
     ApiJson(req, _): ApiJson<SimilarityRequest, Tei>,
 ) -> Result<Json<Vec<f32>>, Shaped<Tei>> {
-    Ok(Json(similarities(&state, req).await?))
+    Ok(Json(similarities(&state, req, priority).await?))
 }

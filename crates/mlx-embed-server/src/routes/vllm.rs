@@ -12,9 +12,9 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::{response_id, Usage};
-use crate::embed::{embed as run_embed, EmbedRequest};
+use crate::embed::{embed as run_embed, unit_cosine, EmbedRequest};
 use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
-use crate::extract::{ApiJson, TextInputs};
+use crate::extract::{ApiJson, PriorityHeader, TextInputs};
 use crate::models::Task;
 use crate::score::{score, ScoreRequest};
 use crate::state::AppState;
@@ -92,6 +92,7 @@ fn pair_lists(
 #[utoipa::path(
     post, path = "/v1/score", tag = "vllm", operation_id = "vllm_score",
     request_body = ScoreBody,
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "One score per pair, in order", body = ScoreResponse),
         (status = "4XX", description = "Invalid request (400 also: text_1 and text_2 lengths disagree, a classifier; 401, 404 unknown model, 413, 415, 422, 429)", body = OpenAiErrorBody),
@@ -100,8 +101,13 @@ fn pair_lists(
 )]
 pub async fn score_pairs(
     State(state): State<AppState>,
+    PriorityHeader(priority, _): PriorityHeader<OpenAi>,
     ApiJson(req, _): ApiJson<ScoreBody, OpenAi>,
 ) -> Result<Json<ScoreResponse>, Shaped<OpenAi>> {
+    let options = EmbedOptions {
+        priority: priority.unwrap_or_default(),
+        ..EmbedOptions::default()
+    };
     let (firsts, seconds) = pair_lists(req.text_1, req.text_2)?;
     let model = state.model_for(req.model.as_deref(), Task::Score)?;
     let name = Some(model.name.clone());
@@ -119,7 +125,7 @@ pub async fn score_pairs(
                         document,
                     })
                     .collect(),
-                options: EmbedOptions::default(),
+                options,
                 raw_scores: false,
             },
         )
@@ -137,6 +143,7 @@ pub async fn score_pairs(
             &state,
             EmbedRequest {
                 model: name,
+                options,
                 // Unit vectors: each pair's dot product is its cosine.
                 ..EmbedRequest::new(
                     firsts
@@ -152,7 +159,7 @@ pub async fn score_pairs(
         let scores = b
             .iter()
             .enumerate()
-            .map(|(i, y)| a[i % n_firsts].iter().zip(y).map(|(p, q)| p * q).sum())
+            .map(|(i, y)| unit_cosine(&a[i % n_firsts], y))
             .collect();
         (
             out.model,

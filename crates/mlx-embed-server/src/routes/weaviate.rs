@@ -21,6 +21,7 @@ use utoipa::ToSchema;
 use super::role_prompt;
 use crate::embed::{embed as run_embed, EmbedRequest};
 use crate::errors::{ApiError, Shaped, Weaviate, WeaviateErrorBody};
+use crate::extract::PriorityHeader;
 use crate::models::Task;
 use crate::state::AppState;
 
@@ -82,6 +83,7 @@ pub enum VectorsResponse {
 #[utoipa::path(
     post, path = "/vectors", tag = "weaviate", operation_id = "weaviate_vectors",
     request_body = VectorsRequest,
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "The vector, or the vectors in input order", body = VectorsResponse),
         (status = "4XX", description = "Invalid request (400, 401, 413, 422, 429)", body = WeaviateErrorBody),
@@ -90,6 +92,7 @@ pub enum VectorsResponse {
 )]
 pub async fn vectors(
     State(state): State<AppState>,
+    PriorityHeader(priority, _): PriorityHeader<Weaviate>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<VectorsResponse>, Shaped<Weaviate>> {
     let max_body = state.args().max_body_bytes;
@@ -123,6 +126,7 @@ pub async fn vectors(
             inputs: texts.iter().cloned().map(EmbedInput::Text).collect(),
             options: EmbedOptions {
                 prompt,
+                priority: priority.unwrap_or_default(),
                 ..EmbedOptions::default()
             },
             normalize: true,

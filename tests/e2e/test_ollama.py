@@ -52,14 +52,24 @@ def test_legacy_embeddings_are_the_unnormalized_vector(server, golden):
         assert cosine_rows(got[None, :], ref[i : i + 1])[0] >= 0.99999
 
 
-def test_legacy_embeddings_bad_input(server):
+def test_no_input_answers_no_embeddings_as_ollama_does(server):
+    """Ollama's clients send an empty request to load a model; Ollama answers
+    200 with no embeddings and echoes the model as named."""
     c = client(server)
-    with pytest.raises(ollama.ResponseError) as e:
-        c.embeddings(model=EMBEDDER, prompt="")
-    assert e.value.status_code == 400 and e.value.error == "input 0 is an empty string"
+    for empty in ("", []):
+        out = c.embed(model=f"{EMBEDDER}:latest", input=empty)
+        assert out.embeddings == [] and out.model == f"{EMBEDDER}:latest" and out.prompt_eval_count == 0
+    bare = server.post("/api/embed", {"model": EMBEDDER})
+    assert bare.status_code == 200 and bare.json()["embeddings"] == [], bare.text
+    assert c.embeddings(model=EMBEDDER, prompt="").embedding == []
     resp = server.post("/api/embeddings", {"model": EMBEDDER})
-    assert resp.status_code == 422
-    assert "missing field `prompt`" in resp.json()["error"]
+    assert resp.status_code == 200 and resp.json() == {"embedding": []}, resp.text
+    # A text among others must still say something.
+    with pytest.raises(ollama.ResponseError) as e:
+        c.embed(model=EMBEDDER, input=["ok", ""])
+    assert e.value.status_code == 400 and e.value.error == "input 1 is an empty string"
+    # The name is echoed as sent, tag and all.
+    assert c.embed(model=f"{EMBEDDER}:latest", input=["hello"]).model == f"{EMBEDDER}:latest"
     assert server.healthy()
 
 
@@ -113,5 +123,12 @@ def test_two_models_listed_and_picked_by_tagged_name(duo, golden):
     assert e.value.status_code == 400 and "embedding model" in e.value.error
     with pytest.raises(ollama.ResponseError) as e:
         c.embeddings(model="nope", prompt="x")
+    assert e.value.status_code == 404
+    # An empty request still names a model that must exist.
+    with pytest.raises(ollama.ResponseError) as e:
+        c.embed(model="nope", input=[])
+    assert e.value.status_code == 404
+    with pytest.raises(ollama.ResponseError) as e:
+        c.embeddings(model="nope", prompt="")
     assert e.value.status_code == 404
     assert duo.healthy()

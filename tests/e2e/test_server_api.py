@@ -80,13 +80,33 @@ def test_dimensions_keeps_prefix_and_renormalizes(server, golden):
 
 
 def test_token_id_input_equals_text(server):
-    # "hello world" in the MiniLM vocabulary, without [CLS]/[SEP] (the server adds them).
+    """Token ids run as given, as vLLM and TEI run them: "hello world" in the
+    MiniLM vocabulary with its [CLS]/[SEP], as /tokenize lists them, is the
+    text's vector, and nothing is added to ids without them."""
     by_text = server.post("/v1/embeddings", {"input": "hello world"}).json()["data"][0]["embedding"]
-    by_ids = server.post("/v1/embeddings", {"input": [7592, 2088]}).json()["data"][0]["embedding"]
-    by_id_lists = server.post("/v1/embeddings", {"input": [[7592, 2088], [7592]]}).json()["data"]
-    np.testing.assert_allclose(by_ids, by_text, atol=1e-6)
-    np.testing.assert_allclose(by_id_lists[0]["embedding"], by_text, atol=1e-6)
+    listed = [t["id"] for t in server.post("/tokenize", {"inputs": "hello world"}).json()[0]]
+    assert listed == [101, 7592, 2088, 102]
+    by_ids = server.post("/v1/embeddings", {"input": listed}).json()
+    np.testing.assert_allclose(by_ids["data"][0]["embedding"], by_text, atol=1e-6)
+    assert by_ids["usage"]["prompt_tokens"] == 4
+    by_id_lists = server.post("/v1/embeddings", {"input": [listed, [101, 7592, 102]]}).json()["data"]
     assert len(by_id_lists) == 2
+    np.testing.assert_allclose(by_id_lists[0]["embedding"], by_text, atol=1e-6)
+    by_hello = server.post("/v1/embeddings", {"input": "hello"}).json()["data"][0]["embedding"]
+    np.testing.assert_allclose(by_id_lists[1]["embedding"], by_hello, atol=1e-6)
+    # TEI's /embed takes the same forms.
+    tei = server.post("/embed", {"inputs": [listed, [101, 7592, 102]]}).json()
+    np.testing.assert_allclose(tei, [by_text, by_hello], atol=1e-6)
+    # Without the specials the ids are another input, run as sent.
+    bare = server.post("/v1/embeddings", {"input": [7592, 2088]}).json()
+    assert bare["usage"]["prompt_tokens"] == 2
+    assert float(np.dot(bare["data"][0]["embedding"], by_text)) < 0.999
+    # Over the model's 256 tokens the ids are cut like text, or refused on request.
+    long = [101] + [7592] * 300 + [102]
+    cut = server.post("/v1/embeddings", {"input": [long]}).json()
+    assert cut["usage"]["prompt_tokens"] == 256
+    refused = server.post("/v1/embeddings", {"input": [long], "truncate": False})
+    assert refused.status_code == 422, refused.text
 
 
 def test_64_concurrent_clients_get_their_own_vectors(server):
@@ -121,7 +141,8 @@ LIMIT_CASES = [
     ("/v1/embeddings", {"input": "hi", "encoding_format": "hex"}, None, 422),
     ("/v1/embeddings", {"input": [[1, 99999999]]}, None, 400),
     ("/embed", {"inputs": []}, None, 400),
-    ("/api/embed", {"model": "m", "input": ""}, None, 400),
+    # Ollama answers no input with no embeddings, but an empty text among others is refused.
+    ("/api/embed", {"model": "m", "input": ["ok", ""]}, None, 400),
 ]
 
 

@@ -84,9 +84,10 @@ impl Default for EmbedOptions {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum EmbedInput {
     Text(String),
-    /// Token ids of the model's own tokenizer, without special tokens (the
-    /// OpenAI API allows pre-tokenized input); specials and truncation are
-    /// applied as for text.
+    /// Token ids of the model's own tokenizer, run as given (the OpenAI and
+    /// TEI APIs take pre-tokenized input, and vLLM and TEI add nothing to
+    /// it): special tokens are the caller's, as `/tokenize` lists them; only
+    /// the cut to the model's maximum applies.
     Tokens(Vec<u32>),
     /// A query/document pair for cross-encoders (rerankers).
     Pair {

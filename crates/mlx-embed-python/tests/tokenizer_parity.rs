@@ -103,7 +103,8 @@ fn cases(named_prompt: Option<&str>) -> Vec<(EmbedOptions, String)> {
 }
 
 /// The Python engine's ids and pre-truncation lengths for `texts` under
-/// `kwargs` (a Python dict expression), and for `token_inputs` given as ids.
+/// `kwargs` (a Python dict expression), and `token_inputs` as the model runs
+/// them as given: cut to its maximum, its dropped ids left out.
 fn python_ids(
     folder: Option<&Path>,
     kwargs: &str,
@@ -124,7 +125,9 @@ fn python_ids(
 model = MODELS.get(folder) or MODELS.setdefault(folder, mlx_embed.load(folder))
 kwargs = {kwargs}
 ids, before = model.encode(texts, **kwargs)
-token_ids = [model.tokenizer.finish(list(t), kwargs['truncation_direction'])[0] for t in token_inputs]
+n, drop = model.max_length, model.tokenizer.drop_ids
+cut = lambda t: t[len(t) - n:] if kwargs['truncation_direction'] == 'left' and len(t) > n else t[:n]
+token_ids = [[x for x in cut(list(t)) if x not in drop] for t in token_inputs]
 "
         );
         let globals = py.import("__main__").unwrap().dict();

@@ -97,7 +97,7 @@ impl ErrorKind {
     fn openai_type(self) -> &'static str {
         match self {
             ErrorKind::Unauthorized => "authentication_error",
-            ErrorKind::NotFound | ErrorKind::MethodNotAllowed => "not_found_error",
+            ErrorKind::NotFound => "not_found_error",
             ErrorKind::Overloaded => "rate_limit_error",
             ErrorKind::Model => "server_error",
             ErrorKind::Unavailable => "service_unavailable",
@@ -109,7 +109,7 @@ impl ErrorKind {
     fn tei_type(self) -> &'static str {
         match self {
             ErrorKind::Unauthorized => "Unauthorized",
-            ErrorKind::NotFound | ErrorKind::MethodNotAllowed => "NotFound",
+            ErrorKind::NotFound => "NotFound",
             ErrorKind::Overloaded => "Overloaded",
             ErrorKind::Model => "Backend",
             ErrorKind::Unavailable => "Unhealthy",

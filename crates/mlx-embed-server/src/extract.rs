@@ -1,6 +1,6 @@
 //! Request parsing shared by the API adapters: a JSON extractor whose
 //! rejections come out in the route's error shape, and the input unions the
-//! APIs accept (string or list of strings; OpenAI's token-id forms).
+//! APIs accept (string or list of strings; OpenAI's and TEI's token-id forms).
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -28,12 +28,33 @@ where
     type Rejection = Shaped<F>;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
-        match Json::<T>::from_request(req, state).await {
-            Ok(Json(value)) => Ok(ApiJson(value, PhantomData)),
+        match Json::<JsonObject<T>>::from_request(req, state).await {
+            Ok(Json(JsonObject(value))) => Ok(ApiJson(value, PhantomData)),
             Err(rejection) => {
                 Err(ApiError::from_json_rejection(rejection, state.args().max_body_bytes).into())
             }
         }
+    }
+}
+
+/// A request body that must be a JSON object. serde fills a struct from an
+/// array too, field by field in declaration order, which would make the
+/// order of a request's fields part of the API; an array is a 422 instead.
+struct JsonObject<T>(T);
+
+impl<'de, T: Deserialize<'de>> Deserialize<'de> for JsonObject<T> {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V<T>(PhantomData<T>);
+        impl<'de, T: Deserialize<'de>> Visitor<'de> for V<T> {
+            type Value = JsonObject<T>;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, map: A) -> Result<JsonObject<T>, A::Error> {
+                T::deserialize(de::value::MapAccessDeserializer::new(map)).map(JsonObject)
+            }
+        }
+        d.deserialize_any(V(PhantomData))
     }
 }
 
@@ -107,23 +128,24 @@ impl<'de> Deserialize<'de> for TextInputs {
     }
 }
 
-/// OpenAI's `input`: a string, strings, token ids, or lists of token ids.
+/// OpenAI's `input` and TEI's `inputs`: a string, strings, token ids, or
+/// lists of token ids (run as given, specials included: see [`EmbedInput::Tokens`]).
 #[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 #[serde(untagged)]
-pub enum OpenAiInput {
+pub enum TextsOrTokens {
     Text(String),
     Texts(Vec<String>),
     Tokens(Vec<u32>),
     TokenLists(Vec<Vec<u32>>),
 }
 
-impl OpenAiInput {
+impl TextsOrTokens {
     pub fn into_inputs(self) -> Vec<EmbedInput> {
         match self {
-            OpenAiInput::Text(s) => vec![EmbedInput::Text(s)],
-            OpenAiInput::Texts(v) => v.into_iter().map(EmbedInput::Text).collect(),
-            OpenAiInput::Tokens(ids) => vec![EmbedInput::Tokens(ids)],
-            OpenAiInput::TokenLists(v) => v.into_iter().map(EmbedInput::Tokens).collect(),
+            TextsOrTokens::Text(s) => vec![EmbedInput::Text(s)],
+            TextsOrTokens::Texts(v) => v.into_iter().map(EmbedInput::Text).collect(),
+            TextsOrTokens::Tokens(ids) => vec![EmbedInput::Tokens(ids)],
+            TextsOrTokens::TokenLists(v) => v.into_iter().map(EmbedInput::Tokens).collect(),
         }
     }
 }
@@ -171,42 +193,42 @@ impl<'de> Deserialize<'de> for Item {
     }
 }
 
-impl<'de> Deserialize<'de> for OpenAiInput {
+impl<'de> Deserialize<'de> for TextsOrTokens {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         struct V;
         impl<'de> Visitor<'de> for V {
-            type Value = OpenAiInput;
+            type Value = TextsOrTokens;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
                 f.write_str(
                     "a string, an array of strings, an array of token ids, \
                      or an array of arrays of token ids",
                 )
             }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<OpenAiInput, E> {
-                Ok(OpenAiInput::Text(s.to_owned()))
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<TextsOrTokens, E> {
+                Ok(TextsOrTokens::Text(s.to_owned()))
             }
-            fn visit_string<E: de::Error>(self, s: String) -> Result<OpenAiInput, E> {
-                Ok(OpenAiInput::Text(s))
+            fn visit_string<E: de::Error>(self, s: String) -> Result<TextsOrTokens, E> {
+                Ok(TextsOrTokens::Text(s))
             }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<OpenAiInput, A::Error> {
-                let mut out: Option<OpenAiInput> = None;
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<TextsOrTokens, A::Error> {
+                let mut out: Option<TextsOrTokens> = None;
                 let mixed = || {
                     de::Error::custom(
-                        "input array mixes strings, token ids and token-id arrays; use one form",
+                        "the array mixes strings, token ids and token-id arrays; use one form",
                     )
                 };
                 while let Some(item) = seq.next_element::<Item>()? {
                     match (&mut out, item) {
-                        (None, Item::Text(s)) => out = Some(OpenAiInput::Texts(vec![s])),
-                        (None, Item::Id(i)) => out = Some(OpenAiInput::Tokens(vec![i])),
-                        (None, Item::Ids(v)) => out = Some(OpenAiInput::TokenLists(vec![v])),
-                        (Some(OpenAiInput::Texts(all)), Item::Text(s)) => all.push(s),
-                        (Some(OpenAiInput::Tokens(all)), Item::Id(i)) => all.push(i),
-                        (Some(OpenAiInput::TokenLists(all)), Item::Ids(v)) => all.push(v),
+                        (None, Item::Text(s)) => out = Some(TextsOrTokens::Texts(vec![s])),
+                        (None, Item::Id(i)) => out = Some(TextsOrTokens::Tokens(vec![i])),
+                        (None, Item::Ids(v)) => out = Some(TextsOrTokens::TokenLists(vec![v])),
+                        (Some(TextsOrTokens::Texts(all)), Item::Text(s)) => all.push(s),
+                        (Some(TextsOrTokens::Tokens(all)), Item::Id(i)) => all.push(i),
+                        (Some(TextsOrTokens::TokenLists(all)), Item::Ids(v)) => all.push(v),
                         _ => return Err(mixed()),
                     }
                 }
-                Ok(out.unwrap_or(OpenAiInput::Texts(Vec::new())))
+                Ok(out.unwrap_or(TextsOrTokens::Texts(Vec::new())))
             }
         }
         d.deserialize_any(V)
@@ -290,23 +312,23 @@ fn lowercase_name<'de, D: Deserializer<'de>>(
 mod tests {
     use super::*;
 
-    fn oa(json: &str) -> Result<OpenAiInput, serde_json::Error> {
+    fn oa(json: &str) -> Result<TextsOrTokens, serde_json::Error> {
         serde_json::from_str(json)
     }
 
     #[test]
     fn openai_input_forms() {
-        assert_eq!(oa(r#""a""#).unwrap(), OpenAiInput::Text("a".into()));
+        assert_eq!(oa(r#""a""#).unwrap(), TextsOrTokens::Text("a".into()));
         assert_eq!(
             oa(r#"["a","b"]"#).unwrap(),
-            OpenAiInput::Texts(vec!["a".into(), "b".into()])
+            TextsOrTokens::Texts(vec!["a".into(), "b".into()])
         );
-        assert_eq!(oa("[1,2]").unwrap(), OpenAiInput::Tokens(vec![1, 2]));
+        assert_eq!(oa("[1,2]").unwrap(), TextsOrTokens::Tokens(vec![1, 2]));
         assert_eq!(
             oa("[[1],[2,3]]").unwrap(),
-            OpenAiInput::TokenLists(vec![vec![1], vec![2, 3]])
+            TextsOrTokens::TokenLists(vec![vec![1], vec![2, 3]])
         );
-        assert_eq!(oa("[]").unwrap(), OpenAiInput::Texts(vec![]));
+        assert_eq!(oa("[]").unwrap(), TextsOrTokens::Texts(vec![]));
         for bad in [
             "[[[1]]]",
             r#"["a",1]"#,

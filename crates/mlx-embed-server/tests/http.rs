@@ -330,13 +330,30 @@ async fn openai_base64_decodes_to_the_floats() {
 async fn request_shape_errors() {
     let s = Server::default().await;
     for (path, shape) in ROUTES {
-        // Empty list and empty string: 400.
-        expect_error(&s, path, shape, &body(shape, json!([])), 400).await;
+        // Empty list and empty string: 400; Ollama answers no input with no
+        // embeddings, as Ollama does.
+        if shape == Shape::Ollama {
+            for empty in [
+                body(shape, json!([])),
+                json!({ "model": "m" }),
+                body(shape, Value::Null),
+            ] {
+                let (status, _, v) = post(&s, path, &empty).await;
+                assert_eq!(
+                    (status, &v["embeddings"]),
+                    (200, &json!([])),
+                    "{empty} -> {v}"
+                );
+            }
+        } else {
+            expect_error(&s, path, shape, &body(shape, json!([])), 400).await;
+            // Missing or null field: 422.
+            expect_error(&s, path, shape, &json!({ "model": "m" }), 422).await;
+            expect_error(&s, path, shape, &body(shape, Value::Null), 422).await;
+        }
         let msg = expect_error(&s, path, shape, &body(shape, json!(["ok", ""])), 400).await;
         assert!(msg.contains("input 1"), "{msg}");
-        // Missing, null, wrong-typed field; non-string item; nested too deep: 422.
-        expect_error(&s, path, shape, &json!({ "model": "m" }), 422).await;
-        expect_error(&s, path, shape, &body(shape, Value::Null), 422).await;
+        // Wrong-typed field; non-string item; nested too deep: 422.
         expect_error(&s, path, shape, &body(shape, json!(42)), 422).await;
         if shape != Shape::OpenAi {
             expect_error(&s, path, shape, &body(shape, json!(["a", 3])), 422).await;
@@ -344,9 +361,11 @@ async fn request_shape_errors() {
         }
         let mut wrong = body(shape, json!(["a"]));
         wrong["truncate"] = json!("yes");
-        if shape != Shape::OpenAi {
-            expect_error(&s, path, shape, &wrong, 422).await;
-        }
+        expect_error(&s, path, shape, &wrong, 422).await;
+        // An array is not a request, though serde could fill a struct from one
+        // field by field.
+        let msg = expect_error(&s, path, shape, &json!(["hi", null, null, 2]), 422).await;
+        assert!(msg.contains("expected a JSON object"), "{msg}");
         // Malformed JSON: 400. Wrong content type: 415.
         let (status, v) = post_raw(&s, path, "application/json", "{\"texts\": [").await;
         assert_eq!(status, 400, "{path}: {v}");
@@ -740,7 +759,14 @@ async fn ops_routes() {
     error_message(Shape::Native, &r.json().await.unwrap());
     let r = c.get(s.url("/v1/embeddings")).send().await.unwrap();
     assert_eq!(r.status(), 405);
-    error_message(Shape::OpenAi, &r.json().await.unwrap());
+    let body: Value = r.json().await.unwrap();
+    error_message(Shape::OpenAi, &body);
+    // The route exists: a wrong method is a bad request, not a missing thing.
+    assert_eq!(body["error"]["type"], "invalid_request_error", "{body}");
+    let r = c.get(s.url("/embed")).send().await.unwrap();
+    assert_eq!(r.status(), 405);
+    let body: Value = r.json().await.unwrap();
+    assert_eq!(body["error_type"], "Validation", "{body}");
     s.stop().await.unwrap();
 }
 
@@ -1104,7 +1130,14 @@ async fn embed_all_returns_every_token_row() {
         400,
     )
     .await;
-    expect_error(&s, "/embed_all", Shape::Tei, &json!({ "inputs": [1] }), 422).await;
+    expect_error(
+        &s,
+        "/embed_all",
+        Shape::Tei,
+        &json!({ "inputs": [true] }),
+        422,
+    )
+    .await;
     expect_error(&s, "/embed_all", Shape::Tei, &json!({ "text": "a" }), 422).await;
     let msg = expect_error(
         &s,
@@ -1258,19 +1291,16 @@ async fn ollama_listings_and_legacy_embeddings() {
     )
     .await;
     assert_eq!(floats(&legacy["embedding"]), floats(&raw["embeddings"][0]));
+    // No prompt, or an empty one, answers an empty embedding, as Ollama does.
+    for empty in [json!({ "prompt": "" }), json!({ "model": "m" })] {
+        let (status, _, v) = post(&s, "/api/embeddings", &empty).await;
+        assert_eq!((status, &v), (200, &json!({ "embedding": [] })), "{empty}");
+    }
     expect_error(
         &s,
         "/api/embeddings",
         Shape::Ollama,
-        &json!({ "prompt": "" }),
-        400,
-    )
-    .await;
-    expect_error(
-        &s,
-        "/api/embeddings",
-        Shape::Ollama,
-        &json!({ "model": "m" }),
+        &json!({ "prompt": 3 }),
         422,
     )
     .await;

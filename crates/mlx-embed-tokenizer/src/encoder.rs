@@ -269,6 +269,28 @@ impl HfTokenizer {
         }
     }
 
+    /// Token-id input runs as given, as vLLM and TEI run it: ids from this
+    /// model's tokenizer (or `/tokenize`) with their special tokens get the
+    /// text's vector, and nothing is added. Only the cut to the model's
+    /// maximum applies, and the ids the model leaves out (`drop_ids`).
+    fn as_given(&self, ids: &[u32], direction: TruncationDirection) -> Encoded {
+        let untruncated_len = u32::try_from(ids.len()).unwrap_or(u32::MAX);
+        let keep = ids.len().min(self.spec.max_length);
+        let ids = match direction {
+            TruncationDirection::Right => &ids[..keep],
+            TruncationDirection::Left => &ids[ids.len() - keep..],
+        };
+        Encoded {
+            ids: ids
+                .iter()
+                .copied()
+                .filter(|id| !self.spec.drop_ids.contains(id))
+                .collect(),
+            type_ids: None,
+            untruncated_len,
+        }
+    }
+
     /// Cuts `content` to fit and wraps it in the specials.
     fn finish(&self, content: &[u32], direction: TruncationDirection) -> Encoded {
         let specials = self.spec.prefix_ids.len() + self.spec.suffix_ids.len();
@@ -310,7 +332,7 @@ impl Tokenize for HfTokenizer {
             }
             EmbedInput::Tokens(ids) => {
                 self.check_ids(ids)?;
-                Ok(self.finish(ids, direction))
+                Ok(self.as_given(ids, direction))
             }
             EmbedInput::Pair { query, document } => self.encode_pair(query, document, options),
         }

@@ -123,11 +123,19 @@ fn prompts_and_the_instruction_are_prepended_to_the_text() {
         .unwrap_err();
     assert_eq!(err.kind, EmbedderErrorKind::InvalidInput);
     assert_eq!(err.message, "unknown prompt name \"nope\"");
-    // Token input never gets a prompt.
-    let tokens = EmbedInput::Tokens(vec![7592, 2088]);
+    // Token input never gets a prompt, nor specials: it runs as given.
+    let tokens = EmbedInput::Tokens(vec![CLS, 7592, 2088, SEP]);
     assert_eq!(
         ids(&tok, &tokens, &EmbedOptions::default()),
         vec![CLS, 7592, 2088, SEP]
+    );
+    assert_eq!(
+        ids(&tok, &tokens, &EmbedOptions::default()),
+        ids(
+            &tok,
+            &text("hello world"),
+            &with(Prompt::Raw(String::new()))
+        )
     );
 
     // An instruction (already in the model's template) is the default prompt.
@@ -150,14 +158,19 @@ fn prompts_and_the_instruction_are_prepended_to_the_text() {
 #[test]
 fn token_input_is_checked_against_the_vocabulary_then_truncated() {
     let tok = tokenizer(spec(4));
-    let e = tok
-        .encode(
-            &EmbedInput::Tokens(vec![1, 2, 3, 30521]),
-            &EmbedOptions::default(),
-        )
-        .unwrap();
-    assert_eq!(e.ids, vec![CLS, 1, 2, SEP]);
-    assert_eq!(e.untruncated_len, 6);
+    let five = EmbedInput::Tokens(vec![CLS, 1, 2, 30521, SEP]);
+    let e = tok.encode(&five, &EmbedOptions::default()).unwrap();
+    // The whole sequence is cut to the model's maximum; nothing is added.
+    assert_eq!(e.ids, vec![CLS, 1, 2, 30521]);
+    assert_eq!(e.untruncated_len, 5);
+    let left = EmbedOptions {
+        truncation_direction: TruncationDirection::Left,
+        ..EmbedOptions::default()
+    };
+    assert_eq!(
+        tok.encode(&five, &left).unwrap().ids,
+        vec![1, 2, 30521, SEP]
+    );
     let err = tok
         .encode(
             &EmbedInput::Tokens(vec![1, 30522]),

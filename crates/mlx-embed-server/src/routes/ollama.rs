@@ -47,8 +47,10 @@ fn tagged_name(model: &ServedModel) -> String {
 pub struct OllamaEmbedRequest {
     /// Which served model answers (with or without `:latest`); default: the first embedding model. Unknown: 404.
     pub model: Option<String>,
-    /// A text or a list of texts.
-    pub input: TextInputs,
+    /// A text or a list of texts. None, an empty string or an empty list answers no
+    /// embeddings, as Ollama does (clients send that to load a model).
+    #[serde(default)]
+    pub input: Option<TextInputs>,
     /// Truncate inputs longer than the model's maximum (default true); false answers 422 instead.
     pub truncate: Option<bool>,
     /// Keep the first N components (1..=dimension), re-normalized.
@@ -59,6 +61,7 @@ pub struct OllamaEmbedRequest {
 /// Ollama embed response. Vectors are unit length.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct OllamaEmbedResponse {
+    /// The model as the request named it (Ollama echoes it), else the served name.
     pub model: String,
     pub embeddings: Vec<Vec<f32>>,
     /// Nanoseconds spent on this request.
@@ -88,11 +91,27 @@ pub async fn embed(
     ApiJson(req, _): ApiJson<OllamaEmbedRequest, Ollama>,
 ) -> Result<Json<OllamaEmbedResponse>, Shaped<Ollama>> {
     let start = Instant::now();
+    let inputs = match req.input {
+        None => Vec::new(),
+        Some(TextInputs::One(text)) if text.is_empty() => Vec::new(),
+        Some(input) => input.into_inputs(),
+    };
+    let echoed = req.model.clone().filter(|name| !name.is_empty());
+    if inputs.is_empty() {
+        let model = state.model_for(served_name(req.model).as_deref(), Task::Embed)?;
+        return Ok(Json(OllamaEmbedResponse {
+            model: echoed.unwrap_or_else(|| model.name.clone()),
+            embeddings: Vec::new(),
+            total_duration: start.elapsed().as_nanos() as u64,
+            load_duration: 0,
+            prompt_eval_count: 0,
+        }));
+    }
     let out = run_embed(
         &state,
         EmbedRequest {
             model: served_name(req.model),
-            inputs: req.input.into_inputs(),
+            inputs,
             options: EmbedOptions {
                 truncate: req.truncate.unwrap_or(true),
                 priority: priority.unwrap_or_default(),
@@ -104,7 +123,7 @@ pub async fn embed(
     )
     .await?;
     Ok(Json(OllamaEmbedResponse {
-        model: out.model,
+        model: echoed.unwrap_or(out.model),
         embeddings: out.vectors,
         total_duration: start.elapsed().as_nanos() as u64,
         load_duration: 0,
@@ -117,7 +136,8 @@ pub async fn embed(
 pub struct OllamaEmbeddingsRequest {
     /// Which served model answers (with or without `:latest`); default: the first embedding model. Unknown: 404.
     pub model: Option<String>,
-    /// One text.
+    /// One text. None or empty answers an empty embedding, as Ollama does.
+    #[serde(default)]
     pub prompt: String,
 }
 
@@ -146,6 +166,12 @@ pub async fn embeddings(
     PriorityHeader(priority, _): PriorityHeader<Ollama>,
     ApiJson(req, _): ApiJson<OllamaEmbeddingsRequest, Ollama>,
 ) -> Result<Json<OllamaEmbeddingsResponse>, Shaped<Ollama>> {
+    if req.prompt.is_empty() {
+        state.model_for(served_name(req.model).as_deref(), Task::Embed)?;
+        return Ok(Json(OllamaEmbeddingsResponse {
+            embedding: Vec::new(),
+        }));
+    }
     let out = run_embed(
         &state,
         EmbedRequest {

@@ -11,7 +11,7 @@ use utoipa::ToSchema;
 use super::Usage;
 use crate::embed::{embed as run_embed, EmbedRequest};
 use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
-use crate::extract::{ApiJson, OpenAiInput, PriorityHeader};
+use crate::extract::{ApiJson, PriorityHeader, TextsOrTokens};
 use crate::models::{ServedModel, Task};
 use crate::state::AppState;
 
@@ -43,8 +43,9 @@ impl<'de> Deserialize<'de> for EncodingFormat {
 /// OpenAI embeddings request.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct OpenAiEmbeddingRequest {
-    /// A string, strings, token ids, or lists of token ids (the model's own tokenizer).
-    pub input: OpenAiInput,
+    /// A string, strings, token ids, or lists of token ids (the model's own tokenizer's,
+    /// run as given, special tokens included, as `/tokenize` lists them).
+    pub input: TextsOrTokens,
     /// Which served model answers (`/v1/models` lists them); default: the first
     /// embedding model. With several models served, an unknown name is a 404 (`model_not_found`).
     pub model: Option<String>,
@@ -62,6 +63,10 @@ pub struct OpenAiEmbeddingRequest {
     /// lane, 0 normal, above 0 low. Wins over an `X-Priority` header. The official client
     /// sends it with `extra_body`.
     pub priority: Option<i64>,
+    /// Truncate inputs longer than the model's maximum (default true, as the other routes do);
+    /// false answers 422 instead, as OpenAI refuses an over-long input. Not an OpenAI field:
+    /// the official client sends it with `extra_body`.
+    pub truncate: Option<bool>,
 }
 
 /// A float array, or base64 of little-endian f32 bytes.
@@ -122,6 +127,7 @@ pub async fn embeddings(
             inputs: req.input.into_inputs(),
             options: EmbedOptions {
                 prompt: req.prompt_name.map_or(Prompt::Default, Prompt::Named),
+                truncate: req.truncate.unwrap_or(true),
                 priority: req
                     .priority
                     .map(Priority::from_vllm)

@@ -9,7 +9,7 @@ use utoipa::ToSchema;
 
 use crate::embed::{embed as run_embed, embed_sparse as run_embed_sparse, EmbedRequest};
 use crate::errors::{Shaped, Tei, TeiErrorBody};
-use crate::extract::{ApiJson, PriorityHeader, TextInputs, TruncationSide};
+use crate::extract::{ApiJson, PriorityHeader, TextsOrTokens, TruncationSide};
 use crate::state::AppState;
 
 /// TEI embed request.
@@ -17,8 +17,9 @@ use crate::state::AppState;
 pub struct TeiEmbedRequest {
     /// Which served model answers (not a TEI field: TEI serves one); default: the first embedding model.
     pub model: Option<String>,
-    /// A text or a list of texts.
-    pub inputs: TextInputs,
+    /// A text, a list of texts, token ids, or lists of token ids (run as given,
+    /// special tokens included, as `/tokenize` lists them).
+    pub inputs: TextsOrTokens,
     /// Unit-length vectors (default true).
     pub normalize: Option<bool>,
     /// Truncate inputs longer than the model's maximum (default true); false answers 422 instead.
@@ -98,8 +99,8 @@ pub async fn embed(
 pub struct TeiRawRequest {
     /// Which served model answers (not a TEI field: TEI serves one); default: the first that can.
     pub model: Option<String>,
-    /// A text or a list of texts.
-    pub inputs: TextInputs,
+    /// A text, a list of texts, token ids, or lists of token ids (run as given).
+    pub inputs: TextsOrTokens,
     /// Truncate inputs longer than the model's maximum (default true); false answers 422 instead.
     pub truncate: Option<bool>,
     /// `Right` (default) keeps the start of an over-long input, `Left` its end (any case).

@@ -64,7 +64,8 @@ pub struct CacheMetrics {
     /// Inputs answered from the cache, including those that waited for a
     /// concurrent computation of the same key.
     pub hits: u64,
-    /// Inputs that had to be computed (each key once, however many asked).
+    /// Inputs the model computed for the cache (each key once, however many
+    /// asked; a lead that gave up before its vector counts nothing).
     pub misses: u64,
 }
 
@@ -278,7 +279,6 @@ impl Cache {
             },
         );
         drop(lru);
-        self.misses.fetch_add(1, Relaxed);
         Lookup::Lead(Lead {
             cache: self.clone(),
             key,
@@ -302,6 +302,9 @@ impl Cache {
 impl Lead {
     /// Stores the computed vector and hands it to every follower.
     pub fn publish(self, vector: &[f32]) {
+        // Counted here, not at the lookup: a lead given up (its caller gone,
+        // its batch failed) computed nothing, and its key is led again.
+        self.cache.misses.fetch_add(1, Relaxed);
         let vector: Arc<[f32]> = vector.into();
         {
             let mut lru = lock(&self.cache.lru);
@@ -508,7 +511,8 @@ mod tests {
         // The next lookup leads a fresh flight.
         let again = lead(&cache, key(1, 4));
         again.publish(&[2.0; 4]);
+        // The abandoned lead computed nothing, so only the published one is a miss.
         let m = cache.metrics();
-        assert_eq!((m.hits, m.misses, m.entries), (0, 2, 1));
+        assert_eq!((m.hits, m.misses, m.entries), (0, 1, 1));
     }
 }

@@ -616,8 +616,8 @@ def request_bodies(contents: list[list[int]], per_request: int) -> list[str]:
 
 def server_load(base: str, contents: list[list[int]], per_request: int, connections: int, workdir: Path,
                 deadline: float, keep: int = 0) -> dict:
-    """Every text once through /v1/embeddings as token ids (the server adds
-    the specials), ``per_request`` texts a request, over ``connections``; with
+    """Every text once through /v1/embeddings as token ids (specials
+    included: the server runs them as given), ``per_request`` texts a request, over ``connections``; with
     how the server grouped them into model calls (what the regroup window
     changes)."""
     bodies = request_bodies(contents, per_request)
@@ -640,12 +640,12 @@ def server_load_wrk(base: str, contents: list[list[int]], per_request: int, conn
     return out
 
 
-def engine_reference(folder: Path, dtype: str, contents: list[list[int]], check: int, reps: int):
-    """The engine's one-call texts/s on the ids the server runs for
-    ``contents`` (the content, then the specials), and the first ``check``
-    texts' unit vectors."""
+def engine_reference(folder: Path, dtype: str, ids: list[list[int]], check: int, reps: int):
+    """The engine's one-call texts/s on ``ids`` (each text's, specials
+    included, which the server runs as given), and the first ``check`` texts'
+    unit vectors."""
     m = mlx_embed.load(folder, dtype=dtype)
-    full = [m.tokenizer.finish(c, "right")[0] for c in contents]
+    full = [list(x) for x in ids]
     m.embed_ids(full)  # new shapes build once
     rate = len(full) / seconds(lambda: m.embed_ids(full), reps)
     want = np.frombuffer(m.embed_ids(full[:check]).vectors, dtype="<f4").reshape(check, -1)
@@ -658,7 +658,7 @@ def server_rows(name: str, folder: Path, ids: list[list[int]], args, workdir: Pa
     # --allow-cpu), where half precision has no fast path.
     on_cpu = mx.default_device() == mx.cpu
     dtype, min_cosine = ("float32", 0.99999) if on_cpu else ("bfloat16", 0.999)
-    contents = [x[1:-1] for x in ids]
+    contents = ids  # token ids run as given, specials included
     check = min(64, len(ids))
     rate, want = engine_reference(folder, dtype, contents, check, args.reps)
     out = {"dtype": dtype, "engine_one_call": rate}

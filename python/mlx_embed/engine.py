@@ -359,11 +359,23 @@ class EmbeddingModel(ScoringMixin):
     # --------------------------------------------------- the Python library
 
     def _check_texts(self, texts) -> list:
+        if isinstance(texts, np.ndarray) and texts.ndim == 1:
+            # sentence-transformers takes an array of strings; its items are
+            # np.str_, a str (an array of objects is checked item by item).
+            texts = texts.tolist()
         if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
             raise TypeError(f"texts must be a list of str, got {type(texts).__name__}")
         for i, t in enumerate(texts):
             if not isinstance(t, str):
                 raise TypeError(f"texts[{i}] must be str, got {type(t).__name__}")
+            if not t.isascii():
+                try:
+                    t.encode("utf-8")
+                except UnicodeEncodeError as e:
+                    raise InvalidInput(
+                        f"texts[{i}] is not text: a lone surrogate at position {e.start} "
+                        "(one half of a UTF-16 pair)"
+                    ) from None
         return list(texts)
 
     def _prompt(self, prompt_name, prompt, instruction) -> str:

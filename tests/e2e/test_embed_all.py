@@ -77,12 +77,22 @@ def _pooled_with(server, body) -> np.ndarray:
     return np.array(r.json(), dtype=np.float32)
 
 
+def test_token_ids_run_as_given(server):
+    """TEI's token-id input: the ids /tokenize lists, specials included, give
+    the text's rows, one per id."""
+    listed = [t["id"] for t in server.post("/tokenize", {"inputs": "hello world"}).json()[0]]
+    by_ids = _rows_with(server, {"inputs": [listed]})[0]
+    by_text = _rows_with(server, {"inputs": ["hello world"]})[0]
+    assert by_ids.shape == (len(listed), 384)
+    np.testing.assert_allclose(by_ids, by_text, atol=1e-6)
+
+
 def test_bad_input_codes(server):
     long = "word " * 400
     cases = [
         ({"inputs": []}, 400),
         ({"inputs": ["ok", ""]}, 400),
-        ({"inputs": [1]}, 422),
+        ({"inputs": [True]}, 422),
         ({"input": "a"}, 422),
         ({"inputs": "a", "truncation_direction": "up"}, 422),
         ({"inputs": "a", "prompt_name": "query"}, 400),  # MiniLM has no named prompts

@@ -36,6 +36,19 @@ def test_non_string_raises_type_error(minilm):
         minilm.embed("a bare string")
     with pytest.raises(TypeError):
         minilm.embed([None])
+    with pytest.raises(TypeError, match=r"texts\[1\] must be str, got int"):
+        minilm.embed(np.array(["ok", 3], dtype=object))
+
+
+def test_an_array_of_strings_embeds_as_its_list(minilm, golden_texts):
+    """sentence-transformers' encode takes a NumPy array of strings."""
+    texts = [t for t in golden_texts[:6] if t]
+    np.testing.assert_array_equal(minilm.embed(np.array(texts)), minilm.embed(texts))
+
+
+def test_a_lone_surrogate_is_refused_naming_the_text(minilm):
+    with pytest.raises(InvalidInput, match=r"texts\[1\] is not text: a lone surrogate at position 2"):
+        minilm.embed(["fine", "ab\ud800cd"])
 
 
 def test_truncate_false_names_index_and_count(minilm, golden_texts):

@@ -132,7 +132,7 @@ class Scheduler:
             raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
         if workers is None:
             env = os.environ.get("MLX_EMBED_WORKERS", "").strip()
-            if env and not (env.isdigit() and int(env) >= 1):
+            if env and not (env.isdecimal() and env.isascii() and int(env) >= 1):
                 raise ValueError(f"MLX_EMBED_WORKERS must be a whole number of at least 1, got {env!r}")
             workers = int(env) if env else default_workers()
         self.workers = max(1, int(workers))

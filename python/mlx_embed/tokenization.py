@@ -3,8 +3,8 @@
 We encode *without* special tokens and without truncation, then truncate the
 content and wrap it in the post-processor's prefix/suffix ourselves. That gives,
 from a single ``encode_batch`` call, both the token count before truncation
-and the truncated ids, and lets pre-tokenized (token id) input go through
-exactly the same path as text.
+and the truncated ids. (Token ids, the server's pre-tokenized input, run as
+given: ``embed_ids`` takes finished ids.)
 
 For a single sequence this is what HF's truncation does too: it trims the
 content to ``max_length - num_special_tokens`` and then applies the template.

@@ -101,10 +101,13 @@ def test_token_id_input_equals_text(server):
     bare = server.post("/v1/embeddings", {"input": [7592, 2088]}).json()
     assert bare["usage"]["prompt_tokens"] == 2
     assert float(np.dot(bare["data"][0]["embedding"], by_text)) < 0.999
-    # Over the model's 256 tokens the ids are cut like text, or refused on request.
+    # Over the model's 256 tokens, ids in [CLS] ... [SEP] are cut inside them like
+    # text (the vector is the truncated text's), or refused on request.
     long = [101] + [7592] * 300 + [102]
     cut = server.post("/v1/embeddings", {"input": [long]}).json()
     assert cut["usage"]["prompt_tokens"] == 256
+    as_text = server.post("/v1/embeddings", {"input": "hello " * 300}).json()["data"][0]["embedding"]
+    np.testing.assert_allclose(cut["data"][0]["embedding"], as_text, atol=1e-6)
     refused = server.post("/v1/embeddings", {"input": [long], "truncate": False})
     assert refused.status_code == 422, refused.text
 

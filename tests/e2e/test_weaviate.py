@@ -13,7 +13,7 @@ import requests
 from harness import NOMIC, cosine_rows, non_empty_golden
 
 
-def vectors(server, body: dict) -> requests.Response:
+def vectors(server, body) -> requests.Response:
     # Weaviate's Go client posts the single-text form without a Content-Type.
     return requests.post(server.url + "/vectors", data=json.dumps(body).encode(), timeout=60)
 
@@ -51,6 +51,8 @@ def test_probes_meta_and_errors(server):
         ({"text": "", "config": {}}, 400, "input 0 is an empty string"),
         ({"text": "a", "config": {"dimensions": 0}}, 400, "dimensions must be between 1"),
         ({"text": "a", "config": {"task_type": "answer"}}, 422, "unknown variant `answer`"),
+        # serde would fill the request from an array, field by field.
+        (["a", None, {}], 422, "expected a JSON object"),
     ):
         r = vectors(server, body)
         assert r.status_code == status, (body, r.text)

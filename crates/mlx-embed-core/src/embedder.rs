@@ -87,7 +87,8 @@ pub enum EmbedInput {
     /// Token ids of the model's own tokenizer, run as given (the OpenAI and
     /// TEI APIs take pre-tokenized input, and vLLM and TEI add nothing to
     /// it): special tokens are the caller's, as `/tokenize` lists them; only
-    /// the cut to the model's maximum applies.
+    /// the cut to the model's maximum applies (inside the model's specials
+    /// when the ids begin and end with them, as for text).
     Tokens(Vec<u32>),
     /// A query/document pair for cross-encoders (rerankers).
     Pair {

@@ -125,9 +125,14 @@ fn python_ids(
 model = MODELS.get(folder) or MODELS.setdefault(folder, mlx_embed.load(folder))
 kwargs = {kwargs}
 ids, before = model.encode(texts, **kwargs)
-n, drop = model.max_length, model.tokenizer.drop_ids
-cut = lambda t: t[len(t) - n:] if kwargs['truncation_direction'] == 'left' and len(t) > n else t[:n]
-token_ids = [[x for x in cut(list(t)) if x not in drop] for t in token_inputs]
+tok, n, side = model.tokenizer, model.max_length, kwargs['truncation_direction']
+p, s = len(tok.prefix), len(tok.suffix)
+def as_given(t):
+    if len(t) > n and len(t) >= p + s and t[:p] == tok.prefix and t[len(t) - s:] == tok.suffix:
+        return tok.finish(t[p:len(t) - s], side)[0]
+    t = t[len(t) - n:] if side == 'left' and len(t) > n else t[:n]
+    return [x for x in t if x not in tok.drop_ids]
+token_ids = [as_given(list(t)) for t in token_inputs]
 "
         );
         let globals = py.import("__main__").unwrap().dict();
@@ -166,10 +171,20 @@ fn check(folder: Option<&Path>) -> usize {
             return compared;
         }
     }
+    // Over the maximum, ids wrapped in the model's own specials keep them.
+    let spec = tokenizer.spec();
+    let long_wrapped: Vec<u32> = spec
+        .prefix_ids
+        .iter()
+        .copied()
+        .chain((0..2000).map(|i| i % 97))
+        .chain(spec.suffix_ids.iter().copied())
+        .collect();
     let token_inputs = vec![
         vec![5u32],
         vec![1, 2, 3, 4, 5, 6, 7],
         (0..2000).map(|i| i % 97).collect(),
+        long_wrapped,
     ];
     for (options, kwargs) in cases(named.as_deref()) {
         let (py_ids, py_before, py_token_ids) = python_ids(folder, &kwargs, &texts, &token_inputs);

@@ -40,7 +40,7 @@ where
 /// A request body that must be a JSON object. serde fills a struct from an
 /// array too, field by field in declaration order, which would make the
 /// order of a request's fields part of the API; an array is a 422 instead.
-struct JsonObject<T>(T);
+pub(crate) struct JsonObject<T>(pub T);
 
 impl<'de, T: Deserialize<'de>> Deserialize<'de> for JsonObject<T> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -58,8 +58,8 @@ impl<'de, T: Deserialize<'de>> Deserialize<'de> for JsonObject<T> {
     }
 }
 
-/// The `X-Priority: high|normal|low` header (any case), which every embed
-/// route takes; `None` when absent. Any other value is refused with 400 in
+/// The `X-Priority: high|normal|low` header (any case), which every route
+/// that runs a model takes; `None` when absent. Any other value is refused with 400 in
 /// the route's error shape. A `priority` in the body, where an API has one,
 /// wins over the header.
 pub struct PriorityHeader<F>(pub Option<Priority>, pub PhantomData<F>);

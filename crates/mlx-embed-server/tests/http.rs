@@ -1292,7 +1292,11 @@ async fn ollama_listings_and_legacy_embeddings() {
     .await;
     assert_eq!(floats(&legacy["embedding"]), floats(&raw["embeddings"][0]));
     // No prompt, or an empty one, answers an empty embedding, as Ollama does.
-    for empty in [json!({ "prompt": "" }), json!({ "model": "m" })] {
+    for empty in [
+        json!({ "prompt": "" }),
+        json!({ "model": "m" }),
+        json!({ "prompt": null }),
+    ] {
         let (status, _, v) = post(&s, "/api/embeddings", &empty).await;
         assert_eq!((status, &v), (200, &json!({ "embedding": [] })), "{empty}");
     }

@@ -269,11 +269,22 @@ impl HfTokenizer {
         }
     }
 
-    /// Token-id input runs as given, as vLLM and TEI run it: ids from this
-    /// model's tokenizer (or `/tokenize`) with their special tokens get the
-    /// text's vector, and nothing is added. Only the cut to the model's
-    /// maximum applies, and the ids the model leaves out (`drop_ids`).
+    /// Token-id input runs as given, as vLLM and TEI run it: the ids
+    /// `/tokenize` lists, special tokens included, get the text's vector, and
+    /// nothing is added. Only the cut to the model's maximum applies, and the
+    /// ids the model leaves out (`drop_ids`). Over the maximum, ids that begin
+    /// and end with the model's specials keep them, as text does, so the
+    /// token a model pools (CLS, or the EOS of a last-token model) survives
+    /// the cut; other ids are cut as they are.
     fn as_given(&self, ids: &[u32], direction: TruncationDirection) -> Encoded {
+        let (prefix, suffix) = (&self.spec.prefix_ids, &self.spec.suffix_ids);
+        if ids.len() > self.spec.max_length
+            && ids.len() >= prefix.len() + suffix.len()
+            && ids.starts_with(prefix)
+            && ids.ends_with(suffix)
+        {
+            return self.finish(&ids[prefix.len()..ids.len() - suffix.len()], direction);
+        }
         let untruncated_len = u32::try_from(ids.len()).unwrap_or(u32::MAX);
         let keep = ids.len().min(self.spec.max_length);
         let ids = match direction {

@@ -20,8 +20,9 @@
 //! is first cut to `char_limit` characters, and `drop_ids` (its unknown
 //! token) are left out of the content after the token truncation.
 //!
-//! Token-id input skips the prompt, is checked against the vocabulary, and is
-//! truncated and wrapped the same way.
+//! Token-id input skips the prompt, is checked against the vocabulary, and
+//! runs as given (nothing added), cut to `max_length`; ids over it that begin
+//! and end with the model's specials are cut inside them, as text is.
 //!
 //! A query/document pair (cross-encoders) follows the model's [`PairSpec`]:
 //! the tokenizer's pair template with `longest_first` truncation, or a

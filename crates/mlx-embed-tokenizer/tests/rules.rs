@@ -158,18 +158,30 @@ fn prompts_and_the_instruction_are_prepended_to_the_text() {
 #[test]
 fn token_input_is_checked_against_the_vocabulary_then_truncated() {
     let tok = tokenizer(spec(4));
-    let five = EmbedInput::Tokens(vec![CLS, 1, 2, 30521, SEP]);
+    let five = EmbedInput::Tokens(vec![1, 2, 3, 30521, 7]);
     let e = tok.encode(&five, &EmbedOptions::default()).unwrap();
     // The whole sequence is cut to the model's maximum; nothing is added.
-    assert_eq!(e.ids, vec![CLS, 1, 2, 30521]);
+    assert_eq!(e.ids, vec![1, 2, 3, 30521]);
     assert_eq!(e.untruncated_len, 5);
     let left = EmbedOptions {
         truncation_direction: TruncationDirection::Left,
         ..EmbedOptions::default()
     };
+    assert_eq!(tok.encode(&five, &left).unwrap().ids, vec![2, 3, 30521, 7]);
+    // Wrapped in the model's own specials, the content is cut inside them, as
+    // for text, so the pooled token survives either way.
+    let wrapped = EmbedInput::Tokens(vec![CLS, 1, 2, 3, 30521, SEP]);
+    let e = tok.encode(&wrapped, &EmbedOptions::default()).unwrap();
+    assert_eq!((e.ids, e.untruncated_len), (vec![CLS, 1, 2, SEP], 6));
     assert_eq!(
-        tok.encode(&five, &left).unwrap().ids,
-        vec![1, 2, 30521, SEP]
+        tok.encode(&wrapped, &left).unwrap().ids,
+        vec![CLS, 3, 30521, SEP]
+    );
+    // Within the maximum, ids run exactly as sent, specials or not.
+    let short = EmbedInput::Tokens(vec![SEP, 1, CLS]);
+    assert_eq!(
+        tok.encode(&short, &EmbedOptions::default()).unwrap().ids,
+        vec![SEP, 1, CLS]
     );
     let err = tok
         .encode(

@@ -136,9 +136,9 @@ pub async fn embed(
 pub struct OllamaEmbeddingsRequest {
     /// Which served model answers (with or without `:latest`); default: the first embedding model. Unknown: 404.
     pub model: Option<String>,
-    /// One text. None or empty answers an empty embedding, as Ollama does.
+    /// One text. Missing, null or empty answers an empty embedding, as Ollama does.
     #[serde(default)]
-    pub prompt: String,
+    pub prompt: Option<String>,
 }
 
 /// Ollama's legacy embedding response: the model's vector *before*
@@ -166,7 +166,8 @@ pub async fn embeddings(
     PriorityHeader(priority, _): PriorityHeader<Ollama>,
     ApiJson(req, _): ApiJson<OllamaEmbeddingsRequest, Ollama>,
 ) -> Result<Json<OllamaEmbeddingsResponse>, Shaped<Ollama>> {
-    if req.prompt.is_empty() {
+    let prompt = req.prompt.unwrap_or_default();
+    if prompt.is_empty() {
         state.model_for(served_name(req.model).as_deref(), Task::Embed)?;
         return Ok(Json(OllamaEmbeddingsResponse {
             embedding: Vec::new(),
@@ -176,7 +177,7 @@ pub async fn embeddings(
         &state,
         EmbedRequest {
             model: served_name(req.model),
-            inputs: vec![EmbedInput::Text(req.prompt)],
+            inputs: vec![EmbedInput::Text(prompt)],
             options: EmbedOptions {
                 priority: priority.unwrap_or_default(),
                 ..EmbedOptions::default()

@@ -163,7 +163,7 @@ pub struct InfoResponse {
     /// Longest input in tokens, special tokens included; longer inputs are
     /// truncated (or refused with `truncate: false`).
     pub max_input_tokens: usize,
-    /// Token ids (OpenAI token input) must be below this.
+    /// Token ids (the OpenAI and TEI routes' token input) must be below this.
     pub vocab_size: usize,
     /// The model's named prompts (`prompt_name` picks one): name -> text prepended.
     pub prompts: BTreeMap<String, String>,

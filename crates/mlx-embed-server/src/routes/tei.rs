@@ -77,7 +77,7 @@ impl TeiEmbedRequest {
 #[utoipa::path(
     post, path = "/embed", tag = "tei", operation_id = "tei_embed",
     request_body = TeiEmbedRequest,
-    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "One vector per input, in order", body = Vec<Vec<f32>>),
         (status = "4XX", description = "Invalid request (400, 401, 413, 415, 422, 429)", body = TeiErrorBody),

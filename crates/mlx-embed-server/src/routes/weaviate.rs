@@ -21,7 +21,7 @@ use utoipa::ToSchema;
 use super::role_prompt;
 use crate::embed::{embed as run_embed, EmbedRequest};
 use crate::errors::{ApiError, Shaped, Weaviate, WeaviateErrorBody};
-use crate::extract::PriorityHeader;
+use crate::extract::{JsonObject, PriorityHeader};
 use crate::models::Task;
 use crate::state::AppState;
 
@@ -97,7 +97,7 @@ pub async fn vectors(
 ) -> Result<Json<VectorsResponse>, Shaped<Weaviate>> {
     let max_body = state.args().max_body_bytes;
     let body = body.map_err(|e| ApiError::from_json_rejection(e.into(), max_body))?;
-    let Json(req) = Json::<VectorsRequest>::from_bytes(&body)
+    let Json(JsonObject(req)) = Json::<JsonObject<VectorsRequest>>::from_bytes(&body)
         .map_err(|e| ApiError::from_json_rejection(e, max_body))?;
     let (texts, one) = match (req.text, req.texts) {
         (Some(text), None) => (vec![text], true),

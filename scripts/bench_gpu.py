@@ -645,10 +645,9 @@ def engine_reference(folder: Path, dtype: str, ids: list[list[int]], check: int,
     included, which the server runs as given), and the first ``check`` texts'
     unit vectors."""
     m = mlx_embed.load(folder, dtype=dtype)
-    full = [list(x) for x in ids]
-    m.embed_ids(full)  # new shapes build once
-    rate = len(full) / seconds(lambda: m.embed_ids(full), reps)
-    want = np.frombuffer(m.embed_ids(full[:check]).vectors, dtype="<f4").reshape(check, -1)
+    m.embed_ids(ids)  # new shapes build once
+    rate = len(ids) / seconds(lambda: m.embed_ids(ids), reps)
+    want = np.frombuffer(m.embed_ids(ids[:check]).vectors, dtype="<f4").reshape(check, -1)
     return rate, want / np.linalg.norm(want, axis=1, keepdims=True)
 
 
@@ -658,9 +657,8 @@ def server_rows(name: str, folder: Path, ids: list[list[int]], args, workdir: Pa
     # --allow-cpu), where half precision has no fast path.
     on_cpu = mx.default_device() == mx.cpu
     dtype, min_cosine = ("float32", 0.99999) if on_cpu else ("bfloat16", 0.999)
-    contents = ids  # token ids run as given, specials included
     check = min(64, len(ids))
-    rate, want = engine_reference(folder, dtype, contents, check, args.reps)
+    rate, want = engine_reference(folder, dtype, ids, check, args.reps)
     out = {"dtype": dtype, "engine_one_call": rate}
     mx.clear_cache()
     limit = 30 if args.dry_run else 120
@@ -681,16 +679,16 @@ def server_rows(name: str, folder: Path, ids: list[list[int]], args, workdir: Pa
             row["model_threads"] = info.get("batching", {}).get("model_threads")
             row["batching"] = info.get("batching", {})
             for per_request, connections in SERVER_LOADS:
-                server_load(base, contents, per_request, connections, workdir, limit)  # shapes build once
+                server_load(base, ids, per_request, connections, workdir, limit)  # shapes build once
                 keep = -(-check // per_request)
-                got = server_load(base, contents, per_request, connections, workdir, limit, keep=keep)
+                got = server_load(base, ids, per_request, connections, workdir, limit, keep=keep)
                 vectors = http_load.answered_vectors(got.pop("answers"), per_request, check)
                 cos = float((vectors * want).sum(axis=1).min())
                 if cos < min_cosine:
                     raise RuntimeError(f"{label}: server answers differ from the engine (min cosine {cos})")
                 got["min_cosine_vs_engine"] = cos
                 got["vs_engine_one_call"] = got["texts_per_s"] / out["engine_one_call"]
-                got["wrk"] = wrk_row(base, contents, per_request, connections, workdir, args,
+                got["wrk"] = wrk_row(base, ids, per_request, connections, workdir, args,
                                      out["engine_one_call"])
                 row[f"texts_{per_request}_per_request_c{connections}"] = got
         finally:

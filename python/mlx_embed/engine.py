@@ -368,14 +368,6 @@ class EmbeddingModel(ScoringMixin):
         for i, t in enumerate(texts):
             if not isinstance(t, str):
                 raise TypeError(f"texts[{i}] must be str, got {type(t).__name__}")
-            if not t.isascii():
-                try:
-                    t.encode("utf-8")
-                except UnicodeEncodeError as e:
-                    raise InvalidInput(
-                        f"texts[{i}] is not text: a lone surrogate at position {e.start} "
-                        "(one half of a UTF-16 pair)"
-                    ) from None
         return list(texts)
 
     def _prompt(self, prompt_name, prompt, instruction) -> str:
@@ -406,14 +398,15 @@ class EmbeddingModel(ScoringMixin):
         texts = self._check_texts(texts)
         check_direction(truncation_direction)
         prefix = self._prompt(prompt_name, prompt, instruction)
-        if prefix:
-            texts = [prefix + t for t in texts]
-        out = [
-            self.tokenizer.finish(c, truncation_direction)
-            for c in self.tokenizer.encode_contents(
-                texts, truncate=truncate, direction=truncation_direction
+        try:
+            contents = self.tokenizer.encode_contents(
+                [prefix + t for t in texts] if prefix else texts,
+                truncate=truncate, direction=truncation_direction,
             )
-        ]
+        except TypeError:
+            _refuse_lone_surrogates(texts)
+            raise
+        out = [self.tokenizer.finish(c, truncation_direction) for c in contents]
         ids, before = [o[0] for o in out], [o[1] for o in out]
         if not truncate:
             for i, b in enumerate(before):
@@ -573,6 +566,18 @@ class PendingResult:
             padded_tokens=padded,
             rows=self._pending.rows,
         )
+
+
+def _refuse_lone_surrogates(texts: list[str]) -> None:
+    """The tokenizer refuses a str that is not UTF-8 without saying which:
+    name the text (looked for only once the tokenizer has failed)."""
+    for i, t in enumerate(texts):
+        try:
+            t.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise InvalidInput(
+                f"texts[{i}] is not text: a lone surrogate at position {e.start} (one half of a UTF-16 pair)"
+            ) from None
 
 
 _COUNTS = ("quantize", "group_size", "max_length", "batch_tokens", "workers", "streams")

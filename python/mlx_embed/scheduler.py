@@ -135,7 +135,7 @@ class Scheduler:
             if env and not (env.isdecimal() and env.isascii() and int(env) >= 1):
                 raise ValueError(f"MLX_EMBED_WORKERS must be a whole number of at least 1, got {env!r}")
             workers = int(env) if env else default_workers()
-        self.workers = max(1, int(workers))
+        self.workers = int(workers)
         # Pipelining buys nothing where the forward pass evaluates inside
         # (the native kernels do, on the CPU) and the workers already overlap.
         self.pipeline = (not device.is_cpu()) if pipeline is None else bool(pipeline)
@@ -144,8 +144,7 @@ class Scheduler:
         # their own streams gained 1.37x-1.69x (issue 11); inside one engine
         # the first lease measured no gain, but then every one-pass call ran
         # on the first stream. 1 by default until a GPU measures the rotation.
-        if int(streams) < 1:
-            raise ValueError(f"streams must be >= 1, got {streams}")
+        # (load() refuses counts below 1: engine._check_settings.)
         self.streams = int(streams)
         # MLX streams belong to the thread that made them: a model used from
         # more than one thread (a Python thread pool) keeps its extra streams

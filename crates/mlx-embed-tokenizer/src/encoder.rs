@@ -285,20 +285,14 @@ impl HfTokenizer {
         {
             return self.finish(&ids[prefix.len()..ids.len() - suffix.len()], direction);
         }
-        let untruncated_len = u32::try_from(ids.len()).unwrap_or(u32::MAX);
-        let keep = ids.len().min(self.spec.max_length);
-        let ids = match direction {
-            TruncationDirection::Right => &ids[..keep],
-            TruncationDirection::Left => &ids[ids.len() - keep..],
-        };
         Encoded {
-            ids: ids
+            ids: cut(ids, self.spec.max_length, direction)
                 .iter()
                 .copied()
                 .filter(|id| !self.spec.drop_ids.contains(id))
                 .collect(),
             type_ids: None,
-            untruncated_len,
+            untruncated_len: u32::try_from(ids.len()).unwrap_or(u32::MAX),
         }
     }
 
@@ -306,12 +300,8 @@ impl HfTokenizer {
     fn finish(&self, content: &[u32], direction: TruncationDirection) -> Encoded {
         let specials = self.spec.prefix_ids.len() + self.spec.suffix_ids.len();
         let untruncated_len = u32::try_from(content.len() + specials).unwrap_or(u32::MAX);
-        let keep = content.len().min(self.max_content);
-        let content = match direction {
-            TruncationDirection::Right => &content[..keep],
-            TruncationDirection::Left => &content[content.len() - keep..],
-        };
-        let mut ids = Vec::with_capacity(keep + specials);
+        let content = cut(content, self.max_content, direction);
+        let mut ids = Vec::with_capacity(content.len() + specials);
         ids.extend_from_slice(&self.spec.prefix_ids);
         ids.extend(content.iter().filter(|id| !self.spec.drop_ids.contains(id)));
         ids.extend_from_slice(&self.spec.suffix_ids);

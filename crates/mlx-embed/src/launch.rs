@@ -105,7 +105,8 @@ fn names_with_aliases(
         names
             .iter()
             .find(|(name, aliases)| *name == typed || aliases.contains(&typed.as_str()))
-            .map_or(typed.clone(), |(name, _)| (*name).to_string())
+            .map(|(name, _)| (*name).to_owned())
+            .unwrap_or(typed)
     })
 }
 

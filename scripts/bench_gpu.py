@@ -24,6 +24,11 @@ Qwen3-0.6B) it reports:
 * ``--graph-ops``: one call and calls of 32 with MLX_MAX_OPS_PER_BUFFER at
   20 (MLX's CUDA default), 60 and 200 (kernels per CUDA graph), each in a
   child process;
+* ``--mlx-env SETS``: one call, calls of 32 and the pass profile under MLX
+  CUDA settings (``graphs_off``: kernels launched one by one, not recorded
+  into CUDA graphs; ``cudnn_sdpa_off``: MLX's own attention kernels, not
+  cuDNN's), each beside MLX's defaults in a child process; ``--server-flags``
+  takes the same names, for the server in such a process;
 * ``--small-calls``: calls of 32 under the defaults with the padding they
   carry, 2 and 4 model threads (an engine instance each), and one engine
   rotating consecutive calls over 2 and 4 streams;
@@ -547,28 +552,53 @@ def joined_ab(load, ids: list[list[int]], reps: int, rounds: int, row_counts=JOI
     return out
 
 
-def graph_ops(name: str, workdir: Path, args) -> dict:
-    """The default engine's rates with MLX_MAX_OPS_PER_BUFFER at 20 (MLX's
-    CUDA default), 60 and 200. MLX's CUDA backend records an evaluation's
-    kernels into CUDA graphs of at most that many nodes, each instantiated
-    or updated and launched on its own, so a small pass of a few hundred
-    kernels makes several; the variable is read once per process, so each
-    value runs in a child process of this script (``--rates-only``)."""
+# Settings MLX's CUDA backend reads once per process (so each set runs in a
+# child process): whether an evaluation's kernels are recorded into CUDA
+# graphs (instantiated or updated, then launched) or launched one by one;
+# whether fused attention goes to cuDNN or MLX's own kernels; kernels per
+# CUDA graph. A small pass's fixed cost is host time in MLX's backend
+# (docs/benchmarks.md, fourth lease), which these change.
+MLX_ENV_SETS = {
+    "mlx_defaults": {},
+    "graphs_off": {"MLX_USE_CUDA_GRAPHS": "0"},
+    "cudnn_sdpa_off": {"MLX_CUDA_USE_CUDNN_SDPA": "0"},
+    "graphs_off_cudnn_sdpa_off": {"MLX_USE_CUDA_GRAPHS": "0", "MLX_CUDA_USE_CUDNN_SDPA": "0"},
+    "ops_per_graph_20": {"MLX_MAX_OPS_PER_BUFFER": "20"},
+    "ops_per_graph_60": {"MLX_MAX_OPS_PER_BUFFER": "60"},
+    "ops_per_graph_200": {"MLX_MAX_OPS_PER_BUFFER": "200"},
+}
+GRAPH_OPS_SETS = ("ops_per_graph_20", "ops_per_graph_60", "ops_per_graph_200")
+
+
+def mlx_env_ab(name: str, workdir: Path, args, labels) -> dict:
+    """The default engine's rates (and, with ``--pass-profile``, its pass
+    profile) under each of ``labels``' MLX environment sets, each in a child
+    process of this script (``--rates-only``), the sets run in turn."""
     out = {}
-    for per_graph in (20, 60, 200):
-        with tempfile.TemporaryDirectory(prefix="bench_gpu-graph-") as tmp:
+    for label in labels:
+        with tempfile.TemporaryDirectory(prefix="bench_gpu-env-") as tmp:
             cmd = [sys.executable, str(Path(__file__).resolve()), "--stage", "engine", "--workdir",
                    str(workdir), "--no-core", "--no-torch", "--rates-only", "--shapes", name,
                    "--call", str(args.call), "--reps", str(args.reps), "--out", tmp]
             cmd += ["--texts", str(args.texts)] if args.texts else []
             cmd += ["--dry-run"] if args.dry_run else []
-            env = {**os.environ, "MLX_MAX_OPS_PER_BUFFER": str(per_graph)}
+            cmd += ["--pass-profile"] if args.pass_profile and label not in GRAPH_OPS_SETS else []
+            env = {**os.environ, **MLX_ENV_SETS[label]}
             r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
             if r.returncode != 0:
-                raise RuntimeError(f"MLX_MAX_OPS_PER_BUFFER={per_graph}: {r.stderr[-2000:]}")
-            child = json.loads(Path(tmp, "results.json").read_text())
-            out[f"ops_per_graph_{per_graph}"] = child["results"][name]["rates"]
+                raise RuntimeError(f"{label}: {r.stderr[-2000:]}")
+            child = json.loads(Path(tmp, "results.json").read_text())["results"][name]
+            if "error" in child["rates"]:
+                raise RuntimeError(f"{label}: {child['rates']['error']}")
+            out[label] = {"env": MLX_ENV_SETS[label], **child}
     return out
+
+
+def graph_ops(name: str, workdir: Path, args) -> dict:
+    """The default engine's rates with MLX_MAX_OPS_PER_BUFFER at 20 (MLX's
+    CUDA default), 60 and 200 (kernels per CUDA graph), each in a child
+    process."""
+    return {label: row["rates"] for label, row in mlx_env_ab(name, workdir, args, GRAPH_OPS_SETS).items()}
 
 
 # The collector's caps the third lease measured against the CPU's 64 inputs /
@@ -584,7 +614,9 @@ SERVER_FLAGS = {"defaults": [], "streams_2": ["--streams", "2"], "streams_4": ["
                 # default, measured on an H200 beside these (docs/benchmarks.md,
                 # fourth lease).
                 "regroup_off": ["--regroup-window-ms", "0"], "regroup_2": ["--regroup-window-ms", "2"],
-                "regroup_4": ["--regroup-window-ms", "4"], "regroup_8": ["--regroup-window-ms", "8"]}
+                "regroup_4": ["--regroup-window-ms", "4"], "regroup_8": ["--regroup-window-ms", "8"],
+                # The server's default flags in a process with MLX_ENV_SETS' settings.
+                **{label: [] for label in MLX_ENV_SETS if label != "mlx_defaults"}}
 # What --server runs unless --server-flags names others: today's defaults
 # beside the regroup window off and shorter.
 DEFAULT_SERVER_FLAGS = ("defaults", "regroup_off", "regroup_2")
@@ -600,9 +632,11 @@ def get_json(url: str, timeout: float = 30.0):
         return json.loads(r.read())
 
 
-def start_server(folder: Path, dtype: str, flags: list[str], log_dir: Path):
-    """``python -m mlx_embed serve`` on a free loopback port, once /health answers."""
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "python"), os.environ.get("PYTHONPATH", "")])}
+def start_server(folder: Path, dtype: str, flags: list[str], log_dir: Path, mlx_env: dict | None = None):
+    """``python -m mlx_embed serve`` on a free loopback port, once /health
+    answers; ``mlx_env`` adds MLX settings to its environment."""
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "python"), os.environ.get("PYTHONPATH", "")]),
+           **(mlx_env or {})}
     return replicas.start_replica(
         replicas.free_port(), log_dir, ["--model", str(folder), "--dtype", dtype, "--no-cache", *flags],
         timeout=300, env=env, command=[sys.executable, "-m", "mlx_embed", "serve"])
@@ -669,9 +703,10 @@ def server_rows(name: str, folder: Path, ids: list[list[int]], args, workdir: Pa
             # what ran is kept, the rest says why it is missing.
             out[label] = {"flags": " ".join(flags), "skipped": "past --deadline"}
             continue
-        server = start_server(folder, dtype, flags, workdir / f"server-{name}-{label}")
+        mlx_env = MLX_ENV_SETS.get(label, {})
+        server = start_server(folder, dtype, flags, workdir / f"server-{name}-{label}", mlx_env)
         base = server.url
-        row = {"flags": " ".join(flags)}
+        row = {"flags": " ".join(flags), "mlx_env": mlx_env}
         try:
             info = get_json(base + "/info")
             details = info.get("details", {})
@@ -812,15 +847,19 @@ def engine_optional(report, plans, args, common) -> None:
         return mlx_embed.load(folder, **{"dtype": "bfloat16", **common, **kw})
 
     qwen3_plans = [p for p in plans if p[1]["model_type"] == "qwen3"]
+    profile_args = (5, PROFILE_ROWS[:3]) if args.dry_run else (30,)
     if args.rates_only:
         for name, config, folder, ids in plans:
             section(report, name, "rates", lambda f=folder, i=ids: engine_rates(
                 load(f), i, reps, args.call), args, optional=False)
+            if args.pass_profile:
+                section(report, name, "pass_profile", lambda f=folder, i=ids: pass_profile(
+                    load(f), i, *profile_args), args, optional=False)
         return
     # The pass profile first: a second of device time says where a
-    # server-sized pass's fixed cost goes. Then the server: it is issue 11's
-    # target itself; the engine-level small-call rows only explain it.
-    profile_args = (5, PROFILE_ROWS[:3]) if args.dry_run else (30,)
+    # server-sized pass's fixed cost goes. Then MLX's backend settings,
+    # which change that cost. Then the server: it is issue 11's target
+    # itself; the engine-level small-call rows only explain it.
     if args.pass_profile:
         for name, config, folder, ids in plans:
             section(report, name, "pass_profile", lambda f=folder, i=ids: pass_profile(
@@ -835,6 +874,10 @@ def engine_optional(report, plans, args, common) -> None:
             if args.pass_profile:
                 section(report, name, "pass_profile_joined", lambda f=folder, i=ids: pass_profile(
                     load(f, joined_linears=True), i, *profile_args), args)
+    if args.mlx_env:
+        for name, config, folder, ids in plans:
+            section(report, name, "mlx_env", lambda n=name, f=folder: mlx_env_ab(
+                n, f.parent, args, ["mlx_defaults", *args.mlx_env]), args)
     if args.server:
         for name, config, folder, ids in plans:
             section(report, name, "server", lambda n=name, f=folder, i=ids: server_rows(
@@ -919,6 +962,22 @@ def summary(results: dict, call: int) -> str:
             f"{peer.get('batch_256', nan):.0f} | {peer.get('batch_32', nan):.0f} | "
             f"{lat:.1f} / {r.get('torch_latency_ms_fp32', nan):.1f} | "
             f"{'-' if par is None else f'{par:.7f}'} |")
+    for name, r in results.items():
+        sets = r.get("mlx_env")
+        if not isinstance(sets, dict) or "error" in sets or "skipped" in sets:
+            continue
+        lines += ["", f"MLX settings, {name} (each in its own process; pass profile: fixed ms + ms a text, "
+                      "and a 32-row pass's submit / wait ms):",
+                  f"| set | one call | calls of {call} | overlapped | fixed ms | ms a text | submit 32 | wait 32 |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for label, row in sets.items():
+            rates, prof = row.get("rates", {}), row.get("pass_profile", {})
+            r32 = prof.get("rows", {}).get("32", {})
+            lines.append(
+                f"| {label} | {rates.get('one_call', nan):.0f} | {rates.get(f'calls_of_{call}', nan):.0f} | "
+                f"{rates.get(f'calls_of_{call}_overlapped', nan):.0f} | {prof.get('fixed_ms', nan):.2f} | "
+                f"{prof.get('ms_per_text', nan):.4f} | {r32.get('submit_ms', nan):.2f} | "
+                f"{r32.get('wait_ms', nan):.2f} |")
     loads = [f"texts_{n}_per_request_c{c}" for n, c in SERVER_LOADS]
     for name, r in results.items():
         server = r.get("server")
@@ -984,6 +1043,9 @@ def main(argv=None) -> int:
                    help=f"comma list of the server flag sets --server runs, of {', '.join(SERVER_FLAGS)}")
     p.add_argument("--graph-ops", action="store_true",
                    help="one call and calls of --call with MLX_MAX_OPS_PER_BUFFER 20/60/200")
+    p.add_argument("--mlx-env", default="",
+                   help="comma list of MLX settings to run the engine under, each beside MLX's defaults in "
+                        f"a child process: {', '.join(k for k in MLX_ENV_SETS if k != 'mlx_defaults')}")
     p.add_argument("--rates-only", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--no-core", action="store_true",
                    help="leave out the core figures and the memory run (measured before)")
@@ -1000,6 +1062,11 @@ def main(argv=None) -> int:
     unknown = sorted(set(args.server_flags) - set(SERVER_FLAGS))
     if unknown:
         p.error(f"unknown --server-flags {', '.join(unknown)}; known: {', '.join(SERVER_FLAGS)}")
+    args.mlx_env = [x.strip() for x in args.mlx_env.split(",") if x.strip()]
+    unknown = sorted(x for x in args.mlx_env if x not in MLX_ENV_SETS or x == "mlx_defaults")
+    if unknown:
+        p.error(f"unknown --mlx-env {', '.join(unknown)}; known: "
+                f"{', '.join(k for k in MLX_ENV_SETS if k != 'mlx_defaults')}")
 
     if args.stage != "torch":
         import mlx_embed as _mlx_embed

@@ -15,7 +15,7 @@ def test_bench_gpu_dry_run(tmp_path):
     r = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--dry-run", "--variants",
          "--sweep", "--quantized", "--small-calls", "--graph-ops", "--pass-profile", "--kernel-probe",
-         "--joined-ab", "--float16", "--out", str(tmp_path)],
+         "--joined-ab", "--float16", "--mlx-env", "graphs_off,cudnn_sdpa_off", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, env=env,
     )
     assert r.returncode == 0, r.stderr[-3000:]
@@ -54,6 +54,16 @@ def test_bench_gpu_dry_run(tmp_path):
         assert set(graphs) == {"ops_per_graph_20", "ops_per_graph_60", "ops_per_graph_200"}
         assert all(set(r) == {"one_call", "calls_of_8", "calls_of_8_overlapped"} and min(r.values()) > 0
                    for r in graphs.values())
+        # MLX's CUDA settings, each in a child process beside MLX's defaults
+        # (no-ops on the CPU, where the child must still run and report).
+        sets = res["mlx_env"]
+        assert list(sets) == ["mlx_defaults", "graphs_off", "cudnn_sdpa_off"]
+        assert sets["graphs_off"]["env"] == {"MLX_USE_CUDA_GRAPHS": "0"}
+        for row in sets.values():
+            assert min(row["rates"].values()) > 0 and set(row["rates"]) == {
+                "one_call", "calls_of_8", "calls_of_8_overlapped"}
+            assert list(row["pass_profile"]["rows"]) == ["1", "8", "32"]
+            assert row["pass_profile"]["ms_per_text"] > 0
         small = res["small_calls"]
         assert set(small) == {"defaults", "threads_2", "threads_4", "streams_2", "streams_4"}
         assert set(small["streams_2"]) == {"calls_of_8", "calls_of_8_overlapped"}
@@ -94,6 +104,7 @@ def test_bench_gpu_dry_run(tmp_path):
             > sum(qwen["pass_profile_joined"]["primitives_by_name"].values()))
     assert "joined_linears" not in bert
     assert "| tiny-bert |" in r.stdout and "| tiny-qwen3 |" in r.stdout
+    assert "MLX settings, tiny-qwen3" in r.stdout and "| graphs_off | " in r.stdout
 
 
 def test_bench_gpu_refuses_an_unknown_server_flag_set():
@@ -104,6 +115,15 @@ def test_bench_gpu_refuses_an_unknown_server_flag_set():
     )
     assert r.returncode == 2
     assert "unknown --server-flags nope; known: defaults, streams_2" in r.stderr
+
+
+def test_bench_gpu_refuses_an_unknown_mlx_setting():
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--dry-run", "--mlx-env", "graphs_off,mlx_defaults"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
+    )
+    assert r.returncode == 2
+    assert "unknown --mlx-env mlx_defaults; known: graphs_off, cudnn_sdpa_off" in r.stderr
 
 
 def test_gpu_architectures_dry_run(tmp_path):

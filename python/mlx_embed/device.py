@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Optional
 
 import mlx.core as mx
+
+from . import precision
 
 log = logging.getLogger("mlx_embed")
 
@@ -44,6 +47,27 @@ def device_name() -> str:
     except Exception:  # an old MLX or a backend without device_info
         name = ""
     return f"{backend()} ({name})" if name else backend()
+
+
+CUDA_GRAPHS_VARIABLE = "MLX_USE_CUDA_GRAPHS"
+
+
+def cuda_graphs() -> Optional[str]:
+    """On CUDA, how MLX sends a pass's kernels: ``on`` (MLX's default)
+    records them into CUDA graphs, instantiated or updated and launched 20
+    kernels at a time; ``off`` (``MLX_USE_CUDA_GRAPHS=0``) launches each one
+    as it is built. None off CUDA. MLX reads the variable once, at its first
+    kernel; this reads it as MLX does.
+
+    Measured on an H200 (docs/benchmarks.md, fifth lease): ``off`` ran
+    server-sized work 1.1-1.3x faster (calls of 32 texts, the server at 64
+    connections), but without graphs MLX keeps every temporary buffer of an
+    evaluation until all of it has run, and the process's peak device memory
+    rose from 17.9 GB to 64 GB over one-call runs of 2,048 Qwen3-0.6B texts.
+    So MLX's default stays until that peak is bounded and measured."""
+    if backend() != "cuda":
+        return None
+    return "on" if precision.mlx_switch_on(os.environ.get(CUDA_GRAPHS_VARIABLE)) else "off"
 
 
 def apply_cache_limit(cache_limit_mb: Optional[int]) -> int:

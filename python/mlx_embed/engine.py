@@ -505,6 +505,9 @@ class EmbeddingModel(ScoringMixin):
             )
         if self.scheduler.streams > 1:
             out["streams"] = str(self.scheduler.streams)
+        graphs = device.cuda_graphs()
+        if graphs is not None:
+            out["cuda_graphs"] = graphs
         if self.joined_groups:
             out["joined_linears"] = str(self.joined_groups)
         return out
@@ -539,6 +542,8 @@ class EmbeddingModel(ScoringMixin):
             "joined_linears": self.joined_groups,
             "cache_limit_mb": self.cache_limit_mb,
             "float32_matmul": precision.float32_matmul(device.is_cpu()),
+            # On CUDA: "on" (MLX's default) or "off" (MLX_USE_CUDA_GRAPHS=0); None elsewhere.
+            "cuda_graphs": device.cuda_graphs(),
             "memory": self.memory(),
             "startup": startup.describe(),
             # The server checks token-id input against it before queueing.

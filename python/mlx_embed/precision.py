@@ -36,10 +36,16 @@ def keep_float32_exact() -> None:
 
 
 def tf32_enabled(value: Optional[str]) -> bool:
-    """Whether MLX turns TF32 on for this value of the variable: it reads it
-    with C's ``atoi`` (glibc: ``(int) strtol``), so unset means on, ASCII
-    whitespace, a sign and ASCII digits make the number, anything else reads
-    0, and the number is cut to a 32-bit int."""
+    """Whether MLX turns TF32 on for this value of the variable."""
+    return mlx_switch_on(value)
+
+
+def mlx_switch_on(value: Optional[str]) -> bool:
+    """Whether MLX reads an on/off variable that defaults to on
+    (``MLX_ENABLE_TF32``, ``MLX_USE_CUDA_GRAPHS``) as on for this value: it
+    reads it with C's ``atoi`` (glibc: ``(int) strtol``), so unset means on,
+    ASCII whitespace, a sign and ASCII digits make the number, anything else
+    reads 0, and the number is cut to a 32-bit int."""
     if value is None:
         return True
     match = re.match(r"[ \t\n\v\f\r]*([+-]?[0-9]+)", value)

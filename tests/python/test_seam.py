@@ -553,3 +553,26 @@ def test_tf32_enabled_reads_the_variable_as_mlx_does(value, want):
     from mlx_embed import precision
 
     assert precision.tf32_enabled(value) is want
+
+
+@pytest.mark.parametrize("value, want", [(None, "on"), ("0", "off"), ("1", "on"), ("", "off"), (" 0", "off")])
+def test_cuda_graphs_reports_what_mlx_reads(monkeypatch, value, want):
+    """/info says whether MLX's CUDA backend records kernels into CUDA graphs
+    (its default) or launches them one by one (MLX_USE_CUDA_GRAPHS=0), read as
+    MLX reads the variable; off CUDA there is nothing to say."""
+    from mlx_embed import device
+
+    if value is None:
+        monkeypatch.delenv("MLX_USE_CUDA_GRAPHS", raising=False)
+    else:
+        monkeypatch.setenv("MLX_USE_CUDA_GRAPHS", value)
+    assert device.cuda_graphs() is None  # this machine's CPU
+    monkeypatch.setattr(device, "backend", lambda: "cuda")
+    assert device.cuda_graphs() == want
+    monkeypatch.setattr(device, "backend", lambda: "metal")
+    assert device.cuda_graphs() is None
+
+
+def test_cuda_graphs_is_absent_from_a_cpu_models_details(minilm):
+    assert "cuda_graphs" not in minilm.spec().details
+    assert minilm.info()["cuda_graphs"] is None

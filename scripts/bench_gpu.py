@@ -18,6 +18,12 @@ Qwen3-0.6B) it reports:
 * ``--float16``: every shape in fp16, its rates and one-text latency, and its
   vectors against the engine's fp32 ones on the same ids (an fp16 overflow
   shows there);
+* ``--packed-ab``: the BERT shapes with their layers on each pass's real
+  tokens alone (``load(packed_rows=True)``) against padded passes: one call,
+  calls of 32 and of 64 random texts (a server batch's mix of lengths),
+  rounds interleaved, and the two paths' vectors; ``--server-flags
+  packed_rows`` (and ``packed_graphs_off``, with CUDA graphs off) runs the
+  server with ``--packed-rows true``;
 * ``--joined-ab``: the Qwen3 shape with its q/k/v and gate/up projections
   joined into one matmul each against apart (``load(joined_linears=)``);
 * ``--sweep``: the device sub-batch budget (``batch_tokens``);
@@ -517,6 +523,30 @@ def float16_rows(load, folder: Path, ids: list[list[int]], reps: int, call: int)
     return out
 
 
+def packed_ab(load, ids: list[list[int]], reps: int, rounds: int, call: int) -> dict:
+    """The BERT family with its layers on each pass's real tokens
+    (``load(packed_rows=True)``) against padded passes (the default), rounds
+    interleaved: one call, calls of ``call`` and of 64 random texts (what the
+    server's batches are: mixed lengths, padded to the longest), back to back
+    and overlapped; texts/s medians, each ratio packed over padded; and the
+    two paths' vectors on the same ids."""
+    models = {"padded": load(), "packed": load(packed_rows=True)}
+    runs: dict = {key: [] for key in models}
+    for _ in range(rounds):
+        for key, m in models.items():
+            rates = engine_rates(m, ids, reps, call)
+            if call != 64:
+                rates.update(engine_rates(m, ids, reps, 64, one_call=False))
+            runs[key].append(rates)
+    out: dict = {"rounds": rounds}
+    for key, rows in runs.items():
+        out[key] = {name: float(np.median([r[name] for r in rows])) for name in rows[0]}
+    out["speedup"] = {name: out["packed"][name] / out["padded"][name] for name in out["padded"]}
+    sub = ids[:PARITY_TEXTS]
+    out["vectors"] = parity(mlx_vectors(models["padded"], sub), mlx_vectors(models["packed"], sub))
+    return out
+
+
 JOINED_ROWS = (1, 8, 32)
 
 
@@ -617,7 +647,11 @@ SERVER_FLAGS = {"defaults": [], "streams_2": ["--streams", "2"], "streams_4": ["
                 "regroup_off": ["--regroup-window-ms", "0"], "regroup_2": ["--regroup-window-ms", "2"],
                 "regroup_4": ["--regroup-window-ms", "4"], "regroup_8": ["--regroup-window-ms", "8"],
                 # The server's default flags in a process with MLX_ENV_SETS' settings.
-                **{label: [] for label in MLX_ENV_SETS if label != "mlx_defaults"}}
+                **{label: [] for label in MLX_ENV_SETS if label != "mlx_defaults"},
+                # The BERT family's layers on each batch's real tokens alone.
+                "packed_rows": ["--packed-rows", "true"], "packed_graphs_off": ["--packed-rows", "true"]}
+# The MLX settings of a server flag set's process, by label.
+SERVER_MLX_ENV = {**MLX_ENV_SETS, "packed_graphs_off": MLX_ENV_SETS["graphs_off"]}
 # What --server runs unless --server-flags names others: today's defaults
 # beside the regroup window off and shorter.
 DEFAULT_SERVER_FLAGS = ("defaults", "regroup_off", "regroup_2")
@@ -704,7 +738,7 @@ def server_rows(name: str, folder: Path, ids: list[list[int]], args, workdir: Pa
             # what ran is kept, the rest says why it is missing.
             out[label] = {"flags": " ".join(flags), "skipped": "past --deadline"}
             continue
-        mlx_env = MLX_ENV_SETS.get(label, {})
+        mlx_env = SERVER_MLX_ENV.get(label, {})
         row = {"flags": " ".join(flags), "mlx_env": mlx_env}
         out[label] = row
         try:
@@ -885,6 +919,14 @@ def engine_optional(report, plans, args, common) -> None:
             if args.pass_profile:
                 section(report, name, "pass_profile_joined", lambda f=folder, i=ids: pass_profile(
                     load(f, joined_linears=True), i, *profile_args), args)
+    if args.packed_ab:
+        # bf16 as on a GPU; float32 on the CPU, which has no fast half-precision path.
+        dtype = "float32" if mx.default_device() == mx.cpu else "bfloat16"
+        for name, config, folder, ids in plans:
+            if config["model_type"] != "bert":
+                continue
+            section(report, name, "packed_rows", lambda f=folder, i=ids: packed_ab(
+                lambda **kw: load(f, dtype=dtype, **kw), i, reps, 1 if args.dry_run else 3, args.call), args)
     if args.mlx_env:
         for name, config, folder, ids in plans:
             section(report, name, "mlx_env", lambda n=name, f=folder: mlx_env_ab(
@@ -989,6 +1031,16 @@ def summary(results: dict, call: int) -> str:
                 f"{rates.get(f'calls_of_{call}_overlapped', nan):.0f} | {prof.get('fixed_ms', nan):.2f} | "
                 f"{prof.get('ms_per_text', nan):.4f} | {r32.get('submit_ms', nan):.2f} | "
                 f"{r32.get('wait_ms', nan):.2f} |")
+    for name, r in results.items():
+        packed = r.get("packed_rows")
+        if not isinstance(packed, dict) or "speedup" not in packed:
+            continue
+        keys = list(packed["padded"])
+        lines += ["", f"packed rows, {name} (texts/s, padded -> packed, medians of {packed['rounds']} rounds; "
+                      f"vectors min cosine {packed['vectors']['min_cosine']:.6f}):",
+                  "| " + " | ".join(keys) + " |", "|" + "---:|" * len(keys),
+                  "| " + " | ".join(f"{packed['padded'][k]:.0f} -> {packed['packed'][k]:.0f} "
+                                    f"({packed['speedup'][k]:.2f}x)" for k in keys) + " |"]
     loads = [f"texts_{n}_per_request_c{c}" for n, c in SERVER_LOADS]
     for name, r in results.items():
         server = r.get("server")
@@ -1046,6 +1098,9 @@ def main(argv=None) -> int:
     p.add_argument("--joined-ab", action="store_true",
                    help="decoder shapes: q/k/v and gate/up joined into one matmul each against apart (the "
                         "default), calls of 1-32 texts (with --pass-profile: the joined pass's profile too)")
+    p.add_argument("--packed-ab", action="store_true",
+                   help="BERT shapes: layers on each pass's real tokens (load(packed_rows=True)) against padded "
+                        "passes, one call and calls of --call and 64 random texts")
     p.add_argument("--kernel-probe", action="store_true",
                    help="what one view, element-wise add or small matmul costs a pass, host and device")
     p.add_argument("--wrk-seconds", type=float, default=5.0,

@@ -11,7 +11,8 @@ Public API::
                            batch_tokens=None, workers=None, fast_ops=None,
                            cache_limit_mb=None, pipeline=None, streams=1,
                            fused_attention=None, shape_buckets=None,
-                           joined_linears=False, group_size=32, name=None, kind=None)
+                           joined_linears=False, packed_rows=False, group_size=32,
+                           name=None, kind=None)
                            # pooling="splade": a BertForMaskedLM / DistilBertForMaskedLM
                            # folder's SPLADE vectors (a SparseEncoder folder is SPLADE by itself)
     model.embed(texts, *, normalize=True, truncate=True,
@@ -71,7 +72,9 @@ def load(path=None, *, dtype="float32", quantize=None, instruction=None, **kwarg
     ``mx.fast.scaled_dot_product_attention``; default on a GPU in fp16/bf16),
     ``shape_buckets`` (pad passes to a bounded set of shapes; default on a GPU),
     ``joined_linears`` (a decoder's q/k/v and gate/up projections as one
-    matmul each; off, see ``sibling_linears.py``).
+    matmul each; off, see ``sibling_linears.py``), ``packed_rows`` (the BERT
+    family's layers on a pass's real tokens alone, attention alone on the
+    padded layout; off until a GPU measures it, see ``ops.PackedRows``).
 
     What the folder is: ``pooling`` overrides its pooling ("splade" makes a
     masked-LM checkpoint a SPLADE sparse model), ``kind`` forces "embedding",

@@ -65,6 +65,7 @@ class EmbeddingModel(ScoringMixin):
         dequantize: Optional[bool] = None,
         kind: Optional[str] = None,
         joined_linears: bool = False,
+        packed_rows: bool = False,
         _is_default: bool = False,
     ):
         t0 = time.perf_counter()
@@ -72,6 +73,7 @@ class EmbeddingModel(ScoringMixin):
             quantize=quantize, group_size=group_size, max_length=max_length, batch_tokens=batch_tokens,
             workers=workers, streams=streams, pipeline=pipeline, fused_attention=fused_attention,
             shape_buckets=shape_buckets, dequantize=dequantize, joined_linears=joined_linears, name=name,
+            packed_rows=packed_rows,
         )
         # Before the weights: their buffers then obey the limit too.
         self.cache_limit_mb = device.apply_cache_limit(cache_limit_mb)
@@ -148,7 +150,7 @@ class EmbeddingModel(ScoringMixin):
         self._blas_threads = _blas.get_num_threads()
         self.context = ops.make_context(
             fast_ops, kernel_threads=self._blas_threads, fused_attention=fused_attention,
-            dtype=self.dtype,
+            dtype=self.dtype, packed_rows=packed_rows,
         )
         ops.prepare(self.model, self.context)
         self.scheduler = Scheduler(
@@ -510,6 +512,8 @@ class EmbeddingModel(ScoringMixin):
             out["cuda_graphs"] = graphs
         if self.joined_groups:
             out["joined_linears"] = str(self.joined_groups)
+        if self.context.packed_rows:
+            out["packed_rows"] = "true"
         return out
 
     def info(self) -> dict:
@@ -540,6 +544,8 @@ class EmbeddingModel(ScoringMixin):
             "dequantized": self.dequantized_because,
             # Groups of sibling projections run as one matmul each.
             "joined_linears": self.joined_groups,
+            # The BERT family's layers on the real tokens alone (ops.PackedRows).
+            "packed_rows": self.context.packed_rows,
             "cache_limit_mb": self.cache_limit_mb,
             "float32_matmul": precision.float32_matmul(device.is_cpu()),
             # On CUDA: "on" (MLX's default) or "off" (MLX_USE_CUDA_GRAPHS=0); None elsewhere.
@@ -586,7 +592,7 @@ def _refuse_lone_surrogates(texts: list[str]) -> None:
 
 
 _COUNTS = ("quantize", "group_size", "max_length", "batch_tokens", "workers", "streams")
-_SWITCHES = ("pipeline", "fused_attention", "shape_buckets", "dequantize", "joined_linears")
+_SWITCHES = ("pipeline", "fused_attention", "shape_buckets", "dequantize", "joined_linears", "packed_rows")
 
 
 def _check_settings(**settings) -> None:

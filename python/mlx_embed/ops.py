@@ -166,6 +166,10 @@ class ForwardContext:
     # (one fused kernel where the backend has one, e.g. cuDNN on CUDA in
     # half precision) instead of two matmuls around a softmax.
     fused_attention: bool = False
+    # The BERT family's layers on a pass's real tokens alone, packed into
+    # rows of their own, with attention alone on the padded layout
+    # (``KeyMask.packed_rows``).
+    packed_rows: bool = False
 
     def with_threads(self, n: int) -> "ForwardContext":
         return replace(self, kernel_threads=max(1, int(n)))
@@ -180,6 +184,7 @@ def make_context(
     kernel_threads: Optional[int] = None,
     fused_attention: Optional[bool] = None,
     dtype: str = "float32",
+    packed_rows: bool = False,
 ) -> ForwardContext:
     path = resolve_path(fast_ops)
     if fused_attention is None:
@@ -188,6 +193,7 @@ def make_context(
         path=path,
         kernel_threads=max(1, int(kernel_threads or os.cpu_count() or 1)),
         fused_attention=bool(fused_attention) and path == "exact",
+        packed_rows=bool(packed_rows),
     )
 
 
@@ -551,6 +557,52 @@ def _norm_params(norm: nn.LayerNorm) -> tuple:
     return cached[2], cached[3]
 
 
+def bucket_length(n: int) -> int:
+    """``n`` rounded up to 16 or to one of 4 steps per octave above it
+    (20, 24, 28, 32, 40, 48, ...): at most 25% padding, ~4 lengths per
+    doubling of the longest text."""
+    if n <= 16:
+        return 16
+    step = 1 << ((n - 1).bit_length() - 3)
+    return -(-n // step) * step
+
+
+class PackedRows:
+    """A padded pass's real tokens as rows of their own. A pass of mixed
+    lengths is padded to its longest text, so 64 random texts of ~64 tokens
+    carry ~4x their real tokens (docs/benchmarks.md, fifth lease), and every
+    projection, norm and activation of a layer computes the padding too.
+    Packed, they run on the real tokens alone, and only attention, which
+    needs each text's tokens side by side, goes back to the padded layout
+    for its one call (``unpack``, then ``pack``).
+
+    ``pack`` takes [B, L, C] to [rows, C], the real tokens in row-major
+    order; the row count is rounded up (``bucket_length``) so that a GPU sees
+    few distinct shapes, the extra rows repeating the first token.
+    ``unpack`` takes [rows, C] back to [B, L, C]; a padding slot gets the
+    first token's row, whose values attention masks as a key and the engine
+    drops as an output, as it does the padding's own."""
+
+    def __init__(self, mask: np.ndarray):
+        self.shape = mask.shape
+        slots = np.flatnonzero(mask.reshape(-1)).astype(np.int32)
+        self.real = len(slots)
+        self.rows = bucket_length(self.real)
+        gather = np.zeros(self.rows, dtype=np.int32)
+        gather[: self.real] = slots
+        scatter = np.zeros(mask.size, dtype=np.int32)
+        scatter[slots] = np.arange(self.real, dtype=np.int32)
+        self._gather, self._scatter = mx.array(gather), mx.array(scatter)
+
+    def pack(self, x: mx.array) -> mx.array:
+        B, L = self.shape
+        return mx.take(x.reshape(B * L, x.shape[-1]), self._gather, axis=0)
+
+    def unpack(self, x: mx.array) -> mx.array:
+        B, L = self.shape
+        return mx.take(x, self._scatter, axis=0).reshape(B, L, x.shape[-1])
+
+
 class KeyMask:
     """Which keys of a padded batch are real tokens, in the two forms the
     softmax paths take: per-sequence lengths (native kernel) or an additive
@@ -562,6 +614,22 @@ class KeyMask:
         self.dtype = dtype
         self._lengths: Optional[list[int]] = None
         self._additive: Optional[mx.array] = None
+        self._packed: Optional[PackedRows] = None
+        self._packing_decided = False
+
+    def packed_rows(self) -> Optional[PackedRows]:
+        """The pass's real tokens as rows (``PackedRows``) where the active
+        context packs rows and packing drops at least a quarter of the rows a
+        layer computes; None otherwise. Decided once per forward, from the
+        mask on the host."""
+        if not self._packing_decided:
+            self._packing_decided = True
+            if current().packed_rows and self._mask.shape[0] > 1:
+                with _graph_lock_released():
+                    mask = np.array(self._mask, copy=False)
+                if 4 * bucket_length(int(mask.sum())) <= 3 * mask.size:
+                    self._packed = PackedRows(mask)
+        return self._packed
 
     @property
     def length(self) -> int:

@@ -46,6 +46,7 @@ import mlx.nn as nn
 import numpy as np
 
 from . import _blas, device, ops, pooling
+from .ops import bucket_length
 
 # Padded tokens (longest x rows) per forward pass on the CPU. Measured on a
 # 2-core x86 with OpenBLAS and the native kernels (docs/benchmarks.md): the
@@ -76,16 +77,6 @@ _DEVICE_QUEUE_LOCK = threading.Lock()
 
 def default_batch_tokens() -> int:
     return CPU_BATCH_TOKENS if device.is_cpu() else GPU_BATCH_TOKENS
-
-
-def bucket_length(n: int) -> int:
-    """``n`` rounded up to 16 or to one of 4 steps per octave above it
-    (20, 24, 28, 32, 40, 48, ...): at most 25% padding, ~4 lengths per
-    doubling of the longest text."""
-    if n <= 16:
-        return 16
-    step = 1 << ((n - 1).bit_length() - 3)
-    return -(-n // step) * step
 
 
 def bucket_rows(n: int) -> int:

@@ -29,6 +29,29 @@ def test_engine_flags_reach_the_engine(tmp_path, golden):
         server.stop()
 
 
+def test_packed_rows_flag_reaches_the_engine(tmp_path, golden):
+    """``--packed-rows true``: the BERT family's layers on each pass's real
+    tokens alone; answers equal the references for texts of mixed lengths
+    sent together (one pass, mostly padding)."""
+    server = start_server(
+        tmp_path, "--no-warmup", "--no-cache", "--fast-ops", "exact", "--workers", "1",
+        "--device-batch-tokens", "8192", "--packed-rows", "true",
+    )
+    try:
+        details = server.get("/info").json()["details"]
+        assert details["packed_rows"] == "true"
+        texts, reference = golden
+        keep = [i for i, t in enumerate(texts) if t]  # this route refuses an empty text
+        assert len(keep) >= 16
+        resp = server.post("/api/v1/embed", {"texts": [texts[i] for i in keep]})
+        assert resp.status_code == 200, resp.text
+        got = np.array(resp.json()["embeddings"], dtype=np.float32)
+        assert got.shape == reference[keep].shape
+        assert float((got * reference[keep]).sum(axis=1).min()) >= 0.99999
+    finally:
+        server.stop()
+
+
 def test_old_fast_ops_env_spelling_still_works(tmp_path):
     server = start_server(tmp_path, "--no-warmup", env={"MLX_EMBED_FAST_OPS": "0"})
     try:

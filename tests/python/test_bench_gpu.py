@@ -15,7 +15,7 @@ def test_bench_gpu_dry_run(tmp_path):
     r = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--dry-run", "--variants",
          "--sweep", "--quantized", "--small-calls", "--graph-ops", "--pass-profile", "--kernel-probe",
-         "--joined-ab", "--float16", "--mlx-env", "graphs_off,cudnn_sdpa_off", "--out", str(tmp_path)],
+         "--joined-ab", "--float16", "--mlx-env", "graphs_off,cudnn_sdpa_off", "--packed-ab", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, env=env,
     )
     assert r.returncode == 0, r.stderr[-3000:]
@@ -103,6 +103,13 @@ def test_bench_gpu_dry_run(tmp_path):
     assert (sum(qwen["pass_profile"]["primitives_by_name"].values())
             > sum(qwen["pass_profile_joined"]["primitives_by_name"].values()))
     assert "joined_linears" not in bert
+    # Packed rows against padded passes, BERT shapes only: both paths' rates
+    # and the same vectors.
+    packed = bert["packed_rows"]
+    assert set(packed["padded"]) == set(packed["packed"]) == set(packed["speedup"]) == {
+        "one_call", "calls_of_8", "calls_of_8_overlapped", "calls_of_64", "calls_of_64_overlapped"}
+    assert min(packed["packed"].values()) > 0 and packed["vectors"]["min_cosine"] >= 0.99999
+    assert "packed_rows" not in qwen
     assert "| tiny-bert |" in r.stdout and "| tiny-qwen3 |" in r.stdout
     assert "MLX settings, tiny-qwen3" in r.stdout and "| graphs_off | " in r.stdout
 

@@ -38,7 +38,7 @@ pub struct PythonModelOptions {
     pub kind: Option<String>,
 }
 
-/// The Python engine's per-model settings (`mlx_embed.load(cache_limit_mb=, fast_ops=, workers=, batch_tokens=, pipeline=, streams=)`).
+/// The Python engine's per-model settings (`mlx_embed.load(cache_limit_mb=, fast_ops=, workers=, batch_tokens=, pipeline=, streams=, packed_rows=)`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EngineOptions {
     /// MLX buffer cache limit in MiB (engine default: 2048 on a GPU, 0 on the CPU).
@@ -54,6 +54,8 @@ pub struct EngineOptions {
     pub pipeline: Option<bool>,
     /// Device streams the pipelined path rotates over, call after call (engine default: 1).
     pub streams: Option<usize>,
+    /// The BERT family's layers on a pass's real tokens alone (engine default: off).
+    pub packed_rows: Option<bool>,
 }
 
 impl Default for PythonModelOptions {
@@ -113,6 +115,9 @@ impl PythonEmbedder {
             }
             if let Some(n) = engine.streams {
                 kwargs.set_item("streams", n)?;
+            }
+            if let Some(on) = engine.packed_rows {
+                kwargs.set_item("packed_rows", on)?;
             }
             if let Some(kind) = &options.kind {
                 kwargs.set_item("kind", kind)?;

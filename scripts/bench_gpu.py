@@ -30,7 +30,8 @@ Qwen3-0.6B) it reports:
 * ``--graph-ops``: one call and calls of 32 with MLX_MAX_OPS_PER_BUFFER at
   20 (MLX's CUDA default), 60 and 200 (kernels per CUDA graph), each in a
   child process;
-* ``--mlx-env SETS``: one call, calls of 32 and the pass profile under MLX
+* ``--mlx-env SETS``: one call, calls of 32, the pass profile and MLX's
+  peak memory (one call, calls of 32; ``--batch-tokens`` reaches them) under MLX
   CUDA settings (``graphs_off``: kernels launched one by one, not recorded
   into CUDA graphs; ``cudnn_sdpa_off``: MLX's own attention kernels, not
   cuDNN's), each beside MLX's defaults in a child process; ``--server-flags``
@@ -304,6 +305,22 @@ def memory_run(model, calls: int, seed: int, max_rows: int) -> dict:
     secs = time.perf_counter() - t0
     after = {**model.memory(), "device_used_bytes": device_used_bytes()}
     return {"calls": calls, "seconds": secs, "before": before, "after": after, "samples": samples}
+
+
+def peak_memory(model, ids: list[list[int]], call: int) -> dict:
+    """MLX's peak memory (MB) over one call of every text, then over calls
+    of ``call``, each from a reset peak: what a setting costs in device
+    memory (CUDA graphs off hold a pass's temporaries until it has run)."""
+    out = {}
+    for label, size in (("one_call", len(ids)), (f"calls_of_{call}", call)):
+        mx.synchronize()
+        mx.reset_peak_memory()
+        for i in range(0, len(ids), size):
+            model.embed_ids(ids[i : i + size])
+        mx.synchronize()
+        out[f"peak_mb_{label}"] = mx.get_peak_memory() / 2**20
+    out["active_mb"] = mx.get_active_memory() / 2**20
+    return out
 
 
 def shape_costs(model, args, calls: int = 60) -> dict:
@@ -611,6 +628,7 @@ def mlx_env_ab(name: str, workdir: Path, args, labels) -> dict:
                    str(workdir), "--no-core", "--no-torch", "--rates-only", "--shapes", name,
                    "--call", str(args.call), "--reps", str(args.reps), "--out", tmp]
             cmd += ["--texts", str(args.texts)] if args.texts else []
+            cmd += ["--batch-tokens", str(args.batch_tokens)] if args.batch_tokens else []
             cmd += ["--dry-run"] if args.dry_run else []
             cmd += ["--pass-profile"] if args.pass_profile and label not in GRAPH_OPS_SETS else []
             env = {**os.environ, **MLX_ENV_SETS[label]}
@@ -900,6 +918,8 @@ def engine_optional(report, plans, args, common) -> None:
             if args.pass_profile:
                 section(report, name, "pass_profile", lambda f=folder, i=ids: pass_profile(
                     load(f), i, *profile_args), args, optional=False)
+            section(report, name, "peak_memory", lambda f=folder, i=ids: peak_memory(load(f), i, args.call),
+                    args, optional=False)
         return
     # The pass profile first: a second of device time says where a
     # server-sized pass's fixed cost goes. Then MLX's backend settings,
@@ -1021,16 +1041,18 @@ def summary(results: dict, call: int) -> str:
             continue
         lines += ["", f"MLX settings, {name} (each in its own process; pass profile: fixed ms + ms a text, "
                       "and a 32-row pass's submit / wait ms):",
-                  f"| set | one call | calls of {call} | overlapped | fixed ms | ms a text | submit 32 | wait 32 |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  f"| set | one call | calls of {call} | overlapped | fixed ms | ms a text | submit 32 | wait 32 "
+                  "| peak MB one call | peak MB calls |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for label, row in sets.items():
-            rates, prof = row.get("rates", {}), row.get("pass_profile", {})
+            rates, prof, peak = row.get("rates", {}), row.get("pass_profile", {}), row.get("peak_memory", {})
             r32 = prof.get("rows", {}).get("32", {})
             lines.append(
                 f"| {label} | {rates.get('one_call', nan):.0f} | {rates.get(f'calls_of_{call}', nan):.0f} | "
                 f"{rates.get(f'calls_of_{call}_overlapped', nan):.0f} | {prof.get('fixed_ms', nan):.2f} | "
                 f"{prof.get('ms_per_text', nan):.4f} | {r32.get('submit_ms', nan):.2f} | "
-                f"{r32.get('wait_ms', nan):.2f} |")
+                f"{r32.get('wait_ms', nan):.2f} | {peak.get('peak_mb_one_call', nan):.0f} | "
+                f"{peak.get(f'peak_mb_calls_of_{call}', nan):.0f} |")
     for name, r in results.items():
         packed = r.get("packed_rows")
         if not isinstance(packed, dict) or "speedup" not in packed:

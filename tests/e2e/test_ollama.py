@@ -132,3 +132,19 @@ def test_two_models_listed_and_picked_by_tagged_name(duo, golden):
         c.embeddings(model="nope", prompt="")
     assert e.value.status_code == 404
     assert duo.healthy()
+
+
+def test_a_request_ollama_cannot_take_is_a_400(server):
+    """Ollama answers 400 where other APIs answer 422: an input over the
+    model's context with ``truncate: false``, a field of the wrong type."""
+    c = client(server)
+    with pytest.raises(ollama.ResponseError) as e:
+        c.embed(model=EMBEDDER, input=["short", "word " * 600], truncate=False)
+    assert e.value.status_code == 400 and e.value.error.startswith("input 1 has 602 tokens, more than the model's maximum of 256")
+    # The same text cut to the context answers.
+    assert len(c.embed(model=EMBEDDER, input=["word " * 600]).embeddings) == 1
+    resp = server.post("/api/embed", {"model": EMBEDDER, "input": 3})
+    assert resp.status_code == 400 and "expected a string or an array of strings" in resp.json()["error"]
+    resp = server.post("/api/embeddings", {"model": EMBEDDER, "prompt": ["a"]})
+    assert resp.status_code == 400, resp.text
+    assert server.healthy()

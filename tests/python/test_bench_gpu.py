@@ -64,6 +64,7 @@ def test_bench_gpu_dry_run(tmp_path):
                 "one_call", "calls_of_8", "calls_of_8_overlapped"}
             assert list(row["pass_profile"]["rows"]) == ["1", "8", "32"]
             assert row["pass_profile"]["ms_per_text"] > 0
+            assert row["peak_memory"]["peak_mb_one_call"] > 0 and row["peak_memory"]["peak_mb_calls_of_8"] > 0
         small = res["small_calls"]
         assert set(small) == {"defaults", "threads_2", "threads_4", "streams_2", "streams_4"}
         assert set(small["streams_2"]) == {"calls_of_8", "calls_of_8_overlapped"}

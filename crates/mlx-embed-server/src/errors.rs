@@ -20,7 +20,7 @@
 //! * native `/api/v1/*` and operational routes: `{"error": {"message": str, "type": str, "code": int}}`
 //! * OpenAI `/v1/*`, and Cohere's `/v2/embed`, `/v2/rerank`: `{"error": {"message": str, "type": str, "param": str|null, "code": str|null}}`
 //! * TEI `/embed` etc.: `{"error": str, "error_type": str}`
-//! * Ollama `/api/*` (but `/api/v1/*`): `{"error": str}`
+//! * Ollama `/api/*` (but `/api/v1/*`): `{"error": str}`, and 400 where the table says 422, as Ollama answers
 //! * Weaviate `/vectors`, `/meta`: `{"error": str}`
 
 use std::marker::PhantomData;
@@ -345,7 +345,13 @@ impl Api {
     }
 
     pub fn render(self, err: ApiError) -> Response {
-        let status = err.status();
+        let status = match (self, err.status()) {
+            // Ollama answers every request it cannot take as given with 400
+            // (a body of the wrong shape, an input over the context length
+            // with `truncate: false`); its clients check for that, not 422.
+            (Api::Ollama, StatusCode::UNPROCESSABLE_ENTITY) => StatusCode::BAD_REQUEST,
+            (_, status) => status,
+        };
         let mut response = match self {
             Api::Native => Json(NativeErrorBody {
                 error: NativeErrorDetail {

@@ -81,7 +81,7 @@ pub struct OllamaEmbedResponse {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
         (status = 200, description = "Embeddings in input order", body = OllamaEmbedResponse),
-        (status = "4XX", description = "Invalid request (400, 401, 413, 415, 422, 429)", body = OllamaErrorBody),
+        (status = "4XX", description = "Invalid request (400, 401, 404, 413, 415, 429)", body = OllamaErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OllamaErrorBody),
     )
 )]
@@ -157,7 +157,7 @@ pub struct OllamaEmbeddingsResponse {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "The unnormalized embedding", body = OllamaEmbeddingsResponse),
-        (status = "4XX", description = "Invalid request (400, 401, 413, 415, 422, 429)", body = OllamaErrorBody),
+        (status = "4XX", description = "Invalid request (400, 401, 404, 413, 415, 429)", body = OllamaErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OllamaErrorBody),
     )
 )]

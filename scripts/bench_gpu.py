@@ -1018,6 +1018,40 @@ def engine_optional(report, plans, args, common) -> None:
                 section(report, name, f"quantized_{label}", quant, args)
 
 
+def rate_cells(rates: dict, call: int) -> str:
+    """One call | calls of ``call`` | overlapped, texts/s, as table cells."""
+    nan = float("nan")
+    return " | ".join(f"{rates.get(k, nan):.0f}" for k in ("one_call", f"calls_of_{call}",
+                                                             f"calls_of_{call}_overlapped"))
+
+
+def mlx_env_table(name: str, sets: dict, call: int) -> list[str]:
+    nan = float("nan")
+    lines = ["", f"MLX settings, {name} (each in its own process; pass profile: fixed ms + ms a text, "
+                 "and a 32-row pass's submit / wait ms):",
+             f"| set | one call | calls of {call} | overlapped | fixed ms | ms a text | submit 32 | wait 32 "
+             "| peak MB one call | peak MB calls |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for label, row in sets.items():
+        rates, prof, peak = row.get("rates", {}), row.get("pass_profile", {}), row.get("peak_memory", {})
+        r32 = prof.get("rows", {}).get("32", {})
+        lines.append(
+            f"| {label} | {rate_cells(rates, call)} | {prof.get('fixed_ms', nan):.2f} | "
+            f"{prof.get('ms_per_text', nan):.4f} | {r32.get('submit_ms', nan):.2f} | "
+            f"{r32.get('wait_ms', nan):.2f} | {peak.get('peak_mb_one_call', nan):.0f} | "
+            f"{peak.get(f'peak_mb_calls_of_{call}', nan):.0f} |")
+    return lines
+
+
+def packed_table(name: str, packed: dict, call: int) -> list[str]:
+    keys = list(packed["padded"])
+    return ["", f"packed rows, {name} (texts/s, padded -> packed, medians of {packed['rounds']} rounds; "
+                f"vectors min cosine {packed['vectors']['min_cosine']:.6f}):",
+            "| " + " | ".join(keys) + " |", "|" + "---:|" * len(keys),
+            "| " + " | ".join(f"{packed['padded'][k]:.0f} -> {packed['packed'][k]:.0f} "
+                              f"({packed['speedup'][k]:.2f}x)" for k in keys) + " |"]
+
+
 def summary(results: dict, call: int) -> str:
     nan = float("nan")
     lines = ["| shape | engine bf16 one call | bf16 calls of {c} | overlapped | engine fp32 one call "
@@ -1030,39 +1064,15 @@ def summary(results: dict, call: int) -> str:
         par = r.get("parity_fp32", {}).get("min_cosine")
         lat = r.get("latency_ms_fp32") or nan
         lines.append(
-            f"| {name} | {b.get('one_call', nan):.0f} | {b.get(f'calls_of_{call}', nan):.0f} | "
-            f"{b.get(f'calls_of_{call}_overlapped', nan):.0f} | {f.get('one_call', nan):.0f} | "
+            f"| {name} | {rate_cells(b, call)} | {f.get('one_call', nan):.0f} | "
             f"{peer.get('batch_256', nan):.0f} | {peer.get('batch_32', nan):.0f} | "
             f"{lat:.1f} / {r.get('torch_latency_ms_fp32', nan):.1f} | "
             f"{'-' if par is None else f'{par:.7f}'} |")
-    for name, r in results.items():
-        sets = r.get("mlx_env")
-        if not isinstance(sets, dict) or "error" in sets or "skipped" in sets:
-            continue
-        lines += ["", f"MLX settings, {name} (each in its own process; pass profile: fixed ms + ms a text, "
-                      "and a 32-row pass's submit / wait ms):",
-                  f"| set | one call | calls of {call} | overlapped | fixed ms | ms a text | submit 32 | wait 32 "
-                  "| peak MB one call | peak MB calls |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-        for label, row in sets.items():
-            rates, prof, peak = row.get("rates", {}), row.get("pass_profile", {}), row.get("peak_memory", {})
-            r32 = prof.get("rows", {}).get("32", {})
-            lines.append(
-                f"| {label} | {rates.get('one_call', nan):.0f} | {rates.get(f'calls_of_{call}', nan):.0f} | "
-                f"{rates.get(f'calls_of_{call}_overlapped', nan):.0f} | {prof.get('fixed_ms', nan):.2f} | "
-                f"{prof.get('ms_per_text', nan):.4f} | {r32.get('submit_ms', nan):.2f} | "
-                f"{r32.get('wait_ms', nan):.2f} | {peak.get('peak_mb_one_call', nan):.0f} | "
-                f"{peak.get(f'peak_mb_calls_of_{call}', nan):.0f} |")
-    for name, r in results.items():
-        packed = r.get("packed_rows")
-        if not isinstance(packed, dict) or "speedup" not in packed:
-            continue
-        keys = list(packed["padded"])
-        lines += ["", f"packed rows, {name} (texts/s, padded -> packed, medians of {packed['rounds']} rounds; "
-                      f"vectors min cosine {packed['vectors']['min_cosine']:.6f}):",
-                  "| " + " | ".join(keys) + " |", "|" + "---:|" * len(keys),
-                  "| " + " | ".join(f"{packed['padded'][k]:.0f} -> {packed['packed'][k]:.0f} "
-                                    f"({packed['speedup'][k]:.2f}x)" for k in keys) + " |"]
+    for key, table in (("mlx_env", mlx_env_table), ("packed_rows", packed_table)):
+        for name, r in results.items():
+            got = r.get(key)
+            if isinstance(got, dict) and "error" not in got and "skipped" not in got:
+                lines += table(name, got, call)
     loads = [f"texts_{n}_per_request_c{c}" for n, c in SERVER_LOADS]
     for name, r in results.items():
         server = r.get("server")

@@ -72,8 +72,8 @@ def load(path=None, *, dtype="float32", quantize=None, instruction=None, **kwarg
     ``mx.fast.scaled_dot_product_attention``; default on a GPU in fp16/bf16),
     ``shape_buckets`` (pad passes to a bounded set of shapes; default on a GPU),
     ``joined_linears`` (a decoder's q/k/v and gate/up projections as one
-    matmul each; off, see ``sibling_linears.py``), ``packed_rows`` (the BERT
-    family's layers on a pass's real tokens alone, attention alone on the
+    matmul each; off, see ``sibling_linears.py``), ``packed_rows`` (an
+    encoder's layers on a pass's real tokens alone, attention alone on the
     padded layout; off until a GPU measures it, see ``ops.PackedRows``).
 
     What the folder is: ``pooling`` overrides its pooling ("splade" makes a

@@ -166,8 +166,8 @@ class ForwardContext:
     # (one fused kernel where the backend has one, e.g. cuDNN on CUDA in
     # half precision) instead of two matmuls around a softmax.
     fused_attention: bool = False
-    # The BERT family's layers on a pass's real tokens alone, packed into
-    # rows of their own, with attention alone on the padded layout
+    # An encoder's layers (the BERT family, NomicBERT, GTE) on a pass's real
+    # tokens alone, packed into rows of their own, with attention alone on the padded layout
     # (``KeyMask.packed_rows``).
     packed_rows: bool = False
 
@@ -601,6 +601,30 @@ class PackedRows:
     def unpack(self, x: mx.array) -> mx.array:
         B, L = self.shape
         return mx.take(x, self._scatter, axis=0).reshape(B, L, x.shape[-1])
+
+
+def run_layers(layers, x: mx.array, mask: "KeyMask", *args) -> mx.array:
+    """``x = layer(x, mask, *args)`` through ``layers``, on the pass's real
+    tokens packed into rows where the context packs rows (``PackedRows``);
+    the result [B, L, D] as the padded path's. A layer then gets x as
+    [rows, D]: its attention takes its projection to the padded layout with
+    ``padded`` and back with ``like``."""
+    rows = mask.packed_rows()
+    if rows is not None:
+        x = rows.pack(x)
+    for layer in layers:
+        x = layer(x, mask, *args)
+    return x if rows is None else rows.unpack(x)
+
+
+def padded(t: mx.array, mask: "KeyMask") -> mx.array:
+    """A layer's [rows, C] (packed rows) as [B, L, C]; [B, L, C] as it is."""
+    return mask.packed_rows().unpack(t) if t.ndim == 2 else t
+
+
+def like(out: mx.array, x: mx.array, mask: "KeyMask") -> mx.array:
+    """Attention's [B, L, C] in the layout of the layer's input ``x``."""
+    return mask.packed_rows().pack(out) if x.ndim == 2 else out
 
 
 class KeyMask:

@@ -1,7 +1,8 @@
-"""``load(packed_rows=True)``: the BERT family's layers on a pass's real tokens
+"""``load(packed_rows=True)``: an encoder's layers on a pass's real tokens
 alone (``ops.PackedRows``), attention alone on the padded layout. Every output
 must equal the padded path's: pooled vectors, per-token states, pair scores,
-SPLADE weights, on every architecture that runs bert.py's layers."""
+SPLADE weights, on every architecture that packs (bert.py's layers, NomicBERT,
+GTE)."""
 
 from __future__ import annotations
 
@@ -75,8 +76,11 @@ def test_packed_rows_per_token_states_and_cls_pooling(packs):
     assert float(np.abs(cls_padded.embed(TEXTS) - cls_packed.embed(TEXTS)).max()) <= 1e-5
 
 
-@pytest.mark.parametrize("fixture", ["tiny-distilbert", "tiny-xlm-roberta", "tiny-camembert"])
-def test_packed_rows_on_the_architectures_that_run_berts_layers(fixture, packs):
+@pytest.mark.parametrize("fixture", ["tiny-distilbert", "tiny-xlm-roberta", "tiny-camembert", "tiny-nomic-bert",
+                                     "tiny-gte-en", "tiny-gte-multilingual"])
+def test_packed_rows_on_every_architecture_that_packs(fixture, packs):
+    """bert.py's layers (DistilBERT, XLM-R, CamemBERT reuse them), NomicBERT's
+    (rotary positions inside attention) and GTE's (rotary, log-n scaling)."""
     settings = SETTINGS[0]
     padded = mlx_embed.load(FIXTURES / fixture, **settings)
     packed = mlx_embed.load(FIXTURES / fixture, packed_rows=True, **settings)
@@ -85,11 +89,12 @@ def test_packed_rows_on_the_architectures_that_run_berts_layers(fixture, packs):
     assert float((got * want).sum(axis=1).min()) >= 0.99999
 
 
-def test_packed_rows_score_pairs_with_token_types(packs):
+@pytest.mark.parametrize("fixture", ["tiny-bert-reranker", "tiny-gte-reranker"])
+def test_packed_rows_score_pairs_with_token_types(fixture, packs):
     """A cross-encoder reads token types (the second segment 1): packed, the
     scores equal the padded path's."""
     settings = SETTINGS[0]
-    path = FIXTURES / "tiny-bert-reranker"
+    path = FIXTURES / fixture
     padded = mlx_embed.load(path, **settings)
     packed = mlx_embed.load(path, packed_rows=True, **settings)
     pairs = [(q, d) for q in TEXTS[:6] for d in TEXTS[:4]]

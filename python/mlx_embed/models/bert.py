@@ -109,12 +109,9 @@ class Attention(nn.Module):
         self.out_proj = nn.Linear(dim, dim, bias=True)
 
     def __call__(self, x: mx.array, mask: ops.KeyMask) -> mx.array:
-        qkv = ops.linear(self.qkv, x)
-        if x.ndim == 2:
-            # Packed rows (Model.__call__): attention alone on the padded layout.
-            rows = mask.packed_rows()
-            return ops.linear(self.out_proj, rows.pack(ops.attention(rows.unpack(qkv), mask, self.n_heads, self.scale)))
-        return ops.linear(self.out_proj, ops.attention(qkv, mask, self.n_heads, self.scale))
+        qkv = ops.padded(ops.linear(self.qkv, x), mask)
+        out = ops.attention(qkv, mask, self.n_heads, self.scale)
+        return ops.linear(self.out_proj, ops.like(out, x, mask))
 
 
 class FeedForward(nn.Module):
@@ -198,12 +195,7 @@ class Model(nn.Module):
             return fused
         if isinstance(x, np.ndarray):
             x = mx.array(x)  # blocks the native call does not cover run one by one
-        rows = mask.packed_rows()
-        if rows is not None:
-            x = rows.pack(x)
-        for layer in self.layers:
-            x = layer(x, mask)
-        return x if rows is None else rows.unpack(x)
+        return ops.run_layers(self.layers, x, mask)
 
     # Checkpoint name -> our name. Patterns are applied after stripping any
     # leading "bert." (BertForMaskedLM etc. wrap the encoder under it).

@@ -204,8 +204,8 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(dim, dim, bias=True)
 
     def __call__(self, x: mx.array, mask: ops.KeyMask, rotary: Rotary, tables, q_scale) -> mx.array:
-        qkv = rotary(ops.linear(self.qkv_proj, x), tables, q_scale)
-        return ops.linear(self.o_proj, ops.attention(qkv, mask, self.n_heads, self.scale))
+        qkv = rotary(ops.padded(ops.linear(self.qkv_proj, x), mask), tables, q_scale)
+        return ops.linear(self.o_proj, ops.like(ops.attention(qkv, mask, self.n_heads, self.scale), x, mask))
 
 
 class GatedMLP(nn.Module):
@@ -299,9 +299,7 @@ class Model(nn.Module):
         mask = ops.KeyMask(attention_mask, x.dtype)
         tables = self._rotary.tables(input_ids.shape[1], x.dtype)
         q_scale = _logn_scale(self.args, attention_mask, x.dtype) if self.args.logn_attention_scale else None
-        for layer in self.layers:
-            x = layer(x, mask, self._rotary, tables, q_scale)
-        return x
+        return ops.run_layers(self.layers, x, mask, self._rotary, tables, q_scale)
 
     def sanitize(self, weights: dict) -> dict:
         out = {}

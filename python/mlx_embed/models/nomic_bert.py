@@ -104,8 +104,9 @@ class Attention(nn.Module):
         self.out_proj = nn.Linear(dim, dim, bias=args.qkv_proj_bias)
 
     def __call__(self, x: mx.array, mask: ops.KeyMask) -> mx.array:
-        B, L, D = x.shape
-        qkv = self.Wqkv(x).reshape(B, L, 3, self.n_heads, self.head_dim)
+        qkv = ops.padded(self.Wqkv(x), mask)
+        B, L, D = qkv.shape[0], qkv.shape[1], x.shape[-1]
+        qkv = qkv.reshape(B, L, 3, self.n_heads, self.head_dim)
         qkv = mx.contiguous(qkv.transpose(2, 0, 3, 1, 4))
 
         def rope(t):
@@ -114,7 +115,7 @@ class Attention(nn.Module):
 
         q, k, v = rope(qkv[0]), rope(qkv[1]), qkv[2]
         out = ops.blocked_attention(q, k, v, self.scale, mask=mask).transpose(0, 2, 1, 3).reshape(B, L, D)
-        return self.out_proj(out)
+        return self.out_proj(ops.like(out, x, mask))
 
 
 class SwiGLU(nn.Module):
@@ -180,9 +181,7 @@ class Model(nn.Module):
     def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
         x = self.emb_ln(self.embeddings(input_ids))
         mask = ops.KeyMask(attention_mask, x.dtype)
-        for layer in self.layers:
-            x = layer(x, mask)
-        return x
+        return ops.run_layers(self.layers, x, mask)
 
     def sanitize(self, weights: dict) -> dict:
         out = {}

@@ -103,6 +103,10 @@ def test_the_priority_header_reaches_every_route_that_runs_a_model(tmp_path):
         resp = server.post(path, body, headers={"X-Priority": "urgent"})
         assert resp.status_code == 400, (path, resp.text)
         assert "X-Priority must be high, normal or low" in resp.text, (path, resp.text)
+        # In the shape of the API the body speaks: /rerank answers a Cohere body as /v1/rerank does.
+        error = resp.json()["error"]
+        cohere_shaped = path.startswith(("/v1/", "/v2/", "/score")) or (path == "/rerank" and "documents" in body)
+        assert isinstance(error, dict) == cohere_shaped, (path, resp.text)
     # The cosine of a text with itself stays inside [-1, 1].
     same = server.post("/similarity", {"inputs": {"source_sentence": "a cat", "sentences": ["a cat"] * 4}})
     assert same.status_code == 200 and all(-1.0 <= x <= 1.0 for x in same.json()), same.text

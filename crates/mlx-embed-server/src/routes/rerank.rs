@@ -67,20 +67,21 @@ pub struct TeiRank {
 )]
 pub async fn tei_rerank(
     State(state): State<AppState>,
-    PriorityHeader(priority, _): PriorityHeader<Tei>,
+    priority: Result<PriorityHeader<Tei>, Shaped<Tei>>,
     ApiJson(body, _): ApiJson<serde_json::Value, Tei>,
 ) -> Response {
+    // A bad X-Priority is answered in the shape of the body's API, known only now.
+    let priority = priority.map(|header| header.0).map_err(|shaped| shaped.0);
     if body.get("documents").is_some() && body.get("texts").is_none() {
-        return match parse::<CohereRerankRequest>(body) {
-            Ok(req) => cohere_rerank(&state, req, "1", true, priority)
-                .await
-                .into_response(),
-            Err(e) => Shaped::<OpenAi>::from(e).into_response(),
+        let answer = match (priority, parse::<CohereRerankRequest>(body)) {
+            (Ok(priority), Ok(req)) => cohere_rerank(&state, req, "1", true, priority).await,
+            (Err(e), _) | (_, Err(e)) => Err(e.into()),
         };
+        return answer.into_response();
     }
-    match parse::<TeiRerankRequest>(body) {
-        Ok(req) => tei_rank(&state, req, priority).await.into_response(),
-        Err(e) => Shaped::<Tei>::from(e).into_response(),
+    match (priority, parse::<TeiRerankRequest>(body)) {
+        (Ok(priority), Ok(req)) => tei_rank(&state, req, priority).await.into_response(),
+        (Err(e), _) | (_, Err(e)) => Shaped::<Tei>::from(e).into_response(),
     }
 }
 

@@ -17,9 +17,11 @@ sentence-transformers or transformers references), and compares them:
 * rerankers: raw ``score`` of (text, next text) pairs; classifiers: raw
   ``predict`` of the texts; the largest difference, beside the largest score.
 
-Each model runs in float32, in bfloat16, and in float32 with attention cut
+Each model runs in float32, in bfloat16, in float32 with attention cut
 into query blocks (``ops.SCORES_BLOCK_BYTES`` lowered to 64 KiB, so the tiny
-models take the path an 8,192-token input takes). A row passes at cosine
+models take the path an 8,192-token input takes), and in float32 and
+bfloat16 with the encoders' layers on each pass's real tokens
+(``packed_rows``; a model that does not pack runs as in the plain run). A row passes at cosine
 >= 0.9999 (float32; 0.9999999 on an H200 since the package keeps float32
 matmuls out of TF32, 0.9999961 with TF32) or
 >= 0.99 (bfloat16), and at score differences within 1e-3 (float32) or 1e-1
@@ -32,8 +34,8 @@ matmuls out of TF32, 0.9999961 with TF32) or
 ``--dry-run`` runs on a machine without a GPU: the "device" side is the CPU
 with the GPU's settings forced (pipelined passes, shape buckets, MLX's own
 element-wise ops, fused attention), so every architecture's GPU code path is
-checked against the CPU path it is tested by (float32 and blocked attention;
-bfloat16 has no fast path on a CPU). The exit status is 1 when a row fails
+checked against the CPU path it is tested by (float32, blocked attention and
+packed rows; bfloat16 has no fast path on a CPU). The exit status is 1 when a row fails
 or a model fails to load on one side only.
 """
 
@@ -62,6 +64,10 @@ RUNS = {
     "float32": {"dtype": "float32"},
     "bfloat16": {"dtype": "bfloat16"},
     "float32_blocked": {"dtype": "float32", "blocked": True},
+    # Encoders' layers on each pass's real tokens (load(packed_rows=True)):
+    # the same outputs as the CPU's padded path.
+    "float32_packed": {"dtype": "float32", "packed_rows": True},
+    "bfloat16_packed": {"dtype": "bfloat16", "packed_rows": True},
 }
 TINY_BLOCK_BYTES = 64 << 10
 MIN_COSINE = {"float32": 0.9999, "bfloat16": 0.99}
@@ -70,7 +76,7 @@ MIN_COSINE = {"float32": 0.9999, "bfloat16": 0.99}
 SCORE_TOLERANCE = {"float32": 1e-3, "bfloat16": 1e-1}
 # bfloat16 has no fast path on the CPU and its GPU-settings path is float32's
 # with another dtype, so the dry run leaves it out.
-DRY_RUNS = ("float32", "float32_blocked")
+DRY_RUNS = ("float32", "float32_blocked", "float32_packed")
 
 
 def texts() -> list[str]:
@@ -94,7 +100,7 @@ def run_model(path: str | None, run: str, extra: dict) -> dict:
     if spec.get("blocked"):
         ops.SCORES_BLOCK_BYTES = TINY_BLOCK_BYTES
     try:
-        m = mlx_embed.load(path, dtype=spec["dtype"], **extra)
+        m = mlx_embed.load(path, dtype=spec["dtype"], packed_rows=spec.get("packed_rows", False), **extra)
         kind = m.spec().kind
         some = texts()
         if kind == "reranker":

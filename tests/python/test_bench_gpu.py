@@ -149,7 +149,8 @@ def test_gpu_architectures_dry_run(tmp_path):
     fixtures = sorted(p.name for p in (ROOT / "tests" / "fixtures").glob("tiny-*") if (p / "README.md").is_file())
     models = ["all-MiniLM-L6-v2", *fixtures]
     assert len(fixtures) >= 29
-    assert sorted(rows) == sorted(f"{m}:{run}" for m in models for run in ("float32", "float32_blocked"))
+    assert sorted(rows) == sorted(f"{m}:{run}" for m in models for run in ("float32", "float32_blocked",
+                                                                           "float32_packed"))
     kinds = {}
     for key, row in rows.items():
         assert row["ok"] and row["device"].startswith("cpu"), (key, row)
@@ -160,10 +161,10 @@ def test_gpu_architectures_dry_run(tmp_path):
             assert row["max_abs_diff"] <= 1e-3 * (1 + row["max_abs_score"]), (key, row)
     assert (kinds["tiny-qwen3-reranker"], kinds["tiny-bert-classifier"], kinds["tiny-splade"]) == (
         "reranker", "classifier", "embedding")
-    # Two runs a model (no bfloat16 on the CPU), matched as the whole count line:
+    # Three runs a model (no bfloat16 on the CPU), matched as the whole count line:
     # a check that "93" (three runs) was absent once failed on the run's
     # seconds in the header ('seconds': 19.893...).
-    assert f"\n{2 * len(models)} of {2 * len(models)} rows pass\n" in r.stdout
+    assert f"\n{3 * len(models)} of {3 * len(models)} rows pass\n" in r.stdout
 
 
 def test_bench_gpu_server_dry_run(tmp_path):

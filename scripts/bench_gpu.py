@@ -540,14 +540,18 @@ def float16_rows(load, folder: Path, ids: list[list[int]], reps: int, call: int)
     return out
 
 
-def packed_ab(load, ids: list[list[int]], reps: int, rounds: int, call: int) -> dict:
+def packed_ab(load, ids: list[list[int]], reps: int, rounds: int, call: int, new_shapes) -> dict:
     """The BERT family with its layers on each pass's real tokens
     (``load(packed_rows=True)``) against padded passes (the default), rounds
     interleaved: one call, calls of ``call`` and of 64 random texts (what the
     server's batches are: mixed lengths, padded to the longest), back to back
     and overlapped; texts/s medians, each ratio packed over padded; and the
-    two paths' vectors on the same ids."""
+    two paths' vectors on the same ids. First, ``new_shapes(model)`` (ms a
+    call over calls of random sizes, new shapes then the same again) padded,
+    then packed: run second, packed's first pass pays only for the shapes
+    packing adds (its row counts), which is what packing costs a new server."""
     models = {"padded": load(), "packed": load(packed_rows=True)}
+    out: dict = {"rounds": rounds, "new_shapes": {key: new_shapes(m) for key, m in models.items()}}
     runs: dict = {key: [] for key in models}
     for _ in range(rounds):
         for key, m in models.items():
@@ -555,7 +559,6 @@ def packed_ab(load, ids: list[list[int]], reps: int, rounds: int, call: int) -> 
             if call != 64:
                 rates.update(engine_rates(m, ids, reps, 64, one_call=False))
             runs[key].append(rates)
-    out: dict = {"rounds": rounds}
     for key, rows in runs.items():
         out[key] = {name: float(np.median([r[name] for r in rows])) for name in rows[0]}
     out["speedup"] = {name: out["packed"][name] / out["padded"][name] for name in out["padded"]}
@@ -946,7 +949,8 @@ def engine_optional(report, plans, args, common) -> None:
             if config["model_type"] != "bert":
                 continue
             section(report, name, "packed_rows", lambda f=folder, i=ids: packed_ab(
-                lambda **kw: load(f, dtype=dtype, **kw), i, reps, 1 if args.dry_run else 3, args.call), args)
+                lambda **kw: load(f, dtype=dtype, **kw), i, reps, 1 if args.dry_run else 3, args.call,
+                lambda m: shape_costs(m, args, 10 if args.dry_run else 60)), args)
     if args.mlx_env:
         for name, config, folder, ids in plans:
             section(report, name, "mlx_env", lambda n=name, f=folder: mlx_env_ab(
@@ -1045,8 +1049,12 @@ def mlx_env_table(name: str, sets: dict, call: int) -> list[str]:
 
 def packed_table(name: str, packed: dict, call: int) -> list[str]:
     keys = list(packed["padded"])
+    shapes = packed["new_shapes"]
     return ["", f"packed rows, {name} (texts/s, padded -> packed, medians of {packed['rounds']} rounds; "
-                f"vectors min cosine {packed['vectors']['min_cosine']:.6f}):",
+                f"vectors min cosine {packed['vectors']['min_cosine']:.6f}; ms a call over new shapes / the "
+                f"same again: padded {shapes['padded']['new_shapes_ms_per_call']:.1f} / "
+                f"{shapes['padded']['same_shapes_ms_per_call']:.1f}, packed after it "
+                f"{shapes['packed']['new_shapes_ms_per_call']:.1f} / {shapes['packed']['same_shapes_ms_per_call']:.1f}):",
             "| " + " | ".join(keys) + " |", "|" + "---:|" * len(keys),
             "| " + " | ".join(f"{packed['padded'][k]:.0f} -> {packed['packed'][k]:.0f} "
                               f"({packed['speedup'][k]:.2f}x)" for k in keys) + " |"]

@@ -110,6 +110,7 @@ def test_bench_gpu_dry_run(tmp_path):
     assert set(packed["padded"]) == set(packed["packed"]) == set(packed["speedup"]) == {
         "one_call", "calls_of_8", "calls_of_8_overlapped", "calls_of_64", "calls_of_64_overlapped"}
     assert min(packed["packed"].values()) > 0 and packed["vectors"]["min_cosine"] >= 0.99999
+    assert all(v > 0 for side in packed["new_shapes"].values() for v in side.values())
     assert "packed_rows" not in qwen
     assert "| tiny-bert |" in r.stdout and "| tiny-qwen3 |" in r.stdout
     assert "MLX settings, tiny-qwen3" in r.stdout and "| graphs_off | " in r.stdout

@@ -18,8 +18,9 @@ Qwen3-0.6B) it reports:
 * ``--float16``: every shape in fp16, its rates and one-text latency, and its
   vectors against the engine's fp32 ones on the same ids (an fp16 overflow
   shows there);
-* ``--packed-ab``: the BERT shapes with their layers on each pass's real
-  tokens alone (``load(packed_rows=True)``) against padded passes: one call,
+* ``--packed-ab``: each shape on each pass's real tokens alone
+  (``load(packed_rows=True)``: the BERT shapes' layers, Qwen3's
+  feed-forward) against padded passes: one call,
   calls of 32 and of 64 random texts (a server batch's mix of lengths),
   rounds interleaved, and the two paths' vectors; ``--server-flags
   packed_rows`` (and ``packed_graphs_off``, with CUDA graphs off) runs the
@@ -541,8 +542,8 @@ def float16_rows(load, folder: Path, ids: list[list[int]], reps: int, call: int)
 
 
 def packed_ab(load, ids: list[list[int]], reps: int, rounds: int, call: int, new_shapes) -> dict:
-    """The BERT family with its layers on each pass's real tokens
-    (``load(packed_rows=True)``) against padded passes (the default), rounds
+    """A model on each pass's real tokens (``load(packed_rows=True)``)
+    against padded passes (the default), rounds
     interleaved: one call, calls of ``call`` and of 64 random texts (what the
     server's batches are: mixed lengths, padded to the longest), back to back
     and overlapped; texts/s medians, each ratio packed over padded; and the
@@ -946,8 +947,6 @@ def engine_optional(report, plans, args, common) -> None:
         # bf16 as on a GPU; float32 on the CPU, which has no fast half-precision path.
         dtype = "float32" if mx.default_device() == mx.cpu else "bfloat16"
         for name, config, folder, ids in plans:
-            if config["model_type"] != "bert":
-                continue
             section(report, name, "packed_rows", lambda f=folder, i=ids: packed_ab(
                 lambda **kw: load(f, dtype=dtype, **kw), i, reps, 1 if args.dry_run else 3, args.call,
                 lambda m: shape_costs(m, args, 10 if args.dry_run else 60)), args)
@@ -1139,8 +1138,8 @@ def main(argv=None) -> int:
                    help="decoder shapes: q/k/v and gate/up joined into one matmul each against apart (the "
                         "default), calls of 1-32 texts (with --pass-profile: the joined pass's profile too)")
     p.add_argument("--packed-ab", action="store_true",
-                   help="BERT shapes: layers on each pass's real tokens (load(packed_rows=True)) against padded "
-                        "passes, one call and calls of --call and 64 random texts")
+                   help="each pass's real tokens alone (load(packed_rows=True): an encoder's layers, a decoder's "
+                        "feed-forward) against padded passes, one call and calls of --call and 64 random texts")
     p.add_argument("--kernel-probe", action="store_true",
                    help="what one view, element-wise add or small matmul costs a pass, host and device")
     p.add_argument("--wrk-seconds", type=float, default=5.0,

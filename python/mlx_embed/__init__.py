@@ -73,8 +73,8 @@ def load(path=None, *, dtype="float32", quantize=None, instruction=None, **kwarg
     ``shape_buckets`` (pad passes to a bounded set of shapes; default on a GPU),
     ``joined_linears`` (a decoder's q/k/v and gate/up projections as one
     matmul each; off, see ``sibling_linears.py``), ``packed_rows`` (an
-    encoder's layers on a pass's real tokens alone, attention alone on the
-    padded layout; off until a GPU measures it, see ``ops.PackedRows``).
+    encoder's layers, a decoder's feed-forward, on a pass's real tokens
+    alone; off until a GPU measures it, see ``ops.PackedRows``).
 
     What the folder is: ``pooling`` overrides its pooling ("splade" makes a
     masked-LM checkpoint a SPLADE sparse model), ``kind`` forces "embedding",

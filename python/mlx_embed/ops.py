@@ -627,6 +627,46 @@ def like(out: mx.array, x: mx.array, mask: "KeyMask") -> mx.array:
     return mask.packed_rows().pack(out) if x.ndim == 2 else out
 
 
+_feed_forward_rows = threading.local()
+
+
+@contextmanager
+def packed_feed_forwards(mask: "KeyMask") -> Iterator[None]:
+    """Inside, on this thread, a feed-forward class patched by
+    ``packs_feed_forward`` runs on the pass's real tokens alone where the
+    context packs rows (``KeyMask.packed_rows``). For decoders whose layer
+    loop is mlx-lm's: the feed-forward, most of a block's matmul work, drops
+    the padding, while attention, norms and residuals keep mlx-lm's padded
+    layout (a padding slot then holds the pass's first token's values, which
+    a causal or key mask never lets a real token see)."""
+    prev = getattr(_feed_forward_rows, "rows", None)
+    _feed_forward_rows.rows = mask.packed_rows()
+    try:
+        yield
+    finally:
+        _feed_forward_rows.rows = prev
+
+
+def packs_feed_forward(cls: type) -> type:
+    """Patch a feed-forward module class (mlx-lm's ``MLP``, ours) so that
+    inside ``packed_feed_forwards`` it runs on packed rows: [B, L, D] in and
+    out, the real tokens alone in between. Outside, its own call, unchanged
+    (another mlx-lm user in the process, a KV cache)."""
+    if cls.__dict__.get("_mlx_embed_packs", False):
+        return cls
+    call = cls.__call__
+
+    def packed_call(self, x):
+        rows = getattr(_feed_forward_rows, "rows", None)
+        if rows is None or x.ndim != 3:
+            return call(self, x)
+        return rows.unpack(call(self, rows.pack(x)))
+
+    cls.__call__ = packed_call
+    cls._mlx_embed_packs = True
+    return cls
+
+
 class KeyMask:
     """Which keys of a padded batch are real tokens, in the two forms the
     softmax paths take: per-sequence lengths (native kernel) or an additive

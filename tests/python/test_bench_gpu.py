@@ -104,14 +104,14 @@ def test_bench_gpu_dry_run(tmp_path):
     assert (sum(qwen["pass_profile"]["primitives_by_name"].values())
             > sum(qwen["pass_profile_joined"]["primitives_by_name"].values()))
     assert "joined_linears" not in bert
-    # Packed rows against padded passes, BERT shapes only: both paths' rates
-    # and the same vectors.
-    packed = bert["packed_rows"]
-    assert set(packed["padded"]) == set(packed["packed"]) == set(packed["speedup"]) == {
-        "one_call", "calls_of_8", "calls_of_8_overlapped", "calls_of_64", "calls_of_64_overlapped"}
-    assert min(packed["packed"].values()) > 0 and packed["vectors"]["min_cosine"] >= 0.99999
-    assert all(v > 0 for side in packed["new_shapes"].values() for v in side.values())
-    assert "packed_rows" not in qwen
+    # Packed rows against padded passes (an encoder's layers, a decoder's
+    # feed-forward): both paths' rates and the same vectors.
+    for res in (bert, qwen):
+        packed = res["packed_rows"]
+        assert set(packed["padded"]) == set(packed["packed"]) == set(packed["speedup"]) == {
+            "one_call", "calls_of_8", "calls_of_8_overlapped", "calls_of_64", "calls_of_64_overlapped"}
+        assert min(packed["packed"].values()) > 0 and packed["vectors"]["min_cosine"] >= 0.99999
+        assert all(v > 0 for side in packed["new_shapes"].values() for v in side.values())
     assert "| tiny-bert |" in r.stdout and "| tiny-qwen3 |" in r.stdout
     assert "MLX settings, tiny-qwen3" in r.stdout and "| graphs_off | " in r.stdout
 

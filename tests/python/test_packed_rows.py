@@ -77,10 +77,14 @@ def test_packed_rows_per_token_states_and_cls_pooling(packs):
 
 
 @pytest.mark.parametrize("fixture", ["tiny-distilbert", "tiny-xlm-roberta", "tiny-camembert", "tiny-nomic-bert",
-                                     "tiny-gte-en", "tiny-gte-multilingual"])
+                                     "tiny-gte-en", "tiny-gte-multilingual", "tiny-qwen3", "tiny-qwen2",
+                                     "tiny-mistral", "tiny-gemma3"])
 def test_packed_rows_on_every_architecture_that_packs(fixture, packs):
     """bert.py's layers (DistilBERT, XLM-R, CamemBERT reuse them), NomicBERT's
-    (rotary positions inside attention) and GTE's (rotary, log-n scaling)."""
+    (rotary positions inside attention) and GTE's (rotary, log-n scaling)
+    pack whole layers; the decoders, whose layer loop is mlx-lm's, pack their
+    feed-forward (causal attention never lets a real token see the padding's
+    values), and EmbeddingGemma's bidirectional one too."""
     settings = SETTINGS[0]
     padded = mlx_embed.load(FIXTURES / fixture, **settings)
     packed = mlx_embed.load(FIXTURES / fixture, packed_rows=True, **settings)
@@ -89,7 +93,7 @@ def test_packed_rows_on_every_architecture_that_packs(fixture, packs):
     assert float((got * want).sum(axis=1).min()) >= 0.99999
 
 
-@pytest.mark.parametrize("fixture", ["tiny-bert-reranker", "tiny-gte-reranker"])
+@pytest.mark.parametrize("fixture", ["tiny-bert-reranker", "tiny-gte-reranker", "tiny-qwen3-reranker"])
 def test_packed_rows_score_pairs_with_token_types(fixture, packs):
     """A cross-encoder reads token types (the second segment 1): packed, the
     scores equal the padded path's."""
@@ -97,7 +101,10 @@ def test_packed_rows_score_pairs_with_token_types(fixture, packs):
     path = FIXTURES / fixture
     padded = mlx_embed.load(path, **settings)
     packed = mlx_embed.load(path, packed_rows=True, **settings)
-    pairs = [(q, d) for q in TEXTS[:6] for d in TEXTS[:4]]
+    # Mostly short documents and a few at the maximum: the Qwen3 reranker's
+    # template makes every pair ~120 tokens, so it packs only with such a mix.
+    docs = ["x", "y", "short doc", "w", "v", "u", "t", "a long text " * 80]
+    pairs = [(q, d) for q in TEXTS[:3] for d in docs]
     want, got = padded.score(pairs, raw_scores=True), packed.score(pairs, raw_scores=True)
     assert packs["passes"] >= 1
     assert want.shape == got.shape == (24, 1)
@@ -157,3 +164,29 @@ def test_packed_rows_round_trip():
     back = np.array(rows.unpack(packed)).reshape(15, 2)
     assert np.array_equal(back[real], flat[real])
     assert np.array_equal(back[mask.reshape(-1) == 0], np.repeat(flat[:1], 6, axis=0))
+
+
+def test_packed_feed_forward_with_joined_projections(packs):
+    """A decoder's gate and up joined into one matmul (``joined_linears``) run
+    packed too, with the same vectors."""
+    settings = SETTINGS[0]
+    path = FIXTURES / "tiny-qwen3"
+    want = mlx_embed.load(path, joined_linears=True, **settings).embed(TEXTS)
+    got = mlx_embed.load(path, joined_linears=True, packed_rows=True, **settings).embed(TEXTS)
+    assert packs["passes"] == 1
+    assert float(np.abs(want - got).max()) <= 1e-5
+
+
+def test_a_patched_feed_forward_outside_a_pass_runs_as_mlx_lm_wrote_it():
+    """mlx-lm's MLP class is patched process-wide; outside the engine's
+    passes (another mlx-lm user, no packing context) it is unchanged."""
+    import mlx.core as mx
+    from mlx_lm.models import qwen3 as lm
+
+    import mlx_embed.models.qwen3  # noqa: F401 - patches lm.MLP
+
+    assert lm.MLP._mlx_embed_packs
+    mlp = lm.MLP(8, 16)
+    x = mx.random.normal((2, 3, 8))
+    want = mlp.down_proj(lm.swiglu(mlp.gate_proj(x), mlp.up_proj(x)))
+    assert float(mx.abs(mlp(x) - want).max()) == 0.0

@@ -66,7 +66,7 @@ pub struct ModelArgs {
     /// Device streams the pipelined path rotates over, call after call, so a batch runs beside the one before it on the device [default: 1].
     #[arg(long, env = "MLX_EMBED_STREAMS", value_parser = clap::value_parser!(u16).range(1..))]
     pub streams: Option<u16>,
-    /// Run an encoder's layers (the BERT family, NomicBERT, GTE) on each pass's real tokens alone, attention alone on the padded layout [default: false, until a GPU measures it].
+    /// Run an encoder's layers (the BERT family, NomicBERT, GTE), and a decoder's feed-forward, on each pass's real tokens alone, attention alone on the padded layout [default: false, until a GPU measures it].
     #[arg(long, env = "MLX_EMBED_PACKED_ROWS", value_parser = clap::builder::BoolishValueParser::new())]
     pub packed_rows: Option<bool>,
 }

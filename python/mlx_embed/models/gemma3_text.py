@@ -130,11 +130,13 @@ class _Encoder(nn.Module):
             _GLOBAL: ops.BandMask(keys),
             _LOCAL: ops.BandMask(keys, half=self.args.sliding_window // 2),
         }
-        for kind, layer in zip(self.args.layer_types, self.layers):
-            h = layer(h, masks[kind])
+        with ops.packed_feed_forwards(keys):
+            for kind, layer in zip(self.args.layer_types, self.layers):
+                h = layer(h, masks[kind])
         return self.norm(h)
 
 
+@ops.packs_feed_forward
 class _GeGLU(_lm.MLP):
     """mlx-lm's Gemma 3 feed-forward with its GeGLU through ``ops`` (the
     native kernel on the CPU: MLX's compiled tanh runs one scalar at a time)."""

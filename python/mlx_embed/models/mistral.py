@@ -45,6 +45,8 @@ from . import DECODER_SIBLINGS, decoder_weights
 # kernel on the CPU (ops.native_swiglu).
 ops.engine_attention(_lm)
 ops.native_swiglu(_lm)
+# Its feed-forward on each pass's real tokens where the engine packs rows.
+ops.packs_feed_forward(_lm.MLP)
 
 # e5-mistral / SFR / Linq: last-token pooling over "<s> ... </s>" (the model
 # card's code appends EOS by hand; older tokenizer.json files do not add it),
@@ -119,7 +121,8 @@ class Model(nn.Module):
     def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
         # attention_mask unused on purpose (module docstring); the final
         # RMSNorm is applied inside LlamaModel.
-        return self.model(input_ids)
+        with ops.packed_feed_forwards(ops.KeyMask(attention_mask, mx.float32)):
+            return self.model(input_ids)
 
     def sanitize(self, weights: dict) -> dict:
         # MistralModel saves without the "model." prefix, MistralForCausalLM

@@ -23,6 +23,8 @@ from . import DECODER_SIBLINGS, decoder_weights
 # kernel on the CPU (ops.native_swiglu).
 ops.engine_attention(_lm)
 ops.native_swiglu(_lm)
+# Its feed-forward on each pass's real tokens where the engine packs rows.
+ops.packs_feed_forward(_lm.MLP)
 
 # gte-Qwen2: last-token pooling over "... <|endoftext|>"; queries carry an
 # instruction in the same template as Qwen3-Embedding.
@@ -77,7 +79,8 @@ class Model(nn.Module):
     def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
         # attention_mask unused on purpose (module docstring); the final
         # RMSNorm is applied inside Qwen2Model.
-        return self.model(input_ids)
+        with ops.packed_feed_forwards(ops.KeyMask(attention_mask, mx.float32)):
+            return self.model(input_ids)
 
     def sanitize(self, weights: dict) -> dict:
         # Qwen2Model saves without the "model." prefix, Qwen2ForCausalLM with

@@ -23,6 +23,8 @@ from . import DECODER_SIBLINGS, decoder_weights
 # kernel on the CPU (ops.native_swiglu).
 ops.engine_attention(_lm)
 ops.native_swiglu(_lm)
+# Its feed-forward on each pass's real tokens where the engine packs rows.
+ops.packs_feed_forward(_lm.MLP)
 
 # Qwen3-Embedding pools the last token and was trained with EOS there (older
 # tokenizer.json files do not append it); queries carry an instruction, in
@@ -56,7 +58,8 @@ class Model(nn.Module):
     def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
         # attention_mask is unused on purpose (see module docstring); the
         # final RMSNorm is applied inside Qwen3Model.
-        return self.model(input_ids)
+        with ops.packed_feed_forwards(ops.KeyMask(attention_mask, mx.float32)):
+            return self.model(input_ids)
 
     def sanitize(self, weights: dict) -> dict:
         # Embedding checkpoints may carry an LM head (tied or not) that we

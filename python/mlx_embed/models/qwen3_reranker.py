@@ -29,6 +29,8 @@ from . import DECODER_SIBLINGS
 # kernel on the CPU (ops.native_swiglu).
 ops.engine_attention(_lm)
 ops.native_swiglu(_lm)
+# Its feed-forward on each pass's real tokens where the engine packs rows.
+ops.packs_feed_forward(_lm.MLP)
 
 # Queries/keys/values and gate/up as one matmul each (sibling_linears.py).
 JOINED_LINEARS = DECODER_SIBLINGS
@@ -126,7 +128,8 @@ class Model(nn.Module):
         """logit(yes) - logit(no) at each row's last real token, [B, 1]."""
         if self._yes_id is None:
             raise RuntimeError("qwen3 reranker: bind_tokenizer() was not called")
-        h = self.model(input_ids)
+        with ops.packed_feed_forwards(ops.KeyMask(attention_mask, mx.float32)):
+            h = self.model(input_ids)
         last = attention_mask.astype(mx.int32).sum(axis=1) - 1
         h = mx.take_along_axis(h, last[:, None, None], axis=1)[:, 0]
         rows = self.get("score_rows")

@@ -543,8 +543,7 @@ def float16_rows(load, folder: Path, ids: list[list[int]], reps: int, call: int)
 
 def packed_ab(load, ids: list[list[int]], reps: int, rounds: int, call: int, new_shapes) -> dict:
     """A model on each pass's real tokens (``load(packed_rows=True)``)
-    against padded passes (the default), rounds
-    interleaved: one call, calls of ``call`` and of 64 random texts (what the
+    against padded passes (the default), rounds interleaved: one call, calls of ``call`` and of 64 random texts (what the
     server's batches are: mixed lengths, padded to the longest), back to back
     and overlapped; texts/s medians, each ratio packed over padded; and the
     two paths' vectors on the same ids. First, ``new_shapes(model)`` (ms a

@@ -544,7 +544,7 @@ class EmbeddingModel(ScoringMixin):
             "dequantized": self.dequantized_because,
             # Groups of sibling projections run as one matmul each.
             "joined_linears": self.joined_groups,
-            # An encoder's layers on the real tokens alone (ops.PackedRows).
+            # An encoder's layers, a decoder's feed-forward, on the real tokens alone (ops.PackedRows).
             "packed_rows": self.context.packed_rows,
             "cache_limit_mb": self.cache_limit_mb,
             "float32_matmul": precision.float32_matmul(device.is_cpu()),

@@ -166,9 +166,9 @@ class ForwardContext:
     # (one fused kernel where the backend has one, e.g. cuDNN on CUDA in
     # half precision) instead of two matmuls around a softmax.
     fused_attention: bool = False
-    # An encoder's layers (the BERT family, NomicBERT, GTE) on a pass's real
-    # tokens alone, packed into rows of their own, with attention alone on the padded layout
-    # (``KeyMask.packed_rows``).
+    # A pass on its real tokens alone (``KeyMask.packed_rows``): an encoder's
+    # layers (``run_layers``; attention alone on the padded layout), a
+    # decoder's feed-forward (``packed_feed_forwards``).
     packed_rows: bool = False
 
     def with_threads(self, n: int) -> "ForwardContext":

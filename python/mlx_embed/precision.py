@@ -35,11 +35,6 @@ def keep_float32_exact() -> None:
     _at_import = os.environ.setdefault(VARIABLE, "0")
 
 
-def tf32_enabled(value: Optional[str]) -> bool:
-    """Whether MLX turns TF32 on for this value of the variable."""
-    return mlx_switch_on(value)
-
-
 def mlx_switch_on(value: Optional[str]) -> bool:
     """Whether MLX reads an on/off variable that defaults to on
     (``MLX_ENABLE_TF32``, ``MLX_USE_CUDA_GRAPHS``) as on for this value: it
@@ -62,4 +57,4 @@ def float32_matmul(on_cpu: bool) -> str:
     if on_cpu:
         return "exact"
     value = _at_import if _at_import is not None else os.environ.get(VARIABLE)
-    return "tf32" if tf32_enabled(value) else "exact"
+    return "tf32" if mlx_switch_on(value) else "exact"

@@ -549,10 +549,10 @@ def test_float32_stays_exact_unless_asked(given, want_env, want_matmul):
     # atoi is (int) strtol: 2**32 cuts to 0, a number past a long clamps to LONG_MAX (-1 as an int).
     ("4294967296", False), ("4294967297", True), ("99999999999999999999999", True),
 ])
-def test_tf32_enabled_reads_the_variable_as_mlx_does(value, want):
+def test_mlx_switches_read_the_variable_as_mlx_does(value, want):
     from mlx_embed import precision
 
-    assert precision.tf32_enabled(value) is want
+    assert precision.mlx_switch_on(value) is want
 
 
 @pytest.mark.parametrize("value, want", [(None, "on"), ("0", "off"), ("1", "on"), ("", "off"), (" 0", "off")])

@@ -54,7 +54,7 @@ pub struct EngineOptions {
     pub pipeline: Option<bool>,
     /// Device streams the pipelined path rotates over, call after call (engine default: 1).
     pub streams: Option<usize>,
-    /// An encoder's layers on a pass's real tokens alone (the BERT family, NomicBERT, GTE) (engine default: off).
+    /// An encoder's layers, and a decoder's feed-forward, on a pass's real tokens alone (engine default: off).
     pub packed_rows: Option<bool>,
 }
 

@@ -11,7 +11,8 @@ Public API::
                            batch_tokens=None, workers=None, fast_ops=None,
                            cache_limit_mb=None, pipeline=None, streams=1,
                            fused_attention=None, shape_buckets=None,
-                           joined_linears=False, packed_rows=False, group_size=32,
+                           joined_linears=False, packed_rows=False, eval_chunk_mb=None,
+                           group_size=32,
                            name=None, kind=None)
                            # pooling="splade": a BertForMaskedLM / DistilBertForMaskedLM
                            # folder's SPLADE vectors (a SparseEncoder folder is SPLADE by itself)
@@ -74,7 +75,11 @@ def load(path=None, *, dtype="float32", quantize=None, instruction=None, **kwarg
     ``joined_linears`` (a decoder's q/k/v and gate/up projections as one
     matmul each; off, see ``sibling_linears.py``), ``packed_rows`` (an
     encoder's layers, a decoder's feed-forward, on a pass's real tokens
-    alone; off until a GPU measures it, see ``ops.PackedRows``).
+    alone; off until a GPU measures it, see ``ops.PackedRows``),
+    ``eval_chunk_mb`` (with MLX's CUDA graphs off, a pass is evaluated every
+    this many MB of layer outputs, at most two pieces queued ahead of the
+    device, which bounds its memory; default 64 there, 0 (off) elsewhere, see
+    ``ops.EvaluationPoints``).
 
     What the folder is: ``pooling`` overrides its pooling ("splade" makes a
     masked-LM checkpoint a SPLADE sparse model), ``kind`` forces "embedding",

@@ -66,6 +66,7 @@ class EmbeddingModel(ScoringMixin):
         kind: Optional[str] = None,
         joined_linears: bool = False,
         packed_rows: bool = False,
+        eval_chunk_mb: Optional[int] = None,
         _is_default: bool = False,
     ):
         t0 = time.perf_counter()
@@ -73,7 +74,7 @@ class EmbeddingModel(ScoringMixin):
             quantize=quantize, group_size=group_size, max_length=max_length, batch_tokens=batch_tokens,
             workers=workers, streams=streams, pipeline=pipeline, fused_attention=fused_attention,
             shape_buckets=shape_buckets, dequantize=dequantize, joined_linears=joined_linears, name=name,
-            packed_rows=packed_rows,
+            packed_rows=packed_rows, eval_chunk_mb=eval_chunk_mb,
         )
         # Before the weights: their buffers then obey the limit too.
         self.cache_limit_mb = device.apply_cache_limit(cache_limit_mb)
@@ -166,6 +167,7 @@ class EmbeddingModel(ScoringMixin):
             streams=streams,
             shape_buckets=shape_buckets,
             takes_type_ids=reads_types,
+            eval_chunk_mb=eval_chunk_mb,
         )
         self.load_timings = {**ck.timings, "total": time.perf_counter() - t0}
         for stage in ("read_weights", "build"):
@@ -514,6 +516,8 @@ class EmbeddingModel(ScoringMixin):
             out["joined_linears"] = str(self.joined_groups)
         if self.context.packed_rows:
             out["packed_rows"] = "true"
+        if self.scheduler.eval_chunk_mb:
+            out["eval_chunk_mb"] = str(self.scheduler.eval_chunk_mb)
         return out
 
     def info(self) -> dict:
@@ -547,6 +551,8 @@ class EmbeddingModel(ScoringMixin):
             # An encoder's layers, a decoder's feed-forward, on the real tokens alone (ops.PackedRows).
             "packed_rows": self.context.packed_rows,
             "cache_limit_mb": self.cache_limit_mb,
+            # Layer outputs (MB) between a pass's evaluation points; 0: none (ops.EvaluationPoints).
+            "eval_chunk_mb": self.scheduler.eval_chunk_mb,
             "float32_matmul": precision.float32_matmul(device.is_cpu()),
             # On CUDA: "on" (MLX's default) or "off" (MLX_USE_CUDA_GRAPHS=0); None elsewhere.
             "cuda_graphs": device.cuda_graphs(),
@@ -592,6 +598,8 @@ def _refuse_lone_surrogates(texts: list[str]) -> None:
 
 
 _COUNTS = ("quantize", "group_size", "max_length", "batch_tokens", "workers", "streams")
+# Whole numbers where 0 turns the feature off.
+_AMOUNTS = ("eval_chunk_mb",)
 _SWITCHES = ("pipeline", "fused_attention", "shape_buckets", "dequantize", "joined_linears", "packed_rows")
 
 
@@ -608,6 +616,11 @@ def _check_settings(**settings) -> None:
                 raise TypeError(f"{key} must be a whole number, got {value!r}")
             if value < 1:
                 raise ValueError(f"{key} must be at least 1, got {value!r}")
+        elif key in _AMOUNTS:
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                raise TypeError(f"{key} must be a whole number, got {value!r}")
+            if value < 0:
+                raise ValueError(f"{key} must be 0 or more, got {value!r}")
         elif key in _SWITCHES:
             if not isinstance(value, (bool, np.bool_)):
                 raise TypeError(f"{key} must be True, False or None, got {value!r}")

@@ -667,6 +667,91 @@ def packs_feed_forward(cls: type) -> type:
     return cls
 
 
+class EvaluationPoints:
+    """Where a pass is evaluated in pieces, and how far ahead of the device
+    the host may queue them: a bound on device memory for MLX's CUDA backend
+    with CUDA graphs off.
+
+    MLX (0.32) keeps every buffer an evaluation's kernels read until its
+    work is committed and has run. With graphs on it commits every 20
+    kernels and stops queueing when 10 commits are outstanding, which bounds
+    memory by itself. With graphs off (``MLX_USE_CUDA_GRAPHS=0``) it commits
+    once per evaluation and never stops the host: a pass's every temporary
+    lives until the pass has run, and the host queues pass after pass
+    meanwhile (on an H200, peak memory 64 GB against 17.9 with graphs on,
+    docs/benchmarks.md, fifth lease).
+
+    So inside ``bounded_evaluation(points)`` a layer class patched by
+    ``layer_boundary`` evaluates its output (``mx.async_eval``, which
+    commits) once the layers built since the last point have output
+    ``chunk_bytes``, and the host waits for the oldest point while more than
+    ``depth`` are queued. The scheduler marks each pass's output too
+    (``mark``), so the bound holds across the passes of a call. A server-sized
+    pass (64 texts) outputs less than a chunk in all its layers and gets no
+    point of its own beyond the pass."""
+
+    def __init__(self, chunk_bytes: int, depth: int = 2):
+        self.chunk_bytes = int(chunk_bytes)
+        self.depth = int(depth)
+        self.points = 0
+        self._built = 0
+        self._queued: list[mx.array] = []
+
+    def after_layer(self, out) -> None:
+        if not isinstance(out, mx.array):
+            return
+        self._built += out.nbytes
+        if self._built >= self.chunk_bytes:
+            mx.async_eval(out)
+            self.mark(out)
+
+    def mark(self, out: mx.array) -> None:
+        """``out`` is queued on the device (async_eval'd): count it as a
+        point, and wait while more than ``depth`` are outstanding."""
+        self._built = 0
+        self.points += 1
+        self._queued.append(out)
+        while len(self._queued) > self.depth:
+            oldest = self._queued.pop(0)
+            with _graph_lock_released():
+                mx.eval(oldest)
+
+
+_evaluation = threading.local()
+
+
+@contextmanager
+def bounded_evaluation(points: Optional[EvaluationPoints]) -> Iterator[Optional[EvaluationPoints]]:
+    """Make ``points`` active on this thread for the passes built inside
+    (None: no points, the pass evaluates whole)."""
+    prev = getattr(_evaluation, "points", None)
+    _evaluation.points = points
+    try:
+        yield points
+    finally:
+        _evaluation.points = prev
+
+
+def layer_boundary(cls: type) -> type:
+    """Patch a transformer layer class (ours, mlx-lm's decoder blocks) so
+    that inside ``bounded_evaluation`` a pass may be evaluated after it
+    (``EvaluationPoints``). Outside, its own call, unchanged."""
+    if cls.__dict__.get("_mlx_embed_boundary", False):
+        return cls
+    call = cls.__call__
+
+    def call_then_mark(self, *args, **kwargs):
+        out = call(self, *args, **kwargs)
+        points = getattr(_evaluation, "points", None)
+        if points is not None:
+            points.after_layer(out)
+        return out
+
+    cls.__call__ = call_then_mark
+    cls._mlx_embed_boundary = True
+    return cls
+
+
 class KeyMask:
     """Which keys of a padded batch are real tokens, in the two forms the
     softmax paths take: per-sequence lengths (native kernel) or an additive

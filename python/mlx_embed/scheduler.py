@@ -79,6 +79,23 @@ def default_batch_tokens() -> int:
     return CPU_BATCH_TOKENS if device.is_cpu() else GPU_BATCH_TOKENS
 
 
+# With MLX's CUDA graphs off, the layer outputs (MB) a pass builds between two
+# evaluation points (ops.EvaluationPoints), which bound its device memory.
+# A layer's temporaries are ~20-30 times its output (a Qwen3 block's
+# projections, norms, rotary copies and 3x-wide gate/up), so a chunk holds
+# ~1.5-2 GB and two queued ahead of the device a few GB, under the 17.9 GB
+# peak graphs on measured on the same work. A 64-text MiniLM pass outputs
+# ~6 MB a layer and gets no point inside. Not yet measured on a GPU.
+GRAPHS_OFF_EVAL_CHUNK_MB = 64
+
+
+def default_eval_chunk_mb() -> int:
+    """Evaluation points only where MLX needs them to bound memory: CUDA with
+    graphs off (elsewhere MLX commits every few kernels and stops queueing
+    by itself)."""
+    return GRAPHS_OFF_EVAL_CHUNK_MB if device.cuda_graphs() == "off" else 0
+
+
 def bucket_rows(n: int) -> int:
     """``n`` rounded up to a power of two."""
     return 1 << max(0, (n - 1).bit_length())
@@ -110,6 +127,7 @@ class Scheduler:
         streams: int = 1,
         shape_buckets: Optional[bool] = None,
         takes_type_ids: bool = False,
+        eval_chunk_mb: Optional[int] = None,
     ):
         self.model = model
         # Pooling and any Dense layers: (hidden [B, L, D], mask) -> [B, dim].
@@ -159,6 +177,8 @@ class Scheduler:
             and getattr(head, "pools_on_host", False)
         )
         self.takes_type_ids = takes_type_ids
+        # Layer outputs (MB) between a pass's evaluation points; 0: none.
+        self.eval_chunk_mb = default_eval_chunk_mb() if eval_chunk_mb is None else int(eval_chunk_mb)
         self._lock = threading.Lock() if device.is_cpu() else _DEVICE_QUEUE_LOCK
         self._pool: Optional[_WorkerPool] = None
         self._blas_threads = _blas.get_num_threads()
@@ -262,7 +282,7 @@ class Scheduler:
             else:
                 self._set_blas_threads(self._blas_threads)
                 ctx = self.context.with_threads(self._blas_threads or os.cpu_count() or 1)
-                with ops.forward_context(ctx):
+                with ops.forward_context(ctx), ops.bounded_evaluation(self._evaluation_points()):
                     padded = 0
                     for idx in plan:
                         vec, p = self._submit(idx, ids, type_ids, lengths, normalize, tokens)
@@ -356,9 +376,14 @@ class Scheduler:
         mine.next = (first + passes) % len(streams)
         return [streams[(first + k) % len(streams)] for k in range(passes)]
 
+    def _evaluation_points(self) -> Optional[ops.EvaluationPoints]:
+        """A call's evaluation points (ops.EvaluationPoints), or None."""
+        return ops.EvaluationPoints(self.eval_chunk_mb << 20) if self.eval_chunk_mb > 0 else None
+
     def _submit_pipelined(self, plan, ids, type_ids, lengths, normalize, tokens) -> "Pending":
         parts, padded = [], 0
-        with ops.forward_context(self.context):
+        points = self._evaluation_points()
+        with ops.forward_context(self.context), ops.bounded_evaluation(points):
             for idx, stream in zip(plan, self._call_streams(len(plan))):
                 # Padding pass k+1 on the host overlaps pass k on the device,
                 # and another thread's passes, which take the lock meanwhile.
@@ -367,6 +392,8 @@ class Scheduler:
                 with self._lock, on_stream:
                     vec, p = self._graph(host, normalize, tokens)
                     mx.async_eval(vec)
+                    if points is not None:
+                        points.mark(vec)
                 parts.append(vec)
                 padded += p
             if tokens:

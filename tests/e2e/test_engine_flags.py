@@ -130,3 +130,34 @@ def test_regroup_window_keeps_returning_callers_in_one_batch(tmp_path, golden):
         assert time.monotonic() - started < 4.0
     finally:
         server.stop()
+
+
+def test_eval_chunk_mb_flag_reaches_the_engine(tmp_path, golden):
+    """``--eval-chunk-mb 1``: a pass evaluated after every layer (MiniLM's
+    layers output more than 1 MB for 20 texts); the answers equal the
+    references. Its env fallback, and 0 leaving the pass whole, as on this CPU."""
+    server = start_server(
+        tmp_path, "--no-warmup", "--no-cache", "--fast-ops", "exact", "--workers", "1",
+        "--device-batch-tokens", "8192", "--pipeline", "true", "--eval-chunk-mb", "1",
+    )
+    try:
+        details = server.get("/info").json()["details"]
+        assert details["eval_chunk_mb"] == "1"
+        texts, reference = golden
+        keep = [i for i, t in enumerate(texts) if t]
+        resp = server.post("/api/v1/embed", {"texts": [texts[i] for i in keep]})
+        assert resp.status_code == 200, resp.text
+        got = np.array(resp.json()["embeddings"], dtype=np.float32)
+        assert float((got * reference[keep]).sum(axis=1).min()) >= 0.99999
+    finally:
+        server.stop()
+    server = start_server(tmp_path, "--no-warmup", env={"MLX_EMBED_EVAL_CHUNK_MB": "3"})
+    try:
+        assert server.get("/info").json()["details"]["eval_chunk_mb"] == "3"
+    finally:
+        server.stop()
+    server = start_server(tmp_path, "--no-warmup")
+    try:
+        assert "eval_chunk_mb" not in server.get("/info").json()["details"]
+    finally:
+        server.stop()

@@ -38,7 +38,7 @@ pub struct PythonModelOptions {
     pub kind: Option<String>,
 }
 
-/// The Python engine's per-model settings (`mlx_embed.load(cache_limit_mb=, fast_ops=, workers=, batch_tokens=, pipeline=, streams=, packed_rows=)`).
+/// The Python engine's per-model settings (`mlx_embed.load(cache_limit_mb=, fast_ops=, workers=, batch_tokens=, pipeline=, streams=, packed_rows=, eval_chunk_mb=)`).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EngineOptions {
     /// MLX buffer cache limit in MiB (engine default: 2048 on a GPU, 0 on the CPU).
@@ -56,6 +56,10 @@ pub struct EngineOptions {
     pub streams: Option<usize>,
     /// An encoder's layers, and a decoder's feed-forward, on a pass's real tokens alone (engine default: off).
     pub packed_rows: Option<bool>,
+    /// With MLX's CUDA graphs off, MB of layer outputs between a pass's
+    /// evaluation points, which bound its device memory; 0 turns them off
+    /// (engine default: 64 there, 0 elsewhere).
+    pub eval_chunk_mb: Option<u32>,
 }
 
 impl Default for PythonModelOptions {
@@ -118,6 +122,9 @@ impl PythonEmbedder {
             }
             if let Some(on) = engine.packed_rows {
                 kwargs.set_item("packed_rows", on)?;
+            }
+            if let Some(mb) = engine.eval_chunk_mb {
+                kwargs.set_item("eval_chunk_mb", mb)?;
             }
             if let Some(kind) = &options.kind {
                 kwargs.set_item("kind", kind)?;

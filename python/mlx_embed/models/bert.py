@@ -130,6 +130,7 @@ class FeedForward(nn.Module):
         return ops.linear(self.down, ops.linear(self.up, x, activation="gelu"))
 
 
+@ops.layer_boundary
 class TransformerBlock(nn.Module):
     """Post-LN block, as in the original BERT."""
 

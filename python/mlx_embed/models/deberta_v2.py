@@ -297,6 +297,7 @@ class FeedForward(nn.Module):
         return ops.linear(self.down, ops.linear(self.up, x, activation="gelu"))
 
 
+@ops.layer_boundary
 class TransformerBlock(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()

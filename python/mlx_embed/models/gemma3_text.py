@@ -27,6 +27,8 @@ from . import DECODER_SIBLINGS, decoder_weights
 # The attention's softmax by the native kernel on the CPU, given the layer's
 # ops.BandMask (the real keys, and a sliding layer's window).
 ops.engine_attention(_lm)
+# A pass may be evaluated after each block (ops.EvaluationPoints).
+ops.layer_boundary(_lm.TransformerBlock)
 
 EMBEDDING_DEFAULTS = {"pooling": "mean"}
 

@@ -232,6 +232,7 @@ class GatedMLP(nn.Module):
         return ops.linear(self.down_proj, act * ops.linear(self.up, x))
 
 
+@ops.layer_boundary
 class Layer(nn.Module):
     """Post-LN: attn_ln(x + attention(x)), then mlp_ln(x + mlp(x))."""
 

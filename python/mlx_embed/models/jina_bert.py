@@ -237,6 +237,7 @@ class GatedMLP(nn.Module):
         return ops.linear(self.down, act * ops.linear(self.up, x))
 
 
+@ops.layer_boundary
 class PostNormLayer(nn.Module):
     """jina-bert-implementation's layer: BERT's, with the GLU feed-forward."""
 
@@ -253,6 +254,7 @@ class PostNormLayer(nn.Module):
         return ops.add_layer_norm(self.mlp(a), a, self.mlp_norm, overwrite_input=True)
 
 
+@ops.layer_boundary
 class QkPostNormLayer(nn.Module):
     """jina-bert-v2-qk-post-norm's layer: q/k LayerNorms and the layer's
     input added twice."""

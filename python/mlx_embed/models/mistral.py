@@ -47,6 +47,8 @@ ops.engine_attention(_lm)
 ops.native_swiglu(_lm)
 # Its feed-forward on each pass's real tokens where the engine packs rows.
 ops.packs_feed_forward(_lm.MLP)
+# A pass may be evaluated after each block (ops.EvaluationPoints).
+ops.layer_boundary(_lm.TransformerBlock)
 
 # e5-mistral / SFR / Linq: last-token pooling over "<s> ... </s>" (the model
 # card's code appends EOS by hand; older tokenizer.json files do not add it),

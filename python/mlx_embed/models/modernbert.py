@@ -130,6 +130,7 @@ class MLP(nn.Module):
         return self.Wo(h * gate)
 
 
+@ops.layer_boundary
 class Layer(nn.Module):
     def __init__(self, args: ModelArgs, index: int):
         super().__init__()

@@ -128,6 +128,7 @@ class FeedForward(nn.Module):
         return self.down(ops.gelu(self.up(x), overwrite_input=True))
 
 
+@ops.layer_boundary
 class TransformerBlock(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()

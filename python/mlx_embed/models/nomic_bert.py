@@ -129,6 +129,7 @@ class SwiGLU(nn.Module):
         return self.fc2(self.fc11(x) * nn.silu(self.fc12(x)))
 
 
+@ops.layer_boundary
 class Block(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()

@@ -25,6 +25,8 @@ ops.engine_attention(_lm)
 ops.native_swiglu(_lm)
 # Its feed-forward on each pass's real tokens where the engine packs rows.
 ops.packs_feed_forward(_lm.MLP)
+# A pass may be evaluated after each block (ops.EvaluationPoints).
+ops.layer_boundary(_lm.TransformerBlock)
 
 # gte-Qwen2: last-token pooling over "... <|endoftext|>"; queries carry an
 # instruction in the same template as Qwen3-Embedding.

@@ -31,6 +31,8 @@ ops.engine_attention(_lm)
 ops.native_swiglu(_lm)
 # Its feed-forward on each pass's real tokens where the engine packs rows.
 ops.packs_feed_forward(_lm.MLP)
+# A pass may be evaluated after each block (ops.EvaluationPoints).
+ops.layer_boundary(_lm.TransformerBlock)
 
 # Queries/keys/values and gate/up as one matmul each (sibling_linears.py).
 JOINED_LINEARS = DECODER_SIBLINGS

@@ -27,7 +27,7 @@ except ImportError as e:  # the `mlx` wheel alone has no backend on Linux
 
 from . import _blas, device, loading, ops, precision, startup
 from .errors import InvalidInput
-from .loading import DEFAULT_MODEL_NAME, default_model_path  # noqa: F401  (re-exported)
+from .loading import DEFAULT_MODEL_NAME, DEFAULT_MODEL_NAMES, default_model_path  # noqa: F401  (re-exported)
 from .models import reads_type_ids
 from .pairs import template_spec
 from .scheduler import OUTPUTS, Scheduler
@@ -637,7 +637,11 @@ def load(
     **kwargs,
 ) -> EmbeddingModel:
     """See :func:`mlx_embed.load`."""
-    is_default = path is None
+    # The default model's name (what `--model`'s help and /v1/models show)
+    # names the bundled model too, unless a folder of that name is here.
+    is_default = path is None or (
+        os.fspath(path) in DEFAULT_MODEL_NAMES and not os.path.exists(os.fspath(path))
+    )
     if is_default:
         path = default_model_path()
     return EmbeddingModel(

@@ -29,6 +29,7 @@ from . import heads, models, pooling as pooling_modes, sibling_linears, st_modul
 log = logging.getLogger("mlx_embed")
 
 DEFAULT_MODEL_NAME = "all-MiniLM-L6-v2"
+DEFAULT_MODEL_NAMES = (DEFAULT_MODEL_NAME, f"sentence-transformers/{DEFAULT_MODEL_NAME}")
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 QUANT_BITS = (2, 3, 4, 5, 6, 8)
 

@@ -183,3 +183,18 @@ def test_scipy_openblas32_shim(tmp_path, reference_gflops):
     assert info["source"] == "scipy-openblas32", info
     assert info["gflops"] > 2 * reference_gflops, info
     assert list((tmp_path / "mlx_embed").glob("cblas-shim-*.so"))
+
+
+@pytest.mark.parametrize("name", ["all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"])
+def test_the_default_models_name_loads_the_bundled_model(name, golden_texts, golden_mean, tmp_path, monkeypatch):
+    """``--model all-MiniLM-L6-v2`` (the flag's documented default, named)
+    serves the bundled model under that name, so a server of several models
+    can name it; a folder of that name here still wins."""
+    monkeypatch.chdir(tmp_path)
+    model = mlx_embed.load(name)
+    assert model.name == "all-MiniLM-L6-v2"
+    got = model.embed(golden_texts[:4])
+    assert float((got * golden_mean[:4]).sum(axis=1).min()) >= 0.99999
+    (tmp_path / "all-MiniLM-L6-v2").mkdir()
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        mlx_embed.load("all-MiniLM-L6-v2")

@@ -321,6 +321,8 @@ def peak_memory(model, ids: list[list[int]], call: int) -> dict:
         mx.synchronize()
         out[f"peak_mb_{label}"] = mx.get_peak_memory() / 2**20
     out["active_mb"] = mx.get_active_memory() / 2**20
+    # Evaluation points (ops.EvaluationPoints): on by default with graphs off.
+    out["eval_chunk_mb"] = model.scheduler.eval_chunk_mb
     return out
 
 
@@ -616,8 +618,15 @@ MLX_ENV_SETS = {
     "ops_per_graph_20": {"MLX_MAX_OPS_PER_BUFFER": "20"},
     "ops_per_graph_60": {"MLX_MAX_OPS_PER_BUFFER": "60"},
     "ops_per_graph_200": {"MLX_MAX_OPS_PER_BUFFER": "200"},
+    # Graphs off as the fifth lease ran them: a pass evaluated whole, every
+    # temporary kept until it has run (the engine's default with graphs off
+    # now evaluates a pass in pieces, ops.EvaluationPoints).
+    "graphs_off_unbounded": {"MLX_USE_CUDA_GRAPHS": "0"},
 }
 GRAPH_OPS_SETS = ("ops_per_graph_20", "ops_per_graph_60", "ops_per_graph_200")
+# Engine settings a set adds to its process (this script's child and the
+# server take the same flag).
+ENGINE_ARGS = {"graphs_off_unbounded": ["--eval-chunk-mb", "0"]}
 
 
 def mlx_env_ab(name: str, workdir: Path, args, labels) -> dict:
@@ -632,6 +641,10 @@ def mlx_env_ab(name: str, workdir: Path, args, labels) -> dict:
                    "--call", str(args.call), "--reps", str(args.reps), "--out", tmp]
             cmd += ["--texts", str(args.texts)] if args.texts else []
             cmd += ["--batch-tokens", str(args.batch_tokens)] if args.batch_tokens else []
+            if label in ENGINE_ARGS:
+                cmd += ENGINE_ARGS[label]
+            elif args.eval_chunk_mb is not None:
+                cmd += ["--eval-chunk-mb", str(args.eval_chunk_mb)]
             cmd += ["--dry-run"] if args.dry_run else []
             cmd += ["--pass-profile"] if args.pass_profile and label not in GRAPH_OPS_SETS else []
             env = {**os.environ, **MLX_ENV_SETS[label]}
@@ -642,7 +655,7 @@ def mlx_env_ab(name: str, workdir: Path, args, labels) -> dict:
                 # A setting MLX's backend fails under says so in its row; the other sets still run.
                 child["error"] = f"exit {r.returncode}: {r.stderr[-2000:]}"
                 log(f"{name} {label}: {child['error']}")
-            out[label] = {"env": MLX_ENV_SETS[label], **child}
+            out[label] = {"env": MLX_ENV_SETS[label], "engine_args": ENGINE_ARGS.get(label, []), **child}
     return out
 
 
@@ -668,7 +681,7 @@ SERVER_FLAGS = {"defaults": [], "streams_2": ["--streams", "2"], "streams_4": ["
                 "regroup_off": ["--regroup-window-ms", "0"], "regroup_2": ["--regroup-window-ms", "2"],
                 "regroup_4": ["--regroup-window-ms", "4"], "regroup_8": ["--regroup-window-ms", "8"],
                 # The server's default flags in a process with MLX_ENV_SETS' settings.
-                **{label: [] for label in MLX_ENV_SETS if label != "mlx_defaults"},
+                **{label: ENGINE_ARGS.get(label, []) for label in MLX_ENV_SETS if label != "mlx_defaults"},
                 # The BERT family's layers on each batch's real tokens alone.
                 "packed_rows": ["--packed-rows", "true"], "packed_graphs_off": ["--packed-rows", "true"]}
 # The MLX settings of a server flag set's process, by label.
@@ -1155,6 +1168,9 @@ def main(argv=None) -> int:
                    help="leave out the core figures and the memory run (measured before)")
     p.add_argument("--quantized", action="store_true", help="Qwen3 shape: 8/4-bit kernels vs bf16")
     p.add_argument("--batch-tokens", type=int, help="device sub-batch budget (default: the engine's)")
+    p.add_argument("--eval-chunk-mb", type=int,
+                   help="load(eval_chunk_mb=): MB of layer outputs between a pass's evaluation points "
+                        "(default: the engine's, 64 with CUDA graphs off, else 0)")
     p.add_argument("--texts", type=int, help="texts per shape (default: 8192/4096/2048)")
     p.add_argument("--call", type=int, default=32, help="texts per call for the small-call rows")
     p.add_argument("--reps", type=int, default=3)
@@ -1212,6 +1228,8 @@ def main(argv=None) -> int:
         log(f"kernel probe: {json.dumps(meta['kernel_probe'])[:600]}")
         report.save()
     common = {"batch_tokens": args.batch_tokens} if args.batch_tokens else {}
+    if args.eval_chunk_mb is not None:
+        common["eval_chunk_mb"] = args.eval_chunk_mb
     with tempfile.TemporaryDirectory(prefix="bench_gpu-") as tmp:
         work = Path(args.workdir or tmp)
         work.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,8 @@ def test_bench_gpu_dry_run(tmp_path):
     r = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_gpu.py"), "--dry-run", "--variants",
          "--sweep", "--quantized", "--small-calls", "--graph-ops", "--pass-profile", "--kernel-probe",
-         "--joined-ab", "--float16", "--mlx-env", "graphs_off,cudnn_sdpa_off", "--packed-ab", "--out", str(tmp_path)],
+         "--joined-ab", "--float16", "--mlx-env", "graphs_off,cudnn_sdpa_off,graphs_off_unbounded", "--packed-ab",
+         "--eval-chunk-mb", "1", "--out", str(tmp_path)],
         capture_output=True, text=True, timeout=600, env=env,
     )
     assert r.returncode == 0, r.stderr[-3000:]
@@ -57,8 +58,14 @@ def test_bench_gpu_dry_run(tmp_path):
         # MLX's CUDA settings, each in a child process beside MLX's defaults
         # (no-ops on the CPU, where the child must still run and report).
         sets = res["mlx_env"]
-        assert list(sets) == ["mlx_defaults", "graphs_off", "cudnn_sdpa_off"]
+        assert list(sets) == ["mlx_defaults", "graphs_off", "cudnn_sdpa_off", "graphs_off_unbounded"]
         assert sets["graphs_off"]["env"] == {"MLX_USE_CUDA_GRAPHS": "0"}
+        # --eval-chunk-mb reaches each child; the unbounded set overrides it
+        # with evaluation points off, as the fifth lease ran graphs off.
+        assert sets["graphs_off_unbounded"]["env"] == {"MLX_USE_CUDA_GRAPHS": "0"}
+        assert sets["graphs_off_unbounded"]["engine_args"] == ["--eval-chunk-mb", "0"]
+        assert {label: row["peak_memory"]["eval_chunk_mb"] for label, row in sets.items()} == {
+            "mlx_defaults": 1, "graphs_off": 1, "cudnn_sdpa_off": 1, "graphs_off_unbounded": 0}
         for row in sets.values():
             assert min(row["rates"].values()) > 0 and set(row["rates"]) == {
                 "one_call", "calls_of_8", "calls_of_8_overlapped"}

@@ -21,7 +21,10 @@ Each model runs in float32, in bfloat16, in float32 with attention cut
 into query blocks (``ops.SCORES_BLOCK_BYTES`` lowered to 64 KiB, so the tiny
 models take the path an 8,192-token input takes), and in float32 and
 bfloat16 with the encoders' layers on each pass's real tokens
-(``packed_rows``; a model that does not pack runs as in the plain run). A row passes at cosine
+(``packed_rows``; a model that does not pack runs as in the plain run), and in float32 and
+bfloat16 evaluated in pieces, one after every layer (``eval_chunk_mb``, the
+chunk lowered to a byte so the tiny models' layers each reach it; what a big
+pass takes with CUDA graphs off). A row passes at cosine
 >= 0.9999 (float32; 0.9999999 on an H200 since the package keeps float32
 matmuls out of TF32, 0.9999961 with TF32) or
 >= 0.99 (bfloat16), and at score differences within 1e-3 (float32) or 1e-1
@@ -68,6 +71,10 @@ RUNS = {
     # the same outputs as the CPU's padded path.
     "float32_packed": {"dtype": "float32", "packed_rows": True},
     "bfloat16_packed": {"dtype": "bfloat16", "packed_rows": True},
+    # A pass evaluated after every layer, at most two pieces queued
+    # (ops.EvaluationPoints): the same outputs as a whole pass.
+    "float32_points": {"dtype": "float32", "points": True},
+    "bfloat16_points": {"dtype": "bfloat16", "points": True},
 }
 TINY_BLOCK_BYTES = 64 << 10
 MIN_COSINE = {"float32": 0.9999, "bfloat16": 0.99}
@@ -76,7 +83,7 @@ MIN_COSINE = {"float32": 0.9999, "bfloat16": 0.99}
 SCORE_TOLERANCE = {"float32": 1e-3, "bfloat16": 1e-1}
 # bfloat16 has no fast path on the CPU and its GPU-settings path is float32's
 # with another dtype, so the dry run leaves it out.
-DRY_RUNS = ("float32", "float32_blocked", "float32_packed")
+DRY_RUNS = ("float32", "float32_blocked", "float32_packed", "float32_points")
 
 
 def texts() -> list[str]:
@@ -96,9 +103,12 @@ def run_model(path: str | None, run: str, extra: dict) -> dict:
     from mlx_embed import ops
 
     spec = RUNS[run]
-    before = ops.SCORES_BLOCK_BYTES
+    before, points = ops.SCORES_BLOCK_BYTES, ops.EvaluationPoints.__init__
     if spec.get("blocked"):
         ops.SCORES_BLOCK_BYTES = TINY_BLOCK_BYTES
+    if spec.get("points"):
+        extra = {**extra, "eval_chunk_mb": 1}
+        ops.EvaluationPoints.__init__ = lambda self, chunk_bytes, depth=2: points(self, 1, depth)
     try:
         m = mlx_embed.load(path, dtype=spec["dtype"], packed_rows=spec.get("packed_rows", False), **extra)
         kind = m.spec().kind
@@ -111,7 +121,7 @@ def run_model(path: str | None, run: str, extra: dict) -> dict:
             out = m.embed(some)
         return {"kind": kind, "device": m.device, "output": np.asarray(out, dtype=np.float32)}
     finally:
-        ops.SCORES_BLOCK_BYTES = before
+        ops.SCORES_BLOCK_BYTES, ops.EvaluationPoints.__init__ = before, points
 
 
 def compare(run: str, kind: str, device: np.ndarray, cpu: np.ndarray) -> dict:

@@ -146,7 +146,8 @@ def test_gpu_architectures_dry_run(tmp_path):
     """scripts/gpu_architectures.py, which runs every fixture on the next GPU
     against that machine's CPU, checks here every architecture with the GPU's
     settings forced (pipelined passes, shape buckets, MLX's own element-wise
-    ops, fused attention, attention in query blocks) against the CPU path."""
+    ops, fused attention, attention in query blocks, packed rows, a pass
+    evaluated after every layer) against the CPU path."""
     env = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
     r = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "gpu_architectures.py"), "--dry-run", "--out", str(tmp_path)],
@@ -158,7 +159,7 @@ def test_gpu_architectures_dry_run(tmp_path):
     models = ["all-MiniLM-L6-v2", *fixtures]
     assert len(fixtures) >= 29
     assert sorted(rows) == sorted(f"{m}:{run}" for m in models for run in ("float32", "float32_blocked",
-                                                                           "float32_packed"))
+                                                                           "float32_packed", "float32_points"))
     kinds = {}
     for key, row in rows.items():
         assert row["ok"] and row["device"].startswith("cpu"), (key, row)
@@ -169,10 +170,10 @@ def test_gpu_architectures_dry_run(tmp_path):
             assert row["max_abs_diff"] <= 1e-3 * (1 + row["max_abs_score"]), (key, row)
     assert (kinds["tiny-qwen3-reranker"], kinds["tiny-bert-classifier"], kinds["tiny-splade"]) == (
         "reranker", "classifier", "embedding")
-    # Three runs a model (no bfloat16 on the CPU), matched as the whole count line:
-    # a check that "93" (three runs) was absent once failed on the run's
+    # Four runs a model (no bfloat16 on the CPU), matched as the whole count line:
+    # a check that "93" (then three runs) was absent once failed on the run's
     # seconds in the header ('seconds': 19.893...).
-    assert f"\n{3 * len(models)} of {3 * len(models)} rows pass\n" in r.stdout
+    assert f"\n{4 * len(models)} of {4 * len(models)} rows pass\n" in r.stdout
 
 
 def test_bench_gpu_server_dry_run(tmp_path):

@@ -3,6 +3,7 @@ server healthy after each one."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 
@@ -79,9 +80,13 @@ def cases():
         add("malformed-json", route, b'{"%s": ["a"' % f.encode(), 400,
             f"{PARSE}{f}: EOF while parsing a list", code="invalid_json", pos=True)
         add("empty-body", route, b"", 400, f"{PARSE}EOF while parsing a value", code="invalid_json", pos=True)
-        for ctype in ("text/plain", None):
-            add(f"content-type-{ctype}", route, dumps({f: ["a"]}), 415,
-                "expected a request with `Content-Type: application/json`", ctype=ctype)
+        if route != "ollama":
+            # Ollama reads any body as JSON, as Ollama does (test_ollama.py).
+            for ctype in ("text/plain", None):
+                add(f"content-type-{ctype}", route, dumps({f: ["a"]}), 415,
+                    "expected a request with `Content-Type: application/json`", ctype=ctype)
+        add("two-byte-order-marks", route, b"\xef\xbb\xbf" * 2 + dumps({f: ["a"]}), 400,
+            f"{PARSE}expected value", code="invalid_json", pos=True)
         add("body-over-limit", route, dumps({f: ["a" * (2 * 1024 * 1024)]}), 413,
             "request body is larger than the limit of 2097152 bytes")
         add("ten-mb-string", route, dumps({f: ["b" * (10 * 1024 * 1024)]}), 413,
@@ -218,6 +223,34 @@ def test_dimensions_bounds_accepted(server, route):
     full = post_raw(server, path, dumps({f: ["hello"], "dimensions": 384}))
     assert full.status_code == 200
     assert first_vector(route, full.json()).shape == (384,)
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+@pytest.mark.parametrize("coding", ["gzip", "deflate, gzip"])
+def test_compressed_body_is_415(server, route, coding):
+    """A compressed body is refused before it is read, in the route's error
+    shape, with `Accept-Encoding: identity`; `identity` is no compression."""
+    path, f = ROUTES[route]
+    resp = requests.post(server.url + path, data=gzip.compress(dumps({f: ["a"]})), timeout=60,
+                         headers={"content-type": "application/json", "content-encoding": coding})
+    assert resp.status_code == 415, resp.text
+    assert resp.headers["accept-encoding"] == "identity"
+    message = f"request bodies must not be compressed (Content-Encoding: {coding})"
+    assert resp.json() == error_body(route, 415, message)
+    resp = requests.post(server.url + path, data=dumps({f: ["a"]}), timeout=60,
+                         headers={"content-type": "application/json", "content-encoding": "identity"})
+    assert resp.status_code == 200, resp.text
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_a_leading_byte_order_mark_is_skipped(server, route):
+    """RFC 8259 8.1: a parser may ignore a leading BOM (Windows tools write one)."""
+    path, f = ROUTES[route]
+    body = dumps({f: ["hello world"]})
+    with_bom = post_raw(server, path, b"\xef\xbb\xbf" + body)
+    assert with_bom.status_code == 200, with_bom.text
+    plain = post_raw(server, path, body).json()
+    assert np.array_equal(first_vector(route, with_bom.json()), first_vector(route, plain))
 
 
 def test_token_id_last_in_vocab_accepted(server):

@@ -123,6 +123,30 @@ def test_request_options(pair, golden):
         assert set(r.json()) == {"error", "error_type"}
 
 
+def test_dimensions_are_refused_on_a_sparse_model(pair):
+    """SPLADE vectors are one weight per vocabulary entry: their first N are
+    no embedding, so every route's cut is a 400 pointing to /embed_sparse."""
+    message = ("tiny-splade is a sparse (SPLADE) model: its vectors are vocabulary weights and {f} cannot cut "
+               "them; leave {f} out, or use /embed_sparse for the non-zero weights")
+    for path, body, field in [
+        ("/v1/embeddings", {"input": "hello", "dimensions": 10}, "dimensions"),
+        ("/v2/embed", {"texts": ["hello"], "output_dimension": 10}, "output_dimension"),
+        ("/embed", {"inputs": "hello", "dimensions": 10}, "dimensions"),
+        ("/api/v1/embed", {"texts": ["hello"], "dimensions": VOCAB}, "dimensions"),
+        ("/api/embed", {"input": "hello", "dimensions": 10}, "dimensions"),
+    ]:
+        r = pair.post(path, {"model": "tiny-splade", **body})
+        assert r.status_code == 400, (path, r.text)
+        error = r.json()["error"]
+        got = error if isinstance(error, str) else error["message"]
+        assert got == message.format(f=field), path
+        if path in ("/v1/embeddings", "/v2/embed"):
+            assert error["param"] == field
+    # The dense model next to it still takes dimensions.
+    r = pair.post("/v1/embeddings", {"model": "tiny-nomic-bert", "input": "hello", "dimensions": 8})
+    assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 8, r.text
+
+
 def test_concurrent_callers_get_their_own_vectors(pair, golden):
     texts, _, idx = non_empty_golden(golden, 24)
     want = _reference()[idx]

@@ -4,9 +4,14 @@ listings (`list`, `ps`, `show`) that clients read before they embed."""
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
+
 import numpy as np
 import ollama
 import pytest
+import requests
 
 from harness import FIXTURES, cosine_rows, non_empty_golden, start_server
 
@@ -148,3 +153,30 @@ def test_a_request_ollama_cannot_take_is_a_400(server):
     resp = server.post("/api/embeddings", {"model": EMBEDDER, "prompt": ["a"]})
     assert resp.status_code == 400, resp.text
     assert server.healthy()
+
+
+def test_ollamas_documented_curl_works(server):
+    """Ollama's docs post with curl's default `Content-Type`
+    (application/x-www-form-urlencoded) and Ollama reads the body as JSON
+    whatever its type: so do its routes here. The other APIs keep their 415."""
+    body = '{"model": "all-minilm", "input": "Why is the sky blue?"}'
+    want = client(server).embed(model=EMBEDDER, input="Why is the sky blue?").embeddings
+    if shutil.which("curl"):
+        out = subprocess.run(["curl", "-s", "-w", "\n%{http_code}", f"{server.url}/api/embed", "-d", body],
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+        answer, _, status = out.rpartition("\n")
+        assert status == "200", answer
+        assert np.allclose(json.loads(answer)["embeddings"], want, atol=1e-6)
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    for path, raw in [
+        ("/api/embed", body),
+        ("/api/embeddings", '{"model": "all-minilm", "prompt": "Why is the sky blue?"}'),
+        ("/api/show", '{"model": "all-minilm"}'),
+    ]:
+        for headers in (form, {"content-type": "text/plain"}, {}):
+            r = requests.post(server.url + path, data=raw.encode(), headers=headers, timeout=60)
+            assert r.status_code == 200, (path, headers, r.text)
+    r = requests.post(server.url + "/api/embed", data=b'{"input": [', headers=form, timeout=60)
+    assert r.status_code == 400 and r.json()["error"].startswith("Failed to parse the request body as JSON")
+    r = requests.post(server.url + "/v1/embeddings", data=b'{"input": "a"}', headers=form, timeout=60)
+    assert r.status_code == 415, r.text

@@ -337,6 +337,63 @@ def test_two_models_under_concurrent_load(duo, golden):
     assert sum(ok) == len(ok), f"{len(ok) - sum(ok)} mixed-up answers"
 
 
+def test_cohere_rank_fields_pick_what_is_ranked(duo):
+    """Cohere's structured documents: an object is ranked on its `text`, or on
+    its `rank_fields` in order, one `field: value` line each (a non-string
+    value as compact JSON); `return_documents` answers each document as sent."""
+    query = "capital of france"
+    doc = {"title": "Paris", "text": "France", "year": 1900}
+
+    def tei_scores(texts):
+        r = duo.post("/rerank", {"query": query, "texts": texts})
+        assert r.status_code == 200, r.text
+        return {x["index"]: x["score"] for x in r.json()}
+
+    def cohere_score(path, **extra):
+        r = duo.post(path, {"query": query, "documents": [doc], "return_documents": True, **extra})
+        assert r.status_code == 200, r.text
+        (result,) = r.json()["results"]
+        assert result["document"] == doc  # the whole object, as sent
+        return result["relevance_score"]
+
+    texts = ["France", "title: Paris", "year: 1900\ntitle: Paris\ntext: France"]
+    want = tei_scores(texts)
+    assert len(set(want.values())) == 3, want  # the three texts score apart
+    for path in ("/v1/rerank", "/v2/rerank", "/rerank"):
+        assert cohere_score(path) == pytest.approx(want[0], abs=1e-6)
+        assert cohere_score(path, rank_fields=["title"]) == pytest.approx(want[1], abs=1e-6)
+        assert cohere_score(path, rank_fields=["year", "title", "text"]) == pytest.approx(want[2], abs=1e-6)
+    # A string document is ranked as it is and answered in Cohere's form.
+    r = duo.post("/v1/rerank", {"query": query, "documents": ["France", doc], "rank_fields": ["title"]})
+    assert r.status_code == 200, r.text
+    by_index = {x["index"]: x for x in r.json()["results"]}
+    assert by_index[0]["document"] == {"text": "France"}
+    assert by_index[0]["relevance_score"] == pytest.approx(want[0], abs=1e-6)
+    assert by_index[1]["relevance_score"] == pytest.approx(want[1], abs=1e-6)
+
+
+def test_cohere_rank_fields_errors_are_exact(duo):
+    def error(body, path="/v1/rerank"):
+        r = duo.post(path, {"query": "q", **body})
+        return r.status_code, r.json()["error"]
+
+    def cohere(message, param, status=400):
+        return status, {"message": message, "type": "invalid_request_error", "param": param, "code": None}
+
+    assert error({"documents": [{"title": "a", "text": "b"}, {"text": "c"}], "rank_fields": ["title"]}) == cohere(
+        "document 1 has no field `title` (named in rank_fields)", "documents")
+    no_text = cohere("document 0 has no `text` field: send `text`, or name the fields to rank on in rank_fields",
+                     "documents")
+    assert error({"documents": [{"title": "a"}]}) == no_text
+    assert error({"documents": [{"title": "a"}]}, "/rerank") == no_text
+    for bad in ([], ["title", 3]):
+        assert error({"documents": [{"title": "a"}], "rank_fields": bad}) == cohere(
+            "rank_fields must be a non-empty list of field names (strings)", "rank_fields")
+    status, body = error({"documents": ["a", 3]})
+    assert status == 422 and "each document must be a string or a JSON object" in body["message"], body
+    assert "untagged" not in body["message"] and "RerankDocument" not in body["message"]
+
+
 # -------------------------------------------------------------- bad input
 
 

@@ -8,7 +8,7 @@
 use mlx_embed_core::{l2_normalize, sparse_entries, EmbedInput, EmbedOptions, Output};
 
 use crate::errors::{ApiError, ErrorKind};
-use crate::models::Task;
+use crate::models::{ServedModel, Task};
 use crate::state::AppState;
 
 /// What every API's request boils down to.
@@ -107,9 +107,8 @@ pub async fn embed_sparse(state: &AppState, req: EmbedRequest) -> Result<SparseO
 async fn run(state: &AppState, req: EmbedRequest, task: Task) -> Result<EmbedOutput, ApiError> {
     check_inputs(state, &req.inputs)?;
     let model = state.model_for(req.model.as_deref(), task)?;
-    let dim = model.info().dim;
     let output = req.options.output;
-    let dimension = validate(&req, dim)?;
+    let dimension = validate(&req, model)?;
 
     let n_inputs = req.inputs.len();
     let out = model.batcher.embed(req.inputs, req.options).await?;
@@ -204,7 +203,7 @@ fn row_width(vectors: &[Vec<f32>], rows: &[u32]) -> Result<usize, ApiError> {
 }
 
 /// The output dimension `req` asks for.
-fn validate(req: &EmbedRequest, dim: usize) -> Result<usize, ApiError> {
+fn validate(req: &EmbedRequest, model: &ServedModel) -> Result<usize, ApiError> {
     if req.options.output == Output::Tokens && (req.normalize || req.dimensions.is_some()) {
         // Per-token rows are the raw hidden states (TEI's contract); no route asks otherwise.
         return Err(ApiError::invalid(
@@ -212,14 +211,29 @@ fn validate(req: &EmbedRequest, dim: usize) -> Result<usize, ApiError> {
         ));
     }
     match req.dimensions {
-        None => Ok(dim),
-        Some(n) => output_dimension(n, dim, "dimensions"),
+        None => Ok(model.info().dim),
+        Some(n) => output_dimension(n, model, "dimensions"),
     }
 }
 
-/// `n` as the output width of a model `dim` wide (1..=dim); the error names
+/// `n` as the output width of `model` (1..=its dimension); the error names
 /// the request's `field` (OpenAI's `dimensions`, Cohere's `output_dimension`).
-pub(crate) fn output_dimension(n: i64, dim: usize, field: &'static str) -> Result<usize, ApiError> {
+/// A SPLADE model has none to cut: its vector is one weight per vocabulary
+/// entry, and its first `n` entries would be a meaningless (mostly zero) vector.
+pub(crate) fn output_dimension(
+    n: i64,
+    model: &ServedModel,
+    field: &'static str,
+) -> Result<usize, ApiError> {
+    let dim = model.info().dim;
+    if model.info().sparse {
+        return Err(ApiError::invalid(format!(
+            "{} is a sparse (SPLADE) model: its vectors are vocabulary weights and {field} \
+             cannot cut them; leave {field} out, or use /embed_sparse for the non-zero weights",
+            model.name
+        ))
+        .param(field));
+    }
     if n >= 1 && n as u64 <= dim as u64 {
         Ok(n as usize)
     } else {

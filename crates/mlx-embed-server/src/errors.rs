@@ -5,11 +5,11 @@
 //!
 //! | status | when |
 //! | --- | --- |
-//! | 400 | malformed JSON; empty input list; an empty string or empty token list; a token id outside the vocabulary (names the input index); `dimensions` < 1 or > the model's dimension; an unknown `prompt_name`; input the model rejects as invalid (a `ValueError` in the Python model) |
+//! | 400 | malformed JSON; empty input list; an empty string or empty token list; a token id outside the vocabulary (names the input index); `dimensions` < 1 or > the model's dimension, or any `dimensions` on a sparse (SPLADE) model; an unknown `prompt_name`; input the model rejects as invalid (a `ValueError` in the Python model) |
 //! | 401 | `--api-key` is set and `Authorization: Bearer <key>` is missing or wrong (every route but `/health` and `/.well-known/*`) |
 //! | 404 / 405 | unknown route / wrong method |
 //! | 413 | body larger than `--max-body-bytes` (2 MiB); more inputs than `--max-inputs-per-request` (2048) |
-//! | 415 | `Content-Type` is not `application/json` (Weaviate's `/vectors` reads any body as JSON) |
+//! | 415 | `Content-Type` is not `application/json` (Weaviate's `/vectors` and Ollama's `/api/*` read any body as JSON); a compressed body (any `Content-Encoding` but `identity`, on every route) |
 //! | 422 | well-formed JSON of the wrong shape (missing, null or wrong-typed field, non-string item, arrays nested too deep, `truncation_direction` not left/right); an input longer than the model's maximum with `truncate: false` (names the index and its token count; refused before any compute) |
 //! | 429 | the server is overloaded (admission queue full or waited too long); `Retry-After` says when to retry, in whole seconds (>= 1) |
 //! | 500 | the model failed on this request (the model's message) |
@@ -164,6 +164,14 @@ impl ApiError {
         .code("invalid_api_key")
     }
 
+    /// 415: the body is not labelled as JSON.
+    pub fn json_content_type_expected() -> Self {
+        Self::new(
+            ErrorKind::UnsupportedMediaType,
+            "expected a request with `Content-Type: application/json`",
+        )
+    }
+
     /// Maps axum's JSON rejections: 400 malformed JSON, 415 wrong content type,
     /// 422 wrong shape, 413 body over `max_body_bytes`.
     pub fn from_json_rejection(rejection: JsonRejection, max_body_bytes: usize) -> Self {
@@ -182,10 +190,7 @@ impl ApiError {
                 }
                 Self::new(ErrorKind::InvalidRequest, message).code("invalid_json")
             }
-            JsonRejection::MissingJsonContentType(_) => Self::new(
-                ErrorKind::UnsupportedMediaType,
-                "expected a request with `Content-Type: application/json`",
-            ),
+            JsonRejection::MissingJsonContentType(_) => Self::json_content_type_expected(),
             other if other.status() == StatusCode::PAYLOAD_TOO_LARGE => Self::new(
                 ErrorKind::TooLarge,
                 format!("request body is larger than the limit of {max_body_bytes} bytes"),
@@ -393,6 +398,10 @@ impl Api {
 /// Type-level [`Api`], so a handler's error type fixes its shape.
 pub trait Flavor: Send + Sync + 'static {
     const API: Api;
+    /// Read a body as JSON whatever its `Content-Type` (else 415 unless it
+    /// says JSON): Ollama's server does, and the curl lines in its docs send
+    /// curl's default form type; Weaviate posts a text with no type at all.
+    const ANY_CONTENT_TYPE: bool = false;
 }
 pub struct Native;
 pub struct OpenAi;
@@ -410,9 +419,11 @@ impl Flavor for Tei {
 }
 impl Flavor for Ollama {
     const API: Api = Api::Ollama;
+    const ANY_CONTENT_TYPE: bool = true;
 }
 impl Flavor for Weaviate {
     const API: Api = Api::Weaviate;
+    const ANY_CONTENT_TYPE: bool = true;
 }
 
 /// An [`ApiError`] that renders in `F`'s shape; `?` converts into it.

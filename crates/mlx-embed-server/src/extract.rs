@@ -5,8 +5,11 @@
 use std::fmt;
 use std::marker::PhantomData;
 
+use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
+use axum::http::header::CONTENT_TYPE;
 use axum::http::request::Parts;
+use axum::http::HeaderMap;
 use axum::Json;
 use mlx_embed_core::{EmbedInput, Priority, TruncationDirection};
 use serde::de::{self, DeserializeOwned, Deserializer, SeqAccess, Visitor};
@@ -17,7 +20,10 @@ use crate::errors::{ApiError, Flavor, Shaped};
 use crate::state::AppState;
 
 /// `Json<T>` whose rejections (400 malformed, 413 too large, 415 content type,
-/// 422 wrong shape) render in `F`'s error shape.
+/// 422 wrong shape) render in `F`'s error shape. The one place request bodies
+/// are parsed: a leading UTF-8 byte order mark is skipped (RFC 8259 section 8.1
+/// lets a parser ignore one; Windows tools write it), and the `Content-Type`
+/// must be JSON unless `F` reads any body as JSON ([`Flavor::ANY_CONTENT_TYPE`]).
 pub struct ApiJson<T, F>(pub T, pub PhantomData<F>);
 
 impl<T, F> FromRequest<AppState> for ApiJson<T, F>
@@ -28,19 +34,39 @@ where
     type Rejection = Shaped<F>;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
-        match Json::<JsonObject<T>>::from_request(req, state).await {
+        let max_body = state.args().max_body_bytes;
+        if !F::ANY_CONTENT_TYPE && !json_content_type(req.headers()) {
+            return Err(ApiError::json_content_type_expected().into());
+        }
+        let body = Bytes::from_request(req, state)
+            .await
+            .map_err(|e| ApiError::from_json_rejection(e.into(), max_body))?;
+        let json = body.strip_prefix(UTF8_BOM).unwrap_or(&body);
+        match Json::<JsonObject<T>>::from_bytes(json) {
             Ok(Json(JsonObject(value))) => Ok(ApiJson(value, PhantomData)),
-            Err(rejection) => {
-                Err(ApiError::from_json_rejection(rejection, state.args().max_body_bytes).into())
-            }
+            Err(rejection) => Err(ApiError::from_json_rejection(rejection, max_body).into()),
         }
     }
+}
+
+const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// `application/json` or any `application/*+json`: what axum's `Json` accepts.
+fn json_content_type(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<mime::Mime>().ok())
+        .is_some_and(|m| {
+            m.type_() == "application"
+                && (m.subtype() == "json" || m.suffix().is_some_and(|s| s == "json"))
+        })
 }
 
 /// A request body that must be a JSON object. serde fills a struct from an
 /// array too, field by field in declaration order, which would make the
 /// order of a request's fields part of the API; an array is a 422 instead.
-pub(crate) struct JsonObject<T>(pub T);
+struct JsonObject<T>(T);
 
 impl<'de, T: Deserialize<'de>> Deserialize<'de> for JsonObject<T> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

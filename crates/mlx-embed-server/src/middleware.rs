@@ -1,17 +1,18 @@
-//! Cross-cutting layers: request ids, per-request log line and metrics, API-key check.
+//! Cross-cutting layers: request ids, per-request log line and metrics,
+//! API-key check, refusal of compressed bodies.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::header::AUTHORIZATION;
+use axum::http::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_ENCODING};
 use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
 use axum::response::Response;
 use tracing::Instrument;
 
-use crate::errors::{Api, ApiError};
+use crate::errors::{Api, ApiError, ErrorKind};
 use crate::state::AppState;
 
 /// Header carrying the request id, accepted from the client and echoed back.
@@ -96,6 +97,39 @@ pub async fn require_api_key(State(state): State<AppState>, req: Request, next: 
             Api::for_path(path).render(ApiError::unauthorized())
         }
     }
+}
+
+/// A body in any content coding but `identity` is refused on every route
+/// with 415 and `Accept-Encoding: identity` (RFC 9110 section 15.5.16), in
+/// the path's API error shape: bodies are read as they arrive, never
+/// decompressed, and a gzip body would otherwise fail as malformed JSON.
+pub async fn refuse_encoded_bodies(req: Request, next: Next) -> Response {
+    let codings: Vec<String> = req
+        .headers()
+        .get_all(CONTENT_ENCODING)
+        .iter()
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).trim().to_owned())
+        .collect();
+    let is_identity = |c: &str| c.is_empty() || c.eq_ignore_ascii_case("identity");
+    if codings
+        .iter()
+        .flat_map(|v| v.split(','))
+        .all(|c| is_identity(c.trim()))
+    {
+        return next.run(req).await;
+    }
+    let err = ApiError::new(
+        ErrorKind::UnsupportedMediaType,
+        format!(
+            "request bodies must not be compressed (Content-Encoding: {})",
+            codings.join(", ")
+        ),
+    );
+    let mut response = Api::for_path(req.uri().path()).render(err);
+    response
+        .headers_mut()
+        .insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    response
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {

@@ -406,12 +406,14 @@ async fn request_shape_errors() {
         )
         .await;
         assert!(msg.contains("expected a JSON object"), "{msg}");
-        // Malformed JSON: 400. Wrong content type: 415.
+        // Malformed JSON: 400. Wrong content type: 415, but Ollama reads any
+        // body as JSON, so there it is malformed JSON.
         let (status, v) = post_raw(&s, path, "application/json", "{\"texts\": [").await;
         assert_eq!(status, 400, "{path}: {v}");
         error_message(shape, &v);
         let (status, v) = post_raw(&s, path, "text/plain", "hello").await;
-        assert_eq!(status, 415, "{path}: {v}");
+        let want = if shape == Shape::Ollama { 400 } else { 415 };
+        assert_eq!(status, want, "{path}: {v}");
         error_message(shape, &v);
     }
     // Native needs a list.
@@ -984,6 +986,16 @@ async fn priority_header_and_body_pick_the_lane_on_every_route() {
         let v: Value = r.json().await.unwrap();
         assert!(v.to_string().contains("X-Priority"), "{path}: {v}");
     }
+    // A body priority wins over a valid header only: a malformed one is a
+    // client bug, refused whatever the body says.
+    let r = client()
+        .post(s.url("/v1/embeddings"))
+        .header("X-Priority", "urgent")
+        .json(&json!({"input": "q", "priority": -1}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 400);
     let (status, _, _) = post(
         &s,
         "/v1/embeddings",
@@ -1521,5 +1533,204 @@ async fn weaviate_vectors_meta_and_probes() {
         .unwrap();
     assert_eq!(meta["model"]["name"], "fake-model");
     assert_eq!(meta["model"]["dimension"], DIM);
+    s.stop().await.unwrap();
+}
+
+/// Ollama's server reads a body as JSON whatever its `Content-Type`, and the
+/// curl lines in its docs send curl's default form type: every Ollama route
+/// that takes a body does the same. The other APIs keep their 415.
+#[tokio::test]
+async fn ollama_routes_read_any_body_as_json() {
+    let s = Server::default().await;
+    for (path, raw) in [
+        (
+            "/api/embed",
+            r#"{"model":"all-minilm","input":"Why is the sky blue?"}"#,
+        ),
+        (
+            "/api/embeddings",
+            r#"{"model":"all-minilm","prompt":"Why is the sky blue?"}"#,
+        ),
+        ("/api/show", r#"{"model":"all-minilm"}"#),
+    ] {
+        for content_type in [
+            Some("application/x-www-form-urlencoded"),
+            Some("text/plain"),
+            None,
+        ] {
+            let mut req = client().post(s.url(path)).body(raw);
+            if let Some(t) = content_type {
+                req = req.header("content-type", t);
+            }
+            let r = req.send().await.unwrap();
+            assert_eq!(r.status().as_u16(), 200, "{path} {content_type:?}");
+        }
+    }
+    let (status, v) = post_raw(
+        &s,
+        "/api/embed",
+        "application/x-www-form-urlencoded",
+        r#"{"model":"m","input":"a"}"#,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(v["embeddings"].as_array().unwrap().len(), 1);
+    for (path, body) in [
+        ("/v1/embeddings", r#"{"input":"a"}"#),
+        ("/embed", r#"{"inputs":"a"}"#),
+        ("/api/v1/embed", r#"{"texts":["a"]}"#),
+    ] {
+        let (status, v) = post_raw(&s, path, "application/x-www-form-urlencoded", body).await;
+        assert_eq!(status, 415, "{path}: {v}");
+    }
+    s.stop().await.unwrap();
+}
+
+/// A compressed body is refused on every route, before its JSON is read:
+/// 415, `Accept-Encoding: identity`, a message naming the coding, in the
+/// route's error shape. `identity` is no compression.
+#[tokio::test]
+async fn compressed_bodies_are_refused_with_415() {
+    let s = Server::default().await;
+    let message = "request bodies must not be compressed (Content-Encoding: gzip)";
+    // Path, body, error shape, status of the same body uncompressed.
+    let mut routes: Vec<(&str, Value, Shape, u16)> = ROUTES
+        .iter()
+        .map(|&(path, shape)| (path, body(shape, json!(["a"])), shape, 200))
+        .collect();
+    routes.extend([
+        (
+            "/v1/score",
+            json!({"text_1": "a", "text_2": "b"}),
+            Shape::OpenAi,
+            200,
+        ),
+        // The fake's tokenizer cannot decode: 400, after the body was read.
+        ("/decode", json!({"ids": [1, 2]}), Shape::Tei, 400),
+        ("/api/show", json!({"model": "m"}), Shape::Ollama, 200),
+    ]);
+    for (path, b, shape, uncompressed) in &routes {
+        let send = |coding: &'static str| {
+            client()
+                .post(s.url(path))
+                .header("content-encoding", coding)
+                .json(b)
+                .send()
+        };
+        let r = send("gzip").await.unwrap();
+        assert_eq!(r.status().as_u16(), 415, "{path}");
+        assert_eq!(r.headers()["accept-encoding"], "identity", "{path}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(error_message(*shape, &v), message, "{path}");
+        let r = send("identity").await.unwrap();
+        assert_eq!(r.status().as_u16(), *uncompressed, "{path}");
+    }
+    let r = client()
+        .post(s.url("/vectors"))
+        .header("content-encoding", "br")
+        .body(r#"{"text": "a"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 415);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        v,
+        json!({"error": "request bodies must not be compressed (Content-Encoding: br)"})
+    );
+    s.stop().await.unwrap();
+}
+
+/// RFC 8259 section 8.1 lets a JSON parser ignore a leading byte order mark;
+/// Windows tools write one. Only one is skipped.
+#[tokio::test]
+async fn a_leading_byte_order_mark_is_skipped() {
+    let s = Server::default().await;
+    for (path, shape) in ROUTES {
+        let plain = serde_json::to_vec(&body(shape, json!(["abc"]))).unwrap();
+        let with_bom = [b"\xEF\xBB\xBF".as_slice(), &plain].concat();
+        let (status, v) = post_raw(&s, path, "application/json", with_bom).await;
+        assert_eq!(status, 200, "{path}: {v}");
+        let (_, want) = post_raw(&s, path, "application/json", plain.clone()).await;
+        assert_eq!(vectors(shape, &v), vectors(shape, &want), "{path}");
+        let twice = [b"\xEF\xBB\xBF\xEF\xBB\xBF".as_slice(), &plain].concat();
+        let (status, v) = post_raw(&s, path, "application/json", twice).await;
+        assert_eq!(status, 400, "{path}: {v}");
+    }
+    let r = client()
+        .post(s.url("/vectors"))
+        .body(b"\xEF\xBB\xBF{\"text\": \"abc\"}".as_slice())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    s.stop().await.unwrap();
+}
+
+/// Token ids that are not ids get a message saying what to send, not the
+/// name of a Rust type.
+#[tokio::test]
+async fn decode_refuses_bad_ids_readably() {
+    let s = Server::default().await;
+    for ids in [json!([-1]), json!([[1], 2]), json!("1 2")] {
+        let msg = expect_error(&s, "/decode", Shape::Tei, &json!({ "ids": ids }), 422).await;
+        assert!(
+            msg.starts_with(
+                "Failed to deserialize the JSON body into the target type: ids: ids must be a \
+                 list of token ids (non-negative integers) or a list of such lists"
+            ),
+            "{ids}: {msg}"
+        );
+        assert!(!msg.contains("untagged"), "{msg}");
+    }
+    s.stop().await.unwrap();
+}
+
+/// vLLM's score route takes `truncate` as the embed routes do: false refuses
+/// an over-long text with 422, naming its list (`param`), its place there and
+/// its token count.
+#[tokio::test]
+async fn score_honours_truncate_false() {
+    let s = Server::default().await;
+    let long = "word ".repeat(100); // 127 tokens > 64
+    let long_tokens = untruncated_tokens(&text(&long));
+    let pairs = json!({ "text_1": "short", "text_2": ["short", long] });
+    let (status, _, v) = post(&s, "/v1/score", &pairs).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"], 2 * 7 + MAX_TOKENS, "{v}");
+    for (b, param, index) in [
+        (
+            json!({ "text_1": "short", "text_2": ["short", long], "truncate": false }),
+            "text_2",
+            1,
+        ),
+        (
+            json!({ "text_1": [long, "short"], "text_2": ["a", "b"], "truncate": false }),
+            "text_1",
+            0,
+        ),
+    ] {
+        let (status, _, v) = post(&s, "/v1/score", &b).await;
+        assert_eq!(status, 422, "{v}");
+        assert_eq!(
+            v["error"],
+            json!({
+                "message": format!(
+                    "input {index} has {long_tokens} tokens, more than the model's maximum of \
+                     {MAX_TOKENS}; shorten it or set truncate to true"
+                ),
+                "type": "invalid_request_error",
+                "param": param,
+                "code": "context_length_exceeded",
+            })
+        );
+    }
+    let (status, _, _) = post(
+        &s,
+        "/score",
+        &json!({ "text_1": "a", "text_2": long, "truncate": true }),
+    )
+    .await;
+    assert_eq!(status, 200);
     s.stop().await.unwrap();
 }

@@ -216,7 +216,7 @@ async fn embed(
         }
     }
     if let Some(n) = req.output_dimension {
-        output_dimension(n, model.info().dim, "output_dimension")?;
+        output_dimension(n, model, "output_dimension")?;
     }
     let prompt = prompt_for(req.input_type, &model.info().prompts);
     let truncate = req.truncate.unwrap_or(CohereTruncate::End);

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
 use axum::http::{header, HeaderName, HeaderValue, Method};
-use axum::middleware::from_fn_with_state;
+use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{get, post};
 use axum::Router;
 use mlx_embed_core::Prompt;
@@ -31,11 +31,11 @@ use utoipa::ToSchema;
 
 use crate::errors::ApiError;
 use crate::extract::PRIORITY_HEADER;
-use crate::middleware::{observe, require_api_key, REQUEST_ID};
+use crate::middleware::{observe, refuse_encoded_bodies, require_api_key, REQUEST_ID};
 use crate::state::AppState;
 
-/// Every route, with body limit, API-key check, CORS (`--cors-allow-origin`),
-/// request ids, logs and metrics.
+/// Every route, with body limit, refusal of compressed bodies, API-key check,
+/// CORS (`--cors-allow-origin`), request ids, logs and metrics.
 pub fn router(state: AppState) -> Router {
     let max_body = state.args().max_body_bytes;
     let routes = Router::new()
@@ -81,6 +81,8 @@ pub fn router(state: AppState) -> Router {
         .fallback(ops::not_found)
         .method_not_allowed_fallback(ops::method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
+        // Inside the key check: a client without the key learns nothing more.
+        .layer(from_fn(refuse_encoded_bodies))
         .layer(from_fn_with_state(state.clone(), require_api_key));
     // Outside the key check: a browser's preflight carries no credentials,
     // and a 401 needs the CORS headers for the page to read it.

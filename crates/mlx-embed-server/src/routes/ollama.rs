@@ -2,6 +2,10 @@
 //! and what Ollama clients read before they embed (`GET /api/version`, the
 //! model listings `GET /api/tags`, `GET /api/ps`, `POST /api/show`).
 //!
+//! As Ollama's server does, the routes read a body as JSON whatever its
+//! `Content-Type` (the curl lines in Ollama's docs send curl's default,
+//! `application/x-www-form-urlencoded`).
+//!
 //! Ollama names a model `name:tag`, the tag `latest` when none is given, so
 //! the listings call a served model `<name>:latest` and the routes take a
 //! model named with or without `:latest`.

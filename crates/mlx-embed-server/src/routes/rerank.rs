@@ -8,7 +8,9 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use mlx_embed_core::{EmbedInput, EmbedOptions, Priority};
+use serde::de::{self, Deserializer};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::Usage;
@@ -68,7 +70,7 @@ pub struct TeiRank {
 pub async fn tei_rerank(
     State(state): State<AppState>,
     priority: Result<PriorityHeader<Tei>, Shaped<Tei>>,
-    ApiJson(body, _): ApiJson<serde_json::Value, Tei>,
+    ApiJson(body, _): ApiJson<Value, Tei>,
 ) -> Response {
     // A bad X-Priority is answered in the shape of the body's API, known only now.
     let priority = priority.map(|header| header.0).map_err(|shaped| shaped.0);
@@ -86,7 +88,7 @@ pub async fn tei_rerank(
 }
 
 /// A JSON body already read, as `T`; a wrong shape is a 422 as for any route.
-fn parse<T: serde::de::DeserializeOwned>(body: serde_json::Value) -> Result<T, ApiError> {
+fn parse<T: serde::de::DeserializeOwned>(body: Value) -> Result<T, ApiError> {
     serde_json::from_value(body).map_err(|e| {
         ApiError::new(
             ErrorKind::Unprocessable,
@@ -135,20 +137,101 @@ async fn tei_rank(
     ))
 }
 
-/// A Cohere/Jina document: a string, or an object with `text`.
-#[derive(Debug, Deserialize, ToSchema)]
+/// A Cohere/Jina document: a string, or a JSON object whose `text` (or
+/// `rank_fields`) is ranked. (Serialize only for the schema's shape.)
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
 #[serde(untagged)]
 pub enum RerankDocument {
     Text(String),
-    Object { text: String },
+    #[schema(value_type = Object)]
+    Object(serde_json::Map<String, Value>),
+}
+
+impl<'de> Deserialize<'de> for RerankDocument {
+    /// By hand: serde's untagged enums fail with a message that names the
+    /// Rust type, not what the client should send.
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match Value::deserialize(d)? {
+            Value::String(s) => Ok(RerankDocument::Text(s)),
+            Value::Object(o) => Ok(RerankDocument::Object(o)),
+            _ => Err(de::Error::custom(
+                "each document must be a string or a JSON object",
+            )),
+        }
+    }
 }
 
 impl RerankDocument {
-    fn into_text(self) -> String {
-        match self {
-            RerankDocument::Text(t) | RerankDocument::Object { text: t } => t,
+    /// The text the reranker scores: a string as it is; an object's `text`
+    /// field, or with `rank_fields`, Cohere's structured form: one
+    /// `field: value` line per field, in the order named (a string value as
+    /// it is, any other as compact JSON). `index` names the document in errors.
+    fn rank_text(&self, index: usize, rank_fields: Option<&[String]>) -> Result<String, ApiError> {
+        let fields = match self {
+            RerankDocument::Text(text) => return Ok(text.clone()),
+            RerankDocument::Object(fields) => fields,
+        };
+        let field = |name: &str| {
+            fields.get(name).map(plain).ok_or_else(|| {
+                ApiError::invalid(match rank_fields {
+                    Some(_) => {
+                        format!("document {index} has no field `{name}` (named in rank_fields)")
+                    }
+                    None => format!(
+                        "document {index} has no `text` field: send `text`, or name the fields \
+                         to rank on in rank_fields"
+                    ),
+                })
+                .param("documents")
+            })
+        };
+        match rank_fields {
+            None => field("text"),
+            Some(names) => names
+                .iter()
+                .map(|name| Ok(format!("{name}: {}", field(name)?)))
+                .collect::<Result<Vec<_>, ApiError>>()
+                .map(|lines| lines.join("\n")),
         }
     }
+
+    /// What `return_documents` answers: an object as it was sent, a string
+    /// as Cohere answers it, `{"text": ...}`.
+    fn into_returned(self) -> Value {
+        match self {
+            RerankDocument::Text(text) => serde_json::json!({ "text": text }),
+            RerankDocument::Object(fields) => Value::Object(fields),
+        }
+    }
+}
+
+/// A field's value as text: a string as it is, anything else as compact JSON.
+fn plain(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// `rank_fields` as field names: a non-empty list of strings.
+fn rank_field_names(rank_fields: Option<Vec<Value>>) -> Result<Option<Vec<String>>, ApiError> {
+    let Some(list) = rank_fields else {
+        return Ok(None);
+    };
+    let invalid = || {
+        ApiError::invalid("rank_fields must be a non-empty list of field names (strings)")
+            .param("rank_fields")
+    };
+    if list.is_empty() {
+        return Err(invalid());
+    }
+    list.into_iter()
+        .map(|v| match v {
+            Value::String(s) => Ok(s),
+            _ => Err(invalid()),
+        })
+        .collect::<Result<_, _>>()
+        .map(Some)
 }
 
 /// Cohere (v1 and v2) / Jina rerank request.
@@ -157,23 +240,23 @@ pub struct CohereRerankRequest {
     /// Which served reranker answers; default: the first reranker. Unknown: 404.
     pub model: Option<String>,
     pub query: String,
-    /// Documents to score (at least one): strings or `{"text": ...}` objects.
+    /// Documents to score (at least one): strings, or JSON objects ranked on
+    /// their `text` field (or on `rank_fields`).
     pub documents: Vec<RerankDocument>,
     /// How many results to return, best first (>= 1; default all).
     pub top_n: Option<i64>,
-    /// Include each document's text in its result (v1 and Jina default: true; v2: false).
+    /// Include each document in its result, as sent (a string as `{"text": ...}`)
+    /// (v1 and Jina default: true; v2: false).
     pub return_documents: Option<bool>,
     /// Accepted and ignored (Cohere's chunking options).
     pub max_chunks_per_doc: Option<i64>,
     /// Accepted and ignored: documents are cut to the model's maximum.
     pub max_tokens_per_doc: Option<i64>,
-    /// Accepted and ignored.
-    pub rank_fields: Option<Vec<String>>,
-}
-
-#[derive(Debug, Serialize, ToSchema)]
-pub struct CohereDocument {
-    pub text: String,
+    /// The fields of an object document to rank on, in this order, as one
+    /// `field: value` line each (default: the `text` field alone, its value as is).
+    /// String documents are ranked as they are.
+    #[schema(value_type = Option<Vec<String>>)]
+    pub rank_fields: Option<Vec<Value>>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -182,8 +265,10 @@ pub struct CohereResult {
     pub index: usize,
     /// Sigmoid score in [0, 1].
     pub relevance_score: f32,
+    /// The document as sent (a string document as `{"text": ...}`).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub document: Option<CohereDocument>,
+    #[schema(value_type = Option<Object>)]
+    pub document: Option<Value>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -273,11 +358,13 @@ async fn cohere_rerank(
             )
         }
     };
-    let texts: Vec<String> = req
+    let rank_fields = rank_field_names(req.rank_fields)?;
+    let texts = req
         .documents
-        .into_iter()
-        .map(RerankDocument::into_text)
-        .collect();
+        .iter()
+        .enumerate()
+        .map(|(i, doc)| doc.rank_text(i, rank_fields.as_deref()))
+        .collect::<Result<Vec<String>, ApiError>>()?;
     let out = score(
         state,
         pairs_request(
@@ -295,7 +382,7 @@ async fn cohere_rerank(
     .await?;
     let scores = first_label(&out);
     let with_documents = req.return_documents.unwrap_or(documents_by_default);
-    let mut texts: Vec<Option<String>> = texts.into_iter().map(Some).collect();
+    let mut documents: Vec<Option<RerankDocument>> = req.documents.into_iter().map(Some).collect();
     let mut order = ranking(&scores);
     order.truncate(top_n.unwrap_or(order.len()));
     let results = order
@@ -304,7 +391,7 @@ async fn cohere_rerank(
             index,
             relevance_score: scores[index],
             document: if with_documents {
-                texts[index].take().map(|text| CohereDocument { text })
+                documents[index].take().map(RerankDocument::into_returned)
             } else {
                 None
             },
@@ -353,4 +440,77 @@ fn pairs_request(
 /// A reranker has one label: its scores as a flat list.
 fn first_label(out: &ScoreOutput) -> Vec<f32> {
     out.scores.iter().map(|row| row[0]).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn doc(v: Value) -> RerankDocument {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn rank_fields_make_one_line_per_field_in_order() {
+        let d = doc(json!({"title": "Paris", "text": "France", "year": 1900, "tags": ["a", "b"]}));
+        assert_eq!(d.rank_text(0, None).unwrap(), "France");
+        let fields = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        assert_eq!(
+            d.rank_text(0, Some(&fields(&["title"]))).unwrap(),
+            "title: Paris"
+        );
+        assert_eq!(
+            d.rank_text(0, Some(&fields(&["year", "title", "tags"])))
+                .unwrap(),
+            "year: 1900\ntitle: Paris\ntags: [\"a\",\"b\"]"
+        );
+        // A string document is ranked as it is, whatever rank_fields names.
+        assert_eq!(
+            doc(json!("plain"))
+                .rank_text(0, Some(&fields(&["title"])))
+                .unwrap(),
+            "plain"
+        );
+        let e = d
+            .rank_text(3, Some(&fields(&["title", "author"])))
+            .unwrap_err();
+        assert_eq!(
+            (e.status().as_u16(), e.message.as_str(), e.param),
+            (
+                400,
+                "document 3 has no field `author` (named in rank_fields)",
+                Some("documents")
+            )
+        );
+        let e = doc(json!({"title": "x"})).rank_text(1, None).unwrap_err();
+        assert_eq!(
+            e.message,
+            "document 1 has no `text` field: send `text`, or name the fields to rank on in rank_fields"
+        );
+        assert_eq!(
+            doc(json!({"title": "x"})).into_returned(),
+            json!({"title": "x"})
+        );
+        assert_eq!(doc(json!("y")).into_returned(), json!({"text": "y"}));
+    }
+
+    #[test]
+    fn rank_fields_must_be_names_and_documents_strings_or_objects() {
+        assert_eq!(rank_field_names(None).unwrap(), None);
+        assert_eq!(
+            rank_field_names(Some(vec![json!("a"), json!("b")])).unwrap(),
+            Some(vec!["a".to_owned(), "b".to_owned()])
+        );
+        for bad in [vec![], vec![json!("a"), json!(1)]] {
+            let e = rank_field_names(Some(bad)).unwrap_err();
+            assert_eq!(e.status().as_u16(), 400);
+            assert_eq!(e.param, Some("rank_fields"));
+        }
+        let e = serde_json::from_value::<RerankDocument>(json!(3)).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "each document must be a string or a JSON object"
+        );
+    }
 }

@@ -4,7 +4,9 @@
 use axum::extract::State;
 use axum::Json;
 use mlx_embed_core::{EmbedOptions, Prompt, Tokenize};
+use serde::de::{self, Deserializer};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use std::sync::Arc;
 use utoipa::ToSchema;
 
@@ -101,12 +103,39 @@ pub async fn tokenize(
     ))
 }
 
-/// Token ids: one list, or a list of lists.
-#[derive(Debug, Deserialize, ToSchema)]
+/// Token ids: one list, or a list of lists. (Serialize only for the schema's
+/// shape: serde's untagged form is what the docs should show.)
+#[derive(Debug, PartialEq, Serialize, ToSchema)]
 #[serde(untagged)]
 pub enum DecodeIds {
     One(Vec<u32>),
     Many(Vec<Vec<u32>>),
+}
+
+impl<'de> Deserialize<'de> for DecodeIds {
+    /// By hand: serde's untagged enums fail with a message that names the
+    /// Rust type, not what the client should send.
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let expected = || {
+            de::Error::custom(
+                "ids must be a list of token ids (non-negative integers) or a list of such lists",
+            )
+        };
+        let id = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
+        let ids = |v: &Value| v.as_array()?.iter().map(id).collect::<Option<Vec<u32>>>();
+        let value = Value::deserialize(d)?;
+        let items = value.as_array().ok_or_else(expected)?;
+        if items.first().is_some_and(Value::is_array) {
+            items
+                .iter()
+                .map(ids)
+                .collect::<Option<_>>()
+                .map(DecodeIds::Many)
+                .ok_or_else(expected)
+        } else {
+            ids(&value).map(DecodeIds::One).ok_or_else(expected)
+        }
+    }
 }
 
 /// TEI decode request.
@@ -161,4 +190,39 @@ fn check_count(state: &AppState, n: usize) -> Result<(), ApiError> {
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decode_ids_forms_and_a_readable_refusal() {
+        let ids = |s: &str| serde_json::from_str::<DecodeIds>(s);
+        assert_eq!(ids("[1, 2]").unwrap(), DecodeIds::One(vec![1, 2]));
+        assert_eq!(ids("[]").unwrap(), DecodeIds::One(vec![]));
+        assert_eq!(
+            ids("[[1], []]").unwrap(),
+            DecodeIds::Many(vec![vec![1], vec![]])
+        );
+        for bad in [
+            "[-1]",
+            "[[1], 2]",
+            "[1, [2]]",
+            "[1.5]",
+            "[4294967296]",
+            "1",
+            "null",
+            r#"["a"]"#,
+        ] {
+            let e = ids(bad).unwrap_err();
+            assert!(e.is_data(), "{bad}");
+            assert!(
+                e.to_string().starts_with(
+                    "ids must be a list of token ids (non-negative integers) or a list of such lists"
+                ),
+                "{bad}: {e}"
+            );
+        }
+    }
 }

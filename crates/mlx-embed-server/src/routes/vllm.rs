@@ -28,6 +28,9 @@ pub struct ScoreBody {
     pub text_1: TextInputs,
     /// A text or a list of texts to score against `text_1`.
     pub text_2: TextInputs,
+    /// Cut texts (a reranker: pairs) longer than the model's maximum (default true);
+    /// false answers 422 instead, as the embed routes do.
+    pub truncate: Option<bool>,
 }
 
 /// One pair's score.
@@ -86,6 +89,16 @@ fn pair_lists(
     Ok((firsts, seconds))
 }
 
+/// An error about one input (its index is its place in `list`, or the
+/// pair's) names that list as its `param`.
+fn in_list(err: ApiError, list: &'static str) -> ApiError {
+    if err.param == Some("input") || err.code == Some("context_length_exceeded") {
+        err.param(list)
+    } else {
+        err
+    }
+}
+
 /// Score text pairs (vLLM's score API, also at `/score`).
 ///
 /// Errors use `{"error": {"message", "type", "param", "code"}}`.
@@ -105,6 +118,7 @@ pub async fn score_pairs(
     ApiJson(req, _): ApiJson<ScoreBody, OpenAi>,
 ) -> Result<Json<ScoreResponse>, Shaped<OpenAi>> {
     let options = EmbedOptions {
+        truncate: req.truncate.unwrap_or(true),
         priority: priority.unwrap_or_default(),
         ..EmbedOptions::default()
     };
@@ -129,7 +143,8 @@ pub async fn score_pairs(
                 raw_scores: false,
             },
         )
-        .await?;
+        .await
+        .map_err(|e| in_list(e, "text_2"))?;
         let scores: Vec<f32> = out.scores.iter().map(|row| row[0]).collect();
         (
             out.model,
@@ -137,34 +152,34 @@ pub async fn score_pairs(
             Usage::new(out.prompt_tokens, out.cache_hits),
         )
     } else {
-        // Each text once (one text_1 is not embedded once per pair).
-        let n_firsts = firsts.len();
-        let out = run_embed(
-            &state,
-            EmbedRequest {
-                model: name,
-                options,
+        // Each text once (one text_1 is not embedded once per pair). Two
+        // requests side by side, so an error's input index is its place in
+        // its own list, which `param` names; they share batches as any two do.
+        let embed_list = |texts: Vec<String>, param: &'static str| {
+            let req = EmbedRequest {
+                model: name.clone(),
+                options: options.clone(),
                 // Unit vectors: each pair's dot product is its cosine.
-                ..EmbedRequest::new(
-                    firsts
-                        .into_iter()
-                        .chain(seconds)
-                        .map(EmbedInput::Text)
-                        .collect(),
-                )
-            },
-        )
-        .await?;
-        let (a, b) = out.vectors.split_at(n_firsts);
+                ..EmbedRequest::new(texts.into_iter().map(EmbedInput::Text).collect())
+            };
+            let state = &state;
+            async move { run_embed(state, req).await.map_err(|e| in_list(e, param)) }
+        };
+        let (a, b) = tokio::try_join!(embed_list(firsts, "text_1"), embed_list(seconds, "text_2"))?;
+        let n_firsts = a.vectors.len();
         let scores = b
+            .vectors
             .iter()
             .enumerate()
-            .map(|(i, y)| unit_cosine(&a[i % n_firsts], y))
+            .map(|(i, y)| unit_cosine(&a.vectors[i % n_firsts], y))
             .collect();
         (
-            out.model,
+            b.model,
             scores,
-            Usage::new(out.prompt_tokens, out.cache_hits),
+            Usage::new(
+                a.prompt_tokens + b.prompt_tokens,
+                a.cache_hits + b.cache_hits,
+            ),
         )
     };
     Ok(Json(ScoreResponse {

@@ -4,13 +4,11 @@
 //! `GET /.well-known/live` and `GET /.well-known/ready`.
 //!
 //! Weaviate posts a single text without a content type, so `/vectors` reads
-//! any body as JSON. Vectors are unit length; `config.pooling_strategy` is
+//! any body as JSON ([`crate::errors::Flavor::ANY_CONTENT_TYPE`]). Vectors are unit length; `config.pooling_strategy` is
 //! accepted and ignored (the model's own pooling applies, as in Weaviate's
 //! sentence-transformers images), `config.task_type` picks the model's
 //! `query` or `passage`/`document` prompt where it has one.
 
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::Json;
@@ -21,7 +19,7 @@ use utoipa::ToSchema;
 use super::role_prompt;
 use crate::embed::{embed as run_embed, EmbedRequest};
 use crate::errors::{ApiError, Shaped, Weaviate, WeaviateErrorBody};
-use crate::extract::{JsonObject, PriorityHeader};
+use crate::extract::{ApiJson, PriorityHeader};
 use crate::models::Task;
 use crate::state::AppState;
 
@@ -93,12 +91,8 @@ pub enum VectorsResponse {
 pub async fn vectors(
     State(state): State<AppState>,
     PriorityHeader(priority, _): PriorityHeader<Weaviate>,
-    body: Result<Bytes, BytesRejection>,
+    ApiJson(req, _): ApiJson<VectorsRequest, Weaviate>,
 ) -> Result<Json<VectorsResponse>, Shaped<Weaviate>> {
-    let max_body = state.args().max_body_bytes;
-    let body = body.map_err(|e| ApiError::from_json_rejection(e.into(), max_body))?;
-    let Json(JsonObject(req)) = Json::<JsonObject<VectorsRequest>>::from_bytes(&body)
-        .map_err(|e| ApiError::from_json_rejection(e, max_body))?;
     let (texts, one) = match (req.text, req.texts) {
         (Some(text), None) => (vec![text], true),
         (None, Some(texts)) => (texts, false),

@@ -401,7 +401,8 @@ def test_engines_off_the_cpu_queue_passes_one_thread_at_a_time(golden_texts, mon
 
     cpu = mlx_embed.load(fast_ops="exact", pipeline=True)
     assert cpu.scheduler._lock is not mlx_embed.load(fast_ops="exact").scheduler._lock
-    monkeypatch.setattr(scheduler_mod, "device", type("Gpu", (), {"is_cpu": staticmethod(lambda: False)}))
+    gpu = {"is_cpu": staticmethod(lambda: False), "cuda_graphs": staticmethod(lambda: "on")}
+    monkeypatch.setattr(scheduler_mod, "device", type("Gpu", (), gpu))
     engines = [mlx_embed.load(fast_ops="exact", batch_tokens=128) for _ in range(2)]
     monkeypatch.undo()
     assert engines[0].scheduler.pipeline and engines[0].scheduler.shape_buckets

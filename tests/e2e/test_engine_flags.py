@@ -161,3 +161,26 @@ def test_eval_chunk_mb_flag_reaches_the_engine(tmp_path, golden):
         assert "eval_chunk_mb" not in server.get("/info").json()["details"]
     finally:
         server.stop()
+
+
+def test_metrics_count_clients_work_not_the_warm_up(tmp_path, golden):
+    """The server's warm-up call (on by default) runs a maximum-length input
+    through the model before /health answers; /metrics then starts from
+    zero, so a client's first request counts as the first request and batch."""
+    server = start_server(tmp_path)
+    try:
+        text = server.get("/metrics").text
+
+        def count(name: str) -> int:
+            return int(float(re.findall(rf"^{re.escape(name)} (\S+)$", text, re.M)[0]))
+
+        assert count('mlx_embed_batcher_requests_total{outcome="ok"}') == 0
+        assert count("mlx_embed_batches_total") == 0
+        texts, reference = golden
+        resp = server.post("/api/v1/embed", {"texts": texts[:2]})
+        assert resp.status_code == 200, resp.text
+        text = server.get("/metrics").text
+        assert count('mlx_embed_batcher_requests_total{outcome="ok"}') == 1
+        assert count("mlx_embed_batches_total") == 1
+    finally:
+        server.stop()

@@ -342,6 +342,14 @@ impl Batcher {
         self.inner.shared.metrics()
     }
 
+    /// Zeroes the counters and histograms of [`Batcher::metrics`] (requests,
+    /// batches, tokens, timings, cache hits and misses); the gauges keep
+    /// counting live work. For a server's warm-up call, which is not a
+    /// client's: its metrics then count clients' work alone.
+    pub fn reset_metrics(&self) {
+        self.inner.shared.reset_counts();
+    }
+
     /// Stops accepting new work (`ShuttingDown`); admitted work still completes.
     /// Callers still waiting for admission are refused with `ShuttingDown`.
     pub fn close(&self) {

@@ -287,6 +287,12 @@ impl Cache {
         })
     }
 
+    /// Zeroes the hit and miss counts (the entries stay).
+    pub fn reset_counts(&self) {
+        self.hits.store(0, Relaxed);
+        self.misses.store(0, Relaxed);
+    }
+
     pub fn metrics(&self) -> CacheMetrics {
         let lru = lock(&self.lru);
         CacheMetrics {

@@ -52,6 +52,19 @@ pub(crate) struct Recorder {
     hist: Mutex<Histograms>,
 }
 
+impl Histograms {
+    fn new() -> Self {
+        Self {
+            batch_size: Histogram::with_bounds(BATCH_SIZE_BOUNDS),
+            batch_tokens: Histogram::with_bounds(BATCH_TOKENS_BOUNDS),
+            queue_wait: Histogram::with_bounds(SECONDS_BOUNDS),
+            lane_queue_wait: std::array::from_fn(|_| Histogram::with_bounds(SECONDS_BOUNDS)),
+            gil_wait: Histogram::with_bounds(SECONDS_BOUNDS),
+            model: Histogram::with_bounds(SECONDS_BOUNDS),
+        }
+    }
+}
+
 impl Recorder {
     pub fn new() -> Self {
         Self {
@@ -70,15 +83,29 @@ impl Recorder {
             model_nanos: AtomicU64::new(0),
             active_requests: AtomicUsize::new(0),
             idle: Notify::new(),
-            hist: Mutex::new(Histograms {
-                batch_size: Histogram::with_bounds(BATCH_SIZE_BOUNDS),
-                batch_tokens: Histogram::with_bounds(BATCH_TOKENS_BOUNDS),
-                queue_wait: Histogram::with_bounds(SECONDS_BOUNDS),
-                lane_queue_wait: std::array::from_fn(|_| Histogram::with_bounds(SECONDS_BOUNDS)),
-                gil_wait: Histogram::with_bounds(SECONDS_BOUNDS),
-                model: Histogram::with_bounds(SECONDS_BOUNDS),
-            }),
+            hist: Mutex::new(Histograms::new()),
         }
+    }
+
+    /// Zeroes the counters and histograms; the gauges (inputs in flight or
+    /// queued, requests under way) keep counting what is live.
+    pub fn reset_counts(&self) {
+        let counters = [
+            &self.requests_ok,
+            &self.requests_model_error,
+            &self.requests_unavailable,
+            &self.requests_cancelled,
+            &self.inputs_cancelled,
+            &self.batches,
+            &self.real_tokens,
+            &self.padded_tokens,
+            &self.inputs_computed,
+            &self.model_nanos,
+        ];
+        for counter in counters.into_iter().chain(&self.requests_overloaded) {
+            counter.store(0, Relaxed);
+        }
+        *lock(&self.hist) = Histograms::new();
     }
 
     /// Counts a finished `embed` call by its outcome. Refusals that are not

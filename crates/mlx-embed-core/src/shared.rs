@@ -197,6 +197,14 @@ impl Shared {
         self.recorder.snapshot(self.waiting_inputs(), cache)
     }
 
+    /// Zeroes every counter and histogram, the cache's hits and misses too.
+    pub fn reset_counts(&self) {
+        self.recorder.reset_counts();
+        if let Some(cache) = &self.cache {
+            cache.reset_counts();
+        }
+    }
+
     /// Inputs waiting for admission, per lane.
     pub fn waiting_inputs(&self) -> [u64; 3] {
         self.admission.each_ref().map(|a| a.waiting_inputs() as u64)

@@ -264,3 +264,47 @@ async fn a_query_never_waits_on_a_bulk_computation_of_the_same_input() {
         ]
     );
 }
+
+/// What a server does after its warm-up call: the counters and histograms
+/// start again from zero (the warm-up's cache entry stays, and answers).
+#[tokio::test(flavor = "current_thread")]
+async fn reset_metrics_zeroes_the_counts_and_keeps_the_entries() {
+    let (batcher, _) = start(BatcherConfig::default(), Duration::ZERO, None);
+    let warm = owned_texts(&["warm-up text".to_string()]);
+    batcher
+        .embed(warm.clone(), EmbedOptions::default())
+        .await
+        .expect("warm-up");
+    let m = batcher.metrics();
+    assert_eq!((m.requests_ok, m.batches, m.cache.misses), (1, 1, 1));
+    assert!(m.real_tokens > 0 && m.model_seconds.count == 1);
+    batcher.reset_metrics();
+    let m = batcher.metrics();
+    assert_eq!(
+        (m.requests_ok, m.batches, m.real_tokens, m.padded_tokens),
+        (0, 0, 0, 0)
+    );
+    assert_eq!(
+        (
+            m.batch_size.count,
+            m.model_seconds.count,
+            m.queue_wait_seconds.count
+        ),
+        (0, 0, 0)
+    );
+    assert_eq!((m.cache.hits, m.cache.misses, m.cache.entries), (0, 0, 1));
+    assert!(m.lanes.iter().all(|l| l.queue_wait_seconds.count == 0));
+    // Counting starts again: the same text is a hit, a new one a miss and a batch.
+    let texts = owned_texts(&["warm-up text".to_string(), "a client's text".to_string()]);
+    let got = batcher
+        .embed(texts, EmbedOptions::default())
+        .await
+        .expect("embed");
+    assert_eq!(got.cache_hits, 1);
+    let m = batcher.metrics();
+    assert_eq!(
+        (m.requests_ok, m.batches, m.cache.hits, m.cache.misses),
+        (1, 1, 1, 1)
+    );
+    assert_eq!(m.batch_size.count, 1);
+}

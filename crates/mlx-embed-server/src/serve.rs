@@ -98,6 +98,8 @@ async fn warm_up_if_enabled(
     let mut warm = Duration::ZERO;
     for batcher in batchers {
         warm += warm_up(batcher).await.map_err(ServerError::Warmup)?;
+        // /metrics counts clients' work: the warm-up call is the server's.
+        batcher.reset_metrics();
     }
     tracing::info!(
         load_ms = load.as_millis() as u64,

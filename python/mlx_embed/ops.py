@@ -41,7 +41,7 @@ import os
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Callable, Iterator, Optional
+from typing import Callable, ContextManager, Iterator, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -224,14 +224,19 @@ def current() -> ForwardContext:
 
 
 @contextmanager
-def forward_context(ctx: ForwardContext) -> Iterator[ForwardContext]:
-    """Make ``ctx`` the active context on this thread (nests)."""
-    prev = getattr(_active, "ctx", None)
-    _active.ctx = ctx
+def _on_this_thread(local: threading.local, name: str, value):
+    """``local.<name>`` is ``value`` on this thread inside (nests)."""
+    prev = getattr(local, name, None)
+    setattr(local, name, value)
     try:
-        yield ctx
+        yield value
     finally:
-        _active.ctx = prev
+        setattr(local, name, prev)
+
+
+def forward_context(ctx: ForwardContext) -> ContextManager[ForwardContext]:
+    """Make ``ctx`` the active context on this thread (nests)."""
+    return _on_this_thread(_active, "ctx", ctx)
 
 
 # Building a lazy graph is not safe from two threads at once in every case:
@@ -630,8 +635,7 @@ def like(out: mx.array, x: mx.array, mask: "KeyMask") -> mx.array:
 _feed_forward_rows = threading.local()
 
 
-@contextmanager
-def packed_feed_forwards(mask: "KeyMask") -> Iterator[None]:
+def packed_feed_forwards(mask: "KeyMask") -> ContextManager[Optional["PackedRows"]]:
     """Inside, on this thread, a feed-forward class patched by
     ``packs_feed_forward`` runs on the pass's real tokens alone where the
     context packs rows (``KeyMask.packed_rows``). For decoders whose layer
@@ -639,12 +643,7 @@ def packed_feed_forwards(mask: "KeyMask") -> Iterator[None]:
     the padding, while attention, norms and residuals keep mlx-lm's padded
     layout (a padding slot then holds the pass's first token's values, which
     a causal or key mask never lets a real token see)."""
-    prev = getattr(_feed_forward_rows, "rows", None)
-    _feed_forward_rows.rows = mask.packed_rows()
-    try:
-        yield
-    finally:
-        _feed_forward_rows.rows = prev
+    return _on_this_thread(_feed_forward_rows, "rows", mask.packed_rows())
 
 
 def packs_feed_forward(cls: type) -> type:
@@ -720,16 +719,10 @@ class EvaluationPoints:
 _evaluation = threading.local()
 
 
-@contextmanager
-def bounded_evaluation(points: Optional[EvaluationPoints]) -> Iterator[Optional[EvaluationPoints]]:
+def bounded_evaluation(points: Optional[EvaluationPoints]) -> ContextManager[Optional[EvaluationPoints]]:
     """Make ``points`` active on this thread for the passes built inside
     (None: no points, the pass evaluates whole)."""
-    prev = getattr(_evaluation, "points", None)
-    _evaluation.points = points
-    try:
-        yield points
-    finally:
-        _evaluation.points = prev
+    return _on_this_thread(_evaluation, "points", points)
 
 
 def layer_boundary(cls: type) -> type:

@@ -642,6 +642,9 @@ def load(
     is_default = path is None or (
         os.fspath(path) in DEFAULT_MODEL_NAMES and not os.path.exists(os.fspath(path))
     )
+    if is_default and path is not None:
+        # Served under the name it was asked by, which clients then use.
+        kwargs.setdefault("name", os.fspath(path))
     if is_default:
         path = default_model_path()
     return EmbeddingModel(

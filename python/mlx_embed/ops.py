@@ -685,9 +685,11 @@ class EvaluationPoints:
     commits) once the layers built since the last point have output
     ``chunk_bytes``, and the host waits for the oldest point while more than
     ``depth`` are queued. The scheduler marks each pass's output too
-    (``mark``), so the bound holds across the passes of a call. A server-sized
-    pass (64 texts) outputs less than a chunk in all its layers and gets no
-    point of its own beyond the pass."""
+    (``mark``), so the bound holds across the passes of a call (the server's
+    model thread has at most two calls queued: it submits call k+1, then
+    collects call k). A 64-text MiniLM pass outputs less than a chunk in all
+    its layers and gets no point of its own beyond the pass; a 64-text
+    Qwen3-0.6B pass of long texts gets points inside."""
 
     def __init__(self, chunk_bytes: int, depth: int = 2):
         self.chunk_bytes = int(chunk_bytes)
@@ -701,7 +703,9 @@ class EvaluationPoints:
             return
         self._built += out.nbytes
         if self._built >= self.chunk_bytes:
-            mx.async_eval(out)
+            # An evaluation point lets go of the graph lock, as every other does.
+            with _graph_lock_released():
+                mx.async_eval(out)
             self.mark(out)
 
     def mark(self, out: mx.array) -> None:
@@ -714,6 +718,12 @@ class EvaluationPoints:
             oldest = self._queued.pop(0)
             with _graph_lock_released():
                 mx.eval(oldest)
+
+    def settled(self) -> None:
+        """Everything queued has run (the caller evaluated the pass): start
+        the next pass with nothing counted or held."""
+        self._built = 0
+        self._queued.clear()
 
 
 _evaluation = threading.local()
@@ -742,6 +752,7 @@ def layer_boundary(cls: type) -> type:
 
     cls.__call__ = call_then_mark
     cls._mlx_embed_boundary = True
+    cls._mlx_embed_layer_call = call
     return cls
 
 

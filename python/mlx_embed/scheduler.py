@@ -282,11 +282,13 @@ class Scheduler:
             else:
                 self._set_blas_threads(self._blas_threads)
                 ctx = self.context.with_threads(self._blas_threads or os.cpu_count() or 1)
-                with ops.forward_context(ctx), ops.bounded_evaluation(self._evaluation_points()):
+                with ops.forward_context(ctx), ops.bounded_evaluation(self._evaluation_points()) as points:
                     padded = 0
                     for idx in plan:
                         vec, p = self._submit(idx, ids, type_ids, lengths, normalize, tokens)
                         mx.eval(vec)
+                        if points is not None:
+                            points.settled()
                         _store(out, idx, np.array(vec, copy=False))
                         padded += p
         return Pending(out, padded)
@@ -377,7 +379,9 @@ class Scheduler:
         return [streams[(first + k) % len(streams)] for k in range(passes)]
 
     def _evaluation_points(self) -> Optional[ops.EvaluationPoints]:
-        """A call's evaluation points (ops.EvaluationPoints), or None."""
+        """A call's evaluation points (ops.EvaluationPoints), or None. (The
+        CPU's worker threads evaluate every pass as they build it and take
+        none: MLX's CPU backend frees a buffer once its last reader has run.)"""
         return ops.EvaluationPoints(self.eval_chunk_mb << 20) if self.eval_chunk_mb > 0 else None
 
     def _submit_pipelined(self, plan, ids, type_ids, lengths, normalize, tokens) -> "Pending":
@@ -392,8 +396,10 @@ class Scheduler:
                 with self._lock, on_stream:
                     vec, p = self._graph(host, normalize, tokens)
                     mx.async_eval(vec)
-                    if points is not None:
-                        points.mark(vec)
+                # Outside the device queue's lock: a wait for the oldest
+                # piece holds up no other thread's passes.
+                if points is not None:
+                    points.mark(vec)
                 parts.append(vec)
                 padded += p
             if tokens:

@@ -386,6 +386,10 @@ def test_cohere_rank_fields_errors_are_exact(duo):
                      "documents")
     assert error({"documents": [{"title": "a"}]}) == no_text
     assert error({"documents": [{"title": "a"}]}, "/rerank") == no_text
+    for value in (5, None, ["a"]):
+        assert error({"documents": ["fine", {"text": value}]}) == cohere(
+            "document 1's `text` must be a string; to rank on other values, name their fields in rank_fields",
+            "documents")
     for bad in ([], ["title", 3]):
         assert error({"documents": [{"title": "a"}], "rank_fields": bad}) == cohere(
             "rank_fields must be a non-empty list of field names (strings)", "rank_fields")

@@ -163,18 +163,37 @@ def test_packed_rows_and_points_together(points):
     assert float(np.abs(got - want).max()) <= 1e-5
 
 
-def test_outside_a_pass_a_patched_layer_is_its_own_call(points):
+def test_outside_a_pass_a_patched_layer_is_its_own_call(points, monkeypatch):
     """mlx-lm's decoder block is patched for the process: called outside the
-    engine's passes (another mlx-lm user) it evaluates nothing extra."""
+    engine's passes (another mlx-lm user) it evaluates nothing and returns
+    what mlx-lm's own call returns; inside a pass's points, it evaluates."""
     from mlx_lm.models import qwen3 as lm
 
     assert lm.TransformerBlock.__dict__.get("_mlx_embed_boundary") is True
     model = mlx_embed.load(FIXTURES / "tiny-qwen3", **GPU_SETTINGS)
     block = model.model.model.layers[0]
     x = mx.random.normal((2, 5, 64))  # the fixture's hidden size
+    evaluated = []
+    real_async_eval = mx.async_eval
+    monkeypatch.setattr(mx, "async_eval", lambda *a: evaluated.append(a) or real_async_eval(*a))
     out = block(x, mask=None, cache=None)
-    assert out.shape == x.shape
-    assert points["made"] == [] and points["layer_points"] == 0
+    assert evaluated == []
+    own = lm.TransformerBlock._mlx_embed_layer_call(block, x, mask=None, cache=None)
+    assert mx.array_equal(out, own).item()
+    with ops.bounded_evaluation(ops.EvaluationPoints(1)) as pts:
+        again = block(x, mask=None, cache=None)
+    assert len(evaluated) == 1 and pts.points == 1
+    assert mx.array_equal(again, own).item()
+    assert points["layer_points"] == 1
+
+
+def test_a_sequential_pass_starts_with_nothing_held(points):
+    """pipeline=False: each pass is evaluated before the next is built, so
+    the next starts with no bytes counted and no layer output held."""
+    model = mlx_embed.load(eval_chunk_mb=64, **{**GPU_SETTINGS, "pipeline": False, "batch_tokens": 256})
+    model.embed(TEXTS)
+    (call,) = points["made"]
+    assert call._built == 0 and call._queued == []
 
 
 def test_points_are_on_by_default_only_where_cuda_graphs_are_off(monkeypatch):

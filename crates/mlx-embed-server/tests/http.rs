@@ -1754,3 +1754,33 @@ async fn score_honours_truncate_false() {
     assert_eq!(status, 200);
     s.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn score_counts_both_lists_against_the_input_limit() {
+    let s = Server::start(ServerArgs {
+        max_inputs_per_request: 3,
+        ..test_args()
+    })
+    .await;
+    let (status, _, v) = post(
+        &s,
+        "/v1/score",
+        &json!({ "text_1": "a", "text_2": ["b", "c"] }),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let (status, _, v) = post(
+        &s,
+        "/v1/score",
+        &json!({ "text_1": ["a", "b"], "text_2": ["c", "d"] }),
+    )
+    .await;
+    assert_eq!(status, 413, "{v}");
+    assert_eq!(
+        v["error"]["message"],
+        "4 texts in text_1 and text_2 together is more than the limit of 3 per request \
+         (--max-inputs-per-request); split the request"
+    );
+    assert_eq!(v["error"]["param"], "text_2");
+    s.stop().await.unwrap();
+}

@@ -186,7 +186,17 @@ impl RerankDocument {
             })
         };
         match rank_fields {
-            None => field("text"),
+            // The default field is the document's text itself: a number or
+            // null there is a client's mistake, not text to rank.
+            None => match fields.get("text") {
+                Some(Value::String(text)) => Ok(text.clone()),
+                Some(_) => Err(ApiError::invalid(format!(
+                    "document {index}'s `text` must be a string; to rank on other values, \
+                     name their fields in rank_fields"
+                ))
+                .param("documents")),
+                None => field("text"),
+            },
             Some(names) => names
                 .iter()
                 .map(|name| Ok(format!("{name}: {}", field(name)?)))

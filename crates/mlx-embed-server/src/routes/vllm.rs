@@ -13,7 +13,7 @@ use utoipa::ToSchema;
 
 use super::{response_id, Usage};
 use crate::embed::{embed as run_embed, unit_cosine, EmbedRequest};
-use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
+use crate::errors::{ApiError, ErrorKind, OpenAi, OpenAiErrorBody, Shaped};
 use crate::extract::{ApiJson, PriorityHeader, TextInputs};
 use crate::models::Task;
 use crate::score::{score, ScoreRequest};
@@ -155,6 +155,20 @@ pub async fn score_pairs(
         // Each text once (one text_1 is not embedded once per pair). Two
         // requests side by side, so an error's input index is its place in
         // its own list, which `param` names; they share batches as any two do.
+        // The per-request input limit holds for the two lists together.
+        let max_inputs = state.args().max_inputs_per_request;
+        if firsts.len() + seconds.len() > max_inputs {
+            return Err(ApiError::new(
+                ErrorKind::TooLarge,
+                format!(
+                    "{} texts in text_1 and text_2 together is more than the limit of \
+                     {max_inputs} per request (--max-inputs-per-request); split the request",
+                    firsts.len() + seconds.len()
+                ),
+            )
+            .param("text_2")
+            .into());
+        }
         let embed_list = |texts: Vec<String>, param: &'static str| {
             let req = EmbedRequest {
                 model: name.clone(),

@@ -77,7 +77,7 @@ def load(path=None, *, dtype="float32", quantize=None, instruction=None, **kwarg
     encoder's layers, a decoder's feed-forward, on a pass's real tokens
     alone; off until a GPU measures it, see ``ops.PackedRows``),
     ``eval_chunk_mb`` (with MLX's CUDA graphs off, a pass is evaluated every
-    this many MB of layer outputs, at most two pieces queued ahead of the
+    this many MB of layer outputs, at most two of a call's pieces queued ahead of the
     device, which bounds its memory; default 64 there, 0 (off) elsewhere, see
     ``ops.EvaluationPoints``).
 

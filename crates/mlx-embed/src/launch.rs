@@ -69,7 +69,7 @@ pub struct ModelArgs {
     /// Run an encoder's layers (the BERT family, NomicBERT, GTE), and a decoder's feed-forward, on each pass's real tokens alone, attention alone on the padded layout [default: false, until a GPU measures it].
     #[arg(long, env = "MLX_EMBED_PACKED_ROWS", value_parser = clap::builder::BoolishValueParser::new())]
     pub packed_rows: Option<bool>,
-    /// With MLX's CUDA graphs off (MLX_USE_CUDA_GRAPHS=0), evaluate a pass every this many MB of layer outputs, at most two pieces queued ahead of the device, which bounds its memory; 0 turns it off [default: 64 with graphs off, 0 elsewhere].
+    /// With MLX's CUDA graphs off (MLX_USE_CUDA_GRAPHS=0), evaluate a pass every this many MB of layer outputs, at most two of a call's pieces queued ahead of the device, which bounds its memory; 0 turns it off [default: 64 with graphs off, 0 elsewhere].
     #[arg(long, env = "MLX_EMBED_EVAL_CHUNK_MB")]
     pub eval_chunk_mb: Option<u32>,
 }

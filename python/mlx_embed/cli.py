@@ -283,7 +283,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, TypeError) as e:
+    except BrokenPipeError:
+        # The reader went away (`mlx-embed embed ... | head`): stop quietly,
+        # as a Unix filter does, and let nothing flush into the closed pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (ValueError, OSError, TypeError) as e:
+        # OSError: a file that cannot be read or written (a folder, no
+        # permission); FileNotFoundError is one.
         print(f"mlx-embed: error: {e}", file=sys.stderr)
         return 1
 

@@ -74,7 +74,8 @@ class EmbeddingModel(ScoringMixin):
             quantize=quantize, group_size=group_size, max_length=max_length, batch_tokens=batch_tokens,
             workers=workers, streams=streams, pipeline=pipeline, fused_attention=fused_attention,
             shape_buckets=shape_buckets, dequantize=dequantize, joined_linears=joined_linears, name=name,
-            packed_rows=packed_rows, eval_chunk_mb=eval_chunk_mb,
+            packed_rows=packed_rows, eval_chunk_mb=eval_chunk_mb, cache_limit_mb=cache_limit_mb,
+            pooling=pooling, fast_ops=fast_ops, kind=kind, instruction=instruction,
         )
         # Before the weights: their buffers then obey the limit too.
         self.cache_limit_mb = device.apply_cache_limit(cache_limit_mb)
@@ -321,7 +322,13 @@ class EmbeddingModel(ScoringMixin):
             return rows
         # One conversion for the whole call; a mixed or non-integer row turns
         # the dtype to object/float/str/bool, and only then do we look for it.
-        flat = np.array(list(itertools.chain.from_iterable(rows)))
+        try:
+            flat = np.array(list(itertools.chain.from_iterable(rows)))
+        except ValueError:
+            flat = None  # ragged: a row holds lists of different lengths
+        if flat is None or flat.ndim != 1:
+            # A row of lists, not ids.
+            raise InvalidInput("token ids must be a list of lists of int (one list per input)")
         if flat.size == 0:
             # Every row empty (a model that takes empty inputs): no id to check.
             return rows
@@ -332,7 +339,12 @@ class EmbeddingModel(ScoringMixin):
                         raise InvalidInput(
                             f"input {i}: token ids must be int, got {type(v).__name__}"
                         )
-            flat = flat.astype(np.int64)
+            try:
+                flat = flat.astype(np.int64)
+            except OverflowError:
+                raise InvalidInput(
+                    f"a token id is out of range [0, {self.tokenizer.vocab_size})"
+                ) from None
         lo, hi = int(flat.min()), int(flat.max())
         vocab = self.tokenizer.vocab_size
         if lo < 0 or hi >= vocab:
@@ -599,7 +611,9 @@ def _refuse_lone_surrogates(texts: list[str]) -> None:
 
 _COUNTS = ("quantize", "group_size", "max_length", "batch_tokens", "workers", "streams")
 # Whole numbers where 0 turns the feature off.
-_AMOUNTS = ("eval_chunk_mb",)
+_AMOUNTS = ("eval_chunk_mb", "cache_limit_mb")
+# Text settings.
+_TEXTS = ("name", "fast_ops", "kind", "instruction")
 _SWITCHES = ("pipeline", "fused_attention", "shape_buckets", "dequantize", "joined_linears", "packed_rows")
 
 
@@ -624,8 +638,14 @@ def _check_settings(**settings) -> None:
         elif key in _SWITCHES:
             if not isinstance(value, (bool, np.bool_)):
                 raise TypeError(f"{key} must be True, False or None, got {value!r}")
-        elif key == "name" and not isinstance(value, str):
-            raise TypeError(f"name must be a string, got {value!r}")
+        elif key in _TEXTS and not isinstance(value, str):
+            raise TypeError(f"{key} must be a string, got {value!r}")
+        elif key == "pooling" and not (
+            isinstance(value, str)
+            or (isinstance(value, (list, tuple)) and all(isinstance(m, str) for m in value))
+        ):
+            # A list of modes is concatenated, as sentence-transformers' Pooling does.
+            raise TypeError(f"pooling must be a string or a list of strings, got {value!r}")
 
 
 def load(

@@ -111,7 +111,7 @@ _gelu_compiled = mx.compile(_gelu_rational)
 _softmax_compiled = mx.compile(_softmax_fast)
 
 
-# Values of ``load(fast_ops=...)`` / ``MLX_EMBED_FAST_OPS`` and the path each names.
+# Values of ``MLX_EMBED_FAST_OPS`` and the path each names (``load(fast_ops=)`` takes the three names).
 _PATH_NAMES = {
     "native": "native", "1": "native", "true": "native", "yes": "native", "": "native",
     "mlx": "mlx",
@@ -140,7 +140,10 @@ def resolve_path(fast_ops: Optional[str] = None, device: Optional[mx.Device] = N
     """
     explicit = fast_ops is not None
     raw = fast_ops if explicit else os.environ.get("MLX_EMBED_FAST_OPS", "native")
-    name = _PATH_NAMES.get(str(raw).strip().lower())
+    # The environment's older spellings (1/0, true/false) stay its own; the
+    # keyword takes the three names.
+    name = (fast_ops if fast_ops in ("native", "mlx", "exact") else None) if explicit else (
+        _PATH_NAMES.get(str(raw).strip().lower()))
     if name is None:
         raise ValueError(f"fast_ops must be 'native', 'mlx' or 'exact', got {raw!r}")
     if (device or mx.default_device()) != mx.cpu:

@@ -104,9 +104,12 @@ class ScoringMixin:
     ) -> list[tuple[int, float]]:
         """(document index, score) pairs, best first; ``top_n`` keeps that many."""
         if self.kind != "reranker":
-            raise InvalidInput(f"{self.name} is a {self.kind}, not a reranker")
+            kind = "an embedding model" if self.kind == "embedding" else f"a {self.kind}"
+            raise InvalidInput(f"{self.name} is {kind}, not a reranker")
         if isinstance(documents, str):
             raise TypeError("documents must be a list of str")
+        if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, (int, np.integer))):
+            raise TypeError(f"top_n must be a whole number, got {top_n!r}")
         if top_n is not None and top_n < 1:
             raise InvalidInput(f"top_n must be >= 1, got {top_n}")
         s = self.score([(query, d) for d in documents], raw_scores=raw_scores, **kwargs)[:, 0]
@@ -127,10 +130,15 @@ class ScoringMixin:
         """Label scores [n, labels] for texts or (text, text) pairs (a
         classifier's single texts or NLI-style pairs); labels in ``labels``."""
         self._require_scorer("predict()")
+        if isinstance(inputs, (str, bytes)):
+            # list("ab") would score "a" and "b".
+            raise TypeError(f"inputs must be a list of texts or of (text, text) pairs, got {type(inputs).__name__}")
         inputs = list(inputs)
         singles = [isinstance(x, str) for x in inputs]
         if any(singles) and not all(singles):
             raise TypeError("give all texts or all pairs, not a mix")
+        if not all(singles) and not all(isinstance(x, (tuple, list)) and len(x) == 2 for x in inputs):
+            raise TypeError("inputs must be a list of texts or of (text, text) pairs")
         if inputs and all(singles):
             if self.tokenizer.pair is not None and self.tokenizer.pair.template is not None:
                 raise InvalidInput(f"{self.name} scores (query, document) pairs, not single texts")

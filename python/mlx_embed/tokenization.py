@@ -186,6 +186,9 @@ def resolve_prompt(
     instruction: Optional[str],
 ) -> str:
     """The text put before every input (see ``spec.TokenizerSpec``)."""
+    for key, value in (("prompt", prompt), ("prompt_name", prompt_name)):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{key} must be a string, got {value!r}")
     if prompt is not None and prompt_name is not None:
         raise InvalidInput("give prompt or prompt_name, not both")
     if prompt is not None:

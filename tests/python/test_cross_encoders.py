@@ -165,6 +165,24 @@ def test_rerank_orders_and_cuts():
         model.rerank(query, docs, top_n=0)
     with pytest.raises(InvalidInput, match="not a reranker"):
         _model(BERT_CLASSIFIER).rerank(query, docs)
+    with pytest.raises(TypeError, match="top_n must be a whole number, got 1.5"):
+        model.rerank(query, docs, top_n=1.5)
+
+
+def test_predict_refuses_what_is_not_a_list_of_texts_or_pairs():
+    """``predict("ab")`` once scored "a" and "b" (a str is a sequence of
+    characters); ``predict([1, 2])`` failed inside with "no len()"."""
+    for path in (BERT_RERANKER, BERT_CLASSIFIER):
+        model = _model(path)
+        with pytest.raises(TypeError, match="inputs must be a list of texts or of \\(text, text\\) pairs, got str"):
+            model.predict("ab")
+        with pytest.raises(TypeError, match="inputs must be a list of texts or of \\(text, text\\) pairs"):
+            model.predict([1, 2])
+        with pytest.raises(TypeError, match="pairs"):
+            model.predict([("a", "b", "c")])
+    assert _model(BERT_CLASSIFIER).predict([("a", "b")]).shape == (1, 3)
+    with pytest.raises(InvalidInput, match="is an embedding model, not a reranker"):
+        mlx_embed.load().rerank("q", ["a"])
 
 
 def test_bert_classifier_matches_reference():

@@ -156,6 +156,28 @@ def test_cli_refuses_counts_below_one_naming_the_flag(args, capsys):
     assert f"argument {args[-2]}:" in capsys.readouterr().err
 
 
+def test_cli_answers_unreadable_and_unwritable_files_with_a_message(tmp_path):
+    """A folder given as the input or the output file was a Python
+    traceback (IsADirectoryError); now a one-line error and exit 1."""
+    for args in (["embed", "-i", str(tmp_path), "x"], ["embed", "-o", str(tmp_path), "x"]):
+        r = subprocess.run([sys.executable, "-m", "mlx_embed", *args, "--progress", "never"],
+                           capture_output=True, text=True, timeout=120, env=PY_ENV)
+        assert r.returncode == 1, r.stderr
+        assert r.stderr.startswith("mlx-embed: error: ") and "Traceback" not in r.stderr, r.stderr
+        assert "Is a directory" in r.stderr
+
+
+def test_cli_stops_quietly_when_its_reader_goes_away(tmp_path):
+    """`mlx-embed embed ... | head -c 10`: the closed pipe ends the command
+    without a BrokenPipeError traceback."""
+    r = subprocess.run(
+        f"{sys.executable} -m mlx_embed embed a b c d e f g h --progress never | head -c 10",
+        shell=True, capture_output=True, text=True, timeout=120, env=PY_ENV,
+    )
+    assert len(r.stdout) == 10
+    assert "Traceback" not in r.stderr and "BrokenPipe" not in r.stderr, r.stderr
+
+
 def test_cli_serve_passes_arguments_through(monkeypatch):
     import types
 

@@ -83,6 +83,9 @@ def test_embed_ids_accepts_numpy_rows(minilm):
     ([[101] * 257], r"input 0 has 257 tokens, more than max_length=256"),
     ([[101], "text"], r"input 1: expected a list of token ids, got str"),
     ("text", r"ids must be a list"),
+    ([[101, 2**70, 102]], r"a token id is out of range \[0, 30522\)"),
+    ([[[101]]], r"token ids must be a list of lists of int \(one list per input\)"),
+    ([[101, [1, 2], 102]], r"token ids must be a list of lists of int"),
 ])
 def test_embed_ids_rejects_bad_input(minilm, ids, match):
     with pytest.raises(InvalidInput, match=match) as e:
@@ -179,9 +182,12 @@ def test_two_models_keep_their_own_elementwise_path(minilm, golden_texts, golden
     assert ops.current() is ops.default_context()
 
 
-def test_fast_ops_argument_is_checked():
-    with pytest.raises(ValueError, match="fast_ops must be"):
-        mlx_embed.load(fast_ops="fastest")
+@pytest.mark.parametrize("value", ["fastest", "NATIVE", "1", "true", ""])
+def test_fast_ops_argument_is_checked(value):
+    """The keyword takes the three names; the environment variable's older
+    spellings (1/0, true/false) stay the environment's."""
+    with pytest.raises(ValueError, match="fast_ops must be 'native', 'mlx' or 'exact'"):
+        mlx_embed.load(fast_ops=value)
 
 
 @pytest.mark.parametrize("fast_ops", ["native", "exact"])
@@ -207,7 +213,7 @@ def test_cache_limit_applied_and_reported(golden_texts):
         for n in range(1, 30):
             m.embed(golden_texts[:n])
             assert m.memory()["cache_bytes"] <= 64 * 1024 * 1024
-        with pytest.raises(ValueError, match="cache_limit_mb must be >= 0"):
+        with pytest.raises(ValueError, match="cache_limit_mb must be 0 or more"):
             mlx_embed.load(cache_limit_mb=-1)
     finally:
         device.apply_cache_limit(None)
@@ -261,6 +267,15 @@ def test_streams_and_overlapping_calls_equal_synchronous(golden_texts):
     ({"pipeline": "no"}, TypeError, "pipeline must be True, False or None, got 'no'"),
     ({"joined_linears": 1}, TypeError, "joined_linears must be True, False or None"),
     ({"name": 5}, TypeError, "name must be a string, got 5"),
+    # Found by a probe of the library (they were coerced or failed elsewhere).
+    ({"cache_limit_mb": "10"}, TypeError, "cache_limit_mb must be a whole number, got '10'"),
+    ({"cache_limit_mb": 1.5}, TypeError, "cache_limit_mb must be a whole number, got 1.5"),
+    ({"cache_limit_mb": True}, TypeError, "cache_limit_mb must be a whole number, got True"),
+    ({"cache_limit_mb": -1}, ValueError, "cache_limit_mb must be 0 or more, got -1"),
+    ({"pooling": 5}, TypeError, "pooling must be a string or a list of strings, got 5"),
+    ({"instruction": 5}, TypeError, "instruction must be a string, got 5"),
+    ({"kind": 1}, TypeError, "kind must be a string, got 1"),
+    ({"fast_ops": 1}, TypeError, "fast_ops must be a string, got 1"),
 ])
 def test_load_refuses_a_setting_of_the_wrong_type_or_range_naming_it(setting, error, message):
     """Each of these was once coerced quietly: pipeline="no" switched

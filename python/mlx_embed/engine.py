@@ -26,7 +26,7 @@ except ImportError as e:  # the `mlx` wheel alone has no backend on Linux
     ) from e
 
 from . import _blas, device, loading, ops, precision, startup
-from .errors import InvalidInput
+from .errors import InvalidInput, check_switches
 from .loading import DEFAULT_MODEL_NAME, DEFAULT_MODEL_NAMES, default_model_path  # noqa: F401  (re-exported)
 from .models import reads_type_ids
 from .pairs import template_spec
@@ -412,6 +412,7 @@ class EmbeddingModel(ScoringMixin):
         """Token ids each text runs as (prompt, specials and truncation
         applied: what ``embed_ids`` takes), and each count before truncation."""
         texts = self._check_texts(texts)
+        check_switches(truncate=truncate)
         check_direction(truncation_direction)
         prefix = self._prompt(prompt_name, prompt, instruction)
         try:
@@ -450,6 +451,7 @@ class EmbeddingModel(ScoringMixin):
             raise InvalidInput(
                 f"{self.name} is a {self.kind}: use predict(), score() or rerank(), not embed()"
             )
+        check_switches(normalize=normalize)
         ids, _ = self.encode(
             texts, truncate=truncate, truncation_direction=truncation_direction,
             prompt_name=prompt_name, prompt=prompt, instruction=instruction,

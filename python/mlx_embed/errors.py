@@ -8,6 +8,8 @@ Python callers can keep catching that.
 
 from __future__ import annotations
 
+import numpy as np
+
 
 class MlxEmbedError(Exception):
     """Base of the engine's own exceptions."""
@@ -16,3 +18,11 @@ class MlxEmbedError(Exception):
 class InvalidInput(MlxEmbedError, ValueError):
     """The request itself is wrong (bad token id, empty sequence, over the
     model's length, unknown prompt name); retrying it cannot succeed."""
+
+
+def check_switches(**switches) -> None:
+    """A per-call switch must be a bool: ``normalize="no"`` would normalize
+    and ``truncate=None`` refuse long texts, as Python reads them."""
+    for key, value in switches.items():
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{key} must be True or False, got {value!r}")

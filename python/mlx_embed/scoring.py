@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .errors import InvalidInput
+from .errors import InvalidInput, check_switches
 from .pairs import PairEncoder
 
 
@@ -63,6 +63,7 @@ class ScoringMixin:
     ) -> tuple[list, Optional[list], list]:
         """(ids, type ids or None, tokens before truncation) per pair: what
         ``embed_ids`` takes."""
+        check_switches(truncate=truncate)
         ids, types, before = self.pair_encoder.encode(
             pairs, truncation_direction=truncation_direction, instruction=instruction
         )
@@ -86,6 +87,7 @@ class ScoringMixin:
     ) -> np.ndarray:
         """Scores [len(pairs), labels] of (query, document) pairs."""
         self._require_scorer("score()")
+        check_switches(raw_scores=raw_scores)
         ids, types, _ = self.encode_pairs(
             pairs, truncate=truncate, truncation_direction=truncation_direction,
             instruction=instruction,
@@ -130,6 +132,7 @@ class ScoringMixin:
         """Label scores [n, labels] for texts or (text, text) pairs (a
         classifier's single texts or NLI-style pairs); labels in ``labels``."""
         self._require_scorer("predict()")
+        check_switches(raw_scores=raw_scores)
         if isinstance(inputs, (str, bytes)):
             # list("ab") would score "a" and "b".
             raise TypeError(f"inputs must be a list of texts or of (text, text) pairs, got {type(inputs).__name__}")

@@ -183,6 +183,12 @@ def test_predict_refuses_what_is_not_a_list_of_texts_or_pairs():
     assert _model(BERT_CLASSIFIER).predict([("a", "b")]).shape == (1, 3)
     with pytest.raises(InvalidInput, match="is an embedding model, not a reranker"):
         mlx_embed.load().rerank("q", ["a"])
+    reranker = _model(BERT_RERANKER)
+    for call in (lambda: reranker.score([("q", "d")], raw_scores="no"),
+                 lambda: reranker.predict([("q", "d")], truncate=None),
+                 lambda: reranker.rerank("q", ["d"], raw_scores=1)):
+        with pytest.raises(TypeError, match=r"(raw_scores|truncate) must be True or False, got"):
+            call()
 
 
 def test_bert_classifier_matches_reference():

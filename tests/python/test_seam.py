@@ -592,3 +592,17 @@ def test_cuda_graphs_reports_what_mlx_reads(monkeypatch, value, want):
 def test_cuda_graphs_is_absent_from_a_cpu_models_details(minilm):
     assert "cuda_graphs" not in minilm.spec().details
     assert minilm.info()["cuda_graphs"] is None
+
+
+@pytest.mark.parametrize("call", [
+    lambda m: m.embed(["a"], normalize="no"),
+    lambda m: m.embed(["a"], truncate=None),
+    lambda m: m.embed_with_counts(["a"], normalize=1),
+    lambda m: m.encode(["a"], truncate="no"),
+])
+def test_per_call_switches_must_be_bools(minilm, call):
+    """``normalize="no"`` once normalized and ``truncate=None`` refused long
+    texts (Python's truthiness); each is now refused, naming the switch."""
+    with pytest.raises(TypeError, match=r"(normalize|truncate) must be True or False, got"):
+        call(minilm)
+    assert minilm.embed(["a"], normalize=np.bool_(False)).shape == (1, 384)

@@ -611,9 +611,11 @@ def _refuse_lone_surrogates(texts: list[str]) -> None:
             ) from None
 
 
-_COUNTS = ("quantize", "group_size", "max_length", "batch_tokens", "workers", "streams")
-# Whole numbers where 0 turns the feature off.
-_AMOUNTS = ("eval_chunk_mb", "cache_limit_mb")
+# Whole-number settings and their least value (0 turns the feature off).
+_WHOLE_NUMBERS = {
+    **dict.fromkeys(("quantize", "group_size", "max_length", "batch_tokens", "workers", "streams"), 1),
+    **dict.fromkeys(("eval_chunk_mb", "cache_limit_mb"), 0),
+}
 # Text settings.
 _TEXTS = ("name", "fast_ops", "kind", "instruction")
 _SWITCHES = ("pipeline", "fused_attention", "shape_buckets", "dequantize", "joined_linears", "packed_rows")
@@ -627,16 +629,12 @@ def _check_settings(**settings) -> None:
     for key, value in settings.items():
         if value is None:
             continue
-        if key in _COUNTS:
+        if key in _WHOLE_NUMBERS:
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
                 raise TypeError(f"{key} must be a whole number, got {value!r}")
-            if value < 1:
-                raise ValueError(f"{key} must be at least 1, got {value!r}")
-        elif key in _AMOUNTS:
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise TypeError(f"{key} must be a whole number, got {value!r}")
-            if value < 0:
-                raise ValueError(f"{key} must be 0 or more, got {value!r}")
+            if value < _WHOLE_NUMBERS[key]:
+                least = "at least 1" if _WHOLE_NUMBERS[key] else "0 or more"
+                raise ValueError(f"{key} must be {least}, got {value!r}")
         elif key in _SWITCHES:
             if not isinstance(value, (bool, np.bool_)):
                 raise TypeError(f"{key} must be True, False or None, got {value!r}")

@@ -172,8 +172,9 @@ impl ApiError {
         )
     }
 
-    /// Maps axum's JSON rejections: 400 malformed JSON, 415 wrong content type,
-    /// 422 wrong shape, 413 body over `max_body_bytes`.
+    /// Maps axum's JSON and body rejections: 400 malformed JSON, 422 wrong
+    /// shape, 413 body over `max_body_bytes`. (The content type is checked
+    /// before the body is read: [`crate::extract::ApiJson`].)
     pub fn from_json_rejection(rejection: JsonRejection, max_body_bytes: usize) -> Self {
         match rejection {
             JsonRejection::JsonDataError(e) => Self::new(ErrorKind::Unprocessable, e.body_text()),
@@ -190,7 +191,6 @@ impl ApiError {
                 }
                 Self::new(ErrorKind::InvalidRequest, message).code("invalid_json")
             }
-            JsonRejection::MissingJsonContentType(_) => Self::json_content_type_expected(),
             other if other.status() == StatusCode::PAYLOAD_TOO_LARGE => Self::new(
                 ErrorKind::TooLarge,
                 format!("request body is larger than the limit of {max_body_bytes} bytes"),

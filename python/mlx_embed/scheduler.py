@@ -379,9 +379,10 @@ class Scheduler:
         return [streams[(first + k) % len(streams)] for k in range(passes)]
 
     def _evaluation_points(self) -> Optional[ops.EvaluationPoints]:
-        """A call's evaluation points (ops.EvaluationPoints), or None. (The
-        CPU's worker threads evaluate every pass as they build it and take
-        none: MLX's CPU backend frees a buffer once its last reader has run.)"""
+        """A call's (or one worker thread's) evaluation points
+        (ops.EvaluationPoints), or None. Every path takes them when asked, so
+        ``eval_chunk_mb`` in ``/info`` is what runs; by default they are on
+        only where CUDA graphs are off (``default_eval_chunk_mb``)."""
         return ops.EvaluationPoints(self.eval_chunk_mb << 20) if self.eval_chunk_mb > 0 else None
 
     def _submit_pipelined(self, plan, ids, type_ids, lengths, normalize, tokens) -> "Pending":
@@ -441,7 +442,8 @@ class Scheduler:
         lk = threading.Lock()
 
         def drain() -> None:
-            with ops.forward_context(ctx):
+            # Each thread its own points: a pass's pieces are its own thread's.
+            with ops.forward_context(ctx), ops.bounded_evaluation(self._evaluation_points()) as points:
                 while True:
                     with lk:
                         k = state["next"]
@@ -451,6 +453,8 @@ class Scheduler:
                     try:
                         vec, p = self._submit(plan[k], ids, type_ids, lengths, normalize, tokens)
                         mx.eval(vec)
+                        if points is not None:
+                            points.settled()
                         _store(out, plan[k], np.array(vec, copy=False))
                     except BaseException as e:  # surfaced on the caller's thread
                         with lk:

@@ -107,6 +107,26 @@ def test_the_sequential_path_takes_points_too(points):
     assert np.array_equal(got, want)
 
 
+def test_the_cpu_workers_take_points_too(points):
+    """workers=2 (the CPU's default): each worker thread evaluates its
+    passes in pieces when asked, so /info's eval_chunk_mb is what runs."""
+    settings = dict(fast_ops="exact", batch_tokens=256, workers=2, pipeline=False)
+    whole = mlx_embed.load(eval_chunk_mb=0, **settings)
+    pieces = mlx_embed.load(eval_chunk_mb=1, **settings)
+    want = whole.embed(TEXTS)
+    points["tiny"] = True
+    got = pieces.embed(TEXTS)
+    # Two threads (the caller and one worker), each with its own points,
+    # nothing left held after the call, and a point after every layer of
+    # every pass: 6 layers, plus no pass mark on this path.
+    assert len(points["made"]) == 2
+    assert all(p._built == 0 and p._queued == [] for p in points["made"])
+    passes = sum(p.points for p in points["made"]) // 6
+    assert passes >= 2 and points["layer_points"] == 6 * passes
+    assert np.array_equal(got, want)
+    assert pieces.info()["eval_chunk_mb"] == 1
+
+
 def _layers(fixture: str) -> int:
     config = json.loads((FIXTURES / fixture / "config.json").read_text())
     return int(config.get("num_hidden_layers") or config.get("n_layers") or config.get("n_layer"))

@@ -1,7 +1,7 @@
 # Two entry points do everything on a fresh machine:
 #   make serve   set up, build, serve all-MiniLM-L6-v2 on 127.0.0.1:8080
 #   make test    set up, build, run every Rust and Python test
-#   make lint    rustfmt, clippy (warnings are errors) and ruff; CI runs it before make test
+#   make lint    rustfmt, clippy and rustdoc (warnings are errors) and ruff; CI runs it before make test
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -29,6 +29,8 @@ lint: setup
 	cargo clippy -p mlx-embed --all-targets --features test-hooks -- -D warnings
 	# The stable-ABI extension the GPU relay carries (scripts/gpu-relay-prepare).
 	cargo clippy -p mlx-embed --lib --features abi3 -- -D warnings
+	# The crates' public docs are what a Rust program linking them reads: no broken links.
+	RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace
 	$(BIN)/ruff check
 
 setup: system-deps $(VENV)/.installed

@@ -22,7 +22,7 @@ pub enum GateActivation {
 /// In place: `gate = act(gate) * up`, element by element, within 1e-6 of
 /// `|up|` of the exact function; where the result is far smaller than that
 /// (large negative gates) the relative error reaches ~2e-6 (SiLU) and ~2e-5
-/// (tanh-GELU), from rounding the exponent inside [`exp_nonpositive`], no
+/// (tanh-GELU), from rounding the exponent inside `exp_nonpositive`, no
 /// worse than MLX's own ops. Uses up to `threads` threads (the caller's
 /// included) when the buffer is large.
 pub fn gated_linear_unit(

@@ -32,7 +32,7 @@ pub struct PredictRequest {
     pub truncation_direction: Option<TruncationSide>,
 }
 
-/// The shapes `inputs` takes (documentation only: parsed by [`parse_inputs`]).
+/// The shapes `inputs` takes (documentation only: parsed by `parse_inputs`).
 #[derive(Debug, Serialize, ToSchema)]
 #[serde(untagged)]
 #[allow(dead_code)]

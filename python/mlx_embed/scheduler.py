@@ -180,7 +180,6 @@ class Scheduler:
         # Layer outputs (MB) between a pass's evaluation points; 0: none.
         self.eval_chunk_mb = default_eval_chunk_mb() if eval_chunk_mb is None else int(eval_chunk_mb)
         self._lock = threading.Lock() if device.is_cpu() else _DEVICE_QUEUE_LOCK
-        self._pool: Optional[_WorkerPool] = None
         self._blas_threads = _blas.get_num_threads()
 
     # ------------------------------------------------------------------ plan
@@ -431,8 +430,6 @@ class Scheduler:
         thread meanwhile so the callers do not oversubscribe the cores.
         Measured 1.2-1.4x over one caller with 2-thread BLAS on 2 cores.
         """
-        if self._pool is None:
-            self._pool = _WorkerPool(self.workers - 1)
         self._set_blas_threads(1)
         ctx = self.context.with_threads(1)
         # Longest sub-batches first: the cheap ones fill in at the end, so
@@ -463,7 +460,7 @@ class Scheduler:
                     with lk:
                         state["padded"] += p
 
-        done = self._pool.submit(drain)
+        done = _WORKERS.submit(drain, self.workers - 1)
         drain()
         for ev in done:
             ev.wait()
@@ -543,18 +540,37 @@ class Pending:
 
 
 class _WorkerPool:
-    """Long-lived daemon threads, each running MLX on its own CPU stream
-    (MLX streams are per thread). They block on a queue between calls and are
-    never joined: a thread that exits after using MLX runs a thread_local
-    destructor that needs the GIL, which is unsafe during interpreter
-    shutdown, while a blocked daemon thread is simply discarded at exit."""
+    """The process's worker threads, shared by every model: each runs MLX on
+    its own CPU stream (MLX streams are per thread), blocks on a queue
+    between calls, and is never joined. A thread that exits after using MLX
+    runs a thread_local destructor that needs the GIL, which is unsafe during
+    interpreter shutdown, while a blocked daemon thread is simply discarded
+    at exit. So threads are made once for the process, not per model: a
+    program that loads model after model keeps as many as one model asked
+    for, and a dropped model's memory goes with it (the cores are shared by
+    the models anyway)."""
 
-    def __init__(self, n: int):
-        self._queues = [queue.SimpleQueue() for _ in range(n)]
-        for i, q in enumerate(self._queues):
-            threading.Thread(
-                target=self._loop, args=(q,), name=f"mlx_embed-worker-{i}", daemon=True
-            ).start()
+    def __init__(self):
+        self._queues: list = []
+        self._grow = threading.Lock()
+
+    def submit(self, fn, n: int) -> list[threading.Event]:
+        """Run ``fn`` on ``n`` worker threads (made on first use); each
+        returned event is set when its thread is done with it."""
+        with self._grow:
+            while len(self._queues) < n:
+                q = queue.SimpleQueue()
+                threading.Thread(
+                    target=self._loop, args=(q,), name=f"mlx_embed-worker-{len(self._queues)}", daemon=True
+                ).start()
+                self._queues.append(q)
+            queues = self._queues[:n]
+        events = []
+        for q in queues:
+            ev = threading.Event()
+            q.put((fn, ev))
+            events.append(ev)
+        return events
 
     @staticmethod
     def _loop(q: "queue.SimpleQueue") -> None:
@@ -564,12 +580,10 @@ class _WorkerPool:
                 try:
                     fn()
                 finally:
+                    # Held while blocked on the next get, the last call's
+                    # closure would keep its model (weights and all) alive.
+                    del fn
                     ev.set()
 
-    def submit(self, fn) -> list[threading.Event]:
-        events = []
-        for q in self._queues:
-            ev = threading.Event()
-            q.put((fn, ev))
-            events.append(ev)
-        return events
+
+_WORKERS = _WorkerPool()

@@ -220,3 +220,35 @@ def test_the_default_models_name_loads_the_bundled_model(name, golden_texts, gol
     (tmp_path / "all-MiniLM-L6-v2").mkdir()
     with pytest.raises(FileNotFoundError, match="no config.json"):
         mlx_embed.load("all-MiniLM-L6-v2")
+
+
+DROPPED_MODELS = r"""
+import gc, json, os, threading, weakref
+import mlx_embed
+texts = [f"text number {i} about something" for i in range(40)]
+dead, threads, rss = [], [], []
+for i in range(4):
+    m = mlx_embed.load(workers=2)
+    m.embed(texts)  # two workers: the worker pool's path
+    held = [weakref.ref(m), weakref.ref(m.scheduler), weakref.ref(m.model)]
+    del m
+    gc.collect()
+    dead.append([r() is None for r in held])
+    threads.append((threading.active_count(), len(os.listdir("/proc/self/task"))))
+    rss.append(int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+print(json.dumps({"dead": dead, "threads": threads, "rss": rss}))
+"""
+
+
+def test_a_dropped_model_lets_go_of_its_weights_and_threads():
+    """A program that loads model after model (a vector database swapping
+    models) must not grow: the worker threads are the process's, made once,
+    and none keeps a dropped model's closure (it held ~130 MB of MiniLM a
+    load, and one more thread each)."""
+    out = subprocess.run([sys.executable, "-c", DROPPED_MODELS], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["dead"] == [[True, True, True]] * 4
+    # From the second load on, no new thread (the first may start MLX's own).
+    assert len(set(map(tuple, got["threads"][1:]))) == 1
+    assert got["rss"][-1] - got["rss"][1] < 40 << 20

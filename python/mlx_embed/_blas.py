@@ -287,13 +287,26 @@ def get_num_threads() -> Optional[int]:
     return int(fn()) if fn is not None else None
 
 
+_own_threads: Optional[int] = None
+
+
 def set_num_threads(n: int) -> bool:
     """Set the OpenBLAS thread count (process-wide). False if not OpenBLAS."""
+    global _own_threads
     fn = _thread_fn("openblas_set_num_threads")
     if fn is None:
         return False
+    if _own_threads is None:
+        _own_threads = get_num_threads()
     fn(ctypes.c_int(int(n)))
     return True
+
+
+def own_num_threads() -> Optional[int]:
+    """OpenBLAS's thread count before mlx_embed first set it: what a pass
+    alone on the cores runs with. (``get_num_threads`` reads 1 while, or
+    after, the CPU workers run, which set it for their passes.)"""
+    return _own_threads if _own_threads is not None else get_num_threads()
 
 
 def measure_gflops(n: int = 512, repeats: int = 3) -> float:

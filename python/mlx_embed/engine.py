@@ -149,7 +149,7 @@ class EmbeddingModel(ScoringMixin):
         self.instruction = instruction
         self._instruction_prefix = self._format_instruction(instruction)
 
-        self._blas_threads = _blas.get_num_threads()
+        self._blas_threads = _blas.own_num_threads()
         self.context = ops.make_context(
             fast_ops, kernel_threads=self._blas_threads, fused_attention=fused_attention,
             dtype=self.dtype, packed_rows=packed_rows,

@@ -180,7 +180,7 @@ class Scheduler:
         # Layer outputs (MB) between a pass's evaluation points; 0: none.
         self.eval_chunk_mb = default_eval_chunk_mb() if eval_chunk_mb is None else int(eval_chunk_mb)
         self._lock = threading.Lock() if device.is_cpu() else _DEVICE_QUEUE_LOCK
-        self._blas_threads = _blas.get_num_threads()
+        self._blas_threads = _blas.own_num_threads()
 
     # ------------------------------------------------------------------ plan
 

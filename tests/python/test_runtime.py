@@ -252,3 +252,17 @@ def test_a_dropped_model_lets_go_of_its_weights_and_threads():
     # From the second load on, no new thread (the first may start MLX's own).
     assert len(set(map(tuple, got["threads"][1:]))) == 1
     assert got["rss"][-1] - got["rss"][1] < 40 << 20
+
+
+def test_a_model_loaded_after_the_workers_ran_keeps_every_blas_thread():
+    """The CPU workers set OpenBLAS to one thread for their passes; a model
+    loaded afterwards must still run a lone pass on all of them (it read 1
+    and kept it: one core for every single-pass call)."""
+    from mlx_embed import _blas
+    first = mlx_embed.load(workers=2, batch_tokens=64)
+    own = _blas.own_num_threads()
+    first.embed(["a text of a few words"] * 16)  # several passes: the workers' path
+    assert _blas.get_num_threads() == 1
+    later = mlx_embed.load(workers=2, batch_tokens=64)
+    assert later.scheduler._blas_threads == own == (os.cpu_count() or 1)
+    assert later.context.kernel_threads == first.context.kernel_threads == own

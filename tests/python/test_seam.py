@@ -251,7 +251,10 @@ def test_streams_and_overlapping_calls_equal_synchronous(golden_texts):
     pending_second = piped.submit_ids(second)
     got = np.concatenate([_vectors(pending_first.result(), 384),
                           _vectors(pending_second.result(), 384)])
-    want = _vectors(sync.embed_ids(ids), 384)
+    # The same two calls synchronously: the same passes, so the same
+    # vectors. (One call of all 40 plans other passes, whose padding and
+    # shapes move float32 sums by ~1e-6 with some BLAS builds.)
+    want = np.concatenate([_vectors(sync.embed_ids(first), 384), _vectors(sync.embed_ids(second), 384)])
     assert np.abs(got - want).max() <= 1e-6
     with pytest.raises(ValueError, match="streams must be at least 1, got 0"):
         mlx_embed.load(streams=0)

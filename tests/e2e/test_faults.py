@@ -196,3 +196,46 @@ def test_sigterm_under_load_drains_then_refuses_and_exits_0(tmp_path):
     log = server.log()
     assert "received SIGTERM" in log and "shut down" in log
     assert "drain timeout" not in log
+
+
+def test_drain_timeout_answers_what_still_waits_with_503(tmp_path):
+    """A model held past --drain-timeout-secs: the request it holds and those
+    queued behind it are answered 503 (shutting down) in their route's shape
+    when the timeout runs out, not left on dropped connections, and the
+    server exits 0 soon after."""
+    drain = 2
+    server, release = start_held_server(tmp_path, "--no-warmup", "--no-cache", "--drain-timeout-secs", str(drain))
+    port = port_of(server)
+
+    async def scenario():
+        blocker = await occupy_model(server, port)
+        queued = [rawhttp.request(HOST, port, "/api/v1/embed", {"texts": [f"queued {i}"]}) for i in range(3)]
+        queued.append(rawhttp.request(HOST, port, "/v1/embeddings", {"input": "queued openai"}))
+        queued.append(rawhttp.request(HOST, port, "/embed", {"inputs": "queued tei"}))
+        queued = [asyncio.create_task(q) for q in queued]
+        await wait_for_in_flight(server, len(BLOCKER) + len(queued))
+        signalled = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        results = await asyncio.wait_for(asyncio.gather(blocker, *queued), timeout=drain + 20)
+        return signalled, time.monotonic(), results
+
+    try:
+        signalled, answered, results = asyncio.run(scenario())
+        code = server.proc.wait(timeout=20)
+    finally:
+        release.touch()
+    exited = time.monotonic() - signalled
+    message = "server is shutting down; retry elsewhere"
+    blocked, *native, openai, tei = results
+    for resp in (blocked, *native):
+        assert resp.status == 503, resp.body
+        assert resp.json() == {"error": {"message": message, "type": "service_unavailable", "code": 503}}
+    assert openai.status == 503 and openai.json() == {"error": {
+        "message": message, "type": "service_unavailable", "param": None, "code": None}}
+    assert tei.status == 503 and tei.json() == {"error": message, "error_type": "Unhealthy"}
+    # Answered when the timeout ran out, not before and not much after.
+    assert drain - 0.2 <= answered - signalled < drain + 1.5, answered - signalled
+    assert code == 0 and exited < drain + 5, (code, exited)
+    log = re.sub(r"\x1b\[[0-9;]*m", "", server.log())
+    assert "drain timeout: requests still waiting for a model are answered 503" in log
+    assert "connections still open after the drain timeout are dropped" not in log

@@ -115,7 +115,8 @@ pub struct ServerArgs {
           value_parser = parse_origin)]
     pub cors_allow_origin: Vec<String>,
 
-    /// On SIGINT/SIGTERM, how long to keep answering accepted requests before exiting (s).
+    /// On SIGINT/SIGTERM, how long to keep answering accepted requests before exiting (s);
+    /// those still waiting for a model then are answered 503.
     #[arg(long, env = "MLX_EMBED_DRAIN_TIMEOUT_SECS", default_value_t = 30)]
     pub drain_timeout_secs: u64,
 

@@ -111,7 +111,9 @@ async fn run(state: &AppState, req: EmbedRequest, task: Task) -> Result<EmbedOut
     let dimension = validate(&req, model)?;
 
     let n_inputs = req.inputs.len();
-    let out = model.batcher.embed(req.inputs, req.options).await?;
+    let out = state
+        .unless_drain_ends(model.batcher.embed(req.inputs, req.options))
+        .await?;
     if out.vectors.len() != n_inputs || out.row_counts.len() != n_inputs {
         // The core promises one entry per input; never answer with misaligned data.
         return Err(ApiError::new(

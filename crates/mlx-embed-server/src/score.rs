@@ -56,7 +56,9 @@ pub async fn score(state: &AppState, req: ScoreRequest) -> Result<ScoreOutput, A
     }
     // One row of `width` (= `dim`) scores per input: the model thread checks
     // every output's shape before it answers.
-    let out = model.batcher.embed(req.inputs, req.options).await?;
+    let out = state
+        .unless_drain_ends(model.batcher.embed(req.inputs, req.options))
+        .await?;
     let mut scores = out.vectors;
     if scores.iter().flatten().any(|s| s.is_nan()) {
         return Err(ApiError::new(

@@ -17,7 +17,8 @@ use crate::state::AppState;
 /// Warms up, binds `--host:--port`, logs the start-up summary, serves until
 /// SIGINT/SIGTERM, then drains: `/health` turns 503, no new connections are
 /// accepted, accepted requests are answered, the batcher is closed and drained,
-/// all within `--drain-timeout-secs` (a second signal stops waiting). Returns
+/// all within `--drain-timeout-secs` (requests still waiting for a model then
+/// are answered 503; a second signal stops waiting). Returns
 /// `Ok(())` after a shutdown.
 pub async fn serve(
     args: ServerArgs,
@@ -119,6 +120,10 @@ async fn warm_up_if_enabled(
 /// cores; Qwen3-Embedding allows 32,768) and proves nothing a 512-token one
 /// does not.
 const WARMUP_MAX_WORDS: usize = 512;
+
+/// After the drain timeout, how long the requests it answered 503 get to
+/// have their answers written before their connections are dropped.
+const ANSWER_GRACE: Duration = Duration::from_secs(1);
 
 /// Embeds (or, for a cross-encoder, scores as a query/document pair) one
 /// input of the model's maximum length, up to [`WARMUP_MAX_WORDS`]: proof
@@ -237,7 +242,15 @@ async fn run(
         tokio::select! {
             result = &mut server => result.map_err(ServerError::Serve)?,
             _ = tokio::time::sleep_until(deadline) => {
-                tracing::warn!("drain timeout: connections still open are dropped");
+                tracing::warn!("drain timeout: requests still waiting for a model are answered 503");
+                state.end_drain();
+                tokio::select! {
+                    result = &mut server => result.map_err(ServerError::Serve)?,
+                    _ = tokio::time::sleep(ANSWER_GRACE) => {
+                        tracing::warn!("connections still open after the drain timeout are dropped");
+                    }
+                    _ = trigger.reached(2) => tracing::warn!("second signal: not waiting for open connections"),
+                }
             }
             _ = trigger.reached(2) => tracing::warn!("second signal: not waiting for open connections"),
         }

@@ -1,10 +1,12 @@
 //! Shared state every handler sees.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use mlx_embed_core::{Batcher, ModelInfo};
+use mlx_embed_core::{Batcher, CoreError, ModelInfo};
+use tokio::sync::watch;
 
 use crate::config::ServerArgs;
 use crate::errors::{ApiError, ServerError};
@@ -23,6 +25,8 @@ struct Inner {
     load_duration: Duration,
     started_unix: u64,
     shutting_down: AtomicBool,
+    /// True once the drain timeout has passed ([`AppState::end_drain`]).
+    drain_over: watch::Sender<bool>,
     http: HttpMetrics,
 }
 
@@ -65,6 +69,7 @@ impl AppState {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             shutting_down: AtomicBool::new(false),
+            drain_over: watch::Sender::new(false),
             http: HttpMetrics::default(),
         })))
     }
@@ -106,6 +111,27 @@ impl AppState {
     /// Marks the server as draining: `/health` answers 503 from now on.
     pub fn begin_shutdown(&self) {
         self.0.shutting_down.store(true, Ordering::SeqCst);
+    }
+    /// The drain timeout has passed: every request still waiting for a
+    /// model is answered now as shutting down (503) and its inputs are left
+    /// uncomputed, rather than its connection being dropped unanswered.
+    pub fn end_drain(&self) {
+        self.0.drain_over.send_replace(true);
+    }
+    /// Runs a model call, unless the drain ends first ([`AppState::end_drain`]):
+    /// then its caller gets `ShuttingDown`, and dropping `call` tells the
+    /// batcher to skip what is left of it.
+    pub(crate) async fn unless_drain_ends<T>(
+        &self,
+        call: impl Future<Output = Result<T, CoreError>>,
+    ) -> Result<T, CoreError> {
+        let mut over = self.0.drain_over.subscribe();
+        tokio::select! {
+            biased;
+            out = call => out,
+            // The sender lives as long as `self`: this never resolves early.
+            _ = over.wait_for(|&over| over) => Err(CoreError::ShuttingDown),
+        }
     }
     pub fn is_shutting_down(&self) -> bool {
         self.0.shutting_down.load(Ordering::SeqCst)

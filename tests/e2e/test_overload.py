@@ -181,8 +181,16 @@ def test_clients_that_leave_while_queued_are_not_computed(tmp_path, fd_room):
         for _, w in writers:
             w.close()
         await asyncio.gather(*(w.wait_closed() for _, w in writers), return_exceptions=True)
-        # The server has let go of every abandoned request before the model moves on.
+        # The server has let go of every abandoned request before the model
+        # moves on: out of the queue, counted cancelled, and each logged and
+        # counted as a 499 (client closed request) on its route.
         await wait_for_in_flight(server, blockers)
+        m = metrics(server)
+        assert m["mlx_embed_queued_inputs"] == 0
+        assert m['mlx_embed_lane_queued_inputs{priority="normal"}'] == 0
+        assert (m['mlx_embed_batcher_requests_total{outcome="cancelled"}']
+                - before['mlx_embed_batcher_requests_total{outcome="cancelled"}']) == n
+        assert m['mlx_embed_http_requests_total{route="/api/v1/embed",code="499"}'] == n
         assert not blocker.done()
         release.touch()
         return await asyncio.wait_for(blocker, timeout=120)

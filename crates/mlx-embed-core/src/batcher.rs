@@ -10,6 +10,7 @@ use crate::admission::Refusal;
 use crate::cache::{Cache, CacheKey, Lookup};
 use crate::model_thread::{self, Handles};
 use crate::queue::Pending;
+use crate::recorder::Recorder;
 use crate::request::{ActiveGuard, CallerGuard, Request, Ticket};
 use crate::shared::Shared;
 use crate::tokenize;
@@ -150,7 +151,9 @@ impl Batcher {
     ) -> Result<Embeddings, CoreError> {
         let shared = &*self.inner.shared;
         let priority = options.priority;
+        let left = CallerLeft(&shared.recorder);
         let result = self.embed_inner(inputs, options).await;
+        std::mem::forget(left);
         shared.recorder.count_outcome(priority, &result);
         result
     }
@@ -297,7 +300,7 @@ impl Batcher {
         let request = Arc::new(Request::new(
             n, priority, output, arrived, reply, ticket, active,
         ));
-        let caller = CallerGuard::new(&request);
+        let caller = CallerGuard::new(&request, shared);
         shared.submit(Pending::new(request, encoded))?;
         let result = answer.await;
         caller.disarm();
@@ -359,5 +362,16 @@ impl Batcher {
     /// Waits until every admitted request has been answered.
     pub async fn drained(&self) {
         self.inner.shared.recorder.idle().await;
+    }
+}
+
+/// Alive while `embed` runs: dropped with its future when the caller goes
+/// away, it counts the request as cancelled, wherever it was (tokenizing,
+/// waiting for admission or for the cache, queued, or being computed).
+struct CallerLeft<'a>(&'a Recorder);
+
+impl Drop for CallerLeft<'_> {
+    fn drop(&mut self) {
+        self.0.request_cancelled();
     }
 }

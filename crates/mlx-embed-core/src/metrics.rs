@@ -26,7 +26,8 @@ pub struct MetricsSnapshot {
     pub requests_overloaded: u64,
     pub requests_model_error: u64,
     pub requests_unavailable: u64,
-    /// Requests whose caller went away before all their inputs were computed.
+    /// Requests whose caller went away before their answer, wherever they
+    /// were (tokenizing, waiting for admission, queued, being computed).
     pub requests_cancelled: u64,
     /// Inputs skipped because their caller went away before their batch started.
     pub inputs_cancelled_before_compute: u64,

@@ -233,6 +233,20 @@ impl FairQueue {
         self.entries.drain(..).map(|p| p.req).collect()
     }
 
+    /// Drops `req`'s queued inputs, uncomputed (its caller left): they stop
+    /// counting as queued at once, instead of when a cut reaches them.
+    pub fn withdraw(&mut self, req: &Arc<Request>, recorder: &Recorder) {
+        let Some(at) = self.entries.iter().position(|p| Arc::ptr_eq(&p.req, req)) else {
+            return;
+        };
+        let gone = self.entries.remove(at).expect("found above");
+        let n = gone.remaining();
+        gone.req.skipped(n, recorder);
+        self.inputs -= n;
+        self.tokens -= gone.remaining_tokens();
+        recorder.dequeued(self.priority, n);
+    }
+
     /// Moves queued inputs into `batch` until it holds `cap` inputs, a budget
     /// stops it or the lane runs dry; returns how many it moved. Requests are
     /// taken front to back; each gets a turn of at most one full batch of
@@ -347,6 +361,11 @@ impl Lanes {
     /// Whether `priority`'s lane holds any request.
     pub fn has_waiting(&self, priority: Priority) -> bool {
         !self.lanes[priority.index()].is_empty()
+    }
+
+    /// Drops what is queued of `req` (see [`FairQueue::withdraw`]).
+    pub fn withdraw(&mut self, req: &Arc<Request>, recorder: &Recorder) {
+        self.lanes[req.priority.index()].withdraw(req, recorder);
     }
 
     /// Empties every lane, returning every request in them.

@@ -8,6 +8,7 @@ use std::time::Instant;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
 use crate::recorder::{lock, Recorder};
+use crate::shared::Shared;
 use crate::{CoreError, Output, Priority};
 
 /// A request's vectors (not normalized, in input order; per input one pooled
@@ -85,7 +86,6 @@ pub(crate) struct Request {
     failed: AtomicBool,
     /// Set when its first input enters a running batch (queue-wait metric).
     started: AtomicBool,
-    cancel_counted: AtomicBool,
     answer: Mutex<Answer>,
 }
 
@@ -107,7 +107,6 @@ impl Request {
             caller_gone: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             started: AtomicBool::new(false),
-            cancel_counted: AtomicBool::new(false),
             answer: Mutex::new(Answer {
                 vectors: vec![Vec::new(); len],
                 delivered: 0,
@@ -129,16 +128,14 @@ impl Request {
     }
 
     /// Accounts for `n` of this request's inputs being dropped uncomputed.
-    /// Only a caller that went away counts as a cancellation; a request that
-    /// already failed simply stops.
+    /// Only a caller that went away counts them as cancelled (the request
+    /// itself is counted where its caller left, in `Batcher::embed`); a
+    /// request that already failed simply stops.
     pub fn skipped(&self, n: usize, recorder: &Recorder) {
         if self.failed.load(Ordering::Acquire) || !self.caller_gone.load(Ordering::Acquire) {
             return;
         }
         recorder.inputs_cancelled(n);
-        if !self.cancel_counted.swap(true, Ordering::AcqRel) {
-            recorder.request_cancelled();
-        }
     }
 
     /// Stores computed rows for inputs `offset..`, one entry per input;
@@ -185,28 +182,36 @@ impl Request {
 }
 
 /// Held by the `embed` future: if the future is dropped before the answer,
-/// the request is marked so its remaining inputs are skipped. Weak, so it
+/// the request is marked so its remaining inputs are skipped, its admission
+/// room is given back, and what of it is queued leaves its lane. Weak, so it
 /// never keeps the reply sender alive (a dropped request must wake its caller).
-pub(crate) struct CallerGuard(Option<Weak<Request>>);
+pub(crate) struct CallerGuard<'a> {
+    request: Option<Weak<Request>>,
+    shared: &'a Shared,
+}
 
-impl CallerGuard {
-    pub fn new(request: &Arc<Request>) -> Self {
-        Self(Some(Arc::downgrade(request)))
+impl<'a> CallerGuard<'a> {
+    pub fn new(request: &Arc<Request>, shared: &'a Shared) -> Self {
+        Self {
+            request: Some(Arc::downgrade(request)),
+            shared,
+        }
     }
 
     pub fn disarm(mut self) {
-        self.0 = None;
+        self.request = None;
     }
 }
 
-impl Drop for CallerGuard {
+impl Drop for CallerGuard<'_> {
     fn drop(&mut self) {
-        if let Some(request) = self.0.take().and_then(|w| w.upgrade()) {
+        if let Some(request) = self.request.take().and_then(|w| w.upgrade()) {
             request.caller_gone.store(true, Ordering::Release);
             // Its admission room goes to the next caller now, not when the
             // next batch cut reaches (and skips) its leftover inputs.
             let ticket = lock(&request.answer).ticket.take();
             drop(ticket);
+            self.shared.withdraw(&request);
         }
     }
 }

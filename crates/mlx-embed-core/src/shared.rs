@@ -270,6 +270,12 @@ impl Shared {
         Ok(())
     }
 
+    /// `req`'s caller left: what of it is still queued leaves the lane now,
+    /// so the queue gauges and the lane's memory hold live work only.
+    pub fn withdraw(&self, req: &Arc<Request>) {
+        self.state().lanes.withdraw(req, &self.recorder);
+    }
+
     /// A model thread's only way to get work: blocks until a batch is due
     /// and returns it (`me` turns `Busy`), or `None` once `Stopped` or dead.
     ///

@@ -487,3 +487,74 @@ async fn a_model_that_says_it_is_gone_makes_the_batcher_unavailable() {
         Err(CoreError::ModelUnavailable(_))
     ));
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_cancelled_caller_leaves_the_queue_at_once() {
+    // Callers that leave while the model is busy: their inputs stop counting
+    // as queued now (they stayed queued, over the lane's room, until the
+    // next cut reached them), are counted as cancelled, and never computed.
+    let gate = Gate::closed();
+    let (batcher, record) = start(BatcherConfig::default(), Duration::ZERO, Some(gate.clone()));
+    let running = occupy_model(&batcher, &record, "running").await;
+    let spawn = |name: &str, n: usize| {
+        let b = batcher.clone();
+        let texts: Vec<String> = (0..n).map(|j| format!("{name}-{j}")).collect();
+        tokio::spawn(async move { b.embed(owned_texts(&texts), EmbedOptions::default()).await })
+    };
+    let gone: Vec<_> = (0..5).map(|i| spawn(&format!("gone{i}"), 3)).collect();
+    let kept = spawn("kept", 2);
+    eventually("queued", || batcher.metrics().queued_inputs == 17).await;
+    for h in gone {
+        h.abort();
+        assert!(h.await.unwrap_err().is_cancelled());
+    }
+    let m = batcher.metrics();
+    assert_eq!((m.queued_inputs, m.in_flight_inputs), (2, 3));
+    assert_eq!(
+        (m.requests_cancelled, m.inputs_cancelled_before_compute),
+        (5, 15)
+    );
+    gate.open();
+    assert!(timeout(LIMIT, running).await.unwrap().unwrap().is_ok());
+    assert!(timeout(LIMIT, kept).await.unwrap().unwrap().is_ok());
+    assert!(record.computed().iter().all(|t| !t.starts_with("gone")));
+    timeout(LIMIT, batcher.drained()).await.unwrap();
+    let m = batcher.metrics();
+    assert_eq!(
+        (m.requests_cancelled, m.inputs_cancelled_before_compute),
+        (5, 15)
+    );
+    assert_eq!((m.queued_inputs, m.in_flight_inputs), (0, 0));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_caller_that_leaves_before_admission_is_counted_as_cancelled() {
+    let gate = Gate::closed();
+    let config = BatcherConfig {
+        max_concurrent_requests: 1,
+        ..BatcherConfig::default()
+    };
+    let (batcher, record) = start(config, Duration::ZERO, Some(gate.clone()));
+    let running = occupy_model(&batcher, &record, "running").await;
+    let waiting = {
+        let b = batcher.clone();
+        tokio::spawn(async move { b.embed(texts(&["waiting"]), EmbedOptions::default()).await })
+    };
+    eventually("waiting for admission", || {
+        batcher.metrics().waiting_inputs == 1
+    })
+    .await;
+    waiting.abort();
+    assert!(waiting.await.unwrap_err().is_cancelled());
+    let m = batcher.metrics();
+    // Never admitted: no input of it was queued, so none is counted as skipped.
+    assert_eq!(
+        (m.requests_cancelled, m.inputs_cancelled_before_compute),
+        (1, 0)
+    );
+    assert_eq!(m.waiting_inputs, 0);
+    gate.open();
+    assert!(timeout(LIMIT, running).await.unwrap().unwrap().is_ok());
+    let m = batcher.metrics();
+    assert_eq!((m.requests_ok, m.requests_cancelled), (1, 1));
+}

@@ -2,7 +2,8 @@
 //! request counts and latencies, plus the core's [`MetricsSnapshot`].
 //!
 //! Metric names (all prefixed `mlx_embed_`):
-//! `http_requests_total{route,code}`, `http_request_duration_seconds{route}` (histogram),
+//! `http_requests_total{route,code}` (code 499: the client left before the
+//! answer), `http_request_duration_seconds{route}` (histogram),
 //! `waiting_inputs`, `queued_inputs`, `in_flight_inputs` (gauges),
 //! `batcher_requests_total{outcome}`, `inputs_cancelled_total`, `batches_total`,
 //! `batch_size`, `batch_tokens`, `queue_wait_seconds`, `gil_wait_seconds`,

@@ -55,7 +55,14 @@ pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next
     req.extensions_mut().insert(RequestId(id.clone()));
 
     let span = tracing::info_span!("request", id = %id, method = %method, route = %route);
+    let left = ClientLeft {
+        state: &state,
+        route: &route,
+        span: &span,
+        start,
+    };
     let mut response = next.run(req).instrument(span.clone()).await;
+    std::mem::forget(left);
 
     let elapsed = start.elapsed();
     let status = response.status().as_u16();
@@ -71,6 +78,36 @@ pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next
         tracing::info!(status, ms = elapsed.as_secs_f64() * 1e3, "request done");
     });
     response
+}
+
+/// Status recorded for a request whose client closed the connection before
+/// the answer (nginx's 499, "client closed request"); nothing is sent.
+pub const CLIENT_CLOSED_REQUEST: u16 = 499;
+
+/// Alive while [`observe`] waits for the answer: dropped with it when the
+/// client goes away, it counts and logs the request, which otherwise would
+/// leave no trace in `/metrics` or the log.
+struct ClientLeft<'a> {
+    state: &'a AppState,
+    route: &'a str,
+    span: &'a tracing::Span,
+    start: Instant,
+}
+
+impl Drop for ClientLeft<'_> {
+    fn drop(&mut self) {
+        let elapsed = self.start.elapsed();
+        self.state
+            .http_metrics()
+            .record(self.route, CLIENT_CLOSED_REQUEST, elapsed.as_secs_f64());
+        self.span.in_scope(|| {
+            tracing::info!(
+                status = CLIENT_CLOSED_REQUEST,
+                ms = elapsed.as_secs_f64() * 1e3,
+                "request cancelled: the client went away"
+            );
+        });
+    }
 }
 
 /// With `--api-key`, every route but the probes (`/health`, `/.well-known/*`)

@@ -1,8 +1,14 @@
 //! mlx-embed-python: the Python `mlx_embed` model behind the core's [`Embedder`] trait.
 //!
 //! Works both inside a Python process (the `mlx-embed serve` command) and in a
-//! plain Rust program, which starts its own interpreter and finds the project's
-//! virtualenv (see [`interpreter::ensure_python`]).
+//! plain Rust program, which starts its own interpreter and finds the
+//! virtualenv named by `VIRTUAL_ENV`, or the first one beside or above the
+//! binary (see [`interpreter::ensure_python`]). A crate outside this workspace
+//! builds with `PYO3_PYTHON` set to that virtualenv's python and calls
+//! `pyo3_build_config::add_libpython_rpath_link_args()` from its own
+//! `build.rs`, so its binary loads that interpreter's libpython (README, "Use
+//! from Rust, without HTTP"). [`mlx_embed_core::Batcher::start`] blocks while
+//! the model loads: call it outside async code, or in `spawn_blocking`.
 //!
 //! ```no_run
 //! use mlx_embed_core::{Batcher, BatcherConfig, EmbedInput, EmbedOptions};
@@ -10,7 +16,10 @@
 //!
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! let options = PythonModelOptions::default(); // all-MiniLM-L6-v2
-//! let batcher = Batcher::start(BatcherConfig::default(), move || PythonEmbedder::load_for_batcher(&options))?;
+//! let batcher = tokio::task::spawn_blocking(move || {
+//!     Batcher::start(BatcherConfig::default(), move || PythonEmbedder::load_for_batcher(&options))
+//! })
+//! .await??;
 //! let out = batcher.embed(vec![EmbedInput::Text("hello".into())], EmbedOptions::default()).await?;
 //! assert_eq!(out.vectors[0].len(), batcher.model_info().dim);
 //! # Ok(()) }

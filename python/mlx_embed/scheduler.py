@@ -385,6 +385,10 @@ class Scheduler:
         return ops.EvaluationPoints(self.eval_chunk_mb << 20) if self.eval_chunk_mb > 0 else None
 
     def _submit_pipelined(self, plan, ids, type_ids, lengths, normalize, tokens) -> "Pending":
+        # Every BLAS thread, as the sequential path's lone passes have: the
+        # CPU workers may have left OpenBLAS at one (and float32 sums split
+        # over other thread counts differ in the last bits).
+        self._set_blas_threads(self._blas_threads)
         parts, padded = [], 0
         points = self._evaluation_points()
         with ops.forward_context(self.context), ops.bounded_evaluation(points):
@@ -435,18 +439,24 @@ class Scheduler:
         # Longest sub-batches first: the cheap ones fill in at the end, so
         # neither worker is left alone with one long pass.
         plan = sorted(plan, key=lambda idx: -int(lengths[idx].max()) * len(idx))
-        state = {"next": 0, "padded": 0, "error": None}
-        lk = threading.Lock()
+        # "busy": passes being computed now. The caller waits for those
+        # alone, not for a worker to come round to this call: a worker still
+        # on another model's call takes none of this one's, and its late
+        # drain finds the plan taken and returns.
+        state = {"next": 0, "padded": 0, "error": None, "busy": 0}
+        cv = threading.Condition()
 
         def drain() -> None:
             # Each thread its own points: a pass's pieces are its own thread's.
             with ops.forward_context(ctx), ops.bounded_evaluation(self._evaluation_points()) as points:
                 while True:
-                    with lk:
+                    with cv:
                         k = state["next"]
                         state["next"] += 1
                         if k >= len(plan) or state["error"] is not None:
                             return
+                        state["busy"] += 1
+                    p = 0
                     try:
                         vec, p = self._submit(plan[k], ids, type_ids, lengths, normalize, tokens)
                         mx.eval(vec)
@@ -454,16 +464,18 @@ class Scheduler:
                             points.settled()
                         _store(out, plan[k], np.array(vec, copy=False))
                     except BaseException as e:  # surfaced on the caller's thread
-                        with lk:
+                        with cv:
                             state["error"] = state["error"] or e
-                        return
-                    with lk:
-                        state["padded"] += p
+                    finally:
+                        with cv:
+                            state["padded"] += p
+                            state["busy"] -= 1
+                            cv.notify_all()
 
-        done = _WORKERS.submit(drain, self.workers - 1)
+        _WORKERS.submit(drain, self.workers - 1)
         drain()
-        for ev in done:
-            ev.wait()
+        with cv:
+            cv.wait_for(lambda: state["busy"] == 0)
         if state["error"] is not None:
             raise state["error"]
         return state["padded"]
@@ -554,9 +566,8 @@ class _WorkerPool:
         self._queues: list = []
         self._grow = threading.Lock()
 
-    def submit(self, fn, n: int) -> list[threading.Event]:
-        """Run ``fn`` on ``n`` worker threads (made on first use); each
-        returned event is set when its thread is done with it."""
+    def submit(self, fn, n: int) -> None:
+        """Queue ``fn`` for ``n`` worker threads (made on first use)."""
         with self._grow:
             while len(self._queues) < n:
                 q = queue.SimpleQueue()
@@ -565,25 +576,21 @@ class _WorkerPool:
                 ).start()
                 self._queues.append(q)
             queues = self._queues[:n]
-        events = []
         for q in queues:
-            ev = threading.Event()
-            q.put((fn, ev))
-            events.append(ev)
-        return events
+            q.put(fn)
 
     @staticmethod
     def _loop(q: "queue.SimpleQueue") -> None:
         with mx.stream(mx.new_stream(mx.default_device())):
             while True:
-                fn, ev = q.get()
+                fn = q.get()
                 try:
                     fn()
-                finally:
-                    # Held while blocked on the next get, the last call's
-                    # closure would keep its model (weights and all) alive.
-                    del fn
-                    ev.set()
+                except BaseException:  # a drain reports its own errors to its caller
+                    pass
+                # Held while blocked on the next get, the last call's
+                # closure would keep its model (weights and all) alive.
+                del fn
 
 
 _WORKERS = _WorkerPool()

@@ -266,3 +266,31 @@ def test_a_model_loaded_after_the_workers_ran_keeps_every_blas_thread():
     later = mlx_embed.load(workers=2, batch_tokens=64)
     assert later.scheduler._blas_threads == own == (os.cpu_count() or 1)
     assert later.context.kernel_threads == first.context.kernel_threads == own
+
+
+def test_a_call_does_not_wait_for_a_worker_busy_with_another_models_call():
+    """The worker threads are the process's: while one is still on model A's
+    long call, model B's call runs its passes on its own thread and returns,
+    rather than waiting for that worker to come round to it."""
+    import mlx_embed.scheduler as sched
+
+    a = mlx_embed.load(workers=2, batch_tokens=64)
+    b = mlx_embed.load(workers=2, batch_tokens=64)
+    texts = ["a text of a few words", "another one, a little longer than that"] * 8
+    want = b.embed(texts)
+    entered, go_on = threading.Event(), threading.Event()
+
+    def hold_the_worker():
+        entered.set()
+        go_on.wait(60)
+
+    sched._WORKERS.submit(hold_the_worker, 1)  # the only worker, held as if by A's call
+    assert entered.wait(30)
+    try:
+        started = time.monotonic()
+        got = b.embed(texts)
+        assert time.monotonic() - started < 20
+        assert np.array_equal(got, want)
+    finally:
+        go_on.set()
+    assert np.array_equal(a.embed(texts), want)

@@ -42,6 +42,8 @@ EXCLUDED = {
     "cargo fmt --check": "part of `make lint`",
     "cargo clippy --workspace --all-targets -- -D warnings": "part of `make lint`",
     "ruff check": "part of `make lint`",
+    "cargo doc": "part of `make lint`",
+    "make setup": "`make test` runs it first (its prerequisite), on every run",
 }
 # Prefixes: installs would replace the editable install this very test suite
 # imports (`make setup`, which `make test` runs, performs the same installs).

@@ -42,10 +42,11 @@ def test_joined_projections_embed_as_the_separate_ones(folder, golden_texts):
     # On the CPU's default path the separate gate takes the native SiLU
     # (ops.native_swiglu), the joined one's slice MLX's: float32 rounding.
     assert np.abs(joined.embed(golden_texts) - separate.embed(golden_texts)).max() <= 1e-6
-    # MLX's own ops (as on a GPU): bit for bit, each output column reduced
-    # as before.
+    # MLX's own ops (as on a GPU): each output column is the same dot
+    # product, but a BLAS may block a wider matrix otherwise (bit for bit on
+    # an Intel AVX-512 CPU's OpenBLAS, ~1e-7 apart on an AMD AVX2 one).
     exact = [mlx_embed.load(FIXTURES / folder, fast_ops="exact", joined_linears=j) for j in (True, False)]
-    assert np.array_equal(exact[0].embed(golden_texts), exact[1].embed(golden_texts))
+    assert np.abs(exact[0].embed(golden_texts) - exact[1].embed(golden_texts)).max() <= 1e-6
     # Seven projections a layer become four (q/k/v, o, gate/up, down).
     ids = mx.array([[5, 6, 7, 8]])
     assert _matmuls(separate, ids) - _matmuls(joined, ids) == 3 * layers
@@ -59,7 +60,7 @@ def test_the_qwen3_reranker_scores_as_with_separate_projections(golden_texts):
     joined = mlx_embed.load(FIXTURES / "tiny-qwen3-reranker", joined_linears=True)
     separate = mlx_embed.load(FIXTURES / "tiny-qwen3-reranker")
     assert (joined.joined_groups, separate.joined_groups) == (4, 0)
-    assert np.array_equal(np.array(joined.score(pairs)), np.array(separate.score(pairs)))
+    assert np.abs(np.array(joined.score(pairs)) - np.array(separate.score(pairs))).max() <= 1e-6
 
 
 def test_quantized_siblings_join_only_where_their_settings_agree(tmp_path, golden_texts):

@@ -3,7 +3,7 @@
 //!
 //! Metric names (all prefixed `mlx_embed_`):
 //! `http_requests_total{route,code}` (code 499: the client left before the
-//! answer), `http_request_duration_seconds{route}` (histogram),
+//! answer), `http_request_duration_seconds{route}` (histogram of answers),
 //! `waiting_inputs`, `queued_inputs`, `in_flight_inputs` (gauges),
 //! `batcher_requests_total{outcome}`, `inputs_cancelled_total`, `batches_total`,
 //! `batch_size`, `batch_tokens`, `queue_wait_seconds`, `gil_wait_seconds`,
@@ -46,12 +46,25 @@ pub struct HttpMetrics {
 impl HttpMetrics {
     /// Records one finished request on `route` (the matched path, or `unmatched`).
     pub fn record(&self, route: &str, status: u16, seconds: f64) {
+        self.count(route, status, Some(seconds));
+    }
+
+    /// Counts a request whose client left before the answer (`status` 499);
+    /// its time stays out of the latency histogram, which is answers' time.
+    pub fn record_client_left(&self, route: &str, status: u16) {
+        self.count(route, status, None);
+    }
+
+    fn count(&self, route: &str, status: u16, seconds: Option<f64>) {
         let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
         if !routes.contains_key(route) {
             routes.insert(route.to_owned(), RouteStats::default());
         }
         let stats = routes.get_mut(route).expect("inserted above");
         *stats.by_code.entry(status).or_default() += 1;
+        let Some(seconds) = seconds else {
+            return;
+        };
         let h = stats.latency.get_or_insert_with(|| Histogram {
             bounds: LATENCY_BOUNDS.to_vec(),
             counts: vec![0; LATENCY_BOUNDS.len()],
@@ -500,8 +513,14 @@ mod tests {
         m.record("/embed", 200, 0.003);
         m.record("/embed", 200, 7.0);
         m.record("/embed", 429, 0.001);
+        // A client that left: counted, its time not among the answers'.
+        m.record_client_left("/embed", 499);
+        m.record_client_left("/rerank", 499);
         let mut out = String::new();
         render_http(&mut out, &m);
+        assert!(out.contains("mlx_embed_http_requests_total{route=\"/embed\",code=\"499\"} 1"));
+        assert!(out.contains("mlx_embed_http_requests_total{route=\"/rerank\",code=\"499\"} 1"));
+        assert!(!out.contains("mlx_embed_http_request_duration_seconds_count{route=\"/rerank\"}"));
         assert!(out.contains("mlx_embed_http_requests_total{route=\"/embed\",code=\"200\"} 2"));
         assert!(out.contains("mlx_embed_http_requests_total{route=\"/embed\",code=\"429\"} 1"));
         assert!(out.contains(

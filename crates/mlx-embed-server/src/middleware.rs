@@ -99,7 +99,7 @@ impl Drop for ClientLeft<'_> {
         let elapsed = self.start.elapsed();
         self.state
             .http_metrics()
-            .record(self.route, CLIENT_CLOSED_REQUEST, elapsed.as_secs_f64());
+            .record_client_left(self.route, CLIENT_CLOSED_REQUEST);
         self.span.in_scope(|| {
             tracing::info!(
                 status = CLIENT_CLOSED_REQUEST,

@@ -44,7 +44,7 @@ def test_joined_projections_embed_as_the_separate_ones(folder, golden_texts):
     assert np.abs(joined.embed(golden_texts) - separate.embed(golden_texts)).max() <= 1e-6
     # MLX's own ops (as on a GPU): each output column is the same dot
     # product, but a BLAS may block a wider matrix otherwise (bit for bit on
-    # an Intel AVX-512 CPU's OpenBLAS, ~1e-7 apart on an AMD AVX2 one).
+    # the machine earlier sessions ran on, ~1e-7 apart on an AMD AVX2 one).
     exact = [mlx_embed.load(FIXTURES / folder, fast_ops="exact", joined_linears=j) for j in (True, False)]
     assert np.abs(exact[0].embed(golden_texts) - exact[1].embed(golden_texts)).max() <= 1e-6
     # Seven projections a layer become four (q/k/v, o, gate/up, down).

@@ -85,8 +85,8 @@ impl Drop for Inner {
 impl Batcher {
     /// Spawns the model thread, builds the model there with `load`, starts
     /// any further model threads (`config.model_threads`) on its replicas,
-    /// and returns once all are ready (or with `ModelUnavailable` if loading
-    /// failed, or the model cannot serve from that many threads).
+    /// and returns once all are ready, or with [`CoreError::LoadFailed`]
+    /// (loading failed, or the model cannot serve from that many threads).
     /// Blocking: call it before or outside async code (or in `spawn_blocking`).
     ///
     /// `embed` uses tokio's timer for `max_queue_wait`: the runtime it is
@@ -100,7 +100,9 @@ impl Batcher {
     {
         let shared = Arc::new(Shared::new(config));
         let loaded = model_thread::spawn(shared.clone(), load).map_err(|e| {
-            CoreError::ModelUnavailable(format!("cannot spawn the model thread: {e}"))
+            CoreError::LoadFailed(EmbedderError::model_failure(format!(
+                "cannot spawn the model thread: {e}"
+            )))
         })?;
         let Handles {
             info,
@@ -108,11 +110,11 @@ impl Batcher {
             live_stats,
         } = match loaded.recv() {
             Ok(Ok(loaded)) => loaded,
-            Ok(Err(message)) => return Err(CoreError::ModelUnavailable(message)),
+            Ok(Err(err)) => return Err(CoreError::LoadFailed(err)),
             Err(_) => {
-                return Err(CoreError::ModelUnavailable(
-                    "model thread exited while loading".into(),
-                ))
+                return Err(CoreError::LoadFailed(EmbedderError::model_gone(
+                    "model thread exited while loading",
+                )))
             }
         };
         tracing::info!(model = %info.name, dim = info.dim, config = ?shared.config, "batcher started");

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::EmbedderError;
+
 /// Why a caller was turned away instead of queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OverloadReason {
@@ -22,9 +24,16 @@ pub enum CoreError {
     /// The model raised on this request's own inputs (the message is the model's).
     #[error("model error: {0}")]
     Model(String),
-    /// The model thread is gone or failed to load.
+    /// The model thread is gone: it died or the batcher stopped.
     #[error("model unavailable: {0}")]
     ModelUnavailable(String),
+    /// [`crate::Batcher::start`] could not load the model or start its
+    /// threads. The kind says what to do: `InvalidInput`, the options or
+    /// model files given cannot work (fix them, a retry will not help);
+    /// `ModelFailure`, loading failed (a retry may load it); `ModelGone`, the
+    /// load panicked or its thread died.
+    #[error("cannot load the model: {0}")]
+    LoadFailed(EmbedderError),
     #[error("shutting down")]
     ShuttingDown,
     /// The request cannot be embedded as sent: no inputs, an unknown prompt

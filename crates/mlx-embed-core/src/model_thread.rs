@@ -55,7 +55,7 @@ pub(crate) struct Handles {
 
 /// What the model thread reports once `load` has run: the model's handles,
 /// or why it failed.
-pub(crate) type Loaded = Result<Handles, String>;
+pub(crate) type Loaded = Result<Handles, EmbedderError>;
 
 /// Spawns the first model thread, runs `load` there, starts the other
 /// `model_threads - 1` on replicas of the model, and reports the result once
@@ -107,12 +107,14 @@ fn start_replicas<E: Embedder + 'static>(
     shared: &Arc<Shared>,
     model: &E,
     dim: usize,
-) -> Result<(), String> {
+) -> Result<(), EmbedderError> {
     let threads = shared.config.model_threads;
-    let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<(), EmbedderError>>();
     for n in 1..threads {
         let build: Replica<E> = model.replica().ok_or_else(|| {
-            format!("model_threads = {threads}, but this model serves from one thread only")
+            EmbedderError::invalid_input(format!(
+                "model_threads = {threads}, but this model serves from one thread only"
+            ))
         })?;
         let shared = shared.clone();
         let ready_tx = ready_tx.clone();
@@ -130,13 +132,15 @@ fn start_replicas<E: Embedder + 'static>(
                 drop(ready_tx);
                 ModelThread::new(&shared, model, dim).run();
             })
-            .map_err(|e| format!("cannot spawn model thread {n}: {e}"))?;
+            .map_err(|e| {
+                EmbedderError::model_failure(format!("cannot spawn model thread {n}: {e}"))
+            })?;
     }
     drop(ready_tx);
     for _ in 1..threads {
         ready_rx
             .recv()
-            .map_err(|_| "a model thread exited while starting".to_string())??;
+            .map_err(|_| EmbedderError::model_gone("a model thread exited while starting"))??;
     }
     if threads > 1 {
         tracing::info!(threads, "model threads started");
@@ -145,15 +149,22 @@ fn start_replicas<E: Embedder + 'static>(
 }
 
 /// Runs `build` (the model's load, or a replica's), a panic caught: the
-/// result, or "`what` failed: ..." / "`what` panicked: ...".
+/// result, or the error of its kind saying "`what` failed: ..." (a panic is
+/// `ModelGone`: "`what` panicked: ...").
 fn build_model<T>(
     what: &str,
     build: impl FnOnce() -> Result<T, EmbedderError>,
-) -> Result<T, String> {
+) -> Result<T, EmbedderError> {
     match catch_unwind(AssertUnwindSafe(build)) {
         Ok(Ok(built)) => Ok(built),
-        Ok(Err(e)) => Err(format!("{what} failed: {}", e.message)),
-        Err(payload) => Err(format!("{what} panicked: {}", panic_message(&*payload))),
+        Ok(Err(e)) => Err(EmbedderError::new(
+            e.kind,
+            format!("{what} failed: {}", e.message),
+        )),
+        Err(payload) => Err(EmbedderError::model_gone(format!(
+            "{what} panicked: {}",
+            panic_message(&*payload)
+        ))),
     }
 }
 

@@ -115,7 +115,9 @@ impl Recorder {
             Ok(_) => &self.requests_ok,
             Err(CoreError::Overloaded { .. }) => &self.requests_overloaded[priority.index()],
             Err(CoreError::Model(_)) => &self.requests_model_error,
-            Err(CoreError::ModelUnavailable(_)) => &self.requests_unavailable,
+            Err(CoreError::ModelUnavailable(_) | CoreError::LoadFailed(_)) => {
+                &self.requests_unavailable
+            }
             Err(
                 CoreError::ShuttingDown
                 | CoreError::InvalidInput(_)

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use mlx_embed_core::{
-    Batcher, BatcherConfig, CoreError, EmbedInput, EmbedOptions, EmbedderError, Prompt,
-    TruncationDirection,
+    Batcher, BatcherConfig, CoreError, EmbedInput, EmbedOptions, EmbedderError, EmbedderErrorKind,
+    Prompt, TruncationDirection,
 };
 use tokio::time::timeout;
 
@@ -249,23 +249,37 @@ async fn close_refuses_callers_still_waiting_for_admission() {
 }
 
 #[test]
-fn load_errors_and_panics_are_model_unavailable() {
-    let err = Batcher::start(BatcherConfig::default(), || {
-        Err::<Fake, _>(EmbedderError::model_failure("no weights"))
-    })
-    .err();
-    assert!(
-        matches!(&err, Some(CoreError::ModelUnavailable(m)) if m.contains("no weights")),
-        "{err:?}"
-    );
+fn load_errors_keep_their_kind_and_panics_are_model_gone() {
+    let refused = |kind: EmbedderErrorKind, message: &'static str| {
+        Batcher::start(BatcherConfig::default(), move || {
+            Err::<Fake, _>(EmbedderError::new(kind, message))
+        })
+        .err()
+    };
+    // A bad option stays the caller's to fix; a failed load may work on a retry.
+    for kind in [
+        EmbedderErrorKind::InvalidInput,
+        EmbedderErrorKind::ModelFailure,
+    ] {
+        let err = refused(kind, "no weights");
+        assert_eq!(
+            err,
+            Some(CoreError::LoadFailed(EmbedderError::new(
+                kind,
+                "model load failed: no weights"
+            )))
+        );
+    }
     let err = Batcher::start(
         BatcherConfig::default(),
         || -> Result<Fake, EmbedderError> { panic!("boom") },
     )
     .err();
-    assert!(
-        matches!(&err, Some(CoreError::ModelUnavailable(m)) if m.contains("boom")),
-        "{err:?}"
+    assert_eq!(
+        err,
+        Some(CoreError::LoadFailed(EmbedderError::model_gone(
+            "model load panicked: boom"
+        )))
     );
 }
 

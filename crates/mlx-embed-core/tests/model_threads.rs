@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use common::*;
 use mlx_embed_core::{
-    BatchOutput, Batcher, BatcherConfig, CoreError, EmbedOptions, Embedder, EmbedderError, Encoded,
-    ModelInfo, Output, Replica, Tokenize,
+    BatchOutput, Batcher, BatcherConfig, CoreError, EmbedOptions, Embedder, EmbedderError,
+    EmbedderErrorKind, Encoded, ModelInfo, Output, Replica, Tokenize,
 };
 use tokio::time::timeout;
 
@@ -123,14 +123,30 @@ fn a_model_without_replicas_refuses_more_threads() {
     })
     .unwrap_err();
     // The loaded model is let go, not left on a thread waiting for work.
-    assert_refused_and_dropped(err, "serves from one thread only", &record, 1);
+    assert_refused_and_dropped(
+        err,
+        (
+            EmbedderErrorKind::InvalidInput,
+            "serves from one thread only",
+        ),
+        &record,
+        1,
+    );
 }
 
-/// `err` is `ModelUnavailable` saying `why`, and `fakes` fakes get dropped:
-/// no model thread is left waiting for work.
-fn assert_refused_and_dropped(err: CoreError, why: &str, record: &Record, fakes: usize) {
+/// `err` is `LoadFailed` of the kind and saying the words of `why`, and
+/// `fakes` fakes get dropped: no model thread is left waiting for work.
+fn assert_refused_and_dropped(
+    err: CoreError,
+    why: (EmbedderErrorKind, &str),
+    record: &Record,
+    fakes: usize,
+) {
     match err {
-        CoreError::ModelUnavailable(message) => assert!(message.contains(why), "{message}"),
+        CoreError::LoadFailed(err) => {
+            assert_eq!(err.kind, why.0, "{err:?}");
+            assert!(err.message.contains(why.1), "{err:?}");
+        }
         other => panic!("unexpected {other:?}"),
     }
     let deadline = std::time::Instant::now() + LIMIT;
@@ -197,7 +213,10 @@ fn a_thread_that_fails_to_start_fails_the_start_and_stops_the_others() {
     // (The replicas build side by side: either may be the one that fails.)
     assert_refused_and_dropped(
         err,
-        "'s start failed: no room for a second replica",
+        (
+            EmbedderErrorKind::ModelFailure,
+            "'s start failed: no room for a second replica",
+        ),
         &record,
         2,
     );

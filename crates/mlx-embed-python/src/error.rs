@@ -3,7 +3,10 @@
 
 use mlx_embed_core::EmbedderError;
 use mlx_embed_tokenizer::TokenizerError;
-use pyo3::exceptions::{PyException, PyTypeError, PyValueError};
+use pyo3::exceptions::{
+    PyException, PyFileNotFoundError, PyNotADirectoryError, PyPermissionError, PyTypeError,
+    PyValueError,
+};
 use pyo3::panic::PanicException;
 use pyo3::prelude::*;
 
@@ -17,9 +20,11 @@ pub enum BridgeError {
         prefix: String,
         path: String,
     },
-    /// Python raised while loading the model.
+    /// Python raised while loading the model; the kind is the exception's,
+    /// by class ([`classify_load`]): `InvalidInput` when the options or
+    /// files given cannot work.
     #[error("python: {0}")]
-    Python(String),
+    Python(EmbedderError),
     /// The model answered with something the bridge cannot use.
     #[error("unexpected answer from the model: {0}")]
     Protocol(String),
@@ -30,17 +35,31 @@ pub enum BridgeError {
 
 impl From<PyErr> for BridgeError {
     fn from(err: PyErr) -> Self {
-        BridgeError::Python(err.to_string())
+        BridgeError::Python(Python::attach(|py| classify_load(py, &err)))
     }
 }
 
 impl From<BridgeError> for EmbedderError {
     fn from(err: BridgeError) -> Self {
         match err {
-            // The model's own message is what a client needs to see, unprefixed.
-            BridgeError::Python(message) => EmbedderError::model_failure(message),
+            // The model's own message is what a caller needs to see, unprefixed.
+            BridgeError::Python(err) => err,
             other => EmbedderError::model_failure(other.to_string()),
         }
+    }
+}
+
+/// [`classify`] for an exception `mlx_embed.load` raised: a path that is
+/// missing, not a folder or not readable is the caller's to fix, as a bad
+/// option (a `ValueError`) is, so both are `InvalidInput`.
+pub(crate) fn classify_load(py: Python<'_>, err: &PyErr) -> EmbedderError {
+    if err.is_instance_of::<PyFileNotFoundError>(py)
+        || err.is_instance_of::<PyNotADirectoryError>(py)
+        || err.is_instance_of::<PyPermissionError>(py)
+    {
+        EmbedderError::invalid_input(err.to_string())
+    } else {
+        classify(py, err)
     }
 }
 
@@ -98,5 +117,33 @@ mod tests {
         assert_eq!(kind_of(c"raise MemoryError()").0, ModelFailure);
         assert_eq!(kind_of(c"raise SystemExit(3)").0, ModelGone);
         assert_eq!(kind_of(c"raise KeyboardInterrupt()").0, ModelGone);
+        // Only a load takes a missing file as the caller's fault.
+        assert_eq!(kind_of(c"raise FileNotFoundError('x')").0, ModelFailure);
+    }
+
+    #[test]
+    fn a_load_blames_the_caller_for_missing_files_and_bad_options() {
+        use EmbedderErrorKind::*;
+        crate::interpreter::ensure_python().expect("python");
+        let load_kind = |raise_it: &std::ffi::CStr| {
+            Python::attach(|py| {
+                let err = py
+                    .run(raise_it, None, None)
+                    .expect_err("the snippet raises");
+                classify_load(py, &err).kind
+            })
+        };
+        assert_eq!(
+            load_kind(c"raise FileNotFoundError('no config.json')"),
+            InvalidInput
+        );
+        assert_eq!(load_kind(c"raise NotADirectoryError('x')"), InvalidInput);
+        assert_eq!(load_kind(c"raise PermissionError('x')"), InvalidInput);
+        assert_eq!(
+            load_kind(c"raise ValueError('workers must be at least 1')"),
+            InvalidInput
+        );
+        assert_eq!(load_kind(c"raise OSError('disk')"), ModelFailure);
+        assert_eq!(load_kind(c"raise MemoryError()"), ModelFailure);
     }
 }

@@ -199,3 +199,65 @@ fn pipelined_submit_and_collect_match_the_one_shot_path() {
         "{details:?}"
     );
 }
+
+/// A load the caller can fix arrives typed as the caller's fault, with
+/// Python's own words; a load that fails otherwise does not.
+#[test]
+fn a_failed_load_says_whose_fault_it_is() {
+    use mlx_embed_core::{CoreError, EmbedderErrorKind};
+    use mlx_embed_python::EngineOptions;
+    let refusal =
+        |options: PythonModelOptions| match Batcher::start(BatcherConfig::default(), move || {
+            PythonEmbedder::load_for_batcher(&options)
+        }) {
+            Err(CoreError::LoadFailed(err)) => (err.kind, err.message),
+            other => panic!("expected LoadFailed, got {other:?}"),
+        };
+    let missing = std::env::temp_dir().join("mlx-embed-no-such-model");
+    let (kind, message) = refusal(PythonModelOptions {
+        model: Some(missing.display().to_string()),
+        ..Default::default()
+    });
+    assert_eq!(kind, EmbedderErrorKind::InvalidInput, "{message}");
+    assert!(
+        message.contains("FileNotFoundError") && message.contains("has no config.json"),
+        "{message}"
+    );
+    let (kind, message) = refusal(PythonModelOptions {
+        engine: EngineOptions {
+            workers: Some(0),
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    assert_eq!(kind, EmbedderErrorKind::InvalidInput, "{message}");
+    assert!(
+        message.contains("ValueError: workers must be at least 1"),
+        "{message}"
+    );
+
+    // A folder whose weights cannot be read is a failed load, not a bad option.
+    let broken = tempfile_dir("mlx-embed-broken-weights");
+    let golden = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-qwen3");
+    for entry in std::fs::read_dir(&golden).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "json" || e == "txt") {
+            std::fs::copy(&path, broken.join(path.file_name().unwrap())).unwrap();
+        }
+    }
+    std::fs::write(broken.join("model.safetensors"), b"not a safetensors file").unwrap();
+    let (kind, message) = refusal(PythonModelOptions {
+        model: Some(broken.display().to_string()),
+        ..Default::default()
+    });
+    assert_eq!(kind, EmbedderErrorKind::ModelFailure, "{message}");
+    std::fs::remove_dir_all(&broken).unwrap();
+}
+
+/// A fresh, empty folder under the temp dir named for `what` and this process.
+fn tempfile_dir(what: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("{what}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}

@@ -215,6 +215,10 @@ impl From<CoreError> for ApiError {
             CoreError::ModelUnavailable(msg) => {
                 Self::new(ErrorKind::Unavailable, format!("model unavailable: {msg}"))
             }
+            CoreError::LoadFailed(err) => Self::new(
+                ErrorKind::Unavailable,
+                format!("model unavailable: {}", err.message),
+            ),
             CoreError::ShuttingDown => Self::new(
                 ErrorKind::Unavailable,
                 "server is shutting down; retry elsewhere",

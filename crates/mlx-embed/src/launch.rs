@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use clap::Parser;
-use mlx_embed_core::{Batcher, Embedder};
+use mlx_embed_core::{Batcher, CoreError, Embedder};
 use mlx_embed_python::{EngineOptions, PythonEmbedder, PythonModelOptions};
 use mlx_embed_server::ServerArgs;
 
@@ -216,7 +216,10 @@ where
         let batcher = Batcher::start(config.clone(), move || {
             PythonEmbedder::load_for_batcher(&options).map(wrap)
         })
-        .map_err(|err| format!("could not load {what}: {err}"))?;
+        .map_err(|err| match err {
+            CoreError::LoadFailed(err) => format!("could not load {what}: {}", err.message),
+            other => format!("could not load {what}: {other}"),
+        })?;
         batchers.push(batcher);
     }
     let load_duration = started.elapsed();

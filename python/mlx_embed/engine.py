@@ -147,7 +147,16 @@ class EmbeddingModel(ScoringMixin):
                 template=rr.template, default_instruction=rr.default_instruction,
             )
         self.instruction = instruction
-        self._instruction_prefix = self._format_instruction(instruction)
+        if instruction is not None:
+            # The load's instruction is the model's query prompt, and the
+            # default for a call that names none (as it was before it had a
+            # name); documents keep the folder's document prompt, else none,
+            # so routes that say what an input is (Cohere's search_document,
+            # prompt_name="document") embed them without it.
+            self.prompts = {**self.prompts, "query": self._format_instruction(instruction)}
+            if "document" not in self.prompts and "passage" not in self.prompts:
+                self.prompts["document"] = ""
+            self.default_prompt_name = "query"
 
         self._blas_threads = _blas.own_num_threads()
         self.context = ops.make_context(
@@ -226,7 +235,6 @@ class EmbeddingModel(ScoringMixin):
                 suffix_ids=list(tok.suffix),
                 prompts=dict(self.prompts),
                 default_prompt_name=self.default_prompt_name,
-                instruction=self._instruction_prefix,
                 pair=tok.pair,
                 drop_ids=list(tok.drop_ids),
                 char_limit=tok.char_limit,
@@ -396,7 +404,6 @@ class EmbeddingModel(ScoringMixin):
             prompt=prompt,
             prompts=self.prompts,
             default_prompt_name=self.default_prompt_name,
-            instruction=self._instruction_prefix,
         )
 
     def encode(

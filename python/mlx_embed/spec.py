@@ -48,9 +48,9 @@ class TokenizerSpec:
     wrapped as ``prefix_ids + content + suffix_ids``.
 
     The prompt: a request's raw prompt if it gives one, else the named one
-    from ``prompts`` (unknown name: invalid input), else ``instruction`` when
-    the model was loaded with one, else ``prompts[default_prompt_name]``,
-    else none.
+    from ``prompts`` (unknown name: invalid input), else
+    ``prompts[default_prompt_name]``, else none. (A model loaded with an
+    ``instruction`` has it as its ``query`` prompt and default.)
 
     Static embeddings (Model2Vec) add two rules: with ``char_limit`` set, a
     text (prompt included) longer than that many characters is cut to it
@@ -64,7 +64,6 @@ class TokenizerSpec:
     suffix_ids: list[int]
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: Optional[str] = None
-    instruction: Optional[str] = None
     pair: Optional[PairSpec] = None
     drop_ids: list[int] = field(default_factory=list)
     char_limit: Optional[int] = None

@@ -183,7 +183,6 @@ def resolve_prompt(
     prompt: Optional[str],
     prompts: Mapping[str, str],
     default_prompt_name: Optional[str],
-    instruction: Optional[str],
 ) -> str:
     """The text put before every input (see ``spec.TokenizerSpec``)."""
     for key, value in (("prompt", prompt), ("prompt_name", prompt_name)):
@@ -198,8 +197,6 @@ def resolve_prompt(
             known = ", ".join(sorted(prompts)) or "none"
             raise InvalidInput(f"unknown prompt name {prompt_name!r} (this model has: {known})")
         return prompts[prompt_name]
-    if instruction is not None:
-        return instruction
     if default_prompt_name is not None:
         return prompts.get(default_prompt_name, "")
     return ""

@@ -11,7 +11,7 @@ import cohere
 import numpy as np
 import pytest
 
-from harness import NOMIC, cosine_rows, non_empty_golden
+from harness import FIXTURES, NOMIC, cosine_rows, non_empty_golden, start_server
 
 EMBEDDER = "all-MiniLM-L6-v2"
 
@@ -75,6 +75,38 @@ def test_input_type_picks_the_models_prompt(nomic, golden):
     v1 = cohere.Client(api_key="unused", base_url=nomic.url).embed(texts=texts, model="tiny-nomic-bert")
     ref = np.load(NOMIC / "reference_document_normalized.npy")[keep]
     assert cosine_rows(np.asarray(v1.embeddings, dtype=np.float32), ref).min() >= 0.99999
+
+
+MISTRAL = FIXTURES / "tiny-mistral"
+# The instruction that makes tiny-mistral's own query prompt in its template.
+TASK = "Given a web search query, retrieve relevant passages that answer the query"
+
+
+def test_serve_instruction_is_the_query_prompt_and_documents_skip_it(tmp_path, golden):
+    """`serve --instruction` embeds queries with it, and still lets a caller
+    that says it sends documents embed them without it (Cohere's
+    search_document, prompt_name "document"); /info shows both prompts."""
+    texts, _, keep = non_empty_golden(golden, 8)
+    query_ref = np.load(MISTRAL / "reference_query_normalized.npy")[keep]
+    plain_ref = np.load(MISTRAL / "reference_last_token_normalized.npy")[keep]
+    srv = start_server(tmp_path, "--model", str(MISTRAL), "--instruction", TASK, "--no-warmup")
+    try:
+        info = srv.get("/info").json()
+        assert info["prompts"] == {"query": f"Instruct: {TASK}\nQuery: ", "document": ""}, info
+        assert info["default_prompt_name"] == "query", info
+        co2 = cohere.ClientV2(api_key="unused", base_url=srv.url)
+        for input_type, reference in (("search_query", query_ref), ("search_document", plain_ref)):
+            res = co2.embed(texts=texts, model="tiny-mistral", input_type=input_type, embedding_types=["float"])
+            assert cosine_rows(np.asarray(res.embeddings.float_, dtype=np.float32), reference).min() >= 0.99999
+        # A route that cannot say what an input is gets the instruction.
+        openai = srv.post("/v1/embeddings", {"input": texts, "model": "tiny-mistral"}).json()
+        got = np.asarray([d["embedding"] for d in openai["data"]], dtype=np.float32)
+        assert cosine_rows(got, query_ref).min() >= 0.99999
+        tei = srv.post("/embed", {"inputs": texts, "prompt_name": "document"})
+        assert tei.status_code == 200, tei.text
+        assert cosine_rows(np.asarray(tei.json(), dtype=np.float32), plain_ref).min() >= 0.99999
+    finally:
+        assert srv.stop() == 0, srv.log()[-3000:]
 
 
 def test_truncate_start_keeps_the_end(server):

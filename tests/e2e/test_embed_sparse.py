@@ -95,6 +95,12 @@ def test_models_are_picked_by_task(pair):
         ("tiny-nomic-bert", False, info["models"][0]["dimension"]),
         ("tiny-splade", True, VOCAB),
     ]
+    # Each model's own prompts and pooling, not only the default model's.
+    nomic, splade = info["models"]
+    assert (nomic["prompts"], nomic["default_prompt_name"]) == (info["prompts"], "document")
+    assert set(nomic["prompts"]) == {"query", "document", "classification", "clustering"}
+    assert (splade["prompts"], splade["default_prompt_name"]) == ({"document": "", "query": ""}, None)
+    assert (nomic["pooling"], splade["pooling"]) == ("mean", "splade")
     doc = pair.get("/openapi.json").json()
     assert "/embed_sparse" in doc["paths"]
 

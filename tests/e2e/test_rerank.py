@@ -271,6 +271,7 @@ def test_models_listed_and_labelled(duo):
     info = duo.get("/info").json()
     assert [(m["model"], m["kind"]) for m in info["models"]] == [(EMBEDDER, "embedding"), ("tiny-bert-reranker", "reranker")]
     assert info["models"][1]["labels"] == ["LABEL_0"]
+    assert [m["pooling"] for m in info["models"]] == ["mean", None]
     duo.post("/rerank", {"query": "q", "texts": ["d"]})
     metrics = duo.get("/metrics").text
     assert f'mlx_embed_batches_total{{model="{EMBEDDER}"}}' in metrics

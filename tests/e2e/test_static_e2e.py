@@ -137,3 +137,25 @@ def test_matryoshka_dimensions(served):
     got = np.asarray([d["embedding"] for d in sorted(resp.json()["data"], key=lambda d: d["index"])],
                      dtype=np.float32)
     _check(got, ref)
+
+
+def test_embed_all_gives_an_input_of_no_tokens_no_rows(served):
+    """A blank text has no tokens on a static model: /embed (its zero
+    vector) and /embed_all (no rows) answer it wherever it sits in the call,
+    and alone, beside the rows of the texts that have tokens."""
+    folder, srv = served
+    hello = srv.post("/embed_all", {"inputs": ["hello"]})
+    assert hello.status_code == 200, hello.text
+    (hello_rows,) = hello.json()
+    assert len(hello_rows) == 1 and len(hello_rows[0]) == 64
+    for inputs in (["   "], ["   ", "hello"], ["hello", "   "], ["   ", "\t", "hello", "  "]):
+        resp = srv.post("/embed_all", {"inputs": inputs})
+        assert resp.status_code == 200, (inputs, resp.text)
+        rows = resp.json()
+        assert [len(r) for r in rows] == [0 if t.isspace() else 1 for t in inputs], (inputs, rows)
+        for text, r in zip(inputs, rows):
+            if not text.isspace():
+                np.testing.assert_array_equal(np.asarray(r), np.asarray(hello_rows))
+    pooled = srv.post("/embed", {"inputs": ["   ", "hello"], "normalize": False})
+    assert pooled.status_code == 200, pooled.text
+    assert not any(pooled.json()[0]) and any(pooled.json()[1])

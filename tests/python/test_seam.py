@@ -32,7 +32,7 @@ def test_spec_describes_the_model(minilm, qwen):
     t = s.tokenizer
     assert os.path.basename(t.path) == "tokenizer.json" and os.path.isfile(t.path)
     assert (t.prefix_ids, t.suffix_ids) == ([101], [102])
-    assert (t.prompts, t.default_prompt_name, t.instruction) == ({}, None, None)
+    assert (t.prompts, t.default_prompt_name) == ({}, None)
     assert (t.pair.prefix_ids, t.pair.middle_ids, t.pair.suffix_ids) == ([101], [102], [102])
     assert (t.pair.first_type_id, t.pair.second_type_id) == (0, 1)
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in s.details.items())
@@ -42,11 +42,23 @@ def test_spec_describes_the_model(minilm, qwen):
     assert (q.model_type, q.pooling, q.dim) == ("qwen3", "last", 64)
 
 
-def test_spec_carries_the_formatted_instruction():
+def test_the_instruction_is_the_query_prompt_and_documents_go_without_it(golden_texts):
+    """A model loaded with an instruction has it, in its template, as its
+    `query` prompt and its default; `document` is no prompt, so a caller
+    that says it sends documents (Cohere's search_document) can skip it."""
     from conftest import TINY_QWEN3
 
     m = mlx_embed.load(TINY_QWEN3, max_length=128, instruction="find it")
-    assert m.spec().tokenizer.instruction == "Instruct: find it\nQuery:"
+    t = m.spec().tokenizer
+    assert (t.prompts, t.default_prompt_name) == (
+        {"query": "Instruct: find it\nQuery:", "document": ""}, "query")
+    texts = golden_texts[:8]
+    plain = mlx_embed.load(TINY_QWEN3, max_length=128)
+    instructed = plain.embed(texts, prompt="Instruct: find it\nQuery:")
+    assert np.abs(m.embed(texts) - instructed).max() == 0
+    assert np.abs(m.embed(texts, prompt_name="query") - instructed).max() == 0
+    assert np.abs(m.embed(texts, prompt_name="document") - plain.embed(texts)).max() == 0
+    assert m.encode(texts, prompt_name="document") == plain.encode(texts)
 
 
 def test_embed_ids_equals_embed(minilm, qwen, golden_texts):

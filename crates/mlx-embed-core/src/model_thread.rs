@@ -470,6 +470,9 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
         let floats = output.vectors.len();
         let ok = match (kind, self.dim) {
             (Output::Pooled, dim) if dim > 0 => floats == rows * dim,
+            // Inputs of no tokens (a static model's blank text) have no rows:
+            // a batch of only those has no floats either.
+            (Output::Tokens, _) if rows == 0 => floats == 0,
             // A hidden width need not be the pooled `dim` (Dense heads).
             _ => floats > 0 && floats.checked_rem(rows) == Some(0),
         };
@@ -486,7 +489,7 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
     /// Hands `part` its rows of `output`; the batch's input `first` is the
     /// part's first, and `starts` is each input's first row (plus the total).
     fn deliver(&self, part: &Part, first: usize, output: &BatchOutput, starts: &[usize]) {
-        let width = output.vectors.len() / starts[starts.len() - 1];
+        let width = output.vectors.len() / starts[starts.len() - 1].max(1);
         let vectors = (first..first + part.len)
             .map(|i| output.vectors[starts[i] * width..starts[i + 1] * width].to_vec());
         part.req.deliver(part.offset, vectors);

@@ -46,7 +46,6 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
         suffix_ids: field(&tok, "suffix_ids")?,
         prompts: prompts.clone(),
         default_prompt_name: default_prompt_name.clone(),
-        instruction: optional(&tok, "instruction")?,
         pair: read_pair(&tok)?,
         drop_ids: optional(&tok, "drop_ids")?.unwrap_or_default(),
         char_limit: optional(&tok, "char_limit")?,

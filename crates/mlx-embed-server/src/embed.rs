@@ -187,9 +187,21 @@ pub(crate) fn check_inputs(state: &AppState, inputs: &[EmbedInput]) -> Result<()
 }
 
 /// The width every token row has (the model's hidden size, which need not
-/// be the pooled `dim`); a model error if the rows disagree.
+/// be the pooled `dim`); a model error if the rows disagree. Inputs of no
+/// tokens (a static model's blank text) have no rows to read it from, and
+/// when no input has any, the width is 0.
 fn row_width(vectors: &[Vec<f32>], rows: &[u32]) -> Result<usize, ApiError> {
-    let width = vectors[0].len() / (rows[0].max(1) as usize);
+    let Some((first, &n)) = vectors.iter().zip(rows).find(|(_, &r)| r > 0) else {
+        return if vectors.iter().all(Vec::is_empty) {
+            Ok(0)
+        } else {
+            Err(ApiError::new(
+                ErrorKind::Model,
+                "model returned token rows for inputs of no tokens",
+            ))
+        };
+    };
+    let width = first.len() / n as usize;
     if width == 0
         || vectors
             .iter()

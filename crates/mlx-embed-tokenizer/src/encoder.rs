@@ -143,13 +143,10 @@ impl HfTokenizer {
                         EmbedderError::invalid_input(format!("unknown prompt name {name:?}"))
                     })
             }
-            Prompt::Default => Ok(
-                match (&self.spec.instruction, &self.spec.default_prompt_name) {
-                    (Some(instruction), _) => instruction,
-                    (None, Some(name)) => &self.spec.prompts[name],
-                    (None, None) => "",
-                },
-            ),
+            Prompt::Default => Ok(match &self.spec.default_prompt_name {
+                Some(name) => &self.spec.prompts[name],
+                None => "",
+            }),
         }
     }
 

@@ -19,11 +19,9 @@ pub struct TokenizerSpec {
     pub suffix_ids: Vec<u32>,
     /// Named prompts: name -> text prepended to the input text.
     pub prompts: BTreeMap<String, String>,
-    /// The prompt used when a request names none.
+    /// The prompt used when a request names none (a model loaded with an
+    /// instruction: `query`, which holds it in the model's template).
     pub default_prompt_name: Option<String>,
-    /// The model's instruction prefix, already in the model's template
-    /// (Qwen3: `"Instruct: ...\nQuery:"`); when set it is the default prompt.
-    pub instruction: Option<String>,
     /// How a query/document pair becomes one input (cross-encoders); `None`:
     /// the model takes single texts only.
     pub pair: Option<PairSpec>,

@@ -1,6 +1,6 @@
 //! The tokenization rules on a real BERT tokenizer.json (the tiny-qwen3
 //! fixture carries MiniLM's WordPiece file, baked-in truncation and padding
-//! included): specials, both truncation sides, prompts, the instruction,
+//! included): specials, both truncation sides, prompts,
 //! token-id input and the vocabulary check.
 
 use std::collections::BTreeMap;
@@ -85,7 +85,7 @@ fn truncation_keeps_the_start_or_the_end_inside_the_specials() {
 }
 
 #[test]
-fn prompts_and_the_instruction_are_prepended_to_the_text() {
+fn prompts_are_prepended_to_the_text() {
     let mut s = spec(512);
     s.prompts = BTreeMap::from([
         ("query".to_string(), "query: ".to_string()),
@@ -138,20 +138,12 @@ fn prompts_and_the_instruction_are_prepended_to_the_text() {
         )
     );
 
-    // An instruction (already in the model's template) is the default prompt.
-    s.instruction = Some("Instruct: find rivers\nQuery: ".into());
+    // No default prompt: the text as it is.
+    s.default_prompt_name = None;
     let tok = tokenizer(s);
     assert_eq!(
         ids(&tok, &text("rivers"), &EmbedOptions::default()),
-        wrap("Instruct: find rivers\nQuery: rivers")
-    );
-    assert_eq!(
-        ids(
-            &tok,
-            &text("rivers"),
-            &with(Prompt::Named("passage".into()))
-        ),
-        wrap("passage: rivers")
+        wrap("rivers")
     );
 }
 

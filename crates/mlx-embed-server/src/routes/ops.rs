@@ -146,6 +146,13 @@ pub struct ModelSummary {
     pub labels: Vec<String>,
     pub max_input_tokens: usize,
     pub device_batch_tokens: Option<usize>,
+    /// The model's named prompts (`prompt_name` picks one): name -> text prepended.
+    pub prompts: BTreeMap<String, String>,
+    /// The prompt used when a request names none.
+    pub default_prompt_name: Option<String>,
+    /// How token rows become one vector (`cls`, `mean`, `last_token`, ...);
+    /// none for a scorer.
+    pub pooling: Option<String>,
 }
 
 /// What is served and how: the default model at the top level, every model in `models`.
@@ -309,6 +316,12 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
                     labels: i.kind.labels().to_vec(),
                     max_input_tokens: i.max_input_tokens,
                     device_batch_tokens: i.device_batch_tokens,
+                    prompts: i.prompts.clone(),
+                    default_prompt_name: i.default_prompt_name.clone(),
+                    pooling: match TeiModelType::of(&i) {
+                        TeiModelType::Embedding { pooling } => Some(pooling),
+                        _ => None,
+                    },
                 }
             })
             .collect(),

@@ -40,7 +40,9 @@ pub struct ModelArgs {
     /// Quantize weights on load (bits).
     #[arg(long, env = "MLX_EMBED_QUANTIZE", value_parser = ["4", "8"])]
     pub quantize: Option<String>,
-    /// Query instruction for instruction-tuned decoder models (Qwen3-Embedding).
+    /// Query instruction for instruction-tuned decoder models (Qwen3-Embedding), in the model's
+    /// template: the `query` prompt and the default one; `prompt_name=document` (Cohere's
+    /// search_document) embeds without it.
     #[arg(long, env = "MLX_EMBED_INSTRUCTION")]
     pub instruction: Option<String>,
     /// Pooling of the --model folders, over what their sentence-transformers files say: cls,

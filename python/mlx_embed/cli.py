@@ -3,6 +3,7 @@
     mlx-embed embed [TEXT ...] [-i FILE] [--jsonl] [-o OUT.jsonl|OUT.npy] [--model DIR]
     mlx-embed serve ...        (everything after "serve" goes to the Rust server)
     mlx-embed info [--model DIR]
+    mlx-embed --version        (the version `mlx-embed serve --version` shows)
     mlx-embed bulk INPUT... -o OUT_DIR [--concurrency N] ...   (Ray Data; the `ray` extra)
 """
 
@@ -11,7 +12,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
+import threading
 import time
 from typing import Iterable, Optional, TextIO
 
@@ -183,13 +186,46 @@ def cmd_serve(rest: list[str]) -> int:
             file=sys.stderr,
         )
         return 1
-    code = _native.serve(["mlx-embed", *rest])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # The server has answered everything; skip interpreter finalization, which
-    # would tear MLX and OpenBLAS down while the model thread may still hold
-    # MLX objects (the same exit-time crash the Rust binary avoids with _exit).
-    os._exit(code)
+    previous = _leave_sigint_to_the_server()
+    try:
+        code = _native.serve(["mlx-embed", *rest])
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # The server has answered everything; skip interpreter finalization, which
+        # would tear MLX and OpenBLAS down while the model thread may still hold
+        # MLX objects (the same exit-time crash the Rust binary avoids with _exit).
+        os._exit(code)
+    finally:
+        # Reached only if serve raised, or where os._exit is stubbed (tests).
+        if previous is not None:
+            signal.signal(signal.SIGINT, previous)
+    return code
+
+
+def _leave_sigint_to_the_server():
+    """Puts SIGINT back to the OS default for the server's life, as the Rust
+    binary has it; returns the handler it replaced (None if it kept it).
+
+    Python's own SIGINT handler (the one raising KeyboardInterrupt) would
+    otherwise stay underneath the server's: tokio's signal handling (the
+    signal-hook registry) chains to a previous handler that is not SIG_DFL or
+    SIG_IGN, so a Ctrl-C that drained the server also left Python a pending
+    KeyboardInterrupt. It was raised as soon as serve returned, before
+    os._exit, so the process ran interpreter finalization and then, as Python
+    does after an uncaught KeyboardInterrupt, killed itself with SIGINT: exit
+    status -2 (130 in a shell) after a clean drain, where SIGTERM (no Python
+    handler) exited 0. With the default action, a Ctrl-C before the server
+    installs its handlers (while the model loads) ends the process at once,
+    as it does the binary's; Python's handler could not even run then, its
+    main thread being inside serve. A handler someone else installed, or an
+    ignored SIGINT (a background job's), is left as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        return None  # signal.signal works on the main thread only
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.default_int_handler:
+        return None
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    return previous
 
 
 def _count(raw: str) -> int:
@@ -214,8 +250,34 @@ def _positive_float(raw: str) -> float:
     return value
 
 
+def _version() -> str:
+    """The version `mlx-embed serve --version` prints: the server extension's
+    (its Cargo version), or the package's where the extension is not built."""
+    try:
+        from mlx_embed import _native
+
+        return _native.__version__
+    except (ImportError, AttributeError):
+        import mlx_embed
+
+        return mlx_embed.__version__
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: like argparse's own, but reads the version only when asked."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help="show the version and exit"):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(f"{parser.prog} {_version()}")
+        parser.exit(0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mlx-embed", description="Text embeddings with MLX.")
+    p.add_argument("--version", action=_VersionAction)
     sub = p.add_subparsers(dest="command", required=True)
 
     e = sub.add_parser("embed", help="embed texts and write vectors")

@@ -184,3 +184,58 @@ def test_metrics_count_clients_work_not_the_warm_up(tmp_path, golden):
         assert count("mlx_embed_batches_total") == 1
     finally:
         server.stop()
+
+
+def test_why_a_request_failed_is_logged(tmp_path):
+    """A server error's reason is logged at warn; a refusal's only at debug
+    (it may quote what the client sent), never at the default info."""
+    import re as _re
+
+    from harness import TEST_SERVER_BINARY
+
+    marker = "@@log-boom@@"
+    for level, refusal_logged in (("info", False), ("debug", True)):
+        server = start_server(tmp_path, "--no-warmup", "--no-cache", command=[str(TEST_SERVER_BINARY)],
+                              env={"MLX_EMBED_LOG": level, "MLX_EMBED_TEST_FAULT": marker})
+        try:
+            bad = server.post("/v1/embeddings", {"input": [1, "a secret text"]})
+            assert bad.status_code == 422, bad.text
+            failed = server.post("/embed", {"inputs": [f"fails {marker}"]})
+            assert failed.status_code == 500, failed.text
+        finally:
+            assert server.stop() == 0
+        log = _re.sub(r"\x1b\[[0-9;]*m", "", server.log())
+        assert _re.search(r"WARN .*route=/embed.*request failed: model error: RuntimeError: injected test fault",
+                          log), log[-3000:]
+        refused = [line for line in log.splitlines() if "request refused:" in line]
+        if refusal_logged:
+            assert len(refused) == 1 and "DEBUG" in refused[0] and "route=/v1/embeddings" in refused[0], refused
+        else:
+            assert refused == [] and "a secret text" not in log
+
+
+def test_boolean_env_vars_take_the_usual_spellings(tmp_path):
+    server = start_server(tmp_path, env={"MLX_EMBED_NO_WARMUP": "1", "MLX_EMBED_NO_BATCHING": "yes",
+                                         "MLX_EMBED_NO_CACHE": "on"})
+    try:
+        info = server.get("/info").json()
+        assert (info["batching"]["enabled"], info["batching"]["cache_bytes"]) == (False, 0), info["batching"]
+        assert "warm-up skipped" in server.log()
+        # The defaults of what a client's connection may take.
+        assert (info["limits"]["client_timeout_secs"], info["limits"]["drain_timeout_secs"]) == (75, 30)
+    finally:
+        server.stop()
+
+
+def test_a_log_filter_that_is_not_a_level_is_refused(tmp_path):
+    """`--log verbose` would read as a target called "verbose" and silence
+    every line; it is refused at once with what to write instead."""
+    import subprocess
+
+    from harness import SERVER_BINARY
+
+    for bad in ("verbose", "notalevel====="):
+        r = subprocess.run([str(SERVER_BINARY), "--log", bad, "--port", "1"], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 2, (bad, r.stdout, r.stderr)
+        assert "invalid value" in r.stderr and "target=level" in r.stderr, r.stderr

@@ -237,5 +237,5 @@ def test_drain_timeout_answers_what_still_waits_with_503(tmp_path):
     assert drain - 0.2 <= answered - signalled < drain + 1.5, answered - signalled
     assert code == 0 and exited < drain + 5, (code, exited)
     log = re.sub(r"\x1b\[[0-9;]*m", "", server.log())
-    assert "drain timeout: requests still waiting for a model are answered 503" in log
+    assert "drain timeout: connections still open; requests still waiting for a model or a body are answered 503" in log
     assert "connections still open after the drain timeout are dropped" not in log

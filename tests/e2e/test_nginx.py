@@ -249,7 +249,8 @@ def test_replica_answering_503_is_skipped(tmp_path):
 
 def test_body_limit_is_the_servers(cluster):
     """nginx's client_max_body_size is the server's --max-body-bytes (2 MiB):
-    a body of exactly the limit reaches a replica, one byte more gets nginx's 413."""
+    a body of exactly the limit reaches a replica, one byte more gets nginx's
+    413, in the called API's JSON shape as the server words it."""
     nginx = cluster["nginx"]
     limit = 2 * 1024 * 1024
 
@@ -261,9 +262,26 @@ def test_body_limit_is_the_servers(cluster):
     r = requests.post(nginx.url + "/api/v1/embed", data=body(limit), headers=headers, timeout=60)
     assert r.headers.get("content-type", "").startswith("application/json"), r.text[:300]
     assert r.status_code in (200, 422), r.text[:300]  # the replica's answer, whatever it makes of "padding"
-    r = requests.post(nginx.url + "/api/v1/embed", data=body(limit + 1), headers=headers, timeout=60)
-    assert r.status_code == 413
-    assert "nginx" in r.text, r.text[:300]  # refused by nginx before any replica saw it
+    message = "request body is larger than the limit of 2097152 bytes"
+    shapes = {
+        "/api/v1/embed": {"error": {"message": message, "type": "invalid_request_error", "code": 413}},
+        "/v1/embeddings": {"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                     "code": None}},
+        "/v2/embed": {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}},
+        "/embed": {"error": message, "error_type": "Validation"},
+        "/": {"error": message, "error_type": "Validation"},
+        "/api/embed": {"error": message},
+        "/vectors": {"error": message},
+    }
+    for path, shape in shapes.items():
+        r = requests.post(nginx.url + path, data=body(limit + 1), headers=headers, timeout=60)
+        assert r.status_code == 413, (path, r.text[:300])
+        assert r.headers.get("content-type", "").startswith("application/json"), (path, r.headers)
+        assert r.json() == shape, (path, r.text[:300])
+    # Refused by nginx before any replica saw them: no replica counted a 413.
+    for replica in cluster["replicas"]:
+        text = requests.get(replica.url + "/metrics", timeout=10).text
+        assert 'code="413"' not in text, text
 
 
 def test_shipped_config_passes_nginx_t(tmp_path):

@@ -165,3 +165,10 @@ def test_nginx_limits_follow_the_server(server_defaults):
     assert re.search(r"^\s*least_conn;", NGINX_CONF.read_text(), re.MULTILINE)
     assert int(nginx_directive("keepalive")) > 0
     assert nginx_directive("proxy_http_version") == "1.1"
+    # The server closes an idle connection only after nginx has stopped reusing it,
+    # or nginx could send a request down a connection the server is closing.
+    assert seconds(nginx_directive("keepalive_timeout")) < int(server_defaults["--client-timeout-secs"])
+    # nginx's own 413 words the server's limit.
+    conf = NGINX_CONF.read_text()
+    limit = int(server_defaults["--max-body-bytes"])
+    assert conf.count(f"request body is larger than the limit of {limit} bytes") == 4

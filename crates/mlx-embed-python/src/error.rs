@@ -21,8 +21,10 @@ pub enum BridgeError {
         path: String,
     },
     /// Python raised while loading the model; the kind is the exception's,
-    /// by class ([`classify_load`]): `InvalidInput` when the options or
-    /// files given cannot work.
+    /// by class: `InvalidInput` when the options or files given cannot work
+    /// (a `ValueError` or `TypeError`; a missing, non-folder or unreadable
+    /// path), `ModelGone` for a `BaseException` that is not an `Exception`,
+    /// `ModelFailure` otherwise.
     #[error("python: {0}")]
     Python(EmbedderError),
     /// The model answered with something the bridge cannot use.

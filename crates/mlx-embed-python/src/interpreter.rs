@@ -25,13 +25,19 @@ pub fn ensure_python() -> Result<(), BridgeError> {
     static PATHS_SET: PyOnceLock<()> = PyOnceLock::new();
     Python::initialize();
     Python::attach(|py| {
-        PATHS_SET.get_or_try_init(py, || match find_virtualenv() {
-            Some(venv) => add_virtualenv(py, &venv),
-            None => Ok(()),
+        let mut first = false;
+        PATHS_SET.get_or_try_init(py, || {
+            first = true;
+            match find_virtualenv() {
+                Some(venv) => add_virtualenv(py, &venv),
+                None => Ok(()),
+            }
         })?;
         let sys = py.import("sys")?;
         let prefix: String = sys.getattr("prefix")?.extract()?;
-        tracing::info!(sys_prefix = %prefix, "python interpreter ready");
+        if first {
+            tracing::info!(sys_prefix = %prefix, "python interpreter ready");
+        }
         match py.import("mlx_embed") {
             Ok(_) => Ok(()),
             Err(err) => {

@@ -64,7 +64,8 @@ pub struct ServerArgs {
     pub max_queue_wait_ms: u64,
 
     /// Run one request per model call (no cross-request batching).
-    #[arg(long, env = "MLX_EMBED_NO_BATCHING", default_value_t = !core_defaults().enable_batching)]
+    #[arg(long, env = "MLX_EMBED_NO_BATCHING", default_value_t = !core_defaults().enable_batching,
+          value_parser = clap::builder::BoolishValueParser::new())]
     pub no_batching: bool,
 
     /// Most inputs in a batch cut while high-priority inputs wait (normal and
@@ -91,7 +92,7 @@ pub struct ServerArgs {
     pub cache_mb: usize,
 
     /// Turn the embedding cache off (same as --cache-mb 0).
-    #[arg(long, env = "MLX_EMBED_NO_CACHE")]
+    #[arg(long, env = "MLX_EMBED_NO_CACHE", value_parser = clap::builder::BoolishValueParser::new())]
     pub no_cache: bool,
 
     /// Largest request body in bytes; larger bodies get 413.
@@ -104,7 +105,8 @@ pub struct ServerArgs {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_inputs_per_request: usize,
 
-    /// When set, every route except /health requires `Authorization: Bearer <key>`.
+    /// When set, every route but the probes (/health, /.well-known/live, /.well-known/ready)
+    /// requires `Authorization: Bearer <key>`, /metrics included (a scraper sends the key).
     #[arg(long, env = "MLX_EMBED_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
 
@@ -120,8 +122,15 @@ pub struct ServerArgs {
     #[arg(long, env = "MLX_EMBED_DRAIN_TIMEOUT_SECS", default_value_t = 30)]
     pub drain_timeout_secs: u64,
 
+    /// How long a client may take to send a request's headers, or its whole body (then 408),
+    /// and how long an idle keep-alive connection stays open (s). Longer than a proxy's
+    /// upstream keep-alive (60 s in deploy/nginx), so the proxy closes idle connections first.
+    #[arg(long, env = "MLX_EMBED_CLIENT_TIMEOUT_SECS", default_value_t = 75,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub client_timeout_secs: u64,
+
     /// Skip the start-up warm-up batch.
-    #[arg(long, env = "MLX_EMBED_NO_WARMUP")]
+    #[arg(long, env = "MLX_EMBED_NO_WARMUP", value_parser = clap::builder::BoolishValueParser::new())]
     pub no_warmup: bool,
 }
 
@@ -151,6 +160,7 @@ impl Default for ServerArgs {
             api_key: None,
             cors_allow_origin: Vec::new(),
             drain_timeout_secs: 30,
+            client_timeout_secs: 75,
             no_warmup: false,
         }
     }
@@ -205,6 +215,10 @@ impl ServerArgs {
     /// How long shutdown waits for accepted requests and the batcher.
     pub fn drain_timeout(&self) -> Duration {
         Duration::from_secs(self.drain_timeout_secs)
+    }
+
+    pub fn client_timeout(&self) -> Duration {
+        Duration::from_secs(self.client_timeout_secs)
     }
 }
 

@@ -7,13 +7,14 @@
 //! | --- | --- |
 //! | 400 | malformed JSON; empty input list; an empty string or empty token list; a token id outside the vocabulary (names the input index); `dimensions` < 1 or > the model's dimension, or any `dimensions` on a sparse (SPLADE) model; an unknown `prompt_name`; input the model rejects as invalid (a `ValueError` in the Python model) |
 //! | 401 | `--api-key` is set and `Authorization: Bearer <key>` is missing or wrong (every route but `/health` and `/.well-known/*`) |
+//! | 408 | the body did not arrive within `--client-timeout-secs` (75 s) |
 //! | 404 / 405 | unknown route / wrong method |
-//! | 413 | body larger than `--max-body-bytes` (2 MiB); more inputs than `--max-inputs-per-request` (2048) |
+//! | 413 | body larger than `--max-body-bytes` (2 MiB; refused on its `Content-Length` before it is read); more inputs than `--max-inputs-per-request` (2048) |
 //! | 415 | `Content-Type` is not `application/json` (Weaviate's `/vectors` and Ollama's `/api/*` read any body as JSON); a compressed body (any `Content-Encoding` but `identity`, on every route) |
 //! | 422 | well-formed JSON of the wrong shape (missing, null or wrong-typed field, non-string item, arrays nested too deep, `truncation_direction` not left/right); an input longer than the model's maximum with `truncate: false` (names the index and its token count; refused before any compute) |
 //! | 429 | the server is overloaded (admission queue full or waited too long); `Retry-After` says when to retry, in whole seconds (>= 1) |
 //! | 500 | the model failed on this request (the model's message) |
-//! | 503 | the model is unavailable, or the server is shutting down |
+//! | 503 | the model is unavailable, or the server is shutting down (the drain timeout passed while the request waited for a model or its body) |
 //!
 //! # Error bodies
 //!
@@ -49,8 +50,6 @@ pub enum ServerError {
     },
     #[error("cannot install signal handlers: {0}")]
     Signal(#[source] std::io::Error),
-    #[error("server failed: {0}")]
-    Serve(#[source] std::io::Error),
 }
 
 /// What went wrong, independent of the API shape it is reported in.
@@ -60,6 +59,8 @@ pub enum ErrorKind {
     InvalidRequest,
     /// 401.
     Unauthorized,
+    /// 408: the body did not arrive within `--client-timeout-secs`.
+    Timeout,
     /// 404 / 405.
     NotFound,
     MethodNotAllowed,
@@ -82,6 +83,7 @@ impl ErrorKind {
         match self {
             ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
             ErrorKind::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorKind::Timeout => StatusCode::REQUEST_TIMEOUT,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorKind::TooLarge => StatusCode::PAYLOAD_TOO_LARGE,
@@ -117,6 +119,11 @@ impl ErrorKind {
         }
     }
 }
+
+/// Why a request failed (the error body's message), carried on the response
+/// for the request log ([`crate::middleware::observe`]).
+#[derive(Debug, Clone)]
+pub struct ErrorReason(pub String);
 
 /// One request's failure, before it is shaped for an API.
 #[derive(Debug, Clone, PartialEq)]
@@ -164,6 +171,22 @@ impl ApiError {
         .code("invalid_api_key")
     }
 
+    /// 413: the body is over `--max-body-bytes`.
+    pub fn body_too_large(max_body_bytes: usize) -> Self {
+        Self::new(
+            ErrorKind::TooLarge,
+            format!("request body is larger than the limit of {max_body_bytes} bytes"),
+        )
+    }
+
+    /// 503: the server is draining and will not answer this request.
+    pub fn shutting_down() -> Self {
+        Self::new(
+            ErrorKind::Unavailable,
+            "server is shutting down; retry elsewhere",
+        )
+    }
+
     /// 415: the body is not labelled as JSON.
     pub fn json_content_type_expected() -> Self {
         Self::new(
@@ -191,10 +214,9 @@ impl ApiError {
                 }
                 Self::new(ErrorKind::InvalidRequest, message).code("invalid_json")
             }
-            other if other.status() == StatusCode::PAYLOAD_TOO_LARGE => Self::new(
-                ErrorKind::TooLarge,
-                format!("request body is larger than the limit of {max_body_bytes} bytes"),
-            ),
+            other if other.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                Self::body_too_large(max_body_bytes)
+            }
             other => Self::new(ErrorKind::InvalidRequest, other.body_text()),
         }
     }
@@ -219,10 +241,7 @@ impl From<CoreError> for ApiError {
                 ErrorKind::Unavailable,
                 format!("model unavailable: {}", err.message),
             ),
-            CoreError::ShuttingDown => Self::new(
-                ErrorKind::Unavailable,
-                "server is shutting down; retry elsewhere",
-            ),
+            CoreError::ShuttingDown => Self::shutting_down(),
             // The core's message starts `input N:` when one input is at fault,
             // otherwise it names the option (an unknown prompt name).
             CoreError::InvalidInput(msg) => {
@@ -354,6 +373,7 @@ impl Api {
     }
 
     pub fn render(self, err: ApiError) -> Response {
+        let reason = ErrorReason(err.message.clone());
         let status = match (self, err.status()) {
             // Ollama answers every request it cannot take as given with 400
             // (a body of the wrong shape, an input over the context length
@@ -388,6 +408,7 @@ impl Api {
             Api::Weaviate => Json(WeaviateErrorBody { error: err.message }).into_response(),
         };
         *response.status_mut() = status;
+        response.extensions_mut().insert(reason);
         let headers = response.headers_mut();
         if let Some(secs) = err.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));

@@ -7,7 +7,7 @@ use std::marker::PhantomData;
 
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
-use axum::http::header::CONTENT_TYPE;
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
 use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use axum::Json;
@@ -16,14 +16,20 @@ use serde::de::{self, DeserializeOwned, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::errors::{ApiError, Flavor, Shaped};
+use crate::errors::{ApiError, ErrorKind, Flavor, Shaped};
 use crate::state::AppState;
 
-/// `Json<T>` whose rejections (400 malformed, 413 too large, 415 content type,
-/// 422 wrong shape) render in `F`'s error shape. The one place request bodies
-/// are parsed: a leading UTF-8 byte order mark is skipped (RFC 8259 section 8.1
-/// lets a parser ignore one; Windows tools write it), and the `Content-Type`
-/// must be JSON unless `F` reads any body as JSON ([`Flavor::ANY_CONTENT_TYPE`]).
+/// `Json<T>` whose rejections (400 malformed, 408 body too slow, 413 too
+/// large, 415 content type, 422 wrong shape) render in `F`'s error shape. The
+/// one place request bodies are read and parsed:
+/// - a `Content-Length` over `--max-body-bytes` is refused before any of the
+///   body is read (so no `100 Continue` invites it);
+/// - the whole body must arrive within `--client-timeout-secs`, and when
+///   the drain timeout ends first the request is answered 503;
+/// - a leading UTF-8 byte order mark is skipped (RFC 8259 section 8.1 lets a
+///   parser ignore one; Windows tools write it);
+/// - the `Content-Type` must be JSON unless `F` reads any body as JSON
+///   ([`Flavor::ANY_CONTENT_TYPE`]).
 pub struct ApiJson<T, F>(pub T, pub PhantomData<F>);
 
 impl<T, F> FromRequest<AppState> for ApiJson<T, F>
@@ -38,9 +44,27 @@ where
         if !F::ANY_CONTENT_TYPE && !json_content_type(req.headers()) {
             return Err(ApiError::json_content_type_expected().into());
         }
-        let body = Bytes::from_request(req, state)
-            .await
-            .map_err(|e| ApiError::from_json_rejection(e.into(), max_body))?;
+        if content_length(req.headers()).is_some_and(|n| n > max_body as u64) {
+            return Err(ApiError::body_too_large(max_body).into());
+        }
+        let limit = state.args().client_timeout();
+        let read = tokio::time::timeout(limit, Bytes::from_request(req, state));
+        let body = match state.until_drain_ends(read).await {
+            Some(Ok(body)) => {
+                body.map_err(|e| ApiError::from_json_rejection(e.into(), max_body))?
+            }
+            Some(Err(_elapsed)) => {
+                return Err(ApiError::new(
+                    ErrorKind::Timeout,
+                    format!(
+                        "the request body did not arrive within {} s (--client-timeout-secs)",
+                        limit.as_secs()
+                    ),
+                )
+                .into())
+            }
+            None => return Err(ApiError::shutting_down().into()),
+        };
         let json = body.strip_prefix(UTF8_BOM).unwrap_or(&body);
         match Json::<JsonObject<T>>::from_bytes(json) {
             Ok(Json(JsonObject(value))) => Ok(ApiJson(value, PhantomData)),
@@ -50,6 +74,17 @@ where
 }
 
 const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// The body's declared size (absent, or chunked: none).
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
 
 /// `application/json` or any `application/*+json`: what axum's `Json` accepts.
 fn json_content_type(headers: &HeaderMap) -> bool {

@@ -1,6 +1,7 @@
 //! Cross-cutting layers: request ids, per-request log line and metrics,
 //! API-key check, refusal of compressed bodies.
 
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
@@ -10,9 +11,10 @@ use axum::http::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_ENCODING};
 use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
 use axum::response::Response;
+use futures_util::FutureExt;
 use tracing::Instrument;
 
-use crate::errors::{Api, ApiError, ErrorKind};
+use crate::errors::{Api, ApiError, ErrorKind, ErrorReason};
 use crate::state::AppState;
 
 /// Header carrying the request id, accepted from the client and echoed back.
@@ -42,7 +44,9 @@ fn request_id(req: &Request) -> String {
 
 /// Outermost layer: request id (echoed as `x-request-id`), a tracing span
 /// carrying it, one info line per request (id, route, status, time; never the
-/// request text), and HTTP metrics.
+/// request text), and HTTP metrics. A failed request's reason follows: a
+/// server error's at warn; a refusal's at debug only, since it may quote what
+/// the client sent (serde names the value it could not read).
 pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let start = Instant::now();
     let id = request_id(&req);
@@ -52,6 +56,7 @@ pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "unmatched".to_owned());
     let method = req.method().clone();
+    let api = Api::for_path(req.uri().path());
     req.extensions_mut().insert(RequestId(id.clone()));
 
     let span = tracing::info_span!("request", id = %id, method = %method, route = %route);
@@ -61,7 +66,16 @@ pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next
         span: &span,
         start,
     };
-    let mut response = next.run(req).instrument(span.clone()).await;
+    let handled = AssertUnwindSafe(next.run(req).instrument(span.clone())).catch_unwind();
+    // A bug in a handler answers its own request 500, in the route's shape,
+    // instead of dropping the connection unanswered; the server goes on.
+    let mut response = handled.await.unwrap_or_else(|_| {
+        span.in_scope(|| tracing::error!("the handler panicked (see stderr)"));
+        api.render(ApiError::new(
+            ErrorKind::Model,
+            "internal server error: the server failed on this request",
+        ))
+    });
     std::mem::forget(left);
 
     let elapsed = start.elapsed();
@@ -74,8 +88,16 @@ pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next
     }
     // Info level so an id a client reports can be found in the log; the body
     // stays out of it, since texts may be private.
+    let ms = (elapsed.as_secs_f64() * 1e6).round() / 1e3;
     span.in_scope(|| {
-        tracing::info!(status, ms = elapsed.as_secs_f64() * 1e3, "request done");
+        tracing::info!(status, ms, "request done");
+        match response.extensions().get::<ErrorReason>() {
+            Some(ErrorReason(reason)) if status >= 500 => {
+                tracing::warn!("request failed: {reason}")
+            }
+            Some(ErrorReason(reason)) => tracing::debug!("request refused: {reason}"),
+            None => {}
+        }
     });
     response
 }
@@ -103,7 +125,7 @@ impl Drop for ClientLeft<'_> {
         self.span.in_scope(|| {
             tracing::info!(
                 status = CLIENT_CLOSED_REQUEST,
-                ms = elapsed.as_secs_f64() * 1e3,
+                ms = (elapsed.as_secs_f64() * 1e6).round() / 1e3,
                 "request cancelled: the client went away"
             );
         });

@@ -1,10 +1,15 @@
 //! Start-up (warm-up, bind, summary), serving, and graceful shutdown.
 
 use std::fmt::Write as _;
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
+use axum::Router;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use mlx_embed_core::{Batcher, CoreError, EmbedInput, EmbedOptions, ModelKind};
 use tokio::net::TcpListener;
 
@@ -213,12 +218,15 @@ async fn run(
 
     let mut graceful = trigger.clone();
     let draining = state.clone();
-    let server = axum::serve(listener, router(state.clone()))
-        .with_graceful_shutdown(async move {
+    let server = serve_connections(
+        listener,
+        router(state.clone()),
+        args.client_timeout(),
+        async move {
             graceful.reached(1).await;
             draining.begin_shutdown();
-        })
-        .into_future();
+        },
+    );
     let mut server = std::pin::pin!(server);
     let mut trigger = trigger;
 
@@ -226,10 +234,7 @@ async fn run(
     // may finish first: then it must not be polled again.
     let mut connections_closed = false;
     tokio::select! {
-        result = &mut server => {
-            result.map_err(ServerError::Serve)?;
-            connections_closed = true;
-        }
+        () = &mut server => connections_closed = true,
         _ = trigger.reached(1) => {}
     }
     state.begin_shutdown();
@@ -240,12 +245,15 @@ async fn run(
     let deadline = tokio::time::Instant::now() + args.drain_timeout();
     if !connections_closed {
         tokio::select! {
-            result = &mut server => result.map_err(ServerError::Serve)?,
+            () = &mut server => {}
             _ = tokio::time::sleep_until(deadline) => {
-                tracing::warn!("drain timeout: requests still waiting for a model are answered 503");
+                tracing::warn!(
+                    "drain timeout: connections still open; requests still waiting for a model \
+                     or a body are answered 503"
+                );
                 state.end_drain();
                 tokio::select! {
-                    result = &mut server => result.map_err(ServerError::Serve)?,
+                    () = &mut server => {}
                     _ = tokio::time::sleep(ANSWER_GRACE) => {
                         tracing::warn!("connections still open after the drain timeout are dropped");
                     }
@@ -262,12 +270,74 @@ async fn run(
         }
     };
     tokio::select! {
+        // The deadline may have passed already (open connections held the
+        // drain): a batcher that is done still counts as done.
+        biased;
         _ = drained => {}
         _ = tokio::time::sleep_until(deadline) => tracing::warn!("drain timeout: batcher still busy"),
         _ = trigger.reached(2) => tracing::warn!("second signal: not waiting for the batcher"),
     }
     tracing::info!("shut down");
     Ok(())
+}
+
+/// Serves `app` on every connection `listener` accepts until `stop`
+/// completes, then closes the listener and waits for the open connections to
+/// finish their requests (idle ones close at once). Each connection gets
+/// `client_timeout` to send a request's headers, counted from when it
+/// connects or its last response was sent: a client that stalls, or keeps an
+/// idle connection open, is dropped rather than held forever (bodies have
+/// their own deadline, in [`crate::extract`]).
+async fn serve_connections(
+    listener: TcpListener,
+    app: Router,
+    client_timeout: Duration,
+    stop: impl Future<Output = ()>,
+) {
+    let mut http = http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(client_timeout);
+    let graceful = GracefulShutdown::new();
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let (stream, _peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    accept_failed(err).await;
+                    continue;
+                }
+            },
+            () = &mut stop => break,
+        };
+        // Answers are small and written whole: do not hold them back for more.
+        let _ = stream.set_nodelay(true);
+        let connection =
+            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!("connection ended: {err}");
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
+
+/// A failed `accept`: one client's connection that went away before it was
+/// taken is nothing; anything else (out of file descriptors) is logged and
+/// the loop pauses, so it does not spin while the cause lasts.
+async fn accept_failed(err: std::io::Error) {
+    use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
+    if matches!(
+        err.kind(),
+        ConnectionAborted | ConnectionRefused | ConnectionReset
+    ) {
+        return;
+    }
+    tracing::error!("cannot accept a connection: {err}; retrying in 1 s");
+    tokio::time::sleep(Duration::from_secs(1)).await;
 }
 
 #[cfg(test)]

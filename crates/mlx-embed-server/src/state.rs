@@ -125,12 +125,18 @@ impl AppState {
         &self,
         call: impl Future<Output = Result<T, CoreError>>,
     ) -> Result<T, CoreError> {
+        self.until_drain_ends(call)
+            .await
+            .unwrap_or(Err(CoreError::ShuttingDown))
+    }
+    /// `work`'s output, or `None` when the drain ends first ([`AppState::end_drain`]).
+    pub(crate) async fn until_drain_ends<T>(&self, work: impl Future<Output = T>) -> Option<T> {
         let mut over = self.0.drain_over.subscribe();
         tokio::select! {
             biased;
-            out = call => out,
+            out = work => Some(out),
             // The sender lives as long as `self`: this never resolves early.
-            _ = over.wait_for(|&over| over) => Err(CoreError::ShuttingDown),
+            _ = over.wait_for(|&over| over) => None,
         }
     }
     pub fn is_shutting_down(&self) -> bool {

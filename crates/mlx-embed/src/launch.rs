@@ -10,13 +10,15 @@ use mlx_embed_server::ServerArgs;
 /// `mlx-embed serve`: serve embedding models and cross-encoders over HTTP (all flags also read MLX_EMBED_* env vars).
 #[derive(Debug, Parser)]
 #[command(name = "mlx-embed serve", bin_name = "mlx-embed serve", version)]
+// `--max-waiting -1` is a bad value (said so), not an unknown flag `-1`.
+#[command(allow_negative_numbers = true)]
 pub struct ServeCli {
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
     pub server: ServerArgs,
     /// Log filter, e.g. "info" or "mlx_embed_core=debug,info".
-    #[arg(long, env = "MLX_EMBED_LOG", default_value = "info")]
+    #[arg(long, env = "MLX_EMBED_LOG", default_value = "info", value_parser = parse_log_filter)]
     pub log: String,
 }
 
@@ -239,6 +241,25 @@ where
         .map_err(|err| err.to_string())
 }
 
+const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+
+/// A `--log` filter tracing can read, whose bare words are levels: "verbose"
+/// would otherwise read as a target of that name and silence every log line.
+fn parse_log_filter(filter: &str) -> Result<String, String> {
+    let help = "use a level (off, error, warn, info, debug, trace) or target=level \
+                directives, e.g. \"mlx_embed_core=debug,info\"";
+    if let Some(word) = filter
+        .split(',')
+        .map(str::trim)
+        .find(|d| !d.is_empty() && !d.contains(['=', '[']) && !LEVELS.contains(&&*d.to_lowercase()))
+    {
+        return Err(format!("{word:?} is not a log level: {help}"));
+    }
+    tracing_subscriber::EnvFilter::try_new(filter)
+        .map(|_| filter.to_owned())
+        .map_err(|err| format!("{err}: {help}"))
+}
+
 fn init_logging(filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
@@ -294,6 +315,41 @@ mod tests {
             Some("exact")
         );
         assert_eq!(parsed(&[]).pooling, None);
+    }
+
+    fn refusal(args: &[&str]) -> clap::Error {
+        let argv = std::iter::once("mlx-embed serve").chain(args.iter().copied());
+        ServeCli::try_parse_from(argv).expect_err("a bad value")
+    }
+
+    #[test]
+    fn log_filters_are_levels_or_directives() {
+        let log = |args: &[&str]| {
+            let argv = std::iter::once("mlx-embed serve").chain(args.iter().copied());
+            ServeCli::try_parse_from(argv).expect("flags parse").log
+        };
+        assert_eq!(log(&[]), "info");
+        for ok in [
+            "debug",
+            "WARN",
+            "mlx_embed_core=debug,info",
+            "off",
+            "info,hyper=warn",
+        ] {
+            assert_eq!(log(&["--log", ok]), ok);
+        }
+        for bad in ["verbose", "info,loud", "notalevel=====", "mlx_embed_core"] {
+            let err = refusal(&["--log", bad]);
+            assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation, "{bad}");
+            assert!(err.to_string().contains("target=level"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_negative_number_is_a_bad_value_not_an_unknown_flag() {
+        let err = refusal(&["--max-waiting", "-1"]);
+        assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+        assert!(err.to_string().contains("'-1'"), "{err}");
     }
 
     #[test]

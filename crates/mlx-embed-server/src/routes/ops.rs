@@ -97,6 +97,12 @@ pub struct BatchingInfo {
     pub max_queue_wait_ms: u64,
     /// Model threads per model, each running its own batches.
     pub model_threads: usize,
+    /// Inputs in a batch cut while high-priority inputs wait.
+    pub max_priority_batch_size: usize,
+    /// A priority lane passed over this many batches in a row goes first.
+    pub aging_batches: u32,
+    /// The embedding cache's size per model (0: off).
+    pub cache_bytes: usize,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -104,6 +110,11 @@ pub struct LimitsInfo {
     pub max_body_bytes: usize,
     pub max_inputs_per_request: usize,
     pub auth_required: bool,
+    /// A client's time to send a request's headers, or its body; and an idle
+    /// connection's life.
+    pub client_timeout_secs: u64,
+    /// On SIGTERM, how long accepted requests get before the rest are answered 503.
+    pub drain_timeout_secs: u64,
 }
 
 /// The model runtime's device memory (MLX), read when `/info` was asked.
@@ -318,7 +329,7 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
                     device_batch_tokens: i.device_batch_tokens,
                     prompts: i.prompts.clone(),
                     default_prompt_name: i.default_prompt_name.clone(),
-                    pooling: match TeiModelType::of(&i) {
+                    pooling: match TeiModelType::of(i) {
                         TeiModelType::Embedding { pooling } => Some(pooling),
                         _ => None,
                     },
@@ -336,11 +347,16 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
             max_waiting: c.max_waiting,
             max_queue_wait_ms: c.max_queue_wait.as_millis() as u64,
             model_threads: c.model_threads,
+            max_priority_batch_size: c.max_priority_batch_size,
+            aging_batches: c.aging_batches,
+            cache_bytes: c.cache_bytes,
         },
         limits: LimitsInfo {
             max_body_bytes: a.max_body_bytes,
             max_inputs_per_request: a.max_inputs_per_request,
             auth_required: a.api_key.is_some(),
+            client_timeout_secs: a.client_timeout_secs,
+            drain_timeout_secs: a.drain_timeout_secs,
         },
         version: env!("CARGO_PKG_VERSION").into(),
         model_type: TeiModelType::of(m),

@@ -153,7 +153,11 @@ pub async fn embed_all(
     Ok(Json(
         out.vectors
             .iter()
-            .map(|rows| rows.chunks_exact(width).map(<[f32]>::to_vec).collect())
+            // Width 0: no input had a token (a static model's blank texts).
+            .map(|rows| match width {
+                0 => Vec::new(),
+                _ => rows.chunks_exact(width).map(<[f32]>::to_vec).collect(),
+            })
             .collect(),
     ))
 }

@@ -1,0 +1,210 @@
+//! What the server does with clients that are slow, stall or stay idle, over
+//! raw TCP: each gets `--client-timeout-secs` to send its headers and its
+//! body, an oversized body is refused on its `Content-Length` before it is
+//! read, and a stalled body does not hold a drain past its timeout.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use mlx_embed_server::ServerArgs;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+fn args(client_timeout_secs: u64) -> ServerArgs {
+    ServerArgs {
+        client_timeout_secs,
+        ..test_args()
+    }
+}
+
+async fn connect(server: &Server) -> TcpStream {
+    TcpStream::connect(server.base.trim_start_matches("http://"))
+        .await
+        .unwrap()
+}
+
+/// Everything the server sends until it closes the connection (or `limit`
+/// passes: then what came so far, and `false`).
+async fn read_until_closed(stream: &mut TcpStream, limit: Duration) -> (String, bool) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (String::from_utf8_lossy(&got).into(), true),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => return (String::from_utf8_lossy(&got).into(), false),
+        }
+    }
+}
+
+const STALLED_BODY: &[u8] =
+    b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+Content-Length: 100\r\n\r\n{";
+
+#[tokio::test]
+async fn a_body_that_stalls_is_answered_408_at_the_client_timeout() {
+    let server = Server::start(args(1)).await;
+    let mut stream = connect(&server).await;
+    let start = Instant::now();
+    stream.write_all(STALLED_BODY).await.unwrap();
+    let (answer, closed) = read_until_closed(&mut stream, Duration::from_secs(10)).await;
+    let waited = start.elapsed();
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        answer.contains(
+            r#""error":"the request body did not arrive within 1 s (--client-timeout-secs)""#
+        ) && answer.contains(r#""error_type":"Validation""#),
+        "{answer}"
+    );
+    // Its unread body leaves the connection unusable: it is closed.
+    assert!(closed, "{answer}");
+    assert!(waited >= Duration::from_millis(950), "{waited:?}");
+    assert!(waited < Duration::from_secs(5), "{waited:?}");
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn stalled_headers_and_idle_connections_are_closed_at_the_client_timeout() {
+    let server = Server::start(args(1)).await;
+    // Half a request line and one header, then nothing.
+    let mut partial = connect(&server).await;
+    partial
+        .write_all(b"POST /embed HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    // Connected, never a byte.
+    let mut silent = connect(&server).await;
+    // One answered request, then an idle keep-alive connection.
+    let mut idle = connect(&server).await;
+    idle.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut first = [0u8; 12];
+    idle.read_exact(&mut first).await.unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200");
+    let start = Instant::now();
+    for (name, stream) in [
+        ("partial headers", &mut partial),
+        ("silent", &mut silent),
+        ("idle", &mut idle),
+    ] {
+        let (_, closed) = read_until_closed(stream, Duration::from_secs(10)).await;
+        assert!(closed, "{name} connection left open");
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_oversized_content_length_is_refused_before_the_body_is_sent() {
+    let server = Server::start(args(60)).await;
+    let mut stream = connect(&server).await;
+    let start = Instant::now();
+    stream
+        .write_all(
+            b"POST /v1/embeddings HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+Content-Length: 999999999\r\nExpect: 100-continue\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let (answer, _) = read_until_closed(&mut stream, Duration::from_secs(2)).await;
+    // No `100 Continue` invites the body: the refusal comes first.
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(
+        answer.contains("request body is larger than the limit of 2097152 bytes"),
+        "{answer}"
+    );
+    assert!(start.elapsed() < Duration::from_secs(2));
+    // A body within the limit still goes through on the same server.
+    let ok = client()
+        .post(server.url("/embed"))
+        .json(&serde_json::json!({"inputs": "hello"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(ok.status(), 200);
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_stalled_body_does_not_hold_the_drain_past_its_timeout() {
+    let server = Server::start(ServerArgs {
+        drain_timeout_secs: 1,
+        ..args(60)
+    })
+    .await;
+    let mut stream = connect(&server).await;
+    stream.write_all(STALLED_BODY).await.unwrap();
+    // Let the server take the request before the drain starts.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let start = Instant::now();
+    let answer = tokio::spawn(async move {
+        read_until_closed(&mut stream, Duration::from_secs(10))
+            .await
+            .0
+    });
+    server.stop().await.unwrap();
+    let stopped = start.elapsed();
+    let answer = answer.await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 503"), "{answer}");
+    assert!(answer.contains("server is shutting down"), "{answer}");
+    // The drain timeout (1 s), then at most the grace to write the answers.
+    assert!(stopped < Duration::from_secs(3), "{stopped:?}");
+}
+
+#[tokio::test]
+async fn a_handler_that_panics_answers_500_in_its_routes_shape_and_the_server_goes_on() {
+    use axum::middleware::from_fn_with_state;
+    use axum::routing::post;
+    use mlx_embed_server::{middleware::observe, AppState};
+
+    let batcher = tokio::task::spawn_blocking(|| start_batcher(Default::default()))
+        .await
+        .unwrap();
+    let state = AppState::new(batcher, &test_args(), Duration::ZERO);
+    let app = axum::Router::new()
+        .route(
+            "/v1/embeddings",
+            post(|| async {
+                if true {
+                    panic!("a bug in a handler");
+                }
+                "unreachable"
+            }),
+        )
+        .route("/embed", post(|| async { "fine" }))
+        .layer(from_fn_with_state(state.clone(), observe))
+        .with_state(state.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    let client = client();
+    let panicked = client
+        .post(format!("{base}/v1/embeddings"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(panicked.status(), 500);
+    let body: serde_json::Value = panicked.json().await.unwrap();
+    assert_eq!(
+        body,
+        serde_json::json!({"error": {
+            "message": "internal server error: the server failed on this request",
+            "type": "server_error", "param": null, "code": null}})
+    );
+    let fine = client.post(format!("{base}/embed")).send().await.unwrap();
+    assert_eq!(fine.text().await.unwrap(), "fine");
+    let metrics = mlx_embed_server::metrics::render(&state, None);
+    assert!(
+        metrics.contains(r#"route="/v1/embeddings",code="500"} 1"#),
+        "{metrics}"
+    );
+    server.abort();
+}

@@ -118,7 +118,10 @@ def test_truncate_start_keeps_the_end(server):
     right = server.post("/api/v1/embed", {"texts": [long]}).json()["embeddings"][0]
     assert start == left and end == right and start != end
     r = server.post("/v1/embed", {"texts": [long], "truncate": "NONE"})
-    assert r.status_code == 422 and "input 0" in r.json()["error"]["message"]
+    message = r.json()["error"]["message"]
+    assert r.status_code == 422 and "input 0" in message, message
+    # In Cohere's words: its truncate is NONE, START or END, not a boolean.
+    assert message.endswith("shorten it or set truncate to END or START"), message
 
 
 @pytest.mark.parametrize("body,status,param,needle", [

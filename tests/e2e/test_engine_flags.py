@@ -239,3 +239,47 @@ def test_a_log_filter_that_is_not_a_level_is_refused(tmp_path):
                            timeout=60)
         assert r.returncode == 2, (bad, r.stdout, r.stderr)
         assert "invalid value" in r.stderr and "target=level" in r.stderr, r.stderr
+
+
+def test_a_port_in_use_or_an_empty_api_key_fails_before_the_model_loads(tmp_path):
+    import socket
+    import subprocess
+
+    from harness import SERVER_BINARY
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    try:
+        for listen_on, env, why in (
+            (port, {}, f"cannot listen on 127.0.0.1:{port}: Address already in use"),
+            (1, {"MLX_EMBED_API_KEY": " "}, "--api-key must not be empty"),
+        ):
+            r = subprocess.run([str(SERVER_BINARY), "--host", "127.0.0.1", "--port", str(listen_on)],
+                               capture_output=True, text=True, timeout=120,
+                               env={**__import__("os").environ, "MLX_EMBED_LOG": "info", **env})
+            assert r.returncode == 1, (r.stdout[-2000:], r.stderr[-2000:])
+            assert why in r.stderr, r.stderr[-2000:]
+            # Refused before any model was loaded.
+            assert "python model loaded" not in r.stdout + r.stderr, r.stdout[-2000:]
+    finally:
+        taken.close()
+
+
+def test_json_logs_are_one_object_per_line_with_the_request_span(tmp_path):
+    import json as _json
+
+    server = start_server(tmp_path, "--no-warmup", "--log-format", "json")
+    try:
+        ok = server.post("/embed", {"inputs": ["hello"]}, headers={"x-request-id": "json-log-1"})
+        assert ok.status_code == 200
+    finally:
+        assert server.stop() == 0
+    lines = [line for line in server.log().splitlines() if line.strip()]
+    events = [_json.loads(line) for line in lines]  # every line is one JSON object
+    done = [e for e in events if e.get("message") == "request done" and e["span"]["route"] == "/embed"]
+    assert len(done) == 1, events[-5:]
+    assert done[0]["level"] == "INFO" and done[0]["status"] == 200 and done[0]["ms"] > 0, done
+    assert done[0]["span"] == {"name": "request", "id": "json-log-1", "method": "POST", "route": "/embed"}, done
+    assert any(e.get("message", "").startswith("serving ") for e in events)

@@ -352,7 +352,9 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
         self.shared.answered(batch.completed_inputs());
         match outcome {
             Ok(output) => {
-                tracing::info!(
+                // Debug: under load a line per batch would cost the model
+                // thread a write each time; each request keeps its info line.
+                tracing::debug!(
                     "batch of {} texts / {} tokens from {} requests in {:.1} ms",
                     batch.inputs.len(),
                     batch.real_tokens(),

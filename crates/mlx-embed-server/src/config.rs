@@ -220,6 +220,30 @@ impl ServerArgs {
     pub fn client_timeout(&self) -> Duration {
         Duration::from_secs(self.client_timeout_secs)
     }
+
+    /// What the flags' parsers cannot say alone; `serve` refuses to start
+    /// on it. A launcher calls it before loading models (minutes, for a
+    /// big one) so a bad setting fails at once.
+    pub fn check(&self) -> Result<(), String> {
+        if self.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+            return Err("--api-key must not be empty".into());
+        }
+        if self.max_body_bytes == 0 || self.max_inputs_per_request == 0 {
+            return Err("--max-body-bytes and --max-inputs-per-request must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// Binds `--host:--port` once and lets it go: a port in use or an
+    /// address that is not this machine's shows before the models load,
+    /// not after. (The port stays closed meanwhile, so clients and
+    /// balancers see "refused" during the load, not a hang.)
+    pub fn check_address(&self) -> Result<(), String> {
+        let addr = format!("{}:{}", self.host, self.port);
+        std::net::TcpListener::bind(&addr)
+            .map(drop)
+            .map_err(|err| format!("cannot listen on {addr}: {err}"))
+    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 //! | 401 | `--api-key` is set and `Authorization: Bearer <key>` is missing or wrong (every route but `/health` and `/.well-known/*`) |
 //! | 408 | the body did not arrive within `--client-timeout-secs` (75 s) |
 //! | 404 / 405 | unknown route / wrong method |
-//! | 413 | body larger than `--max-body-bytes` (2 MiB; refused on its `Content-Length` before it is read); more inputs than `--max-inputs-per-request` (2048) |
+//! | 413 | body larger than `--max-body-bytes` (2 MiB; refused on its `Content-Length`, without a `100 Continue`); more inputs than `--max-inputs-per-request` (2048) |
 //! | 415 | `Content-Type` is not `application/json` (Weaviate's `/vectors` and Ollama's `/api/*` read any body as JSON); a compressed body (any `Content-Encoding` but `identity`, on every route) |
 //! | 422 | well-formed JSON of the wrong shape (missing, null or wrong-typed field, non-string item, arrays nested too deep, `truncation_direction` not left/right); an input longer than the model's maximum with `truncate: false` (names the index and its token count; refused before any compute) |
 //! | 429 | the server is overloaded (admission queue full or waited too long); `Retry-After` says when to retry, in whole seconds (>= 1) |
@@ -136,6 +136,9 @@ pub struct ApiError {
     pub code: Option<&'static str>,
     /// Seconds for `Retry-After` (429 only).
     pub retry_after: Option<u64>,
+    /// The request's body was left unread: the answer says `Connection:
+    /// close`, as the connection cannot carry another request.
+    pub closes_connection: bool,
 }
 
 impl ApiError {
@@ -146,6 +149,7 @@ impl ApiError {
             param: None,
             code: None,
             retry_after: None,
+            closes_connection: false,
         }
     }
     pub fn invalid(message: impl Into<String>) -> Self {
@@ -157,6 +161,11 @@ impl ApiError {
     }
     pub fn code(mut self, code: &'static str) -> Self {
         self.code = Some(code);
+        self
+    }
+    /// See [`ApiError::closes_connection`].
+    pub fn closing_connection(mut self) -> Self {
+        self.closes_connection = true;
         self
     }
     pub fn status(&self) -> StatusCode {
@@ -412,6 +421,9 @@ impl Api {
         let headers = response.headers_mut();
         if let Some(secs) = err.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if err.closes_connection {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         if err.kind == ErrorKind::Unauthorized {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));

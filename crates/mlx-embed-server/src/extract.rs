@@ -5,9 +5,10 @@
 use std::fmt;
 use std::marker::PhantomData;
 
+use axum::body::Body;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Request};
-use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE};
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, EXPECT};
 use axum::http::request::Parts;
 use axum::http::HeaderMap;
 use axum::Json;
@@ -22,8 +23,8 @@ use crate::state::AppState;
 /// `Json<T>` whose rejections (400 malformed, 408 body too slow, 413 too
 /// large, 415 content type, 422 wrong shape) render in `F`'s error shape. The
 /// one place request bodies are read and parsed:
-/// - a `Content-Length` over `--max-body-bytes` is refused before any of the
-///   body is read (so no `100 Continue` invites it);
+/// - a `Content-Length` over `--max-body-bytes` is refused on the header (no
+///   `100 Continue` invites the body; one sent anyway is read away first);
 /// - the whole body must arrive within `--client-timeout-secs`, and when
 ///   the drain timeout ends first the request is answered 503;
 /// - a leading UTF-8 byte order mark is skipped (RFC 8259 section 8.1 lets a
@@ -44,10 +45,15 @@ where
         if !F::ANY_CONTENT_TYPE && !json_content_type(req.headers()) {
             return Err(ApiError::json_content_type_expected().into());
         }
-        if content_length(req.headers()).is_some_and(|n| n > max_body as u64) {
-            return Err(ApiError::body_too_large(max_body).into());
-        }
         let limit = state.args().client_timeout();
+        if content_length(req.headers()).is_some_and(|n| n > max_body as u64) {
+            if !expects_continue(req.headers()) {
+                discard_body(req.into_body(), max_body.saturating_mul(16), limit).await;
+            }
+            return Err(ApiError::body_too_large(max_body)
+                .closing_connection()
+                .into());
+        }
         let read = tokio::time::timeout(limit, Bytes::from_request(req, state));
         let body = match state.until_drain_ends(read).await {
             Some(Ok(body)) => {
@@ -61,6 +67,7 @@ where
                         limit.as_secs()
                     ),
                 )
+                .closing_connection()
                 .into())
             }
             None => return Err(ApiError::shutting_down().into()),
@@ -74,6 +81,36 @@ where
 }
 
 const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// The client waits for a `100 Continue` before it sends the body.
+fn expects_continue(headers: &HeaderMap) -> bool {
+    headers
+        .get(EXPECT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim().eq_ignore_ascii_case("100-continue"))
+}
+
+/// Reads an oversized body to nowhere, so a client that sends it whole
+/// before it reads (Python's `http.client`) can read the 413 after it: a
+/// connection closed on unread data is reset, and the client sees a broken
+/// pipe instead of the answer. Bounded: up to `cap` bytes, within
+/// `deadline`, and no more than a second's wait for the next piece (a
+/// client that declared a size and sends nothing is answered after it).
+async fn discard_body(body: Body, cap: usize, deadline: std::time::Duration) {
+    use futures_util::StreamExt;
+    const PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
+    let end = tokio::time::Instant::now() + deadline;
+    let mut stream = body.into_data_stream();
+    let mut read = 0usize;
+    while read <= cap {
+        let next =
+            tokio::time::timeout_at(end.min(tokio::time::Instant::now() + PAUSE), stream.next());
+        match next.await {
+            Ok(Some(Ok(chunk))) => read += chunk.len(),
+            _ => return,
+        }
+    }
+}
 
 /// The body's declared size (absent, or chunked: none).
 fn content_length(headers: &HeaderMap) -> Option<u64> {

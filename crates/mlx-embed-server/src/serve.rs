@@ -78,15 +78,7 @@ pub async fn serve_on(
 }
 
 fn check(args: &ServerArgs) -> Result<(), ServerError> {
-    if args.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
-        return Err(ServerError::Config("--api-key must not be empty".into()));
-    }
-    if args.max_body_bytes == 0 || args.max_inputs_per_request == 0 {
-        return Err(ServerError::Config(
-            "--max-body-bytes and --max-inputs-per-request must be at least 1".into(),
-        ));
-    }
-    Ok(())
+    args.check().map_err(ServerError::Config)
 }
 
 async fn warm_up_if_enabled(

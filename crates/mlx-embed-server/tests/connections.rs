@@ -53,6 +53,7 @@ async fn a_body_that_stalls_is_answered_408_at_the_client_timeout() {
     let (answer, closed) = read_until_closed(&mut stream, Duration::from_secs(10)).await;
     let waited = start.elapsed();
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("connection: close"), "{answer}");
     assert!(
         answer.contains(
             r#""error":"the request body did not arrive within 1 s (--client-timeout-secs)""#
@@ -117,6 +118,7 @@ Content-Length: 999999999\r\nExpect: 100-continue\r\n\r\n",
     let (answer, _) = read_until_closed(&mut stream, Duration::from_secs(2)).await;
     // No `100 Continue` invites the body: the refusal comes first.
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("connection: close"), "{answer}");
     assert!(
         answer.contains("request body is larger than the limit of 2097152 bytes"),
         "{answer}"
@@ -130,6 +132,48 @@ Content-Length: 999999999\r\nExpect: 100-continue\r\n\r\n",
         .await
         .unwrap();
     assert_eq!(ok.status(), 200);
+    server.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_oversized_body_sent_whole_is_read_away_so_its_client_reads_the_413() {
+    let server = Server::start(args(60)).await;
+    // As Python's http.client does: the whole body (24 MB, more than socket
+    // buffers hold), then read.
+    let mut stream = connect(&server).await;
+    let body = vec![b' '; 24 << 20];
+    let head = format!(
+        "POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream
+        .write_all(&body)
+        .await
+        .expect("the server reads the body away");
+    let (answer, _) = read_until_closed(&mut stream, Duration::from_secs(10)).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("connection: close"), "{answer}");
+    assert!(answer.contains(r#""error_type":"Validation""#), "{answer}");
+    // A client that declares a size and sends nothing is answered after a
+    // second's pause, not held for the client timeout.
+    let mut silent = connect(&server).await;
+    let start = Instant::now();
+    silent
+        .write_all(
+            b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+Content-Length: 999999999\r\n\r\n",
+        )
+        .await
+        .unwrap();
+    let (answer, _) = read_until_closed(&mut silent, Duration::from_secs(10)).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
     server.stop().await.unwrap();
 }
 

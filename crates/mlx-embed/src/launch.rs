@@ -20,6 +20,17 @@ pub struct ServeCli {
     /// Log filter, e.g. "info" or "mlx_embed_core=debug,info".
     #[arg(long, env = "MLX_EMBED_LOG", default_value = "info", value_parser = parse_log_filter)]
     pub log: String,
+    /// Log lines as `text`, or as `json`: one object per line (timestamp, level, message,
+    /// fields, and the request's span with its id), for log collectors.
+    #[arg(long, env = "MLX_EMBED_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written (to stdout).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 /// Which model to load and how.
@@ -189,7 +200,7 @@ where
             return err.exit_code();
         }
     };
-    init_logging(&cli.log);
+    init_logging(&cli.log, cli.log_format);
     match serve(cli, wrap) {
         Ok(()) => 0,
         Err(message) => {
@@ -206,6 +217,8 @@ where
     W: FnOnce(PythonEmbedder) -> E + Clone + Send + 'static,
 {
     let started = Instant::now();
+    cli.server.check()?;
+    cli.server.check_address()?;
     // The batch caps' defaults depend on the device (bigger calls on a GPU).
     let device = mlx_embed_python::interpreter::default_device()
         .map_err(|err| format!("could not start the Python engine: {err}"))?;
@@ -260,17 +273,24 @@ fn parse_log_filter(filter: &str) -> Result<String, String> {
         .map_err(|err| format!("{err}: {help}"))
 }
 
-fn init_logging(filter: &str) {
+fn init_logging(filter: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // A second `serve` call in one Python process keeps the first subscriber.
     // Colours only on a terminal: log files and CI output stay plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let _ = tracing_subscriber::fmt()
+    let lines = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_target(false)
-        .with_ansi(ansi)
-        .try_init();
+        .with_target(false);
+    let _ = match format {
+        LogFormat::Text => lines.with_ansi(ansi).try_init(),
+        LogFormat::Json => lines
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .try_init(),
+    };
 }
 
 /// Ends the process with `code` once stdout and stderr are flushed, without

@@ -243,7 +243,16 @@ async fn embed(
             dimensions: req.output_dimension,
         },
     )
-    .await?;
+    .await
+    .map_err(|mut err| {
+        // The shared message speaks of the other APIs' boolean.
+        if err.code == Some("context_length_exceeded") {
+            err.message = err
+                .message
+                .replace("set truncate to true", "set truncate to END or START");
+        }
+        err
+    })?;
     let (response_type, embeddings) = match (version, req.embedding_types) {
         ("1", None) => ("embeddings_floats", CohereEmbeddings::Floats(out.vectors)),
         (_, types) => (

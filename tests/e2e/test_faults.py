@@ -13,8 +13,8 @@ import pytest
 
 import rawhttp
 from harness import SERVER_BINARY, TEST_SERVER_BINARY, start_server
-from test_overload import (HOLD, HOST, metrics, port_of, start_held_server, wait_for_in_flight,
-                           wait_until_model_runs)
+from test_overload import (HOLD, HOST, metrics, port_of, send_until_all_accepted, start_held_server,
+                           wait_for_in_flight, wait_until_model_runs)
 
 BLOCKER = [f"{HOLD} occupies the model"] + [f"occupy {i}" for i in range(7)]
 
@@ -148,21 +148,9 @@ def test_sigterm_under_load_drains_then_refuses_and_exits_0(tmp_path):
     server = start_server(tmp_path, "--no-warmup", "--drain-timeout-secs", str(drain))
     port = port_of(server)
     n = 32
-    texts = [[f"request {i} part {k}: " + " ".join(f"load{i}w{j}" for j in range(40)) for k in range(2)]
-             for i in range(n)]
-    ok_before = metrics(server)['mlx_embed_batcher_requests_total{outcome="ok"}']
 
     async def scenario():
-        tasks = [asyncio.create_task(rawhttp.request(HOST, port, "/api/v1/embed", {"texts": t})) for t in texts]
-        # Every request accepted: either answered already or its inputs in flight.
-        deadline = time.monotonic() + 30
-        while True:
-            m = metrics(server)
-            answered = m['mlx_embed_batcher_requests_total{outcome="ok"}'] - ok_before
-            if answered * 2 + m["mlx_embed_in_flight_inputs"] >= 2 * n:
-                break
-            assert time.monotonic() < deadline, "requests never all accepted"
-            await asyncio.sleep(0.02)
+        tasks, answered = await send_until_all_accepted(server, port, n)
         assert answered < n, "all answered before SIGTERM; make the load heavier"
         signalled = time.monotonic()
         server.proc.send_signal(signal.SIGTERM)
@@ -184,7 +172,7 @@ def test_sigterm_under_load_drains_then_refuses_and_exits_0(tmp_path):
     signalled, refused_at, pending_when_refused, results = asyncio.run(scenario())
     assert refused_at is not None, "new connections still accepted 5 s after SIGTERM"
     assert pending_when_refused > 0, "the listener closed only after the drain"
-    for t, resp in zip(texts, results):
+    for resp in results:
         assert resp.status == 200, resp.body
         assert len(resp.json()["embeddings"]) == 2
     code = server.proc.wait(timeout=drain + 10)

@@ -56,6 +56,24 @@ async def wait_for_in_flight(server, inputs: int, timeout: float = 30):
         await asyncio.sleep(0.02)
 
 
+async def send_until_all_accepted(server, port: int, n: int, timeout: float = 30):
+    """Sends n native requests of two ~40-word texts each (work a 2-core CPU
+    is still computing a moment later) and returns their tasks once each is
+    answered or has its inputs in flight, with how many were answered by then."""
+    texts = [[f"request {i} part {k}: " + " ".join(f"load{i}w{j}" for j in range(40)) for k in range(2)]
+             for i in range(n)]
+    ok_before = metrics(server)['mlx_embed_batcher_requests_total{outcome="ok"}']
+    tasks = [asyncio.create_task(rawhttp.request(HOST, port, "/api/v1/embed", {"texts": t})) for t in texts]
+    deadline = time.monotonic() + timeout
+    while True:
+        m = metrics(server)
+        answered = m['mlx_embed_batcher_requests_total{outcome="ok"}'] - ok_before
+        if answered * 2 + m["mlx_embed_in_flight_inputs"] >= 2 * n:
+            return tasks, answered
+        assert time.monotonic() < deadline, "requests never all accepted"
+        await asyncio.sleep(0.02)
+
+
 def port_of(server) -> int:
     return int(server.url.rsplit(":", 1)[1])
 

@@ -1769,6 +1769,8 @@ async fn score_counts_both_lists_against_the_input_limit() {
     )
     .await;
     assert_eq!(status, 200, "{v}");
+    // Both lists went to the model as one request.
+    assert_eq!(s.batcher.metrics().requests_ok, 1);
     let (status, _, v) = post(
         &s,
         "/v1/score",

@@ -89,14 +89,39 @@ fn pair_lists(
     Ok((firsts, seconds))
 }
 
-/// An error about one input (its index is its place in `list`, or the
-/// pair's) names that list as its `param`.
+/// Whether `err` is about one input, whose index its message starts with.
+fn about_an_input(err: &ApiError) -> bool {
+    err.param == Some("input") || err.code == Some("context_length_exceeded")
+}
+
+/// An error about one input (its index is the pair's) names `list` as its `param`.
 fn in_list(err: ApiError, list: &'static str) -> ApiError {
-    if err.param == Some("input") || err.code == Some("context_length_exceeded") {
+    if about_an_input(&err) {
         err.param(list)
     } else {
         err
     }
+}
+
+/// An error about input `i` of `text_1` followed by `text_2` (the embedding
+/// model's one request), told as its own list's: `param` names the list and
+/// the message its place there ("input 3 ..." of 2 firsts is text_2's input 1).
+fn in_lists(mut err: ApiError, n_firsts: usize) -> ApiError {
+    if !about_an_input(&err) {
+        return err;
+    }
+    let Some(rest) = err.message.strip_prefix("input ") else {
+        return err;
+    };
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    let Ok(i) = rest[..digits].parse::<usize>() else {
+        return err;
+    };
+    if i < n_firsts {
+        return err.param("text_1");
+    }
+    err.message = format!("input {}{}", i - n_firsts, &rest[digits..]);
+    err.param("text_2")
 }
 
 /// Score text pairs (vLLM's score API, also at `/score`).
@@ -152,10 +177,9 @@ pub async fn score_pairs(
             Usage::new(out.prompt_tokens, out.cache_hits),
         )
     } else {
-        // Each text once (one text_1 is not embedded once per pair). Two
-        // requests side by side, so an error's input index is its place in
-        // its own list, which `param` names; they share batches as any two do.
-        // The per-request input limit holds for the two lists together.
+        // Each text once (one text_1 is not embedded once per pair), both
+        // lists in one request: one admission, one count in /metrics, one
+        // batch. The per-request input limit holds for the two together.
         let max_inputs = state.args().max_inputs_per_request;
         if firsts.len() + seconds.len() > max_inputs {
             return Err(ApiError::new(
@@ -169,31 +193,32 @@ pub async fn score_pairs(
             .param("text_2")
             .into());
         }
-        let embed_list = |texts: Vec<String>, param: &'static str| {
-            let req = EmbedRequest {
-                model: name.clone(),
-                options: options.clone(),
-                // Unit vectors: each pair's dot product is its cosine.
-                ..EmbedRequest::new(texts.into_iter().map(EmbedInput::Text).collect())
-            };
-            let state = &state;
-            async move { run_embed(state, req).await.map_err(|e| in_list(e, param)) }
+        let n_firsts = firsts.len();
+        let req = EmbedRequest {
+            model: name,
+            options,
+            // Unit vectors: each pair's dot product is its cosine.
+            ..EmbedRequest::new(
+                firsts
+                    .into_iter()
+                    .chain(seconds)
+                    .map(EmbedInput::Text)
+                    .collect(),
+            )
         };
-        let (a, b) = tokio::try_join!(embed_list(firsts, "text_1"), embed_list(seconds, "text_2"))?;
-        let n_firsts = a.vectors.len();
+        let out = run_embed(&state, req)
+            .await
+            .map_err(|e| in_lists(e, n_firsts))?;
+        let (a, b) = out.vectors.split_at(n_firsts);
         let scores = b
-            .vectors
             .iter()
             .enumerate()
-            .map(|(i, y)| unit_cosine(&a.vectors[i % n_firsts], y))
+            .map(|(i, y)| unit_cosine(&a[i % n_firsts], y))
             .collect();
         (
-            b.model,
+            out.model,
             scores,
-            Usage::new(
-                a.prompt_tokens + b.prompt_tokens,
-                a.cache_hits + b.cache_hits,
-            ),
+            Usage::new(out.prompt_tokens, out.cache_hits),
         )
     };
     Ok(Json(ScoreResponse {
@@ -214,4 +239,50 @@ pub async fn score_pairs(
             .collect(),
         usage,
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_input_error_is_told_in_its_own_lists_words() {
+        let too_long = |i: usize| {
+            ApiError::new(
+                ErrorKind::Unprocessable,
+                format!("input {i} has 90 tokens, more than the model's maximum of 64"),
+            )
+            .code("context_length_exceeded")
+        };
+        let first = in_lists(too_long(1), 2);
+        assert_eq!(
+            (first.param, first.message.as_str()),
+            (
+                Some("text_1"),
+                "input 1 has 90 tokens, more than the model's maximum of 64"
+            )
+        );
+        let second = in_lists(too_long(12), 2);
+        assert_eq!(
+            (second.param, second.message.as_str()),
+            (
+                Some("text_2"),
+                "input 10 has 90 tokens, more than the model's maximum of 64"
+            )
+        );
+        let empty = in_lists(
+            ApiError::invalid("input 3 is an empty string").param("input"),
+            1,
+        );
+        assert_eq!(
+            (empty.param, empty.message.as_str()),
+            (Some("text_2"), "input 2 is an empty string")
+        );
+        // Not about one input: as it was.
+        let other = in_lists(ApiError::invalid("unknown prompt name"), 1);
+        assert_eq!(
+            (other.param, other.message.as_str()),
+            (None, "unknown prompt name")
+        );
+    }
 }

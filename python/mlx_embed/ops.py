@@ -178,7 +178,7 @@ class ForwardContext:
         return replace(self, kernel_threads=max(1, int(n)))
 
     def describe(self) -> str:
-        """``native (avx2+fma)``, ``native (generic)``, ``mlx`` or ``exact``."""
+        """``native (avx512f)``, ``native (avx2+fma)``, ``native (generic)``, ``mlx`` or ``exact``."""
         return f"native ({_native.kernel_simd})" if self.path == "native" else self.path
 
 

@@ -118,7 +118,7 @@ def test_info(minilm, qwen):
         "blas_gflops", "device_batch_tokens", "quantization", "device", "memory",
     }
     assert info["dim"] == 384 and info["max_length"] == 256
-    assert info["elementwise_ops"] in ("native (avx2+fma)", "native (generic)")
+    assert info["elementwise_ops"] in ("native (avx512f)", "native (avx2+fma)", "native (generic)")
     assert info["workers"] == minilm.workers
     assert info["dtype"] == "float32" and info["pooling"] == "mean"
     assert info["model_type"] == "bert" and info["quantization"] is None

@@ -5,8 +5,8 @@
 use std::time::Instant;
 
 use mlx_embed_kernels::{
-    gelu, linear, masked_softmax, pack_weights, packed_len, simd_level, Activation, LinearShape,
-    SoftmaxShape,
+    attention, gelu, linear, masked_softmax, pack_weights, packed_len, simd_level, Activation,
+    AttentionShape, LinearShape, SoftmaxShape,
 };
 
 fn median_ns_per_element(elements: usize, mut run: impl FnMut()) -> f64 {
@@ -54,6 +54,30 @@ fn main() {
             gelu(&mut buf, threads);
         });
         println!("gelu [1024,1536] threads {threads}: {ns:.3} ns/element (incl. refill copy)");
+    }
+    // MiniLM's attention (12 heads of 32) at one short text, and at a
+    // sub-batch of 8 sequences x 128 positions, some of them padding.
+    for (batch, len, lens) in [(1, 22, vec![22]), (8, 128, lens.to_vec())] {
+        let shape = AttentionShape {
+            batch,
+            len,
+            heads: 12,
+            head_dim: 32,
+        };
+        let qkv: Vec<f32> = (0..batch * len * 3 * 384)
+            .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+            .collect();
+        let mut out = vec![0.0; batch * len * 384];
+        for threads in [1, 2] {
+            let madds = batch * len * len * 384 * 2;
+            let ns = median_ns_per_element(madds, || {
+                attention(&qkv, &lens, shape, 0.18, &mut out, threads).unwrap();
+            });
+            println!(
+                "attention [{batch},{len},12x32] threads {threads}: {:.1} GFLOP/s (q.k and p.v multiply-adds)",
+                2.0 / ns
+            );
+        }
     }
     // MiniLM's four linear layers at one short text (17 tokens) and at a
     // full 256-token sub-batch.

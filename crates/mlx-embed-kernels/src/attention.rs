@@ -116,12 +116,21 @@ unsafe impl Sync for OutPtr {}
 /// outnumbered the multiply-adds).
 const QUERY_BLOCK: usize = 4;
 
-/// Keys per register tile of [`block_scores`] (two AVX2 registers).
+/// Keys per register tile of [`block_scores`]: two registers of the AVX2
+/// build, one of the AVX-512 build.
 const KEY_CHUNK: usize = 16;
 
-/// One head's keys transposed (`[head_dim, len]`), its values gathered
-/// (`[len, head_dim]`) and [`QUERY_BLOCK`] rows of scores.
+/// Keys per register tile of the AVX-512 build: two of its registers, so the
+/// query block keeps eight multiply-add chains in flight, as AVX2's does.
+const KEY_CHUNK_WIDE: usize = 32;
+
+/// One head's keys transposed (`[head_dim, stride]`), its values gathered
+/// (`[len, head_dim]`) and [`QUERY_BLOCK`] rows of scores (`stride` apart).
+/// `stride` is `len` rounded up to whole key tiles: the keys' padding
+/// columns stay zero, so every tile is a full one (a score past the keys is
+/// computed and never read), and no key falls to a scalar remainder loop.
 struct Scratch {
+    stride: usize,
     keys_t: Vec<f32>,
     values: Vec<f32>,
     scores: Vec<f32>,
@@ -129,10 +138,12 @@ struct Scratch {
 
 impl Scratch {
     fn new(len: usize, head_dim: usize) -> Self {
+        let stride = len.div_ceil(KEY_CHUNK_WIDE) * KEY_CHUNK_WIDE;
         Self {
-            keys_t: vec![0.0; head_dim * len],
+            stride,
+            keys_t: vec![0.0; head_dim * stride],
             values: vec![0.0; len * head_dim],
-            scores: vec![0.0; QUERY_BLOCK * len],
+            scores: vec![0.0; QUERY_BLOCK * stride],
         }
     }
 }
@@ -158,17 +169,19 @@ unsafe fn head(
         ..
     } = shape;
     let width = heads * head_dim;
+    let stride = scratch.stride;
     let at = |pos: usize, part: usize| ((b * len + pos) * 3 + part) * width + h * head_dim;
     for j in 0..len {
         let k = &qkv[at(j, 1)..at(j, 1) + head_dim];
         for (d, &v) in k.iter().enumerate() {
-            scratch.keys_t[d * len + j] = v;
+            scratch.keys_t[d * stride + j] = v;
         }
         scratch.values[j * head_dim..(j + 1) * head_dim]
             .copy_from_slice(&qkv[at(j, 2)..at(j, 2) + head_dim]);
     }
     // A sequence without valid keys attends uniformly over all of them.
     let keys = if valid == 0 { len } else { valid };
+    let mut rows = [0.0f32; QUERY_BLOCK * MAX_HEAD_DIM_IN_REGISTERS];
     for first in (0..len).step_by(QUERY_BLOCK) {
         let n = QUERY_BLOCK.min(len - first);
         // A short last block repeats its last query; the extra rows are
@@ -179,71 +192,163 @@ unsafe fn head(
             &q_at,
             head_dim,
             &scratch.keys_t,
-            len,
+            stride,
             keys,
             &mut scratch.scores,
         );
+        let rows = &mut rows[..QUERY_BLOCK * head_dim];
+        let in_registers = block_attend(
+            &mut scratch.scores,
+            stride,
+            len,
+            n,
+            valid,
+            keys,
+            scale,
+            &scratch.values,
+            rows,
+        );
         for r in 0..n {
-            let scores = &mut scratch.scores[r * len..(r + 1) * len];
             let row = (b * len + first + r) * width + h * head_dim;
             // SAFETY: row + head_dim <= batch * len * width (first + r < len,
             // h < heads), and these floats belong to this (b, h) alone.
             let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(row), head_dim) };
-            attend(scores, valid, keys, scale, &scratch.values, dst);
+            if in_registers {
+                dst.copy_from_slice(&rows[r * head_dim..(r + 1) * head_dim]);
+            } else {
+                let scores = &mut scratch.scores[r * stride..r * stride + len];
+                attend_one(scores, valid, keys, scale, &scratch.values, dst);
+            }
         }
     }
 }
 
 // `scores[r, j] = q_r . k_j` for the QUERY_BLOCK queries at `q_at` and the
-// first `keys` keys (rows of `len` floats), each a chain of multiply-adds
-// over the features in order: the bits of one query at a time, with each
-// loaded key feature used by every query.
+// first `keys` keys rounded up to whole tiles (rows of `stride` floats), each
+// a chain of multiply-adds over the features in order: the bits of one query
+// at a time, with each loaded key feature used by every query.
 simd_dispatch! {
-    fn block_scores<FMA>(
+    fn block_scores<FMA, WIDE>(
         qkv: &[f32],
         q_at: &[usize; QUERY_BLOCK],
         head_dim: usize,
         keys_t: &[f32],
-        len: usize,
+        stride: usize,
         keys: usize,
         scores: &mut [f32],
     ) {
-        let q: [&[f32]; QUERY_BLOCK] = std::array::from_fn(|r| &qkv[q_at[r]..q_at[r] + head_dim]);
-        let mut j = 0;
-        while j + KEY_CHUNK <= keys {
-            let mut acc = [[0.0f32; KEY_CHUNK]; QUERY_BLOCK];
-            for d in 0..head_dim {
-                let k: &[f32; KEY_CHUNK] = keys_t[d * len + j..d * len + j + KEY_CHUNK]
-                    .try_into()
-                    .expect("a KEY_CHUNK-long slice");
-                for r in 0..QUERY_BLOCK {
-                    let qd = q[r][d];
-                    for c in 0..KEY_CHUNK {
-                        acc[r][c] = madd::<FMA>(qd, k[c], acc[r][c]);
-                    }
-                }
-            }
-            for (r, a) in acc.iter().enumerate() {
-                scores[r * len + j..r * len + j + KEY_CHUNK].copy_from_slice(a);
-            }
-            j += KEY_CHUNK;
+        if WIDE {
+            score_tiles::<FMA, KEY_CHUNK_WIDE>(qkv, q_at, head_dim, keys_t, stride, keys, scores);
+        } else {
+            score_tiles::<FMA, KEY_CHUNK>(qkv, q_at, head_dim, keys_t, stride, keys, scores);
         }
-        for jj in j..keys {
+    }
+}
+
+#[inline(always)]
+fn score_tiles<const FMA: bool, const KC: usize>(
+    qkv: &[f32],
+    q_at: &[usize; QUERY_BLOCK],
+    head_dim: usize,
+    keys_t: &[f32],
+    stride: usize,
+    keys: usize,
+    scores: &mut [f32],
+) {
+    let q: [&[f32]; QUERY_BLOCK] = std::array::from_fn(|r| &qkv[q_at[r]..q_at[r] + head_dim]);
+    for j in (0..keys).step_by(KC) {
+        let mut acc = [[0.0f32; KC]; QUERY_BLOCK];
+        for d in 0..head_dim {
+            let k: &[f32; KC] = keys_t[d * stride + j..d * stride + j + KC]
+                .try_into()
+                .expect("a KC-long slice");
             for r in 0..QUERY_BLOCK {
-                let mut s = 0.0;
-                for d in 0..head_dim {
-                    s = madd::<FMA>(q[r][d], keys_t[d * len + jj], s);
+                let qd = q[r][d];
+                for c in 0..KC {
+                    acc[r][c] = madd::<FMA>(qd, k[c], acc[r][c]);
                 }
-                scores[r * len + jj] = s;
             }
+        }
+        for (r, a) in acc.iter().enumerate() {
+            scores[r * stride + j..r * stride + j + KC].copy_from_slice(a);
+        }
+    }
+}
+
+/// The widest head whose output rows [`block_attend`] keeps in registers.
+const MAX_HEAD_DIM_IN_REGISTERS: usize = 64;
+
+// The softmax of the QUERY_BLOCK score rows (`stride` apart, `len` long),
+// then `rows[r] = sum_j p_rj v_j` in key order, for the head widths whose
+// output rows fit in registers; several queries at a time, so each loaded
+// value row feeds independent chains of multiply-adds (one query's chain
+// per lane waited on its own previous multiply-add). Returns false, having
+// done nothing, for other widths.
+simd_dispatch! {
+    fn block_attend<FMA, WIDE>(
+        scores: &mut [f32],
+        stride: usize,
+        len: usize,
+        n: usize,
+        valid: usize,
+        keys: usize,
+        scale: f32,
+        values: &[f32],
+        rows: &mut [f32],
+    ) -> bool {
+        let head_dim = rows.len() / QUERY_BLOCK;
+        if head_dim != 32 && head_dim != 64 {
+            return false;
+        }
+        for r in 0..n {
+            softmax_row::<FMA>(&mut scores[r * stride..r * stride + len], valid, scale);
+        }
+        let scores = &*scores;
+        // Rows past `n` (a short last block) are left as they are: their
+        // sums are dropped.
+        match (head_dim, WIDE) {
+            (32, true) => weighted_sums::<FMA, 32, 4>(scores, stride, keys, values, rows),
+            (64, true) => weighted_sums::<FMA, 64, 4>(scores, stride, keys, values, rows),
+            (32, false) => weighted_sums::<FMA, 32, 2>(scores, stride, keys, values, rows),
+            _ => weighted_sums::<FMA, 64, 1>(scores, stride, keys, values, rows),
+        }
+        true
+    }
+}
+
+/// `rows[r] = sum_j p[r, j] * values[j]` over rows of `HD` floats, in key
+/// order, for the QUERY_BLOCK rows of `p`, `Q` of them at a time.
+#[inline(always)]
+fn weighted_sums<const FMA: bool, const HD: usize, const Q: usize>(
+    p: &[f32],
+    stride: usize,
+    keys: usize,
+    values: &[f32],
+    rows: &mut [f32],
+) {
+    for first in (0..QUERY_BLOCK).step_by(Q) {
+        let mut acc = [[0.0f32; HD]; Q];
+        for j in 0..keys {
+            let v: &[f32; HD] = values[j * HD..(j + 1) * HD]
+                .try_into()
+                .expect("an HD-long slice");
+            for q in 0..Q {
+                let pj = p[(first + q) * stride + j];
+                for c in 0..HD {
+                    acc[q][c] = madd::<FMA>(pj, v[c], acc[q][c]);
+                }
+            }
+        }
+        for (q, a) in acc.iter().enumerate() {
+            rows[(first + q) * HD..(first + q + 1) * HD].copy_from_slice(a);
         }
     }
 }
 
 // One query's softmax over its scores, then `dst = sum_j p_j v_j` in key
-// order.
+// order: the same sums as `weighted_sums`, for any head width.
 simd_dispatch! {
-    fn attend<FMA>(
+    fn attend_one<FMA>(
         scores: &mut [f32],
         valid: usize,
         keys: usize,
@@ -252,38 +357,15 @@ simd_dispatch! {
         dst: &mut [f32],
     ) {
         softmax_row::<FMA>(scores, valid, scale);
-        let p = &scores[..keys];
-        // The output row in registers for the usual head widths; it was
-        // loaded and stored once per key.
-        match dst.len() {
-            32 => weighted_sum::<FMA, 32>(p, values, dst),
-            64 => weighted_sum::<FMA, 64>(p, values, dst),
-            head_dim => {
-                dst.fill(0.0);
-                for (j, &pj) in p.iter().enumerate() {
-                    let v = &values[j * head_dim..(j + 1) * head_dim];
-                    for (o, &x) in dst.iter_mut().zip(v) {
-                        *o = madd::<FMA>(pj, x, *o);
-                    }
-                }
+        let head_dim = dst.len();
+        dst.fill(0.0);
+        for (j, &pj) in scores[..keys].iter().enumerate() {
+            let v = &values[j * head_dim..(j + 1) * head_dim];
+            for (o, &x) in dst.iter_mut().zip(v) {
+                *o = madd::<FMA>(pj, x, *o);
             }
         }
     }
-}
-
-/// `dst = sum_j p[j] * values[j]` over rows of `HD` floats, in key order.
-#[inline(always)]
-fn weighted_sum<const FMA: bool, const HD: usize>(p: &[f32], values: &[f32], dst: &mut [f32]) {
-    let mut acc = [0.0f32; HD];
-    for (j, &pj) in p.iter().enumerate() {
-        let v: &[f32; HD] = values[j * HD..(j + 1) * HD]
-            .try_into()
-            .expect("an HD-long slice");
-        for c in 0..HD {
-            acc[c] = madd::<FMA>(pj, v[c], acc[c]);
-        }
-    }
-    dst.copy_from_slice(&acc);
 }
 
 #[cfg(test)]
@@ -341,53 +423,88 @@ mod tests {
 
     #[test]
     fn matches_a_float64_reference_with_padding_and_threads() {
-        let s = AttentionShape {
-            batch: 3,
-            len: 13,
-            heads: 4,
-            head_dim: 8,
-        };
-        let qkv = values(3 * 13 * 3 * 32, 1);
-        let lens = [13, 5, 0];
-        let want = reference(&qkv, &lens, s, 0.3);
-        crate::dispatch::tests::each_build(|build, threads| {
-            let mut out = vec![f32::NAN; 3 * 13 * 32];
-            attention(&qkv, &lens, s, 0.3, &mut out, threads).unwrap();
-            for (i, (&g, &w)) in out.iter().zip(&want).enumerate() {
-                assert!(
-                    (g as f64 - w).abs() < 2e-6,
-                    "{build} x{threads} at {i}: {g} vs {w}"
-                );
-            }
-        });
+        // Head widths of the fallback (8, 48) and of the register paths (32,
+        // 64); 13 positions end in a short query block, 37 span two key tiles.
+        for (len, head_dim) in [(13, 8), (13, 32), (37, 32), (13, 64), (37, 64), (5, 48)] {
+            let heads = 4;
+            let s = AttentionShape {
+                batch: 3,
+                len,
+                heads,
+                head_dim,
+            };
+            let qkv = values(3 * len * 3 * heads * head_dim, head_dim);
+            let lens = [len, 5.min(len - 1), 0];
+            let want = reference(&qkv, &lens, s, 0.3);
+            crate::dispatch::tests::each_build(|build, threads| {
+                let mut out = vec![f32::NAN; 3 * len * heads * head_dim];
+                attention(&qkv, &lens, s, 0.3, &mut out, threads).unwrap();
+                // Scores reach about 12 here; float32 rounding of a score
+                // that size moves its weight by ~1e-6 relative.
+                for (i, (&g, &w)) in out.iter().zip(&want).enumerate() {
+                    assert!(
+                        (g as f64 - w).abs() < 1e-5,
+                        "{build} x{threads} {s:?} at {i}: {g} vs {w}"
+                    );
+                }
+            });
+        }
     }
 
     #[test]
     fn a_sequence_gets_the_same_bits_alone_and_padded_in_a_batch() {
-        let (heads, head_dim) = (3, 16);
-        let width = heads * head_dim;
-        let s_one = AttentionShape {
-            batch: 1,
-            len: 7,
-            heads,
-            head_dim,
-        };
-        let one = values(7 * 3 * width, 2);
-        let mut alone = vec![0.0; 7 * width];
-        attention(&one, &[7], s_one, 0.25, &mut alone, 1).unwrap();
-        // The same sequence second in a batch padded to 11 positions.
-        let s_two = AttentionShape {
-            batch: 2,
-            len: 11,
-            heads,
-            head_dim,
-        };
-        let mut two = values(2 * 11 * 3 * width, 3);
-        let start = 11 * 3 * width;
-        two[start..start + 7 * 3 * width].copy_from_slice(&one);
-        let mut batch = vec![0.0; 2 * 11 * width];
-        attention(&two, &[11, 7], s_two, 0.25, &mut batch, 2).unwrap();
-        assert_eq!(alone[..], batch[11 * width..11 * width + 7 * width]);
+        for head_dim in [16, 32, 64] {
+            let heads = 3;
+            let width = heads * head_dim;
+            let s_one = AttentionShape {
+                batch: 1,
+                len: 7,
+                heads,
+                head_dim,
+            };
+            let one = values(7 * 3 * width, 2);
+            let mut alone = vec![0.0; 7 * width];
+            attention(&one, &[7], s_one, 0.25, &mut alone, 1).unwrap();
+            // The same sequence second in a batch padded to 41 positions (two
+            // key tiles where the alone pass has one).
+            let s_two = AttentionShape {
+                batch: 2,
+                len: 41,
+                heads,
+                head_dim,
+            };
+            let mut two = values(2 * 41 * 3 * width, 3);
+            let start = 41 * 3 * width;
+            two[start..start + 7 * 3 * width].copy_from_slice(&one);
+            let mut batch = vec![0.0; 2 * 41 * width];
+            attention(&two, &[41, 7], s_two, 0.25, &mut batch, 2).unwrap();
+            assert_eq!(
+                alone[..],
+                batch[41 * width..41 * width + 7 * width],
+                "head_dim {head_dim}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_avx512_and_avx2_builds_give_the_same_bits() {
+        for head_dim in [8, 32, 64] {
+            let s = AttentionShape {
+                batch: 2,
+                len: 45,
+                heads: 2,
+                head_dim,
+            };
+            let qkv = values(2 * 45 * 3 * 2 * head_dim, 5);
+            let lens = [45, 30];
+            let mut wide = vec![0.0; 2 * 45 * 2 * head_dim];
+            let mut narrow = wide.clone();
+            attention(&qkv, &lens, s, 0.2, &mut wide, 1).unwrap();
+            crate::dispatch::tests::on_avx2_kernels(|| {
+                attention(&qkv, &lens, s, 0.2, &mut narrow, 1).unwrap()
+            });
+            assert_eq!(wide, narrow, "head_dim {head_dim}");
+        }
     }
 
     #[test]

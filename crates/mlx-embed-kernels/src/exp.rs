@@ -33,8 +33,18 @@ pub(crate) fn exp_nonpositive<const FMA: bool>(x: f32) -> f32 {
     p = madd::<FMA>(p, frac, POW2[2]);
     p = madd::<FMA>(p, frac, POW2[1]);
     p = madd::<FMA>(p, frac, POW2[0]);
-    let scale = f32::from_bits(((whole as i32 + 127) << 23) as u32);
-    p * scale
+    p * pow2_whole(whole)
+}
+
+/// 2^whole for an integer-valued `whole` in [-126, 0], from the bits of
+/// whole + 1.5 * 2^23, whose low mantissa bits hold whole as an integer.
+/// Rust's `as i32` saturates and checks for NaN, which the compiler could
+/// not vectorize (a scalar conversion and two compares per lane: a row's
+/// exp cost more than its scores).
+#[inline(always)]
+fn pow2_whole(whole: f32) -> f32 {
+    let shifted = (whole + 12_582_912.0).to_bits();
+    f32::from_bits(shifted.wrapping_add(127) << 23)
 }
 
 #[cfg(test)]
@@ -67,6 +77,13 @@ mod tests {
             "absolute error on [-20, 0]: {worst_abs:e}"
         );
         assert_eq!(exp_nonpositive::<true>(0.0), POW2[0]);
+    }
+
+    #[test]
+    fn the_power_of_two_is_exact_over_the_whole_range() {
+        for whole in -126..=0 {
+            assert_eq!(pow2_whole(whole as f32), 2f32.powi(whole), "2^{whole}");
+        }
     }
 
     #[test]

@@ -48,9 +48,11 @@ pub use softmax::{
     masked_softmax, masked_softmax_positions, PositionBias, Positions, SoftmaxShape,
 };
 
-/// Whether the AVX2+FMA versions run on this CPU (for logs and benchmarks).
+/// Which build of the kernels runs on this CPU (for logs and benchmarks).
 pub fn simd_level() -> &'static str {
-    if dispatch::has_avx2_fma() {
+    if dispatch::has_avx512() {
+        "avx512f"
+    } else if dispatch::has_avx2_fma() {
         "avx2+fma"
     } else {
         "generic"

@@ -14,7 +14,7 @@
 //! one fused multiply-add each, whatever the number of rows or the thread
 //! split, so a text gets bit-identical results alone or in any batch.
 
-use crate::dispatch::{madd, simd_dispatch};
+use crate::dispatch::{has_avx512, madd, simd_dispatch};
 use crate::gelu::gelu_one;
 use crate::KernelError;
 
@@ -294,23 +294,6 @@ simd_dispatch! {
     }
 }
 
-/// Whether [`panel_tile_wide`] can run here.
-fn has_avx512() -> bool {
-    #[cfg(test)]
-    if tests::FORCE_NARROW.with(|f| f.get()) {
-        return false;
-    }
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::sync::OnceLock;
-        static WIDE: OnceLock<bool> = OnceLock::new();
-        crate::dispatch::has_avx2_fma()
-            && *WIDE.get_or_init(|| std::arch::is_x86_feature_detected!("avx512f"))
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
 /// [`panel_tile`] for up to [`ROWS_WIDE`] rows, built for AVX-512; only
 /// called where [`has_avx512`] said yes.
 fn panel_tile_wide(
@@ -393,13 +376,8 @@ fn tile_rows<const FMA: bool, const R: usize>(
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use std::cell::Cell;
-
-    thread_local! {
-        pub(super) static FORCE_NARROW: Cell<bool> = const { Cell::new(false) };
-    }
 
     #[test]
     fn the_avx512_and_avx2_builds_give_the_same_bits() {
@@ -415,9 +393,9 @@ pub(crate) mod tests {
         let mut wide = vec![0.0; 29 * 45];
         let mut narrow = vec![0.0; 29 * 45];
         linear(&x, &pw, Some(&b), &mut wide, s, Activation::Gelu, 1).unwrap();
-        FORCE_NARROW.with(|f| f.set(true));
-        linear(&x, &pw, Some(&b), &mut narrow, s, Activation::Gelu, 1).unwrap();
-        FORCE_NARROW.with(|f| f.set(false));
+        crate::dispatch::tests::on_avx2_kernels(|| {
+            linear(&x, &pw, Some(&b), &mut narrow, s, Activation::Gelu, 1).unwrap()
+        });
         assert_eq!(wide, narrow);
     }
 

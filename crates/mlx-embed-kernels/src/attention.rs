@@ -197,17 +197,14 @@ unsafe fn head(
             &mut scratch.scores,
         );
         let rows = &mut rows[..QUERY_BLOCK * head_dim];
-        let in_registers = block_attend(
-            &mut scratch.scores,
-            stride,
+        let row_keys = RowKeys {
             len,
-            n,
+            stride,
             valid,
             keys,
             scale,
-            &scratch.values,
-            rows,
-        );
+        };
+        let in_registers = block_attend(&mut scratch.scores, row_keys, n, &scratch.values, rows);
         for r in 0..n {
             let row = (b * len + first + r) * width + h * head_dim;
             // SAFETY: row + head_dim <= batch * len * width (first + r < len,
@@ -275,6 +272,21 @@ fn score_tiles<const FMA: bool, const KC: usize>(
     }
 }
 
+/// How a block's score rows are laid out and weighted.
+#[derive(Clone, Copy)]
+struct RowKeys {
+    /// Scores per row that the softmax covers (the positions).
+    len: usize,
+    /// Floats from one score row to the next.
+    stride: usize,
+    /// Keys that are not padding (0: none, attend uniformly).
+    valid: usize,
+    /// Keys summed over: `valid`, or `len` where none is valid.
+    keys: usize,
+    /// Factor on the scores before the softmax.
+    scale: f32,
+}
+
 /// The widest head whose output rows [`block_attend`] keeps in registers.
 const MAX_HEAD_DIM_IN_REGISTERS: usize = 64;
 
@@ -287,15 +299,18 @@ const MAX_HEAD_DIM_IN_REGISTERS: usize = 64;
 simd_dispatch! {
     fn block_attend<FMA, WIDE>(
         scores: &mut [f32],
-        stride: usize,
-        len: usize,
+        row_keys: RowKeys,
         n: usize,
-        valid: usize,
-        keys: usize,
-        scale: f32,
         values: &[f32],
         rows: &mut [f32],
     ) -> bool {
+        let RowKeys {
+            len,
+            stride,
+            valid,
+            keys,
+            scale,
+        } = row_keys;
         let head_dim = rows.len() / QUERY_BLOCK;
         if head_dim != 32 && head_dim != 64 {
             return false;

@@ -7,7 +7,7 @@ were most of a MiniLM forward pass (docs/benchmarks.md). Three paths, best
 first, chosen per model by ``load(fast_ops=...)``:
 
 * ``native`` (default on CPU): the SIMD kernels of our Rust extension
-  (crates/mlx-embed-kernels, AVX2+FMA where the CPU has it), run in place on
+  (crates/mlx-embed-kernels, AVX-512 or AVX2+FMA where the CPU has it), run in place on
   the evaluated MLX array's buffer with the GIL released. The softmax takes
   the key lengths instead of an additive mask and fuses scale, mask, max,
   exp, sum and normalize into three passes per row (~1 ns/element against

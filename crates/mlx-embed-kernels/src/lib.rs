@@ -20,9 +20,10 @@
 //! * [`post_ln_encoder`]: a stack of BERT's post-LN blocks from the kernels
 //!   above in one call (no round trip through Python between them).
 //!
-//! Each is compiled twice, generic and with AVX2+FMA, and picks at run time;
-//! the code is written with 8-lane arrays the compiler maps onto SIMD
-//! registers, so no intrinsics; `unsafe` only in the dispatch and where
+//! Each is compiled three times, generic, with AVX2+FMA and with AVX-512,
+//! and picks at run time (the FMA builds give the same bits); the code is
+//! written with 8- and 16-lane arrays the compiler maps onto SIMD registers,
+//! so no intrinsics; `unsafe` only in the dispatch and where
 //! [`linear`]'s and [`attention`]'s threads write disjoint parts of one
 //! output buffer.
 

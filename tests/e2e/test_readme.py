@@ -21,9 +21,12 @@ import shlex
 import signal
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
+import mlx_embed
+import numpy as np
 import pytest
 import requests
 
@@ -337,3 +340,51 @@ def test_every_readme_command_runs(readme_server, splade_server, tmp_path):
         for crate in re.findall(r"use (mlx_embed_\w+)::", block):
             assert (ROOT / "crates" / crate.replace("_", "-")).is_dir(), crate
     assert len(ran) >= 8, ran
+
+
+def _blocks(lang: str) -> list[str]:
+    return [body for tag, body in re.findall(r"^```(\w*)\n(.*?)^```", README.read_text(encoding="utf-8"),
+                                              re.M | re.S) if tag == lang]
+
+
+def test_the_readme_rust_crate_builds_and_embeds(tmp_path):
+    """A crate outside the workspace, made only of what the README shows (its
+    Cargo.toml dependencies, build.rs and library snippet), builds against
+    the venv's Python, finds that libpython at run time and embeds."""
+    (manifest,) = _blocks("toml")
+    (build_rs,) = [b for b in _blocks("rust") if b.startswith("// build.rs")]
+    (snippet,) = [b for b in _blocks("rust") if "Batcher::start" in b and "fn main" not in b]
+    crate = tmp_path / "outside"
+    (crate / "src").mkdir(parents=True)
+    deps = manifest.replace("../mlx-embed/crates/", f"{ROOT}/crates/")
+    assert deps != manifest, "the README's Cargo.toml no longer names this checkout's crates"
+    # The workspace's release profile, so the build reuses its compiled dependencies.
+    (crate / "Cargo.toml").write_text(
+        '[package]\nname = "readme-outside-crate"\nversion = "0.1.0"\nedition = "2021"\n\n'
+        f"{deps}\n[profile.release]\ndebug = 1\n\n[workspace]\n")
+    (crate / "build.rs").write_text(build_rs)
+    (crate / "src" / "main.rs").write_text(
+        "#[tokio::main]\nasync fn main() -> Result<(), Box<dyn std::error::Error>> {\n"
+        f"{snippet}\n"
+        '    let v: Vec<String> = out.vectors[0].iter().map(|x| format!("{x:e}")).collect();\n'
+        '    println!("[{}]", v.join(","));\n    Ok(())\n}\n')
+    (crate / "Cargo.lock").write_bytes((ROOT / "Cargo.lock").read_bytes())
+    target = ROOT / "target"
+    env = {**_env(), "PYO3_PYTHON": sys.executable, "CARGO_TARGET_DIR": str(target)}
+    build = subprocess.run(["cargo", "build", "--release", "--offline", "--quiet"], cwd=crate, env=env,
+                           capture_output=True, text=True, timeout=1200)
+    assert build.returncode == 0, build.stderr[-4000:]
+    binary = target / "release" / "readme-outside-crate"
+    # The binary loads the venv interpreter's own libpython (the build.rs rpath), not the system's.
+    libdir = sysconfig.get_config_var("LIBDIR")
+    ldd = subprocess.run(["ldd", str(binary)], capture_output=True, text=True, timeout=60).stdout
+    (line,) = [x for x in ldd.splitlines() if "libpython" in x]
+    assert os.path.realpath(line.split("=>")[1].split("(")[0].strip()).startswith(os.path.realpath(libdir)), ldd
+    # Run from outside the checkout, so only VIRTUAL_ENV can point it at the venv.
+    run = subprocess.run([str(binary)], cwd=tmp_path, env={**env, "VIRTUAL_ENV": sys.prefix},
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-4000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    want = mlx_embed.load().embed(["hello"])[0]
+    assert len(got) == 384
+    assert float(np.dot(np.asarray(got, np.float32), want)) >= 0.99999

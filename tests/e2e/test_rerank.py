@@ -216,13 +216,26 @@ def test_classifier_predict(scorers):
     ref = _ref(BERT_CLASSIFIER, "reference_text_logits.npy")
     labels = ["negative", "neutral", "positive"]
     # Texts 5..24 (3 and 4 are empty and blank: an empty string is a 400 here as on every route).
-    r = scorers.post("/predict", {"inputs": texts[5:25], "raw_scores": True})  # the default model
+    # TEI's batch: a list of [text] lists (the default model).
+    r = scorers.post("/predict", {"inputs": [[t] for t in texts[5:25]], "raw_scores": True})
     assert r.status_code == 200, r.text
+    assert len(r.json()) == 20
     for i, row in enumerate(r.json(), start=5):
         got = {p["label"]: p["score"] for p in row}
         np.testing.assert_allclose([got[label] for label in labels], ref[i], rtol=1e-5, atol=1e-5)
         assert [p["score"] for p in row] == sorted((p["score"] for p in row), reverse=True)
+    # A batch of two is two inputs (a flat list of two texts would be one pair).
+    two = scorers.post("/predict", {"inputs": [[texts[5]], [texts[6]]], "raw_scores": True})
+    assert two.status_code == 200, two.text
+    assert [[p["label"] for p in row] for row in two.json()] == [[p["label"] for p in row] for row in r.json()[:2]]
+    np.testing.assert_allclose([[p["score"] for p in row] for row in two.json()],
+                               [[p["score"] for p in row] for row in r.json()[:2]], atol=1e-6)
+    # A flat list of three texts is refused, not read as a batch.
+    flat = scorers.post("/predict", {"inputs": texts[5:8]})
+    assert flat.status_code == 422 and "list of lists" in flat.json()["error"], flat.text
     one = scorers.post("/predict", {"inputs": texts[1]}).json()
+    # A flat [text] is that one input too, answered flat, as TEI does.
+    assert scorers.post("/predict", {"inputs": [texts[1]]}).json() == one
     e = np.exp(ref[1] - ref[1].max())
     probs = dict(zip(labels, e / e.sum()))
     assert [p["label"] for p in one] == sorted(labels, key=lambda k: -probs[k])
@@ -415,7 +428,8 @@ def test_rerank_bad_input(duo, tmp_path):
         ("/rerank", {"texts": ["d"]}, 422),
         ("/v1/rerank", {"model": EMBEDDER, "query": q, "documents": ["d"]}, 400),
         ("/predict", {"model": EMBEDDER, "inputs": "x"}, 400),
-        ("/predict", {"inputs": [["a"]]}, 422),
+        ("/predict", {"inputs": [["a", "b", "c"]]}, 422),
+        ("/predict", {"inputs": [[]]}, 422),
     ]
     for path, body, status in cases:
         r = duo.post(path, body)

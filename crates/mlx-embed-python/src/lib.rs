@@ -6,8 +6,9 @@
 //! binary (see [`interpreter::ensure_python`]). A crate outside this workspace
 //! builds with `PYO3_PYTHON` set to that virtualenv's python and calls
 //! `pyo3_build_config::add_libpython_rpath_link_args()` from its own
-//! `build.rs`, so its binary loads that interpreter's libpython (README, "Use
-//! from Rust, without HTTP"). [`mlx_embed_core::Batcher::start`] blocks while
+//! `build.rs` (with `pyo3` as a direct dependency, which that call needs), so
+//! its binary loads that interpreter's libpython (README, "Use from Rust,
+//! without HTTP", has the Cargo.toml). [`mlx_embed_core::Batcher::start`] blocks while
 //! the model loads: call it outside async code, or in `spawn_blocking`.
 //!
 //! ```no_run

@@ -20,7 +20,7 @@ use crate::state::AppState;
 pub struct PredictRequest {
     /// Which served classifier answers (not a TEI field); default: the first classifier or reranker.
     pub model: Option<String>,
-    /// As TEI: a text; a `[text, text]` pair; or a list of texts and pairs (a batch).
+    /// As TEI: a text, a `[text]` or `[text, text]` list (one input), or a batch: a list of such lists.
     #[schema(value_type = PredictInputs)]
     pub inputs: Value,
     /// Raw logits instead of sigmoid (one label) / softmax (several) scores.
@@ -39,7 +39,7 @@ pub struct PredictRequest {
 pub enum PredictInputs {
     /// One text.
     Text(String),
-    /// A `[text, text]` pair, or a batch of texts and pairs.
+    /// A `[text]` or `[text, text]` list (one input), or a batch of such lists.
     Sequence(Vec<PredictItem>),
 }
 
@@ -48,8 +48,10 @@ pub enum PredictInputs {
 #[serde(untagged)]
 #[allow(dead_code)]
 pub enum PredictItem {
+    /// A text (in a flat `[text]` / `[text, text]` list, or in a batch).
     Text(String),
-    Pair(Vec<String>),
+    /// A `[text]` or `[text, text]` list: one input of a batch.
+    Sequence(Vec<String>),
 }
 
 /// One label's score.
@@ -67,31 +69,53 @@ pub enum PredictResponse {
     Batch(Vec<Vec<Prediction>>),
 }
 
-/// TEI's predict inputs: whether they were one input or a batch, and the inputs.
+/// TEI's predict inputs: whether they were one input or a batch, and the
+/// inputs. As TEI reads them: a text, or a flat `[text]` / `[text, text]`
+/// list, is one input (a flat answer); a list of such lists is a batch (one
+/// answer per input). A batch may also hold plain texts. A flat list of three
+/// or more texts is refused: read as a batch, a chunk of exactly two would
+/// silently become one pair.
 pub(crate) fn parse_inputs(value: Value) -> Result<(bool, Vec<EmbedInput>), ApiError> {
     let shape = || {
         ApiError::new(
             ErrorKind::Unprocessable,
-            "inputs must be a text, a [text, text] pair, or a list of texts and pairs",
+            "inputs must be a text, a [text] or [text, text] list (one input), or a batch: \
+             a list of [text] and [text, text] lists",
         )
         .param("inputs")
     };
-    let pair = |items: &[Value]| match items {
-        [Value::String(a), Value::String(b)] => Some(EmbedInput::Pair {
-            query: a.clone(),
-            document: b.clone(),
-        }),
-        _ => None,
+    let sequence = |items: Vec<Value>| {
+        let mut texts = items.into_iter().map(|v| match v {
+            Value::String(s) => Some(s),
+            _ => None,
+        });
+        match (texts.next(), texts.next(), texts.next()) {
+            (Some(Some(text)), None, None) => Some(EmbedInput::Text(text)),
+            (Some(Some(query)), Some(Some(document)), None) => {
+                Some(EmbedInput::Pair { query, document })
+            }
+            _ => None,
+        }
     };
     match value {
         Value::String(s) => Ok((false, vec![EmbedInput::Text(s)])),
-        // TEI reads a list of exactly two texts as one pair, not a batch of two.
-        Value::Array(items) if pair(&items).is_some() => Ok((false, vec![pair(&items).unwrap()])),
+        Value::Array(items) if items.is_empty() => Ok((true, Vec::new())),
+        Value::Array(items) if items.iter().all(Value::is_string) => match items.len() {
+            1 | 2 => Ok((false, vec![sequence(items).ok_or_else(shape)?])),
+            n => Err(ApiError::new(
+                ErrorKind::Unprocessable,
+                format!(
+                    "inputs is a flat list of {n} texts: a flat list is one input, a [text] or \
+                     [text, text] pair; send a batch as a list of lists, e.g. [[\"a\"], [\"b\"]]"
+                ),
+            )
+            .param("inputs")),
+        },
         Value::Array(items) => items
             .into_iter()
             .map(|item| match item {
                 Value::String(s) => Ok(EmbedInput::Text(s)),
-                Value::Array(p) => pair(&p).ok_or_else(shape),
+                Value::Array(p) => sequence(p).ok_or_else(shape),
                 _ => Err(shape()),
             })
             .collect::<Result<Vec<_>, _>>()
@@ -166,35 +190,47 @@ mod tests {
 
     #[test]
     fn tei_input_shapes() {
-        let (batch, inputs) = parse_inputs(json!("a")).unwrap();
-        assert!(!batch);
-        assert_eq!(inputs, vec![EmbedInput::Text("a".into())]);
-        let (batch, inputs) = parse_inputs(json!(["q", "d"])).unwrap();
-        assert!(!batch);
-        assert_eq!(
-            inputs,
-            vec![EmbedInput::Pair {
-                query: "q".into(),
-                document: "d".into()
-            }]
-        );
-        let (batch, inputs) = parse_inputs(json!(["a", "b", "c"])).unwrap();
-        assert!(batch);
-        assert_eq!(inputs.len(), 3);
-        let (batch, inputs) = parse_inputs(json!([["q", "d"], "t"])).unwrap();
-        assert!(batch);
-        assert_eq!(inputs[1], EmbedInput::Text("t".into()));
-        let (batch, inputs) = parse_inputs(json!([])).unwrap();
-        assert!(batch && inputs.is_empty());
+        let text = |s: &str| EmbedInput::Text(s.into());
+        let pair = |q: &str, d: &str| EmbedInput::Pair {
+            query: q.into(),
+            document: d.into(),
+        };
+        for (value, batch, inputs) in [
+            (json!("a"), false, vec![text("a")]),
+            (json!(["a"]), false, vec![text("a")]),
+            (json!(["q", "d"]), false, vec![pair("q", "d")]),
+            (json!([["a"]]), true, vec![text("a")]),
+            (json!([["q", "d"]]), true, vec![pair("q", "d")]),
+            (
+                json!([["I love it"], ["no", "yes"]]),
+                true,
+                vec![text("I love it"), pair("no", "yes")],
+            ),
+            (json!([["a"], ["b"]]), true, vec![text("a"), text("b")]),
+            (json!([["q", "d"], "t"]), true, vec![pair("q", "d"), text("t")]),
+            (json!([]), true, vec![]),
+        ] {
+            assert_eq!(
+                parse_inputs(value.clone()).unwrap(),
+                (batch, inputs),
+                "{value}"
+            );
+        }
         for bad in [
             json!(1),
-            json!([["a"]]),
+            json!(["a", "b", "c"]),
+            json!([["a", "b", "c"]]),
+            json!([[]]),
+            json!([["a", 1]]),
             json!([1, 2]),
+            json!([["a"], 2]),
             json!({"a": 1}),
             json!(null),
         ] {
             let e = parse_inputs(bad.clone()).unwrap_err();
             assert_eq!(e.kind, ErrorKind::Unprocessable, "{bad}");
         }
+        let e = parse_inputs(json!(["a", "b", "c"])).unwrap_err();
+        assert!(e.message.contains("flat list of 3 texts"), "{}", e.message);
     }
 }

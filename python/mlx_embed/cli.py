@@ -82,7 +82,16 @@ def cmd_embed(args) -> int:
     import numpy as np
 
     import mlx_embed
+    from mlx_embed.errors import InputTooLong
 
+    out = args.output
+    as_npy = bool(out) and out.lower().endswith(".npy")
+    if out and out != "-" and not as_npy and not out.lower().endswith(".jsonl"):
+        # Writing JSONL into vectors.csv or vectors.npz would leave a file its
+        # reader cannot parse.
+        print(f"mlx-embed embed: -o must name a .jsonl or .npy file (or - for stdout), got {out!r}",
+              file=sys.stderr)
+        return 2
     texts = _read_inputs(args)
     if not texts:
         print("mlx-embed embed: no input texts (give TEXT arguments or -i FILE)", file=sys.stderr)
@@ -100,18 +109,24 @@ def cmd_embed(args) -> int:
         # Chunks only exist to drive the progress bar; the engine still sorts
         # and sub-batches within each chunk.
         for start, part in _chunks(texts, args.chunk):
-            vecs, c = model.embed_with_counts(
-                part, normalize=not args.no_normalize, truncate=not args.no_truncate
-            )
+            try:
+                vecs, c = model.embed_with_counts(
+                    part, normalize=not args.no_normalize, truncate=not args.no_truncate
+                )
+            except InputTooLong as e:
+                print(f"mlx-embed embed: text {start + e.index} has {e.tokens} tokens, more than the "
+                      f"model's {e.max_length} (drop --no-truncate to cut it)", file=sys.stderr)
+                return 1
             out_vecs[start : start + len(part)] = vecs
             counts[start : start + len(part)] = c
             bar.update(len(part))
     finally:
         bar.close()
 
-    out = args.output
-    if out and out.endswith(".npy"):
-        np.save(out, out_vecs)
+    if as_npy:
+        # Through a file object: np.save(name) appends ".npy" to "OUT.NPY".
+        with open(out, "wb") as f:
+            np.save(f, out_vecs)
         return 0
     f = sys.stdout if not out or out == "-" else open(out, "w", encoding="utf-8")
     try:

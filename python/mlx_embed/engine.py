@@ -26,7 +26,7 @@ except ImportError as e:  # the `mlx` wheel alone has no backend on Linux
     ) from e
 
 from . import _blas, device, loading, ops, precision, startup
-from .errors import InvalidInput, check_switches
+from .errors import InputTooLong, InvalidInput, check_switches
 from .loading import DEFAULT_MODEL_NAME, DEFAULT_MODEL_NAMES, default_model_path  # noqa: F401  (re-exported)
 from .models import reads_type_ids
 from .pairs import template_spec
@@ -435,10 +435,7 @@ class EmbeddingModel(ScoringMixin):
         if not truncate:
             for i, b in enumerate(before):
                 if b > self.max_length:
-                    raise InvalidInput(
-                        f"text {i} has {b} tokens, more than max_length={self.max_length} "
-                        "(pass truncate=True to cut it)"
-                    )
+                    raise InputTooLong("text", i, b, self.max_length)
         return ids, before
 
     def embed_with_counts(

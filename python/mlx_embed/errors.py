@@ -20,6 +20,18 @@ class InvalidInput(MlxEmbedError, ValueError):
     model's length, unknown prompt name); retrying it cannot succeed."""
 
 
+class InputTooLong(InvalidInput):
+    """Input ``index`` (a text or a pair) has ``tokens`` tokens, more than
+    ``max_length``, and truncation was turned off."""
+
+    def __init__(self, what: str, index: int, tokens: int, max_length: int):
+        self.what, self.index, self.tokens, self.max_length = what, index, tokens, max_length
+        super().__init__(
+            f"{what} {index} has {tokens} tokens, more than max_length={max_length} "
+            "(pass truncate=True to cut it)"
+        )
+
+
 def check_switches(**switches) -> None:
     """A per-call switch must be a bool: ``normalize="no"`` would normalize
     and ``truncate=None`` refuse long texts, as Python reads them."""

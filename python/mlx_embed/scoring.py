@@ -12,7 +12,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .errors import InvalidInput, check_switches
+from .errors import InputTooLong, InvalidInput, check_switches
 from .pairs import PairEncoder
 
 
@@ -70,10 +70,7 @@ class ScoringMixin:
         if not truncate:
             for i, b in enumerate(before):
                 if b > self.max_length:
-                    raise InvalidInput(
-                        f"pair {i} has {b} tokens, more than max_length={self.max_length} "
-                        "(pass truncate=True to cut it)"
-                    )
+                    raise InputTooLong("pair", i, b, self.max_length)
         return ids, types, before
 
     def score(
@@ -108,8 +105,14 @@ class ScoringMixin:
         if self.kind != "reranker":
             kind = "an embedding model" if self.kind == "embedding" else f"a {self.kind}"
             raise InvalidInput(f"{self.name} is {kind}, not a reranker")
-        if isinstance(documents, str):
+        if not isinstance(query, str):
+            raise TypeError(f"query must be a str, got {type(query).__name__}")
+        if isinstance(documents, (str, bytes)) or not hasattr(documents, "__iter__"):
             raise TypeError("documents must be a list of str")
+        documents = list(documents)
+        for i, d in enumerate(documents):
+            if not isinstance(d, str):
+                raise TypeError(f"documents[{i}] must be a str, got {type(d).__name__}")
         if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, (int, np.integer))):
             raise TypeError(f"top_n must be a whole number, got {top_n!r}")
         if top_n is not None and top_n < 1:

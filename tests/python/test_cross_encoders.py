@@ -167,6 +167,12 @@ def test_rerank_orders_and_cuts():
         _model(BERT_CLASSIFIER).rerank(query, docs)
     with pytest.raises(TypeError, match="top_n must be a whole number, got 1.5"):
         model.rerank(query, docs, top_n=1.5)
+    # The errors name the caller's own arguments (they named an internal `pairs`).
+    with pytest.raises(TypeError, match="query must be a str, got NoneType"):
+        model.rerank(None, docs)
+    with pytest.raises(TypeError, match=r"documents\[1\] must be a str, got int"):
+        model.rerank(query, ["a", 1])
+    assert model.rerank(query, tuple(docs)) == ranked
 
 
 def test_predict_refuses_what_is_not_a_list_of_texts_or_pairs():

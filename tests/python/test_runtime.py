@@ -159,12 +159,37 @@ def test_cli_refuses_counts_below_one_naming_the_flag(args, capsys):
 def test_cli_answers_unreadable_and_unwritable_files_with_a_message(tmp_path):
     """A folder given as the input or the output file was a Python
     traceback (IsADirectoryError); now a one-line error and exit 1."""
-    for args in (["embed", "-i", str(tmp_path), "x"], ["embed", "-o", str(tmp_path), "x"]):
+    folder_named_jsonl = tmp_path / "out.jsonl"
+    folder_named_jsonl.mkdir()
+    for args in (["embed", "-i", str(tmp_path), "x"], ["embed", "-o", str(folder_named_jsonl), "x"]):
         r = subprocess.run([sys.executable, "-m", "mlx_embed", *args, "--progress", "never"],
                            capture_output=True, text=True, timeout=120, env=PY_ENV)
         assert r.returncode == 1, r.stderr
         assert r.stderr.startswith("mlx-embed: error: ") and "Traceback" not in r.stderr, r.stderr
         assert "Is a directory" in r.stderr
+
+
+def test_cli_refuses_an_output_name_it_would_not_write_in_that_format(tmp_path, capsys, minilm):
+    """`-o vectors.csv` once got JSONL, and `-o vectors.NPY` too."""
+    from mlx_embed.cli import main
+
+    for name in ("out.csv", "out.npz", "out"):
+        assert main(["embed", "x", "-o", str(tmp_path / name), "--progress", "never"]) == 2
+        assert "-o must name a .jsonl or .npy file" in capsys.readouterr().err
+        assert not (tmp_path / name).exists()
+    assert main(["embed", "x", "-o", str(tmp_path / "OUT.NPY"), "--progress", "never"]) == 0
+    assert np.abs(np.load(tmp_path / "OUT.NPY") - minilm.embed(["x"])).max() <= 1e-6
+
+
+def test_cli_names_its_own_flag_for_a_text_too_long(tmp_path, capsys):
+    from mlx_embed.cli import main
+
+    src = tmp_path / "in.txt"
+    src.write_text("short\n" + "word " * 400 + "\n")
+    args = ["embed", "-i", str(src), "--no-truncate", "--chunk", "1", "--progress", "never"]
+    assert main(args) == 1
+    err = capsys.readouterr().err
+    assert "text 1 has 402 tokens, more than the model's 256 (drop --no-truncate to cut it)" in err, err
 
 
 def test_cli_stops_quietly_when_its_reader_goes_away(tmp_path):

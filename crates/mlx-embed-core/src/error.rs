@@ -28,8 +28,9 @@ pub enum CoreError {
     #[error("model unavailable: {0}")]
     ModelUnavailable(String),
     /// [`crate::Batcher::start`] could not load the model or start its
-    /// threads. The kind says what to do: `InvalidInput`, the options or
-    /// model files given cannot work (fix them, a retry will not help);
+    /// threads. The kind says what to do: `InvalidInput`, the options, the
+    /// model files or the setup (e.g. no Python package where the embedder
+    /// looks) cannot work (fix them, a retry will not help);
     /// `ModelFailure`, loading failed (a retry may load it); `ModelGone`, the
     /// load panicked or its thread died.
     #[error("cannot load the model: {0}")]

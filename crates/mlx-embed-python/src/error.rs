@@ -46,7 +46,13 @@ impl From<BridgeError> for EmbedderError {
         match err {
             // The model's own message is what a caller needs to see, unprefixed.
             BridgeError::Python(err) => err,
-            other => EmbedderError::model_failure(other.to_string()),
+            // A setup to fix (no `mlx_embed` where Python looks, a tokenizer
+            // that cannot be read or contradicts its spec): a retry would
+            // fail the same way.
+            err @ (BridgeError::NotImportable { .. } | BridgeError::Tokenizer(_)) => {
+                EmbedderError::invalid_input(err.to_string())
+            }
+            err @ BridgeError::Protocol(_) => EmbedderError::model_failure(err.to_string()),
         }
     }
 }
@@ -147,5 +153,26 @@ mod tests {
         );
         assert_eq!(load_kind(c"raise OSError('disk')"), ModelFailure);
         assert_eq!(load_kind(c"raise MemoryError()"), ModelFailure);
+    }
+
+    #[test]
+    fn a_setup_to_fix_is_invalid_input_and_a_bad_answer_a_failure() {
+        use EmbedderErrorKind::*;
+        let kind = |err: BridgeError| EmbedderError::from(err).kind;
+        let missing = BridgeError::NotImportable {
+            message: "No module named 'mlx_embed'".into(),
+            prefix: "/usr".into(),
+            path: "[]".into(),
+        };
+        assert_eq!(kind(missing), InvalidInput);
+        let tokenizer = TokenizerError::Load {
+            path: "tokenizer.json".into(),
+            message: "missing".into(),
+        };
+        assert_eq!(kind(tokenizer.into()), InvalidInput);
+        assert_eq!(
+            kind(BridgeError::Protocol("no vectors".into())),
+            ModelFailure
+        );
     }
 }

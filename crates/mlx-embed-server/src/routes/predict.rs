@@ -207,7 +207,11 @@ mod tests {
                 vec![text("I love it"), pair("no", "yes")],
             ),
             (json!([["a"], ["b"]]), true, vec![text("a"), text("b")]),
-            (json!([["q", "d"], "t"]), true, vec![pair("q", "d"), text("t")]),
+            (
+                json!([["q", "d"], "t"]),
+                true,
+                vec![pair("q", "d"), text("t")],
+            ),
             (json!([]), true, vec![]),
         ] {
             assert_eq!(

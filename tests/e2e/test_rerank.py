@@ -314,6 +314,7 @@ def test_unknown_model_is_404_in_openai_shape(duo):
     assert r.status_code == 404
     err = r.json()["error"]
     assert err["code"] == "model_not_found" and err["param"] == "model" and "no-such-model" in err["message"]
+    assert err["type"] == "invalid_request_error"  # as OpenAI answers it
     for path, body in [
         ("/v1/rerank", {"model": "nope", "query": "q", "documents": ["d"]}),
         ("/rerank", {"model": "nope", "query": "q", "texts": ["d"]}),

@@ -99,7 +99,8 @@ impl ErrorKind {
     fn openai_type(self) -> &'static str {
         match self {
             ErrorKind::Unauthorized => "authentication_error",
-            ErrorKind::NotFound => "not_found_error",
+            // As OpenAI answers an unknown model or URL (the status and `code` tell them apart).
+            ErrorKind::NotFound => "invalid_request_error",
             ErrorKind::Overloaded => "rate_limit_error",
             ErrorKind::Model => "server_error",
             ErrorKind::Unavailable => "service_unavailable",
@@ -364,15 +365,10 @@ impl Api {
                 | "/decode"
         ) {
             Api::Tei
-        } else if matches!(
-            path,
-            "/api/embed"
-                | "/api/embeddings"
-                | "/api/tags"
-                | "/api/ps"
-                | "/api/show"
-                | "/api/version"
-        ) {
+        } else if path.starts_with("/api/") && !path.starts_with("/api/v1/") {
+            // Ollama's routes, and its others this server does not serve
+            // (`/api/generate`, `/api/pull`): an Ollama client reads their
+            // errors in its own shape.
             Api::Ollama
         } else if matches!(path, "/vectors" | "/vectors/" | "/meta") {
             Api::Weaviate
@@ -501,6 +497,8 @@ mod tests {
         assert_eq!(Api::for_path("/v2/embed"), Api::OpenAi);
         assert_eq!(Api::for_path("/api/embed"), Api::Ollama);
         assert_eq!(Api::for_path("/api/embeddings"), Api::Ollama);
+        assert_eq!(Api::for_path("/api/generate"), Api::Ollama);
+        assert_eq!(Api::for_path("/api/v1/embed"), Api::Native);
         assert_eq!(Api::for_path("/api/tags"), Api::Ollama);
         assert_eq!(Api::for_path("/vectors"), Api::Weaviate);
         assert_eq!(Api::for_path("/api/v1/embed"), Api::Native);

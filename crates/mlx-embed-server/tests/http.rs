@@ -1381,6 +1381,17 @@ async fn ollama_listings_and_legacy_embeddings() {
     )
     .await;
     expect_error(&s, "/api/show", Shape::Ollama, &json!({ "model": 3 }), 400).await;
+    // As Ollama: the model is required, even where one is served.
+    expect_error(&s, "/api/show", Shape::Ollama, &json!({}), 400).await;
+    // A route of Ollama's this server does not serve answers in its shape.
+    expect_error(
+        &s,
+        "/api/generate",
+        Shape::Ollama,
+        &json!({ "model": "m" }),
+        404,
+    )
+    .await;
     s.stop().await.unwrap();
 }
 

@@ -21,7 +21,7 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use crate::embed::{embed as run_embed, EmbedRequest};
-use crate::errors::{Ollama, OllamaErrorBody, Shaped};
+use crate::errors::{ApiError, Ollama, OllamaErrorBody, Shaped};
 use crate::extract::{ApiJson, PriorityHeader, TextInputs};
 use crate::models::{ServedModel, Task};
 use crate::state::AppState;
@@ -251,7 +251,7 @@ pub struct OllamaRunningList {
 /// Ollama show request.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct OllamaShowRequest {
-    /// The model (with or without `:latest`; older clients send it as `name`).
+    /// The model, required (with or without `:latest`; older clients send it as `name`).
     #[serde(alias = "name")]
     pub model: Option<String>,
 }
@@ -357,7 +357,10 @@ pub async fn show(
     State(state): State<AppState>,
     ApiJson(req, _): ApiJson<OllamaShowRequest, Ollama>,
 ) -> Result<Json<OllamaShowResponse>, Shaped<Ollama>> {
-    let model = state.model_for(served_name(req.model).as_deref(), Task::Describe)?;
+    // As Ollama: the model is required here, even on a one-model server.
+    let name = served_name(req.model)
+        .ok_or_else(|| Shaped::from(ApiError::invalid("model is required").param("model")))?;
+    let model = state.model_for(Some(&name), Task::Describe)?;
     let info = model.info();
     let architecture = info
         .weights

@@ -80,6 +80,33 @@ def truncate_pair_lengths(n1: int, n2: int, budget: int) -> tuple[int, int]:
     return (n2, n1) if swap else (n1, n2)
 
 
+def cut_document_start(content: list, frame: list, budget: int) -> list:
+    """A template pair's ``content`` ids cut to ``budget`` from the start of
+    its document, so the instruction and the query stay and the document
+    keeps its end: what left truncation means for a pair. ``frame`` is the
+    same pair text with an empty document; the document is where the two
+    differ. Only when the frame alone is over the budget is the rest cut
+    from the left too. (The Rust tokenizer's ``cut_document_start``.)"""
+    if len(content) <= budget:
+        return content
+    head = 0
+    for a, b in zip(content, frame):
+        if a != b:
+            break
+        head += 1
+    tail = 0
+    for a, b in zip(reversed(content[head:]), reversed(frame[head:])):
+        if a != b:
+            break
+        tail += 1
+    document_end = len(content) - tail
+    overflow = len(content) - budget
+    if overflow <= document_end - head:
+        return content[:head] + content[head + overflow:]
+    rest = content[:head] + content[document_end:]
+    return rest[len(rest) - budget:]
+
+
 def _cut(ids: list, n: int, left: bool) -> list:
     if len(ids) <= n:
         return ids
@@ -127,7 +154,15 @@ class PairEncoder:
                 raise InvalidInput("this reranker's prompt takes no instruction")
             texts = [format_pair(s, q, d, instruction) for q, d in pairs]
             contents = self._contents(texts)
-            ids = [s.prefix_ids + _cut(c, self.max_content, left) + s.suffix_ids for c in contents]
+            cut = [_cut(c, self.max_content, left) for c in contents]
+            if left:
+                # Cut from the pair text's start, the instruction and the
+                # query would go first and every document score alike.
+                over = [k for k, c in enumerate(contents) if len(c) > self.max_content]
+                frames = self._contents([format_pair(s, pairs[k][0], "", instruction) for k in over])
+                for k, frame in zip(over, frames):
+                    cut[k] = cut_document_start(contents[k], frame, self.max_content)
+            ids = [s.prefix_ids + c + s.suffix_ids for c in cut]
             return ids, None, [len(c) + self.n_special for c in contents]
         if instruction is not None:
             raise InvalidInput("instructions are only defined for prompt-template rerankers")

@@ -211,6 +211,25 @@ def test_qwen3_and_bert_rerankers_side_by_side(scorers):
         np.testing.assert_allclose(raw, logits[:, 0], rtol=1e-5, atol=1e-5)
 
 
+def test_qwen3_reranker_cut_from_the_left_still_reads_the_query(scorers):
+    """A long document cut from the left keeps the instruction and the
+    query (it once cut them first: every query scored alike), and the
+    server's Rust tokenization gives the Python model's own scores."""
+    import mlx_embed
+
+    doc = " ".join(f"w{i}" for i in range(2000)) + " Paris"
+    queries = ["capital of france", "best pizza in town"]
+    got = [scorers.post("/rerank", {"model": "tiny-qwen3-reranker", "query": q, "texts": [doc, "short one"],
+                                    "raw_scores": True, "truncation_direction": "left"}).json()
+           for q in queries]
+    by_index = [{x["index"]: x["score"] for x in g} for g in got]
+    assert by_index[0][0] != by_index[1][0]
+    want = mlx_embed.load(str(QWEN3_RERANKER)).score(
+        [(q, d) for q in queries for d in (doc, "short one")], truncation_direction="left", raw_scores=True)[:, 0]
+    np.testing.assert_allclose([by_index[0][0], by_index[0][1], by_index[1][0], by_index[1][1]], want,
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_classifier_predict(scorers):
     texts = json.loads((FIXTURES / "golden" / "minilm_texts.json").read_text())
     ref = _ref(BERT_CLASSIFIER, "reference_text_logits.npy")

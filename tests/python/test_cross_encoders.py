@@ -342,6 +342,26 @@ def test_qwen3_reranker_instruction_and_braces():
         model.predict(["just a text"])
 
 
+def test_qwen3_reranker_cut_from_the_left_keeps_the_query():
+    """Left truncation of a template pair cut the pair text's start: the
+    instruction and the query went first, so every long document scored the
+    same whatever the query. Now the document gives up its start."""
+    model = _model(QWEN3_RERANKER)
+    tok = _tokenizer(QWEN3_RERANKER)
+    doc = " ".join(f"w{i}" for i in range(2000)) + " Paris"
+    (ids,), _, before = model.encode_pairs([("capital of france", doc)], truncation_direction="left")
+    assert len(ids) == model.max_length < before[0]
+    text = tok.decode(ids, skip_special_tokens=False)
+    assert "<Instruct>: Given a web search query" in text and "<Query>: capital of france\n<Document>:" in text
+    assert "w0 " not in text and "w1999 Paris<|im_end|>" in text
+    scores = model.score([("capital of france", doc), ("best pizza in town", doc)],
+                         truncation_direction="left", raw_scores=True)[:, 0]
+    assert scores[0] != scores[1]
+    # A pair that fits is the same either way.
+    short = [("q", "a short document")]
+    assert model.encode_pairs(short, truncation_direction="left")[0] == model.encode_pairs(short)[0]
+
+
 def test_kind_resolution(tmp_path):
     """Qwen3 is a reranker when asked or when named like one; a classifier
     folder cannot be loaded as an embedding model; an embedding folder has no

@@ -8,7 +8,7 @@ use mlx_embed_core::{
 };
 use tokenizers::Tokenizer;
 
-use crate::pair::{cut, truncate_pair_lengths};
+use crate::pair::{cut, cut_document_start, truncate_pair_lengths};
 use crate::{PairSpec, TokenizerError, TokenizerSpec};
 
 /// A model's tokenizer with its prompts, specials and length limit.
@@ -192,26 +192,36 @@ impl HfTokenizer {
         let budget = self.spec.max_length - specials;
         let direction = options.truncation_direction;
         if pair.template.is_some() {
-            let text = match &options.prompt {
-                Prompt::Default => pair.format(query, document),
-                Prompt::Raw(instruction) => PairSpec {
-                    default_instruction: Some(instruction.clone()),
-                    ..pair.clone()
+            let with_instruction;
+            let template = match &options.prompt {
+                Prompt::Default => pair,
+                Prompt::Raw(instruction) => {
+                    with_instruction = PairSpec {
+                        default_instruction: Some(instruction.clone()),
+                        ..pair.clone()
+                    };
+                    &with_instruction
                 }
-                .format(query, document),
                 Prompt::Named(name) => {
                     return Err(EmbedderError::invalid_input(format!(
                         "unknown prompt name {name:?} (this reranker has no named prompts)"
                     )))
                 }
-            }
-            .unwrap_or_default();
+            };
+            let text = template.format(query, document).unwrap_or_default();
             let content = self.encode_text(&text, "")?;
             let untruncated_len = u32::try_from(content.len() + specials).unwrap_or(u32::MAX);
-            let content = cut(&content, budget, direction);
+            let content = if content.len() > budget && direction == TruncationDirection::Left {
+                // Cut from the pair text's start, the instruction and the
+                // query would go first and every document score alike.
+                let frame = template.format(query, "").unwrap_or_default();
+                cut_document_start(&content, &self.encode_text(&frame, "")?, budget)
+            } else {
+                cut(&content, budget, direction).to_vec()
+            };
             let mut ids = Vec::with_capacity(content.len() + specials);
             ids.extend_from_slice(&pair.prefix_ids);
-            ids.extend_from_slice(content);
+            ids.extend_from_slice(&content);
             ids.extend_from_slice(&pair.suffix_ids);
             return Ok(Encoded {
                 ids,

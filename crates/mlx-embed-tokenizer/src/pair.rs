@@ -116,9 +116,58 @@ pub(crate) fn cut(ids: &[u32], n: usize, direction: TruncationDirection) -> &[u3
     }
 }
 
+/// A template pair's `content` (its pair text's ids) cut to `budget`
+/// tokens from the start of its document, so the instruction and the query
+/// stay and the document keeps its end: what `Left` truncation means for a
+/// pair. `frame` is the same pair text with an empty document; the document
+/// is where the two differ (common leading and trailing ids are the frame's,
+/// so a token merged across the document's edge counts as the document's).
+/// Only when the frame alone is over the budget is the rest cut from the
+/// left as well.
+pub(crate) fn cut_document_start(content: &[u32], frame: &[u32], budget: usize) -> Vec<u32> {
+    if content.len() <= budget {
+        return content.to_vec();
+    }
+    let head = content
+        .iter()
+        .zip(frame)
+        .take_while(|(a, b)| a == b)
+        .count();
+    let tail = content[head..]
+        .iter()
+        .rev()
+        .zip(frame[head.min(frame.len())..].iter().rev())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let document_end = content.len() - tail;
+    let overflow = content.len() - budget;
+    if overflow <= document_end - head {
+        return [&content[..head], &content[head + overflow..]].concat();
+    }
+    let rest = [&content[..head], &content[document_end..]].concat();
+    cut(&rest, budget, TruncationDirection::Left).to_vec()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_document_gives_up_its_first_tokens() {
+        // frame: [1 2 3 | 9]; content: [1 2 3 | 5 6 7 8 | 9].
+        let frame = [1, 2, 3, 9];
+        let content = [1, 2, 3, 5, 6, 7, 8, 9];
+        assert_eq!(cut_document_start(&content, &frame, 8), content);
+        assert_eq!(cut_document_start(&content, &frame, 6), [1, 2, 3, 7, 8, 9]);
+        assert_eq!(cut_document_start(&content, &frame, 4), [1, 2, 3, 9]);
+        // The frame alone is over the budget: its start goes too.
+        assert_eq!(cut_document_start(&content, &frame, 3), [2, 3, 9]);
+        // A token merged across the document's start belongs to the document.
+        let merged = [1, 2, 4, 6, 7, 8, 9];
+        assert_eq!(cut_document_start(&merged, &frame, 5), [1, 2, 7, 8, 9]);
+        // The document at the very end of the pair text.
+        assert_eq!(cut_document_start(&[1, 2, 5, 6, 7], &[1, 2], 3), [1, 2, 7]);
+    }
 
     #[test]
     fn longest_first_cases() {

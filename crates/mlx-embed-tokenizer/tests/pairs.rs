@@ -156,6 +156,31 @@ fn template_pairs_wrap_the_prompt() {
     assert!(got.untruncated_len > 64);
     assert_eq!(&got.ids[..prefix.len()], prefix.as_slice());
     assert_eq!(&got.ids[64 - suffix.len()..], suffix.as_slice());
+    // Cut from the left, the document gives up its start: the instruction
+    // and the query stay, so two queries still differ.
+    let left = options(TruncationDirection::Left);
+    let got = ours.encode(&long, &left).unwrap();
+    assert_eq!(got.ids.len(), 64);
+    let frame = enc("<Instruct>: Find\n<Query>: q\n<Document>: ");
+    let head = frame.len() - 1; // the last frame token merges into the document's first
+    assert_eq!(
+        &got.ids[..prefix.len() + head],
+        [&prefix[..], &frame[..head]].concat()
+    );
+    let whole = enc(&format!(
+        "<Instruct>: Find\n<Query>: q\n<Document>: {}",
+        "word ".repeat(200)
+    ));
+    let kept = 64 - prefix.len() - suffix.len() - head;
+    assert_eq!(
+        &got.ids[prefix.len() + head..64 - suffix.len()],
+        &whole[whole.len() - kept..]
+    );
+    let other = EmbedInput::Pair {
+        query: "another query".into(),
+        document: "word ".repeat(200),
+    };
+    assert_ne!(ours.encode(&other, &left).unwrap().ids, got.ids);
     let named = EmbedOptions {
         prompt: Prompt::Named("query".into()),
         ..EmbedOptions::default()

@@ -235,7 +235,9 @@ class EmbeddingModel(ScoringMixin):
                 suffix_ids=list(tok.suffix),
                 prompts=dict(self.prompts),
                 default_prompt_name=self.default_prompt_name,
-                pair=tok.pair,
+                # An embedding model embeds single texts: a pair is a
+                # scorer's input, so the bridge refuses one here.
+                pair=tok.pair if self.kind != "embedding" else None,
                 drop_ids=list(tok.drop_ids),
                 char_limit=tok.char_limit,
             ),

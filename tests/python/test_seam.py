@@ -33,8 +33,9 @@ def test_spec_describes_the_model(minilm, qwen):
     assert os.path.basename(t.path) == "tokenizer.json" and os.path.isfile(t.path)
     assert (t.prefix_ids, t.suffix_ids) == ([101], [102])
     assert (t.prompts, t.default_prompt_name) == ({}, None)
-    assert (t.pair.prefix_ids, t.pair.middle_ids, t.pair.suffix_ids) == ([101], [102], [102])
-    assert (t.pair.first_type_id, t.pair.second_type_id) == (0, 1)
+    # No pair spec: an embedding model embeds single texts (the Rust
+    # tokenizer refuses a pair without one, as `score` does here).
+    assert t.pair is None
     assert all(isinstance(k, str) and isinstance(v, str) for k, v in s.details.items())
     assert s.details["device_batch_tokens"] == "256"
     json.dumps(dataclasses.asdict(s))  # plain data all the way down

@@ -48,6 +48,7 @@ mod queue;
 mod recorder;
 mod request;
 mod shared;
+mod threads;
 mod tokenize;
 
 pub use batcher::{Batcher, Embeddings};

@@ -12,13 +12,14 @@ use std::time::Instant;
 
 use crate::queue::{Batch, Part};
 use crate::shared::{Activity, Shared};
+use crate::threads;
 use crate::{
     BatchOutput, CoreError, Embedder, EmbedderError, EmbedderErrorKind, Encoded, LiveStats,
     ModelInfo, Output, Replica, Ticket, Tokenize,
 };
 
-/// The first model thread's name, visible in debuggers and panic messages;
-/// the others add their number ("mlx-embed-model-1", ...).
+/// The model threads' name, visible in debuggers and panic messages (one
+/// name for all: a thread serves one batcher's model, then another's).
 pub(crate) const THREAD_NAME: &str = "mlx-embed-model";
 
 /// The model panicked or reported itself gone: the thread ends and the batcher is unhealthy.
@@ -59,17 +60,17 @@ pub(crate) type Loaded = Result<Handles, EmbedderError>;
 
 /// Spawns the first model thread, runs `load` there, starts the other
 /// `model_threads - 1` on replicas of the model, and reports the result once
-/// all are ready. The threads are detached: each exits by itself once
-/// stopped or dead.
+/// all are ready. The threads are detached: each leaves the model once
+/// stopped or dead, and waits for the next batcher's (see [`threads`]).
 pub(crate) fn spawn<E, F>(shared: Arc<Shared>, load: F) -> std::io::Result<mpsc::Receiver<Loaded>>
 where
     E: Embedder + 'static,
     F: FnOnce() -> Result<E, EmbedderError> + Send + 'static,
 {
     let (loaded_tx, loaded_rx) = mpsc::sync_channel(1);
-    std::thread::Builder::new()
-        .name(THREAD_NAME.into())
-        .spawn(move || {
+    threads::run(
+        THREAD_NAME,
+        Box::new(move || {
             let loaded = build_model("model load", || {
                 let model = load()?;
                 let handles = Handles {
@@ -96,7 +97,8 @@ where
             let _ = loaded_tx.send(Ok(handles));
             drop(loaded_tx);
             ModelThread::new(&shared, model, dim).run();
-        })?;
+        }),
+    )?;
     Ok(loaded_rx)
 }
 
@@ -118,9 +120,9 @@ fn start_replicas<E: Embedder + 'static>(
         })?;
         let shared = shared.clone();
         let ready_tx = ready_tx.clone();
-        std::thread::Builder::new()
-            .name(format!("{THREAD_NAME}-{n}"))
-            .spawn(move || {
+        threads::run(
+            THREAD_NAME,
+            Box::new(move || {
                 let model = match build_model(&format!("model thread {n}'s start"), build) {
                     Ok(model) => model,
                     Err(message) => {
@@ -131,10 +133,9 @@ fn start_replicas<E: Embedder + 'static>(
                 let _ = ready_tx.send(Ok(()));
                 drop(ready_tx);
                 ModelThread::new(&shared, model, dim).run();
-            })
-            .map_err(|e| {
-                EmbedderError::model_failure(format!("cannot spawn model thread {n}: {e}"))
-            })?;
+            }),
+        )
+        .map_err(|e| EmbedderError::model_failure(format!("cannot spawn model thread {n}: {e}")))?;
     }
     drop(ready_tx);
     for _ in 1..threads {

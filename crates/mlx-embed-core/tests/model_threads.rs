@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,11 +41,11 @@ async fn three_threads_run_three_batches_at_once() {
     tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(record.batches().len(), 3, "only three threads");
     let names = record.threads_used();
-    let want: BTreeSet<String> = ["mlx-embed-model", "mlx-embed-model-1", "mlx-embed-model-2"]
-        .into_iter()
-        .map(String::from)
-        .collect();
-    assert_eq!(names, want);
+    assert_eq!(names.len(), 3, "three distinct threads: {names:?}");
+    assert!(
+        names.iter().all(|n| n.starts_with("mlx-embed-model ")),
+        "{names:?}"
+    );
     gate.open();
     for (task, text) in tasks.into_iter().zip(["a", "b", "c", "d"]) {
         let got = timeout(LIMIT, task).await.unwrap().unwrap().unwrap();

@@ -158,7 +158,7 @@ pub struct Record {
     /// Fakes dropped (one per model thread, replicas included).
     pub drops: AtomicUsize,
     pub thread_name: Mutex<Option<String>>,
-    /// The name of the thread that ran each batch, in the order of `batches`.
+    /// The name and id of the thread that ran each batch, in the order of `batches`.
     pub batch_threads: Mutex<Vec<String>>,
 }
 
@@ -245,8 +245,9 @@ impl Embedder for Fake {
             batches.push(batch.clone());
             self.record.kinds.lock().unwrap().push(output);
             let thread = std::thread::current();
-            let name = thread.name().unwrap_or("unnamed").to_string();
-            self.record.batch_threads.lock().unwrap().push(name);
+            let name = thread.name().unwrap_or("unnamed");
+            let named = format!("{name} {:?}", thread.id());
+            self.record.batch_threads.lock().unwrap().push(named);
         }
         if let Some(gate) = &self.gate {
             gate.pass();

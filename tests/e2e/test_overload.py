@@ -144,7 +144,7 @@ def test_2000_concurrent_requests_surplus_gets_429(tmp_path, fd_room):
     for i in refused:
         r = results[i]
         assert int(r.headers["retry-after"]) >= 1
-        assert r.json() == {"error": {"message": "server is overloaded: too many inputs waiting; retry later",
+        assert r.json() == {"error": {"message": "server is overloaded: too many inputs waiting (--max-waiting); retry later",
                                       "type": "rate_limit_error", "code": 429}}
     vectors = {}
     for i in ok:

@@ -286,7 +286,13 @@ impl Batcher {
         // Queue wait (and its bound) starts once the request is ready to queue.
         let arrived = Instant::now();
         let admission = shared.admission(priority);
-        let permit = match admission.admit(n, arrived).await {
+        // A caller that leaves while waiting for admission leaves its inputs
+        // uncomputed too: counted with those skipped later, so what was sent
+        // adds up to what was computed, found in the cache and cancelled.
+        let waiting = LeftWhileWaiting(Some((&shared.recorder, n)));
+        let admitted = admission.admit(n, arrived).await;
+        waiting.disarm();
+        let permit = match admitted {
             Ok(permit) => permit,
             Err(Refusal::Closed) => return Err(shared.refusal()),
             Err(Refusal::Overloaded(reason)) => {
@@ -375,5 +381,23 @@ struct CallerLeft<'a>(&'a Recorder);
 impl Drop for CallerLeft<'_> {
     fn drop(&mut self) {
         self.0.request_cancelled();
+    }
+}
+
+/// Counts a caller's inputs as cancelled if its `compute` future is dropped
+/// while it waits for admission.
+struct LeftWhileWaiting<'a>(Option<(&'a Recorder, usize)>);
+
+impl LeftWhileWaiting<'_> {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for LeftWhileWaiting<'_> {
+    fn drop(&mut self) {
+        if let Some((recorder, n)) = self.0.take() {
+            recorder.inputs_cancelled(n);
+        }
     }
 }

@@ -17,11 +17,17 @@ pub(crate) type Answered = Result<Vec<Vec<f32>>, CoreError>;
 
 pub(crate) type Reply = oneshot::Sender<Answered>;
 
-/// The admission permits and in-flight count of a request; given back the
-/// moment its answer is ready, before the caller is woken (so a caller that
-/// immediately calls again finds its room free), or when its caller leaves.
+/// The admission permits and in-flight count of a request. Given back input
+/// by input as its batches are answered, so the next caller in its lane gets
+/// in while a big request is still running (and from there its turn in the
+/// lane's round-robin): held to the end, one request of the lane's whole
+/// room kept every later caller out until it was done, however small. The
+/// rest goes the moment the answer is ready, before the caller is woken (so
+/// a caller that immediately calls again finds its room free), or when its
+/// caller leaves.
 pub(crate) struct Ticket {
-    _permit: OwnedSemaphorePermit,
+    permit: OwnedSemaphorePermit,
+    /// Inputs not yet answered.
     inputs: usize,
     recorder: Arc<Recorder>,
 }
@@ -32,9 +38,24 @@ impl Ticket {
             .in_flight_inputs
             .fetch_add(inputs as u64, Ordering::Relaxed);
         Self {
-            _permit: permit,
+            permit,
             inputs,
             recorder,
+        }
+    }
+
+    /// `n` more inputs are answered: their room goes back now. (A request
+    /// larger than the whole room holds fewer permits than inputs; it gives
+    /// them back from its first answered inputs on.)
+    pub fn answered(&mut self, n: usize) {
+        let n = n.min(self.inputs);
+        self.inputs -= n;
+        self.recorder
+            .in_flight_inputs
+            .fetch_sub(n as u64, Ordering::Relaxed);
+        let give_back = n.min(self.permit.num_permits());
+        if give_back > 0 {
+            drop(self.permit.split(give_back));
         }
     }
 }
@@ -155,6 +176,8 @@ impl Request {
         if answer.delivered == self.len {
             let vectors = std::mem::take(&mut answer.vectors);
             Self::answer(answer, Ok(vectors));
+        } else if let Some(ticket) = answer.ticket.as_mut() {
+            ticket.answered(n);
         }
     }
 

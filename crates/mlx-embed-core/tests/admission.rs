@@ -199,3 +199,48 @@ async fn a_caller_that_gives_up_waiting_frees_its_place_in_line() {
     assert!(timeout(LIMIT, holder).await.unwrap().unwrap().is_ok());
     assert!(timeout(LIMIT, patient).await.unwrap().unwrap().is_ok());
 }
+
+/// A request that fills its lane's room (or exceeds it) gives the room back
+/// batch by batch, so a small caller behind it gets in and takes its turn in
+/// the lane's round-robin; it once waited for the whole big request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_caller_gets_in_while_a_big_request_runs() {
+    for (room, big) in [(8, 8), (4, 12)] {
+        let config = BatcherConfig {
+            max_concurrent_requests: room,
+            max_batch_size: 2,
+            batch_window: Duration::ZERO,
+            ..BatcherConfig::default()
+        };
+        let (batcher, record) = start(config, Duration::from_millis(20), None);
+        let bulk_texts: Vec<String> = (0..big).map(|i| format!("big-{i}")).collect();
+        let b = batcher.clone();
+        let sent = bulk_texts.clone();
+        let bulk =
+            tokio::spawn(async move { b.embed(owned_texts(&sent), EmbedOptions::default()).await });
+        eventually("the big request's first batch", || {
+            !record.batches().is_empty()
+        })
+        .await;
+        let small = timeout(
+            LIMIT,
+            batcher.embed(texts(&["small"]), EmbedOptions::default()),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+        assert_answer(&["small".to_string()], &small);
+        assert_answer(
+            &bulk_texts,
+            &timeout(LIMIT, bulk).await.unwrap().unwrap().unwrap(),
+        );
+        let batches = record.batches();
+        let at = |text: &str| batches.iter().position(|b| b.iter().any(|t| t == text));
+        let small_at = at("small").unwrap();
+        let last_big = at(&format!("big-{}", big - 1)).unwrap();
+        assert!(
+            small_at < last_big,
+            "room {room}, {big} inputs: the small caller ran in batch {small_at}, the big request ended in {last_big}: {batches:?}"
+        );
+    }
+}

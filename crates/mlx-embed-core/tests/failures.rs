@@ -561,10 +561,11 @@ async fn a_caller_that_leaves_before_admission_is_counted_as_cancelled() {
     waiting.abort();
     assert!(waiting.await.unwrap_err().is_cancelled());
     let m = batcher.metrics();
-    // Never admitted: no input of it was queued, so none is counted as skipped.
+    // Never admitted, its input still counts as cancelled: sent inputs add
+    // up to computed + cached + cancelled.
     assert_eq!(
         (m.requests_cancelled, m.inputs_cancelled_before_compute),
-        (1, 0)
+        (1, 1)
     );
     assert_eq!(m.waiting_inputs, 0);
     gate.open();

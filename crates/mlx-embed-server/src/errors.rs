@@ -31,7 +31,7 @@ use axum::extract::rejection::JsonRejection;
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use mlx_embed_core::CoreError;
+use mlx_embed_core::{CoreError, OverloadReason};
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -235,10 +235,20 @@ impl ApiError {
 impl From<CoreError> for ApiError {
     fn from(err: CoreError) -> Self {
         match err {
-            CoreError::Overloaded { retry_after, .. } => {
+            CoreError::Overloaded {
+                reason,
+                retry_after,
+            } => {
+                // Which bound was hit, so an operator knows which flag to look at.
+                let why = match reason {
+                    OverloadReason::QueueFull => "too many inputs waiting (--max-waiting)",
+                    OverloadReason::QueueTimeout => {
+                        "waited longer than the queue allows (--max-queue-wait-ms)"
+                    }
+                };
                 let mut e = Self::new(
                     ErrorKind::Overloaded,
-                    "server is overloaded: too many inputs waiting; retry later",
+                    format!("server is overloaded: {why}; retry later"),
                 );
                 e.retry_after = Some(retry_after_secs(retry_after));
                 e
@@ -477,6 +487,25 @@ impl<F: Flavor> IntoResponse for Shaped<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_overload_names_the_bound_it_hit() {
+        let message = |reason| {
+            ApiError::from(CoreError::Overloaded {
+                reason,
+                retry_after: Duration::from_secs(3),
+            })
+        };
+        let full = message(OverloadReason::QueueFull);
+        assert!(full.message.contains("(--max-waiting)"), "{}", full.message);
+        let timeout = message(OverloadReason::QueueTimeout);
+        assert!(
+            timeout.message.contains("(--max-queue-wait-ms)"),
+            "{}",
+            timeout.message
+        );
+        assert_eq!(timeout.retry_after, Some(3));
+    }
 
     #[test]
     fn retry_after_rounds_up_to_at_least_one() {

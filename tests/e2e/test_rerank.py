@@ -230,6 +230,57 @@ def test_qwen3_reranker_cut_from_the_left_still_reads_the_query(scorers):
                                rtol=1e-5, atol=1e-5)
 
 
+def test_cohere_chunks_and_cuts_long_documents(duo):
+    """Cohere's max_chunks_per_doc scores a document by its best chunk of as
+    many tokens as fit beside the query; max_tokens_per_doc cuts it first.
+    Both were accepted and ignored: two long documents that differed only
+    past the model's limit scored the same."""
+    import mlx_embed
+    from tokenizers import Tokenizer
+
+    model = mlx_embed.load(str(BERT_RERANKER))
+    tok = Tokenizer.from_file(str(BERT_RERANKER / "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    query = "capital of france"
+    filler = " ".join(f"word{i % 50}" for i in range(700))
+    docs = [filler + " Paris is the capital of France.", filler + " Bananas are yellow fruit."]
+
+    def pieces(doc, max_tokens=None, max_chunks=None):
+        # The rule the server documents: token offsets of the document alone,
+        # chunks of (max length - the pair without its document) tokens.
+        offsets = tok.encode(doc, add_special_tokens=False).offsets[:max_tokens]
+        if max_chunks is None:
+            return [doc[:offsets[-1][1]]]
+        (frame,), _, _ = model.encode_pairs([(query, "")])
+        per = model.max_length - len(frame)
+        groups = [offsets[i:i + per] for i in range(0, len(offsets), per)][:max_chunks]
+        return [doc[(0 if n == 0 else g[0][0]):g[-1][1]] for n, g in enumerate(groups)]
+
+    def best(doc, **limits):
+        return float(model.score([(query, p) for p in pieces(doc, **limits)])[:, 0].max())
+
+    co = cohere.Client(api_key="unused", base_url=duo.url)
+    plain = {r.index: r.relevance_score for r in co.rerank(model="tiny-bert-reranker", query=query,
+                                                           documents=docs).results}
+    assert plain[0] == pytest.approx(plain[1], abs=1e-6)  # both cut to the same first ~120 tokens
+    chunked = {r.index: r.relevance_score for r in co.rerank(model="tiny-bert-reranker", query=query,
+                                                             documents=docs, max_chunks_per_doc=10).results}
+    for i, doc in enumerate(docs):
+        assert len(pieces(doc, max_chunks=10)) == 10
+        assert chunked[i] == pytest.approx(best(doc, max_chunks=10), abs=1e-5)
+        # The first chunk is what the cut keeps; a later one scores higher here.
+        assert chunked[i] > plain[i] + 1e-3
+    co2 = cohere.ClientV2(api_key="unused", base_url=duo.url)
+    cut = {r.index: r.relevance_score for r in co2.rerank(model="tiny-bert-reranker", query=query,
+                                                          documents=docs, max_tokens_per_doc=5).results}
+    for i, doc in enumerate(docs):
+        assert cut[i] == pytest.approx(best(doc, max_tokens=5), abs=1e-5)
+    for field in ("max_chunks_per_doc", "max_tokens_per_doc"):
+        r = duo.post("/v1/rerank", {"model": "tiny-bert-reranker", "query": query, "documents": docs, field: 0})
+        assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
+
+
 def test_classifier_predict(scorers):
     texts = json.loads((FIXTURES / "golden" / "minilm_texts.json").read_text())
     ref = _ref(BERT_CLASSIFIER, "reference_text_logits.npy")

@@ -258,9 +258,12 @@ pub struct CohereRerankRequest {
     /// Include each document in its result, as sent (a string as `{"text": ...}`)
     /// (v1 and Jina default: true; v2: false).
     pub return_documents: Option<bool>,
-    /// Accepted and ignored (Cohere's chunking options).
+    /// Cohere v1: split each document into up to this many chunks that each
+    /// fit beside the query, and score the document by its best chunk.
+    /// Unset: one chunk, cut to the model's maximum (as Jina answers here).
     pub max_chunks_per_doc: Option<i64>,
-    /// Accepted and ignored: documents are cut to the model's maximum.
+    /// Cohere v2: cut each document to this many tokens first (unset: the
+    /// model's maximum cuts the pair).
     pub max_tokens_per_doc: Option<i64>,
     /// The fields of an object document to rank on, in this order, as one
     /// `field: value` line each (default: the `text` field alone, its value as is).
@@ -375,12 +378,25 @@ async fn cohere_rerank(
         .enumerate()
         .map(|(i, doc)| doc.rank_text(i, rank_fields.as_deref()))
         .collect::<Result<Vec<String>, ApiError>>()?;
+    let limits = DocumentLimits {
+        max_tokens: at_least_one(req.max_tokens_per_doc, "max_tokens_per_doc")?,
+        max_chunks: at_least_one(req.max_chunks_per_doc, "max_chunks_per_doc")?,
+    };
+    // (document index, text) per scored piece: the document itself, or its
+    // cut or chunks.
+    let pieces = if limits.max_tokens.is_none() && limits.max_chunks.is_none() {
+        texts.into_iter().enumerate().collect()
+    } else {
+        let model = state.model_for(req.model.as_deref(), Task::Rerank)?;
+        document_pieces(model, &req.query, texts, limits).await?
+    };
+    let piece_texts: Vec<String> = pieces.iter().map(|(_, t)| t.clone()).collect();
     let out = score(
         state,
         pairs_request(
             req.model,
             &req.query,
-            &texts,
+            &piece_texts,
             EmbedOptions {
                 priority: priority.unwrap_or_default(),
                 ..EmbedOptions::default()
@@ -390,7 +406,11 @@ async fn cohere_rerank(
         .map_err(|e| e.param("documents"))?,
     )
     .await?;
-    let scores = first_label(&out);
+    // A document scores as its best piece.
+    let mut scores = vec![f32::NEG_INFINITY; req.documents.len()];
+    for ((doc, _), score) in pieces.iter().zip(first_label(&out)) {
+        scores[*doc] = scores[*doc].max(score);
+    }
     let with_documents = req.return_documents.unwrap_or(documents_by_default);
     let mut documents: Vec<Option<RerankDocument>> = req.documents.into_iter().map(Some).collect();
     let mut order = ranking(&scores);
@@ -422,6 +442,107 @@ async fn cohere_rerank(
 }
 
 /// One pair input per document.
+/// Cohere's per-document limits, as sent.
+#[derive(Debug, Clone, Copy, Default)]
+struct DocumentLimits {
+    max_tokens: Option<usize>,
+    max_chunks: Option<usize>,
+}
+
+fn at_least_one(value: Option<i64>, name: &'static str) -> Result<Option<usize>, ApiError> {
+    match value {
+        None => Ok(None),
+        Some(n) if n >= 1 => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+        Some(n) => {
+            Err(ApiError::invalid(format!("{name} must be at least 1, got {n}")).param(name))
+        }
+    }
+}
+
+/// Each document cut to `max_tokens` tokens, then split into up to
+/// `max_chunks` pieces of as many tokens as fit beside the query in one
+/// model input (Cohere's chunking); one piece per document without
+/// `max_chunks`. Pieces are slices of the document's text at its tokens'
+/// offsets, so no text is rewritten.
+async fn document_pieces(
+    model: &crate::models::ServedModel,
+    query: &str,
+    texts: Vec<String>,
+    limits: DocumentLimits,
+) -> Result<Vec<(usize, String)>, ApiError> {
+    let Some(tok) = model.batcher.tokenizer().cloned() else {
+        return Err(ApiError::invalid(
+            "max_tokens_per_doc and max_chunks_per_doc need the model's tokenizer",
+        ));
+    };
+    let max_input = model.info().max_input_tokens;
+    let query = query.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let options = EmbedOptions::default();
+        let invalid = |e: mlx_embed_core::EmbedderError| ApiError::invalid(e.message);
+        // What a pair costs besides its document: specials, the query, a
+        // template's frame.
+        let frame = tok
+            .encode(
+                &EmbedInput::Pair {
+                    query: query.clone(),
+                    document: String::new(),
+                },
+                &options,
+            )
+            .map_err(invalid)?;
+        let per_chunk = max_input.saturating_sub(frame.ids.len()).max(1);
+        let mut pieces = Vec::new();
+        for (index, text) in texts.into_iter().enumerate() {
+            let spans = tok.tokens(&text, false, &options).map_err(invalid)?;
+            let offsets: Vec<(usize, usize)> = spans
+                .iter()
+                .filter(|s| !s.special)
+                .map(|s| (s.start, s.stop))
+                .collect();
+            for piece in split_at_tokens(&text, &offsets, limits, per_chunk) {
+                pieces.push((index, piece));
+            }
+        }
+        Ok(pieces)
+    })
+    .await
+    .map_err(|e| ApiError::new(ErrorKind::Model, format!("tokenizer task failed: {e}")))?
+}
+
+/// `text` cut after `limits.max_tokens` of its tokens (byte `offsets`), then
+/// split into chunks of `per_chunk` tokens, at most `limits.max_chunks` of
+/// them (one, cut to `per_chunk` by the pair's own truncation, without it).
+/// An offset that is not a character boundary leaves the text whole.
+fn split_at_tokens(
+    text: &str,
+    offsets: &[(usize, usize)],
+    limits: DocumentLimits,
+    per_chunk: usize,
+) -> Vec<String> {
+    let kept = &offsets[..offsets.len().min(limits.max_tokens.unwrap_or(usize::MAX))];
+    let slice = |from: usize, to: usize| text.get(from..to).map(str::to_owned);
+    let whole = || vec![text.to_owned()];
+    if kept.is_empty() {
+        return whole();
+    }
+    let Some(max_chunks) = limits.max_chunks else {
+        let end = kept.last().map_or(0, |&(_, stop)| stop);
+        return slice(0, end).map_or_else(whole, |t| vec![t]);
+    };
+    let mut chunks = Vec::new();
+    for (n, group) in kept.chunks(per_chunk).take(max_chunks).enumerate() {
+        // The first chunk starts at the text's start, so leading space stays
+        // as the document had it; the others start at their first token.
+        let from = if n == 0 { 0 } else { group[0].0 };
+        match slice(from, group[group.len() - 1].1) {
+            Some(chunk) => chunks.push(chunk),
+            None => return whole(),
+        }
+    }
+    chunks
+}
+
 fn pairs_request(
     model: Option<String>,
     query: &str,
@@ -459,6 +580,29 @@ mod tests {
 
     fn doc(v: Value) -> RerankDocument {
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn documents_split_at_their_tokens() {
+        let text = "aa bb cc dd ee";
+        let offsets = [(0, 2), (3, 5), (6, 8), (9, 11), (12, 14)];
+        let limits = |max_tokens, max_chunks| DocumentLimits {
+            max_tokens,
+            max_chunks,
+        };
+        let split = |l, per| split_at_tokens(text, &offsets, l, per);
+        assert_eq!(split(limits(Some(2), None), 9), ["aa bb"]);
+        assert_eq!(split(limits(Some(9), None), 9), [text]);
+        assert_eq!(split(limits(None, Some(10)), 2), ["aa bb", "cc dd", "ee"]);
+        assert_eq!(split(limits(None, Some(2)), 2), ["aa bb", "cc dd"]);
+        assert_eq!(split(limits(Some(3), Some(10)), 2), ["aa bb", "cc"]);
+        assert_eq!(split(limits(None, Some(1)), 9), [text]);
+        // No tokens, or offsets off the text's character boundaries: whole.
+        assert_eq!(split_at_tokens("", &[], limits(Some(1), Some(1)), 1), [""]);
+        assert_eq!(
+            split_at_tokens("é", &[(0, 1)], limits(None, Some(3)), 1),
+            ["é"]
+        );
     }
 
     #[test]

@@ -276,6 +276,13 @@ def test_cohere_chunks_and_cuts_long_documents(duo):
                                                           documents=docs, max_tokens_per_doc=5).results}
     for i, doc in enumerate(docs):
         assert cut[i] == pytest.approx(best(doc, max_tokens=5), abs=1e-5)
+    # Chunks are the server's: as many documents as the input limit (2048) pass whatever their length.
+    many = ["short one"] * 2047 + [docs[0]]
+    r = duo.post("/v1/rerank", {"model": "tiny-bert-reranker", "query": query, "documents": many,
+                                "max_chunks_per_doc": 2, "top_n": 1})
+    assert r.status_code == 200, r.text[:300]
+    assert duo.post("/v1/rerank", {"model": "tiny-bert-reranker", "query": query, "documents": many + ["x"],
+                                   "max_chunks_per_doc": 2}).status_code == 413
     for field in ("max_chunks_per_doc", "max_tokens_per_doc"):
         r = duo.post("/v1/rerank", {"model": "tiny-bert-reranker", "query": query, "documents": docs, field: 0})
         assert r.status_code == 400 and field in r.json()["error"]["message"], r.text

@@ -484,3 +484,26 @@ def test_unsupported_st_module_is_named(tmp_path):
     (d / "modules.json").write_text(json.dumps(mods))
     with pytest.raises(ValueError, match="LayerNorm.*not supported"):
         mlx_embed.load(d)
+
+
+@pytest.mark.parametrize("folder", ["tiny-qwen3", "tiny-qwen2", "tiny-mistral", "tiny-gemma3", "tiny-qwen3-reranker"])
+def test_loading_a_decoder_leaves_the_open_file_limit_alone(folder):
+    """mlx-lm's package sets the open-file limit to (2048, 4096) when
+    imported: a server of a decoder model could hold no more than 2,048
+    connections, and where the hard limit was under 4,096 the import failed.
+    A fresh process, so nothing imported mlx-lm before."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource\n"
+        "soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (min(soft, 1000), hard))\n"
+        "before = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "import mlx_embed\n"
+        f"m = mlx_embed.load({str(FIXTURES / folder)!r})\n"
+        "after = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "assert after == before, (before, after)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]

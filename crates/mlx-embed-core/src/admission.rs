@@ -68,7 +68,8 @@ impl Admission {
     }
 
     /// Waits for `n` inputs' worth of permits (at most the whole bound, so a
-    /// request larger than the bound can still run, alone).
+    /// request larger than the bound can still run: let in with the whole
+    /// bound, it gives it back in proportion as its inputs are answered).
     pub async fn admit(&self, n: usize, arrived: Instant) -> Result<OwnedSemaphorePermit, Refusal> {
         let permits = n.min(self.bound) as u32;
         let mut acquire = pin!(self.semaphore.clone().acquire_many_owned(permits));

@@ -17,16 +17,23 @@ pub(crate) type Answered = Result<Vec<Vec<f32>>, CoreError>;
 
 pub(crate) type Reply = oneshot::Sender<Answered>;
 
-/// The admission permits and in-flight count of a request. Given back input
-/// by input as its batches are answered, so the next caller in its lane gets
-/// in while a big request is still running (and from there its turn in the
-/// lane's round-robin): held to the end, one request of the lane's whole
-/// room kept every later caller out until it was done, however small. The
-/// rest goes the moment the answer is ready, before the caller is woken (so
-/// a caller that immediately calls again finds its room free), or when its
-/// caller leaves.
+/// The admission permits and in-flight count of a request. Given back as
+/// its batches are answered, so the next caller in its lane gets in while a
+/// big request is still running (and from there its turn in the lane's
+/// round-robin): held to the end, one request of the lane's whole room kept
+/// every later caller out until it was done, however small. A request
+/// holds permits in proportion to its inputs not yet answered: all of them
+/// when it fits the room, `room * remaining / inputs` when it is larger (it
+/// was let in with the whole room), so a lane's admitted inputs stay within
+/// its room, or one maximal request's size. The rest goes the moment the
+/// answer is ready, before the caller is woken (so a caller that
+/// immediately calls again finds its room free), or when its caller leaves.
 pub(crate) struct Ticket {
     permit: OwnedSemaphorePermit,
+    /// Permits the request was admitted with.
+    admitted: usize,
+    /// Its inputs.
+    total: usize,
     /// Inputs not yet answered.
     inputs: usize,
     recorder: Arc<Recorder>,
@@ -38,22 +45,24 @@ impl Ticket {
             .in_flight_inputs
             .fetch_add(inputs as u64, Ordering::Relaxed);
         Self {
+            admitted: permit.num_permits(),
             permit,
+            total: inputs,
             inputs,
             recorder,
         }
     }
 
-    /// `n` more inputs are answered: their room goes back now. (A request
-    /// larger than the whole room holds fewer permits than inputs; it gives
-    /// them back from its first answered inputs on.)
+    /// `n` more inputs are answered: their share of the room goes back now.
     pub fn answered(&mut self, n: usize) {
         let n = n.min(self.inputs);
         self.inputs -= n;
         self.recorder
             .in_flight_inputs
             .fetch_sub(n as u64, Ordering::Relaxed);
-        let give_back = n.min(self.permit.num_permits());
+        let keep =
+            (self.admitted as u128 * self.inputs as u128).div_ceil(self.total.max(1) as u128);
+        let give_back = self.permit.num_permits().saturating_sub(keep as usize);
         if give_back > 0 {
             drop(self.permit.split(give_back));
         }
@@ -236,5 +245,50 @@ impl Drop for CallerGuard<'_> {
             drop(ticket);
             self.shared.withdraw(&request);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::sync::Semaphore;
+
+    fn ticket(room: usize, inputs: usize) -> (Arc<Semaphore>, Ticket) {
+        let semaphore = Arc::new(Semaphore::new(room));
+        let permit = semaphore
+            .clone()
+            .try_acquire_many_owned(inputs.min(room) as u32)
+            .unwrap();
+        let ticket = Ticket::new(permit, inputs, Arc::new(Recorder::new()));
+        (semaphore, ticket)
+    }
+
+    #[test]
+    fn a_request_that_fits_gives_back_one_permit_per_answered_input() {
+        let (room, mut t) = ticket(8, 6);
+        assert_eq!(room.available_permits(), 2);
+        t.answered(2);
+        assert_eq!(room.available_permits(), 4);
+        t.answered(3);
+        assert_eq!(room.available_permits(), 7);
+        drop(t);
+        assert_eq!(room.available_permits(), 8);
+    }
+
+    #[test]
+    fn a_request_larger_than_the_room_gives_it_back_in_proportion() {
+        // 12 inputs in a room of 4: it holds ceil(4 * remaining / 12).
+        let (room, mut t) = ticket(4, 12);
+        let mut free = Vec::new();
+        for _ in 0..6 {
+            t.answered(2);
+            free.push(room.available_permits());
+        }
+        // remaining 10, 8, 6, 4, 2, 0 -> held 4, 3, 2, 2, 1, 0.
+        assert_eq!(free, [0, 1, 2, 2, 3, 4]);
+        // So the room bounds the lane: what the request still holds, scaled
+        // by its size over the room, is what it has left to answer.
+        drop(t);
+        assert_eq!(room.available_permits(), 4);
     }
 }

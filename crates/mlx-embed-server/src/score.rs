@@ -45,6 +45,13 @@ pub struct ScoreOutput {
 /// Scores `req`; errors carry their status (see [`crate::errors`]).
 pub async fn score(state: &AppState, req: ScoreRequest) -> Result<ScoreOutput, ApiError> {
     check_inputs(state, &req.inputs)?;
+    score_checked(state, req).await
+}
+
+/// [`score`] for inputs the route checked itself: pieces the server made
+/// of what the client sent (Cohere's chunks), which count as the client's
+/// documents, not one input each.
+pub async fn score_checked(state: &AppState, req: ScoreRequest) -> Result<ScoreOutput, ApiError> {
     let model = state.model_for(req.model.as_deref(), req.task)?;
     let labels = model.info().kind.labels().to_vec();
     let width = model.info().dim;

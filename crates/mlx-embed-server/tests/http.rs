@@ -1383,6 +1383,7 @@ async fn ollama_listings_and_legacy_embeddings() {
     expect_error(&s, "/api/show", Shape::Ollama, &json!({ "model": 3 }), 400).await;
     // As Ollama: the model is required, even where one is served.
     expect_error(&s, "/api/show", Shape::Ollama, &json!({}), 400).await;
+    expect_error(&s, "/api/show", Shape::Ollama, &json!({ "model": "" }), 400).await;
     // A route of Ollama's this server does not serve answers in its shape.
     expect_error(
         &s,

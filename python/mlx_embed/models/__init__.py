@@ -26,7 +26,9 @@ A built ``Model`` may add folder-specific ones as ``model.embedding_defaults``
 The engine reads only these, never the architecture's name.
 """
 
+import importlib
 import inspect
+import resource
 
 import mlx.core as mx
 
@@ -164,3 +166,17 @@ class LengthTables:
                 self._cache.clear()
             self._cache[length] = hit
         return hit
+
+
+def mlx_lm_model(name: str):
+    """``mlx_lm.models.<name>``, imported without the side effect of mlx-lm's
+    package: ``mlx_lm.utils`` sets the process's open-file limit to (2048,
+    4096) when imported, lowering the hard limit for good, so a server of a
+    Qwen3, Qwen2, Mistral or Gemma model could hold no more than 2,048
+    connections and files."""
+    set_limit = resource.setrlimit
+    resource.setrlimit = lambda *args, **kwargs: None
+    try:
+        return importlib.import_module(f"mlx_lm.models.{name}")
+    finally:
+        resource.setrlimit = set_limit

@@ -19,10 +19,11 @@ from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import gemma3_text as _lm
 
 from .. import ops
-from . import DECODER_SIBLINGS, decoder_weights
+from . import DECODER_SIBLINGS, decoder_weights, mlx_lm_model
+
+_lm = mlx_lm_model("gemma3_text")
 
 # The attention's softmax by the native kernel on the CPU, given the layer's
 # ops.BandMask (the real keys, and a sliding layer's window).

@@ -35,10 +35,11 @@ from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import llama as _lm
 
 from .. import ops
-from . import DECODER_SIBLINGS, decoder_weights
+from . import DECODER_SIBLINGS, decoder_weights, mlx_lm_model
+
+_lm = mlx_lm_model("llama")
 
 # The attention's softmax by the native kernel on the CPU, long inputs in
 # query blocks (ops.engine_attention); the feed-forward's SiLU by the native

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models import qwen3 as _lm
 
 from .. import ops
-from . import DECODER_SIBLINGS, decoder_weights
+from . import DECODER_SIBLINGS, decoder_weights, mlx_lm_model
+
+_lm = mlx_lm_model("qwen3")
 
 # The attention's softmax by the native kernel on the CPU, long inputs in
 # query blocks (ops.engine_attention); the feed-forward's SiLU by the native

@@ -358,7 +358,7 @@ pub async fn show(
     ApiJson(req, _): ApiJson<OllamaShowRequest, Ollama>,
 ) -> Result<Json<OllamaShowResponse>, Shaped<Ollama>> {
     // As Ollama: the model is required here, even on a one-model server.
-    let name = served_name(req.model)
+    let name = served_name(req.model.filter(|m| !m.is_empty()))
         .ok_or_else(|| Shaped::from(ApiError::invalid("model is required").param("model")))?;
     let model = state.model_for(Some(&name), Task::Describe)?;
     let info = model.info();

@@ -14,10 +14,11 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::Usage;
+use crate::embed::check_inputs;
 use crate::errors::{ApiError, ErrorKind, OpenAi, OpenAiErrorBody, Shaped, Tei, TeiErrorBody};
 use crate::extract::{ApiJson, PriorityHeader, TruncationSide};
 use crate::models::Task;
-use crate::score::{ranking, score, ScoreOutput, ScoreRequest};
+use crate::score::{ranking, score, score_checked, ScoreOutput, ScoreRequest};
 use crate::state::AppState;
 
 /// TEI rerank request.
@@ -384,28 +385,35 @@ async fn cohere_rerank(
     };
     // (document index, text) per scored piece: the document itself, or its
     // cut or chunks.
-    let pieces = if limits.max_tokens.is_none() && limits.max_chunks.is_none() {
-        texts.into_iter().enumerate().collect()
-    } else {
-        let model = state.model_for(req.model.as_deref(), Task::Rerank)?;
-        document_pieces(model, &req.query, texts, limits).await?
-    };
-    let piece_texts: Vec<String> = pieces.iter().map(|(_, t)| t.clone()).collect();
-    let out = score(
-        state,
-        pairs_request(
-            req.model,
+    let chunked = limits.max_tokens.is_some() || limits.max_chunks.is_some();
+    let pieces = if chunked {
+        // The limits apply to the documents sent; their chunks are ours.
+        let sent = pairs_request(
+            req.model.clone(),
             &req.query,
-            &piece_texts,
-            EmbedOptions {
-                priority: priority.unwrap_or_default(),
-                ..EmbedOptions::default()
-            },
+            &texts,
+            EmbedOptions::default(),
             false,
         )
-        .map_err(|e| e.param("documents"))?,
-    )
-    .await?;
+        .map_err(|e| e.param("documents"))?;
+        check_inputs(state, &sent.inputs)?;
+        let model = state.model_for(req.model.as_deref(), Task::Rerank)?;
+        document_pieces(model, &req.query, texts, limits).await?
+    } else {
+        texts.into_iter().enumerate().collect()
+    };
+    let piece_texts: Vec<String> = pieces.iter().map(|(_, t)| t.clone()).collect();
+    let options = EmbedOptions {
+        priority: priority.unwrap_or_default(),
+        ..EmbedOptions::default()
+    };
+    let request = pairs_request(req.model, &req.query, &piece_texts, options, false)
+        .map_err(|e| e.param("documents"))?;
+    let out = if chunked {
+        score_checked(state, request).await?
+    } else {
+        score(state, request).await?
+    };
     // A document scores as its best piece.
     let mut scores = vec![f32::NEG_INFINITY; req.documents.len()];
     for ((doc, _), score) in pieces.iter().zip(first_label(&out)) {

@@ -383,41 +383,39 @@ async fn cohere_rerank(
         max_tokens: at_least_one(req.max_tokens_per_doc, "max_tokens_per_doc")?,
         max_chunks: at_least_one(req.max_chunks_per_doc, "max_chunks_per_doc")?,
     };
-    // (document index, text) per scored piece: the document itself, or its
-    // cut or chunks.
-    let chunked = limits.max_tokens.is_some() || limits.max_chunks.is_some();
-    let pieces = if chunked {
-        // The limits apply to the documents sent; their chunks are ours.
-        let sent = pairs_request(
-            req.model.clone(),
-            &req.query,
-            &texts,
-            EmbedOptions::default(),
-            false,
-        )
-        .map_err(|e| e.param("documents"))?;
-        check_inputs(state, &sent.inputs)?;
-        let model = state.model_for(req.model.as_deref(), Task::Rerank)?;
-        document_pieces(model, &req.query, texts, limits).await?
-    } else {
-        texts.into_iter().enumerate().collect()
-    };
-    let piece_texts: Vec<String> = pieces.iter().map(|(_, t)| t.clone()).collect();
     let options = EmbedOptions {
         priority: priority.unwrap_or_default(),
         ..EmbedOptions::default()
     };
-    let request = pairs_request(req.model, &req.query, &piece_texts, options, false)
-        .map_err(|e| e.param("documents"))?;
-    let out = if chunked {
-        score_checked(state, request).await?
+    // The input limits apply to the documents sent; chunks made of them are ours.
+    let sent = pairs_request(
+        req.model.clone(),
+        &req.query,
+        &texts,
+        options.clone(),
+        false,
+    )
+    .map_err(|e| e.param("documents"))?;
+    check_inputs(state, &sent.inputs)?;
+    // Which document each scored input belongs to: one each, or its chunks.
+    let (owners, request) = if limits.max_tokens.is_some() || limits.max_chunks.is_some() {
+        let model = state.model_for(req.model.as_deref(), Task::Rerank)?;
+        let (owners, pieces): (Vec<usize>, Vec<String>) =
+            document_pieces(model, &req.query, texts, limits)
+                .await?
+                .into_iter()
+                .unzip();
+        let request = pairs_request(req.model, &req.query, &pieces, options, false)
+            .map_err(|e| e.param("documents"))?;
+        (owners, request)
     } else {
-        score(state, request).await?
+        ((0..texts.len()).collect(), sent)
     };
+    let out = score_checked(state, request).await?;
     // A document scores as its best piece.
     let mut scores = vec![f32::NEG_INFINITY; req.documents.len()];
-    for ((doc, _), score) in pieces.iter().zip(first_label(&out)) {
-        scores[*doc] = scores[*doc].max(score);
+    for (&doc, score) in owners.iter().zip(first_label(&out)) {
+        scores[doc] = scores[doc].max(score);
     }
     let with_documents = req.return_documents.unwrap_or(documents_by_default);
     let mut documents: Vec<Option<RerankDocument>> = req.documents.into_iter().map(Some).collect();
@@ -449,7 +447,6 @@ async fn cohere_rerank(
     }))
 }
 
-/// One pair input per document.
 /// Cohere's per-document limits, as sent.
 #[derive(Debug, Clone, Copy, Default)]
 struct DocumentLimits {
@@ -551,6 +548,7 @@ fn split_at_tokens(
     chunks
 }
 
+/// One pair input per document.
 fn pairs_request(
     model: Option<String>,
     query: &str,

@@ -173,8 +173,13 @@ impl Batcher {
         // Counts this call for `drained()` from here, tokenizing included.
         let _active = ActiveGuard::new(shared.recorder.clone());
         let inner = &*self.inner;
+        // A caller that leaves while its texts are tokenized leaves them all
+        // uncomputed (a refusal is not a cancellation: disarmed before `?`).
+        let mut tokenizing = LeftUncounted::new(&shared.recorder, inputs.len());
         let encoded =
-            tokenize::encode_all(inner.tokenizer.clone(), &inner.info, inputs, &options).await?;
+            tokenize::encode_all(inner.tokenizer.clone(), &inner.info, inputs, &options).await;
+        tokenizing.settle_all();
+        let encoded = encoded?;
         let token_counts: Vec<u32> = encoded.iter().map(|e| e.len() as u32).collect();
         let (vectors, row_counts, cache_hits) = match (options.output, &shared.cache) {
             (Output::Pooled, Some(cache)) => {
@@ -221,6 +226,10 @@ impl Batcher {
         let mut out: Vec<Option<Vec<f32>>> = vec![None; encoded.len()];
         let mut hits = 0u32;
         let mut todo: Vec<usize> = (0..encoded.len()).collect();
+        // Inputs following another call's computation are neither computed
+        // nor found by this call until their wait ends: a caller that leaves
+        // meanwhile (or while its leads are computed) leaves them uncomputed.
+        let mut following = LeftUncounted::new(&self.inner.shared.recorder, 0);
         while !todo.is_empty() {
             let mut leads = Vec::new();
             let mut follows = Vec::new();
@@ -242,6 +251,7 @@ impl Batcher {
             // The leads arrive in the queue; the rest came back all the same.
             let served = n_looked_up - leads.len();
             self.inner.shared.arrived_elsewhere(served);
+            following.count = follows.len();
             if !leads.is_empty() {
                 // A lead is answered below or the call fails: its input is not looked up again.
                 let inputs = leads
@@ -249,7 +259,11 @@ impl Batcher {
                     .map(|(i, _)| std::mem::take(&mut encoded[*i]))
                     .collect();
                 // On error the leads drop unpublished, which wakes their followers.
-                let vectors = self.compute(inputs, priority, Output::Pooled).await?;
+                let vectors = self.compute(inputs, priority, Output::Pooled).await;
+                if vectors.is_err() {
+                    following.settle_all();
+                }
+                let vectors = vectors?;
                 for ((i, lead), vector) in leads.into_iter().zip(vectors) {
                     lead.publish(&vector);
                     out[i] = Some(vector);
@@ -260,10 +274,13 @@ impl Batcher {
                     Some(vector) => {
                         out[i] = Some(vector.to_vec());
                         hits += 1;
+                        following.count -= 1;
                     }
+                    // Looked up again below, where it is counted afresh.
                     None => todo.push(i),
                 }
             }
+            following.settle_all();
         }
         let vectors = out
             .into_iter()
@@ -289,9 +306,9 @@ impl Batcher {
         // A caller that leaves while waiting for admission leaves its inputs
         // uncomputed too: counted with those skipped later, so what was sent
         // adds up to what was computed, found in the cache and cancelled.
-        let waiting = LeftWhileWaiting(Some((&shared.recorder, n)));
+        let mut waiting = LeftUncounted::new(&shared.recorder, n);
         let admitted = admission.admit(n, arrived).await;
-        waiting.disarm();
+        waiting.settle_all();
         let permit = match admitted {
             Ok(permit) => permit,
             Err(Refusal::Closed) => return Err(shared.refusal()),
@@ -361,6 +378,15 @@ impl Batcher {
         self.inner.shared.reset_counts();
     }
 
+    /// Empties the embedding cache (if it is on): later inputs are computed
+    /// afresh. Computations in flight still answer their callers. For a
+    /// server's warm-up call, whose vector no client asked for.
+    pub fn clear_cache(&self) {
+        if let Some(cache) = &self.inner.shared.cache {
+            cache.clear();
+        }
+    }
+
     /// Stops accepting new work (`ShuttingDown`); admitted work still completes.
     /// Callers still waiting for admission are refused with `ShuttingDown`.
     pub fn close(&self) {
@@ -384,20 +410,30 @@ impl Drop for CallerLeft<'_> {
     }
 }
 
-/// Counts a caller's inputs as cancelled if its `compute` future is dropped
-/// while it waits for admission.
-struct LeftWhileWaiting<'a>(Option<(&'a Recorder, usize)>);
+/// Inputs no other count will take if the caller leaves now (while they are
+/// tokenized, wait for admission, or wait on another call's computation):
+/// dropped with the caller's future, it counts them as cancelled, so what was
+/// sent adds up to what was computed, found in the cache and cancelled.
+struct LeftUncounted<'a> {
+    recorder: &'a Recorder,
+    count: usize,
+}
 
-impl LeftWhileWaiting<'_> {
-    fn disarm(mut self) {
-        self.0 = None;
+impl<'a> LeftUncounted<'a> {
+    fn new(recorder: &'a Recorder, count: usize) -> Self {
+        Self { recorder, count }
+    }
+
+    /// Another count has them now (or the call failed: not a cancellation).
+    fn settle_all(&mut self) {
+        self.count = 0;
     }
 }
 
-impl Drop for LeftWhileWaiting<'_> {
+impl Drop for LeftUncounted<'_> {
     fn drop(&mut self) {
-        if let Some((recorder, n)) = self.0.take() {
-            recorder.inputs_cancelled(n);
+        if self.count > 0 {
+            self.recorder.inputs_cancelled(self.count);
         }
     }
 }

@@ -287,6 +287,16 @@ impl Cache {
         })
     }
 
+    /// Drops every stored vector. Computations in flight are untouched:
+    /// their followers still get their vectors, which are stored as usual.
+    pub fn clear(&self) {
+        let mut lru = lock(&self.lru);
+        lru.map.clear();
+        lru.slab.clear();
+        lru.free.clear();
+        (lru.head, lru.tail, lru.bytes) = (NIL, NIL, 0);
+    }
+
     /// Zeroes the hit and miss counts (the entries stay).
     pub fn reset_counts(&self) {
         self.hits.store(0, Relaxed);

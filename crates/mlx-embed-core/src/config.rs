@@ -50,9 +50,10 @@ pub struct BatcherConfig {
     /// running batch plus one short one. 16 by default on every device (a
     /// quarter of the CPU's `max_batch_size`); capped at `max_batch_size`.
     pub max_priority_batch_size: usize,
-    /// Aging: a lane with inputs waiting that got no place in this many
-    /// consecutive batches goes first in the next one. 8 by default; zero is
-    /// taken as one.
+    /// Aging: a high or normal lane with inputs waiting that got no place in
+    /// this many consecutive batches goes first in the next one; the low lane
+    /// after twice as many, so normal keeps more turns than low when queries
+    /// pass both over. 8 by default; zero is taken as one.
     pub aging_batches: u32,
     /// `false`: strictly one request per model call (the old serial behaviour).
     pub enable_batching: bool,

@@ -29,7 +29,10 @@ pub struct MetricsSnapshot {
     /// Requests whose caller went away before their answer, wherever they
     /// were (tokenizing, waiting for admission, queued, being computed).
     pub requests_cancelled: u64,
-    /// Inputs skipped because their caller went away before their batch started.
+    /// Inputs never computed for their caller because it went away first:
+    /// while they were tokenized, waited for admission, sat in the queue, or
+    /// waited on another call computing the same input (cache single-flight).
+    /// Sent inputs add up to computed + cache hits + these.
     pub inputs_cancelled_before_compute: u64,
     pub batches: u64,
     pub batch_size: Histogram,

@@ -16,10 +16,13 @@
 //! - **Short batches for queries.** When high-priority inputs are waiting,
 //!   lower lanes top the batch up only to `max_priority_batch_size` inputs,
 //!   so a query waits for the running batch plus one short one.
-//! - **Aging.** A lane that had inputs waiting but got none in
-//!   `aging_batches` consecutive batches goes first in the next one (one turn
-//!   of its front request). So no lane is passed over more than
-//!   `aging_batches` times in a row, whatever the lanes above it do.
+//! - **Aging.** A lane that had inputs waiting but got none in its aging
+//!   limit of consecutive batches goes first in the next one (one turn of its
+//!   front request). The limit is `aging_batches` for high and normal and
+//!   twice that for low, so under a flood of queries that passes both over,
+//!   normal still gets more turns than low (1.5x with a limit of 2; with one
+//!   limit for both they aged together and low got as many). No lane is passed over more than its limit in a row,
+//!   whatever the lanes above it do.
 //!
 //! Invariants (checked by `debug_assert!`s):
 //! - a [`FairQueue`]'s `inputs` is the sum of its entries' remaining inputs,
@@ -44,11 +47,23 @@ pub(crate) struct Limits {
     /// Most inputs in a batch cut while high-priority inputs wait (lower
     /// lanes stop topping it up there); at most `max_batch_size`.
     pub max_priority_batch_size: usize,
-    /// Consecutive batches a lane with waiting inputs may be passed over
-    /// before it goes first; at least 1.
+    /// Consecutive batches a high or normal lane with waiting inputs may be
+    /// passed over before it goes first (low: twice as many); at least 1.
     pub aging_batches: u32,
     /// False: a batch never mixes requests.
     pub batching: bool,
+}
+
+impl Limits {
+    /// Consecutive batches lane `i` may be passed over before it goes first:
+    /// low's is twice the others', so it yields to normal when both wait.
+    fn aging_limit(&self, i: usize) -> u32 {
+        if i == Priority::Low.index() {
+            self.aging_batches.saturating_mul(2)
+        } else {
+            self.aging_batches
+        }
+    }
 }
 
 /// The not-yet-batched rest of a request.
@@ -383,7 +398,7 @@ impl Lanes {
     pub fn cut(&mut self, recorder: &Recorder) -> Batch {
         let limits = self.limits;
         let waiting = Priority::ALL.map(|p| self.has_waiting(p));
-        let aged = |i: usize| waiting[i] && self.passed_over[i] >= limits.aging_batches;
+        let aged = |i: usize| waiting[i] && self.passed_over[i] >= limits.aging_limit(i);
         // Aged lanes first (lowest first: it has been passed over longest
         // relative to its rank), then the rest by priority.
         let mut order = [2, 1, 0]
@@ -604,7 +619,8 @@ mod tests {
             ..limits(true)
         };
         // Five full high batches queued ahead of one low and one normal input:
-        // both are passed over twice, then go first (low before normal).
+        // normal goes first once passed over twice, low once passed over four
+        // times.
         let mut requests = vec![(1, Low), (1, Normal)];
         requests.extend([(4, High); 5]);
         assert_eq!(
@@ -612,12 +628,38 @@ mod tests {
             vec![
                 vec![(2, 4)],
                 vec![(3, 4)],
-                vec![(0, 1), (1, 1), (4, 2)],
-                vec![(4, 2), (5, 2)],
-                vec![(5, 2), (6, 2)],
+                vec![(1, 1), (4, 3)],
+                vec![(4, 1), (5, 3)],
+                vec![(0, 1), (5, 1), (6, 2)],
                 vec![(6, 2)],
             ]
         );
+    }
+
+    #[test]
+    fn under_a_flood_of_queries_normal_gets_more_turns_than_low() {
+        let limits = Limits {
+            aging_batches: 2,
+            max_priority_batch_size: 1,
+            ..limits(true)
+        };
+        // 60 full high batches, a normal and a low request longer than the
+        // flood lets through: each aged turn is one input (the priority cap).
+        let mut requests = vec![(100, Low), (100, Normal)];
+        requests.extend([(4, High); 60]);
+        let batches = batches_with(&requests, limits);
+        let served = |lane: usize| {
+            batches[..60]
+                .iter()
+                .flatten()
+                .filter(|&&(req, _)| req == lane)
+                .map(|&(_, n)| n)
+                .sum::<usize>()
+        };
+        // Normal goes in every third batch at most, low every fifth, and one
+        // aged turn delays the other's: 18 and 12 (one limit for both lanes
+        // gave normal 19 and low 20).
+        assert_eq!((served(1), served(0)), (18, 12));
     }
 
     use Output::{Pooled, Tokens};

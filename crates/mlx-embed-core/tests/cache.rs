@@ -265,8 +265,8 @@ async fn a_query_never_waits_on_a_bulk_computation_of_the_same_input() {
     );
 }
 
-/// What a server does after its warm-up call: the counters and histograms
-/// start again from zero (the warm-up's cache entry stays, and answers).
+/// The counters and histograms start again from zero; the cache's entries
+/// stay, and answer (a server also clears them after its warm-up).
 #[tokio::test(flavor = "current_thread")]
 async fn reset_metrics_zeroes_the_counts_and_keeps_the_entries() {
     let (batcher, _) = start(BatcherConfig::default(), Duration::ZERO, None);
@@ -307,4 +307,62 @@ async fn reset_metrics_zeroes_the_counts_and_keeps_the_entries() {
         (1, 1, 1, 1)
     );
     assert_eq!(m.batch_size.count, 1);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn clear_cache_drops_the_entries_and_spares_computations_in_flight() {
+    let gate = Gate::closed();
+    let config = BatcherConfig {
+        // Room for three entries of a short text (each about 370 bytes: its
+        // vector, its ids and the per-entry overhead): clearing must leave the
+        // LRU evicting as before.
+        cache_bytes: 1200,
+        ..BatcherConfig::default()
+    };
+    let (batcher, record) = start(config, Duration::ZERO, Some(gate.clone()));
+    gate.open();
+    let stored = batcher.embed(texts(&["stored"]), EmbedOptions::default());
+    assert_answer(&["stored".into()], &stored.await.unwrap());
+    assert_eq!(batcher.metrics().cache.entries, 1);
+    gate.close();
+    let holder = occupy_model(&batcher, &record, "holder").await;
+    let spawn = |text: &'static str| {
+        let b = batcher.clone();
+        tokio::spawn(async move { b.embed(texts(&[text]), EmbedOptions::default()).await })
+    };
+    let leader = spawn("flying");
+    eventually("leader queued", || batcher.metrics().in_flight_inputs == 2).await;
+    let follower = spawn("flying");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    batcher.clear_cache();
+    assert_eq!(batcher.metrics().cache.entries, 0, "\"stored\" is gone");
+    gate.open();
+    timeout(LIMIT, holder).await.unwrap().unwrap().unwrap();
+    for caller in [leader, follower] {
+        let got = timeout(LIMIT, caller).await.unwrap().unwrap().unwrap();
+        assert_answer(&["flying".into()], &got);
+    }
+    let m = batcher.metrics();
+    // The holder's and the leader's vectors, stored once computed; the
+    // follower got the leader's.
+    assert_eq!((m.cache.entries, m.cache.hits), (2, 1), "{:?}", m.cache);
+    // Cleared, the LRU still stores, evicts and answers.
+    batcher.clear_cache();
+    let m = batcher.metrics();
+    assert_eq!((m.cache.entries, m.cache.bytes), (0, 0));
+    for text in ["a", "b", "c", "d", "e", "a"] {
+        let got = batcher.embed(texts(&[text]), EmbedOptions::default()).await;
+        assert_answer(&[text.into()], &got.unwrap());
+    }
+    let m = batcher.metrics();
+    assert!(
+        m.cache.entries <= 3 && m.cache.bytes <= m.cache.capacity_bytes,
+        "{:?}",
+        m.cache
+    );
+    assert_eq!(
+        record.computed(),
+        vec!["stored", "holder", "flying", "a", "b", "c", "d", "e", "a"],
+        "\"a\" was evicted, computed again"
+    );
 }

@@ -573,3 +573,71 @@ async fn a_caller_that_leaves_before_admission_is_counted_as_cancelled() {
     let m = batcher.metrics();
     assert_eq!((m.requests_ok, m.requests_cancelled), (1, 1));
 }
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_caller_that_leaves_while_tokenizing_is_counted_as_cancelled() {
+    let (batcher, record) = start(BatcherConfig::default(), Duration::ZERO, None);
+    // Long enough to go to the blocking pool, where the fake tokenizer sleeps.
+    let long = format!("{SLOW_TOKENIZE} {}", "x".repeat(400));
+    let caller = {
+        let b = batcher.clone();
+        tokio::spawn(async move {
+            b.embed(owned_texts(&[long.clone(), long]), EmbedOptions::default())
+                .await
+        })
+    };
+    tokio::time::sleep(SLOW_TOKENIZE_TIME / 4).await;
+    caller.abort();
+    assert!(caller.await.unwrap_err().is_cancelled());
+    let m = batcher.metrics();
+    assert_eq!(
+        (m.requests_cancelled, m.inputs_cancelled_before_compute),
+        (1, 2)
+    );
+    // Its tokenizing ends on the pool; nothing of it is computed.
+    tokio::time::sleep(SLOW_TOKENIZE_TIME).await;
+    assert!(record.computed().is_empty());
+    assert_eq!(batcher.metrics().inputs_cancelled_before_compute, 2);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_caller_that_leaves_while_following_another_calls_input_is_counted_as_cancelled() {
+    let gate = Gate::closed();
+    let (batcher, record) = start(BatcherConfig::default(), Duration::ZERO, Some(gate.clone()));
+    let holder = occupy_model(&batcher, &record, "holder").await;
+    let leader = {
+        let b = batcher.clone();
+        tokio::spawn(async move { b.embed(texts(&["shared"]), EmbedOptions::default()).await })
+    };
+    eventually("leader queued", || batcher.metrics().in_flight_inputs == 2).await;
+    // "own" is this caller's lead, "shared" follows the leader's computation.
+    let follower = {
+        let b = batcher.clone();
+        tokio::spawn(async move {
+            b.embed(texts(&["own", "shared"]), EmbedOptions::default())
+                .await
+        })
+    };
+    eventually("follower's lead queued", || {
+        batcher.metrics().in_flight_inputs == 3
+    })
+    .await;
+    follower.abort();
+    assert!(follower.await.unwrap_err().is_cancelled());
+    gate.open();
+    timeout(LIMIT, holder).await.unwrap().unwrap().unwrap();
+    let shared = timeout(LIMIT, leader).await.unwrap().unwrap().unwrap();
+    assert_answer(&["shared".into()], &shared);
+    // Sent 4 inputs: "holder" and "shared" computed, none found in the
+    // cache, "own" withdrawn from the queue and "shared" left unfollowed.
+    let m = batcher.metrics();
+    assert_eq!(record.computed(), vec!["holder", "shared"]);
+    assert_eq!(
+        (
+            m.requests_cancelled,
+            m.inputs_cancelled_before_compute,
+            m.cache.hits
+        ),
+        (1, 2, 0)
+    );
+}

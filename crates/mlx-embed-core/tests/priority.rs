@@ -95,7 +95,7 @@ async fn batches_take_high_then_normal_then_low() {
 }
 
 #[tokio::test(flavor = "current_thread")]
-async fn a_lower_lane_is_passed_over_at_most_aging_batches_times() {
+async fn normal_is_passed_over_at_most_aging_batches_times_low_twice_that() {
     let gate = Gate::closed();
     let config = BatcherConfig {
         max_batch_size: 2,
@@ -121,17 +121,17 @@ async fn a_lower_lane_is_passed_over_at_most_aging_batches_times() {
     for t in tasks {
         timeout(LIMIT, t).await.unwrap().unwrap().unwrap();
     }
-    // High fills two batches; then low and normal have been passed over
-    // twice and go first (low, the longer-starved rank, before normal).
+    // High fills two batches; then normal has been passed over twice and
+    // goes first; low, whose limit is twice that, after four.
     assert_eq!(
         record.batches(),
         strings(&[
             &["holder"],
             &["h0a", "h0b"],
             &["h1a", "h1b"],
-            &["low", "normal"],
-            &["h2a", "h2b"],
-            &["h3a", "h3b"],
+            &["normal", "h2a"],
+            &["h2b", "h3a"],
+            &["low", "h3b"],
             &["h4a", "h4b"],
             &["h5a", "h5b"],
         ])

@@ -75,7 +75,7 @@ pub struct ServerArgs {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_priority_batch_size: usize,
 
-    /// Aging: a priority lane passed over by this many consecutive batches goes first in the next.
+    /// Aging: a normal (or high) lane passed over by this many consecutive batches goes first in the next; low after twice as many.
     #[arg(long, env = "MLX_EMBED_AGING_BATCHES", default_value_t = core_defaults().aging_batches,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub aging_batches: u32,

@@ -265,7 +265,7 @@ fn render_core(out: &mut String, m: &MetricsSnapshot) {
     counter(
         out,
         "mlx_embed_inputs_cancelled_total",
-        "Inputs skipped because their caller left before their batch started.",
+        "Inputs never computed because their caller left first (tokenizing, waiting, queued, or waiting on another caller's computation of the same input).",
         m.inputs_cancelled_before_compute,
     );
     counter(out, "mlx_embed_batches_total", "Model calls.", m.batches);

@@ -96,8 +96,10 @@ async fn warm_up_if_enabled(
     let mut warm = Duration::ZERO;
     for batcher in batchers {
         warm += warm_up(batcher).await.map_err(ServerError::Warmup)?;
-        // /metrics counts clients' work: the warm-up call is the server's.
+        // /metrics counts clients' work: the warm-up call is the server's,
+        // and so is its vector, which no client asked the cache to keep.
         batcher.reset_metrics();
+        batcher.clear_cache();
     }
     tracing::info!(
         load_ms = load.as_millis() as u64,

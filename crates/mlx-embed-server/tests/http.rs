@@ -858,15 +858,19 @@ async fn warm_up_runs_one_max_length_text_before_serving() {
         live.memory().unwrap().peak_bytes,
         MAX_TOKENS as u64 * FAKE_BYTES_PER_TOKEN
     );
-    // The metrics count clients' work: the warm-up is the server's. Its
-    // vector stays in the cache.
+    // The metrics count clients' work: the warm-up is the server's, and so
+    // is its vector, which is not left in the cache.
     let m = s.batcher.metrics();
     assert_eq!(
         (m.requests_ok, m.batches, m.real_tokens),
         (0, 0, 0),
         "{m:?}"
     );
-    assert_eq!((m.cache.entries, m.cache.misses), (1, 0), "{m:?}");
+    assert_eq!(
+        (m.cache.entries, m.cache.bytes, m.cache.misses),
+        (0, 0, 0),
+        "{m:?}"
+    );
     let (status, _, _) = post(&s, "/v1/embeddings", &json!({ "input": "x" })).await;
     assert_eq!(status, 200);
     let m = s.batcher.metrics();
@@ -1384,6 +1388,26 @@ async fn ollama_listings_and_legacy_embeddings() {
     // As Ollama: the model is required, even where one is served.
     expect_error(&s, "/api/show", Shape::Ollama, &json!({}), 400).await;
     expect_error(&s, "/api/show", Shape::Ollama, &json!({ "model": "" }), 400).await;
+    expect_error(
+        &s,
+        "/api/show",
+        Shape::Ollama,
+        &json!({ "model": "", "name": "" }),
+        400,
+    )
+    .await;
+    // Both set (a client filling the old field too): `model` is the one read.
+    for both in [
+        json!({ "model": "fake-model", "name": "fake-model" }),
+        json!({ "model": "", "name": "fake-model:latest" }),
+    ] {
+        let (status, _, v) = post(&s, "/api/show", &both).await;
+        assert_eq!(
+            (status, &v["capabilities"]),
+            (200, &json!(["embedding"])),
+            "{both}"
+        );
+    }
     // A route of Ollama's this server does not serve answers in its shape.
     expect_error(
         &s,

@@ -52,7 +52,12 @@ pub struct FakeTokenizer;
 impl Tokenize for FakeTokenizer {
     fn encode(&self, input: &EmbedInput, options: &EmbedOptions) -> Result<Encoded, EmbedderError> {
         let (start, content): (u32, Vec<u32>) = match input {
-            EmbedInput::Text(t) => (TEXT_START, t.bytes().map(u32::from).collect()),
+            EmbedInput::Text(t) => {
+                if t.contains(SLOW_TOKENIZE) {
+                    std::thread::sleep(SLOW_TOKENIZE_TIME);
+                }
+                (TEXT_START, t.bytes().map(u32::from).collect())
+            }
             EmbedInput::Tokens(ids) => {
                 if let Some(bad) = ids.iter().find(|&&id| id >= TEXT_START) {
                     return Err(EmbedderError::invalid_input(format!(
@@ -186,6 +191,9 @@ pub const BAD_SHAPE: &str = "BADSHAPE";
 pub const INVALID: &str = "INVALID";
 /// The fake reports itself gone for good.
 pub const GONE: &str = "GONE";
+/// The fake's tokenizer takes [`SLOW_TOKENIZE_TIME`] over texts with this marker.
+pub const SLOW_TOKENIZE: &str = "SLOWTOKENIZE";
+pub const SLOW_TOKENIZE_TIME: Duration = Duration::from_millis(400);
 
 pub struct Fake {
     pub record: Arc<Record>,

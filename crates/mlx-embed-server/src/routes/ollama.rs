@@ -251,9 +251,10 @@ pub struct OllamaRunningList {
 /// Ollama show request.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct OllamaShowRequest {
-    /// The model, required (with or without `:latest`; older clients send it as `name`).
-    #[serde(alias = "name")]
+    /// The model, required (with or without `:latest`).
     pub model: Option<String>,
+    /// What older clients send instead of `model`; `model` wins when both are set, as in Ollama.
+    pub name: Option<String>,
 }
 
 /// What Ollama shows of a model.
@@ -358,7 +359,11 @@ pub async fn show(
     ApiJson(req, _): ApiJson<OllamaShowRequest, Ollama>,
 ) -> Result<Json<OllamaShowResponse>, Shaped<Ollama>> {
     // As Ollama: the model is required here, even on a one-model server.
-    let name = served_name(req.model.filter(|m| !m.is_empty()))
+    let requested = [req.model, req.name]
+        .into_iter()
+        .flatten()
+        .find(|m| !m.is_empty());
+    let name = served_name(requested)
         .ok_or_else(|| Shaped::from(ApiError::invalid("model is required").param("model")))?;
     let model = state.model_for(Some(&name), Task::Describe)?;
     let info = model.info();

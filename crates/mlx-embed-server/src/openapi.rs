@@ -63,12 +63,81 @@ use crate::routes::{
 )]
 pub struct ApiDoc;
 
+/// Paths served by the handler of a documented one, as (alias, documented):
+/// the OpenAI routes without their version prefix (as Infinity serves them),
+/// vLLM's unversioned score, Weaviate's trailing slash. The document lists
+/// each as a copy of its original, so a client generated from it knows them.
+const ALIASES: [(&str, &str); 5] = [
+    ("/embeddings", "/v1/embeddings"),
+    ("/models", "/v1/models"),
+    ("/models/{model}", "/v1/models/{model}"),
+    ("/score", "/v1/score"),
+    ("/vectors/", "/vectors"),
+];
+
+/// The document: every handler's path, then its aliases.
+fn document() -> utoipa::openapi::OpenApi {
+    let mut doc = ApiDoc::openapi();
+    for (alias, original) in ALIASES {
+        let mut item = doc.paths.paths[original].clone();
+        // Operation ids are unique in a document.
+        for operation in [&mut item.get, &mut item.post].into_iter().flatten() {
+            if let Some(id) = &mut operation.operation_id {
+                id.push_str("_alias");
+            }
+        }
+        doc.paths.paths.insert(alias.to_owned(), item);
+    }
+    doc
+}
+
 /// The document as JSON, built once.
 pub fn json() -> &'static str {
     static DOC: OnceLock<String> = OnceLock::new();
-    DOC.get_or_init(|| {
-        ApiDoc::openapi()
-            .to_json()
-            .expect("OpenAPI document serializes")
-    })
+    DOC.get_or_init(|| document().to_json().expect("OpenAPI document serializes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use serde_json::Value;
+
+    /// Every path the router serves, as the OpenAPI document spells it
+    /// (axum's `{*model}` catch-all is a `{model}` parameter there).
+    fn routed_paths() -> BTreeSet<String> {
+        include_str!("routes/mod.rs")
+            .split(".route(\"")
+            .skip(1)
+            .map(|rest| rest[..rest.find('"').unwrap()].replace("{*", "{"))
+            .collect()
+    }
+
+    #[test]
+    fn the_document_lists_exactly_the_routed_paths() {
+        let doc: Value = serde_json::from_str(super::json()).unwrap();
+        let documented: BTreeSet<String> =
+            doc["paths"].as_object().unwrap().keys().cloned().collect();
+        let routed = routed_paths();
+        assert!(routed.len() > 30, "{routed:?}");
+        assert_eq!(documented, routed);
+    }
+
+    #[test]
+    fn an_alias_is_its_originals_operation_under_its_own_id() {
+        let doc: Value = serde_json::from_str(super::json()).unwrap();
+        let paths = &doc["paths"];
+        let original = &paths["/v1/embeddings"]["post"];
+        let alias = &paths["/embeddings"]["post"];
+        assert_eq!(alias["requestBody"], original["requestBody"]);
+        assert_eq!(alias["responses"], original["responses"]);
+        assert_eq!(alias["operationId"], "openai_embeddings_alias");
+        let mut ids = BTreeSet::new();
+        for item in paths.as_object().unwrap().values() {
+            for operation in item.as_object().unwrap().values() {
+                let id = operation["operationId"].as_str().unwrap();
+                assert!(ids.insert(id.to_owned()), "operation id {id} twice");
+            }
+        }
+    }
 }

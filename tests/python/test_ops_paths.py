@@ -132,6 +132,50 @@ def test_environment_is_only_the_fallback():
     assert json.loads(r.stdout.strip().splitlines()[-1]) == {"env": "exact", "arg": "native"}
 
 
+_SIMD_CAPPED = """
+import json, sys
+import numpy as np
+import mlx_embed
+from mlx_embed import _native
+texts = json.loads(open(sys.argv[1], encoding="utf-8").read())
+got = mlx_embed.load().embed(texts)
+want = np.load(sys.argv[2])
+print(json.dumps({"simd": _native.kernel_simd,
+                  "cos": float((got * want).sum(axis=1).min()),
+                  "diff": float(np.abs(got - want).max())}))
+"""
+
+
+def _run_capped(cap: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "MLX_EMBED_SIMD": cap}
+    golden = ROOT / "tests" / "fixtures" / "golden"
+    return subprocess.run(
+        [sys.executable, "-c", _SIMD_CAPPED, str(golden / "minilm_texts.json"),
+         str(golden / "minilm_mean_normalized.npy")],
+        capture_output=True, text=True, timeout=300, env=env)
+
+
+@pytest.mark.parametrize("cap", ["avx2", "generic"])
+def test_the_simd_cap_runs_the_narrower_build_with_golden_vectors(cap):
+    # What a CPU without AVX-512 (or without AVX2) runs, checked on this one.
+    r = _run_capped(cap)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    detected = _simd_level_of_this_cpu()
+    if cap == "generic" or detected == "generic":
+        want = "generic"
+    else:
+        want = "avx2+fma"
+    assert got["simd"] == want
+    assert got["cos"] >= 0.99999 and got["diff"] <= 1e-5, got
+
+
+def test_an_unknown_simd_cap_fails_the_import_naming_the_values():
+    r = _run_capped("avx1024")
+    assert r.returncode != 0
+    assert 'MLX_EMBED_SIMD="avx1024": expected avx512, avx2 or generic' in r.stderr, r.stderr[-2000:]
+
+
 def test_arrays_the_kernels_cannot_take_fall_back_to_mlx():
     # A broadcast (non-contiguous) input: no buffer to work in place on, so
     # the MLX path runs and gives the same values.

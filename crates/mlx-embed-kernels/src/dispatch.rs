@@ -25,19 +25,57 @@ struct Detected {
     avx512: bool,
 }
 
+/// The environment variable that caps the build the kernels run: `avx512`,
+/// `avx2` or `generic` (a cap, never more than the CPU has). It measures how
+/// the narrower builds run on a wide CPU, and sidesteps a build that
+/// misbehaves on some CPU without a rebuild.
+pub const SIMD_ENV: &str = "MLX_EMBED_SIMD";
+
+/// The most a [`SIMD_ENV`] value allows: (AVX2+FMA, AVX-512).
+fn cap_from(value: Option<&str>) -> Result<(bool, bool), String> {
+    match value.map(str::trim) {
+        None | Some("") | Some("avx512") => Ok((true, true)),
+        Some("avx2") => Ok((true, false)),
+        Some("generic") => Ok((false, false)),
+        Some(other) => Err(format!(
+            "{SIMD_ENV}={other:?}: expected avx512, avx2 or generic"
+        )),
+    }
+}
+
+/// The [`SIMD_ENV`] cap, read once; an invalid value caps nothing (the
+/// module that loads the kernels refuses it through [`check_simd_env`]).
+fn cap() -> (bool, bool) {
+    use std::sync::OnceLock;
+    static CAP: OnceLock<(bool, bool)> = OnceLock::new();
+    *CAP.get_or_init(|| cap_from(std::env::var(SIMD_ENV).ok().as_deref()).unwrap_or((true, true)))
+}
+
+/// An error naming the valid values if [`SIMD_ENV`] holds an invalid one.
+pub fn check_simd_env() -> Result<(), crate::KernelError> {
+    cap_from(std::env::var(SIMD_ENV).ok().as_deref())
+        .map(drop)
+        .map_err(crate::KernelError::Config)
+}
+
 #[cfg(target_arch = "x86_64")]
 fn detected() -> Detected {
     use std::sync::OnceLock;
     static DETECTED: OnceLock<Detected> = OnceLock::new();
-    *DETECTED.get_or_init(|| Detected {
-        avx2_fma: std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma"),
-        avx512: std::arch::is_x86_feature_detected!("avx512f"),
+    *DETECTED.get_or_init(|| {
+        let (avx2_allowed, avx512_allowed) = cap();
+        Detected {
+            avx2_fma: avx2_allowed
+                && std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma"),
+            avx512: avx512_allowed && std::arch::is_x86_feature_detected!("avx512f"),
+        }
     })
 }
 
 #[cfg(not(target_arch = "x86_64"))]
 fn detected() -> Detected {
+    let _ = cap();
     Detected {
         avx2_fma: false,
         avx512: false,
@@ -138,6 +176,20 @@ pub(crate) mod tests {
             on_avx2_kernels(|| f("avx2", 1));
         }
         on_generic_kernels(|| f("generic", 1));
+    }
+
+    #[test]
+    fn the_simd_env_caps_the_build_and_names_its_values() {
+        use super::cap_from;
+        assert_eq!(cap_from(None), Ok((true, true)));
+        assert_eq!(cap_from(Some("")), Ok((true, true)));
+        assert_eq!(cap_from(Some("avx512")), Ok((true, true)));
+        assert_eq!(cap_from(Some(" avx2 ")), Ok((true, false)));
+        assert_eq!(cap_from(Some("generic")), Ok((false, false)));
+        assert_eq!(
+            cap_from(Some("sse4")),
+            Err(r#"MLX_EMBED_SIMD="sse4": expected avx512, avx2 or generic"#.to_owned())
+        );
     }
 
     #[test]

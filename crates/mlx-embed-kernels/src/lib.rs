@@ -49,7 +49,10 @@ pub use softmax::{
     masked_softmax, masked_softmax_positions, PositionBias, Positions, SoftmaxShape,
 };
 
-/// Which build of the kernels runs on this CPU (for logs and benchmarks).
+pub use dispatch::{check_simd_env, SIMD_ENV};
+
+/// Which build of the kernels runs on this CPU (for logs and benchmarks),
+/// within the [`SIMD_ENV`] cap.
 pub fn simd_level() -> &'static str {
     if dispatch::has_avx512() {
         "avx512f"
@@ -66,4 +69,7 @@ pub enum KernelError {
     /// The buffer's length or the key lengths do not match the described shape.
     #[error("{0}")]
     Shape(String),
+    /// An invalid setting (the [`SIMD_ENV`] variable).
+    #[error("{0}")]
+    Config(String),
 }

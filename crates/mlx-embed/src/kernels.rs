@@ -543,6 +543,8 @@ fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
 const KERNEL_API: u32 = 2;
 
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
+    // A mistyped cap fails the import, not silently runs the widest build.
+    mlx_embed_kernels::check_simd_env().map_err(|e| PyValueError::new_err(e.to_string()))?;
     module.add_function(wrap_pyfunction!(masked_softmax_py, module)?)?;
     module.add_function(wrap_pyfunction!(masked_softmax_positions_py, module)?)?;
     module.add_function(wrap_pyfunction!(gelu_py, module)?)?;

@@ -103,6 +103,7 @@ class EmbeddingModel(ScoringMixin):
         self.default_prompt_name = ck.default_prompt_name
         self.kind = ck.kind
         self.labels = ck.labels
+        self.multi_label = ck.multi_label
         self.sparse = ck.sparse
         self.device = device.device_name()
         self.parameter_count, self.weights_bytes = loading.weight_stats(
@@ -123,6 +124,7 @@ class EmbeddingModel(ScoringMixin):
             special_tokens=ck.defaults.get("special_tokens", True),
             drop_unknown=ck.defaults.get("drop_unknown", False),
             truncate_chars=ck.defaults.get("truncate_chars", False),
+            lowercase=ck.head.lowercase,
         )
         # Whether an input may run with no tokens at all (its vector is what
         # the pooling makes of nothing: zeros for the mean).
@@ -227,6 +229,7 @@ class EmbeddingModel(ScoringMixin):
             elementwise_ops=self.context.describe(),
             kind=self.kind,
             labels=list(self.labels),
+            multi_label=self.multi_label,
             sparse=self.sparse,
             empty_inputs=self.empty_inputs,
             tokenizer=TokenizerSpec(
@@ -240,6 +243,7 @@ class EmbeddingModel(ScoringMixin):
                 pair=tok.pair if self.kind != "embedding" else None,
                 drop_ids=list(tok.drop_ids),
                 char_limit=tok.char_limit,
+                lowercase=tok.lowercase,
             ),
             details=self._details(),
             parameters=self.parameter_count,

@@ -236,6 +236,8 @@ class Checkpoint:
     # raw logit per label (dim == len(labels)) and are not pooled.
     kind: str = "embedding"
     labels: list[str] = field(default_factory=list)
+    # config.json's problem_type is multi_label_classification (a classifier).
+    multi_label: bool = False
     # SPLADE: ``dim == vocab_size`` vectors, non-negative and mostly zero.
     sparse: bool = False
     # The built model's module (its RERANKER_DEFAULTS etc.).
@@ -404,6 +406,8 @@ def load_checkpoint(
         tokenizer_path=tok_path,
         kind=choice.kind,
         labels=labels,
+        multi_label=choice.kind == "classifier"
+        and config.get("problem_type") == "multi_label_classification",
         sparse=choice.sparse,
         module=arch,
         timings=timings,

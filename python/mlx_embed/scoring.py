@@ -3,7 +3,8 @@
 
 The engine returns raw logits; turning them into scores is this module's
 (and, on the server path, the server's) business, with TEI's rule:
-sigmoid for one label, softmax over several, nothing with ``raw_scores``.
+sigmoid for one label, softmax over several, nothing with ``raw_scores``;
+a multi-label classifier's labels get a sigmoid each (transformers' rule).
 """
 
 from __future__ import annotations
@@ -16,10 +17,11 @@ from .errors import InputTooLong, InvalidInput, check_switches
 from .pairs import PairEncoder
 
 
-def activate(logits: np.ndarray) -> np.ndarray:
-    """[n, labels] raw logits -> scores: sigmoid (1 label) or softmax."""
+def activate(logits: np.ndarray, multi_label: bool = False) -> np.ndarray:
+    """[n, labels] raw logits -> scores: sigmoid (1 label, or each label of a
+    multi-label classifier) or softmax."""
     x = np.asarray(logits, dtype=np.float64)
-    if x.shape[1] == 1:
+    if x.shape[1] == 1 or multi_label:
         out = 1.0 / (1.0 + np.exp(-x))
     else:
         e = np.exp(x - x.max(axis=1, keepdims=True))
@@ -34,6 +36,7 @@ class ScoringMixin:
 
     kind: str
     labels: list
+    multi_label: bool
 
     def _require_scorer(self, what: str) -> None:
         if self.kind == "embedding":
@@ -90,7 +93,7 @@ class ScoringMixin:
             instruction=instruction,
         )
         logits, _ = self.scheduler.run(ids, types)
-        return logits if raw_scores else activate(logits)
+        return logits if raw_scores else activate(logits, self.multi_label)
 
     def rerank(
         self,
@@ -150,7 +153,7 @@ class ScoringMixin:
                 raise InvalidInput(f"{self.name} scores (query, document) pairs, not single texts")
             ids, _ = self.encode(inputs, truncate=truncate, truncation_direction=truncation_direction)
             logits, _ = self.scheduler.run(ids)
-            return logits if raw_scores else activate(logits)
+            return logits if raw_scores else activate(logits, self.multi_label)
         return self.score(
             inputs, raw_scores=raw_scores, truncate=truncate, truncation_direction=truncation_direction
         )

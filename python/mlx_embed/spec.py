@@ -57,6 +57,10 @@ class TokenizerSpec:
     before it is encoded (its start kept for ``right``, its end for
     ``left``), when truncating; ids in ``drop_ids`` are left out of the
     content after the token truncation (Model2Vec drops its unknown token).
+
+    ``lowercase`` (``do_lower_case`` in ``sentence_bert_config.json``): a
+    text is lower-cased, prompt included, before anything else (Python's
+    ``str.lower``, the Unicode default mapping); pairs are not.
     """
 
     path: str
@@ -67,6 +71,7 @@ class TokenizerSpec:
     pair: Optional[PairSpec] = None
     drop_ids: list[int] = field(default_factory=list)
     char_limit: Optional[int] = None
+    lowercase: bool = False
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,9 @@ class ModelSpec:
     # one per label: dim == len(labels); the caller applies sigmoid/softmax).
     kind: str = "embedding"
     labels: list[str] = field(default_factory=list)
+    # A classifier whose labels are independent (config.json's problem_type
+    # multi_label_classification): a sigmoid per label, not one softmax.
+    multi_label: bool = False
     # SPLADE: the ``dim == vocab_size`` vectors are non-negative and mostly
     # zero; TEI's /embed_sparse lists their non-zero entries.
     sparse: bool = False

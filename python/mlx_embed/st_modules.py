@@ -77,6 +77,9 @@ class StPipeline:
     prompts: dict = field(default_factory=dict)
     default_prompt_name: Optional[str] = None
     max_seq_length: Optional[int] = None
+    # sentence_bert_config.json's do_lower_case: sentence-transformers
+    # lower-cases each input, prompt included, before it tokenizes.
+    lowercase: bool = False
     include_prompt: bool = True
     has_modules: bool = False
 
@@ -211,12 +214,20 @@ def read_splade_pipeline(folder: str, vocab_size: int) -> SpladePipeline:
         prompts=base.prompts,
         default_prompt_name=base.default_prompt_name,
         max_seq_length=base.max_seq_length,
+        lowercase=base.lowercase,
         has_modules=base.has_modules,
         vocab_size=int(vocab_size),
     )
     if splade is not None:
         pipe.strategy, pipe.activation = splade
     return pipe
+
+
+def _flag(cfg: dict, key: str, folder: str) -> bool:
+    value = cfg.get(key, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{folder}/sentence_bert_config.json: {key} must be true or false, got {value!r}")
+    return value
 
 
 def _pooling_modes(cfg: dict, where: str) -> tuple[str, ...]:
@@ -341,6 +352,7 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
         prompts=dict(prompts),
         default_prompt_name=default_name,
         max_seq_length=int(max_len) if max_len else None,
+        lowercase=_flag(bert_cfg, "do_lower_case", folder),
     )
     if not isinstance(modules, list):
         # A folder with just a 1_Pooling/ (no modules.json) still says how it pools.

@@ -44,13 +44,16 @@ class TextTokenizer:
         special_tokens: bool = True,
         drop_unknown: bool = False,
         truncate_chars: bool = False,
+        lowercase: bool = False,
     ):
         """``special_tokens=False``: no prefix or suffix, whatever the
         post-processor would add (static embeddings encode without them).
         ``drop_unknown``: the unknown token is left out of every input after
         truncation, ``truncate_chars``: a text is cut to ``max_length`` x the
         vocabulary's median token length in characters before it is
-        tokenized, when truncating (both as Model2Vec's ``encode``)."""
+        tokenized, when truncating (both as Model2Vec's ``encode``).
+        ``lowercase``: each text (prompt included) is lower-cased before all
+        that, as sentence-transformers does under ``do_lower_case``."""
         tok = Tokenizer.from_file(path)
         # Some tokenizer.json files bake in truncation/fixed padding (MiniLM has
         # truncation=128 and padding=Fixed(128)); both would change results.
@@ -60,6 +63,7 @@ class TextTokenizer:
         self.path = path
         self.max_length = int(max_length)
         self.vocab_size = tok.get_vocab_size(with_added_tokens=True)
+        self.lowercase = bool(lowercase)
 
         probe = "hello world"
         content = tok.encode(probe, add_special_tokens=False).ids
@@ -126,6 +130,8 @@ class TextTokenizer:
         (its start kept for ``right``, its end for ``left``)."""
         if not texts:
             return []
+        if self.lowercase:
+            texts = [t.lower() for t in texts]
         limit = self.char_limit
         if truncate and limit is not None:
             texts = [

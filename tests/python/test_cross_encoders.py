@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 import mlx_embed
 from mlx_embed.errors import InvalidInput
-from conftest import assert_pairs_match_tokenizer, assert_reranker_matches
+from conftest import assert_pairs_match_tokenizer, assert_reranker_matches, copy_fixture
 from mlx_embed.pairs import truncate_pair_lengths
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
@@ -210,6 +210,32 @@ def test_bert_classifier_matches_reference():
         model.predict(pairs, raw_scores=True),
         np.load(os.path.join(BERT_CLASSIFIER, "reference_pair_logits.npy")),
     )
+
+
+def test_a_multi_label_classifier_scores_each_label_by_a_sigmoid(tmp_path):
+    """config.json's problem_type multi_label_classification: independent
+    labels, a sigmoid each, as transformers' text-classification pipeline
+    scores them (its values below: transformers 4.57, pipeline(top_k=None),
+    on this copy of the fixture)."""
+    folder = copy_fixture("tiny-bert-classifier", tmp_path / "ml", problem_type="multi_label_classification")
+    model = mlx_embed.load(str(folder))
+    assert model.spec().multi_label and not _model(BERT_CLASSIFIER).spec().multi_label
+    texts = ["I love this", "terrible", "the weather is fine today"]
+    pipeline = np.array([
+        [0.498284, 0.488891, 0.022804],
+        [0.087417, 0.939522, 0.001361],
+        [0.460168, 0.901445, 0.010477],
+    ])
+    assert model.labels == ["negative", "neutral", "positive"]
+    probs = model.predict(texts)
+    assert np.abs(probs - pipeline).max() <= 2e-6
+    logits = model.predict(texts, raw_scores=True).astype(np.float64)
+    assert np.abs(probs - 1 / (1 + np.exp(-logits))).max() <= 1e-6
+    # Pairs too; a single-label classifier of the same weights still shares one softmax.
+    pairs = _json(os.path.join(BERT_CLASSIFIER, "pairs.json"))
+    assert (model.predict(pairs).sum(axis=1) > 1.001).any()
+    single = _model(BERT_CLASSIFIER).predict(texts)
+    assert np.abs(single.sum(axis=1) - 1).max() <= 1e-5
 
 
 @pytest.mark.parametrize("folder", [MODERNBERT_RERANKER, DISTILBERT_CLASSIFIER])

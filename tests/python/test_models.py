@@ -225,6 +225,30 @@ def test_prompt_equals_raw_text(golden_texts):
     assert np.abs(plain - a).max() > 1e-2
 
 
+def test_do_lower_case_lowercases_prompt_and_text(golden_texts, tmp_path):
+    """sentence_bert_config.json's do_lower_case: sentence-transformers
+    lower-cases each input (prompt included) before tokenizing it. The XLM-R
+    fixture's tokenizer is cased, so the flag changes ids and vectors."""
+    cased = load_fixture("tiny-xlm-roberta")
+    d = tmp_path / "lower"
+    shutil.copytree(FIXTURES / "tiny-xlm-roberta", d)
+    cfg = json.loads((d / "sentence_bert_config.json").read_text())
+    (d / "sentence_bert_config.json").write_text(json.dumps({**cfg, "do_lower_case": True}))
+    lower = mlx_embed.load(str(d))
+    assert lower.spec().tokenizer.lowercase and not cased.spec().tokenizer.lowercase
+    texts = ["UPPER Case MiXeD", "ΟΔΟΣ ΣΟΦΟΣ İstanbul STRASSE", *golden_texts[:6]]
+    got, counts = lower.embed_with_counts(texts, prompt_name="query")
+    want, want_counts = cased.embed_with_counts([t.lower() for t in texts], prompt="query: ")
+    assert counts == want_counts
+    assert np.array_equal(got, want)
+    # The flag is what made the difference: the cased model reads capitals apart.
+    assert cased.encode(texts[:1])[0] != lower.encode(texts[:1])[0]
+    # Not a flag: refused with the file named.
+    (d / "sentence_bert_config.json").write_text(json.dumps({**cfg, "do_lower_case": "yes"}))
+    with pytest.raises(ValueError, match="sentence_bert_config.json: do_lower_case must be true or false"):
+        mlx_embed.load(str(d))
+
+
 def test_default_prompt_applies_unless_overridden(golden_texts):
     model = load_fixture("tiny-nomic-bert")
     assert model.default_prompt_name == "document"

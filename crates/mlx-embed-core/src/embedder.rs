@@ -230,7 +230,13 @@ pub enum ModelKind {
     #[default]
     Embedding,
     /// One score per label (several labels; `labels` in logit order).
-    Classifier { labels: Vec<String> },
+    /// `multi_label` (config.json's `problem_type` is
+    /// `multi_label_classification`): the labels are independent yes/no
+    /// answers, each scored by a sigmoid, not one choice among them.
+    Classifier {
+        labels: Vec<String>,
+        multi_label: bool,
+    },
     /// One relevance score per query/document pair; `labels` has the one
     /// name TEI's `/predict` reports for it (`id2label`, e.g. "LABEL_0").
     Reranker { labels: Vec<String> },
@@ -241,7 +247,20 @@ impl ModelKind {
     pub fn labels(&self) -> &[String] {
         match self {
             ModelKind::Embedding => &[],
-            ModelKind::Classifier { labels } | ModelKind::Reranker { labels } => labels,
+            ModelKind::Classifier { labels, .. } | ModelKind::Reranker { labels } => labels,
+        }
+    }
+
+    /// Whether each label's score stands alone (a sigmoid per label) rather
+    /// than the labels sharing one softmax: one label, or a multi-label
+    /// classifier.
+    pub fn scores_labels_independently(&self) -> bool {
+        match self {
+            ModelKind::Classifier {
+                labels,
+                multi_label,
+            } => *multi_label || labels.len() == 1,
+            ModelKind::Embedding | ModelKind::Reranker { .. } => true,
         }
     }
 
@@ -466,5 +485,19 @@ mod tests {
         let v = [0.0, 1.5, 0.0, -0.0, 2.0e-7, 0.25];
         assert_eq!(sparse_entries(&v), vec![(1, 1.5), (4, 2.0e-7), (5, 0.25)]);
         assert!(sparse_entries(&[0.0; 4]).is_empty());
+    }
+
+    #[test]
+    fn only_a_single_label_classifier_shares_one_softmax() {
+        let labels = |n: usize| (0..n).map(|i| format!("L{i}")).collect::<Vec<_>>();
+        let classifier = |n, multi_label| ModelKind::Classifier {
+            labels: labels(n),
+            multi_label,
+        };
+        assert!(!classifier(3, false).scores_labels_independently());
+        assert!(classifier(3, true).scores_labels_independently());
+        assert!(classifier(1, false).scores_labels_independently());
+        let reranker = ModelKind::Reranker { labels: labels(1) };
+        assert!(reranker.scores_labels_independently());
     }
 }

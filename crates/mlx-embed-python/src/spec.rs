@@ -29,6 +29,7 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
         },
         "classifier" => ModelKind::Classifier {
             labels: optional(spec, "labels")?.unwrap_or_default(),
+            multi_label: optional(spec, "multi_label")?.unwrap_or_default(),
         },
         other => {
             return Err(BridgeError::Protocol(format!(
@@ -49,6 +50,7 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
         pair: read_pair(&tok)?,
         drop_ids: optional(&tok, "drop_ids")?.unwrap_or_default(),
         char_limit: optional(&tok, "char_limit")?,
+        lowercase: optional(&tok, "lowercase")?.unwrap_or_default(),
     };
     let mut details = BTreeMap::new();
     if let Some(d) = optional::<Bound<'_, PyAny>>(spec, "details")? {

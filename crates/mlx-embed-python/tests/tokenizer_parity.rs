@@ -53,6 +53,9 @@ fn texts() -> Vec<String> {
         "https://example.com/path?q=1&r=2#frag user@example.com",
         "   leading and trailing spaces   ",
         "UPPER lower MiXeD 12345 3.14159 -42",
+        // Lower-casing where Unicode's mapping is not one letter for one:
+        // final sigma, dotted capital I, the titlecase digraph, sharp s.
+        "ΟΔΟΣ ΣΟΦΟΣ İstanbul ǅungla STRASSE Maß",
     ];
     let long_words = "word ".repeat(600);
     let long_mixed = (0..400)
@@ -318,4 +321,58 @@ fn rust_and_python_tokenize_identically_for_every_model() {
         "{compared} inputs tokenized identically over {} models",
         folders.len() + 1
     );
+}
+
+/// A model whose `sentence_bert_config.json` says `do_lower_case`: both
+/// sides lower-case alike (prompt included), where Unicode's lower-casing is
+/// context-dependent too, and the flag changes the ids (the XLM-R fixture's
+/// tokenizer is cased).
+#[test]
+fn a_lowercasing_model_tokenizes_identically_and_lowercased() {
+    ensure_python().expect("python");
+    let dir = std::env::temp_dir().join(format!("mlx-embed-lowercase-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let source = fixtures().join("tiny-xlm-roberta");
+    for entry in std::fs::read_dir(&source).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_file() {
+            std::fs::copy(&path, dir.join(path.file_name().unwrap())).unwrap();
+        } else {
+            let sub = dir.join(path.file_name().unwrap());
+            std::fs::create_dir_all(&sub).unwrap();
+            for file in std::fs::read_dir(&path).unwrap() {
+                let file = file.unwrap().path();
+                std::fs::copy(&file, sub.join(file.file_name().unwrap())).unwrap();
+            }
+        }
+    }
+    std::fs::write(
+        dir.join("sentence_bert_config.json"),
+        r#"{"max_seq_length": 128, "do_lower_case": true}"#,
+    )
+    .unwrap();
+    let compared = check(Some(&dir));
+    assert!(compared > 100, "{compared}");
+    let load = |folder: &Path| {
+        PythonEmbedder::load(&PythonModelOptions {
+            model: Some(folder.to_string_lossy().into_owned()),
+            ..PythonModelOptions::default()
+        })
+        .unwrap()
+        .hf_tokenizer()
+        .clone()
+    };
+    let (lower, cased) = (load(&dir), load(&source));
+    assert!(lower.spec().lowercase && !cased.spec().lowercase);
+    let ids = |tokenizer: &mlx_embed_tokenizer::HfTokenizer, text: &str| {
+        tokenizer
+            .encode(&EmbedInput::Text(text.into()), &EmbedOptions::default())
+            .unwrap()
+            .ids
+    };
+    let text = "UPPER Case MiXeD";
+    assert_eq!(ids(&lower, text), ids(&cased, &text.to_lowercase()));
+    assert_ne!(ids(&lower, text), ids(&cased, text));
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -253,6 +253,7 @@ mod tests {
                 "clf",
                 ModelKind::Classifier {
                     labels: vec!["a".into(), "b".into()],
+                    multi_label: false,
                 },
             ),
         ];

@@ -4,7 +4,8 @@
 //! batching and model thread as embeddings) -> activation.
 //!
 //! The model returns raw logits, one per label; the activation is TEI's:
-//! sigmoid for one label, softmax over several, none with `raw_scores`.
+//! sigmoid for one label, softmax over several, none with `raw_scores`; a
+//! multi-label classifier's labels get a sigmoid each (transformers' rule).
 
 use mlx_embed_core::{EmbedInput, EmbedOptions};
 
@@ -74,7 +75,15 @@ pub async fn score_checked(state: &AppState, req: ScoreRequest) -> Result<ScoreO
         ));
     }
     if !req.raw_scores {
-        scores.iter_mut().for_each(|row| activate(row));
+        let independent = model.info().kind.scores_labels_independently();
+        for row in &mut scores {
+            if independent {
+                row.iter_mut()
+                    .for_each(|x| activate(std::slice::from_mut(x)));
+            } else {
+                activate(row);
+            }
+        }
     }
     Ok(ScoreOutput {
         model: model.name.clone(),

@@ -1,5 +1,6 @@
 //! [`HfTokenizer`]: the spec's rules over a Hugging Face `tokenizers::Tokenizer`.
 
+use std::borrow::Cow;
 use std::path::Path;
 
 use mlx_embed_core::{
@@ -147,6 +148,17 @@ impl HfTokenizer {
                 Some(name) => &self.spec.prompts[name],
                 None => "",
             }),
+        }
+    }
+
+    /// What the tokenizer reads of a text input: the prompt, then the text,
+    /// lower-cased when the spec says so (as sentence-transformers does under
+    /// `do_lower_case`: the prompt too).
+    fn model_text<'a>(&self, prompt: &str, text: &'a str) -> Cow<'a, str> {
+        match (prompt.is_empty(), self.spec.lowercase) {
+            (true, false) => Cow::Borrowed(text),
+            (false, false) => Cow::Owned(format!("{prompt}{text}")),
+            (_, true) => Cow::Owned(format!("{prompt}{text}").to_lowercase()),
         }
     }
 
@@ -329,12 +341,12 @@ impl Tokenize for HfTokenizer {
             )),
             EmbedInput::Text(text) => {
                 let prompt = self.prompt_text(&options.prompt)?;
+                let full = self.model_text(prompt, text);
                 let content = match self.spec.char_limit {
                     Some(limit) if options.truncate => {
-                        let full = format!("{prompt}{text}");
                         self.encode_text(cut_chars(&full, limit, direction), "")?
                     }
-                    _ => self.encode_text(text, prompt)?,
+                    _ => self.encode_text(&full, "")?,
                 };
                 Ok(self.finish(&content, direction))
             }
@@ -353,11 +365,11 @@ impl Tokenize for HfTokenizer {
         options: &EmbedOptions,
     ) -> Result<Vec<TokenSpan>, EmbedderError> {
         let prompt = self.prompt_text(&options.prompt)?;
-        let full = format!("{prompt}{text}");
+        let full = self.model_text(prompt, text);
         // `encode`, not `encode_fast`: the offsets are the point here.
         let encoding = self
             .tokenizer
-            .encode(full.as_str(), false)
+            .encode(full.as_ref(), false)
             .map_err(|e| EmbedderError::invalid_input(format!("cannot tokenize: {e}")))?;
         let mut out = Vec::with_capacity(encoding.len() + 4);
         if add_special_tokens {

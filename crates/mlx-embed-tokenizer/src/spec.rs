@@ -32,4 +32,7 @@ pub struct TokenizerSpec {
     /// characters is cut to it before it is encoded, keeping its start
     /// (right) or end (left): Model2Vec's `max_length` x median token length.
     pub char_limit: Option<usize>,
+    /// Lower-case a text, prompt included, before anything else
+    /// (sentence-transformers' `do_lower_case`); pairs are not.
+    pub lowercase: bool,
 }

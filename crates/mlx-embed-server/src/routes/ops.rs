@@ -155,6 +155,8 @@ pub struct ModelSummary {
     pub sparse: bool,
     /// Label names of a classifier/reranker, in score order.
     pub labels: Vec<String>,
+    /// A classifier whose labels are independent: each scored by its own sigmoid.
+    pub multi_label: bool,
     pub max_input_tokens: usize,
     pub device_batch_tokens: Option<usize>,
     /// The model's named prompts (`prompt_name` picks one): name -> text prepended.
@@ -197,6 +199,9 @@ pub struct InfoResponse {
     pub memory: Option<MemoryInfo>,
     /// Label names of a classifier/reranker, in score order.
     pub labels: Vec<String>,
+    /// A classifier whose labels are independent (`problem_type`
+    /// `multi_label_classification`): each scored by its own sigmoid.
+    pub multi_label: bool,
     /// Every served model, the default first (each has its own queue and model thread).
     pub models: Vec<ModelSummary>,
     pub batching: BatchingInfo,
@@ -275,10 +280,20 @@ impl TeiModelType {
                     .to_owned(),
                 }
             }
-            ModelKind::Classifier { labels } => TeiModelType::Classifier(TeiLabels::of(labels)),
+            ModelKind::Classifier { labels, .. } => TeiModelType::Classifier(TeiLabels::of(labels)),
             ModelKind::Reranker { labels } => TeiModelType::Reranker(TeiLabels::of(labels)),
         }
     }
+}
+
+fn is_multi_label(kind: &ModelKind) -> bool {
+    matches!(
+        kind,
+        ModelKind::Classifier {
+            multi_label: true,
+            ..
+        }
+    )
 }
 
 /// Model, batching and limits.
@@ -313,6 +328,7 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
         details,
         memory: live.memory.map(MemoryInfo::from),
         labels: m.kind.labels().to_vec(),
+        multi_label: is_multi_label(&m.kind),
         models: state
             .models()
             .iter()
@@ -325,6 +341,7 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
                     dimension: i.dim,
                     sparse: i.sparse,
                     labels: i.kind.labels().to_vec(),
+                    multi_label: is_multi_label(&i.kind),
                     max_input_tokens: i.max_input_tokens,
                     device_batch_tokens: i.device_batch_tokens,
                     prompts: i.prompts.clone(),

@@ -23,7 +23,7 @@ pub struct PredictRequest {
     /// As TEI: a text, a `[text]` or `[text, text]` list (one input), or a batch: a list of such lists.
     #[schema(value_type = PredictInputs)]
     pub inputs: Value,
-    /// Raw logits instead of sigmoid (one label) / softmax (several) scores.
+    /// Raw logits instead of sigmoid (one label, or each of a multi-label classifier's) / softmax (several) scores.
     #[serde(default)]
     pub raw_scores: bool,
     /// Cut inputs longer than the model's maximum (default true); false answers 422 instead.

@@ -31,7 +31,7 @@ use crate::state::AppState;
 /// Text-classification parameters of the Inference API.
 #[derive(Debug, Default, Deserialize)]
 struct ClassifyParameters {
-    /// `sigmoid`, `softmax` or `none`; default: sigmoid for one label, softmax for several.
+    /// `sigmoid`, `softmax` or `none`; default: sigmoid for one label or a multi-label classifier, softmax for several.
     function_to_apply: Option<String>,
     /// Keep the best k labels per input.
     top_k: Option<i64>,

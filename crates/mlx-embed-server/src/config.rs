@@ -225,8 +225,20 @@ impl ServerArgs {
     /// on it. A launcher calls it before loading models (minutes, for a
     /// big one) so a bad setting fails at once.
     pub fn check(&self) -> Result<(), String> {
-        if self.api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
-            return Err("--api-key must not be empty".into());
+        if let Some(key) = self.api_key.as_deref() {
+            if key.trim().is_empty() {
+                return Err("--api-key must not be empty".into());
+            }
+            // HTTP strips a header value's outer whitespace and cannot carry
+            // a line break: such a key could never match, and every client
+            // would get 401 with nothing said why.
+            if key.trim() != key || key.chars().any(char::is_control) {
+                return Err(
+                    "--api-key has whitespace at an end or a control character (a trailing \
+                     newline from a secret file?), which no Authorization header can carry"
+                        .into(),
+                );
+            }
         }
         if self.max_body_bytes == 0 || self.max_inputs_per_request == 0 {
             return Err("--max-body-bytes and --max-inputs-per-request must be at least 1".into());
@@ -327,6 +339,29 @@ mod tests {
         assert_eq!(config.max_queue_wait, Duration::from_millis(5));
         assert_eq!(a.api_key.as_deref(), Some("k"));
         assert!(Cli::try_parse_from(["x", "--max-batch-size", "0"]).is_err());
+    }
+
+    #[test]
+    fn an_api_key_no_header_can_carry_is_refused_at_start() {
+        let with_key = |key: &str| ServerArgs {
+            api_key: Some(key.into()),
+            ..ServerArgs::default()
+        };
+        assert_eq!(with_key("s3cret key").check(), Ok(()));
+        assert_eq!(
+            with_key("  ").check(),
+            Err("--api-key must not be empty".into())
+        );
+        for bad in [
+            "secret\n",
+            " secret",
+            "secret\t",
+            "sec\nret",
+            "sec\u{7f}ret",
+        ] {
+            let err = with_key(bad).check().unwrap_err();
+            assert!(err.contains("trailing newline"), "{bad:?}: {err}");
+        }
     }
 
     #[test]

@@ -20,17 +20,16 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
-use axum::http::{header, HeaderName, HeaderValue, Method};
+use axum::http::{header, HeaderValue, Method};
 use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{get, post};
 use axum::Router;
 use mlx_embed_core::Prompt;
 use serde::Serialize;
-use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 use utoipa::ToSchema;
 
 use crate::errors::ApiError;
-use crate::extract::PRIORITY_HEADER;
 use crate::middleware::{observe, refuse_encoded_bodies, require_api_key, REQUEST_ID};
 use crate::state::AppState;
 
@@ -109,12 +108,12 @@ fn cors(origins: &[String]) -> Option<CorsLayer> {
         CorsLayer::new()
             .allow_origin(allow)
             .allow_methods([Method::GET, Method::POST])
-            .allow_headers([
-                header::CONTENT_TYPE,
-                header::AUTHORIZATION,
-                HeaderName::from_static(PRIORITY_HEADER),
-                REQUEST_ID.clone(),
-            ])
+            // Whatever headers the page's request carries: the official SDKs
+            // add their own (OpenAI's `x-stainless-*`, Cohere's `x-fern-*`),
+            // and a preflight that leaves one out blocks the call. The
+            // origin is what CORS restricts; the API key still guards the
+            // request itself.
+            .allow_headers(AllowHeaders::mirror_request())
             .expose_headers([REQUEST_ID.clone(), header::RETRY_AFTER])
             .max_age(Duration::from_secs(3600)),
     )

@@ -288,12 +288,20 @@ def _drop_done(done_ref, id_column: str):
 
 def _check_ids(ids, where: str) -> None:
     """Ids must be present and unique: resuming and the final check go by id."""
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     nulls = ids.null_count
     if nulls:
         raise BulkError(f"{where}: {nulls} rows have a null id")
-    if pc.count_distinct(ids).as_py() != len(ids):
+    try:
+        distinct = pc.count_distinct(ids).as_py()
+    except pa.ArrowNotImplementedError:
+        # JSONL ids of mixed types ("a", 1) come as pickled Python objects.
+        raise BulkError(
+            f"{where}: ids must be all strings or all integers (they are {ids.type})"
+        ) from None
+    if distinct != len(ids):
         counts = pc.value_counts(ids)
         dup = next(v for v in counts.to_pylist() if v["counts"] > 1)
         raise BulkError(
@@ -360,7 +368,10 @@ def run_bulk(
         workers_per_actor = max(1, round(cpus_per_actor))
 
     ds = read_input(inputs)
-    missing = {id_column, text_column} - set(ds.schema().names)
+    schema = ds.schema()
+    if schema is None:  # an empty JSONL file (or one of blank lines) has no columns
+        raise BulkError("the input has no rows")
+    missing = {id_column, text_column} - set(schema.names)
     if missing:
         raise BulkError(
             f"input has no {sorted(missing)} column(s) (columns: {ds.schema().names}); "
@@ -373,7 +384,13 @@ def run_bulk(
               for t in ray.get(ds.select_columns([id_column]).to_arrow_refs()) if t.num_rows]
     if not chunks:
         raise BulkError("the input has no rows")
-    input_ids = pa.concat_arrays(chunks)
+    try:
+        input_ids = pa.concat_arrays(chunks)
+    except pa.ArrowInvalid:  # blocks whose ids were read as different types
+        raise BulkError(
+            "input: ids must be all strings or all integers (their types differ: "
+            + ", ".join(sorted({str(c.type) for c in chunks})) + ")"
+        ) from None
     _check_ids(input_ids, "input")
     input_rows = len(input_ids)
 

@@ -261,6 +261,19 @@ def test_bad_input_fails_before_any_compute(cluster, tmp_path):
         bounded(inputs=write_jsonl(tmp_path / "notext.jsonl", [{"id": "a", "body": "x"}]),
                 output_dir=tmp_path / "o2", concurrency=1)
 
+    # An empty file (or one of blank lines) has no rows, and no columns either.
+    for name, body in [("empty.jsonl", ""), ("blank.jsonl", "\n\n")]:
+        (tmp_path / name).write_text(body)
+        with pytest.raises(BulkError, match="the input has no rows"):
+            bounded(inputs=tmp_path / name, output_dir=tmp_path / "o4", concurrency=1)
+    # JSON allows ids of mixed types; resuming goes by id, so they are refused.
+    mixed = make_rows(5)
+    mixed[1]["id"] = 1
+    with pytest.raises(BulkError, match="input: ids must be all strings or all integers"):
+        bounded(inputs=write_jsonl(tmp_path / "mixed.jsonl", mixed), output_dir=tmp_path / "o5",
+                concurrency=1)
+    assert not (tmp_path / "o4").exists() and not (tmp_path / "o5").exists()
+
     # Two actors of one CPU each would leave Ray Data's read tasks no CPU: the
     # job would wait forever, so it is refused up front.
     with pytest.raises(BulkError, match="leave less than 1 of the cluster's 2 CPUs"):
@@ -283,6 +296,38 @@ def test_map_batches_with_the_callable_class(cluster, tmp_path):
     want = model.embed([r["text"] for r in rows])
     got = np.asarray([by_id[r["id"]] for r in rows], dtype=np.float32)
     assert np.abs(got - want).max() <= 1e-6
+
+
+def test_the_scaling_docs_ray_program_runs_as_written(cluster, corpus, reference, tmp_path):
+    """docs/scaling.md's map_batches program, its paths pointed here, on
+    the 2-CPU cluster (as written before, with 4 actors of one CPU, it waited
+    for CPUs forever)."""
+    doc = (ROOT / "docs" / "scaling.md").read_text()
+    program = doc.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "MlxEmbedder" in program and '"corpus/"' in program and '"vectors/"' in program
+    out = tmp_path / "vectors"
+    program = program.replace('"corpus/"', repr(str(corpus["parquet"]))).replace('"vectors/"', repr(str(out)))
+    box: dict = {}
+
+    def target():
+        try:
+            exec(compile(program, "docs/scaling.md", "exec"), {})
+        except BaseException as e:  # noqa: BLE001  (handed to the test's thread)
+            box["error"] = e
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(JOB_TIMEOUT_S)
+    assert not t.is_alive(), f"the docs' program still running after {JOB_TIMEOUT_S}s"
+    if "error" in box:
+        raise box["error"]
+    table = read_output(out)
+    assert table.num_rows == ROWS
+    got = dict(zip(table.column("id").to_pylist(), table.column("embedding").to_pylist()))
+    want = reference
+    assert set(got) == set(want)
+    worst = max(float(np.abs(np.asarray(got[i], dtype=np.float32) - want[i]).max()) for i in want)
+    assert worst <= 1e-6, worst
 
 
 def test_callable_class_keeps_the_batch_type(minilm):

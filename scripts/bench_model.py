@@ -12,6 +12,8 @@ Engine configurations (``--configs``):
   mlx_embed   the default: native SIMD kernels, OpenBLAS, length-sorted
               sub-batches, two MLX workers
   unsorted    the same with sub-batches cut in input order (no length sort)
+  avx2        the default on the kernels' AVX2+FMA build (MLX_EMBED_SIMD=avx2):
+              what a CPU without AVX-512 runs (the same as the default there)
   mlx-ops     element-wise ops as compiled MLX graphs (MLX_EMBED_FAST_OPS=mlx)
   exact-ops   MLX's built-in erf/softmax/layer norm (MLX_EMBED_FAST_OPS=0)
   ref-blas    MLX's bundled reference BLAS (MLX_EMBED_BLAS=none); slow, so it
@@ -143,6 +145,7 @@ def _serve(embed, meta: dict, texts: dict[str, list[str]]) -> None:
 ENGINE_CONFIGS = {
     "mlx_embed": {},
     "unsorted": {},
+    "avx2": {"MLX_EMBED_SIMD": "avx2"},
     "mlx-ops": {"MLX_EMBED_FAST_OPS": "mlx"},
     "exact-ops": {"MLX_EMBED_FAST_OPS": "0"},
     "ref-blas": {"MLX_EMBED_BLAS": "none"},

@@ -283,7 +283,13 @@ simd_dispatch! {
         act: Activation,
         next: *const f32,
     ) {
-        tile_by_rows!(FMA; 6 5 4 3 2; x, inputs, panel, init, tile, next);
+        if FMA {
+            // SAFETY: FMA is true only in the builds for AVX2+FMA or wider,
+            // which run where the CPU has them.
+            unsafe { avx2_tile(x, inputs, panel, init, tile, next) };
+        } else {
+            tile_by_rows!(FMA; 6 5 4 3 2; x, inputs, panel, init, tile, next);
+        }
         if act == Activation::Gelu {
             for row in tile.iter_mut() {
                 for v in row.iter_mut() {
@@ -331,6 +337,87 @@ fn panel_tile_wide(
     }
     #[cfg(not(target_arch = "x86_64"))]
     panel_tile(x, inputs, panel, init, tile, act, next)
+}
+
+/// [`tile_rows`] for up to [`ROWS`] rows in AVX2 registers, written with
+/// the intrinsics: the portable loop, compiled for AVX2, kept six row
+/// lengths for its bounds checks, which pushed row pointers onto the stack
+/// and the panel row into every multiply-add's memory operand (22 loads per
+/// 12 multiply-adds: 84 GFLOP/s on one Zen 5 core, where OpenBLAS's AVX2
+/// GEMM makes 127). Here the panel row sits in two registers and each row's
+/// value is broadcast once: 8 loads per 12 multiply-adds. The same fused
+/// multiply-adds in the same k order as [`tile_rows`], so the same bits.
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn avx2_tile(
+    x: &[f32],
+    inputs: usize,
+    panel: &[f32],
+    init: &[f32; PANEL],
+    tile: &mut [[f32; PANEL]; ROWS_WIDE],
+    next: *const f32,
+) {
+    match x.len() / inputs {
+        6 => avx2_rows::<6>(x, inputs, panel, init, tile, next),
+        5 => avx2_rows::<5>(x, inputs, panel, init, tile, next),
+        4 => avx2_rows::<4>(x, inputs, panel, init, tile, next),
+        3 => avx2_rows::<3>(x, inputs, panel, init, tile, next),
+        2 => avx2_rows::<2>(x, inputs, panel, init, tile, next),
+        _ => avx2_rows::<1>(x, inputs, panel, init, tile, next),
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+unsafe fn avx2_tile(
+    x: &[f32],
+    inputs: usize,
+    panel: &[f32],
+    init: &[f32; PANEL],
+    tile: &mut [[f32; PANEL]; ROWS_WIDE],
+    next: *const f32,
+) {
+    tile_by_rows!(true; 6 5 4 3 2; x, inputs, panel, init, tile, next);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn avx2_rows<const R: usize>(
+    x: &[f32],
+    inputs: usize,
+    panel: &[f32],
+    init: &[f32; PANEL],
+    tile: &mut [[f32; PANEL]; ROWS_WIDE],
+    next: *const f32,
+) {
+    use std::arch::x86_64::{
+        _mm256_broadcast_ss, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_storeu_ps,
+    };
+    // Checked once here instead of per step.
+    assert!(R <= ROWS && x.len() >= R * inputs && panel.len() == inputs * PANEL);
+    let (x, panel) = (x.as_ptr(), panel.as_ptr());
+    // SAFETY (every pointer below): r < R rows of `inputs` floats in x,
+    // k < inputs panel rows of PANEL (= 16) floats, init and tile rows of 16.
+    let mut lo = [_mm256_loadu_ps(init.as_ptr()); R];
+    let mut hi = [_mm256_loadu_ps(init.as_ptr().add(8)); R];
+    for k in 0..inputs {
+        if !next.is_null() {
+            prefetch(next.wrapping_add(k * PANEL));
+        }
+        let w_lo = _mm256_loadu_ps(panel.add(k * PANEL));
+        let w_hi = _mm256_loadu_ps(panel.add(k * PANEL + 8));
+        for r in 0..R {
+            let a = _mm256_broadcast_ss(&*x.add(r * inputs + k));
+            lo[r] = _mm256_fmadd_ps(a, w_lo, lo[r]);
+            hi[r] = _mm256_fmadd_ps(a, w_hi, hi[r]);
+        }
+    }
+    for r in 0..R {
+        _mm256_storeu_ps(tile[r].as_mut_ptr(), lo[r]);
+        _mm256_storeu_ps(tile[r].as_mut_ptr().add(8), hi[r]);
+    }
 }
 
 /// A hint to bring the line at `p` into the cache; never dereferences it.

@@ -233,9 +233,15 @@ impl Job<'_> {
                 } else {
                     std::ptr::null()
                 };
+                // Tiles as even as the rows allow: a short tile runs as long
+                // per step as a multiply-add's latency, so 17 rows as 9 + 8
+                // beat 12 + 5 (same products in the same order either way).
+                let block_rows = block_end - block;
+                let tiles = block_rows.div_ceil(step);
+                let (base, longer) = (block_rows / tiles, block_rows % tiles);
                 let mut r = block;
-                while r < block_end {
-                    let n = step.min(block_end - r);
+                for t in 0..tiles {
+                    let n = base + usize::from(t < longer);
                     let x = &self.x[r * inputs..(r + n) * inputs];
                     if wide {
                         panel_tile_wide(x, inputs, panel, &init, &mut tile, self.act, next);
@@ -544,37 +550,48 @@ mod tests {
 
     #[test]
     fn a_row_gets_the_same_bits_alone_and_in_any_batch() {
+        // Row counts whose tiles come out uneven on every build (12 + 11,
+        // 9 + 8, 7 + 6; 6 + 6 + 6 + 5, ...).
         let (inputs, outputs) = (96, 50);
         let x = values(23 * inputs, 4);
         let w = values(outputs * inputs, 5);
         let b = values(outputs, 6);
         let pw = packed(&w, outputs, inputs);
-        let all = LinearShape {
-            rows: 23,
-            inputs,
-            outputs,
-        };
-        let mut batch = vec![0.0; 23 * outputs];
-        linear(&x, &pw, Some(&b), &mut batch, all, Activation::Gelu, 2).unwrap();
-        for r in 0..23 {
-            let one = LinearShape {
-                rows: 1,
-                inputs,
-                outputs,
-            };
-            let mut alone = vec![0.0; outputs];
-            linear(
-                &x[r * inputs..(r + 1) * inputs],
-                &pw,
-                Some(&b),
-                &mut alone,
-                one,
-                Activation::Gelu,
-                1,
-            )
-            .unwrap();
-            assert_eq!(alone[..], batch[r * outputs..(r + 1) * outputs], "row {r}");
-        }
+        crate::dispatch::tests::each_build(|build, threads| {
+            for rows in [23, 17, 13] {
+                let all = LinearShape {
+                    rows,
+                    inputs,
+                    outputs,
+                };
+                let mut batch = vec![0.0; rows * outputs];
+                let x = &x[..rows * inputs];
+                linear(x, &pw, Some(&b), &mut batch, all, Activation::Gelu, threads).unwrap();
+                for r in 0..rows {
+                    let one = LinearShape {
+                        rows: 1,
+                        inputs,
+                        outputs,
+                    };
+                    let mut alone = vec![0.0; outputs];
+                    linear(
+                        &x[r * inputs..(r + 1) * inputs],
+                        &pw,
+                        Some(&b),
+                        &mut alone,
+                        one,
+                        Activation::Gelu,
+                        1,
+                    )
+                    .unwrap();
+                    assert_eq!(
+                        alone[..],
+                        batch[r * outputs..(r + 1) * outputs],
+                        "{build}: row {r} of {rows}"
+                    );
+                }
+            }
+        });
     }
 
     #[test]

@@ -201,6 +201,9 @@ def cmd_serve(rest: list[str]) -> int:
             file=sys.stderr,
         )
         return 1
+    except ValueError as e:  # a setting the extension refuses as it loads (MLX_EMBED_SIMD)
+        print(f"mlx-embed: error: {e}", file=sys.stderr)
+        return 1
     previous = _leave_sigint_to_the_server()
     try:
         code = _native.serve(["mlx-embed", *rest])

@@ -286,6 +286,12 @@ def _drop_done(done_ref, id_column: str):
     return drop
 
 
+def _unreadable(error) -> BulkError:
+    """The reader's own error (a JSON id too big for int64...) in one line."""
+    cause = getattr(error, "cause", None) or error
+    return BulkError(f"cannot read the input: {type(cause).__name__}: {cause}")
+
+
 def _check_ids(ids, where: str) -> None:
     """Ids must be present and unique: resuming and the final check go by id."""
     import pyarrow as pa
@@ -299,7 +305,8 @@ def _check_ids(ids, where: str) -> None:
     except pa.ArrowNotImplementedError:
         # JSONL ids of mixed types ("a", 1) come as pickled Python objects.
         raise BulkError(
-            f"{where}: ids must be all strings or all integers (they are {ids.type})"
+            f"{where}: ids must all have one type, such as all strings or all integers "
+            f"(they are {ids.type})"
         ) from None
     if distinct != len(ids):
         counts = pc.value_counts(ids)
@@ -368,7 +375,10 @@ def run_bulk(
         workers_per_actor = max(1, round(cpus_per_actor))
 
     ds = read_input(inputs)
-    schema = ds.schema()
+    try:
+        schema = ds.schema()
+    except ray.exceptions.RayTaskError as e:
+        raise _unreadable(e) from None
     if schema is None:  # an empty JSONL file (or one of blank lines) has no columns
         raise BulkError("the input has no rows")
     missing = {id_column, text_column} - set(schema.names)
@@ -380,16 +390,23 @@ def run_bulk(
     ds = ds.select_columns([id_column, text_column])
     # The ids alone, read once up front: a duplicate or null id fails the job
     # before any compute, and the end check compares id sets.
-    chunks = [t.column(id_column).combine_chunks()
-              for t in ray.get(ds.select_columns([id_column]).to_arrow_refs()) if t.num_rows]
+    try:
+        tables = ray.get(ds.select_columns([id_column]).to_arrow_refs())
+    except ray.exceptions.RayTaskError as e:
+        raise _unreadable(e) from None
+    chunks = [t.column(id_column).combine_chunks() for t in tables if t.num_rows]
     if not chunks:
         raise BulkError("the input has no rows")
+    # A block whose ids are all null reads as type null beside the others.
+    null_rows = sum(len(c) for c in chunks if pa.types.is_null(c.type))
+    if null_rows:
+        raise BulkError(f"input: {null_rows} rows have a null id")
     try:
         input_ids = pa.concat_arrays(chunks)
     except pa.ArrowInvalid:  # blocks whose ids were read as different types
         raise BulkError(
-            "input: ids must be all strings or all integers (their types differ: "
-            + ", ".join(sorted({str(c.type) for c in chunks})) + ")"
+            "input: ids must all have one type, such as all strings or all integers (their "
+            "types differ: " + ", ".join(sorted({str(c.type) for c in chunks})) + ")"
         ) from None
     _check_ids(input_ids, "input")
     input_rows = len(input_ids)

@@ -59,8 +59,9 @@ class TokenizerSpec:
     content after the token truncation (Model2Vec drops its unknown token).
 
     ``lowercase`` (``do_lower_case`` in ``sentence_bert_config.json``): a
-    text is lower-cased, prompt included, before anything else (Python's
-    ``str.lower``, the Unicode default mapping); pairs are not.
+    ``Lowercase`` normalizer goes in front of the tokenizer's own, as
+    sentence-transformers puts it, so prompt and text are lower-cased one
+    character at a time (scorers never set it).
     """
 
     path: str

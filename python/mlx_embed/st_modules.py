@@ -77,8 +77,8 @@ class StPipeline:
     prompts: dict = field(default_factory=dict)
     default_prompt_name: Optional[str] = None
     max_seq_length: Optional[int] = None
-    # sentence_bert_config.json's do_lower_case: sentence-transformers
-    # lower-cases each input, prompt included, before it tokenizes.
+    # sentence_bert_config.json's do_lower_case: sentence-transformers puts a
+    # Lowercase normalizer in front of the tokenizer's own.
     lowercase: bool = False
     include_prompt: bool = True
     has_modules: bool = False

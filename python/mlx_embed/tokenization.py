@@ -18,7 +18,7 @@ import json
 import statistics
 from typing import Mapping, Optional, Sequence
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, normalizers
 
 from .errors import InvalidInput
 from .spec import PairSpec
@@ -52,13 +52,16 @@ class TextTokenizer:
         truncation, ``truncate_chars``: a text is cut to ``max_length`` x the
         vocabulary's median token length in characters before it is
         tokenized, when truncating (both as Model2Vec's ``encode``).
-        ``lowercase``: each text (prompt included) is lower-cased before all
-        that, as sentence-transformers does under ``do_lower_case``."""
+        ``lowercase``: sentence-transformers' ``do_lower_case``, done as it
+        does it: a ``Lowercase`` normalizer in front of the tokenizer's own, so
+        each character (of prompt and text) is lower-cased alone."""
         tok = Tokenizer.from_file(path)
         # Some tokenizer.json files bake in truncation/fixed padding (MiniLM has
         # truncation=128 and padding=Fixed(128)); both would change results.
         tok.no_truncation()
         tok.no_padding()
+        if lowercase:
+            _lowercase_first(tok)
         self._tok = tok
         self.path = path
         self.max_length = int(max_length)
@@ -130,8 +133,6 @@ class TextTokenizer:
         (its start kept for ``right``, its end for ``left``)."""
         if not texts:
             return []
-        if self.lowercase:
-            texts = [t.lower() for t in texts]
         limit = self.char_limit
         if truncate and limit is not None:
             texts = [
@@ -153,6 +154,19 @@ class TextTokenizer:
         if self.drop_ids:
             content = [t for t in content if t not in self.drop_ids]
         return self.prefix + content + self.suffix, before
+
+
+def _lowercase_first(tok: Tokenizer) -> None:
+    """A ``Lowercase`` normalizer in front of ``tok``'s own unless that one
+    lower-cases already: what sentence-transformers does for
+    ``do_lower_case`` (one character at a time, so a word-final capital sigma
+    becomes σ there, not ``str.lower``'s ς)."""
+    current = tok.normalizer
+    chain = list(current) if isinstance(current, normalizers.Sequence) else [current]
+    chain = [n for n in chain if n is not None]
+    if any(isinstance(n, normalizers.Lowercase) for n in chain):
+        return
+    tok.normalizer = normalizers.Sequence([normalizers.Lowercase(), *chain])
 
 
 def content_ids(tok: Tokenizer, texts: list[str]) -> list[list[int]]:

@@ -54,13 +54,22 @@ def test_do_lower_case_reaches_the_servers_tokenizer(server, folders):
     want, counts = model.embed_with_counts(texts, prompt_name="query")
     assert float((got * want).sum(axis=1).min()) >= 0.99999
     assert r.json()["usage"]["prompt_tokens"] == sum(counts)
-    # The cased tokenizer reads the lower-cased text the same way: the flag did it.
+    # The cased tokenizer reads the text lower-cased one character at a time
+    # (as sentence-transformers' Lowercase normalizer does it) the same way.
     plain = mlx_embed.load(str(FIXTURES / "tiny-xlm-roberta"))
-    ref = plain.embed([t.lower() for t in texts], prompt="query: ")
+    ref = plain.embed(["".join(c.lower() for c in t) for t in texts], prompt="query: ")
     assert float((got * ref).sum(axis=1).min()) >= 0.99999
-    tokens = server.post("/tokenize", {"model": "lower", "inputs": texts[0]})
-    assert tokens.status_code == 200, tokens.text
-    assert [t["id"] for t in tokens.json()[0]] == model.encode(texts[:1])[0][0]
+    for text in [texts[0], "İSTANBUL Hello"]:
+        tokens = server.post("/tokenize", {"model": "lower", "inputs": text})
+        assert tokens.status_code == 200, tokens.text
+        spans = tokens.json()[0]
+        assert [t["id"] for t in spans] == model.encode([text])[0][0]
+        # Offsets and texts are the input's own, not the lower-cased string's
+        # (İ lower-cases to two characters).
+        raw = text.encode()
+        content = [t for t in spans if not t["special"]]
+        assert all(raw[t["start"]:t["stop"]].decode() == t["text"] for t in content), content
+        assert content[-1]["stop"] == len(raw)
 
 
 def test_a_multi_label_classifier_answers_a_sigmoid_per_label(server):

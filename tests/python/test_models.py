@@ -226,9 +226,11 @@ def test_prompt_equals_raw_text(golden_texts):
 
 
 def test_do_lower_case_lowercases_prompt_and_text(golden_texts, tmp_path):
-    """sentence_bert_config.json's do_lower_case: sentence-transformers
-    lower-cases each input (prompt included) before tokenizing it. The XLM-R
-    fixture's tokenizer is cased, so the flag changes ids and vectors."""
+    """sentence_bert_config.json's do_lower_case: sentence-transformers puts
+    a Lowercase normalizer in front of the tokenizer's own, so each character
+    (of prompt and text) is lower-cased alone: a word-final capital sigma
+    becomes σ (str.lower would make it ς). The XLM-R fixture's tokenizer is
+    cased, so the flag changes ids and vectors."""
     cased = load_fixture("tiny-xlm-roberta")
     d = tmp_path / "lower"
     shutil.copytree(FIXTURES / "tiny-xlm-roberta", d)
@@ -238,7 +240,7 @@ def test_do_lower_case_lowercases_prompt_and_text(golden_texts, tmp_path):
     assert lower.spec().tokenizer.lowercase and not cased.spec().tokenizer.lowercase
     texts = ["UPPER Case MiXeD", "ΟΔΟΣ ΣΟΦΟΣ İstanbul STRASSE", *golden_texts[:6]]
     got, counts = lower.embed_with_counts(texts, prompt_name="query")
-    want, want_counts = cased.embed_with_counts([t.lower() for t in texts], prompt="query: ")
+    want, want_counts = cased.embed_with_counts(["".join(c.lower() for c in t) for t in texts], prompt="query: ")
     assert counts == want_counts
     assert np.array_equal(got, want)
     # The flag is what made the difference: the cased model reads capitals apart.

@@ -174,6 +174,12 @@ def test_an_unknown_simd_cap_fails_the_import_naming_the_values():
     r = _run_capped("avx1024")
     assert r.returncode != 0
     assert 'MLX_EMBED_SIMD="avx1024": expected avx512, avx2 or generic' in r.stderr, r.stderr[-2000:]
+    # The server's command says it in one line, not a traceback.
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "python"), "MLX_EMBED_SIMD": "sse4"}
+    r = subprocess.run([sys.executable, "-m", "mlx_embed", "serve", "--port", "1"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert (r.returncode, r.stderr.strip()) == (
+        1, 'mlx-embed: error: MLX_EMBED_SIMD="sse4": expected avx512, avx2 or generic'), r.stderr
 
 
 def test_arrays_the_kernels_cannot_take_fall_back_to_mlx():

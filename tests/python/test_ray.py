@@ -269,10 +269,20 @@ def test_bad_input_fails_before_any_compute(cluster, tmp_path):
     # JSON allows ids of mixed types; resuming goes by id, so they are refused.
     mixed = make_rows(5)
     mixed[1]["id"] = 1
-    with pytest.raises(BulkError, match="input: ids must be all strings or all integers"):
+    with pytest.raises(BulkError, match="input: ids must all have one type, such as all strings or all integers"):
         bounded(inputs=write_jsonl(tmp_path / "mixed.jsonl", mixed), output_dir=tmp_path / "o5",
                 concurrency=1)
     assert not (tmp_path / "o4").exists() and not (tmp_path / "o5").exists()
+    # An id JSON's reader cannot hold is the reader's error, said in one line.
+    (tmp_path / "huge.jsonl").write_text('{"id": 1180591620717411303424, "text": "a"}\n')
+    with pytest.raises(BulkError, match="cannot read the input: ValueError: .*too big"):
+        bounded(inputs=tmp_path / "huge.jsonl", output_dir=tmp_path / "o6", concurrency=1)
+    # A file whose ids are all null beside one with integer ids: a null id, not mixed types.
+    (tmp_path / "nulls").mkdir()
+    write_jsonl(tmp_path / "nulls" / "a.jsonl", [{"id": i, "text": f"t{i}"} for i in range(3)])
+    write_jsonl(tmp_path / "nulls" / "b.jsonl", [{"id": None, "text": "x"}])
+    with pytest.raises(BulkError, match="input: 1 rows have a null id"):
+        bounded(inputs=tmp_path / "nulls", output_dir=tmp_path / "o7", concurrency=1)
 
     # Two actors of one CPU each would leave Ray Data's read tasks no CPU: the
     # job would wait forever, so it is refused up front.

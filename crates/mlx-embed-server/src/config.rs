@@ -229,13 +229,16 @@ impl ServerArgs {
             if key.trim().is_empty() {
                 return Err("--api-key must not be empty".into());
             }
-            // HTTP strips a header value's outer whitespace and cannot carry
-            // a line break: such a key could never match, and every client
-            // would get 401 with nothing said why.
-            if key.trim() != key || key.chars().any(char::is_control) {
+            // HTTP strips a header value's outer whitespace, cannot carry a
+            // line break, and gives no text for bytes past ASCII: such a key
+            // could never match, and every client would get 401 with nothing
+            // said why.
+            let printable = key.chars().all(|c| c == ' ' || c.is_ascii_graphic());
+            if key.trim() != key || !printable {
                 return Err(
-                    "--api-key has whitespace at an end or a control character (a trailing \
-                     newline from a secret file?), which no Authorization header can carry"
+                    "--api-key must be printable ASCII with no whitespace at either end (a \
+                     trailing newline from a secret file?): an Authorization header carries \
+                     nothing else"
                         .into(),
                 );
             }
@@ -358,6 +361,8 @@ mod tests {
             "secret\t",
             "sec\nret",
             "sec\u{7f}ret",
+            "abcé",
+            "a\u{2028}b",
         ] {
             let err = with_key(bad).check().unwrap_err();
             assert!(err.contains("trailing newline"), "{bad:?}: {err}");

@@ -1,6 +1,5 @@
 //! [`HfTokenizer`]: the spec's rules over a Hugging Face `tokenizers::Tokenizer`.
 
-use std::borrow::Cow;
 use std::path::Path;
 
 use mlx_embed_core::{
@@ -33,7 +32,10 @@ impl std::fmt::Debug for HfTokenizer {
 impl HfTokenizer {
     /// Loads `spec.path` and checks the spec against it.
     pub fn from_spec(spec: TokenizerSpec) -> Result<Self, TokenizerError> {
-        let tokenizer = load(&spec.path)?;
+        let mut tokenizer = load(&spec.path)?;
+        if spec.lowercase {
+            lowercase_first(&mut tokenizer);
+        }
         Self::with_tokenizer(tokenizer, spec)
     }
 
@@ -148,17 +150,6 @@ impl HfTokenizer {
                 Some(name) => &self.spec.prompts[name],
                 None => "",
             }),
-        }
-    }
-
-    /// What the tokenizer reads of a text input: the prompt, then the text,
-    /// lower-cased when the spec says so (as sentence-transformers does under
-    /// `do_lower_case`: the prompt too).
-    fn model_text<'a>(&self, prompt: &str, text: &'a str) -> Cow<'a, str> {
-        match (prompt.is_empty(), self.spec.lowercase) {
-            (true, false) => Cow::Borrowed(text),
-            (false, false) => Cow::Owned(format!("{prompt}{text}")),
-            (_, true) => Cow::Owned(format!("{prompt}{text}").to_lowercase()),
         }
     }
 
@@ -332,6 +323,32 @@ impl HfTokenizer {
     }
 }
 
+/// sentence-transformers' `do_lower_case`, done as it does it: a
+/// `Lowercase` normalizer in front of the tokenizer's own (unless that
+/// already lower-cases). Each character is lower-cased alone (a word-final
+/// capital sigma becomes σ, as there, not ς), and offsets still point into
+/// the text as sent.
+fn lowercase_first(tokenizer: &mut Tokenizer) {
+    use tokenizers::normalizers::{Lowercase, NormalizerWrapper, Sequence};
+    let mut chain: Vec<NormalizerWrapper> = vec![Lowercase.into()];
+    match tokenizer.get_normalizer().cloned() {
+        Some(NormalizerWrapper::Lowercase(_)) => return,
+        Some(NormalizerWrapper::Sequence(existing)) => {
+            if existing
+                .as_ref()
+                .iter()
+                .any(|n| matches!(n, NormalizerWrapper::Lowercase(_)))
+            {
+                return;
+            }
+            chain.extend(existing.as_ref().iter().cloned());
+        }
+        Some(other) => chain.push(other),
+        None => {}
+    }
+    tokenizer.with_normalizer(Some(Sequence::new(chain)));
+}
+
 impl Tokenize for HfTokenizer {
     fn encode(&self, input: &EmbedInput, options: &EmbedOptions) -> Result<Encoded, EmbedderError> {
         let direction = options.truncation_direction;
@@ -341,12 +358,12 @@ impl Tokenize for HfTokenizer {
             )),
             EmbedInput::Text(text) => {
                 let prompt = self.prompt_text(&options.prompt)?;
-                let full = self.model_text(prompt, text);
                 let content = match self.spec.char_limit {
                     Some(limit) if options.truncate => {
+                        let full = format!("{prompt}{text}");
                         self.encode_text(cut_chars(&full, limit, direction), "")?
                     }
-                    _ => self.encode_text(&full, "")?,
+                    _ => self.encode_text(text, prompt)?,
                 };
                 Ok(self.finish(&content, direction))
             }
@@ -365,11 +382,11 @@ impl Tokenize for HfTokenizer {
         options: &EmbedOptions,
     ) -> Result<Vec<TokenSpan>, EmbedderError> {
         let prompt = self.prompt_text(&options.prompt)?;
-        let full = self.model_text(prompt, text);
+        let full = format!("{prompt}{text}");
         // `encode`, not `encode_fast`: the offsets are the point here.
         let encoding = self
             .tokenizer
-            .encode(full.as_ref(), false)
+            .encode(full.as_str(), false)
             .map_err(|e| EmbedderError::invalid_input(format!("cannot tokenize: {e}")))?;
         let mut out = Vec::with_capacity(encoding.len() + 4);
         if add_special_tokens {

@@ -32,7 +32,9 @@ pub struct TokenizerSpec {
     /// characters is cut to it before it is encoded, keeping its start
     /// (right) or end (left): Model2Vec's `max_length` x median token length.
     pub char_limit: Option<usize>,
-    /// Lower-case a text, prompt included, before anything else
-    /// (sentence-transformers' `do_lower_case`); pairs are not.
+    /// sentence-transformers' `do_lower_case`: a `Lowercase` normalizer goes in
+    /// front of the tokenizer's own, so everything it encodes (prompt
+    /// included) is lower-cased one character at a time, and offsets still
+    /// point into the text as sent. (Scorers never set it.)
     pub lowercase: bool,
 }

@@ -117,23 +117,28 @@ def check_output(out: Path, rows: list[dict], reference: dict[str, np.ndarray]) 
     return table
 
 
-def bounded(**kwargs):
-    """run_bulk, failing the test if it takes more than JOB_TIMEOUT_S."""
+def within_job_timeout(job, what: str):
+    """job(), failing the test if it takes more than JOB_TIMEOUT_S."""
     box: dict = {}
 
     def target():
         try:
-            box["result"] = run_bulk(**kwargs)
+            box["result"] = job()
         except BaseException as e:  # noqa: BLE001  (handed to the test's thread)
             box["error"] = e
 
     t = threading.Thread(target=target, daemon=True)
     t.start()
     t.join(JOB_TIMEOUT_S)
-    assert not t.is_alive(), f"bulk job still running after {JOB_TIMEOUT_S}s"
+    assert not t.is_alive(), f"{what} still running after {JOB_TIMEOUT_S}s"
     if "error" in box:
         raise box["error"]
     return box["result"]
+
+
+def bounded(**kwargs):
+    """run_bulk, failing the test if it takes more than JOB_TIMEOUT_S."""
+    return within_job_timeout(lambda: run_bulk(**kwargs), "bulk job")
 
 
 def rows_written(out: Path) -> int:
@@ -317,20 +322,7 @@ def test_the_scaling_docs_ray_program_runs_as_written(cluster, corpus, reference
     assert "MlxEmbedder" in program and '"corpus/"' in program and '"vectors/"' in program
     out = tmp_path / "vectors"
     program = program.replace('"corpus/"', repr(str(corpus["parquet"]))).replace('"vectors/"', repr(str(out)))
-    box: dict = {}
-
-    def target():
-        try:
-            exec(compile(program, "docs/scaling.md", "exec"), {})
-        except BaseException as e:  # noqa: BLE001  (handed to the test's thread)
-            box["error"] = e
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    t.join(JOB_TIMEOUT_S)
-    assert not t.is_alive(), f"the docs' program still running after {JOB_TIMEOUT_S}s"
-    if "error" in box:
-        raise box["error"]
+    within_job_timeout(lambda: exec(compile(program, "docs/scaling.md", "exec"), {}), "the docs' program")
     table = read_output(out)
     assert table.num_rows == ROWS
     got = dict(zip(table.column("id").to_pylist(), table.column("embedding").to_pylist()))

@@ -384,7 +384,7 @@ def run_bulk(
     missing = {id_column, text_column} - set(schema.names)
     if missing:
         raise BulkError(
-            f"input has no {sorted(missing)} column(s) (columns: {ds.schema().names}); "
+            f"input has no {sorted(missing)} column(s) (columns: {schema.names}); "
             "--id-column/--text-column name them"
         )
     ds = ds.select_columns([id_column, text_column])

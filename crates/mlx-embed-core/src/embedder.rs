@@ -251,17 +251,16 @@ impl ModelKind {
         }
     }
 
-    /// Whether each label's score stands alone (a sigmoid per label) rather
-    /// than the labels sharing one softmax: one label, or a multi-label
-    /// classifier.
-    pub fn scores_labels_independently(&self) -> bool {
-        match self {
+    /// A multi-label classifier: each label's score stands alone (a sigmoid
+    /// per label) rather than the labels sharing one softmax.
+    pub fn multi_label(&self) -> bool {
+        matches!(
+            self,
             ModelKind::Classifier {
-                labels,
-                multi_label,
-            } => *multi_label || labels.len() == 1,
-            ModelKind::Embedding | ModelKind::Reranker { .. } => true,
-        }
+                multi_label: true,
+                ..
+            }
+        )
     }
 
     /// "embedding", "classifier" or "reranker", as the APIs report it.
@@ -488,16 +487,17 @@ mod tests {
     }
 
     #[test]
-    fn only_a_single_label_classifier_shares_one_softmax() {
+    fn only_a_classifier_marked_multi_label_is_one() {
         let labels = |n: usize| (0..n).map(|i| format!("L{i}")).collect::<Vec<_>>();
         let classifier = |n, multi_label| ModelKind::Classifier {
             labels: labels(n),
             multi_label,
         };
-        assert!(!classifier(3, false).scores_labels_independently());
-        assert!(classifier(3, true).scores_labels_independently());
-        assert!(classifier(1, false).scores_labels_independently());
+        assert!(!classifier(3, false).multi_label());
+        assert!(classifier(3, true).multi_label());
+        assert!(!classifier(1, false).multi_label());
         let reranker = ModelKind::Reranker { labels: labels(1) };
-        assert!(reranker.scores_labels_independently());
+        assert!(!reranker.multi_label());
+        assert!(!ModelKind::Embedding.multi_label());
     }
 }

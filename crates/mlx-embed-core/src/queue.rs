@@ -21,8 +21,8 @@
 //!   front request). The limit is `aging_batches` for high and normal and
 //!   twice that for low, so under a flood of queries that passes both over,
 //!   normal still gets more turns than low (1.5x with a limit of 2; with one
-//!   limit for both they aged together and low got as many). No lane is passed over more than its limit in a row,
-//!   whatever the lanes above it do.
+//!   limit for both they aged together and low got as many). No lane is
+//!   passed over more than its limit in a row, whatever the lanes above it do.
 //!
 //! Invariants (checked by `debug_assert!`s):
 //! - a [`FairQueue`]'s `inputs` is the sum of its entries' remaining inputs,

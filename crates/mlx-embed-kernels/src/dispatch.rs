@@ -43,19 +43,26 @@ fn cap_from(value: Option<&str>) -> Result<(bool, bool), String> {
     }
 }
 
-/// The [`SIMD_ENV`] cap, read once; an invalid value caps nothing (the
-/// module that loads the kernels refuses it through [`check_simd_env`]).
-fn cap() -> (bool, bool) {
+/// The [`SIMD_ENV`] setting, read once.
+fn cap_setting() -> &'static Result<(bool, bool), String> {
     use std::sync::OnceLock;
-    static CAP: OnceLock<(bool, bool)> = OnceLock::new();
-    *CAP.get_or_init(|| cap_from(std::env::var(SIMD_ENV).ok().as_deref()).unwrap_or((true, true)))
+    static CAP: OnceLock<Result<(bool, bool), String>> = OnceLock::new();
+    CAP.get_or_init(|| cap_from(std::env::var(SIMD_ENV).ok().as_deref()))
+}
+
+/// The [`SIMD_ENV`] cap; an invalid value caps nothing (the module that
+/// loads the kernels refuses it through [`check_simd_env`]).
+#[cfg(target_arch = "x86_64")]
+fn cap() -> (bool, bool) {
+    *cap_setting().as_ref().unwrap_or(&(true, true))
 }
 
 /// An error naming the valid values if [`SIMD_ENV`] holds an invalid one.
 pub fn check_simd_env() -> Result<(), crate::KernelError> {
-    cap_from(std::env::var(SIMD_ENV).ok().as_deref())
-        .map(drop)
-        .map_err(crate::KernelError::Config)
+    match cap_setting() {
+        Ok(_) => Ok(()),
+        Err(message) => Err(crate::KernelError::Config(message.clone())),
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -75,7 +82,6 @@ fn detected() -> Detected {
 
 #[cfg(not(target_arch = "x86_64"))]
 fn detected() -> Detected {
-    let _ = cap();
     Detected {
         avx2_fma: false,
         avx512: false,

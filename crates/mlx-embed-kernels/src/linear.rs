@@ -289,6 +289,7 @@ simd_dispatch! {
         act: Activation,
         next: *const f32,
     ) {
+        #[cfg(target_arch = "x86_64")]
         if FMA {
             // SAFETY: FMA is true only in the builds for AVX2+FMA or wider,
             // which run where the CPU has them.
@@ -296,6 +297,9 @@ simd_dispatch! {
         } else {
             tile_by_rows!(FMA; 6 5 4 3 2; x, inputs, panel, init, tile, next);
         }
+        // Off x86-64 only the generic build exists.
+        #[cfg(not(target_arch = "x86_64"))]
+        tile_by_rows!(FMA; 6 5 4 3 2; x, inputs, panel, init, tile, next);
         if act == Activation::Gelu {
             for row in tile.iter_mut() {
                 for v in row.iter_mut() {
@@ -374,18 +378,6 @@ unsafe fn avx2_tile(
         2 => avx2_rows::<2>(x, inputs, panel, init, tile, next),
         _ => avx2_rows::<1>(x, inputs, panel, init, tile, next),
     }
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn avx2_tile(
-    x: &[f32],
-    inputs: usize,
-    panel: &[f32],
-    init: &[f32; PANEL],
-    tile: &mut [[f32; PANEL]; ROWS_WIDE],
-    next: *const f32,
-) {
-    tile_by_rows!(true; 6 5 4 3 2; x, inputs, panel, init, tile, next);
 }
 
 #[cfg(target_arch = "x86_64")]

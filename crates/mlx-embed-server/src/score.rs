@@ -75,11 +75,10 @@ pub async fn score_checked(state: &AppState, req: ScoreRequest) -> Result<ScoreO
         ));
     }
     if !req.raw_scores {
-        let independent = model.info().kind.scores_labels_independently();
+        let multi_label = model.info().kind.multi_label();
         for row in &mut scores {
-            if independent {
-                row.iter_mut()
-                    .for_each(|x| activate(std::slice::from_mut(x)));
+            if multi_label {
+                sigmoid_each(row);
             } else {
                 activate(row);
             }
@@ -106,6 +105,12 @@ pub fn activate(row: &mut [f32]) {
     for (x, e) in row.iter_mut().zip(exps) {
         *x = (e / sum) as f32;
     }
+}
+
+/// A sigmoid of each logit, in place: labels scored one by one.
+pub fn sigmoid_each(row: &mut [f32]) {
+    row.iter_mut()
+        .for_each(|x| activate(std::slice::from_mut(x)));
 }
 
 /// Indices of `scores` best first; equal scores keep input order.

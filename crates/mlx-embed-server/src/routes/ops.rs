@@ -286,16 +286,6 @@ impl TeiModelType {
     }
 }
 
-fn is_multi_label(kind: &ModelKind) -> bool {
-    matches!(
-        kind,
-        ModelKind::Classifier {
-            multi_label: true,
-            ..
-        }
-    )
-}
-
 /// Model, batching and limits.
 #[utoipa::path(
     get, path = "/info", tag = "ops",
@@ -328,7 +318,7 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
         details,
         memory: live.memory.map(MemoryInfo::from),
         labels: m.kind.labels().to_vec(),
-        multi_label: is_multi_label(&m.kind),
+        multi_label: m.kind.multi_label(),
         models: state
             .models()
             .iter()
@@ -341,7 +331,7 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
                     dimension: i.dim,
                     sparse: i.sparse,
                     labels: i.kind.labels().to_vec(),
-                    multi_label: is_multi_label(&i.kind),
+                    multi_label: i.kind.multi_label(),
                     max_input_tokens: i.max_input_tokens,
                     device_batch_tokens: i.device_batch_tokens,
                     prompts: i.prompts.clone(),

@@ -25,7 +25,7 @@ use crate::embed::embed as run_embed;
 use crate::errors::{ApiError, ErrorKind, Shaped, Tei, TeiErrorBody};
 use crate::extract::{ApiJson, PriorityHeader};
 use crate::models::Task;
-use crate::score::{activate, score, ScoreRequest};
+use crate::score::{activate, score, sigmoid_each, ScoreRequest};
 use crate::state::AppState;
 
 /// Text-classification parameters of the Inference API.
@@ -133,9 +133,7 @@ async fn classify(
     .await?;
     for row in &mut out.scores {
         match function {
-            Some("sigmoid") => row
-                .iter_mut()
-                .for_each(|x| activate(std::slice::from_mut(x))),
+            Some("sigmoid") => sigmoid_each(row),
             Some("softmax") if row.len() == 1 => row[0] = 1.0,
             Some("softmax") => activate(row),
             _ => {}

@@ -58,6 +58,19 @@ def test_v2_output_dimension_and_priority(server, golden):
     assert plain["response_type"] == "embeddings_by_type" and list(plain["embeddings"]) == ["float"]
 
 
+def test_v2_inputs_of_text_content_are_texts(server, golden):
+    """Cohere v2's `inputs` form (Embed v4's), text content only: one text
+    each, the same vectors as `texts`."""
+    texts, ref, _ = non_empty_golden(golden, 5)
+    co2 = cohere.ClientV2(api_key="unused", base_url=server.url)
+    inputs = [{"content": [{"type": "text", "text": t}]} for t in texts]
+    res = co2.embed(inputs=inputs, model=EMBEDDER, input_type="search_document", embedding_types=["float"])
+    got = np.asarray(res.embeddings.float_, dtype=np.float32)
+    assert got.shape == (5, 384) and cosine_rows(got, ref).min() >= 0.99999
+    by_texts = co2.embed(texts=texts, model=EMBEDDER, input_type="search_document", embedding_types=["float"])
+    assert res.embeddings.float_ == by_texts.embeddings.float_ and res.texts == texts
+
+
 def test_input_type_picks_the_models_prompt(nomic, golden):
     texts, _, keep = non_empty_golden(golden, 8)
     co2 = cohere.ClientV2(api_key="unused", base_url=nomic.url)
@@ -119,7 +132,7 @@ def test_truncate_start_keeps_the_end(server):
     assert start == left and end == right and start != end
     r = server.post("/v1/embed", {"texts": [long], "truncate": "NONE"})
     message = r.json()["error"]["message"]
-    assert r.status_code == 422 and "input 0" in message, message
+    assert r.status_code == 400 and "input 0" in message, message  # as Cohere answers
     # In Cohere's words: its truncate is NONE, START or END, not a boolean.
     assert message.endswith("shorten it or set truncate to END or START"), message
 
@@ -127,15 +140,24 @@ def test_truncate_start_keeps_the_end(server):
 @pytest.mark.parametrize("body,status,param,needle", [
     ({"images": ["data:image/png;base64,AAAA"]}, 400, "texts", "embeds text"),
     ({"texts": ["a"], "input_type": "image"}, 400, "texts", "embeds text"),
-    ({"inputs": [{"content": [{"type": "text", "text": "a"}]}]}, 400, "texts", "embeds text"),
+    ({"inputs": [{"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]},
+     400, "inputs", "input 0 holds an image: this server embeds text"),
+    ({"inputs": [{"content": [{"type": "text", "text": "a"}]},
+                 {"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]},
+     400, "inputs", "input 1 has 2 content items; this server embeds one text per input"),
+    ({"inputs": [{"text": "a"}]}, 400, "inputs", "input 0 must be an object with a `content` list"),
+    ({"inputs": [{"content": [{"type": "text", "text": 3}]}]}, 400, "inputs", "input 0's content must be"),
+    ({"inputs": [{"content": []}]}, 400, "inputs", "input 0 has 0 content items"),
+    ({"texts": ["a"], "inputs": [{"content": [{"type": "text", "text": "a"}]}]}, 400, "inputs", "not both"),
     ({"model": EMBEDDER}, 400, "texts", "texts is required"),
     ({"texts": []}, 400, "input", "input is empty"),
     ({"texts": ["a"], "output_dimension": 0}, 400, "output_dimension",
      "output_dimension must be between 1 and the model's dimension 384, got 0"),
     ({"texts": ["a"], "max_tokens": 16}, 400, "max_tokens", "256 tokens"),
-    ({"texts": ["a"], "embedding_types": ["float", "hex"]}, 422, None, "unknown variant `hex`"),
-    ({"texts": ["a"], "input_type": "search"}, 422, None, "unknown variant `search`"),
-    ({"texts": ["a"], "truncate": "end"}, 422, None, "unknown variant `end`"),
+    # A wrong shape: 400, as Cohere answers (the native and TEI routes answer 422).
+    ({"texts": ["a"], "embedding_types": ["float", "hex"]}, 400, None, "unknown variant `hex`"),
+    ({"texts": ["a"], "input_type": "search"}, 400, None, "unknown variant `search`"),
+    ({"texts": ["a"], "truncate": "end"}, 400, None, "unknown variant `end`"),
 ])
 def test_bad_input(server, body, status, param, needle):
     for path in ("/v1/embed", "/v2/embed"):

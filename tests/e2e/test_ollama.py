@@ -123,6 +123,13 @@ def test_two_models_listed_and_picked_by_tagged_name(duo, golden):
     with pytest.raises(ollama.ResponseError) as e:
         c.show("nope:latest")
     assert e.value.status_code == 404 and "nope" in e.value.error
+    # Tools pull a model before they embed with it: a served one is there already.
+    for name in (EMBEDDER, f"{RERANKER}:latest"):
+        assert c.pull(name).status == "success"
+        assert [p.status for p in c.pull(name, stream=True)] == ["success"]
+    with pytest.raises(ollama.ResponseError) as e:
+        c.pull("nope")
+    assert e.value.status_code == 404 and "nope" in e.value.error
     with pytest.raises(ollama.ResponseError) as e:
         c.embed(model=f"{RERANKER}:latest", input="x")
     assert e.value.status_code == 400 and "embedding model" in e.value.error

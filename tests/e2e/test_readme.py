@@ -388,3 +388,14 @@ def test_the_readme_rust_crate_builds_and_embeds(tmp_path):
     want = mlx_embed.load().embed(["hello"])[0]
     assert len(got) == 384
     assert float(np.dot(np.asarray(got, np.float32), want)) >= 0.99999
+    # A virtualenv made for another Python holds no packages for this one: the
+    # error says so, rather than only to set VIRTUAL_ENV (which is set).
+    other = tmp_path / "venv-3.99"
+    (other / "lib" / "python3.99" / "site-packages").mkdir(parents=True)
+    (other / "pyvenv.cfg").write_text("home = /nowhere\ninclude-system-site-packages = false\nversion = 3.99.1\n")
+    wrong = subprocess.run([str(binary)], cwd=tmp_path, env={**env, "VIRTUAL_ENV": str(other)},
+                           capture_output=True, text=True, timeout=300)
+    assert wrong.returncode != 0
+    ours = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert (f"the virtualenv {other} has no {other}/lib/python{ours}/site-packages: it holds packages for "
+            f"Python 3.99.1, and this program embeds Python {ours}.") in wrong.stderr, wrong.stderr[-4000:]

@@ -126,7 +126,7 @@ def test_rerank_takes_the_documents_shape_too(duo):
     bad = duo.post("/rerank", {"query": "q", "documents": ["d"], "top_n": 0})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_n"
     bad = duo.post("/rerank", {"query": "q", "documents": "nope"})
-    assert bad.status_code == 422 and "message" in bad.json()["error"]
+    assert bad.status_code == 400 and "message" in bad.json()["error"]
     bad = duo.post("/rerank", {"query": "q"})
     assert bad.status_code == 422 and "missing field `texts`" in bad.json()["error"]
     emb = duo.post("/embeddings", {"model": EMBEDDER, "input": ["hello"]})
@@ -170,7 +170,7 @@ def test_vllm_score_api(duo, scorers):
     for body, status in [
         ({"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, 400),
         ({"text_1": "a", "text_2": []}, 400),
-        ({"text_1": "a"}, 422),
+        ({"text_1": "a"}, 400),  # a wrong shape, as vLLM answers it
         ({"model": "nope", "text_1": "a", "text_2": "b"}, 404),
     ]:
         r = duo.post("/score", body)
@@ -486,7 +486,7 @@ def test_cohere_rank_fields_errors_are_exact(duo):
         assert error({"documents": [{"title": "a"}], "rank_fields": bad}) == cohere(
             "rank_fields must be a non-empty list of field names (strings)", "rank_fields")
     status, body = error({"documents": ["a", 3]})
-    assert status == 422 and "each document must be a string or a JSON object" in body["message"], body
+    assert status == 400 and "each document must be a string or a JSON object" in body["message"], body
     assert "untagged" not in body["message"] and "RerankDocument" not in body["message"]
 
 

@@ -145,12 +145,25 @@ impl Batcher {
     ///
     /// The future is `Send` and runs on any tokio runtime flavor; it needs
     /// the runtime's time driver (admission waits with tokio's timer) and
-    /// its blocking pool.
+    /// its blocking pool. Both are checked when the call starts, whatever its
+    /// inputs: polled outside a tokio runtime it returns
+    /// [`CoreError::NoRuntime`]; on a runtime built without `enable_time` it
+    /// panics with tokio's message (tokio has no way to ask).
+    ///
+    /// An empty string is an input like any other here (the model sees its
+    /// special tokens alone); the server's routes refuse it as a client error.
     pub async fn embed(
         &self,
         inputs: Vec<EmbedInput>,
         options: EmbedOptions,
     ) -> Result<Embeddings, CoreError> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(CoreError::NoRuntime);
+        }
+        // A timer made and dropped: tokio panics here, on every call, where
+        // the time driver is off, not only on the call that first has to
+        // wait in line for admission.
+        drop(tokio::time::sleep(std::time::Duration::ZERO));
         let shared = &*self.inner.shared;
         let priority = options.priority;
         let left = CallerLeft(&shared.recorder);

@@ -51,4 +51,12 @@ pub enum CoreError {
         tokens: usize,
         max: usize,
     },
+    /// [`crate::Batcher::embed`] was polled outside a tokio runtime (by
+    /// another executor, or `block_on` of a crate other than tokio's). It
+    /// tokenizes on tokio's blocking pool and waits with tokio's timer.
+    #[error(
+        "Batcher::embed must run inside a tokio runtime with its time driver and blocking \
+         pool (Builder::enable_all, #[tokio::main], or Runtime::block_on); none is running here"
+    )]
+    NoRuntime,
 }

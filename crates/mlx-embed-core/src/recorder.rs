@@ -121,7 +121,8 @@ impl Recorder {
             Err(
                 CoreError::ShuttingDown
                 | CoreError::InvalidInput(_)
-                | CoreError::InputTooLong { .. },
+                | CoreError::InputTooLong { .. }
+                | CoreError::NoRuntime,
             ) => return,
         };
         counter.fetch_add(1, Relaxed);

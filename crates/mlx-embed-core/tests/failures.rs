@@ -2,6 +2,7 @@
 
 mod common;
 
+use std::future::Future;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -640,4 +641,44 @@ async fn a_caller_that_leaves_while_following_another_calls_input_is_counted_as_
         ),
         (1, 2, 0)
     );
+}
+
+/// Polled by another executor, the call says so at its first poll whatever its
+/// inputs (a short text used to run and a long one, tokenized on tokio's
+/// blocking pool, to panic: what worked in a test failed in production).
+#[test]
+fn embed_outside_a_tokio_runtime_is_no_runtime_for_any_input() {
+    let (batcher, record) = start(BatcherConfig::default(), Duration::ZERO, None);
+    let long = "word ".repeat(200);
+    for text in ["short", long.as_str()] {
+        let mut call = std::pin::pin!(batcher.embed(texts(&[text]), EmbedOptions::default()));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match call.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(Err(CoreError::NoRuntime)) => {}
+            other => panic!("{text:.8}: {other:?}"),
+        }
+    }
+    assert!(record.batches().is_empty());
+    assert!(CoreError::NoRuntime.to_string().contains("enable_all"));
+}
+
+/// On a runtime without its time driver every call panics at once, with
+/// tokio's message, not only a call that has to wait in line for admission.
+#[test]
+fn embed_on_a_runtime_without_timers_panics_on_its_first_call() {
+    let (batcher, record) = start(BatcherConfig::default(), Duration::ZERO, None);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        runtime.block_on(batcher.embed(texts(&["short"]), EmbedOptions::default()))
+    }))
+    .expect_err("an uncontended short call still needs the timer");
+    let message = panicked
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panicked.downcast_ref::<String>().cloned())
+        .unwrap_or_default();
+    assert!(message.contains("timers are disabled"), "{message}");
+    assert!(record.batches().is_empty());
 }

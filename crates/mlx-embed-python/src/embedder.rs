@@ -24,7 +24,8 @@ pub struct PythonModelOptions {
     pub model: Option<String>,
     /// "float32" (the only fast choice on x86 CPUs), "float16" or "bfloat16".
     pub dtype: String,
-    /// Quantize weights on load to this many bits (4 or 8).
+    /// Quantize weights on load to this many bits: 2, 3, 4, 5, 6 or 8 (MLX's
+    /// affine widths; the server's `--quantize` offers 4 and 8, the ones measured).
     pub quantize: Option<u8>,
     /// Query instruction for instruction-tuned decoder models (Qwen3-Embedding).
     pub instruction: Option<String>,

@@ -13,12 +13,16 @@ use pyo3::prelude::*;
 /// What can go wrong between Rust and the Python model while loading it.
 #[derive(Debug, thiserror::Error)]
 pub enum BridgeError {
-    /// `mlx_embed` could not be imported; the message says where Python looked.
-    #[error("cannot import the Python package `mlx_embed`: {message} (sys.prefix = {prefix}; sys.path = {path}). Install the project into a virtualenv (`make serve` does) and set VIRTUAL_ENV or run the binary from that virtualenv")]
+    /// `mlx_embed` could not be imported; the message says where Python
+    /// looked, and why the virtualenv found gave nothing where that is known.
+    #[error("cannot import the Python package `mlx_embed`: {message}{venv} (sys.prefix = {prefix}; sys.path = {path}). Install the project into a virtualenv (`make serve` does) and set VIRTUAL_ENV or run the binary from that virtualenv")]
     NotImportable {
         message: String,
         prefix: String,
         path: String,
+        /// Empty, or `"; "` and why the virtualenv added no packages (one
+        /// made for another Python version than the one this program embeds).
+        venv: String,
     },
     /// Python raised while loading the model; the kind is the exception's,
     /// by class: `InvalidInput` when the options or files given cannot work
@@ -163,6 +167,7 @@ mod tests {
             message: "No module named 'mlx_embed'".into(),
             prefix: "/usr".into(),
             path: "[]".into(),
+            venv: String::new(),
         };
         assert_eq!(kind(missing), InvalidInput);
         let tokenizer = TokenizerError::Load {

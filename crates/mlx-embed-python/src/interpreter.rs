@@ -22,15 +22,16 @@ pub fn ensure_python() -> Result<(), BridgeError> {
     // server, parallel tests): one of them rewrites `sys.path`, and the
     // others wait for it to finish before they import (an import while
     // `sys.path` was being rewritten failed with ModuleNotFoundError).
-    static PATHS_SET: PyOnceLock<()> = PyOnceLock::new();
+    // What the virtualenv gave: why it added nothing, where that is known.
+    static PATHS_SET: PyOnceLock<Option<String>> = PyOnceLock::new();
     Python::initialize();
     Python::attach(|py| {
         let mut first = false;
-        PATHS_SET.get_or_try_init(py, || {
+        let venv_note = PATHS_SET.get_or_try_init(py, || {
             first = true;
             match find_virtualenv() {
                 Some(venv) => add_virtualenv(py, &venv),
-                None => Ok(()),
+                None => Ok(None),
             }
         })?;
         let sys = py.import("sys")?;
@@ -47,6 +48,9 @@ pub fn ensure_python() -> Result<(), BridgeError> {
                     message: err.to_string(),
                     prefix,
                     path,
+                    venv: venv_note
+                        .as_ref()
+                        .map_or_else(String::new, |note| format!("; {note}")),
                 })
             }
         }
@@ -87,15 +91,20 @@ fn find_virtualenv() -> Option<PathBuf> {
 /// `site.addsitedir` rather than PYTHONPATH so `.pth` files (editable installs)
 /// are honoured; the venv's entries go first, and the base interpreter's own
 /// site-packages go away unless the venv asks for them, as in a venv's python.
-fn add_virtualenv(py: Python<'_>, venv: &Path) -> Result<(), BridgeError> {
-    let include_system = std::fs::read_to_string(venv.join("pyvenv.cfg"))
-        .map(|cfg| {
-            cfg.lines().any(|l| {
-                l.replace(' ', "")
-                    .eq_ignore_ascii_case("include-system-site-packages=true")
-            })
+/// Returns why the venv added nothing, where the reason is known: a venv
+/// holds packages for its own Python version only, and a program built
+/// against another (PyO3 links the `PYO3_PYTHON` it was built with) finds
+/// no site-packages of its version there.
+fn add_virtualenv(py: Python<'_>, venv: &Path) -> Result<Option<String>, BridgeError> {
+    let cfg = std::fs::read_to_string(venv.join("pyvenv.cfg")).unwrap_or_default();
+    let setting = |key: &str| {
+        cfg.lines().find_map(|line| {
+            let (k, v) = line.split_once('=')?;
+            (k.trim().eq_ignore_ascii_case(key)).then(|| v.trim().to_owned())
         })
-        .unwrap_or(false);
+    };
+    let include_system =
+        setting("include-system-site-packages").is_some_and(|v| v.eq_ignore_ascii_case("true"));
     let locals = PyDict::new(py);
     locals.set_item("venv", venv.to_string_lossy().as_ref())?;
     locals.set_item("include_system", include_system)?;
@@ -119,10 +128,36 @@ if os.path.isdir(site_packages) and site_packages not in sys.path:
         .map(|a| a.extract())
         .transpose()?
         .unwrap_or_default();
-    if added.is_empty() {
-        tracing::warn!(venv = %venv.display(), "virtualenv added no packages");
-    } else {
+    if !added.is_empty() {
         tracing::info!(venv = %venv.display(), "using virtualenv packages");
+        return Ok(None);
     }
-    Ok(())
+    let site_packages: String = locals
+        .get_item("site_packages")?
+        .map(|s| s.extract())
+        .transpose()?
+        .unwrap_or_default();
+    let ours: String = py
+        .import("sys")?
+        .getattr("version")?
+        .extract::<String>()?
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let note = if Path::new(&site_packages).is_dir() {
+        format!("the virtualenv {} added no packages", venv.display())
+    } else {
+        let theirs = setting("version")
+            .or_else(|| setting("version_info"))
+            .unwrap_or_else(|| "another version".into());
+        format!(
+            "the virtualenv {} has no {site_packages}: it holds packages for Python {theirs}, \
+             and this program embeds Python {ours} (build it with PYO3_PYTHON={}/bin/python)",
+            venv.display(),
+            venv.display()
+        )
+    };
+    tracing::warn!(venv = %venv.display(), "{note}");
+    Ok(Some(note))
 }

@@ -19,7 +19,7 @@
 //! # Error bodies
 //!
 //! * native `/api/v1/*` and operational routes: `{"error": {"message": str, "type": str, "code": int}}`
-//! * OpenAI `/v1/*`, and Cohere's `/v2/embed`, `/v2/rerank`: `{"error": {"message": str, "type": str, "param": str|null, "code": str|null}}`
+//! * OpenAI `/v1/*` (Cohere's `/v1/embed`, `/v1/rerank` too), Cohere's `/v2/embed`, `/v2/rerank`, vLLM's `/score`: `{"error": {"message": str, "type": str, "param": str|null, "code": str|null}}`, and 400 where the table says 422, as those services answer
 //! * TEI `/embed` etc.: `{"error": str, "error_type": str}`
 //! * Ollama `/api/*` (but `/api/v1/*`): `{"error": str}`, and 400 where the table says 422, as Ollama answers
 //! * Weaviate `/vectors`, `/meta`: `{"error": str}`
@@ -262,6 +262,8 @@ impl From<CoreError> for ApiError {
                 format!("model unavailable: {}", err.message),
             ),
             CoreError::ShuttingDown => Self::shutting_down(),
+            // The server always embeds on its own runtime: a bug if reached.
+            err @ CoreError::NoRuntime => Self::new(ErrorKind::Model, err.to_string()),
             // The core's message starts `input N:` when one input is at fault,
             // otherwise it names the option (an unknown prompt name).
             CoreError::InvalidInput(msg) => {
@@ -377,7 +379,7 @@ impl Api {
             Api::Tei
         } else if path.starts_with("/api/") && !path.starts_with("/api/v1/") {
             // Ollama's routes, and its others this server does not serve
-            // (`/api/generate`, `/api/pull`): an Ollama client reads their
+            // (`/api/generate`, `/api/chat`): an Ollama client reads their
             // errors in its own shape.
             Api::Ollama
         } else if matches!(path, "/vectors" | "/vectors/" | "/meta") {
@@ -390,10 +392,13 @@ impl Api {
     pub fn render(self, err: ApiError) -> Response {
         let reason = ErrorReason(err.message.clone());
         let status = match (self, err.status()) {
-            // Ollama answers every request it cannot take as given with 400
-            // (a body of the wrong shape, an input over the context length
-            // with `truncate: false`); its clients check for that, not 422.
-            (Api::Ollama, StatusCode::UNPROCESSABLE_ENTITY) => StatusCode::BAD_REQUEST,
+            // Ollama, OpenAI, Cohere and vLLM answer every request they cannot
+            // take as given with 400 (a body of the wrong shape, an input over
+            // the context length): their clients check for that, not 422 (the
+            // official OpenAI client raises `BadRequestError` for 400 only).
+            (Api::Ollama | Api::OpenAi, StatusCode::UNPROCESSABLE_ENTITY) => {
+                StatusCode::BAD_REQUEST
+            }
             (_, status) => status,
         };
         let mut response = match self {

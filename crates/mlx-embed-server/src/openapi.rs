@@ -28,6 +28,7 @@ use crate::routes::{
         ollama::tags,
         ollama::ps,
         ollama::show,
+        ollama::pull,
         ollama::version,
         cohere::embed_v1,
         cohere::embed_v2,

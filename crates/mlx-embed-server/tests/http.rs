@@ -20,12 +20,11 @@ enum Shape {
 
 impl Shape {
     /// The status for a body of the wrong shape, or an input refused as too
-    /// long: 422, but 400 on Ollama's routes, as Ollama answers.
+    /// long: 422, but 400 on Ollama's and OpenAI's routes, as those services answer.
     fn unprocessable(self) -> u16 {
-        if self == Shape::Ollama {
-            400
-        } else {
-            422
+        match self {
+            Shape::Ollama | Shape::OpenAi => 400,
+            Shape::Native | Shape::Tei => 422,
         }
     }
 }
@@ -237,7 +236,7 @@ async fn openai_token_inputs() {
     )
     .await;
     assert!(msg.contains("input 1") && msg.contains("1000"), "{msg}");
-    // Deeper nesting, mixed forms, negative ids: 422.
+    // Deeper nesting, mixed forms, negative ids: a wrong shape (400, as OpenAI answers).
     for bad in [
         json!([[[1]]]),
         json!(["a", 1]),
@@ -251,7 +250,7 @@ async fn openai_token_inputs() {
             "/v1/embeddings",
             Shape::OpenAi,
             &json!({ "input": bad }),
-            422,
+            Shape::OpenAi.unprocessable(),
         )
         .await;
     }
@@ -264,6 +263,33 @@ async fn openai_token_inputs() {
         400,
     )
     .await;
+    // Ids sent with one of OpenAI's model names are tiktoken's (LangChain's
+    // default): refused, not embedded as other text. The same ids with any
+    // other name, and text with OpenAI's name, run.
+    for input in [json!([1, 2, 3]), json!([[1, 2], [3]])] {
+        let (status, _, v) = post(
+            &s,
+            "/v1/embeddings",
+            &json!({ "input": input, "model": "text-embedding-3-small" }),
+        )
+        .await;
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(v["error"]["param"], "input", "{v}");
+        assert_eq!(v["error"]["code"], "token_ids_of_another_tokenizer", "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.contains("`text-embedding-3-small`")
+                && msg.contains("check_embedding_ctx_length=False"),
+            "{msg}"
+        );
+    }
+    for body in [
+        json!({ "input": [1, 2, 3], "model": "my-embedder" }),
+        json!({ "input": "text", "model": "text-embedding-ada-002" }),
+    ] {
+        let (status, _, v) = post(&s, "/v1/embeddings", &body).await;
+        assert_eq!(status, 200, "{body} -> {v}");
+    }
     s.stop().await.unwrap();
 }
 
@@ -332,7 +358,7 @@ async fn openai_base64_decodes_to_the_floats() {
         "/v1/embeddings",
         Shape::OpenAi,
         &json!({ "input": "x", "encoding_format": "hex" }),
-        422,
+        Shape::OpenAi.unprocessable(),
     )
     .await;
     s.stop().await.unwrap();
@@ -359,13 +385,14 @@ async fn request_shape_errors() {
             }
         } else {
             expect_error(&s, path, shape, &body(shape, json!([])), 400).await;
-            // Missing or null field: 422.
-            expect_error(&s, path, shape, &json!({ "model": "m" }), 422).await;
-            expect_error(&s, path, shape, &body(shape, Value::Null), 422).await;
+            // Missing or null field: a wrong shape.
+            let status = shape.unprocessable();
+            expect_error(&s, path, shape, &json!({ "model": "m" }), status).await;
+            expect_error(&s, path, shape, &body(shape, Value::Null), status).await;
         }
         let msg = expect_error(&s, path, shape, &body(shape, json!(["ok", ""])), 400).await;
         assert!(msg.contains("input 1"), "{msg}");
-        // Wrong-typed field; non-string item; nested too deep: 422 (Ollama: 400).
+        // Wrong-typed field; non-string item; nested too deep: a wrong shape.
         expect_error(
             &s,
             path,
@@ -436,9 +463,6 @@ async fn truncation_is_default_and_refusal_names_the_input() {
     for (path, shape) in ROUTES {
         let (status, _, v) = post(&s, path, &body(shape, json!(["short", long]))).await;
         assert_eq!(status, 200, "{path}: {v}");
-        if shape == Shape::OpenAi {
-            continue; // OpenAI has no truncate flag: always truncates.
-        }
         let mut b = body(shape, json!(["short", long]));
         b["truncate"] = json!(false);
         let msg = expect_error(&s, path, shape, &b, shape.unprocessable()).await;
@@ -757,6 +781,7 @@ async fn ops_routes() {
         "/api/tags",
         "/api/ps",
         "/api/show",
+        "/api/pull",
         "/health",
         "/metrics",
         "/info",
@@ -1026,7 +1051,7 @@ async fn priority_header_and_body_pick_the_lane_on_every_route() {
         &json!({"input": "q", "priority": "high"}),
     )
     .await;
-    assert_eq!(status, 422);
+    assert_eq!(status, 400);
     s.stop().await.unwrap();
 }
 
@@ -1408,6 +1433,33 @@ async fn ollama_listings_and_legacy_embeddings() {
             "{both}"
         );
     }
+    // Pull: the served model is there already, so the answer is Ollama's last
+    // line, as one object (`stream: false`) or one JSON line (its default).
+    let pulled = json!({ "status": "success" });
+    let (status, headers, v) = post(
+        &s,
+        "/api/pull",
+        &json!({ "model": "fake-model:latest", "stream": false }),
+    )
+    .await;
+    assert_eq!((status, &v), (200, &pulled));
+    assert_eq!(headers["content-type"], "application/json");
+    for b in [
+        json!({ "model": "fake-model" }),
+        json!({ "name": "fake-model", "stream": true }),
+    ] {
+        let r = client()
+            .post(s.url("/api/pull"))
+            .json(&b)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), 200, "{b}");
+        assert_eq!(r.headers()["content-type"], "application/x-ndjson", "{b}");
+        assert_eq!(r.text().await.unwrap(), "{\"status\":\"success\"}\n", "{b}");
+    }
+    expect_error(&s, "/api/pull", Shape::Ollama, &json!({}), 400).await;
+    expect_error(&s, "/api/pull", Shape::Ollama, &json!({ "model": 3 }), 400).await;
     // A route of Ollama's this server does not serve answers in its shape.
     expect_error(
         &s,
@@ -1749,7 +1801,7 @@ async fn decode_refuses_bad_ids_readably() {
 }
 
 /// vLLM's score route takes `truncate` as the embed routes do: false refuses
-/// an over-long text with 422, naming its list (`param`), its place there and
+/// an over-long text with 400 (as vLLM answers), naming its list (`param`), its place there and
 /// its token count.
 #[tokio::test]
 async fn score_honours_truncate_false() {
@@ -1773,7 +1825,7 @@ async fn score_honours_truncate_false() {
         ),
     ] {
         let (status, _, v) = post(&s, "/v1/score", &b).await;
-        assert_eq!(status, 422, "{v}");
+        assert_eq!(status, 400, "{v}");
         assert_eq!(
             v["error"],
             json!({

@@ -55,7 +55,7 @@ pub enum CohereEmbeddingType {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum CohereTruncate {
-    /// Refuse an over-long text (422).
+    /// Refuse an over-long text (400, as Cohere answers).
     None,
     /// Cut its start (keep the end).
     Start,
@@ -73,7 +73,8 @@ pub struct CohereEmbedRequest {
     /// Refused: this server embeds text.
     #[schema(value_type = Option<Vec<Object>>)]
     pub images: Option<Vec<Value>>,
-    /// Refused (v2's mixed text and image content): send `texts`.
+    /// v2's inputs, instead of `texts`: each `{"content": [{"type": "text", "text": "..."}]}`,
+    /// one text each (image content is refused: this server embeds text).
     #[schema(value_type = Option<Vec<Object>>)]
     pub inputs: Option<Vec<Value>>,
     pub input_type: Option<CohereInputType>,
@@ -153,7 +154,7 @@ pub struct CohereEmbedResponse {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
         (status = 200, description = "Embeddings in input order", body = CohereEmbedResponse),
-        (status = "4XX", description = "Invalid request (400, 401, 404 unknown model, 413, 415, 422, 429)", body = OpenAiErrorBody),
+        (status = "4XX", description = "Invalid request (400 incl. a wrong shape and an over-long text with `truncate: NONE`, as Cohere answers; 401, 404 unknown model, 413, 415, 429)", body = OpenAiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
     )
 )]
@@ -192,18 +193,24 @@ async fn embed(
     version: &str,
     header: Option<Priority>,
 ) -> Result<CohereEmbedResponse, ApiError> {
-    if req.images.is_some()
-        || req.inputs.is_some()
-        || req.input_type == Some(CohereInputType::Image)
-    {
+    if req.images.is_some() || req.input_type == Some(CohereInputType::Image) {
         return Err(ApiError::invalid(
-            "this server embeds text: send `texts` (images and mixed `inputs` are not supported)",
+            "this server embeds text: send `texts` (images are not supported)",
         )
         .param("texts"));
     }
-    let texts = req.texts.ok_or_else(|| {
-        ApiError::invalid("texts is required: send at least one text").param("texts")
-    })?;
+    let texts = match (req.texts, req.inputs) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::invalid("send `texts` or `inputs`, not both").param("inputs"))
+        }
+        (Some(texts), None) => texts,
+        (None, Some(inputs)) => texts_of_inputs(inputs)?,
+        (None, None) => {
+            return Err(
+                ApiError::invalid("texts is required: send at least one text").param("texts"),
+            )
+        }
+    };
     let model = state.model_for(req.model.as_deref(), Task::Embed)?;
     if let Some(n) = req.max_tokens {
         let max = model.info().max_input_tokens;
@@ -277,6 +284,50 @@ async fn embed(
             },
         },
     })
+}
+
+/// The texts of v2's `inputs`, one each: `{"content": [{"type": "text", "text": "..."}]}`.
+/// Cohere fuses an input's several items into one vector; a text model has
+/// no such fusion, so an input of more than one item is refused rather than
+/// guessed at (each text can be an input of its own).
+fn texts_of_inputs(inputs: Vec<Value>) -> Result<Vec<String>, ApiError> {
+    let refuse = |message: String| ApiError::invalid(message).param("inputs");
+    inputs
+        .into_iter()
+        .enumerate()
+        .map(|(i, input)| {
+            let items = input
+                .get("content")
+                .and_then(Value::as_array)
+                .ok_or_else(|| {
+                    refuse(format!(
+                        "input {i} must be an object with a `content` list, \
+                         {{\"content\": [{{\"type\": \"text\", \"text\": \"...\"}}]}}"
+                    ))
+                })?;
+            if items
+                .iter()
+                .any(|item| item.get("type").and_then(Value::as_str) == Some("image_url"))
+            {
+                return Err(refuse(format!(
+                    "input {i} holds an image: this server embeds text"
+                )));
+            }
+            match items.as_slice() {
+                [item] => match (item.get("type").and_then(Value::as_str), item.get("text")) {
+                    (Some("text"), Some(Value::String(text))) => Ok(text.clone()),
+                    _ => Err(refuse(format!(
+                        "input {i}'s content must be {{\"type\": \"text\", \"text\": <string>}}"
+                    ))),
+                },
+                items => Err(refuse(format!(
+                    "input {i} has {} content items; this server embeds one text per input \
+                     (send each text as an input of its own)",
+                    items.len()
+                ))),
+            }
+        })
+        .collect()
 }
 
 /// The model's prompt for `input_type`'s role, else its default one.

@@ -55,6 +55,7 @@ pub fn router(state: AppState) -> Router {
         .route("/api/tags", get(ollama::tags))
         .route("/api/ps", get(ollama::ps))
         .route("/api/show", post(ollama::show))
+        .route("/api/pull", post(ollama::pull))
         .route("/api/version", get(ollama::version))
         .route("/rerank", post(rerank::tei_rerank))
         .route("/v1/embed", post(cohere::embed_v1))

@@ -1,6 +1,7 @@
 //! Ollama compatible: `POST /api/embed`, the legacy `POST /api/embeddings`,
 //! and what Ollama clients read before they embed (`GET /api/version`, the
-//! model listings `GET /api/tags`, `GET /api/ps`, `POST /api/show`).
+//! model listings `GET /api/tags`, `GET /api/ps`, `POST /api/show`, and
+//! `POST /api/pull`, which answers success for a served model).
 //!
 //! As Ollama's server does, the routes read a body as JSON whatever its
 //! `Content-Type` (the curl lines in Ollama's docs send curl's default,
@@ -14,6 +15,8 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant, UNIX_EPOCH};
 
 use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use mlx_embed_core::{EmbedInput, EmbedOptions, ModelKind};
 use serde::{Deserialize, Serialize};
@@ -398,6 +401,61 @@ pub async fn show(
         capabilities,
         modified_at: started_at(&state),
     }))
+}
+
+/// Ollama pull request.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct OllamaPullRequest {
+    /// The model, required (with or without `:latest`).
+    pub model: Option<String>,
+    /// What older clients send instead of `model`; `model` wins when both are set.
+    pub name: Option<String>,
+    /// Accepted and ignored: nothing is downloaded.
+    pub insecure: Option<bool>,
+    /// `false`: one JSON object; otherwise (Ollama's default) a stream of JSON lines, here one.
+    pub stream: Option<bool>,
+}
+
+/// Where a pull stands: here always `success`, the model being served already.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OllamaPullStatus {
+    pub status: String,
+}
+
+/// Pull a model: a served one is there already, so the answer is Ollama's
+/// last line, `{"status": "success"}` (tools that pull a model before they
+/// embed with it need no other setup). This server loads its models at
+/// start-up and downloads nothing: with several models served, an unknown
+/// name is a 404; a one-model server answers for any name, as its other
+/// routes do.
+#[utoipa::path(
+    post, path = "/api/pull", tag = "ollama", operation_id = "ollama_pull",
+    request_body = OllamaPullRequest,
+    responses(
+        (status = 200, description = "The model is served: one JSON object with `stream: false`, else one JSON line (`application/x-ndjson`)", body = OllamaPullStatus),
+        (status = "4XX", description = "Invalid request (400 no model named, 401, 404 not served, 413, 415)", body = OllamaErrorBody),
+    )
+)]
+pub async fn pull(
+    State(state): State<AppState>,
+    ApiJson(req, _): ApiJson<OllamaPullRequest, Ollama>,
+) -> Result<Response, Shaped<Ollama>> {
+    let requested = [req.model, req.name]
+        .into_iter()
+        .flatten()
+        .find(|m| !m.is_empty());
+    let name = served_name(requested)
+        .ok_or_else(|| Shaped::from(ApiError::invalid("model is required").param("model")))?;
+    state.model_for(Some(&name), Task::Describe)?;
+    let done = OllamaPullStatus {
+        status: "success".into(),
+    };
+    if req.stream == Some(false) {
+        return Ok(Json(done).into_response());
+    }
+    let mut line = serde_json::to_vec(&done).unwrap_or_default();
+    line.push(b'\n');
+    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], line).into_response())
 }
 
 fn details(model: &ServedModel) -> OllamaModelDetails {

@@ -27,7 +27,8 @@ pub enum EncodingFormat {
 }
 
 // Not derived: serde_json reports a derived unit enum given a non-string (e.g. `1`)
-// as a *syntax* error, which would answer well-formed JSON with 400 instead of 422.
+// as a *syntax* error, which would answer well-formed JSON as malformed (the native and TEI
+// routes answer 400 for that, 422 for a wrong shape).
 impl<'de> Deserialize<'de> for EncodingFormat {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         const VARIANTS: &[&str] = &["float", "base64"];
@@ -44,7 +45,8 @@ impl<'de> Deserialize<'de> for EncodingFormat {
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct OpenAiEmbeddingRequest {
     /// A string, strings, token ids, or lists of token ids (the model's own tokenizer's,
-    /// run as given, special tokens included, as `/tokenize` lists them).
+    /// run as given, special tokens included, as `/tokenize` lists them). Token ids with
+    /// `model` naming one of OpenAI's models (`text-embedding-*`) are tiktoken's: a 400.
     pub input: TextsOrTokens,
     /// Which served model answers (`/v1/models` lists them); default: the first
     /// embedding model. With several models served, an unknown name is a 404 (`model_not_found`).
@@ -64,7 +66,7 @@ pub struct OpenAiEmbeddingRequest {
     /// sends it with `extra_body`.
     pub priority: Option<i64>,
     /// Truncate inputs longer than the model's maximum (default true, as the other routes do);
-    /// false answers 422 instead, as OpenAI refuses an over-long input. Not an OpenAI field:
+    /// false answers 400 instead, as OpenAI refuses an over-long input. Not an OpenAI field:
     /// the official client sends it with `extra_body`.
     pub truncate: Option<bool>,
 }
@@ -110,7 +112,7 @@ pub fn encode_base64(v: &[f32]) -> String {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
         (status = 200, description = "Embeddings in input order", body = OpenAiEmbeddingResponse),
-        (status = "4XX", description = "Invalid request (400, 401, 413, 415, 422, 429)", body = OpenAiErrorBody),
+        (status = "4XX", description = "Invalid request (400 incl. a wrong shape and an over-long input with `truncate: false`, as OpenAI answers; 401, 413, 415, 429)", body = OpenAiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
     )
 )]
@@ -119,6 +121,7 @@ pub async fn embeddings(
     PriorityHeader(header, _): PriorityHeader<OpenAi>,
     ApiJson(req, _): ApiJson<OpenAiEmbeddingRequest, OpenAi>,
 ) -> Result<Json<OpenAiEmbeddingResponse>, Shaped<OpenAi>> {
+    refuse_tiktoken_ids(&state, req.model.as_deref(), &req.input)?;
     let format = req.encoding_format.unwrap_or_default();
     let out = run_embed(
         &state,
@@ -159,6 +162,38 @@ pub async fn embeddings(
         model: out.model,
         usage: Usage::new(out.prompt_tokens, out.cache_hits),
     }))
+}
+
+/// Token ids sent with one of OpenAI's own model names (`text-embedding-3-small`)
+/// are tiktoken's: LangChain's `OpenAIEmbeddings` tokenizes with it by default.
+/// Read as this model's ids they are other text, and would get a wrong vector
+/// with a 200 (or, for an id past the vocabulary, a 400 that says nothing of
+/// why), so they are refused with the cause and the fix.
+fn refuse_tiktoken_ids(
+    state: &AppState,
+    model: Option<&str>,
+    input: &TextsOrTokens,
+) -> Result<(), ApiError> {
+    let token_ids = matches!(
+        input,
+        TextsOrTokens::Tokens(_) | TextsOrTokens::TokenLists(_)
+    );
+    let Some(name) = model else { return Ok(()) };
+    if !token_ids
+        || !name.starts_with("text-embedding-")
+        || state.models().iter().any(|m| m.name == name)
+    {
+        return Ok(());
+    }
+    Err(ApiError::invalid(format!(
+        "`input` holds token ids and `model` names OpenAI's `{name}`, so they are OpenAI's \
+         tokenizer's (tiktoken) ids, which mean other text to {served}: send the text instead \
+         (LangChain: OpenAIEmbeddings(..., check_embedding_ctx_length=False)), or ids from \
+         this server's /tokenize",
+        served = state.model_name(),
+    ))
+    .param("input")
+    .code("token_ids_of_another_tokenizer"))
 }
 
 #[derive(Debug, Serialize, ToSchema)]

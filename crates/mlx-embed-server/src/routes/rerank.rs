@@ -88,7 +88,8 @@ pub async fn tei_rerank(
     }
 }
 
-/// A JSON body already read, as `T`; a wrong shape is a 422 as for any route.
+/// A JSON body already read, as `T`; a wrong shape is an error of the route's
+/// shape (422, 400 in the OpenAI shape) as for any route.
 fn parse<T: serde::de::DeserializeOwned>(body: Value) -> Result<T, ApiError> {
     serde_json::from_value(body).map_err(|e| {
         ApiError::new(
@@ -321,7 +322,7 @@ pub struct CohereRerankResponse {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "Documents best first", body = CohereRerankResponse),
-        (status = "4XX", description = "Invalid request (400 also: top_n < 1, no reranker served; 401, 404 unknown model, 413, 415, 422, 429)", body = OpenAiErrorBody),
+        (status = "4XX", description = "Invalid request (400 also: top_n < 1, no reranker served, and a wrong shape, as Cohere answers; 401, 404 unknown model, 413, 415, 429)", body = OpenAiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
     )
 )]

@@ -29,7 +29,7 @@ pub struct ScoreBody {
     /// A text or a list of texts to score against `text_1`.
     pub text_2: TextInputs,
     /// Cut texts (a reranker: pairs) longer than the model's maximum (default true);
-    /// false answers 422 instead, as the embed routes do.
+    /// false answers 400 instead, as vLLM refuses an over-long input.
     pub truncate: Option<bool>,
 }
 
@@ -133,7 +133,7 @@ fn in_lists(mut err: ApiError, n_firsts: usize) -> ApiError {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "One score per pair, in order", body = ScoreResponse),
-        (status = "4XX", description = "Invalid request (400 also: text_1 and text_2 lengths disagree, a classifier; 401, 404 unknown model, 413, 415, 422, 429)", body = OpenAiErrorBody),
+        (status = "4XX", description = "Invalid request (400 also: text_1 and text_2 lengths disagree, a classifier; 401, 404 unknown model, 413, 415, 429; a wrong shape or an over-long input with `truncate: false` is a 400, as vLLM answers)", body = OpenAiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
     )
 )]

@@ -265,12 +265,12 @@ def test_bench_priority_quick_runs(tmp_path):
 
 
 def test_bench_lane_turns_runs(tmp_path):
-    """The same-lane benchmark works end to end, and even a small bulk call
-    lets the short call through before it is done (figures are for a quiet
-    machine: docs/benchmarks.md)."""
+    """The same-lane benchmark works end to end, and a short call behind three
+    bulk calls gets through before the first of them is done (figures are for
+    a quiet machine: docs/benchmarks.md)."""
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_lane_turns.py"), "--bulk-texts", "1024", "--words", "12",
-         "--delay", "0.2", "--rounds", "1", "--log-dir", str(tmp_path)],
+         "--bulk-calls", "3", "--delay", "0.3", "--rounds", "1", "--log-dir", str(tmp_path)],
         capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {line.split("|")[1].strip(): [float(x) for x in line.split("|")[2:5]]
@@ -278,5 +278,8 @@ def test_bench_lane_turns_runs(tmp_path):
     assert set(rows) == {"same lane (normal)", "X-Priority: high"}, proc.stdout
     short, bulk, frac = rows["same lane (normal)"]
     # Let in only once the bulk call was done, the short call took 0.81 of it
-    # with these sizes; 0.13 with the room given back batch by batch.
+    # with these sizes (one bulk call); 0.13 with the room given back batch by
+    # batch. Behind three, it waited for two of them while the second, at the
+    # head of the lane's one line, gathered all the room the first gave back;
+    # now a call of one batch has a line of its own.
     assert 0 < short < bulk and frac < 0.5, proc.stdout

@@ -36,9 +36,12 @@ pub struct BatcherConfig {
     /// an accelerator ([`BatcherConfig::for_device`]), zero on the CPU, where
     /// a pass costs what its inputs cost and waiting gains nothing.
     pub regroup_window: Duration,
-    /// Inputs (not requests) admitted at once, per priority lane; more wait
-    /// their turn in FIFO order. Each lane has its own room, so bulk traffic
-    /// in one lane cannot take the room queries need in another.
+    /// Inputs (not requests) admitted at once, per priority lane and line;
+    /// more wait their turn in FIFO order. Each lane has its own room, so
+    /// bulk traffic in one lane cannot take the room queries need in
+    /// another; inside a lane, requests of at most `max_batch_size` inputs
+    /// have a line (and a room) of their own, so a short call never waits
+    /// for room behind big requests that are themselves waiting for it.
     pub max_concurrent_requests: usize,
     /// Inputs allowed to wait for admission, per lane, before new callers of
     /// that lane get `Overloaded`.

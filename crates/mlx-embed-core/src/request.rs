@@ -24,8 +24,9 @@ pub(crate) type Reply = oneshot::Sender<Answered>;
 /// every later caller out until it was done, however small. A request
 /// holds permits in proportion to its inputs not yet answered: all of them
 /// when it fits the room, `room * remaining / inputs` when it is larger (it
-/// was let in with the whole room), so a lane's admitted inputs stay within
-/// its room, or one maximal request's size. The rest goes the moment the
+/// was let in with the whole room), so a line's admitted inputs stay within
+/// its room, or one maximal request's size (a lane has two lines, for
+/// requests of one batch and for larger ones: [`crate::admission`]). The rest goes the moment the
 /// answer is ready, before the caller is woken (so a caller that
 /// immediately calls again finds its room free), or when its caller leaves.
 pub(crate) struct Ticket {

@@ -244,3 +244,71 @@ async fn a_small_caller_gets_in_while_a_big_request_runs() {
         );
     }
 }
+
+/// Behind several big requests of its lane, a small caller waits for its
+/// turn, not for them: in one FIFO line the second big request, waiting at
+/// the line's head, gathered every permit the first gave back, so the small
+/// caller behind it waited for the first to finish (7.6 s behind four bulk
+/// calls, 0.25 s behind one, on the CPU). Requests of one batch have a line
+/// of their own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_caller_behind_several_big_requests_waits_for_its_turn_only() {
+    let (room, big, bigs) = (4, 12, 3);
+    let config = BatcherConfig {
+        max_concurrent_requests: room,
+        max_batch_size: 2,
+        batch_window: Duration::ZERO,
+        ..BatcherConfig::default()
+    };
+    let (batcher, record) = start(config, Duration::from_millis(20), None);
+    let mut bulk = Vec::new();
+    for k in 0..bigs {
+        let sent: Vec<String> = (0..big).map(|i| format!("big{k}-{i}")).collect();
+        let b = batcher.clone();
+        let texts = sent.clone();
+        bulk.push((
+            sent,
+            tokio::spawn(
+                async move { b.embed(owned_texts(&texts), EmbedOptions::default()).await },
+            ),
+        ));
+        if k == 0 {
+            eventually("the first big request's first batch", || {
+                !record.batches().is_empty()
+            })
+            .await;
+        }
+    }
+    // The other big requests wait for room (the first holds all of it).
+    eventually("the big requests waiting", || {
+        batcher.metrics().waiting_inputs == (bigs - 1) * big
+    })
+    .await;
+    let small = timeout(
+        LIMIT,
+        batcher.embed(texts(&["small"]), EmbedOptions::default()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_answer(&["small".to_string()], &small);
+    for (sent, handle) in bulk {
+        assert_answer(
+            &sent,
+            &timeout(LIMIT, handle).await.unwrap().unwrap().unwrap(),
+        );
+    }
+    let batches = record.batches();
+    let at = |text: &str| batches.iter().position(|b| b.iter().any(|t| t == text));
+    let small_at = at("small").unwrap();
+    let first_big_ends = at(&format!("big0-{}", big - 1)).unwrap();
+    assert!(
+        small_at < first_big_ends,
+        "the small caller ran in batch {small_at}, after the first big request ended in \
+         {first_big_ends}: {batches:?}"
+    );
+    // Big requests still take turns among themselves: the second starts
+    // only as the first gives its room back.
+    let second_starts = at("big1-0").unwrap();
+    assert!(second_starts > at("big0-0").unwrap(), "{batches:?}");
+}

@@ -393,7 +393,11 @@ def test_the_readme_rust_crate_builds_and_embeds(tmp_path):
     other = tmp_path / "venv-3.99"
     (other / "lib" / "python3.99" / "site-packages").mkdir(parents=True)
     (other / "pyvenv.cfg").write_text("home = /nowhere\ninclude-system-site-packages = false\nversion = 3.99.1\n")
-    wrong = subprocess.run([str(binary)], cwd=tmp_path, env={**env, "VIRTUAL_ENV": str(other)},
+    # Nor may PATH lead to this venv: an embedded interpreter takes its prefix
+    # from the first `python3` there, and a venv's brings its packages along.
+    path = os.pathsep.join(p for p in env["PATH"].split(os.pathsep)
+                           if not os.path.realpath(p).startswith(os.path.realpath(sys.prefix)))
+    wrong = subprocess.run([str(binary)], cwd=tmp_path, env={**env, "VIRTUAL_ENV": str(other), "PATH": path},
                            capture_output=True, text=True, timeout=300)
     assert wrong.returncode != 0
     ours = f"{sys.version_info[0]}.{sys.version_info[1]}"

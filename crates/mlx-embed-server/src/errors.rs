@@ -13,6 +13,7 @@
 //! | 415 | `Content-Type` is not `application/json` (Weaviate's `/vectors` and Ollama's `/api/*` read any body as JSON); a compressed body (any `Content-Encoding` but `identity`, on every route) |
 //! | 422 | well-formed JSON of the wrong shape (missing, null or wrong-typed field, non-string item, arrays nested too deep, `truncation_direction` not left/right); an input longer than the model's maximum with `truncate: false` (names the index and its token count; refused before any compute) |
 //! | 429 | the server is overloaded (admission queue full or waited too long); `Retry-After` says when to retry, in whole seconds (>= 1) |
+//! | 499 | the client closed the connection in the middle of its body: nobody reads the answer, and the request log and `/metrics` count it with the clients that left before their answer |
 //! | 500 | the model failed on this request (the model's message) |
 //! | 503 | the model is unavailable, or the server is shutting down (the drain timeout passed while the request waited for a model or its body) |
 //!
@@ -76,6 +77,11 @@ pub enum ErrorKind {
     Model,
     /// 503.
     Unavailable,
+    /// 499 (nginx's "client closed request"): the client closed the
+    /// connection before its body was all sent. Nobody reads the answer; the
+    /// status is for the request log and `/metrics`, which count it with
+    /// the other requests whose clients left, not as a client error.
+    ClientClosed,
 }
 
 impl ErrorKind {
@@ -92,6 +98,10 @@ impl ErrorKind {
             ErrorKind::Overloaded => StatusCode::TOO_MANY_REQUESTS,
             ErrorKind::Model => StatusCode::INTERNAL_SERVER_ERROR,
             ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorKind::ClientClosed => {
+                StatusCode::from_u16(crate::middleware::CLIENT_CLOSED_REQUEST)
+                    .expect("499 is a valid status code")
+            }
         }
     }
 
@@ -203,6 +213,15 @@ impl ApiError {
             ErrorKind::UnsupportedMediaType,
             "expected a request with `Content-Type: application/json`",
         )
+    }
+
+    /// The client closed the connection in the middle of its body (499).
+    pub fn client_closed() -> Self {
+        Self::new(
+            ErrorKind::ClientClosed,
+            "the client closed the connection before its body was all sent",
+        )
+        .closing_connection()
     }
 
     /// Maps axum's JSON and body rejections: 400 malformed JSON, 422 wrong

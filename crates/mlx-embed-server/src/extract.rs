@@ -56,6 +56,9 @@ where
         }
         let read = tokio::time::timeout(limit, Bytes::from_request(req, state));
         let body = match state.until_drain_ends(read).await {
+            Some(Ok(Err(rejection))) if client_went_away(&rejection) => {
+                return Err(ApiError::client_closed().into())
+            }
             Some(Ok(body)) => {
                 body.map_err(|e| ApiError::from_json_rejection(e.into(), max_body))?
             }
@@ -81,6 +84,22 @@ where
 }
 
 const UTF8_BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// The body stopped because the client closed the connection (hyper's
+/// incomplete message, or the socket reset), not because it was malformed.
+fn client_went_away(err: &(dyn std::error::Error + 'static)) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset, UnexpectedEof};
+    std::iter::successors(Some(err), |e| e.source()).any(|e| {
+        e.downcast_ref::<hyper::Error>()
+            .is_some_and(|h| h.is_incomplete_message() || h.is_canceled())
+            || e.downcast_ref::<std::io::Error>().is_some_and(|io| {
+                matches!(
+                    io.kind(),
+                    BrokenPipe | ConnectionAborted | ConnectionReset | UnexpectedEof
+                )
+            })
+    })
+}
 
 /// The client waits for a `100 Continue` before it sends the body.
 fn expects_continue(headers: &HeaderMap) -> bool {

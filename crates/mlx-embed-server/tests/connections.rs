@@ -73,6 +73,43 @@ async fn a_body_that_stalls_is_answered_408_at_the_client_timeout() {
     server.stop().await.unwrap();
 }
 
+/// A client that closes its connection in the middle of its body left, as one
+/// that leaves while its answer is computed: `/metrics` counts it as 499, not
+/// as a malformed request (400), which alerts on client errors would read.
+#[tokio::test]
+async fn a_body_cut_off_by_its_client_is_counted_as_the_client_leaving() {
+    let server = Server::start(args(60)).await;
+    for _ in 0..2 {
+        let mut stream = connect(&server).await;
+        stream.write_all(STALLED_BODY).await.unwrap();
+        stream.shutdown().await.unwrap();
+        drop(stream);
+    }
+    let counted =
+        |code: &str| format!("mlx_embed_http_requests_total{{route=\"/embed\",code=\"{code}\"}}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let metrics = loop {
+        let text = client()
+            .get(server.url("/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if text.contains(&format!("{} 2", counted("499"))) || Instant::now() > deadline {
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        metrics.contains(&format!("{} 2", counted("499"))),
+        "{metrics}"
+    );
+    assert!(!metrics.contains(&counted("400")), "{metrics}");
+    server.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn stalled_headers_and_idle_connections_are_closed_at_the_client_timeout() {
     let server = Server::start(args(1)).await;

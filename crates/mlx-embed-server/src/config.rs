@@ -251,6 +251,20 @@ impl ServerArgs {
         Ok(())
     }
 
+    /// Settings that work but refuse some requests for good, said at start.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.max_waiting < self.max_inputs_per_request {
+            out.push(format!(
+                "--max-waiting {} is below --max-inputs-per-request {}: a request of more than \
+                 {} inputs is answered 429 whenever it has to wait for room, however often it \
+                 retries",
+                self.max_waiting, self.max_inputs_per_request, self.max_waiting
+            ));
+        }
+        out
+    }
+
     /// Binds `--host:--port` once and lets it go: a port in use or an
     /// address that is not this machine's shows before the models load,
     /// not after. (The port stays closed meanwhile, so clients and
@@ -272,6 +286,25 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         args: ServerArgs,
+    }
+
+    #[test]
+    fn a_waiting_line_shorter_than_a_request_is_warned_of() {
+        assert!(ServerArgs::default().warnings().is_empty());
+        let args = ServerArgs {
+            max_waiting: 100,
+            max_inputs_per_request: 2048,
+            ..ServerArgs::default()
+        };
+        assert_eq!(
+            args.warnings(),
+            vec![
+                "--max-waiting 100 is below --max-inputs-per-request 2048: a request of more than \
+                 100 inputs is answered 429 whenever it has to wait for room, however often it \
+                 retries"
+                    .to_string()
+            ]
+        );
     }
 
     #[test]

@@ -78,7 +78,11 @@ pub async fn serve_on(
 }
 
 fn check(args: &ServerArgs) -> Result<(), ServerError> {
-    args.check().map_err(ServerError::Config)
+    args.check().map_err(ServerError::Config)?;
+    for warning in args.warnings() {
+        tracing::warn!("{warning}");
+    }
+    Ok(())
 }
 
 async fn warm_up_if_enabled(

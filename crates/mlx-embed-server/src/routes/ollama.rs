@@ -432,7 +432,10 @@ pub struct OllamaPullStatus {
     post, path = "/api/pull", tag = "ollama", operation_id = "ollama_pull",
     request_body = OllamaPullRequest,
     responses(
-        (status = 200, description = "The model is served: one JSON object with `stream: false`, else one JSON line (`application/x-ndjson`)", body = OllamaPullStatus),
+        (status = 200, description = "The model is served: one JSON object with `stream: false`, else one JSON line", content(
+            (OllamaPullStatus = "application/json"),
+            (OllamaPullStatus = "application/x-ndjson"),
+        )),
         (status = "4XX", description = "Invalid request (400 no model named, 401, 404 not served, 413, 415)", body = OllamaErrorBody),
     )
 )]

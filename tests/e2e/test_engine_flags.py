@@ -283,3 +283,18 @@ def test_json_logs_are_one_object_per_line_with_the_request_span(tmp_path):
     assert done[0]["level"] == "INFO" and done[0]["status"] == 200 and done[0]["ms"] > 0, done
     assert done[0]["span"] == {"name": "request", "id": "json-log-1", "method": "POST", "route": "/embed"}, done
     assert any(e.get("message", "").startswith("serving ") for e in events)
+
+
+def test_the_models_python_warnings_are_events_in_the_servers_log_format(tmp_path):
+    """A warning of the Python model code (quantized weights, which are slow on
+    this backend) comes out as one of the server's own log events, at its
+    level: it was a bare line on stderr, which broke `--log-format json`."""
+    import json as _json
+
+    server = start_server(tmp_path, "--no-warmup", "--log-format", "json", "--quantize", "4")
+    assert server.stop() == 0
+    lines = [line for line in server.log().splitlines() if line.strip()]
+    events = [_json.loads(line) for line in lines]  # every line is one JSON object
+    slow = [e for e in events if "quantized matmul" in e.get("message", "")]
+    assert len(slow) == 1, lines[-10:]
+    assert slow[0]["level"] == "WARN" and slow[0]["logger"].startswith("mlx_embed"), slow

@@ -161,3 +161,63 @@ if os.path.isdir(site_packages) and site_packages not in sys.path:
     tracing::warn!(venv = %venv.display(), "{note}");
     Ok(Some(note))
 }
+
+/// Sends the Python model code's log records (the `mlx_embed` logger's) to
+/// `tracing`, at their own level, so the host's log filter and format cover
+/// them: left to Python, a server started with `--log-format json` printed
+/// its model's warnings (a slow quantized backend) to stderr as bare lines.
+/// Idempotent. A server calls it once the interpreter runs; a Rust program
+/// that embeds the model may call it too (a Python program keeps its own
+/// `logging` setup: nothing calls this there).
+pub fn forward_python_logging() -> Result<(), BridgeError> {
+    ensure_python()?;
+    Python::attach(|py| {
+        let sink = pyo3::types::PyCFunction::new_closure(
+            py,
+            Some(c"to_tracing"),
+            None,
+            |args, _kwargs| -> PyResult<()> {
+                let (level, logger, message): (u32, String, String) = args.extract()?;
+                match level {
+                    40.. => tracing::error!(logger, "{message}"),
+                    30..=39 => tracing::warn!(logger, "{message}"),
+                    20..=29 => tracing::info!(logger, "{message}"),
+                    10..=19 => tracing::debug!(logger, "{message}"),
+                    _ => tracing::trace!(logger, "{message}"),
+                }
+                Ok(())
+            },
+        )?;
+        // Records below what `tracing` lets through are not even formatted.
+        let level = match tracing::level_filters::LevelFilter::current() {
+            tracing::level_filters::LevelFilter::TRACE => 1,
+            tracing::level_filters::LevelFilter::DEBUG => 10,
+            tracing::level_filters::LevelFilter::INFO => 20,
+            tracing::level_filters::LevelFilter::WARN => 30,
+            tracing::level_filters::LevelFilter::ERROR => 40,
+            _ => 100,
+        };
+        let locals = PyDict::new(py);
+        locals.set_item("sink", sink)?;
+        locals.set_item("level", level)?;
+        py.run(
+            c"import logging
+log = logging.getLogger('mlx_embed')
+if not getattr(log, '_mlx_embed_to_tracing', False):
+    class ToTracing(logging.Handler):
+        def emit(self, record):
+            try:
+                sink(record.levelno, record.name, self.format(record))
+            except Exception:
+                self.handleError(record)
+    log.addHandler(ToTracing())
+    log.propagate = False
+    log._mlx_embed_to_tracing = True
+log.setLevel(level)
+",
+            Some(&locals),
+            None,
+        )?;
+        Ok(())
+    })
+}

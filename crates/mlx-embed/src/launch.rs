@@ -222,6 +222,8 @@ where
     // The batch caps' defaults depend on the device (bigger calls on a GPU).
     let device = mlx_embed_python::interpreter::default_device()
         .map_err(|err| format!("could not start the Python engine: {err}"))?;
+    mlx_embed_python::interpreter::forward_python_logging()
+        .map_err(|err| format!("could not start the Python engine: {err}"))?;
     let config = cli.server.batcher_config(device);
     let mut batchers = Vec::new();
     for options in cli.model.all_options() {

@@ -88,8 +88,11 @@ def test_models_are_picked_by_task(pair):
     assert r.status_code == 400
     body = r.json()
     assert body["error_type"] == "Validation" and "a SPLADE model" in body["error"]
+    # An unknown name on the sparse route: the one model that can answer it.
     r = pair.post("/embed_sparse", {"model": "nope", "inputs": "hello"})
-    assert r.status_code == 404
+    assert r.status_code == 200 and r.json() == pair.post("/embed_sparse", {"inputs": "hello"}).json()
+    # Both answer dense vectors: there an unknown name is a 404.
+    assert pair.post("/embed", {"model": "nope", "inputs": "hello"}).status_code == 404
     info = pair.get("/info").json()
     assert [(m["model"], m["sparse"], m["dimension"]) for m in info["models"]] == [
         ("tiny-nomic-bert", False, info["models"][0]["dimension"]),

@@ -386,19 +386,28 @@ def test_openai_client_retrieves_each_model(duo, server):
     assert one.models.retrieve("BAAI/bge-m3").id == EMBEDDER
 
 
-def test_unknown_model_is_404_in_openai_shape(duo):
-    r = duo.post("/v1/embeddings", {"model": "no-such-model", "input": ["x"]})
-    assert r.status_code == 404
-    err = r.json()["error"]
-    assert err["code"] == "model_not_found" and err["param"] == "model" and "no-such-model" in err["message"]
-    assert err["type"] == "invalid_request_error"  # as OpenAI answers it
+def test_an_unknown_model_is_the_one_that_can_answer_else_404_in_openai_shape(duo):
+    """Beside a reranker, the one embedder answers the embed routes whatever
+    name a client sends (its own default: text-embedding-3-small, nomic-embed-text),
+    and the one reranker the rerank routes; where both could answer, an unknown
+    name is a 404."""
+    named = duo.post("/v1/embeddings", {"model": EMBEDDER, "input": ["x"]}).json()
+    other = duo.post("/v1/embeddings", {"model": "text-embedding-3-small", "input": ["x"]})
+    assert other.status_code == 200, other.text
+    assert other.json()["data"] == named["data"] and other.json()["model"] == EMBEDDER
     for path, body in [
         ("/v1/rerank", {"model": "nope", "query": "q", "documents": ["d"]}),
         ("/rerank", {"model": "nope", "query": "q", "texts": ["d"]}),
         ("/embed", {"model": "nope", "inputs": "x"}),
-        ("/api/embed", {"model": "nope", "input": "x"}),
+        ("/api/embed", {"model": "nomic-embed-text", "input": "x"}),
     ]:
-        assert duo.post(path, body).status_code == 404, path
+        assert duo.post(path, body).status_code == 200, path
+    r = duo.post("/v1/score", {"model": "no-such-model", "text_1": "a", "text_2": "b"})
+    assert r.status_code == 404
+    err = r.json()["error"]
+    assert err["code"] == "model_not_found" and err["param"] == "model" and "no-such-model" in err["message"]
+    assert err["type"] == "invalid_request_error"  # as OpenAI answers it
+    assert duo.get("/v1/models/no-such-model").status_code == 404
 
 
 def test_two_models_under_concurrent_load(duo, golden):

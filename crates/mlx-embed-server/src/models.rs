@@ -2,13 +2,15 @@
 //! queue and model thread), and which one a request gets.
 //!
 //! A request's `model` field picks a model by its served name; without one,
-//! the first served model that can do the task answers. With two or more
-//! models, a name nobody serves is a 404 (OpenAI's `model_not_found`). A
-//! server of one model answers whatever name a client sends (logged once per
-//! name): OpenAI-style clients default to names like `text-embedding-ada-002`
-//! (LangChain, LlamaIndex) or `text-embedding-3-small` (graphiti), and TEI
-//! ignores the field, so they keep working unchanged. A model that cannot do
-//! the task (reranking with an embedding model) is a 400.
+//! the first served model that can do the task answers. A name nobody
+//! serves is a 404 (OpenAI's `model_not_found`) where two or more served
+//! models could do the task; where only one could (one model, or one
+//! embedder beside rerankers), it answers whatever name a client sends
+//! (logged once per name): OpenAI-style clients default to names like
+//! `text-embedding-ada-002` (LangChain, LlamaIndex) or
+//! `text-embedding-3-small` (graphiti), Ollama's to `nomic-embed-text`, and
+//! TEI ignores the field, so they keep working unchanged. A model that
+//! cannot do the task (reranking with an embedding model) is a 400.
 
 use mlx_embed_core::{Batcher, ModelInfo, ModelKind};
 
@@ -119,19 +121,36 @@ pub fn resolve<'a>(
         };
     }
     match requested {
+        // Only one served model can do this route's job (an embedder beside
+        // rerankers): any other name means it, as on a one-model server.
+        // Clients send their own defaults (`text-embedding-3-small`,
+        // `nomic-embed-text`), which worked until a reranker was added.
+        Some(name) if !models.iter().any(|m| m.name == name) => {
+            let mut able = models.iter().filter(|m| task.accepts(m.info()));
+            match (able.next(), able.next()) {
+                (Some(only), None) => {
+                    note_other_name(name, &only.name);
+                    Ok(only)
+                }
+                _ => {
+                    let served: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
+                    Err(ApiError::new(
+                        ErrorKind::NotFound,
+                        format!(
+                            "The model `{name}` does not exist; this server serves: {}",
+                            served.join(", ")
+                        ),
+                    )
+                    .param("model")
+                    .code("model_not_found"))
+                }
+            }
+        }
         Some(name) => {
-            let model = models.iter().find(|m| m.name == name).ok_or_else(|| {
-                let served: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
-                ApiError::new(
-                    ErrorKind::NotFound,
-                    format!(
-                        "The model `{name}` does not exist; this server serves: {}",
-                        served.join(", ")
-                    ),
-                )
-                .param("model")
-                .code("model_not_found")
-            })?;
+            let model = models
+                .iter()
+                .find(|m| m.name == name)
+                .expect("a name no model has is the arm above");
             if !task.accepts(model.info()) {
                 return Err(ApiError::invalid(format!(
                     "model `{name}` is {} model; this route needs {}",
@@ -312,12 +331,33 @@ mod tests {
             resolve(&models, Some("rr"), Task::Tokenize).unwrap().name,
             "rr"
         );
-        let e = resolve(&models, Some("nope"), Task::Embed).unwrap_err();
+        // An unknown name: the one model that can do the task, else a 404.
+        assert_eq!(
+            resolve(&models, Some("text-embedding-3-small"), Task::Embed)
+                .unwrap()
+                .name,
+            "emb"
+        );
+        assert_eq!(
+            resolve(&models, Some("nope"), Task::Rerank).unwrap().name,
+            "rr"
+        );
+        let e = resolve(&models, Some("nope"), Task::Describe).unwrap_err();
         assert_eq!(
             (e.kind, e.code),
             (ErrorKind::NotFound, Some("model_not_found"))
         );
         assert!(e.message.contains("emb, rr"), "{}", e.message);
+        let two = vec![
+            served("dense", ModelKind::Embedding),
+            served_as("splade", ModelKind::Embedding, true),
+        ];
+        let e = resolve(&two, Some("nope"), Task::Embed).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::NotFound);
+        assert_eq!(
+            resolve(&two, Some("nope"), Task::EmbedSparse).unwrap().name,
+            "splade"
+        );
         let e = resolve(&models, Some("emb"), Task::Rerank).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidRequest);
         assert!(e.message.contains("an embedding model"), "{}", e.message);

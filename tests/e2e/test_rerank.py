@@ -123,8 +123,11 @@ def test_rerank_takes_the_documents_shape_too(duo):
                              "return_documents": False})
     assert r.status_code == 200 and "document" not in r.json()["results"][0]
     # Its errors come in the same (Cohere/OpenAI) shape as /v1/rerank's; TEI's body keeps TEI's.
-    bad = duo.post("/rerank", {"query": "q", "documents": ["d"], "top_n": 0})
+    bad = duo.post("/rerank", {"query": "q", "documents": ["d"], "top_n": -1})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "top_n"
+    # 0 is all, as vLLM's protocol sends it by default.
+    every = duo.post("/rerank", {"query": "q", "documents": ["d", "e", "f"], "top_n": 0})
+    assert every.status_code == 200 and len(every.json()["results"]) == 3, every.text
     bad = duo.post("/rerank", {"query": "q", "documents": "nope"})
     assert bad.status_code == 400 and "message" in bad.json()["error"]
     bad = duo.post("/rerank", {"query": "q"})
@@ -507,7 +510,7 @@ def test_rerank_bad_input(duo, tmp_path):
     cases = [
         ("/rerank", {"query": q, "texts": []}, 400),
         ("/v1/rerank", {"query": q, "documents": []}, 400),
-        ("/v1/rerank", {"query": q, "documents": ["d"], "top_n": 0}, 400),
+        ("/v1/rerank", {"query": q, "documents": ["d"], "top_n": -1}, 400),
         ("/v2/rerank", {"model": "tiny-bert-reranker", "query": q, "documents": ["d"], "top_n": -3}, 400),
         ("/rerank", {"query": q, "texts": ["d"] * 2049}, 413),
         ("/rerank", {"query": q, "texts": ["word " * 300], "truncate": False}, 422),
@@ -573,3 +576,40 @@ def test_tokenize_and_decode(server, duo):
     assert server.post("/decode", {"ids": [10 ** 6]}).status_code == 400
     assert duo.post("/tokenize", {"model": "tiny-bert-reranker", "inputs": "x"}).status_code == 200
     assert duo.post("/tokenize", {"model": "nope", "inputs": "x"}).status_code == 404
+
+
+def test_raw_logits_and_vllms_field_names(duo):
+    """Raw logits where a client asks in its API's words (TEI's `raw_scores`
+    on its own body, Infinity's on the documents body, vLLM's
+    `use_activation: false`), and vLLM's newer score field names."""
+    query, docs = "capital of france", ["Paris is in France.", "Pizza.", "The Seine flows through Paris."]
+    tei = {x["index"]: x["score"] for x in duo.post("/rerank", {"query": query, "texts": docs}).json()}
+    raw = {x["index"]: x["score"] for x in duo.post("/rerank", {"query": query, "texts": docs,
+                                                                 "raw_scores": True}).json()}
+    assert all(abs(1 / (1 + np.exp(-raw[i])) - tei[i]) < 1e-5 for i in tei), (raw, tei)
+    assert any(abs(raw[i] - tei[i]) > 1e-3 for i in tei)
+
+    def cohere(path, **extra):
+        r = duo.post(path, {"query": query, "documents": docs, **extra})
+        assert r.status_code == 200, r.text
+        return {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        assert cohere(path) == pytest.approx(tei, abs=1e-6), path
+        assert cohere(path, raw_scores=True) == pytest.approx(raw, abs=1e-5), path
+        assert cohere(path, use_activation=False) == pytest.approx(raw, abs=1e-5), path
+        assert cohere(path, use_activation=True) == pytest.approx(tei, abs=1e-6), path
+
+    def scores(body):
+        r = duo.post("/v1/score", body)
+        assert r.status_code == 200, r.text
+        return [d["score"] for d in r.json()["data"]]
+
+    want = [tei[i] for i in range(3)]
+    assert scores({"text_1": query, "text_2": docs}) == pytest.approx(want, abs=1e-6)
+    for first, second in (("queries", "documents"), ("queries", "items"), ("data_1", "data_2")):
+        assert scores({first: query, second: docs}) == pytest.approx(want, abs=1e-6), (first, second)
+    assert scores({"queries": query, "documents": docs, "use_activation": False}) == \
+        pytest.approx([raw[i] for i in range(3)], abs=1e-5)
+    both = duo.post("/v1/score", {"text_1": query, "queries": query, "text_2": docs})
+    assert both.status_code == 400 and "duplicate field" in both.json()["error"]["message"], both.text

@@ -380,8 +380,10 @@ impl Api {
             || path.starts_with("/v1/")
             || matches!(
                 path,
-                "/v2/rerank" | "/v2/embed" | "/embeddings" | "/models" | "/score"
+                "/embeddings" | "/models" | "/score"
             )
+            // Cohere's v2 API, the routes served and the others alike.
+            || path.starts_with("/v2/")
         {
             Api::OpenAi
         } else if matches!(
@@ -548,6 +550,7 @@ mod tests {
         assert_eq!(Api::for_path("/"), Api::Tei);
         assert_eq!(Api::for_path("/v2/rerank"), Api::OpenAi);
         assert_eq!(Api::for_path("/v2/embed"), Api::OpenAi);
+        assert_eq!(Api::for_path("/v2/chat"), Api::OpenAi);
         assert_eq!(Api::for_path("/api/embed"), Api::Ollama);
         assert_eq!(Api::for_path("/api/embeddings"), Api::Ollama);
         assert_eq!(Api::for_path("/api/generate"), Api::Ollama);

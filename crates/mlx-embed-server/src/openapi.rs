@@ -29,6 +29,7 @@ use crate::routes::{
         ollama::ps,
         ollama::show,
         ollama::pull,
+        ollama::running,
         ollama::version,
         cohere::embed_v1,
         cohere::embed_v2,

@@ -209,6 +209,60 @@ async fn normalize_false_returns_raw_vectors() {
         assert_eq!(status, 200);
         assert_close(&vectors(shape, &v)[0], &raw_vector(&text("abc")));
     }
+    // vLLM's words for it on the OpenAI route; `true` and absent normalize.
+    for (field, value, raw) in [
+        ("use_activation", false, true),
+        ("normalize", false, true),
+        ("use_activation", true, false),
+    ] {
+        let b = json!({ "input": ["abc"], field: value });
+        let (status, _, v) = post(&s, "/v1/embeddings", &b).await;
+        assert_eq!(status, 200, "{v}");
+        let want = if raw {
+            raw_vector(&text("abc"))
+        } else {
+            unit_vector(&text("abc"))
+        };
+        assert_close(&vectors(Shape::OpenAi, &v)[0], &want);
+    }
+    s.stop().await.unwrap();
+}
+
+/// vLLM's embedding options this server cannot honour are refused, not
+/// ignored: the client would get other vectors than it asked for with a 200.
+#[tokio::test]
+async fn vllm_options_it_cannot_honour_are_refused() {
+    let s = Server::default().await;
+    for (extra, param) in [
+        (
+            json!({ "truncate_prompt_tokens": 2 }),
+            "truncate_prompt_tokens",
+        ),
+        (json!({ "add_special_tokens": false }), "add_special_tokens"),
+        (json!({ "embed_dtype": "float16" }), "embed_dtype"),
+    ] {
+        let mut b = json!({ "input": ["abc"] });
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let (status, _, v) = post(&s, "/v1/embeddings", &b).await;
+        assert_eq!((status, &v["error"]["param"]), (400, &json!(param)), "{v}");
+    }
+    // What it does anyway is accepted.
+    for extra in [
+        json!({ "truncate_prompt_tokens": -1 }),
+        json!({ "truncate_prompt_tokens": MAX_TOKENS }),
+        json!({ "add_special_tokens": true }),
+        json!({ "embed_dtype": "float32" }),
+    ] {
+        let mut b = json!({ "input": ["abc"] });
+        b.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let (status, _, v) = post(&s, "/v1/embeddings", &b).await;
+        assert_eq!(status, 200, "{extra}: {v}");
+        assert_close(&vectors(Shape::OpenAi, &v)[0], &unit_vector(&text("abc")));
+    }
     s.stop().await.unwrap();
 }
 
@@ -266,20 +320,25 @@ async fn openai_token_inputs() {
     // Ids sent with one of OpenAI's model names are tiktoken's (LangChain's
     // default): refused, not embedded as other text. The same ids with any
     // other name, and text with OpenAI's name, run.
-    for input in [json!([1, 2, 3]), json!([[1, 2], [3]])] {
+    for (input, model) in [
+        (json!([1, 2, 3]), "text-embedding-3-small"),
+        (json!([[1, 2], [3]]), "text-embedding-3-small"),
+        // As OpenAI reads a name: any case, spaces, its provider prefix.
+        (json!([1, 2, 3]), "TEXT-Embedding-3-Large"),
+        (json!([1, 2, 3]), " openai/text-embedding-ada-002 "),
+    ] {
         let (status, _, v) = post(
             &s,
             "/v1/embeddings",
-            &json!({ "input": input, "model": "text-embedding-3-small" }),
+            &json!({ "input": input, "model": model }),
         )
         .await;
-        assert_eq!(status, 400, "{v}");
+        assert_eq!(status, 400, "{model}: {v}");
         assert_eq!(v["error"]["param"], "input", "{v}");
         assert_eq!(v["error"]["code"], "token_ids_of_another_tokenizer", "{v}");
         let msg = v["error"]["message"].as_str().unwrap();
         assert!(
-            msg.contains("`text-embedding-3-small`")
-                && msg.contains("check_embedding_ctx_length=False"),
+            msg.contains(&format!("`{model}`")) && msg.contains("check_embedding_ctx_length=False"),
             "{msg}"
         );
     }
@@ -1458,6 +1517,13 @@ async fn ollama_listings_and_legacy_embeddings() {
         assert_eq!(r.headers()["content-type"], "application/x-ndjson", "{b}");
         assert_eq!(r.text().await.unwrap(), "{\"status\":\"success\"}\n", "{b}");
     }
+    // Ollama's liveness probe (its CLI's `HEAD /`, tools' `GET /`).
+    let r = client().get(s.url("/")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "Ollama is running");
+    let r = client().head(s.url("/")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.text().await.unwrap(), "");
     expect_error(&s, "/api/pull", Shape::Ollama, &json!({}), 400).await;
     expect_error(&s, "/api/pull", Shape::Ollama, &json!({ "model": 3 }), 400).await;
     // A route of Ollama's this server does not serve answers in its shape.

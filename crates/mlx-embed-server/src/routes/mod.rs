@@ -68,7 +68,7 @@ pub fn router(state: AppState) -> Router {
         .route("/similarity", post(similarity::similarity))
         .route("/tokenize", post(tokens::tokenize))
         .route("/decode", post(tokens::decode))
-        .route("/", post(root::inference))
+        .route("/", post(root::inference).get(ollama::running))
         .route("/vectors", post(weaviate::vectors))
         .route("/vectors/", post(weaviate::vectors))
         .route("/meta", get(weaviate::meta))

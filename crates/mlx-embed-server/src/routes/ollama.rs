@@ -279,6 +279,16 @@ pub struct OllamaVersion {
     pub version: String,
 }
 
+/// Ollama's liveness answer: its CLI sends `HEAD /` before it lists or pulls,
+/// and tools and health checks probe `GET /` for this text.
+#[utoipa::path(
+    get, path = "/", tag = "ollama", operation_id = "ollama_running",
+    responses((status = 200, description = "`Ollama is running`, as Ollama answers (HEAD: the same, without the body)", body = String, content_type = "text/plain"))
+)]
+pub async fn running() -> &'static str {
+    "Ollama is running"
+}
+
 /// This server's version (Ollama clients check the route to verify a connection).
 #[utoipa::path(
     get, path = "/api/version", tag = "ollama", operation_id = "ollama_version",
@@ -354,7 +364,7 @@ pub async fn ps(State(state): State<AppState>) -> Json<OllamaRunningList> {
     request_body = OllamaShowRequest,
     responses(
         (status = 200, description = "The model's facts", body = OllamaShowResponse),
-        (status = "4XX", description = "Invalid request (400, 401, 404, 413, 415, 422)", body = OllamaErrorBody),
+        (status = "4XX", description = "Invalid request (400 incl. a wrong shape, as Ollama answers; 401, 404, 413, 415)", body = OllamaErrorBody),
     )
 )]
 pub async fn show(

@@ -46,7 +46,8 @@ impl<'de> Deserialize<'de> for EncodingFormat {
 pub struct OpenAiEmbeddingRequest {
     /// A string, strings, token ids, or lists of token ids (the model's own tokenizer's,
     /// run as given, special tokens included, as `/tokenize` lists them). Token ids with
-    /// `model` naming one of OpenAI's models (`text-embedding-*`) are tiktoken's: a 400.
+    /// `model` naming one of OpenAI's models (`text-embedding-*`, in any case) are
+    /// tiktoken's: a 400, even where the served model is named so.
     pub input: TextsOrTokens,
     /// Which served model answers (`/v1/models` lists them); default: the first
     /// embedding model. With several models served, an unknown name is a 404 (`model_not_found`).
@@ -69,6 +70,20 @@ pub struct OpenAiEmbeddingRequest {
     /// false answers 400 instead, as OpenAI refuses an over-long input. Not an OpenAI field:
     /// the official client sends it with `extra_body`.
     pub truncate: Option<bool>,
+    /// vLLM's: false answers the vectors before normalization (so does its older
+    /// `normalize: false`).
+    pub use_activation: Option<bool>,
+    /// vLLM's older name for `use_activation`.
+    pub normalize: Option<bool>,
+    /// vLLM's: -1, or at least the model's maximum input (inputs are cut there); a
+    /// shorter cut is refused (400) rather than ignored.
+    pub truncate_prompt_tokens: Option<i64>,
+    /// vLLM's: true (the default); false is refused (400): inputs are tokenized
+    /// with the model's special tokens, which its pooling reads.
+    pub add_special_tokens: Option<bool>,
+    /// vLLM's: `float32` (the default); others are refused (400) rather than
+    /// answered in float32 bytes a client would decode as another type.
+    pub embed_dtype: Option<String>,
 }
 
 /// A float array, or base64 of little-endian f32 bytes.
@@ -112,7 +127,7 @@ pub fn encode_base64(v: &[f32]) -> String {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
         (status = 200, description = "Embeddings in input order", body = OpenAiEmbeddingResponse),
-        (status = "4XX", description = "Invalid request (400 incl. a wrong shape and an over-long input with `truncate: false`, as OpenAI answers; 401, 413, 415, 429)", body = OpenAiErrorBody),
+        (status = "4XX", description = "Invalid request (400 incl. a wrong shape and an over-long input with `truncate: false`, as OpenAI answers; 401, 404 unknown model where two or more served models embed, 413, 415, 429)", body = OpenAiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
     )
 )]
@@ -122,6 +137,8 @@ pub async fn embeddings(
     ApiJson(req, _): ApiJson<OpenAiEmbeddingRequest, OpenAi>,
 ) -> Result<Json<OpenAiEmbeddingResponse>, Shaped<OpenAi>> {
     refuse_tiktoken_ids(&state, req.model.as_deref(), &req.input)?;
+    refuse_unsupported_vllm_options(&state, &req)?;
+    let normalize = req.use_activation.or(req.normalize).unwrap_or(true);
     let format = req.encoding_format.unwrap_or_default();
     let out = run_embed(
         &state,
@@ -138,7 +155,7 @@ pub async fn embeddings(
                     .unwrap_or_default(),
                 ..EmbedOptions::default()
             },
-            normalize: true,
+            normalize,
             dimensions: req.dimensions,
         },
     )
@@ -168,7 +185,10 @@ pub async fn embeddings(
 /// are tiktoken's: LangChain's `OpenAIEmbeddings` tokenizes with it by default.
 /// Read as this model's ids they are other text, and would get a wrong vector
 /// with a 200 (or, for an id past the vocabulary, a 400 that says nothing of
-/// why), so they are refused with the cause and the fix.
+/// why), so they are refused with the cause and the fix. Also where the
+/// served model is itself named so (a drop-in for OpenAI is where LangChain's
+/// default is likeliest); the name is read as OpenAI reads names, whatever
+/// its case, spaces or `openai/` prefix.
 fn refuse_tiktoken_ids(
     state: &AppState,
     model: Option<&str>,
@@ -179,10 +199,9 @@ fn refuse_tiktoken_ids(
         TextsOrTokens::Tokens(_) | TextsOrTokens::TokenLists(_)
     );
     let Some(name) = model else { return Ok(()) };
-    if !token_ids
-        || !name.starts_with("text-embedding-")
-        || state.models().iter().any(|m| m.name == name)
-    {
+    let bare = name.trim().to_ascii_lowercase();
+    let bare = bare.strip_prefix("openai/").unwrap_or(&bare);
+    if !token_ids || !bare.starts_with("text-embedding-") {
         return Ok(());
     }
     Err(ApiError::invalid(format!(
@@ -194,6 +213,43 @@ fn refuse_tiktoken_ids(
     ))
     .param("input")
     .code("token_ids_of_another_tokenizer"))
+}
+
+/// vLLM's embedding options this server cannot honour: refused, since a
+/// client that set them would otherwise get other vectors (uncut inputs,
+/// special tokens it asked to leave out, float32 bytes it decodes as float16)
+/// with a 200.
+fn refuse_unsupported_vllm_options(
+    state: &AppState,
+    req: &OpenAiEmbeddingRequest,
+) -> Result<(), ApiError> {
+    if let Some(n) = req.truncate_prompt_tokens.filter(|&n| n != -1) {
+        let max = state
+            .model_for(req.model.as_deref(), Task::Embed)?
+            .info()
+            .max_input_tokens;
+        if n < max as i64 {
+            return Err(ApiError::invalid(format!(
+                "truncate_prompt_tokens below the model's maximum input ({max} tokens) is not \
+                 supported; inputs are cut at the model's maximum (see truncate)"
+            ))
+            .param("truncate_prompt_tokens"));
+        }
+    }
+    if req.add_special_tokens == Some(false) {
+        return Err(ApiError::invalid(
+            "add_special_tokens: false is not supported: inputs are tokenized with the model's \
+             special tokens, which its pooling reads (send token ids to run exact ids)",
+        )
+        .param("add_special_tokens"));
+    }
+    if let Some(dtype) = req.embed_dtype.as_deref().filter(|d| *d != "float32") {
+        return Err(ApiError::invalid(format!(
+            "embed_dtype {dtype:?} is not supported: vectors are float32"
+        ))
+        .param("embed_dtype"));
+    }
+    Ok(())
 }
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -64,7 +64,7 @@ pub struct TeiRank {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "Documents best first (a `documents` body: the /v1/rerank response)", body = Vec<TeiRank>),
-        (status = "4XX", description = "Invalid request (400 also: no reranker served; 401, 404 unknown model, 413, 415, 422, 429)", body = TeiErrorBody),
+        (status = "4XX", description = "Invalid request (400 also: no reranker served; 401, 404 unknown model, 413, 415, 422, 429). A Cohere-shaped body (`documents`) is answered in the OpenAI error shape, with 400 where this says 422, as /v1/rerank", body = TeiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiErrorBody),
     )
 )]
@@ -255,7 +255,8 @@ pub struct CohereRerankRequest {
     /// Documents to score (at least one): strings, or JSON objects ranked on
     /// their `text` field (or on `rank_fields`).
     pub documents: Vec<RerankDocument>,
-    /// How many results to return, best first (>= 1; default all).
+    /// How many results to return, best first (default all; 0 also means all, as vLLM's
+    /// protocol sends it by default).
     pub top_n: Option<i64>,
     /// Include each document in its result, as sent (a string as `{"text": ...}`)
     /// (v1 and Jina default: true; v2: false).
@@ -272,13 +273,17 @@ pub struct CohereRerankRequest {
     /// String documents are ranked as they are.
     #[schema(value_type = Option<Vec<String>>)]
     pub rank_fields: Option<Vec<Value>>,
+    /// Infinity's: true answers the model's raw logits instead of sigmoid scores.
+    pub raw_scores: Option<bool>,
+    /// vLLM's: false answers the model's raw logits instead of sigmoid scores.
+    pub use_activation: Option<bool>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CohereResult {
     /// Position of the document in the request's `documents`.
     pub index: usize,
-    /// Sigmoid score in [0, 1].
+    /// Sigmoid score in [0, 1] (the raw logit with `raw_scores: true` or `use_activation: false`).
     pub relevance_score: f32,
     /// The document as sent (a string document as `{"text": ...}`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -322,7 +327,7 @@ pub struct CohereRerankResponse {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "Documents best first", body = CohereRerankResponse),
-        (status = "4XX", description = "Invalid request (400 also: top_n < 1, no reranker served, and a wrong shape, as Cohere answers; 401, 404 unknown model, 413, 415, 429)", body = OpenAiErrorBody),
+        (status = "4XX", description = "Invalid request (400 also: top_n < 0, no reranker served, and a wrong shape, as Cohere answers; 401, 404 unknown model, 413, 415, 429)", body = OpenAiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
     )
 )]
@@ -363,11 +368,11 @@ async fn cohere_rerank(
     priority: Option<Priority>,
 ) -> Result<Json<CohereRerankResponse>, Shaped<OpenAi>> {
     let top_n = match req.top_n {
-        None => None,
+        None | Some(0) => None,
         Some(n) if n >= 1 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
         Some(n) => {
             return Err(
-                ApiError::invalid(format!("top_n must be at least 1, got {n}"))
+                ApiError::invalid(format!("top_n must be at least 1 (or 0: all), got {n}"))
                     .param("top_n")
                     .into(),
             )
@@ -388,15 +393,12 @@ async fn cohere_rerank(
         priority: priority.unwrap_or_default(),
         ..EmbedOptions::default()
     };
+    // Raw logits where the client asks for them in its API's words; both keep
+    // the ranking (a sigmoid is monotonic, so a document's best chunk too).
+    let raw = req.raw_scores == Some(true) || req.use_activation == Some(false);
     // The input limits apply to the documents sent; chunks made of them are ours.
-    let sent = pairs_request(
-        req.model.clone(),
-        &req.query,
-        &texts,
-        options.clone(),
-        false,
-    )
-    .map_err(|e| e.param("documents"))?;
+    let sent = pairs_request(req.model.clone(), &req.query, &texts, options.clone(), raw)
+        .map_err(|e| e.param("documents"))?;
     check_inputs(state, &sent.inputs)?;
     // Which document each scored input belongs to: one each, or its chunks.
     let (owners, request) = if limits.max_tokens.is_some() || limits.max_chunks.is_some() {
@@ -406,7 +408,7 @@ async fn cohere_rerank(
                 .await?
                 .into_iter()
                 .unzip();
-        let request = pairs_request(req.model, &req.query, &pieces, options, false)
+        let request = pairs_request(req.model, &req.query, &pieces, options, raw)
             .map_err(|e| e.param("documents"))?;
         (owners, request)
     } else {

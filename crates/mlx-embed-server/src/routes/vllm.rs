@@ -24,13 +24,20 @@ use crate::state::AppState;
 pub struct ScoreBody {
     /// Which served model answers; default: the first reranker, else the first embedding model.
     pub model: Option<String>,
-    /// One text, or a list (one per `text_2` item).
+    /// One text, or a list (one per `text_2` item). vLLM's other names for it,
+    /// `queries` and `data_1`, are read as this.
+    #[serde(alias = "queries", alias = "data_1")]
     pub text_1: TextInputs,
-    /// A text or a list of texts to score against `text_1`.
+    /// A text or a list of texts to score against `text_1` (also read from
+    /// vLLM's `documents`, `items` and `data_2`).
+    #[serde(alias = "documents", alias = "items", alias = "data_2")]
     pub text_2: TextInputs,
     /// Cut texts (a reranker: pairs) longer than the model's maximum (default true);
     /// false answers 400 instead, as vLLM refuses an over-long input.
     pub truncate: Option<bool>,
+    /// false: a reranker's raw logits instead of sigmoid scores (an embedding
+    /// model's cosine has no activation).
+    pub use_activation: Option<bool>,
 }
 
 /// One pair's score.
@@ -165,7 +172,7 @@ pub async fn score_pairs(
                     })
                     .collect(),
                 options,
-                raw_scores: false,
+                raw_scores: req.use_activation == Some(false),
             },
         )
         .await

@@ -371,14 +371,7 @@ pub async fn show(
     State(state): State<AppState>,
     ApiJson(req, _): ApiJson<OllamaShowRequest, Ollama>,
 ) -> Result<Json<OllamaShowResponse>, Shaped<Ollama>> {
-    // As Ollama: the model is required here, even on a one-model server.
-    let requested = [req.model, req.name]
-        .into_iter()
-        .flatten()
-        .find(|m| !m.is_empty());
-    let name = served_name(requested)
-        .ok_or_else(|| Shaped::from(ApiError::invalid("model is required").param("model")))?;
-    let model = state.model_for(Some(&name), Task::Describe)?;
+    let model = required_model(&state, req.model, req.name)?;
     let info = model.info();
     let architecture = info
         .weights
@@ -453,13 +446,7 @@ pub async fn pull(
     State(state): State<AppState>,
     ApiJson(req, _): ApiJson<OllamaPullRequest, Ollama>,
 ) -> Result<Response, Shaped<Ollama>> {
-    let requested = [req.model, req.name]
-        .into_iter()
-        .flatten()
-        .find(|m| !m.is_empty());
-    let name = served_name(requested)
-        .ok_or_else(|| Shaped::from(ApiError::invalid("model is required").param("model")))?;
-    state.model_for(Some(&name), Task::Describe)?;
+    required_model(&state, req.model, req.name)?;
     let done = OllamaPullStatus {
         status: "success".into(),
     };
@@ -469,6 +456,19 @@ pub async fn pull(
     let mut line = serde_json::to_vec(&done).unwrap_or_default();
     line.push(b'\n');
     Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], line).into_response())
+}
+
+/// The model `show` and `pull` name: required there, as in Ollama, even on a
+/// one-model server; `model` wins over the older `name` when both are set.
+fn required_model(
+    state: &AppState,
+    model: Option<String>,
+    name: Option<String>,
+) -> Result<&ServedModel, ApiError> {
+    let requested = [model, name].into_iter().flatten().find(|m| !m.is_empty());
+    let name = served_name(requested)
+        .ok_or_else(|| ApiError::invalid("model is required").param("model"))?;
+    state.model_for(Some(&name), Task::Describe)
 }
 
 fn details(model: &ServedModel) -> OllamaModelDetails {

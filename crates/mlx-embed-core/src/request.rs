@@ -26,9 +26,10 @@ pub(crate) type Reply = oneshot::Sender<Answered>;
 /// when it fits the room, `room * remaining / inputs` when it is larger (it
 /// was let in with the whole room), so a line's admitted inputs stay within
 /// its room, or one maximal request's size (a lane has two lines, for
-/// requests of one batch and for larger ones: [`crate::admission`]). The rest goes the moment the
-/// answer is ready, before the caller is woken (so a caller that
-/// immediately calls again finds its room free), or when its caller leaves.
+/// requests of one batch and for larger ones: [`crate::admission`]). The
+/// rest goes the moment the answer is ready, before the caller is woken (so
+/// a caller that immediately calls again finds its room free), or when its
+/// caller leaves.
 pub(crate) struct Ticket {
     permit: OwnedSemaphorePermit,
     /// Permits the request was admitted with.

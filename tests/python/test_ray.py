@@ -8,6 +8,7 @@ fail loudly on a bad row with its id. Every job runs under a time bound.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -177,17 +178,29 @@ def test_bulk_cli_with_an_actor_killed_mid_job(corpus, reference, tmp_path):
            "--concurrency", "2", "--cpus-per-actor", "0.5", "--batch-size", "50", "--rows-per-file", "200"]
     with open(tmp_path / "stdout", "w+") as stdout, open(tmp_path / "stderr", "w+") as stderr:
         job = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, cwd=ROOT, env=ray_env())
-        killed, seen, written_at_kill = None, set(), 0
+        killed, paused, seen, written_at_kill = None, None, set(), 0
         deadline = time.monotonic() + JOB_TIMEOUT_S
         try:
             while job.poll() is None and time.monotonic() < deadline:
-                seen |= embedder_pids()
-                # Kill one actor once the job has written some rows but not all.
-                if killed is None and seen and (written := rows_written(out)):
+                now = embedder_pids()
+                seen |= now
+                # Kill one actor once the job has written some rows but not all,
+                # and hold the other until Ray has started the killed one's
+                # replacement: on a busy machine the survivor alone once
+                # finished the job first, and no replacement was there to see.
+                if killed is None and len(seen) >= 2 and (written := rows_written(out)):
                     killed, written_at_kill = min(seen), written
+                    paused = max(seen - {killed})
+                    os.kill(paused, signal.SIGSTOP)
                     os.kill(killed, signal.SIGKILL)
+                if paused is not None and now - {killed, paused}:
+                    os.kill(paused, signal.SIGCONT)
+                    paused = None
                 time.sleep(0.05)
         finally:
+            if paused is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(paused, signal.SIGCONT)
             if job.poll() is None:
                 job.kill()
             job.wait(30)

@@ -109,7 +109,8 @@ fn add_virtualenv(py: Python<'_>, venv: &Path) -> Result<Option<String>, BridgeE
     locals.set_item("venv", venv.to_string_lossy().as_ref())?;
     locals.set_item("include_system", include_system)?;
     py.run(
-        c"import os, site, sys
+        c"import os, platform, site, sys
+version = platform.python_version()
 site_packages = os.path.join(venv, 'lib', f'python{sys.version_info[0]}.{sys.version_info[1]}', 'site-packages')
 added = []
 if os.path.isdir(site_packages) and site_packages not in sys.path:
@@ -132,19 +133,14 @@ if os.path.isdir(site_packages) and site_packages not in sys.path:
         tracing::info!(venv = %venv.display(), "using virtualenv packages");
         return Ok(None);
     }
-    let site_packages: String = locals
-        .get_item("site_packages")?
-        .map(|s| s.extract())
-        .transpose()?
-        .unwrap_or_default();
-    let ours: String = py
-        .import("sys")?
-        .getattr("version")?
-        .extract::<String>()?
-        .split_whitespace()
-        .next()
-        .unwrap_or_default()
-        .to_owned();
+    let text = |name: &str| -> Result<String, BridgeError> {
+        Ok(locals
+            .get_item(name)?
+            .map(|s| s.extract())
+            .transpose()?
+            .unwrap_or_default())
+    };
+    let (site_packages, ours) = (text("site_packages")?, text("version")?);
     let note = if Path::new(&site_packages).is_dir() {
         format!("the virtualenv {} added no packages", venv.display())
     } else {

@@ -120,12 +120,12 @@ pub fn resolve<'a>(
             .param("model"))
         };
     }
-    match requested {
+    match requested.map(|name| (name, models.iter().find(|m| m.name == name))) {
         // Only one served model can do this route's job (an embedder beside
         // rerankers): any other name means it, as on a one-model server.
         // Clients send their own defaults (`text-embedding-3-small`,
         // `nomic-embed-text`), which worked until a reranker was added.
-        Some(name) if !models.iter().any(|m| m.name == name) => {
+        Some((name, None)) => {
             let mut able = models.iter().filter(|m| task.accepts(m.info()));
             match (able.next(), able.next()) {
                 (Some(only), None) => {
@@ -146,11 +146,7 @@ pub fn resolve<'a>(
                 }
             }
         }
-        Some(name) => {
-            let model = models
-                .iter()
-                .find(|m| m.name == name)
-                .expect("a name no model has is the arm above");
+        Some((name, Some(model))) => {
             if !task.accepts(model.info()) {
                 return Err(ApiError::invalid(format!(
                     "model `{name}` is {} model; this route needs {}",

@@ -213,14 +213,7 @@ async fn embed(
     };
     let model = state.model_for(req.model.as_deref(), Task::Embed)?;
     if let Some(n) = req.max_tokens {
-        let max = model.info().max_input_tokens;
-        if n < max as i64 {
-            return Err(ApiError::invalid(format!(
-                "max_tokens below the model's maximum input ({max} tokens) is not supported; \
-                 texts are cut at the model's maximum (see truncate)"
-            ))
-            .param("max_tokens"));
-        }
+        super::refuse_shorter_cut("max_tokens", n, model.info().max_input_tokens)?;
     }
     if let Some(n) = req.output_dimension {
         output_dimension(n, model, "output_dimension")?;

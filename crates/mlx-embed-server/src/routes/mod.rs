@@ -148,6 +148,21 @@ pub(crate) fn role_prompt(roles: &[&str], prompts: &BTreeMap<String, String>) ->
 
 /// A unique-enough id for the `id` field of Cohere's answers (embed and
 /// rerank) and vLLM's (score), e.g. `rerank-<time>-<n>`.
+/// A per-request cut below the model's maximum input (Cohere's `max_tokens`,
+/// vLLM's `truncate_prompt_tokens`): refused, since inputs are only ever cut
+/// at the model's maximum, and a client that asked for a shorter cut would
+/// otherwise get vectors of uncut inputs with a 200.
+pub(crate) fn refuse_shorter_cut(param: &'static str, n: i64, max: usize) -> Result<(), ApiError> {
+    if n < max as i64 {
+        return Err(ApiError::invalid(format!(
+            "{param} below the model's maximum input ({max} tokens) is not supported; \
+             inputs are cut at the model's maximum (see truncate)"
+        ))
+        .param(param));
+    }
+    Ok(())
+}
+
 pub(crate) fn response_id(kind: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::{SystemTime, UNIX_EPOCH};

@@ -198,10 +198,13 @@ fn refuse_tiktoken_ids(
         input,
         TextsOrTokens::Tokens(_) | TextsOrTokens::TokenLists(_)
     );
-    let Some(name) = model else { return Ok(()) };
+    // Text is what almost every request sends: its model name is not read.
+    let Some(name) = model.filter(|_| token_ids) else {
+        return Ok(());
+    };
     let bare = name.trim().to_ascii_lowercase();
     let bare = bare.strip_prefix("openai/").unwrap_or(&bare);
-    if !token_ids || !bare.starts_with("text-embedding-") {
+    if !bare.starts_with("text-embedding-") {
         return Ok(());
     }
     Err(ApiError::invalid(format!(
@@ -224,17 +227,8 @@ fn refuse_unsupported_vllm_options(
     req: &OpenAiEmbeddingRequest,
 ) -> Result<(), ApiError> {
     if let Some(n) = req.truncate_prompt_tokens.filter(|&n| n != -1) {
-        let max = state
-            .model_for(req.model.as_deref(), Task::Embed)?
-            .info()
-            .max_input_tokens;
-        if n < max as i64 {
-            return Err(ApiError::invalid(format!(
-                "truncate_prompt_tokens below the model's maximum input ({max} tokens) is not \
-                 supported; inputs are cut at the model's maximum (see truncate)"
-            ))
-            .param("truncate_prompt_tokens"));
-        }
+        let model = state.model_for(req.model.as_deref(), Task::Embed)?;
+        super::refuse_shorter_cut("truncate_prompt_tokens", n, model.info().max_input_tokens)?;
     }
     if req.add_special_tokens == Some(false) {
         return Err(ApiError::invalid(

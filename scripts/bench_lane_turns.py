@@ -35,7 +35,7 @@ from pathlib import Path
 import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_priority import WORDS, Server  # noqa: E402
+from bench_priority import SERVER, WORDS, Server  # noqa: E402
 
 
 def texts(n: int, words: int, seed: int) -> list[str]:
@@ -43,8 +43,8 @@ def texts(n: int, words: int, seed: int) -> list[str]:
     return [" ".join(rng.choice(WORDS) for _ in range(words)) for _ in range(n)]
 
 
-def one_round(url: str, bulks: list[list[str]], delay: float, headers: dict) -> tuple[float, float]:
-    """(short call seconds, first bulk call seconds)."""
+def one_round(url: str, bulks: list[list[str]], delay: float, headers: dict) -> tuple[float, float, float]:
+    """(short call seconds, first bulk call seconds, seconds until every bulk call was answered)."""
     done = {}
 
     def send_bulk(k: int, bulk: list[str]):
@@ -67,8 +67,9 @@ def one_round(url: str, bulks: list[list[str]], delay: float, headers: dict) -> 
     short = time.perf_counter() - t
     for thread in threads:
         thread.join()
+    every_bulk = time.perf_counter() - start
     assert len(done) == len(bulks), done
-    return short, done[0]
+    return short, done[0], every_bulk
 
 
 def main() -> None:
@@ -79,11 +80,13 @@ def main() -> None:
     p.add_argument("--delay", type=float, default=0.5, help="seconds between the bulk and the short call")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--log-dir", type=Path, default=Path(os.environ.get("TMPDIR", "/tmp")))
+    p.add_argument("--server", type=Path, default=SERVER,
+                   help="server binary (another build, to compare two in one session)")
     a = p.parse_args()
     rows = {}
     flags = ["--no-cache", "--max-inputs-per-request", str(max(a.bulk_texts, 2048)),
              "--max-body-bytes", str(64 << 20)]
-    with Server(flags, a.log_dir, "lane-turns") as server:
+    with Server(flags, a.log_dir, "lane-turns", binary=a.server) as server:
         for name, headers in (("same lane (normal)", {}), ("X-Priority: high", {"X-Priority": "high"})):
             runs = [one_round(server.url, [texts(a.bulk_texts, a.words, seed * 100 + k) for k in range(a.bulk_calls)],
                               a.delay, headers)
@@ -91,13 +94,14 @@ def main() -> None:
             rows[name] = runs
     print(f"# {a.bulk_calls} bulk call(s) of {a.bulk_texts} texts of {a.words} words, short call {a.delay} s "
           f"after the first; medians of {a.rounds} rounds")
-    print("| short call | short call s | first bulk call s | short / first bulk |")
-    print("|---|---:|---:|---:|")
+    print("| short call | short call s | first bulk call s | short / first bulk | every bulk call answered s |")
+    print("|---|---:|---:|---:|---:|")
     for name, runs in rows.items():
-        short = statistics.median(s for s, _ in runs)
-        bulk = statistics.median(b for _, b in runs)
-        frac = statistics.median(s / b for s, b in runs)
-        print(f"| {name} | {short:.2f} | {bulk:.2f} | {frac:.2f} |")
+        short = statistics.median(s for s, _, _ in runs)
+        bulk = statistics.median(b for _, b, _ in runs)
+        frac = statistics.median(s / b for s, b, _ in runs)
+        every = statistics.median(e for _, _, e in runs)
+        print(f"| {name} | {short:.2f} | {bulk:.2f} | {frac:.2f} | {every:.2f} |")
 
 
 if __name__ == "__main__":

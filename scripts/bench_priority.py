@@ -108,15 +108,15 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, args: list[str], log_dir: Path, name: str):
-        if not SERVER.exists():
-            sys.exit(f"{SERVER} is missing: run `make build` first")
+    def __init__(self, args: list[str], log_dir: Path, name: str, binary: Path = SERVER):
+        if not binary.exists():
+            sys.exit(f"{binary} is missing: run `make build` first")
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.log_path = log_dir / f"bench-priority-{name}.log"
         env = {**os.environ, "VIRTUAL_ENV": sys.prefix, "MLX_EMBED_LOG": "warn"}
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen([str(SERVER), "--host", "127.0.0.1", "--port", str(port), *args],
+            self.proc = subprocess.Popen([str(binary), "--host", "127.0.0.1", "--port", str(port), *args],
                                          stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:

@@ -283,3 +283,21 @@ def test_bench_lane_turns_runs(tmp_path):
     # head of the lane's one line, gathered all the room the first gave back;
     # now a call of one batch has a line of its own.
     assert 0 < short < bulk and frac < 0.5, proc.stdout
+
+
+def test_a_short_call_behind_many_one_batch_calls_of_long_texts(tmp_path):
+    """Behind more calls of one batch (64 texts of 90 words) than the lane's
+    room holds, a one-text call waited for nearly all of them: it queued for
+    room behind them, and each call held the lane's front for its whole turn
+    of a batch (12 calls: about 0.9 of the time until every bulk call was
+    answered). Now a query-sized call has an admission line of its own and
+    long texts take turns of a quarter batch of tokens."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_lane_turns.py"), "--bulk-texts", "64", "--words", "90",
+         "--bulk-calls", "12", "--delay", "0.5", "--rounds", "1", "--log-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {line.split("|")[1].strip(): [float(x) for x in line.split("|")[2:6]]
+            for line in proc.stdout.splitlines() if line.startswith("| same") or line.startswith("| X-")}
+    short, _, _, every_bulk = rows["same lane (normal)"]
+    assert 0 < short < 0.5 * every_bulk, proc.stdout

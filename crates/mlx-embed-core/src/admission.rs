@@ -1,14 +1,18 @@
 //! Admission: fair (FIFO) semaphores counted in inputs, plus a bounded,
 //! time-limited waiting line in front of them.
 //!
-//! A lane has two lines, each with the lane's whole room: one for requests
-//! that fit one batch, one for larger ones. In a single FIFO line a big
-//! request waiting at its head gathered every permit given back until it
-//! had its room, so a one-text call behind two bulk calls waited for the
-//! first of them to finish (behind four, 7.6 s against 0.25 s behind one,
-//! black-box probe on the CPU). Big requests still take turns among
-//! themselves in their own line; a small one never waits behind them for
-//! room, only for its turn in the lane's round-robin.
+//! A lane has three lines, each with the lane's whole room: one for
+//! requests of a query's size (at most `max_priority_batch_size` inputs), one
+//! for requests that fit one batch, one for larger ones. In a single FIFO
+//! line a big request waiting at its head gathered every permit given back
+//! until it had its room, so a one-text call behind two bulk calls waited for
+//! the first of them to finish (behind four, 7.6 s against 0.25 s behind one,
+//! black-box probe on the CPU); and behind more calls of one batch than the
+//! room holds it waited for room behind all of them (16 calls of 64 long
+//! texts: 5.5 s, against 0.4 s for the running batch). Requests still take
+//! turns in FIFO order with those of their own size; a smaller one never
+//! waits behind larger ones for room, only for its turn in the lane's
+//! round-robin.
 
 use std::future::{poll_fn, Future};
 use std::pin::pin;
@@ -31,12 +35,9 @@ pub(crate) enum Refusal {
 }
 
 pub(crate) struct Admission {
-    /// The line of requests larger than `small_max` inputs.
-    semaphore: Arc<Semaphore>,
-    /// The line of requests of at most `small_max` inputs.
-    small: Arc<Semaphore>,
-    /// The most inputs a request of the small line has: one batch.
-    small_max: usize,
+    /// The lines, smallest requests first: the most inputs a request of the
+    /// line has (the last line: any), and its permits.
+    lines: Vec<(usize, Arc<Semaphore>)>,
     /// Permits in each line; a request never asks for more than this.
     bound: usize,
     max_waiting: usize,
@@ -59,21 +60,26 @@ impl Drop for WaitingSlot<'_> {
 }
 
 impl Admission {
-    /// `small_max`: requests of at most this many inputs (one batch) wait
-    /// in a line of their own.
+    /// `line_maxima`: requests of at most each of these many inputs (a
+    /// query, one batch) wait in a line of their own; larger ones in one more.
     pub fn new(
         max_concurrent: usize,
         max_waiting: usize,
         max_queue_wait: Duration,
-        small_max: usize,
+        line_maxima: &[usize],
     ) -> Self {
         // Zero permits would admit nobody, ever; one is the smallest working bound.
         // tokio caps a semaphore at usize::MAX >> 3 permits and an acquire at u32::MAX.
         let bound = max_concurrent.clamp(1, u32::MAX as usize);
+        let mut maxima: Vec<usize> = line_maxima.iter().map(|&m| m.max(1)).collect();
+        maxima.sort_unstable();
+        maxima.dedup();
+        maxima.push(usize::MAX);
         Self {
-            semaphore: Arc::new(Semaphore::new(bound)),
-            small: Arc::new(Semaphore::new(bound)),
-            small_max: small_max.max(1),
+            lines: maxima
+                .into_iter()
+                .map(|max| (max, Arc::new(Semaphore::new(bound))))
+                .collect(),
             bound,
             max_waiting,
             max_queue_wait,
@@ -87,8 +93,9 @@ impl Admission {
 
     /// Wakes every waiter with `Closed` and refuses every later caller.
     pub fn close(&self) {
-        self.semaphore.close();
-        self.small.close();
+        for (_, line) in &self.lines {
+            line.close();
+        }
     }
 
     /// Waits for `n` inputs' worth of permits (at most the whole bound, so a
@@ -96,11 +103,11 @@ impl Admission {
     /// bound, it gives it back in proportion as its inputs are answered).
     pub async fn admit(&self, n: usize, arrived: Instant) -> Result<OwnedSemaphorePermit, Refusal> {
         let permits = n.min(self.bound) as u32;
-        let line = if n <= self.small_max {
-            &self.small
-        } else {
-            &self.semaphore
-        };
+        let (_, line) = self
+            .lines
+            .iter()
+            .find(|(max, _)| n <= *max)
+            .expect("the last line takes any size");
         let mut acquire = pin!(line.clone().acquire_many_owned(permits));
 
         // The first poll either gets the permits at once or puts us in the

@@ -39,9 +39,10 @@ pub struct BatcherConfig {
     /// Inputs (not requests) admitted at once, per priority lane and line;
     /// more wait their turn in FIFO order. Each lane has its own room, so
     /// bulk traffic in one lane cannot take the room queries need in
-    /// another; inside a lane, requests of at most `max_batch_size` inputs
-    /// have a line (and a room) of their own, so a short call never waits
-    /// for room behind big requests that are themselves waiting for it.
+    /// another; inside a lane, requests of at most `max_priority_batch_size`
+    /// inputs (a query's size) and of at most `max_batch_size` have a line
+    /// (and a room) of their own each, so a short call never waits for room
+    /// behind larger requests that are themselves waiting for it.
     pub max_concurrent_requests: usize,
     /// Inputs allowed to wait for admission, per lane, before new callers of
     /// that lane get `Overloaded`.

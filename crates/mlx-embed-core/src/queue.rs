@@ -1,8 +1,10 @@
 //! The queue and the one place that cuts a model call from it.
 //!
 //! Admitted requests wait in three lanes, one per [`Priority`]. Inside a lane
-//! requests are served FIFO with round-robin at batch granularity, so one
-//! huge request cannot starve the small ones behind it. Across lanes a batch
+//! requests are served FIFO with round-robin turns of at most a batch of
+//! inputs and a quarter of a batch's tokens, so neither one huge request nor
+//! many requests of long texts make a short one behind them wait for all of
+//! their work. Across lanes a batch
 //! takes high first, then normal, then low, under these rules:
 //!
 //! - **One kind per call.** A batch holds requests of one [`Output`] only
@@ -39,6 +41,10 @@ use crate::recorder::Recorder;
 use crate::request::Request;
 use crate::{Encoded, Output, Priority};
 
+/// Requests that share a full batch's token budget when each takes one turn
+/// (see [`Limits::turn_tokens`]).
+const TURNS_PER_BATCH: usize = 4;
+
 /// Budgets and lane rules for cutting batches.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Limits {
@@ -55,6 +61,19 @@ pub(crate) struct Limits {
 }
 
 impl Limits {
+    /// Most tokens one request takes in one turn at its lane's front (at
+    /// least one input, and never more than `max_batch_size` inputs): a
+    /// quarter of a batch's token budget. A turn of a full batch of inputs let
+    /// a request of long texts hold the front for several batches (the token
+    /// budget fits fewer of them), so a one-text call behind 16 calls of 64
+    /// long texts waited for all of them; with turns of a quarter batch of
+    /// compute it waits about a batch per four requests ahead. Short texts
+    /// still take turns of `max_batch_size` inputs, so their batches are cut
+    /// as before.
+    fn turn_tokens(&self) -> usize {
+        (self.max_batch_tokens / TURNS_PER_BATCH).max(1)
+    }
+
     /// Consecutive batches lane `i` may be passed over before it goes first:
     /// low's is twice the others', so it yields to normal when both wait.
     fn aging_limit(&self, i: usize) -> u32 {
@@ -74,6 +93,8 @@ pub(crate) struct Pending {
     next_index: usize,
     /// Inputs batched during this request's current turn at the front.
     turn_used: usize,
+    /// Their tokens.
+    turn_tokens: usize,
 }
 
 impl Pending {
@@ -83,6 +104,7 @@ impl Pending {
             inputs: inputs.into_iter(),
             next_index: 0,
             turn_used: 0,
+            turn_tokens: 0,
         }
     }
 
@@ -265,8 +287,9 @@ impl FairQueue {
     /// Moves queued inputs into `batch` until it holds `cap` inputs, a budget
     /// stops it or the lane runs dry; returns how many it moved. Requests are
     /// taken front to back; each gets a turn of at most one full batch of
-    /// inputs, after which an unfinished request moves to the back, so huge
-    /// requests interleave with small ones. A request interrupted only
+    /// inputs and [`Limits::turn_tokens`] tokens, after which an unfinished
+    /// request moves to the back, so huge requests, and requests of long
+    /// texts, interleave with small ones. A request interrupted only
     /// because the batch filled keeps its place. Requests whose callers left
     /// are dropped on the way, uncomputed.
     pub fn fill(&mut self, batch: &mut Batch, cap: usize, recorder: &Recorder) -> usize {
@@ -294,15 +317,21 @@ impl FairQueue {
                 break;
             }
             let mut taken = 0;
-            while front.turn_used < limits.max_batch_size {
-                let Some(next) = front.inputs.as_slice().first() else {
+            let mut turn_over = false;
+            while let Some(next) = front.inputs.as_slice().first() {
+                if front.turn_used >= limits.max_batch_size
+                    || (front.turn_used > 0
+                        && front.turn_tokens + next.len() > limits.turn_tokens())
+                {
+                    turn_over = true;
                     break;
-                };
+                }
                 if !batch.fits(next.len(), cap, &limits) {
                     break;
                 }
                 let input = front.inputs.next().expect("peeked above");
                 self.tokens -= input.len();
+                front.turn_tokens += input.len();
                 batch.push(&front.req, front.next_index, input);
                 front.next_index += 1;
                 front.turn_used += 1;
@@ -313,9 +342,10 @@ impl FairQueue {
             recorder.dequeued(self.priority, taken);
             if front.remaining() == 0 {
                 self.entries.pop_front();
-            } else if front.turn_used >= limits.max_batch_size {
+            } else if turn_over {
                 let mut rotated = self.entries.pop_front().expect("front exists");
                 rotated.turn_used = 0;
+                rotated.turn_tokens = 0;
                 self.entries.push_back(rotated);
             } else {
                 break;
@@ -443,8 +473,10 @@ mod tests {
     use crate::request::{ActiveGuard, Ticket};
     use std::time::Instant;
 
+    /// A request of `n` inputs of `tokens` tokens each.
     fn request(
         n: usize,
+        tokens: usize,
         priority: Priority,
         output: Output,
         recorder: &Arc<Recorder>,
@@ -470,9 +502,9 @@ mod tests {
             req,
             (0..n)
                 .map(|i| Encoded {
-                    ids: vec![i as u32],
+                    ids: vec![i as u32; tokens],
                     type_ids: None,
-                    untruncated_len: 1,
+                    untruncated_len: tokens as u32,
                 })
                 .collect(),
         )
@@ -507,11 +539,24 @@ mod tests {
         requests: &[(usize, Priority, Output)],
         limits: Limits,
     ) -> Vec<(Output, Vec<(usize, usize)>)> {
+        let requests: Vec<_> = requests
+            .iter()
+            .map(|&(n, priority, output)| (n, 1, priority, output))
+            .collect();
+        batches_of_lengths(&requests, limits)
+    }
+
+    /// [`batches_of_kinds`] for requests of (inputs, tokens per input,
+    /// priority, kind).
+    fn batches_of_lengths(
+        requests: &[(usize, usize, Priority, Output)],
+        limits: Limits,
+    ) -> Vec<(Output, Vec<(usize, usize)>)> {
         let recorder = Arc::new(Recorder::new());
         let mut lanes = Lanes::new(limits);
         let mut ids = Vec::new();
-        for &(n, priority, output) in requests {
-            let (req, inputs) = request(n, priority, output, &recorder);
+        for &(n, tokens, priority, output) in requests {
+            let (req, inputs) = request(n, tokens, priority, output, &recorder);
             ids.push(req.clone());
             recorder.queued(priority, n);
             lanes.push(Pending::new(req, inputs));
@@ -556,6 +601,43 @@ mod tests {
                 vec![(0, 4)],
                 vec![(0, 2)]
             ]
+        );
+    }
+
+    #[test]
+    fn long_inputs_take_turns_of_a_quarter_batch_of_tokens() {
+        // 1000 tokens a batch: turns of 250, so two 100-token inputs each.
+        // The one-text call behind three calls of long texts is in the first
+        // batch; with turns of a full batch of inputs it came fourth.
+        let limits = Limits {
+            max_batch_size: 8,
+            ..limits(true)
+        };
+        let batches: Vec<_> = batches_of_lengths(
+            &[
+                (8, 100, Normal, Pooled),
+                (8, 100, Normal, Pooled),
+                (8, 100, Normal, Pooled),
+                (1, 10, Normal, Pooled),
+            ],
+            limits,
+        )
+        .into_iter()
+        .map(|(_, runs)| runs)
+        .collect();
+        assert_eq!(
+            batches,
+            vec![
+                vec![(0, 2), (1, 2), (2, 2), (3, 1), (0, 1)],
+                vec![(0, 1), (1, 2), (2, 2), (0, 2), (1, 1)],
+                vec![(1, 1), (2, 2), (0, 2), (1, 2), (2, 1)],
+                vec![(2, 1)],
+            ]
+        );
+        // Short inputs still take turns of a full batch of inputs.
+        assert_eq!(
+            batches_of_lengths(&[(8, 10, Normal, Pooled), (1, 10, Normal, Pooled)], limits)[0].1,
+            vec![(0, 8)]
         );
     }
 

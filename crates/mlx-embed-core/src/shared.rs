@@ -161,7 +161,7 @@ impl Shared {
                 config.max_concurrent_requests,
                 config.max_waiting,
                 config.max_queue_wait,
-                max_batch_size,
+                &[limits.max_priority_batch_size, max_batch_size],
             )
         });
         Self {

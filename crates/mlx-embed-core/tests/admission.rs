@@ -245,6 +245,67 @@ async fn a_small_caller_gets_in_while_a_big_request_runs() {
     }
 }
 
+/// A query-sized caller behind more calls of one batch than the room holds
+/// waits for room in a line of its own, not behind them: with one line for
+/// every call of one batch or less it waited for room until all but the
+/// room's worth of them were done (16 calls of 64 long texts: 5.5 s against
+/// 0.4 s for the running batch, on the CPU).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_behind_more_one_batch_calls_than_the_room_waits_for_its_turn_only() {
+    let (room, mid, mids) = (4, 4, 4);
+    let config = BatcherConfig {
+        max_concurrent_requests: room,
+        max_batch_size: 4,
+        max_priority_batch_size: 1,
+        batch_window: Duration::ZERO,
+        ..BatcherConfig::default()
+    };
+    let (batcher, record) = start(config, Duration::from_millis(20), None);
+    let mut calls = Vec::new();
+    for k in 0..mids {
+        let sent: Vec<String> = (0..mid).map(|i| format!("mid{k}-{i}")).collect();
+        let b = batcher.clone();
+        let texts = sent.clone();
+        calls.push((
+            sent,
+            tokio::spawn(
+                async move { b.embed(owned_texts(&texts), EmbedOptions::default()).await },
+            ),
+        ));
+        if k == 0 {
+            eventually("the first call's batch", || !record.batches().is_empty()).await;
+        }
+    }
+    // The first call holds the whole room; the others wait for it.
+    eventually("the calls waiting", || {
+        batcher.metrics().waiting_inputs == (mids - 1) * mid
+    })
+    .await;
+    let query = timeout(
+        LIMIT,
+        batcher.embed(texts(&["query"]), EmbedOptions::default()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_answer(&["query".to_string()], &query);
+    for (sent, handle) in calls {
+        assert_answer(
+            &sent,
+            &timeout(LIMIT, handle).await.unwrap().unwrap().unwrap(),
+        );
+    }
+    let batches = record.batches();
+    let at = |text: &str| batches.iter().position(|b| b.iter().any(|t| t == text));
+    let query_at = at("query").unwrap();
+    let second_starts = at("mid1-0").unwrap();
+    assert!(
+        query_at <= second_starts,
+        "the query ran in batch {query_at}, after the second call began in \
+         {second_starts}: {batches:?}"
+    );
+}
+
 /// Behind several big requests of its lane, a small caller waits for its
 /// turn, not for them: in one FIFO line the second big request, waiting at
 /// the line's head, gathered every permit the first gave back, so the small

@@ -1424,10 +1424,9 @@ async fn ollama_listings_and_legacy_embeddings() {
     assert_eq!(listed[0]["size"], 0);
     assert_eq!(listed[0]["details"]["family"], "");
     assert_eq!(listed[0]["details"]["families"], json!([]));
-    assert_eq!(
-        get("/api/version").await,
-        json!({ "version": env!("CARGO_PKG_VERSION") })
-    );
+    // The Ollama API version served, not this server's (0.1.0 would read
+    // as too old an Ollama to clients that check a minimum).
+    assert_eq!(get("/api/version").await, json!({ "version": "0.12.0" }));
     let ps = get("/api/ps").await;
     assert_eq!(ps["models"][0]["context_length"], MAX_TOKENS);
     assert_eq!(ps["models"][0]["size_vram"], 0);

@@ -827,6 +827,14 @@ async fn ops_routes() {
     assert_eq!(v["default_prompt_name"], Value::Null);
     assert!(v["details"].get("vocab_size").is_none(), "{v}");
     assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    // TEI's names for the same facts, and the ones only TEI has.
+    assert_eq!(v["served_model_name"], "fake-model");
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    assert_eq!(v["tokenization_workers"], cpus);
+    assert_eq!(
+        (&v["sha"], &v["docker_label"]),
+        (&Value::Null, &Value::Null)
+    );
 
     let r = c.get(s.url("/openapi.json")).send().await.unwrap();
     assert_eq!(r.status(), 200);

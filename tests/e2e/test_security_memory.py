@@ -64,6 +64,11 @@ AUTH_ROUTES = [
     ("GET", "/info", None, "native"),
     ("GET", "/metrics", None, "native"),
     ("GET", "/openapi.json", None, "native"),
+    ("POST", "/pooling", {"input": "hi"}, "openai"),
+    ("POST", "/classify", {"input": "hi"}, "openai"),
+    ("GET", "/version", None, "openai"),
+    ("POST", "/invocations", {"inputs": "hi"}, "tei"),
+    ("POST", "/vertex", {"instances": [{"inputs": "hi"}]}, "tei"),
 ]
 UNAUTHORIZED_BODY = {
     "native": {"error": {"message": UNAUTHORIZED, "type": "authentication_error", "code": 401}},

@@ -6,7 +6,7 @@
 //! | status | when |
 //! | --- | --- |
 //! | 400 | malformed JSON; empty input list; an empty string or empty token list; a token id outside the vocabulary (names the input index); `dimensions` < 1 or > the model's dimension, or any `dimensions` on a sparse (SPLADE) model; an unknown `prompt_name`; input the model rejects as invalid (a `ValueError` in the Python model) |
-//! | 401 | `--api-key` is set and `Authorization: Bearer <key>` is missing or wrong (every route but `/health` and `/.well-known/*`) |
+//! | 401 | `--api-key` is set and `Authorization: Bearer <key>` is missing or wrong (every route but `/health`, `/ping` and `/.well-known/*`) |
 //! | 408 | the body did not arrive within `--client-timeout-secs` (75 s) |
 //! | 404 / 405 | unknown route / wrong method |
 //! | 413 | body larger than `--max-body-bytes` (2 MiB; refused on its `Content-Length`, without a `100 Continue`); more inputs than `--max-inputs-per-request` (2048) |
@@ -20,8 +20,8 @@
 //! # Error bodies
 //!
 //! * native `/api/v1/*` and operational routes: `{"error": {"message": str, "type": str, "code": int}}`
-//! * OpenAI `/v1/*` (Cohere's `/v1/embed`, `/v1/rerank` too), Cohere's `/v2/embed`, `/v2/rerank`, vLLM's `/score`: `{"error": {"message": str, "type": str, "param": str|null, "code": str|null}}`, and 400 where the table says 422, as those services answer
-//! * TEI `/embed` etc.: `{"error": str, "error_type": str}`
+//! * OpenAI `/v1/*` (Cohere's `/v1/embed`, `/v1/rerank` too), Cohere's `/v2/embed`, `/v2/rerank`, vLLM's `/score`, `/pooling`, `/classify`, `/version`: `{"error": {"message": str, "type": str, "param": str|null, "code": str|null}}`, and 400 where the table says 422, as those services answer
+//! * TEI `/embed` etc. (and `/invocations`, `/vertex`, TEI's routes for SageMaker and Vertex AI): `{"error": str, "error_type": str}`
 //! * Ollama `/api/*` (but `/api/v1/*`): `{"error": str}`, and 400 where the table says 422, as Ollama answers
 //! * Weaviate `/vectors`, `/meta`: `{"error": str}`
 
@@ -380,7 +380,7 @@ impl Api {
             || path.starts_with("/v1/")
             || matches!(
                 path,
-                "/embeddings" | "/models" | "/score"
+                "/embeddings" | "/models" | "/score" | "/pooling" | "/classify" | "/version"
             )
             // Cohere's v2 API, the routes served and the others alike.
             || path.starts_with("/v2/")
@@ -396,6 +396,8 @@ impl Api {
                 | "/similarity"
                 | "/tokenize"
                 | "/decode"
+                | "/invocations"
+                | "/vertex"
         ) {
             Api::Tei
         } else if path.starts_with("/api/") && !path.starts_with("/api/v1/") {
@@ -559,5 +561,11 @@ mod tests {
         assert_eq!(Api::for_path("/vectors"), Api::Weaviate);
         assert_eq!(Api::for_path("/api/v1/embed"), Api::Native);
         assert_eq!(Api::for_path("/metrics"), Api::Native);
+        assert_eq!(Api::for_path("/pooling"), Api::OpenAi);
+        assert_eq!(Api::for_path("/classify"), Api::OpenAi);
+        assert_eq!(Api::for_path("/version"), Api::OpenAi);
+        assert_eq!(Api::for_path("/invocations"), Api::Tei);
+        assert_eq!(Api::for_path("/vertex"), Api::Tei);
+        assert_eq!(Api::for_path("/ping"), Api::Native);
     }
 }

@@ -5,7 +5,9 @@
 //! `/v2/embed`, Weaviate's `/vectors`, and TEI's `/similarity`) are thin
 //! adapters over one embed path ([`embed::embed`]); the cross-encoder APIs
 //! (TEI `/rerank` and `/predict`, Cohere/Jina `/v1/rerank` and `/v2/rerank`,
-//! the Inference API's `POST /`) over one scoring path ([`score::score`]).
+//! vLLM's `/score` and `/classify`, the Inference API's `POST /`) over one
+//! scoring path ([`score::score`]); vLLM's `/pooling` and the cloud
+//! platforms' `/invocations` and `/vertex` over the routes they stand for.
 //! Both drive the [`mlx_embed_core::Batcher`] of the model the request picks
 //! ([`models`]: one batcher, queue and model thread per served model). Plus
 //! `/tokenize`, `/decode`, the model listings (`/v1/models`, Ollama's

@@ -138,14 +138,14 @@ impl Drop for ClientLeft<'_> {
     }
 }
 
-/// With `--api-key`, every route but the probes (`/health`, `/.well-known/*`)
+/// With `--api-key`, every route but the probes (`/health`, SageMaker's `/ping`, `/.well-known/*`)
 /// needs `Authorization: Bearer <key>`; otherwise 401 in the path's API error shape.
 pub async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
     let Some(key) = state.args().api_key.as_deref() else {
         return next.run(req).await;
     };
     let path = req.uri().path();
-    if path == "/health" || path.starts_with("/.well-known/") {
+    if path == "/health" || path == "/ping" || path.starts_with("/.well-known/") {
         return next.run(req).await;
     }
     let presented = req

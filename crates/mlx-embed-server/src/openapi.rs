@@ -8,13 +8,13 @@ use crate::errors::{
     NativeErrorBody, OllamaErrorBody, OpenAiErrorBody, TeiErrorBody, WeaviateErrorBody,
 };
 use crate::routes::{
-    cohere, native, ollama, openai, ops, predict, rerank, root, similarity, tei, tokens, vllm,
-    weaviate,
+    cohere, native, ollama, openai, ops, platforms, pooling, predict, rerank, root, similarity,
+    tei, tokens, vllm, weaviate,
 };
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "mlx-embed", description = "Text embeddings and cross-encoders: native, OpenAI, TEI, Cohere/Jina, Ollama, Weaviate and vLLM-score compatible APIs."),
+    info(title = "mlx-embed", description = "Text embeddings and cross-encoders: native, OpenAI, TEI, Cohere/Jina, Ollama, Weaviate, vLLM (score, pooling, classify), SageMaker and Vertex AI compatible APIs."),
     paths(
         native::embed,
         openai::embeddings,
@@ -37,6 +37,11 @@ use crate::routes::{
         rerank::cohere_rerank_v1,
         rerank::cohere_rerank_v2,
         vllm::score_pairs,
+        vllm::version,
+        pooling::pooling,
+        pooling::classify,
+        platforms::invocations,
+        platforms::vertex,
         predict::predict,
         similarity::similarity,
         tokens::tokenize,
@@ -58,7 +63,8 @@ use crate::routes::{
         (name = "tei", description = "text-embeddings-inference compatible"),
         (name = "ollama", description = "Ollama compatible"),
         (name = "cohere", description = "Cohere embed and Cohere / Jina rerank compatible"),
-        (name = "vllm", description = "vLLM's score API"),
+        (name = "vllm", description = "vLLM's score, pooling, classify and version APIs"),
+        (name = "platforms", description = "AWS SageMaker (/invocations, /ping) and Google Vertex AI (/vertex), as TEI serves them"),
         (name = "weaviate", description = "Weaviate text2vec-transformers inference API compatible"),
         (name = "ops", description = "Health, metrics, info"),
     )
@@ -67,14 +73,16 @@ pub struct ApiDoc;
 
 /// Paths served by the handler of a documented one, as (alias, documented):
 /// the OpenAI routes without their version prefix (as Infinity serves them),
-/// vLLM's unversioned score, Weaviate's trailing slash. The document lists
-/// each as a copy of its original, so a client generated from it knows them.
-const ALIASES: [(&str, &str); 5] = [
+/// vLLM's unversioned score, Weaviate's trailing slash, SageMaker's health
+/// check. The document lists each as a copy of its original, so a client
+/// generated from it knows them.
+const ALIASES: [(&str, &str); 6] = [
     ("/embeddings", "/v1/embeddings"),
     ("/models", "/v1/models"),
     ("/models/{model}", "/v1/models/{model}"),
     ("/score", "/v1/score"),
     ("/vectors/", "/vectors"),
+    ("/ping", "/health"),
 ];
 
 /// The document: every handler's path, then its aliases.
@@ -123,6 +131,51 @@ mod tests {
         let routed = routed_paths();
         assert!(routed.len() > 30, "{routed:?}");
         assert_eq!(documented, routed);
+    }
+
+    /// Every `$ref` in `v`, recursively.
+    fn refs<'a>(v: &'a Value, out: &mut Vec<&'a str>) {
+        match v {
+            Value::Object(map) => {
+                if let Some(Value::String(r)) = map.get("$ref") {
+                    out.push(r);
+                }
+                map.values().for_each(|v| refs(v, out));
+            }
+            Value::Array(items) => items.iter().for_each(|v| refs(v, out)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn every_reference_names_a_schema_of_the_document() {
+        let doc: Value = serde_json::from_str(super::json()).unwrap();
+        let mut found = Vec::new();
+        refs(&doc, &mut found);
+        assert!(found.len() > 50, "{}", found.len());
+        for r in found {
+            let name = r.strip_prefix("#/components/schemas/").unwrap_or(r);
+            assert!(
+                doc["components"]["schemas"].get(name).is_some(),
+                "{r} names no schema"
+            );
+        }
+        // The platform routes' unions point at the routes' own schemas.
+        let schemas = &doc["components"]["schemas"];
+        assert_eq!(
+            schemas["InvocationsBody"]["anyOf"]
+                .as_array()
+                .unwrap()
+                .len(),
+            5
+        );
+        assert_eq!(
+            schemas["InvocationsAnswer"]["oneOf"]
+                .as_array()
+                .unwrap()
+                .len(),
+            2
+        );
     }
 
     #[test]

@@ -737,6 +737,8 @@ async fn api_key_guards_everything_but_health() {
     let s = Server::start(args).await;
     let c = client();
     assert_eq!(c.get(s.url("/health")).send().await.unwrap().status(), 200);
+    // SageMaker's health check sends no credentials.
+    assert_eq!(c.get(s.url("/ping")).send().await.unwrap().status(), 200);
     for (path, shape) in ROUTES {
         for auth in [None, Some("Bearer wrong"), Some("Basic sekret")] {
             let mut req = c.post(s.url(path)).json(&body(shape, json!(["a"])));
@@ -757,7 +759,13 @@ async fn api_key_guards_everything_but_health() {
             .unwrap();
         assert_eq!(r.status(), 200, "{path}");
     }
-    for path in ["/metrics", "/info", "/v1/models", "/openapi.json"] {
+    for path in [
+        "/metrics",
+        "/info",
+        "/v1/models",
+        "/openapi.json",
+        "/version",
+    ] {
         assert_eq!(
             c.get(s.url(path)).send().await.unwrap().status(),
             401,
@@ -827,6 +835,14 @@ async fn ops_routes() {
     assert_eq!(v["default_prompt_name"], Value::Null);
     assert!(v["details"].get("vocab_size").is_none(), "{v}");
     assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+    // TEI's names for the same facts, and the ones only TEI has.
+    assert_eq!(v["served_model_name"], "fake-model");
+    let cpus = std::thread::available_parallelism().unwrap().get();
+    assert_eq!(v["tokenization_workers"], cpus);
+    assert_eq!(
+        (&v["sha"], &v["docker_label"]),
+        (&Value::Null, &Value::Null)
+    );
 
     let r = c.get(s.url("/openapi.json")).send().await.unwrap();
     assert_eq!(r.status(), 200);
@@ -845,6 +861,12 @@ async fn ops_routes() {
         "/metrics",
         "/info",
         "/v1/models",
+        "/pooling",
+        "/classify",
+        "/version",
+        "/invocations",
+        "/ping",
+        "/vertex",
     ] {
         assert!(doc["paths"].get(path).is_some(), "openapi lacks {path}");
     }
@@ -1424,10 +1446,9 @@ async fn ollama_listings_and_legacy_embeddings() {
     assert_eq!(listed[0]["size"], 0);
     assert_eq!(listed[0]["details"]["family"], "");
     assert_eq!(listed[0]["details"]["families"], json!([]));
-    assert_eq!(
-        get("/api/version").await,
-        json!({ "version": env!("CARGO_PKG_VERSION") })
-    );
+    // The Ollama API version served, not this server's (0.1.0 would read
+    // as too old an Ollama to clients that check a minimum).
+    assert_eq!(get("/api/version").await, json!({ "version": "0.12.0" }));
     let ps = get("/api/ps").await;
     assert_eq!(ps["models"][0]["context_length"], MAX_TOKENS);
     assert_eq!(ps["models"][0]["size_vram"], 0);
@@ -1944,5 +1965,318 @@ async fn score_counts_both_lists_against_the_input_limit() {
          (--max-inputs-per-request); split the request"
     );
     assert_eq!(v["error"]["param"], "text_2");
+    s.stop().await.unwrap();
+}
+
+/// Softmax of `logits`, as the scoring path computes it.
+fn softmax(logits: &[f32]) -> Vec<f32> {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let exps: Vec<f64> = logits.iter().map(|&x| f64::from(x - max).exp()).collect();
+    let sum: f64 = exps.iter().sum();
+    exps.iter().map(|e| (e / sum) as f32).collect()
+}
+
+fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-f64::from(x)).exp()) as f32
+}
+
+#[tokio::test]
+async fn vllm_version_and_pooling_answer_as_vllm() {
+    let s = Server::default().await;
+    let r = client().get(s.url("/version")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({ "version": env!("CARGO_PKG_VERSION") })
+    );
+
+    let (status, _, v) = post(&s, "/pooling", &json!({ "input": ["a", "bc"] })).await;
+    assert_eq!(status, 200, "{v}");
+    assert!(v["id"].as_str().unwrap().starts_with("pooling-"), "{v}");
+    assert_eq!(v["object"], "list");
+    assert!(v["created"].as_u64().unwrap() > 1_700_000_000, "{v}");
+    assert_eq!(v["model"], "fake-model");
+    for (i, t) in ["a", "bc"].into_iter().enumerate() {
+        assert_eq!(v["data"][i]["index"], i);
+        assert_eq!(v["data"][i]["object"], "pooling");
+        assert_close(&floats(&v["data"][i]["data"]), &unit_vector(&text(t)));
+    }
+    // Marker, bytes, end marker: 3 + 4 tokens.
+    assert_eq!(v["usage"]["prompt_tokens"], 7);
+    assert_eq!(v["usage"]["total_tokens"], 7);
+
+    // base64: little-endian float32 bytes; use_activation false: unnormalized;
+    // token ids; dimensions as /v1/embeddings cuts them.
+    let (status, _, v) = post(
+        &s,
+        "/pooling",
+        &json!({ "input": "a", "encoding_format": "base64", "use_activation": false }),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(v["data"][0]["data"].as_str().unwrap())
+        .unwrap();
+    let got: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, raw_vector(&text("a")));
+    let (status, _, v) = post(
+        &s,
+        "/pooling",
+        &json!({ "input": [[5, 6]], "dimensions": 3 }),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let mut want = raw_vector(&EmbedInput::Tokens(vec![5, 6]));
+    want.truncate(3);
+    mlx_embed_core::l2_normalize(&mut want);
+    assert_close(&floats(&v["data"][0]["data"]), &want);
+
+    // What it cannot answer: 400 in vLLM's (OpenAI's) shape.
+    let e = expect_error(
+        &s,
+        "/pooling",
+        Shape::OpenAi,
+        &json!({ "input": "a", "task": "token_embed" }),
+        400,
+    )
+    .await;
+    assert!(e.contains("task \"token_embed\" is not supported"), "{e}");
+    expect_error(
+        &s,
+        "/pooling",
+        Shape::OpenAi,
+        &json!({ "inputs": "a" }),
+        400,
+    )
+    .await;
+    let (_, _, v) = post(
+        &s,
+        "/pooling",
+        &json!({ "input": "a", "truncate_prompt_tokens": 8 }),
+    )
+    .await;
+    assert_eq!(v["error"]["param"], "truncate_prompt_tokens", "{v}");
+
+    // No classifier served: a 400 that says what the route needs.
+    let (status, _, v) = post(&s, "/classify", &json!({ "input": "good" })).await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "model", "{v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("needs a classifier or reranker"),
+        "{message}"
+    );
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn vllm_classify_answers_label_probabilities() {
+    let s = scorer_server(FakeScorer::classifier).await;
+    let texts = ["good", "bad"];
+    let (status, _, v) = post(&s, "/classify", &json!({ "input": texts })).await;
+    assert_eq!(status, 200, "{v}");
+    assert!(v["id"].as_str().unwrap().starts_with("classify-"), "{v}");
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["model"], "fake-classifier");
+    for (i, t) in texts.into_iter().enumerate() {
+        let probs = softmax(&scorer_logits(&text(t), 3));
+        let best = (0..3).fold(0, |b, j| if probs[j] > probs[b] { j } else { b });
+        let d = &v["data"][i];
+        assert_eq!(d["index"], i);
+        assert_eq!(d["num_classes"], 3);
+        assert_eq!(d["label"], CLASSIFIER_LABELS[best], "{d}");
+        assert_close(&floats(&d["probs"]), &probs);
+    }
+    assert_eq!(v["usage"]["prompt_tokens"], 11);
+
+    // use_activation false (and vLLM's older softmax false): raw logits.
+    for off in ["use_activation", "softmax"] {
+        let (status, _, v) = post(&s, "/classify", &json!({ "input": "good", off: false })).await;
+        assert_eq!(status, 200, "{v}");
+        assert_close(
+            &floats(&v["data"][0]["probs"]),
+            &scorer_logits(&text("good"), 3),
+        );
+    }
+    // A classifier has no vectors to pool.
+    let (status, _, v) = post(&s, "/pooling", &json!({ "input": "good" })).await;
+    assert_eq!(status, 400, "{v}");
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn sagemaker_and_vertex_answer_with_the_models_route() {
+    // An embedding model: /embed's answer.
+    let s = Server::default().await;
+    let embed = json!({ "inputs": ["a", "b"] });
+    let (status, _, v) = post(&s, "/invocations", &embed).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v, post(&s, "/embed", &embed).await.2);
+    assert_close(&vectors(Shape::Tei, &v)[1], &unit_vector(&text("b")));
+    let r = client().get(s.url("/ping")).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(r.json::<Value>().await.unwrap()["status"], "ok");
+
+    let (status, _, v) = post(
+        &s,
+        "/vertex",
+        &json!({ "instances": [{ "inputs": "a" }, { "inputs": ["b", "c"], "normalize": false }] }),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let predictions = v["predictions"].as_array().unwrap();
+    assert_eq!(predictions.len(), 2, "{v}");
+    assert_close(&floats(&predictions[0][0]), &unit_vector(&text("a")));
+    assert_close(&floats(&predictions[1][1]), &raw_vector(&text("c")));
+    let (status, _, v) = post(&s, "/vertex", &json!({ "instances": [] })).await;
+    assert_eq!((status, v), (200, json!({ "predictions": [] })));
+    // An instance of the wrong shape, or a rerank body for an embedding
+    // model, fails the request in TEI's shape.
+    expect_error(
+        &s,
+        "/vertex",
+        Shape::Tei,
+        &json!({ "instances": [{ "inputs": "a" }, { "text": "b" }] }),
+        422,
+    )
+    .await;
+    let e = expect_error(
+        &s,
+        "/vertex",
+        Shape::Tei,
+        &json!({ "instances": [{ "query": "q", "texts": ["d"] }] }),
+        400,
+    )
+    .await;
+    assert!(e.contains("needs a reranker"), "{e}");
+    expect_error(&s, "/invocations", Shape::Tei, &json!({ "text": "a" }), 422).await;
+    s.stop().await.unwrap();
+
+    // A classifier: /predict's.
+    let s = scorer_server(FakeScorer::classifier).await;
+    let predict = json!({ "inputs": [["good"], ["bad"]] });
+    let (status, _, v) = post(&s, "/invocations", &predict).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v, post(&s, "/predict", &predict).await.2);
+    let probs = softmax(&scorer_logits(&text("bad"), 3));
+    let top = v[1][0]["score"].as_f64().unwrap() as f32;
+    assert!(
+        (top - probs.iter().copied().fold(0.0, f32::max)).abs() < 1e-6,
+        "{v}"
+    );
+    let (status, _, v) = post(&s, "/vertex", &json!({ "instances": [predict] })).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["predictions"][0], post(&s, "/predict", &predict).await.2);
+    s.stop().await.unwrap();
+
+    // A reranker: /rerank's, in both of its forms; a Vertex instance that is
+    // not a rerank body is /predict's.
+    let s = scorer_server(FakeScorer::reranker).await;
+    let pair = |q: &str, d: &str| EmbedInput::Pair {
+        query: q.into(),
+        document: d.into(),
+    };
+    let rerank = json!({ "query": "q", "texts": ["a", "b"], "return_text": true });
+    let (status, _, v) = post(&s, "/invocations", &rerank).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v, post(&s, "/rerank", &rerank).await.2);
+    let ranked = v.as_array().unwrap();
+    let index = ranked[0]["index"].as_u64().unwrap() as usize;
+    let want = sigmoid(scorer_logits(&pair("q", ["a", "b"][index]), 1)[0]);
+    assert!(
+        (ranked[0]["score"].as_f64().unwrap() as f32 - want).abs() < 1e-6,
+        "{v}"
+    );
+    assert_eq!(ranked[0]["text"], ["a", "b"][index]);
+    let (status, _, v) = post(
+        &s,
+        "/invocations",
+        &json!({ "query": "q", "documents": ["a"], "return_documents": true }),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "rerank", "{v}");
+    assert_eq!(v["results"][0]["document"], "a", "{v}");
+    let (status, _, v) = post(
+        &s,
+        "/vertex",
+        &json!({ "instances": [rerank, { "inputs": ["q", "a"] }] }),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["predictions"][0], post(&s, "/rerank", &rerank).await.2);
+    let score = v["predictions"][1][0]["score"].as_f64().unwrap() as f32;
+    assert!(
+        (score - sigmoid(scorer_logits(&pair("q", "a"), 1)[0])).abs() < 1e-6,
+        "{v}"
+    );
+    assert_eq!(v["predictions"][1][0]["label"], "LABEL_0");
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn rerank_documents_form_answers_infinitys_shape_when_it_asks() {
+    let s = scorer_server(FakeScorer::reranker).await;
+    // Infinity's opt-in: documents back as the strings sent, with its `object` and `created`.
+    let (status, _, v) = post(
+        &s,
+        "/rerank",
+        &json!({ "query": "q", "documents": ["a", "b"], "return_documents": true }),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "rerank");
+    assert!(v["created"].as_u64().unwrap() > 1_700_000_000, "{v}");
+    assert!(v["id"].as_str().unwrap().starts_with("rerank-"), "{v}");
+    let results = v["results"].as_array().unwrap();
+    for r in results {
+        let index = r["index"].as_u64().unwrap() as usize;
+        assert_eq!(r["document"], ["a", "b"][index], "{v}");
+    }
+    assert_eq!(v["usage"]["total_tokens"], v["usage"]["prompt_tokens"]);
+    // vLLM's requests (no return_documents): documents as `{"text": ...}`, as vLLM answers.
+    let (_, _, v) = post(&s, "/rerank", &json!({ "query": "q", "documents": ["a"] })).await;
+    assert_eq!(v["results"][0]["document"], json!({ "text": "a" }), "{v}");
+    // An object document comes back as sent; false: none.
+    let (_, _, v) = post(
+        &s,
+        "/rerank",
+        &json!({ "query": "q", "documents": [{ "text": "a", "id": 7 }], "return_documents": true }),
+    )
+    .await;
+    assert_eq!(
+        v["results"][0]["document"],
+        json!({ "text": "a", "id": 7 }),
+        "{v}"
+    );
+    let (_, _, v) = post(
+        &s,
+        "/rerank",
+        &json!({ "query": "q", "documents": ["a"], "return_documents": false }),
+    )
+    .await;
+    assert!(v["results"][0].get("document").is_none(), "{v}");
+    // /v1/rerank keeps Cohere's shape, and TEI's form TEI's.
+    let (_, _, v) = post(
+        &s,
+        "/v1/rerank",
+        &json!({ "query": "q", "documents": ["a"], "return_documents": true }),
+    )
+    .await;
+    assert_eq!(v["results"][0]["document"], json!({ "text": "a" }), "{v}");
+    assert!(
+        v.get("object").is_none() && v.get("created").is_none(),
+        "{v}"
+    );
+    let (_, _, v) = post(&s, "/rerank", &json!({ "query": "q", "texts": ["a"] })).await;
+    assert_eq!(
+        v.as_array().unwrap()[0].as_object().unwrap().len(),
+        2,
+        "{v}"
+    );
     s.stop().await.unwrap();
 }

@@ -7,6 +7,8 @@ pub mod native;
 pub mod ollama;
 pub mod openai;
 pub mod ops;
+pub mod platforms;
+pub mod pooling;
 pub mod predict;
 pub mod rerank;
 pub mod root;
@@ -64,6 +66,12 @@ pub fn router(state: AppState) -> Router {
         .route("/v2/rerank", post(rerank::cohere_rerank_v2))
         .route("/score", post(vllm::score_pairs))
         .route("/v1/score", post(vllm::score_pairs))
+        .route("/pooling", post(pooling::pooling))
+        .route("/classify", post(pooling::classify))
+        .route("/version", get(vllm::version))
+        .route("/invocations", post(platforms::invocations))
+        .route("/ping", get(ops::health))
+        .route("/vertex", post(platforms::vertex))
         .route("/predict", post(predict::predict))
         .route("/similarity", post(similarity::similarity))
         .route("/tokenize", post(tokens::tokenize))
@@ -146,8 +154,6 @@ pub(crate) fn role_prompt(roles: &[&str], prompts: &BTreeMap<String, String>) ->
         .map_or(Prompt::Default, |name| Prompt::Named((*name).to_owned()))
 }
 
-/// A unique-enough id for the `id` field of Cohere's answers (embed and
-/// rerank) and vLLM's (score), e.g. `rerank-<time>-<n>`.
 /// A per-request cut below the model's maximum input (Cohere's `max_tokens`,
 /// vLLM's `truncate_prompt_tokens`): refused, since inputs are only ever cut
 /// at the model's maximum, and a client that asked for a shorter cut would
@@ -163,6 +169,8 @@ pub(crate) fn refuse_shorter_cut(param: &'static str, n: i64, max: usize) -> Res
     Ok(())
 }
 
+/// A unique-enough id for the `id` field of Cohere's answers (embed and
+/// rerank) and vLLM's (score, pooling, classify), e.g. `rerank-<time>-<n>`.
 pub(crate) fn response_id(kind: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::{SystemTime, UNIX_EPOCH};
@@ -174,6 +182,14 @@ pub(crate) fn response_id(kind: &str) -> String {
         "{kind}-{nanos:x}-{:x}",
         NEXT.fetch_add(1, Ordering::Relaxed)
     )
+}
+
+/// Unix seconds now: the `created` field of vLLM's and Infinity's answers.
+pub(crate) fn unix_now() -> u64 {
+    use std::time::{SystemTime, UNIX_EPOCH};
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// Token usage of one request.

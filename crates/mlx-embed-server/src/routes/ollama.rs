@@ -273,9 +273,19 @@ pub struct OllamaShowResponse {
     pub modified_at: String,
 }
 
-/// Ollama's version answer, with this server's version.
+/// The Ollama release whose API the Ollama routes answer as: what
+/// `/api/version` reports. Clients compare it with a minimum and refuse an
+/// older server (VS Code Copilot Chat's Ollama provider needs 0.6.4; Open
+/// WebUI's constant is 0.1.16), and this server's own version, 0.1.0, reads
+/// as an Ollama far older than the API it serves: `/api/embed` (Ollama
+/// 0.3.0) with `truncate` and `dimensions` (ollama/ollama#12242, September
+/// 2025, in the 0.12 releases), and `/api/show`'s `capabilities`.
+pub const OLLAMA_API_VERSION: &str = "0.12.0";
+
+/// Ollama's version answer.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct OllamaVersion {
+    /// [`OLLAMA_API_VERSION`].
     pub version: String,
 }
 
@@ -289,14 +299,16 @@ pub async fn running() -> &'static str {
     "Ollama is running"
 }
 
-/// This server's version (Ollama clients check the route to verify a connection).
+/// The Ollama release whose API this server answers as (clients check it
+/// against their minimum before they list models; `/info` has this
+/// server's own version).
 #[utoipa::path(
     get, path = "/api/version", tag = "ollama", operation_id = "ollama_version",
-    responses((status = 200, description = "mlx-embed's version", body = OllamaVersion))
+    responses((status = 200, description = "The Ollama API version served", body = OllamaVersion))
 )]
 pub async fn version() -> Json<OllamaVersion> {
     Json(OllamaVersion {
-        version: env!("CARGO_PKG_VERSION").into(),
+        version: OLLAMA_API_VERSION.into(),
     })
 }
 

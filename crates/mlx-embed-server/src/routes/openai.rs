@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::Usage;
-use crate::embed::{embed as run_embed, EmbedRequest};
+use crate::embed::{embed as run_embed, EmbedOutput, EmbedRequest};
 use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
 use crate::extract::{ApiJson, PriorityHeader, TextsOrTokens};
 use crate::models::{ServedModel, Task};
@@ -112,6 +112,16 @@ pub struct OpenAiEmbeddingResponse {
     pub usage: Usage,
 }
 
+impl EmbeddingValue {
+    /// `v` in `format`.
+    pub fn encode(v: Vec<f32>, format: EncodingFormat) -> Self {
+        match format {
+            EncodingFormat::Float => EmbeddingValue::Float(v),
+            EncodingFormat::Base64 => EmbeddingValue::Base64(encode_base64(&v)),
+        }
+    }
+}
+
 /// Little-endian f32 bytes, base64 (standard alphabet, padded).
 pub fn encode_base64(v: &[f32]) -> String {
     let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
@@ -136,12 +146,44 @@ pub async fn embeddings(
     PriorityHeader(header, _): PriorityHeader<OpenAi>,
     ApiJson(req, _): ApiJson<OpenAiEmbeddingRequest, OpenAi>,
 ) -> Result<Json<OpenAiEmbeddingResponse>, Shaped<OpenAi>> {
-    refuse_tiktoken_ids(&state, req.model.as_deref(), &req.input)?;
-    refuse_unsupported_vllm_options(&state, &req)?;
-    let normalize = req.use_activation.or(req.normalize).unwrap_or(true);
     let format = req.encoding_format.unwrap_or_default();
-    let out = run_embed(
-        &state,
+    let out = embed_request(&state, header, req).await?;
+    let data = out
+        .vectors
+        .into_iter()
+        .enumerate()
+        .map(|(index, v)| OpenAiEmbedding {
+            object: "embedding".into(),
+            index,
+            embedding: EmbeddingValue::encode(v, format),
+        })
+        .collect();
+    Ok(Json(OpenAiEmbeddingResponse {
+        object: "list".into(),
+        data,
+        model: out.model,
+        usage: Usage::new(out.prompt_tokens, out.cache_hits),
+    }))
+}
+
+/// The vectors `/v1/embeddings` answers `req` with (also vLLM's `/pooling`
+/// for an embedding model); `header`: the `X-Priority` header's lane.
+pub(crate) async fn embed_request(
+    state: &AppState,
+    header: Option<Priority>,
+    req: OpenAiEmbeddingRequest,
+) -> Result<EmbedOutput, ApiError> {
+    refuse_tiktoken_ids(state, req.model.as_deref(), &req.input)?;
+    VllmOptions {
+        model: req.model.as_deref(),
+        truncate_prompt_tokens: req.truncate_prompt_tokens,
+        add_special_tokens: req.add_special_tokens,
+        embed_dtype: req.embed_dtype.as_deref(),
+    }
+    .refuse_unsupported(state, Task::Embed)?;
+    let normalize = req.use_activation.or(req.normalize).unwrap_or(true);
+    run_embed(
+        state,
         EmbedRequest {
             model: req.model,
             inputs: req.input.into_inputs(),
@@ -159,26 +201,7 @@ pub async fn embeddings(
             dimensions: req.dimensions,
         },
     )
-    .await?;
-    let data = out
-        .vectors
-        .into_iter()
-        .enumerate()
-        .map(|(index, v)| OpenAiEmbedding {
-            object: "embedding".into(),
-            index,
-            embedding: match format {
-                EncodingFormat::Float => EmbeddingValue::Float(v),
-                EncodingFormat::Base64 => EmbeddingValue::Base64(encode_base64(&v)),
-            },
-        })
-        .collect();
-    Ok(Json(OpenAiEmbeddingResponse {
-        object: "list".into(),
-        data,
-        model: out.model,
-        usage: Usage::new(out.prompt_tokens, out.cache_hits),
-    }))
+    .await
 }
 
 /// Token ids sent with one of OpenAI's own model names (`text-embedding-3-small`)
@@ -218,32 +241,41 @@ fn refuse_tiktoken_ids(
     .code("token_ids_of_another_tokenizer"))
 }
 
-/// vLLM's embedding options this server cannot honour: refused, since a
-/// client that set them would otherwise get other vectors (uncut inputs,
-/// special tokens it asked to leave out, float32 bytes it decodes as float16)
-/// with a 200.
-fn refuse_unsupported_vllm_options(
-    state: &AppState,
-    req: &OpenAiEmbeddingRequest,
-) -> Result<(), ApiError> {
-    if let Some(n) = req.truncate_prompt_tokens.filter(|&n| n != -1) {
-        let model = state.model_for(req.model.as_deref(), Task::Embed)?;
-        super::refuse_shorter_cut("truncate_prompt_tokens", n, model.info().max_input_tokens)?;
+/// vLLM's request options (embeddings, pooling, classify) this server
+/// honours at their defaults only.
+pub(crate) struct VllmOptions<'a> {
+    /// The request's `model`, whose maximum input `truncate_prompt_tokens` is read against.
+    pub model: Option<&'a str>,
+    pub truncate_prompt_tokens: Option<i64>,
+    pub add_special_tokens: Option<bool>,
+    pub embed_dtype: Option<&'a str>,
+}
+
+impl VllmOptions<'_> {
+    /// Refuses what cannot be honoured, since a client that set it would
+    /// otherwise get other numbers (of uncut inputs, of inputs with the
+    /// special tokens it asked to leave out, float32 bytes it decodes as
+    /// float16) with a 200. `task`: the job of the model the request names.
+    pub(crate) fn refuse_unsupported(&self, state: &AppState, task: Task) -> Result<(), ApiError> {
+        if let Some(n) = self.truncate_prompt_tokens.filter(|&n| n != -1) {
+            let model = state.model_for(self.model, task)?;
+            super::refuse_shorter_cut("truncate_prompt_tokens", n, model.info().max_input_tokens)?;
+        }
+        if self.add_special_tokens == Some(false) {
+            return Err(ApiError::invalid(
+                "add_special_tokens: false is not supported: inputs are tokenized with the \
+                 model's special tokens, which it reads (send token ids to run exact ids)",
+            )
+            .param("add_special_tokens"));
+        }
+        if let Some(dtype) = self.embed_dtype.filter(|d| *d != "float32") {
+            return Err(ApiError::invalid(format!(
+                "embed_dtype {dtype:?} is not supported: vectors are float32"
+            ))
+            .param("embed_dtype"));
+        }
+        Ok(())
     }
-    if req.add_special_tokens == Some(false) {
-        return Err(ApiError::invalid(
-            "add_special_tokens: false is not supported: inputs are tokenized with the model's \
-             special tokens, which its pooling reads (send token ids to run exact ids)",
-        )
-        .param("add_special_tokens"));
-    }
-    if let Some(dtype) = req.embed_dtype.as_deref().filter(|d| *d != "float32") {
-        return Err(ApiError::invalid(format!(
-            "embed_dtype {dtype:?} is not supported: vectors are float32"
-        ))
-        .param("embed_dtype"));
-    }
-    Ok(())
 }
 
 #[derive(Debug, Serialize, ToSchema)]

@@ -227,6 +227,16 @@ pub struct InfoResponse {
     pub max_concurrent_requests: usize,
     /// Over-long inputs are cut unless a request says `truncate: false`.
     pub auto_truncate: bool,
+    /// `model`.
+    pub served_model_name: String,
+    /// Threads that tokenize: the async runtime's workers, one per CPU
+    /// (a long request goes to the blocking pool from there), where TEI
+    /// runs its own pool of that many by default.
+    pub tokenization_workers: usize,
+    /// Always null (TEI's git commit of its build).
+    pub sha: Option<String>,
+    /// Always null (TEI's Docker image label).
+    pub docker_label: Option<String>,
 }
 
 /// A model's task in TEI's shape: `{"embedding": {"pooling": "mean"}}`,
@@ -380,6 +390,10 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
         max_batch_tokens: c.max_batch_tokens,
         max_concurrent_requests: c.max_concurrent_requests,
         auto_truncate: true,
+        served_model_name: state.model_name().to_owned(),
+        tokenization_workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        sha: None,
+        docker_label: None,
     })
 }
 

@@ -4,7 +4,7 @@
 
 use axum::extract::State;
 use axum::Json;
-use mlx_embed_core::{EmbedInput, EmbedOptions};
+use mlx_embed_core::{EmbedInput, EmbedOptions, Priority};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
@@ -158,9 +158,18 @@ pub async fn predict(
     PriorityHeader(priority, _): PriorityHeader<Tei>,
     ApiJson(req, _): ApiJson<PredictRequest, Tei>,
 ) -> Result<Json<PredictResponse>, Shaped<Tei>> {
+    Ok(Json(predict_body(&state, req, priority).await?))
+}
+
+/// `/predict`'s answer for `req`; `priority`: the `X-Priority` header's lane.
+pub(crate) async fn predict_body(
+    state: &AppState,
+    req: PredictRequest,
+    priority: Option<Priority>,
+) -> Result<PredictResponse, ApiError> {
     let (batch, inputs) = parse_inputs(req.inputs)?;
     let out = score(
-        &state,
+        state,
         ScoreRequest {
             model: req.model,
             task: Task::Predict,
@@ -176,11 +185,11 @@ pub async fn predict(
     )
     .await?;
     let mut all = predictions(&out);
-    Ok(Json(if batch {
+    Ok(if batch {
         PredictResponse::Batch(all)
     } else {
         PredictResponse::Single(all.remove(0))
-    }))
+    })
 }
 
 #[cfg(test)]

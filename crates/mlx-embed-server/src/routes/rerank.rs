@@ -73,24 +73,36 @@ pub async fn tei_rerank(
     priority: Result<PriorityHeader<Tei>, Shaped<Tei>>,
     ApiJson(body, _): ApiJson<Value, Tei>,
 ) -> Response {
-    // A bad X-Priority is answered in the shape of the body's API, known only now.
     let priority = priority.map(|header| header.0).map_err(|shaped| shaped.0);
+    rerank_body(&state, priority, body).await
+}
+
+/// `/rerank`'s answer to a JSON body: TEI's (`texts`) in TEI's shapes, or
+/// the `documents` form in `/v1/rerank`'s. `priority` is the `X-Priority`
+/// header's lane, or why it is bad: answered in the shape of the body's
+/// API, known only once the body is read.
+pub(crate) async fn rerank_body(
+    state: &AppState,
+    priority: Result<Option<Priority>, ApiError>,
+    body: Value,
+) -> Response {
     if body.get("documents").is_some() && body.get("texts").is_none() {
         let answer = match (priority, parse::<CohereRerankRequest>(body)) {
-            (Ok(priority), Ok(req)) => cohere_rerank(&state, req, "1", true, priority).await,
+            (Ok(priority), Ok(req)) => cohere_rerank(state, req, RerankRoute::Bare, priority).await,
             (Err(e), _) | (_, Err(e)) => Err(e.into()),
         };
         return answer.into_response();
     }
-    match (priority, parse::<TeiRerankRequest>(body)) {
-        (Ok(priority), Ok(req)) => tei_rank(&state, req, priority).await.into_response(),
-        (Err(e), _) | (_, Err(e)) => Shaped::<Tei>::from(e).into_response(),
-    }
+    let answer = match (priority, parse::<TeiRerankRequest>(body)) {
+        (Ok(priority), Ok(req)) => tei_rank(state, req, priority).await.map(Json),
+        (Err(e), _) | (_, Err(e)) => Err(e),
+    };
+    answer.map_err(Shaped::<Tei>::from).into_response()
 }
 
 /// A JSON body already read, as `T`; a wrong shape is an error of the route's
 /// shape (422, 400 in the OpenAI shape) as for any route.
-fn parse<T: serde::de::DeserializeOwned>(body: Value) -> Result<T, ApiError> {
+pub(crate) fn parse<T: serde::de::DeserializeOwned>(body: Value) -> Result<T, ApiError> {
     serde_json::from_value(body).map_err(|e| {
         ApiError::new(
             ErrorKind::Unprocessable,
@@ -99,11 +111,12 @@ fn parse<T: serde::de::DeserializeOwned>(body: Value) -> Result<T, ApiError> {
     })
 }
 
-async fn tei_rank(
+/// TEI's ranking for `req`: best first.
+pub(crate) async fn tei_rank(
     state: &AppState,
     req: TeiRerankRequest,
     priority: Option<Priority>,
-) -> Result<Json<Vec<TeiRank>>, Shaped<Tei>> {
+) -> Result<Vec<TeiRank>, ApiError> {
     let out = score(
         state,
         pairs_request(
@@ -123,20 +136,18 @@ async fn tei_rank(
     .await?;
     let scores = first_label(&out);
     let mut texts: Vec<Option<String>> = req.texts.into_iter().map(Some).collect();
-    Ok(Json(
-        ranking(&scores)
-            .into_iter()
-            .map(|index| TeiRank {
-                index,
-                score: scores[index],
-                text: if req.return_text {
-                    texts[index].take()
-                } else {
-                    None
-                },
-            })
-            .collect(),
-    ))
+    Ok(ranking(&scores)
+        .into_iter()
+        .map(|index| TeiRank {
+            index,
+            score: scores[index],
+            text: if req.return_text {
+                texts[index].take()
+            } else {
+                None
+            },
+        })
+        .collect())
 }
 
 /// A Cohere/Jina document: a string, or a JSON object whose `text` (or
@@ -285,9 +296,11 @@ pub struct CohereResult {
     pub index: usize,
     /// Sigmoid score in [0, 1] (the raw logit with `raw_scores: true` or `use_activation: false`).
     pub relevance_score: f32,
-    /// The document as sent (a string document as `{"text": ...}`).
+    /// The document as sent: a string document as `{"text": ...}` (Cohere,
+    /// Jina, vLLM), or as the string itself where `/rerank`'s `documents` form
+    /// asked with `return_documents: true` (Infinity).
     #[serde(skip_serializing_if = "Option::is_none")]
-    #[schema(value_type = Option<Object>)]
+    #[schema(value_type = Option<RerankDocument>)]
     pub document: Option<Value>,
 }
 
@@ -307,10 +320,17 @@ pub struct CohereMeta {
     pub billed_units: CohereBilledUnits,
 }
 
-/// Cohere/Jina rerank response: Cohere's `id`, `results`, `meta`; Jina's `model`, `usage`.
+/// Cohere/Jina rerank response: Cohere's `id`, `results`, `meta`; Jina's
+/// `model`, `usage`; on `/rerank`'s `documents` form, Infinity's `object` and `created` too.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct CohereRerankResponse {
+    /// Infinity's `rerank` (`/rerank`'s `documents` form only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub object: Option<String>,
     pub id: String,
+    /// Infinity's: Unix seconds (`/rerank`'s `documents` form only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub created: Option<u64>,
     pub model: String,
     /// Best first.
     pub results: Vec<CohereResult>,
@@ -336,7 +356,7 @@ pub async fn cohere_rerank_v1(
     PriorityHeader(priority, _): PriorityHeader<OpenAi>,
     ApiJson(req, _): ApiJson<CohereRerankRequest, OpenAi>,
 ) -> Result<Json<CohereRerankResponse>, Shaped<OpenAi>> {
-    cohere_rerank(&state, req, "1", true, priority).await
+    cohere_rerank(&state, req, RerankRoute::V1, priority).await
 }
 
 /// Rank documents (Cohere v2 shape, `cohere.ClientV2`); best first.
@@ -357,16 +377,34 @@ pub async fn cohere_rerank_v2(
     PriorityHeader(priority, _): PriorityHeader<OpenAi>,
     ApiJson(req, _): ApiJson<CohereRerankRequest, OpenAi>,
 ) -> Result<Json<CohereRerankResponse>, Shaped<OpenAi>> {
-    cohere_rerank(&state, req, "2", false, priority).await
+    cohere_rerank(&state, req, RerankRoute::V2, priority).await
+}
+
+/// The route a Cohere-shaped rerank request came in on, which sets its
+/// defaults and the answer's shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RerankRoute {
+    /// `/v1/rerank`: Cohere v1 and Jina; documents come back unless
+    /// `return_documents: false`.
+    V1,
+    /// `/v2/rerank`: Cohere v2; documents come back with `return_documents: true`.
+    V2,
+    /// `/rerank` with `documents`, as vLLM and Infinity serve it: `/v1/rerank`'s
+    /// answer, plus Infinity's `object` and `created`. Infinity answers a
+    /// returned document as the string it was sent, where vLLM (which has no
+    /// `return_documents` and always returns documents) answers `{"text": ...}`;
+    /// so an explicit `return_documents: true`, Infinity's opt-in, gets strings
+    /// back as strings, and vLLM's requests keep vLLM's objects.
+    Bare,
 }
 
 async fn cohere_rerank(
     state: &AppState,
     req: CohereRerankRequest,
-    version: &str,
-    documents_by_default: bool,
+    route: RerankRoute,
     priority: Option<Priority>,
 ) -> Result<Json<CohereRerankResponse>, Shaped<OpenAi>> {
+    let strings_as_sent = route == RerankRoute::Bare && req.return_documents == Some(true);
     let top_n = match req.top_n {
         None | Some(0) => None,
         Some(n) if n >= 1 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
@@ -420,7 +458,7 @@ async fn cohere_rerank(
     for (&doc, score) in owners.iter().zip(first_label(&out)) {
         scores[doc] = scores[doc].max(score);
     }
-    let with_documents = req.return_documents.unwrap_or(documents_by_default);
+    let with_documents = req.return_documents.unwrap_or(route != RerankRoute::V2);
     let mut documents: Vec<Option<RerankDocument>> = req.documents.into_iter().map(Some).collect();
     let mut order = ranking(&scores);
     order.truncate(top_n.unwrap_or(order.len()));
@@ -430,19 +468,25 @@ async fn cohere_rerank(
             index,
             relevance_score: scores[index],
             document: if with_documents {
-                documents[index].take().map(RerankDocument::into_returned)
+                documents[index].take().map(|doc| match doc {
+                    RerankDocument::Text(text) if strings_as_sent => Value::String(text),
+                    doc => doc.into_returned(),
+                })
             } else {
                 None
             },
         })
         .collect();
+    let bare = route == RerankRoute::Bare;
     Ok(Json(CohereRerankResponse {
+        object: bare.then(|| "rerank".to_owned()),
         id: super::response_id("rerank"),
+        created: bare.then(super::unix_now),
         model: out.model,
         results,
         meta: CohereMeta {
             api_version: CohereApiVersion {
-                version: version.into(),
+                version: if route == RerankRoute::V2 { "2" } else { "1" }.into(),
             },
             billed_units: CohereBilledUnits { search_units: 1 },
         },

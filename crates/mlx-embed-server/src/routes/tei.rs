@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::embed::{embed as run_embed, embed_sparse as run_embed_sparse, EmbedRequest};
-use crate::errors::{Shaped, Tei, TeiErrorBody};
+use crate::errors::{ApiError, Shaped, Tei, TeiErrorBody};
 use crate::extract::{ApiJson, PriorityHeader, TextsOrTokens, TruncationSide};
 use crate::state::AppState;
 
@@ -192,15 +192,23 @@ pub async fn embed_sparse(
     PriorityHeader(priority, _): PriorityHeader<Tei>,
     ApiJson(req, _): ApiJson<TeiRawRequest, Tei>,
 ) -> Result<Json<Vec<Vec<SparseValue>>>, Shaped<Tei>> {
-    let out = run_embed_sparse(&state, req.into_request(priority, Output::Pooled)).await?;
-    Ok(Json(
-        out.entries
-            .into_iter()
-            .map(|v| {
-                v.into_iter()
-                    .map(|(index, value)| SparseValue { index, value })
-                    .collect()
-            })
-            .collect(),
-    ))
+    Ok(Json(sparse_values(&state, req, priority).await?))
+}
+
+/// `/embed_sparse`'s answer for `req`: each input's non-zero entries.
+pub(crate) async fn sparse_values(
+    state: &AppState,
+    req: TeiRawRequest,
+    priority: Option<Priority>,
+) -> Result<Vec<Vec<SparseValue>>, ApiError> {
+    let out = run_embed_sparse(state, req.into_request(priority, Output::Pooled)).await?;
+    Ok(out
+        .entries
+        .into_iter()
+        .map(|v| {
+            v.into_iter()
+                .map(|(index, value)| SparseValue { index, value })
+                .collect()
+        })
+        .collect())
 }

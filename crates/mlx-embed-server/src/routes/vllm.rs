@@ -1,9 +1,8 @@
 //! `POST /score` and `POST /v1/score` (vLLM's score API): relevance of
 //! `text_2` to `text_1`. A reranker scores each pair (sigmoid of its logit,
 //! through the one scoring path); an embedding model answers the cosine of
-//! the two texts' vectors (the one embed path), as vLLM does for both.
-
-use std::time::{SystemTime, UNIX_EPOCH};
+//! the two texts' vectors (the one embed path), as vLLM does for both. And
+//! vLLM's `GET /version`.
 
 use axum::extract::State;
 use axum::Json;
@@ -231,9 +230,7 @@ pub async fn score_pairs(
     Ok(Json(ScoreResponse {
         id: response_id("score"),
         object: "list",
-        created: SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs()),
+        created: super::unix_now(),
         model,
         data: scores
             .into_iter()
@@ -246,6 +243,30 @@ pub async fn score_pairs(
             .collect(),
         usage,
     }))
+}
+
+/// vLLM's version answer.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct VersionResponse {
+    /// This server's version (mlx-embed's, not a vLLM release).
+    pub version: String,
+}
+
+/// This server's version, where vLLM's server answers its own. vLLM added
+/// the route for operators to check which build runs (vllm-project/vllm#3161);
+/// no client reads it to decide what the server can do, so it tells the
+/// truth rather than a vLLM release number.
+#[utoipa::path(
+    get, path = "/version", tag = "vllm", operation_id = "vllm_version",
+    responses(
+        (status = 200, description = "mlx-embed's version", body = VersionResponse),
+        (status = 401, description = "Missing or wrong API key", body = OpenAiErrorBody),
+    )
+)]
+pub async fn version() -> Json<VersionResponse> {
+    Json(VersionResponse {
+        version: env!("CARGO_PKG_VERSION").into(),
+    })
 }
 
 #[cfg(test)]

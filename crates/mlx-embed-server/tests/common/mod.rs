@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use mlx_embed_core::{
     l2_normalize, BatchOutput, Batcher, BatcherConfig, DeviceKind, DeviceMemory, EmbedInput,
-    EmbedOptions, Embedder, EmbedderError, Encoded, LiveStats, ModelInfo, Output, Prompt, Tokenize,
-    TruncationDirection,
+    EmbedOptions, Embedder, EmbedderError, Encoded, LiveStats, ModelInfo, ModelKind, Output,
+    Prompt, Tokenize, TruncationDirection,
 };
 use mlx_embed_server::{serve_on, ServerArgs, ServerError};
 use tokio::sync::oneshot;
@@ -68,9 +68,14 @@ impl Tokenize for FakeTokenizer {
                 }
                 (TOKENS, ids.clone())
             }
-            EmbedInput::Pair { .. } => {
-                return Err(EmbedderError::invalid_input("the fake embeds no pairs"))
-            }
+            // A pair is read as one text: query, a unit separator, document.
+            EmbedInput::Pair { query, document } => (
+                TEXT,
+                format!("{query}\u{1f}{document}")
+                    .bytes()
+                    .map(|b| u32::from(b) + 3)
+                    .collect(),
+            ),
         };
         let untruncated_len = content.len() as u32 + 2;
         let keep = content.len().min(MAX_TOKENS - 2);
@@ -279,6 +284,88 @@ pub fn start_batcher(config: BatcherConfig) -> Batcher {
     Batcher::start(config, || Ok(Fake::default())).expect("fake model loads")
 }
 
+/// A fake cross-encoder: a classifier (several labels) or a reranker (one),
+/// whose logits for an input are the first label-count components of the
+/// embedding fake's raw vector of its ids ([`scorer_logits`]).
+pub struct FakeScorer {
+    pub kind: ModelKind,
+}
+
+/// The fake classifier's labels, in logit order.
+pub const CLASSIFIER_LABELS: [&str; 3] = ["negative", "neutral", "positive"];
+
+impl FakeScorer {
+    pub fn classifier() -> Self {
+        Self {
+            kind: ModelKind::Classifier {
+                labels: CLASSIFIER_LABELS.iter().map(|l| l.to_string()).collect(),
+                multi_label: false,
+            },
+        }
+    }
+    pub fn reranker() -> Self {
+        Self {
+            kind: ModelKind::Reranker {
+                labels: vec!["LABEL_0".into()],
+            },
+        }
+    }
+}
+
+/// The fake scorer's raw logits for `input`: `n` of them.
+pub fn scorer_logits(input: &EmbedInput, n: usize) -> Vec<f32> {
+    let mut v = raw_vector(input);
+    v.truncate(n);
+    v
+}
+
+impl Embedder for FakeScorer {
+    fn info(&self) -> ModelInfo {
+        let name = match self.kind {
+            ModelKind::Reranker { .. } => "fake-reranker",
+            _ => "fake-classifier",
+        };
+        ModelInfo {
+            name: name.into(),
+            dim: self.kind.labels().len(),
+            kind: self.kind.clone(),
+            max_input_tokens: MAX_TOKENS,
+            vocab_size: VOCAB as usize,
+            ..ModelInfo::default()
+        }
+    }
+
+    fn tokenizer(&self) -> Option<Arc<dyn Tokenize>> {
+        Some(Arc::new(FakeTokenizer))
+    }
+
+    fn embed_batch(
+        &mut self,
+        inputs: &[Encoded],
+        _output: Output,
+    ) -> Result<BatchOutput, EmbedderError> {
+        let n = self.kind.labels().len();
+        Ok(BatchOutput {
+            vectors: inputs
+                .iter()
+                .flat_map(|e| raw_vector_of_ids(&e.ids)[..n].to_vec())
+                .collect(),
+            rows: vec![1; inputs.len()],
+            padded_tokens: (inputs.iter().map(Encoded::len).max().unwrap_or(0) * inputs.len())
+                as u64,
+            gil_wait: Duration::ZERO,
+        })
+    }
+}
+
+/// A server with one fake scorer (a [`FakeScorer`]).
+pub async fn scorer_server(scorer: fn() -> FakeScorer) -> Server {
+    Server::start_with(test_args(), move |config| {
+        Batcher::start(config, move || Ok(scorer())).expect("fake scorer loads")
+    })
+    .await
+}
+
 /// A running server; dropping it without `stop` leaves the task to the runtime.
 pub struct Server {
     pub base: String,
@@ -289,9 +376,17 @@ pub struct Server {
 
 impl Server {
     pub async fn start(args: ServerArgs) -> Server {
+        Self::start_with(args, start_batcher).await
+    }
+
+    /// A server whose one model `start` makes (e.g. a [`FakeScorer`]'s batcher).
+    pub async fn start_with(
+        args: ServerArgs,
+        start: impl FnOnce(BatcherConfig) -> Batcher + Send + 'static,
+    ) -> Server {
         let batcher = tokio::task::spawn_blocking({
             let config = args.batcher_config(DeviceKind::Cpu);
-            move || start_batcher(config)
+            move || start(config)
         })
         .await
         .unwrap();

@@ -1,0 +1,286 @@
+//! vLLM's pooling APIs besides `/score`: `POST /pooling` (for an embedding
+//! model, vLLM's `embed` task: one pooled vector per input, through the one
+//! embed path, as `/v1/embeddings` answers) and `POST /classify` (a
+//! classifier's label probabilities, through the one scoring path, as TEI's
+//! `/predict` scores them).
+
+use axum::extract::State;
+use axum::Json;
+use mlx_embed_core::{EmbedOptions, Priority};
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::openai::VllmOptions;
+use super::openai::{embed_request, EmbeddingValue, EncodingFormat, OpenAiEmbeddingRequest};
+use super::{response_id, unix_now, Usage};
+use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
+use crate::extract::{ApiJson, PriorityHeader, TextsOrTokens};
+use crate::models::Task;
+use crate::score::{score, ScoreRequest};
+use crate::state::AppState;
+
+/// vLLM pooling request (its completion form; the chat form's `messages` is not read).
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct PoolingRequest {
+    /// Which served embedding model answers; default: the first.
+    pub model: Option<String>,
+    /// A string, strings, token ids, or lists of token ids (the model's own
+    /// tokenizer's, run as given).
+    pub input: TextsOrTokens,
+    /// `float` (default) or `base64` (little-endian float32 bytes).
+    pub encoding_format: Option<EncodingFormat>,
+    /// Keep the first N components (1..=dimension), re-normalized, as
+    /// `/v1/embeddings` does (vLLM answers 400 to it here).
+    #[schema(minimum = 1)]
+    pub dimensions: Option<i64>,
+    /// vLLM's pooling task: `embed` (the default and only one: an embedding
+    /// model's pooled vectors); any other is a 400.
+    pub task: Option<String>,
+    /// false: the vectors before normalization.
+    pub use_activation: Option<bool>,
+    /// -1, or at least the model's maximum input (inputs are cut there); a
+    /// shorter cut is a 400.
+    pub truncate_prompt_tokens: Option<i64>,
+    /// true (the default); false is a 400.
+    pub add_special_tokens: Option<bool>,
+    /// `float32` (the default); others are a 400.
+    pub embed_dtype: Option<String>,
+    /// Lower is served earlier, 0 is the default: below 0 the high lane, above it the low
+    /// one. Wins over an `X-Priority` header.
+    pub priority: Option<i64>,
+    /// Accepted and ignored.
+    pub user: Option<String>,
+}
+
+/// One input's pooled output.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PoolingData {
+    pub index: usize,
+    /// Always `pooling`.
+    pub object: &'static str,
+    /// The input's vector: floats, or base64 of their little-endian float32 bytes.
+    pub data: EmbeddingValue,
+}
+
+/// vLLM pooling response.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct PoolingResponse {
+    pub id: String,
+    /// Always `list`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    pub model: String,
+    /// One per input, in input order.
+    pub data: Vec<PoolingData>,
+    pub usage: Usage,
+}
+
+/// Pool inputs (vLLM's pooling API): for an embedding model, each input's
+/// vector, as `/v1/embeddings` computes it (unit length unless `use_activation: false`).
+///
+/// Errors use `{"error": {"message", "type", "param", "code"}}`.
+#[utoipa::path(
+    post, path = "/pooling", tag = "vllm", operation_id = "vllm_pooling",
+    request_body = PoolingRequest,
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
+    responses(
+        (status = 200, description = "One vector per input, in order", body = PoolingResponse),
+        (status = "4XX", description = "Invalid request (400 incl. a wrong shape, an over-long input with `truncate_prompt_tokens` below the maximum, a `task` other than `embed`, no embedding model served; 401, 404 unknown model, 413, 415, 429)", body = OpenAiErrorBody),
+        (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
+    )
+)]
+pub async fn pooling(
+    State(state): State<AppState>,
+    PriorityHeader(header, _): PriorityHeader<OpenAi>,
+    ApiJson(req, _): ApiJson<PoolingRequest, OpenAi>,
+) -> Result<Json<PoolingResponse>, Shaped<OpenAi>> {
+    if let Some(task) = req.task.as_deref().filter(|t| *t != "embed") {
+        return Err(ApiError::invalid(format!(
+            "task {task:?} is not supported: /pooling answers an embedding model's `embed` \
+             task (classify with /classify, score pairs with /score)"
+        ))
+        .param("task")
+        .into());
+    }
+    let format = req.encoding_format.unwrap_or_default();
+    let out = embed_request(
+        &state,
+        header,
+        OpenAiEmbeddingRequest {
+            input: req.input,
+            model: req.model,
+            encoding_format: req.encoding_format,
+            dimensions: req.dimensions,
+            user: req.user,
+            prompt_name: None,
+            priority: req.priority,
+            truncate: None,
+            use_activation: req.use_activation,
+            normalize: None,
+            truncate_prompt_tokens: req.truncate_prompt_tokens,
+            add_special_tokens: req.add_special_tokens,
+            embed_dtype: req.embed_dtype,
+        },
+    )
+    .await?;
+    Ok(Json(PoolingResponse {
+        id: response_id("pooling"),
+        object: "list",
+        created: unix_now(),
+        model: out.model,
+        data: out
+            .vectors
+            .into_iter()
+            .enumerate()
+            .map(|(index, v)| PoolingData {
+                index,
+                object: "pooling",
+                data: EmbeddingValue::encode(v, format),
+            })
+            .collect(),
+        usage: Usage::new(out.prompt_tokens, out.cache_hits),
+    }))
+}
+
+/// vLLM classification request (its completion form).
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct ClassifyRequest {
+    /// Which served classifier answers; default: the first classifier or reranker.
+    pub model: Option<String>,
+    /// A string, strings, token ids, or lists of token ids (run as given).
+    pub input: TextsOrTokens,
+    /// false: the raw logits in `probs` instead of probabilities.
+    pub use_activation: Option<bool>,
+    /// vLLM's older name for `use_activation`.
+    pub softmax: Option<bool>,
+    /// vLLM's older name for `use_activation`.
+    pub activation: Option<bool>,
+    /// -1, or at least the model's maximum input (inputs are cut there); a
+    /// shorter cut is a 400.
+    pub truncate_prompt_tokens: Option<i64>,
+    /// true (the default); false is a 400.
+    pub add_special_tokens: Option<bool>,
+    /// Lower is served earlier, 0 is the default: below 0 the high lane, above it the low
+    /// one. Wins over an `X-Priority` header.
+    pub priority: Option<i64>,
+    /// Accepted and ignored.
+    pub user: Option<String>,
+}
+
+/// One input's classification.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ClassifyData {
+    pub index: usize,
+    /// The label of the highest probability.
+    pub label: String,
+    /// One per label, in the model's label order (`/info` lists it): softmax
+    /// over the labels (a sigmoid each for a multi-label classifier or a
+    /// one-label model), or the raw logits with `use_activation: false`.
+    pub probs: Vec<f32>,
+    pub num_classes: usize,
+}
+
+/// vLLM classification response.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ClassifyResponse {
+    pub id: String,
+    /// Always `list`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    pub model: String,
+    /// One per input, in input order.
+    pub data: Vec<ClassifyData>,
+    pub usage: Usage,
+}
+
+/// Classify inputs with a served classifier (vLLM's classification API;
+/// TEI's `/predict` scores the same way).
+///
+/// Errors use `{"error": {"message", "type", "param", "code"}}`.
+#[utoipa::path(
+    post, path = "/classify", tag = "vllm", operation_id = "vllm_classify",
+    request_body = ClassifyRequest,
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
+    responses(
+        (status = 200, description = "One classification per input, in order", body = ClassifyResponse),
+        (status = "4XX", description = "Invalid request (400 incl. a wrong shape, no classifier served, `truncate_prompt_tokens` below the maximum; 401, 404 unknown model, 413, 415, 429)", body = OpenAiErrorBody),
+        (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
+    )
+)]
+pub async fn classify(
+    State(state): State<AppState>,
+    PriorityHeader(header, _): PriorityHeader<OpenAi>,
+    ApiJson(req, _): ApiJson<ClassifyRequest, OpenAi>,
+) -> Result<Json<ClassifyResponse>, Shaped<OpenAi>> {
+    VllmOptions {
+        model: req.model.as_deref(),
+        truncate_prompt_tokens: req.truncate_prompt_tokens,
+        add_special_tokens: req.add_special_tokens,
+        embed_dtype: None,
+    }
+    .refuse_unsupported(&state, Task::Predict)?;
+    let activate = req
+        .use_activation
+        .or(req.softmax)
+        .or(req.activation)
+        .unwrap_or(true);
+    let out = score(
+        &state,
+        ScoreRequest {
+            model: req.model,
+            task: Task::Predict,
+            inputs: req.input.into_inputs(),
+            options: EmbedOptions {
+                priority: req
+                    .priority
+                    .map(Priority::from_vllm)
+                    .or(header)
+                    .unwrap_or_default(),
+                ..EmbedOptions::default()
+            },
+            raw_scores: !activate,
+        },
+    )
+    .await?;
+    let data = out
+        .scores
+        .into_iter()
+        .enumerate()
+        .map(|(index, probs)| ClassifyData {
+            index,
+            label: out.labels[best(&probs)].clone(),
+            num_classes: probs.len(),
+            probs,
+        })
+        .collect();
+    Ok(Json(ClassifyResponse {
+        id: response_id("classify"),
+        object: "list",
+        created: unix_now(),
+        model: out.model,
+        data,
+        usage: Usage::new(out.prompt_tokens, out.cache_hits),
+    }))
+}
+
+/// The index of the highest score (the first of equals), as vLLM's argmax picks it.
+fn best(scores: &[f32]) -> usize {
+    scores
+        .iter()
+        .enumerate()
+        .fold(0, |best, (i, s)| if *s > scores[best] { i } else { best })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn best_is_the_first_highest() {
+        assert_eq!(best(&[0.1, 0.7, 0.2]), 1);
+        assert_eq!(best(&[0.5, 0.5]), 0);
+        assert_eq!(best(&[-3.0]), 0);
+    }
+}

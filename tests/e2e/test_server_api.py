@@ -187,6 +187,49 @@ def test_too_long_without_truncation_is_422(server):
     assert ok.json()["usage"]["prompt_tokens"] == 3 + 256
 
 
+def test_a_per_request_cut_is_the_same_on_every_route(server):
+    """Cohere's max_tokens, vLLM's truncate_prompt_tokens (embeddings, pooling,
+    score), Ollama's options.num_ctx and the native truncate_to cut inputs at
+    that many tokens, special tokens included: each route's vector is that of
+    the text's first 10 tokens, [CLS] and [SEP] kept (run as token ids)."""
+    text = "the quick brown fox jumps over the lazy dog near the quiet river bank at dawn"
+    listed = [t["id"] for t in server.post("/tokenize", {"inputs": text}).json()[0]]
+    assert len(listed) > 12
+    n = 10
+    want = server.post("/v1/embeddings", {"input": [listed[: n - 1] + listed[-1:]]}).json()["data"][0]["embedding"]
+    got = {
+        "native": server.post("/api/v1/embed", {"texts": [text], "truncate_to": n}).json()["embeddings"][0],
+        "openai/vllm": server.post("/v1/embeddings", {"input": text, "truncate_prompt_tokens": n}).json()["data"][0][
+            "embedding"
+        ],
+        "pooling": server.post("/pooling", {"input": text, "truncate_prompt_tokens": n}).json()["data"][0]["data"],
+        "cohere": server.post("/v2/embed", {"texts": [text], "max_tokens": n, "embedding_types": ["float"]}).json()[
+            "embeddings"
+        ]["float"][0],
+        "ollama": server.post("/api/embed", {"input": text, "options": {"num_ctx": n}}).json()["embeddings"][0],
+    }
+    for route, vector in got.items():
+        assert float(np.dot(want, vector)) >= 0.99999, route
+    usage = server.post("/v1/embeddings", {"input": [text, "short"], "truncate_prompt_tokens": n}).json()["usage"]
+    assert usage["prompt_tokens"] == n + 3
+    # vLLM's score of the cut text against itself cut the same way.
+    score = server.post("/score", {"text_1": text, "text_2": " ".join(text.split()[:6]), "truncate_prompt_tokens": 8})
+    assert score.status_code == 200, score.text
+    assert score.json()["data"][0]["score"] == pytest.approx(1.0, abs=1e-5)
+    # A cut over the model's 256 tokens is the model's; none is a 400/422.
+    assert server.post("/api/v1/embed", {"texts": [text], "truncate_to": 100000}).status_code == 200
+    # With truncation off a longer input is refused at the cut, not the model's maximum.
+    refused = server.post("/api/v1/embed", {"texts": [text], "truncate_to": n, "truncate": False})
+    assert refused.status_code == 422 and f"{len(listed)} tokens" in refused.text, refused.text
+    refused = server.post("/v2/embed", {"texts": [text], "max_tokens": n, "truncate": "NONE"})
+    assert refused.status_code == 400, refused.text
+    # Too short to hold [CLS] and [SEP] with any text, or not a count.
+    short = server.post("/api/v1/embed", {"texts": [text], "truncate_to": 2})
+    assert short.status_code == 400 and "leaves no room for text" in short.text, short.text
+    assert server.post("/api/v1/embed", {"texts": [text], "truncate_to": 0}).status_code == 400
+    assert server.post("/api/embed", {"input": text, "options": {"num_ctx": -1}}).status_code == 400
+
+
 def test_ops_routes(server):
     assert server.get("/health").status_code == 200
     info = server.get("/info").json()

@@ -63,6 +63,13 @@ pub struct EmbedOptions {
     /// ([`crate::CoreError::InputTooLong`]) before any compute, instead of cut.
     pub truncate: bool,
     pub truncation_direction: TruncationDirection,
+    /// Cut (or with `truncate: false` refuse) every input at this many
+    /// tokens, special tokens included, instead of at the model's maximum
+    /// (Cohere's `max_tokens`, vLLM's `truncate_prompt_tokens`, Ollama's
+    /// `num_ctx`); a value over the model's maximum is the maximum. `None`:
+    /// the model's maximum. It must leave room for the model's special
+    /// tokens and one more (invalid input otherwise).
+    pub truncate_to: Option<usize>,
     pub prompt: Prompt,
     /// Pooled vectors or per-token rows; a model call computes one kind only.
     pub output: Output,
@@ -74,8 +81,22 @@ impl Default for EmbedOptions {
             priority: Priority::Normal,
             truncate: true,
             truncation_direction: TruncationDirection::Right,
+            truncate_to: None,
             prompt: Prompt::Default,
             output: Output::Pooled,
+        }
+    }
+}
+
+impl EmbedOptions {
+    /// Most tokens an input runs with, special tokens included, for a model
+    /// whose own maximum is `model_max` (0: none): the smaller of it and
+    /// [`EmbedOptions::truncate_to`].
+    pub fn input_limit(&self, model_max: usize) -> usize {
+        match (self.truncate_to, model_max) {
+            (Some(n), 0) => n,
+            (Some(n), max) => n.min(max),
+            (None, max) => max,
         }
     }
 }
@@ -124,7 +145,8 @@ impl Encoded {
 /// concurrently with the model, so it must be cheap to share.
 pub trait Tokenize: Send + Sync {
     /// Encodes one input under `options` (prompt, truncation side), truncated
-    /// to the model's maximum. Errors are [`EmbedderErrorKind::InvalidInput`]
+    /// to [`EmbedOptions::input_limit`] of the model's maximum (its maximum,
+    /// or the request's shorter `truncate_to`). Errors are [`EmbedderErrorKind::InvalidInput`]
     /// and describe the input (the core names its index).
     fn encode(&self, input: &EmbedInput, options: &EmbedOptions) -> Result<Encoded, EmbedderError>;
 

@@ -31,7 +31,12 @@ pub(crate) async fn encode_all(
     options: &EmbedOptions,
 ) -> Result<Vec<Encoded>, CoreError> {
     check_prompt(info, &options.prompt)?;
-    let max = info.max_input_tokens;
+    if options.truncate_to == Some(0) {
+        return Err(CoreError::InvalidInput(
+            "truncate_to must be at least 1 token".into(),
+        ));
+    }
+    let max = options.input_limit(info.max_input_tokens);
     let encoded = match tokenizer {
         Some(tokenizer) if text_bytes(&inputs) <= INLINE_TEXT_BYTES => {
             encode_with(&*tokenizer, &inputs, options)?

@@ -230,12 +230,13 @@ async fn normalize_false_returns_raw_vectors() {
 
 /// vLLM's embedding options this server cannot honour are refused, not
 /// ignored: the client would get other vectors than it asked for with a 200.
+/// `truncate_prompt_tokens` cuts inputs there, special tokens included.
 #[tokio::test]
 async fn vllm_options_it_cannot_honour_are_refused() {
     let s = Server::default().await;
     for (extra, param) in [
         (
-            json!({ "truncate_prompt_tokens": 2 }),
+            json!({ "truncate_prompt_tokens": 0 }),
             "truncate_prompt_tokens",
         ),
         (json!({ "add_special_tokens": false }), "add_special_tokens"),
@@ -263,6 +264,26 @@ async fn vllm_options_it_cannot_honour_are_refused() {
         assert_eq!(status, 200, "{extra}: {v}");
         assert_close(&vectors(Shape::OpenAi, &v)[0], &unit_vector(&text("abc")));
     }
+    // Cut at 4 tokens: the two specials and "ab".
+    let b = json!({ "input": ["abc"], "truncate_prompt_tokens": 4 });
+    let (status, _, v) = post(&s, "/v1/embeddings", &b).await;
+    assert_eq!(
+        (status, &v["usage"]["prompt_tokens"]),
+        (200, &json!(4)),
+        "{v}"
+    );
+    assert_close(&vectors(Shape::OpenAi, &v)[0], &unit_vector(&text("ab")));
+    // Too short for the specials: a 400 that says so.
+    let b = json!({ "input": ["abc"], "truncate_prompt_tokens": 2 });
+    let (status, _, v) = post(&s, "/v1/embeddings", &b).await;
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("leaves no room for text"),
+        "{v}"
+    );
     s.stop().await.unwrap();
 }
 
@@ -2055,10 +2076,19 @@ async fn vllm_version_and_pooling_answer_as_vllm() {
     let (_, _, v) = post(
         &s,
         "/pooling",
-        &json!({ "input": "a", "truncate_prompt_tokens": 8 }),
+        &json!({ "input": "a", "truncate_prompt_tokens": -2 }),
     )
     .await;
     assert_eq!(v["error"]["param"], "truncate_prompt_tokens", "{v}");
+    let (status, _, v) = post(
+        &s,
+        "/pooling",
+        &json!({ "input": "abc", "truncate_prompt_tokens": 3, "use_activation": false }),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let got: Vec<f32> = serde_json::from_value(v["data"][0]["data"].clone()).unwrap();
+    assert_close(&got, &raw_vector(&text("a")));
 
     // No classifier served: a 400 that says what the route needs.
     let (status, _, v) = post(&s, "/classify", &json!({ "input": "good" })).await;

@@ -16,8 +16,6 @@ pub struct HfTokenizer {
     tokenizer: Tokenizer,
     spec: TokenizerSpec,
     vocab_size: usize,
-    /// Content tokens that fit between the prefix and the suffix.
-    max_content: usize,
 }
 
 impl std::fmt::Debug for HfTokenizer {
@@ -116,7 +114,6 @@ impl HfTokenizer {
             }
         }
         Ok(Self {
-            max_content: spec.max_length - specials,
             tokenizer,
             spec,
             vocab_size,
@@ -187,12 +184,13 @@ impl HfTokenizer {
         query: &str,
         document: &str,
         options: &EmbedOptions,
+        max_length: usize,
     ) -> Result<Encoded, EmbedderError> {
         let pair = self.spec.pair.as_ref().ok_or_else(|| {
             EmbedderError::invalid_input("this model takes single texts, not query/document pairs")
         })?;
         let specials = pair.specials();
-        let budget = self.spec.max_length - specials;
+        let budget = content_room(max_length, specials)?;
         let direction = options.truncation_direction;
         if pair.template.is_some() {
             let with_instruction;
@@ -286,41 +284,70 @@ impl HfTokenizer {
     /// and end with the model's specials keep them, as text does, so the
     /// token a model pools (CLS, or the EOS of a last-token model) survives
     /// the cut; other ids are cut as they are.
-    fn as_given(&self, ids: &[u32], direction: TruncationDirection) -> Encoded {
+    fn as_given(
+        &self,
+        ids: &[u32],
+        direction: TruncationDirection,
+        max_length: usize,
+    ) -> Result<Encoded, EmbedderError> {
         let (prefix, suffix) = (&self.spec.prefix_ids, &self.spec.suffix_ids);
-        if ids.len() > self.spec.max_length
+        if ids.len() > max_length
             && ids.len() >= prefix.len() + suffix.len()
             && ids.starts_with(prefix)
             && ids.ends_with(suffix)
         {
-            return self.finish(&ids[prefix.len()..ids.len() - suffix.len()], direction);
+            return self.finish(
+                &ids[prefix.len()..ids.len() - suffix.len()],
+                direction,
+                max_length,
+            );
         }
-        Encoded {
-            ids: cut(ids, self.spec.max_length, direction)
+        Ok(Encoded {
+            ids: cut(ids, max_length, direction)
                 .iter()
                 .copied()
                 .filter(|id| !self.spec.drop_ids.contains(id))
                 .collect(),
             type_ids: None,
             untruncated_len: u32::try_from(ids.len()).unwrap_or(u32::MAX),
-        }
+        })
     }
 
-    /// Cuts `content` to fit and wraps it in the specials.
-    fn finish(&self, content: &[u32], direction: TruncationDirection) -> Encoded {
+    /// Cuts `content` to fit `max_length` with the specials and wraps it in them.
+    fn finish(
+        &self,
+        content: &[u32],
+        direction: TruncationDirection,
+        max_length: usize,
+    ) -> Result<Encoded, EmbedderError> {
         let specials = self.spec.prefix_ids.len() + self.spec.suffix_ids.len();
         let untruncated_len = u32::try_from(content.len() + specials).unwrap_or(u32::MAX);
-        let content = cut(content, self.max_content, direction);
+        let content = cut(content, content_room(max_length, specials)?, direction);
         let mut ids = Vec::with_capacity(content.len() + specials);
         ids.extend_from_slice(&self.spec.prefix_ids);
         ids.extend(content.iter().filter(|id| !self.spec.drop_ids.contains(id)));
         ids.extend_from_slice(&self.spec.suffix_ids);
-        Encoded {
+        Ok(Encoded {
             ids,
             type_ids: None,
             untruncated_len,
-        }
+        })
     }
+}
+
+/// Content tokens that fit in `max_length` beside `specials` special tokens:
+/// at least one, or a per-request cut (`truncate_to`) too short for the
+/// model's specials is invalid input. (The model's own maximum always
+/// leaves room: checked when the tokenizer is built.)
+fn content_room(max_length: usize, specials: usize) -> Result<usize, EmbedderError> {
+    if max_length <= specials {
+        return Err(EmbedderError::invalid_input(format!(
+            "a cut at {max_length} tokens leaves no room for text: the model adds {specials} \
+             special tokens, so cut at {} or more",
+            specials + 1
+        )));
+    }
+    Ok(max_length - specials)
 }
 
 /// sentence-transformers' `do_lower_case`, done as it does it: a
@@ -352,6 +379,7 @@ fn lowercase_first(tokenizer: &mut Tokenizer) {
 impl Tokenize for HfTokenizer {
     fn encode(&self, input: &EmbedInput, options: &EmbedOptions) -> Result<Encoded, EmbedderError> {
         let direction = options.truncation_direction;
+        let max_length = options.input_limit(self.spec.max_length);
         match input {
             EmbedInput::Text(_) if self.takes_pairs_only() => Err(EmbedderError::invalid_input(
                 "this reranker scores query/document pairs, not single texts",
@@ -365,13 +393,15 @@ impl Tokenize for HfTokenizer {
                     }
                     _ => self.encode_text(text, prompt)?,
                 };
-                Ok(self.finish(&content, direction))
+                self.finish(&content, direction, max_length)
             }
             EmbedInput::Tokens(ids) => {
                 self.check_ids(ids)?;
-                Ok(self.as_given(ids, direction))
+                self.as_given(ids, direction, max_length)
             }
-            EmbedInput::Pair { query, document } => self.encode_pair(query, document, options),
+            EmbedInput::Pair { query, document } => {
+                self.encode_pair(query, document, options, max_length)
+            }
         }
     }
 

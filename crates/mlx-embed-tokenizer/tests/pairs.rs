@@ -95,6 +95,28 @@ fn check_segments(folder: &str, types: (u32, u32)) {
 }
 
 #[test]
+fn a_per_request_cut_cuts_pairs_as_a_shorter_model() {
+    let folder = "tiny-bert-reranker";
+    let wide = HfTokenizer::from_spec(segments_spec(folder, 128, (0, 1))).unwrap();
+    let short = HfTokenizer::from_spec(segments_spec(folder, 12, (0, 1))).unwrap();
+    for (query, document) in pairs(folder) {
+        let input = EmbedInput::Pair { query, document };
+        let cut = EmbedOptions {
+            truncate_to: Some(12),
+            ..options(TruncationDirection::Right)
+        };
+        let got = wide.encode(&input, &cut).unwrap();
+        assert!(got.ids.len() <= 12);
+        assert_eq!(
+            got,
+            short
+                .encode(&input, &options(TruncationDirection::Right))
+                .unwrap()
+        );
+    }
+}
+
+#[test]
 fn bert_pairs_match_tokenizers() {
     check_segments("tiny-bert-reranker", (0, 1));
 }

@@ -85,6 +85,55 @@ fn truncation_keeps_the_start_or_the_end_inside_the_specials() {
 }
 
 #[test]
+fn a_per_request_cut_is_the_models_cut_at_that_length() {
+    // A request's truncate_to 6 on a model of 512 cuts text, token ids and
+    // both sides exactly as a model of 6 does; a larger one is the model's.
+    let (six, wide) = (tokenizer(spec(6)), tokenizer(spec(512)));
+    let words = "one two three four five six seven";
+    let long_ids = [vec![CLS], content(words), vec![SEP]].concat();
+    for direction in [TruncationDirection::Right, TruncationDirection::Left] {
+        let model = EmbedOptions {
+            truncation_direction: direction,
+            ..EmbedOptions::default()
+        };
+        let cut = EmbedOptions {
+            truncate_to: Some(6),
+            ..model.clone()
+        };
+        for input in [text(words), EmbedInput::Tokens(long_ids.clone())] {
+            let got = wide.encode(&input, &cut).unwrap();
+            assert_eq!(got, six.encode(&input, &model).unwrap(), "{direction:?}");
+            assert_eq!((got.ids.len(), got.untruncated_len), (6, 9));
+        }
+        let over = EmbedOptions {
+            truncate_to: Some(100_000),
+            ..model.clone()
+        };
+        assert_eq!(
+            ids(&wide, &text(words), &over),
+            ids(&wide, &text(words), &model)
+        );
+    }
+    // Room for the specials and one token at least.
+    let at = |n| EmbedOptions {
+        truncate_to: Some(n),
+        ..EmbedOptions::default()
+    };
+    assert_eq!(
+        ids(&wide, &text(words), &at(3)),
+        [CLS, content("one")[0], SEP]
+    );
+    let err = wide.encode(&text(words), &at(2)).unwrap_err();
+    assert_eq!(err.kind, EmbedderErrorKind::InvalidInput);
+    assert!(err.message.contains("leaves no room for text"), "{err:?}");
+    // Ids without the specials are cut as they are.
+    assert_eq!(
+        ids(&wide, &EmbedInput::Tokens(vec![7, 8, 9]), &at(2)),
+        [7, 8]
+    );
+}
+
+#[test]
 fn prompts_are_prepended_to_the_text() {
     let mut s = spec(512);
     s.prompts = BTreeMap::from([

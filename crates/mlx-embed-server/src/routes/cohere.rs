@@ -85,7 +85,10 @@ pub struct CohereEmbedRequest {
     /// v2: keep the first N components (1..=dimension), re-normalized.
     #[schema(minimum = 1)]
     pub output_dimension: Option<i64>,
-    /// v2: accepted at or above the model's maximum input; a shorter cut is refused (400).
+    /// v2: cut every text at this many tokens (special tokens included), at
+    /// most the model's maximum; with `truncate: NONE` a longer text is refused
+    /// (400) instead.
+    #[schema(minimum = 1)]
     pub max_tokens: Option<i64>,
     /// v2: lower is served earlier; 0 (default) normal, below 0 high, above 0 low.
     pub priority: Option<i64>,
@@ -212,9 +215,7 @@ async fn embed(
         }
     };
     let model = state.model_for(req.model.as_deref(), Task::Embed)?;
-    if let Some(n) = req.max_tokens {
-        super::refuse_shorter_cut("max_tokens", n, model.info().max_input_tokens)?;
-    }
+    let truncate_to = super::cut_at("max_tokens", req.max_tokens)?;
     if let Some(n) = req.output_dimension {
         output_dimension(n, model, "output_dimension")?;
     }
@@ -231,6 +232,7 @@ async fn embed(
                     CohereTruncate::Start => TruncationDirection::Left,
                     _ => TruncationDirection::Right,
                 },
+                truncate_to,
                 prompt,
                 priority: req
                     .priority

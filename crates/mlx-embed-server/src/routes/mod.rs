@@ -154,19 +154,20 @@ pub(crate) fn role_prompt(roles: &[&str], prompts: &BTreeMap<String, String>) ->
         .map_or(Prompt::Default, |name| Prompt::Named((*name).to_owned()))
 }
 
-/// A per-request cut below the model's maximum input (Cohere's `max_tokens`,
-/// vLLM's `truncate_prompt_tokens`): refused, since inputs are only ever cut
-/// at the model's maximum, and a client that asked for a shorter cut would
-/// otherwise get vectors of uncut inputs with a 200.
-pub(crate) fn refuse_shorter_cut(param: &'static str, n: i64, max: usize) -> Result<(), ApiError> {
-    if n < max as i64 {
-        return Err(ApiError::invalid(format!(
-            "{param} below the model's maximum input ({max} tokens) is not supported; \
-             inputs are cut at the model's maximum (see truncate)"
+/// A per-request cut (Cohere's `max_tokens`, vLLM's `truncate_prompt_tokens`,
+/// Ollama's `num_ctx`, the native `truncate_to`) as the core's
+/// [`EmbedOptions::truncate_to`](mlx_embed_core::EmbedOptions::truncate_to):
+/// at least one token; one over the model's maximum is the maximum, and
+/// one too short for the model's special tokens is refused by the tokenizer.
+pub(crate) fn cut_at(param: &'static str, n: Option<i64>) -> Result<Option<usize>, ApiError> {
+    match n {
+        None => Ok(None),
+        Some(n) if n >= 1 => Ok(Some(usize::try_from(n).unwrap_or(usize::MAX))),
+        Some(n) => Err(ApiError::invalid(format!(
+            "{param} must be at least 1 token (special tokens included), not {n}"
         ))
-        .param(param));
+        .param(param)),
     }
-    Ok(())
 }
 
 /// A unique-enough id for the `id` field of Cohere's answers (embed and

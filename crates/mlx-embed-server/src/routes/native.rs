@@ -26,6 +26,10 @@ pub struct NativeEmbedRequest {
     pub truncate: Option<bool>,
     /// Which end of an over-long input to keep: `right` (default) keeps the start, `left` the end.
     pub truncation_direction: Option<TruncationSide>,
+    /// Cut (or with `truncate: false` refuse) texts at this many tokens, special tokens
+    /// included, instead of the model's maximum (a larger value is the maximum).
+    #[schema(minimum = 1)]
+    pub truncate_to: Option<i64>,
     /// One of the model's named prompts (`/info` lists them) prepended to every text;
     /// default: the model's default prompt, if it has one.
     pub prompt_name: Option<String>,
@@ -73,6 +77,7 @@ pub async fn embed(
         priority: req.priority.map(Into::into).or(header).unwrap_or_default(),
         truncate: req.truncate.unwrap_or(true),
         truncation_direction: req.truncation_direction.map(Into::into).unwrap_or_default(),
+        truncate_to: super::cut_at("truncate_to", req.truncate_to)?,
         prompt: prompt_of(req.prompt_name, req.prompt)?,
         output: Output::Pooled,
     };

@@ -49,7 +49,24 @@ fn tagged_name(model: &ServedModel) -> String {
     }
 }
 
-/// Ollama embed request (`options` and `keep_alive` are accepted and ignored).
+/// Ollama's model `options`: `num_ctx` is read, the others (sampling
+/// settings, which an embedding has none of) are accepted and ignored.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+pub struct OllamaOptions {
+    /// Context length: inputs are cut (or with `truncate: false` refused) at this many
+    /// tokens, special tokens included, as Ollama cuts at its context; at most the
+    /// model's maximum. Unset: the model's maximum.
+    #[schema(minimum = 1)]
+    pub num_ctx: Option<i64>,
+}
+
+impl OllamaOptions {
+    fn truncate_to(options: Option<&Self>) -> Result<Option<usize>, ApiError> {
+        super::cut_at("num_ctx", options.and_then(|o| o.num_ctx))
+    }
+}
+
+/// Ollama embed request (`keep_alive` is accepted and ignored).
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct OllamaEmbedRequest {
     /// Which served model answers (with or without `:latest`); default: the first embedding model. Unknown: 404.
@@ -63,6 +80,7 @@ pub struct OllamaEmbedRequest {
     /// Keep the first N components (1..=dimension), re-normalized.
     #[schema(minimum = 1)]
     pub dimensions: Option<i64>,
+    pub options: Option<OllamaOptions>,
 }
 
 /// Ollama embed response. Vectors are unit length.
@@ -121,6 +139,7 @@ pub async fn embed(
             inputs,
             options: EmbedOptions {
                 truncate: req.truncate.unwrap_or(true),
+                truncate_to: OllamaOptions::truncate_to(req.options.as_ref())?,
                 priority: priority.unwrap_or_default(),
                 ..EmbedOptions::default()
             },
@@ -138,7 +157,7 @@ pub async fn embed(
     }))
 }
 
-/// Ollama's legacy embedding request (`options` and `keep_alive` are accepted and ignored).
+/// Ollama's legacy embedding request (`keep_alive` is accepted and ignored).
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct OllamaEmbeddingsRequest {
     /// Which served model answers (with or without `:latest`); default: the first embedding model. Unknown: 404.
@@ -146,6 +165,7 @@ pub struct OllamaEmbeddingsRequest {
     /// One text. Missing, null or empty answers an empty embedding, as Ollama does.
     #[serde(default)]
     pub prompt: Option<String>,
+    pub options: Option<OllamaOptions>,
 }
 
 /// Ollama's legacy embedding response: the model's vector *before*
@@ -157,7 +177,7 @@ pub struct OllamaEmbeddingsResponse {
 
 /// Embed one text (Ollama's legacy route, superseded there by `/api/embed`).
 ///
-/// Inputs longer than the model's maximum are truncated. Errors use `{"error": str}`.
+/// Inputs longer than the model's maximum (or `options.num_ctx`) are truncated. Errors use `{"error": str}`.
 #[utoipa::path(
     post, path = "/api/embeddings", tag = "ollama", operation_id = "ollama_embeddings",
     request_body = OllamaEmbeddingsRequest,
@@ -186,6 +206,7 @@ pub async fn embeddings(
             model: served_name(req.model),
             inputs: vec![EmbedInput::Text(prompt)],
             options: EmbedOptions {
+                truncate_to: OllamaOptions::truncate_to(req.options.as_ref())?,
                 priority: priority.unwrap_or_default(),
                 ..EmbedOptions::default()
             },

@@ -75,8 +75,8 @@ pub struct OpenAiEmbeddingRequest {
     pub use_activation: Option<bool>,
     /// vLLM's older name for `use_activation`.
     pub normalize: Option<bool>,
-    /// vLLM's: -1, or at least the model's maximum input (inputs are cut there); a
-    /// shorter cut is refused (400) rather than ignored.
+    /// vLLM's: cut every input at this many tokens (special tokens included), at
+    /// most the model's maximum; -1 (or none): the model's maximum.
     pub truncate_prompt_tokens: Option<i64>,
     /// vLLM's: true (the default); false is refused (400): inputs are tokenized
     /// with the model's special tokens, which its pooling reads.
@@ -174,13 +174,12 @@ pub(crate) async fn embed_request(
     req: OpenAiEmbeddingRequest,
 ) -> Result<EmbedOutput, ApiError> {
     refuse_tiktoken_ids(state, req.model.as_deref(), &req.input)?;
-    VllmOptions {
-        model: req.model.as_deref(),
+    let truncate_to = VllmOptions {
         truncate_prompt_tokens: req.truncate_prompt_tokens,
         add_special_tokens: req.add_special_tokens,
         embed_dtype: req.embed_dtype.as_deref(),
     }
-    .refuse_unsupported(state, Task::Embed)?;
+    .truncate_to()?;
     let normalize = req.use_activation.or(req.normalize).unwrap_or(true);
     run_embed(
         state,
@@ -190,6 +189,7 @@ pub(crate) async fn embed_request(
             options: EmbedOptions {
                 prompt: req.prompt_name.map_or(Prompt::Default, Prompt::Named),
                 truncate: req.truncate.unwrap_or(true),
+                truncate_to,
                 priority: req
                     .priority
                     .map(Priority::from_vllm)
@@ -241,26 +241,20 @@ fn refuse_tiktoken_ids(
     .code("token_ids_of_another_tokenizer"))
 }
 
-/// vLLM's request options (embeddings, pooling, classify) this server
-/// honours at their defaults only.
+/// vLLM's request options shared by embeddings, pooling, classify and score.
 pub(crate) struct VllmOptions<'a> {
-    /// The request's `model`, whose maximum input `truncate_prompt_tokens` is read against.
-    pub model: Option<&'a str>,
     pub truncate_prompt_tokens: Option<i64>,
     pub add_special_tokens: Option<bool>,
     pub embed_dtype: Option<&'a str>,
 }
 
 impl VllmOptions<'_> {
-    /// Refuses what cannot be honoured, since a client that set it would
-    /// otherwise get other numbers (of uncut inputs, of inputs with the
+    /// The cut `truncate_prompt_tokens` asks for (-1: the model's maximum),
+    /// after refusing the options that cannot be honoured, since a client
+    /// that set them would otherwise get other numbers (of inputs with the
     /// special tokens it asked to leave out, float32 bytes it decodes as
-    /// float16) with a 200. `task`: the job of the model the request names.
-    pub(crate) fn refuse_unsupported(&self, state: &AppState, task: Task) -> Result<(), ApiError> {
-        if let Some(n) = self.truncate_prompt_tokens.filter(|&n| n != -1) {
-            let model = state.model_for(self.model, task)?;
-            super::refuse_shorter_cut("truncate_prompt_tokens", n, model.info().max_input_tokens)?;
-        }
+    /// float16) with a 200.
+    pub(crate) fn truncate_to(&self) -> Result<Option<usize>, ApiError> {
         if self.add_special_tokens == Some(false) {
             return Err(ApiError::invalid(
                 "add_special_tokens: false is not supported: inputs are tokenized with the \
@@ -274,7 +268,10 @@ impl VllmOptions<'_> {
             ))
             .param("embed_dtype"));
         }
-        Ok(())
+        super::cut_at(
+            "truncate_prompt_tokens",
+            self.truncate_prompt_tokens.filter(|&n| n != -1),
+        )
     }
 }
 

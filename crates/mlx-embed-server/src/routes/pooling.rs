@@ -38,8 +38,8 @@ pub struct PoolingRequest {
     pub task: Option<String>,
     /// false: the vectors before normalization.
     pub use_activation: Option<bool>,
-    /// -1, or at least the model's maximum input (inputs are cut there); a
-    /// shorter cut is a 400.
+    /// Cut every input at this many tokens (special tokens included), at most
+    /// the model's maximum; -1 (or none): the model's maximum.
     pub truncate_prompt_tokens: Option<i64>,
     /// true (the default); false is a 400.
     pub add_special_tokens: Option<bool>,
@@ -86,7 +86,7 @@ pub struct PoolingResponse {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
         (status = 200, description = "One vector per input, in order", body = PoolingResponse),
-        (status = "4XX", description = "Invalid request (400 incl. a wrong shape, an over-long input with `truncate_prompt_tokens` below the maximum, a `task` other than `embed`, no embedding model served; 401, 404 unknown model, 413, 415, 429)", body = OpenAiErrorBody),
+        (status = "4XX", description = "Invalid request (400 incl. a wrong shape, `truncate_prompt_tokens` below 1 or too short for the special tokens, a `task` other than `embed`, no embedding model served; 401, 404 unknown model, 413, 415, 429)", body = OpenAiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
     )
 )]
@@ -156,8 +156,8 @@ pub struct ClassifyRequest {
     pub softmax: Option<bool>,
     /// vLLM's older name for `use_activation`.
     pub activation: Option<bool>,
-    /// -1, or at least the model's maximum input (inputs are cut there); a
-    /// shorter cut is a 400.
+    /// Cut every input at this many tokens (special tokens included), at most
+    /// the model's maximum; -1 (or none): the model's maximum.
     pub truncate_prompt_tokens: Option<i64>,
     /// true (the default); false is a 400.
     pub add_special_tokens: Option<bool>,
@@ -205,7 +205,7 @@ pub struct ClassifyResponse {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
         (status = 200, description = "One classification per input, in order", body = ClassifyResponse),
-        (status = "4XX", description = "Invalid request (400 incl. a wrong shape, no classifier served, `truncate_prompt_tokens` below the maximum; 401, 404 unknown model, 413, 415, 429)", body = OpenAiErrorBody),
+        (status = "4XX", description = "Invalid request (400 incl. a wrong shape, no classifier served, `truncate_prompt_tokens` below 1 or too short for the special tokens; 401, 404 unknown model, 413, 415, 429)", body = OpenAiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
     )
 )]
@@ -214,13 +214,12 @@ pub async fn classify(
     PriorityHeader(header, _): PriorityHeader<OpenAi>,
     ApiJson(req, _): ApiJson<ClassifyRequest, OpenAi>,
 ) -> Result<Json<ClassifyResponse>, Shaped<OpenAi>> {
-    VllmOptions {
-        model: req.model.as_deref(),
+    let truncate_to = VllmOptions {
         truncate_prompt_tokens: req.truncate_prompt_tokens,
         add_special_tokens: req.add_special_tokens,
         embed_dtype: None,
     }
-    .refuse_unsupported(&state, Task::Predict)?;
+    .truncate_to()?;
     let activate = req
         .use_activation
         .or(req.softmax)
@@ -233,6 +232,7 @@ pub async fn classify(
             task: Task::Predict,
             inputs: req.input.into_inputs(),
             options: EmbedOptions {
+                truncate_to,
                 priority: req
                     .priority
                     .map(Priority::from_vllm)

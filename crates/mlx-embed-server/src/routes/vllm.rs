@@ -10,6 +10,7 @@ use mlx_embed_core::{EmbedInput, EmbedOptions, ModelKind};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::openai::VllmOptions;
 use super::{response_id, Usage};
 use crate::embed::{embed as run_embed, unit_cosine, EmbedRequest};
 use crate::errors::{ApiError, ErrorKind, OpenAi, OpenAiErrorBody, Shaped};
@@ -37,6 +38,9 @@ pub struct ScoreBody {
     /// false: a reranker's raw logits instead of sigmoid scores (an embedding
     /// model's cosine has no activation).
     pub use_activation: Option<bool>,
+    /// Cut every input (a reranker: every pair) at this many tokens, special tokens
+    /// included, at most the model's maximum; -1 (or none): the model's maximum.
+    pub truncate_prompt_tokens: Option<i64>,
 }
 
 /// One pair's score.
@@ -150,6 +154,12 @@ pub async fn score_pairs(
 ) -> Result<Json<ScoreResponse>, Shaped<OpenAi>> {
     let options = EmbedOptions {
         truncate: req.truncate.unwrap_or(true),
+        truncate_to: VllmOptions {
+            truncate_prompt_tokens: req.truncate_prompt_tokens,
+            add_special_tokens: None,
+            embed_dtype: None,
+        }
+        .truncate_to()?,
         priority: priority.unwrap_or_default(),
         ..EmbedOptions::default()
     };

@@ -37,7 +37,8 @@ pub fn prompts() -> BTreeMap<String, String> {
 }
 
 /// The fake's tokenizer: a marker, one id per byte of prompt + text (or the
-/// given ids), an end marker; the content cut to fit `MAX_TOKENS`.
+/// given ids), an end marker; the content cut to fit `MAX_TOKENS` (or the
+/// request's shorter `truncate_to`).
 pub struct FakeTokenizer;
 
 impl Tokenize for FakeTokenizer {
@@ -78,7 +79,13 @@ impl Tokenize for FakeTokenizer {
             ),
         };
         let untruncated_len = content.len() as u32 + 2;
-        let keep = content.len().min(MAX_TOKENS - 2);
+        let max = options.input_limit(MAX_TOKENS);
+        if max < 3 {
+            return Err(EmbedderError::invalid_input(format!(
+                "a cut at {max} tokens leaves no room for text"
+            )));
+        }
+        let keep = content.len().min(max - 2);
         let content = match options.truncation_direction {
             TruncationDirection::Right => &content[..keep],
             TruncationDirection::Left => &content[content.len() - keep..],

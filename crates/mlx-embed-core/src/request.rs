@@ -25,8 +25,8 @@ pub(crate) type Reply = oneshot::Sender<Answered>;
 /// holds permits in proportion to its inputs not yet answered: all of them
 /// when it fits the room, `room * remaining / inputs` when it is larger (it
 /// was let in with the whole room), so a line's admitted inputs stay within
-/// its room, or one maximal request's size (a lane has two lines, for
-/// requests of one batch and for larger ones: [`crate::admission`]). The
+/// its room, or one maximal request's size (a lane has three lines, for
+/// requests of a query's size, of one batch and larger: [`crate::admission`]). The
 /// rest goes the moment the answer is ready, before the caller is woken (so
 /// a caller that immediately calls again finds its room free), or when its
 /// caller leaves.

@@ -48,9 +48,9 @@ pub struct ServerArgs {
     #[arg(long, env = "MLX_EMBED_REGROUP_WINDOW_MS")]
     pub regroup_window_ms: Option<u64>,
 
-    /// Inputs admitted to the model queue at once, per priority lane and in each of its two
-    /// lines (calls of at most --max-batch-size inputs, and larger ones); more wait their turn
-    /// (FIFO).
+    /// Inputs admitted to the model queue at once, per priority lane and in each of its three
+    /// lines (calls of at most --max-priority-batch-size inputs, of at most --max-batch-size,
+    /// and larger ones); more wait their turn (FIFO).
     #[arg(long, env = "MLX_EMBED_MAX_CONCURRENT_REQUESTS",
           default_value_t = core_defaults().max_concurrent_requests,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]

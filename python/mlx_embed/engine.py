@@ -421,12 +421,21 @@ class EmbeddingModel(ScoringMixin):
         prompt_name: Optional[str] = None,
         prompt: Optional[str] = None,
         instruction: Optional[str] = None,
+        truncate_to: Optional[int] = None,
     ) -> tuple[list[list[int]], list[int]]:
         """Token ids each text runs as (prompt, specials and truncation
-        applied: what ``embed_ids`` takes), and each count before truncation."""
+        applied: what ``embed_ids`` takes), and each count before truncation.
+        ``truncate_to``: cut (or with ``truncate=False`` refuse) at this many
+        tokens, special tokens included, instead of the model's maximum."""
         texts = self._check_texts(texts)
         check_switches(truncate=truncate)
         check_direction(truncation_direction)
+        limit = self.max_length
+        if truncate_to is not None:
+            if isinstance(truncate_to, bool) or not isinstance(truncate_to, int) or truncate_to < 1:
+                raise InvalidInput(f"truncate_to must be a whole number of tokens, at least 1, not {truncate_to!r}")
+            limit = min(limit, truncate_to)
+            self.tokenizer.content_room(limit)
         prefix = self._prompt(prompt_name, prompt, instruction)
         try:
             contents = self.tokenizer.encode_contents(
@@ -436,12 +445,12 @@ class EmbeddingModel(ScoringMixin):
         except TypeError:
             _refuse_lone_surrogates(texts)
             raise
-        out = [self.tokenizer.finish(c, truncation_direction) for c in contents]
+        out = [self.tokenizer.finish(c, truncation_direction, limit) for c in contents]
         ids, before = [o[0] for o in out], [o[1] for o in out]
         if not truncate:
             for i, b in enumerate(before):
-                if b > self.max_length:
-                    raise InputTooLong("text", i, b, self.max_length)
+                if b > limit:
+                    raise InputTooLong("text", i, b, limit)
         return ids, before
 
     def embed_with_counts(
@@ -454,6 +463,7 @@ class EmbeddingModel(ScoringMixin):
         prompt_name: Optional[str] = None,
         prompt: Optional[str] = None,
         instruction: Optional[str] = None,
+        truncate_to: Optional[int] = None,
     ) -> tuple[np.ndarray, list[int]]:
         """Like :meth:`embed`, also returning the tokens run per text
         (special tokens included, after truncation)."""
@@ -464,7 +474,7 @@ class EmbeddingModel(ScoringMixin):
         check_switches(normalize=normalize)
         ids, _ = self.encode(
             texts, truncate=truncate, truncation_direction=truncation_direction,
-            prompt_name=prompt_name, prompt=prompt, instruction=instruction,
+            prompt_name=prompt_name, prompt=prompt, instruction=instruction, truncate_to=truncate_to,
         )
         vecs, _ = self.scheduler.run(ids, normalize=normalize)
         return vecs, [len(x) for x in ids]
@@ -473,9 +483,11 @@ class EmbeddingModel(ScoringMixin):
         """Embed ``texts``; float32 [len(texts), dim], rows in input order.
 
         Keyword arguments: ``normalize`` (True), ``truncate`` (True),
-        ``truncation_direction`` ("right" or "left"), ``prompt_name`` (one of
-        the folder's sentence-transformers prompts), ``prompt`` (a raw
-        prefix), ``instruction`` (formatted by the model's template)."""
+        ``truncation_direction`` ("right" or "left"), ``truncate_to`` (cut at
+        this many tokens, special tokens included, instead of the model's
+        maximum), ``prompt_name`` (one of the folder's sentence-transformers
+        prompts), ``prompt`` (a raw prefix), ``instruction`` (formatted by the
+        model's template)."""
         return self.embed_with_counts(texts, **kwargs)[0]
 
     def embed_sparse(self, texts: list[str], **kwargs) -> list[tuple[np.ndarray, np.ndarray]]:

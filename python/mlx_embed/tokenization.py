@@ -125,6 +125,16 @@ class TextTokenizer:
     def token_id(self, token: str) -> Optional[int]:
         return self._tok.token_to_id(token)
 
+    def content_room(self, max_length: int) -> int:
+        """Content tokens a cut at ``max_length`` leaves beside the specials
+        (at least one, else the cut is invalid input)."""
+        if max_length <= self.n_special:
+            raise InvalidInput(
+                f"a cut at {max_length} tokens leaves no room for text: the model adds "
+                f"{self.n_special} special tokens, so cut at {self.n_special + 1} or more"
+            )
+        return max_length - self.n_special
+
     def encode_contents(
         self, texts: list[str], *, truncate: bool = False, direction: str = "right"
     ) -> list[list[int]]:
@@ -141,16 +151,20 @@ class TextTokenizer:
             ]
         return content_ids(self._tok, texts)
 
-    def finish(self, content: list[int], direction: str = "right") -> tuple[list[int], int]:
-        """Truncate (keeping the start for ``right``, the end for ``left``),
-        leave out ``drop_ids`` and add special tokens; returns (ids,
-        count_before_truncation), which counts the dropped ids too."""
+    def finish(
+        self, content: list[int], direction: str = "right", max_length: Optional[int] = None
+    ) -> tuple[list[int], int]:
+        """Truncate to ``max_length`` tokens with the specials (the model's
+        maximum when None or larger), keeping the start for ``right``, the end
+        for ``left``; leave out ``drop_ids`` and add special tokens; returns
+        (ids, count_before_truncation), which counts the dropped ids too."""
         before = len(content) + self.n_special
-        if len(content) > self.max_content:
+        room = self.max_content if max_length is None else min(self.max_content, self.content_room(max_length))
+        if len(content) > room:
             if direction == "left":
-                content = content[len(content) - self.max_content :]
+                content = content[len(content) - room :]
             else:
-                content = content[: self.max_content]
+                content = content[:room]
         if self.drop_ids:
             content = [t for t in content if t not in self.drop_ids]
         return self.prefix + content + self.suffix, before

@@ -80,6 +80,31 @@ def test_left_truncation_keeps_the_end(minilm, golden_texts):
         minilm.embed(["x"], truncation_direction="middle")
 
 
+def test_truncate_to_cuts_shorter_than_the_model(minilm, golden_texts):
+    """``truncate_to`` cuts at that many tokens, specials included, on either
+    side, as the server's per-request cut does; over the maximum it is the
+    maximum; too short for [CLS] and [SEP] or not a count it is refused."""
+    long_text = golden_texts[35]
+    content = minilm.tokenizer.encode_contents([long_text])[0]
+    (right,), (before,) = minilm.encode([long_text], truncate_to=10)
+    assert right == [101] + content[:8] + [102] and before == len(content) + 2
+    (left,), _ = minilm.encode([long_text], truncate_to=10, truncation_direction="left")
+    assert left == [101] + content[-8:] + [102]
+    vec, counts = minilm.embed_with_counts([long_text, "short"], truncate_to=10)
+    assert counts == [10, 3]
+    b = np.frombuffer(minilm.embed_ids([right]).vectors, "<f4")
+    assert np.abs(vec[0] - b / np.linalg.norm(b)).max() <= 1e-6
+    assert minilm.encode([long_text], truncate_to=100_000) == minilm.encode([long_text])
+    with pytest.raises(InvalidInput, match="text 0 has .* more than max_length=10"):
+        minilm.embed([long_text], truncate_to=10, truncate=False)
+    assert minilm.count_tokens(["short"], truncate_to=3, truncate=False) == [3]
+    with pytest.raises(InvalidInput, match="leaves no room for text"):
+        minilm.embed(["short"], truncate_to=2)
+    for bad in (0, -1, 2.5, True, "10"):
+        with pytest.raises(InvalidInput, match="truncate_to must be"):
+            minilm.embed(["short"], truncate_to=bad)
+
+
 def test_rows_in_input_order_with_counts(minilm, golden_texts):
     texts = golden_texts[::-1]
     vec, counts = minilm.embed_with_counts(texts)

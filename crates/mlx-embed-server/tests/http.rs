@@ -2043,6 +2043,49 @@ async fn vllm_version_and_pooling_answer_as_vllm() {
         .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
         .collect();
     assert_eq!(got, raw_vector(&text("a")));
+    // vLLM's endianness: big-endian bytes on request, on both routes; an
+    // unknown value is a 400.
+    for path in ["/pooling", "/v1/embeddings"] {
+        let (status, _, v) = post(
+            &s,
+            path,
+            &json!({ "input": "a", "encoding_format": "base64", "endianness": "big" }),
+        )
+        .await;
+        assert_eq!(status, 200, "{v}");
+        let field = if path == "/pooling" {
+            "data"
+        } else {
+            "embedding"
+        };
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(v["data"][0][field].as_str().unwrap())
+            .unwrap();
+        let got: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_be_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_close(&got, &unit_vector(&text("a")));
+        let (status, _, v) = post(&s, path, &json!({ "input": "a", "endianness": "middle" })).await;
+        assert_eq!(status, 400, "{v}");
+    }
+    // Everything /v1/embeddings reads: a named prompt, truncation off.
+    let with_prompt = json!({ "input": "a", "prompt_name": "query" });
+    let (_, _, pooled) = post(&s, "/pooling", &with_prompt).await;
+    assert_close(
+        &floats(&pooled["data"][0]["data"]),
+        &unit_vector(&text("query: a")),
+    );
+    let (status, _, v) = post(
+        &s,
+        "/pooling",
+        &json!({ "input": "a", "prompt_name": "bogus" }),
+    )
+    .await;
+    assert_eq!(status, 400, "{v}");
+    let long = "x".repeat(MAX_TOKENS + 5);
+    let (status, _, v) = post(&s, "/pooling", &json!({ "input": long, "truncate": false })).await;
+    assert_eq!(status, 400, "{v}");
     let (status, _, v) = post(
         &s,
         "/pooling",

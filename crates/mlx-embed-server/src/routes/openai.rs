@@ -41,6 +41,48 @@ impl<'de> Deserialize<'de> for EncodingFormat {
     }
 }
 
+/// Byte order of base64 vectors (vLLM's `endianness`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Endianness {
+    /// The server's own: little-endian on every platform it is built for.
+    #[default]
+    Native,
+    Little,
+    Big,
+}
+
+// Not derived, as for `EncodingFormat`: a wrong value is a wrong shape (400), not malformed JSON.
+impl<'de> Deserialize<'de> for Endianness {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const VARIANTS: &[&str] = &["native", "little", "big"];
+        let name = String::deserialize(d)?;
+        match name.as_str() {
+            "native" => Ok(Endianness::Native),
+            "little" => Ok(Endianness::Little),
+            "big" => Ok(Endianness::Big),
+            other => Err(serde::de::Error::unknown_variant(other, VARIANTS)),
+        }
+    }
+}
+
+impl Endianness {
+    fn is_big(self) -> bool {
+        match self {
+            Endianness::Native => cfg!(target_endian = "big"),
+            Endianness::Little => false,
+            Endianness::Big => true,
+        }
+    }
+}
+
+/// How a request wants its vectors written: the format, and for base64 the byte order.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VectorEncoding {
+    pub format: EncodingFormat,
+    pub endianness: Endianness,
+}
+
 /// OpenAI embeddings request.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct OpenAiEmbeddingRequest {
@@ -54,6 +96,9 @@ pub struct OpenAiEmbeddingRequest {
     pub model: Option<String>,
     /// `float` (default) or `base64`.
     pub encoding_format: Option<EncodingFormat>,
+    /// vLLM's: the byte order of `base64` vectors, `native` (default: little-endian
+    /// here), `little` or `big`.
+    pub endianness: Option<Endianness>,
     /// Keep the first N components (1..=dimension), re-normalized.
     #[schema(minimum = 1)]
     pub dimensions: Option<i64>,
@@ -113,11 +158,25 @@ pub struct OpenAiEmbeddingResponse {
 }
 
 impl EmbeddingValue {
-    /// `v` in `format`.
-    pub fn encode(v: Vec<f32>, format: EncodingFormat) -> Self {
-        match format {
+    /// `v` as `encoding` asks.
+    pub fn encode(v: Vec<f32>, encoding: VectorEncoding) -> Self {
+        match encoding.format {
             EncodingFormat::Float => EmbeddingValue::Float(v),
+            EncodingFormat::Base64 if encoding.endianness.is_big() => {
+                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_be_bytes()).collect();
+                EmbeddingValue::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
+            }
             EncodingFormat::Base64 => EmbeddingValue::Base64(encode_base64(&v)),
+        }
+    }
+}
+
+impl OpenAiEmbeddingRequest {
+    /// How the answer writes the vectors.
+    pub fn vector_encoding(&self) -> VectorEncoding {
+        VectorEncoding {
+            format: self.encoding_format.unwrap_or_default(),
+            endianness: self.endianness.unwrap_or_default(),
         }
     }
 }
@@ -146,7 +205,7 @@ pub async fn embeddings(
     PriorityHeader(header, _): PriorityHeader<OpenAi>,
     ApiJson(req, _): ApiJson<OpenAiEmbeddingRequest, OpenAi>,
 ) -> Result<Json<OpenAiEmbeddingResponse>, Shaped<OpenAi>> {
-    let format = req.encoding_format.unwrap_or_default();
+    let format = req.vector_encoding();
     let out = embed_request(&state, header, req).await?;
     let data = out
         .vectors

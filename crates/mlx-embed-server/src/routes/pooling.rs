@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::openai::VllmOptions;
-use super::openai::{embed_request, EmbeddingValue, EncodingFormat, OpenAiEmbeddingRequest};
+use super::openai::{embed_request, EmbeddingValue, OpenAiEmbeddingRequest};
 use super::{response_id, unix_now, Usage};
 use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
 use crate::extract::{ApiJson, PriorityHeader, TextsOrTokens};
@@ -19,37 +19,18 @@ use crate::models::Task;
 use crate::score::{score, ScoreRequest};
 use crate::state::AppState;
 
-/// vLLM pooling request (its completion form; the chat form's `messages` is not read).
+/// vLLM pooling request (its completion form; the chat form's `messages` is
+/// not read): `/v1/embeddings`' fields, and vLLM's `task`.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct PoolingRequest {
-    /// Which served embedding model answers; default: the first.
-    pub model: Option<String>,
-    /// A string, strings, token ids, or lists of token ids (the model's own
-    /// tokenizer's, run as given).
-    pub input: TextsOrTokens,
-    /// `float` (default) or `base64` (little-endian float32 bytes).
-    pub encoding_format: Option<EncodingFormat>,
-    /// Keep the first N components (1..=dimension), re-normalized, as
-    /// `/v1/embeddings` does (vLLM answers 400 to it here).
-    #[schema(minimum = 1)]
-    pub dimensions: Option<i64>,
     /// vLLM's pooling task: `embed` (the default and only one: an embedding
     /// model's pooled vectors); any other is a 400.
     pub task: Option<String>,
-    /// false: the vectors before normalization.
-    pub use_activation: Option<bool>,
-    /// Cut every input at this many tokens (special tokens included), at most
-    /// the model's maximum; -1 (or none): the model's maximum.
-    pub truncate_prompt_tokens: Option<i64>,
-    /// true (the default); false is a 400.
-    pub add_special_tokens: Option<bool>,
-    /// `float32` (the default); others are a 400.
-    pub embed_dtype: Option<String>,
-    /// Lower is served earlier, 0 is the default: below 0 the high lane, above it the low
-    /// one. Wins over an `X-Priority` header.
-    pub priority: Option<i64>,
-    /// Accepted and ignored.
-    pub user: Option<String>,
+    /// Everything `/v1/embeddings` takes (prompts, truncation, `dimensions`,
+    /// which vLLM answers 400 to here, encoding and vLLM's options), read as
+    /// it reads them.
+    #[serde(flatten)]
+    pub embedding: OpenAiEmbeddingRequest,
 }
 
 /// One input's pooled output.
@@ -58,7 +39,8 @@ pub struct PoolingData {
     pub index: usize,
     /// Always `pooling`.
     pub object: &'static str,
-    /// The input's vector: floats, or base64 of their little-endian float32 bytes.
+    /// The input's vector: floats, or base64 of their float32 bytes (little-endian
+    /// unless `endianness: big`).
     pub data: EmbeddingValue,
 }
 
@@ -103,27 +85,8 @@ pub async fn pooling(
         .param("task")
         .into());
     }
-    let format = req.encoding_format.unwrap_or_default();
-    let out = embed_request(
-        &state,
-        header,
-        OpenAiEmbeddingRequest {
-            input: req.input,
-            model: req.model,
-            encoding_format: req.encoding_format,
-            dimensions: req.dimensions,
-            user: req.user,
-            prompt_name: None,
-            priority: req.priority,
-            truncate: None,
-            use_activation: req.use_activation,
-            normalize: None,
-            truncate_prompt_tokens: req.truncate_prompt_tokens,
-            add_special_tokens: req.add_special_tokens,
-            embed_dtype: req.embed_dtype,
-        },
-    )
-    .await?;
+    let format = req.embedding.vector_encoding();
+    let out = embed_request(&state, header, req.embedding).await?;
     Ok(Json(PoolingResponse {
         id: response_id("pooling"),
         object: "list",

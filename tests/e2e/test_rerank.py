@@ -104,6 +104,22 @@ def test_cohere_shape_over_http(duo):
     assert len(v2["results"]) == len(docs) and "document" not in v2["results"][0]
 
 
+def test_platform_routes_rerank_a_rerank_body_beside_an_embedder(duo):
+    """SageMaker's /invocations and Vertex's /vertex send a `query` + `texts`
+    body with no model: the reranker answers it, though the default model is
+    the embedder (/invocations refused it with 422 as an /embed body)."""
+    pairs = _pairs(BERT_RERANKER)[:3]
+    body = {"query": pairs[0][0], "texts": [p[1] for p in pairs]}
+    want = duo.post("/rerank", body).json()
+    r = duo.post("/invocations", body)
+    assert r.status_code == 200, r.text
+    assert r.json() == want
+    r = duo.post("/vertex", {"instances": [body, {"inputs": "hello"}]})
+    assert r.status_code == 200, r.text
+    assert r.json()["predictions"][0] == want
+    assert len(r.json()["predictions"][1][0]) == 384
+
+
 def test_rerank_takes_the_documents_shape_too(duo):
     """Infinity, vLLM and Jina serve `/rerank` with `documents` (and Infinity
     `/embeddings` without the version prefix): that body gets /v1/rerank's answer."""

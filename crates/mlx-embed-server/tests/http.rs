@@ -565,6 +565,16 @@ async fn size_limits_return_413() {
         ..test_args()
     };
     let s = Server::start(args).await;
+    // Vertex's instances count together: 3 instances of 2 inputs are 6.
+    let msg = expect_error(
+        &s,
+        "/vertex",
+        Shape::Tei,
+        &json!({ "instances": [{ "inputs": ["a", "b"] }, { "inputs": ["c", "d"] }, { "inputs": ["e", "f"] }] }),
+        413,
+    )
+    .await;
+    assert!(msg.contains("6 inputs in all"), "{msg}");
     for (path, shape) in ROUTES {
         let msg = expect_error(
             &s,
@@ -2207,6 +2217,33 @@ async fn sagemaker_and_vertex_answer_with_the_models_route() {
     assert_close(&floats(&predictions[1][1]), &raw_vector(&text("c")));
     let (status, _, v) = post(&s, "/vertex", &json!({ "instances": [] })).await;
     assert_eq!((status, v), (200, json!({ "predictions": [] })));
+    // Instances of one form run as one request (its turns in the lane are
+    // one caller's, not one per instance); those of another form beside it.
+    let before = s.batcher.metrics().requests_ok;
+    let instances: Vec<Value> = (0..6)
+        .map(|i| json!({ "inputs": format!("t{i}") }))
+        .chain([json!({ "inputs": ["u", "v"], "normalize": false })])
+        .collect();
+    let (status, _, v) = post(&s, "/vertex", &json!({ "instances": instances })).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(s.batcher.metrics().requests_ok - before, 2);
+    for i in 0..6 {
+        assert_close(
+            &floats(&v["predictions"][i][0]),
+            &unit_vector(&text(&format!("t{i}"))),
+        );
+    }
+    assert_close(&floats(&v["predictions"][6][1]), &raw_vector(&text("v")));
+    // An error names the instance it is about.
+    let e = expect_error(
+        &s,
+        "/vertex",
+        Shape::Tei,
+        &json!({ "instances": [{ "inputs": "a" }, { "inputs": ["b", ""] }] }),
+        400,
+    )
+    .await;
+    assert!(e.starts_with("instance 1: input 1"), "{e}");
     // An instance of the wrong shape, or a rerank body for an embedding
     // model, fails the request in TEI's shape.
     expect_error(

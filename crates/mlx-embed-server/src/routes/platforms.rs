@@ -25,7 +25,7 @@ use utoipa::{PartialSchema, ToSchema};
 use super::predict::{predict_body, PredictResponse};
 use super::rerank::{parse, rerank_body, tei_rank, TeiRank, TeiRerankRequest};
 use super::tei::{sparse_values, SparseValue, TeiEmbedRequest, TeiRawRequest};
-use crate::embed::embed as run_embed;
+use crate::embed::{embed as run_embed, EmbedRequest};
 use crate::errors::{ApiError, ErrorKind, Shaped, Tei, TeiErrorBody};
 use crate::extract::{ApiJson, PriorityHeader};
 use crate::models::Task;
@@ -139,10 +139,30 @@ impl ToSchema for InvocationsAnswer {
     }
 }
 
+/// What `/invocations` answers on error (documentation only): TEI's body,
+/// or for a `/rerank` `documents` body `/v1/rerank`'s, as `/rerank` answers it.
+pub struct InvocationsError;
+
+impl PartialSchema for InvocationsError {
+    fn schema() -> RefOr<Schema> {
+        OneOfBuilder::new()
+            .item(Ref::from_schema_name("TeiErrorBody"))
+            .item(Ref::from_schema_name("OpenAiErrorBody"))
+            .into()
+    }
+}
+
+impl ToSchema for InvocationsError {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("InvocationsError")
+    }
+}
+
 /// SageMaker's inference route: answered by `/embed` for an embedding model
 /// (`/embed_sparse` for SPLADE), `/predict` for a classifier, `/rerank` for a
 /// reranker, as TEI answers it. The model is the body's `model`, else the
-/// default model.
+/// default model; a rerank body (`query` with `texts` or `documents`) is
+/// reranked.
 ///
 /// Errors use `{"error": str, "error_type": str}` (a `/rerank` `documents`
 /// body: `/v1/rerank`'s shape, as on `/rerank`).
@@ -152,8 +172,8 @@ impl ToSchema for InvocationsAnswer {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "The answering route's answer", body = InvocationsAnswer),
-        (status = "4XX", description = "Invalid request, as the answering route's (400, 401, 404 unknown model, 413, 415, 422, 429)", body = TeiErrorBody),
-        (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiErrorBody),
+        (status = "4XX", description = "Invalid request, as the answering route's (400, 401, 404 unknown model, 413, 415, 422, 429)", body = InvocationsError),
+        (status = "5XX", description = "Model failed (500) or unavailable (503)", body = InvocationsError),
     )
 )]
 pub async fn invocations(
@@ -162,7 +182,12 @@ pub async fn invocations(
     ApiJson(body, _): ApiJson<Value, Tei>,
 ) -> Response {
     let priority = priority.map(|header| header.0).map_err(|shaped| shaped.0);
+    // A rerank body (either of /rerank's forms) is reranked whatever the
+    // default model is, as on /vertex: beside an embedder, the reranker answers it.
+    let rerank_body_shape = body.get("query").is_some()
+        && (body.get("texts").is_some() || body.get("documents").is_some());
     let job = match job_of(&state, model_field(&body)) {
+        Ok(_) if rerank_body_shape => Job::Rerank,
         Ok(job) => job,
         Err(e) => return Shaped::<Tei>::from(e).into_response(),
     };
@@ -198,7 +223,12 @@ pub struct VertexResponse {
 }
 
 /// Google Vertex AI's prediction route, as TEI serves it: every instance
-/// answered by its route (all run at once; one failure fails the request).
+/// answered by its route. Instances for `/embed` with the same options run
+/// as one call, so a request of many one-text instances takes its turns in
+/// its lane as one bulk call does, not as that many callers ahead of a
+/// query; other instances run at once. All instances together hold at most
+/// `--max-inputs-per-request` inputs; one failure fails the request, and its
+/// message names the instance.
 ///
 /// Errors use `{"error": str, "error_type": str}`.
 #[utoipa::path(
@@ -207,7 +237,7 @@ pub struct VertexResponse {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "One prediction per instance, in order", body = VertexResponse),
-        (status = "4XX", description = "Invalid request (400, 401, 404 unknown model, 413 incl. more instances than --max-inputs-per-request, 415, 422 incl. an instance of the wrong shape, 429)", body = TeiErrorBody),
+        (status = "4XX", description = "Invalid request (400, 401, 404 unknown model, 413 incl. more inputs in all instances than --max-inputs-per-request, 415, 422 incl. an instance of the wrong shape, 429)", body = TeiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiErrorBody),
     )
 )]
@@ -216,33 +246,191 @@ pub async fn vertex(
     PriorityHeader(priority, _): PriorityHeader<Tei>,
     ApiJson(req, _): ApiJson<VertexRequest, Tei>,
 ) -> Result<Json<VertexResponse>, Shaped<Tei>> {
+    let planned = req
+        .instances
+        .into_iter()
+        .enumerate()
+        .map(|(i, instance)| plan(&state, instance, priority).map_err(|e| in_instance(e, i)))
+        .collect::<Result<Vec<_>, _>>()?;
     let max_inputs = state.args().max_inputs_per_request;
-    if req.instances.len() > max_inputs {
+    let total: usize = planned.iter().map(Planned::inputs).sum();
+    if total > max_inputs {
         return Err(ApiError::new(
             ErrorKind::TooLarge,
             format!(
-                "{} instances is more than the limit of {max_inputs} per request \
-                 (--max-inputs-per-request); split the request",
-                req.instances.len()
+                "the instances hold {total} inputs in all, more than the limit of {max_inputs} \
+                 per request (--max-inputs-per-request); split the request"
             ),
         )
         .param("instances")
         .into());
     }
+    let n = planned.len();
+    let mut groups: Vec<EmbedGroup> = Vec::new();
+    let mut others = Vec::new();
+    for (i, instance) in planned.into_iter().enumerate() {
+        match instance {
+            Planned::Embed(req) => match groups.iter_mut().find(|g| g.takes(&req)) {
+                Some(group) => group.add(i, req),
+                None => groups.push(EmbedGroup::new(i, req)),
+            },
+            Planned::Other(job, body) => others.push((i, job, body)),
+        }
+    }
     let state = &state;
-    let predictions = try_join_all(req.instances.into_iter().map(|instance| async move {
-        // As TEI: a rerank body is reranked whatever the model (a reranker
-        // that is not refuses it); the rest go to the model's route.
-        let job = if serde_json::from_value::<TeiRerankRequest>(instance.clone()).is_ok() {
-            Job::Rerank
-        } else {
-            match job_of(state, model_field(&instance))? {
-                Job::Rerank => Job::Predict,
-                job => job,
+    let embedded = try_join_all(groups.into_iter().map(|group| group.run(state)));
+    let answered = try_join_all(others.into_iter().map(|(i, job, body)| async move {
+        answer(state, job, body, priority)
+            .await
+            .map(|a| (i, a))
+            .map_err(|e| in_instance(e, i))
+    }));
+    let (embedded, answered) = futures_util::future::try_join(embedded, answered).await?;
+    let mut predictions: Vec<Option<RouteAnswer>> = (0..n).map(|_| None).collect();
+    for (i, answer) in embedded.into_iter().flatten().chain(answered) {
+        predictions[i] = Some(answer);
+    }
+    Ok(Json(VertexResponse {
+        predictions: predictions
+            .into_iter()
+            .map(|p| p.expect("every instance answered"))
+            .collect(),
+    }))
+}
+
+/// One Vertex instance, parsed and routed before anything runs.
+enum Planned {
+    /// An `/embed` body, merged with others of the same options.
+    Embed(EmbedRequest),
+    /// Any other route's body, answered on its own.
+    Other(Job, Value),
+}
+
+impl Planned {
+    /// Inputs the instance sends to the model (a rerank: its documents).
+    fn inputs(&self) -> usize {
+        match self {
+            Planned::Embed(req) => req.inputs.len(),
+            Planned::Other(_, body) => match body.get("texts").or_else(|| body.get("inputs")) {
+                Some(Value::Array(items)) => items.len(),
+                _ => 1,
+            },
+        }
+    }
+}
+
+/// Routes one instance as TEI does: a rerank body is reranked whatever the
+/// model (a model that is no reranker refuses it); the rest go to the
+/// model's route, a reranker's being `/predict`.
+fn plan(
+    state: &AppState,
+    instance: Value,
+    priority: Option<Priority>,
+) -> Result<Planned, ApiError> {
+    if serde_json::from_value::<TeiRerankRequest>(instance.clone()).is_ok() {
+        return Ok(Planned::Other(Job::Rerank, instance));
+    }
+    Ok(match job_of(state, model_field(&instance))? {
+        Job::Embed => {
+            let req: TeiEmbedRequest = parse(instance)?;
+            Planned::Embed(req.into_request(priority))
+        }
+        Job::Rerank => Planned::Other(Job::Predict, instance),
+        job => Planned::Other(job, instance),
+    })
+}
+
+/// `/embed` instances of the same model and options, run as one call.
+struct EmbedGroup {
+    req: EmbedRequest,
+    /// Per instance in the group: its index in the request, and its inputs.
+    owners: Vec<(usize, usize)>,
+}
+
+impl EmbedGroup {
+    fn new(instance: usize, req: EmbedRequest) -> Self {
+        Self {
+            owners: vec![(instance, req.inputs.len())],
+            req,
+        }
+    }
+
+    /// Whether `req` differs from the group's only in its inputs.
+    fn takes(&self, req: &EmbedRequest) -> bool {
+        let g = &self.req;
+        (&g.model, &g.options, g.normalize, g.dimensions)
+            == (&req.model, &req.options, req.normalize, req.dimensions)
+    }
+
+    fn add(&mut self, instance: usize, req: EmbedRequest) {
+        self.owners.push((instance, req.inputs.len()));
+        self.req.inputs.extend(req.inputs);
+    }
+
+    /// Each instance's vectors, by instance index; an error names the
+    /// instance (and its input) it is about.
+    async fn run(self, state: &AppState) -> Result<Vec<(usize, RouteAnswer)>, ApiError> {
+        let owners = self.owners;
+        let mut vectors = match run_embed(state, self.req).await {
+            Ok(out) => out.vectors.into_iter(),
+            Err(mut e) => {
+                e.message = locate_input(&e.message, &owners);
+                return Err(e);
             }
         };
-        answer(state, job, instance, priority).await
-    }))
-    .await?;
-    Ok(Json(VertexResponse { predictions }))
+        Ok(owners
+            .into_iter()
+            .map(|(instance, n)| {
+                (
+                    instance,
+                    RouteAnswer::Embed(vectors.by_ref().take(n).collect()),
+                )
+            })
+            .collect())
+    }
+}
+
+/// `error` about instance `i`.
+fn in_instance(mut error: ApiError, i: usize) -> ApiError {
+    error.message = format!("instance {i}: {}", error.message);
+    error
+}
+
+/// A merged call's error message that begins `input <k>` (the core names
+/// an input so), told of the instance and input `k` is.
+fn locate_input(message: &str, owners: &[(usize, usize)]) -> String {
+    let Some(rest) = message.strip_prefix("input ") else {
+        return message.to_owned();
+    };
+    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+    let Ok(mut k) = rest[..digits].parse::<usize>() else {
+        return message.to_owned();
+    };
+    for &(instance, n) in owners {
+        if k < n {
+            return format!("instance {instance}: input {k}{}", &rest[digits..]);
+        }
+        k -= n;
+    }
+    message.to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::locate_input;
+
+    #[test]
+    fn a_merged_inputs_error_names_its_instance() {
+        let owners = [(0, 2), (3, 1), (5, 4)];
+        assert_eq!(
+            locate_input("input 4 is an empty string", &owners),
+            "instance 5: input 1 is an empty string"
+        );
+        assert_eq!(
+            locate_input("input 2: cannot tokenize", &owners),
+            "instance 3: input 0: cannot tokenize"
+        );
+        assert_eq!(locate_input("model failed", &owners), "model failed");
+        assert_eq!(locate_input("input 9 is past", &owners), "input 9 is past");
+    }
 }

@@ -329,6 +329,28 @@ pub struct NativeErrorDetail {
     pub code: u16,
 }
 
+/// A route that answers in TEI's error body, or in OpenAI's for a Cohere-
+/// shaped body (`/rerank`'s `documents` form, `/invocations` with it):
+/// documentation only.
+pub struct TeiOrOpenAiErrorBody;
+
+impl utoipa::PartialSchema for TeiOrOpenAiErrorBody {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::OneOfBuilder;
+        use utoipa::openapi::Ref;
+        OneOfBuilder::new()
+            .item(Ref::from_schema_name("TeiErrorBody"))
+            .item(Ref::from_schema_name("OpenAiErrorBody"))
+            .into()
+    }
+}
+
+impl ToSchema for TeiOrOpenAiErrorBody {
+    fn name() -> std::borrow::Cow<'static, str> {
+        std::borrow::Cow::Borrowed("TeiOrOpenAiErrorBody")
+    }
+}
+
 /// OpenAI's error body.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct OpenAiErrorBody {

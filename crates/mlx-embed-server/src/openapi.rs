@@ -56,7 +56,13 @@ use crate::routes::{
         ops::info,
         ops::openapi,
     ),
-    components(schemas(NativeErrorBody, OpenAiErrorBody, TeiErrorBody, OllamaErrorBody, WeaviateErrorBody)),
+    // The error bodies, and the schemas /rerank's documentation-only unions
+    // name (schemas a route names by reference only are not collected).
+    components(schemas(
+        NativeErrorBody, OpenAiErrorBody, TeiErrorBody, OllamaErrorBody, WeaviateErrorBody,
+        rerank::TeiRerankRequest, rerank::TeiRank, rerank::CohereRerankRequest,
+        rerank::CohereRerankResponse,
+    )),
     tags(
         (name = "native", description = "The native API"),
         (name = "openai", description = "OpenAI compatible"),

@@ -2133,6 +2133,11 @@ async fn vllm_version_and_pooling_answer_as_vllm() {
     )
     .await;
     assert_eq!(v["error"]["param"], "truncate_prompt_tokens", "{v}");
+    assert_eq!(
+        v["error"]["message"],
+        "truncate_prompt_tokens must be at least 1 token (special tokens included), not -2 \
+         (or -1: the model's maximum)"
+    );
     let (status, _, v) = post(
         &s,
         "/pooling",

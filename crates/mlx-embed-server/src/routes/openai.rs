@@ -331,6 +331,10 @@ impl VllmOptions<'_> {
             "truncate_prompt_tokens",
             self.truncate_prompt_tokens.filter(|&n| n != -1),
         )
+        .map_err(|mut e| {
+            e.message.push_str(" (or -1: the model's maximum)");
+            e
+        })
     }
 }
 

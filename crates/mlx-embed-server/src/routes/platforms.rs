@@ -26,7 +26,7 @@ use super::predict::{predict_body, PredictResponse};
 use super::rerank::{parse, rerank_body, tei_rank, TeiRank, TeiRerankRequest};
 use super::tei::{sparse_values, SparseValue, TeiEmbedRequest, TeiRawRequest};
 use crate::embed::{embed as run_embed, EmbedRequest};
-use crate::errors::{ApiError, ErrorKind, Shaped, Tei, TeiErrorBody};
+use crate::errors::{ApiError, ErrorKind, Shaped, Tei, TeiErrorBody, TeiOrOpenAiErrorBody};
 use crate::extract::{ApiJson, PriorityHeader};
 use crate::models::Task;
 use crate::state::AppState;
@@ -139,25 +139,6 @@ impl ToSchema for InvocationsAnswer {
     }
 }
 
-/// What `/invocations` answers on error (documentation only): TEI's body,
-/// or for a `/rerank` `documents` body `/v1/rerank`'s, as `/rerank` answers it.
-pub struct InvocationsError;
-
-impl PartialSchema for InvocationsError {
-    fn schema() -> RefOr<Schema> {
-        OneOfBuilder::new()
-            .item(Ref::from_schema_name("TeiErrorBody"))
-            .item(Ref::from_schema_name("OpenAiErrorBody"))
-            .into()
-    }
-}
-
-impl ToSchema for InvocationsError {
-    fn name() -> Cow<'static, str> {
-        Cow::Borrowed("InvocationsError")
-    }
-}
-
 /// SageMaker's inference route: answered by `/embed` for an embedding model
 /// (`/embed_sparse` for SPLADE), `/predict` for a classifier, `/rerank` for a
 /// reranker, as TEI answers it. The model is the body's `model`, else the
@@ -172,8 +153,8 @@ impl ToSchema for InvocationsError {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "The answering route's answer", body = InvocationsAnswer),
-        (status = "4XX", description = "Invalid request, as the answering route's (400, 401, 404 unknown model, 413, 415, 422, 429)", body = InvocationsError),
-        (status = "5XX", description = "Model failed (500) or unavailable (503)", body = InvocationsError),
+        (status = "4XX", description = "Invalid request, as the answering route's (400, 401, 404 unknown model, 413, 415, 422, 429)", body = TeiOrOpenAiErrorBody),
+        (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiOrOpenAiErrorBody),
     )
 )]
 pub async fn invocations(

@@ -11,11 +11,16 @@ use mlx_embed_core::{EmbedInput, EmbedOptions, Priority};
 use serde::de::{self, Deserializer};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use utoipa::ToSchema;
+use std::borrow::Cow;
+use utoipa::openapi::schema::{AnyOfBuilder, ArrayBuilder, OneOfBuilder, Schema};
+use utoipa::openapi::{Ref, RefOr};
+use utoipa::{PartialSchema, ToSchema};
 
 use super::Usage;
 use crate::embed::check_inputs;
-use crate::errors::{ApiError, ErrorKind, OpenAi, OpenAiErrorBody, Shaped, Tei, TeiErrorBody};
+use crate::errors::{
+    ApiError, ErrorKind, OpenAi, OpenAiErrorBody, Shaped, Tei, TeiOrOpenAiErrorBody,
+};
 use crate::extract::{ApiJson, PriorityHeader, TruncationSide};
 use crate::models::Task;
 use crate::score::{ranking, score, score_checked, ScoreOutput, ScoreRequest};
@@ -60,12 +65,12 @@ pub struct TeiRank {
 /// Errors use `{"error": str, "error_type": str}`.
 #[utoipa::path(
     post, path = "/rerank", tag = "tei", operation_id = "tei_rerank",
-    request_body = TeiRerankRequest,
+    request_body = RerankBody,
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
-        (status = 200, description = "Documents best first (a `documents` body: the /v1/rerank response)", body = Vec<TeiRank>),
-        (status = "4XX", description = "Invalid request (400 also: no reranker served; 401, 404 unknown model, 413, 415, 422, 429). A Cohere-shaped body (`documents`) is answered in the OpenAI error shape, with 400 where this says 422, as /v1/rerank", body = TeiErrorBody),
-        (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiErrorBody),
+        (status = 200, description = "Documents best first (a `documents` body: the /v1/rerank response)", body = RerankAnswer),
+        (status = "4XX", description = "Invalid request (400 also: no reranker served; 401, 404 unknown model, 413, 415, 422, 429). A Cohere-shaped body (`documents`) is answered in the OpenAI error shape, with 400 where this says 422, as /v1/rerank", body = TeiOrOpenAiErrorBody),
+        (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiOrOpenAiErrorBody),
     )
 )]
 pub async fn tei_rerank(
@@ -109,6 +114,44 @@ pub(crate) fn parse<T: serde::de::DeserializeOwned>(body: Value) -> Result<T, Ap
             format!("Failed to deserialize the JSON body into the target type: {e}"),
         )
     })
+}
+
+/// What `/rerank` takes (documentation only): TEI's body (`texts`), or the
+/// `documents` form of Infinity, vLLM and Jina (Cohere's body).
+pub struct RerankBody;
+
+impl PartialSchema for RerankBody {
+    fn schema() -> RefOr<Schema> {
+        AnyOfBuilder::new()
+            .item(Ref::from_schema_name("TeiRerankRequest"))
+            .item(Ref::from_schema_name("CohereRerankRequest"))
+            .into()
+    }
+}
+
+impl ToSchema for RerankBody {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("RerankBody")
+    }
+}
+
+/// What `/rerank` answers (documentation only): TEI's list for a `texts`
+/// body, `/v1/rerank`'s answer for a `documents` body.
+pub struct RerankAnswer;
+
+impl PartialSchema for RerankAnswer {
+    fn schema() -> RefOr<Schema> {
+        OneOfBuilder::new()
+            .item(ArrayBuilder::new().items(Ref::from_schema_name("TeiRank")))
+            .item(Ref::from_schema_name("CohereRerankResponse"))
+            .into()
+    }
+}
+
+impl ToSchema for RerankAnswer {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("RerankAnswer")
+    }
 }
 
 /// TEI's ranking for `req`: best first.

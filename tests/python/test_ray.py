@@ -8,7 +8,6 @@ fail loudly on a bad row with its id. Every job runs under a time bound.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -172,35 +171,27 @@ def embedder_pids() -> set[int]:
 
 def test_bulk_cli_with_an_actor_killed_mid_job(corpus, reference, tmp_path):
     """`mlx-embed bulk` equals `mlx-embed embed` on the same rows, even with one
-    of its actors killed mid-job: Ray restarts it, and no row is lost or written twice."""
+    of its actors killed mid-job: Ray runs the killed actor's batches again
+    (on its replacement or on the other actor), and no row is lost or written
+    twice. Whether Ray starts a replacement is Ray's choice: holding the other
+    actor until one appeared (SIGSTOP) hung the job when the kill came with
+    no work left to hand a replacement, on a busy machine."""
     out = tmp_path / "out"
     cmd = [*CLI, "bulk", str(corpus["parquet"]), "-o", str(out), "--num-cpus", "2",
            "--concurrency", "2", "--cpus-per-actor", "0.5", "--batch-size", "50", "--rows-per-file", "200"]
     with open(tmp_path / "stdout", "w+") as stdout, open(tmp_path / "stderr", "w+") as stderr:
         job = subprocess.Popen(cmd, stdout=stdout, stderr=stderr, cwd=ROOT, env=ray_env())
-        killed, paused, seen, written_at_kill = None, None, set(), 0
+        killed, seen, written_at_kill = None, set(), 0
         deadline = time.monotonic() + JOB_TIMEOUT_S
         try:
             while job.poll() is None and time.monotonic() < deadline:
-                now = embedder_pids()
-                seen |= now
-                # Kill one actor once the job has written some rows but not all,
-                # and hold the other until Ray has started the killed one's
-                # replacement: on a busy machine the survivor alone once
-                # finished the job first, and no replacement was there to see.
+                seen |= embedder_pids()
+                # Kill one actor once the job has written some rows but not all.
                 if killed is None and len(seen) >= 2 and (written := rows_written(out)):
                     killed, written_at_kill = min(seen), written
-                    paused = max(seen - {killed})
-                    os.kill(paused, signal.SIGSTOP)
                     os.kill(killed, signal.SIGKILL)
-                if paused is not None and now - {killed, paused}:
-                    os.kill(paused, signal.SIGCONT)
-                    paused = None
                 time.sleep(0.05)
         finally:
-            if paused is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(paused, signal.SIGCONT)
             if job.poll() is None:
                 job.kill()
             job.wait(30)
@@ -209,7 +200,6 @@ def test_bulk_cli_with_an_actor_killed_mid_job(corpus, reference, tmp_path):
     assert job.returncode == 0, err_text[-4000:]
     assert killed is not None, "the job ended before an actor could be killed"
     assert 0 < written_at_kill < ROWS
-    assert len(seen - {killed}) >= 2, f"no replacement actor: seen {sorted(seen)}, killed {killed}"
     summary = json.loads([line for line in out_text.splitlines() if line.startswith("{")][-1])
     assert (summary["input_rows"], summary["embedded"], summary["already_done"]) == (ROWS, ROWS, 0)
     # Ray's own progress report went to the terminal (stderr here).

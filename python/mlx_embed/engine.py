@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import operator
 import os
 import time
 from typing import Optional, Sequence, Union
@@ -432,9 +433,14 @@ class EmbeddingModel(ScoringMixin):
         check_direction(truncation_direction)
         limit = self.max_length
         if truncate_to is not None:
-            if isinstance(truncate_to, bool) or not isinstance(truncate_to, int) or truncate_to < 1:
+            try:
+                # operator.index: any integer type (NumPy's too), never a float or a str.
+                cut = None if isinstance(truncate_to, bool) else operator.index(truncate_to)
+            except TypeError:
+                cut = None
+            if cut is None or cut < 1:
                 raise InvalidInput(f"truncate_to must be a whole number of tokens, at least 1, not {truncate_to!r}")
-            limit = min(limit, truncate_to)
+            limit = min(limit, cut)
             self.tokenizer.content_room(limit)
         prefix = self._prompt(prompt_name, prompt, instruction)
         try:

@@ -220,7 +220,8 @@ def test_a_per_request_cut_is_the_same_on_every_route(server):
     assert server.post("/api/v1/embed", {"texts": [text], "truncate_to": 100000}).status_code == 200
     # With truncation off a longer input is refused at the cut, not the model's maximum.
     refused = server.post("/api/v1/embed", {"texts": [text], "truncate_to": n, "truncate": False})
-    assert refused.status_code == 422 and f"{len(listed)} tokens" in refused.text, refused.text
+    assert refused.status_code == 422, refused.text
+    assert f"{len(listed)} tokens, more than the request's cut of {n}" in refused.text, refused.text
     refused = server.post("/v2/embed", {"texts": [text], "max_tokens": n, "truncate": "NONE"})
     assert refused.status_code == 400, refused.text
     # Too short to hold [CLS] and [SEP] with any text, or not a count.

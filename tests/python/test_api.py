@@ -95,6 +95,7 @@ def test_truncate_to_cuts_shorter_than_the_model(minilm, golden_texts):
     b = np.frombuffer(minilm.embed_ids([right]).vectors, "<f4")
     assert np.abs(vec[0] - b / np.linalg.norm(b)).max() <= 1e-6
     assert minilm.encode([long_text], truncate_to=100_000) == minilm.encode([long_text])
+    assert minilm.encode([long_text], truncate_to=np.int64(10))[0] == [right]
     with pytest.raises(InvalidInput, match="text 0 has .* more than max_length=10"):
         minilm.embed([long_text], truncate_to=10, truncate=False)
     assert minilm.count_tokens(["short"], truncate_to=3, truncate=False) == [3]

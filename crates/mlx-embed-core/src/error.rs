@@ -43,13 +43,20 @@ pub enum CoreError {
     #[error("invalid input: {0}")]
     InvalidInput(String),
     /// Input `index` has `tokens` tokens (special tokens included), more than
-    /// the model's `max`, and the caller asked not to truncate. Raised after
+    /// `max` (the model's maximum, or the request's shorter
+    /// [`EmbedOptions::truncate_to`](crate::EmbedOptions::truncate_to) when
+    /// `requested`), and the caller asked not to truncate. Raised after
     /// tokenization, before the request is admitted: nothing was computed.
-    #[error("input {index} has {tokens} tokens, more than the model's maximum of {max}")]
+    #[error(
+        "input {index} has {tokens} tokens, more than {} of {max}",
+        if *.requested { "the request's cut" } else { "the model's maximum" }
+    )]
     InputTooLong {
         index: usize,
         tokens: usize,
         max: usize,
+        /// `max` is the request's own cut, below the model's maximum.
+        requested: bool,
     },
     /// [`crate::Batcher::embed`] was polled outside a tokio runtime (by
     /// another executor, or `block_on` of a crate other than tokio's). It

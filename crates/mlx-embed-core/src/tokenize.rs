@@ -64,6 +64,7 @@ pub(crate) async fn encode_all(
                 index,
                 tokens: e.untruncated_len as usize,
                 max,
+                requested: max != info.max_input_tokens,
             });
         }
         debug_assert!(

@@ -383,7 +383,8 @@ async fn too_long_without_truncation_is_refused_before_any_compute() {
         CoreError::InputTooLong {
             index: 1,
             tokens: MAX_TOKENS + 2,
-            max: MAX_TOKENS
+            max: MAX_TOKENS,
+            requested: false,
         }
     );
     assert!(record.batches().is_empty(), "nothing was computed");

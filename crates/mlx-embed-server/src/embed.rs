@@ -129,10 +129,7 @@ async fn run(state: &AppState, req: EmbedRequest, task: Task) -> Result<EmbedOut
     let dimension = match output {
         Output::Pooled => {
             for v in &mut vectors {
-                v.truncate(dimension);
-                if req.normalize {
-                    l2_normalize(v);
-                }
+                finish_pooled(v, dimension, req.normalize);
             }
             dimension
         }
@@ -217,7 +214,17 @@ fn row_width(vectors: &[Vec<f32>], rows: &[u32]) -> Result<usize, ApiError> {
 }
 
 /// The output dimension `req` asks for.
-fn validate(req: &EmbedRequest, model: &ServedModel) -> Result<usize, ApiError> {
+/// A pooled vector as a request asks for it: its first `dimension`
+/// components, then unit length when `normalize`.
+pub(crate) fn finish_pooled(v: &mut Vec<f32>, dimension: usize, normalize: bool) {
+    v.truncate(dimension);
+    if normalize {
+        l2_normalize(v);
+    }
+}
+
+/// The output width `req` asks of `model`, once its options are checked.
+pub(crate) fn validate(req: &EmbedRequest, model: &ServedModel) -> Result<usize, ApiError> {
     if req.options.output == Output::Tokens && (req.normalize || req.dimensions.is_some()) {
         // Per-token rows are the raw hidden states (TEI's contract); no route asks otherwise.
         return Err(ApiError::invalid(

@@ -293,12 +293,9 @@ impl From<CoreError> for ApiError {
                 };
                 Self::invalid(msg).param(param)
             }
-            CoreError::InputTooLong { index, tokens, max } => Self::new(
+            e @ CoreError::InputTooLong { .. } => Self::new(
                 ErrorKind::Unprocessable,
-                format!(
-                    "input {index} has {tokens} tokens, more than the model's maximum of {max}; \
-                     shorten it or set truncate to true"
-                ),
+                format!("{e}; shorten it or set truncate to true"),
             )
             .code("context_length_exceeded"),
         }

@@ -2164,6 +2164,25 @@ async fn vllm_version_and_pooling_answer_as_vllm() {
 #[tokio::test]
 async fn vllm_classify_answers_label_probabilities() {
     let s = scorer_server(FakeScorer::classifier).await;
+    // truncate: false refuses an over-long input, at the request's cut too.
+    let long = "x".repeat(MAX_TOKENS + 5);
+    let (status, _, v) = post(
+        &s,
+        "/classify",
+        &json!({ "input": long, "truncate": false }),
+    )
+    .await;
+    assert_eq!(status, 400, "{v}");
+    let body = json!({ "input": "abcdef", "truncate": false, "truncate_prompt_tokens": 4 });
+    let (status, _, v) = post(&s, "/classify", &body).await;
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("input 0 has 8 tokens, more than the request's cut of 4"),
+        "{v}"
+    );
     let texts = ["good", "bad"];
     let (status, _, v) = post(&s, "/classify", &json!({ "input": texts })).await;
     assert_eq!(status, 200, "{v}");
@@ -2222,12 +2241,16 @@ async fn sagemaker_and_vertex_answer_with_the_models_route() {
     assert_close(&floats(&predictions[1][1]), &raw_vector(&text("c")));
     let (status, _, v) = post(&s, "/vertex", &json!({ "instances": [] })).await;
     assert_eq!((status, v), (200, json!({ "predictions": [] })));
-    // Instances of one form run as one request (its turns in the lane are
-    // one caller's, not one per instance); those of another form beside it.
+    // Instances of one model, truncation and prompt run as one request (its
+    // turns in the lane are one caller's, not one per instance), whatever
+    // their normalize and dimensions; another prompt runs beside it.
     let before = s.batcher.metrics().requests_ok;
     let instances: Vec<Value> = (0..6)
         .map(|i| json!({ "inputs": format!("t{i}") }))
-        .chain([json!({ "inputs": ["u", "v"], "normalize": false })])
+        .chain([
+            json!({ "inputs": ["u", "v"], "normalize": false, "dimensions": 4 }),
+            json!({ "inputs": "w", "prompt_name": "query" }),
+        ])
         .collect();
     let (status, _, v) = post(&s, "/vertex", &json!({ "instances": instances })).await;
     assert_eq!(status, 200, "{v}");
@@ -2238,7 +2261,29 @@ async fn sagemaker_and_vertex_answer_with_the_models_route() {
             &unit_vector(&text(&format!("t{i}"))),
         );
     }
-    assert_close(&floats(&v["predictions"][6][1]), &raw_vector(&text("v")));
+    assert_close(
+        &floats(&v["predictions"][6][1]),
+        &raw_vector(&text("v"))[..4],
+    );
+    assert_close(
+        &floats(&v["predictions"][7][0]),
+        &unit_vector(&text("query: w")),
+    );
+    // An empty instance is refused as /embed refuses it, merged or not.
+    for instances in [
+        json!([{ "inputs": "a" }, { "inputs": [] }]),
+        json!([{ "inputs": [] }]),
+    ] {
+        let e = expect_error(
+            &s,
+            "/vertex",
+            Shape::Tei,
+            &json!({ "instances": instances }),
+            400,
+        )
+        .await;
+        assert!(e.contains("input is empty"), "{e}");
+    }
     // An error names the instance it is about.
     let e = expect_error(
         &s,

@@ -15,7 +15,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use futures_util::future::try_join_all;
-use mlx_embed_core::{ModelKind, Priority};
+use mlx_embed_core::{EmbedInput, ModelKind, Priority};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::openapi::schema::{AnyOfBuilder, OneOfBuilder, Schema};
@@ -25,7 +25,7 @@ use utoipa::{PartialSchema, ToSchema};
 use super::predict::{predict_body, PredictResponse};
 use super::rerank::{parse, rerank_body, tei_rank, TeiRank, TeiRerankRequest};
 use super::tei::{sparse_values, SparseValue, TeiEmbedRequest, TeiRawRequest};
-use crate::embed::{embed as run_embed, EmbedRequest};
+use crate::embed::{check_inputs, embed as run_embed, finish_pooled, validate, EmbedRequest};
 use crate::errors::{ApiError, ErrorKind, Shaped, Tei, TeiErrorBody, TeiOrOpenAiErrorBody};
 use crate::extract::{ApiJson, PriorityHeader};
 use crate::models::Task;
@@ -204,10 +204,11 @@ pub struct VertexResponse {
 }
 
 /// Google Vertex AI's prediction route, as TEI serves it: every instance
-/// answered by its route. Instances for `/embed` with the same options run
-/// as one call, so a request of many one-text instances takes its turns in
-/// its lane as one bulk call does, not as that many callers ahead of a
-/// query; other instances run at once. All instances together hold at most
+/// answered by its route. Instances for `/embed` of one model, truncation and
+/// prompt run as one call (`normalize` and `dimensions` are applied to each
+/// instance's vectors after it), so a request of many one-text instances
+/// takes its turns in its lane as one bulk call does, not as that many
+/// callers ahead of a query; other instances run at once. All instances together hold at most
 /// `--max-inputs-per-request` inputs; one failure fails the request, and its
 /// message names the instance.
 ///
@@ -251,10 +252,18 @@ pub async fn vertex(
     let mut others = Vec::new();
     for (i, instance) in planned.into_iter().enumerate() {
         match instance {
-            Planned::Embed(req) => match groups.iter_mut().find(|g| g.takes(&req)) {
-                Some(group) => group.add(i, req),
-                None => groups.push(EmbedGroup::new(i, req)),
-            },
+            Planned::Embed(req, dimension) => {
+                let owner = Owner {
+                    instance: i,
+                    inputs: req.inputs.len(),
+                    dimension,
+                    normalize: req.normalize,
+                };
+                match groups.iter_mut().find(|g| g.takes(&req)) {
+                    Some(group) => group.add(owner, req.inputs),
+                    None => groups.push(EmbedGroup::new(owner, req)),
+                }
+            }
             Planned::Other(job, body) => others.push((i, job, body)),
         }
     }
@@ -281,8 +290,9 @@ pub async fn vertex(
 
 /// One Vertex instance, parsed and routed before anything runs.
 enum Planned {
-    /// An `/embed` body, merged with others of the same options.
-    Embed(EmbedRequest),
+    /// An `/embed` body, merged with others of the same model and options,
+    /// and the width of its vectors.
+    Embed(EmbedRequest, usize),
     /// Any other route's body, answered on its own.
     Other(Job, Value),
 }
@@ -291,7 +301,7 @@ impl Planned {
     /// Inputs the instance sends to the model (a rerank: its documents).
     fn inputs(&self) -> usize {
         match self {
-            Planned::Embed(req) => req.inputs.len(),
+            Planned::Embed(req, _) => req.inputs.len(),
             Planned::Other(_, body) => match body.get("texts").or_else(|| body.get("inputs")) {
                 Some(Value::Array(items)) => items.len(),
                 _ => 1,
@@ -313,39 +323,55 @@ fn plan(
     }
     Ok(match job_of(state, model_field(&instance))? {
         Job::Embed => {
-            let req: TeiEmbedRequest = parse(instance)?;
-            Planned::Embed(req.into_request(priority))
+            let req = parse::<TeiEmbedRequest>(instance)?.into_request(priority);
+            // Checked here, as /embed checks them: merged with others they
+            // would not be (an empty instance would answer `[]`).
+            check_inputs(state, &req.inputs)?;
+            let dimension = validate(&req, state.model_for(req.model.as_deref(), Task::Embed)?)?;
+            Planned::Embed(req, dimension)
         }
         Job::Rerank => Planned::Other(Job::Predict, instance),
         job => Planned::Other(job, instance),
     })
 }
 
-/// `/embed` instances of the same model and options, run as one call.
+/// `/embed` instances of one model and options, run as one call whose raw
+/// vectors each instance then cuts and normalizes as it asked.
 struct EmbedGroup {
     req: EmbedRequest,
-    /// Per instance in the group: its index in the request, and its inputs.
-    owners: Vec<(usize, usize)>,
+    owners: Vec<Owner>,
+}
+
+/// One instance of an [`EmbedGroup`].
+struct Owner {
+    /// Its index in the request.
+    instance: usize,
+    inputs: usize,
+    dimension: usize,
+    normalize: bool,
 }
 
 impl EmbedGroup {
-    fn new(instance: usize, req: EmbedRequest) -> Self {
+    fn new(owner: Owner, req: EmbedRequest) -> Self {
         Self {
-            owners: vec![(instance, req.inputs.len())],
-            req,
+            req: EmbedRequest {
+                normalize: false,
+                dimensions: None,
+                ..req
+            },
+            owners: vec![owner],
         }
     }
 
-    /// Whether `req` differs from the group's only in its inputs.
+    /// Whether `req` differs from the group's only in what is applied to
+    /// each instance's vectors (inputs, `normalize`, `dimensions`).
     fn takes(&self, req: &EmbedRequest) -> bool {
-        let g = &self.req;
-        (&g.model, &g.options, g.normalize, g.dimensions)
-            == (&req.model, &req.options, req.normalize, req.dimensions)
+        (&self.req.model, &self.req.options) == (&req.model, &req.options)
     }
 
-    fn add(&mut self, instance: usize, req: EmbedRequest) {
-        self.owners.push((instance, req.inputs.len()));
-        self.req.inputs.extend(req.inputs);
+    fn add(&mut self, owner: Owner, inputs: Vec<EmbedInput>) {
+        self.owners.push(owner);
+        self.req.inputs.extend(inputs);
     }
 
     /// Each instance's vectors, by instance index; an error names the
@@ -355,17 +381,24 @@ impl EmbedGroup {
         let mut vectors = match run_embed(state, self.req).await {
             Ok(out) => out.vectors.into_iter(),
             Err(mut e) => {
-                e.message = locate_input(&e.message, &owners);
+                let spans: Vec<(usize, usize)> =
+                    owners.iter().map(|o| (o.instance, o.inputs)).collect();
+                e.message = locate_input(&e.message, &spans);
                 return Err(e);
             }
         };
         Ok(owners
             .into_iter()
-            .map(|(instance, n)| {
-                (
-                    instance,
-                    RouteAnswer::Embed(vectors.by_ref().take(n).collect()),
-                )
+            .map(|owner| {
+                let answer = vectors
+                    .by_ref()
+                    .take(owner.inputs)
+                    .map(|mut v| {
+                        finish_pooled(&mut v, owner.dimension, owner.normalize);
+                        v
+                    })
+                    .collect();
+                (owner.instance, RouteAnswer::Embed(answer))
             })
             .collect())
     }
@@ -377,15 +410,18 @@ fn in_instance(mut error: ApiError, i: usize) -> ApiError {
     error
 }
 
-/// A merged call's error message that begins `input <k>` (the core names
-/// an input so), told of the instance and input `k` is.
+/// A merged call's error message told of the instance it is about: the
+/// one input `k` is in when it begins `input <k>` (the core names an input
+/// so), else the first instance (they share the options such an error is
+/// about).
 fn locate_input(message: &str, owners: &[(usize, usize)]) -> String {
+    let first = owners.first().map_or(0, |&(instance, _)| instance);
     let Some(rest) = message.strip_prefix("input ") else {
-        return message.to_owned();
+        return format!("instance {first}: {message}");
     };
     let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
     let Ok(mut k) = rest[..digits].parse::<usize>() else {
-        return message.to_owned();
+        return format!("instance {first}: {message}");
     };
     for &(instance, n) in owners {
         if k < n {
@@ -393,7 +429,7 @@ fn locate_input(message: &str, owners: &[(usize, usize)]) -> String {
         }
         k -= n;
     }
-    message.to_owned()
+    format!("instance {first}: {message}")
 }
 
 #[cfg(test)]
@@ -411,7 +447,9 @@ mod tests {
             locate_input("input 2: cannot tokenize", &owners),
             "instance 3: input 0: cannot tokenize"
         );
-        assert_eq!(locate_input("model failed", &owners), "model failed");
-        assert_eq!(locate_input("input 9 is past", &owners), "input 9 is past");
+        assert_eq!(
+            locate_input("unknown prompt name", &owners),
+            "instance 0: unknown prompt name"
+        );
     }
 }

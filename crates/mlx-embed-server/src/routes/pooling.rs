@@ -122,6 +122,8 @@ pub struct ClassifyRequest {
     /// Cut every input at this many tokens (special tokens included), at most
     /// the model's maximum; -1 (or none): the model's maximum.
     pub truncate_prompt_tokens: Option<i64>,
+    /// Cut over-long inputs (default true); false answers 400 instead.
+    pub truncate: Option<bool>,
     /// true (the default); false is a 400.
     pub add_special_tokens: Option<bool>,
     /// Lower is served earlier, 0 is the default: below 0 the high lane, above it the low
@@ -195,6 +197,7 @@ pub async fn classify(
             task: Task::Predict,
             inputs: req.input.into_inputs(),
             options: EmbedOptions {
+                truncate: req.truncate.unwrap_or(true),
                 truncate_to,
                 priority: req
                     .priority

@@ -55,14 +55,18 @@ fn tagged_name(model: &ServedModel) -> String {
 pub struct OllamaOptions {
     /// Context length: inputs are cut (or with `truncate: false` refused) at this many
     /// tokens, special tokens included, as Ollama cuts at its context; at most the
-    /// model's maximum. Unset: the model's maximum.
+    /// model's maximum. Unset: the model's maximum. A fraction is cut to its whole part,
+    /// as Ollama reads JSON numbers.
     #[schema(minimum = 1)]
-    pub num_ctx: Option<i64>,
+    pub num_ctx: Option<f64>,
 }
 
 impl OllamaOptions {
     fn truncate_to(options: Option<&Self>) -> Result<Option<usize>, ApiError> {
-        super::cut_at("num_ctx", options.and_then(|o| o.num_ctx))
+        // Ollama decodes options as JSON numbers (float64) and sets an int
+        // option to the number's whole part: `20.0` is 20, as there.
+        let n = options.and_then(|o| o.num_ctx).map(|n| n as i64);
+        super::cut_at("num_ctx", n)
     }
 }
 

@@ -291,7 +291,7 @@ def test_a_short_call_behind_many_one_batch_calls_of_long_texts(tmp_path):
     room behind them, and each call held the lane's front for its whole turn
     of a batch (12 calls: about 0.9 of the time until every bulk call was
     answered). Now a query-sized call has an admission line of its own and
-    long texts take turns of a quarter batch of tokens."""
+    long texts take turns of a sixteenth of a batch's tokens."""
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "bench_lane_turns.py"), "--bulk-texts", "64", "--words", "90",
          "--bulk-calls", "12", "--delay", "0.5", "--rounds", "1", "--log-dir", str(tmp_path)],

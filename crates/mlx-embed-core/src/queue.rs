@@ -2,7 +2,7 @@
 //!
 //! Admitted requests wait in three lanes, one per [`Priority`]. Inside a lane
 //! requests are served FIFO with round-robin turns of at most a batch of
-//! inputs and a quarter of a batch's tokens, so neither one huge request nor
+//! inputs and a sixteenth of a batch's tokens, so neither one huge request nor
 //! many requests of long texts make a short one behind them wait for all of
 //! their work. Across lanes a batch
 //! takes high first, then normal, then low, under these rules:
@@ -43,7 +43,7 @@ use crate::{Encoded, Output, Priority};
 
 /// Requests that share a full batch's token budget when each takes one turn
 /// (see [`Limits::turn_tokens`]).
-const TURNS_PER_BATCH: usize = 4;
+const TURNS_PER_BATCH: usize = 16;
 
 /// Budgets and lane rules for cutting batches.
 #[derive(Debug, Clone, Copy)]
@@ -63,13 +63,14 @@ pub(crate) struct Limits {
 impl Limits {
     /// Most tokens one request takes in one turn at its lane's front (at
     /// least one input, and never more than `max_batch_size` inputs): a
-    /// quarter of a batch's token budget. A turn of a full batch of inputs let
-    /// a request of long texts hold the front for several batches (the token
-    /// budget fits fewer of them), so a one-text call behind 16 calls of 64
-    /// long texts waited for all of them; with turns of a quarter batch of
-    /// compute it waits about a batch per four requests ahead. Short texts
-    /// still take turns of `max_batch_size` inputs, so their batches are cut
-    /// as before.
+    /// sixteenth of a batch's token budget. A turn of a full batch of inputs
+    /// let a request of long texts hold the front for several batches (the
+    /// token budget fits fewer of them), so a one-text call behind 16 calls
+    /// of 64 long texts waited for all of them (12.3x the first call's time);
+    /// with turns of a quarter batch of tokens it waited 3.4x, with a
+    /// sixteenth 1.6x, and the bulk calls' own work took as long
+    /// (docs/benchmarks.md). A request of short texts (16 tokens) takes 32
+    /// of them a turn on the CPU's budget, 128 on a GPU's.
     fn turn_tokens(&self) -> usize {
         (self.max_batch_tokens / TURNS_PER_BATCH).max(1)
     }
@@ -605,12 +606,13 @@ mod tests {
     }
 
     #[test]
-    fn long_inputs_take_turns_of_a_quarter_batch_of_tokens() {
-        // 1000 tokens a batch: turns of 250, so two 100-token inputs each.
+    fn long_inputs_take_turns_of_a_sixteenth_of_a_batch_of_tokens() {
+        // 4000 tokens a batch: turns of 250, so two 100-token inputs each.
         // The one-text call behind three calls of long texts is in the first
         // batch; with turns of a full batch of inputs it came fourth.
         let limits = Limits {
             max_batch_size: 8,
+            max_batch_tokens: 4000,
             ..limits(true)
         };
         let batches: Vec<_> = batches_of_lengths(
@@ -634,7 +636,7 @@ mod tests {
                 vec![(2, 1)],
             ]
         );
-        // Short inputs still take turns of a full batch of inputs.
+        // Short inputs take turns of a full batch of inputs while it fits.
         assert_eq!(
             batches_of_lengths(&[(8, 10, Normal, Pooled), (1, 10, Normal, Pooled)], limits)[0].1,
             vec![(0, 8)]

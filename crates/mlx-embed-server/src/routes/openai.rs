@@ -162,11 +162,9 @@ impl EmbeddingValue {
     pub fn encode(v: Vec<f32>, encoding: VectorEncoding) -> Self {
         match encoding.format {
             EncodingFormat::Float => EmbeddingValue::Float(v),
-            EncodingFormat::Base64 if encoding.endianness.is_big() => {
-                let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_be_bytes()).collect();
-                EmbeddingValue::Base64(base64::engine::general_purpose::STANDARD.encode(bytes))
+            EncodingFormat::Base64 => {
+                EmbeddingValue::Base64(base64_bytes(&v, encoding.endianness.is_big()))
             }
-            EncodingFormat::Base64 => EmbeddingValue::Base64(encode_base64(&v)),
         }
     }
 }
@@ -183,7 +181,16 @@ impl OpenAiEmbeddingRequest {
 
 /// Little-endian f32 bytes, base64 (standard alphabet, padded).
 pub fn encode_base64(v: &[f32]) -> String {
-    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    base64_bytes(v, false)
+}
+
+/// `v`'s f32 bytes, big- or little-endian, base64 (standard alphabet, padded).
+fn base64_bytes(v: &[f32], big_endian: bool) -> String {
+    let bytes: Vec<u8> = if big_endian {
+        v.iter().flat_map(|x| x.to_be_bytes()).collect()
+    } else {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    };
     base64::engine::general_purpose::STANDARD.encode(bytes)
 }
 
@@ -327,15 +334,21 @@ impl VllmOptions<'_> {
             ))
             .param("embed_dtype"));
         }
-        super::cut_at(
-            "truncate_prompt_tokens",
-            self.truncate_prompt_tokens.filter(|&n| n != -1),
-        )
-        .map_err(|mut e| {
-            e.message.push_str(" (or -1: the model's maximum)");
-            e
-        })
+        vllm_cut(self.truncate_prompt_tokens)
     }
+}
+
+/// vLLM's `truncate_prompt_tokens` as the core's cut: -1 (or none) is the
+/// model's maximum.
+pub(crate) fn vllm_cut(truncate_prompt_tokens: Option<i64>) -> Result<Option<usize>, ApiError> {
+    super::cut_at(
+        "truncate_prompt_tokens",
+        truncate_prompt_tokens.filter(|&n| n != -1),
+    )
+    .map_err(|mut e| {
+        e.message.push_str(" (or -1: the model's maximum)");
+        e
+    })
 }
 
 #[derive(Debug, Serialize, ToSchema)]

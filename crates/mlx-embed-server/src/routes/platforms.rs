@@ -51,6 +51,15 @@ fn job_of(state: &AppState, requested: Option<&str>) -> Result<Job, ApiError> {
     })
 }
 
+/// Whether `body` is a `/rerank` body: a `query` with TEI's `texts`, or
+/// with the `documents` of the other form where the route takes it too.
+/// Read from the keys alone: the body is parsed once, by the route that
+/// answers it, whose error then says what is wrong with it.
+fn is_rerank_body(body: &Value, documents_too: bool) -> bool {
+    body.get("query").is_some()
+        && (body.get("texts").is_some() || (documents_too && body.get("documents").is_some()))
+}
+
 /// A body's `model` field, when it is a string.
 fn model_field(body: &Value) -> Option<&str> {
     body.get("model").and_then(Value::as_str)
@@ -165,10 +174,8 @@ pub async fn invocations(
     let priority = priority.map(|header| header.0).map_err(|shaped| shaped.0);
     // A rerank body (either of /rerank's forms) is reranked whatever the
     // default model is, as on /vertex: beside an embedder, the reranker answers it.
-    let rerank_body_shape = body.get("query").is_some()
-        && (body.get("texts").is_some() || body.get("documents").is_some());
     let job = match job_of(&state, model_field(&body)) {
-        Ok(_) if rerank_body_shape => Job::Rerank,
+        Ok(_) if is_rerank_body(&body, true) => Job::Rerank,
         Ok(job) => job,
         Err(e) => return Shaped::<Tei>::from(e).into_response(),
     };
@@ -318,7 +325,7 @@ fn plan(
     instance: Value,
     priority: Option<Priority>,
 ) -> Result<Planned, ApiError> {
-    if serde_json::from_value::<TeiRerankRequest>(instance.clone()).is_ok() {
+    if is_rerank_body(&instance, false) {
         return Ok(Planned::Other(Job::Rerank, instance));
     }
     Ok(match job_of(state, model_field(&instance))? {

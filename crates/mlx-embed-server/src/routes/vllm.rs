@@ -10,7 +10,7 @@ use mlx_embed_core::{EmbedInput, EmbedOptions, ModelKind};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::openai::VllmOptions;
+use super::openai::vllm_cut;
 use super::{response_id, Usage};
 use crate::embed::{embed as run_embed, unit_cosine, EmbedRequest};
 use crate::errors::{ApiError, ErrorKind, OpenAi, OpenAiErrorBody, Shaped};
@@ -154,12 +154,7 @@ pub async fn score_pairs(
 ) -> Result<Json<ScoreResponse>, Shaped<OpenAi>> {
     let options = EmbedOptions {
         truncate: req.truncate.unwrap_or(true),
-        truncate_to: VllmOptions {
-            truncate_prompt_tokens: req.truncate_prompt_tokens,
-            add_special_tokens: None,
-            embed_dtype: None,
-        }
-        .truncate_to()?,
+        truncate_to: vllm_cut(req.truncate_prompt_tokens)?,
         priority: priority.unwrap_or_default(),
         ..EmbedOptions::default()
     };

@@ -113,6 +113,7 @@ class Server:
             sys.exit(f"{binary} is missing: run `make build` first")
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
+        log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"bench-priority-{name}.log"
         env = {**os.environ, "VIRTUAL_ENV": sys.prefix, "MLX_EMBED_LOG": "warn"}
         with open(self.log_path, "wb") as log:

@@ -7,7 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from harness import FIXTURES, NOMIC, start_server
+from harness import FIXTURES, NOMIC, start_server, stop_leftovers
+
+
+def pytest_sessionfinish(session, exitstatus):
+    stop_leftovers()
+
 
 @pytest.fixture(scope="session")
 def golden():

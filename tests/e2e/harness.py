@@ -67,6 +67,18 @@ class Server:
         return self.proc.returncode
 
 
+# Every server started, so the session can stop those a failing test left
+# running (an assertion before `server.stop()` skips it).
+STARTED: list[Server] = []
+
+
+def stop_leftovers() -> None:
+    for server in STARTED:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()
+
+
 def start_server(tmp_path: Path, *args: str, env: dict | None = None, command: list[str] | None = None,
                  host: str | None = "127.0.0.1") -> Server:
     """Starts the server and waits until /health answers 200.
@@ -88,6 +100,7 @@ def start_server(tmp_path: Path, *args: str, env: dict | None = None, command: l
             stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT,
         )
     server = Server(proc=proc, url=f"http://127.0.0.1:{port}", log_path=log_path, args=list(args))
+    STARTED.append(server)
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:

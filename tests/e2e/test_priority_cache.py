@@ -117,7 +117,10 @@ def test_high_priority_queries_overtake_a_saturating_bulk_client(tmp_path):
     raise_fd_limit(1024)
     server = start_server(tmp_path, "--no-cache", "--max-batch-size", "16", "--max-priority-batch-size", "4")
     port = port_of(server)
-    bulk_conns, bulk_texts = 16, 64
+    # Query-sized bulk calls (4 short texts, as a knowledge-graph pipeline
+    # sends many): an unmarked query takes its turn behind them in FIFO order.
+    # Calls larger than a query it overtakes unmarked (the lane-turns tests below).
+    bulk_conns, bulk_texts = 48, 4
     queries = [f"interactive question number {i} about rivers" for i in range(12)]
     singles = vectors(server.post("/api/v1/embed", {"texts": queries}))
 

@@ -1,15 +1,17 @@
 //! Admission: fair (FIFO) semaphores counted in inputs, plus a bounded,
 //! time-limited waiting line in front of them.
 //!
-//! A lane has three lines, each with the lane's whole room: one for
-//! requests of a query's size (at most `max_priority_batch_size` inputs), one
-//! for requests that fit one batch, one for larger ones. In a single FIFO
+//! A lane has three lines, each with the lane's whole room: one per
+//! [`CallSize`] (query-sized requests, at most a query's batch of inputs and
+//! one turn of tokens; requests that fit one batch; larger ones). In a single FIFO
 //! line a big request waiting at its head gathered every permit given back
 //! until it had its room, so a one-text call behind two bulk calls waited for
 //! the first of them to finish (behind four, 7.6 s against 0.25 s behind one,
 //! black-box probe on the CPU); and behind more calls of one batch than the
 //! room holds it waited for room behind all of them (16 calls of 64 long
-//! texts: 5.5 s, against 0.4 s for the running batch). Requests still take
+//! texts: 5.5 s, against 0.4 s for the running batch; behind 40 calls of 16
+//! long texts, sorted by inputs alone into the query's line, for room and a
+//! turn of each). Requests still take
 //! turns in FIFO order with those of their own size; a smaller one never
 //! waits behind larger ones for room, only for its turn in the lane's
 //! round-robin.
@@ -23,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::queue::CallSize;
 use crate::recorder::Recorder;
 use crate::OverloadReason;
 
@@ -35,9 +38,8 @@ pub(crate) enum Refusal {
 }
 
 pub(crate) struct Admission {
-    /// The lines, smallest requests first: the most inputs a request of the
-    /// line has (the last line: any), and its permits.
-    lines: Vec<(usize, Arc<Semaphore>)>,
+    /// The permits of each line, by [`CallSize::index`].
+    lines: [Arc<Semaphore>; 3],
     /// Permits in each line; a request never asks for more than this.
     bound: usize,
     max_waiting: usize,
@@ -60,26 +62,12 @@ impl Drop for WaitingSlot<'_> {
 }
 
 impl Admission {
-    /// `line_maxima`: requests of at most each of these many inputs (a
-    /// query, one batch) wait in a line of their own; larger ones in one more.
-    pub fn new(
-        max_concurrent: usize,
-        max_waiting: usize,
-        max_queue_wait: Duration,
-        line_maxima: &[usize],
-    ) -> Self {
+    pub fn new(max_concurrent: usize, max_waiting: usize, max_queue_wait: Duration) -> Self {
         // Zero permits would admit nobody, ever; one is the smallest working bound.
         // tokio caps a semaphore at usize::MAX >> 3 permits and an acquire at u32::MAX.
         let bound = max_concurrent.clamp(1, u32::MAX as usize);
-        let mut maxima: Vec<usize> = line_maxima.iter().map(|&m| m.max(1)).collect();
-        maxima.sort_unstable();
-        maxima.dedup();
-        maxima.push(usize::MAX);
         Self {
-            lines: maxima
-                .into_iter()
-                .map(|max| (max, Arc::new(Semaphore::new(bound))))
-                .collect(),
+            lines: CallSize::ALL.map(|_| Arc::new(Semaphore::new(bound))),
             bound,
             max_waiting,
             max_queue_wait,
@@ -93,21 +81,23 @@ impl Admission {
 
     /// Wakes every waiter with `Closed` and refuses every later caller.
     pub fn close(&self) {
-        for (_, line) in &self.lines {
+        for line in &self.lines {
             line.close();
         }
     }
 
-    /// Waits for `n` inputs' worth of permits (at most the whole bound, so a
-    /// request larger than the bound can still run: let in with the whole
-    /// bound, it gives it back in proportion as its inputs are answered).
-    pub async fn admit(&self, n: usize, arrived: Instant) -> Result<OwnedSemaphorePermit, Refusal> {
+    /// Waits in `size`'s line for `n` inputs' worth of permits (at most the
+    /// whole bound, so a request larger than the bound can still run: let in
+    /// with the whole bound, it gives it back in proportion as its inputs are
+    /// answered).
+    pub async fn admit(
+        &self,
+        n: usize,
+        size: CallSize,
+        arrived: Instant,
+    ) -> Result<OwnedSemaphorePermit, Refusal> {
         let permits = n.min(self.bound) as u32;
-        let (_, line) = self
-            .lines
-            .iter()
-            .find(|(max, _)| n <= *max)
-            .expect("the last line takes any size");
+        let line = &self.lines[size.index()];
         let mut acquire = pin!(line.clone().acquire_many_owned(permits));
 
         // The first poll either gets the permits at once or puts us in the

@@ -312,6 +312,9 @@ impl Batcher {
     ) -> Result<Vec<Vec<f32>>, CoreError> {
         let shared = &*self.inner.shared;
         let n = encoded.len();
+        let size = shared
+            .limits
+            .size_of(n, encoded.iter().map(Encoded::len).sum());
         let active = ActiveGuard::new(shared.recorder.clone());
         // Queue wait (and its bound) starts once the request is ready to queue.
         let arrived = Instant::now();
@@ -320,7 +323,7 @@ impl Batcher {
         // uncomputed too: counted with those skipped later, so what was sent
         // adds up to what was computed, found in the cache and cancelled.
         let mut waiting = LeftUncounted::new(&shared.recorder, n);
-        let admitted = admission.admit(n, arrived).await;
+        let admitted = admission.admit(n, size, arrived).await;
         waiting.settle_all();
         let permit = match admitted {
             Ok(permit) => permit,

@@ -4,7 +4,11 @@
 //! requests are served FIFO with round-robin turns of at most a batch of
 //! inputs and a sixteenth of a batch's tokens, so neither one huge request nor
 //! many requests of long texts make a short one behind them wait for all of
-//! their work. Across lanes a batch
+//! their work. A query-sized request (one its first turn finishes, see
+//! [`CallSize`]) goes before requests that need several turns, so it waits for
+//! the running batch, not for a turn of each of them. A longer request that
+//! queries passed over takes its turn first in the next batch, so under a
+//! flood of small calls it still gets a turn in every other batch. Across lanes a batch
 //! takes high first, then normal, then low, under these rules:
 //!
 //! - **One kind per call.** A batch holds requests of one [`Output`] only
@@ -75,6 +79,19 @@ impl Limits {
         (self.max_batch_tokens / TURNS_PER_BATCH).max(1)
     }
 
+    /// Which kind of call `inputs` inputs of `tokens` tokens in all make:
+    /// the one owner of both the admission line a call waits in and whether
+    /// it goes before calls of several turns in its lane.
+    pub fn size_of(&self, inputs: usize, tokens: usize) -> CallSize {
+        if inputs <= self.max_priority_batch_size && tokens <= self.turn_tokens() {
+            CallSize::Query
+        } else if inputs <= self.max_batch_size {
+            CallSize::Batch
+        } else {
+            CallSize::Larger
+        }
+    }
+
     /// Consecutive batches lane `i` may be passed over before it goes first:
     /// low's is twice the others', so it yields to normal when both wait.
     fn aging_limit(&self, i: usize) -> u32 {
@@ -83,6 +100,31 @@ impl Limits {
         } else {
             self.aging_batches
         }
+    }
+}
+
+/// How much work a call is, as admission and the lanes tell calls apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CallSize {
+    /// At most a query's batch of inputs (`max_priority_batch_size`) and one
+    /// turn of tokens: its first turn finishes it. Behind 40 calls of 16 long
+    /// texts (each a query's count of inputs, but four turns of tokens) a
+    /// one-text call waited for room and a turn of each: 1.02 s, 8.7x the
+    /// first call's time, on the CPU.
+    Query,
+    /// More than that, but at most one batch of inputs.
+    Batch,
+    /// More than one batch of inputs.
+    Larger,
+}
+
+impl CallSize {
+    /// Every size, smallest first.
+    pub const ALL: [CallSize; 3] = [CallSize::Query, CallSize::Batch, CallSize::Larger];
+
+    /// Position in [`CallSize::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
     }
 }
 
@@ -96,6 +138,16 @@ pub(crate) struct Pending {
     turn_used: usize,
     /// Their tokens.
     turn_tokens: usize,
+    /// A query-sized request ([`CallSize::Query`]), set when it is queued.
+    query_sized: bool,
+}
+
+/// What one [`Pending::move_into`] moved.
+struct Moved {
+    inputs: usize,
+    tokens: usize,
+    /// The request's turn ended (it has inputs left for a later turn).
+    turn_over: bool,
 }
 
 impl Pending {
@@ -106,7 +158,38 @@ impl Pending {
             next_index: 0,
             turn_used: 0,
             turn_tokens: 0,
+            query_sized: false,
         }
+    }
+
+    /// Moves this request's next inputs into `batch` while they fit `cap`
+    /// and the token budget and its turn lasts (a turn: at most a batch of
+    /// inputs and [`Limits::turn_tokens`] tokens, at least one input).
+    fn move_into(&mut self, batch: &mut Batch, cap: usize, limits: &Limits) -> Moved {
+        let mut moved = Moved {
+            inputs: 0,
+            tokens: 0,
+            turn_over: false,
+        };
+        while let Some(next) = self.inputs.as_slice().first() {
+            if self.turn_used >= limits.max_batch_size
+                || (self.turn_used > 0 && self.turn_tokens + next.len() > limits.turn_tokens())
+            {
+                moved.turn_over = true;
+                break;
+            }
+            if !batch.fits(next.len(), cap, limits) {
+                break;
+            }
+            let input = self.inputs.next().expect("peeked above");
+            moved.inputs += 1;
+            moved.tokens += input.len();
+            self.turn_tokens += input.len();
+            self.turn_used += 1;
+            batch.push(&self.req, self.next_index, input);
+            self.next_index += 1;
+        }
+        moved
     }
 
     pub fn remaining(&self) -> usize {
@@ -229,6 +312,9 @@ pub(crate) struct FairQueue {
     inputs: usize,
     /// Their tokens.
     tokens: usize,
+    /// The last fill moved query-sized requests ahead and a longer request
+    /// got nothing: the next one starts with that request's turn.
+    turn_owed: bool,
 }
 
 impl FairQueue {
@@ -239,11 +325,16 @@ impl FairQueue {
             priority,
             inputs: 0,
             tokens: 0,
+            turn_owed: false,
         }
     }
 
-    pub fn push(&mut self, pending: Pending) {
+    pub fn push(&mut self, mut pending: Pending) {
         debug_assert!(pending.remaining() > 0, "no empty entry");
+        pending.query_sized = self
+            .limits
+            .size_of(pending.remaining(), pending.remaining_tokens())
+            == CallSize::Query;
         self.inputs += pending.remaining();
         self.tokens += pending.remaining_tokens();
         self.entries.push_back(pending);
@@ -286,7 +377,12 @@ impl FairQueue {
     }
 
     /// Moves queued inputs into `batch` until it holds `cap` inputs, a budget
-    /// stops it or the lane runs dry; returns how many it moved. Requests are
+    /// stops it or the lane runs dry; returns how many it moved.
+    ///
+    /// Query-sized requests go first, oldest first, unless the last fill put
+    /// them before a longer request that then got nothing: then that request
+    /// takes its turn first, so under a flood of queries a longer request
+    /// gets a turn in every other batch. Then requests are
     /// taken front to back; each gets a turn of at most one full batch of
     /// inputs and [`Limits::turn_tokens`] tokens, after which an unfinished
     /// request moves to the back, so huge requests, and requests of long
@@ -294,8 +390,75 @@ impl FairQueue {
     /// because the batch filled keeps its place. Requests whose callers left
     /// are dropped on the way, uncomputed.
     pub fn fill(&mut self, batch: &mut Batch, cap: usize, recorder: &Recorder) -> usize {
+        let queries = if std::mem::take(&mut self.turn_owed) {
+            // The longer request passed over last time takes its turn first.
+            if let Some(at) = self.entries.iter().position(|p| !p.query_sized) {
+                let owed = self.entries.remove(at).expect("found above");
+                self.entries.push_front(owed);
+            }
+            0
+        } else {
+            self.fill_queries(batch, cap, recorder)
+        };
+        let (in_turn, longer) = self.fill_in_turn(batch, cap, recorder);
+        self.turn_owed = queries > 0 && longer == 0 && self.entries.iter().any(|p| !p.query_sized);
+        debug_assert_eq!(
+            self.inputs,
+            self.entries.iter().map(Pending::remaining).sum::<usize>(),
+            "lane input count"
+        );
+        debug_assert_eq!(
+            self.tokens,
+            self.entries
+                .iter()
+                .map(Pending::remaining_tokens)
+                .sum::<usize>(),
+            "lane token count"
+        );
+        queries + in_turn
+    }
+
+    /// Moves query-sized requests into `batch`, oldest first, skipping
+    /// longer ones, until one of the other output kind; returns the inputs moved.
+    fn fill_queries(&mut self, batch: &mut Batch, cap: usize, recorder: &Recorder) -> usize {
         let limits = self.limits;
         let mut moved = 0;
+        let mut i = 0;
+        while i < self.entries.len() {
+            let entry = &mut self.entries[i];
+            if !entry.query_sized || entry.req.abandoned() {
+                i += 1;
+                continue;
+            }
+            // Query-sized requests keep their order among themselves, so one
+            // of the other kind is not passed over by a stream of this one's.
+            if !batch.takes(&entry.req) || (!limits.batching && !batch.is_empty()) {
+                break;
+            }
+            let step = entry.move_into(batch, cap, &limits);
+            let done = entry.remaining() == 0;
+            self.count_moved(&step, recorder);
+            moved += step.inputs;
+            if done {
+                self.entries.remove(i);
+            } else {
+                // The batch is full (a query-sized request never ends its turn).
+                break;
+            }
+        }
+        moved
+    }
+
+    /// Serves the lane in turn from its front (see [`FairQueue::fill`]);
+    /// returns the inputs moved, and how many of them are of longer requests.
+    fn fill_in_turn(
+        &mut self,
+        batch: &mut Batch,
+        cap: usize,
+        recorder: &Recorder,
+    ) -> (usize, usize) {
+        let limits = self.limits;
+        let (mut moved, mut longer) = (0, 0);
         while let Some(front) = self.entries.front_mut() {
             if front.req.abandoned() {
                 let n = front.remaining();
@@ -317,33 +480,16 @@ impl FairQueue {
             {
                 break;
             }
-            let mut taken = 0;
-            let mut turn_over = false;
-            while let Some(next) = front.inputs.as_slice().first() {
-                if front.turn_used >= limits.max_batch_size
-                    || (front.turn_used > 0
-                        && front.turn_tokens + next.len() > limits.turn_tokens())
-                {
-                    turn_over = true;
-                    break;
-                }
-                if !batch.fits(next.len(), cap, &limits) {
-                    break;
-                }
-                let input = front.inputs.next().expect("peeked above");
-                self.tokens -= input.len();
-                front.turn_tokens += input.len();
-                batch.push(&front.req, front.next_index, input);
-                front.next_index += 1;
-                front.turn_used += 1;
-                taken += 1;
+            let step = front.move_into(batch, cap, &limits);
+            let (remaining, query_sized) = (front.remaining(), front.query_sized);
+            self.count_moved(&step, recorder);
+            moved += step.inputs;
+            if !query_sized {
+                longer += step.inputs;
             }
-            self.inputs -= taken;
-            moved += taken;
-            recorder.dequeued(self.priority, taken);
-            if front.remaining() == 0 {
+            if remaining == 0 {
                 self.entries.pop_front();
-            } else if turn_over {
+            } else if step.turn_over {
                 let mut rotated = self.entries.pop_front().expect("front exists");
                 rotated.turn_used = 0;
                 rotated.turn_tokens = 0;
@@ -352,20 +498,14 @@ impl FairQueue {
                 break;
             }
         }
-        debug_assert_eq!(
-            self.inputs,
-            self.entries.iter().map(Pending::remaining).sum::<usize>(),
-            "lane input count"
-        );
-        debug_assert_eq!(
-            self.tokens,
-            self.entries
-                .iter()
-                .map(Pending::remaining_tokens)
-                .sum::<usize>(),
-            "lane token count"
-        );
-        moved
+        (moved, longer)
+    }
+
+    /// Takes what `step` moved into a batch off the lane's counts.
+    fn count_moved(&mut self, step: &Moved, recorder: &Recorder) {
+        self.inputs -= step.inputs;
+        self.tokens -= step.tokens;
+        recorder.dequeued(self.priority, step.inputs);
     }
 }
 
@@ -593,23 +733,77 @@ mod tests {
 
     #[test]
     fn huge_request_takes_turns_with_small_ones() {
-        // The big one gets one batch, then everyone else, then the big one again.
+        // Query-sized ones (at most 4 inputs here) go first, then the big
+        // one gets a batch each turn.
         assert_eq!(
             batches_for(&[10, 1, 2, 1], true),
             vec![
-                vec![(0, 4)],
                 vec![(1, 1), (2, 2), (3, 1)],
                 vec![(0, 4)],
+                vec![(0, 4)],
                 vec![(0, 2)]
+            ]
+        );
+        // Requests larger than a query take turns in order: the big one gets
+        // one batch, then everyone else, then the big one again.
+        let no_queries = Limits {
+            max_priority_batch_size: 1,
+            ..limits(true)
+        };
+        let requests: Vec<_> = [10, 2, 2, 2].map(|n| (n, Normal)).to_vec();
+        assert_eq!(
+            batches_with(&requests, no_queries),
+            vec![
+                vec![(0, 4)],
+                vec![(1, 2), (2, 2)],
+                vec![(3, 2), (0, 2)],
+                vec![(0, 4)],
             ]
         );
     }
 
     #[test]
+    fn a_query_goes_before_longer_requests_but_never_starves_them() {
+        // Behind three calls of 16 inputs a one-input call is in the first
+        // batch (in turn it came after a turn of each of them).
+        let limits = Limits {
+            max_batch_size: 8,
+            max_priority_batch_size: 4,
+            ..limits(true)
+        };
+        let requests: Vec<_> = [16, 16, 16, 1].map(|n| (n, Normal)).to_vec();
+        assert_eq!(batches_with(&requests, limits)[0], vec![(3, 1), (0, 7)]);
+        // Under a flood of queries that fills every batch (two more arrive
+        // before each cut), a longer request still gets a turn in every
+        // other batch.
+        let recorder = Arc::new(Recorder::new());
+        let mut lanes = Lanes::new(limits);
+        let send = |lanes: &mut Lanes, n: usize| {
+            let (req, inputs) = request(n, 1, Normal, Pooled, &recorder);
+            recorder.queued(Normal, n);
+            lanes.push(Pending::new(req.clone(), inputs));
+            req
+        };
+        let long = send(&mut lanes, 40);
+        let mut long_turns = Vec::new();
+        for cut in 0..8 {
+            send(&mut lanes, 4);
+            send(&mut lanes, 4);
+            let batch = lanes.cut(&recorder);
+            assert_eq!(batch.inputs.len(), 8, "full batches");
+            if batch.parts.iter().any(|p| Arc::ptr_eq(&p.req, &long)) {
+                long_turns.push(cut);
+            }
+        }
+        assert_eq!(long_turns, vec![1, 3, 5, 7]);
+        lanes.take_all(&recorder);
+    }
+
+    #[test]
     fn long_inputs_take_turns_of_a_sixteenth_of_a_batch_of_tokens() {
         // 4000 tokens a batch: turns of 250, so two 100-token inputs each.
-        // The one-text call behind three calls of long texts is in the first
-        // batch; with turns of a full batch of inputs it came fourth.
+        // The one-text call behind three calls of long texts goes first (a
+        // query-sized request); the long ones share each batch in turns.
         let limits = Limits {
             max_batch_size: 8,
             max_batch_tokens: 4000,
@@ -630,7 +824,7 @@ mod tests {
         assert_eq!(
             batches,
             vec![
-                vec![(0, 2), (1, 2), (2, 2), (3, 1), (0, 1)],
+                vec![(3, 1), (0, 2), (1, 2), (2, 2), (0, 1)],
                 vec![(0, 1), (1, 2), (2, 2), (0, 2), (1, 1)],
                 vec![(1, 1), (2, 2), (0, 2), (1, 2), (2, 1)],
                 vec![(2, 1)],
@@ -638,7 +832,7 @@ mod tests {
         );
         // Short inputs take turns of a full batch of inputs while it fits.
         assert_eq!(
-            batches_of_lengths(&[(8, 10, Normal, Pooled), (1, 10, Normal, Pooled)], limits)[0].1,
+            batches_of_lengths(&[(8, 10, Normal, Pooled), (8, 10, Normal, Pooled)], limits)[0].1,
             vec![(0, 8)]
         );
     }

@@ -161,7 +161,6 @@ impl Shared {
                 config.max_concurrent_requests,
                 config.max_waiting,
                 config.max_queue_wait,
-                &[limits.max_priority_batch_size, max_batch_size],
             )
         });
         Self {

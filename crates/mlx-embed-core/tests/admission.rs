@@ -306,6 +306,74 @@ async fn a_query_behind_more_one_batch_calls_than_the_room_waits_for_its_turn_on
     );
 }
 
+/// A one-text query behind more calls of a query's count of long texts than
+/// the room holds runs in the batch after the running one: it is query-sized
+/// by its tokens too, so it neither waits for room behind those calls nor for
+/// a turn of each (40 calls of 16 long texts: 1.02 s, 8.7x the first call's
+/// time, on the CPU, when lines and turns went by inputs only).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_behind_calls_of_few_long_texts_runs_in_the_next_batch() {
+    // Turns of 1600 / 16 = 100 tokens: a call of 4 texts of 62 tokens takes
+    // three, the query (3 tokens) one.
+    let (room, per_call, calls) = (8, 4, 6);
+    let config = BatcherConfig {
+        max_concurrent_requests: room,
+        max_batch_size: 8,
+        max_priority_batch_size: per_call,
+        max_batch_tokens: 1600,
+        batch_window: Duration::ZERO,
+        ..BatcherConfig::default()
+    };
+    let (batcher, record) = start(config, Duration::from_millis(30), None);
+    let mut bulk = Vec::new();
+    for k in 0..calls {
+        let sent: Vec<String> = (0..per_call)
+            .map(|i| format!("long{k}-{i}-{}", "x".repeat(50)))
+            .collect();
+        let b = batcher.clone();
+        let texts = sent.clone();
+        bulk.push((
+            sent,
+            tokio::spawn(
+                async move { b.embed(owned_texts(&texts), EmbedOptions::default()).await },
+            ),
+        ));
+        if k == 0 {
+            eventually("the first call's batch", || !record.batches().is_empty()).await;
+        }
+    }
+    // Two calls hold the room; the other four wait for it.
+    eventually("the calls waiting", || {
+        batcher.metrics().waiting_inputs == ((calls - 2) * per_call) as u64
+    })
+    .await;
+    let running = record.batches().len();
+    let query = timeout(LIMIT, batcher.embed(texts(&["q"]), EmbedOptions::default()))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_answer(&["q".to_string()], &query);
+    for (sent, handle) in bulk {
+        assert_answer(
+            &sent,
+            &timeout(LIMIT, handle).await.unwrap().unwrap().unwrap(),
+        );
+    }
+    let batches = record.batches();
+    let query_at = batches
+        .iter()
+        .position(|b| b.iter().any(|t| t == "q"))
+        .unwrap();
+    // The batch running when it came, and at most one cut while it was
+    // tokenized; with lines and turns by inputs only it ran last (batch 5).
+    assert!(
+        query_at <= running + 1,
+        "the query ran in batch {query_at}, more than two after the batch \
+         running when it came ({}): {batches:?}",
+        running - 1
+    );
+}
+
 /// Behind several big requests of its lane, a small caller waits for its
 /// turn, not for them: in one FIFO line the second big request, waiting at
 /// the line's head, gathered every permit the first gave back, so the small

@@ -67,14 +67,16 @@ async fn batches_are_fifo_and_within_budgets() {
     };
     let (batcher, record) = start(config.clone(), Duration::ZERO, Some(gate.clone()));
     // Text lengths vary so the token budget, not only the size, cuts batches;
-    // one input alone is bigger than the whole budget.
+    // one input alone is bigger than the whole budget. Every text is longer
+    // than a turn of tokens (120 / 16 = 7), so none is query-sized (those go
+    // first, see queue.rs) and the lane serves them strictly in turn.
     let mut order = Vec::new();
     let mut handles = Vec::new();
     for i in 0..300 {
         let len = match i {
             150 => 1000,
-            200..260 => 0,
-            _ => (i * 37) % 90,
+            200..260 => 2,
+            _ => 2 + (i * 37) % 88,
         };
         let text = format!("{i:04}{}", "x".repeat(len));
         order.push(text.clone());

@@ -39,10 +39,11 @@ pub struct BatcherConfig {
     /// Inputs (not requests) admitted at once, per priority lane and line;
     /// more wait their turn in FIFO order. Each lane has its own room, so
     /// bulk traffic in one lane cannot take the room queries need in
-    /// another; inside a lane, requests of at most `max_priority_batch_size`
-    /// inputs (a query's size) and of at most `max_batch_size` have a line
-    /// (and a room) of their own each, so a short call never waits for room
-    /// behind larger requests that are themselves waiting for it.
+    /// another; inside a lane, query-sized requests (at most
+    /// `max_priority_batch_size` inputs and a sixteenth of `max_batch_tokens`)
+    /// and those of at most `max_batch_size` inputs have a line (and a room)
+    /// of their own each, so a short call never waits for room behind larger
+    /// requests that are themselves waiting for it.
     pub max_concurrent_requests: usize,
     /// Inputs allowed to wait for admission, per lane, before new callers of
     /// that lane get `Overloaded`.
@@ -53,6 +54,8 @@ pub struct BatcherConfig {
     /// low inputs top such a batch up only this far, so a query waits for the
     /// running batch plus one short one. 16 by default on every device (a
     /// quarter of the CPU's `max_batch_size`); capped at `max_batch_size`.
+    /// Also the most inputs of a query-sized request, which goes before
+    /// requests of several turns in its lane.
     pub max_priority_batch_size: usize,
     /// Aging: a high or normal lane with inputs waiting that got no place in
     /// this many consecutive batches goes first in the next one; the low lane

@@ -71,7 +71,8 @@ pub struct ServerArgs {
     pub no_batching: bool,
 
     /// Most inputs in a batch cut while high-priority inputs wait (normal and
-    /// low inputs top it up only this far, so queries get a short batch).
+    /// low inputs top it up only this far, so queries get a short batch), and
+    /// of a query-sized call (which goes before longer calls in its lane).
     #[arg(long, env = "MLX_EMBED_MAX_PRIORITY_BATCH_SIZE",
           default_value_t = core_defaults().max_priority_batch_size,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]

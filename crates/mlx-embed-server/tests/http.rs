@@ -406,6 +406,110 @@ async fn dimensions_keep_first_n_renormalized() {
 }
 
 #[tokio::test]
+async fn infinity_clients_default_embeddings_body_gets_the_full_dimension() {
+    let s = Server::default().await;
+    let expected = unit_vector(&text("hi"));
+    // What Infinity's client sends unless told otherwise: `dimensions: 0`
+    // (Infinity's "not set") beside `modality: "text"` and its model name.
+    for path in ["/embeddings", "/v1/embeddings"] {
+        let (status, _, v) = post(
+            &s,
+            path,
+            &json!({
+                "input": ["hi"],
+                "model": "default/not-specified",
+                "dimensions": 0,
+                "modality": "text",
+            }),
+        )
+        .await;
+        assert_eq!(status, 200, "{path}: {v}");
+        let got = vectors(Shape::OpenAi, &v);
+        assert_eq!(got[0].len(), DIM);
+        assert_close(&got[0], &expected);
+    }
+    // A cut still cuts with `modality` set.
+    let (status, _, v) = post(
+        &s,
+        "/embeddings",
+        &json!({ "input": ["hi"], "dimensions": 3, "modality": "text" }),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(vectors(Shape::OpenAi, &v)[0].len(), 3);
+    // OpenAI's shape keeps OpenAI's 400 for 0.
+    let msg = expect_error(
+        &s,
+        "/embeddings",
+        Shape::OpenAi,
+        &json!({ "input": ["hi"], "dimensions": 0 }),
+        400,
+    )
+    .await;
+    assert_eq!(
+        msg,
+        format!("dimensions must be between 1 and the model's dimension {DIM}, got 0")
+    );
+    // Images and audio are not embedded as if they were text.
+    let msg = expect_error(
+        &s,
+        "/embeddings",
+        Shape::OpenAi,
+        &json!({ "input": ["http://x/cat.jpg"], "modality": "image" }),
+        400,
+    )
+    .await;
+    assert!(
+        msg.contains("modality `image` is not supported: this server embeds text"),
+        "{msg}"
+    );
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn model_list_carries_infinitys_fields() {
+    async fn listed(s: &Server, path: &str) -> Value {
+        let r = client().get(s.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        r.json().await.unwrap()
+    }
+    let s = Server::default().await;
+    for path in ["/models", "/v1/models"] {
+        let v = listed(&s, path).await;
+        assert_eq!(v["object"], "list");
+        let m = &v["data"][0];
+        assert_eq!(m["id"], "fake-model");
+        assert_eq!(m["object"], "model");
+        assert!(m["created"].is_u64(), "{m}");
+        // Infinity's client refuses any other owner, and requires `stats`.
+        assert_eq!(m["owned_by"], "infinity");
+        assert_eq!(
+            m["stats"],
+            json!({ "queue_absolute": 0, "results_pending": 0, "batch_size": 64 })
+        );
+        assert_eq!(m["capabilities"], json!(["embed"]));
+    }
+    let one = listed(&s, "/v1/models/fake-model").await;
+    assert_eq!(one["owned_by"], "infinity");
+    assert_eq!(one["capabilities"], json!(["embed"]));
+    s.stop().await.unwrap();
+
+    for (scorer, capabilities) in [
+        (
+            FakeScorer::reranker as fn() -> FakeScorer,
+            json!(["rerank", "classify"]),
+        ),
+        (FakeScorer::classifier, json!(["classify"])),
+    ] {
+        let s = scorer_server(scorer).await;
+        let v = listed(&s, "/models").await;
+        assert_eq!(v["data"][0]["capabilities"], capabilities, "{v}");
+        assert_eq!(v["data"][0]["owned_by"], "infinity");
+        s.stop().await.unwrap();
+    }
+}
+
+#[tokio::test]
 async fn openai_base64_decodes_to_the_floats() {
     let s = Server::default().await;
     let inputs = json!(["one", "two"]);

@@ -4,7 +4,7 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::Json;
 use base64::Engine as _;
-use mlx_embed_core::{EmbedOptions, Priority, Prompt};
+use mlx_embed_core::{EmbedOptions, ModelKind, Priority, Prompt};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -37,6 +37,27 @@ impl<'de> Deserialize<'de> for EncodingFormat {
             "float" => Ok(EncodingFormat::Float),
             "base64" => Ok(EncodingFormat::Base64),
             other => Err(serde::de::Error::unknown_variant(other, VARIANTS)),
+        }
+    }
+}
+
+/// What Infinity's `modality` says the inputs are: text is all this server embeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Modality {
+    Text,
+}
+
+// Not derived, as for `EncodingFormat`: another value is a wrong shape (400)
+// that says why, not malformed JSON.
+impl<'de> Deserialize<'de> for Modality {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        match name.as_str() {
+            "text" => Ok(Modality::Text),
+            other => Err(serde::de::Error::custom(format!(
+                "modality `{other}` is not supported: this server embeds text (`text`)"
+            ))),
         }
     }
 }
@@ -99,9 +120,15 @@ pub struct OpenAiEmbeddingRequest {
     /// vLLM's: the byte order of `base64` vectors, `native` (default: little-endian
     /// here), `little` or `big`.
     pub endianness: Option<Endianness>,
-    /// Keep the first N components (1..=dimension), re-normalized.
-    #[schema(minimum = 1)]
+    /// Keep the first N components (1..=dimension), re-normalized. 0 is a
+    /// 400, as OpenAI answers, except with Infinity's `modality` set: there it
+    /// is the full dimension, as Infinity reads it (its client sends
+    /// `dimensions: 0` and `modality: "text"` unless told otherwise).
+    #[schema(minimum = 0)]
     pub dimensions: Option<i64>,
+    /// Infinity's: `text`, the only modality served (`image` and `audio`
+    /// are a 400). Infinity's client sends it. Not an OpenAI field.
+    pub modality: Option<Modality>,
     /// Accepted and ignored.
     pub user: Option<String>,
     /// One of the model's named prompts (`/info` lists them); default: the model's default
@@ -247,6 +274,7 @@ pub(crate) async fn embed_request(
     }
     .truncate_to()?;
     let normalize = req.use_activation.or(req.normalize).unwrap_or(true);
+    let dimensions = infinity_dimensions(req.dimensions, req.modality);
     run_embed(
         state,
         EmbedRequest {
@@ -264,10 +292,17 @@ pub(crate) async fn embed_request(
                 ..EmbedOptions::default()
             },
             normalize,
-            dimensions: req.dimensions,
+            dimensions,
         },
     )
     .await
+}
+
+/// `dimensions` as the embed path takes it: Infinity reads 0 as "not set"
+/// (the full dimension), and its client sends 0 with every request, beside
+/// `modality`; without `modality` (OpenAI's shape) 0 stays OpenAI's 400.
+fn infinity_dimensions(dimensions: Option<i64>, modality: Option<Modality>) -> Option<i64> {
+    dimensions.filter(|&n| n != 0 || modality.is_none())
 }
 
 /// Token ids sent with one of OpenAI's own model names (`text-embedding-3-small`)
@@ -351,6 +386,9 @@ pub(crate) fn vllm_cut(truncate_prompt_tokens: Option<i64>) -> Result<Option<usi
     })
 }
 
+/// One served model: OpenAI's model object, with Infinity's `stats` and
+/// `capabilities` (Infinity's client requires `stats`; OpenAI's clients
+/// read past both).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct OpenAiModel {
     pub id: String,
@@ -358,7 +396,25 @@ pub struct OpenAiModel {
     pub object: String,
     /// Unix seconds when the server started.
     pub created: u64,
+    /// Always `infinity`: Infinity's client refuses any other value (an
+    /// enum of that one), and OpenAI's clients take any string.
     pub owned_by: String,
+    /// Infinity's: the model's queue, now.
+    pub stats: OpenAiModelStats,
+    /// Infinity's: what the model does, `embed` (an embedding model),
+    /// `rerank` and `classify` (a reranker), or `classify` (a classifier).
+    pub capabilities: Vec<String>,
+}
+
+/// One model's queue as Infinity's `/models` reports it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiModelStats {
+    /// Inputs waiting: for admission, or admitted and not yet in a batch.
+    pub queue_absolute: u64,
+    /// Inputs admitted and not yet answered (queued for or in the model).
+    pub results_pending: u64,
+    /// Most inputs in one model call (`--max-batch-size`).
+    pub batch_size: usize,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -410,11 +466,23 @@ pub async fn model(
 }
 
 fn model_object(state: &AppState, model: &ServedModel) -> OpenAiModel {
+    let queue = model.batcher.metrics();
+    let capabilities: &[&str] = match model.info().kind {
+        ModelKind::Embedding => &["embed"],
+        ModelKind::Reranker { .. } => &["rerank", "classify"],
+        ModelKind::Classifier { .. } => &["classify"],
+    };
     OpenAiModel {
         id: model.name.clone(),
         object: "model".into(),
         created: state.started_unix(),
-        owned_by: "mlx-embed".into(),
+        owned_by: "infinity".into(),
+        stats: OpenAiModelStats {
+            queue_absolute: queue.waiting_inputs + queue.queued_inputs,
+            results_pending: queue.in_flight_inputs,
+            batch_size: model.batcher.config().max_batch_size,
+        },
+        capabilities: capabilities.iter().map(|&c| c.to_owned()).collect(),
     }
 }
 
@@ -435,6 +503,28 @@ mod tests {
         assert_eq!(
             parse(r#""hex""#).unwrap_err().to_string(),
             "unknown variant `hex`, expected `float` or `base64`"
+        );
+    }
+
+    #[test]
+    fn infinity_reads_dimensions_zero_as_the_full_dimension() {
+        let text = Some(Modality::Text);
+        assert_eq!(infinity_dimensions(Some(0), text), None);
+        assert_eq!(infinity_dimensions(Some(16), text), Some(16));
+        assert_eq!(infinity_dimensions(None, text), None);
+        // OpenAI's shape: 0 is left for the embed path to refuse.
+        assert_eq!(infinity_dimensions(Some(0), None), Some(0));
+    }
+
+    #[test]
+    fn modality_is_text_or_a_data_error() {
+        let parse = |s: &str| serde_json::from_str::<Option<Modality>>(s);
+        assert_eq!(parse(r#""text""#).unwrap(), Some(Modality::Text));
+        let err = parse(r#""image""#).unwrap_err();
+        assert!(err.is_data(), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "modality `image` is not supported: this server embeds text (`text`)"
         );
     }
 

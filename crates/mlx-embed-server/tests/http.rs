@@ -1587,6 +1587,16 @@ async fn ollama_listings_and_legacy_embeddings() {
     let ps = get("/api/ps").await;
     assert_eq!(ps["models"][0]["context_length"], MAX_TOKENS);
     assert_eq!(ps["models"][0]["size_vram"], 0);
+    // Ollama's digest: hex SHA-256, the same in both listings.
+    let digest = listed[0]["digest"].as_str().expect("a digest string");
+    assert_eq!(digest.len(), 64, "{digest}");
+    assert!(
+        digest
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+        "{digest}"
+    );
+    assert_eq!(ps["models"][0]["digest"], digest);
 
     let (status, _, shown) = post(&s, "/api/show", &json!({ "name": "fake-model:latest" })).await;
     assert_eq!(status, 200, "{shown}");
@@ -1692,6 +1702,29 @@ async fn ollama_listings_and_legacy_embeddings() {
     )
     .await;
     s.stop().await.unwrap();
+}
+
+/// Ollama's clients tell models apart, and notice a changed one, by digest:
+/// it is the same on every start and differs between models.
+#[tokio::test]
+async fn ollama_digest_is_stable_and_tells_models_apart() {
+    async fn digest(s: &Server) -> String {
+        let r = client().get(s.url("/api/tags")).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        let v: Value = r.json().await.unwrap();
+        v["models"][0]["digest"].as_str().unwrap().to_owned()
+    }
+    let first = Server::default().await;
+    let before = digest(&first).await;
+    first.stop().await.unwrap();
+    let again = Server::default().await;
+    assert_eq!(digest(&again).await, before);
+    again.stop().await.unwrap();
+    let reranker = scorer_server(FakeScorer::reranker).await;
+    let other = digest(&reranker).await;
+    assert_eq!(other.len(), 64);
+    assert_ne!(other, before);
+    reranker.stop().await.unwrap();
 }
 
 /// `--cors-allow-origin`: a listed origin's preflight is answered without the

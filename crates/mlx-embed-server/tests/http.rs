@@ -287,6 +287,117 @@ async fn vllm_options_it_cannot_honour_are_refused() {
     s.stop().await.unwrap();
 }
 
+/// The ids the fake model runs for token ids `ids` cut at `k` by the core
+/// (its encoder wraps ids in its own markers, inside the cut).
+fn fake_ids(ids: Vec<u32>, truncate_to: Option<usize>) -> Vec<u32> {
+    use mlx_embed_core::{EmbedOptions, Tokenize as _};
+    let options = EmbedOptions {
+        truncate_to,
+        ..EmbedOptions::default()
+    };
+    FakeTokenizer
+        .encode(&EmbedInput::Tokens(ids), &options)
+        .unwrap()
+        .ids
+}
+
+fn unit_of_ids(ids: &[u32]) -> Vec<f32> {
+    let mut v = raw_vector_of_ids(ids);
+    mlx_embed_core::l2_normalize(&mut v);
+    v
+}
+
+/// vLLM keeps the last k ids of a token-id prompt (`prompt_token_ids[-k:]`)
+/// where `truncate_prompt_tokens` is k, and the last `max_model_len` for -1;
+/// so do `/v1/embeddings`, `/pooling` and `/classify` where a request sets
+/// it. Without it, ids are cut as before (their first kept).
+#[tokio::test]
+async fn vllm_truncate_prompt_tokens_keeps_the_last_token_ids() {
+    let s = Server::default().await;
+    let ids: Vec<u32> = (1..=20).collect();
+    let last_five: Vec<u32> = (16..=20).collect();
+    let expected = unit_of_ids(&fake_ids(last_five.clone(), Some(5)));
+    assert_ne!(expected, unit_of_ids(&fake_ids(ids.clone(), Some(5))));
+    for path in ["/v1/embeddings", "/embeddings"] {
+        let (status, _, v) = post(
+            &s,
+            path,
+            &json!({ "input": [ids.clone()], "truncate_prompt_tokens": 5 }),
+        )
+        .await;
+        assert_eq!(status, 200, "{path}: {v}");
+        assert_eq!(v["usage"]["prompt_tokens"], 5, "{v}");
+        assert_close(&vectors(Shape::OpenAi, &v)[0], &expected);
+    }
+    let (status, _, v) = post(
+        &s,
+        "/pooling",
+        &json!({ "input": ids.clone(), "truncate_prompt_tokens": 5 }),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_close(&floats(&v["data"][0]["data"]), &expected);
+    // -1: the last of the model's maximum.
+    let long: Vec<u32> = (1..=70).collect();
+    let (status, _, v) = post(
+        &s,
+        "/v1/embeddings",
+        &json!({ "input": long.clone(), "truncate_prompt_tokens": -1 }),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"], MAX_TOKENS, "{v}");
+    assert_close(
+        &vectors(Shape::OpenAi, &v)[0],
+        &unit_of_ids(&fake_ids(long[70 - MAX_TOKENS..].to_vec(), None)),
+    );
+    // Without vLLM's field: the core's cut, as every route cuts ids.
+    let (status, _, v) = post(&s, "/v1/embeddings", &json!({ "input": long.clone() })).await;
+    assert_eq!(status, 200, "{v}");
+    assert_close(
+        &vectors(Shape::OpenAi, &v)[0],
+        &unit_of_ids(&fake_ids(long.clone(), None)),
+    );
+    // Text keeps its first tokens (the tokenizer's side), as vLLM's tokenizer cuts it.
+    let (status, _, v) = post(
+        &s,
+        "/v1/embeddings",
+        &json!({ "input": "abcdef", "truncate_prompt_tokens": 4 }),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_close(&vectors(Shape::OpenAi, &v)[0], &unit_vector(&text("ab")));
+    // truncate: false still refuses ids over the cut.
+    let (status, _, v) = post(
+        &s,
+        "/v1/embeddings",
+        &json!({ "input": ids.clone(), "truncate_prompt_tokens": 5, "truncate": false }),
+    )
+    .await;
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("input 0 has 22 tokens, more than the request's cut of 5"),
+        "{v}"
+    );
+    s.stop().await.unwrap();
+
+    let s = scorer_server(FakeScorer::classifier).await;
+    let (status, _, v) = post(
+        &s,
+        "/classify",
+        &json!({ "input": [ids], "truncate_prompt_tokens": 5 }),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let mut logits = raw_vector_of_ids(&fake_ids(last_five, Some(5)));
+    logits.truncate(3);
+    assert_close(&floats(&v["data"][0]["probs"]), &softmax(&logits));
+    s.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn openai_token_inputs() {
     let s = Server::default().await;

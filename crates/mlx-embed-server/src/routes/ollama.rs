@@ -248,8 +248,8 @@ pub struct OllamaModel {
     pub modified_at: String,
     /// Bytes the weights take in memory.
     pub size: u64,
-    /// Hex SHA-256 identifying the model: the same on every start (what
-    /// it hashes: `ServedModel::digest`).
+    /// Hex SHA-256 of what the model is (its own name, kind, width, token
+    /// limits, prompts, pooling and weights' facts): the same on every start.
     pub digest: String,
     pub details: OllamaModelDetails,
 }

@@ -37,6 +37,54 @@ impl ServedModel {
     pub fn info(&self) -> &ModelInfo {
         self.batcher.model_info()
     }
+
+    /// The model's digest, as Ollama's listings carry one (`/api/tags`,
+    /// `/api/ps`): the hex SHA-256 of what the model is, the same on every
+    /// start and on every server that loads the same model: its own name
+    /// (not the `--served-model-name` alias), kind and labels, vector
+    /// width, token limits, prompts, pooling and weights (architecture,
+    /// float type, quantization, parameter count, bytes). Not a hash of the
+    /// weight files' bytes, which would take seconds per gigabyte to read.
+    pub fn digest(&self) -> String {
+        use sha2::{Digest as _, Sha256};
+        use std::fmt::Write as _;
+        let info = self.info();
+        let mut facts = String::new();
+        let mut fact = |key: &str, value: &dyn std::fmt::Display| {
+            let _ = writeln!(facts, "{key}={value}");
+        };
+        fact("name", &info.name);
+        fact("kind", &info.kind.as_str());
+        fact("labels", &info.kind.labels().join("\u{1f}"));
+        fact("dim", &info.dim);
+        fact("sparse", &info.sparse);
+        fact("max_input_tokens", &info.max_input_tokens);
+        fact("vocab_size", &info.vocab_size);
+        for (name, prompt) in &info.prompts {
+            fact("prompt", &format_args!("{name:?}={prompt:?}"));
+        }
+        fact(
+            "default_prompt",
+            &info.default_prompt_name.as_deref().unwrap_or_default(),
+        );
+        fact(
+            "pooling",
+            &info.details.get("pooling").map_or("", String::as_str),
+        );
+        if let Some(w) = &info.weights {
+            fact("architecture", &w.architecture);
+            fact("dtype", &w.dtype);
+            fact("quantization_bits", &w.quantization_bits.unwrap_or(0));
+            fact("parameters", &w.parameters);
+            fact("bytes", &w.bytes);
+        }
+        Sha256::digest(facts.as_bytes())
+            .iter()
+            .fold(String::with_capacity(64), |mut hex, b| {
+                let _ = write!(hex, "{b:02x}");
+                hex
+            })
+    }
 }
 
 /// What a request wants done, which decides which models qualify.
@@ -254,6 +302,29 @@ mod tests {
             batcher: Batcher::start(BatcherConfig::default(), move || Ok(Fake(kind, sparse)))
                 .unwrap(),
         }
+    }
+
+    #[test]
+    fn the_digest_is_the_sha256_of_the_models_facts() {
+        // sha256 of "name=fake\nkind=embedding\nlabels=\ndim=1\nsparse=false\n
+        // max_input_tokens=8\nvocab_size=10\ndefault_prompt=\npooling=\n" (Python's hashlib).
+        let embedder = served("emb", ModelKind::Embedding);
+        assert_eq!(
+            embedder.digest(),
+            "5d155944a1f7bc99fa5055616c04915258d48ffefa793b033c46593c50a86650"
+        );
+        // The served name is an alias: the same model under another has the same digest.
+        assert_eq!(
+            served("alias", ModelKind::Embedding).digest(),
+            embedder.digest()
+        );
+        let reranker = ModelKind::Reranker {
+            labels: vec!["LABEL_0".into()],
+        };
+        assert_eq!(
+            served("rr", reranker).digest(),
+            "5cd690da9d3146854c0908bf9832b2d3300ed2bd07308dbe3cf9f06bbba6073a"
+        );
     }
 
     #[test]

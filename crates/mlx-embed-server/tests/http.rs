@@ -287,6 +287,117 @@ async fn vllm_options_it_cannot_honour_are_refused() {
     s.stop().await.unwrap();
 }
 
+/// The ids the fake model runs for token ids `ids` cut at `k` by the core
+/// (its encoder wraps ids in its own markers, inside the cut).
+fn fake_ids(ids: Vec<u32>, truncate_to: Option<usize>) -> Vec<u32> {
+    use mlx_embed_core::{EmbedOptions, Tokenize as _};
+    let options = EmbedOptions {
+        truncate_to,
+        ..EmbedOptions::default()
+    };
+    FakeTokenizer
+        .encode(&EmbedInput::Tokens(ids), &options)
+        .unwrap()
+        .ids
+}
+
+fn unit_of_ids(ids: &[u32]) -> Vec<f32> {
+    let mut v = raw_vector_of_ids(ids);
+    mlx_embed_core::l2_normalize(&mut v);
+    v
+}
+
+/// vLLM keeps the last k ids of a token-id prompt (`prompt_token_ids[-k:]`)
+/// where `truncate_prompt_tokens` is k, and the last `max_model_len` for -1;
+/// so do `/v1/embeddings`, `/pooling` and `/classify` where a request sets
+/// it. Without it, ids are cut as before (their first kept).
+#[tokio::test]
+async fn vllm_truncate_prompt_tokens_keeps_the_last_token_ids() {
+    let s = Server::default().await;
+    let ids: Vec<u32> = (1..=20).collect();
+    let last_five: Vec<u32> = (16..=20).collect();
+    let expected = unit_of_ids(&fake_ids(last_five.clone(), Some(5)));
+    assert_ne!(expected, unit_of_ids(&fake_ids(ids.clone(), Some(5))));
+    for path in ["/v1/embeddings", "/embeddings"] {
+        let (status, _, v) = post(
+            &s,
+            path,
+            &json!({ "input": [ids.clone()], "truncate_prompt_tokens": 5 }),
+        )
+        .await;
+        assert_eq!(status, 200, "{path}: {v}");
+        assert_eq!(v["usage"]["prompt_tokens"], 5, "{v}");
+        assert_close(&vectors(Shape::OpenAi, &v)[0], &expected);
+    }
+    let (status, _, v) = post(
+        &s,
+        "/pooling",
+        &json!({ "input": ids.clone(), "truncate_prompt_tokens": 5 }),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_close(&floats(&v["data"][0]["data"]), &expected);
+    // -1: the last of the model's maximum.
+    let long: Vec<u32> = (1..=70).collect();
+    let (status, _, v) = post(
+        &s,
+        "/v1/embeddings",
+        &json!({ "input": long.clone(), "truncate_prompt_tokens": -1 }),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"], MAX_TOKENS, "{v}");
+    assert_close(
+        &vectors(Shape::OpenAi, &v)[0],
+        &unit_of_ids(&fake_ids(long[70 - MAX_TOKENS..].to_vec(), None)),
+    );
+    // Without vLLM's field: the core's cut, as every route cuts ids.
+    let (status, _, v) = post(&s, "/v1/embeddings", &json!({ "input": long.clone() })).await;
+    assert_eq!(status, 200, "{v}");
+    assert_close(
+        &vectors(Shape::OpenAi, &v)[0],
+        &unit_of_ids(&fake_ids(long.clone(), None)),
+    );
+    // Text keeps its first tokens (the tokenizer's side), as vLLM's tokenizer cuts it.
+    let (status, _, v) = post(
+        &s,
+        "/v1/embeddings",
+        &json!({ "input": "abcdef", "truncate_prompt_tokens": 4 }),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_close(&vectors(Shape::OpenAi, &v)[0], &unit_vector(&text("ab")));
+    // truncate: false still refuses ids over the cut.
+    let (status, _, v) = post(
+        &s,
+        "/v1/embeddings",
+        &json!({ "input": ids.clone(), "truncate_prompt_tokens": 5, "truncate": false }),
+    )
+    .await;
+    assert_eq!(status, 400, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("input 0 has 22 tokens, more than the request's cut of 5"),
+        "{v}"
+    );
+    s.stop().await.unwrap();
+
+    let s = scorer_server(FakeScorer::classifier).await;
+    let (status, _, v) = post(
+        &s,
+        "/classify",
+        &json!({ "input": [ids], "truncate_prompt_tokens": 5 }),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let mut logits = raw_vector_of_ids(&fake_ids(last_five, Some(5)));
+    logits.truncate(3);
+    assert_close(&floats(&v["data"][0]["probs"]), &softmax(&logits));
+    s.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn openai_token_inputs() {
     let s = Server::default().await;
@@ -403,6 +514,110 @@ async fn dimensions_keep_first_n_renormalized() {
     .await;
     assert_eq!(status, 200);
     s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn infinity_clients_default_embeddings_body_gets_the_full_dimension() {
+    let s = Server::default().await;
+    let expected = unit_vector(&text("hi"));
+    // What Infinity's client sends unless told otherwise: `dimensions: 0`
+    // (Infinity's "not set") beside `modality: "text"` and its model name.
+    for path in ["/embeddings", "/v1/embeddings"] {
+        let (status, _, v) = post(
+            &s,
+            path,
+            &json!({
+                "input": ["hi"],
+                "model": "default/not-specified",
+                "dimensions": 0,
+                "modality": "text",
+            }),
+        )
+        .await;
+        assert_eq!(status, 200, "{path}: {v}");
+        let got = vectors(Shape::OpenAi, &v);
+        assert_eq!(got[0].len(), DIM);
+        assert_close(&got[0], &expected);
+    }
+    // A cut still cuts with `modality` set.
+    let (status, _, v) = post(
+        &s,
+        "/embeddings",
+        &json!({ "input": ["hi"], "dimensions": 3, "modality": "text" }),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(vectors(Shape::OpenAi, &v)[0].len(), 3);
+    // OpenAI's shape keeps OpenAI's 400 for 0.
+    let msg = expect_error(
+        &s,
+        "/embeddings",
+        Shape::OpenAi,
+        &json!({ "input": ["hi"], "dimensions": 0 }),
+        400,
+    )
+    .await;
+    assert_eq!(
+        msg,
+        format!("dimensions must be between 1 and the model's dimension {DIM}, got 0")
+    );
+    // Images and audio are not embedded as if they were text.
+    let msg = expect_error(
+        &s,
+        "/embeddings",
+        Shape::OpenAi,
+        &json!({ "input": ["http://x/cat.jpg"], "modality": "image" }),
+        400,
+    )
+    .await;
+    assert!(
+        msg.contains("modality `image` is not supported: this server embeds text"),
+        "{msg}"
+    );
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn model_list_carries_infinitys_fields() {
+    async fn listed(s: &Server, path: &str) -> Value {
+        let r = client().get(s.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), 200, "{path}");
+        r.json().await.unwrap()
+    }
+    let s = Server::default().await;
+    for path in ["/models", "/v1/models"] {
+        let v = listed(&s, path).await;
+        assert_eq!(v["object"], "list");
+        let m = &v["data"][0];
+        assert_eq!(m["id"], "fake-model");
+        assert_eq!(m["object"], "model");
+        assert!(m["created"].is_u64(), "{m}");
+        // Infinity's client refuses any other owner, and requires `stats`.
+        assert_eq!(m["owned_by"], "infinity");
+        assert_eq!(
+            m["stats"],
+            json!({ "queue_absolute": 0, "results_pending": 0, "batch_size": 64 })
+        );
+        assert_eq!(m["capabilities"], json!(["embed"]));
+    }
+    let one = listed(&s, "/v1/models/fake-model").await;
+    assert_eq!(one["owned_by"], "infinity");
+    assert_eq!(one["capabilities"], json!(["embed"]));
+    s.stop().await.unwrap();
+
+    for (scorer, capabilities) in [
+        (
+            FakeScorer::reranker as fn() -> FakeScorer,
+            json!(["rerank", "classify"]),
+        ),
+        (FakeScorer::classifier, json!(["classify"])),
+    ] {
+        let s = scorer_server(scorer).await;
+        let v = listed(&s, "/models").await;
+        assert_eq!(v["data"][0]["capabilities"], capabilities, "{v}");
+        assert_eq!(v["data"][0]["owned_by"], "infinity");
+        s.stop().await.unwrap();
+    }
 }
 
 #[tokio::test]
@@ -1483,6 +1698,16 @@ async fn ollama_listings_and_legacy_embeddings() {
     let ps = get("/api/ps").await;
     assert_eq!(ps["models"][0]["context_length"], MAX_TOKENS);
     assert_eq!(ps["models"][0]["size_vram"], 0);
+    // Ollama's digest: hex SHA-256, the same in both listings.
+    let digest = listed[0]["digest"].as_str().expect("a digest string");
+    assert_eq!(digest.len(), 64, "{digest}");
+    assert!(
+        digest
+            .bytes()
+            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')),
+        "{digest}"
+    );
+    assert_eq!(ps["models"][0]["digest"], digest);
 
     let (status, _, shown) = post(&s, "/api/show", &json!({ "name": "fake-model:latest" })).await;
     assert_eq!(status, 200, "{shown}");
@@ -1588,6 +1813,29 @@ async fn ollama_listings_and_legacy_embeddings() {
     )
     .await;
     s.stop().await.unwrap();
+}
+
+/// Ollama's clients tell models apart, and notice a changed one, by digest:
+/// it is the same on every start and differs between models.
+#[tokio::test]
+async fn ollama_digest_is_stable_and_tells_models_apart() {
+    async fn digest(s: &Server) -> String {
+        let r = client().get(s.url("/api/tags")).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 200);
+        let v: Value = r.json().await.unwrap();
+        v["models"][0]["digest"].as_str().unwrap().to_owned()
+    }
+    let first = Server::default().await;
+    let before = digest(&first).await;
+    first.stop().await.unwrap();
+    let again = Server::default().await;
+    assert_eq!(digest(&again).await, before);
+    again.stop().await.unwrap();
+    let reranker = scorer_server(FakeScorer::reranker).await;
+    let other = digest(&reranker).await;
+    assert_eq!(other.len(), 64);
+    assert_ne!(other, before);
+    reranker.stop().await.unwrap();
 }
 
 /// `--cors-allow-origin`: a listed origin's preflight is answered without the

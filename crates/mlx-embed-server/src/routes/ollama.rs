@@ -248,6 +248,9 @@ pub struct OllamaModel {
     pub modified_at: String,
     /// Bytes the weights take in memory.
     pub size: u64,
+    /// Hex SHA-256 of what the model is (its own name, kind, width, token
+    /// limits, prompts, pooling and weights' facts): the same on every start.
+    pub digest: String,
     pub details: OllamaModelDetails,
 }
 
@@ -263,6 +266,8 @@ pub struct OllamaRunningModel {
     pub name: String,
     pub model: String,
     pub size: u64,
+    /// The model's digest, as `/api/tags` lists it.
+    pub digest: String,
     /// Bytes of weights in accelerator memory: `size` on a GPU, 0 on the CPU.
     pub size_vram: u64,
     pub details: OllamaModelDetails,
@@ -355,6 +360,7 @@ pub async fn tags(State(state): State<AppState>) -> Json<OllamaModelList> {
                     name,
                     modified_at: modified_at.clone(),
                     size: weights_bytes(m),
+                    digest: m.digest(),
                     details: details(m),
                 }
             })
@@ -383,6 +389,7 @@ pub async fn ps(State(state): State<AppState>) -> Json<OllamaRunningList> {
                     model: name.clone(),
                     name,
                     size,
+                    digest: m.digest(),
                     size_vram: if on_cpu { 0 } else { size },
                     details: details(m),
                     context_length: m.info().max_input_tokens,

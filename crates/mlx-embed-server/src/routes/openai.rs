@@ -4,7 +4,7 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::Json;
 use base64::Engine as _;
-use mlx_embed_core::{EmbedOptions, Priority, Prompt};
+use mlx_embed_core::{EmbedInput, EmbedOptions, ModelKind, Priority, Prompt};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -37,6 +37,27 @@ impl<'de> Deserialize<'de> for EncodingFormat {
             "float" => Ok(EncodingFormat::Float),
             "base64" => Ok(EncodingFormat::Base64),
             other => Err(serde::de::Error::unknown_variant(other, VARIANTS)),
+        }
+    }
+}
+
+/// What Infinity's `modality` says the inputs are: text is all this server embeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Modality {
+    Text,
+}
+
+// Not derived, as for `EncodingFormat`: another value is a wrong shape (400)
+// that says why, not malformed JSON.
+impl<'de> Deserialize<'de> for Modality {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        match name.as_str() {
+            "text" => Ok(Modality::Text),
+            other => Err(serde::de::Error::custom(format!(
+                "modality `{other}` is not supported: this server embeds text (`text`)"
+            ))),
         }
     }
 }
@@ -99,9 +120,15 @@ pub struct OpenAiEmbeddingRequest {
     /// vLLM's: the byte order of `base64` vectors, `native` (default: little-endian
     /// here), `little` or `big`.
     pub endianness: Option<Endianness>,
-    /// Keep the first N components (1..=dimension), re-normalized.
-    #[schema(minimum = 1)]
+    /// Keep the first N components (1..=dimension), re-normalized. 0 is a
+    /// 400, as OpenAI answers, except with Infinity's `modality` set: there it
+    /// is the full dimension, as Infinity reads it (its client sends
+    /// `dimensions: 0` and `modality: "text"` unless told otherwise).
+    #[schema(minimum = 0)]
     pub dimensions: Option<i64>,
+    /// Infinity's: `text`, the only modality served (`image` and `audio`
+    /// are a 400). Infinity's client sends it. Not an OpenAI field.
+    pub modality: Option<Modality>,
     /// Accepted and ignored.
     pub user: Option<String>,
     /// One of the model's named prompts (`/info` lists them); default: the model's default
@@ -121,7 +148,9 @@ pub struct OpenAiEmbeddingRequest {
     /// vLLM's older name for `use_activation`.
     pub normalize: Option<bool>,
     /// vLLM's: cut every input at this many tokens (special tokens included), at
-    /// most the model's maximum; -1 (or none): the model's maximum.
+    /// most the model's maximum; -1 (or none): the model's maximum. Text keeps its
+    /// first tokens (inside the model's special tokens); token ids keep their
+    /// last ids as sent, as vLLM cuts them.
     pub truncate_prompt_tokens: Option<i64>,
     /// vLLM's: true (the default); false is refused (400): inputs are tokenized
     /// with the model's special tokens, which its pooling reads.
@@ -247,14 +276,28 @@ pub(crate) async fn embed_request(
     }
     .truncate_to()?;
     let normalize = req.use_activation.or(req.normalize).unwrap_or(true);
+    let dimensions = infinity_dimensions(req.dimensions, req.modality);
+    let truncate = req.truncate.unwrap_or(true);
+    let mut inputs = req.input.into_inputs();
+    vllm_cut_ids(
+        state,
+        VllmIdsCut {
+            model: req.model.as_deref(),
+            task: Task::Embed,
+            truncate_prompt_tokens: req.truncate_prompt_tokens,
+            truncate_to,
+            truncate,
+        },
+        &mut inputs,
+    )?;
     run_embed(
         state,
         EmbedRequest {
             model: req.model,
-            inputs: req.input.into_inputs(),
+            inputs,
             options: EmbedOptions {
                 prompt: req.prompt_name.map_or(Prompt::Default, Prompt::Named),
-                truncate: req.truncate.unwrap_or(true),
+                truncate,
                 truncate_to,
                 priority: req
                     .priority
@@ -264,10 +307,17 @@ pub(crate) async fn embed_request(
                 ..EmbedOptions::default()
             },
             normalize,
-            dimensions: req.dimensions,
+            dimensions,
         },
     )
     .await
+}
+
+/// `dimensions` as the embed path takes it: Infinity reads 0 as "not set"
+/// (the full dimension), and its client sends 0 with every request, beside
+/// `modality`; without `modality` (OpenAI's shape) 0 stays OpenAI's 400.
+fn infinity_dimensions(dimensions: Option<i64>, modality: Option<Modality>) -> Option<i64> {
+    dimensions.filter(|&n| n != 0 || modality.is_none())
 }
 
 /// Token ids sent with one of OpenAI's own model names (`text-embedding-3-small`)
@@ -338,6 +388,62 @@ impl VllmOptions<'_> {
     }
 }
 
+/// What [`vllm_cut_ids`] reads of a vLLM request.
+pub(crate) struct VllmIdsCut<'a> {
+    /// The request's `model`, and the task that picks the model by it.
+    pub model: Option<&'a str>,
+    pub task: Task,
+    pub truncate_prompt_tokens: Option<i64>,
+    /// [`vllm_cut`] of `truncate_prompt_tokens`.
+    pub truncate_to: Option<usize>,
+    /// The request's `truncate` (default true).
+    pub truncate: bool,
+}
+
+/// vLLM's cut of token-id input: with `truncate_prompt_tokens` k, a prompt
+/// of token ids keeps its last k ids as sent (vLLM slices
+/// `prompt_token_ids[-k:]`, special tokens or not; -1: the last
+/// `max_model_len`), where the core keeps the first ids (inside the model's
+/// special tokens). So a request that sets `truncate_prompt_tokens`, vLLM's
+/// field, has its ids cut here, to at most the model's maximum, before the
+/// core sees them; text is cut by the tokenizer at its end, as vLLM's
+/// tokenizer cuts it. With `truncate: false` nothing is cut here: the core
+/// refuses an input over the cut, as before.
+pub(crate) fn vllm_cut_ids(
+    state: &AppState,
+    cut: VllmIdsCut<'_>,
+    inputs: &mut [EmbedInput],
+) -> Result<(), ApiError> {
+    let has_ids = inputs.iter().any(|i| matches!(i, EmbedInput::Tokens(_)));
+    if cut.truncate_prompt_tokens.is_none() || !cut.truncate || !has_ids {
+        return Ok(());
+    }
+    let model_max = state
+        .model_for(cut.model, cut.task)?
+        .info()
+        .max_input_tokens;
+    let keep = EmbedOptions {
+        truncate_to: cut.truncate_to,
+        ..EmbedOptions::default()
+    }
+    .input_limit(model_max);
+    keep_last_ids(inputs, keep);
+    Ok(())
+}
+
+/// Cuts every token-id input to its last `keep` ids (0: no cut); text is left alone.
+fn keep_last_ids(inputs: &mut [EmbedInput], keep: usize) {
+    if keep == 0 {
+        return;
+    }
+    for input in inputs {
+        if let EmbedInput::Tokens(ids) = input {
+            let over = ids.len().saturating_sub(keep);
+            ids.drain(..over);
+        }
+    }
+}
+
 /// vLLM's `truncate_prompt_tokens` as the core's cut: -1 (or none) is the
 /// model's maximum.
 pub(crate) fn vllm_cut(truncate_prompt_tokens: Option<i64>) -> Result<Option<usize>, ApiError> {
@@ -351,6 +457,9 @@ pub(crate) fn vllm_cut(truncate_prompt_tokens: Option<i64>) -> Result<Option<usi
     })
 }
 
+/// One served model: OpenAI's model object, with Infinity's `stats` and
+/// `capabilities` (Infinity's client requires `stats`; OpenAI's clients
+/// read past both).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct OpenAiModel {
     pub id: String,
@@ -358,7 +467,25 @@ pub struct OpenAiModel {
     pub object: String,
     /// Unix seconds when the server started.
     pub created: u64,
+    /// Always `infinity`: Infinity's client refuses any other value (an
+    /// enum of that one), and OpenAI's clients take any string.
     pub owned_by: String,
+    /// Infinity's: the model's queue, now.
+    pub stats: OpenAiModelStats,
+    /// Infinity's: what the model does, `embed` (an embedding model),
+    /// `rerank` and `classify` (a reranker), or `classify` (a classifier).
+    pub capabilities: Vec<String>,
+}
+
+/// One model's queue as Infinity's `/models` reports it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct OpenAiModelStats {
+    /// Inputs waiting: for admission, or admitted and not yet in a batch.
+    pub queue_absolute: u64,
+    /// Inputs admitted and not yet answered (queued for or in the model).
+    pub results_pending: u64,
+    /// Most inputs in one model call (`--max-batch-size`).
+    pub batch_size: usize,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -410,11 +537,23 @@ pub async fn model(
 }
 
 fn model_object(state: &AppState, model: &ServedModel) -> OpenAiModel {
+    let queue = model.batcher.metrics();
+    let capabilities: &[&str] = match model.info().kind {
+        ModelKind::Embedding => &["embed"],
+        ModelKind::Reranker { .. } => &["rerank", "classify"],
+        ModelKind::Classifier { .. } => &["classify"],
+    };
     OpenAiModel {
         id: model.name.clone(),
         object: "model".into(),
         created: state.started_unix(),
-        owned_by: "mlx-embed".into(),
+        owned_by: "infinity".into(),
+        stats: OpenAiModelStats {
+            queue_absolute: queue.waiting_inputs + queue.queued_inputs,
+            results_pending: queue.in_flight_inputs,
+            batch_size: model.batcher.config().max_batch_size,
+        },
+        capabilities: capabilities.iter().map(|&c| c.to_owned()).collect(),
     }
 }
 
@@ -436,6 +575,50 @@ mod tests {
             parse(r#""hex""#).unwrap_err().to_string(),
             "unknown variant `hex`, expected `float` or `base64`"
         );
+    }
+
+    #[test]
+    fn infinity_reads_dimensions_zero_as_the_full_dimension() {
+        let text = Some(Modality::Text);
+        assert_eq!(infinity_dimensions(Some(0), text), None);
+        assert_eq!(infinity_dimensions(Some(16), text), Some(16));
+        assert_eq!(infinity_dimensions(None, text), None);
+        // OpenAI's shape: 0 is left for the embed path to refuse.
+        assert_eq!(infinity_dimensions(Some(0), None), Some(0));
+    }
+
+    #[test]
+    fn modality_is_text_or_a_data_error() {
+        let parse = |s: &str| serde_json::from_str::<Option<Modality>>(s);
+        assert_eq!(parse(r#""text""#).unwrap(), Some(Modality::Text));
+        let err = parse(r#""image""#).unwrap_err();
+        assert!(err.is_data(), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "modality `image` is not supported: this server embeds text (`text`)"
+        );
+    }
+
+    #[test]
+    fn vllm_token_ids_keep_their_last_ids() {
+        let mut inputs = vec![
+            EmbedInput::Tokens(vec![101, 1, 2, 3, 4, 5, 102]),
+            EmbedInput::Tokens(vec![7, 8]),
+            EmbedInput::Text("text is the tokenizer's to cut".into()),
+        ];
+        keep_last_ids(&mut inputs, 3);
+        assert_eq!(
+            inputs,
+            vec![
+                EmbedInput::Tokens(vec![4, 5, 102]),
+                EmbedInput::Tokens(vec![7, 8]),
+                EmbedInput::Text("text is the tokenizer's to cut".into()),
+            ]
+        );
+        // No maximum: nothing to cut at.
+        let mut ids = vec![EmbedInput::Tokens(vec![1, 2, 3])];
+        keep_last_ids(&mut ids, 0);
+        assert_eq!(ids, vec![EmbedInput::Tokens(vec![1, 2, 3])]);
     }
 
     #[test]

@@ -10,8 +10,8 @@ use mlx_embed_core::{EmbedOptions, Priority};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::openai::VllmOptions;
 use super::openai::{embed_request, EmbeddingValue, OpenAiEmbeddingRequest};
+use super::openai::{vllm_cut_ids, VllmIdsCut, VllmOptions};
 use super::{response_id, unix_now, Usage};
 use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
 use crate::extract::{ApiJson, PriorityHeader, TextsOrTokens};
@@ -120,7 +120,9 @@ pub struct ClassifyRequest {
     /// vLLM's older name for `use_activation`.
     pub activation: Option<bool>,
     /// Cut every input at this many tokens (special tokens included), at most
-    /// the model's maximum; -1 (or none): the model's maximum.
+    /// the model's maximum; -1 (or none): the model's maximum. Text keeps its
+    /// first tokens (inside the model's special tokens); token ids keep their
+    /// last ids as sent, as vLLM cuts them.
     pub truncate_prompt_tokens: Option<i64>,
     /// Cut over-long inputs (default true); false answers 400 instead.
     pub truncate: Option<bool>,
@@ -190,14 +192,27 @@ pub async fn classify(
         .or(req.softmax)
         .or(req.activation)
         .unwrap_or(true);
+    let truncate = req.truncate.unwrap_or(true);
+    let mut inputs = req.input.into_inputs();
+    vllm_cut_ids(
+        &state,
+        VllmIdsCut {
+            model: req.model.as_deref(),
+            task: Task::Predict,
+            truncate_prompt_tokens: req.truncate_prompt_tokens,
+            truncate_to,
+            truncate,
+        },
+        &mut inputs,
+    )?;
     let out = score(
         &state,
         ScoreRequest {
             model: req.model,
             task: Task::Predict,
-            inputs: req.input.into_inputs(),
+            inputs,
             options: EmbedOptions {
-                truncate: req.truncate.unwrap_or(true),
+                truncate,
                 truncate_to,
                 priority: req
                     .priority

@@ -267,25 +267,33 @@ def test_bench_priority_quick_runs(tmp_path):
     assert on["computed"] < off["computed"] == off["texts"]
 
 
+def lane_turns(tmp_path, bulk_calls: int, bulk_texts: int, words: int, delay: float) -> tuple[dict, str]:
+    """One round of scripts/bench_lane_turns.py: its rows by name (short call s,
+    first bulk call s, short / first bulk, every bulk call answered s), and its output."""
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "bench_lane_turns.py"), "--bulk-texts", str(bulk_texts),
+         "--words", str(words), "--bulk-calls", str(bulk_calls), "--delay", str(delay), "--rounds", "1",
+         "--log-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    rows = {line.split("|")[1].strip(): [float(x) for x in line.split("|")[2:6]]
+            for line in proc.stdout.splitlines() if line.startswith("| same") or line.startswith("| X-")}
+    assert set(rows) == {"same lane (normal)", "X-Priority: high"}, proc.stdout
+    return rows, proc.stdout
+
+
 def test_bench_lane_turns_runs(tmp_path):
     """The same-lane benchmark works end to end, and a short call behind three
     bulk calls gets through before the first of them is done (figures are for
     a quiet machine: docs/benchmarks.md)."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_lane_turns.py"), "--bulk-texts", "1024", "--words", "12",
-         "--bulk-calls", "3", "--delay", "0.3", "--rounds", "1", "--log-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = {line.split("|")[1].strip(): [float(x) for x in line.split("|")[2:5]]
-            for line in proc.stdout.splitlines() if line.startswith("| same") or line.startswith("| X-")}
-    assert set(rows) == {"same lane (normal)", "X-Priority: high"}, proc.stdout
-    short, bulk, frac = rows["same lane (normal)"]
+    rows, out = lane_turns(tmp_path, bulk_calls=3, bulk_texts=1024, words=12, delay=0.3)
+    short, bulk, frac, _ = rows["same lane (normal)"]
     # Let in only once the bulk call was done, the short call took 0.81 of it
     # with these sizes (one bulk call); 0.13 with the room given back batch by
     # batch. Behind three, it waited for two of them while the second, at the
     # head of the lane's one line, gathered all the room the first gave back;
     # now a call of one batch has a line of its own.
-    assert 0 < short < bulk and frac < 0.5, proc.stdout
+    assert 0 < short < bulk and frac < 0.5, out
 
 
 def test_a_short_call_behind_many_one_batch_calls_of_long_texts(tmp_path):
@@ -295,15 +303,9 @@ def test_a_short_call_behind_many_one_batch_calls_of_long_texts(tmp_path):
     of a batch (12 calls: about 0.9 of the time until every bulk call was
     answered). Now a query-sized call has an admission line of its own and
     long texts take turns of a sixteenth of a batch's tokens."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_lane_turns.py"), "--bulk-texts", "64", "--words", "90",
-         "--bulk-calls", "12", "--delay", "0.5", "--rounds", "1", "--log-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = {line.split("|")[1].strip(): [float(x) for x in line.split("|")[2:6]]
-            for line in proc.stdout.splitlines() if line.startswith("| same") or line.startswith("| X-")}
+    rows, out = lane_turns(tmp_path, bulk_calls=12, bulk_texts=64, words=90, delay=0.5)
     short, _, _, every_bulk = rows["same lane (normal)"]
-    assert 0 < short < 0.5 * every_bulk, proc.stdout
+    assert 0 < short < 0.5 * every_bulk, out
 
 
 def test_a_short_call_behind_many_query_sized_calls_of_long_texts(tmp_path):
@@ -313,12 +315,6 @@ def test_a_short_call_behind_many_query_sized_calls_of_long_texts(tmp_path):
     bulk call was answered (3.04 s of 8.61 s on a quiet machine). Query-sized
     goes by tokens too now, and such a call goes before calls of several
     turns: 0.05 (0.41 s of 8.41 s)."""
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "scripts" / "bench_lane_turns.py"), "--bulk-texts", "16", "--words", "90",
-         "--bulk-calls", "80", "--delay", "0.5", "--rounds", "1", "--log-dir", str(tmp_path)],
-        capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = {line.split("|")[1].strip(): [float(x) for x in line.split("|")[2:6]]
-            for line in proc.stdout.splitlines() if line.startswith("| same") or line.startswith("| X-")}
+    rows, out = lane_turns(tmp_path, bulk_calls=80, bulk_texts=16, words=90, delay=0.5)
     short, _, _, every_bulk = rows["same lane (normal)"]
-    assert 0 < short < 0.15 * every_bulk, proc.stdout
+    assert 0 < short < 0.15 * every_bulk, out

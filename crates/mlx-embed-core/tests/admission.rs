@@ -245,6 +245,66 @@ async fn a_small_caller_gets_in_while_a_big_request_runs() {
     }
 }
 
+/// Calls in flight: each one's texts and its task.
+type Calls = Vec<(
+    Vec<String>,
+    tokio::task::JoinHandle<Result<mlx_embed_core::Embeddings, CoreError>>,
+)>;
+
+/// Sends `calls` (each its texts) in order, the first alone until its first
+/// batch runs, then waits until `waiting` inputs wait for room.
+async fn send_calls_waiting_for_room(
+    batcher: &mlx_embed_core::Batcher,
+    record: &Record,
+    calls: Vec<Vec<String>>,
+    waiting: usize,
+) -> Calls {
+    let mut sent = Vec::new();
+    for (k, texts) in calls.into_iter().enumerate() {
+        let b = batcher.clone();
+        let owned = texts.clone();
+        sent.push((
+            texts,
+            tokio::spawn(
+                async move { b.embed(owned_texts(&owned), EmbedOptions::default()).await },
+            ),
+        ));
+        if k == 0 {
+            eventually("the first call's batch", || !record.batches().is_empty()).await;
+        }
+    }
+    eventually("the calls waiting", || {
+        batcher.metrics().waiting_inputs == waiting as u64
+    })
+    .await;
+    sent
+}
+
+/// Embeds one text as a short caller behind `calls`, checks every answer,
+/// and returns the batches the model ran.
+async fn short_call_then_all_answered(
+    batcher: &mlx_embed_core::Batcher,
+    record: &Record,
+    text: &str,
+    calls: Calls,
+) -> Vec<Vec<String>> {
+    let short = timeout(
+        LIMIT,
+        batcher.embed(texts(&[text]), EmbedOptions::default()),
+    )
+    .await
+    .unwrap()
+    .unwrap();
+    assert_answer(&[text.to_string()], &short);
+    for (sent, handle) in calls {
+        assert_answer(
+            &sent,
+            &timeout(LIMIT, handle).await.unwrap().unwrap().unwrap(),
+        );
+    }
+    record.batches()
+}
+
 /// A query-sized caller behind more calls of one batch than the room holds
 /// waits for room in a line of its own, not behind them: with one line for
 /// every call of one batch or less it waited for room until all but the
@@ -261,41 +321,12 @@ async fn a_query_behind_more_one_batch_calls_than_the_room_waits_for_its_turn_on
         ..BatcherConfig::default()
     };
     let (batcher, record) = start(config, Duration::from_millis(20), None);
-    let mut calls = Vec::new();
-    for k in 0..mids {
-        let sent: Vec<String> = (0..mid).map(|i| format!("mid{k}-{i}")).collect();
-        let b = batcher.clone();
-        let texts = sent.clone();
-        calls.push((
-            sent,
-            tokio::spawn(
-                async move { b.embed(owned_texts(&texts), EmbedOptions::default()).await },
-            ),
-        ));
-        if k == 0 {
-            eventually("the first call's batch", || !record.batches().is_empty()).await;
-        }
-    }
     // The first call holds the whole room; the others wait for it.
-    eventually("the calls waiting", || {
-        batcher.metrics().waiting_inputs == (mids - 1) * mid
-    })
-    .await;
-    let query = timeout(
-        LIMIT,
-        batcher.embed(texts(&["query"]), EmbedOptions::default()),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    assert_answer(&["query".to_string()], &query);
-    for (sent, handle) in calls {
-        assert_answer(
-            &sent,
-            &timeout(LIMIT, handle).await.unwrap().unwrap().unwrap(),
-        );
-    }
-    let batches = record.batches();
+    let calls = (0..mids)
+        .map(|k| (0..mid).map(|i| format!("mid{k}-{i}")).collect())
+        .collect();
+    let calls = send_calls_waiting_for_room(&batcher, &record, calls, (mids - 1) * mid).await;
+    let batches = short_call_then_all_answered(&batcher, &record, "query", calls).await;
     let at = |text: &str| batches.iter().position(|b| b.iter().any(|t| t == text));
     let query_at = at("query").unwrap();
     let second_starts = at("mid1-0").unwrap();
@@ -325,41 +356,17 @@ async fn a_query_behind_calls_of_few_long_texts_runs_in_the_next_batch() {
         ..BatcherConfig::default()
     };
     let (batcher, record) = start(config, Duration::from_millis(30), None);
-    let mut bulk = Vec::new();
-    for k in 0..calls {
-        let sent: Vec<String> = (0..per_call)
-            .map(|i| format!("long{k}-{i}-{}", "x".repeat(50)))
-            .collect();
-        let b = batcher.clone();
-        let texts = sent.clone();
-        bulk.push((
-            sent,
-            tokio::spawn(
-                async move { b.embed(owned_texts(&texts), EmbedOptions::default()).await },
-            ),
-        ));
-        if k == 0 {
-            eventually("the first call's batch", || !record.batches().is_empty()).await;
-        }
-    }
     // Two calls hold the room; the other four wait for it.
-    eventually("the calls waiting", || {
-        batcher.metrics().waiting_inputs == ((calls - 2) * per_call) as u64
-    })
-    .await;
+    let bulk = (0..calls)
+        .map(|k| {
+            (0..per_call)
+                .map(|i| format!("long{k}-{i}-{}", "x".repeat(50)))
+                .collect()
+        })
+        .collect();
+    let bulk = send_calls_waiting_for_room(&batcher, &record, bulk, (calls - 2) * per_call).await;
     let running = record.batches().len();
-    let query = timeout(LIMIT, batcher.embed(texts(&["q"]), EmbedOptions::default()))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_answer(&["q".to_string()], &query);
-    for (sent, handle) in bulk {
-        assert_answer(
-            &sent,
-            &timeout(LIMIT, handle).await.unwrap().unwrap().unwrap(),
-        );
-    }
-    let batches = record.batches();
+    let batches = short_call_then_all_answered(&batcher, &record, "q", bulk).await;
     let query_at = batches
         .iter()
         .position(|b| b.iter().any(|t| t == "q"))
@@ -390,44 +397,12 @@ async fn a_small_caller_behind_several_big_requests_waits_for_its_turn_only() {
         ..BatcherConfig::default()
     };
     let (batcher, record) = start(config, Duration::from_millis(20), None);
-    let mut bulk = Vec::new();
-    for k in 0..bigs {
-        let sent: Vec<String> = (0..big).map(|i| format!("big{k}-{i}")).collect();
-        let b = batcher.clone();
-        let texts = sent.clone();
-        bulk.push((
-            sent,
-            tokio::spawn(
-                async move { b.embed(owned_texts(&texts), EmbedOptions::default()).await },
-            ),
-        ));
-        if k == 0 {
-            eventually("the first big request's first batch", || {
-                !record.batches().is_empty()
-            })
-            .await;
-        }
-    }
     // The other big requests wait for room (the first holds all of it).
-    eventually("the big requests waiting", || {
-        batcher.metrics().waiting_inputs == (bigs - 1) * big
-    })
-    .await;
-    let small = timeout(
-        LIMIT,
-        batcher.embed(texts(&["small"]), EmbedOptions::default()),
-    )
-    .await
-    .unwrap()
-    .unwrap();
-    assert_answer(&["small".to_string()], &small);
-    for (sent, handle) in bulk {
-        assert_answer(
-            &sent,
-            &timeout(LIMIT, handle).await.unwrap().unwrap().unwrap(),
-        );
-    }
-    let batches = record.batches();
+    let bulk = (0..bigs)
+        .map(|k| (0..big).map(|i| format!("big{k}-{i}")).collect())
+        .collect();
+    let bulk = send_calls_waiting_for_room(&batcher, &record, bulk, (bigs - 1) * big).await;
+    let batches = short_call_then_all_answered(&batcher, &record, "small", bulk).await;
     let at = |text: &str| batches.iter().position(|b| b.iter().any(|t| t == text));
     let small_at = at("small").unwrap();
     let first_big_ends = at(&format!("big0-{}", big - 1)).unwrap();

@@ -56,12 +56,12 @@ use crate::routes::{
         ops::info,
         ops::openapi,
     ),
-    // The error bodies, and the schemas /rerank's documentation-only unions
+    // The error bodies, and the schemas the documentation-only unions of /rerank and /classify
     // name (schemas a route names by reference only are not collected).
     components(schemas(
         NativeErrorBody, OpenAiErrorBody, TeiErrorBody, OllamaErrorBody, WeaviateErrorBody,
         rerank::TeiRerankRequest, rerank::TeiRank, rerank::CohereRerankRequest,
-        rerank::CohereRerankResponse,
+        rerank::CohereRerankResponse, pooling::ClassifyResponse, pooling::InfinityClassifyResponse,
     )),
     tags(
         (name = "native", description = "The native API"),
@@ -182,6 +182,11 @@ mod tests {
                 .len(),
             2
         );
+        assert_eq!(
+            schemas["ClassifyAnswer"]["oneOf"].as_array().unwrap().len(),
+            2
+        );
+        assert!(schemas["ClassifyRequest"]["properties"]["raw_scores"].is_object());
     }
 
     #[test]

@@ -2464,6 +2464,107 @@ async fn vllm_classify_answers_label_probabilities() {
 }
 
 #[tokio::test]
+async fn infinity_classify_body_gets_infinitys_shape() {
+    let s = scorer_server(FakeScorer::classifier).await;
+    let texts = ["good", "bad"];
+    // vLLM's answer for the same inputs, to hold Infinity's scores against.
+    let (status, _, vllm) = post(&s, "/classify", &json!({ "input": texts })).await;
+    assert_eq!(status, 200, "{vllm}");
+    // What Infinity's client sends: `raw_scores` always, its default model name.
+    for raw in [false, true] {
+        let body = json!({ "input": texts, "model": "default/not-specified", "raw_scores": raw });
+        let (status, _, v) = post(&s, "/classify", &body).await;
+        assert_eq!(status, 200, "{v}");
+        let mut keys: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(
+            keys,
+            ["created", "data", "id", "model", "object", "usage"],
+            "{v}"
+        );
+        assert_eq!(v["object"], "classify");
+        assert_eq!(v["model"], "fake-classifier");
+        assert!(v["id"].as_str().unwrap().starts_with("classify-"), "{v}");
+        assert!(v["created"].as_u64().unwrap() > 1_600_000_000, "{v}");
+        assert_eq!(v["usage"]["prompt_tokens"], 11);
+        assert_eq!(v["usage"]["total_tokens"], 11);
+        let data = v["data"].as_array().unwrap();
+        assert_eq!(data.len(), texts.len(), "{v}");
+        for (i, t) in texts.into_iter().enumerate() {
+            let logits = scorer_logits(&text(t), 3);
+            let expected = if raw {
+                logits.clone()
+            } else {
+                softmax(&logits)
+            };
+            let entries = data[i].as_array().unwrap();
+            assert_eq!(entries.len(), CLASSIFIER_LABELS.len(), "{v}");
+            // Every label once, best first, each with its label's score.
+            let mut order: Vec<usize> = (0..3).collect();
+            order.sort_by(|&a, &b| expected[b].total_cmp(&expected[a]));
+            for (entry, &label) in entries.iter().zip(&order) {
+                let mut keys: Vec<&str> = entry
+                    .as_object()
+                    .unwrap()
+                    .keys()
+                    .map(String::as_str)
+                    .collect();
+                keys.sort_unstable();
+                assert_eq!(keys, ["label", "score"], "{entry}");
+                assert_eq!(entry["label"], CLASSIFIER_LABELS[label], "{v}");
+                assert_close(
+                    &[entry["score"].as_f64().unwrap() as f32],
+                    &[expected[label]],
+                );
+                if !raw {
+                    // The very number vLLM's shape gives for that label.
+                    assert_eq!(entry["score"], vllm["data"][i]["probs"][label], "{v}");
+                }
+            }
+            let scores: Vec<f64> = entries
+                .iter()
+                .map(|e| e["score"].as_f64().unwrap())
+                .collect();
+            assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
+        }
+    }
+    // A body without `raw_scores` keeps vLLM's shape.
+    let (status, _, v) = post(&s, "/classify", &json!({ "input": "good", "model": "x" })).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"][0]["num_classes"], 3, "{v}");
+    assert_close(
+        &floats(&v["data"][0]["probs"]),
+        &softmax(&scorer_logits(&text("good"), 3)),
+    );
+    // Errors keep the OpenAI shape: a wrong `raw_scores`, an empty input.
+    let (status, _, v) = post(
+        &s,
+        "/classify",
+        &json!({ "input": ["a"], "raw_scores": "yes" }),
+    )
+    .await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("raw_scores"),
+        "{v}"
+    );
+    let (status, _, v) = post(
+        &s,
+        "/classify",
+        &json!({ "input": [], "raw_scores": false }),
+    )
+    .await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn sagemaker_and_vertex_answer_with_the_models_route() {
     // An embedding model: /embed's answer.
     let s = Server::default().await;

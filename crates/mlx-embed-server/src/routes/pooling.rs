@@ -2,13 +2,17 @@
 //! model, vLLM's `embed` task: one pooled vector per input, through the one
 //! embed path, as `/v1/embeddings` answers) and `POST /classify` (a
 //! classifier's label probabilities, through the one scoring path, as TEI's
-//! `/predict` scores them).
+//! `/predict` scores them; in vLLM's shape, or Infinity's for Infinity's body).
 
 use axum::extract::State;
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use mlx_embed_core::{EmbedOptions, Priority};
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use serde::{Deserialize, Deserializer, Serialize};
+use std::borrow::Cow;
+use utoipa::openapi::schema::{OneOfBuilder, Schema};
+use utoipa::openapi::{Ref, RefOr};
+use utoipa::{PartialSchema, ToSchema};
 
 use super::openai::{embed_request, EmbeddingValue, OpenAiEmbeddingRequest};
 use super::openai::{vllm_cut_ids, VllmIdsCut, VllmOptions};
@@ -16,7 +20,7 @@ use super::{response_id, unix_now, Usage};
 use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
 use crate::extract::{ApiJson, PriorityHeader, TextsOrTokens};
 use crate::models::Task;
-use crate::score::{score, ScoreRequest};
+use crate::score::{ranking, score, ScoreOutput, ScoreRequest};
 use crate::state::AppState;
 
 /// vLLM pooling request (its completion form; the chat form's `messages` is
@@ -106,13 +110,20 @@ pub async fn pooling(
     }))
 }
 
-/// vLLM classification request (its completion form).
+/// vLLM classification request (its completion form), or Infinity's
+/// (`input`, `model`, `raw_scores`).
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct ClassifyRequest {
     /// Which served classifier answers; default: the first classifier or reranker.
     pub model: Option<String>,
     /// A string, strings, token ids, or lists of token ids (run as given).
     pub input: TextsOrTokens,
+    /// Infinity's: true answers the raw logits instead of probabilities. A
+    /// body with this field (Infinity's client always sends it) is answered
+    /// in Infinity's shape (`InfinityClassifyResponse`).
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = Option<bool>)]
+    pub raw_scores: Option<Option<bool>>,
     /// false: the raw logits in `probs` instead of probabilities.
     pub use_activation: Option<bool>,
     /// vLLM's older name for `use_activation`.
@@ -162,8 +173,62 @@ pub struct ClassifyResponse {
     pub usage: Usage,
 }
 
+/// A field that is in the body, even as `null`: `Some` of its value (a
+/// missing one is `None` by `#[serde(default)]`).
+fn present<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Option<bool>>, D::Error> {
+    Option::<bool>::deserialize(d).map(Some)
+}
+
+/// One label's score (Infinity's shape).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct InfinityLabelScore {
+    /// The label's probability (softmax over the labels, or a sigmoid each for
+    /// a multi-label classifier or a one-label model), or its raw logit with
+    /// `raw_scores: true`.
+    pub score: f32,
+    pub label: String,
+}
+
+/// Infinity's classification response.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct InfinityClassifyResponse {
+    /// Always `classify`.
+    pub object: &'static str,
+    /// One list per input, in input order: every label's score, best first
+    /// (equal scores in the model's label order), as Infinity answers.
+    pub data: Vec<Vec<InfinityLabelScore>>,
+    pub model: String,
+    pub usage: Usage,
+    pub id: String,
+    /// Unix seconds.
+    pub created: u64,
+}
+
+/// What `/classify` answers (documentation only): vLLM's shape, or
+/// Infinity's for a body with `raw_scores`.
+pub struct ClassifyAnswer;
+
+impl PartialSchema for ClassifyAnswer {
+    fn schema() -> RefOr<Schema> {
+        OneOfBuilder::new()
+            .item(Ref::from_schema_name("ClassifyResponse"))
+            .item(Ref::from_schema_name("InfinityClassifyResponse"))
+            .into()
+    }
+}
+
+impl ToSchema for ClassifyAnswer {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("ClassifyAnswer")
+    }
+}
+
 /// Classify inputs with a served classifier (vLLM's classification API;
 /// TEI's `/predict` scores the same way).
+///
+/// vLLM's shape; a body with `raw_scores`, Infinity's request (its client
+/// always sends the field), is answered in Infinity's shape: per input, every
+/// label's score, best first.
 ///
 /// Errors use `{"error": {"message", "type", "param", "code"}}`.
 #[utoipa::path(
@@ -171,7 +236,7 @@ pub struct ClassifyResponse {
     request_body = ClassifyRequest,
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
-        (status = 200, description = "One classification per input, in order", body = ClassifyResponse),
+        (status = 200, description = "One classification per input, in order (vLLM's shape; Infinity's for a body with `raw_scores`)", body = ClassifyAnswer),
         (status = "4XX", description = "Invalid request (400 incl. a wrong shape, no classifier served, `truncate_prompt_tokens` below 1 or too short for the special tokens; 401, 404 unknown model, 413, 415, 429)", body = OpenAiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
     )
@@ -180,7 +245,24 @@ pub async fn classify(
     State(state): State<AppState>,
     PriorityHeader(header, _): PriorityHeader<OpenAi>,
     ApiJson(req, _): ApiJson<ClassifyRequest, OpenAi>,
-) -> Result<Json<ClassifyResponse>, Shaped<OpenAi>> {
+) -> Result<Response, Shaped<OpenAi>> {
+    let infinity = req.raw_scores.is_some();
+    let out = classify_scores(&state, header, req).await?;
+    Ok(if infinity {
+        Json(infinity_answer(out)).into_response()
+    } else {
+        Json(vllm_answer(out)).into_response()
+    })
+}
+
+/// Every input's label scores through the one scoring path: probabilities,
+/// or the raw logits where the request asks for them in its API's words
+/// (vLLM's `use_activation: false` or older names, Infinity's `raw_scores: true`).
+async fn classify_scores(
+    state: &AppState,
+    header: Option<Priority>,
+    req: ClassifyRequest,
+) -> Result<ScoreOutput, ApiError> {
     let truncate_to = VllmOptions {
         truncate_prompt_tokens: req.truncate_prompt_tokens,
         add_special_tokens: req.add_special_tokens,
@@ -192,10 +274,11 @@ pub async fn classify(
         .or(req.softmax)
         .or(req.activation)
         .unwrap_or(true);
+    let raw = !activate || req.raw_scores == Some(Some(true));
     let truncate = req.truncate.unwrap_or(true);
     let mut inputs = req.input.into_inputs();
     vllm_cut_ids(
-        &state,
+        state,
         VllmIdsCut {
             model: req.model.as_deref(),
             task: Task::Predict,
@@ -205,8 +288,8 @@ pub async fn classify(
         },
         &mut inputs,
     )?;
-    let out = score(
-        &state,
+    score(
+        state,
         ScoreRequest {
             model: req.model,
             task: Task::Predict,
@@ -221,10 +304,15 @@ pub async fn classify(
                     .unwrap_or_default(),
                 ..EmbedOptions::default()
             },
-            raw_scores: !activate,
+            raw_scores: raw,
         },
     )
-    .await?;
+    .await
+}
+
+/// vLLM's answer: per input, the best label and every label's score in the
+/// model's order.
+fn vllm_answer(out: ScoreOutput) -> ClassifyResponse {
     let data = out
         .scores
         .into_iter()
@@ -236,14 +324,40 @@ pub async fn classify(
             probs,
         })
         .collect();
-    Ok(Json(ClassifyResponse {
+    ClassifyResponse {
         id: response_id("classify"),
         object: "list",
         created: unix_now(),
         model: out.model,
         data,
         usage: Usage::new(out.prompt_tokens, out.cache_hits),
-    }))
+    }
+}
+
+/// Infinity's answer: per input, every label's score, best first (as the
+/// Hugging Face pipeline Infinity runs, `top_k=None`, sorts them).
+fn infinity_answer(out: ScoreOutput) -> InfinityClassifyResponse {
+    let data = out
+        .scores
+        .iter()
+        .map(|scores| {
+            ranking(scores)
+                .into_iter()
+                .map(|i| InfinityLabelScore {
+                    score: scores[i],
+                    label: out.labels[i].clone(),
+                })
+                .collect()
+        })
+        .collect();
+    InfinityClassifyResponse {
+        object: "classify",
+        data,
+        model: out.model,
+        usage: Usage::new(out.prompt_tokens, out.cache_hits),
+        id: response_id("classify"),
+        created: unix_now(),
+    }
 }
 
 /// The index of the highest score (the first of equals), as vLLM's argmax picks it.

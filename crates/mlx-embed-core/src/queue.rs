@@ -985,4 +985,95 @@ mod tests {
             ]
         );
     }
+
+    /// xorshift64*: a seeded stream for the randomized test (no dependency).
+    struct Rng(u64);
+
+    impl Rng {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            (self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 33) as usize % n
+        }
+    }
+
+    #[test]
+    fn random_arrivals_are_each_batched_once_in_order_within_budgets() {
+        // Requests of random sizes, lengths, lanes and kinds arrive between
+        // cuts under random limits; whatever the lanes' order, every input is
+        // batched exactly once, each request's in order, every batch within
+        // its budgets and of one kind, and every cut makes progress.
+        let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+        for _ in 0..300 {
+            let max_batch_size = 1 + rng.below(8);
+            let limits = Limits {
+                max_batch_size,
+                max_batch_tokens: 16 + rng.below(400),
+                max_priority_batch_size: 1 + rng.below(max_batch_size),
+                aging_batches: 1 + rng.below(3) as u32,
+                batching: rng.below(4) != 0,
+            };
+            let recorder = Arc::new(Recorder::new());
+            let mut lanes = Lanes::new(limits);
+            let mut sent: Vec<(Arc<Request>, Vec<usize>)> = Vec::new();
+            let mut next_index: Vec<usize> = Vec::new();
+            let mut cuts = 0;
+            let arrivals = 1 + rng.below(24);
+            while sent.len() < arrivals || !lanes.is_empty() {
+                if sent.len() < arrivals && (lanes.is_empty() || rng.below(3) == 0) {
+                    let n = 1 + rng.below(20);
+                    let priority = Priority::ALL[rng.below(3)];
+                    let output = if rng.below(5) == 0 { Tokens } else { Pooled };
+                    let lengths: Vec<usize> = (0..n).map(|_| 1 + rng.below(60)).collect();
+                    let (req, mut inputs) = request(n, 1, priority, output, &recorder);
+                    for (input, &len) in inputs.iter_mut().zip(&lengths) {
+                        input.ids = vec![0; len];
+                    }
+                    recorder.queued(priority, n);
+                    lanes.push(Pending::new(req.clone(), inputs));
+                    sent.push((req, lengths));
+                    next_index.push(0);
+                    continue;
+                }
+                let batch = lanes.cut(&recorder);
+                cuts += 1;
+                assert!(!batch.is_empty(), "a cut of waiting inputs took none");
+                assert!(batch.inputs.len() <= limits.max_batch_size, "{limits:?}");
+                assert!(
+                    batch.inputs.len() == 1 || batch.padded_tokens() <= limits.max_batch_tokens,
+                    "{limits:?}"
+                );
+                if !limits.batching {
+                    assert_eq!(batch.parts.len(), 1, "a serial batch mixed requests");
+                }
+                let mut start = 0;
+                for part in &batch.parts {
+                    assert_eq!(part.start, start, "parts cover the batch in order");
+                    assert_eq!(part.req.output, batch.output, "one kind per batch");
+                    let k = sent
+                        .iter()
+                        .position(|(r, _)| Arc::ptr_eq(r, &part.req))
+                        .unwrap();
+                    assert_eq!(part.offset, next_index[k], "request {k}'s inputs in order");
+                    for j in 0..part.len {
+                        assert_eq!(batch.inputs[start + j].len(), sent[k].1[part.offset + j]);
+                    }
+                    next_index[k] += part.len;
+                    start += part.len;
+                }
+                assert_eq!(start, batch.inputs.len());
+            }
+            let total: usize = sent.iter().map(|(_, l)| l.len()).sum();
+            assert!(cuts <= total, "{cuts} cuts for {total} inputs");
+            for (k, (_, lengths)) in sent.iter().enumerate() {
+                assert_eq!(
+                    next_index[k],
+                    lengths.len(),
+                    "request {k} fully batched once"
+                );
+            }
+            assert_eq!(recorder.queued_total(), 0, "queued count back to zero");
+        }
+    }
 }

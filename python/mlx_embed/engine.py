@@ -249,6 +249,7 @@ class EmbeddingModel(ScoringMixin):
             details=self._details(),
             parameters=self.parameter_count,
             weights_bytes=self.weights_bytes,
+            path=os.fspath(self.path) if os.path.isdir(self.path) else None,
         )
 
     def embed_ids(

@@ -112,6 +112,9 @@ class ModelSpec:
     # values it packs) and bytes in memory.
     parameters: Optional[int] = None
     weights_bytes: Optional[int] = None
+    # The folder the model was read from, if any: the server's model
+    # listings (Ollama's digest) hash its files.
+    path: Optional[str] = None
 
 
 @dataclass(frozen=True)

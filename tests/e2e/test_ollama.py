@@ -184,3 +184,36 @@ def test_ollamas_documented_curl_works(server):
     assert r.status_code == 400 and r.json()["error"].startswith("Failed to parse the request body as JSON")
     r = requests.post(server.url + "/v1/embeddings", data=b'{"input": "a"}', headers=form, timeout=60)
     assert r.status_code == 415, r.text
+
+
+def test_the_digest_follows_the_models_files_not_its_folder_name(tmp_path):
+    """Ollama's clients notice a changed model by its digest: a copy of a model
+    under another folder has the same digest (as `ollama cp` keeps it), and a
+    copy whose weights differ by one value has another."""
+    original = FIXTURES / "tiny-gte-en"
+    copy = tmp_path / "copy-gte"
+    shutil.copytree(original, copy)
+    changed = tmp_path / "changed" / "tiny-gte-en"
+    shutil.copytree(original, changed)
+    weights = changed / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0x01  # the last byte of the last tensor's data
+    weights.write_bytes(bytes(data))
+
+    def digest(folder, label: str) -> str:
+        # Logs outside the model's folder: a file written there is part of the model.
+        logs = tmp_path / f"logs-{label}"
+        logs.mkdir()
+        srv = start_server(logs, "--model", str(folder), "--no-warmup")
+        try:
+            tags = [m["digest"] for m in client(srv).list().models]
+            ps = [m["digest"] for m in client(srv).ps().models]
+        finally:
+            assert srv.stop() == 0, srv.log()[-4000:]
+        assert len(tags) == 1 and tags == ps, (tags, ps)
+        return tags[0]
+
+    first = digest(original, "original")
+    assert len(first) == 64 and int(first, 16) >= 0
+    assert digest(copy, "copy") == first, "the same files under another folder name"
+    assert digest(changed, "changed") != first, "one byte of the weights changed"

@@ -342,6 +342,9 @@ pub struct WeightsInfo {
     pub parameters: u64,
     /// Bytes the weights take in memory.
     pub bytes: u64,
+    /// The model's folder (weights, config, tokenizer), where it was read
+    /// from one: Ollama's listings hash its files for the model's digest.
+    pub folder: Option<std::path::PathBuf>,
 }
 
 /// The device memory of the model's runtime (MLX: active, cache, peak), in bytes.

@@ -109,6 +109,7 @@ fn read_weights(spec: &Bound<'_, PyAny>) -> Result<Option<WeightsInfo>, BridgeEr
         quantization_bits: optional(spec, "quantization")?,
         parameters,
         bytes: optional(spec, "weights_bytes")?.unwrap_or(0),
+        folder: optional::<String>(spec, "path")?.map(PathBuf::from),
     }))
 }
 

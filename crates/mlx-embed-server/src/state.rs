@@ -59,7 +59,7 @@ impl AppState {
                      (rename the folder, or the first model with --served-model-name)"
                 )));
             }
-            models.push(ServedModel { name, batcher });
+            models.push(ServedModel::new(name, batcher));
         }
         Ok(Self(Arc::new(Inner {
             models,

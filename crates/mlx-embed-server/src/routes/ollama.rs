@@ -248,8 +248,9 @@ pub struct OllamaModel {
     pub modified_at: String,
     /// Bytes the weights take in memory.
     pub size: u64,
-    /// Hex SHA-256 of what the model is (its own name, kind, width, token
-    /// limits, prompts, pooling and weights' facts): the same on every start.
+    /// Hex SHA-256 of what the model is: its folder's files and how it was
+    /// loaded (kind, width, token limits, prompts, pooling, float type,
+    /// quantization). The same on every start and under any name.
     pub digest: String,
     pub details: OllamaModelDetails,
 }
@@ -349,23 +350,19 @@ pub async fn version() -> Json<OllamaVersion> {
 )]
 pub async fn tags(State(state): State<AppState>) -> Json<OllamaModelList> {
     let modified_at = started_at(&state);
-    Json(OllamaModelList {
-        models: state
-            .models()
-            .iter()
-            .map(|m| {
-                let name = tagged_name(m);
-                OllamaModel {
-                    model: name.clone(),
-                    name,
-                    modified_at: modified_at.clone(),
-                    size: weights_bytes(m),
-                    digest: m.digest(),
-                    details: details(m),
-                }
-            })
-            .collect(),
-    })
+    let mut models = Vec::with_capacity(state.models().len());
+    for m in state.models() {
+        let name = tagged_name(m);
+        models.push(OllamaModel {
+            model: name.clone(),
+            name,
+            modified_at: modified_at.clone(),
+            size: weights_bytes(m),
+            digest: m.digest().await,
+            details: details(m),
+        });
+    }
+    Json(OllamaModelList { models })
 }
 
 /// List the loaded models (every served one).
@@ -374,29 +371,25 @@ pub async fn tags(State(state): State<AppState>) -> Json<OllamaModelList> {
     responses((status = 200, description = "Every served model", body = OllamaRunningList))
 )]
 pub async fn ps(State(state): State<AppState>) -> Json<OllamaRunningList> {
-    Json(OllamaRunningList {
-        models: state
-            .models()
-            .iter()
-            .map(|m| {
-                let on_cpu = m
-                    .info()
-                    .details
-                    .get("device")
-                    .is_none_or(|d| d.starts_with("cpu"));
-                let (name, size) = (tagged_name(m), weights_bytes(m));
-                OllamaRunningModel {
-                    model: name.clone(),
-                    name,
-                    size,
-                    digest: m.digest(),
-                    size_vram: if on_cpu { 0 } else { size },
-                    details: details(m),
-                    context_length: m.info().max_input_tokens,
-                }
-            })
-            .collect(),
-    })
+    let mut models = Vec::with_capacity(state.models().len());
+    for m in state.models() {
+        let on_cpu = m
+            .info()
+            .details
+            .get("device")
+            .is_none_or(|d| d.starts_with("cpu"));
+        let (name, size) = (tagged_name(m), weights_bytes(m));
+        models.push(OllamaRunningModel {
+            model: name.clone(),
+            name,
+            size,
+            digest: m.digest().await,
+            size_vram: if on_cpu { 0 } else { size },
+            details: details(m),
+            context_length: m.info().max_input_tokens,
+        });
+    }
+    Json(OllamaRunningList { models })
 }
 
 /// Show one model.

@@ -3034,3 +3034,113 @@ async fn voyage_client_defaults_answer_as_the_openai_body_does() {
     assert_eq!(floats(&v["data"][0]["embedding"]), unit_vector(&text("a")));
     s.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn voyage_rerank_body_gets_voyages_shape() {
+    let s = scorer_server(FakeScorer::reranker).await;
+    let docs = ["alpha", "beta gamma", "delta", "epsilon zeta eta"];
+    let scores: Vec<f32> = docs
+        .iter()
+        .map(|d| {
+            let pair = EmbedInput::Pair {
+                query: "q".into(),
+                document: (*d).into(),
+            };
+            sigmoid(scorer_logits(&pair, 1)[0])
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..docs.len()).collect();
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+    // What `voyageai.Client.rerank` posts: top_k and truncation always, no return_documents.
+    let voyage = json!({ "query": "q", "documents": docs, "model": "rerank-2.5", "top_k": 2, "truncation": true });
+    let (_, _, cohere) = post(
+        &s,
+        "/v1/rerank",
+        &json!({ "query": "q", "documents": docs }),
+    )
+    .await;
+    for path in ["/v1/rerank", "/rerank"] {
+        let (status, _, v) = post(&s, path, &voyage).await;
+        assert_eq!(status, 200, "{path}: {v}");
+        assert_eq!(v["object"], "list");
+        assert_eq!(v["model"], "fake-reranker");
+        assert!(v.get("results").is_none() && v.get("id").is_none(), "{v}");
+        let data = v["data"].as_array().unwrap();
+        assert_eq!(data.len(), 2, "{v}");
+        for (r, &want) in data.iter().zip(&order) {
+            assert_eq!(r.as_object().unwrap().len(), 2, "{v}");
+            assert_eq!(r["index"], want);
+            assert_eq!(r["relevance_score"].as_f64().unwrap() as f32, scores[want]);
+        }
+        assert_eq!(v["usage"]["total_tokens"], cohere["usage"]["total_tokens"]);
+        // return_documents: the strings sent; top_k null: all.
+        let mut b = voyage.clone();
+        b["top_k"] = Value::Null;
+        b["return_documents"] = json!(true);
+        let (status, _, v) = post(&s, path, &b).await;
+        assert_eq!(status, 200, "{path}: {v}");
+        let got: Vec<(u64, &str)> = v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["index"].as_u64().unwrap(),
+                    r["document"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        let want: Vec<(u64, &str)> = order.iter().map(|&i| (i as u64, docs[i])).collect();
+        assert_eq!(got, want);
+        // truncation alone marks the body too.
+        let (_, _, v) = post(
+            &s,
+            path,
+            &json!({ "query": "q", "documents": docs, "truncation": null }),
+        )
+        .await;
+        assert_eq!(v["data"].as_array().unwrap().len(), docs.len(), "{v}");
+        let mut b = voyage.clone();
+        b["top_k"] = json!(0);
+        let msg = expect_error(&s, path, Shape::OpenAi, &b, 400).await;
+        assert_eq!(msg, "top_k must be at least 1 (or null: all), got 0");
+        // truncation: false refuses an over-long pair.
+        let long = "word ".repeat(100);
+        let b = json!({ "query": "q", "documents": ["a", long], "truncation": false });
+        let (status, _, v) = post(&s, path, &b).await;
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.starts_with("input 1 has ")
+                && msg.ends_with("; shorten it or set truncation to true"),
+            "{msg}"
+        );
+        let mut b = voyage.clone();
+        b["truncation"] = json!(false);
+        let (status, _, _) = post(&s, path, &b).await;
+        assert_eq!(status, 200);
+    }
+    // Cohere's body is answered as before: its shape, and its parse errors with their position.
+    let (_, _, v) = post(
+        &s,
+        "/v1/rerank",
+        &json!({ "query": "q", "documents": ["a"] }),
+    )
+    .await;
+    assert_eq!(v["results"][0]["document"], json!({ "text": "a" }), "{v}");
+    assert!(v.get("data").is_none(), "{v}");
+    let msg = expect_error(
+        &s,
+        "/v1/rerank",
+        Shape::OpenAi,
+        &json!({ "query": "q" }),
+        400,
+    )
+    .await;
+    assert_eq!(
+        msg,
+        "Failed to deserialize the JSON body into the target type: missing field `documents` at line 1 column 13"
+    );
+    s.stop().await.unwrap();
+}

@@ -41,6 +41,45 @@ where
     type Rejection = Shaped<F>;
 
     async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
+        let ApiBody(body, _) = ApiBody::<F>::from_request(req, state).await?;
+        Ok(ApiJson(body.parse()?, PhantomData))
+    }
+}
+
+/// The body [`ApiJson`] reads, checked as it checks it but not yet parsed:
+/// for a route that picks the request's type by the keys it holds, and
+/// parses it as that type with [`JsonBody::parse`] (whose errors are
+/// [`ApiJson`]'s).
+pub struct ApiBody<F>(pub JsonBody, pub PhantomData<F>);
+
+/// A request's JSON body, as sent (less a leading byte order mark).
+pub struct JsonBody {
+    bytes: Bytes,
+    max_body: usize,
+}
+
+impl JsonBody {
+    /// The body as `T`, with [`ApiJson`]'s errors.
+    pub fn parse<T: DeserializeOwned>(&self) -> Result<T, ApiError> {
+        let json = self.bytes.strip_prefix(UTF8_BOM).unwrap_or(&self.bytes);
+        match Json::<JsonObject<T>>::from_bytes(json) {
+            Ok(Json(JsonObject(value))) => Ok(value),
+            Err(rejection) => Err(ApiError::from_json_rejection(rejection, self.max_body)),
+        }
+    }
+
+    /// Whether the body is a JSON object with any of `keys` (even as `null`);
+    /// false for a body that does not parse.
+    pub fn has_any_key(&self, keys: &[&str]) -> bool {
+        self.parse::<serde_json::Map<String, serde_json::Value>>()
+            .is_ok_and(|map| keys.iter().any(|k| map.contains_key(*k)))
+    }
+}
+
+impl<F: Flavor> FromRequest<AppState> for ApiBody<F> {
+    type Rejection = Shaped<F>;
+
+    async fn from_request(req: Request, state: &AppState) -> Result<Self, Self::Rejection> {
         let max_body = state.args().max_body_bytes;
         if !F::ANY_CONTENT_TYPE && !json_content_type(req.headers()) {
             return Err(ApiError::json_content_type_expected().into());
@@ -75,11 +114,13 @@ where
             }
             None => return Err(ApiError::shutting_down().into()),
         };
-        let json = body.strip_prefix(UTF8_BOM).unwrap_or(&body);
-        match Json::<JsonObject<T>>::from_bytes(json) {
-            Ok(Json(JsonObject(value))) => Ok(ApiJson(value, PhantomData)),
-            Err(rejection) => Err(ApiError::from_json_rejection(rejection, max_body).into()),
-        }
+        Ok(ApiBody(
+            JsonBody {
+                bytes: body,
+                max_body,
+            },
+            PhantomData,
+        ))
     }
 }
 

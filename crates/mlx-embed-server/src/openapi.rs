@@ -14,7 +14,7 @@ use crate::routes::{
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "mlx-embed", description = "Text embeddings and cross-encoders: native, OpenAI, TEI, Cohere/Jina, Ollama, Weaviate, vLLM (score, pooling, classify), SageMaker and Vertex AI compatible APIs."),
+    info(title = "mlx-embed", description = "Text embeddings and cross-encoders: native, OpenAI, TEI, Cohere/Jina, Voyage AI, Ollama, Weaviate, vLLM (score, pooling, classify), SageMaker and Vertex AI compatible APIs."),
     paths(
         native::embed,
         openai::embeddings,
@@ -61,14 +61,15 @@ use crate::routes::{
     components(schemas(
         NativeErrorBody, OpenAiErrorBody, TeiErrorBody, OllamaErrorBody, WeaviateErrorBody,
         rerank::TeiRerankRequest, rerank::TeiRank, rerank::CohereRerankRequest,
-        rerank::CohereRerankResponse, pooling::ClassifyResponse, pooling::InfinityClassifyResponse,
+        rerank::CohereRerankResponse, rerank::VoyageRerankRequest, rerank::VoyageRerankResponse,
+        pooling::ClassifyResponse, pooling::InfinityClassifyResponse,
     )),
     tags(
         (name = "native", description = "The native API"),
         (name = "openai", description = "OpenAI compatible"),
         (name = "tei", description = "text-embeddings-inference compatible"),
         (name = "ollama", description = "Ollama compatible"),
-        (name = "cohere", description = "Cohere embed and Cohere / Jina rerank compatible"),
+        (name = "cohere", description = "Cohere embed and Cohere / Jina / Voyage AI rerank compatible"),
         (name = "vllm", description = "vLLM's score, pooling, classify and version APIs"),
         (name = "platforms", description = "AWS SageMaker (/invocations, /ping) and Google Vertex AI (/vertex), as TEI serves them"),
         (name = "weaviate", description = "Weaviate text2vec-transformers inference API compatible"),
@@ -187,6 +188,34 @@ mod tests {
             2
         );
         assert!(schemas["ClassifyRequest"]["properties"]["raw_scores"].is_object());
+        // Voyage AI's fields and shapes.
+        for field in [
+            "input_type",
+            "output_dimension",
+            "truncation",
+            "output_dtype",
+        ] {
+            assert!(
+                schemas["OpenAiEmbeddingRequest"]["properties"][field].is_object(),
+                "{field}"
+            );
+        }
+        assert_eq!(
+            schemas["EmbeddingValue"]["anyOf"].as_array().unwrap().len(),
+            4
+        );
+        assert_eq!(
+            schemas["V1RerankBody"]["anyOf"].as_array().unwrap().len(),
+            2
+        );
+        assert_eq!(
+            schemas["V1RerankAnswer"]["oneOf"].as_array().unwrap().len(),
+            2
+        );
+        assert_eq!(
+            schemas["RerankAnswer"]["oneOf"].as_array().unwrap().len(),
+            3
+        );
     }
 
     #[test]

@@ -2789,3 +2789,358 @@ async fn rerank_documents_form_answers_infinitys_shape_when_it_asks() {
     );
     s.stop().await.unwrap();
 }
+
+/// The body Voyage AI's client (`voyageai.Client.embed`) posts: every field, nulls included.
+fn voyage_body(inputs: Value) -> Value {
+    json!({
+        "input": inputs,
+        "model": "voyage-3.5",
+        "input_type": null,
+        "truncation": true,
+        "output_dtype": null,
+        "output_dimension": null,
+        "encoding_format": "base64",
+    })
+}
+
+/// Little-endian float32 base64, as Voyage's client decodes it (numpy `float32`).
+fn b64_floats(v: &Value) -> Vec<f32> {
+    base64::engine::general_purpose::STANDARD
+        .decode(v.as_str().unwrap())
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[tokio::test]
+async fn voyage_input_type_picks_the_prompt_prompt_name_picks() {
+    use mlx_embed_core::{EmbedOptions, Prompt};
+    let s = Server::default().await;
+    let named = |name: &str| EmbedOptions {
+        prompt: Prompt::Named(name.into()),
+        ..EmbedOptions::default()
+    };
+    // The fake has `query` and `passage` prompts: Voyage's `document` (and
+    // NIM's `passage`) is the passage prompt.
+    for (input_type, prompt) in [
+        ("query", "query"),
+        ("document", "passage"),
+        ("passage", "passage"),
+    ] {
+        for path in ["/v1/embeddings", "/embeddings"] {
+            let mut b = voyage_body(json!(["rivers", "lakes"]));
+            b["input_type"] = json!(input_type);
+            let (status, _, v) = post(&s, path, &b).await;
+            assert_eq!(status, 200, "{path}: {v}");
+            let mut by_name = voyage_body(json!(["rivers", "lakes"]));
+            by_name["prompt_name"] = json!(prompt);
+            let (_, _, want) = post(&s, path, &by_name).await;
+            for i in 0..2 {
+                assert_eq!(v["data"][i]["embedding"], want["data"][i]["embedding"]);
+            }
+            assert_eq!(
+                b64_floats(&v["data"][0]["embedding"]),
+                unit_with("rivers", &named(prompt))
+            );
+            assert_eq!(v["usage"]["total_tokens"], want["usage"]["total_tokens"]);
+        }
+    }
+    // null: the default prompt (none for the fake), as without the field.
+    let (_, _, v) = post(&s, "/v1/embeddings", &voyage_body(json!(["rivers"]))).await;
+    assert_eq!(
+        b64_floats(&v["data"][0]["embedding"]),
+        unit_vector(&text("rivers"))
+    );
+    let mut both = voyage_body(json!(["rivers"]));
+    both["input_type"] = json!("query");
+    both["prompt_name"] = json!("query");
+    let msg = expect_error(&s, "/v1/embeddings", Shape::OpenAi, &both, 400).await;
+    assert_eq!(msg, "give either prompt_name or input_type, not both");
+    let mut bad = voyage_body(json!(["rivers"]));
+    bad["input_type"] = json!("image");
+    let msg = expect_error(&s, "/v1/embeddings", Shape::OpenAi, &bad, 400).await;
+    assert!(
+        msg.contains("unknown variant `image`, expected one of `query`, `document`, `passage`"),
+        "{msg}"
+    );
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn voyage_output_dimension_and_truncation_are_dimensions_and_truncate() {
+    let s = Server::default().await;
+    let mut expected = raw_vector(&text("dims"));
+    expected.truncate(3);
+    mlx_embed_core::l2_normalize(&mut expected);
+    let mut b = voyage_body(json!(["dims"]));
+    b["output_dimension"] = json!(3);
+    let (status, _, v) = post(&s, "/v1/embeddings", &b).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(b64_floats(&v["data"][0]["embedding"]), expected);
+    // Both names: equal is fine, different a 400.
+    b["dimensions"] = json!(3);
+    let (status, _, v) = post(&s, "/v1/embeddings", &b).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(b64_floats(&v["data"][0]["embedding"]), expected);
+    b["dimensions"] = json!(4);
+    let (status, _, v) = post(&s, "/v1/embeddings", &b).await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(
+        v["error"],
+        json!({
+            "message": "dimensions (4) and output_dimension (3) are the same setting and disagree: send one",
+            "type": "invalid_request_error",
+            "param": "output_dimension",
+            "code": null,
+        })
+    );
+    let mut zero = voyage_body(json!(["dims"]));
+    zero["output_dimension"] = json!(0);
+    let msg = expect_error(&s, "/v1/embeddings", Shape::OpenAi, &zero, 400).await;
+    assert_eq!(
+        msg,
+        format!("output_dimension must be between 1 and the model's dimension {DIM}, got 0")
+    );
+
+    // truncation: false refuses an over-long input, as truncate: false does, in its own words.
+    let long = "word ".repeat(100); // 127 tokens > 64
+    let long_tokens = untruncated_tokens(&text(&long));
+    let mut b = voyage_body(json!(["short", long]));
+    let (status, _, cut) = post(&s, "/v1/embeddings", &b).await;
+    assert_eq!(status, 200, "{cut}");
+    assert_eq!(cut["usage"]["total_tokens"], 7 + MAX_TOKENS);
+    b["truncation"] = json!(false);
+    let (status, _, v) = post(&s, "/v1/embeddings", &b).await;
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(
+        v["error"],
+        json!({
+            "message": format!(
+                "input 1 has {long_tokens} tokens, more than the model's maximum of \
+                 {MAX_TOKENS}; shorten it or set truncation to true"
+            ),
+            "type": "invalid_request_error",
+            "param": null,
+            "code": "context_length_exceeded",
+        })
+    );
+    b["truncate"] = json!(true);
+    let msg = expect_error(&s, "/v1/embeddings", Shape::OpenAi, &b, 400).await;
+    assert_eq!(
+        msg,
+        "truncate (true) and truncation (false) are the same setting and disagree: send one"
+    );
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn voyage_output_dtypes_answer_the_quantized_unit_vector() {
+    let s = Server::default().await;
+    let unit = unit_vector(&text("quantize me"));
+    let int8: Vec<i64> = unit.iter().map(|x| (x * 127.0).round() as i64).collect();
+    let uint8: Vec<i64> = int8.iter().map(|x| x + 128).collect();
+    // The fake's DIM is 8: one byte of sign bits, the first component highest.
+    let bits = |v: &[f32]| -> i64 {
+        v.iter()
+            .enumerate()
+            .filter(|(_, x)| **x > 0.0)
+            .map(|(i, _)| 0x80 >> i)
+            .sum()
+    };
+    let ubinary = vec![bits(&unit)];
+    let binary = vec![ubinary[0] - 128];
+    assert!(int8.iter().any(|&x| x < 0) && int8.iter().any(|&x| x > 0));
+    for (dtype, want) in [
+        ("int8", &int8),
+        ("uint8", &uint8),
+        ("binary", &binary),
+        ("ubinary", &ubinary),
+    ] {
+        // JSON numbers without encoding_format.
+        let b = json!({ "input": "quantize me", "output_dtype": dtype });
+        let (status, _, v) = post(&s, "/v1/embeddings", &b).await;
+        assert_eq!(status, 200, "{dtype}: {v}");
+        let got: Vec<i64> = v["data"][0]["embedding"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_i64().unwrap())
+            .collect();
+        assert_eq!(&got, want, "{dtype}");
+        // Base64 of the bytes, as Voyage's client decodes them (numpy int8 or uint8).
+        let mut b = voyage_body(json!(["quantize me"]));
+        b["output_dtype"] = json!(dtype);
+        let (status, _, v) = post(&s, "/v1/embeddings", &b).await;
+        assert_eq!(status, 200, "{dtype}: {v}");
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(v["data"][0]["embedding"].as_str().unwrap())
+            .unwrap();
+        let decoded: Vec<i64> = if dtype == "int8" || dtype == "binary" {
+            bytes.iter().map(|&b| b as i8 as i64).collect()
+        } else {
+            bytes.iter().map(|&b| b as i64).collect()
+        };
+        assert_eq!(&decoded, want, "{dtype} base64");
+    }
+    // float is the float vector, in either encoding.
+    let mut b = voyage_body(json!(["quantize me"]));
+    b["output_dtype"] = json!("float");
+    let (_, _, v) = post(&s, "/v1/embeddings", &b).await;
+    assert_eq!(b64_floats(&v["data"][0]["embedding"]), unit);
+    // Bits of a cut vector: a byte per eight components, the last padded with zeros.
+    let mut cut = raw_vector(&text("quantize me"));
+    cut.truncate(5);
+    let b = json!({ "input": "quantize me", "output_dtype": "ubinary", "output_dimension": 5 });
+    let (_, _, v) = post(&s, "/v1/embeddings", &b).await;
+    assert_eq!(v["data"][0]["embedding"], json!([bits(&cut)]));
+    // Quantizing assumes a unit vector; another dtype is a 400 that names the ones served.
+    for (b, want) in [
+        (
+            json!({ "input": "x", "output_dtype": "int8", "use_activation": false }),
+            "output_dtype other than float quantizes the unit vector: it cannot be combined \
+             with use_activation (or normalize) false",
+        ),
+        (
+            json!({ "input": "x", "output_dtype": "int4" }),
+            "unknown variant `int4`, expected one of `float`, `int8`, `uint8`, `binary`, `ubinary`",
+        ),
+    ] {
+        let msg = expect_error(&s, "/v1/embeddings", Shape::OpenAi, &b, 400).await;
+        assert!(msg.contains(want), "{msg}");
+    }
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn voyage_client_defaults_answer_as_the_openai_body_does() {
+    let s = Server::default().await;
+    // Voyage's fields, all null (truncation true), change nothing.
+    let (status, _, voyage) = post(&s, "/v1/embeddings", &voyage_body(json!(["a", "b"]))).await;
+    assert_eq!(status, 200, "{voyage}");
+    let (_, _, openai) = post(
+        &s,
+        "/v1/embeddings",
+        &json!({ "input": ["a", "b"], "model": "voyage-3.5", "encoding_format": "base64" }),
+    )
+    .await;
+    assert_eq!(voyage["data"], openai["data"]);
+    assert_eq!(
+        voyage["usage"]["total_tokens"],
+        openai["usage"]["total_tokens"]
+    );
+    // And an OpenAI body answers floats, as it always has.
+    let (_, _, v) = post(&s, "/v1/embeddings", &json!({ "input": "a" })).await;
+    assert_eq!(floats(&v["data"][0]["embedding"]), unit_vector(&text("a")));
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn voyage_rerank_body_gets_voyages_shape() {
+    let s = scorer_server(FakeScorer::reranker).await;
+    let docs = ["alpha", "beta gamma", "delta", "epsilon zeta eta"];
+    let scores: Vec<f32> = docs
+        .iter()
+        .map(|d| {
+            let pair = EmbedInput::Pair {
+                query: "q".into(),
+                document: (*d).into(),
+            };
+            sigmoid(scorer_logits(&pair, 1)[0])
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..docs.len()).collect();
+    order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+    // What `voyageai.Client.rerank` posts: top_k and truncation always, no return_documents.
+    let voyage = json!({ "query": "q", "documents": docs, "model": "rerank-2.5", "top_k": 2, "truncation": true });
+    let (_, _, cohere) = post(
+        &s,
+        "/v1/rerank",
+        &json!({ "query": "q", "documents": docs }),
+    )
+    .await;
+    for path in ["/v1/rerank", "/rerank"] {
+        let (status, _, v) = post(&s, path, &voyage).await;
+        assert_eq!(status, 200, "{path}: {v}");
+        assert_eq!(v["object"], "list");
+        assert_eq!(v["model"], "fake-reranker");
+        assert!(v.get("results").is_none() && v.get("id").is_none(), "{v}");
+        let data = v["data"].as_array().unwrap();
+        assert_eq!(data.len(), 2, "{v}");
+        for (r, &want) in data.iter().zip(&order) {
+            assert_eq!(r.as_object().unwrap().len(), 2, "{v}");
+            assert_eq!(r["index"], want);
+            assert_eq!(r["relevance_score"].as_f64().unwrap() as f32, scores[want]);
+        }
+        assert_eq!(v["usage"]["total_tokens"], cohere["usage"]["total_tokens"]);
+        // return_documents: the strings sent; top_k null: all.
+        let mut b = voyage.clone();
+        b["top_k"] = Value::Null;
+        b["return_documents"] = json!(true);
+        let (status, _, v) = post(&s, path, &b).await;
+        assert_eq!(status, 200, "{path}: {v}");
+        let got: Vec<(u64, &str)> = v["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| {
+                (
+                    r["index"].as_u64().unwrap(),
+                    r["document"].as_str().unwrap(),
+                )
+            })
+            .collect();
+        let want: Vec<(u64, &str)> = order.iter().map(|&i| (i as u64, docs[i])).collect();
+        assert_eq!(got, want);
+        // truncation alone marks the body too.
+        let (_, _, v) = post(
+            &s,
+            path,
+            &json!({ "query": "q", "documents": docs, "truncation": null }),
+        )
+        .await;
+        assert_eq!(v["data"].as_array().unwrap().len(), docs.len(), "{v}");
+        let mut b = voyage.clone();
+        b["top_k"] = json!(0);
+        let msg = expect_error(&s, path, Shape::OpenAi, &b, 400).await;
+        assert_eq!(msg, "top_k must be at least 1 (or null: all), got 0");
+        // truncation: false refuses an over-long pair.
+        let long = "word ".repeat(100);
+        let b = json!({ "query": "q", "documents": ["a", long], "truncation": false });
+        let (status, _, v) = post(&s, path, &b).await;
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(
+            msg.starts_with("input 1 has ")
+                && msg.ends_with("; shorten it or set truncation to true"),
+            "{msg}"
+        );
+        let mut b = voyage.clone();
+        b["truncation"] = json!(false);
+        let (status, _, _) = post(&s, path, &b).await;
+        assert_eq!(status, 200);
+    }
+    // Cohere's body is answered as before: its shape, and its parse errors with their position.
+    let (_, _, v) = post(
+        &s,
+        "/v1/rerank",
+        &json!({ "query": "q", "documents": ["a"] }),
+    )
+    .await;
+    assert_eq!(v["results"][0]["document"], json!({ "text": "a" }), "{v}");
+    assert!(v.get("data").is_none(), "{v}");
+    let msg = expect_error(
+        &s,
+        "/v1/rerank",
+        Shape::OpenAi,
+        &json!({ "query": "q" }),
+        400,
+    )
+    .await;
+    assert_eq!(
+        msg,
+        "Failed to deserialize the JSON body into the target type: missing field `documents` at line 1 column 13"
+    );
+    s.stop().await.unwrap();
+}

@@ -326,7 +326,10 @@ fn texts_of_inputs(inputs: Vec<Value>) -> Result<Vec<String>, ApiError> {
 }
 
 /// The model's prompt for `input_type`'s role, else its default one.
-fn prompt_for(input_type: Option<CohereInputType>, prompts: &BTreeMap<String, String>) -> Prompt {
+pub(crate) fn prompt_for(
+    input_type: Option<CohereInputType>,
+    prompts: &BTreeMap<String, String>,
+) -> Prompt {
     let roles: &[&str] = match input_type {
         None | Some(CohereInputType::Image) => &[],
         Some(CohereInputType::SearchQuery) => &["query"],
@@ -355,14 +358,14 @@ fn rows<T>(vectors: &[Vec<f32>], form: impl Fn(&[f32]) -> T) -> Vec<T> {
 }
 
 /// `round(127 x)` per component of a unit vector (each in [-1, 1]).
-fn int8(v: &[f32]) -> Vec<i8> {
+pub(crate) fn int8(v: &[f32]) -> Vec<i8> {
     v.iter()
         .map(|x| (x.clamp(-1.0, 1.0) * 127.0).round() as i8)
         .collect()
 }
 
 /// [`int8`] + 128.
-fn uint8(v: &[f32]) -> Vec<u8> {
+pub(crate) fn uint8(v: &[f32]) -> Vec<u8> {
     int8(v)
         .into_iter()
         .map(|x| (x as i16 + 128) as u8)
@@ -370,7 +373,7 @@ fn uint8(v: &[f32]) -> Vec<u8> {
 }
 
 /// [`sign_bits`] - 128.
-fn binary(v: &[f32]) -> Vec<i8> {
+pub(crate) fn binary(v: &[f32]) -> Vec<i8> {
     sign_bits(v)
         .into_iter()
         .map(|b| (b as i16 - 128) as i8)
@@ -379,7 +382,7 @@ fn binary(v: &[f32]) -> Vec<i8> {
 
 /// One bit per component, set where it is positive; eight to a byte, the
 /// first component in the high bit, the last byte padded with zeros.
-fn sign_bits(v: &[f32]) -> Vec<u8> {
+pub(crate) fn sign_bits(v: &[f32]) -> Vec<u8> {
     v.chunks(8)
         .map(|chunk| {
             chunk.iter().enumerate().fold(

@@ -8,8 +8,15 @@ use mlx_embed_core::{EmbedInput, EmbedOptions, ModelKind, Priority, Prompt};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use std::borrow::Cow;
+
+use utoipa::openapi::schema::{AnyOfBuilder, Schema};
+use utoipa::openapi::RefOr;
+use utoipa::PartialSchema;
+
+use super::cohere::{self, CohereInputType};
 use super::Usage;
-use crate::embed::{embed as run_embed, EmbedOutput, EmbedRequest};
+use crate::embed::{embed as run_embed, output_dimension, EmbedOutput, EmbedRequest};
 use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
 use crate::extract::{ApiJson, PriorityHeader, TextsOrTokens};
 use crate::models::{ServedModel, Task};
@@ -97,11 +104,81 @@ impl Endianness {
     }
 }
 
-/// How a request wants its vectors written: the format, and for base64 the byte order.
+/// Voyage AI's `input_type`: what the texts are for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum InputType {
+    Query,
+    Document,
+    /// NVIDIA NIM's name for a document.
+    Passage,
+}
+
+// Not derived, as for `EncodingFormat`: a wrong value is a wrong shape (400), not malformed JSON.
+impl<'de> Deserialize<'de> for InputType {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const VARIANTS: &[&str] = &["query", "document", "passage"];
+        let name = String::deserialize(d)?;
+        match name.as_str() {
+            "query" => Ok(InputType::Query),
+            "document" => Ok(InputType::Document),
+            "passage" => Ok(InputType::Passage),
+            other => Err(serde::de::Error::unknown_variant(other, VARIANTS)),
+        }
+    }
+}
+
+impl InputType {
+    /// The Cohere `input_type` of the same role, whose prompt it picks.
+    fn cohere(self) -> CohereInputType {
+        match self {
+            InputType::Query => CohereInputType::SearchQuery,
+            InputType::Document | InputType::Passage => CohereInputType::SearchDocument,
+        }
+    }
+}
+
+/// Voyage AI's `output_dtype`: the type of each vector's numbers.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputDtype {
+    /// float32.
+    #[default]
+    Float,
+    /// `round(127 x)` per component, as Cohere's `int8`.
+    Int8,
+    /// `int8` + 128.
+    Uint8,
+    /// One sign bit per component (`x > 0`), eight to a byte, first component
+    /// in the high bit, minus 128 (offset binary).
+    Binary,
+    /// `binary` + 128: the sign bits as unsigned bytes.
+    Ubinary,
+}
+
+// Not derived, as for `EncodingFormat`: a wrong value is a wrong shape (400), not malformed JSON.
+impl<'de> Deserialize<'de> for OutputDtype {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const VARIANTS: &[&str] = &["float", "int8", "uint8", "binary", "ubinary"];
+        let name = String::deserialize(d)?;
+        match name.as_str() {
+            "float" => Ok(OutputDtype::Float),
+            "int8" => Ok(OutputDtype::Int8),
+            "uint8" => Ok(OutputDtype::Uint8),
+            "binary" => Ok(OutputDtype::Binary),
+            "ubinary" => Ok(OutputDtype::Ubinary),
+            other => Err(serde::de::Error::unknown_variant(other, VARIANTS)),
+        }
+    }
+}
+
+/// How a request wants its vectors written: the format, for base64 the byte
+/// order, and the numbers' type.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct VectorEncoding {
     pub format: EncodingFormat,
     pub endianness: Endianness,
+    pub dtype: OutputDtype,
 }
 
 /// OpenAI embeddings request.
@@ -115,7 +192,9 @@ pub struct OpenAiEmbeddingRequest {
     /// Which served model answers (`/v1/models` lists them); default: the first
     /// embedding model. With several models served, an unknown name is a 404 (`model_not_found`).
     pub model: Option<String>,
-    /// `float` (default) or `base64`.
+    /// `float` (default) or `base64`: base64 of the vector's bytes, in
+    /// `output_dtype`'s type (float32: four bytes each, little-endian unless
+    /// `endianness: big`; the others one byte each), as Voyage's client decodes it.
     pub encoding_format: Option<EncodingFormat>,
     /// vLLM's: the byte order of `base64` vectors, `native` (default: little-endian
     /// here), `little` or `big`.
@@ -158,14 +237,56 @@ pub struct OpenAiEmbeddingRequest {
     /// vLLM's: `float32` (the default); others are refused (400) rather than
     /// answered in float32 bytes a client would decode as another type.
     pub embed_dtype: Option<String>,
+    /// Voyage AI's: `query` or `document` (NVIDIA NIM's `passage` too) picks the
+    /// model's prompt of that role where it has one (as Cohere's `input_type`),
+    /// else its default prompt; null: the default prompt. Not with `prompt_name`.
+    pub input_type: Option<InputType>,
+    /// Voyage AI's name for `dimensions` (both set: they must be equal).
+    #[schema(minimum = 1)]
+    pub output_dimension: Option<i64>,
+    /// Voyage AI's name for `truncate` (both set: they must be equal): false
+    /// answers 400 for an over-long input.
+    pub truncation: Option<bool>,
+    /// Voyage AI's: `float` (default), or quantized forms of the unit vector:
+    /// `int8` (`round(127 x)`), `uint8` (that + 128), `binary` (sign bits,
+    /// `x > 0`, eight to a byte, first component in the high bit, minus 128)
+    /// or `ubinary` (the sign bits unsigned); the bit forms have a byte per
+    /// eight components (the last padded with zeros). Not with `use_activation: false`.
+    pub output_dtype: Option<OutputDtype>,
 }
 
-/// A float array, or base64 of little-endian f32 bytes.
-#[derive(Debug, Serialize, ToSchema)]
+/// A float array, an integer array (`output_dtype` other than `float`), or
+/// base64 of the vector's bytes.
+#[derive(Debug, Serialize)]
 #[serde(untagged)]
 pub enum EmbeddingValue {
     Float(Vec<f32>),
+    Int8(Vec<i8>),
+    Uint8(Vec<u8>),
     Base64(String),
+}
+
+// By hand: any of the forms (a float vector such as `[1.0]` is also an
+// integer array, which `oneOf` would refuse).
+impl PartialSchema for EmbeddingValue {
+    fn schema() -> RefOr<Schema> {
+        AnyOfBuilder::new()
+            .item(Vec::<f32>::schema())
+            .item(Vec::<i8>::schema())
+            .item(Vec::<u8>::schema())
+            .item(String::schema())
+            .description(Some(
+                "Floats, integers (`output_dtype` int8, uint8, binary, ubinary), or base64 of the \
+                 vector's bytes",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for EmbeddingValue {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("EmbeddingValue")
+    }
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -189,11 +310,23 @@ pub struct OpenAiEmbeddingResponse {
 impl EmbeddingValue {
     /// `v` as `encoding` asks.
     pub fn encode(v: Vec<f32>, encoding: VectorEncoding) -> Self {
-        match encoding.format {
-            EncodingFormat::Float => EmbeddingValue::Float(v),
-            EncodingFormat::Base64 => {
+        let base64 = encoding.format == EncodingFormat::Base64;
+        let bytes = |b: Vec<u8>| base64::engine::general_purpose::STANDARD.encode(b);
+        // Signed bytes as they lie in memory (two's complement), as numpy reads them.
+        let signed = |b: Vec<i8>| bytes(b.into_iter().map(|x| x as u8).collect());
+        match (encoding.dtype, base64) {
+            (OutputDtype::Float, false) => EmbeddingValue::Float(v),
+            (OutputDtype::Float, true) => {
                 EmbeddingValue::Base64(base64_bytes(&v, encoding.endianness.is_big()))
             }
+            (OutputDtype::Int8, false) => EmbeddingValue::Int8(cohere::int8(&v)),
+            (OutputDtype::Int8, true) => EmbeddingValue::Base64(signed(cohere::int8(&v))),
+            (OutputDtype::Uint8, false) => EmbeddingValue::Uint8(cohere::uint8(&v)),
+            (OutputDtype::Uint8, true) => EmbeddingValue::Base64(bytes(cohere::uint8(&v))),
+            (OutputDtype::Binary, false) => EmbeddingValue::Int8(cohere::binary(&v)),
+            (OutputDtype::Binary, true) => EmbeddingValue::Base64(signed(cohere::binary(&v))),
+            (OutputDtype::Ubinary, false) => EmbeddingValue::Uint8(cohere::sign_bits(&v)),
+            (OutputDtype::Ubinary, true) => EmbeddingValue::Base64(bytes(cohere::sign_bits(&v))),
         }
     }
 }
@@ -204,6 +337,7 @@ impl OpenAiEmbeddingRequest {
         VectorEncoding {
             format: self.encoding_format.unwrap_or_default(),
             endianness: self.endianness.unwrap_or_default(),
+            dtype: self.output_dtype.unwrap_or_default(),
         }
     }
 }
@@ -276,8 +410,45 @@ pub(crate) async fn embed_request(
     }
     .truncate_to()?;
     let normalize = req.use_activation.or(req.normalize).unwrap_or(true);
-    let dimensions = infinity_dimensions(req.dimensions, req.modality);
-    let truncate = req.truncate.unwrap_or(true);
+    if !normalize && req.output_dtype.is_some_and(|t| t != OutputDtype::Float) {
+        return Err(ApiError::invalid(
+            "output_dtype other than float quantizes the unit vector: it cannot be combined \
+             with use_activation (or normalize) false",
+        )
+        .param("output_dtype"));
+    }
+    let dimensions = one_of(
+        (
+            "dimensions",
+            infinity_dimensions(req.dimensions, req.modality),
+        ),
+        ("output_dimension", req.output_dimension),
+    )?;
+    if let Some(n) = req.output_dimension {
+        // Its own name in the error, as Cohere's route answers it.
+        output_dimension(
+            n,
+            state.model_for(req.model.as_deref(), Task::Embed)?,
+            "output_dimension",
+        )?;
+    }
+    let truncate =
+        one_of(("truncate", req.truncate), ("truncation", req.truncation))?.unwrap_or(true);
+    let prompt = match (req.prompt_name, req.input_type) {
+        (Some(_), Some(_)) => {
+            return Err(
+                ApiError::invalid("give either prompt_name or input_type, not both")
+                    .param("input_type"),
+            )
+        }
+        (Some(name), None) => Prompt::Named(name),
+        (None, Some(input_type)) => {
+            let model = state.model_for(req.model.as_deref(), Task::Embed)?;
+            cohere::prompt_for(Some(input_type.cohere()), &model.info().prompts)
+        }
+        (None, None) => Prompt::Default,
+    };
+    let voyage_truncation = req.truncation.is_some();
     let mut inputs = req.input.into_inputs();
     vllm_cut_ids(
         state,
@@ -296,7 +467,7 @@ pub(crate) async fn embed_request(
             model: req.model,
             inputs,
             options: EmbedOptions {
-                prompt: req.prompt_name.map_or(Prompt::Default, Prompt::Named),
+                prompt,
                 truncate,
                 truncate_to,
                 priority: req
@@ -311,6 +482,30 @@ pub(crate) async fn embed_request(
         },
     )
     .await
+    .map_err(|mut err| {
+        // The shared message names the other APIs' field.
+        if voyage_truncation && err.code == Some("context_length_exceeded") {
+            err.message = err
+                .message
+                .replace("set truncate to true", "set truncation to true");
+        }
+        err
+    })
+}
+
+/// The value of a field that has two names (OpenAI's and Voyage's): either,
+/// or both where they are equal; both and different is a 400.
+fn one_of<T: PartialEq + std::fmt::Display>(
+    (name, value): (&'static str, Option<T>),
+    (other_name, other): (&'static str, Option<T>),
+) -> Result<Option<T>, ApiError> {
+    match (value, other) {
+        (Some(a), Some(b)) if a != b => Err(ApiError::invalid(format!(
+            "{name} ({a}) and {other_name} ({b}) are the same setting and disagree: send one"
+        ))
+        .param(other_name)),
+        (a, b) => Ok(a.or(b)),
+    }
 }
 
 /// `dimensions` as the embed path takes it: Infinity reads 0 as "not set"

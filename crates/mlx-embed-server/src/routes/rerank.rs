@@ -21,7 +21,7 @@ use crate::embed::check_inputs;
 use crate::errors::{
     ApiError, ErrorKind, OpenAi, OpenAiErrorBody, Shaped, Tei, TeiOrOpenAiErrorBody,
 };
-use crate::extract::{ApiJson, PriorityHeader, TruncationSide};
+use crate::extract::{ApiBody, ApiJson, PriorityHeader, TruncationSide};
 use crate::models::Task;
 use crate::score::{ranking, score, score_checked, ScoreOutput, ScoreRequest};
 use crate::state::AppState;
@@ -92,6 +92,13 @@ pub(crate) async fn rerank_body(
     body: Value,
 ) -> Response {
     if body.get("documents").is_some() && body.get("texts").is_none() {
+        if is_voyage(|key| body.get(key).is_some()) {
+            let answer = match (priority, parse::<VoyageRerankRequest>(body)) {
+                (Ok(priority), Ok(req)) => voyage_rerank(state, req, priority).await.map(Json),
+                (Err(e), _) | (_, Err(e)) => Err(e),
+            };
+            return answer.map_err(Shaped::<OpenAi>::from).into_response();
+        }
         let answer = match (priority, parse::<CohereRerankRequest>(body)) {
             (Ok(priority), Ok(req)) => cohere_rerank(state, req, RerankRoute::Bare, priority).await,
             (Err(e), _) | (_, Err(e)) => Err(e.into()),
@@ -125,6 +132,7 @@ impl PartialSchema for RerankBody {
         AnyOfBuilder::new()
             .item(Ref::from_schema_name("TeiRerankRequest"))
             .item(Ref::from_schema_name("CohereRerankRequest"))
+            .item(Ref::from_schema_name("VoyageRerankRequest"))
             .into()
     }
 }
@@ -136,7 +144,7 @@ impl ToSchema for RerankBody {
 }
 
 /// What `/rerank` answers (documentation only): TEI's list for a `texts`
-/// body, `/v1/rerank`'s answer for a `documents` body.
+/// body, `/v1/rerank`'s answer for a `documents` body (Voyage's for Voyage's).
 pub struct RerankAnswer;
 
 impl PartialSchema for RerankAnswer {
@@ -144,6 +152,7 @@ impl PartialSchema for RerankAnswer {
         OneOfBuilder::new()
             .item(ArrayBuilder::new().items(Ref::from_schema_name("TeiRank")))
             .item(Ref::from_schema_name("CohereRerankResponse"))
+            .item(Ref::from_schema_name("VoyageRerankResponse"))
             .into()
     }
 }
@@ -386,20 +395,176 @@ pub struct CohereRerankResponse {
 /// Errors use `{"error": {"message", "type", "param", "code"}}`.
 #[utoipa::path(
     post, path = "/v1/rerank", tag = "cohere", operation_id = "cohere_rerank_v1",
-    request_body = CohereRerankRequest,
+    request_body = V1RerankBody,
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
-        (status = 200, description = "Documents best first", body = CohereRerankResponse),
-        (status = "4XX", description = "Invalid request (400 also: top_n < 0, no reranker served, and a wrong shape, as Cohere answers; 401, 404 unknown model, 413, 415, 429)", body = OpenAiErrorBody),
+        (status = 200, description = "Documents best first (a Voyage AI body: Voyage's answer)", body = V1RerankAnswer),
+        (status = "4XX", description = "Invalid request (400 also: top_n < 0, top_k < 1, an over-long pair with Voyage's `truncation: false`, no reranker served, and a wrong shape, as Cohere answers; 401, 404 unknown model, 413, 415, 429)", body = OpenAiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
     )
 )]
 pub async fn cohere_rerank_v1(
     State(state): State<AppState>,
     PriorityHeader(priority, _): PriorityHeader<OpenAi>,
-    ApiJson(req, _): ApiJson<CohereRerankRequest, OpenAi>,
-) -> Result<Json<CohereRerankResponse>, Shaped<OpenAi>> {
-    cohere_rerank(&state, req, RerankRoute::V1, priority).await
+    ApiBody(body, _): ApiBody<OpenAi>,
+) -> Result<Response, Shaped<OpenAi>> {
+    if body.has_any_key(&["documents"]) && is_voyage(|key| body.has_any_key(&[key])) {
+        let req = body.parse::<VoyageRerankRequest>()?;
+        return Ok(Json(voyage_rerank(&state, req, priority).await?).into_response());
+    }
+    let req = body.parse::<CohereRerankRequest>()?;
+    Ok(cohere_rerank(&state, req, RerankRoute::V1, priority)
+        .await?
+        .into_response())
+}
+
+/// Whether a rerank body (its keys, by `has`) is Voyage AI's: it has a key
+/// only Voyage's client sends (always, `null` or not): `top_k` or `truncation`.
+fn is_voyage(has: impl Fn(&str) -> bool) -> bool {
+    has("top_k") || has("truncation")
+}
+
+/// What `/v1/rerank` takes (documentation only): Cohere's (and Jina's) body,
+/// or Voyage AI's (a body with `top_k` or `truncation`).
+pub struct V1RerankBody;
+
+impl PartialSchema for V1RerankBody {
+    fn schema() -> RefOr<Schema> {
+        AnyOfBuilder::new()
+            .item(Ref::from_schema_name("CohereRerankRequest"))
+            .item(Ref::from_schema_name("VoyageRerankRequest"))
+            .into()
+    }
+}
+
+impl ToSchema for V1RerankBody {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("V1RerankBody")
+    }
+}
+
+/// What `/v1/rerank` answers (documentation only): Cohere's answer, or
+/// Voyage AI's for its body.
+pub struct V1RerankAnswer;
+
+impl PartialSchema for V1RerankAnswer {
+    fn schema() -> RefOr<Schema> {
+        OneOfBuilder::new()
+            .item(Ref::from_schema_name("CohereRerankResponse"))
+            .item(Ref::from_schema_name("VoyageRerankResponse"))
+            .into()
+    }
+}
+
+impl ToSchema for V1RerankAnswer {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("V1RerankAnswer")
+    }
+}
+
+/// Voyage AI's rerank request (`voyageai.Client(base_url=...).rerank`),
+/// told from Cohere's by `top_k` or `truncation`, which its client always sends.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct VoyageRerankRequest {
+    /// Which served reranker answers; default: the first reranker. Unknown: 404 (several served).
+    pub model: Option<String>,
+    pub query: String,
+    /// Documents to score (at least one).
+    pub documents: Vec<String>,
+    /// How many results to return, best first (at least 1; null: all).
+    #[schema(minimum = 1)]
+    pub top_k: Option<i64>,
+    /// Include each document, as sent, in its result (default false).
+    pub return_documents: Option<bool>,
+    /// Cut a query/document pair longer than the model's maximum (default
+    /// true); false answers 400 instead.
+    pub truncation: Option<bool>,
+}
+
+/// One ranked document (Voyage AI's shape).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct VoyageRerankResult {
+    /// Position of the document in the request's `documents`.
+    pub index: usize,
+    /// Sigmoid score in [0, 1].
+    pub relevance_score: f32,
+    /// The document as sent (`return_documents: true` only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub document: Option<String>,
+}
+
+/// Voyage AI's rerank response.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct VoyageRerankResponse {
+    /// Always `list`.
+    pub object: String,
+    /// Best first.
+    pub data: Vec<VoyageRerankResult>,
+    pub model: String,
+    pub usage: Usage,
+}
+
+/// Voyage AI's ranking for `req`, by the one Cohere/Jina path: `top_k` is
+/// `top_n`, `truncation` the pairs' truncation.
+async fn voyage_rerank(
+    state: &AppState,
+    req: VoyageRerankRequest,
+    priority: Option<Priority>,
+) -> Result<VoyageRerankResponse, ApiError> {
+    if let Some(n) = req.top_k.filter(|&n| n < 1) {
+        return Err(
+            ApiError::invalid(format!("top_k must be at least 1 (or null: all), got {n}"))
+                .param("top_k"),
+        );
+    }
+    let ranked = rank(
+        state,
+        CohereRerankRequest {
+            model: req.model,
+            query: req.query,
+            documents: req
+                .documents
+                .into_iter()
+                .map(RerankDocument::Text)
+                .collect(),
+            top_n: req.top_k,
+            return_documents: req.return_documents,
+            max_chunks_per_doc: None,
+            max_tokens_per_doc: None,
+            rank_fields: None,
+            raw_scores: None,
+            use_activation: None,
+        },
+        RerankRoute::Voyage,
+        priority,
+        req.truncation.unwrap_or(true),
+    )
+    .await
+    .map_err(|mut err| {
+        if err.code == Some("context_length_exceeded") {
+            err.message = err
+                .message
+                .replace("set truncate to true", "set truncation to true");
+        }
+        err
+    })?;
+    Ok(VoyageRerankResponse {
+        object: "list".into(),
+        data: ranked
+            .results
+            .into_iter()
+            .map(|r| VoyageRerankResult {
+                index: r.index,
+                relevance_score: r.relevance_score,
+                document: r.document.and_then(|d| match d {
+                    Value::String(text) => Some(text),
+                    _ => None,
+                }),
+            })
+            .collect(),
+        model: ranked.model,
+        usage: ranked.usage,
+    })
 }
 
 /// Rank documents (Cohere v2 shape, `cohere.ClientV2`); best first.
@@ -439,6 +604,17 @@ enum RerankRoute {
     /// so an explicit `return_documents: true`, Infinity's opt-in, gets strings
     /// back as strings, and vLLM's requests keep vLLM's objects.
     Bare,
+    /// Voyage AI's body (on `/v1/rerank` or `/rerank`): documents, strings,
+    /// come back as sent with `return_documents: true`.
+    Voyage,
+}
+
+/// A ranking, before its API's shape.
+struct Ranked {
+    model: String,
+    /// Best first.
+    results: Vec<CohereResult>,
+    usage: Usage,
 }
 
 async fn cohere_rerank(
@@ -447,15 +623,42 @@ async fn cohere_rerank(
     route: RerankRoute,
     priority: Option<Priority>,
 ) -> Result<Json<CohereRerankResponse>, Shaped<OpenAi>> {
-    let strings_as_sent = route == RerankRoute::Bare && req.return_documents == Some(true);
+    let ranked = rank(state, req, route, priority, true).await?;
+    let bare = route == RerankRoute::Bare;
+    Ok(Json(CohereRerankResponse {
+        object: bare.then(|| "rerank".to_owned()),
+        id: super::response_id("rerank"),
+        created: bare.then(super::unix_now),
+        model: ranked.model,
+        results: ranked.results,
+        meta: CohereMeta {
+            api_version: CohereApiVersion {
+                version: if route == RerankRoute::V2 { "2" } else { "1" }.into(),
+            },
+            billed_units: CohereBilledUnits { search_units: 1 },
+        },
+        usage: ranked.usage,
+    }))
+}
+
+/// The one ranking path of the Cohere, Jina, Infinity, vLLM and Voyage
+/// shapes; `truncate`: cut over-long pairs (false: refuse them).
+async fn rank(
+    state: &AppState,
+    req: CohereRerankRequest,
+    route: RerankRoute,
+    priority: Option<Priority>,
+    truncate: bool,
+) -> Result<Ranked, ApiError> {
+    let strings_as_sent = (route == RerankRoute::Bare && req.return_documents == Some(true))
+        || route == RerankRoute::Voyage;
     let top_n = match req.top_n {
         None | Some(0) => None,
         Some(n) if n >= 1 => Some(usize::try_from(n).unwrap_or(usize::MAX)),
         Some(n) => {
             return Err(
                 ApiError::invalid(format!("top_n must be at least 1 (or 0: all), got {n}"))
-                    .param("top_n")
-                    .into(),
+                    .param("top_n"),
             )
         }
     };
@@ -472,6 +675,7 @@ async fn cohere_rerank(
     };
     let options = EmbedOptions {
         priority: priority.unwrap_or_default(),
+        truncate,
         ..EmbedOptions::default()
     };
     // Raw logits where the client asks for them in its API's words; both keep
@@ -501,7 +705,9 @@ async fn cohere_rerank(
     for (&doc, score) in owners.iter().zip(first_label(&out)) {
         scores[doc] = scores[doc].max(score);
     }
-    let with_documents = req.return_documents.unwrap_or(route != RerankRoute::V2);
+    let with_documents = req
+        .return_documents
+        .unwrap_or(!matches!(route, RerankRoute::V2 | RerankRoute::Voyage));
     let mut documents: Vec<Option<RerankDocument>> = req.documents.into_iter().map(Some).collect();
     let mut order = ranking(&scores);
     order.truncate(top_n.unwrap_or(order.len()));
@@ -520,21 +726,11 @@ async fn cohere_rerank(
             },
         })
         .collect();
-    let bare = route == RerankRoute::Bare;
-    Ok(Json(CohereRerankResponse {
-        object: bare.then(|| "rerank".to_owned()),
-        id: super::response_id("rerank"),
-        created: bare.then(super::unix_now),
+    Ok(Ranked {
         model: out.model,
         results,
-        meta: CohereMeta {
-            api_version: CohereApiVersion {
-                version: if route == RerankRoute::V2 { "2" } else { "1" }.into(),
-            },
-            billed_units: CohereBilledUnits { search_units: 1 },
-        },
         usage: Usage::new(out.prompt_tokens, out.cache_hits),
-    }))
+    })
 }
 
 /// Cohere's per-document limits, as sent.

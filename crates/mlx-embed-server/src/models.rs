@@ -56,8 +56,8 @@ impl ServedModel {
     /// The model's digest, as Ollama's listings carry one (`/api/tags`,
     /// `/api/ps`): the hex SHA-256 of what the model is, so clients notice
     /// a changed model. It covers every file of the model's folder (path,
-    /// size and bytes; not the other runtimes' copies of the weights, see
-    /// [`folder_files`]) and how it was loaded: kind and labels, width,
+    /// size and bytes; not hidden files, nor the `onnx` and `openvino`
+    /// folders of other runtimes) and how it was loaded: kind and labels, width,
     /// token limits, prompts, pooling, float type and quantization. The
     /// same files under another folder or served name have the same digest,
     /// as Ollama's copies of one model do. Hashing a folder reads it (about

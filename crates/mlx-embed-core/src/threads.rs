@@ -56,8 +56,16 @@ mod tests {
     use std::thread::ThreadId;
     use std::time::Duration;
 
+    fn idle_threads() -> usize {
+        IDLE.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Runs `job` on a model thread and returns that thread once it is idle
+    /// again (the job answers before its thread goes back to the idle list:
+    /// a next job sent at once could find the list empty and start another).
     fn on_model_thread(job: impl FnOnce() + Send + 'static) -> ThreadId {
         let (tx, rx) = mpsc::channel();
+        let idle_before = idle_threads();
         run(
             "test-model",
             Box::new(move || {
@@ -66,20 +74,31 @@ mod tests {
             }),
         )
         .unwrap();
-        rx.recv_timeout(Duration::from_secs(10)).unwrap()
+        let id = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        // An idle thread was taken, or a new one started: either way the list
+        // is back to its size once this one is idle.
+        while idle_threads() < idle_before.max(1) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the thread never went idle"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        id
     }
 
     #[test]
     fn a_finished_thread_takes_the_next_job_and_a_panicked_one_does_not() {
-        // Other tests in this binary share the idle list: run enough jobs
-        // one after another that a reused thread must show up.
+        // No other test of this binary runs model threads: one after another,
+        // every job runs on the first one's thread.
         let first = on_model_thread(|| {});
         let mut seen = vec![first];
         for _ in 0..3 {
             seen.push(on_model_thread(|| {}));
         }
         assert!(
-            seen.windows(2).any(|w| w[0] == w[1]),
+            seen.iter().all(|&t| t == first),
             "one after another, jobs reuse a thread: {seen:?}"
         );
         // A job that panics takes its thread with it.

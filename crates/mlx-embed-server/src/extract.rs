@@ -20,6 +20,29 @@ use utoipa::ToSchema;
 use crate::errors::{ApiError, ErrorKind, Flavor, Shaped};
 use crate::state::AppState;
 
+/// An optional integer field read as JSON Schema and pydantic's lax `int`
+/// (vLLM's and Infinity's request models) read one: an integer, or a number
+/// with no fractional part (`3.0`, which Python clients send from a float);
+/// `3.5` is a wrong shape. serde's `i64` refused `3.0` with a 400.
+pub(crate) fn whole_number<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
+    let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
+        return Ok(None);
+    };
+    if let Some(i) = n.as_i64() {
+        return Ok(Some(i));
+    }
+    match n.as_f64() {
+        // The bounds: an f64 at or past 2^63 does not fit an i64.
+        Some(f) if f.fract() == 0.0 && f >= -(2f64.powi(63)) && f < 2f64.powi(63) => {
+            Ok(Some(f as i64))
+        }
+        _ => Err(de::Error::invalid_value(
+            de::Unexpected::Other(&format!("the number {n}")),
+            &"an integer",
+        )),
+    }
+}
+
 /// `Json<T>` whose rejections (400 malformed, 408 body too slow, 413 too
 /// large, 415 content type, 422 wrong shape) render in `F`'s error shape. The
 /// one place request bodies are read and parsed:

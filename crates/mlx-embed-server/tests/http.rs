@@ -307,6 +307,52 @@ fn unit_of_ids(ids: &[u32]) -> Vec<f32> {
     v
 }
 
+/// vLLM's integer fields read a whole float as its integer, as pydantic and
+/// JSON Schema do (Python clients send `3.0` from a float): `3.0` is 3,
+/// `3.5` a 400; serde's `i64` refused `3.0` with a 400.
+#[tokio::test]
+async fn vllm_integer_fields_take_a_whole_float() {
+    let s = Server::default().await;
+    for (field, whole, int) in [
+        ("truncate_prompt_tokens", json!(4.0), json!(4)),
+        ("dimensions", json!(3.0), json!(3)),
+        ("priority", json!(-1.0), json!(-1)),
+    ] {
+        let ask = |value: &Value| {
+            let mut body = json!({ "input": ["abcdef"] });
+            body[field] = value.clone();
+            body
+        };
+        let (status, _, as_float) = post(&s, "/v1/embeddings", &ask(&whole)).await;
+        assert_eq!(status, 200, "{field}: {as_float}");
+        let (status, _, as_int) = post(&s, "/v1/embeddings", &ask(&int)).await;
+        assert_eq!(status, 200, "{field}: {as_int}");
+        assert_eq!(as_float["data"], as_int["data"], "{field}");
+        assert_eq!(
+            as_float["usage"]["prompt_tokens"], as_int["usage"]["prompt_tokens"],
+            "{field}"
+        );
+        let (status, _, v) = post(&s, "/v1/embeddings", &ask(&json!(3.5))).await;
+        assert_eq!(status, 400, "{field}: {v}");
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("an integer"),
+            "{field}: {v}"
+        );
+    }
+    let (status, _, v) = post(
+        &s,
+        "/pooling",
+        &json!({ "input": ["abcdef"], "truncate_prompt_tokens": 4.0 }),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"], 4, "{v}");
+    s.stop().await.unwrap();
+}
+
 /// vLLM keeps the last k ids of a token-id prompt (`prompt_token_ids[-k:]`)
 /// where `truncate_prompt_tokens` is k, and the last `max_model_len` for -1;
 /// so do `/v1/embeddings`, `/pooling` and `/classify` where a request sets

@@ -204,6 +204,7 @@ pub struct OpenAiEmbeddingRequest {
     /// is the full dimension, as Infinity reads it (its client sends
     /// `dimensions: 0` and `modality: "text"` unless told otherwise).
     #[schema(minimum = 0)]
+    #[serde(default, deserialize_with = "crate::extract::whole_number")]
     pub dimensions: Option<i64>,
     /// Infinity's: `text`, the only modality served (`image` and `audio`
     /// are a 400). Infinity's client sends it. Not an OpenAI field.
@@ -216,6 +217,7 @@ pub struct OpenAiEmbeddingRequest {
     /// vLLM's request priority: lower is served earlier, 0 is the default. Below 0 is the high
     /// lane, 0 normal, above 0 low. Wins over an `X-Priority` header. The official client
     /// sends it with `extra_body`.
+    #[serde(default, deserialize_with = "crate::extract::whole_number")]
     pub priority: Option<i64>,
     /// Truncate inputs longer than the model's maximum (default true, as the other routes do);
     /// false answers 400 instead, as OpenAI refuses an over-long input. Not an OpenAI field:
@@ -230,6 +232,7 @@ pub struct OpenAiEmbeddingRequest {
     /// most the model's maximum; -1 (or none): the model's maximum. Text keeps its
     /// first tokens (inside the model's special tokens); token ids keep their
     /// last ids as sent, as vLLM cuts them.
+    #[serde(default, deserialize_with = "crate::extract::whole_number")]
     pub truncate_prompt_tokens: Option<i64>,
     /// vLLM's: true (the default); false is refused (400): inputs are tokenized
     /// with the model's special tokens, which its pooling reads.
@@ -243,6 +246,7 @@ pub struct OpenAiEmbeddingRequest {
     pub input_type: Option<InputType>,
     /// Voyage AI's name for `dimensions` (both set: they must be equal).
     #[schema(minimum = 1)]
+    #[serde(default, deserialize_with = "crate::extract::whole_number")]
     pub output_dimension: Option<i64>,
     /// Voyage AI's name for `truncate` (both set: they must be equal): false
     /// answers 400 for an over-long input.

@@ -134,6 +134,7 @@ pub struct ClassifyRequest {
     /// the model's maximum; -1 (or none): the model's maximum. Text keeps its
     /// first tokens (inside the model's special tokens); token ids keep their
     /// last ids as sent, as vLLM cuts them.
+    #[serde(default, deserialize_with = "crate::extract::whole_number")]
     pub truncate_prompt_tokens: Option<i64>,
     /// Cut over-long inputs (default true); false answers 400 instead.
     pub truncate: Option<bool>,
@@ -141,6 +142,7 @@ pub struct ClassifyRequest {
     pub add_special_tokens: Option<bool>,
     /// Lower is served earlier, 0 is the default: below 0 the high lane, above it the low
     /// one. Wins over an `X-Priority` header.
+    #[serde(default, deserialize_with = "crate::extract::whole_number")]
     pub priority: Option<i64>,
     /// Accepted and ignored.
     pub user: Option<String>,

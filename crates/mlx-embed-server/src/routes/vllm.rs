@@ -40,6 +40,7 @@ pub struct ScoreBody {
     pub use_activation: Option<bool>,
     /// Cut every input (a reranker: every pair) at this many tokens, special tokens
     /// included, at most the model's maximum; -1 (or none): the model's maximum.
+    #[serde(default, deserialize_with = "crate::extract::whole_number")]
     pub truncate_prompt_tokens: Option<i64>,
 }
 

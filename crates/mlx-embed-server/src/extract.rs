@@ -23,7 +23,7 @@ use crate::state::AppState;
 /// An optional integer field read as JSON Schema and pydantic's lax `int`
 /// (vLLM's and Infinity's request models) read one: an integer, or a number
 /// with no fractional part (`3.0`, which Python clients send from a float);
-/// `3.5` is a wrong shape. serde's `i64` refused `3.0` with a 400.
+/// `3.5` is a wrong shape, in serde's words. serde's `i64` refused `3.0` with a 400.
 pub(crate) fn whole_number<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64>, D::Error> {
     let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
         return Ok(None);
@@ -36,9 +36,12 @@ pub(crate) fn whole_number<'de, D: Deserializer<'de>>(d: D) -> Result<Option<i64
         Some(f) if f.fract() == 0.0 && f >= -(2f64.powi(63)) && f < 2f64.powi(63) => {
             Ok(Some(f as i64))
         }
-        _ => Err(de::Error::invalid_value(
-            de::Unexpected::Other(&format!("the number {n}")),
-            &"an integer",
+        // serde's own words for a float where an i64 is wanted, as every
+        // other integer field answers.
+        Some(f) => Err(de::Error::invalid_type(de::Unexpected::Float(f), &"i64")),
+        None => Err(de::Error::invalid_type(
+            de::Unexpected::Other("a number"),
+            &"i64",
         )),
     }
 }

@@ -94,11 +94,12 @@ impl JsonBody {
         }
     }
 
-    /// Whether the body is a JSON object with any of `keys` (even as `null`);
-    /// false for a body that does not parse.
-    pub fn has_any_key(&self, keys: &[&str]) -> bool {
-        self.parse::<serde_json::Map<String, serde_json::Value>>()
-            .is_ok_and(|map| keys.iter().any(|k| map.contains_key(*k)))
+    /// The keys of the body's top-level object (even those set to `null`),
+    /// read in one pass that builds no values; none for a body that does not parse.
+    pub fn keys(&self) -> std::collections::HashSet<String> {
+        self.parse::<std::collections::HashMap<String, de::IgnoredAny>>()
+            .map(|map| map.into_keys().collect())
+            .unwrap_or_default()
     }
 }
 

@@ -64,9 +64,9 @@ impl ServedModel {
     /// 0.1 s for MiniLM's 90 MB), so it is done once, on first use, off the
     /// async threads.
     pub async fn digest(&self) -> String {
-        let info = self.info().clone();
         self.digest
-            .get_or_init(|| async move {
+            .get_or_init(|| async {
+                let info = self.info().clone();
                 tokio::task::spawn_blocking(move || digest_of(&info))
                     .await
                     .unwrap_or_else(|e| {

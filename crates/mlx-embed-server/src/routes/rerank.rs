@@ -408,7 +408,8 @@ pub async fn cohere_rerank_v1(
     PriorityHeader(priority, _): PriorityHeader<OpenAi>,
     ApiBody(body, _): ApiBody<OpenAi>,
 ) -> Result<Response, Shaped<OpenAi>> {
-    if body.has_any_key(&["documents"]) && is_voyage(|key| body.has_any_key(&[key])) {
+    let keys = body.keys();
+    if keys.contains("documents") && is_voyage(|key| keys.contains(key)) {
         let req = body.parse::<VoyageRerankRequest>()?;
         return Ok(Json(voyage_rerank(&state, req, priority).await?).into_response());
     }

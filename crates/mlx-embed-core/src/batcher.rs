@@ -7,7 +7,7 @@ use std::time::Instant;
 use tokio::sync::oneshot;
 
 use crate::admission::Refusal;
-use crate::cache::{Cache, CacheKey, Lookup};
+use crate::cache::{Cache, CacheKey, Lead, Lookup};
 use crate::model_thread::{self, Handles};
 use crate::queue::Pending;
 use crate::recorder::Recorder;
@@ -226,8 +226,9 @@ impl Batcher {
 
     /// The cache path: hits at once; misses this call leads are computed in
     /// one request; misses another call is computing are awaited. A leader
-    /// that gives up (fails, or its caller left) wakes its followers with
-    /// nothing, and they look up again: one of them leads the next try.
+    /// that gives up (fails, or its caller left before its input ran) wakes
+    /// its followers with nothing, and they look up again: one of them leads
+    /// the next try.
     /// Leads are published before any follow is awaited, so two calls
     /// following each other's keys cannot wait on each other.
     async fn compute_cached(
@@ -271,14 +272,17 @@ impl Batcher {
                     .iter()
                     .map(|(i, _)| std::mem::take(&mut encoded[*i]))
                     .collect();
-                // On error the leads drop unpublished, which wakes their followers.
-                let vectors = self.compute(inputs, priority, Output::Pooled).await;
+                let (slots, leads): (Vec<usize>, Vec<Lead>) = leads.into_iter().unzip();
+                // The request publishes each lead as its vector is computed,
+                // even if this caller has left by then; on error the leads
+                // drop unpublished, which wakes their followers.
+                let vectors = self
+                    .compute_publishing(inputs, priority, Output::Pooled, leads)
+                    .await;
                 if vectors.is_err() {
                     following.settle_all();
                 }
-                let vectors = vectors?;
-                for ((i, lead), vector) in leads.into_iter().zip(vectors) {
-                    lead.publish(&vector);
+                for (i, vector) in slots.into_iter().zip(vectors?) {
                     out[i] = Some(vector);
                 }
             }
@@ -310,6 +314,20 @@ impl Batcher {
         priority: Priority,
         output: Output,
     ) -> Result<Vec<Vec<f32>>, CoreError> {
+        self.compute_publishing(encoded, priority, output, Vec::new())
+            .await
+    }
+
+    /// [`Batcher::compute`] for inputs that lead cache flights: `leads` (one
+    /// per input, or none) travel with the request and are published as
+    /// its vectors are delivered.
+    async fn compute_publishing(
+        &self,
+        encoded: Vec<Encoded>,
+        priority: Priority,
+        output: Output,
+        leads: Vec<Lead>,
+    ) -> Result<Vec<Vec<f32>>, CoreError> {
         let shared = &*self.inner.shared;
         let n = encoded.len();
         let size = shared
@@ -339,7 +357,7 @@ impl Batcher {
         let ticket = Ticket::new(permit, n, shared.recorder.clone());
         let (reply, answer) = oneshot::channel();
         let request = Arc::new(Request::new(
-            n, priority, output, arrived, reply, ticket, active,
+            n, priority, output, arrived, reply, ticket, active, leads,
         ));
         let caller = CallerGuard::new(&request, shared);
         shared.submit(Pending::new(request, encoded))?;

@@ -12,10 +12,14 @@
 //! and computes it; concurrent lookups of that key [`Follow`] it and get the
 //! leader's vector, unless the leader is less urgent (then they lead a
 //! computation of their own in their own lane, which later callers follow:
-//! a query never waits in the bulk lane). A leader that fails or is dropped (its caller left)
-//! publishes nothing: its followers are woken with `None` and look up again,
-//! so one of them leads the next try. Nobody waits on a leader that is gone,
-//! and nobody gets a vector computed for another key.
+//! a query never waits in the bulk lane). A lead travels with its request
+//! and is published where the vector is delivered, so a vector computed for
+//! a caller that has left still reaches the callers that joined it (and is
+//! stored). A lead whose input is never computed (its batch failed, or its
+//! caller left before it ran) publishes nothing: its followers are woken
+//! with `None` and look up again, so one of them leads the next try. Nobody
+//! waits on a leader that is gone, and nobody gets a vector computed for
+//! another key.
 //!
 //! Accounting: an entry costs its vector, its ids and [`ENTRY_OVERHEAD`]
 //! bytes for the bookkeeping around them; the total never exceeds the
@@ -209,8 +213,8 @@ pub(crate) enum Lookup {
     Follow(Follow),
 }
 
-/// The duty to compute one key. Dropping it unpublished (failure,
-/// cancellation) ends the flight with no vector, waking the followers.
+/// The duty to compute one key. Dropping it unpublished (its input failed
+/// or was never computed) ends the flight with no vector, waking the followers.
 pub(crate) struct Lead {
     cache: Arc<Cache>,
     key: Arc<CacheKey>,
@@ -318,8 +322,9 @@ impl Cache {
 impl Lead {
     /// Stores the computed vector and hands it to every follower.
     pub fn publish(self, vector: &[f32]) {
-        // Counted here, not at the lookup: a lead given up (its caller gone,
-        // its batch failed) computed nothing, and its key is led again.
+        // Counted here, not at the lookup: a lead given up (its caller left
+        // before it ran, its batch failed) computed nothing, and its key is
+        // led again.
         self.cache.misses.fetch_add(1, Relaxed);
         let vector: Arc<[f32]> = vector.into();
         {

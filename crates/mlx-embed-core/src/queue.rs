@@ -638,6 +638,7 @@ mod tests {
             reply,
             ticket,
             ActiveGuard::new(recorder.clone()),
+            Vec::new(),
         ));
         (
             req,

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
+use crate::cache::Lead;
 use crate::recorder::{lock, Recorder};
 use crate::shared::Shared;
 use crate::{CoreError, Output, Priority};
@@ -104,6 +105,12 @@ struct Answer {
     reply: Option<Reply>,
     ticket: Option<Ticket>,
     active: Option<ActiveGuard>,
+    /// The cache flights this request computes, one per input (empty when
+    /// it computes none). Published where the vectors are delivered, so a
+    /// computed vector reaches the callers that joined the flight even when
+    /// this request's own caller has left; dropped unpublished with an input
+    /// left uncomputed, which wakes them to look up again.
+    leads: Vec<Option<Lead>>,
 }
 
 pub(crate) struct Request {
@@ -130,7 +137,9 @@ impl Request {
         reply: Reply,
         ticket: Ticket,
         active: ActiveGuard,
+        leads: Vec<Lead>,
     ) -> Self {
+        debug_assert!(leads.is_empty() || leads.len() == len, "one lead per input");
         Self {
             len,
             priority,
@@ -145,6 +154,7 @@ impl Request {
                 reply: Some(reply),
                 ticket: Some(ticket),
                 active: Some(active),
+                leads: leads.into_iter().map(Some).collect(),
             }),
         }
     }
@@ -179,9 +189,19 @@ impl Request {
             return;
         }
         let mut n = 0;
-        for (slot, v) in answer.vectors[offset..].iter_mut().zip(vectors) {
-            *slot = v;
-            n += 1;
+        {
+            let Answer {
+                vectors: slots,
+                leads,
+                ..
+            } = &mut *answer;
+            for (slot, v) in slots[offset..].iter_mut().zip(vectors) {
+                if let Some(lead) = leads.get_mut(offset + n).and_then(Option::take) {
+                    lead.publish(&v);
+                }
+                *slot = v;
+                n += 1;
+            }
         }
         answer.delivered += n;
         if answer.delivered == self.len {
@@ -205,7 +225,10 @@ impl Request {
         let reply = answer.reply.take();
         let ticket = answer.ticket.take();
         let active = answer.active.take();
+        // A failed request's flights end now, so their followers try again at once.
+        let leads = std::mem::take(&mut answer.leads);
         drop(answer);
+        drop(leads);
         drop(ticket);
         if let Some(reply) = reply {
             // The caller may have gone; its loss.

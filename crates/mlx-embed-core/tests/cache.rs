@@ -200,6 +200,47 @@ async fn a_follower_takes_over_when_its_leader_is_cancelled() {
 }
 
 #[tokio::test(flavor = "current_thread")]
+async fn a_vector_computed_for_a_caller_that_left_still_answers_its_followers() {
+    let gate = Gate::closed();
+    let (batcher, record) = start(BatcherConfig::default(), Duration::ZERO, Some(gate.clone()));
+    // The leader's batch is on the model when its caller leaves.
+    let leader = occupy_model(&batcher, &record, "shared").await;
+    let spawn = || {
+        let b = batcher.clone();
+        tokio::spawn(async move { b.embed(texts(&["shared"]), EmbedOptions::default()).await })
+    };
+    let followers: Vec<_> = (0..3).map(|_| spawn()).collect();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    leader.abort();
+    assert!(leader.await.unwrap_err().is_cancelled());
+    gate.open();
+    for f in followers {
+        let got: Embeddings = timeout(LIMIT, f)
+            .await
+            .expect("not stranded")
+            .unwrap()
+            .unwrap();
+        assert_answer(&["shared".into()], &got);
+        assert_eq!(got.cache_hits, 1);
+    }
+    // Computed once, for the caller that left; the followers joined it.
+    assert_eq!(record.computed(), vec!["shared"]);
+    let m = batcher.metrics();
+    assert_eq!((m.cache.misses, m.cache.hits, m.cache.entries), (1, 3, 1));
+    assert_eq!(
+        (m.requests_cancelled, m.inputs_cancelled_before_compute),
+        (1, 0)
+    );
+    // Later callers find it stored.
+    let again = batcher
+        .embed(texts(&["shared"]), EmbedOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(again.cache_hits, 1);
+    assert_eq!(record.computed(), vec!["shared"]);
+}
+
+#[tokio::test(flavor = "current_thread")]
 async fn followers_of_a_failing_leader_get_their_own_answer() {
     let gate = Gate::closed();
     let (batcher, record) = start(BatcherConfig::default(), Duration::ZERO, Some(gate.clone()));

@@ -38,7 +38,7 @@ def error_body(route: str, status: int, message: str, *, param=None, code=None):
     if route == "native":
         return {"error": {"message": message, "type": kind, "code": status}}
     if route == "openai":
-        return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+        return {"error": {"message": message, "type": kind, "param": param, "code": code}, "detail": message}
     if route == "tei":
         return {"error": message, "error_type": "Validation"}
     return {"error": message}
@@ -52,6 +52,8 @@ def with_message(route: str, body, message: str):
     body = json.loads(json.dumps(body))
     if route in ("native", "openai"):
         body["error"]["message"] = message
+        if "detail" in body:
+            body["detail"] = message
     else:
         body["error"] = message
     return body

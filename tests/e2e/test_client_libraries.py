@@ -6,6 +6,7 @@ test_cohere_embed.py, test_ollama.py)."""
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 
 import numpy as np
@@ -143,9 +144,13 @@ def test_voyage_client_embeds_with_its_roles_dimensions_and_dtypes(duo):
                          dtype=np.int64)
         np.testing.assert_array_equal(got, want, err_msg=dtype)
 
-    with pytest.raises(voyageai.error.VoyageError) as refused:
+    # The client reads the message from FastAPI's `detail` and types the error by its status
+    # (without `detail` every refusal was an untyped APIError, and a 429 was not retried).
+    with pytest.raises(voyageai.error.InvalidRequestError) as refused:
         vo.embed(["word " * 5000], model="voyage-3.5", truncation=False)
-    assert "400" in str(refused.value), refused.value
+    assert refused.value.http_status == 400
+    assert re.fullmatch(r"input 0 has \d+ tokens, more than the model's maximum of \d+; "
+                        r"shorten it or set truncation to true", str(refused.value)), refused.value
 
 
 def test_voyage_client_reranks(duo):

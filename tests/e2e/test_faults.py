@@ -67,7 +67,8 @@ def test_model_fault_fails_only_its_own_request(tmp_path, pipeline):
     assert failed.status == 500, failed.body
     assert failed.json() == {"error": {
         "message": "model error: RuntimeError: injected test fault on input 1",
-        "type": "server_error", "param": None, "code": None}}
+        "type": "server_error", "param": None, "code": None},
+        "detail": "model error: RuntimeError: injected test fault on input 1"}
     for texts, single, resp in zip(good, singles, results):
         assert resp.status == 200, resp.body
         np.testing.assert_allclose(np.asarray(resp.json()["embeddings"], dtype=np.float32), single, atol=1e-5,
@@ -89,7 +90,7 @@ UNAVAILABLE = {
                                  "code": 503}}),
     "/v1/embeddings": ({"input": "after death"},
                        {"error": {"message": f"model unavailable: {KILL_MESSAGE}", "type": "service_unavailable",
-                                  "param": None, "code": None}}),
+                                  "param": None, "code": None}, "detail": f"model unavailable: {KILL_MESSAGE}"}),
     "/embed": ({"inputs": "after death"},
                {"error": f"model unavailable: {KILL_MESSAGE}", "error_type": "Unhealthy"}),
     "/api/embed": ({"input": "after death"}, {"error": f"model unavailable: {KILL_MESSAGE}"}),
@@ -219,7 +220,7 @@ def test_drain_timeout_answers_what_still_waits_with_503(tmp_path):
         assert resp.status == 503, resp.body
         assert resp.json() == {"error": {"message": message, "type": "service_unavailable", "code": 503}}
     assert openai.status == 503 and openai.json() == {"error": {
-        "message": message, "type": "service_unavailable", "param": None, "code": None}}
+        "message": message, "type": "service_unavailable", "param": None, "code": None}, "detail": message}
     assert tei.status == 503 and tei.json() == {"error": message, "error_type": "Unhealthy"}
     # Answered when the timeout ran out, not before and not much after.
     assert drain - 0.2 <= answered - signalled < drain + 1.5, answered - signalled

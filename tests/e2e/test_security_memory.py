@@ -74,7 +74,7 @@ AUTH_ROUTES = [
 UNAUTHORIZED_BODY = {
     "native": {"error": {"message": UNAUTHORIZED, "type": "authentication_error", "code": 401}},
     "openai": {"error": {"message": UNAUTHORIZED, "type": "authentication_error", "param": None,
-                         "code": "invalid_api_key"}},
+                         "code": "invalid_api_key"}, "detail": UNAUTHORIZED},
     "tei": {"error": UNAUTHORIZED, "error_type": "Unauthorized"},
     "ollama": {"error": UNAUTHORIZED},
     "weaviate": {"error": UNAUTHORIZED},

@@ -171,4 +171,5 @@ def test_nginx_limits_follow_the_server(server_defaults):
     # nginx's own 413 words the server's limit.
     conf = NGINX_CONF.read_text()
     limit = int(server_defaults["--max-body-bytes"])
-    assert conf.count(f"request body is larger than the limit of {limit} bytes") == 4
+    # Four shapes; the OpenAI one words it twice (`error.message` and `detail`).
+    assert conf.count(f"request body is larger than the limit of {limit} bytes") == 5

@@ -20,7 +20,7 @@
 //! # Error bodies
 //!
 //! * native `/api/v1/*` and operational routes: `{"error": {"message": str, "type": str, "code": int}}`
-//! * OpenAI `/v1/*` (Cohere's `/v1/embed`, `/v1/rerank` too), Cohere's `/v2/embed`, `/v2/rerank`, vLLM's `/score`, `/pooling`, `/classify`, `/version`: `{"error": {"message": str, "type": str, "param": str|null, "code": str|null}}`, and 400 where the table says 422, as those services answer
+//! * OpenAI `/v1/*` (Cohere's `/v1/embed`, `/v1/rerank` too), Cohere's `/v2/embed`, `/v2/rerank`, vLLM's `/score`, `/pooling`, `/classify`, `/version`: `{"error": {"message": str, "type": str, "param": str|null, "code": str|null}, "detail": str}` (`detail` repeats the message, where Voyage AI's client reads it), and 400 where the table says 422, as those services answer
 //! * TEI `/embed` etc. (and `/invocations`, `/vertex`, TEI's routes for SageMaker and Vertex AI): `{"error": str, "error_type": str}`
 //! * Ollama `/api/*` (but `/api/v1/*`): `{"error": str}`, and 400 where the table says 422, as Ollama answers
 //! * Weaviate `/vectors`, `/meta`: `{"error": str}`
@@ -348,10 +348,13 @@ impl ToSchema for TeiOrOpenAiErrorBody {
     }
 }
 
-/// OpenAI's error body.
+/// OpenAI's error body, with the message again as FastAPI's top-level
+/// `detail`: Voyage AI's client reads only that key, and without it turns
+/// every refusal into an untyped `APIError` (a 429 is then not retried).
 #[derive(Debug, Serialize, ToSchema)]
 pub struct OpenAiErrorBody {
     pub error: OpenAiErrorDetail,
+    pub detail: String,
 }
 #[derive(Debug, Serialize, ToSchema)]
 pub struct OpenAiErrorDetail {
@@ -453,6 +456,7 @@ impl Api {
             })
             .into_response(),
             Api::OpenAi => Json(OpenAiErrorBody {
+                detail: err.message.clone(),
                 error: OpenAiErrorDetail {
                     message: err.message,
                     kind: err.kind.openai_type().into(),

@@ -276,7 +276,8 @@ async fn a_handler_that_panics_answers_500_in_its_routes_shape_and_the_server_go
         body,
         serde_json::json!({"error": {
             "message": "internal server error: the server failed on this request",
-            "type": "server_error", "param": null, "code": null}})
+            "type": "server_error", "param": null, "code": null},
+            "detail": "internal server error: the server failed on this request"})
     );
     let fine = client.post(format!("{base}/embed")).send().await.unwrap();
     assert_eq!(fine.text().await.unwrap(), "fine");

@@ -82,6 +82,9 @@ fn error_message(shape: Shape, v: &Value) -> String {
             let e = v["error"].as_object().expect("openai error object");
             assert!(e["type"].is_string(), "{v}");
             assert!(e.contains_key("param") && e.contains_key("code"), "{v}");
+            // FastAPI's `detail`, where Voyage AI's client reads the message.
+            assert_eq!(v["detail"], e["message"], "{v}");
+            assert_eq!(v.as_object().unwrap().len(), 2, "{v}");
             e["message"].as_str().unwrap().to_owned()
         }
         Shape::Tei => {

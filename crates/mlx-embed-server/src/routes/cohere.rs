@@ -150,7 +150,7 @@ pub struct CohereEmbedResponse {
 
 /// Embed texts (Cohere v1: a plain float list unless `embedding_types` is given).
 ///
-/// Errors use `{"error": {"message", "type", "param", "code"}}`.
+/// Errors use `{"error": {"message", "type", "param", "code"}, "detail"}` (`detail`: the message again, for Voyage AI's client).
 #[utoipa::path(
     post, path = "/v1/embed", tag = "cohere", operation_id = "cohere_embed_v1",
     request_body = CohereEmbedRequest,
@@ -171,7 +171,7 @@ pub async fn embed_v1(
 
 /// Embed texts (Cohere v2, `cohere.ClientV2`: always by form, float by default).
 ///
-/// Errors use `{"error": {"message", "type", "param", "code"}}`.
+/// Errors use `{"error": {"message", "type", "param", "code"}, "detail"}` (`detail`: the message again, for Voyage AI's client).
 #[utoipa::path(
     post, path = "/v2/embed", tag = "cohere", operation_id = "cohere_embed_v2",
     request_body = CohereEmbedRequest,

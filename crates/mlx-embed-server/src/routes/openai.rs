@@ -363,7 +363,7 @@ fn base64_bytes(v: &[f32], big_endian: bool) -> String {
 
 /// Create embeddings (also served at `/embeddings`).
 ///
-/// Errors use `{"error": {"message", "type", "param", "code"}}`.
+/// Errors use `{"error": {"message", "type", "param", "code"}, "detail"}` (`detail`: the message again, for Voyage AI's client).
 #[utoipa::path(
     post, path = "/v1/embeddings", tag = "openai", operation_id = "openai_embeddings",
     request_body = OpenAiEmbeddingRequest,

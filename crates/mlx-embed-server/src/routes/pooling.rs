@@ -65,7 +65,7 @@ pub struct PoolingResponse {
 /// Pool inputs (vLLM's pooling API): for an embedding model, each input's
 /// vector, as `/v1/embeddings` computes it (unit length unless `use_activation: false`).
 ///
-/// Errors use `{"error": {"message", "type", "param", "code"}}`.
+/// Errors use `{"error": {"message", "type", "param", "code"}, "detail"}` (`detail`: the message again, for Voyage AI's client).
 #[utoipa::path(
     post, path = "/pooling", tag = "vllm", operation_id = "vllm_pooling",
     request_body = PoolingRequest,
@@ -232,7 +232,7 @@ impl ToSchema for ClassifyAnswer {
 /// always sends the field), is answered in Infinity's shape: per input, every
 /// label's score, best first.
 ///
-/// Errors use `{"error": {"message", "type", "param", "code"}}`.
+/// Errors use `{"error": {"message", "type", "param", "code"}, "detail"}` (`detail`: the message again, for Voyage AI's client).
 #[utoipa::path(
     post, path = "/classify", tag = "vllm", operation_id = "vllm_classify",
     request_body = ClassifyRequest,

@@ -392,7 +392,7 @@ pub struct CohereRerankResponse {
 
 /// Rank documents (Cohere v1 / Jina shape); best first.
 ///
-/// Errors use `{"error": {"message", "type", "param", "code"}}`.
+/// Errors use `{"error": {"message", "type", "param", "code"}, "detail"}` (`detail`: the message again, for Voyage AI's client).
 #[utoipa::path(
     post, path = "/v1/rerank", tag = "cohere", operation_id = "cohere_rerank_v1",
     request_body = V1RerankBody,
@@ -570,7 +570,7 @@ async fn voyage_rerank(
 
 /// Rank documents (Cohere v2 shape, `cohere.ClientV2`); best first.
 ///
-/// Errors use `{"error": {"message", "type", "param", "code"}}`.
+/// Errors use `{"error": {"message", "type", "param", "code"}, "detail"}` (`detail`: the message again, for Voyage AI's client).
 #[utoipa::path(
     post, path = "/v2/rerank", tag = "cohere", operation_id = "cohere_rerank_v2",
     request_body = CohereRerankRequest,

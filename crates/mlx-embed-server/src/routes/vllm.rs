@@ -137,7 +137,7 @@ fn in_lists(mut err: ApiError, n_firsts: usize) -> ApiError {
 
 /// Score text pairs (vLLM's score API, also at `/score`).
 ///
-/// Errors use `{"error": {"message", "type", "param", "code"}}`.
+/// Errors use `{"error": {"message", "type", "param", "code"}, "detail"}` (`detail`: the message again, for Voyage AI's client).
 #[utoipa::path(
     post, path = "/v1/score", tag = "vllm", operation_id = "vllm_score",
     request_body = ScoreBody,

@@ -356,9 +356,9 @@ impl Batcher {
         };
         let ticket = Ticket::new(permit, n, shared.recorder.clone());
         let (reply, answer) = oneshot::channel();
-        let request = Arc::new(Request::new(
-            n, priority, output, arrived, reply, ticket, active, leads,
-        ));
+        let request = Arc::new(
+            Request::new(n, priority, output, arrived, reply, ticket, active).with_leads(leads),
+        );
         let caller = CallerGuard::new(&request, shared);
         shared.submit(Pending::new(request, encoded))?;
         let result = answer.await;

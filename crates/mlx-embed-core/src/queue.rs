@@ -638,7 +638,6 @@ mod tests {
             reply,
             ticket,
             ActiveGuard::new(recorder.clone()),
-            Vec::new(),
         ));
         (
             req,

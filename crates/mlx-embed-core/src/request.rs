@@ -2,7 +2,7 @@
 //! its answer is assembled and how the caller is told.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Instant;
 
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
@@ -137,9 +137,7 @@ impl Request {
         reply: Reply,
         ticket: Ticket,
         active: ActiveGuard,
-        leads: Vec<Lead>,
     ) -> Self {
-        debug_assert!(leads.is_empty() || leads.len() == len, "one lead per input");
         Self {
             len,
             priority,
@@ -154,9 +152,23 @@ impl Request {
                 reply: Some(reply),
                 ticket: Some(ticket),
                 active: Some(active),
-                leads: leads.into_iter().map(Some).collect(),
+                leads: Vec::new(),
             }),
         }
+    }
+
+    /// The request computes the cache flights `leads`, one per input (see `Answer::leads`).
+    pub fn with_leads(mut self, leads: Vec<Lead>) -> Self {
+        debug_assert!(
+            leads.is_empty() || leads.len() == self.len,
+            "one lead per input"
+        );
+        let answer = self
+            .answer
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner);
+        answer.leads = leads.into_iter().map(Some).collect();
+        self
     }
 
     /// True when computing more of this request would be wasted.

@@ -645,7 +645,7 @@ async fn model_list_carries_infinitys_fields() {
         assert_eq!(m["owned_by"], "infinity");
         assert_eq!(
             m["stats"],
-            json!({ "queue_absolute": 0, "results_pending": 0, "batch_size": 64 })
+            json!({ "queue_absolute": 0, "results_pending": 0, "queue_fraction": 0.0, "batch_size": 64 })
         );
         assert_eq!(m["capabilities"], json!(["embed"]));
     }
@@ -1020,6 +1020,57 @@ async fn overload_returns_429_with_retry_after() {
         assert!(retry >= 1);
     }
     assert_eq!(slow.await.unwrap(), 200);
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn infinitys_stats_count_the_queue_while_the_model_is_busy() {
+    let args = ServerArgs {
+        max_concurrent_requests: 1,
+        max_waiting: 4,
+        ..test_args()
+    };
+    let s = Server::start(args).await;
+    let send = |text: &'static str| {
+        let url = s.url("/embed");
+        tokio::spawn(async move {
+            let r = client()
+                .post(url)
+                .json(&json!({ "inputs": text }))
+                .send()
+                .await
+                .unwrap();
+            r.status()
+        })
+    };
+    let slow = send("slow one");
+    s.wait_in_flight(1).await;
+    let waiting = [send("waits 1"), send("waits 2"), send("waits 3")];
+    let mut stats = Value::Null;
+    for _ in 0..200 {
+        let v: Value = client()
+            .get(s.url("/v1/models"))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        stats = v["data"][0]["stats"].clone();
+        if stats["queue_absolute"] == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Three of the lane's four waiting places taken; the slow one in the model.
+    assert_eq!(
+        stats,
+        json!({ "queue_absolute": 3, "results_pending": 1, "queue_fraction": 0.75, "batch_size": 64 })
+    );
+    assert_eq!(slow.await.unwrap(), 200);
+    for w in waiting {
+        assert_eq!(w.await.unwrap(), 200);
+    }
     s.stop().await.unwrap();
 }
 

@@ -4,7 +4,7 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::Json;
 use base64::Engine as _;
-use mlx_embed_core::{EmbedInput, EmbedOptions, ModelKind, Priority, Prompt};
+use mlx_embed_core::{EmbedInput, EmbedOptions, MetricsSnapshot, ModelKind, Priority, Prompt};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -683,6 +683,10 @@ pub struct OpenAiModelStats {
     pub queue_absolute: u64,
     /// Inputs admitted and not yet answered (queued for or in the model).
     pub results_pending: u64,
+    /// How full the fullest lane's waiting room is (its inputs waiting for
+    /// admission over `--max-waiting`, at most 1): at 1 that lane's next
+    /// callers are refused with 429, as Infinity's full queue refuses them.
+    pub queue_fraction: f64,
     /// Most inputs in one model call (`--max-batch-size`).
     pub batch_size: usize,
 }
@@ -735,6 +739,15 @@ pub async fn model(
     Ok(Json(model_object(&state, served)))
 }
 
+fn queue_fraction(queue: &MetricsSnapshot, max_waiting: usize) -> f64 {
+    let fullest = queue.lanes.iter().map(|l| l.waiting_inputs).max().unwrap_or(0);
+    match max_waiting {
+        // No waiting room: any wait is a full one.
+        0 => f64::from(u8::from(fullest > 0)),
+        room => (fullest as f64 / room as f64).min(1.0),
+    }
+}
+
 fn model_object(state: &AppState, model: &ServedModel) -> OpenAiModel {
     let queue = model.batcher.metrics();
     let capabilities: &[&str] = match model.info().kind {
@@ -750,6 +763,7 @@ fn model_object(state: &AppState, model: &ServedModel) -> OpenAiModel {
         stats: OpenAiModelStats {
             queue_absolute: queue.waiting_inputs + queue.queued_inputs,
             results_pending: queue.in_flight_inputs,
+            queue_fraction: queue_fraction(&queue, model.batcher.config().max_waiting),
             batch_size: model.batcher.config().max_batch_size,
         },
         capabilities: capabilities.iter().map(|&c| c.to_owned()).collect(),

@@ -740,7 +740,12 @@ pub async fn model(
 }
 
 fn queue_fraction(queue: &MetricsSnapshot, max_waiting: usize) -> f64 {
-    let fullest = queue.lanes.iter().map(|l| l.waiting_inputs).max().unwrap_or(0);
+    let fullest = queue
+        .lanes
+        .iter()
+        .map(|l| l.waiting_inputs)
+        .max()
+        .unwrap_or(0);
     match max_waiting {
         // No waiting room: any wait is a full one.
         0 => f64::from(u8::from(fullest > 0)),

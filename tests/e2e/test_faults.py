@@ -228,3 +228,34 @@ def test_drain_timeout_answers_what_still_waits_with_503(tmp_path):
     log = re.sub(r"\x1b\[[0-9;]*m", "", server.log())
     assert "drain timeout: connections still open; requests still waiting for a model or a body are answered 503" in log
     assert "connections still open after the drain timeout are dropped" not in log
+
+
+def test_a_second_signal_drops_open_connections_and_exits_1(tmp_path):
+    """SIGTERM, then SIGTERM again while the model holds a request: the server
+    stops waiting at once, drops the held request's connection unanswered, and
+    says so in its log and its exit code (1, where a finished drain exits 0)."""
+    server, release = start_held_server(tmp_path, "--no-warmup", "--no-cache", "--drain-timeout-secs", "30")
+    port = port_of(server)
+
+    async def scenario():
+        blocker = await occupy_model(server, port)
+        server.proc.send_signal(signal.SIGTERM)
+        await asyncio.sleep(0.5)
+        assert not blocker.done(), "the held request cannot be answered before the second signal"
+        signalled = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        with pytest.raises((asyncio.IncompleteReadError, ConnectionError)):
+            await asyncio.wait_for(blocker, timeout=10)
+        return signalled
+
+    try:
+        signalled = asyncio.run(scenario())
+        code = server.proc.wait(timeout=20)
+    finally:
+        release.touch()
+    exited = time.monotonic() - signalled
+    assert code == 1 and exited < 5, (code, exited)
+    log = re.sub(r"\x1b\[[0-9;]*m", "", server.log())
+    assert ("stopped before every open connection was done (second signal: not waiting for open "
+            "connections): their requests got no answer") in log
+    assert "shut down\n" not in log

@@ -51,6 +51,10 @@ pub enum ServerError {
     },
     #[error("cannot install signal handlers: {0}")]
     Signal(#[source] std::io::Error),
+    /// The drain ended with connections still open, which were dropped: a
+    /// second signal, or connections that outlasted the drain timeout.
+    #[error("stopped before every open connection was done ({0}): their requests got no answer")]
+    Forced(&'static str),
 }
 
 /// What went wrong, independent of the API shape it is reported in.

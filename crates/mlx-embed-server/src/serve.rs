@@ -24,7 +24,9 @@ use crate::state::AppState;
 /// accepted, accepted requests are answered, the batcher is closed and drained,
 /// all within `--drain-timeout-secs` (requests still waiting for a model then
 /// are answered 503; a second signal stops waiting). Returns
-/// `Ok(())` after a shutdown.
+/// `Ok(())` after a shutdown in which every connection was done, and
+/// [`ServerError::Forced`] when connections still open were dropped (a
+/// second signal, or connections that outlasted the drain timeout).
 pub async fn serve(
     args: ServerArgs,
     batcher: Batcher,
@@ -241,6 +243,10 @@ async fn run(
         "shutting down: no new connections; answering accepted requests"
     );
     let deadline = tokio::time::Instant::now() + args.drain_timeout();
+    // Why connections were dropped open, if they were: the exit then says so.
+    let mut forced = None;
+    const SECOND_SIGNAL: &str = "second signal: not waiting for open connections";
+    const OUTLASTED: &str = "connections still open after the drain timeout are dropped";
     if !connections_closed {
         tokio::select! {
             () = &mut server => {}
@@ -252,14 +258,15 @@ async fn run(
                 state.end_drain();
                 tokio::select! {
                     () = &mut server => {}
-                    _ = tokio::time::sleep(ANSWER_GRACE) => {
-                        tracing::warn!("connections still open after the drain timeout are dropped");
-                    }
-                    _ = trigger.reached(2) => tracing::warn!("second signal: not waiting for open connections"),
+                    _ = tokio::time::sleep(ANSWER_GRACE) => forced = Some(OUTLASTED),
+                    _ = trigger.reached(2) => forced = Some(SECOND_SIGNAL),
                 }
             }
-            _ = trigger.reached(2) => tracing::warn!("second signal: not waiting for open connections"),
+            _ = trigger.reached(2) => forced = Some(SECOND_SIGNAL),
         }
+    }
+    if let Some(why) = forced {
+        tracing::warn!("{why}");
     }
     batchers.iter().for_each(Batcher::close);
     let drained = async {
@@ -275,8 +282,13 @@ async fn run(
         _ = tokio::time::sleep_until(deadline) => tracing::warn!("drain timeout: batcher still busy"),
         _ = trigger.reached(2) => tracing::warn!("second signal: not waiting for the batcher"),
     }
-    tracing::info!("shut down");
-    Ok(())
+    match forced {
+        Some(why) => Err(ServerError::Forced(why)),
+        None => {
+            tracing::info!("shut down");
+            Ok(())
+        }
+    }
 }
 
 /// Serves `app` on every connection `listener` accepts until `stop`

@@ -247,8 +247,10 @@ impl ApiError {
                 }
                 Self::new(ErrorKind::InvalidRequest, message).code("invalid_json")
             }
+            // Cut at the limit with the rest unread (a chunked body declares
+            // no size): the connection cannot carry another request.
             other if other.status() == StatusCode::PAYLOAD_TOO_LARGE => {
-                Self::body_too_large(max_body_bytes)
+                Self::body_too_large(max_body_bytes).closing_connection()
             }
             other => Self::new(ErrorKind::InvalidRequest, other.body_text()),
         }
@@ -479,6 +481,14 @@ impl Api {
         };
         *response.status_mut() = status;
         response.extensions_mut().insert(reason);
+        if err.kind == ErrorKind::ClientClosed {
+            // No canonical phrase: hyper would write `499 <none>`.
+            response
+                .extensions_mut()
+                .insert(hyper::ext::ReasonPhrase::from_static(
+                    b"Client Closed Request",
+                ));
+        }
         let headers = response.headers_mut();
         if let Some(secs) = err.retry_after {
             headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));

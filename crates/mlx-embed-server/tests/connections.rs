@@ -79,12 +79,21 @@ async fn a_body_that_stalls_is_answered_408_at_the_client_timeout() {
 #[tokio::test]
 async fn a_body_cut_off_by_its_client_is_counted_as_the_client_leaving() {
     let server = Server::start(args(60)).await;
-    for _ in 0..2 {
-        let mut stream = connect(&server).await;
-        stream.write_all(STALLED_BODY).await.unwrap();
-        stream.shutdown().await.unwrap();
-        drop(stream);
-    }
+    // One closes its sending side alone and reads the answer, with the status
+    // line nginx logs for it; the other is gone.
+    let mut half_closed = connect(&server).await;
+    half_closed.write_all(STALLED_BODY).await.unwrap();
+    half_closed.shutdown().await.unwrap();
+    let (answer, closed) = read_until_closed(&mut half_closed, Duration::from_secs(10)).await;
+    assert!(closed, "{answer}");
+    assert!(
+        answer.starts_with("HTTP/1.1 499 Client Closed Request\r\n"),
+        "{answer}"
+    );
+    let mut gone = connect(&server).await;
+    gone.write_all(STALLED_BODY).await.unwrap();
+    gone.shutdown().await.unwrap();
+    drop(gone);
     let counted =
         |code: &str| format!("mlx_embed_http_requests_total{{route=\"/embed\",code=\"{code}\"}}");
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -209,6 +218,24 @@ Content-Length: 999999999\r\n\r\n",
     let (answer, _) = read_until_closed(&mut silent, Duration::from_secs(10)).await;
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     assert_within(start, 3);
+    // A chunked body (no size declared) is cut at the limit, the rest unread:
+    // its answer says the connection closes too.
+    let mut chunked = connect(&server).await;
+    let limit = test_args().max_body_bytes;
+    let chunk = vec![b' '; limit / 2 + 1];
+    let mut request = b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+Transfer-Encoding: chunked\r\n\r\n"
+        .to_vec();
+    for _ in 0..2 {
+        request.extend(format!("{:x}\r\n", chunk.len()).as_bytes());
+        request.extend(&chunk);
+        request.extend(b"\r\n");
+    }
+    request.extend(b"0\r\n\r\n");
+    chunked.write_all(&request).await.unwrap();
+    let (answer, _) = read_until_closed(&mut chunked, Duration::from_secs(10)).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("connection: close"), "{answer}");
     server.stop().await.unwrap();
 }
 

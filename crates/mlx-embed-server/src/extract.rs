@@ -256,10 +256,17 @@ impl<F: Flavor> FromRequestParts<AppState> for PriorityHeader<F> {
     type Rejection = Shaped<F>;
 
     async fn from_request_parts(parts: &mut Parts, _: &AppState) -> Result<Self, Self::Rejection> {
-        let Some(value) = parts.headers.get(PRIORITY_HEADER) else {
+        let values: Vec<_> = parts.headers.get_all(PRIORITY_HEADER).iter().collect();
+        if values.is_empty() {
             return Ok(PriorityHeader(None, PhantomData));
-        };
-        let text = String::from_utf8_lossy(value.as_bytes());
+        }
+        // Two header lines mean what one line of both values does (RFC 9110
+        // 5.3), which names two priorities: refused, not the first one taken.
+        let text = values
+            .iter()
+            .map(|v| String::from_utf8_lossy(v.as_bytes()))
+            .collect::<Vec<_>>()
+            .join(", ");
         match text.parse::<Priority>() {
             Ok(p) => Ok(PriorityHeader(Some(p), PhantomData)),
             Err(_) => Err(ApiError::invalid(format!(

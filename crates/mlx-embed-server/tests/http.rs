@@ -1462,6 +1462,25 @@ async fn priority_header_and_body_pick_the_lane_on_every_route() {
         let v: Value = r.json().await.unwrap();
         assert!(v.to_string().contains("X-Priority"), "{path}: {v}");
     }
+    // Two header lines are one of both values (RFC 9110), so two priorities:
+    // refused as the comma-joined line is, not the first one taken.
+    for (lines, shown) in [
+        (&["high", "low"][..], r#""high, low""#),
+        (&["high", "high"][..], r#""high, high""#),
+    ] {
+        let mut req = client().post(s.url("/api/v1/embed"));
+        for line in lines {
+            req = req.header("X-Priority", *line);
+        }
+        let r = req.json(&json!({"texts": ["q"]})).send().await.unwrap();
+        assert_eq!(r.status().as_u16(), 400, "{lines:?}");
+        let v: Value = r.json().await.unwrap();
+        assert_eq!(
+            v["error"]["message"],
+            format!("X-Priority must be high, normal or low, not {shown}"),
+            "{v}"
+        );
+    }
     // A body priority wins over a valid header only: a malformed one is a
     // client bug, refused whatever the body says.
     let r = client()

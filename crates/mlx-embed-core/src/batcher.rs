@@ -421,6 +421,15 @@ impl Batcher {
         }
     }
 
+    /// For a drain: from now on queued requests are finished whole, oldest
+    /// first (query-sized ones still first), instead of taking turns, so
+    /// that the most callers have their answers by a drain deadline. Taking
+    /// turns, all progress together and most are unfinished when it passes.
+    /// New work is still taken ([`Batcher::close`] stops that, and implies this).
+    pub fn finish_requests_whole(&self) {
+        self.inner.shared.finish_whole();
+    }
+
     /// Stops accepting new work (`ShuttingDown`); admitted work still completes.
     /// Callers still waiting for admission are refused with `ShuttingDown`.
     pub fn close(&self) {

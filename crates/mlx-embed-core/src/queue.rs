@@ -29,6 +29,9 @@
 //!   normal still gets more turns than low (1.5x with a limit of 2; with one
 //!   limit for both they aged together and low got as many). No lane is
 //!   passed over more than its limit in a row, whatever the lanes above it do.
+//! - **Drain.** Once a drain begins ([`Lanes::finish_whole`]) turns end: each
+//!   lane finishes its requests whole, oldest first (query-sized ones still
+//!   first), so the most callers are answered by the drain's deadline.
 //!
 //! Invariants (checked by `debug_assert!`s):
 //! - a [`FairQueue`]'s `inputs` is the sum of its entries' remaining inputs,
@@ -164,16 +167,18 @@ impl Pending {
 
     /// Moves this request's next inputs into `batch` while they fit `cap`
     /// and the token budget and its turn lasts (a turn: at most a batch of
-    /// inputs and [`Limits::turn_tokens`] tokens, at least one input).
-    fn move_into(&mut self, batch: &mut Batch, cap: usize, limits: &Limits) -> Moved {
+    /// inputs and [`Limits::turn_tokens`] tokens, at least one input; no
+    /// end when `whole`).
+    fn move_into(&mut self, batch: &mut Batch, cap: usize, limits: &Limits, whole: bool) -> Moved {
         let mut moved = Moved {
             inputs: 0,
             tokens: 0,
             turn_over: false,
         };
         while let Some(next) = self.inputs.as_slice().first() {
-            if self.turn_used >= limits.max_batch_size
-                || (self.turn_used > 0 && self.turn_tokens + next.len() > limits.turn_tokens())
+            if !whole
+                && (self.turn_used >= limits.max_batch_size
+                    || (self.turn_used > 0 && self.turn_tokens + next.len() > limits.turn_tokens()))
             {
                 moved.turn_over = true;
                 break;
@@ -315,6 +320,9 @@ pub(crate) struct FairQueue {
     /// The last fill moved query-sized requests ahead and a longer request
     /// got nothing: the next one starts with that request's turn.
     turn_owed: bool,
+    /// Requests are finished whole, oldest first (query-sized ones still
+    /// first), instead of in turns: set for a drain ([`Lanes::finish_whole`]).
+    whole: bool,
 }
 
 impl FairQueue {
@@ -326,6 +334,7 @@ impl FairQueue {
             inputs: 0,
             tokens: 0,
             turn_owed: false,
+            whole: false,
         }
     }
 
@@ -390,7 +399,7 @@ impl FairQueue {
     /// because the batch filled keeps its place. Requests whose callers left
     /// are dropped on the way, uncomputed.
     pub fn fill(&mut self, batch: &mut Batch, cap: usize, recorder: &Recorder) -> usize {
-        let queries = if std::mem::take(&mut self.turn_owed) {
+        let queries = if std::mem::take(&mut self.turn_owed) && !self.whole {
             // The longer request passed over last time takes its turn first.
             if let Some(at) = self.entries.iter().position(|p| !p.query_sized) {
                 let owed = self.entries.remove(at).expect("found above");
@@ -435,7 +444,7 @@ impl FairQueue {
             if !batch.takes(&entry.req) || (!limits.batching && !batch.is_empty()) {
                 break;
             }
-            let step = entry.move_into(batch, cap, &limits);
+            let step = entry.move_into(batch, cap, &limits, false);
             let done = entry.remaining() == 0;
             self.count_moved(&step, recorder);
             moved += step.inputs;
@@ -457,7 +466,7 @@ impl FairQueue {
         cap: usize,
         recorder: &Recorder,
     ) -> (usize, usize) {
-        let limits = self.limits;
+        let (limits, whole) = (self.limits, self.whole);
         let (mut moved, mut longer) = (0, 0);
         while let Some(front) = self.entries.front_mut() {
             if front.req.abandoned() {
@@ -480,7 +489,7 @@ impl FairQueue {
             {
                 break;
             }
-            let step = front.move_into(batch, cap, &limits);
+            let step = front.move_into(batch, cap, &limits, whole);
             let (remaining, query_sized) = (front.remaining(), front.query_sized);
             self.count_moved(&step, recorder);
             moved += step.inputs;
@@ -547,6 +556,18 @@ impl Lanes {
     /// Whether `priority`'s lane holds any request.
     pub fn has_waiting(&self, priority: Priority) -> bool {
         !self.lanes[priority.index()].is_empty()
+    }
+
+    /// From now on every lane finishes its requests whole, oldest first
+    /// (query-sized ones still first), instead of in turns. For a drain with
+    /// a deadline: in turns every request progresses together and most are
+    /// unfinished when it passes (48 calls of 16 texts, 2 s drain: 1 of 48
+    /// answered); whole, the oldest are answered and the rest never computed.
+    pub fn finish_whole(&mut self) {
+        for lane in &mut self.lanes {
+            lane.whole = true;
+            lane.turn_owed = false;
+        }
     }
 
     /// Drops what is queued of `req` (see [`FairQueue::withdraw`]).
@@ -1003,7 +1024,8 @@ mod tests {
         // Requests of random sizes, lengths, lanes and kinds arrive between
         // cuts under random limits; whatever the lanes' order, every input is
         // batched exactly once, each request's in order, every batch within
-        // its budgets and of one kind, and every cut makes progress.
+        // its budgets and of one kind, and every cut makes progress. In a
+        // third of the runs a drain begins part way (requests finished whole).
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         for _ in 0..300 {
             let max_batch_size = 1 + rng.below(8);
@@ -1020,7 +1042,11 @@ mod tests {
             let mut next_index: Vec<usize> = Vec::new();
             let mut cuts = 0;
             let arrivals = 1 + rng.below(24);
+            let drain_at = (rng.below(3) == 0).then(|| rng.below(arrivals + 1));
             while sent.len() < arrivals || !lanes.is_empty() {
+                if drain_at == Some(sent.len()) {
+                    lanes.finish_whole();
+                }
                 if sent.len() < arrivals && (lanes.is_empty() || rng.below(3) == 0) {
                     let n = 1 + rng.below(20);
                     let priority = Priority::ALL[rng.below(3)];

@@ -398,9 +398,16 @@ impl Shared {
         st.returning_until = Some(now + window);
     }
 
+    /// The lanes finish requests whole from now on ([`crate::queue::Lanes::finish_whole`]).
+    pub fn finish_whole(&self) {
+        self.state().lanes.finish_whole();
+    }
+
     /// `Open` -> `Closed`: refuse new callers and those waiting for admission.
+    /// What is queued is finished whole, oldest first.
     pub fn close(&self) {
         let mut st = self.state();
+        st.lanes.finish_whole();
         if st.phase == Phase::Open {
             st.phase = Phase::Closed;
             tracing::info!("batcher closed to new work");

@@ -322,3 +322,55 @@ fn embed_futures_are_send_and_batcher_is_shareable() {
     assert_answer(&["x".into()], &got);
     let _ = Arc::new(batcher);
 }
+
+/// Three requests of three batches each, queued behind a held model: taking
+/// turns they interleave batch by batch (each finishes in the last three
+/// batches); for a drain they are finished one after another, oldest first.
+#[tokio::test(flavor = "current_thread")]
+async fn a_drain_finishes_queued_requests_whole_oldest_first() {
+    for drain in [false, true] {
+        let config = BatcherConfig {
+            max_batch_size: 2,
+            max_priority_batch_size: 1,
+            cache_bytes: 0,
+            ..BatcherConfig::default()
+        };
+        let gate = Gate::closed();
+        let (batcher, record) = start(config, Duration::ZERO, Some(gate.clone()));
+        let holder = occupy_model(&batcher, &record, "holder").await;
+        let mut calls = Vec::new();
+        for name in ["a", "b", "c"] {
+            let texts: Vec<String> = (0..6).map(|i| format!("{name}{i}")).collect();
+            let b = batcher.clone();
+            let queued = batcher.metrics().in_flight_inputs;
+            calls.push(tokio::spawn(async move {
+                let got = b
+                    .embed(owned_texts(&texts), EmbedOptions::default())
+                    .await
+                    .unwrap();
+                assert_answer(&texts, &got);
+            }));
+            eventually("queued in arrival order", || {
+                batcher.metrics().in_flight_inputs == queued + 6
+            })
+            .await;
+        }
+        if drain {
+            batcher.finish_requests_whole();
+        }
+        gate.open();
+        timeout(LIMIT, holder).await.unwrap().unwrap().unwrap();
+        for c in calls {
+            timeout(LIMIT, c).await.unwrap().unwrap();
+        }
+        let owners: String = record.batches()[1..]
+            .iter()
+            .map(|b| {
+                assert!(b.iter().all(|t| t[..1] == b[0][..1]), "{b:?}");
+                &b[0][..1]
+            })
+            .collect();
+        let want = if drain { "aaabbbccc" } else { "abcabcabc" };
+        assert_eq!(owners, want, "drain: {drain}");
+    }
+}

@@ -108,9 +108,15 @@ impl AppState {
         &self.0.http
     }
 
-    /// Marks the server as draining: `/health` answers 503 from now on.
+    /// Marks the server as draining: `/health` answers 503 from now on, and
+    /// each model finishes its queued requests whole, oldest first, so the
+    /// most are answered by the drain timeout ([`Batcher::finish_requests_whole`]).
     pub fn begin_shutdown(&self) {
-        self.0.shutting_down.store(true, Ordering::SeqCst);
+        if !self.0.shutting_down.swap(true, Ordering::SeqCst) {
+            for model in self.models() {
+                model.batcher.finish_requests_whole();
+            }
+        }
     }
     /// The drain timeout has passed: every request still waiting for a
     /// model is answered now as shutting down (503) and its inputs are left

@@ -3,6 +3,8 @@
 use std::fmt::Write as _;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -291,9 +293,18 @@ async fn run(
     }
 }
 
+/// After a shutdown begins, how long a connection with no request in
+/// progress is kept before it is closed: one that was sending a request's
+/// headers has this long to finish them. hyper closes an idle connection at
+/// once, but one with part of a request's headers only when they end or at
+/// `--client-timeout-secs`, so one such connection held the drain to its
+/// timeout and made the exit a forced one.
+const HEADERS_GRACE: Duration = Duration::from_secs(1);
+
 /// Serves `app` on every connection `listener` accepts until `stop`
 /// completes, then closes the listener and waits for the open connections to
-/// finish their requests (idle ones close at once). Each connection gets
+/// finish their requests (idle ones close at once, and ones with no request
+/// in progress after [`HEADERS_GRACE`]: part of a request's headers). Each connection gets
 /// `client_timeout` to send a request's headers, counted from when it
 /// connects or its last response was sent: a client that stalls, or keeps an
 /// idle connection open, is dropped rather than held forever (bodies have
@@ -308,6 +319,7 @@ async fn serve_connections(
     http.timer(TokioTimer::new())
         .header_read_timeout(client_timeout);
     let graceful = GracefulShutdown::new();
+    let (stopped_tx, stopped) = tokio::sync::watch::channel(false);
     let mut stop = std::pin::pin!(stop);
     loop {
         let (stream, _peer) = tokio::select! {
@@ -322,17 +334,110 @@ async fn serve_connections(
         };
         // Answers are small and written whole: do not hold them back for more.
         let _ = stream.set_nodelay(true);
+        let tracked = Tracked::new(app.clone());
+        let busy = tracked.busy.clone();
         let connection =
-            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(tracked));
         let connection = graceful.watch(connection);
+        let mut stopped = stopped.clone();
         tokio::spawn(async move {
-            if let Err(err) = connection.await {
-                tracing::debug!("connection ended: {err}");
+            tokio::select! {
+                ended = connection => {
+                    if let Err(err) = ended {
+                        tracing::debug!("connection ended: {err}");
+                    }
+                }
+                () = unused_after_stop(&mut stopped, &busy) => {
+                    tracing::debug!("closed a connection with no request in progress at shutdown");
+                }
             }
         });
     }
     drop(listener);
+    let _ = stopped_tx.send(true);
     graceful.shutdown().await;
+}
+
+/// Completes once the server is stopping and, after [`HEADERS_GRACE`], the
+/// connection has no request in progress.
+async fn unused_after_stop(stopped: &mut tokio::sync::watch::Receiver<bool>, busy: &AtomicUsize) {
+    if stopped.wait_for(|&s| s).await.is_err() {
+        return std::future::pending().await;
+    }
+    tokio::time::sleep(HEADERS_GRACE).await;
+    while busy.load(Ordering::Acquire) > 0 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `app` for one connection, counting its requests in progress: from the
+/// moment their headers are in until their answers' bodies are written (or
+/// dropped), so a connection whose answer is still being sent counts too.
+#[derive(Clone)]
+struct Tracked {
+    app: Router,
+    busy: Arc<AtomicUsize>,
+}
+
+impl Tracked {
+    fn new(app: Router) -> Self {
+        Self {
+            app,
+            busy: Arc::default(),
+        }
+    }
+}
+
+/// One request in progress on its connection; dropped with its answer's body.
+struct InProgress(Arc<AtomicUsize>);
+
+impl InProgress {
+    fn new(busy: &Arc<AtomicUsize>) -> Self {
+        busy.fetch_add(1, Ordering::AcqRel);
+        Self(busy.clone())
+    }
+}
+
+impl Drop for InProgress {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl<B> tower_service::Service<axum::http::Request<B>> for Tracked
+where
+    Router: tower_service::Service<
+        axum::http::Request<B>,
+        Response = axum::response::Response,
+        Error = std::convert::Infallible,
+    >,
+    <Router as tower_service::Service<axum::http::Request<B>>>::Future: Send + 'static,
+{
+    type Response = axum::response::Response;
+    type Error = std::convert::Infallible;
+    type Future = futures_util::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        tower_service::Service::<axum::http::Request<B>>::poll_ready(&mut self.app, cx)
+    }
+
+    fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
+        use http_body_util::BodyExt;
+        let in_progress = InProgress::new(&self.busy);
+        let answer = self.app.call(request);
+        Box::pin(async move {
+            let response = answer.await?;
+            Ok(response.map(|body| {
+                axum::body::Body::new(body.map_frame(move |frame| {
+                    let _ = &in_progress;
+                    frame
+                }))
+            }))
+        })
+    }
 }
 
 /// A failed `accept`: one client's connection that went away before it was

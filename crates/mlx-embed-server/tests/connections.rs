@@ -265,6 +265,60 @@ async fn a_stalled_body_does_not_hold_the_drain_past_its_timeout() {
     assert!(stopped < Duration::from_secs(3), "{stopped:?}");
 }
 
+/// Part of a request's headers is no request in progress: at shutdown the
+/// connection is closed after a second's grace, not held to the drain
+/// timeout (and the stop is a clean one), while a request whose answer is
+/// still being computed on another connection after that second is answered.
+#[tokio::test]
+async fn partial_headers_do_not_hold_the_drain() {
+    let server = Server::start(ServerArgs {
+        drain_timeout_secs: 10,
+        // Three batches of 0.6 s each for the slow request.
+        max_batch_size: Some(1),
+        ..args(60)
+    })
+    .await;
+    let mut partial = connect(&server).await;
+    partial
+        .write_all(b"POST /embed HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let slow_url = server.url("/embed");
+    let slow = tokio::spawn(async move {
+        let r = client()
+            .post(slow_url)
+            .json(&serde_json::json!({ "inputs": ["slow 1", "slow 2", "slow 3"] }))
+            .send()
+            .await
+            .unwrap();
+        (r.status().as_u16(), r.text().await.unwrap())
+    });
+    server.wait_in_flight(1).await;
+    let start = Instant::now();
+    let closed = tokio::spawn(async move {
+        let (got, closed) = read_until_closed(&mut partial, Duration::from_secs(15)).await;
+        (got, closed, start.elapsed())
+    });
+    server
+        .stop()
+        .await
+        .expect("a clean stop: no connection dropped open");
+    let stopped = start.elapsed();
+    let (got, closed, closed_after) = closed.await.unwrap();
+    assert!(closed && got.is_empty(), "{got:?}");
+    assert!(
+        closed_after >= Duration::from_millis(900) && closed_after < Duration::from_secs(3),
+        "{closed_after:?}"
+    );
+    assert!(stopped < Duration::from_secs(4), "{stopped:?}");
+    let (status, body) = slow.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        stopped >= Duration::from_millis(1500),
+        "the slow request was waited for: {stopped:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_handler_that_panics_answers_500_in_its_routes_shape_and_the_server_goes_on() {
     use axum::middleware::from_fn_with_state;

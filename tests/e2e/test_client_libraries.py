@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 from collections import defaultdict
 
 import numpy as np
@@ -27,7 +29,9 @@ from infinity_client.models import (
     ReRankResult,
 )
 
+import requests
 from harness import FIXTURES, NOMIC, cosine_rows, start_server
+from test_overload import HOLD, metrics, start_held_server
 
 RERANKER = FIXTURES / "tiny-bert-reranker"
 CLASSIFIER = FIXTURES / "tiny-bert-classifier"
@@ -151,6 +155,30 @@ def test_voyage_client_embeds_with_its_roles_dimensions_and_dtypes(duo):
     assert refused.value.http_status == 400
     assert re.fullmatch(r"input 0 has \d+ tokens, more than the model's maximum of \d+; "
                         r"shorten it or set truncation to true", str(refused.value)), refused.value
+
+
+def test_voyage_client_reads_a_429_as_its_rate_limit_error(tmp_path):
+    """The error a retrying client must tell apart: with the model held and no
+    room left, Voyage's client raises its RateLimitError (which it retries
+    with backoff when max_retries allows), not an untyped APIError."""
+    server, release = start_held_server(tmp_path, "--no-warmup", "--no-cache", "--max-concurrent-requests", "1",
+                                        "--max-waiting", "0")
+    try:
+        held = threading.Thread(target=requests.post, args=(server.url + "/api/v1/embed",),
+                                kwargs={"json": {"texts": [f"{HOLD} the model"]}, "timeout": 60})
+        held.start()
+        deadline = time.monotonic() + 30
+        while metrics(server)["mlx_embed_in_flight_inputs"] != 1:
+            assert time.monotonic() < deadline, "the held call was never admitted"
+            time.sleep(0.02)
+        with pytest.raises(voyageai.error.RateLimitError) as refused:
+            voyage(server).embed(["one more"], model="voyage-3.5")
+        assert refused.value.http_status == 429
+        assert str(refused.value).startswith("server is overloaded: "), refused.value
+    finally:
+        release.touch()
+    held.join(timeout=60)
+    assert server.stop() == 0, server.log()[-4000:]
 
 
 def test_voyage_client_reranks(duo):

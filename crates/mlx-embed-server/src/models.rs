@@ -186,7 +186,10 @@ pub enum Task {
     /// model's cosine. Unnamed, the first reranker answers, else the first
     /// embedding model.
     Score,
-    /// Label scores (`/predict`): classifiers and rerankers.
+    /// Label scores (`/predict`, `/classify`): classifiers and rerankers.
+    /// Unnamed, the first classifier answers, else the first reranker: a
+    /// caller of a classification route wants a classifier's labels, not a
+    /// reranker's one relevance label.
     Predict,
     /// Tokenization only (`/tokenize`, `/decode`): any model.
     Tokenize,
@@ -207,11 +210,13 @@ impl Task {
         }
     }
 
-    /// The narrower task whose models go first when a request names none.
-    fn preferred(self) -> Option<Task> {
+    /// Whether `info`'s model goes before the others able to do this task
+    /// when a request names none.
+    fn prefers(self, info: &ModelInfo) -> bool {
         match self {
-            Task::Score => Some(Task::Rerank),
-            _ => None,
+            Task::Score => matches!(info.kind, ModelKind::Reranker { .. }),
+            Task::Predict => matches!(info.kind, ModelKind::Classifier { .. }),
+            _ => false,
         }
     }
 
@@ -291,9 +296,9 @@ pub fn resolve<'a>(
             }
             Ok(model)
         }
-        None => task
-            .preferred()
-            .and_then(|first| models.iter().find(|m| first.accepts(m.info())))
+        None => models
+            .iter()
+            .find(|m| task.prefers(m.info()))
             .or_else(|| models.iter().find(|m| task.accepts(m.info())))
             .ok_or_else(|| {
                 let kinds: Vec<String> = models
@@ -550,6 +555,38 @@ mod tests {
         assert_eq!(resolve(&models, None, Task::Embed).unwrap().name, "emb");
         assert_eq!(resolve(&models, Some(""), Task::Rerank).unwrap().name, "rr");
         assert_eq!(resolve(&models, None, Task::Predict).unwrap().name, "rr");
+        // A classifier served after the reranker still answers the
+        // classification routes when the request names no model.
+        let with_classifier = vec![
+            served("emb", ModelKind::Embedding),
+            served(
+                "rr",
+                ModelKind::Reranker {
+                    labels: vec!["LABEL_0".into()],
+                },
+            ),
+            served(
+                "cls",
+                ModelKind::Classifier {
+                    labels: vec!["neg".into(), "pos".into()],
+                    multi_label: false,
+                },
+            ),
+        ];
+        assert_eq!(
+            resolve(&with_classifier, None, Task::Predict).unwrap().name,
+            "cls"
+        );
+        assert_eq!(
+            resolve(&with_classifier, None, Task::Score).unwrap().name,
+            "rr"
+        );
+        assert_eq!(
+            resolve(&with_classifier, Some("rr"), Task::Predict)
+                .unwrap()
+                .name,
+            "rr"
+        );
         assert_eq!(
             resolve(&models, Some("rr"), Task::Tokenize).unwrap().name,
             "rr"

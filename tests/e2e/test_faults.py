@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import signal
 import socket
@@ -228,6 +229,38 @@ def test_drain_timeout_answers_what_still_waits_with_503(tmp_path):
     log = re.sub(r"\x1b\[[0-9;]*m", "", server.log())
     assert "drain timeout: connections still open; requests still waiting for a model or a body are answered 503" in log
     assert "connections still open after the drain timeout are dropped" not in log
+
+
+def test_an_answer_a_slow_client_is_still_reading_is_not_cut_at_shutdown(tmp_path):
+    """At shutdown a connection with no request in progress is closed after a
+    second, but one whose answer (8 MB here) still waits in the socket for a
+    client that reads slowly is kept: the client reads it whole, and the stop
+    is a clean one."""
+    server = start_server(tmp_path, "--no-warmup", "--no-cache")
+    port = port_of(server)
+    n = 2048
+    body = json.dumps({"texts": [f"slow reader {i}" for i in range(n)]}).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((HOST, port))
+    sock.sendall(b"POST /api/v1/embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    # Computed and being written (the socket is full, nothing read yet).
+    deadline = time.monotonic() + 120
+    while metrics(server)['mlx_embed_batcher_requests_total{outcome="ok"}'] < 1:
+        assert time.monotonic() < deadline, "the request was never answered"
+        time.sleep(0.05)
+    server.proc.send_signal(signal.SIGTERM)
+    time.sleep(2.5)  # past the second a connection with nothing in progress gets
+    sock.settimeout(30)
+    answer = bytearray()
+    while chunk := sock.recv(1 << 20):
+        answer += chunk
+    sock.close()
+    head, _, payload = bytes(answer).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), head[:200]
+    assert len(json.loads(payload)["embeddings"]) == n
+    assert server.proc.wait(timeout=30) == 0, server.log()[-3000:]
 
 
 def test_a_second_signal_drops_open_connections_and_exits_1(tmp_path):

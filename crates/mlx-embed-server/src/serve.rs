@@ -3,8 +3,10 @@
 use std::fmt::Write as _;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -13,6 +15,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use mlx_embed_core::{Batcher, CoreError, EmbedInput, EmbedOptions, ModelKind};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 
 use crate::config::ServerArgs;
@@ -336,6 +339,8 @@ async fn serve_connections(
         let _ = stream.set_nodelay(true);
         let tracked = Tracked::new(app.clone());
         let busy = tracked.busy.clone();
+        let stream = WriteWatched::new(stream);
+        let blocked = stream.blocked.clone();
         let connection =
             http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(tracked));
         let connection = graceful.watch(connection);
@@ -347,7 +352,7 @@ async fn serve_connections(
                         tracing::debug!("connection ended: {err}");
                     }
                 }
-                () = unused_after_stop(&mut stopped, &busy) => {
+                () = unused_after_stop(&mut stopped, &busy, &blocked) => {
                     tracing::debug!("closed a connection with no request in progress at shutdown");
                 }
             }
@@ -359,14 +364,84 @@ async fn serve_connections(
 }
 
 /// Completes once the server is stopping and, after [`HEADERS_GRACE`], the
-/// connection has no request in progress.
-async fn unused_after_stop(stopped: &mut tokio::sync::watch::Receiver<bool>, busy: &AtomicUsize) {
+/// connection has no request in progress and nothing waiting to be written
+/// (an answer whose body hyper has taken may still sit in its buffer while a
+/// slow client reads).
+async fn unused_after_stop(
+    stopped: &mut tokio::sync::watch::Receiver<bool>,
+    busy: &AtomicUsize,
+    blocked: &AtomicBool,
+) {
     if stopped.wait_for(|&s| s).await.is_err() {
         return std::future::pending().await;
     }
     tokio::time::sleep(HEADERS_GRACE).await;
-    while busy.load(Ordering::Acquire) > 0 {
+    while busy.load(Ordering::Acquire) > 0 || blocked.load(Ordering::Acquire) {
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A connection's socket that records whether its last write or flush is
+/// waiting for the client to read.
+struct WriteWatched {
+    stream: tokio::net::TcpStream,
+    blocked: Arc<AtomicBool>,
+}
+
+impl WriteWatched {
+    fn new(stream: tokio::net::TcpStream) -> Self {
+        Self {
+            stream,
+            blocked: Arc::default(),
+        }
+    }
+
+    fn note<T>(&self, poll: Poll<T>) -> Poll<T> {
+        self.blocked.store(poll.is_pending(), Ordering::Release);
+        poll
+    }
+}
+
+impl AsyncRead for WriteWatched {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for WriteWatched {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.stream).poll_write(cx, buf);
+        self.note(poll)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let poll = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
+        self.note(poll)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.stream.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        let poll = Pin::new(&mut self.stream).poll_flush(cx);
+        self.note(poll)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.stream).poll_shutdown(cx)
     }
 }
 
@@ -417,10 +492,7 @@ where
     type Error = std::convert::Infallible;
     type Future = futures_util::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
 
-    fn poll_ready(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         tower_service::Service::<axum::http::Request<B>>::poll_ready(&mut self.app, cx)
     }
 

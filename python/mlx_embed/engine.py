@@ -34,7 +34,7 @@ from .pairs import template_spec
 from .scheduler import OUTPUTS, Scheduler
 from .scoring import ScoringMixin
 from .spec import EmbedResult, ModelSpec, TokenizerSpec
-from .tokenization import TextTokenizer, check_direction, resolve_prompt
+from .tokenization import TextTokenizer, check_direction, resolve_prompt, with_prompt
 
 log = logging.getLogger("mlx_embed")
 
@@ -444,9 +444,10 @@ class EmbeddingModel(ScoringMixin):
             limit = min(limit, cut)
             self.tokenizer.content_room(limit)
         prefix = self._prompt(prompt_name, prompt, instruction)
+        default = prompt_name is None and prompt is None and instruction is None
         try:
             contents = self.tokenizer.encode_contents(
-                [prefix + t for t in texts] if prefix else texts,
+                [with_prompt(prefix, t, self.prompts if default else None) for t in texts] if prefix else texts,
                 truncate=truncate, direction=truncation_direction,
             )
         except TypeError:

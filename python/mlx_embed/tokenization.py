@@ -211,6 +211,17 @@ def check_direction(direction: str) -> str:
     return direction
 
 
+def with_prompt(prefix: str, text: str, default_of: Optional[Mapping[str, str]] = None) -> str:
+    """``text`` under ``prefix``. When ``prefix`` is the model's default prompt
+    (``default_of``: the model's prompts), a text that already begins with one
+    of them keeps no other: a client that writes ``search_query: `` itself
+    would otherwise get ``search_document: search_query: ...`` (the server's
+    tokenizer follows the same rule)."""
+    if default_of and any(p and text.startswith(p) for p in default_of.values()):
+        return text
+    return prefix + text
+
+
 def resolve_prompt(
     *,
     prompt_name: Optional[str],

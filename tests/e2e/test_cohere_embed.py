@@ -90,6 +90,24 @@ def test_input_type_picks_the_models_prompt(nomic, golden):
     assert cosine_rows(np.asarray(v1.embeddings, dtype=np.float32), ref).min() >= 0.99999
 
 
+def test_a_text_prefixed_by_its_client_gets_no_default_prompt_on_any_route(nomic, golden):
+    """Ollama's users of nomic-embed-text (and frameworks' query_instruction)
+    write `search_query: ` themselves: every route embeds that text as the
+    query, not as `search_document: search_query: ...`."""
+    texts, _, keep = non_empty_golden(golden, 4)
+    queries = ["search_query: " + t for t in texts]
+    ref = np.load(NOMIC / "reference_query_normalized.npy")[keep]
+    answers = {
+        "/api/embed": nomic.post("/api/embed", {"model": "tiny-nomic-bert", "input": queries}).json()["embeddings"],
+        "/v1/embeddings": [d["embedding"] for d in nomic.post(
+            "/v1/embeddings", {"model": "tiny-nomic-bert", "input": queries}).json()["data"]],
+        "/embed": nomic.post("/embed", {"inputs": queries}).json(),
+        "/api/v1/embed": nomic.post("/api/v1/embed", {"texts": queries}).json()["embeddings"],
+    }
+    for route, got in answers.items():
+        assert cosine_rows(np.asarray(got, dtype=np.float32), ref).min() >= 0.99999, route
+
+
 MISTRAL = FIXTURES / "tiny-mistral"
 # The instruction that makes tiny-mistral's own query prompt in its template.
 TASK = "Given a web search query, retrieve relevant passages that answer the query"

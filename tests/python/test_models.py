@@ -260,6 +260,14 @@ def test_default_prompt_applies_unless_overridden(golden_texts):
     a = model.embed(golden_texts[:5])
     b = model.embed(["search_document: " + t for t in golden_texts[:5]], prompt="")
     assert np.array_equal(a, b)
+    # A text the caller prefixed with one of the prompts (as nomic's users do
+    # on Ollama) gets no default prompt before it: one prefix, not two.
+    queries = ["search_query: " + t for t in golden_texts[:5]]
+    assert_parity(model.embed(queries), _ref("tiny-nomic-bert", "reference_query_normalized.npy")[:5])
+    assert np.array_equal(model.embed(queries), model.embed(golden_texts[:5], prompt_name="query"))
+    # A prompt asked for is always prepended, even before another.
+    assert np.array_equal(model.embed(queries, prompt_name="document"),
+                          model.embed(["search_document: " + q for q in queries], prompt=""))
 
 
 def test_roberta_model_type_is_the_same_network(golden_texts, tmp_path):

@@ -56,6 +56,11 @@ fn texts() -> Vec<String> {
         // Lower-casing where Unicode's mapping is not one letter for one:
         // final sigma, dotted capital I, the titlecase digraph, sharp s.
         "ΟΔΟΣ ΣΟΦΟΣ İstanbul ǅungla STRASSE Maß",
+        // Texts that begin with a model's prompt keep no default prompt
+        // (nomic's `search_query: `, e5's `query: `).
+        "search_query: where do rivers flow",
+        "search_document: rivers flow into the sea",
+        "query: rivers",
     ];
     let long_words = "word ".repeat(600);
     let long_mixed = (0..400)

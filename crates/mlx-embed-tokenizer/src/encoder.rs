@@ -130,8 +130,21 @@ impl HfTokenizer {
         &self.spec
     }
 
-    /// The text prepended to a text input under `prompt`.
-    fn prompt_text<'a>(&'a self, prompt: &'a Prompt) -> Result<&'a str, EmbedderError> {
+    /// The text prepended to `text` under `prompt`. The model's default
+    /// prompt is left off a text that already begins with one of its
+    /// prompts: a client that writes `search_query: ` itself (as Ollama's
+    /// users of nomic-embed-text do, and frameworks' `query_instruction`)
+    /// would otherwise get `search_document: search_query: ...`.
+    fn prompt_text<'a>(&'a self, prompt: &'a Prompt, text: &str) -> Result<&'a str, EmbedderError> {
+        if matches!(prompt, Prompt::Default)
+            && self
+                .spec
+                .prompts
+                .values()
+                .any(|p| !p.is_empty() && text.starts_with(p.as_str()))
+        {
+            return Ok("");
+        }
         match prompt {
             Prompt::Raw(text) => Ok(text),
             Prompt::Named(name) => {
@@ -385,7 +398,7 @@ impl Tokenize for HfTokenizer {
                 "this reranker scores query/document pairs, not single texts",
             )),
             EmbedInput::Text(text) => {
-                let prompt = self.prompt_text(&options.prompt)?;
+                let prompt = self.prompt_text(&options.prompt, text)?;
                 let content = match self.spec.char_limit {
                     Some(limit) if options.truncate => {
                         let full = format!("{prompt}{text}");
@@ -411,7 +424,7 @@ impl Tokenize for HfTokenizer {
         add_special_tokens: bool,
         options: &EmbedOptions,
     ) -> Result<Vec<TokenSpan>, EmbedderError> {
-        let prompt = self.prompt_text(&options.prompt)?;
+        let prompt = self.prompt_text(&options.prompt, text)?;
         let full = format!("{prompt}{text}");
         // `encode`, not `encode_fast`: the offsets are the point here.
         let encoding = self

@@ -187,6 +187,30 @@ fn prompts_are_prepended_to_the_text() {
         )
     );
 
+    // A text that already begins with one of the prompts gets no default
+    // one (a client that writes `query: ` itself); a prompt asked for by
+    // name or as raw text is always prepended.
+    assert_eq!(
+        ids(&tok, &text("passage: rivers"), &EmbedOptions::default()),
+        wrap("passage: rivers")
+    );
+    assert_eq!(
+        ids(&tok, &text("query: rivers"), &EmbedOptions::default()),
+        wrap("query: rivers")
+    );
+    assert_eq!(
+        ids(
+            &tok,
+            &text("query: rivers"),
+            &with(Prompt::Named("query".into()))
+        ),
+        wrap("query: query: rivers")
+    );
+    assert_eq!(
+        ids(&tok, &text("passage:rivers"), &EmbedOptions::default()),
+        wrap("query: passage:rivers")
+    );
+
     // No default prompt: the text as it is.
     s.default_prompt_name = None;
     let tok = tokenizer(s);

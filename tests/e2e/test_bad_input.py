@@ -90,9 +90,9 @@ def cases():
         add("two-byte-order-marks", route, b"\xef\xbb\xbf" * 2 + dumps({f: ["a"]}), 400,
             f"{PARSE}expected value", code="invalid_json", pos=True)
         add("body-over-limit", route, dumps({f: ["a" * (2 * 1024 * 1024)]}), 413,
-            "request body is larger than the limit of 2097152 bytes")
+            "request body is larger than the limit of 2097152 bytes (--max-body-bytes)")
         add("ten-mb-string", route, dumps({f: ["b" * (10 * 1024 * 1024)]}), 413,
-            "request body is larger than the limit of 2097152 bytes")
+            "request body is larger than the limit of 2097152 bytes (--max-body-bytes)")
         if route != "ollama":
             # Ollama answers no input with no embeddings (test_ollama.py).
             add("field-missing", route, dumps({"other": ["a"]}), 422, f"{SHAPE}missing field `{f}`", pos=True)

@@ -262,7 +262,7 @@ def test_body_limit_is_the_servers(cluster):
     r = requests.post(nginx.url + "/api/v1/embed", data=body(limit), headers=headers, timeout=60)
     assert r.headers.get("content-type", "").startswith("application/json"), r.text[:300]
     assert r.status_code in (200, 422), r.text[:300]  # the replica's answer, whatever it makes of "padding"
-    message = "request body is larger than the limit of 2097152 bytes"
+    message = "request body is larger than the limit of 2097152 bytes (--max-body-bytes)"
     shapes = {
         "/api/v1/embed": {"error": {"message": message, "type": "invalid_request_error", "code": 413}},
         "/v1/embeddings": {"error": {"message": message, "type": "invalid_request_error", "param": None,

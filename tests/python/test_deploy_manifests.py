@@ -172,4 +172,4 @@ def test_nginx_limits_follow_the_server(server_defaults):
     conf = NGINX_CONF.read_text()
     limit = int(server_defaults["--max-body-bytes"])
     # Four shapes; the OpenAI one words it twice (`error.message` and `detail`).
-    assert conf.count(f"request body is larger than the limit of {limit} bytes") == 5
+    assert conf.count(f"request body is larger than the limit of {limit} bytes (--max-body-bytes)") == 5

@@ -199,7 +199,7 @@ impl ApiError {
     pub fn body_too_large(max_body_bytes: usize) -> Self {
         Self::new(
             ErrorKind::TooLarge,
-            format!("request body is larger than the limit of {max_body_bytes} bytes"),
+            format!("request body is larger than the limit of {max_body_bytes} bytes (--max-body-bytes)"),
         )
     }
 

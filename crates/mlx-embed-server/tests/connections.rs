@@ -168,7 +168,8 @@ Content-Length: 999999999\r\nExpect: 100-continue\r\n\r\n",
     assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
     assert!(answer.contains("connection: close"), "{answer}");
     assert!(
-        answer.contains("request body is larger than the limit of 2097152 bytes (--max-body-bytes)"),
+        answer
+            .contains("request body is larger than the limit of 2097152 bytes (--max-body-bytes)"),
         "{answer}"
     );
     assert_within(start, 2);

@@ -10,6 +10,25 @@ use common::*;
 use mlx_embed_core::{BatcherConfig, CoreError, EmbedOptions, Embeddings};
 use tokio::time::timeout;
 
+/// Waits (bounded) for each task, checks it got exactly `text`'s vector and
+/// returns the answers.
+async fn answers_of(
+    tasks: Vec<tokio::task::JoinHandle<Result<Embeddings, CoreError>>>,
+    text: &str,
+) -> Vec<Embeddings> {
+    let mut out = Vec::new();
+    for task in tasks {
+        let got = timeout(LIMIT, task)
+            .await
+            .expect("not stranded")
+            .unwrap()
+            .unwrap();
+        assert_answer(&[text.to_owned()], &got);
+        out.push(got);
+    }
+    out
+}
+
 fn no_cache() -> BatcherConfig {
     BatcherConfig {
         cache_bytes: 0,
@@ -182,14 +201,7 @@ async fn a_follower_takes_over_when_its_leader_is_cancelled() {
     .await;
     gate.open();
     timeout(LIMIT, holder).await.unwrap().unwrap().unwrap();
-    for f in followers {
-        let got: Embeddings = timeout(LIMIT, f)
-            .await
-            .expect("not stranded")
-            .unwrap()
-            .unwrap();
-        assert_answer(&["shared".into()], &got);
-    }
+    answers_of(followers, "shared").await;
     assert_eq!(record.computed(), vec!["holder", "shared"]);
     let m = batcher.metrics();
     assert_eq!(
@@ -214,13 +226,7 @@ async fn a_vector_computed_for_a_caller_that_left_still_answers_its_followers() 
     leader.abort();
     assert!(leader.await.unwrap_err().is_cancelled());
     gate.open();
-    for f in followers {
-        let got: Embeddings = timeout(LIMIT, f)
-            .await
-            .expect("not stranded")
-            .unwrap()
-            .unwrap();
-        assert_answer(&["shared".into()], &got);
+    for got in answers_of(followers, "shared").await {
         assert_eq!(got.cache_hits, 1);
     }
     // Computed once, for the caller that left; the followers joined it.

@@ -49,8 +49,10 @@ class TokenizerSpec:
 
     The prompt: a request's raw prompt if it gives one, else the named one
     from ``prompts`` (unknown name: invalid input), else
-    ``prompts[default_prompt_name]``, else none. (A model loaded with an
-    ``instruction`` has it as its ``query`` prompt and default.)
+    ``prompts[default_prompt_name]``, else none; the default is left off a
+    text that already begins with one of ``prompts`` (a client that wrote the
+    prefix itself). (A model loaded with an ``instruction`` has it as its
+    ``query`` prompt and default.)
 
     Static embeddings (Model2Vec) add two rules: with ``char_limit`` set, a
     text (prompt included) longer than that many characters is cut to it

@@ -8,7 +8,8 @@
 //! * the content is encoded **without** special tokens and without the
 //!   truncation or padding a `tokenizer.json` may carry;
 //! * text first gets its prompt prepended: [`Prompt::Default`] is the
-//!   model's default named prompt, else nothing; [`Prompt::Named`] one of
+//!   model's default named prompt, else nothing (and nothing before a text
+//!   that already begins with one of the model's prompts); [`Prompt::Named`] one of
 //!   the model's prompts; [`Prompt::Raw`] the given text;
 //! * the content is cut to `max_length - specials` tokens, keeping the start
 //!   ([`TruncationDirection::Right`]) or the end ([`TruncationDirection::Left`]);

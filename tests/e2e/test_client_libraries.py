@@ -5,10 +5,10 @@ test_cohere_embed.py, test_ollama.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
-import time
 from collections import defaultdict
 
 import numpy as np
@@ -31,7 +31,7 @@ from infinity_client.models import (
 
 import requests
 from harness import FIXTURES, NOMIC, cosine_rows, start_server
-from test_overload import HOLD, metrics, start_held_server
+from test_overload import HOLD, start_held_server, wait_for_in_flight
 
 RERANKER = FIXTURES / "tiny-bert-reranker"
 CLASSIFIER = FIXTURES / "tiny-bert-classifier"
@@ -167,10 +167,7 @@ def test_voyage_client_reads_a_429_as_its_rate_limit_error(tmp_path):
         held = threading.Thread(target=requests.post, args=(server.url + "/api/v1/embed",),
                                 kwargs={"json": {"texts": [f"{HOLD} the model"]}, "timeout": 60})
         held.start()
-        deadline = time.monotonic() + 30
-        while metrics(server)["mlx_embed_in_flight_inputs"] != 1:
-            assert time.monotonic() < deadline, "the held call was never admitted"
-            time.sleep(0.02)
+        asyncio.run(wait_for_in_flight(server, 1))
         with pytest.raises(voyageai.error.RateLimitError) as refused:
             voyage(server).embed(["one more"], model="voyage-3.5")
         assert refused.value.http_status == 429

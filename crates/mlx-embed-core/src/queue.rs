@@ -399,7 +399,7 @@ impl FairQueue {
     /// because the batch filled keeps its place. Requests whose callers left
     /// are dropped on the way, uncomputed.
     pub fn fill(&mut self, batch: &mut Batch, cap: usize, recorder: &Recorder) -> usize {
-        let queries = if std::mem::take(&mut self.turn_owed) && !self.whole {
+        let queries = if std::mem::take(&mut self.turn_owed) {
             // The longer request passed over last time takes its turn first.
             if let Some(at) = self.entries.iter().position(|p| !p.query_sized) {
                 let owed = self.entries.remove(at).expect("found above");
@@ -410,7 +410,11 @@ impl FairQueue {
             self.fill_queries(batch, cap, recorder)
         };
         let (in_turn, longer) = self.fill_in_turn(batch, cap, recorder);
-        self.turn_owed = queries > 0 && longer == 0 && self.entries.iter().any(|p| !p.query_sized);
+        // Whole requests owe no turns: the front one is finished first anyway.
+        self.turn_owed = !self.whole
+            && queries > 0
+            && longer == 0
+            && self.entries.iter().any(|p| !p.query_sized);
         debug_assert_eq!(
             self.inputs,
             self.entries.iter().map(Pending::remaining).sum::<usize>(),

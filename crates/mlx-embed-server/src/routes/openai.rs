@@ -746,11 +746,8 @@ fn queue_fraction(queue: &MetricsSnapshot, max_waiting: usize) -> f64 {
         .map(|l| l.waiting_inputs)
         .max()
         .unwrap_or(0);
-    match max_waiting {
-        // No waiting room: any wait is a full one.
-        0 => f64::from(u8::from(fullest > 0)),
-        room => (fullest as f64 / room as f64).min(1.0),
-    }
+    // No waiting room: any wait is a full one.
+    (fullest as f64 / max_waiting.max(1) as f64).min(1.0)
 }
 
 fn model_object(state: &AppState, model: &ServedModel) -> OpenAiModel {

@@ -120,6 +120,34 @@ def test_platform_routes_rerank_a_rerank_body_beside_an_embedder(duo):
     assert len(r.json()["predictions"][1][0]) == 384
 
 
+def test_vertex_names_the_form_a_documents_rerank_instance_should_take(duo):
+    """TEI's /vertex takes /rerank's `texts` form only; a `documents` instance
+    was read as an /embed body and refused for a missing `inputs`."""
+    r = duo.post("/vertex", {"instances": [{"inputs": "hello"}, {"query": "q", "documents": ["a", "b"]}]})
+    assert r.status_code == 422, r.text
+    assert r.json() == {
+        "error": "instance 1: a rerank instance takes TEI's `query` and `texts` (`documents` is the "
+        "/v1/rerank form, which /vertex does not take)",
+        "error_type": "Validation",
+    }
+
+
+def test_a_voyage_body_on_v2_rerank_gets_voyages_answer(duo):
+    """Voyage AI's body (`top_k`, `truncation`) on Cohere's v2 route passed as
+    Cohere's with `top_k` unread: every document came back."""
+    docs = [p[1] for p in _pairs(BERT_RERANKER)[:4]]
+    body = {"model": "tiny-bert-reranker", "query": "a query", "documents": docs, "top_k": 2, "truncation": True}
+    v1 = duo.post("/v1/rerank", body)
+    v2 = duo.post("/v2/rerank", body)
+    assert v1.status_code == v2.status_code == 200, (v1.text, v2.text)
+    got, want = v2.json(), v1.json()
+    assert got["object"] == "list" and len(got["data"]) == 2
+    assert [x["index"] for x in got["data"]] == [x["index"] for x in want["data"]]
+    assert [x["relevance_score"] for x in got["data"]] == [x["relevance_score"] for x in want["data"]]
+    r = duo.post("/v2/rerank", {**body, "top_k": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_k", r.text
+
+
 def test_rerank_takes_the_documents_shape_too(duo):
     """Infinity, vLLM and Jina serve `/rerank` with `documents` (and Infinity
     `/embeddings` without the version prefix): that body gets /v1/rerank's answer."""

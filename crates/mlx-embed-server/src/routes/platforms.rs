@@ -328,6 +328,15 @@ fn plan(
     if is_rerank_body(&instance, false) {
         return Ok(Planned::Other(Job::Rerank, instance));
     }
+    if is_rerank_body(&instance, true) {
+        // Predictions are TEI's shapes, as TEI's /vertex answers them, and
+        // the `documents` form's answer is another API's.
+        return Err(ApiError::new(
+            ErrorKind::Unprocessable,
+            "a rerank instance takes TEI's `query` and `texts` (`documents` is the \
+             /v1/rerank form, which /vertex does not take)",
+        ));
+    }
     Ok(match job_of(state, model_field(&instance))? {
         Job::Embed => {
             let req = parse::<TeiEmbedRequest>(instance)?.into_request(priority);

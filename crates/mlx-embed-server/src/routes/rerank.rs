@@ -21,7 +21,7 @@ use crate::embed::check_inputs;
 use crate::errors::{
     ApiError, ErrorKind, OpenAi, OpenAiErrorBody, Shaped, Tei, TeiOrOpenAiErrorBody,
 };
-use crate::extract::{ApiBody, ApiJson, PriorityHeader, TruncationSide};
+use crate::extract::{ApiBody, ApiJson, JsonBody, PriorityHeader, TruncationSide};
 use crate::models::Task;
 use crate::score::{ranking, score, score_checked, ScoreOutput, ScoreRequest};
 use crate::state::AppState;
@@ -408,13 +408,24 @@ pub async fn cohere_rerank_v1(
     PriorityHeader(priority, _): PriorityHeader<OpenAi>,
     ApiBody(body, _): ApiBody<OpenAi>,
 ) -> Result<Response, Shaped<OpenAi>> {
+    cohere_or_voyage(&state, body, RerankRoute::V1, priority).await
+}
+
+/// A Cohere route's answer to `body`: Voyage AI's, for Voyage's body, which
+/// would otherwise pass as Cohere's with its `top_k` unread; else `route`'s.
+async fn cohere_or_voyage(
+    state: &AppState,
+    body: JsonBody,
+    route: RerankRoute,
+    priority: Option<Priority>,
+) -> Result<Response, Shaped<OpenAi>> {
     let keys = body.keys();
     if keys.contains("documents") && is_voyage(|key| keys.contains(key)) {
         let req = body.parse::<VoyageRerankRequest>()?;
-        return Ok(Json(voyage_rerank(&state, req, priority).await?).into_response());
+        return Ok(Json(voyage_rerank(state, req, priority).await?).into_response());
     }
     let req = body.parse::<CohereRerankRequest>()?;
-    Ok(cohere_rerank(&state, req, RerankRoute::V1, priority)
+    Ok(cohere_rerank(state, req, route, priority)
         .await?
         .into_response())
 }
@@ -568,15 +579,16 @@ async fn voyage_rerank(
     })
 }
 
-/// Rank documents (Cohere v2 shape, `cohere.ClientV2`); best first.
+/// Rank documents (Cohere v2 shape, `cohere.ClientV2`; Voyage AI's body gets
+/// Voyage's answer, as on `/v1/rerank`); best first.
 ///
 /// Errors use `{"error": {"message", "type", "param", "code"}, "detail"}` (`detail`: the message again, for Voyage AI's client).
 #[utoipa::path(
     post, path = "/v2/rerank", tag = "cohere", operation_id = "cohere_rerank_v2",
-    request_body = CohereRerankRequest,
+    request_body = V1RerankBody,
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
-        (status = 200, description = "Documents best first", body = CohereRerankResponse),
+        (status = 200, description = "Documents best first (a Voyage AI body: Voyage's answer)", body = V1RerankAnswer),
         (status = "4XX", description = "Invalid request (as /v1/rerank)", body = OpenAiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
     )
@@ -584,9 +596,9 @@ async fn voyage_rerank(
 pub async fn cohere_rerank_v2(
     State(state): State<AppState>,
     PriorityHeader(priority, _): PriorityHeader<OpenAi>,
-    ApiJson(req, _): ApiJson<CohereRerankRequest, OpenAi>,
-) -> Result<Json<CohereRerankResponse>, Shaped<OpenAi>> {
-    cohere_rerank(&state, req, RerankRoute::V2, priority).await
+    ApiBody(body, _): ApiBody<OpenAi>,
+) -> Result<Response, Shaped<OpenAi>> {
+    cohere_or_voyage(&state, body, RerankRoute::V2, priority).await
 }
 
 /// The route a Cohere-shaped rerank request came in on, which sets its

@@ -8,6 +8,7 @@ References: tests/fixtures/tiny-*/README.md (transformers / CrossEncoder)."""
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import ThreadPoolExecutor
 
 import cohere
@@ -415,6 +416,30 @@ def test_models_listed_and_labelled(duo):
     assert 'mlx_embed_batches_total{model="tiny-bert-reranker"}' in metrics
     assert metrics.count("# TYPE mlx_embed_batches_total counter") == 1
     assert 'mlx_embed_info{model="tiny-bert-reranker",kind="reranker"' in metrics
+
+
+def _http_counts(server) -> dict[str, float]:
+    text = server.get("/metrics").text
+    return {m[1]: float(m[2]) for m in re.finditer(r"^mlx_embed_http_requests_total(\{.*\}) (\S+)$", text, re.M)}
+
+
+def test_http_metrics_of_two_models_carry_the_model(duo):
+    """With several models served, the HTTP metrics carry the model each
+    request named or was given (`""`: it reached none), as the batcher's do."""
+    before = _http_counts(duo)
+    assert duo.post("/embed", {"inputs": "hello"}).status_code == 200
+    assert duo.post("/rerank", {"query": "q", "texts": ["d"]}).status_code == 200
+    assert duo.get("/v1/models/nope").status_code == 404
+    assert duo.post("/v1/rerank", {"model": EMBEDDER, "query": "q", "documents": ["d"]}).status_code == 400
+    after = _http_counts(duo)
+    grew = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
+    assert grew == {
+        f'{{route="/embed",model="{EMBEDDER}",code="200"}}': 1,
+        '{route="/rerank",model="tiny-bert-reranker",code="200"}': 1,
+        '{route="/v1/models/{*model}",model="",code="404"}': 1,
+        '{route="/v1/rerank",model="",code="400"}': 1,
+        '{route="/metrics",model="",code="200"}': 1,
+    }
 
 
 def test_openai_client_retrieves_each_model(duo, server):

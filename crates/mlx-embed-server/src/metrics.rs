@@ -3,7 +3,9 @@
 //!
 //! Metric names (all prefixed `mlx_embed_`):
 //! `http_requests_total{route,code}` (code 499: the client left before the
-//! answer), `http_request_duration_seconds{route}` (histogram of answers),
+//! answer), `http_request_duration_seconds{route}` (histogram of answers;
+//! with several models served, both also carry `model`: the model the request
+//! named or was given, `""` where it got none, as a 404 for an unknown one),
 //! `waiting_inputs`, `queued_inputs`, `in_flight_inputs` (gauges),
 //! `batcher_requests_total{outcome}`, `inputs_cancelled_total`, `batches_total`,
 //! `batch_size`, `batch_tokens`, `queue_wait_seconds`, `gil_wait_seconds`,
@@ -37,30 +39,38 @@ struct RouteStats {
     latency: Option<Histogram>,
 }
 
-/// Per-route request counts by status code and latency histograms.
+/// Which series a request counts in: its route, and its model where the
+/// samples carry one (a server with several models).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Series<'a> {
+    /// The matched path, or `unmatched`.
+    pub route: &'a str,
+    /// `None`: no `model` label; `Some("")`: the request reached no model.
+    pub model: Option<&'a str>,
+}
+
+/// Per-route (and per-model) request counts by status code and latency histograms.
 #[derive(Default)]
 pub struct HttpMetrics {
-    routes: Mutex<BTreeMap<String, RouteStats>>,
+    routes: Mutex<BTreeMap<(String, Option<String>), RouteStats>>,
 }
 
 impl HttpMetrics {
-    /// Records one finished request on `route` (the matched path, or `unmatched`).
-    pub fn record(&self, route: &str, status: u16, seconds: f64) {
-        self.count(route, status, Some(seconds));
+    /// Records one finished request.
+    pub fn record(&self, series: Series<'_>, status: u16, seconds: f64) {
+        self.count(series, status, Some(seconds));
     }
 
     /// Counts a request whose client left before the answer (`status` 499);
     /// its time stays out of the latency histogram, which is answers' time.
-    pub fn record_client_left(&self, route: &str, status: u16) {
-        self.count(route, status, None);
+    pub fn record_client_left(&self, series: Series<'_>, status: u16) {
+        self.count(series, status, None);
     }
 
-    fn count(&self, route: &str, status: u16, seconds: Option<f64>) {
+    fn count(&self, series: Series<'_>, status: u16, seconds: Option<f64>) {
         let mut routes = self.routes.lock().unwrap_or_else(|e| e.into_inner());
-        if !routes.contains_key(route) {
-            routes.insert(route.to_owned(), RouteStats::default());
-        }
-        let stats = routes.get_mut(route).expect("inserted above");
+        let key = (series.route.to_owned(), series.model.map(str::to_owned));
+        let stats = routes.entry(key).or_default();
         *stats.by_code.entry(status).or_default() += 1;
         let Some(seconds) = seconds else {
             return;
@@ -197,12 +207,12 @@ fn render_http(out: &mut String, http: &HttpMetrics) {
         "HTTP requests by route and status code.",
         "counter",
     );
-    for (route, stats) in routes.iter() {
+    for (series, stats) in routes.iter() {
+        let labels = series_labels(series);
         for (code, n) in &stats.by_code {
             let _ = writeln!(
                 out,
-                "mlx_embed_http_requests_total{{route=\"{}\",code=\"{code}\"}} {n}",
-                escape(route)
+                "mlx_embed_http_requests_total{{{labels},code=\"{code}\"}} {n}"
             );
         }
     }
@@ -212,15 +222,23 @@ fn render_http(out: &mut String, http: &HttpMetrics) {
         "HTTP request latency by route.",
         "histogram",
     );
-    for (route, stats) in routes.iter() {
+    for (series, stats) in routes.iter() {
         if let Some(h) = &stats.latency {
             histogram_lines(
                 out,
                 "mlx_embed_http_request_duration_seconds",
-                &format!("route=\"{}\"", escape(route)),
+                &series_labels(series),
                 h,
             );
         }
+    }
+}
+
+/// `route="..."`, and `,model="..."` where the series has one.
+fn series_labels((route, model): &(String, Option<String>)) -> String {
+    match model {
+        Some(model) => format!("route=\"{}\",model=\"{}\"", escape(route), escape(model)),
+        None => format!("route=\"{}\"", escape(route)),
     }
 }
 
@@ -510,12 +528,13 @@ mod tests {
     #[test]
     fn http_metrics_record() {
         let m = HttpMetrics::default();
-        m.record("/embed", 200, 0.003);
-        m.record("/embed", 200, 7.0);
-        m.record("/embed", 429, 0.001);
+        let series = |route| Series { route, model: None };
+        m.record(series("/embed"), 200, 0.003);
+        m.record(series("/embed"), 200, 7.0);
+        m.record(series("/embed"), 429, 0.001);
         // A client that left: counted, its time not among the answers'.
-        m.record_client_left("/embed", 499);
-        m.record_client_left("/rerank", 499);
+        m.record_client_left(series("/embed"), 499);
+        m.record_client_left(series("/rerank"), 499);
         let mut out = String::new();
         render_http(&mut out, &m);
         assert!(out.contains("mlx_embed_http_requests_total{route=\"/embed\",code=\"499\"} 1"));
@@ -527,6 +546,33 @@ mod tests {
             "mlx_embed_http_request_duration_seconds_bucket{route=\"/embed\",le=\"0.005\"} 2"
         ));
         assert!(out.contains("mlx_embed_http_request_duration_seconds_count{route=\"/embed\"} 3"));
+    }
+
+    #[test]
+    fn http_metrics_of_several_models_carry_the_model() {
+        let m = HttpMetrics::default();
+        let series = |model| Series {
+            route: "/embed",
+            model: Some(model),
+        };
+        m.record(series("a"), 200, 0.003);
+        m.record(series("b"), 200, 0.003);
+        m.record(series("b"), 429, 0.001);
+        m.record(series(""), 404, 0.001);
+        m.record_client_left(series("a"), 499);
+        let mut out = String::new();
+        render_http(&mut out, &m);
+        for line in [
+            "mlx_embed_http_requests_total{route=\"/embed\",model=\"a\",code=\"200\"} 1",
+            "mlx_embed_http_requests_total{route=\"/embed\",model=\"a\",code=\"499\"} 1",
+            "mlx_embed_http_requests_total{route=\"/embed\",model=\"b\",code=\"200\"} 1",
+            "mlx_embed_http_requests_total{route=\"/embed\",model=\"b\",code=\"429\"} 1",
+            "mlx_embed_http_requests_total{route=\"/embed\",model=\"\",code=\"404\"} 1",
+            "mlx_embed_http_request_duration_seconds_count{route=\"/embed\",model=\"b\"} 2",
+            "mlx_embed_http_request_duration_seconds_count{route=\"/embed\",model=\"a\"} 1",
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line} missing from\n{out}");
+        }
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::{MatchedPath, Request, State};
@@ -15,6 +15,7 @@ use futures_util::FutureExt;
 use tracing::Instrument;
 
 use crate::errors::{Api, ApiError, ErrorKind, ErrorReason};
+use crate::metrics::Series;
 use crate::state::AppState;
 
 /// Header carrying the request id, accepted from the client and echoed back.
@@ -60,13 +61,18 @@ pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next
     req.extensions_mut().insert(RequestId(id.clone()));
 
     let span = tracing::info_span!("request", id = %id, method = %method, route = %route);
+    let model = AnsweringModel::default();
     let left = ClientLeft {
         state: &state,
         route: &route,
+        model: &model,
         span: &span,
         start,
     };
-    let handled = AssertUnwindSafe(next.run(req).instrument(span.clone())).catch_unwind();
+    let handled = ANSWERING_MODEL.scope(
+        model.clone(),
+        AssertUnwindSafe(next.run(req).instrument(span.clone())).catch_unwind(),
+    );
     // A bug in a handler answers its own request 500, in the route's shape,
     // instead of dropping the connection unanswered; the server goes on.
     let mut response = handled.await.unwrap_or_else(|_| {
@@ -82,7 +88,7 @@ pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next
     let status = response.status().as_u16();
     state
         .http_metrics()
-        .record(&route, status, elapsed.as_secs_f64());
+        .record(model.series(&state, &route), status, elapsed.as_secs_f64());
     if let Ok(v) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(REQUEST_ID.clone(), v);
     }
@@ -102,6 +108,37 @@ pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next
     response
 }
 
+tokio::task_local! {
+    /// The model the request in hand resolved first, set by
+    /// [`note_answering_model`] from the one place that resolves models.
+    static ANSWERING_MODEL: AnsweringModel;
+}
+
+/// The model a request named or was given, for its metrics' `model` label.
+#[derive(Clone, Default)]
+struct AnsweringModel(Arc<OnceLock<String>>);
+
+impl AnsweringModel {
+    /// The request's metric series: with a `model` label where several
+    /// models are served (`""`: the request reached none), as the core's
+    /// metrics carry one.
+    fn series<'a>(&'a self, state: &AppState, route: &'a str) -> Series<'a> {
+        let several = state.models().len() > 1;
+        Series {
+            route,
+            model: several.then(|| self.0.get().map_or("", String::as_str)),
+        }
+    }
+}
+
+/// Records `name` as the model answering the request being handled, unless
+/// one already was (a request that resolves several counts under its first).
+pub(crate) fn note_answering_model(name: &str) {
+    let _ = ANSWERING_MODEL.try_with(|model| {
+        model.0.get_or_init(|| name.to_owned());
+    });
+}
+
 /// `elapsed` in milliseconds to the microsecond, as the log lines show it
 /// (not `0.11078500000000001`).
 fn millis(elapsed: std::time::Duration) -> f64 {
@@ -118,6 +155,7 @@ pub const CLIENT_CLOSED_REQUEST: u16 = 499;
 struct ClientLeft<'a> {
     state: &'a AppState,
     route: &'a str,
+    model: &'a AnsweringModel,
     span: &'a tracing::Span,
     start: Instant,
 }
@@ -125,9 +163,10 @@ struct ClientLeft<'a> {
 impl Drop for ClientLeft<'_> {
     fn drop(&mut self) {
         let elapsed = self.start.elapsed();
-        self.state
-            .http_metrics()
-            .record_client_left(self.route, CLIENT_CLOSED_REQUEST);
+        self.state.http_metrics().record_client_left(
+            self.model.series(self.state, self.route),
+            CLIENT_CLOSED_REQUEST,
+        );
         self.span.in_scope(|| {
             tracing::info!(
                 status = CLIENT_CLOSED_REQUEST,

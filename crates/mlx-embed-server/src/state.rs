@@ -88,7 +88,9 @@ impl AppState {
     }
     /// The model a request gets for `task` (see [`crate::models`]).
     pub fn model_for(&self, requested: Option<&str>, task: Task) -> Result<&ServedModel, ApiError> {
-        resolve(&self.0.models, requested, task)
+        let model = resolve(&self.0.models, requested, task)?;
+        crate::middleware::note_answering_model(&model.name);
+        Ok(model)
     }
     pub fn args(&self) -> &ServerArgs {
         &self.0.args

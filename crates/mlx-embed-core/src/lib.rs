@@ -33,7 +33,71 @@
 //! the model never regroups requests.
 //!
 //! Nothing here knows HTTP or Python, so a Rust program can link it and embed
-//! in-process.
+//! in-process. Any model goes behind the [`Embedder`] trait (the Python MLX
+//! model is `mlx-embed-python`'s); here, a toy one whose tokens are bytes:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use mlx_embed_core::{
+//!     l2_normalize, BatchOutput, Batcher, BatcherConfig, EmbedInput, EmbedOptions, Embedder,
+//!     EmbedderError, Encoded, ModelInfo, Output, Priority, Tokenize,
+//! };
+//!
+//! /// Token ids are a text's bytes.
+//! struct Bytes;
+//!
+//! impl Tokenize for Bytes {
+//!     fn encode(&self, input: &EmbedInput, _: &EmbedOptions) -> Result<Encoded, EmbedderError> {
+//!         let EmbedInput::Text(text) = input else {
+//!             return Err(EmbedderError::invalid_input("text only"));
+//!         };
+//!         let ids: Vec<u32> = text.bytes().map(u32::from).take(16).collect();
+//!         Ok(Encoded { untruncated_len: text.len() as u32, ids, type_ids: None })
+//!     }
+//! }
+//!
+//! /// A vector is [token count, sum of ids]; pooled output only.
+//! struct Toy;
+//!
+//! impl Embedder for Toy {
+//!     fn info(&self) -> ModelInfo {
+//!         ModelInfo { name: "toy".into(), dim: 2, max_input_tokens: 16, vocab_size: 256, ..Default::default() }
+//!     }
+//!     fn tokenizer(&self) -> Option<Arc<dyn Tokenize>> {
+//!         Some(Arc::new(Bytes))
+//!     }
+//!     fn embed_batch(&mut self, inputs: &[Encoded], output: Output) -> Result<BatchOutput, EmbedderError> {
+//!         if output != Output::Pooled {
+//!             return Err(EmbedderError::invalid_input("pooled vectors only"));
+//!         }
+//!         let longest = inputs.iter().map(Encoded::len).max().unwrap_or(0);
+//!         Ok(BatchOutput {
+//!             vectors: inputs
+//!                 .iter()
+//!                 .flat_map(|e| [e.len() as f32, e.ids.iter().sum::<u32>() as f32])
+//!                 .collect(),
+//!             rows: vec![1; inputs.len()],
+//!             padded_tokens: (longest * inputs.len()) as u64,
+//!             ..Default::default()
+//!         })
+//!     }
+//! }
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let runtime = tokio::runtime::Runtime::new()?;
+//! // Loading blocks (a real model takes seconds): outside async code.
+//! let batcher = Batcher::start(BatcherConfig::default(), || Ok(Toy))?;
+//! let query = EmbedOptions { priority: Priority::High, ..Default::default() };
+//! let out = runtime.block_on(batcher.embed(vec![EmbedInput::Text("ab".into())], query))?;
+//! assert_eq!(out.vectors, [[2.0, 195.0]]); // b'a' + b'b'
+//! assert_eq!(out.token_counts, [2]);
+//! let mut v = out.vectors[0].clone();
+//! l2_normalize(&mut v);
+//! // The same ids again: answered from the embedding cache, not the model.
+//! let again = runtime.block_on(batcher.embed(vec![EmbedInput::Text("ab".into())], EmbedOptions::default()))?;
+//! assert_eq!(again.cache_hits, 1);
+//! # Ok(()) }
+//! ```
 
 mod admission;
 mod batcher;

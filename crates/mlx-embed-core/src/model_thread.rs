@@ -123,7 +123,13 @@ fn start_replicas<E: Embedder + 'static>(
         threads::run(
             THREAD_NAME,
             Box::new(move || {
-                let model = match build_model(&format!("model thread {n}'s start"), build) {
+                let what = format!("model thread {n}'s start");
+                let built = build_model(&what, || {
+                    build().map_err(|e| {
+                        EmbedderError::new(e.kind, format!("{what} failed: {}", e.message))
+                    })
+                });
+                let model = match built {
                     Ok(model) => model,
                     Err(message) => {
                         let _ = ready_tx.send(Err(message));
@@ -149,19 +155,15 @@ fn start_replicas<E: Embedder + 'static>(
     Ok(())
 }
 
-/// Runs `build` (the model's load, or a replica's), a panic caught: the
-/// result, or the error of its kind saying "`what` failed: ..." (a panic is
-/// `ModelGone`: "`what` panicked: ...").
+/// Runs `build` (the model's load, or a replica's), a panic caught: its
+/// result as it is (the loader's error reaches [`crate::CoreError::LoadFailed`]
+/// unchanged), or for a panic `ModelGone` saying "`what` panicked: ...".
 fn build_model<T>(
     what: &str,
     build: impl FnOnce() -> Result<T, EmbedderError>,
 ) -> Result<T, EmbedderError> {
     match catch_unwind(AssertUnwindSafe(build)) {
-        Ok(Ok(built)) => Ok(built),
-        Ok(Err(e)) => Err(EmbedderError::new(
-            e.kind,
-            format!("{what} failed: {}", e.message),
-        )),
+        Ok(built) => built,
         Err(payload) => Err(EmbedderError::model_gone(format!(
             "{what} panicked: {}",
             panic_message(&*payload)

@@ -267,7 +267,7 @@ fn load_errors_keep_their_kind_and_panics_are_model_gone() {
             err,
             Some(CoreError::LoadFailed(EmbedderError::new(
                 kind,
-                "model load failed: no weights"
+                "no weights"
             )))
         );
     }

@@ -37,3 +37,6 @@ mod spec;
 pub use embedder::{EngineOptions, PythonEmbedder, PythonModelOptions};
 pub use error::BridgeError;
 pub use live::PythonLiveStats;
+/// The Rust tokenizer [`PythonEmbedder::hf_tokenizer`] hands out, so a user of
+/// this crate can name its types without a dependency of its own.
+pub use mlx_embed_tokenizer;

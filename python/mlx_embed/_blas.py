@@ -89,6 +89,8 @@ class _State:
     source: str = "reference"  # env | system | scipy-openblas32 | reference
     reason: str = ""  # why we ended up where we are (for blas_info / warnings)
     loaded_after_mlx: bool = False
+    warning: str = ""  # said by warn_if_slow() when the first model loads
+    warned: bool = False
     gflops: Optional[float] = None
     handles: list = []
 
@@ -103,6 +105,10 @@ def _warn_loud(msg: str) -> None:
     # handler); configured logging may go only to a file, and a 30x slower
     # engine deserves a line on stderr either way.
     if not logging.getLogger().handlers and not log.handlers:
+        return
+    # A host that forwards this logger into its own log (the server's
+    # `tracing`) writes the line already, in its own format.
+    if getattr(log, "_mlx_embed_to_tracing", False):
         return
     try:
         print(f"mlx_embed: WARNING: {msg}", file=sys.stderr)
@@ -262,15 +268,26 @@ def setup() -> None:
     if _state.library is None:
         if not _state.reason:
             _state.reason = "no OpenBLAS found (install libopenblas0 or scipy-openblas32)"
-        _warn_loud(
+        _state.warning = (
             "MLX is using the slow reference BLAS (" + _state.reason + "); "
             "embedding will be ~10-30x slower. Set MLX_EMBED_BLAS=/path/to/libopenblas.so"
         )
     elif _state.loaded_after_mlx:
-        _warn_loud(
+        _state.warning = (
             "mlx.core was imported before mlx_embed, so the optimized BLAS "
             f"({_state.library}) cannot take effect; import mlx_embed first"
         )
+
+
+def warn_if_slow() -> None:
+    """Says once, when the first model loads, why the BLAS is slow, if it is.
+
+    Not at import: the server imports the package before it routes the
+    package's log records into its own log, so a warning then went to stderr
+    as a bare line beside its JSON lines."""
+    if _state.warning and not _state.warned:
+        _state.warned = True
+        _warn_loud(_state.warning)
 
 
 def _thread_fn(name: str):

@@ -16,7 +16,6 @@ import time
 from typing import Optional, Sequence, Union
 
 import numpy as np
-from tokenizers import Tokenizer
 
 try:
     import mlx.core  # noqa: F401
@@ -34,7 +33,7 @@ from .pairs import template_spec
 from .scheduler import OUTPUTS, Scheduler
 from .scoring import ScoringMixin
 from .spec import EmbedResult, ModelSpec, TokenizerSpec
-from .tokenization import TextTokenizer, check_direction, resolve_prompt, with_prompt
+from .tokenization import TextTokenizer, check_direction, read_tokenizer, resolve_prompt, with_prompt
 
 log = logging.getLogger("mlx_embed")
 
@@ -146,7 +145,7 @@ class EmbeddingModel(ScoringMixin):
         rr = getattr(ck.module, "RERANKER_DEFAULTS", None)
         if rr is not None:
             self.tokenizer.pair = template_spec(
-                Tokenizer.from_file(ck.tokenizer_path), prefix=rr.prefix, suffix=rr.suffix,
+                read_tokenizer(ck.tokenizer_path), prefix=rr.prefix, suffix=rr.suffix,
                 template=rr.template, default_instruction=rr.default_instruction,
             )
         self.instruction = instruction
@@ -687,6 +686,7 @@ def load(
     **kwargs,
 ) -> EmbeddingModel:
     """See :func:`mlx_embed.load`."""
+    _blas.warn_if_slow()
     # The default model's name (what `--model`'s help and /v1/models show)
     # names the bundled model too, unless a folder of that name is here.
     is_default = path is None or (

@@ -49,7 +49,10 @@ def read_json(path: str) -> Optional[Any]:
     if not os.path.exists(path):
         return None
     with open(path, encoding="utf-8") as f:
-        return json.load(f)
+        try:
+            return json.load(f)
+        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
+            raise ValueError(f"{path} is not valid JSON: {e}") from None
 
 
 def model_name(path: str, is_default: bool) -> str:
@@ -274,6 +277,10 @@ def load_checkpoint(
         raise ValueError(f"quantize must be None, 4 or 8 (or 2/3/5/6), got {quantize!r}")
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"{path} is not a folder" if os.path.exists(path) else f"{path} does not exist"
+        )
     config = read_json(os.path.join(path, "config.json"))
     first = st_modules.input_module(path)
     if config is None:

@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 
 from .errors import InvalidInput
 from .spec import PairSpec
-from .tokenization import check_direction, content_ids
+from .tokenization import check_direction, content_ids, read_tokenizer
 
 _FIELD = re.compile(r"\{(instruction|query|document)\}")
 
@@ -132,7 +132,7 @@ class PairEncoder:
 
     @classmethod
     def from_file(cls, path: str, spec: PairSpec, max_length: int) -> "PairEncoder":
-        tok = Tokenizer.from_file(path)
+        tok = read_tokenizer(path)
         # As in TextTokenizer: nothing baked into tokenizer.json may cut or pad.
         tok.no_truncation()
         tok.no_padding()

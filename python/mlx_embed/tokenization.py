@@ -26,6 +26,15 @@ from .spec import PairSpec
 TRUNCATION_DIRECTIONS = ("right", "left")
 
 
+def read_tokenizer(path: str) -> Tokenizer:
+    """``path``'s tokenizer; one the library cannot read fails naming the file
+    (the library's own message gives a line and column only)."""
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as e:  # the tokenizers library raises bare Exception
+        raise ValueError(f"{path} cannot be read as a tokenizer: {e}") from None
+
+
 def _find_sub(hay: list[int], needle: list[int], start: int = 0) -> int:
     n = len(needle)
     for i in range(start, len(hay) - n + 1):
@@ -55,7 +64,7 @@ class TextTokenizer:
         ``lowercase``: sentence-transformers' ``do_lower_case``, done as it
         does it: a ``Lowercase`` normalizer in front of the tokenizer's own, so
         each character (of prompt and text) is lower-cased alone."""
-        tok = Tokenizer.from_file(path)
+        tok = read_tokenizer(path)
         # Some tokenizer.json files bake in truncation/fixed padding (MiniLM has
         # truncation=128 and padding=Fixed(128)); both would change results.
         tok.no_truncation()

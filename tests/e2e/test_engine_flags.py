@@ -4,8 +4,10 @@ import concurrent.futures as cf
 import re
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
+import pytest
 from harness import start_server
 
 
@@ -298,3 +300,22 @@ def test_the_models_python_warnings_are_events_in_the_servers_log_format(tmp_pat
     slow = [e for e in events if "quantized matmul" in e.get("message", "")]
     assert len(slow) == 1, lines[-10:]
     assert slow[0]["level"] == "WARN" and slow[0]["logger"].startswith("mlx_embed"), slow
+
+
+@pytest.mark.parametrize("how", ["binary", "console script"])
+def test_a_slow_blas_is_one_warning_event_in_the_servers_log_format(tmp_path, how):
+    """The slow-BLAS warning was said at import, before the server routes
+    the package's records into its log: a bare line beside the JSON lines
+    (and, in text mode, a second copy). It is said when the model loads."""
+    import json as _json
+
+    command = [str(Path(sys.prefix) / "bin" / "mlx-embed"), "serve"] if how == "console script" else None
+    server = start_server(tmp_path, "--no-warmup", "--log-format", "json",
+                          env={"MLX_EMBED_BLAS": "/nonexistent/libopenblas.so"}, command=command)
+    assert server.stop() == 0
+    lines = [line for line in server.log().splitlines() if line.strip()]
+    events = [_json.loads(line) for line in lines]  # every line is one JSON object
+    slow = [e for e in events if "slow reference BLAS" in e.get("message", "")]
+    assert len(slow) == 1, lines[-10:]
+    assert slow[0]["level"] == "WARN" and slow[0]["logger"].startswith("mlx_embed"), slow
+    assert not [e for e in events if "added no packages" in e.get("message", "")], lines[:5]

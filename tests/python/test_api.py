@@ -172,3 +172,27 @@ def test_unsupported_model_type(tmp_path):
     with pytest.raises(ValueError) as e:
         mlx_embed.load(tmp_path)
     assert "gpt2" in str(e.value) and "bert" in str(e.value) and "qwen3" in str(e.value)
+
+
+def test_a_bad_model_folder_is_named_with_what_is_wrong(tmp_path):
+    """A missing folder said "has no config.json"; a config.json or
+    tokenizer.json that does not parse failed without the file's name."""
+    import shutil
+
+    from conftest import ROOT
+
+    with pytest.raises(FileNotFoundError, match=f"^{tmp_path / 'nope'} does not exist$"):
+        mlx_embed.load(tmp_path / "nope")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(FileNotFoundError, match=f"^{tmp_path / 'file'} is not a folder$"):
+        mlx_embed.load(tmp_path / "file")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "bert",')
+    with pytest.raises(ValueError, match=f"^{broken / 'config.json'} is not valid JSON: "):
+        mlx_embed.load(broken)
+    folder = tmp_path / "bert"
+    shutil.copytree(ROOT / "tests" / "fixtures" / "tiny-mpnet", folder)
+    (folder / "tokenizer.json").write_text('{"x": 1}')
+    with pytest.raises(ValueError, match=f"^{folder / 'tokenizer.json'} cannot be read as a tokenizer: "):
+        mlx_embed.load(folder)

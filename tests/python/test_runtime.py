@@ -110,7 +110,8 @@ def test_cli_embed_jsonl_and_npy(tmp_path, minilm):
     from mlx_embed.cli import main
 
     src = tmp_path / "in.jsonl"
-    src.write_text('{"text": "hello world"}\n{"text": ""}\n\n{"text": "third"}\n')
+    # Blank lines at the end shift no index, so they are let through.
+    src.write_text('{"text": "hello world"}\n{"text": ""}\n{"text": "third"}\n\n \n')
     out_npy = tmp_path / "out.npy"
     assert main(["embed", "-i", str(src), "-o", str(out_npy), "--progress", "never"]) == 0
     arr = np.load(out_npy)
@@ -125,6 +126,23 @@ def test_cli_embed_jsonl_and_npy(tmp_path, minilm):
     recs = [json.loads(x) for x in out_jsonl.read_text().splitlines()]
     assert [r["index"] for r in recs] == [0, 1]
     assert len(recs[0]["embedding"]) == 384 and recs[0]["tokens"] == 3
+
+
+def test_cli_embed_refuses_a_blank_jsonl_line_naming_it(tmp_path):
+    """A blank line was skipped, so every later text's output index was off
+    its line by one; it is refused like the other bad lines, by its number."""
+    from mlx_embed.cli import main
+
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text": "one"}\n{"text": "two"}\n  \n\n{"text": "five"}\n')
+    out = tmp_path / "out.npy"
+    with pytest.raises(SystemExit) as exit_:
+        main(["embed", "-i", str(src), "-o", str(out), "--progress", "never"])
+    assert exit_.value.code == f"{src}:3: blank line (each line must hold a JSON object: the output's index goes by the lines)"
+    assert not out.exists()
+    src.write_text('{"text": "one"}\n{"text": 2}\n')
+    with pytest.raises(SystemExit, match=rf"{src}:2: expected an object with a string 'text'"):
+        main(["embed", "-i", str(src), "--progress", "never"])
 
 
 def test_cli_args_and_module_entry(tmp_path):
@@ -319,3 +337,17 @@ def test_a_call_does_not_wait_for_a_worker_busy_with_another_models_call():
     finally:
         go_on.set()
     assert np.array_equal(a.embed(texts), want)
+
+
+def test_a_slow_blas_is_said_once_when_a_model_loads_not_at_import():
+    """Said at import, the warning came before a server routes the package's
+    records into its own log; a library user still gets it, on stderr."""
+    r = _run_py(
+        "import sys, mlx_embed; print('imported', file=sys.stderr); "
+        "mlx_embed.load(); mlx_embed.load()",
+        MLX_EMBED_BLAS="/nonexistent/libopenblas.so",
+    )
+    assert r.returncode == 0, r.stderr
+    before, _, after = r.stderr.partition("imported")
+    assert "slow reference BLAS" not in before, r.stderr
+    assert after.count("slow reference BLAS") == 1, r.stderr

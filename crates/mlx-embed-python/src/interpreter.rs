@@ -113,7 +113,8 @@ fn add_virtualenv(py: Python<'_>, venv: &Path) -> Result<Option<String>, BridgeE
 version = platform.python_version()
 site_packages = os.path.join(venv, 'lib', f'python{sys.version_info[0]}.{sys.version_info[1]}', 'site-packages')
 added = []
-if os.path.isdir(site_packages) and site_packages not in sys.path:
+already = site_packages in sys.path
+if os.path.isdir(site_packages) and not already:
     before = list(sys.path)
     system = set(site.getsitepackages()) if not include_system else set()
     site.addsitedir(site_packages)
@@ -131,6 +132,17 @@ if os.path.isdir(site_packages) and site_packages not in sys.path:
         .unwrap_or_default();
     if !added.is_empty() {
         tracing::info!(venv = %venv.display(), "using virtualenv packages");
+        return Ok(None);
+    }
+    // Inside the venv's own python (`mlx-embed serve`) its packages are on the
+    // path already: nothing to add, and nothing to warn of.
+    let already: bool = locals
+        .get_item("already")?
+        .map(|a| a.extract())
+        .transpose()?
+        .unwrap_or(false);
+    if already {
+        tracing::debug!(venv = %venv.display(), "virtualenv packages already on the path");
         return Ok(None);
     }
     let text = |name: &str| -> Result<String, BridgeError> {

@@ -220,7 +220,7 @@ fn a_failed_load_says_whose_fault_it_is() {
     });
     assert_eq!(kind, EmbedderErrorKind::InvalidInput, "{message}");
     assert!(
-        message.contains("FileNotFoundError") && message.contains("has no config.json"),
+        message.contains("FileNotFoundError") && message.contains("does not exist"),
         "{message}"
     );
     let (kind, message) = refusal(PythonModelOptions {

@@ -8,6 +8,14 @@ fn core_defaults() -> BatcherConfig {
     BatcherConfig::default()
 }
 
+/// The longest batch or regroup window (ms): a minute is already far past
+/// any window that gains company, and a deadline that far out overflows.
+const MAX_WINDOW_MS: u64 = 60_000;
+
+/// The longest timeout or wait (s): a day. A deadline computed from a
+/// larger one can overflow the clock and take the server down.
+const MAX_WAIT_SECS: u64 = 86_400;
+
 /// Every setting of the HTTP server and its batcher.
 ///
 /// Each flag falls back to an environment variable (`--port` <- `MLX_EMBED_PORT`, ...);
@@ -23,7 +31,7 @@ pub struct ServerArgs {
     pub port: u16,
 
     /// Model name reported by the APIs (default: the model's own name).
-    #[arg(long, env = "MLX_EMBED_SERVED_MODEL_NAME")]
+    #[arg(long, env = "MLX_EMBED_SERVED_MODEL_NAME", value_parser = parse_model_name)]
     pub served_model_name: Option<String>,
 
     /// Most inputs in one model call [default: 64 on the CPU, 256 on a GPU].
@@ -38,14 +46,16 @@ pub struct ServerArgs {
 
     /// How long an idle model waits for more requests before running a lone one (ms).
     #[arg(long, env = "MLX_EMBED_BATCH_WINDOW_MS",
-          default_value_t = core_defaults().batch_window.as_millis() as u64)]
+          default_value_t = core_defaults().batch_window.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(..=MAX_WINDOW_MS))]
     pub batch_window_ms: u64,
 
     /// How long a batch may wait, after a batch is answered, for that batch's callers to come
     /// back, so callers that wait for their answers keep sharing one model call (ms; 0: off).
     /// Ends early once as many inputs have arrived as were answered [default: 0 on the CPU, 4 on
     /// a GPU, whose every pass has a fixed cost].
-    #[arg(long, env = "MLX_EMBED_REGROUP_WINDOW_MS")]
+    #[arg(long, env = "MLX_EMBED_REGROUP_WINDOW_MS",
+          value_parser = clap::value_parser!(u64).range(..=MAX_WINDOW_MS))]
     pub regroup_window_ms: Option<u64>,
 
     /// Inputs admitted to the model queue at once, per priority lane and in each of its three
@@ -62,7 +72,8 @@ pub struct ServerArgs {
 
     /// Longest a request waits for admission before getting 429 (ms).
     #[arg(long, env = "MLX_EMBED_MAX_QUEUE_WAIT_MS",
-          default_value_t = core_defaults().max_queue_wait.as_millis() as u64)]
+          default_value_t = core_defaults().max_queue_wait.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(..=MAX_WAIT_SECS * 1000))]
     pub max_queue_wait_ms: u64,
 
     /// Run one request per model call (no cross-request batching).
@@ -122,14 +133,15 @@ pub struct ServerArgs {
 
     /// On SIGINT/SIGTERM, how long to keep answering accepted requests before exiting (s);
     /// those still waiting for a model then are answered 503.
-    #[arg(long, env = "MLX_EMBED_DRAIN_TIMEOUT_SECS", default_value_t = 30)]
+    #[arg(long, env = "MLX_EMBED_DRAIN_TIMEOUT_SECS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(..=MAX_WAIT_SECS))]
     pub drain_timeout_secs: u64,
 
     /// How long a client may take to send a request's headers, or its whole body (then 408),
     /// and how long an idle keep-alive connection stays open (s). Longer than a proxy's
     /// upstream keep-alive (60 s in deploy/nginx), so the proxy closes idle connections first.
     #[arg(long, env = "MLX_EMBED_CLIENT_TIMEOUT_SECS", default_value_t = 75,
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = clap::value_parser!(u64).range(1..=MAX_WAIT_SECS))]
     pub client_timeout_secs: u64,
 
     /// Skip the start-up warm-up batch.
@@ -169,6 +181,17 @@ impl Default for ServerArgs {
     }
 }
 
+/// A served name clients can send back: not empty, no whitespace at either
+/// end (an empty name lists as `:latest` on Ollama's routes).
+fn parse_model_name(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() || s.trim() != s {
+        return Err(format!(
+            "{s:?} cannot be a model's name: it must be non-empty, with no whitespace at either end"
+        ));
+    }
+    Ok(s.to_owned())
+}
+
 /// `*`, or an origin as browsers send it: `http(s)://host[:port]`, no path.
 fn parse_origin(s: &str) -> Result<String, String> {
     let s = s.trim();
@@ -204,7 +227,9 @@ impl ServerArgs {
             max_waiting: self.max_waiting,
             max_queue_wait: Duration::from_millis(self.max_queue_wait_ms),
             enable_batching: !self.no_batching,
-            max_priority_batch_size: self.max_priority_batch_size,
+            max_priority_batch_size: self
+                .max_priority_batch_size
+                .min(self.max_batch_size.unwrap_or(caps.max_batch_size)),
             aging_batches: self.aging_batches,
             model_threads: self.model_threads,
             cache_bytes: if self.no_cache {
@@ -252,9 +277,22 @@ impl ServerArgs {
         Ok(())
     }
 
-    /// Settings that work but refuse some requests for good, said at start.
+    /// Settings that work but refuse some requests for good, or that act
+    /// other than they read, said at start.
     pub fn warnings(&self) -> Vec<String> {
         let mut out = Vec::new();
+        // Only where both were set: a smaller --max-batch-size alone quietly
+        // bounds the default priority batch too.
+        let priority_set = self.max_priority_batch_size != core_defaults().max_priority_batch_size;
+        if let Some(max) = self
+            .max_batch_size
+            .filter(|&max| priority_set && max < self.max_priority_batch_size)
+        {
+            out.push(format!(
+                "--max-priority-batch-size {} is above --max-batch-size {max}: it acts as {max}",
+                self.max_priority_batch_size
+            ));
+        }
         if self.max_waiting < self.max_inputs_per_request {
             out.push(format!(
                 "--max-waiting {} is below --max-inputs-per-request {}: a request of more than \
@@ -283,7 +321,7 @@ mod tests {
     use super::*;
     use clap::Parser;
 
-    #[derive(Parser)]
+    #[derive(Parser, Debug)]
     struct Cli {
         #[command(flatten)]
         args: ServerArgs,
@@ -306,6 +344,86 @@ mod tests {
                     .to_string()
             ]
         );
+    }
+
+    #[test]
+    fn a_priority_batch_above_the_batch_is_bounded_by_it() {
+        let args = Cli::try_parse_from(["x", "--max-batch-size", "8"])
+            .unwrap()
+            .args;
+        assert!(args.warnings().is_empty());
+        assert_eq!(
+            args.batcher_config(DeviceKind::Cpu).max_priority_batch_size,
+            8
+        );
+        let args = Cli::try_parse_from([
+            "x",
+            "--max-batch-size",
+            "8",
+            "--max-priority-batch-size",
+            "100",
+        ])
+        .unwrap()
+        .args;
+        assert_eq!(
+            args.warnings(),
+            vec![
+                "--max-priority-batch-size 100 is above --max-batch-size 8: it acts as 8"
+                    .to_string()
+            ]
+        );
+        assert_eq!(
+            args.batcher_config(DeviceKind::Cpu).max_priority_batch_size,
+            8
+        );
+        // Without --max-batch-size the device's cap bounds it.
+        let args = Cli::try_parse_from(["x", "--max-priority-batch-size", "100"])
+            .unwrap()
+            .args;
+        assert_eq!(
+            args.batcher_config(DeviceKind::Cpu).max_priority_batch_size,
+            64
+        );
+        assert_eq!(
+            args.batcher_config(DeviceKind::Accelerator)
+                .max_priority_batch_size,
+            100
+        );
+    }
+
+    #[test]
+    fn timeouts_and_windows_past_their_range_are_refused_naming_the_flag() {
+        for (flag, bad, good) in [
+            ("--client-timeout-secs", "86401", "86400"),
+            ("--drain-timeout-secs", "18446744073709551615", "86400"),
+            ("--max-queue-wait-ms", "86400001", "86400000"),
+            ("--batch-window-ms", "60001", "60000"),
+            ("--regroup-window-ms", "100000000", "0"),
+        ] {
+            let err = Cli::try_parse_from(["x", flag, bad])
+                .expect_err(flag)
+                .to_string();
+            assert!(err.contains(flag) && err.contains(bad), "{err}");
+            assert!(
+                Cli::try_parse_from(["x", flag, good]).is_ok(),
+                "{flag} {good}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_served_name_must_be_one_clients_can_send() {
+        for bad in ["", " ", " name", "name\n"] {
+            let err = Cli::try_parse_from(["x", "--served-model-name", bad]).expect_err(bad);
+            assert!(
+                err.to_string().contains("cannot be a model's name"),
+                "{err}"
+            );
+        }
+        let args = Cli::try_parse_from(["x", "--served-model-name", "my model"])
+            .unwrap()
+            .args;
+        assert_eq!(args.served_model_name.as_deref(), Some("my model"));
     }
 
     #[test]

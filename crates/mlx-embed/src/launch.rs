@@ -40,12 +40,12 @@ pub struct ModelArgs {
     /// Repeat it (or separate folders with commas) to serve several models, each with its own
     /// queue and model thread; a request's `model` field picks one, the first is the default.
     /// A *ForSequenceClassification folder serves as a reranker (1 label) or classifier.
-    #[arg(long, env = "MLX_EMBED_MODEL", value_delimiter = ',')]
+    #[arg(long, env = "MLX_EMBED_MODEL", value_delimiter = ',', value_parser = parse_model)]
     pub model: Vec<String>,
     /// A cross-encoder to serve next to the embedding model(s) for /rerank, /v1/rerank,
     /// /v2/rerank and /predict: a *ForSequenceClassification folder, or a Qwen3 decoder
     /// scored as a yes/no reranker (Qwen3-Reranker).
-    #[arg(long, env = "MLX_EMBED_RERANK_MODEL")]
+    #[arg(long, env = "MLX_EMBED_RERANK_MODEL", value_parser = parse_model)]
     pub rerank_model: Option<String>,
     /// Weights dtype. float32 is the only fast one on x86 CPUs.
     #[arg(long, env = "MLX_EMBED_DTYPE", default_value = "float32", value_parser = ["float32", "float16", "bfloat16"])]
@@ -129,6 +129,15 @@ fn names_with_aliases(
             .map(|(name, _)| (*name).to_owned())
             .unwrap_or(typed)
     })
+}
+
+/// A model folder or name: an empty one (`--model a,`) would be looked up
+/// as the folder `""`.
+fn parse_model(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("an empty model (a comma too many?)".into());
+    }
+    Ok(s.to_owned())
 }
 
 impl ModelArgs {
@@ -315,6 +324,26 @@ mod tests {
     fn parsed(args: &[&str]) -> ModelArgs {
         let argv = std::iter::once("mlx-embed serve").chain(args.iter().copied());
         ServeCli::try_parse_from(argv).expect("flags parse").model
+    }
+
+    #[test]
+    fn an_empty_model_is_refused_naming_the_flag() {
+        assert_eq!(parsed(&["--model", "a,b"]).model, ["a", "b"]);
+        for args in [
+            &["--model", "a,"][..],
+            &["--model", ""],
+            &["--model", "a, ,b"],
+            &["--rerank-model", " "],
+        ] {
+            let argv = std::iter::once("mlx-embed serve").chain(args.iter().copied());
+            let err = ServeCli::try_parse_from(argv)
+                .expect_err("refused")
+                .to_string();
+            assert!(
+                err.contains(args[0]) && err.contains("an empty model"),
+                "{err}"
+            );
+        }
     }
 
     #[test]

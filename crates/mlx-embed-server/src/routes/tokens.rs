@@ -186,7 +186,10 @@ fn check_count(state: &AppState, n: usize) -> Result<(), ApiError> {
     if n > max {
         return Err(ApiError::new(
             ErrorKind::TooLarge,
-            format!("{n} inputs is more than the limit of {max} per request"),
+            format!(
+                "{n} inputs is more than the limit of {max} per request \
+                 (--max-inputs-per-request); split the request"
+            ),
         ));
     }
     Ok(())

@@ -202,10 +202,13 @@ where
     E: Embedder + 'static,
     W: FnOnce(PythonEmbedder) -> E + Clone + Send + 'static,
 {
-    let cli = match ServeCli::try_parse_from(argv) {
+    let cli = match ServeCli::try_parse_from(&argv) {
         Ok(cli) => cli,
         Err(err) => {
             let _ = err.print();
+            if let Some(note) = value_from_environment(&err, &argv, |name| std::env::var_os(name)) {
+                eprintln!("{note}");
+            }
             return err.exit_code();
         }
     };
@@ -218,6 +221,41 @@ where
             1
         }
     }
+}
+
+/// For a bad value that came from a flag's environment variable, not the
+/// command line, a line saying so: clap's message names only the flag, which
+/// the command line the operator is looking at does not have.
+fn value_from_environment(
+    err: &clap::Error,
+    argv: &[String],
+    env: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    use clap::CommandFactory;
+    if !matches!(
+        err.kind(),
+        ErrorKind::ValueValidation | ErrorKind::InvalidValue
+    ) {
+        return None;
+    }
+    let Some(ContextValue::String(arg)) = err.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    let flag = arg.split_whitespace().next()?;
+    let long = flag.strip_prefix("--")?;
+    let command = ServeCli::command();
+    let variable = command
+        .get_arguments()
+        .find(|a| a.get_long() == Some(long))?
+        .get_env()?
+        .to_str()?
+        .to_owned();
+    let given = argv
+        .iter()
+        .any(|a| a == flag || a.starts_with(&format!("{flag}=")));
+    (!given && env(&variable).is_some())
+        .then(|| format!("(the value of {flag} came from the environment variable {variable})"))
 }
 
 fn serve<E, W>(cli: ServeCli, wrap: W) -> Result<(), String>
@@ -324,6 +362,28 @@ mod tests {
     fn parsed(args: &[&str]) -> ModelArgs {
         let argv = std::iter::once("mlx-embed serve").chain(args.iter().copied());
         ServeCli::try_parse_from(argv).expect("flags parse").model
+    }
+
+    #[test]
+    fn a_bad_value_from_the_environment_names_the_variable() {
+        let argv = |args: &[&str]| -> Vec<String> {
+            std::iter::once("mlx-embed serve")
+                .chain(args.iter().copied())
+                .map(String::from)
+                .collect()
+        };
+        let env = |name: &str| (name == "MLX_EMBED_MAX_BATCH_SIZE").then(|| "abc".into());
+        // clap reads the variable itself; here the same bad value on the
+        // command line stands in for it, so the test sets no environment.
+        let bad = ServeCli::try_parse_from(argv(&["--max-batch-size", "abc"])).expect_err("abc");
+        assert_eq!(
+            value_from_environment(&bad, &argv(&[]), env).as_deref(),
+            Some("(the value of --max-batch-size came from the environment variable MLX_EMBED_MAX_BATCH_SIZE)")
+        );
+        for given in [&["--max-batch-size", "abc"][..], &["--max-batch-size=abc"]] {
+            assert_eq!(value_from_environment(&bad, &argv(given), env), None);
+        }
+        assert_eq!(value_from_environment(&bad, &argv(&[]), |_| None), None);
     }
 
     #[test]

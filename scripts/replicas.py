@@ -111,6 +111,10 @@ def render_nginx_conf(listen_port: int, upstream_ports: Sequence[int], conf: Pat
     * --max-body-bytes: client_max_body_size, the body buffer and nginx's own
       413 messages, so nginx neither refuses a body the replicas take nor
       words another limit than theirs;
+    * --client-timeout-secs: the upstream keepalive_timeout is lowered below
+      it (never raised), so nginx closes an idle connection to a replica
+      before the replica does and never sends a request into one the
+      replica is closing;
     * --max-queue-wait-ms: proxy_read_timeout is raised to it plus
       READ_TIMEOUT_MARGIN_S (never lowered), and proxy_next_upstream_timeout
       to twice that. nginx resends a POST that timed out (`timeout` with
@@ -140,6 +144,11 @@ def render_nginx_conf(listen_port: int, upstream_ports: Sequence[int], conf: Pat
         text, n = re.subn(r"limit of \d+ bytes \(--max-body-bytes\)", f"limit of {body} bytes (--max-body-bytes)", text)
         if n == 0:
             raise ValueError(f"{conf}: no 'limit of N bytes (--max-body-bytes)' message")
+
+    client_timeout = _int_setting(server_args, "--client-timeout-secs", env)
+    if client_timeout is not None:
+        idle = min(_seconds(text, "keepalive_timeout", conf), max(client_timeout - 5, 1))
+        text = _sub(r"^(\s*)keepalive_timeout [^;]+;", rf"\g<1>keepalive_timeout {idle}s;", text, conf)
 
     queue_wait_ms = _int_setting(server_args, "--max-queue-wait-ms", env)
     if queue_wait_ms is not None:

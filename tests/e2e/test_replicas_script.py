@@ -286,6 +286,15 @@ def test_render_follows_the_server_settings(tmp_path, monkeypatch):
     conf = rp.render_nginx_conf(9000, [9001], env={"MLX_EMBED_MAX_QUEUE_WAIT_MS": "1000"})
     assert directive(conf, "proxy_read_timeout") == directive(shipped, "proxy_read_timeout")
 
+    # A client timeout under nginx's idle upstream timeout: a replica would
+    # close idle connections nginx still sends requests into.
+    monkeypatch.delenv("MLX_EMBED_CLIENT_TIMEOUT_SECS", raising=False)
+    assert directive(plain, "keepalive_timeout") == directive(shipped, "keepalive_timeout") == "60s"
+    conf = rp.render_nginx_conf(9000, [9001], server_args=["--client-timeout-secs", "30"])
+    assert directive(conf, "keepalive_timeout") == "25s"
+    conf = rp.render_nginx_conf(9000, [9001], server_args=["--client-timeout-secs", "300"])
+    assert directive(conf, "keepalive_timeout") == "60s"
+
     # The flag wins over the environment, as in the server.
     conf = rp.render_nginx_conf(9000, [9001], server_args=["--max-body-bytes", "3000000"],
                                 env={"MLX_EMBED_MAX_BODY_BYTES": "5"})

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -25,11 +26,21 @@ def _read_inputs(args) -> list[str]:
         f: TextIO = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
         try:
             jsonl = args.jsonl or (args.input.endswith(".jsonl") and not args.lines)
+            blank = None  # the first blank line not yet followed by a text
             for n, line in enumerate(f, 1):
                 line = line.rstrip("\n").rstrip("\r")
                 if jsonl:
+                    # Skipping a blank line would shift every later text's
+                    # output index off its line; blank lines at the very end
+                    # shift nothing and are allowed.
                     if not line.strip():
+                        blank = blank or n
                         continue
+                    if blank:
+                        raise SystemExit(
+                            f"{args.input}:{blank}: blank line (each line must hold a JSON "
+                            "object: the output's index goes by the lines)"
+                        )
                     try:
                         obj = json.loads(line)
                     except json.JSONDecodeError as e:
@@ -140,7 +151,7 @@ def cmd_embed(args) -> int:
 
 
 def cmd_bulk(args) -> int:
-    """Embeds a Parquet/JSONL corpus on Ray Data into Parquet (id, text, embedding)."""
+    """Embeds a Parquet/JSONL corpus on Ray Data into Parquet (its id and text, embedding)."""
     try:
         import ray
 
@@ -150,10 +161,15 @@ def cmd_bulk(args) -> int:
               file=sys.stderr)
         return 1
     started_ray = not ray.is_initialized()
-    if started_ray:
-        # No --address and no RAY_ADDRESS: a local cluster of --num-cpus CPUs.
-        ray.init(address=args.address, num_cpus=None if args.address else args.num_cpus)
+    session_dir = None
+    # Ray's logs are kept only when the job ended in an error of Ray's own
+    # (a traceback), where they may tell more.
+    said_why = False
     try:
+        if started_ray:
+            # No --address and no RAY_ADDRESS: a local cluster of --num-cpus CPUs.
+            ray.init(address=args.address, num_cpus=None if args.address else args.num_cpus)
+            session_dir = _local_session_dir(ray, args.address)
         result = run_bulk(
             args.inputs, args.output, model=args.model, id_column=args.id_column,
             text_column=args.text_column, concurrency=args.concurrency,
@@ -162,13 +178,28 @@ def cmd_bulk(args) -> int:
             normalize=not args.no_normalize, truncate=not args.no_truncate,
             dtype=args.dtype, quantize=args.quantize, instruction=args.instruction,
         )
+        said_why = True
     except (BadRow, BulkError) as e:
+        said_why = True
         print(f"mlx-embed bulk: error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        said_why = True
+        # A second Ctrl-C while Ray shuts down ends the process at once, with
+        # no second traceback either.
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+        print(f"mlx-embed bulk: interrupted; the files written to {args.output} are kept: run "
+              "the same command again to resume", file=sys.stderr)
+        return 130
     finally:
         if started_ray:
             # Also ends the workers' log forwarding, so the summary is stdout's last line.
             ray.shutdown()
+            if session_dir is not None and said_why:
+                # Its logs served this run alone, whose outcome is printed; a
+                # folder per run would pile up under /tmp/ray.
+                shutil.rmtree(session_dir, ignore_errors=True)
     summary = {
         "input_rows": result.input_rows, "already_done": result.already_done,
         "embedded": result.embedded, "removed_files": result.removed_files,
@@ -177,6 +208,18 @@ def cmd_bulk(args) -> int:
     }
     print(json.dumps(summary))
     return 0
+
+
+def _local_session_dir(ray, address) -> Optional[str]:
+    """The session folder of the local Ray cluster this process just started
+    (None when it joined one, or where Ray does not say)."""
+    if address or os.environ.get("RAY_ADDRESS"):
+        return None
+    try:
+        node = ray._private.worker._global_node  # Ray has no public name for it
+        return node.get_session_dir_path() if node is not None and node.head else None
+    except AttributeError:
+        return None
 
 
 def cmd_info(args) -> int:
@@ -300,7 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     e = sub.add_parser("embed", help="embed texts and write vectors")
     e.add_argument("texts", nargs="*", help="texts to embed")
-    e.add_argument("-i", "--input", help="file with one text per line, or JSONL ('-' = stdin)")
+    e.add_argument("-i", "--input", help="file with one text per line, or JSONL ('-' = stdin); "
+                   "output index i is the input's text i, so a blank JSONL line before the "
+                   "last text is refused")
     e.add_argument("--jsonl", action="store_true", help="input is JSONL ({\"text\": ...} per line)")
     e.add_argument("--lines", action="store_true", help="treat a .jsonl input as plain lines")
     e.add_argument("--field", default="text", help="JSONL field holding the text (default: text)")
@@ -318,9 +363,12 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser(
         "bulk", help="embed a Parquet/JSONL corpus on Ray Data into Parquet (resumable)",
         description="Reads Parquet or JSONL rows with an id and a text, embeds them on a pool "
-        "of Ray actors (one model each) and appends Parquet files of id, text, embedding "
-        "(list<float32>) to OUT_DIR. Ids already in OUT_DIR are skipped, so running the same "
-        "command again resumes. A row that cannot be embedded fails the job with its id.",
+        "of Ray actors (one model each) and appends Parquet files of the id and text columns "
+        "(under the input's names) and embedding (list<float32>) to OUT_DIR. Ids already in "
+        "OUT_DIR are skipped, so running the same command again resumes; OUT_DIR's "
+        "_mlx_embed_bulk.json records the model and options, and a resume with others is "
+        "refused. A row that cannot be embedded (a null or empty text) fails the job with "
+        "its id. Ctrl-C stops the job; the files written are kept for the resume.",
     )
     b.add_argument("inputs", nargs="+", help=".parquet / .jsonl files or folders of them")
     b.add_argument("-o", "--output", required=True, help="output folder of .parquet files")

@@ -18,9 +18,11 @@ side and the resumable job around it::
 (``concurrency=N`` works as well; Ray 2.51 deprecated it for ``compute``.)
 
 ``run_bulk`` is what ``mlx-embed bulk`` runs: read Parquet or JSONL, skip the
-ids already in the output folder, embed the rest, append Parquet files of
-``id``, ``text``, ``embedding`` (``list<float32>``), then check that every
-input id is in the output exactly once.
+ids already in the output folder, embed the rest, append Parquet files of the
+id column, the text column (under the input's names) and ``embedding``
+(``list<float32>``), then check that every input id is in the output exactly
+once. The output folder's ``_mlx_embed_bulk.json`` records the model and the
+options its vectors were made with; a resume with other ones is refused.
 
 Needs the ``ray`` extra: ``pip install 'mlx-embed[ray]'``.
 """
@@ -28,6 +30,8 @@ Needs the ``ray`` extra: ``pip install 'mlx-embed[ray]'``.
 from __future__ import annotations
 
 import gc
+import hashlib
+import json
 import os
 import re
 from collections.abc import Sequence
@@ -40,6 +44,9 @@ import numpy as np
 __all__ = ["BadRow", "BulkError", "BulkResult", "MlxEmbedder", "read_input", "run_bulk"]
 
 EMBEDDING_COLUMN = "embedding"
+# Beside the Parquet files; the leading "_" keeps Ray Data's and pyarrow's
+# folder readers from taking it for data.
+RECORD_NAME = "_mlx_embed_bulk.json"
 # CPUs of the cluster that the model actors leave to Ray Data's own tasks.
 IO_CPUS = 1
 
@@ -190,6 +197,8 @@ def _text_problem(text: Any) -> str | None:
         return "text is null"
     if not isinstance(text, str):
         return f"text must be a string, got {type(text).__name__}"
+    # Only "" is refused, as the server's routes do; a whitespace-only text
+    # is embedded there too (its vector is the model's for no words).
     if not text:
         return "text is empty"
     return None
@@ -215,7 +224,9 @@ def _input_format(paths: Sequence[str]) -> str:
     for p in paths:
         path = Path(p)
         if path.is_dir():
-            names = [f.name for f in path.iterdir() if f.is_file() and not f.name.startswith(".")]
+            # Skipped as Ray Data's reader skips them (a _SUCCESS marker, our record).
+            names = [f.name for f in path.iterdir()
+                     if f.is_file() and not f.name.startswith((".", "_"))]
             if names and all(n.endswith(".parquet") for n in names):
                 kinds.add("parquet")
             elif names and all(n.endswith((".jsonl", ".json")) for n in names):
@@ -316,6 +327,178 @@ def _check_ids(ids, where: str) -> None:
         )
 
 
+# ------------------------------------------------------------ what made the output
+
+# Bytes read from each end of a big model file for its fingerprint: a
+# fine-tuned copy of a model has the same file sizes, but not these bytes
+# (its first and last layers), and hashing whole multi-GB weights would
+# delay every start.
+_FINGERPRINT_SAMPLE = 1 << 20
+
+
+def _folder_fingerprint(folder: str | os.PathLike) -> str:
+    """A hash of a model folder's files (names, sizes, small files whole, big
+    ones sampled at both ends): equal for a copy of the folder elsewhere,
+    different for another model, or another revision put in its place."""
+    root = Path(folder)
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*")):
+        rel = f.relative_to(root).as_posix()
+        # A README or git metadata changes no vector.
+        if not f.is_file() or rel.startswith(".") or "/." in rel or f.suffix.lower() == ".md":
+            continue
+        size = f.stat().st_size
+        h.update(f"{rel}\0{size}\0".encode())
+        with open(f, "rb") as fh:
+            if size <= 2 * _FINGERPRINT_SAMPLE:
+                h.update(fh.read())
+            else:
+                h.update(fh.read(_FINGERPRINT_SAMPLE))
+                fh.seek(-_FINGERPRINT_SAMPLE, os.SEEK_END)
+                h.update(fh.read(_FINGERPRINT_SAMPLE))
+    return h.hexdigest()[:32]
+
+
+def model_identity(model: str | None = None, *, dtype: str = "float32",
+                   quantize: int | None = None, instruction: str | None = None) -> dict:
+    """What the model the actors would load is: name, resolved folder, vector
+    width, max_length and the folder's fingerprint."""
+    import mlx_embed
+
+    m = mlx_embed.load(model, dtype=dtype, quantize=quantize, instruction=instruction, workers=1)
+    return {
+        "name": m.name, "path": os.path.realpath(m.path), "dim": int(m.dim),
+        "max_length": int(m.max_length), "fingerprint": _folder_fingerprint(m.path),
+    }
+
+
+def _remote_model_identity(ray, model, dtype, quantize, instruction) -> dict:
+    """model_identity, run where the actors run (on a cluster the model folder
+    need not exist beside the driver), in a worker that then exits: a model
+    loaded and dropped on the caller's thread could abort the process at exit
+    when that thread was not the main one, and the driver keeps no copy."""
+    task = ray.remote(num_cpus=1, max_calls=1, max_retries=0)(model_identity)
+    try:
+        return ray.get(task.remote(model, dtype=dtype, quantize=quantize, instruction=instruction))
+    except ray.exceptions.RayTaskError as e:
+        cause = getattr(e, "cause", None) or e
+        raise BulkError(
+            f"cannot load the model {model or '(the bundled default)'}: "
+            f"{type(cause).__name__}: {cause}"
+        ) from None
+
+
+# Options whose change changes the vectors (or which rows they belong to).
+# Truncation is not one: with it off, a text over the limit fails the job
+# instead of being cut, so every vector written is the same either way.
+_RECORDED_OPTIONS = ("normalize", "dtype", "quantize", "instruction", "id_column", "text_column")
+
+
+def _settings_differences(old: dict, new: dict) -> list[str]:
+    """What differs between the settings recorded in an output folder and a
+    run's, one phrase each ("normalize: True then, False now")."""
+    diffs = []
+    was, now = old.get("model") or {}, new["model"]
+    # A copy of the same folder elsewhere (or a different name for it) is
+    # the same model: the files decide, not where they are.
+    if was.get("fingerprint") != now["fingerprint"] or was.get("dim") != now["dim"]:
+        diffs.append(
+            f"model: {was.get('name')} at {was.get('path')}, {was.get('dim')} dims then, "
+            f"{now['name']} at {now['path']}, {now['dim']} dims now"
+        )
+    for key in _RECORDED_OPTIONS:
+        if old.get(key) != new[key]:
+            diffs.append(f"{key}: {old.get(key)!r} then, {new[key]!r} now")
+    return diffs
+
+
+def _readable_output_files(out: Path) -> list[Path]:
+    """The output's Parquet files with a footer (a file cut short holds nothing)."""
+    import pyarrow.parquet as pq
+
+    files = []
+    for f in sorted(out.glob("*.parquet")) if out.is_dir() else ():
+        try:
+            pq.read_metadata(f)
+        except (OSError, ValueError):
+            continue
+        files.append(f)
+    return files
+
+
+def _check_unrecorded_vectors(out: Path, files: list[Path], settings: dict) -> None:
+    """An output folder from before the record: its vectors must have the
+    model's width (and be unit length when this run normalizes), the only
+    settings its files still show; another model of the same width and the
+    same options cannot be told apart, which is why the record exists."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    dim = settings["model"]["dim"]
+    for f in files:
+        try:
+            column = pq.read_table(f, columns=[EMBEDDING_COLUMN]).column(EMBEDDING_COLUMN)
+        except (KeyError, ValueError) as e:
+            raise BulkError(f"{f}: no {EMBEDDING_COLUMN!r} column; not this job's output ({e})") from e
+        column = column.combine_chunks()
+        if not len(column):
+            continue
+        lengths = pc.list_value_length(column)
+        widths = sorted({w for w in pc.unique(lengths).to_pylist() if w is not None})
+        if widths != [dim]:
+            raise BulkError(
+                f"{out} has no {RECORD_NAME} (it was written before mlx-embed recorded its "
+                f"settings) and {f.name} holds vectors of {', '.join(map(str, widths))} dims, "
+                f"where {settings['model']['name']} gives {dim}: resuming would mix two models' "
+                "vectors; write to a new output folder"
+            )
+        if settings["normalize"]:
+            vecs = np.asarray(pc.list_flatten(column), dtype=np.float32).reshape(-1, dim)
+            norms = np.linalg.norm(vecs, axis=1)
+            if np.abs(norms - 1).max() > 1e-2:
+                raise BulkError(
+                    f"{out} has no {RECORD_NAME} (it was written before mlx-embed recorded its "
+                    f"settings) and {f.name} holds vectors that are not unit length, where this "
+                    "run normalizes them: it was written with --no-normalize (normalize=False); "
+                    "resume with that, or write to a new output folder"
+                )
+
+
+def _check_and_record_settings(out: Path, settings: dict) -> None:
+    """Refuses to add to an output folder written with other settings, then
+    (re)writes the folder's record of them; raises BulkError, writing
+    nothing, if they differ."""
+    import mlx_embed
+
+    record_path = out / RECORD_NAME
+    files = _readable_output_files(out)
+    if record_path.exists():
+        try:
+            old = json.loads(record_path.read_text())
+            if not isinstance(old, dict):
+                raise ValueError("not a JSON object")
+        except (OSError, ValueError) as e:
+            raise BulkError(f"{record_path}: unreadable ({e}); write to a new output folder") from None
+        diffs = _settings_differences(old, settings)
+        if diffs and files:
+            raise BulkError(
+                f"{out} was written with other settings ({'; '.join(diffs)}; its {RECORD_NAME} "
+                "says which): resuming would mix vectors of two kinds in one folder. Run with the "
+                "settings it was written with, or write to a new output folder"
+            )
+        if not diffs:
+            return
+        # A record but no vectors (the first run stopped before writing any):
+        # nothing to mix, so this run's settings replace it.
+    elif files:
+        _check_unrecorded_vectors(out, files, settings)
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"written_by": f"mlx-embed {mlx_embed.__version__}", **settings}
+    tmp = out / (RECORD_NAME + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, record_path)  # a killed write leaves the old record or the new, whole
+
+
 def run_bulk(
     inputs: str | Sequence[str],
     output_dir: str | os.PathLike,
@@ -335,12 +518,18 @@ def run_bulk(
     instruction: str | None = None,
 ) -> BulkResult:
     """Embeds ``inputs`` (Parquet or JSONL with ``id_column`` and
-    ``text_column``) into Parquet files of ``id``, ``text``, ``embedding``
-    under ``output_dir``, on the Ray cluster this process is connected to
-    (a local one is started if none is).
+    ``text_column``) into Parquet files of those two columns, under their own
+    names, and ``embedding``, under ``output_dir``, on the Ray cluster this
+    process is connected to (a local one is started if none is).
 
-    Resumes: ids already in ``output_dir`` are skipped. Afterwards every input
-    id must be in the output exactly once, else ``BulkError``. A row the
+    Resumes: ids already in ``output_dir`` are skipped. The folder's
+    ``_mlx_embed_bulk.json`` records the model (name, folder, width, a
+    fingerprint of its files) and the options that change vectors; a run
+    with any other is refused with ``BulkError`` before anything is written.
+    A folder without the record (written before it existed) is resumed only
+    if its vectors have the model's width and, when normalizing, unit length.
+    Afterwards every input id must be in the output exactly once, else
+    ``BulkError``. A row the
     model cannot embed fails the job with ``BadRow`` naming its id. (Ray Data
     lets a failed job's actors go only once Python has collected the failed
     executor; ``mlx-embed bulk`` runs one job per process.)
@@ -357,6 +546,11 @@ def run_bulk(
     out = Path(output_dir)
     if batch_size < 1 or rows_per_file < 1 or cpus_per_actor <= 0:
         raise ValueError("batch_size and rows_per_file must be >= 1, cpus_per_actor > 0")
+    if id_column == text_column or EMBEDDING_COLUMN in (id_column, text_column):
+        raise BulkError(
+            f"the id and text columns must be two columns, neither named {EMBEDDING_COLUMN!r} "
+            f"(the output's vector column): got {id_column!r} and {text_column!r}"
+        )
     if not ray.is_initialized():
         ray.init()
     # Ray Data's file listing, reading, re-blocking and writing are tasks that
@@ -410,6 +604,14 @@ def run_bulk(
         ) from None
     _check_ids(input_ids, "input")
     input_rows = len(input_ids)
+
+    settings = {
+        "model": _remote_model_identity(ray, model, dtype, quantize, instruction),
+        "normalize": bool(normalize), "dtype": dtype, "quantize": quantize,
+        "instruction": instruction, "id_column": id_column, "text_column": text_column,
+    }
+    # Before the scan below deletes anything: a refused run leaves the folder as it was.
+    _check_and_record_settings(out, settings)
 
     done, removed, _ = _scan_output(out, id_column)
     done = pa.array(done, type=input_ids.type) if done else pa.array([], type=input_ids.type)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -23,9 +25,20 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import ray
-from mlx_embed.ray import BadRow, BulkError, MlxEmbedder, run_bulk
+from mlx_embed.ray import (
+    RECORD_NAME,
+    BadRow,
+    BulkError,
+    MlxEmbedder,
+    _check_and_record_settings,
+    _folder_fingerprint,
+    _settings_differences,
+    model_identity,
+    run_bulk,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
+TINY_MPNET = ROOT / "tests" / "fixtures" / "tiny-mpnet"  # 64 dims, beside the default's 384
 CLI = [sys.executable, "-m", "mlx_embed"]
 ROWS = 2000
 JOB_TIMEOUT_S = 300
@@ -47,9 +60,14 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def ray_env() -> dict:
+def ray_env(**extra) -> dict:
     # No usage reports from a test run (and nothing to reach here anyway).
-    return {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    return {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **extra}
+
+
+def folder_state(out: Path) -> dict[str, tuple[int, int]]:
+    """Each file's size and modification time: what a refused run must leave alone."""
+    return {f.name: (f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(out.iterdir())}
 
 
 @pytest.fixture(scope="module")
@@ -222,6 +240,64 @@ def test_bulk_cli_fails_loudly_on_a_bad_row(tmp_path):
     assert "mlx-embed bulk: error: row id='bad-00157': text is empty" in r.stderr
 
 
+def test_bulk_cli_ctrl_c_then_a_refused_and_a_good_resume(corpus, reference, tmp_path):
+    """Ctrl-C ends the job with one line saying how to resume (exit 130, no
+    traceback); a resume with another model is refused, exit 1, leaving the
+    folder as it was (it once mixed 384- and 64-dim vectors in one folder
+    with exit 0); the same command resumes and finishes. The local Ray
+    cluster's session folder goes with each run."""
+    out = tmp_path / "out"
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rt"))  # short: Ray's socket paths have a length limit
+    env = ray_env(RAY_TMPDIR=str(ray_tmp))
+    cmd = [*CLI, "bulk", str(corpus["parquet"]), "-o", str(out), "--num-cpus", "2",
+           "--concurrency", "1", "--workers-per-actor", "1", "--batch-size", "50",
+           "--rows-per-file", "100"]
+    try:
+        with open(tmp_path / "stderr", "w+") as stderr:
+            job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, cwd=ROOT, env=env,
+                                   text=True)
+            deadline = time.monotonic() + JOB_TIMEOUT_S
+            while job.poll() is None and not rows_written(out) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert job.poll() is None, "the job ended before it could be interrupted"
+            job.send_signal(signal.SIGINT)
+            try:
+                out_text, _ = job.communicate(timeout=120)
+            finally:
+                if job.poll() is None:
+                    job.kill()
+            stderr.seek(0)
+            err_text = stderr.read()
+        assert job.returncode == 130, err_text[-4000:]
+        assert "Traceback" not in err_text and "KeyboardInterrupt" not in err_text, err_text[-4000:]
+        assert err_text.rstrip().splitlines()[-1] == (
+            f"mlx-embed bulk: interrupted; the files written to {out} are kept: run the same "
+            "command again to resume")
+        assert not any(line.startswith("{") for line in out_text.splitlines()), out_text
+        written = rows_written(out)
+        assert 0 < written < ROWS
+
+        before = folder_state(out)
+        other = subprocess.run([*cmd, "-m", str(TINY_MPNET)], check=False, capture_output=True,
+                               text=True, timeout=JOB_TIMEOUT_S, cwd=ROOT, env=env)
+        assert other.returncode == 1, other.stderr[-3000:]
+        assert "mlx-embed bulk: error: " in other.stderr
+        assert "was written with other settings (model: all-MiniLM-L6-v2 at " in other.stderr
+        assert ", 384 dims then, tiny-mpnet at " in other.stderr and "64 dims now" in other.stderr
+        assert "write to a new output folder" in other.stderr
+        assert folder_state(out) == before
+
+        again = subprocess.run(cmd, check=False, capture_output=True, text=True,
+                               timeout=JOB_TIMEOUT_S, cwd=ROOT, env=env)
+        assert again.returncode == 0, again.stderr[-3000:]
+        summary = json.loads(again.stdout.strip().splitlines()[-1])
+        assert summary["already_done"] >= written and summary["embedded"] == ROWS - summary["already_done"]
+        check_output(out, corpus["rows"], reference)
+        assert not list((ray_tmp / "ray").glob("session_2*")), "a Ray session folder was left"
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
 # ------------------------------------------------------------ the library on one cluster
 
 
@@ -257,6 +333,106 @@ def test_resume_embeds_only_what_is_missing(cluster, corpus, reference, tmp_path
     assert (done.already_done, done.embedded) == (len(rows), 0)
 
 
+def test_resume_with_another_model_or_options_is_refused(cluster, corpus, reference, tmp_path):
+    """The output folder records the model and the options that change
+    vectors; a resume with any other is refused, naming what differs, with
+    nothing written. The input's own id and text column names are kept.
+    A folder from before the record resumes only if its vectors fit."""
+    rows = [{"doc": r["id"], "body": r["text"]} for r in corpus["rows"][:120]]
+    path = write_jsonl(tmp_path / "rows.jsonl", rows)
+    out = tmp_path / "out"
+    job = {"inputs": str(path), "output_dir": out, "id_column": "doc", "text_column": "body",
+           "batch_size": 30, "rows_per_file": 30, **SMALL_POOL}
+
+    def check(table: pa.Table) -> None:
+        assert table.column_names == ["doc", "body", "embedding"]
+        ids = table.column("doc").to_pylist()
+        assert sorted(ids) == sorted(r["doc"] for r in rows)
+        got = np.asarray(table.column("embedding").to_pylist(), dtype=np.float32)
+        assert np.abs(got - np.stack([reference[i] for i in ids])).max() <= 1e-6
+
+    first = bounded(**job)
+    assert first.embedded == len(rows) and first.output_files >= 3
+    check(read_output(out))
+    record = json.loads((out / RECORD_NAME).read_text())
+    assert record["model"]["name"] == "all-MiniLM-L6-v2" and record["model"]["dim"] == 384
+    assert (record["normalize"], record["dtype"], record["quantize"], record["instruction"]) == (
+        True, "float32", None, None)
+    assert (record["id_column"], record["text_column"]) == ("doc", "body")
+
+    files = sorted(out.glob("*.parquet"))
+    files[0].unlink()
+    before = folder_state(out)
+    for change, says in [
+        ({"model": str(TINY_MPNET)}, r"model: all-MiniLM-L6-v2 at .*, 384 dims then, tiny-mpnet at .*, 64 dims now"),
+        ({"normalize": False}, r"normalize: True then, False now"),
+        ({"dtype": "float16"}, r"dtype: 'float32' then, 'float16' now"),
+    ]:
+        with pytest.raises(BulkError, match=rf"{out} was written with other settings \({says}.*"
+                                            "write to a new output folder"):
+            bounded(**{**job, **change})
+        assert folder_state(out) == before, change
+
+    again = bounded(**job)
+    assert again.already_done + again.embedded == len(rows) and again.embedded > 0
+    check(read_output(out))
+
+    # A folder from before the record: the vectors' width is what is left to check.
+    (out / RECORD_NAME).unlink()
+    sorted(out.glob("*.parquet"))[0].unlink()
+    before = folder_state(out)
+    with pytest.raises(BulkError, match=rf"{out} has no {RECORD_NAME} .* vectors of 384 dims, "
+                                        "where tiny-mpnet gives 64"):
+        bounded(**{**job, "model": str(TINY_MPNET)})
+    assert folder_state(out) == before
+    adopted = bounded(**job)
+    assert adopted.embedded > 0
+    check(read_output(out))
+    assert json.loads((out / RECORD_NAME).read_text())["model"] == record["model"]
+
+
+def test_an_unrecorded_folder_of_unnormalized_vectors_is_refused_when_normalizing(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    vecs = np.full((3, 4), 2.0, dtype=np.float32)
+    pq.write_table(pa.table({"id": ["a", "b", "c"], "text": ["x", "y", "z"],
+                             "embedding": pa.array(vecs.tolist(), type=pa.list_(pa.float32()))}),
+                   out / "part.parquet")
+    settings = {"model": {"name": "m", "path": "/m", "dim": 4, "max_length": 8, "fingerprint": "f"},
+                "normalize": True, "dtype": "float32", "quantize": None, "instruction": None,
+                "id_column": "id", "text_column": "text"}
+    with pytest.raises(BulkError, match="not unit length, where this run normalizes them"):
+        _check_and_record_settings(out, settings)
+    assert not (out / RECORD_NAME).exists()
+    _check_and_record_settings(out, {**settings, "normalize": False})
+    assert json.loads((out / RECORD_NAME).read_text())["normalize"] is False
+    # A record with no vectors beside it (a first run stopped early) gives way.
+    (out / "part.parquet").unlink()
+    _check_and_record_settings(out, {**settings, "dtype": "float16"})
+    assert json.loads((out / RECORD_NAME).read_text())["dtype"] == "float16"
+
+
+def test_a_model_is_told_by_its_files_not_by_where_they_are(tmp_path):
+    copy = tmp_path / "copy-of-mpnet"
+    shutil.copytree(TINY_MPNET, copy)
+    (copy / "README.md").write_text("edited")
+    assert _folder_fingerprint(copy) == _folder_fingerprint(TINY_MPNET)
+    here, there = model_identity(str(TINY_MPNET)), model_identity(str(copy))
+    assert (here["dim"], here["name"], there["name"]) == (64, "tiny-mpnet", "copy-of-mpnet")
+    options = {"normalize": True, "dtype": "float32", "quantize": None, "instruction": None,
+               "id_column": "id", "text_column": "text"}
+    assert _settings_differences({"model": here, **options}, {"model": there, **options}) == []
+    assert _settings_differences({"model": here, **options},
+                                 {"model": there, **options, "normalize": False}) == [
+        "normalize: True then, False now"]
+    # Another revision in the same place is another model.
+    weights = copy / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert _folder_fingerprint(copy) != _folder_fingerprint(TINY_MPNET)
+
+
 def test_bad_input_fails_before_any_compute(cluster, tmp_path):
     rows = make_rows(50, "z")
     rows[40]["id"] = rows[3]["id"]
@@ -265,6 +441,11 @@ def test_bad_input_fails_before_any_compute(cluster, tmp_path):
                 concurrency=1)
     assert not (tmp_path / "o1").exists(), "nothing may be embedded before the ids are checked"
 
+    for id_column, text_column in [("doc", "doc"), ("id", "embedding")]:
+        with pytest.raises(BulkError, match="the id and text columns must be two columns, "
+                                            "neither named 'embedding'"):
+            bounded(inputs=write_jsonl(tmp_path / "cols.jsonl", rows), output_dir=tmp_path / "o1",
+                    id_column=id_column, text_column=text_column, concurrency=1)
     with pytest.raises(BulkError, match=r"no \['text'\] column"):
         bounded(inputs=write_jsonl(tmp_path / "notext.jsonl", [{"id": "a", "body": "x"}]),
                 output_dir=tmp_path / "o2", concurrency=1)
@@ -361,6 +542,17 @@ def test_callable_class_keeps_the_batch_type(minilm):
         embedder(pa.table({"id": ["a", "b"], "text": [1, 2]}))
     with pytest.raises(BadRow, match=r"row id='b': text is null"):
         embedder(pa.table({"id": ["a", "b"], "text": ["fine", None]}))
+
+
+def test_only_an_empty_text_is_refused_as_the_server_does(minilm):
+    """The server's routes refuse "" and embed a whitespace-only text; so does bulk."""
+    embedder = MlxEmbedder(workers=1)
+    texts = ["fine", " ", "\t\n  "]
+    table = embedder(pa.table({"id": ["a", "b", "c"], "text": texts}))
+    got = np.asarray(table.column("embedding").to_pylist(), dtype=np.float32)
+    assert np.abs(got - minilm.embed(texts)).max() <= 1e-6
+    with pytest.raises(BadRow, match=r"row id='b': text is empty"):
+        embedder(pa.table({"id": ["a", "b"], "text": [" ", ""]}))
 
 
 def test_a_row_the_model_refuses_is_named_by_its_id():

@@ -216,3 +216,23 @@ def test_static_models_take_big_device_passes_unless_told(golden_texts):
     assert default.batch_tokens == 8192 and small.batch_tokens == 16
     assert default.spec().batch_tokens == 8192
     np.testing.assert_array_equal(default.embed(golden_texts), small.embed(golden_texts))
+
+
+@pytest.mark.parametrize("folder", sorted(FOLDERS))
+def test_a_quantized_table_keeps_the_width_and_the_vectors(folder, golden_texts):
+    """load(quantize=) packs the table's rows into uint32 words; the width
+    was read off the packed table (16 for 64 at 8 bits) and every embed
+    failed on a shape mismatch."""
+    ref_name, normalized, _, _ = FOLDERS[folder]
+    ref = _ref(folder, ref_name)
+    zero = np.abs(ref).max(axis=1) == 0
+    for bits, floor in ((8, 0.9999), (4, 0.99)):
+        model = mlx_embed.load(FIXTURES / folder, quantize=bits)
+        assert (model.dim, model.info()["quantization"]) == (64, bits)
+        got = model.embed(golden_texts, normalize=normalized)
+        assert got.shape == ref.shape and np.isfinite(got).all()
+        assert np.array_equal(got[zero], ref[zero])
+        a, b = got[~zero], ref[~zero]
+        cos = (a * b).sum(axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+        print(f"{folder} {bits}-bit: min cosine {cos.min():.6f}")
+        assert cos.min() >= floor

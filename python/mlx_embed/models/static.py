@@ -98,7 +98,11 @@ class Model(nn.Module):
 
     @property
     def hidden_size(self) -> int:
-        return int(self.embeddings.weight.shape[1])
+        table = self.embeddings
+        if isinstance(table, nn.QuantizedEmbedding):
+            # `load(quantize=)` packs the rows: bits-wide values in uint32 words.
+            return int(table.weight.shape[1]) * 32 // int(table.bits)
+        return int(table.weight.shape[1])
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
         # Padding rows are looked up too; the mean pooling masks them out.

@@ -212,8 +212,17 @@ def test_a_per_request_cut_is_the_same_on_every_route(server):
             "embeddings"
         ][0],
     }
+    # The text's own ids at vLLM's cut: the same vector (ids kept their last k
+    # as sent, cosine 0.84 to the text's); vLLM's truncation_side "left" keeps
+    # the end of both, [CLS] and [SEP] kept.
+    got["openai/vllm ids"] = server.post("/v1/embeddings", {"input": [listed], "truncate_prompt_tokens": n}).json()[
+        "data"][0]["embedding"]
     for route, vector in got.items():
         assert float(np.dot(want, vector)) >= 0.99999, route
+    end = server.post("/v1/embeddings", {"input": [listed[:1] + listed[-n + 1:]]}).json()["data"][0]["embedding"]
+    for body in ({"input": text}, {"input": [listed]}):
+        left = server.post("/v1/embeddings", {**body, "truncate_prompt_tokens": n, "truncation_side": "left"})
+        assert float(np.dot(end, left.json()["data"][0]["embedding"])) >= 0.99999, body
     usage = server.post("/v1/embeddings", {"input": [text, "short"], "truncate_prompt_tokens": n}).json()["usage"]
     assert usage["prompt_tokens"] == n + 3
     # vLLM's score of the cut text against itself cut the same way.

@@ -304,6 +304,24 @@ fn fake_ids(ids: Vec<u32>, truncate_to: Option<usize>) -> Vec<u32> {
         .ids
 }
 
+/// The fake's ids for `ids` cut to `truncate_to` on `direction`'s side.
+fn fake_ids_cut(
+    ids: Vec<u32>,
+    truncate_to: Option<usize>,
+    direction: mlx_embed_core::TruncationDirection,
+) -> Vec<u32> {
+    use mlx_embed_core::{EmbedOptions, Tokenize as _};
+    let options = EmbedOptions {
+        truncate_to,
+        truncation_direction: direction,
+        ..EmbedOptions::default()
+    };
+    FakeTokenizer
+        .encode(&EmbedInput::Tokens(ids), &options)
+        .unwrap()
+        .ids
+}
+
 fn unit_of_ids(ids: &[u32]) -> Vec<f32> {
     let mut v = raw_vector_of_ids(ids);
     mlx_embed_core::l2_normalize(&mut v);
@@ -356,37 +374,50 @@ async fn vllm_integer_fields_take_a_whole_float() {
     s.stop().await.unwrap();
 }
 
-/// vLLM keeps the last k ids of a token-id prompt (`prompt_token_ids[-k:]`)
-/// where `truncate_prompt_tokens` is k, and the last `max_model_len` for -1;
-/// so do `/v1/embeddings`, `/pooling` and `/classify` where a request sets
-/// it. Without it, ids are cut as before (their first kept).
+/// vLLM's `truncate_prompt_tokens` cuts text and token ids alike (inside
+/// the model's special tokens), on the end vLLM's `truncation_side` names,
+/// the start kept by default: a text and its `/tokenize` ids give one
+/// vector. Ids kept their last k as sent, where text kept its first.
 #[tokio::test]
-async fn vllm_truncate_prompt_tokens_keeps_the_last_token_ids() {
+async fn vllm_truncate_prompt_tokens_cuts_text_and_ids_alike() {
+    use mlx_embed_core::TruncationDirection::{Left, Right};
     let s = Server::default().await;
     let ids: Vec<u32> = (1..=20).collect();
-    let last_five: Vec<u32> = (16..=20).collect();
-    let expected = unit_of_ids(&fake_ids(last_five.clone(), Some(5)));
-    assert_ne!(expected, unit_of_ids(&fake_ids(ids.clone(), Some(5))));
-    for path in ["/v1/embeddings", "/embeddings"] {
-        let (status, _, v) = post(
-            &s,
-            path,
-            &json!({ "input": [ids.clone()], "truncate_prompt_tokens": 5 }),
-        )
-        .await;
-        assert_eq!(status, 200, "{path}: {v}");
-        assert_eq!(v["usage"]["prompt_tokens"], 5, "{v}");
-        assert_close(&vectors(Shape::OpenAi, &v)[0], &expected);
+    let first = unit_of_ids(&fake_ids_cut(ids.clone(), Some(5), Right));
+    let last = unit_of_ids(&fake_ids_cut(ids.clone(), Some(5), Left));
+    assert_ne!(first, last);
+    for (side, expected, text_kept) in [
+        (None, &first, "ab"),
+        (Some("right"), &first, "ab"),
+        (Some("left"), &last, "ef"),
+    ] {
+        let with_side = |mut body: Value| {
+            if let Some(side) = side {
+                body["truncation_side"] = json!(side);
+            }
+            body
+        };
+        for path in ["/v1/embeddings", "/embeddings", "/pooling"] {
+            let body = with_side(json!({ "input": [ids.clone()], "truncate_prompt_tokens": 5 }));
+            let (status, _, v) = post(&s, path, &body).await;
+            assert_eq!(status, 200, "{path} {side:?}: {v}");
+            assert_eq!(v["usage"]["prompt_tokens"], 5, "{v}");
+            let got = if path == "/pooling" {
+                floats(&v["data"][0]["data"])
+            } else {
+                vectors(Shape::OpenAi, &v)[0].clone()
+            };
+            assert_close(&got, expected);
+        }
+        let body = with_side(json!({ "input": "abcdef", "truncate_prompt_tokens": 4 }));
+        let (status, _, v) = post(&s, "/v1/embeddings", &body).await;
+        assert_eq!(status, 200, "{v}");
+        assert_close(
+            &vectors(Shape::OpenAi, &v)[0],
+            &unit_vector(&text(text_kept)),
+        );
     }
-    let (status, _, v) = post(
-        &s,
-        "/pooling",
-        &json!({ "input": ids.clone(), "truncate_prompt_tokens": 5 }),
-    )
-    .await;
-    assert_eq!(status, 200, "{v}");
-    assert_close(&floats(&v["data"][0]["data"]), &expected);
-    // -1: the last of the model's maximum.
+    // -1: the model's maximum.
     let long: Vec<u32> = (1..=70).collect();
     let (status, _, v) = post(
         &s,
@@ -398,24 +429,8 @@ async fn vllm_truncate_prompt_tokens_keeps_the_last_token_ids() {
     assert_eq!(v["usage"]["prompt_tokens"], MAX_TOKENS, "{v}");
     assert_close(
         &vectors(Shape::OpenAi, &v)[0],
-        &unit_of_ids(&fake_ids(long[70 - MAX_TOKENS..].to_vec(), None)),
+        &unit_of_ids(&fake_ids(long, None)),
     );
-    // Without vLLM's field: the core's cut, as every route cuts ids.
-    let (status, _, v) = post(&s, "/v1/embeddings", &json!({ "input": long.clone() })).await;
-    assert_eq!(status, 200, "{v}");
-    assert_close(
-        &vectors(Shape::OpenAi, &v)[0],
-        &unit_of_ids(&fake_ids(long.clone(), None)),
-    );
-    // Text keeps its first tokens (the tokenizer's side), as vLLM's tokenizer cuts it.
-    let (status, _, v) = post(
-        &s,
-        "/v1/embeddings",
-        &json!({ "input": "abcdef", "truncate_prompt_tokens": 4 }),
-    )
-    .await;
-    assert_eq!(status, 200, "{v}");
-    assert_close(&vectors(Shape::OpenAi, &v)[0], &unit_vector(&text("ab")));
     // truncate: false still refuses ids over the cut.
     let (status, _, v) = post(
         &s,
@@ -431,17 +446,24 @@ async fn vllm_truncate_prompt_tokens_keeps_the_last_token_ids() {
             .starts_with("input 0 has 22 tokens, more than the request's cut of 5"),
         "{v}"
     );
+    let (status, _, v) = post(
+        &s,
+        "/v1/embeddings",
+        &json!({ "input": "a", "truncation_side": "middle" }),
+    )
+    .await;
+    assert_eq!(status, 400, "{v}");
     s.stop().await.unwrap();
 
     let s = scorer_server(FakeScorer::classifier).await;
     let (status, _, v) = post(
         &s,
         "/classify",
-        &json!({ "input": [ids], "truncate_prompt_tokens": 5 }),
+        &json!({ "input": [ids.clone()], "truncate_prompt_tokens": 5, "truncation_side": "left" }),
     )
     .await;
     assert_eq!(status, 200, "{v}");
-    let mut logits = raw_vector_of_ids(&fake_ids(last_five, Some(5)));
+    let mut logits = raw_vector_of_ids(&fake_ids_cut(ids, Some(5), Left));
     logits.truncate(3);
     assert_close(&floats(&v["data"][0]["probs"]), &softmax(&logits));
     s.stop().await.unwrap();

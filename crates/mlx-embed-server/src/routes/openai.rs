@@ -4,7 +4,7 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::Json;
 use base64::Engine as _;
-use mlx_embed_core::{EmbedInput, EmbedOptions, MetricsSnapshot, ModelKind, Priority, Prompt};
+use mlx_embed_core::{EmbedOptions, MetricsSnapshot, ModelKind, Priority, Prompt};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -18,7 +18,7 @@ use super::cohere::{self, CohereInputType};
 use super::Usage;
 use crate::embed::{embed as run_embed, output_dimension, EmbedOutput, EmbedRequest};
 use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
-use crate::extract::{ApiJson, PriorityHeader, TextsOrTokens};
+use crate::extract::{ApiJson, PriorityHeader, TextsOrTokens, TruncationSide};
 use crate::models::{ServedModel, Task};
 use crate::state::AppState;
 
@@ -229,11 +229,14 @@ pub struct OpenAiEmbeddingRequest {
     /// vLLM's older name for `use_activation`.
     pub normalize: Option<bool>,
     /// vLLM's: cut every input at this many tokens (special tokens included), at
-    /// most the model's maximum; -1 (or none): the model's maximum. Text keeps its
-    /// first tokens (inside the model's special tokens); token ids keep their
-    /// last ids as sent, as vLLM cuts them.
+    /// most the model's maximum; -1 (or none): the model's maximum. Text and
+    /// token ids are cut alike (inside the model's special tokens), so a text
+    /// and its `/tokenize` ids give one vector; `truncation_side` picks the end.
     #[serde(default, deserialize_with = "crate::extract::whole_number")]
     pub truncate_prompt_tokens: Option<i64>,
+    /// vLLM's: which end an over-long input loses: `right` (the default) keeps
+    /// its first tokens, `left` its last.
+    pub truncation_side: Option<TruncationSide>,
     /// vLLM's: true (the default); false is refused (400): inputs are tokenized
     /// with the model's special tokens, which its pooling reads.
     pub add_special_tokens: Option<bool>,
@@ -453,18 +456,7 @@ pub(crate) async fn embed_request(
         (None, None) => Prompt::Default,
     };
     let voyage_truncation = req.truncation.is_some();
-    let mut inputs = req.input.into_inputs();
-    vllm_cut_ids(
-        state,
-        VllmIdsCut {
-            model: req.model.as_deref(),
-            task: Task::Embed,
-            truncate_prompt_tokens: req.truncate_prompt_tokens,
-            truncate_to,
-            truncate,
-        },
-        &mut inputs,
-    )?;
+    let inputs = req.input.into_inputs();
     run_embed(
         state,
         EmbedRequest {
@@ -473,6 +465,7 @@ pub(crate) async fn embed_request(
             options: EmbedOptions {
                 prompt,
                 truncate,
+                truncation_direction: req.truncation_side.unwrap_or(TruncationSide::Right).into(),
                 truncate_to,
                 priority: req
                     .priority
@@ -584,62 +577,6 @@ impl VllmOptions<'_> {
             .param("embed_dtype"));
         }
         vllm_cut(self.truncate_prompt_tokens)
-    }
-}
-
-/// What [`vllm_cut_ids`] reads of a vLLM request.
-pub(crate) struct VllmIdsCut<'a> {
-    /// The request's `model`, and the task that picks the model by it.
-    pub model: Option<&'a str>,
-    pub task: Task,
-    pub truncate_prompt_tokens: Option<i64>,
-    /// [`vllm_cut`] of `truncate_prompt_tokens`.
-    pub truncate_to: Option<usize>,
-    /// The request's `truncate` (default true).
-    pub truncate: bool,
-}
-
-/// vLLM's cut of token-id input: with `truncate_prompt_tokens` k, a prompt
-/// of token ids keeps its last k ids as sent (vLLM slices
-/// `prompt_token_ids[-k:]`, special tokens or not; -1: the last
-/// `max_model_len`), where the core keeps the first ids (inside the model's
-/// special tokens). So a request that sets `truncate_prompt_tokens`, vLLM's
-/// field, has its ids cut here, to at most the model's maximum, before the
-/// core sees them; text is cut by the tokenizer at its end, as vLLM's
-/// tokenizer cuts it. With `truncate: false` nothing is cut here: the core
-/// refuses an input over the cut, as before.
-pub(crate) fn vllm_cut_ids(
-    state: &AppState,
-    cut: VllmIdsCut<'_>,
-    inputs: &mut [EmbedInput],
-) -> Result<(), ApiError> {
-    let has_ids = inputs.iter().any(|i| matches!(i, EmbedInput::Tokens(_)));
-    if cut.truncate_prompt_tokens.is_none() || !cut.truncate || !has_ids {
-        return Ok(());
-    }
-    let model_max = state
-        .model_for(cut.model, cut.task)?
-        .info()
-        .max_input_tokens;
-    let keep = EmbedOptions {
-        truncate_to: cut.truncate_to,
-        ..EmbedOptions::default()
-    }
-    .input_limit(model_max);
-    keep_last_ids(inputs, keep);
-    Ok(())
-}
-
-/// Cuts every token-id input to its last `keep` ids (0: no cut); text is left alone.
-fn keep_last_ids(inputs: &mut [EmbedInput], keep: usize) {
-    if keep == 0 {
-        return;
-    }
-    for input in inputs {
-        if let EmbedInput::Tokens(ids) = input {
-            let over = ids.len().saturating_sub(keep);
-            ids.drain(..over);
-        }
     }
 }
 
@@ -812,28 +749,6 @@ mod tests {
             err.to_string(),
             "modality `image` is not supported: this server embeds text (`text`)"
         );
-    }
-
-    #[test]
-    fn vllm_token_ids_keep_their_last_ids() {
-        let mut inputs = vec![
-            EmbedInput::Tokens(vec![101, 1, 2, 3, 4, 5, 102]),
-            EmbedInput::Tokens(vec![7, 8]),
-            EmbedInput::Text("text is the tokenizer's to cut".into()),
-        ];
-        keep_last_ids(&mut inputs, 3);
-        assert_eq!(
-            inputs,
-            vec![
-                EmbedInput::Tokens(vec![4, 5, 102]),
-                EmbedInput::Tokens(vec![7, 8]),
-                EmbedInput::Text("text is the tokenizer's to cut".into()),
-            ]
-        );
-        // No maximum: nothing to cut at.
-        let mut ids = vec![EmbedInput::Tokens(vec![1, 2, 3])];
-        keep_last_ids(&mut ids, 0);
-        assert_eq!(ids, vec![EmbedInput::Tokens(vec![1, 2, 3])]);
     }
 
     #[test]

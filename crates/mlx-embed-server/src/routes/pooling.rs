@@ -14,11 +14,11 @@ use utoipa::openapi::schema::{OneOfBuilder, Schema};
 use utoipa::openapi::{Ref, RefOr};
 use utoipa::{PartialSchema, ToSchema};
 
+use super::openai::VllmOptions;
 use super::openai::{embed_request, EmbeddingValue, OpenAiEmbeddingRequest};
-use super::openai::{vllm_cut_ids, VllmIdsCut, VllmOptions};
 use super::{response_id, unix_now, Usage};
 use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
-use crate::extract::{ApiJson, PriorityHeader, TextsOrTokens};
+use crate::extract::{ApiJson, PriorityHeader, TextsOrTokens, TruncationSide};
 use crate::models::Task;
 use crate::score::{ranking, score, ScoreOutput, ScoreRequest};
 use crate::state::AppState;
@@ -131,11 +131,14 @@ pub struct ClassifyRequest {
     /// vLLM's older name for `use_activation`.
     pub activation: Option<bool>,
     /// Cut every input at this many tokens (special tokens included), at most
-    /// the model's maximum; -1 (or none): the model's maximum. Text keeps its
-    /// first tokens (inside the model's special tokens); token ids keep their
-    /// last ids as sent, as vLLM cuts them.
+    /// the model's maximum; -1 (or none): the model's maximum. Text and token
+    /// ids are cut alike (inside the model's special tokens);
+    /// `truncation_side` picks the end.
     #[serde(default, deserialize_with = "crate::extract::whole_number")]
     pub truncate_prompt_tokens: Option<i64>,
+    /// vLLM's: which end an over-long input loses: `right` (the default) keeps
+    /// its first tokens, `left` its last.
+    pub truncation_side: Option<TruncationSide>,
     /// Cut over-long inputs (default true); false answers 400 instead.
     pub truncate: Option<bool>,
     /// true (the default); false is a 400.
@@ -278,18 +281,7 @@ async fn classify_scores(
         .unwrap_or(true);
     let raw = !activate || req.raw_scores == Some(Some(true));
     let truncate = req.truncate.unwrap_or(true);
-    let mut inputs = req.input.into_inputs();
-    vllm_cut_ids(
-        state,
-        VllmIdsCut {
-            model: req.model.as_deref(),
-            task: Task::Predict,
-            truncate_prompt_tokens: req.truncate_prompt_tokens,
-            truncate_to,
-            truncate,
-        },
-        &mut inputs,
-    )?;
+    let inputs = req.input.into_inputs();
     score(
         state,
         ScoreRequest {
@@ -298,6 +290,7 @@ async fn classify_scores(
             inputs,
             options: EmbedOptions {
                 truncate,
+                truncation_direction: req.truncation_side.unwrap_or(TruncationSide::Right).into(),
                 truncate_to,
                 priority: req
                     .priority

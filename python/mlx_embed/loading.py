@@ -346,6 +346,12 @@ def load_checkpoint(
             log.info("dequantized %d layers of the %d-bit checkpoint to %s at load: %s",
                      n, checkpoint_quantization, dtype, dequantized_because)
     if qcfg is None and quantize is not None:
+        if dtype == "bfloat16":
+            # Measured on MiniLM (docs/benchmarks.md, "Quantization"): min
+            # cosine to float32 0.990 at 8 bits, against 0.9996 with float32.
+            log.warning("quantize=%d with dtype bfloat16 keeps the quantization scales in "
+                        "bfloat16, which costs ten times the accuracy either loses alone; "
+                        "float16 or float32 keep them", quantize)
         if backend in SLOW_QUANTIZED:
             log.warning("quantize=%d on %s: %s; float weights are faster here",
                         quantize, backend, SLOW_QUANTIZED[backend])

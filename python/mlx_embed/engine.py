@@ -198,11 +198,24 @@ class EmbeddingModel(ScoringMixin):
     def workers(self) -> int:
         return self.scheduler.workers
 
+    @property
+    def max_seq_length(self) -> int:
+        """sentence-transformers' name for ``max_length``. Read-only: set there,
+        it was taken silently and cut nothing."""
+        return self.max_length
+
+    @max_seq_length.setter
+    def max_seq_length(self, value) -> None:
+        raise AttributeError(
+            f"max_seq_length cannot be set here (it is {self.max_length}): "
+            "load(..., max_length=N) sets the model's cut, embed(..., truncate_to=N) one call's"
+        )
+
     def _format_instruction(self, instruction: Optional[str]) -> Optional[str]:
         if instruction is None:
             return None
         if self._template is None:
-            raise ValueError(
+            raise InvalidInput(
                 f"instruction prefixes are not defined for {self.model_type} models "
                 "(their model file has no instruction template)"
             )
@@ -395,7 +408,10 @@ class EmbeddingModel(ScoringMixin):
             # np.str_, a str (an array of objects is checked item by item).
             texts = texts.tolist()
         if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
-            raise TypeError(f"texts must be a list of str, got {type(texts).__name__}")
+            raise TypeError(
+                f"texts must be a list of str, got {type(texts).__name__}"
+                + (" (one text: [text])" if isinstance(texts, str) else "")
+            )
         for i, t in enumerate(texts):
             if not isinstance(t, str):
                 raise TypeError(f"texts[{i}] must be str, got {type(t).__name__}")
@@ -455,9 +471,10 @@ class EmbeddingModel(ScoringMixin):
         out = [self.tokenizer.finish(c, truncation_direction, limit) for c in contents]
         ids, before = [o[0] for o in out], [o[1] for o in out]
         if not truncate:
+            limit_name = "max_length" if limit == self.max_length else "truncate_to"
             for i, b in enumerate(before):
                 if b > limit:
-                    raise InputTooLong("text", i, b, limit)
+                    raise InputTooLong("text", i, b, limit, limit_name)
         return ids, before
 
     def embed_with_counts(
@@ -489,7 +506,10 @@ class EmbeddingModel(ScoringMixin):
     def embed(self, texts: list[str], **kwargs) -> np.ndarray:
         """Embed ``texts``; float32 [len(texts), dim], rows in input order.
 
-        Keyword arguments: ``normalize`` (True), ``truncate`` (True),
+        Keyword arguments: ``normalize`` (True; False: the vectors before
+        normalization, as TEI answers ``normalize: false``, where
+        sentence-transformers' ``normalize_embeddings=False`` still runs a
+        folder's ``Normalize`` module), ``truncate`` (True),
         ``truncation_direction`` ("right" or "left"), ``truncate_to`` (cut at
         this many tokens, special tokens included, instead of the model's
         maximum), ``prompt_name`` (one of the folder's sentence-transformers

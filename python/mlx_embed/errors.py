@@ -24,10 +24,13 @@ class InputTooLong(InvalidInput):
     """Input ``index`` (a text or a pair) has ``tokens`` tokens, more than
     ``max_length``, and truncation was turned off."""
 
-    def __init__(self, what: str, index: int, tokens: int, max_length: int):
+    def __init__(self, what: str, index: int, tokens: int, max_length: int,
+                 limit_name: str = "max_length"):
         self.what, self.index, self.tokens, self.max_length = what, index, tokens, max_length
+        # ``limit_name``: the setting that made the limit (a call's
+        # ``truncate_to`` below the model's ``max_length``), as it was typed.
         super().__init__(
-            f"{what} {index} has {tokens} tokens, more than max_length={max_length} "
+            f"{what} {index} has {tokens} tokens, more than {limit_name}={max_length} "
             "(pass truncate=True to cut it)"
         )
 

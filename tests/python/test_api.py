@@ -96,7 +96,7 @@ def test_truncate_to_cuts_shorter_than_the_model(minilm, golden_texts):
     assert np.abs(vec[0] - b / np.linalg.norm(b)).max() <= 1e-6
     assert minilm.encode([long_text], truncate_to=100_000) == minilm.encode([long_text])
     assert minilm.encode([long_text], truncate_to=np.int64(10))[0] == [right]
-    with pytest.raises(InvalidInput, match="text 0 has .* more than max_length=10"):
+    with pytest.raises(InvalidInput, match="text 0 has .* more than truncate_to=10"):
         minilm.embed([long_text], truncate_to=10, truncate=False)
     assert minilm.count_tokens(["short"], truncate_to=3, truncate=False) == [3]
     with pytest.raises(InvalidInput, match="leaves no room for text"):
@@ -196,3 +196,21 @@ def test_a_bad_model_folder_is_named_with_what_is_wrong(tmp_path):
     (folder / "tokenizer.json").write_text('{"x": 1}')
     with pytest.raises(ValueError, match=f"^{folder / 'tokenizer.json'} cannot be read as a tokenizer: "):
         mlx_embed.load(folder)
+
+
+def test_what_a_sentence_transformers_user_types_is_answered(minilm):
+    """Names and habits from sentence-transformers: setting `max_seq_length`
+    was taken silently and cut nothing; a lone string, an instruction on a
+    model without a template and a call's cut get messages that say so."""
+    assert minilm.max_seq_length == minilm.max_length == 256
+    with pytest.raises(AttributeError, match=r"load\(\.\.\., max_length=N\)"):
+        minilm.max_seq_length = 128
+    assert minilm.max_length == 256
+    with pytest.raises(TypeError, match=r"one text: \[text\]"):
+        minilm.embed("hello")
+    with pytest.raises(InvalidInput, match="instruction prefixes are not defined"):
+        minilm.embed(["a"], instruction="x")
+    with pytest.raises(InvalidInput, match=r"more than truncate_to=8 "):
+        minilm.embed(["word " * 20], truncate=False, truncate_to=8)
+    with pytest.raises(InvalidInput, match=r"more than max_length=256 "):
+        minilm.embed(["word " * 300], truncate=False)

@@ -503,7 +503,18 @@ class EmbeddingModel(ScoringMixin):
         vecs, _ = self.scheduler.run(ids, normalize=normalize)
         return vecs, [len(x) for x in ids]
 
-    def embed(self, texts: list[str], **kwargs) -> np.ndarray:
+    def embed(
+        self,
+        texts: list[str],
+        *,
+        normalize: bool = True,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+        prompt_name: Optional[str] = None,
+        prompt: Optional[str] = None,
+        instruction: Optional[str] = None,
+        truncate_to: Optional[int] = None,
+    ) -> np.ndarray:
         """Embed ``texts``; float32 [len(texts), dim], rows in input order.
 
         Keyword arguments: ``normalize`` (True; False: the vectors before
@@ -514,8 +525,12 @@ class EmbeddingModel(ScoringMixin):
         this many tokens, special tokens included, instead of the model's
         maximum), ``prompt_name`` (one of the folder's sentence-transformers
         prompts), ``prompt`` (a raw prefix), ``instruction`` (formatted by the
-        model's template)."""
-        return self.embed_with_counts(texts, **kwargs)[0]
+        model's template). Spelled out rather than passed on, so a wrong
+        keyword's error names this method."""
+        return self.embed_with_counts(
+            texts, normalize=normalize, truncate=truncate, truncation_direction=truncation_direction,
+            prompt_name=prompt_name, prompt=prompt, instruction=instruction, truncate_to=truncate_to,
+        )[0]
 
     def embed_sparse(self, texts: list[str], **kwargs) -> list[tuple[np.ndarray, np.ndarray]]:
         """A SPLADE model's vectors as ``(indices, values)`` per text: the

@@ -1,6 +1,7 @@
 """Engine settings given as server flags reach the Python engine and show in /info."""
 
 import concurrent.futures as cf
+import json
 import re
 import sys
 import time
@@ -269,17 +270,26 @@ def test_a_port_in_use_or_an_empty_api_key_fails_before_the_model_loads(tmp_path
         taken.close()
 
 
-def test_json_logs_are_one_object_per_line_with_the_request_span(tmp_path):
-    import json as _json
+def _json_events(server) -> list[dict]:
+    """The server's log as `--log-format json` wrote it: every line one JSON object."""
+    return [json.loads(line) for line in server.log().splitlines() if line.strip()]
 
+
+def _one_python_warning(events: list[dict], text: str) -> None:
+    """Exactly one event holds `text`: a WARN of the Python model code's logger."""
+    found = [e for e in events if text in e.get("message", "")]
+    assert len(found) == 1, events[-10:]
+    assert found[0]["level"] == "WARN" and found[0]["logger"].startswith("mlx_embed"), found
+
+
+def test_json_logs_are_one_object_per_line_with_the_request_span(tmp_path):
     server = start_server(tmp_path, "--no-warmup", "--log-format", "json")
     try:
         ok = server.post("/embed", {"inputs": ["hello"]}, headers={"x-request-id": "json-log-1"})
         assert ok.status_code == 200
     finally:
         assert server.stop() == 0
-    lines = [line for line in server.log().splitlines() if line.strip()]
-    events = [_json.loads(line) for line in lines]  # every line is one JSON object
+    events = _json_events(server)
     done = [e for e in events if e.get("message") == "request done" and e["span"]["route"] == "/embed"]
     assert len(done) == 1, events[-5:]
     assert done[0]["level"] == "INFO" and done[0]["status"] == 200 and done[0]["ms"] > 0, done
@@ -291,15 +301,9 @@ def test_the_models_python_warnings_are_events_in_the_servers_log_format(tmp_pat
     """A warning of the Python model code (quantized weights, which are slow on
     this backend) comes out as one of the server's own log events, at its
     level: it was a bare line on stderr, which broke `--log-format json`."""
-    import json as _json
-
     server = start_server(tmp_path, "--no-warmup", "--log-format", "json", "--quantize", "4")
     assert server.stop() == 0
-    lines = [line for line in server.log().splitlines() if line.strip()]
-    events = [_json.loads(line) for line in lines]  # every line is one JSON object
-    slow = [e for e in events if "quantized matmul" in e.get("message", "")]
-    assert len(slow) == 1, lines[-10:]
-    assert slow[0]["level"] == "WARN" and slow[0]["logger"].startswith("mlx_embed"), slow
+    _one_python_warning(_json_events(server), "quantized matmul")
 
 
 @pytest.mark.parametrize("how", ["binary", "console script"])
@@ -307,15 +311,10 @@ def test_a_slow_blas_is_one_warning_event_in_the_servers_log_format(tmp_path, ho
     """The slow-BLAS warning was said at import, before the server routes
     the package's records into its log: a bare line beside the JSON lines
     (and, in text mode, a second copy). It is said when the model loads."""
-    import json as _json
-
     command = [str(Path(sys.prefix) / "bin" / "mlx-embed"), "serve"] if how == "console script" else None
     server = start_server(tmp_path, "--no-warmup", "--log-format", "json",
                           env={"MLX_EMBED_BLAS": "/nonexistent/libopenblas.so"}, command=command)
     assert server.stop() == 0
-    lines = [line for line in server.log().splitlines() if line.strip()]
-    events = [_json.loads(line) for line in lines]  # every line is one JSON object
-    slow = [e for e in events if "slow reference BLAS" in e.get("message", "")]
-    assert len(slow) == 1, lines[-10:]
-    assert slow[0]["level"] == "WARN" and slow[0]["logger"].startswith("mlx_embed"), slow
-    assert not [e for e in events if "added no packages" in e.get("message", "")], lines[:5]
+    events = _json_events(server)
+    _one_python_warning(events, "slow reference BLAS")
+    assert not [e for e in events if "added no packages" in e.get("message", "")], events[:5]

@@ -552,7 +552,10 @@ class EmbeddingModel(ScoringMixin):
         return out
 
     def count_tokens(self, texts: list[str], **kwargs) -> list[int]:
-        """Tokens each text would run as (after truncation, specials included)."""
+        """Tokens each text would run as (after truncation, specials included);
+        with ``truncate=False`` an over-long text raises ``InputTooLong``, as
+        :meth:`embed` would (its count before truncation is the error's
+        ``tokens``, and :meth:`encode`'s second list)."""
         return [len(x) for x in self.encode(texts, **kwargs)[0]]
 
     # ------------------------------------------------------------- reports

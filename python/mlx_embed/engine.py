@@ -297,12 +297,25 @@ class EmbeddingModel(ScoringMixin):
             type_ids = self._check_type_ids(type_ids, ids)
         return PendingResult(self.scheduler.submit(ids, type_ids, output=output))
 
-    def embed_tokens(self, texts: list[str], **kwargs) -> list[np.ndarray]:
+    def embed_tokens(
+        self,
+        texts: list[str],
+        *,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+        prompt_name: Optional[str] = None,
+        prompt: Optional[str] = None,
+        instruction: Optional[str] = None,
+        truncate_to: Optional[int] = None,
+    ) -> list[np.ndarray]:
         """Each text's per-token vectors: float32 [tokens, hidden] per text
         (specials included, unnormalized), in input order. Keyword arguments
         as :meth:`encode` takes them."""
         self._check_output("tokens")
-        ids, _ = self.encode(texts, **kwargs)
+        ids, _ = self.encode(
+            texts, truncate=truncate, truncation_direction=truncation_direction,
+            prompt_name=prompt_name, prompt=prompt, instruction=instruction, truncate_to=truncate_to,
+        )
         if not ids:
             # np.split of nothing is one empty piece, not none.
             return []

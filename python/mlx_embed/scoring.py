@@ -102,7 +102,9 @@ class ScoringMixin:
         *,
         top_n: Optional[int] = None,
         raw_scores: bool = False,
-        **kwargs,
+        truncate: bool = True,
+        truncation_direction: str = "right",
+        instruction: Optional[str] = None,
     ) -> list[tuple[int, float]]:
         """(document index, score) pairs, best first; ``top_n`` keeps that many."""
         if self.kind != "reranker":
@@ -120,7 +122,10 @@ class ScoringMixin:
             raise TypeError(f"top_n must be a whole number, got {top_n!r}")
         if top_n is not None and top_n < 1:
             raise InvalidInput(f"top_n must be >= 1, got {top_n}")
-        s = self.score([(query, d) for d in documents], raw_scores=raw_scores, **kwargs)[:, 0]
+        s = self.score(
+            [(query, d) for d in documents], raw_scores=raw_scores, truncate=truncate,
+            truncation_direction=truncation_direction, instruction=instruction,
+        )[:, 0]
         # Stable: equal scores keep the documents' order.
         order = np.argsort(-s, kind="stable")
         if top_n is not None:

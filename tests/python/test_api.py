@@ -208,8 +208,9 @@ def test_what_a_sentence_transformers_user_types_is_answered(minilm):
     assert minilm.max_length == 256
     with pytest.raises(TypeError, match=r"one text: \[text\]"):
         minilm.embed("hello")
-    with pytest.raises(TypeError, match=r"embed\(\) got an unexpected keyword argument 'batch_size'"):
-        minilm.embed(["a"], batch_size=4)
+    for method in ("embed", "embed_tokens"):
+        with pytest.raises(TypeError, match=rf"{method}\(\) got an unexpected keyword argument 'batch_size'"):
+            getattr(minilm, method)(["a"], batch_size=4)
     with pytest.raises(InvalidInput, match="instruction prefixes are not defined"):
         minilm.embed(["a"], instruction="x")
     with pytest.raises(InvalidInput, match=r"more than truncate_to=8 "):

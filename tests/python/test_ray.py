@@ -254,8 +254,11 @@ def test_bulk_cli_ctrl_c_then_a_refused_and_a_good_resume(corpus, reference, tmp
            "--rows-per-file", "100"]
     try:
         with open(tmp_path / "stderr", "w+") as stderr:
+            # SIGINT as a terminal's foreground job has it: a test run started
+            # in the background (CI's) ignores it, and Python then leaves it
+            # ignored, so the job ran to its end with exit 0.
             job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, cwd=ROOT, env=env,
-                                   text=True)
+                                   text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
             # Interrupted once the embedding has started: Ray Data writes the
             # files in a burst at the end, so waiting for the first one raced
             # with the job's end on a loaded machine.

@@ -154,15 +154,7 @@ pub(crate) fn check_inputs(state: &AppState, inputs: &[EmbedInput]) -> Result<()
         return Err(ApiError::invalid("input is empty: send at least one text").param("input"));
     }
     if inputs.len() > max_inputs {
-        return Err(ApiError::new(
-            ErrorKind::TooLarge,
-            format!(
-                "{} inputs is more than the limit of {max_inputs} per request \
-                 (--max-inputs-per-request); split the request",
-                inputs.len()
-            ),
-        )
-        .param("input"));
+        return Err(ApiError::too_many_inputs(inputs.len(), max_inputs).param("input"));
     }
     // Token ids are checked against the vocabulary by the tokenizer, with the rest of the input.
     for (i, input) in inputs.iter().enumerate() {

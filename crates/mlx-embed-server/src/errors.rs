@@ -195,6 +195,17 @@ impl ApiError {
         .code("invalid_api_key")
     }
 
+    /// 413: a request of `n` inputs, over `--max-inputs-per-request`.
+    pub fn too_many_inputs(n: usize, max_inputs: usize) -> Self {
+        Self::new(
+            ErrorKind::TooLarge,
+            format!(
+                "{n} inputs is more than the limit of {max_inputs} per request \
+                 (--max-inputs-per-request); split the request"
+            ),
+        )
+    }
+
     /// 413: the body is over `--max-body-bytes`.
     pub fn body_too_large(max_body_bytes: usize) -> Self {
         Self::new(

@@ -184,13 +184,7 @@ fn check_count(state: &AppState, n: usize) -> Result<(), ApiError> {
         return Err(ApiError::invalid("nothing to do: send at least one input"));
     }
     if n > max {
-        return Err(ApiError::new(
-            ErrorKind::TooLarge,
-            format!(
-                "{n} inputs is more than the limit of {max} per request \
-                 (--max-inputs-per-request); split the request"
-            ),
-        ));
+        return Err(ApiError::too_many_inputs(n, max));
     }
     Ok(())
 }

@@ -216,8 +216,9 @@ impl ServerArgs {
     /// defaults ([`BatcherConfig::for_device`]).
     pub fn batcher_config(&self, device: DeviceKind) -> BatcherConfig {
         let caps = BatcherConfig::for_device(device);
+        let max_batch_size = self.max_batch_size.unwrap_or(caps.max_batch_size);
         BatcherConfig {
-            max_batch_size: self.max_batch_size.unwrap_or(caps.max_batch_size),
+            max_batch_size,
             max_batch_tokens: self.max_batch_tokens.unwrap_or(caps.max_batch_tokens),
             batch_window: Duration::from_millis(self.batch_window_ms),
             regroup_window: self
@@ -227,9 +228,7 @@ impl ServerArgs {
             max_waiting: self.max_waiting,
             max_queue_wait: Duration::from_millis(self.max_queue_wait_ms),
             enable_batching: !self.no_batching,
-            max_priority_batch_size: self
-                .max_priority_batch_size
-                .min(self.max_batch_size.unwrap_or(caps.max_batch_size)),
+            max_priority_batch_size: self.max_priority_batch_size.min(max_batch_size),
             aging_batches: self.aging_batches,
             model_threads: self.model_threads,
             cache_bytes: if self.no_cache {

@@ -15,6 +15,7 @@ scripts/bench_scale.py use the same functions.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import math
 import os
 import re
@@ -23,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -218,6 +220,29 @@ class Replica:
         return self.proc.returncode
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(signum: int):
+    """A `preexec_fn` that has Linux send the child `signum` when the process
+    that starts it dies, even by SIGKILL, so no replica or nginx outlives a
+    killed replicas.py. None (no hook) off Linux, or off the main thread:
+    the signal fires when the starting *thread* exits, and a worker thread
+    of a test or benchmark may exit long before its children should."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    parent = os.getpid()
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def hook() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, signum, 0, 0, 0)
+        # The parent may have died before prctl: then nobody would signal us.
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signum)
+
+    return hook
+
+
 def start_replica(port: int, log_dir: Path, args: Sequence[str] = (), *, wait: bool = True,
                   timeout: float = 180, env: dict | None = None, binary: Path = SERVER_BINARY,
                   command: Sequence[str] | None = None, new_session: bool = False) -> Replica:
@@ -235,6 +260,7 @@ def start_replica(port: int, log_dir: Path, args: Sequence[str] = (), *, wait: b
         proc = subprocess.Popen(
             [*command, "--host", HOST, "--port", str(port), *args],
             stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT, start_new_session=new_session,
+            preexec_fn=die_with_parent(signal.SIGTERM),  # SIGTERM: the replica drains
         )
     replica = Replica(port=port, proc=proc, log_path=log_path, args=list(args))
     if wait:
@@ -327,7 +353,8 @@ def spawn_nginx(port: int, upstream_ports: Sequence[int], prefix: Path, timeout:
     # what nginx logs before it has read the config.
     with open(prefix / "nginx.err", "ab") as err:
         proc = subprocess.Popen([*base, "-e", str(prefix / "startup.err")], stdout=err,
-                                stderr=subprocess.STDOUT, cwd=prefix, start_new_session=new_session)
+                                stderr=subprocess.STDOUT, cwd=prefix, start_new_session=new_session,
+                                preexec_fn=die_with_parent(signal.SIGQUIT))  # SIGQUIT: graceful
     return Nginx(port=port, proc=proc, prefix=prefix)
 
 

@@ -181,6 +181,29 @@ def test_stop_at_any_moment_drains_every_replica(script, how, when):
     assert ("nginx on" in s.stdout()) == (when == "serving")
 
 
+@pytest.mark.parametrize("when", ["start-up", "serving"])
+def test_killed_script_leaves_no_child_running(script, when):
+    """SIGKILL to the script alone (an OOM killer, `kill -9`): it can stop
+    nothing itself, so its children must go by themselves. Linux signals
+    them when it dies: each replica gets SIGTERM and drains, nginx gets SIGQUIT."""
+    s = script("--replicas", "1", "--server-binary", str(TEST_SERVER_BINARY), env=SLOW_START)
+    if when == "start-up":
+        s.wait_for(lambda: s.replica_logs() and "batcher started" in s.replica_logs()[0], 60, "the replica loading")
+    else:
+        s.wait_serving()
+    s.kids()
+    expected = 1 if when == "start-up" else 2
+    assert len([pid for pid in s.seen if alive(pid)]) == expected, s.seen
+    os.kill(s.proc.pid, signal.SIGKILL)
+    s.proc.wait(10)
+    deadline = time.monotonic() + STOP_SECONDS
+    while any(alive(pid) for pid in s.seen) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert_all_stopped(s)
+    log = s.replica_logs()[0]
+    assert len(re.findall(r"received SIGTERM", log)) == 1, log[-3000:]
+
+
 def test_port_taken_before_start_fails_at_once(script):
     """nginx's port held by another listener: reported before anything starts, exit 1."""
     port = free_run(3)

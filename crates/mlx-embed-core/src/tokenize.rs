@@ -30,7 +30,7 @@ pub(crate) async fn encode_all(
     inputs: Vec<EmbedInput>,
     options: &EmbedOptions,
 ) -> Result<Vec<Encoded>, CoreError> {
-    check_prompt(info, &options.prompt)?;
+    check_prompt(info, &options.prompt, &inputs)?;
     if options.truncate_to == Some(0) {
         return Err(CoreError::InvalidInput(
             "truncate_to must be at least 1 token".into(),
@@ -110,8 +110,26 @@ fn encode_with(
 }
 
 /// A named prompt must be one the model has; checked once per request rather
-/// than reported against its first input.
-fn check_prompt(info: &ModelInfo, prompt: &Prompt) -> Result<(), CoreError> {
+/// than reported against its first input. An asked-for prompt cannot go with
+/// token ids, which run as given: ignoring it would answer the unprompted
+/// vector to a caller who has every reason to think the prompt was applied.
+fn check_prompt(info: &ModelInfo, prompt: &Prompt, inputs: &[EmbedInput]) -> Result<(), CoreError> {
+    let asked = match prompt {
+        Prompt::Default => return Ok(()),
+        Prompt::Raw(text) => !text.is_empty(),
+        Prompt::Named(_) => true,
+    };
+    if asked {
+        if let Some(index) = inputs
+            .iter()
+            .position(|input| matches!(input, EmbedInput::Tokens(_)))
+        {
+            return Err(CoreError::InvalidInput(format!(
+                "input {index}: token ids run as given, so a prompt cannot be added to them; \
+                 send text, or put the prompt's tokens in the ids (/tokenize shows them)"
+            )));
+        }
+    }
     let Prompt::Named(name) = prompt else {
         return Ok(());
     };

@@ -449,7 +449,41 @@ async fn tokenizer_and_prompt_errors_are_invalid_input_naming_the_input() {
             "unknown prompt name \"query\": this model has no named prompts".into()
         )
     );
+    // Ids run as given: an asked-for prompt (named or raw) is refused with
+    // them, rather than left out of a vector the caller takes for prompted.
+    for prompt in [Prompt::Named("query".into()), Prompt::Raw("q: ".into())] {
+        let err = batcher
+            .embed(
+                vec![texts(&["x"]).remove(0), EmbedInput::Tokens(vec![1, 2])],
+                EmbedOptions {
+                    prompt,
+                    ..EmbedOptions::default()
+                },
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            CoreError::InvalidInput(
+                "input 1: token ids run as given, so a prompt cannot be added to them; send \
+                 text, or put the prompt's tokens in the ids (/tokenize shows them)"
+                    .into()
+            )
+        );
+    }
     assert!(record.batches().is_empty());
+    // An empty raw prompt is no prompt: ids are fine with it.
+    let out = batcher
+        .embed(
+            vec![EmbedInput::Tokens(vec![1, 2])],
+            EmbedOptions {
+                prompt: Prompt::Raw(String::new()),
+                ..EmbedOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.vectors.len(), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -970,6 +970,19 @@ async fn prompts_and_truncation_side_reach_the_tokenizer() {
             "unknown prompt name \"nope\": this model has passage, query"
         );
     }
+    // Token ids run as given: a prompt asked for with them is refused, not dropped.
+    for (path, shape) in ROUTES
+        .iter()
+        .filter(|(_, shape)| matches!(shape, Shape::OpenAi | Shape::Tei))
+    {
+        let mut b = body(*shape, json!([[5, 6, 7]]));
+        b["prompt_name"] = json!("query");
+        let msg = expect_error(&s, path, *shape, &b, 400).await;
+        assert!(
+            msg.starts_with("input 0: token ids run as given, so a prompt cannot"),
+            "{path}: {msg}"
+        );
+    }
     // A raw prompt (native only), and not both at once.
     let (status, _, v) = post(
         &s,

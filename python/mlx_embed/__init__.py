@@ -18,7 +18,7 @@ Public API::
                            # folder's SPLADE vectors (a SparseEncoder folder is SPLADE by itself)
     model.embed(texts, *, normalize=True, truncate=True,
                 truncation_direction="right", prompt_name=None, prompt=None,
-                instruction=None) -> np.ndarray float32 [len(texts), model.dim]
+                instruction=None, truncate_to=None) -> np.ndarray float32 [len(texts), model.dim]
     model.embed_with_counts(...) -> (array, tokens_per_text)
     model.embed_sparse(texts, ...) -> [(indices int32, values float32) per text]   # SPLADE models
     model.encode(texts, ...) -> (ids, tokens_before_truncation)
@@ -26,6 +26,12 @@ Public API::
     model.spec() -> mlx_embed.spec.ModelSpec        # the Rust bridge's view
     model.embed_tokens(texts, ...) -> [np.ndarray float32 [tokens, hidden] per text]
     model.embed_ids(ids, type_ids=None, *, output="pooled"|"tokens") -> mlx_embed.spec.EmbedResult
+    model.submit_ids(ids, type_ids=None, *, output=...).result()   # embed_ids in two steps
+    # rerankers and classifiers:
+    model.rerank(query, documents, *, top_n=None, raw_scores=False, truncate=True,
+                 truncation_direction="right", instruction=None) -> [(index, score)] best first
+    model.score(pairs, *, raw_scores=False, ...) -> np.ndarray float32 [len(pairs)]
+    model.predict(texts_or_pairs, *, raw_scores=False, ...) -> np.ndarray [n, labels]
     model.memory() -> dict                          # MLX active/cache/peak bytes
     model.info() -> dict
     mlx_embed.blas_info() -> dict

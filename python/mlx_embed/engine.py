@@ -615,6 +615,10 @@ class EmbeddingModel(ScoringMixin):
         return out
 
     def info(self) -> dict:
+        """What the model is and how it runs, for logs and bug reports: name,
+        dim, max_length, dtype, pooling, kind and labels, quantization, the
+        device, the BLAS MLX uses (with its measured matmul GFLOP/s), the
+        engine's settings, MLX memory and start-up timings."""
         b = _blas.info(measure=True)
         return {
             "name": self.name,

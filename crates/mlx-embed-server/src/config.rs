@@ -119,7 +119,7 @@ pub struct ServerArgs {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_inputs_per_request: usize,
 
-    /// When set, every route but the probes (/health, /.well-known/live, /.well-known/ready)
+    /// When set, every route but the probes (/health, /ping, /.well-known/live, /.well-known/ready)
     /// requires `Authorization: Bearer <key>`, /metrics included (a scraper sends the key).
     #[arg(long, env = "MLX_EMBED_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,

@@ -59,8 +59,9 @@ pub struct ModelArgs {
     #[arg(long, env = "MLX_EMBED_INSTRUCTION")]
     pub instruction: Option<String>,
     /// Pooling of the --model folders, over what their sentence-transformers files say: cls,
-    /// mean, max, last-token, weightedmean, mean-sqrt-len, or splade (a BertForMaskedLM folder's
-    /// SPLADE sparse vectors, for /embed_sparse) [default: the folder's own].
+    /// mean, max, lasttoken (or TEI's last-token), weightedmean, mean_sqrt_len_tokens (or
+    /// mean-sqrt-len), or splade (a BertForMaskedLM folder's SPLADE sparse vectors, for
+    /// /embed_sparse) [default: the folder's own].
     #[arg(long, env = "MLX_EMBED_POOLING", value_parser = pooling_values())]
     pub pooling: Option<String>,
     /// MLX buffer cache limit in MiB [default: 2048 on a GPU, 0 on the CPU]; bounds device memory, since every new batch shape leaves buffers in the cache.

@@ -150,6 +150,23 @@ pub trait Tokenize: Send + Sync {
     /// and describe the input (the core names its index).
     fn encode(&self, input: &EmbedInput, options: &EmbedOptions) -> Result<Encoded, EmbedderError>;
 
+    /// Encodes one request's inputs, each as [`Tokenize::encode`] would, in
+    /// order; stops at the first that fails, with its index. A tokenizer
+    /// overrides it to share work between the inputs (a reranker's query,
+    /// the same in every pair, tokenized once) or to bound what a request may
+    /// make it read. Default: `encode` each.
+    fn encode_request(
+        &self,
+        inputs: &[EmbedInput],
+        options: &EmbedOptions,
+    ) -> Result<Vec<Encoded>, (usize, EmbedderError)> {
+        inputs
+            .iter()
+            .enumerate()
+            .map(|(i, input)| self.encode(input, options).map_err(|e| (i, e)))
+            .collect()
+    }
+
     /// The tokens of one text as the model would see them (prompt applied,
     /// not truncated), with the model's special tokens when `add_special_tokens`
     /// (TEI's `/tokenize`). Default: not supported.

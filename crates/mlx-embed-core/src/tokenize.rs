@@ -93,20 +93,16 @@ fn encode_with(
     inputs: &[EmbedInput],
     options: &EmbedOptions,
 ) -> Result<Vec<Encoded>, CoreError> {
-    inputs
-        .iter()
-        .enumerate()
-        .map(|(i, input)| {
-            tokenizer.encode(input, options).map_err(|e| match e.kind {
-                EmbedderErrorKind::InvalidInput => {
-                    CoreError::InvalidInput(format!("input {i}: {}", e.message))
-                }
-                EmbedderErrorKind::ModelFailure | EmbedderErrorKind::ModelGone => {
-                    CoreError::Model(format!("tokenizer failed on input {i}: {}", e.message))
-                }
-            })
+    tokenizer
+        .encode_request(inputs, options)
+        .map_err(|(i, e)| match e.kind {
+            EmbedderErrorKind::InvalidInput => {
+                CoreError::InvalidInput(format!("input {i}: {}", e.message))
+            }
+            EmbedderErrorKind::ModelFailure | EmbedderErrorKind::ModelGone => {
+                CoreError::Model(format!("tokenizer failed on input {i}: {}", e.message))
+            }
         })
-        .collect()
 }
 
 /// A named prompt must be one the model has; checked once per request rather

@@ -1,5 +1,6 @@
 //! [`HfTokenizer`]: the spec's rules over a Hugging Face `tokenizers::Tokenizer`.
 
+use std::collections::hash_map::{Entry, HashMap};
 use std::path::Path;
 
 use mlx_embed_core::{
@@ -198,6 +199,7 @@ impl HfTokenizer {
         document: &str,
         options: &EmbedOptions,
         max_length: usize,
+        known_query: Option<&[u32]>,
     ) -> Result<Encoded, EmbedderError> {
         let pair = self.spec.pair.as_ref().ok_or_else(|| {
             EmbedderError::invalid_input("this model takes single texts, not query/document pairs")
@@ -248,11 +250,29 @@ impl HfTokenizer {
                 "prompts do not apply to query/document pairs of this model",
             ));
         }
-        let a = self.encode_text(query, "")?;
+        let query = match known_query {
+            Some(ids) => ids,
+            None => &self.encode_text(query, "")?,
+        };
+        self.segment_pair(pair, query, document, direction, budget)
+    }
+
+    /// A segment pair (`[CLS] query [SEP] document [SEP]`, in the model's
+    /// specials) from the query's ids: the query and the document are
+    /// tokenized apart, so one query's ids serve every document.
+    fn segment_pair(
+        &self,
+        pair: &PairSpec,
+        query: &[u32],
+        document: &str,
+        direction: TruncationDirection,
+        budget: usize,
+    ) -> Result<Encoded, EmbedderError> {
+        let specials = pair.specials();
         let b = self.encode_text(document, "")?;
-        let untruncated_len = u32::try_from(a.len() + b.len() + specials).unwrap_or(u32::MAX);
-        let (n1, n2) = truncate_pair_lengths(a.len(), b.len(), budget);
-        let (a, b) = (cut(&a, n1, direction), cut(&b, n2, direction));
+        let untruncated_len = u32::try_from(query.len() + b.len() + specials).unwrap_or(u32::MAX);
+        let (n1, n2) = truncate_pair_lengths(query.len(), b.len(), budget);
+        let (a, b) = (cut(query, n1, direction), cut(&b, n2, direction));
         let mut ids = Vec::with_capacity(a.len() + b.len() + specials);
         ids.extend_from_slice(&pair.prefix_ids);
         ids.extend_from_slice(a);
@@ -413,9 +433,52 @@ impl Tokenize for HfTokenizer {
                 self.as_given(ids, direction, max_length)
             }
             EmbedInput::Pair { query, document } => {
-                self.encode_pair(query, document, options, max_length)
+                self.encode_pair(query, document, options, max_length, None)
             }
         }
+    }
+
+    /// Segment pairs tokenize each distinct query once, not once per
+    /// document: a long query with many documents cost its tokenizing times
+    /// the documents (a 1 MB query beside 1,000 one-word documents kept a
+    /// core busy for minutes after its client left). A template reranker
+    /// formats each pair as one text, so its query is read again in every
+    /// pair: what that makes the tokenizer read is bounded instead.
+    fn encode_request(
+        &self,
+        inputs: &[EmbedInput],
+        options: &EmbedOptions,
+    ) -> Result<Vec<Encoded>, (usize, EmbedderError)> {
+        let Some(pair) = self.spec.pair.as_ref() else {
+            return inputs
+                .iter()
+                .enumerate()
+                .map(|(i, input)| self.encode(input, options).map_err(|e| (i, e)))
+                .collect();
+        };
+        if pair.template.is_some() {
+            check_template_reading(inputs)?;
+        }
+        let max_length = options.input_limit(self.spec.max_length);
+        let shared = pair.template.is_none() && options.prompt == Prompt::Default;
+        let mut queries: HashMap<&str, Vec<u32>> = HashMap::new();
+        let mut out = Vec::with_capacity(inputs.len());
+        for (i, input) in inputs.iter().enumerate() {
+            let encoded = match input {
+                EmbedInput::Pair { query, document } if shared => {
+                    let ids = match queries.entry(query.as_str()) {
+                        Entry::Occupied(known) => known.into_mut(),
+                        Entry::Vacant(slot) => {
+                            slot.insert(self.encode_text(query, "").map_err(|e| (i, e))?)
+                        }
+                    };
+                    self.encode_pair(query, document, options, max_length, Some(ids))
+                }
+                other => self.encode(other, options),
+            };
+            out.push(encoded.map_err(|e| (i, e))?);
+        }
+        Ok(out)
     }
 
     fn tokens(
@@ -464,6 +527,35 @@ impl Tokenize for HfTokenizer {
 /// The model's tokenizer with whatever truncation and padding its file
 /// carries turned off (MiniLM's has truncation at 128 and fixed padding to
 /// 128): both are decided by the spec instead.
+/// Most text a template reranker's pairs may make the tokenizer read in one
+/// request, each pair's query counted again: 8 times the server's default
+/// 2 MiB body, so any request whose query is at most an eighth of its body
+/// passes, and the worst case tokenizes in seconds, not minutes.
+pub const MAX_TEMPLATE_PAIR_BYTES: usize = 16 << 20;
+
+/// Refuses template pairs that would make the tokenizer read more than
+/// [`MAX_TEMPLATE_PAIR_BYTES`], naming the input that goes over.
+fn check_template_reading(inputs: &[EmbedInput]) -> Result<(), (usize, EmbedderError)> {
+    let mut bytes = 0usize;
+    for (i, input) in inputs.iter().enumerate() {
+        bytes += match input {
+            EmbedInput::Pair { query, document } => query.len() + document.len(),
+            EmbedInput::Text(text) => text.len(),
+            EmbedInput::Tokens(_) => 0,
+        };
+        if bytes > MAX_TEMPLATE_PAIR_BYTES {
+            let message = format!(
+                "this reranker reads the query again with each document, and the pairs up to \
+                 this one are over the {} MiB of text one request may have it tokenize; send a \
+                 shorter query or fewer documents per request",
+                MAX_TEMPLATE_PAIR_BYTES >> 20
+            );
+            return Err((i, EmbedderError::invalid_input(message)));
+        }
+    }
+    Ok(())
+}
+
 fn load(path: &Path) -> Result<Tokenizer, TokenizerError> {
     let error = |message: String| TokenizerError::Load {
         path: path.display().to_string(),

@@ -39,7 +39,7 @@ mod error;
 mod pair;
 mod spec;
 
-pub use encoder::HfTokenizer;
+pub use encoder::{HfTokenizer, MAX_TEMPLATE_PAIR_BYTES};
 pub use error::TokenizerError;
 pub use pair::{truncate_pair_lengths, PairSpec};
 pub use spec::TokenizerSpec;

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use mlx_embed_core::{EmbedInput, EmbedOptions, Prompt, Tokenize, TruncationDirection};
-use mlx_embed_tokenizer::{HfTokenizer, PairSpec, TokenizerSpec};
+use mlx_embed_tokenizer::{HfTokenizer, PairSpec, TokenizerSpec, MAX_TEMPLATE_PAIR_BYTES};
 use tokenizers::{
     Tokenizer, TruncationDirection as HfDirection, TruncationParams, TruncationStrategy,
 };
@@ -228,4 +228,110 @@ fn single_text_models_refuse_pairs() {
         "{}",
         err.message
     );
+}
+
+/// One request's pairs, encoded together (each query tokenized once), are
+/// exactly the pairs encoded one at a time, in both directions, with queries
+/// repeated, interleaved, and long enough to be cut.
+#[test]
+fn a_request_shares_its_queries_and_encodes_each_pair_alike() {
+    for (folder, types) in [
+        ("tiny-bert-reranker", (0, 1)),
+        ("tiny-xlmr-reranker", (0, 0)),
+    ] {
+        let ours = HfTokenizer::from_spec(segments_spec(folder, 128, types)).unwrap();
+        let fixture_pairs = pairs(folder);
+        let long_query = "a query long enough to be cut ".repeat(40);
+        let mut inputs = Vec::new();
+        for (i, (q, d)) in fixture_pairs.iter().enumerate() {
+            inputs.push(EmbedInput::Pair {
+                query: q.clone(),
+                document: d.clone(),
+            });
+            let query = if i % 2 == 0 {
+                &long_query
+            } else {
+                &fixture_pairs[0].0
+            };
+            inputs.push(EmbedInput::Pair {
+                query: query.clone(),
+                document: d.clone(),
+            });
+        }
+        for direction in [TruncationDirection::Right, TruncationDirection::Left] {
+            let opts = options(direction);
+            let together = ours.encode_request(&inputs, &opts).unwrap();
+            let alone: Vec<_> = inputs
+                .iter()
+                .map(|i| ours.encode(i, &opts).unwrap())
+                .collect();
+            assert_eq!(together, alone, "{folder} {direction:?}");
+        }
+        // The first input that fails stops the request, with its index.
+        let mut bad = inputs[..3].to_vec();
+        bad.insert(1, EmbedInput::Text("a lone text".into()));
+        let plain = HfTokenizer::from_spec(
+            HfTokenizer::probe_spec(&fixture(folder).join("tokenizer.json"), 128).unwrap(),
+        )
+        .unwrap();
+        let (index, err) = plain
+            .encode_request(&bad, &EmbedOptions::default())
+            .unwrap_err();
+        assert_eq!(index, 0, "a single-text model refuses the first pair");
+        assert!(
+            err.message.contains("not query/document pairs"),
+            "{}",
+            err.message
+        );
+    }
+}
+
+/// A template reranker reads the query again in every pair: a request may
+/// make it read at most MAX_TEMPLATE_PAIR_BYTES, and the pair that goes
+/// over is named.
+#[test]
+fn template_pairs_bound_what_a_request_makes_the_tokenizer_read() {
+    let path = fixture("tiny-qwen3-reranker").join("tokenizer.json");
+    let spec = TokenizerSpec {
+        pair: Some(PairSpec {
+            template: Some("<Query>: {query}\n<Document>: {document}".into()),
+            ..PairSpec::default()
+        }),
+        ..HfTokenizer::probe_spec(&path, 64).unwrap()
+    };
+    let ours = HfTokenizer::from_spec(spec).unwrap();
+    let query = "q".repeat(1 << 20);
+    let pair = |document: &str| EmbedInput::Pair {
+        query: query.clone(),
+        document: document.into(),
+    };
+    // Sixteen pairs of a 1 MiB query and a one-byte document: over by the 16th.
+    let inputs: Vec<_> = (0..16).map(|_| pair("d")).collect();
+    let (index, err) = ours
+        .encode_request(&inputs, &EmbedOptions::default())
+        .unwrap_err();
+    assert_eq!(index, 15);
+    assert!(
+        err.message
+            .contains("reads the query again with each document")
+            && err.message.contains("16 MiB"),
+        "{}",
+        err.message
+    );
+    assert_eq!(MAX_TEMPLATE_PAIR_BYTES, 16 << 20);
+    // Under the bound, the same as one at a time.
+    let short: Vec<_> = (0..3)
+        .map(|i| EmbedInput::Pair {
+            query: "what is it".into(),
+            document: format!("document {i}"),
+        })
+        .collect();
+    let together = ours
+        .encode_request(&short, &EmbedOptions::default())
+        .unwrap();
+    let alone: Vec<_> = short
+        .iter()
+        .map(|i| ours.encode(i, &EmbedOptions::default()).unwrap())
+        .collect();
+    assert_eq!(together, alone);
 }

@@ -115,14 +115,32 @@ struct MarkingTokenizer {
     marked: Arc<Marked>,
 }
 
-impl Tokenize for MarkingTokenizer {
-    fn encode(&self, input: &EmbedInput, options: &EmbedOptions) -> Result<Encoded, EmbedderError> {
-        let encoded = self.inner.encode(input, options)?;
+impl MarkingTokenizer {
+    fn mark(&self, input: &EmbedInput, encoded: &Encoded) {
         if let EmbedInput::Text(text) = input {
             let hooks = Hooks::of(text, &self.markers);
             if hooks.any() {
                 self.marked.add(&encoded.ids, hooks);
             }
+        }
+    }
+}
+
+impl Tokenize for MarkingTokenizer {
+    fn encode(&self, input: &EmbedInput, options: &EmbedOptions) -> Result<Encoded, EmbedderError> {
+        let encoded = self.inner.encode(input, options)?;
+        self.mark(input, &encoded);
+        Ok(encoded)
+    }
+
+    fn encode_request(
+        &self,
+        inputs: &[EmbedInput],
+        options: &EmbedOptions,
+    ) -> Result<Vec<Encoded>, (usize, EmbedderError)> {
+        let encoded = self.inner.encode_request(inputs, options)?;
+        for (input, e) in inputs.iter().zip(&encoded) {
+            self.mark(input, e);
         }
         Ok(encoded)
     }

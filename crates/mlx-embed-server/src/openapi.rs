@@ -2,10 +2,12 @@
 
 use std::sync::OnceLock;
 
-use utoipa::OpenApi;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
+use utoipa::openapi::{ContentBuilder, HeaderBuilder, Ref, ResponseBuilder};
+use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 
 use crate::errors::{
-    NativeErrorBody, OllamaErrorBody, OpenAiErrorBody, TeiErrorBody, WeaviateErrorBody,
+    Api, NativeErrorBody, OllamaErrorBody, OpenAiErrorBody, TeiErrorBody, WeaviateErrorBody,
 };
 use crate::routes::{
     cohere, native, ollama, openai, ops, platforms, pooling, predict, rerank, root, similarity,
@@ -92,7 +94,94 @@ const ALIASES: [(&str, &str); 6] = [
     ("/ping", "/health"),
 ];
 
-/// The document: every handler's path, then its aliases.
+/// The name of the security scheme `--api-key` is: HTTP bearer.
+const BEARER: &str = "bearer";
+
+/// Whether a path needs `Authorization: Bearer <key>` when the server runs
+/// with `--api-key`: every one but the probes, as
+/// [`require_api_key`](crate::middleware::require_api_key) lets them through.
+fn needs_api_key(path: &str) -> bool {
+    !(path == "/health" || path == "/ping" || path.starts_with("/.well-known/"))
+}
+
+/// The optional API key (`--api-key`): a bearer security scheme; the document
+/// asks for it or nothing (`security: [{}, {"bearer": []}]`: a server runs
+/// with a key or without), the probes for nothing (`security: []`); and every
+/// other operation declares the 401 a missing or wrong key gets, in its
+/// path's error shape (the shape the key check answers in: [`Api::for_path`]).
+///
+/// Applied by [`document`] after the aliases, so each alias gets its own
+/// path's shape.
+struct ApiKeyAuth;
+
+impl Modify for ApiKeyAuth {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let scheme = HttpBuilder::new()
+            .scheme(HttpAuthScheme::Bearer)
+            .description(Some(
+                "The server's `--api-key`, when it runs with one: every route but `/health`, \
+                 `/ping` and `/.well-known/*` then needs `Authorization: Bearer <key>` and \
+                 answers 401 without it. A server started without `--api-key` needs no key.",
+            ))
+            .build();
+        doc.components
+            .get_or_insert_with(Default::default)
+            .add_security_scheme(BEARER, SecurityScheme::Http(scheme));
+        doc.security = Some(vec![
+            SecurityRequirement::default(),
+            SecurityRequirement::new(BEARER, Vec::<String>::new()),
+        ]);
+        for (path, item) in doc.paths.paths.iter_mut() {
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.options,
+                &mut item.head,
+                &mut item.patch,
+                &mut item.trace,
+            ];
+            for operation in operations.into_iter().flatten() {
+                if !needs_api_key(path) {
+                    operation.security = Some(Vec::new());
+                    continue;
+                }
+                let shape = match Api::for_path(path) {
+                    Api::Native => NativeErrorBody::name(),
+                    Api::OpenAi => OpenAiErrorBody::name(),
+                    Api::Tei => TeiErrorBody::name(),
+                    Api::Ollama => OllamaErrorBody::name(),
+                    Api::Weaviate => WeaviateErrorBody::name(),
+                };
+                let unauthorized = ResponseBuilder::new()
+                    .description(
+                        "Missing or wrong API key (only when the server runs with `--api-key`)",
+                    )
+                    .header(
+                        "WWW-Authenticate",
+                        HeaderBuilder::new()
+                            .schema(String::schema())
+                            .description(Some("`Bearer`"))
+                            .build(),
+                    )
+                    .content(
+                        "application/json",
+                        ContentBuilder::new()
+                            .schema(Some(Ref::from_schema_name(shape)))
+                            .build(),
+                    )
+                    .build();
+                operation
+                    .responses
+                    .responses
+                    .insert("401".to_owned(), unauthorized.into());
+            }
+        }
+    }
+}
+
+/// The document: every handler's path, then its aliases, then the API key.
 fn document() -> utoipa::openapi::OpenApi {
     let mut doc = ApiDoc::openapi();
     for (alias, original) in ALIASES {
@@ -105,6 +194,7 @@ fn document() -> utoipa::openapi::OpenApi {
         }
         doc.paths.paths.insert(alias.to_owned(), item);
     }
+    ApiKeyAuth.modify(&mut doc);
     doc
 }
 
@@ -118,7 +208,7 @@ pub fn json() -> &'static str {
 mod tests {
     use std::collections::BTreeSet;
 
-    use serde_json::Value;
+    use serde_json::{json, Value};
 
     /// Every path the router serves, as the OpenAPI document spells it
     /// (axum's `{*model}` catch-all is a `{model}` parameter there).
@@ -216,6 +306,156 @@ mod tests {
             schemas["RerankAnswer"]["oneOf"].as_array().unwrap().len(),
             3
         );
+    }
+
+    /// Every operation of the document, as (path, method, operation).
+    fn operations(doc: &Value) -> Vec<(&str, &str, &Value)> {
+        let mut all = Vec::new();
+        for (path, item) in doc["paths"].as_object().unwrap() {
+            for (method, operation) in item.as_object().unwrap() {
+                all.push((path.as_str(), method.as_str(), operation));
+            }
+        }
+        all
+    }
+
+    /// The schema `v` names by `$ref`, else `v`.
+    fn resolved<'a>(doc: &'a Value, v: &'a Value) -> &'a Value {
+        match v["$ref"].as_str() {
+            Some(r) => &doc["components"]["schemas"][r.rsplit('/').next().unwrap()],
+            None => v,
+        }
+    }
+
+    #[test]
+    fn the_api_key_is_an_optional_bearer_token_the_probes_never_need() {
+        let doc: Value = serde_json::from_str(super::json()).unwrap();
+        assert_eq!(
+            doc["components"]["securitySchemes"]["bearer"]["type"],
+            "http"
+        );
+        assert_eq!(
+            doc["components"]["securitySchemes"]["bearer"]["scheme"],
+            "bearer"
+        );
+        // A server runs with `--api-key` or without: the key, or nothing.
+        assert_eq!(doc["security"], json!([{}, { "bearer": [] }]));
+        let probes = [
+            "/health",
+            "/ping",
+            "/.well-known/live",
+            "/.well-known/ready",
+        ];
+        let mut guarded = 0;
+        for (path, method, operation) in operations(&doc) {
+            let unauthorized = &operation["responses"]["401"];
+            if probes.contains(&path) {
+                assert_eq!(operation["security"], json!([]), "{method} {path}");
+                assert!(unauthorized.is_null(), "{method} {path}");
+                continue;
+            }
+            guarded += 1;
+            assert!(operation.get("security").is_none(), "{method} {path}");
+            assert!(
+                unauthorized["headers"]["WWW-Authenticate"].is_object(),
+                "{method} {path}"
+            );
+            // In the shape the key check answers the path in (the HTTP
+            // tests check each against a keyed server).
+            let schema = unauthorized["content"]["application/json"]["schema"]["$ref"]
+                .as_str()
+                .unwrap();
+            assert!(
+                schema.starts_with("#/components/schemas/") && schema.ends_with("ErrorBody"),
+                "{method} {path}: {schema}"
+            );
+        }
+        assert!(guarded > 40, "{guarded}");
+        // The routes that answered nothing but 200 before.
+        for (path, shape) in [
+            ("/", "TeiErrorBody"),
+            ("/api/ps", "OllamaErrorBody"),
+            ("/api/tags", "OllamaErrorBody"),
+            ("/api/version", "OllamaErrorBody"),
+            ("/meta", "WeaviateErrorBody"),
+            ("/metrics", "NativeErrorBody"),
+            ("/openapi.json", "NativeErrorBody"),
+        ] {
+            assert_eq!(
+                doc["paths"][path]["get"]["responses"]["401"]["content"]["application/json"]
+                    ["schema"]["$ref"],
+                format!("#/components/schemas/{shape}"),
+                "{path}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_document_says_what_the_routes_do() {
+        let doc: Value = serde_json::from_str(super::json()).unwrap();
+        let schemas = &doc["components"]["schemas"];
+        // Ollama answers an over-long input with `truncate: false` 400, not 422.
+        let truncate = schemas["OllamaEmbedRequest"]["properties"]["truncate"]["description"]
+            .as_str()
+            .unwrap();
+        assert!(
+            truncate.contains("400") && !truncate.contains("422"),
+            "{truncate}"
+        );
+        // The header's lane loses to a body `priority` only where the body has one.
+        for (path, method, operation) in operations(&doc) {
+            let Some(header) = operation["parameters"]
+                .as_array()
+                .and_then(|ps| ps.iter().find(|p| p["name"] == "X-Priority"))
+            else {
+                continue;
+            };
+            let body = resolved(
+                &doc,
+                &operation["requestBody"]["content"]["application/json"]["schema"],
+            );
+            // A flattened body is the `allOf` of its parts.
+            let parts: Vec<&Value> = match body["allOf"].as_array() {
+                Some(parts) => parts.iter().map(|p| resolved(&doc, p)).collect(),
+                None => vec![body],
+            };
+            let has_priority = parts
+                .iter()
+                .any(|p| p["properties"]["priority"].is_object());
+            let says_body_wins = header["description"]
+                .as_str()
+                .unwrap()
+                .contains("body `priority` wins");
+            assert_eq!(says_body_wins, has_priority, "{method} {path}");
+        }
+        // An unknown model is a 404 where several are served.
+        for path in ["/api/v1/embed", "/embed", "/"] {
+            let errors = doc["paths"][path]["post"]["responses"]["4XX"]["description"]
+                .as_str()
+                .unwrap();
+            assert!(errors.contains("404"), "{path}: {errors}");
+        }
+        // `POST /` answers JSON.
+        assert_eq!(
+            doc["paths"]["/"]["post"]["responses"]["200"]["content"]["application/json"]["schema"]
+                ["$ref"],
+            "#/components/schemas/InferenceAnswer"
+        );
+        assert_eq!(
+            schemas["InferenceAnswer"]["anyOf"]
+                .as_array()
+                .unwrap()
+                .len(),
+            3
+        );
+        // vLLM's other names for the score lists validate: no name is required.
+        let score = &schemas["ScoreBody"];
+        assert!(score.get("required").is_none(), "{score}");
+        assert!(score["properties"]["text_1"].is_object());
+        let described = score["description"].as_str().unwrap();
+        for name in ["queries", "documents", "items", "data_1", "data_2"] {
+            assert!(described.contains(name), "{name}: {described}");
+        }
     }
 
     #[test]

@@ -1163,6 +1163,80 @@ async fn api_key_guards_everything_but_health() {
     s.stop().await.unwrap();
 }
 
+/// The document's security is the key check's: with `--api-key`, every
+/// operation the document does not exempt (`security: []`) answers a request
+/// without the key 401, with `WWW-Authenticate` and a body of the shape its
+/// 401 names; the exempt probes answer without one.
+#[tokio::test]
+async fn the_documented_security_is_the_api_keys() {
+    let args = ServerArgs {
+        api_key: Some("sekret".into()),
+        ..test_args()
+    };
+    let s = Server::start(args).await;
+    let c = client();
+    let doc: Value = c
+        .get(s.url("/openapi.json"))
+        .bearer_auth("sekret")
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let schemas = &doc["components"]["schemas"];
+    let mut guarded = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            let url = s.url(&path.replace("{model}", "fake-model"));
+            let req = match method.as_str() {
+                "get" => c.get(url),
+                "post" => c.post(url).json(&json!({})),
+                other => panic!("{other} {path}"),
+            };
+            let r = req.send().await.unwrap();
+            let status = r.status().as_u16();
+            if operation["security"] == json!([]) {
+                assert_ne!(status, 401, "{method} {path}");
+                continue;
+            }
+            guarded += 1;
+            assert_eq!(status, 401, "{method} {path}");
+            assert_eq!(r.headers()["www-authenticate"], "Bearer", "{method} {path}");
+            let body: Value = r.json().await.unwrap();
+            let declared = operation["responses"]["401"]["content"]["application/json"]["schema"]
+                ["$ref"]
+                .as_str()
+                .unwrap();
+            let schema = &schemas[declared.rsplit('/').next().unwrap()];
+            // The body's fields are the schema's, each a string where the
+            // schema says so and an object where it names another schema.
+            let fields = body.as_object().unwrap();
+            let mut required: Vec<&str> = schema["required"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|k| k.as_str().unwrap())
+                .collect();
+            required.sort_unstable();
+            let mut present: Vec<&str> = fields.keys().map(String::as_str).collect();
+            present.sort_unstable();
+            assert_eq!(present, required, "{method} {path}: {body} vs {declared}");
+            for (name, value) in fields {
+                let property = &schema["properties"][name];
+                let is_string = property["type"] == "string";
+                assert_eq!(
+                    value.is_string(),
+                    is_string,
+                    "{method} {path}: {name} of {body} vs {declared}"
+                );
+            }
+        }
+    }
+    assert!(guarded > 40, "{guarded}");
+    s.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn ops_routes() {
     let s = Server::default().await;
@@ -2366,6 +2440,37 @@ async fn score_honours_truncate_false() {
     )
     .await;
     assert_eq!(status, 200);
+    s.stop().await.unwrap();
+}
+
+/// vLLM's other names for the two lists, each as good as `text_1` and
+/// `text_2` (which is why the document's `ScoreBody` requires neither).
+#[tokio::test]
+async fn score_takes_vllms_other_names_for_its_lists() {
+    let s = Server::default().await;
+    let (status, _, want) = post(
+        &s,
+        "/v1/score",
+        &json!({ "text_1": "a", "text_2": ["b", "c"] }),
+    )
+    .await;
+    assert_eq!(status, 200, "{want}");
+    for b in [
+        json!({ "queries": "a", "documents": ["b", "c"] }),
+        json!({ "queries": "a", "items": ["b", "c"] }),
+        json!({ "data_1": "a", "data_2": ["b", "c"] }),
+    ] {
+        let (status, _, v) = post(&s, "/v1/score", &b).await;
+        assert_eq!(status, 200, "{b}: {v}");
+        assert_eq!(v["data"], want["data"], "{b}");
+    }
+    // A list under two names, or a list missing: the schema cannot say it.
+    for b in [
+        json!({ "text_1": "a", "queries": "a", "text_2": "b" }),
+        json!({ "queries": "a" }),
+    ] {
+        expect_error(&s, "/v1/score", Shape::OpenAi, &b, 400).await;
+    }
     s.stop().await.unwrap();
 }
 

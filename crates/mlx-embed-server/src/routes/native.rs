@@ -16,6 +16,7 @@ use crate::state::AppState;
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct NativeEmbedRequest {
     /// Which served model answers (`/v1/models` lists them); default: the first embedding model.
+    /// With two or more embedding models served, an unknown name is a 404.
     pub model: Option<String>,
     /// Texts to embed (1 to `--max-inputs-per-request`), none empty.
     #[schema(min_items = 1)]
@@ -57,14 +58,14 @@ pub struct NativeEmbedResponse {
 /// Embed texts.
 ///
 /// Errors use `{"error": {"message", "type", "code"}}`; status codes as in the crate docs
-/// (400, 401, 413, 415, 422, 429 with Retry-After, 500, 503).
+/// (400, 401, 404 unknown model, 413, 415, 422, 429 with Retry-After, 500, 503).
 #[utoipa::path(
     post, path = "/api/v1/embed", tag = "native", operation_id = "native_embed",
     request_body = NativeEmbedRequest,
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
         (status = 200, description = "Embeddings in input order", body = NativeEmbedResponse),
-        (status = "4XX", description = "Invalid request (400, 401, 413, 415, 422, 429)", body = NativeErrorBody),
+        (status = "4XX", description = "Invalid request (400, 401, 404 unknown model where two or more served models embed, 413, 415, 422, 429)", body = NativeErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = NativeErrorBody),
     )
 )]

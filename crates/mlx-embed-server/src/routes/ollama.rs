@@ -53,7 +53,7 @@ fn tagged_name(model: &ServedModel) -> String {
 /// settings, which an embedding has none of) are accepted and ignored.
 #[derive(Debug, Default, Deserialize, ToSchema)]
 pub struct OllamaOptions {
-    /// Context length: inputs are cut (or with `truncate: false` refused) at this many
+    /// Context length: inputs are cut (or with `truncate: false` refused, 400) at this many
     /// tokens, special tokens included, as Ollama cuts at its context; at most the
     /// model's maximum. Unset: the model's maximum. A fraction is cut to its whole part,
     /// as Ollama reads JSON numbers.
@@ -79,7 +79,8 @@ pub struct OllamaEmbedRequest {
     /// embeddings, as Ollama does (clients send that to load a model).
     #[serde(default)]
     pub input: Option<TextInputs>,
-    /// Truncate inputs longer than the model's maximum (default true); false answers 422 instead.
+    /// Truncate inputs longer than the model's maximum (or `options.num_ctx`; default true);
+    /// false answers 400 instead, as Ollama refuses an input over its context length.
     pub truncate: Option<bool>,
     /// Keep the first N components (1..=dimension), re-normalized.
     #[schema(minimum = 1)]
@@ -107,7 +108,7 @@ pub struct OllamaEmbedResponse {
 #[utoipa::path(
     post, path = "/api/embed", tag = "ollama", operation_id = "ollama_embed",
     request_body = OllamaEmbedRequest,
-    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (the only way to set it here: Ollama's body has no `priority`)")),
     responses(
         (status = 200, description = "Embeddings in input order", body = OllamaEmbedResponse),
         (status = "4XX", description = "Invalid request (400, 401, 404, 413, 415, 429)", body = OllamaErrorBody),
@@ -185,7 +186,7 @@ pub struct OllamaEmbeddingsResponse {
 #[utoipa::path(
     post, path = "/api/embeddings", tag = "ollama", operation_id = "ollama_embeddings",
     request_body = OllamaEmbeddingsRequest,
-    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (the only way to set it here: Ollama's body has no `priority`)")),
     responses(
         (status = 200, description = "The unnormalized embedding", body = OllamaEmbeddingsResponse),
         (status = "4XX", description = "Invalid request (400, 401, 404, 413, 415, 429)", body = OllamaErrorBody),

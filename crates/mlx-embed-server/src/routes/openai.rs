@@ -640,7 +640,6 @@ pub struct OpenAiModelList {
     get, path = "/v1/models", tag = "openai",
     responses(
         (status = 200, description = "The served models", body = OpenAiModelList),
-        (status = 401, description = "Missing or wrong API key", body = OpenAiErrorBody),
     )
 )]
 pub async fn models(State(state): State<AppState>) -> Json<OpenAiModelList> {
@@ -663,7 +662,6 @@ pub async fn models(State(state): State<AppState>) -> Json<OpenAiModelList> {
     params(("model" = String, Path, description = "A served model's name")),
     responses(
         (status = 200, description = "The model", body = OpenAiModel),
-        (status = 401, description = "Missing or wrong API key", body = OpenAiErrorBody),
         (status = 404, description = "No such model (several served)", body = OpenAiErrorBody),
     )
 )]

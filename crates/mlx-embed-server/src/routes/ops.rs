@@ -11,7 +11,7 @@ use mlx_embed_core::{DeviceMemory, ModelInfo, ModelKind};
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::errors::{Api, ApiError, ErrorKind, NativeErrorBody};
+use crate::errors::{Api, ApiError, ErrorKind};
 use crate::state::AppState;
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -301,7 +301,6 @@ impl TeiModelType {
     get, path = "/info", tag = "ops",
     responses(
         (status = 200, description = "Server and model facts", body = InfoResponse),
-        (status = 401, description = "Missing or wrong API key", body = NativeErrorBody),
     )
 )]
 pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {

@@ -11,12 +11,17 @@
 //!
 //! Each case goes through the same path as its own route.
 
+use std::borrow::Cow;
+
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use mlx_embed_core::{EmbedOptions, ModelKind, Priority};
 use serde::Deserialize;
 use serde_json::Value;
+use utoipa::openapi::schema::{AnyOfBuilder, ArrayBuilder, Schema};
+use utoipa::openapi::{Ref, RefOr};
+use utoipa::{PartialSchema, ToSchema};
 
 use super::predict::{parse_inputs, predictions, Prediction};
 use super::similarity::{similarities, SimilarityRequest};
@@ -37,6 +42,42 @@ struct ClassifyParameters {
     top_k: Option<i64>,
 }
 
+/// What `POST /` answers (documentation only): the answer of the job the
+/// body and the model pick, as its own route gives it.
+pub struct InferenceAnswer;
+
+impl PartialSchema for InferenceAnswer {
+    fn schema() -> RefOr<Schema> {
+        AnyOfBuilder::new()
+            // Feature extraction, as `/embed` answers.
+            .item(Vec::<Vec<f32>>::schema())
+            // Text classification: the labels best first, per input.
+            .item(
+                ArrayBuilder::new()
+                    .items(ArrayBuilder::new().items(Ref::from_schema_name(Prediction::name()))),
+            )
+            // Sentence similarity, as `/similarity` answers.
+            .item(Vec::<f32>::schema())
+            .description(Some(
+                "Feature extraction: one vector per input (as /embed answers); text \
+                 classification: per input, `[{label, score}]` best first; sentence \
+                 similarity: one similarity per sentence, in order (as /similarity answers)",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for InferenceAnswer {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("InferenceAnswer")
+    }
+
+    fn schemas(schemas: &mut Vec<(String, RefOr<Schema>)>) {
+        schemas.push((Prediction::name().into_owned(), Prediction::schema()));
+        <Prediction as ToSchema>::schemas(schemas);
+    }
+}
+
 /// Embed, classify or compare, depending on the body and the model.
 ///
 /// Errors use `{"error": str, "error_type": str}`.
@@ -45,8 +86,8 @@ struct ClassifyParameters {
     request_body(content = Object, description = "A feature-extraction, text-classification or sentence-similarity payload of the Hugging Face Inference API"),
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
-        (status = 200, description = "Vectors, [[{label, score}]] per input, or similarities"),
-        (status = "4XX", description = "Invalid request", body = TeiErrorBody),
+        (status = 200, description = "Vectors, [[{label, score}]] per input, or similarities", body = InferenceAnswer),
+        (status = "4XX", description = "Invalid request (400 incl. a text-classification body (`parameters`) that no served classifier answers, 401, 404 unknown model where several are served, 413, 415, 422 incl. a wrong shape, 429)", body = TeiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiErrorBody),
     )
 )]

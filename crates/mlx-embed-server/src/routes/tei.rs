@@ -81,7 +81,7 @@ impl TeiEmbedRequest {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "One vector per input, in order", body = Vec<Vec<f32>>),
-        (status = "4XX", description = "Invalid request (400, 401, 413, 415, 422, 429)", body = TeiErrorBody),
+        (status = "4XX", description = "Invalid request (400, 401, 404 unknown model where two or more served models embed, 413, 415, 422, 429)", body = TeiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiErrorBody),
     )
 )]

@@ -19,7 +19,12 @@ use crate::models::Task;
 use crate::score::{score, ScoreRequest};
 use crate::state::AppState;
 
-/// vLLM score request.
+/// vLLM score request. Each of the two lists goes by several names, as in
+/// vLLM: the first `text_1`, `queries` or `data_1`, the second `text_2`,
+/// `documents`, `items` or `data_2` (`queries` with `documents` or `items`,
+/// `data_1` with `data_2`, or any other pairing). A body names each list once;
+/// one without both lists, or with a list under two names, is a 400. So the
+/// schema requires neither `text_1` nor `text_2`.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct ScoreBody {
     /// Which served model answers; default: the first reranker, else the first embedding model.
@@ -27,10 +32,12 @@ pub struct ScoreBody {
     /// One text, or a list (one per `text_2` item). vLLM's other names for it,
     /// `queries` and `data_1`, are read as this.
     #[serde(alias = "queries", alias = "data_1")]
+    #[schema(required = false)]
     pub text_1: TextInputs,
     /// A text or a list of texts to score against `text_1` (also read from
     /// vLLM's `documents`, `items` and `data_2`).
     #[serde(alias = "documents", alias = "items", alias = "data_2")]
+    #[schema(required = false)]
     pub text_2: TextInputs,
     /// Cut texts (a reranker: pairs) longer than the model's maximum (default true);
     /// false answers 400 instead, as vLLM refuses an over-long input.
@@ -266,7 +273,6 @@ pub struct VersionResponse {
     get, path = "/version", tag = "vllm", operation_id = "vllm_version",
     responses(
         (status = 200, description = "mlx-embed's version", body = VersionResponse),
-        (status = 401, description = "Missing or wrong API key", body = OpenAiErrorBody),
     )
 )]
 pub async fn version() -> Json<VersionResponse> {

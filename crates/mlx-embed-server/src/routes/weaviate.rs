@@ -84,7 +84,7 @@ pub enum VectorsResponse {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "The vector, or the vectors in input order", body = VectorsResponse),
-        (status = "4XX", description = "Invalid request (400, 401, 413, 422, 429)", body = WeaviateErrorBody),
+        (status = "4XX", description = "Invalid request (400 incl. no embedding model served, 401, 413, 415 a compressed body, 422, 429)", body = WeaviateErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = WeaviateErrorBody),
     )
 )]
@@ -163,7 +163,10 @@ pub struct MetaResponse {
 /// The embedding model (Weaviate's `/v1/meta` shows it).
 #[utoipa::path(
     get, path = "/meta", tag = "weaviate", operation_id = "weaviate_meta",
-    responses((status = 200, description = "The default embedding model", body = MetaResponse))
+    responses(
+        (status = 200, description = "The default embedding model", body = MetaResponse),
+        (status = 400, description = "No embedding model is served", body = WeaviateErrorBody),
+    )
 )]
 pub async fn meta(State(state): State<AppState>) -> Result<Json<MetaResponse>, Shaped<Weaviate>> {
     let model = state.model_for(None, Task::Embed)?;

@@ -138,3 +138,28 @@ def test_concurrent_pooled_and_token_requests_get_their_own_answers(server, gold
     with ThreadPoolExecutor(16) as pool:
         errors = list(pool.map(call, range(96)))
     assert max(errors) <= 1e-5
+
+
+def test_an_answer_of_more_token_rows_than_the_bound_is_refused_before_compute(server):
+    """Every token's 384 floats come back as JSON: a 300 KB request of 512
+    long texts asked for 600 MB of answer. The bound is 2**24 floats
+    (TEI's own worst case), so 43690 rows of MiniLM's 384: 413 past it,
+    counted exactly after truncation, before any compute."""
+    long = " ".join(["a"] * 300)  # 302 tokens, cut to 256
+    max_rows = 2**24 // 384
+    fits = max_rows // MAX_LENGTH  # 170 inputs of 256 rows
+    before = server.get("/metrics").text
+    r = server.post("/embed_all", {"inputs": [long] * (fits + 1)})
+    assert r.status_code == 413, r.text
+    assert r.json()["error"] == (
+        f"these inputs have {(fits + 1) * MAX_LENGTH} tokens in all, more than the {max_rows} token "
+        "rows one request may have (every token's vector is answered); send fewer or shorter "
+        "inputs per request"
+    ), r.text
+    after = server.get("/metrics").text
+    batches = [line for line in after.splitlines() if line.startswith("mlx_embed_batches_total")]
+    assert batches == [line for line in before.splitlines() if line.startswith("mlx_embed_batches_total")]
+    # Short texts: the same count of inputs is far under the bound.
+    r = server.post("/embed_all", {"inputs": ["a b"] * (fits + 1)})
+    assert r.status_code == 200, r.text
+    assert [len(x) for x in r.json()] == [4] * (fits + 1)

@@ -194,6 +194,12 @@ impl Batcher {
         tokenizing.settle_all();
         let encoded = encoded?;
         let token_counts: Vec<u32> = encoded.iter().map(|e| e.len() as u32).collect();
+        if let (Output::Tokens, Some(max)) = (options.output, options.max_token_rows) {
+            let rows = token_counts.iter().map(|&n| n as usize).sum();
+            if rows > max {
+                return Err(CoreError::TooManyTokenRows { rows, max });
+            }
+        }
         let (vectors, row_counts, cache_hits) = match (options.output, &shared.cache) {
             (Output::Pooled, Some(cache)) => {
                 let (vectors, hits) = self

@@ -73,6 +73,11 @@ pub struct EmbedOptions {
     pub prompt: Prompt,
     /// Pooled vectors or per-token rows; a model call computes one kind only.
     pub output: Output,
+    /// With [`Output::Tokens`], a request whose inputs have more tokens than
+    /// this in all, after truncation, is refused before any compute
+    /// ([`crate::CoreError::TooManyTokenRows`]): a server bounds its answers
+    /// so. `None`: no bound.
+    pub max_token_rows: Option<usize>,
 }
 
 impl Default for EmbedOptions {
@@ -84,6 +89,7 @@ impl Default for EmbedOptions {
             truncate_to: None,
             prompt: Prompt::Default,
             output: Output::Pooled,
+            max_token_rows: None,
         }
     }
 }

@@ -58,6 +58,11 @@ pub enum CoreError {
         /// `max` is the request's own cut, below the model's maximum.
         requested: bool,
     },
+    /// Per-token output of `rows` token rows in all, more than the request's
+    /// [`EmbedOptions::max_token_rows`](crate::EmbedOptions::max_token_rows).
+    /// Raised after tokenization, before the request is admitted.
+    #[error("these inputs have {rows} tokens in all, more than the {max} token rows one request may have")]
+    TooManyTokenRows { rows: usize, max: usize },
     /// [`crate::Batcher::embed`] was polled outside a tokio runtime (by
     /// another executor, or `block_on` of a crate other than tokio's). It
     /// tokenizes on tokio's blocking pool and waits with tokio's timer.

@@ -122,6 +122,7 @@ impl Recorder {
                 CoreError::ShuttingDown
                 | CoreError::InvalidInput(_)
                 | CoreError::InputTooLong { .. }
+                | CoreError::TooManyTokenRows { .. }
                 | CoreError::NoRuntime,
             ) => return,
         };

@@ -181,3 +181,45 @@ async fn a_token_output_of_the_wrong_shape_is_a_model_error() {
         .unwrap();
     assert_token_rows(&["fine".to_string()], &ok);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bound_on_token_rows_refuses_before_any_compute() {
+    let (batcher, record) = start(BatcherConfig::default(), Duration::ZERO, None);
+    let texts: Vec<String> = ["hello world", "a"].iter().map(|s| s.to_string()).collect();
+    let rows: usize = texts.iter().map(|t| tokens_for(t) as usize).sum();
+    let bounded = |max| EmbedOptions {
+        max_token_rows: Some(max),
+        ..tokens()
+    };
+    let err = batcher
+        .embed(owned_texts(&texts), bounded(rows - 1))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        CoreError::TooManyTokenRows {
+            rows,
+            max: rows - 1
+        }
+    );
+    assert!(record.batches().is_empty(), "nothing was computed");
+    // At the bound it runs; pooled output has no rows to bound.
+    let got = batcher
+        .embed(owned_texts(&texts), bounded(rows))
+        .await
+        .unwrap();
+    assert_token_rows(&texts, &got);
+    let pooled = EmbedOptions {
+        max_token_rows: Some(1),
+        ..EmbedOptions::default()
+    };
+    assert_eq!(
+        batcher
+            .embed(owned_texts(&texts), pooled)
+            .await
+            .unwrap()
+            .vectors
+            .len(),
+        2
+    );
+}

@@ -126,7 +126,9 @@ pub struct ServerArgs {
 
     /// Web pages of these origins may call the API from a browser (CORS), e.g.
     /// `https://app.example.com`; comma-separated, or `*` for any origin. Unset:
-    /// none, so a page the user visits cannot read answers from a local server.
+    /// none, so a page of another origin cannot read answers. The server answers any
+    /// `Host`, so a page whose name an attacker points at 127.0.0.1 (DNS rebinding) is
+    /// not another origin: where browsers run beside a server, set --api-key.
     #[arg(long, env = "MLX_EMBED_CORS_ALLOW_ORIGIN", value_delimiter = ',',
           value_parser = parse_origin)]
     pub cors_allow_origin: Vec<String>,
@@ -138,8 +140,10 @@ pub struct ServerArgs {
     pub drain_timeout_secs: u64,
 
     /// How long a client may take to send a request's headers, or its whole body (then 408),
-    /// and how long an idle keep-alive connection stays open (s). Longer than a proxy's
-    /// upstream keep-alive (60 s in deploy/nginx), so the proxy closes idle connections first.
+    /// how long an idle keep-alive connection stays open, and how long an answer may wait for
+    /// a client that is not reading it (then the connection is dropped) (s). Longer than a
+    /// proxy's upstream keep-alive (60 s in deploy/nginx), so the proxy closes idle connections
+    /// first.
     #[arg(long, env = "MLX_EMBED_CLIENT_TIMEOUT_SECS", default_value_t = 75,
           value_parser = clap::value_parser!(u64).range(1..=MAX_WAIT_SECS))]
     pub client_timeout_secs: u64,

@@ -104,11 +104,20 @@ pub async fn embed_sparse(state: &AppState, req: EmbedRequest) -> Result<SparseO
     })
 }
 
-async fn run(state: &AppState, req: EmbedRequest, task: Task) -> Result<EmbedOutput, ApiError> {
+/// Most floats one per-token answer may hold: TEI's own worst case (its
+/// 32-input client batch of 512-token inputs of a 1024-wide model), about
+/// 180 MB of JSON. Without it a 300 KB request asked for 600 MB of answer,
+/// built whole in memory.
+pub const MAX_TOKEN_OUTPUT_FLOATS: usize = 1 << 24;
+
+async fn run(state: &AppState, mut req: EmbedRequest, task: Task) -> Result<EmbedOutput, ApiError> {
     check_inputs(state, &req.inputs)?;
     let model = state.model_for(req.model.as_deref(), task)?;
     let output = req.options.output;
     let dimension = validate(&req, model)?;
+    if output == Output::Tokens {
+        req.options.max_token_rows = Some(MAX_TOKEN_OUTPUT_FLOATS / dimension.max(1));
+    }
 
     let n_inputs = req.inputs.len();
     let out = state

@@ -140,6 +140,34 @@ impl ErrorKind {
 #[derive(Debug, Clone)]
 pub struct ErrorReason(pub String);
 
+/// `T` as its `Display` writes it, control characters escaped (`\n`,
+/// `\u{1b}`), for a log line: messages quote what clients sent (a model
+/// name, a path, serde's "unknown variant"), and a newline in one would
+/// start a line of its own that reads as the server's; an escape sequence
+/// would drive the terminal showing the log.
+pub(crate) struct LogSafe<T>(pub T);
+
+impl<T: std::fmt::Display> std::fmt::Display for LogSafe<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        use std::fmt::Write;
+        struct Escaping<'a, 'b>(&'a mut std::fmt::Formatter<'b>);
+        impl Write for Escaping<'_, '_> {
+            fn write_str(&mut self, mut s: &str) -> std::fmt::Result {
+                // Unicode's line and paragraph separators end lines too in
+                // some viewers.
+                let escaped = |c: char| c.is_control() || matches!(c, '\u{2028}' | '\u{2029}');
+                while let Some((at, c)) = s.char_indices().find(|&(_, c)| escaped(c)) {
+                    self.0.write_str(&s[..at])?;
+                    write!(self.0, "{}", c.escape_default())?;
+                    s = &s[at + c.len_utf8()..];
+                }
+                self.0.write_str(s)
+            }
+        }
+        write!(Escaping(f), "{}", self.0)
+    }
+}
+
 /// One request's failure, before it is shaped for an API.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
@@ -315,6 +343,10 @@ impl From<CoreError> for ApiError {
                 format!("{e}; shorten it or set truncate to true"),
             )
             .code("context_length_exceeded"),
+            e @ CoreError::TooManyTokenRows { .. } => Self::new(
+                ErrorKind::TooLarge,
+                format!("{e} (every token's vector is answered); send fewer or shorter inputs per request"),
+            ),
         }
     }
 }
@@ -563,6 +595,25 @@ impl<F: Flavor> IntoResponse for Shaped<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn log_lines_escape_what_would_break_them() {
+        let safe = |s: &str| LogSafe(s).to_string();
+        assert_eq!(safe("plain `model` é 字"), "plain `model` é 字");
+        assert_eq!(
+            safe("x\n2026-11-29T17:30:00Z  INFO forged\r\tend"),
+            "x\\n2026-11-29T17:30:00Z  INFO forged\\r\\tend"
+        );
+        assert_eq!(
+            safe("\u{1b}[31mred\u{85}\u{2028}\u{7f}"),
+            "\\u{1b}[31mred\\u{85}\\u{2028}\\u{7f}"
+        );
+        // Any Display goes through, not only strings.
+        assert_eq!(
+            LogSafe(format_args!("{}: {}", 1, "a\nb")).to_string(),
+            "1: a\\nb"
+        );
+    }
 
     #[test]
     fn an_overload_names_the_bound_it_hit() {

@@ -14,7 +14,7 @@ use axum::response::Response;
 use futures_util::FutureExt;
 use tracing::Instrument;
 
-use crate::errors::{Api, ApiError, ErrorKind, ErrorReason};
+use crate::errors::{Api, ApiError, ErrorKind, ErrorReason, LogSafe};
 use crate::metrics::Series;
 use crate::state::AppState;
 
@@ -47,7 +47,8 @@ fn request_id(req: &Request) -> String {
 /// carrying it, one info line per request (id, route, status, time; never the
 /// request text), and HTTP metrics. A failed request's reason follows: a
 /// server error's at warn; a refusal's at debug only, since it may quote what
-/// the client sent (serde names the value it could not read).
+/// the client sent (serde names the value it could not read). Both have
+/// their control characters escaped, for that same reason.
 pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
     let start = Instant::now();
     let id = request_id(&req);
@@ -99,9 +100,9 @@ pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next
         tracing::info!(status, ms, "request done");
         match response.extensions().get::<ErrorReason>() {
             Some(ErrorReason(reason)) if status >= 500 => {
-                tracing::warn!("request failed: {reason}")
+                tracing::warn!("request failed: {}", LogSafe(reason))
             }
-            Some(ErrorReason(reason)) => tracing::debug!("request refused: {reason}"),
+            Some(ErrorReason(reason)) => tracing::debug!("request refused: {}", LogSafe(reason)),
             None => {}
         }
     });

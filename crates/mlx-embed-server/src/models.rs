@@ -315,11 +315,13 @@ pub fn resolve<'a>(
     }
 }
 
-/// A warning the first time each other name is seen (up to 64 names), debug after.
+/// A warning the first time each other name is seen (up to 64 names of at
+/// most 256 bytes: a client's names must not grow the server's memory or
+/// its log lines past that), debug after.
 fn note_other_name(requested: &str, served: &str) {
     static SEEN: std::sync::Mutex<std::collections::BTreeSet<String>> =
         std::sync::Mutex::new(std::collections::BTreeSet::new());
-    let first = {
+    let first = requested.len() <= 256 && {
         let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
         seen.len() < 64 && seen.insert(requested.to_owned())
     };

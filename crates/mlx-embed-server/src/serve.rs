@@ -19,7 +19,7 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 
 use crate::config::ServerArgs;
-use crate::errors::ServerError;
+use crate::errors::{LogSafe, ServerError};
 use crate::routes::router;
 use crate::shutdown::Trigger;
 use crate::state::AppState;
@@ -311,7 +311,8 @@ const HEADERS_GRACE: Duration = Duration::from_secs(1);
 /// `client_timeout` to send a request's headers, counted from when it
 /// connects or its last response was sent: a client that stalls, or keeps an
 /// idle connection open, is dropped rather than held forever (bodies have
-/// their own deadline, in [`crate::extract`]).
+/// their own deadline, in [`crate::extract`]); so is one whose answer could
+/// not be written for `client_timeout`, its client not reading ([`WriteWatched`]).
 async fn serve_connections(
     listener: TcpListener,
     app: Router,
@@ -339,7 +340,7 @@ async fn serve_connections(
         let _ = stream.set_nodelay(true);
         let tracked = Tracked::new(app.clone());
         let busy = tracked.busy.clone();
-        let stream = WriteWatched::new(stream);
+        let stream = WriteWatched::new(stream, client_timeout);
         let blocked = stream.blocked.clone();
         let connection =
             http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(tracked));
@@ -349,7 +350,7 @@ async fn serve_connections(
             tokio::select! {
                 ended = connection => {
                     if let Err(err) = ended {
-                        tracing::debug!("connection ended: {err}");
+                        tracing::debug!("connection ended: {}", LogSafe(&err));
                     }
                 }
                 () = unused_after_stop(&mut stopped, &busy, &blocked) => {
@@ -382,23 +383,66 @@ async fn unused_after_stop(
 }
 
 /// A connection's socket that records whether its last write or flush is
-/// waiting for the client to read.
+/// waiting for the client to read, and fails a write that has waited
+/// `timeout`: a client that asks for an answer and never reads it would
+/// otherwise hold its connection, and the answer's buffer (megabytes for
+/// `/embed_all`), for as long as it likes. Each write that goes through
+/// starts the wait anew: the limit is on a stall, not on how long a slow
+/// reader takes over a whole answer.
 struct WriteWatched {
     stream: tokio::net::TcpStream,
     blocked: Arc<AtomicBool>,
+    timeout: Duration,
+    /// Made on the first wait and reset on each one after, so a connection
+    /// that never waits allocates no timer.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// Whether `deadline` is set for the wait in progress.
+    waiting: bool,
 }
 
 impl WriteWatched {
-    fn new(stream: tokio::net::TcpStream) -> Self {
+    fn new(stream: tokio::net::TcpStream, timeout: Duration) -> Self {
         Self {
             stream,
             blocked: Arc::default(),
+            timeout,
+            deadline: None,
+            waiting: false,
         }
     }
 
-    fn note<T>(&self, poll: Poll<T>) -> Poll<T> {
+    fn note<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: Poll<std::io::Result<T>>,
+    ) -> Poll<std::io::Result<T>> {
         self.blocked.store(poll.is_pending(), Ordering::Release);
-        poll
+        if poll.is_ready() {
+            self.waiting = false;
+            return poll;
+        }
+        let until = tokio::time::Instant::now() + self.timeout;
+        let deadline = self
+            .deadline
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
+        if !self.waiting {
+            self.waiting = true;
+            deadline.as_mut().reset(until);
+        }
+        // Polled with the write's waker, so a client that never reads wakes
+        // the connection at the deadline instead of leaving it parked.
+        if deadline.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        tracing::debug!(
+            "dropping a connection: its answer could not be written for {} s, the client \
+             not reading it (--client-timeout-secs)",
+            self.timeout.as_secs()
+        );
+        Poll::Ready(Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "the answer could not be written within --client-timeout-secs",
+        )))
     }
 }
 
@@ -419,7 +463,7 @@ impl AsyncWrite for WriteWatched {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let poll = Pin::new(&mut self.stream).poll_write(cx, buf);
-        self.note(poll)
+        self.note(cx, poll)
     }
 
     fn poll_write_vectored(
@@ -428,7 +472,7 @@ impl AsyncWrite for WriteWatched {
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let poll = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
-        self.note(poll)
+        self.note(cx, poll)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -437,7 +481,7 @@ impl AsyncWrite for WriteWatched {
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         let poll = Pin::new(&mut self.stream).poll_flush(cx);
-        self.note(poll)
+        self.note(cx, poll)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {

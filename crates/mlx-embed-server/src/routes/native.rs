@@ -81,6 +81,7 @@ pub async fn embed(
         truncate_to: super::cut_at("truncate_to", req.truncate_to)?,
         prompt: prompt_of(req.prompt_name, req.prompt)?,
         output: Output::Pooled,
+        max_token_rows: None,
     };
     let out = run_embed(
         &state,

@@ -49,6 +49,7 @@ fn tei_options(
         prompt: prompt_name.map_or(Prompt::Default, Prompt::Named),
         priority: priority.unwrap_or_default(),
         output,
+        max_token_rows: None,
     }
 }
 

@@ -1,0 +1,175 @@
+//! An answer its client does not read: a connection whose answer could not
+//! be written for `--client-timeout-secs` is dropped, with the buffer it
+//! held, while a client that reads with pauses shorter than that gets its
+//! answer whole, however long it takes over it.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use mlx_embed_server::ServerArgs;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpSocket, TcpStream};
+
+const CLIENT_TIMEOUT_SECS: u64 = 3;
+
+fn args() -> ServerArgs {
+    ServerArgs {
+        client_timeout_secs: CLIENT_TIMEOUT_SECS,
+        ..test_args()
+    }
+}
+
+/// Inputs of the request below: each is cut to the fake's 64 tokens, and
+/// `/embed_all` answers a row per token.
+const INPUTS: usize = 2048;
+
+/// A connection that can take little at a time (a 4 KiB receive buffer)
+/// with a `/embed_all` request sent on it whose answer (about 6 MB) is far
+/// more than the sockets' buffers hold.
+async fn ask_for_a_large_answer(server: &Server) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket
+        .connect(server.base.trim_start_matches("http://").parse().unwrap())
+        .await
+        .unwrap();
+    let long = "a text longer than the sixty-four tokens the fake model keeps of it, cut there";
+    let texts: Vec<String> = (0..INPUTS).map(|i| format!("{i} {long}")).collect();
+    let body = serde_json::to_vec(&serde_json::json!({ "inputs": texts })).unwrap();
+    let head = format!(
+        "POST /embed_all HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream.write_all(&body).await.unwrap();
+    stream
+}
+
+/// Reads until the server closes the connection or `limit` passes: what
+/// came, and whether it closed.
+async fn read_until_closed(stream: &mut TcpStream, limit: Duration) -> (Vec<u8>, bool) {
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (got, true),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => return (got, false),
+        }
+    }
+}
+
+/// The answer's `Content-Length` and where its body starts, once `got` holds its head.
+fn content_length(got: &[u8]) -> (usize, usize) {
+    let end = got
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("the head came")
+        + 4;
+    let head = String::from_utf8_lossy(&got[..end]).to_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let length = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length: "))
+        .expect("a Content-Length")
+        .trim()
+        .parse()
+        .unwrap();
+    (length, end)
+}
+
+async fn wait_answered(server: &Server) {
+    for _ in 0..1000 {
+        if server.batcher.metrics().requests_ok >= 1 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the request was never answered");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_its_client_never_reads_drops_the_connection_at_the_client_timeout() {
+    let server = Server::start(args()).await;
+    let mut stream = ask_for_a_large_answer(&server).await;
+    wait_answered(&server).await;
+    let answered = Instant::now();
+    // Not a byte read until well past the timeout: by then the server has
+    // dropped the connection, and what it had written into the sockets'
+    // buffers before it stalled is all there is, then the end.
+    tokio::time::sleep(Duration::from_secs(CLIENT_TIMEOUT_SECS + 3)).await;
+    let (got, closed) = read_until_closed(&mut stream, Duration::from_secs(10)).await;
+    assert!(closed, "the connection was kept: {} bytes read", got.len());
+    let (length, body_start) = content_length(&got);
+    assert!(
+        got.len() - body_start < length,
+        "the whole answer ({length} bytes) came: the server never stalled"
+    );
+    assert!(
+        answered.elapsed() < Duration::from_secs(CLIENT_TIMEOUT_SECS + 5 + 10),
+        "{:?}",
+        answered.elapsed()
+    );
+    // The server goes on.
+    let health = client().get(server.url("/health")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    server
+        .stop()
+        .await
+        .expect("a clean stop: the dropped connection holds nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_reads_with_pauses_shorter_than_the_timeout_gets_its_whole_answer() {
+    let server = Server::start(args()).await;
+    let mut stream = ask_for_a_large_answer(&server).await;
+    wait_answered(&server).await;
+    // Pauses of a third of the timeout (slack for a loaded CI machine), each
+    // followed by a burst of reading: the server waits on this client longer
+    // than the timeout in all, but never that long at once.
+    let pause = Duration::from_millis(CLIENT_TIMEOUT_SECS * 1000 / 3);
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut paused = Duration::ZERO;
+    // The answer's whole length, head included, once its head is in.
+    let mut expected = None;
+    while !matches!(expected, Some(whole) if got.len() >= whole) {
+        tokio::time::sleep(pause).await;
+        paused += pause;
+        let burst = got.len() + (1 << 20);
+        while got.len() < burst.min(expected.unwrap_or(usize::MAX)) {
+            let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
+                .await
+                .expect("the server goes on writing")
+                .unwrap();
+            assert!(
+                n > 0,
+                "the connection was dropped after {} bytes",
+                got.len()
+            );
+            got.extend_from_slice(&buf[..n]);
+            if expected.is_none() && got.windows(4).any(|w| w == b"\r\n\r\n") {
+                let (length, start) = content_length(&got);
+                expected = Some(start + length);
+            }
+        }
+    }
+    assert_eq!(Some(got.len()), expected);
+    assert!(
+        paused > Duration::from_secs(CLIENT_TIMEOUT_SECS),
+        "the answer never stalled for long in all: {paused:?}"
+    );
+    let (_, start) = content_length(&got);
+    let rows: Vec<Vec<Vec<f32>>> = serde_json::from_slice(&got[start..]).unwrap();
+    assert_eq!(rows.len(), INPUTS);
+    assert!(
+        rows.iter().all(|r| r.len() == MAX_TOKENS),
+        "rows of 64 tokens"
+    );
+    assert!(rows.iter().flatten().all(|t| t.len() == TOKEN_WIDTH));
+    server.stop().await.unwrap();
+}

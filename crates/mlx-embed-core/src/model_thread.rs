@@ -206,7 +206,10 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
         };
         if let Err(Died(message)) = ended {
             // `die` has already marked the model dead.
-            tracing::error!(%message, "embedding model gone (panicked or said so); model thread exiting");
+            tracing::error!(
+                ?message,
+                "embedding model gone (panicked or said so); model thread exiting"
+            );
             return;
         }
         self.shared.drain_after_stop();
@@ -373,7 +376,7 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
             Err(error) => {
                 // Which request broke the batch? Re-run each part alone, so only
                 // the offending request gets the error.
-                tracing::warn!(message = %error.message, parts = batch.parts.len(), "batch failed; retrying each request alone");
+                tracing::warn!(message = ?error.message, parts = batch.parts.len(), "batch failed; retrying each request alone");
                 for (i, part) in batch.parts.iter().enumerate() {
                     let inputs = &batch.inputs[part.start..part.start + part.len];
                     match self.call(inputs, batch.output) {

@@ -428,7 +428,7 @@ impl Shared {
     /// the other model threads answer theirs and exit.
     pub fn kill(&self, reason: String) {
         let _ = self.dead_reason.set(reason);
-        tracing::error!(reason = %self.dead_reason().unwrap_or(""), "embedding model unavailable");
+        tracing::error!(reason = ?self.dead_reason().unwrap_or(""), "embedding model unavailable");
         self.admission.iter().for_each(Admission::close);
         let queued: Vec<Arc<Request>> = {
             let mut st = self.state();

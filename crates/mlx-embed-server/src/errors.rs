@@ -449,6 +449,7 @@ impl Api {
     pub fn for_path(path: &str) -> Api {
         if path == "/v1"
             || path.starts_with("/v1/")
+            || path.starts_with("/models/")
             || matches!(
                 path,
                 "/embeddings" | "/models" | "/score" | "/pooling" | "/classify" | "/version"

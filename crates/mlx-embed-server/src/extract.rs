@@ -170,7 +170,7 @@ fn client_went_away(err: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 /// The client waits for a `100 Continue` before it sends the body.
-fn expects_continue(headers: &HeaderMap) -> bool {
+pub(crate) fn expects_continue(headers: &HeaderMap) -> bool {
     headers
         .get(EXPECT)
         .and_then(|v| v.to_str().ok())
@@ -183,7 +183,8 @@ fn expects_continue(headers: &HeaderMap) -> bool {
 /// pipe instead of the answer. Bounded: up to `cap` bytes, within
 /// `deadline`, and no more than a second's wait for the next piece (a
 /// client that declared a size and sends nothing is answered after it).
-async fn discard_body(body: Body, cap: usize, deadline: std::time::Duration) {
+/// Whether the body was read to its end.
+pub(crate) async fn discard_body(body: Body, cap: usize, deadline: std::time::Duration) -> bool {
     use futures_util::StreamExt;
     const PAUSE: std::time::Duration = std::time::Duration::from_secs(1);
     let end = tokio::time::Instant::now() + deadline;
@@ -194,9 +195,11 @@ async fn discard_body(body: Body, cap: usize, deadline: std::time::Duration) {
             tokio::time::timeout_at(end.min(tokio::time::Instant::now() + PAUSE), stream.next());
         match next.await {
             Ok(Some(Ok(chunk))) => read += chunk.len(),
-            _ => return,
+            Ok(None) => return true,
+            _ => return false,
         }
     }
+    false
 }
 
 /// The body's declared size (absent, or chunked: none).

@@ -2,16 +2,22 @@
 //! API-key check, refusal of compressed bodies.
 
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::task::{Context, Poll};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::header::{ACCEPT_ENCODING, AUTHORIZATION, CONTENT_ENCODING};
+use axum::http::header::{
+    ACCEPT_ENCODING, AUTHORIZATION, CONNECTION, CONTENT_ENCODING, CONTENT_LENGTH, TRANSFER_ENCODING,
+};
 use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
 use axum::response::Response;
 use futures_util::FutureExt;
+use http_body::{Frame, SizeHint};
 use tracing::Instrument;
 
 use crate::errors::{Api, ApiError, ErrorKind, ErrorReason, LogSafe};
@@ -178,6 +184,12 @@ impl Drop for ClientLeft<'_> {
     }
 }
 
+/// Whether a path needs `Authorization: Bearer <key>` when the server runs
+/// with `--api-key`: every one but the probes (the OpenAPI document says the same).
+pub(crate) fn needs_api_key(path: &str) -> bool {
+    !(path == "/health" || path == "/ping" || path.starts_with("/.well-known/"))
+}
+
 /// With `--api-key`, every route but the probes (`/health`, SageMaker's `/ping`, `/.well-known/*`)
 /// needs `Authorization: Bearer <key>`; otherwise 401 in the path's API error shape.
 pub async fn require_api_key(State(state): State<AppState>, req: Request, next: Next) -> Response {
@@ -185,7 +197,7 @@ pub async fn require_api_key(State(state): State<AppState>, req: Request, next: 
         return next.run(req).await;
     };
     let path = req.uri().path();
-    if path == "/health" || path == "/ping" || path.starts_with("/.well-known/") {
+    if !needs_api_key(path) {
         return next.run(req).await;
     }
     let presented = req
@@ -239,6 +251,122 @@ pub async fn refuse_encoded_bodies(req: Request, next: Next) -> Response {
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A request refused before its body was read (a bad `X-Priority`, a wrong
+/// content type, a missing key, an unknown route) leaves the body unread.
+/// hyper, finding it so after the answer, closes the connection without
+/// saying so when the body had not all arrived yet, and a pooled client's
+/// next request on it fails. The rest is read away here (up to the body
+/// limit, within `--client-timeout-secs`), so the connection stays usable;
+/// where it cannot be (a client waiting for `100 Continue`, or one that sends
+/// too much or too slowly), the answer says `Connection: close`.
+pub async fn finish_unread_bodies(
+    State(state): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Response {
+    if !declares_body(req.headers()) {
+        return next.run(req).await;
+    }
+    let waits_for_continue = crate::extract::expects_continue(req.headers());
+    let (parts, body) = req.into_parts();
+    let slot = Arc::new(Mutex::new(BodySlot {
+        body: Some(body),
+        ended: false,
+    }));
+    let shared = SharedBody(slot.clone());
+    let mut response = next
+        .run(Request::from_parts(parts, Body::new(shared)))
+        .await;
+    let rest = {
+        let mut slot = slot.lock().unwrap_or_else(PoisonError::into_inner);
+        if slot.ended {
+            None
+        } else {
+            slot.body.take()
+        }
+    };
+    let Some(rest) = rest else {
+        return response;
+    };
+    let closing = response
+        .headers()
+        .get(CONNECTION)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
+    if closing {
+        return response;
+    }
+    let args = state.args();
+    // Shutting down, the connection ends after this answer anyway.
+    let read_away = !waits_for_continue
+        && !state.is_shutting_down()
+        && state
+            .until_drain_ends(crate::extract::discard_body(
+                rest,
+                args.max_body_bytes,
+                args.client_timeout(),
+            ))
+            .await
+            .unwrap_or(false);
+    if !read_away {
+        response
+            .headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    response
+}
+
+/// A `Content-Length` above 0, or any `Transfer-Encoding` (chunked).
+fn declares_body(headers: &axum::http::HeaderMap) -> bool {
+    headers.contains_key(TRANSFER_ENCODING)
+        || headers
+            .get(CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .is_some_and(|n| n > 0)
+}
+
+struct BodySlot {
+    body: Option<Body>,
+    /// The handler read the body to its end.
+    ended: bool,
+}
+
+/// The request's body as the handler reads it, left behind in a slot the
+/// layer can take it back from once the handler is done.
+struct SharedBody(Arc<Mutex<BodySlot>>);
+
+impl HttpBody for SharedBody {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let mut slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(body) = slot.body.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let polled = Pin::new(body).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) {
+            slot.ended = true;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        let slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        slot.ended || slot.body.as_ref().is_none_or(HttpBody::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        slot.body
+            .as_ref()
+            .map_or_else(|| SizeHint::with_exact(0), HttpBody::size_hint)
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 use crate::errors::{
     Api, NativeErrorBody, OllamaErrorBody, OpenAiErrorBody, TeiErrorBody, WeaviateErrorBody,
 };
+use crate::middleware::needs_api_key;
 use crate::routes::{
     cohere, native, ollama, openai, ops, platforms, pooling, predict, rerank, root, similarity,
     tei, tokens, vllm, weaviate,
@@ -96,13 +97,6 @@ const ALIASES: [(&str, &str); 6] = [
 
 /// The name of the security scheme `--api-key` is: HTTP bearer.
 const BEARER: &str = "bearer";
-
-/// Whether a path needs `Authorization: Bearer <key>` when the server runs
-/// with `--api-key`: every one but the probes, as
-/// [`require_api_key`](crate::middleware::require_api_key) lets them through.
-fn needs_api_key(path: &str) -> bool {
-    !(path == "/health" || path == "/ping" || path.starts_with("/.well-known/"))
-}
 
 /// The optional API key (`--api-key`): a bearer security scheme; the document
 /// asks for it or nothing (`security: [{}, {"bearer": []}]`: a server runs

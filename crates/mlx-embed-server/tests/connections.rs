@@ -370,3 +370,109 @@ async fn a_handler_that_panics_answers_500_in_its_routes_shape_and_the_server_go
     );
     server.abort();
 }
+
+/// One answer off a kept-alive connection: its head and body, read by its
+/// `Content-Length`.
+async fn read_answer(stream: &mut TcpStream) -> (String, String) {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&got[..end]).to_lowercase();
+            let length: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .map_or(0, |v| v.trim().parse().unwrap());
+            if got.len() >= end + 4 + length {
+                let body = String::from_utf8_lossy(&got[end + 4..end + 4 + length]).into();
+                return (head, body);
+            }
+        }
+        let n = tokio::time::timeout(Duration::from_secs(10), stream.read(&mut buf))
+            .await
+            .expect("an answer within 10 s")
+            .unwrap();
+        assert!(n > 0, "closed after {:?}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+}
+
+/// A request refused on its headers alone, its body arriving a moment
+/// later (as from a client that writes headers and body apart): the body is
+/// read away, so the connection stays usable for the next request, as it is
+/// after a refusal of the body itself. hyper closed it, unannounced, and a
+/// pooled client's next request failed.
+#[tokio::test]
+async fn a_refusal_before_the_body_is_read_keeps_the_connection_usable() {
+    let server = Server::start(ServerArgs {
+        api_key: Some("k".into()),
+        ..args(5)
+    })
+    .await;
+    let body = r#"{"inputs":"x"}"#;
+    let key = "Authorization: Bearer k\r\n";
+    let refusals = [
+        (
+            format!("{key}Content-Type: application/json\r\nX-Priority: urgent\r\n"),
+            "/embed",
+            "400",
+        ),
+        (
+            format!("{key}Content-Type: text/plain\r\n"),
+            "/embed",
+            "415",
+        ),
+        (
+            format!("{key}Content-Type: application/json\r\nContent-Encoding: gzip\r\n"),
+            "/embed",
+            "415",
+        ),
+        (
+            "Content-Type: application/json\r\n".to_owned(),
+            "/embed",
+            "401",
+        ),
+        (
+            format!("{key}Content-Type: application/json\r\n"),
+            "/no-such-route",
+            "404",
+        ),
+    ];
+    for (headers, path, status) in refusals {
+        let mut stream = connect(&server).await;
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: x\r\n{headers}Content-Length: {}\r\n\r\n",
+            body.len()
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        stream.write_all(body.as_bytes()).await.unwrap();
+        let (head, _) = read_answer(&mut stream).await;
+        assert!(head.starts_with(&format!("http/1.1 {status}")), "{head}");
+        assert!(!head.contains("connection: close"), "{head}");
+        let next = format!(
+            "POST /embed HTTP/1.1\r\nHost: x\r\n{key}Content-Type: application/json\r\n\
+             Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(next.as_bytes()).await.unwrap();
+        let (head, answer) = read_answer(&mut stream).await;
+        assert!(
+            head.starts_with("http/1.1 200"),
+            "after a {status}: {head}\n{answer}"
+        );
+    }
+    // A client waiting for `100 Continue` has sent nothing: the refusal
+    // closes the connection, and says so.
+    let mut stream = connect(&server).await;
+    let head = format!(
+        "POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+         Expect: 100-continue\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let (answer, closed) = read_until_closed(&mut stream, Duration::from_secs(10)).await;
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(answer.contains("connection: close") && closed, "{answer}");
+    server.stop().await.unwrap();
+}

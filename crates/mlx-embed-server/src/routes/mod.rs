@@ -32,7 +32,9 @@ use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 use utoipa::ToSchema;
 
 use crate::errors::ApiError;
-use crate::middleware::{observe, refuse_encoded_bodies, require_api_key, REQUEST_ID};
+use crate::middleware::{
+    finish_unread_bodies, observe, refuse_encoded_bodies, require_api_key, REQUEST_ID,
+};
 use crate::state::AppState;
 
 /// Every route, with body limit, refusal of compressed bodies, API-key check,
@@ -91,7 +93,9 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(max_body))
         // Inside the key check: a client without the key learns nothing more.
         .layer(from_fn(refuse_encoded_bodies))
-        .layer(from_fn_with_state(state.clone(), require_api_key));
+        .layer(from_fn_with_state(state.clone(), require_api_key))
+        // Outside every refusal that comes before the body is read.
+        .layer(from_fn_with_state(state.clone(), finish_unread_bodies));
     // Outside the key check: a browser's preflight carries no credentials,
     // and a 401 needs the CORS headers for the page to read it.
     let routes = match cors(&state.args().cors_allow_origin) {

@@ -163,3 +163,15 @@ def test_an_answer_of_more_token_rows_than_the_bound_is_refused_before_compute(s
     r = server.post("/embed_all", {"inputs": ["a b"] * (fits + 1)})
     assert r.status_code == 200, r.text
     assert [len(x) for x in r.json()] == [4] * (fits + 1)
+
+
+def test_tokenize_lists_at_most_a_million_tokens(server):
+    """/tokenize answers an object per token: a 2 MB text of punctuation was a
+    142 MB answer. Past 2**20 tokens in all it is a 413."""
+    r = server.post("/tokenize", {"inputs": ["!" * 600_000, "!" * 600_000]})
+    assert r.status_code == 413, r.text[:300]
+    assert r.json()["error"] == (
+        "these texts have more than 1048576 tokens in all, the most one answer lists; "
+        "send fewer or shorter texts per request"), r.text
+    r = server.post("/tokenize", {"inputs": ["!" * 1000]})
+    assert r.status_code == 200 and len(r.json()[0]) == 1002, r.text[:300]

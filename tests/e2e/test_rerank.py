@@ -324,13 +324,28 @@ def test_cohere_chunks_and_cuts_long_documents(duo):
                                                           documents=docs, max_tokens_per_doc=5).results}
     for i, doc in enumerate(docs):
         assert cut[i] == pytest.approx(best(doc, max_tokens=5), abs=1e-5)
-    # Chunks are the server's: as many documents as the input limit (2048) pass whatever their length.
-    many = ["short one"] * 2047 + [docs[0]]
+    # Each chunk is a model input: the chunks count against the input limit (2048), as
+    # documents do (one-token chunks beside a long query made a small request hundreds
+    # of times its documents' work).
+    many = ["short one"] * 2046 + [docs[0]]  # 2046 chunks, and 2 of the long one
     r = duo.post("/v1/rerank", {"model": "tiny-bert-reranker", "query": query, "documents": many,
                                 "max_chunks_per_doc": 2, "top_n": 1})
     assert r.status_code == 200, r.text[:300]
-    assert duo.post("/v1/rerank", {"model": "tiny-bert-reranker", "query": query, "documents": many + ["x"],
-                                   "max_chunks_per_doc": 2}).status_code == 413
+    r = duo.post("/v1/rerank", {"model": "tiny-bert-reranker", "query": query, "documents": ["x"] + many,
+                                "max_chunks_per_doc": 2})
+    assert r.status_code == 413, r.text[:300]
+    assert r.json()["error"]["message"] == (
+        "max_chunks_per_doc splits these documents into more than 2048 chunks, the inputs one "
+        "request may have (--max-inputs-per-request); lower max_chunks_per_doc or send fewer documents")
+    # A query beside every document: over 16 MiB of pairs is refused before any is built.
+    r = duo.post("/v1/rerank", {"model": "tiny-bert-reranker", "query": "q " * 500_000,
+                                "documents": ["d"] * 17})
+    assert r.status_code == 413, r.text[:300]
+    assert r.json()["error"]["message"] == (
+        "the query goes with each of the 17 documents, 17 MiB of text in all, more than the 16 MiB "
+        "one request may have; send a shorter query or fewer documents per request")
+    r = duo.post("/v1/score", {"model": "tiny-bert-reranker", "text_1": "q " * 500_000, "text_2": ["d"] * 17})
+    assert r.status_code == 413, r.text[:300]
     for field in ("max_chunks_per_doc", "max_tokens_per_doc"):
         r = duo.post("/v1/rerank", {"model": "tiny-bert-reranker", "query": query, "documents": docs, field: 0})
         assert r.status_code == 400 and field in r.json()["error"]["message"], r.text

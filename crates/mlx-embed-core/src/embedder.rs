@@ -107,6 +107,14 @@ impl EmbedOptions {
     }
 }
 
+/// Most text one request's query/document pairs may hold, each pair's query
+/// counted again: a reranker request repeats its query in every pair, so a
+/// 2 MB query beside 2,048 short documents made 4 GB of pairs (and a
+/// template reranker reads the query again in each). 8 times the server's
+/// default 2 MiB body: any request whose query is at most an eighth of its
+/// body passes.
+pub const MAX_PAIR_TEXT_BYTES: usize = 16 << 20;
+
 /// One input to embed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum EmbedInput {

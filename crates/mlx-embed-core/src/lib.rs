@@ -122,7 +122,9 @@ pub use embedder::{
     l2_normalize, sparse_entries, BatchOutput, DeviceMemory, EmbedInput, EmbedOptions, Embedder,
     EmbedderError, EmbedderErrorKind, Encoded, LiveStats, ModelInfo, ModelKind, Output, Prompt,
     Replica, Submitted, Ticket, TokenSpan, Tokenize, TruncationDirection, WeightsInfo,
+    MAX_PAIR_TEXT_BYTES,
 };
 pub use error::{CoreError, OverloadReason};
 pub use metrics::{Histogram, LaneMetrics, MetricsSnapshot};
 pub use priority::{ParsePriorityError, Priority};
+pub use tokenize::reading_room;

@@ -42,10 +42,16 @@ pub(crate) async fn encode_all(
             encode_with(&*tokenizer, &inputs, options)?
         }
         Some(tokenizer) => {
+            let reading = reading_room(text_bytes(&inputs)).await;
             let options = options.clone();
-            tokio::task::spawn_blocking(move || encode_with(&*tokenizer, &inputs, &options))
-                .await
-                .map_err(|e| CoreError::Model(format!("tokenizer panicked: {e}")))??
+            tokio::task::spawn_blocking(move || {
+                // Held until the tokenizer is done, even when the caller
+                // has left: the memory is in use until then.
+                let _reading = reading;
+                encode_with(&*tokenizer, &inputs, &options)
+            })
+            .await
+            .map_err(|e| CoreError::Model(format!("tokenizer panicked: {e}")))??
         }
         None => inputs
             .iter()
@@ -74,6 +80,32 @@ pub(crate) async fn encode_all(
         );
     }
     Ok(encoded)
+}
+
+/// Text being tokenized at once, in the whole process, in KiB. A tokenizer
+/// holds a few hundred bytes per token until it is done (a text is read
+/// whole before the model's cut): one 2 MB text of punctuation took 1.1 GB,
+/// and requests are tokenized before admission, so four at once took 2.4 GB
+/// even with this room at 4 MiB. At 2 MiB, the largest body the server
+/// takes by default tokenizes alone (about a second), and texts of
+/// ordinary requests side by side; more wait their turn (still cancellable).
+const TOKENIZING_KIB: u32 = 2 << 10;
+
+static TOKENIZING: tokio::sync::Semaphore =
+    tokio::sync::Semaphore::const_new(TOKENIZING_KIB as usize);
+
+/// Waits for room to tokenize `bytes` of text (a text larger than the whole
+/// room waits for all of it); the room is given back when the permit is
+/// dropped. The batcher takes it for every request it tokenizes; a caller
+/// that tokenizes beside it (a server's `/tokenize`) takes it too.
+pub async fn reading_room(bytes: usize) -> tokio::sync::SemaphorePermit<'static> {
+    let kib = u32::try_from(bytes.div_ceil(1024))
+        .unwrap_or(u32::MAX)
+        .clamp(1, TOKENIZING_KIB);
+    TOKENIZING
+        .acquire_many(kib)
+        .await
+        .expect("the tokenizing room is never closed")
 }
 
 /// Bytes of text the tokenizer will have to read (token ids cost nothing).
@@ -170,4 +202,25 @@ fn ids_only(
         type_ids: None,
         untruncated_len,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn text_waits_for_room_to_be_tokenized() {
+        // The whole room taken (as by a text larger than it): the next
+        // text, however small, waits until it is given back.
+        let all = reading_room(usize::MAX).await;
+        assert_eq!(all.num_permits(), TOKENIZING_KIB as usize);
+        let next = tokio::spawn(async { reading_room(300).await.num_permits() });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(!next.is_finished(), "tokenized beside a full room");
+        drop(all);
+        assert_eq!(next.await.unwrap(), 1);
+        // A text is charged by the KiB, at least one.
+        assert_eq!(reading_room(0).await.num_permits(), 1);
+        assert_eq!(reading_room(3 << 10).await.num_permits(), 3);
+    }
 }

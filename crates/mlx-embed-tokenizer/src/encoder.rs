@@ -528,10 +528,8 @@ impl Tokenize for HfTokenizer {
 /// carries turned off (MiniLM's has truncation at 128 and fixed padding to
 /// 128): both are decided by the spec instead.
 /// Most text a template reranker's pairs may make the tokenizer read in one
-/// request, each pair's query counted again: 8 times the server's default
-/// 2 MiB body, so any request whose query is at most an eighth of its body
-/// passes, and the worst case tokenizes in seconds, not minutes.
-pub const MAX_TEMPLATE_PAIR_BYTES: usize = 16 << 20;
+/// request, each pair's query counted again (the core's bound on pair text).
+pub const MAX_TEMPLATE_PAIR_BYTES: usize = mlx_embed_core::MAX_PAIR_TEXT_BYTES;
 
 /// Refuses template pairs that would make the tokenizer read more than
 /// [`MAX_TEMPLATE_PAIR_BYTES`], naming the input that goes over.

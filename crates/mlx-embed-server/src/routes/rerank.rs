@@ -7,7 +7,7 @@
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use mlx_embed_core::{EmbedInput, EmbedOptions, Priority};
+use mlx_embed_core::{EmbedInput, EmbedOptions, Priority, MAX_PAIR_TEXT_BYTES};
 use serde::de::{self, Deserializer};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -694,15 +694,16 @@ async fn rank(
     // Raw logits where the client asks for them in its API's words; both keep
     // the ranking (a sigmoid is monotonic, so a document's best chunk too).
     let raw = req.raw_scores == Some(true) || req.use_activation == Some(false);
-    // The input limits apply to the documents sent; chunks made of them are ours.
+    // The input limits apply to the documents sent, and to the chunks made of them.
     let sent = pairs_request(req.model.clone(), &req.query, &texts, options.clone(), raw)
         .map_err(|e| e.param("documents"))?;
     check_inputs(state, &sent.inputs)?;
     // Which document each scored input belongs to: one each, or its chunks.
     let (owners, request) = if limits.max_tokens.is_some() || limits.max_chunks.is_some() {
         let model = state.model_for(req.model.as_deref(), Task::Rerank)?;
+        let max_pieces = state.args().max_inputs_per_request;
         let (owners, pieces): (Vec<usize>, Vec<String>) =
-            document_pieces(model, &req.query, texts, limits)
+            document_pieces(model, &req.query, texts, limits, max_pieces)
                 .await?
                 .into_iter()
                 .unzip();
@@ -773,6 +774,7 @@ async fn document_pieces(
     query: &str,
     texts: Vec<String>,
     limits: DocumentLimits,
+    max_pieces: usize,
 ) -> Result<Vec<(usize, String)>, ApiError> {
     let Some(tok) = model.batcher.tokenizer().cloned() else {
         return Err(ApiError::invalid(
@@ -780,6 +782,11 @@ async fn document_pieces(
         ));
     };
     let max_input = model.info().max_input_tokens;
+    // One document alone may not make more chunks than a request may have.
+    let limits = DocumentLimits {
+        max_chunks: limits.max_chunks.map(|n| n.min(max_pieces + 1)),
+        ..limits
+    };
     let query = query.to_owned();
     tokio::task::spawn_blocking(move || {
         let options = EmbedOptions::default();
@@ -806,6 +813,20 @@ async fn document_pieces(
                 .collect();
             for piece in split_at_tokens(&text, &offsets, limits, per_chunk) {
                 pieces.push((index, piece));
+            }
+            // Each piece is a model input: chunks count against the input
+            // limit as documents do (1-token chunks beside a long query made
+            // a small request hundreds of times its documents' work).
+            if pieces.len() > max_pieces {
+                return Err(ApiError::new(
+                    ErrorKind::TooLarge,
+                    format!(
+                        "max_chunks_per_doc splits these documents into more than {max_pieces} \
+                         chunks, the inputs one request may have (--max-inputs-per-request); \
+                         lower max_chunks_per_doc or send fewer documents"
+                    ),
+                )
+                .param("max_chunks_per_doc"));
             }
         }
         Ok(pieces)
@@ -847,6 +868,34 @@ fn split_at_tokens(
     chunks
 }
 
+/// The pairs of `query` with each of `documents` hold at most
+/// [`MAX_PAIR_TEXT_BYTES`] of text, the query counted in each: checked
+/// before they are built, since each pair holds its own copy.
+pub(crate) fn check_pair_text(query: &str, documents: &[String]) -> Result<(), ApiError> {
+    let bytes = query
+        .len()
+        .saturating_mul(documents.len())
+        .saturating_add(documents.iter().map(String::len).sum());
+    check_pair_bytes(bytes, documents.len())
+}
+
+/// `pairs` pairs of `bytes` of text in all (each pair's query counted).
+pub(crate) fn check_pair_bytes(bytes: usize, pairs: usize) -> Result<(), ApiError> {
+    if bytes <= MAX_PAIR_TEXT_BYTES {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        ErrorKind::TooLarge,
+        format!(
+            "the query goes with each of the {pairs} documents, {} MiB of text in all, more \
+             than the {} MiB one request may have; send a shorter query or fewer documents per \
+             request",
+            bytes.div_ceil(1 << 20),
+            MAX_PAIR_TEXT_BYTES >> 20
+        ),
+    ))
+}
+
 /// One pair input per document.
 fn pairs_request(
     model: Option<String>,
@@ -858,6 +907,7 @@ fn pairs_request(
     if texts.is_empty() {
         return Err(ApiError::invalid("no documents to rank: send at least one"));
     }
+    check_pair_text(query, texts)?;
     Ok(ScoreRequest {
         model,
         task: Task::Rerank,

@@ -49,6 +49,10 @@ fn tokenizer(state: &AppState, model: Option<&str>) -> Result<Arc<dyn Tokenize>,
         .ok_or_else(|| ApiError::invalid("this model takes token ids only: it has no tokenizer"))
 }
 
+/// Most tokens one `/tokenize` answer lists: about 70 MB of JSON. A 2 MB
+/// text of punctuation was a 142 MB answer, built whole in memory.
+pub const MAX_LISTED_TOKENS: usize = 1 << 20;
+
 /// Split texts into the model's tokens; one list per text.
 ///
 /// Errors use `{"error": str, "error_type": str}`.
@@ -75,16 +79,33 @@ pub async fn tokenize(
         prompt: req.prompt_name.map_or(Prompt::Default, Prompt::Named),
         ..EmbedOptions::default()
     };
-    // Tokenizing is CPU work: off the async threads, as the core does.
+    // Tokenizing is CPU work: off the async threads, as the core does, and
+    // within the room the core keeps for text being tokenized.
+    let reading = mlx_embed_core::reading_room(texts.iter().map(String::len).sum()).await;
     let out = tokio::task::spawn_blocking(move || {
-        texts
-            .iter()
-            .map(|t| tok.tokens(t, specials, &options))
-            .collect::<Result<Vec<_>, _>>()
+        let _reading = reading;
+        let mut listed = 0usize;
+        let mut out = Vec::with_capacity(texts.len());
+        for text in &texts {
+            let spans = tok
+                .tokens(text, specials, &options)
+                .map_err(|e| ApiError::invalid(e.message).param("inputs"))?;
+            listed += spans.len();
+            if listed > MAX_LISTED_TOKENS {
+                return Err(ApiError::new(
+                    ErrorKind::TooLarge,
+                    format!(
+                        "these texts have more than {MAX_LISTED_TOKENS} tokens in all, the most \
+                         one answer lists; send fewer or shorter texts per request"
+                    ),
+                ));
+            }
+            out.push(spans);
+        }
+        Ok(out)
     })
     .await
-    .map_err(|e| ApiError::new(ErrorKind::Model, format!("tokenizer task failed: {e}")))?
-    .map_err(|e| ApiError::invalid(e.message).param("inputs"))?;
+    .map_err(|e| ApiError::new(ErrorKind::Model, format!("tokenizer task failed: {e}")))??;
     Ok(Json(
         out.into_iter()
             .map(|spans| {

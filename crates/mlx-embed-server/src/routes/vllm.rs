@@ -170,6 +170,12 @@ pub async fn score_pairs(
     let model = state.model_for(req.model.as_deref(), Task::Score)?;
     let name = Some(model.name.clone());
     let (model, scores, usage) = if matches!(model.info().kind, ModelKind::Reranker { .. }) {
+        let bytes = seconds
+            .iter()
+            .enumerate()
+            .map(|(i, document)| firsts[i % firsts.len()].len() + document.len())
+            .sum();
+        super::rerank::check_pair_bytes(bytes, seconds.len())?;
         let out = score(
             &state,
             ScoreRequest {

@@ -342,8 +342,8 @@ def test_cohere_chunks_and_cuts_long_documents(duo):
                                 "documents": ["d"] * 17})
     assert r.status_code == 413, r.text[:300]
     assert r.json()["error"]["message"] == (
-        "the query goes with each of the 17 documents, 17 MiB of text in all, more than the 16 MiB "
-        "one request may have; send a shorter query or fewer documents per request")
+        "these 17 query/document pairs hold 17000017 bytes of text, each pair's query counted, more "
+        "than the 16 MiB one request may have; send a shorter query or fewer documents per request")
     r = duo.post("/v1/score", {"model": "tiny-bert-reranker", "text_1": "q " * 500_000, "text_2": ["d"] * 17})
     assert r.status_code == 413, r.text[:300]
     for field in ("max_chunks_per_doc", "max_tokens_per_doc"):

@@ -398,6 +398,8 @@ struct WriteWatched {
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Whether `deadline` is set for the wait in progress.
     waiting: bool,
+    /// Bytes the kernel had not yet sent when the deadline was last set.
+    unsent_at_arming: Option<usize>,
 }
 
 impl WriteWatched {
@@ -408,7 +410,25 @@ impl WriteWatched {
             timeout,
             deadline: None,
             waiting: false,
+            unsent_at_arming: None,
         }
+    }
+
+    /// Bytes written to the socket that the client has not yet taken
+    /// (Linux's `TIOCOUTQ`); `None` where that cannot be told.
+    #[cfg(target_os = "linux")]
+    fn unsent(&self) -> Option<usize> {
+        use std::os::fd::AsRawFd;
+        let mut queued: libc::c_int = 0;
+        // SAFETY: TIOCOUTQ writes one c_int through the pointer, which
+        // points at `queued`; the fd is this socket's, open while `self` is.
+        let ok = unsafe { libc::ioctl(self.stream.as_raw_fd(), libc::TIOCOUTQ, &mut queued) };
+        (ok == 0).then(|| usize::try_from(queued).unwrap_or(0))
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn unsent(&self) -> Option<usize> {
+        None
     }
 
     fn note<T>(
@@ -428,11 +448,34 @@ impl WriteWatched {
         if !self.waiting {
             self.waiting = true;
             deadline.as_mut().reset(until);
+            self.unsent_at_arming = None;
         }
         // Polled with the write's waker, so a client that never reads wakes
         // the connection at the deadline instead of leaving it parked.
         if deadline.as_mut().poll(cx).is_pending() {
+            if self.unsent_at_arming.is_none() {
+                self.unsent_at_arming = self.unsent();
+            }
             return Poll::Pending;
+        }
+        // The kernel lets a write through only once a third or so of a
+        // grown send buffer (megabytes) has drained: a client reading
+        // steadily but slowly takes longer than the timeout over that. What
+        // it took since the deadline was set is progress too, from
+        // `MIN_PROGRESS` on: a client that reads nothing still lets a few
+        // KiB trickle in as its kernel compacts its receive buffer.
+        const MIN_PROGRESS: usize = 64 << 10;
+        let unsent = self.unsent();
+        if let (Some(before), Some(now)) = (self.unsent_at_arming, unsent) {
+            if now + MIN_PROGRESS <= before {
+                self.unsent_at_arming = Some(now);
+                let deadline = self.deadline.as_mut().expect("armed above");
+                deadline.as_mut().reset(until);
+                // Registers the waker for the new deadline.
+                if deadline.as_mut().poll(cx).is_pending() {
+                    return Poll::Pending;
+                }
+            }
         }
         tracing::debug!(
             "dropping a connection: its answer could not be written for {} s, the client \

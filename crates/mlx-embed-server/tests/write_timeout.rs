@@ -173,3 +173,48 @@ async fn a_client_that_reads_with_pauses_shorter_than_the_timeout_gets_its_whole
     assert!(rows.iter().flatten().all(|t| t.len() == TOKEN_WIDTH));
     server.stop().await.unwrap();
 }
+
+/// A client that reads steadily but slowly, never pausing: the kernel lets
+/// the server's next write through only once a good part of a grown send
+/// buffer has drained, which at this pace takes longer than the timeout;
+/// what the client took meanwhile counts as progress, so it gets the whole
+/// answer. It was dropped partway, at about 4 MB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_steady_reader_gets_its_whole_answer() {
+    let server = Server::start(ServerArgs {
+        client_timeout_secs: 1,
+        ..test_args()
+    })
+    .await;
+    let mut stream = ask_for_a_large_answer(&server).await;
+    wait_answered(&server).await;
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 8192];
+    let mut expected = None;
+    let start = Instant::now();
+    while !matches!(expected, Some(whole) if got.len() >= whole) {
+        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
+            .await
+            .expect("the server goes on writing")
+            .unwrap();
+        assert!(
+            n > 0,
+            "the connection was dropped after {} bytes",
+            got.len()
+        );
+        got.extend_from_slice(&buf[..n]);
+        if expected.is_none() && got.windows(4).any(|w| w == b"\r\n\r\n") {
+            let (length, start) = content_length(&got);
+            expected = Some(start + length);
+        }
+        // About 400 KB/s: 8 KB every 20 ms.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(Some(got.len()), expected);
+    assert!(
+        start.elapsed() > Duration::from_secs(5),
+        "{:?}",
+        start.elapsed()
+    );
+    server.stop().await.unwrap();
+}

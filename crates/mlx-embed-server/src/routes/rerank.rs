@@ -887,10 +887,9 @@ pub(crate) fn check_pair_bytes(bytes: usize, pairs: usize) -> Result<(), ApiErro
     Err(ApiError::new(
         ErrorKind::TooLarge,
         format!(
-            "the query goes with each of the {pairs} documents, {} MiB of text in all, more \
-             than the {} MiB one request may have; send a shorter query or fewer documents per \
-             request",
-            bytes.div_ceil(1 << 20),
+            "these {pairs} query/document pairs hold {bytes} bytes of text, each pair's query \
+             counted, more than the {} MiB one request may have; send a shorter query or fewer \
+             documents per request",
             MAX_PAIR_TEXT_BYTES >> 20
         ),
     ))

@@ -398,7 +398,8 @@ struct WriteWatched {
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     /// Whether `deadline` is set for the wait in progress.
     waiting: bool,
-    /// Bytes the kernel had not yet sent when the deadline was last set.
+    /// Bytes the kernel had not yet sent when the deadline was last set
+    /// (`None` where that cannot be told).
     unsent_at_arming: Option<usize>,
 }
 
@@ -416,6 +417,17 @@ impl WriteWatched {
 
     /// Bytes written to the socket that the client has not yet taken
     /// (Linux's `TIOCOUTQ`); `None` where that cannot be told.
+    /// Starts the wait anew: the deadline `timeout` from now, the unsent
+    /// bytes as they are now.
+    fn rearm(&mut self) {
+        let until = tokio::time::Instant::now() + self.timeout;
+        self.unsent_at_arming = self.unsent();
+        match &mut self.deadline {
+            Some(deadline) => deadline.as_mut().reset(until),
+            None => self.deadline = Some(Box::pin(tokio::time::sleep_until(until))),
+        }
+    }
+
     #[cfg(target_os = "linux")]
     fn unsent(&self) -> Option<usize> {
         use std::os::fd::AsRawFd;
@@ -441,22 +453,9 @@ impl WriteWatched {
             self.waiting = false;
             return poll;
         }
-        let until = tokio::time::Instant::now() + self.timeout;
-        let deadline = self
-            .deadline
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
         if !self.waiting {
             self.waiting = true;
-            deadline.as_mut().reset(until);
-            self.unsent_at_arming = None;
-        }
-        // Polled with the write's waker, so a client that never reads wakes
-        // the connection at the deadline instead of leaving it parked.
-        if deadline.as_mut().poll(cx).is_pending() {
-            if self.unsent_at_arming.is_none() {
-                self.unsent_at_arming = self.unsent();
-            }
-            return Poll::Pending;
+            self.rearm();
         }
         // The kernel lets a write through only once a third or so of a
         // grown send buffer (megabytes) has drained: a client reading
@@ -465,16 +464,16 @@ impl WriteWatched {
         // `MIN_PROGRESS` on: a client that reads nothing still lets a few
         // KiB trickle in as its kernel compacts its receive buffer.
         const MIN_PROGRESS: usize = 64 << 10;
-        let unsent = self.unsent();
-        if let (Some(before), Some(now)) = (self.unsent_at_arming, unsent) {
-            if now + MIN_PROGRESS <= before {
-                self.unsent_at_arming = Some(now);
-                let deadline = self.deadline.as_mut().expect("armed above");
-                deadline.as_mut().reset(until);
-                // Registers the waker for the new deadline.
-                if deadline.as_mut().poll(cx).is_pending() {
-                    return Poll::Pending;
-                }
+        loop {
+            // Polled with the write's waker, so a client that never reads
+            // wakes the connection at the deadline instead of leaving it parked.
+            let deadline = self.deadline.as_mut().expect("armed when the wait began");
+            if deadline.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            match (self.unsent_at_arming, self.unsent()) {
+                (Some(before), Some(now)) if now + MIN_PROGRESS <= before => self.rearm(),
+                _ => break,
             }
         }
         tracing::debug!(

@@ -82,6 +82,38 @@ fn content_length(got: &[u8]) -> (usize, usize) {
     (length, end)
 }
 
+/// An answer read off its connection a piece at a time.
+#[derive(Default)]
+struct Answer {
+    got: Vec<u8>,
+    /// Its whole length, head included, once its head is in.
+    expected: Option<usize>,
+}
+
+impl Answer {
+    /// One read of up to `buf.len()` bytes; the server must go on writing.
+    async fn read_some(&mut self, stream: &mut TcpStream, buf: &mut [u8]) {
+        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(buf))
+            .await
+            .expect("the server goes on writing")
+            .unwrap();
+        assert!(
+            n > 0,
+            "the connection was dropped after {} bytes",
+            self.got.len()
+        );
+        self.got.extend_from_slice(&buf[..n]);
+        if self.expected.is_none() && self.got.windows(4).any(|w| w == b"\r\n\r\n") {
+            let (length, start) = content_length(&self.got);
+            self.expected = Some(start + length);
+        }
+    }
+
+    fn complete(&self) -> bool {
+        matches!(self.expected, Some(whole) if self.got.len() >= whole)
+    }
+}
+
 async fn wait_answered(server: &Server) {
     for _ in 0..1000 {
         if server.batcher.metrics().requests_ok >= 1 {
@@ -132,33 +164,19 @@ async fn a_client_that_reads_with_pauses_shorter_than_the_timeout_gets_its_whole
     // followed by a burst of reading: the server waits on this client longer
     // than the timeout in all, but never that long at once.
     let pause = Duration::from_millis(CLIENT_TIMEOUT_SECS * 1000 / 3);
-    let mut got = Vec::new();
+    let mut answer = Answer::default();
     let mut buf = vec![0u8; 1 << 16];
     let mut paused = Duration::ZERO;
-    // The answer's whole length, head included, once its head is in.
-    let mut expected = None;
-    while !matches!(expected, Some(whole) if got.len() >= whole) {
+    while !answer.complete() {
         tokio::time::sleep(pause).await;
         paused += pause;
-        let burst = got.len() + (1 << 20);
-        while got.len() < burst.min(expected.unwrap_or(usize::MAX)) {
-            let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
-                .await
-                .expect("the server goes on writing")
-                .unwrap();
-            assert!(
-                n > 0,
-                "the connection was dropped after {} bytes",
-                got.len()
-            );
-            got.extend_from_slice(&buf[..n]);
-            if expected.is_none() && got.windows(4).any(|w| w == b"\r\n\r\n") {
-                let (length, start) = content_length(&got);
-                expected = Some(start + length);
-            }
+        let burst = answer.got.len() + (1 << 20);
+        while answer.got.len() < burst.min(answer.expected.unwrap_or(usize::MAX)) {
+            answer.read_some(&mut stream, &mut buf).await;
         }
     }
-    assert_eq!(Some(got.len()), expected);
+    let got = answer.got;
+    assert_eq!(Some(got.len()), answer.expected);
     assert!(
         paused > Duration::from_secs(CLIENT_TIMEOUT_SECS),
         "the answer never stalled for long in all: {paused:?}"
@@ -188,29 +206,15 @@ async fn a_slow_steady_reader_gets_its_whole_answer() {
     .await;
     let mut stream = ask_for_a_large_answer(&server).await;
     wait_answered(&server).await;
-    let mut got = Vec::new();
+    let mut answer = Answer::default();
     let mut buf = vec![0u8; 8192];
-    let mut expected = None;
     let start = Instant::now();
-    while !matches!(expected, Some(whole) if got.len() >= whole) {
-        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
-            .await
-            .expect("the server goes on writing")
-            .unwrap();
-        assert!(
-            n > 0,
-            "the connection was dropped after {} bytes",
-            got.len()
-        );
-        got.extend_from_slice(&buf[..n]);
-        if expected.is_none() && got.windows(4).any(|w| w == b"\r\n\r\n") {
-            let (length, start) = content_length(&got);
-            expected = Some(start + length);
-        }
+    while !answer.complete() {
+        answer.read_some(&mut stream, &mut buf).await;
         // About 400 KB/s: 8 KB every 20 ms.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(Some(got.len()), expected);
+    assert_eq!(Some(answer.got.len()), answer.expected);
     assert!(
         start.elapsed() > Duration::from_secs(5),
         "{:?}",

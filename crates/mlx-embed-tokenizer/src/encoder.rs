@@ -449,18 +449,13 @@ impl Tokenize for HfTokenizer {
         inputs: &[EmbedInput],
         options: &EmbedOptions,
     ) -> Result<Vec<Encoded>, (usize, EmbedderError)> {
-        let Some(pair) = self.spec.pair.as_ref() else {
-            return inputs
-                .iter()
-                .enumerate()
-                .map(|(i, input)| self.encode(input, options).map_err(|e| (i, e)))
-                .collect();
-        };
-        if pair.template.is_some() {
+        let pair = self.spec.pair.as_ref();
+        if pair.is_some_and(|p| p.template.is_some()) {
             check_template_reading(inputs)?;
         }
         let max_length = options.input_limit(self.spec.max_length);
-        let shared = pair.template.is_none() && options.prompt == Prompt::Default;
+        let shared =
+            pair.is_some_and(|p| p.template.is_none()) && options.prompt == Prompt::Default;
         let mut queries: HashMap<&str, Vec<u32>> = HashMap::new();
         let mut out = Vec::with_capacity(inputs.len());
         for (i, input) in inputs.iter().enumerate() {

@@ -126,12 +126,22 @@ pub struct ServerArgs {
 
     /// Web pages of these origins may call the API from a browser (CORS), e.g.
     /// `https://app.example.com`; comma-separated, or `*` for any origin. Unset:
-    /// none, so a page of another origin cannot read answers. The server answers any
-    /// `Host`, so a page whose name an attacker points at 127.0.0.1 (DNS rebinding) is
-    /// not another origin: where browsers run beside a server, set --api-key.
+    /// none, so a page of another origin cannot read answers. Unless --allowed-hosts
+    /// is set, the server answers any `Host`, so a page whose name an attacker points
+    /// at 127.0.0.1 (DNS rebinding) is not another origin: where browsers run beside a
+    /// server, set --allowed-hosts or --api-key.
     #[arg(long, env = "MLX_EMBED_CORS_ALLOW_ORIGIN", value_delimiter = ',',
           value_parser = parse_origin)]
     pub cors_allow_origin: Vec<String>,
+
+    /// Host names this server answers to, comma-separated (`.example.com` takes its
+    /// subdomains too), beside IP addresses and `localhost`, which it always answers
+    /// to. A request naming another `Host` gets 403, so a web page whose name an
+    /// attacker points at this server (DNS rebinding) cannot use it. Unset: any
+    /// `Host`, as a proxy in front may pass on its clients' names (deploy/nginx does).
+    #[arg(long, env = "MLX_EMBED_ALLOWED_HOSTS", value_delimiter = ',',
+          value_parser = parse_host_name)]
+    pub allowed_hosts: Vec<String>,
 
     /// On SIGINT/SIGTERM, how long to keep answering accepted requests before exiting (s);
     /// those still waiting for a model then are answered 503.
@@ -178,6 +188,7 @@ impl Default for ServerArgs {
             max_inputs_per_request: 2048,
             api_key: None,
             cors_allow_origin: Vec::new(),
+            allowed_hosts: Vec::new(),
             drain_timeout_secs: 30,
             client_timeout_secs: 75,
             no_warmup: false,
@@ -212,6 +223,27 @@ fn parse_origin(s: &str) -> Result<String, String> {
         ));
     }
     Ok(s.to_owned())
+}
+
+/// An `--allowed-hosts` entry: a host name, or `.name` for it and its
+/// subdomains, kept lowercase and without a final dot, as requests' hosts
+/// are compared.
+fn parse_host_name(s: &str) -> Result<String, String> {
+    let name = s.trim().trim_end_matches('.').to_ascii_lowercase();
+    let bare = name.strip_prefix('.').unwrap_or(&name);
+    let valid = !bare.is_empty()
+        && bare
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_')
+        && !bare.starts_with('.');
+    if !valid {
+        return Err(format!(
+            "{s:?} is not a host name: expected a name such as embed.example.com, or \
+             .example.com for it and its subdomains (no port, scheme or *; leave the flag \
+             unset to answer any Host)"
+        ));
+    }
+    Ok(name)
 }
 
 impl ServerArgs {
@@ -550,6 +582,35 @@ mod tests {
             .unwrap()
             .args
             .cors_allow_origin
+            .is_empty());
+    }
+
+    #[test]
+    fn allowed_hosts_parse() {
+        let parse = |v: &str| Cli::try_parse_from(["x", "--allowed-hosts", v]);
+        assert_eq!(
+            parse("Embed.Example.com, .corp.example., embed_1")
+                .unwrap()
+                .args
+                .allowed_hosts,
+            ["embed.example.com", ".corp.example", "embed_1"]
+        );
+        for bad in [
+            "",
+            ".",
+            "*",
+            "*.example.com",
+            "embed.example.com:8080",
+            "http://embed.example.com",
+            "..example.com",
+            "a b",
+        ] {
+            assert!(parse(bad).is_err(), "{bad:?}");
+        }
+        assert!(Cli::try_parse_from(["x"])
+            .unwrap()
+            .args
+            .allowed_hosts
             .is_empty());
     }
 

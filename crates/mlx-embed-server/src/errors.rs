@@ -64,6 +64,8 @@ pub enum ErrorKind {
     InvalidRequest,
     /// 401.
     Unauthorized,
+    /// 403: a `Host` that `--allowed-hosts` does not list.
+    Forbidden,
     /// 408: the body did not arrive within `--client-timeout-secs`.
     Timeout,
     /// 404 / 405.
@@ -93,6 +95,7 @@ impl ErrorKind {
         match self {
             ErrorKind::InvalidRequest => StatusCode::BAD_REQUEST,
             ErrorKind::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorKind::Forbidden => StatusCode::FORBIDDEN,
             ErrorKind::Timeout => StatusCode::REQUEST_TIMEOUT,
             ErrorKind::NotFound => StatusCode::NOT_FOUND,
             ErrorKind::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
@@ -113,6 +116,7 @@ impl ErrorKind {
     fn openai_type(self) -> &'static str {
         match self {
             ErrorKind::Unauthorized => "authentication_error",
+            ErrorKind::Forbidden => "permission_error",
             // As OpenAI answers an unknown model or URL (the status and `code` tell them apart).
             ErrorKind::NotFound => "invalid_request_error",
             ErrorKind::Overloaded => "rate_limit_error",
@@ -126,6 +130,7 @@ impl ErrorKind {
     fn tei_type(self) -> &'static str {
         match self {
             ErrorKind::Unauthorized => "Unauthorized",
+            ErrorKind::Forbidden => "Forbidden",
             ErrorKind::NotFound => "NotFound",
             ErrorKind::Overloaded => "Overloaded",
             ErrorKind::Model => "Backend",
@@ -221,6 +226,18 @@ impl ApiError {
             "missing or invalid API key: send `Authorization: Bearer <key>`",
         )
         .code("invalid_api_key")
+    }
+
+    /// 403: a request whose `Host` is `host`, which `--allowed-hosts` does not list.
+    pub fn host_not_allowed(host: &str) -> Self {
+        Self::new(
+            ErrorKind::Forbidden,
+            format!(
+                "the Host {:?} is not one this server answers to (--allowed-hosts)",
+                host.chars().take(256).collect::<String>()
+            ),
+        )
+        .code("host_not_allowed")
     }
 
     /// 413: a request of `n` inputs, over `--max-inputs-per-request`.

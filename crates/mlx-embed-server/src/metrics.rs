@@ -3,7 +3,8 @@
 //!
 //! Metric names (all prefixed `mlx_embed_`):
 //! `http_requests_total{route,code}` (code 499: the client left before the
-//! answer), `http_request_duration_seconds{route}` (histogram of answers;
+//! answer), `http_answers_dropped_total` (answers made but dropped unwritten,
+//! their clients not reading: each is also in `http_requests_total`), `http_request_duration_seconds{route}` (histogram of answers;
 //! with several models served, both also carry `model`: the model the request
 //! named or was given, `""` where it got none, as a 404 for an unknown one),
 //! `waiting_inputs`, `queued_inputs`, `in_flight_inputs` (gauges),
@@ -22,6 +23,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use mlx_embed_core::{DeviceMemory, Histogram, LaneMetrics, MetricsSnapshot};
@@ -53,6 +55,7 @@ pub struct Series<'a> {
 #[derive(Default)]
 pub struct HttpMetrics {
     routes: Mutex<BTreeMap<(String, Option<String>), RouteStats>>,
+    answers_dropped: AtomicU64,
 }
 
 impl HttpMetrics {
@@ -65,6 +68,13 @@ impl HttpMetrics {
     /// its time stays out of the latency histogram, which is answers' time.
     pub fn record_client_left(&self, series: Series<'_>, status: u16) {
         self.count(series, status, None);
+    }
+
+    /// Counts an answer dropped unwritten because its client did not read
+    /// it within `--client-timeout-secs`. Its request was already counted
+    /// under its status: the answer was made before it could not be sent.
+    pub fn record_answer_dropped(&self) {
+        self.answers_dropped.fetch_add(1, Ordering::Relaxed);
     }
 
     fn count(&self, series: Series<'_>, status: u16, seconds: Option<f64>) {
@@ -216,6 +226,13 @@ fn render_http(out: &mut String, http: &HttpMetrics) {
             );
         }
     }
+    counter(
+        out,
+        "mlx_embed_http_answers_dropped_total",
+        "Answers dropped unwritten, their clients not reading them within \
+         --client-timeout-secs (each also counted in http_requests_total by its status).",
+        http.answers_dropped.load(Ordering::Relaxed),
+    );
     head(
         out,
         "mlx_embed_http_request_duration_seconds",

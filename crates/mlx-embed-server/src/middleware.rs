@@ -1,5 +1,5 @@
 //! Cross-cutting layers: request ids, per-request log line and metrics,
-//! API-key check, refusal of compressed bodies.
+//! `Host` and API-key checks, refusal of compressed bodies.
 
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
@@ -11,7 +11,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{MatchedPath, Request, State};
 use axum::http::header::{
-    ACCEPT_ENCODING, AUTHORIZATION, CONNECTION, CONTENT_ENCODING, CONTENT_LENGTH, TRANSFER_ENCODING,
+    ACCEPT_ENCODING, AUTHORIZATION, CONNECTION, CONTENT_ENCODING, CONTENT_LENGTH, HOST,
+    TRANSFER_ENCODING,
 };
 use axum::http::{HeaderName, HeaderValue};
 use axum::middleware::Next;
@@ -216,6 +217,69 @@ pub async fn require_api_key(State(state): State<AppState>, req: Request, next: 
     }
 }
 
+/// With `--allowed-hosts`, a request whose `Host` is a name it does not list
+/// gets 403 in the path's API error shape: a web page whose name an attacker
+/// points at this server (DNS rebinding) sends its own name, never one the
+/// server answers to. IP addresses and `localhost` name no such page, so
+/// they always pass; so does a request with no `Host` (no browser sends one).
+pub async fn check_host(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let allowed = &state.args().allowed_hosts;
+    if allowed.is_empty() {
+        return next.run(req).await;
+    }
+    let host = match req.uri().authority() {
+        Some(authority) => Some(authority.host()),
+        None => match req.headers().get(HOST).map(HeaderValue::to_str) {
+            Some(Ok(value)) => Some(host_of(value)),
+            // Not text: no name a page could have.
+            Some(Err(_)) => Some(""),
+            None => None,
+        },
+    };
+    match host {
+        Some(host) if !host_allowed(host, allowed) => {
+            tracing::debug!("rejected: Host {} not allowed", LogSafe(host));
+            Api::for_path(req.uri().path()).render(ApiError::host_not_allowed(host))
+        }
+        _ => next.run(req).await,
+    }
+}
+
+/// The host of a `Host` value, without its port (an IPv6 address keeps its brackets).
+fn host_of(value: &str) -> &str {
+    let value = value.trim();
+    if value.starts_with('[') {
+        return value.find(']').map_or(value, |end| &value[..=end]);
+    }
+    match value.rsplit_once(':') {
+        Some((host, port)) if port.bytes().all(|b| b.is_ascii_digit()) => host,
+        _ => value,
+    }
+}
+
+/// Whether `host` is an IP address, `localhost` (or a name under it), or a
+/// name `allowed` lists (an entry `.name` takes `name` and its subdomains).
+fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    let name = host.trim_end_matches('.').to_ascii_lowercase();
+    let ip = name
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(&name);
+    if ip.parse::<std::net::IpAddr>().is_ok() || name == "localhost" || name.ends_with(".localhost")
+    {
+        return true;
+    }
+    allowed.iter().any(|entry| match entry.strip_prefix('.') {
+        Some(domain) => {
+            name == domain
+                || name
+                    .strip_suffix(entry.as_str())
+                    .is_some_and(|sub| !sub.is_empty())
+        }
+        None => name == *entry,
+    })
+}
+
 /// A body in any content coding but `identity` is refused on every route
 /// with 415 and `Accept-Encoding: identity` (RFC 9110 section 15.5.16), in
 /// the path's API error shape: bodies are read as they arrive, never
@@ -378,6 +442,39 @@ mod tests {
         assert!(constant_time_eq(b"abc", b"abc"));
         assert!(!constant_time_eq(b"abc", b"abd"));
         assert!(!constant_time_eq(b"abc", b"ab"));
+    }
+
+    #[test]
+    fn hosts_are_allowed_by_name_address_or_localhost() {
+        let allowed = ["embed.example.com".to_owned(), ".corp.example".to_owned()];
+        let ok = |value: &str| host_allowed(host_of(value), &allowed);
+        for pass in [
+            "embed.example.com",
+            "EMBED.example.com.:8080",
+            "corp.example",
+            "a.b.corp.example:443",
+            "127.0.0.1:8080",
+            "10.1.2.3",
+            "[::1]:8080",
+            "[fe80::1]",
+            "localhost:8080",
+            "app.localhost",
+        ] {
+            assert!(ok(pass), "{pass}");
+        }
+        for refuse in [
+            "evil.example",
+            "embed.example.com.evil.example",
+            "xcorp.example",
+            "notlocalhost",
+            "localhost.evil.example",
+            "embed.example.com:80:80",
+            "",
+            "[::1",
+            "127.0.0.1.evil.example",
+        ] {
+            assert!(!ok(refuse), "{refuse}");
+        }
     }
 
     #[test]

@@ -103,12 +103,14 @@ const BEARER: &str = "bearer";
 /// with a key or without), the probes for nothing (`security: []`); and every
 /// other operation declares the 401 a missing or wrong key gets, in its
 /// path's error shape (the shape the key check answers in: [`Api::for_path`]).
+/// Every operation, probes too, declares the 403 a `Host` that
+/// `--allowed-hosts` does not list gets, in the same shape.
 ///
 /// Applied by [`document`] after the aliases, so each alias gets its own
 /// path's shape.
-struct ApiKeyAuth;
+struct AccessChecks;
 
-impl Modify for ApiKeyAuth {
+impl Modify for AccessChecks {
     fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
         let scheme = HttpBuilder::new()
             .scheme(HttpAuthScheme::Bearer)
@@ -137,10 +139,6 @@ impl Modify for ApiKeyAuth {
                 &mut item.trace,
             ];
             for operation in operations.into_iter().flatten() {
-                if !needs_api_key(path) {
-                    operation.security = Some(Vec::new());
-                    continue;
-                }
                 let shape = match Api::for_path(path) {
                     Api::Native => NativeErrorBody::name(),
                     Api::OpenAi => OpenAiErrorBody::name(),
@@ -148,6 +146,26 @@ impl Modify for ApiKeyAuth {
                     Api::Ollama => OllamaErrorBody::name(),
                     Api::Weaviate => WeaviateErrorBody::name(),
                 };
+                let forbidden = ResponseBuilder::new()
+                    .description(
+                        "A `Host` the server does not answer to (only when it runs with \
+                         `--allowed-hosts`)",
+                    )
+                    .content(
+                        "application/json",
+                        ContentBuilder::new()
+                            .schema(Some(Ref::from_schema_name(shape.clone())))
+                            .build(),
+                    )
+                    .build();
+                operation
+                    .responses
+                    .responses
+                    .insert("403".to_owned(), forbidden.into());
+                if !needs_api_key(path) {
+                    operation.security = Some(Vec::new());
+                    continue;
+                }
                 let unauthorized = ResponseBuilder::new()
                     .description(
                         "Missing or wrong API key (only when the server runs with `--api-key`)",
@@ -175,7 +193,7 @@ impl Modify for ApiKeyAuth {
     }
 }
 
-/// The document: every handler's path, then its aliases, then the API key.
+/// The document: every handler's path, then its aliases, then the access checks.
 fn document() -> utoipa::openapi::OpenApi {
     let mut doc = ApiDoc::openapi();
     for (alias, original) in ALIASES {
@@ -188,7 +206,7 @@ fn document() -> utoipa::openapi::OpenApi {
         }
         doc.paths.paths.insert(alias.to_owned(), item);
     }
-    ApiKeyAuth.modify(&mut doc);
+    AccessChecks.modify(&mut doc);
     doc
 }
 

@@ -226,6 +226,7 @@ async fn run(
     let server = serve_connections(
         listener,
         router(state.clone()),
+        state.clone(),
         args.client_timeout(),
         async move {
             graceful.reached(1).await;
@@ -316,6 +317,7 @@ const HEADERS_GRACE: Duration = Duration::from_secs(1);
 async fn serve_connections(
     listener: TcpListener,
     app: Router,
+    state: AppState,
     client_timeout: Duration,
     stop: impl Future<Output = ()>,
 ) {
@@ -340,7 +342,7 @@ async fn serve_connections(
         let _ = stream.set_nodelay(true);
         let tracked = Tracked::new(app.clone());
         let busy = tracked.busy.clone();
-        let stream = WriteWatched::new(stream, client_timeout);
+        let stream = WriteWatched::new(stream, client_timeout, state.clone());
         let blocked = stream.blocked.clone();
         let connection =
             http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(tracked));
@@ -401,10 +403,13 @@ struct WriteWatched {
     /// Bytes the kernel had not yet sent when the deadline was last set
     /// (`None` where that cannot be told).
     unsent_at_arming: Option<usize>,
+    /// Where a dropped answer is counted: its request was counted under
+    /// its status when the answer was made, before it was written.
+    state: AppState,
 }
 
 impl WriteWatched {
-    fn new(stream: tokio::net::TcpStream, timeout: Duration) -> Self {
+    fn new(stream: tokio::net::TcpStream, timeout: Duration, state: AppState) -> Self {
         Self {
             stream,
             blocked: Arc::default(),
@@ -412,6 +417,7 @@ impl WriteWatched {
             deadline: None,
             waiting: false,
             unsent_at_arming: None,
+            state,
         }
     }
 
@@ -481,6 +487,7 @@ impl WriteWatched {
              not reading it (--client-timeout-secs)",
             self.timeout.as_secs()
         );
+        self.state.http_metrics().record_answer_dropped();
         Poll::Ready(Err(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
             "the answer could not be written within --client-timeout-secs",

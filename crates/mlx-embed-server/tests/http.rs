@@ -1163,6 +1163,86 @@ async fn api_key_guards_everything_but_health() {
     s.stop().await.unwrap();
 }
 
+/// With `--allowed-hosts`, a request naming another host (a page whose name
+/// an attacker points at the server: DNS rebinding) gets 403 in its route's
+/// error shape; listed names, IP addresses and `localhost` are answered.
+/// Without the flag any `Host` is.
+#[tokio::test]
+async fn allowed_hosts_refuse_other_names() {
+    let args = ServerArgs {
+        allowed_hosts: vec!["embed.example.com".into(), ".corp.example".into()],
+        ..test_args()
+    };
+    let s = Server::start(args).await;
+    let open = Server::start(test_args()).await;
+    let c = client();
+    for (path, shape) in ROUTES {
+        let send = |server: &Server, host: Option<&str>| {
+            let mut req = c.post(server.url(path)).json(&body(shape, json!(["a"])));
+            if let Some(host) = host {
+                req = req.header("host", host);
+            }
+            req.send()
+        };
+        for host in [
+            "evil.example",
+            "evil.example:8080",
+            "embed.example.com.evil.example",
+        ] {
+            let r = send(&s, Some(host)).await.unwrap();
+            assert_eq!(r.status(), 403, "{path} {host}");
+            let message = error_message(shape, &r.json().await.unwrap());
+            assert!(message.contains("--allowed-hosts"), "{message}");
+            assert_eq!(
+                send(&open, Some(host)).await.unwrap().status(),
+                200,
+                "{path}"
+            );
+        }
+        for host in [
+            None,
+            Some("embed.example.com:8080"),
+            Some("a.corp.example"),
+            Some("localhost:1"),
+        ] {
+            assert_eq!(
+                send(&s, host).await.unwrap().status(),
+                200,
+                "{path} {host:?}"
+            );
+        }
+    }
+    // Every operation of the document declares the 403, probes too, and answers it.
+    let doc: Value = c
+        .get(s.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut operations = 0;
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            assert!(
+                operation["responses"]["403"]["content"]["application/json"].is_object(),
+                "{method} {path}"
+            );
+            let url = s.url(&path.replace("{model}", "fake-model"));
+            let req = match method.as_str() {
+                "get" => c.get(url),
+                _ => c.post(url).json(&json!({})),
+            };
+            let r = req.header("host", "evil.example").send().await.unwrap();
+            assert_eq!(r.status(), 403, "{method} {path}");
+            operations += 1;
+        }
+    }
+    assert!(operations > 40, "{operations}");
+    s.stop().await.unwrap();
+    open.stop().await.unwrap();
+}
+
 /// The document's security is the key check's: with `--api-key`, every
 /// operation the document does not exempt (`security: []`) answers a request
 /// without the key 401, with `WWW-Authenticate` and a body of the shape its

@@ -114,6 +114,12 @@ impl Answer {
     }
 }
 
+async fn metrics_text(server: &Server) -> String {
+    let answer = client().get(server.url("/metrics")).send().await.unwrap();
+    assert_eq!(answer.status(), 200);
+    answer.text().await.unwrap()
+}
+
 async fn wait_answered(server: &Server) {
     for _ in 0..1000 {
         if server.batcher.metrics().requests_ok >= 1 {
@@ -146,9 +152,18 @@ async fn an_answer_its_client_never_reads_drops_the_connection_at_the_client_tim
         "{:?}",
         answered.elapsed()
     );
-    // The server goes on.
+    // The server goes on, and counts the answer as made (200) and dropped.
     let health = client().get(server.url("/health")).send().await.unwrap();
     assert_eq!(health.status(), 200);
+    let metrics = metrics_text(&server).await;
+    assert!(
+        metrics.contains("mlx_embed_http_answers_dropped_total 1\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("mlx_embed_http_requests_total{route=\"/embed_all\",code=\"200\"} 1\n"),
+        "{metrics}"
+    );
     server
         .stop()
         .await
@@ -189,6 +204,11 @@ async fn a_client_that_reads_with_pauses_shorter_than_the_timeout_gets_its_whole
         "rows of 64 tokens"
     );
     assert!(rows.iter().flatten().all(|t| t.len() == TOKEN_WIDTH));
+    let metrics = metrics_text(&server).await;
+    assert!(
+        metrics.contains("mlx_embed_http_answers_dropped_total 0\n"),
+        "{metrics}"
+    );
     server.stop().await.unwrap();
 }
 

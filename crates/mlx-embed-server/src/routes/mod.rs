@@ -33,7 +33,7 @@ use utoipa::ToSchema;
 
 use crate::errors::ApiError;
 use crate::middleware::{
-    finish_unread_bodies, observe, refuse_encoded_bodies, require_api_key, REQUEST_ID,
+    check_host, finish_unread_bodies, observe, refuse_encoded_bodies, require_api_key, REQUEST_ID,
 };
 use crate::state::AppState;
 
@@ -94,6 +94,9 @@ pub fn router(state: AppState) -> Router {
         // Inside the key check: a client without the key learns nothing more.
         .layer(from_fn(refuse_encoded_bodies))
         .layer(from_fn_with_state(state.clone(), require_api_key))
+        // Outside the key check: a page that rebinds a name has no key to
+        // send, and is told no whatever it sends.
+        .layer(from_fn_with_state(state.clone(), check_host))
         // Outside every refusal that comes before the body is read.
         .layer(from_fn_with_state(state.clone(), finish_unread_bodies));
     // Outside the key check: a browser's preflight carries no credentials,

@@ -85,10 +85,13 @@ sys.exit(main(["serve", *sys.argv[1:]]))
 """
 
 
-def test_sigint_while_the_model_loads_stops_at_once(tmp_path):
-    """Before the server's handlers are installed Ctrl-C ends the process
-    right away with a non-zero code, as it does the Rust binary (Python's
-    own handler, left in place, only noted it: the load went on)."""
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_while_the_model_loads_stops_at_once(tmp_path, signum):
+    """A signal while the model loads ends the process right away with 128
+    plus its number, as a shell reports a process a signal ended. The
+    handlers go in before the load: a container's PID 1 has no default
+    action, so until then a SIGTERM was lost and the load went on (and
+    Python's own SIGINT handler, left in place, only noted a Ctrl-C)."""
     mark = tmp_path / "loading"
     log_path = tmp_path / "server.log"
     with open(log_path, "wb") as log:
@@ -105,7 +108,7 @@ def test_sigint_while_the_model_loads_stops_at_once(tmp_path):
             assert proc.poll() is None, log_path.read_text(errors="replace")[-3000:]
             assert time.monotonic() < deadline, "the model load never began"
             time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         signalled = time.monotonic()
         code = proc.wait(timeout=20)
         stopped = time.monotonic() - signalled
@@ -113,7 +116,9 @@ def test_sigint_while_the_model_loads_stops_at_once(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
-    assert code != 0 and stopped < 5, (code, stopped)
+    log = log_path.read_text(errors="replace")
+    assert code == 128 + signum and stopped < 5, (code, stopped, log[-3000:])
+    assert "stopping before serving: a signal came while the models loaded" in log, log[-3000:]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
@@ -131,3 +136,30 @@ def test_top_level_version_is_the_servers():
         top = _run(*cmd, "--version")
         assert top.returncode == 0, top.stderr
         assert top.stdout == f"mlx-embed {version}\n" and top.stderr == "", (top.stdout, top.stderr)
+
+
+def test_port_0_prints_the_port_it_picked_whatever_the_log_filter(tmp_path):
+    """`--port 0` picks a free port; with `--log warn` the start-up line
+    that names it is filtered out, so the address also goes to stdout."""
+    from harness import SERVER_BINARY
+
+    proc = subprocess.Popen(
+        [str(SERVER_BINARY), "--host", HOST, "--port", "0", "--log", "warn", "--no-warmup"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        env={**os.environ, "VIRTUAL_ENV": sys.prefix},
+    )
+    try:
+        line = proc.stdout.readline()
+        match = re.fullmatch(rf"listening on http://{re.escape(HOST)}:(\d+)\n", line)
+        assert match, repr(line)
+        port = int(match.group(1))
+        assert port != 0
+        import urllib.request
+        with urllib.request.urlopen(f"http://{HOST}:{port}/health", timeout=10) as health:
+            assert health.status == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)

@@ -145,7 +145,10 @@ def test_release_binary_carries_no_test_hooks():
     assert b"MLX_EMBED_TEST_KILL" in TEST_SERVER_BINARY.read_bytes()
 
 
-def test_sigterm_under_load_drains_then_refuses_and_exits_0(tmp_path):
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_under_load_drains_then_refuses_and_exits_0(tmp_path, signum):
+    """SIGTERM, and SIGHUP alike (a closed terminal: it killed the server
+    at once, requests in flight and all)."""
     drain = 30
     server = start_server(tmp_path, "--no-warmup", "--drain-timeout-secs", str(drain))
     port = port_of(server)
@@ -155,7 +158,7 @@ def test_sigterm_under_load_drains_then_refuses_and_exits_0(tmp_path):
         tasks, answered = await send_until_all_accepted(server, port, n)
         assert answered < n, "all answered before SIGTERM; make the load heavier"
         signalled = time.monotonic()
-        server.proc.send_signal(signal.SIGTERM)
+        server.proc.send_signal(signum)
         # New connections are refused while the accepted requests are still draining.
         refused_at = None
         while time.monotonic() - signalled < 5:
@@ -184,7 +187,7 @@ def test_sigterm_under_load_drains_then_refuses_and_exits_0(tmp_path):
     assert code == 0
     assert exited < drain
     log = server.log()
-    assert "received SIGTERM" in log and "shut down" in log
+    assert f"received {signal.Signals(signum).name}" in log and "shut down" in log
     assert "drain timeout" not in log
 
 

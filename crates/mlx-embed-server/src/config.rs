@@ -26,7 +26,7 @@ pub struct ServerArgs {
     #[arg(long, env = "MLX_EMBED_HOST", default_value = "127.0.0.1")]
     pub host: String,
 
-    /// Port to listen on (0 picks a free one).
+    /// Port to listen on (0 picks a free one, printed on stdout as `listening on http://host:port`).
     #[arg(long, env = "MLX_EMBED_PORT", default_value_t = 8080)]
     pub port: u16,
 
@@ -143,7 +143,7 @@ pub struct ServerArgs {
           value_parser = parse_host_name)]
     pub allowed_hosts: Vec<String>,
 
-    /// On SIGINT/SIGTERM, how long to keep answering accepted requests before exiting (s);
+    /// On SIGINT/SIGTERM/SIGHUP, how long to keep answering accepted requests before exiting (s);
     /// those still waiting for a model then are answered 503.
     #[arg(long, env = "MLX_EMBED_DRAIN_TIMEOUT_SECS", default_value_t = 30,
           value_parser = clap::value_parser!(u64).range(..=MAX_WAIT_SECS))]

@@ -34,5 +34,6 @@ pub mod state;
 pub use config::ServerArgs;
 pub use errors::ServerError;
 pub use routes::router;
-pub use serve::{serve, serve_models, serve_on};
+pub use serve::{serve, serve_models, serve_models_with, serve_on};
+pub use shutdown::Trigger;
 pub use state::AppState;

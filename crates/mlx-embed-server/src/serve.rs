@@ -25,7 +25,7 @@ use crate::shutdown::Trigger;
 use crate::state::AppState;
 
 /// Warms up, binds `--host:--port`, logs the start-up summary, serves until
-/// SIGINT/SIGTERM, then drains: `/health` turns 503, no new connections are
+/// SIGINT/SIGTERM/SIGHUP, then drains: `/health` turns 503, no new connections are
 /// accepted, accepted requests are answered, the batcher is closed and drained,
 /// all within `--drain-timeout-secs` (requests still waiting for a model then
 /// are answered 503; a second signal stops waiting). Returns
@@ -48,8 +48,20 @@ pub async fn serve_models(
     batchers: Vec<Batcher>,
     load_duration: Duration,
 ) -> Result<(), ServerError> {
-    check(&args)?;
     let trigger = Trigger::from_signals().map_err(ServerError::Signal)?;
+    serve_models_with(args, batchers, load_duration, trigger).await
+}
+
+/// [`serve_models`] shutting down on `trigger`'s requests: a launcher's
+/// [`Trigger::from_signals`], made before its models loaded, so a signal
+/// then already counts (the server drains at once, having nothing to answer).
+pub async fn serve_models_with(
+    args: ServerArgs,
+    batchers: Vec<Batcher>,
+    load_duration: Duration,
+    trigger: Trigger,
+) -> Result<(), ServerError> {
+    check(&args)?;
     warm_up_if_enabled(&args, &batchers, load_duration).await?;
     let addr = format!("{}:{}", args.host, args.port);
     let listener = TcpListener::bind(&addr)
@@ -58,6 +70,16 @@ pub async fn serve_models(
             addr: addr.clone(),
             source,
         })?;
+    if args.port == 0 {
+        // The port picked is known nowhere else when the log filter hides
+        // the start-up line, so it goes to stdout whatever the filter.
+        if let Ok(bound) = listener.local_addr() {
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "listening on http://{bound}");
+            let _ = out.flush();
+        }
+    }
     run(listener, args, batchers, load_duration, trigger).await
 }
 

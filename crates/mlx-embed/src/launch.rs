@@ -5,7 +5,7 @@ use std::time::Instant;
 use clap::Parser;
 use mlx_embed_core::{Batcher, CoreError, Embedder};
 use mlx_embed_python::{EngineOptions, PythonEmbedder, PythonModelOptions};
-use mlx_embed_server::ServerArgs;
+use mlx_embed_server::{ServerArgs, Trigger};
 
 /// `mlx-embed serve`: serve embedding models and cross-encoders over HTTP (all flags also read MLX_EMBED_* env vars).
 #[derive(Debug, Parser)]
@@ -273,6 +273,28 @@ where
     mlx_embed_python::interpreter::forward_python_logging()
         .map_err(|err| format!("could not start the Python engine: {err}"))?;
     let config = cli.server.batcher_config(device);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("mlx-embed-http")
+        .build()
+        .map_err(|err| format!("could not start the async runtime: {err}"))?;
+    // The signal handlers go in before the models load, which can take
+    // minutes: a container's entrypoint is PID 1, which the kernel gives no
+    // default action, so until then a SIGTERM was lost and the pod kept
+    // starting until it was killed.
+    let trigger = runtime
+        .block_on(async { Trigger::from_signals() })
+        .map_err(|err| format!("could not install the signal handlers: {err}"))?;
+    let mut during_load = trigger.clone();
+    let stop_loading = runtime.spawn(async move {
+        during_load.reached(1).await;
+        let signal = during_load.last_signal().unwrap_or(libc::SIGTERM);
+        tracing::info!("stopping before serving: a signal came while the models loaded");
+        // Nothing was accepted yet, and the model thread may be inside
+        // Python: end here, with the code a shell gives a process a signal
+        // ended (as the default action did before the handlers went in).
+        exit_now(128 + signal)
+    });
     let mut batchers = Vec::new();
     for options in cli.model.all_options() {
         let what = options
@@ -289,17 +311,16 @@ where
         })?;
         batchers.push(batcher);
     }
+    // From here a signal is the server's to drain on (the trigger counted
+    // any that came meanwhile).
+    stop_loading.abort();
     let load_duration = started.elapsed();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .thread_name("mlx-embed-http")
-        .build()
-        .map_err(|err| format!("could not start the async runtime: {err}"))?;
     runtime
-        .block_on(mlx_embed_server::serve_models(
+        .block_on(mlx_embed_server::serve_models_with(
             cli.server,
             batchers,
             load_duration,
+            trigger,
         ))
         .map_err(|err| err.to_string())
 }

@@ -295,3 +295,6 @@ def test_a_second_signal_drops_open_connections_and_exits_1(tmp_path):
     assert ("stopped before every open connection was done (second signal: not waiting for open "
             "connections): their requests got no answer") in log
     assert "shut down\n" not in log
+    # The held request is the server's doing, not a client that went away.
+    assert "request dropped unanswered: the server stopped without waiting for it" in log
+    assert "the client went away" not in log

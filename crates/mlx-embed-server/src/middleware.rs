@@ -171,6 +171,16 @@ struct ClientLeft<'a> {
 impl Drop for ClientLeft<'_> {
     fn drop(&mut self) {
         let elapsed = self.start.elapsed();
+        if self.state.is_abandoning() {
+            // The server is exiting without this answer: its client did not leave.
+            self.span.in_scope(|| {
+                tracing::warn!(
+                    ms = millis(elapsed),
+                    "request dropped unanswered: the server stopped without waiting for it"
+                );
+            });
+            return;
+        }
         self.state.http_metrics().record_client_left(
             self.model.series(self.state, self.route),
             CLIENT_CLOSED_REQUEST,

@@ -294,6 +294,7 @@ async fn run(
         }
     }
     if let Some(why) = forced {
+        state.abandon_open_connections();
         tracing::warn!("{why}");
     }
     batchers.iter().for_each(Batcher::close);

@@ -25,6 +25,9 @@ struct Inner {
     load_duration: Duration,
     started_unix: u64,
     shutting_down: AtomicBool,
+    /// Set when the server gives up on the connections still open (a second
+    /// signal, or past the drain): their requests end unanswered by it.
+    abandoning: AtomicBool,
     /// True once the drain timeout has passed ([`AppState::end_drain`]).
     drain_over: watch::Sender<bool>,
     http: HttpMetrics,
@@ -69,6 +72,7 @@ impl AppState {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             shutting_down: AtomicBool::new(false),
+            abandoning: AtomicBool::new(false),
             drain_over: watch::Sender::new(false),
             http: HttpMetrics::default(),
         })))
@@ -146,6 +150,15 @@ impl AppState {
             // The sender lives as long as `self`: this never resolves early.
             _ = over.wait_for(|&over| over) => None,
         }
+    }
+    /// The server stops without waiting for the connections still open:
+    /// their requests, dropped from now on, are logged as the server's
+    /// doing, not as clients that went away.
+    pub fn abandon_open_connections(&self) {
+        self.0.abandoning.store(true, Ordering::SeqCst);
+    }
+    pub(crate) fn is_abandoning(&self) -> bool {
+        self.0.abandoning.load(Ordering::SeqCst)
     }
     pub fn is_shutting_down(&self) -> bool {
         self.0.shutting_down.load(Ordering::SeqCst)

@@ -51,9 +51,11 @@ pub struct BatcherConfig {
     /// Longest a caller waits for admission before getting `Overloaded`.
     pub max_queue_wait: Duration,
     /// Most inputs in a batch cut while high-priority inputs wait: normal and
-    /// low inputs top such a batch up only this far, so a query waits for the
-    /// running batch plus one short one. 16 by default on every device (a
-    /// quarter of the CPU's `max_batch_size`); capped at `max_batch_size`.
+    /// low inputs top such a batch up only this far, and only to a sixteenth
+    /// of `max_batch_tokens` padded tokens, so a query waits for the running
+    /// batch plus one short one (high inputs keep the full budgets). 16 by
+    /// default on every device (a quarter of the CPU's `max_batch_size`);
+    /// capped at `max_batch_size`.
     /// Also the most inputs of a query-sized request, which goes before
     /// requests of several turns in its lane.
     pub max_priority_batch_size: usize,

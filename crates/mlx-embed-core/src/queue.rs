@@ -20,8 +20,11 @@
 //!   `max_batch_tokens` padded tokens (longest x count, exact: inputs arrive
 //!   tokenized); a lone input always fits, however long.
 //! - **Short batches for queries.** When high-priority inputs are waiting,
-//!   lower lanes top the batch up only to `max_priority_batch_size` inputs,
-//!   so a query waits for the running batch plus one short one.
+//!   lower lanes top the batch up only to `max_priority_batch_size` inputs
+//!   and [`Limits::turn_tokens`] padded tokens (the high lane's own inputs
+//!   keep the full budgets), so a query waits for the running batch plus one
+//!   short one. With an input cap alone, 15 bulk inputs of 256 tokens made
+//!   the query's batch about half a full one (3840 padded tokens).
 //! - **Aging.** A lane that had inputs waiting but got none in its aging
 //!   limit of consecutive batches goes first in the next one (one turn of its
 //!   front request). The limit is `aging_batches` for high and normal and
@@ -57,8 +60,10 @@ const TURNS_PER_BATCH: usize = 16;
 pub(crate) struct Limits {
     pub max_batch_size: usize,
     pub max_batch_tokens: usize,
-    /// Most inputs in a batch cut while high-priority inputs wait (lower
-    /// lanes stop topping it up there); at most `max_batch_size`.
+    /// Most inputs in a batch cut while high-priority inputs wait: lower
+    /// lanes stop topping it up there, or at [`Limits::turn_tokens`] padded
+    /// tokens, whichever comes first (the high lane's own inputs are bounded
+    /// by the full budgets only); at most `max_batch_size`.
     pub max_priority_batch_size: usize,
     /// Consecutive batches a high or normal lane with waiting inputs may be
     /// passed over before it goes first (low: twice as many); at least 1.
@@ -78,6 +83,9 @@ impl Limits {
     /// sixteenth 1.6x, and the bulk calls' own work took as long
     /// (docs/benchmarks.md). A request of short texts (16 tokens) takes 32
     /// of them a turn on the CPU's budget, 128 on a GPU's.
+    ///
+    /// Also the padded tokens lower lanes may top a batch up to while
+    /// high-priority inputs wait (see [`Lanes::cut`]).
     fn turn_tokens(&self) -> usize {
         (self.max_batch_tokens / TURNS_PER_BATCH).max(1)
     }
@@ -102,6 +110,25 @@ impl Limits {
             self.aging_batches.saturating_mul(2)
         } else {
             self.aging_batches
+        }
+    }
+}
+
+/// How far one lane may fill a batch: inputs and padded tokens (longest x
+/// count), each at most the batch's budget. Set by [`Lanes::cut`], the one
+/// owner of that decision; a lone input always fits, whatever the cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Cap {
+    inputs: usize,
+    tokens: usize,
+}
+
+impl Cap {
+    /// The batch's full budgets.
+    fn full(limits: &Limits) -> Self {
+        Self {
+            inputs: limits.max_batch_size,
+            tokens: limits.max_batch_tokens,
         }
     }
 }
@@ -166,10 +193,10 @@ impl Pending {
     }
 
     /// Moves this request's next inputs into `batch` while they fit `cap`
-    /// and the token budget and its turn lasts (a turn: at most a batch of
-    /// inputs and [`Limits::turn_tokens`] tokens, at least one input; no
-    /// end when `whole`).
-    fn move_into(&mut self, batch: &mut Batch, cap: usize, limits: &Limits, whole: bool) -> Moved {
+    /// and its turn lasts (a turn: at most a batch of inputs and
+    /// [`Limits::turn_tokens`] tokens, at least one input; no end when
+    /// `whole`).
+    fn move_into(&mut self, batch: &mut Batch, cap: Cap, limits: &Limits, whole: bool) -> Moved {
         let mut moved = Moved {
             inputs: 0,
             tokens: 0,
@@ -183,7 +210,7 @@ impl Pending {
                 moved.turn_over = true;
                 break;
             }
-            if !batch.fits(next.len(), cap, limits) {
+            if !batch.fits(next.len(), cap) {
                 break;
             }
             let input = self.inputs.next().expect("peeked above");
@@ -258,13 +285,12 @@ impl Batch {
             .sum()
     }
 
-    /// Whether one more input of `tokens` tokens stays within
-    /// `cap` inputs and the token budget. A lone input always fits.
-    fn fits(&self, tokens: usize, cap: usize, limits: &Limits) -> bool {
+    /// Whether one more input of `tokens` tokens keeps the batch within
+    /// `cap`'s inputs and padded tokens. A lone input always fits.
+    fn fits(&self, tokens: usize, cap: Cap) -> bool {
         let n = self.inputs.len();
         n == 0
-            || (n < cap
-                && self.max_tokens.max(tokens).saturating_mul(n + 1) <= limits.max_batch_tokens)
+            || (n < cap.inputs && self.max_tokens.max(tokens).saturating_mul(n + 1) <= cap.tokens)
     }
 
     fn push(&mut self, req: &Arc<Request>, index: usize, input: Encoded) {
@@ -385,8 +411,9 @@ impl FairQueue {
         recorder.dequeued(self.priority, n);
     }
 
-    /// Moves queued inputs into `batch` until it holds `cap` inputs, a budget
-    /// stops it or the lane runs dry; returns how many it moved.
+    /// Moves queued inputs into `batch` until the next one would take it past
+    /// `cap` (inputs or padded tokens) or the lane runs dry; returns how many
+    /// it moved.
     ///
     /// Query-sized requests go first, oldest first, unless the last fill put
     /// them before a longer request that then got nothing: then that request
@@ -398,7 +425,7 @@ impl FairQueue {
     /// texts, interleave with small ones. A request interrupted only
     /// because the batch filled keeps its place. Requests whose callers left
     /// are dropped on the way, uncomputed.
-    pub fn fill(&mut self, batch: &mut Batch, cap: usize, recorder: &Recorder) -> usize {
+    pub fn fill(&mut self, batch: &mut Batch, cap: Cap, recorder: &Recorder) -> usize {
         let queries = if std::mem::take(&mut self.turn_owed) {
             // The longer request passed over last time takes its turn first.
             if let Some(at) = self.entries.iter().position(|p| !p.query_sized) {
@@ -433,7 +460,7 @@ impl FairQueue {
 
     /// Moves query-sized requests into `batch`, oldest first, skipping
     /// longer ones, until one of the other output kind; returns the inputs moved.
-    fn fill_queries(&mut self, batch: &mut Batch, cap: usize, recorder: &Recorder) -> usize {
+    fn fill_queries(&mut self, batch: &mut Batch, cap: Cap, recorder: &Recorder) -> usize {
         let limits = self.limits;
         let mut moved = 0;
         let mut i = 0;
@@ -464,12 +491,7 @@ impl FairQueue {
 
     /// Serves the lane in turn from its front (see [`FairQueue::fill`]);
     /// returns the inputs moved, and how many of them are of longer requests.
-    fn fill_in_turn(
-        &mut self,
-        batch: &mut Batch,
-        cap: usize,
-        recorder: &Recorder,
-    ) -> (usize, usize) {
+    fn fill_in_turn(&mut self, batch: &mut Batch, cap: Cap, recorder: &Recorder) -> (usize, usize) {
         let (limits, whole) = (self.limits, self.whole);
         let (mut moved, mut longer) = (0, 0);
         while let Some(front) = self.entries.front_mut() {
@@ -602,18 +624,25 @@ impl Lanes {
             .filter(|&i| aged(i))
             .collect::<Vec<_>>();
         order.extend((0..3).filter(|&i| !aged(i)));
-        let priority_cap = if waiting[Priority::High.index()] {
-            limits.max_priority_batch_size
+        // The high lane fills to the full budgets; while it has inputs
+        // waiting, lower lanes top the batch up only to a query's batch of
+        // inputs and a turn of padded tokens, so the query's own batch is short.
+        let full = Cap::full(&limits);
+        let top_up = if waiting[Priority::High.index()] {
+            Cap {
+                inputs: limits.max_priority_batch_size.min(full.inputs),
+                tokens: limits.turn_tokens().min(full.tokens),
+            }
         } else {
-            limits.max_batch_size
+            full
         };
         let mut batch = Batch::default();
         let mut moved = [0; 3];
         for i in order {
             let cap = if i == Priority::High.index() {
-                limits.max_batch_size
+                full
             } else {
-                priority_cap
+                top_up
             };
             moved[i] = self.lanes[i].fill(&mut batch, cap, recorder);
         }
@@ -913,6 +942,41 @@ mod tests {
             batches_with(&[(6, Normal), (1, High)], limits),
             vec![vec![(1, 1), (0, 1)], vec![(0, 4)], vec![(0, 1)]]
         );
+    }
+
+    #[test]
+    fn lower_lanes_top_up_a_query_batch_only_to_a_turn_of_padded_tokens() {
+        // The CPU's budgets: a turn is 8192 / 16 = 512 padded tokens.
+        let limits = Limits {
+            max_batch_size: 64,
+            max_batch_tokens: 8192,
+            max_priority_batch_size: 16,
+            ..limits(true)
+        };
+        // A one-text query beside a bulk low request of 256-token inputs: its
+        // batch holds one bulk input (2 x 256 = 512 padded tokens), not 15
+        // (3840); then the bulk request fills full batches (32 x 256 = 8192).
+        let batches = batches_of_lengths(&[(64, 256, Low, Pooled), (1, 8, High, Pooled)], limits);
+        let runs: Vec<_> = batches.into_iter().map(|(_, runs)| runs).collect();
+        assert_eq!(
+            runs,
+            vec![vec![(1, 1), (0, 1)], vec![(0, 32)], vec![(0, 31)]]
+        );
+        // Short bulk inputs: the input cap binds first (16 x 16 = 256 tokens).
+        let batches = batches_of_lengths(&[(64, 16, Low, Pooled), (1, 8, High, Pooled)], limits);
+        assert_eq!(batches[0].1, vec![(1, 1), (0, 15)]);
+        // The high lane's own inputs keep the full budgets (20 x 256 = 5120
+        // padded tokens), and lower lanes add nothing past the turn's tokens.
+        let batches = batches_of_lengths(
+            &[(64, 256, Normal, Pooled), (20, 256, High, Pooled)],
+            limits,
+        );
+        assert_eq!(batches[0].1, vec![(1, 20)]);
+        assert_eq!(batches[1].1, vec![(0, 32)]);
+        // With no high-priority input waiting, a lower lane fills the full
+        // budgets as before.
+        let batches = batches_of_lengths(&[(64, 256, Low, Pooled)], limits);
+        assert_eq!(batches[0].1, vec![(0, 32)]);
     }
 
     #[test]

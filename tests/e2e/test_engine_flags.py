@@ -2,14 +2,16 @@
 
 import concurrent.futures as cf
 import json
+import os
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from harness import start_server
+from harness import SERVER_BINARY, start_server
 
 
 def test_engine_flags_reach_the_engine(tmp_path, golden):
@@ -318,3 +320,36 @@ def test_a_slow_blas_is_one_warning_event_in_the_servers_log_format(tmp_path, ho
     events = _json_events(server)
     _one_python_warning(events, "slow reference BLAS")
     assert not [e for e in events if "added no packages" in e.get("message", "")], events[:5]
+
+
+def test_max_input_tokens_cuts_every_input_where_the_model_would(tmp_path):
+    """``--max-input-tokens 32``: the model's cut (load's max_length), shown
+    in /info and `truncate: false`'s refusal; a long text's vector is the
+    library's for the same cut, and a text within it is unchanged."""
+    import mlx_embed
+
+    long_text = "a text long enough to be cut well before the model's own limit of tokens " * 4
+    short_text = "a short one"
+    model = mlx_embed.load(max_length=32)
+    reference = model.embed([long_text, short_text])
+    server = start_server(tmp_path, "--no-warmup", "--max-input-tokens", "32")
+    try:
+        info = server.get("/info").json()
+        assert info["max_input_length"] == 32, info
+        resp = server.post("/embed", {"inputs": [long_text, short_text]})
+        assert resp.status_code == 200, resp.text
+        got = np.array(resp.json(), dtype=np.float32)
+        assert float((got * reference).sum(axis=1).min()) >= 0.99999
+        refused = server.post("/embed", {"inputs": long_text, "truncate": False})
+        assert refused.status_code == 422, refused.text
+        assert "32" in refused.json()["error"], refused.text
+    finally:
+        server.stop()
+
+
+def test_max_input_tokens_over_the_positions_is_refused_at_start(tmp_path):
+    run = subprocess.run([str(SERVER_BINARY), "--port", "0", "--no-warmup", "--max-input-tokens", "100000"],
+                         capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "VIRTUAL_ENV": sys.prefix})
+    assert run.returncode == 1, (run.returncode, run.stdout, run.stderr[-2000:])
+    assert "max_length 100000 > the 512 positions" in run.stderr, run.stderr[-2000:]

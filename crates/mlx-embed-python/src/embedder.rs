@@ -17,7 +17,8 @@ use crate::live::PythonLiveStats;
 use crate::spec::{read_spec, ModelSpec};
 use crate::{error, BridgeError};
 
-/// What to load; mirrors `mlx_embed.load(path, dtype=, quantize=, instruction=, pooling=)`.
+/// What to load; mirrors `mlx_embed.load(path, dtype=, quantize=, instruction=, pooling=,
+/// max_length=, kind=)` and, in [`EngineOptions`], its engine settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PythonModelOptions {
     /// Local Hugging Face folder; `None` is the default all-MiniLM-L6-v2.
@@ -32,6 +33,10 @@ pub struct PythonModelOptions {
     /// `load(pooling=)`: overrides the folder's pooling ("splade": SPLADE
     /// sparse vectors from a masked-LM checkpoint); `None` keeps the folder's.
     pub pooling: Option<String>,
+    /// `load(max_length=)`: the tokens each input is cut to, as
+    /// sentence-transformers' `max_seq_length` (up to the positions the
+    /// model has); `None` keeps the folder's own.
+    pub max_length: Option<usize>,
     /// Engine settings passed to `load()` as keyword arguments; `None` keeps the engine's default.
     pub engine: EngineOptions,
     /// `load(kind=)`: "embedding", "classifier" or "reranker"; `None` lets
@@ -71,6 +76,7 @@ impl Default for PythonModelOptions {
             quantize: None,
             instruction: None,
             pooling: None,
+            max_length: None,
             engine: EngineOptions::default(),
             kind: None,
         }
@@ -101,6 +107,9 @@ impl PythonEmbedder {
             kwargs.set_item("instruction", options.instruction.as_deref())?;
             if let Some(pooling) = &options.pooling {
                 kwargs.set_item("pooling", pooling)?;
+            }
+            if let Some(n) = options.max_length {
+                kwargs.set_item("max_length", n)?;
             }
             let engine = &options.engine;
             if let Some(mb) = engine.cache_limit_mb {

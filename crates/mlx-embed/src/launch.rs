@@ -64,6 +64,14 @@ pub struct ModelArgs {
     /// /embed_sparse) [default: the folder's own].
     #[arg(long, env = "MLX_EMBED_POOLING", value_parser = pooling_values())]
     pub pooling: Option<String>,
+    /// Tokens every model cuts each input to (its sentence-transformers `max_seq_length`;
+    /// `truncate: false` refuses longer ones), up to the positions each has [default: each
+    /// folder's own]. Attention costs grow with the square of an input's length and a
+    /// running batch is not interrupted: a long-context model's 32k-token input holds its
+    /// model thread, and the queries behind it, for as long as it takes.
+    #[arg(long, env = "MLX_EMBED_MAX_INPUT_TOKENS",
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_input_tokens: Option<u32>,
     /// MLX buffer cache limit in MiB [default: 2048 on a GPU, 0 on the CPU]; bounds device memory, since every new batch shape leaves buffers in the cache.
     #[arg(long, env = "MLX_EMBED_CACHE_LIMIT_MB")]
     pub cache_limit_mb: Option<u64>,
@@ -176,6 +184,7 @@ impl ModelArgs {
                 .map(|bits| bits.parse().expect("validated by clap")),
             instruction: self.instruction.clone(),
             pooling: self.pooling.clone(),
+            max_length: self.max_input_tokens.map(|n| n as usize),
             engine: EngineOptions {
                 cache_limit_mb: self.cache_limit_mb,
                 fast_ops: self.fast_ops.clone(),

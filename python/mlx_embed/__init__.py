@@ -30,7 +30,8 @@ Public API::
     # rerankers and classifiers:
     model.rerank(query, documents, *, top_n=None, raw_scores=False, truncate=True,
                  truncation_direction="right", instruction=None) -> [(index, score)] best first
-    model.score(pairs, *, raw_scores=False, ...) -> np.ndarray float32 [len(pairs)]
+    model.score(pairs, *, raw_scores=False, ...) -> np.ndarray float32 [len(pairs), labels]
+                                                    # a reranker's: [len(pairs), 1]
     model.predict(texts_or_pairs, *, raw_scores=False, ...) -> np.ndarray [n, labels]
     model.memory() -> dict                          # MLX active/cache/peak bytes
     model.info() -> dict

@@ -17,44 +17,83 @@ import signal
 import sys
 import threading
 import time
-from typing import Iterable, Optional, TextIO
+from typing import Iterable, Optional
+
+
+def _read_file_text(name: str) -> str:
+    r"""The whole of ``name`` ("-": stdin) as UTF-8, a leading BOM skipped
+    (utf-8-sig, as the server reads bodies) and line endings untranslated:
+    text mode's universal newlines would end a line at a bare \r too, which
+    shifted every later row off its line."""
+    if name == "-":
+        buffer = getattr(sys.stdin, "buffer", None)
+        if buffer is None:  # a stdin replaced by a text stream (tests, embedding hosts)
+            data = sys.stdin.read()
+            return data[1:] if data.startswith("\ufeff") else data
+        raw = buffer.read()
+    else:
+        with open(name, "rb") as f:
+            raw = f.read()
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        where = "stdin" if name == "-" else name
+        raise ValueError(f"{where}: not UTF-8 text ({e})") from None
+
+
+def _is_jsonl(args) -> bool:
+    """Whether ``-i`` is read as JSONL: --jsonl, or a .jsonl name (any case,
+    as -o's) without --lines."""
+    return args.jsonl or (args.input.lower().endswith(".jsonl") and not args.lines)
+
+
+def _check_input_flags(args) -> None:
+    """Refuses the input flags that would be ignored, as argument errors
+    (exit 2): they once did nothing, silently."""
+    if not args.input:
+        given = [flag for flag, on in (("--jsonl", args.jsonl), ("--lines", args.lines),
+                                       ("--field", args.field is not None)) if on]
+        if given:
+            args.parser.error(f"{', '.join(given)} describe{'s' if len(given) == 1 else ''} "
+                              "the -i FILE input; give -i FILE (or -i - for stdin)")
+    elif args.field is not None and not _is_jsonl(args):
+        args.parser.error(f"--field names a JSONL field, but {args.input} is read as plain "
+                          "lines (give --jsonl to read it as JSONL)")
 
 
 def _read_inputs(args) -> list[str]:
     texts: list[str] = list(args.texts or [])
-    if args.input:
-        f: TextIO = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
+    if not args.input:
+        return texts
+    field = args.field or "text"
+    jsonl = _is_jsonl(args)
+    # Lines end at \n alone; a \r\n ending's \r is dropped.
+    lines = _read_file_text(args.input).split("\n")
+    if lines[-1] == "":
+        lines.pop()  # what follows the last line's \n is no line
+    lines = [line[:-1] if line.endswith("\r") else line for line in lines]
+    # Blank lines after the last text shift no row, so they are dropped (an
+    # editor's trailing newlines are no texts); a blank line before a text
+    # keeps its row: an empty text as plain lines, refused in JSONL.
+    while lines and not lines[-1].strip():
+        lines.pop()
+    if not jsonl:
+        texts.extend(lines)
+        return texts
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            # Skipping it would shift every later text's output index off its line.
+            raise SystemExit(
+                f"{args.input}:{n}: blank line (each line must hold a JSON "
+                "object: the output's index goes by the lines)"
+            )
         try:
-            jsonl = args.jsonl or (args.input.endswith(".jsonl") and not args.lines)
-            blank = None  # the first blank line not yet followed by a text
-            for n, line in enumerate(f, 1):
-                line = line.rstrip("\n").rstrip("\r")
-                if jsonl:
-                    # Skipping a blank line would shift every later text's
-                    # output index off its line; blank lines at the very end
-                    # shift nothing and are allowed.
-                    if not line.strip():
-                        blank = blank or n
-                        continue
-                    if blank:
-                        raise SystemExit(
-                            f"{args.input}:{blank}: blank line (each line must hold a JSON "
-                            "object: the output's index goes by the lines)"
-                        )
-                    try:
-                        obj = json.loads(line)
-                    except json.JSONDecodeError as e:
-                        raise SystemExit(f"{args.input}:{n}: invalid JSON: {e}")
-                    if not isinstance(obj, dict) or not isinstance(obj.get(args.field), str):
-                        raise SystemExit(
-                            f"{args.input}:{n}: expected an object with a string {args.field!r}"
-                        )
-                    texts.append(obj[args.field])
-                else:
-                    texts.append(line)
-        finally:
-            if f is not sys.stdin:
-                f.close()
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"{args.input}:{n}: invalid JSON: {e}")
+        if not isinstance(obj, dict) or not isinstance(obj.get(field), str):
+            raise SystemExit(f"{args.input}:{n}: expected an object with a string {field!r}")
+        texts.append(obj[field])
     return texts
 
 
@@ -89,6 +128,17 @@ def _chunks(seq: list, size: int) -> Iterable[tuple[int, list]]:
         yield i, seq[i : i + size]
 
 
+def _not_an_embedder(name: str, kind: str, folder: Optional[str]) -> str:
+    """What to do with a reranker or classifier, which `embed` cannot run:
+    the CLI has no scoring command, the server and the Python API have."""
+    folder = folder or "DIR"
+    route, method = ("/rerank (or /score)", "rerank()") if kind == "reranker" else (
+        "/predict", "predict()")
+    return (f"{name} is a {kind}, which scores texts rather than embedding them; serve it "
+            f"(mlx-embed serve --model {folder}) and send them to {route}, or in Python "
+            f"call mlx_embed.load({folder!r}).{method} or score()")
+
+
 def cmd_embed(args) -> int:
     import numpy as np
 
@@ -103,6 +153,7 @@ def cmd_embed(args) -> int:
         print(f"mlx-embed embed: -o must name a .jsonl or .npy file (or - for stdout), got {out!r}",
               file=sys.stderr)
         return 2
+    _check_input_flags(args)
     texts = _read_inputs(args)
     if not texts:
         print("mlx-embed embed: no input texts (give TEXT arguments or -i FILE)", file=sys.stderr)
@@ -110,6 +161,10 @@ def cmd_embed(args) -> int:
     model = mlx_embed.load(
         args.model, dtype=args.dtype, quantize=args.quantize, instruction=args.instruction
     )
+    if model.kind != "embedding":
+        print(f"mlx-embed embed: {_not_an_embedder(model.name, model.kind, args.model)}",
+              file=sys.stderr)
+        return 1
     show = args.progress == "always" or (
         args.progress == "auto" and len(texts) >= 2 * args.chunk and sys.stderr.isatty()
     )
@@ -155,10 +210,16 @@ def cmd_bulk(args) -> int:
     try:
         import ray
 
-        from mlx_embed.ray import BadRow, BulkError, run_bulk
+        from mlx_embed.ray import BadRow, BulkError, input_format, run_bulk
     except ImportError as e:
         print(f"mlx-embed bulk: needs the ray extra (pip install 'mlx-embed[ray]'): {e}",
               file=sys.stderr)
+        return 1
+    try:
+        # Before Ray starts (seconds): a missing or unreadable input is said at once.
+        input_format(args.inputs)
+    except (BulkError, OSError) as e:
+        print(f"mlx-embed bulk: error: {e}", file=sys.stderr)
         return 1
     started_ray = not ray.is_initialized()
     session_dir = None
@@ -346,9 +407,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("-i", "--input", help="file with one text per line, or JSONL ('-' = stdin); "
                    "output index i is the input's text i, so a blank JSONL line before the "
                    "last text is refused")
-    e.add_argument("--jsonl", action="store_true", help="input is JSONL ({\"text\": ...} per line)")
-    e.add_argument("--lines", action="store_true", help="treat a .jsonl input as plain lines")
-    e.add_argument("--field", default="text", help="JSONL field holding the text (default: text)")
+    kind = e.add_mutually_exclusive_group()
+    kind.add_argument("--jsonl", action="store_true",
+                      help="-i is JSONL ({\"text\": ...} per line; a .jsonl name says so too)")
+    kind.add_argument("--lines", action="store_true", help="treat a .jsonl -i input as plain lines")
+    e.add_argument("--field", help="JSONL field holding the text (default: text)")
     e.add_argument("-o", "--output", help="output .jsonl (default stdout) or .npy")
     e.add_argument("-m", "--model", help="model folder (default: bundled all-MiniLM-L6-v2)")
     e.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
@@ -358,7 +421,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--no-truncate", action="store_true", help="fail on texts over max_length")
     e.add_argument("--chunk", type=_count, default=256, help="texts per progress step")
     e.add_argument("--progress", choices=["auto", "always", "never"], default="auto")
-    e.set_defaults(func=cmd_embed)
+    e.set_defaults(func=cmd_embed, parser=e)
 
     b = sub.add_parser(
         "bulk", help="embed a Parquet/JSONL corpus on Ray Data into Parquet (resumable)",

@@ -724,6 +724,13 @@ def _check_settings(**settings) -> None:
                 raise TypeError(f"{key} must be True, False or None, got {value!r}")
         elif key in _TEXTS and not isinstance(value, str):
             raise TypeError(f"{key} must be a string, got {value!r}")
+        elif key == "name" and (not value.strip() or value.strip() != value):
+            # What --served-model-name refuses: "" once fell back to the
+            # folder's name, and " x " was a name no client would send.
+            raise ValueError(
+                f"name {value!r} cannot be a model's name: it must be non-empty, "
+                "with no whitespace at either end"
+            )
         elif key == "pooling" and not (
             isinstance(value, str)
             or (isinstance(value, (list, tuple)) and all(isinstance(m, str) for m in value))

@@ -219,10 +219,16 @@ class BulkResult:
     seconds: float
 
 
-def _input_format(paths: Sequence[str]) -> str:
+def input_format(paths: Sequence[str]) -> str:
+    """"parquet" or "jsonl": what the inputs are. Refuses a local path that
+    is not there (a URI, such as s3://, is left to Ray), a folder of neither
+    kind, other files, and a mix."""
     kinds = set()
     for p in paths:
+        p = os.fspath(p)
         path = Path(p)
+        if "://" not in p and not path.exists():
+            raise FileNotFoundError(f"{p}: no such file or folder")
         if path.is_dir():
             # Skipped as Ray Data's reader skips them (a _SUCCESS marker, our record).
             names = [f.name for f in path.iterdir()
@@ -237,8 +243,6 @@ def _input_format(paths: Sequence[str]) -> str:
             kinds.add("parquet")
         elif path.suffix in (".jsonl", ".json"):
             kinds.add("jsonl")
-        elif not path.exists():
-            raise FileNotFoundError(f"{p}: no such file or folder")
         else:
             raise BulkError(f"{p}: .parquet or .jsonl input expected")
     if len(kinds) != 1:
@@ -250,7 +254,7 @@ def read_input(paths: Sequence[str]):
     """A Ray Dataset over Parquet files or JSONL files (one JSON object per line)."""
     ray = _import_ray()
     paths = [os.fspath(p) for p in paths]
-    if _input_format(paths) == "parquet":
+    if input_format(paths) == "parquet":
         return ray.data.read_parquet(paths)
     return ray.data.read_json(paths, lines=True)
 

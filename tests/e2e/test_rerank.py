@@ -351,6 +351,66 @@ def test_cohere_chunks_and_cuts_long_documents(duo):
         assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
 
 
+def test_cohere_chunks_keep_half_the_window_beside_a_long_query(duo):
+    """With max_chunks_per_doc, a query at or over the model's maximum (128
+    tokens here) made one-token chunks: a 1,000-word document became
+    hundreds of inputs that each saw one of its tokens, and a short document
+    that needs no chunking scored otherwise than without max_chunks_per_doc.
+    As Cohere's, a query takes at most half of the input beside a chunk: the
+    chunks of a split document go with the query's first tokens that leave
+    them half; a document that fits one chunk whole scores as it does
+    unchunked."""
+    import mlx_embed
+    from tokenizers import Tokenizer
+
+    model = mlx_embed.load(str(BERT_RERANKER))
+    tok = Tokenizer.from_file(str(BERT_RERANKER / "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    window = model.max_length
+    assert window == 128
+
+    def frame(q):
+        (ids,), _, _ = model.encode_pairs([(q, "")])
+        return len(ids)
+
+    def post(query, documents, **extra):
+        r = duo.post("/v1/rerank", {"model": "tiny-bert-reranker", "query": query,
+                                    "documents": documents, "return_documents": False, **extra})
+        assert r.status_code == 200, r.text[:300]
+        body = r.json()
+        return {x["index"]: x["relevance_score"] for x in body["results"]}, body["usage"]["prompt_tokens"]
+
+    filler = " ".join(f"word{i % 50}" for i in range(1000)) + " alpha beta"
+    for query in ["alpha " * 300, "alpha beta " * 45]:  # 300 tokens; 90, which leaves 35
+        q_offsets = tok.encode(query, add_special_tokens=False).offsets
+        specials = frame("")  # [CLS] [SEP] [SEP]
+        assert len(q_offsets) + specials > window // 2
+        # The query the chunks go with: its first tokens that leave half.
+        cut = query[:q_offsets[window // 2 - specials - 1][1]]
+        per = window - frame(cut)
+        assert per >= window // 2
+        d_offsets = tok.encode(filler, add_special_tokens=False).offsets
+        groups = [d_offsets[i:i + per] for i in range(0, len(d_offsets), per)]
+        chunks = [filler[(0 if n == 0 else g[0][0]):g[-1][1]] for n, g in enumerate(groups)]
+        assert 1 < len(chunks) <= -(-len(d_offsets) // (window // 2))
+        ids, _, _ = model.encode_pairs([(cut, c) for c in chunks])
+        want = float(model.score([(cut, c) for c in chunks])[:, 0].max())
+        (short,), _, _ = model.encode_pairs([(query, "short doc here")])
+        plain, plain_tokens = post(query, ["short doc here", filler])
+        assert plain_tokens == len(short) + window
+        for n in (len(chunks), 2048):
+            got, tokens = post(query, ["short doc here", filler], max_chunks_per_doc=n)
+            # A document that fits one chunk: as without max_chunks_per_doc.
+            assert got[0] == pytest.approx(plain[0], abs=1e-6)
+            assert got[1] == pytest.approx(want, abs=1e-5)
+            assert tokens == len(short) + sum(len(x) for x in ids)
+        # One chunk: the document's first half-window beside the cut query.
+        got, tokens = post(query, [filler], max_chunks_per_doc=1)
+        assert got[0] == pytest.approx(float(model.score([(cut, chunks[0])])[0, 0]), abs=1e-5)
+        assert tokens == len(ids[0])
+
+
 def test_classifier_predict(scorers):
     texts = json.loads((FIXTURES / "golden" / "minilm_texts.json").read_text())
     ref = _ref(BERT_CLASSIFIER, "reference_text_logits.npy")

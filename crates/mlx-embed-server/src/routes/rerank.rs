@@ -702,12 +702,18 @@ async fn rank(
     let (owners, request) = if limits.max_tokens.is_some() || limits.max_chunks.is_some() {
         let model = state.model_for(req.model.as_deref(), Task::Rerank)?;
         let max_pieces = state.args().max_inputs_per_request;
-        let (owners, pieces): (Vec<usize>, Vec<String>) =
-            document_pieces(model, &req.query, texts, limits, max_pieces)
-                .await?
-                .into_iter()
-                .unzip();
-        let request = pairs_request(req.model, &req.query, &pieces, options, raw)
+        let pieces =
+            document_pieces(model, &req.query, texts, limits, max_pieces, truncate).await?;
+        let chunk_query = pieces.chunk_query.as_deref().unwrap_or(&req.query);
+        let (owners, pairs): (Vec<usize>, Vec<(&str, &str)>) = pieces
+            .pieces
+            .iter()
+            .map(|p| {
+                let query = if p.cut_query { chunk_query } else { &req.query };
+                (p.owner, (query, p.text.as_str()))
+            })
+            .unzip();
+        let request = pair_inputs_request(req.model, &pairs, options, raw)
             .map_err(|e| e.param("documents"))?;
         (owners, request)
     } else {
@@ -764,18 +770,45 @@ fn at_least_one(value: Option<i64>, name: &'static str) -> Result<Option<usize>,
     }
 }
 
+/// One model input a document makes: the document's index, a slice of its
+/// text, and whether it goes with [`Pieces::chunk_query`] (a chunk of a
+/// split document) or with the query as sent.
+struct Piece {
+    owner: usize,
+    cut_query: bool,
+    text: String,
+}
+
+/// What [`document_pieces`] makes of a request's documents.
+struct Pieces {
+    /// The query the chunks of a split document go with, where the query as
+    /// sent would leave them less than half of the model's input: its first
+    /// tokens, as many as leave that half. `None`: the query as sent.
+    chunk_query: Option<String>,
+    pieces: Vec<Piece>,
+}
+
 /// Each document cut to `max_tokens` tokens, then split into up to
 /// `max_chunks` pieces of as many tokens as fit beside the query in one
 /// model input (Cohere's chunking); one piece per document without
 /// `max_chunks`. Pieces are slices of the document's text at its tokens'
 /// offsets, so no text is rewritten.
+///
+/// Chunks get at least half of the model's input, as Cohere's do: a query
+/// that would leave them less is cut to its first tokens that leave half,
+/// for the chunks of documents that split (with `truncate` false, refused
+/// instead: 400). A document that fits one chunk whole goes with the query
+/// as sent, cut with it as the pair's own truncation cuts it, so it scores
+/// as it does without `max_chunks_per_doc`. (A chunk's size beside the
+/// query as sent made a long query's documents into one-token chunks.)
 async fn document_pieces(
     model: &crate::models::ServedModel,
     query: &str,
     texts: Vec<String>,
     limits: DocumentLimits,
     max_pieces: usize,
-) -> Result<Vec<(usize, String)>, ApiError> {
+    truncate: bool,
+) -> Result<Pieces, ApiError> {
     let Some(tok) = model.batcher.tokenizer().cloned() else {
         return Err(ApiError::invalid(
             "max_tokens_per_doc and max_chunks_per_doc need the model's tokenizer",
@@ -791,18 +824,36 @@ async fn document_pieces(
     tokio::task::spawn_blocking(move || {
         let options = EmbedOptions::default();
         let invalid = |e: mlx_embed_core::EmbedderError| ApiError::invalid(e.message);
-        // What a pair costs besides its document: specials, the query, a
-        // template's frame.
-        let frame = tok
-            .encode(
+        // What a pair costs besides its document, uncut: specials, the
+        // query, a template's frame.
+        let frame = |query: &str| {
+            tok.encode(
                 &EmbedInput::Pair {
-                    query: query.clone(),
+                    query: query.to_owned(),
                     document: String::new(),
                 },
                 &options,
             )
-            .map_err(invalid)?;
-        let per_chunk = max_input.saturating_sub(frame.ids.len()).max(1);
+            .map(|e| e.untruncated_len as usize)
+            .map_err(invalid)
+        };
+        let full = frame(&query)?;
+        let mut chunk_query = None;
+        let mut per_chunk = max_input.saturating_sub(full);
+        if limits.max_chunks.is_some() {
+            let spans = tok.tokens(&query, false, &options).map_err(invalid)?;
+            let query_tokens: Vec<usize> = spans
+                .iter()
+                .filter(|s| !s.special)
+                .map(|s| s.stop)
+                .collect();
+            if let Some(keep) = chunk_query_tokens(max_input, full, query_tokens.len(), truncate)? {
+                let cut = cut_at(&query, query_tokens[keep - 1]).to_owned();
+                per_chunk = max_input.saturating_sub(frame(&cut)?);
+                chunk_query = Some(cut);
+            }
+        }
+        let per_chunk = per_chunk.max(1);
         let mut pieces = Vec::new();
         for (index, text) in texts.into_iter().enumerate() {
             let spans = tok.tokens(&text, false, &options).map_err(invalid)?;
@@ -811,12 +862,19 @@ async fn document_pieces(
                 .filter(|s| !s.special)
                 .map(|s| (s.start, s.stop))
                 .collect();
-            for piece in split_at_tokens(&text, &offsets, limits, per_chunk) {
-                pieces.push((index, piece));
+            let kept = offsets.len().min(limits.max_tokens.unwrap_or(usize::MAX));
+            // A document that fits one chunk whole goes with the query as sent.
+            let cut_query = chunk_query.is_some() && kept > per_chunk;
+            for text in split_at_tokens(&text, &offsets, limits, per_chunk) {
+                pieces.push(Piece {
+                    owner: index,
+                    cut_query,
+                    text,
+                });
             }
             // Each piece is a model input: chunks count against the input
-            // limit as documents do (1-token chunks beside a long query made
-            // a small request hundreds of times its documents' work).
+            // limit as documents do (small chunks made a small request many
+            // times its documents' work).
             if pieces.len() > max_pieces {
                 return Err(ApiError::new(
                     ErrorKind::TooLarge,
@@ -829,10 +887,52 @@ async fn document_pieces(
                 .param("max_chunks_per_doc"));
             }
         }
-        Ok(pieces)
+        Ok(Pieces {
+            chunk_query,
+            pieces,
+        })
     })
     .await
     .map_err(|e| ApiError::new(ErrorKind::Model, format!("tokenizer task failed: {e}")))?
+}
+
+/// How many of the query's first tokens go with a split document's chunks,
+/// in a model input of `window` tokens where the pair without its document
+/// (`frame`: specials, template and the query's `query_tokens`) takes
+/// `frame` tokens: `None`, all of them, where the frame leaves each chunk at
+/// least half the window (Cohere's rule: a query takes at most half); else as
+/// many as leave that half (at least one, fewer than all), or, where
+/// truncation is off, 400.
+fn chunk_query_tokens(
+    window: usize,
+    frame: usize,
+    query_tokens: usize,
+    truncate: bool,
+) -> Result<Option<usize>, ApiError> {
+    let half = window / 2;
+    if frame <= half || query_tokens == 0 {
+        return Ok(None);
+    }
+    let others = frame.saturating_sub(query_tokens);
+    let limit = half.saturating_sub(others);
+    if !truncate {
+        return Err(ApiError::invalid(format!(
+            "the query has {query_tokens} tokens, over the {limit} that leave each chunk of a \
+             document half of the model's {window}-token input (max_chunks_per_doc); send a \
+             shorter query or allow truncation"
+        ))
+        .param("query"));
+    }
+    Ok(Some(limit.clamp(1, query_tokens)))
+}
+
+/// `text` up to byte `end`, or to the last character boundary before it.
+fn cut_at(text: &str, end: usize) -> &str {
+    let mut end = end.min(text.len());
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
 }
 
 /// `text` cut after `limits.max_tokens` of its tokens (byte `offsets`), then
@@ -907,14 +1007,32 @@ fn pairs_request(
         return Err(ApiError::invalid("no documents to rank: send at least one"));
     }
     check_pair_text(query, texts)?;
+    let pairs: Vec<(&str, &str)> = texts.iter().map(|d| (query, d.as_str())).collect();
+    pair_inputs_request(model, &pairs, options, raw_scores)
+}
+
+/// One pair input per `(query, document)`, each pair's own query.
+fn pair_inputs_request(
+    model: Option<String>,
+    pairs: &[(&str, &str)],
+    options: EmbedOptions,
+    raw_scores: bool,
+) -> Result<ScoreRequest, ApiError> {
+    if pairs.is_empty() {
+        return Err(ApiError::invalid("no documents to rank: send at least one"));
+    }
+    let bytes = pairs
+        .iter()
+        .fold(0usize, |sum, (q, d)| sum.saturating_add(q.len() + d.len()));
+    check_pair_bytes(bytes, pairs.len())?;
     Ok(ScoreRequest {
         model,
         task: Task::Rerank,
-        inputs: texts
+        inputs: pairs
             .iter()
-            .map(|d| EmbedInput::Pair {
+            .map(|&(query, document)| EmbedInput::Pair {
                 query: query.to_owned(),
-                document: d.clone(),
+                document: document.to_owned(),
             })
             .collect(),
         options,
@@ -957,6 +1075,38 @@ mod tests {
             split_at_tokens("é", &[(0, 1)], limits(None, Some(3)), 1),
             ["é"]
         );
+    }
+
+    #[test]
+    fn a_long_query_leaves_chunks_half_the_window() {
+        // A query whose pair leaves a chunk half the window goes whole.
+        assert_eq!(chunk_query_tokens(128, 23, 20, true).unwrap(), None);
+        assert_eq!(chunk_query_tokens(128, 64, 61, false).unwrap(), None);
+        // Over it: cut to the tokens that leave half (3 specials here).
+        assert_eq!(chunk_query_tokens(128, 65, 62, true).unwrap(), Some(61));
+        assert_eq!(chunk_query_tokens(128, 303, 300, true).unwrap(), Some(61));
+        assert_eq!(
+            chunk_query_tokens(512, 1003, 1000, true).unwrap(),
+            Some(253)
+        );
+        // A frame that alone takes half keeps one query token.
+        assert_eq!(chunk_query_tokens(128, 90, 10, true).unwrap(), Some(1));
+        assert_eq!(chunk_query_tokens(128, 90, 0, true).unwrap(), None);
+        // Truncation off: a 400 that names the query's tokens and the limit.
+        let e = chunk_query_tokens(128, 303, 300, false).unwrap_err();
+        assert_eq!(
+            (e.status().as_u16(), e.message.as_str(), e.param),
+            (
+                400,
+                "the query has 300 tokens, over the 61 that leave each chunk of a document half \
+                 of the model's 128-token input (max_chunks_per_doc); send a shorter query or \
+                 allow truncation",
+                Some("query")
+            )
+        );
+        assert_eq!(cut_at("alpha beta", 5), "alpha");
+        assert_eq!(cut_at("aé", 2), "a");
+        assert_eq!(cut_at("ab", 9), "ab");
     }
 
     #[test]

@@ -506,6 +506,10 @@ def test_http_metrics_of_two_models_carry_the_model(duo):
     assert duo.post("/rerank", {"query": "q", "texts": ["d"]}).status_code == 200
     assert duo.get("/v1/models/nope").status_code == 404
     assert duo.post("/v1/rerank", {"model": EMBEDDER, "query": "q", "documents": ["d"]}).status_code == 400
+    # Refused by the input checks, which come before the model is picked:
+    # still counted under the model named (or given).
+    assert duo.post("/v1/embeddings", {"model": EMBEDDER, "input": []}).status_code == 400
+    assert duo.post("/rerank", {"query": "q", "texts": []}).status_code == 400
     after = _http_counts(duo)
     grew = {k: after[k] - before.get(k, 0) for k in after if after[k] != before.get(k, 0)}
     assert grew == {
@@ -513,6 +517,8 @@ def test_http_metrics_of_two_models_carry_the_model(duo):
         '{route="/rerank",model="tiny-bert-reranker",code="200"}': 1,
         '{route="/v1/models/{*model}",model="",code="404"}': 1,
         '{route="/v1/rerank",model="",code="400"}': 1,
+        f'{{route="/v1/embeddings",model="{EMBEDDER}",code="400"}}': 1,
+        '{route="/rerank",model="tiny-bert-reranker",code="400"}': 1,
         '{route="/metrics",model="",code="200"}': 1,
     }
 

@@ -111,7 +111,7 @@ pub async fn embed_sparse(state: &AppState, req: EmbedRequest) -> Result<SparseO
 pub const MAX_TOKEN_OUTPUT_FLOATS: usize = 1 << 24;
 
 async fn run(state: &AppState, mut req: EmbedRequest, task: Task) -> Result<EmbedOutput, ApiError> {
-    check_inputs(state, &req.inputs)?;
+    check_inputs(state, &req.inputs, req.model.as_deref(), task)?;
     let model = state.model_for(req.model.as_deref(), task)?;
     let output = req.options.output;
     let dimension = validate(&req, model)?;
@@ -157,7 +157,21 @@ async fn run(state: &AppState, mut req: EmbedRequest, task: Task) -> Result<Embe
 
 /// Checks the inputs against the request limits before any model work (and
 /// before the model is picked: an empty request is a 400 whatever it names).
-pub(crate) fn check_inputs(state: &AppState, inputs: &[EmbedInput]) -> Result<(), ApiError> {
+/// A refused request still counts in `/metrics` under the model it names
+/// (`requested`, for `task`) when that model serves, as the refusals that
+/// come after the model is picked do.
+pub(crate) fn check_inputs(
+    state: &AppState,
+    inputs: &[EmbedInput],
+    requested: Option<&str>,
+    task: Task,
+) -> Result<(), ApiError> {
+    refuse_inputs(state, inputs).inspect_err(|_| {
+        let _ = state.model_for(requested, task);
+    })
+}
+
+fn refuse_inputs(state: &AppState, inputs: &[EmbedInput]) -> Result<(), ApiError> {
     let max_inputs = state.args().max_inputs_per_request;
     if inputs.is_empty() {
         return Err(ApiError::invalid("input is empty: send at least one text").param("input"));

@@ -45,7 +45,7 @@ pub struct ScoreOutput {
 
 /// Scores `req`; errors carry their status (see [`crate::errors`]).
 pub async fn score(state: &AppState, req: ScoreRequest) -> Result<ScoreOutput, ApiError> {
-    check_inputs(state, &req.inputs)?;
+    check_inputs(state, &req.inputs, req.model.as_deref(), req.task)?;
     score_checked(state, req).await
 }
 

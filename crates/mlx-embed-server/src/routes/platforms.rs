@@ -342,7 +342,7 @@ fn plan(
             let req = parse::<TeiEmbedRequest>(instance)?.into_request(priority);
             // Checked here, as /embed checks them: merged with others they
             // would not be (an empty instance would answer `[]`).
-            check_inputs(state, &req.inputs)?;
+            check_inputs(state, &req.inputs, req.model.as_deref(), Task::Embed)?;
             let dimension = validate(&req, state.model_for(req.model.as_deref(), Task::Embed)?)?;
             Planned::Embed(req, dimension)
         }

@@ -172,6 +172,7 @@ pub(crate) async fn tei_rank(
     let out = score(
         state,
         pairs_request(
+            state,
             req.model,
             &req.query,
             &req.texts,
@@ -695,9 +696,16 @@ async fn rank(
     // the ranking (a sigmoid is monotonic, so a document's best chunk too).
     let raw = req.raw_scores == Some(true) || req.use_activation == Some(false);
     // The input limits apply to the documents sent, and to the chunks made of them.
-    let sent = pairs_request(req.model.clone(), &req.query, &texts, options.clone(), raw)
-        .map_err(|e| e.param("documents"))?;
-    check_inputs(state, &sent.inputs)?;
+    let sent = pairs_request(
+        state,
+        req.model.clone(),
+        &req.query,
+        &texts,
+        options.clone(),
+        raw,
+    )
+    .map_err(|e| e.param("documents"))?;
+    check_inputs(state, &sent.inputs, req.model.as_deref(), Task::Rerank)?;
     // Which document each scored input belongs to: one each, or its chunks.
     let (owners, request) = if limits.max_tokens.is_some() || limits.max_chunks.is_some() {
         let model = state.model_for(req.model.as_deref(), Task::Rerank)?;
@@ -995,20 +1003,29 @@ pub(crate) fn check_pair_bytes(bytes: usize, pairs: usize) -> Result<(), ApiErro
     ))
 }
 
-/// One pair input per document.
+/// One pair input per document. A refusal still counts in `/metrics` under
+/// the reranker the request names (or gets), as refusals after the model is
+/// picked do.
 fn pairs_request(
+    state: &AppState,
     model: Option<String>,
     query: &str,
     texts: &[String],
     options: EmbedOptions,
     raw_scores: bool,
 ) -> Result<ScoreRequest, ApiError> {
+    let refused = |err: ApiError| {
+        let _ = state.model_for(model.as_deref(), Task::Rerank);
+        err
+    };
     if texts.is_empty() {
-        return Err(ApiError::invalid("no documents to rank: send at least one"));
+        return Err(refused(ApiError::invalid(
+            "no documents to rank: send at least one",
+        )));
     }
-    check_pair_text(query, texts)?;
+    check_pair_text(query, texts).map_err(refused)?;
     let pairs: Vec<(&str, &str)> = texts.iter().map(|d| (query, d.as_str())).collect();
-    pair_inputs_request(model, &pairs, options, raw_scores)
+    pair_inputs_request(model.clone(), &pairs, options, raw_scores).map_err(refused)
 }
 
 /// One pair input per `(query, document)`, each pair's own query.

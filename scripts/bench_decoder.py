@@ -24,7 +24,7 @@ native extension copied in (the kernels are a superset):
 
     git worktree add /tmp/before <rev>
     cp python/mlx_embed/_native*.so /tmp/before/python/mlx_embed/
-    python scripts/bench_decoder.py --tree before=/tmp/before/python --tree after=python \\
+    .venv/bin/python scripts/bench_decoder.py --tree before=/tmp/before/python --tree after=python \\
         --shape qwen3-0.6b --cases 1x64,8x64,1x512 --rounds 3 --json /tmp/decoder.json
 
 ``--folder`` times an existing model folder instead (a real checkpoint, or
@@ -38,7 +38,7 @@ attention as ``ops.engine_attention`` wraps it: the native softmax from its
 floor of keys, in query blocks), each ``TEXTSxTOKENS`` case, medians of 20
 calls:
 
-    python scripts/bench_decoder.py --attention --shape qwen3-0.6b --cases 1x64,4x64,8x64,1x512
+    .venv/bin/python scripts/bench_decoder.py --attention --shape qwen3-0.6b --cases 1x64,4x64,8x64,1x512
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ when `--drain-timeout-secs` ran out). Binaries given with several
 `--binary` run alternately, in the same conditions, and each line reports
 the median over `--runs`.
 
-    python scripts/bench_drain.py --binary /tmp/before/mlx-embed-server \\
+    .venv/bin/python scripts/bench_drain.py --binary /tmp/before/mlx-embed-server \\
         --binary target/release/mlx-embed-server --runs 3
 
 Every run is bounded: its calls time out after 60 s and the server is

@@ -57,9 +57,9 @@ Qwen3-0.6B) it reports:
 
 Torch is optional: without it the peer and parity rows are left out.
 
-    python scripts/bench_gpu.py --variants --sweep --quantized --out results/
-    python scripts/bench_gpu.py --shapes minilm --sweep
-    python scripts/bench_gpu.py --dry-run                 # tiny shapes on the CPU (make test)
+    .venv/bin/python scripts/bench_gpu.py --variants --sweep --quantized --out results/
+    .venv/bin/python scripts/bench_gpu.py --shapes minilm --sweep
+    .venv/bin/python scripts/bench_gpu.py --dry-run                 # tiny shapes on the CPU (make test)
 
 A device lease can be short, so the work can be split: ``--stage torch
 --workdir W`` makes the checkpoints and the torch figures (no MLX needed),
@@ -1033,15 +1033,17 @@ def engine_optional(report, plans, args, common) -> None:
                 section(report, name, f"quantized_{label}", quant, args)
 
 
+def cell(value, spec: str = ".0f") -> str:
+    """A table cell: ``-`` for a figure that was not measured (None or NaN)."""
+    return "-" if value is None or value != value else format(value, spec)
+
+
 def rate_cells(rates: dict, call: int) -> str:
     """One call | calls of ``call`` | overlapped, texts/s, as table cells."""
-    nan = float("nan")
-    return " | ".join(f"{rates.get(k, nan):.0f}" for k in ("one_call", f"calls_of_{call}",
-                                                             f"calls_of_{call}_overlapped"))
+    return " | ".join(cell(rates.get(k)) for k in ("one_call", f"calls_of_{call}", f"calls_of_{call}_overlapped"))
 
 
 def mlx_env_table(name: str, sets: dict, call: int) -> list[str]:
-    nan = float("nan")
     lines = ["", f"MLX settings, {name} (each in its own process; pass profile: fixed ms + ms a text, "
                  "and a 32-row pass's submit / wait ms):",
              f"| set | one call | calls of {call} | overlapped | fixed ms | ms a text | submit 32 | wait 32 "
@@ -1051,10 +1053,10 @@ def mlx_env_table(name: str, sets: dict, call: int) -> list[str]:
         rates, prof, peak = row.get("rates", {}), row.get("pass_profile", {}), row.get("peak_memory", {})
         r32 = prof.get("rows", {}).get("32", {})
         lines.append(
-            f"| {label} | {rate_cells(rates, call)} | {prof.get('fixed_ms', nan):.2f} | "
-            f"{prof.get('ms_per_text', nan):.4f} | {r32.get('submit_ms', nan):.2f} | "
-            f"{r32.get('wait_ms', nan):.2f} | {peak.get('peak_mb_one_call', nan):.0f} | "
-            f"{peak.get(f'peak_mb_calls_of_{call}', nan):.0f} |")
+            f"| {label} | {rate_cells(rates, call)} | {cell(prof.get('fixed_ms'), '.2f')} | "
+            f"{cell(prof.get('ms_per_text'), '.4f')} | {cell(r32.get('submit_ms'), '.2f')} | "
+            f"{cell(r32.get('wait_ms'), '.2f')} | {cell(peak.get('peak_mb_one_call'))} | "
+            f"{cell(peak.get(f'peak_mb_calls_of_{call}'))} |")
     return lines
 
 
@@ -1073,20 +1075,26 @@ def packed_table(name: str, packed: dict, call: int) -> list[str]:
 
 def summary(results: dict, call: int) -> str:
     nan = float("nan")
-    lines = ["| shape | engine bf16 one call | bf16 calls of {c} | overlapped | engine fp32 one call "
-             "| torch half b256 | torch half b32 | 1-text ms engine fp32/torch fp32 | parity min cos |"
-             .format(c=call),
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    # Without torch (not installed, --no-torch, the dry run) the peer and
+    # parity columns are left out, as the module doc says.
+    peers = any(r.get("torch_float16") or r.get("torch_bfloat16") or r.get("parity_fp32")
+                or r.get("torch_latency_ms_fp32") for r in results.values())
+    head = f"| shape | engine bf16 one call | bf16 calls of {call} | overlapped | engine fp32 one call "
+    head += ("| torch half b256 | torch half b32 | 1-text ms engine fp32/torch fp32 | parity min cos |" if peers
+             else "| 1-text ms engine fp32 |")
+    lines = [head, "|---|" + "---:|" * (8 if peers else 5)]
     for name, r in results.items():
         b, f = r.get("engine_bfloat16", {}), r.get("engine_float32", {})
-        peer = r.get("torch_float16") or r.get("torch_bfloat16") or {}
-        par = r.get("parity_fp32", {}).get("min_cosine")
-        lat = r.get("latency_ms_fp32") or nan
-        lines.append(
-            f"| {name} | {rate_cells(b, call)} | {f.get('one_call', nan):.0f} | "
-            f"{peer.get('batch_256', nan):.0f} | {peer.get('batch_32', nan):.0f} | "
-            f"{lat:.1f} / {r.get('torch_latency_ms_fp32', nan):.1f} | "
-            f"{'-' if par is None else f'{par:.7f}'} |")
+        lat = cell(r.get("latency_ms_fp32"), ".1f")
+        row = f"| {name} | {rate_cells(b, call)} | {cell(f.get('one_call'))} | "
+        if peers:
+            peer = r.get("torch_float16") or r.get("torch_bfloat16") or {}
+            row += (f"{cell(peer.get('batch_256'))} | {cell(peer.get('batch_32'))} | "
+                    f"{lat} / {cell(r.get('torch_latency_ms_fp32'), '.1f')} | "
+                    f"{cell(r.get('parity_fp32', {}).get('min_cosine'), '.7f')} |")
+        else:
+            row += f"{lat} |"
+        lines.append(row)
     for key, table in (("mlx_env", mlx_env_table), ("packed_rows", packed_table)):
         for name, r in results.items():
             got = r.get(key)
@@ -1254,7 +1262,30 @@ def main(argv=None) -> int:
     print(f"\n# {meta}")
     if args.stage != "torch":
         print(summary(report.results, args.call))
+    if args.server:
+        # The rows that ran are written and printed above; a server that did
+        # not start (or failed under load) still fails the run.
+        failed = server_errors(report.results)
+        for where, err in failed:
+            print(f"error: --server {where}: {err}", file=sys.stderr)
+        if failed:
+            return 1
     return 0
+
+
+def server_errors(results: dict) -> list[tuple[str, str]]:
+    """(shape and flag set, error) of every --server row that failed."""
+    failed = []
+    for name, r in results.items():
+        server = r.get("server")
+        if not isinstance(server, dict):
+            continue
+        if "error" in server:  # the section itself (the engine's reference run)
+            failed.append((name, str(server["error"])))
+        for label, row in server.items():
+            if isinstance(row, dict) and "error" in row:
+                failed.append((f"{name} {label}", str(row["error"])))
+    return failed
 
 
 if __name__ == "__main__":

@@ -16,9 +16,9 @@ machine's speed cancels out). A lane that lets the short call in only after
 the bulk call is done gives a fraction near 1; behind several bulk calls that
 let it in only after some of them, more than 1.
 
-    python scripts/bench_lane_turns.py                  # 2048 x 90 words, 3 rounds
-    python scripts/bench_lane_turns.py --bulk-texts 512 --words 40 --rounds 2
-    python scripts/bench_lane_turns.py --bulk-calls 4 --words 12   # four bulk calls ahead
+    .venv/bin/python scripts/bench_lane_turns.py                  # 2048 x 90 words, 3 rounds
+    .venv/bin/python scripts/bench_lane_turns.py --bulk-texts 512 --words 40 --rounds 2
+    .venv/bin/python scripts/bench_lane_turns.py --bulk-calls 4 --words 12   # four bulk calls ahead
 """
 
 from __future__ import annotations

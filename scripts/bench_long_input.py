@@ -21,8 +21,8 @@ Qwen3-0.6B's layer shape (1024 wide, 16 query and 8 key heads of 128, MLP
 memory is per layer, its time per layer), seeded random weights, tiny-qwen3's
 tokenizer.
 
-    python scripts/bench_long_input.py --lengths 1024,2048,4096 --rounds 3 --json docs/long-input-results.json
-    python scripts/bench_long_input.py --model qwen3-0.6b --lengths 2048,4096,8192 --rounds 1
+    .venv/bin/python scripts/bench_long_input.py --lengths 1024,2048,4096 --rounds 3 --json docs/long-input-results.json
+    .venv/bin/python scripts/bench_long_input.py --model qwen3-0.6b --lengths 2048,4096,8192 --rounds 1
 
 Configurations: ``blocked`` (the default) and ``whole`` (one block whatever
 the size, ``SCORES_BLOCK_BYTES`` and ``CAUSAL_BLOCK_ROWS`` set past any

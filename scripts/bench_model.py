@@ -31,11 +31,11 @@ Corpora (--corpus, each its own interleaved run in the same session):
 Every process also times one short text per call (--latency-calls per round;
 the median over all rounds is the "one short text" latency).
 
-    python scripts/bench_model.py                       # everything
-    python scripts/bench_model.py --configs mlx_embed --peer-threads 2,1
-    python scripts/bench_model.py --configs mlx_embed --corpus short --no-torch
-    python scripts/bench_model.py --no-peer --configs mlx_embed,ref-blas
-    python scripts/bench_model.py --profile             # per-op profile, one forward
+    .venv/bin/python scripts/bench_model.py                       # everything
+    .venv/bin/python scripts/bench_model.py --configs mlx_embed --peer-threads 2,1
+    .venv/bin/python scripts/bench_model.py --configs mlx_embed --corpus short --no-torch
+    .venv/bin/python scripts/bench_model.py --no-peer --configs mlx_embed,ref-blas
+    .venv/bin/python scripts/bench_model.py --profile             # per-op profile, one forward
 
 The corpus is generated deterministically (mixed lengths, ~108 tokens per
 text for MiniLM). The summary reports each configuration's best, the ratio

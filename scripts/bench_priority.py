@@ -25,9 +25,9 @@ loopback for each configuration and drives it over HTTP.
    server with the default cache and one with --no-cache; reported: texts/s
    and the cache's hit rate (from /metrics).
 
-    python scripts/bench_priority.py                 # full run (~3 minutes)
-    python scripts/bench_priority.py --quick         # smoke run (about a minute)
-    python scripts/bench_priority.py --write-docs    # also update docs/benchmarks.md
+    .venv/bin/python scripts/bench_priority.py                 # full run (3 to 4 minutes)
+    .venv/bin/python scripts/bench_priority.py --quick         # smoke run (well under a minute)
+    .venv/bin/python scripts/bench_priority.py --write-docs    # also update docs/benchmarks.md
 
 Numbers depend on the machine and what else runs on it; run on a quiet one.
 """
@@ -50,6 +50,8 @@ from pathlib import Path
 import requests
 
 ROOT = Path(__file__).resolve().parents[1]
+# The server gets this interpreter's venv; run by a python outside any venv, it is left to find ./.venv itself.
+VENV_ENV = {"VIRTUAL_ENV": sys.prefix} if sys.prefix != sys.base_prefix else {}
 SERVER = ROOT / "target" / "release" / "mlx-embed-server"
 DOCS = ROOT / "docs" / "benchmarks.md"
 DOC_BEGIN = "<!-- bench_priority:begin -->"
@@ -115,7 +117,7 @@ class Server:
         self.url = f"http://127.0.0.1:{port}"
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"bench-priority-{name}.log"
-        env = {**os.environ, "VIRTUAL_ENV": sys.prefix, "MLX_EMBED_LOG": "warn"}
+        env = {**os.environ, **VENV_ENV, "MLX_EMBED_LOG": "warn"}
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen([str(binary), "--host", "127.0.0.1", "--port", str(port), *args],
                                          stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
@@ -413,7 +415,7 @@ def main() -> None:
     if a.json:
         a.json.write_text(json.dumps({"priority": prio, "cache": cache}, indent=1))
     if a.write_docs:
-        write_docs(text, "python scripts/bench_priority.py " + " ".join(sys.argv[1:]).replace("--write-docs", "").strip())
+        write_docs(text, ".venv/bin/python scripts/bench_priority.py " + " ".join(sys.argv[1:]).replace("--write-docs", "").strip())
     failed = sum(ph["failed"] for ph in prio["phases"].values()) + sum(c["errors"] for c in cache.values())
     if failed:
         sys.exit(f"{failed} requests failed")

@@ -11,7 +11,7 @@ arrival times of ``--rate`` per second, each in its own thread. Then ten
 queries alone. Runs alternate the binaries; p50/p95/max of the queries beside
 the bulk request, per binary.
 
-    python scripts/bench_query_topup.py --binary target/ab/release/mlx-embed-server \\
+    .venv/bin/python scripts/bench_query_topup.py --binary target/ab/release/mlx-embed-server \\
         --binary target/release/mlx-embed-server --runs 2 --open-loop --rate 1
 """
 

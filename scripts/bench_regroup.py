@@ -22,8 +22,8 @@ wait for. ``--client wrk`` drives the same loads with wrk instead (the same
 bodies over and over for ``--wrk-seconds``), which spends less of each round
 in the client than Python does.
 
-    python scripts/bench_regroup.py                    # defaults: 3 ms a pass, windows 0,2,4
-    python scripts/bench_regroup.py --json docs/regroup-results.json
+    .venv/bin/python scripts/bench_regroup.py                    # defaults: 3 ms a pass, windows 0,2,4
+    .venv/bin/python scripts/bench_regroup.py --json docs/regroup-results.json
 """
 
 from __future__ import annotations

@@ -7,12 +7,17 @@ priority header, tokenizing, the cache. Rounds alternate which binary goes
 first, and the routes take turns going first after a
 start; medians.
 
-    python scripts/bench_route_ab.py --before /path/to/old/mlx-embed-server \\
+    .venv/bin/python scripts/bench_route_ab.py --before /path/to/old/mlx-embed-server \\
         [--after target/release/mlx-embed-server] [--rounds 4]
 
-Build an older tree's binary beside this one with, e.g.,
-``git worktree add /tmp/old <rev> && (cd /tmp/old && CARGO_TARGET_DIR=$PWD/target/ab
-cargo build --release -p mlx-embed --bin mlx-embed-server)``.
+Build an older tree's binary into this checkout's target/ab (what --before
+target/ab/release/mlx-embed-server then names) from the repository root,
+after ``make build``; R is expanded before the cd, and the build links
+this checkout's .venv, as the Makefile's builds do:
+
+    R=$PWD && git worktree add /tmp/old <rev> && (cd /tmp/old &&
+        CARGO_TARGET_DIR=$R/target/ab PYO3_PYTHON=$R/.venv/bin/python VIRTUAL_ENV=$R/.venv \\
+        cargo build --release -p mlx-embed --bin mlx-embed-server)
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The server gets this interpreter's venv; run by a python outside any venv, it is left to find ./.venv itself.
+VENV_ENV = {"VIRTUAL_ENV": sys.prefix} if sys.prefix != sys.base_prefix else {}
 COMMON = ROOT / "scripts" / "wrk-common.lua"
 # Route -> (path, Lua body of two corpus texts).
 ROUTES = {
@@ -56,7 +63,7 @@ def wrk(port: int, lua: Path, seconds: int, connections: int) -> float:
 
 
 def start(binary: str, port: int) -> subprocess.Popen:
-    env = {**os.environ, "VIRTUAL_ENV": sys.prefix, "MLX_EMBED_LOG": "warn"}
+    env = {**os.environ, **VENV_ENV, "MLX_EMBED_LOG": "warn"}
     proc = subprocess.Popen([binary, "--port", str(port)], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120

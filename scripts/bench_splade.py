@@ -33,11 +33,11 @@ Parity: the engine's dense vectors of the timed texts against ST's
 (``encode(...).to_dense()``): the minimum cosine and the max |diff|; the
 script exits 1 if the minimum cosine is below --min-cosine (0.9999).
 
-    python scripts/bench_splade.py                                  # MiniLM shape, 256 mixed texts
-    python scripts/bench_splade.py --shape bert-base --texts 128 --deadline-s 420
-    python scripts/bench_splade.py --corpus short
-    python scripts/bench_splade.py --dry-run --no-peer              # engine only, seconds
-    python scripts/bench_splade.py --json docs/splade-results.json  # merges into the file's "runs"
+    .venv/bin/python scripts/bench_splade.py                                  # MiniLM shape, 256 mixed texts
+    .venv/bin/python scripts/bench_splade.py --shape bert-base --texts 128 --deadline-s 420
+    .venv/bin/python scripts/bench_splade.py --corpus short
+    .venv/bin/python scripts/bench_splade.py --dry-run --no-peer              # engine only, seconds
+    .venv/bin/python scripts/bench_splade.py --json docs/splade-results.json  # merges into the file's "runs"
 """
 
 from __future__ import annotations

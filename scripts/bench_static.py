@@ -62,10 +62,10 @@ min cosine against the format's own library (model2vec for a Model2Vec
 folder, sentence-transformers for a StaticEmbedding folder) or the server is
 below --min-cosine (0.9999).
 
-    python scripts/bench_static.py                                    # potion shape, 4,000 mixed texts
-    python scripts/bench_static.py --shape static-mrl --corpus short --deadline-s 150
-    python scripts/bench_static.py --dry-run --no-peer --no-server    # engine only, seconds
-    python scripts/bench_static.py --json docs/static-results.json    # merges into the file's "runs"
+    .venv/bin/python scripts/bench_static.py                                    # potion shape, 4,000 mixed texts
+    .venv/bin/python scripts/bench_static.py --shape static-mrl --corpus short --deadline-s 150
+    .venv/bin/python scripts/bench_static.py --dry-run --no-peer --no-server    # engine only, seconds
+    .venv/bin/python scripts/bench_static.py --json docs/static-results.json    # merges into the file's "runs"
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# The server gets this interpreter's venv; run by a python outside any venv, it is left to find ./.venv itself.
+VENV_ENV = {"VIRTUAL_ENV": sys.prefix} if sys.prefix != sys.base_prefix else {}
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import http_load  # noqa: E402
@@ -367,7 +369,7 @@ class Server:
             self.port = s.getsockname()[1]
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        env = {**os.environ, "VIRTUAL_ENV": sys.prefix, "MLX_EMBED_LOG": "warn"}
+        env = {**os.environ, **VENV_ENV, "MLX_EMBED_LOG": "warn"}
         self.args = ["--model", str(folder), "--no-cache", *extra]
         with open(log_path, "wb") as log:
             self.proc = subprocess.Popen([str(SERVER), "--host", "127.0.0.1", "--port", str(self.port), *self.args],

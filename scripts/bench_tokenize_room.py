@@ -9,7 +9,7 @@ bench keeps ``--bulk`` clients sending one 2,000,000-byte text each
 binary given runs in turn (rounds alternate which goes first); medians and
 p95 of the small client's latency.
 
-    python scripts/bench_tokenize_room.py --before /path/to/old/mlx-embed-server \\
+    .venv/bin/python scripts/bench_tokenize_room.py --before /path/to/old/mlx-embed-server \\
         [--after target/release/mlx-embed-server] [--bulk 2 4] [--rounds 2]
 """
 
@@ -27,6 +27,8 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The server gets this interpreter's venv; run by a python outside any venv, it is left to find ./.venv itself.
+VENV_ENV = {"VIRTUAL_ENV": sys.prefix} if sys.prefix != sys.base_prefix else {}
 LARGE = json.dumps({"inputs": "!" * 2_000_000, "truncate": True}).encode()
 SMALL = json.dumps({"inputs": ("a small request " * 640)[:10_000], "truncate": True}).encode()
 
@@ -39,7 +41,7 @@ def post(port: int, body: bytes, timeout: float = 120) -> None:
 
 
 def start(binary: str, port: int) -> subprocess.Popen:
-    env = {**os.environ, "VIRTUAL_ENV": sys.prefix, "MLX_EMBED_LOG": "warn"}
+    env = {**os.environ, **VENV_ENV, "MLX_EMBED_LOG": "warn"}
     # No cache: every large request is tokenized and run, as distinct texts would be.
     proc = subprocess.Popen([binary, "--port", str(port), "--no-cache"], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

@@ -6,9 +6,9 @@ Rust binary with ``--binary``), polls ``/health`` every 5 ms, records the
 time to the first 200, stops the server, and prints the median with each
 run's startup stages as the server logged them ("startup stage" lines).
 
-    python scripts/cold_start.py                 # 5 runs of `mlx-embed serve`
-    python scripts/cold_start.py --runs 9 --binary -- --model /path/to/folder
-    python scripts/cold_start.py --json out.json
+    .venv/bin/python scripts/cold_start.py                 # 5 runs of `mlx-embed serve`
+    .venv/bin/python scripts/cold_start.py --runs 9 --binary -- --model /path/to/folder
+    .venv/bin/python scripts/cold_start.py --json out.json
 
 Everything after ``--`` goes to the server.
 """

@@ -30,9 +30,9 @@ matmuls out of TF32, 0.9999961 with TF32) or
 >= 0.99 (bfloat16), and at score differences within 1e-3 (float32) or 1e-1
 (bfloat16) of 1 + the largest score.
 
-    python scripts/gpu_architectures.py --out results/          # on a GPU
-    python scripts/gpu_architectures.py --fixtures /tmp/fixtures --out results/
-    python scripts/gpu_architectures.py --dry-run               # CPU only (make test)
+    .venv/bin/python scripts/gpu_architectures.py --out results/          # on a GPU
+    .venv/bin/python scripts/gpu_architectures.py --fixtures /tmp/fixtures --out results/
+    .venv/bin/python scripts/gpu_architectures.py --dry-run               # CPU only (make test)
 
 ``--dry-run`` runs on a machine without a GPU: the "device" side is the CPU
 with the GPU's settings forced (pipelined passes, shape buckets, MLX's own
@@ -145,6 +145,8 @@ def side(out_path: Path, cpu: bool, dry_run: bool, only: list[str]) -> None:
     """Every model and run on one side, into an .npz (outputs) and a .json
     (kinds, devices, errors)."""
     if cpu:
+        import mlx_embed  # noqa: F401 - before mlx.core, so that its BLAS takes effect
+
         import mlx.core as mx
 
         mx.set_default_device(mx.cpu)
@@ -180,6 +182,11 @@ def main(argv=None) -> int:
     if args.fixtures:
         global FIXTURES
         FIXTURES = Path(args.fixtures).resolve()
+    known = [name for name, _ in models()]
+    unknown = [x for x in only if x not in known]
+    if unknown:
+        # A typo would drop its rows without a word ("0 of 0 rows pass").
+        p.error(f"--only: unknown model name(s) {', '.join(unknown)} (known, from {FIXTURES}: {', '.join(known)})")
     if args.side:
         side(Path(args.side_out), args.side == "cpu", args.dry_run, only)
         return 0

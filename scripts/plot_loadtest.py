@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -14,8 +15,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:
-    src = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "docs" / "loadtest-results.json"
-    dst = Path(sys.argv[2]) if len(sys.argv) > 2 else ROOT / "docs" / "img" / "loadtest.png"
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results", nargs="?", type=Path, default=ROOT / "docs" / "loadtest-results.json",
+                   help="scripts/loadtest's JSON (default: docs/loadtest-results.json)")
+    p.add_argument("chart", nargs="?", type=Path, default=ROOT / "docs" / "img" / "loadtest.png",
+                   help="the PNG to write (default: docs/img/loadtest.png)")
+    args = p.parse_args()
+    src, dst = args.results, args.chart
     try:
         import matplotlib
 

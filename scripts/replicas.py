@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# The server gets this interpreter's venv; run by a python outside any venv, it is left to find ./.venv itself.
+VENV_ENV = {"VIRTUAL_ENV": sys.prefix} if sys.prefix != sys.base_prefix else {}
 NGINX_CONF = ROOT / "deploy" / "nginx" / "nginx.conf"
 SERVER_BINARY = ROOT / "target" / "release" / "mlx-embed-server"
 HOST = "127.0.0.1"  # loopback only
@@ -255,7 +257,7 @@ def start_replica(port: int, log_dir: Path, args: Sequence[str] = (), *, wait: b
         command = [str(binary)]
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"replica-{port}.log"
-    full_env = {**os.environ, "VIRTUAL_ENV": sys.prefix, "MLX_EMBED_LOG": "info", **(env or {})}
+    full_env = {**os.environ, **VENV_ENV, "MLX_EMBED_LOG": "info", **(env or {})}
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
             [*command, "--host", HOST, "--port", str(port), *args],

@@ -34,7 +34,7 @@ from harness import ROOT, free_port, start_server
 
 README = ROOT / "README.md"
 BIN = Path(sys.prefix) / "bin"
-COMMAND_WORDS = ("make", "mlx-embed", "pip", "cargo", "curl", "ruff", "python", "python3")
+COMMAND_WORDS = ("make", "mlx-embed", "pip", "cargo", "curl", "ruff", "python", "python3", ".venv/bin/python")
 
 # Commands that cannot run inside `make test`, with the reason.
 EXCLUDED = {
@@ -52,9 +52,9 @@ EXCLUDED = {
 # imports (`make setup`, which `make test` runs, performs the same installs).
 EXCLUDED_PREFIXES = {
     "pip install": "replaces the editable install the tests run from; `make setup` installs the same",
-    "python scripts/bench_gpu.py": "needs an NVIDIA GPU (its --dry-run runs in make test)",
-    "python scripts/gpu_architectures.py": "needs a GPU (its --dry-run runs in make test)",
-    "python scripts/cold_start.py": "a benchmark (median of repeated cold starts) for a quiet machine",
+    ".venv/bin/python scripts/bench_gpu.py": "needs an NVIDIA GPU (its --dry-run runs in make test)",
+    ".venv/bin/python scripts/gpu_architectures.py": "needs a GPU (its --dry-run runs in make test)",
+    ".venv/bin/python scripts/cold_start.py": "a benchmark (median of repeated cold starts) for a quiet machine",
 }
 
 

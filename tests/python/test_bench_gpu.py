@@ -121,6 +121,9 @@ def test_bench_gpu_dry_run(tmp_path):
         assert all(v > 0 for side in packed["new_shapes"].values() for v in side.values())
     assert "| tiny-bert |" in r.stdout and "| tiny-qwen3 |" in r.stdout
     assert "MLX settings, tiny-qwen3" in r.stdout and "| graphs_off | " in r.stdout
+    # No torch in the dry run: no peer or parity columns, and no "nan" cells.
+    assert "torch half" not in r.stdout and "parity min cos" not in r.stdout
+    assert " nan " not in r.stdout
 
 
 def test_bench_gpu_refuses_an_unknown_server_flag_set():
@@ -131,6 +134,34 @@ def test_bench_gpu_refuses_an_unknown_server_flag_set():
     )
     assert r.returncode == 2
     assert "unknown --server-flags nope; known: defaults, streams_2" in r.stderr
+
+
+def test_bench_gpu_server_that_does_not_start_fails_the_run(tmp_path):
+    """A --server flag set whose server does not start is recorded and the
+    other sets still run, but the exit status says so."""
+    driver = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import bench_gpu\n"
+        "def fail(*a, **k): raise RuntimeError('the server exited with 1 before /health answered')\n"
+        "bench_gpu.start_server = fail\n"
+        "sys.exit(bench_gpu.main(['--dry-run', '--no-core', '--server', '--shapes', 'tiny-bert',\n"
+        "                         '--server-flags', 'defaults', '--out', sys.argv[2]]))\n")
+    r = subprocess.run(
+        [sys.executable, "-c", driver, str(ROOT / "scripts"), str(tmp_path)],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
+    )
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "error: --server tiny-bert defaults: the server exited with 1" in r.stderr
+    server = json.loads((tmp_path / "results.json").read_text())["results"]["tiny-bert"]["server"]
+    assert "before /health" in server["defaults"]["error"]
+
+
+def test_gpu_architectures_refuses_an_unknown_model_name():
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "gpu_architectures.py"), "--dry-run", "--only", "tiny-mpnet,tiny-mpnt"],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
+    )
+    assert r.returncode == 2
+    assert "unknown model name(s) tiny-mpnt (known" in r.stderr and "tiny-bert-reranker" in r.stderr
 
 
 def test_bench_gpu_refuses_an_unknown_mlx_setting():

@@ -358,8 +358,9 @@ def test_cohere_chunks_keep_half_the_window_beside_a_long_query(duo):
     that needs no chunking scored otherwise than without max_chunks_per_doc.
     As Cohere's, a query takes at most half of the input beside a chunk: the
     chunks of a split document go with the query's first tokens that leave
-    them half; a document that fits one chunk whole scores as it does
-    unchunked."""
+    them half.  Since a template reranker's truncation cut a short document
+    away whole beside such a query (every short document scored the same),
+    every document goes with the cut query, one that fits a chunk too."""
     import mlx_embed
     from tokenizers import Tokenizer
 
@@ -396,19 +397,48 @@ def test_cohere_chunks_keep_half_the_window_beside_a_long_query(duo):
         assert 1 < len(chunks) <= -(-len(d_offsets) // (window // 2))
         ids, _, _ = model.encode_pairs([(cut, c) for c in chunks])
         want = float(model.score([(cut, c) for c in chunks])[:, 0].max())
-        (short,), _, _ = model.encode_pairs([(query, "short doc here")])
-        plain, plain_tokens = post(query, ["short doc here", filler])
-        assert plain_tokens == len(short) + window
+        (short_plain,), _, _ = model.encode_pairs([(query, "short doc here")])
+        _, plain_tokens = post(query, ["short doc here", filler])
+        assert plain_tokens == len(short_plain) + window
+        (short,), _, _ = model.encode_pairs([(cut, "short doc here")])
+        short_want = float(model.score([(cut, "short doc here")])[0, 0])
         for n in (len(chunks), 2048):
             got, tokens = post(query, ["short doc here", filler], max_chunks_per_doc=n)
-            # A document that fits one chunk: as without max_chunks_per_doc.
-            assert got[0] == pytest.approx(plain[0], abs=1e-6)
+            # A document that fits one chunk goes with the cut query too.
+            assert got[0] == pytest.approx(short_want, abs=1e-5)
             assert got[1] == pytest.approx(want, abs=1e-5)
             assert tokens == len(short) + sum(len(x) for x in ids)
         # One chunk: the document's first half-window beside the cut query.
         got, tokens = post(query, [filler], max_chunks_per_doc=1)
         assert got[0] == pytest.approx(float(model.score([(cut, chunks[0])])[0, 0]), abs=1e-5)
         assert tokens == len(ids[0])
+
+
+def test_template_reranker_chunks_read_each_short_document_beside_a_long_query(scorers):
+    """Qwen3-Reranker's prompt cut at the window keeps its start: beside a
+    query that fills the window a short document was cut away whole, and
+    with max_chunks_per_doc every short document scored the same. With
+    chunking the query takes at most half the window, for every document."""
+    import mlx_embed
+    from tokenizers import Tokenizer
+
+    model = mlx_embed.load(str(QWEN3_RERANKER))
+    tok = Tokenizer.from_file(str(QWEN3_RERANKER / "tokenizer.json"))
+    window = model.max_length
+    query = " ".join(f"topic{i % 7}" for i in range(300))
+    offsets = tok.encode(query, add_special_tokens=False).offsets
+    frame = model.encode_pairs([(query, "")])[2][0]  # tokens before truncation
+    assert frame > window
+    keep = window // 2 - (frame - len(offsets))
+    cut = query[:offsets[keep - 1][1]]
+    docs = ["beta", "omega lambda kappa", "zzz qqq xxx"]
+    r = scorers.post("/v1/rerank", {"model": "tiny-qwen3-reranker", "query": query, "documents": docs,
+                                    "max_chunks_per_doc": 4, "return_documents": False})
+    assert r.status_code == 200, r.text[:300]
+    got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+    want = model.score([(cut, d) for d in docs])[:, 0]
+    np.testing.assert_allclose([got[i] for i in range(len(docs))], want, atol=1e-5)
+    assert len({round(got[i], 4) for i in range(len(docs))}) == len(docs), got
 
 
 def test_classifier_predict(scorers):

@@ -712,14 +712,11 @@ async fn rank(
         let max_pieces = state.args().max_inputs_per_request;
         let pieces =
             document_pieces(model, &req.query, texts, limits, max_pieces, truncate).await?;
-        let chunk_query = pieces.chunk_query.as_deref().unwrap_or(&req.query);
+        let query = pieces.query.as_deref().unwrap_or(&req.query);
         let (owners, pairs): (Vec<usize>, Vec<(&str, &str)>) = pieces
             .pieces
             .iter()
-            .map(|p| {
-                let query = if p.cut_query { chunk_query } else { &req.query };
-                (p.owner, (query, p.text.as_str()))
-            })
+            .map(|p| (p.owner, (query, p.text.as_str())))
             .unzip();
         let request = pair_inputs_request(req.model, &pairs, options, raw)
             .map_err(|e| e.param("documents"))?;
@@ -778,21 +775,18 @@ fn at_least_one(value: Option<i64>, name: &'static str) -> Result<Option<usize>,
     }
 }
 
-/// One model input a document makes: the document's index, a slice of its
-/// text, and whether it goes with [`Pieces::chunk_query`] (a chunk of a
-/// split document) or with the query as sent.
+/// One model input a document makes: the document's index and a slice of its text.
 struct Piece {
     owner: usize,
-    cut_query: bool,
     text: String,
 }
 
 /// What [`document_pieces`] makes of a request's documents.
 struct Pieces {
-    /// The query the chunks of a split document go with, where the query as
-    /// sent would leave them less than half of the model's input: its first
-    /// tokens, as many as leave that half. `None`: the query as sent.
-    chunk_query: Option<String>,
+    /// The query every piece goes with, where the query as sent would leave
+    /// a chunk less than half of the model's input: its first tokens, as
+    /// many as leave that half. `None`: the query as sent.
+    query: Option<String>,
     pieces: Vec<Piece>,
 }
 
@@ -803,12 +797,13 @@ struct Pieces {
 /// offsets, so no text is rewritten.
 ///
 /// Chunks get at least half of the model's input, as Cohere's do: a query
-/// that would leave them less is cut to its first tokens that leave half,
-/// for the chunks of documents that split (with `truncate` false, refused
-/// instead: 400). A document that fits one chunk whole goes with the query
-/// as sent, cut with it as the pair's own truncation cuts it, so it scores
-/// as it does without `max_chunks_per_doc`. (A chunk's size beside the
-/// query as sent made a long query's documents into one-token chunks.)
+/// that would leave them less is cut to its first tokens that leave half
+/// (with `truncate` false, refused instead: 400), for every document, one
+/// that fits a single chunk too. (A chunk's size beside the query as sent
+/// made a long query's documents into one-token chunks; and a short
+/// document beside the query as sent was cut away whole by a template
+/// reranker's truncation, which keeps the prompt's start, so every short
+/// document scored the same.)
 async fn document_pieces(
     model: &crate::models::ServedModel,
     query: &str,
@@ -870,15 +865,8 @@ async fn document_pieces(
                 .filter(|s| !s.special)
                 .map(|s| (s.start, s.stop))
                 .collect();
-            let kept = offsets.len().min(limits.max_tokens.unwrap_or(usize::MAX));
-            // A document that fits one chunk whole goes with the query as sent.
-            let cut_query = chunk_query.is_some() && kept > per_chunk;
             for text in split_at_tokens(&text, &offsets, limits, per_chunk) {
-                pieces.push(Piece {
-                    owner: index,
-                    cut_query,
-                    text,
-                });
+                pieces.push(Piece { owner: index, text });
             }
             // Each piece is a model input: chunks count against the input
             // limit as documents do (small chunks made a small request many
@@ -896,7 +884,7 @@ async fn document_pieces(
             }
         }
         Ok(Pieces {
-            chunk_query,
+            query: chunk_query,
             pieces,
         })
     })

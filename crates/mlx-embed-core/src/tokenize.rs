@@ -92,22 +92,30 @@ pub(crate) async fn encode_all(
 const TOKENIZING_KIB: u32 = 2 << 10;
 
 /// Requests of at most this much text are tokenized in a room of their own
-/// ([`SMALL_ROOM_KIB`]). One room, first come first served, kept a 10 KB
+/// ([`small_room_kib`]). One room, first come first served, kept a 10 KB
 /// request waiting behind every queued 2 MB text (a median of 1.23 s with
 /// four clients sending them, against 0.024 s idle); in their own room they
 /// wait only for each other, and a large text cannot starve either.
 const SMALL_REQUEST_BYTES: usize = 64 << 10;
 
-/// The small requests' room: eight of the largest at once, which two cores
-/// tokenize in a few milliseconds. It adds at most a quarter to the memory
-/// the large room bounds.
-const SMALL_ROOM_KIB: u32 = 512;
+/// The small requests' room, in KiB: the largest of them one per core (at
+/// least two, at most sixteen), as many as the cores tokenize side by side.
+/// It adds at most that much text to what the large room bounds: with room
+/// for eight, eleven clients sending 60 KB texts beside four sending 2 MB
+/// ones took the peak from 1.9 to 3.3 GB on two cores.
+fn small_room_kib() -> u32 {
+    let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+    (cores.clamp(2, 16) * (SMALL_REQUEST_BYTES >> 10)) as u32
+}
 
 static TOKENIZING: tokio::sync::Semaphore =
     tokio::sync::Semaphore::const_new(TOKENIZING_KIB as usize);
 
-static TOKENIZING_SMALL: tokio::sync::Semaphore =
-    tokio::sync::Semaphore::const_new(SMALL_ROOM_KIB as usize);
+static TOKENIZING_SMALL: std::sync::LazyLock<(tokio::sync::Semaphore, u32)> =
+    std::sync::LazyLock::new(|| {
+        let kib = small_room_kib();
+        (tokio::sync::Semaphore::new(kib as usize), kib)
+    });
 
 /// Waits for room to tokenize `bytes` of text (a text larger than the whole
 /// room waits for all of it); the room is given back when the permit is
@@ -117,7 +125,8 @@ static TOKENIZING_SMALL: tokio::sync::Semaphore =
 /// large texts.
 pub async fn reading_room(bytes: usize) -> tokio::sync::SemaphorePermit<'static> {
     let (room, room_kib) = if bytes <= SMALL_REQUEST_BYTES {
-        (&TOKENIZING_SMALL, SMALL_ROOM_KIB)
+        let (room, kib) = &*TOKENIZING_SMALL;
+        (room, *kib)
     } else {
         (&TOKENIZING, TOKENIZING_KIB)
     };
@@ -255,7 +264,7 @@ mod tests {
         assert_eq!(reading_room(3 << 10).await.num_permits(), 3);
         // The small room fills too: a small request waits for small ones.
         let mut held = Vec::new();
-        for _ in 0..SMALL_ROOM_KIB / 64 {
+        for _ in 0..small_room_kib() / 64 {
             held.push(reading_room(SMALL_REQUEST_BYTES).await);
         }
         let waiting = tokio::spawn(async { reading_room(1).await.num_permits() });

@@ -16,6 +16,15 @@ pub use launch::{exit_now, run, ServeCli};
 
 use pyo3::prelude::*;
 
+/// Tokenizing holds a few hundred bytes per token until a text is done, on
+/// whichever blocking-pool thread runs it: glibc kept what each thread's
+/// arena freed, and a flood of 60 KB and 2 MB texts of punctuation peaked
+/// at 4.4 GB where the texts tokenized at once need about 1.5
+/// (docs/benchmarks.md). The binaries and the extension own their
+/// allocator; the library crates leave it to the program that links them.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// `mlx_embed._native.serve(argv) -> exit code`. Detaches from the interpreter
 /// for the server's whole life so the model thread can attach per batch.
 #[pyfunction]

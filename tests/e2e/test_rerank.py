@@ -530,7 +530,8 @@ def _http_counts(server) -> dict[str, float]:
 
 def test_http_metrics_of_two_models_carry_the_model(duo):
     """With several models served, the HTTP metrics carry the model each
-    request named or was given (`""`: it reached none), as the batcher's do."""
+    request named or was given (`""`: it reached none), as the batcher's do;
+    a request refused for naming a model of the wrong kind counts under it."""
     before = _http_counts(duo)
     assert duo.post("/embed", {"inputs": "hello"}).status_code == 200
     assert duo.post("/rerank", {"query": "q", "texts": ["d"]}).status_code == 200
@@ -546,7 +547,7 @@ def test_http_metrics_of_two_models_carry_the_model(duo):
         f'{{route="/embed",model="{EMBEDDER}",code="200"}}': 1,
         '{route="/rerank",model="tiny-bert-reranker",code="200"}': 1,
         '{route="/v1/models/{*model}",model="",code="404"}': 1,
-        '{route="/v1/rerank",model="",code="400"}': 1,
+        f'{{route="/v1/rerank",model="{EMBEDDER}",code="400"}}': 1,
         f'{{route="/v1/embeddings",model="{EMBEDDER}",code="400"}}': 1,
         '{route="/rerank",model="tiny-bert-reranker",code="400"}': 1,
         '{route="/metrics",model="",code="200"}': 1,

@@ -229,13 +229,19 @@ fn parse_origin(s: &str) -> Result<String, String> {
 /// subdomains, kept lowercase and without a final dot, as requests' hosts
 /// are compared.
 fn parse_host_name(s: &str) -> Result<String, String> {
-    let name = s.trim().trim_end_matches('.').to_ascii_lowercase();
+    let s_trimmed = s.trim();
+    let name = s_trimmed
+        .strip_suffix('.')
+        .unwrap_or(s_trimmed)
+        .to_ascii_lowercase();
     let bare = name.strip_prefix('.').unwrap_or(&name);
-    let valid = !bare.is_empty()
-        && bare
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_')
-        && !bare.starts_with('.');
+    // Labels of letters, digits, `-` and `_`, none empty: `a..b` names no host.
+    let valid = bare.split('.').all(|label| {
+        !label.is_empty()
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    });
     if !valid {
         return Err(format!(
             "{s:?} is not a host name: expected a name such as embed.example.com, or \
@@ -603,6 +609,8 @@ mod tests {
             "embed.example.com:8080",
             "http://embed.example.com",
             "..example.com",
+            "a..b",
+            "a.b..",
             "a b",
         ] {
             assert!(parse(bad).is_err(), "{bad:?}");

@@ -237,9 +237,18 @@ pub async fn check_host(State(state): State<AppState>, req: Request, next: Next)
     if allowed.is_empty() {
         return next.run(req).await;
     }
+    let mut hosts = req.headers().get_all(HOST).iter();
+    let (first, second) = (hosts.next(), hosts.next());
+    if second.is_some() {
+        // RFC 9112 section 3.2: a request with more than one Host is a 400;
+        // checking only one of them would let the other through.
+        tracing::debug!("rejected: more than one Host header");
+        return Api::for_path(req.uri().path())
+            .render(ApiError::invalid("more than one Host header: send one").code("invalid_host"));
+    }
     let host = match req.uri().authority() {
         Some(authority) => Some(authority.host()),
-        None => match req.headers().get(HOST).map(HeaderValue::to_str) {
+        None => match first.map(HeaderValue::to_str) {
             Some(Ok(value)) => Some(host_of(value)),
             // Not text: no name a page could have.
             Some(Err(_)) => Some(""),
@@ -270,7 +279,8 @@ fn host_of(value: &str) -> &str {
 /// Whether `host` is an IP address, `localhost` (or a name under it), or a
 /// name `allowed` lists (an entry `.name` takes `name` and its subdomains).
 fn host_allowed(host: &str, allowed: &[String]) -> bool {
-    let name = host.trim_end_matches('.').to_ascii_lowercase();
+    // One final dot names the same host (a fully qualified name); two do not.
+    let name = host.strip_suffix('.').unwrap_or(host).to_ascii_lowercase();
     let ip = name
         .strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))
@@ -482,6 +492,7 @@ mod tests {
             "",
             "[::1",
             "127.0.0.1.evil.example",
+            "embed.example.com..",
         ] {
             assert!(!ok(refuse), "{refuse}");
         }

@@ -91,10 +91,18 @@ impl AppState {
         &self.0.models
     }
     /// The model a request gets for `task` (see [`crate::models`]).
+    /// The request counts under the model it gets, or, refused for naming a
+    /// served model of another kind, under that one.
     pub fn model_for(&self, requested: Option<&str>, task: Task) -> Result<&ServedModel, ApiError> {
-        let model = resolve(&self.0.models, requested, task)?;
-        crate::middleware::note_answering_model(&model.name);
-        Ok(model)
+        let resolved = resolve(&self.0.models, requested, task);
+        let counted = match &resolved {
+            Ok(model) => Some(*model),
+            Err(_) => requested.and_then(|name| self.0.models.iter().find(|m| m.name == name)),
+        };
+        if let Some(model) = counted {
+            crate::middleware::note_answering_model(&model.name);
+        }
+        resolved
     }
     pub fn args(&self) -> &ServerArgs {
         &self.0.args

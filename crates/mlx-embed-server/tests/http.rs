@@ -1171,6 +1171,7 @@ async fn api_key_guards_everything_but_health() {
 async fn allowed_hosts_refuse_other_names() {
     let args = ServerArgs {
         allowed_hosts: vec!["embed.example.com".into(), ".corp.example".into()],
+        cors_allow_origin: vec!["http://app.example".into()],
         ..test_args()
     };
     let s = Server::start(args).await;
@@ -1211,6 +1212,32 @@ async fn allowed_hosts_refuse_other_names() {
                 "{path} {host:?}"
             );
         }
+    }
+    // A browser's preflight is refused too, before CORS answers it.
+    let preflight = c
+        .request(reqwest::Method::OPTIONS, s.url("/v1/embeddings"))
+        .header("host", "evil.example")
+        .header("origin", "http://app.example")
+        .header("access-control-request-method", "POST")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(preflight.status(), 403);
+    // Two Host headers are a 400 (RFC 9112), in either order.
+    for hosts in [["localhost", "evil.example"], ["evil.example", "localhost"]] {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(s.base.trim_start_matches("http://"))
+            .await
+            .unwrap();
+        let head = format!(
+            "GET /health HTTP/1.1\r\nHost: {}\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            hosts[0], hosts[1]
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 400"), "{hosts:?}: {answer}");
+        assert!(answer.contains("more than one Host header"), "{answer}");
     }
     // Every operation of the document declares the 403, probes too, and answers it.
     let doc: Value = c

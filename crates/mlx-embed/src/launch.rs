@@ -276,21 +276,15 @@ where
     let started = Instant::now();
     cli.server.check()?;
     cli.server.check_address()?;
-    // The batch caps' defaults depend on the device (bigger calls on a GPU).
-    let device = mlx_embed_python::interpreter::default_device()
-        .map_err(|err| format!("could not start the Python engine: {err}"))?;
-    mlx_embed_python::interpreter::forward_python_logging()
-        .map_err(|err| format!("could not start the Python engine: {err}"))?;
-    let config = cli.server.batcher_config(device);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("mlx-embed-http")
         .build()
         .map_err(|err| format!("could not start the async runtime: {err}"))?;
-    // The signal handlers go in before the models load, which can take
-    // minutes: a container's entrypoint is PID 1, which the kernel gives no
-    // default action, so until then a SIGTERM was lost and the pod kept
-    // starting until it was killed.
+    // The signal handlers go in first, before Python starts and the models
+    // load, which can take minutes: a container's entrypoint is PID 1, which
+    // the kernel gives no default action, so until then a SIGTERM was lost
+    // and the pod kept starting until it was killed.
     let trigger = runtime
         .block_on(async { Trigger::from_signals() })
         .map_err(|err| format!("could not install the signal handlers: {err}"))?;
@@ -304,6 +298,12 @@ where
         // ended (as the default action did before the handlers went in).
         exit_now(128 + signal)
     });
+    // The batch caps' defaults depend on the device (bigger calls on a GPU).
+    let device = mlx_embed_python::interpreter::default_device()
+        .map_err(|err| format!("could not start the Python engine: {err}"))?;
+    mlx_embed_python::interpreter::forward_python_logging()
+        .map_err(|err| format!("could not start the Python engine: {err}"))?;
+    let config = cli.server.batcher_config(device);
     let mut batchers = Vec::new();
     for options in cli.model.all_options() {
         let what = options

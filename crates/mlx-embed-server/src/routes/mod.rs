@@ -93,12 +93,7 @@ pub fn router(state: AppState) -> Router {
         .layer(DefaultBodyLimit::max(max_body))
         // Inside the key check: a client without the key learns nothing more.
         .layer(from_fn(refuse_encoded_bodies))
-        .layer(from_fn_with_state(state.clone(), require_api_key))
-        // Outside the key check: a page that rebinds a name has no key to
-        // send, and is told no whatever it sends.
-        .layer(from_fn_with_state(state.clone(), check_host))
-        // Outside every refusal that comes before the body is read.
-        .layer(from_fn_with_state(state.clone(), finish_unread_bodies));
+        .layer(from_fn_with_state(state.clone(), require_api_key));
     // Outside the key check: a browser's preflight carries no credentials,
     // and a 401 needs the CORS headers for the page to read it.
     let routes = match cors(&state.args().cors_allow_origin) {
@@ -106,6 +101,11 @@ pub fn router(state: AppState) -> Router {
         None => routes,
     };
     routes
+        // Outside the key check and CORS: a page that rebinds a name has no
+        // key to send, and is told no whatever it sends, preflight included.
+        .layer(from_fn_with_state(state.clone(), check_host))
+        // Outside every refusal that comes before the body is read.
+        .layer(from_fn_with_state(state.clone(), finish_unread_bodies))
         .layer(from_fn_with_state(state.clone(), observe))
         .with_state(state)
 }

@@ -62,9 +62,10 @@ def wrk(port: int, lua: Path, seconds: int, connections: int) -> float:
     return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
 
 
-def start(binary: str, port: int) -> subprocess.Popen:
+def start(binary: str, port: int, *flags: str) -> subprocess.Popen:
+    """`binary` serving on `port` (with `flags`), once its /health answers."""
     env = {**os.environ, **VENV_ENV, "MLX_EMBED_LOG": "warn"}
-    proc = subprocess.Popen([binary, "--port", str(port)], env=env, cwd=ROOT,
+    proc = subprocess.Popen([binary, "--port", str(port), *flags], env=env, cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import threading
 import time
@@ -25,24 +23,9 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-VENV_ENV = {"VIRTUAL_ENV": sys.prefix} if sys.prefix != sys.base_prefix else {}
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_route_ab import start  # noqa: E402
 
-
-def start(binary: str, port: int) -> subprocess.Popen:
-    env = {**os.environ, **VENV_ENV, "MLX_EMBED_LOG": "warn"}
-    proc = subprocess.Popen([binary, "--port", str(port)], env=env, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-            return proc
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{binary} exited with {proc.returncode}")
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"{binary} not healthy after 120 s")
 
 
 def memory_gb(pid: int) -> dict[str, float]:

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -27,8 +25,9 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-# The server gets this interpreter's venv; run by a python outside any venv, it is left to find ./.venv itself.
-VENV_ENV = {"VIRTUAL_ENV": sys.prefix} if sys.prefix != sys.base_prefix else {}
+sys.path.insert(0, str(ROOT / "scripts"))
+from bench_route_ab import start  # noqa: E402
+
 LARGE = json.dumps({"inputs": "!" * 2_000_000, "truncate": True}).encode()
 SMALL = json.dumps({"inputs": ("a small request " * 640)[:10_000], "truncate": True}).encode()
 
@@ -38,24 +37,6 @@ def post(port: int, body: bytes, timeout: float = 120) -> None:
                                  headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         r.read()
-
-
-def start(binary: str, port: int) -> subprocess.Popen:
-    env = {**os.environ, **VENV_ENV, "MLX_EMBED_LOG": "warn"}
-    # No cache: every large request is tokenized and run, as distinct texts would be.
-    proc = subprocess.Popen([binary, "--port", str(port), "--no-cache"], env=env, cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1)
-            return proc
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError(f"{binary} exited with {proc.returncode}")
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError(f"{binary} not healthy after 120 s")
 
 
 def small_latencies(port: int, count: int) -> list[float]:
@@ -109,7 +90,7 @@ def main() -> int:
         if r % 2:
             order.reverse()
         for name, binary in order:
-            proc = start(binary, args.port)
+            proc = start(binary, args.port, "--no-cache")  # every large text tokenized and run
             try:
                 small_latencies(args.port, 3)  # warm
                 results.setdefault((name, 0), []).extend(small_latencies(args.port, args.count))

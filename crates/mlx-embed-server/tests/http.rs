@@ -1248,26 +1248,46 @@ async fn allowed_hosts_refuse_other_names() {
         .json()
         .await
         .unwrap();
-    let mut operations = 0;
-    for (path, item) in doc["paths"].as_object().unwrap() {
-        for (method, operation) in item.as_object().unwrap() {
-            assert!(
-                operation["responses"]["403"]["content"]["application/json"].is_object(),
-                "{method} {path}"
-            );
-            let url = s.url(&path.replace("{model}", "fake-model"));
-            let req = match method.as_str() {
-                "get" => c.get(url),
-                _ => c.post(url).json(&json!({})),
-            };
-            let r = req.header("host", "evil.example").send().await.unwrap();
-            assert_eq!(r.status(), 403, "{method} {path}");
-            operations += 1;
-        }
+    let operations = documented_operations(&doc);
+    assert!(operations.len() > 40, "{}", operations.len());
+    for (method, path, operation) in operations {
+        assert!(
+            operation["responses"]["403"]["content"]["application/json"].is_object(),
+            "{method} {path}"
+        );
+        let req = bare_request(&c, &s, method, path);
+        let r = req.header("host", "evil.example").send().await.unwrap();
+        assert_eq!(r.status(), 403, "{method} {path}");
     }
-    assert!(operations > 40, "{operations}");
     s.stop().await.unwrap();
     open.stop().await.unwrap();
+}
+
+/// Every operation of an OpenAPI document: (method, path, operation).
+fn documented_operations(doc: &Value) -> Vec<(&str, &str, &Value)> {
+    let mut out = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, operation) in item.as_object().unwrap() {
+            out.push((method.as_str(), path.as_str(), operation));
+        }
+    }
+    out
+}
+
+/// A request for a documented operation: its path with the test model's
+/// name, and an empty JSON body where it is a POST.
+fn bare_request(
+    c: &reqwest::Client,
+    s: &Server,
+    method: &str,
+    path: &str,
+) -> reqwest::RequestBuilder {
+    let url = s.url(&path.replace("{model}", "fake-model"));
+    match method {
+        "get" => c.get(url),
+        "post" => c.post(url).json(&json!({})),
+        other => panic!("{other} {path}"),
+    }
 }
 
 /// The document's security is the key check's: with `--api-key`, every
@@ -1293,51 +1313,43 @@ async fn the_documented_security_is_the_api_keys() {
         .unwrap();
     let schemas = &doc["components"]["schemas"];
     let mut guarded = 0;
-    for (path, item) in doc["paths"].as_object().unwrap() {
-        for (method, operation) in item.as_object().unwrap() {
-            let url = s.url(&path.replace("{model}", "fake-model"));
-            let req = match method.as_str() {
-                "get" => c.get(url),
-                "post" => c.post(url).json(&json!({})),
-                other => panic!("{other} {path}"),
-            };
-            let r = req.send().await.unwrap();
-            let status = r.status().as_u16();
-            if operation["security"] == json!([]) {
-                assert_ne!(status, 401, "{method} {path}");
-                continue;
-            }
-            guarded += 1;
-            assert_eq!(status, 401, "{method} {path}");
-            assert_eq!(r.headers()["www-authenticate"], "Bearer", "{method} {path}");
-            let body: Value = r.json().await.unwrap();
-            let declared = operation["responses"]["401"]["content"]["application/json"]["schema"]
-                ["$ref"]
-                .as_str()
-                .unwrap();
-            let schema = &schemas[declared.rsplit('/').next().unwrap()];
-            // The body's fields are the schema's, each a string where the
-            // schema says so and an object where it names another schema.
-            let fields = body.as_object().unwrap();
-            let mut required: Vec<&str> = schema["required"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|k| k.as_str().unwrap())
-                .collect();
-            required.sort_unstable();
-            let mut present: Vec<&str> = fields.keys().map(String::as_str).collect();
-            present.sort_unstable();
-            assert_eq!(present, required, "{method} {path}: {body} vs {declared}");
-            for (name, value) in fields {
-                let property = &schema["properties"][name];
-                let is_string = property["type"] == "string";
-                assert_eq!(
-                    value.is_string(),
-                    is_string,
-                    "{method} {path}: {name} of {body} vs {declared}"
-                );
-            }
+    for (method, path, operation) in documented_operations(&doc) {
+        let r = bare_request(&c, &s, method, path).send().await.unwrap();
+        let status = r.status().as_u16();
+        if operation["security"] == json!([]) {
+            assert_ne!(status, 401, "{method} {path}");
+            continue;
+        }
+        guarded += 1;
+        assert_eq!(status, 401, "{method} {path}");
+        assert_eq!(r.headers()["www-authenticate"], "Bearer", "{method} {path}");
+        let body: Value = r.json().await.unwrap();
+        let declared = operation["responses"]["401"]["content"]["application/json"]["schema"]
+            ["$ref"]
+            .as_str()
+            .unwrap();
+        let schema = &schemas[declared.rsplit('/').next().unwrap()];
+        // The body's fields are the schema's, each a string where the
+        // schema says so and an object where it names another schema.
+        let fields = body.as_object().unwrap();
+        let mut required: Vec<&str> = schema["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|k| k.as_str().unwrap())
+            .collect();
+        required.sort_unstable();
+        let mut present: Vec<&str> = fields.keys().map(String::as_str).collect();
+        present.sort_unstable();
+        assert_eq!(present, required, "{method} {path}: {body} vs {declared}");
+        for (name, value) in fields {
+            let property = &schema["properties"][name];
+            let is_string = property["type"] == "string";
+            assert_eq!(
+                value.is_string(),
+                is_string,
+                "{method} {path}: {name} of {body} vs {declared}"
+            );
         }
     }
     assert!(guarded > 40, "{guarded}");

@@ -29,7 +29,7 @@ def _read_file_text(name: str) -> str:
         buffer = getattr(sys.stdin, "buffer", None)
         if buffer is None:  # a stdin replaced by a text stream (tests, embedding hosts)
             data = sys.stdin.read()
-            return data[1:] if data.startswith("\ufeff") else data
+            return data.removeprefix("\ufeff")
         raw = buffer.read()
     else:
         with open(name, "rb") as f:

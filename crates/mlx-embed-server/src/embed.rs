@@ -166,9 +166,7 @@ pub(crate) fn check_inputs(
     requested: Option<&str>,
     task: Task,
 ) -> Result<(), ApiError> {
-    refuse_inputs(state, inputs).inspect_err(|_| {
-        let _ = state.model_for(requested, task);
-    })
+    refuse_inputs(state, inputs).inspect_err(|_| state.count_under_requested(requested, task))
 }
 
 fn refuse_inputs(state: &AppState, inputs: &[EmbedInput]) -> Result<(), ApiError> {

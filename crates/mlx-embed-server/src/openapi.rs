@@ -146,44 +146,38 @@ impl Modify for AccessChecks {
                     Api::Ollama => OllamaErrorBody::name(),
                     Api::Weaviate => WeaviateErrorBody::name(),
                 };
-                let forbidden = ResponseBuilder::new()
-                    .description(
-                        "A `Host` the server does not answer to (only when it runs with \
-                         `--allowed-hosts`)",
-                    )
-                    .content(
+                // An error answer of this path's shape.
+                let error_answer = |description: &str| {
+                    ResponseBuilder::new().description(description).content(
                         "application/json",
                         ContentBuilder::new()
                             .schema(Some(Ref::from_schema_name(shape.clone())))
                             .build(),
                     )
-                    .build();
+                };
+                let forbidden = error_answer(
+                    "A `Host` the server does not answer to (only when it runs with \
+                     `--allowed-hosts`)",
+                );
                 operation
                     .responses
                     .responses
-                    .insert("403".to_owned(), forbidden.into());
+                    .insert("403".to_owned(), forbidden.build().into());
                 if !needs_api_key(path) {
                     operation.security = Some(Vec::new());
                     continue;
                 }
-                let unauthorized = ResponseBuilder::new()
-                    .description(
-                        "Missing or wrong API key (only when the server runs with `--api-key`)",
-                    )
-                    .header(
-                        "WWW-Authenticate",
-                        HeaderBuilder::new()
-                            .schema(String::schema())
-                            .description(Some("`Bearer`"))
-                            .build(),
-                    )
-                    .content(
-                        "application/json",
-                        ContentBuilder::new()
-                            .schema(Some(Ref::from_schema_name(shape)))
-                            .build(),
-                    )
-                    .build();
+                let unauthorized = error_answer(
+                    "Missing or wrong API key (only when the server runs with `--api-key`)",
+                )
+                .header(
+                    "WWW-Authenticate",
+                    HeaderBuilder::new()
+                        .schema(String::schema())
+                        .description(Some("`Bearer`"))
+                        .build(),
+                )
+                .build();
                 operation
                     .responses
                     .responses

@@ -104,6 +104,11 @@ impl AppState {
         }
         resolved
     }
+    /// Counts a request refused before its model was picked under the
+    /// model it names (or would get), as refusals after the pick count.
+    pub(crate) fn count_under_requested(&self, requested: Option<&str>, task: Task) {
+        let _ = self.model_for(requested, task);
+    }
     pub fn args(&self) -> &ServerArgs {
         &self.0.args
     }

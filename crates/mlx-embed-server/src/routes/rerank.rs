@@ -713,12 +713,8 @@ async fn rank(
         let pieces =
             document_pieces(model, &req.query, texts, limits, max_pieces, truncate).await?;
         let query = pieces.query.as_deref().unwrap_or(&req.query);
-        let (owners, pairs): (Vec<usize>, Vec<(&str, &str)>) = pieces
-            .pieces
-            .iter()
-            .map(|p| (p.owner, (query, p.text.as_str())))
-            .unzip();
-        let request = pair_inputs_request(req.model, &pairs, options, raw)
+        let (owners, texts): (Vec<usize>, Vec<String>) = pieces.pieces.into_iter().unzip();
+        let request = pairs_request(state, req.model, query, &texts, options, raw)
             .map_err(|e| e.param("documents"))?;
         (owners, request)
     } else {
@@ -775,19 +771,14 @@ fn at_least_one(value: Option<i64>, name: &'static str) -> Result<Option<usize>,
     }
 }
 
-/// One model input a document makes: the document's index and a slice of its text.
-struct Piece {
-    owner: usize,
-    text: String,
-}
-
 /// What [`document_pieces`] makes of a request's documents.
 struct Pieces {
     /// The query every piece goes with, where the query as sent would leave
     /// a chunk less than half of the model's input: its first tokens, as
     /// many as leave that half. `None`: the query as sent.
     query: Option<String>,
-    pieces: Vec<Piece>,
+    /// One model input each: the document's index and a slice of its text.
+    pieces: Vec<(usize, String)>,
 }
 
 /// Each document cut to `max_tokens` tokens, then split into up to
@@ -865,8 +856,8 @@ async fn document_pieces(
                 .filter(|s| !s.special)
                 .map(|s| (s.start, s.stop))
                 .collect();
-            for text in split_at_tokens(&text, &offsets, limits, per_chunk) {
-                pieces.push(Piece { owner: index, text });
+            for piece in split_at_tokens(&text, &offsets, limits, per_chunk) {
+                pieces.push((index, piece));
             }
             // Each piece is a model input: chunks count against the input
             // limit as documents do (small chunks made a small request many
@@ -1002,42 +993,23 @@ fn pairs_request(
     options: EmbedOptions,
     raw_scores: bool,
 ) -> Result<ScoreRequest, ApiError> {
-    let refused = |err: ApiError| {
-        let _ = state.model_for(model.as_deref(), Task::Rerank);
-        err
+    let refusal = if texts.is_empty() {
+        Some(ApiError::invalid("no documents to rank: send at least one"))
+    } else {
+        check_pair_text(query, texts).err()
     };
-    if texts.is_empty() {
-        return Err(refused(ApiError::invalid(
-            "no documents to rank: send at least one",
-        )));
+    if let Some(err) = refusal {
+        state.count_under_requested(model.as_deref(), Task::Rerank);
+        return Err(err);
     }
-    check_pair_text(query, texts).map_err(refused)?;
-    let pairs: Vec<(&str, &str)> = texts.iter().map(|d| (query, d.as_str())).collect();
-    pair_inputs_request(model.clone(), &pairs, options, raw_scores).map_err(refused)
-}
-
-/// One pair input per `(query, document)`, each pair's own query.
-fn pair_inputs_request(
-    model: Option<String>,
-    pairs: &[(&str, &str)],
-    options: EmbedOptions,
-    raw_scores: bool,
-) -> Result<ScoreRequest, ApiError> {
-    if pairs.is_empty() {
-        return Err(ApiError::invalid("no documents to rank: send at least one"));
-    }
-    let bytes = pairs
-        .iter()
-        .fold(0usize, |sum, (q, d)| sum.saturating_add(q.len() + d.len()));
-    check_pair_bytes(bytes, pairs.len())?;
     Ok(ScoreRequest {
         model,
         task: Task::Rerank,
-        inputs: pairs
+        inputs: texts
             .iter()
-            .map(|&(query, document)| EmbedInput::Pair {
+            .map(|d| EmbedInput::Pair {
                 query: query.to_owned(),
-                document: document.to_owned(),
+                document: d.clone(),
             })
             .collect(),
         options,

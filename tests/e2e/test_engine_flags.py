@@ -227,7 +227,9 @@ def test_boolean_env_vars_take_the_usual_spellings(tmp_path):
         assert (info["batching"]["enabled"], info["batching"]["cache_bytes"]) == (False, 0), info["batching"]
         assert "warm-up skipped" in server.log()
         # The defaults of what a client's connection may take.
-        assert (info["limits"]["client_timeout_secs"], info["limits"]["drain_timeout_secs"]) == (75, 30)
+        limits = info["limits"]
+        assert (limits["client_timeout_secs"], limits["drain_timeout_secs"], limits["max_unsent_answers_mb"]) == (
+            75, 30, 1024)
     finally:
         server.stop()
 

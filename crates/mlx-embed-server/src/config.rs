@@ -149,7 +149,8 @@ pub struct ServerArgs {
           value_parser = clap::value_parser!(u64).range(..=MAX_WAIT_SECS))]
     pub drain_timeout_secs: u64,
 
-    /// How long a client may take to send a request's headers, or its whole body (then 408),
+    /// How long a client may take to send a request's headers (then the connection is closed,
+    /// unanswered) or its whole body (then 408),
     /// how long an idle keep-alive connection stays open, and how long an answer may wait for
     /// a client that is not reading it (then the connection is dropped) (s). Longer than a
     /// proxy's upstream keep-alive (60 s in deploy/nginx), so the proxy closes idle connections
@@ -157,6 +158,15 @@ pub struct ServerArgs {
     #[arg(long, env = "MLX_EMBED_CLIENT_TIMEOUT_SECS", default_value_t = 75,
           value_parser = clap::value_parser!(u64).range(1..=MAX_WAIT_SECS))]
     pub client_timeout_secs: u64,
+
+    /// Room for answers of 256 KiB and more not yet taken by their clients (MiB): a request whose
+    /// answer may be that large (`/embed_all`, an embed call of many inputs) keeps room for it
+    /// before it is computed, waiting while there is not enough (up to --max-queue-wait-ms, then
+    /// 429), so clients that never read large answers cannot hold more memory than this.
+    /// Queries' small answers never wait.
+    #[arg(long, env = "MLX_EMBED_MAX_UNSENT_ANSWERS_MB", default_value_t = 1024,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1 << 30))]
+    pub max_unsent_answers_mb: usize,
 
     /// Skip the start-up warm-up batch.
     #[arg(long, env = "MLX_EMBED_NO_WARMUP", value_parser = clap::builder::BoolishValueParser::new())]
@@ -191,6 +201,7 @@ impl Default for ServerArgs {
             allowed_hosts: Vec::new(),
             drain_timeout_secs: 30,
             client_timeout_secs: 75,
+            max_unsent_answers_mb: 1024,
             no_warmup: false,
         }
     }

@@ -7,6 +7,7 @@
 
 use mlx_embed_core::{l2_normalize, sparse_entries, EmbedInput, EmbedOptions, Output};
 
+use crate::answer_room::{make_room, JSON_BYTES_PER_FLOAT};
 use crate::errors::{ApiError, ErrorKind};
 use crate::models::{ServedModel, Task};
 use crate::state::AppState;
@@ -120,6 +121,21 @@ async fn run(state: &AppState, mut req: EmbedRequest, task: Task) -> Result<Embe
     }
 
     let n_inputs = req.inputs.len();
+    if task == Task::Embed {
+        let rows = match output {
+            Output::Pooled => n_inputs,
+            Output::Tokens => {
+                // 0 would be a model that states no cut.
+                let per_input = match model.info().max_input_tokens {
+                    0 => usize::MAX,
+                    n => n,
+                };
+                token_rows_at_most(&req.inputs, per_input, &req.options)
+            }
+        };
+        let floats = rows.saturating_mul(dimension);
+        make_room(state, floats.saturating_mul(JSON_BYTES_PER_FLOAT)).await?;
+    }
     let out = state
         .unless_drain_ends(model.batcher.embed(req.inputs, req.options))
         .await?;
@@ -153,6 +169,26 @@ async fn run(state: &AppState, mut req: EmbedRequest, task: Task) -> Result<Embe
         prompt_tokens,
         cache_hits: out.cache_hits,
     })
+}
+
+/// At most the token rows a per-token answer to `inputs` has, told before
+/// they are tokenized: a token per byte of text (or per id) and a few for
+/// the specials and a prompt, at most `per_input` each (the model's cut),
+/// and at most the answer's cap in all.
+fn token_rows_at_most(inputs: &[EmbedInput], per_input: usize, options: &EmbedOptions) -> usize {
+    const SPECIALS_AND_PROMPT: usize = 64;
+    let rows: usize = inputs
+        .iter()
+        .map(|input| {
+            let length = match input {
+                EmbedInput::Text(text) => text.len(),
+                EmbedInput::Tokens(ids) => ids.len(),
+                EmbedInput::Pair { query, document } => query.len() + document.len(),
+            };
+            (length + SPECIALS_AND_PROMPT).min(per_input)
+        })
+        .sum();
+    rows.min(options.max_token_rows.unwrap_or(usize::MAX))
 }
 
 /// Checks the inputs against the request limits before any model work (and

@@ -79,6 +79,8 @@ pub enum ErrorKind {
     Unprocessable,
     /// 429.
     Overloaded,
+    /// 501: a transfer coding the server does not decode (RFC 9112 section 6.1).
+    NotImplemented,
     /// 500.
     Model,
     /// 503.
@@ -103,6 +105,7 @@ impl ErrorKind {
             ErrorKind::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ErrorKind::Unprocessable => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorKind::Overloaded => StatusCode::TOO_MANY_REQUESTS,
+            ErrorKind::NotImplemented => StatusCode::NOT_IMPLEMENTED,
             ErrorKind::Model => StatusCode::INTERNAL_SERVER_ERROR,
             ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
             ErrorKind::ClientClosed => {
@@ -257,6 +260,19 @@ impl ApiError {
             ErrorKind::TooLarge,
             format!("request body is larger than the limit of {max_body_bytes} bytes (--max-body-bytes)"),
         )
+    }
+
+    /// 429: answers already made waited this long for their clients to
+    /// read them, over `--max-unsent-answers-mb`.
+    pub fn answers_unsent() -> Self {
+        let mut e = Self::new(
+            ErrorKind::Overloaded,
+            "server is overloaded: answers already made are waiting for their clients to read \
+             them (--max-unsent-answers-mb), longer than the queue allows \
+             (--max-queue-wait-ms); retry later",
+        );
+        e.retry_after = Some(1);
+        e
     }
 
     /// 503: the server is draining and will not answer this request.

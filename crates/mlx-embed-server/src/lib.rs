@@ -16,6 +16,7 @@
 //! codes and error shapes are listed in [`errors`].
 //! Knows nothing of Python.
 
+mod answer_room;
 pub mod config;
 pub mod embed;
 pub mod errors;

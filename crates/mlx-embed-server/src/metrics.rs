@@ -4,7 +4,11 @@
 //! Metric names (all prefixed `mlx_embed_`):
 //! `http_requests_total{route,code}` (code 499: the client left before the
 //! answer), `http_answers_dropped_total` (answers made but dropped unwritten,
-//! their clients not reading: each is also in `http_requests_total`), `http_request_duration_seconds{route}` (histogram of answers;
+//! their clients not reading: each is also in `http_requests_total`),
+//! `http_unreadable_requests_total{reason}` (refused by the HTTP/1 parser
+//! before any route: `malformed`, `too_large`),
+//! `http_unsent_answer_bytes` and `http_requests_waiting_for_answer_room`
+//! (gauges: `--max-unsent-answers-mb`), `http_request_duration_seconds{route}` (histogram of answers;
 //! with several models served, both also carry `model`: the model the request
 //! named or was given, `""` where it got none, as a 404 for an unknown one),
 //! `waiting_inputs`, `queued_inputs`, `in_flight_inputs` (gauges),
@@ -51,11 +55,22 @@ pub struct Series<'a> {
     pub model: Option<&'a str>,
 }
 
+/// Why hyper refused a request before any route saw it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unreadable {
+    /// Not HTTP/1 as hyper reads it (400).
+    Malformed,
+    /// A head past hyper's limits (414, 431).
+    TooLarge,
+}
+
 /// Per-route (and per-model) request counts by status code and latency histograms.
 #[derive(Default)]
 pub struct HttpMetrics {
     routes: Mutex<BTreeMap<(String, Option<String>), RouteStats>>,
     answers_dropped: AtomicU64,
+    unreadable_malformed: AtomicU64,
+    unreadable_too_large: AtomicU64,
 }
 
 impl HttpMetrics {
@@ -75,6 +90,15 @@ impl HttpMetrics {
     /// under its status: the answer was made before it could not be sent.
     pub fn record_answer_dropped(&self) {
         self.answers_dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts a request hyper refused before any route saw it.
+    pub fn record_unreadable_request(&self, why: Unreadable) {
+        let counter = match why {
+            Unreadable::Malformed => &self.unreadable_malformed,
+            Unreadable::TooLarge => &self.unreadable_too_large,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     fn count(&self, series: Series<'_>, status: u16, seconds: Option<f64>) {
@@ -108,6 +132,20 @@ fn observe(h: &mut Histogram, value: f64) {
 pub fn render(state: &AppState, memory: Option<&DeviceMemory>) -> String {
     let mut out = String::with_capacity(8 * 1024);
     render_http(&mut out, state.http_metrics());
+    let room = state.answer_room();
+    gauge(
+        &mut out,
+        "mlx_embed_http_unsent_answer_bytes",
+        "Bytes of large answers made but not yet taken by their clients (--max-unsent-answers-mb).",
+        room.held() as u64,
+    );
+    gauge(
+        &mut out,
+        "mlx_embed_http_requests_waiting_for_answer_room",
+        "Requests waiting, before their body is read, for unsent answers to fall under \
+         --max-unsent-answers-mb.",
+        room.waiting() as u64,
+    );
     render_models(&mut out, state);
     if let Some(memory) = memory {
         render_memory(&mut out, memory);
@@ -233,6 +271,23 @@ fn render_http(out: &mut String, http: &HttpMetrics) {
          --client-timeout-secs (each also counted in http_requests_total by its status).",
         http.answers_dropped.load(Ordering::Relaxed),
     );
+    head(
+        out,
+        "mlx_embed_http_unreadable_requests_total",
+        "Requests refused by the HTTP/1 parser before any route saw them (not in \
+         http_requests_total): malformed (400), or a head past its limits (414, 431).",
+        "counter",
+    );
+    for (reason, n) in [
+        ("malformed", &http.unreadable_malformed),
+        ("too_large", &http.unreadable_too_large),
+    ] {
+        let _ = writeln!(
+            out,
+            "mlx_embed_http_unreadable_requests_total{{reason=\"{reason}\"}} {}",
+            n.load(Ordering::Relaxed)
+        );
+    }
     head(
         out,
         "mlx_embed_http_request_duration_seconds",

@@ -304,7 +304,23 @@ fn host_allowed(host: &str, allowed: &[String]) -> bool {
 /// with 415 and `Accept-Encoding: identity` (RFC 9110 section 15.5.16), in
 /// the path's API error shape: bodies are read as they arrive, never
 /// decompressed, and a gzip body would otherwise fail as malformed JSON.
+/// So is one sent in a transfer coding other than `chunked` once (501, RFC
+/// 9112 section 6.1): hyper takes the chunks and would pass the rest on
+/// undecoded.
 pub async fn refuse_encoded_bodies(req: Request, next: Next) -> Response {
+    if let Some(transfer) = unread_transfer_codings(req.headers()) {
+        let err = ApiError::new(
+            ErrorKind::NotImplemented,
+            format!(
+                "request bodies must be sent whole or chunked, with no other transfer coding \
+                 (Transfer-Encoding: {})",
+                transfer.chars().take(256).collect::<String>()
+            ),
+        )
+        // Where such a body ends is not something to rely on.
+        .closing_connection();
+        return Api::for_path(req.uri().path()).render(err);
+    }
     let codings: Vec<String> = req
         .headers()
         .get_all(CONTENT_ENCODING)
@@ -399,6 +415,30 @@ pub async fn finish_unread_bodies(
             .insert(CONNECTION, HeaderValue::from_static("close"));
     }
     response
+}
+
+/// The request's `Transfer-Encoding`, joined, unless it is none or
+/// `chunked` once: the one coding hyper decodes.
+fn unread_transfer_codings(headers: &axum::http::HeaderMap) -> Option<String> {
+    if !headers.contains_key(TRANSFER_ENCODING) {
+        return None;
+    }
+    let codings: Vec<String> = headers
+        .get_all(TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| {
+            String::from_utf8_lossy(v.as_bytes())
+                .split(',')
+                .map(|c| c.trim().to_owned())
+                .filter(|c| !c.is_empty())
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    match codings.as_slice() {
+        [] => None,
+        [only] if only.eq_ignore_ascii_case("chunked") => None,
+        _ => Some(codings.join(", ")),
+    }
 }
 
 /// A `Content-Length` above 0, or any `Transfer-Encoding` (chunked).

@@ -371,11 +371,12 @@ async fn serve_connections(
             http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(tracked));
         let connection = graceful.watch(connection);
         let mut stopped = stopped.clone();
+        let state = state.clone();
         tokio::spawn(async move {
             tokio::select! {
                 ended = connection => {
                     if let Err(err) = ended {
-                        tracing::debug!("connection ended: {}", LogSafe(&err));
+                        connection_failed(&state, &err);
                     }
                 }
                 () = unused_after_stop(&mut stopped, &busy, &blocked) => {
@@ -387,6 +388,32 @@ async fn serve_connections(
     drop(listener);
     let _ = stopped_tx.send(true);
     graceful.shutdown().await;
+}
+
+/// A connection that ended in an error. A request hyper could not read
+/// (malformed, or a head past its limits) it has already answered itself
+/// (400, 414 or 431, with no body) and closed, before any route saw it: it
+/// is counted and logged here, so a proxy that sends such requests shows in
+/// `/metrics` and the log. The rest (a client gone, an idle connection
+/// timed out) is routine.
+fn connection_failed(state: &AppState, err: &hyper::Error) {
+    use crate::metrics::Unreadable;
+    if err.is_parse_too_large() {
+        state
+            .http_metrics()
+            .record_unreadable_request(Unreadable::TooLarge);
+        tracing::info!(
+            "refused a request whose head is past hyper's limits: {}",
+            LogSafe(err)
+        );
+    } else if err.is_parse() {
+        state
+            .http_metrics()
+            .record_unreadable_request(Unreadable::Malformed);
+        tracing::info!("refused a malformed HTTP/1 request: {}", LogSafe(err));
+    } else {
+        tracing::debug!("connection ended: {}", LogSafe(err));
+    }
 }
 
 /// Completes once the server is stopping and, after [`HEADERS_GRACE`], the

@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use mlx_embed_core::{Batcher, CoreError, ModelInfo};
 use tokio::sync::watch;
 
+use crate::answer_room::AnswerRoom;
 use crate::config::ServerArgs;
 use crate::errors::{ApiError, ServerError};
 use crate::metrics::HttpMetrics;
@@ -31,6 +32,7 @@ struct Inner {
     /// True once the drain timeout has passed ([`AppState::end_drain`]).
     drain_over: watch::Sender<bool>,
     http: HttpMetrics,
+    answers: Arc<AnswerRoom>,
 }
 
 impl AppState {
@@ -75,6 +77,9 @@ impl AppState {
             abandoning: AtomicBool::new(false),
             drain_over: watch::Sender::new(false),
             http: HttpMetrics::default(),
+            answers: Arc::new(AnswerRoom::new(
+                args.max_unsent_answers_mb.saturating_mul(1 << 20),
+            )),
         })))
     }
 
@@ -125,6 +130,10 @@ impl AppState {
     }
     pub(crate) fn http_metrics(&self) -> &HttpMetrics {
         &self.0.http
+    }
+    /// The answers written but not yet taken (`--max-unsent-answers-mb`).
+    pub(crate) fn answer_room(&self) -> &Arc<AnswerRoom> {
+        &self.0.answers
     }
 
     /// Marks the server as draining: `/health` answers 503 from now on, and

@@ -588,6 +588,35 @@ async fn dimensions_keep_first_n_renormalized() {
 }
 
 #[tokio::test]
+async fn ollama_reads_dimensions_0_as_none_and_cuts_otherwise() {
+    let s = Server::default().await;
+    let expected = unit_vector(&text("hi"));
+    // Ollama's Go clients send a field's zero value when it is not set.
+    let (status, _, v) = post(&s, "/api/embed", &json!({ "input": "hi", "dimensions": 0 })).await;
+    assert_eq!(status, 200, "{v}");
+    let got = vectors(Shape::Ollama, &v);
+    assert_eq!(got[0].len(), DIM);
+    assert_close(&got[0], &expected);
+    let (status, _, v) = post(&s, "/api/embed", &json!({ "input": "hi", "dimensions": 3 })).await;
+    assert_eq!(status, 200, "{v}");
+    let cut = &vectors(Shape::Ollama, &v)[0];
+    let norm = expected[..3].iter().map(|x| x * x).sum::<f32>().sqrt();
+    let renormalized: Vec<f32> = expected[..3].iter().map(|x| x / norm).collect();
+    assert_close(cut, &renormalized);
+    for refused in [-1, DIM as i64 + 1] {
+        expect_error(
+            &s,
+            "/api/embed",
+            Shape::Ollama,
+            &json!({ "input": "hi", "dimensions": refused }),
+            400,
+        )
+        .await;
+    }
+    s.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn infinity_clients_default_embeddings_body_gets_the_full_dimension() {
     let s = Server::default().await;
     let expected = unit_vector(&text("hi"));

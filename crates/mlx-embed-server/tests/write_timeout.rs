@@ -242,3 +242,146 @@ async fn a_slow_steady_reader_gets_its_whole_answer() {
     );
     server.stop().await.unwrap();
 }
+
+/// The room unread answers may hold, in MiB: far less than the answer
+/// [`ask_for_a_large_answer`] asks for.
+const ROOM_MB: usize = 1;
+
+/// A request sent on its own; its status and JSON answer.
+fn post_in_background(
+    server: &Server,
+    path: &str,
+    body: serde_json::Value,
+) -> tokio::task::JoinHandle<(u16, serde_json::Value)> {
+    let url = server.url(path);
+    tokio::spawn(async move {
+        let answer = client().post(url).json(&body).send().await.unwrap();
+        let status = answer.status().as_u16();
+        (status, answer.json().await.unwrap())
+    })
+}
+
+/// A `/embed_all` request whose answer may be large, told by its texts
+/// before they are tokenized: 100 inputs of up to 64 token rows of 8 floats.
+fn may_be_large() -> serde_json::Value {
+    serde_json::json!({ "inputs": vec!["many words ".repeat(40); 100] })
+}
+
+async fn metric(server: &Server, name: &str) -> u64 {
+    let text = metrics_text(server).await;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+        .parse()
+        .unwrap()
+}
+
+/// Waits until the large answer, made, is counted as it is written (its
+/// request is counted answered before its JSON is written out).
+async fn wait_counted(server: &Server) {
+    wait_answered(server).await;
+    for _ in 0..500 {
+        if metric(server, "mlx_embed_http_unsent_answer_bytes").await > 5 << 20 {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the unread answer was never counted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_wait_while_unread_answers_fill_the_room_and_go_once_the_reader_leaves() {
+    let server = Server::start(ServerArgs {
+        max_unsent_answers_mb: ROOM_MB,
+        ..args()
+    })
+    .await;
+    let stream = ask_for_a_large_answer(&server).await;
+    wait_counted(&server).await;
+
+    let waiting = post_in_background(&server, "/embed_all", may_be_large());
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!waiting.is_finished(), "computed while the room was full");
+    assert_eq!(
+        metric(&server, "mlx_embed_http_requests_waiting_for_answer_room").await,
+        1
+    );
+    // A query's answer is small: it never waits, nor do probes.
+    let started = Instant::now();
+    let (status, body) =
+        post_in_background(&server, "/embed", serde_json::json!({ "inputs": "q" }))
+            .await
+            .unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_close(&floats(&body[0]), &unit_vector(&text("q")));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    let health = client().get(server.url("/health")).send().await.unwrap();
+    assert_eq!(health.status(), 200);
+    assert_eq!(
+        server.batcher.metrics().requests_ok,
+        2,
+        "the large one waits before the model"
+    );
+
+    // The reader leaves without reading: its answer goes, and the waiting
+    // request is answered, well before the client timeout would drop it.
+    let left = Instant::now();
+    drop(stream);
+    let (status, body) = tokio::time::timeout(Duration::from_secs(CLIENT_TIMEOUT_SECS), waiting)
+        .await
+        .expect("answered once the room freed")
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body[0].as_array().unwrap().len(), MAX_TOKENS, "token rows");
+    assert!(left.elapsed() < Duration::from_secs(CLIENT_TIMEOUT_SECS));
+    assert_eq!(
+        metric(&server, "mlx_embed_http_unsent_answer_bytes").await,
+        0
+    );
+    assert_eq!(
+        metric(&server, "mlx_embed_http_requests_waiting_for_answer_room").await,
+        0
+    );
+    server.stop().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_waits_past_the_queue_wait_for_answer_room_gets_429() {
+    let server = Server::start(ServerArgs {
+        max_unsent_answers_mb: ROOM_MB,
+        max_queue_wait_ms: 300,
+        ..args()
+    })
+    .await;
+    let _unread = ask_for_a_large_answer(&server).await;
+    wait_counted(&server).await;
+    let started = Instant::now();
+    let answer = client()
+        .post(server.url("/embed_all"))
+        .json(&may_be_large())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 429);
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(answer.headers()["retry-after"], "1");
+    let body: serde_json::Value = answer.json().await.unwrap();
+    assert_eq!(body["error_type"], "Overloaded", "{body}");
+    let message = body["error"].as_str().unwrap();
+    assert!(message.contains("--max-unsent-answers-mb"), "{message}");
+    // The client timeout drops the unread answer, and the room is free again.
+    tokio::time::sleep(Duration::from_secs(CLIENT_TIMEOUT_SECS + 1)).await;
+    assert_eq!(
+        metric(&server, "mlx_embed_http_unsent_answer_bytes").await,
+        0
+    );
+    let (status, body) = post_in_background(&server, "/embed_all", may_be_large())
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    server.stop().await.unwrap();
+}

@@ -31,6 +31,7 @@ use serde::Serialize;
 use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
 use utoipa::ToSchema;
 
+use crate::answer_room::count_unsent_answers;
 use crate::errors::ApiError;
 use crate::middleware::{
     check_host, finish_unread_bodies, observe, refuse_encoded_bodies, require_api_key, REQUEST_ID,
@@ -91,6 +92,7 @@ pub fn router(state: AppState) -> Router {
         .fallback(ops::not_found)
         .method_not_allowed_fallback(ops::method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(from_fn_with_state(state.clone(), count_unsent_answers))
         // Inside the key check: a client without the key learns nothing more.
         .layer(from_fn(refuse_encoded_bodies))
         .layer(from_fn_with_state(state.clone(), require_api_key));

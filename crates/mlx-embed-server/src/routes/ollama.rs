@@ -82,8 +82,9 @@ pub struct OllamaEmbedRequest {
     /// Truncate inputs longer than the model's maximum (or `options.num_ctx`; default true);
     /// false answers 400 instead, as Ollama refuses an input over its context length.
     pub truncate: Option<bool>,
-    /// Keep the first N components (1..=dimension), re-normalized.
-    #[schema(minimum = 1)]
+    /// Keep the first N components (1..=dimension), re-normalized; 0 is none, as in Ollama,
+    /// whose Go clients send a field's zero value for one not set.
+    #[schema(minimum = 0)]
     pub dimensions: Option<i64>,
     pub options: Option<OllamaOptions>,
 }
@@ -149,7 +150,7 @@ pub async fn embed(
                 ..EmbedOptions::default()
             },
             normalize: true,
-            dimensions: req.dimensions,
+            dimensions: req.dimensions.filter(|&n| n != 0),
         },
     )
     .await?;

@@ -115,6 +115,8 @@ pub struct LimitsInfo {
     pub client_timeout_secs: u64,
     /// On SIGTERM, how long accepted requests get before the rest are answered 503.
     pub drain_timeout_secs: u64,
+    /// Large answers not yet taken by their clients past which new requests wait (MiB).
+    pub max_unsent_answers_mb: usize,
 }
 
 /// The model runtime's device memory (MLX), read when `/info` was asked.
@@ -373,6 +375,7 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
             auth_required: a.api_key.is_some(),
             client_timeout_secs: a.client_timeout_secs,
             drain_timeout_secs: a.drain_timeout_secs,
+            max_unsent_answers_mb: a.max_unsent_answers_mb,
         },
         version: env!("CARGO_PKG_VERSION").into(),
         model_type: TeiModelType::of(m),

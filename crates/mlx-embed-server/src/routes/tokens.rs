@@ -10,6 +10,7 @@ use serde_json::Value;
 use std::sync::Arc;
 use utoipa::ToSchema;
 
+use crate::answer_room::make_room;
 use crate::errors::{ApiError, ErrorKind, Shaped, Tei, TeiErrorBody};
 use crate::extract::{ApiJson, TextInputs};
 use crate::models::Task;
@@ -79,9 +80,13 @@ pub async fn tokenize(
         prompt: req.prompt_name.map_or(Prompt::Default, Prompt::Named),
         ..EmbedOptions::default()
     };
+    // At most a token per byte, each listed in about this many bytes of JSON.
+    const TOKEN_ENTRY_BYTES: usize = 56;
+    let text_bytes: usize = texts.iter().map(String::len).sum();
+    make_room(&state, text_bytes.saturating_mul(TOKEN_ENTRY_BYTES)).await?;
     // Tokenizing is CPU work: off the async threads, as the core does, and
     // within the room the core keeps for text being tokenized.
-    let reading = mlx_embed_core::reading_room(texts.iter().map(String::len).sum()).await;
+    let reading = mlx_embed_core::reading_room(text_bytes).await;
     let out = tokio::task::spawn_blocking(move || {
         let _reading = reading;
         let mut listed = 0usize;

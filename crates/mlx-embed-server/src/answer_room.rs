@@ -1,0 +1,377 @@
+//! A bound on the memory held by answers made but not yet taken by their
+//! clients (`--max-unsent-answers-mb`).
+//!
+//! One answer is bounded (2^24 floats, about 200 MB of JSON for
+//! `/embed_all`), and one that its client does not read is dropped after
+//! `--client-timeout-secs`; the number of connections is not bounded. So a
+//! few clients that ask for large answers and never read them could hold
+//! gigabytes until then. A request whose answer may be large keeps room for
+//! it, told from its inputs, before anything is computed, and waits for that
+//! room while the answers not yet taken fill it; the answer's body then
+//! counts in its place until it is all handed to the socket. Small answers,
+//! which the socket takes whole at once, are not counted, and requests for
+//! them (queries) never wait.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes, HttpBody};
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use http_body::{Frame, SizeHint};
+use tokio::sync::Notify;
+
+use crate::errors::ApiError;
+use crate::state::AppState;
+
+/// Answers at least this large are counted: a smaller one goes into the
+/// socket's send buffer at once, so it holds no memory of ours for long.
+const COUNTED_FROM: u64 = 256 << 10;
+
+/// How much of a counted answer is handed to hyper at a time. hyper asks
+/// for the next piece only once its write buffer has room, so the rest of
+/// the answer stays here, counted, until the client reads.
+const PIECE: usize = 256 << 10;
+
+/// About the bytes one float takes in a JSON answer (`-0.012345678,`): how
+/// an answer's size is told before it is computed.
+pub const JSON_BYTES_PER_FLOAT: usize = 12;
+
+/// Keeps room for a request's answer of about `answer_bytes`, before it is
+/// computed, waiting while the room has not that much free (and is not
+/// empty): up to `--max-queue-wait-ms`, then 429; 503 once the drain is
+/// over. An answer too small to be counted goes at once. What is kept goes
+/// over to the answer's body in [`count_unsent_answers`], or back to the
+/// room if the request ends without one.
+pub(crate) async fn make_room(state: &AppState, answer_bytes: usize) -> Result<(), ApiError> {
+    if (answer_bytes as u64) < COUNTED_FROM {
+        return Ok(());
+    }
+    let patience = state.batcher().config().max_queue_wait;
+    let room = state.answer_room();
+    match state
+        .until_drain_ends(room.reserve(answer_bytes, patience))
+        .await
+    {
+        Some(Ok(reserved)) => {
+            // Outside the layer (a handler called on its own) nothing is kept.
+            let _ = KEPT.try_with(|kept| kept.put(reserved));
+            Ok(())
+        }
+        Some(Err(NoRoom)) => Err(ApiError::answers_unsent()),
+        None => Err(ApiError::shutting_down()),
+    }
+}
+
+tokio::task_local! {
+    /// Where [`make_room`] leaves what it kept for the request in hand.
+    static KEPT: Kept;
+}
+
+#[derive(Clone, Default)]
+struct Kept(Arc<Mutex<Option<Reserved>>>);
+
+impl Kept {
+    fn put(&self, reserved: Reserved) {
+        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(reserved);
+    }
+
+    fn take(&self) -> Option<Reserved> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+}
+
+/// Innermost layer: every large answer counts in the room while it is
+/// written, in place of what [`make_room`] kept for it.
+pub async fn count_unsent_answers(
+    State(state): State<AppState>,
+    req: Request,
+    next: Next,
+) -> Response {
+    let kept = Kept::default();
+    let response = KEPT.scope(kept.clone(), next.run(req)).await;
+    let reserved = kept.take();
+    let room = state.answer_room().clone();
+    response.map(|body| room.hold(body, reserved))
+}
+
+/// The bytes of answers not yet taken by their clients and of those kept
+/// for answers being computed, and the requests waiting for room.
+pub struct AnswerRoom {
+    limit: usize,
+    held: AtomicUsize,
+    waiting: AtomicUsize,
+    freed: Notify,
+}
+
+/// Why [`AnswerRoom::reserve`] gave up.
+#[derive(Debug, PartialEq, Eq)]
+pub struct NoRoom;
+
+/// Bytes kept in the room for an answer not yet written; given back when
+/// dropped.
+#[derive(Debug)]
+pub struct Reserved {
+    room: Arc<AnswerRoom>,
+    bytes: usize,
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        self.room.release(self.bytes);
+    }
+}
+
+impl std::fmt::Debug for AnswerRoom {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AnswerRoom")
+            .field("limit", &self.limit)
+            .field("held", &self.held())
+            .finish()
+    }
+}
+
+impl AnswerRoom {
+    /// A room of `limit` bytes.
+    pub fn new(limit: usize) -> Self {
+        Self {
+            limit,
+            held: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
+            freed: Notify::new(),
+        }
+    }
+
+    /// Bytes of counted answers not yet all handed to their sockets, and
+    /// kept for answers being computed.
+    pub fn held(&self) -> usize {
+        self.held.load(Ordering::Acquire)
+    }
+
+    /// Requests waiting for room.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Acquire)
+    }
+
+    /// Keeps `bytes` once they fit under the bound, or the room is empty
+    /// (an answer larger than the whole room goes alone), waiting up to
+    /// `patience` for that.
+    pub async fn reserve(
+        self: &Arc<Self>,
+        bytes: usize,
+        patience: Duration,
+    ) -> Result<Reserved, NoRoom> {
+        if let Some(reserved) = self.try_reserve(bytes) {
+            return Ok(reserved);
+        }
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let _done = Waiting(&self.waiting);
+        let freed = async {
+            loop {
+                let notified = self.freed.notified();
+                let mut notified = std::pin::pin!(notified);
+                // Registered before the try, so a release between the try
+                // and the wait is not missed.
+                notified.as_mut().enable();
+                if let Some(reserved) = self.try_reserve(bytes) {
+                    return reserved;
+                }
+                notified.await;
+            }
+        };
+        tokio::time::timeout(patience, freed)
+            .await
+            .map_err(|_| NoRoom)
+    }
+
+    fn try_reserve(self: &Arc<Self>, bytes: usize) -> Option<Reserved> {
+        self.held
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |held| {
+                let after = held.saturating_add(bytes);
+                (held == 0 || after <= self.limit).then_some(after)
+            })
+            .ok()
+            .map(|_| Reserved {
+                room: self.clone(),
+                bytes,
+            })
+    }
+
+    /// `body`, counted while it is being written when it is large; what was
+    /// kept for it goes back once it is counted (at once, when it is small).
+    pub fn hold(self: &Arc<Self>, body: Body, reserved: Option<Reserved>) -> Body {
+        if body.size_hint().lower() < COUNTED_FROM {
+            return body;
+        }
+        Body::new(Held {
+            inner: body,
+            piece: Bytes::new(),
+            counted: 0,
+            reserved,
+            room: self.clone(),
+        })
+    }
+
+    fn release(&self, bytes: usize) {
+        if bytes > 0 {
+            self.held.fetch_sub(bytes, Ordering::AcqRel);
+            self.freed.notify_waiters();
+        }
+    }
+}
+
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A large answer's body: its bytes count in the room from when hyper
+/// starts writing it until it is dropped (all handed over, or the
+/// connection gone).
+struct Held {
+    inner: Body,
+    /// What the inner body gave and hyper has not yet asked for.
+    piece: Bytes,
+    counted: usize,
+    /// What was kept for this answer while it was computed: given back once
+    /// the answer itself is counted, so the room never looks emptier than it is.
+    reserved: Option<Reserved>,
+    room: Arc<AnswerRoom>,
+}
+
+impl HttpBody for Held {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
+        let this = &mut *self;
+        if this.piece.is_empty() {
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => {
+                        this.room.held.fetch_add(data.len(), Ordering::AcqRel);
+                        this.counted += data.len();
+                        this.reserved = None;
+                        this.piece = data;
+                    }
+                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                },
+                other => return other,
+            }
+        }
+        let n = this.piece.len().min(PIECE);
+        Poll::Ready(Some(Ok(Frame::data(this.piece.split_to(n)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.piece.is_empty() && self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        // Exact where the inner body's is, so hyper still sends a
+        // Content-Length rather than chunks.
+        let inner = self.inner.size_hint();
+        let piece = self.piece.len() as u64;
+        let mut hint = SizeHint::new();
+        hint.set_lower(inner.lower() + piece);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + piece);
+        }
+        hint
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.room.release(self.counted);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    const PATIENT: Duration = Duration::from_secs(30);
+
+    #[tokio::test]
+    async fn a_large_answer_is_counted_until_dropped_and_handed_over_in_pieces() {
+        let room = Arc::new(AnswerRoom::new(1 << 30));
+        let kept = room.reserve(10 << 20, PATIENT).await.unwrap();
+        assert_eq!(room.held(), 10 << 20);
+        let bytes = Bytes::from(vec![7u8; 3 * PIECE + 5]);
+        let mut body = room.hold(Body::from(bytes.clone()), Some(kept));
+        assert_eq!(body.size_hint().exact(), Some(bytes.len() as u64));
+        assert_eq!(room.held(), 10 << 20, "kept until the answer is counted");
+        let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(first.len(), PIECE);
+        assert_eq!(
+            room.held(),
+            bytes.len(),
+            "the answer, in place of what was kept"
+        );
+        assert_eq!(body.size_hint().exact(), Some((bytes.len() - PIECE) as u64));
+        let mut got = first.to_vec();
+        while let Some(frame) = body.frame().await {
+            got.extend_from_slice(&frame.unwrap().into_data().unwrap());
+        }
+        assert_eq!(got, bytes.to_vec());
+        assert_eq!(
+            room.held(),
+            bytes.len(),
+            "counted until the body is dropped"
+        );
+        drop(body);
+        assert_eq!(room.held(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_small_answer_is_not_counted_and_gives_back_what_was_kept() {
+        let room = Arc::new(AnswerRoom::new(1 << 30));
+        let kept = room.reserve(1 << 20, PATIENT).await.unwrap();
+        let body = room.hold(Body::from(vec![1u8; 1000]), Some(kept));
+        assert_eq!(room.held(), 0);
+        let got = body.collect().await.unwrap().to_bytes();
+        assert_eq!(got.len(), 1000);
+        assert_eq!(room.held(), 0);
+    }
+
+    #[tokio::test]
+    async fn requests_wait_until_their_answer_fits_and_go_when_room_frees() {
+        let room = Arc::new(AnswerRoom::new(3 * PIECE));
+        // Larger than the whole room: it goes alone.
+        let alone = room.reserve(5 * PIECE, PATIENT).await.unwrap();
+        assert_eq!(
+            room.reserve(PIECE, Duration::from_millis(50))
+                .await
+                .unwrap_err(),
+            NoRoom
+        );
+        drop(alone);
+        let first = room.reserve(2 * PIECE, PATIENT).await.unwrap();
+        let fits = room.reserve(PIECE, PATIENT).await.unwrap();
+        assert_eq!(room.held(), 3 * PIECE);
+        let waiter = {
+            let room = room.clone();
+            tokio::spawn(async move { room.reserve(2 * PIECE, PATIENT).await.map(|r| r.bytes) })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(room.waiting(), 1);
+        drop(fits);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!waiter.is_finished(), "one piece free is not room for two");
+        drop(first);
+        assert_eq!(waiter.await.unwrap(), Ok(2 * PIECE));
+        assert_eq!((room.held(), room.waiting()), (0, 0));
+    }
+}

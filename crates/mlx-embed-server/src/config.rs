@@ -218,22 +218,62 @@ fn parse_model_name(s: &str) -> Result<String, String> {
     Ok(s.to_owned())
 }
 
-/// `*`, or an origin as browsers send it: `http(s)://host[:port]`, no path.
+/// `*`, or an origin as browsers send it: `http(s)://host[:port]`, no path,
+/// written as a browser writes its `Origin` header (which CORS compares byte
+/// for byte): scheme and host lowercase, no default port. `https://App.example.com:443`
+/// is kept as `https://app.example.com`, which a browser sends; as written, no
+/// page would ever match it.
 fn parse_origin(s: &str) -> Result<String, String> {
     let s = s.trim();
     if s == "*" {
         return Ok(s.to_owned());
     }
-    let host = s
-        .strip_prefix("http://")
-        .or_else(|| s.strip_prefix("https://"))
-        .ok_or_else(|| format!("{s:?} is not an origin: expected http(s)://host[:port] or *"))?;
-    if host.is_empty() || host.contains(['/', ' ', '*']) || !s.is_ascii() {
-        return Err(format!(
-            "{s:?} is not an origin: expected http(s)://host[:port] (no path) or *"
+    let bad =
+        |why: &str| format!("{s:?} is not an origin ({why}): expected http(s)://host[:port] or *");
+    let (scheme, authority) = s
+        .split_once("://")
+        .ok_or_else(|| bad("no http:// or https://"))?;
+    let scheme = scheme.to_ascii_lowercase();
+    let default_port = match scheme.as_str() {
+        "http" => "80",
+        "https" => "443",
+        _ => return Err(bad("only http and https pages send requests")),
+    };
+    if authority.is_empty()
+        || !authority.is_ascii()
+        || authority.contains(['/', '?', '#', '@', ' ', '*', '\\'])
+    {
+        return Err(bad(
+            "a host and port alone: no path, query, fragment, user or wildcard",
         ));
     }
-    Ok(s.to_owned())
+    // `[v6]:port`, or `name:port`: the port is after the last colon past any `]`.
+    let port_at = authority
+        .rfind(':')
+        .filter(|&at| !authority[at..].contains(']'));
+    let (host, port) = match port_at {
+        Some(at) => (&authority[..at], Some(&authority[at + 1..])),
+        None => (authority, None),
+    };
+    if host.is_empty() || (host.contains(':') && !(host.starts_with('[') && host.ends_with(']'))) {
+        return Err(bad("no host"));
+    }
+    let host = host.to_ascii_lowercase();
+    match port {
+        None => Ok(format!("{scheme}://{host}")),
+        Some(port) => {
+            let number: u16 = port
+                .parse()
+                .ok()
+                .filter(|&n| n > 0 && port.bytes().all(|b| b.is_ascii_digit()))
+                .ok_or_else(|| bad("the port is not a number from 1 to 65535"))?;
+            if number.to_string() == default_port {
+                Ok(format!("{scheme}://{host}"))
+            } else {
+                Ok(format!("{scheme}://{host}:{number}"))
+            }
+        }
+    }
 }
 
 /// An `--allowed-hosts` entry: a host name, or `.name` for it and its
@@ -330,18 +370,22 @@ impl ServerArgs {
     }
 
     /// Settings that work but refuse some requests for good, or that act
-    /// other than they read, said at start.
-    pub fn warnings(&self) -> Vec<String> {
+    /// other than they read, said at start; `max_batch_size` is the one in
+    /// effect (the flag's, or the device's default).
+    pub fn warnings(&self, max_batch_size: usize) -> Vec<String> {
         let mut out = Vec::new();
-        // Only where both were set: a smaller --max-batch-size alone quietly
+        // Only where it was set: a smaller --max-batch-size alone quietly
         // bounds the default priority batch too.
         let priority_set = self.max_priority_batch_size != core_defaults().max_priority_batch_size;
-        if let Some(max) = self
-            .max_batch_size
-            .filter(|&max| priority_set && max < self.max_priority_batch_size)
-        {
+        if priority_set && max_batch_size < self.max_priority_batch_size {
+            let whose = if self.max_batch_size.is_some() {
+                "--max-batch-size"
+            } else {
+                "the device's default --max-batch-size"
+            };
             out.push(format!(
-                "--max-priority-batch-size {} is above --max-batch-size {max}: it acts as {max}",
+                "--max-priority-batch-size {} is above {whose} {max_batch_size}: it acts as \
+                 {max_batch_size}",
                 self.max_priority_batch_size
             ));
         }
@@ -381,14 +425,14 @@ mod tests {
 
     #[test]
     fn a_waiting_line_shorter_than_a_request_is_warned_of() {
-        assert!(ServerArgs::default().warnings().is_empty());
+        assert!(ServerArgs::default().warnings(64).is_empty());
         let args = ServerArgs {
             max_waiting: 100,
             max_inputs_per_request: 2048,
             ..ServerArgs::default()
         };
         assert_eq!(
-            args.warnings(),
+            args.warnings(64),
             vec![
                 "--max-waiting 100 is below --max-inputs-per-request 2048: a request of more than \
                  100 inputs is answered 429 whenever it has to wait for room, however often it \
@@ -403,7 +447,7 @@ mod tests {
         let args = Cli::try_parse_from(["x", "--max-batch-size", "8"])
             .unwrap()
             .args;
-        assert!(args.warnings().is_empty());
+        assert!(args.warnings(8).is_empty());
         assert_eq!(
             args.batcher_config(DeviceKind::Cpu).max_priority_batch_size,
             8
@@ -418,12 +462,25 @@ mod tests {
         .unwrap()
         .args;
         assert_eq!(
-            args.warnings(),
+            args.warnings(8),
             vec![
                 "--max-priority-batch-size 100 is above --max-batch-size 8: it acts as 8"
                     .to_string()
             ]
         );
+        // Above the device's default, with no --max-batch-size given: said too.
+        let above_default = Cli::try_parse_from(["x", "--max-priority-batch-size", "100"])
+            .unwrap()
+            .args;
+        assert_eq!(
+            above_default.warnings(64),
+            vec![
+                "--max-priority-batch-size 100 is above the device's default --max-batch-size \
+                 64: it acts as 64"
+                    .to_string()
+            ]
+        );
+        assert!(above_default.warnings(256).is_empty());
         assert_eq!(
             args.batcher_config(DeviceKind::Cpu).max_priority_batch_size,
             8
@@ -586,12 +643,34 @@ mod tests {
             ["http://a.example", "https://b.example:8443"]
         );
         assert_eq!(parse("*").unwrap().args.cors_allow_origin, ["*"]);
+        // As browsers write their Origin header, which CORS compares byte for byte.
+        assert_eq!(
+            parse("HTTPS://App.Example.com:443,http://b.com:80,http://[::1]:8080,http://[::1]")
+                .unwrap()
+                .args
+                .cors_allow_origin,
+            [
+                "https://app.example.com",
+                "http://b.com",
+                "http://[::1]:8080",
+                "http://[::1]"
+            ]
+        );
         for bad in [
             "ftp://x",
             "a.example",
             "http://",
             "http://a.example/path",
             "http://*.example",
+            "http://a.com:99999",
+            "http://a.com:abc",
+            "http://a.com:",
+            "http://a.com:+80",
+            "https://a.com?x=1",
+            "https://a.com#f",
+            "https://user@a.com",
+            "http://::1",
+            "http://:80",
         ] {
             assert!(parse(bad).is_err(), "{bad}");
         }

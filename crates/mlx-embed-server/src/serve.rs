@@ -61,7 +61,7 @@ pub async fn serve_models_with(
     load_duration: Duration,
     trigger: Trigger,
 ) -> Result<(), ServerError> {
-    check(&args)?;
+    check(&args, &batchers)?;
     warm_up_if_enabled(&args, &batchers, load_duration).await?;
     let addr = format!("{}:{}", args.host, args.port);
     let listener = TcpListener::bind(&addr)
@@ -93,8 +93,8 @@ pub async fn serve_on(
     load_duration: Duration,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> Result<(), ServerError> {
-    check(&args)?;
     let batchers = vec![batcher];
+    check(&args, &batchers)?;
     warm_up_if_enabled(&args, &batchers, load_duration).await?;
     run(
         listener,
@@ -106,9 +106,14 @@ pub async fn serve_on(
     .await
 }
 
-fn check(args: &ServerArgs) -> Result<(), ServerError> {
+fn check(args: &ServerArgs, batchers: &[Batcher]) -> Result<(), ServerError> {
     args.check().map_err(ServerError::Config)?;
-    for warning in args.warnings() {
+    let max_batch_size = batchers
+        .iter()
+        .map(|b| b.config().max_batch_size)
+        .min()
+        .unwrap_or(usize::MAX);
+    for warning in args.warnings(max_batch_size) {
         tracing::warn!("{warning}");
     }
     Ok(())
@@ -209,6 +214,7 @@ fn log_summary(state: &AppState, addr: Option<SocketAddr>) {
             if details.is_empty() { "" } else { ", " }
         );
     }
+    let a = state.args();
     tracing::info!(
         model = state.model_name(),
         dim = m.dim,
@@ -224,7 +230,15 @@ fn log_summary(state: &AppState, addr: Option<SocketAddr>) {
         max_waiting = c.max_waiting,
         max_queue_wait_ms = c.max_queue_wait.as_millis() as u64,
         model_threads = c.model_threads,
-        auth = state.args().api_key.is_some(),
+        max_priority_batch_size = c.max_priority_batch_size,
+        cache_bytes = c.cache_bytes,
+        max_body_bytes = a.max_body_bytes,
+        max_inputs_per_request = a.max_inputs_per_request,
+        client_timeout_secs = a.client_timeout_secs,
+        max_unsent_answers_mb = a.max_unsent_answers_mb,
+        auth = a.api_key.is_some(),
+        cors_allow_origin = ?a.cors_allow_origin,
+        allowed_hosts = ?a.allowed_hosts,
         "serving {} (dim {}, max {} tokens) on http://{}",
         state.model_name(),
         m.dim,

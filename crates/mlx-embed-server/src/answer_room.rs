@@ -37,9 +37,14 @@ const COUNTED_FROM: u64 = 256 << 10;
 /// the answer stays here, counted, until the client reads.
 const PIECE: usize = 256 << 10;
 
-/// About the bytes one float takes in a JSON answer (`-0.012345678,`): how
-/// an answer's size is told before it is computed.
-pub const JSON_BYTES_PER_FLOAT: usize = 12;
+/// About the bytes one float takes in a JSON answer (`-0.012345678,`, a
+/// little over 12 on average): how an answer's size is told before it is
+/// computed.
+pub const JSON_FLOAT_BYTES: usize = 13;
+
+/// At most the bytes one entry of a sparse answer takes
+/// (`{"index":30521,"value":0.12345678},`).
+pub const SPARSE_ENTRY_BYTES: usize = 36;
 
 /// Keeps room for a request's answer of about `answer_bytes`, before it is
 /// computed, waiting while the room has not that much free (and is not
@@ -62,6 +67,8 @@ pub(crate) async fn make_room(state: &AppState, answer_bytes: usize) -> Result<(
             let _ = KEPT.try_with(|kept| kept.put(reserved));
             Ok(())
         }
+        // A draining server's "retry later" would send the client back to it.
+        Some(Err(NoRoom)) if state.is_shutting_down() => Err(ApiError::shutting_down()),
         Some(Err(NoRoom)) => Err(ApiError::answers_unsent()),
         None => Err(ApiError::shutting_down()),
     }

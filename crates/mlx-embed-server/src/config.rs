@@ -230,7 +230,9 @@ fn parse_origin(s: &str) -> Result<String, String> {
     }
     let bad =
         |why: &str| format!("{s:?} is not an origin ({why}): expected http(s)://host[:port] or *");
-    let (scheme, authority) = s
+    // As copied from an address bar: the root path names no more than the origin.
+    let origin = s.strip_suffix('/').unwrap_or(s);
+    let (scheme, authority) = origin
         .split_once("://")
         .ok_or_else(|| bad("no http:// or https://"))?;
     let scheme = scheme.to_ascii_lowercase();
@@ -645,7 +647,7 @@ mod tests {
         assert_eq!(parse("*").unwrap().args.cors_allow_origin, ["*"]);
         // As browsers write their Origin header, which CORS compares byte for byte.
         assert_eq!(
-            parse("HTTPS://App.Example.com:443,http://b.com:80,http://[::1]:8080,http://[::1]")
+            parse("HTTPS://App.Example.com:443/,http://b.com:80,http://[::1]:8080,http://[::1]")
                 .unwrap()
                 .args
                 .cors_allow_origin,
@@ -661,6 +663,7 @@ mod tests {
             "a.example",
             "http://",
             "http://a.example/path",
+            "http://a.example//",
             "http://*.example",
             "http://a.com:99999",
             "http://a.com:abc",

@@ -7,7 +7,7 @@
 
 use mlx_embed_core::{l2_normalize, sparse_entries, EmbedInput, EmbedOptions, Output};
 
-use crate::answer_room::{make_room, JSON_BYTES_PER_FLOAT};
+use crate::answer_room::{make_room, JSON_FLOAT_BYTES, SPARSE_ENTRY_BYTES};
 use crate::errors::{ApiError, ErrorKind};
 use crate::models::{ServedModel, Task};
 use crate::state::AppState;
@@ -73,7 +73,18 @@ pub struct EmbedOutput {
 
 /// Embeds `req`; errors carry their status (see [`crate::errors`]).
 pub async fn embed(state: &AppState, req: EmbedRequest) -> Result<EmbedOutput, ApiError> {
-    run(state, req, Task::Embed).await
+    run(state, req, Task::Embed, JSON_FLOAT_BYTES).await
+}
+
+/// [`embed`], for a route whose answer takes about `bytes_per_value` bytes
+/// for each value of the vectors (Cohere's, which can answer each vector in
+/// several forms at once): what the answer room keeps for it.
+pub(crate) async fn embed_answering(
+    state: &AppState,
+    req: EmbedRequest,
+    bytes_per_value: usize,
+) -> Result<EmbedOutput, ApiError> {
+    run(state, req, Task::Embed, bytes_per_value).await
 }
 
 /// What [`embed_sparse`] answers: each input's non-zero entries.
@@ -97,7 +108,8 @@ pub async fn embed_sparse(state: &AppState, req: EmbedRequest) -> Result<SparseO
             "sparse output is the raw pooled SPLADE weights: not normalized, not cut",
         ));
     }
-    let out = run(state, req, Task::EmbedSparse).await?;
+    // Up to one entry per vocabulary word an input's vector has.
+    let out = run(state, req, Task::EmbedSparse, SPARSE_ENTRY_BYTES).await?;
     Ok(SparseOutput {
         model: out.model,
         entries: out.vectors.iter().map(|v| sparse_entries(v)).collect(),
@@ -111,7 +123,14 @@ pub async fn embed_sparse(state: &AppState, req: EmbedRequest) -> Result<SparseO
 /// built whole in memory.
 pub const MAX_TOKEN_OUTPUT_FLOATS: usize = 1 << 24;
 
-async fn run(state: &AppState, mut req: EmbedRequest, task: Task) -> Result<EmbedOutput, ApiError> {
+/// `bytes_per_value`: about the bytes of answer each value of the vectors
+/// (or rows) becomes, which the answer room keeps before the call.
+async fn run(
+    state: &AppState,
+    mut req: EmbedRequest,
+    task: Task,
+    bytes_per_value: usize,
+) -> Result<EmbedOutput, ApiError> {
     check_inputs(state, &req.inputs, req.model.as_deref(), task)?;
     let model = state.model_for(req.model.as_deref(), task)?;
     let output = req.options.output;
@@ -121,21 +140,19 @@ async fn run(state: &AppState, mut req: EmbedRequest, task: Task) -> Result<Embe
     }
 
     let n_inputs = req.inputs.len();
-    if task == Task::Embed {
-        let rows = match output {
-            Output::Pooled => n_inputs,
-            Output::Tokens => {
-                // 0 would be a model that states no cut.
-                let per_input = match model.info().max_input_tokens {
-                    0 => usize::MAX,
-                    n => n,
-                };
-                token_rows_at_most(&req.inputs, per_input, &req.options)
-            }
-        };
-        let floats = rows.saturating_mul(dimension);
-        make_room(state, floats.saturating_mul(JSON_BYTES_PER_FLOAT)).await?;
-    }
+    let rows = match output {
+        Output::Pooled => n_inputs,
+        Output::Tokens => {
+            // 0 would be a model that states no cut.
+            let per_input = match model.info().max_input_tokens {
+                0 => usize::MAX,
+                n => n,
+            };
+            token_rows_at_most(&req.inputs, per_input, &req.options)
+        }
+    };
+    let values = rows.saturating_mul(dimension);
+    make_room(state, values.saturating_mul(bytes_per_value)).await?;
     let out = state
         .unless_drain_ends(model.batcher.embed(req.inputs, req.options))
         .await?;

@@ -383,3 +383,37 @@ async fn a_request_that_waits_past_the_queue_wait_for_answer_room_gets_429() {
     assert_eq!(status, 200, "{body}");
     server.stop().await.unwrap();
 }
+
+/// Cohere answers each vector in every form asked for: room is kept for
+/// all of them. 2048 vectors of 8 floats are a small answer as floats
+/// (213 KB told), a large one in all six forms (491 KB told).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cohere_keeps_room_for_every_form_it_answers_in() {
+    let server = Server::start(ServerArgs {
+        max_unsent_answers_mb: ROOM_MB,
+        max_queue_wait_ms: 300,
+        ..args()
+    })
+    .await;
+    let _unread = ask_for_a_large_answer(&server).await;
+    wait_counted(&server).await;
+    let texts = vec!["a text"; 2048];
+    let floats = serde_json::json!({ "texts": texts, "input_type": "search_document" });
+    let (status, body) = post_in_background(&server, "/v2/embed", floats)
+        .await
+        .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let every_form = serde_json::json!({
+        "texts": texts,
+        "input_type": "search_document",
+        "embedding_types": ["float", "int8", "uint8", "binary", "ubinary", "base64"],
+    });
+    let (status, body) = post_in_background(&server, "/v2/embed", every_form)
+        .await
+        .unwrap();
+    assert_eq!(status, 429, "{body}");
+    assert_eq!(body["error"]["type"], "rate_limit_error", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains("--max-unsent-answers-mb"), "{message}");
+    server.stop().await.unwrap();
+}

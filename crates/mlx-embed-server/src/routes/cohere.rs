@@ -21,7 +21,7 @@ use utoipa::ToSchema;
 
 use super::openai::encode_base64;
 use super::role_prompt;
-use crate::embed::{embed as run_embed, output_dimension, EmbedRequest};
+use crate::embed::{embed_answering, output_dimension, EmbedRequest};
 use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
 use crate::extract::{ApiJson, PriorityHeader};
 use crate::models::Task;
@@ -49,6 +49,21 @@ pub enum CohereEmbeddingType {
     Binary,
     Ubinary,
     Base64,
+}
+
+impl CohereEmbeddingType {
+    /// At most the bytes of JSON one value of a vector takes in this form:
+    /// a float, a signed or unsigned byte, an eighth of a packed byte, a
+    /// third of base64's four characters per three bytes of float32.
+    fn answer_bytes(self) -> usize {
+        match self {
+            Self::Float => crate::answer_room::JSON_FLOAT_BYTES,
+            Self::Int8 => 5,
+            Self::Uint8 => 4,
+            Self::Binary | Self::Ubinary => 1,
+            Self::Base64 => 6,
+        }
+    }
 }
 
 /// Which end of an over-long text is cut.
@@ -221,7 +236,12 @@ async fn embed(
     }
     let prompt = prompt_for(req.input_type, &model.info().prompts);
     let truncate = req.truncate.unwrap_or(CohereTruncate::End);
-    let out = run_embed(
+    // Every form asked for answers every value again.
+    let bytes_per_value = match req.embedding_types.as_deref() {
+        Some(types) if !types.is_empty() => types.iter().map(|t| t.answer_bytes()).sum(),
+        _ => CohereEmbeddingType::Float.answer_bytes(),
+    };
+    let out = embed_answering(
         state,
         EmbedRequest {
             model: Some(model.name.clone()),
@@ -244,6 +264,7 @@ async fn embed(
             normalize: true,
             dimensions: req.output_dimension,
         },
+        bytes_per_value,
     )
     .await
     .map_err(|mut err| {

@@ -347,16 +347,23 @@ async fn requests_wait_while_unread_answers_fill_the_room_and_go_once_the_reader
     server.stop().await.unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_request_that_waits_past_the_queue_wait_for_answer_room_gets_429() {
+/// A server whose answer room an unread answer fills, with a queue wait
+/// of 300 ms; the connection that does not read.
+async fn a_full_room() -> (Server, TcpStream) {
     let server = Server::start(ServerArgs {
         max_unsent_answers_mb: ROOM_MB,
         max_queue_wait_ms: 300,
         ..args()
     })
     .await;
-    let _unread = ask_for_a_large_answer(&server).await;
+    let unread = ask_for_a_large_answer(&server).await;
     wait_counted(&server).await;
+    (server, unread)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_waits_past_the_queue_wait_for_answer_room_gets_429() {
+    let (server, _unread) = a_full_room().await;
     let started = Instant::now();
     let answer = client()
         .post(server.url("/embed_all"))
@@ -389,14 +396,7 @@ async fn a_request_that_waits_past_the_queue_wait_for_answer_room_gets_429() {
 /// (213 KB told), a large one in all six forms (491 KB told).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cohere_keeps_room_for_every_form_it_answers_in() {
-    let server = Server::start(ServerArgs {
-        max_unsent_answers_mb: ROOM_MB,
-        max_queue_wait_ms: 300,
-        ..args()
-    })
-    .await;
-    let _unread = ask_for_a_large_answer(&server).await;
-    wait_counted(&server).await;
+    let (server, _unread) = a_full_room().await;
     let texts = vec!["a text"; 2048];
     let floats = serde_json::json!({ "texts": texts, "input_type": "search_document" });
     let (status, body) = post_in_background(&server, "/v2/embed", floats)

@@ -142,7 +142,7 @@ pub fn render(state: &AppState, memory: Option<&DeviceMemory>) -> String {
     gauge(
         &mut out,
         "mlx_embed_http_requests_waiting_for_answer_room",
-        "Requests waiting, before their body is read, for unsent answers to fall under \
+        "Requests whose answer may be large waiting, before it is computed, for room under \
          --max-unsent-answers-mb.",
         room.waiting() as u64,
     );

@@ -321,18 +321,8 @@ pub async fn refuse_encoded_bodies(req: Request, next: Next) -> Response {
         .closing_connection();
         return Api::for_path(req.uri().path()).render(err);
     }
-    let codings: Vec<String> = req
-        .headers()
-        .get_all(CONTENT_ENCODING)
-        .iter()
-        .map(|v| String::from_utf8_lossy(v.as_bytes()).trim().to_owned())
-        .collect();
-    let is_identity = |c: &str| c.is_empty() || c.eq_ignore_ascii_case("identity");
-    if codings
-        .iter()
-        .flat_map(|v| v.split(','))
-        .all(|c| is_identity(c.trim()))
-    {
+    let codings = listed_codings(req.headers(), &CONTENT_ENCODING);
+    if codings.iter().all(|c| c.eq_ignore_ascii_case("identity")) {
         return next.run(req).await;
     }
     let err = ApiError::new(
@@ -420,11 +410,19 @@ pub async fn finish_unread_bodies(
 /// The request's `Transfer-Encoding`, joined, unless it is none or
 /// `chunked` once: the one coding hyper decodes.
 fn unread_transfer_codings(headers: &axum::http::HeaderMap) -> Option<String> {
-    if !headers.contains_key(TRANSFER_ENCODING) {
-        return None;
+    let codings = listed_codings(headers, &TRANSFER_ENCODING);
+    match codings.as_slice() {
+        [] => None,
+        [only] if only.eq_ignore_ascii_case("chunked") => None,
+        _ => Some(codings.join(", ")),
     }
-    let codings: Vec<String> = headers
-        .get_all(TRANSFER_ENCODING)
+}
+
+/// The codings a `Content-Encoding` or `Transfer-Encoding` header lists,
+/// over all its lines, trimmed, empty ones left out (none: no allocation).
+fn listed_codings(headers: &axum::http::HeaderMap, name: &HeaderName) -> Vec<String> {
+    headers
+        .get_all(name)
         .iter()
         .flat_map(|v| {
             String::from_utf8_lossy(v.as_bytes())
@@ -433,12 +431,7 @@ fn unread_transfer_codings(headers: &axum::http::HeaderMap) -> Option<String> {
                 .filter(|c| !c.is_empty())
                 .collect::<Vec<_>>()
         })
-        .collect();
-    match codings.as_slice() {
-        [] => None,
-        [only] if only.eq_ignore_ascii_case("chunked") => None,
-        _ => Some(codings.join(", ")),
-    }
+        .collect()
 }
 
 /// A `Content-Length` above 0, or any `Transfer-Encoding` (chunked).

@@ -8,13 +8,16 @@
 //! gigabytes until then. A request whose answer may be large keeps room for
 //! it, told from its inputs, before anything is computed, and waits for that
 //! room while the answers not yet taken fill it; the answer's body then
-//! counts in its place until it is all handed to the socket. Small answers,
-//! which the socket takes whole at once, are not counted, and requests for
-//! them (queries) never wait.
+//! counts in its place until it is all handed to the socket. Requests that
+//! wait get room in the order they came, so one whose answer needs an empty
+//! room is not passed by a stream of smaller ones. Small answers, which the
+//! socket takes whole at once, are not counted, and requests for them
+//! (queries) never wait.
 
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -48,7 +51,7 @@ pub const SPARSE_ENTRY_BYTES: usize = 36;
 
 /// Keeps room for a request's answer of about `answer_bytes`, before it is
 /// computed, waiting while the room has not that much free (and is not
-/// empty): up to `--max-queue-wait-ms`, then 429; 503 once the drain is
+/// empty), or others came first: up to `--max-queue-wait-ms`, then 429; 503 once the drain is
 /// over. An answer too small to be counted goes at once. What is kept goes
 /// over to the answer's body in [`count_unsent_answers`], or back to the
 /// room if the request ends without one.
@@ -111,8 +114,16 @@ pub async fn count_unsent_answers(
 pub struct AnswerRoom {
     limit: usize,
     held: AtomicUsize,
-    waiting: AtomicUsize,
+    /// The requests waiting for room, first come first: only the first may
+    /// take room, so later, smaller ones cannot keep it from ever fitting.
+    line: Mutex<Line>,
     freed: Notify,
+}
+
+#[derive(Default)]
+struct Line {
+    next_ticket: u64,
+    tickets: VecDeque<u64>,
 }
 
 /// Why [`AnswerRoom::reserve`] gave up.
@@ -148,7 +159,7 @@ impl AnswerRoom {
         Self {
             limit,
             held: AtomicUsize::new(0),
-            waiting: AtomicUsize::new(0),
+            line: Mutex::default(),
             freed: Notify::new(),
         }
     }
@@ -161,36 +172,57 @@ impl AnswerRoom {
 
     /// Requests waiting for room.
     pub fn waiting(&self) -> usize {
-        self.waiting.load(Ordering::Acquire)
+        self.line().tickets.len()
+    }
+
+    fn line(&self) -> MutexGuard<'_, Line> {
+        self.line.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Keeps `bytes` once they fit under the bound, or the room is empty
-    /// (an answer larger than the whole room goes alone), waiting up to
-    /// `patience` for that.
+    /// (an answer larger than the whole room goes alone), and every request
+    /// that came before has had its room; waits up to `patience` for that.
     pub async fn reserve(
         self: &Arc<Self>,
         bytes: usize,
         patience: Duration,
     ) -> Result<Reserved, NoRoom> {
-        if let Some(reserved) = self.try_reserve(bytes) {
-            return Ok(reserved);
-        }
-        self.waiting.fetch_add(1, Ordering::AcqRel);
-        let _done = Waiting(&self.waiting);
-        let freed = async {
+        let ticket = {
+            let mut line = self.line();
+            if line.tickets.is_empty() {
+                if let Some(reserved) = self.try_reserve(bytes) {
+                    return Ok(reserved);
+                }
+            }
+            let ticket = line.next_ticket;
+            line.next_ticket += 1;
+            line.tickets.push_back(ticket);
+            ticket
+        };
+        let _in_line = InLine { room: self, ticket };
+        let turn = async {
             loop {
                 let notified = self.freed.notified();
                 let mut notified = std::pin::pin!(notified);
                 // Registered before the try, so a release between the try
                 // and the wait is not missed.
                 notified.as_mut().enable();
-                if let Some(reserved) = self.try_reserve(bytes) {
-                    return reserved;
+                {
+                    let mut line = self.line();
+                    if line.tickets.front() == Some(&ticket) {
+                        if let Some(reserved) = self.try_reserve(bytes) {
+                            line.tickets.pop_front();
+                            drop(line);
+                            // The next in line may fit in what is left.
+                            self.freed.notify_waiters();
+                            return reserved;
+                        }
+                    }
                 }
                 notified.await;
             }
         };
-        tokio::time::timeout(patience, freed)
+        tokio::time::timeout(patience, turn)
             .await
             .map_err(|_| NoRoom)
     }
@@ -231,11 +263,24 @@ impl AnswerRoom {
     }
 }
 
-struct Waiting<'a>(&'a AtomicUsize);
+/// A request's place in the line, left when it gets room, gives up, or is
+/// dropped (its client gone).
+struct InLine<'a> {
+    room: &'a AnswerRoom,
+    ticket: u64,
+}
 
-impl Drop for Waiting<'_> {
+impl Drop for InLine<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        let mut line = self.room.line();
+        if let Some(at) = line.tickets.iter().position(|t| *t == self.ticket) {
+            line.tickets.remove(at);
+            if at == 0 {
+                drop(line);
+                // The next one is first now, and may fit.
+                self.room.freed.notify_waiters();
+            }
+        }
     }
 }
 
@@ -380,5 +425,84 @@ mod tests {
         drop(first);
         assert_eq!(waiter.await.unwrap(), Ok(2 * PIECE));
         assert_eq!((room.held(), room.waiting()), (0, 0));
+    }
+
+    fn wait_for(
+        room: &Arc<AnswerRoom>,
+        bytes: usize,
+    ) -> tokio::task::JoinHandle<Result<Reserved, NoRoom>> {
+        let room = room.clone();
+        tokio::spawn(async move { room.reserve(bytes, PATIENT).await })
+    }
+
+    async fn settle() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    #[tokio::test]
+    async fn a_request_that_needs_the_whole_room_is_not_passed_by_later_smaller_ones() {
+        let room = Arc::new(AnswerRoom::new(4 * PIECE));
+        let small = room.reserve(PIECE, PATIENT).await.unwrap();
+        // Needs an empty room: before, each later small one that fitted
+        // kept the room from ever emptying.
+        let whole = wait_for(&room, 8 * PIECE);
+        settle().await;
+        let later = wait_for(&room, PIECE);
+        settle().await;
+        assert_eq!(room.waiting(), 2);
+        assert!(
+            !later.is_finished(),
+            "room is free, but the large one came first"
+        );
+        drop(small);
+        let whole = whole.await.unwrap().unwrap();
+        settle().await;
+        assert!(!later.is_finished(), "the large one has the room");
+        assert_eq!(room.held(), 8 * PIECE);
+        drop(whole);
+        let later = later.await.unwrap().unwrap();
+        assert_eq!((room.held(), room.waiting()), (PIECE, 0));
+        drop(later);
+        assert_eq!(room.held(), 0);
+    }
+
+    #[tokio::test]
+    async fn when_the_first_in_line_gives_up_or_leaves_the_next_goes() {
+        let room = Arc::new(AnswerRoom::new(4 * PIECE));
+        let held = room.reserve(3 * PIECE, PATIENT).await.unwrap();
+        let impatient = {
+            let room = room.clone();
+            tokio::spawn(async move { room.reserve(2 * PIECE, Duration::from_millis(400)).await })
+        };
+        settle().await;
+        let gone = wait_for(&room, 2 * PIECE);
+        settle().await;
+        let fits = wait_for(&room, PIECE);
+        settle().await;
+        assert_eq!(room.waiting(), 3);
+        assert_eq!(impatient.await.unwrap().unwrap_err(), NoRoom);
+        // Its client leaves: the one after it is first, and fits.
+        gone.abort();
+        let fits = fits.await.unwrap().unwrap();
+        assert_eq!((room.held(), room.waiting()), (4 * PIECE, 0));
+        drop((held, fits));
+        assert_eq!(room.held(), 0);
+    }
+
+    #[tokio::test]
+    async fn several_in_line_that_fit_together_all_go_when_room_frees() {
+        let room = Arc::new(AnswerRoom::new(4 * PIECE));
+        let held = room.reserve(4 * PIECE, PATIENT).await.unwrap();
+        let waiters: Vec<_> = (0..4).map(|_| wait_for(&room, PIECE)).collect();
+        settle().await;
+        assert_eq!(room.waiting(), 4);
+        drop(held);
+        let mut got = Vec::new();
+        for waiter in waiters {
+            got.push(waiter.await.unwrap().unwrap());
+        }
+        assert_eq!((room.held(), room.waiting()), (4 * PIECE, 0));
+        drop(got);
+        assert_eq!(room.held(), 0);
     }
 }

@@ -751,12 +751,9 @@ def load(
     _blas.warn_if_slow()
     # The default model's name (what `--model`'s help and /v1/models show)
     # names the bundled model too, unless a folder of that name is here.
-    is_default = path is None or (
-        os.fspath(path) in DEFAULT_MODEL_NAMES and not os.path.exists(os.fspath(path))
-    )
+    is_default = path is None or loading.is_default_name(os.fspath(path))
     if is_default and path is not None:
-        # Served under the name it was asked by, which clients then use.
-        kwargs.setdefault("name", os.fspath(path))
+        kwargs.setdefault("name", loading.served_name(path))
     if is_default:
         path = default_model_path()
     return EmbeddingModel(

@@ -55,6 +55,25 @@ def read_json(path: str) -> Optional[Any]:
             raise ValueError(f"{path} is not valid JSON: {e}") from None
 
 
+def served_name(path: Optional[str] = None) -> str:
+    """The name ``load(path)`` gives the model without ``name=``: what
+    requests pick it by. Known before it loads, so a server can refuse two
+    models of one name before loading either."""
+    if path is None:
+        return DEFAULT_MODEL_NAME
+    path = os.fspath(path)
+    if is_default_name(path):
+        # Served under the name it was asked by, which clients then use.
+        return path
+    return model_name(path, False)
+
+
+def is_default_name(path: str) -> bool:
+    """Whether ``path`` names the bundled model: one of its names, unless a
+    folder of that name is here."""
+    return path in DEFAULT_MODEL_NAMES and not os.path.exists(path)
+
+
 def model_name(path: str, is_default: bool) -> str:
     if is_default:
         return DEFAULT_MODEL_NAME

@@ -121,6 +121,31 @@ def test_a_missing_or_repeated_model_is_refused_before_any_loads(tmp_path):
                     f"mlx-embed: --model {mpnet} and --model {mpnet}/. are the same model")
 
 
+def test_two_folders_of_one_name_are_refused_before_any_loads(tmp_path):
+    """`--model /a/bge,/b/bge` (two different models, both served as "bge")
+    was refused only once both had loaded."""
+    for side, fixture in (("a", "tiny-mpnet"), ("b", "tiny-gte-en")):
+        (tmp_path / side).mkdir()
+        (tmp_path / side / "model").symlink_to(FIXTURES / fixture)
+    first, second = tmp_path / "a" / "model", tmp_path / "b" / "model"
+    message = ('mlx-embed: invalid server settings: two models are named "model": requests could not '
+               "tell them apart (rename the folder, or the first model with --served-model-name)")
+    for args in (["--model", f"{first},{second}"],
+                 ["--model", str(first), "--rerank-model", str(tmp_path / "b" / "model")]):
+        run = _refused(*args)
+        assert run.returncode == 1, (run.returncode, run.stderr[-2000:])
+        assert message in run.stderr, run.stderr[-2000:]
+        assert "python model loaded" not in run.stdout + run.stderr, run.stderr[-2000:]
+    # Renaming the first one serves both.
+    server = start_server(tmp_path, "--no-warmup", "--model", f"{first},{second}",
+                          "--served-model-name", "first")
+    try:
+        names = [m["id"] for m in server.get("/v1/models").json()["data"]]
+        assert names == ["first", "model"], names
+    finally:
+        server.stop()
+
+
 def test_an_empty_log_filter_is_refused_at_start():
     """`--log ""` (MLX_EMBED_LOG set empty) turned every log line off."""
     message = ("error: invalid value '' for '--log <LOG>': an empty filter would turn every log line off "

@@ -76,6 +76,21 @@ pub fn default_device() -> Result<DeviceKind, BridgeError> {
     })
 }
 
+/// The name `mlx_embed.load(model)` serves a model under
+/// (`mlx_embed.loading.served_name`; `None` is the default model), known
+/// before it loads: a server can refuse two models of one name before
+/// loading either.
+pub fn served_name(model: Option<&str>) -> Result<String, BridgeError> {
+    ensure_python()?;
+    Python::attach(|py| {
+        Ok(py
+            .import("mlx_embed.loading")?
+            .getattr("served_name")?
+            .call1((model,))?
+            .extract()?)
+    })
+}
+
 fn find_virtualenv() -> Option<PathBuf> {
     if let Some(venv) = std::env::var_os("VIRTUAL_ENV").filter(|v| !v.is_empty()) {
         return Some(PathBuf::from(venv));

@@ -35,6 +35,31 @@ struct Inner {
     answers: Arc<AnswerRoom>,
 }
 
+/// The names models are served under, in serving order, given the names
+/// they load with: `--served-model-name` renames the first. They must be
+/// unique, since they are how requests pick a model; a launcher checks them
+/// before loading any model.
+pub fn served_names(
+    loaded_as: impl IntoIterator<Item = String>,
+    args: &ServerArgs,
+) -> Result<Vec<String>, ServerError> {
+    let mut names: Vec<String> = Vec::new();
+    for (i, name) in loaded_as.into_iter().enumerate() {
+        let name = match (&args.served_model_name, i) {
+            (Some(name), 0) => name.clone(),
+            _ => name,
+        };
+        if names.contains(&name) {
+            return Err(ServerError::Config(format!(
+                "two models are named {name:?}: requests could not tell them apart \
+                 (rename the folder, or the first model with --served-model-name)"
+            )));
+        }
+        names.push(name);
+    }
+    Ok(names)
+}
+
 impl AppState {
     /// State for `batcher` served with `args`; `load_duration` is how long the model took to load.
     pub fn new(batcher: Batcher, args: &ServerArgs, load_duration: Duration) -> Self {
@@ -52,20 +77,12 @@ impl AppState {
         if batchers.is_empty() {
             return Err(ServerError::Config("no model to serve".into()));
         }
-        let mut models: Vec<ServedModel> = Vec::with_capacity(batchers.len());
-        for (i, batcher) in batchers.into_iter().enumerate() {
-            let name = match (&args.served_model_name, i) {
-                (Some(name), 0) => name.clone(),
-                _ => batcher.model_info().name.clone(),
-            };
-            if models.iter().any(|m| m.name == name) {
-                return Err(ServerError::Config(format!(
-                    "two models are named {name:?}: requests could not tell them apart \
-                     (rename the folder, or the first model with --served-model-name)"
-                )));
-            }
-            models.push(ServedModel::new(name, batcher));
-        }
+        let names = served_names(batchers.iter().map(|b| b.model_info().name.clone()), args)?;
+        let models: Vec<ServedModel> = names
+            .into_iter()
+            .zip(batchers)
+            .map(|(name, batcher)| ServedModel::new(name, batcher))
+            .collect();
         Ok(Self(Arc::new(Inner {
             models,
             args: args.clone(),

@@ -454,8 +454,17 @@ where
     mlx_embed_python::interpreter::forward_python_logging()
         .map_err(|err| format!("could not start the Python engine: {err}"))?;
     let config = cli.server.batcher_config(device);
+    let all_options = cli.model.all_options();
+    // Two folders of one name (`/a/bge` and `/b/bge`) would be refused once
+    // both had loaded, which can take minutes: their names are known now.
+    let loaded_as = all_options
+        .iter()
+        .map(|options| mlx_embed_python::interpreter::served_name(options.model.as_deref()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|err| format!("could not start the Python engine: {err}"))?;
+    mlx_embed_server::state::served_names(loaded_as, &cli.server).map_err(|err| err.to_string())?;
     let mut batchers = Vec::new();
-    for options in cli.model.all_options() {
+    for options in all_options {
         let what = options
             .model
             .clone()

@@ -435,7 +435,8 @@ fn render_lanes(out: &mut String, m: &MetricsSnapshot) {
         ),
         (
             "mlx_embed_lane_requests_overloaded_total",
-            "Requests refused with 429, per priority lane.",
+            "Requests a priority lane's queue refused with 429 (full, or past --max-queue-wait-ms); \
+             a 429 for answer room is in mlx_embed_http_requests_total only.",
             "counter",
             |l| l.requests_overloaded,
         ),
@@ -475,7 +476,8 @@ fn render_cache(out: &mut String, m: &MetricsSnapshot) {
     counter(
         out,
         "mlx_embed_cache_misses_total",
-        "Inputs the embedding cache did not have and the model computed.",
+        "Inputs the embedding cache did not have and the model computed (none with --no-cache, \
+         which looks nothing up).",
         c.misses,
     );
     gauge(

@@ -94,9 +94,16 @@ pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next
 
     let elapsed = start.elapsed();
     let status = response.status().as_u16();
-    state
-        .http_metrics()
-        .record(model.series(&state, &route), status, elapsed.as_secs_f64());
+    let series = model.series(&state, &route);
+    if status == CLIENT_CLOSED_REQUEST {
+        // Closed in the middle of its body: counted as a client that left
+        // before its answer is, out of the answers' latency.
+        state.http_metrics().record_client_left(series, status);
+    } else {
+        state
+            .http_metrics()
+            .record(series, status, elapsed.as_secs_f64());
+    }
     if let Ok(v) = HeaderValue::from_str(&id) {
         response.headers_mut().insert(REQUEST_ID.clone(), v);
     }

@@ -1,11 +1,12 @@
 """From a checkpoint folder to a built MLX model and the facts around it.
 
-Everything read from disk lives here: ``config.json``, the safetensors
-weights (sharded or not, pre-quantized or not), and the sentence-transformers
-files that say how the model embeds (``1_Pooling``, ``sentence_bert_config``,
-``config_sentence_transformers.json`` prompts). Architecture-specific facts
-come from the model module's ``EMBEDDING_DEFAULTS``; nothing here names an
-architecture.
+Everything read from disk lives here: ``config.json``, the weights
+(safetensors, sharded or not, pre-quantized or not; else PyTorch's
+``pytorch_model.bin``, read without torch by ``torch_weights``), and the
+sentence-transformers files that say how the model embeds (``1_Pooling``,
+``sentence_bert_config``, ``config_sentence_transformers.json`` prompts).
+Architecture-specific facts come from the model module's
+``EMBEDDING_DEFAULTS``; nothing here names an architecture.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import heads, models, pooling as pooling_modes, sibling_linears, st_modules
+from . import heads, models, pooling as pooling_modes, sibling_linears, st_modules, torch_weights
 
 log = logging.getLogger("mlx_embed")
 
@@ -122,17 +123,49 @@ def max_length_from_folder(path: str, positions: int, pipeline: st_modules.StPip
 # ----------------------------------------------------------------- weights
 
 
+PT_WEIGHTS = "pytorch_model.bin"
+PT_INDEX = "pytorch_model.bin.index.json"
+
+
+def _indexed(path: str, index_name: str) -> Optional[list[str]]:
+    """The shard files a Hugging Face ``*.index.json`` lists, or None."""
+    index = read_json(os.path.join(path, index_name))
+    if not (isinstance(index, dict) and isinstance(index.get("weight_map"), dict)):
+        return None
+    files = sorted({os.path.join(path, f) for f in index["weight_map"].values()})
+    missing = [f for f in files if not os.path.exists(f)]
+    if missing:
+        raise FileNotFoundError(f"{path}/{index_name} lists shards that are not there: {missing}")
+    return files
+
+
 def load_weights(path: str) -> dict:
-    index = read_json(os.path.join(path, "model.safetensors.index.json"))
-    if index and "weight_map" in index:
-        files = sorted({os.path.join(path, f) for f in index["weight_map"].values()})
+    """The folder's weights by name: its safetensors when it has any
+    (``model.safetensors.index.json``'s shards, else every ``*.safetensors``),
+    else PyTorch's ``pytorch_model.bin`` (or the shards
+    ``pytorch_model.bin.index.json`` lists), read without torch by
+    :mod:`torch_weights`."""
+    files = _indexed(path, "model.safetensors.index.json") or sorted(
+        glob.glob(os.path.join(path, "*.safetensors"))
+    )
+    read = mx.load
+    if files:
+        kind = "safetensors"
     else:
-        files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors weights in {path}")
+        files = _indexed(path, PT_INDEX)
+        if files is None and os.path.isfile(os.path.join(path, PT_WEIGHTS)):
+            files = [os.path.join(path, PT_WEIGHTS)]
+        if not files:
+            raise FileNotFoundError(
+                f"no weights in {path}: neither *.safetensors nor {PT_WEIGHTS} (or {PT_INDEX})"
+            )
+        kind = "PyTorch zip checkpoint (read without torch)"
+        read = torch_weights.load
     weights = {}
     for f in files:
-        weights.update(mx.load(f))
+        weights.update(read(f))
+    log.info("%s: weights read from %d %s file(s): %s", path, len(files), kind,
+             ", ".join(os.path.basename(f) for f in files))
     return weights
 
 

@@ -16,6 +16,7 @@ normalizes.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass, field
 from typing import Optional
@@ -24,7 +25,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from . import ops, pooling
+from . import ops, pooling, torch_weights
+
+log = logging.getLogger("mlx_embed")
 
 _LEGACY_FLAGS = {
     "pooling_mode_cls_token": "cls",
@@ -253,12 +256,16 @@ def _load_dense(folder: str, sub: str) -> DenseLayer:
             f"supported: {', '.join(_ACTIVATIONS)}"
         )
     path = os.path.join(folder, sub, "model.safetensors")
-    if not os.path.exists(path):
-        raise FileNotFoundError(
-            f"{folder}/{sub}: no model.safetensors (pytorch_model.bin needs torch to read; "
-            "convert it with sentence-transformers' save(safe_serialization=True))"
-        )
-    w = mx.load(path)
+    if os.path.exists(path):
+        w = mx.load(path)
+        kind = "safetensors"
+    else:
+        path = os.path.join(folder, sub, "pytorch_model.bin")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{folder}/{sub}: Dense weights in neither model.safetensors nor pytorch_model.bin")
+        w = torch_weights.load(path)
+        kind = "PyTorch zip checkpoint (read without torch)"
+    log.info("%s: Dense weights read from %s, %s", os.path.join(folder, sub), os.path.basename(path), kind)
     weight = w.get("linear.weight")
     if weight is None:
         raise ValueError(f"{path}: no 'linear.weight'")

@@ -206,10 +206,12 @@ def _metric(srv, name: str) -> float:
 
 
 def test_sparse_answers_keep_room_like_dense_ones(tmp_path):
-    """A SPLADE answer is up to one entry per vocabulary word for each input:
-    room is kept for it, told from that, so clients that never read sparse
-    answers cannot hold more than --max-unsent-answers-mb. (Sparse requests
-    kept none: 12 unread ones held 45 MB past a 16 MB room.)"""
+    """Room is kept for a SPLADE answer once it is computed, for its entries,
+    so clients that never read sparse answers cannot hold more than
+    --max-unsent-answers-mb (sparse requests kept none: 12 unread ones held
+    45 MB past a 16 MB room), while a query's small answer never waits (kept
+    before, at one entry per vocabulary word, a one-word query was told at
+    1.1 MB and refused 429 behind a large call)."""
     srv = start_server(tmp_path, "--model", str(SPLADE), "--no-warmup", "--max-unsent-answers-mb", "1",
                        "--max-queue-wait-ms", "1000")
     unread = socket.socket()
@@ -223,8 +225,13 @@ def test_sparse_answers_keep_room_like_dense_ones(tmp_path):
         while _metric(srv, "mlx_embed_http_unsent_answer_bytes") < 2 << 20:
             assert time.monotonic() < deadline, "the unread answer was never counted"
             time.sleep(0.05)
-        # One input's answer may be 30522 entries: it waits for the room, then 429.
+        # A query's answer is small: it does not wait.
+        started = time.monotonic()
         r = srv.post("/embed_sparse", {"inputs": "one more"})
+        assert r.status_code == 200, r.text
+        assert time.monotonic() - started < 0.9, "the query waited for the room"
+        # Another large one waits for the room, then 429.
+        r = srv.post("/embed_sparse", {"inputs": [f"another text {i} about sparse retrieval" for i in range(512)]})
         assert r.status_code == 429, r.text
         assert r.headers["retry-after"] == "1"
         assert "--max-unsent-answers-mb" in r.json()["error"]
@@ -234,6 +241,6 @@ def test_sparse_answers_keep_room_like_dense_ones(tmp_path):
     while _metric(srv, "mlx_embed_http_unsent_answer_bytes") > 0:
         assert time.monotonic() < deadline, "the closed connection's answer was kept"
         time.sleep(0.05)
-    r = srv.post("/embed_sparse", {"inputs": "one more"})
+    r = srv.post("/embed_sparse", {"inputs": [f"another text {i} about sparse retrieval" for i in range(512)]})
     assert r.status_code == 200, r.text
     assert srv.stop() == 0, srv.log()[-3000:]

@@ -6,8 +6,9 @@
 //! `--client-timeout-secs`; the number of connections is not bounded. So a
 //! few clients that ask for large answers and never read them could hold
 //! gigabytes until then. A request whose answer may be large keeps room for
-//! it, told from its inputs, before anything is computed, and waits for that
-//! room while the answers not yet taken fill it; the answer's body then
+//! it, told from its inputs, before anything is computed (a sparse one, whose
+//! size its inputs do not tell, once it is), and waits for that room while
+//! the answers not yet taken fill it; the answer's body then
 //! counts in its place until it is all handed to the socket. Requests that
 //! wait get room in the order they came, so one whose answer needs an empty
 //! room is not passed by a stream of smaller ones. Small answers, which the
@@ -46,13 +47,16 @@ const PIECE: usize = 256 << 10;
 pub const JSON_FLOAT_BYTES: usize = 13;
 
 /// At most the bytes one entry of a sparse answer takes
-/// (`{"index":30521,"value":0.12345678},`).
+/// (`{"index":30521,"value":0.12345678},`). Room for a sparse answer is kept
+/// once it is computed, for its entries, since how many an input has is not
+/// known before.
 pub const SPARSE_ENTRY_BYTES: usize = 36;
 
 /// Keeps room for a request's answer of about `answer_bytes`, before it is
-/// computed, waiting while the room has not that much free (and is not
-/// empty), or others came first: up to `--max-queue-wait-ms`, then 429; 503 once the drain is
-/// over. An answer too small to be counted goes at once. What is kept goes
+/// computed (a sparse answer's: once computed, when its size is known),
+/// waiting while the room has not that much free (and is not empty), or
+/// others came first: up to `--max-queue-wait-ms`, then 429; 503 once the
+/// drain is over. An answer too small to be counted goes at once. What is kept goes
 /// over to the answer's body in [`count_unsent_answers`], or back to the
 /// room if the request ends without one.
 pub(crate) async fn make_room(state: &AppState, answer_bytes: usize) -> Result<(), ApiError> {

@@ -108,11 +108,19 @@ pub async fn embed_sparse(state: &AppState, req: EmbedRequest) -> Result<SparseO
             "sparse output is the raw pooled SPLADE weights: not normalized, not cut",
         ));
     }
-    // Up to one entry per vocabulary word an input's vector has.
-    let out = run(state, req, Task::EmbedSparse, SPARSE_ENTRY_BYTES).await?;
+    // A sparse answer's size is known only once computed: an entry per
+    // non-zero weight, from a few dozen to one per vocabulary word. Room is
+    // kept for it then, for what it is; kept before, for the worst case, a
+    // one-word query on a 30k vocabulary was told at 1.1 MB and waited
+    // behind (and was refused 429 by) a large call still computing.
+    let out = run(state, req, Task::EmbedSparse, 0).await?;
+    let entries: Vec<Vec<(u32, f32)>> = out.vectors.iter().map(|v| sparse_entries(v)).collect();
+    drop(out.vectors);
+    let answer_entries: usize = entries.iter().map(Vec::len).sum();
+    make_room(state, answer_entries.saturating_mul(SPARSE_ENTRY_BYTES)).await?;
     Ok(SparseOutput {
         model: out.model,
-        entries: out.vectors.iter().map(|v| sparse_entries(v)).collect(),
+        entries,
         prompt_tokens: out.prompt_tokens,
     })
 }
@@ -124,7 +132,8 @@ pub async fn embed_sparse(state: &AppState, req: EmbedRequest) -> Result<SparseO
 pub const MAX_TOKEN_OUTPUT_FLOATS: usize = 1 << 24;
 
 /// `bytes_per_value`: about the bytes of answer each value of the vectors
-/// (or rows) becomes, which the answer room keeps before the call.
+/// (or rows) becomes, which the answer room keeps before the call (0: the
+/// caller keeps room once it knows the answer's size).
 async fn run(
     state: &AppState,
     mut req: EmbedRequest,

@@ -262,14 +262,14 @@ impl ApiError {
         )
     }
 
-    /// 429: answers already made waited this long for their clients to
-    /// read them, over `--max-unsent-answers-mb`.
+    /// 429: the answer room (`--max-unsent-answers-mb`) stayed too full for
+    /// this request's answer for `--max-queue-wait-ms`.
     pub fn answers_unsent() -> Self {
         let mut e = Self::new(
             ErrorKind::Overloaded,
-            "server is overloaded: answers already made are waiting for their clients to read \
-             them (--max-unsent-answers-mb), longer than the queue allows \
-             (--max-queue-wait-ms); retry later",
+            "server is overloaded: the room for large answers (--max-unsent-answers-mb) is \
+             held by answers waiting for their clients to read them, or being computed, \
+             longer than the queue allows (--max-queue-wait-ms); retry later",
         );
         e.retry_after = Some(1);
         e

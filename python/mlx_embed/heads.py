@@ -13,6 +13,11 @@
   ``pooling="splade"`` as TEI's ``--pooling splade``) is an ``embedding``
   model built with its masked-LM head (``models/masked_lm.py``): its vectors
   span the vocabulary and are mostly zero (``sparse``).
+* A sequence-classification checkpoint is an ``embedding`` model where its
+  folder says so (a sentence-transformers pipeline that pools it) or the
+  caller does (``kind="embedding"``): sentence-transformers loads its encoder
+  with ``AutoModel``, which leaves the classification head out, and so does
+  the loader (``from_classifier``).
 * Anything else is an ``embedding`` model.
 
 The choice is returned as the model module to build, so the loader stays
@@ -48,6 +53,9 @@ class Head:
     module: Optional[ModuleType]
     # SPLADE: vectors over the vocabulary, pooled from the masked-LM logits.
     sparse: bool = False
+    # An embedding model whose checkpoint is a sequence classifier's: its
+    # weights lose the head before the encoder reads them.
+    from_classifier: bool = False
 
 
 @dataclass
@@ -98,13 +106,10 @@ def resolve(
             )
         return Head("embedding", masked_lm, sparse=True)
     if sequence_classification.architecture(config) is not None:
+        if kind == "embedding" or (kind is None and st_modules.declares_pooling(path)):
+            return Head("embedding", None, from_classifier=True)
         labels = sequence_classification.labels_from_config(config)
         natural = "reranker" if len(labels) == 1 else "classifier"
-        if kind == "embedding":
-            raise ValueError(
-                f"{path} is a sequence classifier ({', '.join(config.get('architectures', []))}), "
-                "not an embedding model"
-            )
         if kind == "reranker" and len(labels) != 1:
             raise ValueError(
                 f"{path} is a {len(labels)}-label classifier; a reranker has one label"

@@ -26,6 +26,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import heads, models, pooling as pooling_modes, sibling_linears, st_modules, torch_weights
+from .models import sequence_classification
 
 log = logging.getLogger("mlx_embed")
 
@@ -100,7 +101,9 @@ def architecture(model_type: Optional[str], config: Optional[dict] = None) -> Mo
 # ------------------------------------------------------- sentence-transformers
 
 
-def max_length_from_folder(path: str, positions: int, pipeline: st_modules.StPipeline) -> int:
+def max_length_from_folder(
+    path: str, positions: int, pipeline: st_modules.StPipeline, fallback: Optional[int] = None
+) -> int:
     if pipeline.max_seq_length is not None:
         # A folder may declare more than the model computes exactly (a
         # Mistral's max_seq_length past its sliding window): the folder only
@@ -111,12 +114,16 @@ def max_length_from_folder(path: str, positions: int, pipeline: st_modules.StPip
         return pipeline.max_seq_length
     # No sentence-transformers limit: the smallest of the model's positions,
     # the tokenizer's declared limit (HF uses ~1e30 for "none") and 8192,
-    # past which CPU attention cost is unreasonable anyway.
+    # past which CPU attention cost is unreasonable anyway. An architecture
+    # without a position table (T5) names its ``fallback_max_length`` for
+    # when the tokenizer declares none either.
     caps = [positions, 8192]
     tc = read_json(os.path.join(path, "tokenizer_config.json")) or {}
     mml = tc.get("model_max_length")
     if isinstance(mml, (int, float)) and 0 < mml < 1e7:
         caps.append(int(mml))
+    elif fallback is not None:
+        caps.append(int(fallback))
     return min(caps)
 
 
@@ -182,7 +189,7 @@ def quantizable(group_size: int):
             return False
         # Position/type tables are tiny and quantizing them costs accuracy
         # on every token for no memory win worth having.
-        if path.endswith(("position_embeddings", "token_type_embeddings")):
+        if path.endswith(("position_embeddings", "token_type_embeddings", "relative_attention_bias")):
             return False
         return module.weight.shape[-1] % group_size == 0
 
@@ -333,7 +340,11 @@ def load_checkpoint(
         raise FileNotFoundError(
             f"{path} is not a folder" if os.path.exists(path) else f"{path} does not exist"
         )
-    config = read_json(os.path.join(path, "config.json"))
+    # The model's own files: the folder's, or its Transformer module's
+    # subfolder's (0_Transformer/, sentence-transformers before 2.0); the
+    # pipeline after it (pooling, Dense, prompts) is read from the folder.
+    model_files = os.path.join(path, st_modules.transformer_subfolder(path) or "")
+    config = read_json(os.path.join(model_files, "config.json"))
     first = st_modules.input_module(path)
     if config is None:
         if first is None:
@@ -343,7 +354,7 @@ def load_checkpoint(
         config = {"model_type": first.model_type}
     # Where the weights and tokenizer.json are: a self-contained first module
     # keeps them in its own subfolder (0_StaticEmbedding/).
-    files = first.files if first is not None else path
+    files = first.files if first is not None else os.path.normpath(model_files)
     model_type = config.get("model_type")
     if isinstance(pooling, str) and pooling.strip().lower() == heads.SPLADE:
         pooling = heads.SPLADE
@@ -360,7 +371,10 @@ def load_checkpoint(
 
     t0 = time.perf_counter()
     model = arch.Model(arch.ModelArgs.from_dict(config))
-    weights = model.sanitize(load_weights(files))
+    weights = load_weights(files)
+    if choice.from_classifier:
+        weights = sequence_classification.encoder_weights(config, weights)
+    weights = model.sanitize(weights)
     # What the folder decides beyond its architecture's defaults (Model2Vec's
     # config: its max_length, dropping the unknown token).
     defaults.update(getattr(model, "embedding_defaults", None) or {})
@@ -442,7 +456,8 @@ def load_checkpoint(
     # hold 2 positions fewer tokens than rows), else config.json's.
     positions = getattr(model, "max_length", None) or int(config.get("max_position_embeddings", 512))
     if max_length is None:
-        max_length = defaults.get("max_length") or max_length_from_folder(path, positions, head)
+        max_length = defaults.get("max_length") or max_length_from_folder(
+            model_files, positions, head, defaults.get("fallback_max_length"))
     max_length = int(max_length)
     if max_length > positions:
         raise ValueError(f"max_length {max_length} > the {positions} positions {model_type} models have")

@@ -200,6 +200,16 @@ def declares_splade(folder: str) -> bool:
     return _has_splade(_read_json(os.path.join(folder, "modules.json")))
 
 
+def declares_pooling(folder: str) -> bool:
+    """Whether the folder's modules.json pools a Transformer's states: a
+    sentence-transformers embedding pipeline (a CrossEncoder's has no
+    Pooling module)."""
+    modules = _read_json(os.path.join(folder, "modules.json"))
+    return isinstance(modules, list) and any(
+        str(m.get("type", "")).rsplit(".", 1)[-1] == "Pooling" for m in modules
+    )
+
+
 def _has_splade(modules) -> bool:
     return isinstance(modules, list) and any(
         str(m.get("type", "")).rsplit(".", 1)[-1] == "SpladePooling" for m in modules
@@ -288,6 +298,9 @@ def _load_dense(folder: str, sub: str) -> DenseLayer:
 # is mean pooling over the real tokens.
 INPUT_MODULES = {"StaticEmbedding": "static_embedding"}
 
+# InstructorEmbedding's first module (hkunlp/instructor-*).
+INSTRUCTOR_TRANSFORMER = "INSTRUCTOR_Transformer"
+
 
 @dataclass(frozen=True)
 class InputModule:
@@ -314,6 +327,20 @@ def input_module(folder: str) -> Optional[InputModule]:
     if kind not in INPUT_MODULES:
         return None
     return InputModule(INPUT_MODULES[kind], os.path.normpath(os.path.join(folder, first.get("path", "") or "")))
+
+
+def transformer_subfolder(folder: str) -> Optional[str]:
+    """The subfolder a Transformer first module keeps its files in
+    (``0_Transformer/``: config.json, weights, tokenizer files and
+    sentence_bert_config.json, as sentence-transformers before 2.0 saved a
+    model), or None when they are at the folder itself (or there is no
+    modules.json)."""
+    first = _first_module(_read_json(os.path.join(folder, "modules.json")))
+    if first is None or str(first.get("type", "")).rsplit(".", 1)[-1] not in (
+        "Transformer", INSTRUCTOR_TRANSFORMER
+    ):
+        return None
+    return first.get("path") or None
 
 
 def _tokenizer_truncation(files: str) -> Optional[int]:
@@ -343,7 +370,11 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
         # --pooling splade allows too); its prompts and length still do.
         modules = None
     st_cfg = _read_json(os.path.join(folder, "config_sentence_transformers.json")) or {}
-    bert_cfg = _read_json(os.path.join(folder, "sentence_bert_config.json")) or {}
+    # The Transformer module's own settings, in its subfolder in the layout
+    # of sentence-transformers before 2.0.
+    bert_cfg = _read_json(
+        os.path.join(folder, transformer_subfolder(folder) or "", "sentence_bert_config.json")
+    ) or {}
     prompts = st_cfg.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
         raise ValueError(f"{folder}/config_sentence_transformers.json: prompts must map names to strings")
@@ -379,14 +410,22 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
                 pipe.max_seq_length = _tokenizer_truncation(os.path.join(folder, sub))
             seen_pooling = True
             continue
+        if i == 0 and kind == INSTRUCTOR_TRANSFORMER and not sparse:
+            # hkunlp/instructor-*: a T5 encoder whose library pools the text's
+            # tokens only, leaving the instruction out; here an instruction is
+            # a prompt, pooled with the text (the same vector without one).
+            log.warning("%s: INSTRUCTOR_Transformer read as a Transformer: an instruction sent as a prompt "
+                        "is pooled with the text, where the InstructorEmbedding library leaves its tokens "
+                        "out of the mean", folder)
+            continue
         if i == 0:
             if kind not in (("Transformer", "MLMTransformer") if sparse else ("Transformer",)):
                 raise ValueError(
                     f"{folder}/modules.json: the first module must be a Transformer or a StaticEmbedding, "
                     f"got {kind!r}"
                 )
-            if sub:
-                raise ValueError(f"{folder}/modules.json: a Transformer in a subfolder ({sub!r}) is not supported")
+            # Its files may be in a subfolder (0_Transformer/): the loader
+            # reads the model from there (transformer_subfolder).
             continue
         if kind == "SpladePooling" and sparse and not seen_pooling:
             where = os.path.join(sub, "config.json")

@@ -26,17 +26,21 @@ SERVED = {
     "tiny-mistral": ("reference_last_token_normalized.npy", 64),
     "tiny-distilbert": ("reference_mean_normalized.npy", 64),
     "tiny-camembert": ("reference_mean_normalized.npy", 64),
+    "tiny-t5": ("reference_mean_normalized.npy", 64),
 }
 
 
 def _expected_tokens(folder: str, texts: list[str]) -> int:
     """Tokens the texts run as: the folder's default prompt (if any) in
-    front, specials included, truncated to the fixture's max length."""
+    front, specials included, truncated to the fixture's max length (its
+    sentence_bert_config.json's, else MAX_LEN)."""
     st = json.loads((FIXTURES / folder / "config_sentence_transformers.json").read_text())
     prompt = st["prompts"][st["default_prompt_name"]] if st.get("default_prompt_name") else ""
     tok = Tokenizer.from_file(str(FIXTURES / folder / "tokenizer.json"))
     tok.no_padding()
-    tok.enable_truncation(max_length=MAX_LEN)
+    st_config = FIXTURES / folder / "sentence_bert_config.json"
+    max_len = (json.loads(st_config.read_text()) if st_config.exists() else {}).get("max_seq_length", MAX_LEN)
+    tok.enable_truncation(max_length=max_len)
     return sum(len(e.ids) for e in tok.encode_batch([prompt + t for t in texts]))
 
 

@@ -16,6 +16,9 @@ folder's pooling wins), with the keys
   tokenizer's special tokens (static embeddings);
 - ``empty_inputs``: True where an input with no tokens is valid (a static
   model's empty bag is the zero vector) instead of refused.
+- ``fallback_max_length``: the max length where neither the folder's
+  ``max_seq_length`` nor the tokenizer's ``model_max_length`` says, for an
+  architecture with no position table to bound it (T5: 512).
 - ``batch_tokens``: padded tokens per device pass when ``load()`` is given
   none, where the architecture's measured best differs from the backend's
   (a static model's pass is one gather, so the CPU's 256 costs it 1.6x).
@@ -50,6 +53,8 @@ SUPPORTED = (
     "deberta-v2",
     "new",
     "gte",
+    "t5",
+    "mt5",
 )
 
 # model_type -> module name, where they differ. Static embedding bags
@@ -65,6 +70,8 @@ REMAPPING = {
     # network (its GTE config takes both names).
     "new": "gte_new",
     "gte": "gte_new",
+    # mT5 is T5 v1.1's network under its own config defaults.
+    "mt5": "t5",
     "model2vec": "static",
     "static_embedding": "static",
 }

@@ -228,6 +228,30 @@ _HEADS = {
 }
 
 
+# Each head style's weight names, as its class's ``rename`` tells them.
+_HEAD_NAMES = {
+    "pooler": PoolerHead.rename,
+    "roberta": RobertaHead.rename,
+    "context_pooler": ContextPoolerHead.rename,
+    "modernbert": ModernBertHead.rename,
+    "distilbert": DistilBertHead.rename,
+}
+
+
+def encoder_weights(config: dict, weights: dict) -> dict:
+    """A classifier checkpoint's encoder weights alone, named as the
+    encoder's own checkpoints name them: what an embedding model built from
+    it reads (sentence-transformers' ``AutoModel`` drops the head too)."""
+    _module, style, prefix = ARCHITECTURES[architecture(config)]
+    is_head = _HEAD_NAMES[style]
+    out = {}
+    for name, w in weights.items():
+        bare = name[len(prefix) :] if name.startswith(prefix) else name
+        if is_head(bare) is None and not bare.startswith("pooler."):
+            out[bare] = w
+    return out
+
+
 class Model(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()

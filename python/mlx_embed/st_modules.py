@@ -369,6 +369,13 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
         # (pooling="splade" over a folder made for another pooling, which TEI's
         # --pooling splade allows too); its prompts and length still do.
         modules = None
+    if isinstance(modules, list) and len(modules) == 1 and (
+        str(modules[0].get("type", "")).rsplit(".", 1)[-1] == "Transformer"
+    ):
+        # A Transformer alone (sentence-transformers 6 saves a CrossEncoder
+        # so): nothing is pooled yet, and SentenceTransformer(folder) pools it
+        # the default way, as for a folder without modules.json.
+        modules = None
     st_cfg = _read_json(os.path.join(folder, "config_sentence_transformers.json")) or {}
     # The Transformer module's own settings, in its subfolder in the layout
     # of sentence-transformers before 2.0.

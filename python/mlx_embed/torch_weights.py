@@ -27,6 +27,7 @@ import io
 import math
 import os
 import pickle
+import reprlib
 import zipfile
 from dataclasses import dataclass
 from typing import Any
@@ -63,22 +64,44 @@ DTYPES = (
 )
 
 
+# Bounded reprs for error messages: a pickle's values can be made to print
+# as gigabytes (a list holding itself ten times, ten levels deep).
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 2, 60, 60
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 4
+
+
+def _short(value: Any) -> str:
+    return _SHORT.repr(value)
+
+
+class _Sealed:
+    """A stand-in the pickle gets: pickle's BUILD opcode writes an object's
+    ``__dict__`` directly (a frozen dataclass does not stop it), which would
+    let a file change a tensor's offset after it was checked, or a shared
+    storage type for every later load. BUILD calls ``__setstate__`` instead
+    where there is one."""
+
+    def __setstate__(self, state):
+        raise ValueError(f"the pickle sets the state of a {type(self).__name__.lstrip('_')}: {_short(state)}")
+
+
 @dataclass(frozen=True)
-class _StorageType:
+class _StorageType(_Sealed):
     """Stands for ``torch.<name>Storage`` in the pickle."""
 
     name: str
 
 
 @dataclass(frozen=True)
-class _Dtype:
+class _Dtype(_Sealed):
     """Stands for ``torch.<name>`` (a dtype) in the pickle."""
 
     name: str
 
 
 @dataclass(frozen=True)
-class _Storage:
+class _Storage(_Sealed):
     """A ``('storage', type, key, location, numel)`` record."""
 
     storage_type: _StorageType
@@ -87,7 +110,7 @@ class _Storage:
 
 
 @dataclass(frozen=True)
-class _TensorRef:
+class _TensorRef(_Sealed):
     """Where a tensor's elements are: its storage, offset, size and stride
     (in elements)."""
 
@@ -97,11 +120,17 @@ class _TensorRef:
     stride: tuple
 
 
+# Past any real tensor's dimension or offset (MLX's shapes are 32-bit).
+_MAX_INDEX = (1 << 31) - 1
+
+
+def _index(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_INDEX
+
+
 def _ints(value: Any, what: str) -> tuple:
-    if not isinstance(value, (tuple, list)) or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value
-    ):
-        raise ValueError(f"tensor {what} {value!r} is not a tuple of non-negative integers")
+    if not isinstance(value, (tuple, list)) or len(value) > 64 or not all(_index(v) for v in value):
+        raise ValueError(f"tensor {what} {_short(value)} is not a tuple of integers in 0..2^31")
     return tuple(value)
 
 
@@ -109,8 +138,8 @@ def _rebuild_tensor_v2(storage, storage_offset, size, stride, requires_grad=Fals
                        metadata=None):
     if not isinstance(storage, _Storage):
         raise ValueError(f"a tensor's storage is a {type(storage).__name__}, not a storage record")
-    if not isinstance(storage_offset, int) or isinstance(storage_offset, bool) or storage_offset < 0:
-        raise ValueError(f"tensor storage offset {storage_offset!r} is not a non-negative integer")
+    if not _index(storage_offset):
+        raise ValueError(f"tensor storage offset {_short(storage_offset)} is not an integer in 0..2^31")
     size, stride = _ints(size, "size"), _ints(stride, "stride")
     if len(size) != len(stride):
         raise ValueError(f"tensor size {size} and stride {stride} differ in length")
@@ -124,14 +153,37 @@ def _rebuild_parameter(data, requires_grad=False, backward_hooks=None, state=Non
     return data
 
 
+class _Call(_Sealed):
+    """A function of ours the pickle may call, sealed like the records: on a
+    bare function BUILD would set its ``__defaults__`` for every later load."""
+
+    def __init__(self, fn):
+        self._fn = fn
+
+    def __call__(self, *args):
+        return self._fn(*args)
+
+
 _ALLOWED = {
     ("collections", "OrderedDict"): collections.OrderedDict,
-    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor_v2,
-    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
-    ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
+    ("torch._utils", "_rebuild_tensor_v2"): _Call(_rebuild_tensor_v2),
+    ("torch._utils", "_rebuild_parameter"): _Call(_rebuild_parameter),
+    ("torch._utils", "_rebuild_parameter_with_state"): _Call(_rebuild_parameter),
 }
-_ALLOWED.update({("torch", name): _StorageType(name) for name in STORAGES})
-_ALLOWED.update({("torch", name): _Dtype(name) for name in DTYPES})
+# Made anew for each lookup, so nothing one file does to them reaches another.
+_ALLOWED.update({("torch", name): (lambda name=name: _StorageType(name)) for name in STORAGES})
+_ALLOWED.update({("torch", name): (lambda name=name: _Dtype(name)) for name in DTYPES})
+_VALUES = {("torch", name) for name in (*STORAGES, *DTYPES)}
+
+# What torch.save writes for tensors this module does not read: named, so the
+# refusal says what the file holds rather than that it could run code.
+_UNSUPPORTED = {
+    "_rebuild_qtensor": "quantized tensors (torch.quantization)",
+    "_rebuild_tensor_v3": "tensors of a dtype without a typed storage (float8, uint16/32/64)",
+    "_rebuild_sparse_tensor": "sparse tensors",
+    "_rebuild_wrapper_subclass": "tensor subclasses",
+    "_rebuild_meta_tensor_no_storage": "meta tensors (no data)",
+}
 
 
 class _StateDictUnpickler(pickle.Unpickler):
@@ -144,6 +196,12 @@ class _StateDictUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str):
         found = _ALLOWED.get((module, name))
+        if found is not None and (module, name) in _VALUES:
+            return found()
+        if found is None and module.startswith("torch") and name in _UNSUPPORTED:
+            raise ValueError(f"{self.where} holds {_UNSUPPORTED[name]}, which are not read here; {CONVERT}")
+        if found is None and module == "torch" and name.startswith("q") and name[1:].startswith(("int", "uint")):
+            raise ValueError(f"{self.where} holds quantized tensors (torch.{name}), which are not read here; {CONVERT}")
         if found is None:
             if module == "torch" and name.endswith("Storage"):
                 raise ValueError(
@@ -158,14 +216,14 @@ class _StateDictUnpickler(pickle.Unpickler):
 
     def persistent_load(self, pid):
         if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
-            raise ValueError(f"{self.where}: unexpected persistent id {pid!r:.200}")
+            raise ValueError(f"{self.where}: unexpected persistent id {_short(pid)}")
         _, storage_type, key, _location, numel = pid
         if not isinstance(storage_type, _StorageType):
-            raise ValueError(f"{self.where}: a storage of type {storage_type!r:.100} is not supported")
+            raise ValueError(f"{self.where}: a storage of type {_short(storage_type)} is not supported")
         if not isinstance(key, str) or not key or "/" in key or key in (".", ".."):
-            raise ValueError(f"{self.where}: bad storage key {key!r:.100}")
-        if not isinstance(numel, int) or numel < 0:
-            raise ValueError(f"{self.where}: bad storage size {numel!r:.100}")
+            raise ValueError(f"{self.where}: bad storage key {_short(key)}")
+        if not isinstance(numel, int) or isinstance(numel, bool) or numel < 0:
+            raise ValueError(f"{self.where}: bad storage size {_short(numel)}")
         return _Storage(storage_type, key, numel)
 
 
@@ -202,6 +260,11 @@ def _prefix(names: list[str], path: str) -> str:
 
 
 def _tensor(ref: _TensorRef, data: np.ndarray, name: str, path: str) -> mx.array:
+    # Checked again where it counts: nothing between the rebuild and here may
+    # have changed them (the records are sealed), but as_strided trusts them.
+    if not (_index(ref.offset) and len(ref.size) == len(ref.stride)
+            and all(_index(v) for v in (*ref.size, *ref.stride))):
+        raise ValueError(f"{path}: tensor {name!r} has a bad size, stride or offset")
     count = math.prod(ref.size)
     np_dtype, mx_dtype = STORAGES[ref.storage.storage_type.name]
     if count == 0:
@@ -230,38 +293,77 @@ def _tensor(ref: _TensorRef, data: np.ndarray, name: str, path: str) -> mx.array
     return mx.array(flat, dtype=mx_dtype)
 
 
+def _read_entry(zf: zipfile.ZipFile, name: str, path: str, at_most: int) -> bytes:
+    """An entry's bytes. torch.save stores every entry uncompressed; a
+    compressed one could unpack to any size its header claims (a few KB
+    to gigabytes), so it is refused, as is one larger than ``at_most``."""
+    try:
+        info = zf.getinfo(name)
+    except KeyError:
+        raise ValueError(f"{path}: {name!r} is missing from the archive") from None
+    if info.compress_type != zipfile.ZIP_STORED:
+        raise ValueError(f"{path}: {name!r} is compressed, which torch.save never writes; {CONVERT}")
+    if info.file_size > at_most:
+        raise ValueError(f"{path}: {name!r} holds {info.file_size} bytes, more than the {at_most} it can need")
+    return zf.read(info)
+
+
+# A state dict's pickle is names and small tuples: a few MB for the largest
+# models (their tensors' bytes are elsewhere in the archive).
+_MAX_PICKLE_BYTES = 256 << 20
+
+
 def load(path: str | os.PathLike) -> dict[str, mx.array]:
     """The tensors of a ``torch.save`` zip checkpoint (a state dict), by
     name, as ``mx.load`` returns a safetensors file's. Contiguous or not,
-    views of one storage (tied weights) are each returned in full."""
+    views of one storage (tied weights) are each returned in full. Every
+    failure is a ValueError naming the file."""
     path = os.fspath(path)
+    try:
+        return _load(path)
+    except ValueError as e:
+        if path in str(e):
+            raise
+        raise ValueError(f"{path}: {e}") from None
+    except (TypeError, OverflowError, IndexError, KeyError, AttributeError, EOFError,
+            pickle.UnpicklingError, zipfile.BadZipFile, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot read it as a state dict: {type(e).__name__}: {_short(str(e))}") from None
+
+
+def _load(path: str) -> dict[str, mx.array]:
     if not zipfile.is_zipfile(path):
         raise _not_a_zip(path)
     with zipfile.ZipFile(path) as zf:
         names = zf.namelist()
         prefix = _prefix(names, path)
         if prefix + "byteorder" in names:
-            order = zf.read(prefix + "byteorder").decode("ascii", "replace").strip()
+            order = _read_entry(zf, prefix + "byteorder", path, 64).decode("ascii", "replace").strip()
             if order != "little":
                 raise ValueError(
                     f"{path}: its storages are {order}-endian (byteorder); only little-endian "
                     f"checkpoints are read; {CONVERT}"
                 )
         try:
-            state = _StateDictUnpickler(io.BytesIO(zf.read(prefix + "data.pkl")), path).load()
+            pickled = _read_entry(zf, prefix + "data.pkl", path, _MAX_PICKLE_BYTES)
+            state = _StateDictUnpickler(io.BytesIO(pickled), path).load()
         except ValueError:
             raise
         except Exception as e:  # a malformed pickle: name it, whatever broke
-            raise ValueError(f"{path}: cannot read its data.pkl as a state dict: {type(e).__name__}: {e}") from None
+            raise ValueError(
+                f"{path}: cannot read its data.pkl as a state dict: {type(e).__name__}: {_short(str(e))}"
+            ) from None
         if not isinstance(state, dict):
             raise ValueError(f"{path}: holds a {type(state).__name__}, not a state dict; {CONVERT}")
         refs: dict[str, _TensorRef] = {}
         for name, value in state.items():
+            if not isinstance(name, str):
+                # 1 and "1" would both be "1": a state dict's names are strings.
+                raise ValueError(f"{path}: entry {_short(name)} is not named by a string; {CONVERT}")
             if isinstance(value, _TensorRef):
-                refs[str(name)] = value
+                refs[name] = value
             elif isinstance(value, (dict, list, tuple)):
                 raise ValueError(
-                    f"{path}: entry {name!r} is a {type(value).__name__}, not a tensor: a training "
+                    f"{path}: entry {_short(name)} is a {type(value).__name__}, not a tensor: a training "
                     f"checkpoint rather than a model's state dict; {CONVERT}"
                 )
             # Other values (numbers, strings, dtypes) are not weights.
@@ -278,11 +380,8 @@ def load(path: str | os.PathLike) -> dict[str, mx.array]:
                 raise ValueError(f"{path}: storage {key!r} is read as {len(kinds)} different types")
             np_dtype, _ = STORAGES[group[0][1].storage.storage_type.name]
             entry = f"{prefix}data/{key}"
-            try:
-                raw = zf.read(entry)
-            except KeyError:
-                raise ValueError(f"{path}: storage {entry!r} is missing from the archive") from None
             numel = max(ref.storage.numel for _, ref in group)
+            raw = _read_entry(zf, entry, path, numel * np_dtype.itemsize)
             if len(raw) < numel * np_dtype.itemsize:
                 raise ValueError(
                     f"{path}: storage {entry!r} holds {len(raw)} bytes, {numel} {np_dtype} elements "

@@ -67,3 +67,12 @@ def test_a_sentence_transformers_6_cross_encoder_folder_stays_a_reranker(tmp_pat
     reference = mlx_embed.load(FIXTURES / "tiny-bert-reranker")
     pairs = [("what is a cross-encoder", "it reads both texts at once"), ("q", "an unrelated answer")]
     assert np.array_equal(model.predict(pairs), reference.predict(pairs))
+
+
+def test_a_sentence_transformers_6_cross_encoder_folder_embeds_when_asked(tmp_path, golden_texts):
+    """kind="embedding" on it was refused ("modules.json has no Pooling
+    module"); SentenceTransformer(folder) pools its Transformer the default
+    way (mean)."""
+    folder = _with_modules(tmp_path, [{**TRANSFORMER, "type": "sentence_transformers.base.modules.transformer.Transformer"}])
+    model = mlx_embed.load(folder, kind="embedding", max_length=128)
+    assert_parity(model.embed(golden_texts), REFERENCES["tiny-bert-reranker"])

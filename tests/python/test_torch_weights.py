@@ -250,7 +250,7 @@ def test_views_outside_their_storage_are_refused(tmp_path):
     with pytest.raises(ValueError, match="has more elements than its storage of 12"):
         torch_weights.load(_torch_zip(tmp_path / "bomb.bin", bomb, {"0": storage}))
     missing = _state_dict_pickle({"w": ("FloatStorage", "7", 12, 0, (12,), (1,))})
-    with pytest.raises(ValueError, match="storage 'archive/data/7' is missing"):
+    with pytest.raises(ValueError, match="'archive/data/7' is missing"):
         torch_weights.load(_torch_zip(tmp_path / "missing.bin", missing, {"0": storage}))
 
 
@@ -377,3 +377,72 @@ def test_unpickler_is_a_restricted_pickle_unpickler():
     with pytest.raises(ValueError, match="refusing to unpickle subprocess.Popen"):
         u.find_class("subprocess", "Popen")
     assert u.find_class("collections", "OrderedDict") is OrderedDict
+
+
+def _one_tensor_pickle(after_tensor: bytes = b"") -> bytes:
+    """A state dict of one float tensor "w" (4 elements of storage "0"), with
+    ``after_tensor`` run on the tensor before it goes into the dict."""
+    out = b"\x80\x02ccollections\nOrderedDict\n)R" + _u("w") + b"ctorch._utils\n_rebuild_tensor_v2\n("
+    out += b"(" + _u("storage") + b"ctorch\nFloatStorage\n" + _u("0") + _u("cpu") + b"J\x04\x00\x00\x00tQ"
+    out += b"J\x00\x00\x00\x00" + _ints_tuple((4,)) + _ints_tuple((1,))
+    out += b"\x89ccollections\nOrderedDict\n)RtR" + after_tensor
+    return out + b"s."
+
+
+def _set_state(key: str, value: bytes) -> bytes:
+    """Pickle: BUILD on the top of the stack with {key: value}."""
+    return b"}" + _u(key) + value + b"sb"
+
+
+def test_the_pickle_cannot_rewrite_what_was_checked(tmp_path):
+    """BUILD writes an object's __dict__ past a frozen dataclass: a file could
+    set a tensor's offset or stride negative after the rebuild checked them
+    (as_strided then read outside the storage, or crashed the process), or
+    turn the shared FloatStorage into HalfStorage for every later load."""
+    storage = {"0": np.arange(4, dtype="<f4").tobytes()}
+    negative = b"J" + (-4).to_bytes(4, "little", signed=True)
+    for label, attack in (("offset", _set_state("offset", negative)),
+                          ("stride", _set_state("stride", b"(" + negative + b"t"))):
+        path = _torch_zip(tmp_path / f"{label}.bin", _one_tensor_pickle(attack), storage)
+        with pytest.raises(ValueError, match="the pickle sets the state of a TensorRef"):
+            torch_weights.load(path)
+    poison = b"\x80\x02ctorch\nFloatStorage\n" + _set_state("name", _u("HalfStorage")) + b"."
+    with pytest.raises(ValueError, match="the pickle sets the state of a StorageType"):
+        torch_weights.load(_torch_zip(tmp_path / "poison.bin", poison))
+    defaults = b"\x80\x02ctorch._utils\n_rebuild_parameter\nN" + b"}" + _u("__defaults__") + _ints_tuple((1, 2))
+    with pytest.raises(ValueError, match="the pickle sets the state of a Call"):
+        torch_weights.load(_torch_zip(tmp_path / "defaults.bin", defaults + b"s\x86b."))
+    # Nothing leaked into the next load.
+    got = torch_weights.load(_torch_zip(tmp_path / "clean.bin", _one_tensor_pickle(), storage))
+    assert got["w"].dtype == mx.float32
+    assert np.array(got["w"]).tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_hostile_archives_cost_no_memory_and_name_the_file(tmp_path):
+    """A compressed entry could unpack to gigabytes (torch.save never
+    compresses); a pickle's self-referencing lists, ten levels deep, printed
+    as gigabytes in an error message; keys 1 and "1" merged."""
+    storage = np.arange(4, dtype="<f4").tobytes()
+    bomb = tmp_path / "bomb.bin"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("archive/data.pkl", _one_tensor_pickle())
+        z.writestr("archive/data/0", storage)
+    with pytest.raises(ValueError, match=rf"{bomb}: 'archive/data.pkl' is compressed"):
+        torch_weights.load(bomb)
+
+    # Ten references to one list, nine levels deep: a few hundred bytes of
+    # pickle (the memo shares each level), 10^9 elements in its full repr.
+    value: list = [None] * 10
+    for _ in range(9):
+        value = [value] * 10
+    persistent_id = pickle.dumps(value, protocol=2)[2:-1]
+    pkl = b"\x80\x02ccollections\nOrderedDict\n)R" + _u("w") + persistent_id + b"Qs."
+    path = _torch_zip(tmp_path / "laughs.bin", pkl)
+    assert path.stat().st_size < 2000
+    with pytest.raises(ValueError, match=rf"{path}: unexpected persistent id") as refused:
+        torch_weights.load(path)
+    assert len(str(refused.value)) < 1000
+
+    keys = _one_tensor_pickle().replace(_u("w"), b"J\x01\x00\x00\x00", 1)
+    with pytest.raises(ValueError, match="entry 1 is not named by a string"):
+        torch_weights.load(_torch_zip(tmp_path / "keys.bin", keys, {"0": storage}))

@@ -25,7 +25,7 @@ from typing import Any, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import heads, models, pooling as pooling_modes, sibling_linears, st_modules, torch_weights
+from . import heads, models, pooling as pooling_modes, sibling_linears, slow_tokenizers, st_modules, torch_weights
 from .models import sequence_classification
 
 log = logging.getLogger("mlx_embed")
@@ -364,9 +364,9 @@ def load_checkpoint(
     except ValueError as e:
         raise ValueError(f"{e} (in {path}/config.json)") from None
     defaults = dict(getattr(arch, "EMBEDDING_DEFAULTS", {}))
-    tok_path = os.path.join(files, "tokenizer.json")
-    if not os.path.exists(tok_path):
-        raise FileNotFoundError(f"{files} has no tokenizer.json")
+    # The folder's tokenizer.json, or one converted from its slow BERT
+    # WordPiece files (vocab.txt) into the engine's cache.
+    tok_path = slow_tokenizers.tokenizer_file(files, model_type)
     timings["import"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

@@ -165,3 +165,20 @@ def minilm_cls(tmp_path_factory, minilm_dir):
 def qwen():
     # The reference was made with 128-token truncation (see its README).
     return mlx_embed.load(TINY_QWEN3, max_length=128)
+
+
+@pytest.fixture
+def query_block_counts(monkeypatch) -> list:
+    """How many query blocks each attention call took (``ops.query_blocks``)."""
+    from mlx_embed import ops
+
+    seen = []
+    real = ops.query_blocks
+
+    def spy(q, keys, max_rows=None):
+        blocks = real(q, keys, max_rows)
+        seen.append(len(blocks))
+        return blocks
+
+    monkeypatch.setattr(ops, "query_blocks", spy)
+    return seen

@@ -54,23 +54,6 @@ def test_batch_equals_single_and_max_length(folder, golden_texts):
     assert np.abs(got - single).max() <= 1e-6
 
 
-@pytest.fixture
-def query_block_counts(monkeypatch) -> list:
-    """How many query blocks each attention call took (``ops.query_blocks``)."""
-    from mlx_embed import ops
-
-    seen = []
-    real = ops.query_blocks
-
-    def spy(q, keys, max_rows=None):
-        blocks = real(q, keys, max_rows)
-        seen.append(len(blocks))
-        return blocks
-
-    monkeypatch.setattr(ops, "query_blocks", spy)
-    return seen
-
-
 @pytest.mark.parametrize("folder", ["tiny-modernbert", "tiny-nomic-bert"])
 def test_attention_in_query_blocks_matches_reference(folder, golden_texts, monkeypatch, query_block_counts):
     """The long-input attention (query rows in blocks, ModernBERT's local

@@ -31,9 +31,11 @@ The engine reads only these, never the architecture's name.
 
 import importlib
 import inspect
+import math
 import resource
 
 import mlx.core as mx
+import numpy as np
 
 SUPPORTED = (
     "bert",
@@ -148,6 +150,26 @@ def split_linear(weights: dict, fused: str, parts) -> None:
         if name in weights:
             for part, w in zip(parts, mx.split(weights.pop(name), len(parts), axis=0)):
                 weights[f"{part}.{suffix}"] = w
+
+
+def relative_position_buckets(relative: np.ndarray, num_buckets: int, max_distance: int) -> np.ndarray:
+    """The bidirectional bucket of each ``key - query`` distance that T5 and
+    MPNet index their position bias by: half the
+    buckets for keys after the query; in each half, exact distances below
+    a quarter of the buckets, then log-spaced ones up to ``max_distance``,
+    and the last bucket past it. The log is taken in float32, as
+    transformers takes it, so the boundaries land in the same bucket."""
+    half = num_buckets // 2
+    out = (relative > 0).astype(np.int64) * half
+    n = np.abs(relative)
+    max_exact = half // 2
+    # Distances below max_exact take the exact branch; 1 keeps the log finite.
+    ratio = np.log(np.maximum(n, 1).astype(np.float32) / np.float32(max_exact))
+    large = max_exact + (
+        ratio / np.float32(math.log(max_distance / max_exact)) * np.float32(half - max_exact)
+    ).astype(np.int64)
+    large = np.minimum(large, half - 1)
+    return out + np.where(n < max_exact, n, large)
 
 
 class LengthTables:

@@ -8,7 +8,6 @@ attention scores.
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
@@ -19,6 +18,7 @@ import mlx.nn as nn
 
 from .. import ops
 from . import config_args, join_linears
+from . import relative_position_buckets as shared_buckets
 
 EMBEDDING_DEFAULTS = {"pooling": "mean"}
 
@@ -61,23 +61,10 @@ class ModelArgs:
 
 
 def relative_position_buckets(length: int) -> np.ndarray:
-    """[L, L] bucket of (key - query) distances, as MPNet was trained.
-
-    The log-spaced buckets are computed in float32 like the original, so the
-    boundaries (distance 16, 32, 64) land in the same bucket."""
+    """[L, L] bucket of (key - query) distances, as MPNet was trained (T5's
+    buckets: 32 of them, log-spaced up to 128)."""
     pos = np.arange(length)
-    n = pos[:, None] - pos[None, :]  # query - key
-    half = _NUM_BUCKETS // 2
-    ret = (n < 0).astype(np.int64) * half
-    n = np.abs(n)
-    max_exact = half // 2
-    with np.errstate(divide="ignore"):
-        ratio = np.log(np.maximum(n, 1).astype(np.float32) / np.float32(max_exact))
-        large = max_exact + (
-            ratio / np.float32(math.log(_MAX_DISTANCE / max_exact)) * np.float32(half - max_exact)
-        ).astype(np.int64)
-    large = np.minimum(large, half - 1)
-    return ret + np.where(n < max_exact, n, large)
+    return shared_buckets(pos[None, :] - pos[:, None], _NUM_BUCKETS, _MAX_DISTANCE)
 
 
 class Embeddings(nn.Module):

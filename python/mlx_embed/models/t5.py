@@ -16,7 +16,6 @@ and ``lm_head`` are dropped).
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 
@@ -26,7 +25,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import ops
-from . import LengthTables, config_args, join_linears
+from . import LengthTables, config_args, join_linears, relative_position_buckets
 
 # T5's tokenizer appends </s> itself. sentence-transformers' T5 folders pool
 # the mean (their 1_Pooling says so too).
@@ -101,25 +100,6 @@ class ModelArgs:
     @property
     def activation(self) -> str:
         return "gelu_new" if self.feed_forward_proj == "gated-gelu" else self.feed_forward_proj.split("-")[-1]
-
-
-def relative_position_buckets(relative: np.ndarray, num_buckets: int, max_distance: int) -> np.ndarray:
-    """T5's bidirectional bucket of each ``key - query`` distance: half the
-    buckets for keys after the query; in each half, exact distances below
-    a quarter of the buckets, then log-spaced ones up to ``max_distance``,
-    and the last bucket past it. The log is taken in float32, as
-    transformers takes it, so the boundaries land in the same bucket."""
-    half = num_buckets // 2
-    out = (relative > 0).astype(np.int64) * half
-    n = np.abs(relative)
-    max_exact = half // 2
-    # Distances below max_exact take the exact branch; 1 keeps the log finite.
-    ratio = np.log(np.maximum(n, 1).astype(np.float32) / np.float32(max_exact))
-    large = max_exact + (
-        ratio / np.float32(math.log(max_distance / max_exact)) * np.float32(half - max_exact)
-    ).astype(np.int64)
-    large = np.minimum(large, half - 1)
-    return out + np.where(n < max_exact, n, large)
 
 
 class RMSNorm(nn.Module):

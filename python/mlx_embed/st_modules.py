@@ -285,6 +285,11 @@ def _load_dense(folder: str, sub: str) -> DenseLayer:
     bias = w.get("linear.bias")
     if cfg.get("bias", True) and bias is None:
         raise ValueError(f"{path}: config has a bias but the weights do not")
+    # In float32 whatever they were saved in, as sentence-transformers loads
+    # them (EmbeddingGemma's are bfloat16): run in bfloat16 they moved the
+    # vectors by 1.6e-3. They are a few matmuls on pooled vectors.
+    weight = weight.astype(mx.float32)
+    bias = bias.astype(mx.float32) if bias is not None else None
     # Evaluated here: a lazy load belongs to this thread's stream, and the
     # engine's worker threads could not evaluate it.
     mx.eval(weight, *([bias] if bias is not None else []))

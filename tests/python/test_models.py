@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import mlx_embed
-from conftest import FIXTURES, assert_parity, load_fixture
+from conftest import FIXTURES, assert_parity, copy_fixture, load_fixture
 
 MAX_LEN = 128
 
@@ -387,6 +387,42 @@ def test_dense_layers_change_the_width(tmp_path):
     (d / "modules.json").write_text(json.dumps(mods))
     wide = mlx_embed.load(d)
     assert wide.dim == 96 and wide.embed(["hello"]).shape == (1, 96)
+
+
+def test_dense_layers_saved_in_bfloat16_run_in_float32(tmp_path, golden_texts):
+    """sentence-transformers loads Dense layers in float32 whatever they were
+    saved in (EmbeddingGemma's are bfloat16); run in bfloat16 they moved the
+    vectors by 1.6e-3. Saved as bfloat16 or as the same values in float32,
+    the vectors are the same."""
+    saved = {}
+    for dtype in ("bfloat16", "float32"):
+        d = tmp_path / dtype
+        shutil.copytree(FIXTURES / "tiny-gemma3", d)
+        for sub in ("2_Dense", "3_Dense"):
+            path = str(d / sub / "model.safetensors")
+            w = mx.load(path)
+            w = {k: v.astype(mx.bfloat16) for k, v in w.items()}
+            mx.save_safetensors(path, {k: v.astype(getattr(mx, dtype)) for k, v in w.items()})
+        saved[dtype] = mlx_embed.load(d).embed(golden_texts[:8])
+    assert np.array_equal(saved["bfloat16"], saved["float32"])
+
+
+@pytest.mark.parametrize("folder", ["tiny-qwen3", "tiny-qwen3-reranker"])
+def test_qwen3_sliding_window_attention_is_refused(folder, tmp_path):
+    """mlx-lm's Qwen3 attends to every earlier token: a config with sliding
+    layers loaded and ran them as full attention (cosine 0.63 to transformers
+    at 42 tokens with an 8-token window)."""
+    # As transformers reads it: layer_types when the config has them, else
+    # the layers from max_window_layers on.
+    sliding = {"use_sliding_window": True, "sliding_window": 8, "max_window_layers": 1, "layer_types": None}
+    with pytest.raises(ValueError, match=r"qwen3: sliding-window attention \(window 8, layers 1-1\)"):
+        mlx_embed.load(copy_fixture(folder, tmp_path / "sliding", **sliding))
+    types = {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 8}
+    with pytest.raises(ValueError, match="qwen3: sliding-window attention"):
+        mlx_embed.load(copy_fixture(folder, tmp_path / "types", **types))
+    # A window on no layer (Qwen3-Embedding's own configs) is full attention.
+    full = mlx_embed.load(copy_fixture(folder, tmp_path / f"{folder}-full", **{**sliding, "max_window_layers": 2}))
+    assert full.kind == ("reranker" if "reranker" in folder else "embedding")
 
 
 def _mistral_copy(dst, drop=(), **edit):

@@ -43,8 +43,32 @@ EMBEDDING_DEFAULTS = {
 JOINED_LINEARS = DECODER_SIBLINGS
 
 
+def sliding_layers(params: dict) -> list:
+    """The layers a Qwen3 config runs with sliding-window attention, as
+    transformers reads it: its ``layer_types``, else every layer from
+    ``max_window_layers`` on when ``use_sliding_window`` and a window are set."""
+    layer_types = params.get("layer_types")
+    if isinstance(layer_types, list):
+        return [i for i, kind in enumerate(layer_types) if kind == "sliding_attention"]
+    if params.get("use_sliding_window") and params.get("sliding_window"):
+        layers = int(params.get("num_hidden_layers", 0))
+        return list(range(int(params.get("max_window_layers", layers)), layers))
+    return []
+
+
 class ModelArgs(_lm.ModelArgs):
-    pass
+    @classmethod
+    def from_dict(cls, params: dict) -> "ModelArgs":
+        # mlx-lm's Qwen3 attends to every earlier token: a sliding layer would
+        # run as full attention and every input past the window would be wrong.
+        sliding = sliding_layers(params)
+        if sliding:
+            raise ValueError(
+                f"qwen3: sliding-window attention (window {params.get('sliding_window')}, layers "
+                f"{sliding[0]}-{sliding[-1]}) is not supported (only full causal attention; "
+                "Qwen3-Embedding's configs have use_sliding_window false)"
+            )
+        return super().from_dict(params)
 
 
 class Model(nn.Module):

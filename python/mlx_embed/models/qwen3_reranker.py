@@ -21,7 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import ops
-from . import DECODER_SIBLINGS, mlx_lm_model
+from . import DECODER_SIBLINGS, mlx_lm_model, qwen3
 
 _lm = mlx_lm_model("qwen3")
 
@@ -70,8 +70,8 @@ RERANKER_DEFAULTS = RerankerDefaults(
 )
 
 
-class ModelArgs(_lm.ModelArgs):
-    pass
+class ModelArgs(qwen3.ModelArgs):
+    """Qwen3's, with its refusals (sliding-window attention)."""
 
 
 class Model(nn.Module):

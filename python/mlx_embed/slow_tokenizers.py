@@ -20,11 +20,12 @@ missing.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import tempfile
 from typing import Any, Optional
+
+from .json_files import read_json
 
 log = logging.getLogger("mlx_embed")
 
@@ -60,16 +61,6 @@ SOURCE_FILES = ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json",
 SENTENCEPIECE_FILES = ("tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "sentencepiece.model")
 
 
-def _read_json(path: str) -> Optional[Any]:
-    if not os.path.exists(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        try:
-            return json.load(f)
-        except ValueError as e:
-            raise ValueError(f"{path} is not valid JSON: {e}") from None
-
-
 def _base_class(name: Any) -> Optional[str]:
     return name.removesuffix("Fast") if isinstance(name, str) and name else None
 
@@ -82,7 +73,7 @@ def tokenizer_file(files: str, model_type: Optional[str] = None) -> str:
     own = os.path.join(files, "tokenizer.json")
     if os.path.exists(own):
         return own
-    tc = _read_json(os.path.join(files, "tokenizer_config.json"))
+    tc = read_json(os.path.join(files, "tokenizer_config.json"))
     tc = tc if isinstance(tc, dict) else {}
     cls = _base_class(tc.get("tokenizer_class"))
     has_vocab = os.path.isfile(os.path.join(files, "vocab.txt"))
@@ -218,7 +209,7 @@ def _settings(files: str, tc: dict) -> tuple[dict[str, Any], list[Any], list[tup
                                  "is not a token ({\"content\": ...})")
             added.append((int(idx), tok))
     else:
-        stm = _read_json(os.path.join(files, "special_tokens_map.json"))
+        stm = read_json(os.path.join(files, "special_tokens_map.json"))
         for key, value in (stm if isinstance(stm, dict) else {}).items():
             if key in SPECIAL_KEYS:
                 specials[key] = dict(value, special=True) if isinstance(value, dict) else value
@@ -227,7 +218,7 @@ def _settings(files: str, tc: dict) -> tuple[dict[str, Any], list[Any], list[tup
                     tok = dict(tok, special=True) if isinstance(tok, dict) else tok
                     if _content(tok) not in [_content(t) for t in additional]:
                         additional.append(tok)
-        at = _read_json(os.path.join(files, "added_tokens.json"))
+        at = read_json(os.path.join(files, "added_tokens.json"))
         if isinstance(at, dict):
             names = {_content(v) for v in specials.values()} | {_content(t) for t in additional}
             for content, idx in at.items():
@@ -245,7 +236,7 @@ def build_wordpiece(files: str, tc: Optional[dict] = None):
     from tokenizers.models import WordPiece
 
     if tc is None:
-        tc = _read_json(os.path.join(files, "tokenizer_config.json")) or {}
+        tc = read_json(os.path.join(files, "tokenizer_config.json")) or {}
     vocab = read_vocab(os.path.join(files, "vocab.txt"))
     specials, additional, added = _settings(files, tc)
     unk = _content(specials["unk_token"]) or DEFAULT_SPECIALS["unk_token"]

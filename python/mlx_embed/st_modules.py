@@ -15,7 +15,6 @@ normalizes.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ import mlx.nn as nn
 import numpy as np
 
 from . import ops, pooling, torch_weights
+from .json_files import read_json
 
 log = logging.getLogger("mlx_embed")
 
@@ -46,13 +46,6 @@ _ACTIVATIONS = {
     "Sigmoid": mx.sigmoid,
     "SiLU": nn.silu,
 }
-
-
-def _read_json(path: str) -> Optional[dict]:
-    if not os.path.exists(path):
-        return None
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
 
 
 @dataclass
@@ -197,22 +190,28 @@ def _splade_pooling(cfg: dict, where: str) -> tuple[str, str]:
 
 def declares_splade(folder: str) -> bool:
     """Whether the folder's modules.json is a SPLADE ``SparseEncoder``."""
-    return _has_splade(_read_json(os.path.join(folder, "modules.json")))
+    return _has_splade(read_json(os.path.join(folder, "modules.json")))
+
+
+def _kind(module: dict) -> str:
+    """A modules.json entry's class name: sentence-transformers 2-5 write
+    ``sentence_transformers.models.Pooling``, 6 another path to the same class."""
+    return str(module.get("type", "")).rsplit(".", 1)[-1]
 
 
 def declares_pooling(folder: str) -> bool:
     """Whether the folder's modules.json pools a Transformer's states: a
     sentence-transformers embedding pipeline (a CrossEncoder's has no
     Pooling module)."""
-    modules = _read_json(os.path.join(folder, "modules.json"))
+    modules = read_json(os.path.join(folder, "modules.json"))
     return isinstance(modules, list) and any(
-        str(m.get("type", "")).rsplit(".", 1)[-1] == "Pooling" for m in modules
+        _kind(m) == "Pooling" for m in modules
     )
 
 
 def _has_splade(modules) -> bool:
     return isinstance(modules, list) and any(
-        str(m.get("type", "")).rsplit(".", 1)[-1] == "SpladePooling" for m in modules
+        _kind(m) == "SpladePooling" for m in modules
     )
 
 
@@ -256,7 +255,7 @@ def _pooling_modes(cfg: dict, where: str) -> tuple[str, ...]:
 
 def _load_dense(folder: str, sub: str) -> DenseLayer:
     where = os.path.join(sub, "config.json")
-    cfg = _read_json(os.path.join(folder, where))
+    cfg = read_json(os.path.join(folder, where))
     if cfg is None:
         raise FileNotFoundError(f"{folder}: Dense module {sub!r} has no config.json")
     act = str(cfg.get("activation_function", "torch.nn.modules.activation.Tanh")).rsplit(".", 1)[-1]
@@ -325,10 +324,10 @@ def _first_module(modules) -> Optional[dict]:
 def input_module(folder: str) -> Optional[InputModule]:
     """The folder's self-contained first module (a StaticEmbedding), or None
     for a Transformer folder (or no modules.json)."""
-    first = _first_module(_read_json(os.path.join(folder, "modules.json")))
+    first = _first_module(read_json(os.path.join(folder, "modules.json")))
     if first is None:
         return None
-    kind = str(first.get("type", "")).rsplit(".", 1)[-1]
+    kind = _kind(first)
     if kind not in INPUT_MODULES:
         return None
     return InputModule(INPUT_MODULES[kind], os.path.normpath(os.path.join(folder, first.get("path", "") or "")))
@@ -340,10 +339,8 @@ def transformer_subfolder(folder: str) -> Optional[str]:
     sentence_bert_config.json, as sentence-transformers before 2.0 saved a
     model), or None when they are at the folder itself (or there is no
     modules.json)."""
-    first = _first_module(_read_json(os.path.join(folder, "modules.json")))
-    if first is None or str(first.get("type", "")).rsplit(".", 1)[-1] not in (
-        "Transformer", INSTRUCTOR_TRANSFORMER
-    ):
+    first = _first_module(read_json(os.path.join(folder, "modules.json")))
+    if first is None or _kind(first) not in ("Transformer", INSTRUCTOR_TRANSFORMER):
         return None
     return first.get("path") or None
 
@@ -351,7 +348,7 @@ def transformer_subfolder(folder: str) -> Optional[str]:
 def _tokenizer_truncation(files: str) -> Optional[int]:
     """The max_length a tokenizer.json truncates at (sentence-transformers
     leaves it on for a StaticEmbedding), or None."""
-    tok = _read_json(os.path.join(files, "tokenizer.json")) or {}
+    tok = read_json(os.path.join(files, "tokenizer.json")) or {}
     trunc = tok.get("truncation")
     if isinstance(trunc, dict) and isinstance(trunc.get("max_length"), int) and trunc["max_length"] > 0:
         return int(trunc["max_length"])
@@ -368,23 +365,21 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
     """The pipeline, and a SparseEncoder's ``(strategy, activation)`` (None
     without a ``SpladePooling``; one is accepted only when ``sparse``)."""
     splade: Optional[tuple] = None
-    modules = _read_json(os.path.join(folder, "modules.json"))
+    modules = read_json(os.path.join(folder, "modules.json"))
     if sparse and not _has_splade(modules):
         # A dense pipeline's pooling and Dense layers do not apply to SPLADE
         # (pooling="splade" over a folder made for another pooling, which TEI's
         # --pooling splade allows too); its prompts and length still do.
         modules = None
-    if isinstance(modules, list) and len(modules) == 1 and (
-        str(modules[0].get("type", "")).rsplit(".", 1)[-1] == "Transformer"
-    ):
+    if isinstance(modules, list) and len(modules) == 1 and _kind(modules[0]) == "Transformer":
         # A Transformer alone (sentence-transformers 6 saves a CrossEncoder
         # so): nothing is pooled yet, and SentenceTransformer(folder) pools it
         # the default way, as for a folder without modules.json.
         modules = None
-    st_cfg = _read_json(os.path.join(folder, "config_sentence_transformers.json")) or {}
+    st_cfg = read_json(os.path.join(folder, "config_sentence_transformers.json")) or {}
     # The Transformer module's own settings, in its subfolder in the layout
     # of sentence-transformers before 2.0.
-    bert_cfg = _read_json(
+    bert_cfg = read_json(
         os.path.join(folder, transformer_subfolder(folder) or "", "sentence_bert_config.json")
     ) or {}
     prompts = st_cfg.get("prompts") or {}
@@ -406,7 +401,7 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
     )
     if not isinstance(modules, list):
         # A folder with just a 1_Pooling/ (no modules.json) still says how it pools.
-        cfg = _read_json(os.path.join(folder, "1_Pooling", "config.json"))
+        cfg = read_json(os.path.join(folder, "1_Pooling", "config.json"))
         if cfg and not sparse:
             pipe.pooling = _pooling_modes(cfg, "1_Pooling/config.json")
         return pipe, None
@@ -414,7 +409,7 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
     pipe.has_modules = True
     seen_pooling = False
     for i, m in enumerate(sorted(modules, key=lambda m: m.get("idx", 0))):
-        kind = str(m.get("type", "")).rsplit(".", 1)[-1]
+        kind = _kind(m)
         sub = m.get("path", "") or ""
         if i == 0 and kind in INPUT_MODULES and not sparse:
             pipe.pooling = ("mean",)
@@ -441,11 +436,11 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
             continue
         if kind == "SpladePooling" and sparse and not seen_pooling:
             where = os.path.join(sub, "config.json")
-            splade = _splade_pooling(_read_json(os.path.join(folder, where)) or {}, where)
+            splade = _splade_pooling(read_json(os.path.join(folder, where)) or {}, where)
             seen_pooling = True
         elif kind == "Pooling" and not seen_pooling and not sparse:
             where = os.path.join(sub, "config.json")
-            cfg = _read_json(os.path.join(folder, where))
+            cfg = read_json(os.path.join(folder, where))
             if cfg is None:
                 raise FileNotFoundError(f"{folder}: Pooling module {sub!r} has no config.json")
             pipe.pooling = _pooling_modes(cfg, where)

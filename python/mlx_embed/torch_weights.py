@@ -170,10 +170,9 @@ _ALLOWED = {
     ("torch._utils", "_rebuild_parameter"): _Call(_rebuild_parameter),
     ("torch._utils", "_rebuild_parameter_with_state"): _Call(_rebuild_parameter),
 }
-# Made anew for each lookup, so nothing one file does to them reaches another.
-_ALLOWED.update({("torch", name): (lambda name=name: _StorageType(name)) for name in STORAGES})
-_ALLOWED.update({("torch", name): (lambda name=name: _Dtype(name)) for name in DTYPES})
-_VALUES = {("torch", name) for name in (*STORAGES, *DTYPES)}
+# Shared by every load: sealed, so no file can change them for the next.
+_ALLOWED.update({("torch", name): _StorageType(name) for name in STORAGES})
+_ALLOWED.update({("torch", name): _Dtype(name) for name in DTYPES})
 
 # What torch.save writes for tensors this module does not read: named, so the
 # refusal says what the file holds rather than that it could run code.
@@ -196,8 +195,6 @@ class _StateDictUnpickler(pickle.Unpickler):
 
     def find_class(self, module: str, name: str):
         found = _ALLOWED.get((module, name))
-        if found is not None and (module, name) in _VALUES:
-            return found()
         if found is None and module.startswith("torch") and name in _UNSUPPORTED:
             raise ValueError(f"{self.where} holds {_UNSUPPORTED[name]}, which are not read here; {CONVERT}")
         if found is None and module == "torch" and name.startswith("q") and name[1:].startswith(("int", "uint")):

@@ -17,8 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import ops
-from . import config_args, join_linears
-from . import relative_position_buckets as shared_buckets
+from . import config_args, join_linears, relative_position_buckets
 
 EMBEDDING_DEFAULTS = {"pooling": "mean"}
 
@@ -60,11 +59,11 @@ class ModelArgs:
             raise ValueError("mpnet: max_position_embeddings leaves no room after padding_idx")
 
 
-def relative_position_buckets(length: int) -> np.ndarray:
+def distance_buckets(length: int) -> np.ndarray:
     """[L, L] bucket of (key - query) distances, as MPNet was trained (T5's
     buckets: 32 of them, log-spaced up to 128)."""
     pos = np.arange(length)
-    return shared_buckets(pos[None, :] - pos[:, None], _NUM_BUCKETS, _MAX_DISTANCE)
+    return relative_position_buckets(pos[None, :] - pos[:, None], _NUM_BUCKETS, _MAX_DISTANCE)
 
 
 class Embeddings(nn.Module):
@@ -150,7 +149,7 @@ class Model(nn.Module):
         L = input_ids.shape[1]
         x = self.embeddings(input_ids)
         mask = ops.KeyMask(attention_mask, x.dtype)
-        buckets = mx.array(relative_position_buckets(L).astype(np.int32))
+        buckets = mx.array(distance_buckets(L).astype(np.int32))
         # [L, L, H] -> [1, H, L, L], shared by every layer.
         bias = self.relative_attention_bias(buckets).transpose(2, 0, 1)[None].astype(x.dtype)
         for layer in self.layers:

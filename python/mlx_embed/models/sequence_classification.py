@@ -218,23 +218,14 @@ class DistilBertHead(nn.Module):
         return name if name.startswith(("pre_classifier.", "classifier.")) else None
 
 
-# Head style -> how to build it from the classifier's ModelArgs.
+# Head style -> its class (whose ``rename`` tells its weights' names) and
+# how to build it from the classifier's ModelArgs.
 _HEADS = {
-    "pooler": lambda a: PoolerHead(a.hidden_size, a.num_labels),
-    "roberta": lambda a: RobertaHead(a.hidden_size, a.num_labels),
-    "context_pooler": _context_pooler,
-    "modernbert": ModernBertHead,
-    "distilbert": lambda a: DistilBertHead(a.hidden_size, a.num_labels),
-}
-
-
-# Each head style's weight names, as its class's ``rename`` tells them.
-_HEAD_NAMES = {
-    "pooler": PoolerHead.rename,
-    "roberta": RobertaHead.rename,
-    "context_pooler": ContextPoolerHead.rename,
-    "modernbert": ModernBertHead.rename,
-    "distilbert": DistilBertHead.rename,
+    "pooler": (PoolerHead, lambda a: PoolerHead(a.hidden_size, a.num_labels)),
+    "roberta": (RobertaHead, lambda a: RobertaHead(a.hidden_size, a.num_labels)),
+    "context_pooler": (ContextPoolerHead, _context_pooler),
+    "modernbert": (ModernBertHead, ModernBertHead),
+    "distilbert": (DistilBertHead, lambda a: DistilBertHead(a.hidden_size, a.num_labels)),
 }
 
 
@@ -243,7 +234,7 @@ def encoder_weights(config: dict, weights: dict) -> dict:
     encoder's own checkpoints name them: what an embedding model built from
     it reads (sentence-transformers' ``AutoModel`` drops the head too)."""
     _module, style, prefix = ARCHITECTURES[architecture(config)]
-    is_head = _HEAD_NAMES[style]
+    is_head = _HEADS[style][0].rename
     out = {}
     for name, w in weights.items():
         bare = name[len(prefix) :] if name.startswith(prefix) else name
@@ -260,7 +251,7 @@ class Model(nn.Module):
         module, style, self._prefix = ARCHITECTURES[args.architecture]
         arch = importlib.import_module(f"{__package__}.{module}")
         self.encoder = arch.Model(arch.ModelArgs.from_dict(args.config))
-        self.head = _HEADS[style](args)
+        self.head = _HEADS[style][1](args)
         # Whether pairs carry token types to the encoder (ModernBERT and
         # DistilBERT have no type table; the engine then sends none).
         self.reads_type_ids = reads_type_ids(self.encoder)

@@ -1,0 +1,61 @@
+//! A program that loads a model on a thread that then exits, and goes on on
+//! other threads (a Rust program's worker pool, a test harness): the
+//! extension's allocator must keep serving them. With mimalloc 3 in the
+//! extension the second thread's first allocation in it crashed (SIGSEGV
+//! in `mi_thread_init`): the thread that first used it had been its main
+//! thread, and its state went with it. One test in its own binary, so the
+//! first thread to reach Python is the one this test spawns.
+
+use std::path::PathBuf;
+
+use mlx_embed_core::{EmbedInput, EmbedOptions, Embedder, Output};
+use mlx_embed_python::{PythonEmbedder, PythonModelOptions};
+
+fn fixture(name: &str) -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// Loads `model` (None: the default) and embeds two texts, on the calling thread.
+fn load_and_embed(model: Option<String>) -> Vec<f32> {
+    let mut embedder = PythonEmbedder::load(&PythonModelOptions {
+        model,
+        ..PythonModelOptions::default()
+    })
+    .expect("model loads");
+    let tokenizer = embedder.hf_tokenizer().clone();
+    let inputs: Vec<_> = ["hello world", "rivers meet the sea"]
+        .iter()
+        .map(|t| {
+            mlx_embed_core::Tokenize::encode(
+                tokenizer.as_ref(),
+                &EmbedInput::Text((*t).into()),
+                &EmbedOptions::default(),
+            )
+            .unwrap()
+        })
+        .collect();
+    embedder
+        .embed_batch(&inputs, Output::Pooled)
+        .expect("embeds")
+        .vectors
+}
+
+#[test]
+fn threads_that_come_after_the_first_one_exits_are_served() {
+    let first = std::thread::spawn(|| load_and_embed(None))
+        .join()
+        .expect("first thread");
+    assert_eq!(first.len(), 2 * 384);
+    for model in [Some(fixture("tiny-t5")), None, Some(fixture("tiny-mpnet"))] {
+        let vectors = std::thread::spawn(move || load_and_embed(model))
+            .join()
+            .expect("a later thread");
+        assert!(vectors.len() >= 2 && vectors.iter().all(|v| v.is_finite()));
+    }
+    let again = std::thread::spawn(|| load_and_embed(None)).join().unwrap();
+    assert_eq!(again, first);
+}

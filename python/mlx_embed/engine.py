@@ -33,7 +33,9 @@ from .pairs import template_spec
 from .scheduler import OUTPUTS, Scheduler
 from .scoring import ScoringMixin
 from .spec import EmbedResult, ModelSpec, TokenizerSpec
-from .tokenization import TextTokenizer, check_direction, read_tokenizer, resolve_prompt, with_prompt
+from .tokenization import (
+    TextTokenizer, check_direction, prompt_in_effect, read_tokenizer, resolve_prompt, with_prompt,
+)
 
 log = logging.getLogger("mlx_embed")
 
@@ -105,6 +107,9 @@ class EmbeddingModel(ScoringMixin):
         self.labels = ck.labels
         self.multi_label = ck.multi_label
         self.sparse = ck.sparse
+        # sentence-transformers' include_prompt: false (INSTRUCTOR): the
+        # prompt runs through the model but is left out of the pool.
+        self.include_prompt = bool(getattr(ck.head, "include_prompt", True))
         self.device = device.device_name()
         self.parameter_count, self.weights_bytes = loading.weight_stats(
             self.model,
@@ -257,6 +262,7 @@ class EmbeddingModel(ScoringMixin):
                 drop_ids=list(tok.drop_ids),
                 char_limit=tok.char_limit,
                 lowercase=tok.lowercase,
+                include_prompt=self.include_prompt,
             ),
             details=self._details(),
             parameters=self.parameter_count,
@@ -270,13 +276,18 @@ class EmbeddingModel(ScoringMixin):
         type_ids: Optional[Sequence[Sequence[int]]] = None,
         *,
         output: str = "pooled",
+        pool_start: Optional[Sequence[int]] = None,
     ) -> EmbedResult:
         """Embed complete token sequences (prompt, specials and truncation
         already applied by the caller). Vectors are unnormalized; bad ids
         raise :class:`~mlx_embed.errors.InvalidInput`. ``output="tokens"``
         (embedding models only) returns every token's last hidden state
-        instead of the pooled vector: no pooling, no Dense head."""
-        return self.submit_ids(ids, type_ids, output=output).result()
+        instead of the pooled vector: no pooling, no Dense head.
+        ``pool_start``: per input, the leading tokens the pooling leaves out
+        (``prompt_positions``: a prompt the model pools without,
+        sentence-transformers' ``include_prompt: false``); ignored for
+        ``output="tokens"``."""
+        return self.submit_ids(ids, type_ids, output=output, pool_start=pool_start).result()
 
     def submit_ids(
         self,
@@ -284,6 +295,7 @@ class EmbeddingModel(ScoringMixin):
         type_ids: Optional[Sequence[Sequence[int]]] = None,
         *,
         output: str = "pooled",
+        pool_start: Optional[Sequence[int]] = None,
     ) -> "PendingResult":
         """:meth:`embed_ids` in two steps, for callers that overlap
         consecutive calls: this validates and queues the call (on a GPU it
@@ -295,7 +307,9 @@ class EmbeddingModel(ScoringMixin):
         ids = self._check_ids(ids)
         if type_ids is not None:
             type_ids = self._check_type_ids(type_ids, ids)
-        return PendingResult(self.scheduler.submit(ids, type_ids, output=output))
+        if pool_start is not None:
+            pool_start = self._check_pool_start(pool_start, ids)
+        return PendingResult(self.scheduler.submit(ids, type_ids, output=output, pool_start=pool_start))
 
     def embed_tokens(
         self,
@@ -413,6 +427,19 @@ class EmbeddingModel(ScoringMixin):
                 raise InvalidInput(f"{self.model_type} models take no token type ids")
         return types
 
+    def _check_pool_start(self, pool_start, rows) -> list[int]:
+        if isinstance(pool_start, (str, bytes)) or not isinstance(pool_start, (Sequence, np.ndarray)):
+            raise InvalidInput("pool_start must be a list of ints, one per input")
+        starts = list(pool_start)
+        if len(starts) != len(rows):
+            raise InvalidInput(f"{len(starts)} pool starts for {len(rows)} inputs")
+        if any(starts) and self.kind != "embedding":
+            raise InvalidInput(f"{self.name} is a {self.kind}: pool_start is for embedding models")
+        for i, (s, r) in enumerate(zip(starts, rows)):
+            if not isinstance(s, (int, np.integer)) or isinstance(s, (bool, np.bool_)) or not 0 <= s <= len(r):
+                raise InvalidInput(f"input {i}: pool_start must be an int in [0, {len(r)}], got {s!r}")
+        return [int(s) for s in starts]
+
     # --------------------------------------------------- the Python library
 
     def _check_texts(self, texts) -> list:
@@ -457,6 +484,25 @@ class EmbeddingModel(ScoringMixin):
         applied: what ``embed_ids`` takes), and each count before truncation.
         ``truncate_to``: cut (or with ``truncate=False`` refuse) at this many
         tokens, special tokens included, instead of the model's maximum."""
+        ids, before, _ = self._encode(
+            texts, truncate=truncate, truncation_direction=truncation_direction, prompt_name=prompt_name,
+            prompt=prompt, instruction=instruction, truncate_to=truncate_to,
+        )
+        return ids, before
+
+    def _encode(
+        self,
+        texts: list[str],
+        *,
+        truncate: bool,
+        truncation_direction: str,
+        prompt_name: Optional[str],
+        prompt: Optional[str],
+        instruction: Optional[str],
+        truncate_to: Optional[int],
+    ) -> tuple[list[list[int]], list[int], Optional[list[int]]]:
+        """:meth:`encode`, and each text's ``pool_start`` for a model that
+        pools without its prompt (None for one that pools with it)."""
         texts = self._check_texts(texts)
         check_switches(truncate=truncate)
         check_direction(truncation_direction)
@@ -488,7 +534,13 @@ class EmbeddingModel(ScoringMixin):
             for i, b in enumerate(before):
                 if b > limit:
                     raise InputTooLong("text", i, b, limit, limit_name)
-        return ids, before
+        starts = None
+        if not self.include_prompt and prefix:
+            defaults = self.prompts if default else None
+            starts = self.tokenizer.pool_starts(
+                [prompt_in_effect(prefix, t, defaults) for t in texts], contents, ids, truncation_direction
+            )
+        return ids, before, starts
 
     def embed_with_counts(
         self,
@@ -509,11 +561,11 @@ class EmbeddingModel(ScoringMixin):
                 f"{self.name} is a {self.kind}: use predict(), score() or rerank(), not embed()"
             )
         check_switches(normalize=normalize)
-        ids, _ = self.encode(
+        ids, _, starts = self._encode(
             texts, truncate=truncate, truncation_direction=truncation_direction,
             prompt_name=prompt_name, prompt=prompt, instruction=instruction, truncate_to=truncate_to,
         )
-        vecs, _ = self.scheduler.run(ids, normalize=normalize)
+        vecs, _ = self.scheduler.run(ids, normalize=normalize, pool_start=starts)
         return vecs, [len(x) for x in ids]
 
     def embed(
@@ -601,6 +653,8 @@ class EmbeddingModel(ScoringMixin):
                 f"{self.checkpoint_quantization}-bit checkpoint dequantized to {self.dtype} "
                 f"at load ({self.dequantized_because})"
             )
+        if not self.include_prompt:
+            out["include_prompt"] = "false"
         if self.scheduler.streams > 1:
             out["streams"] = str(self.scheduler.streams)
         graphs = device.cuda_graphs()

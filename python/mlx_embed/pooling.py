@@ -33,7 +33,8 @@ def describe(modes: tuple[str, ...]) -> str:
 
 
 def pool(h, mask, modes: tuple[str, ...], xp=mx):
-    """``h`` [B, L, D], ``mask`` [B, L] (1 = real token, padding at the end);
+    """``h`` [B, L, D], ``mask`` [B, L] (1 = a token to pool: the real
+    tokens, padding at the end, less any prompt left out at the start);
     returns [B, D * len(modes)]. ``xp`` is the array library of ``h`` and
     ``mask``: ``mlx.core`` (on the device), or ``numpy`` for a host buffer
     (the same arithmetic; ``StPipeline.pool_on_host``)."""
@@ -42,10 +43,18 @@ def pool(h, mask, modes: tuple[str, ...], xp=mx):
     total = None
     for mode in modes:
         if mode == "cls":
-            out.append(h[:, 0])
+            # The first position the mask keeps (0 but where a prompt is
+            # left out), as sentence-transformers 6 reads it.
+            first = xp.argmax(mask, axis=1).astype(xp.int32)
+            out.append(xp.take_along_axis(h, first[:, None, None], axis=1)[:, 0])
         elif mode == "lasttoken":
-            last = xp.maximum(mask.astype(xp.int32).sum(axis=1) - 1, 0)
-            out.append(xp.take_along_axis(h, last[:, None, None], axis=1)[:, 0])
+            # The last position the mask keeps, not its count less one: a
+            # pool mask may leave a prompt's leading positions out. A row
+            # that keeps none pools zeros.
+            positions = xp.arange(h.shape[1], dtype=xp.int32)[None, :]
+            last = (mask.astype(xp.int32) * positions).max(axis=1)
+            kept = xp.take_along_axis(m[..., 0], last[:, None], axis=1)
+            out.append(xp.take_along_axis(h, last[:, None, None], axis=1)[:, 0] * kept)
         elif mode == "max":
             # A Python float is weakly typed in both libraries: h's dtype stays.
             out.append(xp.where(m > 0, h, -float("inf")).max(axis=1))

@@ -242,14 +242,18 @@ class Scheduler:
         *,
         normalize: bool = False,
         output: str = "pooled",
+        pool_start: Optional[Sequence[int]] = None,
     ) -> tuple[np.ndarray, int]:
         """Pooled float32 vectors [n, dim] in input order (L2-normalized on
         the device with ``normalize``), and the padded tokens processed.
         ``ids`` are complete sequences (specials included), each non-empty;
-        the caller has validated them. ``output="tokens"``: the last hidden
-        state of every token instead, [sum of lengths, hidden] float32 with
-        input 0's rows first (never normalized)."""
-        return self.submit(ids, type_ids, normalize=normalize, output=output).result()
+        the caller has validated them. ``pool_start``: per input, the leading
+        tokens the pooling leaves out (a prompt under sentence-transformers'
+        ``include_prompt: false``; they still run through the model).
+        ``output="tokens"``: the last hidden state of every token instead,
+        [sum of lengths, hidden] float32 with input 0's rows first (never
+        normalized)."""
+        return self.submit(ids, type_ids, normalize=normalize, output=output, pool_start=pool_start).result()
 
     def submit(
         self,
@@ -258,6 +262,7 @@ class Scheduler:
         *,
         normalize: bool = False,
         output: str = "pooled",
+        pool_start: Optional[Sequence[int]] = None,
     ) -> "Pending":
         """Start a call; ``.result()`` on the answer collects it. Pipelined,
         this returns once every sub-batch is queued on the device, so the
@@ -272,19 +277,21 @@ class Scheduler:
             out = _TokenRows(lengths) if tokens else np.empty((0, self.dim), dtype=np.float32)
             return Pending(out, 0)
         plan = self.plan(lengths)
+        starts = None if tokens or pool_start is None or not any(pool_start) else pool_start
+        call = _Call(ids, type_ids, lengths, starts)
         if self.pipeline:
-            return self._submit_pipelined(plan, ids, type_ids, lengths, normalize, tokens)
+            return self._submit_pipelined(plan, call, normalize, tokens)
         with self._lock:
             out = _TokenRows(lengths) if tokens else np.empty((n, self.dim), dtype=np.float32)
             if self.workers > 1 and len(plan) > 1:
-                padded = self._run_parallel(plan, ids, type_ids, lengths, out, normalize, tokens)
+                padded = self._run_parallel(plan, call, out, normalize, tokens)
             else:
                 self._set_blas_threads(self._blas_threads)
                 ctx = self.context.with_threads(self._blas_threads or os.cpu_count() or 1)
                 with ops.forward_context(ctx), ops.bounded_evaluation(self._evaluation_points()) as points:
                     padded = 0
                     for idx in plan:
-                        vec, p = self._submit(idx, ids, type_ids, lengths, normalize, tokens)
+                        vec, p = self._submit(idx, call, normalize, tokens)
                         mx.eval(vec)
                         if points is not None:
                             points.settled()
@@ -292,14 +299,15 @@ class Scheduler:
                         padded += p
         return Pending(out, padded)
 
-    def _submit(self, idx, ids, type_ids, lengths, normalize, tokens) -> tuple[mx.array, int]:
+    def _submit(self, idx, call, normalize, tokens) -> tuple[mx.array, int]:
         """Build one sub-batch's padded arrays and its pooled-vector graph
         ([B, dim]); with ``tokens``, its last hidden state ([B, L, hidden],
         padding included: the caller keeps each row's real tokens)."""
-        return self._graph(self._host_arrays(idx, ids, type_ids, lengths), normalize, tokens)
+        return self._graph(self._host_arrays(idx, call), normalize, tokens)
 
-    def _host_arrays(self, idx, ids, type_ids, lengths) -> "_PassArrays":
-        """One sub-batch's padded ids, mask and type ids, on the host."""
+    def _host_arrays(self, idx, call: "_Call") -> "_PassArrays":
+        """One sub-batch's padded ids, mask, type ids and pool mask, on the host."""
+        ids, type_ids, lengths = call.ids, call.type_ids, call.lengths
         # At least one column: a pass of inputs with no tokens (a static
         # model's empty texts) pools all-masked rows, which the mean makes 0.
         L = max(1, self.bucket(int(lengths[idx].max())))
@@ -316,7 +324,12 @@ class Scheduler:
             mask[r, : len(row)] = 1
             if types is not None:
                 types[r, : len(row)] = type_ids[i]
-        return _PassArrays(arr, mask, types, real)
+        pool_mask = None
+        if call.pool_start is not None:
+            pool_mask = mask.copy()
+            for r, i in enumerate(idx):
+                pool_mask[r, : call.pool_start[i]] = 0
+        return _PassArrays(arr, mask, types, real, pool_mask)
 
     def _graph(self, host: "_PassArrays", normalize, tokens) -> tuple[mx.array, int]:
         arr, mask, types, real = host.ids, host.mask, host.types, host.real
@@ -329,6 +342,10 @@ class Scheduler:
                 h = self.model(mx.array(arr), mask_mx, token_type_ids=mx.array(types))
             else:
                 h = self.model(mx.array(arr), mask_mx)
+            if host.pool_mask is not None:
+                # The head pools under its own mask; the model attended
+                # under the real one.
+                mask, mask_mx = host.pool_mask, mx.array(host.pool_mask)
             if tokens or not (self._pools_on_host and h.dtype == mx.float32):
                 return self._head_graph(h, mask, mask_mx, real, normalize, tokens), L * B
         # Outside the graph lock: pooling on the host builds no graph.
@@ -384,7 +401,7 @@ class Scheduler:
         only where CUDA graphs are off (``default_eval_chunk_mb``)."""
         return ops.EvaluationPoints(self.eval_chunk_mb << 20) if self.eval_chunk_mb > 0 else None
 
-    def _submit_pipelined(self, plan, ids, type_ids, lengths, normalize, tokens) -> "Pending":
+    def _submit_pipelined(self, plan, call, normalize, tokens) -> "Pending":
         # Every BLAS thread, as the sequential path's lone passes have: the
         # CPU workers may have left OpenBLAS at one (and float32 sums split
         # over other thread counts differ in the last bits).
@@ -395,7 +412,7 @@ class Scheduler:
             for idx, stream in zip(plan, self._call_streams(len(plan))):
                 # Padding pass k+1 on the host overlaps pass k on the device,
                 # and another thread's passes, which take the lock meanwhile.
-                host = self._host_arrays(idx, ids, type_ids, lengths)
+                host = self._host_arrays(idx, call)
                 on_stream = mx.stream(stream) if stream is not None else contextlib.nullcontext()
                 with self._lock, on_stream:
                     vec, p = self._graph(host, normalize, tokens)
@@ -410,7 +427,7 @@ class Scheduler:
                 # Ragged rows: each pass is copied to the host on its own when
                 # the result is read (per-token output is rare; pooled keeps
                 # one copy).
-                rows = _TokenRows(lengths)
+                rows = _TokenRows(call.lengths)
                 for idx, vec in zip(plan, parts):
                     rows.add(idx, vec)
                 return Pending(rows, padded)
@@ -426,7 +443,7 @@ class Scheduler:
         if n is not None and _blas.get_num_threads() != n:
             _blas.set_num_threads(n)
 
-    def _run_parallel(self, plan, ids, type_ids, lengths, out, normalize, tokens) -> int:
+    def _run_parallel(self, plan, call, out, normalize, tokens) -> int:
         """Sub-batches on the caller's thread plus the worker threads.
 
         MLX's CPU element-wise kernels are single-threaded, so one caller
@@ -438,7 +455,7 @@ class Scheduler:
         ctx = self.context.with_threads(1)
         # Longest sub-batches first: the cheap ones fill in at the end, so
         # neither worker is left alone with one long pass.
-        plan = sorted(plan, key=lambda idx: -int(lengths[idx].max()) * len(idx))
+        plan = sorted(plan, key=lambda idx: -int(call.lengths[idx].max()) * len(idx))
         # "busy": passes being computed now. The caller waits for those
         # alone, not for a worker to come round to this call: a worker still
         # on another model's call takes none of this one's, and its late
@@ -458,7 +475,7 @@ class Scheduler:
                         state["busy"] += 1
                     p = 0
                     try:
-                        vec, p = self._submit(plan[k], ids, type_ids, lengths, normalize, tokens)
+                        vec, p = self._submit(plan[k], call, normalize, tokens)
                         mx.eval(vec)
                         if points is not None:
                             points.settled()
@@ -481,14 +498,26 @@ class Scheduler:
         return state["padded"]
 
 
+class _Call(NamedTuple):
+    """One call's inputs: ids, type ids (or None), lengths, and the leading
+    tokens of each the pooling leaves out (None: none)."""
+
+    ids: Sequence[Sequence[int]]
+    type_ids: Optional[Sequence[Sequence[int]]]
+    lengths: np.ndarray
+    pool_start: Optional[Sequence[int]]
+
+
 class _PassArrays(NamedTuple):
     """One pass's inputs on the host, padded to its shape [B, L]: rows past
-    ``real`` are padding rows."""
+    ``real`` are padding rows. ``pool_mask``: the mask the head pools under
+    when a call leaves prompts out of the pool (None: ``mask``)."""
 
     ids: np.ndarray
     mask: np.ndarray
     types: Optional[np.ndarray]
     real: int
+    pool_mask: Optional[np.ndarray] = None
 
 
 class _TokenRows:

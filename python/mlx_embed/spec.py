@@ -64,6 +64,16 @@ class TokenizerSpec:
     ``Lowercase`` normalizer goes in front of the tokenizer's own, as
     sentence-transformers puts it, so prompt and text are lower-cased one
     character at a time (scorers never set it).
+
+    ``include_prompt`` False (sentence-transformers' Pooling
+    ``include_prompt: false``, INSTRUCTOR): the prompt runs through the model
+    but the pooling leaves it out. Each input then carries a ``pool_start``
+    to ``embed_ids``: its prompt in effect (the one a default was left off
+    for, if so) tokenized alone with the specials, less the closing special
+    if there is one, as sentence-transformers counts it; less what a left
+    cut took of the prompt; 0 without a prompt. Token-id inputs and pairs
+    carry 0. The pooling then reads the positions the pool mask keeps:
+    ``cls`` the first of them, ``lasttoken`` the last.
     """
 
     path: str
@@ -75,6 +85,7 @@ class TokenizerSpec:
     drop_ids: list[int] = field(default_factory=list)
     char_limit: Optional[int] = None
     lowercase: bool = False
+    include_prompt: bool = True
 
 
 @dataclass(frozen=True)

@@ -408,6 +408,7 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
 
     pipe.has_modules = True
     seen_pooling = False
+    instructor = False
     for i, m in enumerate(sorted(modules, key=lambda m: m.get("idx", 0))):
         kind = _kind(m)
         sub = m.get("path", "") or ""
@@ -419,11 +420,9 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
             continue
         if i == 0 and kind == INSTRUCTOR_TRANSFORMER and not sparse:
             # hkunlp/instructor-*: a T5 encoder whose library pools the text's
-            # tokens only, leaving the instruction out; here an instruction is
-            # a prompt, pooled with the text (the same vector without one).
-            log.warning("%s: INSTRUCTOR_Transformer read as a Transformer: an instruction sent as a prompt "
-                        "is pooled with the text, where the InstructorEmbedding library leaves its tokens "
-                        "out of the mean", folder)
+            # tokens only, leaving the instruction (here: the prompt) out, as
+            # sentence-transformers' include_prompt=false does.
+            instructor = True
             continue
         if i == 0:
             if kind not in (("Transformer", "MLMTransformer") if sparse else ("Transformer",)):
@@ -460,9 +459,6 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
         raise ValueError(f"{folder}/modules.json: modules after SpladePooling are not supported")
     if not seen_pooling:
         raise ValueError(f"{folder}/modules.json has no Pooling module")
-    if not pipe.include_prompt:
-        raise ValueError(
-            f"{folder}: Pooling with include_prompt=false (prompt tokens left out of the pool) "
-            "is not supported"
-        )
+    if instructor:
+        pipe.include_prompt = False
     return pipe, splade

@@ -178,6 +178,30 @@ class TextTokenizer:
             content = [t for t in content if t not in self.drop_ids]
         return self.prefix + content + self.suffix, before
 
+    def pool_starts(
+        self, prompts: Sequence[str], contents: Sequence[list[int]], rows: Sequence[list[int]], direction: str
+    ) -> list[int]:
+        """For each text, the leading positions of its ids (``rows``, cut from
+        ``contents``) that a model with sentence-transformers'
+        ``include_prompt: false`` leaves out of the pool: its prompt
+        (``prompts``) tokenized alone with the specials, less the closing
+        special if there is one, as sentence-transformers counts them; fewer
+        when a left cut took some of the prompt; 0 without a prompt."""
+        closing = 1 if self.suffix else 0
+        counts: dict[str, int] = {}
+        out = []
+        for prompt, content, row in zip(prompts, contents, rows):
+            if not prompt:
+                out.append(0)
+                continue
+            if prompt not in counts:
+                counts[prompt] = len(content_ids(self._tok, [prompt])[0])
+            k = counts[prompt]
+            if direction == "left":
+                k -= max(0, len(content) - (len(row) - self.n_special))
+            out.append(min(len(self.prefix) + k + len(self.suffix) - closing, len(row)) if k > 0 else 0)
+        return out
+
 
 def _lowercase_first(tok: Tokenizer) -> None:
     """A ``Lowercase`` normalizer in front of ``tok``'s own unless that one
@@ -229,6 +253,18 @@ def with_prompt(prefix: str, text: str, default_of: Optional[Mapping[str, str]] 
     if default_of and any(p and text.startswith(p) for p in default_of.values()):
         return text
     return prefix + text
+
+
+def prompt_in_effect(prefix: str, text: str, default_of: Optional[Mapping[str, str]] = None) -> str:
+    """The prompt ``text`` runs under: ``prefix``, or, where :func:`with_prompt`
+    leaves the default off, the longest of the model's prompts the text
+    already begins with (a model that pools without its prompt leaves that
+    out, as it would have left the default out)."""
+    if default_of and prefix:
+        written = [p for p in default_of.values() if p and text.startswith(p)]
+        if written:
+            return max(written, key=len)
+    return prefix
 
 
 def resolve_prompt(

@@ -35,6 +35,7 @@ impl Tokenize for FourIds {
             ids: vec![1, h as u32, (h >> 32) as u32, 2],
             type_ids: None,
             untruncated_len: 4,
+            pool_start: 0,
         })
     }
 }

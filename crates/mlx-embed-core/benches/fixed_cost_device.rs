@@ -105,6 +105,7 @@ impl Tokenize for FourIds {
             ids: vec![1, text.len() as u32, 2],
             type_ids: None,
             untruncated_len: 3,
+            pool_start: 0,
         })
     }
 }

@@ -258,6 +258,7 @@ impl Batcher {
                 let key = CacheKey {
                     ids: encoded[i].ids.clone(),
                     type_ids: encoded[i].type_ids.clone(),
+                    pool_start: encoded[i].pool_start,
                 };
                 match cache.lookup(key, priority) {
                     Lookup::Hit(vector) => {

@@ -49,6 +49,8 @@ pub const ENTRY_OVERHEAD: usize = 320;
 pub(crate) struct CacheKey {
     pub ids: Vec<u32>,
     pub type_ids: Option<Vec<u32>>,
+    /// The same ids pool differently with their prompt left out.
+    pub pool_start: u32,
 }
 
 impl CacheKey {
@@ -376,6 +378,7 @@ mod tests {
         CacheKey {
             ids: vec![id; len],
             type_ids: None,
+            pool_start: 0,
         }
     }
 
@@ -460,13 +463,10 @@ mod tests {
     #[test]
     fn type_ids_are_part_of_the_key() {
         let cache = Cache::new(1 << 20).unwrap();
-        let plain = CacheKey {
-            ids: vec![1, 2],
-            type_ids: None,
-        };
+        let plain = key(1, 2);
         let typed = CacheKey {
-            ids: vec![1, 2],
             type_ids: Some(vec![0, 1]),
+            ..key(1, 2)
         };
         lead(&cache, plain.clone()).publish(&[1.0]);
         assert!(matches!(
@@ -475,6 +475,27 @@ mod tests {
         ));
         assert!(matches!(
             cache.lookup(plain, Priority::Normal),
+            Lookup::Hit(_)
+        ));
+    }
+
+    #[test]
+    fn the_pool_start_is_part_of_the_key() {
+        // A prompt's ids sent as token ids pool with the prompt; the same
+        // ids from text pool without it: two vectors.
+        let cache = Cache::new(1 << 20).unwrap();
+        let with_prompt = key(1, 4);
+        let without = CacheKey {
+            pool_start: 2,
+            ..key(1, 4)
+        };
+        lead(&cache, with_prompt.clone()).publish(&[1.0]);
+        assert!(matches!(
+            cache.lookup(without.clone(), Priority::Normal),
+            Lookup::Lead(_)
+        ));
+        assert!(matches!(
+            cache.lookup(with_prompt, Priority::Normal),
             Lookup::Hit(_)
         ));
     }

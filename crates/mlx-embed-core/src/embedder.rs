@@ -141,6 +141,11 @@ pub struct Encoded {
     pub type_ids: Option<Vec<u32>>,
     /// Tokens before truncation, special tokens included.
     pub untruncated_len: u32,
+    /// Leading tokens the pooling leaves out (they still run through the
+    /// model): the prompt of a model that pools without it
+    /// (sentence-transformers' `include_prompt: false`, INSTRUCTOR); 0 for
+    /// every other input.
+    pub pool_start: u32,
 }
 
 impl Encoded {

@@ -52,7 +52,7 @@
 //!             return Err(EmbedderError::invalid_input("text only"));
 //!         };
 //!         let ids: Vec<u32> = text.bytes().map(u32::from).take(16).collect();
-//!         Ok(Encoded { untruncated_len: text.len() as u32, ids, type_ids: None })
+//!         Ok(Encoded { untruncated_len: text.len() as u32, ids, ..Encoded::default() })
 //!     }
 //! }
 //!

@@ -700,6 +700,7 @@ mod tests {
                     ids: vec![i as u32; tokens],
                     type_ids: None,
                     untruncated_len: tokens as u32,
+                    pool_start: 0,
                 })
                 .collect(),
         )

@@ -231,6 +231,7 @@ fn ids_only(
         ids,
         type_ids: None,
         untruncated_len,
+        pool_start: 0,
     })
 }
 

@@ -263,7 +263,8 @@ impl Embedder for PythonEmbedder {
 }
 
 impl PythonEmbedder {
-    /// `model.<method>(ids, type_ids, output=...)`: `embed_ids` or `submit_ids`.
+    /// `model.<method>(ids, type_ids, output=..., pool_start=...)`:
+    /// `embed_ids` or `submit_ids` (`pool_start` only when an input has one).
     fn call_ids<'py>(
         &self,
         py: Python<'py>,
@@ -274,6 +275,10 @@ impl PythonEmbedder {
         let (ids, type_ids) = id_lists(py, inputs)?;
         let kwargs = PyDict::new(py);
         kwargs.set_item("output", output.as_str())?;
+        if inputs.iter().any(|e| e.pool_start > 0) {
+            let starts: Vec<u32> = inputs.iter().map(|e| e.pool_start).collect();
+            kwargs.set_item("pool_start", starts)?;
+        }
         self.model
             .bind(py)
             .call_method(method, (ids, type_ids), Some(&kwargs))

@@ -51,6 +51,7 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
         drop_ids: optional(&tok, "drop_ids")?.unwrap_or_default(),
         char_limit: optional(&tok, "char_limit")?,
         lowercase: optional(&tok, "lowercase")?.unwrap_or_default(),
+        pool_without_prompt: !optional(&tok, "include_prompt")?.unwrap_or(true),
     };
     let mut details = BTreeMap::new();
     if let Some(d) = optional::<Bound<'_, PyAny>>(spec, "details")? {

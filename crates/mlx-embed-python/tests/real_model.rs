@@ -165,6 +165,7 @@ fn pipelined_submit_and_collect_match_the_one_shot_path() {
         ids: vec![101, 999_999, 102],
         type_ids: None,
         untruncated_len: 3,
+        pool_start: 0,
     }];
 
     let one_shot_first = model.embed_batch(&first, Output::Pooled).unwrap().vectors;

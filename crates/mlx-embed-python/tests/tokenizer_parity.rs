@@ -110,15 +110,25 @@ fn cases(named_prompt: Option<&str>) -> Vec<(EmbedOptions, String)> {
     out
 }
 
-/// The Python engine's ids and pre-truncation lengths for `texts` under
-/// `kwargs` (a Python dict expression), and `token_inputs` as the model runs
-/// them as given: cut to its maximum, its dropped ids left out.
+/// What the Python engine makes of `texts` and `token_inputs`.
+struct PythonIds {
+    ids: Vec<Vec<u32>>,
+    before: Vec<usize>,
+    /// Each text's leading positions left out of the pool (all 0 for a
+    /// model that pools its prompt).
+    pool_starts: Vec<u32>,
+    token_ids: Vec<Vec<u32>>,
+}
+
+/// The Python engine's ids, pre-truncation lengths and pool starts for
+/// `texts` under `kwargs` (a Python dict expression), and `token_inputs` as
+/// the model runs them as given: cut to its maximum, its dropped ids left out.
 fn python_ids(
     folder: Option<&Path>,
     kwargs: &str,
     texts: &[String],
     token_inputs: &[Vec<u32>],
-) -> (Vec<Vec<u32>>, Vec<usize>, Vec<Vec<u32>>) {
+) -> PythonIds {
     Python::attach(|py| {
         let locals = PyDict::new(py);
         locals
@@ -132,7 +142,9 @@ fn python_ids(
             "import mlx_embed
 model = MODELS.get(folder) or MODELS.setdefault(folder, mlx_embed.load(folder))
 kwargs = {kwargs}
-ids, before = model.encode(texts, **kwargs)
+every = dict(truncate=True, prompt_name=None, prompt=None, instruction=None, truncate_to=None)
+ids, before, starts = model._encode(texts, **{{**every, **kwargs}})
+starts = starts or [0] * len(ids)
 tok, n, side = model.tokenizer, model.max_length, kwargs['truncation_direction']
 p, s = len(tok.prefix), len(tok.suffix)
 def as_given(t):
@@ -153,15 +165,22 @@ token_ids = [as_given(list(t)) for t in token_inputs]
         let code = std::ffi::CString::new(code).unwrap();
         py.run(&code, Some(&locals), None).unwrap();
         let get = |name: &str| locals.get_item(name).unwrap().unwrap();
-        (
-            get("ids").extract().unwrap(),
-            get("before").extract().unwrap(),
-            get("token_ids").extract().unwrap(),
-        )
+        PythonIds {
+            ids: get("ids").extract().unwrap(),
+            before: get("before").extract().unwrap(),
+            pool_starts: get("starts").extract().unwrap(),
+            token_ids: get("token_ids").extract().unwrap(),
+        }
     })
 }
 
 fn check(folder: Option<&Path>) -> usize {
+    check_counting(folder).0
+}
+
+/// `check`'s count of inputs compared, and of texts with positions left
+/// out of the pool.
+fn check_counting(folder: Option<&Path>) -> (usize, usize) {
     let name = folder.map_or("all-MiniLM-L6-v2".to_string(), |f| f.display().to_string());
     let embedder = PythonEmbedder::load(&PythonModelOptions {
         model: folder.map(|f| f.to_string_lossy().into_owned()),
@@ -171,12 +190,12 @@ fn check(folder: Option<&Path>) -> usize {
     let tokenizer = embedder.hf_tokenizer().clone();
     let named = tokenizer.spec().prompts.keys().next().cloned();
     let texts = texts();
-    let mut compared = 0;
+    let (mut compared, mut left_out) = (0, 0);
     if let Some(pair) = &tokenizer.spec().pair {
         compared += check_pairs(folder, &name, &tokenizer, &texts);
         if pair.template.is_some() {
             // A prompt-template reranker scores pairs only: a lone text has no encoding.
-            return compared;
+            return (compared, left_out);
         }
     }
     // Over the maximum, ids wrapped in the model's own specials keep them.
@@ -195,20 +214,25 @@ fn check(folder: Option<&Path>) -> usize {
         long_wrapped,
     ];
     for (options, kwargs) in cases(named.as_deref()) {
-        let (py_ids, py_before, py_token_ids) = python_ids(folder, &kwargs, &texts, &token_inputs);
+        let py = python_ids(folder, &kwargs, &texts, &token_inputs);
         let mut truncated = 0;
         for (i, text) in texts.iter().enumerate() {
             let got = tokenizer
                 .encode(&EmbedInput::Text(text.clone()), &options)
                 .unwrap_or_else(|e| panic!("{name} {kwargs}: text {i}: {e}"));
             assert_eq!(
-                got.ids, py_ids[i],
+                got.ids, py.ids[i],
                 "{name} {kwargs}: ids of text {i} {text:?}"
             );
             assert_eq!(
-                got.untruncated_len as usize, py_before[i],
+                got.untruncated_len as usize, py.before[i],
                 "{name} {kwargs}: length of text {i} {text:?}"
             );
+            assert_eq!(
+                got.pool_start, py.pool_starts[i],
+                "{name} {kwargs}: pool start of text {i} {text:?}"
+            );
+            left_out += usize::from(got.pool_start > 0);
             truncated += usize::from(got.untruncated_len as usize > got.ids.len());
             compared += 1;
         }
@@ -220,11 +244,12 @@ fn check(folder: Option<&Path>) -> usize {
             let got = tokenizer
                 .encode(&EmbedInput::Tokens(ids.clone()), &options)
                 .unwrap();
-            assert_eq!(got.ids, py_token_ids[i], "{name} {kwargs}: token input {i}");
+            assert_eq!(got.ids, py.token_ids[i], "{name} {kwargs}: token input {i}");
+            assert_eq!(got.pool_start, 0, "{name} {kwargs}: token input {i}");
             compared += 1;
         }
     }
-    compared
+    (compared, left_out)
 }
 
 /// Query/document pairs of a cross-encoder: Rust's `EmbedInput::Pair` against
@@ -328,17 +353,12 @@ fn rust_and_python_tokenize_identically_for_every_model() {
     );
 }
 
-/// A model whose `sentence_bert_config.json` says `do_lower_case`: both
-/// sides lower-case alike (prompt included), where Unicode's lower-casing is
-/// context-dependent too, and the flag changes the ids (the XLM-R fixture's
-/// tokenizer is cased).
-#[test]
-fn a_lowercasing_model_tokenizes_identically_and_lowercased() {
-    ensure_python().expect("python");
-    let dir = std::env::temp_dir().join(format!("mlx-embed-lowercase-{}", std::process::id()));
+/// A copy of the fixture `name` in a fresh temporary folder.
+fn copy_fixture(name: &str, tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mlx-embed-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let source = fixtures().join("tiny-xlm-roberta");
+    let source = fixtures().join(name);
     for entry in std::fs::read_dir(&source).unwrap() {
         let path = entry.unwrap().path();
         if path.is_file() {
@@ -352,6 +372,58 @@ fn a_lowercasing_model_tokenizes_identically_and_lowercased() {
             }
         }
     }
+    dir
+}
+
+/// Models that pool without their prompt (Pooling `include_prompt: false`,
+/// with a default prompt, so texts that carry one of the prompts are in the
+/// mix; INSTRUCTOR's T5): both sides mark the same positions, both
+/// truncation sides, named and raw prompts.
+#[test]
+fn a_model_that_pools_without_its_prompt_marks_the_same_positions() {
+    ensure_python().expect("python");
+    let xlmr = copy_fixture("tiny-xlm-roberta", "prompt-out");
+    let pooling = xlmr.join("1_Pooling/config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&pooling).unwrap()).unwrap();
+    cfg["include_prompt"] = false.into();
+    std::fs::write(&pooling, cfg.to_string()).unwrap();
+    let st = xlmr.join("config_sentence_transformers.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&st).unwrap()).unwrap();
+    cfg["default_prompt_name"] = "query".into();
+    std::fs::write(&st, cfg.to_string()).unwrap();
+    let instructor = copy_fixture("tiny-t5", "instructor");
+    let modules = instructor.join("modules.json");
+    let text = std::fs::read_to_string(&modules).unwrap();
+    std::fs::write(
+        &modules,
+        text.replacen(
+            "sentence_transformers.models.Transformer",
+            "InstructorEmbedding.INSTRUCTOR_Transformer",
+            1,
+        ),
+    )
+    .unwrap();
+    for dir in [&xlmr, &instructor] {
+        let (compared, left_out) = check_counting(Some(dir));
+        assert!(
+            compared > 100 && left_out > 50,
+            "{dir:?}: {compared} {left_out}"
+        );
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+}
+
+/// A model whose `sentence_bert_config.json` says `do_lower_case`: both
+/// sides lower-case alike (prompt included), where Unicode's lower-casing is
+/// context-dependent too, and the flag changes the ids (the XLM-R fixture's
+/// tokenizer is cased).
+#[test]
+fn a_lowercasing_model_tokenizes_identically_and_lowercased() {
+    ensure_python().expect("python");
+    let dir = copy_fixture("tiny-xlm-roberta", "lowercase");
+    let source = fixtures().join("tiny-xlm-roberta");
     std::fs::write(
         dir.join("sentence_bert_config.json"),
         r#"{"max_seq_length": 128, "do_lower_case": true}"#,

@@ -164,6 +164,56 @@ impl HfTokenizer {
         }
     }
 
+    /// The prompt `text` runs under: what [`Self::prompt_text`] put before
+    /// it (`prepended`), or, where the model's default was left off, the
+    /// longest of its prompts the text already begins with.
+    fn prompt_in_effect<'a>(&'a self, prompt: &Prompt, text: &str, prepended: &'a str) -> &'a str {
+        let has_default = matches!(prompt, Prompt::Default)
+            && self
+                .spec
+                .default_prompt_name
+                .as_ref()
+                .is_some_and(|name| !self.spec.prompts[name].is_empty());
+        if !prepended.is_empty() || !has_default {
+            return prepended;
+        }
+        self.spec
+            .prompts
+            .values()
+            .filter(|p| !p.is_empty() && text.starts_with(p.as_str()))
+            .max_by_key(|p| p.len())
+            .map_or("", String::as_str)
+    }
+
+    /// Leading positions of `encoded` the pooling leaves out when the
+    /// model pools without its prompt: the prompt tokenized alone with the
+    /// specials, less the closing special if there is one, as
+    /// sentence-transformers counts them; fewer when a left cut took some of
+    /// the prompt; 0 without a prompt. `content` is the text's ids before
+    /// the cut.
+    fn prompt_positions(
+        &self,
+        prompt: &str,
+        content: usize,
+        encoded: &Encoded,
+        direction: TruncationDirection,
+    ) -> Result<u32, EmbedderError> {
+        if prompt.is_empty() {
+            return Ok(0);
+        }
+        let (prefix, suffix) = (self.spec.prefix_ids.len(), self.spec.suffix_ids.len());
+        let mut tokens = self.encode_text(prompt, "")?.len();
+        if direction == TruncationDirection::Left {
+            let kept = encoded.ids.len().saturating_sub(prefix + suffix);
+            tokens = tokens.saturating_sub(content.saturating_sub(kept));
+        }
+        if tokens == 0 {
+            return Ok(0);
+        }
+        let positions = (prefix + tokens + suffix.saturating_sub(1)).min(encoded.ids.len());
+        Ok(u32::try_from(positions).unwrap_or(u32::MAX))
+    }
+
     fn encode_text(&self, text: &str, prompt: &str) -> Result<Vec<u32>, EmbedderError> {
         let encoding = if prompt.is_empty() {
             self.tokenizer.encode_fast(text, false)
@@ -243,6 +293,7 @@ impl HfTokenizer {
                 ids,
                 type_ids: None,
                 untruncated_len,
+                pool_start: 0,
             });
         }
         if options.prompt != Prompt::Default {
@@ -289,6 +340,7 @@ impl HfTokenizer {
             ids,
             type_ids,
             untruncated_len,
+            pool_start: 0,
         })
     }
 
@@ -343,6 +395,7 @@ impl HfTokenizer {
                 .collect(),
             type_ids: None,
             untruncated_len: u32::try_from(ids.len()).unwrap_or(u32::MAX),
+            pool_start: 0,
         })
     }
 
@@ -364,6 +417,7 @@ impl HfTokenizer {
             ids,
             type_ids: None,
             untruncated_len,
+            pool_start: 0,
         })
     }
 }
@@ -426,7 +480,13 @@ impl Tokenize for HfTokenizer {
                     }
                     _ => self.encode_text(text, prompt)?,
                 };
-                self.finish(&content, direction, max_length)
+                let mut encoded = self.finish(&content, direction, max_length)?;
+                if self.spec.pool_without_prompt {
+                    let pooled_out = self.prompt_in_effect(&options.prompt, text, prompt);
+                    encoded.pool_start =
+                        self.prompt_positions(pooled_out, content.len(), &encoded, direction)?;
+                }
+                Ok(encoded)
             }
             EmbedInput::Tokens(ids) => {
                 self.check_ids(ids)?;

@@ -37,4 +37,10 @@ pub struct TokenizerSpec {
     /// included) is lower-cased one character at a time, and offsets still
     /// point into the text as sent. (Scorers never set it.)
     pub lowercase: bool,
+    /// sentence-transformers' Pooling `include_prompt: false` (INSTRUCTOR):
+    /// a text's prompt runs through the model but the pooling leaves it
+    /// out. Its [`Encoded::pool_start`](mlx_embed_core::Encoded) is then the
+    /// prompt tokenized alone with the specials, less the closing special,
+    /// as sentence-transformers counts it (less what a left cut took of it).
+    pub pool_without_prompt: bool,
 }

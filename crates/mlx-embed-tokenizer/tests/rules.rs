@@ -272,6 +272,94 @@ fn token_input_is_checked_against_the_vocabulary_then_truncated() {
 }
 
 #[test]
+fn a_model_that_pools_without_its_prompt_marks_where_the_text_starts() {
+    let mut s = spec(512);
+    s.prompts = BTreeMap::from([
+        ("query".to_string(), "query: ".to_string()),
+        ("passage".to_string(), "passage of text: ".to_string()),
+    ]);
+    s.default_prompt_name = Some("query".into());
+    s.pool_without_prompt = true;
+    let tok = tokenizer(s.clone());
+    let start = |t: &str, options: &EmbedOptions| tok.encode(&text(t), options).unwrap().pool_start;
+    let with = |prompt: Prompt| EmbedOptions {
+        prompt,
+        ..EmbedOptions::default()
+    };
+    let (query, passage) = (content("query: ").len(), content("passage of text: ").len());
+    assert_eq!((query, passage), (2, 4));
+    // sentence-transformers' count: [CLS] and the prompt (the prompt alone
+    // tokenized with the specials, less its closing [SEP]).
+    assert_eq!(start("rivers", &EmbedOptions::default()), 1 + 2);
+    assert_eq!(
+        start("rivers", &with(Prompt::Named("passage".into()))),
+        1 + 4
+    );
+    assert_eq!(start("rivers", &with(Prompt::Raw("topic: ".into()))), 1 + 2);
+    assert_eq!(start("rivers", &with(Prompt::Raw(String::new()))), 0);
+    // The default left off a text that carries a prompt: that one is left out.
+    assert_eq!(
+        start("passage of text: rivers", &EmbedOptions::default()),
+        1 + 4
+    );
+    // Token ids and a model that pools its prompt: nothing left out.
+    let tokens = EmbedInput::Tokens(vec![CLS, 7592, 2088, SEP]);
+    assert_eq!(
+        tok.encode(&tokens, &EmbedOptions::default())
+            .unwrap()
+            .pool_start,
+        0
+    );
+    s.pool_without_prompt = false;
+    assert_eq!(
+        tokenizer(s.clone())
+            .encode(&text("rivers"), &EmbedOptions::default())
+            .unwrap()
+            .pool_start,
+        0
+    );
+    // No default prompt: a text that begins with one pools all of it.
+    s.pool_without_prompt = true;
+    s.default_prompt_name = None;
+    let plain = tokenizer(s);
+    assert_eq!(
+        plain
+            .encode(&text("query: rivers"), &EmbedOptions::default())
+            .unwrap()
+            .pool_start,
+        0
+    );
+
+    // A right cut keeps the prompt; one shorter than it leaves out every
+    // position it keeps. A left cut that takes part of the prompt leaves
+    // the rest out; one that takes all of it, nothing.
+    let words = "one two three four five six seven";
+    let n = content(words).len();
+    let cut = |to: usize, direction| EmbedOptions {
+        truncate_to: Some(to),
+        truncation_direction: direction,
+        prompt: Prompt::Named("passage".into()),
+        ..EmbedOptions::default()
+    };
+    let encode = |t: &str, o: &EmbedOptions| tok.encode(&text(t), o).unwrap();
+    assert_eq!(
+        encode(words, &cut(2 + 4 + n - 3, TruncationDirection::Right)).pool_start,
+        5
+    );
+    assert_eq!(
+        encode(words, &cut(4, TruncationDirection::Right)).pool_start,
+        4
+    );
+    let left = encode(words, &cut(2 + 4 + n - 3, TruncationDirection::Left));
+    assert_eq!(left.pool_start, 1 + 1);
+    assert_eq!(
+        encode(words, &cut(2 + n, TruncationDirection::Left)).pool_start,
+        0
+    );
+    assert_eq!(left.ids.len(), 2 + 4 + n - 3);
+}
+
+#[test]
 fn inconsistent_specs_are_refused() {
     let too_short = spec(2);
     assert!(matches!(

@@ -97,6 +97,7 @@ impl Tokenize for FakeTokenizer {
             ids,
             type_ids: None,
             untruncated_len,
+            pool_start: 0,
         })
     }
 }

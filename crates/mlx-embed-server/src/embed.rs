@@ -16,7 +16,7 @@ use crate::state::AppState;
 #[derive(Debug, Clone, PartialEq)]
 pub struct EmbedRequest {
     /// The request's `model` field: which served model answers (none: the
-    /// first embedding model; an unknown name is a 404).
+    /// first embedding model; an unknown name: [`crate::models::resolve`]).
     pub model: Option<String>,
     pub inputs: Vec<EmbedInput>,
     /// Priority, truncation (`truncate: false` refuses over-long inputs with

@@ -325,7 +325,7 @@ impl<'de> Deserialize<'de> for TextInputs {
 
 /// OpenAI's `input` and TEI's `inputs`: a string, strings, token ids, or
 /// lists of token ids (run as given, specials included: see [`EmbedInput::Tokens`]).
-#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum TextsOrTokens {
     Text(String),
@@ -333,6 +333,33 @@ pub enum TextsOrTokens {
     Tokens(Vec<u32>),
     TokenLists(Vec<Vec<u32>>),
 }
+
+/// By hand, for the bounds every route that reads it enforces (400): no
+/// empty list, string or token list ([`crate::embed::check_inputs`]).
+impl utoipa::PartialSchema for TextsOrTokens {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Type};
+        let text = || {
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .min_length(Some(1))
+        };
+        let id = || <u32 as utoipa::PartialSchema>::schema();
+        let ids = || ArrayBuilder::new().items(id()).min_items(Some(1));
+        OneOfBuilder::new()
+            .item(text())
+            .item(ArrayBuilder::new().items(text()).min_items(Some(1)))
+            .item(ids())
+            .item(ArrayBuilder::new().items(ids()).min_items(Some(1)))
+            .description(Some(
+                "A string, strings, token ids, or lists of token ids (run as given, special \
+                 tokens included); no list, string or token list empty (a 400)",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for TextsOrTokens {}
 
 impl TextsOrTokens {
     pub fn into_inputs(self) -> Vec<EmbedInput> {

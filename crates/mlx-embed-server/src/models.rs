@@ -235,6 +235,49 @@ impl Task {
     }
 }
 
+/// How every `model` description of the API documents (the OpenAPI
+/// document) begins its unknown-name rule, [`Task::unknown_name_rule`].
+pub const UNKNOWN_NAME: &str = "Unknown `model` (no served model has the name): ";
+
+impl Task {
+    /// One model this task takes, in words (`a ...`).
+    fn one(self) -> &'static str {
+        match self {
+            Task::Embed => "an embedding model",
+            Task::EmbedSparse => "a SPLADE model",
+            Task::Rerank => "a reranker",
+            Task::Score => "a reranker or an embedding model",
+            Task::Predict => "a classifier or a reranker",
+            Task::Tokenize | Task::Describe => "a model",
+        }
+    }
+
+    /// What [`resolve`] does with a name no served model has, for a route
+    /// of this task: the one wording every `model` field and route of the
+    /// OpenAPI document states, kept here beside the code it describes.
+    /// Exactly one served model able to do the task answers any name; else
+    /// the name is a 404, except on a server of one model unable to do it,
+    /// which refuses the route (400) whatever the name.
+    pub fn unknown_name_rule(self) -> String {
+        const DEFAULTS: &str =
+            "(clients send their own defaults, such as `text-embedding-3-small`)";
+        match self {
+            Task::Tokenize | Task::Describe => format!(
+                "{UNKNOWN_NAME}on a server of one model, that model answers {DEFAULTS}; \
+                 with two or more served, 404 (`model_not_found`)."
+            ),
+            _ => {
+                let one = self.one();
+                format!(
+                    "{UNKNOWN_NAME}where exactly one served model is {one}, it answers \
+                     {DEFAULTS}; otherwise 404 (`model_not_found`), but 400 on a server of \
+                     one model that is not {one}."
+                )
+            }
+        }
+    }
+}
+
 /// Picks the model for a request. `requested` is the request's `model`
 /// field (empty means none).
 pub fn resolve<'a>(
@@ -488,6 +531,73 @@ mod tests {
             .await,
             first
         );
+    }
+
+    /// [`Task::unknown_name_rule`] says what [`resolve`] does: an unknown
+    /// name reaches the one served model able to do the task; else it is
+    /// a 404, but a 400 on a one-model server unable to do it.
+    #[test]
+    fn the_documented_unknown_name_rule_is_resolves() {
+        let reranker = || ModelKind::Reranker {
+            labels: vec!["LABEL_0".into()],
+        };
+        let classifier = || ModelKind::Classifier {
+            labels: vec!["a".into(), "b".into()],
+            multi_label: false,
+        };
+        let servers: Vec<Vec<ServedModel>> = vec![
+            vec![served("emb", ModelKind::Embedding)],
+            vec![served("rr", reranker())],
+            vec![served_as("splade", ModelKind::Embedding, true)],
+            vec![
+                served("emb", ModelKind::Embedding),
+                served("rr", reranker()),
+            ],
+            vec![
+                served("emb", ModelKind::Embedding),
+                served("clf", classifier()),
+            ],
+            vec![
+                served("emb", ModelKind::Embedding),
+                served_as("splade", ModelKind::Embedding, true),
+            ],
+            vec![served("rr", reranker()), served("clf", classifier())],
+        ];
+        let tasks = [
+            Task::Embed,
+            Task::EmbedSparse,
+            Task::Rerank,
+            Task::Score,
+            Task::Predict,
+            Task::Tokenize,
+            Task::Describe,
+        ];
+        for models in &servers {
+            let names: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
+            for task in tasks {
+                let able: Vec<&ServedModel> =
+                    models.iter().filter(|m| task.accepts(m.info())).collect();
+                let got = resolve(models, Some("text-embedding-3-small"), task);
+                match (able.as_slice(), models.len()) {
+                    ([only], _) => assert_eq!(got.unwrap().name, only.name, "{task:?} {names:?}"),
+                    (_, 1) => assert_eq!(
+                        got.unwrap_err().kind,
+                        ErrorKind::InvalidRequest,
+                        "{task:?} {names:?}"
+                    ),
+                    _ => assert_eq!(
+                        got.unwrap_err().kind,
+                        ErrorKind::NotFound,
+                        "{task:?} {names:?}"
+                    ),
+                }
+                let rule = task.unknown_name_rule();
+                assert!(rule.starts_with(UNKNOWN_NAME), "{rule}");
+                // Tasks any model does have no 400 case.
+                let universal = matches!(task, Task::Tokenize | Task::Describe);
+                assert_eq!(rule.contains("400"), !universal, "{rule}");
+            }
+        }
     }
 
     #[test]

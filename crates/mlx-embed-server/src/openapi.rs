@@ -2,14 +2,17 @@
 
 use std::sync::OnceLock;
 
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
-use utoipa::openapi::{ContentBuilder, HeaderBuilder, Ref, ResponseBuilder};
+use utoipa::openapi::{ContentBuilder, HeaderBuilder, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi, PartialSchema, ToSchema};
 
 use crate::errors::{
     Api, NativeErrorBody, OllamaErrorBody, OpenAiErrorBody, TeiErrorBody, WeaviateErrorBody,
 };
+use crate::extract::PRIORITY_HEADER;
 use crate::middleware::needs_api_key;
+use crate::models::Task;
 use crate::routes::{
     cohere, native, ollama, openai, ops, platforms, pooling, predict, rerank, root, similarity,
     tei, tokens, vllm, weaviate,
@@ -17,7 +20,7 @@ use crate::routes::{
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "mlx-embed", description = "Text embeddings and cross-encoders: native, OpenAI, TEI, Cohere/Jina, Voyage AI, Ollama, Weaviate, vLLM (score, pooling, classify), SageMaker and Vertex AI compatible APIs."),
+    info(title = "mlx-embed", description = "Text embeddings and cross-encoders: native, OpenAI, TEI, Cohere/Jina, Voyage AI, Ollama, Weaviate, vLLM (score, pooling, classify), SageMaker and Vertex AI compatible APIs. Not listed per operation: a path answers a method it does not serve with 405 and an unknown path is a 404, each in the error shape of the API the path belongs to; every GET route also answers HEAD (its headers, no body)."),
     paths(
         native::embed,
         openai::embeddings,
@@ -65,7 +68,7 @@ use crate::routes::{
         NativeErrorBody, OpenAiErrorBody, TeiErrorBody, OllamaErrorBody, WeaviateErrorBody,
         rerank::TeiRerankRequest, rerank::TeiRank, rerank::CohereRerankRequest,
         rerank::CohereRerankResponse, rerank::VoyageRerankRequest, rerank::VoyageRerankResponse,
-        pooling::ClassifyResponse, pooling::InfinityClassifyResponse,
+        pooling::ClassifyResponse, pooling::InfinityClassifyResponse, platforms::VertexInstance,
     )),
     tags(
         (name = "native", description = "The native API"),
@@ -187,6 +190,202 @@ impl Modify for AccessChecks {
     }
 }
 
+/// A route's 4XX description: its own refusals, then what its handler
+/// does with a `model` no served model has ([`Task::unknown_name_rule`],
+/// for the task the handler picks its model for), so every route states
+/// the one rule [`crate::models::resolve`] applies.
+pub(crate) fn refusals(list: &str, task: Task) -> String {
+    format!("{list}. {}", task.unknown_name_rule())
+}
+
+/// [`refusals`] for a route whose body decides the task: each case
+/// (`"A rerank instance"`) with the rule of its task.
+pub(crate) fn refusals_by_case(list: &str, cases: &[(&str, Task)]) -> String {
+    let rules: Vec<String> = cases
+        .iter()
+        .map(|(case, task)| format!("{case}: {}", task.unknown_name_rule()))
+        .collect();
+    format!("{list}. {}", rules.join(" "))
+}
+
+/// The request schemas with a `model` field, and the task each route
+/// that takes the schema picks its model for (the `Task` its handler
+/// passes to [`crate::state::AppState::model_for`]), with the route where
+/// routes differ. Field descriptions are doc comments, which cannot hold
+/// [`Task::unknown_name_rule`]: [`ModelRules`] adds it. A schema in several
+/// unions (`/invocations`, `/vertex`) keeps its own routes' rule: those
+/// routes state theirs in their 4XX answer.
+const MODEL_FIELDS: [(&str, &[(&str, Task)]); 18] = [
+    ("NativeEmbedRequest", &[("", Task::Embed)]),
+    // `/v1/embeddings` and vLLM's `/pooling` (its `allOf`).
+    ("OpenAiEmbeddingRequest", &[("", Task::Embed)]),
+    ("TeiEmbedRequest", &[("", Task::Embed)]),
+    (
+        "TeiRawRequest",
+        &[
+            ("/embed_all", Task::Embed),
+            ("/embed_sparse", Task::EmbedSparse),
+        ],
+    ),
+    ("OllamaEmbedRequest", &[("", Task::Embed)]),
+    ("OllamaEmbeddingsRequest", &[("", Task::Embed)]),
+    ("OllamaShowRequest", &[("", Task::Describe)]),
+    ("OllamaPullRequest", &[("", Task::Describe)]),
+    ("CohereEmbedRequest", &[("", Task::Embed)]),
+    ("CohereRerankRequest", &[("", Task::Rerank)]),
+    ("VoyageRerankRequest", &[("", Task::Rerank)]),
+    ("TeiRerankRequest", &[("", Task::Rerank)]),
+    ("ScoreBody", &[("", Task::Score)]),
+    ("ClassifyRequest", &[("", Task::Predict)]),
+    ("PredictRequest", &[("", Task::Predict)]),
+    ("SimilarityRequest", &[("", Task::Embed)]),
+    ("TokenizeRequest", &[("", Task::Tokenize)]),
+    ("DecodeRequest", &[("", Task::Tokenize)]),
+];
+
+/// Appends [`Task::unknown_name_rule`] to the `model` field of every
+/// schema of [`MODEL_FIELDS`].
+struct ModelRules;
+
+impl Modify for ModelRules {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let Some(components) = doc.components.as_mut() else {
+            return;
+        };
+        for (name, cases) in MODEL_FIELDS {
+            let Some(RefOr::T(Schema::Object(object))) = components.schemas.get_mut(name) else {
+                panic!("{name} is no object schema of the document");
+            };
+            let Some(RefOr::T(Schema::Object(model))) = object.properties.get_mut("model") else {
+                panic!("{name} has no `model` field");
+            };
+            let rule = match cases {
+                [("", task)] => task.unknown_name_rule(),
+                _ => cases
+                    .iter()
+                    .map(|(route, task)| format!("On {route}: {}", task.unknown_name_rule()))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            };
+            let described = model.description.get_or_insert_with(String::new);
+            if !described.contains(&rule) {
+                described.push_str(if described.is_empty() { "" } else { " " });
+                described.push_str(&rule);
+            }
+        }
+    }
+}
+
+/// POST routes that never answer 429: they run no model, queue for
+/// nothing and keep no room for their answer (`/tokenize` does keep room,
+/// and can: `--max-unsent-answers-mb`).
+const NEVER_OVERLOADED: [&str; 3] = ["/decode", "/api/show", "/api/pull"];
+
+/// Every 429 carries `Retry-After` (whole seconds, at least 1:
+/// [`crate::errors::retry_after_secs`]). Every POST route but
+/// [`NEVER_OVERLOADED`] declares its 429 as a reference to one shared
+/// answer per error shape (`components.responses.Overloaded<Shape>`): the
+/// shape of the route's 4XX answer, with the header.
+struct Overloaded;
+
+impl Modify for Overloaded {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let mut shapes = std::collections::BTreeSet::new();
+        for (path, item) in doc.paths.paths.iter_mut() {
+            let Some(operation) = item.post.as_mut() else {
+                continue;
+            };
+            if NEVER_OVERLOADED.contains(&path.as_str()) {
+                continue;
+            }
+            let responses = &mut operation.responses.responses;
+            let Some(RefOr::T(invalid)) = responses.get("4XX") else {
+                panic!("POST {path} declares no 4XX answer");
+            };
+            let shape = invalid.content["application/json"]
+                .schema
+                .as_ref()
+                .and_then(|schema| match schema {
+                    RefOr::Ref(r) => r.ref_location.rsplit('/').next().map(str::to_owned),
+                    RefOr::T(_) => None,
+                })
+                .unwrap_or_else(|| panic!("POST {path}: its 4XX answer names no error shape"));
+            responses.insert(
+                "429".to_owned(),
+                RefOr::Ref(Ref::new(format!(
+                    "#/components/responses/{}",
+                    overloaded(&shape)
+                ))),
+            );
+            shapes.insert(shape);
+        }
+        let components = doc.components.get_or_insert_with(Default::default);
+        for shape in shapes {
+            let retry_after = HeaderBuilder::new()
+                .schema(
+                    ObjectBuilder::new()
+                        .schema_type(Type::Integer)
+                        .minimum(Some(1)),
+                )
+                .description(Some("Seconds to wait before retrying (whole, at least 1)"))
+                .build();
+            let answer = ResponseBuilder::new()
+                .description(
+                    "Overloaded: the priority lane's queue is full or the request waited past \
+                     `--max-queue-wait-ms` (for the model, or for room for its answer: \
+                     `--max-unsent-answers-mb`); retry after `Retry-After` seconds",
+                )
+                .header("Retry-After", retry_after)
+                .content(
+                    "application/json",
+                    ContentBuilder::new()
+                        .schema(Some(Ref::from_schema_name(shape.clone())))
+                        .build(),
+                )
+                .build();
+            components
+                .responses
+                .insert(overloaded(&shape), RefOr::T(answer));
+        }
+    }
+}
+
+/// The shared 429 answer in the error shape `shape`.
+fn overloaded(shape: &str) -> String {
+    format!("Overloaded{}", shape.trim_end_matches("ErrorBody"))
+}
+
+/// The `X-Priority` header's values, any case ([`mlx_embed_core::Priority`]'s
+/// `FromStr`; hyper trims the spaces around a header value), as every
+/// operation that takes it declares them.
+const PRIORITY_PATTERN: &str = "^([Hh][Ii][Gg][Hh]|[Nn][Oo][Rr][Mm][Aa][Ll]|[Ll][Oo][Ww])$";
+
+/// Gives every `X-Priority` parameter its values ([`PRIORITY_PATTERN`]):
+/// any other is a 400.
+struct PriorityValues;
+
+impl Modify for PriorityValues {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        for item in doc.paths.paths.values_mut() {
+            let parameters = item
+                .post
+                .iter_mut()
+                .chain(item.get.iter_mut())
+                .flat_map(|operation| operation.parameters.iter_mut().flatten());
+            for parameter in parameters {
+                if parameter.name.eq_ignore_ascii_case(PRIORITY_HEADER) {
+                    parameter.schema = Some(
+                        ObjectBuilder::new()
+                            .schema_type(Type::String)
+                            .pattern(Some(PRIORITY_PATTERN))
+                            .into(),
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// The document: every handler's path, then its aliases, then the access checks.
 fn document() -> utoipa::openapi::OpenApi {
     let mut doc = ApiDoc::openapi();
@@ -200,6 +399,9 @@ fn document() -> utoipa::openapi::OpenApi {
         }
         doc.paths.paths.insert(alias.to_owned(), item);
     }
+    ModelRules.modify(&mut doc);
+    PriorityValues.modify(&mut doc);
+    Overloaded.modify(&mut doc);
     AccessChecks.modify(&mut doc);
     doc
 }
@@ -215,6 +417,8 @@ mod tests {
     use std::collections::BTreeSet;
 
     use serde_json::{json, Value};
+
+    use crate::models::{Task, UNKNOWN_NAME};
 
     /// Every path the router serves, as the OpenAPI document spells it
     /// (axum's `{*model}` catch-all is a `{model}` parameter there).
@@ -257,11 +461,15 @@ mod tests {
         refs(&doc, &mut found);
         assert!(found.len() > 50, "{}", found.len());
         for r in found {
-            let name = r.strip_prefix("#/components/schemas/").unwrap_or(r);
-            assert!(
-                doc["components"]["schemas"].get(name).is_some(),
-                "{r} names no schema"
-            );
+            // A shared answer (the 429s), else a schema.
+            let target = match r.strip_prefix("#/components/responses/") {
+                Some(name) => doc["components"]["responses"].get(name),
+                None => {
+                    let name = r.strip_prefix("#/components/schemas/").unwrap_or(r);
+                    doc["components"]["schemas"].get(name)
+                }
+            };
+            assert!(target.is_some(), "{r} names nothing of the document");
         }
         // The platform routes' unions point at the routes' own schemas.
         let schemas = &doc["components"]["schemas"];
@@ -271,6 +479,19 @@ mod tests {
                 .unwrap()
                 .len(),
             5
+        );
+        // `/vertex` refuses `/rerank`'s `documents` form: its instances are
+        // the other four.
+        let vertex: Vec<&Value> = schemas["VertexInstance"]["anyOf"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .collect();
+        assert_eq!(vertex.len(), 4);
+        assert!(!vertex.contains(&&json!({ "$ref": "#/components/schemas/CohereRerankRequest" })));
+        assert_eq!(
+            schemas["VertexRequest"]["properties"]["instances"]["items"]["$ref"],
+            "#/components/schemas/VertexInstance"
         );
         assert_eq!(
             schemas["InvocationsAnswer"]["oneOf"]
@@ -462,6 +683,205 @@ mod tests {
         for name in ["queries", "documents", "items", "data_1", "data_2"] {
             assert!(described.contains(name), "{name}: {described}");
         }
+    }
+
+    /// The schemas a request body of `v` may be, by name: through `$ref`,
+    /// unions, `allOf`, and `/vertex`'s instances.
+    fn request_schemas<'a>(doc: &'a Value, v: &'a Value, out: &mut BTreeSet<&'a str>) {
+        if let Some(r) = v["$ref"].as_str() {
+            let name = r.rsplit('/').next().unwrap();
+            if out.insert(name) {
+                request_schemas(doc, &doc["components"]["schemas"][name], out);
+            }
+        }
+        for union in ["allOf", "anyOf", "oneOf"] {
+            for part in v[union].as_array().into_iter().flatten() {
+                request_schemas(doc, part, out);
+            }
+        }
+        let instances = &v["properties"]["instances"]["items"];
+        if !instances.is_null() {
+            request_schemas(doc, instances, out);
+        }
+    }
+
+    #[test]
+    fn every_model_field_and_route_states_the_one_unknown_name_rule() {
+        let doc: Value = serde_json::from_str(super::json()).unwrap();
+        let schemas = &doc["components"]["schemas"];
+        let mut with_model = 0;
+        for (path, method, operation) in operations(&doc) {
+            let Some(body) = operation["requestBody"]["content"]["application/json"].get("schema")
+            else {
+                continue;
+            };
+            let mut names = BTreeSet::new();
+            request_schemas(&doc, body, &mut names);
+            let takes_model = names
+                .iter()
+                .any(|name| schemas[*name]["properties"]["model"].is_object());
+            for name in &names {
+                if let Some(model) = schemas[*name]["properties"].get("model") {
+                    let described = model["description"].as_str().unwrap();
+                    assert!(described.contains(UNKNOWN_NAME), "{name}: {described}");
+                    // No other wording of it left in a doc comment.
+                    assert_eq!(
+                        described.matches("404").count(),
+                        described.matches(UNKNOWN_NAME).count(),
+                        "{name}: {described}"
+                    );
+                }
+            }
+            let errors = operation["responses"]["4XX"]["description"]
+                .as_str()
+                .unwrap_or_default();
+            // Weaviate's `/vectors` names no model; `POST /` reads the
+            // body's `model` without a schema.
+            if takes_model || path == "/" {
+                with_model += 1;
+                assert!(errors.contains(UNKNOWN_NAME), "{method} {path}: {errors}");
+            } else {
+                assert!(!errors.contains("404"), "{method} {path}: {errors}");
+            }
+        }
+        assert!(with_model > 25, "{with_model}");
+        // Each route's rule is its handler's task's.
+        let errors = |path: &str| {
+            doc["paths"][path]["post"]["responses"]["4XX"]["description"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        };
+        for (path, tasks) in [
+            ("/v1/embeddings", &[Task::Embed][..]),
+            ("/api/embed", &[Task::Embed]),
+            ("/embed_sparse", &[Task::EmbedSparse]),
+            ("/v1/rerank", &[Task::Rerank]),
+            ("/rerank", &[Task::Rerank]),
+            ("/v1/score", &[Task::Score]),
+            ("/classify", &[Task::Predict]),
+            ("/predict", &[Task::Predict]),
+            ("/tokenize", &[Task::Tokenize]),
+            ("/decode", &[Task::Tokenize]),
+            ("/api/show", &[Task::Describe]),
+            ("/invocations", &[Task::Describe]),
+            ("/vertex", &[Task::Rerank, Task::Describe]),
+            ("/", &[Task::Embed, Task::Tokenize]),
+        ] {
+            let errors = errors(path);
+            assert_eq!(
+                errors.matches(UNKNOWN_NAME).count(),
+                tasks.len(),
+                "{path}: {errors}"
+            );
+            for task in tasks {
+                assert!(
+                    errors.contains(&task.unknown_name_rule()),
+                    "{path}: {errors}"
+                );
+            }
+        }
+        assert!(
+            doc["paths"]["/v1/models/{model}"]["get"]["responses"]["404"]["description"]
+                .as_str()
+                .unwrap()
+                .contains(&Task::Describe.unknown_name_rule())
+        );
+        let raw = schemas["TeiRawRequest"]["properties"]["model"]["description"]
+            .as_str()
+            .unwrap();
+        assert!(
+            raw.contains(&Task::EmbedSparse.unknown_name_rule()),
+            "{raw}"
+        );
+    }
+
+    #[test]
+    fn every_429_declares_its_retry_after() {
+        let doc: Value = serde_json::from_str(super::json()).unwrap();
+        let mut overloadable = 0;
+        for (path, method, operation) in operations(&doc) {
+            let responses = &operation["responses"];
+            if method != "post" || super::NEVER_OVERLOADED.contains(&path) {
+                assert!(responses["429"].is_null(), "{method} {path}");
+                continue;
+            }
+            overloadable += 1;
+            let r = responses["429"]["$ref"].as_str().unwrap();
+            let name = r.strip_prefix("#/components/responses/").unwrap();
+            let answer = &doc["components"]["responses"][name];
+            let header = &answer["headers"]["Retry-After"];
+            assert_eq!(
+                header["schema"],
+                json!({ "type": "integer", "minimum": 1 }),
+                "{path}"
+            );
+            // In the shape of the route's other refusals.
+            assert_eq!(
+                answer["content"]["application/json"]["schema"],
+                responses["4XX"]["content"]["application/json"]["schema"],
+                "{path}"
+            );
+        }
+        assert!(overloadable > 20, "{overloadable}");
+    }
+
+    #[test]
+    fn the_schemas_carry_the_bounds_the_routes_enforce() {
+        let doc: Value = serde_json::from_str(super::json()).unwrap();
+        let schemas = &doc["components"]["schemas"];
+        for (schema, field) in [
+            ("NativeEmbedRequest", "texts"),
+            ("TeiRerankRequest", "texts"),
+            ("CohereRerankRequest", "documents"),
+            ("VoyageRerankRequest", "documents"),
+            ("CohereEmbedRequest", "texts"),
+            ("CohereEmbedRequest", "inputs"),
+            ("SimilarityInputs", "sentences"),
+        ] {
+            assert_eq!(
+                schemas[schema]["properties"][field]["minItems"], 1,
+                "{schema}.{field}"
+            );
+        }
+        for (schema, field, least) in [
+            ("CohereRerankRequest", "top_n", 0),
+            ("CohereRerankRequest", "max_chunks_per_doc", 1),
+            ("CohereRerankRequest", "max_tokens_per_doc", 1),
+            ("VoyageRerankRequest", "top_k", 1),
+        ] {
+            assert_eq!(
+                schemas[schema]["properties"][field]["minimum"], least,
+                "{schema}.{field}"
+            );
+        }
+        // No empty list, string or token list, in any of the four forms.
+        let forms = schemas["TextsOrTokens"]["oneOf"].as_array().unwrap();
+        assert_eq!(forms.len(), 4);
+        assert_eq!(forms[0]["minLength"], 1);
+        for form in &forms[1..] {
+            assert_eq!(form["minItems"], 1, "{form}");
+        }
+        assert_eq!(forms[1]["items"]["minLength"], 1);
+        assert_eq!(forms[3]["items"]["minItems"], 1);
+        // Every X-Priority header: high, normal or low, in any case.
+        let mut headers = 0;
+        for (path, method, operation) in operations(&doc) {
+            for p in operation["parameters"].as_array().into_iter().flatten() {
+                if p["name"] == "X-Priority" {
+                    headers += 1;
+                    assert_eq!(
+                        p["schema"]["pattern"],
+                        super::PRIORITY_PATTERN,
+                        "{method} {path}"
+                    );
+                }
+            }
+        }
+        assert!(headers > 20, "{headers}");
+        // 405 and HEAD, which no operation lists.
+        let about = doc["info"]["description"].as_str().unwrap();
+        assert!(about.contains("405") && about.contains("HEAD"), "{about}");
     }
 
     #[test]

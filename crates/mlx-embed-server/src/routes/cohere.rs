@@ -81,16 +81,18 @@ pub enum CohereTruncate {
 /// Cohere embed request (v1 and v2).
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct CohereEmbedRequest {
-    /// Which served model answers; default: the first embedding model. Unknown: 404 (several served).
+    /// Which served model answers; default: the first embedding model.
     pub model: Option<String>,
-    /// The texts to embed (at least one).
+    /// The texts to embed (at least one). This or v2's `inputs` is required
+    /// (a 400 without either, or with both).
+    #[schema(min_items = 1)]
     pub texts: Option<Vec<String>>,
     /// Refused: this server embeds text.
     #[schema(value_type = Option<Vec<Object>>)]
     pub images: Option<Vec<Value>>,
     /// v2's inputs, instead of `texts`: each `{"content": [{"type": "text", "text": "..."}]}`,
-    /// one text each (image content is refused: this server embeds text).
-    #[schema(value_type = Option<Vec<Object>>)]
+    /// one text each (image content is refused: this server embeds text); at least one.
+    #[schema(value_type = Option<Vec<Object>>, min_items = 1)]
     pub inputs: Option<Vec<Value>>,
     pub input_type: Option<CohereInputType>,
     /// Forms to answer in (default: float).
@@ -172,7 +174,7 @@ pub struct CohereEmbedResponse {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
         (status = 200, description = "Embeddings in input order", body = CohereEmbedResponse),
-        (status = "4XX", description = "Invalid request (400 incl. a wrong shape and an over-long text with `truncate: NONE`, as Cohere answers; 401, 404 unknown model, 413, 415, 429)", body = OpenAiErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (400 incl. a wrong shape and an over-long text with `truncate: NONE`, as Cohere answers; 401, 404 unknown model (below), 413, 415, 429)", Task::Embed), body = OpenAiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
     )
 )]
@@ -193,7 +195,7 @@ pub async fn embed_v1(
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
         (status = 200, description = "Embeddings in input order", body = CohereEmbedResponse),
-        (status = "4XX", description = "Invalid request (as /v1/embed)", body = OpenAiErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (as /v1/embed)", Task::Embed), body = OpenAiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
     )
 )]

@@ -10,13 +10,13 @@ use super::{prompt_of, Usage};
 use crate::embed::{embed as run_embed, EmbedRequest};
 use crate::errors::{Native, NativeErrorBody, Shaped};
 use crate::extract::{ApiJson, PriorityHeader, PriorityName, TruncationSide};
+use crate::models::Task;
 use crate::state::AppState;
 
 /// Native embed request.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct NativeEmbedRequest {
     /// Which served model answers (`/v1/models` lists them); default: the first embedding model.
-    /// With two or more embedding models served, an unknown name is a 404.
     pub model: Option<String>,
     /// Texts to embed (1 to `--max-inputs-per-request`), none empty.
     #[schema(min_items = 1)]
@@ -65,7 +65,7 @@ pub struct NativeEmbedResponse {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
         (status = 200, description = "Embeddings in input order", body = NativeEmbedResponse),
-        (status = "4XX", description = "Invalid request (400, 401, 404 unknown model where two or more served models embed, 413, 415, 422, 429)", body = NativeErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (400, 401, 404 unknown model (below), 413, 415, 422, 429)", Task::Embed), body = NativeErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = NativeErrorBody),
     )
 )]

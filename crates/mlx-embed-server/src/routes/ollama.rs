@@ -73,7 +73,7 @@ impl OllamaOptions {
 /// Ollama embed request (`keep_alive` is accepted and ignored).
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct OllamaEmbedRequest {
-    /// Which served model answers (with or without `:latest`); default: the first embedding model. Unknown: 404.
+    /// Which served model answers (with or without `:latest`); default: the first embedding model.
     pub model: Option<String>,
     /// A text or a list of texts. None, an empty string or an empty list answers no
     /// embeddings, as Ollama does (clients send that to load a model).
@@ -112,7 +112,7 @@ pub struct OllamaEmbedResponse {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (the only way to set it here: Ollama's body has no `priority`)")),
     responses(
         (status = 200, description = "Embeddings in input order", body = OllamaEmbedResponse),
-        (status = "4XX", description = "Invalid request (400, 401, 404, 413, 415, 429)", body = OllamaErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (400, 401, 404 unknown model (below), 413, 415, 429)", Task::Embed), body = OllamaErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OllamaErrorBody),
     )
 )]
@@ -166,7 +166,7 @@ pub async fn embed(
 /// Ollama's legacy embedding request (`keep_alive` is accepted and ignored).
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct OllamaEmbeddingsRequest {
-    /// Which served model answers (with or without `:latest`); default: the first embedding model. Unknown: 404.
+    /// Which served model answers (with or without `:latest`); default: the first embedding model.
     pub model: Option<String>,
     /// One text. Missing, null or empty answers an empty embedding, as Ollama does.
     #[serde(default)]
@@ -190,7 +190,7 @@ pub struct OllamaEmbeddingsResponse {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (the only way to set it here: Ollama's body has no `priority`)")),
     responses(
         (status = 200, description = "The unnormalized embedding", body = OllamaEmbeddingsResponse),
-        (status = "4XX", description = "Invalid request (400, 401, 404, 413, 415, 429)", body = OllamaErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (400, 401, 404 unknown model (below), 413, 415, 429)", Task::Embed), body = OllamaErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OllamaErrorBody),
     )
 )]
@@ -287,7 +287,7 @@ pub struct OllamaRunningList {
 /// Ollama show request.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct OllamaShowRequest {
-    /// The model, required (with or without `:latest`).
+    /// The model (with or without `:latest`): this or `name` is required, a 400 without either.
     pub model: Option<String>,
     /// What older clients send instead of `model`; `model` wins when both are set, as in Ollama.
     pub name: Option<String>,
@@ -403,7 +403,7 @@ pub async fn ps(State(state): State<AppState>) -> Json<OllamaRunningList> {
     request_body = OllamaShowRequest,
     responses(
         (status = 200, description = "The model's facts", body = OllamaShowResponse),
-        (status = "4XX", description = "Invalid request (400 incl. a wrong shape, as Ollama answers; 401, 404, 413, 415)", body = OllamaErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (400 incl. a wrong shape, as Ollama answers; 401, 404 unknown model (below), 413, 415)", Task::Describe), body = OllamaErrorBody),
     )
 )]
 pub async fn show(
@@ -448,7 +448,7 @@ pub async fn show(
 /// Ollama pull request.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct OllamaPullRequest {
-    /// The model, required (with or without `:latest`).
+    /// The model (with or without `:latest`): this or `name` is required, a 400 without either.
     pub model: Option<String>,
     /// What older clients send instead of `model`; `model` wins when both are set.
     pub name: Option<String>,
@@ -478,7 +478,7 @@ pub struct OllamaPullStatus {
             (OllamaPullStatus = "application/json"),
             (OllamaPullStatus = "application/x-ndjson"),
         )),
-        (status = "4XX", description = "Invalid request (400 no model named, 401, 404 not served, 413, 415)", body = OllamaErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (400 no model named, 401, 404 unknown model (below), 413, 415)", Task::Describe), body = OllamaErrorBody),
     )
 )]
 pub async fn pull(

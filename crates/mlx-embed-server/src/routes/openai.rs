@@ -190,7 +190,7 @@ pub struct OpenAiEmbeddingRequest {
     /// tiktoken's: a 400, even where the served model is named so.
     pub input: TextsOrTokens,
     /// Which served model answers (`/v1/models` lists them); default: the first
-    /// embedding model. With several models served, an unknown name is a 404 (`model_not_found`).
+    /// embedding model.
     pub model: Option<String>,
     /// `float` (default) or `base64`: base64 of the vector's bytes, in
     /// `output_dtype`'s type (float32: four bytes each, little-endian unless
@@ -373,7 +373,7 @@ fn base64_bytes(v: &[f32], big_endian: bool) -> String {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
         (status = 200, description = "Embeddings in input order", body = OpenAiEmbeddingResponse),
-        (status = "4XX", description = "Invalid request (400 incl. a wrong shape and an over-long input with `truncate: false`, as OpenAI answers; 401, 404 unknown model where two or more served models embed, 413, 415, 429)", body = OpenAiErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (400 incl. a wrong shape and an over-long input with `truncate: false`, as OpenAI answers; 401, 404 unknown model (below), 413, 415, 429)", Task::Embed), body = OpenAiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
     )
 )]
@@ -662,7 +662,7 @@ pub async fn models(State(state): State<AppState>) -> Json<OpenAiModelList> {
     params(("model" = String, Path, description = "A served model's name")),
     responses(
         (status = 200, description = "The model", body = OpenAiModel),
-        (status = 404, description = "No such model (several served)", body = OpenAiErrorBody),
+        (status = 404, description = crate::openapi::refusals("No such model", Task::Describe), body = OpenAiErrorBody),
     )
 )]
 pub async fn model(

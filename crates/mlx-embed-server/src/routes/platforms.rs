@@ -129,6 +129,33 @@ impl ToSchema for InvocationsBody {
     }
 }
 
+/// A `/vertex` instance (documentation only): [`InvocationsBody`] but
+/// `/rerank`'s `documents` form, which [`plan`] refuses (422) there.
+pub struct VertexInstance;
+
+impl PartialSchema for VertexInstance {
+    fn schema() -> RefOr<Schema> {
+        AnyOfBuilder::new()
+            .item(Ref::from_schema_name("TeiEmbedRequest"))
+            .item(Ref::from_schema_name("TeiRawRequest"))
+            .item(Ref::from_schema_name("PredictRequest"))
+            .item(Ref::from_schema_name("TeiRerankRequest"))
+            .description(Some(
+                "The body of the route that answers: /rerank's `query` and `texts` form (a \
+                 reranker; its `documents` form is a 422 here), else the model's route: \
+                 /embed (an embedding model), /embed_sparse (SPLADE), /predict (a classifier \
+                 or reranker)",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for VertexInstance {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("VertexInstance")
+    }
+}
+
 /// What `/invocations` answers (documentation only): the answering route's
 /// answer, `/rerank`'s `documents` form included.
 pub struct InvocationsAnswer;
@@ -162,7 +189,7 @@ impl ToSchema for InvocationsAnswer {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "The answering route's answer", body = InvocationsAnswer),
-        (status = "4XX", description = "Invalid request, as the answering route's (400, 401, 404 unknown model, 413, 415, 422, 429)", body = TeiOrOpenAiErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request, as the answering route's (400, 401, 404 unknown model (below), 413, 415, 422, 429)", Task::Describe), body = TeiOrOpenAiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiOrOpenAiErrorBody),
     )
 )]
@@ -199,7 +226,7 @@ pub struct VertexRequest {
     /// Each a body of the route that answers it: a `/rerank` body (`query`
     /// and `texts`) is reranked; any other goes to the model's route
     /// (`/embed`, `/embed_sparse`, or `/predict` for a classifier or reranker).
-    #[schema(value_type = Vec<InvocationsBody>)]
+    #[schema(value_type = Vec<VertexInstance>)]
     pub instances: Vec<Value>,
 }
 
@@ -226,7 +253,7 @@ pub struct VertexResponse {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "One prediction per instance, in order", body = VertexResponse),
-        (status = "4XX", description = "Invalid request (400, 401, 404 unknown model, 413 incl. more inputs in all instances than --max-inputs-per-request, 415, 422 incl. an instance of the wrong shape, 429)", body = TeiErrorBody),
+        (status = "4XX", description = crate::openapi::refusals_by_case("Invalid request (400, 401, 404 unknown model (below), 413 incl. more inputs in all instances than --max-inputs-per-request, 415, 422 incl. an instance of the wrong shape, 429)", &[("A rerank instance (`query` and `texts`)", Task::Rerank), ("Any other instance", Task::Describe)]), body = TeiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiErrorBody),
     )
 )]

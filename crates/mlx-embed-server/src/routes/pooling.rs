@@ -72,7 +72,7 @@ pub struct PoolingResponse {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
         (status = 200, description = "One vector per input, in order", body = PoolingResponse),
-        (status = "4XX", description = "Invalid request (400 incl. a wrong shape, `truncate_prompt_tokens` below 1 or too short for the special tokens, a `task` other than `embed`, no embedding model served; 401, 404 unknown model, 413, 415, 429)", body = OpenAiErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (400 incl. a wrong shape, `truncate_prompt_tokens` below 1 or too short for the special tokens, a `task` other than `embed`, no embedding model served; 401, 404 unknown model (below), 413, 415, 429)", Task::Embed), body = OpenAiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
     )
 )]
@@ -242,7 +242,7 @@ impl ToSchema for ClassifyAnswer {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane (a body `priority` wins)")),
     responses(
         (status = 200, description = "One classification per input, in order (vLLM's shape; Infinity's for a body with `raw_scores`)", body = ClassifyAnswer),
-        (status = "4XX", description = "Invalid request (400 incl. a wrong shape, no classifier served, `truncate_prompt_tokens` below 1 or too short for the special tokens; 401, 404 unknown model, 413, 415, 429)", body = OpenAiErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (400 incl. a wrong shape, no classifier served, `truncate_prompt_tokens` below 1 or too short for the special tokens; 401, 404 unknown model (below), 413, 415, 429)", Task::Predict), body = OpenAiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
     )
 )]

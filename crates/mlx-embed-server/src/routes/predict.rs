@@ -149,7 +149,7 @@ pub(crate) fn predictions(out: &ScoreOutput) -> Vec<Vec<Prediction>> {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "Labels best first, per input", body = PredictResponse),
-        (status = "4XX", description = "Invalid request (400 also: no classifier served; 401, 404 unknown model, 413, 415, 422, 429)", body = TeiErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (400 also: no classifier served; 401, 404 unknown model (below), 413, 415, 422, 429)", Task::Predict), body = TeiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiErrorBody),
     )
 )]

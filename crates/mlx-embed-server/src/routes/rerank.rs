@@ -33,6 +33,7 @@ pub struct TeiRerankRequest {
     pub model: Option<String>,
     pub query: String,
     /// Documents to score against the query (at least one).
+    #[schema(min_items = 1)]
     pub texts: Vec<String>,
     /// Raw logits instead of sigmoid scores (default false).
     #[serde(default)]
@@ -69,7 +70,7 @@ pub struct TeiRank {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "Documents best first (a `documents` body: the /v1/rerank response)", body = RerankAnswer),
-        (status = "4XX", description = "Invalid request (400 also: no reranker served; 401, 404 unknown model, 413, 415, 422, 429). A Cohere-shaped body (`documents`) is answered in the OpenAI error shape, with 400 where this says 422, as /v1/rerank", body = TeiOrOpenAiErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (400 also: no reranker served; 401, 404 unknown model (below), 413, 415, 422, 429). A Cohere-shaped body (`documents`) is answered in the OpenAI error shape, with 400 where this says 422, as /v1/rerank", Task::Rerank), body = TeiOrOpenAiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiOrOpenAiErrorBody),
     )
 )]
@@ -313,14 +314,16 @@ fn rank_field_names(rank_fields: Option<Vec<Value>>) -> Result<Option<Vec<String
 /// Cohere (v1 and v2) / Jina rerank request.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct CohereRerankRequest {
-    /// Which served reranker answers; default: the first reranker. Unknown: 404.
+    /// Which served reranker answers; default: the first reranker.
     pub model: Option<String>,
     pub query: String,
     /// Documents to score (at least one): strings, or JSON objects ranked on
     /// their `text` field (or on `rank_fields`).
+    #[schema(min_items = 1)]
     pub documents: Vec<RerankDocument>,
     /// How many results to return, best first (default all; 0 also means all, as vLLM's
-    /// protocol sends it by default).
+    /// protocol sends it by default); below 0 is a 400.
+    #[schema(minimum = 0)]
     pub top_n: Option<i64>,
     /// Include each document in its result, as sent (a string as `{"text": ...}`)
     /// (v1 and Jina default: true; v2: false).
@@ -328,9 +331,12 @@ pub struct CohereRerankRequest {
     /// Cohere v1: split each document into up to this many chunks that each
     /// fit beside the query, and score the document by its best chunk.
     /// Unset: one chunk, cut to the model's maximum (as Jina answers here).
+    /// Below 1 is a 400.
+    #[schema(minimum = 1)]
     pub max_chunks_per_doc: Option<i64>,
     /// Cohere v2: cut each document to this many tokens first (unset: the
-    /// model's maximum cuts the pair).
+    /// model's maximum cuts the pair). Below 1 is a 400.
+    #[schema(minimum = 1)]
     pub max_tokens_per_doc: Option<i64>,
     /// The fields of an object document to rank on, in this order, as one
     /// `field: value` line each (default: the `text` field alone, its value as is).
@@ -400,7 +406,7 @@ pub struct CohereRerankResponse {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "Documents best first (a Voyage AI body: Voyage's answer)", body = V1RerankAnswer),
-        (status = "4XX", description = "Invalid request (400 also: top_n < 0, top_k < 1, an over-long pair with Voyage's `truncation: false`, no reranker served, and a wrong shape, as Cohere answers; 401, 404 unknown model, 413, 415, 429)", body = OpenAiErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (400 also: top_n < 0, top_k < 1, an over-long pair with Voyage's `truncation: false`, no reranker served, and a wrong shape, as Cohere answers; 401, 404 unknown model (below), 413, 415, 429)", Task::Rerank), body = OpenAiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
     )
 )]
@@ -479,10 +485,11 @@ impl ToSchema for V1RerankAnswer {
 /// told from Cohere's by `top_k` or `truncation`, which its client always sends.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct VoyageRerankRequest {
-    /// Which served reranker answers; default: the first reranker. Unknown: 404 (several served).
+    /// Which served reranker answers; default: the first reranker.
     pub model: Option<String>,
     pub query: String,
     /// Documents to score (at least one).
+    #[schema(min_items = 1)]
     pub documents: Vec<String>,
     /// How many results to return, best first (at least 1; null: all).
     #[schema(minimum = 1)]
@@ -590,7 +597,7 @@ async fn voyage_rerank(
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "Documents best first (a Voyage AI body: Voyage's answer)", body = V1RerankAnswer),
-        (status = "4XX", description = "Invalid request (as /v1/rerank)", body = OpenAiErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (as /v1/rerank)", Task::Rerank), body = OpenAiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
     )
 )]

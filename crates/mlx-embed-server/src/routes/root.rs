@@ -87,7 +87,7 @@ impl ToSchema for InferenceAnswer {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "Vectors, [[{label, score}]] per input, or similarities", body = InferenceAnswer),
-        (status = "4XX", description = "Invalid request (400 incl. a text-classification body (`parameters`) that no served classifier answers, 401, 404 unknown model where several are served, 413, 415, 422 incl. a wrong shape, 429)", body = TeiErrorBody),
+        (status = "4XX", description = crate::openapi::refusals_by_case("Invalid request (400 incl. a text-classification body (`parameters`) that no served classifier answers, 401, 404 unknown model (below), 413, 415, 422 incl. a wrong shape, 429)", &[("A sentence-similarity body (`inputs.source_sentence`)", Task::Embed), ("Any other body", Task::Tokenize)]), body = TeiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiErrorBody),
     )
 )]

@@ -10,12 +10,14 @@ use utoipa::ToSchema;
 use crate::embed::{embed as run_embed, unit_cosine, EmbedRequest};
 use crate::errors::{ApiError, Shaped, Tei, TeiErrorBody};
 use crate::extract::{ApiJson, PriorityHeader, TruncationSide};
+use crate::models::Task;
 use crate::state::AppState;
 
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct SimilarityInputs {
     pub source_sentence: String,
     /// Sentences to compare with the source (at least one).
+    #[schema(min_items = 1)]
     pub sentences: Vec<String>,
 }
 
@@ -81,7 +83,7 @@ pub(crate) async fn similarities(
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "One similarity per sentence, in order", body = Vec<f32>),
-        (status = "4XX", description = "Invalid request (400, 401, 404 unknown model, 413, 415, 422, 429)", body = TeiErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (400, 401, 404 unknown model (below), 413, 415, 422, 429)", Task::Embed), body = TeiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiErrorBody),
     )
 )]

@@ -10,6 +10,7 @@ use utoipa::ToSchema;
 use crate::embed::{embed as run_embed, embed_sparse as run_embed_sparse, EmbedRequest};
 use crate::errors::{ApiError, Shaped, Tei, TeiErrorBody};
 use crate::extract::{ApiJson, PriorityHeader, TextsOrTokens, TruncationSide};
+use crate::models::Task;
 use crate::state::AppState;
 
 /// TEI embed request.
@@ -82,7 +83,7 @@ impl TeiEmbedRequest {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "One vector per input, in order", body = Vec<Vec<f32>>),
-        (status = "4XX", description = "Invalid request (400, 401, 404 unknown model where two or more served models embed, 413, 415, 422, 429)", body = TeiErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (400, 401, 404 unknown model (below), 413, 415, 422, 429)", Task::Embed), body = TeiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiErrorBody),
     )
 )]
@@ -141,7 +142,7 @@ impl TeiRawRequest {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "Per input, in order: one vector per token, in token order (as many as /tokenize lists with special tokens)", body = Vec<Vec<Vec<f32>>>),
-        (status = "4XX", description = "Invalid request (400 incl. a model that is not an embedding model, 401, 404 unknown model, 413, 415, 422, 429)", body = TeiErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (400 incl. a model that is not an embedding model, 401, 404 unknown model (below), 413, 415, 422, 429)", Task::Embed), body = TeiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiErrorBody),
     )
 )]
@@ -185,7 +186,7 @@ pub struct SparseValue {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "Per input, in order: its non-zero entries, in index order", body = Vec<Vec<SparseValue>>),
-        (status = "4XX", description = "Invalid request (400 incl. a model that is not a SPLADE model, 401, 404 unknown model, 413, 415, 422, 429)", body = TeiErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (400 incl. a model that is not a SPLADE model, 401, 404 unknown model (below), 413, 415, 422, 429)", Task::EmbedSparse), body = TeiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiErrorBody),
     )
 )]

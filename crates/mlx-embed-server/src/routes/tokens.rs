@@ -62,7 +62,7 @@ pub const MAX_LISTED_TOKENS: usize = 1 << 20;
     request_body = TokenizeRequest,
     responses(
         (status = 200, description = "Tokens per text", body = Vec<Vec<SimpleToken>>),
-        (status = "4XX", description = "Invalid request (400, 401, 404 unknown model, 413, 415, 422)", body = TeiErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (400, 401, 404 unknown model (below), 413, 415, 422, 429 while the room for large answers is full)", Task::Tokenize), body = TeiErrorBody),
     )
 )]
 pub async fn tokenize(
@@ -182,7 +182,7 @@ pub struct DecodeRequest {
     request_body = DecodeRequest,
     responses(
         (status = 200, description = "One text per id list", body = Vec<String>),
-        (status = "4XX", description = "Invalid request (400 id outside the vocabulary, 401, 404 unknown model, 413, 415, 422)", body = TeiErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (400 id outside the vocabulary, 401, 404 unknown model (below), 413, 415, 422)", Task::Tokenize), body = TeiErrorBody),
     )
 )]
 pub async fn decode(

@@ -151,7 +151,7 @@ fn in_lists(mut err: ApiError, n_firsts: usize) -> ApiError {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "One score per pair, in order", body = ScoreResponse),
-        (status = "4XX", description = "Invalid request (400 also: text_1 and text_2 lengths disagree, a classifier; 401, 404 unknown model, 413, 415, 429; a wrong shape or an over-long input with `truncate: false` is a 400, as vLLM answers)", body = OpenAiErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (400 also: text_1 and text_2 lengths disagree, a classifier; 401, 404 unknown model (below), 413, 415, 429; a wrong shape or an over-long input with `truncate: false` is a 400, as vLLM answers)", Task::Score), body = OpenAiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
     )
 )]

@@ -69,6 +69,16 @@ def test_no_input_answers_no_embeddings_as_ollama_does(server):
     assert c.embeddings(model=EMBEDDER, prompt="").embedding == []
     resp = server.post("/api/embeddings", {"model": EMBEDDER})
     assert resp.status_code == 200 and resp.json() == {"embedding": []}, resp.text
+    # Its options are still read: a context of 0 tokens is a 400 with no input too.
+    for path, body in (
+        ("/api/embed", {"options": {"num_ctx": 0}}),
+        ("/api/embeddings", {"options": {"num_ctx": 0}}),
+        ("/api/embed", {"dimensions": -1}),
+        ("/api/embed", {"dimensions": 385}),
+    ):
+        resp = server.post(path, {"model": EMBEDDER, **body})
+        field = next(iter(body["options"])) if "options" in body else "dimensions"
+        assert resp.status_code == 400 and field in resp.json()["error"], f"{path} {body}: {resp.text}"
     # A text among others must still say something.
     with pytest.raises(ollama.ResponseError) as e:
         c.embed(model=EMBEDDER, input=["ok", ""])

@@ -82,7 +82,8 @@ def test_dimensions_keeps_prefix_and_renormalizes(server, golden):
 def test_token_id_input_equals_text(server):
     """Token ids run as given, as vLLM and TEI run them: "hello world" in the
     MiniLM vocabulary with its [CLS]/[SEP], as /tokenize lists them, is the
-    text's vector, and nothing is added to ids without them."""
+    text's vector; nothing is added to ids without them (TEI's route), and
+    the OpenAI route refuses those as another tokenizer's."""
     by_text = server.post("/v1/embeddings", {"input": "hello world"}).json()["data"][0]["embedding"]
     listed = [t["id"] for t in server.post("/tokenize", {"inputs": "hello world"}).json()[0]]
     assert listed == [101, 7592, 2088, 102]
@@ -97,10 +98,23 @@ def test_token_id_input_equals_text(server):
     # TEI's /embed takes the same forms.
     tei = server.post("/embed", {"inputs": [listed, [101, 7592, 102]]}).json()
     np.testing.assert_allclose(tei, [by_text, by_hello], atol=1e-6)
-    # Without the specials the ids are another input, run as sent.
-    bare = server.post("/v1/embeddings", {"input": [7592, 2088]}).json()
-    assert bare["usage"]["prompt_tokens"] == 2
-    assert float(np.dot(bare["data"][0]["embedding"], by_text)) < 0.999
+    # Without the specials the ids are another input, run as sent on TEI's route.
+    bare = server.post("/embed", {"inputs": [7592, 2088]})
+    assert bare.status_code == 200, bare.text
+    assert float(np.dot(bare.json()[0], by_text)) < 0.999
+    # The OpenAI route (and vLLM's /pooling) refuses them: LangChain's default
+    # sends tiktoken's ids ("hello world" is [15339, 1917] there), which
+    # would get another text's vector with a 200.
+    for path, body in (
+        ("/v1/embeddings", {"input": [[15339, 1917]], "model": "all-MiniLM-L6-v2"}),
+        ("/v1/embeddings", {"input": [listed, [7592, 2088]]}),
+        ("/pooling", {"input": [7592, 2088, 102]}),
+    ):
+        refused = server.post(path, body)
+        assert refused.status_code == 400, f"{path}: {refused.text}"
+        message = refused.json()["error"]["message"]
+        assert "begin with [CLS] (101) and end with [SEP] (102)" in message, message
+        assert "check_embedding_ctx_length=False" in message, message
     # Over the model's 256 tokens, ids in [CLS] ... [SEP] are cut inside them like
     # text (the vector is the truncated text's), or refused on request.
     long = [101] + [7592] * 300 + [102]

@@ -78,6 +78,12 @@ pub struct EmbedOptions {
     /// ([`crate::CoreError::TooManyTokenRows`]): a server bounds its answers
     /// so. `None`: no bound.
     pub max_token_rows: Option<usize>,
+    /// Token-id inputs must begin and end with the model's own special
+    /// tokens, as its tokenizer wraps a text (invalid input otherwise). An
+    /// API whose clients tokenize with another tokenizer unasked (OpenAI's:
+    /// LangChain sends tiktoken's ids) asks for it: such ids run as given
+    /// would get a wrong vector with a 200.
+    pub wrapped_token_ids: bool,
 }
 
 impl Default for EmbedOptions {
@@ -90,6 +96,7 @@ impl Default for EmbedOptions {
             prompt: Prompt::Default,
             output: Output::Pooled,
             max_token_rows: None,
+            wrapped_token_ids: false,
         }
     }
 }

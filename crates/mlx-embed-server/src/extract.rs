@@ -335,7 +335,7 @@ pub enum TextsOrTokens {
 }
 
 /// By hand, for the bounds every route that reads it enforces (400): no
-/// empty list, string or token list ([`crate::embed::check_inputs`]).
+/// empty list, string or token list (`embed::check_inputs`).
 impl utoipa::PartialSchema for TextsOrTokens {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
         use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Type};

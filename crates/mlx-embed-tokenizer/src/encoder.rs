@@ -399,6 +399,37 @@ impl HfTokenizer {
         })
     }
 
+    /// Ids that do not begin and end with the model's specials are refused
+    /// ([`EmbedOptions::wrapped_token_ids`]), naming the specials and the
+    /// likeliest cause.
+    fn check_wrapped(&self, ids: &[u32]) -> Result<(), EmbedderError> {
+        let (prefix, suffix) = (&self.spec.prefix_ids, &self.spec.suffix_ids);
+        if ids.len() >= prefix.len() + suffix.len()
+            && ids.starts_with(prefix)
+            && ids.ends_with(suffix)
+        {
+            return Ok(());
+        }
+        let names = |ids: &[u32]| {
+            ids.iter()
+                .map(|&id| format!("{} ({id})", self.special(id).text))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let wrap = match (prefix.is_empty(), suffix.is_empty()) {
+            (false, false) => format!(
+                "begin with {} and end with {}",
+                names(prefix),
+                names(suffix)
+            ),
+            (false, true) => format!("begin with {}", names(prefix)),
+            _ => format!("end with {}", names(suffix)),
+        };
+        Err(EmbedderError::invalid_input(format!(
+            "token ids here must {wrap}, as this model's tokenizer wraps a text (/tokenize lists              them); without them they are likely another tokenizer's, which mean other text to              this model: LangChain's OpenAIEmbeddings sends tiktoken's unless              check_embedding_ctx_length=False. Send the text, or this model's ids"
+        )))
+    }
+
     /// Cuts `content` to fit `max_length` with the specials and wraps it in them.
     fn finish(
         &self,
@@ -490,6 +521,9 @@ impl Tokenize for HfTokenizer {
             }
             EmbedInput::Tokens(ids) => {
                 self.check_ids(ids)?;
+                if options.wrapped_token_ids {
+                    self.check_wrapped(ids)?;
+                }
                 self.as_given(ids, direction, max_length)
             }
             EmbedInput::Pair { query, document } => {

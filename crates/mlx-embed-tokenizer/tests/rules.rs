@@ -360,6 +360,49 @@ fn a_model_that_pools_without_its_prompt_marks_where_the_text_starts() {
 }
 
 #[test]
+fn wrapped_token_ids_must_carry_the_specials() {
+    let tok = tokenizer(spec(8));
+    let wrapped = EmbedOptions {
+        wrapped_token_ids: true,
+        ..EmbedOptions::default()
+    };
+    let tokens = |ids: &[u32]| EmbedInput::Tokens(ids.to_vec());
+    // tiktoken's "hello world", as LangChain sends it.
+    for bare in [
+        &[15339, 1917][..],
+        &[CLS, 7592, 2088],
+        &[7592, 2088, SEP],
+        &[CLS],
+    ] {
+        let err = tok.encode(&tokens(bare), &wrapped).unwrap_err();
+        assert_eq!(err.kind, EmbedderErrorKind::InvalidInput);
+        assert!(
+            err.message
+                .contains("begin with [CLS] (101) and end with [SEP] (102)")
+                && err.message.contains("check_embedding_ctx_length=False"),
+            "{}",
+            err.message
+        );
+        // Run as given where the option is off (TEI's route).
+        assert_eq!(
+            ids(&tok, &tokens(bare), &EmbedOptions::default()),
+            bare.to_vec()
+        );
+    }
+    assert_eq!(
+        ids(&tok, &tokens(&[CLS, 7592, 2088, SEP]), &wrapped),
+        vec![CLS, 7592, 2088, SEP]
+    );
+    assert_eq!(ids(&tok, &tokens(&[CLS, SEP]), &wrapped), vec![CLS, SEP]);
+    // Over the maximum: cut inside the specials, as before.
+    let long: Vec<u32> = [vec![CLS], vec![7592; 20], vec![SEP]].concat();
+    assert_eq!(
+        ids(&tok, &tokens(&long), &wrapped),
+        [vec![CLS], vec![7592; 6], vec![SEP]].concat()
+    );
+}
+
+#[test]
 fn inconsistent_specs_are_refused() {
     let too_short = spec(2);
     assert!(matches!(

@@ -82,6 +82,7 @@ pub async fn embed(
         prompt: prompt_of(req.prompt_name, req.prompt)?,
         output: Output::Pooled,
         max_token_rows: None,
+        wrapped_token_ids: false,
     };
     let out = run_embed(
         &state,

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
-use crate::embed::{embed as run_embed, EmbedRequest};
+use crate::embed::{embed as run_embed, output_dimension, EmbedRequest};
 use crate::errors::{ApiError, Ollama, OllamaErrorBody, Shaped};
 use crate::extract::{ApiJson, PriorityHeader, TextInputs};
 use crate::models::{ServedModel, Task};
@@ -128,8 +128,15 @@ pub async fn embed(
         Some(input) => input.into_inputs(),
     };
     let echoed = req.model.clone().filter(|name| !name.is_empty());
+    // Checked before the empty-input answer: a bad `num_ctx` or
+    // `dimensions` is a 400 either way.
+    let truncate_to = OllamaOptions::truncate_to(req.options.as_ref())?;
+    let dimensions = req.dimensions.filter(|&n| n != 0);
     if inputs.is_empty() {
         let model = state.model_for(served_name(req.model).as_deref(), Task::Embed)?;
+        if let Some(n) = dimensions {
+            output_dimension(n, model, "dimensions")?;
+        }
         return Ok(Json(OllamaEmbedResponse {
             model: echoed.unwrap_or_else(|| model.name.clone()),
             embeddings: Vec::new(),
@@ -145,12 +152,12 @@ pub async fn embed(
             inputs,
             options: EmbedOptions {
                 truncate: req.truncate.unwrap_or(true),
-                truncate_to: OllamaOptions::truncate_to(req.options.as_ref())?,
+                truncate_to,
                 priority: priority.unwrap_or_default(),
                 ..EmbedOptions::default()
             },
             normalize: true,
-            dimensions: req.dimensions.filter(|&n| n != 0),
+            dimensions,
         },
     )
     .await?;
@@ -200,6 +207,7 @@ pub async fn embeddings(
     ApiJson(req, _): ApiJson<OllamaEmbeddingsRequest, Ollama>,
 ) -> Result<Json<OllamaEmbeddingsResponse>, Shaped<Ollama>> {
     let prompt = req.prompt.unwrap_or_default();
+    let truncate_to = OllamaOptions::truncate_to(req.options.as_ref())?;
     if prompt.is_empty() {
         state.model_for(served_name(req.model).as_deref(), Task::Embed)?;
         return Ok(Json(OllamaEmbeddingsResponse {
@@ -212,7 +220,7 @@ pub async fn embeddings(
             model: served_name(req.model),
             inputs: vec![EmbedInput::Text(prompt)],
             options: EmbedOptions {
-                truncate_to: OllamaOptions::truncate_to(req.options.as_ref())?,
+                truncate_to,
                 priority: priority.unwrap_or_default(),
                 ..EmbedOptions::default()
             },

@@ -185,9 +185,11 @@ pub struct VectorEncoding {
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct OpenAiEmbeddingRequest {
     /// A string, strings, token ids, or lists of token ids (the model's own tokenizer's,
-    /// run as given, special tokens included, as `/tokenize` lists them). Token ids with
-    /// `model` naming one of OpenAI's models (`text-embedding-*`, in any case) are
-    /// tiktoken's: a 400, even where the served model is named so.
+    /// run as given, special tokens included, as `/tokenize` lists them: ids that do not
+    /// begin and end with the model's special tokens are a 400, being likely another
+    /// tokenizer's; TEI's `/embed` runs them). Token ids with `model` naming one of
+    /// OpenAI's models (`text-embedding-*`, in any case) are tiktoken's: a 400, even
+    /// where the served model is named so.
     pub input: TextsOrTokens,
     /// Which served model answers (`/v1/models` lists them); default: the first
     /// embedding model.
@@ -472,6 +474,7 @@ pub(crate) async fn embed_request(
                     .map(Priority::from_vllm)
                     .or(header)
                     .unwrap_or_default(),
+                wrapped_token_ids: true,
                 ..EmbedOptions::default()
             },
             normalize,

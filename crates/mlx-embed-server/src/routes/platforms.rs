@@ -130,7 +130,7 @@ impl ToSchema for InvocationsBody {
 }
 
 /// A `/vertex` instance (documentation only): [`InvocationsBody`] but
-/// `/rerank`'s `documents` form, which [`plan`] refuses (422) there.
+/// `/rerank`'s `documents` form, which `plan` refuses (422) there.
 pub struct VertexInstance;
 
 impl PartialSchema for VertexInstance {

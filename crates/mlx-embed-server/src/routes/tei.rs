@@ -51,6 +51,8 @@ fn tei_options(
         priority: priority.unwrap_or_default(),
         output,
         max_token_rows: None,
+        // TEI runs ids as given: the route for exact ids without specials.
+        wrapped_token_ids: false,
     }
 }
 

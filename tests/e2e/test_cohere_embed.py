@@ -156,8 +156,8 @@ def test_truncate_start_keeps_the_end(server):
 
 
 @pytest.mark.parametrize("body,status,param,needle", [
-    ({"images": ["data:image/png;base64,AAAA"]}, 400, "texts", "embeds text"),
-    ({"texts": ["a"], "input_type": "image"}, 400, "texts", "embeds text"),
+    ({"images": ["data:image/png;base64,AAAA"]}, 400, "images", "embeds text: send `texts`"),
+    ({"texts": ["a"], "input_type": "image"}, 400, "input_type", "input_type `image` is for images"),
     ({"inputs": [{"content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]},
      400, "inputs", "input 0 holds an image: this server embeds text"),
     ({"inputs": [{"content": [{"type": "text", "text": "a"}]},

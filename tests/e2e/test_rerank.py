@@ -489,6 +489,17 @@ def test_inference_client(duo, scorers, golden):
     top = classifier.text_classification(texts[1], top_k=1, function_to_apply="none")
     raw = _ref(BERT_CLASSIFIER, "reference_text_logits.npy")[1]
     assert len(top) == 1 and abs(top[0].score - float(raw.max())) <= 1e-4
+    # The client's other tasks post to the same URL with their own parameters:
+    # refused by name, not answered with a classifier's labels.
+    from huggingface_hub.errors import HfHubHTTPError
+
+    with pytest.raises(HfHubHTTPError) as e:
+        classifier.zero_shot_classification(texts[1], candidate_labels=["a", "b"])
+    assert e.value.response.status_code == 400
+    assert "candidate_labels (a zero-shot classification parameter)" in e.value.response.text
+    for params, task in (({"targets": ["a"]}, "fill-mask"), ({"aggregation_strategy": "simple"}, "token")):
+        r = scorers.post("/", {"inputs": texts[1], "parameters": params})
+        assert r.status_code == 400 and task in r.json()["error"], r.text
 
 
 def test_tei_info_for_tei_clients(duo, scorers):

@@ -213,11 +213,18 @@ async fn embed(
     version: &str,
     header: Option<Priority>,
 ) -> Result<CohereEmbedResponse, ApiError> {
-    if req.images.is_some() || req.input_type == Some(CohereInputType::Image) {
+    if req.images.is_some() {
         return Err(ApiError::invalid(
             "this server embeds text: send `texts` (images are not supported)",
         )
-        .param("texts"));
+        .param("images"));
+    }
+    if req.input_type == Some(CohereInputType::Image) {
+        // Texts sent as `image` would get a text's vector under an image's name.
+        return Err(ApiError::invalid(
+            "input_type `image` is for images, which this server does not embed: send the              texts with `search_document`, `search_query`, `classification` or `clustering`",
+        )
+        .param("input_type"));
     }
     let texts = match (req.texts, req.inputs) {
         (Some(_), Some(_)) => {

@@ -4,7 +4,8 @@
 //!
 //! * `{"inputs": {"source_sentence", "sentences"}}`: sentence similarity;
 //! * `{"inputs": ..., "parameters": {"function_to_apply", "top_k"}}`: text
-//!   classification (the client always sends `parameters` for it);
+//!   classification (the client always sends `parameters` for it; other
+//!   tasks' parameters, `candidate_labels` and the like, are refused);
 //! * otherwise (`feature_extraction`'s root-level `normalize`, `truncate`,
 //!   ...): the default model's job: embeddings for an embedding model,
 //!   predictions for a classifier.
@@ -87,7 +88,7 @@ impl ToSchema for InferenceAnswer {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "Vectors, [[{label, score}]] per input, or similarities", body = InferenceAnswer),
-        (status = "4XX", description = crate::openapi::refusals_by_case("Invalid request (400 incl. a text-classification body (`parameters`) that no served classifier answers, 401, 404 unknown model (below), 413, 415, 422 incl. a wrong shape, 429)", &[("A sentence-similarity body (`inputs.source_sentence`)", Task::Embed), ("Any other body", Task::Tokenize)]), body = TeiErrorBody),
+        (status = "4XX", description = crate::openapi::refusals_by_case("Invalid request (400 incl. a text-classification body (`parameters`) that no served classifier answers, or `parameters` of another task (zero-shot, fill-mask, token classification), 401, 404 unknown model (below), 413, 415, 422 incl. a wrong shape, 429)", &[("A sentence-similarity body (`inputs.source_sentence`)", Task::Embed), ("Any other body", Task::Tokenize)]), body = TeiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiErrorBody),
     )
 )]
@@ -123,6 +124,38 @@ pub async fn inference(
     Ok(Json(run_embed(&state, req.into_request(priority)).await?.vectors).into_response())
 }
 
+/// The Inference API's other tasks post to the same URL with their own
+/// `parameters` (`InferenceClient.zero_shot_classification` sends
+/// `candidate_labels`, `fill_mask` `targets`, ...): read as text
+/// classification they got a classifier's labels with a 200, the task's own
+/// parameters ignored. A parameter text classification does not take is
+/// refused, naming the task it belongs to where it is one of those.
+fn refuse_other_tasks(given: &serde_json::Map<String, Value>) -> Result<(), ApiError> {
+    const TASKS: [(&str, &str); 7] = [
+        ("candidate_labels", "zero-shot classification"),
+        ("hypothesis_template", "zero-shot classification"),
+        ("multi_label", "zero-shot classification"),
+        ("targets", "fill-mask"),
+        ("aggregation_strategy", "token classification"),
+        ("ignore_labels", "token classification"),
+        ("stride", "token classification"),
+    ];
+    let Some(key) = given
+        .keys()
+        .find(|k| !matches!(k.as_str(), "function_to_apply" | "top_k"))
+    else {
+        return Ok(());
+    };
+    let task = TASKS
+        .iter()
+        .find(|(name, _)| name == key)
+        .map_or(String::new(), |(_, task)| format!(" (a {task} parameter)"));
+    Err(ApiError::invalid(format!(
+        "parameters.{key}{task} is not served: POST / answers feature extraction, sentence          similarity and text classification, whose parameters are function_to_apply and top_k"
+    ))
+    .param("parameters"))
+}
+
 /// Predictions per input, best first, as the Inference API nests them.
 async fn classify(
     state: &AppState,
@@ -134,6 +167,9 @@ async fn classify(
         .get_mut("inputs")
         .map(Value::take)
         .ok_or_else(|| ApiError::new(ErrorKind::Unprocessable, "missing field `inputs`"))?;
+    if let Some(Value::Object(given)) = body.get("parameters") {
+        refuse_other_tasks(given)?;
+    }
     let params: ClassifyParameters = match body.get_mut("parameters").map(Value::take) {
         None | Some(Value::Null) => ClassifyParameters::default(),
         Some(p) => serde_json::from_value(p).map_err(|e| {

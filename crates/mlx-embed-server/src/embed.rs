@@ -5,7 +5,9 @@
 //! sparse form ([`embed_sparse`], TEI's `/embed_sparse`) is the same raw
 //! vectors with their zeros left out.
 
-use mlx_embed_core::{l2_normalize, sparse_entries, EmbedInput, EmbedOptions, Output};
+use mlx_embed_core::{
+    l2_normalize, sparse_entries, EmbedInput, EmbedOptions, ModelInfo, Output, Prompt,
+};
 
 use crate::answer_room::{make_room, JSON_FLOAT_BYTES, SPARSE_ENTRY_BYTES};
 use crate::errors::{ApiError, ErrorKind};
@@ -157,7 +159,8 @@ async fn run(
                 0 => usize::MAX,
                 n => n,
             };
-            token_rows_at_most(&req.inputs, per_input, &req.options)
+            let prompt = prompt_bytes(&req.options.prompt, model.info());
+            token_rows_at_most(&req.inputs, per_input, prompt, &req.options)
         }
     };
     let values = rows.saturating_mul(dimension);
@@ -197,21 +200,40 @@ async fn run(
     })
 }
 
+/// The bytes of the prompt `prompt` puts before a text of `model` (a name
+/// it lacks is refused later; counted as none here).
+fn prompt_bytes(prompt: &Prompt, model: &ModelInfo) -> usize {
+    let named = |name: &str| model.prompts.get(name).map_or(0, String::len);
+    match prompt {
+        Prompt::Raw(text) => text.len(),
+        Prompt::Named(name) => named(name),
+        Prompt::Default => model.default_prompt_name.as_deref().map_or(0, named),
+    }
+}
+
 /// At most the token rows a per-token answer to `inputs` has, told before
-/// they are tokenized: a token per byte of text (or per id) and a few for
-/// the specials and a prompt, at most `per_input` each (the model's cut),
-/// and at most the answer's cap in all.
-fn token_rows_at_most(inputs: &[EmbedInput], per_input: usize, options: &EmbedOptions) -> usize {
-    const SPECIALS_AND_PROMPT: usize = 64;
+/// they are tokenized: a token per byte of text and of its prompt
+/// (`prompt_bytes`), or per id, and a few for the specials, at most
+/// `per_input` each (the model's cut), and at most the answer's cap in all.
+/// (A slack of 64 for specials and prompt together told one short text at
+/// 369 KB of answer.)
+fn token_rows_at_most(
+    inputs: &[EmbedInput],
+    per_input: usize,
+    prompt_bytes: usize,
+    options: &EmbedOptions,
+) -> usize {
+    // More than any model's tokenizer puts around a text or a pair.
+    const SPECIALS: usize = 8;
     let rows: usize = inputs
         .iter()
         .map(|input| {
             let length = match input {
-                EmbedInput::Text(text) => text.len(),
+                EmbedInput::Text(text) => text.len() + prompt_bytes,
                 EmbedInput::Tokens(ids) => ids.len(),
                 EmbedInput::Pair { query, document } => query.len() + document.len(),
             };
-            (length + SPECIALS_AND_PROMPT).min(per_input)
+            length.saturating_add(SPECIALS).min(per_input)
         })
         .sum();
     rows.min(options.max_token_rows.unwrap_or(usize::MAX))
@@ -337,5 +359,53 @@ pub(crate) fn output_dimension(
             "{field} must be between 1 and the model's dimension {dim}, got {n}"
         ))
         .param(field))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_rows_are_told_from_text_prompt_and_a_few_specials() {
+        let text = |t: &str| EmbedInput::Text(t.into());
+        let options = EmbedOptions::default();
+        // One short text: its bytes and the specials, not a fixed slack of
+        // 64 (369 KB of answer for "hi" at 384 floats a row).
+        assert_eq!(token_rows_at_most(&[text("hi")], 512, 0, &options), 10);
+        assert_eq!(token_rows_at_most(&[text("hi")], 512, 7, &options), 17);
+        // Ids are rows as given; pairs both texts.
+        let ids = EmbedInput::Tokens(vec![1; 20]);
+        let pair = EmbedInput::Pair {
+            query: "abc".into(),
+            document: "de".into(),
+        };
+        assert_eq!(token_rows_at_most(&[ids, pair], 512, 7, &options), 28 + 13);
+        // At most the model's cut each, and the answer's cap in all.
+        let long = text(&"word ".repeat(1000));
+        assert_eq!(
+            token_rows_at_most(&[long.clone(), long.clone()], 256, 0, &options),
+            512
+        );
+        let capped = EmbedOptions {
+            max_token_rows: Some(300),
+            ..EmbedOptions::default()
+        };
+        assert_eq!(token_rows_at_most(&[long.clone(), long], 256, 0, &capped), 300);
+    }
+
+    #[test]
+    fn a_prompt_is_told_by_its_bytes() {
+        let info = ModelInfo {
+            prompts: [("query".to_string(), "query: ".to_string())].into(),
+            default_prompt_name: Some("query".into()),
+            ..ModelInfo::default()
+        };
+        assert_eq!(prompt_bytes(&Prompt::Default, &info), 7);
+        assert_eq!(prompt_bytes(&Prompt::Named("query".into()), &info), 7);
+        assert_eq!(prompt_bytes(&Prompt::Named("nope".into()), &info), 0);
+        assert_eq!(prompt_bytes(&Prompt::Raw("abc".into()), &info), 3);
+        let plain = ModelInfo::default();
+        assert_eq!(prompt_bytes(&Prompt::Default, &plain), 0);
     }
 }

@@ -391,7 +391,10 @@ mod tests {
             max_token_rows: Some(300),
             ..EmbedOptions::default()
         };
-        assert_eq!(token_rows_at_most(&[long.clone(), long], 256, 0, &capped), 300);
+        assert_eq!(
+            token_rows_at_most(&[long.clone(), long], 256, 0, &capped),
+            300
+        );
     }
 
     #[test]

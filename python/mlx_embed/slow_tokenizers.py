@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import tempfile
 from typing import Any, Optional
 
@@ -140,11 +141,40 @@ def _write_atomically(root: str, digest: str, text: str) -> str:
     return path
 
 
+# Converted tokenizers kept per cache folder (a BERT vocabulary's is about
+# 700 KB); the least recently used go when one more is written, files made
+# by an older conversion among them.
+MAX_CACHED = 32
+
+
+def _prune(root: str, keep: str) -> None:
+    """Leaves the ``MAX_CACHED`` most recently used entries of ``root``
+    (``keep`` among them), removing the others; best effort."""
+    try:
+        entries = []
+        for name in os.listdir(root):
+            path = os.path.join(root, name, "tokenizer.json")
+            try:
+                entries.append((os.stat(path).st_mtime_ns, name))
+            except OSError:
+                continue
+        entries.sort(reverse=True)
+        for _, name in entries[MAX_CACHED:]:
+            if name != keep:
+                shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    except OSError:
+        pass
+
+
 def _converted(files: str, tc: dict, model_type: Optional[str]) -> str:
     digest = source_hash(files, model_type)
     for root in (_cache_root(), _temp_root()):
         cached = os.path.join(root, digest, "tokenizer.json")
         if os.path.isfile(cached):
+            try:
+                os.utime(cached)  # recently used: the last to be pruned
+            except OSError:
+                pass
             log.info("tokenizer of %s converted from vocab.txt (cached): %s", files, cached)
             return cached
     text = build_wordpiece(files, tc).to_str(pretty=True)
@@ -155,6 +185,7 @@ def _converted(files: str, tc: dict, model_type: Optional[str]) -> str:
         except OSError as e:
             errors.append(f"{root}: {e}")
             continue
+        _prune(root, digest)
         log.info("tokenizer of %s converted from vocab.txt: %s", files, path)
         return path
     raise OSError(f"cannot write the tokenizer converted from {files}/vocab.txt: {'; '.join(errors)}")

@@ -129,11 +129,12 @@ def test_cache_file_is_reused_and_keyed_by_content(tmp_path, caplog):
     assert first.startswith(str(tmp_path / "xdg-cache" / "mlx-embed" / "tokenizers") + os.sep)
     assert f"converted from vocab.txt: {first}" in caplog.text
     assert os.listdir(os.path.dirname(first)) == ["tokenizer.json"]  # no temp file left
-    mtime = os.stat(first).st_mtime_ns
+    inode = os.stat(first).st_ino
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="mlx_embed"):
         assert slow_tokenizers.tokenizer_file(str(folder), "bert") == first
-    assert "(cached)" in caplog.text and os.stat(first).st_mtime_ns == mtime
+    # Read, not written again (a new file would be a new inode).
+    assert "(cached)" in caplog.text and os.stat(first).st_ino == inode
     # Another copy of the same files shares the file; changed settings do not.
     other = _variant("uncased", tmp_path / "m2")
     assert slow_tokenizers.tokenizer_file(str(other), "bert") == first
@@ -142,6 +143,30 @@ def test_cache_file_is_reused_and_keyed_by_content(tmp_path, caplog):
     changed = slow_tokenizers.tokenizer_file(str(other), "bert")
     assert changed != first
     assert json.loads(Path(changed).read_text())["normalizer"]["lowercase"] is False
+
+
+def test_the_cache_keeps_the_most_recently_used(tmp_path, monkeypatch):
+    """At most MAX_CACHED converted tokenizers stay; the least recently used
+    (a hit counts as a use) go when another is written."""
+    monkeypatch.setattr(slow_tokenizers, "MAX_CACHED", 2)
+    folders = []
+    for i, lower in enumerate((True, False, True)):
+        folder = _variant("uncased", tmp_path / f"m{i}")
+        tc = json.loads((folder / "tokenizer_config.json").read_text())
+        # Three different sources: the setting and a marker token.
+        (folder / "tokenizer_config.json").write_text(json.dumps(dict(tc, do_lower_case=lower, model_max_length=100 + i)))
+        folders.append(folder)
+    first = slow_tokenizers.tokenizer_file(str(folders[0]), "bert")
+    os.utime(first, ns=(1, 1))
+    second = slow_tokenizers.tokenizer_file(str(folders[1]), "bert")
+    os.utime(second, ns=(2, 2))
+    # The first is used again: the second is now the least recently used.
+    assert slow_tokenizers.tokenizer_file(str(folders[0]), "bert") == first
+    third = slow_tokenizers.tokenizer_file(str(folders[2]), "bert")
+    assert len({first, second, third}) == 3
+    assert os.path.isfile(first) and os.path.isfile(third) and not os.path.exists(os.path.dirname(second))
+    # Gone is only unconverted: asked for again, it is converted anew.
+    assert slow_tokenizers.tokenizer_file(str(folders[1]), "bert") == second and os.path.isfile(second)
 
 
 def test_read_only_folder_and_unwritable_cache(tmp_path, monkeypatch):

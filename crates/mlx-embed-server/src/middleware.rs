@@ -14,7 +14,7 @@ use axum::http::header::{
     ACCEPT_ENCODING, AUTHORIZATION, CONNECTION, CONTENT_ENCODING, CONTENT_LENGTH, HOST,
     TRANSFER_ENCODING,
 };
-use axum::http::{HeaderName, HeaderValue};
+use axum::http::{HeaderName, HeaderValue, Version};
 use axum::middleware::Next;
 use axum::response::Response;
 use futures_util::FutureExt;
@@ -234,24 +234,32 @@ pub async fn require_api_key(State(state): State<AppState>, req: Request, next: 
     }
 }
 
-/// With `--allowed-hosts`, a request whose `Host` is a name it does not list
-/// gets 403 in the path's API error shape: a web page whose name an attacker
-/// points at this server (DNS rebinding) sends its own name, never one the
-/// server answers to. IP addresses and `localhost` name no such page, so
-/// they always pass; so does a request with no `Host` (no browser sends one).
+/// RFC 9112 section 3.2: an HTTP/1.1 request without a `Host`, or any with
+/// more than one, is a 400 (in the path's API error shape). With
+/// `--allowed-hosts`, a request whose `Host` is a name it does not list
+/// gets 403: a web page whose name an attacker points at this server (DNS
+/// rebinding) sends its own name, never one the server answers to. IP
+/// addresses and `localhost` name no such page, so they always pass; so
+/// does an HTTP/1.0 request with no `Host` (no browser sends one).
 pub async fn check_host(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let allowed = &state.args().allowed_hosts;
-    if allowed.is_empty() {
-        return next.run(req).await;
-    }
     let mut hosts = req.headers().get_all(HOST).iter();
     let (first, second) = (hosts.next(), hosts.next());
     if second.is_some() {
-        // RFC 9112 section 3.2: a request with more than one Host is a 400;
-        // checking only one of them would let the other through.
+        // Checking only one of them would let the other through.
         tracing::debug!("rejected: more than one Host header");
         return Api::for_path(req.uri().path())
             .render(ApiError::invalid("more than one Host header: send one").code("invalid_host"));
+    }
+    if first.is_none() && req.version() == Version::HTTP_11 && req.uri().authority().is_none() {
+        tracing::debug!("rejected: an HTTP/1.1 request without Host");
+        return Api::for_path(req.uri().path()).render(
+            ApiError::invalid("an HTTP/1.1 request needs a Host header (RFC 9112): send one")
+                .code("invalid_host"),
+        );
+    }
+    let allowed = &state.args().allowed_hosts;
+    if allowed.is_empty() {
+        return next.run(req).await;
     }
     let host = match req.uri().authority() {
         Some(authority) => Some(authority.host()),

@@ -1282,6 +1282,33 @@ async fn allowed_hosts_refuse_other_names() {
         assert!(answer.starts_with("HTTP/1.1 400"), "{hosts:?}: {answer}");
         assert!(answer.contains("more than one Host header"), "{answer}");
     }
+    // Without the flag too: two Host headers, or an HTTP/1.1 request with
+    // none, are a 400 (RFC 9112 section 3.2); HTTP/1.0 needs none.
+    for (head, status, says) in [
+        (
+            "GET /health HTTP/1.1\r\nHost: a\r\nHost: b\r\nConnection: close\r\n\r\n",
+            "400",
+            "more than one Host header",
+        ),
+        (
+            "GET /health HTTP/1.1\r\nConnection: close\r\n\r\n",
+            "400",
+            "needs a Host header",
+        ),
+        ("GET /health HTTP/1.0\r\n\r\n", "200", "ok"),
+    ] {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(open.base.trim_start_matches("http://"))
+            .await
+            .unwrap();
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        stream.read_to_string(&mut answer).await.unwrap();
+        assert!(
+            answer.contains(&format!(" {status} ")) && answer.contains(says),
+            "{head:?}: {answer}"
+        );
+    }
     // Every operation of the document declares the 403, probes too, and answers it.
     let doc: Value = c
         .get(s.url("/openapi.json"))

@@ -107,19 +107,35 @@ async fn answer(
 /// (documentation only: a union of existing schemas, any of which may match).
 pub struct InvocationsBody;
 
+/// The schemas of the bodies both `/invocations` and `/vertex` take: the
+/// route bodies of each kind of model.
+const ROUTE_BODIES: [&str; 4] = [
+    "TeiEmbedRequest",
+    "TeiRawRequest",
+    "PredictRequest",
+    "TeiRerankRequest",
+];
+
+/// Any of the schemas `names`, described.
+fn any_of(names: &[&str], description: &str) -> RefOr<Schema> {
+    names
+        .iter()
+        .fold(AnyOfBuilder::new(), |any, name| {
+            any.item(Ref::from_schema_name(*name))
+        })
+        .description(Some(description))
+        .into()
+}
+
 impl PartialSchema for InvocationsBody {
     fn schema() -> RefOr<Schema> {
-        AnyOfBuilder::new()
-            .item(Ref::from_schema_name("TeiEmbedRequest"))
-            .item(Ref::from_schema_name("TeiRawRequest"))
-            .item(Ref::from_schema_name("PredictRequest"))
-            .item(Ref::from_schema_name("TeiRerankRequest"))
-            .item(Ref::from_schema_name("CohereRerankRequest"))
-            .description(Some(
-                "The body of the route that answers: /embed (an embedding model), \
-                 /embed_sparse (SPLADE), /predict (a classifier), /rerank (a reranker)",
-            ))
-            .into()
+        let mut names = ROUTE_BODIES.to_vec();
+        names.push("CohereRerankRequest");
+        any_of(
+            &names,
+            "The body of the route that answers: /embed (an embedding model), /embed_sparse \
+             (SPLADE), /predict (a classifier), /rerank (a reranker)",
+        )
     }
 }
 
@@ -135,18 +151,12 @@ pub struct VertexInstance;
 
 impl PartialSchema for VertexInstance {
     fn schema() -> RefOr<Schema> {
-        AnyOfBuilder::new()
-            .item(Ref::from_schema_name("TeiEmbedRequest"))
-            .item(Ref::from_schema_name("TeiRawRequest"))
-            .item(Ref::from_schema_name("PredictRequest"))
-            .item(Ref::from_schema_name("TeiRerankRequest"))
-            .description(Some(
-                "The body of the route that answers: /rerank's `query` and `texts` form (a \
-                 reranker; its `documents` form is a 422 here), else the model's route: \
-                 /embed (an embedding model), /embed_sparse (SPLADE), /predict (a classifier \
-                 or reranker)",
-            ))
-            .into()
+        any_of(
+            &ROUTE_BODIES,
+            "The body of the route that answers: /rerank's `query` and `texts` form (a \
+             reranker; its `documents` form is a 422 here), else the model's route: /embed \
+             (an embedding model), /embed_sparse (SPLADE), /predict (a classifier or reranker)",
+        )
     }
 }
 

@@ -59,14 +59,18 @@ def pool(h, mask, modes: tuple[str, ...], xp=mx):
             # A Python float is weakly typed in both libraries: h's dtype stays.
             out.append(xp.where(m > 0, h, -float("inf")).max(axis=1))
         elif mode in ("mean", "mean_sqrt_len_tokens"):
+            # Sums in float32, cast back, as sentence-transformers does: in
+            # float16 a long input's sum overflows and its count rounds.
             if total is None:
-                total = (h * m).sum(axis=1)
-            count = xp.maximum(m.sum(axis=1), 1e-9)
-            out.append(total / (count if mode == "mean" else xp.sqrt(count)))
+                m32 = mask.astype(xp.float32)[..., None]
+                total = (h * m32).sum(axis=1)
+                count = xp.maximum(m32.sum(axis=1), 1e-9)
+            out.append((total / (count if mode == "mean" else xp.sqrt(count))).astype(h.dtype))
         elif mode == "weightedmean":
-            # Token i (counting from 1) weighs i.
-            w = m * xp.arange(1, h.shape[1] + 1, dtype=h.dtype)[None, :, None]
-            out.append((h * w).sum(axis=1) / xp.maximum(w.sum(axis=1), 1e-9))
+            # Token i (counting from 1) weighs i; float32 weights, since their
+            # sum L(L+1)/2 is past float16's range from L = 362.
+            w = mask.astype(xp.float32)[..., None] * xp.arange(1, h.shape[1] + 1, dtype=xp.float32)[None, :, None]
+            out.append(((h * w).sum(axis=1) / xp.maximum(w.sum(axis=1), 1e-9)).astype(h.dtype))
         else:
             raise ValueError(f"unsupported pooling {mode!r}; supported: {', '.join(MODES)}")
     return out[0] if len(out) == 1 else xp.concatenate(out, axis=-1)

@@ -183,10 +183,13 @@ class TextTokenizer:
     ) -> list[int]:
         """For each text, the leading positions of its ids (``rows``, cut from
         ``contents``) that a model with sentence-transformers'
-        ``include_prompt: false`` leaves out of the pool: its prompt
-        (``prompts``) tokenized alone with the specials, less the closing
-        special if there is one, as sentence-transformers counts them; fewer
-        when a left cut took some of the prompt; 0 without a prompt."""
+        ``include_prompt: false`` leaves out of the pool, as
+        sentence-transformers counts them: its prompt (``prompts``) tokenized
+        alone with the specials and cut to the input's room, less the closing
+        special if there is one (a prompt that fills the input leaves that
+        special pooled; one of no tokens leaves out ``[CLS]``); fewer when a
+        left cut took some of the prompt, none when it took all of it; 0
+        without a prompt."""
         closing = 1 if self.suffix else 0
         counts: dict[str, int] = {}
         out = []
@@ -196,10 +199,15 @@ class TextTokenizer:
                 continue
             if prompt not in counts:
                 counts[prompt] = len(content_ids(self._tok, [prompt])[0])
-            k = counts[prompt]
+            whole = counts[prompt]
+            kept = len(row) - self.n_special
+            k = whole
             if direction == "left":
-                k -= max(0, len(content) - (len(row) - self.n_special))
-            out.append(min(len(self.prefix) + k + len(self.suffix) - closing, len(row)) if k > 0 else 0)
+                k = max(0, k - max(0, len(content) - kept))
+                if whole > 0 and k == 0:
+                    out.append(0)
+                    continue
+            out.append(min(len(self.prefix) + min(k, kept) + len(self.suffix) - closing, len(row)))
         return out
 
 

@@ -139,6 +139,30 @@ def test_pooling_in_numpy_matches_mlx(modes):
     assert np.allclose(np.linalg.norm(unit, axis=1), 1.0, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
+def test_half_precision_pooling_sums_in_float32(dtype):
+    """The sums of mean, mean_sqrt_len_tokens and weightedmean run in
+    float32 and the vector is cast back, as sentence-transformers pools: in
+    float16 weightedmean's weights (L(L+1)/2) overflowed from L = 362 and
+    a 2,000-token mean's count rounded."""
+    from mlx_embed import pooling
+
+    rng = np.random.default_rng(2)
+    h = (3 * rng.standard_normal((2, 2000, 8))).astype(np.float32)
+    mask = np.ones((2, 2000), dtype=np.int32)
+    mask[1, 1500:] = 0
+    half = mx.array(h).astype(dtype)
+    exact = np.array(half.astype(mx.float32))  # the same inputs, summed in float32 here
+    for mode in ("mean", "mean_sqrt_len_tokens", "weightedmean"):
+        got = pooling.pool(half, mx.array(mask), (mode,))
+        assert got.dtype == dtype
+        want = pooling.pool(exact, mask, (mode,), xp=np)
+        got = np.array(got.astype(mx.float32))
+        assert np.isfinite(got).all(), mode
+        # What is left is the cast of the result back to half precision.
+        assert np.abs(got - want).max() <= 2 * np.abs(want).max() * (2**-10 if dtype == mx.float16 else 2**-7), mode
+
+
 def test_only_heads_that_only_pool_run_on_the_host(minilm, golden_texts, golden_mean, monkeypatch):
     """Dense layers (Gemma's), SPLADE and scorers keep MLX; a plain pooling
     head on the CPU takes the host path, and its vectors are the reference's."""

@@ -186,11 +186,13 @@ impl HfTokenizer {
     }
 
     /// Leading positions of `encoded` the pooling leaves out when the
-    /// model pools without its prompt: the prompt tokenized alone with the
-    /// specials, less the closing special if there is one, as
-    /// sentence-transformers counts them; fewer when a left cut took some of
-    /// the prompt; 0 without a prompt. `content` is the text's ids before
-    /// the cut.
+    /// model pools without its prompt, as sentence-transformers counts them:
+    /// the prompt tokenized alone with the specials and cut to the input's
+    /// room, less the closing special if there is one (so a prompt that
+    /// fills the input still leaves that special pooled, and one of no
+    /// tokens leaves out `[CLS]`); fewer when a left cut took some of the
+    /// prompt, none when it took all of it; 0 without a prompt. `content` is
+    /// the text's ids before the cut.
     fn prompt_positions(
         &self,
         prompt: &str,
@@ -202,15 +204,17 @@ impl HfTokenizer {
             return Ok(0);
         }
         let (prefix, suffix) = (self.spec.prefix_ids.len(), self.spec.suffix_ids.len());
-        let mut tokens = self.encode_text(prompt, "")?.len();
+        let kept = encoded.ids.len().saturating_sub(prefix + suffix);
+        let whole = self.encode_text(prompt, "")?.len();
+        let mut tokens = whole;
         if direction == TruncationDirection::Left {
-            let kept = encoded.ids.len().saturating_sub(prefix + suffix);
             tokens = tokens.saturating_sub(content.saturating_sub(kept));
+            if whole > 0 && tokens == 0 {
+                return Ok(0);
+            }
         }
-        if tokens == 0 {
-            return Ok(0);
-        }
-        let positions = (prefix + tokens + suffix.saturating_sub(1)).min(encoded.ids.len());
+        let positions =
+            (prefix + tokens.min(kept) + suffix.saturating_sub(1)).min(encoded.ids.len());
         Ok(u32::try_from(positions).unwrap_or(u32::MAX))
     }
 

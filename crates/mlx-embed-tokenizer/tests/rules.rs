@@ -297,6 +297,9 @@ fn a_model_that_pools_without_its_prompt_marks_where_the_text_starts() {
     );
     assert_eq!(start("rivers", &with(Prompt::Raw("topic: ".into()))), 1 + 2);
     assert_eq!(start("rivers", &with(Prompt::Raw(String::new()))), 0);
+    // A prompt of no tokens still leaves [CLS] out, as sentence-transformers
+    // counts it ([CLS] [SEP], less the [SEP]).
+    assert_eq!(start("rivers", &with(Prompt::Raw(" ".into()))), 1);
     // The default left off a text that carries a prompt: that one is left out.
     assert_eq!(
         start("passage of text: rivers", &EmbedOptions::default()),
@@ -330,9 +333,10 @@ fn a_model_that_pools_without_its_prompt_marks_where_the_text_starts() {
         0
     );
 
-    // A right cut keeps the prompt; one shorter than it leaves out every
-    // position it keeps. A left cut that takes part of the prompt leaves
-    // the rest out; one that takes all of it, nothing.
+    // A right cut keeps the prompt; one shorter than it leaves out all but
+    // the closing [SEP] (the prompt alone is cut to the same room, as
+    // sentence-transformers cuts it). A left cut that takes part of the
+    // prompt leaves the rest out; one that takes all of it, nothing.
     let words = "one two three four five six seven";
     let n = content(words).len();
     let cut = |to: usize, direction| EmbedOptions {
@@ -348,7 +352,11 @@ fn a_model_that_pools_without_its_prompt_marks_where_the_text_starts() {
     );
     assert_eq!(
         encode(words, &cut(4, TruncationDirection::Right)).pool_start,
-        4
+        3
+    );
+    assert_eq!(
+        encode(words, &cut(3, TruncationDirection::Right)).pool_start,
+        2
     );
     let left = encode(words, &cut(2 + 4 + n - 3, TruncationDirection::Left));
     assert_eq!(left.pool_start, 1 + 1);

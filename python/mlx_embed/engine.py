@@ -284,9 +284,9 @@ class EmbeddingModel(ScoringMixin):
         (embedding models only) returns every token's last hidden state
         instead of the pooled vector: no pooling, no Dense head.
         ``pool_start``: per input, the leading tokens the pooling leaves out
-        (``prompt_positions``: a prompt the model pools without,
-        sentence-transformers' ``include_prompt: false``); ignored for
-        ``output="tokens"``."""
+        (a prompt the model pools without, sentence-transformers'
+        ``include_prompt: false``, counted as ``TextTokenizer.pool_starts``
+        counts it); ignored for ``output="tokens"``."""
         return self.submit_ids(ids, type_ids, output=output, pool_start=pool_start).result()
 
     def submit_ids(

@@ -500,6 +500,7 @@ def pass_profile(model, ids: list[list[int]], passes: int, row_counts=PROFILE_RO
     and its cost per text (slope): the fixed cost is what holds server-sized
     calls back on a GPU (docs/benchmarks.md, third lease)."""
     from mlx_embed import ops
+    from mlx_embed.scheduler import _Call
 
     sched = model.scheduler
     texts = [x[: PROFILE_LENGTH - 1] + x[-1:] for x in ids if len(x) >= PROFILE_LENGTH]
@@ -514,7 +515,7 @@ def pass_profile(model, ids: list[list[int]], passes: int, row_counts=PROFILE_RO
                 return sched._graph(host, False, False)[0]
 
         def host(_, batch=batch, lengths=lengths, idx=idx):
-            return sched._host_arrays(idx, batch, None, lengths)
+            return sched._host_arrays(idx, _Call(batch, None, lengths, None))
 
         primitives = graph_primitives(graph(host(None)))
         out["rows"][rows] = phase_medians((("host_ms", host), ("graph_ms", graph), ("submit_ms", submitted),

@@ -81,12 +81,15 @@ def test_bench_gpu_dry_run(tmp_path):
         assert 1.0 <= pad["padding_one_call"] < pad["padding_calls_of_8"]
         profile = res["pass_profile"]
         assert profile["length"] == 64 and list(profile["rows"]) == ["1", "8", "32"]
-        for row in profile["rows"].values():
+        for rows, row in profile["rows"].items():
             phases = ("host_ms", "graph_ms", "submit_ms", "wait_ms")
             assert all(row[k] >= 0 for k in phases) and row["total_ms"] > 0
             assert row["total_ms"] >= max(row[k] for k in phases)
-            # One graph per pass shape: the same primitives whatever the rows.
-            assert row["primitives"] == sum(profile["primitives_by_name"].values())
+            # One graph per pass shape: the same primitives whatever the rows
+            # (a pass of one row may have up to two fewer: MLX leaves out the
+            # Broadcast of a pooling mask over a batch of one).
+            graph = sum(profile["primitives_by_name"].values())
+            assert row["primitives"] == graph if rows != "1" else 0 <= graph - row["primitives"] <= 2
         assert profile["ms_per_text"] > 0 and "Matmul" in str(profile["primitives_by_name"])
     bert, qwen = out["results"]["tiny-bert"], out["results"]["tiny-qwen3"]
     # The CPU default is the matmul path, so the variant is the fused one.

@@ -183,6 +183,7 @@ def test_bad_input(server, body, status, param, needle):
         assert r.status_code == status, (path, r.text)
         err = r.json()["error"]
         assert needle in err["message"] and err["param"] == param, (path, err)
+        assert "  " not in err["message"], err
     with pytest.raises(cohere.errors.BadRequestError):
         cohere.ClientV2(api_key="unused", base_url=server.url).embed(
             texts=["a"], model=EMBEDDER, input_type="search_query", embedding_types=["float"], max_tokens=0)

@@ -497,6 +497,7 @@ def test_inference_client(duo, scorers, golden):
         classifier.zero_shot_classification(texts[1], candidate_labels=["a", "b"])
     assert e.value.response.status_code == 400
     assert "candidate_labels (a zero-shot classification parameter)" in e.value.response.text
+    assert "  " not in e.value.response.text
     for params, task in (({"targets": ["a"]}, "fill-mask"), ({"aggregation_strategy": "simple"}, "token")):
         r = scorers.post("/", {"inputs": texts[1], "parameters": params})
         assert r.status_code == 400 and task in r.json()["error"], r.text

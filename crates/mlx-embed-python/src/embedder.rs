@@ -98,6 +98,13 @@ struct PendingCall(Py<PyAny>);
 impl PythonEmbedder {
     /// Starts or joins the interpreter, loads the model on the calling
     /// thread, reads its spec and builds the Rust tokenizer from it.
+    ///
+    /// Load and run models on long-lived threads: MLX keeps a stream thread
+    /// and its buffers for every OS thread that ever ran a model and never
+    /// frees them, so a load (or [`Embedder::embed_batch`]) on each of many
+    /// short-lived threads leaks a thread and tens of MB each. Loading inside
+    /// `Batcher::start`'s closure ([`Self::load_for_batcher`]) runs the model
+    /// on a model thread the next batcher reuses.
     pub fn load(options: &PythonModelOptions) -> Result<Self, BridgeError> {
         ensure_python()?;
         let (model, spec) = Python::attach(|py| -> Result<_, BridgeError> {

@@ -4,7 +4,9 @@
 //! extension the second thread's first allocation in it crashed (SIGSEGV
 //! in `mi_thread_init`): the thread that first used it had been its main
 //! thread, and its state went with it. One test in its own binary, so the
-//! first thread to reach Python is the one this test spawns.
+//! first thread to reach Python is the one this test spawns. (Not how to run
+//! models: each thread that ran one keeps MLX's stream thread and buffers;
+//! `PythonEmbedder::load`'s docs say where to load.)
 
 use std::path::PathBuf;
 

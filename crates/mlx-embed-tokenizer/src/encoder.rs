@@ -430,7 +430,10 @@ impl HfTokenizer {
             _ => format!("end with {}", names(suffix)),
         };
         Err(EmbedderError::invalid_input(format!(
-            "token ids here must {wrap}, as this model's tokenizer wraps a text (/tokenize lists              them); without them they are likely another tokenizer's, which mean other text to              this model: LangChain's OpenAIEmbeddings sends tiktoken's unless              check_embedding_ctx_length=False. Send the text, or this model's ids"
+            "token ids here must {wrap}, as this model's tokenizer wraps a text (/tokenize lists \
+             them); without them they are likely another tokenizer's, which mean other text to \
+             this model: LangChain's OpenAIEmbeddings sends tiktoken's unless \
+             check_embedding_ctx_length=False. Send the text, or this model's ids"
         )))
     }
 

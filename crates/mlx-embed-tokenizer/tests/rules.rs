@@ -387,7 +387,8 @@ fn wrapped_token_ids_must_carry_the_specials() {
         assert!(
             err.message
                 .contains("begin with [CLS] (101) and end with [SEP] (102)")
-                && err.message.contains("check_embedding_ctx_length=False"),
+                && err.message.contains("check_embedding_ctx_length=False")
+                && !err.message.contains("  "),
             "{}",
             err.message
         );

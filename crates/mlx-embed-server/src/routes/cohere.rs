@@ -222,7 +222,8 @@ async fn embed(
     if req.input_type == Some(CohereInputType::Image) {
         // Texts sent as `image` would get a text's vector under an image's name.
         return Err(ApiError::invalid(
-            "input_type `image` is for images, which this server does not embed: send the              texts with `search_document`, `search_query`, `classification` or `clustering`",
+            "input_type `image` is for images, which this server does not embed: send the \
+             texts with `search_document`, `search_query`, `classification` or `clustering`",
         )
         .param("input_type"));
     }

@@ -151,7 +151,8 @@ fn refuse_other_tasks(given: &serde_json::Map<String, Value>) -> Result<(), ApiE
         .find(|(name, _)| name == key)
         .map_or(String::new(), |(_, task)| format!(" (a {task} parameter)"));
     Err(ApiError::invalid(format!(
-        "parameters.{key}{task} is not served: POST / answers feature extraction, sentence          similarity and text classification, whose parameters are function_to_apply and top_k"
+        "parameters.{key}{task} is not served: POST / answers feature extraction, sentence \
+         similarity and text classification, whose parameters are function_to_apply and top_k"
     ))
     .param("parameters"))
 }

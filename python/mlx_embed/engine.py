@@ -107,6 +107,7 @@ class EmbeddingModel(ScoringMixin):
         self.labels = ck.labels
         self.multi_label = ck.multi_label
         self.sparse = ck.sparse
+        self.weights_format = ck.weights_format
         # sentence-transformers' include_prompt: false (INSTRUCTOR): the
         # prompt runs through the model but is left out of the pool.
         self.include_prompt = bool(getattr(ck.head, "include_prompt", True))
@@ -267,6 +268,7 @@ class EmbeddingModel(ScoringMixin):
             details=self._details(),
             parameters=self.parameter_count,
             weights_bytes=self.weights_bytes,
+            weights_format=self.weights_format,
             path=os.fspath(self.path) if os.path.isdir(self.path) else None,
         )
 

@@ -136,8 +136,9 @@ def _indexed(path: str, index_name: str) -> Optional[list[str]]:
     return files
 
 
-def load_weights(path: str) -> dict:
-    """The folder's weights by name: its safetensors when it has any
+def load_weights(path: str) -> tuple[dict, str]:
+    """The folder's weights by name, and their files' format (``safetensors``
+    or ``pytorch``): its safetensors when it has any
     (``model.safetensors.index.json``'s shards, else every ``*.safetensors``),
     else PyTorch's ``pytorch_model.bin`` (or the shards
     ``pytorch_model.bin.index.json`` lists), read without torch by
@@ -145,7 +146,7 @@ def load_weights(path: str) -> dict:
     files = _indexed(path, "model.safetensors.index.json") or sorted(
         glob.glob(os.path.join(path, "*.safetensors"))
     )
-    read = mx.load
+    read, file_format = mx.load, "safetensors"
     if files:
         kind = "safetensors"
     else:
@@ -157,13 +158,13 @@ def load_weights(path: str) -> dict:
                 f"no weights in {path}: neither *.safetensors nor {PT_WEIGHTS} (or {PT_INDEX})"
             )
         kind = "PyTorch zip checkpoint (read without torch)"
-        read = torch_weights.load
+        read, file_format = torch_weights.load, "pytorch"
     weights = {}
     for f in files:
         weights.update(read(f))
     log.info("%s: weights read from %d %s file(s): %s", path, len(files), kind,
              ", ".join(os.path.basename(f) for f in files))
-    return weights
+    return weights, file_format
 
 
 def quant_config(config: dict) -> Optional[dict]:
@@ -298,6 +299,8 @@ class Checkpoint:
     timings: dict[str, float] = field(default_factory=dict)
     # Groups of sibling linears that run as one matmul (sibling_linears.py).
     joined_groups: int = 0
+    # The weights' files: "safetensors" or "pytorch" (load_weights).
+    weights_format: str = "safetensors"
 
 
 def load_checkpoint(
@@ -361,7 +364,7 @@ def load_checkpoint(
 
     t0 = time.perf_counter()
     model = arch.Model(arch.ModelArgs.from_dict(config))
-    weights = load_weights(files)
+    weights, weights_format = load_weights(files)
     if choice.from_classifier:
         weights = sequence_classification.encoder_weights(config, weights)
     weights = model.sanitize(weights)
@@ -482,4 +485,5 @@ def load_checkpoint(
         module=arch,
         timings=timings,
         joined_groups=joined,
+        weights_format=weights_format,
     )

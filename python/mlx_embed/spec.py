@@ -125,6 +125,8 @@ class ModelSpec:
     # values it packs) and bytes in memory.
     parameters: Optional[int] = None
     weights_bytes: Optional[int] = None
+    # The weights' files as read: "safetensors" or "pytorch" (pytorch_model.bin).
+    weights_format: str = "safetensors"
     # The folder the model was read from, if any: the server's model
     # listings (Ollama's digest) hash its files.
     path: Optional[str] = None

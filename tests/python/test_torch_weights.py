@@ -112,14 +112,17 @@ def test_fp16_bin(tmp_path, golden_texts):
     sentence-transformers on the same float16 weights upcast."""
     _folder_without_weights(tmp_path)
     shutil.copy(BIN / "fp16" / "pytorch_model.bin", tmp_path / "pytorch_model.bin")
-    weights = loading.load_weights(str(tmp_path))
+    weights, file_format = loading.load_weights(str(tmp_path))
+    assert file_format == "pytorch"
     twin = mx.load(str(TWIN / "model.safetensors"))
     assert sorted(weights) == sorted(twin)
     for k, v in twin.items():
         assert weights[k].dtype == mx.float16
         assert mx.array_equal(weights[k], v.astype(mx.float16)).item(), k
-    got = mlx_embed.load(tmp_path).embed(golden_texts)
-    assert_parity(got, np.load(BIN / "reference_fp16_weights_normalized.npy"))
+    model = mlx_embed.load(tmp_path)
+    # What Ollama's /api/show reports as the model's format.
+    assert model.spec().weights_format == "pytorch"
+    assert_parity(model.embed(golden_texts), np.load(BIN / "reference_fp16_weights_normalized.npy"))
 
 
 def test_safetensors_win_over_bin(tmp_path, caplog):
@@ -128,9 +131,9 @@ def test_safetensors_win_over_bin(tmp_path, caplog):
     shutil.copy(TWIN / "model.safetensors", tmp_path)
     (tmp_path / "pytorch_model.bin").write_bytes(b"not read")
     with caplog.at_level(logging.INFO, logger="mlx_embed"):
-        weights = loading.load_weights(str(tmp_path))
+        weights, file_format = loading.load_weights(str(tmp_path))
     assert "1 safetensors file(s): model.safetensors" in caplog.text
-    assert len(weights) == 39
+    assert len(weights) == 39 and file_format == "safetensors"
 
 
 def test_folder_without_weights_names_both_formats(tmp_path):

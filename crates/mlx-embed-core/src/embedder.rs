@@ -385,6 +385,9 @@ pub struct WeightsInfo {
     pub parameters: u64,
     /// Bytes the weights take in memory.
     pub bytes: u64,
+    /// The files the weights were read from: `safetensors`, or `pytorch`
+    /// (`pytorch_model.bin`).
+    pub format: String,
     /// The model's folder (weights, config, tokenizer), where it was read
     /// from one: Ollama's listings hash its files for the model's digest.
     pub folder: Option<std::path::PathBuf>,

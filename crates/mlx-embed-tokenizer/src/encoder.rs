@@ -17,6 +17,9 @@ pub struct HfTokenizer {
     tokenizer: Tokenizer,
     spec: TokenizerSpec,
     vocab_size: usize,
+    /// Each named prompt's tokens alone, for a model that pools without its
+    /// prompt (`pool_without_prompt`): counted once, not per input.
+    prompt_tokens: HashMap<String, usize>,
 }
 
 impl std::fmt::Debug for HfTokenizer {
@@ -114,11 +117,21 @@ impl HfTokenizer {
                 )));
             }
         }
-        Ok(Self {
+        let mut this = Self {
             tokenizer,
             spec,
             vocab_size,
-        })
+            prompt_tokens: HashMap::new(),
+        };
+        if this.spec.pool_without_prompt {
+            for prompt in this.spec.prompts.values() {
+                let tokens = this.encode_text(prompt, "").map_err(|e| {
+                    TokenizerError::Spec(format!("cannot tokenize the prompt {prompt:?}: {e}"))
+                })?;
+                this.prompt_tokens.insert(prompt.clone(), tokens.len());
+            }
+        }
+        Ok(this)
     }
 
     /// Ids are below this (added tokens included).
@@ -205,7 +218,10 @@ impl HfTokenizer {
         }
         let (prefix, suffix) = (self.spec.prefix_ids.len(), self.spec.suffix_ids.len());
         let kept = encoded.ids.len().saturating_sub(prefix + suffix);
-        let whole = self.encode_text(prompt, "")?.len();
+        let whole = match self.prompt_tokens.get(prompt) {
+            Some(&n) => n,
+            None => self.encode_text(prompt, "")?.len(),
+        };
         let mut tokens = whole;
         if direction == TruncationDirection::Left {
             tokens = tokens.saturating_sub(content.saturating_sub(kept));
@@ -380,11 +396,7 @@ impl HfTokenizer {
         max_length: usize,
     ) -> Result<Encoded, EmbedderError> {
         let (prefix, suffix) = (&self.spec.prefix_ids, &self.spec.suffix_ids);
-        if ids.len() > max_length
-            && ids.len() >= prefix.len() + suffix.len()
-            && ids.starts_with(prefix)
-            && ids.ends_with(suffix)
-        {
+        if ids.len() > max_length && self.wrapped(ids) {
             return self.finish(
                 &ids[prefix.len()..ids.len() - suffix.len()],
                 direction,
@@ -407,13 +419,10 @@ impl HfTokenizer {
     /// ([`EmbedOptions::wrapped_token_ids`]), naming the specials and the
     /// likeliest cause.
     fn check_wrapped(&self, ids: &[u32]) -> Result<(), EmbedderError> {
-        let (prefix, suffix) = (&self.spec.prefix_ids, &self.spec.suffix_ids);
-        if ids.len() >= prefix.len() + suffix.len()
-            && ids.starts_with(prefix)
-            && ids.ends_with(suffix)
-        {
+        if self.wrapped(ids) {
             return Ok(());
         }
+        let (prefix, suffix) = (&self.spec.prefix_ids, &self.spec.suffix_ids);
         let names = |ids: &[u32]| {
             ids.iter()
                 .map(|&id| format!("{} ({id})", self.special(id).text))
@@ -435,6 +444,12 @@ impl HfTokenizer {
              this model: LangChain's OpenAIEmbeddings sends tiktoken's unless \
              check_embedding_ctx_length=False. Send the text, or this model's ids"
         )))
+    }
+
+    /// Whether `ids` begin and end with the model's specials, as a text's do.
+    fn wrapped(&self, ids: &[u32]) -> bool {
+        let (prefix, suffix) = (&self.spec.prefix_ids, &self.spec.suffix_ids);
+        ids.len() >= prefix.len() + suffix.len() && ids.starts_with(prefix) && ids.ends_with(suffix)
     }
 
     /// Cuts `content` to fit `max_length` with the specials and wraps it in them.

@@ -237,8 +237,8 @@ pub async fn embeddings(
 #[derive(Debug, Serialize, ToSchema)]
 pub struct OllamaModelDetails {
     pub parent_model: String,
-    /// The weights' files: `safetensors`, or `pytorch` for a folder of
-    /// `pytorch_model.bin` alone.
+    /// The weights' files as the model read them: `safetensors`, or
+    /// `pytorch` for `pytorch_model.bin` (empty where the model does not say).
     pub format: String,
     /// The architecture (`config.json`'s `model_type`).
     pub family: String,
@@ -524,7 +524,7 @@ fn details(model: &ServedModel) -> OllamaModelDetails {
     let family = weights.map_or_else(String::new, |w| w.architecture.clone());
     OllamaModelDetails {
         parent_model: String::new(),
-        format: weights_format(weights.and_then(|w| w.folder.as_deref())).into(),
+        format: weights.map_or_else(String::new, |w| w.format.clone()),
         families: if family.is_empty() {
             Vec::new()
         } else {
@@ -536,36 +536,6 @@ fn details(model: &ServedModel) -> OllamaModelDetails {
             Some(bits) => format!("Q{bits}"),
             None => float_level(&w.dtype),
         }),
-    }
-}
-
-/// The weights' file format as the loader picks it: `safetensors` where
-/// the folder (or its `0_Transformer/`) has any, else `pytorch` for
-/// `pytorch_model.bin` files (read without torch); `safetensors` when there
-/// is no folder to look in.
-fn weights_format(folder: Option<&std::path::Path>) -> &'static str {
-    let Some(folder) = folder else {
-        return "safetensors";
-    };
-    let names = |dir: std::path::PathBuf| -> Vec<String> {
-        std::fs::read_dir(dir)
-            .map(|d| {
-                d.flatten()
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let mut files = names(folder.to_path_buf());
-    files.extend(names(folder.join("0_Transformer")));
-    let safetensors = files.iter().any(|f| f.ends_with(".safetensors"));
-    let pickles = files
-        .iter()
-        .any(|f| f.starts_with("pytorch_model") && f.ends_with(".bin"));
-    if pickles && !safetensors {
-        "pytorch"
-    } else {
-        "safetensors"
     }
 }
 
@@ -609,44 +579,6 @@ fn parameter_size(n: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_format_is_the_weights_files() {
-        let root = std::env::temp_dir().join(format!("mlx-embed-format-{}", std::process::id()));
-        let folder = |name: &str, files: &[&str]| {
-            let dir = root.join(name);
-            for file in files {
-                let path = dir.join(file);
-                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-                std::fs::write(path, b"").unwrap();
-            }
-            dir
-        };
-        let cases = [
-            (
-                "st",
-                &["model.safetensors", "config.json"][..],
-                "safetensors",
-            ),
-            ("bin", &["pytorch_model.bin", "config.json"], "pytorch"),
-            ("sharded", &["pytorch_model-00001-of-00002.bin"], "pytorch"),
-            (
-                "both",
-                &["pytorch_model.bin", "model.safetensors"],
-                "safetensors",
-            ),
-            (
-                "old",
-                &["modules.json", "0_Transformer/pytorch_model.bin"],
-                "pytorch",
-            ),
-        ];
-        for (name, files, want) in cases {
-            assert_eq!(weights_format(Some(&folder(name, files))), want, "{name}");
-        }
-        assert_eq!(weights_format(None), "safetensors");
-        std::fs::remove_dir_all(root).unwrap();
-    }
 
     #[test]
     fn parameter_sizes_read_like_ollamas() {

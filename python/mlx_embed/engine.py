@@ -25,12 +25,12 @@ except ImportError as e:  # the `mlx` wheel alone has no backend on Linux
         "pip install 'mlx-embed[cpu]' (or 'mlx-embed[cuda]' on an NVIDIA GPU)"
     ) from e
 
-from . import _blas, device, loading, ops, precision, startup
+from . import _blas, device, lexical, loading, ops, precision, startup
 from .errors import InputTooLong, InvalidInput, check_switches
 from .loading import DEFAULT_MODEL_NAME, DEFAULT_MODEL_NAMES, default_model_path  # noqa: F401  (re-exported)
 from .models import reads_type_ids
 from .pairs import template_spec
-from .scheduler import OUTPUTS, Scheduler
+from .scheduler import Scheduler
 from .scoring import ScoringMixin
 from .spec import EmbedResult, ModelSpec, TokenizerSpec
 from .tokenization import (
@@ -172,6 +172,15 @@ class EmbeddingModel(ScoringMixin):
             dtype=self.dtype, packed_rows=packed_rows,
         )
         ops.prepare(self.model, self.context)
+        # BGE-M3's sparse head, where the folder has one (lexical.py).
+        self.lexical = None
+        if self.kind == "embedding" and not self.sparse:
+            self.lexical = lexical.read(
+                ck.path, ck.tokenizer_files,
+                int(getattr(self.model, "hidden_size", None) or ck.config["hidden_size"]),
+                self.vocab_size, self.tokenizer.token_id,
+                default_skips=[*self.tokenizer.prefix, *self.tokenizer.suffix, self.pad_id],
+            )
         self.scheduler = Scheduler(
             self.model,
             head=ck.head,
@@ -186,6 +195,7 @@ class EmbeddingModel(ScoringMixin):
             shape_buckets=shape_buckets,
             takes_type_ids=reads_types,
             eval_chunk_mb=eval_chunk_mb,
+            token_head=self.lexical,
         )
         self.load_timings = {**ck.timings, "total": time.perf_counter() - t0}
         for stage in ("read_weights", "build"):
@@ -250,6 +260,7 @@ class EmbeddingModel(ScoringMixin):
             labels=list(self.labels),
             multi_label=self.multi_label,
             sparse=self.sparse,
+            lexical_weights=self.lexical is not None,
             empty_inputs=self.empty_inputs,
             tokenizer=TokenizerSpec(
                 path=tok.path,
@@ -285,6 +296,9 @@ class EmbeddingModel(ScoringMixin):
         raise :class:`~mlx_embed.errors.InvalidInput`. ``output="tokens"``
         (embedding models only) returns every token's last hidden state
         instead of the pooled vector: no pooling, no Dense head.
+        ``output="sparse"`` (a model with lexical weights, BGE-M3's) returns
+        per input its (token id, weight) rows, ids increasing
+        (``lexical.entries``); ``rows`` counts them.
         ``pool_start``: per input, the leading tokens the pooling leaves out
         (a prompt the model pools without, sentence-transformers'
         ``include_prompt: false``, counted as ``TextTokenizer.pool_starts``
@@ -311,6 +325,9 @@ class EmbeddingModel(ScoringMixin):
             type_ids = self._check_type_ids(type_ids, ids)
         if pool_start is not None:
             pool_start = self._check_pool_start(pool_start, ids)
+        if output == "sparse":
+            pending = self.scheduler.submit(ids, type_ids, output="token_weights")
+            return PendingResult(pending, lexical_ids=ids, skipped=self.lexical.skipped_ids)
         return PendingResult(self.scheduler.submit(ids, type_ids, output=output, pool_start=pool_start))
 
     def embed_tokens(
@@ -344,6 +361,11 @@ class EmbeddingModel(ScoringMixin):
         if output == "tokens" and self.kind != "embedding":
             raise InvalidInput(
                 f"{self.name} is a {self.kind}: per-token vectors come from embedding models"
+            )
+        if output == "sparse" and self.lexical is None:
+            raise InvalidInput(
+                f"{self.name} has no lexical weights: output='sparse' needs a BGE-M3 folder "
+                f"(its {lexical.FILE})"
             )
 
     def memory(self) -> dict[str, int]:
@@ -600,17 +622,27 @@ class EmbeddingModel(ScoringMixin):
         )[0]
 
     def embed_sparse(self, texts: list[str], **kwargs) -> list[tuple[np.ndarray, np.ndarray]]:
-        """A SPLADE model's vectors as ``(indices, values)`` per text: the
-        non-zero vocabulary entries in increasing index order (int32, float32),
-        unnormalized (TEI's ``/embed_sparse``). Keyword arguments as
-        :meth:`embed` takes them, except ``normalize``."""
-        if not self.sparse:
+        """A SPLADE model's vectors, or a BGE-M3 model's lexical weights, as
+        ``(indices, values)`` per text: the non-zero vocabulary entries in
+        increasing index order (int32, float32), unnormalized (TEI's
+        ``/embed_sparse``). Keyword arguments as :meth:`embed` takes them,
+        except ``normalize``."""
+        if not self.sparse and self.lexical is None:
             raise InvalidInput(
-                f"{self.name} is not a SPLADE model: sparse vectors need pooling='splade' "
-                "on a masked-LM checkpoint, or a SparseEncoder folder"
+                f"{self.name} has no sparse output: sparse vectors need pooling='splade' "
+                f"on a masked-LM checkpoint, a SparseEncoder folder, or a BGE-M3 folder (its {lexical.FILE})"
             )
         if "normalize" in kwargs:
-            raise InvalidInput("embed_sparse returns the raw SPLADE weights: no normalize")
+            raise InvalidInput("embed_sparse returns the raw sparse weights: no normalize")
+        if self.lexical is not None:
+            ids, _ = self.encode(texts, **kwargs)
+            res = self.submit_ids(ids, output="sparse").result()
+            pairs = np.frombuffer(res.vectors, dtype="<f4").reshape(-1, 2)
+            bounds = np.cumsum([0, *res.rows])
+            return [
+                (pairs[a:b, 0].astype(np.int32), pairs[a:b, 1].copy())
+                for a, b in zip(bounds[:-1], bounds[1:])
+            ]
         dense = self.embed(texts, normalize=False, **kwargs)
         out = []
         for row in dense:
@@ -657,6 +689,8 @@ class EmbeddingModel(ScoringMixin):
             )
         if not self.include_prompt:
             out["include_prompt"] = "false"
+        if self.lexical is not None:
+            out["lexical_weights"] = "true"
         if self.scheduler.streams > 1:
             out["streams"] = str(self.scheduler.streams)
         graphs = device.cuda_graphs()
@@ -686,6 +720,7 @@ class EmbeddingModel(ScoringMixin):
             "kind": self.kind,
             "labels": list(self.labels),
             "sparse": self.sparse,
+            "lexical_weights": self.lexical is not None,
             "parameters": self.parameter_count,
             "weights_bytes": self.weights_bytes,
             "device": self.device,
@@ -725,18 +760,35 @@ class EmbeddingModel(ScoringMixin):
 
 
 class PendingResult:
-    """A call queued by :meth:`EmbeddingModel.submit_ids`."""
+    """A call queued by :meth:`EmbeddingModel.submit_ids`; for lexical
+    weights, with the call's ids and the ids never weighed."""
 
-    def __init__(self, pending):
+    def __init__(self, pending, *, lexical_ids=None, skipped: frozenset = frozenset()):
         self._pending = pending
+        self._lexical_ids = lexical_ids
+        self._skipped = skipped
 
     def result(self) -> EmbedResult:
         vecs, padded = self._pending.result()
+        if self._lexical_ids is not None:
+            return self._lexical_result(vecs, padded)
         return EmbedResult(
             vectors=vecs.astype("<f4", copy=False).tobytes(),
             padded_tokens=padded,
             rows=self._pending.rows,
         )
+
+    def _lexical_result(self, weights: np.ndarray, padded: int) -> EmbedResult:
+        """Each input's token weights ([sum of lengths, 1]) as its sparse
+        entries: (id, weight) float32 pairs, ids exact (below 2^24)."""
+        parts, rows, at = [], [], 0
+        for ids in self._lexical_ids:
+            idx, w = lexical.entries(weights[at : at + len(ids), 0], ids, self._skipped)
+            at += len(ids)
+            parts.append(np.stack([idx.astype(np.float32), w], axis=1))
+            rows.append(len(idx))
+        flat = np.concatenate(parts) if parts else np.empty((0, 2), dtype=np.float32)
+        return EmbedResult(vectors=flat.astype("<f4", copy=False).tobytes(), padded_tokens=padded, rows=rows)
 
 
 def _refuse_lone_surrogates(texts: list[str]) -> None:
@@ -750,6 +802,10 @@ def _refuse_lone_surrogates(texts: list[str]) -> None:
                 f"texts[{i}] is not text: a lone surrogate at position {e.start} (one half of a UTF-16 pair)"
             ) from None
 
+
+# What embed_ids returns per input: a pooled vector, every token's hidden
+# state, or lexical weights (a BGE-M3 model's sparse head).
+OUTPUTS = ("pooled", "tokens", "sparse")
 
 # Whole-number settings and their least value (0 turns the feature off).
 _WHOLE_NUMBERS = {

@@ -301,6 +301,8 @@ class Checkpoint:
     joined_groups: int = 0
     # The weights' files: "safetensors" or "pytorch" (load_weights).
     weights_format: str = "safetensors"
+    # The folder of the tokenizer's files (tokenizer_config.json and the like).
+    tokenizer_files: str = ""
 
 
 def load_checkpoint(
@@ -486,4 +488,5 @@ def load_checkpoint(
         timings=timings,
         joined_groups=joined,
         weights_format=weights_format,
+        tokenizer_files=files,
     )

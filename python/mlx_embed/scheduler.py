@@ -60,7 +60,9 @@ CPU_BATCH_TOKENS = 256
 GPU_BATCH_TOKENS = 16384
 
 # What one call returns per input: one pooled vector, or one row per token.
-OUTPUTS = ("pooled", "tokens")
+# "token_weights": a per-token head's output (BGE-M3's lexical weights,
+# lexical.py), one weight per real token, taken as "tokens" takes rows.
+OUTPUTS = ("pooled", "tokens", "token_weights")
 
 # Fewest real tokens in one call worth splitting across the MLX workers.
 MIN_PARALLEL_TOKENS = 256
@@ -128,10 +130,13 @@ class Scheduler:
         shape_buckets: Optional[bool] = None,
         takes_type_ids: bool = False,
         eval_chunk_mb: Optional[int] = None,
+        token_head: Optional[Callable[[mx.array], mx.array]] = None,
     ):
         self.model = model
         # Pooling and any Dense layers: (hidden [B, L, D], mask) -> [B, dim].
         self.head = head
+        # hidden [B, L, D] -> [B, L, 1] per-token weights (output="token_weights").
+        self.token_head = token_head
         self.dim = dim
         self.pad_id = pad_id
         self.max_length = max_length
@@ -270,7 +275,9 @@ class Scheduler:
         (consecutive calls then overlap); otherwise the work is done here."""
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {', '.join(OUTPUTS)}, got {output!r}")
-        tokens = output == "tokens"
+        if output == "token_weights" and self.token_head is None:
+            raise ValueError("output='token_weights' needs a model with a per-token head")
+        tokens = output != "pooled"
         n = len(ids)
         lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=n)
         if n == 0:
@@ -280,18 +287,18 @@ class Scheduler:
         starts = None if tokens or pool_start is None or not any(pool_start) else pool_start
         call = _Call(ids, type_ids, lengths, starts)
         if self.pipeline:
-            return self._submit_pipelined(plan, call, normalize, tokens)
+            return self._submit_pipelined(plan, call, normalize, output)
         with self._lock:
             out = _TokenRows(lengths) if tokens else np.empty((n, self.dim), dtype=np.float32)
             if self.workers > 1 and len(plan) > 1:
-                padded = self._run_parallel(plan, call, out, normalize, tokens)
+                padded = self._run_parallel(plan, call, out, normalize, output)
             else:
                 self._set_blas_threads(self._blas_threads)
                 ctx = self.context.with_threads(self._blas_threads or os.cpu_count() or 1)
                 with ops.forward_context(ctx), ops.bounded_evaluation(self._evaluation_points()) as points:
                     padded = 0
                     for idx in plan:
-                        vec, p = self._submit(idx, call, normalize, tokens)
+                        vec, p = self._submit(idx, call, normalize, output)
                         mx.eval(vec)
                         if points is not None:
                             points.settled()
@@ -299,11 +306,12 @@ class Scheduler:
                         padded += p
         return Pending(out, padded)
 
-    def _submit(self, idx, call, normalize, tokens) -> tuple[mx.array, int]:
+    def _submit(self, idx, call, normalize, output) -> tuple[mx.array, int]:
         """Build one sub-batch's padded arrays and its pooled-vector graph
-        ([B, dim]); with ``tokens``, its last hidden state ([B, L, hidden],
-        padding included: the caller keeps each row's real tokens)."""
-        return self._graph(self._host_arrays(idx, call), normalize, tokens)
+        ([B, dim]); with per-token ``output``, its last hidden state or token
+        weights ([B, L, hidden or 1], padding included: the caller keeps each
+        row's real tokens)."""
+        return self._graph(self._host_arrays(idx, call), normalize, output)
 
     def _host_arrays(self, idx, call: "_Call") -> "_PassArrays":
         """One sub-batch's padded ids, mask, type ids and pool mask, on the host."""
@@ -331,7 +339,7 @@ class Scheduler:
                 pool_mask[r, : call.pool_start[i]] = 0
         return _PassArrays(arr, mask, types, real, pool_mask)
 
-    def _graph(self, host: "_PassArrays", normalize, tokens) -> tuple[mx.array, int]:
+    def _graph(self, host: "_PassArrays", normalize, output) -> tuple[mx.array, int]:
         arr, mask, types, real = host.ids, host.mask, host.types, host.real
         B, L = arr.shape
         # Graph building is serialized across workers; the evaluations and
@@ -346,12 +354,12 @@ class Scheduler:
                 # The head pools under its own mask; the model attended
                 # under the real one.
                 mask, mask_mx = host.pool_mask, mx.array(host.pool_mask)
-            if tokens or not (self._pools_on_host and h.dtype == mx.float32):
-                return self._head_graph(h, mask, mask_mx, real, normalize, tokens), L * B
+            if output != "pooled" or not (self._pools_on_host and h.dtype == mx.float32):
+                return self._head_graph(h, mask, mask_mx, real, normalize, output), L * B
         # Outside the graph lock: pooling on the host builds no graph.
         return self._pool_on_host(h, mask, real, normalize), L * B
 
-    def _head_graph(self, h, mask, mask_mx, real, normalize, tokens) -> mx.array:
+    def _head_graph(self, h, mask, mask_mx, real, normalize, output) -> mx.array:
         """The pass's output graph after the model: the head, the norm."""
         B = h.shape[0]
         if B > real:
@@ -359,8 +367,10 @@ class Scheduler:
             # reads the lengths on the host (SPLADE) then waits for no
             # device work queued before it.
             h, mask_mx = h[:real], mx.array(mask[:real])
-        if tokens:
+        if output == "tokens":
             return h.astype(mx.float32)
+        if output == "token_weights":
+            return self.token_head(h).astype(mx.float32)
         vec = self.head(h, mask_mx).astype(mx.float32)
         return pooling.unit_rows(vec) if normalize else vec
 
@@ -401,7 +411,7 @@ class Scheduler:
         only where CUDA graphs are off (``default_eval_chunk_mb``)."""
         return ops.EvaluationPoints(self.eval_chunk_mb << 20) if self.eval_chunk_mb > 0 else None
 
-    def _submit_pipelined(self, plan, call, normalize, tokens) -> "Pending":
+    def _submit_pipelined(self, plan, call, normalize, output) -> "Pending":
         # Every BLAS thread, as the sequential path's lone passes have: the
         # CPU workers may have left OpenBLAS at one (and float32 sums split
         # over other thread counts differ in the last bits).
@@ -415,7 +425,7 @@ class Scheduler:
                 host = self._host_arrays(idx, call)
                 on_stream = mx.stream(stream) if stream is not None else contextlib.nullcontext()
                 with self._lock, on_stream:
-                    vec, p = self._graph(host, normalize, tokens)
+                    vec, p = self._graph(host, normalize, output)
                     mx.async_eval(vec)
                 # Outside the device queue's lock: a wait for the oldest
                 # piece holds up no other thread's passes.
@@ -423,7 +433,7 @@ class Scheduler:
                     points.mark(vec)
                 parts.append(vec)
                 padded += p
-            if tokens:
+            if output != "pooled":
                 # Ragged rows: each pass is copied to the host on its own when
                 # the result is read (per-token output is rare; pooled keeps
                 # one copy).
@@ -443,7 +453,7 @@ class Scheduler:
         if n is not None and _blas.get_num_threads() != n:
             _blas.set_num_threads(n)
 
-    def _run_parallel(self, plan, call, out, normalize, tokens) -> int:
+    def _run_parallel(self, plan, call, out, normalize, output) -> int:
         """Sub-batches on the caller's thread plus the worker threads.
 
         MLX's CPU element-wise kernels are single-threaded, so one caller
@@ -475,7 +485,7 @@ class Scheduler:
                         state["busy"] += 1
                     p = 0
                     try:
-                        vec, p = self._submit(plan[k], call, normalize, tokens)
+                        vec, p = self._submit(plan[k], call, normalize, output)
                         mx.eval(vec)
                         if points is not None:
                             points.settled()

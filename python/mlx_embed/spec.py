@@ -116,6 +116,10 @@ class ModelSpec:
     # SPLADE: the ``dim == vocab_size`` vectors are non-negative and mostly
     # zero; TEI's /embed_sparse lists their non-zero entries.
     sparse: bool = False
+    # Beside its dense vectors the model has BGE-M3's lexical weights:
+    # ``embed_ids(output="sparse")`` gives, per input, (token id, weight)
+    # rows, ids in increasing order, as float32 pairs (lexical.py).
+    lexical_weights: bool = False
     # An input may have no tokens at all (static embeddings: the empty bag's
     # vector is zeros); otherwise one with none is refused.
     empty_inputs: bool = False

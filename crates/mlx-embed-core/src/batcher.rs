@@ -23,11 +23,12 @@ use crate::{
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Embeddings {
     /// Not normalized, one entry per input in input order: the pooled vector
-    /// ([`Output::Pooled`]), or the input's token rows, row-major
-    /// ([`Output::Tokens`]; see [`Embeddings::rows`]).
+    /// ([`Output::Pooled`]), the input's token rows, row-major
+    /// ([`Output::Tokens`]; see [`Embeddings::rows`]), or its `[id, weight]`
+    /// rows ([`Output::Sparse`]; see [`crate::lexical_entries`]).
     pub vectors: Vec<Vec<f32>>,
     /// Rows in each entry of `vectors`: 1 for pooled output, the input's
-    /// token count for token output.
+    /// token count for token output, its entries for sparse output.
     pub row_counts: Vec<u32>,
     /// Exact tokens the model ran per input (after truncation, special tokens included).
     pub token_counts: Vec<u32>,
@@ -182,6 +183,12 @@ impl Batcher {
         if inputs.is_empty() {
             return Err(CoreError::InvalidInput("no inputs to embed".into()));
         }
+        if options.output == Output::Sparse && !self.inner.info.lexical_weights {
+            return Err(CoreError::InvalidInput(format!(
+                "{} has no lexical weights (sparse output is a BGE-M3 model's)",
+                self.inner.info.name
+            )));
+        }
         shared.check_open()?;
         // Counts this call for `drained()` from here, tokenizing included.
         let _active = ActiveGuard::new(shared.recorder.clone());
@@ -221,6 +228,14 @@ impl Batcher {
                 token_counts.clone(),
                 0,
             ),
+            // Checked by the model thread: `[id, weight]` rows.
+            (Output::Sparse, _) => {
+                let vectors = self
+                    .compute(encoded, options.priority, Output::Sparse)
+                    .await?;
+                let rows = vectors.iter().map(|v| (v.len() / 2) as u32).collect();
+                (vectors, rows, 0)
+            }
         };
         Ok(Embeddings {
             vectors,

@@ -43,6 +43,12 @@ pub enum Output {
     /// included: one row per token, no pooling, no normalization (TEI's
     /// `/embed_all`). Never cached: the cache holds pooled vectors.
     Tokens,
+    /// The model's lexical weights ([`ModelInfo::lexical_weights`]: BGE-M3's
+    /// sparse head): per input, one `[token id, weight]` row for each distinct
+    /// token id it weighs above 0, ids increasing, the id a float (exact: a
+    /// vocabulary is under 2^24 tokens). [`lexical_entries`] reads them.
+    /// Never cached.
+    Sparse,
 }
 
 impl Output {
@@ -51,6 +57,7 @@ impl Output {
         match self {
             Output::Pooled => "pooled",
             Output::Tokens => "tokens",
+            Output::Sparse => "sparse",
         }
     }
 }
@@ -350,6 +357,9 @@ pub struct ModelInfo {
     /// non-negative and mostly zero; [`sparse_entries`] lists what is set
     /// (TEI's `/embed_sparse`).
     pub sparse: bool,
+    /// Beside its dense vectors, the model weighs each input's tokens (BGE-M3's
+    /// lexical weights): [`Output::Sparse`] computes them.
+    pub lexical_weights: bool,
     /// An input may have no tokens at all (a static embedding's empty text:
     /// its vector is zeros); otherwise one with none is refused.
     pub empty_inputs: bool,
@@ -531,6 +541,13 @@ pub trait Embedder {
 }
 
 /// The non-zero entries of `v` as `(index, value)`, in index order: a
+/// An input's [`Output::Sparse`] rows as `(token id, weight)` entries.
+/// The model thread has checked them: whole ids below the vocabulary size,
+/// increasing.
+pub fn lexical_entries(rows: &[f32]) -> Vec<(u32, f32)> {
+    rows.chunks_exact(2).map(|r| (r[0] as u32, r[1])).collect()
+}
+
 /// SPLADE vector as sparse indexes (Qdrant, Elasticsearch, TEI) take it.
 pub fn sparse_entries(v: &[f32]) -> Vec<(u32, f32)> {
     v.iter()

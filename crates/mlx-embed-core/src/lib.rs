@@ -119,10 +119,10 @@ pub use batcher::{Batcher, Embeddings};
 pub use cache::CacheMetrics;
 pub use config::{BatcherConfig, DeviceKind};
 pub use embedder::{
-    l2_normalize, sparse_entries, BatchOutput, DeviceMemory, EmbedInput, EmbedOptions, Embedder,
-    EmbedderError, EmbedderErrorKind, Encoded, LiveStats, ModelInfo, ModelKind, Output, Prompt,
-    Replica, Submitted, Ticket, TokenSpan, Tokenize, TruncationDirection, WeightsInfo,
-    MAX_PAIR_TEXT_BYTES,
+    l2_normalize, lexical_entries, sparse_entries, BatchOutput, DeviceMemory, EmbedInput,
+    EmbedOptions, Embedder, EmbedderError, EmbedderErrorKind, Encoded, LiveStats, ModelInfo,
+    ModelKind, Output, Prompt, Replica, Submitted, Ticket, TokenSpan, Tokenize,
+    TruncationDirection, WeightsInfo, MAX_PAIR_TEXT_BYTES,
 };
 pub use error::{CoreError, OverloadReason};
 pub use metrics::{Histogram, LaneMetrics, MetricsSnapshot};

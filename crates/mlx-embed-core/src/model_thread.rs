@@ -87,8 +87,11 @@ where
                     return;
                 }
             };
-            let dim = handles.info.dim;
-            if let Err(message) = start_replicas(&shared, &model, dim) {
+            let shape = OutputShape {
+                dim: handles.info.dim,
+                vocab_size: handles.info.vocab_size,
+            };
+            if let Err(message) = start_replicas(&shared, &model, shape) {
                 // The replicas already running exit on `Stopped`.
                 shared.stop();
                 let _ = loaded_tx.send(Err(message));
@@ -96,7 +99,7 @@ where
             }
             let _ = loaded_tx.send(Ok(handles));
             drop(loaded_tx);
-            ModelThread::new(&shared, model, dim).run();
+            ModelThread::new(&shared, model, shape).run();
         }),
     )?;
     Ok(loaded_rx)
@@ -108,7 +111,7 @@ where
 fn start_replicas<E: Embedder + 'static>(
     shared: &Arc<Shared>,
     model: &E,
-    dim: usize,
+    shape: OutputShape,
 ) -> Result<(), EmbedderError> {
     let threads = shared.config.model_threads;
     let (ready_tx, ready_rx) = mpsc::channel::<Result<(), EmbedderError>>();
@@ -138,7 +141,7 @@ fn start_replicas<E: Embedder + 'static>(
                 };
                 let _ = ready_tx.send(Ok(()));
                 drop(ready_tx);
-                ModelThread::new(&shared, model, dim).run();
+                ModelThread::new(&shared, model, shape).run();
             }),
         )
         .map_err(|e| EmbedderError::model_failure(format!("cannot spawn model thread {n}: {e}")))?;
@@ -178,21 +181,29 @@ struct InFlight {
     submitted: Instant,
 }
 
+/// What `info()` promised of a model's output, which its batches are checked against.
+#[derive(Debug, Clone, Copy)]
+struct OutputShape {
+    /// Embedding dimension; zero means "whatever the model returns".
+    dim: usize,
+    /// Token ids of [`Output::Sparse`] rows are below it (zero: unchecked).
+    vocab_size: usize,
+}
+
 struct ModelThread<'a, E> {
     shared: &'a Shared,
     model: E,
-    /// Embedding dimension promised by `info()`; zero means "whatever the model returns".
-    dim: usize,
+    shape: OutputShape,
     /// This thread's part in the shared state machine (see `shared.rs`).
     activity: Activity,
 }
 
 impl<'a, E: Embedder> ModelThread<'a, E> {
-    fn new(shared: &'a Shared, model: E, dim: usize) -> Self {
+    fn new(shared: &'a Shared, model: E, shape: OutputShape) -> Self {
         Self {
             shared,
             model,
-            dim,
+            shape,
             activity: Activity::Starting,
         }
     }
@@ -454,7 +465,8 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
     /// A model returning the wrong number of rows or floats is a model
     /// error, never a panic or a mis-sliced answer: pooled output is one
     /// `dim`-wide row per input; token output one row per token of each
-    /// input, all of one width.
+    /// input, all of one width; sparse output at most one `[id, weight]` row
+    /// per token of each input, ids whole, increasing and in the vocabulary.
     fn check_shape(
         &self,
         output: &BatchOutput,
@@ -462,11 +474,15 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
         kind: Output,
     ) -> Result<(), String> {
         let n = inputs.len();
-        let want_rows = |i: usize| match kind {
-            Output::Pooled => 1,
-            Output::Tokens => inputs[i].len(),
+        let rows_fit = |i: usize| {
+            let got = output.rows[i] as usize;
+            match kind {
+                Output::Pooled => got == 1,
+                Output::Tokens => got == inputs[i].len(),
+                Output::Sparse => got <= inputs[i].len(),
+            }
         };
-        if output.rows.len() != n || (0..n).any(|i| output.rows[i] as usize != want_rows(i)) {
+        if output.rows.len() != n || !(0..n).all(rows_fit) {
             return Err(format!(
                 "model returned {} row counts {:?} for {n} inputs wanting {} output",
                 output.rows.len(),
@@ -476,20 +492,47 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
         }
         let rows: usize = output.rows.iter().map(|&r| r as usize).sum();
         let floats = output.vectors.len();
-        let ok = match (kind, self.dim) {
-            (Output::Pooled, dim) if dim > 0 => floats == rows * dim,
+        let dim = self.shape.dim;
+        let ok = match kind {
+            Output::Pooled if dim > 0 => floats == rows * dim,
+            Output::Sparse => floats == rows * 2,
             // Inputs of no tokens (a static model's blank text) have no rows:
             // a batch of only those has no floats either.
-            (Output::Tokens, _) if rows == 0 => floats == 0,
+            Output::Tokens if rows == 0 => floats == 0,
             // A hidden width need not be the pooled `dim` (Dense heads).
             _ => floats > 0 && floats.checked_rem(rows) == Some(0),
         };
         if !ok {
             return Err(format!(
-                "model returned {floats} floats for {rows} {} rows (dimension {})",
+                "model returned {floats} floats for {rows} {} rows (dimension {dim})",
                 kind.as_str(),
-                self.dim
             ));
+        }
+        if kind == Output::Sparse {
+            self.check_sparse_ids(output)?;
+        }
+        Ok(())
+    }
+
+    /// Each input's sparse rows name distinct vocabulary ids in increasing
+    /// order, so [`crate::lexical_entries`] reads them as they are.
+    fn check_sparse_ids(&self, output: &BatchOutput) -> Result<(), String> {
+        let vocab = self.shape.vocab_size;
+        let mut at = 0;
+        for (i, &n) in output.rows.iter().enumerate() {
+            let ids = output.vectors[at..at + 2 * n as usize].iter().step_by(2);
+            at += 2 * n as usize;
+            let mut last: Option<f32> = None;
+            for &id in ids {
+                let whole = id >= 0.0 && id.fract() == 0.0 && (vocab == 0 || (id as usize) < vocab);
+                if !whole || last.is_some_and(|l| id <= l) {
+                    return Err(format!(
+                        "model returned sparse row id {id} for input {i}: ids are whole, \
+                         increasing and below the vocabulary size {vocab}"
+                    ));
+                }
+                last = Some(id);
+            }
         }
         Ok(())
     }

@@ -83,6 +83,7 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
         kind,
         dim: field(spec, "dim")?,
         sparse: optional(spec, "sparse")?.unwrap_or(false),
+        lexical_weights: optional(spec, "lexical_weights")?.unwrap_or(false),
         empty_inputs: optional(spec, "empty_inputs")?.unwrap_or(false),
         max_input_tokens: max_length,
         vocab_size: field(spec, "vocab_size")?,

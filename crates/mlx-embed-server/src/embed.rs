@@ -1,12 +1,13 @@
 //! The one embed path every API adapter calls:
 //! validate -> `batcher.embed` (tokenize, admit, batch, compute) -> `dimensions` -> normalize.
 //! Per-token output (`options.output`, TEI's `/embed_all`) takes the same
-//! path and comes back as raw rows: neither cut nor normalized. SPLADE's
-//! sparse form ([`embed_sparse`], TEI's `/embed_sparse`) is the same raw
-//! vectors with their zeros left out.
+//! path and comes back as raw rows: neither cut nor normalized. The sparse
+//! form ([`embed_sparse`], TEI's `/embed_sparse`) is a SPLADE model's raw
+//! vectors with their zeros left out, or a BGE-M3 model's lexical weights.
 
 use mlx_embed_core::{
-    l2_normalize, sparse_entries, EmbedInput, EmbedOptions, ModelInfo, Output, Prompt,
+    l2_normalize, lexical_entries, sparse_entries, EmbedInput, EmbedOptions, ModelInfo, Output,
+    Prompt,
 };
 
 use crate::answer_room::{make_room, JSON_FLOAT_BYTES, SPARSE_ENTRY_BYTES};
@@ -71,6 +72,8 @@ pub struct EmbedOutput {
     pub prompt_tokens: u64,
     /// Inputs answered from the embedding cache.
     pub cache_hits: u32,
+    /// `vectors` are lexical weights' `[id, weight]` rows ([`Output::Sparse`]).
+    pub lexical: bool,
 }
 
 /// Embeds `req`; errors carry their status (see [`crate::errors`]).
@@ -101,13 +104,14 @@ pub struct SparseOutput {
     pub prompt_tokens: u64,
 }
 
-/// Embeds `req` with a SPLADE model (one that is not is a 400) and keeps
-/// each vector's non-zero entries. The vectors are the raw SPLADE weights:
-/// `req.normalize` and `req.dimensions` must be off (no route asks otherwise).
+/// Embeds `req` with a sparse model (one that is not is a 400): a SPLADE
+/// model's vectors as their non-zero entries, or a BGE-M3 model's lexical
+/// weights ([`Output::Sparse`]). The weights are raw: `req.normalize` and
+/// `req.dimensions` must be off (no route asks otherwise).
 pub async fn embed_sparse(state: &AppState, req: EmbedRequest) -> Result<SparseOutput, ApiError> {
     if req.normalize || req.dimensions.is_some() || req.options.output != Output::Pooled {
         return Err(ApiError::invalid(
-            "sparse output is the raw pooled SPLADE weights: not normalized, not cut",
+            "sparse output is the model's raw weights: not normalized, not cut",
         ));
     }
     // A sparse answer's size is known only once computed: an entry per
@@ -116,7 +120,11 @@ pub async fn embed_sparse(state: &AppState, req: EmbedRequest) -> Result<SparseO
     // one-word query on a 30k vocabulary was told at 1.1 MB and waited
     // behind (and was refused 429 by) a large call still computing.
     let out = run(state, req, Task::EmbedSparse, 0).await?;
-    let entries: Vec<Vec<(u32, f32)>> = out.vectors.iter().map(|v| sparse_entries(v)).collect();
+    let entries: Vec<Vec<(u32, f32)>> = if out.lexical {
+        out.vectors.iter().map(|v| lexical_entries(v)).collect()
+    } else {
+        out.vectors.iter().map(|v| sparse_entries(v)).collect()
+    };
     drop(out.vectors);
     let answer_entries: usize = entries.iter().map(Vec::len).sum();
     make_room(state, answer_entries.saturating_mul(SPARSE_ENTRY_BYTES)).await?;
@@ -144,6 +152,12 @@ async fn run(
 ) -> Result<EmbedOutput, ApiError> {
     check_inputs(state, &req.inputs, req.model.as_deref(), task)?;
     let model = state.model_for(req.model.as_deref(), task)?;
+    // A SPLADE model's pooled vectors are sparse already; a BGE-M3 model
+    // answers sparse requests with its lexical weights.
+    let lexical = task == Task::EmbedSparse && !model.info().sparse;
+    if lexical {
+        req.options.output = Output::Sparse;
+    }
     let output = req.options.output;
     let dimension = validate(&req, model)?;
     if output == Output::Tokens {
@@ -153,6 +167,8 @@ async fn run(
     let n_inputs = req.inputs.len();
     let rows = match output {
         Output::Pooled => n_inputs,
+        // Room for sparse answers is kept once they are computed.
+        Output::Sparse => 0,
         Output::Tokens => {
             // 0 would be a model that states no cut.
             let per_input = match model.info().max_input_tokens {
@@ -188,6 +204,7 @@ async fn run(
             dimension
         }
         Output::Tokens => row_width(&vectors, &out.row_counts)?,
+        Output::Sparse => 2,
     };
     let prompt_tokens = out.token_counts.iter().map(|&n| u64::from(n)).sum();
     Ok(EmbedOutput {
@@ -197,6 +214,7 @@ async fn run(
         dimension,
         prompt_tokens,
         cache_hits: out.cache_hits,
+        lexical,
     })
 }
 

@@ -92,6 +92,10 @@ fn digest_of(info: &ModelInfo) -> String {
     fact("labels", &info.kind.labels().join("\u{1f}"));
     fact("dim", &info.dim);
     fact("sparse", &info.sparse);
+    if info.lexical_weights {
+        // Only where set: the digests of every other model stay as they were.
+        fact("lexical_weights", &true);
+    }
     fact("max_input_tokens", &info.max_input_tokens);
     fact("vocab_size", &info.vocab_size);
     for (name, prompt) in &info.prompts {
@@ -178,7 +182,8 @@ fn folder_files(folder: &Path) -> std::io::Result<Vec<std::path::PathBuf>> {
 pub enum Task {
     /// Vectors (every embed route, `/similarity`).
     Embed,
-    /// SPLADE vectors as their non-zero entries (`/embed_sparse`).
+    /// Sparse vectors as their non-zero entries (`/embed_sparse`): a SPLADE
+    /// model's, or a BGE-M3 model's lexical weights.
     EmbedSparse,
     /// Query/document relevance (`/rerank`, `/v1/rerank`, `/v2/rerank`).
     Rerank,
@@ -202,7 +207,9 @@ impl Task {
         let kind = &info.kind;
         match self {
             Task::Embed => matches!(kind, ModelKind::Embedding),
-            Task::EmbedSparse => matches!(kind, ModelKind::Embedding) && info.sparse,
+            Task::EmbedSparse => {
+                matches!(kind, ModelKind::Embedding) && (info.sparse || info.lexical_weights)
+            }
             Task::Rerank => matches!(kind, ModelKind::Reranker { .. }),
             Task::Score => matches!(kind, ModelKind::Reranker { .. } | ModelKind::Embedding),
             Task::Predict => !matches!(kind, ModelKind::Embedding),
@@ -224,8 +231,8 @@ impl Task {
         match self {
             Task::Embed => "an embedding model",
             Task::EmbedSparse => {
-                "a SPLADE model (sparse vectors: a SparseEncoder folder, or a BertForMaskedLM \
-                 folder served with --pooling splade)"
+                "a sparse model (SPLADE: a SparseEncoder folder, or a BertForMaskedLM folder \
+                 served with --pooling splade; or a BGE-M3 folder, with its sparse_linear.pt)"
             }
             Task::Rerank => "a reranker (a cross-encoder: serve one with --rerank-model)",
             Task::Score => "a reranker or an embedding model",
@@ -244,7 +251,7 @@ impl Task {
     fn one(self) -> &'static str {
         match self {
             Task::Embed => "an embedding model",
-            Task::EmbedSparse => "a SPLADE model",
+            Task::EmbedSparse => "a sparse model (SPLADE or BGE-M3)",
             Task::Rerank => "a reranker",
             Task::Score => "a reranker or an embedding model",
             Task::Predict => "a classifier or a reranker",
@@ -399,13 +406,15 @@ mod tests {
     };
     use std::sync::Arc;
 
-    struct Fake(ModelKind, bool);
+    /// A model of this kind; SPLADE (`.1`); with lexical weights (`.2`).
+    struct Fake(ModelKind, bool, bool);
     impl Embedder for Fake {
         fn info(&self) -> ModelInfo {
             ModelInfo {
                 name: "fake".into(),
                 kind: self.0.clone(),
                 sparse: self.1,
+                lexical_weights: self.2,
                 dim: 1,
                 max_input_tokens: 8,
                 vocab_size: 10,
@@ -435,7 +444,20 @@ mod tests {
     fn served_as(name: &str, kind: ModelKind, sparse: bool) -> ServedModel {
         ServedModel::new(
             name.into(),
-            Batcher::start(BatcherConfig::default(), move || Ok(Fake(kind, sparse))).unwrap(),
+            Batcher::start(BatcherConfig::default(), move || {
+                Ok(Fake(kind, sparse, false))
+            })
+            .unwrap(),
+        )
+    }
+
+    fn served_lexical(name: &str) -> ServedModel {
+        ServedModel::new(
+            name.into(),
+            Batcher::start(BatcherConfig::default(), || {
+                Ok(Fake(ModelKind::Embedding, false, true))
+            })
+            .unwrap(),
         )
     }
 
@@ -646,11 +668,36 @@ mod tests {
         );
         let e = resolve(&models, Some("dense"), Task::EmbedSparse).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidRequest);
-        assert!(e.message.contains("a SPLADE model"), "{}", e.message);
+        assert!(e.message.contains("a sparse model"), "{}", e.message);
         let only = vec![served("dense", ModelKind::Embedding)];
         let e = resolve(&only, None, Task::EmbedSparse).unwrap_err();
         assert_eq!(e.kind, ErrorKind::InvalidRequest);
         assert!(e.message.contains("--pooling splade"), "{}", e.message);
+        assert!(e.message.contains("sparse_linear.pt"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_model_with_lexical_weights_answers_sparse_and_dense_routes() {
+        let models = vec![
+            served("dense", ModelKind::Embedding),
+            served_lexical("bge-m3"),
+        ];
+        assert_eq!(resolve(&models, None, Task::Embed).unwrap().name, "dense");
+        assert_eq!(
+            resolve(&models, None, Task::EmbedSparse).unwrap().name,
+            "bge-m3"
+        );
+        assert_eq!(
+            resolve(&models, Some("bge-m3"), Task::Embed).unwrap().name,
+            "bge-m3"
+        );
+        // Alone, it answers both kinds of route under any name.
+        let only = vec![served_lexical("bge-m3")];
+        assert_eq!(
+            resolve(&only, None, Task::EmbedSparse).unwrap().name,
+            "bge-m3"
+        );
+        assert_eq!(resolve(&only, None, Task::Embed).unwrap().name, "bge-m3");
     }
 
     #[test]

@@ -2050,7 +2050,7 @@ async fn embed_sparse_needs_a_splade_model() {
         400,
     )
     .await;
-    assert!(msg.contains("a SPLADE model"), "{msg}");
+    assert!(msg.contains("a sparse model"), "{msg}");
     expect_error(
         &s,
         "/embed_sparse",

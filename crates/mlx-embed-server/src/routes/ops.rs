@@ -160,6 +160,9 @@ pub struct ModelSummary {
     pub dimension: usize,
     /// SPLADE: vectors over the vocabulary, mostly zero (`/embed_sparse` answers).
     pub sparse: bool,
+    /// BGE-M3: beside its dense vectors, the model's lexical weights
+    /// (`/embed_sparse` answers with them).
+    pub lexical_weights: bool,
     /// Label names of a classifier/reranker, in score order.
     pub labels: Vec<String>,
     /// A classifier whose labels are independent: each scored by its own sigmoid.
@@ -187,6 +190,9 @@ pub struct InfoResponse {
     pub kind: String,
     /// SPLADE: vectors over the vocabulary, mostly zero (`/embed_sparse` answers).
     pub sparse: bool,
+    /// BGE-M3: beside its dense vectors, the model's lexical weights
+    /// (`/embed_sparse` answers with them).
+    pub lexical_weights: bool,
     /// Longest input in tokens, special tokens included; longer inputs are
     /// truncated (or refused with `truncate: false`).
     pub max_input_tokens: usize,
@@ -327,6 +333,7 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
         dimension: m.dim,
         kind: m.kind.as_str().into(),
         sparse: m.sparse,
+        lexical_weights: m.lexical_weights,
         max_input_tokens: m.max_input_tokens,
         vocab_size: m.vocab_size,
         prompts: m.prompts.clone(),
@@ -346,6 +353,7 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
                     kind: i.kind.as_str().into(),
                     dimension: i.dim,
                     sparse: i.sparse,
+                    lexical_weights: i.lexical_weights,
                     labels: i.kind.labels().to_vec(),
                     multi_label: i.kind.multi_label(),
                     max_input_tokens: i.max_input_tokens,

@@ -176,10 +176,13 @@ pub struct SparseValue {
     pub value: f32,
 }
 
-/// SPLADE sparse embeddings: per input, the non-zero entries of its vector
-/// over the vocabulary, in index order, unnormalized. Needs a SPLADE model
-/// (a sentence-transformers SparseEncoder folder, or a BertForMaskedLM folder
-/// served with `--pooling splade`); any other model is a 400.
+/// Sparse embeddings: per input, the non-zero entries of its vector over
+/// the vocabulary, in index order, unnormalized. Needs a SPLADE model (a
+/// sentence-transformers SparseEncoder folder, or a BertForMaskedLM folder
+/// served with `--pooling splade`), whose vectors these are, or a BGE-M3
+/// folder (its `sparse_linear.pt`), whose lexical weights these are: each
+/// token id of the input weighed above 0 (special tokens left out), with its
+/// largest weight. Any other model is a 400.
 ///
 /// Errors use `{"error": str, "error_type": str}`.
 #[utoipa::path(
@@ -188,7 +191,7 @@ pub struct SparseValue {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "Per input, in order: its non-zero entries, in index order", body = Vec<Vec<SparseValue>>),
-        (status = "4XX", description = crate::openapi::refusals("Invalid request (400 incl. a model that is not a SPLADE model, 401, 404 unknown model (below), 413, 415, 422, 429)", Task::EmbedSparse), body = TeiErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (400 incl. a model with no sparse output, 401, 404 unknown model (below), 413, 415, 422, 429)", Task::EmbedSparse), body = TeiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiErrorBody),
     )
 )]

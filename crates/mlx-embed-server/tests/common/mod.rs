@@ -278,6 +278,7 @@ impl Embedder for Fake {
                     .collect(),
                 inputs.iter().map(|e| e.len() as u32).collect(),
             ),
+            Output::Sparse => unreachable!("the batcher refuses sparse output of this fake"),
         };
         Ok(BatchOutput {
             vectors,

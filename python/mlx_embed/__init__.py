@@ -20,7 +20,7 @@ Public API::
                 truncation_direction="right", prompt_name=None, prompt=None,
                 instruction=None, truncate_to=None) -> np.ndarray float32 [len(texts), model.dim]
     model.embed_with_counts(...) -> (array, tokens_per_text)
-    model.embed_sparse(texts, ...) -> [(indices int32, values float32) per text]   # SPLADE models
+    model.embed_sparse(texts, ...) -> [(indices int32, values float32) per text]   # SPLADE and BGE-M3 models
     model.encode(texts, ...) -> (ids, tokens_before_truncation)
     model.count_tokens(texts, ...) -> tokens_per_text
     model.spec() -> mlx_embed.spec.ModelSpec        # the Rust bridge's view

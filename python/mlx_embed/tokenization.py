@@ -258,9 +258,19 @@ def with_prompt(prefix: str, text: str, default_of: Optional[Mapping[str, str]] 
     of them keeps no other: a client that writes ``search_query: `` itself
     would otherwise get ``search_document: search_query: ...`` (the server's
     tokenizer follows the same rule)."""
-    if default_of and any(p and text.startswith(p) for p in default_of.values()):
+    if default_of and any(begins_with_prompt(text, p) for p in default_of.values()):
         return text
     return prefix + text
+
+
+def begins_with_prompt(text: str, prompt: str) -> bool:
+    """Whether ``text`` already begins with ``prompt`` as a client writes it:
+    all of it, ending where a word ends (a prompt ``"quer"`` is not written
+    at the start of ``"query about rivers"``)."""
+    if not prompt or not text.startswith(prompt):
+        return False
+    rest = text[len(prompt):]
+    return not prompt[-1].isalnum() or not rest[:1].isalnum()
 
 
 def prompt_in_effect(prefix: str, text: str, default_of: Optional[Mapping[str, str]] = None) -> str:
@@ -269,7 +279,7 @@ def prompt_in_effect(prefix: str, text: str, default_of: Optional[Mapping[str, s
     already begins with (a model that pools without its prompt leaves that
     out, as it would have left the default out)."""
     if default_of and prefix:
-        written = [p for p in default_of.values() if p and text.startswith(p)]
+        written = [p for p in default_of.values() if begins_with_prompt(text, p)]
         if written:
             return max(written, key=len)
     return prefix

@@ -152,6 +152,24 @@ def test_prompts_from_the_folder(minilm_with_prompts, minilm):
         m.embed([text], prompt_name="query", prompt="x")
 
 
+def test_a_prompt_is_written_only_where_it_ends_a_word():
+    """The default prompt is left off a text that begins with one of the
+    model's prompts, all of it, ending where a word ends; the server's
+    tokenizer follows the same rule (crates/mlx-embed-tokenizer/tests/rules.rs)."""
+    from mlx_embed.tokenization import begins_with_prompt, prompt_in_effect, with_prompt
+
+    prompts = {"query": "query: ", "short": "quer"}
+    assert with_prompt("query: ", "query: rivers", prompts) == "query: rivers"
+    assert with_prompt("query: ", "query rivers", prompts) == "query: query rivers"
+    assert with_prompt("query: ", "quer rivers", prompts) == "quer rivers"
+    assert with_prompt("query: ", "quer", prompts) == "quer"
+    assert with_prompt("query: ", "quer, rivers", prompts) == "quer, rivers"
+    assert prompt_in_effect("query: ", "query rivers", prompts) == "query: "
+    assert prompt_in_effect("query: ", "quer rivers", prompts) == "quer"
+    assert not begins_with_prompt("rivers", "")
+    assert begins_with_prompt("query:rivers", "query:")
+
+
 def test_bad_prompt_config_is_a_load_error(tmp_path, minilm_dir):
     for item in minilm_dir.iterdir():
         if item.name != "config_sentence_transformers.json":

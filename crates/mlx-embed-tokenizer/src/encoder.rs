@@ -155,7 +155,7 @@ impl HfTokenizer {
                 .spec
                 .prompts
                 .values()
-                .any(|p| !p.is_empty() && text.starts_with(p.as_str()))
+                .any(|p| begins_with_prompt(text, p))
         {
             return Ok("");
         }
@@ -193,7 +193,7 @@ impl HfTokenizer {
         self.spec
             .prompts
             .values()
-            .filter(|p| !p.is_empty() && text.starts_with(p.as_str()))
+            .filter(|p| begins_with_prompt(text, p))
             .max_by_key(|p| p.len())
             .map_or("", String::as_str)
     }
@@ -703,4 +703,16 @@ fn cut_chars(text: &str, limit: usize, direction: TruncationDirection) -> &str {
 fn find(hay: &[u32], needle: &[u32]) -> Option<usize> {
     hay.windows(needle.len().max(1))
         .position(|window| window == needle)
+}
+
+/// Whether `text` already begins with `prompt` as a client writes it: all of
+/// it, ending where a word ends. A prompt that ends inside a word (`"quer"`)
+/// is not written at the start of `"query about rivers"`.
+fn begins_with_prompt(text: &str, prompt: &str) -> bool {
+    if prompt.is_empty() || !text.starts_with(prompt) {
+        return false;
+    }
+    let word_char = |c: char| c.is_alphanumeric();
+    !prompt.chars().next_back().is_some_and(word_char)
+        || !text[prompt.len()..].chars().next().is_some_and(word_char)
 }

@@ -210,6 +210,23 @@ fn prompts_are_prepended_to_the_text() {
         ids(&tok, &text("passage:rivers"), &EmbedOptions::default()),
         wrap("query: passage:rivers")
     );
+    // A prompt counts as written only where it ends a word: one that ends
+    // inside a word is not written at the start of a longer word.
+    let mut short = s.clone();
+    short.prompts.insert("passage".into(), "quer".into());
+    let short = tokenizer(short);
+    assert_eq!(
+        ids(&short, &text("query rivers"), &EmbedOptions::default()),
+        wrap("query: query rivers")
+    );
+    assert_eq!(
+        ids(&short, &text("quer rivers"), &EmbedOptions::default()),
+        wrap("quer rivers")
+    );
+    assert_eq!(
+        ids(&short, &text("quer"), &EmbedOptions::default()),
+        wrap("quer")
+    );
 
     // No default prompt: the text as it is.
     s.default_prompt_name = None;

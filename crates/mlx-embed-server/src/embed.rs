@@ -72,8 +72,9 @@ pub struct EmbedOutput {
     pub prompt_tokens: u64,
     /// Inputs answered from the embedding cache.
     pub cache_hits: u32,
-    /// `vectors` are lexical weights' `[id, weight]` rows ([`Output::Sparse`]).
-    pub lexical: bool,
+    /// What `vectors` hold: pooled vectors, token rows, or lexical weights'
+    /// `[id, weight]` rows.
+    pub output: Output,
 }
 
 /// Embeds `req`; errors carry their status (see [`crate::errors`]).
@@ -120,7 +121,7 @@ pub async fn embed_sparse(state: &AppState, req: EmbedRequest) -> Result<SparseO
     // one-word query on a 30k vocabulary was told at 1.1 MB and waited
     // behind (and was refused 429 by) a large call still computing.
     let out = run(state, req, Task::EmbedSparse, 0).await?;
-    let entries: Vec<Vec<(u32, f32)>> = if out.lexical {
+    let entries: Vec<Vec<(u32, f32)>> = if out.output == Output::Sparse {
         out.vectors.iter().map(|v| lexical_entries(v)).collect()
     } else {
         out.vectors.iter().map(|v| sparse_entries(v)).collect()
@@ -154,8 +155,7 @@ async fn run(
     let model = state.model_for(req.model.as_deref(), task)?;
     // A SPLADE model's pooled vectors are sparse already; a BGE-M3 model
     // answers sparse requests with its lexical weights.
-    let lexical = task == Task::EmbedSparse && !model.info().sparse;
-    if lexical {
+    if task == Task::EmbedSparse && !model.info().sparse {
         req.options.output = Output::Sparse;
     }
     let output = req.options.output;
@@ -214,7 +214,7 @@ async fn run(
         dimension,
         prompt_tokens,
         cache_hits: out.cache_hits,
-        lexical,
+        output,
     })
 }
 

@@ -153,6 +153,11 @@ def cmd_embed(args) -> int:
         print(f"mlx-embed embed: -o must name a .jsonl or .npy file (or - for stdout), got {out!r}",
               file=sys.stderr)
         return 2
+    if args.sparse and as_npy:
+        # Each text has its own number of entries: no one array holds them.
+        print("mlx-embed embed: --sparse writes JSONL (indices and values per text), not .npy",
+              file=sys.stderr)
+        return 2
     _check_input_flags(args)
     texts = _read_inputs(args)
     if not texts:
@@ -165,25 +170,36 @@ def cmd_embed(args) -> int:
         print(f"mlx-embed embed: {_not_an_embedder(model.name, model.kind, args.model)}",
               file=sys.stderr)
         return 1
+    if args.sparse and not (model.sparse or model.lexical is not None):
+        print(f"mlx-embed embed: {model.name} has no sparse output: --sparse needs a SPLADE model "
+              "or a BGE-M3 folder (its sparse_linear.pt)", file=sys.stderr)
+        return 1
     show = args.progress == "always" or (
         args.progress == "auto" and len(texts) >= 2 * args.chunk and sys.stderr.isatty()
     )
     bar = Progress(len(texts), show)
-    out_vecs = np.empty((len(texts), model.dim), dtype=np.float32)
+    out_vecs = None if args.sparse else np.empty((len(texts), model.dim), dtype=np.float32)
+    sparse: list = [None] * len(texts) if args.sparse else []
     counts = [0] * len(texts)
     try:
         # Chunks only exist to drive the progress bar; the engine still sorts
         # and sub-batches within each chunk.
         for start, part in _chunks(texts, args.chunk):
             try:
-                vecs, c = model.embed_with_counts(
-                    part, normalize=not args.no_normalize, truncate=not args.no_truncate
-                )
+                if args.sparse:
+                    c = model.count_tokens(part, truncate=not args.no_truncate)
+                    sparse[start : start + len(part)] = model.embed_sparse(
+                        part, truncate=not args.no_truncate
+                    )
+                else:
+                    vecs, c = model.embed_with_counts(
+                        part, normalize=not args.no_normalize, truncate=not args.no_truncate
+                    )
+                    out_vecs[start : start + len(part)] = vecs
             except InputTooLong as e:
                 print(f"mlx-embed embed: text {start + e.index} has {e.tokens} tokens, more than the "
                       f"model's {e.max_length} (drop --no-truncate to cut it)", file=sys.stderr)
                 return 1
-            out_vecs[start : start + len(part)] = vecs
             counts[start : start + len(part)] = c
             bar.update(len(part))
     finally:
@@ -196,8 +212,12 @@ def cmd_embed(args) -> int:
         return 0
     f = sys.stdout if not out or out == "-" else open(out, "w", encoding="utf-8")
     try:
-        for i, v in enumerate(out_vecs):
-            rec = {"index": i, "tokens": counts[i], "embedding": v.tolist()}
+        for i in range(len(texts)):
+            rec = {"index": i, "tokens": counts[i]}
+            if args.sparse:
+                rec["indices"], rec["values"] = (a.tolist() for a in sparse[i])
+            else:
+                rec["embedding"] = out_vecs[i].tolist()
             f.write(json.dumps(rec) + "\n")
     finally:
         if f is not sys.stdout:
@@ -418,6 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--quantize", type=int, choices=[4, 8])
     e.add_argument("--instruction", help="query instruction for instruction-tuned decoders (Qwen3, Qwen2/Mistral-style e5/gte); goes in the model's query prompt")
     e.add_argument("--no-normalize", action="store_true", help="do not L2-normalize")
+    e.add_argument("--sparse", action="store_true",
+                   help="write each text's sparse weights (a SPLADE model's, or a BGE-M3 folder's "
+                   "lexical weights) as JSONL indices and values, unnormalized")
     e.add_argument("--no-truncate", action="store_true", help="fail on texts over max_length")
     e.add_argument("--chunk", type=_count, default=256, help="texts per progress step")
     e.add_argument("--progress", choices=["auto", "always", "never"], default="auto")

@@ -180,6 +180,7 @@ class EmbeddingModel(ScoringMixin):
                 int(getattr(self.model, "hidden_size", None) or ck.config["hidden_size"]),
                 self.vocab_size, self.tokenizer.token_id,
                 default_skips=[*self.tokenizer.prefix, *self.tokenizer.suffix, self.pad_id],
+                model_type=self.model_type,
             )
         self.scheduler = Scheduler(
             self.model,

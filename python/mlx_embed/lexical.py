@@ -33,6 +33,14 @@ FILE = "sparse_linear.pt"
 SKIPPED_SPECIALS = ("cls_token", "eos_token", "pad_token", "unk_token")
 # Token ids cross the Rust seam as float32 beside their weights: exact below 2^24.
 MAX_VOCAB = 1 << 24
+# What transformers' tokenizer classes take for those tokens where the files
+# name none (a class's __init__ defaults; BERT's has no eos token), by the
+# class tokenizer_config.json names, else by config.json's model_type.
+CLASS_DEFAULTS = {
+    "XLMRobertaTokenizer": {"cls_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"},
+    "BertTokenizer": {"cls_token": "[CLS]", "pad_token": "[PAD]", "unk_token": "[UNK]"},
+}
+MODEL_TYPE_CLASSES = {"xlm-roberta": "XLMRobertaTokenizer", "bert": "BertTokenizer"}
 
 
 @dataclass(frozen=True)
@@ -48,17 +56,29 @@ class LexicalHead:
 
 
 def read(
-    folder: str, token_files: str, hidden: int, vocab_size: int, token_id, default_skips
+    folder: str, token_files: str, hidden: int, vocab_size: int, token_id, default_skips,
+    model_type: Optional[str] = None,
 ) -> Optional[LexicalHead]:
     """The folder's lexical head, or None where it has no ``sparse_linear.pt``.
 
-    ``token_files`` is the folder of the tokenizer's files; ``token_id`` maps a token's text to its id (None: not in the vocabulary);
-    ``default_skips`` are the ids skipped where the tokenizer files name none
-    of :data:`SKIPPED_SPECIALS` (the specials the tokenizer adds, and padding)."""
+    ``token_files`` is the folder of the tokenizer's files; ``token_id`` maps
+    a token's text to its id (None: not in the vocabulary);
+    ``default_skips`` are the ids skipped where neither the tokenizer files
+    nor their class's defaults (:data:`CLASS_DEFAULTS`, the class named in
+    tokenizer_config.json, else ``model_type``'s) name the tokens of
+    :data:`SKIPPED_SPECIALS` (the specials the tokenizer adds, and padding)."""
     path = os.path.join(folder, FILE)
     if not os.path.isfile(path):
         return None
-    weights = torch_weights.load(path)
+    try:
+        weights = torch_weights.load(path)
+    except ValueError as e:
+        # Its advice is for the model's weights; this file is only ever read as it is.
+        reason = str(e).split("; convert it to safetensors", 1)[0]
+        raise ValueError(
+            f"{reason}; BGE-M3's sparse head must be torch.save(sparse_linear.state_dict()) of a "
+            f"Linear(hidden, 1), or leave {FILE} out of the folder to serve the dense vectors alone"
+        ) from None
     unknown = sorted(set(weights) - {"weight", "bias"})
     if "weight" not in weights or unknown:
         raise ValueError(
@@ -74,19 +94,30 @@ def read(
     if vocab_size >= MAX_VOCAB:
         raise ValueError(f"{path}: lexical weights need a vocabulary under {MAX_VOCAB} tokens, got {vocab_size}")
     linear = DenseLayer(w.astype(mx.float32), None if b is None else b.astype(mx.float32), "ReLU")
-    return LexicalHead(linear, frozenset(_skipped_ids(token_files, token_id, default_skips)))
+    skipped = _skipped_ids(token_files, token_id, default_skips, model_type)
+    return LexicalHead(linear, frozenset(skipped))
 
 
-def _skipped_ids(folder: str, token_id, default_skips) -> set[int]:
+def _skipped_ids(folder: str, token_id, default_skips, model_type: Optional[str] = None) -> set[int]:
     """The ids of the tokenizer's cls, eos, pad and unk tokens, as
-    transformers' ``special_tokens_map`` names them: tokenizer_config.json,
-    special_tokens_map.json over it."""
+    transformers' ``special_tokens_map`` has them: tokenizer_config.json,
+    special_tokens_map.json over it, and the tokenizer class's defaults for
+    any they leave out (transformers fills those in too)."""
     named: dict = {}
+    tokenizer_class = None
     for name in ("tokenizer_config.json", "special_tokens_map.json"):
         cfg = read_json(os.path.join(folder, name))
         if isinstance(cfg, dict):
             named.update({k: cfg[k] for k in SKIPPED_SPECIALS if cfg.get(k) is not None})
-    if not named:
+            tokenizer_class = tokenizer_class or cfg.get("tokenizer_class")
+    if isinstance(tokenizer_class, str):
+        tokenizer_class = tokenizer_class.removesuffix("Fast")
+    defaults = CLASS_DEFAULTS.get(tokenizer_class) or CLASS_DEFAULTS.get(
+        MODEL_TYPE_CLASSES.get(model_type or "")
+    )
+    if defaults is not None:
+        named = {**defaults, **named}
+    elif not named:
         return {int(i) for i in default_skips}
     ids = set()
     for value in named.values():

@@ -428,6 +428,57 @@ def test_skipped_ids_rules(tmp_path):
     assert lexical._skipped_ids(str(tmp_path), vocab.get, [7]) == {50, 2, 3}
 
 
+def test_skipped_ids_take_the_tokenizer_class_defaults_for_tokens_not_named(tmp_path):
+    """transformers fills the tokens a folder does not name with its class's
+    defaults, and FlagEmbedding skips those too (a probe: with cls and unk
+    left out of tokenizer_config.json, ids 0 and 3 came back weighed)."""
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3, "[CLS]": 10, "[PAD]": 11, "[UNK]": 12, "[SEP]": 13}
+    cfg = tmp_path / "tokenizer_config.json"
+    cfg.write_text(json.dumps({"tokenizer_class": "XLMRobertaTokenizerFast", "eos_token": "</s>",
+                               "pad_token": "<pad>"}))
+    assert lexical._skipped_ids(str(tmp_path), vocab.get, [7]) == {0, 1, 2, 3}
+    # Named ones still win over the defaults.
+    cfg.write_text(json.dumps({"tokenizer_class": "XLMRobertaTokenizer", "unk_token": "[UNK]"}))
+    assert lexical._skipped_ids(str(tmp_path), vocab.get, [7]) == {0, 1, 2, 12}
+    # BERT's classes have no eos token: [SEP] stays.
+    cfg.write_text(json.dumps({"tokenizer_class": "BertTokenizerFast"}))
+    assert lexical._skipped_ids(str(tmp_path), vocab.get, [7]) == {10, 11, 12}
+    # No class named: config.json's model_type says which.
+    cfg.write_text(json.dumps({}))
+    assert lexical._skipped_ids(str(tmp_path), vocab.get, [7], "xlm-roberta") == {0, 1, 2, 3}
+    assert lexical._skipped_ids(str(tmp_path), vocab.get, [7], "qwen3") == {7}
+
+
+def test_a_folder_naming_fewer_specials_skips_the_same_ids(tmp_path):
+    """End to end: the fixture with cls and unk left out of its
+    tokenizer_config.json weighs the same ids as the fixture."""
+    folder = tmp_path / "fewer-named"
+    shutil.copytree(BGE_M3, folder)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    del cfg["cls_token"], cfg["unk_token"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    fewer = mlx_embed.load(folder)
+    assert fewer.lexical.skipped_ids == SKIPPED
+    texts = ["日本語のテキストです", "the cat and the dog"]
+    for (a_ids, a_w), (b_ids, b_w) in zip(fewer.embed_sparse(texts), load_fixture(BGE_M3).embed_sparse(texts)):
+        assert a_ids.tolist() == b_ids.tolist() and np.array_equal(a_w, b_w)
+
+
+def test_an_unreadable_head_says_what_the_file_must_be(tmp_path):
+    folder = tmp_path / "empty-head"
+    shutil.copytree(BGE_M3, folder)
+    (folder / lexical.FILE).write_bytes(b"")
+    with pytest.raises(ValueError) as err:
+        mlx_embed.load(folder)
+    message = str(err.value)
+    assert "safetensors" not in message, message
+    assert message.startswith(f"{folder / lexical.FILE} is not a PyTorch checkpoint"), message
+    assert message.endswith(
+        "; BGE-M3's sparse head must be torch.save(sparse_linear.state_dict()) of a Linear(hidden, 1), "
+        f"or leave {lexical.FILE} out of the folder to serve the dense vectors alone"
+    ), message
+
+
 # ------------------------------------------------------------ what the model says of itself
 
 

@@ -41,7 +41,7 @@ import os
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Callable, ContextManager, Iterator, Optional
+from typing import Callable, ContextManager, Iterator, Optional, Union
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -391,10 +391,29 @@ def linear(layer: nn.Module, x: mx.array, *, activation: Optional[str] = None) -
     return mx.array(dst)
 
 
+def positions_from_ids(input_ids: mx.array, padding_idx: int) -> Optional[np.ndarray]:
+    """transformers' RoBERTa and MPNet position ids, where they are not the
+    plain run ``padding_idx + 1, + 2, ...`` for some real token, else None.
+
+    transformers numbers a row's positions from its ids: a token with the
+    padding id takes position ``padding_idx`` and does not advance the count
+    (``create_position_ids_from_input_ids``). Padding at a row's end is
+    masked, so only a padding id with a real token after it changes a
+    result: a text with a literal ``<pad>`` in it. Those rows get [B, L]
+    int32 positions as transformers gives them."""
+    ids = np.array(input_ids, copy=False)
+    real = ids != padding_idx
+    # A padding id followed in its row by one that is not is a real token.
+    later = np.logical_or.accumulate(real[:, ::-1], axis=1)[:, ::-1]
+    if not (~real[:, :-1] & later[:, 1:]).any():
+        return None
+    return (np.cumsum(real, axis=1) * real + padding_idx).astype(np.int32)
+
+
 def embeddings_on_host(
     word: nn.Module,
     ids: mx.array,
-    positions: tuple[nn.Module, int],
+    positions: tuple[nn.Module, Union[int, np.ndarray]],
     norm: nn.Module,
     types: Optional[nn.Module] = None,
     type_ids: Optional[mx.array] = None,
@@ -403,7 +422,8 @@ def embeddings_on_host(
     encoder: ``norm((word[ids] + types[type_ids]) + position rows)``, in
     transformers' order of additions, as a new writable float32 [B, L, D]
     (``post_ln_encoder`` takes it as it is). ``positions`` is the position
-    table and the first row a sequence uses; without ``type_ids`` every
+    table and the first row a sequence uses, or each token's row [B, L]
+    (``positions_from_ids``); without ``type_ids`` every
     token takes ``types`` row 0. MLX would run the same gathers, adds and
     norm on its stream's thread, one hand-off each (about 0.2 ms of a
     one-text pass, docs/benchmarks.md). None off the native path, or for
@@ -425,16 +445,24 @@ def embeddings_on_host(
     with _graph_lock_released():
         ids_host = np.array(ids, copy=False)
         length = ids_host.shape[1]
-        # The kernel repeats the position rows over the batch's sequences, so
-        # a short slice would repeat where MLX refuses to broadcast.
-        rows = position_rows[first : first + length]
-        if len(rows) != length:
-            raise ValueError(
-                f"{length} tokens but {len(position_rows) - first} position rows from {first}"
-            )
+        per_token = isinstance(first, np.ndarray)
+        if per_token:
+            # The kernel adds one [L, D] block to every row: zeros, once
+            # each token's own position row is in (same order of additions).
+            rows = np.zeros((length, position_rows.shape[1]), dtype=np.float32)
+        else:
+            # The kernel repeats the position rows over the batch's sequences, so
+            # a short slice would repeat where MLX refuses to broadcast.
+            rows = position_rows[first : first + length]
+            if len(rows) != length:
+                raise ValueError(
+                    f"{length} tokens but {len(position_rows) - first} position rows from {first}"
+                )
         x = word_rows[ids_host]  # a new C-contiguous [B, L, D]
         if type_rows is not None:
             x += type_rows[0 if type_ids is None else np.array(type_ids, copy=False)]
+        if per_token:
+            x += position_rows[first]
         _native.add_layer_norm_(x, rows, *norm_params, norm.eps, ctx.kernel_threads)
     return x
 

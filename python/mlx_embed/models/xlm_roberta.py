@@ -48,8 +48,10 @@ class Embeddings(bert.Embeddings):
         super().__init__(args)
         # Padding sits at the end of each row and is masked out of attention
         # and pooling, so giving it positions p+n.. instead of padding_idx
-        # (as HF does) cannot change a real token's result.
+        # (as HF does) cannot change a real token's result; a padding id
+        # inside a text (a literal "<pad>") is numbered as HF numbers it.
         self.first_position = args.pad_token_id + 1
+        self.padding_idx = args.pad_token_id
 
 
 class Model(bert.Model):

@@ -426,7 +426,8 @@ impl FairQueue {
     /// because the batch filled keeps its place. Requests whose callers left
     /// are dropped on the way, uncomputed.
     pub fn fill(&mut self, batch: &mut Batch, cap: Cap, recorder: &Recorder) -> usize {
-        let queries = if std::mem::take(&mut self.turn_owed) {
+        let owed = std::mem::take(&mut self.turn_owed);
+        let queries = if owed {
             // The longer request passed over last time takes its turn first.
             if let Some(at) = self.entries.iter().position(|p| !p.query_sized) {
                 let owed = self.entries.remove(at).expect("found above");
@@ -438,8 +439,10 @@ impl FairQueue {
         };
         let (in_turn, longer) = self.fill_in_turn(batch, cap, recorder);
         // Whole requests owe no turns: the front one is finished first anyway.
+        // An owed turn stays owed until the longer request gets inputs (a
+        // batch of the other output kind may have kept it out).
         self.turn_owed = !self.whole
-            && queries > 0
+            && (queries > 0 || owed)
             && longer == 0
             && self.entries.iter().any(|p| !p.query_sized);
         debug_assert_eq!(

@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
@@ -223,4 +225,69 @@ async fn a_bound_on_token_rows_refuses_before_any_compute() {
             .len(),
         2
     );
+}
+
+/// A request of the other output kind behind its lane's pooled queries, while
+/// the high lane keeps the model busy with pooled work: the turn its lane
+/// owed it was spent on batches of the other kind, and with queries moving
+/// its lane never aged, so it waited until the traffic stopped (a review
+/// found it: 2.8 s, the whole flood). Now the turn stays owed until it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_token_request_is_not_starved_by_pooled_queries_in_its_lane() {
+    let config = BatcherConfig {
+        max_batch_size: 16,
+        max_priority_batch_size: 4,
+        aging_batches: 2,
+        cache_bytes: 0,
+        max_concurrent_requests: 1024,
+        ..BatcherConfig::default()
+    };
+    let (batcher, _record) = start(config, Duration::from_millis(3), None);
+    let flooding = Arc::new(AtomicBool::new(true));
+    let mut flooders = Vec::new();
+    for (callers, priority) in [(24, Priority::High), (8, Priority::Normal)] {
+        for c in 0..callers {
+            let (b, flooding) = (batcher.clone(), flooding.clone());
+            flooders.push(tokio::spawn(async move {
+                for k in 0..5000 {
+                    if !flooding.load(Ordering::Acquire) {
+                        break;
+                    }
+                    let options = EmbedOptions {
+                        priority,
+                        ..EmbedOptions::default()
+                    };
+                    let text = format!("q{priority:?}{c}-{k}");
+                    b.embed(texts(&[&text]), options).await.unwrap();
+                }
+            }));
+        }
+    }
+    // The flood ends on its own after 8 s at the latest.
+    let stopper = {
+        let flooding = flooding.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(8)).await;
+            flooding.store(false, Ordering::Release);
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let owed: Vec<String> = (0..8).map(|i| format!("tokens {i}")).collect();
+    let got = timeout(
+        Duration::from_secs(20),
+        batcher.embed(owned_texts(&owed), tokens()),
+    )
+    .await
+    .expect("answered")
+    .unwrap();
+    let during_the_flood = flooding.swap(false, Ordering::AcqRel);
+    assert_token_rows(&owed, &got);
+    assert!(
+        during_the_flood,
+        "answered only once the pooled traffic had stopped"
+    );
+    stopper.abort();
+    for f in flooders {
+        timeout(LIMIT, f).await.unwrap().unwrap();
+    }
 }

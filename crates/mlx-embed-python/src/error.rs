@@ -63,11 +63,14 @@ impl From<BridgeError> for EmbedderError {
 
 /// [`classify`] for an exception `mlx_embed.load` raised: a path that is
 /// missing, not a folder or not readable is the caller's to fix, as a bad
-/// option (a `ValueError`) is, so both are `InvalidInput`.
+/// option or file (a `ValueError` or `TypeError`) is, so both are
+/// `InvalidInput`.
 pub(crate) fn classify_load(py: Python<'_>, err: &PyErr) -> EmbedderError {
     if err.is_instance_of::<PyFileNotFoundError>(py)
         || err.is_instance_of::<PyNotADirectoryError>(py)
         || err.is_instance_of::<PyPermissionError>(py)
+        || err.is_instance_of::<PyValueError>(py)
+        || err.is_instance_of::<PyTypeError>(py)
     {
         EmbedderError::invalid_input(err.to_string())
     } else {
@@ -75,16 +78,21 @@ pub(crate) fn classify_load(py: Python<'_>, err: &PyErr) -> EmbedderError {
     }
 }
 
-/// A Python exception from the model as the kind the core acts on, by class:
-/// `mlx_embed.errors.InvalidInput` (a `ValueError`), `ValueError` and
-/// `TypeError` are the input's fault; a `BaseException` that is not an
+/// A Python exception from the running model as the kind the core acts on,
+/// by class: `mlx_embed.errors.InvalidInput` (the engine's own checks of a
+/// call's input) is the input's fault; a `BaseException` that is not an
 /// `Exception` (`SystemExit`, `KeyboardInterrupt`) or a Rust panic inside
 /// Python means the interpreter cannot be trusted again; anything else is a
-/// failure of this batch.
+/// failure of this batch, a plain `ValueError` too (MLX raises its shape
+/// errors as one: an engine bug on some batch, not the caller's to fix).
 pub(crate) fn classify(py: Python<'_>, err: &PyErr) -> EmbedderError {
     // `ExceptionClass: message`, as the last line of a Python traceback.
     let message = err.to_string();
-    if err.is_instance_of::<PyValueError>(py) || err.is_instance_of::<PyTypeError>(py) {
+    let invalid_input = py
+        .import("mlx_embed.errors")
+        .and_then(|m| m.getattr("InvalidInput"))
+        .is_ok_and(|class| err.is_instance(py, &class));
+    if invalid_input {
         EmbedderError::invalid_input(message)
     } else if err.is_instance_of::<PanicException>(py) || !err.is_instance_of::<PyException>(py) {
         EmbedderError::model_gone(message)
@@ -120,8 +128,17 @@ mod tests {
             kind_of(c"from mlx_embed.errors import InvalidInput\nraise InvalidInput('token id 7 is bad')"),
             (InvalidInput, "InvalidInput: token id 7 is bad".into())
         );
-        assert_eq!(kind_of(c"raise ValueError('bad')").0, InvalidInput);
-        assert_eq!(kind_of(c"raise TypeError('bad')").0, InvalidInput);
+        // A plain ValueError while running (MLX's shape errors are) is the
+        // model's failure: only the engine's own input checks blame the caller.
+        assert_eq!(kind_of(c"raise ValueError('bad')").0, ModelFailure);
+        assert_eq!(kind_of(c"raise TypeError('bad')").0, ModelFailure);
+        assert_eq!(
+            kind_of(
+                c"from mlx_embed.errors import InputTooLong\nraise InputTooLong('text', 0, 9, 8)"
+            )
+            .0,
+            InvalidInput
+        );
         assert_eq!(
             kind_of(c"raise RuntimeError('out of memory')"),
             (ModelFailure, "RuntimeError: out of memory".into())

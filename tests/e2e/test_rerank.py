@@ -215,6 +215,18 @@ def test_vllm_score_api(duo, scorers):
     sim = duo.post("/similarity", {"inputs": {"source_sentence": query, "sentences": texts}}).json()
     assert cos["model"] == EMBEDDER
     assert [d["score"] for d in cos["data"]] == pytest.approx(sim, abs=1e-6)
+    # /similarity names a refused input as its body names it.
+    for inputs, says in [
+        ({"source_sentence": "a", "sentences": ["b", ""]}, "inputs.sentences[1] is an empty string"),
+        ({"source_sentence": "", "sentences": ["b"]}, "inputs.source_sentence is an empty string"),
+    ]:
+        r = duo.post("/similarity", {"inputs": inputs})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"].startswith(says), r.text
+    r = duo.post("/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b", "word " * 600]},
+                                 "parameters": {"truncate": False}})
+    assert r.status_code == 422, r.text
+    assert r.json()["error"].startswith("inputs.sentences[1] has "), r.text
     for body, status in [
         ({"text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, 400),
         ({"text_1": "a", "text_2": []}, 400),

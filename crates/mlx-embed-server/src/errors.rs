@@ -223,6 +223,28 @@ impl ApiError {
         self.kind.status()
     }
 
+    /// The input an error about one input names ("input 3 ..."): its index,
+    /// and the message after it. None for any other error.
+    pub(crate) fn input_index(&self) -> Option<(usize, &str)> {
+        if self.param != Some("input") && self.code != Some("context_length_exceeded") {
+            return None;
+        }
+        let rest = self.message.strip_prefix("input ")?;
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        let i = rest[..digits].parse::<usize>().ok()?;
+        Some((i, &rest[digits..]))
+    }
+
+    /// The error with the input it names told as the request names it:
+    /// `name(i)` replaces "input i" (a route whose inputs come from several
+    /// fields: vLLM's text_1 and text_2, TEI's source_sentence and sentences).
+    pub(crate) fn renaming_input(mut self, name: impl FnOnce(usize) -> String) -> Self {
+        if let Some((i, rest)) = self.input_index() {
+            self.message = format!("{}{rest}", name(i));
+        }
+        self
+    }
+
     pub fn unauthorized() -> Self {
         Self::new(
             ErrorKind::Unauthorized,

@@ -69,7 +69,14 @@ pub(crate) async fn similarities(
             dimensions: None,
         },
     )
-    .await?;
+    .await
+    // Input 0 is the source sentence; input k is sentences[k - 1].
+    .map_err(|e| {
+        e.renaming_input(|i| match i {
+            0 => "inputs.source_sentence".to_string(),
+            k => format!("inputs.sentences[{}]", k - 1),
+        })
+    })?;
     let (source, others) = out.vectors.split_first().expect("one vector per input");
     Ok(others.iter().map(|v| unit_cosine(source, v)).collect())
 }

@@ -107,14 +107,9 @@ fn pair_lists(
     Ok((firsts, seconds))
 }
 
-/// Whether `err` is about one input, whose index its message starts with.
-fn about_an_input(err: &ApiError) -> bool {
-    err.param == Some("input") || err.code == Some("context_length_exceeded")
-}
-
 /// An error about one input (its index is the pair's) names `list` as its `param`.
 fn in_list(err: ApiError, list: &'static str) -> ApiError {
-    if about_an_input(&err) {
+    if err.input_index().is_some() {
         err.param(list)
     } else {
         err
@@ -124,22 +119,14 @@ fn in_list(err: ApiError, list: &'static str) -> ApiError {
 /// An error about input `i` of `text_1` followed by `text_2` (the embedding
 /// model's one request), told as its own list's: `param` names the list and
 /// the message its place there ("input 3 ..." of 2 firsts is text_2's input 1).
-fn in_lists(mut err: ApiError, n_firsts: usize) -> ApiError {
-    if !about_an_input(&err) {
-        return err;
+fn in_lists(err: ApiError, n_firsts: usize) -> ApiError {
+    match err.input_index() {
+        None => err,
+        Some((i, _)) if i < n_firsts => err.param("text_1"),
+        Some(_) => err
+            .renaming_input(|i| format!("input {}", i - n_firsts))
+            .param("text_2"),
     }
-    let Some(rest) = err.message.strip_prefix("input ") else {
-        return err;
-    };
-    let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
-    let Ok(i) = rest[..digits].parse::<usize>() else {
-        return err;
-    };
-    if i < n_firsts {
-        return err.param("text_1");
-    }
-    err.message = format!("input {}{}", i - n_firsts, &rest[digits..]);
-    err.param("text_2")
 }
 
 /// Score text pairs (vLLM's score API, also at `/score`).

@@ -215,6 +215,25 @@ def test_vllm_score_api(duo, scorers):
     sim = duo.post("/similarity", {"inputs": {"source_sentence": query, "sentences": texts}}).json()
     assert cos["model"] == EMBEDDER
     assert [d["score"] for d in cos["data"]] == pytest.approx(sim, abs=1e-6)
+    # vLLM's rerank takes its truncate_prompt_tokens as its score API does.
+    cut = {d["index"]: d["score"] for d in duo.post(
+        "/v1/score", {"text_1": query, "text_2": docs, "truncate_prompt_tokens": 5}).json()["data"]}
+    whole = {d["index"]: d["score"] for d in duo.post("/v1/score", {"text_1": query, "text_2": docs}).json()["data"]}
+    assert cut != whole
+    for path in ("/v1/rerank", "/rerank"):
+        r = duo.post(path, {"query": query, "documents": docs, "truncate_prompt_tokens": 5})
+        assert r.status_code == 200, r.text
+        ranked = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+        assert ranked == pytest.approx(cut, abs=1e-6)
+    r = duo.post("/v1/rerank", {"query": query, "documents": docs, "truncate_prompt_tokens": -1})
+    assert {x["index"]: x["relevance_score"] for x in r.json()["results"]} == pytest.approx(whole, abs=1e-6)
+    for extra, says in [
+        ({"truncate_prompt_tokens": 3}, "special tokens"),
+        ({"truncate_prompt_tokens": 5, "max_chunks_per_doc": 2}, "give one or the other"),
+    ]:
+        r = duo.post("/v1/rerank", {"query": query, "documents": docs, **extra})
+        assert r.status_code == 400, r.text
+        assert says in r.text, r.text
     # /similarity names a refused input as its body names it.
     for inputs, says in [
         ({"source_sentence": "a", "sentences": ["b", ""]}, "inputs.sentences[1] is an empty string"),

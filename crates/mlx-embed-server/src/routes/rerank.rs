@@ -347,6 +347,11 @@ pub struct CohereRerankRequest {
     pub raw_scores: Option<bool>,
     /// vLLM's: false answers the model's raw logits instead of sigmoid scores.
     pub use_activation: Option<bool>,
+    /// vLLM's: cut every query/document pair at this many tokens, special
+    /// tokens included, at most the model's maximum; -1 (or none): the model's
+    /// maximum. Not with `max_chunks_per_doc` or `max_tokens_per_doc`.
+    #[serde(default, deserialize_with = "crate::extract::whole_number")]
+    pub truncate_prompt_tokens: Option<i64>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -554,6 +559,7 @@ async fn voyage_rerank(
             rank_fields: None,
             raw_scores: None,
             use_activation: None,
+            truncate_prompt_tokens: None,
         },
         RerankRoute::Voyage,
         priority,
@@ -694,9 +700,20 @@ async fn rank(
         max_tokens: at_least_one(req.max_tokens_per_doc, "max_tokens_per_doc")?,
         max_chunks: at_least_one(req.max_chunks_per_doc, "max_chunks_per_doc")?,
     };
+    let truncate_to = super::openai::vllm_cut(req.truncate_prompt_tokens)?;
+    if truncate_to.is_some() && (limits.max_tokens.is_some() || limits.max_chunks.is_some()) {
+        // Chunks are made to fit beside the query in the model's maximum: a
+        // cut below it would cut them again, and no API asks for both.
+        return Err(ApiError::invalid(
+            "truncate_prompt_tokens (vLLM's) does not go with max_chunks_per_doc or \
+             max_tokens_per_doc (Cohere's): give one or the other",
+        )
+        .param("truncate_prompt_tokens"));
+    }
     let options = EmbedOptions {
         priority: priority.unwrap_or_default(),
         truncate,
+        truncate_to,
         ..EmbedOptions::default()
     };
     // Raw logits where the client asks for them in its API's words; both keep

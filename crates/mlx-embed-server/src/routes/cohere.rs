@@ -363,8 +363,8 @@ pub(crate) fn prompt_for(
 ) -> Prompt {
     let roles: &[&str] = match input_type {
         None | Some(CohereInputType::Image) => &[],
-        Some(CohereInputType::SearchQuery) => &["query"],
-        Some(CohereInputType::SearchDocument) => &["document", "passage"],
+        Some(CohereInputType::SearchQuery) => super::QUERY_ROLES,
+        Some(CohereInputType::SearchDocument) => super::DOCUMENT_ROLES,
         Some(CohereInputType::Classification) => &["classification"],
         Some(CohereInputType::Clustering) => &["clustering"],
     };

@@ -153,6 +153,15 @@ pub(crate) fn prompt_of(
     }
 }
 
+/// Prompt names for a query, in the order [`role_prompt`] tries them.
+pub(crate) const QUERY_ROLES: &[&str] = &["query"];
+/// Prompt names for a document called a document (Cohere's
+/// `search_document`): its own name first, then the other one models use.
+pub(crate) const DOCUMENT_ROLES: &[&str] = &["document", "passage"];
+/// Prompt names for a document called a passage (NIM's and Weaviate's
+/// `passage`): its own name first, then the other one.
+pub(crate) const PASSAGE_ROLES: &[&str] = &["passage", "document"];
+
 /// The first of `roles` the model has a prompt named for, else its default
 /// prompt: how APIs that say what a text is for (Cohere's `input_type`,
 /// Weaviate's `task_type`) pick a prompt.

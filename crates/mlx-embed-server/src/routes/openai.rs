@@ -14,7 +14,7 @@ use utoipa::openapi::schema::{AnyOfBuilder, Schema};
 use utoipa::openapi::RefOr;
 use utoipa::PartialSchema;
 
-use super::cohere::{self, CohereInputType};
+use super::cohere;
 use super::Usage;
 use crate::embed::{embed as run_embed, output_dimension, EmbedOutput, EmbedRequest};
 use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
@@ -129,11 +129,13 @@ impl<'de> Deserialize<'de> for InputType {
 }
 
 impl InputType {
-    /// The Cohere `input_type` of the same role, whose prompt it picks.
-    fn cohere(self) -> CohereInputType {
+    /// The prompt names for its role, in the order tried: a passage is a
+    /// model's `passage` prompt first, a document its `document` one.
+    fn roles(self) -> &'static [&'static str] {
         match self {
-            InputType::Query => CohereInputType::SearchQuery,
-            InputType::Document | InputType::Passage => CohereInputType::SearchDocument,
+            InputType::Query => super::QUERY_ROLES,
+            InputType::Document => super::DOCUMENT_ROLES,
+            InputType::Passage => super::PASSAGE_ROLES,
         }
     }
 }
@@ -246,8 +248,10 @@ pub struct OpenAiEmbeddingRequest {
     /// answered in float32 bytes a client would decode as another type.
     pub embed_dtype: Option<String>,
     /// Voyage AI's: `query` or `document` (NVIDIA NIM's `passage` too) picks the
-    /// model's prompt of that role where it has one (as Cohere's `input_type`),
-    /// else its default prompt; null: the default prompt. Not with `prompt_name`.
+    /// model's prompt of that role where it has one (as Cohere's `input_type`;
+    /// `document` tries a prompt named `document`, then `passage`, and
+    /// `passage` the other way round), else its default prompt; null: the
+    /// default prompt. Not with `prompt_name`.
     pub input_type: Option<InputType>,
     /// Voyage AI's name for `dimensions` (both set: they must be equal).
     #[schema(minimum = 1)]
@@ -453,7 +457,7 @@ pub(crate) async fn embed_request(
         (Some(name), None) => Prompt::Named(name),
         (None, Some(input_type)) => {
             let model = state.model_for(req.model.as_deref(), Task::Embed)?;
-            cohere::prompt_for(Some(input_type.cohere()), &model.info().prompts)
+            super::role_prompt(input_type.roles(), &model.info().prompts)
         }
         (None, None) => Prompt::Default,
     };
@@ -713,6 +717,34 @@ fn model_object(state: &AppState, model: &ServedModel) -> OpenAiModel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_passage_takes_the_passage_prompt_and_a_document_the_document_one() {
+        use std::collections::BTreeMap;
+        // A model with both names (an e5-style folder that also names a document prompt).
+        let prompts: BTreeMap<String, String> = [
+            ("query", "query: "),
+            ("passage", "passage: "),
+            ("document", ""),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let pick = |t: InputType| super::super::role_prompt(t.roles(), &prompts);
+        assert_eq!(pick(InputType::Passage), Prompt::Named("passage".into()));
+        assert_eq!(pick(InputType::Document), Prompt::Named("document".into()));
+        assert_eq!(pick(InputType::Query), Prompt::Named("query".into()));
+        assert_eq!(
+            cohere::prompt_for(Some(cohere::CohereInputType::SearchDocument), &prompts),
+            Prompt::Named("document".into())
+        );
+        // With one of the two names, either role finds it.
+        let only_passage: BTreeMap<String, String> =
+            [("passage".to_owned(), "passage: ".to_owned())].into();
+        let pick = |t: InputType| super::super::role_prompt(t.roles(), &only_passage);
+        assert_eq!(pick(InputType::Document), Prompt::Named("passage".into()));
+        assert_eq!(pick(InputType::Passage), Prompt::Named("passage".into()));
+    }
 
     #[test]
     fn encoding_format_errors_are_data_errors() {

@@ -108,8 +108,8 @@ pub async fn vectors(
     let prompt = role_prompt(
         match req.config.task_type {
             None => &[],
-            Some(TaskType::Query) => &["query"],
-            Some(TaskType::Passage) => &["passage", "document"],
+            Some(TaskType::Query) => super::QUERY_ROLES,
+            Some(TaskType::Passage) => super::PASSAGE_ROLES,
         },
         &model.info().prompts,
     );

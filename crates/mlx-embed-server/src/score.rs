@@ -35,6 +35,11 @@ pub struct ScoreOutput {
     pub model: String,
     /// One row per input, one score per label.
     pub scores: Vec<Vec<f32>>,
+    /// The same rows before the activation: what rankings order by, since a
+    /// float32 sigmoid is 1.0 for every logit over about 17 (ties a
+    /// reranker's clearly different best documents) and a softmax 0.0 for
+    /// every label far enough below the best.
+    pub logits: Vec<Vec<f32>>,
     /// The model's label names, in score order.
     pub labels: Vec<String>,
     /// Exact tokens the model ran over all inputs.
@@ -67,13 +72,14 @@ pub async fn score_checked(state: &AppState, req: ScoreRequest) -> Result<ScoreO
     let out = state
         .unless_drain_ends(model.batcher.embed(req.inputs, req.options))
         .await?;
-    let mut scores = out.vectors;
-    if scores.iter().flatten().any(|s| s.is_nan()) {
+    let logits = out.vectors;
+    if logits.iter().flatten().any(|s| s.is_nan()) {
         return Err(ApiError::new(
             ErrorKind::Model,
             "model returned a NaN score",
         ));
     }
+    let mut scores = logits.clone();
     if !req.raw_scores {
         let multi_label = model.info().kind.multi_label();
         for row in &mut scores {
@@ -87,6 +93,7 @@ pub async fn score_checked(state: &AppState, req: ScoreRequest) -> Result<ScoreO
     Ok(ScoreOutput {
         model: model.name.clone(),
         scores,
+        logits,
         labels,
         prompt_tokens: out.token_counts.iter().map(|&n| u64::from(n)).sum(),
         cache_hits: out.cache_hits,
@@ -113,7 +120,8 @@ pub fn sigmoid_each(row: &mut [f32]) {
         .for_each(|x| activate(std::slice::from_mut(x)));
 }
 
-/// Indices of `scores` best first; equal scores keep input order.
+/// Indices of `scores` best first; equal scores keep input order. Rank on
+/// [`ScoreOutput::logits`], not on the activated scores, which can tie.
 pub fn ranking(scores: &[f32]) -> Vec<usize> {
     let mut order: Vec<usize> = (0..scores.len()).collect();
     order.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));

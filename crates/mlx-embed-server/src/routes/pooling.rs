@@ -335,8 +335,9 @@ fn infinity_answer(out: ScoreOutput) -> InfinityClassifyResponse {
     let data = out
         .scores
         .iter()
-        .map(|scores| {
-            ranking(scores)
+        .zip(&out.logits)
+        .map(|(scores, logits)| {
+            ranking(logits)
                 .into_iter()
                 .map(|i| InfinityLabelScore {
                     score: scores[i],

@@ -128,8 +128,9 @@ pub(crate) fn parse_inputs(value: Value) -> Result<(bool, Vec<EmbedInput>), ApiE
 pub(crate) fn predictions(out: &ScoreOutput) -> Vec<Vec<Prediction>> {
     out.scores
         .iter()
-        .map(|row| {
-            ranking(row)
+        .zip(&out.logits)
+        .map(|(row, logits)| {
+            ranking(logits)
                 .into_iter()
                 .map(|i| Prediction {
                     score: row[i],

@@ -23,7 +23,7 @@ use crate::errors::{
 };
 use crate::extract::{ApiBody, ApiJson, JsonBody, PriorityHeader, TruncationSide};
 use crate::models::Task;
-use crate::score::{ranking, score, score_checked, ScoreOutput, ScoreRequest};
+use crate::score::{ranking, score, score_checked, ScoreRequest};
 use crate::state::AppState;
 
 /// TEI rerank request.
@@ -188,9 +188,9 @@ pub(crate) async fn tei_rank(
         .map_err(|e| e.param("texts"))?,
     )
     .await?;
-    let scores = first_label(&out);
+    let scores = first_label(&out.scores);
     let mut texts: Vec<Option<String>> = req.texts.into_iter().map(Some).collect();
-    Ok(ranking(&scores)
+    Ok(ranking(&first_label(&out.logits))
         .into_iter()
         .map(|index| TeiRank {
             index,
@@ -745,16 +745,21 @@ async fn rank(
         ((0..texts.len()).collect(), sent)
     };
     let out = score_checked(state, request).await?;
-    // A document scores as its best piece.
+    // A document scores as its best piece (best by logit is best by score).
     let mut scores = vec![f32::NEG_INFINITY; req.documents.len()];
-    for (&doc, score) in owners.iter().zip(first_label(&out)) {
+    let mut logits = scores.clone();
+    let pieces = first_label(&out.scores)
+        .into_iter()
+        .zip(first_label(&out.logits));
+    for (&doc, (score, logit)) in owners.iter().zip(pieces) {
         scores[doc] = scores[doc].max(score);
+        logits[doc] = logits[doc].max(logit);
     }
     let with_documents = req
         .return_documents
         .unwrap_or(!matches!(route, RerankRoute::V2 | RerankRoute::Voyage));
     let mut documents: Vec<Option<RerankDocument>> = req.documents.into_iter().map(Some).collect();
-    let mut order = ranking(&scores);
+    let mut order = ranking(&logits);
     order.truncate(top_n.unwrap_or(order.len()));
     let results = order
         .into_iter()
@@ -1042,8 +1047,8 @@ fn pairs_request(
 }
 
 /// A reranker has one label: its scores as a flat list.
-fn first_label(out: &ScoreOutput) -> Vec<f32> {
-    out.scores.iter().map(|row| row[0]).collect()
+fn first_label(rows: &[Vec<f32>]) -> Vec<f32> {
+    rows.iter().map(|row| row[0]).collect()
 }
 
 #[cfg(test)]

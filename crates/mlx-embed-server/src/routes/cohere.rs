@@ -95,7 +95,8 @@ pub struct CohereEmbedRequest {
     #[schema(value_type = Option<Vec<Object>>, min_items = 1)]
     pub inputs: Option<Vec<Value>>,
     pub input_type: Option<CohereInputType>,
-    /// Forms to answer in (default: float).
+    /// Forms to answer in (default: float); an empty list is a 400.
+    #[schema(min_items = 1)]
     pub embedding_types: Option<Vec<CohereEmbeddingType>>,
     /// `END` (default), `START` or `NONE`.
     pub truncate: Option<CohereTruncate>,
@@ -239,6 +240,14 @@ async fn embed(
             )
         }
     };
+    if req.embedding_types.as_ref().is_some_and(Vec::is_empty) {
+        // An answer with no embeddings in it at all would be a 200 for nothing.
+        return Err(ApiError::invalid(
+            "embedding_types is empty: name at least one of float, int8, uint8, binary, ubinary \
+             (or leave it out for float)",
+        )
+        .param("embedding_types"));
+    }
     let model = state.model_for(req.model.as_deref(), Task::Embed)?;
     let truncate_to = super::cut_at("max_tokens", req.max_tokens)?;
     if let Some(n) = req.output_dimension {
@@ -248,8 +257,8 @@ async fn embed(
     let truncate = req.truncate.unwrap_or(CohereTruncate::End);
     // Every form asked for answers every value again.
     let bytes_per_value = match req.embedding_types.as_deref() {
-        Some(types) if !types.is_empty() => types.iter().map(|t| t.answer_bytes()).sum(),
-        _ => CohereEmbeddingType::Float.answer_bytes(),
+        Some(types) => types.iter().map(|t| t.answer_bytes()).sum(),
+        None => CohereEmbeddingType::Float.answer_bytes(),
     };
     let out = embed_answering(
         state,

@@ -305,6 +305,21 @@ class Checkpoint:
     tokenizer_files: str = ""
 
 
+def _evaluate_private_arrays(model) -> None:
+    """Evaluates the arrays modules keep outside their parameters (mlx-lm's
+    scaled RoPEs keep their frequencies as ``_freqs``): left lazy, the first
+    embed evaluated them on a worker thread, whose stream has none of the
+    loading thread's graph ("There is no Stream(cpu, 0) in current thread")."""
+    private = [
+        value
+        for module in model.modules()
+        for key, value in module.items()
+        if key.startswith("_") and isinstance(value, mx.array)
+    ]
+    if private:
+        mx.eval(private)
+
+
 def load_checkpoint(
     path: str,
     *,
@@ -427,6 +442,7 @@ def load_checkpoint(
     model.set_dtype(DTYPES[dtype])
     model.eval()
     mx.eval(model.parameters())
+    _evaluate_private_arrays(model)
     # Last, on the weights as they will run: quantized siblings join only
     # where their settings agree, dequantized ones as floats.
     joined = sibling_linears.join(model, getattr(arch, "JOINED_LINEARS", ())) if joined_linears else 0

@@ -132,6 +132,31 @@ DECODER_SIBLINGS = (
 LINEAR_TENSORS = ("weight", "bias", "scales", "biases")
 
 
+def checked_decoder_params(params: dict, arch: str, activation_key: str = "hidden_act",
+                           activation: str = "silu") -> dict:
+    """``params`` for one of mlx-lm's decoders, refusing what it would run
+    silently wrong: another activation than the one it hard-codes, attention
+    biases its file has no weights for, and RoPE scalings it gets wrong (a
+    ``longrope``/``su`` one, which it runs with its long factors at every
+    length); a ``yarn`` scaling without ``original_max_position_embeddings``
+    takes ``max_position_embeddings``, as transformers does (mlx-lm: 4096)."""
+    params = dict(params)
+    act = params.get(activation_key, activation)
+    if act != activation:
+        raise ValueError(f"{arch}: {activation_key}={act!r} is not supported (only {activation!r})")
+    if params.get("attention_bias"):
+        raise ValueError(f"{arch}: attention_bias=true is not supported (no query/key/value biases)")
+    scaling = params.get("rope_scaling")
+    if isinstance(scaling, dict):
+        kind = scaling.get("rope_type") or scaling.get("type") or "default"
+        if kind in ("longrope", "su"):
+            raise ValueError(f"{arch}: rope_scaling type {kind!r} is not supported")
+        if kind == "yarn" and "original_max_position_embeddings" not in scaling:
+            original = params.get("max_position_embeddings")
+            params["rope_scaling"] = {**scaling, "original_max_position_embeddings": original}
+    return params
+
+
 def join_linears(weights: dict, parts, joined: str) -> None:
     """In place: the linears named ``parts`` (prefixes) concatenated along the
     output axis into ``joined``, where the checkpoint has all of them (one

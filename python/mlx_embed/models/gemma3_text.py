@@ -21,7 +21,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import ops
-from . import DECODER_SIBLINGS, decoder_weights, mlx_lm_model
+from . import DECODER_SIBLINGS, checked_decoder_params, decoder_weights, mlx_lm_model
 
 _lm = mlx_lm_model("gemma3_text")
 
@@ -69,6 +69,9 @@ class ModelArgs(_lm.ModelArgs):
         for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "head_dim"):
             if key not in params:
                 raise ValueError(f"gemma3_text: config.json lacks {key!r}")
+        params = checked_decoder_params(
+            params, "gemma3_text", "hidden_activation", "gelu_pytorch_tanh"
+        )
         return super().from_dict(params)
 
     def __post_init__(self):

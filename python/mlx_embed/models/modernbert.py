@@ -69,7 +69,9 @@ class ModelArgs:
         else:
             every = self.global_attn_every_n_layers
             self.layer_kinds = [_LOCAL if i % every else _GLOBAL for i in range(n)]
-        self.thetas = {_GLOBAL: self.global_rope_theta, _LOCAL: self.local_rope_theta}
+        # A null local theta is the global one, as transformers reads it.
+        local = self.local_rope_theta if self.local_rope_theta is not None else self.global_rope_theta
+        self.thetas = {_GLOBAL: self.global_rope_theta, _LOCAL: local}
         for kind, params in (self.rope_parameters or {}).items():
             if not isinstance(params, dict) or kind not in self.thetas:
                 continue

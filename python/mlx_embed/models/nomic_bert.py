@@ -37,17 +37,20 @@ class ModelArgs:
     n_layer: int = 12
     n_inner: Optional[int] = None
     n_positions: int = 8192
-    activation_function: str = "swiglu"
-    layer_norm_epsilon: float = 1e-12
+    # Where config.json leaves a key out, Nomic's NomicBertConfig's default
+    # (over GPT2Config's), as its remote code reads it: gelu_new and a
+    # fraction of 0 are refused below, the rest run.
+    activation_function: str = "gelu_new"
+    layer_norm_epsilon: float = 1e-5
     type_vocab_size: int = 2
-    rotary_emb_fraction: float = 1.0
-    rotary_emb_base: float = 1000.0
+    rotary_emb_fraction: float = 0.0
+    rotary_emb_base: float = 10000.0
     rotary_emb_interleaved: bool = False
     rotary_emb_scale_base: Optional[float] = None
     rotary_scaling_factor: Optional[float] = None
-    qkv_proj_bias: bool = False
-    mlp_fc1_bias: bool = False
-    mlp_fc2_bias: bool = False
+    qkv_proj_bias: bool = True
+    mlp_fc1_bias: bool = True
+    mlp_fc2_bias: bool = True
     prenorm: bool = False
     causal: bool = False
     parallel_block: bool = False

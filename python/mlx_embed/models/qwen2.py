@@ -15,7 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import ops
-from . import DECODER_SIBLINGS, decoder_weights, mlx_lm_model
+from . import DECODER_SIBLINGS, checked_decoder_params, decoder_weights, mlx_lm_model
 
 _lm = mlx_lm_model("qwen2")
 
@@ -56,6 +56,8 @@ class ModelArgs(_lm.ModelArgs):
             raise ValueError(
                 "qwen2: use_sliding_window=true is not supported (only full causal attention)"
             )
+        # Qwen2 always has query/key/value biases: attention_bias does not apply.
+        params = checked_decoder_params({**params, "attention_bias": None}, "qwen2")
         for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size"):
             if key not in params:
                 raise ValueError(f"qwen2: config.json lacks {key!r}")

@@ -15,7 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import ops
-from . import DECODER_SIBLINGS, decoder_weights, mlx_lm_model
+from . import DECODER_SIBLINGS, checked_decoder_params, decoder_weights, mlx_lm_model
 
 _lm = mlx_lm_model("qwen3")
 
@@ -61,6 +61,7 @@ class ModelArgs(_lm.ModelArgs):
     def from_dict(cls, params: dict) -> "ModelArgs":
         # mlx-lm's Qwen3 attends to every earlier token: a sliding layer would
         # run as full attention and every input past the window would be wrong.
+        params = checked_decoder_params(params, "qwen3")
         sliding = sliding_layers(params)
         if sliding:
             raise ValueError(

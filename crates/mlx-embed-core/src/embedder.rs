@@ -180,7 +180,10 @@ pub trait Tokenize: Send + Sync {
     /// Encodes one input under `options` (prompt, truncation side), truncated
     /// to [`EmbedOptions::input_limit`] of the model's maximum (its maximum,
     /// or the request's shorter `truncate_to`). Errors are [`EmbedderErrorKind::InvalidInput`]
-    /// and describe the input (the core names its index).
+    /// and describe the input (the core names its index). It always cuts:
+    /// [`EmbedOptions::truncate`] `false` is the caller's to apply, from
+    /// [`Encoded::untruncated_len`] ([`crate::Batcher::embed`] refuses such an
+    /// input with [`crate::CoreError::InputTooLong`]).
     fn encode(&self, input: &EmbedInput, options: &EmbedOptions) -> Result<Encoded, EmbedderError>;
 
     /// Encodes one request's inputs, each as [`Tokenize::encode`] would, in

@@ -136,16 +136,34 @@ def _indexed(path: str, index_name: str) -> Optional[list[str]]:
     return files
 
 
+def _safetensors_file(path: str) -> list[str]:
+    """The folder's one safetensors file: ``model.safetensors``, else the only
+    ``*.safetensors`` there is (none: an empty list). Several others are
+    refused: which is the model's is not known, and reading them all let a
+    stray copy (``model_fp16.safetensors``, an untrained one) overwrite it."""
+    own = os.path.join(path, "model.safetensors")
+    if os.path.isfile(own):
+        return [own]
+    found = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if len(found) > 1:
+        names = ", ".join(os.path.basename(f) for f in found)
+        raise ValueError(
+            f"{path} has several safetensors files ({names}) and neither model.safetensors nor "
+            "model.safetensors.index.json to say which are the model's: keep one, or name it "
+            "model.safetensors"
+        )
+    return found
+
+
 def load_weights(path: str) -> tuple[dict, str]:
     """The folder's weights by name, and their files' format (``safetensors``
     or ``pytorch``): its safetensors when it has any
-    (``model.safetensors.index.json``'s shards, else every ``*.safetensors``),
+    (``model.safetensors.index.json``'s shards, else ``model.safetensors``,
+    else its one ``*.safetensors``: see :func:`_safetensors_file`),
     else PyTorch's ``pytorch_model.bin`` (or the shards
     ``pytorch_model.bin.index.json`` lists), read without torch by
     :mod:`torch_weights`."""
-    files = _indexed(path, "model.safetensors.index.json") or sorted(
-        glob.glob(os.path.join(path, "*.safetensors"))
-    )
+    files = _indexed(path, "model.safetensors.index.json") or _safetensors_file(path)
     read, file_format = mx.load, "safetensors"
     if files:
         kind = "safetensors"

@@ -39,6 +39,26 @@ def test_sharded_and_prefixed_qwen3(tmp_path, qwen, golden_texts):
     assert np.abs(m.embed(golden_texts[:8]) - qwen.embed(golden_texts[:8])).max() <= 1e-6
 
 
+def test_model_safetensors_wins_over_other_safetensors_files(tmp_path, qwen, golden_texts):
+    """transformers reads model.safetensors (or the index's shards) alone: a
+    stray copy beside it (model_fp16.safetensors, an untrained one) is not
+    read over it, and without model.safetensors several files are refused."""
+    _copy_without_weights(tmp_path)
+    shutil.copy(TINY_QWEN3 / "model.safetensors", tmp_path / "model.safetensors")
+    w = mx.load(str(TINY_QWEN3 / "model.safetensors"))
+    mx.save_safetensors(str(tmp_path / "model_untrained.safetensors"), {k: v * 0 + 1 for k, v in w.items()})
+    m = mlx_embed.load(tmp_path, max_length=128)
+    assert np.abs(m.embed(golden_texts[:4]) - qwen.embed(golden_texts[:4])).max() <= 1e-6
+    os.rename(tmp_path / "model.safetensors", tmp_path / "weights.safetensors")
+    with pytest.raises(ValueError, match=r"several safetensors files \(model_untrained.safetensors, "
+                                         r"weights.safetensors\) and neither model.safetensors"):
+        mlx_embed.load(tmp_path, max_length=128)
+    # One file of another name is the model's.
+    os.remove(tmp_path / "model_untrained.safetensors")
+    m = mlx_embed.load(tmp_path, max_length=128)
+    assert np.abs(m.embed(golden_texts[:4]) - qwen.embed(golden_texts[:4])).max() <= 1e-6
+
+
 def test_prequantized_checkpoint_matches_quantize_on_load(tmp_path, golden_texts):
     """An MLX-quantized folder (config "quantization") loads to the same
     model as quantizing the fp32 weights at load time."""

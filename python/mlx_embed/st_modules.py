@@ -258,6 +258,14 @@ def _load_dense(folder: str, sub: str) -> DenseLayer:
     cfg = read_json(os.path.join(folder, where))
     if cfg is None:
         raise FileNotFoundError(f"{folder}: Dense module {sub!r} has no config.json")
+    # sentence-transformers 6 can point a Dense at the token embeddings
+    # (module_input_name): it then leaves the sentence vector as it is.
+    for key in ("module_input_name", "module_output_name"):
+        if cfg.get(key, "sentence_embedding") != "sentence_embedding":
+            raise ValueError(
+                f"{where}: {key}={cfg[key]!r} is not supported (only a Dense over the "
+                "sentence embedding, after the pooling)"
+            )
     act = str(cfg.get("activation_function", "torch.nn.modules.activation.Tanh")).rsplit(".", 1)[-1]
     if act not in _ACTIVATIONS:
         raise ValueError(

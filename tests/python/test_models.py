@@ -413,6 +413,23 @@ def test_dense_layers_change_the_width(tmp_path):
     assert wide.dim == 96 and wide.embed(["hello"]).shape == (1, 96)
 
 
+@pytest.mark.parametrize("key,value", [("module_input_name", "token_embeddings"),
+                                       ("module_output_name", "token_embeddings")])
+def test_a_dense_over_token_embeddings_is_refused(tmp_path, key, value):
+    """sentence-transformers 6 can point a Dense at the token embeddings,
+    which leaves the sentence vector as it is: run over the sentence vector
+    instead, it changed the output (a review: 32 dims for 64)."""
+    d = tmp_path / "token-dense"
+    shutil.copytree(FIXTURES / "tiny-gemma3", d)
+    cfg = json.loads((d / "2_Dense" / "config.json").read_text())
+    (d / "2_Dense" / "config.json").write_text(json.dumps({**cfg, key: value}))
+    with pytest.raises(ValueError, match=f"2_Dense/config.json: {key}='{value}' is not supported"):
+        mlx_embed.load(d)
+    # The sentence embedding, named as such, is what runs anyway.
+    (d / "2_Dense" / "config.json").write_text(json.dumps({**cfg, key: "sentence_embedding"}))
+    assert mlx_embed.load(d).dim == 48
+
+
 def test_dense_layers_saved_in_bfloat16_run_in_float32(tmp_path, golden_texts):
     """sentence-transformers loads Dense layers in float32 whatever they were
     saved in (EmbeddingGemma's are bfloat16); run in bfloat16 they moved the

@@ -60,6 +60,14 @@ async fn post(server: &Server, path: &str, body: Value) -> Value {
     body
 }
 
+/// The `index` of each ranked result, best first.
+fn indices(results: &[Value]) -> Vec<u64> {
+    results
+        .iter()
+        .map(|r| r["index"].as_u64().unwrap())
+        .collect()
+}
+
 #[tokio::test]
 async fn saturated_scores_still_rank_by_logit() {
     let server = Server::start_with(test_args(), |config| {
@@ -73,30 +81,15 @@ async fn saturated_scores_still_rank_by_logit() {
         json!({"query": "q", "documents": documents}),
     )
     .await;
-    let order: Vec<u64> = cohere["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["index"].as_u64().unwrap())
-        .collect();
-    assert_eq!(order, vec![1, 2, 0]);
-    assert!(cohere["results"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .all(|r| r["relevance_score"] == json!(1.0)));
+    let results = cohere["results"].as_array().unwrap();
+    assert_eq!(indices(results), vec![1, 2, 0]);
+    assert!(results.iter().all(|r| r["relevance_score"] == json!(1.0)));
     let tei = post(
         &server,
         "/rerank",
         json!({"query": "q", "texts": documents}),
     )
     .await;
-    let order: Vec<u64> = tei
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["index"].as_u64().unwrap())
-        .collect();
-    assert_eq!(order, vec![1, 2, 0]);
+    assert_eq!(indices(tei.as_array().unwrap()), vec![1, 2, 0]);
     server.stop().await.unwrap();
 }

@@ -45,6 +45,12 @@ _ACTIVATIONS = {
     "GELU": nn.gelu,
     "Sigmoid": mx.sigmoid,
     "SiLU": nn.silu,
+    # With torch's defaults: sentence-transformers saves the class name alone.
+    "LeakyReLU": lambda x: nn.leaky_relu(x, negative_slope=0.01),
+    "ELU": lambda x: nn.elu(x, alpha=1.0),
+    "Softplus": nn.softplus,
+    "Hardtanh": nn.hard_tanh,
+    "Mish": nn.mish,
 }
 
 
@@ -417,7 +423,9 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
     pipe.has_modules = True
     seen_pooling = False
     instructor = False
-    for i, m in enumerate(sorted(modules, key=lambda m: m.get("idx", 0))):
+    # Dropout changes nothing at inference, wherever it sits.
+    kept = [m for m in modules if _kind(m) != "Dropout"]
+    for i, m in enumerate(sorted(kept, key=lambda m: m.get("idx", 0))):
         kind = _kind(m)
         sub = m.get("path", "") or ""
         if i == 0 and kind in INPUT_MODULES and not sparse:

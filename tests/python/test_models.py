@@ -430,6 +430,37 @@ def test_a_dense_over_token_embeddings_is_refused(tmp_path, key, value):
     assert mlx_embed.load(d).dim == 48
 
 
+@pytest.mark.parametrize("activation,expected", [
+    ("LeakyReLU", lambda y: np.where(y > 0, y, 0.01 * y)),
+    ("ELU", lambda y: np.where(y > 0, y, np.expm1(y))),
+    ("Softplus", lambda y: np.log1p(np.exp(y))),
+    ("Hardtanh", lambda y: np.clip(y, -1.0, 1.0)),
+    ("Mish", lambda y: y * np.tanh(np.log1p(np.exp(y)))),
+])
+def test_dense_activations_with_torchs_defaults(tmp_path, activation, expected):
+    """sentence-transformers saves a Dense activation as its class name alone,
+    so it runs with torch's defaults (LeakyReLU 0.01, ELU 1.0, Hardtanh
+    [-1, 1]); a Dropout module, which changes nothing at inference, is skipped."""
+    d = tmp_path / activation
+    shutil.copytree(FIXTURES / "tiny-gemma3", d)
+    cfg = json.loads((d / "3_Dense" / "config.json").read_text())
+    cfg["activation_function"] = f"torch.nn.modules.activation.{activation}"
+    (d / "3_Dense" / "config.json").write_text(json.dumps(cfg))
+    mods = json.loads((d / "modules.json").read_text())
+    mods.insert(-1, {"idx": 99, "name": "drop", "path": "", "type": "sentence_transformers.models.Dropout"})
+    (d / "modules.json").write_text(json.dumps(mods))
+    model = mlx_embed.load(d)
+    identity = tmp_path / "identity"
+    if not identity.exists():
+        shutil.copytree(FIXTURES / "tiny-gemma3", identity)
+        cfg["activation_function"] = "torch.nn.modules.linear.Identity"
+        (identity / "3_Dense" / "config.json").write_text(json.dumps(cfg))
+    texts = ["rivers flow", "mountains and the sea"]
+    pre = np.asarray(mlx_embed.load(identity).embed(texts, normalize=False))
+    got = np.asarray(model.embed(texts, normalize=False))
+    assert np.abs(got - expected(pre.astype(np.float64))).max() <= 1e-5
+
+
 def test_dense_layers_saved_in_bfloat16_run_in_float32(tmp_path, golden_texts):
     """sentence-transformers loads Dense layers in float32 whatever they were
     saved in (EmbeddingGemma's are bfloat16); run in bfloat16 they moved the

@@ -187,8 +187,7 @@ def cmd_embed(args) -> int:
         for start, part in _chunks(texts, args.chunk):
             try:
                 if args.sparse:
-                    c = model.count_tokens(part, truncate=not args.no_truncate)
-                    sparse[start : start + len(part)] = model.embed_sparse(
+                    sparse[start : start + len(part)], c = model.embed_sparse_with_counts(
                         part, truncate=not args.no_truncate
                     )
                 else:

@@ -628,6 +628,13 @@ class EmbeddingModel(ScoringMixin):
         increasing index order (int32, float32), unnormalized (TEI's
         ``/embed_sparse``). Keyword arguments as :meth:`embed` takes them,
         except ``normalize``."""
+        return self.embed_sparse_with_counts(texts, **kwargs)[0]
+
+    def embed_sparse_with_counts(
+        self, texts: list[str], **kwargs
+    ) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[int]]:
+        """Like :meth:`embed_sparse`, also returning the tokens run per text
+        (as :meth:`embed_with_counts` does)."""
         if not self.sparse and self.lexical is None:
             raise InvalidInput(
                 f"{self.name} has no sparse output: sparse vectors need pooling='splade' "
@@ -640,16 +647,17 @@ class EmbeddingModel(ScoringMixin):
             res = self.submit_ids(ids, output="sparse").result()
             pairs = np.frombuffer(res.vectors, dtype="<f4").reshape(-1, 2)
             bounds = np.cumsum([0, *res.rows])
-            return [
+            entries = [
                 (pairs[a:b, 0].astype(np.int32), pairs[a:b, 1].copy())
                 for a, b in zip(bounds[:-1], bounds[1:])
             ]
-        dense = self.embed(texts, normalize=False, **kwargs)
+            return entries, [len(x) for x in ids]
+        dense, counts = self.embed_with_counts(texts, normalize=False, **kwargs)
         out = []
         for row in dense:
             (nz,) = np.nonzero(row)
             out.append((nz.astype(np.int32), row[nz]))
-        return out
+        return out, counts
 
     def count_tokens(self, texts: list[str], **kwargs) -> list[int]:
         """Tokens each text would run as (after truncation, specials included);

@@ -41,7 +41,7 @@ import os
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Callable, ContextManager, Iterator, Optional, Union
+from typing import Callable, ContextManager, Iterator, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -410,20 +410,34 @@ def positions_from_ids(input_ids: mx.array, padding_idx: int) -> Optional[np.nda
     return (np.cumsum(real, axis=1) * real + padding_idx).astype(np.int32)
 
 
+def position_rows(
+    table: nn.Embedding, input_ids: mx.array, first: int, padding_idx: Optional[int] = None
+) -> mx.array:
+    """Each token's position embedding in an MLX graph: the plain run of
+    rows from ``first`` ([L, D], broadcast over the batch), or, with
+    ``padding_idx`` (RoBERTa, MPNet), transformers' numbering where a row
+    needs it ([B, L, D]; :func:`positions_from_ids`)."""
+    exact = None if padding_idx is None else positions_from_ids(input_ids, padding_idx)
+    if exact is None:
+        return table.weight[first : first + input_ids.shape[1]]
+    return table(mx.array(exact))
+
+
 def embeddings_on_host(
     word: nn.Module,
     ids: mx.array,
-    positions: tuple[nn.Module, Union[int, np.ndarray]],
+    positions: tuple[nn.Module, int],
     norm: nn.Module,
     types: Optional[nn.Module] = None,
     type_ids: Optional[mx.array] = None,
+    padding_idx: Optional[int] = None,
 ) -> Optional[np.ndarray]:
     """A BERT-style embedding layer computed on the host, for the native
     encoder: ``norm((word[ids] + types[type_ids]) + position rows)``, in
     transformers' order of additions, as a new writable float32 [B, L, D]
     (``post_ln_encoder`` takes it as it is). ``positions`` is the position
-    table and the first row a sequence uses, or each token's row [B, L]
-    (``positions_from_ids``); without ``type_ids`` every
+    table and the first row a sequence uses (with ``padding_idx``, as
+    :func:`position_rows` numbers them); without ``type_ids`` every
     token takes ``types`` row 0. MLX would run the same gathers, adds and
     norm on its stream's thread, one hand-off each (about 0.2 ms of a
     one-text pass, docs/benchmarks.md). None off the native path, or for
@@ -445,8 +459,8 @@ def embeddings_on_host(
     with _graph_lock_released():
         ids_host = np.array(ids, copy=False)
         length = ids_host.shape[1]
-        per_token = isinstance(first, np.ndarray)
-        if per_token:
+        exact = None if padding_idx is None else positions_from_ids(ids_host, padding_idx)
+        if exact is not None:
             # The kernel adds one [L, D] block to every row: zeros, once
             # each token's own position row is in (same order of additions).
             rows = np.zeros((length, position_rows.shape[1]), dtype=np.float32)
@@ -461,8 +475,8 @@ def embeddings_on_host(
         x = word_rows[ids_host]  # a new C-contiguous [B, L, D]
         if type_rows is not None:
             x += type_rows[0 if type_ids is None else np.array(type_ids, copy=False)]
-        if per_token:
-            x += position_rows[first]
+        if exact is not None:
+            x += position_rows[exact]
         _native.add_layer_norm_(x, rows, *norm_params, norm.eps, ctx.kernel_threads)
     return x
 

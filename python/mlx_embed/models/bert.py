@@ -70,15 +70,7 @@ class Embeddings(nn.Module):
         # transformers numbers them (ops.positions_from_ids); None: BERT's run.
         self.padding_idx: Optional[int] = None
 
-    def _positions(self, input_ids: mx.array) -> Optional[np.ndarray]:
-        if self.padding_idx is None:
-            return None
-        return ops.positions_from_ids(input_ids, self.padding_idx)
-
     def __call__(self, input_ids: mx.array, token_type_ids: Optional[mx.array] = None) -> mx.array:
-        L = input_ids.shape[1]
-        p = self.first_position
-        exact = self._positions(input_ids)
         # Single-segment input (embeddings): token_type_ids are all 0, so the
         # type embedding is one row broadcast over every position. Pairs
         # (cross-encoders) mark the second segment with type 1.
@@ -87,10 +79,8 @@ class Embeddings(nn.Module):
             if token_type_ids is None
             else self.token_type_embeddings(token_type_ids)
         )
-        positions = (
-            self.position_embeddings.weight[p : p + L]
-            if exact is None
-            else self.position_embeddings(mx.array(exact))
+        positions = ops.position_rows(
+            self.position_embeddings, input_ids, self.first_position, self.padding_idx
         )
         # transformers' order: (word + type) + position.
         x = self.word_embeddings(input_ids) + types + positions
@@ -101,11 +91,9 @@ class Embeddings(nn.Module):
     ) -> Optional[np.ndarray]:
         """``__call__`` computed on the host for the native encoder, or None
         off it (``ops.embeddings_on_host``)."""
-        exact = self._positions(input_ids)
-        first = self.first_position if exact is None else exact
         return ops.embeddings_on_host(
-            self.word_embeddings, input_ids, (self.position_embeddings, first),
-            self.norm, self.token_type_embeddings, token_type_ids,
+            self.word_embeddings, input_ids, (self.position_embeddings, self.first_position),
+            self.norm, self.token_type_embeddings, token_type_ids, padding_idx=self.padding_idx,
         )
 
 

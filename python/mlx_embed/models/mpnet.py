@@ -76,17 +76,12 @@ class Embeddings(nn.Module):
         self.padding_idx = args.pad_token_id
 
     def __call__(self, input_ids: mx.array) -> mx.array:
-        L = input_ids.shape[1]
-        p = self.first_position
         # Padding (at the end of each row) is masked everywhere, so its
         # position value does not matter; real tokens get p, p+1, ..., but
         # for a padding id inside a text (a literal "<pad>"), numbered as
         # transformers numbers it.
-        exact = ops.positions_from_ids(input_ids, self.padding_idx)
-        positions = (
-            self.position_embeddings.weight[p : p + L]
-            if exact is None
-            else self.position_embeddings(mx.array(exact))
+        positions = ops.position_rows(
+            self.position_embeddings, input_ids, self.first_position, self.padding_idx
         )
         x = self.word_embeddings(input_ids) + positions
         return self.norm(x)

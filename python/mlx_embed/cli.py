@@ -170,7 +170,7 @@ def cmd_embed(args) -> int:
         print(f"mlx-embed embed: {_not_an_embedder(model.name, model.kind, args.model)}",
               file=sys.stderr)
         return 1
-    if args.sparse and not (model.sparse or model.lexical is not None):
+    if args.sparse and not model.has_sparse_output:
         print(f"mlx-embed embed: {model.name} has no sparse output: --sparse needs a SPLADE model "
               "or a BGE-M3 folder (its sparse_linear.pt)", file=sys.stderr)
         return 1
@@ -257,6 +257,7 @@ def cmd_bulk(args) -> int:
             batch_size=args.batch_size, rows_per_file=args.rows_per_file,
             normalize=not args.no_normalize, truncate=not args.no_truncate,
             dtype=args.dtype, quantize=args.quantize, instruction=args.instruction,
+            sparse=args.sparse,
         )
         said_why = True
     except (BadRow, BulkError) as e:
@@ -452,8 +453,10 @@ def build_parser() -> argparse.ArgumentParser:
         "(under the input's names) and embedding (list<float32>) to OUT_DIR. Ids already in "
         "OUT_DIR are skipped, so running the same command again resumes; OUT_DIR's "
         "_mlx_embed_bulk.json records the model and options, and a resume with others is "
-        "refused. A row that cannot be embedded (a null or empty text) fails the job with "
-        "its id. Ctrl-C stops the job; the files written are kept for the resume.",
+        "refused. With --sparse the files hold indices (list<int32>) and values "
+        "(list<float32>), each text's sparse weights, instead of embedding. A row that cannot "
+        "be embedded (a null or empty text) fails the job with its id. Ctrl-C stops the job; "
+        "the files written are kept for the resume.",
     )
     b.add_argument("inputs", nargs="+", help=".parquet / .jsonl files or folders of them")
     b.add_argument("-o", "--output", required=True, help="output folder of .parquet files")
@@ -476,6 +479,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--instruction", help="query instruction for instruction-tuned decoders (Qwen3, Qwen2/Mistral-style e5/gte); goes in the model's query prompt")
     b.add_argument("--no-normalize", action="store_true", help="do not L2-normalize")
     b.add_argument("--no-truncate", action="store_true", help="fail on texts over max_length")
+    b.add_argument("--sparse", action="store_true",
+                   help="write each text's sparse weights (a SPLADE model's, or a BGE-M3 folder's "
+                   "lexical weights) as indices and values columns, unnormalized, instead of "
+                   "embedding")
     b.set_defaults(func=cmd_bulk)
 
     i = sub.add_parser("info", help="show BLAS and model information")

@@ -622,6 +622,12 @@ class EmbeddingModel(ScoringMixin):
             prompt_name=prompt_name, prompt=prompt, instruction=instruction, truncate_to=truncate_to,
         )[0]
 
+    @property
+    def has_sparse_output(self) -> bool:
+        """Whether :meth:`embed_sparse` serves this model: a SPLADE model, or
+        a BGE-M3 folder's lexical weights."""
+        return self.sparse or self.lexical is not None
+
     def embed_sparse(self, texts: list[str], **kwargs) -> list[tuple[np.ndarray, np.ndarray]]:
         """A SPLADE model's vectors, or a BGE-M3 model's lexical weights, as
         ``(indices, values)`` per text: the non-zero vocabulary entries in
@@ -635,7 +641,7 @@ class EmbeddingModel(ScoringMixin):
     ) -> tuple[list[tuple[np.ndarray, np.ndarray]], list[int]]:
         """Like :meth:`embed_sparse`, also returning the tokens run per text
         (as :meth:`embed_with_counts` does)."""
-        if not self.sparse and self.lexical is None:
+        if not self.has_sparse_output:
             raise InvalidInput(
                 f"{self.name} has no sparse output: sparse vectors need pooling='splade' "
                 f"on a masked-LM checkpoint, a SparseEncoder folder, or a BGE-M3 folder (its {lexical.FILE})"

@@ -23,6 +23,10 @@ id column, the text column (under the input's names) and ``embedding``
 (``list<float32>``), then check that every input id is in the output exactly
 once. The output folder's ``_mlx_embed_bulk.json`` records the model and the
 options its vectors were made with; a resume with other ones is refused.
+With ``sparse=True`` (a SPLADE model, or a BGE-M3 folder's lexical weights)
+the vector column is replaced by ``indices`` (``list<int32>``) and ``values``
+(``list<float32>``): each text's non-zero vocabulary entries, as
+``Model.embed_sparse`` gives them.
 
 Needs the ``ray`` extra: ``pip install 'mlx-embed[ray]'``.
 """
@@ -44,6 +48,9 @@ import numpy as np
 __all__ = ["BadRow", "BulkError", "BulkResult", "MlxEmbedder", "read_input", "run_bulk"]
 
 EMBEDDING_COLUMN = "embedding"
+# A sparse vector as vector databases take one (Qdrant's, Milvus's indices
+# and values), and as `mlx-embed embed --sparse` writes it.
+SPARSE_COLUMNS = ("indices", "values")
 # Beside the Parquet files; the leading "_" keeps Ray Data's and pyarrow's
 # folder readers from taking it for data.
 RECORD_NAME = "_mlx_embed_bulk.json"
@@ -80,21 +87,41 @@ def _vectors_to_list_array(vecs: np.ndarray):
     return pa.ListArray.from_arrays(offsets, values)
 
 
+def _ragged_list_array(parts: list[np.ndarray], dtype):
+    """Rows of different lengths -> pyarrow list<dtype>, one list per row."""
+    import pyarrow as pa
+
+    offsets = np.zeros(len(parts) + 1, dtype=np.int32)
+    np.cumsum([len(p) for p in parts], out=offsets[1:])
+    values = np.concatenate(parts).astype(dtype, copy=False) if parts else np.empty(0, dtype)
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+
+def output_columns(sparse: bool) -> tuple[str, ...]:
+    """The columns a bulk job adds to the id and text: the vector, or a sparse
+    vector's two."""
+    return SPARSE_COLUMNS if sparse else (EMBEDDING_COLUMN,)
+
+
 class MlxEmbedder:
     """Callable class for ``Dataset.map_batches``: loads the model once per actor.
 
     Takes a batch as a ``pyarrow.Table``, a ``pandas.DataFrame`` or Ray's
     default dict of numpy arrays, with a text column (and, for error
     messages, an id column). Returns the batch with an ``embedding`` column
-    of ``list<float32>``: a Table for Table and dict input (a dict would turn
-    the vectors into a tensor column), a DataFrame for DataFrame input.
+    of ``list<float32>`` (with ``sparse=True``: ``indices``, ``list<int32>``,
+    and ``values``, ``list<float32>``): a Table for Table and dict input (a
+    dict would turn the vectors into a tensor column), a DataFrame for
+    DataFrame input.
 
     Keyword arguments (``fn_constructor_kwargs``): ``model`` (a local model
     folder, default the bundled all-MiniLM-L6-v2), ``text_column``,
     ``id_column``, ``normalize``, ``truncate`` (False: a text over the
     model's limit fails its row), ``workers`` (MLX threads; match the
-    actor's ``num_cpus``), and ``dtype``/``quantize``/``instruction`` for
-    ``mlx_embed.load``.
+    actor's ``num_cpus``), ``sparse`` (each text's sparse weights instead
+    of its vector: a SPLADE model, or a BGE-M3 folder's lexical weights;
+    ``normalize`` does not apply), and ``dtype``/``quantize``/``instruction``
+    for ``mlx_embed.load``.
     """
 
     def __init__(
@@ -109,16 +136,20 @@ class MlxEmbedder:
         dtype: str = "float32",
         quantize: int | None = None,
         instruction: str | None = None,
+        sparse: bool = False,
     ):
         import mlx_embed
 
         self.model = mlx_embed.load(
             model, dtype=dtype, quantize=quantize, instruction=instruction, workers=workers
         )
+        if sparse and not self.model.has_sparse_output:
+            raise BulkError(_no_sparse_output(self.model.name))
         self.text_column = text_column
         self.id_column = id_column
         self.normalize = normalize
         self.truncate = truncate
+        self.sparse = sparse
 
     def __call__(self, batch):
         import pandas as pd
@@ -131,18 +162,44 @@ class MlxEmbedder:
                               for k, v in batch.items()})
         else:
             table = batch
-        vecs = self.embed_table(table)
-        column = _vectors_to_list_array(vecs)
+        if self.sparse:
+            entries = self.embed_table_sparse(table)
+            columns = [_ragged_list_array([i for i, _ in entries], np.int32),
+                       _ragged_list_array([v for _, v in entries], np.float32)]
+        else:
+            columns = [_vectors_to_list_array(self.embed_table(table))]
+        names = output_columns(self.sparse)
         if isinstance(batch, pd.DataFrame):
             out = batch.copy()
-            out[EMBEDDING_COLUMN] = pd.Series(
-                pd.arrays.ArrowExtensionArray(column), index=batch.index
-            )
+            for name, column in zip(names, columns):
+                out[name] = pd.Series(pd.arrays.ArrowExtensionArray(column), index=batch.index)
             return out
-        return table.append_column(EMBEDDING_COLUMN, column)
+        for name, column in zip(names, columns):
+            table = table.append_column(name, column)
+        return table
 
     def embed_table(self, table) -> np.ndarray:
         """The vectors of ``table``'s text column, float32 [rows, dim], in row order."""
+        ids, texts = self._checked_rows(table)
+        if not texts:
+            return np.empty((0, self.model.dim), dtype=np.float32)
+        return self._embed_rows(
+            lambda part: self.model.embed(part, normalize=self.normalize, truncate=self.truncate),
+            ids, texts,
+        )
+
+    def embed_table_sparse(self, table) -> list[tuple[np.ndarray, np.ndarray]]:
+        """The sparse weights of ``table``'s text column, ``(indices, values)``
+        per row (int32, float32), in row order."""
+        ids, texts = self._checked_rows(table)
+        if not texts:
+            return []
+        return self._embed_rows(
+            lambda part: self.model.embed_sparse(part, truncate=self.truncate), ids, texts
+        )
+
+    def _checked_rows(self, table) -> tuple[list, list[str]]:
+        """The batch's ids and texts; a row with no text to embed is a BadRow."""
         if self.text_column not in table.column_names:
             raise BulkError(
                 f"no {self.text_column!r} column in the batch (columns: {table.column_names})"
@@ -156,21 +213,27 @@ class MlxEmbedder:
             problem = _text_problem(text)
             if problem:
                 raise BadRow(f"row {self.id_column}={row_id!r}: {problem}")
-        if not texts:
-            return np.empty((0, self.model.dim), dtype=np.float32)
+        return ids, texts
+
+    def _embed_rows(self, embed, ids: list, texts: list[str]):
         try:
-            return self.model.embed(texts, normalize=self.normalize, truncate=self.truncate)
+            return embed(texts)
         except Exception:
             # The engine names a failing input by its place in the call; one
             # text at a time finds the row, so the message can name its id.
             for row_id, text in zip(ids, texts):
                 try:
-                    self.model.embed([text], normalize=self.normalize, truncate=self.truncate)
+                    embed([text])
                 except Exception as e:
                     # Alone in the call, the text is "text 0" to the engine.
                     reason = re.sub(r"^text 0\b", "text", str(e))
                     raise BadRow(f"row {self.id_column}={row_id!r}: {reason}") from e
             raise
+
+
+def _no_sparse_output(name: str) -> str:
+    return (f"{name} has no sparse output: sparse needs a SPLADE model or a BGE-M3 folder "
+            "(its sparse_linear.pt)")
 
 
 def _bad_row_message(error: BaseException) -> str | None:
@@ -366,13 +429,14 @@ def _folder_fingerprint(folder: str | os.PathLike) -> str:
 def model_identity(model: str | None = None, *, dtype: str = "float32",
                    quantize: int | None = None, instruction: str | None = None) -> dict:
     """What the model the actors would load is: name, resolved folder, vector
-    width, max_length and the folder's fingerprint."""
+    width, max_length, the folder's fingerprint and whether it has sparse output."""
     import mlx_embed
 
     m = mlx_embed.load(model, dtype=dtype, quantize=quantize, instruction=instruction, workers=1)
     return {
         "name": m.name, "path": os.path.realpath(m.path), "dim": int(m.dim),
         "max_length": int(m.max_length), "fingerprint": _folder_fingerprint(m.path),
+        "sparse_output": bool(m.has_sparse_output),
     }
 
 
@@ -395,7 +459,10 @@ def _remote_model_identity(ray, model, dtype, quantize, instruction) -> dict:
 # Options whose change changes the vectors (or which rows they belong to).
 # Truncation is not one: with it off, a text over the limit fails the job
 # instead of being cut, so every vector written is the same either way.
-_RECORDED_OPTIONS = ("normalize", "dtype", "quantize", "instruction", "id_column", "text_column")
+_RECORDED_OPTIONS = ("normalize", "dtype", "quantize", "instruction", "id_column", "text_column",
+                     "sparse")
+# What a record written before an option existed meant by its absence.
+_OPTION_DEFAULTS = {"sparse": False}
 
 
 def _settings_differences(old: dict, new: dict) -> list[str]:
@@ -411,8 +478,9 @@ def _settings_differences(old: dict, new: dict) -> list[str]:
             f"{now['name']} at {now['path']}, {now['dim']} dims now"
         )
     for key in _RECORDED_OPTIONS:
-        if old.get(key) != new[key]:
-            diffs.append(f"{key}: {old.get(key)!r} then, {new[key]!r} now")
+        then, now = (s.get(key, _OPTION_DEFAULTS.get(key)) for s in (old, new))
+        if then != now:
+            diffs.append(f"{key}: {then!r} then, {now!r} now")
     return diffs
 
 
@@ -438,6 +506,13 @@ def _check_unrecorded_vectors(out: Path, files: list[Path], settings: dict) -> N
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    if settings.get("sparse"):
+        # Bulk wrote only dense vectors before it kept a record.
+        raise BulkError(
+            f"{out} has no {RECORD_NAME} (it was written before mlx-embed recorded its "
+            "settings, when bulk wrote dense vectors only): adding sparse weights would mix "
+            "two kinds of output; write to a new output folder"
+        )
     dim = settings["model"]["dim"]
     for f in files:
         try:
@@ -520,11 +595,15 @@ def run_bulk(
     dtype: str = "float32",
     quantize: int | None = None,
     instruction: str | None = None,
+    sparse: bool = False,
 ) -> BulkResult:
     """Embeds ``inputs`` (Parquet or JSONL with ``id_column`` and
     ``text_column``) into Parquet files of those two columns, under their own
     names, and ``embedding``, under ``output_dir``, on the Ray cluster this
-    process is connected to (a local one is started if none is).
+    process is connected to (a local one is started if none is). With
+    ``sparse=True`` the files hold ``indices`` and ``values`` (each text's
+    sparse weights, from a SPLADE model or a BGE-M3 folder) instead of
+    ``embedding``; ``normalize`` does not apply to them.
 
     Resumes: ids already in ``output_dir`` are skipped. The folder's
     ``_mlx_embed_bulk.json`` records the model (name, folder, width, a
@@ -550,10 +629,12 @@ def run_bulk(
     out = Path(output_dir)
     if batch_size < 1 or rows_per_file < 1 or cpus_per_actor <= 0:
         raise ValueError("batch_size and rows_per_file must be >= 1, cpus_per_actor > 0")
-    if id_column == text_column or EMBEDDING_COLUMN in (id_column, text_column):
+    outputs = output_columns(sparse)
+    if id_column == text_column or {id_column, text_column} & set(outputs):
         raise BulkError(
-            f"the id and text columns must be two columns, neither named {EMBEDDING_COLUMN!r} "
-            f"(the output's vector column): got {id_column!r} and {text_column!r}"
+            f"the id and text columns must be two columns, named neither "
+            f"{' nor '.join(map(repr, outputs))} (the output's vector columns): got "
+            f"{id_column!r} and {text_column!r}"
         )
     if not ray.is_initialized():
         ray.init()
@@ -609,10 +690,16 @@ def run_bulk(
     _check_ids(input_ids, "input")
     input_rows = len(input_ids)
 
+    identity = _remote_model_identity(ray, model, dtype, quantize, instruction)
+    # A capability, not a setting: the record keeps what made the vectors.
+    if not identity.pop("sparse_output") and sparse:
+        raise BulkError(_no_sparse_output(identity["name"]))
     settings = {
-        "model": _remote_model_identity(ray, model, dtype, quantize, instruction),
-        "normalize": bool(normalize), "dtype": dtype, "quantize": quantize,
+        "model": identity,
+        # Sparse weights are never normalized, whatever was asked.
+        "normalize": bool(normalize) and not sparse, "dtype": dtype, "quantize": quantize,
         "instruction": instruction, "id_column": id_column, "text_column": text_column,
+        "sparse": bool(sparse),
     }
     # Before the scan below deletes anything: a refused run leaves the folder as it was.
     _check_and_record_settings(out, settings)
@@ -637,7 +724,7 @@ def run_bulk(
                 "model": model, "text_column": text_column, "id_column": id_column,
                 "normalize": normalize, "truncate": truncate,
                 "workers": workers_per_actor, "dtype": dtype,
-                "quantize": quantize, "instruction": instruction,
+                "quantize": quantize, "instruction": instruction, "sparse": sparse,
             },
             batch_size=batch_size,
             batch_format="pyarrow",

@@ -27,6 +27,7 @@ import pytest
 import ray
 from mlx_embed.ray import (
     RECORD_NAME,
+    SPARSE_COLUMNS,
     BadRow,
     BulkError,
     MlxEmbedder,
@@ -39,6 +40,8 @@ from mlx_embed.ray import (
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_MPNET = ROOT / "tests" / "fixtures" / "tiny-mpnet"  # 64 dims, beside the default's 384
+TINY_BGE_M3 = ROOT / "tests" / "fixtures" / "tiny-bge-m3"  # lexical weights (sparse output)
+TINY_SPLADE = ROOT / "tests" / "fixtures" / "tiny-splade"
 CLI = [sys.executable, "-m", "mlx_embed"]
 ROWS = 2000
 JOB_TIMEOUT_S = 300
@@ -460,7 +463,7 @@ def test_bad_input_fails_before_any_compute(cluster, tmp_path):
 
     for id_column, text_column in [("doc", "doc"), ("id", "embedding")]:
         with pytest.raises(BulkError, match="the id and text columns must be two columns, "
-                                            "neither named 'embedding'"):
+                                            "named neither 'embedding'"):
             bounded(inputs=write_jsonl(tmp_path / "cols.jsonl", rows), output_dir=tmp_path / "o1",
                     id_column=id_column, text_column=text_column, concurrency=1)
     with pytest.raises(BulkError, match=r"no \['text'\] column"):
@@ -580,3 +583,134 @@ def test_a_row_the_model_refuses_is_named_by_its_id():
     rows[27]["text"] = "long " * 600
     with pytest.raises(BadRow, match=r"row id='y-00027': text has 60\d tokens, more than max_length=256"):
         embedder(pa.Table.from_pylist(rows))
+
+
+# ------------------------------------------------------------ sparse output
+
+
+def sparse_by_id(table: pa.Table) -> dict:
+    """id -> {token id: weight} from a sparse output's indices and values."""
+    return {i: dict(zip(idx, val)) for i, idx, val in zip(
+        table.column("id").to_pylist(), table.column("indices").to_pylist(),
+        table.column("values").to_pylist())}
+
+
+def worst_sparse_difference(got: dict, want: dict) -> float:
+    """The largest weight difference over both entry sets (a missing entry weighs 0)."""
+    return max((abs(got.get(k, 0.0) - want.get(k, 0.0)) for k in set(got) | set(want)), default=0.0)
+
+
+@pytest.mark.parametrize("folder", [TINY_BGE_M3, TINY_SPLADE])
+def test_callable_class_writes_sparse_weights(folder):
+    """sparse=True: indices list<int32> and values list<float32>, the
+    library's embed_sparse per row, for Table and DataFrame batches."""
+    import mlx_embed
+
+    embedder = MlxEmbedder(str(folder), workers=1, sparse=True)
+    rows = make_rows(23, "s")
+    want = mlx_embed.load(folder).embed_sparse([r["text"] for r in rows])
+    assert sum(len(i) for i, _ in want) > 23
+
+    table = embedder(pa.Table.from_pylist(rows))
+    assert table.column_names == ["id", "text", *SPARSE_COLUMNS]
+    assert table.schema.field("indices").type == pa.list_(pa.int32())
+    assert table.schema.field("values").type == pa.list_(pa.float32())
+    # The library's own model runs other sub-batches (its workers), so the
+    # weights may differ in the last bits.
+    for got_i, got_v, (idx, val) in zip(table.column("indices").to_pylist(),
+                                        table.column("values").to_pylist(), want):
+        assert worst_sparse_difference(dict(zip(got_i, got_v)),
+                                       dict(zip(idx.tolist(), val.tolist()))) <= 1e-5
+
+    frame = embedder(pd.DataFrame(rows))
+    assert list(frame.columns) == ["id", "text", *SPARSE_COLUMNS]
+    schema = pa.Table.from_pandas(frame).schema
+    assert schema.field("indices").type == pa.list_(pa.int32())
+    assert [list(x) for x in frame["indices"]] == table.column("indices").to_pylist()
+    assert [list(x) for x in frame["values"]] == table.column("values").to_pylist()
+
+    empty = embedder(pa.table({"id": pa.array([], pa.string()), "text": pa.array([], pa.string())}))
+    assert empty.num_rows == 0 and empty.column_names == ["id", "text", *SPARSE_COLUMNS]
+    with pytest.raises(BadRow, match=r"row id='b': text is empty"):
+        embedder(pa.table({"id": ["a", "b"], "text": ["fine", ""]}))
+
+
+def test_sparse_from_a_dense_model_is_refused():
+    with pytest.raises(BulkError, match=r"^tiny-mpnet has no sparse output: sparse needs a SPLADE "
+                                        r"model or a BGE-M3 folder \(its sparse_linear.pt\)$"):
+        MlxEmbedder(str(TINY_MPNET), workers=1, sparse=True)
+
+
+def test_a_record_from_before_sparse_output_reads_as_dense(tmp_path):
+    """Records written before the sparse option existed lack its key; they
+    were dense, so a dense resume goes on and a sparse one is refused."""
+    model = model_identity(str(TINY_MPNET))
+    model.pop("sparse_output")
+    old = {"model": model, "normalize": True, "dtype": "float32", "quantize": None,
+           "instruction": None, "id_column": "id", "text_column": "text"}
+    assert _settings_differences(old, {**old, "sparse": False}) == []
+    assert _settings_differences(old, {**old, "sparse": True}) == ["sparse: False then, True now"]
+
+
+def test_run_bulk_sparse_equals_the_library_and_resumes(cluster, tmp_path):
+    """BGE-M3's lexical weights through the whole job: every id once, each
+    row's entries the library's; a dense run on the folder and a sparse run
+    of a dense model are refused with nothing written."""
+    import mlx_embed
+
+    rows = make_rows(240, "m3")
+    path = write_jsonl(tmp_path / "rows.jsonl", rows)
+    out = tmp_path / "out"
+    job = {"inputs": str(path), "output_dir": out, "model": str(TINY_BGE_M3), "sparse": True,
+           "batch_size": 40, "rows_per_file": 80, **SMALL_POOL}
+    first = bounded(**job)
+    assert (first.input_rows, first.embedded, first.already_done) == (240, 240, 0)
+    table = read_output(out)
+    assert table.column_names == ["id", "text", *SPARSE_COLUMNS]
+    got = sparse_by_id(table)
+    assert sorted(got) == sorted(r["id"] for r in rows)
+    model = mlx_embed.load(TINY_BGE_M3)
+    want = {r["id"]: dict(zip(idx.tolist(), val.tolist())) for r, (idx, val) in
+            zip(rows, model.embed_sparse([r["text"] for r in rows]))}
+    assert max(worst_sparse_difference(got[i], want[i]) for i in want) <= 1e-5
+    assert sum(len(v) for v in got.values()) > 240
+    record = json.loads((out / RECORD_NAME).read_text())
+    assert (record["sparse"], record["normalize"]) == (True, False)
+    assert "sparse_output" not in record["model"]
+
+    sorted(out.glob("*.parquet"))[0].unlink()
+    before = folder_state(out)
+    with pytest.raises(BulkError, match=r"was written with other settings \(normalize: False then, "
+                                        r"True now; sparse: True then, False now;"):
+        bounded(**{**job, "sparse": False})
+    assert folder_state(out) == before
+    again = bounded(**{**job, "normalize": False})  # normalize does not apply to sparse weights
+    assert again.embedded > 0 and again.already_done + again.embedded == 240
+    assert sorted(sparse_by_id(read_output(out))) == sorted(r["id"] for r in rows)
+
+    with pytest.raises(BulkError, match="tiny-mpnet has no sparse output"):
+        bounded(**{**job, "model": str(TINY_MPNET), "output_dir": tmp_path / "o2"})
+    assert not (tmp_path / "o2").exists()
+    with pytest.raises(BulkError, match="named neither 'indices' nor 'values'"):
+        bounded(**{**job, "text_column": "values", "output_dir": tmp_path / "o3"})
+
+
+def test_bulk_cli_sparse(tmp_path):
+    rows = make_rows(60, "cli")
+    path = write_jsonl(tmp_path / "rows.jsonl", rows)
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [*CLI, "bulk", str(path), "-o", str(out), "-m", str(TINY_SPLADE), "--sparse",
+         "--num-cpus", "2", "--concurrency", "1", "--batch-size", "20"],
+        check=False, capture_output=True, text=True, timeout=JOB_TIMEOUT_S, cwd=ROOT, env=ray_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    summary = json.loads(r.stdout.strip().splitlines()[-1])
+    assert (summary["input_rows"], summary["embedded"]) == (60, 60)
+    import mlx_embed
+
+    model = mlx_embed.load(TINY_SPLADE)
+    got = sparse_by_id(read_output(out))
+    want = {r["id"]: dict(zip(idx.tolist(), val.tolist())) for r, (idx, val) in
+            zip(rows, model.embed_sparse([r["text"] for r in rows]))}
+    assert sorted(got) == sorted(want)
+    assert max(worst_sparse_difference(got[i], want[i]) for i in want) <= 1e-5

@@ -25,7 +25,7 @@ except ImportError as e:  # the `mlx` wheel alone has no backend on Linux
         "pip install 'mlx-embed[cpu]' (or 'mlx-embed[cuda]' on an NVIDIA GPU)"
     ) from e
 
-from . import _blas, device, lexical, loading, ops, precision, startup
+from . import _blas, device, lexical, loading, ops, precision, reranker_prompt, startup
 from .errors import InputTooLong, InvalidInput, check_switches
 from .loading import DEFAULT_MODEL_NAME, DEFAULT_MODEL_NAMES, default_model_path  # noqa: F401  (re-exported)
 from .models import reads_type_ids
@@ -141,19 +141,33 @@ class EmbeddingModel(ScoringMixin):
             # still mark the second segment 1, which transformers never reads,
             # so pairs go without type ids rather than fail the range check.
             self.tokenizer.pair = dataclasses.replace(self.tokenizer.pair, first_type_id=0, second_type_id=0)
+        # Decoder rerankers write a pair into their prompt instead of the
+        # tokenizer's pair template: the model card's, unless the folder
+        # states its own (reranker_prompt.py).
+        rr = getattr(ck.module, "RERANKER_DEFAULTS", None)
+        if rr is not None:
+            rr = reranker_prompt.from_folder(
+                rr, ck.path, ck.tokenizer_files or ck.path, self.tokenizer.added_tokens()
+            )
         # Scorers that read vocabulary rows (yes/no rerankers) resolve them
         # with the folder's tokenizer.
         bind = getattr(self.model, "bind_tokenizer", None)
         if bind is not None:
-            bind(self.tokenizer.token_id)
-        # Decoder rerankers write a pair into their prompt instead of the
-        # tokenizer's pair template.
-        rr = getattr(ck.module, "RERANKER_DEFAULTS", None)
+            bind(self.tokenizer.token_id, rr)
         if rr is not None:
             self.tokenizer.pair = template_spec(
                 read_tokenizer(ck.tokenizer_path), prefix=rr.prefix, suffix=rr.suffix,
                 template=rr.template, default_instruction=rr.default_instruction,
             )
+        pair = self.tokenizer.pair
+        if self.kind != "embedding" and pair is not None and pair.template is None and reads_types:
+            if max(pair.first_type_id, pair.second_type_id) >= self._type_vocab_size:
+                # Every pair would fail; transformers fails on them too.
+                raise ValueError(
+                    f"{self.name}: the tokenizer gives a pair's texts token types "
+                    f"{pair.first_type_id} and {pair.second_type_id}, but config.json's "
+                    f"type_vocab_size is {self._type_vocab_size}"
+                )
         self.instruction = instruction
         if instruction is not None:
             # The load's instruction is the model's query prompt, and the

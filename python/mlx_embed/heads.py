@@ -6,9 +6,13 @@
   a ``classifier`` (labels from ``id2label``), as TEI decides.
 * A decoder with a yes/no reranker file (Qwen3: ``models/qwen3_reranker.py``)
   is a ``reranker`` when asked for (``kind="reranker"``, the server's
-  ``--rerank-model``), or when its folder is named like one ("...Reranker...",
+  ``--rerank-model``), when its modules.json has sentence-transformers 6's
+  ``LogitScore``, or when its folder is named like one ("...Reranker...",
   as Qwen/Qwen3-Reranker-* are): its config.json says only
   ``Qwen3ForCausalLM``, the same as Qwen3-Embedding's.
+* Another ``*ForSequenceClassification`` is refused unless the caller asks
+  for an embedding model or the folder pools it: as an embedding model its
+  head would be dropped without a word (or its weights not fit).
 * A SPLADE model (a sentence-transformers ``SparseEncoder`` folder, or
   ``pooling="splade"`` as TEI's ``--pooling splade``) is an ``embedding``
   model built with its masked-LM head (``models/masked_lm.py``): its vectors
@@ -115,9 +119,25 @@ def resolve(
                 f"{path} is a {len(labels)}-label classifier; a reranker has one label"
             )
         return Head(kind or natural, sequence_classification)
+    unsupported = [a for a in config.get("architectures") or ()
+                   if str(a).endswith("ForSequenceClassification")]
+    if unsupported and kind is None and not st_modules.declares_pooling(path):
+        # Loaded as an embedding model, its head would be dropped silently.
+        raise ValueError(
+            f"{path}: {unsupported[0]} is not a supported cross-encoder or classifier "
+            f"(supported: {', '.join(sequence_classification.ARCHITECTURES)})"
+        )
     decoder = DECODER_RERANKERS.get(model_type or "")
+    # sentence-transformers 6 saves a decoder reranker as a CrossEncoder
+    # with a LogitScore module, whatever the folder is called.
+    logit_score = kind in (None, "reranker") and st_modules.read_logit_score(path) is not None
+    if logit_score and decoder is None:
+        raise ValueError(
+            f"{path} is a sentence-transformers LogitScore reranker on model_type {model_type!r}; "
+            f"yes/no rerankers are supported on {', '.join(DECODER_RERANKERS)}"
+        )
     if decoder is not None and (
-        kind == "reranker" or (kind is None and _named_like_reranker(path))
+        kind == "reranker" or (kind is None and (logit_score or _named_like_reranker(path)))
     ):
         return Head("reranker", importlib.import_module(f"{models.__name__}.{decoder}"))
     if kind in ("classifier", "reranker"):

@@ -215,6 +215,32 @@ def declares_pooling(folder: str) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class LogitScore:
+    """sentence-transformers 6's ``LogitScore`` module: a CrossEncoder over a
+    causal LM scores ``logit[true] - logit[false]`` at the last position, or
+    ``logit[true]`` alone when it has no false token."""
+
+    true_token_id: int
+    false_token_id: Optional[int]
+
+
+def read_logit_score(folder: str) -> Optional[LogitScore]:
+    """The folder's ``LogitScore`` module, or None when modules.json has none."""
+    modules = read_json(os.path.join(folder, "modules.json"))
+    entry = next((m for m in modules if _kind(m) == "LogitScore"), None) if isinstance(modules, list) else None
+    if entry is None:
+        return None
+    where = os.path.join(folder, entry.get("path", "") or "", "config.json")
+    cfg = read_json(where) or {}
+    true_id, false_id = cfg.get("true_token_id"), cfg.get("false_token_id")
+    for key, value, optional in (("true_token_id", true_id, False), ("false_token_id", false_id, True)):
+        if (value is None and not optional) or (value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 0)):
+            raise ValueError(f"{where}: {key} must be a token id (a non-negative integer), got {value!r}")
+    return LogitScore(true_id, false_id)
+
+
 def _has_splade(modules) -> bool:
     return isinstance(modules, list) and any(
         _kind(m) == "SpladePooling" for m in modules

@@ -134,6 +134,11 @@ class TextTokenizer:
     def token_id(self, token: str) -> Optional[int]:
         return self._tok.token_to_id(token)
 
+    def added_tokens(self) -> list[str]:
+        """The added tokens' texts (special or not): the tokenizer matches
+        them before it splits anything else."""
+        return [t.content for t in self._tok.get_added_tokens_decoder().values()]
+
     def content_room(self, max_length: int) -> int:
         """Content tokens a cut at ``max_length`` leaves beside the specials
         (at least one, else the cut is invalid input)."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -28,6 +29,9 @@ DEBERTA_RERANKER = os.path.join(FIXTURES, "tiny-deberta-v3-reranker")
 DEBERTA_NLI = os.path.join(FIXTURES, "tiny-deberta-v2-nli")
 MODERNBERT_RERANKER = os.path.join(FIXTURES, "tiny-modernbert-reranker")
 DISTILBERT_CLASSIFIER = os.path.join(FIXTURES, "tiny-distilbert-classifier")
+CAMEMBERT_RERANKER = os.path.join(FIXTURES, "tiny-camembert-reranker")
+MPNET_RERANKER = os.path.join(FIXTURES, "tiny-mpnet-reranker")
+QWEN3_ST6 = os.path.join(FIXTURES, "tiny-qwen3-reranker-st6")
 GOLDEN_TEXTS = os.path.join(FIXTURES, "golden", "minilm_texts.json")
 
 
@@ -626,3 +630,164 @@ def test_deberta_refuses_what_it_does_not_implement(change, message, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=message):
         mlx_embed.load(str(tmp_path))
+
+
+# -------------------------------------------------- RoBERTa-headed encoders
+
+
+@pytest.mark.parametrize("folder", ["tiny-camembert-reranker", "tiny-mpnet-reranker"])
+def test_camembert_and_mpnet_rerankers_match_reference(folder):
+    """CamemBERT and MPNet cross-encoders: RoBERTa's head on <s>; they had
+    loaded as embedding models with their head dropped (MPNet) or failed
+    on the head's weights (CamemBERT)."""
+    model = _model(os.path.join(FIXTURES, folder))
+    assert (model.kind, model.labels) == ("reranker", ["LABEL_0"])
+    assert_pairs_match_tokenizer(model, folder)
+    assert_reranker_matches(model, folder)
+
+
+def test_unsupported_classifiers_are_refused(tmp_path):
+    """A *ForSequenceClassification the engine has no head for is refused
+    by name instead of loading as an embedding model without its head."""
+    electra = copy_fixture("tiny-bert-reranker", tmp_path / "electra",
+                           architectures=["ElectraForSequenceClassification"])
+    with pytest.raises(ValueError, match=r"ElectraForSequenceClassification is not a supported "
+                                         r"cross-encoder or classifier \(supported: Bert"):
+        mlx_embed.load(str(electra))
+    qwen3 = copy_fixture("tiny-qwen3", tmp_path / "qwen3-seq-cls",
+                         architectures=["Qwen3ForSequenceClassification"])
+    for name in ("modules.json", "1_Pooling"):
+        path = qwen3 / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    with pytest.raises(ValueError, match="Qwen3ForSequenceClassification is not a supported"):
+        mlx_embed.load(str(qwen3))
+
+
+def test_a_pair_type_the_model_has_no_row_for_is_refused_at_load(tmp_path):
+    """type_vocab_size 1 beside a tokenizer that marks the document 1:
+    every pair would fail (transformers too), so the load says so."""
+    import mlx.core as mx
+
+    folder = copy_fixture("tiny-bert-reranker", tmp_path / "one-type", type_vocab_size=1)
+    weights = mx.load(str(folder / "model.safetensors"))
+    name = next(k for k in weights if k.endswith("token_type_embeddings.weight"))
+    weights[name] = weights[name][:1]
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    with pytest.raises(ValueError, match="token types 0 and 1, but config.json's type_vocab_size is 1"):
+        mlx_embed.load(str(folder))
+
+
+# ------------------------- a Qwen3 reranker as sentence-transformers 6 saves it
+
+
+def _st6_copy(tmp_path, name="my-finetune", **score):
+    """The ST 6 fixture under a name that does not say "reranker", its
+    LogitScore config edited."""
+    folder = tmp_path / name
+    shutil.copytree(QWEN3_ST6, folder)
+    if score:
+        path = folder / "1_LogitScore" / "config.json"
+        cfg = json.loads(path.read_text())
+        cfg.update(score)
+        path.write_text(json.dumps(cfg))
+    return str(folder)
+
+
+def test_qwen3_reranker_saved_by_st6_scores_with_its_own_tokens_and_prompt(tmp_path):
+    """The folder's LogitScore tokens (not yes/no) and its chat template's
+    prompt (another system line, a code-search instruction) are what
+    sentence-transformers scores with; the model card's were used before,
+    scores off by up to 10. A LogitScore makes the folder a reranker
+    whatever it is called."""
+    model = mlx_embed.load(_st6_copy(tmp_path))
+    assert model.kind == "reranker"
+    pairs = _json(os.path.join(QWEN3_ST6, "pairs.json"))
+    assert len(pairs) >= 30
+    _assert_logits(model.score(pairs, raw_scores=True),
+                   np.load(os.path.join(QWEN3_ST6, "reference_pair_logits.npy")))
+    _assert_logits(model.score(pairs, raw_scores=True, instruction="Find the passage that answers the question"),
+                   np.load(os.path.join(QWEN3_ST6, "reference_instruction_logits.npy")))
+    pair = model.spec().tokenizer.pair
+    assert pair.default_instruction == "Given a code search query, retrieve code snippets that implement it"
+    assert pair.template == "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
+    tok = _tokenizer(QWEN3_ST6)
+    assert tok.decode(pair.prefix_ids, skip_special_tokens=False) == (
+        "<|im_start|>system\nJudge whether the Document answers the Query under the Instruct. "
+        'Answer only "yes" or "no".<|im_end|>\n<|im_start|>user\n')
+    assert tok.decode(pair.suffix_ids, skip_special_tokens=False) == (
+        "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+
+
+def test_qwen3_st6_true_token_alone_and_bad_ids(tmp_path):
+    """false_token_id null: the true token's logit alone is the score."""
+    pairs = _json(os.path.join(QWEN3_ST6, "pairs.json"))
+    alone = mlx_embed.load(_st6_copy(tmp_path, "true-only", false_token_id=None))
+    _assert_logits(alone.score(pairs, raw_scores=True),
+                   np.load(os.path.join(QWEN3_ST6, "reference_true_logits.npy")))
+    with pytest.raises(ValueError, match=r"score token id 99999 is outside the vocabulary \(0\.\.1201\)"):
+        mlx_embed.load(_st6_copy(tmp_path, "far", true_token_id=99999))
+    with pytest.raises(ValueError, match="true_token_id must be a token id"):
+        mlx_embed.load(_st6_copy(tmp_path, "missing", true_token_id=None))
+
+
+def test_a_logit_score_folder_on_another_decoder_is_refused(tmp_path):
+    folder = tmp_path / "qwen2-logit-score"
+    shutil.copytree(os.path.join(FIXTURES, "tiny-qwen2"), folder)
+    shutil.copytree(os.path.join(QWEN3_ST6, "1_LogitScore"), folder / "1_LogitScore")
+    shutil.copy(os.path.join(QWEN3_ST6, "modules.json"), folder / "modules.json")
+    with pytest.raises(ValueError, match="LogitScore reranker on model_type 'qwen2'; yes/no "
+                                         "rerankers are supported on qwen3"):
+        mlx_embed.load(str(folder))
+
+
+MARKED_PAIR = (
+    "<|im_start|>system\nJudge.<|im_end|>\n<|im_start|>user\n"
+    "{% if instruction is defined %}<Instruct>: {{ instruction }}\n{% endif %}"
+    "<Query>: {{ (messages | selectattr('role', 'eq', 'query') | first).content }}\n"
+    "<Document>: {{ (messages | selectattr('role', 'eq', 'document') | first).content }}"
+    "<|im_end|>\n<|im_start|>assistant\n"
+)
+ADDED = ["<|im_start|>", "<|im_end|>"]
+
+
+def test_chat_templates_that_do_not_carry_a_pair():
+    """Qwen's own chat template (no query/document roles) keeps the card's
+    prompt; one that renders a single role is refused; an instruction
+    written only when given makes a prompt without one."""
+    from mlx_embed.reranker_prompt import pair_prompt
+
+    chatml = ("{% for m in messages %}{% if m.role in ['user', 'assistant'] %}<|im_start|>{{ m.role }}\n"
+              "{{ m.content }}<|im_end|>\n{% endif %}{% endfor %}")
+    assert pair_prompt(chatml, ADDED, {}) is None
+    assert pair_prompt("{{ raise_exception('No user query found in messages.') }}", ADDED, {}) is None
+    assert pair_prompt("{% generation %}x{% endgeneration %}", ADDED, {}) is None
+    query_only = "<|im_start|>user\n{{ (messages | selectattr('role', 'eq', 'query') | first).content }}"
+    with pytest.raises(ValueError, match="the query 1 and the document 0 times"):
+        pair_prompt(query_only, ADDED, {})
+    parts = pair_prompt(MARKED_PAIR, ADDED, {})
+    assert parts == {
+        "prefix": "<|im_start|>system\nJudge.<|im_end|>\n<|im_start|>user\n",
+        "template": "<Query>: {query}\n<Document>: {document}",
+        # Jinja drops a template's last newline, as in transformers.
+        "suffix": "<|im_end|>\n<|im_start|>assistant",
+        "default_instruction": None,
+    }
+    literal = MARKED_PAIR.replace("<Query>: ", "<Query>: {query} ")
+    with pytest.raises(ValueError, match="literal"):
+        pair_prompt(literal, ADDED, {})
+
+
+def test_a_prompt_without_an_instruction_refuses_one(tmp_path):
+    folder = _st6_copy(tmp_path, "no-instruction")
+    with open(os.path.join(folder, "chat_template.jinja"), "w", encoding="utf-8") as f:
+        f.write(MARKED_PAIR)
+    model = mlx_embed.load(folder)
+    (ids,), _, _ = model.encode_pairs([("q", "d")])
+    assert _tokenizer(QWEN3_ST6).decode(ids, skip_special_tokens=False) == (
+        "<|im_start|>system\nJudge.<|im_end|>\n<|im_start|>user\n<Query>: q\n<Document>: d"
+        "<|im_end|>\n<|im_start|>assistant")
+    with pytest.raises(InvalidInput, match="takes no instruction"):
+        model.score([("q", "d")], instruction="x")

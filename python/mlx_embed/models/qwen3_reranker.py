@@ -14,13 +14,13 @@ score is read at each row's last real token.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from .. import ops
+from ..reranker_prompt import RerankerPrompt
 from . import DECODER_SIBLINGS, mlx_lm_model, qwen3
 
 _lm = mlx_lm_model("qwen3")
@@ -39,24 +39,10 @@ ops.layer_boundary(_lm.TransformerBlock)
 JOINED_LINEARS = DECODER_SIBLINGS
 
 
-@dataclass(frozen=True)
-class RerankerDefaults:
-    """How a (query, document) pair becomes this reranker's input."""
-
-    # Chat-formatted text around the pair, encoded on its own (as the model
-    # card does) and placed before/after the encoded pair text.
-    prefix: str
-    suffix: str
-    # The pair text; "{instruction}", "{query}" and "{document}" are replaced.
-    template: str
-    default_instruction: str
-    # Vocabulary tokens whose logit difference is the score: (true, false).
-    true_token: str = "yes"
-    false_token: str = "no"
-
-
-# The Qwen3-Reranker model card's prompt, verbatim.
-RERANKER_DEFAULTS = RerankerDefaults(
+# The Qwen3-Reranker model card's prompt, verbatim; a folder's own
+# (sentence-transformers 6's LogitScore and chat template) replaces it
+# (reranker_prompt.py).
+RERANKER_DEFAULTS = RerankerPrompt(
     prefix=(
         "<|im_start|>system\nJudge whether the Document meets the requirements based on "
         'the Query and the Instruct provided. Note that the answer can only be "yes" or '
@@ -83,8 +69,10 @@ class Model(nn.Module):
         if not args.tie_word_embeddings:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         # Plain ints, not a tuple: an nn.Module stores tuples as children.
+        # No false token: the true token's logit alone is the score.
         self._yes_id: Optional[int] = None
         self._no_id: Optional[int] = None
+        self._bound = False
 
     @property
     def vocab_size(self) -> int:
@@ -98,29 +86,41 @@ class Model(nn.Module):
     def labels(self) -> list:
         return ["score"]
 
-    def bind_tokenizer(self, token_id: Callable[[str], Optional[int]]) -> None:
-        """Resolve the yes/no tokens with the folder's tokenizer; called once
-        after the weights are loaded. Keeps only their two rows of the LM head
-        (a 4B model's untied head is 1.5 GB in fp32)."""
-        d = RERANKER_DEFAULTS
-        ids = (token_id(d.true_token), token_id(d.false_token))
-        if None in ids:
-            raise ValueError(
-                f"qwen3 reranker: the tokenizer has no single token for "
-                f"{d.true_token!r} and/or {d.false_token!r}"
-            )
-        self._yes_id, self._no_id = int(ids[0]), int(ids[1])
+    def bind_tokenizer(
+        self, token_id: Callable[[str], Optional[int]], prompt: RerankerPrompt = RERANKER_DEFAULTS
+    ) -> None:
+        """Resolve the prompt's true/false tokens (words with the folder's
+        tokenizer, or ids); called once after the weights are loaded. Keeps
+        only their rows of the LM head (a 4B model's untied head is 1.5 GB
+        in fp32)."""
+        self._yes_id = self._token(token_id, prompt.true_token)
+        self._no_id = None if prompt.false_token is None else self._token(token_id, prompt.false_token)
+        self._bound = True
         head = self.get("lm_head")
         table = self.model.embed_tokens if head is None else head
         if not hasattr(table, "scales"):
-            rows = mx.take(table.weight, mx.array([self._yes_id, self._no_id]), axis=0)
+            ids = [self._yes_id] if self._no_id is None else [self._yes_id, self._no_id]
+            rows = mx.take(table.weight, mx.array(ids), axis=0)
             # (w_yes - w_no) . h is the logit difference in one product.
-            self.score_rows = rows[0:1] - rows[1:2]
+            self.score_rows = rows[0:1] if self._no_id is None else rows[0:1] - rows[1:2]
             # Evaluated here: a lazy graph built on this thread's stream
             # cannot be evaluated by the engine's worker threads.
             mx.eval(self.score_rows)
             if head is not None:
                 self.pop("lm_head")
+
+    def _token(self, token_id: Callable[[str], Optional[int]], token: Union[str, int]) -> int:
+        if isinstance(token, str):
+            found = token_id(token)
+            if found is None:
+                raise ValueError(f"qwen3 reranker: the tokenizer has no single token for {token!r}")
+            return int(found)
+        if not 0 <= token < self.args.vocab_size:
+            raise ValueError(
+                f"qwen3 reranker: score token id {token} is outside the vocabulary "
+                f"(0..{self.args.vocab_size - 1})"
+            )
+        return int(token)
 
     def __call__(
         self,
@@ -128,8 +128,9 @@ class Model(nn.Module):
         attention_mask: mx.array,
         token_type_ids: Optional[mx.array] = None,
     ) -> mx.array:
-        """logit(yes) - logit(no) at each row's last real token, [B, 1]."""
-        if self._yes_id is None:
+        """logit(true) - logit(false) (or logit(true) alone) at each row's
+        last real token, [B, 1]."""
+        if not self._bound:
             raise RuntimeError("qwen3 reranker: bind_tokenizer() was not called")
         with ops.packed_feed_forwards(ops.KeyMask(attention_mask, mx.float32)):
             h = self.model(input_ids)
@@ -142,6 +143,8 @@ class Model(nn.Module):
         head = self.get("lm_head")
         logits = head(h) if head is not None else self.model.embed_tokens.as_linear(h)
         yes, no = self._yes_id, self._no_id
+        if no is None:
+            return logits[:, yes : yes + 1]
         return logits[:, yes : yes + 1] - logits[:, no : no + 1]
 
     def sanitize(self, weights: dict) -> dict:

@@ -45,6 +45,10 @@ ARCHITECTURES = {
     "BertForSequenceClassification": ("bert", "pooler", "bert."),
     "XLMRobertaForSequenceClassification": ("xlm_roberta", "roberta", "roberta."),
     "RobertaForSequenceClassification": ("xlm_roberta", "roberta", "roberta."),
+    # French cross-encoders: RoBERTa's encoder and head under "roberta.".
+    "CamembertForSequenceClassification": ("xlm_roberta", "roberta", "roberta."),
+    # MPNetClassificationHead is RoBERTa's (dense + tanh on <s>, out_proj).
+    "MPNetForSequenceClassification": ("mpnet", "roberta", "mpnet."),
     "DebertaV2ForSequenceClassification": ("deberta_v2", "context_pooler", "deberta."),
     # Alibaba GTE (gte-multilingual-reranker-base): NewPooler is BERT's pooler.
     "NewForSequenceClassification": ("gte_new", "pooler", "new."),

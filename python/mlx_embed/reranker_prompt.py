@@ -1,0 +1,214 @@
+"""A decoder reranker's prompt and score tokens, as its folder states them.
+
+A yes/no reranker (Qwen3-Reranker) writes a (query, document) pair into a
+chat prompt and scores two vocabulary tokens' logits at the last position.
+Its model file holds the model card's prompt and tokens
+(``RERANKER_DEFAULTS``). A folder saved by sentence-transformers 6 may state
+its own, and then they win, because sentence-transformers' CrossEncoder
+scores with them:
+
+* ``modules.json``'s ``LogitScore`` names the true and false token ids (a
+  fine-tune may score other tokens, or the true token's logit alone);
+* a chat template that renders the ``query`` and ``document`` roles
+  (``chat_template.jinja``, else ``tokenizer_config.json``'s
+  ``chat_template``) is the prompt: a fine-tune may carry another
+  instruction or other wording.
+
+A chat template that renders neither role (Qwen's own chat template, in the
+original Qwen3-Reranker folders) leaves the card's prompt.
+
+The template is rendered once at load, with marker strings for the
+instruction, the query and the document, and turned into the engine's pair
+template (``spec.PairSpec``): the prompt's own text before the first marker
+is cut after the line of its last added token (``<|im_start|>user\n``), and
+the text after the last marker at its first added token (``<|im_end|>``),
+where the tokenizer splits anyway, so encoding the parts on their own gives
+the ids that encoding the whole rendered prompt gives (the model card cuts
+the same way).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from . import st_modules
+from .json_files import read_json
+
+log = logging.getLogger("mlx_embed")
+
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+# The roles sentence-transformers gives a pair's two texts.
+QUERY_ROLE, DOCUMENT_ROLE = "query", "document"
+# Private-use characters: no template writes them, and no filter that keeps
+# text as it is changes them.
+_MARKS = {
+    "instruction": "\ue000instruction\ue001",
+    "query": "\ue000query\ue001",
+    "document": "\ue000document\ue001",
+}
+_FIELDS = re.compile(r"\{(instruction|query|document)\}")
+
+
+@dataclass(frozen=True)
+class RerankerPrompt:
+    """How a (query, document) pair becomes a decoder reranker's input, and
+    which logits score it."""
+
+    # Text around the pair, encoded on its own (as the model card does) and
+    # placed before/after the encoded pair text.
+    prefix: str
+    suffix: str
+    # The pair text; "{instruction}", "{query}" and "{document}" are replaced.
+    template: str
+    # None: the prompt has no instruction slot.
+    default_instruction: Optional[str]
+    # The tokens whose logit difference is the score: a vocabulary word, or
+    # an id where the folder names one; no false token scores the true
+    # token's logit alone.
+    true_token: Union[str, int] = "yes"
+    false_token: Union[str, int, None] = "no"
+
+
+def from_folder(card: RerankerPrompt, folder: str, tokenizer_files: str,
+                added_tokens: list[str]) -> RerankerPrompt:
+    """``card`` with what the folder states instead: its ``LogitScore``
+    tokens and its chat template's prompt. ``added_tokens`` are the
+    tokenizer's added tokens (where the prompt may be cut)."""
+    prompt = card
+    score = st_modules.read_logit_score(folder)
+    if score is not None:
+        prompt = dataclasses.replace(
+            prompt, true_token=score.true_token_id, false_token=score.false_token_id
+        )
+    source = chat_template(tokenizer_files) or chat_template(folder)
+    if source is not None:
+        parts = pair_prompt(source, added_tokens, _special_token_values(tokenizer_files))
+        if parts is not None:
+            prompt = dataclasses.replace(prompt, **parts)
+    return prompt
+
+
+def chat_template(folder: str) -> Optional[str]:
+    """The folder's chat template: ``chat_template.jinja`` (transformers 5
+    writes it and reads it first), else ``tokenizer_config.json``'s (a
+    string, or the one named "default" of a list)."""
+    path = os.path.join(folder, CHAT_TEMPLATE_FILE)
+    if os.path.isfile(path):
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    cfg = read_json(os.path.join(folder, "tokenizer_config.json"))
+    value = cfg.get("chat_template") if isinstance(cfg, dict) else None
+    if isinstance(value, list):
+        value = next((t.get("template") for t in value
+                      if isinstance(t, dict) and t.get("name") == "default"), None)
+    return value if isinstance(value, str) else None
+
+
+def _special_token_values(folder: str) -> dict:
+    """bos_token, eos_token and the like, as transformers passes them to a template."""
+    cfg = read_json(os.path.join(folder, "tokenizer_config.json"))
+    out = {}
+    for key, value in (cfg.items() if isinstance(cfg, dict) else ()):
+        if key.endswith("_token") and value is not None:
+            out[key] = value.get("content") if isinstance(value, dict) else value
+    return out
+
+
+def _environment():
+    """A sandbox like transformers' for chat templates (its filters and
+    globals that a template may call)."""
+    import datetime
+
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"]
+    )
+    env.filters["tojson"] = lambda x, indent=None, separators=None, sort_keys=False: json.dumps(
+        x, ensure_ascii=False, indent=indent, separators=separators, sort_keys=sort_keys
+    )
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    return env
+
+
+def pair_prompt(source: str, added_tokens: list[str], variables: dict) -> Optional[dict]:
+    """The prompt a chat template gives a query/document pair, as
+    ``RerankerPrompt`` fields (prefix, template, suffix, default_instruction),
+    or None when the template renders neither role (or cannot be rendered
+    here). A template that renders one role only is refused: it would score
+    every pair by half of it."""
+    messages = [{"role": QUERY_ROLE, "content": _MARKS["query"]},
+                {"role": DOCUMENT_ROLE, "content": _MARKS["document"]}]
+    try:
+        template = _environment().from_string(source)
+        given = template.render(messages=messages, add_generation_prompt=False,
+                                instruction=_MARKS["instruction"], **variables)
+        plain = template.render(messages=messages, add_generation_prompt=False, **variables)
+    except Exception as e:  # noqa: BLE001  (any template's own error)
+        log.debug("chat template not rendered for a pair (%s: %s); the card's prompt stays",
+                  type(e).__name__, e)
+        return None
+    counts = {role: given.count(_MARKS[role]) for role in (QUERY_ROLE, DOCUMENT_ROLE)}
+    if counts == {QUERY_ROLE: 0, DOCUMENT_ROLE: 0}:
+        return None
+    if counts != {QUERY_ROLE: 1, DOCUMENT_ROLE: 1}:
+        raise ValueError(
+            "the folder's chat template renders a query/document pair with the query "
+            f"{counts[QUERY_ROLE]} and the document {counts[DOCUMENT_ROLE]} times; a reranker's "
+            "prompt holds each once"
+        )
+    if _FIELDS.search(given.replace(_MARKS["query"], "").replace(_MARKS["document"], "")
+                      .replace(_MARKS["instruction"], "")):
+        raise ValueError(
+            "the folder's chat template writes a literal {instruction}, {query} or {document}, "
+            "which the engine's pair template cannot hold"
+        )
+    text, default = given, None
+    mark = _MARKS["instruction"]
+    if given.count(mark) == 1:
+        at = given.index(mark)
+        before, after = given[:at], given[at + len(mark):]
+        if plain.startswith(before) and plain.endswith(after) and len(plain) >= len(before) + len(after):
+            default = plain[len(before):len(plain) - len(after)]
+        else:
+            # With no instruction the template writes another prompt (an
+            # {% if instruction %} line), not a default in the same place:
+            # the pair runs as it renders without one, and takes none.
+            text = plain
+    elif mark in given:
+        raise ValueError("the folder's chat template writes the instruction more than once")
+    if mark not in text:
+        default = None
+    for field, value in _MARKS.items():
+        text = text.replace(value, "{" + field + "}")
+    first = min(m.start() for m in _FIELDS.finditer(text))
+    last = max(m.end() for m in _FIELDS.finditer(text))
+    cut_before, cut_after = 0, len(text)
+    for token in (t for t in added_tokens if t):
+        for m in re.finditer(re.escape(token), text):
+            if m.end() <= first:
+                cut_before = max(cut_before, m.end())
+            elif m.start() >= last:
+                cut_after = min(cut_after, m.start())
+    # The role line after the token ("user\n") goes with it, as the model
+    # card cuts its prefix; a newline ends a pre-token too.
+    line_end = text.find("\n", cut_before) + 1 if cut_before else 0
+    if 0 < line_end <= first:
+        cut_before = line_end
+    return {
+        "prefix": text[:cut_before],
+        "template": text[cut_before:cut_after],
+        "suffix": text[cut_after:],
+        "default_instruction": default,
+    }

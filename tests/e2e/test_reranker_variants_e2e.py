@@ -1,0 +1,77 @@
+"""Reranker variants end to end: the real server binary, pairs tokenized in
+Rust from the spec the Python model hands over.
+
+- a Qwen3 reranker as sentence-transformers 6 saves it (`LogitScore` with
+  its own score tokens, `chat_template.jinja` with its own prompt), under a
+  folder name that does not say "reranker";
+- CamemBERT and MPNet cross-encoders (RoBERTa's head) as `--model`s.
+
+References: tests/fixtures/tiny-qwen3-reranker-st6, tiny-camembert-reranker
+and tiny-mpnet-reranker (their READMEs; transformers in float64)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from harness import FIXTURES, start_server
+
+ST6 = FIXTURES / "tiny-qwen3-reranker-st6"
+ENCODERS = ("tiny-camembert-reranker", "tiny-mpnet-reranker")
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("variants")
+    finetune = root / "my-finetune"
+    shutil.copytree(ST6, finetune)
+    srv = start_server(
+        root, "--model", ",".join(str(FIXTURES / name) for name in ENCODERS),
+        "--rerank-model", str(finetune), "--no-warmup",
+    )
+    yield srv
+    assert srv.stop() == 0, srv.log()[-4000:]
+
+
+def _raw(srv, model: str, pairs: list) -> np.ndarray:
+    r = srv.post("/predict", {"model": model, "inputs": [list(p) for p in pairs], "raw_scores": True})
+    assert r.status_code == 200, r.text
+    return np.array([row[0]["score"] for row in r.json()])
+
+
+def test_st6_qwen3_reranker_scores_with_its_tokens_and_prompt(server):
+    pairs = json.loads((ST6 / "pairs.json").read_text())
+    logits = np.load(ST6 / "reference_pair_logits.npy")[:, 0]
+    np.testing.assert_allclose(_raw(server, "my-finetune", pairs), logits, rtol=1e-5, atol=1e-5)
+    # /rerank orders one query's documents by those logits.
+    query = pairs[0][0]
+    idx = [i for i, (q, _) in enumerate(pairs) if q == query]
+    assert len(idx) >= 4
+    r = server.post("/rerank", {"model": "my-finetune", "query": query,
+                                "texts": [pairs[i][1] for i in idx], "raw_scores": True})
+    assert r.status_code == 200, r.text
+    want = sorted(range(len(idx)), key=lambda k: -float(logits[idx[k]]))
+    assert [x["index"] for x in r.json()] == want
+    models = {m["model_id"]: m for m in server.get("/info").json()["models"]}
+    assert (models["my-finetune"]["kind"], models["my-finetune"]["labels"]) == ("reranker", ["score"])
+
+
+@pytest.mark.parametrize("name", ENCODERS)
+def test_camembert_and_mpnet_cross_encoders(server, name):
+    pairs = json.loads((FIXTURES / name / "pairs.json").read_text())
+    logits = np.load(FIXTURES / name / "reference_pair_logits.npy")[:, 0]
+    np.testing.assert_allclose(_raw(server, name, pairs), logits, rtol=1e-5, atol=1e-5)
+    scores = np.load(FIXTURES / name / "reference_pair_scores.npy")
+    # Cohere's route on one query's documents: the sigmoid of the logits, best first.
+    query = pairs[0][0]
+    idx = [i for i, (q, _) in enumerate(pairs) if q == query]
+    assert len(idx) >= 4
+    r = server.post("/v1/rerank", {"model": name, "query": query, "documents": [pairs[i][1] for i in idx]})
+    assert r.status_code == 200, r.text
+    results = r.json()["results"]
+    assert [x["index"] for x in results] == sorted(range(len(idx)), key=lambda k: -float(scores[idx[k]]))
+    for x in results:
+        assert abs(x["relevance_score"] - float(scores[idx[x["index"]]])) <= 1e-5

@@ -36,6 +36,7 @@ new shape costs a one-time build there (see ``Scheduler.__init__``).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import queue
 import threading
@@ -47,6 +48,8 @@ import numpy as np
 
 from . import _blas, device, ops, pooling
 from .ops import bucket_length
+
+log = logging.getLogger("mlx_embed")
 
 # Padded tokens (longest x rows) per forward pass on the CPU. Measured on a
 # 2-core x86 with OpenBLAS and the native kernels (docs/benchmarks.md): the
@@ -150,6 +153,13 @@ class Scheduler:
                 raise ValueError(f"MLX_EMBED_WORKERS must be a whole number of at least 1, got {env!r}")
             workers = int(env) if env else default_workers()
         self.workers = int(workers)
+        if self.workers > 1 and not device.is_cpu():
+            # Worker threads would evaluate passes on the device at once,
+            # outside the device lock (two threads evaluating on CUDA
+            # aborted the process on the H200): one thread queues them there.
+            log.info("workers=%d runs as 1 off the CPU: passes queue on the device from one thread",
+                     self.workers)
+            self.workers = 1
         # Pipelining buys nothing where the forward pass evaluates inside
         # (the native kernels do, on the CPU) and the workers already overlap.
         self.pipeline = (not device.is_cpu()) if pipeline is None else bool(pipeline)
@@ -222,7 +232,9 @@ class Scheduler:
         ``longest`` tokens (what the plan's budget counts)."""
         if self.shape_buckets:
             return self.bucket(longest) * bucket_rows(rows)
-        return longest * rows
+        # bucket() rounds the compiled-MLX path's lengths up; elsewhere it is
+        # the longest itself.
+        return self.bucket(longest) * rows
 
     def bucket(self, n: int) -> int:
         # The compiled-MLX ops are specialized per shape; for them, rounding

@@ -497,6 +497,45 @@ def test_engines_off_the_cpu_queue_passes_one_thread_at_a_time(golden_texts, mon
             assert np.abs(vectors - want).max() <= 1e-6
 
 
+def test_workers_run_as_one_off_the_cpu(golden_texts, monkeypatch):
+    """Worker threads evaluate their passes outside the device lock: off the
+    CPU (workers=2, pipelining off) two threads evaluated on the device at
+    once, which aborted the process on an H200. There one thread runs them."""
+    from mlx_embed import scheduler as scheduler_mod
+
+    gpu = {"is_cpu": staticmethod(lambda: False), "cuda_graphs": staticmethod(lambda: "on")}
+    monkeypatch.setattr(scheduler_mod, "device", type("Gpu", (), gpu))
+    model = mlx_embed.load(fast_ops="exact", workers=2, pipeline=False, batch_tokens=128)
+    monkeypatch.undo()
+    assert (model.scheduler.workers, model.scheduler.pipeline) == (1, False)
+    assert mlx_embed.load(fast_ops="exact", workers=2).scheduler.workers == 2  # the CPU keeps them
+    threads = set()
+    graph = model.scheduler._graph
+
+    def watched(*args, **kwargs):
+        threads.add(threading.current_thread().name)
+        return graph(*args, **kwargs)
+
+    model.scheduler._graph = watched
+    want = mlx_embed.load(fast_ops="exact", workers=1, pipeline=False, batch_tokens=128).embed(golden_texts)
+    assert np.abs(model.embed(golden_texts) - want).max() <= 1e-6
+    assert threads == {threading.current_thread().name}
+
+
+def test_the_budget_counts_the_compiled_paths_rounded_lengths():
+    """On the compiled-MLX path passes are padded to a rounded length; the
+    plan counted the unrounded one, so passes ran up to 2x the budget."""
+    model = mlx_embed.load(fast_ops="mlx", workers=1, batch_tokens=256)
+    sched = model.scheduler
+    assert sched.context.path == "mlx" and not sched.shape_buckets
+    rng = np.random.default_rng(0)
+    lengths = np.concatenate([np.full(64, 2), rng.integers(3, 130, 200), np.full(64, 65)])
+    for batch in sched.plan(lengths):
+        longest = int(lengths[batch].max())
+        padded = sched.bucket(longest) * len(batch)
+        assert padded <= sched.batch_tokens or len(batch) == 1, (longest, len(batch), padded)
+
+
 def test_pipelined_calls_rotate_over_streams(golden_texts):
     """With ``streams=2`` consecutive one-pass calls take turns on the two
     streams (so a device runs call k+1 beside call k), a multi-pass call

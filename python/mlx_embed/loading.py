@@ -375,6 +375,9 @@ def load_checkpoint(
         raise FileNotFoundError(
             f"{path} is not a folder" if os.path.exists(path) else f"{path} does not exist"
         )
+    unsupported = st_modules.unsupported_layout(path)
+    if unsupported is not None:
+        raise ValueError(unsupported)
     # The model's own files: the folder's, or its Transformer module's
     # subfolder's (0_Transformer/, sentence-transformers before 2.0); the
     # pipeline after it (pooling, Dense, prompts) is read from the folder.

@@ -84,16 +84,21 @@ class StPipeline:
     lowercase: bool = False
     include_prompt: bool = True
     has_modules: bool = False
+    # config_sentence_transformers.json's truncate_dim (Matryoshka models):
+    # sentence-transformers' vectors are cut to their first so many values.
+    truncate_dim: Optional[int] = None
 
     def output_dim(self, hidden_size: int) -> int:
-        if self.dense:
-            return int(self.dense[-1].weight.shape[0])
-        return hidden_size * len(self.pooling)
+        full = int(self.dense[-1].weight.shape[0]) if self.dense else hidden_size * len(self.pooling)
+        return min(full, self.truncate_dim) if self.truncate_dim else full
 
     def __call__(self, h: mx.array, mask: mx.array) -> mx.array:
         """Last hidden state [B, L, D] of right-padded rows -> the folder's
         (unnormalized) sentence vectors [B, output_dim]."""
-        return self.project(pooling.pool(h, mask, self.pooling))
+        return self._cut(self.project(pooling.pool(h, mask, self.pooling)))
+
+    def _cut(self, x):
+        return x[:, : self.truncate_dim] if self.truncate_dim else x
 
     @property
     def pools_on_host(self) -> bool:
@@ -105,7 +110,7 @@ class StPipeline:
         """``__call__`` in NumPy, for a host buffer (see ``pools_on_host``)."""
         if not self.pools_on_host:
             raise ValueError("this pipeline does more than pool: run it with MLX")
-        return pooling.pool(h, mask, self.pooling, xp=np)
+        return self._cut(pooling.pool(h, mask, self.pooling, xp=np))
 
     def project(self, x: mx.array) -> mx.array:
         """The Dense layers, in order."""
@@ -132,6 +137,9 @@ class SpladePipeline(StPipeline):
     strategy: str = "max"
     activation: str = "relu"
     vocab_size: int = 0
+    # config_sentence_transformers.json's max_active_dims: each vector keeps
+    # its so many largest weights, as sentence-transformers' encode does.
+    max_active_dims: Optional[int] = None
     # The masked-LM model, set at load: ``mlm_scores`` ([tokens, D] ->
     # [tokens, vocab], the logits before the bias) and ``mlm_bias`` ([vocab]).
     model: Optional[object] = None
@@ -172,10 +180,21 @@ class SpladePipeline(StPipeline):
                 # so they may come after the max: they run on [rows, vocab],
                 # not on every token's logits, for the same bits.
                 block = self._activate(block + self.model.mlm_bias)
-            out.append(block)
+            out.append(self._keep_most_active(block))
             first += tokens
             row = end
         return out[0] if len(out) == 1 else mx.concatenate(out, axis=0)
+
+    def _keep_most_active(self, block: mx.array) -> mx.array:
+        """Each row's ``max_active_dims`` largest weights (the weights are
+        non-negative, so largest is largest in magnitude); a row with fewer
+        non-zero ones keeps them all. Weights tied with the smallest one kept
+        are kept too (sentence-transformers' topk keeps one of them)."""
+        k = self.max_active_dims
+        if not k or k >= block.shape[-1]:
+            return block
+        least = mx.topk(block, k, axis=-1).min(axis=-1, keepdims=True)
+        return mx.where(block >= least, block, mx.zeros_like(block))
 
     def _activate(self, x: mx.array) -> mx.array:
         act = mx.log1p(mx.maximum(x, 0))
@@ -213,6 +232,42 @@ def declares_pooling(folder: str) -> bool:
     return isinstance(modules, list) and any(
         _kind(m) == "Pooling" for m in modules
     )
+
+
+# Modules whose pipelines the engine does not run, anywhere in modules.json:
+# the reason each is refused at load, before anything else is read.
+UNSUPPORTED_MODULES = {
+    "Router": "a Router (separate query and document pipelines, as inference-free SPLADE's)",
+    "SparseStaticEmbedding": "a SparseStaticEmbedding (inference-free SPLADE's query side)",
+}
+
+
+def unsupported_layout(folder: str) -> Optional[str]:
+    """Why the folder's sentence-transformers layout cannot be served as it
+    says, or None: a module in :data:`UNSUPPORTED_MODULES` (an override such
+    as ``pooling="splade"`` would run the files beside it, not its
+    pipeline)."""
+    modules = read_json(os.path.join(folder, "modules.json"))
+    for m in modules if isinstance(modules, list) else ():
+        why = UNSUPPORTED_MODULES.get(_kind(m))
+        if why is not None:
+            return f"{folder}/modules.json has {why}, which is not supported"
+    return None
+
+
+def _check_text_modality(bert_cfg: dict, folder: str) -> None:
+    """sentence-transformers 6 renders every text through the chat template
+    when its Transformer's ``modality_config`` has a ``message`` entry (a
+    folder it built over a chat-templated LM): a text alone gives other
+    vectors, so such a folder is refused rather than run as plain text."""
+    modality = bert_cfg.get("modality_config")
+    if isinstance(modality, dict) and "message" in modality:
+        raise ValueError(
+            f"{folder}/sentence_bert_config.json: modality_config has 'message': "
+            "sentence-transformers runs each text through the chat template as a chat "
+            "message, which is not supported here (a folder whose modality_config has "
+            "'text' only runs as plain text)"
+        )
 
 
 @dataclass(frozen=True)
@@ -261,10 +316,23 @@ def read_splade_pipeline(folder: str, vocab_size: int) -> SpladePipeline:
         lowercase=base.lowercase,
         has_modules=base.has_modules,
         vocab_size=int(vocab_size),
+        max_active_dims=_positive_int(
+            read_json(os.path.join(folder, "config_sentence_transformers.json")) or {},
+            "max_active_dims", folder),
     )
     if splade is not None:
         pipe.strategy, pipe.activation = splade
     return pipe
+
+
+def _positive_int(cfg: dict, key: str, folder: str) -> Optional[int]:
+    value = cfg.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{folder}/config_sentence_transformers.json: {key} must be a positive integer, "
+                         f"got {value!r}")
+    return value
 
 
 def _flag(cfg: dict, key: str, folder: str) -> bool:
@@ -422,6 +490,7 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
     bert_cfg = read_json(
         os.path.join(folder, transformer_subfolder(folder) or "", "sentence_bert_config.json")
     ) or {}
+    _check_text_modality(bert_cfg, folder)
     prompts = st_cfg.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
         raise ValueError(f"{folder}/config_sentence_transformers.json: prompts must map names to strings")
@@ -438,6 +507,8 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
         default_prompt_name=default_name,
         max_seq_length=int(max_len) if max_len else None,
         lowercase=_flag(bert_cfg, "do_lower_case", folder),
+        # A sparse vector is not cut: it keeps its most active dimensions.
+        truncate_dim=None if sparse else _positive_int(st_cfg, "truncate_dim", folder),
     )
     if not isinstance(modules, list):
         # A folder with just a 1_Pooling/ (no modules.json) still says how it pools.

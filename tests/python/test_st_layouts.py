@@ -38,3 +38,93 @@ def test_a_transformer_in_its_own_subfolder_loads_as_at_the_root(tmp_path, golde
     assert np.array_equal(got, flat.embed(golden_texts))
     # Normalized, as its 2_Normalize at the root says.
     assert np.allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-6)
+
+
+def test_router_and_static_sparse_layouts_are_refused_by_name(tmp_path):
+    """An inference-free SPLADE folder (a Router: a SparseStaticEmbedding
+    for queries, the MLM for documents; the opensearch doc-v3 folders keep
+    the MLM's files at the root too) loaded with pooling="splade" ran the
+    root MLM with the default SPLADE head: the document side's activation
+    and the query side's idf lookup were both lost, silently. Such folders
+    are refused by the module's name, whatever the override."""
+    import pytest
+
+    router = tmp_path / "doc-v3-distill"
+    shutil.copytree(FIXTURES / "tiny-splade", router)
+    (router / "modules.json").write_text(json.dumps([{
+        "idx": 0, "name": "0", "path": "",
+        "type": "sentence_transformers.base.modules.router.Router"}]))
+    for kwargs in ({}, {"pooling": "splade"}):
+        with pytest.raises(ValueError, match=r"modules.json has a Router \(separate query and document "
+                                             r"pipelines, as inference-free SPLADE's\), which is not supported"):
+            mlx_embed.load(router, **kwargs)
+    static = tmp_path / "static-sparse"
+    static.mkdir()
+    (static / "modules.json").write_text(json.dumps([{
+        "idx": 0, "name": "0", "path": "",
+        "type": "sentence_transformers.sparse_encoder.modules.sparse_static_embedding.SparseStaticEmbedding"}]))
+    with pytest.raises(ValueError, match="has a SparseStaticEmbedding"):
+        mlx_embed.load(static)
+
+
+def test_a_chat_message_modality_is_refused(tmp_path):
+    """sentence-transformers 6 builds a folder over a chat-templated LM with
+    a 'message' modality and renders every text through the template
+    (cosine -0.35 to the plain text's vector); such a folder is refused. The
+    same folder with the text modality alone runs as plain text."""
+    import pytest
+
+    folder = tmp_path / "qwen3-chat"
+    shutil.copytree(FIXTURES / "tiny-qwen3", folder)
+    text = {"method": "forward", "method_output_name": "last_hidden_state"}
+    cfg = {"max_seq_length": 64, "modality_config": {"text": text, "message": {**text, "format": "flat"}}}
+    (folder / "sentence_bert_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="modality_config has 'message'"):
+        mlx_embed.load(folder)
+    cfg["modality_config"].pop("message")
+    (folder / "sentence_bert_config.json").write_text(json.dumps(cfg))
+    assert mlx_embed.load(folder).max_length == 64
+
+
+def _with_st_config(src, dst, **keys):
+    shutil.copytree(FIXTURES / src, dst)
+    path = dst / "config_sentence_transformers.json"
+    cfg = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps({**cfg, **keys}))
+    return dst
+
+
+def test_truncate_dim_is_the_models_width(tmp_path, golden_texts):
+    """A Matryoshka folder's truncate_dim (config_sentence_transformers.json)
+    is the width sentence-transformers encodes to; it was ignored (the full
+    width came back). The vectors are the full ones' first values."""
+    import pytest
+
+    full = mlx_embed.load(FIXTURES / "tiny-mpnet")
+    cut = mlx_embed.load(_with_st_config("tiny-mpnet", tmp_path / "mrl", truncate_dim=16))
+    assert (full.dim, cut.dim) == (64, 16)
+    raw = full.embed(golden_texts, normalize=False)[:, :16]
+    assert np.array_equal(cut.embed(golden_texts, normalize=False), raw)
+    unit = raw / np.linalg.norm(raw, axis=1, keepdims=True)
+    assert np.abs(cut.embed(golden_texts) - unit).max() <= 1e-6
+    assert mlx_embed.load(_with_st_config("tiny-mpnet", tmp_path / "wide", truncate_dim=512)).dim == 64
+    with pytest.raises(ValueError, match="truncate_dim must be a positive integer, got 0"):
+        mlx_embed.load(_with_st_config("tiny-mpnet", tmp_path / "zero", truncate_dim=0))
+
+
+def test_max_active_dims_keeps_each_vectors_largest_weights(tmp_path, golden_texts):
+    """A SparseEncoder folder's max_active_dims: sentence-transformers keeps
+    each vector's so many largest weights; all of them came back."""
+    full = mlx_embed.load(FIXTURES / "tiny-splade")
+    top = mlx_embed.load(_with_st_config("tiny-splade", tmp_path / "mad", max_active_dims=5))
+    texts = [t for t in golden_texts if t.strip()]
+    counted = 0
+    for (idx, val), (kept, weights) in zip(full.embed_sparse(texts), top.embed_sparse(texts)):
+        k = min(5, len(idx))
+        order = np.argsort(-val, kind="stable")[:k]
+        assert sorted(kept.tolist()) == sorted(idx[order].tolist())
+        assert np.array_equal(weights, val[np.isin(idx, kept)])
+        counted += len(idx) > 5
+    assert counted >= 10
+    # The dense route's vector is the same cut (as sentence-transformers' encode).
+    assert int((top.embed(texts[:3], normalize=False) > 0).sum(axis=1).max()) == 5

@@ -39,8 +39,10 @@ VENV_ENV = {"VIRTUAL_ENV": sys.prefix} if sys.prefix != sys.base_prefix else {}
 NGINX_CONF = ROOT / "deploy" / "nginx" / "nginx.conf"
 SERVER_BINARY = ROOT / "target" / "release" / "mlx-embed-server"
 HOST = "127.0.0.1"  # loopback only
-# What nginx waits for an answer beyond the replicas' --max-queue-wait-ms: the
-# model call after admission (the shipped 75 s is the default 60 s plus this).
+# What nginx waits for an answer beyond twice the replicas'
+# --max-queue-wait-ms (a wait for answer room, then one in the queue): the
+# model call after admission (the shipped 135 s is twice the default 60 s
+# plus this).
 READ_TIMEOUT_MARGIN_S = 15
 
 
@@ -119,9 +121,9 @@ def render_nginx_conf(listen_port: int, upstream_ports: Sequence[int], conf: Pat
       it (never raised), so nginx closes an idle connection to a replica
       before the replica does and never sends a request into one the
       replica is closing;
-    * --max-queue-wait-ms: proxy_read_timeout is raised to it plus
-      READ_TIMEOUT_MARGIN_S (never lowered), and proxy_next_upstream_timeout
-      to twice that. nginx resends a POST that timed out (`timeout` with
+    * --max-queue-wait-ms: proxy_read_timeout (and proxy_send_timeout) is
+      raised to twice it plus READ_TIMEOUT_MARGIN_S (never lowered), and
+      proxy_next_upstream_timeout to twice that. nginx resends a POST that timed out (`timeout` with
       `non_idempotent`), so a read timeout shorter than what a replica may
       legitimately take would compute a request twice.
 
@@ -157,9 +159,10 @@ def render_nginx_conf(listen_port: int, upstream_ports: Sequence[int], conf: Pat
     queue_wait_ms = _int_setting(server_args, "--max-queue-wait-ms", env)
     if queue_wait_ms is not None:
         shipped_read = _seconds(text, "proxy_read_timeout", conf)
-        read = max(shipped_read, math.ceil(queue_wait_ms / 1000) + READ_TIMEOUT_MARGIN_S)
+        read = max(shipped_read, 2 * math.ceil(queue_wait_ms / 1000) + READ_TIMEOUT_MARGIN_S)
         retries = max(_seconds(text, "proxy_next_upstream_timeout", conf), 2 * read)
         text = _sub(r"^(\s*)proxy_read_timeout [^;]+;", rf"\g<1>proxy_read_timeout {read}s;", text, conf)
+        text = _sub(r"^(\s*)proxy_send_timeout [^;]+;", rf"\g<1>proxy_send_timeout {read}s;", text, conf)
         text = _sub(r"^(\s*)proxy_next_upstream_timeout [^;]+;",
                     rf"\g<1>proxy_next_upstream_timeout {retries}s;", text, conf)
     return text

@@ -197,7 +197,7 @@ def test_kill_9_one_replica_mid_load_then_bring_it_back(cluster, tmp_path):
         load.wait_ok(60, 120, "answers after the kill")
         resent = retried_from(nginx, a)
 
-        # Bring it back on the same port: nginx tries it again after fail_timeout.
+        # Bring it back on the same port: no replica is marked down, so nginx sends it traffic at once.
         back = rp.start_replica(a.port, tmp_path / "back", REPLICA_ARGS)
         cluster["replicas"].append(back)
         returned = time.monotonic()
@@ -213,6 +213,45 @@ def test_kill_9_one_replica_mid_load_then_bring_it_back(cluster, tmp_path):
     print(f"\nkill -9: {load.ok} answers, 0 errors, {resent} requests resent to the survivor; "
           f"the replica brought back served again after {seconds_to_return:.1f}s, "
           f"then {share:.0%} of the requests")
+
+
+def test_rolling_restart_under_load_has_no_client_errors(cluster, tmp_path):
+    """Restart one replica, wait for its /health, then stop the other at
+    once: a rolling restart. With a failed replica marked down for 2 s
+    (max_fails=1 fail_timeout=2s) nginx still skipped the restarted one and
+    had none left: a probe saw 3,156 502s in 2 s. Now no replica is marked
+    down and the clients see only right answers."""
+    a, b = cluster["replicas"]
+    nginx = cluster["nginx"]
+    reference = reference_vectors(a)
+    with Load(nginx.url, reference) as load:
+        wait_for(lambda: embed_count(a) >= 20 and embed_count(b) >= 20, 120, "both replicas serving")
+        a.proc.send_signal(signal.SIGTERM)
+        assert a.proc.wait(timeout=DRAIN_SECONDS + 10) == 0
+        load.wait_ok(20, 120, "answers from the other replica")
+        back = rp.start_replica(a.port, tmp_path / "back", REPLICA_ARGS)
+        cluster["replicas"].append(back)
+        b.proc.send_signal(signal.SIGTERM)
+        assert b.proc.wait(timeout=DRAIN_SECONDS + 10) == 0
+        load.wait_ok(60, 120, "answers from the restarted replica alone")
+    assert load.errors == [], load.errors[:5]
+    assert embed_count(back) >= 60
+
+
+def test_no_replica_left_is_a_json_502(tmp_path):
+    """Every replica gone: nginx's own 502, in the JSON shape of the API
+    called (it was nginx's HTML page)."""
+    nginx = rp.start_nginx(rp.free_port(), [rp.free_port(), rp.free_port()], tmp_path / "nginx")
+    try:
+        r = requests.post(nginx.url + "/v1/embeddings", json={"input": "x", "model": "m"}, timeout=30)
+        assert r.status_code == 502
+        assert r.headers["content-type"].startswith("application/json")
+        message = "no replica answered: every one nginx tried refused, failed or timed out"
+        assert r.json()["error"]["message"] == message
+        r = requests.post(nginx.url + "/embed", json={"inputs": "x"}, timeout=30)
+        assert (r.status_code, r.json()) == (502, {"error": message, "error_type": "Backend"})
+    finally:
+        nginx.stop()
 
 
 def test_replica_answering_503_is_skipped(tmp_path):
@@ -301,7 +340,7 @@ def test_shipped_config_passes_nginx_t(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "syntax is ok" in r.stderr
     rendered = rp.render_nginx_conf(9000, [9001, 9002, 9003])
-    assert re.findall(r"server 127\.0\.0\.1:(\d+) max_fails=1 fail_timeout=2s;", rendered) == [
+    assert re.findall(r"server 127\.0\.0\.1:(\d+) max_fails=0;", rendered) == [
         "9001", "9002", "9003"]
     assert "listen 127.0.0.1:9000;" in rendered
     assert Path(conf).read_text().count("server 127.0.0.1:") == 2

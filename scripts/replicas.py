@@ -88,6 +88,16 @@ def server_setting(server_args: Sequence[str], flag: str, env: Mapping[str, str]
     return value
 
 
+# The server's own --drain-timeout-secs default (crates/mlx-embed-server/src/config.rs).
+DEFAULT_DRAIN_SECS = 30
+
+
+def drain_seconds(server_args: Sequence[str], env: Mapping[str, str] | None = None) -> int:
+    """How long a replica may drain after SIGTERM: its --drain-timeout-secs."""
+    value = _int_setting(server_args, "--drain-timeout-secs", env)
+    return DEFAULT_DRAIN_SECS if value is None else value
+
+
 def _int_setting(server_args: Sequence[str], flag: str, env: Mapping[str, str] | None) -> int | None:
     value = server_setting(server_args, flag, env)
     if value is None:
@@ -483,11 +493,12 @@ def main(argv: list[str] | None = None) -> int:
             print("replicas.py: stopping nginx and the replicas (they drain first)", file=sys.stderr, flush=True)
         if nginx:
             nginx.stop()
-        # All at once, so they drain side by side rather than one after another.
+        # All at once, so they drain side by side rather than one after another,
+        # each given its whole --drain-timeout-secs (it was cut at 60 s).
         for r in replicas:
             r.terminate()
         for r in replicas:
-            r.stop()
+            r.stop(timeout=drain_seconds(server_args) + 5)
     return code
 
 

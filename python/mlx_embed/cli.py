@@ -247,9 +247,21 @@ def cmd_bulk(args) -> int:
     said_why = False
     try:
         if started_ray:
-            # No --address and no RAY_ADDRESS: a local cluster of --num-cpus CPUs.
-            ray.init(address=args.address, num_cpus=None if args.address else args.num_cpus)
+            joining = args.address or os.environ.get("RAY_ADDRESS")
+            if joining and args.num_cpus is not None:
+                print("mlx-embed bulk: error: --num-cpus sizes a local cluster; a cluster joined "
+                      "(--address or RAY_ADDRESS) has its own CPUs", file=sys.stderr)
+                return 2
+            # No --address and no RAY_ADDRESS: a new local cluster of
+            # --num-cpus CPUs ("local": Ray would otherwise join one that
+            # `ray start` left running on this machine).
+            ray.init(address=args.address if joining else "local",
+                     num_cpus=None if joining else args.num_cpus)
             session_dir = _local_session_dir(ray, args.address)
+            if threading.current_thread() is threading.main_thread():
+                # A supervisor's SIGTERM (timeout, a Kubernetes Job) stops the
+                # job as Ctrl-C does: one line, the files kept for the resume.
+                signal.signal(signal.SIGTERM, signal.default_int_handler)
         result = run_bulk(
             args.inputs, args.output, model=args.model, id_column=args.id_column,
             text_column=args.text_column, concurrency=args.concurrency,

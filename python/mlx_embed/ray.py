@@ -10,9 +10,11 @@ side and the resumable job around it::
     from mlx_embed.ray import MlxEmbedder
 
     ds = ray.data.read_parquet("corpus/")
-    ds = ds.map_batches(MlxEmbedder, fn_constructor_kwargs={"model": None},
-                        compute=ray.data.ActorPoolStrategy(size=2), batch_size=256,
-                        batch_format="pyarrow")
+    # One actor per CPU but one: reading and writing need a CPU too.
+    actors = max(1, int(ray.cluster_resources()["CPU"]) - 1)
+    ds = ds.map_batches(MlxEmbedder, fn_constructor_kwargs={"model": None, "workers": 1},
+                        compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=1,
+                        batch_size=256, batch_format="pyarrow")
     ds.write_parquet("vectors/")
 
 (``concurrency=N`` works as well; Ray 2.51 deprecated it for ``compute``.)
@@ -56,6 +58,10 @@ SPARSE_COLUMNS = ("indices", "values")
 RECORD_NAME = "_mlx_embed_bulk.json"
 # CPUs of the cluster that the model actors leave to Ray Data's own tasks.
 IO_CPUS = 1
+# A dead actor is started again, and its batch run again, this many times
+# (an OOM kill, a native abort). Ray Data's default is without end, so a
+# batch that kills its actor every time kept a job going for ever.
+ACTOR_RESTARTS = 3
 
 
 class BadRow(ValueError):
@@ -311,6 +317,23 @@ def input_format(paths: Sequence[str]) -> str:
     if len(kinds) != 1:
         raise BulkError("inputs mix Parquet and JSONL; give one kind")
     return kinds.pop()
+
+
+def _check_output_outside_inputs(paths: Sequence[str], out: Path) -> None:
+    """An output folder inside an input folder would be read back as input
+    by the next run (Ray reads subfolders): its ids then appear twice and
+    the resume is refused, for ever."""
+    where = out.resolve()
+    for p in paths:
+        p = os.fspath(p)
+        if "://" in p or not Path(p).is_dir():
+            continue
+        folder = Path(p).resolve()
+        if where == folder or folder in where.parents:
+            raise BulkError(
+                f"the output folder {out} is inside the input folder {p}: the next run would read "
+                "its files as input; write the vectors to a folder outside it"
+            )
 
 
 def read_input(paths: Sequence[str]):
@@ -653,6 +676,7 @@ def run_bulk(
     if workers_per_actor is None:
         workers_per_actor = max(1, round(cpus_per_actor))
 
+    _check_output_outside_inputs(inputs, out)
     ds = read_input(inputs)
     try:
         schema = ds.schema()
@@ -730,11 +754,20 @@ def run_bulk(
             batch_format="pyarrow",
             compute=ray.data.ActorPoolStrategy(size=concurrency),
             num_cpus=cpus_per_actor,
+            max_restarts=ACTOR_RESTARTS,
+            max_task_retries=ACTOR_RESTARTS,
         )
         out.mkdir(parents=True, exist_ok=True)
         bad_row = None
         try:
             ds.write_parquet(os.fspath(out), min_rows_per_file=rows_per_file, mode="append")
+        except ray.exceptions.ActorDiedError:
+            raise BulkError(
+                f"a model actor died on the same batch {ACTOR_RESTARTS + 1} times (the kernel's "
+                "out-of-memory killer, or a crash in native code; Ray's logs say which): the job "
+                f"stopped. The files written to {out} are kept; the same command resumes once the "
+                "cause is fixed (fewer --workers-per-actor or a smaller --batch-size use less memory)"
+            ) from None
         except Exception as e:
             bad_row = _bad_row_message(e)
             if bad_row is None:

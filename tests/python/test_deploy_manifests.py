@@ -174,3 +174,16 @@ def test_nginx_limits_follow_the_server(server_defaults):
     limit = int(server_defaults["--max-body-bytes"])
     # Four shapes; the OpenAI one words it twice (`error.message` and `detail`).
     assert conf.count(f"request body is larger than the limit of {limit} bytes (--max-body-bytes)") == 5
+
+
+def test_replicas_script_waits_out_the_drain(server_defaults, monkeypatch):
+    """scripts/replicas.py gives each replica its --drain-timeout-secs (plus
+    a margin) before SIGKILL; it killed them at 60 s whatever the flag said."""
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import replicas as rp
+
+    monkeypatch.delenv("MLX_EMBED_DRAIN_TIMEOUT_SECS", raising=False)
+    assert rp.drain_seconds([]) == rp.DEFAULT_DRAIN_SECS == int(server_defaults["--drain-timeout-secs"])
+    assert rp.drain_seconds(["--drain-timeout-secs", "120"]) == 120
+    assert rp.drain_seconds(["--drain-timeout-secs=7"]) == 7
+    assert rp.drain_seconds([], {"MLX_EMBED_DRAIN_TIMEOUT_SECS": "90"}) == 90

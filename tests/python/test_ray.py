@@ -243,6 +243,94 @@ def test_bulk_cli_fails_loudly_on_a_bad_row(tmp_path):
     assert "mlx-embed bulk: error: row id='bad-00157': text is empty" in r.stderr
 
 
+POISON = """
+import os
+if os.environ.get("MLX_EMBED_TEST_POISON_ID"):
+    import mlx_embed.ray as bulk
+    embed_table = bulk.MlxEmbedder.embed_table
+
+    def dies_on_the_poison_row(self, table):
+        if os.environ["MLX_EMBED_TEST_POISON_ID"] in table.column(self.id_column).to_pylist():
+            os._exit(1)  # what the OOM killer or a native abort does to the actor
+        return embed_table(self, table)
+
+    bulk.MlxEmbedder.embed_table = dies_on_the_poison_row
+"""
+
+
+def test_bulk_cli_stops_when_a_batch_kills_its_actor_every_time(tmp_path):
+    """Ray Data restarts a dead actor and reruns its batch without end by
+    default: a batch that killed its actor every time kept the job going
+    for ever (28 deaths in 150 s in a probe). Now after a few restarts the
+    job stops with one line saying why, and the files written are kept."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(POISON)
+    path = write_jsonl(tmp_path / "rows.jsonl", make_rows(300, "p"))
+    started = time.monotonic()
+    r = subprocess.run(
+        [*CLI, "bulk", str(path), "-o", str(tmp_path / "out"), "--num-cpus", "2", "--concurrency", "1",
+         "--batch-size", "50"],
+        check=False, capture_output=True, text=True, timeout=JOB_TIMEOUT_S, cwd=ROOT,
+        env=ray_env(PYTHONPATH=str(hook), MLX_EMBED_TEST_POISON_ID="p-00123"))
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert "mlx-embed bulk: error: a model actor died on the same batch 4 times" in r.stderr, r.stderr[-3000:]
+    assert time.monotonic() - started < 200
+
+
+def test_bulk_cli_sigterm_stops_as_ctrl_c_does(corpus, tmp_path):
+    """A supervisor's SIGTERM (timeout, a Kubernetes Job) got Ray's stack
+    dump and left the session folder; it now ends the job as Ctrl-C does."""
+    out = tmp_path / "out"
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rt"))  # short: Ray's socket paths have a length limit
+    cmd = [*CLI, "bulk", str(corpus["parquet"]), "-o", str(out), "--num-cpus", "2",
+           "--concurrency", "1", "--workers-per-actor", "1", "--batch-size", "50"]
+    try:
+        with open(tmp_path / "stderr", "w+") as stderr:
+            job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, cwd=ROOT,
+                                   env=ray_env(RAY_TMPDIR=str(ray_tmp)), text=True)
+            deadline = time.monotonic() + JOB_TIMEOUT_S
+            while job.poll() is None and time.monotonic() < deadline:
+                if f"-> ActorPoolMapOperator[{ACTOR_TITLE}]" in Path(stderr.name).read_text():
+                    break
+                time.sleep(0.05)
+            assert job.poll() is None, "the job ended before it could be stopped"
+            job.send_signal(signal.SIGTERM)
+            try:
+                job.communicate(timeout=120)
+            finally:
+                if job.poll() is None:
+                    job.kill()
+            stderr.seek(0)
+            err_text = stderr.read()
+        assert job.returncode == 130, err_text[-4000:]
+        assert "SIGTERM received" not in err_text and "Traceback" not in err_text, err_text[-4000:]
+        assert err_text.rstrip().splitlines()[-1] == (
+            f"mlx-embed bulk: interrupted; the files written to {out} are kept: run the same "
+            "command again to resume")
+        assert not list((ray_tmp / "ray").glob("session_2*")), "the session folder was left behind"
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def test_bulk_cli_refuses_an_output_inside_its_input_and_num_cpus_when_joining(corpus, tmp_path):
+    """An output folder inside the input folder was read back as input by
+    the next run (duplicate ids: the resume refused for ever)."""
+    inside = corpus["parquet"] / "vectors"
+    r = subprocess.run([*CLI, "bulk", str(corpus["parquet"]), "-o", str(inside), "--num-cpus", "2"],
+                       check=False, capture_output=True, text=True, timeout=JOB_TIMEOUT_S, cwd=ROOT,
+                       env=ray_env())
+    assert r.returncode == 1, r.stderr[-3000:]
+    assert (f"mlx-embed bulk: error: the output folder {inside} is inside the input folder "
+            f"{corpus['parquet']}") in r.stderr
+    assert not inside.exists()
+    r = subprocess.run([*CLI, "bulk", str(corpus["jsonl"]), "-o", str(tmp_path / "o"), "--num-cpus", "2",
+                        "--address", "127.0.0.1:1"], check=False, capture_output=True, text=True,
+                       timeout=120, cwd=ROOT, env=ray_env())
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "--num-cpus sizes a local cluster" in r.stderr
+
+
 def test_bulk_cli_ctrl_c_then_a_refused_and_a_good_resume(corpus, reference, tmp_path):
     """Ctrl-C ends the job with one line saying how to resume (exit 130, no
     traceback); a resume with another model is refused, exit 1, leaving the

@@ -170,6 +170,10 @@ def cmd_embed(args) -> int:
         print(f"mlx-embed embed: {_not_an_embedder(model.name, model.kind, args.model)}",
               file=sys.stderr)
         return 1
+    if args.prompt_name is not None and args.prompt_name not in model.prompts:
+        print(f"mlx-embed embed: {model.name} has no prompt named {args.prompt_name!r} (its prompts: "
+              f"{', '.join(sorted(model.prompts)) or 'none'})", file=sys.stderr)
+        return 1
     if args.sparse and not model.has_sparse_output:
         print(f"mlx-embed embed: {model.name} has no sparse output: --sparse needs a SPLADE model "
               "or a BGE-M3 folder (its sparse_linear.pt)", file=sys.stderr)
@@ -188,11 +192,12 @@ def cmd_embed(args) -> int:
             try:
                 if args.sparse:
                     sparse[start : start + len(part)], c = model.embed_sparse_with_counts(
-                        part, truncate=not args.no_truncate
+                        part, truncate=not args.no_truncate, prompt_name=args.prompt_name
                     )
                 else:
                     vecs, c = model.embed_with_counts(
-                        part, normalize=not args.no_normalize, truncate=not args.no_truncate
+                        part, normalize=not args.no_normalize, truncate=not args.no_truncate,
+                        prompt_name=args.prompt_name,
                     )
                     out_vecs[start : start + len(part)] = vecs
             except InputTooLong as e:
@@ -269,7 +274,7 @@ def cmd_bulk(args) -> int:
             batch_size=args.batch_size, rows_per_file=args.rows_per_file,
             normalize=not args.no_normalize, truncate=not args.no_truncate,
             dtype=args.dtype, quantize=args.quantize, instruction=args.instruction,
-            sparse=args.sparse,
+            sparse=args.sparse, prompt_name=args.prompt_name,
         )
         said_why = True
     except (BadRow, BulkError) as e:
@@ -429,6 +434,10 @@ class _VersionAction(argparse.Action):
         parser.exit(0)
 
 
+PROMPT_NAME_HELP = ("the model's prompt to put before each text (one of its sentence-transformers "
+                    "prompts, e.g. query or document; default: its default prompt, if any)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="mlx-embed", description="Text embeddings with MLX.")
     p.add_argument("--version", action=_VersionAction)
@@ -454,6 +463,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="write each text's sparse weights (a SPLADE model's, or a BGE-M3 folder's "
                    "lexical weights) as JSONL indices and values, unnormalized")
     e.add_argument("--no-truncate", action="store_true", help="fail on texts over max_length")
+    e.add_argument("--prompt-name", help=PROMPT_NAME_HELP)
     e.add_argument("--chunk", type=_count, default=256, help="texts per progress step")
     e.add_argument("--progress", choices=["auto", "always", "never"], default="auto")
     e.set_defaults(func=cmd_embed, parser=e)
@@ -491,6 +501,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--instruction", help="query instruction for instruction-tuned decoders (Qwen3, Qwen2/Mistral-style e5/gte); goes in the model's query prompt")
     b.add_argument("--no-normalize", action="store_true", help="do not L2-normalize")
     b.add_argument("--no-truncate", action="store_true", help="fail on texts over max_length")
+    b.add_argument("--prompt-name", help=PROMPT_NAME_HELP)
     b.add_argument("--sparse", action="store_true",
                    help="write each text's sparse weights (a SPLADE model's, or a BGE-M3 folder's "
                    "lexical weights) as indices and values columns, unnormalized, instead of "

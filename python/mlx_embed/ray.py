@@ -126,8 +126,9 @@ class MlxEmbedder:
     model's limit fails its row), ``workers`` (MLX threads; match the
     actor's ``num_cpus``), ``sparse`` (each text's sparse weights instead
     of its vector: a SPLADE model, or a BGE-M3 folder's lexical weights;
-    ``normalize`` does not apply), and ``dtype``/``quantize``/``instruction``
-    for ``mlx_embed.load``.
+    ``normalize`` does not apply), ``prompt_name`` (one of the model's
+    prompts before each text: ``"document"`` for a corpus), and
+    ``dtype``/``quantize``/``instruction`` for ``mlx_embed.load``.
     """
 
     def __init__(
@@ -143,6 +144,7 @@ class MlxEmbedder:
         quantize: int | None = None,
         instruction: str | None = None,
         sparse: bool = False,
+        prompt_name: str | None = None,
     ):
         import mlx_embed
 
@@ -156,6 +158,9 @@ class MlxEmbedder:
         self.normalize = normalize
         self.truncate = truncate
         self.sparse = sparse
+        if prompt_name is not None and prompt_name not in self.model.prompts:
+            raise BulkError(_no_prompt(self.model.name, prompt_name, self.model.prompts))
+        self.prompt_name = prompt_name
 
     def __call__(self, batch):
         import pandas as pd
@@ -190,7 +195,8 @@ class MlxEmbedder:
         if not texts:
             return np.empty((0, self.model.dim), dtype=np.float32)
         return self._embed_rows(
-            lambda part: self.model.embed(part, normalize=self.normalize, truncate=self.truncate),
+            lambda part: self.model.embed(part, normalize=self.normalize, truncate=self.truncate,
+                                          prompt_name=self.prompt_name),
             ids, texts,
         )
 
@@ -201,7 +207,9 @@ class MlxEmbedder:
         if not texts:
             return []
         return self._embed_rows(
-            lambda part: self.model.embed_sparse(part, truncate=self.truncate), ids, texts
+            lambda part: self.model.embed_sparse(part, truncate=self.truncate,
+                                                 prompt_name=self.prompt_name),
+            ids, texts,
         )
 
     def _checked_rows(self, table) -> tuple[list, list[str]]:
@@ -240,6 +248,10 @@ class MlxEmbedder:
 def _no_sparse_output(name: str) -> str:
     return (f"{name} has no sparse output: sparse needs a SPLADE model or a BGE-M3 folder "
             "(its sparse_linear.pt)")
+
+
+def _no_prompt(name: str, prompt_name: str, prompts) -> str:
+    return f"{name} has no prompt named {prompt_name!r} (its prompts: {', '.join(sorted(prompts)) or 'none'})"
 
 
 def _bad_row_message(error: BaseException) -> str | None:
@@ -459,7 +471,7 @@ def model_identity(model: str | None = None, *, dtype: str = "float32",
     return {
         "name": m.name, "path": os.path.realpath(m.path), "dim": int(m.dim),
         "max_length": int(m.max_length), "fingerprint": _folder_fingerprint(m.path),
-        "sparse_output": bool(m.has_sparse_output),
+        "sparse_output": bool(m.has_sparse_output), "prompts": sorted(m.prompts),
     }
 
 
@@ -483,9 +495,9 @@ def _remote_model_identity(ray, model, dtype, quantize, instruction) -> dict:
 # Truncation is not one: with it off, a text over the limit fails the job
 # instead of being cut, so every vector written is the same either way.
 _RECORDED_OPTIONS = ("normalize", "dtype", "quantize", "instruction", "id_column", "text_column",
-                     "sparse")
+                     "sparse", "prompt_name")
 # What a record written before an option existed meant by its absence.
-_OPTION_DEFAULTS = {"sparse": False}
+_OPTION_DEFAULTS = {"sparse": False, "prompt_name": None}
 
 
 def _settings_differences(old: dict, new: dict) -> list[str]:
@@ -619,6 +631,7 @@ def run_bulk(
     quantize: int | None = None,
     instruction: str | None = None,
     sparse: bool = False,
+    prompt_name: str | None = None,
 ) -> BulkResult:
     """Embeds ``inputs`` (Parquet or JSONL with ``id_column`` and
     ``text_column``) into Parquet files of those two columns, under their own
@@ -626,7 +639,8 @@ def run_bulk(
     process is connected to (a local one is started if none is). With
     ``sparse=True`` the files hold ``indices`` and ``values`` (each text's
     sparse weights, from a SPLADE model or a BGE-M3 folder) instead of
-    ``embedding``; ``normalize`` does not apply to them.
+    ``embedding``; ``normalize`` does not apply to them. ``prompt_name``:
+    one of the model's prompts before each text (``"document"``).
 
     Resumes: ids already in ``output_dir`` are skipped. The folder's
     ``_mlx_embed_bulk.json`` records the model (name, folder, width, a
@@ -715,15 +729,18 @@ def run_bulk(
     input_rows = len(input_ids)
 
     identity = _remote_model_identity(ray, model, dtype, quantize, instruction)
-    # A capability, not a setting: the record keeps what made the vectors.
+    # Capabilities, not settings: the record keeps what made the vectors.
+    prompts = identity.pop("prompts")
     if not identity.pop("sparse_output") and sparse:
         raise BulkError(_no_sparse_output(identity["name"]))
+    if prompt_name is not None and prompt_name not in prompts:
+        raise BulkError(_no_prompt(identity["name"], prompt_name, prompts))
     settings = {
         "model": identity,
         # Sparse weights are never normalized, whatever was asked.
         "normalize": bool(normalize) and not sparse, "dtype": dtype, "quantize": quantize,
         "instruction": instruction, "id_column": id_column, "text_column": text_column,
-        "sparse": bool(sparse),
+        "sparse": bool(sparse), "prompt_name": prompt_name,
     }
     # Before the scan below deletes anything: a refused run leaves the folder as it was.
     _check_and_record_settings(out, settings)
@@ -749,6 +766,7 @@ def run_bulk(
                 "normalize": normalize, "truncate": truncate,
                 "workers": workers_per_actor, "dtype": dtype,
                 "quantize": quantize, "instruction": instruction, "sparse": sparse,
+                "prompt_name": prompt_name,
             },
             batch_size=batch_size,
             batch_format="pyarrow",

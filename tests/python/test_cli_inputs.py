@@ -12,7 +12,7 @@ import time
 import mlx_embed
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import FIXTURES, ROOT
 from mlx_embed import cli
 
 PY_ENV = {**os.environ, "PYTHONPATH": str(ROOT / "python")}
@@ -225,3 +225,24 @@ def test_the_api_listing_gives_score_its_real_shape():
     assert line.rstrip().endswith("[len(pairs), labels]"), line
     model = mlx_embed.load(str(ROOT / "tests" / "fixtures" / "tiny-bert-reranker"))
     assert model.score([("q", "a"), ("q", "b")]).shape == (2, 1)
+
+
+PROMPTED_TEXTS = ["the cat sat on the mat", "hybrid search with sparse weights", "x"]
+
+def test_prompt_name_on_embed(tmp_path, capsys):
+    """`--prompt-name`: the model's named prompt before each text, as the
+    library's prompt_name (bulk indexing of documents needs the document
+    prompt; the CLI had no way to ask for it)."""
+    folder = str(FIXTURES / "tiny-gemma3")
+    out = tmp_path / "out.jsonl"
+    argv = ["embed", *PROMPTED_TEXTS, "-m", folder, "--prompt-name", "document", "-o", str(out), "--progress", "never"]
+    assert cli.main(argv) == 0
+    got = np.array([json.loads(line)["embedding"] for line in out.read_text().splitlines()], dtype=np.float32)
+    model = mlx_embed.load(folder)
+    want = model.embed(PROMPTED_TEXTS, prompt_name="document")
+    assert np.abs(got - want).max() <= 1e-6
+    assert np.abs(want - model.embed(PROMPTED_TEXTS)).max() > 1e-3  # the prompt changes the vectors
+    assert cli.main(["embed", "x", "-m", folder, "--prompt-name", "passage", "--progress", "never"]) == 1
+    assert capsys.readouterr().err == (
+        "mlx-embed embed: tiny-gemma3 has no prompt named 'passage' (its prompts: document, query)\n"
+    )

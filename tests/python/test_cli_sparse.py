@@ -55,3 +55,4 @@ def test_sparse_with_no_truncate_names_the_long_text(capsys):
     err = capsys.readouterr().err
     assert err.startswith("mlx-embed embed: text 1 has "), err
     assert "more than the model's 128" in err, err
+

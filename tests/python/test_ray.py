@@ -736,8 +736,25 @@ def test_a_record_from_before_sparse_output_reads_as_dense(tmp_path):
     model.pop("sparse_output")
     old = {"model": model, "normalize": True, "dtype": "float32", "quantize": None,
            "instruction": None, "id_column": "id", "text_column": "text"}
-    assert _settings_differences(old, {**old, "sparse": False}) == []
+    assert _settings_differences(old, {**old, "sparse": False, "prompt_name": None}) == []
     assert _settings_differences(old, {**old, "sparse": True}) == ["sparse: False then, True now"]
+    assert _settings_differences(old, {**old, "prompt_name": "document"}) == [
+        "prompt_name: None then, 'document' now"]
+
+
+def test_callable_class_puts_the_named_prompt_first():
+    """prompt_name: a corpus's documents get the model's document prompt
+    (`mlx-embed bulk --prompt-name document`)."""
+    import mlx_embed
+
+    folder = str(ROOT / "tests" / "fixtures" / "tiny-gemma3")
+    rows = make_rows(12, "g")
+    table = MlxEmbedder(folder, workers=1, prompt_name="document")(pa.Table.from_pylist(rows))
+    want = mlx_embed.load(folder).embed([r["text"] for r in rows], prompt_name="document")
+    assert np.abs(np.asarray(table.column("embedding").to_pylist(), dtype=np.float32) - want).max() <= 1e-6
+    with pytest.raises(BulkError, match=r"tiny-gemma3 has no prompt named 'passage' \(its prompts: "
+                                        r"document, query\)"):
+        MlxEmbedder(folder, workers=1, prompt_name="passage")
 
 
 def test_run_bulk_sparse_equals_the_library_and_resumes(cluster, tmp_path):
@@ -789,11 +806,13 @@ def test_bulk_cli_sparse(tmp_path):
     out = tmp_path / "out"
     r = subprocess.run(
         [*CLI, "bulk", str(path), "-o", str(out), "-m", str(TINY_SPLADE), "--sparse",
-         "--num-cpus", "2", "--concurrency", "1", "--batch-size", "20"],
+         "--prompt-name", "document", "--num-cpus", "2", "--concurrency", "1", "--batch-size", "20"],
         check=False, capture_output=True, text=True, timeout=JOB_TIMEOUT_S, cwd=ROOT, env=ray_env())
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])
     assert (summary["input_rows"], summary["embedded"]) == (60, 60)
+    record = json.loads((out / RECORD_NAME).read_text())
+    assert (record["sparse"], record["prompt_name"]) == (True, "document")
     import mlx_embed
 
     model = mlx_embed.load(TINY_SPLADE)

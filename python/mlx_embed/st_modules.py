@@ -270,6 +270,42 @@ def _check_text_modality(bert_cfg: dict, folder: str) -> None:
         )
 
 
+# sentence_bert_config.json keys sentence-transformers 6 applies per task
+# (encode_query / encode_document) or for ColBERT-style models only.
+_TASK_KEYS = ("query_length", "document_length", "query_expansion")
+# processing_kwargs entries that change no vector beyond the cut.
+_PROCESSING_KEYS = {"max_length", "truncation", "padding"}
+
+
+def _processing_max_length(bert_cfg: dict, folder: str) -> Optional[int]:
+    """sentence-transformers 6's ``processing_kwargs`` cut (``text`` or
+    ``common`` ``max_length``, which the tokenizer call takes over
+    ``max_seq_length``), and its per-task lengths: either is refused where
+    it would run otherwise than here."""
+    where = f"{folder}/sentence_bert_config.json"
+    for key in _TASK_KEYS:
+        if bert_cfg.get(key) is not None:
+            raise ValueError(
+                f"{where}: {key} is set: sentence-transformers cuts or expands query and document "
+                "inputs apart (encode_query / encode_document), which is not supported here"
+            )
+    kwargs = bert_cfg.get("processing_kwargs") or {}
+    if not isinstance(kwargs, dict):
+        raise ValueError(f"{where}: processing_kwargs must be an object")
+    cut = None
+    for group, values in kwargs.items():
+        values = values or {}
+        unknown = sorted(set(values) - _PROCESSING_KEYS) if isinstance(values, dict) else [repr(values)]
+        if group not in ("text", "common") or unknown or values.get("truncation", True) is not True:
+            raise ValueError(
+                f"{where}: processing_kwargs {group!r} {values!r} is not supported here (only a "
+                "text or common max_length)"
+            )
+        if values.get("max_length") is not None:
+            cut = _positive_int(values, "max_length", where)
+    return cut
+
+
 @dataclass(frozen=True)
 class LogitScore:
     """sentence-transformers 6's ``LogitScore`` module: a CrossEncoder over a
@@ -330,8 +366,8 @@ def _positive_int(cfg: dict, key: str, folder: str) -> Optional[int]:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{folder}/config_sentence_transformers.json: {key} must be a positive integer, "
-                         f"got {value!r}")
+        where = folder if folder.endswith(".json") else f"{folder}/config_sentence_transformers.json"
+        raise ValueError(f"{where}: {key} must be a positive integer, got {value!r}")
     return value
 
 
@@ -491,6 +527,7 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
         os.path.join(folder, transformer_subfolder(folder) or "", "sentence_bert_config.json")
     ) or {}
     _check_text_modality(bert_cfg, folder)
+    processing_cut = _processing_max_length(bert_cfg, folder)
     prompts = st_cfg.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
         raise ValueError(f"{folder}/config_sentence_transformers.json: prompts must map names to strings")
@@ -500,7 +537,8 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
             f"{folder}/config_sentence_transformers.json: default_prompt_name {default_name!r} "
             f"is not one of the prompts {sorted(prompts)}"
         )
-    max_len = bert_cfg.get("max_seq_length")
+    # The tokenizer call's own max_length wins over max_seq_length.
+    max_len = processing_cut or bert_cfg.get("max_seq_length")
     pipe = StPipeline(
         pooling=pooling.check_modes(default_pooling),
         prompts=dict(prompts),

@@ -128,3 +128,35 @@ def test_max_active_dims_keeps_each_vectors_largest_weights(tmp_path, golden_tex
     assert counted >= 10
     # The dense route's vector is the same cut (as sentence-transformers' encode).
     assert int((top.embed(texts[:3], normalize=False) > 0).sum(axis=1).max()) == 5
+
+
+def _with_bert_config(src, dst, **keys):
+    shutil.copytree(FIXTURES / src, dst)
+    path = dst / "sentence_bert_config.json"
+    cfg = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps({**cfg, **keys}))
+    return dst
+
+
+def test_processing_kwargs_max_length_cuts_and_task_lengths_are_refused(tmp_path, golden_texts):
+    """sentence-transformers 6's processing_kwargs max_length is what its
+    tokenizer call cuts at (over max_seq_length): it was ignored (cosine
+    0.68 on cut texts). Per-task lengths (query_length, document_length)
+    cut encode_query and encode_document apart, which is refused rather than
+    run at one length; so are processing kwargs other than a cut."""
+    import pytest
+
+    cut = mlx_embed.load(_with_bert_config("tiny-mpnet", tmp_path / "cut",
+                                           processing_kwargs={"text": {"max_length": 20}}))
+    assert cut.max_length == 20
+    same = mlx_embed.load(FIXTURES / "tiny-mpnet", max_length=20)
+    assert np.array_equal(cut.embed(golden_texts), same.embed(golden_texts))
+    with pytest.raises(ValueError, match="query_length is set: sentence-transformers cuts or expands query"):
+        mlx_embed.load(_with_bert_config("tiny-mpnet", tmp_path / "task", query_length=16))
+    with pytest.raises(ValueError, match=r"processing_kwargs 'text' \{'add_special_tokens': False\} is "
+                                         r"not supported here"):
+        mlx_embed.load(_with_bert_config("tiny-mpnet", tmp_path / "specials",
+                                         processing_kwargs={"text": {"add_special_tokens": False}}))
+    with pytest.raises(ValueError, match="max_length must be a positive integer, got 0"):
+        mlx_embed.load(_with_bert_config("tiny-mpnet", tmp_path / "zero",
+                                         processing_kwargs={"common": {"max_length": 0}}))

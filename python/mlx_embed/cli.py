@@ -252,7 +252,8 @@ def cmd_bulk(args) -> int:
     said_why = False
     try:
         if started_ray:
-            joining = args.address or os.environ.get("RAY_ADDRESS")
+            # "local" (Ray's word for a new local cluster) joins nothing.
+            joining = (args.address or os.environ.get("RAY_ADDRESS") or "local") != "local"
             if joining and args.num_cpus is not None:
                 print("mlx-embed bulk: error: --num-cpus sizes a local cluster; a cluster joined "
                       "(--address or RAY_ADDRESS) has its own CPUs", file=sys.stderr)
@@ -262,7 +263,7 @@ def cmd_bulk(args) -> int:
             # `ray start` left running on this machine).
             ray.init(address=args.address if joining else "local",
                      num_cpus=None if joining else args.num_cpus)
-            session_dir = _local_session_dir(ray, args.address)
+            session_dir = None if joining else _local_session_dir(ray)
             if threading.current_thread() is threading.main_thread():
                 # A supervisor's SIGTERM (timeout, a Kubernetes Job) stops the
                 # job as Ctrl-C does: one line, the files kept for the resume.
@@ -308,11 +309,9 @@ def cmd_bulk(args) -> int:
     return 0
 
 
-def _local_session_dir(ray, address) -> Optional[str]:
+def _local_session_dir(ray) -> Optional[str]:
     """The session folder of the local Ray cluster this process just started
-    (None when it joined one, or where Ray does not say)."""
-    if address or os.environ.get("RAY_ADDRESS"):
-        return None
+    (None where Ray does not say)."""
     try:
         node = ray._private.worker._global_node  # Ray has no public name for it
         return node.get_session_dir_path() if node is not None and node.head else None

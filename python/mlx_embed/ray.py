@@ -58,10 +58,12 @@ SPARSE_COLUMNS = ("indices", "values")
 RECORD_NAME = "_mlx_embed_bulk.json"
 # CPUs of the cluster that the model actors leave to Ray Data's own tasks.
 IO_CPUS = 1
-# A dead actor is started again, and its batch run again, this many times
-# (an OOM kill, a native abort). Ray Data's default is without end, so a
-# batch that kills its actor every time kept a job going for ever.
-ACTOR_RESTARTS = 3
+# A batch whose actor dies (an OOM kill, a native abort) runs again on a
+# restarted actor this many times. Ray Data's default is without end, so a
+# batch that killed its actor every time kept a job going for ever. Actors
+# themselves restart without end: deaths on different batches are not one
+# batch's fault.
+BATCH_RETRIES = 3
 
 
 class BadRow(ValueError):
@@ -772,16 +774,16 @@ def run_bulk(
             batch_format="pyarrow",
             compute=ray.data.ActorPoolStrategy(size=concurrency),
             num_cpus=cpus_per_actor,
-            max_restarts=ACTOR_RESTARTS,
-            max_task_retries=ACTOR_RESTARTS,
+            max_restarts=-1,
+            max_task_retries=BATCH_RETRIES,
         )
         out.mkdir(parents=True, exist_ok=True)
         bad_row = None
         try:
             ds.write_parquet(os.fspath(out), min_rows_per_file=rows_per_file, mode="append")
-        except ray.exceptions.ActorDiedError:
+        except (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError):
             raise BulkError(
-                f"a model actor died on the same batch {ACTOR_RESTARTS + 1} times (the kernel's "
+                f"a model actor died on the same batch {BATCH_RETRIES + 1} times (the kernel's "
                 "out-of-memory killer, or a crash in native code; Ray's logs say which): the job "
                 f"stopped. The files written to {out} are kept; the same command resumes once the "
                 "cause is fixed (fewer --workers-per-actor or a smaller --batch-size use less memory)"

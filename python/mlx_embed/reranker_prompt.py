@@ -19,12 +19,12 @@ original Qwen3-Reranker folders) leaves the card's prompt.
 
 The template is rendered once at load, with marker strings for the
 instruction, the query and the document, and turned into the engine's pair
-template (``spec.PairSpec``): the prompt's own text before the first marker
-is cut after the line of its last added token (``<|im_start|>user\n``), and
-the text after the last marker at its first added token (``<|im_end|>``),
-where the tokenizer splits anyway, so encoding the parts on their own gives
-the ids that encoding the whole rendered prompt gives (the model card cuts
-the same way).
+template (``spec.PairSpec``): the prefix is the prompt up to its last added
+token before the first marker (``...<|im_start|>``), where a tokenizer
+always splits, so its ids are those of the whole rendered prompt; the pair
+text runs from there to the document; the suffix is everything after the
+document, which a right cut never takes (sentence-transformers puts the
+template's tail back after a cut too).
 """
 
 from __future__ import annotations
@@ -194,18 +194,15 @@ def pair_prompt(source: str, added_tokens: list[str], variables: dict) -> Option
         text = text.replace(value, "{" + field + "}")
     first = min(m.start() for m in _FIELDS.finditer(text))
     last = max(m.end() for m in _FIELDS.finditer(text))
-    cut_before, cut_after = 0, len(text)
+    # The prefix ends at the last added token before the pair (a tokenizer
+    # always splits there, so its ids are the whole render's); the suffix is
+    # everything after the pair's last field, so a right cut never takes the
+    # template's own closing text (sentence-transformers puts it back too).
+    cut_before = 0
     for token in (t for t in added_tokens if t):
-        for m in re.finditer(re.escape(token), text):
-            if m.end() <= first:
-                cut_before = max(cut_before, m.end())
-            elif m.start() >= last:
-                cut_after = min(cut_after, m.start())
-    # The role line after the token ("user\n") goes with it, as the model
-    # card cuts its prefix; a newline ends a pre-token too.
-    line_end = text.find("\n", cut_before) + 1 if cut_before else 0
-    if 0 < line_end <= first:
-        cut_before = line_end
+        for m in re.finditer(re.escape(token), text[:first]):
+            cut_before = max(cut_before, m.end())
+    cut_after = last
     return {
         "prefix": text[:cut_before],
         "template": text[cut_before:cut_after],

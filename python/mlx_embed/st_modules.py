@@ -292,7 +292,7 @@ def _processing_max_length(bert_cfg: dict, folder: str) -> Optional[int]:
     kwargs = bert_cfg.get("processing_kwargs") or {}
     if not isinstance(kwargs, dict):
         raise ValueError(f"{where}: processing_kwargs must be an object")
-    cut = None
+    cuts = {}
     for group, values in kwargs.items():
         values = values or {}
         unknown = sorted(set(values) - _PROCESSING_KEYS) if isinstance(values, dict) else [repr(values)]
@@ -302,8 +302,9 @@ def _processing_max_length(bert_cfg: dict, folder: str) -> Optional[int]:
                 "text or common max_length)"
             )
         if values.get("max_length") is not None:
-            cut = _positive_int(values, "max_length", where)
-    return cut
+            cuts[group] = _positive_int(values, "max_length", where)
+    # The tokenizer call takes the text kwargs, then the common ones over them.
+    return cuts.get("common", cuts.get("text"))
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,8 @@ def test_kinds_and_specs():
     assert (p.prefix_ids, p.middle_ids, p.suffix_ids) == ([101], [102], [102])
     assert (p.first_type_id, p.second_type_id, p.template) == (0, 1, None)
     p = q.spec().tokenizer.pair
-    assert p.template == "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
+    # From the folder's chat template: the prompt cut at its added tokens.
+    assert p.template == "user\n<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
     tok = _tokenizer(QWEN3_RERANKER)
     assert tok.decode(p.prefix_ids, skip_special_tokens=False).startswith("<|im_start|>system\nJudge")
     assert tok.decode(p.suffix_ids, skip_special_tokens=False) == (
@@ -712,11 +713,11 @@ def test_qwen3_reranker_saved_by_st6_scores_with_its_own_tokens_and_prompt(tmp_p
                    np.load(os.path.join(QWEN3_ST6, "reference_instruction_logits.npy")))
     pair = model.spec().tokenizer.pair
     assert pair.default_instruction == "Given a code search query, retrieve code snippets that implement it"
-    assert pair.template == "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
+    assert pair.template == "user\n<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
     tok = _tokenizer(QWEN3_ST6)
     assert tok.decode(pair.prefix_ids, skip_special_tokens=False) == (
         "<|im_start|>system\nJudge whether the Document answers the Query under the Instruct. "
-        'Answer only "yes" or "no".<|im_end|>\n<|im_start|>user\n')
+        'Answer only "yes" or "no".<|im_end|>\n<|im_start|>')
     assert tok.decode(pair.suffix_ids, skip_special_tokens=False) == (
         "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
@@ -769,8 +770,8 @@ def test_chat_templates_that_do_not_carry_a_pair():
         pair_prompt(query_only, ADDED, {})
     parts = pair_prompt(MARKED_PAIR, ADDED, {})
     assert parts == {
-        "prefix": "<|im_start|>system\nJudge.<|im_end|>\n<|im_start|>user\n",
-        "template": "<Query>: {query}\n<Document>: {document}",
+        "prefix": "<|im_start|>system\nJudge.<|im_end|>\n<|im_start|>",
+        "template": "user\n<Query>: {query}\n<Document>: {document}",
         # Jinja drops a template's last newline, as in transformers.
         "suffix": "<|im_end|>\n<|im_start|>assistant",
         "default_instruction": None,
@@ -791,3 +792,38 @@ def test_a_prompt_without_an_instruction_refuses_one(tmp_path):
         "<|im_end|>\n<|im_start|>assistant")
     with pytest.raises(InvalidInput, match="takes no instruction"):
         model.score([("q", "d")], instruction="x")
+
+
+TAILED = (
+    "<|im_start|>system\nJudge.<|im_end|>\n<|im_start|>user\n\n"
+    "<Query>: {{ (messages | selectattr('role', 'eq', 'query') | first).content }}\n"
+    "<Document>: {{ (messages | selectattr('role', 'eq', 'document') | first).content }}\n"
+    "Is the document relevant?<|im_end|>\n<|im_start|>assistant\n\n"
+)
+
+
+def test_a_template_pair_has_its_whole_renders_ids_and_keeps_its_tail(tmp_path):
+    """A blank line after the role ("user\\n\\n") was cut between the prefix
+    and the pair text, so "\\n" + "\\n" replaced the whole render's "\\n\\n"
+    token; text after the document ("Is the document relevant?") was cut
+    away with a long document's end, where sentence-transformers keeps it."""
+    folder = _st6_copy(tmp_path, "tailed")
+    with open(os.path.join(folder, "chat_template.jinja"), "w", encoding="utf-8") as f:
+        f.write(TAILED)
+    model = mlx_embed.load(folder)
+    tok = _tokenizer(QWEN3_ST6)
+
+    def render(q, d):  # Jinja drops the template's last newline
+        return TAILED[:-1].replace(
+            "{{ (messages | selectattr('role', 'eq', 'query') | first).content }}", q).replace(
+            "{{ (messages | selectattr('role', 'eq', 'document') | first).content }}", d)
+
+    pairs = [("q", "d"), ("what is the capital of france", "Paris is the capital."), ("\nhi", " x ")]
+    ids, _, _ = model.encode_pairs(pairs)
+    for got, (q, d) in zip(ids, pairs):
+        assert got == tok.encode(render(q, d), add_special_tokens=False).ids, (q, d)
+    (cut,), _, before = model.encode_pairs([("q", "word " * 400)])
+    tail = tok.encode("\nIs the document relevant?<|im_end|>\n<|im_start|>assistant\n",
+                      add_special_tokens=False).ids
+    assert len(cut) == model.max_length < before[0]
+    assert cut[-len(tail):] == tail

@@ -245,16 +245,24 @@ def test_bulk_cli_fails_loudly_on_a_bad_row(tmp_path):
 
 POISON = """
 import os
-if os.environ.get("MLX_EMBED_TEST_POISON_ID"):
+from pathlib import Path
+if os.environ.get("MLX_EMBED_TEST_POISON_ID") or os.environ.get("MLX_EMBED_TEST_DIE_ONCE_IN"):
     import mlx_embed.ray as bulk
     embed_table = bulk.MlxEmbedder.embed_table
 
-    def dies_on_the_poison_row(self, table):
-        if os.environ["MLX_EMBED_TEST_POISON_ID"] in table.column(self.id_column).to_pylist():
+    def dies(self, table):
+        ids = table.column(self.id_column).to_pylist()
+        if os.environ.get("MLX_EMBED_TEST_POISON_ID") in ids:
             os._exit(1)  # what the OOM killer or a native abort does to the actor
+        once = os.environ.get("MLX_EMBED_TEST_DIE_ONCE_IN")
+        if once and ids:
+            mark = Path(once) / str(ids[0])
+            if not mark.exists():
+                mark.touch()
+                os._exit(1)
         return embed_table(self, table)
 
-    bulk.MlxEmbedder.embed_table = dies_on_the_poison_row
+    bulk.MlxEmbedder.embed_table = dies
 """
 
 
@@ -276,6 +284,27 @@ def test_bulk_cli_stops_when_a_batch_kills_its_actor_every_time(tmp_path):
     assert r.returncode == 1, r.stderr[-3000:]
     assert "mlx-embed bulk: error: a model actor died on the same batch 4 times" in r.stderr, r.stderr[-3000:]
     assert time.monotonic() - started < 200
+
+
+def test_bulk_cli_survives_an_actor_dying_once_on_each_of_many_batches(tmp_path):
+    """The bound is per batch: an actor killed once on each of 6 batches
+    (sporadic OOM kills) is restarted each time and the job finishes with
+    every row (an actor-wide limit of 3 restarts stopped it)."""
+    hook, marks = tmp_path / "hook", tmp_path / "marks"
+    hook.mkdir()
+    marks.mkdir()
+    (hook / "sitecustomize.py").write_text(POISON)
+    rows = make_rows(180, "o")
+    path = write_jsonl(tmp_path / "rows.jsonl", rows)
+    out = tmp_path / "out"
+    r = subprocess.run(
+        [*CLI, "bulk", str(path), "-o", str(out), "--num-cpus", "2", "--concurrency", "1",
+         "--batch-size", "30"],
+        check=False, capture_output=True, text=True, timeout=JOB_TIMEOUT_S, cwd=ROOT,
+        env=ray_env(PYTHONPATH=str(hook), MLX_EMBED_TEST_DIE_ONCE_IN=str(marks)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert len(list(marks.iterdir())) >= 5, "the actor was not killed on each batch"
+    assert sorted(read_output(out).column("id").to_pylist()) == [row["id"] for row in rows]
 
 
 def test_bulk_cli_sigterm_stops_as_ctrl_c_does(corpus, tmp_path):
@@ -806,7 +835,8 @@ def test_bulk_cli_sparse(tmp_path):
     out = tmp_path / "out"
     r = subprocess.run(
         [*CLI, "bulk", str(path), "-o", str(out), "-m", str(TINY_SPLADE), "--sparse",
-         "--prompt-name", "document", "--num-cpus", "2", "--concurrency", "1", "--batch-size", "20"],
+         "--prompt-name", "document", "--address", "local", "--num-cpus", "2", "--concurrency", "1",
+         "--batch-size", "20"],
         check=False, capture_output=True, text=True, timeout=JOB_TIMEOUT_S, cwd=ROOT, env=ray_env())
     assert r.returncode == 0, r.stderr[-3000:]
     summary = json.loads(r.stdout.strip().splitlines()[-1])

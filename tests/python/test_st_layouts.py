@@ -157,6 +157,10 @@ def test_processing_kwargs_max_length_cuts_and_task_lengths_are_refused(tmp_path
                                          r"not supported here"):
         mlx_embed.load(_with_bert_config("tiny-mpnet", tmp_path / "specials",
                                          processing_kwargs={"text": {"add_special_tokens": False}}))
+    # The tokenizer call takes the common kwargs over the text ones, whatever their order.
+    both = mlx_embed.load(_with_bert_config("tiny-mpnet", tmp_path / "both", processing_kwargs={
+        "common": {"max_length": 8}, "text": {"max_length": 16}}))
+    assert both.max_length == 8
     with pytest.raises(ValueError, match="max_length must be a positive integer, got 0"):
         mlx_embed.load(_with_bert_config("tiny-mpnet", tmp_path / "zero",
                                          processing_kwargs={"common": {"max_length": 0}}))

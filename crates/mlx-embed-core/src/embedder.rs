@@ -69,7 +69,11 @@ pub struct EmbedOptions {
     /// `false`: an input over [`ModelInfo::max_input_tokens`] is refused
     /// ([`crate::CoreError::InputTooLong`]) before any compute, instead of cut.
     pub truncate: bool,
-    pub truncation_direction: TruncationDirection,
+    /// Which end of an over-long input is kept. `None`: the model's own, as
+    /// its tokenizer states it ([`ModelInfo`]'s tokenizer: a folder's
+    /// `truncation_side`, else right), which is what sentence-transformers
+    /// cuts by.
+    pub truncation_direction: Option<TruncationDirection>,
     /// Cut (or with `truncate: false` refuse) every input at this many
     /// tokens, special tokens included, instead of at the model's maximum
     /// (Cohere's `max_tokens`, vLLM's `truncate_prompt_tokens`, Ollama's
@@ -98,7 +102,7 @@ impl Default for EmbedOptions {
         Self {
             priority: Priority::Normal,
             truncate: true,
-            truncation_direction: TruncationDirection::Right,
+            truncation_direction: None,
             truncate_to: None,
             prompt: Prompt::Default,
             output: Output::Pooled,

@@ -406,7 +406,7 @@ async fn truncation_side_reaches_the_tokenizer() {
     let (batcher, _record) = start(BatcherConfig::default(), Duration::ZERO, None);
     let long = format!("{}{}", "a".repeat(MAX_TOKENS), "b".repeat(MAX_TOKENS));
     let left = EmbedOptions {
-        truncation_direction: TruncationDirection::Left,
+        truncation_direction: Some(TruncationDirection::Left),
         ..EmbedOptions::default()
     };
     let got = batcher.embed(texts(&[&long]), left).await.unwrap();

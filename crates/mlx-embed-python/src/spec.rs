@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use mlx_embed_core::{ModelInfo, ModelKind, WeightsInfo};
+use mlx_embed_core::{ModelInfo, ModelKind, TruncationDirection, WeightsInfo};
 use mlx_embed_tokenizer::{PairSpec, TokenizerSpec};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -51,6 +51,15 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
         drop_ids: optional(&tok, "drop_ids")?.unwrap_or_default(),
         char_limit: optional(&tok, "char_limit")?,
         lowercase: optional(&tok, "lowercase")?.unwrap_or_default(),
+        truncation_side: match optional::<String>(&tok, "truncation_side")?.as_deref() {
+            None | Some("right") => TruncationDirection::Right,
+            Some("left") => TruncationDirection::Left,
+            Some(other) => {
+                return Err(BridgeError::Protocol(format!(
+                    "model.spec().tokenizer.truncation_side is {other:?}; expected right or left"
+                )))
+            }
+        },
         pool_without_prompt: !optional(&tok, "include_prompt")?.unwrap_or(true),
     };
     let mut details = BTreeMap::new();

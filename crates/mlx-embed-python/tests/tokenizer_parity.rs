@@ -83,7 +83,7 @@ fn cases(named_prompt: Option<&str>) -> Vec<(EmbedOptions, String)> {
         (TruncationDirection::Left, "left"),
     ] {
         let base = EmbedOptions {
-            truncation_direction: direction,
+            truncation_direction: Some(direction),
             ..EmbedOptions::default()
         };
         out.push((
@@ -300,7 +300,7 @@ ids, types, before = model.encode_pairs(pairs, truncation_direction=direction)
             (ids, types, before)
         });
         let options = EmbedOptions {
-            truncation_direction: direction,
+            truncation_direction: Some(direction),
             ..EmbedOptions::default()
         };
         let mut truncated = 0;

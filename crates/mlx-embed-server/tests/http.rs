@@ -313,7 +313,7 @@ fn fake_ids_cut(
     use mlx_embed_core::{EmbedOptions, Tokenize as _};
     let options = EmbedOptions {
         truncate_to,
-        truncation_direction: direction,
+        truncation_direction: Some(direction),
         ..EmbedOptions::default()
     };
     FakeTokenizer
@@ -1033,7 +1033,7 @@ async fn prompts_and_truncation_side_reach_the_tokenizer() {
     // truncation_direction: TEI's capitalised names and lowercase, native too.
     let long = format!("{}{}", "a".repeat(MAX_TOKENS), "b".repeat(MAX_TOKENS));
     let left = EmbedOptions {
-        truncation_direction: TruncationDirection::Left,
+        truncation_direction: Some(TruncationDirection::Left),
         ..EmbedOptions::default()
     };
     for (path, shape, side) in [
@@ -1946,7 +1946,7 @@ async fn embed_all_returns_every_token_row() {
     assert_eq!(status, 200, "{v}");
     let want = mlx_embed_core::EmbedOptions {
         prompt: mlx_embed_core::Prompt::Named("query".into()),
-        truncation_direction: mlx_embed_core::TruncationDirection::Left,
+        truncation_direction: Some(mlx_embed_core::TruncationDirection::Left),
         ..Default::default()
     };
     let ids = FakeTokenizer

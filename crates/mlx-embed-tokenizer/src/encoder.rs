@@ -276,7 +276,9 @@ impl HfTokenizer {
         })?;
         let specials = pair.specials();
         let budget = content_room(max_length, specials)?;
-        let direction = options.truncation_direction;
+        let direction = options
+            .truncation_direction
+            .unwrap_or(self.spec.truncation_side);
         if pair.template.is_some() {
             let with_instruction;
             let template = match &options.prompt {
@@ -518,7 +520,9 @@ fn lowercase_first(tokenizer: &mut Tokenizer) {
 
 impl Tokenize for HfTokenizer {
     fn encode(&self, input: &EmbedInput, options: &EmbedOptions) -> Result<Encoded, EmbedderError> {
-        let direction = options.truncation_direction;
+        let direction = options
+            .truncation_direction
+            .unwrap_or(self.spec.truncation_side);
         let max_length = options.input_limit(self.spec.max_length);
         match input {
             EmbedInput::Text(_) if self.takes_pairs_only() => Err(EmbedderError::invalid_input(

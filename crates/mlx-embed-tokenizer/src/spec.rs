@@ -3,6 +3,8 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use mlx_embed_core::TruncationDirection;
+
 use crate::PairSpec;
 
 /// Everything needed to tokenize exactly as the model's Python side does.
@@ -37,6 +39,10 @@ pub struct TokenizerSpec {
     /// included) is lower-cased one character at a time, and offsets still
     /// point into the text as sent. (Scorers never set it.)
     pub lowercase: bool,
+    /// The end an over-long input loses when a request names none: the
+    /// folder's `truncation_side` (`tokenizer_config.json`), which
+    /// sentence-transformers cuts by; right when it says none.
+    pub truncation_side: TruncationDirection,
     /// sentence-transformers' Pooling `include_prompt: false` (INSTRUCTOR):
     /// a text's prompt runs through the model but the pooling leaves it
     /// out. Its [`Encoded::pool_start`](mlx_embed_core::Encoded) is then the

@@ -22,7 +22,7 @@ fn pairs(folder: &str) -> Vec<(String, String)> {
 
 fn options(direction: TruncationDirection) -> EmbedOptions {
     EmbedOptions {
-        truncation_direction: direction,
+        truncation_direction: Some(direction),
         ..EmbedOptions::default()
     }
 }

@@ -70,7 +70,7 @@ fn truncation_keeps_the_start_or_the_end_inside_the_specials() {
     );
     assert_eq!(right.untruncated_len, 9);
     let left = EmbedOptions {
-        truncation_direction: TruncationDirection::Left,
+        truncation_direction: Some(TruncationDirection::Left),
         ..EmbedOptions::default()
     };
     assert_eq!(
@@ -93,7 +93,7 @@ fn a_per_request_cut_is_the_models_cut_at_that_length() {
     let long_ids = [vec![CLS], content(words), vec![SEP]].concat();
     for direction in [TruncationDirection::Right, TruncationDirection::Left] {
         let model = EmbedOptions {
-            truncation_direction: direction,
+            truncation_direction: Some(direction),
             ..EmbedOptions::default()
         };
         let cut = EmbedOptions {
@@ -246,7 +246,7 @@ fn token_input_is_checked_against_the_vocabulary_then_truncated() {
     assert_eq!(e.ids, vec![1, 2, 3, 30521]);
     assert_eq!(e.untruncated_len, 5);
     let left = EmbedOptions {
-        truncation_direction: TruncationDirection::Left,
+        truncation_direction: Some(TruncationDirection::Left),
         ..EmbedOptions::default()
     };
     assert_eq!(tok.encode(&five, &left).unwrap().ids, vec![2, 3, 30521, 7]);
@@ -358,7 +358,7 @@ fn a_model_that_pools_without_its_prompt_marks_where_the_text_starts() {
     let n = content(words).len();
     let cut = |to: usize, direction| EmbedOptions {
         truncate_to: Some(to),
-        truncation_direction: direction,
+        truncation_direction: Some(direction),
         prompt: Prompt::Named("passage".into()),
         ..EmbedOptions::default()
     };

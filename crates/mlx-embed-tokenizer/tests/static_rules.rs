@@ -146,7 +146,7 @@ fn the_character_cut_applies_only_when_truncating() {
         .unwrap();
     assert_eq!(right.ids, raw("héllo wörld"));
     let left = EmbedOptions {
-        truncation_direction: TruncationDirection::Left,
+        truncation_direction: Some(TruncationDirection::Left),
         ..EmbedOptions::default()
     };
     assert_eq!(

@@ -72,7 +72,7 @@ impl Tokenize for FakeTokenizer {
         };
         let untruncated_len = content.len() as u32 + 2;
         let keep = content.len().min(MAX_TOKENS - 2);
-        let content = match options.truncation_direction {
+        let content = match options.truncation_direction.unwrap_or_default() {
             TruncationDirection::Right => &content[..keep],
             TruncationDirection::Left => &content[content.len() - keep..],
         };

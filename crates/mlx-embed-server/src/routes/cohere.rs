@@ -267,9 +267,11 @@ async fn embed(
             inputs: texts.iter().cloned().map(EmbedInput::Text).collect(),
             options: EmbedOptions {
                 truncate: truncate != CohereTruncate::None,
-                truncation_direction: match truncate {
-                    CohereTruncate::Start => TruncationDirection::Left,
-                    _ => TruncationDirection::Right,
+                // Unsaid, the model's own side (Cohere's END where the folder says none).
+                truncation_direction: match req.truncate {
+                    Some(CohereTruncate::Start) => Some(TruncationDirection::Left),
+                    Some(CohereTruncate::End) => Some(TruncationDirection::Right),
+                    Some(CohereTruncate::None) | None => None,
                 },
                 truncate_to,
                 prompt,

@@ -77,7 +77,7 @@ pub async fn embed(
     let options = EmbedOptions {
         priority: req.priority.map(Into::into).or(header).unwrap_or_default(),
         truncate: req.truncate.unwrap_or(true),
-        truncation_direction: req.truncation_direction.map(Into::into).unwrap_or_default(),
+        truncation_direction: req.truncation_direction.map(Into::into),
         truncate_to: super::cut_at("truncate_to", req.truncate_to)?,
         prompt: prompt_of(req.prompt_name, req.prompt)?,
         output: Output::Pooled,

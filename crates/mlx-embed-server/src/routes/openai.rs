@@ -471,7 +471,7 @@ pub(crate) async fn embed_request(
             options: EmbedOptions {
                 prompt,
                 truncate,
-                truncation_direction: req.truncation_side.unwrap_or(TruncationSide::Right).into(),
+                truncation_direction: req.truncation_side.map(Into::into),
                 truncate_to,
                 priority: req
                     .priority

@@ -290,7 +290,7 @@ async fn classify_scores(
             inputs,
             options: EmbedOptions {
                 truncate,
-                truncation_direction: req.truncation_side.unwrap_or(TruncationSide::Right).into(),
+                truncation_direction: req.truncation_side.map(Into::into),
                 truncate_to,
                 priority: req
                     .priority

@@ -177,7 +177,7 @@ pub(crate) async fn predict_body(
             inputs,
             options: EmbedOptions {
                 truncate: req.truncate.unwrap_or(true),
-                truncation_direction: req.truncation_direction.map(Into::into).unwrap_or_default(),
+                truncation_direction: req.truncation_direction.map(Into::into),
                 priority: priority.unwrap_or_default(),
                 ..EmbedOptions::default()
             },

@@ -59,7 +59,7 @@ pub(crate) async fn similarities(
             inputs,
             options: EmbedOptions {
                 truncate: p.truncate.unwrap_or(true),
-                truncation_direction: p.truncation_direction.map(Into::into).unwrap_or_default(),
+                truncation_direction: p.truncation_direction.map(Into::into),
                 prompt: p.prompt_name.map_or(Prompt::Default, Prompt::Named),
                 priority: priority.unwrap_or_default(),
                 ..EmbedOptions::default()

@@ -45,7 +45,7 @@ fn tei_options(
 ) -> EmbedOptions {
     EmbedOptions {
         truncate: truncate.unwrap_or(true),
-        truncation_direction: truncation_direction.map(Into::into).unwrap_or_default(),
+        truncation_direction: truncation_direction.map(Into::into),
         truncate_to: None,
         prompt: prompt_name.map_or(Prompt::Default, Prompt::Named),
         priority: priority.unwrap_or_default(),

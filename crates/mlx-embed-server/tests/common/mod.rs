@@ -86,7 +86,7 @@ impl Tokenize for FakeTokenizer {
             )));
         }
         let keep = content.len().min(max - 2);
-        let content = match options.truncation_direction {
+        let content = match options.truncation_direction.unwrap_or_default() {
             TruncationDirection::Right => &content[..keep],
             TruncationDirection::Left => &content[content.len() - keep..],
         };

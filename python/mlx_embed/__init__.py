@@ -17,7 +17,7 @@ Public API::
                            # pooling="splade": a BertForMaskedLM / DistilBertForMaskedLM
                            # folder's SPLADE vectors (a SparseEncoder folder is SPLADE by itself)
     model.embed(texts, *, normalize=True, truncate=True,
-                truncation_direction="right", prompt_name=None, prompt=None,
+                truncation_direction=None, prompt_name=None, prompt=None,
                 instruction=None, truncate_to=None) -> np.ndarray float32 [len(texts), model.dim]
     model.embed_with_counts(...) -> (array, tokens_per_text)
     model.embed_sparse(texts, ...) -> [(indices int32, values float32) per text]   # SPLADE and BGE-M3 models
@@ -29,7 +29,7 @@ Public API::
     model.submit_ids(ids, type_ids=None, *, output=...).result()   # embed_ids in two steps
     # rerankers and classifiers:
     model.rerank(query, documents, *, top_n=None, raw_scores=False, truncate=True,
-                 truncation_direction="right", instruction=None) -> [(index, score)] best first
+                 truncation_direction=None, instruction=None) -> [(index, score)] best first
     model.score(pairs, *, raw_scores=False, ...) -> np.ndarray float32 [len(pairs), labels]
                                                     # a reranker's: [len(pairs), 1]
     model.predict(texts_or_pairs, *, raw_scores=False, ...) -> np.ndarray [n, labels]

@@ -34,7 +34,8 @@ from .scheduler import Scheduler
 from .scoring import ScoringMixin
 from .spec import EmbedResult, ModelSpec, TokenizerSpec
 from .tokenization import (
-    TextTokenizer, check_direction, prompt_in_effect, read_tokenizer, resolve_prompt, with_prompt,
+    TextTokenizer, check_direction, prompt_in_effect, read_tokenizer, resolve_prompt, truncation_side,
+    with_prompt,
 )
 
 log = logging.getLogger("mlx_embed")
@@ -117,6 +118,8 @@ class EmbeddingModel(ScoringMixin):
             [a for d in ck.head.dense for a in (d.weight, d.bias) if a is not None],
         )
         self._template: Optional[str] = ck.defaults.get("instruction_template")
+        # The end an input loses when a call names none: the folder's own.
+        self.truncation_side = truncation_side(ck.tokenizer_files or os.path.dirname(ck.tokenizer_path))
         self._type_vocab_size = int(ck.config.get("type_vocab_size") or 1)
 
         append: Sequence[int] = ()
@@ -290,6 +293,7 @@ class EmbeddingModel(ScoringMixin):
                 char_limit=tok.char_limit,
                 lowercase=tok.lowercase,
                 include_prompt=self.include_prompt,
+                truncation_side=self.truncation_side,
             ),
             details=self._details(),
             parameters=self.parameter_count,
@@ -350,7 +354,7 @@ class EmbeddingModel(ScoringMixin):
         texts: list[str],
         *,
         truncate: bool = True,
-        truncation_direction: str = "right",
+        truncation_direction: Optional[str] = None,
         prompt_name: Optional[str] = None,
         prompt: Optional[str] = None,
         instruction: Optional[str] = None,
@@ -513,7 +517,7 @@ class EmbeddingModel(ScoringMixin):
         texts: list[str],
         *,
         truncate: bool = True,
-        truncation_direction: str = "right",
+        truncation_direction: Optional[str] = None,
         prompt_name: Optional[str] = None,
         prompt: Optional[str] = None,
         instruction: Optional[str] = None,
@@ -534,7 +538,7 @@ class EmbeddingModel(ScoringMixin):
         texts: list[str],
         *,
         truncate: bool,
-        truncation_direction: str,
+        truncation_direction: Optional[str],
         prompt_name: Optional[str],
         prompt: Optional[str],
         instruction: Optional[str],
@@ -544,7 +548,7 @@ class EmbeddingModel(ScoringMixin):
         pools without its prompt (None for one that pools with it)."""
         texts = self._check_texts(texts)
         check_switches(truncate=truncate)
-        check_direction(truncation_direction)
+        truncation_direction = check_direction(truncation_direction or self.truncation_side)
         limit = self.max_length
         if truncate_to is not None:
             try:
@@ -587,7 +591,7 @@ class EmbeddingModel(ScoringMixin):
         *,
         normalize: bool = True,
         truncate: bool = True,
-        truncation_direction: str = "right",
+        truncation_direction: Optional[str] = None,
         prompt_name: Optional[str] = None,
         prompt: Optional[str] = None,
         instruction: Optional[str] = None,
@@ -613,7 +617,7 @@ class EmbeddingModel(ScoringMixin):
         *,
         normalize: bool = True,
         truncate: bool = True,
-        truncation_direction: str = "right",
+        truncation_direction: Optional[str] = None,
         prompt_name: Optional[str] = None,
         prompt: Optional[str] = None,
         instruction: Optional[str] = None,
@@ -625,7 +629,8 @@ class EmbeddingModel(ScoringMixin):
         normalization, as TEI answers ``normalize: false``, where
         sentence-transformers' ``normalize_embeddings=False`` still runs a
         folder's ``Normalize`` module), ``truncate`` (True),
-        ``truncation_direction`` ("right" or "left"), ``truncate_to`` (cut at
+        ``truncation_direction`` ("right" or "left"; None: the folder's
+        ``truncation_side``, else right), ``truncate_to`` (cut at
         this many tokens, special tokens included, instead of the model's
         maximum), ``prompt_name`` (one of the folder's sentence-transformers
         prompts), ``prompt`` (a raw prefix), ``instruction`` (formatted by the

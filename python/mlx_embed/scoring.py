@@ -61,14 +61,15 @@ class ScoringMixin:
         pairs: Sequence,
         *,
         truncate: bool = True,
-        truncation_direction: str = "right",
+        truncation_direction: Optional[str] = None,
         instruction: Optional[str] = None,
     ) -> tuple[list, Optional[list], list]:
         """(ids, type ids or None, tokens before truncation) per pair: what
         ``embed_ids`` takes."""
         check_switches(truncate=truncate)
         ids, types, before = self.pair_encoder.encode(
-            pairs, truncation_direction=truncation_direction, instruction=instruction
+            pairs, truncation_direction=truncation_direction or self.truncation_side,
+            instruction=instruction
         )
         if not truncate:
             for i, b in enumerate(before):
@@ -82,7 +83,7 @@ class ScoringMixin:
         *,
         raw_scores: bool = False,
         truncate: bool = True,
-        truncation_direction: str = "right",
+        truncation_direction: Optional[str] = None,
         instruction: Optional[str] = None,
     ) -> np.ndarray:
         """Scores [len(pairs), labels] of (query, document) pairs."""
@@ -103,7 +104,7 @@ class ScoringMixin:
         top_n: Optional[int] = None,
         raw_scores: bool = False,
         truncate: bool = True,
-        truncation_direction: str = "right",
+        truncation_direction: Optional[str] = None,
         instruction: Optional[str] = None,
     ) -> list[tuple[int, float]]:
         """(document index, score) pairs, best first; ``top_n`` keeps that many."""
@@ -138,7 +139,7 @@ class ScoringMixin:
         *,
         raw_scores: bool = False,
         truncate: bool = True,
-        truncation_direction: str = "right",
+        truncation_direction: Optional[str] = None,
     ) -> np.ndarray:
         """Label scores [n, labels] for texts or (text, text) pairs (a
         classifier's single texts or NLI-style pairs); labels in ``labels``."""

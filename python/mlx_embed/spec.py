@@ -86,6 +86,10 @@ class TokenizerSpec:
     char_limit: Optional[int] = None
     lowercase: bool = False
     include_prompt: bool = True
+    # The end an over-long input loses when a request names none: the
+    # folder's truncation_side (tokenizer_config.json), as
+    # sentence-transformers cuts.
+    truncation_side: str = "right"
 
 
 @dataclass(frozen=True)

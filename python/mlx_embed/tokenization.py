@@ -15,12 +15,14 @@ module is the Python library's copy of them.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from typing import Mapping, Optional, Sequence
 
 from tokenizers import Tokenizer, normalizers
 
 from .errors import InvalidInput
+from .json_files import read_json
 from .spec import PairSpec
 
 TRUNCATION_DIRECTIONS = ("right", "left")
@@ -247,6 +249,18 @@ def unknown_id(tok: Tokenizer) -> Optional[int]:
         return tok.token_to_id(token) if token is not None else None
     unk = json.loads(tok.to_str()).get("model", {}).get("unk_id")
     return int(unk) if isinstance(unk, int) else None
+
+
+def truncation_side(folder: str) -> str:
+    """The end a folder's tokenizer cuts an over-long input from:
+    ``tokenizer_config.json``'s ``truncation_side`` (what transformers and
+    sentence-transformers cut by), else right."""
+    cfg = read_json(os.path.join(folder, "tokenizer_config.json")) if folder else None
+    side = cfg.get("truncation_side", "right") if isinstance(cfg, dict) else "right"
+    if side not in TRUNCATION_DIRECTIONS:
+        raise ValueError(f"{folder}/tokenizer_config.json: truncation_side must be 'right' or 'left', "
+                         f"got {side!r}")
+    return side
 
 
 def check_direction(direction: str) -> str:

@@ -145,3 +145,39 @@ def test_truncation_direction_left_keeps_the_last_tokens(e5_server):
     assert np.abs(np.asarray(tei.json(), dtype=np.float32) - left).max() <= 1e-6
     assert np.abs(right[0] - right[1]).max() > 1e-2
     assert np.abs(left[0] - right[0]).max() > 1e-2
+
+
+def test_a_folder_that_cuts_on_the_left_is_cut_so_on_every_route(tmp_path):
+    """tokenizer_config.json's truncation_side "left": a request that names
+    no direction (native, TEI, OpenAI, Cohere without truncate) is cut from
+    the left, as sentence-transformers cuts that folder; one that names a
+    direction gets it. The Rust tokenizer reads it from the model's spec."""
+    import json
+    import shutil
+
+    import mlx_embed
+
+    folder = tmp_path / "left-cut"
+    shutil.copytree(FIXTURES / "tiny-xlm-roberta", folder)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "truncation_side": "left"}))
+    texts = ["mountains and valleys " * 60 + "the river bank at the end", "short"]
+    model = mlx_embed.load(str(folder))
+    want_left, want_right = model.embed(texts), model.embed(texts, truncation_direction="right")
+    assert np.abs(want_left[0] - want_right[0]).max() > 1e-2
+    srv = start_server(tmp_path, "--model", str(folder), "--no-warmup")
+    try:
+        got, _ = _native(srv, texts)
+        assert np.abs(got - want_left).max() <= 1e-5
+        tei = srv.post("/embed", {"inputs": texts})
+        assert np.abs(np.asarray(tei.json(), dtype=np.float32) - want_left).max() <= 1e-5
+        oa = srv.post("/v1/embeddings", {"input": texts, "model": "left-cut"}).json()["data"]
+        assert np.abs(np.asarray([d["embedding"] for d in oa], dtype=np.float32) - want_left).max() <= 1e-5
+        co = srv.post("/v2/embed", {"texts": texts, "model": "left-cut", "input_type": "classification",
+                                    "embedding_types": ["float"]})
+        assert co.status_code == 200, co.text[:300]
+        assert np.abs(np.asarray(co.json()["embeddings"]["float"], dtype=np.float32) - want_left).max() <= 1e-5
+        right, _ = _native(srv, texts, truncation_direction="right")
+        assert np.abs(right - want_right).max() <= 1e-5
+    finally:
+        assert srv.stop() == 0, srv.log()[-3000:]

@@ -164,3 +164,28 @@ def test_processing_kwargs_max_length_cuts_and_task_lengths_are_refused(tmp_path
     with pytest.raises(ValueError, match="max_length must be a positive integer, got 0"):
         mlx_embed.load(_with_bert_config("tiny-mpnet", tmp_path / "zero",
                                          processing_kwargs={"common": {"max_length": 0}}))
+
+
+def test_truncation_side_left_from_the_folder(tmp_path):
+    """tokenizer_config.json's truncation_side: "left" is how transformers
+    and sentence-transformers cut that folder's inputs; a call that names no
+    direction cut on the right (cosine 0.77 to sentence-transformers' vector
+    of a cut text). A call that names one still gets it."""
+    import pytest
+
+    folder = tmp_path / "left-cut"
+    shutil.copytree(FIXTURES / "tiny-mpnet", folder)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "truncation_side": "left"}))
+    left, plain = mlx_embed.load(folder), mlx_embed.load(FIXTURES / "tiny-mpnet")
+    assert (left.truncation_side, plain.truncation_side) == ("left", "right")
+    assert left.spec().tokenizer.truncation_side == "left"
+    texts = ["start " + "middle " * 300 + "the end", "short text"]
+    ids, _ = left.encode(texts)
+    assert ids == plain.encode(texts, truncation_direction="left")[0]
+    assert ids != plain.encode(texts)[0]
+    assert np.array_equal(left.embed(texts), plain.embed(texts, truncation_direction="left"))
+    assert np.array_equal(left.embed(texts, truncation_direction="right"), plain.embed(texts))
+    (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "truncation_side": "middle"}))
+    with pytest.raises(ValueError, match="truncation_side must be 'right' or 'left', got 'middle'"):
+        mlx_embed.load(folder)

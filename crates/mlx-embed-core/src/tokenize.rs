@@ -56,7 +56,14 @@ pub(crate) async fn encode_all(
         None => inputs
             .iter()
             .enumerate()
-            .map(|(i, input)| ids_only(i, input, max, options.truncation_direction.unwrap_or_default()))
+            .map(|(i, input)| {
+                ids_only(
+                    i,
+                    input,
+                    max,
+                    options.truncation_direction.unwrap_or_default(),
+                )
+            })
             .collect::<Result<Vec<_>, _>>()?,
     };
     for (index, e) in encoded.iter().enumerate() {

@@ -85,6 +85,37 @@ fn truncation_keeps_the_start_or_the_end_inside_the_specials() {
 }
 
 #[test]
+fn a_folder_that_cuts_on_the_left_does_so_unless_the_request_says_otherwise() {
+    // tokenizer_config.json's truncation_side "left" (TokenizerSpec::truncation_side)
+    // is the cut of a request that names no direction, text and token ids alike.
+    let left = tokenizer(TokenizerSpec {
+        truncation_side: TruncationDirection::Left,
+        ..spec(6)
+    });
+    let plain = tokenizer(spec(6));
+    let asked = |direction| EmbedOptions {
+        truncation_direction: Some(direction),
+        ..EmbedOptions::default()
+    };
+    let words = "one two three four five six seven";
+    let token_ids = [vec![CLS], content(words), vec![SEP]].concat();
+    for input in [text(words), EmbedInput::Tokens(token_ids)] {
+        assert_eq!(
+            ids(&left, &input, &EmbedOptions::default()),
+            ids(&plain, &input, &asked(TruncationDirection::Left))
+        );
+        assert_eq!(
+            ids(&left, &input, &asked(TruncationDirection::Right)),
+            ids(&plain, &input, &EmbedOptions::default())
+        );
+        assert_ne!(
+            ids(&left, &input, &EmbedOptions::default()),
+            ids(&plain, &input, &EmbedOptions::default())
+        );
+    }
+}
+
+#[test]
 fn a_per_request_cut_is_the_models_cut_at_that_length() {
     // A request's truncate_to 6 on a model of 512 cuts text, token ids and
     // both sides exactly as a model of 6 does; a larger one is the model's.

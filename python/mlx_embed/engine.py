@@ -548,7 +548,9 @@ class EmbeddingModel(ScoringMixin):
         pools without its prompt (None for one that pools with it)."""
         texts = self._check_texts(texts)
         check_switches(truncate=truncate)
-        truncation_direction = check_direction(truncation_direction or self.truncation_side)
+        if truncation_direction is None:
+            truncation_direction = self.truncation_side
+        check_direction(truncation_direction)
         limit = self.max_length
         if truncate_to is not None:
             try:

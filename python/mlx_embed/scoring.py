@@ -68,7 +68,8 @@ class ScoringMixin:
         ``embed_ids`` takes."""
         check_switches(truncate=truncate)
         ids, types, before = self.pair_encoder.encode(
-            pairs, truncation_direction=truncation_direction or self.truncation_side,
+            pairs,
+            truncation_direction=self.truncation_side if truncation_direction is None else truncation_direction,
             instruction=instruction
         )
         if not truncate:

@@ -252,14 +252,25 @@ def unknown_id(tok: Tokenizer) -> Optional[int]:
 
 
 def truncation_side(folder: str) -> str:
-    """The end a folder's tokenizer cuts an over-long input from:
-    ``tokenizer_config.json``'s ``truncation_side`` (what transformers and
-    sentence-transformers cut by), else right."""
-    cfg = read_json(os.path.join(folder, "tokenizer_config.json")) if folder else None
-    side = cfg.get("truncation_side", "right") if isinstance(cfg, dict) else "right"
+    """The end a folder's tokenizer cuts an over-long input from, as
+    transformers and sentence-transformers cut: ``sentence_bert_config.json``'s
+    ``tokenizer_args`` or ``processor_kwargs`` (which sentence-transformers
+    passes to the tokenizer, over its own config), else
+    ``tokenizer_config.json``'s ``truncation_side``, else right."""
+    if not folder:
+        return "right"
+    st = read_json(os.path.join(folder, "sentence_bert_config.json"))
+    found = [(f"sentence_bert_config.json {key}", st[key]["truncation_side"])
+             for key in ("processor_kwargs", "tokenizer_args")
+             if isinstance(st, dict) and isinstance(st.get(key), dict) and "truncation_side" in st[key]]
+    cfg = read_json(os.path.join(folder, "tokenizer_config.json"))
+    if isinstance(cfg, dict) and "truncation_side" in cfg:
+        found.append(("tokenizer_config.json", cfg["truncation_side"]))
+    if not found:
+        return "right"
+    where, side = found[0]
     if side not in TRUNCATION_DIRECTIONS:
-        raise ValueError(f"{folder}/tokenizer_config.json: truncation_side must be 'right' or 'left', "
-                         f"got {side!r}")
+        raise ValueError(f"{folder}/{where}: truncation_side must be 'right' or 'left', got {side!r}")
     return side
 
 

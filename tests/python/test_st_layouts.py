@@ -189,3 +189,15 @@ def test_truncation_side_left_from_the_folder(tmp_path):
     (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "truncation_side": "middle"}))
     with pytest.raises(ValueError, match="truncation_side must be 'right' or 'left', got 'middle'"):
         mlx_embed.load(folder)
+
+
+def test_truncation_side_from_sentence_transformers_tokenizer_args(tmp_path):
+    """sentence-transformers passes sentence_bert_config.json's tokenizer_args
+    (or processor_kwargs) to the tokenizer, over tokenizer_config.json."""
+    plain = mlx_embed.load(FIXTURES / "tiny-mpnet")
+    texts = ["start " + "middle " * 300 + "the end"]
+    for key in ("tokenizer_args", "processor_kwargs"):
+        folder = _with_bert_config("tiny-mpnet", tmp_path / key, **{key: {"truncation_side": "left"}})
+        model = mlx_embed.load(folder)
+        assert model.truncation_side == "left", key
+        assert model.encode(texts)[0] == plain.encode(texts, truncation_direction="left")[0]

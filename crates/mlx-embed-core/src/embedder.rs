@@ -70,9 +70,9 @@ pub struct EmbedOptions {
     /// ([`crate::CoreError::InputTooLong`]) before any compute, instead of cut.
     pub truncate: bool,
     /// Which end of an over-long input is kept. `None`: the model's own, as
-    /// its tokenizer states it ([`ModelInfo`]'s tokenizer: a folder's
+    /// its tokenizer ([`Embedder::tokenizer`]) states it (a folder's
     /// `truncation_side`, else right), which is what sentence-transformers
-    /// cuts by.
+    /// cuts by; token ids of a model with no tokenizer are cut on the right.
     pub truncation_direction: Option<TruncationDirection>,
     /// Cut (or with `truncate: false` refuse) every input at this many
     /// tokens, special tokens included, instead of at the model's maximum
@@ -181,7 +181,8 @@ impl Encoded {
 /// Turns inputs into the model's token ids. Runs on tokio's blocking pool,
 /// concurrently with the model, so it must be cheap to share.
 pub trait Tokenize: Send + Sync {
-    /// Encodes one input under `options` (prompt, truncation side), truncated
+    /// Encodes one input under `options` (prompt, truncation side: `None` is
+    /// the model's own side, which the implementation knows), truncated
     /// to [`EmbedOptions::input_limit`] of the model's maximum (its maximum,
     /// or the request's shorter `truncate_to`). Errors are [`EmbedderErrorKind::InvalidInput`]
     /// and describe the input (the core names its index). It always cuts:

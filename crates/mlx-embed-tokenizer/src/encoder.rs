@@ -43,7 +43,8 @@ impl HfTokenizer {
 
     /// A spec for `path` as the Python engine derives one when a model file
     /// gives none: the prefix and suffix are whatever the tokenizer's own
-    /// post-processor puts around a probe text, no prompts.
+    /// post-processor puts around a probe text, no prompts, cut on the right
+    /// (a folder's `truncation_side` is the caller's to set).
     pub fn probe_spec(path: &Path, max_length: usize) -> Result<TokenizerSpec, TokenizerError> {
         let tokenizer = load(path)?;
         let probe = "hello world";

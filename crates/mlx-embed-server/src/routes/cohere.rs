@@ -74,7 +74,7 @@ pub enum CohereTruncate {
     None,
     /// Cut its start (keep the end).
     Start,
-    /// Cut its end (the default).
+    /// Cut its end (left out: the model folder's `truncation_side`, else the end).
     End,
 }
 
@@ -98,7 +98,7 @@ pub struct CohereEmbedRequest {
     /// Forms to answer in (default: float); an empty list is a 400.
     #[schema(min_items = 1)]
     pub embedding_types: Option<Vec<CohereEmbeddingType>>,
-    /// `END` (default), `START` or `NONE`.
+    /// `END`, `START` or `NONE`; left out, the model folder's `truncation_side`, else `END`.
     pub truncate: Option<CohereTruncate>,
     /// v2: keep the first N components (1..=dimension), re-normalized.
     #[schema(minimum = 1)]

@@ -25,7 +25,8 @@ pub struct NativeEmbedRequest {
     pub normalize: Option<bool>,
     /// Truncate inputs longer than the model's maximum (default true); false answers 422 instead.
     pub truncate: Option<bool>,
-    /// Which end of an over-long input to keep: `right` (default) keeps the start, `left` the end.
+    /// Which end of an over-long input to keep: `right` keeps the start, `left` the end;
+    /// unsaid: the model folder's `truncation_side`, else right.
     pub truncation_direction: Option<TruncationSide>,
     /// Cut (or with `truncate: false` refuse) texts at this many tokens, special tokens
     /// included, instead of the model's maximum (a larger value is the maximum).

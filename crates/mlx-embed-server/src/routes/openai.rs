@@ -238,8 +238,8 @@ pub struct OpenAiEmbeddingRequest {
     /// and its `/tokenize` ids give one vector; `truncation_side` picks the end.
     #[serde(default, deserialize_with = "crate::extract::whole_number")]
     pub truncate_prompt_tokens: Option<i64>,
-    /// vLLM's: which end an over-long input loses: `right` (the default) keeps
-    /// its first tokens, `left` its last.
+    /// vLLM's: which end an over-long input loses: `right` keeps its first
+    /// tokens, `left` its last; unsaid: the model folder's `truncation_side`, else right.
     pub truncation_side: Option<TruncationSide>,
     /// vLLM's: true (the default); false is refused (400): inputs are tokenized
     /// with the model's special tokens, which its pooling reads.

@@ -136,8 +136,8 @@ pub struct ClassifyRequest {
     /// `truncation_side` picks the end.
     #[serde(default, deserialize_with = "crate::extract::whole_number")]
     pub truncate_prompt_tokens: Option<i64>,
-    /// vLLM's: which end an over-long input loses: `right` (the default) keeps
-    /// its first tokens, `left` its last.
+    /// vLLM's: which end an over-long input loses: `right` keeps its first
+    /// tokens, `left` its last; unsaid: the model folder's `truncation_side`, else right.
     pub truncation_side: Option<TruncationSide>,
     /// Cut over-long inputs (default true); false answers 400 instead.
     pub truncate: Option<bool>,

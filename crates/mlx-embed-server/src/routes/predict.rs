@@ -28,7 +28,8 @@ pub struct PredictRequest {
     pub raw_scores: bool,
     /// Cut inputs longer than the model's maximum (default true); false answers 422 instead.
     pub truncate: Option<bool>,
-    /// `Right` (default) keeps the start of an over-long input, `Left` its end (any case).
+    /// `Right` keeps the start of an over-long input, `Left` its end (any case);
+    /// unsaid: the model folder's `truncation_side`, else right.
     pub truncation_direction: Option<TruncationSide>,
 }
 

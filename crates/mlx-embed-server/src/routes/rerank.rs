@@ -43,7 +43,8 @@ pub struct TeiRerankRequest {
     pub return_text: bool,
     /// Cut pairs longer than the model's maximum (default true); false answers 422 instead.
     pub truncate: Option<bool>,
-    /// `Right` (default) keeps the start of each side, `Left` its end (any case).
+    /// `Right` keeps the start of each side, `Left` its end (any case);
+    /// unsaid: the model folder's `truncation_side`, else right.
     pub truncation_direction: Option<TruncationSide>,
 }
 

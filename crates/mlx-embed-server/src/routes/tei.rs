@@ -25,7 +25,8 @@ pub struct TeiEmbedRequest {
     pub normalize: Option<bool>,
     /// Truncate inputs longer than the model's maximum (default true); false answers 422 instead.
     pub truncate: Option<bool>,
-    /// `Right` (default) keeps the start of an over-long input, `Left` its end (any case).
+    /// `Right` keeps the start of an over-long input, `Left` its end (any case);
+    /// unsaid: the model folder's `truncation_side`, else right.
     pub truncation_direction: Option<TruncationSide>,
     /// One of the model's named prompts (`/info` lists them); default: the model's default prompt.
     pub prompt_name: Option<String>,
@@ -34,8 +35,8 @@ pub struct TeiEmbedRequest {
     pub dimensions: Option<i64>,
 }
 
-/// TEI's request options as the core's, with TEI's defaults: truncate on the
-/// right, the model's default prompt, normal priority.
+/// TEI's request options as the core's, with TEI's defaults: truncate (on the
+/// model folder's side, else the right), the model's default prompt, normal priority.
 fn tei_options(
     truncate: Option<bool>,
     truncation_direction: Option<TruncationSide>,
@@ -108,7 +109,8 @@ pub struct TeiRawRequest {
     pub inputs: TextsOrTokens,
     /// Truncate inputs longer than the model's maximum (default true); false answers 422 instead.
     pub truncate: Option<bool>,
-    /// `Right` (default) keeps the start of an over-long input, `Left` its end (any case).
+    /// `Right` keeps the start of an over-long input, `Left` its end (any case);
+    /// unsaid: the model folder's `truncation_side`, else right.
     pub truncation_direction: Option<TruncationSide>,
     /// One of the model's named prompts (`/info` lists them); default: the model's default prompt.
     pub prompt_name: Option<String>,

@@ -307,6 +307,30 @@ def test_bulk_cli_survives_an_actor_dying_once_on_each_of_many_batches(tmp_path)
     assert sorted(read_output(out).column("id").to_pylist()) == [row["id"] for row in rows]
 
 
+def interrupted(cmd: list, env: dict, stderr_path: Path, sig: int, preexec_fn=None) -> tuple[int, str, str]:
+    """Runs the bulk command, sends it `sig` once its model actors have
+    started (Ray Data writes the files in a burst at the end, so waiting for
+    the first one raced with the job's end on a loaded machine), and returns
+    (exit code, stdout, stderr)."""
+    with open(stderr_path, "w+") as stderr:
+        job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, cwd=ROOT, env=env,
+                               text=True, preexec_fn=preexec_fn)
+        deadline = time.monotonic() + JOB_TIMEOUT_S
+        while job.poll() is None and time.monotonic() < deadline:
+            if f"-> ActorPoolMapOperator[{ACTOR_TITLE}]" in stderr_path.read_text():
+                break
+            time.sleep(0.05)
+        assert job.poll() is None, "the job ended before it could be interrupted"
+        job.send_signal(sig)
+        try:
+            out_text, _ = job.communicate(timeout=120)
+        finally:
+            if job.poll() is None:
+                job.kill()
+        stderr.seek(0)
+        return job.returncode, out_text, stderr.read()
+
+
 def test_bulk_cli_sigterm_stops_as_ctrl_c_does(corpus, tmp_path):
     """A supervisor's SIGTERM (timeout, a Kubernetes Job) got Ray's stack
     dump and left the session folder; it now ends the job as Ctrl-C does."""
@@ -315,24 +339,9 @@ def test_bulk_cli_sigterm_stops_as_ctrl_c_does(corpus, tmp_path):
     cmd = [*CLI, "bulk", str(corpus["parquet"]), "-o", str(out), "--num-cpus", "2",
            "--concurrency", "1", "--workers-per-actor", "1", "--batch-size", "50"]
     try:
-        with open(tmp_path / "stderr", "w+") as stderr:
-            job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, cwd=ROOT,
-                                   env=ray_env(RAY_TMPDIR=str(ray_tmp)), text=True)
-            deadline = time.monotonic() + JOB_TIMEOUT_S
-            while job.poll() is None and time.monotonic() < deadline:
-                if f"-> ActorPoolMapOperator[{ACTOR_TITLE}]" in Path(stderr.name).read_text():
-                    break
-                time.sleep(0.05)
-            assert job.poll() is None, "the job ended before it could be stopped"
-            job.send_signal(signal.SIGTERM)
-            try:
-                job.communicate(timeout=120)
-            finally:
-                if job.poll() is None:
-                    job.kill()
-            stderr.seek(0)
-            err_text = stderr.read()
-        assert job.returncode == 130, err_text[-4000:]
+        code, _, err_text = interrupted(cmd, ray_env(RAY_TMPDIR=str(ray_tmp)), tmp_path / "stderr",
+                                        signal.SIGTERM)
+        assert code == 130, err_text[-4000:]
         assert "SIGTERM received" not in err_text and "Traceback" not in err_text, err_text[-4000:]
         assert err_text.rstrip().splitlines()[-1] == (
             f"mlx-embed bulk: interrupted; the files written to {out} are kept: run the same "
@@ -373,30 +382,13 @@ def test_bulk_cli_ctrl_c_then_a_refused_and_a_good_resume(corpus, reference, tmp
            "--concurrency", "1", "--workers-per-actor", "1", "--batch-size", "50",
            "--rows-per-file", "100"]
     try:
-        with open(tmp_path / "stderr", "w+") as stderr:
-            # SIGINT as a terminal's foreground job has it: a test run started
-            # in the background (CI's) ignores it, and Python then leaves it
-            # ignored, so the job ran to its end with exit 0.
-            job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, cwd=ROOT, env=env,
-                                   text=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-            # Interrupted once the embedding has started: Ray Data writes the
-            # files in a burst at the end, so waiting for the first one raced
-            # with the job's end on a loaded machine.
-            deadline = time.monotonic() + JOB_TIMEOUT_S
-            while job.poll() is None and time.monotonic() < deadline:
-                if f"-> ActorPoolMapOperator[{ACTOR_TITLE}]" in Path(stderr.name).read_text():
-                    break
-                time.sleep(0.05)
-            assert job.poll() is None, "the job ended before it could be interrupted"
-            job.send_signal(signal.SIGINT)
-            try:
-                out_text, _ = job.communicate(timeout=120)
-            finally:
-                if job.poll() is None:
-                    job.kill()
-            stderr.seek(0)
-            err_text = stderr.read()
-        assert job.returncode == 130, err_text[-4000:]
+        # SIGINT as a terminal's foreground job has it: a test run started in
+        # the background (CI's) ignores it, and Python then leaves it ignored,
+        # so the job ran to its end with exit 0.
+        code, out_text, err_text = interrupted(
+            cmd, env, tmp_path / "stderr", signal.SIGINT,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        assert code == 130, err_text[-4000:]
         assert "Traceback" not in err_text and "KeyboardInterrupt" not in err_text, err_text[-4000:]
         assert err_text.rstrip().splitlines()[-1] == (
             f"mlx-embed bulk: interrupted; the files written to {out} are kept: run the same "

@@ -86,12 +86,21 @@ def test_a_chat_message_modality_is_refused(tmp_path):
     assert mlx_embed.load(folder).max_length == 64
 
 
-def _with_st_config(src, dst, **keys):
+def _with_json(src, dst, name, **keys):
+    """The fixture `src` copied to `dst`, `keys` set in its JSON file `name`."""
     shutil.copytree(FIXTURES / src, dst)
-    path = dst / "config_sentence_transformers.json"
+    path = dst / name
     cfg = json.loads(path.read_text()) if path.exists() else {}
     path.write_text(json.dumps({**cfg, **keys}))
     return dst
+
+
+def _with_st_config(src, dst, **keys):
+    return _with_json(src, dst, "config_sentence_transformers.json", **keys)
+
+
+def _with_bert_config(src, dst, **keys):
+    return _with_json(src, dst, "sentence_bert_config.json", **keys)
 
 
 def test_truncate_dim_is_the_models_width(tmp_path, golden_texts):
@@ -128,14 +137,6 @@ def test_max_active_dims_keeps_each_vectors_largest_weights(tmp_path, golden_tex
     assert counted >= 10
     # The dense route's vector is the same cut (as sentence-transformers' encode).
     assert int((top.embed(texts[:3], normalize=False) > 0).sum(axis=1).max()) == 5
-
-
-def _with_bert_config(src, dst, **keys):
-    shutil.copytree(FIXTURES / src, dst)
-    path = dst / "sentence_bert_config.json"
-    cfg = json.loads(path.read_text()) if path.exists() else {}
-    path.write_text(json.dumps({**cfg, **keys}))
-    return dst
 
 
 def test_processing_kwargs_max_length_cuts_and_task_lengths_are_refused(tmp_path, golden_texts):

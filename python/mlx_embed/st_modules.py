@@ -234,6 +234,8 @@ def declares_pooling(folder: str) -> bool:
     )
 
 
+ST_CONFIG = "config_sentence_transformers.json"
+
 # Modules whose pipelines the engine does not run, anywhere in modules.json:
 # the reason each is refused at load, before anything else is read.
 UNSUPPORTED_MODULES = {
@@ -354,20 +356,20 @@ def read_splade_pipeline(folder: str, vocab_size: int) -> SpladePipeline:
         has_modules=base.has_modules,
         vocab_size=int(vocab_size),
         max_active_dims=_positive_int(
-            read_json(os.path.join(folder, "config_sentence_transformers.json")) or {},
-            "max_active_dims", folder),
+            read_json(os.path.join(folder, ST_CONFIG)) or {}, "max_active_dims", f"{folder}/{ST_CONFIG}"),
     )
     if splade is not None:
         pipe.strategy, pipe.activation = splade
     return pipe
 
 
-def _positive_int(cfg: dict, key: str, folder: str) -> Optional[int]:
+def _positive_int(cfg: dict, key: str, where: str) -> Optional[int]:
+    """``cfg[key]``, a whole number of at least 1, or None when unset;
+    ``where`` names the file for the error."""
     value = cfg.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        where = folder if folder.endswith(".json") else f"{folder}/config_sentence_transformers.json"
         raise ValueError(f"{where}: {key} must be a positive integer, got {value!r}")
     return value
 
@@ -521,7 +523,7 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
         # so): nothing is pooled yet, and SentenceTransformer(folder) pools it
         # the default way, as for a folder without modules.json.
         modules = None
-    st_cfg = read_json(os.path.join(folder, "config_sentence_transformers.json")) or {}
+    st_cfg = read_json(os.path.join(folder, ST_CONFIG)) or {}
     # The Transformer module's own settings, in its subfolder in the layout
     # of sentence-transformers before 2.0.
     bert_cfg = read_json(
@@ -547,7 +549,7 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
         max_seq_length=int(max_len) if max_len else None,
         lowercase=_flag(bert_cfg, "do_lower_case", folder),
         # A sparse vector is not cut: it keeps its most active dimensions.
-        truncate_dim=None if sparse else _positive_int(st_cfg, "truncate_dim", folder),
+        truncate_dim=None if sparse else _positive_int(st_cfg, "truncate_dim", f"{folder}/{ST_CONFIG}"),
     )
     if not isinstance(modules, list):
         # A folder with just a 1_Pooling/ (no modules.json) still says how it pools.

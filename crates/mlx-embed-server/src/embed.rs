@@ -30,6 +30,10 @@ pub struct EmbedRequest {
     /// Keep only the first N components (1..=dim); re-normalized when
     /// `normalize`; pooled output only.
     pub dimensions: Option<i64>,
+    /// An empty text is embedded (the model's vector of no words), as
+    /// Ollama embeds one in a list; elsewhere it is a 400, as OpenAI's, TEI's
+    /// and Cohere's answer it.
+    pub empty_texts: bool,
 }
 
 /// The cosine of two unit vectors: their dot product, kept inside [-1, 1]
@@ -47,6 +51,7 @@ impl EmbedRequest {
     /// model's default prompt, normal priority, full dimension.
     pub fn new(inputs: Vec<EmbedInput>) -> Self {
         Self {
+            empty_texts: false,
             model: None,
             inputs,
             options: EmbedOptions::default(),
@@ -151,7 +156,8 @@ async fn run(
     task: Task,
     bytes_per_value: usize,
 ) -> Result<EmbedOutput, ApiError> {
-    check_inputs(state, &req.inputs, req.model.as_deref(), task)?;
+    refuse_inputs(state, &req.inputs, req.empty_texts)
+        .inspect_err(|_| state.count_under_requested(req.model.as_deref(), task))?;
     let model = state.model_for(req.model.as_deref(), task)?;
     // A SPLADE model's pooled vectors are sparse already; a BGE-M3 model
     // answers sparse requests with its lexical weights.
@@ -268,10 +274,16 @@ pub(crate) fn check_inputs(
     requested: Option<&str>,
     task: Task,
 ) -> Result<(), ApiError> {
-    refuse_inputs(state, inputs).inspect_err(|_| state.count_under_requested(requested, task))
+    refuse_inputs(state, inputs, false)
+        .inspect_err(|_| state.count_under_requested(requested, task))
 }
 
-fn refuse_inputs(state: &AppState, inputs: &[EmbedInput]) -> Result<(), ApiError> {
+/// `empty_texts`: an empty text is an input like any other (Ollama's lists).
+fn refuse_inputs(
+    state: &AppState,
+    inputs: &[EmbedInput],
+    empty_texts: bool,
+) -> Result<(), ApiError> {
     let max_inputs = state.args().max_inputs_per_request;
     if inputs.is_empty() {
         return Err(ApiError::invalid("input is empty: send at least one text").param("input"));
@@ -282,7 +294,7 @@ fn refuse_inputs(state: &AppState, inputs: &[EmbedInput]) -> Result<(), ApiError
     // Token ids are checked against the vocabulary by the tokenizer, with the rest of the input.
     for (i, input) in inputs.iter().enumerate() {
         match input {
-            EmbedInput::Text(t) if t.is_empty() => {
+            EmbedInput::Text(t) if t.is_empty() && !empty_texts => {
                 return Err(
                     ApiError::invalid(format!("input {i} is an empty string")).param("input")
                 );

@@ -5,7 +5,7 @@
 //!
 //! | status | when |
 //! | --- | --- |
-//! | 400 | malformed JSON; empty input list; an empty string or empty token list; a token id outside the vocabulary (names the input index); `dimensions` < 1 or > the model's dimension, or any `dimensions` on a sparse (SPLADE) model; an unknown `prompt_name`; input the model rejects as invalid (`mlx_embed.errors.InvalidInput` in the Python engine) |
+//! | 400 | malformed JSON; empty input list; an empty string (but in an Ollama `/api/embed` list) or empty token list; a token id outside the vocabulary (names the input index); `dimensions` < 1 or > the model's dimension, or any `dimensions` on a sparse (SPLADE) model; an unknown `prompt_name`; input the model rejects as invalid (`mlx_embed.errors.InvalidInput` in the Python engine) |
 //! | 401 | `--api-key` is set and `Authorization: Bearer <key>` is missing or wrong (every route but `/health`, `/ping` and `/.well-known/*`) |
 //! | 408 | the body did not arrive within `--client-timeout-secs` (75 s) |
 //! | 404 / 405 | unknown route / wrong method |

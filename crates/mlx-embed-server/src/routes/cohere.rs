@@ -263,6 +263,7 @@ async fn embed(
     let out = embed_answering(
         state,
         EmbedRequest {
+            empty_texts: false,
             model: Some(model.name.clone()),
             inputs: texts.iter().cloned().map(EmbedInput::Text).collect(),
             options: EmbedOptions {

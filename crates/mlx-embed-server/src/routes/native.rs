@@ -88,6 +88,7 @@ pub async fn embed(
     let out = run_embed(
         &state,
         EmbedRequest {
+            empty_texts: false,
             model: req.model,
             inputs: req.texts.into_iter().map(EmbedInput::Text).collect(),
             options,

@@ -148,6 +148,9 @@ pub async fn embed(
     let out = run_embed(
         &state,
         EmbedRequest {
+            // Ollama embeds an empty text in a list (chromadb and
+            // langchain-ollama send a collection's empty chunks).
+            empty_texts: true,
             model: served_name(req.model),
             inputs,
             options: EmbedOptions {
@@ -217,6 +220,7 @@ pub async fn embeddings(
     let out = run_embed(
         &state,
         EmbedRequest {
+            empty_texts: false,
             model: served_name(req.model),
             inputs: vec![EmbedInput::Text(prompt)],
             options: EmbedOptions {

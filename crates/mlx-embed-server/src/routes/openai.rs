@@ -466,6 +466,7 @@ pub(crate) async fn embed_request(
     run_embed(
         state,
         EmbedRequest {
+            empty_texts: false,
             model: req.model,
             inputs,
             options: EmbedOptions {

@@ -55,6 +55,7 @@ pub(crate) async fn similarities(
     let out = run_embed(
         state,
         EmbedRequest {
+            empty_texts: false,
             model: req.model,
             inputs,
             options: EmbedOptions {

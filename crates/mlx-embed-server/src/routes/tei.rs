@@ -62,6 +62,7 @@ impl TeiEmbedRequest {
     /// `priority`: the `X-Priority` header's lane, if any.
     pub(crate) fn into_request(self, priority: Option<Priority>) -> EmbedRequest {
         EmbedRequest {
+            empty_texts: false,
             model: self.model,
             inputs: self.inputs.into_inputs(),
             options: tei_options(
@@ -120,6 +121,7 @@ impl TeiRawRequest {
     /// The one embed path's request for `output`, raw (not normalized).
     pub(crate) fn into_request(self, priority: Option<Priority>, output: Output) -> EmbedRequest {
         EmbedRequest {
+            empty_texts: false,
             model: self.model,
             inputs: self.inputs.into_inputs(),
             options: tei_options(

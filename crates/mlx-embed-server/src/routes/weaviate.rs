@@ -116,6 +116,7 @@ pub async fn vectors(
     let out = run_embed(
         &state,
         EmbedRequest {
+            empty_texts: false,
             model: Some(model.name.clone()),
             inputs: texts.iter().cloned().map(EmbedInput::Text).collect(),
             options: EmbedOptions {

@@ -376,34 +376,3 @@ def test_mlx_embed_serve_command(tmp_path, golden):
         np.testing.assert_allclose(np.asarray(resp.json()["embeddings"]), reference[:3], atol=1e-5)
     finally:
         assert srv.stop() == 0, srv.log()[-3000:]
-
-
-def test_tiktoken_ids_that_look_wrapped_are_still_refused(tmp_path):
-    """cl100k's `#` and `"` are 2 and 1, Gemma's <bos> and <eos>: LangChain's
-    tiktoken ids of a markdown chunk like '# a "b"' began and ended as this
-    model's own ids do and got another text's vector with a 200 (cosine
-    0.67). Ids must also be this tokenizer's encoding of their text (a
-    partial guard: other ids that happen to be one pass); the ids /tokenize
-    lists, cut by the sender or not, still run."""
-    from harness import FIXTURES, start_server
-
-    srv = start_server(tmp_path, "--model", str(FIXTURES / "tiny-gemma3"), "--no-warmup")
-    try:
-        for tiktoken_ids in ([2, 264, 330, 65, 1], [2, 264, 330, 65, 279, 842, 315, 433, 374, 304, 330, 65, 1]):
-            r = srv.post("/v1/embeddings", {"input": [tiktoken_ids]})
-            assert r.status_code == 400, r.text
-            message = r.json()["error"]["message"]
-            assert message.startswith("input 0: these token ids are not this model's encoding of any text"), message
-        texts = ["# Release notes", 'the function was renamed to "embed"', "Straße, 東京 and émoji 🦀",
-                 "a longer text about rivers and mountains " * 8]
-        for text in texts:
-            listed = [t["id"] for t in srv.post("/tokenize", {"inputs": text}).json()[0]]
-            by_ids = srv.post("/v1/embeddings", {"input": [listed]})
-            assert by_ids.status_code == 200, (text, by_ids.text)
-            by_text = srv.post("/v1/embeddings", {"input": text}).json()["data"][0]["embedding"]
-            np.testing.assert_allclose(by_ids.json()["data"][0]["embedding"], by_text, atol=1e-6)
-        # Cut by the sender (the first 20 ids and the last): still the model's own.
-        listed = [t["id"] for t in srv.post("/tokenize", {"inputs": texts[-1]}).json()[0]]
-        assert srv.post("/v1/embeddings", {"input": [listed[:20] + listed[-1:]]}).status_code == 200
-    finally:
-        assert srv.stop() == 0, srv.log()[-3000:]

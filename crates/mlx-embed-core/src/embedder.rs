@@ -90,9 +90,7 @@ pub struct EmbedOptions {
     /// so. `None`: no bound.
     pub max_token_rows: Option<usize>,
     /// Token-id inputs must begin and end with the model's own special
-    /// tokens, as its tokenizer wraps a text, and be its encoding of their
-    /// decoded text but for a few tokens at either end (invalid input
-    /// otherwise). An
+    /// tokens, as its tokenizer wraps a text (invalid input otherwise). An
     /// API whose clients tokenize with another tokenizer unasked (OpenAI's:
     /// LangChain sends tiktoken's ids) asks for it: such ids run as given
     /// would get a wrong vector with a 200.

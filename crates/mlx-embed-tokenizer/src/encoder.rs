@@ -418,12 +418,12 @@ impl HfTokenizer {
         })
     }
 
-    /// Ids that do not begin and end with the model's specials, or whose
-    /// text between them this tokenizer encodes otherwise, are refused
-    /// ([`EmbedOptions::wrapped_token_ids`]), naming the likeliest cause.
+    /// Ids that do not begin and end with the model's specials are refused
+    /// ([`EmbedOptions::wrapped_token_ids`]), naming the specials and the
+    /// likeliest cause.
     fn check_wrapped(&self, ids: &[u32]) -> Result<(), EmbedderError> {
         if self.wrapped(ids) {
-            return self.check_own_encoding(ids);
+            return Ok(());
         }
         let (prefix, suffix) = (&self.spec.prefix_ids, &self.spec.suffix_ids);
         let names = |ids: &[u32]| {
@@ -447,36 +447,6 @@ impl HfTokenizer {
              this model: LangChain's OpenAIEmbeddings sends tiktoken's unless \
              check_embedding_ctx_length=False. Send the text, or this model's ids"
         )))
-    }
-
-    /// The content of wrapped `ids` must be what this tokenizer makes of its
-    /// own decoding: tiktoken's ids can begin and end as this model's
-    /// specials do (cl100k's `#` and `"` are 2 and 1, Gemma's `<bos>` and
-    /// `<eos>`; `!` and `#` are XLM-R's `<s>` and `</s>`), and a model with
-    /// no specials takes any ids. The ids `/tokenize` lists, a text's own
-    /// encoding, decode to a text that encodes to them again.
-    fn check_own_encoding(&self, ids: &[u32]) -> Result<(), EmbedderError> {
-        let (prefix, suffix) = (self.spec.prefix_ids.len(), self.spec.suffix_ids.len());
-        let content = &ids[prefix..ids.len() - suffix];
-        if content.is_empty() {
-            return Ok(());
-        }
-        let text = self.decode(content, false)?;
-        let again = self
-            .tokenizer
-            .encode_fast(text.as_str(), false)
-            .map_err(|e| {
-                EmbedderError::invalid_input(format!("cannot encode token ids' text: {e}"))
-            })?;
-        if own_encoding(content, again.get_ids()) {
-            return Ok(());
-        }
-        Err(EmbedderError::invalid_input(
-            "these token ids are not this model's encoding of any text: its tokenizer encodes \
-             their text otherwise, so they are likely another tokenizer's, which mean other text \
-             to this model (LangChain's OpenAIEmbeddings sends tiktoken's unless \
-             check_embedding_ctx_length=False). Send the text, or the ids /tokenize lists",
-        ))
     }
 
     /// Whether `ids` begin and end with the model's specials, as a text's do.
@@ -668,30 +638,6 @@ impl Tokenize for HfTokenizer {
             .decode(ids, skip_special_tokens)
             .map_err(|e| EmbedderError::invalid_input(format!("cannot decode: {e}")))
     }
-}
-
-/// Tokens at either end of token-id content whose encoding may differ from
-/// the content's decoded text: a client that cut a text's ids itself may have
-/// cut inside a word ("em ##bed" of "embedding" decodes to "embed", one token).
-const CUT_WORD_TOKENS: usize = 3;
-
-/// Whether `again` (the content's text encoded anew) shows `content` to be
-/// this tokenizer's own encoding: equal, or, for content long enough to have
-/// been cut by its sender, equal inside its first and last few tokens.
-fn own_encoding(content: &[u32], again: &[u32]) -> bool {
-    if content == again {
-        return true;
-    }
-    let n = content.len();
-    if n <= 4 * CUT_WORD_TOKENS {
-        return false;
-    }
-    let middle = &content[CUT_WORD_TOKENS..n - CUT_WORD_TOKENS];
-    (0..=3 * CUT_WORD_TOKENS).any(|at| {
-        again
-            .get(at..at + middle.len())
-            .is_some_and(|part| part == middle)
-    })
 }
 
 /// The model's tokenizer with whatever truncation and padding its file

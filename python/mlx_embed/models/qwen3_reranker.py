@@ -72,7 +72,6 @@ class Model(nn.Module):
         # No false token: the true token's logit alone is the score.
         self._yes_id: Optional[int] = None
         self._no_id: Optional[int] = None
-        self._bound = False
 
     @property
     def vocab_size(self) -> int:
@@ -95,7 +94,6 @@ class Model(nn.Module):
         in fp32)."""
         self._yes_id = self._token(token_id, prompt.true_token)
         self._no_id = None if prompt.false_token is None else self._token(token_id, prompt.false_token)
-        self._bound = True
         head = self.get("lm_head")
         table = self.model.embed_tokens if head is None else head
         if not hasattr(table, "scales"):
@@ -130,7 +128,7 @@ class Model(nn.Module):
     ) -> mx.array:
         """logit(true) - logit(false) (or logit(true) alone) at each row's
         last real token, [B, 1]."""
-        if not self._bound:
+        if self._yes_id is None:
             raise RuntimeError("qwen3 reranker: bind_tokenizer() was not called")
         with ops.packed_feed_forwards(ops.KeyMask(attention_mask, mx.float32)):
             h = self.model(input_ids)

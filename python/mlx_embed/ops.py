@@ -949,6 +949,61 @@ def blocked_attention(
     return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
 
 
+def capped_causal_attention(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    scale: float,
+    *,
+    softcap: Optional[float] = None,
+    window: Optional[int] = None,
+) -> mx.array:
+    """Causal ``softmax(cap(scale * q @ k^T) + mask) @ v`` with Gemma 2's
+    attention logit soft-capping, ``cap(s) = tanh(s / softcap) * softcap``
+    before the mask (transformers' order), and an optional sliding ``window``:
+    query i sees keys j with ``i - window < j <= i`` (transformers' rule; a
+    window as long as the input is plain causal attention). ``q`` is [B, H, L,
+    head_dim], ``k`` and ``v`` [B, Hkv, L, head_dim] with H a multiple of Hkv
+    (query head h reads kv head ``h // (H / Hkv)``). Right padding needs no
+    mask: a real token never sees the padding after it.
+
+    MLX's matmuls, tanh and softmax in float32 (transformers upcasts the
+    softmax; the cap bounds the scores, so -1e9 masks in any dtype): neither
+    MLX's fused attention nor the native softmax kernel takes a soft-cap.
+    Past SCORES_BLOCK_BYTES the query rows go in blocks, each against only
+    the keys it can see (up to its last row, from its first row's window),
+    evaluated before the next: a 4,096-token input to 16 heads would
+    otherwise hold 1 GB of scores per temporary."""
+    B, H, L, hd = q.shape
+    kv_heads = k.shape[1]
+    rep = H // kv_heads
+    if window is not None and window >= L:
+        window = None
+    # A kv head's query heads side by side: one matmul per kv head, no
+    # repeated keys (mlx-lm's Gemma 2 attention does the same).
+    q = (q * mx.array(scale, dtype=q.dtype)).reshape(B, kv_heads, rep, L, hd)
+    k, v = mx.expand_dims(k, 2), mx.expand_dims(v, 2)
+    blocks = query_blocks(q.reshape(B, H, L, hd), L)
+    outs = []
+    for start, end in blocks:
+        first = 0 if window is None else max(0, start - window + 1)
+        scores = (q[:, :, :, start:end] @ k[:, :, :, first:end].swapaxes(-1, -2)).astype(mx.float32)
+        if softcap is not None:
+            scores = mx.tanh(scores / softcap) * softcap
+        rows = mx.arange(start, end)[:, None]
+        cols = mx.arange(first, end)[None, :]
+        seen = cols <= rows
+        if window is not None:
+            seen = seen & (cols > rows - window)
+        scores = scores + mx.where(seen, 0.0, -1e9).astype(mx.float32)
+        out = (softmax(scores).astype(v.dtype) @ v[:, :, :, first:end]).reshape(B, H, end - start, hd)
+        if len(blocks) > 1:
+            with _graph_lock_released():
+                mx.eval(out)
+        outs.append(out)
+    return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
+
+
 class BandMask:
     """What a bidirectional decoder layer (EmbeddingGemma) lets a query see:
     the batch's real keys, and with ``half`` only those at most ``half``

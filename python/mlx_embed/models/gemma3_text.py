@@ -125,7 +125,7 @@ class _Encoder(nn.Module):
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = [_lm.TransformerBlock(args, i) for i in range(args.num_hidden_layers)]
         for layer in self.layers:
-            layer.mlp = _GeGLU(args.hidden_size, args.intermediate_size)
+            layer.mlp = GeGLU(args.hidden_size, args.intermediate_size)
         self.norm = _lm.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array) -> mx.array:
@@ -143,9 +143,10 @@ class _Encoder(nn.Module):
 
 
 @ops.packs_feed_forward
-class _GeGLU(_lm.MLP):
+class GeGLU(_lm.MLP):
     """mlx-lm's Gemma 3 feed-forward with its GeGLU through ``ops`` (the
-    native kernel on the CPU: MLX's compiled tanh runs one scalar at a time)."""
+    native kernel on the CPU: MLX's compiled tanh runs one scalar at a time).
+    Gemma 2's is the same network (gemma2.py uses this class)."""
 
     def __call__(self, x: mx.array) -> mx.array:
         return self.down_proj(ops.gelu_tanh_gated(self.gate_proj(x), self.up_proj(x)))

@@ -27,6 +27,7 @@ ARCHITECTURES = {
     "tiny-qwen2": ("reference_last_token_normalized.npy", "qwen2", "last", 64),
     "tiny-mistral": ("reference_last_token_normalized.npy", "mistral", "last", 64),
     "tiny-gemma3": ("reference_normalized.npy", "gemma3_text", "mean", 48),
+    "tiny-gemma2": ("reference_last_token_normalized.npy", "gemma2", "last", 48),
 }
 
 
@@ -210,6 +211,7 @@ def test_modernbert_mean_pooling_override(golden_texts):
         ("tiny-mistral", "query", "reference_query_normalized.npy"),
         ("tiny-gemma3", "query", "reference_query_normalized.npy"),
         ("tiny-gemma3", "document", "reference_document_normalized.npy"),
+        ("tiny-gemma2", "query", "reference_query_normalized.npy"),
     ],
 )
 def test_prompt_name_selects_the_prompt(folder, name, ref, golden_texts):
@@ -575,12 +577,95 @@ def test_mistral_4bit(golden_texts, tmp_path):
     assert np.abs(pre.embed(golden_texts) - got).max() <= 1e-6
 
 
+GEMMA2_WINDOW = 16  # tiny-gemma2's sliding_window
+
+
+def test_gemma2_texts_past_the_sliding_window(golden_texts):
+    """bge-multilingual-gemma2 style: the sliding layers' window is exact past
+    its length (most golden texts run past tiny-gemma2's 16 tokens; the
+    fixture's README: no window at all measures cosine 0.966, one token
+    wider 0.995), each text alone and in one padded batch, with and without
+    the query prompt."""
+    model = load_fixture("tiny-gemma2")
+    ref = _ref("tiny-gemma2", "reference_last_token_normalized.npy")
+    counts = model.count_tokens(golden_texts, prompt="")
+    past = [i for i, n in enumerate(counts) if n > GEMMA2_WINDOW]
+    assert len(past) >= 25 and any(n <= GEMMA2_WINDOW for n in counts)
+    assert_parity(model.embed([golden_texts[i] for i in past]), ref[past])
+    alone = np.concatenate([model.embed([golden_texts[i]]) for i in past])
+    assert_parity(alone, ref[past])
+    ref_q = _ref("tiny-gemma2", "reference_query_normalized.npy")
+    assert min(model.count_tokens(golden_texts, prompt_name="query")) > GEMMA2_WINDOW
+    assert_parity(np.concatenate([model.embed([t], prompt_name="query") for t in golden_texts]), ref_q)
+
+
+def test_gemma2_tokens_are_what_sentence_transformers_runs(golden_texts):
+    """Gemma 2's tokenizer adds <bos> and no <eos>, and sentence-transformers
+    appends none: the pooled token is the text's last (appending <eos>, as
+    the Qwen3 and Mistral defaults do, measured cosine -0.25 to the
+    reference)."""
+    model = load_fixture("tiny-gemma2")
+    ids, _ = model.encode(golden_texts)
+    assert all(row[0] == 2 and 1 not in row for row in ids)
+    assert model.tokenizer.token_id("<eos>") == 1
+
+
+def test_gemma2_instruction_is_the_query_prompt(golden_texts):
+    """A raw instruction in bge-multilingual-gemma2's `<instruct>{task}\n<query>`
+    form is the folder's query prompt."""
+    model = load_fixture("tiny-gemma2")
+    task = "Given a web search query, retrieve relevant passages that answer the query."
+    assert model.prompts["query"] == f"<instruct>{task}\n<query>" and model.default_prompt_name is None
+    assert_parity(model.embed(golden_texts, instruction=task), _ref("tiny-gemma2", "reference_query_normalized.npy"))
+
+
+@pytest.mark.parametrize("fast_ops", ["native", "mlx", "exact"])
+def test_gemma2_attention_in_query_blocks_matches_reference(fast_ops, golden_texts, monkeypatch, query_block_counts):
+    """Long inputs' attention in query blocks, each against only the keys it
+    sees (a sliding layer's from its first row's window on): blocks of 8
+    query rows give the reference vectors, on every ops path."""
+    from mlx_embed import ops
+
+    monkeypatch.setattr(ops, "SCORES_BLOCK_BYTES", 4 * 8 * MAX_LEN * 4)
+    model = mlx_embed.load(FIXTURES / "tiny-gemma2", fast_ops=fast_ops)
+    assert model.model.args.num_attention_heads == 4
+    assert_parity(model.embed(golden_texts), _ref("tiny-gemma2", "reference_last_token_normalized.npy"))
+    assert max(query_block_counts) >= 8
+
+
+def test_gemma2_transformers5_config(golden_texts, tmp_path):
+    """The config as transformers 5 writes it (rope_parameters, layer_types)
+    is the published one's model; other layer_types are read, not assumed."""
+    ref = _ref("tiny-gemma2", "reference_last_token_normalized.npy")
+    types = ["sliding_attention", "full_attention"] * 2
+    d = copy_fixture("tiny-gemma2", tmp_path / "t5", rope_theta=None, layer_types=types,
+                     rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    assert_parity(mlx_embed.load(d).embed(golden_texts), ref)
+    other = copy_fixture("tiny-gemma2", tmp_path / "full-first", layer_types=types[::-1])
+    got = mlx_embed.load(other).embed(golden_texts)
+    assert float((got * ref).sum(axis=1).min()) < 0.99
+
+
+def test_gemma2_half_precision_runs(golden_texts):
+    """bfloat16 weights (how the 9B checkpoint is run): the soft-capped
+    scores and softmax stay float32, the vectors near the reference."""
+    model = mlx_embed.load(FIXTURES / "tiny-gemma2", dtype="bfloat16")
+    got = model.embed(golden_texts)
+    cos = (got * _ref("tiny-gemma2", "reference_last_token_normalized.npy")).sum(axis=1)
+    assert np.isfinite(got).all() and cos.min() >= 0.99
+
+
 @pytest.mark.parametrize(
     "folder, edit, match",
     [
         ("tiny-gemma3", {"use_bidirectional_attention": False}, "use_bidirectional_attention"),
         ("tiny-qwen2", {"use_sliding_window": True}, "use_sliding_window"),
         ("tiny-mistral", {"hidden_act": "gelu"}, "hidden_act"),
+        ("tiny-gemma2", {"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+        ("tiny-gemma2", {"hidden_activation": "gelu"}, "hidden_activation"),
+        ("tiny-gemma2", {"sliding_window": None}, "sliding_window"),
+        ("tiny-gemma2", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling"),
+        ("tiny-gemma2", {"layer_types": ["sliding_attention"] * 3}, "layer_types"),
         ("tiny-mistral", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"),
         ("tiny-nomic-bert", {"rotary_scaling_factor": 2.0}, "rotary_scaling_factor"),
         ("tiny-nomic-bert", {"activation_function": "gelu"}, "activation_function"),
@@ -611,7 +696,8 @@ def test_unsupported_st_module_is_named(tmp_path):
         mlx_embed.load(d)
 
 
-@pytest.mark.parametrize("folder", ["tiny-qwen3", "tiny-qwen2", "tiny-mistral", "tiny-gemma3", "tiny-qwen3-reranker"])
+@pytest.mark.parametrize("folder", ["tiny-qwen3", "tiny-qwen2", "tiny-mistral", "tiny-gemma3", "tiny-gemma2",
+                                    "tiny-qwen3-reranker"])
 def test_loading_a_decoder_leaves_the_open_file_limit_alone(folder):
     """mlx-lm's package sets the open-file limit to (2048, 4096) when
     imported: a server of a decoder model could hold no more than 2,048

@@ -49,6 +49,7 @@ SUPPORTED = (
     "qwen2",
     "mistral",
     "qwen3",
+    "gemma2",
     "gemma3_text",
     "model2vec",
     "static_embedding",

@@ -23,6 +23,7 @@ SERVED = {
     "tiny-nomic-bert": ("reference_document_normalized.npy", 64),
     "tiny-qwen2": ("reference_last_token_normalized.npy", 64),
     "tiny-gemma3": ("reference_normalized.npy", 48),
+    "tiny-gemma2": ("reference_last_token_normalized.npy", 48),
     "tiny-mistral": ("reference_last_token_normalized.npy", 64),
     "tiny-distilbert": ("reference_mean_normalized.npy", 64),
     "tiny-camembert": ("reference_mean_normalized.npy", 64),

@@ -55,14 +55,15 @@ class ModelArgs:
 
 
 class Embeddings(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, dim: Optional[int] = None):
         super().__init__()
-        self.word_embeddings = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.position_embeddings = nn.Embedding(
-            args.max_position_embeddings, args.hidden_size
-        )
-        self.token_type_embeddings = nn.Embedding(args.type_vocab_size, args.hidden_size)
-        self.norm = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        # ``dim``: the tables' width where it is not the encoder's (ELECTRA's
+        # embedding_size, projected up to hidden_size after the norm).
+        dim = dim or args.hidden_size
+        self.word_embeddings = nn.Embedding(args.vocab_size, dim)
+        self.position_embeddings = nn.Embedding(args.max_position_embeddings, dim)
+        self.token_type_embeddings = nn.Embedding(args.type_vocab_size, dim)
+        self.norm = nn.LayerNorm(dim, eps=args.layer_norm_eps)
         # The position row of a sequence's first token (RoBERTa's start after
         # the padding index).
         self.first_position = 0
@@ -185,15 +186,7 @@ class Model(nn.Module):
         """Last hidden state [B, L, D]; ``attention_mask`` is 1 for real tokens,
         which come first in each row (padding at the end); ``token_type_ids``
         only for sentence pairs."""
-        # On the native path the embeddings are summed on the host and go to
-        # the encoder's one native call without an MLX evaluation between.
-        x = self.embeddings.on_host(input_ids, token_type_ids)
-        if x is None:
-            x = (
-                self.embeddings(input_ids)
-                if token_type_ids is None
-                else self.embeddings(input_ids, token_type_ids)
-            )
+        x = self.embed(input_ids, token_type_ids)
         mask = ops.KeyMask(attention_mask, mx.float32 if isinstance(x, np.ndarray) else x.dtype)
         fused = ops.post_ln_encoder(self.layers, x, mask)
         if fused is not None:
@@ -201,6 +194,20 @@ class Model(nn.Module):
         if isinstance(x, np.ndarray):
             x = mx.array(x)  # blocks the native call does not cover run one by one
         return ops.run_layers(self.layers, x, mask)
+
+    def embed(self, input_ids: mx.array, token_type_ids: Optional[mx.array] = None):
+        """The embedding layer's output [B, L, D]: a writable float32 NumPy
+        array on the native path (the embeddings are summed on the host and
+        go to the encoder's one native call without an MLX evaluation
+        between), else an MLX array."""
+        x = self.embeddings.on_host(input_ids, token_type_ids)
+        if x is None:
+            x = (
+                self.embeddings(input_ids)
+                if token_type_ids is None
+                else self.embeddings(input_ids, token_type_ids)
+            )
+        return x
 
     # Checkpoint name -> our name. Patterns are applied after stripping any
     # leading "bert." (BertForMaskedLM etc. wrap the encoder under it).

@@ -76,3 +76,40 @@ def test_a_sentence_transformers_6_cross_encoder_folder_embeds_when_asked(tmp_pa
     folder = _with_modules(tmp_path, [{**TRANSFORMER, "type": "sentence_transformers.base.modules.transformer.Transformer"}])
     model = mlx_embed.load(folder, kind="embedding", max_length=128)
     assert_parity(model.embed(golden_texts), REFERENCES["tiny-bert-reranker"])
+
+
+@pytest.mark.parametrize("arch", ["ElectraModel", "ElectraForPreTraining"])
+def test_a_bare_electra_model_folder_embeds(arch, tmp_path, golden_texts):
+    """model_type "electra" without a classifier (an ElectraModel folder, or
+    a discriminator as google/electra-*-discriminator saves it: the encoder
+    under "electra." beside discriminator_predictions) is an embedding model
+    on the same encoder: the reranker fixture's weights without its head
+    embed as SentenceTransformer embeds the reranker folder."""
+    import mlx.core as mx
+
+    src = FIXTURES / "tiny-electra-reranker"
+    folder = tmp_path / "electra"
+    folder.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(src / name, folder / name)
+    config = json.loads((src / "config.json").read_text())
+    config["architectures"] = [arch]
+    for key in ("id2label", "label2id"):
+        config.pop(key)
+    (folder / "config.json").write_text(json.dumps(config))
+    weights = mx.load(str(src / "model.safetensors"))
+    encoder = {k: w for k, w in weights.items() if k.startswith("electra.")}
+    assert "electra.embeddings_project.weight" in encoder
+    if arch == "ElectraModel":
+        encoder = {k[len("electra."):]: w for k, w in encoder.items()}
+    else:
+        encoder.update({
+            "discriminator_predictions.dense.weight": mx.zeros((32, 32)),
+            "discriminator_predictions.dense.bias": mx.zeros((32,)),
+            "discriminator_predictions.dense_prediction.weight": mx.zeros((1, 32)),
+            "discriminator_predictions.dense_prediction.bias": mx.zeros((1,)),
+        })
+    mx.save_safetensors(str(folder / "model.safetensors"), encoder)
+    model = mlx_embed.load(folder, max_length=128)
+    assert (model.kind, model.dim) == ("embedding", 32)
+    assert_parity(model.embed(golden_texts), REFERENCES["tiny-electra-reranker"])

@@ -31,6 +31,7 @@ MODERNBERT_RERANKER = os.path.join(FIXTURES, "tiny-modernbert-reranker")
 DISTILBERT_CLASSIFIER = os.path.join(FIXTURES, "tiny-distilbert-classifier")
 CAMEMBERT_RERANKER = os.path.join(FIXTURES, "tiny-camembert-reranker")
 MPNET_RERANKER = os.path.join(FIXTURES, "tiny-mpnet-reranker")
+ELECTRA_RERANKER = os.path.join(FIXTURES, "tiny-electra-reranker")
 QWEN3_ST6 = os.path.join(FIXTURES, "tiny-qwen3-reranker-st6")
 GOLDEN_TEXTS = os.path.join(FIXTURES, "golden", "minilm_texts.json")
 
@@ -79,7 +80,7 @@ def test_longest_first_matches_tokenizers(n1, n2, budget):
     assert truncate_pair_lengths(n1, n2, budget) == kept
 
 
-@pytest.mark.parametrize("folder", [BERT_RERANKER, BERT_CLASSIFIER, XLMR_RERANKER])
+@pytest.mark.parametrize("folder", [BERT_RERANKER, BERT_CLASSIFIER, XLMR_RERANKER, ELECTRA_RERANKER])
 @pytest.mark.parametrize("direction", ["right", "left"])
 def test_bert_pair_ids_match_tokenizers(folder, direction):
     """Pair ids and token types equal the tokenizers library's own pair
@@ -647,14 +648,65 @@ def test_camembert_and_mpnet_rerankers_match_reference(folder):
     assert_reranker_matches(model, folder)
 
 
+# ------------------------------------------------------------------ ELECTRA
+
+
+@pytest.mark.parametrize("fast_ops", ["native", "mlx", "exact"])
+def test_electra_reranker_matches_reference(fast_ops):
+    """ELECTRA cross-encoders (ms-marco-electra-base) were refused by name.
+    The fixture's embeddings are narrower than its encoder (16 -> 32 through
+    embeddings_project, after the embedding LayerNorm), its head is
+    out_proj(gelu(dense([CLS]))) and its pairs carry token types."""
+    model = _model(ELECTRA_RERANKER, fast_ops=fast_ops)
+    assert model.context.path == fast_ops
+    assert (model.kind, model.labels, model.dim) == ("reranker", ["LABEL_0"], 1)
+    assert model.encode_pairs([("q", "d")])[1] == [[0, 0, 0, 1, 1]]
+    assert_pairs_match_tokenizer(model, "tiny-electra-reranker")
+    logits = assert_reranker_matches(model, "tiny-electra-reranker")
+    print(f"max |diff| {np.abs(logits - np.load(os.path.join(ELECTRA_RERANKER, 'reference_pair_logits.npy'))).max():.2e}")
+
+
+def test_electra_of_one_width_has_no_projection():
+    """transformers builds embeddings_project only where embedding_size and
+    hidden_size differ (the base and large models have none): neither do we,
+    or a strict load of their checkpoints would miss its weights."""
+    from mlx_embed.models import electra
+
+    sizes = dict(hidden_size=32, num_attention_heads=4, intermediate_size=64, num_hidden_layers=1)
+    same = electra.Model(electra.ModelArgs(embedding_size=32, **sizes))
+    narrow = electra.Model(electra.ModelArgs(embedding_size=16, **sizes))
+    assert "embeddings_project" not in same and "embeddings_project" in narrow
+    assert same.embeddings.word_embeddings.weight.shape == (30522, 32)
+    assert narrow.embeddings.norm.weight.shape == (16,)
+
+
+@pytest.mark.parametrize("act", ["tanh", "gelu_approx"])
+def test_electra_head_activation_is_told_apart(act, monkeypatch):
+    """RoBERTa's tanh where ELECTRA has GELU, or the tanh-approximate GELU
+    for transformers' exact one, fails the references (README: off by 4.6
+    and 1.7e-3)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from mlx_embed.models import sequence_classification
+
+    fn = {"tanh": mx.tanh, "gelu_approx": nn.gelu_approx}[act]
+    monkeypatch.setattr(sequence_classification.ElectraHead, "__call__",
+                        lambda self, first: self.out_proj(fn(self.dense(first))))
+    model = mlx_embed.load(ELECTRA_RERANKER)
+    logits = model.score(_json(os.path.join(ELECTRA_RERANKER, "pairs.json")), raw_scores=True)
+    ref = np.load(os.path.join(ELECTRA_RERANKER, "reference_pair_logits.npy"))
+    assert np.abs(logits - ref).max() > 1e-3
+
+
 def test_unsupported_classifiers_are_refused(tmp_path):
     """A *ForSequenceClassification the engine has no head for is refused
     by name instead of loading as an embedding model without its head."""
-    electra = copy_fixture("tiny-bert-reranker", tmp_path / "electra",
-                           architectures=["ElectraForSequenceClassification"])
-    with pytest.raises(ValueError, match=r"ElectraForSequenceClassification is not a supported "
+    albert = copy_fixture("tiny-bert-reranker", tmp_path / "albert",
+                          architectures=["AlbertForSequenceClassification"])
+    with pytest.raises(ValueError, match=r"AlbertForSequenceClassification is not a supported "
                                          r"cross-encoder or classifier \(supported: Bert"):
-        mlx_embed.load(str(electra))
+        mlx_embed.load(str(albert))
     qwen3 = copy_fixture("tiny-qwen3", tmp_path / "qwen3-seq-cls",
                          architectures=["Qwen3ForSequenceClassification"])
     for name in ("modules.json", "1_Pooling"):

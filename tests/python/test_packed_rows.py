@@ -93,7 +93,8 @@ def test_packed_rows_on_every_architecture_that_packs(fixture, packs):
     assert float((got * want).sum(axis=1).min()) >= 0.99999
 
 
-@pytest.mark.parametrize("fixture", ["tiny-bert-reranker", "tiny-gte-reranker", "tiny-qwen3-reranker"])
+@pytest.mark.parametrize("fixture", ["tiny-bert-reranker", "tiny-gte-reranker", "tiny-qwen3-reranker",
+                                     "tiny-electra-reranker"])
 def test_packed_rows_score_pairs_with_token_types(fixture, packs):
     """A cross-encoder reads token types (the second segment 1): packed, the
     scores equal the padded path's."""

@@ -58,6 +58,7 @@ SUPPORTED = (
     "gte",
     "t5",
     "mt5",
+    "electra",
 )
 
 # model_type -> module name, where they differ. Static embedding bags

@@ -21,6 +21,9 @@ the first token's hidden state:
   ``model.``.
 * DistilBERT (``DistilBertForSequenceClassification``): ``classifier(relu(
   pre_classifier([CLS])))``; encoder under ``distilbert.``.
+* ELECTRA (``ElectraForSequenceClassification``, ms-marco-electra-base):
+  RoBERTa's head names with GELU for tanh, ``classifier.out_proj(gelu(
+  classifier.dense([CLS])))``; encoder under ``electra.``.
 
 The encoder underneath is the embedding architecture's own module, chosen by
 ``model_type``, so every encoder file gains classification without a copy.
@@ -57,6 +60,7 @@ ARCHITECTURES = {
     "JinaBertForSequenceClassification": ("jina_bert", "pooler", "bert."),
     "ModernBertForSequenceClassification": ("modernbert", "modernbert", "model."),
     "DistilBertForSequenceClassification": ("distilbert", "distilbert", "distilbert."),
+    "ElectraForSequenceClassification": ("electra", "electra", "electra."),
 }
 
 
@@ -153,6 +157,15 @@ class RobertaHead(nn.Module):
         return None
 
 
+class ElectraHead(RobertaHead):
+    """ELECTRA: out_proj(gelu(dense([CLS]))). transformers fixes the exact
+    (erf) GELU here whatever ``hidden_act`` says (ElectraClassificationHead:
+    ``get_activation("gelu")``, "it seems Electra authors used gelu here")."""
+
+    def __call__(self, first: mx.array) -> mx.array:
+        return self.out_proj(nn.gelu(self.dense(first)))
+
+
 class ContextPoolerHead(PoolerHead):
     """DeBERTa's ContextPooler: ``pooler_hidden_act`` (GELU by default, not
     tanh) of dense([CLS]), then the classifier; BERT's weight names."""
@@ -230,6 +243,7 @@ _HEADS = {
     "context_pooler": (ContextPoolerHead, _context_pooler),
     "modernbert": (ModernBertHead, ModernBertHead),
     "distilbert": (DistilBertHead, lambda a: DistilBertHead(a.hidden_size, a.num_labels)),
+    "electra": (ElectraHead, lambda a: ElectraHead(a.hidden_size, a.num_labels)),
 }
 
 

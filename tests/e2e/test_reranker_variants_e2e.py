@@ -4,11 +4,13 @@ Rust from the spec the Python model hands over.
 - a Qwen3 reranker as sentence-transformers 6 saves it (`LogitScore` with
   its own score tokens, `chat_template.jinja` with its own prompt), under a
   folder name that does not say "reranker";
-- CamemBERT and MPNet cross-encoders (RoBERTa's head) and an ELECTRA one
-  (GELU head, narrower embeddings projected up) as `--model`s.
+- CamemBERT and MPNet cross-encoders (RoBERTa's head), an ELECTRA one
+  (GELU head, narrower embeddings projected up) and a Qwen3 sequence
+  classifier (Qwen3-Reranker-*-seq-cls: the tokenizer's pair encoding, the
+  score at the last token) as `--model`s.
 
 References: tests/fixtures/tiny-qwen3-reranker-st6, tiny-camembert-reranker,
-tiny-mpnet-reranker and tiny-electra-reranker (their READMEs; transformers in
+tiny-mpnet-reranker, tiny-electra-reranker and tiny-qwen3-seq-cls (their READMEs; transformers in
 float64)."""
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ import pytest
 from harness import FIXTURES, start_server
 
 ST6 = FIXTURES / "tiny-qwen3-reranker-st6"
-ENCODERS = ("tiny-camembert-reranker", "tiny-mpnet-reranker", "tiny-electra-reranker")
+ENCODERS = ("tiny-camembert-reranker", "tiny-mpnet-reranker", "tiny-electra-reranker",
+            "tiny-qwen3-seq-cls")
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +65,7 @@ def test_st6_qwen3_reranker_scores_with_its_tokens_and_prompt(server):
 
 
 @pytest.mark.parametrize("name", ENCODERS)
-def test_encoder_cross_encoders(server, name):
+def test_sequence_classification_cross_encoders(server, name):
     pairs = json.loads((FIXTURES / name / "pairs.json").read_text())
     logits = np.load(FIXTURES / name / "reference_pair_logits.npy")[:, 0]
     np.testing.assert_allclose(_raw(server, name, pairs), logits, rtol=1e-5, atol=1e-5)

@@ -33,6 +33,7 @@ CAMEMBERT_RERANKER = os.path.join(FIXTURES, "tiny-camembert-reranker")
 MPNET_RERANKER = os.path.join(FIXTURES, "tiny-mpnet-reranker")
 ELECTRA_RERANKER = os.path.join(FIXTURES, "tiny-electra-reranker")
 QWEN3_ST6 = os.path.join(FIXTURES, "tiny-qwen3-reranker-st6")
+QWEN3_SEQ_CLS = os.path.join(FIXTURES, "tiny-qwen3-seq-cls")
 GOLDEN_TEXTS = os.path.join(FIXTURES, "golden", "minilm_texts.json")
 
 
@@ -707,16 +708,16 @@ def test_unsupported_classifiers_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"AlbertForSequenceClassification is not a supported "
                                          r"cross-encoder or classifier \(supported: Bert"):
         mlx_embed.load(str(albert))
-    qwen3 = copy_fixture("tiny-qwen3", tmp_path / "qwen3-seq-cls",
-                         architectures=["Qwen3ForSequenceClassification"])
+    qwen2 = copy_fixture("tiny-qwen2", tmp_path / "qwen2-seq-cls",
+                         architectures=["Qwen2ForSequenceClassification"])
     for name in ("modules.json", "1_Pooling"):
-        path = qwen3 / name
+        path = qwen2 / name
         if path.is_dir():
             shutil.rmtree(path)
         elif path.exists():
             path.unlink()
-    with pytest.raises(ValueError, match="Qwen3ForSequenceClassification is not a supported"):
-        mlx_embed.load(str(qwen3))
+    with pytest.raises(ValueError, match="Qwen2ForSequenceClassification is not a supported"):
+        mlx_embed.load(str(qwen2))
 
 
 def test_a_pair_type_the_model_has_no_row_for_is_refused_at_load(tmp_path):
@@ -879,3 +880,68 @@ def test_a_template_pair_has_its_whole_renders_ids_and_keeps_its_tail(tmp_path):
                       add_special_tokens=False).ids
     assert len(cut) == model.max_length < before[0]
     assert cut[-len(tail):] == tail
+
+
+# ------------------- Qwen3ForSequenceClassification (Qwen3-Reranker-*-seq-cls)
+
+
+def test_qwen3_seq_cls_matches_reference():
+    """tiny-qwen3-reranker converted as Qwen3-Reranker-*-seq-cls are (score =
+    lm_head[yes] - lm_head[no]): its pair is the tokenizer's pair encoding,
+    query ids then document ids with no special token and no EOS, cut
+    longest-first (8 pairs are), and the score is read at the last token,
+    as transformers and sentence-transformers' CrossEncoder do."""
+    model = _model(QWEN3_SEQ_CLS)
+    assert (model.kind, model.labels, model.dim) == ("reranker", ["LABEL_0"], 1)
+    p = model.spec().tokenizer.pair
+    assert (p.prefix_ids, p.middle_ids, p.suffix_ids, p.template) == ([], [], [], None)
+    assert_pairs_match_tokenizer(model, "tiny-qwen3-seq-cls", max_len=256)
+    assert_reranker_matches(model, "tiny-qwen3-seq-cls")
+
+
+def test_qwen3_seq_cls_scores_the_last_token_that_is_not_the_pad_id(tmp_path):
+    """transformers scores the rightmost token that is not pad_token_id: a
+    text that ends with the pad token's text (<|endoftext|>, the pad id) is
+    scored before it, one that holds it inside at its last token."""
+    pairs = _json(os.path.join(QWEN3_SEQ_CLS, "pad_pairs.json"))
+    ref = np.load(os.path.join(QWEN3_SEQ_CLS, "reference_pad_logits.npy"))
+    model = _model(QWEN3_SEQ_CLS)
+    _assert_logits(model.score(pairs, raw_scores=True), ref)
+    for i, pair in enumerate(pairs):
+        _assert_logits(model.score([pair], raw_scores=True), ref[i : i + 1])
+    # The fixture tells the rule from the last real token's: without a pad
+    # id (transformers then takes the last position) the pairs that end
+    # with it score otherwise, the others the same.
+    folder = copy_fixture("tiny-qwen3-seq-cls", tmp_path / "no-pad-id", pad_token_id=None)
+    last = mlx_embed.load(str(folder)).score(pairs, raw_scores=True)
+    assert np.abs(last[[0, 2]] - ref[[0, 2]]).min() > 0.1
+    _assert_logits(last[[1, 4]], ref[[1, 4]])
+
+
+def test_qwen3_seq_cls_as_a_three_label_classifier(tmp_path):
+    """The same backbone with three score rows (num_labels 3, id2label):
+    a classifier whose logits are transformers' own, a cut pair's too."""
+    import mlx.core as mx
+
+    labels = ["negative", "neutral", "positive"]
+    folder = copy_fixture("tiny-qwen3-seq-cls", tmp_path / "classifier", num_labels=3,
+                          id2label={str(i): v for i, v in enumerate(labels)},
+                          label2id={v: i for i, v in enumerate(labels)})
+    weights = mx.load(str(folder / "model.safetensors"))
+    weights["score.weight"] = mx.array(np.load(os.path.join(QWEN3_SEQ_CLS, "classifier_score.npy")))
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    model = mlx_embed.load(str(folder))
+    assert (model.kind, model.labels, model.dim) == ("classifier", labels, 3)
+    pairs = _json(os.path.join(QWEN3_SEQ_CLS, "pairs.json"))
+    ref = np.load(os.path.join(QWEN3_SEQ_CLS, "reference_classifier_logits.npy"))
+    _assert_logits(model.predict(pairs, raw_scores=True), ref)
+    # Pair 41: the over-long query, both sides cut.
+    _assert_logits(model.predict([pairs[41]], raw_scores=True), ref[41:42])
+    with pytest.raises(ValueError, match="3-label classifier; a reranker has one label"):
+        mlx_embed.load(str(folder), kind="reranker")
+
+
+def test_qwen3_seq_cls_as_an_embedding_model_drops_the_score():
+    model = mlx_embed.load(QWEN3_SEQ_CLS, kind="embedding")
+    assert (model.kind, model.dim) == ("embedding", 64)
+    assert model.embed(["a text"]).shape == (1, 64)

@@ -127,6 +127,13 @@ fn xlmr_pairs_match_tokenizers() {
 }
 
 #[test]
+fn qwen3_seq_cls_pairs_match_tokenizers() {
+    // Qwen's byte-level post-processor adds no special token and no EOS to a
+    // pair: the query's ids, then the document's (typed 1, which Qwen3 never reads).
+    check_segments("tiny-qwen3-seq-cls", (0, 1));
+}
+
+#[test]
 fn template_pairs_wrap_the_prompt() {
     let folder = "tiny-qwen3-reranker";
     let path = fixture(folder).join("tokenizer.json");

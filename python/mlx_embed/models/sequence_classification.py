@@ -24,6 +24,11 @@ the first token's hidden state:
 * ELECTRA (``ElectraForSequenceClassification``, ms-marco-electra-base):
   RoBERTa's head names with GELU for tanh, ``classifier.out_proj(gelu(
   classifier.dense([CLS])))``; encoder under ``electra.``.
+* Qwen3 (``Qwen3ForSequenceClassification``, transformers' generic head for
+  decoders; Qwen3-Reranker-*-seq-cls, whose one ``score`` row is the yes/no
+  reranker's ``lm_head[yes] - lm_head[no]``): ``score`` (no bias) on the
+  state of the last token that is not ``pad_token_id`` (:func:`last_token`);
+  decoder under ``model.``.
 
 The encoder underneath is the embedding architecture's own module, chosen by
 ``model_type``, so every encoder file gains classification without a copy.
@@ -61,6 +66,7 @@ ARCHITECTURES = {
     "ModernBertForSequenceClassification": ("modernbert", "modernbert", "model."),
     "DistilBertForSequenceClassification": ("distilbert", "distilbert", "distilbert."),
     "ElectraForSequenceClassification": ("electra", "electra", "electra."),
+    "Qwen3ForSequenceClassification": ("qwen3", "decoder", "model."),
 }
 
 
@@ -235,6 +241,48 @@ class DistilBertHead(nn.Module):
         return name if name.startswith(("pre_classifier.", "classifier.")) else None
 
 
+class DecoderScoreHead(nn.Module):
+    """transformers' ``GenericForSequenceClassification`` (Qwen3): ``score``,
+    a Linear without bias, on the last token's state (:func:`last_token`).
+    transformers applies it at every position and then picks one; picking
+    first is the same product."""
+
+    # Model.__call__ reads it: the head takes the last token, not the first.
+    last_token = True
+
+    def __init__(self, hidden: int, num_labels: int):
+        super().__init__()
+        self.score = nn.Linear(hidden, num_labels, bias=False)
+
+    def __call__(self, last: mx.array) -> mx.array:
+        return self.score(last)
+
+    @staticmethod
+    def rename(name: str) -> Optional[str]:
+        return name if name.startswith("score.") else None
+
+
+def last_token(input_ids: mx.array, attention_mask: mx.array, pad_id: Optional[int]) -> mx.array:
+    """Each right-padded row's scored position, as transformers' generic
+    decoder head chooses it on the row alone: the rightmost token that is not
+    ``pad_id`` (so an input that holds the pad token, as text that writes
+    ``<|endoftext|>`` does, is scored before it), position 0 when every token
+    is ``pad_id``; the last token where the config has no pad id (transformers
+    takes position -1 then, and refuses batches, which would hold padding)."""
+    keep = attention_mask.astype(mx.bool_)
+    if pad_id is not None:
+        keep = mx.logical_and(keep, input_ids != pad_id)
+    positions = mx.arange(input_ids.shape[1], dtype=mx.int32)
+    return mx.max(mx.where(keep, positions, 0), axis=1)
+
+
+def _pad_token_id(config: dict) -> Optional[int]:
+    pad = config.get("pad_token_id")
+    if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int)):
+        raise ValueError(f"config.json pad_token_id must be an integer or null, got {pad!r}")
+    return pad
+
+
 # Head style -> its class (whose ``rename`` tells its weights' names) and
 # how to build it from the classifier's ModelArgs.
 _HEADS = {
@@ -244,6 +292,7 @@ _HEADS = {
     "modernbert": (ModernBertHead, ModernBertHead),
     "distilbert": (DistilBertHead, lambda a: DistilBertHead(a.hidden_size, a.num_labels)),
     "electra": (ElectraHead, lambda a: ElectraHead(a.hidden_size, a.num_labels)),
+    "decoder": (DecoderScoreHead, lambda a: DecoderScoreHead(a.hidden_size, a.num_labels)),
 }
 
 
@@ -270,6 +319,8 @@ class Model(nn.Module):
         arch = importlib.import_module(f"{__package__}.{module}")
         self.encoder = arch.Model(arch.ModelArgs.from_dict(args.config))
         self.head = _HEADS[style][1](args)
+        # The token the decoder head scores is found by the pad id (last_token).
+        self._pad_id = _pad_token_id(args.config) if getattr(self.head, "last_token", False) else None
         # Whether pairs carry token types to the encoder (ModernBERT and
         # DistilBERT have no type table; the engine then sends none).
         self.reads_type_ids = reads_type_ids(self.encoder)
@@ -301,6 +352,9 @@ class Model(nn.Module):
             h = self.encoder(input_ids, attention_mask)
         else:
             h = self.encoder(input_ids, attention_mask, token_type_ids)
+        if getattr(self.head, "last_token", False):
+            at = last_token(input_ids, attention_mask, self._pad_id)
+            return self.head(mx.take_along_axis(h, at[:, None, None], axis=1)[:, 0])
         if getattr(self.head, "mean_pooling", False):
             m = attention_mask.astype(h.dtype)[..., None]
             return self.head((h * m).sum(axis=1) / m.sum(axis=1))

@@ -152,6 +152,12 @@ class EmbeddingModel(ScoringMixin):
             rr = reranker_prompt.from_folder(
                 rr, ck.path, ck.tokenizer_files or ck.path, self.tokenizer.added_tokens()
             )
+        elif self.kind != "embedding":
+            # A sequence-classification cross-encoder's folder may write its
+            # pair into a chat template, as sentence-transformers 6 does.
+            rr = reranker_prompt.cross_encoder_prompt(
+                ck.path, ck.tokenizer_files or ck.path, self.tokenizer.added_tokens()
+            )
         # Scorers that read vocabulary rows (yes/no rerankers) resolve them
         # with the folder's tokenizer.
         bind = getattr(self.model, "bind_tokenizer", None)

@@ -17,6 +17,11 @@ scores with them:
 A chat template that renders neither role (Qwen's own chat template, in the
 original Qwen3-Reranker folders) leaves the card's prompt.
 
+A sequence-classification cross-encoder has no card prompt: sentence-transformers
+6 encodes its pair with the tokenizer's pair encoding, unless the folder's chat
+template renders both roles and its Transformer module may take chat
+messages (:func:`cross_encoder_prompt`).
+
 The template is rendered once at load, with marker strings for the
 instruction, the query and the document, and turned into the engine's pair
 template (``spec.PairSpec``): the prefix is the prompt up to its last added
@@ -92,6 +97,37 @@ def from_folder(card: RerankerPrompt, folder: str, tokenizer_files: str,
         if parts is not None:
             prompt = dataclasses.replace(prompt, **parts)
     return prompt
+
+
+def cross_encoder_prompt(folder: str, tokenizer_files: str,
+                         added_tokens: list[str]) -> Optional[RerankerPrompt]:
+    """The prompt a sequence-classification cross-encoder's pair is written
+    into, or None for the tokenizer's own pair encoding; as
+    sentence-transformers 6.2's ``CrossEncoder.predict`` decides it:
+
+    * it renders a pair through the folder's chat template, as a ``query``
+      and a ``document`` message, where the template renders both roles;
+    * unless the folder's ``sentence_bert_config.json`` pins the text
+      modality (``modality_config`` without ``message``): ``CrossEncoder``
+      writes that when it saves a classifier, and then never renders;
+    * a template that renders neither role (Qwen3's own) makes
+      sentence-transformers 6.2 refuse the pair; it runs here as the
+      tokenizer's pair encoding, as sentence-transformers 5 and vLLM encode
+      it (tokenizer(query, document))."""
+    bert_cfg = read_json(os.path.join(folder, st_modules.transformer_subfolder(folder) or "",
+                                      "sentence_bert_config.json"))
+    modality = bert_cfg.get("modality_config") if isinstance(bert_cfg, dict) else None
+    if isinstance(modality, dict) and "message" not in modality:
+        return None
+    source = chat_template(tokenizer_files) or chat_template(folder)
+    if source is None:
+        return None
+    parts = pair_prompt(source, added_tokens, _special_token_values(tokenizer_files))
+    if parts is None:
+        log.info("%s: the chat template renders no query/document role: pairs take the "
+                 "tokenizer's pair encoding", folder)
+        return None
+    return RerankerPrompt(**parts)
 
 
 def chat_template(folder: str) -> Optional[str]:

@@ -941,6 +941,46 @@ def test_qwen3_seq_cls_as_a_three_label_classifier(tmp_path):
         mlx_embed.load(str(folder), kind="reranker")
 
 
+def _card_template() -> str:
+    return _json(os.path.join(QWEN3_RERANKER, "tokenizer_config.json"))["chat_template"]
+
+
+def test_qwen3_seq_cls_writes_a_pair_into_a_chat_template_with_its_roles(tmp_path):
+    """sentence-transformers 6.2 renders a cross-encoder's pair through the
+    folder's chat template where it renders the query and document roles
+    (the card's prompt here: the scores are then tiny-qwen3-reranker's);
+    a folder it saved pins the text modality and never renders; a template
+    without the roles (Qwen3's own) leaves the tokenizer's pair encoding."""
+    folder = tmp_path / "templated"
+    shutil.copytree(QWEN3_SEQ_CLS, folder)
+    (folder / "chat_template.jinja").write_text(_card_template())
+    model = mlx_embed.load(str(folder))
+    assert model.spec().tokenizer.pair.template == (
+        "user\n<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
+    )
+    pairs = _json(os.path.join(QWEN3_SEQ_CLS, "template_pairs.json"))
+    _assert_logits(model.score(pairs, raw_scores=True),
+                   np.load(os.path.join(QWEN3_SEQ_CLS, "reference_template_logits.npy")))
+
+    plain = np.load(os.path.join(QWEN3_SEQ_CLS, "reference_pair_logits.npy"))
+    all_pairs = _json(os.path.join(QWEN3_SEQ_CLS, "pairs.json"))
+    for name in os.listdir(os.path.join(QWEN3_SEQ_CLS, "st6-saved")):
+        shutil.copy(os.path.join(QWEN3_SEQ_CLS, "st6-saved", name), folder / name)
+    saved = mlx_embed.load(str(folder))
+    assert saved.kind == "reranker" and saved.spec().tokenizer.pair.template is None
+    _assert_logits(saved.score(all_pairs, raw_scores=True), plain)
+
+    roleless = tmp_path / "roleless"
+    shutil.copytree(QWEN3_SEQ_CLS, roleless)
+    (roleless / "chat_template.jinja").write_text(
+        "{% for m in messages %}{% if m.role == 'user' %}<|im_start|>user\n{{ m.content }}<|im_end|>\n"
+        "{% endif %}{% endfor %}"
+    )
+    model = mlx_embed.load(str(roleless))
+    assert model.spec().tokenizer.pair.template is None
+    _assert_logits(model.score(all_pairs[:8], raw_scores=True), plain[:8])
+
+
 def test_qwen3_seq_cls_as_an_embedding_model_drops_the_score():
     model = mlx_embed.load(QWEN3_SEQ_CLS, kind="embedding")
     assert (model.kind, model.dim) == ("embedding", 64)

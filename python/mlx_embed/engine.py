@@ -34,8 +34,8 @@ from .scheduler import Scheduler
 from .scoring import ScoringMixin
 from .spec import EmbedResult, ModelSpec, TokenizerSpec
 from .tokenization import (
-    TextTokenizer, check_direction, prompt_in_effect, read_tokenizer, resolve_prompt, truncation_side,
-    with_prompt,
+    TextTokenizer, check_direction, flag_specials, prompt_in_effect, read_tokenizer, resolve_prompt,
+    truncation_side, with_prompt,
 )
 
 log = logging.getLogger("mlx_embed")
@@ -119,7 +119,8 @@ class EmbeddingModel(ScoringMixin):
         )
         self._template: Optional[str] = ck.defaults.get("instruction_template")
         # The end an input loses when a call names none: the folder's own.
-        self.truncation_side = truncation_side(ck.tokenizer_files or os.path.dirname(ck.tokenizer_path))
+        tokenizer_folder = ck.tokenizer_files or os.path.dirname(ck.tokenizer_path)
+        self.truncation_side = truncation_side(tokenizer_folder)
         self._type_vocab_size = int(ck.config.get("type_vocab_size") or 1)
 
         append: Sequence[int] = ()
@@ -133,7 +134,7 @@ class EmbeddingModel(ScoringMixin):
             special_tokens=ck.defaults.get("special_tokens", True),
             drop_unknown=ck.defaults.get("drop_unknown", False),
             truncate_chars=ck.defaults.get("truncate_chars", False),
-            lowercase=ck.head.lowercase,
+            lowercase=ck.head.lowercase, flag_specials=flag_specials(tokenizer_folder),
         )
         # Whether an input may run with no tokens at all (its vector is what
         # the pooling makes of nothing: zeros for the mean).

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence
 
 from tokenizers import Tokenizer, normalizers
@@ -56,9 +57,12 @@ class TextTokenizer:
         drop_unknown: bool = False,
         truncate_chars: bool = False,
         lowercase: bool = False,
+        flag_specials: Optional["FlagSpecials"] = None,
     ):
         """``special_tokens=False``: no prefix or suffix, whatever the
         post-processor would add (static embeddings encode without them).
+        ``flag_specials``: what :func:`flag_specials` found; refused unless
+        the post-processor puts the same tokens around a text.
         ``drop_unknown``: the unknown token is left out of every input after
         truncation, ``truncate_chars``: a text is cut to ``max_length`` x the
         vocabulary's median token length in characters before it is
@@ -92,6 +96,8 @@ class TextTokenizer:
         else:
             self.prefix = full[:i]
             self.suffix = full[i + len(content) :]
+        if flag_specials is not None and special_tokens:
+            flag_specials.check(tok, self.prefix, self.suffix)
         # Decoder embedders (Qwen3-Embedding) pool the last token and expect it
         # to be EOS; older tokenizer.json files do not append it themselves.
         if append_ids and self.suffix[-len(append_ids):] != list(append_ids):
@@ -251,18 +257,35 @@ def unknown_id(tok: Tokenizer) -> Optional[int]:
     return int(unk) if isinstance(unk, int) else None
 
 
+# sentence_bert_config.json keys whose object sentence-transformers passes to
+# the tokenizer as keyword arguments, over tokenizer_config.json. It renames
+# the old one over the new (tokenizer_args replaces processor_kwargs when both
+# are there), so the first one present is the one that counts.
+ST_TOKENIZER_KEYS = ("tokenizer_args", "processor_kwargs")
+
+
+def st_tokenizer_kwargs(folder: str) -> tuple[str, dict]:
+    """What sentence-transformers passes to the folder's tokenizer from its
+    ``sentence_bert_config.json`` (see :data:`ST_TOKENIZER_KEYS`), and where
+    it says so; ``("", {})`` when nothing."""
+    st = read_json(os.path.join(folder, "sentence_bert_config.json")) if folder else None
+    if isinstance(st, dict):
+        for key in ST_TOKENIZER_KEYS:
+            if key in st:
+                value = st[key]
+                return f"sentence_bert_config.json {key}", value if isinstance(value, dict) else {}
+    return "", {}
+
+
 def truncation_side(folder: str) -> str:
     """The end a folder's tokenizer cuts an over-long input from, as
-    transformers and sentence-transformers cut: ``sentence_bert_config.json``'s
-    ``tokenizer_args`` or ``processor_kwargs`` (which sentence-transformers
-    passes to the tokenizer, over its own config), else
+    transformers and sentence-transformers cut: what sentence-transformers
+    passes to the tokenizer (:func:`st_tokenizer_kwargs`), else
     ``tokenizer_config.json``'s ``truncation_side``, else right."""
     if not folder:
         return "right"
-    st = read_json(os.path.join(folder, "sentence_bert_config.json"))
-    found = [(f"sentence_bert_config.json {key}", st[key]["truncation_side"])
-             for key in ("processor_kwargs", "tokenizer_args")
-             if isinstance(st, dict) and isinstance(st.get(key), dict) and "truncation_side" in st[key]]
+    where, kwargs = st_tokenizer_kwargs(folder)
+    found = [(where, kwargs["truncation_side"])] if "truncation_side" in kwargs else []
     cfg = read_json(os.path.join(folder, "tokenizer_config.json"))
     if isinstance(cfg, dict) and "truncation_side" in cfg:
         found.append(("tokenizer_config.json", cfg["truncation_side"]))
@@ -272,6 +295,82 @@ def truncation_side(folder: str) -> str:
     if side not in TRUNCATION_DIRECTIONS:
         raise ValueError(f"{folder}/{where}: truncation_side must be 'right' or 'left', got {side!r}")
     return side
+
+
+SPECIAL_FLAGS = (("add_bos_token", "bos_token"), ("add_eos_token", "eos_token"))
+
+
+@dataclass(frozen=True)
+class FlagSpecials:
+    """``add_bos_token`` / ``add_eos_token`` as sentence-transformers passes
+    them to the tokenizer: the tokens they put around a text (None: that end
+    gets none) and the file that says so."""
+
+    bos: Optional[str]
+    eos: Optional[str]
+    where: str
+
+    def check(self, tok: Tokenizer, prefix: list[int], suffix: list[int]) -> None:
+        """Refuse the folder unless tokenizer.json's template already puts
+        these tokens around a text. Where the two differ, the ids
+        sentence-transformers runs depend on the tokenizer class transformers
+        picks: ``TokenizersBackend`` and the classes that keep its template
+        (Llama, Gemma, Qwen2) rebuild it from the flags
+        (``update_post_processor``), the one not passed counting as false (so
+        ``{"add_eos_token": true}`` alone drops a Mistral folder's ``<s>``);
+        BERT, XLM-RoBERTa, RoBERTa and T5 put their own template over both."""
+        ids = []
+        for token in (self.bos, self.eos):
+            token_id = tok.token_to_id(token) if token else None
+            if token and token_id is None:
+                raise ValueError(f"{self.where}: the special token {token!r} is not in the tokenizer's vocabulary")
+            ids.append([token_id] if token_id is not None else [])
+        if (ids[0], ids[1]) != (list(prefix), list(suffix)):
+            raise ValueError(
+                f"{self.where}: add_bos_token / add_eos_token put {ids[0]} before and {ids[1]} after each "
+                f"text, but tokenizer.json's template puts {list(prefix)} and {list(suffix)}: "
+                "transformers rebuilds the template from these flags for some tokenizer classes "
+                "and not for others, which is not supported here (leave the flags out, or make "
+                "tokenizer.json's template agree with them)"
+            )
+
+
+def flag_specials(folder: str) -> Optional[FlagSpecials]:
+    """The special-token flags sentence-transformers passes to this folder's
+    tokenizer (:func:`st_tokenizer_kwargs`), None when it passes neither.
+
+    Only those flags count: transformers 5 drops ``add_bos_token`` and
+    ``add_eos_token`` from tokenizer_config.json whenever the folder has a
+    tokenizer.json (``PreTrainedTokenizerBase._from_pretrained``), whatever
+    the tokenizer class, so tokenizer.json's template is what runs there
+    even where the two disagree (tests/python/test_special_flags.py). Flags
+    a caller passes are kept (:meth:`FlagSpecials.check`). A token named
+    null (Qwen2's ``bos_token``) turns its flag off, as there; one named
+    nowhere would be the tokenizer class's default, which this does not
+    guess: refused. Tokens are read as transformers reads them: the
+    caller's, then special_tokens_map.json (only when tokenizer_config.json
+    has no ``added_tokens_decoder``), then tokenizer_config.json."""
+    where, kwargs = st_tokenizer_kwargs(folder)
+    if not any(flag in kwargs for flag, _ in SPECIAL_FLAGS):
+        return None
+    where = f"{folder}/{where}"
+    cfg = read_json(os.path.join(folder, "tokenizer_config.json"))
+    cfg = cfg if isinstance(cfg, dict) else {}
+    legacy = None if "added_tokens_decoder" in cfg else read_json(os.path.join(folder, "special_tokens_map.json"))
+    tokens: list[Optional[str]] = []
+    for flag, key in SPECIAL_FLAGS:
+        if not kwargs.get(flag):
+            tokens.append(None)
+            continue
+        source = next((s for s in (kwargs, legacy, cfg) if isinstance(s, dict) and key in s), None)
+        if source is None:
+            raise ValueError(
+                f"{where}: {flag} is set but no file names the {key} (tokenizer_config.json, "
+                "special_tokens_map.json): transformers would take its tokenizer class's default"
+            )
+        token = source[key]
+        tokens.append(token.get("content") if isinstance(token, dict) else token)
+    return FlagSpecials(tokens[0], tokens[1], where)
 
 
 def check_direction(direction: str) -> str:

@@ -105,20 +105,25 @@ def cross_encoder_prompt(folder: str, tokenizer_files: str,
     into, or None for the tokenizer's own pair encoding; as
     sentence-transformers 6.2's ``CrossEncoder.predict`` decides it:
 
-    * it renders a pair through the folder's chat template, as a ``query``
-      and a ``document`` message, where the template renders both roles;
-    * unless the folder's ``sentence_bert_config.json`` pins the text
-      modality (``modality_config`` without ``message``): ``CrossEncoder``
-      writes that when it saves a classifier, and then never renders;
+    * in a folder sentence-transformers saved (one with ``modules.json``), it
+      renders a pair through the chat template only where
+      ``sentence_bert_config.json``'s ``modality_config`` has ``message``:
+      one without ``modality_config`` (or without the file) was saved before
+      chat messages existed and reads as text only (``Transformer.load_config``);
+      ``CrossEncoder`` writes a text-only one when it saves a classifier;
+    * in a plain transformers folder it renders through the chat template
+      wherever the template renders the ``query`` and ``document`` roles (a
+      stray ``sentence_bert_config.json`` there is not read);
     * a template that renders neither role (Qwen3's own) makes
       sentence-transformers 6.2 refuse the pair; it runs here as the
       tokenizer's pair encoding, as sentence-transformers 5 and vLLM encode
       it (tokenizer(query, document))."""
-    bert_cfg = read_json(os.path.join(folder, st_modules.transformer_subfolder(folder) or "",
-                                      "sentence_bert_config.json"))
-    modality = bert_cfg.get("modality_config") if isinstance(bert_cfg, dict) else None
-    if isinstance(modality, dict) and "message" not in modality:
-        return None
+    if os.path.isfile(os.path.join(folder, "modules.json")):
+        bert_cfg = read_json(os.path.join(folder, st_modules.transformer_subfolder(folder) or "",
+                                          "sentence_bert_config.json"))
+        modality = bert_cfg.get("modality_config") if isinstance(bert_cfg, dict) else None
+        if not (isinstance(modality, dict) and "message" in modality):
+            return None
     source = chat_template(tokenizer_files) or chat_template(folder)
     if source is None:
         return None

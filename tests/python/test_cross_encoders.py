@@ -981,6 +981,35 @@ def test_qwen3_seq_cls_writes_a_pair_into_a_chat_template_with_its_roles(tmp_pat
     _assert_logits(model.score(all_pairs[:8], raw_scores=True), plain[:8])
 
 
+def test_a_cross_encoder_reads_its_modality_only_where_sentence_transformers_saved_it(tmp_path):
+    """sentence-transformers 6.2 reads sentence_bert_config.json only beside
+    a modules.json: there a missing modality_config is text only (a folder
+    saved before chat messages), so the pair takes the tokenizer's pair
+    encoding; without modules.json the file is not read and the template's
+    roles decide."""
+    plain = np.load(os.path.join(QWEN3_SEQ_CLS, "reference_pair_logits.npy"))
+    pairs = _json(os.path.join(QWEN3_SEQ_CLS, "pairs.json"))[:8]
+    old_save = tmp_path / "saved-without-modality"
+    shutil.copytree(QWEN3_SEQ_CLS, old_save)
+    (old_save / "chat_template.jinja").write_text(_card_template())
+    shutil.copy(os.path.join(QWEN3_SEQ_CLS, "st6-saved", "modules.json"), old_save / "modules.json")
+    (old_save / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": 256, "transformer_task": "sequence-classification"}))
+    model = mlx_embed.load(str(old_save))
+    assert model.spec().tokenizer.pair.template is None
+    _assert_logits(model.score(pairs, raw_scores=True), plain[:8])
+
+    stray = tmp_path / "stray-config"
+    shutil.copytree(QWEN3_SEQ_CLS, stray)
+    (stray / "chat_template.jinja").write_text(_card_template())
+    shutil.copy(os.path.join(QWEN3_SEQ_CLS, "st6-saved", "sentence_bert_config.json"),
+                stray / "sentence_bert_config.json")
+    model = mlx_embed.load(str(stray))
+    assert model.spec().tokenizer.pair.template is not None
+    _assert_logits(model.score(_json(os.path.join(QWEN3_SEQ_CLS, "template_pairs.json")), raw_scores=True),
+                   np.load(os.path.join(QWEN3_SEQ_CLS, "reference_template_logits.npy")))
+
+
 def test_qwen3_seq_cls_as_an_embedding_model_drops_the_score():
     model = mlx_embed.load(QWEN3_SEQ_CLS, kind="embedding")
     assert (model.kind, model.dim) == ("embedding", 64)

@@ -29,7 +29,7 @@ from . import _blas, device, lexical, loading, ops, precision, reranker_prompt, 
 from .errors import InputTooLong, InvalidInput, check_switches
 from .loading import DEFAULT_MODEL_NAME, DEFAULT_MODEL_NAMES, default_model_path  # noqa: F401  (re-exported)
 from .models import reads_type_ids
-from .pairs import template_spec
+from .pairs import segment_spec, template_spec
 from .scheduler import Scheduler
 from .scoring import ScoringMixin
 from .spec import EmbedResult, ModelSpec, TokenizerSpec
@@ -148,8 +148,11 @@ class EmbeddingModel(ScoringMixin):
         # Decoder rerankers write a pair into their prompt instead of the
         # tokenizer's pair template: the model card's, unless the folder
         # states its own (reranker_prompt.py).
-        rr = getattr(ck.module, "RERANKER_DEFAULTS", None)
-        if rr is not None:
+        rr, own = None, False
+        prompt_for = getattr(ck.module, "prompt_for", None)
+        if prompt_for is not None:
+            rr, own = prompt_for(ck.model_type, ck.path)
+        if own:
             rr = reranker_prompt.from_folder(
                 rr, ck.path, ck.tokenizer_files or ck.path, self.tokenizer.added_tokens()
             )
@@ -164,7 +167,9 @@ class EmbeddingModel(ScoringMixin):
         bind = getattr(self.model, "bind_tokenizer", None)
         if bind is not None:
             bind(self.tokenizer.token_id, rr)
-        if rr is not None:
+        if rr is not None and rr.template is None:
+            self.tokenizer.pair = segment_spec(read_tokenizer(ck.tokenizer_path), rr)
+        elif rr is not None:
             self.tokenizer.pair = template_spec(
                 read_tokenizer(ck.tokenizer_path), prefix=rr.prefix, suffix=rr.suffix,
                 template=rr.template, default_instruction=rr.default_instruction,

@@ -318,7 +318,7 @@ class Checkpoint:
     multi_label: bool = False
     # SPLADE: ``dim == vocab_size`` vectors, non-negative and mostly zero.
     sparse: bool = False
-    # The built model's module (its RERANKER_DEFAULTS etc.).
+    # The built model's module (a decoder reranker's prompt_for() etc.).
     module: Optional[ModuleType] = None
     # Seconds per loading stage, for the startup log.
     timings: dict[str, float] = field(default_factory=dict)

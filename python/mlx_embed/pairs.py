@@ -42,6 +42,28 @@ def template_spec(
     )
 
 
+def _piece_ids(tokenizer: Tokenizer, text) -> list:
+    """A prompt's ids: a string encoded whole, a tuple's pieces each on
+    their own (without special tokens)."""
+    pieces = (text,) if isinstance(text, str) else tuple(text)
+    return [i for p in pieces if p for i in tokenizer.encode(p, add_special_tokens=False).ids]
+
+
+def segment_spec(tokenizer: Tokenizer, prompt) -> PairSpec:
+    """A segment pair spec from a template-less ``RerankerPrompt``
+    (mxbai-rerank v2): its prefix, middle and suffix as ids, its query and
+    document prompts and its cut."""
+    return PairSpec(
+        prefix_ids=_piece_ids(tokenizer, prompt.prefix),
+        middle_ids=_piece_ids(tokenizer, prompt.middle),
+        suffix_ids=_piece_ids(tokenizer, prompt.suffix),
+        query_prompt=prompt.query_prompt,
+        document_prompt=prompt.document_prompt,
+        instruction_prompt=prompt.instruction_prompt,
+        query_share=tuple(prompt.query_share) if prompt.query_share is not None else None,
+    )
+
+
 def format_pair(spec: PairSpec, query: str, document: str, instruction: Optional[str] = None) -> str:
     """The pair text of a template-style spec. One pass over the template,
     not ``str.format`` or chained replaces: a query may itself contain braces
@@ -78,6 +100,27 @@ def truncate_pair_lengths(n1: int, n2: int, budget: int) -> tuple[int, int]:
         n1 = budget // 2
         n2 = n1 + budget % 2
     return (n2, n1) if swap else (n1, n2)
+
+
+def query_first_lengths(n1: int, n2: int, budget: int, middle: int, share: tuple[int, int]) -> tuple[int, int]:
+    """Content lengths kept by mxbai-rerank v2's cut: the query (its
+    prompt included) keeps at most ``(budget + middle) * n // d`` tokens
+    (the library's ``max_length * 3 // 4``, its ``max_length`` counting the
+    separator between query and document), the document what is left."""
+    num, den = share
+    n1 = min(n1, (budget + middle) * num // den, budget)
+    return n1, min(n2, budget - n1)
+
+
+def segment_prompts(spec: PairSpec, instruction: Optional[str]) -> tuple[str, str]:
+    """The text written before a segment pair's query and its document."""
+    query = spec.query_prompt or ""
+    if instruction is not None and spec.instruction_prompt is None:
+        raise InvalidInput("instructions are only defined for prompt-template rerankers")
+    if instruction:
+        # An empty one is none, as the mxbai-rerank library reads it.
+        query = spec.instruction_prompt.replace("{instruction}", instruction) + query
+    return query, spec.document_prompt or ""
 
 
 def cut_document_start(content: list, frame: list, budget: int) -> list:
@@ -164,16 +207,18 @@ class PairEncoder:
                     cut[k] = cut_document_start(contents[k], frame, self.max_content)
             ids = [s.prefix_ids + c + s.suffix_ids for c in cut]
             return ids, None, [len(c) + self.n_special for c in contents]
-        if instruction is not None:
-            raise InvalidInput("instructions are only defined for prompt-template rerankers")
-
-        enc = self._contents([x for q, d in pairs for x in (q, d)])
+        qp, dp = segment_prompts(s, instruction)
+        enc = self._contents([x for q, d in pairs for x in (qp + q, dp + d)])
         ids, before = [], []
         types: Optional[list] = [] if self.type_ids else None
         for k in range(len(pairs)):
             a, b = enc[2 * k], enc[2 * k + 1]
             before.append(len(a) + len(b) + self.n_special)
-            n1, n2 = truncate_pair_lengths(len(a), len(b), self.max_content)
+            if s.query_share is None:
+                n1, n2 = truncate_pair_lengths(len(a), len(b), self.max_content)
+            else:
+                n1, n2 = query_first_lengths(len(a), len(b), self.max_content, len(s.middle_ids),
+                                             s.query_share)
             a, b = _cut(a, n1, left), _cut(b, n2, left)
             ids.append(s.prefix_ids + a + s.middle_ids + b + s.suffix_ids)
             if types is not None:

@@ -3,7 +3,7 @@
 A yes/no reranker (Qwen3-Reranker) writes a (query, document) pair into a
 chat prompt and scores two vocabulary tokens' logits at the last position.
 Its model file holds the model card's prompt and tokens
-(``RERANKER_DEFAULTS``). A folder saved by sentence-transformers 6 may state
+(``models/decoder_reranker.py``: ``CARDS``). A folder saved by sentence-transformers 6 may state
 its own, and then they win, because sentence-transformers' CrossEncoder
 scores with them:
 
@@ -66,11 +66,13 @@ class RerankerPrompt:
     which logits score it."""
 
     # Text around the pair, encoded on its own (as the model card does) and
-    # placed before/after the encoded pair text.
-    prefix: str
-    suffix: str
-    # The pair text; "{instruction}", "{query}" and "{document}" are replaced.
-    template: str
+    # placed before/after the encoded pair text; a tuple's pieces are each
+    # encoded on their own and their ids joined (mxbai-rerank v2's library).
+    prefix: Union[str, tuple]
+    suffix: Union[str, tuple]
+    # The pair text; "{instruction}", "{query}" and "{document}" are
+    # replaced. None: the query and the document are encoded apart (below).
+    template: Optional[str]
     # None: the prompt has no instruction slot.
     default_instruction: Optional[str]
     # The tokens whose logit difference is the score: a vocabulary word, or
@@ -78,6 +80,16 @@ class RerankerPrompt:
     # token's logit alone.
     true_token: Union[str, int] = "yes"
     false_token: Union[str, int, None] = "no"
+    # No template (mxbai-rerank v2): query_prompt + query and document_prompt
+    # + document encoded apart, ``middle``'s ids between them;
+    # instruction_prompt goes before the query's prompt when a call gives an
+    # instruction; the cut keeps the query to query_share of the room
+    # (spec.PairSpec).
+    middle: Union[str, tuple] = ""
+    query_prompt: Optional[str] = None
+    document_prompt: Optional[str] = None
+    instruction_prompt: Optional[str] = None
+    query_share: Optional[tuple] = None
 
 
 def from_folder(card: RerankerPrompt, folder: str, tokenizer_files: str,
@@ -95,7 +107,10 @@ def from_folder(card: RerankerPrompt, folder: str, tokenizer_files: str,
     if source is not None:
         parts = pair_prompt(source, added_tokens, _special_token_values(tokenizer_files))
         if parts is not None:
-            prompt = dataclasses.replace(prompt, **parts)
+            # The template's prompt whole: none of a segment card's pieces stay.
+            prompt = dataclasses.replace(prompt, **parts, middle="", query_prompt=None,
+                                         document_prompt=None, instruction_prompt=None,
+                                         query_share=None)
     return prompt
 
 

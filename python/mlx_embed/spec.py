@@ -26,7 +26,17 @@ class PairSpec:
     ``template`` with ``{instruction}`` (``default_instruction`` unless the
     request gives one), ``{query}`` and ``{document}`` replaced in one pass;
     that text is encoded without specials, truncated like a single text and
-    wrapped as ``prefix_ids + text + suffix_ids`` (``middle_ids`` is empty)."""
+    wrapped as ``prefix_ids + text + suffix_ids`` (``middle_ids`` is empty).
+
+    Segments may carry text prompts (mxbai-rerank v2, whose library encodes
+    ``"query: " + q`` and ``"document: " + d`` apart and joins the ids):
+    ``query_prompt`` and ``document_prompt`` are written before each text and
+    encoded with it; ``instruction_prompt`` (its ``{instruction}`` replaced)
+    goes before ``query_prompt`` when a call gives an instruction (segments
+    without it take none). ``query_share`` ``(n, d)`` replaces
+    ``longest_first``: the query keeps at most ``(budget + len(middle_ids))
+    * n // d`` tokens and the document what the budget leaves
+    (:func:`mlx_embed.pairs.query_first_lengths`)."""
 
     prefix_ids: list[int]
     middle_ids: list[int]
@@ -35,6 +45,10 @@ class PairSpec:
     second_type_id: int = 0
     template: Optional[str] = None
     default_instruction: Optional[str] = None
+    query_prompt: Optional[str] = None
+    document_prompt: Optional[str] = None
+    instruction_prompt: Optional[str] = None
+    query_share: Optional[tuple[int, int]] = None
 
 
 @dataclass(frozen=True)

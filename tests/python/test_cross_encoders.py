@@ -788,12 +788,12 @@ def test_qwen3_st6_true_token_alone_and_bad_ids(tmp_path):
 
 
 def test_a_logit_score_folder_on_another_decoder_is_refused(tmp_path):
-    folder = tmp_path / "qwen2-logit-score"
-    shutil.copytree(os.path.join(FIXTURES, "tiny-qwen2"), folder)
+    folder = tmp_path / "mistral-logit-score"
+    shutil.copytree(os.path.join(FIXTURES, "tiny-mistral"), folder)
     shutil.copytree(os.path.join(QWEN3_ST6, "1_LogitScore"), folder / "1_LogitScore")
     shutil.copy(os.path.join(QWEN3_ST6, "modules.json"), folder / "modules.json")
-    with pytest.raises(ValueError, match="LogitScore reranker on model_type 'qwen2'; yes/no "
-                                         "rerankers are supported on qwen3"):
+    with pytest.raises(ValueError, match="LogitScore reranker on model_type 'mistral'; yes/no "
+                                         "rerankers are supported on qwen3, qwen2"):
         mlx_embed.load(str(folder))
 
 

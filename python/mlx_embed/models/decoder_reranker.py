@@ -1,48 +1,49 @@
-"""Qwen3 decoder as a yes/no reranker (Qwen3-Reranker).
+"""Causal decoders as yes/no rerankers: Qwen3-Reranker (Qwen3) and
+mixedbread's mxbai-rerank-base/large-v2 (Qwen2).
 
-A causal LM reads one prompt holding the instruction, the query and the
-document, and the relevance is the log-odds of its next token being "yes"
-rather than "no": ``logit[yes] - logit[no]`` at the last position, as
-sentence-transformers' ``LogitScore`` and the model card compute it (the
-model card's ``softmax([no, yes])[1]`` is the sigmoid of that difference).
-Only the two vocabulary rows are ever multiplied, not the whole LM head.
+A causal LM reads one prompt holding the query and the document (and an
+instruction), and the relevance is the log-odds of its next token being the
+"true" token rather than the "false" one: ``logit[true] - logit[false]`` at
+the last position, as sentence-transformers' ``LogitScore``, the
+Qwen3-Reranker model card (``yes``/``no``; its ``softmax([no, yes])[1]`` is
+the sigmoid of that difference) and the mxbai-rerank library (``1``/``0``,
+its raw score) compute it. Only those vocabulary rows of the LM head are
+kept and multiplied, not the whole head.
 
-The transformer is mlx-lm's ``Qwen3Model`` as in ``qwen3.py``; right padding
-is exact for the same reason (causal attention never looks ahead), and the
-score is read at each row's last real token.
+The backbone is the decoder's own embedding module's (``qwen3.py``,
+``qwen2.py``: mlx-lm's transformer with this engine's kernels, config checks
+and packing); right padding is exact for the same reason as there (causal
+attention never looks ahead), and the score is read at each row's last real
+token. Each decoder has a default prompt, its reranker's card
+(:data:`CARDS`); a folder's own (sentence-transformers 6's ``LogitScore`` and
+chat template) replaces it (``reranker_prompt.py``), except in a folder
+named as an mxbai-rerank v2 model, which is scored as that library scores it.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import re
 from typing import Callable, Optional, Union
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from .. import ops
-from ..reranker_prompt import RerankerPrompt
-from . import DECODER_SIBLINGS, mlx_lm_model, qwen3
+from .. import ops, st_modules
+from ..reranker_prompt import RerankerPrompt, chat_template
+from . import DECODER_SIBLINGS, qwen2, qwen3
 
-_lm = mlx_lm_model("qwen3")
+log = logging.getLogger("mlx_embed")
 
-# The attention's softmax by the native kernel on the CPU, long inputs in
-# query blocks (ops.engine_attention); the feed-forward's SiLU by the native
-# kernel on the CPU (ops.native_swiglu).
-ops.engine_attention(_lm)
-ops.native_swiglu(_lm)
-# Its feed-forward on each pass's real tokens where the engine packs rows.
-ops.packs_feed_forward(_lm.MLP)
-# A pass may be evaluated after each block (ops.EvaluationPoints).
-ops.layer_boundary(_lm.TransformerBlock)
+# config.json model_type -> the decoder module whose backbone scores.
+DECODERS = {"qwen3": qwen3, "qwen2": qwen2}
 
 # Queries/keys/values and gate/up as one matmul each (sibling_linears.py).
 JOINED_LINEARS = DECODER_SIBLINGS
 
-
-# The Qwen3-Reranker model card's prompt, verbatim; a folder's own
-# (sentence-transformers 6's LogitScore and chat template) replaces it
-# (reranker_prompt.py).
-RERANKER_DEFAULTS = RerankerPrompt(
+# The Qwen3-Reranker model card's prompt, verbatim.
+QWEN3_RERANKER = RerankerPrompt(
     prefix=(
         "<|im_start|>system\nJudge whether the Document meets the requirements based on "
         'the Query and the Instruct provided. Note that the answer can only be "yes" or '
@@ -55,17 +56,88 @@ RERANKER_DEFAULTS = RerankerPrompt(
     ),
 )
 
+# mxbai-rerank v2 as the mxbai-rerank library (0.1.6, MxbaiRerankV2) builds
+# its input: each piece tokenized on its own, without special tokens, and the
+# ids joined: chat prefix + ("instruction: {i}\n" when given + "query: {q}",
+# cut to 3/4 of max_length) + "\n" + ("document: {d}", cut to what is left)
+# + "\n" + task prompt + chat suffix; no padding on the right (it pads left),
+# the score logit("1") - logit("0") at the last position.
+MXBAI_TASK = (
+    "You are a search relevance expert who evaluates how well documents match search queries. "
+    "For each query-document pair, carefully analyze the semantic relationship between them, "
+    "then provide your binary relevance judgment (0 for not relevant, 1 for relevant).\nRelevance:"
+)
+MXBAI_RERANK_V2 = RerankerPrompt(
+    prefix=("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+            "assistant.<|im_end|>\n<|im_start|>user\n",),
+    middle=("\n",),
+    suffix=("\n", MXBAI_TASK, "<|im_end|>\n<|im_start|>assistant\n"),
+    template=None,
+    default_instruction=None,
+    query_prompt="query: ",
+    document_prompt="document: ",
+    instruction_prompt="instruction: {instruction}\n",
+    query_share=(3, 4),
+    true_token="1",
+    false_token="0",
+)
 
-class ModelArgs(qwen3.ModelArgs):
-    """Qwen3's, with its refusals (sliding-window attention)."""
+# Each decoder's default prompt: its reranker's card.
+CARDS = {"qwen3": QWEN3_RERANKER, "qwen2": MXBAI_RERANK_V2}
+
+# mixedbread-ai/mxbai-rerank-base-v2, -large-v2 and folders named after them
+# (conversions, the Hugging Face cache's models--mixedbread-ai--...).
+_MXBAI_V2_NAME = re.compile(r"mxbai-rerank-[a-z0-9]+-v2", re.IGNORECASE)
+
+
+def folder_name(path: str) -> str:
+    """A folder's model name: its own, or the Hugging Face cache's repo name."""
+    full = os.path.abspath(path).rstrip("/")
+    m = re.search(r"models--[^/]+?--([^/]+)/snapshots/[^/]+/?$", full)
+    return m.group(1) if m else os.path.basename(full)
+
+
+def named_mxbai_v2(path: str) -> bool:
+    return bool(_MXBAI_V2_NAME.search(folder_name(path)))
+
+
+def prompt_for(model_type: str, path: str) -> tuple[RerankerPrompt, bool]:
+    """The default prompt of a ``model_type`` reranker at ``path``, and
+    whether the folder's own prompt and tokens (``reranker_prompt.from_folder``)
+    may replace it: not for a folder named as mxbai-rerank v2, which the
+    mxbai-rerank library scores with its own whatever the folder carries."""
+    if model_type == "qwen2" and named_mxbai_v2(path):
+        ignored = [what for what, there in (
+            ("LogitScore", st_modules.read_logit_score(path) is not None),
+            ("chat template", chat_template(path) is not None),
+        ) if there]
+        if ignored:
+            log.info("%s: an mxbai-rerank v2 folder is scored with the mxbai-rerank library's prompt "
+                     "and tokens; its %s is not read", path, " and ".join(ignored))
+        return MXBAI_RERANK_V2, False
+    return CARDS[model_type], True
+
+
+class ModelArgs:
+    """The decoder's own arguments (and its refusals: sliding windows, ...)."""
+
+    @classmethod
+    def from_dict(cls, params: dict):
+        model_type = params.get("model_type")
+        if model_type not in DECODERS:
+            raise ValueError(
+                f"yes/no rerankers are supported on {', '.join(DECODERS)}, not model_type {model_type!r}"
+            )
+        return DECODERS[model_type].ModelArgs.from_dict(params)
 
 
 class Model(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args):
         super().__init__()
         self.args = args
         self.model_type = args.model_type
-        self.model = _lm.Qwen3Model(args)
+        # The embedding module's backbone (Qwen3Model, Qwen2Model).
+        self.model = DECODERS[args.model_type].Model(args).model
         if not args.tie_word_embeddings:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         # Plain ints, not a tuple: an nn.Module stores tuples as children.
@@ -85,9 +157,7 @@ class Model(nn.Module):
     def labels(self) -> list:
         return ["score"]
 
-    def bind_tokenizer(
-        self, token_id: Callable[[str], Optional[int]], prompt: RerankerPrompt = RERANKER_DEFAULTS
-    ) -> None:
+    def bind_tokenizer(self, token_id: Callable[[str], Optional[int]], prompt: RerankerPrompt) -> None:
         """Resolve the prompt's true/false tokens (words with the folder's
         tokenizer, or ids); called once after the weights are loaded. Keeps
         only their rows of the LM head (a 4B model's untied head is 1.5 GB
@@ -111,11 +181,11 @@ class Model(nn.Module):
         if isinstance(token, str):
             found = token_id(token)
             if found is None:
-                raise ValueError(f"qwen3 reranker: the tokenizer has no single token for {token!r}")
+                raise ValueError(f"{self.model_type} reranker: the tokenizer has no single token for {token!r}")
             return int(found)
         if not 0 <= token < self.args.vocab_size:
             raise ValueError(
-                f"qwen3 reranker: score token id {token} is outside the vocabulary "
+                f"{self.model_type} reranker: score token id {token} is outside the vocabulary "
                 f"(0..{self.args.vocab_size - 1})"
             )
         return int(token)
@@ -129,7 +199,7 @@ class Model(nn.Module):
         """logit(true) - logit(false) (or logit(true) alone) at each row's
         last real token, [B, 1]."""
         if self._yes_id is None:
-            raise RuntimeError("qwen3 reranker: bind_tokenizer() was not called")
+            raise RuntimeError(f"{self.model_type} reranker: bind_tokenizer() was not called")
         with ops.packed_feed_forwards(ops.KeyMask(attention_mask, mx.float32)):
             h = self.model(input_ids)
         last = attention_mask.astype(mx.int32).sum(axis=1) - 1

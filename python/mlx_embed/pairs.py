@@ -76,6 +76,14 @@ def format_pair(spec: PairSpec, query: str, document: str, instruction: Optional
     return _FIELD.sub(lambda m: values[m.group(1)], spec.template)
 
 
+def pairs_only(spec: Optional[PairSpec]) -> bool:
+    """A decoder reranker's spec (a template, or prompted segments) has no
+    meaning for a lone text."""
+    return spec is not None and (
+        spec.template is not None or spec.query_prompt is not None or spec.query_share is not None
+    )
+
+
 def uses_type_ids(spec: PairSpec) -> bool:
     return spec.template is None and (spec.first_type_id != 0 or spec.second_type_id != 0)
 

@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from .errors import InputTooLong, InvalidInput, check_switches
-from .pairs import PairEncoder
+from .pairs import PairEncoder, pairs_only
 
 
 def activate(logits: np.ndarray, multi_label: bool = False) -> np.ndarray:
@@ -156,7 +156,7 @@ class ScoringMixin:
         if not all(singles) and not all(isinstance(x, (tuple, list)) and len(x) == 2 for x in inputs):
             raise TypeError("inputs must be a list of texts or of (text, text) pairs")
         if inputs and all(singles):
-            if self.tokenizer.pair is not None and self.tokenizer.pair.template is not None:
+            if pairs_only(self.tokenizer.pair):
                 raise InvalidInput(f"{self.name} scores (query, document) pairs, not single texts")
             ids, _ = self.encode(inputs, truncate=truncate, truncation_direction=truncation_direction)
             logits, _ = self.scheduler.run(ids)

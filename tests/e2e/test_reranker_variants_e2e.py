@@ -7,10 +7,15 @@ Rust from the spec the Python model hands over.
 - CamemBERT and MPNet cross-encoders (RoBERTa's head), an ELECTRA one
   (GELU head, narrower embeddings projected up) and a Qwen3 sequence
   classifier (Qwen3-Reranker-*-seq-cls: the tokenizer's pair encoding, the
-  score at the last token) as `--model`s.
+  score at the last token) as `--model`s;
+- an mxbai-rerank v2 model (Qwen2, "1"/"0"), in a folder named as
+  mixedbread-ai/mxbai-rerank-base-v2 is, as a `--model`: the query and the
+  document encoded apart with their prompts, the query kept to 3/4 of the
+  room, as its library does.
 
 References: tests/fixtures/tiny-qwen3-reranker-st6, tiny-camembert-reranker,
-tiny-mpnet-reranker, tiny-electra-reranker and tiny-qwen3-seq-cls (their READMEs; transformers in
+tiny-mpnet-reranker, tiny-electra-reranker and tiny-qwen3-seq-cls (their READMEs;
+transformers in float64); tiny-mxbai-rerank-v2 (the mxbai-rerank library's ids and scores,
 float64)."""
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from harness import FIXTURES, start_server
 ST6 = FIXTURES / "tiny-qwen3-reranker-st6"
 ENCODERS = ("tiny-camembert-reranker", "tiny-mpnet-reranker", "tiny-electra-reranker",
             "tiny-qwen3-seq-cls")
+MXBAI = FIXTURES / "tiny-mxbai-rerank-v2"
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +39,10 @@ def server(tmp_path_factory):
     root = tmp_path_factory.mktemp("variants")
     finetune = root / "my-finetune"
     shutil.copytree(ST6, finetune)
+    mxbai = root / "mxbai-rerank-base-v2"
+    shutil.copytree(MXBAI, mxbai)
     srv = start_server(
-        root, "--model", ",".join(str(FIXTURES / name) for name in ENCODERS),
+        root, "--model", ",".join([*(str(FIXTURES / name) for name in ENCODERS), str(mxbai)]),
         "--rerank-model", str(finetune), "--no-warmup",
     )
     yield srv
@@ -80,3 +88,28 @@ def test_sequence_classification_cross_encoders(server, name):
     assert [x["index"] for x in results] == sorted(range(len(idx)), key=lambda k: -float(scores[idx[k]]))
     for x in results:
         assert abs(x["relevance_score"] - float(scores[idx[x["index"]]])) <= 1e-5
+
+
+def test_mxbai_rerank_v2_scores_and_ranks_as_its_library(server):
+    pairs = json.loads((MXBAI / "pairs.json").read_text())
+    logits = np.load(MXBAI / "reference_pair_logits.npy")[:, 0]
+    # float32 against the library's float64 (tests/python/test_mxbai_rerank.py).
+    np.testing.assert_allclose(_raw(server, "mxbai-rerank-base-v2", pairs), logits, rtol=0, atol=5e-5)
+    scores = np.load(MXBAI / "reference_pair_scores.npy")
+    for query in {q for q, _ in pairs}:
+        idx = [i for i, (q, _) in enumerate(pairs) if q == query]
+        if len(idx) < 4:
+            continue
+        r = server.post("/v1/rerank", {"model": "mxbai-rerank-base-v2", "query": query,
+                                       "documents": [pairs[i][1] for i in idx]})
+        assert r.status_code == 200, r.text
+        results = r.json()["results"]
+        assert [x["index"] for x in results] == sorted(range(len(idx)), key=lambda k: -float(logits[idx[k]]))
+        for x in results:
+            assert abs(x["relevance_score"] - float(scores[idx[x["index"]]])) <= 1.25e-5
+    # The token count includes the prompt: the library's 128 + its 192 fixed tokens.
+    info = {m["model_id"]: m for m in server.get("/info").json()["models"]}["mxbai-rerank-base-v2"]
+    assert (info["kind"], info["max_input_tokens"]) == ("reranker", 320)
+    # A lone text has no meaning for it.
+    r = server.post("/predict", {"model": "mxbai-rerank-base-v2", "inputs": ["just a text"]})
+    assert r.status_code in (400, 422), r.text

@@ -193,8 +193,8 @@ fn check_counting(folder: Option<&Path>) -> (usize, usize) {
     let (mut compared, mut left_out) = (0, 0);
     if let Some(pair) = &tokenizer.spec().pair {
         compared += check_pairs(folder, &name, &tokenizer, &texts);
-        if pair.template.is_some() {
-            // A prompt-template reranker scores pairs only: a lone text has no encoding.
+        if pair.pairs_only() {
+            // A decoder reranker scores pairs only: a lone text has no encoding.
             return (compared, left_out);
         }
     }

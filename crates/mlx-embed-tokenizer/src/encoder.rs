@@ -9,7 +9,7 @@ use mlx_embed_core::{
 };
 use tokenizers::Tokenizer;
 
-use crate::pair::{cut, cut_document_start, truncate_pair_lengths};
+use crate::pair::{cut, cut_document_start};
 use crate::{PairSpec, TokenizerError, TokenizerSpec};
 
 /// A model's tokenizer with its prompts, specials and length limit.
@@ -319,14 +319,23 @@ impl HfTokenizer {
                 pool_start: 0,
             });
         }
-        if options.prompt != Prompt::Default {
-            return Err(EmbedderError::invalid_input(
-                "prompts do not apply to query/document pairs of this model",
-            ));
-        }
+        let instruction = match &options.prompt {
+            Prompt::Default => None,
+            Prompt::Raw(instruction) if pair.instruction_prompt.is_some() => {
+                Some(instruction.as_str())
+            }
+            _ => {
+                return Err(EmbedderError::invalid_input(
+                    "prompts do not apply to query/document pairs of this model",
+                ))
+            }
+        };
         let query = match known_query {
             Some(ids) => ids,
-            None => &self.encode_text(query, "")?,
+            None => {
+                let prefix = pair.query_prefix(instruction).unwrap_or_default();
+                &self.encode_text(query, &prefix)?
+            }
         };
         self.segment_pair(pair, query, document, direction, budget)
     }
@@ -343,9 +352,9 @@ impl HfTokenizer {
         budget: usize,
     ) -> Result<Encoded, EmbedderError> {
         let specials = pair.specials();
-        let b = self.encode_text(document, "")?;
+        let b = self.encode_text(document, pair.document_prompt.as_deref().unwrap_or(""))?;
         let untruncated_len = u32::try_from(query.len() + b.len() + specials).unwrap_or(u32::MAX);
-        let (n1, n2) = truncate_pair_lengths(query.len(), b.len(), budget);
+        let (n1, n2) = pair.segment_lengths(query.len(), b.len(), budget);
         let (a, b) = (cut(query, n1, direction), cut(&b, n2, direction));
         let mut ids = Vec::with_capacity(a.len() + b.len() + specials);
         ids.extend_from_slice(&pair.prefix_ids);
@@ -367,12 +376,10 @@ impl HfTokenizer {
         })
     }
 
-    /// A prompt-template reranker has no meaning for a lone text.
+    /// A decoder reranker (a prompt template, or prompted segments) has no
+    /// meaning for a lone text.
     fn takes_pairs_only(&self) -> bool {
-        self.spec
-            .pair
-            .as_ref()
-            .is_some_and(|p| p.template.is_some())
+        self.spec.pair.as_ref().is_some_and(PairSpec::pairs_only)
     }
 
     fn special(&self, id: u32) -> TokenSpan {
@@ -584,9 +591,13 @@ impl Tokenize for HfTokenizer {
                 EmbedInput::Pair { query, document } if shared => {
                     let ids = match queries.entry(query.as_str()) {
                         Entry::Occupied(known) => known.into_mut(),
-                        Entry::Vacant(slot) => {
-                            slot.insert(self.encode_text(query, "").map_err(|e| (i, e))?)
-                        }
+                        Entry::Vacant(slot) => slot.insert(
+                            self.encode_text(
+                                query,
+                                pair.and_then(|p| p.query_prompt.as_deref()).unwrap_or(""),
+                            )
+                            .map_err(|e| (i, e))?,
+                        ),
                     };
                     self.encode_pair(query, document, options, max_length, Some(ids))
                 }

@@ -33,6 +33,19 @@ pub struct PairSpec {
     pub template: Option<String>,
     /// What `{instruction}` becomes.
     pub default_instruction: Option<String>,
+    /// Segments: text written before the query and encoded with it
+    /// (mxbai-rerank v2's `"query: "`: its library encodes each side apart).
+    pub query_prompt: Option<String>,
+    /// Segments: text written before the document and encoded with it.
+    pub document_prompt: Option<String>,
+    /// Segments: with a request's instruction, this text with
+    /// `{instruction}` replaced goes before `query_prompt`; without it a
+    /// segment pair takes no instruction.
+    pub instruction_prompt: Option<String>,
+    /// Segments: `(n, d)` replaces `longest_first` by
+    /// [`query_first_lengths`]: the query keeps at most `(budget +
+    /// middle) * n / d` tokens, the document what is left.
+    pub query_share: Option<(usize, usize)>,
 }
 
 impl PairSpec {
@@ -41,9 +54,40 @@ impl PairSpec {
         self.prefix_ids.len() + self.middle_ids.len() + self.suffix_ids.len()
     }
 
+    /// A decoder reranker's spec (a template, or prompted segments) has no
+    /// meaning for a lone text.
+    pub fn pairs_only(&self) -> bool {
+        self.template.is_some() || self.query_prompt.is_some() || self.query_share.is_some()
+    }
+
     /// Whether the model takes token types (BERT), so pairs carry them.
     pub fn uses_type_ids(&self) -> bool {
         self.template.is_none() && (self.first_type_id != 0 || self.second_type_id != 0)
+    }
+
+    /// The text before a segment pair's query: the instruction's (a
+    /// non-empty one, as the mxbai-rerank library reads it) and the query's
+    /// prompt; None when an instruction is given to a spec that takes none.
+    pub fn query_prefix(&self, instruction: Option<&str>) -> Option<String> {
+        let prompt = self.query_prompt.as_deref().unwrap_or("");
+        match (instruction, self.instruction_prompt.as_deref()) {
+            (None, _) => Some(prompt.to_owned()),
+            (Some(_), None) => None,
+            (Some(""), Some(_)) => Some(prompt.to_owned()),
+            (Some(text), Some(template)) => Some(format!(
+                "{}{prompt}",
+                template.replace("{instruction}", text)
+            )),
+        }
+    }
+
+    /// The content lengths a segment pair keeps: [`query_first_lengths`]
+    /// with a `query_share`, else [`truncate_pair_lengths`].
+    pub fn segment_lengths(&self, n1: usize, n2: usize, budget: usize) -> (usize, usize) {
+        match self.query_share {
+            Some(share) => query_first_lengths(n1, n2, budget, self.middle_ids.len(), share),
+            None => truncate_pair_lengths(n1, n2, budget),
+        }
     }
 
     /// The pair text of the template style.
@@ -103,6 +147,21 @@ pub fn truncate_pair_lengths(n1: usize, n2: usize, budget: usize) -> (usize, usi
     } else {
         (short, long)
     }
+}
+
+/// Content lengths kept by mxbai-rerank v2's cut: the query keeps at most
+/// `(budget + middle) * n / d` tokens (the library's `max_length * 3 // 4`,
+/// its `max_length` counting the separator between the two), the document
+/// what the budget leaves.
+pub fn query_first_lengths(
+    n1: usize,
+    n2: usize,
+    budget: usize,
+    middle: usize,
+    (num, den): (usize, usize),
+) -> (usize, usize) {
+    let query = n1.min((budget + middle) * num / den.max(1)).min(budget);
+    (query, n2.min(budget - query))
 }
 
 /// The first `n` tokens (`Right`) or the last `n` (`Left`).
@@ -182,6 +241,33 @@ mod tests {
         // The shorter side alone is over the budget.
         assert_eq!(truncate_pair_lengths(9, 12, 5), (2, 3));
         assert_eq!(truncate_pair_lengths(0, 12, 5), (0, 5));
+    }
+
+    #[test]
+    fn query_first_cases() {
+        // A short query: the document takes the rest.
+        assert_eq!(query_first_lengths(10, 500, 127, 1, (3, 4)), (10, 117));
+        // A long one keeps 128 * 3 / 4, beside any document.
+        assert_eq!(query_first_lengths(300, 500, 127, 1, (3, 4)), (96, 31));
+        assert_eq!(query_first_lengths(300, 5, 127, 1, (3, 4)), (96, 5));
+        assert_eq!(query_first_lengths(100, 0, 3, 1, (3, 4)), (3, 0));
+    }
+
+    #[test]
+    fn query_prefix_with_and_without_an_instruction() {
+        let spec = PairSpec {
+            query_prompt: Some("query: ".into()),
+            instruction_prompt: Some("instruction: {instruction}\n".into()),
+            ..PairSpec::default()
+        };
+        assert_eq!(spec.query_prefix(None).unwrap(), "query: ");
+        assert_eq!(spec.query_prefix(Some("")).unwrap(), "query: ");
+        assert_eq!(
+            spec.query_prefix(Some("find")).unwrap(),
+            "instruction: find\nquery: "
+        );
+        assert_eq!(PairSpec::default().query_prefix(Some("find")), None);
+        assert_eq!(PairSpec::default().query_prefix(None).unwrap(), "");
     }
 
     #[test]

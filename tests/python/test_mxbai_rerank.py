@@ -122,6 +122,9 @@ def test_instructions():
     # Braces are text.
     (braces,), _, _ = model.encode_pairs([("{document}", "{query}")])
     assert "query: {document}\ndocument: {query}\n" in tok.decode(braces, skip_special_tokens=False)
+    # A lone text has no meaning for it.
+    with pytest.raises(InvalidInput, match="pairs, not single texts"):
+        model.predict(["just a text"])
 
 
 @pytest.mark.parametrize("n1,n2,budget,want", [
@@ -211,3 +214,28 @@ def test_a_logit_score_qwen2_folder_scores_with_its_tokens(tmp_path):
     diff = _model().score(pairs, raw_scores=True)
     alone = model.score(pairs, raw_scores=True)
     assert np.abs(alone - diff).max() > 0.1  # logit["1"] alone, not minus logit["0"]
+
+
+QWEN2_ST6 = os.path.join(FIXTURES, "tiny-qwen2-reranker-st6")
+
+
+def test_a_qwen2_folder_saved_by_st6_scores_as_cross_encoder():
+    """sentence-transformers 6's Qwen2 CrossEncoder folder (LogitScore "1"/"0",
+    a chat template writing mxbai's prompt from the query/document roles):
+    scored with its template tokenized as one text, as CrossEncoder scores
+    it. Pair 24's document ends in ")", which merges with the "\\n" after it
+    in the rendered prompt but not in the engine's, which encodes the
+    template's tail apart (README, "Known difference")."""
+    model = _model(QWEN2_ST6)
+    assert model.kind == "reranker"
+    pair = model.spec().tokenizer.pair
+    assert pair.template == "user\nquery: {query}\ndocument: {document}" and pair.query_share is None
+    # The template writes an instruction only when given one: it takes none.
+    assert pair.default_instruction is None
+    pairs = [tuple(p) for p in _json("pairs.json", QWEN2_ST6)]
+    assert len(pairs) == 37
+    ref = np.load(os.path.join(QWEN2_ST6, "reference_pair_logits.npy"))
+    got = model.score(pairs, raw_scores=True)
+    same = [k for k in range(len(pairs)) if k != 24]
+    _assert_logits(got[same], ref[same])
+    assert pairs[24][1].endswith(")") and abs(got[24, 0] - ref[24, 0]) > 1

@@ -79,6 +79,15 @@ def test_scores_and_ids_are_the_librarys():
     np.testing.assert_allclose(model.score(pairs[:12], raw_scores=True)[:, 0], one, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("option", [{"packed_rows": True}, {"joined_linears": True}, {"workers": 2}])
+def test_engine_paths_score_alike(option):
+    """The decoder's packed feed-forward, joined projections and two workers
+    run through the reranker's backbone as through the embedder's."""
+    pairs = _pairs()
+    _assert_logits(_model(**option).score(pairs, raw_scores=True),
+                   np.load(os.path.join(MXBAI, "reference_pair_logits.npy")))
+
+
 def test_query_and_document_are_encoded_apart():
     """The library encodes "query: q", "\\n" and "document: d" on their
     own: a query ending in ":" or ")" would merge with the newline in one

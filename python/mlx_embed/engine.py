@@ -156,7 +156,7 @@ class EmbeddingModel(ScoringMixin):
             rr = reranker_prompt.from_folder(
                 rr, ck.path, ck.tokenizer_files or ck.path, self.tokenizer.added_tokens()
             )
-        elif self.kind != "embedding":
+        elif prompt_for is None and self.kind != "embedding":
             # A sequence-classification cross-encoder's folder may write its
             # pair into a chat template, as sentence-transformers 6 does.
             rr = reranker_prompt.cross_encoder_prompt(

@@ -62,8 +62,14 @@ IO_CPUS = 1
 # restarted actor this many times. Ray Data's default is without end, so a
 # batch that killed its actor every time kept a job going for ever. Actors
 # themselves restart without end: deaths on different batches are not one
-# batch's fault.
-BATCH_RETRIES = 3
+# batch's fault. An actor holds two batches at once (Ray Data's default: the
+# next one queued behind the running one), and a death costs both a retry, so
+# a batch also pays for its neighbours' deaths: with 3, an actor that died
+# once on each of six batches stopped the job (4 runs in 6). One batch in
+# flight per actor would make the count its own, but measured 10% fewer
+# texts/s with two actors (454 vs 506, scripts/bench_scale.py --skip-replicas
+# --rows 8000), so the budget covers the neighbours instead.
+BATCH_RETRIES = 8
 
 
 class BadRow(ValueError):
@@ -783,7 +789,7 @@ def run_bulk(
             ds.write_parquet(os.fspath(out), min_rows_per_file=rows_per_file, mode="append")
         except (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError):
             raise BulkError(
-                f"a model actor died on the same batch {BATCH_RETRIES + 1} times (the kernel's "
+                f"model actors died with the same batch on them {BATCH_RETRIES + 1} times (the kernel's "
                 "out-of-memory killer, or a crash in native code; Ray's logs say which): the job "
                 f"stopped. The files written to {out} are kept; the same command resumes once the "
                 "cause is fixed (fewer --workers-per-actor or a smaller --batch-size use less memory)"

@@ -25,7 +25,7 @@ except ImportError as e:  # the `mlx` wheel alone has no backend on Linux
         "pip install 'mlx-embed[cpu]' (or 'mlx-embed[cuda]' on an NVIDIA GPU)"
     ) from e
 
-from . import _blas, device, lexical, loading, ops, precision, reranker_prompt, startup
+from . import _blas, device, lexical, loading, multi_vector, ops, precision, reranker_prompt, st_modules, startup
 from .errors import InputTooLong, InvalidInput, check_switches
 from .loading import DEFAULT_MODEL_NAME, DEFAULT_MODEL_NAMES, default_model_path  # noqa: F401  (re-exported)
 from .models import reads_type_ids
@@ -35,7 +35,7 @@ from .scoring import ScoringMixin
 from .spec import EmbedResult, ModelSpec, TokenizerSpec
 from .tokenization import (
     TextTokenizer, check_direction, flag_specials, prompt_in_effect, read_tokenizer, resolve_prompt,
-    truncation_side, with_prompt,
+    truncation_side, unknown_id, with_prompt,
 )
 
 log = logging.getLogger("mlx_embed")
@@ -136,6 +136,14 @@ class EmbeddingModel(ScoringMixin):
             truncate_chars=ck.defaults.get("truncate_chars", False),
             lowercase=ck.head.lowercase, flag_specials=flag_specials(tokenizer_folder),
         )
+        # A ColBERT model (PyLate's layout): its query and document modes as
+        # ids of this tokenizer, and the rows it keeps (multi_vector.py).
+        self.multi_vector = None
+        if isinstance(ck.head, st_modules.ColbertPipeline):
+            self.multi_vector = multi_vector.resolve(
+                ck.head, self.tokenizer.token_id, unknown_id(self.tokenizer._tok),
+                ck.tokenizer_files or os.path.dirname(ck.tokenizer_path), self.max_length, self.name,
+            )
         # Whether an input may run with no tokens at all (its vector is what
         # the pooling makes of nothing: zeros for the mean).
         self.empty_inputs = bool(ck.defaults.get("empty_inputs", False))
@@ -292,6 +300,7 @@ class EmbeddingModel(ScoringMixin):
             sparse=self.sparse,
             lexical_weights=self.lexical is not None,
             empty_inputs=self.empty_inputs,
+            multi_vector=self.multi_vector is not None,
             tokenizer=TokenizerSpec(
                 path=tok.path,
                 prefix_ids=list(tok.prefix),
@@ -306,6 +315,8 @@ class EmbeddingModel(ScoringMixin):
                 lowercase=tok.lowercase,
                 include_prompt=self.include_prompt,
                 truncation_side=self.truncation_side,
+                query=self.multi_vector.query if self.multi_vector else None,
+                document=self.multi_vector.document if self.multi_vector else None,
             ),
             details=self._details(),
             parameters=self.parameter_count,
@@ -356,6 +367,11 @@ class EmbeddingModel(ScoringMixin):
             type_ids = self._check_type_ids(type_ids, ids)
         if pool_start is not None:
             pool_start = self._check_pool_start(pool_start, ids)
+        if output in multi_vector.OUTPUTS:
+            mv = self.multi_vector
+            attend = mv.attended(ids, output)
+            pending = self.scheduler.submit(ids, type_ids, output="tokens", attend=attend)
+            return PendingResult(pending, multi_vector=(mv, ids, output))
         if output == "sparse":
             pending = self.scheduler.submit(ids, type_ids, output="token_weights")
             return PendingResult(pending, lexical_ids=ids, skipped=self.lexical.skipped_ids)
@@ -386,9 +402,75 @@ class EmbeddingModel(ScoringMixin):
         flat, _ = self.scheduler.run(ids, output="tokens")
         return np.split(flat, np.cumsum([len(x) for x in ids])[:-1])
 
+    def embed_multi_vector(
+        self,
+        texts: list[str],
+        *,
+        is_query: bool = False,
+        normalize: bool = True,
+        truncation_direction: Optional[str] = None,
+        prompt_name: Optional[str] = None,
+        prompt: Optional[str] = None,
+    ) -> list[np.ndarray]:
+        """A ColBERT model's vectors, as PyLate's ``encode(texts,
+        is_query=...)`` gives them: per text a float32 [tokens, dim] array
+        (a query's ``query_length`` rows with its expansion, a document's rows
+        less its skiplist tokens), each row L2-normalized unless
+        ``normalize`` is False."""
+        output = multi_vector.QUERY if is_query else multi_vector.DOCUMENT
+        self._check_output(output)
+        ids = self.encode_multi_vector(
+            texts, is_query=is_query, truncation_direction=truncation_direction,
+            prompt_name=prompt_name, prompt=prompt,
+        )
+        if not ids:
+            return []
+        res = self.embed_ids(ids, output=output)
+        flat = np.frombuffer(res.vectors, dtype="<f4").reshape(-1, self.dim)
+        if normalize:
+            flat = flat / np.maximum(np.linalg.norm(flat, axis=1, keepdims=True), 1e-12)
+        return np.split(flat.astype(np.float32), np.cumsum(res.rows)[:-1])
+
+    def encode_multi_vector(
+        self,
+        texts: list[str],
+        *,
+        is_query: bool = False,
+        truncation_direction: Optional[str] = None,
+        prompt_name: Optional[str] = None,
+        prompt: Optional[str] = None,
+    ) -> list[list[int]]:
+        """The ids a ColBERT model runs for each text as a query or a
+        document (``multi_vector.apply_mode``): cut to the mode's length,
+        the prefix token after the first, a query's expansion."""
+        if self.multi_vector is None:
+            raise InvalidInput(f"{self.name} is not a multi-vector (ColBERT) model")
+        texts = self._check_texts(texts)
+        direction = check_direction(truncation_direction or self.truncation_side)
+        mode = self.multi_vector.query if is_query else self.multi_vector.document
+        prefix = self._prompt(prompt_name, prompt, None)
+        default = prompt_name is None and prompt is None
+        contents = self.tokenizer.encode_contents(
+            [with_prompt(prefix, t, self.prompts if default else None) for t in texts] if prefix else texts,
+        )
+        return [
+            multi_vector.apply_mode(self.tokenizer.prefix, c, self.tokenizer.suffix, mode, direction)[0]
+            for c in contents
+        ]
+
     def _check_output(self, output) -> None:
         if output not in OUTPUTS:
             raise InvalidInput(f"output must be one of {', '.join(OUTPUTS)}, got {output!r}")
+        if output in multi_vector.OUTPUTS and self.multi_vector is None:
+            raise InvalidInput(
+                f"{self.name} is not a multi-vector model: output={output!r} needs a ColBERT "
+                "folder (PyLate's layout)"
+            )
+        if output == "pooled" and self.multi_vector is not None:
+            raise InvalidInput(
+                f"{self.name} is a ColBERT model: it gives one vector per token "
+                "(output='multi_vector_query' or 'multi_vector_document'), not a pooled vector"
+            )
         if output == "tokens" and self.kind != "embedding":
             raise InvalidInput(
                 f"{self.name} is a {self.kind}: per-token vectors come from embedding models"
@@ -613,6 +695,7 @@ class EmbeddingModel(ScoringMixin):
     ) -> tuple[np.ndarray, list[int]]:
         """Like :meth:`embed`, also returning the tokens run per text
         (special tokens included, after truncation)."""
+        self._check_output("pooled")
         if self.kind != "embedding":
             raise InvalidInput(
                 f"{self.name} is a {self.kind}: use predict(), score() or rerank(), not embed()"
@@ -811,15 +894,21 @@ class PendingResult:
     """A call queued by :meth:`EmbeddingModel.submit_ids`; for lexical
     weights, with the call's ids and the ids never weighed."""
 
-    def __init__(self, pending, *, lexical_ids=None, skipped: frozenset = frozenset()):
+    def __init__(self, pending, *, lexical_ids=None, skipped: frozenset = frozenset(), multi_vector=None):
         self._pending = pending
         self._lexical_ids = lexical_ids
+        # (MultiVector, ids, output) of a ColBERT call: its rows kept and projected here.
+        self._multi_vector = multi_vector
         self._skipped = skipped
 
     def result(self) -> EmbedResult:
         vecs, padded = self._pending.result()
         if self._lexical_ids is not None:
             return self._lexical_result(vecs, padded)
+        if self._multi_vector is not None:
+            mv, ids, output = self._multi_vector
+            flat, rows = mv.finish(vecs, ids, output)
+            return EmbedResult(vectors=flat.astype("<f4", copy=False).tobytes(), padded_tokens=padded, rows=rows)
         return EmbedResult(
             vectors=vecs.astype("<f4", copy=False).tobytes(),
             padded_tokens=padded,
@@ -853,7 +942,7 @@ def _refuse_lone_surrogates(texts: list[str]) -> None:
 
 # What embed_ids returns per input: a pooled vector, every token's hidden
 # state, or lexical weights (a BGE-M3 model's sparse head).
-OUTPUTS = ("pooled", "tokens", "sparse")
+OUTPUTS = ("pooled", "tokens", "sparse", *multi_vector.OUTPUTS)
 
 # Whole-number settings and their least value (0 turns the feature off).
 _WHOLE_NUMBERS = {

@@ -480,6 +480,10 @@ def load_checkpoint(
     if choice.sparse:
         head = st_modules.read_splade_pipeline(path, int(config["vocab_size"]))
         head.model = model
+    elif choice.kind == "embedding" and st_modules.declares_colbert(path):
+        if pooling is not None:
+            raise ValueError(f"pooling={pooling!r}: {path} is a ColBERT model, which does not pool")
+        head = st_modules.read_colbert_pipeline(path)
     elif choice.kind == "embedding":
         head = st_modules.read_pipeline(path, defaults.get("pooling", "mean"))
         if pooling is not None:

@@ -36,6 +36,7 @@ new shape costs a one-time build there (see ``Scheduler.__init__``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import queue
@@ -280,11 +281,15 @@ class Scheduler:
         normalize: bool = False,
         output: str = "pooled",
         pool_start: Optional[Sequence[int]] = None,
+        attend: Optional[Sequence[int]] = None,
     ) -> "Pending":
         """Start a call; ``.result()`` on the answer collects it. Pipelined,
         this returns once every sub-batch is queued on the device, so the
         caller can build and submit the next call before collecting this one
-        (consecutive calls then overlap); otherwise the work is done here."""
+        (consecutive calls then overlap); otherwise the work is done here.
+        ``attend``: per input, the keys its tokens attend to, fewer than its
+        rows where it ends in tokens that are computed but not attended to
+        (a ColBERT query's expansion); None: all of them."""
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {', '.join(OUTPUTS)}, got {output!r}")
         if output == "token_weights" and self.token_head is None:
@@ -297,7 +302,7 @@ class Scheduler:
             return Pending(out, 0)
         plan = self.plan(lengths)
         starts = None if tokens or pool_start is None or not any(pool_start) else pool_start
-        call = _Call(ids, type_ids, lengths, starts)
+        call = _Call(ids, type_ids, lengths, starts, attend)
         if self.pipeline:
             return self._submit_pipelined(plan, call, normalize, output)
         with self._lock:
@@ -341,7 +346,7 @@ class Scheduler:
         for r, i in enumerate(idx):
             row = ids[i]
             arr[r, : len(row)] = row
-            mask[r, : len(row)] = 1
+            mask[r, : len(row) if call.attend is None else call.attend[i]] = 1
             if types is not None:
                 types[r, : len(row)] = type_ids[i]
         pool_mask = None
@@ -349,14 +354,23 @@ class Scheduler:
             pool_mask = mask.copy()
             for r, i in enumerate(idx):
                 pool_mask[r, : call.pool_start[i]] = 0
-        return _PassArrays(arr, mask, types, real, pool_mask)
+        # Rows past their keys are padding to the attention alone: the pass
+        # must compute them (no packing, which runs the attended rows only).
+        beyond = call.attend is not None and any(call.attend[i] < len(ids[i]) for i in idx)
+        return _PassArrays(arr, mask, types, real, pool_mask, beyond)
 
     def _graph(self, host: "_PassArrays", normalize, output) -> tuple[mx.array, int]:
         arr, mask, types, real = host.ids, host.mask, host.types, host.real
         B, L = arr.shape
         # Graph building is serialized across workers; the evaluations and
         # native kernels inside the pass, and the final eval, overlap.
-        with ops.building_graph():
+        ctx = ops.current()
+        every_row = (
+            ops.forward_context(dataclasses.replace(ctx, packed_rows=False))
+            if host.rows_past_keys and ctx.packed_rows
+            else contextlib.nullcontext()
+        )
+        with ops.building_graph(), every_row:
             mask_mx = mx.array(mask)
             if types is not None and self.takes_type_ids:
                 h = self.model(mx.array(arr), mask_mx, token_type_ids=mx.array(types))
@@ -528,6 +542,8 @@ class _Call(NamedTuple):
     type_ids: Optional[Sequence[Sequence[int]]]
     lengths: np.ndarray
     pool_start: Optional[Sequence[int]]
+    # Per input, the keys it attends to, where some end before its rows (None: all).
+    attend: Optional[Sequence[int]] = None
 
 
 class _PassArrays(NamedTuple):
@@ -540,6 +556,8 @@ class _PassArrays(NamedTuple):
     types: Optional[np.ndarray]
     real: int
     pool_mask: Optional[np.ndarray] = None
+    # Some row runs past its keys (``_Call.attend``): every row is computed.
+    rows_past_keys: bool = False
 
 
 class _TokenRows:

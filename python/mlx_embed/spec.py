@@ -52,6 +52,21 @@ class PairSpec:
 
 
 @dataclass(frozen=True)
+class InputModeSpec:
+    """How a multi-vector (ColBERT) model's query or document text becomes
+    ids, as PyLate's ``ColBERT.tokenize(is_query=...)`` makes them: the text
+    is encoded as any input (prompt, specials), its content cut so that the
+    whole, ``insert_ids`` included, holds at most ``max_length`` tokens;
+    ``insert_ids`` (the ``[Q]`` / ``[D]`` marker) go in after the sequence's
+    first token (``[CLS]``); then, with ``expand_id`` set, the sequence is
+    padded with it to ``max_length`` (query expansion with ``[MASK]``)."""
+
+    insert_ids: list[int]
+    max_length: int
+    expand_id: Optional[int] = None
+
+
+@dataclass(frozen=True)
 class TokenizerSpec:
     """Everything a second tokenizer implementation needs to produce the
     engine's ids from the same ``tokenizer.json``.
@@ -104,6 +119,10 @@ class TokenizerSpec:
     # folder's truncation_side (tokenizer_config.json), as
     # sentence-transformers cuts.
     truncation_side: str = "right"
+    # A multi-vector model's two input modes (``embed_ids(output=
+    # "multi_vector_query" / "multi_vector_document")``); None for any other.
+    query: Optional[InputModeSpec] = None
+    document: Optional[InputModeSpec] = None
 
 
 @dataclass(frozen=True)
@@ -141,6 +160,11 @@ class ModelSpec:
     # An input may have no tokens at all (static embeddings: the empty bag's
     # vector is zeros); otherwise one with none is refused.
     empty_inputs: bool = False
+    # A multi-vector (ColBERT) model: ``dim``-wide unnormalized rows per
+    # token, through ``output="multi_vector_query"`` or
+    # ``"multi_vector_document"`` only (a pooled vector is refused); the
+    # tokenizer's ``query`` / ``document`` modes say how its texts are cut.
+    multi_vector: bool = False
     # Display only (the server's /info): never parsed back.
     details: dict[str, str] = field(default_factory=dict)
     # The weights as loaded: parameter count (a quantized layer counts the

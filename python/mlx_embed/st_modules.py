@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import string
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -199,6 +200,131 @@ class SpladePipeline(StPipeline):
     def _activate(self, x: mx.array) -> mx.array:
         act = mx.log1p(mx.maximum(x, 0))
         return mx.log1p(act) if self.activation == "log1p_relu" else act
+
+
+@dataclass(frozen=True)
+class ColbertSettings:
+    """A PyLate ColBERT folder's settings (config_sentence_transformers.json),
+    with PyLate's defaults for the keys it leaves out (``ColBERT.__init__``):
+    the prefixes are tokens inserted after ``[CLS]``, the lengths count every
+    token (prefix and specials included), and a query is padded with the
+    mask token to ``query_length`` unless ``do_query_expansion`` is off.
+    ``skiplist_words`` are tokens left out of a document's vectors."""
+
+    query_prefix: str = "[Q] "
+    document_prefix: str = "[D] "
+    query_length: int = 32
+    document_length: int = 180
+    do_query_expansion: bool = True
+    attend_to_expansion_tokens: bool = False
+    skiplist_words: tuple = tuple(string.punctuation)
+
+
+@dataclass
+class ColbertPipeline(StPipeline):
+    """A ColBERT model (PyLate): the Dense layers over every token, no
+    pooling; the engine keeps the rows each input gives (``multi_vector``)."""
+
+    colbert: ColbertSettings = field(default_factory=ColbertSettings)
+
+    def output_dim(self, hidden_size: int) -> int:
+        return int(self.dense[-1].weight.shape[0]) if self.dense else hidden_size
+
+    def __call__(self, h: mx.array, mask: mx.array) -> mx.array:
+        raise ValueError("a ColBERT model gives one vector per token, not a pooled vector")
+
+
+def _is_colbert(modules, st_cfg: dict) -> bool:
+    """PyLate's layout: a Transformer then Dense layers, no Pooling, and a
+    PyLate Dense or the ColBERT keys PyLate saves (its MaxSim similarity)."""
+    if not isinstance(modules, list) or any(_kind(m) == "Pooling" for m in modules):
+        return False
+    pylate = any(str(m.get("type", "")).startswith("pylate.") for m in modules)
+    return pylate or st_cfg.get("similarity_fn_name") == "MaxSim" or st_cfg.get("model_type") == "ColBERT"
+
+
+def declares_colbert(folder: str) -> bool:
+    """Whether the folder is a PyLate ColBERT model (see :func:`_is_colbert`)."""
+    return _is_colbert(
+        read_json(os.path.join(folder, "modules.json")), read_json(os.path.join(folder, ST_CONFIG)) or {}
+    )
+
+
+def _colbert_settings(st_cfg: dict, where: str) -> ColbertSettings:
+    defaults = ColbertSettings()
+    values = {}
+    for key in ("query_prefix", "document_prefix"):
+        value = st_cfg.get(key)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{where}: {key} must be a token (a string), got {value!r}")
+        values[key] = getattr(defaults, key) if value is None else value
+    for key in ("query_length", "document_length"):
+        value = _positive_int(st_cfg, key, where)
+        values[key] = getattr(defaults, key) if value is None else value
+    for key in ("do_query_expansion", "attend_to_expansion_tokens"):
+        value = st_cfg.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"{where}: {key} must be true or false, got {value!r}")
+        values[key] = getattr(defaults, key) if value is None else value
+    # PyLate: no expansion, nothing to attend to.
+    values["attend_to_expansion_tokens"] = values["attend_to_expansion_tokens"] and values["do_query_expansion"]
+    words = st_cfg.get("skiplist_words")
+    if words is not None and (not isinstance(words, list) or not all(isinstance(w, str) for w in words)):
+        raise ValueError(f"{where}: skiplist_words must be a list of tokens (strings)")
+    values["skiplist_words"] = defaults.skiplist_words if words is None else tuple(words)
+    return ColbertSettings(**values)
+
+
+def read_colbert_pipeline(folder: str) -> ColbertPipeline:
+    """A PyLate ColBERT folder: Transformer -> Dense+ (PyLate's Dense: a
+    linear layer and activation over every token, ``use_residual`` refused),
+    its settings from config_sentence_transformers.json. The longest input is
+    the longer of the two lengths (PyLate sets the Transformer's
+    max_seq_length per call from them, whatever sentence_bert_config.json
+    says)."""
+    modules = read_json(os.path.join(folder, "modules.json"))
+    st_cfg = read_json(os.path.join(folder, ST_CONFIG)) or {}
+    where = f"{folder}/{ST_CONFIG}"
+    settings = _colbert_settings(st_cfg, where)
+    bert_cfg = read_json(
+        os.path.join(folder, transformer_subfolder(folder) or "", "sentence_bert_config.json")
+    ) or {}
+    prompts = st_cfg.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise ValueError(f"{where}: prompts must map names to strings")
+    default_name = st_cfg.get("default_prompt_name")
+    if default_name is not None and default_name not in prompts:
+        raise ValueError(f"{where}: default_prompt_name {default_name!r} is not one of the prompts {sorted(prompts)}")
+    pipe = ColbertPipeline(
+        pooling=("mean",),
+        prompts=dict(prompts),
+        default_prompt_name=default_name,
+        max_seq_length=max(settings.query_length, settings.document_length),
+        lowercase=_flag(bert_cfg, "do_lower_case", folder),
+        has_modules=True,
+        colbert=settings,
+    )
+    ordered = sorted((m for m in modules if _kind(m) != "Dropout"), key=lambda m: m.get("idx", 0))
+    for i, m in enumerate(ordered):
+        kind, sub = _kind(m), m.get("path", "") or ""
+        if i == 0 and kind == "Transformer":
+            continue
+        if i > 0 and kind == "Dense":
+            cfg = read_json(os.path.join(folder, sub, "config.json")) or {}
+            if cfg.get("use_residual"):
+                raise ValueError(f"{folder}/{sub}/config.json: use_residual is not supported")
+            pipe.dense.append(_load_dense(folder, sub))
+            continue
+        raise ValueError(
+            f"{folder}/modules.json: module {i} ({m.get('type')!r}) is not supported in a ColBERT "
+            "model; supported: Transformer -> Dense+ (PyLate's layout)"
+        )
+    if not pipe.dense:
+        raise ValueError(
+            f"{folder}/modules.json: a ColBERT model without its Dense projection is not supported "
+            "(PyLate would add a randomly initialized one)"
+        )
+    return pipe
 
 
 def _splade_pooling(cfg: dict, where: str) -> tuple[str, str]:

@@ -1,0 +1,175 @@
+"""ColBERT (PyLate's multi-vector models) against PyLate's own ``encode``.
+
+The fixture (tests/fixtures/tiny-colbert) and how its references were made:
+its README and scripts/fixtures/make_colbert.py. Per input, the ids PyLate
+ran (the [unused0]/[unused1] prefix after [CLS], the cut at query_length /
+document_length, a query's [MASK] expansion) and the rows it kept (every
+query row; a document's rows less its punctuation) must match exactly, and
+every row within cosine 0.99999 of PyLate's float64 one, on every engine path.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from conftest import FIXTURES, load_fixture
+
+import mlx_embed
+from mlx_embed.errors import InvalidInput
+
+COLBERT = FIXTURES / "tiny-colbert"
+MIN_COS = 0.99999
+MAX_DIFF = 1e-5
+TEXTS = {"query": "queries", "document": "documents"}
+
+
+@pytest.fixture(scope="module")
+def texts() -> dict:
+    return json.loads((COLBERT / "texts.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict:
+    return dict(np.load(COLBERT / "reference.npz"))
+
+
+def _split(flat: np.ndarray, counts) -> list:
+    return np.split(flat, np.cumsum(counts)[:-1])
+
+
+def _ids(reference, side) -> list[list[int]]:
+    return [x.tolist() for x in _split(reference[f"{side}_ids"], reference[f"{side}_lengths"])]
+
+
+def _check(got: list, reference: dict, side: str) -> float:
+    want = _split(reference[f"{side}_vectors"], reference[f"{side}_rows"])
+    assert [len(g) for g in got] == [len(w) for w in want]
+    worst = 1.0
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert g.dtype == np.float32 and g.shape == w.shape, i
+        cos = (g * w).sum(1) / np.linalg.norm(g, axis=1) / np.linalg.norm(w, axis=1)
+        assert cos.min() >= MIN_COS, (side, i, cos.min())
+        assert np.abs(g - w).max() <= MAX_DIFF, (side, i)
+        worst = min(worst, float(cos.min()))
+    return worst
+
+
+@pytest.mark.parametrize("side", ["query", "document"])
+def test_ids_are_pylates(side, texts, reference):
+    model = load_fixture("tiny-colbert")
+    got = model.encode_multi_vector(texts[TEXTS[side]], is_query=side == "query")
+    assert got == _ids(reference, side)
+
+
+def test_what_the_references_cover(reference):
+    """The cases the fixture exists for are in it: a query cut with no
+    expansion left, queries padded with [MASK] (id 6), a document cut at 40
+    tokens, documents losing their punctuation rows."""
+    q = _ids(reference, "query")
+    assert all(len(r) == 16 and r[:2] == [4, 1] for r in q)
+    assert any(6 not in r for r in q) and sum(r[-1] == 6 for r in q) >= 5
+    d = _ids(reference, "document")
+    assert all(r[:2] == [4, 2] and r[-1] == 5 for r in d)
+    assert max(len(r) for r in d) == 40
+    kept = reference["document_rows"].tolist()
+    assert sum(kept) < sum(len(r) for r in d) and min(kept) == 3
+
+
+@pytest.mark.parametrize("side", ["query", "document"])
+def test_vectors_match_pylate(side, texts, reference):
+    model = load_fixture("tiny-colbert")
+    got = model.embed_multi_vector(texts[TEXTS[side]], is_query=side == "query")
+    worst = _check(got, reference, side)
+    print(f"{side}: lowest per-token cosine {worst:.9f}")
+    # One at a time: the same rows as batched.
+    alone = [model.embed_multi_vector([t], is_query=side == "query")[0] for t in texts[TEXTS[side]]]
+    _check(alone, reference, side)
+
+
+ENGINE_PATHS = {
+    "pipeline": dict(pipeline=True),
+    "four-workers": dict(workers=4, batch_tokens=64),
+    "shape-buckets": dict(shape_buckets=True),
+    "small-passes": dict(batch_tokens=64),
+    "mlx-ops": dict(fast_ops="mlx", workers=1),
+    "exact": dict(fast_ops="exact", workers=1),
+    "packed-rows": dict(fast_ops="exact", packed_rows=True, workers=1, batch_tokens=8192),
+}
+
+
+@pytest.mark.parametrize("settings", list(ENGINE_PATHS.values()), ids=list(ENGINE_PATHS))
+def test_engine_paths(settings, reference):
+    """``embed_ids`` with the reference ids: unnormalized rows that normalize
+    to PyLate's, the kept counts as ``rows``, on every path (packed rows
+    included: a query's expansion rows are computed though not attended to)."""
+    model = mlx_embed.load(COLBERT, **settings)
+    for side in ("query", "document"):
+        ids = _ids(reference, side)
+        res = model.embed_ids(ids, output=f"multi_vector_{side}")
+        assert res.rows == reference[f"{side}_rows"].tolist()
+        flat = np.frombuffer(res.vectors, dtype="<f4").reshape(-1, model.dim)
+        flat = flat / np.linalg.norm(flat, axis=1, keepdims=True)
+        _check(_split(flat, res.rows), reference, side)
+
+
+def test_spec_says_what_crosses_the_seam():
+    model = load_fixture("tiny-colbert")
+    spec = model.spec()
+    assert spec.multi_vector and spec.dim == 16 and spec.max_length == 40
+    assert (spec.tokenizer.query.insert_ids, spec.tokenizer.query.max_length, spec.tokenizer.query.expand_id) == (
+        [1], 16, 6)
+    assert (spec.tokenizer.document.insert_ids, spec.tokenizer.document.max_length,
+            spec.tokenizer.document.expand_id) == ([2], 40, None)
+    # A model of another kind has neither mode.
+    plain = load_fixture("tiny-bert-reranker").spec()
+    assert not plain.multi_vector and plain.tokenizer.query is None and plain.tokenizer.document is None
+
+
+def test_refusals():
+    model = load_fixture("tiny-colbert")
+    ids = model.encode_multi_vector(["hello"])
+    with pytest.raises(InvalidInput, match="ColBERT model: it gives one vector per token"):
+        model.embed_ids(ids)
+    with pytest.raises(InvalidInput, match="ColBERT model"):
+        model.embed(["hello"])
+    other = load_fixture("tiny-bert-reranker")
+    with pytest.raises(InvalidInput, match="not a multi-vector model"):
+        other.embed_ids([[101, 102]], output="multi_vector_query")
+
+
+def _variant(tmp_path, **changes):
+    folder = tmp_path / "colbert"
+    shutil.copytree(COLBERT, folder)
+    cfg_path = folder / "config_sentence_transformers.json"
+    cfg = json.loads(cfg_path.read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    cfg_path.write_text(json.dumps(cfg))
+    return folder
+
+
+def test_settings_pylate_defaults_and_switches(tmp_path):
+    """No expansion: a query keeps only its own tokens; attend_to_expansion:
+    the [MASK] tokens are keys too (other vectors, the same ids); an unknown
+    prefix token is refused (PyLate would add an untrained one)."""
+    model = load_fixture("tiny-colbert")
+    base = model.embed_multi_vector(["what is it"], is_query=True)[0]
+    flat = mlx_embed.load(_variant(tmp_path, do_query_expansion=False))
+    ids = flat.encode_multi_vector(["what is it"], is_query=True)[0]
+    assert ids[:2] == [4, 1] and ids[-1] == 5 and 6 not in ids
+    got = flat.embed_multi_vector(["what is it"], is_query=True)[0]
+    assert got.shape[0] == len(ids)
+    np.testing.assert_allclose(got, base[: len(ids)], atol=1e-6)
+    shutil.rmtree(tmp_path / "colbert")
+    attends = mlx_embed.load(_variant(tmp_path, attend_to_expansion_tokens=True))
+    other = attends.embed_multi_vector(["what is it"], is_query=True)[0]
+    assert other.shape == base.shape and np.abs(other - base).max() > 1e-3
+    shutil.rmtree(tmp_path / "colbert")
+    with pytest.raises(ValueError, match="query prefix '\\[Q\\] ' is not a token"):
+        mlx_embed.load(_variant(tmp_path, query_prefix=None))

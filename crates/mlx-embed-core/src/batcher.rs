@@ -189,6 +189,22 @@ impl Batcher {
                 self.inner.info.name
             )));
         }
+        match (options.output, self.inner.info.multi_vector) {
+            (Output::MultiVector(_), false) => {
+                return Err(CoreError::InvalidInput(format!(
+                    "{} is not a multi-vector (ColBERT) model",
+                    self.inner.info.name
+                )))
+            }
+            (Output::Pooled | Output::Sparse, true) => {
+                return Err(CoreError::InvalidInput(format!(
+                    "{} is a multi-vector (ColBERT) model: it gives one vector per token \
+                     (Output::MultiVector), not a pooled vector",
+                    self.inner.info.name
+                )))
+            }
+            _ => {}
+        }
         shared.check_open()?;
         // Counts this call for `drained()` from here, tokenizing included.
         let _active = ActiveGuard::new(shared.recorder.clone());
@@ -201,7 +217,7 @@ impl Batcher {
         tokenizing.settle_all();
         let encoded = encoded?;
         let token_counts: Vec<u32> = encoded.iter().map(|e| e.len() as u32).collect();
-        if let (Output::Tokens, Some(max)) = (options.output, options.max_token_rows) {
+        if let (true, Some(max)) = (options.output.per_token(), options.max_token_rows) {
             let rows = token_counts.iter().map(|&n| n as usize).sum();
             if rows > max {
                 return Err(CoreError::TooManyTokenRows { rows, max });
@@ -228,6 +244,16 @@ impl Batcher {
                 token_counts.clone(),
                 0,
             ),
+            // Checked by the model thread: at most one `dim`-wide row per
+            // token, the ones the model keeps.
+            (Output::MultiVector(side), _) => {
+                let vectors = self
+                    .compute(encoded, options.priority, Output::MultiVector(side))
+                    .await?;
+                let dim = inner.info.dim.max(1);
+                let rows = vectors.iter().map(|v| (v.len() / dim) as u32).collect();
+                (vectors, rows, 0)
+            }
             // Checked by the model thread: `[id, weight]` rows.
             (Output::Sparse, _) => {
                 let vectors = self

@@ -49,16 +49,40 @@ pub enum Output {
     /// vocabulary is under 2^24 tokens). [`lexical_entries`] reads them.
     /// Never cached.
     Sparse,
+    /// A multi-vector (ColBERT) model's vectors ([`ModelInfo::multi_vector`]):
+    /// per input one `dim`-wide row for each token it keeps, not normalized,
+    /// its text tokenized in the given [`Side`]'s mode (the model's
+    /// tokenizer: a query is cut to its length and padded with expansion
+    /// tokens, a document cut to its own). Never cached.
+    MultiVector(Side),
+}
+
+/// Whether a multi-vector model's input is a query or a document: each has
+/// its own tokenization and keeps its own rows (PyLate's `is_query`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Side {
+    Query,
+    #[default]
+    Document,
 }
 
 impl Output {
-    /// "pooled" or "tokens", as the Python engine's `embed_ids(output=)` takes it.
+    /// As the Python engine's `embed_ids(output=)` takes it: "pooled",
+    /// "tokens", "sparse", "multi_vector_query" or "multi_vector_document".
     pub fn as_str(self) -> &'static str {
         match self {
             Output::Pooled => "pooled",
             Output::Tokens => "tokens",
             Output::Sparse => "sparse",
+            Output::MultiVector(Side::Query) => "multi_vector_query",
+            Output::MultiVector(Side::Document) => "multi_vector_document",
         }
+    }
+
+    /// Whether an input's answer is one row per token (or fewer) rather than
+    /// one vector: [`Output::Tokens`] and [`Output::MultiVector`].
+    pub fn per_token(self) -> bool {
+        matches!(self, Output::Tokens | Output::MultiVector(_))
     }
 }
 
@@ -371,6 +395,9 @@ pub struct ModelInfo {
     /// An input may have no tokens at all (a static embedding's empty text:
     /// its vector is zeros); otherwise one with none is refused.
     pub empty_inputs: bool,
+    /// A multi-vector (ColBERT) model: it answers [`Output::MultiVector`]
+    /// only (`dim`-wide rows per token), never a pooled vector.
+    pub multi_vector: bool,
     /// Longest input in tokens, special tokens included; longer ones are
     /// truncated (or refused with `truncate: false`).
     pub max_input_tokens: usize,

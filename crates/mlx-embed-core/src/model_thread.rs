@@ -479,7 +479,7 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
             match kind {
                 Output::Pooled => got == 1,
                 Output::Tokens => got == inputs[i].len(),
-                Output::Sparse => got <= inputs[i].len(),
+                Output::Sparse | Output::MultiVector(_) => got <= inputs[i].len(),
             }
         };
         if output.rows.len() != n || !(0..n).all(rows_fit) {
@@ -496,6 +496,7 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
         let ok = match kind {
             Output::Pooled if dim > 0 => floats == rows * dim,
             Output::Sparse => floats == rows * 2,
+            Output::MultiVector(_) => floats == rows * dim,
             // Inputs of no tokens (a static model's blank text) have no rows:
             // a batch of only those has no floats either.
             Output::Tokens if rows == 0 => floats == 0,

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use mlx_embed_core::{ModelInfo, ModelKind, TruncationDirection, WeightsInfo};
-use mlx_embed_tokenizer::{PairSpec, TokenizerSpec};
+use mlx_embed_tokenizer::{InputMode, PairSpec, TokenizerSpec};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
@@ -61,6 +61,8 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
             }
         },
         pool_without_prompt: !optional(&tok, "include_prompt")?.unwrap_or(true),
+        query: read_mode(&tok, "query")?,
+        document: read_mode(&tok, "document")?,
     };
     let mut details = BTreeMap::new();
     if let Some(d) = optional::<Bound<'_, PyAny>>(spec, "details")? {
@@ -94,6 +96,7 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
         sparse: optional(spec, "sparse")?.unwrap_or(false),
         lexical_weights: optional(spec, "lexical_weights")?.unwrap_or(false),
         empty_inputs: optional(spec, "empty_inputs")?.unwrap_or(false),
+        multi_vector: optional(spec, "multi_vector")?.unwrap_or(false),
         max_input_tokens: max_length,
         vocab_size: field(spec, "vocab_size")?,
         device_batch_tokens: optional(spec, "batch_tokens")?,
@@ -122,6 +125,18 @@ fn read_weights(spec: &Bound<'_, PyAny>) -> Result<Option<WeightsInfo>, BridgeEr
         bytes: optional(spec, "weights_bytes")?.unwrap_or(0),
         format: optional(spec, "weights_format")?.unwrap_or_else(|| "safetensors".into()),
         folder: optional::<String>(spec, "path")?.map(PathBuf::from),
+    }))
+}
+
+/// `spec().tokenizer.query` / `.document` (an `InputModeSpec` dataclass or None).
+fn read_mode(tok: &Bound<'_, PyAny>, name: &str) -> Result<Option<InputMode>, BridgeError> {
+    let Some(mode) = optional::<Bound<'_, PyAny>>(tok, name)? else {
+        return Ok(None);
+    };
+    Ok(Some(InputMode {
+        insert_ids: field(&mode, "insert_ids")?,
+        max_length: field(&mode, "max_length")?,
+        expand_id: optional(&mode, "expand_id")?,
     }))
 }
 

@@ -98,6 +98,22 @@ pub(crate) async fn embed_answering(
     run(state, req, Task::Embed, bytes_per_value).await
 }
 
+/// Embeds `req` with a multi-vector (ColBERT) model (any other is a 400),
+/// `req.options.output` an [`Output::MultiVector`]: per input its token rows
+/// (`rows`), each scaled to unit length when `req.normalize` (PyLate's
+/// default). `req.dimensions` must be off.
+pub async fn embed_multi_vector(
+    state: &AppState,
+    req: EmbedRequest,
+) -> Result<EmbedOutput, ApiError> {
+    if !matches!(req.options.output, Output::MultiVector(_)) || req.dimensions.is_some() {
+        return Err(ApiError::invalid(
+            "multi-vector output is one row per token, at the model's width",
+        ));
+    }
+    run(state, req, Task::MultiVector, JSON_FLOAT_BYTES).await
+}
+
 /// What [`embed_sparse`] answers: each input's non-zero entries.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SparseOutput {
@@ -166,7 +182,7 @@ async fn run(
     }
     let output = req.options.output;
     let dimension = validate(&req, model)?;
-    if output == Output::Tokens {
+    if output.per_token() {
         req.options.max_token_rows = Some(MAX_TOKEN_OUTPUT_FLOATS / dimension.max(1));
     }
 
@@ -175,7 +191,7 @@ async fn run(
         Output::Pooled => n_inputs,
         // Room for sparse answers is kept once they are computed.
         Output::Sparse => 0,
-        Output::Tokens => {
+        Output::Tokens | Output::MultiVector(_) => {
             // 0 would be a model that states no cut.
             let per_input = match model.info().max_input_tokens {
                 0 => usize::MAX,
@@ -210,6 +226,14 @@ async fn run(
             dimension
         }
         Output::Tokens => row_width(&vectors, &out.row_counts)?,
+        Output::MultiVector(_) => {
+            if req.normalize {
+                for v in &mut vectors {
+                    v.chunks_exact_mut(dimension.max(1)).for_each(l2_normalize);
+                }
+            }
+            dimension
+        }
         Output::Sparse => 2,
     };
     let prompt_tokens = out.token_counts.iter().map(|&n| u64::from(n)).sum();

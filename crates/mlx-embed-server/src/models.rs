@@ -196,6 +196,8 @@ pub enum Task {
     /// caller of a classification route wants a classifier's labels, not a
     /// reranker's one relevance label.
     Predict,
+    /// A multi-vector (ColBERT) model's per-token vectors (`/v1/multi-vector`).
+    MultiVector,
     /// Tokenization only (`/tokenize`, `/decode`): any model.
     Tokenize,
     /// The model's facts (Ollama's `/api/show`): any model.
@@ -206,12 +208,17 @@ impl Task {
     fn accepts(self, info: &ModelInfo) -> bool {
         let kind = &info.kind;
         match self {
-            Task::Embed => matches!(kind, ModelKind::Embedding),
+            // A ColBERT model has no pooled vector: /v1/multi-vector only.
+            Task::Embed => matches!(kind, ModelKind::Embedding) && !info.multi_vector,
+            Task::MultiVector => matches!(kind, ModelKind::Embedding) && info.multi_vector,
             Task::EmbedSparse => {
                 matches!(kind, ModelKind::Embedding) && (info.sparse || info.lexical_weights)
             }
             Task::Rerank => matches!(kind, ModelKind::Reranker { .. }),
-            Task::Score => matches!(kind, ModelKind::Reranker { .. } | ModelKind::Embedding),
+            Task::Score => {
+                matches!(kind, ModelKind::Reranker { .. })
+                    || (matches!(kind, ModelKind::Embedding) && !info.multi_vector)
+            }
             Task::Predict => !matches!(kind, ModelKind::Embedding),
             Task::Tokenize | Task::Describe => true,
         }
@@ -229,7 +236,14 @@ impl Task {
 
     fn wants(self) -> &'static str {
         match self {
-            Task::Embed => "an embedding model",
+            Task::Embed => {
+                "an embedding model that pools (a multi-vector ColBERT model answers \
+                 POST /v1/multi-vector only)"
+            }
+            Task::MultiVector => {
+                "a multi-vector (ColBERT) model: a PyLate folder (Transformer -> Dense, \
+                 ColBERT settings in config_sentence_transformers.json)"
+            }
             Task::EmbedSparse => {
                 "a sparse model (SPLADE: a SparseEncoder folder, or a BertForMaskedLM folder \
                  served with --pooling splade; or a BGE-M3 folder, with its sparse_linear.pt)"
@@ -251,6 +265,7 @@ impl Task {
     fn one(self) -> &'static str {
         match self {
             Task::Embed => "an embedding model",
+            Task::MultiVector => "a multi-vector (ColBERT) model",
             Task::EmbedSparse => "a sparse model (SPLADE or BGE-M3)",
             Task::Rerank => "a reranker",
             Task::Score => "a reranker or an embedding model",

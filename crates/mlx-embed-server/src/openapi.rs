@@ -14,8 +14,8 @@ use crate::extract::PRIORITY_HEADER;
 use crate::middleware::needs_api_key;
 use crate::models::Task;
 use crate::routes::{
-    cohere, native, ollama, openai, ops, platforms, pooling, predict, rerank, root, similarity,
-    tei, tokens, vllm, weaviate,
+    cohere, jina, native, ollama, openai, ops, platforms, pooling, predict, rerank, root,
+    similarity, tei, tokens, vllm, weaviate,
 };
 
 #[derive(OpenApi)]
@@ -29,6 +29,7 @@ use crate::routes::{
         tei::embed,
         tei::embed_all,
         tei::embed_sparse,
+        jina::multi_vector,
         ollama::embed,
         ollama::embeddings,
         ollama::tags,
@@ -75,6 +76,7 @@ use crate::routes::{
         (name = "openai", description = "OpenAI compatible"),
         (name = "tei", description = "text-embeddings-inference compatible"),
         (name = "ollama", description = "Ollama compatible"),
+        (name = "jina", description = "Jina AI's multi-vector (ColBERT) API"),
         (name = "cohere", description = "Cohere embed and Cohere / Jina / Voyage AI rerank compatible"),
         (name = "vllm", description = "vLLM's score, pooling, classify and version APIs"),
         (name = "platforms", description = "AWS SageMaker (/invocations, /ping) and Google Vertex AI (/vertex), as TEI serves them"),
@@ -215,7 +217,7 @@ pub(crate) fn refusals_by_case(list: &str, cases: &[(&str, Task)]) -> String {
 /// [`Task::unknown_name_rule`]: [`ModelRules`] adds it. A schema in several
 /// unions (`/invocations`, `/vertex`) keeps its own routes' rule: those
 /// routes state theirs in their 4XX answer.
-const MODEL_FIELDS: [(&str, &[(&str, Task)]); 18] = [
+const MODEL_FIELDS: [(&str, &[(&str, Task)]); 19] = [
     ("NativeEmbedRequest", &[("", Task::Embed)]),
     // `/v1/embeddings` and vLLM's `/pooling` (its `allOf`).
     ("OpenAiEmbeddingRequest", &[("", Task::Embed)]),
@@ -232,6 +234,7 @@ const MODEL_FIELDS: [(&str, &[(&str, Task)]); 18] = [
     ("OllamaShowRequest", &[("", Task::Describe)]),
     ("OllamaPullRequest", &[("", Task::Describe)]),
     ("CohereEmbedRequest", &[("", Task::Embed)]),
+    ("MultiVectorRequest", &[("", Task::MultiVector)]),
     ("CohereRerankRequest", &[("", Task::Rerank)]),
     ("VoyageRerankRequest", &[("", Task::Rerank)]),
     ("TeiRerankRequest", &[("", Task::Rerank)]),

@@ -4,13 +4,13 @@ use std::collections::hash_map::{Entry, HashMap};
 use std::path::Path;
 
 use mlx_embed_core::{
-    EmbedInput, EmbedOptions, EmbedderError, Encoded, Prompt, TokenSpan, Tokenize,
+    EmbedInput, EmbedOptions, EmbedderError, Encoded, Output, Prompt, Side, TokenSpan, Tokenize,
     TruncationDirection,
 };
 use tokenizers::Tokenizer;
 
 use crate::pair::{cut, cut_document_start};
-use crate::{PairSpec, TokenizerError, TokenizerSpec};
+use crate::{InputMode, PairSpec, TokenizerError, TokenizerSpec};
 
 /// A model's tokenizer with its prompts, specials and length limit.
 pub struct HfTokenizer {
@@ -485,6 +485,52 @@ impl HfTokenizer {
     }
 }
 
+impl HfTokenizer {
+    /// The tokenizer mode of a multi-vector output, where the model has one.
+    fn mode(&self, output: Output) -> Option<&InputMode> {
+        match output {
+            Output::MultiVector(Side::Query) => self.spec.query.as_ref(),
+            Output::MultiVector(Side::Document) => self.spec.document.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// A multi-vector model's text in one of its modes ([`InputMode`]): the
+    /// content cut to what the mode's length leaves beside the specials and
+    /// the insert (or a request's `truncate_to` below it), wrapped in the
+    /// specials, the insert after the first token, then the expansion.
+    /// `untruncated_len` counts the insert, as the cut does.
+    fn finish_mode(
+        &self,
+        content: &[u32],
+        direction: TruncationDirection,
+        mode: &InputMode,
+        truncate_to: Option<usize>,
+    ) -> Result<Encoded, EmbedderError> {
+        let specials =
+            self.spec.prefix_ids.len() + self.spec.suffix_ids.len() + mode.insert_ids.len();
+        let max_length = truncate_to.map_or(mode.max_length, |n| n.min(mode.max_length));
+        let untruncated_len = u32::try_from(content.len() + specials).unwrap_or(u32::MAX);
+        let content = cut(content, content_room(max_length, specials)?, direction);
+        let mut ids = Vec::with_capacity(mode.max_length.max(content.len() + specials));
+        ids.extend_from_slice(&self.spec.prefix_ids);
+        ids.extend_from_slice(content);
+        ids.extend_from_slice(&self.spec.suffix_ids);
+        let at = ids.len().min(1);
+        ids.splice(at..at, mode.insert_ids.iter().copied());
+        if let Some(expand) = mode.expand_id {
+            let short = mode.max_length.saturating_sub(ids.len());
+            ids.extend(std::iter::repeat_n(expand, short));
+        }
+        Ok(Encoded {
+            ids,
+            type_ids: None,
+            untruncated_len,
+            pool_start: 0,
+        })
+    }
+}
+
 /// Content tokens that fit in `max_length` beside `specials` special tokens:
 /// at least one, or a per-request cut (`truncate_to`) too short for the
 /// model's specials is invalid input. (The model's own maximum always
@@ -545,6 +591,9 @@ impl Tokenize for HfTokenizer {
                     }
                     _ => self.encode_text(text, prompt)?,
                 };
+                if let Some(mode) = self.mode(options.output) {
+                    return self.finish_mode(&content, direction, mode, options.truncate_to);
+                }
                 let mut encoded = self.finish(&content, direction, max_length)?;
                 if self.spec.pool_without_prompt {
                     let pooled_out = self.prompt_in_effect(&options.prompt, text, prompt);

@@ -42,4 +42,4 @@ mod spec;
 pub use encoder::{HfTokenizer, MAX_TEMPLATE_PAIR_BYTES};
 pub use error::TokenizerError;
 pub use pair::{query_first_lengths, truncate_pair_lengths, PairSpec};
-pub use spec::TokenizerSpec;
+pub use spec::{InputMode, TokenizerSpec};

@@ -49,4 +49,24 @@ pub struct TokenizerSpec {
     /// prompt tokenized alone with the specials, less the closing special,
     /// as sentence-transformers counts it (less what a left cut took of it).
     pub pool_without_prompt: bool,
+    /// A multi-vector (ColBERT) model's query mode: how a text is tokenized
+    /// for [`Output::MultiVector`](mlx_embed_core::Output)`(Side::Query)`.
+    pub query: Option<InputMode>,
+    /// Its document mode (`Side::Document`).
+    pub document: Option<InputMode>,
+}
+
+/// How a multi-vector model's query or document text becomes ids, as
+/// PyLate's `ColBERT.tokenize` makes them (the Python `InputModeSpec`): the
+/// text is encoded as any input (prompt, specials), its content cut so that
+/// the whole, `insert_ids` included, holds at most `max_length` tokens;
+/// `insert_ids` (the `[Q]` / `[D]` marker) go in after the sequence's first
+/// token (`[CLS]`); then, with `expand_id` set, the sequence is padded with
+/// it to `max_length` (query expansion with `[MASK]`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InputMode {
+    pub insert_ids: Vec<u32>,
+    /// Tokens of an input in this mode, specials and `insert_ids` included.
+    pub max_length: usize,
+    pub expand_id: Option<u32>,
 }

@@ -3,6 +3,7 @@
 //! [`crate::embed::embed`], and formats its own response.
 
 pub mod cohere;
+pub mod jina;
 pub mod native;
 pub mod ollama;
 pub mod openai;
@@ -55,6 +56,7 @@ pub fn router(state: AppState) -> Router {
         .route("/embed", post(tei::embed))
         .route("/embed_all", post(tei::embed_all))
         .route("/embed_sparse", post(tei::embed_sparse))
+        .route("/v1/multi-vector", post(jina::multi_vector))
         .route("/api/embed", post(ollama::embed))
         .route("/api/embeddings", post(ollama::embeddings))
         .route("/api/tags", get(ollama::tags))

@@ -75,7 +75,7 @@ def test_vectors_match_pylate(server, side):
     ({"input": ["a"], "dimensions": 8}, 400, "16 wide"),
     ({"input": []}, 400, "input is empty"),
     ({"input": ["a"], "input_type": "passage"}, 422, "input_type"),
-    ({"input": ["a"], "model": "nomic-bert"}, 400, "multi-vector"),
+    ({"input": ["a"], "model": "tiny-nomic-bert"}, 400, "multi-vector"),
 ])
 def test_refusals(server, body, status, words):
     r = requests.post(f"{server.url}/v1/multi-vector", json=body, timeout=30)

@@ -96,7 +96,9 @@ async fn pooled_and_token_requests_never_share_a_model_call() {
             match output {
                 Output::Pooled => assert_answer(&texts, &got),
                 Output::Tokens => assert_token_rows(&texts, &got),
-                Output::Sparse => unreachable!("only pooled and token requests here"),
+                Output::Sparse | Output::MultiVector(_) => {
+                    unreachable!("only pooled and token requests here")
+                }
             }
             (texts, output)
         }));

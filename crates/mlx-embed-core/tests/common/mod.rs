@@ -291,7 +291,9 @@ impl Embedder for Fake {
                     .collect(),
                 inputs.iter().map(|e| e.len() as u32).collect(),
             ),
-            Output::Sparse => unreachable!("the batcher refuses sparse output of this fake"),
+            Output::Sparse | Output::MultiVector(_) => {
+                unreachable!("the batcher refuses sparse and multi-vector output of this fake")
+            }
         };
         if batch.iter().any(|t| t.contains(BAD_SHAPE)) {
             vectors.pop();

@@ -111,9 +111,14 @@ def run_model(path: str | None, run: str, extra: dict) -> dict:
         ops.EvaluationPoints.__init__ = lambda self, chunk_bytes, depth=2: points(self, 1, depth)
     try:
         m = mlx_embed.load(path, dtype=spec["dtype"], packed_rows=spec.get("packed_rows", False), **extra)
-        kind = m.spec().kind
+        spec_ = m.spec()
+        kind = spec_.kind
         some = texts()
-        if kind == "reranker":
+        if spec_.multi_vector:
+            # A ColBERT model has no pooled vector: every kept token row of
+            # the texts as queries (expansion rows included) and as documents.
+            out = np.concatenate([*m.embed_multi_vector(some, is_query=True), *m.embed_multi_vector(some)])
+        elif kind == "reranker":
             out = m.score(list(zip(some[:-1], some[1:])), raw_scores=True)
         elif kind == "classifier":
             out = m.predict(some, raw_scores=True)

@@ -142,7 +142,7 @@ class EmbeddingModel(ScoringMixin):
         if isinstance(ck.head, st_modules.ColbertPipeline):
             self.multi_vector = multi_vector.resolve(
                 ck.head, self.tokenizer.token_id, unknown_id(self.tokenizer._tok),
-                ck.tokenizer_files or os.path.dirname(ck.tokenizer_path), self.max_length, self.name,
+                tokenizer_folder, self.max_length, self.name,
             )
         # Whether an input may run with no tokens at all (its vector is what
         # the pooling makes of nothing: zeros for the mean).

@@ -36,6 +36,7 @@ from typing import Optional
 import numpy as np
 
 from .json_files import read_json
+from .pairs import _cut
 from .spec import InputModeSpec
 from .st_modules import ColbertPipeline
 
@@ -49,8 +50,9 @@ class MultiVector:
 
     query: InputModeSpec
     document: InputModeSpec
-    # Ids whose rows a document leaves out (the skiplist).
-    skiplist_ids: frozenset
+    # Ids whose rows a document leaves out (the skiplist), as the array
+    # np.isin reads on every call.
+    skiplist_ids: np.ndarray
     # Whether a query's expansion tokens are attended to.
     attend_to_expansion: bool
     pipeline: ColbertPipeline
@@ -79,9 +81,9 @@ class MultiVector:
         the kept rows projected by the Dense layers [sum of kept, dim]
         float32, and the kept count per input."""
         lengths = [len(r) for r in ids]
-        if output == DOCUMENT and self.skiplist_ids and hidden.shape[0]:
+        if output == DOCUMENT and self.skiplist_ids.size and hidden.shape[0]:
             flat = np.fromiter((t for r in ids for t in r), dtype=np.int64, count=sum(lengths))
-            keep = ~np.isin(flat, np.fromiter(self.skiplist_ids, dtype=np.int64))
+            keep = ~np.isin(flat, self.skiplist_ids)
             hidden = hidden[keep]
             at = np.cumsum([0, *lengths])
             rows = [int(keep[a:b].sum()) for a, b in zip(at[:-1], at[1:])]
@@ -155,7 +157,7 @@ def resolve(pipeline: ColbertPipeline, token_id, unknown_id: Optional[int], toke
     return MultiVector(
         query=InputModeSpec(prefix(s.query_prefix, "query"), s.query_length, expand),
         document=InputModeSpec(prefix(s.document_prefix, "document"), s.document_length, None),
-        skiplist_ids=frozenset(skip),
+        skiplist_ids=np.array(sorted(skip), dtype=np.int64),
         attend_to_expansion=s.attend_to_expansion_tokens,
         pipeline=pipeline,
     )
@@ -170,9 +172,7 @@ def apply_mode(prefix: list[int], content: list[int], suffix: list[int], mode: I
     if room < 0:
         raise ValueError(f"a mode of {mode.max_length} tokens has no room for the specials")
     before = len(prefix) + len(content) + len(suffix) + len(mode.insert_ids)
-    if len(content) > room:
-        content = content[len(content) - room :] if direction == "left" else content[:room]
-    full = prefix + content + suffix
+    full = prefix + _cut(content, room, direction == "left") + suffix
     ids = full[:1] + list(mode.insert_ids) + full[1:]
     if mode.expand_id is not None and len(ids) < mode.max_length:
         ids = ids + [mode.expand_id] * (mode.max_length - len(ids))

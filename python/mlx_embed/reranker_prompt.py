@@ -134,8 +134,7 @@ def cross_encoder_prompt(folder: str, tokenizer_files: str,
       tokenizer's pair encoding, as sentence-transformers 5 and vLLM encode
       it (tokenizer(query, document))."""
     if os.path.isfile(os.path.join(folder, "modules.json")):
-        bert_cfg = read_json(os.path.join(folder, st_modules.transformer_subfolder(folder) or "",
-                                          "sentence_bert_config.json"))
+        bert_cfg = st_modules.transformer_config(folder)
         modality = bert_cfg.get("modality_config") if isinstance(bert_cfg, dict) else None
         if not (isinstance(modality, dict) and "message" in modality):
             return None

@@ -234,6 +234,25 @@ class ColbertPipeline(StPipeline):
         raise ValueError("a ColBERT model gives one vector per token, not a pooled vector")
 
 
+def transformer_config(folder: str) -> dict:
+    """The Transformer module's own settings (sentence_bert_config.json, in
+    its subfolder in the layout of sentence-transformers before 2.0)."""
+    return read_json(os.path.join(folder, transformer_subfolder(folder) or "", "sentence_bert_config.json")) or {}
+
+
+def _prompts(st_cfg: dict, folder: str) -> tuple[dict, Optional[str]]:
+    """config_sentence_transformers.json's prompts and default prompt name, checked."""
+    prompts = st_cfg.get("prompts") or {}
+    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
+        raise ValueError(f"{folder}/{ST_CONFIG}: prompts must map names to strings")
+    default_name = st_cfg.get("default_prompt_name")
+    if default_name is not None and default_name not in prompts:
+        raise ValueError(
+            f"{folder}/{ST_CONFIG}: default_prompt_name {default_name!r} is not one of the prompts {sorted(prompts)}"
+        )
+    return dict(prompts), default_name
+
+
 def _is_colbert(modules, st_cfg: dict) -> bool:
     """PyLate's layout: a Transformer then Dense layers, no Pooling, and a
     PyLate Dense or the ColBERT keys PyLate saves (its MaxSim similarity)."""
@@ -286,18 +305,11 @@ def read_colbert_pipeline(folder: str) -> ColbertPipeline:
     st_cfg = read_json(os.path.join(folder, ST_CONFIG)) or {}
     where = f"{folder}/{ST_CONFIG}"
     settings = _colbert_settings(st_cfg, where)
-    bert_cfg = read_json(
-        os.path.join(folder, transformer_subfolder(folder) or "", "sentence_bert_config.json")
-    ) or {}
-    prompts = st_cfg.get("prompts") or {}
-    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
-        raise ValueError(f"{where}: prompts must map names to strings")
-    default_name = st_cfg.get("default_prompt_name")
-    if default_name is not None and default_name not in prompts:
-        raise ValueError(f"{where}: default_prompt_name {default_name!r} is not one of the prompts {sorted(prompts)}")
+    bert_cfg = transformer_config(folder)
+    prompts, default_name = _prompts(st_cfg, folder)
     pipe = ColbertPipeline(
         pooling=("mean",),
-        prompts=dict(prompts),
+        prompts=prompts,
         default_prompt_name=default_name,
         max_seq_length=max(settings.query_length, settings.document_length),
         lowercase=_flag(bert_cfg, "do_lower_case", folder),
@@ -650,27 +662,15 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
         # the default way, as for a folder without modules.json.
         modules = None
     st_cfg = read_json(os.path.join(folder, ST_CONFIG)) or {}
-    # The Transformer module's own settings, in its subfolder in the layout
-    # of sentence-transformers before 2.0.
-    bert_cfg = read_json(
-        os.path.join(folder, transformer_subfolder(folder) or "", "sentence_bert_config.json")
-    ) or {}
+    bert_cfg = transformer_config(folder)
     _check_text_modality(bert_cfg, folder)
     processing_cut = _processing_max_length(bert_cfg, folder)
-    prompts = st_cfg.get("prompts") or {}
-    if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
-        raise ValueError(f"{folder}/config_sentence_transformers.json: prompts must map names to strings")
-    default_name = st_cfg.get("default_prompt_name")
-    if default_name is not None and default_name not in prompts:
-        raise ValueError(
-            f"{folder}/config_sentence_transformers.json: default_prompt_name {default_name!r} "
-            f"is not one of the prompts {sorted(prompts)}"
-        )
+    prompts, default_name = _prompts(st_cfg, folder)
     # The tokenizer call's own max_length wins over max_seq_length.
     max_len = processing_cut or bert_cfg.get("max_seq_length")
     pipe = StPipeline(
         pooling=pooling.check_modes(default_pooling),
-        prompts=dict(prompts),
+        prompts=prompts,
         default_prompt_name=default_name,
         max_seq_length=int(max_len) if max_len else None,
         lowercase=_flag(bert_cfg, "do_lower_case", folder),

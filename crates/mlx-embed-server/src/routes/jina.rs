@@ -106,9 +106,6 @@ async fn answer(
     req: MultiVectorRequest,
     priority: Option<mlx_embed_core::Priority>,
 ) -> Result<MultiVectorResponse, ApiError> {
-    if req.input.is_empty() {
-        return Err(ApiError::invalid("input is empty: send at least one text").param("input"));
-    }
     if let Some(kind) = req.embedding_type.as_deref().filter(|k| *k != "float") {
         return Err(ApiError::invalid(format!(
             "embedding_type {kind:?} is not supported: only \"float\""

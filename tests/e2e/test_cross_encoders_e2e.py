@@ -114,3 +114,29 @@ def test_classifier_predict_matches_reference(served):
         "id2label": {str(i): lab for i, lab in enumerate(labels)},
         "label2id": {lab: i for i, lab in enumerate(labels)},
     }}
+
+
+def test_several_rerank_models_each_answer_their_own_scores(tmp_path):
+    """`--rerank-model a,b --rerank-model c`: each folder is served as a reranker,
+    and a request's `model` picks which one scores it (Cohere's /v1/rerank)."""
+    rerankers = [FIXTURES / "tiny-bert-reranker", FIXTURES / "tiny-xlmr-reranker", FIXTURES / "tiny-electra-reranker"]
+    srv = start_server(
+        tmp_path, "--rerank-model", f"{rerankers[0]},{rerankers[1]}", "--rerank-model", str(rerankers[2]),
+        "--no-warmup",
+    )
+    try:
+        served = {m["id"] for m in srv.get("/v1/models").json()["data"]}
+        assert served >= {r.name for r in rerankers}
+        for reranker in rerankers:
+            pairs = _pairs(reranker)
+            logits = np.load(reranker / "reference_pair_logits.npy")
+            q, idx = next((q, idx) for q, idx in _by_query(pairs).items() if len(idx) >= 3)
+            r = srv.post("/v1/rerank", {"model": reranker.name, "query": q, "documents": [pairs[i][1] for i in idx],
+                                        "raw_scores": True})
+            assert r.status_code == 200, r.text
+            got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+            assert sorted(got) == list(range(len(idx)))
+            for k, i in enumerate(idx):
+                assert abs(got[k] - float(logits[i, 0])) <= 1e-5, (reranker.name, k)
+    finally:
+        assert srv.stop() == 0, srv.log()[-4000:]

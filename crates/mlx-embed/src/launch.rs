@@ -43,10 +43,11 @@ pub struct ModelArgs {
     #[arg(long, env = "MLX_EMBED_MODEL", value_delimiter = ',', value_parser = parse_model)]
     pub model: Vec<String>,
     /// A cross-encoder to serve next to the embedding model(s) for /rerank, /v1/rerank,
-    /// /v2/rerank and /predict: a *ForSequenceClassification folder, or a Qwen3 decoder
-    /// scored as a yes/no reranker (Qwen3-Reranker).
-    #[arg(long, env = "MLX_EMBED_RERANK_MODEL", value_parser = parse_model)]
-    pub rerank_model: Option<String>,
+    /// /v2/rerank and /predict: a *ForSequenceClassification folder, or a decoder scored as a
+    /// yes/no reranker (Qwen3-Reranker, mxbai-rerank v2). Repeat it (or separate folders with
+    /// commas) to serve several; a request's `model` field picks one.
+    #[arg(long, env = "MLX_EMBED_RERANK_MODEL", value_delimiter = ',', value_parser = parse_model)]
+    pub rerank_model: Vec<String>,
     /// Weights dtype. float32 is the only fast one on x86 CPUs.
     #[arg(long, env = "MLX_EMBED_DTYPE", default_value = "float32", value_parser = ["float32", "float16", "bfloat16"])]
     pub dtype: String,
@@ -232,7 +233,7 @@ impl ModelArgs {
     }
 
     /// What to load, in serving order: each `--model` (or the default model),
-    /// then the `--rerank-model`, loaded as a reranker.
+    /// then each `--rerank-model`, loaded as a reranker.
     fn all_options(&self) -> Vec<PythonModelOptions> {
         let mut out: Vec<PythonModelOptions> = if self.model.is_empty() {
             vec![self.options(None)]
@@ -242,16 +243,14 @@ impl ModelArgs {
                 .map(|m| self.options(Some(m.clone())))
                 .collect()
         };
-        if let Some(path) = &self.rerank_model {
-            out.push(PythonModelOptions {
-                // The query instruction and pooling are the embedding
-                // model's; the reranker's prompt comes with its model file.
-                instruction: None,
-                pooling: None,
-                kind: Some("reranker".into()),
-                ..self.options(Some(path.clone()))
-            });
-        }
+        out.extend(self.rerank_model.iter().map(|path| PythonModelOptions {
+            // The query instruction and pooling are the embedding
+            // model's; the reranker's prompt comes with its model file.
+            instruction: None,
+            pooling: None,
+            kind: Some("reranker".into()),
+            ..self.options(Some(path.clone()))
+        }));
         out
     }
 
@@ -723,8 +722,12 @@ mod tests {
             ["all-MiniLM-L6-v2", "/path/b", "c"]
         );
         assert_eq!(
-            parsed(&["--rerank-model", " r "]).rerank_model.as_deref(),
-            Some("r")
+            parsed(&["--rerank-model", " r , s"]).rerank_model,
+            ["r", "s"]
+        );
+        assert_eq!(
+            parsed(&["--rerank-model", "r", "--rerank-model", "s"]).rerank_model,
+            ["r", "s"]
         );
     }
 
@@ -772,6 +775,21 @@ mod tests {
                 canonical.display()
             ))
         );
+        assert!(check(&["--rerank-model", &format!("{folder_s},{slash}")])
+            .expect_err("twice")
+            .starts_with(&format!(
+                "--rerank-model {folder_s} and --rerank-model {slash} are"
+            )));
+        let served = parsed(&[
+            "--rerank-model",
+            &folder_s,
+            "--rerank-model",
+            "all-MiniLM-L6-v2",
+        ]);
+        let options = served.all_options();
+        let kinds: Vec<_> = options.iter().map(|o| o.kind.as_deref()).collect();
+        assert_eq!(kinds, [None, Some("reranker"), Some("reranker")]);
+        assert_eq!(options[1].model.as_deref(), Some(folder_s.as_str()));
         assert!(check(&["--model", &folder_s, "--rerank-model", &slash])
             .expect_err("twice")
             .starts_with(&format!(

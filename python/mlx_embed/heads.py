@@ -4,13 +4,14 @@
   architecture (``models/sequence_classification.py``) is a cross-encoder:
   one label makes it a ``reranker`` (ms-marco-MiniLM, bge-reranker), several
   a ``classifier`` (labels from ``id2label``), as TEI decides.
-* A decoder that can score yes/no (Qwen3, Qwen2: ``models/decoder_reranker.py``)
+* A decoder that can score yes/no (Qwen3, Qwen2, Gemma: ``models/decoder_reranker.py``)
   is a ``reranker`` when asked for (``kind="reranker"``, the server's
   ``--rerank-model``), when its modules.json has sentence-transformers 6's
   ``LogitScore``, or when its folder is named like one ("...rerank...",
-  as Qwen/Qwen3-Reranker-* and mixedbread-ai/mxbai-rerank-base-v2 are): its
-  config.json says only ``Qwen3ForCausalLM`` / ``Qwen2ForCausalLM``, the same
-  as Qwen3-Embedding's and a Qwen2 chat model's. (gte-Qwen2's ``Qwen2Model``
+  as Qwen/Qwen3-Reranker-*, mixedbread-ai/mxbai-rerank-base-v2 and
+  BAAI/bge-reranker-v2-gemma are): its config.json says only
+  ``Qwen3ForCausalLM`` / ``Qwen2ForCausalLM`` / ``GemmaForCausalLM``, the
+  same as Qwen3-Embedding's and a chat model's. (gte-Qwen2's ``Qwen2Model``
   folders stay embedding models: no LogitScore, no such name.)
 * Another ``*ForSequenceClassification`` is refused unless the caller asks
   for an embedding model or the folder pools it: as an embedding model its
@@ -50,8 +51,8 @@ SPLADE = "splade"
 # config.json model_type -> the decoder-reranker module for it.
 # One module scores them all (the decoder module's backbone and the true/false
 # rows of its LM head); each decoder's default prompt is its reranker's card:
-# Qwen3-Reranker's, and for Qwen2 mxbai-rerank v2's.
-DECODER_RERANKERS = {"qwen3": "decoder_reranker", "qwen2": "decoder_reranker"}
+# Qwen3-Reranker's, for Qwen2 mxbai-rerank v2's, for Gemma bge-reranker-v2-gemma's.
+DECODER_RERANKERS = {"qwen3": "decoder_reranker", "qwen2": "decoder_reranker", "gemma": "decoder_reranker"}
 
 
 @dataclass(frozen=True)

@@ -53,15 +53,27 @@ def segment_spec(tokenizer: Tokenizer, prompt) -> PairSpec:
     """A segment pair spec from a template-less ``RerankerPrompt``
     (mxbai-rerank v2): its prefix, middle and suffix as ids, its query and
     document prompts and its cut."""
+    prefix_ids = _piece_ids(tokenizer, prompt.prefix)
+    suffix_ids = _piece_ids(tokenizer, prompt.suffix)
     return PairSpec(
-        prefix_ids=_piece_ids(tokenizer, prompt.prefix),
+        prefix_ids=prefix_ids,
         middle_ids=_piece_ids(tokenizer, prompt.middle),
-        suffix_ids=_piece_ids(tokenizer, prompt.suffix),
+        suffix_ids=suffix_ids,
         query_prompt=prompt.query_prompt,
         document_prompt=prompt.document_prompt,
         instruction_prompt=prompt.instruction_prompt,
         query_share=tuple(prompt.query_share) if prompt.query_share is not None else None,
+        uncounted=_uncounted(prompt, prefix_ids, suffix_ids),
     )
+
+
+def _uncounted(prompt, prefix_ids: list, suffix_ids: list) -> int:
+    """The input's tokens a reranker library's ``max_length`` leaves out:
+    ``prompt.uncounted`` = (a, b) weighs the prefix's and the suffix's."""
+    if prompt.uncounted is None:
+        return 0
+    a, b = prompt.uncounted
+    return a * len(prefix_ids) + b * len(suffix_ids)
 
 
 def format_pair(spec: PairSpec, query: str, document: str, instruction: Optional[str] = None) -> str:
@@ -110,14 +122,16 @@ def truncate_pair_lengths(n1: int, n2: int, budget: int) -> tuple[int, int]:
     return (n2, n1) if swap else (n1, n2)
 
 
-def query_first_lengths(n1: int, n2: int, budget: int, middle: int, share: tuple[int, int]) -> tuple[int, int]:
-    """Content lengths kept by mxbai-rerank v2's cut: the query (its
-    prompt included) keeps at most ``(budget + middle) * n // d`` tokens
-    (the library's ``max_length * 3 // 4``, its ``max_length`` counting the
-    separator between query and document), the document what is left."""
+def query_first_lengths(n1: int, n2: int, budget: int, room: int, share: tuple[int, int]) -> tuple[int, int]:
+    """Content lengths kept by a reranker library's query-first cut, in its
+    own ``max_length`` (``room``): the query (its prompt included) keeps at
+    most ``room * n // d`` tokens (``max_length * 3 // 4`` in mxbai-rerank v2
+    and FlagEmbedding), the document at most ``room`` and what the budget
+    leaves."""
     num, den = share
-    n1 = min(n1, (budget + middle) * num // den, budget)
-    return n1, min(n2, budget - n1)
+    room = max(room, 0)
+    n1 = min(n1, room * num // den, budget)
+    return n1, min(n2, room, budget - n1)
 
 
 def segment_prompts(spec: PairSpec, instruction: Optional[str]) -> tuple[str, str]:
@@ -225,8 +239,8 @@ class PairEncoder:
             if s.query_share is None:
                 n1, n2 = truncate_pair_lengths(len(a), len(b), self.max_content)
             else:
-                n1, n2 = query_first_lengths(len(a), len(b), self.max_content, len(s.middle_ids),
-                                             s.query_share)
+                n1, n2 = query_first_lengths(len(a), len(b), self.max_content,
+                                             self.max_length - s.uncounted, s.query_share)
             a, b = _cut(a, n1, left), _cut(b, n2, left)
             ids.append(s.prefix_ids + a + s.middle_ids + b + s.suffix_ids)
             if types is not None:

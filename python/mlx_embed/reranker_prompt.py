@@ -84,12 +84,15 @@ class RerankerPrompt:
     # + document encoded apart, ``middle``'s ids between them;
     # instruction_prompt goes before the query's prompt when a call gives an
     # instruction; the cut keeps the query to query_share of the room
-    # (spec.PairSpec).
+    # (spec.PairSpec), in the library's own max_length, which leaves out
+    # ``a * len(prefix) + b * len(suffix)`` of the input's tokens for
+    # uncounted = (a, b).
     middle: Union[str, tuple] = ""
     query_prompt: Optional[str] = None
     document_prompt: Optional[str] = None
     instruction_prompt: Optional[str] = None
     query_share: Optional[tuple] = None
+    uncounted: Optional[tuple] = None
 
 
 def from_folder(card: RerankerPrompt, folder: str, tokenizer_files: str,
@@ -110,7 +113,7 @@ def from_folder(card: RerankerPrompt, folder: str, tokenizer_files: str,
             # The template's prompt whole: none of a segment card's pieces stay.
             prompt = dataclasses.replace(prompt, **parts, middle="", query_prompt=None,
                                          document_prompt=None, instruction_prompt=None,
-                                         query_share=None)
+                                         query_share=None, uncounted=None)
     return prompt
 
 

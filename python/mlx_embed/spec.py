@@ -34,9 +34,15 @@ class PairSpec:
     encoded with it; ``instruction_prompt`` (its ``{instruction}`` replaced)
     goes before ``query_prompt`` when a call gives an instruction (segments
     without it take none). ``query_share`` ``(n, d)`` replaces
-    ``longest_first``: the query keeps at most ``(budget + len(middle_ids))
-    * n // d`` tokens and the document what the budget leaves
-    (:func:`mlx_embed.pairs.query_first_lengths`)."""
+    ``longest_first`` with a reranker library's cut, stated in that
+    library's ``max_length``, which leaves ``uncounted`` of the input's
+    tokens out: with ``room = max_length - uncounted``, the query keeps at
+    most ``room * n // d`` tokens and the document at most ``room`` and what
+    the budget leaves (:func:`mlx_embed.pairs.query_first_lengths`).
+    mxbai-rerank's ``max_length`` counts the pair and its separator
+    (``uncounted`` = prefix + suffix); FlagEmbedding's LLM reranker bounds
+    ``[bos] q \\n d`` by ``max_length`` + the separator and task prompt it
+    then appends (``uncounted`` = twice the suffix)."""
 
     prefix_ids: list[int]
     middle_ids: list[int]
@@ -49,6 +55,7 @@ class PairSpec:
     document_prompt: Optional[str] = None
     instruction_prompt: Optional[str] = None
     query_share: Optional[tuple[int, int]] = None
+    uncounted: int = 0
 
 
 @dataclass(frozen=True)

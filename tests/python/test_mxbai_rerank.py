@@ -144,7 +144,7 @@ def test_instructions():
     (100, 0, 3, (3, 0)),
 ])
 def test_query_first_lengths(n1, n2, budget, want):
-    assert query_first_lengths(n1, n2, budget, 1, (3, 4)) == want
+    assert query_first_lengths(n1, n2, budget, budget + 1, (3, 4)) == want
 
 
 def test_a_long_query_keeps_three_quarters():
@@ -204,7 +204,7 @@ def test_recognized_by_name_kind_or_logit_score(tmp_path):
     ("mxbai-rerank-large-v1", False), ("mxbai-embed-large-v1", False), ("tiny-mxbai-rerank-v2", False),
 ])
 def test_mxbai_v2_names(name, named):
-    assert decoder_reranker.named_mxbai_v2(f"/models/{name}") is named
+    assert (decoder_reranker.named_card("qwen2", f"/models/{name}") is not None) is named
 
 
 def test_a_logit_score_qwen2_folder_scores_with_its_tokens(tmp_path):

@@ -49,6 +49,7 @@ SUPPORTED = (
     "qwen2",
     "mistral",
     "qwen3",
+    "gemma",
     "gemma2",
     "gemma3_text",
     "model2vec",

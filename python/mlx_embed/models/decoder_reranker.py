@@ -1,5 +1,6 @@
-"""Causal decoders as yes/no rerankers: Qwen3-Reranker (Qwen3) and
-mixedbread's mxbai-rerank-base/large-v2 (Qwen2).
+"""Causal decoders as yes/no rerankers: Qwen3-Reranker (Qwen3),
+mixedbread's mxbai-rerank-base/large-v2 (Qwen2) and BAAI's
+bge-reranker-v2-gemma (Gemma).
 
 A causal LM reads one prompt holding the query and the document (and an
 instruction), and the relevance is the log-odds of its next token being the
@@ -7,17 +8,19 @@ instruction), and the relevance is the log-odds of its next token being the
 the last position, as sentence-transformers' ``LogitScore``, the
 Qwen3-Reranker model card (``yes``/``no``; its ``softmax([no, yes])[1]`` is
 the sigmoid of that difference) and the mxbai-rerank library (``1``/``0``,
-its raw score) compute it. Only those vocabulary rows of the LM head are
-kept and multiplied, not the whole head.
+its raw score) compute it, or the true token's logit alone, as FlagEmbedding
+scores bge-reranker-v2-gemma (``Yes``). Only those vocabulary rows of the LM
+head are kept and multiplied, not the whole head.
 
 The backbone is the decoder's own embedding module's (``qwen3.py``,
-``qwen2.py``: mlx-lm's transformer with this engine's kernels, config checks
-and packing); right padding is exact for the same reason as there (causal
-attention never looks ahead), and the score is read at each row's last real
-token. Each decoder has a default prompt, its reranker's card
-(:data:`CARDS`); a folder's own (sentence-transformers 6's ``LogitScore`` and
-chat template) replaces it (``reranker_prompt.py``), except in a folder
-named as an mxbai-rerank v2 model, which is scored as that library scores it.
+``qwen2.py``, ``gemma.py``: mlx-lm's transformer with this engine's kernels,
+config checks and packing); right padding is exact for the same reason as
+there (causal attention never looks ahead), and the score is read at each
+row's last real token. Each decoder has a default prompt, its reranker's
+card (:data:`CARDS`); a folder's own (sentence-transformers 6's
+``LogitScore`` and chat template) replaces it (``reranker_prompt.py``),
+except in a folder named as a model whose library scores it with its own
+(:data:`NAMED_CARDS`: mxbai-rerank v2, bge-reranker-v2-gemma).
 """
 
 from __future__ import annotations
@@ -32,12 +35,12 @@ import mlx.nn as nn
 
 from .. import ops, st_modules
 from ..reranker_prompt import RerankerPrompt, chat_template
-from . import DECODER_SIBLINGS, qwen2, qwen3
+from . import DECODER_SIBLINGS, gemma, qwen2, qwen3
 
 log = logging.getLogger("mlx_embed")
 
 # config.json model_type -> the decoder module whose backbone scores.
-DECODERS = {"qwen3": qwen3, "qwen2": qwen2}
+DECODERS = {"qwen3": qwen3, "qwen2": qwen2, "gemma": gemma}
 
 # Queries/keys/values and gate/up as one matmul each (sibling_linears.py).
 JOINED_LINEARS = DECODER_SIBLINGS
@@ -78,16 +81,51 @@ MXBAI_RERANK_V2 = RerankerPrompt(
     document_prompt="document: ",
     instruction_prompt="instruction: {instruction}\n",
     query_share=(3, 4),
+    # Its max_length counts the query, the separator and the document.
+    uncounted=(1, 1),
     true_token="1",
     false_token="0",
 )
 
-# Each decoder's default prompt: its reranker's card.
-CARDS = {"qwen3": QWEN3_RERANKER, "qwen2": MXBAI_RERANK_V2}
+# bge-reranker-v2-gemma as FlagEmbedding (1.4, FlagLLMReranker:
+# BaseLLMReranker.compute_score_single_gpu) builds its input, each piece
+# tokenized on its own without special tokens: [bos] + "A: {query}" (cut to
+# max_length * 3 // 4) + "\n" + "B: {passage}" (cut to max_length, then to
+# what is left of max_length + the separator and prompt, only_second) + "\n"
+# + its default prompt; the score is logit("Yes") at the last position, raw
+# (its normalize=True is the sigmoid). Its default max_length is 512.
+BGE_GEMMA_PROMPT = (
+    "Given a query A and a passage B, determine whether the passage contains an answer to the "
+    "query by providing a prediction of either 'Yes' or 'No'."
+)
+BGE_RERANKER_V2_GEMMA = RerankerPrompt(
+    prefix=("<bos>",),
+    middle=("\n",),
+    suffix=("\n", BGE_GEMMA_PROMPT),
+    template=None,
+    default_instruction=None,
+    query_prompt="A: ",
+    document_prompt="B: ",
+    query_share=(3, 4),
+    # [bos] q \n d is cut to max_length + len(\n + prompt), and \n + prompt
+    # is appended after that cut: the input reaches max_length + twice them.
+    uncounted=(0, 2),
+    true_token="Yes",
+    false_token=None,
+)
 
-# mixedbread-ai/mxbai-rerank-base-v2, -large-v2 and folders named after them
-# (conversions, the Hugging Face cache's models--mixedbread-ai--...).
-_MXBAI_V2_NAME = re.compile(r"mxbai-rerank-[a-z0-9]+-v2", re.IGNORECASE)
+# Each decoder's default prompt: its reranker's card.
+CARDS = {"qwen3": QWEN3_RERANKER, "qwen2": MXBAI_RERANK_V2, "gemma": BGE_RERANKER_V2_GEMMA}
+
+# Models whose own library scores them with its prompt and tokens whatever
+# their folder carries, by model_type: (folder name, card, library). Names
+# match conversions and the Hugging Face cache's models--org--name too.
+NAMED_CARDS = {
+    "qwen2": (re.compile(r"mxbai-rerank-[a-z0-9]+-v2", re.IGNORECASE), MXBAI_RERANK_V2,
+              "the mxbai-rerank library"),
+    "gemma": (re.compile(r"bge-reranker-v2-gemma", re.IGNORECASE), BGE_RERANKER_V2_GEMMA,
+              "FlagEmbedding"),
+}
 
 
 def folder_name(path: str) -> str:
@@ -97,24 +135,32 @@ def folder_name(path: str) -> str:
     return m.group(1) if m else os.path.basename(full)
 
 
-def named_mxbai_v2(path: str) -> bool:
-    return bool(_MXBAI_V2_NAME.search(folder_name(path)))
+def named_card(model_type: str, path: str) -> Optional[tuple]:
+    """(card, library) where the folder is named as a model of
+    :data:`NAMED_CARDS`, else None."""
+    named = NAMED_CARDS.get(model_type)
+    if named is None or not named[0].search(folder_name(path)):
+        return None
+    return named[1], named[2]
 
 
 def prompt_for(model_type: str, path: str) -> tuple[RerankerPrompt, bool]:
     """The default prompt of a ``model_type`` reranker at ``path``, and
     whether the folder's own prompt and tokens (``reranker_prompt.from_folder``)
-    may replace it: not for a folder named as mxbai-rerank v2, which the
-    mxbai-rerank library scores with its own whatever the folder carries."""
-    if model_type == "qwen2" and named_mxbai_v2(path):
+    may replace it: not for a folder named as a model of :data:`NAMED_CARDS`
+    (mxbai-rerank v2, bge-reranker-v2-gemma), which its library scores with
+    its own whatever the folder carries."""
+    named = named_card(model_type, path)
+    if named is not None:
+        card, library = named
         ignored = [what for what, there in (
             ("LogitScore", st_modules.read_logit_score(path) is not None),
             ("chat template", chat_template(path) is not None),
         ) if there]
         if ignored:
-            log.info("%s: an mxbai-rerank v2 folder is scored with the mxbai-rerank library's prompt "
-                     "and tokens; its %s is not read", path, " and ".join(ignored))
-        return MXBAI_RERANK_V2, False
+            log.info("%s: scored with %s's prompt and tokens; its %s is not read",
+                     path, library, " and ".join(ignored))
+        return card, False
     return CARDS[model_type], True
 
 

@@ -157,6 +157,7 @@ fn read_pair(tok: &Bound<'_, PyAny>) -> Result<Option<PairSpec>, BridgeError> {
         document_prompt: optional(&pair, "document_prompt")?,
         instruction_prompt: optional(&pair, "instruction_prompt")?,
         query_share: optional(&pair, "query_share")?,
+        uncounted: optional(&pair, "uncounted")?.unwrap_or(0),
     }))
 }
 

@@ -42,10 +42,15 @@ pub struct PairSpec {
     /// `{instruction}` replaced goes before `query_prompt`; without it a
     /// segment pair takes no instruction.
     pub instruction_prompt: Option<String>,
-    /// Segments: `(n, d)` replaces `longest_first` by
-    /// [`query_first_lengths`]: the query keeps at most `(budget +
-    /// middle) * n / d` tokens, the document what is left.
+    /// Segments: `(n, d)` replaces `longest_first` by a reranker library's
+    /// cut ([`query_first_lengths`]) in its own `max_length`, `room =
+    /// max_length - uncounted`: the query keeps at most `room * n / d`
+    /// tokens, the document at most `room` and what the budget leaves.
     pub query_share: Option<(usize, usize)>,
+    /// The input's tokens the library's `max_length` leaves out
+    /// (mxbai-rerank: its fixed prompt; FlagEmbedding's LLM reranker:
+    /// twice its separator and task prompt).
+    pub uncounted: usize,
 }
 
 impl PairSpec {
@@ -81,11 +86,15 @@ impl PairSpec {
         }
     }
 
-    /// The content lengths a segment pair keeps: [`query_first_lengths`]
-    /// with a `query_share`, else [`truncate_pair_lengths`].
+    /// The content lengths a segment pair keeps within `budget` content
+    /// tokens: [`query_first_lengths`] with a `query_share`, else
+    /// [`truncate_pair_lengths`].
     pub fn segment_lengths(&self, n1: usize, n2: usize, budget: usize) -> (usize, usize) {
         match self.query_share {
-            Some(share) => query_first_lengths(n1, n2, budget, self.middle_ids.len(), share),
+            Some(share) => {
+                let room = (budget + self.specials()).saturating_sub(self.uncounted);
+                query_first_lengths(n1, n2, budget, room, share)
+            }
             None => truncate_pair_lengths(n1, n2, budget),
         }
     }
@@ -149,19 +158,19 @@ pub fn truncate_pair_lengths(n1: usize, n2: usize, budget: usize) -> (usize, usi
     }
 }
 
-/// Content lengths kept by mxbai-rerank v2's cut: the query keeps at most
-/// `(budget + middle) * n / d` tokens (the library's `max_length * 3 // 4`,
-/// its `max_length` counting the separator between the two), the document
-/// what the budget leaves.
+/// Content lengths kept by a reranker library's query-first cut in its own
+/// `max_length` (`room`): the query keeps at most `room * n / d` tokens
+/// (`max_length * 3 // 4` in mxbai-rerank v2 and FlagEmbedding), the
+/// document at most `room` and what the budget leaves.
 pub fn query_first_lengths(
     n1: usize,
     n2: usize,
     budget: usize,
-    middle: usize,
+    room: usize,
     (num, den): (usize, usize),
 ) -> (usize, usize) {
-    let query = n1.min((budget + middle) * num / den.max(1)).min(budget);
-    (query, n2.min(budget - query))
+    let query = n1.min(room * num / den.max(1)).min(budget);
+    (query, n2.min(room).min(budget - query))
 }
 
 /// The first `n` tokens (`Right`) or the last `n` (`Left`).
@@ -246,11 +255,16 @@ mod tests {
     #[test]
     fn query_first_cases() {
         // A short query: the document takes the rest.
-        assert_eq!(query_first_lengths(10, 500, 127, 1, (3, 4)), (10, 117));
+        assert_eq!(query_first_lengths(10, 500, 127, 128, (3, 4)), (10, 117));
         // A long one keeps 128 * 3 / 4, beside any document.
-        assert_eq!(query_first_lengths(300, 500, 127, 1, (3, 4)), (96, 31));
-        assert_eq!(query_first_lengths(300, 5, 127, 1, (3, 4)), (96, 5));
-        assert_eq!(query_first_lengths(100, 0, 3, 1, (3, 4)), (3, 0));
+        assert_eq!(query_first_lengths(300, 500, 127, 128, (3, 4)), (96, 31));
+        assert_eq!(query_first_lengths(300, 5, 127, 128, (3, 4)), (96, 5));
+        assert_eq!(query_first_lengths(100, 0, 3, 4, (3, 4)), (3, 0));
+        // FlagEmbedding's: a budget past the room (its prompt's room given
+        // to the pair); the document alone is cut to the room.
+        assert_eq!(query_first_lengths(10, 500, 194, 128, (3, 4)), (10, 128));
+        assert_eq!(query_first_lengths(300, 500, 194, 128, (3, 4)), (96, 98));
+        assert_eq!(query_first_lengths(300, 5, 194, 128, (3, 4)), (96, 5));
     }
 
     #[test]

@@ -1,0 +1,218 @@
+"""bge-reranker-v2-gemma (a Gemma 1 GemmaForCausalLM scored by logit("Yes")),
+as FlagEmbedding's FlagLLMReranker scores BAAI/bge-reranker-v2-gemma.
+
+References: tests/fixtures/tiny-bge-reranker-v2-gemma (its README):
+FlagEmbedding's own input ids and float64 transformers logits on them, at its
+max_length 128 (the fixture's engine default) and 512 (its default), for 47
+pairs, 8 of them cut at each length."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+from tokenizers import Tokenizer
+
+import mlx_embed
+from mlx_embed.errors import InvalidInput
+from mlx_embed.models import decoder_reranker, gemma
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
+GEMMA = os.path.join(FIXTURES, "tiny-bge-reranker-v2-gemma")
+QWEN3_ST6 = os.path.join(FIXTURES, "tiny-qwen3-reranker-st6")
+# The \n + prompt after the document: FlagEmbedding's input reaches its
+# max_length plus twice these (module docstring of decoder_reranker).
+SUFFIX = 54
+
+
+def _json(name):
+    with open(os.path.join(GEMMA, name), encoding="utf-8") as f:
+        return json.load(f)
+
+
+_MODELS: dict = {}
+
+
+def _model(folder=GEMMA, **kwargs):
+    key = (folder, tuple(sorted(kwargs.items())))
+    if key not in _MODELS:
+        _MODELS[key] = mlx_embed.load(folder, **kwargs)
+    return _MODELS[key]
+
+
+def _pairs():
+    return [tuple(p) for p in _json("pairs.json")]
+
+
+def _tok():
+    return Tokenizer.from_file(os.path.join(GEMMA, "tokenizer.json"))
+
+
+def _assert_logits(got, ref):
+    # float32 against float64: 2.2e-5 at most measured (FlagEmbedding's own
+    # float32 is 2.2e-5 off too), on logits within +-4.7.
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("library_max_length", [128, 512])
+def test_ids_and_logits_are_flagembeddings(library_max_length):
+    model = (_model() if library_max_length == 128
+             else _model(max_length=library_max_length + 2 * SUFFIX))
+    assert model.kind == "reranker" and model.labels == ["score"]
+    assert model.max_length == library_max_length + 2 * SUFFIX
+    pairs = _pairs()
+    ids, types, before = model.encode_pairs(pairs)
+    assert types is None
+    assert ids == _json("reference_input_ids.json")[str(library_max_length)]
+    cut = _json("truncated_pairs.json")[str(library_max_length)]
+    assert len(cut) == 8 and [k for k, (row, b) in enumerate(zip(ids, before)) if len(row) < b] == cut
+    name = "reference_pair_logits.npy" if library_max_length == 128 else "reference_pair_logits_512.npy"
+    logits = np.load(os.path.join(GEMMA, name))
+    assert logits.dtype == np.float64 and logits.max() - logits.min() > 5
+    _assert_logits(model.score(pairs, raw_scores=True), logits)
+    if library_max_length == 128:
+        # /rerank's default: the sigmoid (FlagEmbedding's normalize=True).
+        scores = np.load(os.path.join(GEMMA, "reference_pair_scores.npy"))
+        assert np.abs(model.score(pairs)[:, 0] - scores).max() <= 2.5e-5  # sigmoid' <= 1/4
+        # Batched as one pair at a time (float32 apart: 2.3e-5 measured,
+        # each within 2.2e-5 of float64).
+        one = np.array([model.score([p], raw_scores=True)[0, 0] for p in pairs[:12]])
+        np.testing.assert_allclose(model.score(pairs[:12], raw_scores=True)[:, 0], one, rtol=0, atol=5e-5)
+
+
+@pytest.mark.parametrize("option", [{"packed_rows": True}, {"joined_linears": True}, {"workers": 2}])
+def test_engine_paths_score_alike(option):
+    _assert_logits(_model(**option).score(_pairs(), raw_scores=True),
+                   np.load(os.path.join(GEMMA, "reference_pair_logits.npy")))
+
+
+def test_the_prompt_around_the_pair():
+    model = _model()
+    tok = _tok()
+    pair = model.spec().tokenizer.pair
+    assert pair.template is None and pair.query_share == (3, 4)
+    assert pair.query_prompt == "A: " and pair.document_prompt == "B: "
+    assert pair.prefix_ids == [tok.token_to_id("<bos>")] == [2]
+    assert tok.decode(pair.middle_ids) == "\n"
+    assert tok.decode(pair.suffix_ids) == "\n" + decoder_reranker.BGE_GEMMA_PROMPT
+    assert len(pair.suffix_ids) == SUFFIX and pair.uncounted == 2 * SUFFIX
+    # logit("Yes") alone: no false token.
+    assert (model.model._yes_id, model.model._no_id) == (tok.token_to_id("Yes"), None)
+    # A lone text and an instruction have no meaning for it.
+    with pytest.raises(InvalidInput, match="pairs, not single texts"):
+        model.predict(["just a text"])
+    with pytest.raises(InvalidInput, match="instructions"):
+        model.score([("q", "d")], instruction="Find code")
+
+
+def test_the_cut_is_flagembeddings():
+    """At max_length L (128 here): "A: q" keeps L * 3 // 4 tokens, "B: d"
+    L, and [bos] q \\n d then L + the suffix (the document's end goes)."""
+    model, tok = _model(), _tok()
+    pair = model.spec().tokenizer.pair
+    long_query, long_document = _pairs()[40][0], _pairs()[-1][1]
+    query = tok.encode("A: " + long_query, add_special_tokens=False).ids
+    document = tok.encode("B: " + long_document, add_special_tokens=False).ids
+    assert len(query) > 96 and len(document) > 128
+
+    def inner(q, d):
+        (ids,), _, _ = model.encode_pairs([(q, d)])
+        assert ids[:1] == pair.prefix_ids and ids[len(ids) - SUFFIX:] == pair.suffix_ids
+        return ids[1:len(ids) - SUFFIX]
+
+    # A long query beside a short document: 96 tokens, the document whole.
+    got = inner(long_query, "a short document")
+    assert got[:96] == query[:96] and got[96:97] == pair.middle_ids
+    assert tok.decode(got[97:]) == "B: a short document"
+    # A long document beside a short query: 128 tokens (not what the budget leaves).
+    got = inner("q", long_document)
+    assert got[-128:] == document[:128] and len(got) == len(tok.encode("A: q", add_special_tokens=False).ids) + 1 + 128
+    # Both long: the document gets 128 + 53 - 1 - 96 (L + prompt - bos - query).
+    got = inner(long_query, long_document)
+    assert got[:96] == query[:96] and got[97:] == document[:128 + (SUFFIX - 1) - 1 - 96]
+    assert 1 + len(got) + SUFFIX == model.max_length
+    with pytest.raises(InvalidInput, match="pair 0 has"):
+        model.score([(long_query, "d")], truncate=False)
+
+
+def _copy(tmp_path, name, parent=None):
+    dst = (parent or tmp_path) / name
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(GEMMA, dst)
+    return dst
+
+
+def test_recognized_by_name_or_kind(tmp_path):
+    refs = _json("reference_input_ids.json")["128"][:6]
+    pairs = _pairs()[:6]
+    # Named as published, with a chat template that writes a pair and a
+    # LogitScore: FlagEmbedding reads neither, nor does the engine here.
+    named = _copy(tmp_path, "bge-reranker-v2-gemma")
+    shutil.copy(os.path.join(QWEN3_ST6, "chat_template.jinja"), named / "chat_template.jinja")
+    shutil.copytree(os.path.join(QWEN3_ST6, "1_LogitScore"), named / "1_LogitScore")
+    shutil.copy(os.path.join(QWEN3_ST6, "modules.json"), named / "modules.json")
+    model = mlx_embed.load(str(named))
+    assert model.kind == "reranker" and model.encode_pairs(pairs)[0] == refs
+    # The Hugging Face cache's layout.
+    cached = _copy(tmp_path, "snapshots/0123abc", tmp_path / "hub" / "models--BAAI--bge-reranker-v2-gemma")
+    assert mlx_embed.load(str(cached)).encode_pairs(pairs)[0] == refs
+    # Another Gemma causal LM is an embedding model unless asked for a
+    # reranker; asked, it takes Gemma's card.
+    other = _copy(tmp_path, "gemma-2b")
+    assert mlx_embed.load(str(other)).kind == "embedding"
+    model = mlx_embed.load(str(other), kind="reranker")
+    assert model.kind == "reranker" and model.encode_pairs(pairs)[0] == refs
+
+
+@pytest.mark.parametrize("name,named", [
+    ("bge-reranker-v2-gemma", True), ("BAAI--bge-reranker-v2-gemma-mlx", True),
+    ("bge-reranker-v2-m3", False), ("bge-reranker-v2.5-gemma2-lightweight", False),
+    ("tiny-bge-reranker-v2-gemma", True),
+])
+def test_bge_gemma_names(name, named):
+    assert (decoder_reranker.named_card("gemma", f"/models/{name}") is not None) is named
+    assert decoder_reranker.named_card("qwen2", f"/models/{name}") is None
+
+
+def test_as_an_embedding_model_the_backbone_is_the_rerankers():
+    """Loaded as an embedding model, a Gemma folder pools its last token:
+    that vector (unnormalized) times the "Yes" row of the tied table is the
+    reranker's reference logit."""
+    model = _model(kind="embedding")
+    assert model.kind == "embedding" and model.pooling == "last"
+    ids = _json("reference_input_ids.json")["128"][:8]
+    vecs = np.frombuffer(model.embed_ids(ids).vectors, dtype="<f4").reshape(len(ids), -1).astype(np.float64)
+    reranker = _model()
+    yes = np.asarray(reranker.model.score_rows[0], dtype=np.float64)
+    _assert_logits(vecs @ yes, np.load(os.path.join(GEMMA, "reference_pair_logits.npy"))[:8, 0])
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"hidden_activation": "gelu"}, "hidden_activation='gelu'"),
+    ({"hidden_activation": None, "hidden_act": "silu"}, "hidden_activation='silu'"),
+    ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+    ({"attention_bias": True}, "attention_bias"),
+    ({"rope_scaling": {"type": "linear", "factor": 2.0}}, "rope_scaling"),
+])
+def test_config_refusals(change, message):
+    with open(os.path.join(GEMMA, "config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    cfg.update(change)
+    with pytest.raises(ValueError, match=message):
+        gemma.ModelArgs.from_dict(cfg)
+
+
+def test_config_readings():
+    with open(os.path.join(GEMMA, "config.json"), encoding="utf-8") as f:
+        cfg = json.load(f)
+    # The published "gelu" is the tanh GELU (transformers 4 and 5 alike).
+    for change in ({}, {"hidden_activation": None}, {"hidden_activation": None, "hidden_act": "gelu"}):
+        args = gemma.ModelArgs.from_dict({**cfg, **change})
+        assert (args.head_dim, args.num_key_value_heads, args.tie_word_embeddings) == (32, 1, True)
+    # transformers 5's rope_parameters.
+    rope = {k: v for k, v in cfg.items() if k not in ("rope_theta", "rope_scaling")}
+    rope["rope_parameters"] = {"rope_type": "default", "rope_theta": 500.0}
+    assert gemma.ModelArgs.from_dict(rope).rope_theta == 500.0

@@ -11,12 +11,16 @@ Rust from the spec the Python model hands over.
 - an mxbai-rerank v2 model (Qwen2, "1"/"0"), in a folder named as
   mixedbread-ai/mxbai-rerank-base-v2 is, as a `--model`: the query and the
   document encoded apart with their prompts, the query kept to 3/4 of the
-  room, as its library does.
+  room, as its library does;
+- a bge-reranker-v2-gemma model (Gemma, logit "Yes"), in a folder named as
+  BAAI/bge-reranker-v2-gemma is, as a `--model`: `A: q` and `B: d` encoded
+  apart after `<bos>`, FlagEmbedding's cut and prompt.
 
 References: tests/fixtures/tiny-qwen3-reranker-st6, tiny-camembert-reranker,
 tiny-mpnet-reranker, tiny-electra-reranker and tiny-qwen3-seq-cls (their READMEs;
 transformers in float64); tiny-mxbai-rerank-v2 (the mxbai-rerank library's ids and scores,
-float64)."""
+float64); tiny-bge-reranker-v2-gemma (FlagEmbedding's ids, float64
+transformers logits)."""
 
 from __future__ import annotations
 
@@ -32,6 +36,7 @@ ST6 = FIXTURES / "tiny-qwen3-reranker-st6"
 ENCODERS = ("tiny-camembert-reranker", "tiny-mpnet-reranker", "tiny-electra-reranker",
             "tiny-qwen3-seq-cls")
 MXBAI = FIXTURES / "tiny-mxbai-rerank-v2"
+BGE_GEMMA = FIXTURES / "tiny-bge-reranker-v2-gemma"
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +46,10 @@ def server(tmp_path_factory):
     shutil.copytree(ST6, finetune)
     mxbai = root / "mxbai-rerank-base-v2"
     shutil.copytree(MXBAI, mxbai)
+    gemma = root / "bge-reranker-v2-gemma"
+    shutil.copytree(BGE_GEMMA, gemma)
     srv = start_server(
-        root, "--model", ",".join([*(str(FIXTURES / name) for name in ENCODERS), str(mxbai)]),
+        root, "--model", ",".join([*(str(FIXTURES / name) for name in ENCODERS), str(mxbai), str(gemma)]),
         "--rerank-model", str(finetune), "--no-warmup",
     )
     yield srv
@@ -113,3 +120,45 @@ def test_mxbai_rerank_v2_scores_and_ranks_as_its_library(server):
     # A lone text has no meaning for it.
     r = server.post("/predict", {"model": "mxbai-rerank-base-v2", "inputs": ["just a text"]})
     assert r.status_code in (400, 422), r.text
+
+
+def test_bge_reranker_v2_gemma_scores_and_ranks_as_flagembedding(server):
+    model = "bge-reranker-v2-gemma"
+    pairs = json.loads((BGE_GEMMA / "pairs.json").read_text())
+    logits = np.load(BGE_GEMMA / "reference_pair_logits.npy")[:, 0]
+    # float32 against float64 (tests/python/test_bge_reranker_gemma.py: 2.2e-5 seen).
+    np.testing.assert_allclose(_raw(server, model, pairs), logits, rtol=0, atol=1e-4)
+    scores = np.load(BGE_GEMMA / "reference_pair_scores.npy")
+    ranked = 0
+    for query in {q for q, _ in pairs}:
+        idx = [i for i, (q, _) in enumerate(pairs) if q == query]
+        if len(idx) < 4:
+            continue
+        want = sorted(range(len(idx)), key=lambda k: -float(logits[idx[k]]))
+        # TEI's route, raw (FlagEmbedding's compute_score) and sigmoid
+        # (its normalize=True); Cohere's route.
+        r = server.post("/rerank", {"model": model, "query": query, "texts": [pairs[i][1] for i in idx],
+                                    "raw_scores": True})
+        assert r.status_code == 200, r.text
+        assert [x["index"] for x in r.json()] == want
+        for x in r.json():
+            assert abs(x["score"] - float(logits[idx[x["index"]]])) <= 1e-4
+        r = server.post("/v1/rerank", {"model": model, "query": query, "documents": [pairs[i][1] for i in idx]})
+        assert r.status_code == 200, r.text
+        results = r.json()["results"]
+        assert [x["index"] for x in results] == want
+        for x in results:
+            assert abs(x["relevance_score"] - float(scores[idx[x["index"]]])) <= 2.5e-5
+        ranked += 1
+    assert ranked == 6
+    # The token count includes [bos] and twice the separator and prompt:
+    # FlagEmbedding's max_length 128 + 2 x 54.
+    info = {m["model_id"]: m for m in server.get("/info").json()["models"]}[model]
+    assert (info["kind"], info["max_input_tokens"]) == ("reranker", 236)
+    # A pair over it with truncate: false, a lone text, an instruction.
+    long_pair = pairs[-1]
+    r = server.post("/rerank", {"model": model, "query": long_pair[0], "texts": [long_pair[1]],
+                                "truncate": False})
+    assert r.status_code == 413, r.text
+    r = server.post("/predict", {"model": model, "inputs": ["just a text"]})
+    assert r.status_code == 422, r.text

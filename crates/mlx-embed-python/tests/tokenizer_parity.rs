@@ -453,3 +453,46 @@ fn a_lowercasing_model_tokenizes_identically_and_lowercased() {
     assert_ne!(ids(&lower, text), ids(&cased, text));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// bge-reranker-v2-gemma's pairs as the server tokenizes them: the Rust
+/// tokenizer builds FlagEmbedding's own ids (the fixture's references, made
+/// by its `FlagLLMReranker`) for every pair, at its max_length 128 (the
+/// fixture's default) and 512 (the library's default; here max_length counts
+/// every token, so 512 + twice the separator and prompt).
+#[test]
+fn the_bge_gemma_reranker_pairs_are_flagembeddings_ids() {
+    ensure_python().expect("python");
+    let folder = fixtures().join("tiny-bge-reranker-v2-gemma");
+    let pairs: Vec<(String, String)> =
+        serde_json::from_str(&std::fs::read_to_string(folder.join("pairs.json")).unwrap()).unwrap();
+    let refs: std::collections::HashMap<String, Vec<Vec<u32>>> = serde_json::from_str(
+        &std::fs::read_to_string(folder.join("reference_input_ids.json")).unwrap(),
+    )
+    .unwrap();
+    for (library_max_length, max_length) in [(128, None), (512, Some(512 + 2 * 54))] {
+        let embedder = PythonEmbedder::load(&PythonModelOptions {
+            model: Some(folder.to_string_lossy().into_owned()),
+            max_length,
+            ..PythonModelOptions::default()
+        })
+        .unwrap();
+        let tokenizer = embedder.hf_tokenizer();
+        let want = &refs[&library_max_length.to_string()];
+        assert_eq!(want.len(), pairs.len());
+        let mut cut = 0;
+        for (i, (query, document)) in pairs.iter().enumerate() {
+            let got = tokenizer
+                .encode(
+                    &EmbedInput::Pair {
+                        query: query.clone(),
+                        document: document.clone(),
+                    },
+                    &EmbedOptions::default(),
+                )
+                .unwrap();
+            assert_eq!(got.ids, want[i], "max_length {library_max_length}: pair {i}");
+            cut += usize::from(got.untruncated_len as usize > got.ids.len());
+        }
+        assert_eq!(cut, 8, "max_length {library_max_length}: the fixture's cut pairs");
+    }
+}

@@ -155,10 +155,10 @@ def test_bge_reranker_v2_gemma_scores_and_ranks_as_flagembedding(server):
     # FlagEmbedding's max_length 128 + 2 x 54.
     info = {m["model_id"]: m for m in server.get("/info").json()["models"]}[model]
     assert (info["kind"], info["max_input_tokens"]) == ("reranker", 236)
-    # A pair over it with truncate: false, a lone text, an instruction.
+    # A pair over it with truncate: false, and a lone text: refused.
     long_pair = pairs[-1]
     r = server.post("/rerank", {"model": model, "query": long_pair[0], "texts": [long_pair[1]],
                                 "truncate": False})
-    assert r.status_code == 413, r.text
+    assert r.status_code == 422 and "more than the model's maximum of 236" in r.text, r.text
     r = server.post("/predict", {"model": model, "inputs": ["just a text"]})
-    assert r.status_code == 422, r.text
+    assert r.status_code == 400 and "pairs, not single texts" in r.text, r.text

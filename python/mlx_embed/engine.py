@@ -129,13 +129,17 @@ class EmbeddingModel(ScoringMixin):
             eos_id = TextTokenizer(ck.tokenizer_path, self.max_length).token_id(eos)
             if eos_id is not None:
                 append = (eos_id,)
-        self.tokenizer = TextTokenizer(
-            ck.tokenizer_path, self.max_length, append_ids=append,
-            special_tokens=ck.defaults.get("special_tokens", True),
-            drop_unknown=ck.defaults.get("drop_unknown", False),
-            truncate_chars=ck.defaults.get("truncate_chars", False),
-            lowercase=ck.head.lowercase, flag_specials=flag_specials(tokenizer_folder),
-        )
+
+        def text_tokenizer(max_length: int) -> TextTokenizer:
+            return TextTokenizer(
+                ck.tokenizer_path, max_length, append_ids=append,
+                special_tokens=ck.defaults.get("special_tokens", True),
+                drop_unknown=ck.defaults.get("drop_unknown", False),
+                truncate_chars=ck.defaults.get("truncate_chars", False),
+                lowercase=ck.head.lowercase, flag_specials=flag_specials(tokenizer_folder),
+            )
+
+        self.tokenizer = text_tokenizer(self.max_length)
         # A ColBERT model (PyLate's layout): its query and document modes as
         # ids of this tokenizer, and the rows it keeps (multi_vector.py).
         self.multi_vector = None
@@ -183,6 +187,16 @@ class EmbeddingModel(ScoringMixin):
                 template=rr.template, default_instruction=rr.default_instruction,
             )
         pair = self.tokenizer.pair
+        library = getattr(rr, "default_max_length", None)
+        if library is not None and pair is not None and not ck.max_length_stated:
+            # Cut where the reranker's library cuts by default (FlagEmbedding:
+            # 512 in its own count), not at the generic 8192, when neither
+            # the call nor the folder states a limit.
+            self.max_length = min(library + pair.uncounted, ck.positions)
+            log.info("%s: max_length %d: the reranker's library cuts at %d in its own count "
+                     "by default", self.name, self.max_length, library)
+            self.tokenizer = text_tokenizer(self.max_length)
+            self.tokenizer.pair = pair
         if self.kind != "embedding" and pair is not None and pair.template is None and reads_types:
             if max(pair.first_type_id, pair.second_type_id) >= self._type_vocab_size:
                 # Every pair would fail; transformers fails on them too.

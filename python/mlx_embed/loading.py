@@ -108,13 +108,22 @@ def max_length_from_folder(
     # without a position table (T5) names its ``fallback_max_length`` for
     # when the tokenizer declares none either.
     caps = [positions, 8192]
-    tc = read_json(os.path.join(path, "tokenizer_config.json")) or {}
-    mml = tc.get("model_max_length")
-    if isinstance(mml, (int, float)) and 0 < mml < 1e7:
-        caps.append(int(mml))
+    mml = tokenizer_max_length(path)
+    if mml is not None:
+        caps.append(mml)
     elif fallback is not None:
         caps.append(int(fallback))
     return min(caps)
+
+
+def tokenizer_max_length(path: str) -> Optional[int]:
+    """The tokenizer's declared ``model_max_length``, or None where it
+    declares none (HF writes ~1e30 for "none")."""
+    tc = read_json(os.path.join(path, "tokenizer_config.json")) or {}
+    mml = tc.get("model_max_length")
+    if isinstance(mml, (int, float)) and 0 < mml < 1e7:
+        return int(mml)
+    return None
 
 
 # ----------------------------------------------------------------- weights
@@ -328,6 +337,10 @@ class Checkpoint:
     weights_format: str = "safetensors"
     # The folder of the tokenizer's files (tokenizer_config.json and the like).
     tokenizer_files: str = ""
+    # The model's position limit, and whether the caller, the architecture
+    # or the folder stated max_length (False: the generic default was taken).
+    positions: int = 0
+    max_length_stated: bool = True
 
 
 def _evaluate_private_arrays(model) -> None:
@@ -498,6 +511,8 @@ def load_checkpoint(
     # The architecture's own limit where it has one (RoBERTa-style tables
     # hold 2 positions fewer tokens than rows), else config.json's.
     positions = getattr(model, "max_length", None) or int(config.get("max_position_embeddings", 512))
+    stated = bool(max_length is not None or defaults.get("max_length") or head.max_seq_length is not None
+                  or tokenizer_max_length(model_files) is not None)
     if max_length is None:
         max_length = defaults.get("max_length") or max_length_from_folder(
             model_files, positions, head, defaults.get("fallback_max_length"))
@@ -537,4 +552,6 @@ def load_checkpoint(
         joined_groups=joined,
         weights_format=weights_format,
         tokenizer_files=files,
+        positions=positions,
+        max_length_stated=stated,
     )

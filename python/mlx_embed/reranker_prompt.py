@@ -93,6 +93,9 @@ class RerankerPrompt:
     instruction_prompt: Optional[str] = None
     query_share: Optional[tuple] = None
     uncounted: Optional[tuple] = None
+    # The library's default max_length (in its own count), which the engine
+    # cuts at where neither the call nor the folder states a limit.
+    default_max_length: Optional[int] = None
 
 
 def from_folder(card: RerankerPrompt, folder: str, tokenizer_files: str,
@@ -113,7 +116,8 @@ def from_folder(card: RerankerPrompt, folder: str, tokenizer_files: str,
             # The template's prompt whole: none of a segment card's pieces stay.
             prompt = dataclasses.replace(prompt, **parts, middle="", query_prompt=None,
                                          document_prompt=None, instruction_prompt=None,
-                                         query_share=None, uncounted=None)
+                                         query_share=None, uncounted=None,
+                                         default_max_length=None)
     return prompt
 
 

@@ -216,3 +216,25 @@ def test_config_readings():
     rope = {k: v for k, v in cfg.items() if k not in ("rope_theta", "rope_scaling")}
     rope["rope_parameters"] = {"rope_type": "default", "rope_theta": 500.0}
     assert gemma.ModelArgs.from_dict(rope).rope_theta == 500.0
+
+
+def test_a_folder_stating_no_limit_is_cut_at_flagembeddings_default(tmp_path):
+    """bge-reranker-v2-gemma's tokenizer states no limit: the engine then
+    cuts where FlagEmbedding does by default (its max_length 512, here 512 +
+    twice the suffix counting every token), not at the generic 8192; a
+    limit the caller or the folder states is kept."""
+    folder = _copy(tmp_path, "bge-reranker-v2-gemma")
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    del cfg["model_max_length"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(cfg))
+    model = mlx_embed.load(str(folder))
+    assert model.max_length == 512 + 2 * SUFFIX == model.spec().max_length
+    assert model.encode_pairs(_pairs())[0] == _json("reference_input_ids.json")["512"]
+    assert mlx_embed.load(str(folder), max_length=300).max_length == 300
+    assert _model().max_length == 128 + 2 * SUFFIX  # the fixture's tokenizer_config.json
+    # Another Gemma folder's own chat template prompt has no library default.
+    other = _copy(tmp_path, "gemma-2b")
+    (other / "tokenizer_config.json").write_text(json.dumps(cfg))
+    shutil.copy(os.path.join(QWEN3_ST6, "chat_template.jinja"), other / "chat_template.jinja")
+    templated = mlx_embed.load(str(other), kind="reranker")
+    assert templated.spec().tokenizer.pair.template is not None and templated.max_length == 8192

@@ -93,7 +93,8 @@ MXBAI_RERANK_V2 = RerankerPrompt(
 # max_length * 3 // 4) + "\n" + "B: {passage}" (cut to max_length, then to
 # what is left of max_length + the separator and prompt, only_second) + "\n"
 # + its default prompt; the score is logit("Yes") at the last position, raw
-# (its normalize=True is the sigmoid). Its default max_length is 512.
+# (its normalize=True is the sigmoid). Its default max_length is 512, where
+# a folder states none.
 BGE_GEMMA_PROMPT = (
     "Given a query A and a passage B, determine whether the passage contains an answer to the "
     "query by providing a prediction of either 'Yes' or 'No'."
@@ -110,6 +111,7 @@ BGE_RERANKER_V2_GEMMA = RerankerPrompt(
     # [bos] q \n d is cut to max_length + len(\n + prompt), and \n + prompt
     # is appended after that cut: the input reaches max_length + twice them.
     uncounted=(0, 2),
+    default_max_length=512,
     true_token="Yes",
     false_token=None,
 )

@@ -490,9 +490,15 @@ fn the_bge_gemma_reranker_pairs_are_flagembeddings_ids() {
                     &EmbedOptions::default(),
                 )
                 .unwrap();
-            assert_eq!(got.ids, want[i], "max_length {library_max_length}: pair {i}");
+            assert_eq!(
+                got.ids, want[i],
+                "max_length {library_max_length}: pair {i}"
+            );
             cut += usize::from(got.untruncated_len as usize > got.ids.len());
         }
-        assert_eq!(cut, 8, "max_length {library_max_length}: the fixture's cut pairs");
+        assert_eq!(
+            cut, 8,
+            "max_length {library_max_length}: the fixture's cut pairs"
+        );
     }
 }

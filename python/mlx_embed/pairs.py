@@ -51,8 +51,8 @@ def _piece_ids(tokenizer: Tokenizer, text) -> list:
 
 def segment_spec(tokenizer: Tokenizer, prompt) -> PairSpec:
     """A segment pair spec from a template-less ``RerankerPrompt``
-    (mxbai-rerank v2): its prefix, middle and suffix as ids, its query and
-    document prompts and its cut."""
+    (mxbai-rerank v2, bge-reranker-v2-gemma): its prefix, middle and suffix
+    as ids, its query and document prompts and its cut."""
     prefix_ids = _piece_ids(tokenizer, prompt.prefix)
     suffix_ids = _piece_ids(tokenizer, prompt.suffix)
     return PairSpec(

@@ -179,12 +179,14 @@ class EmbeddingModel(ScoringMixin):
         bind = getattr(self.model, "bind_tokenizer", None)
         if bind is not None:
             bind(self.tokenizer.token_id, rr)
-        if rr is not None and rr.template is None:
+        if rr is None or rr.tokenizer_pair:
+            pass  # the tokenizer's own pair encoding
+        elif rr.template is None:
             self.tokenizer.pair = segment_spec(read_tokenizer(ck.tokenizer_path), rr)
-        elif rr is not None:
+        else:
             self.tokenizer.pair = template_spec(
                 read_tokenizer(ck.tokenizer_path), prefix=rr.prefix, suffix=rr.suffix,
-                template=rr.template, default_instruction=rr.default_instruction,
+                template=rr.template, default_instruction=rr.default_instruction, whole=rr.whole,
             )
         pair = self.tokenizer.pair
         library = getattr(rr, "default_max_length", None)

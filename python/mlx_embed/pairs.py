@@ -30,16 +30,49 @@ _FIELD = re.compile(r"\{(instruction|query|document)\}")
 
 
 def template_spec(
-    tokenizer: Tokenizer, *, prefix: str, suffix: str, template: str, default_instruction: str
+    tokenizer: Tokenizer, *, prefix: str, suffix: str, template: str, default_instruction: str,
+    whole: bool = False,
 ) -> PairSpec:
-    """A template-style pair spec (see ``spec.PairSpec``)."""
+    """A template-style pair spec (see ``spec.PairSpec``). ``whole``: the
+    prompt is a chat template's render, which sentence-transformers tokenizes
+    as one text: the suffix is encoded with the pair text and written back
+    over a cut (:func:`restored_suffix`); otherwise (a model card's prompt)
+    each part is encoded on its own."""
+    prefix_ids = tokenizer.encode(prefix, add_special_tokens=False).ids
+    if not whole:
+        suffix_ids, suffix_text = tokenizer.encode(suffix, add_special_tokens=False).ids, None
+    else:
+        suffix_text = suffix
+
+        def render(filler: str) -> list:
+            values = {"instruction": default_instruction or "", "query": filler, "document": filler}
+            text = _FIELD.sub(lambda m: values[m.group(1)], template)
+            return tokenizer.encode(prefix + text + suffix, add_special_tokens=False).ids
+
+        suffix_ids = restored_suffix(render)
     return PairSpec(
-        prefix_ids=tokenizer.encode(prefix, add_special_tokens=False).ids,
+        prefix_ids=prefix_ids,
         middle_ids=[],
-        suffix_ids=tokenizer.encode(suffix, add_special_tokens=False).ids,
+        suffix_ids=suffix_ids,
         template=template,
         default_instruction=default_instruction,
+        suffix_text=suffix_text,
     )
+
+
+def restored_suffix(render) -> list:
+    """The ids sentence-transformers 6 writes back over the end of a
+    truncated chat-template input (``Transformer._chat_template_suffix_ids``):
+    the longest common ending of the prompt's ids rendered with "0" and with
+    "1 2 3 4" as every message's text, or none when one render ends the
+    other. ``render(filler)`` gives the whole prompt's ids."""
+    first, second = render("0"), render("1 2 3 4")
+    count = 0
+    for a, b in zip(reversed(first), reversed(second)):
+        if a != b:
+            break
+        count += 1
+    return first[len(first) - count:] if 0 < count < min(len(first), len(second)) else []
 
 
 def _piece_ids(tokenizer: Tokenizer, text) -> list:
@@ -217,18 +250,33 @@ class PairEncoder:
         if s.template is not None:
             if instruction is not None and "{instruction}" not in s.template:
                 raise InvalidInput("this reranker's prompt takes no instruction")
-            texts = [format_pair(s, q, d, instruction) for q, d in pairs]
-            contents = self._contents(texts)
-            cut = [_cut(c, self.max_content, left) for c in contents]
+            tail = s.suffix_text or ""
+            contents = self._contents([format_pair(s, q, d, instruction) + tail for q, d in pairs])
+            if s.suffix_text is None:
+                room, restore = self.max_content, None
+            else:
+                # The template's tail is in the content: sentence-transformers
+                # cuts the whole render once it reaches max_length and writes
+                # the tail's ids back over the cut's end.
+                room, restore = self.max_length - len(s.prefix_ids), s.suffix_ids
             if left:
                 # Cut from the pair text's start, the instruction and the
                 # query would go first and every document score alike.
-                over = [k for k, c in enumerate(contents) if len(c) > self.max_content]
-                frames = self._contents([format_pair(s, pairs[k][0], "", instruction) for k in over])
-                for k, frame in zip(over, frames):
-                    cut[k] = cut_document_start(contents[k], frame, self.max_content)
-            ids = [s.prefix_ids + c + s.suffix_ids for c in cut]
-            return ids, None, [len(c) + self.n_special for c in contents]
+                over = [k for k, c in enumerate(contents) if len(c) > room]
+                frames = dict(zip(over, self._contents(
+                    [format_pair(s, pairs[k][0], "", instruction) + tail for k in over])))
+            cut = []
+            for k, c in enumerate(contents):
+                if left:
+                    c = cut_document_start(c, frames[k], room) if k in frames else c
+                elif restore is None:
+                    c = _cut(c, room, left=False)
+                elif len(c) >= room:
+                    c = c[:room - len(restore)] + restore
+                cut.append(c)
+            suffix = s.suffix_ids if restore is None else []
+            ids = [s.prefix_ids + c + suffix for c in cut]
+            return ids, None, [len(s.prefix_ids) + len(c) + len(suffix) for c in contents]
         qp, dp = segment_prompts(s, instruction)
         enc = self._contents([x for q, d in pairs for x in (qp + q, dp + d)])
         ids, before = [], []

@@ -12,7 +12,10 @@ scores with them:
 * a chat template that renders the ``query`` and ``document`` roles
   (``chat_template.jinja``, else ``tokenizer_config.json``'s
   ``chat_template``) is the prompt: a fine-tune may carry another
-  instruction or other wording.
+  instruction or other wording;
+* a ``LogitScore`` folder whose Transformer is text only (no ``message`` in
+  its ``modality_config``: :func:`renders_messages`) has no prompt at all:
+  sentence-transformers encodes its pairs as ``tokenizer(query, document)``.
 
 A chat template that renders neither role (Qwen's own chat template, in the
 original Qwen3-Reranker folders) leaves the card's prompt.
@@ -28,8 +31,10 @@ template (``spec.PairSpec``): the prefix is the prompt up to its last added
 token before the first marker (``...<|im_start|>``), where a tokenizer
 always splits, so its ids are those of the whole rendered prompt; the pair
 text runs from there to the document; the suffix is everything after the
-document, which a right cut never takes (sentence-transformers puts the
-template's tail back after a cut too).
+document. sentence-transformers tokenizes the rendered prompt as one text,
+so the suffix is encoded with the pair text (a document ending in ")" or "."
+merges with a tail that starts with "\n"), and a cut ends with the ids
+sentence-transformers writes back over it (``pairs.template_spec``).
 """
 
 from __future__ import annotations
@@ -96,19 +101,34 @@ class RerankerPrompt:
     # The library's default max_length (in its own count), which the engine
     # cuts at where neither the call nor the folder states a limit.
     default_max_length: Optional[int] = None
+    # A chat template's prompt: sentence-transformers tokenizes the render
+    # as one text (pairs.template_spec's ``whole``).
+    whole: bool = False
+    # No prompt: the tokenizer's own pair encoding, as sentence-transformers
+    # encodes the pairs of a folder it reads as text only (the score tokens
+    # above still apply).
+    tokenizer_pair: bool = False
 
 
 def from_folder(card: RerankerPrompt, folder: str, tokenizer_files: str,
                 added_tokens: list[str]) -> RerankerPrompt:
     """``card`` with what the folder states instead: its ``LogitScore``
-    tokens and its chat template's prompt. ``added_tokens`` are the
-    tokenizer's added tokens (where the prompt may be cut)."""
+    tokens and its chat template's prompt, or, for a ``LogitScore`` folder
+    that sentence-transformers reads as text only (:func:`renders_messages`),
+    no prompt at all. ``added_tokens`` are the tokenizer's added tokens
+    (where the prompt may be cut)."""
     prompt = card
     score = st_modules.read_logit_score(folder)
     if score is not None:
         prompt = dataclasses.replace(
             prompt, true_token=score.true_token_id, false_token=score.false_token_id
         )
+    if score is not None and not renders_messages(folder):
+        # Only a LogitScore folder: without one sentence-transformers does
+        # not score the folder as a yes/no reranker, and the card stays.
+        log.info("%s: sentence-transformers reads this folder as text only (its modality_config has no "
+                 "message): pairs take the tokenizer's pair encoding, without a prompt", folder)
+        return dataclasses.replace(prompt, tokenizer_pair=True)
     source = chat_template(tokenizer_files) or chat_template(folder)
     if source is not None:
         parts = pair_prompt(source, added_tokens, _special_token_values(tokenizer_files))
@@ -117,34 +137,41 @@ def from_folder(card: RerankerPrompt, folder: str, tokenizer_files: str,
             prompt = dataclasses.replace(prompt, **parts, middle="", query_prompt=None,
                                          document_prompt=None, instruction_prompt=None,
                                          query_share=None, uncounted=None,
-                                         default_max_length=None)
+                                         default_max_length=None, whole=True)
     return prompt
+
+
+def renders_messages(folder: str) -> bool:
+    """Whether sentence-transformers 6.2 may render this folder's pairs
+    through its chat template (it does where the template renders the
+    ``query`` and ``document`` roles). In a folder it saved (one with
+    ``modules.json``) only where ``sentence_bert_config.json``'s
+    ``modality_config`` has ``message``: one without ``modality_config`` (or
+    without the file) was saved before chat messages existed and reads as
+    text only (``Transformer.load_config``), and a text-only Transformer
+    encodes a pair as ``tokenizer(query, document)``; ``CrossEncoder`` writes
+    a text-only one when it saves a classifier. A plain transformers folder
+    may (a stray ``sentence_bert_config.json`` there is not read)."""
+    if not os.path.isfile(os.path.join(folder, "modules.json")):
+        return True
+    bert_cfg = st_modules.transformer_config(folder)
+    modality = bert_cfg.get("modality_config") if isinstance(bert_cfg, dict) else None
+    return isinstance(modality, dict) and "message" in modality
 
 
 def cross_encoder_prompt(folder: str, tokenizer_files: str,
                          added_tokens: list[str]) -> Optional[RerankerPrompt]:
     """The prompt a sequence-classification cross-encoder's pair is written
     into, or None for the tokenizer's own pair encoding; as
-    sentence-transformers 6.2's ``CrossEncoder.predict`` decides it:
-
-    * in a folder sentence-transformers saved (one with ``modules.json``), it
-      renders a pair through the chat template only where
-      ``sentence_bert_config.json``'s ``modality_config`` has ``message``:
-      one without ``modality_config`` (or without the file) was saved before
-      chat messages existed and reads as text only (``Transformer.load_config``);
-      ``CrossEncoder`` writes a text-only one when it saves a classifier;
-    * in a plain transformers folder it renders through the chat template
-      wherever the template renders the ``query`` and ``document`` roles (a
-      stray ``sentence_bert_config.json`` there is not read);
-    * a template that renders neither role (Qwen3's own) makes
-      sentence-transformers 6.2 refuse the pair; it runs here as the
-      tokenizer's pair encoding, as sentence-transformers 5 and vLLM encode
-      it (tokenizer(query, document))."""
-    if os.path.isfile(os.path.join(folder, "modules.json")):
-        bert_cfg = st_modules.transformer_config(folder)
-        modality = bert_cfg.get("modality_config") if isinstance(bert_cfg, dict) else None
-        if not (isinstance(modality, dict) and "message" in modality):
-            return None
+    sentence-transformers 6.2's ``CrossEncoder.predict`` decides it: through
+    the chat template where the folder may take chat messages
+    (:func:`renders_messages`) and the template renders the ``query`` and
+    ``document`` roles. A template that renders neither role (Qwen3's own)
+    makes sentence-transformers 6.2 refuse the pair; it runs here as the
+    tokenizer's pair encoding, as sentence-transformers 5 and vLLM encode it
+    (tokenizer(query, document))."""
+    if not renders_messages(folder):
+        return None
     source = chat_template(tokenizer_files) or chat_template(folder)
     if source is None:
         return None
@@ -153,7 +180,7 @@ def cross_encoder_prompt(folder: str, tokenizer_files: str,
         log.info("%s: the chat template renders no query/document role: pairs take the "
                  "tokenizer's pair encoding", folder)
         return None
-    return RerankerPrompt(**parts)
+    return RerankerPrompt(**parts, whole=True)
 
 
 def chat_template(folder: str) -> Optional[str]:

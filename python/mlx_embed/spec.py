@@ -27,6 +27,15 @@ class PairSpec:
     request gives one), ``{query}`` and ``{document}`` replaced in one pass;
     that text is encoded without specials, truncated like a single text and
     wrapped as ``prefix_ids + text + suffix_ids`` (``middle_ids`` is empty).
+    With ``suffix_text`` (a chat template's prompt, which sentence-transformers
+    6 tokenizes as one rendered text) the closing text is encoded with the
+    pair text instead, so a document's last characters merge with it as they
+    do in the whole render: the pair is ``prefix_ids + encode(text +
+    suffix_text)``, and where that reaches ``max_length`` tokens its first
+    ``max_length - len(suffix_ids)`` tokens then ``suffix_ids``, the
+    template's tail as sentence-transformers writes it back over a cut
+    (:func:`mlx_embed.pairs.restored_suffix`). Cut from the left, the
+    document gives up its start instead and the tail stays as encoded.
 
     Segments may carry text prompts (mxbai-rerank v2, whose library encodes
     ``"query: " + q`` and ``"document: " + d`` apart and joins the ids):
@@ -51,6 +60,7 @@ class PairSpec:
     second_type_id: int = 0
     template: Optional[str] = None
     default_instruction: Optional[str] = None
+    suffix_text: Optional[str] = None
     query_prompt: Optional[str] = None
     document_prompt: Optional[str] = None
     instruction_prompt: Optional[str] = None

@@ -24,6 +24,7 @@ from mlx_embed.pairs import query_first_lengths
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
 MXBAI = os.path.join(FIXTURES, "tiny-mxbai-rerank-v2")
 QWEN3_ST6 = os.path.join(FIXTURES, "tiny-qwen3-reranker-st6")
+QWEN2_ST6 = os.path.join(FIXTURES, "tiny-qwen2-reranker-st6")
 INSTRUCTION = "Find the passage that answers the question"
 # The library's max_length in the fixture (the pair's tokens) and the
 # prompt's own tokens around it: the engine's max_length counts both.
@@ -213,6 +214,9 @@ def test_a_logit_score_qwen2_folder_scores_with_its_tokens(tmp_path):
     chat template (Qwen2.5's, which writes no pair) leaves the card's prompt."""
     folder = _copy(tmp_path, "my-finetune")
     shutil.copy(os.path.join(QWEN3_ST6, "modules.json"), folder / "modules.json")
+    # A Transformer that takes chat messages, as sentence-transformers 6
+    # saves a decoder CrossEncoder (text only is another rule: below).
+    shutil.copy(os.path.join(QWEN2_ST6, "sentence_bert_config.json"), folder / "sentence_bert_config.json")
     (folder / "1_LogitScore").mkdir()
     (folder / "1_LogitScore" / "config.json").write_text(json.dumps(
         {"true_token_id": 16, "false_token_id": None, "module_input_name": "causal_logits"}))
@@ -225,26 +229,57 @@ def test_a_logit_score_qwen2_folder_scores_with_its_tokens(tmp_path):
     assert np.abs(alone - diff).max() > 0.1  # logit["1"] alone, not minus logit["0"]
 
 
-QWEN2_ST6 = os.path.join(FIXTURES, "tiny-qwen2-reranker-st6")
+def _st6_refs():
+    return [tuple(p) for p in _json("pairs.json", QWEN2_ST6)], _json("reference_input_ids.json", QWEN2_ST6)
 
 
 def test_a_qwen2_folder_saved_by_st6_scores_as_cross_encoder():
     """sentence-transformers 6's Qwen2 CrossEncoder folder (LogitScore "1"/"0",
     a chat template writing mxbai's prompt from the query/document roles):
-    scored with its template tokenized as one text, as CrossEncoder scores
-    it. Pair 24's document ends in ")", which merges with the "\\n" after it
-    in the rendered prompt but not in the engine's, which encodes the
-    template's tail apart (README, "Known difference")."""
+    its ids are CrossEncoder's for every pair. The rendered prompt is one
+    text there, so a document ending in ")" or "." merges with the "\n" that
+    starts the template's tail (pairs 24, 38, 45-47; pair 24 scored 3.1 off
+    while the engine encoded the tail apart); over the limit (pairs 34-41,
+    and 46-47 at and just over it) the render is cut and the tail's ids,
+    "\n" apart, written back over its end."""
     model = _model(QWEN2_ST6)
     assert model.kind == "reranker"
     pair = model.spec().tokenizer.pair
     assert pair.template == "user\nquery: {query}\ndocument: {document}" and pair.query_share is None
     # The template writes an instruction only when given one: it takes none.
     assert pair.default_instruction is None
-    pairs = [tuple(p) for p in _json("pairs.json", QWEN2_ST6)]
-    assert len(pairs) == 37
-    ref = np.load(os.path.join(QWEN2_ST6, "reference_pair_logits.npy"))
-    got = model.score(pairs, raw_scores=True)
-    same = [k for k in range(len(pairs)) if k != 24]
-    _assert_logits(got[same], ref[same])
-    assert pairs[24][1].endswith(")") and abs(got[24, 0] - ref[24, 0]) > 1
+    assert pair.suffix_text == ("\n" + decoder_reranker.MXBAI_TASK + "<|im_end|>\n<|im_start|>assistant\n")
+    pairs, refs = _st6_refs()
+    assert len(pairs) == 48
+    ids, types, before = model.encode_pairs(pairs)
+    assert types is None
+    for k, (got, want) in enumerate(zip(ids, refs["message"])):
+        assert got == want, k
+    assert [k for k, n in enumerate(before) if n >= model.max_length] == [34, 35, 36, 37, 38, 39, 40, 41, 46, 47]
+    assert before[45] == len(ids[45]) == model.max_length - 1
+    assert pairs[24][1].endswith(")") and pairs[46][1].endswith(")")
+    _assert_logits(model.score(pairs, raw_scores=True),
+                   np.load(os.path.join(QWEN2_ST6, "reference_pair_logits.npy")))
+
+
+def test_a_text_only_logit_score_folder_takes_the_tokenizers_pair(tmp_path):
+    """A LogitScore folder whose Transformer is text only (sentence_bert_config
+    .json's modality_config without "message", or without modality_config:
+    saved before chat messages) is not rendered through its chat template by
+    sentence-transformers 6: its pair is tokenizer(query, document), cut
+    longest_first, with no prompt. Its chat template was rendered here."""
+    pairs, refs = _st6_refs()
+    for name, edit in (("pinned", lambda c: {**c, "modality_config": {"text": c["modality_config"]["text"]}}),
+                       ("older", lambda c: {k: v for k, v in c.items() if k != "modality_config"})):
+        folder = tmp_path / name
+        shutil.copytree(QWEN2_ST6, folder)
+        cfg = json.loads((folder / "sentence_bert_config.json").read_text())
+        (folder / "sentence_bert_config.json").write_text(json.dumps(edit(cfg)))
+        model = mlx_embed.load(str(folder))
+        assert model.kind == "reranker"
+        ids, types, _ = model.encode_pairs(pairs)
+        assert types is None  # Qwen's tokenizer types the document 1; a decoder reads none
+        for k, (got, want) in enumerate(zip(ids, refs["text"])):
+            assert got == want, (name, k)
+        _assert_logits(model.score(pairs, raw_scores=True),
+                       np.load(os.path.join(QWEN2_ST6, "reference_text_pair_logits.npy")))

@@ -180,6 +180,11 @@ class ModelArgs:
 
 
 class Model(nn.Module):
+    # A decoder has no token types: a folder whose pairs take the tokenizer's
+    # pair encoding (reranker_prompt.renders_messages) sends none, whatever
+    # types the tokenizer gives the document (Qwen's 1).
+    reads_type_ids = False
+
     def __init__(self, args):
         super().__init__()
         self.args = args

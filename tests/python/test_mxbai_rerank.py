@@ -237,11 +237,12 @@ def test_a_qwen2_folder_saved_by_st6_scores_as_cross_encoder():
     """sentence-transformers 6's Qwen2 CrossEncoder folder (LogitScore "1"/"0",
     a chat template writing mxbai's prompt from the query/document roles):
     its ids are CrossEncoder's for every pair. The rendered prompt is one
-    text there, so a document ending in ")" or "." merges with the "\n" that
-    starts the template's tail (pairs 24, 38, 45-47; pair 24 scored 3.1 off
-    while the engine encoded the tail apart); over the limit (pairs 34-41,
-    and 46-47 at and just over it) the render is cut and the tail's ids,
-    "\n" apart, written back over its end."""
+    text there, so a document ending in ")" merges with the "\\n" that starts
+    the template's tail (pairs 24 and 45 got other ids while the engine
+    encoded the tail apart, pair 24 scored 3.1 off); at or over the limit
+    (pairs 34-41, and 46-47, a document ending in ")" at and just over it)
+    the render is cut and the tail's ids, "\\n" apart, written back over its
+    end."""
     model = _model(QWEN2_ST6)
     assert model.kind == "reranker"
     pair = model.spec().tokenizer.pair

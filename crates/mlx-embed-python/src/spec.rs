@@ -153,6 +153,7 @@ fn read_pair(tok: &Bound<'_, PyAny>) -> Result<Option<PairSpec>, BridgeError> {
         second_type_id: optional(&pair, "second_type_id")?.unwrap_or(0),
         template: optional(&pair, "template")?,
         default_instruction: optional(&pair, "default_instruction")?,
+        suffix_text: optional(&pair, "suffix_text")?,
         query_prompt: optional(&pair, "query_prompt")?,
         document_prompt: optional(&pair, "document_prompt")?,
         instruction_prompt: optional(&pair, "instruction_prompt")?,

@@ -297,21 +297,42 @@ impl HfTokenizer {
                     )))
                 }
             };
-            let text = template.format(query, document).unwrap_or_default();
+            let tail = pair.suffix_text.as_deref().unwrap_or("");
+            let text = template.format(query, document).unwrap_or_default() + tail;
             let content = self.encode_text(&text, "")?;
-            let untruncated_len = u32::try_from(content.len() + specials).unwrap_or(u32::MAX);
-            let content = if content.len() > budget && direction == TruncationDirection::Left {
+            // With the tail in the content, sentence-transformers cuts the
+            // whole render once it reaches the limit and writes the tail's
+            // ids back over the cut's end; without, the tail always follows.
+            let (room, restore, suffix) = match pair.suffix_text {
+                Some(_) => (
+                    max_length - pair.prefix_ids.len(),
+                    Some(&pair.suffix_ids),
+                    &[][..],
+                ),
+                None => (budget, None, &pair.suffix_ids[..]),
+            };
+            let untruncated_len =
+                u32::try_from(pair.prefix_ids.len() + content.len() + suffix.len())
+                    .unwrap_or(u32::MAX);
+            let content = if content.len() > room && direction == TruncationDirection::Left {
                 // Cut from the pair text's start, the instruction and the
                 // query would go first and every document score alike.
-                let frame = template.format(query, "").unwrap_or_default();
-                cut_document_start(&content, &self.encode_text(&frame, "")?, budget)
+                let frame = template.format(query, "").unwrap_or_default() + tail;
+                cut_document_start(&content, &self.encode_text(&frame, "")?, room)
             } else {
-                cut(&content, budget, direction).to_vec()
+                match restore {
+                    Some(restore)
+                        if direction == TruncationDirection::Right && content.len() >= room =>
+                    {
+                        [&content[..room - restore.len()], &restore[..]].concat()
+                    }
+                    _ => cut(&content, room, direction).to_vec(),
+                }
             };
-            let mut ids = Vec::with_capacity(content.len() + specials);
+            let mut ids = Vec::with_capacity(pair.prefix_ids.len() + content.len() + suffix.len());
             ids.extend_from_slice(&pair.prefix_ids);
             ids.extend_from_slice(&content);
-            ids.extend_from_slice(&pair.suffix_ids);
+            ids.extend_from_slice(suffix);
             return Ok(Encoded {
                 ids,
                 type_ids: None,

@@ -10,7 +10,8 @@
 //!   types when the model has them;
 //! * **template** (decoder rerankers such as Qwen3-Reranker): the pair is
 //!   written into one text ([`PairSpec::template`]), encoded without specials,
-//!   cut like a single text and wrapped in the prompt's own ids.
+//!   cut like a single text and wrapped in the prompt's own ids; a chat
+//!   template's closing text is encoded with it ([`PairSpec::suffix_text`]).
 
 use mlx_embed_core::TruncationDirection;
 
@@ -33,6 +34,14 @@ pub struct PairSpec {
     pub template: Option<String>,
     /// What `{instruction}` becomes.
     pub default_instruction: Option<String>,
+    /// Template: the prompt's closing text, encoded with the pair text (a
+    /// chat template's render, which sentence-transformers 6 tokenizes as
+    /// one text: a document's last characters may merge with it). The pair
+    /// is then `prefix + encode(text + suffix_text)`; where that reaches the
+    /// limit, its first `limit - suffix_ids.len()` tokens and `suffix_ids`,
+    /// the tail sentence-transformers writes back over a cut. None: the
+    /// pair text is encoded alone and `suffix_ids` always follow it.
+    pub suffix_text: Option<String>,
     /// Segments: text written before the query and encoded with it
     /// (mxbai-rerank v2's `"query: "`: its library encodes each side apart).
     pub query_prompt: Option<String>,

@@ -342,3 +342,91 @@ fn template_pairs_bound_what_a_request_makes_the_tokenizer_read() {
         .collect();
     assert_eq!(together, alone);
 }
+
+/// mxbai-rerank v2's task prompt, which `tiny-qwen2-reranker-st6`'s chat
+/// template writes after the document.
+const MXBAI_TASK: &str = "You are a search relevance expert who evaluates how well documents \
+match search queries. For each query-document pair, carefully analyze the semantic relationship \
+between them, then provide your binary relevance judgment (0 for not relevant, 1 for relevant).\
+\nRelevance:";
+
+/// A chat template's pair, as sentence-transformers 6's CrossEncoder makes
+/// it (`tiny-qwen2-reranker-st6/reference_input_ids.json`, from its
+/// `preprocess`): the render tokenized as one text, so a document ending in
+/// ")" merges with the "\n" that starts the template's tail; at or over the
+/// limit the render is cut and the tail's ids written back over its end.
+/// Encoding the tail apart (`suffix_text` None) gives other ids for the
+/// uncut pairs among those. The same folder pinned to the text modality is the tokenizer's
+/// pair (`longest_first`, no prompt).
+#[test]
+fn chat_template_pairs_are_sentence_transformers_ids() {
+    let folder = "tiny-qwen2-reranker-st6";
+    let path = fixture(folder).join("tokenizer.json");
+    let tok = Tokenizer::from_file(&path).unwrap();
+    let enc = |s: &str| tok.encode(s, false).unwrap().get_ids().to_vec();
+    let prefix = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful \
+                  assistant.<|im_end|>\n<|im_start|>";
+    let template = "user\nquery: {query}\ndocument: {document}";
+    let tail = format!("\n{MXBAI_TASK}<|im_end|>\n<|im_start|>assistant\n");
+    // sentence-transformers' tail: the common end of two renders with
+    // different texts in both roles.
+    let render = |filler: &str| {
+        enc(&format!(
+            "{prefix}{}{tail}",
+            template
+                .replace("{query}", filler)
+                .replace("{document}", filler)
+        ))
+    };
+    let (a, b) = (render("0"), render("1 2 3 4"));
+    let common = a
+        .iter()
+        .rev()
+        .zip(b.iter().rev())
+        .take_while(|(x, y)| x == y)
+        .count();
+    let whole = PairSpec {
+        prefix_ids: enc(prefix),
+        suffix_ids: a[a.len() - common..].to_vec(),
+        template: Some(template.into()),
+        suffix_text: Some(tail.clone()),
+        ..PairSpec::default()
+    };
+    let apart = PairSpec {
+        suffix_ids: enc(&tail),
+        suffix_text: None,
+        ..whole.clone()
+    };
+    let with = |pair: PairSpec| {
+        HfTokenizer::from_spec(TokenizerSpec {
+            pair: Some(pair),
+            ..HfTokenizer::probe_spec(&path, 320).unwrap()
+        })
+        .unwrap()
+    };
+    let (whole, apart) = (with(whole), with(apart));
+    let text = std::fs::read_to_string(fixture(folder).join("reference_input_ids.json")).unwrap();
+    let refs: std::collections::HashMap<String, Vec<Vec<u32>>> =
+        serde_json::from_str(&text).unwrap();
+    let plain = HfTokenizer::from_spec(segments_spec(folder, 320, (0, 0))).unwrap();
+    let right = options(TruncationDirection::Right);
+    let (mut differ, mut cut) = (Vec::new(), 0);
+    for (i, (query, document)) in pairs(folder).into_iter().enumerate() {
+        let input = EmbedInput::Pair { query, document };
+        let got = whole.encode(&input, &right).unwrap();
+        assert_eq!(got.ids, refs["message"][i], "pair {i}");
+        cut += usize::from(got.untruncated_len as usize >= 320);
+        if apart.encode(&input, &right).unwrap().ids != got.ids {
+            differ.push(i);
+        }
+        assert_eq!(
+            plain.encode(&input, &right).unwrap().ids,
+            refs["text"][i],
+            "text modality, pair {i}"
+        );
+    }
+    assert_eq!(cut, 10);
+    // The two uncut pairs whose document ends in ")" (a cut one loses that
+    // end, and the tail is written back whole).
+    assert_eq!(differ, [24, 45]);
+}

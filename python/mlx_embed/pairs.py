@@ -12,7 +12,9 @@ Two styles:
 * template (decoder rerankers such as Qwen3-Reranker): the pair is written
   into one text, encoded without specials, truncated like any single text and
   wrapped in the prompt's own ids (each side encoded on its own, as the model
-  card does).
+  card does); a chat template's closing text is encoded with the pair text
+  instead and written back over a cut, as sentence-transformers 6 encodes a
+  rendered chat template (``spec.PairSpec.suffix_text``).
 """
 
 from __future__ import annotations

@@ -179,8 +179,11 @@ class EmbeddingModel(ScoringMixin):
         bind = getattr(self.model, "bind_tokenizer", None)
         if bind is not None:
             bind(self.tokenizer.token_id, rr)
-        if rr is None or rr.tokenizer_pair:
-            pass  # the tokenizer's own pair encoding
+        if rr is None:
+            pass
+        elif rr.tokenizer_pair:
+            if self.tokenizer.pair is not None:
+                self.tokenizer.pair = dataclasses.replace(self.tokenizer.pair, pairs_only=True)
         elif rr.template is None:
             self.tokenizer.pair = segment_spec(read_tokenizer(ck.tokenizer_path), rr)
         else:

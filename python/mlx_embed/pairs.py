@@ -124,10 +124,11 @@ def format_pair(spec: PairSpec, query: str, document: str, instruction: Optional
 
 
 def pairs_only(spec: Optional[PairSpec]) -> bool:
-    """A decoder reranker's spec (a template, or prompted segments) has no
-    meaning for a lone text."""
+    """A decoder reranker's spec (a template, prompted segments, or the
+    tokenizer's pair marked ``pairs_only``) has no meaning for a lone text."""
     return spec is not None and (
-        spec.template is not None or spec.query_prompt is not None or spec.query_share is not None
+        spec.pairs_only or spec.template is not None or spec.query_prompt is not None
+        or spec.query_share is not None
     )
 
 

@@ -66,6 +66,9 @@ class PairSpec:
     instruction_prompt: Optional[str] = None
     query_share: Optional[tuple[int, int]] = None
     uncounted: int = 0
+    # A decoder reranker's pairs in the tokenizer's own pair encoding (a
+    # text-only LogitScore folder): a lone text has no meaning for it either.
+    pairs_only: bool = False
 
 
 @dataclass(frozen=True)

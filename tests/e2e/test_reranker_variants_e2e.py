@@ -14,13 +14,17 @@ Rust from the spec the Python model hands over.
   room, as its library does;
 - a bge-reranker-v2-gemma model (Gemma, logit "Yes"), in a folder named as
   BAAI/bge-reranker-v2-gemma is, as a `--model`: `A: q` and `B: d` encoded
-  apart after `<bos>`, FlagEmbedding's cut and prompt.
+  apart after `<bos>`, FlagEmbedding's cut and prompt;
+- a Qwen2 "1"/"0" reranker as sentence-transformers 6 saves it (its chat
+  template writes mxbai's prompt), as `CrossEncoder` encodes it: the render
+  tokenized as one text, cut with its tail written back; and the same folder
+  pinned to the text modality: the tokenizer's pair, no prompt.
 
 References: tests/fixtures/tiny-qwen3-reranker-st6, tiny-camembert-reranker,
-tiny-mpnet-reranker, tiny-electra-reranker and tiny-qwen3-seq-cls (their READMEs;
-transformers in float64); tiny-mxbai-rerank-v2 (the mxbai-rerank library's ids and scores,
-float64); tiny-bge-reranker-v2-gemma (FlagEmbedding's ids, float64
-transformers logits)."""
+tiny-mpnet-reranker, tiny-electra-reranker, tiny-qwen3-seq-cls and
+tiny-qwen2-reranker-st6 (their READMEs; transformers in float64); tiny-mxbai-rerank-v2 (the
+mxbai-rerank library's ids and scores, float64); tiny-bge-reranker-v2-gemma (FlagEmbedding's
+ids, float64 transformers logits)."""
 
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ ENCODERS = ("tiny-camembert-reranker", "tiny-mpnet-reranker", "tiny-electra-rera
             "tiny-qwen3-seq-cls")
 MXBAI = FIXTURES / "tiny-mxbai-rerank-v2"
 BGE_GEMMA = FIXTURES / "tiny-bge-reranker-v2-gemma"
+QWEN2_ST6 = FIXTURES / "tiny-qwen2-reranker-st6"
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +53,16 @@ def server(tmp_path_factory):
     shutil.copytree(MXBAI, mxbai)
     gemma = root / "bge-reranker-v2-gemma"
     shutil.copytree(BGE_GEMMA, gemma)
+    qwen2 = root / "qwen2-finetune"
+    shutil.copytree(QWEN2_ST6, qwen2)
+    text_only = root / "qwen2-text-only"
+    shutil.copytree(QWEN2_ST6, text_only)
+    cfg = json.loads((text_only / "sentence_bert_config.json").read_text())
+    cfg["modality_config"] = {"text": cfg["modality_config"]["text"]}
+    (text_only / "sentence_bert_config.json").write_text(json.dumps(cfg))
     srv = start_server(
-        root, "--model", ",".join([*(str(FIXTURES / name) for name in ENCODERS), str(mxbai), str(gemma)]),
+        root, "--model", ",".join([*(str(FIXTURES / name) for name in ENCODERS), str(mxbai), str(gemma),
+                                   str(qwen2), str(text_only)]),
         "--rerank-model", str(finetune), "--no-warmup",
     )
     yield srv
@@ -162,3 +175,17 @@ def test_bge_reranker_v2_gemma_scores_and_ranks_as_flagembedding(server):
     assert r.status_code == 422 and "more than the model's maximum of 236" in r.text, r.text
     r = server.post("/predict", {"model": model, "inputs": ["just a text"]})
     assert r.status_code == 400 and "pairs, not single texts" in r.text, r.text
+
+
+def test_st6_qwen2_reranker_scores_as_cross_encoder(server):
+    """Every pair, 10 of them at or over the 320-token limit, within the
+    float64 references of sentence-transformers' own ids (the ids themselves:
+    tests/python/test_mxbai_rerank.py, crates/mlx-embed-tokenizer/tests/pairs.rs)."""
+    pairs = json.loads((QWEN2_ST6 / "pairs.json").read_text())
+    for model, refs in (("qwen2-finetune", "reference_pair_logits.npy"),
+                        ("qwen2-text-only", "reference_text_pair_logits.npy")):
+        np.testing.assert_allclose(_raw(server, model, pairs), np.load(QWEN2_ST6 / refs)[:, 0],
+                                   rtol=0, atol=5e-5, err_msg=model)
+    # The text-only folder still scores pairs only.
+    r = server.post("/predict", {"model": "qwen2-text-only", "inputs": ["just a text"]})
+    assert r.status_code == 422, r.text

@@ -775,6 +775,21 @@ def test_qwen3_reranker_saved_by_st6_scores_with_its_own_tokens_and_prompt(tmp_p
         "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
 
 
+def test_qwen3_st6_ids_are_cross_encoders_for_every_pair(tmp_path):
+    """sentence-transformers 6's CrossEncoder ids for all 43 shared pairs, the
+    8 over the 256-token limit included (the render cut, its tail written
+    back over the end), with the default and an explicit instruction."""
+    refs = _json(os.path.join(QWEN3_ST6, "reference_input_ids.json"))
+    model = mlx_embed.load(_st6_copy(tmp_path))
+    pairs = [tuple(p) for p in refs["pairs"]]
+    assert len(pairs) == 43
+    for key, instruction in (("default", None), ("instruction", "Find the passage that answers the question")):
+        ids, _, before = model.encode_pairs(pairs, instruction=instruction)
+        for k, (got, want) in enumerate(zip(ids, refs[key])):
+            assert got == want, (key, k)
+        assert sum(n > model.max_length for n in before) == 8
+
+
 def test_qwen3_st6_true_token_alone_and_bad_ids(tmp_path):
     """false_token_id null: the true token's logit alone is the score."""
     pairs = _json(os.path.join(QWEN3_ST6, "pairs.json"))

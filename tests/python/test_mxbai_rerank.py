@@ -284,3 +284,7 @@ def test_a_text_only_logit_score_folder_takes_the_tokenizers_pair(tmp_path):
             assert got == want, (name, k)
         _assert_logits(model.score(pairs, raw_scores=True),
                        np.load(os.path.join(QWEN2_ST6, "reference_text_pair_logits.npy")))
+        # Still a reranker of pairs: CrossEncoder.predict refuses a lone text too.
+        assert model.spec().tokenizer.pair.pairs_only
+        with pytest.raises(InvalidInput, match="scores \\(query, document\\) pairs, not single texts"):
+            model.predict(["just a text"])

@@ -60,6 +60,9 @@ pub struct PairSpec {
     /// (mxbai-rerank: its fixed prompt; FlagEmbedding's LLM reranker:
     /// twice its separator and task prompt).
     pub uncounted: usize,
+    /// A decoder reranker's pairs in the tokenizer's own pair encoding (a
+    /// text-only `LogitScore` folder): a lone text has no meaning for it.
+    pub pairs_only: bool,
 }
 
 impl PairSpec {
@@ -68,10 +71,13 @@ impl PairSpec {
         self.prefix_ids.len() + self.middle_ids.len() + self.suffix_ids.len()
     }
 
-    /// A decoder reranker's spec (a template, or prompted segments) has no
-    /// meaning for a lone text.
+    /// A decoder reranker's spec (a template, prompted segments, or the
+    /// tokenizer's pair marked `pairs_only`) has no meaning for a lone text.
     pub fn pairs_only(&self) -> bool {
-        self.template.is_some() || self.query_prompt.is_some() || self.query_share.is_some()
+        self.pairs_only
+            || self.template.is_some()
+            || self.query_prompt.is_some()
+            || self.query_share.is_some()
     }
 
     /// Whether the model takes token types (BERT), so pairs carry them.

@@ -408,7 +408,17 @@ fn chat_template_pairs_are_sentence_transformers_ids() {
     let text = std::fs::read_to_string(fixture(folder).join("reference_input_ids.json")).unwrap();
     let refs: std::collections::HashMap<String, Vec<Vec<u32>>> =
         serde_json::from_str(&text).unwrap();
-    let plain = HfTokenizer::from_spec(segments_spec(folder, 320, (0, 0))).unwrap();
+    let mut text_only = segments_spec(folder, 320, (0, 0));
+    text_only.pair.as_mut().unwrap().pairs_only = true;
+    let plain = HfTokenizer::from_spec(text_only).unwrap();
+    // A reranker of pairs: a lone text has no encoding.
+    let err = plain
+        .encode(
+            &EmbedInput::Text("a lone text".into()),
+            &EmbedOptions::default(),
+        )
+        .unwrap_err();
+    assert!(err.message.contains("not single texts"), "{}", err.message);
     let right = options(TruncationDirection::Right);
     let (mut differ, mut cut) = (Vec::new(), 0);
     for (i, (query, document)) in pairs(folder).into_iter().enumerate() {

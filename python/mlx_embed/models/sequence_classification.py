@@ -24,11 +24,15 @@ the first token's hidden state:
 * ELECTRA (``ElectraForSequenceClassification``, ms-marco-electra-base):
   RoBERTa's head names with GELU for tanh, ``classifier.out_proj(gelu(
   classifier.dense([CLS])))``; encoder under ``electra.``.
-* Qwen3 (``Qwen3ForSequenceClassification``, transformers' generic head for
-  decoders; Qwen3-Reranker-*-seq-cls, whose one ``score`` row is the yes/no
-  reranker's ``lm_head[yes] - lm_head[no]``): ``score`` (no bias) on the
-  state of the last token that is not ``pad_token_id`` (:func:`last_token`);
-  decoder under ``model.``.
+* Decoders (transformers' ``GenericForSequenceClassification``: Qwen3's,
+  Qwen2's, Mistral's and Gemma 2's ``*ForSequenceClassification`` are that
+  class and nothing more; Qwen3-Reranker-*-seq-cls, whose one ``score`` row
+  is the yes/no reranker's ``lm_head[yes] - lm_head[no]``, reward models):
+  ``score`` (no bias) on the state of the last token that is not
+  ``pad_token_id`` (:func:`last_token`); decoder under ``model.``. The
+  decoder is the embedding file's (its sliding window, Gemma 2's attention
+  soft-cap); Gemma 2's ``final_logit_softcapping`` belongs to its LM head,
+  and transformers' score never applies it.
 
 The encoder underneath is the embedding architecture's own module, chosen by
 ``model_type``, so every encoder file gains classification without a copy.
@@ -66,7 +70,11 @@ ARCHITECTURES = {
     "ModernBertForSequenceClassification": ("modernbert", "modernbert", "model."),
     "DistilBertForSequenceClassification": ("distilbert", "distilbert", "distilbert."),
     "ElectraForSequenceClassification": ("electra", "electra", "electra."),
+    # transformers' GenericForSequenceClassification on each decoder.
     "Qwen3ForSequenceClassification": ("qwen3", "decoder", "model."),
+    "Qwen2ForSequenceClassification": ("qwen2", "decoder", "model."),
+    "MistralForSequenceClassification": ("mistral", "decoder", "model."),
+    "Gemma2ForSequenceClassification": ("gemma2", "decoder", "model."),
 }
 
 
@@ -242,7 +250,8 @@ class DistilBertHead(nn.Module):
 
 
 class DecoderScoreHead(nn.Module):
-    """transformers' ``GenericForSequenceClassification`` (Qwen3): ``score``,
+    """transformers' ``GenericForSequenceClassification`` (Qwen3, Qwen2,
+    Mistral, Gemma 2): ``score``,
     a Linear without bias, on the last token's state (:func:`last_token`).
     transformers applies it at every position and then picks one; picking
     first is the same product."""
@@ -330,6 +339,12 @@ class Model(nn.Module):
         return self.encoder.vocab_size
 
     @property
+    def max_length(self) -> Optional[int]:
+        """The encoder's own limit where it has one (Mistral's is capped at
+        its sliding window, RoBERTa's table holds 2 positions fewer)."""
+        return getattr(self.encoder, "max_length", None)
+
+    @property
     def hidden_size(self) -> int:
         return self.args.hidden_size
 
@@ -373,6 +388,32 @@ class Model(nn.Module):
                 continue
             else:
                 rest[bare] = w
+        self._check_head(head)
         out = {"encoder." + k: v for k, v in self.encoder.sanitize(rest).items()}
         out.update(head)
         return out
+
+    def _check_head(self, head: dict) -> None:
+        """The head's weights against config.json's layout: a label count
+        (``num_labels`` / ``id2label``) that is not the checkpoint's is
+        refused by name, not as MLX's shape error on ``head.*``."""
+        from mlx.utils import tree_flatten
+
+        want = {"head." + k: v.shape for k, v in tree_flatten(self.head.parameters())}
+        missing = sorted(k for k in want if k not in head)
+        if missing:
+            raise ValueError(
+                f"{self.args.architecture}: the checkpoint has no {', '.join(m[len('head.'):] for m in missing)} "
+                "(a classification head config.json names but the weights lack)"
+            )
+        for name, w in head.items():
+            shape = want.get(name)
+            # Rows are the output axis, the labels' for the last layer;
+            # pre-quantized weights pack the input axis, so only rows compare.
+            if shape is None or (w.shape[0] == shape[0] and (w.dtype == mx.uint32 or w.shape == shape)):
+                continue
+            raise ValueError(
+                f"{self.args.architecture}: the checkpoint's {name[len('head.'):]} has shape {tuple(w.shape)}, "
+                f"config.json's layout wants {tuple(shape)} ({self.args.num_labels} label(s) from "
+                f"num_labels/id2label, hidden_size {self.args.hidden_size}): they do not match"
+            )

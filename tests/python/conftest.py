@@ -75,11 +75,11 @@ def assert_reranker_matches(model, folder, alone=(0, 3, 35, 40, 41)) -> np.ndarr
     return logits
 
 
-def assert_pairs_match_tokenizer(model, folder, max_len: int = 128) -> list:
+def assert_pairs_match_tokenizer(model, folder, max_len: int = 128, cut: int = 8) -> list:
     """A reranker fixture's pairs as the model encodes them: the ids, and
     the type ids when it sends any, are the tokenizers library's own pair
-    encoding with longest_first truncation at ``max_len``, 8 pairs being cut
-    there. Returns the library's encodings."""
+    encoding with longest_first truncation at ``max_len``, ``cut`` pairs
+    being cut there. Returns the library's encodings."""
     from tokenizers import Tokenizer
 
     folder = FIXTURES / folder
@@ -92,7 +92,7 @@ def assert_pairs_match_tokenizer(model, folder, max_len: int = 128) -> list:
     assert ids == [e.ids for e in encs]
     if types is not None:
         assert types == [e.type_ids for e in encs]
-    assert sum(n > max_len for n in before) == 8
+    assert sum(n > max_len for n in before) == cut
     return encs
 
 

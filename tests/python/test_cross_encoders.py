@@ -34,6 +34,17 @@ MPNET_RERANKER = os.path.join(FIXTURES, "tiny-mpnet-reranker")
 ELECTRA_RERANKER = os.path.join(FIXTURES, "tiny-electra-reranker")
 QWEN3_ST6 = os.path.join(FIXTURES, "tiny-qwen3-reranker-st6")
 QWEN3_SEQ_CLS = os.path.join(FIXTURES, "tiny-qwen3-seq-cls")
+# transformers' generic decoder head on the other decoders: fixture -> the
+# pair's prefix/middle/suffix ids, the model's max_length and how many
+# fixture pairs it cuts (each README).
+DECODER_SEQ_CLS = {
+    "tiny-qwen2-seq-cls": (([], [], []), 256, 8),
+    # Mistral-7B's "<s> A <s> B"; max_length its sliding window (128), not
+    # the tokenizer's 256.
+    "tiny-mistral-seq-cls": (([1], [1], []), 128, 8),
+    # Gemma's "<bos> A <bos> B".
+    "tiny-gemma2-seq-cls": (([2], [2], []), 256, 6),
+}
 GOLDEN_TEXTS = os.path.join(FIXTURES, "golden", "minilm_texts.json")
 
 
@@ -716,7 +727,11 @@ def test_unsupported_classifiers_are_refused(tmp_path):
             shutil.rmtree(path)
         elif path.exists():
             path.unlink()
-    with pytest.raises(ValueError, match="Qwen2ForSequenceClassification is not a supported"):
+    # A supported architecture named over a backbone without its head (a
+    # Qwen2Model renamed): refused by the weight it lacks, not scored by a
+    # random row as transformers would initialize one.
+    with pytest.raises(ValueError, match=r"Qwen2ForSequenceClassification: the checkpoint has no "
+                                         r"score.weight \(a classification head config.json names"):
         mlx_embed.load(str(qwen2))
 
 
@@ -933,25 +948,34 @@ def test_qwen3_seq_cls_scores_the_last_token_that_is_not_the_pad_id(tmp_path):
     _assert_logits(last[[1, 4]], ref[[1, 4]])
 
 
-def test_qwen3_seq_cls_as_a_three_label_classifier(tmp_path):
+@pytest.mark.parametrize("name", ["tiny-qwen3-seq-cls", *DECODER_SEQ_CLS])
+def test_decoder_seq_cls_as_a_three_label_classifier(tmp_path, name):
     """The same backbone with three score rows (num_labels 3, id2label):
     a classifier whose logits are transformers' own, a cut pair's too."""
     import mlx.core as mx
 
+    src = os.path.join(FIXTURES, name)
     labels = ["negative", "neutral", "positive"]
-    folder = copy_fixture("tiny-qwen3-seq-cls", tmp_path / "classifier", num_labels=3,
+    folder = copy_fixture(name, tmp_path / "classifier", num_labels=3,
                           id2label={str(i): v for i, v in enumerate(labels)},
                           label2id={v: i for i, v in enumerate(labels)})
     weights = mx.load(str(folder / "model.safetensors"))
-    weights["score.weight"] = mx.array(np.load(os.path.join(QWEN3_SEQ_CLS, "classifier_score.npy")))
+    weights["score.weight"] = mx.array(np.load(os.path.join(src, "classifier_score.npy")))
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
     model = mlx_embed.load(str(folder))
     assert (model.kind, model.labels, model.dim) == ("classifier", labels, 3)
-    pairs = _json(os.path.join(QWEN3_SEQ_CLS, "pairs.json"))
-    ref = np.load(os.path.join(QWEN3_SEQ_CLS, "reference_classifier_logits.npy"))
-    _assert_logits(model.predict(pairs, raw_scores=True), ref)
-    # Pair 41: the over-long query, both sides cut.
-    _assert_logits(model.predict([pairs[41]], raw_scores=True), ref[41:42])
+    pairs = _json(os.path.join(src, "pairs.json"))
+    ref = np.load(os.path.join(src, "reference_classifier_logits.npy"))
+    # A row's three logits share one hidden state, so float32's error scales
+    # with the row's largest logit (~10), not with each: 1e-5 of that
+    # (transformers' own float32 is 3.6e-6 of it on tiny-qwen2-seq-cls, and
+    # 1 of its 129 logits misses rtol 1e-5 + atol 1e-5).
+    for got, want in ((model.predict(pairs, raw_scores=True), ref),
+                      # Pair 41: the over-long query, both sides cut.
+                      (model.predict([pairs[41]], raw_scores=True), ref[41:42])):
+        assert got.shape == want.shape
+        bound = 1e-5 * np.maximum(1.0, np.abs(want).max(axis=1))
+        assert (np.abs(got - want).max(axis=1) <= bound).all(), np.abs(got - want).max(axis=1) / bound
     with pytest.raises(ValueError, match="3-label classifier; a reranker has one label"):
         mlx_embed.load(str(folder), kind="reranker")
 
@@ -1029,3 +1053,131 @@ def test_qwen3_seq_cls_as_an_embedding_model_drops_the_score():
     model = mlx_embed.load(QWEN3_SEQ_CLS, kind="embedding")
     assert (model.kind, model.dim) == ("embedding", 64)
     assert model.embed(["a text"]).shape == (1, 64)
+
+
+# ------- Qwen2 / Mistral / Gemma 2 *ForSequenceClassification (transformers' generic decoder head)
+
+
+@pytest.mark.parametrize("name", DECODER_SEQ_CLS)
+def test_decoder_seq_cls_matches_reference(name):
+    """Each decoder's pair is its tokenizer's pair encoding (Qwen's adds
+    nothing, Mistral's and Gemma's a BOS before each text, no EOS), cut
+    longest-first at the model's limit, and the score is read where
+    transformers reads it; one batch and pairs alone agree."""
+    (prefix, middle, suffix), max_length, cut = DECODER_SEQ_CLS[name]
+    model = _model(os.path.join(FIXTURES, name))
+    assert (model.kind, model.labels, model.dim, model.max_length) == ("reranker", ["LABEL_0"], 1, max_length)
+    p = model.spec().tokenizer.pair
+    assert (p.prefix_ids, p.middle_ids, p.suffix_ids, p.template) == (prefix, middle, suffix, None)
+    assert_pairs_match_tokenizer(model, name, max_len=max_length, cut=cut)
+    assert_reranker_matches(model, name)
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen2-seq-cls", "tiny-gemma2-seq-cls"])
+def test_decoder_seq_cls_scores_the_last_token_that_is_not_the_pad_id(tmp_path, name):
+    """As for Qwen3: the rightmost token that is not pad_token_id (Qwen2's
+    <|endoftext|>, Gemma's <pad>) is scored, in a batch and alone; without
+    a pad id the last token is, which the fixture's pairs tell apart."""
+    src = os.path.join(FIXTURES, name)
+    pairs = _json(os.path.join(src, "pad_pairs.json"))
+    ref = np.load(os.path.join(src, "reference_pad_logits.npy"))
+    model = _model(src)
+    _assert_logits(model.score(pairs, raw_scores=True), ref)
+    for i, pair in enumerate(pairs):
+        _assert_logits(model.score([pair], raw_scores=True), ref[i : i + 1])
+    folder = copy_fixture(name, tmp_path / "no-pad-id", pad_token_id=None)
+    last = mlx_embed.load(str(folder)).score(pairs, raw_scores=True)
+    assert np.abs(last[[0, 2]] - ref[[0, 2]]).min() > 0.1
+    _assert_logits(last[[1, 4]], ref[[1, 4]])
+
+
+def test_mistral_seq_cls_without_a_pad_id_scores_each_row_at_its_last_token(tmp_path):
+    """Mistral's config has pad_token_id null (and its tokenizer no pad
+    token): transformers then scores position -1 and refuses batches of
+    more than one. The engine scores each padded row at its last real
+    token, which is that pair alone, whatever the token (</s>, <unk>)."""
+    src = os.path.join(FIXTURES, "tiny-mistral-seq-cls")
+    assert _json(os.path.join(src, "config.json"))["pad_token_id"] is None
+    pairs = _json(os.path.join(src, "pad_pairs.json"))
+    ref = np.load(os.path.join(src, "reference_pad_logits.npy"))
+    model = _model(src)
+    _assert_logits(model.score(pairs, raw_scores=True), ref)
+    _assert_logits(model.score(pairs[:1], raw_scores=True), ref[:1])
+    # With </s> as the pad id (as some Mistral reward models set it) the
+    # pairs that end with it are scored before it.
+    eos_pad = mlx_embed.load(str(copy_fixture("tiny-mistral-seq-cls", tmp_path / "eos-pad", pad_token_id=2)))
+    moved = eos_pad.score(pairs, raw_scores=True)
+    assert np.abs(moved[[0, 3]] - ref[[0, 3]]).min() > 0.1
+    _assert_logits(moved[[2]], ref[[2]])
+
+
+def test_mistral_seq_cls_is_cut_at_its_sliding_window(tmp_path):
+    """Inside sliding_window tokens Mistral's attention is full causal
+    attention (models/mistral.py): the classifier's max_length is the
+    window (128), below the tokenizer's 256, and a longer one is refused;
+    with no window the tokenizer's limit holds."""
+    src = os.path.join(FIXTURES, "tiny-mistral-seq-cls")
+    assert _json(os.path.join(src, "config.json"))["sliding_window"] == 128
+    assert _json(os.path.join(src, "tokenizer_config.json"))["model_max_length"] == 256
+    model = _model(src)
+    pairs = _json(os.path.join(src, "pairs.json"))
+    ids, _, before = model.encode_pairs(pairs)
+    assert max(len(i) for i in ids) == 128 and max(before) > 256
+    with pytest.raises(ValueError, match="max_length 200 > the 128 positions"):
+        mlx_embed.load(src, max_length=200)
+    full = mlx_embed.load(str(copy_fixture("tiny-mistral-seq-cls", tmp_path / "no-window", sliding_window=None)))
+    assert full.max_length == 256
+
+
+def test_gemma2_seq_cls_score_is_not_soft_capped(tmp_path):
+    """transformers applies final_logit_softcapping (30) to Gemma2ForCausalLM's
+    LM head only: Gemma2ForSequenceClassification's score is raw. The
+    fixture's logits are wide enough for 30 * tanh(x / 30) to show, and a
+    config without the cap scores the same."""
+    src = os.path.join(FIXTURES, "tiny-gemma2-seq-cls")
+    cfg = _json(os.path.join(src, "config.json"))
+    assert (cfg["final_logit_softcapping"], cfg["attn_logit_softcapping"]) == (30.0, 4.0)
+    ref = np.load(os.path.join(src, "reference_pair_logits.npy"))
+    assert np.abs(30.0 * np.tanh(ref / 30.0) - ref).max() > 0.2
+    pairs = _json(os.path.join(src, "pairs.json"))
+    uncapped = mlx_embed.load(str(copy_fixture("tiny-gemma2-seq-cls", tmp_path / "no-cap",
+                                               final_logit_softcapping=None)))
+    _assert_logits(uncapped.score(pairs, raw_scores=True), ref)
+
+
+def test_qwen2_seq_cls_is_a_classifier_before_a_reranker_name_or_a_roleless_template(tmp_path):
+    """A Qwen2ForSequenceClassification folder named like mxbai-rerank v2
+    (vLLM's conversions keep the name) is scored by its score row, not as
+    the "1"/"0" decoder reranker; Qwen2.5's chat template, which renders
+    neither the query nor the document role, leaves the tokenizer's pair
+    encoding."""
+    src = os.path.join(FIXTURES, "tiny-qwen2-seq-cls")
+    folder = tmp_path / "mxbai-rerank-base-v2-seq-cls"
+    shutil.copytree(src, folder)
+    tc = _json(os.path.join(FIXTURES, "tiny-mxbai-rerank-v2", "tokenizer_config.json"))
+    (folder / "chat_template.jinja").write_text(tc["chat_template"])
+    model = mlx_embed.load(str(folder))
+    assert (model.kind, model.labels, model.spec().tokenizer.pair.template) == ("reranker", ["LABEL_0"], None)
+    pairs = _json(os.path.join(src, "pairs.json"))[:8]
+    _assert_logits(model.score(pairs, raw_scores=True), np.load(os.path.join(src, "reference_pair_logits.npy"))[:8])
+
+
+@pytest.mark.parametrize("name", ["tiny-qwen3-seq-cls", *DECODER_SEQ_CLS])
+def test_decoder_seq_cls_whose_labels_do_not_fit_the_score_is_refused(tmp_path, name):
+    """num_labels 3 over a one-row score: refused at load, naming the
+    weight, both shapes and where the label count came from."""
+    hidden = _json(os.path.join(FIXTURES, name, "config.json"))["hidden_size"]
+    folder = copy_fixture(name, tmp_path / "bad", num_labels=3, id2label=None, label2id=None)
+    arch = _json(os.path.join(FIXTURES, name, "config.json"))["architectures"][0]
+    with pytest.raises(ValueError, match=(
+            rf"{arch}: the checkpoint's score.weight has shape \(1, {hidden}\), config.json's layout wants "
+            rf"\(3, {hidden}\) \(3 label\(s\) from num_labels/id2label")):
+        mlx_embed.load(str(folder))
+
+
+@pytest.mark.parametrize("name", DECODER_SEQ_CLS)
+def test_decoder_seq_cls_as_an_embedding_model_drops_the_score(name):
+    hidden = _json(os.path.join(FIXTURES, name, "config.json"))["hidden_size"]
+    model = mlx_embed.load(os.path.join(FIXTURES, name), kind="embedding")
+    assert (model.kind, model.dim) == ("embedding", hidden)
+    assert model.embed(["a text"]).shape == (1, hidden)

@@ -55,8 +55,11 @@ fn segments_spec(folder: &str, max_length: usize, types: (u32, u32)) -> Tokenize
     }
 }
 
-fn check_segments(folder: &str, types: (u32, u32)) {
-    let ours = HfTokenizer::from_spec(segments_spec(folder, 128, types)).unwrap();
+/// `types`: the pair's token types as the engine sends them; `None` for a
+/// model that reads none (a decoder), whose spec is `(0, 0)`: no types are
+/// sent, and only the ids are compared.
+fn check_segments(folder: &str, types: Option<(u32, u32)>) {
+    let ours = HfTokenizer::from_spec(segments_spec(folder, 128, types.unwrap_or((0, 0)))).unwrap();
     for (direction, hf_direction) in [
         (TruncationDirection::Right, HfDirection::Right),
         (TruncationDirection::Left, HfDirection::Left),
@@ -84,9 +87,10 @@ fn check_segments(folder: &str, types: (u32, u32)) {
                 )
                 .unwrap();
             assert_eq!(got.ids, want.get_ids(), "{folder} pair {i} {direction:?}");
-            match &got.type_ids {
-                Some(t) => assert_eq!(t, want.get_type_ids(), "{folder} pair {i}"),
-                None => assert!(want.get_type_ids().iter().all(|&t| t == 0)),
+            match (&got.type_ids, types) {
+                (Some(t), _) => assert_eq!(t, want.get_type_ids(), "{folder} pair {i}"),
+                (None, Some(_)) => assert!(want.get_type_ids().iter().all(|&t| t == 0)),
+                (None, None) => {}
             }
             truncated += usize::from(got.untruncated_len > 128);
         }
@@ -118,19 +122,34 @@ fn a_per_request_cut_cuts_pairs_as_a_shorter_model() {
 
 #[test]
 fn bert_pairs_match_tokenizers() {
-    check_segments("tiny-bert-reranker", (0, 1));
+    check_segments("tiny-bert-reranker", Some((0, 1)));
 }
 
 #[test]
 fn xlmr_pairs_match_tokenizers() {
-    check_segments("tiny-xlmr-reranker", (0, 0));
+    check_segments("tiny-xlmr-reranker", Some((0, 0)));
 }
 
 #[test]
 fn qwen3_seq_cls_pairs_match_tokenizers() {
     // Qwen's byte-level post-processor adds no special token and no EOS to a
     // pair: the query's ids, then the document's (typed 1, which Qwen3 never reads).
-    check_segments("tiny-qwen3-seq-cls", (0, 1));
+    check_segments("tiny-qwen3-seq-cls", Some((0, 1)));
+}
+
+#[test]
+fn decoder_seq_cls_pairs_match_tokenizers() {
+    // Qwen2.5's byte-level post-processor adds nothing; Mistral-7B's and
+    // Gemma's templates put a BOS before each text (`<s> A <s> B`), no EOS.
+    // The second BOS is typed 1 there, not as the query's side: the decoders
+    // read no token types, so the engine sends none.
+    for folder in [
+        "tiny-qwen2-seq-cls",
+        "tiny-mistral-seq-cls",
+        "tiny-gemma2-seq-cls",
+    ] {
+        check_segments(folder, None);
+    }
 }
 
 #[test]

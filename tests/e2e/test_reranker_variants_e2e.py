@@ -8,6 +8,9 @@ Rust from the spec the Python model hands over.
   (GELU head, narrower embeddings projected up) and a Qwen3 sequence
   classifier (Qwen3-Reranker-*-seq-cls: the tokenizer's pair encoding, the
   score at the last token) as `--model`s;
+- Qwen2, Mistral (no pad id; cut at its sliding window) and Gemma 2
+  sequence classifiers (transformers' generic decoder head) on /predict,
+  /rerank and /v1/rerank, and a 3-label Gemma 2 classifier on /predict;
 - an mxbai-rerank v2 model (Qwen2, "1"/"0"), in a folder named as
   mixedbread-ai/mxbai-rerank-base-v2 is, as a `--model`: the query and the
   document encoded apart with their prompts, the query kept to 3/4 of the
@@ -21,10 +24,10 @@ Rust from the spec the Python model hands over.
   pinned to the text modality: the tokenizer's pair, no prompt.
 
 References: tests/fixtures/tiny-qwen3-reranker-st6, tiny-camembert-reranker,
-tiny-mpnet-reranker, tiny-electra-reranker, tiny-qwen3-seq-cls and
-tiny-qwen2-reranker-st6 (their READMEs; transformers in float64); tiny-mxbai-rerank-v2 (the
-mxbai-rerank library's ids and scores, float64); tiny-bge-reranker-v2-gemma (FlagEmbedding's
-ids, float64 transformers logits)."""
+tiny-mpnet-reranker, tiny-electra-reranker, tiny-qwen3-seq-cls,
+tiny-qwen2-reranker-st6, tiny-{qwen2,mistral,gemma2}-seq-cls (their READMEs; transformers in
+float64); tiny-mxbai-rerank-v2 (the mxbai-rerank library's ids and scores, float64);
+tiny-bge-reranker-v2-gemma (FlagEmbedding's ids, float64 transformers logits)."""
 
 from __future__ import annotations
 
@@ -37,8 +40,11 @@ import pytest
 from harness import FIXTURES, start_server
 
 ST6 = FIXTURES / "tiny-qwen3-reranker-st6"
+# transformers' generic decoder head on Qwen2, Mistral and Gemma 2.
+DECODER_SEQ_CLS = ("tiny-qwen2-seq-cls", "tiny-mistral-seq-cls", "tiny-gemma2-seq-cls")
 ENCODERS = ("tiny-camembert-reranker", "tiny-mpnet-reranker", "tiny-electra-reranker",
-            "tiny-qwen3-seq-cls")
+            "tiny-qwen3-seq-cls", *DECODER_SEQ_CLS)
+GEMMA2_LABELS = ["negative", "neutral", "positive"]
 MXBAI = FIXTURES / "tiny-mxbai-rerank-v2"
 BGE_GEMMA = FIXTURES / "tiny-bge-reranker-v2-gemma"
 QWEN2_ST6 = FIXTURES / "tiny-qwen2-reranker-st6"
@@ -60,13 +66,30 @@ def server(tmp_path_factory):
     cfg = json.loads((text_only / "sentence_bert_config.json").read_text())
     cfg["modality_config"] = {"text": cfg["modality_config"]["text"]}
     (text_only / "sentence_bert_config.json").write_text(json.dumps(cfg))
+    gemma2_classifier = _three_label_copy(FIXTURES / "tiny-gemma2-seq-cls", root / "gemma2-classifier")
     srv = start_server(
         root, "--model", ",".join([*(str(FIXTURES / name) for name in ENCODERS), str(mxbai), str(gemma),
-                                   str(qwen2), str(text_only)]),
+                                   str(qwen2), str(text_only), str(gemma2_classifier)]),
         "--rerank-model", str(finetune), "--no-warmup",
     )
     yield srv
     assert srv.stop() == 0, srv.log()[-4000:]
+
+
+def _three_label_copy(src, dst):
+    """The fixture as a 3-label classifier: its classifier_score.npy rows as
+    the score, num_labels 3 and id2label in config.json (README)."""
+    import mlx.core as mx
+
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg.update(num_labels=3, id2label={str(i): v for i, v in enumerate(GEMMA2_LABELS)},
+               label2id={v: i for i, v in enumerate(GEMMA2_LABELS)})
+    (dst / "config.json").write_text(json.dumps(cfg))
+    weights = mx.load(str(dst / "model.safetensors"))
+    weights["score.weight"] = mx.array(np.load(src / "classifier_score.npy"))
+    mx.save_safetensors(str(dst / "model.safetensors"), weights)
+    return dst
 
 
 def _raw(srv, model: str, pairs: list) -> np.ndarray:
@@ -189,3 +212,69 @@ def test_st6_qwen2_reranker_scores_as_cross_encoder(server):
     # The text-only folder still scores pairs only.
     r = server.post("/predict", {"model": "qwen2-text-only", "inputs": ["just a text"]})
     assert r.status_code == 400 and "not single texts" in r.json()["error"], r.text
+
+
+@pytest.mark.parametrize("name", DECODER_SEQ_CLS)
+def test_decoder_seq_cls_on_tei_rerank(server, name):
+    """TEI's /rerank on each decoder classifier: every fixture pair's sigmoid
+    score (raw logit on request) within 1e-4 of transformers' float64, best
+    first; /info names it a one-label reranker at its limit (Mistral's
+    sliding window, 128)."""
+    pairs = json.loads((FIXTURES / name / "pairs.json").read_text())
+    scores = np.load(FIXTURES / name / "reference_pair_scores.npy")
+    logits = np.load(FIXTURES / name / "reference_pair_logits.npy")[:, 0]
+    checked = 0
+    for query in dict.fromkeys(q for q, _ in pairs):
+        idx = [i for i, (q, _) in enumerate(pairs) if q == query]
+        r = server.post("/rerank", {"model": name, "query": query, "texts": [pairs[i][1] for i in idx]})
+        assert r.status_code == 200, r.text
+        ranks = r.json()
+        assert [x["index"] for x in ranks] == sorted(range(len(idx)), key=lambda k: -float(logits[idx[k]]))
+        for x in ranks:
+            assert abs(x["score"] - float(scores[idx[x["index"]]])) <= 1e-4
+        raw = server.post("/rerank", {"model": name, "query": query, "texts": [pairs[i][1] for i in idx],
+                                      "raw_scores": True})
+        assert raw.status_code == 200, raw.text
+        for x in raw.json():
+            assert abs(x["score"] - float(logits[idx[x["index"]]])) <= 1e-4
+            checked += 1
+    assert checked == len(pairs)
+    info = {m["model_id"]: m for m in server.get("/info").json()["models"]}[name]
+    assert (info["kind"], info["labels"], info["max_input_tokens"]) == (
+        "reranker", ["LABEL_0"], 128 if name == "tiny-mistral-seq-cls" else 256)
+
+
+def test_mistral_seq_cls_refuses_a_pair_past_its_window_without_truncation(server):
+    """Past its sliding window a Mistral is not what transformers computes
+    in full: with truncate false such a pair is refused (422), not cut."""
+    long = "word " * 200
+    r = server.post("/rerank", {"model": "tiny-mistral-seq-cls", "query": "q", "texts": ["short", long],
+                                "truncate": False})
+    assert r.status_code == 422, r.text
+    r = server.post("/rerank", {"model": "tiny-mistral-seq-cls", "query": "q", "texts": ["short", long]})
+    assert r.status_code == 200, r.text
+
+
+def test_gemma2_three_label_classifier_on_predict(server):
+    """/predict on a Gemma 2 classifier (three score rows): raw logits within
+    1e-4 of transformers' float64 for every pair (the cut ones too), the
+    softmax by default, best label first."""
+    src = FIXTURES / "tiny-gemma2-seq-cls"
+    pairs = json.loads((src / "pairs.json").read_text())
+    ref = np.load(src / "reference_classifier_logits.npy")
+    r = server.post("/predict", {"model": "gemma2-classifier", "inputs": [list(p) for p in pairs],
+                                 "raw_scores": True})
+    assert r.status_code == 200, r.text
+    got = np.array([[{p["label"]: p["score"] for p in row}[lab] for lab in GEMMA2_LABELS] for row in r.json()])
+    assert np.abs(got - ref).max() <= 1e-4
+    one = server.post("/predict", {"model": "gemma2-classifier", "inputs": list(pairs[41])})
+    assert one.status_code == 200, one.text
+    e = np.exp(ref[41].astype(np.float64) - ref[41].max())
+    probs = dict(zip(GEMMA2_LABELS, e / e.sum()))
+    assert [p["label"] for p in one.json()] == sorted(GEMMA2_LABELS, key=lambda k: -probs[k])
+    assert all(abs(p["score"] - probs[p["label"]]) <= 1e-4 for p in one.json())
+    info = {m["model_id"]: m for m in server.get("/info").json()["models"]}["gemma2-classifier"]
+    assert (info["kind"], info["labels"]) == ("classifier", GEMMA2_LABELS)
+    # A classifier is no reranker.
+    r = server.post("/v1/rerank", {"model": "gemma2-classifier", "query": "q", "documents": ["a", "b"]})
+    assert r.status_code == 400, r.text

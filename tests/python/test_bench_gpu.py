@@ -255,7 +255,11 @@ def test_bench_gpu_server_dry_run(tmp_path):
             assert 0.9 <= w["seconds"] <= 3.0, w
             assert w["texts_per_s"] > 0 and w["vs_engine_one_call"] > 0
             assert w["model_calls"] >= 1 and w["inputs_per_call"] >= 1, w
-            assert w["round_ms"]["client_latency"] >= w["round_ms"]["server"] > 0, w
+            # Not client >= server as above: wrk stops at its deadline with a
+            # request on every connection, which the server still times (its
+            # /metrics totals hold them) while wrk's latencies do not; on a
+            # loaded machine those last waits tipped the means (118 vs 131 ms).
+            assert w["round_ms"]["client_latency"] > 0 and w["round_ms"]["server"] > 0, w
     # The lease's output shows the table even if results.json does not come back.
     assert "server, tiny-bert (float32;" in r.stdout and "| regroup_2 | " in r.stdout
     assert "| regroup_2 | texts_1_per_request_c64 | " in r.stdout

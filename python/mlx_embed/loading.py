@@ -423,6 +423,8 @@ def load_checkpoint(
     t0 = time.perf_counter()
     model = arch.Model(arch.ModelArgs.from_dict(config))
     weights, weights_format = load_weights(files)
+    # A Stanford ColBERT keeps its projection beside the encoder's weights.
+    stanford_linear = weights.pop("linear.weight", None) if st_modules.is_stanford_colbert(path) else None
     if choice.from_classifier:
         weights = sequence_classification.encoder_weights(config, weights)
     weights = model.sanitize(weights)
@@ -496,7 +498,7 @@ def load_checkpoint(
     elif choice.kind == "embedding" and st_modules.declares_colbert(path):
         if pooling is not None:
             raise ValueError(f"pooling={pooling!r}: {path} is a ColBERT model, which does not pool")
-        head = st_modules.read_colbert_pipeline(path)
+        head = st_modules.read_colbert_pipeline(path, stanford_linear)
     elif choice.kind == "embedding":
         head = st_modules.read_pipeline(path, defaults.get("pooling", "mean"))
         if pooling is not None:

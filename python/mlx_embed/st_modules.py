@@ -263,14 +263,68 @@ def _is_colbert(modules, st_cfg: dict) -> bool:
 
 
 def declares_colbert(folder: str) -> bool:
-    """Whether the folder is a PyLate ColBERT model (see :func:`_is_colbert`)."""
-    return _is_colbert(
+    """Whether the folder is a PyLate ColBERT model (see :func:`_is_colbert`)
+    or a Stanford ColBERT checkpoint (:func:`is_stanford_colbert`)."""
+    return is_stanford_colbert(folder) or _is_colbert(
         read_json(os.path.join(folder, "modules.json")), read_json(os.path.join(folder, ST_CONFIG)) or {}
     )
 
 
-def _colbert_settings(st_cfg: dict, where: str) -> ColbertSettings:
-    defaults = ColbertSettings()
+# config.json's first architecture in a checkpoint Stanford's ColBERT saved
+# (colbert-ir/colbertv2.0): BERT's weights under ``bert.`` and the
+# projection as ``linear.weight`` in the one weight file.
+STANFORD_COLBERT = "HF_ColBERT"
+STANFORD_METADATA = "artifact.metadata"
+
+
+def is_stanford_colbert(folder: str) -> bool:
+    """PyLate 1.6's test: the first architecture is ``HF_ColBERT`` and the
+    folder's modules are a Transformer at most (no modules.json, or one
+    naming the Transformer alone), so the projection is the checkpoint's
+    ``linear.weight``."""
+    config = read_json(os.path.join(folder, "config.json"))
+    archs = config.get("architectures") if isinstance(config, dict) else None
+    if not (isinstance(archs, list) and archs and archs[0] == STANFORD_COLBERT):
+        return False
+    modules = read_json(os.path.join(folder, "modules.json"))
+    if modules is None:
+        return True
+    kept = [m for m in modules if _kind(m) != "Dropout"] if isinstance(modules, list) else None
+    return kept is not None and len(kept) == 1 and _kind(kept[0]) == "Transformer"
+
+
+def _stanford_defaults(folder: str) -> ColbertSettings:
+    """The settings artifact.metadata gives where config_sentence_transformers.json
+    says nothing, as PyLate 1.6 reads it: ``query_token_id`` /
+    ``doc_token_id`` are the prefix tokens (the token text: ``[unused0]`` /
+    ``[unused1]``, which are also the defaults without the file or the key),
+    ``query_maxlen`` / ``doc_maxlen`` the lengths, ``attend_to_mask_tokens``
+    whether the expansion is attended to. PyLate reads nothing else: a
+    document loses the punctuation whatever ``mask_punctuation`` says."""
+    where = os.path.join(folder, STANFORD_METADATA)
+    meta = read_json(where)
+    if meta is None:
+        meta = {}
+    elif not isinstance(meta, dict):
+        raise ValueError(f"{where}: not a JSON object")
+    names = {"query_prefix": "query_token_id", "document_prefix": "doc_token_id", "query_length": "query_maxlen",
+             "document_length": "doc_maxlen", "attend_to_expansion_tokens": "attend_to_mask_tokens"}
+    renamed = {ours: meta.get(theirs) for ours, theirs in names.items()}
+    # Stanford's prefixes, not PyLate's [Q] / [D], when the file names none.
+    for key, token in (("query_prefix", "[unused0]"), ("document_prefix", "[unused1]")):
+        if renamed[key] is None:
+            renamed[key] = token
+    try:
+        return _colbert_settings(renamed, where)
+    except ValueError as e:
+        # The error names the key as the file has it.
+        msg = str(e)
+        for ours, theirs in names.items():
+            msg = msg.replace(f": {ours} ", f": {theirs} ")
+        raise ValueError(msg) from None
+
+
+def _colbert_settings(st_cfg: dict, where: str, defaults: ColbertSettings = ColbertSettings()) -> ColbertSettings:
     values = {}
     for key in ("query_prefix", "document_prefix"):
         value = st_cfg.get(key)
@@ -294,17 +348,24 @@ def _colbert_settings(st_cfg: dict, where: str) -> ColbertSettings:
     return ColbertSettings(**values)
 
 
-def read_colbert_pipeline(folder: str) -> ColbertPipeline:
+def read_colbert_pipeline(folder: str, stanford_linear: Optional[mx.array] = None) -> ColbertPipeline:
     """A PyLate ColBERT folder: Transformer -> Dense+ (PyLate's Dense: a
     linear layer and activation over every token, ``use_residual`` refused),
     its settings from config_sentence_transformers.json. The longest input is
     the longer of the two lengths (PyLate sets the Transformer's
     max_seq_length per call from them, whatever sentence_bert_config.json
-    says)."""
+    says).
+
+    A Stanford checkpoint (:func:`is_stanford_colbert`) is projected by its
+    ``linear.weight`` (``stanford_linear``, taken out of the model's weights
+    by the caller: no bias, no activation) and takes its settings from
+    artifact.metadata, under config_sentence_transformers.json's where it
+    has a modules.json (PyLate reads that file only then)."""
     modules = read_json(os.path.join(folder, "modules.json"))
-    st_cfg = read_json(os.path.join(folder, ST_CONFIG)) or {}
+    stanford = is_stanford_colbert(folder)
+    st_cfg = (read_json(os.path.join(folder, ST_CONFIG)) or {}) if modules is not None else {}
     where = f"{folder}/{ST_CONFIG}"
-    settings = _colbert_settings(st_cfg, where)
+    settings = _colbert_settings(st_cfg, where, _stanford_defaults(folder) if stanford else ColbertSettings())
     bert_cfg = transformer_config(folder)
     prompts, default_name = _prompts(st_cfg, folder)
     pipe = ColbertPipeline(
@@ -316,6 +377,13 @@ def read_colbert_pipeline(folder: str) -> ColbertPipeline:
         has_modules=True,
         colbert=settings,
     )
+    if stanford:
+        if stanford_linear is None:
+            raise ValueError(f"{folder}: a {STANFORD_COLBERT} checkpoint without its 'linear.weight'")
+        weight = stanford_linear.astype(mx.float32)
+        mx.eval(weight)
+        pipe.dense.append(DenseLayer(weight=weight, bias=None, activation="Identity"))
+        return pipe
     ordered = sorted((m for m in modules if _kind(m) != "Dropout"), key=lambda m: m.get("idx", 0))
     for i, m in enumerate(ordered):
         kind, sub = _kind(m), m.get("path", "") or ""

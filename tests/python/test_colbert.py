@@ -10,6 +10,7 @@ every row within cosine 0.99999 of PyLate's float64 one, on every engine path.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 
@@ -17,23 +18,38 @@ import numpy as np
 import pytest
 from conftest import FIXTURES, load_fixture
 
+import mlx.core as mx
+
 import mlx_embed
 from mlx_embed.errors import InvalidInput
 
 COLBERT = FIXTURES / "tiny-colbert"
+# Every ColBERT fixture: PyLate's layout, and a Stanford checkpoint
+# (HF_ColBERT, artifact.metadata; tests/fixtures/tiny-colbert-stanford).
+FIXTURE_NAMES = ["tiny-colbert", "tiny-colbert-stanford"]
 MIN_COS = 0.99999
 MAX_DIFF = 1e-5
 TEXTS = {"query": "queries", "document": "documents"}
 
 
+@functools.cache
+def _texts(name: str) -> dict:
+    return json.loads((FIXTURES / name / "texts.json").read_text(encoding="utf-8"))
+
+
+@functools.cache
+def _reference(name: str) -> dict:
+    return dict(np.load(FIXTURES / name / "reference.npz"))
+
+
 @pytest.fixture(scope="module")
 def texts() -> dict:
-    return json.loads((COLBERT / "texts.json").read_text(encoding="utf-8"))
+    return _texts("tiny-colbert")
 
 
 @pytest.fixture(scope="module")
 def reference() -> dict:
-    return dict(np.load(COLBERT / "reference.npz"))
+    return _reference("tiny-colbert")
 
 
 def _split(flat: np.ndarray, counts) -> list:
@@ -57,11 +73,12 @@ def _check(got: list, reference: dict, side: str) -> float:
     return worst
 
 
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
 @pytest.mark.parametrize("side", ["query", "document"])
-def test_ids_are_pylates(side, texts, reference):
-    model = load_fixture("tiny-colbert")
-    got = model.encode_multi_vector(texts[TEXTS[side]], is_query=side == "query")
-    assert got == _ids(reference, side)
+def test_ids_are_pylates(side, name):
+    model = load_fixture(name)
+    got = model.encode_multi_vector(_texts(name)[TEXTS[side]], is_query=side == "query")
+    assert got == _ids(_reference(name), side)
 
 
 def test_what_the_references_cover(reference):
@@ -78,14 +95,16 @@ def test_what_the_references_cover(reference):
     assert sum(kept) < sum(len(r) for r in d) and min(kept) == 3
 
 
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
 @pytest.mark.parametrize("side", ["query", "document"])
-def test_vectors_match_pylate(side, texts, reference):
-    model = load_fixture("tiny-colbert")
-    got = model.embed_multi_vector(texts[TEXTS[side]], is_query=side == "query")
+def test_vectors_match_pylate(side, name):
+    model = load_fixture(name)
+    reference, texts = _reference(name), _texts(name)[TEXTS[side]]
+    got = model.embed_multi_vector(texts, is_query=side == "query")
     worst = _check(got, reference, side)
-    print(f"{side}: lowest per-token cosine {worst:.9f}")
+    print(f"{name} {side}: lowest per-token cosine {worst:.9f}")
     # One at a time: the same rows as batched.
-    alone = [model.embed_multi_vector([t], is_query=side == "query")[0] for t in texts[TEXTS[side]]]
+    alone = [model.embed_multi_vector([t], is_query=side == "query")[0] for t in texts]
     _check(alone, reference, side)
 
 
@@ -100,12 +119,14 @@ ENGINE_PATHS = {
 }
 
 
+@pytest.mark.parametrize("name", FIXTURE_NAMES)
 @pytest.mark.parametrize("settings", list(ENGINE_PATHS.values()), ids=list(ENGINE_PATHS))
-def test_engine_paths(settings, reference):
+def test_engine_paths(settings, name):
     """``embed_ids`` with the reference ids: unnormalized rows that normalize
     to PyLate's, the kept counts as ``rows``, on every path (packed rows
     included: a query's expansion rows are computed though not attended to)."""
-    model = mlx_embed.load(COLBERT, **settings)
+    model = mlx_embed.load(FIXTURES / name, **settings)
+    reference = _reference(name)
     for side in ("query", "document"):
         ids = _ids(reference, side)
         res = model.embed_ids(ids, output=f"multi_vector_{side}")
@@ -173,3 +194,97 @@ def test_settings_pylate_defaults_and_switches(tmp_path):
     shutil.rmtree(tmp_path / "colbert")
     with pytest.raises(ValueError, match="query prefix '\\[Q\\] ' is not a token"):
         mlx_embed.load(_variant(tmp_path, query_prefix=None))
+
+
+STANFORD = FIXTURES / "tiny-colbert-stanford"
+
+
+def test_stanford_checkpoint_is_read_as_pylate_reads_it():
+    """colbert-ir's layout (config.json's HF_ColBERT, ``linear.weight`` beside
+    the BERT weights, no sentence-transformers file): the projection is that
+    weight, the prefixes [unused0] / [unused1] (ids 1 and 2), the lengths
+    artifact.metadata's query_maxlen 12 and doc_maxlen 32, the query expanded
+    with [MASK] (6) and the punctuation left out of a document."""
+    model = load_fixture("tiny-colbert-stanford")
+    spec = model.spec()
+    assert spec.multi_vector and spec.dim == 16 and spec.max_length == 32
+    q, d = spec.tokenizer.query, spec.tokenizer.document
+    assert (q.insert_ids, q.max_length, q.expand_id) == ([1], 12, 6)
+    assert (d.insert_ids, d.max_length, d.expand_id) == ([2], 32, None)
+    reference = _reference("tiny-colbert-stanford")
+    assert all(len(r) == 12 and r[:2] == [4, 1] for r in _ids(reference, "query"))
+    docs = _ids(reference, "document")
+    assert all(r[:2] == [4, 2] and r[-1] == 5 for r in docs) and max(len(r) for r in docs) == 32
+    assert sum(reference["document_rows"]) < sum(len(r) for r in docs)
+    # Its expansion is not attended to (attend_to_mask_tokens false).
+    assert reference["query_attended"].sum() < len(reference["query_attended"])
+    with pytest.raises(InvalidInput, match="ColBERT model"):
+        model.embed(["hello"])
+
+
+def _stanford_copy(tmp_path, metadata=..., **files):
+    folder = tmp_path / "stanford"
+    if folder.exists():
+        shutil.rmtree(folder)
+    shutil.copytree(STANFORD, folder)
+    meta_path = folder / "artifact.metadata"
+    if metadata is None:
+        meta_path.unlink()
+    elif metadata is not ...:
+        meta = json.loads(meta_path.read_text())
+        meta.update(metadata)
+        meta_path.write_text(json.dumps(meta))
+    for name, content in files.items():
+        (folder / name).write_text(json.dumps(content))
+    return folder
+
+
+@pytest.mark.parametrize("variant", ["attend", "bare"])
+def test_stanford_metadata_decides(tmp_path, variant):
+    """PyLate's own references for two more folders: artifact.metadata with
+    attend_to_mask_tokens true (the [MASK] rows are keys: other vectors, the
+    same ids), and no artifact.metadata (PyLate's lengths 32 / 180, the
+    Stanford prefixes kept)."""
+    folder = _stanford_copy(tmp_path, {"attend_to_mask_tokens": True} if variant == "attend" else None)
+    model = mlx_embed.load(folder)
+    reference, queries = _reference("tiny-colbert-stanford"), _texts("tiny-colbert-stanford")["queries"]
+    side = f"{variant}_query"
+    assert model.encode_multi_vector(queries, is_query=True) == _ids(reference, side)
+    _check(model.embed_multi_vector(queries, is_query=True), reference, side)
+    if variant == "bare":
+        assert model.spec().tokenizer.document.max_length == 180 and model.spec().max_length == 180
+
+
+def test_stanford_modules_json_settings_come_first(tmp_path):
+    """With a modules.json naming the Transformer alone, PyLate also reads
+    config_sentence_transformers.json, whose keys win over artifact.metadata's."""
+    folder = _stanford_copy(
+        tmp_path,
+        **{"modules.json": [{"idx": 0, "name": "0", "path": "",
+                             "type": "sentence_transformers.models.Transformer"}],
+           "config_sentence_transformers.json": {"query_length": 10}},
+    )
+    model = mlx_embed.load(folder)
+    assert model.spec().tokenizer.query.max_length == 10 and model.spec().tokenizer.document.max_length == 32
+    reference = _reference("tiny-colbert-stanford")
+    # The same ids cut two tokens earlier (the first query is cut, not expanded).
+    got = model.encode_multi_vector(["how do I reset my password"], is_query=True)[0]
+    want = _ids(reference, "query")[0]
+    assert got == want[:9] + [5]
+
+
+def test_stanford_refusals(tmp_path):
+    with pytest.raises(ValueError, match="artifact.metadata: query_maxlen must be a positive integer"):
+        mlx_embed.load(_stanford_copy(tmp_path, {"query_maxlen": "12"}))
+    with pytest.raises(ValueError, match="artifact.metadata: attend_to_mask_tokens must be true or false"):
+        mlx_embed.load(_stanford_copy(tmp_path, {"attend_to_mask_tokens": "no"}))
+    with pytest.raises(ValueError, match="document_length 300 is over the model's 256 positions"):
+        mlx_embed.load(_stanford_copy(tmp_path, {"doc_maxlen": 300}))
+    with pytest.raises(ValueError, match="query prefix '\\[Q\\]' is not a token"):
+        mlx_embed.load(_stanford_copy(tmp_path, {"query_token_id": "[Q]"}))
+    folder = _stanford_copy(tmp_path)
+    weights = mx.load(str(folder / "model.safetensors"))
+    del weights["linear.weight"]
+    mx.save_safetensors(str(folder / "model.safetensors"), weights)
+    with pytest.raises(ValueError, match="HF_ColBERT checkpoint without its 'linear.weight'"):
+        mlx_embed.load(folder)

@@ -427,6 +427,7 @@ class EmbeddingModel(ScoringMixin):
         *,
         is_query: bool = False,
         normalize: bool = True,
+        truncate: bool = True,
         truncation_direction: Optional[str] = None,
         prompt_name: Optional[str] = None,
         prompt: Optional[str] = None,
@@ -435,11 +436,12 @@ class EmbeddingModel(ScoringMixin):
         is_query=...)`` gives them: per text a float32 [tokens, dim] array
         (a query's ``query_length`` rows with its expansion, a document's rows
         less its skiplist tokens), each row L2-normalized unless
-        ``normalize`` is False."""
+        ``normalize`` is False. ``truncate=False``: a text over the mode's
+        length (:meth:`encode_multi_vector`) raises InputTooLong."""
         output = multi_vector.QUERY if is_query else multi_vector.DOCUMENT
         self._check_output(output)
         ids = self.encode_multi_vector(
-            texts, is_query=is_query, truncation_direction=truncation_direction,
+            texts, is_query=is_query, truncate=truncate, truncation_direction=truncation_direction,
             prompt_name=prompt_name, prompt=prompt,
         )
         if not ids:
@@ -455,16 +457,21 @@ class EmbeddingModel(ScoringMixin):
         texts: list[str],
         *,
         is_query: bool = False,
+        truncate: bool = True,
         truncation_direction: Optional[str] = None,
         prompt_name: Optional[str] = None,
         prompt: Optional[str] = None,
     ) -> list[list[int]]:
         """The ids a ColBERT model runs for each text as a query or a
         document (``multi_vector.apply_mode``): cut to the mode's length,
-        the prefix token after the first, a query's expansion."""
+        the prefix token after the first, a query's expansion.
+        ``truncate=False``: a text over the mode's length (``query_length``
+        or ``document_length``: its tokens, the specials and the prefix
+        token counted, the expansion not) raises InputTooLong instead."""
         if self.multi_vector is None:
             raise InvalidInput(f"{self.name} is not a multi-vector (ColBERT) model")
         texts = self._check_texts(texts)
+        check_switches(truncate=truncate)
         direction = check_direction(truncation_direction or self.truncation_side)
         mode = self.multi_vector.query if is_query else self.multi_vector.document
         prefix = self._prompt(prompt_name, prompt, None)
@@ -472,10 +479,14 @@ class EmbeddingModel(ScoringMixin):
         contents = self.tokenizer.encode_contents(
             [with_prompt(prefix, t, self.prompts if default else None) for t in texts] if prefix else texts,
         )
-        return [
-            multi_vector.apply_mode(self.tokenizer.prefix, c, self.tokenizer.suffix, mode, direction)[0]
-            for c in contents
-        ]
+        out = [multi_vector.apply_mode(self.tokenizer.prefix, c, self.tokenizer.suffix, mode, direction)
+               for c in contents]
+        if not truncate:
+            for i, (_, before) in enumerate(out):
+                if before > mode.max_length:
+                    raise InputTooLong("text", i, before, mode.max_length,
+                                       "query_length" if is_query else "document_length")
+        return [ids for ids, _ in out]
 
     def _check_output(self, output) -> None:
         if output not in OUTPUTS:

@@ -19,37 +19,44 @@ import requests
 from harness import FIXTURES, NOMIC, start_server
 
 COLBERT = FIXTURES / "tiny-colbert"
+# A Stanford ColBERT checkpoint (HF_ColBERT, artifact.metadata): query length 12.
+STANFORD = FIXTURES / "tiny-colbert-stanford"
+QUERY_LENGTHS = {"tiny-colbert": 16, "tiny-colbert-stanford": 12}
 MIN_COS = 0.99999
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     srv = start_server(tmp_path_factory.mktemp("colbert"), "--model", str(NOMIC),
-                       "--model", str(COLBERT), "--no-warmup")
+                       "--model", str(COLBERT), "--model", str(STANFORD), "--no-warmup")
     yield srv
     srv.stop()
 
 
-def _reference(side: str) -> list:
-    ref = np.load(COLBERT / "reference.npz")
+def _reference(side: str, name: str = "tiny-colbert") -> list:
+    ref = np.load(FIXTURES / name / "reference.npz")
     return np.split(ref[f"{side}_vectors"], np.cumsum(ref[f"{side}_rows"])[:-1])
 
 
-def _texts(side: str) -> list:
-    return json.loads((COLBERT / "texts.json").read_text(encoding="utf-8"))[f"{side}s" if side == "document" else "queries"]
+def _texts(side: str, name: str = "tiny-colbert") -> list:
+    texts = json.loads((FIXTURES / name / "texts.json").read_text(encoding="utf-8"))
+    return texts[f"{side}s" if side == "document" else "queries"]
 
 
+@pytest.mark.parametrize("name", list(QUERY_LENGTHS))
 @pytest.mark.parametrize("side", ["query", "document"])
-def test_vectors_match_pylate(server, side):
-    texts = [t for t in _texts(side) if t]  # an empty text is a 400, as on every route
-    want = [w for t, w in zip(_texts(side), _reference(side)) if t]
+def test_vectors_match_pylate(server, side, name):
+    texts = [t for t in _texts(side, name) if t]  # an empty text is a 400, as on every route
+    want = [w for t, w in zip(_texts(side, name), _reference(side, name)) if t]
     body = {"input": texts if side == "query" else [{"text": t} for t in texts]}
     if side == "query":
         body["input_type"] = "query"
+    if name != "tiny-colbert":
+        body["model"] = name
     r = requests.post(f"{server.url}/v1/multi-vector", json=body, timeout=60)
     assert r.status_code == 200, r.text
     out = r.json()
-    assert out["object"] == "list" and out["model"] == "tiny-colbert"
+    assert out["object"] == "list" and out["model"] == name
     assert [d["index"] for d in out["data"]] == list(range(len(texts)))
     assert all(d["object"] == "embeddings" for d in out["data"])
     worst = 1.0
@@ -59,15 +66,57 @@ def test_vectors_match_pylate(server, side):
         cos = (got * w).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(w, axis=1)
         worst = min(worst, float(cos.min()))
     assert worst >= MIN_COS
-    print(f"{side}: lowest per-token cosine {worst:.9f}")
-    # Tokens run: a query is query_length (16) each; usage counts them all.
+    print(f"{name} {side}: lowest per-token cosine {worst:.9f}")
+    # Tokens run: a query is query_length each; usage counts them all.
     if side == "query":
-        assert out["usage"]["prompt_tokens"] == 16 * len(texts)
+        assert out["usage"]["prompt_tokens"] == QUERY_LENGTHS[name] * len(texts)
     assert out["usage"]["total_tokens"] == out["usage"]["prompt_tokens"]
     # The same with the model named and embedding_type/dimensions as Jina's defaults say.
-    body.update(model="tiny-colbert", embedding_type="float", dimensions=16)
+    body.update(model=name, embedding_type="float", dimensions=16)
     again = requests.post(f"{server.url}/v1/multi-vector", json=body, timeout=60).json()
     assert [len(d["embeddings"]) for d in again["data"]] == [len(w) for w in want]
+
+
+# 21 tokens as tiny-colbert tokenizes it ([CLS], [unused0] or [unused1],
+# 18 words and marks, [SEP]): over the query length 16, under the document
+# length 40 and the model's longest input (40).
+TWENTY_ONE = "what is the capital of france? and of spain? and of italy?"
+
+
+def test_truncate_false_holds_a_query_to_the_query_length(server):
+    """``truncate: false`` refuses a text over the length of its side (a 400
+    ``context_length_exceeded`` naming it, as the other /v1 routes answer an
+    over-long input), not over the model's longest input; the default cuts
+    it as PyLate does."""
+    url = f"{server.url}/v1/multi-vector"
+    r = requests.post(url, json={"input": ["a", TWENTY_ONE], "input_type": "query", "truncate": False}, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["code"] == "context_length_exceeded", err
+    assert err["message"] == (
+        "input 1 has 21 tokens, more than the model's query length of 16; shorten it or set truncate to true"
+    ), err
+    cut = requests.post(url, json={"input": [TWENTY_ONE], "input_type": "query"}, timeout=30)
+    assert cut.status_code == 200 and len(cut.json()["data"][0]["embeddings"]) == 16, cut.text
+    same = requests.post(url, json={"input": [TWENTY_ONE], "input_type": "query", "truncate": True}, timeout=30)
+    assert same.status_code == 200 and same.json()["data"] == cut.json()["data"]
+    # As a document it fits (21 tokens, 3 of them punctuation rows left out).
+    doc = requests.post(url, json={"input": [TWENTY_ONE], "truncate": False}, timeout=30)
+    assert doc.status_code == 200, doc.text
+    assert doc.json()["usage"]["prompt_tokens"] == 21 and len(doc.json()["data"][0]["embeddings"]) == 18
+    # A query within its length passes, and one over a document's length is named so.
+    ok = requests.post(url, json={"input": ["how do I reset my password"], "input_type": "query",
+                                  "truncate": False}, timeout=30)
+    assert ok.status_code == 200 and len(ok.json()["data"][0]["embeddings"]) == 16, ok.text
+    r = requests.post(url, json={"input": [" ".join([TWENTY_ONE] * 3)], "truncate": False}, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"].startswith(
+        "input 0 has 57 tokens, more than the model's document length of 40;"), r.text
+    # The Stanford checkpoint's own query length (12, from artifact.metadata).
+    r = requests.post(url, json={"input": [TWENTY_ONE], "input_type": "query", "truncate": False,
+                                 "model": "tiny-colbert-stanford"}, timeout=30)
+    assert r.status_code == 400, r.text
+    assert "more than the model's query length of 12" in r.json()["error"]["message"], r.text
 
 
 @pytest.mark.parametrize("body, status, words", [

@@ -288,3 +288,38 @@ def test_stanford_refusals(tmp_path):
     mx.save_safetensors(str(folder / "model.safetensors"), weights)
     with pytest.raises(ValueError, match="HF_ColBERT checkpoint without its 'linear.weight'"):
         mlx_embed.load(folder)
+
+
+def test_truncate_false_holds_a_text_to_its_modes_length():
+    """``truncate=False`` refuses a text over the mode's length (query_length
+    16 / document_length 40, the specials and the prefix counted, the
+    expansion not), not over the model's longest input (40): PyLate always
+    cuts a query to 16, so a 21-token query fits the model but not the query."""
+    from mlx_embed.errors import InputTooLong
+
+    model = load_fixture("tiny-colbert")
+    text = "what is the capital of france? and of spain? and of italy?"
+    assert len(model.encode_multi_vector([text], is_query=False)[0]) == 21
+    with pytest.raises(InputTooLong, match="text 1 has 21 tokens, more than query_length=16"):
+        model.embed_multi_vector(["a", text], is_query=True, truncate=False)
+    # As a document those 21 tokens fit document_length 40.
+    got = model.embed_multi_vector([text], is_query=False, truncate=False)[0]
+    np.testing.assert_array_equal(got, model.embed_multi_vector([text], is_query=False)[0])
+    # Every shorter query: refused exactly when the cut would drop a token.
+    words = text.split()
+    seen = set()
+    for n in range(1, len(words) + 1):
+        part = " ".join(words[:n])
+        cut = model.encode_multi_vector([part], is_query=True)[0]
+        untruncated = len(model.encode_multi_vector([part], is_query=False)[0])
+        seen.add(untruncated <= 16)
+        if untruncated <= 16:
+            assert model.encode_multi_vector([part], is_query=True, truncate=False)[0] == cut
+        else:
+            with pytest.raises(InputTooLong, match=f"has {untruncated} tokens, more than query_length=16"):
+                model.encode_multi_vector([part], is_query=True, truncate=False)
+    assert seen == {True, False}
+    with pytest.raises(InputTooLong, match="text 0 has 4[1-9] tokens, more than document_length=40"):
+        model.encode_multi_vector(["the quick brown fox jumps over the lazy dog " * 2], truncate=False)
+    with pytest.raises(TypeError, match="truncate must be True or False"):
+        model.encode_multi_vector(["a"], truncate="no")

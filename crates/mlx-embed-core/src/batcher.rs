@@ -136,7 +136,7 @@ impl Batcher {
     /// The inputs are tokenized first (on tokio's blocking pool, with the
     /// model's [`Tokenize`]): an unknown prompt name or a bad token id is
     /// `InvalidInput`, and with `options.truncate == false` an input over the
-    /// model's maximum is `InputTooLong`, before anything is queued. Inputs
+    /// model's maximum (a multi-vector mode's length) is `InputTooLong`, before anything is queued. Inputs
     /// the embedding cache has are answered from it; the rest wait for
     /// admission in the lane of `options.priority` (`Overloaded` only past
     /// that lane's `max_waiting` or `max_queue_wait`), and high-priority
@@ -189,7 +189,7 @@ impl Batcher {
                 self.inner.info.name
             )));
         }
-        match (options.output, self.inner.info.multi_vector) {
+        match (options.output, self.inner.info.multi_vector.is_some()) {
             (Output::MultiVector(_), false) => {
                 return Err(CoreError::InvalidInput(format!(
                     "{} is not a multi-vector (ColBERT) model",

@@ -395,11 +395,13 @@ pub struct ModelInfo {
     /// An input may have no tokens at all (a static embedding's empty text:
     /// its vector is zeros); otherwise one with none is refused.
     pub empty_inputs: bool,
-    /// A multi-vector (ColBERT) model: it answers [`Output::MultiVector`]
-    /// only (`dim`-wide rows per token), never a pooled vector.
-    pub multi_vector: bool,
+    /// A multi-vector (ColBERT) model, with its two modes' lengths: it
+    /// answers [`Output::MultiVector`] only (`dim`-wide rows per token),
+    /// never a pooled vector.
+    pub multi_vector: Option<MultiVectorLengths>,
     /// Longest input in tokens, special tokens included; longer ones are
-    /// truncated (or refused with `truncate: false`).
+    /// truncated (or refused with `truncate: false`). A multi-vector
+    /// model's modes cut shorter ([`ModelInfo::input_max`]).
     pub max_input_tokens: usize,
     /// Token ids are below this.
     pub vocab_size: usize,
@@ -414,6 +416,51 @@ pub struct ModelInfo {
     pub details: BTreeMap<String, String>,
     /// What the weights are, where the model says (the Python engine does).
     pub weights: Option<WeightsInfo>,
+}
+
+/// A multi-vector (ColBERT) model's input lengths, special tokens and the
+/// mode's inserted prefix included: a query is cut (and expanded) to
+/// `query`, a document cut to `document` (PyLate's `query_length` /
+/// `document_length`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MultiVectorLengths {
+    pub query: usize,
+    pub document: usize,
+}
+
+impl ModelInfo {
+    /// Longest input an `output` runs with, special tokens included: a
+    /// multi-vector mode's length, else [`ModelInfo::max_input_tokens`].
+    /// What `truncate: false` holds an input to.
+    pub fn input_max(&self, output: Output) -> usize {
+        match (output, self.multi_vector) {
+            (Output::MultiVector(Side::Query), Some(m)) => m.query,
+            (Output::MultiVector(Side::Document), Some(m)) => m.document,
+            _ => self.max_input_tokens,
+        }
+    }
+}
+
+/// Which limit an input was held to ([`crate::CoreError::InputTooLong`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputLimit {
+    /// The model's maximum ([`ModelInfo::max_input_tokens`]).
+    Model,
+    /// The request's own cut ([`EmbedOptions::truncate_to`]), below the model's.
+    Request,
+    /// A multi-vector model's query or document length ([`MultiVectorLengths`]).
+    Mode(Side),
+}
+
+impl std::fmt::Display for InputLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            InputLimit::Model => "the model's maximum",
+            InputLimit::Request => "the request's cut",
+            InputLimit::Mode(Side::Query) => "the model's query length",
+            InputLimit::Mode(Side::Document) => "the model's document length",
+        })
+    }
 }
 
 /// A loaded model's weights: what model listings (Ollama's `/api/tags`,

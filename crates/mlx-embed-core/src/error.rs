@@ -43,20 +43,17 @@ pub enum CoreError {
     #[error("invalid input: {0}")]
     InvalidInput(String),
     /// Input `index` has `tokens` tokens (special tokens included), more than
-    /// `max` (the model's maximum, or the request's shorter
-    /// [`EmbedOptions::truncate_to`](crate::EmbedOptions::truncate_to) when
-    /// `requested`), and the caller asked not to truncate. Raised after
+    /// `max` (the model's maximum, a multi-vector model's query or document
+    /// length, or the request's shorter
+    /// [`EmbedOptions::truncate_to`](crate::EmbedOptions::truncate_to): which
+    /// one, `limit`), and the caller asked not to truncate. Raised after
     /// tokenization, before the request is admitted: nothing was computed.
-    #[error(
-        "input {index} has {tokens} tokens, more than {} of {max}",
-        if *.requested { "the request's cut" } else { "the model's maximum" }
-    )]
+    #[error("input {index} has {tokens} tokens, more than {limit} of {max}")]
     InputTooLong {
         index: usize,
         tokens: usize,
         max: usize,
-        /// `max` is the request's own cut, below the model's maximum.
-        requested: bool,
+        limit: crate::InputLimit,
     },
     /// Per-token output of `rows` token rows in all, more than the request's
     /// [`EmbedOptions::max_token_rows`](crate::EmbedOptions::max_token_rows).

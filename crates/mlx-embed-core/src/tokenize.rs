@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use crate::{
-    CoreError, EmbedInput, EmbedOptions, EmbedderErrorKind, Encoded, ModelInfo, Prompt, Tokenize,
-    TruncationDirection,
+    CoreError, EmbedInput, EmbedOptions, EmbedderErrorKind, Encoded, InputLimit, ModelInfo, Output,
+    Prompt, Tokenize, TruncationDirection,
 };
 
 /// Requests with at most this many bytes of text are tokenized on the
@@ -36,7 +36,8 @@ pub(crate) async fn encode_all(
             "truncate_to must be at least 1 token".into(),
         ));
     }
-    let max = options.input_limit(info.max_input_tokens);
+    let model_max = info.input_max(options.output);
+    let max = options.input_limit(model_max);
     let encoded = match tokenizer {
         Some(tokenizer) if text_bytes(&inputs) <= INLINE_TEXT_BYTES => {
             encode_with(&*tokenizer, &inputs, options)?
@@ -77,7 +78,13 @@ pub(crate) async fn encode_all(
                 index,
                 tokens: e.untruncated_len as usize,
                 max,
-                requested: max != info.max_input_tokens,
+                limit: match options.output {
+                    _ if max != model_max => InputLimit::Request,
+                    Output::MultiVector(side) if info.multi_vector.is_some() => {
+                        InputLimit::Mode(side)
+                    }
+                    _ => InputLimit::Model,
+                },
             });
         }
         debug_assert!(
@@ -245,6 +252,112 @@ fn ids_only(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{EmbedderError, MultiVectorLengths, Side};
+
+    /// One id per byte between two specials, cut to the model's maximum or
+    /// a multi-vector mode's length (16 for a query, 24 for a document).
+    struct ByteTokens;
+
+    impl Tokenize for ByteTokens {
+        fn encode(
+            &self,
+            input: &EmbedInput,
+            options: &EmbedOptions,
+        ) -> Result<Encoded, EmbedderError> {
+            let EmbedInput::Text(text) = input else {
+                unreachable!("texts only")
+            };
+            let max = options.input_limit(match options.output {
+                Output::MultiVector(Side::Query) => 16,
+                Output::MultiVector(Side::Document) => 24,
+                _ => 40,
+            });
+            let ids: Vec<u32> = std::iter::once(1)
+                .chain(text.bytes().map(u32::from).take(max - 2))
+                .chain(std::iter::once(2))
+                .collect();
+            Ok(Encoded {
+                ids,
+                untruncated_len: text.len() as u32 + 2,
+                ..Encoded::default()
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn truncate_false_holds_a_multi_vector_input_to_its_modes_length() {
+        let info = ModelInfo {
+            max_input_tokens: 40,
+            multi_vector: Some(MultiVectorLengths {
+                query: 16,
+                document: 24,
+            }),
+            ..ModelInfo::default()
+        };
+        let refuse = |output| EmbedOptions {
+            truncate: false,
+            output,
+            ..EmbedOptions::default()
+        };
+        let encode = |text: usize, options: EmbedOptions| {
+            let info = info.clone();
+            async move {
+                let input = vec![EmbedInput::Text("x".repeat(text))];
+                encode_all(Some(Arc::new(ByteTokens)), &info, input, &options).await
+            }
+        };
+        let query = Output::MultiVector(Side::Query);
+        let document = Output::MultiVector(Side::Document);
+        // 20 tokens: within the model's 40, over the query's 16.
+        let err = encode(18, refuse(query)).await.unwrap_err();
+        assert_eq!(
+            err,
+            CoreError::InputTooLong {
+                index: 0,
+                tokens: 20,
+                max: 16,
+                limit: InputLimit::Mode(Side::Query),
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "input 0 has 20 tokens, more than the model's query length of 16"
+        );
+        assert!(encode(14, refuse(query)).await.is_ok());
+        assert!(encode(18, refuse(document)).await.is_ok());
+        let err = encode(23, refuse(document)).await.unwrap_err();
+        assert!(matches!(
+            err,
+            CoreError::InputTooLong {
+                tokens: 25,
+                max: 24,
+                limit: InputLimit::Mode(Side::Document),
+                ..
+            }
+        ));
+        // A request's cut below the mode's length is the request's.
+        let cut = EmbedOptions {
+            truncate_to: Some(8),
+            ..refuse(query)
+        };
+        let err = encode(10, cut).await.unwrap_err();
+        assert!(matches!(
+            err,
+            CoreError::InputTooLong {
+                max: 8,
+                limit: InputLimit::Request,
+                ..
+            }
+        ));
+        // The default truncates at the mode's length.
+        let got = encode(100, EmbedOptions {
+            output: query,
+            ..EmbedOptions::default()
+        })
+        .await
+        .unwrap();
+        assert_eq!(got[0].len(), 16);
+    }
 
     #[tokio::test]
     async fn text_waits_for_room_to_be_tokenized() {

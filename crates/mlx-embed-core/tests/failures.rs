@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use mlx_embed_core::{
     Batcher, BatcherConfig, CoreError, EmbedInput, EmbedOptions, EmbedderError, EmbedderErrorKind,
-    Prompt, TruncationDirection,
+    InputLimit, Prompt, TruncationDirection,
 };
 use tokio::time::timeout;
 
@@ -384,7 +384,7 @@ async fn too_long_without_truncation_is_refused_before_any_compute() {
             index: 1,
             tokens: MAX_TOKENS + 2,
             max: MAX_TOKENS,
-            requested: false,
+            limit: InputLimit::Model,
         }
     );
     assert!(record.batches().is_empty(), "nothing was computed");

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use mlx_embed_core::{ModelInfo, ModelKind, TruncationDirection, WeightsInfo};
+use mlx_embed_core::{ModelInfo, ModelKind, MultiVectorLengths, TruncationDirection, WeightsInfo};
 use mlx_embed_tokenizer::{InputMode, PairSpec, TokenizerSpec};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -89,6 +89,24 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
             )))
         }
     };
+    // A multi-vector model's lengths are its tokenizer's two modes'.
+    let multi_vector = match (
+        optional(spec, "multi_vector")?.unwrap_or(false),
+        &tokenizer.query,
+        &tokenizer.document,
+    ) {
+        (false, ..) => None,
+        (true, Some(query), Some(document)) => Some(MultiVectorLengths {
+            query: query.max_length,
+            document: document.max_length,
+        }),
+        (true, ..) => {
+            return Err(BridgeError::Protocol(
+                "model.spec() says multi_vector but its tokenizer has no query and document modes"
+                    .into(),
+            ))
+        }
+    };
     let info = ModelInfo {
         name: field(spec, "name")?,
         kind,
@@ -96,7 +114,7 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
         sparse: optional(spec, "sparse")?.unwrap_or(false),
         lexical_weights: optional(spec, "lexical_weights")?.unwrap_or(false),
         empty_inputs: optional(spec, "empty_inputs")?.unwrap_or(false),
-        multi_vector: optional(spec, "multi_vector")?.unwrap_or(false),
+        multi_vector,
         max_input_tokens: max_length,
         vocab_size: field(spec, "vocab_size")?,
         device_batch_tokens: optional(spec, "batch_tokens")?,

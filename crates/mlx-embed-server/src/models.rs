@@ -209,15 +209,15 @@ impl Task {
         let kind = &info.kind;
         match self {
             // A ColBERT model has no pooled vector: /v1/multi-vector only.
-            Task::Embed => matches!(kind, ModelKind::Embedding) && !info.multi_vector,
-            Task::MultiVector => matches!(kind, ModelKind::Embedding) && info.multi_vector,
+            Task::Embed => matches!(kind, ModelKind::Embedding) && info.multi_vector.is_none(),
+            Task::MultiVector => matches!(kind, ModelKind::Embedding) && info.multi_vector.is_some(),
             Task::EmbedSparse => {
                 matches!(kind, ModelKind::Embedding) && (info.sparse || info.lexical_weights)
             }
             Task::Rerank => matches!(kind, ModelKind::Reranker { .. }),
             Task::Score => {
                 matches!(kind, ModelKind::Reranker { .. })
-                    || (matches!(kind, ModelKind::Embedding) && !info.multi_vector)
+                    || (matches!(kind, ModelKind::Embedding) && info.multi_vector.is_none())
             }
             Task::Predict => !matches!(kind, ModelKind::Embedding),
             Task::Tokenize | Task::Describe => true,

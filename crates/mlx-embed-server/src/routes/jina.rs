@@ -49,6 +49,12 @@ pub struct MultiVectorRequest {
     /// The model's own width only: a ColBERT model's projection is not
     /// trained to be cut (jina-colbert-v2's Matryoshka widths are its own).
     pub dimensions: Option<i64>,
+    /// `true` (default): a text is cut to the model's query or document
+    /// length, as PyLate cuts it. `false`: a text over that length (special
+    /// tokens and the query/document marker counted; a query's expansion
+    /// not) is refused instead (400 `context_length_exceeded`, as the other
+    /// `/v1` routes answer an over-long input), naming the length.
+    pub truncate: Option<bool>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -80,7 +86,8 @@ pub struct MultiVectorResponse {
 /// `query_length` tokens (its `[MASK]` expansion included), a document's
 /// rows less its punctuation (the skiplist); each row unit length. Another
 /// model is a 400; so are `embedding_type` other than `float` and
-/// `dimensions` other than the model's width.
+/// `dimensions` other than the model's width. With `truncate: false` a text
+/// longer than the model's query (or document) length is a 400 too.
 ///
 /// Errors use OpenAI's `{"error": {...}}` shape.
 #[utoipa::path(
@@ -89,7 +96,7 @@ pub struct MultiVectorResponse {
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
         (status = 200, description = "Per input, in order: its token vectors", body = MultiVectorResponse),
-        (status = "4XX", description = crate::openapi::refusals("Invalid request (400 incl. a model that is not a multi-vector model, an embedding_type other than float, dimensions other than the model's; 401, 404 unknown model (below), 413, 415, 429)", Task::MultiVector), body = OpenAiErrorBody),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (400 incl. a model that is not a multi-vector model, an embedding_type other than float, dimensions other than the model's, a text over the query or document length with `truncate: false`; 401, 404 unknown model (below), 413, 415, 429)", Task::MultiVector), body = OpenAiErrorBody),
         (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
     )
 )]
@@ -145,6 +152,7 @@ async fn answer(
             options: EmbedOptions {
                 priority: priority.unwrap_or_default(),
                 output: Output::MultiVector(side),
+                truncate: req.truncate.unwrap_or(true),
                 ..EmbedOptions::default()
             },
             normalize: true,

@@ -26,7 +26,7 @@ from mlx_embed.errors import InvalidInput
 COLBERT = FIXTURES / "tiny-colbert"
 # Every ColBERT fixture: PyLate's layout, and a Stanford checkpoint
 # (HF_ColBERT, artifact.metadata; tests/fixtures/tiny-colbert-stanford).
-FIXTURE_NAMES = ["tiny-colbert", "tiny-colbert-stanford"]
+FIXTURE_NAMES = ["tiny-colbert", "tiny-colbert-stanford", "tiny-modern-colbert"]
 MIN_COS = 0.99999
 MAX_DIFF = 1e-5
 TEXTS = {"query": "queries", "document": "documents"}
@@ -323,3 +323,25 @@ def test_truncate_false_holds_a_text_to_its_modes_length():
         model.encode_multi_vector(["the quick brown fox jumps over the lazy dog " * 2], truncate=False)
     with pytest.raises(TypeError, match="truncate must be True or False"):
         model.encode_multi_vector(["a"], truncate="no")
+
+
+def test_modern_colbert_is_read_as_pylate_reads_it():
+    """GTE-ModernColBERT-v1's layout on ModernBERT: the prefixes are the
+    tokens PyLate added ("[Q] " 705, "[D] " 706), lengths 32 / 300, the
+    expansion [MASK] (704) with no do_query_expansion key (PyLate's default),
+    no model_type key (the PyLate Dense says ColBERT)."""
+    model = load_fixture("tiny-modern-colbert")
+    spec = model.spec()
+    assert spec.multi_vector and spec.dim == 16 and spec.max_length == 300
+    q, d = spec.tokenizer.query, spec.tokenizer.document
+    assert (q.insert_ids, q.max_length, q.expand_id) == ([705], 32, 704)
+    assert (d.insert_ids, d.max_length, d.expand_id) == ([706], 300, None)
+    reference = _reference("tiny-modern-colbert")
+    queries, docs = _ids(reference, "query"), _ids(reference, "document")
+    assert all(len(r) == 32 and r[:2] == [701, 705] for r in queries)
+    # Two queries cut with no expansion left; a literal "[Q] " in a text is the token.
+    assert sum(704 not in r for r in queries) == 2 and queries[-1][:3] == [701, 705, 705]
+    assert all(r[:2] == [701, 706] and r[-1] == 702 for r in docs) and max(len(r) for r in docs) == 300
+    # Expansion rows that no local window reaches a real key from (the
+    # query's rows past its tokens + 8): computed all the same.
+    assert reference["query_attended"].sum() < 32 * len(queries)

@@ -99,9 +99,11 @@ class Attention(nn.Module):
         self.Wqkv = nn.Linear(dim, 3 * dim, bias=args.attention_bias)
         self.Wo = nn.Linear(dim, dim, bias=args.attention_bias)
 
-    def __call__(self, x: mx.array, mask: ops.KeyMask, window) -> mx.array:
+    def __call__(self, x: mx.array, mask: ops.KeyMask, window, sees_a_key: Optional[mx.array]) -> mx.array:
         """``window(start, end)``: the local band plus padding mask for query
-        rows [start, end) (local layers only)."""
+        rows [start, end) (local layers only); ``sees_a_key``: [B, L, 1],
+        0 for the rows whose band holds no real key, or None when every row's
+        does."""
         B, L, D = x.shape
         qkv = self.Wqkv(x).reshape(B, L, 3, self.n_heads, self.head_dim)
         qkv = mx.contiguous(qkv.transpose(2, 0, 3, 1, 4))
@@ -114,6 +116,11 @@ class Attention(nn.Module):
         else:
             out = ops.blocked_attention(q, k, v, self.scale, mask=mask, additive=window, window=self.half_window)
         out = out.transpose(0, 2, 1, 3).reshape(B, L, D)
+        if sees_a_key is not None and not self.is_global:
+            # A row with every key of its band masked attends to nothing:
+            # torch's SDPA (transformers' default) answers 0 for it, where a
+            # softmax over equally masked scores would spread it evenly.
+            out = out * sees_a_key
         return self.Wo(out)
 
 
@@ -142,9 +149,9 @@ class Layer(nn.Module):
         self.mlp_norm = _layer_norm(args)
         self.mlp = MLP(args)
 
-    def __call__(self, x: mx.array, mask: ops.KeyMask, window) -> mx.array:
+    def __call__(self, x: mx.array, mask: ops.KeyMask, window, sees_a_key: Optional[mx.array]) -> mx.array:
         h = self.attn_norm(x) if self.attn_norm is not None else x
-        x = x + self.attn(h, mask, window)
+        x = x + self.attn(h, mask, window, sees_a_key)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -194,9 +201,23 @@ class Model(nn.Module):
                 whole.append(band)
             return band
 
+        sees_a_key = self._sees_a_key(mask, L, half)
         for layer in self.layers:
-            x = layer(x, mask, window)
+            x = layer(x, mask, window, sees_a_key)
         return self.final_norm(x)
+
+    @staticmethod
+    def _sees_a_key(mask: ops.KeyMask, L: int, half: int) -> Optional[mx.array]:
+        """[B, L, 1] 1 for the rows with a real key within ``half`` of them
+        (keys are each row's first ``length``: row i sees one while
+        i < length + half), 0 for the others; None when all do. Rows past the
+        keys are a ColBERT query's expansion tokens, computed but not
+        attended to (and padding, whose rows nobody reads)."""
+        lengths = mask.lengths
+        if L <= min(lengths) + half:
+            return None
+        limit = mx.array(lengths)[:, None, None] + half
+        return (mx.arange(L)[None, :, None] < limit).astype(mask.dtype)
 
     def sanitize(self, weights: dict) -> dict:
         out = {}

@@ -112,3 +112,50 @@ fn other_outputs_and_models_without_modes_keep_the_plain_rules() {
         ids(&plain, "hello", Output::Pooled)
     );
 }
+
+/// tiny-modern-colbert (GTE-ModernColBERT-v1's layout): byte-level BPE, the
+/// prefixes the tokens PyLate added to it ("[Q] " 705, "[D] " 706), the
+/// expansion `[MASK]` (704), lengths 32 / 300.
+fn modern_spec() -> TokenizerSpec {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/tiny-modern-colbert/tokenizer.json");
+    TokenizerSpec {
+        query: Some(InputMode {
+            insert_ids: vec![705],
+            max_length: 32,
+            expand_id: Some(704),
+        }),
+        document: Some(InputMode {
+            insert_ids: vec![706],
+            max_length: 300,
+            expand_id: None,
+        }),
+        ..HfTokenizer::probe_spec(&path, 300).expect("probe")
+    }
+}
+
+#[test]
+fn modern_colbert_ids_are_pylates() {
+    let tok = HfTokenizer::from_spec(modern_spec()).unwrap();
+    // PyLate's ids (tests/fixtures/tiny-modern-colbert/reference.npz).
+    let query = ids(
+        &tok,
+        "how do I reset my password",
+        Output::MultiVector(Side::Query),
+    );
+    let mut want = vec![
+        701, 705, 71, 507, 315, 78, 414, 520, 627, 283, 88, 525, 86, 256, 67, 702,
+    ];
+    want.resize(32, 704);
+    assert_eq!(query, want);
+    // A literal "[Q] " in the text is the added token, after the insert.
+    let literal = ids(
+        &tok,
+        "[Q] a literal prefix in the text",
+        Output::MultiVector(Side::Query),
+    );
+    assert_eq!(&literal[..3], &[701, 705, 705]);
+    assert_eq!(literal.iter().filter(|&&id| id == 704).count(), 15);
+    let doc = ids(&tok, "short", Output::MultiVector(Side::Document));
+    assert_eq!(doc, [701, 706, 82, 71, 565, 702]);
+}

@@ -350,10 +350,13 @@ mod tests {
             }
         ));
         // The default truncates at the mode's length.
-        let got = encode(100, EmbedOptions {
-            output: query,
-            ..EmbedOptions::default()
-        })
+        let got = encode(
+            100,
+            EmbedOptions {
+                output: query,
+                ..EmbedOptions::default()
+            },
+        )
         .await
         .unwrap();
         assert_eq!(got[0].len(), 16);

@@ -90,23 +90,22 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
         }
     };
     // A multi-vector model's lengths are its tokenizer's two modes'.
-    let multi_vector = match (
-        optional(spec, "multi_vector")?.unwrap_or(false),
-        &tokenizer.query,
-        &tokenizer.document,
-    ) {
-        (false, ..) => None,
-        (true, Some(query), Some(document)) => Some(MultiVectorLengths {
-            query: query.max_length,
-            document: document.max_length,
-        }),
-        (true, ..) => {
-            return Err(BridgeError::Protocol(
+    let multi_vector =
+        match (
+            optional(spec, "multi_vector")?.unwrap_or(false),
+            &tokenizer.query,
+            &tokenizer.document,
+        ) {
+            (false, ..) => None,
+            (true, Some(query), Some(document)) => Some(MultiVectorLengths {
+                query: query.max_length,
+                document: document.max_length,
+            }),
+            (true, ..) => return Err(BridgeError::Protocol(
                 "model.spec() says multi_vector but its tokenizer has no query and document modes"
                     .into(),
-            ))
-        }
-    };
+            )),
+        };
     let info = ModelInfo {
         name: field(spec, "name")?,
         kind,

@@ -210,7 +210,9 @@ impl Task {
         match self {
             // A ColBERT model has no pooled vector: /v1/multi-vector only.
             Task::Embed => matches!(kind, ModelKind::Embedding) && info.multi_vector.is_none(),
-            Task::MultiVector => matches!(kind, ModelKind::Embedding) && info.multi_vector.is_some(),
+            Task::MultiVector => {
+                matches!(kind, ModelKind::Embedding) && info.multi_vector.is_some()
+            }
             Task::EmbedSparse => {
                 matches!(kind, ModelKind::Embedding) && (info.sparse || info.lexical_weights)
             }

@@ -431,15 +431,24 @@ class EmbeddingModel(ScoringMixin):
         truncation_direction: Optional[str] = None,
         prompt_name: Optional[str] = None,
         prompt: Optional[str] = None,
+        pool_factor: int = 1,
+        protected_tokens: int = 1,
     ) -> list[np.ndarray]:
         """A ColBERT model's vectors, as PyLate's ``encode(texts,
         is_query=...)`` gives them: per text a float32 [tokens, dim] array
         (a query's ``query_length`` rows with its expansion, a document's rows
         less its skiplist tokens), each row L2-normalized unless
         ``normalize`` is False. ``truncate=False``: a text over the mode's
-        length (:meth:`encode_multi_vector`) raises InputTooLong."""
+        length (:meth:`encode_multi_vector`) raises InputTooLong.
+        ``pool_factor`` > 1: a document's rows after its first
+        ``protected_tokens`` are pooled to about 1/pool_factor of them
+        (PyLate's hierarchical pooling, :func:`multi_vector.pool_rows`); a
+        query's never are, as in PyLate."""
         output = multi_vector.QUERY if is_query else multi_vector.DOCUMENT
         self._check_output(output)
+        for key, value, least in (("pool_factor", pool_factor, 1), ("protected_tokens", protected_tokens, 0)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+                raise InvalidInput(f"{key} must be a whole number, at least {least}, not {value!r}")
         ids = self.encode_multi_vector(
             texts, is_query=is_query, truncate=truncate, truncation_direction=truncation_direction,
             prompt_name=prompt_name, prompt=prompt,
@@ -450,7 +459,10 @@ class EmbeddingModel(ScoringMixin):
         flat = np.frombuffer(res.vectors, dtype="<f4").reshape(-1, self.dim)
         if normalize:
             flat = flat / np.maximum(np.linalg.norm(flat, axis=1, keepdims=True), 1e-12)
-        return np.split(flat.astype(np.float32), np.cumsum(res.rows)[:-1])
+        rows = np.split(flat.astype(np.float32), np.cumsum(res.rows)[:-1])
+        if pool_factor > 1 and not is_query:
+            rows = [multi_vector.pool_rows(r, int(pool_factor), int(protected_tokens)) for r in rows]
+        return rows
 
     def encode_multi_vector(
         self,

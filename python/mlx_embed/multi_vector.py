@@ -177,3 +177,171 @@ def apply_mode(prefix: list[int], content: list[int], suffix: list[int], mode: I
     if mode.expand_id is not None and len(ids) < mode.max_length:
         ids = ids + [mode.expand_id] * (mode.max_length - len(ids))
     return ids, before
+
+
+def pool_rows(rows: np.ndarray, pool_factor: int, protected: int = 1) -> np.ndarray:
+    """PyLate's ``pool_embeddings_hierarchical`` of one document's rows: the
+    first ``protected`` rows kept, the others grouped by Ward clustering on
+    ``1 - cosine`` (their dot products: rows PyLate normalized) into at most
+    ``len // pool_factor`` clusters (at least one), each replaced by its
+    mean, in the order scipy's ``fcluster(..., criterion="maxclust")``
+    numbers them. The merges, ties included, are scipy's ``linkage(...,
+    method="ward")`` (its nearest-neighbour chain, which breaks a tie for the
+    chain's previous cluster, then for the lowest index) and the flat cut
+    scipy's; the distances are taken in the rows' dtype (float32 here and in
+    a float32 PyLate model), then float64, as PyLate hands them to scipy."""
+    kept, to_pool = rows[:protected], rows[protected:]
+    n = len(to_pool)
+    clusters = max(n // pool_factor, 1)
+    if clusters >= n:
+        return rows
+    # Two equal rows can be a rounding under 0 apart, where scipy refuses
+    # the linkage (PyLate fails on such a document): they are 0 apart here.
+    dist = np.maximum((1 - to_pool @ to_pool.T).astype(np.float64), 0.0)
+    labels = _maxclust(_ward_linkage(dist), n, clusters)
+    sums = np.zeros((clusters, rows.shape[1]), dtype=rows.dtype)
+    np.add.at(sums, labels - 1, to_pool)
+    counts = np.bincount(labels - 1, minlength=clusters)
+    # fcluster can answer fewer clusters than asked: no empty ones.
+    pooled = sums[counts > 0] / counts[counts > 0, None].astype(rows.dtype)
+    return np.concatenate([kept, pooled.astype(rows.dtype)])
+
+
+def _ward_linkage(dist: np.ndarray) -> np.ndarray:
+    """scipy's ``linkage(condensed, method="ward")`` of the full [n, n]
+    distance matrix (only its upper triangle is read, as the condensed form
+    holds it): the nearest-neighbour chain, the Lance-Williams update as
+    scipy evaluates it, the merges sorted stably by distance and relabelled."""
+    n = len(dist)
+    D = np.triu(dist, 1)
+    D = D + D.T
+    size = np.ones(n, dtype=np.int64)
+    Z = np.empty((n - 1, 4))
+    chain: list[int] = []
+    y = 0
+    for k in range(n - 1):
+        if not chain:
+            chain.append(int(np.flatnonzero(size > 0)[0]))
+        while True:
+            x = chain[-1]
+            active = size > 0
+            active[x] = False
+            candidates = np.flatnonzero(active)
+            row = D[x, candidates]
+            # scipy's strict "<" scan from the previous cluster's distance:
+            # a tie keeps the previous cluster, else the lowest index; a NaN
+            # (equal rows' rounding in the update) never wins.
+            if len(chain) > 1:
+                y = chain[-2]
+            best = float(D[x, y]) if len(chain) > 1 else np.inf
+            below = row < best
+            if below.any():
+                best = float(row[below].min())
+                y = int(candidates[np.flatnonzero(below & (row == best))[0]])
+            if len(chain) > 1 and y == chain[-2]:
+                break
+            chain.append(y)
+        chain = chain[:-2]
+        x, y = min(x, y), max(x, y)
+        nx, ny = int(size[x]), int(size[y])
+        Z[k] = (x, y, best, nx + ny)
+        size[x] = 0
+        size[y] = nx + ny
+        others = np.flatnonzero(size > 0)
+        others = others[others != y]
+        ni = size[others].astype(np.float64)
+        t = 1.0 / (nx + ny + ni)
+        dxi, dyi = D[others, x], D[others, y]
+        new = np.sqrt((ni + nx) * t * dxi * dxi + (ni + ny) * t * dyi * dyi - ni * t * best * best)
+        D[others, y] = new
+        D[y, others] = new
+    Z = Z[np.argsort(Z[:, 2], kind="mergesort")]
+    # Relabel as scipy does: each merge joins the clusters its two points
+    # are in by then (equal distances can come in another order than they
+    # merged), the new cluster numbered n + its row, its size theirs.
+    parent = np.arange(2 * n - 1)
+    sizes = np.ones(2 * n - 1, dtype=np.int64)
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            a = parent[a]
+        return a
+
+    for i in range(n - 1):
+        a, b = find(int(Z[i, 0])), find(int(Z[i, 1]))
+        Z[i, 0], Z[i, 1] = min(a, b), max(a, b)
+        parent[a] = parent[b] = n + i
+        sizes[n + i] = sizes[a] + sizes[b]
+        Z[i, 3] = sizes[n + i]
+    return Z
+
+
+def _maxclust(Z: np.ndarray, n: int, max_clusters: int) -> np.ndarray:
+    """scipy's ``fcluster(Z, max_clusters, criterion="maxclust")``: the
+    lowest merge height whose cut leaves at most ``max_clusters`` clusters
+    (a binary search over each subtree's highest merge, as scipy searches),
+    and the clusters numbered from 1 in the tree's depth-first order."""
+    if max_clusters >= n:
+        return np.arange(1, n + 1)
+    # Each merge's highest merge below it (itself included): rows come in
+    # merge order, children before parents.
+    highest = Z[:, 2].copy()
+    for i in range(n - 1):
+        for child in (int(Z[i, 0]), int(Z[i, 1])):
+            if child >= n:
+                highest[i] = max(highest[i], highest[child - n])
+
+    def count(thresh: float) -> int:
+        """Clusters the cut at ``thresh`` leaves."""
+        found, stack = 0, [2 * n - 2]
+        while stack:
+            node = stack.pop() - n
+            if highest[node] <= thresh:
+                found += 1
+                continue
+            for child in (int(Z[node, 1]), int(Z[node, 0])):
+                if child >= n:
+                    stack.append(child)
+                else:
+                    found += 1
+        return found
+
+    lower, upper = -1, n - 1
+    while upper - lower > 1:
+        mid = (lower + upper) >> 1
+        if count(highest[mid]) > max_clusters:
+            lower = mid
+        else:
+            upper = mid
+    cutoff = highest[upper]
+    # Numbered as scipy's cluster_monocrit walks the tree: a node's
+    # internal children first (left, then right), its leaf children when it
+    # is returned to; a subtree under the cut is one cluster, numbered when
+    # it is entered, a leaf above it its own.
+    labels = np.zeros(n, dtype=np.int64)
+    numbered, leader = 0, -1
+    visited = np.zeros(2 * n - 1, dtype=bool)
+    stack = [2 * n - 2]
+    while stack:
+        root = stack[-1] - n
+        left, right = int(Z[root, 0]), int(Z[root, 1])
+        if leader == -1 and highest[root] <= cutoff:
+            leader = root
+            numbered += 1
+        if left >= n and not visited[left]:
+            visited[left] = True
+            stack.append(left)
+            continue
+        if right >= n and not visited[right]:
+            visited[right] = True
+            stack.append(right)
+            continue
+        for leaf in (left, right):
+            if leaf < n:
+                if leader == -1:
+                    numbered += 1
+                labels[leaf] = numbered
+        if leader == root:
+            leader = -1
+        stack.pop()
+    return labels

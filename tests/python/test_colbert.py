@@ -345,3 +345,66 @@ def test_modern_colbert_is_read_as_pylate_reads_it():
     # Expansion rows that no local window reaches a real key from (the
     # query's rows past its tokens + 8): computed all the same.
     assert reference["query_attended"].sum() < 32 * len(queries)
+
+
+POOLED = ["pool2_protect1", "pool3_protect1", "pool2_protect0"]
+
+
+def _pool_args(key: str) -> dict:
+    factor, protected = key.removeprefix("pool").split("_protect")
+    return {"pool_factor": int(factor), "protected_tokens": int(protected)}
+
+
+@pytest.mark.parametrize("name", ["tiny-colbert", "tiny-modern-colbert"])
+@pytest.mark.parametrize("key", POOLED)
+def test_pool_factor_clusters_as_pylate_does(name, key):
+    """PyLate's hierarchical pooling (``encode(..., pool_factor=k)``, its
+    references in pooled.npz): on PyLate's own unpooled float64 rows the
+    same clusters in the same order, to rounding; on the engine's rows the
+    same row counts and every pooled row within cosine 0.99999."""
+    from mlx_embed.multi_vector import pool_rows
+
+    pooled = dict(np.load(FIXTURES / name / "pooled.npz"))
+    want = _split(pooled[f"{key}_vectors"], pooled[f"{key}_rows"])
+    args = _pool_args(key)
+    reference = _reference(name)
+    unpooled = _split(reference["document_vectors"], reference["document_rows"])
+    same_input = [pool_rows(r, args["pool_factor"], args["protected_tokens"]) for r in unpooled]
+    for got, w in zip(same_input, want):
+        assert got.shape == w.shape and np.abs(got - w).max() < 1e-12
+    model = load_fixture(name)
+    got = model.embed_multi_vector(_texts(name)["documents"], **args)
+    worst = _check(got, {"document_vectors": pooled[f"{key}_vectors"], "document_rows": pooled[f"{key}_rows"]},
+                   "document")
+    print(f"{name} {key}: lowest per-row cosine {worst:.9f}")
+    # Fewer rows than unpooled, the protected first row as it was.
+    assert sum(len(g) for g in got) < len(reference["document_vectors"])
+    plain = model.embed_multi_vector(_texts(name)["documents"])
+    if args["protected_tokens"]:
+        assert all(np.array_equal(g[0], p[0]) for g, p in zip(got, plain))
+
+
+def test_pool_factor_ties_and_refusals():
+    """Equal rows (a rounding under 0 apart, where scipy refuses and PyLate
+    fails) pool as 0 apart; a query is never pooled (PyLate); the factors
+    are checked."""
+    from mlx_embed.multi_vector import pool_rows
+
+    rng = np.random.default_rng(0)
+    rows = rng.standard_normal((5, 16)).astype(np.float32)
+    rows /= np.linalg.norm(rows, axis=1, keepdims=True)
+    doubled = np.concatenate([rows, rows])
+    got = pool_rows(doubled, 2, 0)
+    # Each row and its copy are one cluster: the five rows, numbered as the
+    # merges leave them (scipy's order), each once.
+    assert got.shape == (5, 16)
+    assert sorted(np.argmax(got @ rows.T, axis=1).tolist()) == [0, 1, 2, 3, 4]
+    np.testing.assert_allclose(np.sort(got @ rows.T, axis=1)[:, -1], 1.0, atol=1e-6)
+    # Nothing to pool: as it was.
+    assert pool_rows(rows[:2], 2, 1) is not None and pool_rows(rows[:2], 2, 1).shape == (2, 16)
+    model = load_fixture("tiny-colbert")
+    q = model.embed_multi_vector(["what is it"], is_query=True, pool_factor=4)[0]
+    assert q.shape == (16, 16)
+    for bad in ({"pool_factor": 0}, {"pool_factor": 1.5}, {"pool_factor": True}, {"protected_tokens": -1}):
+        with pytest.raises(InvalidInput, match="must be a whole number"):
+            model.embed_multi_vector(["a"], **bad)

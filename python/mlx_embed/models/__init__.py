@@ -48,6 +48,7 @@ SUPPORTED = (
     "nomic_bert",
     "qwen2",
     "mistral",
+    "llama",
     "qwen3",
     "gemma",
     "gemma2",
@@ -229,7 +230,7 @@ def mlx_lm_model(name: str):
     """``mlx_lm.models.<name>``, imported without the side effect of mlx-lm's
     package: ``mlx_lm.utils`` sets the process's open-file limit to (2048,
     4096) when imported, lowering the hard limit for good, so a server of a
-    Qwen3, Qwen2, Mistral or Gemma model could hold no more than 2,048
+    Qwen3, Qwen2, Llama, Mistral or Gemma model could hold no more than 2,048
     connections and files."""
     set_limit = resource.setrlimit
     resource.setrlimit = lambda *args, **kwargs: None

@@ -25,9 +25,10 @@ the first token's hidden state:
   RoBERTa's head names with GELU for tanh, ``classifier.out_proj(gelu(
   classifier.dense([CLS])))``; encoder under ``electra.``.
 * Decoders (transformers' ``GenericForSequenceClassification``: Qwen3's,
-  Qwen2's, Mistral's and Gemma 2's ``*ForSequenceClassification`` are that
-  class and nothing more; Qwen3-Reranker-*-seq-cls, whose one ``score`` row
-  is the yes/no reranker's ``lm_head[yes] - lm_head[no]``, reward models):
+  Qwen2's, Mistral's, Llama's and Gemma 2's ``*ForSequenceClassification``
+  are that class and nothing more; Qwen3-Reranker-*-seq-cls, whose one
+  ``score`` row is the yes/no reranker's ``lm_head[yes] - lm_head[no]``,
+  reward models such as Skywork-Reward-Llama-3.1-8B):
   ``score`` (no bias) on the state of the last token that is not
   ``pad_token_id`` (:func:`last_token`); decoder under ``model.``. The
   decoder is the embedding file's (its sliding window, Gemma 2's attention
@@ -74,6 +75,7 @@ ARCHITECTURES = {
     "Qwen3ForSequenceClassification": ("qwen3", "decoder", "model."),
     "Qwen2ForSequenceClassification": ("qwen2", "decoder", "model."),
     "MistralForSequenceClassification": ("mistral", "decoder", "model."),
+    "LlamaForSequenceClassification": ("llama", "decoder", "model."),
     "Gemma2ForSequenceClassification": ("gemma2", "decoder", "model."),
 }
 
@@ -251,7 +253,7 @@ class DistilBertHead(nn.Module):
 
 class DecoderScoreHead(nn.Module):
     """transformers' ``GenericForSequenceClassification`` (Qwen3, Qwen2,
-    Mistral, Gemma 2): ``score``,
+    Mistral, Llama, Gemma 2): ``score``,
     a Linear without bias, on the last token's state (:func:`last_token`).
     transformers applies it at every position and then picks one; picking
     first is the same product."""

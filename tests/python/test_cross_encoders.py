@@ -44,6 +44,8 @@ DECODER_SEQ_CLS = {
     "tiny-mistral-seq-cls": (([1], [1], []), 128, 8),
     # Gemma's "<bos> A <bos> B".
     "tiny-gemma2-seq-cls": (([2], [2], []), 256, 6),
+    # Llama 3's "<|begin_of_text|> A <|begin_of_text|> B" (llama3 RoPE scaling).
+    "tiny-llama-seq-cls": (([800], [800], []), 256, 8),
 }
 GOLDEN_TEXTS = os.path.join(FIXTURES, "golden", "minilm_texts.json")
 
@@ -1055,7 +1057,7 @@ def test_qwen3_seq_cls_as_an_embedding_model_drops_the_score():
     assert model.embed(["a text"]).shape == (1, 64)
 
 
-# ------- Qwen2 / Mistral / Gemma 2 *ForSequenceClassification (transformers' generic decoder head)
+# ------- Qwen2 / Mistral / Gemma 2 / Llama *ForSequenceClassification (transformers' generic decoder head)
 
 
 @pytest.mark.parametrize("name", DECODER_SEQ_CLS)
@@ -1073,10 +1075,10 @@ def test_decoder_seq_cls_matches_reference(name):
     assert_reranker_matches(model, name)
 
 
-@pytest.mark.parametrize("name", ["tiny-qwen2-seq-cls", "tiny-gemma2-seq-cls"])
+@pytest.mark.parametrize("name", ["tiny-qwen2-seq-cls", "tiny-gemma2-seq-cls", "tiny-llama-seq-cls"])
 def test_decoder_seq_cls_scores_the_last_token_that_is_not_the_pad_id(tmp_path, name):
     """As for Qwen3: the rightmost token that is not pad_token_id (Qwen2's
-    <|endoftext|>, Gemma's <pad>) is scored, in a batch and alone; without
+    <|endoftext|>, Gemma's <pad>, Llama 3.1's <|finetune_right_pad_id|>) is scored, in a batch and alone; without
     a pad id the last token is, which the fixture's pairs tell apart."""
     src = os.path.join(FIXTURES, name)
     pairs = _json(os.path.join(src, "pad_pairs.json"))

@@ -26,6 +26,7 @@ ARCHITECTURES = {
     "tiny-nomic-bert": ("reference_document_normalized.npy", "nomic_bert", "mean", 64),
     "tiny-qwen2": ("reference_last_token_normalized.npy", "qwen2", "last", 64),
     "tiny-mistral": ("reference_last_token_normalized.npy", "mistral", "last", 64),
+    "tiny-llama": ("reference_last_token_normalized.npy", "llama", "last", 64),
     "tiny-gemma3": ("reference_normalized.npy", "gemma3_text", "mean", 48),
     "tiny-gemma2": ("reference_last_token_normalized.npy", "gemma2", "last", 48),
 }
@@ -68,7 +69,7 @@ def test_attention_in_query_blocks_matches_reference(folder, golden_texts, monke
     assert max(query_block_counts) >= 8
 
 
-@pytest.mark.parametrize("folder", ["tiny-qwen2", "tiny-mistral", "tiny-qwen3"])
+@pytest.mark.parametrize("folder", ["tiny-qwen2", "tiny-mistral", "tiny-llama", "tiny-qwen3"])
 def test_decoder_attention_in_query_blocks_matches_reference(folder, golden_texts, monkeypatch, query_block_counts):
     """The decoders' long-input attention (mlx-lm's causal attention in query
     blocks, each against the keys up to its last row:
@@ -209,6 +210,7 @@ def test_modernbert_mean_pooling_override(golden_texts):
         ("tiny-nomic-bert", "document", "reference_document_normalized.npy"),
         ("tiny-qwen2", "query", "reference_query_normalized.npy"),
         ("tiny-mistral", "query", "reference_query_normalized.npy"),
+        ("tiny-llama", "query", "reference_query_normalized.npy"),
         ("tiny-gemma3", "query", "reference_query_normalized.npy"),
         ("tiny-gemma3", "document", "reference_document_normalized.npy"),
         ("tiny-gemma2", "query", "reference_query_normalized.npy"),
@@ -548,6 +550,50 @@ def test_mistral_transformers5_config(golden_texts, tmp_path):
     assert_parity(mlx_embed.load(d).embed(golden_texts), _ref("tiny-mistral", "reference_last_token_normalized.npy"))
 
 
+def test_llama_config_forms_give_the_reference(golden_texts, tmp_path):
+    """tiny-llama's config is Llama 3.1's (flat rope_theta, rope_scaling of
+    type llama3, pretraining_tp 1): transformers 5's rope_parameters form,
+    pretraining_tp 2 (transformers 4 split the matmuls, the same product;
+    5 ignores it) and a stray sliding_window (LlamaConfig has none) give the
+    same vectors; a bare LlamaModel checkpoint (no "model." prefix) too."""
+    from safetensors.numpy import load_file, save_file
+
+    ref = _ref("tiny-llama", "reference_last_token_normalized.npy")
+    d = copy_fixture("tiny-llama", tmp_path / "t5")
+    cfg = json.loads((d / "config.json").read_text())
+    scaling = cfg.pop("rope_scaling")
+    cfg["rope_parameters"] = {**scaling, "rope_theta": cfg.pop("rope_theta")}
+    cfg.update(pretraining_tp=2, sliding_window=8, architectures=["LlamaModel"])
+    (d / "config.json").write_text(json.dumps(cfg))
+    w = load_file(str(d / "model.safetensors"))
+    save_file({k.removeprefix("model."): v for k, v in w.items()}, str(d / "model.safetensors"))
+    model = mlx_embed.load(d)
+    assert model.max_length == MAX_LEN
+    assert_parity(model.embed(golden_texts), ref)
+
+
+def test_llama_rope_scaling_is_read(golden_texts, tmp_path):
+    """The llama3 scaling changes the vectors (the fixture's texts run past
+    its 32-token original context): without it, or with a linear scaling
+    of the same factor, the reference is missed by far, and a linear one
+    is not refused (it is exact)."""
+    ref = _ref("tiny-llama", "reference_last_token_normalized.npy")
+    for scaling in (None, {"rope_type": "linear", "factor": 8.0}):
+        d = copy_fixture("tiny-llama", tmp_path / str(bool(scaling)), rope_scaling=scaling)
+        got = mlx_embed.load(d).embed(golden_texts)
+        assert (got * ref).sum(axis=1).min() < 0.95
+
+
+def test_llama_appends_no_eos(golden_texts):
+    """Llama 3's tokenizer adds <|begin_of_text|> and no EOS, and
+    sentence-transformers appends none: neither does the engine (an
+    appended <|eot_id|> measured cosine -0.21 on the fixture)."""
+    model = load_fixture("tiny-llama")
+    assert (model.tokenizer.prefix, model.tokenizer.suffix) == ([800], [])
+    assert model.count_tokens(["hello world"], prompt="") == [1 + len(model.tokenizer._tok.encode(
+        "hello world", add_special_tokens=False).ids)]
+
+
 def test_mistral_4bit(golden_texts, tmp_path):
     """What people run on a Mac: a Mistral embedder in 4-bit, quantized at
     load or as a pre-quantized mlx-lm style folder ("model." names, an LM
@@ -667,6 +713,12 @@ def test_gemma2_half_precision_runs(golden_texts):
         ("tiny-gemma2", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling"),
         ("tiny-gemma2", {"layer_types": ["sliding_attention"] * 3}, "layer_types"),
         ("tiny-mistral", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"),
+        ("tiny-llama", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling type 'dynamic'"),
+        ("tiny-llama", {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling type 'yarn'"),
+        ("tiny-llama", {"rope_scaling": {"rope_type": "longrope", "factor": 4.0}}, "rope_scaling type 'longrope'"),
+        ("tiny-llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "llama3' lacks low_freq_factor"),
+        ("tiny-llama", {"hidden_act": "gelu"}, "hidden_act"),
+        ("tiny-llama", {"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
         ("tiny-nomic-bert", {"rotary_scaling_factor": 2.0}, "rotary_scaling_factor"),
         ("tiny-nomic-bert", {"activation_function": "gelu"}, "activation_function"),
         ("tiny-modernbert", {"hidden_activation": "relu"}, "hidden_activation"),
@@ -696,8 +748,8 @@ def test_unsupported_st_module_is_named(tmp_path):
         mlx_embed.load(d)
 
 
-@pytest.mark.parametrize("folder", ["tiny-qwen3", "tiny-qwen2", "tiny-mistral", "tiny-gemma3", "tiny-gemma2",
-                                    "tiny-qwen3-reranker"])
+@pytest.mark.parametrize("folder", ["tiny-qwen3", "tiny-qwen2", "tiny-mistral", "tiny-llama", "tiny-gemma3",
+                                    "tiny-gemma2", "tiny-qwen3-reranker"])
 def test_loading_a_decoder_leaves_the_open_file_limit_alone(folder):
     """mlx-lm's package sets the open-file limit to (2048, 4096) when
     imported: a server of a decoder model could hold no more than 2,048

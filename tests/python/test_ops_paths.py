@@ -509,7 +509,7 @@ def _answers(model, texts):
 
 
 @pytest.mark.parametrize("fixture, activation", [
-    ("tiny-qwen3", "silu"), ("tiny-qwen2", "silu"), ("tiny-mistral", "silu"), ("tiny-qwen3-reranker", "silu"),
+    ("tiny-qwen3", "silu"), ("tiny-qwen2", "silu"), ("tiny-mistral", "silu"), ("tiny-llama", "silu"), ("tiny-qwen3-reranker", "silu"),
     ("tiny-gemma3", "gelu_tanh"),
 ])
 def test_the_decoders_feed_forward_runs_the_native_kernel_on_the_native_path(
@@ -628,7 +628,8 @@ def test_native_causal_attention_goes_in_row_blocks(monkeypatch):
         assert firsts == ([(start, end) for start, end in blocks] if path == "native" else [])
 
 
-@pytest.mark.parametrize("fixture", ["tiny-qwen3", "tiny-qwen2", "tiny-mistral", "tiny-qwen3-reranker", "tiny-gemma3"])
+@pytest.mark.parametrize("fixture", ["tiny-qwen3", "tiny-qwen2", "tiny-mistral", "tiny-llama", "tiny-qwen3-reranker",
+                                     "tiny-gemma3"])
 def test_the_decoders_attention_runs_the_native_softmax_on_the_native_path(fixture, golden_texts, monkeypatch):
     """The decoders' attention (mlx-lm's, through ops.engine_attention) takes
     the native softmax inside the engine's passes on the native path: the

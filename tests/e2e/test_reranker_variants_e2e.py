@@ -40,8 +40,8 @@ import pytest
 from harness import FIXTURES, start_server
 
 ST6 = FIXTURES / "tiny-qwen3-reranker-st6"
-# transformers' generic decoder head on Qwen2, Mistral and Gemma 2.
-DECODER_SEQ_CLS = ("tiny-qwen2-seq-cls", "tiny-mistral-seq-cls", "tiny-gemma2-seq-cls")
+# transformers' generic decoder head on Qwen2, Mistral, Gemma 2 and Llama.
+DECODER_SEQ_CLS = ("tiny-qwen2-seq-cls", "tiny-mistral-seq-cls", "tiny-gemma2-seq-cls", "tiny-llama-seq-cls")
 ENCODERS = ("tiny-camembert-reranker", "tiny-mpnet-reranker", "tiny-electra-reranker",
             "tiny-qwen3-seq-cls", *DECODER_SEQ_CLS)
 GEMMA2_LABELS = ["negative", "neutral", "positive"]

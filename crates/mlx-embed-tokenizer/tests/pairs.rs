@@ -139,14 +139,16 @@ fn qwen3_seq_cls_pairs_match_tokenizers() {
 
 #[test]
 fn decoder_seq_cls_pairs_match_tokenizers() {
-    // Qwen2.5's byte-level post-processor adds nothing; Mistral-7B's and
-    // Gemma's templates put a BOS before each text (`<s> A <s> B`), no EOS.
+    // Qwen2.5's byte-level post-processor adds nothing; Mistral-7B's,
+    // Gemma's and Llama 3's templates put a BOS before each text (`<s> A <s> B`,
+    // `<|begin_of_text|> A <|begin_of_text|> B` after a ByteLevel step), no EOS.
     // The second BOS is typed 1 there, not as the query's side: the decoders
     // read no token types, so the engine sends none.
     for folder in [
         "tiny-qwen2-seq-cls",
         "tiny-mistral-seq-cls",
         "tiny-gemma2-seq-cls",
+        "tiny-llama-seq-cls",
     ] {
         check_segments(folder, None);
     }

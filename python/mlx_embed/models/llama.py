@@ -108,7 +108,7 @@ def llama_params(params: dict, arch: str, scalings=EXACT_ROPE_SCALINGS) -> dict:
     act = params.get("hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"{arch}: hidden_act={act!r} is not supported (only 'silu')")
-    params.setdefault("num_key_value_heads", params["num_attention_heads"])
+    # Absent or null: one key/value head per query head, as LlamaConfig sets it.
     if params.get("num_key_value_heads") is None:
         params["num_key_value_heads"] = params["num_attention_heads"]
     params.setdefault("rms_norm_eps", 1e-6)

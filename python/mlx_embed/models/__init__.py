@@ -161,6 +161,20 @@ def checked_decoder_params(params: dict, arch: str, activation_key: str = "hidde
     return params
 
 
+def plain_rope_only(params: dict, arch: str) -> None:
+    """In place: refuses a RoPE scaling for a decoder whose mlx-lm file runs
+    plain RoPE whatever the config says (Gemma, Gemma 2), and takes
+    ``rope_theta`` from transformers 5's ``rope_parameters``, which replace it."""
+    rope = params.get("rope_parameters")
+    if isinstance(rope, dict):
+        if rope.get("rope_type", "default") != "default":
+            raise ValueError(f"{arch}: rope_type={rope['rope_type']!r} is not supported (only plain RoPE)")
+        params.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
+    scaling = params.get("rope_scaling")
+    if scaling and (scaling.get("rope_type") or scaling.get("type") or "default") != "default":
+        raise ValueError(f"{arch}: rope_scaling={scaling!r} is not supported (only plain RoPE)")
+
+
 def join_linears(weights: dict, parts, joined: str) -> None:
     """In place: the linears named ``parts`` (prefixes) concatenated along the
     output axis into ``joined``, where the checkpoint has all of them (one

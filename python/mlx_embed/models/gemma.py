@@ -29,7 +29,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .. import ops
-from . import DECODER_SIBLINGS, checked_decoder_params, decoder_weights, mlx_lm_model
+from . import DECODER_SIBLINGS, checked_decoder_params, decoder_weights, mlx_lm_model, plain_rope_only
 from .gemma3_text import GeGLU
 
 _lm = mlx_lm_model("gemma")
@@ -76,16 +76,7 @@ class ModelArgs(_lm.ModelArgs):
                 raise ValueError(f"gemma: config.json lacks {key!r}")
         if params.get("use_bidirectional_attention"):
             raise ValueError("gemma: use_bidirectional_attention=true is not supported (only causal attention)")
-        # transformers >= 5 writes rope settings as rope_parameters only.
-        rope = params.get("rope_parameters")
-        if isinstance(rope, dict):
-            if rope.get("rope_type", "default") != "default":
-                raise ValueError(f"gemma: rope_type={rope['rope_type']!r} is not supported (only plain RoPE)")
-            params.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
-        # mlx-lm's Gemma runs plain RoPE whatever the config says.
-        scaling = params.get("rope_scaling")
-        if scaling and (scaling.get("rope_type") or scaling.get("type") or "default") != "default":
-            raise ValueError(f"gemma: rope_scaling={scaling!r} is not supported (only plain RoPE)")
+        plain_rope_only(params, "gemma")
         params["hidden_activation"] = _activation(params)
         params = checked_decoder_params(params, "gemma", "hidden_activation", _TANH_GELU)
         params.setdefault("num_key_value_heads", params["num_attention_heads"])

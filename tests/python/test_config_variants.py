@@ -90,3 +90,27 @@ def test_nomic_defaults_are_nomics_config_class():
         nomic_bert.ModelArgs.from_dict({k: v for k, v in base.items() if k != "rotary_emb_fraction"})
     with pytest.raises(ValueError, match="activation_function"):
         nomic_bert.ModelArgs.from_dict({k: v for k, v in base.items() if k != "activation_function"})
+
+
+
+@pytest.mark.parametrize("fixture,arch", [("tiny-gemma2", "gemma2"), ("tiny-bge-reranker-v2-gemma", "gemma")])
+def test_gemma_decoders_run_plain_rope_only(tmp_path, fixture, arch):
+    """mlx-lm's Gemma and Gemma 2 files run plain RoPE whatever the config
+    says: a scaling is refused, and transformers 5's rope_parameters (no
+    rope_theta beside them) give the theta."""
+    for changes, says in (({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling="),
+                          ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0}}, "rope_type='yarn'")):
+        with pytest.raises(ValueError, match=f"^{arch}: {says}.*only plain RoPE"):
+            mlx_embed.load(_variant(tmp_path / says, fixture, **changes), kind="embedding")
+    base = mlx_embed.load(FIXTURES / fixture, kind="embedding").embed(TEXTS)
+    theta = json.loads((FIXTURES / fixture / "config.json").read_text()).get("rope_theta", 10000.0)
+
+    def with_rope_parameters(name, rope_theta):
+        folder = _variant(tmp_path / name, fixture, rope_parameters={"rope_type": "default", "rope_theta": rope_theta})
+        config = json.loads((folder / "config.json").read_text())
+        config.pop("rope_theta", None)
+        (folder / "config.json").write_text(json.dumps(config))
+        return mlx_embed.load(folder, kind="embedding").embed(TEXTS)
+
+    np.testing.assert_allclose(with_rope_parameters("same", theta), base, rtol=0, atol=1e-6)
+    assert np.abs(with_rope_parameters("other", theta * 7) - base).max() > 1e-3

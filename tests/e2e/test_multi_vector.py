@@ -122,6 +122,19 @@ def test_truncate_false_holds_a_query_to_the_query_length(server):
     assert "more than the model's query length of 12" in r.json()["error"]["message"], r.text
 
 
+def test_a_colbert_model_is_warmed_up_on_its_document_rows(tmp_path):
+    """The warm-up (on by default) runs a ColBERT model as /v1/multi-vector
+    does: as a pooled vector it was refused and the server failed to start
+    ("is a multi-vector (ColBERT) model ... not a pooled vector")."""
+    srv = start_server(tmp_path, "--model", str(MODERN))
+    try:
+        assert "model warm" in srv.log(), srv.log()[-2000:]
+        r = requests.post(f"{srv.url}/v1/multi-vector", json={"input": ["warm"]}, timeout=30)
+        assert r.status_code == 200 and r.json()["model"] == "tiny-modern-colbert", r.text
+    finally:
+        srv.stop()
+
+
 @pytest.mark.parametrize("body, status, words", [
     ({"input": ["a"], "embedding_type": "binary"}, 400, "embedding_type"),
     ({"input": ["a"], "dimensions": 8}, 400, "16 wide"),

@@ -14,7 +14,7 @@ use hyper::server::conn::http1;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use mlx_embed_core::{Batcher, CoreError, EmbedInput, EmbedOptions, ModelKind};
+use mlx_embed_core::{Batcher, CoreError, EmbedInput, EmbedOptions, ModelKind, Output, Side};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
 
@@ -164,7 +164,8 @@ const ANSWER_GRACE: Duration = Duration::from_secs(1);
 
 /// Embeds (or, for a cross-encoder, scores as a query/document pair) one
 /// input of the model's maximum length, up to [`WARMUP_MAX_WORDS`]: proof
-/// that the model runs end to end before `/health` says so. A full batch
+/// that the model runs end to end before `/health` says so (a ColBERT
+/// model's as a document). A full batch
 /// (64 x 256 tokens) cost most of a 3.15 s cold start on a 2-core CPU and
 /// proved nothing more: the engine cuts every call into device passes of a
 /// bounded token budget anyway.
@@ -178,8 +179,17 @@ async fn warm_up(batcher: &Batcher) -> Result<Duration, CoreError> {
             document: text,
         },
     };
+    // A ColBERT model refuses a pooled vector: it is warmed up on its
+    // document rows, as /v1/multi-vector runs it.
+    let options = EmbedOptions {
+        output: match info.multi_vector {
+            Some(_) => Output::MultiVector(Side::Document),
+            None => Output::Pooled,
+        },
+        ..EmbedOptions::default()
+    };
     let start = Instant::now();
-    batcher.embed(vec![input], EmbedOptions::default()).await?;
+    batcher.embed(vec![input], options).await?;
     Ok(start.elapsed())
 }
 

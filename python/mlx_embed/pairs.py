@@ -245,8 +245,12 @@ class PairEncoder:
         *,
         truncation_direction: str = "right",
         instruction: Optional[str] = None,
+        truncate: bool = True,
     ) -> tuple[list, Optional[list], list]:
-        """(ids per pair, type ids per pair or None, tokens before truncation)."""
+        """(ids per pair, type ids per pair or None, tokens before truncation).
+        ``truncate=False``: no library's query-first cut either (it can
+        shorten a pair within ``max_length``); the caller refuses a pair
+        over it."""
         left = check_direction(truncation_direction) == "left"
         pairs = _check_pairs(pairs)
         s = self.spec
@@ -287,7 +291,7 @@ class PairEncoder:
         for k in range(len(pairs)):
             a, b = enc[2 * k], enc[2 * k + 1]
             before.append(len(a) + len(b) + self.n_special)
-            if s.query_share is None:
+            if s.query_share is None or not truncate:
                 n1, n2 = truncate_pair_lengths(len(a), len(b), self.max_content)
             else:
                 n1, n2 = query_first_lengths(len(a), len(b), self.max_content,

@@ -70,7 +70,7 @@ class ScoringMixin:
         ids, types, before = self.pair_encoder.encode(
             pairs,
             truncation_direction=self.truncation_side if truncation_direction is None else truncation_direction,
-            instruction=instruction
+            instruction=instruction, truncate=truncate,
         )
         if not truncate:
             for i, b in enumerate(before):

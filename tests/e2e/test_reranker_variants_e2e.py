@@ -37,6 +37,8 @@ import shutil
 import numpy as np
 import pytest
 
+import mlx_embed
+
 from harness import FIXTURES, start_server
 
 ST6 = FIXTURES / "tiny-qwen3-reranker-st6"
@@ -196,6 +198,22 @@ def test_bge_reranker_v2_gemma_scores_and_ranks_as_flagembedding(server):
     r = server.post("/rerank", {"model": model, "query": long_pair[0], "texts": [long_pair[1]],
                                 "truncate": False})
     assert r.status_code == 422 and "more than the model's maximum of 236" in r.text, r.text
+    # A pair within 236 whose passage is over FlagEmbedding's 128: its own
+    # cut shortens it; with truncate: false it runs whole (222 tokens), as
+    # the Python engine's truncate=False scores it (it was cut, silently).
+    words = ["alpha", "river", "stone", "quick", "zebra", "moon", "paper", "light", "green", "table"]
+    document = " ".join(words[(7 * i) % 10] + words[(3 * i) % 10] for i in range(30))
+    scores = {}
+    for truncate in (True, False):
+        r = server.post("/rerank", {"model": model, "query": "what is it", "texts": [document],
+                                    "raw_scores": True, "truncate": truncate})
+        assert r.status_code == 200, r.text
+        scores[truncate] = r.json()[0]["score"]
+    engine = mlx_embed.load(str(BGE_GEMMA))
+    assert abs(scores[False] - float(engine.score([("what is it", document)], raw_scores=True,
+                                                   truncate=False)[0, 0])) <= 1e-5
+    assert abs(scores[True] - float(engine.score([("what is it", document)], raw_scores=True)[0, 0])) <= 1e-5
+    assert abs(scores[True] - scores[False]) > 1e-3
     r = server.post("/predict", {"model": model, "inputs": ["just a text"]})
     assert r.status_code == 400 and "pairs, not single texts" in r.text, r.text
 

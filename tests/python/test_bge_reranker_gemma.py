@@ -17,7 +17,7 @@ import pytest
 from tokenizers import Tokenizer
 
 import mlx_embed
-from mlx_embed.errors import InvalidInput
+from mlx_embed.errors import InputTooLong, InvalidInput
 from mlx_embed.models import decoder_reranker, gemma
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "..", "fixtures")
@@ -238,3 +238,25 @@ def test_a_folder_stating_no_limit_is_cut_at_flagembeddings_default(tmp_path):
     shutil.copy(os.path.join(QWEN3_ST6, "chat_template.jinja"), other / "chat_template.jinja")
     templated = mlx_embed.load(str(other), kind="reranker")
     assert templated.spec().tokenizer.pair.template is not None and templated.max_length == 8192
+
+
+def test_truncate_false_keeps_a_pair_within_the_limit_whole():
+    """FlagEmbedding's own cut shortens a passage over its max_length (128)
+    even where the pair fits the model's 236 tokens; ``truncate=False``
+    asks for no cut: such a pair runs whole (it was cut, silently), and one
+    over 236 is refused."""
+    model = _model()
+    words = ["alpha", "river", "stone", "quick", "zebra", "moon", "paper", "light", "green", "table"]
+    document = " ".join(words[(7 * i) % 10] + words[(3 * i) % 10] for i in range(30))
+    pair = [("what is it", document)]
+    cut, _, before = model.encode_pairs(pair)
+    assert before[0] <= model.max_length and len(cut[0]) < before[0]  # the library's cut
+    whole, _, same = model.encode_pairs(pair, truncate=False)
+    assert same == before and len(whole[0]) == before[0]
+    tok = _tok()
+    assert whole[0] == ([2] + tok.encode("A: what is it", add_special_tokens=False).ids + [260]
+                        + tok.encode("B: " + document, add_special_tokens=False).ids
+                        + model.spec().tokenizer.pair.suffix_ids)
+    assert model.score(pair, truncate=False)[0, 0] != model.score(pair)[0, 0]
+    with pytest.raises(InputTooLong):
+        model.score([("what is it", document * 3)], truncate=False)

@@ -288,3 +288,19 @@ def test_a_text_only_logit_score_folder_takes_the_tokenizers_pair(tmp_path):
         assert model.spec().tokenizer.pair.pairs_only
         with pytest.raises(InvalidInput, match="scores \\(query, document\\) pairs, not single texts"):
             model.predict(["just a text"])
+
+
+def test_truncate_false_keeps_a_pair_within_the_limit_whole():
+    """The library's query-first cut keeps a query to 3/4 of its
+    max_length even where the pair fits the model's 320 tokens;
+    ``truncate=False`` asks for no cut: such a pair runs whole (its query
+    was cut, silently)."""
+    model = _model()
+    words = ["alpha", "river", "stone", "quick", "zebra", "moon", "paper", "light", "green", "table"]
+    query = " ".join(words[(7 * i) % 10] + words[(3 * i) % 10] for i in range(17))
+    pair = [(query, "a cat")]
+    cut, _, before = model.encode_pairs(pair)
+    assert before[0] <= model.max_length and len(cut[0]) < before[0]
+    whole, _, same = model.encode_pairs(pair, truncate=False)
+    assert same == before and len(whole[0]) == before[0]
+    assert model.score(pair, truncate=False)[0, 0] != model.score(pair)[0, 0]

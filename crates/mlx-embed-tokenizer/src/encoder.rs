@@ -9,7 +9,7 @@ use mlx_embed_core::{
 };
 use tokenizers::Tokenizer;
 
-use crate::pair::{cut, cut_document_start};
+use crate::pair::{cut, cut_document_start, truncate_pair_lengths};
 use crate::{InputMode, PairSpec, TokenizerError, TokenizerSpec};
 
 /// A model's tokenizer with its prompts, specials and length limit.
@@ -358,12 +358,14 @@ impl HfTokenizer {
                 &self.encode_text(query, &prefix)?
             }
         };
-        self.segment_pair(pair, query, document, direction, budget)
+        self.segment_pair(pair, query, document, direction, budget, options.truncate)
     }
 
     /// A segment pair (`[CLS] query [SEP] document [SEP]`, in the model's
     /// specials) from the query's ids: the query and the document are
-    /// tokenized apart, so one query's ids serve every document.
+    /// tokenized apart, so one query's ids serve every document. Without
+    /// `truncate`, no library's query-first cut (the caller refuses a pair
+    /// over the limit).
     fn segment_pair(
         &self,
         pair: &PairSpec,
@@ -371,11 +373,19 @@ impl HfTokenizer {
         document: &str,
         direction: TruncationDirection,
         budget: usize,
+        truncate: bool,
     ) -> Result<Encoded, EmbedderError> {
         let specials = pair.specials();
         let b = self.encode_text(document, pair.document_prompt.as_deref().unwrap_or(""))?;
         let untruncated_len = u32::try_from(query.len() + b.len() + specials).unwrap_or(u32::MAX);
-        let (n1, n2) = pair.segment_lengths(query.len(), b.len(), budget);
+        // `truncate: false`: no library's own cut either (a query-first
+        // cut can shorten a pair within the limit); a pair over the limit
+        // is refused by the caller.
+        let (n1, n2) = if truncate {
+            pair.segment_lengths(query.len(), b.len(), budget)
+        } else {
+            truncate_pair_lengths(query.len(), b.len(), budget)
+        };
         let (a, b) = (cut(query, n1, direction), cut(&b, n2, direction));
         let mut ids = Vec::with_capacity(a.len() + b.len() + specials);
         ids.extend_from_slice(&pair.prefix_ids);

@@ -61,11 +61,18 @@ def assert_reranker_matches(model, folder, alone=(0, 3, 35, 40, 41)) -> np.ndarr
     """A reranker fixture's pairs (``pairs.json``) scored in one call: raw
     logits to rtol 1e-5 + atol 1e-5 (they reach several units) and sigmoid
     scores to 1e-5 of the references, which spread; the pairs ``alone``
-    (40, 41: the over-long query, both sides cut) score as in the batch."""
+    (40, 41: the over-long query, both sides cut) score as in the batch.
+
+    The absolute part grows past 1e-5 with the largest logit (2e-6 of it):
+    a logit near zero carries the float32 rounding of a network whose other
+    logits reach +-12, and that rounding follows the CPU's BLAS kernel (on
+    an AMD Zen 4, tiny-mpnet-reranker's pair 25 is 1.9e-6 against -1.05e-5)."""
     folder = FIXTURES / folder
     pairs = json.loads((folder / "pairs.json").read_text())
     logits = model.score(pairs, raw_scores=True)
-    np.testing.assert_allclose(logits, np.load(folder / "reference_pair_logits.npy"), rtol=1e-5, atol=1e-5)
+    ref_logits = np.load(folder / "reference_pair_logits.npy")
+    atol = 2e-6 * max(5.0, float(np.abs(ref_logits).max()))
+    np.testing.assert_allclose(logits, ref_logits, rtol=1e-5, atol=atol)
     ref = np.load(folder / "reference_pair_scores.npy")
     assert np.abs(model.score(pairs)[:, 0] - ref).max() <= 1e-5
     assert ref.max() - ref.min() > 0.5

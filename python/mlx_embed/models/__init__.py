@@ -45,6 +45,7 @@ SUPPORTED = (
     "distilbert",
     "mpnet",
     "modernbert",
+    "eurobert",
     "nomic_bert",
     "qwen2",
     "mistral",

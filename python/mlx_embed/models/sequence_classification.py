@@ -19,6 +19,11 @@ the first token's hidden state:
   ``classifier(head.norm(act(head.dense(pooled))))``, where ``pooled`` is
   [CLS] or the mean over real tokens (``classifier_pooling``); encoder under
   ``model.``.
+* EuroBERT (``EuroBertForSequenceClassification``): ``classifier(gelu(
+  dense(x)))`` with the exact GELU, where ``classifier_pooling`` says what
+  ``x`` is: the first token's state (``bos``), the mean over real tokens
+  (``mean``), or every token's state, the logits then averaged over the real
+  tokens (``late``, the default); encoder under ``model.``.
 * DistilBERT (``DistilBertForSequenceClassification``): ``classifier(relu(
   pre_classifier([CLS])))``; encoder under ``distilbert.``.
 * ELECTRA (``ElectraForSequenceClassification``, ms-marco-electra-base):
@@ -69,6 +74,7 @@ ARCHITECTURES = {
     # (pooler + classifier) on the ALiBi encoder under "bert.".
     "JinaBertForSequenceClassification": ("jina_bert", "pooler", "bert."),
     "ModernBertForSequenceClassification": ("modernbert", "modernbert", "model."),
+    "EuroBertForSequenceClassification": ("eurobert", "eurobert", "model."),
     "DistilBertForSequenceClassification": ("distilbert", "distilbert", "distilbert."),
     "ElectraForSequenceClassification": ("electra", "electra", "electra."),
     # transformers' GenericForSequenceClassification on each decoder.
@@ -235,6 +241,65 @@ def _modernbert_pooling(config: dict) -> str:
     return pooling
 
 
+class EuroBertHead(nn.Module):
+    """EuroBERT: ``classifier(gelu(dense(x)))`` pooled as ``classifier_pooling``
+    says (:func:`_eurobert_pooling`); it takes the whole sequence, since
+    ``late`` pools the logits rather than the states."""
+
+    # Model.__call__ reads it: the head gets every state and the mask.
+    takes_sequence = True
+
+    def __init__(self, args: "ModelArgs"):
+        super().__init__()
+        hidden = args.hidden_size
+        self.pooling = _eurobert_pooling(args.config)
+        self.dense = nn.Linear(hidden, hidden)
+        self.classifier = nn.Linear(hidden, args.num_labels)
+
+    def _logits(self, x: mx.array) -> mx.array:
+        # transformers' nn.GELU(): the exact (erf) one.
+        return self.classifier(nn.gelu(self.dense(x)))
+
+    def __call__(self, h: mx.array, attention_mask: mx.array) -> mx.array:
+        if self.pooling == "bos":
+            return self._logits(h[:, 0])
+        m = attention_mask.astype(h.dtype)[..., None]
+        if self.pooling == "mean":
+            return self._logits((h * m).sum(axis=1) / m.sum(axis=1))
+        return (self._logits(h) * m).sum(axis=1) / m.sum(axis=1)
+
+    @staticmethod
+    def rename(name: str) -> Optional[str]:
+        return name if name.startswith(("dense.", "classifier.")) else None
+
+
+EUROBERT_POOLINGS = ("bos", "mean", "late")
+
+
+def _eurobert_pooling(config: dict) -> str:
+    """``classifier_pooling``, as transformers 5 reads it (default ``late``).
+    EuroBERT's remote code read ``clf_pooling`` instead, which transformers 5
+    ignores: a folder that sets only that, to another pooling than ``late``,
+    was trained with one pooling and runs in transformers with another, so
+    it is refused rather than guessed."""
+    if "classifier_pooling" in config:
+        pooling = config["classifier_pooling"]
+    else:
+        legacy = config.get("clf_pooling", "late")
+        if legacy != "late":
+            raise ValueError(
+                f"EuroBERT: config.json sets clf_pooling={legacy!r} (the remote code's key) but no "
+                "classifier_pooling: transformers 5 reads only classifier_pooling and would pool 'late'; "
+                f"set classifier_pooling to the pooling the model was trained with ({', '.join(EUROBERT_POOLINGS)})"
+            )
+        pooling = "late"
+    if pooling not in EUROBERT_POOLINGS:
+        raise ValueError(
+            f"EuroBERT: classifier_pooling={pooling!r} is not supported (only {', '.join(map(repr, EUROBERT_POOLINGS))})"
+        )
+    return pooling
+
+
 class DistilBertHead(nn.Module):
     """DistilBERT: ``classifier(relu(pre_classifier([CLS])))``."""
 
@@ -301,6 +366,7 @@ _HEADS = {
     "roberta": (RobertaHead, lambda a: RobertaHead(a.hidden_size, a.num_labels)),
     "context_pooler": (ContextPoolerHead, _context_pooler),
     "modernbert": (ModernBertHead, ModernBertHead),
+    "eurobert": (EuroBertHead, EuroBertHead),
     "distilbert": (DistilBertHead, lambda a: DistilBertHead(a.hidden_size, a.num_labels)),
     "electra": (ElectraHead, lambda a: ElectraHead(a.hidden_size, a.num_labels)),
     "decoder": (DecoderScoreHead, lambda a: DecoderScoreHead(a.hidden_size, a.num_labels)),
@@ -369,6 +435,8 @@ class Model(nn.Module):
             h = self.encoder(input_ids, attention_mask)
         else:
             h = self.encoder(input_ids, attention_mask, token_type_ids)
+        if getattr(self.head, "takes_sequence", False):
+            return self.head(h, attention_mask)
         if getattr(self.head, "last_token", False):
             at = last_token(input_ids, attention_mask, self._pad_id)
             return self.head(mx.take_along_axis(h, at[:, None, None], axis=1)[:, 0])

@@ -32,6 +32,8 @@ DISTILBERT_CLASSIFIER = os.path.join(FIXTURES, "tiny-distilbert-classifier")
 CAMEMBERT_RERANKER = os.path.join(FIXTURES, "tiny-camembert-reranker")
 MPNET_RERANKER = os.path.join(FIXTURES, "tiny-mpnet-reranker")
 ELECTRA_RERANKER = os.path.join(FIXTURES, "tiny-electra-reranker")
+EUROBERT_SEQ_CLS = os.path.join(FIXTURES, "tiny-eurobert-seq-cls")
+EUROBERT_LABELS = ["contradiction", "entailment", "neutral"]
 QWEN3_ST6 = os.path.join(FIXTURES, "tiny-qwen3-reranker-st6")
 QWEN3_SEQ_CLS = os.path.join(FIXTURES, "tiny-qwen3-seq-cls")
 # transformers' generic decoder head on the other decoders: fixture -> the
@@ -1183,3 +1185,81 @@ def test_decoder_seq_cls_as_an_embedding_model_drops_the_score(name):
     model = mlx_embed.load(os.path.join(FIXTURES, name), kind="embedding")
     assert (model.kind, model.dim) == ("embedding", hidden)
     assert model.embed(["a text"]).shape == (1, hidden)
+
+
+def test_eurobert_seq_cls_matches_reference():
+    """EuroBertForSequenceClassification (late pooling: the head on every
+    token, its logits averaged over the real ones): pairs as the tokenizer's
+    pair template writes them (BOS q EOS BOS d EOS, longest_first at 256, no
+    token types), texts alone, raw logits and the softmax; each pair alone
+    scores as in the batch."""
+    model = _model(EUROBERT_SEQ_CLS)
+    assert (model.kind, model.labels, model.model_type, model.dim) == (
+        "classifier", EUROBERT_LABELS, "eurobert", 3)
+    assert model.model.head.pooling == "late"
+    encs = assert_pairs_match_tokenizer(model, EUROBERT_SEQ_CLS, max_len=256, cut=8)
+    assert all(e.ids[0] == 800 and e.ids[-1] == 801 and e.ids.count(800) == 2 for e in encs)
+    assert model.encode_pairs([["a", "b"]])[1] is None
+    pairs = _json(os.path.join(EUROBERT_SEQ_CLS, "pairs.json"))
+    ref = np.load(os.path.join(EUROBERT_SEQ_CLS, "reference_pair_logits.npy"))
+    got = model.predict(pairs, raw_scores=True)
+    _assert_logits(got, ref)
+    for i in (0, 3, 35, 40, 41):
+        assert np.abs(model.predict([pairs[i]], raw_scores=True)[0] - got[i]).max() <= 1e-5
+    texts = _json(GOLDEN_TEXTS)
+    text_ref = np.load(os.path.join(EUROBERT_SEQ_CLS, "reference_text_logits.npy"))
+    _assert_logits(model.predict(texts, raw_scores=True), text_ref)
+    e = np.exp(text_ref.astype(np.float64) - text_ref.max(axis=1, keepdims=True))
+    assert np.abs(model.predict(texts) - e / e.sum(axis=1, keepdims=True)).max() <= 1e-5
+
+
+@pytest.mark.parametrize("pooling", ["bos", "mean"])
+def test_eurobert_seq_cls_other_poolings(pooling, tmp_path):
+    """The same weights with classifier_pooling bos / mean: transformers'
+    other branches (up to several units from late's)."""
+    d = copy_fixture("tiny-eurobert-seq-cls", tmp_path / pooling, classifier_pooling=pooling)
+    model = mlx_embed.load(str(d))
+    assert model.model.head.pooling == pooling
+    pairs = _json(os.path.join(EUROBERT_SEQ_CLS, "pairs.json"))
+    ref = np.load(os.path.join(EUROBERT_SEQ_CLS, f"reference_pair_logits_{pooling}.npy"))
+    _assert_logits(model.predict(pairs, raw_scores=True), ref)
+    assert np.abs(ref - np.load(os.path.join(EUROBERT_SEQ_CLS, "reference_pair_logits.npy"))).max() > 1
+
+
+def test_eurobert_seq_cls_pooling_keys(tmp_path):
+    """transformers 5 reads classifier_pooling only: where it is set, the
+    remote code's clf_pooling beside it is not read; a folder with only
+    clf_pooling, set to another pooling than late (what transformers would
+    run), is refused by name, as is a pooling transformers does not have.
+    The remote code's older head name (out_proj) is a head the checkpoint
+    lacks."""
+    both = copy_fixture("tiny-eurobert-seq-cls", tmp_path / "both", clf_pooling="bos")
+    assert mlx_embed.load(str(both)).model.head.pooling == "late"
+    legacy = copy_fixture("tiny-eurobert-seq-cls", tmp_path / "legacy", classifier_pooling=None, clf_pooling="bos")
+    with pytest.raises(ValueError, match="clf_pooling='bos'.*no classifier_pooling"):
+        mlx_embed.load(str(legacy))
+    late = copy_fixture("tiny-eurobert-seq-cls", tmp_path / "late", classifier_pooling=None)
+    assert mlx_embed.load(str(late)).model.head.pooling == "late"
+    bad = copy_fixture("tiny-eurobert-seq-cls", tmp_path / "max", classifier_pooling="max")
+    with pytest.raises(ValueError, match="classifier_pooling='max' is not supported"):
+        mlx_embed.load(str(bad))
+    import mlx.core as mx
+
+    old = copy_fixture("tiny-eurobert-seq-cls", tmp_path / "out_proj")
+    w = mx.load(str(old / "model.safetensors"))
+    for suffix in ("weight", "bias"):
+        w[f"out_proj.{suffix}"] = w.pop(f"classifier.{suffix}")
+    mx.save_safetensors(str(old / "model.safetensors"), w)
+    with pytest.raises(ValueError, match="has no classifier.bias, classifier.weight"):
+        mlx_embed.load(str(old))
+
+
+def test_eurobert_seq_cls_encoder_embeds_as_tiny_eurobert():
+    """The classifier folder loaded as an embedder (kind="embedding"): its
+    encoder without the head, mean-pooled, is tiny-eurobert's (the same
+    backbone)."""
+    texts = _json(GOLDEN_TEXTS)
+    model = mlx_embed.load(EUROBERT_SEQ_CLS, kind="embedding", max_length=128)
+    assert (model.kind, model.pooling) == ("embedding", "mean")
+    ref = np.load(os.path.join(FIXTURES, "tiny-eurobert", "reference_mean_normalized.npy"))
+    assert np.abs(model.embed(texts) - ref).max() <= 1e-5

@@ -29,6 +29,7 @@ ARCHITECTURES = {
     "tiny-llama": ("reference_last_token_normalized.npy", "llama", "last", 64),
     "tiny-gemma3": ("reference_normalized.npy", "gemma3_text", "mean", 48),
     "tiny-gemma2": ("reference_last_token_normalized.npy", "gemma2", "last", 48),
+    "tiny-eurobert": ("reference_mean_normalized.npy", "eurobert", "mean", 64),
 }
 
 
@@ -719,6 +720,9 @@ def test_gemma2_half_precision_runs(golden_texts):
         ("tiny-llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0}}, "llama3' lacks low_freq_factor"),
         ("tiny-llama", {"hidden_act": "gelu"}, "hidden_act"),
         ("tiny-llama", {"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+        ("tiny-eurobert", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling type 'linear'"),
+        ("tiny-eurobert", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling type 'dynamic'"),
+        ("tiny-eurobert", {"hidden_act": "gelu"}, "hidden_act"),
         ("tiny-nomic-bert", {"rotary_scaling_factor": 2.0}, "rotary_scaling_factor"),
         ("tiny-nomic-bert", {"activation_function": "gelu"}, "activation_function"),
         ("tiny-modernbert", {"hidden_activation": "relu"}, "hidden_activation"),
@@ -770,3 +774,60 @@ def test_loading_a_decoder_leaves_the_open_file_limit_alone(folder):
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def test_eurobert_checkpoint_layouts_and_config_forms(tmp_path, golden_texts):
+    """tiny-eurobert's weights as EuroBertForMaskedLM saves them (the
+    published checkpoints: the encoder under "model.", an LM head embeddings
+    never read), its config in transformers 5's form (rope_parameters) and
+    without rms_norm_eps (EuroBertConfig's 1e-5, not LlamaConfig's 1e-6:
+    the fixture's small token table makes the two 0.93 apart in cosine):
+    each gives the reference."""
+    import mlx.core as mx
+
+    ref = _ref("tiny-eurobert", "reference_mean_normalized.npy")
+    mlm = tmp_path / "mlm"
+    shutil.copytree(FIXTURES / "tiny-eurobert", mlm)
+    weights = mx.load(str(mlm / "model.safetensors"))
+    assert not any(k.startswith("model.") for k in weights)
+    saved = {"model." + k: v for k, v in weights.items()}
+    saved["lm_head.weight"] = mx.random.normal((804, 64))
+    mx.save_safetensors(str(mlm / "model.safetensors"), saved)
+    cfg = json.loads((mlm / "config.json").read_text())
+    cfg["architectures"] = ["EuroBertForMaskedLM"]
+    (mlm / "config.json").write_text(json.dumps(cfg))
+    assert_parity(mlx_embed.load(mlm).embed(golden_texts), ref)
+    rope = copy_fixture("tiny-eurobert", tmp_path / "rope", rope_theta=None, rope_scaling=None,
+                        rope_parameters={"rope_type": "default", "rope_theta": 250000.0})
+    assert_parity(mlx_embed.load(rope).embed(golden_texts), ref)
+    no_eps = copy_fixture("tiny-eurobert", tmp_path / "eps", rms_norm_eps=None)
+    assert mlx_embed.load(no_eps).model.args.rms_norm_eps == 1e-5
+    assert_parity(mlx_embed.load(no_eps).embed(golden_texts), ref)
+
+
+def test_eurobert_attends_both_ways_and_masks_the_padding(golden_texts):
+    """Bidirectional: a token's state depends on the tokens after it (a
+    causal mask would leave the first tokens of "a b" and "a c" equal), and
+    padding is hidden as a key (a short text padded beside a long one gives
+    its vector alone, also through mlx-lm's attention outside the engine's
+    passes)."""
+    model = load_fixture("tiny-eurobert")
+    a, b = model.embed_tokens(["water boils", "water freezes"])
+    assert np.abs(a[1] - b[1]).max() > 1e-2
+    ids, _ = model.encode(golden_texts[:2] + [golden_texts[-1]])
+    width = max(len(i) for i in ids)
+    pad = 801
+    batch = mx.array([i + [pad] * (width - len(i)) for i in ids])
+    mask = mx.array([[1] * len(i) + [0] * (width - len(i)) for i in ids])
+    padded = model.model(batch, mask)
+    for row, i in enumerate(ids):
+        alone = model.model(mx.array([i]), mx.ones((1, len(i)), dtype=mx.int32))
+        assert np.abs(np.array(padded[row, : len(i)]) - np.array(alone[0])).max() <= 1e-5
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_eurobert_half_precision_runs(dtype, golden_texts):
+    model = mlx_embed.load(FIXTURES / "tiny-eurobert", dtype=dtype)
+    got = model.embed(golden_texts)
+    cos = (got * _ref("tiny-eurobert", "reference_mean_normalized.npy")).sum(axis=1)
+    assert np.isfinite(got).all() and cos.min() >= 0.99

@@ -510,7 +510,7 @@ def _answers(model, texts):
 
 @pytest.mark.parametrize("fixture, activation", [
     ("tiny-qwen3", "silu"), ("tiny-qwen2", "silu"), ("tiny-mistral", "silu"), ("tiny-llama", "silu"), ("tiny-qwen3-reranker", "silu"),
-    ("tiny-gemma3", "gelu_tanh"),
+    ("tiny-gemma3", "gelu_tanh"), ("tiny-eurobert", "silu"),
 ])
 def test_the_decoders_feed_forward_runs_the_native_kernel_on_the_native_path(
         fixture, activation, golden_texts, monkeypatch):
@@ -629,7 +629,7 @@ def test_native_causal_attention_goes_in_row_blocks(monkeypatch):
 
 
 @pytest.mark.parametrize("fixture", ["tiny-qwen3", "tiny-qwen2", "tiny-mistral", "tiny-llama", "tiny-qwen3-reranker",
-                                     "tiny-gemma3"])
+                                     "tiny-gemma3", "tiny-eurobert"])
 def test_the_decoders_attention_runs_the_native_softmax_on_the_native_path(fixture, golden_texts, monkeypatch):
     """The decoders' attention (mlx-lm's, through ops.engine_attention) takes
     the native softmax inside the engine's passes on the native path: the
@@ -677,6 +677,9 @@ def test_the_decoders_attention_runs_the_native_softmax_on_the_native_path(fixtu
         window = f"window {config['sliding_window'] // 2}"
         assert calls.count("keys") == passes * kinds.count("full_attention") > 0
         assert calls.count(window) == passes * kinds.count("sliding_attention") > 0
+    elif fixture == "tiny-eurobert":
+        # Bidirectional: every layer over the real keys, no causal band.
+        assert set(calls) == {"keys"}
     else:
         assert set(calls) == {"causal"}
     assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())

@@ -78,13 +78,13 @@ def test_packed_rows_per_token_states_and_cls_pooling(packs):
 
 @pytest.mark.parametrize("fixture", ["tiny-distilbert", "tiny-xlm-roberta", "tiny-camembert", "tiny-nomic-bert",
                                      "tiny-gte-en", "tiny-gte-multilingual", "tiny-qwen3", "tiny-qwen2",
-                                     "tiny-mistral", "tiny-llama", "tiny-gemma3", "tiny-gemma2"])
+                                     "tiny-mistral", "tiny-llama", "tiny-gemma3", "tiny-gemma2", "tiny-eurobert"])
 def test_packed_rows_on_every_architecture_that_packs(fixture, packs):
     """bert.py's layers (DistilBERT, XLM-R, CamemBERT reuse them), NomicBERT's
     (rotary positions inside attention) and GTE's (rotary, log-n scaling)
     pack whole layers; the decoders, whose layer loop is mlx-lm's, pack their
     feed-forward (causal attention never lets a real token see the padding's
-    values), and EmbeddingGemma's bidirectional one too."""
+    values), and EmbeddingGemma's and EuroBERT's bidirectional ones too."""
     settings = SETTINGS[0]
     padded = mlx_embed.load(FIXTURES / fixture, **settings)
     packed = mlx_embed.load(FIXTURES / fixture, packed_rows=True, **settings)

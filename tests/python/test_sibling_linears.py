@@ -19,7 +19,7 @@ import mlx_embed
 from conftest import FIXTURES
 from mlx_embed import sibling_linears
 
-DECODERS = ("tiny-qwen3", "tiny-qwen2", "tiny-mistral", "tiny-llama", "tiny-gemma3", "tiny-gemma2")
+DECODERS = ("tiny-qwen3", "tiny-qwen2", "tiny-mistral", "tiny-llama", "tiny-gemma3", "tiny-gemma2", "tiny-eurobert")
 
 
 def _matmuls(model, ids: mx.array) -> int:

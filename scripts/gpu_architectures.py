@@ -2,7 +2,7 @@
 
 The GPU figures of docs/benchmarks.md cover two BERT shapes and Qwen3. The
 other architectures (DistilBERT, MPNet, XLM-RoBERTa, CamemBERT, DeBERTa,
-ModernBERT, NomicBERT, GTE, JinaBERT in both layouts, Mistral, Llama, Qwen2,
+ModernBERT, NomicBERT, GTE, JinaBERT in both layouts, EuroBERT, Mistral, Llama, Qwen2,
 Gemma3, SPLADE, static tables, and the cross-encoder heads) have only run on
 the CPU. This loads each test fixture (``tests/fixtures/tiny-*``: random
 weights in each architecture's real layout) and the bundled

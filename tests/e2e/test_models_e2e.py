@@ -26,6 +26,7 @@ SERVED = {
     "tiny-gemma2": ("reference_last_token_normalized.npy", 48),
     "tiny-mistral": ("reference_last_token_normalized.npy", 64),
     "tiny-llama": ("reference_last_token_normalized.npy", 64),
+    "tiny-eurobert": ("reference_mean_normalized.npy", 64),
     "tiny-distilbert": ("reference_mean_normalized.npy", 64),
     "tiny-camembert": ("reference_mean_normalized.npy", 64),
     "tiny-t5": ("reference_mean_normalized.npy", 64),

@@ -11,6 +11,7 @@ Rust from the spec the Python model hands over.
 - Qwen2, Mistral (no pad id; cut at its sliding window) and Gemma 2
   sequence classifiers (transformers' generic decoder head) on /predict,
   /rerank and /v1/rerank, and a 3-label Gemma 2 classifier on /predict;
+- a 3-label EuroBERT classifier (late pooling) on /predict, pairs and texts;
 - an mxbai-rerank v2 model (Qwen2, "1"/"0"), in a folder named as
   mixedbread-ai/mxbai-rerank-base-v2 is, as a `--model`: the query and the
   document encoded apart with their prompts, the query kept to 3/4 of the
@@ -25,7 +26,7 @@ Rust from the spec the Python model hands over.
 
 References: tests/fixtures/tiny-qwen3-reranker-st6, tiny-camembert-reranker,
 tiny-mpnet-reranker, tiny-electra-reranker, tiny-qwen3-seq-cls,
-tiny-qwen2-reranker-st6, tiny-{qwen2,mistral,gemma2}-seq-cls (their READMEs; transformers in
+tiny-qwen2-reranker-st6, tiny-{qwen2,mistral,gemma2,eurobert}-seq-cls (their READMEs; transformers in
 float64); tiny-mxbai-rerank-v2 (the mxbai-rerank library's ids and scores, float64);
 tiny-bge-reranker-v2-gemma (FlagEmbedding's ids, float64 transformers logits)."""
 
@@ -50,6 +51,8 @@ GEMMA2_LABELS = ["negative", "neutral", "positive"]
 MXBAI = FIXTURES / "tiny-mxbai-rerank-v2"
 BGE_GEMMA = FIXTURES / "tiny-bge-reranker-v2-gemma"
 QWEN2_ST6 = FIXTURES / "tiny-qwen2-reranker-st6"
+EUROBERT = FIXTURES / "tiny-eurobert-seq-cls"
+EUROBERT_LABELS = ["contradiction", "entailment", "neutral"]
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +74,7 @@ def server(tmp_path_factory):
     gemma2_classifier = _three_label_copy(FIXTURES / "tiny-gemma2-seq-cls", root / "gemma2-classifier")
     srv = start_server(
         root, "--model", ",".join([*(str(FIXTURES / name) for name in ENCODERS), str(mxbai), str(gemma),
-                                   str(qwen2), str(text_only), str(gemma2_classifier)]),
+                                   str(qwen2), str(text_only), str(gemma2_classifier), str(EUROBERT)]),
         "--rerank-model", str(finetune), "--no-warmup",
     )
     yield srv
@@ -295,4 +298,38 @@ def test_gemma2_three_label_classifier_on_predict(server):
     assert (info["kind"], info["labels"]) == ("classifier", GEMMA2_LABELS)
     # A classifier is no reranker.
     r = server.post("/v1/rerank", {"model": "gemma2-classifier", "query": "q", "documents": ["a", "b"]})
+    assert r.status_code == 400, r.text
+
+
+def test_eurobert_classifier_on_predict(server):
+    """/predict on EuroBertForSequenceClassification (late pooling, pairs
+    as BOS q EOS BOS d EOS from the Rust tokenizer): raw logits within 1e-4
+    of transformers' float64 for every pair (the cut ones too) and every
+    golden text alone (but the empty one), the softmax by default, best label first; /info
+    names it a classifier with its labels; no reranker."""
+    name = "tiny-eurobert-seq-cls"
+    pairs = json.loads((EUROBERT / "pairs.json").read_text())
+    ref = np.load(EUROBERT / "reference_pair_logits.npy")
+
+    def logits(inputs):
+        r = server.post("/predict", {"model": name, "inputs": inputs, "raw_scores": True})
+        assert r.status_code == 200, r.text
+        return np.array([[{p["label"]: p["score"] for p in row}[lab] for lab in EUROBERT_LABELS] for row in r.json()])
+
+    assert np.abs(logits([list(p) for p in pairs]) - ref).max() <= 1e-4
+    # The server refuses an empty string as a text (a 400), as TEI does.
+    texts = json.loads((FIXTURES / "golden" / "minilm_texts.json").read_text())
+    keep = [i for i, t in enumerate(texts) if t]
+    assert len(keep) >= 38
+    text_ref = np.load(EUROBERT / "reference_text_logits.npy")[keep]
+    assert np.abs(logits([[texts[i]] for i in keep]) - text_ref).max() <= 1e-4
+    one = server.post("/predict", {"model": name, "inputs": list(pairs[40])})
+    assert one.status_code == 200, one.text
+    e = np.exp(ref[40].astype(np.float64) - ref[40].max())
+    probs = dict(zip(EUROBERT_LABELS, e / e.sum()))
+    assert [p["label"] for p in one.json()] == sorted(EUROBERT_LABELS, key=lambda k: -probs[k])
+    assert all(abs(p["score"] - probs[p["label"]]) <= 1e-5 for p in one.json())
+    info = {m["model_id"]: m for m in server.get("/info").json()["models"]}[name]
+    assert (info["kind"], info["labels"], info["max_input_tokens"]) == ("classifier", EUROBERT_LABELS, 256)
+    r = server.post("/rerank", {"model": name, "query": "q", "texts": ["a", "b"]})
     assert r.status_code == 400, r.text

@@ -1030,6 +1030,13 @@ class BandMask:
                 self._additive = mx.where(near, self.keys.additive, hidden)
         return self._additive
 
+    def rows(self, start: int, end: int) -> mx.array:
+        """``additive`` for query rows [start, end) (a block of them)."""
+        additive = self.additive
+        if additive.shape[2] == 1 or (start, end) == (0, additive.shape[2]):
+            return additive
+        return additive[:, :, start:end]
+
 
 # Measured on the Qwen3-0.6B shape, the engine's two workers, native against
 # MLX's attention: 0.96-0.99x at 32-128 keys, 1.00x at 256, 1.15x at 512.
@@ -1144,9 +1151,13 @@ def engine_attention(module) -> None:
       at most ``CAUSAL_BLOCK_ROWS`` rows at any size, which is faster. In
       half precision on a GPU MLX's fused kernel, which never holds the
       scores, runs whole.
-    - a :class:`BandMask` (EmbeddingGemma): the native softmax over the
-      real keys (and the window) on the native path, MLX's attention with
-      the mask's additive form elsewhere."""
+    - a :class:`BandMask` (EmbeddingGemma, EuroBERT): the native softmax
+      over the real keys (and the window) on the native path, MLX's
+      attention with the mask's additive form elsewhere; past
+      ``SCORES_BLOCK_BYTES`` in query blocks too, each against every key
+      (one 8,192-token input to a 12-head EuroBERT would otherwise hold
+      3.2 GB of scores per layer), save MLX's fused kernel in half
+      precision on a GPU, which runs whole."""
     original = module.scaled_dot_product_attention
     if getattr(original, "_mlx_embed_attention", False):
         return
@@ -1164,26 +1175,30 @@ def engine_attention(module) -> None:
             return original(
                 queries, keys, values, cache=cache, scale=scale, mask=mask.additive if band else mask, **kwargs
             )
-        if band:
-            out = native_attention(queries, keys, values, scale, padding=mask.keys, window=mask.half)
-            if out is None:
-                out = original(queries, keys, values, cache=cache, scale=scale, mask=mask.additive, **kwargs)
-            return out
         whole = mx.default_device() != mx.cpu and queries.dtype in (mx.float16, mx.bfloat16)
-        rows = CAUSAL_BLOCK_ROWS if takes_native_attention(queries, keys.shape[2]) else None
+        rows = CAUSAL_BLOCK_ROWS if causal and takes_native_attention(queries, keys.shape[2]) else None
         blocks = [(0, queries.shape[2])] if whole else query_blocks(queries, keys.shape[2], rows)
         outs = []
         for start, end in blocks:
-            # "causal" aligns the last query with the last key: rows
-            # [start, end) against keys [0, end) is the causal mask's band.
-            qb, kb, vb = (
-                (queries, keys, values)
-                if len(blocks) == 1
-                else (queries[:, :, start:end], keys[:, :, :end], values[:, :, :end])
-            )
-            out = native_attention(qb, kb, vb, scale, first_query=start, causal=True)
-            if out is None:
-                out = original(qb, kb, vb, cache=cache, scale=scale, mask="causal", **kwargs)
+            one = len(blocks) == 1
+            if band:
+                qb = queries if one else queries[:, :, start:end]
+                out = native_attention(
+                    qb, keys, values, scale, padding=mask.keys, first_query=start, window=mask.half
+                )
+                if out is None:
+                    out = original(qb, keys, values, cache=cache, scale=scale, mask=mask.rows(start, end), **kwargs)
+            else:
+                # "causal" aligns the last query with the last key: rows
+                # [start, end) against keys [0, end) is the causal mask's band.
+                qb, kb, vb = (
+                    (queries, keys, values)
+                    if one
+                    else (queries[:, :, start:end], keys[:, :, :end], values[:, :, :end])
+                )
+                out = native_attention(qb, kb, vb, scale, first_query=start, causal=True)
+                if out is None:
+                    out = original(qb, kb, vb, cache=cache, scale=scale, mask="causal", **kwargs)
             if len(blocks) > 1:
                 with _graph_lock_released():
                     mx.eval(out)

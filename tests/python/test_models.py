@@ -107,6 +107,26 @@ def test_decoder_attention_in_query_blocks_matches_reference(folder, golden_text
     assert query_block_counts == []
 
 
+@pytest.mark.parametrize("fast_ops", ["native", "mlx", "exact"])
+@pytest.mark.parametrize("folder", ["tiny-eurobert", "tiny-gemma3"])
+def test_bidirectional_decoder_attention_in_query_blocks_matches_reference(
+        folder, fast_ops, golden_texts, monkeypatch, query_block_counts):
+    """The bidirectional decoders' long-input attention (ops.engine_attention
+    with a BandMask: query rows in blocks, each against every key, a sliding
+    layer's window cut per block) on ordinary inputs: blocks of at most 8
+    query rows give the reference vectors on every ops path, the native
+    softmax taking each block on the native path (its floor lowered)."""
+    from mlx_embed import ops
+
+    ref_name, _, _, _ = ARCHITECTURES[folder]
+    model = mlx_embed.load(FIXTURES / folder, fast_ops=fast_ops)
+    heads = model.model.args.num_attention_heads
+    monkeypatch.setattr(ops, "SCORES_BLOCK_BYTES", heads * 8 * MAX_LEN * 4)
+    monkeypatch.setattr(ops, "NATIVE_ATTENTION_MIN_KEYS", 1)
+    assert_parity(model.embed(golden_texts), _ref(folder, ref_name))
+    assert max(query_block_counts) >= 16
+
+
 @pytest.mark.parametrize(
     "mode", ["cls", "max", "mean_sqrt_len_tokens", "weightedmean", "lasttoken", "mean_max"]
 )

@@ -1156,8 +1156,10 @@ def engine_attention(module) -> None:
       attention with the mask's additive form elsewhere; past
       ``SCORES_BLOCK_BYTES`` in query blocks too, each against every key
       (one 8,192-token input to a 12-head EuroBERT would otherwise hold
-      3.2 GB of scores per layer), save MLX's fused kernel in half
-      precision on a GPU, which runs whole."""
+      3.2 GB of scores per layer; measured on tiny-eurobert's 4 heads at
+      8,192 tokens: peak 1.10 GB whole, 0.16 GB in blocks, 36 s either
+      way), save MLX's fused kernel in half precision on a GPU, which runs
+      whole."""
     original = module.scaled_dot_product_attention
     if getattr(original, "_mlx_embed_attention", False):
         return

@@ -1,6 +1,7 @@
 """Llama decoder as an embedding model (``LlamaModel`` / ``LlamaForCausalLM``
 folders: Llama 2 / 3 / 3.1 / 3.2 fine-tunes pooled at their last token), and
-the network under mistral.py.
+the network under mistral.py and eurobert.py (EuroBERT loops these blocks
+under a bidirectional mask).
 
 The transformer is mlx-lm's ``LlamaModel`` as is: RMSNorm, GQA with
 ``head_dim`` from the config where it says, rotate-half RoPE, SwiGLU, and

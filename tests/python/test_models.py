@@ -814,7 +814,11 @@ def test_eurobert_checkpoint_layouts_and_config_forms(tmp_path, golden_texts):
     saved["lm_head.weight"] = mx.random.normal((804, 64))
     mx.save_safetensors(str(mlm / "model.safetensors"), saved)
     cfg = json.loads((mlm / "config.json").read_text())
-    cfg["architectures"] = ["EuroBertForMaskedLM"]
+    # As the published configs carry them: the remote code's auto_map and
+    # clf_pooling (neither read by the encoder).
+    cfg.update(architectures=["EuroBertForMaskedLM"], clf_pooling="late", auto_map={
+        "AutoConfig": "configuration_eurobert.EuroBertConfig", "AutoModel": "modeling_eurobert.EuroBertModel",
+        "AutoModelForMaskedLM": "modeling_eurobert.EuroBertForMaskedLM"})
     (mlm / "config.json").write_text(json.dumps(cfg))
     assert_parity(mlx_embed.load(mlm).embed(golden_texts), ref)
     rope = copy_fixture("tiny-eurobert", tmp_path / "rope", rope_theta=None, rope_scaling=None,

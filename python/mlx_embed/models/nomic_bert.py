@@ -1,4 +1,4 @@
-"""NomicBERT encoder (nomic-embed-text-v1, v1.5).
+"""NomicBERT encoder (nomic-embed-text-v1, v1.5, v2-moe).
 
 Written from the architecture's published definition (Nomic's
 ``modeling_hf_nomic_bert.py``, which Hugging Face runs as remote code), for
@@ -6,11 +6,20 @@ checkpoints in that format: ``n_embd``/``n_head``/... in config.json and
 ``encoder.layers.N.attn.Wqkv`` weights. A post-LN BERT without absolute
 positions: rotary embeddings (rotate-half, base ``rotary_emb_base``, over
 ``rotary_emb_fraction`` of each head), one fused q/k/v projection, and a
-SwiGLU feed-forward ``fc2(fc11(x) * silu(fc12(x)))``, all without biases in
-the published checkpoints.
+feed-forward that is SwiGLU ``fc2(fc11(x) * silu(fc12(x)))`` (v1, v1.5: no
+biases) or GELU ``fc2(gelu(fc1(x)))`` (v2-moe: with biases).
 
-Matryoshka: v1.5 is trained so that the first 64..768 dimensions are usable
-on their own; the server's ``dimensions`` truncates and renormalizes.
+v2-moe (``moe_every_n_layers``, ``num_experts``, ``moe_top_k``): layer i's
+feed-forward is a mixture of experts where ``i % moe_every_n_layers == 1``
+(the remote code's rule: layer 0 stays dense). Each token's router
+probabilities are a softmax over all experts; the top-k experts' GELU MLPs
+are summed weighted by those probabilities as they are (not renormalized
+over the top k: ``moe_normalize_expert_weights`` false), then one bias shared
+by all experts is added once.
+
+Matryoshka: v1.5 and v2-moe are trained so that leading dimensions (v1.5:
+64..768, v2-moe: 256 of 768) are usable on their own; the server's
+``dimensions`` truncates and renormalizes.
 """
 
 from __future__ import annotations
@@ -55,6 +64,12 @@ class ModelArgs:
     causal: bool = False
     parallel_block: bool = False
     use_rms_norm: bool = False
+    moe_every_n_layers: int = 0
+    num_experts: int = 0
+    moe_top_k: int = 1
+    moe_normalize_expert_weights: Optional[float] = None
+    num_shared_experts: int = 0
+    expert_choice_router: bool = False
 
     @classmethod
     def from_dict(cls, params: dict) -> "ModelArgs":
@@ -66,8 +81,10 @@ class ModelArgs:
         return cls(**config_args(cls, params))
 
     def __post_init__(self):
+        moe = self.moe_every_n_layers > 0
         unsupported = {
-            "activation_function": self.activation_function != "swiglu",
+            "activation_function": self.activation_function not in ("swiglu", "gelu")
+            or (moe and self.activation_function != "gelu"),
             "rotary_emb_fraction": not 0 < self.rotary_emb_fraction <= 1,
             "rotary_emb_interleaved": self.rotary_emb_interleaved,
             "rotary_emb_scale_base": self.rotary_emb_scale_base is not None,
@@ -76,13 +93,22 @@ class ModelArgs:
             "causal": self.causal,
             "parallel_block": self.parallel_block,
             "use_rms_norm": self.use_rms_norm,
+            # The remote code's i % n == 1 puts no layer in the mixture at n=1.
+            "moe_every_n_layers": self.moe_every_n_layers == 1 or self.moe_every_n_layers < 0,
+            "num_experts": moe and self.num_experts < 1,
+            "moe_top_k": moe and not 1 <= self.moe_top_k <= self.num_experts,
+            "moe_normalize_expert_weights": bool(self.moe_normalize_expert_weights),
+            "num_shared_experts": bool(self.num_shared_experts),
+            "expert_choice_router": self.expert_choice_router,
         }
         bad = [k for k, v in unsupported.items() if v]
         if bad:
             raise ValueError(
                 "nomic_bert: unsupported variant ("
                 + ", ".join(f"{k}={getattr(self, k)!r}" for k in bad)
-                + "); supported: swiglu, post-norm, non-causal, rotate-half rotary without scaling"
+                + "); supported: swiglu or gelu, post-norm, non-causal, rotate-half rotary without "
+                "scaling, and (gelu) token-choice top-k experts every n >= 2 layers, weights not "
+                "renormalized, no shared experts"
             )
         if self.n_embd % self.n_head:
             raise ValueError("nomic_bert: n_embd must be divisible by n_head")
@@ -132,13 +158,72 @@ class SwiGLU(nn.Module):
         return self.fc2(self.fc11(x) * nn.silu(self.fc12(x)))
 
 
+class GeluMLP(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.fc1 = nn.Linear(args.n_embd, args.n_inner, bias=args.mlp_fc1_bias)
+        self.fc2 = nn.Linear(args.n_inner, args.n_embd, bias=args.mlp_fc2_bias)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.fc2(ops.gelu(self.fc1(x), overwrite_input=True))
+
+
+class MixtureOfExperts(nn.Module):
+    """Token-choice top-k experts, each a GELU MLP without biases of its own.
+
+    ``w1`` and ``w2`` are the checkpoint's ``[num_experts * n_inner, n_embd]``
+    blocks viewed as [experts, n_inner, n_embd]: expert e's up projection is
+    ``x @ w1[e].T`` and its down projection ``h @ w2[e]`` (both stored the
+    same way round). Only the chosen experts run: ``gather_mm`` over the
+    (token, choice) pairs sorted by expert, which measured 4x faster than
+    running every expert on every token and zeroing the unchosen (MLX CPU,
+    768/3072, 8 experts top-2, 1024 tokens: 7.0 s vs 27.9 s on 2 cores), and
+    exact, since no token's result depends on another token.
+    """
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.top_k = args.moe_top_k
+        self.router = nn.Linear(args.n_embd, args.num_experts, bias=False)
+        self.w1 = mx.zeros((args.num_experts, args.n_inner, args.n_embd))
+        self.w2 = mx.zeros((args.num_experts, args.n_inner, args.n_embd))
+        self.bias = mx.zeros((args.n_embd,))
+
+    def __call__(self, x: mx.array) -> mx.array:
+        shape, D, k = x.shape, x.shape[-1], self.top_k
+        x = x.reshape(-1, D)
+        # The remote code routes in float32 whatever the model's dtype.
+        probs = mx.softmax(self.router(x).astype(mx.float32), axis=-1, precise=True)
+        chosen = mx.argpartition(-probs, k - 1, axis=-1)[:, :k]
+        weights = mx.take_along_axis(probs, chosen, axis=-1).astype(x.dtype)
+        # Sorted by expert, each expert's rows are one contiguous block.
+        flat = chosen.flatten()
+        order = mx.argsort(flat)
+        experts = flat[order]
+        rows = mx.take(x, order // k, axis=0)[:, None, :]
+        h = mx.gather_mm(rows, self.w1.swapaxes(-1, -2), rhs_indices=experts, sorted_indices=True)
+        y = mx.gather_mm(ops.gelu(h), self.w2, rhs_indices=experts, sorted_indices=True)
+        y = mx.take(y.reshape(-1, D), mx.argsort(order), axis=0).reshape(-1, k, D)
+        out = (y * weights[..., None]).sum(axis=1) + self.bias
+        return out.reshape(shape)
+
+
+def is_moe_layer(args: ModelArgs, i: int) -> bool:
+    return args.moe_every_n_layers > 0 and i % args.moe_every_n_layers == 1
+
+
 @ops.layer_boundary
 class Block(nn.Module):
-    def __init__(self, args: ModelArgs):
+    def __init__(self, args: ModelArgs, moe: bool = False):
         super().__init__()
         self.attn = Attention(args)
         self.norm1 = nn.LayerNorm(args.n_embd, eps=args.layer_norm_epsilon)
-        self.mlp = SwiGLU(args)
+        if moe:
+            self.mlp = MixtureOfExperts(args)
+        elif args.activation_function == "gelu":
+            self.mlp = GeluMLP(args)
+        else:
+            self.mlp = SwiGLU(args)
         self.norm2 = nn.LayerNorm(args.n_embd, eps=args.layer_norm_epsilon)
 
     def __call__(self, x: mx.array, mask: ops.KeyMask) -> mx.array:
@@ -168,7 +253,7 @@ class Model(nn.Module):
         self.model_type = args.model_type
         self.embeddings = Embeddings(args)
         self.emb_ln = nn.LayerNorm(args.n_embd, eps=args.layer_norm_epsilon)
-        self.layers = [Block(args) for _ in range(args.n_layer)]
+        self.layers = [Block(args, is_moe_layer(args, i)) for i in range(args.n_layer)]
 
     @property
     def vocab_size(self) -> int:
@@ -195,5 +280,10 @@ class Model(nn.Module):
                 name = name[len("bert.") :]
             if name.startswith(("cls.", "pooler.", "lm_head.", "classifier.")):
                 continue
-            out[re.sub(r"^encoder\.layers\.", "layers.", name)] = w
+            name = re.sub(r"^encoder\.layers\.", "layers.", name)
+            name = name.replace(".mlp.router.layer.", ".mlp.router.").replace(".mlp.experts.mlp.", ".mlp.")
+            name = name.replace(".mlp.experts.bias", ".mlp.bias")
+            if name.endswith((".mlp.w1", ".mlp.w2")):
+                w = w.reshape(self.args.num_experts, -1, w.shape[-1])
+            out[name] = w
         return out

@@ -132,7 +132,7 @@ def _layers(fixture: str) -> int:
     return int(config.get("num_hidden_layers") or config.get("n_layers") or config.get("n_layer"))
 
 
-EMBEDDERS = ["tiny-distilbert", "tiny-xlm-roberta", "tiny-camembert", "tiny-nomic-bert", "tiny-gte-en",
+EMBEDDERS = ["tiny-distilbert", "tiny-xlm-roberta", "tiny-camembert", "tiny-nomic-bert", "tiny-nomic-moe", "tiny-gte-en",
              "tiny-gte-multilingual", "tiny-jina-bert", "tiny-jina-v2", "tiny-modernbert", "tiny-mpnet",
              "tiny-qwen3", "tiny-qwen2", "tiny-mistral", "tiny-llama", "tiny-gemma3", "tiny-splade",
              "tiny-eurobert"]

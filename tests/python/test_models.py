@@ -744,7 +744,7 @@ def test_gemma2_half_precision_runs(golden_texts):
         ("tiny-eurobert", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope_scaling type 'dynamic'"),
         ("tiny-eurobert", {"hidden_act": "gelu"}, "hidden_act"),
         ("tiny-nomic-bert", {"rotary_scaling_factor": 2.0}, "rotary_scaling_factor"),
-        ("tiny-nomic-bert", {"activation_function": "gelu"}, "activation_function"),
+        ("tiny-nomic-bert", {"activation_function": "gelu_new"}, "activation_function"),
         ("tiny-modernbert", {"hidden_activation": "relu"}, "hidden_activation"),
         ("tiny-mpnet", {"relative_attention_num_buckets": 64}, "relative_attention_num_buckets"),
         ("tiny-distilbert", {"sinusoidal_pos_embds": True}, "sinusoidal_pos_embds"),

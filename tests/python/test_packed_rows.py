@@ -76,7 +76,7 @@ def test_packed_rows_per_token_states_and_cls_pooling(packs):
     assert float(np.abs(cls_padded.embed(TEXTS) - cls_packed.embed(TEXTS)).max()) <= 1e-5
 
 
-@pytest.mark.parametrize("fixture", ["tiny-distilbert", "tiny-xlm-roberta", "tiny-camembert", "tiny-nomic-bert",
+@pytest.mark.parametrize("fixture", ["tiny-distilbert", "tiny-xlm-roberta", "tiny-camembert", "tiny-nomic-bert", "tiny-nomic-moe",
                                      "tiny-gte-en", "tiny-gte-multilingual", "tiny-qwen3", "tiny-qwen2",
                                      "tiny-mistral", "tiny-llama", "tiny-gemma3", "tiny-gemma2", "tiny-eurobert"])
 def test_packed_rows_on_every_architecture_that_packs(fixture, packs):

@@ -30,6 +30,7 @@ SERVED = {
     "tiny-distilbert": ("reference_mean_normalized.npy", 64),
     "tiny-camembert": ("reference_mean_normalized.npy", 64),
     "tiny-t5": ("reference_mean_normalized.npy", 64),
+    "tiny-nomic-moe": ("reference_noprompt_normalized.npy", 64),
 }
 
 

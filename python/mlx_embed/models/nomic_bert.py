@@ -201,8 +201,13 @@ class MixtureOfExperts(nn.Module):
         order = mx.argsort(flat)
         experts = flat[order]
         rows = mx.take(x, order // k, axis=0)[:, None, :]
-        h = mx.gather_mm(rows, self.w1.swapaxes(-1, -2), rhs_indices=experts, sorted_indices=True)
-        y = mx.gather_mm(ops.gelu(h), self.w2, rhs_indices=experts, sorted_indices=True)
+        w1, w2 = self.w1, self.w2
+        if x.dtype != mx.float32 and mx.default_device() == mx.cpu:
+            # MLX's CPU gather_mm (0.32) takes float32 only: the chosen
+            # experts run in float32 there, on weights cast for the call.
+            rows, w1, w2 = rows.astype(mx.float32), w1.astype(mx.float32), w2.astype(mx.float32)
+        h = mx.gather_mm(rows, w1.swapaxes(-1, -2), rhs_indices=experts, sorted_indices=True)
+        y = mx.gather_mm(ops.gelu(h), w2, rhs_indices=experts, sorted_indices=True).astype(x.dtype)
         y = mx.take(y.reshape(-1, D), mx.argsort(order), axis=0).reshape(-1, k, D)
         out = (y * weights[..., None]).sum(axis=1) + self.bias
         return out.reshape(shape)

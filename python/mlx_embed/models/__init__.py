@@ -54,6 +54,8 @@ SUPPORTED = (
     "gemma",
     "gemma2",
     "gemma3_text",
+    "embedding_gemma2",
+    "embedding_gemma2_text",
     "model2vec",
     "static_embedding",
     "deberta-v2",
@@ -79,6 +81,9 @@ REMAPPING = {
     "gte": "gte_new",
     # mT5 is T5 v1.1's network under its own config defaults.
     "mt5": "t5",
+    # EmbeddingGemma 2: the multimodal checkpoint's config (text_config inside)
+    # and the text model's own save; text only either way.
+    "embedding_gemma2_text": "embedding_gemma2",
     "model2vec": "static",
     "static_embedding": "static",
 }

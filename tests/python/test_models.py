@@ -30,6 +30,7 @@ ARCHITECTURES = {
     "tiny-gemma3": ("reference_normalized.npy", "gemma3_text", "mean", 48),
     "tiny-gemma2": ("reference_last_token_normalized.npy", "gemma2", "last", 48),
     "tiny-eurobert": ("reference_mean_normalized.npy", "eurobert", "mean", 64),
+    "tiny-embedding-gemma2": ("reference_normalized.npy", "embedding_gemma2", "mean", 48),
 }
 
 
@@ -235,6 +236,8 @@ def test_modernbert_mean_pooling_override(golden_texts):
         ("tiny-gemma3", "query", "reference_query_normalized.npy"),
         ("tiny-gemma3", "document", "reference_document_normalized.npy"),
         ("tiny-gemma2", "query", "reference_query_normalized.npy"),
+        ("tiny-embedding-gemma2", "query", "reference_query_normalized.npy"),
+        ("tiny-embedding-gemma2", "document", "reference_document_normalized.npy"),
     ],
 )
 def test_prompt_name_selects_the_prompt(folder, name, ref, golden_texts):

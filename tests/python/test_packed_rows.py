@@ -78,7 +78,8 @@ def test_packed_rows_per_token_states_and_cls_pooling(packs):
 
 @pytest.mark.parametrize("fixture", ["tiny-distilbert", "tiny-xlm-roberta", "tiny-camembert", "tiny-nomic-bert", "tiny-nomic-moe",
                                      "tiny-gte-en", "tiny-gte-multilingual", "tiny-qwen3", "tiny-qwen2",
-                                     "tiny-mistral", "tiny-llama", "tiny-gemma3", "tiny-gemma2", "tiny-eurobert"])
+                                     "tiny-mistral", "tiny-llama", "tiny-gemma3", "tiny-gemma2", "tiny-eurobert",
+                                     "tiny-embedding-gemma2"])
 def test_packed_rows_on_every_architecture_that_packs(fixture, packs):
     """bert.py's layers (DistilBERT, XLM-R, CamemBERT reuse them), NomicBERT's
     (rotary positions inside attention) and GTE's (rotary, log-n scaling)

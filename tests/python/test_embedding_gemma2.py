@@ -1,0 +1,181 @@
+"""EmbeddingGemma 2 (models/embedding_gemma2.py) against transformers'
+EmbeddingGemma2Model: tests/fixtures/tiny-embedding-gemma2/README.md says how
+the fixture and its references were made. The plain and prompted references
+are in test_models.py with the other architectures; here, what is its own:
+the multimodal checkpoint's layout, the text model's own layout, the
+engine's paths (native softmax with the radius, MLX's, joined projections,
+packed rows), half precision, and what is refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import mlx_embed
+from conftest import FIXTURES, assert_parity, load_fixture
+
+FOLDER = FIXTURES / "tiny-embedding-gemma2"
+REF = np.load(FOLDER / "reference_normalized.npy")
+
+
+def _edited(tmp_path, **text_edit):
+    """The fixture with text_config keys set (None: removed)."""
+    d = tmp_path / "m"
+    shutil.copytree(FOLDER, d)
+    cfg = json.loads((d / "config.json").read_text())
+    for k, v in text_edit.items():
+        if v is None:
+            cfg["text_config"].pop(k, None)
+        else:
+            cfg["text_config"][k] = v
+    (d / "config.json").write_text(json.dumps(cfg))
+    return d
+
+
+def test_the_multimodal_checkpoint_serves_its_text_path(golden_texts):
+    weights = load_file(str(FOLDER / "model.safetensors"))
+    towers = {k.split(".", 1)[0] for k in weights if not k.startswith("language_model.")}
+    assert towers == {"vision_tower", "audio_tower", "embed_vision", "embed_audio"}
+    model = load_fixture("tiny-embedding-gemma2")
+    assert (model.model_type, model.dim, model.pooling, model.max_length) == ("embedding_gemma2", 48, "mean", 128)
+    assert model.default_prompt_name is None
+    assert model.prompts["query"] == "task: search result | query: "
+    assert model.prompts["document"] == "title: none | text: "
+    assert_parity(model.embed(golden_texts), REF)
+
+
+def test_the_text_models_own_save_loads_the_same(golden_texts, tmp_path):
+    """EmbeddingGemma2TextModel.save_pretrained's folder: model_type
+    embedding_gemma2_text, per_layer_config flat, weights without the
+    language_model. prefix (text_model_config.json is the one transformers
+    wrote)."""
+    d = tmp_path / "text"
+    shutil.copytree(FOLDER, d)
+    shutil.copy(FOLDER / "text_model_config.json", d / "config.json")
+    weights = load_file(str(FOLDER / "model.safetensors"))
+    save_file(
+        {k.removeprefix("language_model."): v for k, v in weights.items() if k.startswith("language_model.")},
+        str(d / "model.safetensors"),
+    )
+    model = mlx_embed.load(d)
+    assert model.model_type == "embedding_gemma2_text" and model.dim == 48
+    assert_parity(model.embed(golden_texts), REF)
+
+
+def test_batches_equal_one_text_per_call(golden_texts):
+    """Padded passes of mixed lengths: padding queries far from every real
+    token see no key in a sliding layer (transformers gives NaN there, see the
+    README); here each row equals the same text alone."""
+    model = load_fixture("tiny-embedding-gemma2")
+    got = model.embed(golden_texts)
+    single = np.concatenate([model.embed([t]) for t in golden_texts])
+    assert np.isfinite(got).all()
+    assert np.abs(got - single).max() <= 1e-6
+
+
+@pytest.mark.parametrize("fast_ops", ["native", "exact", "mlx"])
+def test_every_ops_path_matches_the_reference(fast_ops, golden_texts):
+    assert_parity(mlx_embed.load(FOLDER, fast_ops=fast_ops).embed(golden_texts), REF)
+
+
+def test_native_softmax_takes_the_radius(golden_texts, monkeypatch):
+    """The native softmax (its floor lowered: the golden texts are short) runs
+    the full layer over the real keys and the sliding layers with the
+    config's window as the radius (half=sliding_window, not v1's halving)."""
+    from mlx_embed import _native, ops
+
+    calls = []
+    real_positions, real_masked = _native.masked_softmax_positions_, _native.masked_softmax_
+
+    def positions(scores, lengths, scale, first, **kw):
+        calls.append(f"window {kw.get('half')}")
+        real_positions(scores, lengths, scale, first, **kw)
+
+    def masked(scores, lengths, scale, threads=1):
+        calls.append("keys")
+        real_masked(scores, lengths, scale, threads)
+
+    monkeypatch.setattr(_native, "masked_softmax_positions_", positions)
+    monkeypatch.setattr(_native, "masked_softmax_", masked)
+    monkeypatch.setattr(ops, "NATIVE_ATTENTION_MIN_KEYS", 1)
+    model = mlx_embed.load(FOLDER, fast_ops="native")
+    assert_parity(model.embed(golden_texts), REF)
+    passes = calls.count("keys")
+    assert passes > 0 and set(calls) == {"keys", "window 4"} and calls.count("window 4") == 2 * passes
+
+
+def test_joined_projections_and_packed_rows(golden_texts):
+    joined = mlx_embed.load(FOLDER, joined_linears=True)
+    assert joined.joined_groups == 2 * 3
+    assert_parity(joined.embed(golden_texts), REF)
+    packed = mlx_embed.load(FOLDER, packed_rows=True)
+    assert_parity(packed.embed(golden_texts), REF)
+
+
+@pytest.mark.parametrize("dtype, floor", [("float16", 0.999), ("bfloat16", 0.99)])
+def test_half_precision_stays_near(dtype, floor, golden_texts):
+    got = mlx_embed.load(FOLDER, dtype=dtype).embed(golden_texts)
+    assert np.isfinite(got).all()
+    assert float((got * REF).sum(axis=1).min()) >= floor
+
+
+def test_placeholder_ids_read_as_padding():
+    """EmbeddingGemma2Model swaps the image/video/audio placeholder ids for
+    the pad id before the lookup; a text-only request carrying one gets the
+    same."""
+    model = load_fixture("tiny-embedding-gemma2").scheduler.model
+    args = model.args
+    assert sorted(args.placeholder_ids) == [258_880, 258_881, 258_884]
+    model.args.placeholder_ids = [7]
+    swapped = type(model)(model.args)
+    swapped.update(model.parameters())
+    ids = mx.array([[2, 40, 7, 41, 1]])
+    mask = mx.ones(ids.shape, dtype=mx.int32)
+    padded = mx.array([[2, 40, 0, 41, 1]])
+    assert np.abs(np.array(swapped(ids, mask)) - np.array(swapped(padded, mask))).max() == 0
+    assert np.abs(np.array(model(ids, mask)) - np.array(model(padded, mask))).max() > 1e-3
+    model.args.placeholder_ids = args.placeholder_ids
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        ({"hidden_activation": "gelu"}, "hidden_activation"),
+        ({"attention_bias": True}, "attention_bias"),
+        (
+            {
+                "rope_parameters": {
+                    "sliding_attention": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0},
+                    "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                }
+            },
+            "rope_type='linear'",
+        ),
+        (
+            {"per_layer_config": {"2": {"head_dim": 32, "num_key_value_heads": 1, "skip": ["mlp"]}}},
+            r"per_layer_config\[2\] sets skip",
+        ),
+        ({"hidden_size_per_layer_input": 0}, "hidden_size_per_layer_input"),
+    ],
+)
+def test_unsupported_variants_are_named(edit, match, tmp_path):
+    with pytest.raises(ValueError, match=match):
+        mlx_embed.load(_edited(tmp_path, **edit))
+
+
+def test_config_without_per_layer_config_takes_transformers_defaults(golden_texts, tmp_path):
+    """Where config.json has no per_layer_config, transformers gives full
+    layers global_head_dim (512) and num_global_key_value_heads (1): the
+    fixture's 32-wide full layer then no longer fits, and says so."""
+    d = _edited(tmp_path, per_layer_config=None)
+    with pytest.raises(ValueError, match="layers.2.self_attn"):
+        mlx_embed.load(d)
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["text_config"].update(global_head_dim=32, num_global_key_value_heads=1)
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert_parity(mlx_embed.load(d).embed(golden_texts), REF)

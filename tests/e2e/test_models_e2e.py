@@ -24,6 +24,7 @@ SERVED = {
     "tiny-qwen2": ("reference_last_token_normalized.npy", 64),
     "tiny-gemma3": ("reference_normalized.npy", 48),
     "tiny-gemma2": ("reference_last_token_normalized.npy", 48),
+    "tiny-embedding-gemma2": ("reference_normalized.npy", 48),
     "tiny-mistral": ("reference_last_token_normalized.npy", 64),
     "tiny-llama": ("reference_last_token_normalized.npy", 64),
     "tiny-eurobert": ("reference_mean_normalized.npy", 64),
@@ -183,5 +184,36 @@ def test_a_folder_that_cuts_on_the_left_is_cut_so_on_every_route(tmp_path):
         assert np.abs(np.asarray(co.json()["embeddings"]["float"], dtype=np.float32) - want_left).max() <= 1e-5
         right, _ = _native(srv, texts, truncation_direction="right")
         assert np.abs(right - want_right).max() <= 1e-5
+    finally:
+        assert srv.stop() == 0, srv.log()[-3000:]
+
+
+def test_embedding_gemma2_prompt_names_through_the_server(tmp_path, golden):
+    """EmbeddingGemma 2's multimodal checkpoint served (text only, the towers
+    left out at load): prompt names on the OpenAI and native routes give the
+    prompted references, usage counts the prompt's tokens, an unknown name is
+    a 400, and /info reports the projected width."""
+    folder = "tiny-embedding-gemma2"
+    keep = [i for i, t in enumerate(golden[0]) if t != ""]
+    texts = [golden[0][i] for i in keep]
+    srv = start_server(tmp_path, "--model", str(FIXTURES / folder), "--no-warmup")
+    try:
+        info = srv.get("/info").json()
+        assert info["dimension" if "dimension" in info else "dim"] == 48, info
+        for name in ("query", "document"):
+            reference = np.load(FIXTURES / folder / f"reference_{name}_normalized.npy")[keep]
+            resp = srv.post("/v1/embeddings", {"input": texts, "model": folder, "prompt_name": name})
+            assert resp.status_code == 200, resp.text[:500]
+            got = np.asarray([d["embedding"] for d in sorted(resp.json()["data"], key=lambda d: d["index"])],
+                             dtype=np.float32)
+            c, d = cosine_rows(got, reference).min(), np.abs(got - reference).max()
+            print(f"{folder} /v1/embeddings prompt_name={name}: min cosine {c:.8f}, max |diff| {d:.2e}")
+            assert c >= 0.99999 and d <= 1e-5, name
+            native, n_named = _native(srv, texts, prompt_name=name)
+            assert np.abs(native - got).max() <= 1e-6
+        _, n_plain = _native(srv, texts)
+        assert n_named > n_plain
+        resp = srv.post("/v1/embeddings", {"input": texts[:1], "model": folder, "prompt_name": "passage"})
+        assert resp.status_code == 400, resp.text
     finally:
         assert srv.stop() == 0, srv.log()[-3000:]

@@ -213,6 +213,14 @@ def test_embedding_gemma2_prompt_names_through_the_server(tmp_path, golden):
             assert np.abs(native - got).max() <= 1e-6
         _, n_plain = _native(srv, texts)
         assert n_named > n_plain
+        # Matryoshka (the model card: 768 with 512/256/128 prefixes): a prefix, renormalized.
+        resp = srv.post("/v1/embeddings", {"input": texts, "model": folder, "dimensions": 16})
+        assert resp.status_code == 200, resp.text[:500]
+        got = np.asarray([d["embedding"] for d in sorted(resp.json()["data"], key=lambda d: d["index"])],
+                         dtype=np.float32)
+        cut = np.load(FIXTURES / folder / "reference_normalized.npy")[keep][:, :16]
+        cut /= np.linalg.norm(cut, axis=1, keepdims=True)
+        assert got.shape == cut.shape and np.abs(got - cut).max() <= 1e-5
         resp = srv.post("/v1/embeddings", {"input": texts[:1], "model": folder, "prompt_name": "passage"})
         assert resp.status_code == 400, resp.text
     finally:

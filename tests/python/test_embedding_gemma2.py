@@ -159,6 +159,8 @@ def test_placeholder_ids_read_as_padding():
             r"per_layer_config\[2\] sets skip",
         ),
         ({"hidden_size_per_layer_input": 0}, "hidden_size_per_layer_input"),
+        ({"per_layer_config": {"2": {"head_dim": 32, "num_key_value_heads": 3}}}, "layer 2's num_key_value_heads"),
+        ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types must be 3"),
     ],
 )
 def test_unsupported_variants_are_named(edit, match, tmp_path):

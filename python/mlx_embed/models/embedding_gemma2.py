@@ -124,8 +124,9 @@ class ModelArgs:
         self.layer_types = list(self.layer_types)
         if len(self.layer_types) != n or set(self.layer_types) - {_GLOBAL, _LOCAL}:
             raise ValueError(f"{_ARCH}: layer_types must be {n} of {_LOCAL!r} / {_GLOBAL!r}")
-        # transformers forces the last layer to full attention.
-        self.layer_types[-1] = _GLOBAL
+        if self.layer_types[-1] != _GLOBAL:
+            log.warning("%s: the last layer must use full attention; made so, as transformers does", _ARCH)
+            self.layer_types[-1] = _GLOBAL
         rope = self.rope_parameters or {}
         self.rope_theta = {}
         for kind, theta in ((_LOCAL, 10_000.0), (_GLOBAL, 1_000_000.0)):
@@ -151,12 +152,12 @@ class ModelArgs:
         if self.per_layer_config is None:
             if self.layer_types[i] == _GLOBAL:
                 base.update(head_dim=self.global_head_dim, num_key_value_heads=self.num_global_key_value_heads)
-            return base
-        over = self.per_layer_config.get(str(i), self.per_layer_config.get(i)) or {}
-        unknown = sorted(set(over) - set(_PER_LAYER_KEYS))
-        if unknown:
-            raise ValueError(f"{_ARCH}: per_layer_config[{i}] sets {', '.join(unknown)}, which is not supported")
-        base.update(over)
+        else:
+            over = self.per_layer_config.get(str(i), self.per_layer_config.get(i)) or {}
+            unknown = sorted(set(over) - set(_PER_LAYER_KEYS))
+            if unknown:
+                raise ValueError(f"{_ARCH}: per_layer_config[{i}] sets {', '.join(unknown)}, which is not supported")
+            base.update(over)
         if self.num_attention_heads % base["num_key_value_heads"]:
             raise ValueError(f"{_ARCH}: layer {i}'s num_key_value_heads does not divide num_attention_heads")
         return base

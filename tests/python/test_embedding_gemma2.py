@@ -179,3 +179,15 @@ def test_config_without_per_layer_config_takes_transformers_defaults(golden_text
     cfg["text_config"].update(global_head_dim=32, num_global_key_value_heads=1)
     (d / "config.json").write_text(json.dumps(cfg))
     assert_parity(mlx_embed.load(d).embed(golden_texts), REF)
+
+
+@pytest.mark.parametrize("fast_ops", ["native", "exact"])
+def test_long_inputs_match_the_reference(fast_ops, golden_texts):
+    """Past the folder's 128 tokens (load(max_length=1024)): RoPE and the
+    band at long positions, and on the native path the attention's native
+    softmax, which takes passes of 256 keys or more."""
+    texts = [" ".join(golden_texts[5:15]), " ".join(golden_texts[5:25]), " ".join(golden_texts) * 3]
+    model = mlx_embed.load(FOLDER, max_length=1024, fast_ops=fast_ops)
+    counts = model.count_tokens(texts, prompt="")
+    assert counts == [192, 595, 1024]
+    assert_parity(model.embed(texts), np.load(FOLDER / "reference_long_normalized.npy"))

@@ -351,6 +351,8 @@ class EmbeddingModel(ScoringMixin):
         *,
         output: str = "pooled",
         pool_start: Optional[Sequence[int]] = None,
+        pool_factor: Optional[Sequence[int]] = None,
+        protected_tokens: Optional[Sequence[int]] = None,
     ) -> EmbedResult:
         """Embed complete token sequences (prompt, specials and truncation
         already applied by the caller). Vectors are unnormalized; bad ids
@@ -363,8 +365,15 @@ class EmbeddingModel(ScoringMixin):
         ``pool_start``: per input, the leading tokens the pooling leaves out
         (a prompt the model pools without, sentence-transformers'
         ``include_prompt: false``, counted as ``TextTokenizer.pool_starts``
-        counts it); ignored for ``output="tokens"``."""
-        return self.submit_ids(ids, type_ids, output=output, pool_start=pool_start).result()
+        counts it); ignored for ``output="tokens"``. ``pool_factor`` and
+        ``protected_tokens`` (``output="multi_vector_document"`` only, both
+        or neither): per input, PyLate's pooling of its rows (1: none); a
+        pooled input's rows are answered normalized and pooled
+        (:func:`multi_vector.pool_documents`), the others unnormalized."""
+        return self.submit_ids(
+            ids, type_ids, output=output, pool_start=pool_start, pool_factor=pool_factor,
+            protected_tokens=protected_tokens,
+        ).result()
 
     def submit_ids(
         self,
@@ -373,6 +382,8 @@ class EmbeddingModel(ScoringMixin):
         *,
         output: str = "pooled",
         pool_start: Optional[Sequence[int]] = None,
+        pool_factor: Optional[Sequence[int]] = None,
+        protected_tokens: Optional[Sequence[int]] = None,
     ) -> "PendingResult":
         """:meth:`embed_ids` in two steps, for callers that overlap
         consecutive calls: this validates and queues the call (on a GPU it
@@ -386,11 +397,12 @@ class EmbeddingModel(ScoringMixin):
             type_ids = self._check_type_ids(type_ids, ids)
         if pool_start is not None:
             pool_start = self._check_pool_start(pool_start, ids)
+        pooling = self._check_token_pooling(pool_factor, protected_tokens, ids, output)
         if output in multi_vector.OUTPUTS:
             mv = self.multi_vector
             attend = mv.attended(ids, output)
             pending = self.scheduler.submit(ids, type_ids, output="tokens", attend=attend)
-            return PendingResult(pending, multi_vector=(mv, ids, output))
+            return PendingResult(pending, multi_vector=(mv, ids, output, pooling))
         if output == "sparse":
             pending = self.scheduler.submit(ids, type_ids, output="token_weights")
             return PendingResult(pending, lexical_ids=ids, skipped=self.lexical.skipped_ids)
@@ -455,12 +467,19 @@ class EmbeddingModel(ScoringMixin):
         )
         if not ids:
             return []
-        res = self.embed_ids(ids, output=output)
+        pooled = pool_factor > 1 and not is_query
+        # Normalized rows are pooled by the engine, as the server asks for
+        # them; PyLate pools unnormalized rows as they are.
+        engine_pools = pooled and normalize
+        pooling = {}
+        if engine_pools:
+            pooling = {"pool_factor": [int(pool_factor)] * len(ids), "protected_tokens": [int(protected_tokens)] * len(ids)}
+        res = self.embed_ids(ids, output=output, **pooling)
         flat = np.frombuffer(res.vectors, dtype="<f4").reshape(-1, self.dim)
-        if normalize:
-            flat = flat / np.maximum(np.linalg.norm(flat, axis=1, keepdims=True), 1e-12)
+        if normalize and not engine_pools:
+            flat = multi_vector.unit_rows(flat)
         rows = np.split(flat.astype(np.float32), np.cumsum(res.rows)[:-1])
-        if pool_factor > 1 and not is_query:
+        if pooled and not normalize:
             rows = [multi_vector.pool_rows(r, int(pool_factor), int(protected_tokens)) for r in rows]
         return rows
 
@@ -618,6 +637,28 @@ class EmbeddingModel(ScoringMixin):
             if not isinstance(s, (int, np.integer)) or isinstance(s, (bool, np.bool_)) or not 0 <= s <= len(r):
                 raise InvalidInput(f"input {i}: pool_start must be an int in [0, {len(r)}], got {s!r}")
         return [int(s) for s in starts]
+
+    def _check_token_pooling(self, pool_factor, protected_tokens, rows, output):
+        """``embed_ids``' per-input pooling lists -> (factors, protected),
+        or None when no input is pooled."""
+        if pool_factor is None and protected_tokens is None:
+            return None
+        if pool_factor is None or protected_tokens is None:
+            raise InvalidInput("pool_factor and protected_tokens go together, one entry per input each")
+        if output != multi_vector.DOCUMENT:
+            raise InvalidInput(f"pool_factor is for output={multi_vector.DOCUMENT!r} (PyLate pools documents only)")
+        lists = []
+        for key, values, least in (("pool_factor", pool_factor, 1), ("protected_tokens", protected_tokens, 0)):
+            if isinstance(values, (str, bytes)) or not isinstance(values, (Sequence, np.ndarray)):
+                raise InvalidInput(f"{key} must be a list of ints, one per input")
+            values = list(values)
+            if len(values) != len(rows):
+                raise InvalidInput(f"{len(values)} {key} entries for {len(rows)} inputs")
+            for i, v in enumerate(values):
+                if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < least:
+                    raise InvalidInput(f"input {i}: {key} must be a whole number, at least {least}, not {v!r}")
+            lists.append([int(v) for v in values])
+        return tuple(lists) if any(f > 1 for f in lists[0]) else None
 
     # --------------------------------------------------- the Python library
 
@@ -939,7 +980,8 @@ class PendingResult:
     def __init__(self, pending, *, lexical_ids=None, skipped: frozenset = frozenset(), multi_vector=None):
         self._pending = pending
         self._lexical_ids = lexical_ids
-        # (MultiVector, ids, output) of a ColBERT call: its rows kept and projected here.
+        # (MultiVector, ids, output, pooling) of a ColBERT call: its rows
+        # kept, projected and (documents asked to be) pooled here.
         self._multi_vector = multi_vector
         self._skipped = skipped
 
@@ -948,8 +990,8 @@ class PendingResult:
         if self._lexical_ids is not None:
             return self._lexical_result(vecs, padded)
         if self._multi_vector is not None:
-            mv, ids, output = self._multi_vector
-            flat, rows = mv.finish(vecs, ids, output)
+            mv, ids, output, pooling = self._multi_vector
+            flat, rows = mv.finish(vecs, ids, output, pooling)
             return EmbedResult(vectors=flat.astype("<f4", copy=False).tobytes(), padded_tokens=padded, rows=rows)
         return EmbedResult(
             vectors=vecs.astype("<f4", copy=False).tobytes(),

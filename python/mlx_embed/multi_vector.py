@@ -25,6 +25,9 @@ projects them (:meth:`MultiVector.finish`). What PyLate does, step by step:
 * Each kept row goes through the Dense layers; the caller normalizes each
   row (PyLate's ``normalize_embeddings=True``), as the engine leaves vectors
   unnormalized.
+* A document asked to be pooled (``pool_factor`` > 1) is pooled here, on
+  its normalized rows as PyLate pools them (:func:`pool_rows`), and
+  answered so: the means are not normalized again (PyLate's).
 """
 
 from __future__ import annotations
@@ -76,10 +79,13 @@ class MultiVector:
             out.append(n)
         return out if any(a < len(r) for a, r in zip(out, ids)) else None
 
-    def finish(self, hidden: np.ndarray, ids: list[list[int]], output: str) -> tuple[np.ndarray, list[int]]:
+    def finish(self, hidden: np.ndarray, ids: list[list[int]], output: str,
+               pooling: Optional[tuple[list[int], list[int]]] = None) -> tuple[np.ndarray, list[int]]:
         """The flat last hidden states [sum of lengths, hidden] of a call ->
         the kept rows projected by the Dense layers [sum of kept, dim]
-        float32, and the kept count per input."""
+        float32, and the kept count per input. ``pooling``: per input its
+        pool factor and protected tokens (documents only): an input whose
+        factor is over 1 is answered pooled (:func:`pool_documents`)."""
         lengths = [len(r) for r in ids]
         if output == DOCUMENT and self.skiplist_ids.size and hidden.shape[0]:
             flat = np.fromiter((t for r in ids for t in r), dtype=np.int64, count=sum(lengths))
@@ -92,7 +98,34 @@ class MultiVector:
         x = hidden.astype(np.float32, copy=False)
         for layer in self.pipeline.dense:
             x = _dense_on_host(layer, x)
+        if pooling is not None:
+            x, rows = pool_documents(x, rows, *pooling)
         return np.ascontiguousarray(x, dtype=np.float32), rows
+
+
+def unit_rows(x: np.ndarray) -> np.ndarray:
+    """Each row scaled to length 1 (PyLate's ``normalize_embeddings``)."""
+    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+
+def pool_documents(flat: np.ndarray, rows: list[int], factors: list[int],
+                   protected: list[int]) -> tuple[np.ndarray, list[int]]:
+    """A call's flat rows [sum of rows, dim] with each input whose factor
+    is over 1 replaced by its pooled rows: normalized first, as PyLate's
+    ``encode(pool_factor=...)`` pools the normalized rows, then
+    :func:`pool_rows`; the others as they are. -> the flat rows and the
+    count per input."""
+    parts, counts, at = [], [], 0
+    for n, factor, keep in zip(rows, factors, protected):
+        part = flat[at : at + n]
+        at += n
+        if factor > 1:
+            part = pool_rows(unit_rows(part).astype(np.float32, copy=False), factor, keep)
+        parts.append(part)
+        counts.append(len(part))
+    if not parts:
+        return flat, rows
+    return np.concatenate(parts), counts
 
 
 def _dense_on_host(layer, x: np.ndarray) -> np.ndarray:

@@ -165,3 +165,109 @@ def test_openapi_documents_the_route(server):
     doc = requests.get(f"{server.url}/openapi.json", timeout=30).json()
     op = doc["paths"]["/v1/multi-vector"]["post"]
     assert op["operationId"] == "jina_multi_vector" and "jina" in op["tags"]
+    fields = doc["components"]["schemas"]["MultiVectorRequest"]["properties"]
+    assert fields["pool_factor"]["minimum"] == 1 and "PyLate" in fields["pool_factor"]["description"]
+    assert fields["protected_tokens"]["minimum"] == 0
+
+
+# PyLate's encode(documents, pool_factor=k, protected_tokens=p) of each
+# fixture's documents, in pooled.npz (its README says how it was made).
+POOLED = {"pool2_protect1": (2, 1), "pool3_protect1": (3, 1), "pool2_protect0": (2, 0)}
+
+
+def _pooled_reference(name: str, key: str) -> list:
+    ref = np.load(FIXTURES / name / "pooled.npz")
+    return np.split(ref[f"{key}_vectors"], np.cumsum(ref[f"{key}_rows"])[:-1])
+
+
+def _lowest_cosine(got: np.ndarray, want: np.ndarray) -> float:
+    cos = (got * want).sum(1) / np.linalg.norm(got, axis=1) / np.linalg.norm(want, axis=1)
+    return float(cos.min())
+
+
+def _pool(url: str, texts: list, model: str, **fields) -> dict:
+    r = requests.post(f"{url}/v1/multi-vector", json={"input": texts, "model": model, **fields}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.parametrize("name", ["tiny-colbert", "tiny-modern-colbert"])
+@pytest.mark.parametrize("key", list(POOLED))
+def test_pool_factor_pools_documents_as_pylate_does(server, name, key):
+    """``pool_factor`` / ``protected_tokens``: PyLate's pooled rows (row
+    counts exactly, every row within cosine 0.99999, the means not
+    rescaled: their norms are PyLate's), the Python API's rows to rounding,
+    and ``usage`` the tokens run, as unpooled."""
+    import mlx_embed
+
+    factor, protected = POOLED[key]
+    keep = [i for i, t in enumerate(_texts("document", name)) if t]
+    texts = [_texts("document", name)[i] for i in keep]
+    want = [_pooled_reference(name, key)[i] for i in keep]
+    out = _pool(server.url, texts, name, pool_factor=factor, protected_tokens=protected)
+    got = [np.array(d["embeddings"], dtype=np.float64) for d in out["data"]]
+    assert [g.shape for g in got] == [w.shape for w in want]
+    worst = min(_lowest_cosine(g, w) for g, w in zip(got, want))
+    norms = max(float(np.abs(np.linalg.norm(g, axis=1) - np.linalg.norm(w, axis=1)).max()) for g, w in zip(got, want))
+    print(f"{name} {key}: lowest per-row cosine {worst:.9f}, norms within {norms:.2e}")
+    assert worst >= MIN_COS and norms <= 1e-5
+    # Pooled means of several unit rows are shorter than one.
+    assert min(float(np.linalg.norm(g, axis=1).min()) for g in got) < 0.99
+    api = mlx_embed.load(str(FIXTURES / name)).embed_multi_vector(
+        texts, pool_factor=factor, protected_tokens=protected)
+    assert max(float(np.abs(g - a).max()) for g, a in zip(got, api)) <= 1e-5
+    plain = _pool(server.url, texts, name)
+    assert out["usage"] == plain["usage"]
+    assert sum(len(d["embeddings"]) for d in out["data"]) < sum(len(d["embeddings"]) for d in plain["data"])
+    if protected:
+        # The protected row as it was (normalized in NumPy there, in Rust here: to rounding).
+        first = [np.array(d["embeddings"][0]) - p["embeddings"][0] for d, p in zip(out["data"], plain["data"])]
+        assert max(float(np.abs(f).max()) for f in first) <= 1e-6
+    # pool_factor 1 is no pooling: the plain answer (protected_tokens then has nothing to protect).
+    assert _pool(server.url, texts, name, pool_factor=1, protected_tokens=protected)["data"] == plain["data"]
+
+
+def test_pooled_and_unpooled_requests_at_once_each_get_their_own(server):
+    """Requests with different factors (and queries, and none) sent
+    together share batches; each answers as it does alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    texts = [t for t in _texts("document") if t]
+    asks = [{}, {"pool_factor": 2}, {"pool_factor": 3}, {"pool_factor": 2, "protected_tokens": 0},
+            {"input_type": "query"}, {"pool_factor": 1}]
+    alone = [_pool(server.url, texts, "tiny-colbert", **a)["data"] for a in asks]
+    assert len({tuple(len(d["embeddings"]) for d in a) for a in alone}) == 5
+    work = [asks[i % len(asks)] for i in range(6 * len(asks))]
+    with ThreadPoolExecutor(max_workers=12) as pool:
+        together = list(pool.map(lambda a: _pool(server.url, texts, "tiny-colbert", **a)["data"], work))
+    for i, data in enumerate(together):
+        want = alone[i % len(asks)]
+        assert [len(d["embeddings"]) for d in data] == [len(d["embeddings"]) for d in want], work[i]
+        for d, w in zip(data, want):
+            assert np.abs(np.array(d["embeddings"]) - np.array(w["embeddings"])).max() <= 1e-5, work[i]
+
+
+@pytest.mark.parametrize("fields, param, words", [
+    ({"pool_factor": 0}, "pool_factor",
+     "pool_factor 0: it must be a whole number from 1 to the model's document length of 40"),
+    ({"pool_factor": -2}, "pool_factor", "pool_factor -2: it must be a whole number from 1"),
+    ({"pool_factor": 41}, "pool_factor", "pool_factor 41: it must be a whole number from 1"),
+    ({"pool_factor": 2, "protected_tokens": -1}, "protected_tokens",
+     "protected_tokens -1: it must be a whole number from 0"),
+    ({"pool_factor": 2, "protected_tokens": 41}, "protected_tokens", "protected_tokens 41:"),
+    ({"pool_factor": 2, "input_type": "query"}, "pool_factor", "a query is never pooled"),
+    ({"protected_tokens": 1, "input_type": "query"}, "protected_tokens", "a query is never pooled"),
+    # Wrong shapes: named in serde's words (OpenAI's clients read no 422).
+    ({"pool_factor": 1.5}, None, "pool_factor"),
+    ({"pool_factor": "2"}, None, "pool_factor"),
+    ({"pool_factor": True}, None, "pool_factor"),
+    ({"pool_factor": 1e30}, None, "pool_factor"),
+    ({"protected_tokens": 0.5}, None, "protected_tokens"),
+])
+def test_pool_factor_refusals(server, fields, param, words):
+    r = requests.post(f"{server.url}/v1/multi-vector", json={"input": ["a b c"], **fields}, timeout=30)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert words in err["message"], err
+    if param:
+        assert err["param"] == param, err

@@ -36,6 +36,7 @@ impl Tokenize for FourIds {
             type_ids: None,
             untruncated_len: 4,
             pool_start: 0,
+            token_pooling: None,
         })
     }
 }

@@ -106,6 +106,7 @@ impl Tokenize for FourIds {
             type_ids: None,
             untruncated_len: 3,
             pool_start: 0,
+            token_pooling: None,
         })
     }
 }

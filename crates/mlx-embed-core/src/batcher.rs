@@ -16,7 +16,7 @@ use crate::shared::Shared;
 use crate::tokenize;
 use crate::{
     BatcherConfig, CoreError, EmbedInput, EmbedOptions, Embedder, EmbedderError, Encoded,
-    LiveStats, MetricsSnapshot, ModelInfo, Output, Priority, Tokenize,
+    LiveStats, MetricsSnapshot, ModelInfo, Output, Priority, Side, Tokenize,
 };
 
 /// What one caller gets back: its own inputs' vectors, in its order.
@@ -205,6 +205,21 @@ impl Batcher {
             }
             _ => {}
         }
+        if let Some(pooling) = options.token_pooling {
+            if options.output != Output::MultiVector(Side::Document) {
+                return Err(CoreError::InvalidInput(
+                    "token pooling is for a multi-vector model's documents only \
+                     (PyLate pools no query)"
+                        .into(),
+                ));
+            }
+            if pooling.factor < 2 {
+                return Err(CoreError::InvalidInput(format!(
+                    "token pooling factor {}: it must be at least 2 (1 pools nothing: no token_pooling)",
+                    pooling.factor
+                )));
+            }
+        }
         shared.check_open()?;
         // Counts this call for `drained()` from here, tokenizing included.
         let _active = ActiveGuard::new(shared.recorder.clone());
@@ -215,7 +230,14 @@ impl Batcher {
         let encoded =
             tokenize::encode_all(inner.tokenizer.clone(), &inner.info, inputs, &options).await;
         tokenizing.settle_all();
-        let encoded = encoded?;
+        let mut encoded = encoded?;
+        // Each input carries its request's pooling to the engine: a batch
+        // mixes requests, pooled or not.
+        if options.token_pooling.is_some() {
+            for e in &mut encoded {
+                e.token_pooling = options.token_pooling;
+            }
+        }
         let token_counts: Vec<u32> = encoded.iter().map(|e| e.len() as u32).collect();
         if let (true, Some(max)) = (options.output.per_token(), options.max_token_rows) {
             let rows = token_counts.iter().map(|&n| n as usize).sum();

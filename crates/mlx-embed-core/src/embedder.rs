@@ -53,8 +53,25 @@ pub enum Output {
     /// per input one `dim`-wide row for each token it keeps, not normalized,
     /// its text tokenized in the given [`Side`]'s mode (the model's
     /// tokenizer: a query is cut to its length and padded with expansion
-    /// tokens, a document cut to its own). Never cached.
+    /// tokens, a document cut to its own); with
+    /// [`EmbedOptions::token_pooling`], a document's pooled rows instead
+    /// ([`TokenPooling`]). Never cached.
     MultiVector(Side),
+}
+
+/// PyLate's hierarchical pooling of a multi-vector document's rows
+/// (`ColBERT.encode(pool_factor=, protected_tokens=)`): the rows are
+/// L2-normalized, the first `protected` kept as they are, the others
+/// clustered (Ward on `1 - cosine`) into at most `len / factor` clusters,
+/// each answered as its members' mean. The means are not scaled back to
+/// unit length (PyLate leaves them so), and the engine pools: the rows it
+/// answers for such an input are the pooled ones, normalized as above.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TokenPooling {
+    /// About one row in `factor` is left (2 or more: 1 pools nothing).
+    pub factor: u32,
+    /// Leading rows never pooled (PyLate's default 1: `[CLS]`).
+    pub protected: u32,
 }
 
 /// Whether a multi-vector model's input is a query or a document: each has
@@ -119,6 +136,11 @@ pub struct EmbedOptions {
     /// LangChain sends tiktoken's ids) asks for it: such ids run as given
     /// would get a wrong vector with a 200.
     pub wrapped_token_ids: bool,
+    /// With [`Output::MultiVector`]`(`[`Side::Document`]`)` only (invalid
+    /// input otherwise, as PyLate pools documents only): each input's rows
+    /// pooled ([`TokenPooling`]). Requests with and without it share
+    /// batches; each input carries its own ([`Encoded::token_pooling`]).
+    pub token_pooling: Option<TokenPooling>,
 }
 
 impl Default for EmbedOptions {
@@ -132,6 +154,7 @@ impl Default for EmbedOptions {
             output: Output::Pooled,
             max_token_rows: None,
             wrapped_token_ids: false,
+            token_pooling: None,
         }
     }
 }
@@ -188,6 +211,10 @@ pub struct Encoded {
     /// (sentence-transformers' `include_prompt: false`, INSTRUCTOR); 0 for
     /// every other input.
     pub pool_start: u32,
+    /// A multi-vector document's pooling ([`EmbedOptions::token_pooling`]),
+    /// set by the batcher from its request's options: the engine pools the
+    /// input's rows before it answers them. `None` for every other input.
+    pub token_pooling: Option<TokenPooling>,
 }
 
 impl Encoded {

@@ -704,6 +704,7 @@ mod tests {
                     type_ids: None,
                     untruncated_len: tokens as u32,
                     pool_start: 0,
+                    token_pooling: None,
                 })
                 .collect(),
         )

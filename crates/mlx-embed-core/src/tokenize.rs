@@ -246,6 +246,7 @@ fn ids_only(
         type_ids: None,
         untruncated_len,
         pool_start: 0,
+        token_pooling: None,
     })
 }
 

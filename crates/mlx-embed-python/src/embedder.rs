@@ -270,8 +270,10 @@ impl Embedder for PythonEmbedder {
 }
 
 impl PythonEmbedder {
-    /// `model.<method>(ids, type_ids, output=..., pool_start=...)`:
-    /// `embed_ids` or `submit_ids` (`pool_start` only when an input has one).
+    /// `model.<method>(ids, type_ids, output=..., pool_start=...,
+    /// pool_factor=..., protected_tokens=...)`: `embed_ids` or `submit_ids`
+    /// (`pool_start` only when an input has one; the pooling lists, one
+    /// entry per input, 1 for an input not pooled, only when an input is).
     fn call_ids<'py>(
         &self,
         py: Python<'py>,
@@ -285,6 +287,14 @@ impl PythonEmbedder {
         if inputs.iter().any(|e| e.pool_start > 0) {
             let starts: Vec<u32> = inputs.iter().map(|e| e.pool_start).collect();
             kwargs.set_item("pool_start", starts)?;
+        }
+        if inputs.iter().any(|e| e.token_pooling.is_some()) {
+            let (factors, protected): (Vec<u32>, Vec<u32>) = inputs
+                .iter()
+                .map(|e| e.token_pooling.map_or((1, 1), |p| (p.factor, p.protected)))
+                .unzip();
+            kwargs.set_item("pool_factor", factors)?;
+            kwargs.set_item("protected_tokens", protected)?;
         }
         self.model
             .bind(py)

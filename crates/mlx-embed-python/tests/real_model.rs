@@ -166,6 +166,7 @@ fn pipelined_submit_and_collect_match_the_one_shot_path() {
         type_ids: None,
         untruncated_len: 3,
         pool_start: 0,
+        token_pooling: None,
     }];
 
     let one_shot_first = model.embed_batch(&first, Output::Pooled).unwrap().vectors;

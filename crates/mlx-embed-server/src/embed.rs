@@ -101,7 +101,10 @@ pub(crate) async fn embed_answering(
 /// Embeds `req` with a multi-vector (ColBERT) model (any other is a 400),
 /// `req.options.output` an [`Output::MultiVector`]: per input its token rows
 /// (`rows`), each scaled to unit length when `req.normalize` (PyLate's
-/// default). `req.dimensions` must be off.
+/// default). `req.dimensions` must be off. With
+/// `req.options.token_pooling` the engine answers a document's pooled rows,
+/// the means of its unit rows (PyLate's), left as they are: `req.normalize`
+/// must be on, as the pooling normalizes first.
 pub async fn embed_multi_vector(
     state: &AppState,
     req: EmbedRequest,
@@ -109,6 +112,11 @@ pub async fn embed_multi_vector(
     if !matches!(req.options.output, Output::MultiVector(_)) || req.dimensions.is_some() {
         return Err(ApiError::invalid(
             "multi-vector output is one row per token, at the model's width",
+        ));
+    }
+    if req.options.token_pooling.is_some() && !req.normalize {
+        return Err(ApiError::invalid(
+            "pooled multi-vector rows are means of unit rows: normalize must be on",
         ));
     }
     run(state, req, Task::MultiVector, JSON_FLOAT_BYTES).await
@@ -186,6 +194,9 @@ async fn run(
         req.options.max_token_rows = Some(MAX_TOKEN_OUTPUT_FLOATS / dimension.max(1));
     }
 
+    // Pooled rows come from the engine normalized as PyLate pools them;
+    // scaled again they would not be PyLate's means.
+    let pooled_rows = req.options.token_pooling.is_some();
     let n_inputs = req.inputs.len();
     let rows = match output {
         Output::Pooled => n_inputs,
@@ -227,7 +238,7 @@ async fn run(
         }
         Output::Tokens => row_width(&vectors, &out.row_counts)?,
         Output::MultiVector(_) => {
-            if req.normalize {
+            if req.normalize && !pooled_rows {
                 for v in &mut vectors {
                     v.chunks_exact_mut(dimension.max(1)).for_each(l2_normalize);
                 }

@@ -338,6 +338,7 @@ impl HfTokenizer {
                 type_ids: None,
                 untruncated_len,
                 pool_start: 0,
+                token_pooling: None,
             });
         }
         let instruction = match &options.prompt {
@@ -404,6 +405,7 @@ impl HfTokenizer {
             type_ids,
             untruncated_len,
             pool_start: 0,
+            token_pooling: None,
         })
     }
 
@@ -453,6 +455,7 @@ impl HfTokenizer {
             type_ids: None,
             untruncated_len: u32::try_from(ids.len()).unwrap_or(u32::MAX),
             pool_start: 0,
+            token_pooling: None,
         })
     }
 
@@ -512,6 +515,7 @@ impl HfTokenizer {
             type_ids: None,
             untruncated_len,
             pool_start: 0,
+            token_pooling: None,
         })
     }
 }
@@ -558,6 +562,7 @@ impl HfTokenizer {
             type_ids: None,
             untruncated_len,
             pool_start: 0,
+            token_pooling: None,
         })
     }
 }

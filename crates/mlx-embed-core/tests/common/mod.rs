@@ -85,6 +85,7 @@ impl Tokenize for FakeTokenizer {
             type_ids: None,
             untruncated_len,
             pool_start: 0,
+            token_pooling: None,
         })
     }
 }

@@ -84,6 +84,7 @@ pub async fn embed(
         output: Output::Pooled,
         max_token_rows: None,
         wrapped_token_ids: false,
+        token_pooling: None,
     };
     let out = run_embed(
         &state,

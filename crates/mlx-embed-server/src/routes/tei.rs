@@ -54,6 +54,7 @@ fn tei_options(
         max_token_rows: None,
         // TEI runs ids as given: the route for exact ids without specials.
         wrapped_token_ids: false,
+        token_pooling: None,
     }
 }
 

@@ -408,3 +408,40 @@ def test_pool_factor_ties_and_refusals():
     for bad in ({"pool_factor": 0}, {"pool_factor": 1.5}, {"pool_factor": True}, {"protected_tokens": -1}):
         with pytest.raises(InvalidInput, match="must be a whole number"):
             model.embed_multi_vector(["a"], **bad)
+
+
+def test_pooling_crosses_the_seam_per_input():
+    """``embed_ids(..., pool_factor=[...], protected_tokens=[...])`` (the
+    server's one crossing per batch): each input pooled by its own factor,
+    its rows normalized first, the unpooled ones answered raw, as alone."""
+    from mlx_embed.multi_vector import DOCUMENT
+
+    model = load_fixture("tiny-colbert")
+    texts = [t for t in _texts("tiny-colbert")["documents"] if t]
+    ids = model.encode_multi_vector(texts)
+    factors = [(1, 1), (2, 1), (3, 0), (1, 0), (2, 0), (4, 1), (2, 1)][: len(ids)]
+    res = model.embed_ids(ids, output=DOCUMENT, pool_factor=[f for f, _ in factors],
+                          protected_tokens=[p for _, p in factors])
+    flat = np.frombuffer(res.vectors, dtype="<f4").reshape(-1, model.dim)
+    got = np.split(flat, np.cumsum(res.rows)[:-1])
+    for text, row, (factor, protected) in zip(texts, got, factors):
+        if factor > 1:
+            want = model.embed_multi_vector([text], pool_factor=factor, protected_tokens=protected)[0]
+        else:
+            want = model.embed_multi_vector([text], normalize=False)[0]
+        assert row.shape == want.shape
+        assert np.abs(row - want).max() <= 1e-6
+    # A call with no input pooled is the plain call.
+    plain = model.embed_ids(ids, output=DOCUMENT, pool_factor=[1] * len(ids), protected_tokens=[1] * len(ids))
+    assert plain.rows == model.embed_ids(ids, output=DOCUMENT).rows
+    for bad, words in (
+        ({"pool_factor": [2] * len(ids)}, "go together"),
+        ({"pool_factor": [2], "protected_tokens": [1]}, f"1 pool_factor entries for {len(ids)} inputs"),
+        ({"pool_factor": [0] * len(ids), "protected_tokens": [1] * len(ids)}, "at least 1"),
+        ({"pool_factor": [2] * len(ids), "protected_tokens": [-1] * len(ids)}, "at least 0"),
+    ):
+        with pytest.raises(InvalidInput, match=words):
+            model.embed_ids(ids, output=DOCUMENT, **bad)
+    with pytest.raises(InvalidInput, match="PyLate pools documents only"):
+        model.embed_ids(model.encode_multi_vector(["a"], is_query=True), output="multi_vector_query",
+                        pool_factor=[2], protected_tokens=[1])

@@ -13,11 +13,14 @@ use mlx_embed_core::{
     ModelInfo, MultiVectorLengths, Output, Side, TokenPooling, Tokenize,
 };
 
+/// Each call's inputs' pooling, in call order.
+type Calls = Arc<Mutex<Vec<Vec<Option<TokenPooling>>>>>;
+
 /// A ColBERT-like model one value wide: an input pooled by factor `f`
 /// (protected `p`) answers `p + max((len - p) / f, 1)` rows of `f`, one not
 /// pooled a row of 1 per token; each call's inputs' pooling is recorded.
 struct Colbert {
-    calls: Arc<Mutex<Vec<Vec<Option<TokenPooling>>>>>,
+    calls: Calls,
     gate: Arc<Gate>,
 }
 
@@ -75,7 +78,7 @@ impl Embedder for Colbert {
     }
 }
 
-fn start_colbert(gate: Arc<Gate>) -> (Batcher, Arc<Mutex<Vec<Vec<Option<TokenPooling>>>>>) {
+fn start_colbert(gate: Arc<Gate>) -> (Batcher, Calls) {
     let calls = Arc::new(Mutex::new(Vec::new()));
     let c = calls.clone();
     let batcher = Batcher::start(BatcherConfig::default(), move || {

@@ -852,6 +852,8 @@ mod tests {
             ("CohereRerankRequest", "max_chunks_per_doc", 1),
             ("CohereRerankRequest", "max_tokens_per_doc", 1),
             ("VoyageRerankRequest", "top_k", 1),
+            ("MultiVectorRequest", "pool_factor", 1),
+            ("MultiVectorRequest", "protected_tokens", 0),
         ] {
             assert_eq!(
                 schemas[schema]["properties"][field]["minimum"], least,

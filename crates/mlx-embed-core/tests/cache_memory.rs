@@ -68,6 +68,9 @@ fn growth(cache_bytes: usize, n: usize) -> (isize, mlx_embed_core::CacheMetrics)
     let metrics = batcher.metrics().cache;
     drop(batcher);
     drop(runtime);
+    // The model thread exits on its own after the batcher is gone; what it
+    // frees must not land in the next run's count.
+    std::thread::sleep(Duration::from_millis(200));
     (grown, metrics)
 }
 
@@ -75,8 +78,17 @@ fn growth(cache_bytes: usize, n: usize) -> (isize, mlx_embed_core::CacheMetrics)
 fn a_full_cache_holds_no_more_heap_than_cache_bytes() {
     const CAPACITY: usize = 256 << 10;
     const TEXTS: usize = 20_000;
-    let (without, _) = growth(0, TEXTS);
-    let (with, m) = growth(CAPACITY, TEXTS);
+    // About every other run keeps ~14 KB more heap, with or without a cache
+    // alike (buffers sized by how the batches happened to form): the least
+    // of a few runs is the steady state.
+    let least = |cache_bytes| {
+        (0..5)
+            .map(|_| growth(cache_bytes, TEXTS))
+            .min_by_key(|(grown, _)| *grown)
+            .unwrap()
+    };
+    let (without, _) = least(0);
+    let (with, m) = least(CAPACITY);
     assert_eq!(m.misses, TEXTS as u64);
     assert!(
         m.bytes <= CAPACITY as u64 && m.bytes > CAPACITY as u64 * 9 / 10,

@@ -181,6 +181,24 @@ def test_config_without_per_layer_config_takes_transformers_defaults(golden_text
     assert_parity(mlx_embed.load(d).embed(golden_texts), REF)
 
 
+def test_per_layer_config_keys_are_read_as_transformers_writes_them(golden_texts, tmp_path):
+    """transformers writes per_layer_config's keys zero-padded to the widest
+    layer index: google/embeddinggemma-2's 24 layers give "05", "11", "17",
+    "23", and it reads them back with int(). The fixture's 3 layers write
+    "2"; as "02" it is the same model (transformers 5.24 builds layer 2 with
+    head_dim 32 and one key/value head from either). Before this was read
+    with int(), "02" was no layer's key: layer 2 was built 16 wide and the
+    weights did not fit, and the published checkpoint was refused."""
+    assert_parity(mlx_embed.load(_edited(tmp_path / "a", per_layer_config={"02": _FULL})).embed(golden_texts), REF)
+    with pytest.raises(ValueError, match=r"per_layer_config key '3' is not a layer index in \[0, 3\)"):
+        mlx_embed.load(_edited(tmp_path / "b", per_layer_config={"2": _FULL, "3": _FULL}))
+    with pytest.raises(ValueError, match="per_layer_config key 'full_attention' is not a layer index"):
+        mlx_embed.load(_edited(tmp_path / "c", per_layer_config={"full_attention": _FULL}))
+
+
+_FULL = {"head_dim": 32, "num_key_value_heads": 1}
+
+
 @pytest.mark.parametrize("fast_ops", ["native", "exact"])
 def test_long_inputs_match_the_reference(fast_ops, golden_texts):
     """Past the folder's 128 tokens (load(max_length=1024)): RoPE and the

@@ -127,6 +127,8 @@ class ModelArgs:
         if self.layer_types[-1] != _GLOBAL:
             log.warning("%s: the last layer must use full attention; made so, as transformers does", _ARCH)
             self.layer_types[-1] = _GLOBAL
+        if self.per_layer_config is not None:
+            self.per_layer_config = _layer_overrides(self.per_layer_config, n)
         rope = self.rope_parameters or {}
         self.rope_theta = {}
         for kind, theta in ((_LOCAL, 10_000.0), (_GLOBAL, 1_000_000.0)):
@@ -153,7 +155,7 @@ class ModelArgs:
             if self.layer_types[i] == _GLOBAL:
                 base.update(head_dim=self.global_head_dim, num_key_value_heads=self.num_global_key_value_heads)
         else:
-            over = self.per_layer_config.get(str(i), self.per_layer_config.get(i)) or {}
+            over = self.per_layer_config.get(i) or {}
             unknown = sorted(set(over) - set(_PER_LAYER_KEYS))
             if unknown:
                 raise ValueError(f"{_ARCH}: per_layer_config[{i}] sets {', '.join(unknown)}, which is not supported")
@@ -161,6 +163,22 @@ class ModelArgs:
         if self.num_attention_heads % base["num_key_value_heads"]:
             raise ValueError(f"{_ARCH}: layer {i}'s num_key_value_heads does not divide num_attention_heads")
         return base
+
+
+def _layer_overrides(per_layer_config: dict, n: int) -> dict:
+    """``per_layer_config`` by layer index. transformers reads its keys with
+    ``int()`` and writes them zero-padded to the widest index, so a
+    24-layer config.json (google/embeddinggemma-2's) says "05" for layer 5."""
+    out = {}
+    for key, over in per_layer_config.items():
+        try:
+            i = int(key)
+        except (TypeError, ValueError):
+            raise ValueError(f"{_ARCH}: per_layer_config key {key!r} is not a layer index") from None
+        if not 0 <= i < n:
+            raise ValueError(f"{_ARCH}: per_layer_config key {key!r} is not a layer index in [0, {n})")
+        out[i] = over
+    return out
 
 
 class Model(nn.Module):

@@ -199,6 +199,30 @@ def test_per_layer_config_keys_are_read_as_transformers_writes_them(golden_texts
 _FULL = {"head_dim": 32, "num_key_value_heads": 1}
 
 
+def test_the_published_24_layer_config_builds_its_wide_full_layers():
+    """EmbeddingGemma2TextConfig()'s defaults (the published shape) as
+    transformers 5.24 writes them to config.json: per_layer_config keys
+    "05", "11", "17", "23". transformers builds layers 5, 11, 17 and 23 with
+    head_dim 512 and one key/value head, the others 256 and 2 (read from
+    its per_layer_config[i] for this config); so does this."""
+    from mlx_embed.models import embedding_gemma2
+
+    kinds = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(24)]
+    wide = {"head_dim": 512, "num_key_value_heads": 1}
+    args = embedding_gemma2.ModelArgs.from_dict(
+        {
+            "model_type": "embedding_gemma2_text",
+            "layer_types": kinds,
+            "per_layer_config": {"05": wide, "11": wide, "17": wide, "23": wide},
+        }
+    )
+    full = [i for i, k in enumerate(kinds) if k == "full_attention"]
+    assert full == [5, 11, 17, 23]
+    assert [(lc["head_dim"], lc["num_key_value_heads"]) for lc in args.layers] == [
+        (512, 1) if i in full else (256, 2) for i in range(24)
+    ]
+
+
 @pytest.mark.parametrize("fast_ops", ["native", "exact"])
 def test_long_inputs_match_the_reference(fast_ops, golden_texts):
     """Past the folder's 128 tokens (load(max_length=1024)): RoPE and the

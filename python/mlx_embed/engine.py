@@ -104,6 +104,9 @@ class EmbeddingModel(ScoringMixin):
         self.pooling = ck.pooling
         self.prompts = ck.prompts
         self.default_prompt_name = ck.default_prompt_name
+        # Task adapters a row may run with (jina-embeddings-v3's LoRA), by
+        # name; a call's task selects one and its prompt.
+        self.tasks: tuple = tuple(getattr(ck.model, "adapters", ()) or ())
         self.kind = ck.kind
         self.labels = ck.labels
         self.multi_label = ck.multi_label
@@ -353,6 +356,7 @@ class EmbeddingModel(ScoringMixin):
         pool_start: Optional[Sequence[int]] = None,
         pool_factor: Optional[Sequence[int]] = None,
         protected_tokens: Optional[Sequence[int]] = None,
+        adapter: Optional[Sequence[int]] = None,
     ) -> EmbedResult:
         """Embed complete token sequences (prompt, specials and truncation
         already applied by the caller). Vectors are unnormalized; bad ids
@@ -369,10 +373,12 @@ class EmbeddingModel(ScoringMixin):
         ``protected_tokens`` (``output="multi_vector_document"`` only, both
         or neither): per input, PyLate's pooling of its rows (1: none); a
         pooled input's rows are answered normalized and pooled
-        (:func:`multi_vector.pool_documents`), the others unnormalized."""
+        (:func:`multi_vector.pool_documents`), the others unnormalized.
+        ``adapter``: per input, the index of its task in ``tasks`` (-1:
+        none, the base weights), for a model with task adapters."""
         return self.submit_ids(
             ids, type_ids, output=output, pool_start=pool_start, pool_factor=pool_factor,
-            protected_tokens=protected_tokens,
+            protected_tokens=protected_tokens, adapter=adapter,
         ).result()
 
     def submit_ids(
@@ -384,6 +390,7 @@ class EmbeddingModel(ScoringMixin):
         pool_start: Optional[Sequence[int]] = None,
         pool_factor: Optional[Sequence[int]] = None,
         protected_tokens: Optional[Sequence[int]] = None,
+        adapter: Optional[Sequence[int]] = None,
     ) -> "PendingResult":
         """:meth:`embed_ids` in two steps, for callers that overlap
         consecutive calls: this validates and queues the call (on a GPU it
@@ -398,6 +405,10 @@ class EmbeddingModel(ScoringMixin):
         if pool_start is not None:
             pool_start = self._check_pool_start(pool_start, ids)
         pooling = self._check_token_pooling(pool_factor, protected_tokens, ids, output)
+        if adapter is not None:
+            adapter = self._check_adapter(adapter, ids)
+            if adapter is not None and output != "pooled":
+                raise InvalidInput(f"a task adapter applies to pooled embeddings only, not output={output!r}")
         if output in multi_vector.OUTPUTS:
             mv = self.multi_vector
             attend = mv.attended(ids, output)
@@ -406,7 +417,9 @@ class EmbeddingModel(ScoringMixin):
         if output == "sparse":
             pending = self.scheduler.submit(ids, type_ids, output="token_weights")
             return PendingResult(pending, lexical_ids=ids, skipped=self.lexical.skipped_ids)
-        return PendingResult(self.scheduler.submit(ids, type_ids, output=output, pool_start=pool_start))
+        return PendingResult(
+            self.scheduler.submit(ids, type_ids, output=output, pool_start=pool_start, adapter=adapter)
+        )
 
     def embed_tokens(
         self,
@@ -660,6 +673,38 @@ class EmbeddingModel(ScoringMixin):
             lists.append([int(v) for v in values])
         return tuple(lists) if any(f > 1 for f in lists[0]) else None
 
+    def _check_adapter(self, adapter, rows) -> Optional[list[int]]:
+        """Per-input adapter indices, checked; None where no input has one."""
+        if isinstance(adapter, (str, bytes)) or not isinstance(adapter, (Sequence, np.ndarray)):
+            raise InvalidInput("adapter must be a list of ints, one per input")
+        out = list(adapter)
+        if len(out) != len(rows):
+            raise InvalidInput(f"{len(out)} adapters for {len(rows)} inputs")
+        for i, a in enumerate(out):
+            if not isinstance(a, (int, np.integer)) or isinstance(a, (bool, np.bool_)) or not -1 <= a < len(self.tasks):
+                if not self.tasks:
+                    raise InvalidInput(f"{self.name} has no task adapters (adapter must be -1, got {a!r})")
+                raise InvalidInput(f"input {i}: adapter must be an int in [-1, {len(self.tasks)}), got {a!r}")
+        out = [int(a) for a in out]
+        return out if any(a >= 0 for a in out) else None
+
+    def task_index(self, task: Optional[str]) -> Optional[int]:
+        """The adapter index of a task name (None: no task); an unknown
+        task, or any task for a model without adapters, is refused with
+        the valid ones."""
+        if task is None:
+            return None
+        if not isinstance(task, str):
+            raise InvalidInput(f"task must be a string, got {type(task).__name__}")
+        if not self.tasks:
+            raise InvalidInput(
+                f"task={task!r}: {self.name} has no task adapters (task selects a LoRA adapter of a "
+                "model that has them, such as jina-embeddings-v3)"
+            )
+        if task not in self.tasks:
+            raise InvalidInput(f"unknown task {task!r}; valid tasks: {', '.join(self.tasks)}")
+        return self.tasks.index(task)
+
     # --------------------------------------------------- the Python library
 
     def _check_texts(self, texts) -> list:
@@ -775,6 +820,7 @@ class EmbeddingModel(ScoringMixin):
         prompt: Optional[str] = None,
         instruction: Optional[str] = None,
         truncate_to: Optional[int] = None,
+        task: Optional[str] = None,
     ) -> tuple[np.ndarray, list[int]]:
         """Like :meth:`embed`, also returning the tokens run per text
         (special tokens included, after truncation)."""
@@ -784,11 +830,16 @@ class EmbeddingModel(ScoringMixin):
                 f"{self.name} is a {self.kind}: use predict(), score() or rerank(), not embed()"
             )
         check_switches(normalize=normalize)
+        index = self.task_index(task)
+        if index is not None and prompt_name is None and prompt is None and instruction is None:
+            # The task's prompt, as the folder names it after the task.
+            prompt_name = task if task in self.prompts else None
         ids, _, starts = self._encode(
             texts, truncate=truncate, truncation_direction=truncation_direction,
             prompt_name=prompt_name, prompt=prompt, instruction=instruction, truncate_to=truncate_to,
         )
-        vecs, _ = self.scheduler.run(ids, normalize=normalize, pool_start=starts)
+        adapter = None if index is None else [index] * len(ids)
+        vecs, _ = self.scheduler.run(ids, normalize=normalize, pool_start=starts, adapter=adapter)
         return vecs, [len(x) for x in ids]
 
     def embed(
@@ -802,6 +853,7 @@ class EmbeddingModel(ScoringMixin):
         prompt: Optional[str] = None,
         instruction: Optional[str] = None,
         truncate_to: Optional[int] = None,
+        task: Optional[str] = None,
     ) -> np.ndarray:
         """Embed ``texts``; float32 [len(texts), dim], rows in input order.
 
@@ -814,11 +866,16 @@ class EmbeddingModel(ScoringMixin):
         this many tokens, special tokens included, instead of the model's
         maximum), ``prompt_name`` (one of the folder's sentence-transformers
         prompts), ``prompt`` (a raw prefix), ``instruction`` (formatted by the
-        model's template). Spelled out rather than passed on, so a wrong
-        keyword's error names this method."""
+        model's template), ``task`` (one of ``tasks``, a model with task
+        adapters: jina-embeddings-v3's ``retrieval.query`` ...; it runs the
+        task's LoRA adapter and, unless a prompt is given, the folder's
+        prompt of that name; None: the base weights, as the model's remote
+        code runs without a task). Spelled out rather than passed on, so a
+        wrong keyword's error names this method."""
         return self.embed_with_counts(
             texts, normalize=normalize, truncate=truncate, truncation_direction=truncation_direction,
             prompt_name=prompt_name, prompt=prompt, instruction=instruction, truncate_to=truncate_to,
+            task=task,
         )[0]
 
     @property

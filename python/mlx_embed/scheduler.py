@@ -261,6 +261,7 @@ class Scheduler:
         normalize: bool = False,
         output: str = "pooled",
         pool_start: Optional[Sequence[int]] = None,
+        adapter: Optional[Sequence[int]] = None,
     ) -> tuple[np.ndarray, int]:
         """Pooled float32 vectors [n, dim] in input order (L2-normalized on
         the device with ``normalize``), and the padded tokens processed.
@@ -270,8 +271,11 @@ class Scheduler:
         ``include_prompt: false``; they still run through the model).
         ``output="tokens"``: the last hidden state of every token instead,
         [sum of lengths, hidden] float32 with input 0's rows first (never
-        normalized)."""
-        return self.submit(ids, type_ids, normalize=normalize, output=output, pool_start=pool_start).result()
+        normalized). ``adapter``: per input, the index of the task adapter it
+        runs with (-1: none; a model with ``adapters`` only)."""
+        return self.submit(
+            ids, type_ids, normalize=normalize, output=output, pool_start=pool_start, adapter=adapter
+        ).result()
 
     def submit(
         self,
@@ -282,6 +286,7 @@ class Scheduler:
         output: str = "pooled",
         pool_start: Optional[Sequence[int]] = None,
         attend: Optional[Sequence[int]] = None,
+        adapter: Optional[Sequence[int]] = None,
     ) -> "Pending":
         """Start a call; ``.result()`` on the answer collects it. Pipelined,
         this returns once every sub-batch is queued on the device, so the
@@ -302,7 +307,8 @@ class Scheduler:
             return Pending(out, 0)
         plan = self.plan(lengths)
         starts = None if tokens or pool_start is None or not any(pool_start) else pool_start
-        call = _Call(ids, type_ids, lengths, starts, attend)
+        adapters = None if adapter is None or all(a < 0 for a in adapter) else adapter
+        call = _Call(ids, type_ids, lengths, starts, attend, adapters)
         if self.pipeline:
             return self._submit_pipelined(plan, call, normalize, output)
         with self._lock:
@@ -357,7 +363,12 @@ class Scheduler:
         # Rows past their keys are padding to the attention alone: the pass
         # must compute them (no packing, which runs the attended rows only).
         beyond = call.attend is not None and any(call.attend[i] < len(ids[i]) for i in idx)
-        return _PassArrays(arr, mask, types, real, pool_mask, beyond)
+        adapters = None
+        if call.adapter is not None:
+            # Padding rows run the base weights.
+            adapters = np.full((B,), -1, dtype=np.int32)
+            adapters[:real] = [call.adapter[i] for i in idx]
+        return _PassArrays(arr, mask, types, real, pool_mask, beyond, adapters)
 
     def _graph(self, host: "_PassArrays", normalize, output) -> tuple[mx.array, int]:
         arr, mask, types, real = host.ids, host.mask, host.types, host.real
@@ -372,7 +383,9 @@ class Scheduler:
         )
         with ops.building_graph(), every_row:
             mask_mx = mx.array(mask)
-            if types is not None and self.takes_type_ids:
+            if host.adapters is not None:
+                h = self.model(mx.array(arr), mask_mx, adapter=mx.array(host.adapters))
+            elif types is not None and self.takes_type_ids:
                 h = self.model(mx.array(arr), mask_mx, token_type_ids=mx.array(types))
             else:
                 h = self.model(mx.array(arr), mask_mx)
@@ -544,6 +557,8 @@ class _Call(NamedTuple):
     pool_start: Optional[Sequence[int]]
     # Per input, the keys it attends to, where some end before its rows (None: all).
     attend: Optional[Sequence[int]] = None
+    # Per input, its task adapter's index, -1 for none (None: no input has one).
+    adapter: Optional[Sequence[int]] = None
 
 
 class _PassArrays(NamedTuple):
@@ -558,6 +573,8 @@ class _PassArrays(NamedTuple):
     pool_mask: Optional[np.ndarray] = None
     # Some row runs past its keys (``_Call.attend``): every row is computed.
     rows_past_keys: bool = False
+    # Per row [B], its task adapter's index (-1: none); None: no row has one.
+    adapters: Optional[np.ndarray] = None
 
 
 class _TokenRows:

@@ -64,6 +64,7 @@ SUPPORTED = (
     "t5",
     "mt5",
     "electra",
+    "jina_embeddings_v3",
 )
 
 # model_type -> module name, where they differ. Static embedding bags
@@ -75,6 +76,8 @@ REMAPPING = {
     "roberta": "xlm_roberta",
     "camembert": "xlm_roberta",
     "deberta-v2": "deberta_v2",
+    # transformers' native jina-embeddings-v3 (the -hf checkpoint).
+    "jina_embeddings_v3": "jina_xlm_roberta",
     # Alibaba GTE (new-impl); TEI reads model_type "gte" as the same
     # network (its GTE config takes both names).
     "new": "gte_new",
@@ -109,9 +112,14 @@ def module_for(model_type: str, config: dict) -> str:
     """The module name for a config.json: ``REMAPPING``, except where one
     ``model_type`` covers two networks. JinaBERT checkpoints say
     ``model_type: "bert"``; their ALiBi positions (no position table) tell
-    them apart from BERT."""
+    them apart from BERT, as rotary ones tell jina-embeddings-v3 from
+    XLM-RoBERTa."""
     if model_type == "bert" and config.get("position_embedding_type") == "alibi":
         return "jina_bert"
+    # jina-embeddings-v3's remote-code folder: XLM-R with rotary positions
+    # (and task LoRA), no position table.
+    if model_type == "xlm-roberta" and config.get("position_embedding_type") == "rotary":
+        return "jina_xlm_roberta"
     return REMAPPING.get(model_type, model_type)
 
 

@@ -1,0 +1,149 @@
+"""jina-embeddings-v3 (Jina XLM-RoBERTa: rotary positions, task LoRA) in both
+layouts: tiny-jina-v3 (the remote-code folder people download, adapters as
+torch parametrizations for all 5 tasks) and tiny-jina-v3-hf (transformers'
+native ``jina_embeddings_v3``, no adapters). References: float64
+transformers + sentence-transformers with each task's LoRA merged,
+cross-checked against a hand-written float64 version of the remote code's
+per-row adapter math (tests/fixtures/tiny-jina-v3/README.md,
+scripts/fixtures/make_jina_v3.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import FIXTURES, assert_parity, copy_fixture, load_fixture
+from mlx_embed.errors import InvalidInput
+from mlx_embed.models import jina_xlm_roberta
+
+REMOTE = "tiny-jina-v3"
+NATIVE = "tiny-jina-v3-hf"
+TASKS = ("retrieval.query", "retrieval.passage", "separation", "classification", "text-matching")
+
+
+def _ref(task, folder: str = REMOTE) -> np.ndarray:
+    return np.load(FIXTURES / folder / f"reference_{task or 'none'}_normalized.npy")
+
+
+def test_loads_both_layouts_as_one_network():
+    remote, native = load_fixture(REMOTE), load_fixture(NATIVE)
+    for model, model_type in ((remote, "xlm-roberta"), (native, "jina_embeddings_v3")):
+        assert isinstance(model.model, jina_xlm_roberta.Model)
+        assert (model.model_type, model.pooling, model.dim, model.max_length) == (model_type, "mean", 64, 128)
+    assert remote.tasks == TASKS and native.tasks == ()
+    # The adapters stay low rank: [tasks*rank, in] and [tasks*rank, out]
+    # beside the one base weight, not five merged copies.
+    qkv = remote.model.layers[0].mixer.Wqkv
+    assert qkv.weight.shape == (192, 64) and qkv.lora_a.shape == (20, 64) and qkv.lora_b.shape == (20, 192)
+    word = remote.model.embeddings.word_embeddings
+    assert word.lora_a.shape == (word.weight.shape[0], 20) and word.lora_b.shape == (20, 64)
+    assert "lora_a" not in native.model.layers[0].mixer.Wqkv
+
+
+@pytest.mark.parametrize("folder", [REMOTE, NATIVE])
+def test_no_task_runs_the_base_weights(folder, golden_texts):
+    assert_parity(load_fixture(folder).embed(golden_texts), _ref(None, folder))
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_each_task_matches_reference(task, golden_texts):
+    model = load_fixture(REMOTE)
+    ref = _ref(task)
+    assert_parity(model.embed(golden_texts, task=task), ref)
+    # One text per call (no padding) is the same.
+    assert_parity(np.concatenate([model.embed([t], task=task) for t in golden_texts]), ref)
+
+
+@pytest.mark.parametrize("fast_ops", ["mlx", "exact"])
+def test_other_op_paths_match_reference(fast_ops, golden_texts):
+    model = load_fixture(REMOTE, fast_ops=fast_ops)
+    for task in ("retrieval.query", "text-matching"):
+        assert_parity(model.embed(golden_texts, task=task), _ref(task))
+
+
+def test_task_selects_its_prompt(golden_texts):
+    """A task runs the folder's prompt of the same name (retrieval.query's
+    "Represent the query ..."); an explicit prompt wins over it."""
+    model = load_fixture(REMOTE)
+    assert model.prompts["retrieval.query"] == "Represent the query for retrieving evidence documents: "
+    ref = _ref("retrieval.query")
+    assert_parity(model.embed(golden_texts, task="retrieval.query", prompt_name="retrieval.query"), ref)
+    raw = model.embed(golden_texts, task="retrieval.query", prompt=model.prompts["retrieval.query"])
+    assert_parity(raw, ref)
+    # The prompt alone (base weights) is not the task.
+    alone = model.embed(golden_texts, prompt_name="retrieval.query")
+    assert float((alone * ref).sum(1).min()) < 0.99
+
+
+def test_rows_of_different_tasks_share_a_pass(golden_texts):
+    """embed_ids with a per-input adapter index: one padded call whose rows
+    cycle through the 5 tasks and no task (-1) gives each row its own
+    task's vector (what the server's batches of mixed requests run)."""
+    model = load_fixture(REMOTE)
+    cycle = [-1 if i % 6 == 5 else i % 6 for i in range(len(golden_texts))]
+    ids = [model.encode([t], prompt_name=None if a < 0 else TASKS[a])[0][0] for t, a in zip(golden_texts, cycle)]
+    res = model.embed_ids(ids, adapter=cycle)
+    got = np.frombuffer(res.vectors, dtype="<f4").reshape(len(ids), -1)
+    got = got / np.linalg.norm(got, axis=1, keepdims=True)
+    expect = np.stack([_ref(None if a < 0 else TASKS[a])[i] for i, a in enumerate(cycle)])
+    assert_parity(got, expect)
+    # All -1 is the base run.
+    res = model.embed_ids(ids[:3], adapter=[-1, -1, -1])
+    plain = model.embed_ids(ids[:3])
+    assert res.vectors == plain.vectors
+
+
+def test_refusals():
+    remote, native = load_fixture(REMOTE), load_fixture(NATIVE)
+    with pytest.raises(
+        InvalidInput,
+        match=r"unknown task 'retrieval'; valid tasks: retrieval\.query, "
+        r"retrieval\.passage, separation, classification, text-matching",
+    ):
+        remote.embed(["x"], task="retrieval")
+    with pytest.raises(InvalidInput, match="has no task adapters"):
+        native.embed(["x"], task="retrieval.query")
+    with pytest.raises(InvalidInput, match="has no task adapters"):
+        load_fixture("tiny-xlm-roberta").embed(["x"], task="retrieval.query")
+    ids = remote.encode(["x"])[0]
+    with pytest.raises(InvalidInput, match=r"adapter must be an int in \[-1, 5\)"):
+        remote.embed_ids(ids, adapter=[5])
+    with pytest.raises(InvalidInput, match="1 adapters for 2 inputs"):
+        remote.embed_ids(ids * 2, adapter=[0])
+    with pytest.raises(InvalidInput, match="has no task adapters"):
+        native.embed_ids(ids, adapter=[0])
+    with pytest.raises(InvalidInput, match="pooled embeddings only"):
+        remote.embed_ids(ids, adapter=[0], output="tokens")
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"rotary_emb_interleaved": True}, "rotary_emb_interleaved=True"),
+        ({"rotary_emb_scale_base": 512}, "rotary_emb_scale_base"),
+        ({"hidden_act": "relu"}, "hidden_act='relu'"),
+        ({"load_trained_adapters": False}, "load_trained_adapters=false"),
+    ],
+)
+def test_unsupported_variants_are_refused(tmp_path, edit, message):
+    with pytest.raises(ValueError, match=message):
+        load_fixture(copy_fixture(REMOTE, tmp_path / "m", **edit))
+
+
+def test_rotary_base_is_read(tmp_path, golden_texts):
+    """rotary_emb_base (the remote config) and rope_parameters (the native
+    one) set the base: another base gives other vectors."""
+    for folder, edit in (
+        (REMOTE, {"rotary_emb_base": 10000.0}),
+        (NATIVE, {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}),
+    ):
+        got = load_fixture(copy_fixture(folder, tmp_path / folder, **edit)).embed(golden_texts)
+        assert np.abs(got - _ref(None, folder)).max() > 1e-3
+
+
+def test_config_says_what_the_fixture_is():
+    cfg = json.loads((FIXTURES / REMOTE / "config.json").read_text())
+    assert cfg["architectures"] == ["XLMRobertaLoRA"] and cfg["position_embedding_type"] == "rotary"
+    assert tuple(cfg["lora_adaptations"]) == TASKS

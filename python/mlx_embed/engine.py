@@ -323,6 +323,7 @@ class EmbeddingModel(ScoringMixin):
             lexical_weights=self.lexical is not None,
             empty_inputs=self.empty_inputs,
             multi_vector=self.multi_vector is not None,
+            tasks=list(self.tasks),
             tokenizer=TokenizerSpec(
                 path=tok.path,
                 prefix_ids=list(tok.prefix),

@@ -185,6 +185,9 @@ class ModelSpec:
     # ``"multi_vector_document"`` only (a pooled vector is refused); the
     # tokenizer's ``query`` / ``document`` modes say how its texts are cut.
     multi_vector: bool = False
+    # Task adapters an input may run with (``embed_ids(adapter=)`` indexes
+    # them: jina-embeddings-v3's LoRA tasks); empty for most models.
+    tasks: list[str] = field(default_factory=list)
     # Display only (the server's /info): never parsed back.
     details: dict[str, str] = field(default_factory=dict)
     # The weights as loaded: parameter count (a quantized layer counts the

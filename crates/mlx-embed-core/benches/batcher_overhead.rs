@@ -37,6 +37,7 @@ impl Tokenize for FourIds {
             untruncated_len: 4,
             pool_start: 0,
             token_pooling: None,
+            adapter: None,
         })
     }
 }

@@ -107,6 +107,7 @@ impl Tokenize for FourIds {
             untruncated_len: 3,
             pool_start: 0,
             token_pooling: None,
+            adapter: None,
         })
     }
 }

@@ -51,6 +51,8 @@ pub(crate) struct CacheKey {
     pub type_ids: Option<Vec<u32>>,
     /// The same ids pool differently with their prompt left out.
     pub pool_start: u32,
+    /// The same ids give another vector under another task adapter.
+    pub adapter: Option<u32>,
 }
 
 impl CacheKey {
@@ -379,6 +381,7 @@ mod tests {
             ids: vec![id; len],
             type_ids: None,
             pool_start: 0,
+            adapter: None,
         }
     }
 
@@ -496,6 +499,33 @@ mod tests {
         ));
         assert!(matches!(
             cache.lookup(with_prompt, Priority::Normal),
+            Lookup::Hit(_)
+        ));
+    }
+
+    #[test]
+    fn the_task_adapter_is_part_of_the_key() {
+        // jina-embeddings-v3's tasks with no prompt run the same ids under
+        // different adapters: one vector each, and the base weights' apart.
+        let cache = Cache::new(1 << 20).unwrap();
+        let base = key(1, 4);
+        let separation = CacheKey {
+            adapter: Some(2),
+            ..key(1, 4)
+        };
+        let matching = CacheKey {
+            adapter: Some(4),
+            ..key(1, 4)
+        };
+        lead(&cache, separation.clone()).publish(&[1.0]);
+        for other in [base, matching] {
+            assert!(matches!(
+                cache.lookup(other, Priority::Normal),
+                Lookup::Lead(_)
+            ));
+        }
+        assert!(matches!(
+            cache.lookup(separation, Priority::Normal),
             Lookup::Hit(_)
         ));
     }

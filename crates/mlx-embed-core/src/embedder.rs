@@ -141,6 +141,11 @@ pub struct EmbedOptions {
     /// pooled ([`TokenPooling`]). Requests with and without it share
     /// batches; each input carries its own ([`Encoded::token_pooling`]).
     pub token_pooling: Option<TokenPooling>,
+    /// The task adapter to run with, by name (one of [`ModelInfo::tasks`]):
+    /// it also selects the model's prompt of that name when `prompt` is
+    /// [`Prompt::Default`]. `None`: none, unless a [`Prompt::Named`] names a
+    /// task. A task on a model without adapters is invalid input.
+    pub task: Option<String>,
 }
 
 impl Default for EmbedOptions {
@@ -155,6 +160,7 @@ impl Default for EmbedOptions {
             max_token_rows: None,
             wrapped_token_ids: false,
             token_pooling: None,
+            task: None,
         }
     }
 }
@@ -215,6 +221,10 @@ pub struct Encoded {
     /// set by the batcher from its request's options: the engine pools the
     /// input's rows before it answers them. `None` for every other input.
     pub token_pooling: Option<TokenPooling>,
+    /// The task adapter the input runs with, an index into
+    /// [`ModelInfo::tasks`] (jina-embeddings-v3's LoRA); `None`: the model's
+    /// base weights. Inputs of different tasks share a batch.
+    pub adapter: Option<u32>,
 }
 
 impl Encoded {
@@ -439,6 +449,9 @@ pub struct ModelInfo {
     pub prompts: BTreeMap<String, String>,
     /// The prompt [`Prompt::Default`] means, if any.
     pub default_prompt_name: Option<String>,
+    /// Task adapters an input may run with ([`EmbedOptions::task`]), in the
+    /// model's order ([`Encoded::adapter`] indexes them); empty for most models.
+    pub tasks: Vec<String>,
     /// Free-form facts for display only (dtype, BLAS library, pooling, ...).
     pub details: BTreeMap<String, String>,
     /// What the weights are, where the model says (the Python engine does).

@@ -705,6 +705,7 @@ mod tests {
                     untruncated_len: tokens as u32,
                     pool_start: 0,
                     token_pooling: None,
+                    adapter: None,
                 })
                 .collect(),
         )

@@ -30,6 +30,8 @@ pub(crate) async fn encode_all(
     inputs: Vec<EmbedInput>,
     options: &EmbedOptions,
 ) -> Result<Vec<Encoded>, CoreError> {
+    let (adapter, tasked) = task_adapter(info, options, &inputs)?;
+    let options = tasked.as_ref().unwrap_or(options);
     check_prompt(info, &options.prompt, &inputs)?;
     if options.truncate_to == Some(0) {
         return Err(CoreError::InvalidInput(
@@ -38,7 +40,7 @@ pub(crate) async fn encode_all(
     }
     let model_max = info.input_max(options.output);
     let max = options.input_limit(model_max);
-    let encoded = match tokenizer {
+    let mut encoded = match tokenizer {
         Some(tokenizer) if text_bytes(&inputs) <= INLINE_TEXT_BYTES => {
             encode_with(&*tokenizer, &inputs, options)?
         }
@@ -67,6 +69,9 @@ pub(crate) async fn encode_all(
             })
             .collect::<Result<Vec<_>, _>>()?,
     };
+    for e in encoded.iter_mut() {
+        e.adapter = adapter;
+    }
     for (index, e) in encoded.iter().enumerate() {
         if e.is_empty() && !info.empty_inputs {
             return Err(CoreError::InvalidInput(format!(
@@ -164,6 +169,51 @@ fn text_bytes(inputs: &[EmbedInput]) -> usize {
         .sum()
 }
 
+/// The adapter index a request runs with, and the options with the task's
+/// prompt put in where it selects one: `task` (which must be one of the
+/// model's), or a named prompt that is a task's name (a folder names its
+/// prompts after its tasks, as jina-embeddings-v3's does: the prompt alone,
+/// without its adapter, is never what the model's library runs).
+fn task_adapter(
+    info: &ModelInfo,
+    options: &EmbedOptions,
+    inputs: &[EmbedInput],
+) -> Result<(Option<u32>, Option<EmbedOptions>), CoreError> {
+    let index = |name: &str| info.tasks.iter().position(|t| t == name).map(|i| i as u32);
+    let Some(task) = &options.task else {
+        return Ok(match &options.prompt {
+            Prompt::Named(name) if options.output == Output::Pooled => (index(name), None),
+            _ => (None, None),
+        });
+    };
+    if info.tasks.is_empty() {
+        return Err(CoreError::InvalidInput(format!(
+            "task {task:?}: {} has no task adapters (task selects a LoRA adapter of a model              that has them, such as jina-embeddings-v3)",
+            info.name
+        )));
+    }
+    if options.output != Output::Pooled {
+        return Err(CoreError::InvalidInput(format!(
+            "task {task:?} applies to pooled embeddings only (a task adapter is not run for \
+             per-token or sparse output)"
+        )));
+    }
+    let Some(i) = index(task) else {
+        return Err(CoreError::InvalidInput(format!(
+            "unknown task {task:?}: valid tasks are {}",
+            info.tasks.join(", ")
+        )));
+    };
+    // Token ids run as given: the adapter applies, no prompt is added.
+    let texts = inputs.iter().all(|x| !matches!(x, EmbedInput::Tokens(_)));
+    let tasked = (options.prompt == Prompt::Default && texts && info.prompts.contains_key(task))
+        .then(|| EmbedOptions {
+            prompt: Prompt::Named(task.clone()),
+            ..options.clone()
+        });
+    Ok((Some(i), tasked))
+}
+
 fn encode_with(
     tokenizer: &dyn Tokenize,
     inputs: &[EmbedInput],
@@ -247,6 +297,7 @@ fn ids_only(
         untruncated_len,
         pool_start: 0,
         token_pooling: None,
+        adapter: None,
     })
 }
 
@@ -283,6 +334,121 @@ mod tests {
                 ..Encoded::default()
             })
         }
+    }
+
+    /// The prompt the options ask for, as one marker id before the text's
+    /// one id: 100 + the named prompt's length, 99 for a raw one, none for
+    /// the default.
+    struct PromptMarker;
+
+    impl Tokenize for PromptMarker {
+        fn encode(&self, _: &EmbedInput, options: &EmbedOptions) -> Result<Encoded, EmbedderError> {
+            let mut ids = match &options.prompt {
+                Prompt::Named(name) => vec![100 + name.len() as u32],
+                Prompt::Raw(_) => vec![99],
+                Prompt::Default => vec![],
+            };
+            ids.push(7);
+            Ok(Encoded {
+                untruncated_len: ids.len() as u32,
+                ids,
+                ..Encoded::default()
+            })
+        }
+    }
+
+    fn jina_info() -> ModelInfo {
+        let tasks = ["retrieval.query", "retrieval.passage", "separation"];
+        ModelInfo {
+            name: "jina".into(),
+            max_input_tokens: 40,
+            tasks: tasks.iter().map(|t| t.to_string()).collect(),
+            prompts: [
+                ("retrieval.query", "Q: "),
+                ("retrieval.passage", "P: "),
+                ("separation", ""),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+            ..ModelInfo::default()
+        }
+    }
+
+    async fn encode_one(info: &ModelInfo, options: EmbedOptions) -> Result<Encoded, CoreError> {
+        let input = vec![EmbedInput::Text("x".into())];
+        encode_all(Some(Arc::new(PromptMarker)), info, input, &options)
+            .await
+            .map(|mut e| e.remove(0))
+    }
+
+    #[tokio::test]
+    async fn a_task_selects_its_adapter_and_its_prompt() {
+        let info = jina_info();
+        let task = |t: &str| EmbedOptions {
+            task: Some(t.into()),
+            ..EmbedOptions::default()
+        };
+        let query = encode_one(&info, task("retrieval.query")).await.unwrap();
+        assert_eq!((query.adapter, query.ids), (Some(0), vec![115, 7]));
+        let separation = encode_one(&info, task("separation")).await.unwrap();
+        assert_eq!(
+            (separation.adapter, separation.ids),
+            (Some(2), vec![110, 7])
+        );
+        // An explicit prompt wins over the task's; the adapter stays.
+        let raw = EmbedOptions {
+            prompt: Prompt::Raw("mine".into()),
+            ..task("retrieval.query")
+        };
+        let raw = encode_one(&info, raw).await.unwrap();
+        assert_eq!((raw.adapter, raw.ids), (Some(0), vec![99, 7]));
+        // A prompt name that is a task's name selects its adapter too
+        // (TEI's prompt_name); no task: the base weights.
+        let named = EmbedOptions {
+            prompt: Prompt::Named("retrieval.passage".into()),
+            ..EmbedOptions::default()
+        };
+        assert_eq!(encode_one(&info, named).await.unwrap().adapter, Some(1));
+        let plain = encode_one(&info, EmbedOptions::default()).await.unwrap();
+        assert_eq!((plain.adapter, plain.ids), (None, vec![7]));
+    }
+
+    #[tokio::test]
+    async fn a_task_the_model_lacks_is_invalid_input() {
+        let task = |t: &str| EmbedOptions {
+            task: Some(t.into()),
+            ..EmbedOptions::default()
+        };
+        let err = encode_one(&jina_info(), task("retrieval"))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            CoreError::InvalidInput(
+                "unknown task \"retrieval\": valid tasks are retrieval.query, \
+                 retrieval.passage, separation"
+                    .into()
+            )
+            .to_string()
+        );
+        let plain = ModelInfo {
+            name: "minilm".into(),
+            ..ModelInfo::default()
+        };
+        let err = encode_one(&plain, task("retrieval.query"))
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("minilm has no task adapters"),
+            "{err}"
+        );
+        let tokens = EmbedOptions {
+            output: Output::Tokens,
+            ..task("separation")
+        };
+        let err = encode_one(&jina_info(), tokens).await.unwrap_err();
+        assert!(err.to_string().contains("pooled embeddings only"), "{err}");
     }
 
     #[tokio::test]

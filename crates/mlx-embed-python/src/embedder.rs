@@ -271,9 +271,10 @@ impl Embedder for PythonEmbedder {
 
 impl PythonEmbedder {
     /// `model.<method>(ids, type_ids, output=..., pool_start=...,
-    /// pool_factor=..., protected_tokens=...)`: `embed_ids` or `submit_ids`
-    /// (`pool_start` only when an input has one; the pooling lists, one
-    /// entry per input, 1 for an input not pooled, only when an input is).
+    /// pool_factor=..., protected_tokens=..., adapter=...)`: `embed_ids` or
+    /// `submit_ids` (`pool_start` and `adapter` only when an input has one,
+    /// so other models' calls are unchanged; the pooling lists, one entry
+    /// per input, 1 for an input not pooled, only when an input is).
     fn call_ids<'py>(
         &self,
         py: Python<'py>,
@@ -295,6 +296,14 @@ impl PythonEmbedder {
                 .unzip();
             kwargs.set_item("pool_factor", factors)?;
             kwargs.set_item("protected_tokens", protected)?;
+        }
+        if inputs.iter().any(|e| e.adapter.is_some()) {
+            // -1: the base weights, for the batch's inputs without a task.
+            let adapters: Vec<i64> = inputs
+                .iter()
+                .map(|e| e.adapter.map_or(-1, i64::from))
+                .collect();
+            kwargs.set_item("adapter", adapters)?;
         }
         self.model
             .bind(py)

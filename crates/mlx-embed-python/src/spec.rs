@@ -119,6 +119,7 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
         device_batch_tokens: optional(spec, "batch_tokens")?,
         prompts,
         default_prompt_name,
+        tasks: optional(spec, "tasks")?.unwrap_or_default(),
         details,
         weights: read_weights(spec)?,
     };

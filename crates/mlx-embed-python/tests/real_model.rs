@@ -167,6 +167,7 @@ fn pipelined_submit_and_collect_match_the_one_shot_path() {
         untruncated_len: 3,
         pool_start: 0,
         token_pooling: None,
+        adapter: None,
     }];
 
     let one_shot_first = model.embed_batch(&first, Output::Pooled).unwrap().vectors;

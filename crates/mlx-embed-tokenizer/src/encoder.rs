@@ -339,6 +339,7 @@ impl HfTokenizer {
                 untruncated_len,
                 pool_start: 0,
                 token_pooling: None,
+                adapter: None,
             });
         }
         let instruction = match &options.prompt {
@@ -406,6 +407,7 @@ impl HfTokenizer {
             untruncated_len,
             pool_start: 0,
             token_pooling: None,
+            adapter: None,
         })
     }
 
@@ -456,6 +458,7 @@ impl HfTokenizer {
             untruncated_len: u32::try_from(ids.len()).unwrap_or(u32::MAX),
             pool_start: 0,
             token_pooling: None,
+            adapter: None,
         })
     }
 
@@ -516,6 +519,7 @@ impl HfTokenizer {
             untruncated_len,
             pool_start: 0,
             token_pooling: None,
+            adapter: None,
         })
     }
 }
@@ -563,6 +567,7 @@ impl HfTokenizer {
             untruncated_len,
             pool_start: 0,
             token_pooling: None,
+            adapter: None,
         })
     }
 }

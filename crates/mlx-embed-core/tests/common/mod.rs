@@ -86,6 +86,7 @@ impl Tokenize for FakeTokenizer {
             untruncated_len,
             pool_start: 0,
             token_pooling: None,
+            adapter: None,
         })
     }
 }

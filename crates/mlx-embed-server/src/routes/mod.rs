@@ -155,6 +155,38 @@ pub(crate) fn prompt_of(
     }
 }
 
+/// Jina AI's `task` (jina-embeddings-v3's task adapters): one of the
+/// served model's `tasks`, checked here so the 400 names the field; the core
+/// runs its adapter and, unless the request names another prompt, the
+/// model's prompt of that name.
+pub(crate) fn task_of(
+    state: &AppState,
+    model: Option<&str>,
+    task: Option<String>,
+) -> Result<Option<String>, ApiError> {
+    let Some(task) = task else {
+        return Ok(None);
+    };
+    let served = state.model_for(model, crate::models::Task::Embed)?;
+    let info = served.info();
+    if info.tasks.is_empty() {
+        return Err(ApiError::invalid(format!(
+            "task {task:?}: {} has no task adapters (task selects a LoRA adapter of a model \
+             that has them, such as jina-embeddings-v3)",
+            info.name
+        ))
+        .param("task"));
+    }
+    if !info.tasks.contains(&task) {
+        return Err(ApiError::invalid(format!(
+            "unknown task {task:?}: valid tasks are {}",
+            info.tasks.join(", ")
+        ))
+        .param("task"));
+    }
+    Ok(Some(task))
+}
+
 /// Prompt names for a query, in the order [`role_prompt`] tries them.
 pub(crate) const QUERY_ROLES: &[&str] = &["query"];
 /// Prompt names for a document called a document (Cohere's

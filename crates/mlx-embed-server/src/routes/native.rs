@@ -37,6 +37,11 @@ pub struct NativeEmbedRequest {
     pub prompt_name: Option<String>,
     /// Text prepended to every text instead of a named prompt (`""`: none at all).
     pub prompt: Option<String>,
+    /// The task adapter to run with, one of the model's `tasks` (`/info`
+    /// lists them: jina-embeddings-v3's), with its prompt of that name unless
+    /// `prompt_name` or `prompt` says another; a model without task adapters,
+    /// or an unknown task, is a 400.
+    pub task: Option<String>,
     /// `high`, `normal` (default) or `low`: higher lanes are served first. Wins over an
     /// `X-Priority` header.
     pub priority: Option<PriorityName>,
@@ -85,6 +90,7 @@ pub async fn embed(
         max_token_rows: None,
         wrapped_token_ids: false,
         token_pooling: None,
+        task: super::task_of(&state, req.model.as_deref(), req.task)?,
     };
     let out = run_embed(
         &state,

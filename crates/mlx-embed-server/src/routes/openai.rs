@@ -266,6 +266,13 @@ pub struct OpenAiEmbeddingRequest {
     /// or `ubinary` (the sign bits unsigned); the bit forms have a byte per
     /// eight components (the last padded with zeros). Not with `use_activation: false`.
     pub output_dtype: Option<OutputDtype>,
+    /// Jina AI's: the task adapter to run with, one of the model's `tasks`
+    /// (`/info` lists them; jina-embeddings-v3: `retrieval.query`,
+    /// `retrieval.passage`, `separation`, `classification`, `text-matching`),
+    /// with the model's prompt of that name unless `prompt_name` or
+    /// `input_type` picks another. A model without task adapters, or an
+    /// unknown task, is a 400. Not an OpenAI field.
+    pub task: Option<String>,
 }
 
 /// A float array, an integer array (`output_dtype` other than `float`), or
@@ -461,6 +468,7 @@ pub(crate) async fn embed_request(
         }
         (None, None) => Prompt::Default,
     };
+    let task = super::task_of(state, req.model.as_deref(), req.task)?;
     let voyage_truncation = req.truncation.is_some();
     let inputs = req.input.into_inputs();
     run_embed(
@@ -480,6 +488,7 @@ pub(crate) async fn embed_request(
                     .or(header)
                     .unwrap_or_default(),
                 wrapped_token_ids: true,
+                task,
                 ..EmbedOptions::default()
             },
             normalize,

@@ -173,6 +173,9 @@ pub struct ModelSummary {
     pub prompts: BTreeMap<String, String>,
     /// The prompt used when a request names none.
     pub default_prompt_name: Option<String>,
+    /// The model's task adapters (`task` picks one); absent for most models.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<String>,
     /// How token rows become one vector (`cls`, `mean`, `last_token`, ...);
     /// none for a scorer.
     pub pooling: Option<String>,
@@ -202,6 +205,10 @@ pub struct InfoResponse {
     pub prompts: BTreeMap<String, String>,
     /// The prompt used when a request names none.
     pub default_prompt_name: Option<String>,
+    /// The model's task adapters (`task` picks one: jina-embeddings-v3's);
+    /// absent for most models.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub tasks: Vec<String>,
     /// Everything else the model reports, for display (dtype, BLAS library,
     /// pooling, ...), with the figures that change read now (memory in MB, ...)
     /// added.
@@ -338,6 +345,7 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
         vocab_size: m.vocab_size,
         prompts: m.prompts.clone(),
         default_prompt_name: m.default_prompt_name.clone(),
+        tasks: m.tasks.clone(),
         details,
         memory: live.memory.map(MemoryInfo::from),
         labels: m.kind.labels().to_vec(),
@@ -360,6 +368,7 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
                     device_batch_tokens: i.device_batch_tokens,
                     prompts: i.prompts.clone(),
                     default_prompt_name: i.default_prompt_name.clone(),
+                    tasks: i.tasks.clone(),
                     pooling: match TeiModelType::of(i) {
                         TeiModelType::Embedding { pooling } => Some(pooling),
                         _ => None,

@@ -55,6 +55,8 @@ fn tei_options(
         // TEI runs ids as given: the route for exact ids without specials.
         wrapped_token_ids: false,
         token_pooling: None,
+        // A prompt_name that names a task selects its adapter too (the core's).
+        task: None,
     }
 }
 

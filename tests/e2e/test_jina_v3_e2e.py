@@ -1,0 +1,133 @@
+"""jina-embeddings-v3 through the real server: Jina AI's `task` on
+/v1/embeddings (and the native route's), a TEI `prompt_name` naming a task,
+and requests of different tasks batched together, each answered its own
+task's reference vectors (tests/fixtures/tiny-jina-v3/README.md)."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from harness import FIXTURES, cosine_rows, start_server
+
+REMOTE = FIXTURES / "tiny-jina-v3"
+TASKS = ("retrieval.query", "retrieval.passage", "separation", "classification", "text-matching")
+
+
+def _golden():
+    texts = json.loads((FIXTURES / "golden" / "minilm_texts.json").read_text())
+    keep = [i for i, t in enumerate(texts) if t]  # the API refuses "" (400)
+    return [texts[i] for i in keep], keep
+
+
+def _ref(task) -> np.ndarray:
+    return np.load(REMOTE / f"reference_{task or 'none'}_normalized.npy")
+
+
+def _openai(resp) -> np.ndarray:
+    assert resp.status_code == 200, resp.text[:500]
+    data = sorted(resp.json()["data"], key=lambda d: d["index"])
+    return np.asarray([d["embedding"] for d in data], dtype=np.float32)
+
+
+def _assert_close(got, ref, what):
+    c, d = cosine_rows(got, ref).min(), np.abs(got - ref).max()
+    print(f"{what}: min cosine {c:.8f}, max |diff| {d:.2e}")
+    assert c >= 0.99999 and d <= 1e-5, (what, c, d)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = start_server(tmp_path_factory.mktemp("jina"), "--model", str(REMOTE), "--no-warmup")
+    yield srv
+    srv.stop()
+
+
+def test_each_task_on_openai_native_and_tei(server):
+    texts, keep = _golden()
+    info = server.get("/info").json()
+    assert info["tasks"] == list(TASKS) and info["prompts"]["retrieval.query"].startswith("Represent the query")
+    for task in TASKS:
+        ref = _ref(task)[keep]
+        got = _openai(server.post("/v1/embeddings", {"input": texts, "model": "tiny-jina-v3", "task": task}))
+        _assert_close(got, ref, f"openai task={task}")
+        resp = server.post("/api/v1/embed", {"texts": texts, "task": task})
+        assert resp.status_code == 200, resp.text[:500]
+        _assert_close(np.asarray(resp.json()["embeddings"], dtype=np.float32), ref, f"native task={task}")
+        # TEI has no task field: a prompt_name that is a task's name runs
+        # its adapter with its prompt.
+        resp = server.post("/embed", {"inputs": texts, "prompt_name": task})
+        assert resp.status_code == 200, resp.text[:500]
+        _assert_close(np.asarray(resp.json(), dtype=np.float32), ref, f"tei prompt_name={task}")
+    # No task: the base weights, no prompt.
+    got = _openai(server.post("/v1/embeddings", {"input": texts, "model": "tiny-jina-v3"}))
+    _assert_close(got, _ref(None)[keep], "openai no task")
+
+
+def test_mixed_tasks_concurrently(server):
+    """Requests of every task (and none), one text each, sent at once so the
+    batcher puts rows of different tasks in one batch: each gets its own
+    task's vector, and the cache keeps them apart (separation,
+    classification and text-matching run the same ids)."""
+    texts, keep = _golden()
+    jobs = [(i, TASKS[i % 5] if i % 6 != 5 else None) for i in range(len(texts))] * 2
+
+    def one(job):
+        i, task = job
+        body = {"input": texts[i], "model": "tiny-jina-v3", **({"task": task} if task else {})}
+        return job, _openai(server.post("/v1/embeddings", body))[0]
+
+    before = _batches(server)
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        answers = list(pool.map(one, jobs))
+    got = np.stack([v for _, v in answers])
+    ref = np.stack([_ref(task)[keep[i]] for (i, task), _ in answers])
+    _assert_close(got, ref, "mixed concurrent tasks")
+    inputs, calls = (a - b for a, b in zip(_batches(server), before))
+    print(f"{inputs:.0f} inputs computed in {calls:.0f} model calls")
+    # Fewer calls than inputs: one-text requests of neighbouring tasks were
+    # batched together.
+    assert calls < inputs
+
+
+def _batches(server) -> tuple[float, float]:
+    """Inputs computed and model calls so far (/metrics)."""
+    values = dict(
+        line.rsplit(" ", 1)
+        for line in server.get("/metrics").text.splitlines()
+        if line.startswith(("mlx_embed_batch_size_sum", "mlx_embed_batch_size_count"))
+    )
+    return float(values["mlx_embed_batch_size_sum"]), float(values["mlx_embed_batch_size_count"])
+
+
+def test_task_refusals(server, tmp_path):
+    resp = server.post("/v1/embeddings", {"input": ["x"], "model": "tiny-jina-v3", "task": "retrieval"})
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["param"] == "task"
+    assert (
+        'unknown task "retrieval": valid tasks are retrieval.query, retrieval.passage, separation, '
+        "classification, text-matching" in err["message"]
+    )
+    resp = server.post("/api/v1/embed", {"texts": ["x"], "task": "nope"})
+    assert resp.status_code == 400 and "valid tasks are" in resp.text, resp.text
+    # A task with per-token output: the adapter is for pooled vectors.
+    resp = server.post("/embed_all", {"inputs": ["x"], "prompt_name": "separation"})
+    assert resp.status_code == 200, resp.text
+
+
+def test_task_on_a_model_without_adapters(tmp_path):
+    srv = start_server(tmp_path, "--model", str(FIXTURES / "tiny-jina-v3-hf"), "--no-warmup")
+    try:
+        texts, keep = _golden()
+        _assert_close(_openai(srv.post("/v1/embeddings", {"input": texts})), _ref(None)[keep], "-hf no task")
+        resp = srv.post("/v1/embeddings", {"input": ["x"], "task": "retrieval.query"})
+        assert resp.status_code == 400, resp.text
+        err = resp.json()["error"]
+        assert err["param"] == "task" and "has no task adapters" in err["message"], err
+        assert "tasks" not in srv.get("/info").json()
+    finally:
+        srv.stop()

@@ -122,6 +122,10 @@ def run_model(path: str | None, run: str, extra: dict) -> dict:
             out = m.score(list(zip(some[:-1], some[1:])), raw_scores=True)
         elif kind == "classifier":
             out = m.predict(some, raw_scores=True)
+        elif spec_.tasks:
+            # Task adapters (jina-embeddings-v3): the base weights, then a
+            # task's low-rank path.
+            out = np.concatenate([m.embed(some), m.embed(some, task=spec_.tasks[-1])])
         else:
             out = m.embed(some)
         return {"kind": kind, "device": m.device, "output": np.asarray(out, dtype=np.float32)}

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 
+import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 
@@ -36,9 +38,9 @@ def test_loads_both_layouts_as_one_network():
     # The adapters stay low rank: [tasks*rank, in] and [tasks*rank, out]
     # beside the one base weight, not five merged copies.
     qkv = remote.model.layers[0].mixer.Wqkv
-    assert qkv.weight.shape == (192, 64) and qkv.lora_a.shape == (20, 64) and qkv.lora_b.shape == (20, 192)
+    assert qkv.base.weight.shape == (192, 64) and qkv.lora_a.shape == (20, 64) and qkv.lora_b.shape == (20, 192)
     word = remote.model.embeddings.word_embeddings
-    assert word.lora_a.shape == (word.weight.shape[0], 20) and word.lora_b.shape == (20, 64)
+    assert word.lora_a.shape == (word.base.weight.shape[0], 20) and word.lora_b.shape == (20, 64)
     assert "lora_a" not in native.model.layers[0].mixer.Wqkv
 
 
@@ -147,3 +149,14 @@ def test_config_says_what_the_fixture_is():
     cfg = json.loads((FIXTURES / REMOTE / "config.json").read_text())
     assert cfg["architectures"] == ["XLMRobertaLoRA"] and cfg["position_embedding_type"] == "rotary"
     assert tuple(cfg["lora_adaptations"]) == TASKS
+
+
+def test_quantized_base_keeps_float_adapters(golden_texts):
+    """quantize= turns the base linears and the word table into quantized
+    ones; the adapters stay float and still apply per task."""
+    model = load_fixture(REMOTE, quantize=8, group_size=32)
+    qkv = model.model.layers[0].mixer.Wqkv
+    assert isinstance(qkv.base, nn.QuantizedLinear) and qkv.lora_a.dtype == mx.float32
+    for task in (None, "retrieval.query", "separation"):
+        got, ref = model.embed(golden_texts, task=task), _ref(task)
+        assert float((got * ref).sum(1).min()) > 0.999

@@ -130,36 +130,36 @@ def _low_rank(x: mx.array, down: mx.array, up: mx.array, select: mx.array) -> mx
 
 
 class LoraLinear(nn.Module):
-    """``nn.Linear`` plus per-task low-rank updates (``tasks`` of them)."""
+    """A linear (``base``, which ``quantize`` may turn into a quantized one)
+    plus per-task low-rank updates (``tasks`` of them, kept in float)."""
 
     def __init__(self, dims_in: int, dims_out: int, tasks: int, rank: int):
         super().__init__()
-        self.weight = mx.zeros((dims_out, dims_in))
-        self.bias = mx.zeros((dims_out,))
+        self.base = nn.Linear(dims_in, dims_out, bias=True)
         if tasks:
             self.lora_a = mx.zeros((tasks * rank, dims_in))
             self.lora_b = mx.zeros((tasks * rank, dims_out))
 
     def __call__(self, x: mx.array, select: Optional[mx.array]) -> mx.array:
-        y = mx.addmm(self.bias, x, self.weight.T)
+        y = self.base(x)
         if select is None:
             return y
         return y + _low_rank(x, self.lora_a, self.lora_b, select)
 
 
 class LoraEmbedding(nn.Module):
-    """``nn.Embedding`` plus per-task low-rank updates: an id's update is
-    its row of A (all tasks side by side, [tasks*rank]) times B."""
+    """An embedding table (``base``) plus per-task low-rank updates: an id's
+    update is its row of A (all tasks side by side, [tasks*rank]) times B."""
 
     def __init__(self, rows: int, dims: int, tasks: int, rank: int):
         super().__init__()
-        self.weight = mx.zeros((rows, dims))
+        self.base = nn.Embedding(rows, dims)
         if tasks:
             self.lora_a = mx.zeros((rows, tasks * rank))
             self.lora_b = mx.zeros((tasks * rank, dims))
 
     def __call__(self, ids: mx.array, select: Optional[mx.array]) -> mx.array:
-        x = self.weight[ids]
+        x = self.base(ids)
         if select is None:
             return x
         return x + (self.lora_a[ids] * select) @ self.lora_b
@@ -258,7 +258,7 @@ class Model(nn.Module):
         rank = int(self.args.lora_rank)
         column_task = mx.arange(len(self.args.tasks) * rank) // rank
         hit = column_task[None, :] == adapter.astype(mx.int32)[:, None]
-        dtype = self.embeddings.word_embeddings.weight.dtype
+        dtype = self.embeddings.word_embeddings.lora_a.dtype
         return (hit.astype(mx.float32) * self.args.lora_scaling).astype(dtype)[:, None, :]
 
     def __call__(self, input_ids: mx.array, attention_mask: mx.array, adapter: Optional[mx.array] = None) -> mx.array:
@@ -314,6 +314,11 @@ class Model(nn.Module):
                 parts = [f"{pre}{p}_proj.{suffix}" for p in "qkv"]
                 if all(p in out for p in parts):
                     out[f"layers.{i}.mixer.Wqkv.{suffix}"] = mx.concatenate([out.pop(p) for p in parts], axis=0)
+        # The LoRA'd modules' own weights live in their base layer.
+        lora_modules = (
+            r"^(embeddings\.\w+_embeddings|layers\.\d+\.(mixer\.(Wqkv|out_proj)|mlp\.fc[12]))\.(weight|bias)$"
+        )
+        out = {re.sub(lora_modules, r"\1.base.\4", k): v for k, v in out.items()}
         if lora and not tasks:
             raise ValueError(
                 f"{self.model_type}: the weights hold LoRA adapters but config.json names no lora_adaptations"

@@ -67,30 +67,38 @@ def test_each_task_on_openai_native_and_tei(server):
     _assert_close(got, _ref(None)[keep], "openai no task")
 
 
-def test_mixed_tasks_concurrently(server):
+def test_mixed_tasks_concurrently(tmp_path):
     """Requests of every task (and none), one text each, sent at once so the
     batcher puts rows of different tasks in one batch: each gets its own
-    task's vector, and the cache keeps them apart (separation,
-    classification and text-matching run the same ids)."""
+    task's vector. The cache is off, so every input is computed."""
     texts, keep = _golden()
     jobs = [(i, TASKS[i % 5] if i % 6 != 5 else None) for i in range(len(texts))] * 2
 
     def one(job):
         i, task = job
         body = {"input": texts[i], "model": "tiny-jina-v3", **({"task": task} if task else {})}
-        return job, _openai(server.post("/v1/embeddings", body))[0]
+        return job, _openai(srv.post("/v1/embeddings", body))[0]
 
-    before = _batches(server)
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        answers = list(pool.map(one, jobs))
-    got = np.stack([v for _, v in answers])
-    ref = np.stack([_ref(task)[keep[i]] for (i, task), _ in answers])
-    _assert_close(got, ref, "mixed concurrent tasks")
-    inputs, calls = (a - b for a, b in zip(_batches(server), before))
-    print(f"{inputs:.0f} inputs computed in {calls:.0f} model calls")
-    # Fewer calls than inputs: one-text requests of neighbouring tasks were
-    # batched together.
-    assert calls < inputs
+    srv = start_server(tmp_path, "--model", str(REMOTE), "--no-warmup", "--no-cache")
+    try:
+        merged = []
+        for _ in range(3):
+            before = _batches(srv)
+            with ThreadPoolExecutor(max_workers=16) as pool:
+                answers = list(pool.map(one, jobs))
+            got = np.stack([v for _, v in answers])
+            ref = np.stack([_ref(task)[keep[i]] for (i, task), _ in answers])
+            _assert_close(got, ref, "mixed concurrent tasks")
+            inputs, calls = (a - b for a, b in zip(_batches(srv), before))
+            print(f"{inputs:.0f} inputs computed in {calls:.0f} model calls")
+            merged.append(calls < inputs)
+            if merged[-1]:
+                break
+        # Fewer calls than inputs: one-text requests of neighbouring tasks
+        # were batched together (and still answered their own task's vector).
+        assert any(merged)
+    finally:
+        srv.stop()
 
 
 def _batches(server) -> tuple[float, float]:

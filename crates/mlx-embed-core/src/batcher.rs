@@ -322,7 +322,7 @@ impl Batcher {
                     ids: encoded[i].ids.clone(),
                     type_ids: encoded[i].type_ids.clone(),
                     pool_start: encoded[i].pool_start,
-                    adapter: encoded[i].adapter,
+                    adapter: CacheKey::adapter_of(encoded[i].adapter),
                 };
                 match cache.lookup(key, priority) {
                     Lookup::Hit(vector) => {

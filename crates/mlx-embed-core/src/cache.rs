@@ -51,11 +51,18 @@ pub(crate) struct CacheKey {
     pub type_ids: Option<Vec<u32>>,
     /// The same ids pool differently with their prompt left out.
     pub pool_start: u32,
-    /// The same ids give another vector under another task adapter.
-    pub adapter: Option<u32>,
+    /// The same ids give another vector under another task adapter: 0 for
+    /// none, 1 + the adapter's index otherwise (a plain u32, not an
+    /// `Option`, keeps the key the size [`ENTRY_OVERHEAD`] accounts for).
+    pub adapter: u32,
 }
 
 impl CacheKey {
+    /// [`CacheKey::adapter`] for an input's [`crate::Encoded::adapter`].
+    pub(crate) fn adapter_of(adapter: Option<u32>) -> u32 {
+        adapter.map_or(0, |i| i + 1)
+    }
+
     fn bytes(&self) -> usize {
         4 * (self.ids.len() + self.type_ids.as_ref().map_or(0, Vec::len))
     }
@@ -381,7 +388,7 @@ mod tests {
             ids: vec![id; len],
             type_ids: None,
             pool_start: 0,
-            adapter: None,
+            adapter: 0,
         }
     }
 
@@ -510,13 +517,15 @@ mod tests {
         let cache = Cache::new(1 << 20).unwrap();
         let base = key(1, 4);
         let separation = CacheKey {
-            adapter: Some(2),
+            adapter: CacheKey::adapter_of(Some(2)),
             ..key(1, 4)
         };
         let matching = CacheKey {
-            adapter: Some(4),
+            adapter: CacheKey::adapter_of(Some(4)),
             ..key(1, 4)
         };
+        assert_eq!(CacheKey::adapter_of(None), base.adapter);
+        assert_ne!(CacheKey::adapter_of(Some(0)), base.adapter);
         lead(&cache, separation.clone()).publish(&[1.0]);
         for other in [base, matching] {
             assert!(matches!(

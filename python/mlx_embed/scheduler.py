@@ -368,6 +368,8 @@ class Scheduler:
             # Padding rows run the base weights.
             adapters = np.full((B,), -1, dtype=np.int32)
             adapters[:real] = [call.adapter[i] for i in idx]
+            if not (adapters >= 0).any():
+                adapters = None  # no row of this pass has a task: the plain forward
         return _PassArrays(arr, mask, types, real, pool_mask, beyond, adapters)
 
     def _graph(self, host: "_PassArrays", normalize, output) -> tuple[mx.array, int]:

@@ -135,7 +135,7 @@ def _layers(fixture: str) -> int:
 EMBEDDERS = ["tiny-distilbert", "tiny-xlm-roberta", "tiny-camembert", "tiny-nomic-bert", "tiny-nomic-moe", "tiny-gte-en",
              "tiny-gte-multilingual", "tiny-jina-bert", "tiny-jina-v2", "tiny-modernbert", "tiny-mpnet",
              "tiny-qwen3", "tiny-qwen2", "tiny-mistral", "tiny-llama", "tiny-gemma3", "tiny-splade",
-             "tiny-eurobert"]
+             "tiny-eurobert", "tiny-jina-v3"]
 SCORERS = ["tiny-bert-reranker", "tiny-deberta-v3-reranker", "tiny-gte-reranker", "tiny-jina-reranker",
            "tiny-jina-reranker-v1", "tiny-modernbert-reranker", "tiny-qwen3-reranker", "tiny-xlmr-reranker",
            "tiny-electra-reranker", "tiny-eurobert-seq-cls"]

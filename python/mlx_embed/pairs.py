@@ -19,6 +19,7 @@ Two styles:
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from typing import Optional
 
@@ -99,7 +100,20 @@ def segment_spec(tokenizer: Tokenizer, prompt) -> PairSpec:
         instruction_prompt=prompt.instruction_prompt,
         query_share=tuple(prompt.query_share) if prompt.query_share is not None else None,
         uncounted=_uncounted(prompt, prefix_ids, suffix_ids),
+        instruction_suffix_ids=(None if prompt.instruction_suffix is None
+                                else _piece_ids(tokenizer, prompt.instruction_suffix)),
+        suffix_uncounted=prompt.uncounted[1] if prompt.uncounted is not None else 0,
     )
+
+
+def with_instruction_suffix(spec: PairSpec, instruction_ids: list) -> PairSpec:
+    """``spec`` for a call whose instruction ends the input in place of the
+    task prompt (``spec.instruction_suffix_ids``; FlagEmbedding's
+    ``prompt=``): the suffix is the lead ids and the instruction's, and
+    the library's uncounted tokens move with it."""
+    suffix = list(spec.instruction_suffix_ids) + list(instruction_ids)
+    uncounted = spec.uncounted + spec.suffix_uncounted * (len(suffix) - len(spec.suffix_ids))
+    return dataclasses.replace(spec, suffix_ids=suffix, uncounted=uncounted)
 
 
 def _uncounted(prompt, prefix_ids: list, suffix_ids: list) -> int:
@@ -284,17 +298,28 @@ class PairEncoder:
             suffix = s.suffix_ids if restore is None else []
             ids = [s.prefix_ids + c + suffix for c in cut]
             return ids, None, [len(s.prefix_ids) + len(c) + len(suffix) for c in contents]
+        max_content, specials = self.max_content, self.n_special
+        if instruction is not None and s.instruction_suffix_ids is not None:
+            s = with_instruction_suffix(s, self._contents([instruction])[0] if instruction else [])
+            instruction, specials = None, n_special(s)
+            max_content = self.max_length - specials
+            if max_content < 1 or self.max_length - s.uncounted < 1:
+                raise InvalidInput(
+                    f"the instruction leaves the pair no room within max_length {self.max_length} "
+                    f"(it ends the input and counts twice, as FlagEmbedding's prompt: "
+                    f"{len(s.suffix_ids) - len(s.instruction_suffix_ids)} tokens)"
+                )
         qp, dp = segment_prompts(s, instruction)
         enc = self._contents([x for q, d in pairs for x in (qp + q, dp + d)])
         ids, before = [], []
         types: Optional[list] = [] if self.type_ids else None
         for k in range(len(pairs)):
             a, b = enc[2 * k], enc[2 * k + 1]
-            before.append(len(a) + len(b) + self.n_special)
+            before.append(len(a) + len(b) + specials)
             if s.query_share is None or not truncate:
-                n1, n2 = truncate_pair_lengths(len(a), len(b), self.max_content)
+                n1, n2 = truncate_pair_lengths(len(a), len(b), max_content)
             else:
-                n1, n2 = query_first_lengths(len(a), len(b), self.max_content,
+                n1, n2 = query_first_lengths(len(a), len(b), max_content,
                                              self.max_length - s.uncounted, s.query_share)
             a, b = _cut(a, n1, left), _cut(b, n2, left)
             ids.append(s.prefix_ids + a + s.middle_ids + b + s.suffix_ids)

@@ -98,6 +98,11 @@ class RerankerPrompt:
     instruction_prompt: Optional[str] = None
     query_share: Optional[tuple] = None
     uncounted: Optional[tuple] = None
+    # A call's instruction replaces the task prompt that ends the suffix:
+    # the suffix becomes these pieces, then the instruction, each encoded on
+    # its own (FlagEmbedding's ``prompt=``). None: the instruction goes
+    # before the query (``instruction_prompt``), or the card takes none.
+    instruction_suffix: Optional[tuple] = None
     # The library's default max_length (in its own count), which the engine
     # cuts at where neither the call nor the folder states a limit.
     default_max_length: Optional[int] = None
@@ -136,6 +141,7 @@ def from_folder(card: RerankerPrompt, folder: str, tokenizer_files: str,
             # The template's prompt whole: none of a segment card's pieces stay.
             prompt = dataclasses.replace(prompt, **parts, middle="", query_prompt=None,
                                          document_prompt=None, instruction_prompt=None,
+                                         instruction_suffix=None,
                                          query_share=None, uncounted=None,
                                          default_max_length=None, whole=True)
     return prompt

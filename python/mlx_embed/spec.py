@@ -51,7 +51,14 @@ class PairSpec:
     mxbai-rerank's ``max_length`` counts the pair and its separator
     (``uncounted`` = prefix + suffix); FlagEmbedding's LLM reranker bounds
     ``[bos] q \\n d`` by ``max_length`` + the separator and task prompt it
-    then appends (``uncounted`` = twice the suffix)."""
+    then appends (``uncounted`` = twice the suffix).
+
+    ``instruction_suffix_ids`` (FlagEmbedding's ``prompt=``): a call's
+    instruction, encoded alone without specials, goes after these ids in
+    place of ``suffix_ids`` (an empty one leaves them alone), and
+    ``uncounted`` grows by ``suffix_uncounted`` times the suffix's change:
+    ``max_length`` still bounds the whole input
+    (:func:`mlx_embed.pairs.with_instruction_suffix`)."""
 
     prefix_ids: list[int]
     middle_ids: list[int]
@@ -66,6 +73,8 @@ class PairSpec:
     instruction_prompt: Optional[str] = None
     query_share: Optional[tuple[int, int]] = None
     uncounted: int = 0
+    instruction_suffix_ids: Optional[list[int]] = None
+    suffix_uncounted: int = 0
     # A decoder reranker's pairs in the tokenizer's own pair encoding (a
     # text-only LogitScore folder): a lone text has no meaning for it either.
     pairs_only: bool = False

@@ -101,11 +101,10 @@ def test_the_prompt_around_the_pair():
     assert len(pair.suffix_ids) == SUFFIX and pair.uncounted == 2 * SUFFIX
     # logit("Yes") alone: no false token.
     assert (model.model._yes_id, model.model._no_id) == (tok.token_to_id("Yes"), None)
-    # A lone text and an instruction have no meaning for it.
+    # A lone text has no meaning for it; an instruction replaces the prompt.
     with pytest.raises(InvalidInput, match="pairs, not single texts"):
         model.predict(["just a text"])
-    with pytest.raises(InvalidInput, match="instructions"):
-        model.score([("q", "d")], instruction="Find code")
+    assert pair.instruction_suffix_ids == pair.middle_ids and pair.suffix_uncounted == 2
 
 
 def test_the_cut_is_flagembeddings():
@@ -260,3 +259,98 @@ def test_truncate_false_keeps_a_pair_within_the_limit_whole():
     assert model.score(pair, truncate=False)[0, 0] != model.score(pair)[0, 0]
     with pytest.raises(InputTooLong):
         model.score([("what is it", document * 3)], truncate=False)
+
+
+# FlagEmbedding's prompt= (a call's instruction): fixture's prompts.json.
+PROMPTS = _json("prompts.json")
+
+
+@pytest.mark.parametrize("engine_max_length", PROMPTS["engine_max_lengths"])
+@pytest.mark.parametrize("name", list(PROMPTS["prompts"]))
+def test_an_instruction_is_flagembeddings_prompt(name, engine_max_length):
+    """The instruction replaces the prompt after the last "\\n", encoded
+    alone, and counts twice against the engine's max_length as the default
+    did: the ids FlagEmbedding's compute_score(prompt=...) gives at
+    max_length = engine's - 2 x (1 + its tokens), and float64 logits."""
+    model = _model() if engine_max_length == 236 else _model(max_length=engine_max_length)
+    assert model.max_length == engine_max_length
+    k = list(PROMPTS["engine_max_lengths"]).index(engine_max_length)
+    instruction, pairs = PROMPTS["prompts"][name], _pairs()
+    ids, _, before = model.encode_pairs(pairs, instruction=instruction)
+    assert ids == _json("reference_prompt_input_ids.json")[name][str(engine_max_length)]
+    assert max(map(len, ids)) <= engine_max_length
+    assert [i for i, (row, b) in enumerate(zip(ids, before)) if len(row) < b] == \
+        PROMPTS["truncated"][name][str(engine_max_length)]
+    tail = _tok().encode(instruction, add_special_tokens=False).ids
+    assert all(row[len(row) - len(tail) - 1:] == [_tok().token_to_id("\n")] + tail for row in ids)
+    logits = np.load(os.path.join(GEMMA, "reference_prompt_logits.npy"))
+    assert logits.dtype == np.float64 and logits.shape == (3, 2, len(pairs))
+    ref = logits[list(PROMPTS["prompts"]).index(name), k]
+    got = model.score(pairs, raw_scores=True, instruction=instruction)[:, 0]
+    # The empty prompt's logits sit near -60 (the Yes row was centred for
+    # the default prompt's states): the same float32 error, relative.
+    np.testing.assert_allclose(got, ref, rtol=2e-6, atol=1e-4)
+    # rerank() takes it too, best first.
+    same = [k for k, (q, _) in enumerate(pairs) if q == pairs[0][0]][:8]
+    ranked = model.rerank(pairs[0][0], [pairs[k][1] for k in same], raw_scores=True, instruction=instruction)
+    np.testing.assert_allclose([s for _, s in sorted(ranked)], ref[same], rtol=2e-6, atol=1e-4)
+
+
+def test_the_cut_moves_with_the_prompt():
+    """A longer prompt leaves the pair less of the same max_length (the
+    long one: 70 tokens, FlagEmbedding's count 94 instead of 128), a
+    shorter one more; None is the default prompt, "" a prompt of no tokens
+    (as in FlagEmbedding, where only None takes the default)."""
+    model = _model()
+    lib = PROMPTS["library_max_lengths"]
+    assert lib["long"][0] < 128 < lib["short"][0] < lib["empty"][0] == 236 - 2
+    # The joint cut (pair 46): the pair keeps 94 + 70 - 1 tokens beside the
+    # long prompt, 128 + 53 - 1 beside the default one, 182 + 26 - 1 beside
+    # the short one.
+    for name, n in (("long", 94 + 70 - 1), ("short", 182 + 26 - 1)):
+        row = _json("reference_prompt_input_ids.json")[name]["236"][46]
+        tokens = len(_tok().encode(PROMPTS["prompts"][name], add_special_tokens=False).ids)
+        assert len(row) - 1 - tokens == n + 2  # [bos] q \n d, then \n + prompt
+    assert len(_json("reference_input_ids.json")["128"][46]) - SUFFIX == 128 + 53 - 1 + 2
+    pairs = _pairs()
+    default = model.encode_pairs(pairs)[0]
+    assert model.encode_pairs(pairs, instruction=None)[0] == default
+    assert model.encode_pairs(pairs, instruction=decoder_reranker.BGE_GEMMA_PROMPT)[0] == default
+    empty = model.encode_pairs(pairs[:3], instruction="")[0]
+    assert all(row[-1] == _tok().token_to_id("\n") for row in empty)
+    # truncate=False: refused exactly when the whole input is over
+    # max_length, which the prompt's tokens are part of.
+    long = PROMPTS["prompts"]["long"]
+    suffix = 1 + len(_tok().encode(long, add_special_tokens=False).ids)
+    room = model.max_length - 1 - 1 - suffix  # [bos], "\n", "\n" + prompt
+    head = len(_tok().encode("A: q", add_special_tokens=False).ids)
+    words = " ".join(f"w{i}" for i in range(400))
+    doc_ids = _tok().encode("B: " + words, add_special_tokens=False).ids
+    fits = _tok().decode(doc_ids[: room - head])[3:]
+    n = len(_tok().encode("B: " + fits, add_special_tokens=False).ids)
+    for extra, ok in ((0, True), (1, False)):
+        document = fits
+        while len(_tok().encode("B: " + document, add_special_tokens=False).ids) < n + extra:
+            document += " w"
+        total = 1 + head + 1 + len(_tok().encode("B: " + document, add_special_tokens=False).ids) + suffix
+        if ok:
+            assert total <= model.max_length
+            (row,), _, _ = model.encode_pairs([("q", document)], instruction=long, truncate=False)
+            assert len(row) == total
+        else:
+            assert total > model.max_length
+            with pytest.raises(InputTooLong):
+                model.score([("q", document)], instruction=long, truncate=False)
+    # A prompt that leaves the pair nothing is refused by name.
+    with pytest.raises(InvalidInput, match="instruction leaves the pair no room"):
+        model.score([("q", "d")], instruction=" ".join(["Yes"] * 120))
+
+
+def test_an_instruction_elsewhere_is_still_refused():
+    """A segment reranker without an instruction slot (a BERT
+    cross-encoder's pairs) still refuses one."""
+    from mlx_embed.pairs import segment_prompts
+    from mlx_embed.spec import PairSpec
+
+    with pytest.raises(InvalidInput, match="instructions"):
+        segment_prompts(PairSpec(prefix_ids=[1], middle_ids=[2], suffix_ids=[2]), "Find code")

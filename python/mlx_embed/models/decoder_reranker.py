@@ -94,7 +94,12 @@ MXBAI_RERANK_V2 = RerankerPrompt(
 # what is left of max_length + the separator and prompt, only_second) + "\n"
 # + its default prompt; the score is logit("Yes") at the last position, raw
 # (its normalize=True is the sigmoid). Its default max_length is 512, where
-# a folder states none.
+# a folder states none. A call's instruction is FlagEmbedding's prompt=: it
+# replaces the default prompt after the "\n" (an empty one is a prompt of no
+# tokens: only None takes the default), and moves the uncounted tokens with
+# it, so the engine's max_length still bounds the whole input and a longer
+# prompt leaves the pair less (FlagEmbedding run at max_length - 2 x (1 +
+# the prompt's tokens)).
 BGE_GEMMA_PROMPT = (
     "Given a query A and a passage B, determine whether the passage contains an answer to the "
     "query by providing a prediction of either 'Yes' or 'No'."
@@ -111,6 +116,7 @@ BGE_RERANKER_V2_GEMMA = RerankerPrompt(
     # [bos] q \n d is cut to max_length + len(\n + prompt), and \n + prompt
     # is appended after that cut: the input reaches max_length + twice them.
     uncounted=(0, 2),
+    instruction_suffix=("\n",),
     default_max_length=512,
     true_token="Yes",
     false_token=None,

@@ -177,6 +177,8 @@ fn read_pair(tok: &Bound<'_, PyAny>) -> Result<Option<PairSpec>, BridgeError> {
         instruction_prompt: optional(&pair, "instruction_prompt")?,
         query_share: optional(&pair, "query_share")?,
         uncounted: optional(&pair, "uncounted")?.unwrap_or(0),
+        instruction_suffix_ids: optional(&pair, "instruction_suffix_ids")?,
+        suffix_uncounted: optional(&pair, "suffix_uncounted")?.unwrap_or(0),
         pairs_only: optional(&pair, "pairs_only")?.unwrap_or(false),
     }))
 }

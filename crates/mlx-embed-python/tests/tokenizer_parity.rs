@@ -469,6 +469,13 @@ fn the_bge_gemma_reranker_pairs_are_flagembeddings_ids() {
         &std::fs::read_to_string(folder.join("reference_input_ids.json")).unwrap(),
     )
     .unwrap();
+    let read = |name: &str| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(folder.join(name)).unwrap()).unwrap()
+    };
+    let (prompts, prompt_refs) = (
+        read("prompts.json"),
+        read("reference_prompt_input_ids.json"),
+    );
     for (library_max_length, max_length) in [(128, None), (512, Some(512 + 2 * 54))] {
         let embedder = PythonEmbedder::load(&PythonModelOptions {
             model: Some(folder.to_string_lossy().into_owned()),
@@ -499,6 +506,55 @@ fn the_bge_gemma_reranker_pairs_are_flagembeddings_ids() {
         assert_eq!(
             cut, 8,
             "max_length {library_max_length}: the fixture's cut pairs"
+        );
+        // A request's instruction is FlagEmbedding's prompt=: its ids for
+        // each of the fixture's prompts (short, long, empty), at the engine's
+        // same max_length.
+        let engine_max = tokenizer.spec().max_length;
+        for (name, prompt) in prompts["prompts"].as_object().unwrap() {
+            let want: Vec<Vec<u32>> =
+                serde_json::from_value(prompt_refs[name][engine_max.to_string()].clone()).unwrap();
+            let options = EmbedOptions {
+                prompt: Prompt::Raw(prompt.as_str().unwrap().to_owned()),
+                ..EmbedOptions::default()
+            };
+            let mut cut = Vec::new();
+            for (i, (query, document)) in pairs.iter().enumerate() {
+                let got = tokenizer
+                    .encode(
+                        &EmbedInput::Pair {
+                            query: query.clone(),
+                            document: document.clone(),
+                        },
+                        &options,
+                    )
+                    .unwrap();
+                assert_eq!(got.ids, want[i], "{name} at {engine_max}: pair {i}");
+                if got.untruncated_len as usize > got.ids.len() {
+                    cut.push(i);
+                }
+            }
+            let want_cut: Vec<usize> =
+                serde_json::from_value(prompts["truncated"][name][engine_max.to_string()].clone())
+                    .unwrap();
+            assert_eq!(cut, want_cut, "{name} at {engine_max}: the cut pairs");
+        }
+        // One that leaves the pair nothing is refused, as in Python.
+        let err = tokenizer
+            .encode(
+                &EmbedInput::Pair {
+                    query: "q".into(),
+                    document: "d".into(),
+                },
+                &EmbedOptions {
+                    prompt: Prompt::Raw(vec!["Yes"; 400].join(" ")),
+                    ..EmbedOptions::default()
+                },
+            )
+            .unwrap_err();
+        assert!(
+            err.message.contains("instruction leaves the pair no room"),
+            "{err:?}"
         );
     }
 }

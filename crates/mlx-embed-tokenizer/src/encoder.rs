@@ -342,10 +342,25 @@ impl HfTokenizer {
                 adapter: None,
             });
         }
-        let instruction = match &options.prompt {
-            Prompt::Default => None,
+        let with_suffix;
+        let (pair, budget, instruction) = match &options.prompt {
+            Prompt::Default => (pair, budget, None),
+            Prompt::Raw(text) if pair.instruction_suffix_ids.is_some() => {
+                // FlagEmbedding's prompt=: the instruction ends the input.
+                let ids = self.encode_text(text, "")?;
+                with_suffix = pair.with_instruction_suffix(&ids).unwrap_or_default();
+                let budget = max_length.saturating_sub(with_suffix.specials());
+                if budget == 0 || max_length <= with_suffix.uncounted {
+                    return Err(EmbedderError::invalid_input(format!(
+                        "the instruction leaves the pair no room within max_length {max_length} \
+                         (it ends the input and counts twice, as FlagEmbedding's prompt: {} tokens)",
+                        ids.len()
+                    )));
+                }
+                (&with_suffix, budget, None)
+            }
             Prompt::Raw(instruction) if pair.instruction_prompt.is_some() => {
-                Some(instruction.as_str())
+                (pair, budget, Some(instruction.as_str()))
             }
             _ => {
                 return Err(EmbedderError::invalid_input(

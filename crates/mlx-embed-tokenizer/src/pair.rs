@@ -60,6 +60,14 @@ pub struct PairSpec {
     /// (mxbai-rerank: its fixed prompt; FlagEmbedding's LLM reranker:
     /// twice its separator and task prompt).
     pub uncounted: usize,
+    /// Segments (FlagEmbedding's `prompt=`): a request's instruction,
+    /// encoded alone without specials, goes after these ids in place of
+    /// `suffix_ids` ([`PairSpec::with_instruction_suffix`]). None: the
+    /// instruction goes before the query (`instruction_prompt`), if anywhere.
+    pub instruction_suffix_ids: Option<Vec<u32>>,
+    /// How many times the suffix counts in `uncounted` (FlagEmbedding: 2),
+    /// so that a request's own suffix moves it.
+    pub suffix_uncounted: usize,
     /// A decoder reranker's pairs in the tokenizer's own pair encoding (a
     /// text-only `LogitScore` folder): a lone text has no meaning for it.
     pub pairs_only: bool,
@@ -99,6 +107,23 @@ impl PairSpec {
                 template.replace("{instruction}", text)
             )),
         }
+    }
+
+    /// The spec of a request whose instruction (its ids, `instruction`)
+    /// ends the input in place of the task prompt: the suffix is
+    /// `instruction_suffix_ids` and the instruction's, and the library's
+    /// uncounted tokens move with it, so `max_length` still bounds the whole
+    /// input. None when the spec takes no instruction there.
+    pub fn with_instruction_suffix(&self, instruction: &[u32]) -> Option<PairSpec> {
+        let lead = self.instruction_suffix_ids.as_ref()?;
+        let suffix_ids = [&lead[..], instruction].concat();
+        let uncounted = (self.uncounted + self.suffix_uncounted * suffix_ids.len())
+            .saturating_sub(self.suffix_uncounted * self.suffix_ids.len());
+        Some(PairSpec {
+            suffix_ids,
+            uncounted,
+            ..self.clone()
+        })
     }
 
     /// The content lengths a segment pair keeps within `budget` content
@@ -297,6 +322,32 @@ mod tests {
         );
         assert_eq!(PairSpec::default().query_prefix(Some("find")), None);
         assert_eq!(PairSpec::default().query_prefix(None).unwrap(), "");
+    }
+
+    #[test]
+    fn an_instruction_replaces_the_task_prompt() {
+        let spec = PairSpec {
+            prefix_ids: vec![2],
+            middle_ids: vec![9],
+            suffix_ids: vec![9, 5, 6, 7],
+            query_share: Some((3, 4)),
+            uncounted: 8,
+            instruction_suffix_ids: Some(vec![9]),
+            suffix_uncounted: 2,
+            ..PairSpec::default()
+        };
+        let long = spec.with_instruction_suffix(&[1, 1, 1, 1, 1]).unwrap();
+        assert_eq!(
+            (long.suffix_ids, long.uncounted),
+            (vec![9, 1, 1, 1, 1, 1], 12)
+        );
+        let empty = spec.with_instruction_suffix(&[]).unwrap();
+        assert_eq!((empty.suffix_ids, empty.uncounted), (vec![9], 2));
+        let none = PairSpec {
+            instruction_suffix_ids: None,
+            ..spec
+        };
+        assert!(none.with_instruction_suffix(&[1]).is_none());
     }
 
     #[test]

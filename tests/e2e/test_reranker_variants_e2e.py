@@ -221,6 +221,86 @@ def test_bge_reranker_v2_gemma_scores_and_ranks_as_flagembedding(server):
     assert r.status_code == 400 and "pairs, not single texts" in r.text, r.text
 
 
+def test_bge_reranker_v2_gemma_instruction_is_flagembeddings_prompt(server):
+    """A request's `instruction` is FlagEmbedding's compute_score(prompt=):
+    every pair under each fixture prompt (short, long enough to move the
+    cut, empty) within the float64 references of FlagEmbedding's own ids, on
+    TEI's and Cohere's routes; the long prompt's tokens count against the
+    236-token maximum with truncate: false."""
+    model = "bge-reranker-v2-gemma"
+    pairs = json.loads((BGE_GEMMA / "pairs.json").read_text())
+    meta = json.loads((BGE_GEMMA / "prompts.json").read_text())
+    refs = np.load(BGE_GEMMA / "reference_prompt_logits.npy")
+    assert meta["engine_max_lengths"][0] == 236
+    for a, (name, prompt) in enumerate(meta["prompts"].items()):
+        got = np.full(len(pairs), np.nan)
+        for query in {q for q, _ in pairs if q}:
+            idx = [i for i, (q, _) in enumerate(pairs) if q == query]
+            docs = [pairs[i][1] for i in idx]
+            r = server.post("/rerank", {"model": model, "query": query, "texts": docs, "raw_scores": True,
+                                        "instruction": prompt})
+            assert r.status_code == 200, r.text
+            for x in r.json():
+                got[idx[x["index"]]] = x["score"]
+            r = server.post("/v1/rerank", {"model": model, "query": query, "documents": docs,
+                                           "raw_scores": True, "instruction": prompt})
+            assert r.status_code == 200, r.text
+            cohere = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+            np.testing.assert_allclose([cohere[k] for k in range(len(idx))], got[idx], rtol=0, atol=1e-6)
+        seen = ~np.isnan(got)
+        assert seen.sum() == len(pairs) - 1, name  # all but the empty query
+        np.testing.assert_allclose(got[seen], refs[a, 0][seen], rtol=0, atol=1e-4, err_msg=name)
+    # truncate: false counts the prompt's tokens: a pair of exactly 236
+    # tokens beside the long prompt runs, one more token is a 422.
+    long = meta["prompts"]["long"]
+    engine = mlx_embed.load(str(BGE_GEMMA))
+    document, sizes = "", {}
+    for i in range(400):
+        document += f" w{i % 10}"
+        (_, _, (n,)) = engine.encode_pairs([("q", document)], instruction=long, truncate=True)
+        sizes.setdefault(n, document)
+        if n > 237:
+            break
+    assert 236 in sizes and 237 in sizes
+    r = server.post("/rerank", {"model": model, "query": "q", "texts": [sizes[236]], "raw_scores": True,
+                                "instruction": long, "truncate": False})
+    assert r.status_code == 200, r.text
+    want = engine.score([("q", sizes[236])], raw_scores=True, instruction=long, truncate=False)[0, 0]
+    assert abs(r.json()[0]["score"] - float(want)) <= 1e-5
+    r = server.post("/rerank", {"model": model, "query": "q", "texts": [sizes[237]], "instruction": long,
+                                "truncate": False})
+    assert r.status_code == 422 and "more than the model's maximum of 236" in r.text, r.text
+    # Cohere's chunks fit beside the query and the long prompt.
+    r = server.post("/v1/rerank", {"model": model, "query": "q", "documents": [pairs[-1][1]],
+                                   "instruction": long, "max_chunks_per_doc": 3})
+    assert r.status_code == 200, r.text
+    # A prompt that leaves the pair nothing is refused by name.
+    r = server.post("/rerank", {"model": model, "query": "q", "texts": ["d"], "instruction": "Yes " * 200})
+    assert r.status_code in (400, 422) and "instruction leaves the pair no room" in r.text, r.text
+
+
+def test_instruction_on_the_other_rerankers(server):
+    """The same field is Qwen3-Reranker's <Instruct> and mxbai-rerank v2's
+    instruction line (the Python engine's score(instruction=)); a
+    cross-encoder without an instruction refuses it."""
+    query, docs = "where do rivers flow", ["Rivers flow into the sea.", "Bread is baked in ovens."]
+    for model, folder in (("my-finetune", ST6), ("mxbai-rerank-base-v2", MXBAI)):
+        r = server.post("/v1/rerank", {"model": model, "query": query, "documents": docs, "raw_scores": True,
+                                       "instruction": "Find geography facts"})
+        assert r.status_code == 200, r.text
+        got = {x["index"]: x["relevance_score"] for x in r.json()["results"]}
+        plain = {x["index"]: x["relevance_score"] for x in server.post(
+            "/v1/rerank", {"model": model, "query": query, "documents": docs, "raw_scores": True}).json()["results"]}
+        engine = mlx_embed.load(str(folder)) if model == "my-finetune" else None
+        if engine is not None:
+            want = engine.score([(query, d) for d in docs], raw_scores=True, instruction="Find geography facts")
+            np.testing.assert_allclose([got[0], got[1]], want[:, 0], rtol=0, atol=1e-5)
+        assert abs(got[0] - plain[0]) > 1e-6, model
+    r = server.post("/rerank", {"model": "tiny-camembert-reranker", "query": query, "texts": docs,
+                                "instruction": "Find geography facts"})
+    assert r.status_code in (400, 422) and "prompts do not apply" in r.text, r.text
+
+
 def test_st6_qwen2_reranker_scores_as_cross_encoder(server):
     """Every pair, 10 of them at or over the 320-token limit, within the
     float64 references of sentence-transformers' own ids (the ids themselves:

@@ -7,7 +7,7 @@
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use mlx_embed_core::{EmbedInput, EmbedOptions, Priority, MAX_PAIR_TEXT_BYTES};
+use mlx_embed_core::{EmbedInput, EmbedOptions, Priority, Prompt, MAX_PAIR_TEXT_BYTES};
 use serde::de::{self, Deserializer};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -46,6 +46,13 @@ pub struct TeiRerankRequest {
     /// `Right` keeps the start of each side, `Left` its end (any case);
     /// unsaid: the model folder's `truncation_side`, else right.
     pub truncation_direction: Option<TruncationSide>,
+    /// A decoder reranker's task instruction in place of its default (not
+    /// a TEI field): Qwen3-Reranker's `<Instruct>`, mxbai-rerank v2's
+    /// `instruction: ` line, bge-reranker-v2-gemma's prompt after the pair
+    /// (FlagEmbedding's `prompt=`; `""` is a prompt of no tokens). A model
+    /// without one (a BERT cross-encoder) refuses it.
+    #[serde(default)]
+    pub instruction: Option<String>,
 }
 
 /// One ranked document.
@@ -182,6 +189,7 @@ pub(crate) async fn tei_rank(
                 truncate: req.truncate.unwrap_or(true),
                 truncation_direction: req.truncation_direction.map(Into::into),
                 priority: priority.unwrap_or_default(),
+                prompt: instruction_prompt(req.instruction),
                 ..EmbedOptions::default()
             },
             req.raw_scores,
@@ -353,6 +361,12 @@ pub struct CohereRerankRequest {
     /// maximum. Not with `max_chunks_per_doc` or `max_tokens_per_doc`.
     #[serde(default, deserialize_with = "crate::extract::whole_number")]
     pub truncate_prompt_tokens: Option<i64>,
+    /// A decoder reranker's task instruction in place of its default: Qwen3-Reranker's `<Instruct>`, mxbai-rerank v2's
+    /// `instruction: ` line, bge-reranker-v2-gemma's prompt after the pair
+    /// (FlagEmbedding's `prompt=`; `""` is a prompt of no tokens). A model
+    /// without one (a BERT cross-encoder) refuses it.
+    #[serde(default)]
+    pub instruction: Option<String>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -561,6 +575,7 @@ async fn voyage_rerank(
             raw_scores: None,
             use_activation: None,
             truncate_prompt_tokens: None,
+            instruction: None,
         },
         RerankRoute::Voyage,
         priority,
@@ -715,6 +730,7 @@ async fn rank(
         priority: priority.unwrap_or_default(),
         truncate,
         truncate_to,
+        prompt: instruction_prompt(req.instruction.clone()),
         ..EmbedOptions::default()
     };
     // Raw logits where the client asks for them in its API's words; both keep
@@ -736,7 +752,7 @@ async fn rank(
         let model = state.model_for(req.model.as_deref(), Task::Rerank)?;
         let max_pieces = state.args().max_inputs_per_request;
         let pieces =
-            document_pieces(model, &req.query, texts, limits, max_pieces, truncate).await?;
+            document_pieces(model, &req.query, texts, limits, max_pieces, &options).await?;
         let query = pieces.query.as_deref().unwrap_or(&req.query);
         let (owners, texts): (Vec<usize>, Vec<String>) = pieces.pieces.into_iter().unzip();
         let request = pairs_request(state, req.model, query, &texts, options, raw)
@@ -831,8 +847,9 @@ async fn document_pieces(
     texts: Vec<String>,
     limits: DocumentLimits,
     max_pieces: usize,
-    truncate: bool,
+    request: &EmbedOptions,
 ) -> Result<Pieces, ApiError> {
+    let truncate = request.truncate;
     let Some(tok) = model.batcher.tokenizer().cloned() else {
         return Err(ApiError::invalid(
             "max_tokens_per_doc and max_chunks_per_doc need the model's tokenizer",
@@ -845,8 +862,15 @@ async fn document_pieces(
         ..limits
     };
     let query = query.to_owned();
+    let prompt = request.prompt.clone();
     tokio::task::spawn_blocking(move || {
         let options = EmbedOptions::default();
+        // The pair's frame is counted with the request's instruction (it
+        // may end the input: bge-reranker-v2-gemma's prompt).
+        let pair_options = EmbedOptions {
+            prompt: prompt.clone(),
+            ..EmbedOptions::default()
+        };
         let invalid = |e: mlx_embed_core::EmbedderError| ApiError::invalid(e.message);
         // What a pair costs besides its document, uncut: specials, the
         // query, a template's frame.
@@ -856,7 +880,7 @@ async fn document_pieces(
                     query: query.to_owned(),
                     document: String::new(),
                 },
-                &options,
+                &pair_options,
             )
             .map(|e| e.untruncated_len as usize)
             .map_err(invalid)
@@ -1045,6 +1069,12 @@ fn pairs_request(
         options,
         raw_scores,
     })
+}
+
+/// A request's `instruction` as the tokenizer takes it: a pair's raw
+/// prompt is the reranker's instruction.
+fn instruction_prompt(instruction: Option<String>) -> Prompt {
+    instruction.map_or(Prompt::Default, Prompt::Raw)
 }
 
 /// A reranker has one label: its scores as a flat list.

@@ -254,12 +254,13 @@ def test_bge_reranker_v2_gemma_instruction_is_flagembeddings_prompt(server):
     # tokens beside the long prompt runs, one more token is a 422.
     long = meta["prompts"]["long"]
     engine = mlx_embed.load(str(BGE_GEMMA))
-    document, sizes = "", {}
-    for i in range(400):
-        document += f" w{i % 10}"
-        (_, _, (n,)) = engine.encode_pairs([("q", document)], instruction=long, truncate=True)
-        sizes.setdefault(n, document)
-        if n > 237:
+    sizes = {}
+    for k in range(300):
+        for tail in ("", " a", " b c", "x", " rivers"):
+            document = " ".join("abcdefghij"[i % 10] for i in range(k)) + tail
+            (_, _, (n,)) = engine.encode_pairs([("q", document)], instruction=long, truncate=True)
+            sizes.setdefault(n, document)
+        if 236 in sizes and 237 in sizes:
             break
     assert 236 in sizes and 237 in sizes
     r = server.post("/rerank", {"model": model, "query": "q", "texts": [sizes[236]], "raw_scores": True,

@@ -139,3 +139,21 @@ def test_task_on_a_model_without_adapters(tmp_path):
         assert "tasks" not in srv.get("/info").json()
     finally:
         srv.stop()
+
+
+def test_jina_normalized_and_late_chunking(server):
+    """Jina AI's `normalized: false` answers the raw vectors (the same
+    direction, not unit length); `late_chunking: true` is refused by name
+    rather than answered as independent inputs."""
+    texts, keep = _golden()
+    body = {"input": texts[:4], "model": "tiny-jina-v3", "task": "retrieval.query"}
+    unit = _openai(server.post("/v1/embeddings", body))
+    raw = _openai(server.post("/v1/embeddings", {**body, "normalized": False}))
+    norms = np.linalg.norm(raw, axis=1)
+    assert np.all(np.abs(norms - 1.0) > 1e-3), norms
+    _assert_close(raw / norms[:, None], _ref("retrieval.query")[keep[:4]], "normalized: false, renormalized")
+    np.testing.assert_allclose(unit, _ref("retrieval.query")[keep[:4]], atol=1e-5)
+    assert np.array_equal(_openai(server.post("/v1/embeddings", {**body, "late_chunking": False})), unit)
+    resp = server.post("/v1/embeddings", {**body, "late_chunking": True})
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == "late_chunking"

@@ -273,6 +273,13 @@ pub struct OpenAiEmbeddingRequest {
     /// `input_type` picks another. A model without task adapters, or an
     /// unknown task, is a 400. Not an OpenAI field.
     pub task: Option<String>,
+    /// Jina AI's name for `normalize`: false answers the vectors before
+    /// normalization.
+    pub normalized: Option<bool>,
+    /// Jina AI's: true (embed the inputs as one context, then pool each) is
+    /// refused (400) rather than answered as independent inputs; false or
+    /// unsaid: each input on its own.
+    pub late_chunking: Option<bool>,
 }
 
 /// A float array, an integer array (`output_dtype` other than `float`), or
@@ -429,7 +436,18 @@ pub(crate) async fn embed_request(
         embed_dtype: req.embed_dtype.as_deref(),
     }
     .truncate_to()?;
-    let normalize = req.use_activation.or(req.normalize).unwrap_or(true);
+    if req.late_chunking == Some(true) {
+        return Err(ApiError::invalid(
+            "late_chunking is not served: each input is embedded on its own context; \
+             send the chunks as inputs, or the whole text as one",
+        )
+        .param("late_chunking"));
+    }
+    let normalize = req
+        .use_activation
+        .or(req.normalize)
+        .or(req.normalized)
+        .unwrap_or(true);
     if !normalize && req.output_dtype.is_some_and(|t| t != OutputDtype::Float) {
         return Err(ApiError::invalid(
             "output_dtype other than float quantizes the unit vector: it cannot be combined \

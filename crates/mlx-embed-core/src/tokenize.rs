@@ -188,7 +188,8 @@ fn task_adapter(
     };
     if info.tasks.is_empty() {
         return Err(CoreError::InvalidInput(format!(
-            "task {task:?}: {} has no task adapters (task selects a LoRA adapter of a model              that has them, such as jina-embeddings-v3)",
+            "task {task:?}: {} has no task adapters (task selects a LoRA adapter of a \
+             model that has them, such as jina-embeddings-v3)",
             info.name
         )));
     }

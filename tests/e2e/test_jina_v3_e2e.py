@@ -67,6 +67,66 @@ def test_each_task_on_openai_native_and_tei(server):
     _assert_close(got, _ref(None)[keep], "openai no task")
 
 
+# What each API's "what the text is for" field picks on a model with task
+# adapters: the task an explicit `task` names (routes/mod.rs, role_pick).
+ROLE_TASKS = [
+    ("/v1/embed", "input_type", "search_query", "retrieval.query"),
+    ("/v1/embed", "input_type", "search_document", "retrieval.passage"),
+    ("/v1/embed", "input_type", "classification", "classification"),
+    ("/v1/embed", "input_type", "clustering", "separation"),
+    ("/v2/embed", "input_type", "search_query", "retrieval.query"),
+    ("/v1/embeddings", "input_type", "query", "retrieval.query"),
+    ("/v1/embeddings", "input_type", "document", "retrieval.passage"),
+    ("/v1/embeddings", "input_type", "passage", "retrieval.passage"),
+    ("/vectors", "task_type", "query", "retrieval.query"),
+    ("/vectors", "task_type", "passage", "retrieval.passage"),
+]
+
+
+def _role_vectors(server, route, field, value, texts) -> np.ndarray:
+    if route == "/vectors":
+        resp = server.post(route, {"texts": texts, "config": {field: value}})
+        assert resp.status_code == 200, resp.text[:500]
+        return np.asarray(resp.json()["vectors"], dtype=np.float32)
+    if route == "/v1/embeddings":
+        return _openai(server.post(route, {"input": texts, "model": "tiny-jina-v3", field: value}))
+    resp = server.post(route, {"texts": texts, field: value})
+    assert resp.status_code == 200, resp.text[:500]
+    emb = resp.json()["embeddings"]
+    return np.asarray(emb["float"] if route == "/v2/embed" else emb, dtype=np.float32)
+
+
+def test_input_types_pick_the_task(server):
+    """Cohere's and Voyage's `input_type` (and Weaviate's `task_type`) run
+    the task an explicit `task` runs: the native route's vectors with that
+    task, bit for bit, and its float64 reference."""
+    texts, keep = _golden()
+    for route, field, value, task in ROLE_TASKS:
+        resp = server.post("/api/v1/embed", {"texts": texts, "task": task})
+        assert resp.status_code == 200, resp.text[:500]
+        native = np.asarray(resp.json()["embeddings"], dtype=np.float32)
+        got = _role_vectors(server, route, field, value, texts)
+        assert np.array_equal(got, native), (route, value, np.abs(got - native).max())
+        _assert_close(got, _ref(task)[keep], f"{route} {field}={value}")
+
+
+def test_input_type_with_task(server):
+    """Both given: the same task is the same request; another one is a 400
+    naming input_type (neither silently wins)."""
+    body = {"input": ["a query"], "model": "tiny-jina-v3", "input_type": "query"}
+    alone = _openai(server.post("/v1/embeddings", body))
+    same = _openai(server.post("/v1/embeddings", {**body, "task": "retrieval.query"}))
+    assert np.array_equal(alone, same)
+    resp = server.post("/v1/embeddings", {**body, "task": "retrieval.passage"})
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    assert err["param"] == "input_type", err
+    assert 'input_type query picks task "retrieval.query"' in err["message"], err
+    assert 'task is "retrieval.passage"' in err["message"], err
+    resp = server.post("/v1/embeddings", {**body, "prompt_name": "retrieval.query"})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "input_type", resp.text
+
+
 def test_mixed_tasks_concurrently(tmp_path):
     """Requests of every task (and none), one text each, sent at once so the
     batcher puts rows of different tasks in one batch: each gets its own
@@ -137,6 +197,11 @@ def test_task_on_a_model_without_adapters(tmp_path):
         err = resp.json()["error"]
         assert err["param"] == "task" and "has no task adapters" in err["message"], err
         assert "tasks" not in srv.get("/info").json()
+        # input_type keeps picking prompts by role: none here, the base vectors.
+        base = _ref(None)[keep[:3]]
+        _assert_close(_role_vectors(srv, "/v1/embed", "input_type", "search_query", texts[:3]), base, "-hf cohere")
+        got = _openai(srv.post("/v1/embeddings", {"input": texts[:3], "input_type": "document"}))
+        _assert_close(got, base, "-hf voyage")
     finally:
         srv.stop()
 

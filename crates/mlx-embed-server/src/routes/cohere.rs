@@ -3,31 +3,33 @@
 //!
 //! Text only. `input_type` picks the model's prompt of that role where it
 //! has one (`search_query` -> `query`, `search_document` -> `document` or
-//! `passage`, `classification`, `clustering`), else its default prompt.
+//! `passage`, `classification`, `clustering`), else its default prompt; on a
+//! model with task adapters (jina-embeddings-v3) it picks the task
+//! (`retrieval.query`, `retrieval.passage`, `classification`, `separation`)
+//! as Jina AI's `task` would ([`super::role_pick`]).
 //! Vectors are unit length; `embedding_types` also answers them as bytes:
 //! `int8` is `round(127 x)` per component, `uint8` that plus 128, `binary`
 //! and `ubinary` one sign bit per component (`x > 0`), eight to a byte,
 //! first component in the high bit (`binary` is `ubinary` - 128), and
 //! `base64` the little-endian float32 bytes.
 
-use std::collections::BTreeMap;
-
 use axum::extract::State;
 use axum::Json;
-use mlx_embed_core::{EmbedInput, EmbedOptions, Priority, Prompt, TruncationDirection};
+use mlx_embed_core::{EmbedInput, EmbedOptions, Priority, TruncationDirection};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::openai::encode_base64;
-use super::role_prompt;
+use super::{role_pick, Role};
 use crate::embed::{embed_answering, output_dimension, EmbedRequest};
 use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
 use crate::extract::{ApiJson, PriorityHeader};
 use crate::models::Task;
 use crate::state::AppState;
 
-/// What the texts are for; picks the model's prompt of that role.
+/// What the texts are for; picks the model's prompt of that role, or its
+/// task adapter of that role.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CohereInputType {
@@ -253,7 +255,7 @@ async fn embed(
     if let Some(n) = req.output_dimension {
         output_dimension(n, model, "output_dimension")?;
     }
-    let prompt = prompt_for(req.input_type, &model.info().prompts);
+    let pick = role_pick(role_of(req.input_type), model.info());
     let truncate = req.truncate.unwrap_or(CohereTruncate::End);
     // Every form asked for answers every value again.
     let bytes_per_value = match req.embedding_types.as_deref() {
@@ -275,7 +277,8 @@ async fn embed(
                     Some(CohereTruncate::None) | None => None,
                 },
                 truncate_to,
-                prompt,
+                prompt: pick.prompt,
+                task: pick.task,
                 priority: req
                     .priority
                     .map(Priority::from_vllm)
@@ -368,19 +371,15 @@ fn texts_of_inputs(inputs: Vec<Value>) -> Result<Vec<String>, ApiError> {
         .collect()
 }
 
-/// The model's prompt for `input_type`'s role, else its default one.
-pub(crate) fn prompt_for(
-    input_type: Option<CohereInputType>,
-    prompts: &BTreeMap<String, String>,
-) -> Prompt {
-    let roles: &[&str] = match input_type {
-        None | Some(CohereInputType::Image) => &[],
-        Some(CohereInputType::SearchQuery) => super::QUERY_ROLES,
-        Some(CohereInputType::SearchDocument) => super::DOCUMENT_ROLES,
-        Some(CohereInputType::Classification) => &["classification"],
-        Some(CohereInputType::Clustering) => &["clustering"],
-    };
-    role_prompt(roles, prompts)
+/// The role `input_type` names (`image` is refused before).
+fn role_of(input_type: Option<CohereInputType>) -> Option<Role> {
+    match input_type? {
+        CohereInputType::SearchQuery => Some(Role::Query),
+        CohereInputType::SearchDocument => Some(Role::Document),
+        CohereInputType::Classification => Some(Role::Classification),
+        CohereInputType::Clustering => Some(Role::Clustering),
+        CohereInputType::Image => None,
+    }
 }
 
 fn by_type(vectors: Vec<Vec<f32>>, types: &[CohereEmbeddingType]) -> CohereEmbeddingsByType {
@@ -465,28 +464,23 @@ mod tests {
     }
 
     #[test]
-    fn input_types_pick_the_models_prompts() {
-        let prompts: BTreeMap<String, String> = [("query", "q: "), ("passage", "p: ")]
-            .into_iter()
-            .map(|(k, v)| (k.to_owned(), v.to_owned()))
-            .collect();
-        let named = |s: &str| Prompt::Named(s.to_owned());
+    fn input_types_name_their_roles() {
         assert_eq!(
-            prompt_for(Some(CohereInputType::SearchQuery), &prompts),
-            named("query")
+            role_of(Some(CohereInputType::SearchQuery)),
+            Some(Role::Query)
         );
         assert_eq!(
-            prompt_for(Some(CohereInputType::SearchDocument), &prompts),
-            named("passage")
+            role_of(Some(CohereInputType::SearchDocument)),
+            Some(Role::Document)
         );
         assert_eq!(
-            prompt_for(Some(CohereInputType::Clustering), &prompts),
-            Prompt::Default
+            role_of(Some(CohereInputType::Classification)),
+            Some(Role::Classification)
         );
-        assert_eq!(prompt_for(None, &prompts), Prompt::Default);
         assert_eq!(
-            prompt_for(Some(CohereInputType::SearchQuery), &BTreeMap::new()),
-            Prompt::Default
+            role_of(Some(CohereInputType::Clustering)),
+            Some(Role::Clustering)
         );
+        assert_eq!(role_of(None), None);
     }
 }

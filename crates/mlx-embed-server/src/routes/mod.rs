@@ -187,19 +187,79 @@ pub(crate) fn task_of(
     Ok(Some(task))
 }
 
-/// Prompt names for a query, in the order [`role_prompt`] tries them.
-pub(crate) const QUERY_ROLES: &[&str] = &["query"];
-/// Prompt names for a document called a document (Cohere's
-/// `search_document`): its own name first, then the other one models use.
-pub(crate) const DOCUMENT_ROLES: &[&str] = &["document", "passage"];
-/// Prompt names for a document called a passage (NIM's and Weaviate's
-/// `passage`): its own name first, then the other one.
-pub(crate) const PASSAGE_ROLES: &[&str] = &["passage", "document"];
+/// What a text is for, as the APIs that say so name it (Cohere's and
+/// Voyage's `input_type`, Weaviate's `task_type`): the one owner of how
+/// such a role becomes a prompt or a task adapter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    Query,
+    /// A document called a document (Cohere's `search_document`, Voyage's `document`).
+    Document,
+    /// A document called a passage (NIM's and Weaviate's `passage`).
+    Passage,
+    Classification,
+    Clustering,
+}
 
-/// The first of `roles` the model has a prompt named for, else its default
-/// prompt: how APIs that say what a text is for (Cohere's `input_type`,
-/// Weaviate's `task_type`) pick a prompt.
-pub(crate) fn role_prompt(roles: &[&str], prompts: &BTreeMap<String, String>) -> Prompt {
+impl Role {
+    /// Prompt names for the role, in the order tried: a document's own name
+    /// first, then the other one models use.
+    fn prompt_names(self) -> &'static [&'static str] {
+        match self {
+            Role::Query => &["query"],
+            Role::Document => &["document", "passage"],
+            Role::Passage => &["passage", "document"],
+            Role::Classification => &["classification"],
+            Role::Clustering => &["clustering"],
+        }
+    }
+
+    /// The task adapter for the role, by jina-embeddings-v3's names (its
+    /// model card: `separation` is its task for clustering).
+    fn task(self) -> &'static str {
+        match self {
+            Role::Query => "retrieval.query",
+            Role::Document | Role::Passage => "retrieval.passage",
+            Role::Classification => "classification",
+            Role::Clustering => "separation",
+        }
+    }
+}
+
+/// The prompt and the task adapter a role picks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RolePick {
+    pub prompt: Prompt,
+    pub task: Option<String>,
+}
+
+/// On a model whose task adapters include the role's task
+/// (jina-embeddings-v3), that task, exactly as an explicit `task` runs it
+/// (its adapter with its prompt): its prompts alone, without the adapter,
+/// are not what its library runs, and its prompt names are not the roles'.
+/// Otherwise the first of the role's prompt names the model has a prompt
+/// for, else its default prompt (as for no role).
+pub(crate) fn role_pick(role: Option<Role>, info: &mlx_embed_core::ModelInfo) -> RolePick {
+    let Some(role) = role else {
+        return RolePick {
+            prompt: Prompt::Default,
+            task: None,
+        };
+    };
+    if info.tasks.iter().any(|t| t == role.task()) {
+        return RolePick {
+            prompt: Prompt::Default,
+            task: Some(role.task().to_owned()),
+        };
+    }
+    RolePick {
+        prompt: role_prompt(role.prompt_names(), &info.prompts),
+        task: None,
+    }
+}
+
+/// The first of `roles` the model has a prompt named for, else its default prompt.
+fn role_prompt(roles: &[&str], prompts: &BTreeMap<String, String>) -> Prompt {
     roles
         .iter()
         .find(|name| prompts.contains_key(**name))
@@ -263,5 +323,108 @@ impl Usage {
             total_tokens: prompt_tokens,
             cache_hits,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mlx_embed_core::ModelInfo;
+
+    fn info(prompts: &[(&str, &str)], tasks: &[&str]) -> ModelInfo {
+        ModelInfo {
+            prompts: prompts
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            tasks: tasks.iter().map(|&t| t.to_owned()).collect(),
+            ..ModelInfo::default()
+        }
+    }
+
+    #[test]
+    fn roles_pick_a_task_where_the_model_has_its_adapter() {
+        const JINA: &[&str] = &[
+            "retrieval.query",
+            "retrieval.passage",
+            "separation",
+            "classification",
+            "text-matching",
+        ];
+        let jina = info(
+            &[
+                ("retrieval.query", "Represent the query: "),
+                ("separation", ""),
+            ],
+            JINA,
+        );
+        let task = |t: &str| RolePick {
+            prompt: Prompt::Default,
+            task: Some(t.to_owned()),
+        };
+        assert_eq!(role_pick(Some(Role::Query), &jina), task("retrieval.query"));
+        assert_eq!(
+            role_pick(Some(Role::Document), &jina),
+            task("retrieval.passage")
+        );
+        assert_eq!(
+            role_pick(Some(Role::Passage), &jina),
+            task("retrieval.passage")
+        );
+        assert_eq!(
+            role_pick(Some(Role::Classification), &jina),
+            task("classification")
+        );
+        assert_eq!(role_pick(Some(Role::Clustering), &jina), task("separation"));
+        let none = RolePick {
+            prompt: Prompt::Default,
+            task: None,
+        };
+        assert_eq!(role_pick(None, &jina), none);
+        // A model with adapters of other names: its prompts by role, as without.
+        let other = info(&[("query", "q: ")], &["legal", "medical"]);
+        let prompt = |p: &str| RolePick {
+            prompt: Prompt::Named(p.to_owned()),
+            task: None,
+        };
+        assert_eq!(role_pick(Some(Role::Query), &other), prompt("query"));
+        assert_eq!(role_pick(Some(Role::Clustering), &other), none);
+        // Without adapters, a prompt named like a task is only a prompt name.
+        let e5 = info(&[("query", "query: "), ("passage", "passage: ")], &[]);
+        assert_eq!(role_pick(Some(Role::Query), &e5), prompt("query"));
+        assert_eq!(role_pick(Some(Role::Document), &e5), prompt("passage"));
+        let plain = info(&[("retrieval.query", "r: ")], &[]);
+        assert_eq!(role_pick(Some(Role::Query), &plain), none);
+    }
+
+    #[test]
+    fn a_passage_takes_the_passage_prompt_and_a_document_the_document_one() {
+        // A model with both names (an e5-style folder that also names a document prompt).
+        let both = info(
+            &[
+                ("query", "query: "),
+                ("passage", "passage: "),
+                ("document", ""),
+            ],
+            &[],
+        );
+        let pick = |role, info: &ModelInfo| role_pick(Some(role), info).prompt;
+        assert_eq!(pick(Role::Passage, &both), Prompt::Named("passage".into()));
+        assert_eq!(
+            pick(Role::Document, &both),
+            Prompt::Named("document".into())
+        );
+        assert_eq!(pick(Role::Query, &both), Prompt::Named("query".into()));
+        // With one of the two names, either role finds it.
+        let only_passage = info(&[("passage", "passage: ")], &[]);
+        assert_eq!(
+            pick(Role::Document, &only_passage),
+            Prompt::Named("passage".into())
+        );
+        assert_eq!(
+            pick(Role::Passage, &only_passage),
+            Prompt::Named("passage".into())
+        );
+        assert_eq!(pick(Role::Query, &ModelInfo::default()), Prompt::Default);
     }
 }

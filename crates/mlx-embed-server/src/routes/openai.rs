@@ -129,13 +129,22 @@ impl<'de> Deserialize<'de> for InputType {
 }
 
 impl InputType {
-    /// The prompt names for its role, in the order tried: a passage is a
-    /// model's `passage` prompt first, a document its `document` one.
-    fn roles(self) -> &'static [&'static str] {
+    /// As sent, for messages.
+    fn name(self) -> &'static str {
         match self {
-            InputType::Query => super::QUERY_ROLES,
-            InputType::Document => super::DOCUMENT_ROLES,
-            InputType::Passage => super::PASSAGE_ROLES,
+            InputType::Query => "query",
+            InputType::Document => "document",
+            InputType::Passage => "passage",
+        }
+    }
+
+    /// Its role: a passage is a model's `passage` prompt first, a
+    /// document its `document` one.
+    fn role(self) -> super::Role {
+        match self {
+            InputType::Query => super::Role::Query,
+            InputType::Document => super::Role::Document,
+            InputType::Passage => super::Role::Passage,
         }
     }
 }
@@ -251,7 +260,10 @@ pub struct OpenAiEmbeddingRequest {
     /// model's prompt of that role where it has one (as Cohere's `input_type`;
     /// `document` tries a prompt named `document`, then `passage`, and
     /// `passage` the other way round), else its default prompt; null: the
-    /// default prompt. Not with `prompt_name`.
+    /// default prompt. On a model with task adapters (jina-embeddings-v3) it
+    /// picks the task instead, as `task` would: `query` is `retrieval.query`,
+    /// `document` and `passage` are `retrieval.passage` (with `task` too, the
+    /// two must agree). Not with `prompt_name`.
     pub input_type: Option<InputType>,
     /// Voyage AI's name for `dimensions` (both set: they must be equal).
     #[schema(minimum = 1)]
@@ -269,9 +281,9 @@ pub struct OpenAiEmbeddingRequest {
     /// Jina AI's: the task adapter to run with, one of the model's `tasks`
     /// (`/info` lists them; jina-embeddings-v3: `retrieval.query`,
     /// `retrieval.passage`, `separation`, `classification`, `text-matching`),
-    /// with the model's prompt of that name unless `prompt_name` or
-    /// `input_type` picks another. A model without task adapters, or an
-    /// unknown task, is a 400. Not an OpenAI field.
+    /// with the model's prompt of that name unless `prompt_name` picks
+    /// another. A model without task adapters, or an unknown task, is a 400;
+    /// so is an `input_type` that picks another task. Not an OpenAI field.
     pub task: Option<String>,
     /// Jina AI's name for `normalize`: false answers the vectors before
     /// normalization.
@@ -472,21 +484,34 @@ pub(crate) async fn embed_request(
     }
     let truncate =
         one_of(("truncate", req.truncate), ("truncation", req.truncation))?.unwrap_or(true);
-    let prompt = match (req.prompt_name, req.input_type) {
+    let task = super::task_of(state, req.model.as_deref(), req.task)?;
+    let (prompt, task) = match (req.prompt_name, req.input_type) {
         (Some(_), Some(_)) => {
             return Err(
                 ApiError::invalid("give either prompt_name or input_type, not both")
                     .param("input_type"),
             )
         }
-        (Some(name), None) => Prompt::Named(name),
+        (Some(name), None) => (Prompt::Named(name), task),
         (None, Some(input_type)) => {
             let model = state.model_for(req.model.as_deref(), Task::Embed)?;
-            super::role_prompt(input_type.roles(), &model.info().prompts)
+            let pick = super::role_pick(Some(input_type.role()), model.info());
+            match (task, pick.task) {
+                // Two fields for one choice: the same task is the same request,
+                // another one cannot be both (and neither silently wins).
+                (Some(asked), Some(picked)) if asked != picked => {
+                    return Err(ApiError::invalid(format!(
+                        "input_type {} picks task {picked:?} on this model, but task is \
+                         {asked:?}: send one of them (or both the same)",
+                        input_type.name()
+                    ))
+                    .param("input_type"))
+                }
+                (asked, picked) => (pick.prompt, asked.or(picked)),
+            }
         }
-        (None, None) => Prompt::Default,
+        (None, None) => (Prompt::Default, task),
     };
-    let task = super::task_of(state, req.model.as_deref(), req.task)?;
     let voyage_truncation = req.truncation.is_some();
     let inputs = req.input.into_inputs();
     run_embed(
@@ -745,34 +770,6 @@ fn model_object(state: &AppState, model: &ServedModel) -> OpenAiModel {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_passage_takes_the_passage_prompt_and_a_document_the_document_one() {
-        use std::collections::BTreeMap;
-        // A model with both names (an e5-style folder that also names a document prompt).
-        let prompts: BTreeMap<String, String> = [
-            ("query", "query: "),
-            ("passage", "passage: "),
-            ("document", ""),
-        ]
-        .into_iter()
-        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-        .collect();
-        let pick = |t: InputType| super::super::role_prompt(t.roles(), &prompts);
-        assert_eq!(pick(InputType::Passage), Prompt::Named("passage".into()));
-        assert_eq!(pick(InputType::Document), Prompt::Named("document".into()));
-        assert_eq!(pick(InputType::Query), Prompt::Named("query".into()));
-        assert_eq!(
-            cohere::prompt_for(Some(cohere::CohereInputType::SearchDocument), &prompts),
-            Prompt::Named("document".into())
-        );
-        // With one of the two names, either role finds it.
-        let only_passage: BTreeMap<String, String> =
-            [("passage".to_owned(), "passage: ".to_owned())].into();
-        let pick = |t: InputType| super::super::role_prompt(t.roles(), &only_passage);
-        assert_eq!(pick(InputType::Document), Prompt::Named("passage".into()));
-        assert_eq!(pick(InputType::Passage), Prompt::Named("passage".into()));
-    }
 
     #[test]
     fn encoding_format_errors_are_data_errors() {

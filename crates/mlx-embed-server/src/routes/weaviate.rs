@@ -7,7 +7,8 @@
 //! any body as JSON ([`crate::errors::Flavor::ANY_CONTENT_TYPE`]). Vectors are unit length; `config.pooling_strategy` is
 //! accepted and ignored (the model's own pooling applies, as in Weaviate's
 //! sentence-transformers images), `config.task_type` picks the model's
-//! `query` or `passage`/`document` prompt where it has one.
+//! `query` or `passage`/`document` prompt where it has one (on a model with
+//! task adapters, its `retrieval.query` or `retrieval.passage` task).
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -16,7 +17,7 @@ use mlx_embed_core::{EmbedInput, EmbedOptions};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::role_prompt;
+use super::{role_pick, Role};
 use crate::embed::{embed as run_embed, EmbedRequest};
 use crate::errors::{ApiError, Shaped, Weaviate, WeaviateErrorBody};
 use crate::extract::{ApiJson, PriorityHeader};
@@ -105,13 +106,12 @@ pub async fn vectors(
         }
     };
     let model = state.model_for(None, Task::Embed)?;
-    let prompt = role_prompt(
-        match req.config.task_type {
-            None => &[],
-            Some(TaskType::Query) => super::QUERY_ROLES,
-            Some(TaskType::Passage) => super::PASSAGE_ROLES,
-        },
-        &model.info().prompts,
+    let pick = role_pick(
+        req.config.task_type.map(|t| match t {
+            TaskType::Query => Role::Query,
+            TaskType::Passage => Role::Passage,
+        }),
+        model.info(),
     );
     let out = run_embed(
         &state,
@@ -120,7 +120,8 @@ pub async fn vectors(
             model: Some(model.name.clone()),
             inputs: texts.iter().cloned().map(EmbedInput::Text).collect(),
             options: EmbedOptions {
-                prompt,
+                prompt: pick.prompt,
+                task: pick.task,
                 priority: priority.unwrap_or_default(),
                 ..EmbedOptions::default()
             },

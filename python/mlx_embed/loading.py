@@ -425,8 +425,13 @@ def load_checkpoint(
     timings["import"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
+    # Adapters a folder keeps beside its weights (jina-embeddings-v3-hf's
+    # PEFT subfolders): what they add to the model's shape, and their weights.
+    folder_adapters = getattr(arch, "folder_adapters", None)
+    config, adapter_weights = folder_adapters(files, config) if folder_adapters else (config, {})
     model = arch.Model(arch.ModelArgs.from_dict(config))
     weights, weights_format = load_weights(files)
+    weights.update(adapter_weights)
     # A Stanford ColBERT keeps its projection beside the encoder's weights.
     stanford_linear = weights.pop("linear.weight", None) if st_modules.is_stanford_colbert(path) else None
     if choice.from_classifier:

@@ -1,12 +1,16 @@
 """jina-embeddings-v3 through the real server: Jina AI's `task` on
 /v1/embeddings (and the native route's), a TEI `prompt_name` naming a task,
-and requests of different tasks batched together, each answered its own
-task's reference vectors (tests/fixtures/tiny-jina-v3/README.md)."""
+Cohere's and Voyage's `input_type` picking the task, and requests of
+different tasks batched together, each answered its own task's reference
+vectors (tests/fixtures/tiny-jina-v3/README.md); the -hf layout's PEFT
+adapters (tests/fixtures/tiny-jina-v3-hf/README.md)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,6 +18,7 @@ import pytest
 from harness import FIXTURES, cosine_rows, start_server
 
 REMOTE = FIXTURES / "tiny-jina-v3"
+NATIVE = FIXTURES / "tiny-jina-v3-hf"
 TASKS = ("retrieval.query", "retrieval.passage", "separation", "classification", "text-matching")
 
 
@@ -23,8 +28,8 @@ def _golden():
     return [texts[i] for i in keep], keep
 
 
-def _ref(task) -> np.ndarray:
-    return np.load(REMOTE / f"reference_{task or 'none'}_normalized.npy")
+def _ref(task, folder: Path = REMOTE) -> np.ndarray:
+    return np.load(folder / f"reference_{task or 'none'}_normalized.npy")
 
 
 def _openai(resp) -> np.ndarray:
@@ -187,8 +192,29 @@ def test_task_refusals(server, tmp_path):
     assert resp.status_code == 200, resp.text
 
 
+def test_native_layout_tasks(tmp_path):
+    """jina-embeddings-v3-hf: its PEFT adapter subfolders are the tasks
+    (float64 transformers + PEFT references), by `task` and by input_type."""
+    srv = start_server(tmp_path, "--model", str(NATIVE), "--no-warmup")
+    try:
+        texts, keep = _golden()
+        assert srv.get("/info").json()["tasks"] == list(TASKS)
+        for task in TASKS:
+            got = _openai(srv.post("/v1/embeddings", {"input": texts, "task": task}))
+            _assert_close(got, _ref(task, NATIVE)[keep], f"-hf task={task}")
+        got = _role_vectors(srv, "/v1/embed", "input_type", "clustering", texts)
+        _assert_close(got, _ref("separation", NATIVE)[keep], "-hf cohere clustering")
+    finally:
+        srv.stop()
+
+
 def test_task_on_a_model_without_adapters(tmp_path):
-    srv = start_server(tmp_path, "--model", str(FIXTURES / "tiny-jina-v3-hf"), "--no-warmup")
+    # The -hf folder without its adapter subfolders.
+    base = tmp_path / "hf-base"
+    shutil.copytree(
+        NATIVE, base, ignore=lambda d, names: [n for n in names if (NATIVE / n / "adapter_config.json").exists()]
+    )
+    srv = start_server(tmp_path, "--model", str(base), "--no-warmup")
     try:
         texts, keep = _golden()
         _assert_close(_openai(srv.post("/v1/embeddings", {"input": texts})), _ref(None)[keep], "-hf no task")

@@ -1,15 +1,18 @@
 """jina-embeddings-v3 (Jina XLM-RoBERTa: rotary positions, task LoRA) in both
 layouts: tiny-jina-v3 (the remote-code folder people download, adapters as
 torch parametrizations for all 5 tasks) and tiny-jina-v3-hf (transformers'
-native ``jina_embeddings_v3``, no adapters). References: float64
-transformers + sentence-transformers with each task's LoRA merged,
-cross-checked against a hand-written float64 version of the remote code's
-per-row adapter math (tests/fixtures/tiny-jina-v3/README.md,
-scripts/fixtures/make_jina_v3.py)."""
+native ``jina_embeddings_v3``, its adapters PEFT LoRA subfolders as
+transformers' model doc loads them). References: float64 transformers +
+sentence-transformers with each task's LoRA merged, cross-checked against a
+hand-written float64 version of the remote code's per-row adapter math
+(tests/fixtures/tiny-jina-v3/README.md, scripts/fixtures/make_jina_v3.py);
+for -hf, float64 transformers + PEFT (tests/fixtures/tiny-jina-v3-hf/README.md,
+scripts/fixtures/make_jina_v3_hf_adapters.py)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -34,14 +37,27 @@ def test_loads_both_layouts_as_one_network():
     for model, model_type in ((remote, "xlm-roberta"), (native, "jina_embeddings_v3")):
         assert isinstance(model.model, jina_xlm_roberta.Model)
         assert (model.model_type, model.pooling, model.dim, model.max_length) == (model_type, "mean", 64, 128)
-    assert remote.tasks == TASKS and native.tasks == ()
+    assert remote.tasks == TASKS and native.tasks == TASKS
     # The adapters stay low rank: [tasks*rank, in] and [tasks*rank, out]
     # beside the one base weight, not five merged copies.
     qkv = remote.model.layers[0].mixer.Wqkv
     assert qkv.base.weight.shape == (192, 64) and qkv.lora_a.shape == (20, 64) and qkv.lora_b.shape == (20, 192)
     word = remote.model.embeddings.word_embeddings
     assert word.lora_a.shape == (word.base.weight.shape[0], 20) and word.lora_b.shape == (20, 64)
-    assert "lora_a" not in native.model.layers[0].mixer.Wqkv
+    # PEFT's adapters: each task's slot as wide as its widest fused
+    # module (q, k and v of rank 4 side by side: 12), scaling in B.
+    qkv = native.model.layers[0].mixer.Wqkv
+    assert qkv.lora_a.shape == (60, 64) and qkv.lora_b.shape == (60, 192)
+    assert native.model.args.lora_scaling == 1.0
+
+
+def _without_adapters(tmp_path):
+    """tiny-jina-v3-hf without its adapter subfolders."""
+    dst = tmp_path / "hf-base"
+    shutil.copytree(
+        FIXTURES / NATIVE, dst, ignore=lambda d, names: [n for n in names if n in jina_xlm_roberta.PEFT_SUBFOLDERS]
+    )
+    return dst
 
 
 @pytest.mark.parametrize("folder", [REMOTE, NATIVE])
@@ -56,6 +72,83 @@ def test_each_task_matches_reference(task, golden_texts):
     assert_parity(model.embed(golden_texts, task=task), ref)
     # One text per call (no padding) is the same.
     assert_parity(np.concatenate([model.embed([t], task=task) for t in golden_texts]), ref)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_native_layout_tasks_match_reference(task, golden_texts):
+    """-hf: each task's PEFT adapter (its subfolder) against float64
+    transformers + PEFT with that adapter set; no prompt (the folder names
+    none)."""
+    model = load_fixture(NATIVE)
+    ref = _ref(task, NATIVE)
+    assert_parity(model.embed(golden_texts, task=task), ref)
+    assert_parity(np.concatenate([model.embed([t], task=task) for t in golden_texts[:8]]), ref[:8])
+
+
+def test_native_layout_rows_of_different_tasks_share_a_pass(golden_texts):
+    model = load_fixture(NATIVE)
+    cycle = [-1 if i % 6 == 5 else i % 6 for i in range(len(golden_texts))]
+    ids = [model.encode([t])[0][0] for t in golden_texts]
+    res = model.embed_ids(ids, adapter=cycle)
+    got = np.frombuffer(res.vectors, dtype="<f4").reshape(len(ids), -1)
+    got = got / np.linalg.norm(got, axis=1, keepdims=True)
+    expect = np.stack([_ref(None if a < 0 else TASKS[a], NATIVE)[i] for i, a in enumerate(cycle)])
+    assert_parity(got, expect)
+
+
+def test_native_layout_without_adapter_folders(tmp_path, golden_texts):
+    model = load_fixture(_without_adapters(tmp_path))
+    assert model.tasks == () and "lora_a" not in model.model.layers[0].mixer.Wqkv
+    assert_parity(model.embed(golden_texts), _ref(None, NATIVE))
+    with pytest.raises(InvalidInput, match="has no task adapters"):
+        model.embed(["x"], task="retrieval.query")
+
+
+def _edit_adapter(folder, sub, **edit):
+    path = folder / sub / "adapter_config.json"
+    cfg = json.loads(path.read_text())
+    cfg.update(edit)
+    path.write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        ({"use_dora": True}, "use_dora=True is not supported"),
+        ({"fan_in_fan_out": True}, "fan_in_fan_out=True"),
+        ({"bias": "all"}, "bias='all'"),
+        ({"modules_to_save": ["pooler"]}, "modules_to_save"),
+        ({"peft_type": "IA3"}, "peft_type='IA3'"),
+        ({"r": 8}, r"not of rank r=8"),
+    ],
+)
+def test_native_layout_refuses_adapters_it_cannot_run(tmp_path, edit, message):
+    dst = copy_fixture(NATIVE, tmp_path / "m")
+    _edit_adapter(dst, "separation", **edit)
+    with pytest.raises(ValueError, match=message):
+        load_fixture(dst)
+
+
+def test_native_layout_reads_the_scaling_settings(tmp_path, golden_texts):
+    """rsLoRA (classification) and alpha_pattern (text_matching) are read:
+    dropping them gives other vectors."""
+    dst = copy_fixture(NATIVE, tmp_path / "m")
+    _edit_adapter(dst, "classification", use_rslora=False)
+    _edit_adapter(dst, "text_matching", alpha_pattern={})
+    model = load_fixture(dst)
+    for task in ("classification", "text-matching"):
+        assert np.abs(model.embed(golden_texts, task=task) - _ref(task, NATIVE)).max() > 1e-2
+    assert_parity(model.embed(golden_texts, task="separation"), _ref("separation", NATIVE))
+
+
+def test_native_layout_other_adapter_names(tmp_path, golden_texts):
+    """A subfolder of another name is served under its own name, after
+    the documented five."""
+    dst = copy_fixture(NATIVE, tmp_path / "m")
+    (dst / "separation").rename(dst / "legal")
+    model = load_fixture(dst)
+    assert model.tasks == ("retrieval.query", "retrieval.passage", "classification", "text-matching", "legal")
+    assert_parity(model.embed(golden_texts, task="legal"), _ref("separation", NATIVE))
 
 
 @pytest.mark.parametrize("fast_ops", ["mlx", "exact"])
@@ -105,8 +198,8 @@ def test_refusals():
         r"retrieval\.passage, separation, classification, text-matching",
     ):
         remote.embed(["x"], task="retrieval")
-    with pytest.raises(InvalidInput, match="has no task adapters"):
-        native.embed(["x"], task="retrieval.query")
+    with pytest.raises(InvalidInput, match="unknown task 'retrieval'"):
+        native.embed(["x"], task="retrieval")
     with pytest.raises(InvalidInput, match="has no task adapters"):
         load_fixture("tiny-xlm-roberta").embed(["x"], task="retrieval.query")
     ids = remote.encode(["x"])[0]
@@ -115,7 +208,7 @@ def test_refusals():
     with pytest.raises(InvalidInput, match="1 adapters for 2 inputs"):
         remote.embed_ids(ids * 2, adapter=[0])
     with pytest.raises(InvalidInput, match="has no task adapters"):
-        native.embed_ids(ids, adapter=[0])
+        load_fixture("tiny-xlm-roberta").embed_ids(ids, adapter=[0])
     with pytest.raises(InvalidInput, match="pooled embeddings only"):
         remote.embed_ids(ids, adapter=[0], output="tokens")
 

@@ -14,7 +14,7 @@ network for both layouts:
   head (base ``rotary_emb_base``, 20000; the native config's
   ``rope_parameters``), output projection, GELU MLP ``fc1``/``fc2``.
 
-Task adapters (original layout only): every ``nn.Linear`` and
+Task adapters, original layout: every ``nn.Linear`` and
 ``nn.Embedding`` of the encoder carries one LoRA per task in
 ``lora_adaptations``, stacked on a first axis, scaling ``lora_alpha /
 lora_rank``. A linear's update is ``B_t @ A_t`` (A [rank, in], B [out,
@@ -27,16 +27,36 @@ columns of the other tasks are zeroed by the row's selector (which also
 holds the scaling), and one matmul with the stacked ``B`` adds the row's
 update. A row with no task (``-1``) gets the base weights, as the remote
 code runs them without a task (its ``encode()`` "disables LoRA").
+
+Task adapters, native layout: transformers' ``JinaEmbeddingsV3Model`` has
+no LoRA of its own; its model doc (``model_doc/jina_embeddings_v3.md``,
+"Task-Specific LoRA Adapters") loads each task as a PEFT LoRA adapter from
+a subfolder of the model folder, ``model.load_adapter(folder,
+adapter_name=task, adapter_kwargs={"subfolder": task})`` then
+``set_adapter(task)``, the subfolders named ``retrieval_query``,
+``retrieval_passage``, ``separation``, ``classification``,
+``text_matching`` (served as Jina's task names, ``retrieval.query`` ...).
+Each holds ``adapter_config.json`` and ``adapter_model.safetensors``
+(``lora_A``/``lora_B`` per linear, ``lora_embedding_A``/``_B`` per
+embedding, scaling ``lora_alpha / r``, or ``/ sqrt(r)`` with rsLoRA, per
+module with ``rank_pattern``/``alpha_pattern``). They run in the same
+stacks: each adapter's scaling is folded into its ``B``, q/k/v's adapters
+sit side by side in the fused projection's slot, and every task's slot is
+as wide as the widest (zero columns elsewhere).
 """
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from .. import ops
 from . import config_args
@@ -69,6 +89,10 @@ class ModelArgs:
     lora_rank: int = 4
     lora_alpha: float = 1.0
     load_trained_adapters: bool = True
+    # Set by folder_adapters (native layout): the tasks of its PEFT
+    # subfolders and their slot width, with each scaling folded into B.
+    peft_tasks: list = field(default_factory=list)
+    peft_rank: int = 0
 
     @classmethod
     def from_dict(cls, params: dict) -> "ModelArgs":
@@ -76,9 +100,15 @@ class ModelArgs:
         if params.get("model_type") == "jina_embeddings_v3":
             # transformers' native model: rotary by construction, and no
             # adapters in its weights (an XLM-R config key it inherits
-            # would say "absolute").
-            for key in ("position_embedding_type", "lora_adaptations"):
+            # would say "absolute"); its adapters are the folder's PEFT ones.
+            for key in ("position_embedding_type", "lora_adaptations", "lora_rank", "lora_alpha"):
                 args.pop(key, None)
+            if args.get("peft_tasks"):
+                args["lora_adaptations"] = list(args["peft_tasks"])
+                args["lora_rank"] = args["peft_rank"]
+        else:
+            args.pop("peft_tasks", None)
+            args.pop("peft_rank", None)
         return cls(**args)
 
     def __post_init__(self):
@@ -118,7 +148,12 @@ class ModelArgs:
         if tasks and (int(self.lora_rank) < 1):
             raise ValueError(f"{arch}: lora_rank must be >= 1, got {self.lora_rank!r}")
         self.tasks = tuple(tasks)
-        self.lora_scaling = float(self.lora_alpha) / int(self.lora_rank) if tasks else 0.0
+        if not tasks:
+            self.lora_scaling = 0.0
+        elif self.peft_rank:
+            self.lora_scaling = 1.0  # folded into each adapter's B
+        else:
+            self.lora_scaling = float(self.lora_alpha) / int(self.lora_rank)
 
 
 def _low_rank(x: mx.array, down: mx.array, up: mx.array, select: mx.array) -> mx.array:
@@ -279,26 +314,16 @@ class Model(nn.Module):
             x = layer(x, mask, select)
         return x if rows is None else rows.unpack(x)
 
-    # Native (transformers' jina_embeddings_v3) names -> the remote code's,
-    # which are ours; conversion_mapping.py maps the other way.
-    _NATIVE = (
-        (r"^embeddings\.LayerNorm\.", "emb_ln."),
-        (r"^layers\.(\d+)\.self_attn\.o_proj\.", r"layers.\1.mixer.out_proj."),
-        (r"^layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.norm1."),
-        (r"^layers\.(\d+)\.post_mlp_layernorm\.", r"layers.\1.norm2."),
-    )
-
     def sanitize(self, weights: dict) -> dict:
         tasks, rank = len(self.args.tasks), int(self.args.lora_rank)
-        out, lora = {}, {}
+        out, lora, peft = {}, {}, {}
         for name, w in weights.items():
-            # XLMRobertaLoRA and *ForMaskedLM keep the encoder under "roberta.".
-            name = name.removeprefix("roberta.")
-            if name.startswith(("pooler.", "lm_head.")) or name.endswith(("position_ids", "inv_freq")):
+            if name.startswith(PEFT_PREFIX):
+                peft[name] = w
                 continue
-            name = re.sub(r"^encoder\.layers\.", "layers.", name)
-            for pat, rep in self._NATIVE:
-                name = re.sub(pat, rep, name)
+            name = _our_name(name)
+            if name is None:
+                continue
             # torch parametrizations: the base weight, then the LoRA stacks.
             m = re.match(r"^(.*)\.parametrizations\.weight\.(original|0\.lora_A|0\.lora_B)$", name)
             if m is None:
@@ -315,10 +340,12 @@ class Model(nn.Module):
                 if all(p in out for p in parts):
                     out[f"layers.{i}.mixer.Wqkv.{suffix}"] = mx.concatenate([out.pop(p) for p in parts], axis=0)
         # The LoRA'd modules' own weights live in their base layer.
-        lora_modules = (
-            r"^(embeddings\.\w+_embeddings|layers\.\d+\.(mixer\.(Wqkv|out_proj)|mlp\.fc[12]))\.(weight|bias)$"
-        )
-        out = {re.sub(lora_modules, r"\1.base.\4", k): v for k, v in out.items()}
+        out = {re.sub(_LORA_MODULES, r"\1.base.\4", k): v for k, v in out.items()}
+        if self.args.peft_rank:
+            out.update(self._peft_stacks(peft))
+            return out
+        if peft:
+            raise ValueError(f"{self.model_type}: PEFT adapters are read for the native layout only")
         if lora and not tasks:
             raise ValueError(
                 f"{self.model_type}: the weights hold LoRA adapters but config.json names no lora_adaptations"
@@ -339,3 +366,182 @@ class Model(nn.Module):
                 out[module + ".lora_a"] = a.reshape(tasks * rank, a.shape[-1])
                 out[module + ".lora_b"] = b.transpose(0, 2, 1).reshape(tasks * rank, b.shape[1])
         return out
+
+    def _peft_stacks(self, peft: dict) -> dict:
+        """The folder's PEFT adapters (``folder_adapters``' entries) as the
+        stacks: task t's slot is columns ``t*R .. t*R + r``; q, k and v's
+        adapters follow each other in the fused projection's slot, each
+        ``B`` in its own third of the outputs."""
+        a = self.args
+        R, dim = int(a.lora_rank), a.hidden_size
+        stacks = {}
+
+        def stack(module: str, kind: str, rows: int, cols: int) -> np.ndarray:
+            key = f"{module}.{kind}"
+            if key not in stacks:
+                stacks[key] = np.zeros((rows, cols), dtype=np.float32)
+            return stacks[key]
+
+        shapes = {"embeddings.word_embeddings": a.vocab_size, "embeddings.token_type_embeddings": a.type_vocab_size}
+        for emb, rows in shapes.items():
+            stack(emb, "lora_a", rows, len(a.tasks) * R), stack(emb, "lora_b", len(a.tasks) * R, dim)
+        for i in range(a.num_hidden_layers):
+            for mod, fan_in, fan_out in (
+                ("mixer.Wqkv", dim, 3 * dim),
+                ("mixer.out_proj", dim, dim),
+                ("mlp.fc1", dim, a.intermediate_size),
+                ("mlp.fc2", a.intermediate_size, dim),
+            ):
+                stack(f"layers.{i}.{mod}", "lora_a", len(a.tasks) * R, fan_in)
+                stack(f"layers.{i}.{mod}", "lora_b", len(a.tasks) * R, fan_out)
+        used: dict = {}  # (task, fused module) -> columns of its slot taken
+        for task, module, A, B in _peft_entries(peft):
+            t = a.tasks.index(task)
+            qkv = re.match(r"^layers\.(\d+)\.self_attn\.([qkv])_proj$", module)
+            target = f"layers.{qkv.group(1)}.mixer.Wqkv" if qkv else module
+            r = A.shape[0]
+            at = t * R + used.get((t, target), 0)
+            used[(t, target)] = used.get((t, target), 0) + r
+            if target.startswith("embeddings."):
+                # PEFT: A [r, rows], B [dim, r]; ours: A^T's rows per id, B^T.
+                stacks[target + ".lora_a"][:, at : at + r] = A.T
+                stacks[target + ".lora_b"][at : at + r] = B.T
+            elif target + ".lora_a" in stacks:
+                stacks[target + ".lora_a"][at : at + r] = A
+                third = "qkv".index(qkv.group(2)) * dim if qkv else 0
+                stacks[target + ".lora_b"][at : at + r, third : third + B.shape[0]] = B.T
+            else:
+                raise ValueError(
+                    f"{self.model_type}: a PEFT adapter of {task!r} targets {module}, "
+                    "which the model does not run (supported: the encoder's linears and embeddings)"
+                )
+        return {k: mx.array(v) for k, v in stacks.items()}
+
+
+# Native (transformers' jina_embeddings_v3) names -> the remote code's,
+# which are ours; conversion_mapping.py maps the other way.
+_NATIVE = (
+    (r"^embeddings\.LayerNorm\.", "emb_ln."),
+    (r"^layers\.(\d+)\.self_attn\.o_proj\.", r"layers.\1.mixer.out_proj."),
+    (r"^layers\.(\d+)\.post_attention_layernorm\.", r"layers.\1.norm1."),
+    (r"^layers\.(\d+)\.post_mlp_layernorm\.", r"layers.\1.norm2."),
+)
+_LORA_MODULES = r"^(embeddings\.\w+_embeddings|layers\.\d+\.(mixer\.(Wqkv|out_proj)|mlp\.fc[12]))\.(weight|bias)$"
+
+
+def _our_name(name: str) -> Optional[str]:
+    """A checkpoint name (either layout) as ours; None for what the
+    embedding does not run (pooler, LM head, buffers)."""
+    # XLMRobertaLoRA and *ForMaskedLM keep the encoder under "roberta.".
+    name = name.removeprefix("roberta.")
+    if name.startswith(("pooler.", "lm_head.")) or name.endswith(("position_ids", "inv_freq")):
+        return None
+    name = re.sub(r"^encoder\.layers\.", "layers.", name)
+    for pat, rep in _NATIVE:
+        name = re.sub(pat, rep, name)
+    return name
+
+
+# transformers' documented subfolder names (its model doc) -> Jina's task
+# names, which the original layout and Jina's API use; in this order.
+PEFT_SUBFOLDERS = {
+    "retrieval_query": "retrieval.query",
+    "retrieval_passage": "retrieval.passage",
+    "separation": "separation",
+    "classification": "classification",
+    "text_matching": "text-matching",
+}
+PEFT_PREFIX = "peft::"
+
+# adapter_config.json settings whose adapters are not a plain LoRA update of
+# the base weights, each with the value that is.
+_PEFT_PLAIN = {
+    "peft_type": "LORA",
+    "use_dora": False,
+    "fan_in_fan_out": False,
+    "bias": "none",
+    "lora_bias": False,
+    "modules_to_save": None,
+    "trainable_token_indices": None,
+    "target_parameters": None,
+    "alora_invocation_tokens": None,
+    "layer_replication": None,
+    "use_qalora": False,
+}
+
+
+def _pattern_value(pattern: dict, module: str, default):
+    """PEFT's ``rank_pattern``/``alpha_pattern`` lookup: the first key that
+    matches the end of the module's name (``get_pattern_key``)."""
+    for key, value in (pattern or {}).items():
+        if re.match(rf"(.*\.)?({key})$", module):
+            return value
+    return default
+
+
+def folder_adapters(path: str, config: dict) -> tuple[dict, dict]:
+    """The native layout's task adapters: each PEFT subfolder of ``path``
+    (transformers' ``load_adapter(path, subfolder=...)``) as config keys
+    (``peft_tasks``, ``peft_rank``) and weights for ``sanitize``, each
+    adapter's scaling folded into its ``B``. Other layouts, or no such
+    subfolder: ``(config, {})``."""
+    if config.get("model_type") != "jina_embeddings_v3":
+        return config, {}
+    found = sorted(d for d in os.listdir(path) if os.path.isfile(os.path.join(path, d, "adapter_config.json")))
+    found.sort(key=lambda d: list(PEFT_SUBFOLDERS).index(d) if d in PEFT_SUBFOLDERS else len(PEFT_SUBFOLDERS))
+    weights, widest = {}, 0
+    tasks = []
+    for sub in found:
+        task = PEFT_SUBFOLDERS.get(sub, sub)
+        tasks.append(task)
+        folder = os.path.join(path, sub)
+        with open(os.path.join(folder, "adapter_config.json"), encoding="utf-8") as f:
+            cfg = json.load(f)
+        for key, plain in _PEFT_PLAIN.items():
+            value = cfg.get(key, plain)
+            if value != plain and not (plain is None and value in ([], {})):
+                raise ValueError(
+                    f"{folder}/adapter_config.json: {key}={cfg[key]!r} is not supported "
+                    f"(only plain LoRA adapters: {key}={plain!r})"
+                )
+        file = os.path.join(folder, "adapter_model.safetensors")
+        if not os.path.isfile(file):
+            raise FileNotFoundError(f"{folder} has adapter_config.json but no adapter_model.safetensors")
+        modules: dict = {}
+        for key, w in mx.load(file).items():
+            m = re.match(r"^(?:base_model\.model\.)?(.+)\.(lora_A|lora_B)\.weight$", key) or re.match(
+                r"^(?:base_model\.model\.)?(.+)\.(lora_embedding_A|lora_embedding_B)$", key
+            )
+            if m is None:
+                raise ValueError(f"{file}: {key} is not a LoRA weight (lora_A/lora_B, lora_embedding_A/B)")
+            modules.setdefault(m.group(1), {})[m.group(2)[-1]] = w
+        fused: dict = {}
+        for module, ab in sorted(modules.items()):
+            if set(ab) != {"A", "B"}:
+                raise ValueError(f"{file}: {module} has {sorted(ab)} of LoRA's A and B")
+            r = int(_pattern_value(cfg.get("rank_pattern"), module, cfg.get("r", 8)))
+            alpha = float(_pattern_value(cfg.get("alpha_pattern"), module, cfg.get("lora_alpha", 8)))
+            a, b = ab["A"].astype(mx.float32), ab["B"].astype(mx.float32)
+            if a.shape[0] != r or b.shape[-1] != r:
+                raise ValueError(f"{file}: {module}'s A {a.shape} and B {b.shape} are not of rank r={r}")
+            scaling = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
+            ours = _our_name(module + ".weight")
+            if ours is None:
+                continue  # the pooler: not run for embeddings
+            ours = ours.removesuffix(".weight")
+            weights[f"{PEFT_PREFIX}{task}::{ours}::A"] = a
+            weights[f"{PEFT_PREFIX}{task}::{ours}::B"] = b * scaling
+            qkv = re.match(r"^(layers\.\d+)\.self_attn\.[qkv]_proj$", ours)
+            group = qkv.group(1) if qkv else ours
+            fused[group] = fused.get(group, 0) + r
+        widest = max([widest, *fused.values()])
+    if not tasks:
+        return config, {}
+    return {**config, "peft_tasks": tasks, "peft_rank": widest}, weights
+
+
+def _peft_entries(weights: dict):
+    """(task, module, A, B) of ``folder_adapters``' weights."""
+    for key in sorted(k for k in weights if k.endswith("::A")):
+        _, task, module, _ = key.split("::")
+        yield task, module, np.array(weights[key]), np.array(weights[key[:-1] + "B"])

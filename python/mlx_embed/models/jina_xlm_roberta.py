@@ -48,6 +48,7 @@ as wide as the widest (zero columns elsewhere).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
@@ -62,6 +63,7 @@ from .. import ops
 from . import config_args
 
 EMBEDDING_DEFAULTS = {"pooling": "mean"}
+log = logging.getLogger("mlx_embed")
 
 
 @dataclass
@@ -488,6 +490,7 @@ def folder_adapters(path: str, config: dict) -> tuple[dict, dict]:
     if config.get("model_type") != "jina_embeddings_v3":
         return config, {}
     found = sorted(d for d in os.listdir(path) if os.path.isfile(os.path.join(path, d, "adapter_config.json")))
+    # The documented five in their order, then any other by name.
     found.sort(key=lambda d: list(PEFT_SUBFOLDERS).index(d) if d in PEFT_SUBFOLDERS else len(PEFT_SUBFOLDERS))
     weights, widest = {}, 0
     tasks = []
@@ -536,8 +539,15 @@ def folder_adapters(path: str, config: dict) -> tuple[dict, dict]:
             fused[group] = fused.get(group, 0) + r
         widest = max([widest, *fused.values()])
     if not tasks:
+        # Said at load, as a `task` refused later would not say why.
+        log.info(
+            "%s: no PEFT adapter subfolders (%s): the base network, without tasks",
+            path,
+            ", ".join(PEFT_SUBFOLDERS),
+        )
         return config, {}
-    return {**config, "peft_tasks": tasks, "peft_rank": widest}, weights
+    # At least 1: adapters of the pooler only leave every slot empty.
+    return {**config, "peft_tasks": tasks, "peft_rank": max(widest, 1)}, weights
 
 
 def _peft_entries(weights: dict):

@@ -277,7 +277,15 @@ def test_bge_reranker_v2_gemma_instruction_is_flagembeddings_prompt(server):
     assert r.status_code == 200, r.text
     # A prompt that leaves the pair nothing is refused by name.
     r = server.post("/rerank", {"model": model, "query": "q", "texts": ["d"], "instruction": "Yes " * 200})
-    assert r.status_code in (400, 422) and "instruction leaves the pair no room" in r.text, r.text
+    assert r.status_code == 400 and r.json()["error"].startswith("the instruction leaves the pair no room"), r.text
+    # Named as the instruction, not as the first input (which is not at
+    # fault), with or without Cohere's chunks.
+    for extra in ({}, {"max_chunks_per_doc": 2}):
+        r = server.post("/v1/rerank", {"model": model, "query": "q", "documents": ["d", "e"],
+                                       "instruction": "Yes " * 200, **extra})
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["param"] == "instruction", r.text
+        assert error["message"].startswith("the instruction leaves the pair no room"), r.text
 
 
 def test_instruction_on_the_other_rerankers(server):
@@ -299,7 +307,10 @@ def test_instruction_on_the_other_rerankers(server):
         assert abs(got[0] - plain[0]) > 1e-6, model
     r = server.post("/rerank", {"model": "tiny-camembert-reranker", "query": query, "texts": docs,
                                 "instruction": "Find geography facts"})
-    assert r.status_code in (400, 422) and "prompts do not apply" in r.text, r.text
+    assert r.status_code == 400 and r.json()["error"].startswith("prompts do not apply"), r.text
+    r = server.post("/v1/rerank", {"model": "tiny-camembert-reranker", "query": query, "documents": docs,
+                                   "instruction": "Find geography facts"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "instruction", r.text
 
 
 def test_st6_qwen2_reranker_scores_as_cross_encoder(server):

@@ -178,6 +178,7 @@ pub(crate) async fn tei_rank(
     req: TeiRerankRequest,
     priority: Option<Priority>,
 ) -> Result<Vec<TeiRank>, ApiError> {
+    check_instruction(state, req.model.as_deref(), req.instruction.as_deref()).await?;
     let out = score(
         state,
         pairs_request(
@@ -726,6 +727,7 @@ async fn rank(
         )
         .param("truncate_prompt_tokens"));
     }
+    check_instruction(state, req.model.as_deref(), req.instruction.as_deref()).await?;
     let options = EmbedOptions {
         priority: priority.unwrap_or_default(),
         truncate,
@@ -1075,6 +1077,52 @@ fn pairs_request(
 /// prompt is the reranker's instruction.
 fn instruction_prompt(instruction: Option<String>) -> Prompt {
     instruction.map_or(Prompt::Default, Prompt::Raw)
+}
+
+/// A request's `instruction`, tried once on the served reranker's pair
+/// frame: one the model cannot take (a cross-encoder without a prompt, a
+/// FlagEmbedding prompt leaving the pair no room) is refused naming
+/// `instruction`. Left to the batcher, every pair failed alike and the first
+/// was blamed ("input 0", `param: "input"`), an input not at fault. A frame
+/// that fails without the instruction too is left for the batcher to tell.
+async fn check_instruction(
+    state: &AppState,
+    model: Option<&str>,
+    instruction: Option<&str>,
+) -> Result<(), ApiError> {
+    let Some(instruction) = instruction else {
+        return Ok(());
+    };
+    let served = state.model_for(model, Task::Rerank)?;
+    let Some(tok) = served.batcher.tokenizer().cloned() else {
+        return Ok(());
+    };
+    let instruction = instruction.to_owned();
+    let refusal = tokio::task::spawn_blocking(move || {
+        let frame = |prompt| {
+            let pair = EmbedInput::Pair {
+                query: String::new(),
+                document: String::new(),
+            };
+            tok.encode(
+                &pair,
+                &EmbedOptions {
+                    prompt,
+                    ..EmbedOptions::default()
+                },
+            )
+        };
+        match frame(Prompt::Raw(instruction)) {
+            Err(e) if frame(Prompt::Default).is_ok() => Some(e.message),
+            _ => None,
+        }
+    })
+    .await
+    .map_err(|e| ApiError::new(ErrorKind::Model, format!("tokenizer task failed: {e}")))?;
+    match refusal {
+        Some(message) => Err(ApiError::invalid(message).param("instruction")),
+        None => Ok(()),
+    }
 }
 
 /// A reranker has one label: its scores as a flat list.

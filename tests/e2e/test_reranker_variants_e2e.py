@@ -249,6 +249,14 @@ def test_bge_reranker_v2_gemma_instruction_is_flagembeddings_prompt(server):
             np.testing.assert_allclose([cohere[k] for k in range(len(idx))], got[idx], rtol=0, atol=1e-6)
         seen = ~np.isnan(got)
         assert seen.sum() == len(pairs) - 1, name  # all but the empty query
+        # Voyage AI's body on /v1/rerank (told by its top_k / truncation)
+        # runs the instruction too (it was dropped: the default prompt's scores).
+        r = server.post("/v1/rerank", {"model": model, "query": query, "documents": docs, "top_k": None,
+                                       "truncation": True, "instruction": prompt})
+        assert r.status_code == 200 and "data" in r.json(), r.text
+        voyage = {x["index"]: x["relevance_score"] for x in r.json()["data"]}
+        want = 1 / (1 + np.exp(-got[idx]))
+        np.testing.assert_allclose([voyage[k] for k in range(len(idx))], want, rtol=1e-5, atol=1e-7, err_msg=name)
         np.testing.assert_allclose(got[seen], refs[a, 0][seen], rtol=0, atol=1e-4, err_msg=name)
     # truncate: false counts the prompt's tokens: a pair of exactly 236
     # tokens beside the long prompt runs, one more token is a 422.

@@ -520,6 +520,11 @@ pub struct VoyageRerankRequest {
     /// Cut a query/document pair longer than the model's maximum (default
     /// true); false answers 400 instead.
     pub truncation: Option<bool>,
+    /// Not a Voyage field: `/v1/rerank`'s `instruction`, which this body
+    /// takes too (a decoder reranker's task instruction; a cross-encoder
+    /// refuses it).
+    #[serde(default)]
+    pub instruction: Option<String>,
 }
 
 /// One ranked document (Voyage AI's shape).
@@ -576,7 +581,7 @@ async fn voyage_rerank(
             raw_scores: None,
             use_activation: None,
             truncate_prompt_tokens: None,
-            instruction: None,
+            instruction: req.instruction,
         },
         RerankRoute::Voyage,
         priority,

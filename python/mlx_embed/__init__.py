@@ -90,7 +90,11 @@ def load(path=None, *, dtype="float32", quantize=None, instruction=None, **kwarg
 
     What the folder is: ``pooling`` overrides its pooling ("splade" makes a
     masked-LM checkpoint a SPLADE sparse model), ``kind`` forces "embedding",
-    "classifier" or "reranker" (see ``heads.py``).
+    "classifier" or "reranker" (see ``heads.py``), ``truncation_side``
+    ("right" or "left") the end a call that names no ``truncation_direction``
+    cuts from (default: the folder's, as sentence-transformers cuts it:
+    ``tokenizer_config.json``'s ``truncation_side``, else the direction of
+    ``tokenizer.json``'s truncation, else right).
     """
     with _startup.timed("import_engine"):
         from .engine import load as _load

@@ -34,8 +34,8 @@ from .scheduler import Scheduler
 from .scoring import ScoringMixin
 from .spec import EmbedResult, ModelSpec, TokenizerSpec
 from .tokenization import (
-    TextTokenizer, check_direction, flag_specials, prompt_in_effect, read_tokenizer, resolve_prompt,
-    truncation_side, unknown_id, with_prompt,
+    TRUNCATION_DIRECTIONS, TextTokenizer, check_direction, flag_specials, prompt_in_effect, read_tokenizer,
+    resolve_prompt, resolve_truncation_side, unknown_id, with_prompt,
 )
 
 log = logging.getLogger("mlx_embed")
@@ -70,6 +70,7 @@ class EmbeddingModel(ScoringMixin):
         joined_linears: bool = False,
         packed_rows: bool = False,
         eval_chunk_mb: Optional[int] = None,
+        truncation_side: Optional[str] = None,
         _is_default: bool = False,
     ):
         t0 = time.perf_counter()
@@ -79,6 +80,7 @@ class EmbeddingModel(ScoringMixin):
             shape_buckets=shape_buckets, dequantize=dequantize, joined_linears=joined_linears, name=name,
             packed_rows=packed_rows, eval_chunk_mb=eval_chunk_mb, cache_limit_mb=cache_limit_mb,
             pooling=pooling, fast_ops=fast_ops, kind=kind, instruction=instruction,
+            truncation_side=truncation_side,
         )
         # Before the weights: their buffers then obey the limit too.
         self.cache_limit_mb = device.apply_cache_limit(cache_limit_mb)
@@ -121,9 +123,7 @@ class EmbeddingModel(ScoringMixin):
             [a for d in ck.head.dense for a in (d.weight, d.bias) if a is not None],
         )
         self._template: Optional[str] = ck.defaults.get("instruction_template")
-        # The end an input loses when a call names none: the folder's own.
         tokenizer_folder = ck.tokenizer_files or os.path.dirname(ck.tokenizer_path)
-        self.truncation_side = truncation_side(tokenizer_folder)
         self._type_vocab_size = int(ck.config.get("type_vocab_size") or 1)
 
         append: Sequence[int] = ()
@@ -143,6 +143,12 @@ class EmbeddingModel(ScoringMixin):
             )
 
         self.tokenizer = text_tokenizer(self.max_length)
+        # The end an input loses when a call names none: the folder's own
+        # (or the caller's truncation_side), decided here alone; spec()
+        # carries it to the Rust tokenizer and /info.
+        self.truncation_side = resolve_truncation_side(
+            tokenizer_folder, self.tokenizer.file_truncation_side, truncation_side
+        )
         # A ColBERT model (PyLate's layout): its query and document modes as
         # ids of this tokenizer, and the rows it keeps (multi_vector.py).
         self.multi_vector = None
@@ -1092,7 +1098,7 @@ _WHOLE_NUMBERS = {
     **dict.fromkeys(("eval_chunk_mb", "cache_limit_mb"), 0),
 }
 # Text settings.
-_TEXTS = ("name", "fast_ops", "kind", "instruction")
+_TEXTS = ("name", "fast_ops", "kind", "instruction", "truncation_side")
 _SWITCHES = ("pipeline", "fused_attention", "shape_buckets", "dequantize", "joined_linears", "packed_rows")
 
 
@@ -1115,6 +1121,8 @@ def _check_settings(**settings) -> None:
                 raise TypeError(f"{key} must be True, False or None, got {value!r}")
         elif key in _TEXTS and not isinstance(value, str):
             raise TypeError(f"{key} must be a string, got {value!r}")
+        elif key == "truncation_side" and value not in TRUNCATION_DIRECTIONS:
+            raise ValueError(f"truncation_side must be 'right' or 'left', got {value!r}")
         elif key == "name" and (not value.strip() or value.strip() != value):
             # What --served-model-name refuses: "" once fell back to the
             # folder's name, and " x " was a name no client would send.

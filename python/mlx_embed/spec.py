@@ -145,8 +145,8 @@ class TokenizerSpec:
     lowercase: bool = False
     include_prompt: bool = True
     # The end an over-long input loses when a request names none: the
-    # folder's truncation_side (tokenizer_config.json), as
-    # sentence-transformers cuts.
+    # folder's side as transformers and sentence-transformers read it
+    # (tokenization.resolve_truncation_side), or load(truncation_side=).
     truncation_side: str = "right"
     # A multi-vector model's two input modes (``embed_ids(output=
     # "multi_vector_query" / "multi_vector_document")``); None for any other.

@@ -71,6 +71,9 @@ class TextTokenizer:
         does it: a ``Lowercase`` normalizer in front of the tokenizer's own, so
         each character (of prompt and text) is lower-cased alone."""
         tok = read_tokenizer(path)
+        # The side a baked-in truncation cuts from is still the folder's
+        # default side, as transformers reads it (see truncation_side).
+        self.file_truncation_side: Optional[str] = (tok.truncation or {}).get("direction")
         # Some tokenizer.json files bake in truncation/fixed padding (MiniLM has
         # truncation=128 and padding=Fixed(128)); both would change results.
         tok.no_truncation()
@@ -277,18 +280,27 @@ def st_tokenizer_kwargs(folder: str) -> tuple[str, dict]:
     return "", {}
 
 
-def truncation_side(folder: str) -> str:
+def resolve_truncation_side(folder: str, file_side: Optional[str] = None, override: Optional[str] = None) -> str:
     """The end a folder's tokenizer cuts an over-long input from, as
-    transformers and sentence-transformers cut: what sentence-transformers
-    passes to the tokenizer (:func:`st_tokenizer_kwargs`), else
-    ``tokenizer_config.json``'s ``truncation_side``, else right."""
-    if not folder:
-        return "right"
-    where, kwargs = st_tokenizer_kwargs(folder)
-    found = [(where, kwargs["truncation_side"])] if "truncation_side" in kwargs else []
-    cfg = read_json(os.path.join(folder, "tokenizer_config.json"))
-    if isinstance(cfg, dict) and "truncation_side" in cfg:
-        found.append(("tokenizer_config.json", cfg["truncation_side"]))
+    transformers and sentence-transformers cut: ``override`` (``load(
+    truncation_side=)``, as sentence-transformers' ``tokenizer_kwargs``),
+    else what sentence-transformers passes to the tokenizer
+    (:func:`st_tokenizer_kwargs`), else ``tokenizer_config.json``'s
+    ``truncation_side``, else the direction of the truncation baked into
+    ``tokenizer.json`` (``file_side``, which transformers takes as the
+    default side), else right."""
+    if override is not None:  # load() checked it
+        return override
+    found = []
+    if folder:
+        where, kwargs = st_tokenizer_kwargs(folder)
+        if "truncation_side" in kwargs:
+            found.append((where, kwargs["truncation_side"]))
+        cfg = read_json(os.path.join(folder, "tokenizer_config.json"))
+        if isinstance(cfg, dict) and "truncation_side" in cfg:
+            found.append(("tokenizer_config.json", cfg["truncation_side"]))
+    if file_side is not None:
+        found.append(("tokenizer.json truncation", file_side))
     if not found:
         return "right"
     where, side = found[0]

@@ -310,6 +310,8 @@ def test_streams_and_overlapping_calls_equal_synchronous(golden_texts):
     ({"instruction": 5}, TypeError, "instruction must be a string, got 5"),
     ({"kind": 1}, TypeError, "kind must be a string, got 1"),
     ({"fast_ops": 1}, TypeError, "fast_ops must be a string, got 1"),
+    ({"truncation_side": 1}, TypeError, "truncation_side must be a string, got 1"),
+    ({"truncation_side": "Left"}, ValueError, "truncation_side must be 'right' or 'left', got 'Left'"),
 ])
 def test_load_refuses_a_setting_of_the_wrong_type_or_range_naming_it(setting, error, message):
     """Each of these was once coerced quietly: pipeline="no" switched

@@ -110,10 +110,9 @@ pub struct EmbedOptions {
     /// `false`: an input over [`ModelInfo::max_input_tokens`] is refused
     /// ([`crate::CoreError::InputTooLong`]) before any compute, instead of cut.
     pub truncate: bool,
-    /// Which end of an over-long input is kept. `None`: the model's own, as
-    /// its tokenizer ([`Embedder::tokenizer`]) states it (a folder's
-    /// `truncation_side`, else right), which is what sentence-transformers
-    /// cuts by; token ids of a model with no tokenizer are cut on the right.
+    /// Which end of an over-long input is kept. `None`: the model's own
+    /// ([`ModelInfo::truncation_side`]: a folder's `truncation_side`, else
+    /// right), which is what sentence-transformers cuts by.
     pub truncation_direction: Option<TruncationDirection>,
     /// Cut (or with `truncate: false` refuse) every input at this many
     /// tokens, special tokens included, instead of at the model's maximum
@@ -449,6 +448,10 @@ pub struct ModelInfo {
     pub prompts: BTreeMap<String, String>,
     /// The prompt [`Prompt::Default`] means, if any.
     pub default_prompt_name: Option<String>,
+    /// The end an over-long input loses when a request names none
+    /// ([`EmbedOptions::truncation_direction`] `None`): the folder's own
+    /// (transformers' `truncation_side`), or the `load()` override.
+    pub truncation_side: TruncationDirection,
     /// Task adapters an input may run with ([`EmbedOptions::task`]), in the
     /// model's order ([`Encoded::adapter`] indexes them); empty for most models.
     pub tasks: Vec<String>,

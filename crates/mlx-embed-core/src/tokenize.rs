@@ -64,7 +64,7 @@ pub(crate) async fn encode_all(
                     i,
                     input,
                     max,
-                    options.truncation_direction.unwrap_or_default(),
+                    options.truncation_direction.unwrap_or(info.truncation_side),
                 )
             })
             .collect::<Result<Vec<_>, _>>()?,
@@ -381,6 +381,31 @@ mod tests {
         encode_all(Some(Arc::new(PromptMarker)), info, input, &options)
             .await
             .map(|mut e| e.remove(0))
+    }
+
+    #[tokio::test]
+    async fn token_ids_of_a_model_without_a_tokenizer_are_cut_on_its_own_side() {
+        // ModelInfo::truncation_side is the cut of a request that names none.
+        let info = |side| ModelInfo {
+            max_input_tokens: 4,
+            truncation_side: side,
+            ..ModelInfo::default()
+        };
+        let cut = |info: ModelInfo, direction| async move {
+            let options = EmbedOptions {
+                truncation_direction: direction,
+                ..EmbedOptions::default()
+            };
+            let input = vec![EmbedInput::Tokens((1..=7).collect())];
+            encode_all(None, &info, input, &options).await.unwrap()[0]
+                .ids
+                .clone()
+        };
+        use TruncationDirection::{Left, Right};
+        assert_eq!(cut(info(Left), None).await, [4, 5, 6, 7]);
+        assert_eq!(cut(info(Right), None).await, [1, 2, 3, 4]);
+        assert_eq!(cut(info(Left), Some(Right)).await, [1, 2, 3, 4]);
+        assert_eq!(cut(info(Right), Some(Left)).await, [4, 5, 6, 7]);
     }
 
     #[tokio::test]

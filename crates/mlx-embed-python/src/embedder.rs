@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use mlx_embed_core::{
     BatchOutput, Embedder, EmbedderError, Encoded, LiveStats, ModelInfo, Output, Replica,
-    Submitted, Ticket, Tokenize,
+    Submitted, Ticket, Tokenize, TruncationDirection,
 };
 use mlx_embed_tokenizer::HfTokenizer;
 use pyo3::prelude::*;
@@ -37,6 +37,10 @@ pub struct PythonModelOptions {
     /// sentence-transformers' `max_seq_length` (up to the positions the
     /// model has); `None` keeps the folder's own.
     pub max_length: Option<usize>,
+    /// `load(truncation_side=)`: the end an over-long input loses when a
+    /// request names none, over the folder's own `truncation_side`;
+    /// `None` keeps the folder's.
+    pub truncation_side: Option<TruncationDirection>,
     /// Engine settings passed to `load()` as keyword arguments; `None` keeps the engine's default.
     pub engine: EngineOptions,
     /// `load(kind=)`: "embedding", "classifier" or "reranker"; `None` lets
@@ -77,6 +81,7 @@ impl Default for PythonModelOptions {
             instruction: None,
             pooling: None,
             max_length: None,
+            truncation_side: None,
             engine: EngineOptions::default(),
             kind: None,
         }
@@ -117,6 +122,15 @@ impl PythonEmbedder {
             }
             if let Some(n) = options.max_length {
                 kwargs.set_item("max_length", n)?;
+            }
+            if let Some(side) = options.truncation_side {
+                kwargs.set_item(
+                    "truncation_side",
+                    match side {
+                        TruncationDirection::Left => "left",
+                        TruncationDirection::Right => "right",
+                    },
+                )?;
             }
             let engine = &options.engine;
             if let Some(mb) = engine.cache_limit_mb {

@@ -40,6 +40,17 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
     let tok = spec.getattr("tokenizer")?;
     let prompts: BTreeMap<String, String> = optional(&tok, "prompts")?.unwrap_or_default();
     let default_prompt_name: Option<String> = optional(&tok, "default_prompt_name")?;
+    // Decided on the Python side (tokenization.truncation_side); read once
+    // here for both the tokenizer and the model's facts (/info).
+    let truncation_side = match optional::<String>(&tok, "truncation_side")?.as_deref() {
+        None | Some("right") => TruncationDirection::Right,
+        Some("left") => TruncationDirection::Left,
+        Some(other) => {
+            return Err(BridgeError::Protocol(format!(
+                "model.spec().tokenizer.truncation_side is {other:?}; expected right or left"
+            )))
+        }
+    };
     let tokenizer = TokenizerSpec {
         path: PathBuf::from(field::<String>(&tok, "path")?),
         max_length,
@@ -51,15 +62,7 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
         drop_ids: optional(&tok, "drop_ids")?.unwrap_or_default(),
         char_limit: optional(&tok, "char_limit")?,
         lowercase: optional(&tok, "lowercase")?.unwrap_or_default(),
-        truncation_side: match optional::<String>(&tok, "truncation_side")?.as_deref() {
-            None | Some("right") => TruncationDirection::Right,
-            Some("left") => TruncationDirection::Left,
-            Some(other) => {
-                return Err(BridgeError::Protocol(format!(
-                    "model.spec().tokenizer.truncation_side is {other:?}; expected right or left"
-                )))
-            }
-        },
+        truncation_side,
         pool_without_prompt: !optional(&tok, "include_prompt")?.unwrap_or(true),
         query: read_mode(&tok, "query")?,
         document: read_mode(&tok, "document")?,
@@ -119,6 +122,7 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
         device_batch_tokens: optional(spec, "batch_tokens")?,
         prompts,
         default_prompt_name,
+        truncation_side,
         tasks: optional(spec, "tasks")?.unwrap_or_default(),
         details,
         weights: read_weights(spec)?,

@@ -76,26 +76,43 @@ fn texts() -> Vec<String> {
 
 /// The option sets both sides are compared under, as Rust options and as
 /// the Python engine's `encode` keyword arguments.
-fn cases(named_prompt: Option<&str>) -> Vec<(EmbedOptions, String)> {
+/// Both sides named, as most checks compare them.
+const BOTH_SIDES: [Option<TruncationDirection>; 2] = [
+    Some(TruncationDirection::Right),
+    Some(TruncationDirection::Left),
+];
+
+/// A request's truncation side as the Python keyword's value (`None`: the
+/// model's own).
+fn py_direction(direction: Option<TruncationDirection>) -> &'static str {
+    match direction {
+        Some(TruncationDirection::Right) => "'right'",
+        Some(TruncationDirection::Left) => "'left'",
+        None => "None",
+    }
+}
+
+fn cases(
+    named_prompt: Option<&str>,
+    directions: &[Option<TruncationDirection>],
+) -> Vec<(EmbedOptions, String)> {
     let mut out: Vec<(EmbedOptions, String)> = Vec::new();
-    for (direction, py_direction) in [
-        (TruncationDirection::Right, "right"),
-        (TruncationDirection::Left, "left"),
-    ] {
+    for &direction in directions {
+        let py_direction = py_direction(direction);
         let base = EmbedOptions {
-            truncation_direction: Some(direction),
+            truncation_direction: direction,
             ..EmbedOptions::default()
         };
         out.push((
             base.clone(),
-            format!("dict(truncation_direction={py_direction:?})"),
+            format!("dict(truncation_direction={py_direction})"),
         ));
         out.push((
             EmbedOptions {
                 prompt: Prompt::Raw("topic: rivers. ".into()),
                 ..base.clone()
             },
-            format!("dict(truncation_direction={py_direction:?}, prompt='topic: rivers. ')"),
+            format!("dict(truncation_direction={py_direction}, prompt='topic: rivers. ')"),
         ));
         if let Some(name) = named_prompt {
             out.push((
@@ -103,7 +120,7 @@ fn cases(named_prompt: Option<&str>) -> Vec<(EmbedOptions, String)> {
                     prompt: Prompt::Named(name.into()),
                     ..base.clone()
                 },
-                format!("dict(truncation_direction={py_direction:?}, prompt_name={name:?})"),
+                format!("dict(truncation_direction={py_direction}, prompt_name={name:?})"),
             ));
         }
     }
@@ -145,7 +162,7 @@ kwargs = {kwargs}
 every = dict(truncate=True, prompt_name=None, prompt=None, instruction=None, truncate_to=None)
 ids, before, starts = model._encode(texts, **{{**every, **kwargs}})
 starts = starts or [0] * len(ids)
-tok, n, side = model.tokenizer, model.max_length, kwargs['truncation_direction']
+tok, n, side = model.tokenizer, model.max_length, kwargs['truncation_direction'] or model.truncation_side
 p, s = len(tok.prefix), len(tok.suffix)
 def as_given(t):
     if len(t) > n and len(t) >= p + s and t[:p] == tok.prefix and t[len(t) - s:] == tok.suffix:
@@ -181,6 +198,14 @@ fn check(folder: Option<&Path>) -> usize {
 /// `check`'s count of inputs compared, and of texts with positions left
 /// out of the pool.
 fn check_counting(folder: Option<&Path>) -> (usize, usize) {
+    check_counting_with(folder, &BOTH_SIDES)
+}
+
+/// `check_counting` with requests that name these sides.
+fn check_counting_with(
+    folder: Option<&Path>,
+    directions: &[Option<TruncationDirection>],
+) -> (usize, usize) {
     let name = folder.map_or("all-MiniLM-L6-v2".to_string(), |f| f.display().to_string());
     let embedder = PythonEmbedder::load(&PythonModelOptions {
         model: folder.map(|f| f.to_string_lossy().into_owned()),
@@ -192,7 +217,7 @@ fn check_counting(folder: Option<&Path>) -> (usize, usize) {
     let texts = texts();
     let (mut compared, mut left_out) = (0, 0);
     if let Some(pair) = &tokenizer.spec().pair {
-        compared += check_pairs(folder, &name, &tokenizer, &texts);
+        compared += check_pairs(folder, &name, &tokenizer, &texts, directions);
         if pair.pairs_only() {
             // A decoder reranker scores pairs only: a lone text has no encoding.
             return (compared, left_out);
@@ -213,7 +238,7 @@ fn check_counting(folder: Option<&Path>) -> (usize, usize) {
         (0..2000).map(|i| i % 97).collect(),
         long_wrapped,
     ];
-    for (options, kwargs) in cases(named.as_deref()) {
+    for (options, kwargs) in cases(named.as_deref(), directions) {
         let py = python_ids(folder, &kwargs, &texts, &token_inputs);
         let mut truncated = 0;
         for (i, text) in texts.iter().enumerate() {
@@ -259,6 +284,7 @@ fn check_pairs(
     name: &str,
     tokenizer: &mlx_embed_tokenizer::HfTokenizer,
     texts: &[String],
+    directions: &[Option<TruncationDirection>],
 ) -> usize {
     let pairs: Vec<(String, String)> = texts
         .iter()
@@ -266,17 +292,20 @@ fn check_pairs(
         .map(|(q, d)| (q.clone(), d.clone()))
         .collect();
     let mut compared = 0;
-    for (direction, py_direction) in [
-        (TruncationDirection::Right, "right"),
-        (TruncationDirection::Left, "left"),
-    ] {
+    for &direction in directions {
+        let py_direction = py_direction(direction);
         let (py_ids, py_types, py_before) = Python::attach(|py| {
             let locals = PyDict::new(py);
             locals
                 .set_item("folder", folder.map(|f| f.to_string_lossy().into_owned()))
                 .unwrap();
             locals.set_item("pairs", pairs.clone()).unwrap();
-            locals.set_item("direction", py_direction).unwrap();
+            locals
+                .set_item(
+                    "direction",
+                    direction.map(|_| py_direction.trim_matches('\'')),
+                )
+                .unwrap();
             let globals = py.import("__main__").unwrap().dict();
             if globals.get_item("MODELS").unwrap().is_none() {
                 globals.set_item("MODELS", PyDict::new(py)).unwrap();
@@ -300,7 +329,7 @@ ids, types, before = model.encode_pairs(pairs, truncation_direction=direction)
             (ids, types, before)
         });
         let options = EmbedOptions {
-            truncation_direction: Some(direction),
+            truncation_direction: direction,
             ..EmbedOptions::default()
         };
         let mut truncated = 0;
@@ -556,5 +585,76 @@ fn the_bge_gemma_reranker_pairs_are_flagembeddings_ids() {
             err.message.contains("instruction leaves the pair no room"),
             "{err:?}"
         );
+    }
+}
+
+/// Rewrites the JSON file at `path` with `edit`.
+fn edit_json(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let mut value: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    edit(&mut value);
+    std::fs::write(path, value.to_string()).unwrap();
+}
+
+/// Folders that cut on the left (tokenizer_config.json's `truncation_side`;
+/// the direction of the truncation baked into tokenizer.json, which
+/// transformers takes when the config says none; a cross-encoder's pairs):
+/// a request that names no side is cut on the left by both, texts, token
+/// ids and pairs alike, and the model's facts say so; `load(truncation_side=)`
+/// is over the folder.
+#[test]
+fn a_left_folder_is_cut_on_the_left_by_both_when_a_request_names_no_side() {
+    use mlx_embed_core::Embedder;
+    use TruncationDirection::{Left, Right};
+
+    ensure_python().expect("python");
+    let stated = copy_fixture("tiny-mpnet", "left-stated");
+    edit_json(&stated.join("tokenizer_config.json"), |c| {
+        c["truncation_side"] = "left".into();
+    });
+    let baked = copy_fixture("tiny-xlm-roberta", "left-baked");
+    edit_json(&baked.join("tokenizer.json"), |t| {
+        t["truncation"] = serde_json::json!(
+            {"direction": "Left", "max_length": 16, "strategy": "LongestFirst", "stride": 0}
+        );
+    });
+    let pairs = copy_fixture("tiny-bert-reranker", "left-pairs");
+    edit_json(&pairs.join("tokenizer_config.json"), |c| {
+        c["truncation_side"] = "left".into();
+    });
+    let load = |folder: &Path, side: Option<TruncationDirection>| {
+        PythonEmbedder::load(&PythonModelOptions {
+            model: Some(folder.to_string_lossy().into_owned()),
+            truncation_side: side,
+            ..PythonModelOptions::default()
+        })
+        .unwrap()
+    };
+    let long = EmbedInput::Text("the start ".repeat(300) + "and the end");
+    let side = |direction| EmbedOptions {
+        truncation_direction: direction,
+        ..EmbedOptions::default()
+    };
+    for dir in [&stated, &baked, &pairs] {
+        let (compared, _) = check_counting_with(Some(dir), &[None]);
+        assert!(compared > 50, "{dir:?}: {compared}");
+        let embedder = load(dir, None);
+        let tokenizer = embedder.hf_tokenizer();
+        assert_eq!(embedder.info().truncation_side, Left, "{dir:?}");
+        assert_eq!(tokenizer.spec().truncation_side, Left, "{dir:?}");
+        let ids = |direction| tokenizer.encode(&long, &side(direction)).unwrap().ids;
+        assert_eq!(ids(None), ids(Some(Left)), "{dir:?}");
+        assert_ne!(ids(None), ids(Some(Right)), "{dir:?}");
+
+        let over = load(dir, Some(Right));
+        assert_eq!(over.info().truncation_side, Right, "{dir:?}");
+        let ids = |direction| {
+            over.hf_tokenizer()
+                .encode(&long, &side(direction))
+                .unwrap()
+                .ids
+        };
+        assert_eq!(ids(None), ids(Some(Right)), "{dir:?}");
+        std::fs::remove_dir_all(dir).unwrap();
     }
 }

@@ -458,8 +458,10 @@ impl<'de> Deserialize<'de> for TextsOrTokens {
 }
 
 /// `truncation_direction`: which end of an over-long input is kept.
-/// `left` or `right` in any case (TEI sends `Left`/`Right`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
+/// `left` or `right` in any case (TEI sends `Left`/`Right`); `/info`
+/// writes it in lowercase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
 #[schema(rename_all = "lowercase")]
 pub enum TruncationSide {
     /// Cut the start, keep the last tokens.
@@ -473,6 +475,15 @@ impl From<TruncationSide> for TruncationDirection {
         match side {
             TruncationSide::Left => TruncationDirection::Left,
             TruncationSide::Right => TruncationDirection::Right,
+        }
+    }
+}
+
+impl From<TruncationDirection> for TruncationSide {
+    fn from(direction: TruncationDirection) -> Self {
+        match direction {
+            TruncationDirection::Left => TruncationSide::Left,
+            TruncationDirection::Right => TruncationSide::Right,
         }
     }
 }

@@ -1484,6 +1484,9 @@ async fn ops_routes() {
     assert_eq!(v["vocab_size"], VOCAB);
     assert_eq!(v["prompts"]["query"], "query: ");
     assert_eq!(v["default_prompt_name"], Value::Null);
+    // The fake model's side: ModelInfo's default, right.
+    assert_eq!(v["truncation_direction"], "right");
+    assert_eq!(v["models"][0]["truncation_direction"], "right");
     assert!(v["details"].get("vocab_size").is_none(), "{v}");
     assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
     // TEI's names for the same facts, and the ones only TEI has.

@@ -40,8 +40,9 @@ pub struct TokenizerSpec {
     /// point into the text as sent. (Scorers never set it.)
     pub lowercase: bool,
     /// The end an over-long input loses when a request names none: the
-    /// folder's `truncation_side` (`tokenizer_config.json`), which
-    /// sentence-transformers cuts by; right when it says none.
+    /// model's `truncation_side` as the Python engine resolves it (the
+    /// folder's, as transformers reads it, or the `load()` override; the
+    /// same value as `ModelInfo::truncation_side`).
     pub truncation_side: TruncationDirection,
     /// sentence-transformers' Pooling `include_prompt: false` (INSTRUCTOR):
     /// a text's prompt runs through the model but the pooling leaves it

@@ -3,7 +3,7 @@
 use std::time::Instant;
 
 use clap::Parser;
-use mlx_embed_core::{Batcher, CoreError, Embedder};
+use mlx_embed_core::{Batcher, CoreError, Embedder, TruncationDirection};
 use mlx_embed_python::{EngineOptions, PythonEmbedder, PythonModelOptions};
 use mlx_embed_server::{ServerArgs, Trigger};
 
@@ -31,6 +31,22 @@ pub struct ServeCli {
 pub enum LogFormat {
     Text,
     Json,
+}
+
+/// `--truncation-side`'s values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum TruncationSide {
+    Left,
+    Right,
+}
+
+impl From<TruncationSide> for TruncationDirection {
+    fn from(side: TruncationSide) -> Self {
+        match side {
+            TruncationSide::Left => TruncationDirection::Left,
+            TruncationSide::Right => TruncationDirection::Right,
+        }
+    }
 }
 
 /// Which model to load and how.
@@ -73,6 +89,12 @@ pub struct ModelArgs {
     #[arg(long, env = "MLX_EMBED_MAX_INPUT_TOKENS",
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_input_tokens: Option<u32>,
+    /// The end every model cuts an over-long input from when a request names no
+    /// `truncation_direction` (left keeps its last tokens), over each folder's own
+    /// `truncation_side` [default: each folder's own, as sentence-transformers cuts it; else
+    /// right].
+    #[arg(long, env = "MLX_EMBED_TRUNCATION_SIDE", value_enum)]
+    pub truncation_side: Option<TruncationSide>,
     /// MLX buffer cache limit in MiB [default: 2048 on a GPU, 0 on the CPU]; bounds device memory, since every new batch shape leaves buffers in the cache.
     #[arg(long, env = "MLX_EMBED_CACHE_LIMIT_MB",
           value_parser = clap::value_parser!(u64).range(0..=MAX_CACHE_LIMIT_MB))]
@@ -265,6 +287,7 @@ impl ModelArgs {
             instruction: self.instruction.clone(),
             pooling: self.pooling.clone(),
             max_length: self.max_input_tokens.map(|n| n as usize),
+            truncation_side: self.truncation_side.map(Into::into),
             engine: EngineOptions {
                 cache_limit_mb: self.cache_limit_mb,
                 fast_ops: self.fast_ops.clone(),
@@ -636,6 +659,23 @@ mod tests {
             Some("exact")
         );
         assert_eq!(parsed(&[]).pooling, None);
+    }
+
+    #[test]
+    fn truncation_side_reaches_every_model_typed() {
+        // Every --model and --rerank-model gets it (a folder's own side
+        // is otherwise each model's default); unsaid, each keeps its folder's.
+        let args = parsed(&["--truncation-side", "left", "--rerank-model", "r"]);
+        let sides: Vec<_> = args
+            .all_options()
+            .iter()
+            .map(|o| o.truncation_side)
+            .collect();
+        assert_eq!(sides, [Some(TruncationDirection::Left); 2]);
+        assert_eq!(parsed(&[]).options(None).truncation_side, None);
+        assert!(refusal(&["--truncation-side", "middle"])
+            .to_string()
+            .contains("[possible values: left, right]"));
     }
 
     fn refusal(args: &[&str]) -> clap::Error {

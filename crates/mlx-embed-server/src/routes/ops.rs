@@ -12,6 +12,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::errors::{Api, ApiError, ErrorKind};
+use crate::extract::TruncationSide;
 use crate::state::AppState;
 
 #[derive(Debug, Serialize, ToSchema)]
@@ -173,6 +174,10 @@ pub struct ModelSummary {
     pub prompts: BTreeMap<String, String>,
     /// The prompt used when a request names none.
     pub default_prompt_name: Option<String>,
+    /// The end an over-long input loses when a request names no
+    /// `truncation_direction`: the folder's `truncation_side` (as
+    /// transformers and sentence-transformers cut it), or `--truncation-side`.
+    pub truncation_direction: TruncationSide,
     /// The model's task adapters (`task` picks one); absent for most models.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tasks: Vec<String>,
@@ -205,6 +210,10 @@ pub struct InfoResponse {
     pub prompts: BTreeMap<String, String>,
     /// The prompt used when a request names none.
     pub default_prompt_name: Option<String>,
+    /// The end an over-long input loses when a request names no
+    /// `truncation_direction`: the folder's `truncation_side` (as
+    /// transformers and sentence-transformers cut it), or `--truncation-side`.
+    pub truncation_direction: TruncationSide,
     /// The model's task adapters (`task` picks one: jina-embeddings-v3's);
     /// absent for most models.
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -345,6 +354,7 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
         vocab_size: m.vocab_size,
         prompts: m.prompts.clone(),
         default_prompt_name: m.default_prompt_name.clone(),
+        truncation_direction: m.truncation_side.into(),
         tasks: m.tasks.clone(),
         details,
         memory: live.memory.map(MemoryInfo::from),
@@ -368,6 +378,7 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
                     device_batch_tokens: i.device_batch_tokens,
                     prompts: i.prompts.clone(),
                     default_prompt_name: i.default_prompt_name.clone(),
+                    truncation_direction: i.truncation_side.into(),
                     tasks: i.tasks.clone(),
                     pooling: match TeiModelType::of(i) {
                         TeiModelType::Embedding { pooling } => Some(pooling),

@@ -22,7 +22,7 @@ import requests
 from harness import FIXTURES, NOMIC, non_empty_golden, start_server
 
 SPLADE = FIXTURES / "tiny-splade"
-VOCAB = 30522
+VOCAB = 3000
 MAX_LENGTH = 128
 
 
@@ -218,7 +218,9 @@ def test_sparse_answers_keep_room_like_dense_ones(tmp_path):
     try:
         unread.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         unread.connect(("127.0.0.1", int(srv.url.rsplit(":", 1)[1])))
-        body = json.dumps({"inputs": [f"text number {i} about sparse retrieval" for i in range(512)]}).encode()
+        # The most inputs a request takes: ~50 non-zero entries each (of
+        # tiny-splade's 3000), an answer of over 2 MiB, twice the room.
+        body = json.dumps({"inputs": [f"text number {i} about sparse retrieval" for i in range(2048)]}).encode()
         unread.sendall(b"POST /embed_sparse HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
                        b"Content-Length: %d\r\n\r\n" % len(body) + body)
         deadline = time.monotonic() + 60
@@ -231,7 +233,7 @@ def test_sparse_answers_keep_room_like_dense_ones(tmp_path):
         assert r.status_code == 200, r.text
         assert time.monotonic() - started < 0.9, "the query waited for the room"
         # Another large one waits for the room, then 429.
-        r = srv.post("/embed_sparse", {"inputs": [f"another text {i} about sparse retrieval" for i in range(512)]})
+        r = srv.post("/embed_sparse", {"inputs": [f"another text {i} about sparse retrieval" for i in range(2048)]})
         assert r.status_code == 429, r.text
         assert r.headers["retry-after"] == "1"
         assert "--max-unsent-answers-mb" in r.json()["error"]
@@ -241,6 +243,6 @@ def test_sparse_answers_keep_room_like_dense_ones(tmp_path):
     while _metric(srv, "mlx_embed_http_unsent_answer_bytes") > 0:
         assert time.monotonic() < deadline, "the closed connection's answer was kept"
         time.sleep(0.05)
-    r = srv.post("/embed_sparse", {"inputs": [f"another text {i} about sparse retrieval" for i in range(512)]})
+    r = srv.post("/embed_sparse", {"inputs": [f"another text {i} about sparse retrieval" for i in range(2048)]})
     assert r.status_code == 200, r.text
     assert srv.stop() == 0, srv.log()[-3000:]

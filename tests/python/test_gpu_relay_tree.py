@@ -23,14 +23,27 @@ def test_hide_and_restore_in_a_clone(tmp_path):
     def tree(*args):
         return subprocess.run(["bash", "scripts/gpu-relay-tree", *args], cwd=repo, capture_output=True, text=True)
 
-    # No .gpuN here: `check` weighs the tree alone (the fixtures make it
-    # about 70 MB, over the device's 64 MiB) and fails exactly when that is
-    # over the limit, saying to hide.
-    check = tree("check")
-    total, limit = (int(n) for n in re.search(r"= (\d+) of (\d+)", check.stdout).groups())
-    assert limit == 64 * 1024 * 1024 and total > 10_000_000
-    assert check.returncode == (1 if total > limit else 0), check
-    assert ("scripts/gpu-relay-tree hide" in check.stderr) == (total > limit)
+    # No .gpuN here: `check` weighs the tree alone (about 58 MB, under the
+    # device's 64 MiB) and fails exactly when that is over the limit, saying
+    # to hide.
+    def weigh():
+        check = tree("check")
+        total, limit = (int(n) for n in re.search(r"= (\d+) of (\d+)", check.stdout).groups())
+        assert limit == 64 * 1024 * 1024
+        assert check.returncode == (1 if total > limit else 0), check
+        assert ("scripts/gpu-relay-tree hide" in check.stderr) == (total > limit)
+        return total, limit
+
+    total, limit = weigh()
+    assert total > 10_000_000
+    # An untracked file travels too: one that brings the tree to the limit
+    # passes, one byte more fails (whichever side the tree itself is on).
+    pad = repo / "pad.bin"
+    for size in (limit - total, limit - total + 1):
+        if size >= 0:
+            pad.write_bytes(bytes(size))
+            assert weigh()[0] == total + size
+    pad.unlink(missing_ok=True)
     hide = tree("hide")
     assert hide.returncode == 0, hide.stderr
     assert _git(repo, "ls-files", "tests/fixtures").stdout.split() == ["tests/fixtures/tiny-qwen3/tokenizer.json"]

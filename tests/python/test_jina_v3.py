@@ -238,6 +238,18 @@ def test_rotary_base_is_read(tmp_path, golden_texts):
         assert np.abs(got - _ref(None, folder)).max() > 1e-3
 
 
+def test_remote_config_defaults(tmp_path, golden_texts):
+    """A remote config that leaves a key out gets XLMRobertaFlashConfig's
+    default, as the remote code runs it: rotary_emb_base 10000 (not the
+    native model's 20000), and load_trained_adapters false (new, untrained
+    adapters: refused, as an explicit false is)."""
+    got = load_fixture(copy_fixture(REMOTE, tmp_path / "nobase", rotary_emb_base=None)).embed(golden_texts)
+    stated = load_fixture(copy_fixture(REMOTE, tmp_path / "b10k", rotary_emb_base=10000.0)).embed(golden_texts)
+    assert np.array_equal(got, stated)
+    with pytest.raises(ValueError, match="load_trained_adapters=false"):
+        load_fixture(copy_fixture(REMOTE, tmp_path / "noload", load_trained_adapters=None))
+
+
 def test_config_says_what_the_fixture_is():
     cfg = json.loads((FIXTURES / REMOTE / "config.json").read_text())
     assert cfg["architectures"] == ["XLMRobertaLoRA"] and cfg["position_embedding_type"] == "rotary"

@@ -80,8 +80,8 @@ class ModelArgs:
     layer_norm_eps: float = 1e-5
     pad_token_id: int = 1
     position_embedding_type: str = "rotary"
-    # transformers' JinaEmbeddingsV3Config.default_theta; the remote config
-    # states rotary_emb_base.
+    # transformers' JinaEmbeddingsV3Config.default_theta; the remote
+    # layout's (from_dict) is XLMRobertaFlashConfig's 10000.
     rotary_emb_base: Optional[float] = None
     rope_parameters: Optional[dict] = None
     rotary_emb_interleaved: bool = False
@@ -111,6 +111,10 @@ class ModelArgs:
         else:
             args.pop("peft_tasks", None)
             args.pop("peft_rank", None)
+            # A key the remote config leaves out is XLMRobertaFlashConfig's
+            # default there, not the native model's.
+            args.setdefault("rotary_emb_base", 10000.0)
+            args.setdefault("load_trained_adapters", False)
         return cls(**args)
 
     def __post_init__(self):

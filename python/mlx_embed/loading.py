@@ -550,7 +550,9 @@ def load_checkpoint(
         max_length=max_length,
         pooling=pooling_modes.describe(head.pooling),
         head=head,
-        prompts=dict(head.prompts),
+        # A model's own prompts (jina-embeddings-v3's task_instructions)
+        # where the sentence-transformers config names none of theirs.
+        prompts={**(getattr(model, "task_prompts", None) or {}), **head.prompts},
         default_prompt_name=head.default_prompt_name,
         tokenizer_path=tok_path,
         kind=choice.kind,

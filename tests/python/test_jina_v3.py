@@ -172,6 +172,19 @@ def test_task_selects_its_prompt(golden_texts):
     assert float((alone * ref).sum(1).min()) < 0.99
 
 
+def test_task_prompts_from_config_without_st_files(tmp_path, golden_texts):
+    """The remote code's encode(task=) puts config.json's task_instructions
+    before the texts: a folder without config_sentence_transformers.json
+    (a save_pretrained copy) still runs each task with its prompt."""
+    folder = copy_fixture(REMOTE, tmp_path / "m")
+    (folder / "config_sentence_transformers.json").unlink()
+    model = load_fixture(folder)
+    assert model.prompts["retrieval.query"] == "Represent the query for retrieving evidence documents: "
+    for task in ("retrieval.query", "retrieval.passage", "text-matching"):
+        assert_parity(model.embed(golden_texts, task=task), _ref(task))
+    assert_parity(model.embed(golden_texts), _ref(None))
+
+
 def test_rows_of_different_tasks_share_a_pass(golden_texts):
     """embed_ids with a per-input adapter index: one padded call whose rows
     cycle through the 5 tasks and no task (-1) gives each row its own

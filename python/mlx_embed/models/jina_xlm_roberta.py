@@ -91,6 +91,8 @@ class ModelArgs:
     lora_rank: int = 4
     lora_alpha: float = 1.0
     load_trained_adapters: bool = True
+    # The prompt the remote code's encode(task=) puts before a task's texts.
+    task_instructions: Optional[dict] = None
     # Set by folder_adapters (native layout): the tasks of its PEFT
     # subfolders and their slot width, with each scaling folded into B.
     peft_tasks: list = field(default_factory=list)
@@ -103,7 +105,7 @@ class ModelArgs:
             # transformers' native model: rotary by construction, and no
             # adapters in its weights (an XLM-R config key it inherits
             # would say "absolute"); its adapters are the folder's PEFT ones.
-            for key in ("position_embedding_type", "lora_adaptations", "lora_rank", "lora_alpha"):
+            for key in ("position_embedding_type", "lora_adaptations", "lora_rank", "lora_alpha", "task_instructions"):
                 args.pop(key, None)
             if args.get("peft_tasks"):
                 args["lora_adaptations"] = list(args["peft_tasks"])
@@ -154,6 +156,11 @@ class ModelArgs:
         if tasks and (int(self.lora_rank) < 1):
             raise ValueError(f"{arch}: lora_rank must be >= 1, got {self.lora_rank!r}")
         self.tasks = tuple(tasks)
+        prompts = self.task_instructions or {}
+        if not isinstance(prompts, dict) or not all(t in tasks and isinstance(p, str) for t, p in prompts.items()):
+            raise ValueError(
+                f"{arch}: task_instructions must map tasks of lora_adaptations to prompts, got {prompts!r}"
+            )
         if not tasks:
             self.lora_scaling = 0.0
         elif self.peft_rank:
@@ -289,6 +296,12 @@ class Model(nn.Module):
     def adapters(self) -> tuple:
         """The task names a row may select (``adapter`` indexes them)."""
         return self.args.tasks
+
+    @property
+    def task_prompts(self) -> dict:
+        """config.json's prompt per task (``task_instructions``); the
+        folder's sentence-transformers prompts of the same names win."""
+        return dict(self.args.task_instructions or {})
 
     def selector(self, adapter: Optional[mx.array]) -> Optional[mx.array]:
         """Per row [B, 1, tasks*rank]: the scaling on the row's task's

@@ -6,7 +6,7 @@
 //! `passage`, `classification`, `clustering`), else its default prompt; on a
 //! model with task adapters (jina-embeddings-v3) it picks the task
 //! (`retrieval.query`, `retrieval.passage`, `classification`, `separation`)
-//! as Jina AI's `task` would ([`super::role_pick`]).
+//! as Jina AI's `task` would (`role_pick` in the routes module).
 //! Vectors are unit length; `embedding_types` also answers them as bytes:
 //! `int8` is `round(127 x)` per component, `uint8` that plus 128, `binary`
 //! and `ubinary` one sign bit per component (`x > 0`), eight to a byte,

@@ -280,6 +280,8 @@ class PairEncoder:
                 # cuts the whole render once it reaches max_length and writes
                 # the tail's ids back over the cut's end.
                 room, restore = self.max_length - len(s.prefix_ids), s.suffix_ids
+            if instruction is not None and any(len(c) >= room for c in contents):
+                self._check_instruction_room(instruction, tail, room)
             if left:
                 # Cut from the pair text's start, the instruction and the
                 # query would go first and every document score alike.
@@ -327,6 +329,21 @@ class PairEncoder:
                 first = len(s.prefix_ids) + len(a) + len(s.middle_ids)
                 types.append([s.first_type_id] * first + [s.second_type_id] * (len(b) + len(s.suffix_ids)))
         return ids, types, before
+
+    def _check_instruction_room(self, instruction: str, tail: str, room: int) -> None:
+        """A call's instruction on a template reranker must leave a document
+        at least one token: the pair text with an empty query and document
+        (the instruction and the prompt's own text) below ``room``. Whichever
+        end is cut, that frame is kept before any of the document, so past it
+        every document is cut away whole and all score alike. A long query is
+        the query's own matter. (The Rust tokenizer's ``check_instruction_room``.)"""
+        used = len(self._contents([format_pair(self.spec, "", "", instruction) + tail])[0])
+        if used >= room:
+            raise InvalidInput(
+                f"the instruction leaves the documents no room within max_length {self.max_length} "
+                f"(with the reranker's prompt it takes {used} of the {room} tokens the pair text may use; "
+                f"instruction: {len(instruction)} characters)"
+            )
 
     def _contents(self, texts: list) -> list:
         if not texts:

@@ -133,3 +133,58 @@ def assert_logits_close(got, ref) -> None:
     follows the CPU's BLAS kernel."""
     ref = np.asarray(ref)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=2e-6 * max(5.0, float(np.abs(ref).max())))
+
+
+
+def instruction_taking(engine, n: int) -> str:
+    """An instruction with which a template reranker ``engine``'s empty pair
+    is ``n`` tokens before any cut: ``max_length - 1`` leaves a document one
+    token, ``max_length`` none (the library refuses it, saying how many
+    tokens the prompt takes of the room)."""
+    import re
+
+    from mlx_embed.errors import InvalidInput
+
+    for k in range(2 * engine.max_length):
+        for tail in ("", "a", "ab", "x y"):
+            instruction = "find " * k + tail
+            try:
+                (_, _, (size,)) = engine.encode_pairs([("", "")], instruction=instruction)
+            except InvalidInput as e:
+                used, room = map(int, re.search(r"takes (\d+) of the (\d+) tokens", str(e)).groups())
+                size = engine.max_length + used - room
+            if size == n:
+                return instruction
+    raise AssertionError(f"no instruction of {n} tokens")
+
+
+def assert_template_instruction_limit(server, model: str, engine) -> None:
+    """A template reranker (``model`` served, ``engine`` its library model)
+    refuses an instruction that leaves a document no room, naming
+    `instruction`, with the library's message (every document was cut away
+    whole and all scored alike, answered 200); one a token short of that
+    still answers the library's scores, and one with room to spare reads
+    the documents."""
+    from mlx_embed.errors import InvalidInput
+
+    docs = ["Rivers flow into the sea.", "Bread is baked in ovens."]
+    over = instruction_taking(engine, engine.max_length)
+    with pytest.raises(InvalidInput) as refused:
+        engine.score([("q", d) for d in docs], instruction=over)
+    message = str(refused.value)
+    assert message.startswith("the instruction leaves the documents no room within max_length "), message
+    for extra in ({}, {"max_chunks_per_doc": 2}):
+        r = server.post("/v1/rerank", {"model": model, "query": "q", "documents": docs, "instruction": over, **extra})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "instruction" and r.json()["error"]["message"] == message, r.text
+    r = server.post("/rerank", {"model": model, "query": "q", "texts": docs, "instruction": over})
+    assert r.status_code == 400 and r.json()["error"] == message, r.text
+    for size in (engine.max_length - 1, engine.max_length - 12):
+        instruction = instruction_taking(engine, size)
+        r = server.post("/rerank", {"model": model, "query": "q", "texts": docs, "raw_scores": True,
+                                    "instruction": instruction})
+        assert r.status_code == 200, r.text
+        got = {x["index"]: x["score"] for x in r.json()}
+        want = engine.score([("q", d) for d in docs], raw_scores=True, instruction=instruction)[:, 0]
+        np.testing.assert_allclose([got[0], got[1]], want, rtol=0, atol=1e-5)
+    assert abs(got[0] - got[1]) > 1e-4, got

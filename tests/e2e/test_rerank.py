@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import requests
 
-from harness import FIXTURES, start_server
+from harness import FIXTURES, assert_template_instruction_limit, start_server
 
 BERT_RERANKER = FIXTURES / "tiny-bert-reranker"
 BERT_CLASSIFIER = FIXTURES / "tiny-bert-classifier"
@@ -307,6 +307,14 @@ def test_qwen3_reranker_cut_from_the_left_still_reads_the_query(scorers):
         [(q, d) for q in queries for d in (doc, "short one")], truncation_direction="left", raw_scores=True)[:, 0]
     np.testing.assert_allclose([by_index[0][0], by_index[0][1], by_index[1][0], by_index[1][1]], want,
                                rtol=1e-5, atol=1e-5)
+
+
+def test_qwen3_reranker_refuses_an_instruction_that_leaves_no_document(scorers):
+    """Qwen3-Reranker's <Instruct> past the room of its input: a 400 naming
+    the instruction (it cut every document away, all scored alike, 200)."""
+    import mlx_embed
+
+    assert_template_instruction_limit(scorers, "tiny-qwen3-reranker", mlx_embed.load(str(QWEN3_RERANKER)))
 
 
 def test_cohere_chunks_and_cuts_long_documents(duo):

@@ -40,7 +40,7 @@ import pytest
 
 import mlx_embed
 
-from harness import FIXTURES, assert_logits_close, start_server
+from harness import FIXTURES, assert_logits_close, assert_template_instruction_limit, start_server
 
 ST6 = FIXTURES / "tiny-qwen3-reranker-st6"
 # transformers' generic decoder head on Qwen2, Mistral, Gemma 2 and Llama.
@@ -319,6 +319,25 @@ def test_instruction_on_the_other_rerankers(server):
     r = server.post("/v1/rerank", {"model": "tiny-camembert-reranker", "query": query, "documents": docs,
                                    "instruction": "Find geography facts"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "instruction", r.text
+
+
+def test_an_instruction_that_leaves_no_document_is_refused(server):
+    """A sentence-transformers 6 Qwen3 reranker (its chat template's tail
+    written back over a cut) refuses an instruction that leaves a document
+    no room, naming it; mxbai-rerank v2 cuts the query (instruction
+    included) to 3/4 of its room, as its library does, so a document always
+    keeps the rest and any instruction answers its library's scores."""
+    assert_template_instruction_limit(server, "my-finetune", mlx_embed.load(str(ST6)))
+    docs = ["Rivers flow into the sea.", "Bread is baked in ovens."]
+    engine = mlx_embed.load(str(MXBAI))
+    for instruction in ("find " * 50, "find " * 1000):
+        r = server.post("/rerank", {"model": "mxbai-rerank-base-v2", "query": "q", "texts": docs, "raw_scores": True,
+                                    "instruction": instruction})
+        assert r.status_code == 200, r.text
+        got = {x["index"]: x["score"] for x in r.json()}
+        want = engine.score([("q", d) for d in docs], raw_scores=True, instruction=instruction)[:, 0]
+        np.testing.assert_allclose([got[0], got[1]], want, rtol=0, atol=1e-5)
+        assert abs(got[0] - got[1]) > 1e-4, got
 
 
 def test_st6_qwen2_reranker_scores_as_cross_encoder(server):

@@ -311,6 +311,11 @@ impl HfTokenizer {
                 ),
                 None => (budget, None, &pair.suffix_ids[..]),
             };
+            if let Prompt::Raw(instruction) = &options.prompt {
+                if content.len() >= room {
+                    self.check_instruction_room(template, instruction, tail, room, max_length)?;
+                }
+            }
             let untruncated_len =
                 u32::try_from(pair.prefix_ids.len() + content.len() + suffix.len())
                     .unwrap_or(u32::MAX);
@@ -376,6 +381,33 @@ impl HfTokenizer {
             }
         };
         self.segment_pair(pair, query, document, direction, budget, options.truncate)
+    }
+
+    /// A request's instruction on a template reranker must leave a
+    /// document at least one token: the pair text with an empty query and
+    /// document (the instruction and the prompt's own text) below `room`.
+    /// Whichever end is cut, that frame is kept before any of the document
+    /// (see `cut_document_start`), so past it every document is cut away
+    /// whole and all score alike. A long query is the query's own matter.
+    fn check_instruction_room(
+        &self,
+        template: &PairSpec,
+        instruction: &str,
+        tail: &str,
+        room: usize,
+        max_length: usize,
+    ) -> Result<(), EmbedderError> {
+        let frame = template.format("", "").unwrap_or_default() + tail;
+        let used = self.encode_text(&frame, "")?.len();
+        if used < room {
+            return Ok(());
+        }
+        Err(EmbedderError::invalid_input(format!(
+            "the instruction leaves the documents no room within max_length {max_length} \
+             (with the reranker's prompt it takes {used} of the {room} tokens the pair text may use; \
+             instruction: {} characters)",
+            instruction.chars().count()
+        )))
     }
 
     /// A segment pair (`[CLS] query [SEP] document [SEP]`, in the model's

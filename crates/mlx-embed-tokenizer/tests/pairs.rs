@@ -238,6 +238,86 @@ fn template_pairs_wrap_the_prompt() {
     assert!(ours.encode(&pair, &named).is_err());
 }
 
+/// A request's instruction on a template reranker that leaves the pair
+/// text no token for a document is refused (every document would be cut
+/// away whole and score alike); one a token short of that still reaches
+/// the document, whichever end is cut.
+#[test]
+fn an_instruction_must_leave_a_template_pair_a_document() {
+    let folder = "tiny-qwen3-reranker";
+    let path = fixture(folder).join("tokenizer.json");
+    let tok = Tokenizer::from_file(&path).unwrap();
+    let enc = |s: &str| tok.encode(s, false).unwrap().get_ids().to_vec();
+    let prefix = enc("<|im_start|>system\nJudge.<|im_end|>\n<|im_start|>user\n");
+    let suffix = enc("<|im_end|>\n<|im_start|>assistant\n");
+    let template = "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}";
+    let spec = TokenizerSpec {
+        pair: Some(PairSpec {
+            prefix_ids: prefix.clone(),
+            suffix_ids: suffix.clone(),
+            template: Some(template.into()),
+            default_instruction: Some("Find".into()),
+            ..PairSpec::default()
+        }),
+        ..HfTokenizer::probe_spec(&path, 64).unwrap()
+    };
+    let ours = HfTokenizer::from_spec(spec).unwrap();
+    let room = 64 - prefix.len() - suffix.len();
+    let frame = |instruction: &str| {
+        enc(&format!(
+            "<Instruct>: {instruction}\n<Query>: \n<Document>: "
+        ))
+        .len()
+    };
+    // Instructions whose frame is exactly one token short of the room, and
+    // exactly the room.
+    let sized = |n: usize| {
+        (0..100)
+            .flat_map(|k| ["", "a", "ab", "x y"].map(|t| "find ".repeat(k) + t))
+            .find(|instruction| frame(instruction) == n)
+            .unwrap()
+    };
+    let (fits, over) = (sized(room - 1), sized(room));
+    let pair = |query: &str, document: &str| EmbedInput::Pair {
+        query: query.into(),
+        document: document.into(),
+    };
+    let long = "word ".repeat(100);
+    for direction in [TruncationDirection::Right, TruncationDirection::Left] {
+        let with = |instruction: String| EmbedOptions {
+            prompt: Prompt::Raw(instruction),
+            ..options(direction)
+        };
+        // One token short: the documents still differ.
+        let a = ours.encode(&pair("", &long), &with(fits.clone())).unwrap();
+        let b = ours
+            .encode(&pair("", "Bread"), &with(fits.clone()))
+            .unwrap();
+        assert_eq!(a.ids.len(), 64);
+        assert_ne!(a.ids, b.ids, "{direction:?}");
+        // No room: refused on any pair, the empty one (the route's probe) too.
+        for (query, document) in [("", ""), ("q", "d"), ("q", long.as_str())] {
+            let err = ours
+                .encode(&pair(query, document), &with(over.clone()))
+                .unwrap_err();
+            assert!(
+                err.message.starts_with(&format!(
+                    "the instruction leaves the documents no room within max_length 64 \
+                     (with the reranker's prompt it takes {} of the {room} tokens",
+                    frame(&over.clone())
+                )),
+                "{}",
+                err.message
+            );
+        }
+        // The model's own instruction is never refused; a long query is
+        // the query's matter.
+        assert!(ours.encode(&pair("", ""), &options(direction)).is_ok());
+        let query = "query ".repeat(100);
+        assert!(ours.encode(&pair(&query, "d"), &with(fits.clone())).is_ok());
+    }
+}
+
 #[test]
 fn single_text_models_refuse_pairs() {
     let path = fixture("tiny-bert-reranker").join("tokenizer.json");

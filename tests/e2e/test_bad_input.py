@@ -95,22 +95,24 @@ def cases():
             "request body is larger than the limit of 2097152 bytes (--max-body-bytes)")
         if route != "ollama":
             # Ollama answers no input with no embeddings (test_ollama.py).
-            add("field-missing", route, dumps({"other": ["a"]}), 422, f"{SHAPE}missing field `{f}`", pos=True)
+            add("field-missing", route, dumps({"other": ["a"]}), 422, f"{SHAPE}missing field `{f}`",
+                param=f, code="missing_required_parameter", pos=True)
             add("field-null", route, dumps({f: None}), 422, f"{SHAPE}{f}: invalid type: null, expected {want}",
-                pos=True)
+                param=f, code="invalid_type", pos=True)
         add("field-number", route, dumps({f: 3}), 422,
-            f"{SHAPE}{f}: invalid type: integer `3`, expected {want}", pos=True)
+            f"{SHAPE}{f}: invalid type: integer `3`, expected {want}", param=f, code="invalid_type", pos=True)
         if route in ("openai", "tei"):
             add("list-with-number", route, dumps({f: ["a", 3]}), 422,
-                f"{SHAPE}{f}: the array mixes strings, token ids and token-id arrays; use one form", pos=True)
+                f"{SHAPE}{f}: the array mixes strings, token ids and token-id arrays; use one form", param=f,
+                pos=True)
             add("list-with-null", route, dumps({f: ["a", None]}), 422,
                 f"{SHAPE}{f}[1]: invalid type: null, expected a string, a token id, or an array of token ids",
-                pos=True)
+                param=f, code="invalid_type", pos=True)
         else:
             add("list-with-number", route, dumps({f: ["a", 3]}), 422,
-                f"{SHAPE}{f}[1]: invalid type: integer `3`, expected a string", pos=True)
+                f"{SHAPE}{f}[1]: invalid type: integer `3`, expected a string", param=f, code="invalid_type", pos=True)
             add("list-with-null", route, dumps({f: ["a", None]}), 422,
-                f"{SHAPE}{f}[1]: invalid type: null, expected a string", pos=True)
+                f"{SHAPE}{f}[1]: invalid type: null, expected a string", param=f, code="invalid_type", pos=True)
         if route != "ollama":
             add("empty-list", route, dumps({f: []}), 400, "input is empty: send at least one text", param="input")
         if route != "ollama":  # Ollama embeds an empty text in a list (tests/e2e/test_ollama.py)
@@ -135,25 +137,27 @@ def cases():
             add(f"dimensions-{dims}", route, dumps({f: ["hi"], "dimensions": dims}), 400,
                 f"dimensions must be between 1 and the model's dimension 384, got {dims}", param="dimensions")
         add("dimensions-float", route, dumps({f: ["hi"], "dimensions": 1.5}), 422,
-            f"{SHAPE}dimensions: invalid type: floating point `1.5`, expected i64", pos=True)
+            f"{SHAPE}dimensions: invalid type: floating point `1.5`, expected i64", param="dimensions", code="invalid_type", pos=True)
         add("dimensions-too-big-for-i64", route, b'{"%s": ["hi"], "dimensions": 99999999999999999999}' % f.encode(),
-            422, f"{SHAPE}dimensions: invalid type: floating point `1e+20`, expected i64", pos=True)
+            422, f"{SHAPE}dimensions: invalid type: floating point `1e+20`, expected i64", param="dimensions", code="invalid_type", pos=True)
         if route in ("openai", "tei"):
             add("nested-too-deep", route, dumps({f: [[[1]]]}), 422,
-                f"{SHAPE}{f}[0][0]: invalid type: sequence, expected u32", pos=True)
+                f"{SHAPE}{f}[0][0]: invalid type: sequence, expected u32", param=f, code="invalid_type", pos=True)
             add("nested-5000-deep", route, b'{"%s": ' % f.encode() + b"[" * 5000 + b"]" * 5000 + b"}", 422,
-                f"{SHAPE}{f}[0][0]: invalid type: sequence, expected u32", pos=True)
+                f"{SHAPE}{f}[0][0]: invalid type: sequence, expected u32", param=f, code="invalid_type", pos=True)
         else:
             add("nested-too-deep", route, dumps({f: [["a"]]}), 422,
-                f"{SHAPE}{f}[0]: invalid type: sequence, expected a string", pos=True)
+                f"{SHAPE}{f}[0]: invalid type: sequence, expected a string", param=f, code="invalid_type", pos=True)
             add("nested-5000-deep", route, b'{"%s": ' % f.encode() + b"[" * 5000 + b"]" * 5000 + b"}", 422,
-                f"{SHAPE}{f}[0]: invalid type: sequence, expected a string", pos=True)
+                f"{SHAPE}{f}[0]: invalid type: sequence, expected a string", param=f, code="invalid_type", pos=True)
 
     # OpenAI only: encoding_format.
     add("encoding-format-hex", "openai", dumps({"input": "hi", "encoding_format": "hex"}), 422,
-        f"{SHAPE}encoding_format: unknown variant `hex`, expected `float` or `base64`", pos=True)
+        f"{SHAPE}encoding_format: unknown variant `hex`, expected `float` or `base64`",
+        param="encoding_format", code="invalid_value", pos=True)
     add("encoding-format-null-ok-but-number", "openai", dumps({"input": "hi", "encoding_format": 1}), 422,
-        f"{SHAPE}encoding_format: invalid type: integer `1`, expected a string", pos=True)
+        f"{SHAPE}encoding_format: invalid type: integer `1`, expected a string",
+        param="encoding_format", code="invalid_type", pos=True)
     # OpenAI and TEI: token ids.
     for route in ("openai", "tei"):
         f = ROUTES[route][1]
@@ -164,9 +168,9 @@ def cases():
             "input 1: token id 99999999 at position 1 is outside the vocabulary (ids must be below 30522)",
             param="input")
         add("token-id-over-u32", route, dumps({f: [1, 4294967296]}), 422,
-            f"{SHAPE}{f}[1]: token id 4294967296 is out of range", pos=True)
+            f"{SHAPE}{f}[1]: token id 4294967296 is out of range", param=f, pos=True)
         add("token-id-negative", route, dumps({f: [-1]}), 422,
-            f"{SHAPE}{f}[0]: token id -1 is negative", pos=True)
+            f"{SHAPE}{f}[0]: token id -1 is negative", param=f, pos=True)
         add("empty-token-list", route, dumps({f: [[7592], []]}), 400, "input 1 is an empty token list",
             param="input")
     return out

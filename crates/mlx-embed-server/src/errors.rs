@@ -25,6 +25,7 @@
 //! * Ollama `/api/*` (but `/api/v1/*`): `{"error": str}`, and 400 where the table says 422, as Ollama answers
 //! * Weaviate `/vectors`, `/meta`: `{"error": str}`
 
+use std::borrow::Cow;
 use std::marker::PhantomData;
 use std::time::Duration;
 
@@ -181,8 +182,9 @@ impl<T: std::fmt::Display> std::fmt::Display for LogSafe<T> {
 pub struct ApiError {
     pub kind: ErrorKind,
     pub message: String,
-    /// The request field at fault (OpenAI's `param`).
-    pub param: Option<&'static str>,
+    /// The request field at fault (OpenAI's `param`): a name the route
+    /// gives, or the top-level field a body's wrong shape is found in.
+    pub param: Option<Cow<'static, str>>,
     /// OpenAI's `code`, e.g. `invalid_api_key`.
     pub code: Option<&'static str>,
     /// Seconds for `Retry-After` (429 only).
@@ -206,8 +208,8 @@ impl ApiError {
     pub fn invalid(message: impl Into<String>) -> Self {
         Self::new(ErrorKind::InvalidRequest, message)
     }
-    pub fn param(mut self, param: &'static str) -> Self {
-        self.param = Some(param);
+    pub fn param(mut self, param: impl Into<Cow<'static, str>>) -> Self {
+        self.param = Some(param.into());
         self
     }
     pub fn code(mut self, code: &'static str) -> Self {
@@ -226,7 +228,7 @@ impl ApiError {
     /// The input an error about one input names ("input 3 ..."): its index,
     /// and the message after it. None for any other error.
     pub(crate) fn input_index(&self) -> Option<(usize, &str)> {
-        if self.param != Some("input") && self.code != Some("context_length_exceeded") {
+        if self.param.as_deref() != Some("input") && self.code != Some("context_length_exceeded") {
             return None;
         }
         let rest = self.message.strip_prefix("input ")?;
@@ -322,12 +324,46 @@ impl ApiError {
         .closing_connection()
     }
 
+    /// 422 (400 in the OpenAI and Ollama shapes): a body of the wrong
+    /// shape, `message` as told; `param` and `code` from serde's error where
+    /// there is one ([`wrong_shape_fault`]).
+    fn wrong_shape(message: String, serde: Option<&WrongShape>) -> Self {
+        let mut err = Self::new(ErrorKind::Unprocessable, message);
+        if let Some((param, code)) = serde.map(wrong_shape_fault) {
+            err.param = param.map(Cow::Owned);
+            err.code = code;
+        }
+        err
+    }
+
+    /// A body already read as a JSON value, as `T`, with the errors of a
+    /// body read as `T` ([`ApiError::from_json_rejection`]).
+    pub(crate) fn parse_value<T: serde::de::DeserializeOwned>(
+        body: serde_json::Value,
+    ) -> Result<T, Self> {
+        serde_path_to_error::deserialize(body).map_err(|e| {
+            Self::wrong_shape(
+                format!("Failed to deserialize the JSON body into the target type: {e}"),
+                Some(&e),
+            )
+        })
+    }
+
     /// Maps axum's JSON and body rejections: 400 malformed JSON, 422 wrong
     /// shape, 413 body over `max_body_bytes`. (The content type is checked
     /// before the body is read: [`crate::extract::ApiJson`].)
     pub fn from_json_rejection(rejection: JsonRejection, max_body_bytes: usize) -> Self {
         match rejection {
-            JsonRejection::JsonDataError(e) => Self::new(ErrorKind::Unprocessable, e.body_text()),
+            JsonRejection::JsonDataError(e) => {
+                let mut link: Option<&(dyn std::error::Error + 'static)> = Some(&e);
+                let serde = std::iter::from_fn(|| {
+                    let this = link?;
+                    link = this.source();
+                    Some(this)
+                })
+                .find_map(|e| e.downcast_ref::<WrongShape>());
+                Self::wrong_shape(e.body_text(), serde)
+            }
             JsonRejection::JsonSyntaxError(e) => {
                 let mut message = e.body_text();
                 // serde_json's words for a lone `\ud800`-style escape ("unexpected
@@ -349,6 +385,44 @@ impl ApiError {
             other => Self::new(ErrorKind::InvalidRequest, other.body_text()),
         }
     }
+}
+
+/// serde's error on a request body, with the path to where it went wrong
+/// (axum reads bodies through `serde_path_to_error`; so does
+/// [`ApiError::parse_value`]).
+pub(crate) type WrongShape = serde_path_to_error::Error<serde_json::Error>;
+
+/// The field a body of the wrong shape is wrong in, and what is wrong with
+/// it in OpenAI's codes, from serde's path and words: the path's first key
+/// (`dimensions`; `input` for `input[1]`, as an error about one input names
+/// `input` and says its index in the message), or for a top-level field
+/// missing or unknown, the field serde names. None where serde names no
+/// field (a body that is not an object) or says something else (a field's
+/// own check, e.g. "the array mixes strings, token ids ...": no code).
+fn wrong_shape_fault(err: &WrongShape) -> (Option<String>, Option<&'static str>) {
+    let words = err.inner().to_string();
+    let code = [
+        ("invalid type", "invalid_type"),
+        ("invalid value", "invalid_value"),
+        ("invalid length", "invalid_value"),
+        ("unknown variant", "invalid_value"),
+        ("missing field", "missing_required_parameter"),
+        ("unknown field", "unknown_parameter"),
+    ]
+    .into_iter()
+    .find_map(|(start, code)| words.starts_with(start).then_some(code));
+    let param = match err.path().iter().next() {
+        Some(serde_path_to_error::Segment::Map { key }) => Some(key.clone()),
+        Some(_) => None,
+        // At the top level serde names the field in backticks.
+        None => ["missing field `", "unknown field `"]
+            .iter()
+            .find_map(|start| {
+                let rest = words.strip_prefix(start)?;
+                Some(rest[..rest.find('`')?].to_owned())
+            }),
+    };
+    (param, code)
 }
 
 impl From<CoreError> for ApiError {
@@ -565,7 +639,7 @@ impl Api {
                 error: OpenAiErrorDetail {
                     message: err.message,
                     kind: err.kind.openai_type().into(),
-                    param: err.param.map(Into::into),
+                    param: err.param.map(Cow::into_owned),
                     code: err.code.map(Into::into),
                 },
             })

@@ -859,6 +859,153 @@ async fn request_shape_errors() {
     s.stop().await.unwrap();
 }
 
+/// A body of the wrong shape names the field at fault in OpenAI's `param`
+/// (the path's first key: `input` for `input[1]`, as an error about one
+/// input names `input`) and says what is wrong in `code`; the shapes without
+/// a param keep theirs, the statuses stay (400 in OpenAI's shape, 422 in
+/// TEI's and the native one).
+#[tokio::test]
+async fn a_wrong_shape_names_its_field() {
+    let s = Server::default().await;
+    let openai = |v: &Value| {
+        let e = &v["error"];
+        (
+            e["param"].as_str().map(str::to_owned),
+            e["code"].as_str().map(str::to_owned),
+            e["message"].as_str().unwrap().to_owned(),
+        )
+    };
+    let owned = |p: &str, c: &str| (Some(p.to_owned()), Some(c.to_owned()));
+    for path in ["/v1/embeddings", "/embeddings"] {
+        for (body, want, at) in [
+            // A wrong-typed top-level field.
+            (
+                json!({ "input": ["a"], "dimensions": "x" }),
+                owned("dimensions", "invalid_type"),
+                "dimensions: invalid type: string \"x\"",
+            ),
+            // A wrong element of `input`, and one nested deeper.
+            (
+                json!({ "input": ["a", null] }),
+                owned("input", "invalid_type"),
+                "input[1]: invalid type: null",
+            ),
+            (
+                json!({ "input": [[1, 2], [3, "x"]] }),
+                owned("input", "invalid_type"),
+                "input[1][1]: invalid type: string \"x\"",
+            ),
+            (
+                json!({ "input": "a", "encoding_format": "hex" }),
+                owned("encoding_format", "invalid_value"),
+                "encoding_format: unknown variant `hex`",
+            ),
+            // Missing: the field serde names.
+            (
+                json!({ "model": "m" }),
+                owned("input", "missing_required_parameter"),
+                "missing field `input`",
+            ),
+        ] {
+            let (status, _, v) = post(&s, path, &body).await;
+            assert_eq!(status, 400, "{path} {body}: {v}");
+            let (param, code, message) = openai(&v);
+            assert_eq!((param, code), want, "{path} {body}: {v}");
+            assert!(message.contains(at), "{path} {body}: {v}");
+            error_message(Shape::OpenAi, &v);
+        }
+        // A field's own check names its field, with no code.
+        let (status, _, v) = post(&s, path, &json!({ "input": ["a", 3] })).await;
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(openai(&v).0.as_deref(), Some("input"), "{v}");
+        assert!(v["error"]["code"].is_null(), "{v}");
+        // No field to name: a body that is not an object.
+        let (status, _, v) = post(&s, path, &json!(["a"])).await;
+        assert_eq!(status, 400, "{v}");
+        assert_eq!(openai(&v).0, None, "{v}");
+    }
+    // Cohere's v2 body (OpenAI's error shape): an element of a list that is
+    // not the input.
+    let (status, _, v) = post(
+        &s,
+        "/v2/embed",
+        &json!({ "texts": ["a"], "input_type": "search_query", "embedding_types": ["float", "hex"] }),
+    )
+    .await;
+    assert_eq!(status, 400, "{v}");
+    let (param, code, message) = openai(&v);
+    assert_eq!(
+        (param, code),
+        owned("embedding_types", "invalid_value"),
+        "{v}"
+    );
+    assert!(
+        message.contains("embedding_types[1]: unknown variant `hex`"),
+        "{v}"
+    );
+    // TEI's, Ollama's and the native shape have no param: theirs as before.
+    for (path, shape, body) in [
+        (
+            "/embed",
+            Shape::Tei,
+            json!({ "inputs": ["a"], "truncate": "yes" }),
+        ),
+        (
+            "/api/embed",
+            Shape::Ollama,
+            json!({ "input": ["a"], "truncate": "yes" }),
+        ),
+        (
+            "/api/v1/embed",
+            Shape::Native,
+            json!({ "texts": ["a"], "truncate": "yes" }),
+        ),
+    ] {
+        let (status, _, v) = post(&s, path, &body).await;
+        assert_eq!(status, shape.unprocessable(), "{path}: {v}");
+        let message = error_message(shape, &v);
+        assert!(
+            message.contains("truncate: invalid type: string \"yes\""),
+            "{path}: {v}"
+        );
+        assert!(
+            v.get("param").is_none() && v["error"].get("param").is_none(),
+            "{path}: {v}"
+        );
+    }
+    s.stop().await.unwrap();
+    // A body read as a value first (`/rerank`'s Cohere form, in OpenAI's
+    // shape; `/v1/rerank`): the same names.
+    let s = scorer_server(FakeScorer::reranker).await;
+    for (path, body, want, at) in [
+        (
+            "/rerank",
+            json!({ "query": "q", "documents": ["a", 3] }),
+            (Some("documents".to_owned()), None),
+            "documents[1]: each document must be a string or a JSON object",
+        ),
+        (
+            "/rerank",
+            json!({ "query": "q", "documents": ["a"], "top_n": "x" }),
+            owned("top_n", "invalid_type"),
+            "top_n: invalid type: string \"x\"",
+        ),
+        (
+            "/v1/rerank",
+            json!({ "query": 3, "documents": ["a"] }),
+            owned("query", "invalid_type"),
+            "query: invalid type: integer `3`",
+        ),
+    ] {
+        let (status, _, v) = post(&s, path, &body).await;
+        assert_eq!(status, 400, "{path} {body}: {v}");
+        let (param, code, message) = openai(&v);
+        assert_eq!((param, code), want, "{path} {body}: {v}");
+        assert!(message.contains(at), "{path} {body}: {v}");
+    }
+    s.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn truncation_is_default_and_refusal_names_the_input() {
     let s = Server::default().await;

@@ -124,12 +124,7 @@ pub(crate) async fn rerank_body(
 /// A JSON body already read, as `T`; a wrong shape is an error of the route's
 /// shape (422, 400 in the OpenAI shape) as for any route.
 pub(crate) fn parse<T: serde::de::DeserializeOwned>(body: Value) -> Result<T, ApiError> {
-    serde_json::from_value(body).map_err(|e| {
-        ApiError::new(
-            ErrorKind::Unprocessable,
-            format!("Failed to deserialize the JSON body into the target type: {e}"),
-        )
-    })
+    ApiError::parse_value(body)
 }
 
 /// What `/rerank` takes (documentation only): TEI's body (`texts`), or the
@@ -1185,7 +1180,7 @@ mod tests {
         // Truncation off: a 400 that names the query's tokens and the limit.
         let e = chunk_query_tokens(128, 303, 300, false).unwrap_err();
         assert_eq!(
-            (e.status().as_u16(), e.message.as_str(), e.param),
+            (e.status().as_u16(), e.message.as_str(), e.param.as_deref()),
             (
                 400,
                 "the query has 300 tokens, over the 61 that leave each chunk of a document half \
@@ -1224,7 +1219,7 @@ mod tests {
             .rank_text(3, Some(&fields(&["title", "author"])))
             .unwrap_err();
         assert_eq!(
-            (e.status().as_u16(), e.message.as_str(), e.param),
+            (e.status().as_u16(), e.message.as_str(), e.param.as_deref()),
             (
                 400,
                 "document 3 has no field `author` (named in rank_fields)",
@@ -1253,7 +1248,7 @@ mod tests {
         for bad in [vec![], vec![json!("a"), json!(1)]] {
             let e = rank_field_names(Some(bad)).unwrap_err();
             assert_eq!(e.status().as_u16(), 400);
-            assert_eq!(e.param, Some("rank_fields"));
+            assert_eq!(e.param.as_deref(), Some("rank_fields"));
         }
         let e = serde_json::from_value::<RerankDocument>(json!(3)).unwrap_err();
         assert_eq!(

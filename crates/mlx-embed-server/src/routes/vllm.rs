@@ -289,7 +289,7 @@ mod tests {
         };
         let first = in_lists(too_long(1), 2);
         assert_eq!(
-            (first.param, first.message.as_str()),
+            (first.param.as_deref(), first.message.as_str()),
             (
                 Some("text_1"),
                 "input 1 has 90 tokens, more than the model's maximum of 64"
@@ -297,7 +297,7 @@ mod tests {
         );
         let second = in_lists(too_long(12), 2);
         assert_eq!(
-            (second.param, second.message.as_str()),
+            (second.param.as_deref(), second.message.as_str()),
             (
                 Some("text_2"),
                 "input 10 has 90 tokens, more than the model's maximum of 64"
@@ -308,13 +308,13 @@ mod tests {
             1,
         );
         assert_eq!(
-            (empty.param, empty.message.as_str()),
+            (empty.param.as_deref(), empty.message.as_str()),
             (Some("text_2"), "input 2 is an empty string")
         );
         // Not about one input: as it was.
         let other = in_lists(ApiError::invalid("unknown prompt name"), 1);
         assert_eq!(
-            (other.param, other.message.as_str()),
+            (other.param.as_deref(), other.message.as_str()),
             (None, "unknown prompt name")
         );
     }

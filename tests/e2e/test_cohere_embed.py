@@ -173,10 +173,10 @@ def test_truncate_start_keeps_the_end(server):
      "output_dimension must be between 1 and the model's dimension 384, got 0"),
     ({"texts": ["a"], "max_tokens": 0}, 400, "max_tokens", "at least 1 token"),
     ({"texts": ["a"], "embedding_types": []}, 400, "embedding_types", "embedding_types is empty: name at least one"),
-    # A wrong shape: 400, as Cohere answers (the native and TEI routes answer 422).
-    ({"texts": ["a"], "embedding_types": ["float", "hex"]}, 400, None, "unknown variant `hex`"),
-    ({"texts": ["a"], "input_type": "search"}, 400, None, "unknown variant `search`"),
-    ({"texts": ["a"], "truncate": "end"}, 400, None, "unknown variant `end`"),
+    # A wrong shape: 400, as Cohere answers (the native and TEI routes answer 422), naming its field.
+    ({"texts": ["a"], "embedding_types": ["float", "hex"]}, 400, "embedding_types", "unknown variant `hex`"),
+    ({"texts": ["a"], "input_type": "search"}, 400, "input_type", "unknown variant `search`"),
+    ({"texts": ["a"], "truncate": "end"}, 400, "truncate", "unknown variant `end`"),
 ])
 def test_bad_input(server, body, status, param, needle):
     for path in ("/v1/embed", "/v2/embed"):

@@ -257,12 +257,12 @@ def test_pooled_and_unpooled_requests_at_once_each_get_their_own(server):
     ({"pool_factor": 2, "protected_tokens": 41}, "protected_tokens", "protected_tokens 41:"),
     ({"pool_factor": 2, "input_type": "query"}, "pool_factor", "a query is never pooled"),
     ({"protected_tokens": 1, "input_type": "query"}, "protected_tokens", "a query is never pooled"),
-    # Wrong shapes: named in serde's words (OpenAI's clients read no 422).
-    ({"pool_factor": 1.5}, None, "pool_factor"),
-    ({"pool_factor": "2"}, None, "pool_factor"),
-    ({"pool_factor": True}, None, "pool_factor"),
-    ({"pool_factor": 1e30}, None, "pool_factor"),
-    ({"protected_tokens": 0.5}, None, "protected_tokens"),
+    # Wrong shapes: named in serde's words (OpenAI's clients read no 422) and in param.
+    ({"pool_factor": 1.5}, "pool_factor", "pool_factor"),
+    ({"pool_factor": "2"}, "pool_factor", "pool_factor"),
+    ({"pool_factor": True}, "pool_factor", "pool_factor"),
+    ({"pool_factor": 1e30}, "pool_factor", "pool_factor"),
+    ({"protected_tokens": 0.5}, "protected_tokens", "protected_tokens"),
 ])
 def test_pool_factor_refusals(server, fields, param, words):
     r = requests.post(f"{server.url}/v1/multi-vector", json={"input": ["a b c"], **fields}, timeout=30)

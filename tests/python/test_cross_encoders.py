@@ -391,6 +391,27 @@ def test_qwen3_reranker_instruction_and_braces():
         model.predict(["just a text"])
 
 
+@pytest.mark.parametrize("folder", [QWEN3_RERANKER, QWEN3_ST6])
+def test_template_reranker_instruction_must_leave_a_document_room(folder):
+    """An instruction whose empty pair (instruction + the prompt's own
+    text) takes the whole room left every document cut away whole, all
+    scored alike: refused, both cut directions; one with room runs, and a
+    long query beside it is the query's matter."""
+    model = _model(folder)
+    room = model.max_length - len(model.pair_encoder.spec.prefix_ids)
+    if model.pair_encoder.spec.suffix_text is None:
+        room -= len(model.pair_encoder.spec.suffix_ids)
+    long = "find " * model.max_length
+    for direction in ("right", "left"):
+        with pytest.raises(InvalidInput, match=rf"leaves the documents no room within max_length "
+                                               rf"{model.max_length} \(with the reranker's prompt it takes \d+ of the "
+                                               rf"{room} tokens"):
+            model.encode_pairs([("q", "d")], instruction=long, truncation_direction=direction)
+        model.encode_pairs([("topic " * 400, "d")], instruction="find " * 20, truncation_direction=direction)
+    # The model's own instruction is never refused.
+    model.encode_pairs([("", "")])
+
+
 def test_qwen3_reranker_cut_from_the_left_keeps_the_query():
     """Left truncation of a template pair cut the pair text's start: the
     instruction and the query went first, so every long document scored the

@@ -20,7 +20,7 @@
 //! # Error bodies
 //!
 //! * native `/api/v1/*` and operational routes: `{"error": {"message": str, "type": str, "code": int}}`
-//! * OpenAI `/v1/*` (Cohere's `/v1/embed`, `/v1/rerank` too), Cohere's `/v2/embed`, `/v2/rerank`, vLLM's `/score`, `/pooling`, `/classify`, `/version`: `{"error": {"message": str, "type": str, "param": str|null, "code": str|null}, "detail": str}` (`detail` repeats the message, where Voyage AI's client reads it), and 400 where the table says 422, as those services answer
+//! * OpenAI `/v1/*` (Cohere's `/v1/embed`, `/v1/rerank` too), Cohere's `/v2/embed`, `/v2/rerank`, vLLM's `/score`, `/pooling`, `/classify`, `/version`: `{"error": {"message": str, "type": str, "param": str|null, "code": str|null}, "detail": str}` (`detail` repeats the message, where Voyage AI's client reads it; a wrong shape's `param` is its field, `code` what is wrong), and 400 where the table says 422, as those services answer
 //! * TEI `/embed` etc. (and `/invocations`, `/vertex`, TEI's routes for SageMaker and Vertex AI): `{"error": str, "error_type": str}`
 //! * Ollama `/api/*` (but `/api/v1/*`): `{"error": str}`, and 400 where the table says 422, as Ollama answers
 //! * Weaviate `/vectors`, `/meta`: `{"error": str}`

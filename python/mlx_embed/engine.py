@@ -811,9 +811,7 @@ class EmbeddingModel(ScoringMixin):
         starts = None
         if not self.include_prompt and prefix:
             defaults = self.prompts if default else None
-            starts = self.tokenizer.pool_starts(
-                [prompt_in_effect(prefix, t, defaults) for t in texts], contents, ids, truncation_direction
-            )
+            starts = self.tokenizer.pool_starts([prompt_in_effect(prefix, t, defaults) for t in texts], ids)
         return ids, before, starts
 
     def embed_with_counts(

@@ -194,22 +194,20 @@ class TextTokenizer:
             content = [t for t in content if t not in self.drop_ids]
         return self.prefix + content + self.suffix, before
 
-    def pool_starts(
-        self, prompts: Sequence[str], contents: Sequence[list[int]], rows: Sequence[list[int]], direction: str
-    ) -> list[int]:
-        """For each text, the leading positions of its ids (``rows``, cut from
-        ``contents``) that a model with sentence-transformers'
+    def pool_starts(self, prompts: Sequence[str], rows: Sequence[list[int]]) -> list[int]:
+        """For each text, the leading positions of its ids (``rows``) that a model with sentence-transformers'
         ``include_prompt: false`` leaves out of the pool, as
         sentence-transformers counts them: its prompt (``prompts``) tokenized
         alone with the specials and cut to the input's room, less the closing
         special if there is one (a prompt that fills the input leaves that
-        special pooled; one of no tokens leaves out ``[CLS]``); fewer when a
-        left cut took some of the prompt, none when it took all of it; 0
-        without a prompt."""
+        special pooled; one of no tokens leaves out ``[CLS]``); 0 without a
+        prompt. A left cut that took some or all of the prompt changes
+        nothing: sentence-transformers 6.2 masks the input's first positions
+        by the prompt's own length, whatever the cut kept there."""
         closing = 1 if self.suffix else 0
         counts: dict[str, int] = {}
         out = []
-        for prompt, content, row in zip(prompts, contents, rows):
+        for prompt, row in zip(prompts, rows):
             if not prompt:
                 out.append(0)
                 continue
@@ -217,13 +215,7 @@ class TextTokenizer:
                 counts[prompt] = len(content_ids(self._tok, [prompt])[0])
             whole = counts[prompt]
             kept = len(row) - self.n_special
-            k = whole
-            if direction == "left":
-                k = max(0, k - max(0, len(content) - kept))
-                if whole > 0 and k == 0:
-                    out.append(0)
-                    continue
-            out.append(min(len(self.prefix) + min(k, kept) + len(self.suffix) - closing, len(row)))
+            out.append(min(len(self.prefix) + min(whole, kept) + len(self.suffix) - closing, len(row)))
         return out
 
 

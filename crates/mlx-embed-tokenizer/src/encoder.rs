@@ -204,16 +204,11 @@ impl HfTokenizer {
     /// the prompt tokenized alone with the specials and cut to the input's
     /// room, less the closing special if there is one (so a prompt that
     /// fills the input still leaves that special pooled, and one of no
-    /// tokens leaves out `[CLS]`); fewer when a left cut took some of the
-    /// prompt, none when it took all of it; 0 without a prompt. `content` is
-    /// the text's ids before the cut.
-    fn prompt_positions(
-        &self,
-        prompt: &str,
-        content: usize,
-        encoded: &Encoded,
-        direction: TruncationDirection,
-    ) -> Result<u32, EmbedderError> {
+    /// tokens leaves out `[CLS]`); 0 without a prompt. The same count after
+    /// a left cut, though it took some or all of the prompt:
+    /// sentence-transformers 6.2 masks the input's first positions by the
+    /// prompt's own length, whatever the cut kept there.
+    fn prompt_positions(&self, prompt: &str, encoded: &Encoded) -> Result<u32, EmbedderError> {
         if prompt.is_empty() {
             return Ok(0);
         }
@@ -223,15 +218,8 @@ impl HfTokenizer {
             Some(&n) => n,
             None => self.encode_text(prompt, "")?.len(),
         };
-        let mut tokens = whole;
-        if direction == TruncationDirection::Left {
-            tokens = tokens.saturating_sub(content.saturating_sub(kept));
-            if whole > 0 && tokens == 0 {
-                return Ok(0);
-            }
-        }
         let positions =
-            (prefix + tokens.min(kept) + suffix.saturating_sub(1)).min(encoded.ids.len());
+            (prefix + whole.min(kept) + suffix.saturating_sub(1)).min(encoded.ids.len());
         Ok(u32::try_from(positions).unwrap_or(u32::MAX))
     }
 
@@ -685,8 +673,7 @@ impl Tokenize for HfTokenizer {
                 let mut encoded = self.finish(&content, direction, max_length)?;
                 if self.spec.pool_without_prompt {
                     let pooled_out = self.prompt_in_effect(&options.prompt, text, prompt);
-                    encoded.pool_start =
-                        self.prompt_positions(pooled_out, content.len(), &encoded, direction)?;
+                    encoded.pool_start = self.prompt_positions(pooled_out, &encoded)?;
                 }
                 Ok(encoded)
             }

@@ -48,7 +48,7 @@ pub struct TokenizerSpec {
     /// a text's prompt runs through the model but the pooling leaves it
     /// out. Its [`Encoded::pool_start`](mlx_embed_core::Encoded) is then the
     /// prompt tokenized alone with the specials, less the closing special,
-    /// as sentence-transformers counts it (less what a left cut took of it).
+    /// as sentence-transformers counts it (after a left cut too).
     pub pool_without_prompt: bool,
     /// A multi-vector (ColBERT) model's query mode: how a text is tokenized
     /// for [`Output::MultiVector`](mlx_embed_core::Output)`(Side::Query)`.

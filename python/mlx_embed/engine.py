@@ -523,7 +523,7 @@ class EmbeddingModel(ScoringMixin):
             raise InvalidInput(f"{self.name} is not a multi-vector (ColBERT) model")
         texts = self._check_texts(texts)
         check_switches(truncate=truncate)
-        direction = check_direction(truncation_direction or self.truncation_side)
+        direction = check_direction(self.truncation_side if truncation_direction is None else truncation_direction)
         mode = self.multi_vector.query if is_query else self.multi_vector.document
         prefix = self._prompt(prompt_name, prompt, None)
         default = prompt_name is None and prompt is None

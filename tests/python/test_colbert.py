@@ -159,6 +159,10 @@ def test_refusals():
     other = load_fixture("tiny-bert-reranker")
     with pytest.raises(InvalidInput, match="not a multi-vector model"):
         other.embed_ids([[101, 102]], output="multi_vector_query")
+    # None alone means the folder's side: an empty direction is refused here
+    # as encode() refuses it (it ran on the folder's side).
+    with pytest.raises(InvalidInput, match="truncation_direction must be 'right' or 'left', got ''"):
+        model.encode_multi_vector(["hello"], truncation_direction="")
 
 
 def _variant(tmp_path, **changes):

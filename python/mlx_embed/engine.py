@@ -144,10 +144,13 @@ class EmbeddingModel(ScoringMixin):
 
         self.tokenizer = text_tokenizer(self.max_length)
         # The end an input loses when a call names none: the folder's own
-        # (or the caller's truncation_side), decided here alone; spec()
-        # carries it to the Rust tokenizer and /info.
+        # (or the caller's truncation_side, else the side a model's library
+        # always cuts), decided here alone; spec() carries it to the Rust
+        # tokenizer and /info.
         self.truncation_side = resolve_truncation_side(
-            tokenizer_folder, self.tokenizer.file_truncation_side, truncation_side
+            tokenizer_folder,
+            self.tokenizer.file_truncation_side,
+            truncation_side if truncation_side is not None else ck.defaults.get("truncation_side"),
         )
         # A ColBERT model (PyLate's layout): its query and document modes as
         # ids of this tokenizer, and the rows it keeps (multi_vector.py).

@@ -130,6 +130,28 @@ def test_model2vec_truncation(golden_texts):
     assert np.allclose(left, model.embed([text[-spec.char_limit:]]), atol=1e-6)
 
 
+def test_model2vec_cuts_the_end_whatever_the_folder_says(tmp_path, golden_texts):
+    """model2vec 0.10's StaticModel.encode keeps a text's first characters and
+    calls enable_truncation(max_length) (right) over the tokenizer.json's own
+    truncation, so a folder's left side (baked or in tokenizer_config.json) is
+    not its cut; load(truncation_side=) still is. (Before, such a folder cut
+    on the left: cosine 0.99975 to model2vec's own vectors.)"""
+    folder = shutil.copytree(FIXTURES / "tiny-model2vec", tmp_path / "left-m2v")
+    tok = json.loads((folder / "tokenizer.json").read_text())
+    tok["truncation"] = {"direction": "Left", "max_length": 512, "strategy": "LongestFirst", "stride": 0}
+    (folder / "tokenizer.json").write_text(json.dumps(tok))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"truncation_side": "left"}))
+    text = golden_texts[38]  # 648 tokens
+    plain = load_fixture("tiny-model2vec")
+    model = mlx_embed.load(folder)
+    assert (model.truncation_side, model.spec().tokenizer.truncation_side) == ("right", "right")
+    assert model.encode([text])[0] == plain.encode([text])[0]
+    assert np.array_equal(model.embed([text]), plain.embed([text]))
+    asked = mlx_embed.load(folder, truncation_side="left")
+    assert asked.truncation_side == "left"
+    assert np.array_equal(asked.embed([text]), plain.embed([text], truncation_direction="left"))
+
+
 def test_sentence_transformers_does_not_truncate(golden_texts):
     model = load_fixture("tiny-static")
     assert model.spec().tokenizer.char_limit is None

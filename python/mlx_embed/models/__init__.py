@@ -24,7 +24,8 @@ folder's pooling wins), with the keys
   (a static model's pass is one gather, so the CPU's 256 costs it 1.6x).
 
 A built ``Model`` may add folder-specific ones as ``model.embedding_defaults``
-(Model2Vec's ``max_length``, ``drop_unknown``, ``truncate_chars``).
+(Model2Vec's ``max_length``, ``drop_unknown``, ``truncate_chars``, and
+``truncation_side``: the side its library always cuts, over the folder's).
 
 The engine reads only these, never the architecture's name.
 """

@@ -90,6 +90,10 @@ class Model(nn.Module):
                 "drop_unknown": True,
                 "truncate_chars": args.max_length is not None,
                 "max_length": args.max_length or DEFAULT_CAP,
+                # StaticModel.encode cuts the start's characters and then
+                # enable_truncation(max_length) (right), over any direction
+                # the folder's tokenizer.json or tokenizer_config.json says.
+                "truncation_side": "right",
             }
 
     @property

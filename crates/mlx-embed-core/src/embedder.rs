@@ -20,6 +20,24 @@ pub enum TruncationDirection {
     Left,
 }
 
+impl TruncationDirection {
+    /// Its name as transformers' `truncation_side` and the Python engine
+    /// write it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Right => "right",
+            Self::Left => "left",
+        }
+    }
+
+    /// The direction [`Self::name`] gives `name`; `None` for any other text.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Right, Self::Left]
+            .into_iter()
+            .find(|d| d.name() == name)
+    }
+}
+
 /// Text prepended to every text input before tokenization.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub enum Prompt {

@@ -124,13 +124,7 @@ impl PythonEmbedder {
                 kwargs.set_item("max_length", n)?;
             }
             if let Some(side) = options.truncation_side {
-                kwargs.set_item(
-                    "truncation_side",
-                    match side {
-                        TruncationDirection::Left => "left",
-                        TruncationDirection::Right => "right",
-                    },
-                )?;
+                kwargs.set_item("truncation_side", side.name())?;
             }
             let engine = &options.engine;
             if let Some(mb) = engine.cache_limit_mb {

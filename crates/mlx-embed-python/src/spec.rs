@@ -42,14 +42,13 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
     let default_prompt_name: Option<String> = optional(&tok, "default_prompt_name")?;
     // Decided on the Python side (tokenization.truncation_side); read once
     // here for both the tokenizer and the model's facts (/info).
-    let truncation_side = match optional::<String>(&tok, "truncation_side")?.as_deref() {
-        None | Some("right") => TruncationDirection::Right,
-        Some("left") => TruncationDirection::Left,
-        Some(other) => {
-            return Err(BridgeError::Protocol(format!(
-                "model.spec().tokenizer.truncation_side is {other:?}; expected right or left"
-            )))
-        }
+    let truncation_side = match optional::<String>(&tok, "truncation_side")? {
+        None => TruncationDirection::Right,
+        Some(name) => TruncationDirection::from_name(&name).ok_or_else(|| {
+            BridgeError::Protocol(format!(
+                "model.spec().tokenizer.truncation_side is {name:?}; expected right or left"
+            ))
+        })?,
     };
     let tokenizer = TokenizerSpec {
         path: PathBuf::from(field::<String>(&tok, "path")?),

@@ -2,6 +2,7 @@
 
 use std::time::Instant;
 
+use clap::builder::TypedValueParser as _;
 use clap::Parser;
 use mlx_embed_core::{Batcher, CoreError, Embedder, TruncationDirection};
 use mlx_embed_python::{EngineOptions, PythonEmbedder, PythonModelOptions};
@@ -31,22 +32,6 @@ pub struct ServeCli {
 pub enum LogFormat {
     Text,
     Json,
-}
-
-/// `--truncation-side`'s values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum TruncationSide {
-    Left,
-    Right,
-}
-
-impl From<TruncationSide> for TruncationDirection {
-    fn from(side: TruncationSide) -> Self {
-        match side {
-            TruncationSide::Left => TruncationDirection::Left,
-            TruncationSide::Right => TruncationDirection::Right,
-        }
-    }
 }
 
 /// Which model to load and how.
@@ -93,8 +78,10 @@ pub struct ModelArgs {
     /// `truncation_direction` (left keeps its last tokens), over each folder's own
     /// `truncation_side` [default: each folder's own, as sentence-transformers cuts it; else
     /// right].
-    #[arg(long, env = "MLX_EMBED_TRUNCATION_SIDE", value_enum)]
-    pub truncation_side: Option<TruncationSide>,
+    #[arg(long, env = "MLX_EMBED_TRUNCATION_SIDE",
+          value_parser = clap::builder::PossibleValuesParser::new(["left", "right"])
+              .map(|name: String| TruncationDirection::from_name(&name).expect("a possible value")))]
+    pub truncation_side: Option<TruncationDirection>,
     /// MLX buffer cache limit in MiB [default: 2048 on a GPU, 0 on the CPU]; bounds device memory, since every new batch shape leaves buffers in the cache.
     #[arg(long, env = "MLX_EMBED_CACHE_LIMIT_MB",
           value_parser = clap::value_parser!(u64).range(0..=MAX_CACHE_LIMIT_MB))]
@@ -287,7 +274,7 @@ impl ModelArgs {
             instruction: self.instruction.clone(),
             pooling: self.pooling.clone(),
             max_length: self.max_input_tokens.map(|n| n as usize),
-            truncation_side: self.truncation_side.map(Into::into),
+            truncation_side: self.truncation_side,
             engine: EngineOptions {
                 cache_limit_mb: self.cache_limit_mb,
                 fast_ops: self.fast_ops.clone(),

@@ -23,7 +23,7 @@ def test_hide_and_restore_in_a_clone(tmp_path):
     def tree(*args):
         return subprocess.run(["bash", "scripts/gpu-relay-tree", *args], cwd=repo, capture_output=True, text=True)
 
-    # No .gpuN here: `check` weighs the tree alone (about 58 MB, under the
+    # No .gpuN here: `check` weighs the tree alone (about 54 MB, under the
     # device's 64 MiB) and fails exactly when that is over the limit, saying
     # to hide.
     def weigh():

@@ -3,8 +3,8 @@ tokenizer.json): the tokenizer.json we convert from them against transformers'
 ids, the cache it is written to, and whole models loading from such folders.
 
 Fixtures: tests/fixtures/slow-wordpiece (README.md there;
-scripts/fixtures/make_slow_wordpiece.py). Every variant uses
-tiny-bert-reranker's vocab.txt, copied in here.
+scripts/fixtures/make_slow_wordpiece.py). Every variant uses the default
+model's (all-MiniLM-L6-v2's, 30522 entries) vocab.txt, copied in here.
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from mlx_embed.loading import default_model_path, load_checkpoint
 from conftest import FIXTURES, assert_parity, assert_reranker_matches
 
 SLOW = FIXTURES / "slow-wordpiece"
-VOCAB = FIXTURES / "tiny-bert-reranker" / "vocab.txt"
 CORPUS = json.loads((SLOW / "texts.json").read_text(encoding="utf-8"))
 VARIANTS = sorted(p.name for p in (SLOW / "variants").iterdir())
 # Where transformers' slow tokenizer itself differs from its converted fast
@@ -43,7 +42,7 @@ def _cache(tmp_path, monkeypatch):
 
 def _variant(name: str, dst: Path) -> Path:
     shutil.copytree(SLOW / "variants" / name, dst)
-    shutil.copy(VOCAB, dst / "vocab.txt")
+    shutil.copy(Path(default_model_path()) / "vocab.txt", dst / "vocab.txt")
     return dst
 
 

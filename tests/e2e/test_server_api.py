@@ -10,7 +10,7 @@ import numpy as np
 import openai
 import pytest
 
-from harness import cosine_rows
+from harness import cosine_rows, non_empty_golden
 
 ROUTES = {
     "native": ("/api/v1/embed", lambda texts: {"texts": texts}, lambda r: r["embeddings"]),
@@ -376,3 +376,49 @@ def test_mlx_embed_serve_command(tmp_path, golden):
         np.testing.assert_allclose(np.asarray(resp.json()["embeddings"]), reference[:3], atol=1e-5)
     finally:
         assert srv.stop() == 0, srv.log()[-3000:]
+
+
+def test_jinas_embedding_type_and_text_objects(server, golden):
+    """Jina AI's request shape on /v1/embeddings: `{"text": ...}` input
+    objects are texts, and `embedding_type` is the answer's form (it was
+    read past, answering floats to a client that asked for bits)."""
+    texts, ref, _ = non_empty_golden(golden, 4)
+    ref = ref.astype(np.float32)
+    url = "/v1/embeddings"
+
+    def embeddings(body):
+        resp = server.post(url, {"input": [{"text": t} for t in texts], **body})
+        assert resp.status_code == 200, resp.text
+        return [d["embedding"] for d in resp.json()["data"]]
+
+    floats = np.asarray(embeddings({"embedding_type": "float"}), dtype=np.float32)
+    assert floats.shape == (4, 384) and cosine_rows(floats, ref).min() >= 0.99999
+    bits = np.packbits(floats > 0, axis=1).astype(np.int64)
+    assert bits.shape == (4, 48)
+    np.testing.assert_array_equal(np.asarray(embeddings({"embedding_type": "ubinary"})), bits)
+    np.testing.assert_array_equal(np.asarray(embeddings({"embedding_type": "binary"})), bits - 128)
+    decoded = [np.frombuffer(base64.b64decode(s), dtype="<f4") for s in embeddings({"embedding_type": "base64"})]
+    np.testing.assert_array_equal(np.stack(decoded), floats)
+    # The same as Voyage's names for it, and with them where they agree.
+    agreeing = {"embedding_type": "binary", "output_dtype": "binary", "encoding_format": "float"}
+    np.testing.assert_array_equal(np.asarray(embeddings(agreeing)), bits - 128)
+    assert server.post("/pooling", {"input": texts, "embedding_type": "ubinary"}).json()["data"][0]["data"] == \
+        bits[0].tolist()
+
+    for body, param, needle in [
+        ({"input": ["a"], "embedding_type": "int8"}, "embedding_type", "unknown variant `int8`"),
+        ({"input": ["a"], "embedding_type": ["binary"]}, "embedding_type", "invalid type"),
+        ({"input": ["a"], "embedding_type": "binary", "encoding_format": "base64"}, "embedding_type",
+         "embedding_type binary is encoding_format float with output_dtype binary"),
+        ({"input": ["a"], "embedding_type": "base64", "output_dtype": "int8"}, "embedding_type",
+         "embedding_type base64 is encoding_format base64 with output_dtype float"),
+        ({"input": ["a"], "embedding_type": "ubinary", "normalized": False}, "embedding_type",
+         "embedding_type other than float quantizes the unit vector"),
+        ({"input": [{"image": "https://example.com/a.png"}]}, "input", "an `image` input is not supported"),
+        ({"input": [{"text": "a"}, 101]}, "input", "mixes"),
+        ({"input": [{}]}, "input", "missing field `text`"),
+    ]:
+        resp = server.post(url, body)
+        assert resp.status_code == 400, (body, resp.text)
+        err = resp.json()["error"]
+        assert err["param"] == param and needle in err["message"], (body, err)

@@ -323,8 +323,9 @@ impl<'de> Deserialize<'de> for TextInputs {
     }
 }
 
-/// OpenAI's `input` and TEI's `inputs`: a string, strings, token ids, or
-/// lists of token ids (run as given, specials included: see [`EmbedInput::Tokens`]).
+/// OpenAI's `input` and TEI's `inputs`: a string, strings (each may be Jina
+/// AI's `{"text": ...}` object), token ids, or lists of token ids (run as
+/// given, specials included: see [`EmbedInput::Tokens`]).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
 pub enum TextsOrTokens {
@@ -352,8 +353,9 @@ impl utoipa::PartialSchema for TextsOrTokens {
             .item(ids())
             .item(ArrayBuilder::new().items(ids()).min_items(Some(1)))
             .description(Some(
-                "A string, strings, token ids, or lists of token ids (run as given, special \
-                 tokens included); no list, string or token list empty (a 400)",
+                "A string, strings (or Jina AI's {\"text\": string} objects), token ids, or \
+                 lists of token ids (run as given, special tokens included); no list, string \
+                 or token list empty (a 400)",
             ))
             .into()
     }
@@ -385,10 +387,38 @@ impl<'de> Deserialize<'de> for Item {
         impl<'de> Visitor<'de> for V {
             type Value = Item;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string, a token id, or an array of token ids")
+                f.write_str(
+                    "a string, a {\"text\": string} object, a token id, or an array of token ids",
+                )
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<Item, E> {
                 Ok(Item::Text(s.to_owned()))
+            }
+            // Jina AI's object form of a text (its API's `input` items, which
+            // LlamaIndex's and Jina's own clients send); its `image` and
+            // `pdf` items are another modality, refused by name.
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<Item, A::Error> {
+                let mut text = None;
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "text" if text.is_none() => text = Some(map.next_value::<String>()?),
+                        "text" => return Err(de::Error::duplicate_field("text")),
+                        "image" | "pdf" | "url" | "bytes" => {
+                            return Err(de::Error::custom(format!(
+                                "an `{key}` input is not supported: this server embeds text \
+                                 ({{\"text\": \"...\"}} or a string)"
+                            )))
+                        }
+                        other => {
+                            return Err(de::Error::custom(format!(
+                                "unknown field `{other}` in an input object: send \
+                                 {{\"text\": \"...\"}} or a string"
+                            )))
+                        }
+                    }
+                }
+                text.map(Item::Text)
+                    .ok_or_else(|| de::Error::missing_field("text"))
             }
             fn visit_string<E: de::Error>(self, s: String) -> Result<Item, E> {
                 Ok(Item::Text(s))
@@ -573,6 +603,29 @@ mod tests {
             "[null]",
         ] {
             assert!(oa(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn jina_text_objects_are_texts_and_other_modalities_are_refused() {
+        assert_eq!(
+            oa(r#"[{"text":"a"},"b"]"#).unwrap(),
+            TextsOrTokens::Texts(vec!["a".into(), "b".into()])
+        );
+        for (bad, says) in [
+            (
+                r#"[{"image":"https://x/y.png"}]"#,
+                "an `image` input is not supported",
+            ),
+            (r#"[{"text":"a","image":"x"}]"#, "an `image` input"),
+            (r#"[{"txt":"a"}]"#, "unknown field `txt`"),
+            ("[{}]", "missing field `text`"),
+            (r#"[{"text":1}]"#, "invalid type"),
+            (r#"[{"text":"a"},1]"#, "mixes"),
+        ] {
+            let err = oa(bad).unwrap_err();
+            assert!(err.is_data(), "{bad}: {err}");
+            assert!(err.to_string().contains(says), "{bad}: {err}");
         }
     }
 

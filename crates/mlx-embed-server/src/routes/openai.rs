@@ -48,6 +48,16 @@ impl<'de> Deserialize<'de> for EncodingFormat {
     }
 }
 
+impl EncodingFormat {
+    /// As sent, for messages.
+    fn name(self) -> &'static str {
+        match self {
+            EncodingFormat::Float => "float",
+            EncodingFormat::Base64 => "base64",
+        }
+    }
+}
+
 /// What Infinity's `modality` says the inputs are: text is all this server embeds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
 #[serde(rename_all = "lowercase")]
@@ -183,6 +193,69 @@ impl<'de> Deserialize<'de> for OutputDtype {
     }
 }
 
+/// Jina AI's `embedding_type`: one name for the pair `encoding_format` and
+/// `output_dtype` name apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum JinaEmbeddingType {
+    Float,
+    /// `encoding_format: base64`: the float32 bytes.
+    Base64,
+    /// `output_dtype: binary`.
+    Binary,
+    /// `output_dtype: ubinary`.
+    Ubinary,
+}
+
+// Not derived, as for `EncodingFormat`: a wrong value is a wrong shape (400), not malformed JSON.
+impl<'de> Deserialize<'de> for JinaEmbeddingType {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        const VARIANTS: &[&str] = &["float", "base64", "binary", "ubinary"];
+        let name = String::deserialize(d)?;
+        match name.as_str() {
+            "float" => Ok(JinaEmbeddingType::Float),
+            "base64" => Ok(JinaEmbeddingType::Base64),
+            "binary" => Ok(JinaEmbeddingType::Binary),
+            "ubinary" => Ok(JinaEmbeddingType::Ubinary),
+            other => Err(serde::de::Error::unknown_variant(other, VARIANTS)),
+        }
+    }
+}
+
+impl JinaEmbeddingType {
+    fn name(self) -> &'static str {
+        match self {
+            JinaEmbeddingType::Float => "float",
+            JinaEmbeddingType::Base64 => "base64",
+            JinaEmbeddingType::Binary => "binary",
+            JinaEmbeddingType::Ubinary => "ubinary",
+        }
+    }
+
+    /// The `encoding_format` and `output_dtype` it stands for.
+    fn parts(self) -> (EncodingFormat, OutputDtype) {
+        match self {
+            JinaEmbeddingType::Float => (EncodingFormat::Float, OutputDtype::Float),
+            JinaEmbeddingType::Base64 => (EncodingFormat::Base64, OutputDtype::Float),
+            JinaEmbeddingType::Binary => (EncodingFormat::Float, OutputDtype::Binary),
+            JinaEmbeddingType::Ubinary => (EncodingFormat::Float, OutputDtype::Ubinary),
+        }
+    }
+}
+
+impl OutputDtype {
+    /// As sent, for messages.
+    fn name(self) -> &'static str {
+        match self {
+            OutputDtype::Float => "float",
+            OutputDtype::Int8 => "int8",
+            OutputDtype::Uint8 => "uint8",
+            OutputDtype::Binary => "binary",
+            OutputDtype::Ubinary => "ubinary",
+        }
+    }
+}
+
 /// How a request wants its vectors written: the format, for base64 the byte
 /// order, and the numbers' type.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -288,6 +361,11 @@ pub struct OpenAiEmbeddingRequest {
     /// Jina AI's name for `normalize`: false answers the vectors before
     /// normalization.
     pub normalized: Option<bool>,
+    /// Jina AI's: `float` (default), `base64` (the float32 bytes, as
+    /// `encoding_format: base64`), `binary` or `ubinary` (as `output_dtype`'s).
+    /// With `encoding_format` or `output_dtype` too, they must say the same
+    /// (else a 400), so that neither is silently left out.
+    pub embedding_type: Option<JinaEmbeddingType>,
     /// Jina AI's: true (embed the inputs as one context, then pool each) is
     /// refused (400) rather than answered as independent inputs; false or
     /// unsaid: each input on its own.
@@ -371,13 +449,35 @@ impl EmbeddingValue {
 }
 
 impl OpenAiEmbeddingRequest {
-    /// How the answer writes the vectors.
-    pub fn vector_encoding(&self) -> VectorEncoding {
-        VectorEncoding {
-            format: self.encoding_format.unwrap_or_default(),
+    /// How the answer writes the vectors: OpenAI's `encoding_format`,
+    /// Voyage's `output_dtype`, or Jina's `embedding_type` for both (a 400
+    /// where it and one of them disagree).
+    pub fn vector_encoding(&self) -> Result<VectorEncoding, ApiError> {
+        let (format, dtype) = match self.embedding_type {
+            None => (self.encoding_format, self.output_dtype),
+            Some(jina) => {
+                let (format, dtype) = jina.parts();
+                let disagrees = self.encoding_format.is_some_and(|f| f != format)
+                    || self.output_dtype.is_some_and(|t| t != dtype);
+                if disagrees {
+                    return Err(ApiError::invalid(format!(
+                        "embedding_type {} is encoding_format {} with output_dtype {}: \
+                         send embedding_type alone, or encoding_format and output_dtype \
+                         without it",
+                        jina.name(),
+                        format.name(),
+                        dtype.name(),
+                    ))
+                    .param("embedding_type"));
+                }
+                (Some(format), Some(dtype))
+            }
+        };
+        Ok(VectorEncoding {
+            format: format.unwrap_or_default(),
             endianness: self.endianness.unwrap_or_default(),
-            dtype: self.output_dtype.unwrap_or_default(),
-        }
+            dtype: dtype.unwrap_or_default(),
+        })
     }
 }
 
@@ -414,7 +514,7 @@ pub async fn embeddings(
     PriorityHeader(header, _): PriorityHeader<OpenAi>,
     ApiJson(req, _): ApiJson<OpenAiEmbeddingRequest, OpenAi>,
 ) -> Result<Json<OpenAiEmbeddingResponse>, Shaped<OpenAi>> {
-    let format = req.vector_encoding();
+    let format = req.vector_encoding()?;
     let out = embed_request(&state, header, req).await?;
     let data = out
         .vectors
@@ -460,12 +560,16 @@ pub(crate) async fn embed_request(
         .or(req.normalize)
         .or(req.normalized)
         .unwrap_or(true);
-    if !normalize && req.output_dtype.is_some_and(|t| t != OutputDtype::Float) {
-        return Err(ApiError::invalid(
-            "output_dtype other than float quantizes the unit vector: it cannot be combined \
-             with use_activation (or normalize) false",
-        )
-        .param("output_dtype"));
+    if !normalize && req.vector_encoding()?.dtype != OutputDtype::Float {
+        let param = match req.embedding_type {
+            Some(_) => "embedding_type",
+            None => "output_dtype",
+        };
+        return Err(ApiError::invalid(format!(
+            "{param} other than float quantizes the unit vector: it cannot be combined \
+             with use_activation (or normalize, normalized) false",
+        ))
+        .param(param));
     }
     let dimensions = one_of(
         (

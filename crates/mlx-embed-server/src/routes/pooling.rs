@@ -89,7 +89,7 @@ pub async fn pooling(
         .param("task")
         .into());
     }
-    let format = req.embedding.vector_encoding();
+    let format = req.embedding.vector_encoding()?;
     let out = embed_request(&state, header, req.embedding).await?;
     Ok(Json(PoolingResponse {
         id: response_id("pooling"),

@@ -108,6 +108,11 @@ def test_list_ps_and_show_describe_the_served_model(server):
     (running,) = c.ps().models
     assert running.model == f"{EMBEDDER}:latest"
     assert (running.size, running.size_vram, running.context_length) == (MINILM_PARAMETERS * 4, 0, 256)
+    # Always loaded: as far ahead as Ollama reports keep_alive -1 (its start
+    # plus Go's longest duration, 2**63 - 1 ns, about 292 years), which
+    # `ollama ps` shows as Forever; left out, it read as the zero time, "Stopping...".
+    gap = running.expires_at - listed.modified_at
+    assert abs(gap.total_seconds() - (2**63 - 1) / 1e9) < 1, running.expires_at
 
     for name in (EMBEDDER, f"{EMBEDDER}:latest"):
         shown = c.show(name)

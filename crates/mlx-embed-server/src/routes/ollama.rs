@@ -12,7 +12,7 @@
 //! model named with or without `:latest`.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::extract::State;
 use axum::http::header;
@@ -289,6 +289,11 @@ pub struct OllamaRunningModel {
     pub details: OllamaModelDetails,
     /// Longest input in tokens.
     pub context_length: usize,
+    /// When Ollama would unload it (RFC 3339): here never while the server
+    /// runs, so as far ahead as Ollama reports a model loaded with
+    /// `keep_alive: -1` (the start plus Go's longest duration, about 292
+    /// years; `ollama ps` shows it as `Forever`). Ollama always sends it.
+    pub expires_at: String,
 }
 
 /// The loaded models.
@@ -386,6 +391,7 @@ pub async fn tags(State(state): State<AppState>) -> Json<OllamaModelList> {
     responses((status = 200, description = "Every served model", body = OllamaRunningList))
 )]
 pub async fn ps(State(state): State<AppState>) -> Json<OllamaRunningList> {
+    let expires_at = rfc3339(started(&state) + Duration::from_nanos(i64::MAX as u64));
     let mut models = Vec::with_capacity(state.models().len());
     for m in state.models() {
         let on_cpu = m
@@ -402,6 +408,7 @@ pub async fn ps(State(state): State<AppState>) -> Json<OllamaRunningList> {
             size_vram: if on_cpu { 0 } else { size },
             details: details(m),
             context_length: m.info().max_input_tokens,
+            expires_at: expires_at.clone(),
         });
     }
     Json(OllamaRunningList { models })
@@ -547,8 +554,15 @@ fn weights_bytes(model: &ServedModel) -> u64 {
     model.info().weights.as_ref().map_or(0, |w| w.bytes)
 }
 
+fn started(state: &AppState) -> SystemTime {
+    UNIX_EPOCH + Duration::from_secs(state.started_unix())
+}
+
 fn started_at(state: &AppState) -> String {
-    let at = UNIX_EPOCH + Duration::from_secs(state.started_unix());
+    rfc3339(started(state))
+}
+
+fn rfc3339(at: SystemTime) -> String {
     humantime::format_rfc3339_seconds(at).to_string()
 }
 

@@ -3604,7 +3604,11 @@ async fn voyage_output_dtypes_answer_the_quantized_unit_vector() {
         (
             json!({ "input": "x", "output_dtype": "int8", "use_activation": false }),
             "output_dtype other than float quantizes the unit vector: it cannot be combined \
-             with use_activation (or normalize) false",
+             with use_activation (or normalize, normalized) false",
+        ),
+        (
+            json!({ "input": "x", "embedding_type": "binary", "normalized": false }),
+            "embedding_type other than float quantizes the unit vector",
         ),
         (
             json!({ "input": "x", "output_dtype": "int4" }),

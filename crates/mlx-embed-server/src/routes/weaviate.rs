@@ -30,6 +30,9 @@ use crate::state::AppState;
 pub enum TaskType {
     Query,
     Passage,
+    /// What Weaviate's 2024 releases sent for an object (later ones send
+    /// `passage`): the model's `document` prompt first, then `passage`.
+    Document,
 }
 
 /// Weaviate's per-request settings.
@@ -37,7 +40,7 @@ pub enum TaskType {
 pub struct VectorsConfig {
     /// Accepted and ignored: the model's own pooling applies.
     pub pooling_strategy: Option<String>,
-    /// `query` or `passage`: the model's prompt of that role, if it has one.
+    /// `query`, `passage` or `document`: the model's prompt of that role, if it has one.
     pub task_type: Option<TaskType>,
     /// Keep the first N components (1..=dimension), re-normalized.
     #[schema(minimum = 1)]
@@ -110,6 +113,7 @@ pub async fn vectors(
         req.config.task_type.map(|t| match t {
             TaskType::Query => Role::Query,
             TaskType::Passage => Role::Passage,
+            TaskType::Document => Role::Document,
         }),
         model.info(),
     );

@@ -106,7 +106,8 @@ def cases():
                 f"{SHAPE}{f}: the array mixes strings, token ids and token-id arrays; use one form", param=f,
                 pos=True)
             add("list-with-null", route, dumps({f: ["a", None]}), 422,
-                f"{SHAPE}{f}[1]: invalid type: null, expected a string, a token id, or an array of token ids",
+                f'{SHAPE}{f}[1]: invalid type: null, expected a string, a {{"text": string}} object, a token id, '
+                "or an array of token ids",
                 param=f, code="invalid_type", pos=True)
         else:
             add("list-with-number", route, dumps({f: ["a", 3]}), 422,

@@ -177,6 +177,10 @@ def test_truncate_start_keeps_the_end(server):
     ({"texts": ["a"], "embedding_types": ["float", "hex"]}, 400, "embedding_types", "unknown variant `hex`"),
     ({"texts": ["a"], "input_type": "search"}, 400, "input_type", "unknown variant `search`"),
     ({"texts": ["a"], "truncate": "end"}, 400, "truncate", "unknown variant `end`"),
+    # Not a name at all (OpenAI's boolean truncate): the same wrong shape, not malformed JSON.
+    ({"texts": ["a"], "truncate": True}, 400, "truncate", "invalid type: boolean `true`, expected a string"),
+    ({"texts": ["a"], "input_type": 5}, 400, "input_type", "invalid type: integer `5`, expected a string"),
+    ({"texts": ["a"], "embedding_types": [1]}, 400, "embedding_types", "invalid type: integer `1`"),
 ])
 def test_bad_input(server, body, status, param, needle):
     for path in ("/v1/embed", "/v2/embed"):

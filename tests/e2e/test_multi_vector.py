@@ -141,6 +141,7 @@ def test_a_colbert_model_is_warmed_up_on_its_document_rows(tmp_path):
     ({"input": []}, 400, "input is empty"),
     # A body of the wrong shape: 400 on the /v1 routes (OpenAI's clients read no 422).
     ({"input": ["a"], "input_type": "passage"}, 400, "input_type"),
+    ({"input": ["a"], "input_type": 1}, 400, "input_type: invalid type: integer `1`, expected a string"),
     ({"input": ["a"], "truncate": "no"}, 400, "truncate"),
     ({"input": ["a"], "model": "tiny-nomic-bert"}, 400, "multi-vector"),
 ])

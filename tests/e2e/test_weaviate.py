@@ -52,6 +52,8 @@ def test_probes_meta_and_errors(server):
         ({"text": "", "config": {}}, 400, "input 0 is an empty string"),
         ({"text": "a", "config": {"dimensions": 0}}, 400, "dimensions must be between 1"),
         ({"text": "a", "config": {"task_type": "answer"}}, 422, "unknown variant `answer`"),
+        # Not a name at all: the same wrong shape (422), not malformed JSON (400).
+        ({"text": "a", "config": {"task_type": 5}}, 422, "invalid type: integer `5`, expected a string"),
         # serde would fill the request from an array, field by field.
         (["a", None, {}], 422, "expected a JSON object"),
     ):

@@ -559,6 +559,22 @@ impl<'de> Deserialize<'de> for PriorityName {
 /// A string that must be one of `names` ignoring case, lowercased.
 /// Not a derived enum: serde_json reports a derived unit enum given a
 /// non-string as a *syntax* error (400); a wrong value is a shape error (422).
+/// A unit enum read by its name: `values[i]` for `names[i]`. Read as a
+/// string first, so that a value that is not one (`5`, `true`) is a wrong
+/// shape naming the field (400, or the route's 422), as another name is:
+/// serde's derived unit enums report it as malformed JSON.
+pub(crate) fn by_name<'de, D: Deserializer<'de>, T: Copy>(
+    d: D,
+    names: &'static [&'static str],
+    values: &[T],
+) -> Result<T, D::Error> {
+    let name = String::deserialize(d)?;
+    match names.iter().position(|n| *n == name) {
+        Some(i) => Ok(values[i]),
+        None => Err(de::Error::unknown_variant(&name, names)),
+    }
+}
+
 fn lowercase_name<'de, D: Deserializer<'de>>(
     d: D,
     names: &'static [&'static str],

@@ -30,7 +30,7 @@ use crate::state::AppState;
 
 /// What the texts are for; picks the model's prompt of that role, or its
 /// task adapter of that role.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum CohereInputType {
     SearchDocument,
@@ -41,8 +41,31 @@ pub enum CohereInputType {
     Image,
 }
 
+// Not derived: a value that is not a name is a wrong shape, not malformed JSON.
+impl<'de> Deserialize<'de> for CohereInputType {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        crate::extract::by_name(
+            d,
+            &[
+                "search_document",
+                "search_query",
+                "classification",
+                "clustering",
+                "image",
+            ],
+            &[
+                CohereInputType::SearchDocument,
+                CohereInputType::SearchQuery,
+                CohereInputType::Classification,
+                CohereInputType::Clustering,
+                CohereInputType::Image,
+            ],
+        )
+    }
+}
+
 /// A form the vectors are answered in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum CohereEmbeddingType {
     Float,
@@ -51,6 +74,24 @@ pub enum CohereEmbeddingType {
     Binary,
     Ubinary,
     Base64,
+}
+
+// Not derived: a value that is not a name is a wrong shape, not malformed JSON.
+impl<'de> Deserialize<'de> for CohereEmbeddingType {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        crate::extract::by_name(
+            d,
+            &["float", "int8", "uint8", "binary", "ubinary", "base64"],
+            &[
+                CohereEmbeddingType::Float,
+                CohereEmbeddingType::Int8,
+                CohereEmbeddingType::Uint8,
+                CohereEmbeddingType::Binary,
+                CohereEmbeddingType::Ubinary,
+                CohereEmbeddingType::Base64,
+            ],
+        )
+    }
 }
 
 impl CohereEmbeddingType {
@@ -69,7 +110,7 @@ impl CohereEmbeddingType {
 }
 
 /// Which end of an over-long text is cut.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
 #[serde(rename_all = "UPPERCASE")]
 pub enum CohereTruncate {
     /// Refuse an over-long text (400, as Cohere answers).
@@ -78,6 +119,21 @@ pub enum CohereTruncate {
     Start,
     /// Cut its end (left out: the model folder's `truncation_side`, else the end).
     End,
+}
+
+// Not derived: a value that is not a name is a wrong shape, not malformed JSON.
+impl<'de> Deserialize<'de> for CohereTruncate {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        crate::extract::by_name(
+            d,
+            &["NONE", "START", "END"],
+            &[
+                CohereTruncate::None,
+                CohereTruncate::Start,
+                CohereTruncate::End,
+            ],
+        )
+    }
 }
 
 /// Cohere embed request (v1 and v2).

@@ -25,12 +25,23 @@ pub enum MultiVectorInput {
 /// What the inputs are: each has its own tokenization (a query is cut to
 /// the model's query length and padded with expansion tokens; a document
 /// is cut to its document length and keeps no punctuation rows).
-#[derive(Debug, Default, Clone, Copy, Deserialize, ToSchema)]
+#[derive(Debug, Default, Clone, Copy, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum InputType {
     Query,
     #[default]
     Document,
+}
+
+// Not derived: a value that is not a name is a wrong shape, not malformed JSON.
+impl<'de> Deserialize<'de> for InputType {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        crate::extract::by_name(
+            d,
+            &["query", "document"],
+            &[InputType::Query, InputType::Document],
+        )
+    }
 }
 
 /// Jina multi-vector request.

@@ -38,13 +38,11 @@ pub enum EncodingFormat {
 // routes answer 400 for that, 422 for a wrong shape).
 impl<'de> Deserialize<'de> for EncodingFormat {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        const VARIANTS: &[&str] = &["float", "base64"];
-        let name = String::deserialize(d)?;
-        match name.as_str() {
-            "float" => Ok(EncodingFormat::Float),
-            "base64" => Ok(EncodingFormat::Base64),
-            other => Err(serde::de::Error::unknown_variant(other, VARIANTS)),
-        }
+        crate::extract::by_name(
+            d,
+            &["float", "base64"],
+            &[EncodingFormat::Float, EncodingFormat::Base64],
+        )
     }
 }
 
@@ -93,14 +91,11 @@ pub enum Endianness {
 // Not derived, as for `EncodingFormat`: a wrong value is a wrong shape (400), not malformed JSON.
 impl<'de> Deserialize<'de> for Endianness {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        const VARIANTS: &[&str] = &["native", "little", "big"];
-        let name = String::deserialize(d)?;
-        match name.as_str() {
-            "native" => Ok(Endianness::Native),
-            "little" => Ok(Endianness::Little),
-            "big" => Ok(Endianness::Big),
-            other => Err(serde::de::Error::unknown_variant(other, VARIANTS)),
-        }
+        crate::extract::by_name(
+            d,
+            &["native", "little", "big"],
+            &[Endianness::Native, Endianness::Little, Endianness::Big],
+        )
     }
 }
 
@@ -127,14 +122,11 @@ pub enum InputType {
 // Not derived, as for `EncodingFormat`: a wrong value is a wrong shape (400), not malformed JSON.
 impl<'de> Deserialize<'de> for InputType {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        const VARIANTS: &[&str] = &["query", "document", "passage"];
-        let name = String::deserialize(d)?;
-        match name.as_str() {
-            "query" => Ok(InputType::Query),
-            "document" => Ok(InputType::Document),
-            "passage" => Ok(InputType::Passage),
-            other => Err(serde::de::Error::unknown_variant(other, VARIANTS)),
-        }
+        crate::extract::by_name(
+            d,
+            &["query", "document", "passage"],
+            &[InputType::Query, InputType::Document, InputType::Passage],
+        )
     }
 }
 
@@ -180,16 +172,17 @@ pub enum OutputDtype {
 // Not derived, as for `EncodingFormat`: a wrong value is a wrong shape (400), not malformed JSON.
 impl<'de> Deserialize<'de> for OutputDtype {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        const VARIANTS: &[&str] = &["float", "int8", "uint8", "binary", "ubinary"];
-        let name = String::deserialize(d)?;
-        match name.as_str() {
-            "float" => Ok(OutputDtype::Float),
-            "int8" => Ok(OutputDtype::Int8),
-            "uint8" => Ok(OutputDtype::Uint8),
-            "binary" => Ok(OutputDtype::Binary),
-            "ubinary" => Ok(OutputDtype::Ubinary),
-            other => Err(serde::de::Error::unknown_variant(other, VARIANTS)),
-        }
+        crate::extract::by_name(
+            d,
+            &["float", "int8", "uint8", "binary", "ubinary"],
+            &[
+                OutputDtype::Float,
+                OutputDtype::Int8,
+                OutputDtype::Uint8,
+                OutputDtype::Binary,
+                OutputDtype::Ubinary,
+            ],
+        )
     }
 }
 
@@ -210,15 +203,16 @@ pub enum JinaEmbeddingType {
 // Not derived, as for `EncodingFormat`: a wrong value is a wrong shape (400), not malformed JSON.
 impl<'de> Deserialize<'de> for JinaEmbeddingType {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        const VARIANTS: &[&str] = &["float", "base64", "binary", "ubinary"];
-        let name = String::deserialize(d)?;
-        match name.as_str() {
-            "float" => Ok(JinaEmbeddingType::Float),
-            "base64" => Ok(JinaEmbeddingType::Base64),
-            "binary" => Ok(JinaEmbeddingType::Binary),
-            "ubinary" => Ok(JinaEmbeddingType::Ubinary),
-            other => Err(serde::de::Error::unknown_variant(other, VARIANTS)),
-        }
+        crate::extract::by_name(
+            d,
+            &["float", "base64", "binary", "ubinary"],
+            &[
+                JinaEmbeddingType::Float,
+                JinaEmbeddingType::Base64,
+                JinaEmbeddingType::Binary,
+                JinaEmbeddingType::Ubinary,
+            ],
+        )
     }
 }
 

@@ -25,7 +25,7 @@ use crate::models::Task;
 use crate::state::AppState;
 
 /// Which side of a search the text is on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum TaskType {
     Query,
@@ -33,6 +33,17 @@ pub enum TaskType {
     /// What Weaviate's 2024 releases sent for an object (later ones send
     /// `passage`): the model's `document` prompt first, then `passage`.
     Document,
+}
+
+// Not derived: a value that is not a name is a wrong shape (422), not malformed JSON (400).
+impl<'de> Deserialize<'de> for TaskType {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        crate::extract::by_name(
+            d,
+            &["query", "passage", "document"],
+            &[TaskType::Query, TaskType::Passage, TaskType::Document],
+        )
+    }
 }
 
 /// Weaviate's per-request settings.

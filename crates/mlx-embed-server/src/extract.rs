@@ -339,17 +339,25 @@ pub enum TextsOrTokens {
 /// empty list, string or token list (`embed::check_inputs`).
 impl utoipa::PartialSchema for TextsOrTokens {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Type};
+        use utoipa::openapi::schema::{
+            AdditionalProperties, ArrayBuilder, ObjectBuilder, OneOfBuilder, Type,
+        };
         let text = || {
             ObjectBuilder::new()
                 .schema_type(Type::String)
                 .min_length(Some(1))
         };
+        // Jina AI's object form of one text.
+        let text_object = ObjectBuilder::new()
+            .property("text", text())
+            .required("text")
+            .additional_properties(Some(AdditionalProperties::FreeForm(false)));
+        let list_item = OneOfBuilder::new().item(text()).item(text_object);
         let id = || <u32 as utoipa::PartialSchema>::schema();
         let ids = || ArrayBuilder::new().items(id()).min_items(Some(1));
         OneOfBuilder::new()
             .item(text())
-            .item(ArrayBuilder::new().items(text()).min_items(Some(1)))
+            .item(ArrayBuilder::new().items(list_item).min_items(Some(1)))
             .item(ids())
             .item(ArrayBuilder::new().items(ids()).min_items(Some(1)))
             .description(Some(

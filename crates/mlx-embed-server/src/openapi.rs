@@ -867,7 +867,11 @@ mod tests {
         for form in &forms[1..] {
             assert_eq!(form["minItems"], 1, "{form}");
         }
-        assert_eq!(forms[1]["items"]["minLength"], 1);
+        // A list's texts: strings, or Jina AI's {"text": ...} objects, neither empty.
+        let items = forms[1]["items"]["oneOf"].as_array().unwrap();
+        assert_eq!(items[0]["minLength"], 1);
+        assert_eq!(items[1]["properties"]["text"]["minLength"], 1);
+        assert_eq!(items[1]["required"], serde_json::json!(["text"]));
         assert_eq!(forms[3]["items"]["minItems"], 1);
         // Every X-Priority header: high, normal or low, in any case.
         let mut headers = 0;

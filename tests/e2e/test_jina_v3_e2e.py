@@ -132,6 +132,102 @@ def test_input_type_with_task(server):
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "input_type", resp.text
 
 
+# Jina AI's `task` on the routes whose APIs have no such field: each body
+# with the texts and the task, and how to read its vectors.
+TASK_ROUTES = [
+    ("/embed", lambda texts, task: {"inputs": texts, "task": task}, lambda r: r),
+    ("/invocations", lambda texts, task: {"inputs": texts, "task": task}, lambda r: r),
+    ("/", lambda texts, task: {"inputs": texts, "task": task}, lambda r: r),
+    ("/v1/embed", lambda texts, task: {"texts": texts, "task": task}, lambda r: r["embeddings"]),
+    ("/v2/embed", lambda texts, task: {"texts": texts, "task": task}, lambda r: r["embeddings"]["float"]),
+    ("/vectors", lambda texts, task: {"texts": texts, "task": task}, lambda r: r["vectors"]),
+    ("/api/embed", lambda texts, task: {"input": texts, "task": task}, lambda r: r["embeddings"]),
+]
+
+
+def test_task_on_every_route(server):
+    """`task` runs the same adapter and prompt on every embedding route as
+    on the native route: its vectors bit for bit (a route that ignored it
+    answered the untasked vectors with a 200)."""
+    texts, keep = _golden()
+    for task in TASKS:
+        resp = server.post("/api/v1/embed", {"texts": texts, "task": task})
+        assert resp.status_code == 200, resp.text[:500]
+        native = np.asarray(resp.json()["embeddings"], dtype=np.float32)
+        _assert_close(native, _ref(task)[keep], f"native task={task}")
+        for route, body, vectors in TASK_ROUTES:
+            resp = server.post(route, body(texts, task))
+            assert resp.status_code == 200, (route, resp.text[:500])
+            got = np.asarray(vectors(resp.json()), dtype=np.float32)
+            assert np.array_equal(got, native), (route, task, np.abs(got - native).max())
+        # Ollama's legacy route: one text, its vector before normalization.
+        raw = server.post("/api/v1/embed", {"texts": texts[:1], "task": task, "normalize": False})
+        resp = server.post("/api/embeddings", {"prompt": texts[0], "task": task})
+        assert resp.status_code == 200, resp.text[:500]
+        assert resp.json()["embedding"] == raw.json()["embeddings"][0], task
+    # Other unknown fields are still ignored, as before.
+    resp = server.post("/embed", {"inputs": texts[:2], "task": "separation", "not_a_field": 1})
+    assert resp.status_code == 200, resp.text
+
+
+def _refusal(resp):
+    """The message and param of a 400, whatever the route's error shape."""
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    return (err["message"], err.get("param")) if isinstance(err, dict) else (err, None)
+
+
+def _answer(body):
+    """An answer less what differs between two calls (Cohere's id)."""
+    return {k: v for k, v in body.items() if k not in ("id", "usage")} if isinstance(body, dict) else body
+
+
+def test_task_refusals_on_every_route(server):
+    """An unknown task is a 400 naming the valid ones on every route (param
+    `task` where the error shape has one); a route's own field that picks
+    another task is a 400 naming that field; the same task is the same
+    request."""
+    valid = "valid tasks are retrieval.query, retrieval.passage, separation, classification, text-matching"
+    for route, body, _ in TASK_ROUTES:
+        message, param = _refusal(server.post(route, body(["x"], "retrieval")))
+        assert message.startswith('unknown task "retrieval": ' + valid), (route, message)
+        assert param in ("task", None), (route, param)
+    message, _ = _refusal(server.post("/api/embeddings", {"prompt": "x", "task": "nope"}))
+    assert message.startswith('unknown task "nope"'), message
+    # Checked before Ollama's empty-input answer, as its other fields are.
+    message, _ = _refusal(server.post("/api/embed", {"input": [], "task": "nope"}))
+    assert message.startswith('unknown task "nope"'), message
+    # The Cohere shape names the field.
+    assert _refusal(server.post("/v2/embed", {"texts": ["x"], "task": "nope"}))[1] == "task"
+    conflicts = [
+        ("/embed", {"inputs": ["x"], "prompt_name": "separation"}, "prompt_name", '"separation"', "separation"),
+        ("/api/v1/embed", {"texts": ["x"], "prompt_name": "separation"}, "prompt_name", '"separation"', "separation"),
+        ("/v1/embeddings", {"input": ["x"], "prompt_name": "separation"}, "prompt_name", '"separation"', "separation"),
+        ("/v1/embed", {"texts": ["x"], "input_type": "search_document"}, "input_type", "search_document",
+         "retrieval.passage"),
+        ("/v2/embed", {"texts": ["x"], "input_type": "clustering"}, "input_type", "clustering", "separation"),
+        ("/vectors", {"text": "x", "config": {"task_type": "passage"}}, "task_type", "passage", "retrieval.passage"),
+    ]
+    for route, body, field, value, picked in conflicts:
+        message, param = _refusal(server.post(route, {**body, "task": "retrieval.query"}))
+        assert message == (
+            f'{field} {value} picks task "{picked}" on this model, but task is "retrieval.query": '
+            "send one of them (or both the same)"
+        ), (route, message)
+        assert param in (field, None), (route, param)
+        # Both the same: the request of either alone.
+        same = server.post(route, {**body, "task": picked})
+        alone = server.post(route, body)
+        assert same.status_code == alone.status_code == 200, (route, same.text[:300], alone.text[:300])
+        assert _answer(same.json()) == _answer(alone.json()), route
+    # A prompt that names no task runs under the task's adapter, as on the
+    # native route (no conflict): a raw prompt here.
+    assert server.post("/api/v1/embed", {"texts": ["x"], "task": "separation", "prompt": "p: "}).status_code == 200
+    # A task adapter is for pooled vectors: per-token output with one is a 400.
+    message, _ = _refusal(server.post("/embed_all", {"inputs": ["x"], "task": "separation"}))
+    assert "applies to pooled embeddings only" in message, message
+
+
 def test_mixed_tasks_concurrently(tmp_path):
     """Requests of every task (and none), one text each, sent at once so the
     batcher puts rows of different tasks in one batch: each gets its own

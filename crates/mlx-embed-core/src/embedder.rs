@@ -195,6 +195,12 @@ impl EmbedOptions {
     }
 }
 
+/// What a tokenizer's refusal of a per-request cut (`truncate_to`) too
+/// short for the model's own tokens says (`a cut at N tokens <this>: ...`):
+/// the server names the request's cut field by it, not the input, since no
+/// input could fit (the Python engine's tokenizer says the same words).
+pub const CUT_LEAVES_NO_ROOM: &str = "leaves no room for text";
+
 /// Most text one request's query/document pairs may hold, each pair's query
 /// counted again: a reranker request repeats its query in every pair, so a
 /// 2 MB query beside 2,048 short documents made 4 GB of pairs (and a

@@ -247,6 +247,23 @@ impl ApiError {
         self
     }
 
+    /// The tokenizer's refusal of a per-request cut too short for the
+    /// model's own tokens ([`mlx_embed_core::CUT_LEAVES_NO_ROOM`]) as the
+    /// fault of `field`, the request's cut (`truncate_prompt_tokens`,
+    /// `max_tokens`, ...): the value the client can change, where the core
+    /// names the first input only because every input fails alike. Any
+    /// other error is left as it is.
+    pub(crate) fn cut_by(mut self, field: &'static str) -> Self {
+        let Some(at) = self.message.find("a cut at ") else {
+            return self;
+        };
+        if !self.message[at..].contains(mlx_embed_core::CUT_LEAVES_NO_ROOM) {
+            return self;
+        }
+        self.message = format!("{field}: {}", &self.message[at..]);
+        self.param(field)
+    }
+
     pub fn unauthorized() -> Self {
         Self::new(
             ErrorKind::Unauthorized,
@@ -725,6 +742,26 @@ impl<F: Flavor> IntoResponse for Shaped<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_cut_refusal_names_the_cut_field() {
+        let refused = ApiError::from(CoreError::InvalidInput(
+            "input 0: a cut at 2 tokens leaves no room for text: the model adds 2 special \
+             tokens, so cut at 3 or more"
+                .into(),
+        ));
+        assert_eq!(refused.param.as_deref(), Some("input"));
+        let named = refused.cut_by("max_tokens");
+        assert_eq!(named.param.as_deref(), Some("max_tokens"));
+        assert_eq!(
+            named.message,
+            "max_tokens: a cut at 2 tokens leaves no room for text: the model adds 2 special \
+             tokens, so cut at 3 or more"
+        );
+        // Another input's fault stays the input's.
+        let other = ApiError::from(CoreError::InvalidInput("input 1: cannot tokenize".into()));
+        assert_eq!(other.clone().cut_by("max_tokens"), other);
+    }
 
     #[test]
     fn log_lines_escape_what_would_break_them() {

@@ -264,7 +264,15 @@ impl HfTokenizer {
             EmbedderError::invalid_input("this model takes single texts, not query/document pairs")
         })?;
         let specials = pair.specials();
-        let budget = content_room(max_length, specials)?;
+        // A decoder reranker's fixed tokens are mostly its prompt (its
+        // instruction, the question it asks), which a client cutting at 30
+        // would not count as special tokens.
+        let what = if pair.pairs_only() {
+            "tokens of its own around a pair (its prompt and special tokens)"
+        } else {
+            "special tokens around a pair"
+        };
+        let budget = content_room(max_length, specials, what)?;
         let direction = options
             .truncation_direction
             .unwrap_or(self.spec.truncation_side);
@@ -543,7 +551,11 @@ impl HfTokenizer {
     ) -> Result<Encoded, EmbedderError> {
         let specials = self.spec.prefix_ids.len() + self.spec.suffix_ids.len();
         let untruncated_len = u32::try_from(content.len() + specials).unwrap_or(u32::MAX);
-        let content = cut(content, content_room(max_length, specials)?, direction);
+        let content = cut(
+            content,
+            content_room(max_length, specials, "special tokens")?,
+            direction,
+        );
         let mut ids = Vec::with_capacity(content.len() + specials);
         ids.extend_from_slice(&self.spec.prefix_ids);
         ids.extend(content.iter().filter(|id| !self.spec.drop_ids.contains(id)));
@@ -585,7 +597,8 @@ impl HfTokenizer {
             self.spec.prefix_ids.len() + self.spec.suffix_ids.len() + mode.insert_ids.len();
         let max_length = truncate_to.map_or(mode.max_length, |n| n.min(mode.max_length));
         let untruncated_len = u32::try_from(content.len() + specials).unwrap_or(u32::MAX);
-        let content = cut(content, content_room(max_length, specials)?, direction);
+        let room = content_room(max_length, specials, "special tokens (its marker included)")?;
+        let content = cut(content, room, direction);
         let mut ids = Vec::with_capacity(mode.max_length.max(content.len() + specials));
         ids.extend_from_slice(&self.spec.prefix_ids);
         ids.extend_from_slice(content);
@@ -611,11 +624,15 @@ impl HfTokenizer {
 /// at least one, or a per-request cut (`truncate_to`) too short for the
 /// model's specials is invalid input. (The model's own maximum always
 /// leaves room: checked when the tokenizer is built.)
-fn content_room(max_length: usize, specials: usize) -> Result<usize, EmbedderError> {
+/// `what`: what those tokens are, for the message (a pair template's are
+/// its instruction as well as its specials, and a client cutting at 30 who
+/// reads "71 special tokens" would not know why).
+fn content_room(max_length: usize, specials: usize, what: &str) -> Result<usize, EmbedderError> {
     if max_length <= specials {
         return Err(EmbedderError::invalid_input(format!(
-            "a cut at {max_length} tokens leaves no room for text: the model adds {specials} \
-             special tokens, so cut at {} or more",
+            "a cut at {max_length} tokens {}: the model adds {specials} {what}, so cut at {} \
+             or more",
+            mlx_embed_core::CUT_LEAVES_NO_ROOM,
             specials + 1
         )));
     }

@@ -6,7 +6,8 @@
 //! `passage`, `classification`, `clustering`), else its default prompt; on a
 //! model with task adapters (jina-embeddings-v3) it picks the task
 //! (`retrieval.query`, `retrieval.passage`, `classification`, `separation`)
-//! as Jina AI's `task` would (`role_pick` in the routes module).
+//! as Jina AI's `task` would (`role_pick` in the routes module); Jina's
+//! `task` itself is taken too (an `input_type` picking another is a 400).
 //! Vectors are unit length; `embedding_types` also answers them as bytes:
 //! `int8` is `round(127 x)` per component, `uint8` that plus 128, `binary`
 //! and `ubinary` one sign bit per component (`x > 0`), eight to a byte,
@@ -21,7 +22,7 @@ use serde_json::Value;
 use utoipa::ToSchema;
 
 use super::openai::encode_base64;
-use super::{role_pick, Role};
+use super::{pick_task, Role, Said};
 use crate::embed::{embed_answering, output_dimension, EmbedRequest};
 use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
 use crate::extract::{ApiJson, PriorityHeader};
@@ -168,6 +169,11 @@ pub struct CohereEmbedRequest {
     pub max_tokens: Option<i64>,
     /// v2: lower is served earlier; 0 (default) normal, below 0 high, above 0 low.
     pub priority: Option<i64>,
+    /// Jina AI's (not a Cohere field): the task adapter to run with, one of
+    /// the model's `tasks` (`/info` lists them: jina-embeddings-v3's), with
+    /// its prompt of that name. A model without task adapters, an unknown
+    /// task, or an `input_type` that picks another task, is a 400.
+    pub task: Option<String>,
 }
 
 /// Vectors by form; only the forms asked for are present.
@@ -311,7 +317,12 @@ async fn embed(
     if let Some(n) = req.output_dimension {
         output_dimension(n, model, "output_dimension")?;
     }
-    let pick = role_pick(role_of(req.input_type), model.info());
+    let pick = pick_task(
+        state,
+        Some(&model.name),
+        req.task,
+        Said::role("input_type", role_of(req.input_type)),
+    )?;
     let truncate = req.truncate.unwrap_or(CohereTruncate::End);
     // Every form asked for answers every value again.
     let bytes_per_value = match req.embedding_types.as_deref() {
@@ -349,6 +360,7 @@ async fn embed(
     )
     .await
     .map_err(|mut err| {
+        err = err.cut_by("max_tokens");
         // The shared message speaks of the other APIs' boolean.
         if err.code == Some("context_length_exceeded") {
             err.message = err
@@ -427,13 +439,13 @@ fn texts_of_inputs(inputs: Vec<Value>) -> Result<Vec<String>, ApiError> {
         .collect()
 }
 
-/// The role `input_type` names (`image` is refused before).
-fn role_of(input_type: Option<CohereInputType>) -> Option<Role> {
+/// The role `input_type` names, with its name as sent (`image` is refused before).
+fn role_of(input_type: Option<CohereInputType>) -> Option<(&'static str, Role)> {
     match input_type? {
-        CohereInputType::SearchQuery => Some(Role::Query),
-        CohereInputType::SearchDocument => Some(Role::Document),
-        CohereInputType::Classification => Some(Role::Classification),
-        CohereInputType::Clustering => Some(Role::Clustering),
+        CohereInputType::SearchQuery => Some(("search_query", Role::Query)),
+        CohereInputType::SearchDocument => Some(("search_document", Role::Document)),
+        CohereInputType::Classification => Some(("classification", Role::Classification)),
+        CohereInputType::Clustering => Some(("clustering", Role::Clustering)),
         CohereInputType::Image => None,
     }
 }
@@ -523,19 +535,19 @@ mod tests {
     fn input_types_name_their_roles() {
         assert_eq!(
             role_of(Some(CohereInputType::SearchQuery)),
-            Some(Role::Query)
+            Some(("search_query", Role::Query))
         );
         assert_eq!(
             role_of(Some(CohereInputType::SearchDocument)),
-            Some(Role::Document)
+            Some(("search_document", Role::Document))
         );
         assert_eq!(
             role_of(Some(CohereInputType::Classification)),
-            Some(Role::Classification)
+            Some(("classification", Role::Classification))
         );
         assert_eq!(
             role_of(Some(CohereInputType::Clustering)),
-            Some(Role::Clustering)
+            Some(("clustering", Role::Clustering))
         );
         assert_eq!(role_of(None), None);
     }

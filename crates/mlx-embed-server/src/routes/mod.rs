@@ -258,6 +258,80 @@ pub(crate) fn role_pick(role: Option<Role>, info: &mlx_embed_core::ModelInfo) ->
     }
 }
 
+/// What a request says its texts are for in its own API's words, beside
+/// Jina AI's `task`.
+pub(crate) enum Said {
+    /// A prompt: named (`prompt_name`, which on a model with task adapters
+    /// runs the adapter of a task of that name: the core's rule), raw, or
+    /// the model's default (nothing said).
+    Prompt(Prompt),
+    /// A role field (`input_type`, `task_type`): its name, its value as
+    /// sent, and the role it names.
+    Role {
+        field: &'static str,
+        value: &'static str,
+        role: Role,
+    },
+}
+
+impl Said {
+    /// A role field that may be unset (unset: nothing said).
+    pub(crate) fn role(field: &'static str, role: Option<(&'static str, Role)>) -> Self {
+        match role {
+            Some((value, role)) => Said::Role { field, value, role },
+            None => Said::Prompt(Prompt::Default),
+        }
+    }
+}
+
+/// The prompt and task adapter of an embedding request that may give Jina
+/// AI's `task` (checked by [`task_of`]) beside its own API's way of saying
+/// what its texts are for: the one owner of how the two combine, on every
+/// route that takes both. Both picking the same task is the same request;
+/// picking two different ones is a 400 naming the route's own field
+/// (neither silently wins). A `task` with a prompt that names no task (or a
+/// raw one) runs that prompt under the task's adapter, as the core does.
+pub(crate) fn pick_task(
+    state: &AppState,
+    model: Option<&str>,
+    task: Option<String>,
+    said: Said,
+) -> Result<RolePick, ApiError> {
+    let task = task_of(state, model, task)?;
+    let info = || {
+        state
+            .model_for(model, crate::models::Task::Embed)
+            .map(|m| m.info())
+    };
+    let (field, value, pick, picked) = match said {
+        Said::Role { field, value, role } => {
+            let pick = role_pick(Some(role), info()?);
+            let picked = pick.task.clone();
+            (field, value.to_owned(), pick, picked)
+        }
+        Said::Prompt(Prompt::Named(name)) if task.is_some() => {
+            let picked = info()?.tasks.contains(&name).then(|| name.clone());
+            let pick = RolePick {
+                prompt: Prompt::Named(name.clone()),
+                task: None,
+            };
+            ("prompt_name", format!("{name:?}"), pick, picked)
+        }
+        Said::Prompt(prompt) => return Ok(RolePick { prompt, task }),
+    };
+    match (task, picked) {
+        (Some(asked), Some(picked)) if asked != picked => Err(ApiError::invalid(format!(
+            "{field} {value} picks task {picked:?} on this model, but task is {asked:?}: send \
+             one of them (or both the same)"
+        ))
+        .param(field)),
+        (asked, _) => Ok(RolePick {
+            prompt: pick.prompt,
+            task: asked.or(pick.task),
+        }),
+    }
+}
+
 /// The first of `roles` the model has a prompt named for, else its default prompt.
 fn role_prompt(roles: &[&str], prompts: &BTreeMap<String, String>) -> Prompt {
     roles

@@ -6,7 +6,7 @@ use mlx_embed_core::{EmbedInput, EmbedOptions, Output};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{prompt_of, Usage};
+use super::{pick_task, prompt_of, Said, Usage};
 use crate::embed::{embed as run_embed, EmbedRequest};
 use crate::errors::{Native, NativeErrorBody, Shaped};
 use crate::extract::{ApiJson, PriorityHeader, PriorityName, TruncationSide};
@@ -40,7 +40,7 @@ pub struct NativeEmbedRequest {
     /// The task adapter to run with, one of the model's `tasks` (`/info`
     /// lists them: jina-embeddings-v3's), with its prompt of that name unless
     /// `prompt_name` or `prompt` says another; a model without task adapters,
-    /// or an unknown task, is a 400.
+    /// an unknown task, or a `prompt_name` that names another task, is a 400.
     pub task: Option<String>,
     /// `high`, `normal` (default) or `low`: higher lanes are served first. Wins over an
     /// `X-Priority` header.
@@ -80,17 +80,23 @@ pub async fn embed(
     PriorityHeader(header, _): PriorityHeader<Native>,
     ApiJson(req, _): ApiJson<NativeEmbedRequest, Native>,
 ) -> Result<Json<NativeEmbedResponse>, Shaped<Native>> {
+    let pick = pick_task(
+        &state,
+        req.model.as_deref(),
+        req.task,
+        Said::Prompt(prompt_of(req.prompt_name, req.prompt)?),
+    )?;
     let options = EmbedOptions {
         priority: req.priority.map(Into::into).or(header).unwrap_or_default(),
         truncate: req.truncate.unwrap_or(true),
         truncation_direction: req.truncation_direction.map(Into::into),
         truncate_to: super::cut_at("truncate_to", req.truncate_to)?,
-        prompt: prompt_of(req.prompt_name, req.prompt)?,
+        prompt: pick.prompt,
         output: Output::Pooled,
         max_token_rows: None,
         wrapped_token_ids: false,
         token_pooling: None,
-        task: super::task_of(&state, req.model.as_deref(), req.task)?,
+        task: pick.task,
     };
     let out = run_embed(
         &state,
@@ -103,7 +109,8 @@ pub async fn embed(
             dimensions: req.dimensions,
         },
     )
-    .await?;
+    .await
+    .map_err(|e| e.cut_by("truncate_to"))?;
     Ok(Json(NativeEmbedResponse {
         embeddings: out.vectors,
         model: out.model,

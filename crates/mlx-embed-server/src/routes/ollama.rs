@@ -87,6 +87,11 @@ pub struct OllamaEmbedRequest {
     #[schema(minimum = 0)]
     pub dimensions: Option<i64>,
     pub options: Option<OllamaOptions>,
+    /// Jina AI's (not an Ollama field): the task adapter to run with, one of
+    /// the model's `tasks` (`/info` lists them: jina-embeddings-v3's), with
+    /// its prompt of that name. A model without task adapters, or an unknown
+    /// task, is a 400.
+    pub task: Option<String>,
 }
 
 /// Ollama embed response. Vectors are unit length.
@@ -131,6 +136,7 @@ pub async fn embed(
     // Checked before the empty-input answer: a bad `num_ctx` or
     // `dimensions` is a 400 either way.
     let truncate_to = OllamaOptions::truncate_to(req.options.as_ref())?;
+    let task = super::task_of(&state, served_name(req.model.clone()).as_deref(), req.task)?;
     let dimensions = req.dimensions.filter(|&n| n != 0);
     if inputs.is_empty() {
         let model = state.model_for(served_name(req.model).as_deref(), Task::Embed)?;
@@ -156,6 +162,7 @@ pub async fn embed(
             options: EmbedOptions {
                 truncate: req.truncate.unwrap_or(true),
                 truncate_to,
+                task,
                 priority: priority.unwrap_or_default(),
                 ..EmbedOptions::default()
             },
@@ -163,7 +170,8 @@ pub async fn embed(
             dimensions,
         },
     )
-    .await?;
+    .await
+    .map_err(|e| e.cut_by("num_ctx"))?;
     Ok(Json(OllamaEmbedResponse {
         model: echoed.unwrap_or(out.model),
         embeddings: out.vectors,
@@ -182,6 +190,11 @@ pub struct OllamaEmbeddingsRequest {
     #[serde(default)]
     pub prompt: Option<String>,
     pub options: Option<OllamaOptions>,
+    /// Jina AI's (not an Ollama field): the task adapter to run with, one of
+    /// the model's `tasks` (`/info` lists them: jina-embeddings-v3's), with
+    /// its prompt of that name. A model without task adapters, or an unknown
+    /// task, is a 400.
+    pub task: Option<String>,
 }
 
 /// Ollama's legacy embedding response: the model's vector *before*
@@ -211,6 +224,7 @@ pub async fn embeddings(
 ) -> Result<Json<OllamaEmbeddingsResponse>, Shaped<Ollama>> {
     let prompt = req.prompt.unwrap_or_default();
     let truncate_to = OllamaOptions::truncate_to(req.options.as_ref())?;
+    let task = super::task_of(&state, served_name(req.model.clone()).as_deref(), req.task)?;
     if prompt.is_empty() {
         state.model_for(served_name(req.model).as_deref(), Task::Embed)?;
         return Ok(Json(OllamaEmbeddingsResponse {
@@ -225,6 +239,7 @@ pub async fn embeddings(
             inputs: vec![EmbedInput::Text(prompt)],
             options: EmbedOptions {
                 truncate_to,
+                task,
                 priority: priority.unwrap_or_default(),
                 ..EmbedOptions::default()
             },
@@ -232,7 +247,8 @@ pub async fn embeddings(
             dimensions: None,
         },
     )
-    .await?;
+    .await
+    .map_err(|e| e.cut_by("num_ctx"))?;
     let embedding = out.vectors.into_iter().next().unwrap_or_default();
     Ok(Json(OllamaEmbeddingsResponse { embedding }))
 }

@@ -582,34 +582,20 @@ pub(crate) async fn embed_request(
     }
     let truncate =
         one_of(("truncate", req.truncate), ("truncation", req.truncation))?.unwrap_or(true);
-    let task = super::task_of(state, req.model.as_deref(), req.task)?;
-    let (prompt, task) = match (req.prompt_name, req.input_type) {
+    let said = match (req.prompt_name, req.input_type) {
         (Some(_), Some(_)) => {
             return Err(
                 ApiError::invalid("give either prompt_name or input_type, not both")
                     .param("input_type"),
             )
         }
-        (Some(name), None) => (Prompt::Named(name), task),
-        (None, Some(input_type)) => {
-            let model = state.model_for(req.model.as_deref(), Task::Embed)?;
-            let pick = super::role_pick(Some(input_type.role()), model.info());
-            match (task, pick.task) {
-                // Two fields for one choice: the same task is the same request,
-                // another one cannot be both (and neither silently wins).
-                (Some(asked), Some(picked)) if asked != picked => {
-                    return Err(ApiError::invalid(format!(
-                        "input_type {} picks task {picked:?} on this model, but task is \
-                         {asked:?}: send one of them (or both the same)",
-                        input_type.name()
-                    ))
-                    .param("input_type"))
-                }
-                (asked, picked) => (pick.prompt, asked.or(picked)),
-            }
+        (Some(name), None) => super::Said::Prompt(Prompt::Named(name)),
+        (None, input_type) => {
+            super::Said::role("input_type", input_type.map(|t| (t.name(), t.role())))
         }
-        (None, None) => (Prompt::Default, task),
     };
+    let super::RolePick { prompt, task } =
+        super::pick_task(state, req.model.as_deref(), req.task, said)?;
     let voyage_truncation = req.truncation.is_some();
     let inputs = req.input.into_inputs();
     run_embed(
@@ -638,6 +624,7 @@ pub(crate) async fn embed_request(
     )
     .await
     .map_err(|mut err| {
+        err = err.cut_by("truncate_prompt_tokens");
         // The shared message names the other APIs' field.
         if voyage_truncation && err.code == Some("context_length_exceeded") {
             err.message = err

@@ -89,7 +89,11 @@ async fn answer(
     Ok(match job {
         Job::Embed => {
             let req: TeiEmbedRequest = parse(body)?;
-            RouteAnswer::Embed(run_embed(state, req.into_request(priority)).await?.vectors)
+            RouteAnswer::Embed(
+                run_embed(state, req.into_request(state, priority)?)
+                    .await?
+                    .vectors,
+            )
         }
         Job::EmbedSparse => {
             let req: TeiRawRequest = parse(body)?;
@@ -376,7 +380,7 @@ fn plan(
     }
     Ok(match job_of(state, model_field(&instance))? {
         Job::Embed => {
-            let req = parse::<TeiEmbedRequest>(instance)?.into_request(priority);
+            let req = parse::<TeiEmbedRequest>(instance)?.into_request(state, priority)?;
             // Checked here, as /embed checks them: merged with others they
             // would not be (an empty instance would answer `[]`).
             check_inputs(state, &req.inputs, req.model.as_deref(), Task::Embed)?;

@@ -303,6 +303,7 @@ async fn classify_scores(
         },
     )
     .await
+    .map_err(|e| e.cut_by("truncate_prompt_tokens"))
 }
 
 /// vLLM's answer: per input, the best label and every label's score in the

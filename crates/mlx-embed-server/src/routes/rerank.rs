@@ -763,7 +763,9 @@ async fn rank(
     } else {
         ((0..texts.len()).collect(), sent)
     };
-    let out = score_checked(state, request).await?;
+    let out = score_checked(state, request)
+        .await
+        .map_err(|e| e.cut_by("truncate_prompt_tokens"))?;
     // A document scores as its best piece (best by logit is best by score).
     let mut scores = vec![f32::NEG_INFINITY; req.documents.len()];
     let mut logits = scores.clone();

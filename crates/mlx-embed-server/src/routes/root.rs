@@ -121,7 +121,12 @@ pub async fn inference(
         return Ok(Json(classify(&state, model, body, priority).await?).into_response());
     }
     let req: TeiEmbedRequest = serde_json::from_value(body).map_err(unprocessable)?;
-    Ok(Json(run_embed(&state, req.into_request(priority)).await?.vectors).into_response())
+    Ok(Json(
+        run_embed(&state, req.into_request(&state, priority)?)
+            .await?
+            .vectors,
+    )
+    .into_response())
 }
 
 /// The Inference API's other tasks post to the same URL with their own

@@ -7,6 +7,7 @@ use mlx_embed_core::{EmbedOptions, Output, Priority, Prompt};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+use super::{pick_task, Said};
 use crate::embed::{embed as run_embed, embed_sparse as run_embed_sparse, EmbedRequest};
 use crate::errors::{ApiError, Shaped, Tei, TeiErrorBody};
 use crate::extract::{ApiJson, PriorityHeader, TextsOrTokens, TruncationSide};
@@ -28,8 +29,15 @@ pub struct TeiEmbedRequest {
     /// `Right` keeps the start of an over-long input, `Left` its end (any case);
     /// unsaid: the model folder's `truncation_side`, else right.
     pub truncation_direction: Option<TruncationSide>,
-    /// One of the model's named prompts (`/info` lists them); default: the model's default prompt.
+    /// One of the model's named prompts (`/info` lists them); default: the model's default
+    /// prompt. One named after a task (jina-embeddings-v3's) runs that task's adapter too.
     pub prompt_name: Option<String>,
+    /// Jina AI's (not a TEI field): the task adapter to run with, one of the
+    /// model's `tasks` (`/info` lists them: jina-embeddings-v3's), with its
+    /// prompt of that name unless `prompt_name` says another. A model
+    /// without task adapters, an unknown task, or a `prompt_name` that names
+    /// another task, is a 400.
+    pub task: Option<String>,
     /// Keep the first N components (1..=dimension), re-normalized when `normalize`.
     #[schema(minimum = 1)]
     pub dimensions: Option<i64>,
@@ -37,18 +45,28 @@ pub struct TeiEmbedRequest {
 
 /// TEI's request options as the core's, with TEI's defaults: truncate (on the
 /// model folder's side, else the right), the model's default prompt, normal priority.
+#[allow(clippy::too_many_arguments)]
 fn tei_options(
+    state: &AppState,
+    model: Option<&str>,
     truncate: Option<bool>,
     truncation_direction: Option<TruncationSide>,
     prompt_name: Option<String>,
+    task: Option<String>,
     priority: Option<Priority>,
     output: Output,
-) -> EmbedOptions {
-    EmbedOptions {
+) -> Result<EmbedOptions, ApiError> {
+    let pick = pick_task(
+        state,
+        model,
+        task,
+        Said::Prompt(prompt_name.map_or(Prompt::Default, Prompt::Named)),
+    )?;
+    Ok(EmbedOptions {
         truncate: truncate.unwrap_or(true),
         truncation_direction: truncation_direction.map(Into::into),
         truncate_to: None,
-        prompt: prompt_name.map_or(Prompt::Default, Prompt::Named),
+        prompt: pick.prompt,
         priority: priority.unwrap_or_default(),
         output,
         max_token_rows: None,
@@ -56,28 +74,35 @@ fn tei_options(
         wrapped_token_ids: false,
         token_pooling: None,
         // A prompt_name that names a task selects its adapter too (the core's).
-        task: None,
-    }
+        task: pick.task,
+    })
 }
 
 impl TeiEmbedRequest {
     /// The one embed path's request for this TEI request.
     /// `priority`: the `X-Priority` header's lane, if any.
-    pub(crate) fn into_request(self, priority: Option<Priority>) -> EmbedRequest {
-        EmbedRequest {
+    pub(crate) fn into_request(
+        self,
+        state: &AppState,
+        priority: Option<Priority>,
+    ) -> Result<EmbedRequest, ApiError> {
+        Ok(EmbedRequest {
             empty_texts: false,
-            model: self.model,
-            inputs: self.inputs.into_inputs(),
             options: tei_options(
+                state,
+                self.model.as_deref(),
                 self.truncate,
                 self.truncation_direction,
                 self.prompt_name,
+                self.task,
                 priority,
                 Output::Pooled,
-            ),
+            )?,
+            model: self.model,
+            inputs: self.inputs.into_inputs(),
             normalize: self.normalize.unwrap_or(true),
             dimensions: self.dimensions,
-        }
+        })
     }
 }
 
@@ -99,7 +124,7 @@ pub async fn embed(
     PriorityHeader(priority, _): PriorityHeader<Tei>,
     ApiJson(req, _): ApiJson<TeiEmbedRequest, Tei>,
 ) -> Result<Json<Vec<Vec<f32>>>, Shaped<Tei>> {
-    let out = run_embed(&state, req.into_request(priority)).await?;
+    let out = run_embed(&state, req.into_request(&state, priority)?).await?;
     Ok(Json(out.vectors))
 }
 
@@ -118,25 +143,37 @@ pub struct TeiRawRequest {
     pub truncation_direction: Option<TruncationSide>,
     /// One of the model's named prompts (`/info` lists them); default: the model's default prompt.
     pub prompt_name: Option<String>,
+    /// Jina AI's (not a TEI field): a task adapter of the model's, as on
+    /// `/embed`; a task adapter runs for pooled vectors only, so here it is
+    /// a 400 (as on a model without task adapters, or an unknown task).
+    pub task: Option<String>,
 }
 
 impl TeiRawRequest {
     /// The one embed path's request for `output`, raw (not normalized).
-    pub(crate) fn into_request(self, priority: Option<Priority>, output: Output) -> EmbedRequest {
-        EmbedRequest {
+    pub(crate) fn into_request(
+        self,
+        state: &AppState,
+        priority: Option<Priority>,
+        output: Output,
+    ) -> Result<EmbedRequest, ApiError> {
+        Ok(EmbedRequest {
             empty_texts: false,
-            model: self.model,
-            inputs: self.inputs.into_inputs(),
             options: tei_options(
+                state,
+                self.model.as_deref(),
                 self.truncate,
                 self.truncation_direction,
                 self.prompt_name,
+                self.task,
                 priority,
                 output,
-            ),
+            )?,
+            model: self.model,
+            inputs: self.inputs.into_inputs(),
             normalize: false,
             dimensions: None,
-        }
+        })
     }
 }
 
@@ -160,7 +197,7 @@ pub async fn embed_all(
     PriorityHeader(priority, _): PriorityHeader<Tei>,
     ApiJson(req, _): ApiJson<TeiRawRequest, Tei>,
 ) -> Result<Json<Vec<Vec<Vec<f32>>>>, Shaped<Tei>> {
-    let out = run_embed(&state, req.into_request(priority, Output::Tokens)).await?;
+    let out = run_embed(&state, req.into_request(&state, priority, Output::Tokens)?).await?;
     let width = out.dimension;
     Ok(Json(
         out.vectors
@@ -216,7 +253,7 @@ pub(crate) async fn sparse_values(
     req: TeiRawRequest,
     priority: Option<Priority>,
 ) -> Result<Vec<Vec<SparseValue>>, ApiError> {
-    let out = run_embed_sparse(state, req.into_request(priority, Output::Pooled)).await?;
+    let out = run_embed_sparse(state, req.into_request(state, priority, Output::Pooled)?).await?;
     Ok(out
         .entries
         .into_iter()

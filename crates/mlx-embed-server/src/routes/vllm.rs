@@ -181,7 +181,7 @@ pub async fn score_pairs(
             },
         )
         .await
-        .map_err(|e| in_list(e, "text_2"))?;
+        .map_err(|e| in_list(e, "text_2").cut_by("truncate_prompt_tokens"))?;
         let scores: Vec<f32> = out.scores.iter().map(|row| row[0]).collect();
         (
             out.model,
@@ -220,7 +220,7 @@ pub async fn score_pairs(
         };
         let out = run_embed(&state, req)
             .await
-            .map_err(|e| in_lists(e, n_firsts))?;
+            .map_err(|e| in_lists(e, n_firsts).cut_by("truncate_prompt_tokens"))?;
         let (a, b) = out.vectors.split_at(n_firsts);
         let scores = b
             .iter()

@@ -8,7 +8,8 @@
 //! accepted and ignored (the model's own pooling applies, as in Weaviate's
 //! sentence-transformers images), `config.task_type` picks the model's
 //! `query` or `passage`/`document` prompt where it has one (on a model with
-//! task adapters, its `retrieval.query` or `retrieval.passage` task).
+//! task adapters, its `retrieval.query` or `retrieval.passage` task), and
+//! Jina AI's `task` (top level, as on the other routes) picks a task.
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -17,7 +18,7 @@ use mlx_embed_core::{EmbedInput, EmbedOptions};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{role_pick, Role};
+use super::{pick_task, Role, Said};
 use crate::embed::{embed as run_embed, EmbedRequest};
 use crate::errors::{ApiError, Shaped, Weaviate, WeaviateErrorBody};
 use crate::extract::{ApiJson, PriorityHeader};
@@ -65,6 +66,11 @@ pub struct VectorsRequest {
     pub texts: Option<Vec<String>>,
     #[serde(default)]
     pub config: VectorsConfig,
+    /// Jina AI's (not a Weaviate field): the task adapter to run with, one
+    /// of the model's `tasks` (`/info` lists them: jina-embeddings-v3's),
+    /// with its prompt of that name. A model without task adapters, an
+    /// unknown task, or a `config.task_type` that picks another task, is a 400.
+    pub task: Option<String>,
 }
 
 /// The answer to one `text`.
@@ -120,14 +126,19 @@ pub async fn vectors(
         }
     };
     let model = state.model_for(None, Task::Embed)?;
-    let pick = role_pick(
-        req.config.task_type.map(|t| match t {
-            TaskType::Query => Role::Query,
-            TaskType::Passage => Role::Passage,
-            TaskType::Document => Role::Document,
-        }),
-        model.info(),
-    );
+    let pick = pick_task(
+        &state,
+        Some(&model.name),
+        req.task,
+        Said::role(
+            "task_type",
+            req.config.task_type.map(|t| match t {
+                TaskType::Query => ("query", Role::Query),
+                TaskType::Passage => ("passage", Role::Passage),
+                TaskType::Document => ("document", Role::Document),
+            }),
+        ),
+    )?;
     let out = run_embed(
         &state,
         EmbedRequest {

@@ -1,0 +1,81 @@
+"""A per-request cut too short for the tokens a model adds of its own
+(special tokens, a reranker's prompt) is the cut field's
+fault, not the input's: every route answers 400 naming the field the client
+sets (vLLM's `truncate_prompt_tokens`, Cohere's `max_tokens`, Ollama's
+`num_ctx`, the native `truncate_to`), with how many tokens the model needs."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness import FIXTURES, start_server
+
+EMBEDDER = "tiny-gemma3"  # [BOS] ... [EOS]: 2 special tokens
+RERANKER = "tiny-qwen3-reranker"  # its chat prompt and instruction: 71 tokens around a pair
+CLASSIFIER = "tiny-bert-classifier"  # [CLS] ... [SEP]
+
+SPECIALS = "the model adds 2 special tokens, so cut at 3 or more"
+TEMPLATE = (
+    "the model adds 71 tokens of its own around a pair (its prompt and special tokens), so cut at 72 or more"
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    srv = start_server(
+        tmp_path_factory.mktemp("cut"),
+        *("--model", str(FIXTURES / EMBEDDER)),
+        *("--model", str(FIXTURES / RERANKER)),
+        *("--model", str(FIXTURES / CLASSIFIER)),
+        "--no-warmup",
+    )
+    yield srv
+    srv.stop()
+
+
+def _refused(resp, field: str, says: str) -> None:
+    assert resp.status_code == 400, resp.text
+    err = resp.json()["error"]
+    message, param = (err["message"], err.get("param")) if isinstance(err, dict) else (err, None)
+    assert param in (field, None), resp.text
+    assert message.startswith(f"{field}: a cut at "), message
+    assert message.endswith(says), message
+
+
+def test_a_cut_too_short_names_the_cut_field(server):
+    texts = ["what is the capital of France", "Paris"]
+    cases = [
+        ("/v1/embeddings", {"model": EMBEDDER, "input": texts, "truncate_prompt_tokens": 2}, SPECIALS),
+        # The query prompt is cut with the text (as sentence-transformers
+        # cuts it): only the special tokens must fit.
+        ("/v1/embeddings", {"model": EMBEDDER, "input": texts, "input_type": "query", "truncate_prompt_tokens": 1},
+         SPECIALS),
+        ("/pooling", {"model": EMBEDDER, "input": texts, "truncate_prompt_tokens": 2}, SPECIALS),
+        ("/classify", {"model": CLASSIFIER, "input": texts, "truncate_prompt_tokens": 2},
+         "the model adds 2 special tokens, so cut at 3 or more"),
+        ("/score", {"model": RERANKER, "text_1": texts[0], "text_2": texts[1:], "truncate_prompt_tokens": 30},
+         TEMPLATE),
+        ("/v1/rerank", {"model": RERANKER, "query": texts[0], "documents": texts[1:], "truncate_prompt_tokens": 71},
+         TEMPLATE),
+    ]
+    for route, body, says in cases:
+        _refused(server.post(route, body), "truncate_prompt_tokens", says)
+    _refused(server.post("/v2/embed", {"model": EMBEDDER, "texts": texts, "max_tokens": 2}), "max_tokens", SPECIALS)
+    _refused(server.post("/api/v1/embed", {"model": EMBEDDER, "texts": texts, "truncate_to": 1}), "truncate_to",
+             SPECIALS)
+    _refused(server.post("/api/embed", {"model": EMBEDDER, "input": texts, "options": {"num_ctx": 2}}), "num_ctx",
+             SPECIALS)
+    # At what the message asks for, the cut is taken.
+    ok = [
+        ("/v1/embeddings", {"model": EMBEDDER, "input": texts, "input_type": "query", "truncate_prompt_tokens": 3}),
+        ("/pooling", {"model": EMBEDDER, "input": texts, "truncate_prompt_tokens": 3}),
+        ("/classify", {"model": CLASSIFIER, "input": texts, "truncate_prompt_tokens": 3}),
+        ("/score", {"model": RERANKER, "text_1": texts[0], "text_2": texts[1:], "truncate_prompt_tokens": 72}),
+        ("/v2/embed", {"model": EMBEDDER, "texts": texts, "max_tokens": 3}),
+    ]
+    for route, body in ok:
+        resp = server.post(route, body)
+        assert resp.status_code == 200, (route, resp.text[:300])
+    # Any other refusal of an input still names the input.
+    resp = server.post("/v1/embeddings", {"model": EMBEDDER, "input": ["a", ""], "truncate_prompt_tokens": 3})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "input", resp.text

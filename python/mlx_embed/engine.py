@@ -148,7 +148,8 @@ class EmbeddingModel(ScoringMixin):
         # always cuts), decided here alone; spec() carries it to the Rust
         # tokenizer and /info.
         self.truncation_side = resolve_truncation_side(
-            tokenizer_folder,
+            # A library that reads the tokenizer.json alone: its baked side.
+            "" if ck.defaults.get("tokenizer_json_only") else tokenizer_folder,
             self.tokenizer.file_truncation_side,
             truncation_side if truncation_side is not None else ck.defaults.get("truncation_side"),
         )

@@ -92,7 +92,8 @@ def architecture(model_type: Optional[str], config: Optional[dict] = None) -> Mo
 
 
 def max_length_from_folder(
-    path: str, positions: int, pipeline: st_modules.StPipeline, fallback: Optional[int] = None
+    path: str, positions: int, pipeline: st_modules.StPipeline, fallback: Optional[int] = None,
+    tokenizer_config: bool = True,
 ) -> int:
     if pipeline.max_seq_length is not None:
         # A folder may declare more than the model computes exactly (a
@@ -108,7 +109,8 @@ def max_length_from_folder(
     # without a position table (T5) names its ``fallback_max_length`` for
     # when the tokenizer declares none either.
     caps = [positions, 8192]
-    mml = tokenizer_max_length(path)
+    # tokenizer_config=False: the model's library never reads that file.
+    mml = tokenizer_max_length(path) if tokenizer_config else None
     if mml is not None:
         caps.append(mml)
     elif fallback is not None:
@@ -510,6 +512,10 @@ def load_checkpoint(
         head = st_modules.read_colbert_pipeline(path, stanford_linear)
     elif choice.kind == "embedding":
         head = st_modules.read_pipeline(path, defaults.get("pooling", "mean"))
+        if head.truncate_dim is None and not head.has_modules:
+            # The model library's own cut, where no sentence-transformers
+            # pipeline (whose truncate_dim the folder would state) is read.
+            head.truncate_dim = defaults.get("truncate_dim")
         if pooling is not None:
             head.pooling = pooling_modes.check_modes(pooling)
             if head.dense:
@@ -522,11 +528,12 @@ def load_checkpoint(
     # The architecture's own limit where it has one (RoBERTa-style tables
     # hold 2 positions fewer tokens than rows), else config.json's.
     positions = getattr(model, "max_length", None) or int(config.get("max_position_embeddings", 512))
+    read_config = not defaults.get("tokenizer_json_only", False)
     stated = bool(max_length is not None or defaults.get("max_length") or head.max_seq_length is not None
-                  or tokenizer_max_length(model_files) is not None)
+                  or (read_config and tokenizer_max_length(model_files) is not None))
     if max_length is None:
         max_length = defaults.get("max_length") or max_length_from_folder(
-            model_files, positions, head, defaults.get("fallback_max_length"))
+            model_files, positions, head, defaults.get("fallback_max_length"), tokenizer_config=read_config)
     max_length = int(max_length)
     if max_length > positions:
         raise ValueError(f"max_length {max_length} > the {positions} positions {model_type} models have")

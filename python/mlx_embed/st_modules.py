@@ -762,8 +762,12 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
         sub = m.get("path", "") or ""
         if i == 0 and kind in INPUT_MODULES and not sparse:
             pipe.pooling = ("mean",)
-            if pipe.max_seq_length is None:
-                pipe.max_seq_length = _tokenizer_truncation(os.path.join(folder, sub))
+            # sentence-transformers' StaticEmbedding reads its tokenizer.json
+            # alone: the truncation baked there is its only cut (none: no
+            # cut), and sentence_bert_config.json's max_seq_length and
+            # do_lower_case, a Transformer module's, do not apply.
+            pipe.max_seq_length = _tokenizer_truncation(os.path.join(folder, sub))
+            pipe.lowercase = False
             seen_pooling = True
             continue
         if i == 0 and kind == INSTRUCTOR_TRANSFORMER and not sparse:

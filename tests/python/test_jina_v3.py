@@ -185,6 +185,68 @@ def test_task_prompts_from_config_without_st_files(tmp_path, golden_texts):
     assert_parity(model.embed(golden_texts), _ref(None))
 
 
+def _remote_code_folder(tmp_path, name, **edit):
+    """tiny-jina-v3 without its sentence-transformers files (a
+    save_pretrained copy, which the remote code's encode() runs), config.json
+    keys set."""
+    folder = copy_fixture(REMOTE, tmp_path / name, **edit)
+    for f in ("modules.json", "config_sentence_transformers.json"):
+        (folder / f).unlink()
+    shutil.rmtree(folder / "1_Pooling")
+    return folder
+
+
+def _unit(x: np.ndarray) -> np.ndarray:
+    return x / np.linalg.norm(x, axis=-1, keepdims=True)
+
+
+def test_config_truncate_dim_is_the_default_cut(tmp_path, golden_texts):
+    """The remote code's encode() cuts every vector to config.json's
+    truncate_dim (one of matryoshka_dimensions) before normalizing: the
+    float64 references' first 32 values renormalized, for no task and a
+    task; null (the published config) is the whole vector."""
+    model = load_fixture(_remote_code_folder(tmp_path, "cut", truncate_dim=32))
+    assert model.dim == 32
+    for task in (None, "retrieval.query"):
+        assert_parity(model.embed(golden_texts, task=task), _unit(_ref(task)[:, :32]))
+    whole = load_fixture(_remote_code_folder(tmp_path, "null"))
+    assert whole.dim == 64
+    assert_parity(whole.embed(golden_texts), _ref(None))
+    # Not one of matryoshka_dimensions: refused by name, as encode() refuses it.
+    with pytest.raises(ValueError, match=r"truncate_dim=24 is not one of matryoshka_dimensions \[16, 32, 64\]"):
+        load_fixture(_remote_code_folder(tmp_path, "bad", truncate_dim=24))
+    # No matryoshka_dimensions: encode() warns and leaves the vectors whole.
+    uncut = load_fixture(_remote_code_folder(tmp_path, "nodims", truncate_dim=32, matryoshka_dimensions=None))
+    assert uncut.dim == 64
+    # A sentence-transformers folder's pipeline wins: its Pooling and its
+    # own (absent) truncate_dim, which is what SentenceTransformer runs.
+    st = load_fixture(copy_fixture(REMOTE, tmp_path / "st", truncate_dim=32, emb_pooler="cls"))
+    assert (st.dim, st.pooling) == (64, "mean")
+    assert_parity(st.embed(golden_texts), _ref(None))
+
+
+def test_config_emb_pooler_cls(tmp_path, golden_texts):
+    """emb_pooler "cls": the remote code's encode() takes the first token's
+    hidden state (its cls_pooling) instead of the mean; "mean" (and any
+    value but "cls") is the mean."""
+    model = load_fixture(_remote_code_folder(tmp_path, "cls", emb_pooler="cls"))
+    assert model.pooling == "cls"
+    pooled = model.embed(golden_texts)
+    ids, _ = model.encode(golden_texts)
+    rows = model.embed_ids(ids, output="tokens")
+    tokens = np.frombuffer(rows.vectors, "<f4").reshape(-1, 64)
+    first = np.cumsum([0, *rows.rows[:-1]])
+    assert_parity(pooled, _unit(tokens[first]))
+    # Not the mean (the float64 references), with or without a task.
+    assert float((pooled * _ref(None)).sum(1).min()) < 0.99
+    tasked = model.embed(golden_texts, task="separation")
+    assert float((tasked * _ref("separation")).sum(1).min()) < 0.99
+    assert float((tasked * pooled).sum(1).min()) < 0.99
+    mean = load_fixture(_remote_code_folder(tmp_path, "mean", emb_pooler="mean"))
+    assert mean.pooling == "mean"
+    assert_parity(mean.embed(golden_texts), _ref(None))
+
+
 def test_rows_of_different_tasks_share_a_pass(golden_texts):
     """embed_ids with a per-input adapter index: one padded call whose rows
     cycle through the 5 tasks and no task (-1) gives each row its own

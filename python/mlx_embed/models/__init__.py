@@ -19,13 +19,22 @@ folder's pooling wins), with the keys
 - ``fallback_max_length``: the max length where neither the folder's
   ``max_seq_length`` nor the tokenizer's ``model_max_length`` says, for an
   architecture with no position table to bound it (T5: 512).
+- ``truncate_dim``: the Matryoshka dimension the model's library cuts its
+  vectors to (before normalizing) where no sentence-transformers pipeline
+  (``modules.json``, whose own ``truncate_dim`` wins) is read;
+- ``tokenizer_json_only``: True where the model's library reads the
+  tokenizer.json alone (static embeddings): ``tokenizer_config.json``'s
+  ``model_max_length`` and ``truncation_side`` and sentence-transformers'
+  tokenizer settings are not its cut;
 - ``batch_tokens``: padded tokens per device pass when ``load()`` is given
   none, where the architecture's measured best differs from the backend's
   (a static model's pass is one gather, so the CPU's 256 costs it 1.6x).
 
 A built ``Model`` may add folder-specific ones as ``model.embedding_defaults``
 (Model2Vec's ``max_length``, ``drop_unknown``, ``truncate_chars``, and
-``truncation_side``: the side its library always cuts, over the folder's).
+``truncation_side``: the side its library always cuts, over the folder's;
+jina-embeddings-v3's config ``emb_pooler: "cls"`` as ``pooling`` and its
+``truncate_dim``, which the remote code's ``encode()`` reads).
 
 The engine reads only these, never the architecture's name.
 """

@@ -97,6 +97,14 @@ class ModelArgs:
     # subfolders and their slot width, with each scaling folded into B.
     peft_tasks: list = field(default_factory=list)
     peft_rank: int = 0
+    # The remote code's encode() (XLMRobertaFlashConfig): how it pools
+    # ("cls": the first token; anything else: mean) and the Matryoshka
+    # dimension it cuts every vector to before normalizing, one of
+    # matryoshka_dimensions (with none listed it warns and does not cut).
+    # sentence-transformers reads neither: a folder's own pipeline wins.
+    emb_pooler: Optional[str] = None
+    truncate_dim: Optional[int] = None
+    matryoshka_dimensions: Optional[list] = None
 
     @classmethod
     def from_dict(cls, params: dict) -> "ModelArgs":
@@ -105,7 +113,11 @@ class ModelArgs:
             # transformers' native model: rotary by construction, and no
             # adapters in its weights (an XLM-R config key it inherits
             # would say "absolute"); its adapters are the folder's PEFT ones.
-            for key in ("position_embedding_type", "lora_adaptations", "lora_rank", "lora_alpha", "task_instructions"):
+            # Nor does it have the remote code's encode(), which alone reads
+            # emb_pooler and truncate_dim.
+            native_drops = ("position_embedding_type", "lora_adaptations", "lora_rank", "lora_alpha",
+                            "task_instructions", "emb_pooler", "truncate_dim", "matryoshka_dimensions")
+            for key in native_drops:
                 args.pop(key, None)
             if args.get("peft_tasks"):
                 args["lora_adaptations"] = list(args["peft_tasks"])
@@ -161,12 +173,41 @@ class ModelArgs:
             raise ValueError(
                 f"{arch}: task_instructions must map tasks of lora_adaptations to prompts, got {prompts!r}"
             )
+        self.encode_defaults = self._encode_defaults()
         if not tasks:
             self.lora_scaling = 0.0
         elif self.peft_rank:
             self.lora_scaling = 1.0  # folded into each adapter's B
         else:
             self.lora_scaling = float(self.lora_alpha) / int(self.lora_rank)
+
+
+    def _encode_defaults(self) -> dict:
+        """The engine's defaults (models/__init__.py) for what the remote
+        code's encode() reads from the config: its pooling and its default
+        Matryoshka cut, for a folder whose own files do not say (no
+        sentence-transformers pipeline)."""
+        arch = self.model_type
+        out = {}
+        if self.emb_pooler == "cls":
+            out["pooling"] = "cls"
+        elif self.emb_pooler not in (None, "mean"):
+            log.warning("%s: emb_pooler=%r is mean pooling, as the remote code's encode() runs it "
+                        "(only 'cls' pools otherwise)", arch, self.emb_pooler)
+        dims = self.matryoshka_dimensions or []
+        if not self.truncate_dim:
+            return out
+        if isinstance(self.truncate_dim, bool) or not isinstance(self.truncate_dim, int):
+            raise ValueError(f"{arch}: truncate_dim must be a whole number, got {self.truncate_dim!r}")
+        if not dims:
+            log.warning("%s: truncate_dim=%d with no matryoshka_dimensions: the vectors are not cut, as the "
+                        "remote code's encode() leaves them", arch, self.truncate_dim)
+        elif self.truncate_dim not in dims:
+            raise ValueError(f"{arch}: truncate_dim={self.truncate_dim} is not one of matryoshka_dimensions "
+                             f"{dims} (the remote code's encode() refuses it)")
+        else:
+            out["truncate_dim"] = int(self.truncate_dim)
+        return out
 
 
 def _low_rank(x: mx.array, down: mx.array, up: mx.array, select: mx.array) -> mx.array:
@@ -282,6 +323,7 @@ class Model(nn.Module):
         self.model_type = args.model_type
         self.embeddings = Embeddings(args)
         self.emb_ln = nn.LayerNorm(args.hidden_size, eps=args.layer_norm_eps)
+        self.embedding_defaults = dict(args.encode_defaults)
         self.layers = [Block(args) for _ in range(args.num_hidden_layers)]
 
     @property

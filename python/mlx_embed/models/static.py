@@ -42,6 +42,12 @@ EMBEDDING_DEFAULTS = {
     # 9.7k texts/s on a 256-wide table where 1024-16384 ran 15-17k (4,000
     # golden texts, this 2-core machine; docs/benchmarks.md).
     "batch_tokens": 8192,
+    # Both libraries read the tokenizer.json alone, never tokenizer_config.json
+    # (its model_max_length, truncation_side) or sentence-transformers'
+    # tokenizer settings: sentence-transformers' StaticEmbedding cuts where and
+    # from the side its baked truncation says (none: it does not cut),
+    # Model2Vec as its own config says (embedding_defaults).
+    "tokenizer_json_only": True,
 }
 
 MODEL2VEC = "model2vec"

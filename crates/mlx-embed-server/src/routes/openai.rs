@@ -350,7 +350,8 @@ pub struct OpenAiEmbeddingRequest {
     /// `retrieval.passage`, `separation`, `classification`, `text-matching`),
     /// with the model's prompt of that name unless `prompt_name` picks
     /// another. A model without task adapters, or an unknown task, is a 400;
-    /// so is an `input_type` that picks another task. Not an OpenAI field.
+    /// so is an `input_type` or a `prompt_name` that picks another task. Not
+    /// an OpenAI field.
     pub task: Option<String>,
     /// Jina AI's name for `normalize`: false answers the vectors before
     /// normalization.

@@ -22,7 +22,7 @@ ROUTES = {
 EXPECTED_INPUT = {
     "native": "a sequence",
     "openai": "a string, an array of strings, an array of token ids, or an array of arrays of token ids",
-    "tei": "a string, an array of strings, an array of token ids, or an array of arrays of token ids",
+    "tei": "a string, an array of token ids, or an array of strings and arrays of token ids",
     "ollama": "a string or an array of strings",
 }
 PARSE = "Failed to parse the request body as JSON: "
@@ -101,10 +101,19 @@ def cases():
                 param=f, code="invalid_type", pos=True)
         add("field-number", route, dumps({f: 3}), 422,
             f"{SHAPE}{f}: invalid type: integer `3`, expected {want}", param=f, code="invalid_type", pos=True)
-        if route in ("openai", "tei"):
+        if route == "openai":
             add("list-with-number", route, dumps({f: ["a", 3]}), 422,
                 f"{SHAPE}{f}: the array mixes strings, token ids and token-id arrays; use one form", param=f,
                 pos=True)
+            # OpenAI's `input` takes one form per list; TEI's takes texts beside id lists.
+            add("texts-with-id-lists", route, dumps({f: ["a", [101, 102]]}), 422,
+                f"{SHAPE}{f}: the array mixes strings, token ids and token-id arrays; use one form", param=f,
+                pos=True)
+        if route == "tei":
+            add("list-with-number", route, dumps({f: ["a", 3]}), 422,
+                f"{SHAPE}{f}: the array mixes token ids with strings or token-id arrays; put each input's ids "
+                "in an array of their own", param=f, pos=True)
+        if route in ("openai", "tei"):
             add("list-with-null", route, dumps({f: ["a", None]}), 422,
                 f'{SHAPE}{f}[1]: invalid type: null, expected a string, a {{"text": string}} object, a token id, '
                 "or an array of token ids",

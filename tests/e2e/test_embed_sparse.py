@@ -110,6 +110,21 @@ def test_models_are_picked_by_task(pair):
     assert "/embed_sparse" in doc["paths"]
 
 
+def test_the_root_route_answers_a_splade_model_sparse(pair):
+    """TEI serves a SPLADE model's /embed_sparse at `POST /` (as /invocations
+    here): its root answered dense vocabulary-wide vectors instead."""
+    body = {"model": "tiny-splade", "inputs": ["hello world", "second text"]}
+    want = pair.post("/embed_sparse", body).json()
+    for path in ("/", "/invocations"):
+        r = pair.post(path, body)
+        assert r.status_code == 200, (path, r.text)
+        assert r.json() == want, path
+    # The dense model still answers vectors there.
+    r = pair.post("/", {"inputs": "hello world"})
+    assert r.status_code == 200, r.text
+    assert r.json() == pair.post("/embed", {"inputs": "hello world"}).json()
+
+
 def test_request_options(pair, golden):
     one = pair.post("/embed_sparse", {"inputs": "hello world"})
     assert one.status_code == 200, one.text

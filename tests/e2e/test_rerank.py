@@ -112,9 +112,16 @@ def test_platform_routes_rerank_a_rerank_body_beside_an_embedder(duo):
     pairs = _pairs(BERT_RERANKER)[:3]
     body = {"query": pairs[0][0], "texts": [p[1] for p in pairs]}
     want = duo.post("/rerank", body).json()
-    r = duo.post("/invocations", body)
+    # TEI serves a reranker's /rerank at `POST /` too: that was a 422 (no `inputs`).
+    for path in ("/invocations", "/"):
+        r = duo.post(path, body)
+        assert r.status_code == 200, (path, r.text)
+        assert r.json() == want, path
+    documents = {"query": body["query"], "documents": body["texts"], "top_n": 2}
+    r = duo.post("/", documents)
     assert r.status_code == 200, r.text
-    assert r.json() == want
+    assert [(x["index"], x["relevance_score"]) for x in r.json()["results"]] == [
+        (x["index"], x["score"]) for x in want[:2]]
     r = duo.post("/vertex", {"instances": [body, {"inputs": "hello"}]})
     assert r.status_code == 200, r.text
     assert r.json()["predictions"][0] == want

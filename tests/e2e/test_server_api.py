@@ -98,6 +98,17 @@ def test_token_id_input_equals_text(server):
     # TEI's /embed takes the same forms.
     tei = server.post("/embed", {"inputs": [listed, [101, 7592, 102]]}).json()
     np.testing.assert_allclose(tei, [by_text, by_hello], atol=1e-6)
+    # TEI's `inputs` may also mix texts and id lists in one list (its `Input` is
+    # a list of either); each runs as it would alone, in order.
+    mixed = server.post("/embed", {"inputs": ["hello world", [101, 7592, 102], "hello"]})
+    assert mixed.status_code == 200, mixed.text
+    np.testing.assert_allclose(mixed.json(), [by_text, by_hello, by_hello], atol=1e-6)
+    root = server.post("/", {"inputs": [[101, 7592, 102], "hello world"]})
+    assert root.status_code == 200, root.text
+    np.testing.assert_allclose(root.json(), [by_hello, by_text], atol=1e-6)
+    rows = server.post("/embed_all", {"inputs": ["hello world", [101, 7592, 102]]})
+    assert rows.status_code == 200, rows.text
+    assert [len(r) for r in rows.json()] == [4, 3]
     # Without the specials the ids are another input, run as sent on TEI's route.
     bare = server.post("/embed", {"inputs": [7592, 2088]})
     assert bare.status_code == 200, bare.text

@@ -333,6 +333,16 @@ pub enum TextsOrTokens {
     Texts(Vec<String>),
     Tokens(Vec<u32>),
     TokenLists(Vec<Vec<u32>>),
+    /// Texts and token-id lists in one list: TEI's only ([`TeiInputs`]).
+    Mixed(Vec<TextOrIds>),
+}
+
+/// One input of TEI's list that mixes forms: a text or a list of token ids.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum TextOrIds {
+    Text(String),
+    Ids(Vec<u32>),
 }
 
 /// By hand, for the bounds every route that reads it enforces (400): no
@@ -378,6 +388,13 @@ impl TextsOrTokens {
             TextsOrTokens::Texts(v) => v.into_iter().map(EmbedInput::Text).collect(),
             TextsOrTokens::Tokens(ids) => vec![EmbedInput::Tokens(ids)],
             TextsOrTokens::TokenLists(v) => v.into_iter().map(EmbedInput::Tokens).collect(),
+            TextsOrTokens::Mixed(v) => v
+                .into_iter()
+                .map(|item| match item {
+                    TextOrIds::Text(s) => EmbedInput::Text(s),
+                    TextOrIds::Ids(ids) => EmbedInput::Tokens(ids),
+                })
+                .collect(),
         }
     }
 }
@@ -455,43 +472,122 @@ impl<'de> Deserialize<'de> for Item {
 
 impl<'de> Deserialize<'de> for TextsOrTokens {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = TextsOrTokens;
-            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str(
-                    "a string, an array of strings, an array of token ids, \
-                     or an array of arrays of token ids",
-                )
-            }
-            fn visit_str<E: de::Error>(self, s: &str) -> Result<TextsOrTokens, E> {
-                Ok(TextsOrTokens::Text(s.to_owned()))
-            }
-            fn visit_string<E: de::Error>(self, s: String) -> Result<TextsOrTokens, E> {
-                Ok(TextsOrTokens::Text(s))
-            }
-            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<TextsOrTokens, A::Error> {
-                let mut out: Option<TextsOrTokens> = None;
-                let mixed = || {
-                    de::Error::custom(
-                        "the array mixes strings, token ids and token-id arrays; use one form",
-                    )
-                };
-                while let Some(item) = seq.next_element::<Item>()? {
-                    match (&mut out, item) {
-                        (None, Item::Text(s)) => out = Some(TextsOrTokens::Texts(vec![s])),
-                        (None, Item::Id(i)) => out = Some(TextsOrTokens::Tokens(vec![i])),
-                        (None, Item::Ids(v)) => out = Some(TextsOrTokens::TokenLists(vec![v])),
-                        (Some(TextsOrTokens::Texts(all)), Item::Text(s)) => all.push(s),
-                        (Some(TextsOrTokens::Tokens(all)), Item::Id(i)) => all.push(i),
-                        (Some(TextsOrTokens::TokenLists(all)), Item::Ids(v)) => all.push(v),
-                        _ => return Err(mixed()),
-                    }
+        d.deserialize_any(InputsVisitor { mixed_ok: false })
+    }
+}
+
+/// TEI's `inputs`: what [`TextsOrTokens`] takes, and also a list that mixes
+/// texts with lists of token ids, which TEI's `Input` (a text or ids, or a
+/// list of either) allows and OpenAI's `input` does not. Bare ids beside
+/// texts stay refused: TEI refuses them too, and they say nothing of where
+/// one input ends.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(transparent)]
+pub struct TeiInputs(pub TextsOrTokens);
+
+impl<'de> Deserialize<'de> for TeiInputs {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(InputsVisitor { mixed_ok: true })
+            .map(TeiInputs)
+    }
+}
+
+impl utoipa::PartialSchema for TeiInputs {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Type};
+        let text = || {
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .min_length(Some(1))
+        };
+        let ids = || {
+            ArrayBuilder::new()
+                .items(<u32 as utoipa::PartialSchema>::schema())
+                .min_items(Some(1))
+        };
+        let either = OneOfBuilder::new().item(text()).item(ids());
+        OneOfBuilder::new()
+            .item(text())
+            .item(ids())
+            .item(ArrayBuilder::new().items(either).min_items(Some(1)))
+            .description(Some(
+                "A string or token ids, or a list of strings and lists of token ids (run as \
+                 given, special tokens included); no list, string or token list empty (a 400)",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for TeiInputs {}
+
+impl TeiInputs {
+    pub fn into_inputs(self) -> Vec<EmbedInput> {
+        self.0.into_inputs()
+    }
+}
+
+/// Reads [`TextsOrTokens`]; `mixed_ok`: a list may mix texts and token-id
+/// lists ([`TeiInputs`]).
+struct InputsVisitor {
+    mixed_ok: bool,
+}
+
+impl<'de> Visitor<'de> for InputsVisitor {
+    type Value = TextsOrTokens;
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(if self.mixed_ok {
+            "a string, an array of token ids, or an array of strings and arrays of token ids"
+        } else {
+            "a string, an array of strings, an array of token ids, \
+             or an array of arrays of token ids"
+        })
+    }
+    fn visit_str<E: de::Error>(self, s: &str) -> Result<TextsOrTokens, E> {
+        Ok(TextsOrTokens::Text(s.to_owned()))
+    }
+    fn visit_string<E: de::Error>(self, s: String) -> Result<TextsOrTokens, E> {
+        Ok(TextsOrTokens::Text(s))
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<TextsOrTokens, A::Error> {
+        let mut out: Option<TextsOrTokens> = None;
+        let mixed = || {
+            de::Error::custom(if self.mixed_ok {
+                "the array mixes token ids with strings or token-id arrays; put each input's \
+                 ids in an array of their own"
+            } else {
+                "the array mixes strings, token ids and token-id arrays; use one form"
+            })
+        };
+        while let Some(item) = seq.next_element::<Item>()? {
+            match (&mut out, item) {
+                (None, Item::Text(s)) => out = Some(TextsOrTokens::Texts(vec![s])),
+                (None, Item::Id(i)) => out = Some(TextsOrTokens::Tokens(vec![i])),
+                (None, Item::Ids(v)) => out = Some(TextsOrTokens::TokenLists(vec![v])),
+                (Some(TextsOrTokens::Texts(all)), Item::Text(s)) => all.push(s),
+                (Some(TextsOrTokens::Tokens(all)), Item::Id(i)) => all.push(i),
+                (Some(TextsOrTokens::TokenLists(all)), Item::Ids(v)) => all.push(v),
+                (Some(TextsOrTokens::Mixed(all)), Item::Text(s)) => all.push(TextOrIds::Text(s)),
+                (Some(TextsOrTokens::Mixed(all)), Item::Ids(v)) => all.push(TextOrIds::Ids(v)),
+                (Some(TextsOrTokens::Texts(all)), Item::Ids(v)) if self.mixed_ok => {
+                    let mut items: Vec<TextOrIds> = std::mem::take(all)
+                        .into_iter()
+                        .map(TextOrIds::Text)
+                        .collect();
+                    items.push(TextOrIds::Ids(v));
+                    out = Some(TextsOrTokens::Mixed(items));
                 }
-                Ok(out.unwrap_or(TextsOrTokens::Texts(Vec::new())))
+                (Some(TextsOrTokens::TokenLists(all)), Item::Text(s)) if self.mixed_ok => {
+                    let mut items: Vec<TextOrIds> = std::mem::take(all)
+                        .into_iter()
+                        .map(TextOrIds::Ids)
+                        .collect();
+                    items.push(TextOrIds::Text(s));
+                    out = Some(TextsOrTokens::Mixed(items));
+                }
+                _ => return Err(mixed()),
             }
         }
-        d.deserialize_any(V)
+        Ok(out.unwrap_or(TextsOrTokens::Texts(Vec::new())))
     }
 }
 
@@ -628,6 +724,56 @@ mod tests {
         ] {
             assert!(oa(bad).is_err(), "{bad}");
         }
+        // OpenAI's one form per list: texts beside token-id lists too.
+        assert!(oa(r#"["a",[1]]"#).is_err());
+    }
+
+    #[test]
+    fn tei_inputs_also_mix_texts_and_token_id_lists() {
+        let tei = |json: &str| serde_json::from_str::<TeiInputs>(json).map(|t| t.0);
+        for (json, want) in [
+            (r#""a""#, TextsOrTokens::Text("a".into())),
+            ("[1,2]", TextsOrTokens::Tokens(vec![1, 2])),
+            (
+                r#"["a","b"]"#,
+                TextsOrTokens::Texts(vec!["a".into(), "b".into()]),
+            ),
+            (
+                "[[1],[2,3]]",
+                TextsOrTokens::TokenLists(vec![vec![1], vec![2, 3]]),
+            ),
+        ] {
+            assert_eq!(tei(json).unwrap(), want, "{json}");
+        }
+        let (text, ids) = (|s: &str| TextOrIds::Text(s.into()), TextOrIds::Ids);
+        assert_eq!(
+            tei(r#"["a",[1,2],"b"]"#).unwrap(),
+            TextsOrTokens::Mixed(vec![text("a"), ids(vec![1, 2]), text("b")])
+        );
+        assert_eq!(
+            tei(r#"[[1],"a"]"#).unwrap(),
+            TextsOrTokens::Mixed(vec![ids(vec![1]), text("a")])
+        );
+        assert_eq!(
+            TeiInputs(TextsOrTokens::Mixed(vec![text("a"), ids(vec![7])])).into_inputs(),
+            vec![EmbedInput::Text("a".into()), EmbedInput::Tokens(vec![7])]
+        );
+        // Bare ids say nothing of where one input ends: not beside other forms.
+        for bad in [
+            r#"["a",1]"#,
+            r#"[1,"a"]"#,
+            "[[1],2]",
+            r#"["a",[1],2]"#,
+            "[[[1]]]",
+            "[null]",
+        ] {
+            let e = tei(bad).unwrap_err();
+            assert!(e.is_data(), "{bad}");
+        }
+        assert!(tei(r#"["a",1]"#)
+            .unwrap_err()
+            .to_string()
+            .starts_with("the array mixes token ids with strings or token-id arrays"));
     }
 
     #[test]

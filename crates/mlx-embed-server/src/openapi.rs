@@ -676,7 +676,7 @@ mod tests {
                 .as_array()
                 .unwrap()
                 .len(),
-            3
+            6
         );
         // vLLM's other names for the score lists validate: no name is required.
         let score = &schemas["ScoreBody"];
@@ -769,7 +769,7 @@ mod tests {
             ("/api/show", &[Task::Describe]),
             ("/invocations", &[Task::Describe]),
             ("/vertex", &[Task::Rerank, Task::Describe]),
-            ("/", &[Task::Embed, Task::Tokenize]),
+            ("/", &[Task::Embed, Task::Rerank, Task::Tokenize]),
         ] {
             let errors = errors(path);
             assert_eq!(

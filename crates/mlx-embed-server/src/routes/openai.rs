@@ -673,7 +673,7 @@ fn refuse_tiktoken_ids(
 ) -> Result<(), ApiError> {
     let token_ids = matches!(
         input,
-        TextsOrTokens::Tokens(_) | TextsOrTokens::TokenLists(_)
+        TextsOrTokens::Tokens(_) | TextsOrTokens::TokenLists(_) | TextsOrTokens::Mixed(_)
     );
     // Text is what almost every request sends: its model name is not read.
     let Some(name) = model.filter(|_| token_ids) else {

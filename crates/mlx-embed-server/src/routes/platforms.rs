@@ -33,7 +33,7 @@ use crate::state::AppState;
 
 /// The route that answers a platform request, by the model's kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Job {
+pub(crate) enum Job {
     Embed,
     EmbedSparse,
     Predict,
@@ -41,7 +41,7 @@ enum Job {
 }
 
 /// The job of the model `requested` names (none: the default model).
-fn job_of(state: &AppState, requested: Option<&str>) -> Result<Job, ApiError> {
+pub(crate) fn job_of(state: &AppState, requested: Option<&str>) -> Result<Job, ApiError> {
     let info = state.model_for(requested, Task::Describe)?.info();
     Ok(match info.kind {
         ModelKind::Embedding if info.sparse => Job::EmbedSparse,
@@ -55,13 +55,13 @@ fn job_of(state: &AppState, requested: Option<&str>) -> Result<Job, ApiError> {
 /// with the `documents` of the other form where the route takes it too.
 /// Read from the keys alone: the body is parsed once, by the route that
 /// answers it, whose error then says what is wrong with it.
-fn is_rerank_body(body: &Value, documents_too: bool) -> bool {
+pub(crate) fn is_rerank_body(body: &Value, documents_too: bool) -> bool {
     body.get("query").is_some()
         && (body.get("texts").is_some() || (documents_too && body.get("documents").is_some()))
 }
 
 /// A body's `model` field, when it is a string.
-fn model_field(body: &Value) -> Option<&str> {
+pub(crate) fn model_field(body: &Value) -> Option<&str> {
     body.get("model").and_then(Value::as_str)
 }
 
@@ -80,7 +80,7 @@ pub enum RouteAnswer {
 }
 
 /// `body` answered by `job`'s route, in TEI's shapes (`/rerank`'s `texts` form).
-async fn answer(
+pub(crate) async fn answer(
     state: &AppState,
     job: Job,
     body: Value,

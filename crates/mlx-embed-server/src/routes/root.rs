@@ -3,12 +3,15 @@
 //! The body says what is wanted:
 //!
 //! * `{"inputs": {"source_sentence", "sentences"}}`: sentence similarity;
+//! * `{"query", "texts"}` (or `/rerank`'s `documents` form): reranking, as
+//!   TEI serves a reranker's `/rerank` here (and as `/invocations` answers it);
 //! * `{"inputs": ..., "parameters": {"function_to_apply", "top_k"}}`: text
 //!   classification (the client always sends `parameters` for it; other
 //!   tasks' parameters, `candidate_labels` and the like, are refused);
 //! * otherwise (`feature_extraction`'s root-level `normalize`, `truncate`,
-//!   ...): the default model's job: embeddings for an embedding model,
-//!   predictions for a classifier.
+//!   ...): the model's job, as TEI and `/invocations` pick it: embeddings
+//!   for an embedding model, `/embed_sparse`'s entries for a SPLADE model,
+//!   predictions for a classifier or reranker.
 //!
 //! Each case goes through the same path as its own route.
 
@@ -17,18 +20,19 @@ use std::borrow::Cow;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use mlx_embed_core::{EmbedOptions, ModelKind, Priority};
+use mlx_embed_core::{EmbedOptions, Priority};
 use serde::Deserialize;
 use serde_json::Value;
 use utoipa::openapi::schema::{AnyOfBuilder, ArrayBuilder, Schema};
 use utoipa::openapi::{Ref, RefOr};
 use utoipa::{PartialSchema, ToSchema};
 
+use super::platforms::{answer, is_rerank_body, job_of, model_field, Job};
 use super::predict::{parse_inputs, predictions, Prediction};
+use super::rerank::rerank_body;
 use super::similarity::{similarities, SimilarityRequest};
-use super::tei::TeiEmbedRequest;
-use crate::embed::embed as run_embed;
-use crate::errors::{ApiError, ErrorKind, Shaped, Tei, TeiErrorBody};
+use super::tei::SparseValue;
+use crate::errors::{ApiError, ErrorKind, Shaped, Tei, TeiOrOpenAiErrorBody};
 use crate::extract::{ApiJson, PriorityHeader};
 use crate::models::Task;
 use crate::score::{activate, score, sigmoid_each, ScoreRequest};
@@ -59,10 +63,17 @@ impl PartialSchema for InferenceAnswer {
             )
             // Sentence similarity, as `/similarity` answers.
             .item(Vec::<f32>::schema())
+            // A SPLADE model's feature extraction, as `/embed_sparse` answers.
+            .item(Vec::<Vec<SparseValue>>::schema())
+            // A rerank body, as `/rerank` answers each of its forms.
+            .item(ArrayBuilder::new().items(Ref::from_schema_name("TeiRank")))
+            .item(Ref::from_schema_name("CohereRerankResponse"))
             .description(Some(
-                "Feature extraction: one vector per input (as /embed answers); text \
+                "Feature extraction: one vector per input (as /embed answers; a SPLADE \
+                 model: each input's non-zero entries, as /embed_sparse answers); text \
                  classification: per input, `[{label, score}]` best first; sentence \
-                 similarity: one similarity per sentence, in order (as /similarity answers)",
+                 similarity: one similarity per sentence, in order (as /similarity answers); \
+                 a rerank body: as /rerank answers it",
             ))
             .into()
     }
@@ -79,17 +90,18 @@ impl ToSchema for InferenceAnswer {
     }
 }
 
-/// Embed, classify or compare, depending on the body and the model.
+/// Embed, classify, compare or rerank, depending on the body and the model.
 ///
-/// Errors use `{"error": str, "error_type": str}`.
+/// Errors use `{"error": str, "error_type": str}` (a rerank body's
+/// `documents` form: `/v1/rerank`'s shape, as on `/rerank`).
 #[utoipa::path(
     post, path = "/", tag = "tei", operation_id = "inference_api",
-    request_body(content = Object, description = "A feature-extraction, text-classification or sentence-similarity payload of the Hugging Face Inference API"),
+    request_body(content = Object, description = "A feature-extraction, text-classification or sentence-similarity payload of the Hugging Face Inference API, or a /rerank body (`query` and `texts`, or `documents`)"),
     params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
     responses(
-        (status = 200, description = "Vectors, [[{label, score}]] per input, or similarities", body = InferenceAnswer),
-        (status = "4XX", description = crate::openapi::refusals_by_case("Invalid request (400 incl. a text-classification body (`parameters`) that no served classifier answers, or `parameters` of another task (zero-shot, fill-mask, token classification), 401, 404 unknown model (below), 413, 415, 422 incl. a wrong shape, 429)", &[("A sentence-similarity body (`inputs.source_sentence`)", Task::Embed), ("Any other body", Task::Tokenize)]), body = TeiErrorBody),
-        (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiErrorBody),
+        (status = 200, description = "Vectors (a SPLADE model: sparse entries), [[{label, score}]] per input, similarities, or ranks", body = InferenceAnswer),
+        (status = "4XX", description = crate::openapi::refusals_by_case("Invalid request (400 incl. a text-classification body (`parameters`) that no served classifier answers, or `parameters` of another task (zero-shot, fill-mask, token classification), 401, 404 unknown model (below), 413, 415, 422 incl. a wrong shape, 429). A rerank body's `documents` form is answered in the OpenAI error shape, as on /rerank", &[("A sentence-similarity body (`inputs.source_sentence`)", Task::Embed), ("A rerank body (`query` with `texts` or `documents`)", Task::Rerank), ("Any other body", Task::Tokenize)]), body = TeiOrOpenAiErrorBody),
+        (status = "5XX", description = "Model failed (500) or unavailable (503)", body = TeiOrOpenAiErrorBody),
     )
 )]
 pub async fn inference(
@@ -97,36 +109,28 @@ pub async fn inference(
     PriorityHeader(priority, _): PriorityHeader<Tei>,
     ApiJson(body, _): ApiJson<Value, Tei>,
 ) -> Result<Response, Shaped<Tei>> {
-    let unprocessable = |e: serde_json::Error| {
-        ApiError::new(
-            ErrorKind::Unprocessable,
-            format!("invalid request body: {e}"),
-        )
-    };
     let is_similarity = body
         .get("inputs")
         .and_then(Value::as_object)
         .is_some_and(|o| o.contains_key("source_sentence"));
     if is_similarity {
-        let req: SimilarityRequest = serde_json::from_value(body).map_err(unprocessable)?;
+        let req: SimilarityRequest = ApiError::parse_value(body)?;
         return Ok(Json(similarities(&state, req, priority).await?).into_response());
     }
-    let model = body.get("model").and_then(Value::as_str).map(str::to_owned);
-    let default_kind = state
-        .model_for(model.as_deref(), Task::Tokenize)?
-        .info()
-        .kind
-        .clone();
-    if body.get("parameters").is_some() || !matches!(default_kind, ModelKind::Embedding) {
-        return Ok(Json(classify(&state, model, body, priority).await?).into_response());
+    // TEI serves a reranker's /rerank here: a `query` + `texts` body is
+    // reranked, as /invocations reranks it (no Inference API body has them).
+    if is_rerank_body(&body, true) {
+        return Ok(rerank_body(&state, Ok(priority), body).await);
     }
-    let req: TeiEmbedRequest = serde_json::from_value(body).map_err(unprocessable)?;
-    Ok(Json(
-        run_embed(&state, req.into_request(&state, priority)?)
-            .await?
-            .vectors,
-    )
-    .into_response())
+    let model = model_field(&body).map(str::to_owned);
+    match job_of(&state, model.as_deref())? {
+        // The model's own route, as TEI picks it: a SPLADE model's is
+        // /embed_sparse, as /invocations answers it.
+        job @ (Job::Embed | Job::EmbedSparse) if body.get("parameters").is_none() => {
+            Ok(Json(answer(&state, job, body, priority).await?).into_response())
+        }
+        _ => Ok(Json(classify(&state, model, body, priority).await?).into_response()),
+    }
 }
 
 /// The Inference API's other tasks post to the same URL with their own

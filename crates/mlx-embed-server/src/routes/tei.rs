@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 use super::{pick_task, Said};
 use crate::embed::{embed as run_embed, embed_sparse as run_embed_sparse, EmbedRequest};
 use crate::errors::{ApiError, Shaped, Tei, TeiErrorBody};
-use crate::extract::{ApiJson, PriorityHeader, TextsOrTokens, TruncationSide};
+use crate::extract::{ApiJson, PriorityHeader, TeiInputs, TruncationSide};
 use crate::models::Task;
 use crate::state::AppState;
 
@@ -19,9 +19,9 @@ use crate::state::AppState;
 pub struct TeiEmbedRequest {
     /// Which served model answers (not a TEI field: TEI serves one); default: the first embedding model.
     pub model: Option<String>,
-    /// A text, a list of texts, token ids, or lists of token ids (run as given,
-    /// special tokens included, as `/tokenize` lists them).
-    pub inputs: TextsOrTokens,
+    /// A text or token ids, or a list of texts and lists of token ids (run as
+    /// given, special tokens included, as `/tokenize` lists them).
+    pub inputs: TeiInputs,
     /// Unit-length vectors (default true).
     pub normalize: Option<bool>,
     /// Truncate inputs longer than the model's maximum (default true); false answers 422 instead.
@@ -134,8 +134,8 @@ pub async fn embed(
 pub struct TeiRawRequest {
     /// Which served model answers (not a TEI field: TEI serves one); default: the first that can.
     pub model: Option<String>,
-    /// A text, a list of texts, token ids, or lists of token ids (run as given).
-    pub inputs: TextsOrTokens,
+    /// A text or token ids, or a list of texts and lists of token ids (run as given).
+    pub inputs: TeiInputs,
     /// Truncate inputs longer than the model's maximum (default true); false answers 422 instead.
     pub truncate: Option<bool>,
     /// `Right` keeps the start of an over-long input, `Left` its end (any case);

@@ -873,6 +873,19 @@ mod tests {
         assert_eq!(items[1]["properties"]["text"]["minLength"], 1);
         assert_eq!(items[1]["required"], serde_json::json!(["text"]));
         assert_eq!(forms[3]["items"]["minItems"], 1);
+        // TEI's: a text, ids, or a list of texts and id lists, none empty.
+        let forms = schemas["TeiInputs"]["oneOf"].as_array().unwrap();
+        assert_eq!(forms.len(), 3);
+        assert_eq!(forms[0]["minLength"], 1);
+        assert_eq!(
+            (&forms[1]["minItems"], &forms[2]["minItems"]),
+            (&1.into(), &1.into())
+        );
+        let items = forms[2]["items"]["oneOf"].as_array().unwrap();
+        assert_eq!(
+            (&items[0]["minLength"], &items[1]["minItems"]),
+            (&1.into(), &1.into())
+        );
         // Every X-Priority header: high, normal or low, in any case.
         let mut headers = 0;
         for (path, method, operation) in operations(&doc) {

@@ -433,3 +433,40 @@ def test_jinas_embedding_type_and_text_objects(server, golden):
         assert resp.status_code == 400, (body, resp.text)
         err = resp.json()["error"]
         assert err["param"] == param and needle in err["message"], (body, err)
+
+
+def test_jina_clients_older_encoding_type_name(server, golden):
+    """LangChain's JinaEmbeddings and LlamaIndex's JinaEmbedding send the
+    answer's form as `encoding_type` (float, binary, ubinary) and unpack the
+    bits they asked for: read past, a client asking for bits got floats with
+    a 200 and unpacked them into garbage. It is `embedding_type`'s other name."""
+    texts, _, _ = non_empty_golden(golden, 4)
+    url = "/v1/embeddings"
+
+    def embeddings(body):
+        resp = server.post(url, {"input": texts, **body})
+        assert resp.status_code == 200, resp.text
+        return np.asarray([d["embedding"] for d in resp.json()["data"]])
+
+    floats = embeddings({"encoding_type": "float"}).astype(np.float32)
+    np.testing.assert_array_equal(floats, embeddings({}).astype(np.float32))
+    bits = np.packbits(floats > 0, axis=1).astype(np.int64)
+    np.testing.assert_array_equal(embeddings({"encoding_type": "ubinary"}), bits)
+    np.testing.assert_array_equal(embeddings({"encoding_type": "binary"}), bits - 128)
+    np.testing.assert_array_equal(embeddings({"encoding_type": "binary", "embedding_type": "binary"}), bits - 128)
+    resp = server.post("/pooling", {"input": texts, "encoding_type": "ubinary"})
+    assert resp.json()["data"][0]["data"] == bits[0].tolist(), resp.text
+
+    for body, needle in [
+        ({"input": ["a"], "encoding_type": "binary", "embedding_type": "ubinary"},
+         "embedding_type (ubinary) and encoding_type (binary) are the same setting and disagree"),
+        ({"input": ["a"], "encoding_type": "ubinary", "output_dtype": "binary"},
+         "encoding_type ubinary is encoding_format float with output_dtype ubinary"),
+        ({"input": ["a"], "encoding_type": "ubinary", "normalized": False},
+         "encoding_type other than float quantizes the unit vector"),
+        ({"input": ["a"], "encoding_type": "int8"}, "unknown variant `int8`"),
+    ]:
+        resp = server.post(url, body)
+        assert resp.status_code == 400, (body, resp.text)
+        err = resp.json()["error"]
+        assert err["param"] == "encoding_type" and needle in err["message"], (body, err)

@@ -349,20 +349,13 @@ pub enum TextOrIds {
 /// empty list, string or token list (`embed::check_inputs`).
 impl utoipa::PartialSchema for TextsOrTokens {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        use utoipa::openapi::schema::{
-            AdditionalProperties, ArrayBuilder, ObjectBuilder, OneOfBuilder, Type,
-        };
+        use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Type};
         let text = || {
             ObjectBuilder::new()
                 .schema_type(Type::String)
                 .min_length(Some(1))
         };
-        // Jina AI's object form of one text.
-        let text_object = ObjectBuilder::new()
-            .property("text", text())
-            .required("text")
-            .additional_properties(Some(AdditionalProperties::FreeForm(false)));
-        let list_item = OneOfBuilder::new().item(text()).item(text_object);
+        let list_item = OneOfBuilder::new().item(text()).item(text_object());
         let id = || <u32 as utoipa::PartialSchema>::schema();
         let ids = || ArrayBuilder::new().items(id()).min_items(Some(1));
         OneOfBuilder::new()
@@ -492,6 +485,21 @@ impl<'de> Deserialize<'de> for TeiInputs {
     }
 }
 
+/// Jina AI's object form of one text, `{"text": string}` (not empty, nothing else),
+/// as [`Item`] reads it in a list of inputs.
+fn text_object() -> utoipa::openapi::schema::ObjectBuilder {
+    use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, Type};
+    ObjectBuilder::new()
+        .property(
+            "text",
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .min_length(Some(1)),
+        )
+        .required("text")
+        .additional_properties(Some(AdditionalProperties::FreeForm(false)))
+}
+
 impl utoipa::PartialSchema for TeiInputs {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
         use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Type};
@@ -505,14 +513,19 @@ impl utoipa::PartialSchema for TeiInputs {
                 .items(<u32 as utoipa::PartialSchema>::schema())
                 .min_items(Some(1))
         };
-        let either = OneOfBuilder::new().item(text()).item(ids());
+        // A list item is read by [`Item`], as OpenAI's are: Jina AI's text objects too.
+        let either = OneOfBuilder::new()
+            .item(text())
+            .item(ids())
+            .item(text_object());
         OneOfBuilder::new()
             .item(text())
             .item(ids())
             .item(ArrayBuilder::new().items(either).min_items(Some(1)))
             .description(Some(
-                "A string or token ids, or a list of strings and lists of token ids (run as \
-                 given, special tokens included); no list, string or token list empty (a 400)",
+                "A string or token ids, or a list of strings (or Jina AI's {\"text\": string} \
+                 objects) and lists of token ids (run as given, special tokens included); no \
+                 list, string or token list empty (a 400)",
             ))
             .into()
     }
@@ -660,9 +673,6 @@ impl<'de> Deserialize<'de> for PriorityName {
     }
 }
 
-/// A string that must be one of `names` ignoring case, lowercased.
-/// Not a derived enum: serde_json reports a derived unit enum given a
-/// non-string as a *syntax* error (400); a wrong value is a shape error (422).
 /// A unit enum read by its name: `values[i]` for `names[i]`. Read as a
 /// string first, so that a value that is not one (`5`, `true`) is a wrong
 /// shape naming the field (400, or the route's 422), as another name is:
@@ -679,6 +689,9 @@ pub(crate) fn by_name<'de, D: Deserializer<'de>, T: Copy>(
     }
 }
 
+/// A string that must be one of `names` ignoring case, lowercased.
+/// Not a derived enum: serde_json reports a derived unit enum given a
+/// non-string as a *syntax* error (400); a wrong value is a shape error (422).
 fn lowercase_name<'de, D: Deserializer<'de>>(
     d: D,
     names: &'static [&'static str],

@@ -886,6 +886,10 @@ mod tests {
             (&items[0]["minLength"], &items[1]["minItems"]),
             (&1.into(), &1.into())
         );
+        // The same reader takes Jina AI's {"text": ...} objects there too.
+        assert_eq!(items.len(), 3);
+        assert_eq!(items[2]["properties"]["text"]["minLength"], 1);
+        assert_eq!(items[2]["required"], serde_json::json!(["text"]));
         // Every X-Priority header: high, normal or low, in any case.
         let mut headers = 0;
         for (path, method, operation) in operations(&doc) {

@@ -216,6 +216,12 @@ impl<'de> Deserialize<'de> for JinaEmbeddingType {
     }
 }
 
+impl std::fmt::Display for JinaEmbeddingType {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 impl JinaEmbeddingType {
     fn name(self) -> &'static str {
         match self {
@@ -361,6 +367,10 @@ pub struct OpenAiEmbeddingRequest {
     /// With `encoding_format` or `output_dtype` too, they must say the same
     /// (else a 400), so that neither is silently left out.
     pub embedding_type: Option<JinaEmbeddingType>,
+    /// `embedding_type`'s other name, which LangChain's and LlamaIndex's Jina
+    /// clients send (they unpack the bits they ask for); with both, they must
+    /// be equal (else a 400).
+    pub encoding_type: Option<JinaEmbeddingType>,
     /// Jina AI's: true (embed the inputs as one context, then pool each) is
     /// refused (400) rather than answered as independent inputs; false or
     /// unsaid: each input on its own.
@@ -444,26 +454,39 @@ impl EmbeddingValue {
 }
 
 impl OpenAiEmbeddingRequest {
+    /// Jina's answer form with the name it was sent under: `embedding_type`,
+    /// or `encoding_type` (LangChain's and LlamaIndex's Jina clients); both
+    /// are one setting, so both and different is a 400.
+    fn jina_type(&self) -> Result<Option<(&'static str, JinaEmbeddingType)>, ApiError> {
+        one_of(
+            ("embedding_type", self.embedding_type),
+            ("encoding_type", self.encoding_type),
+        )?;
+        let named = |name, value: Option<JinaEmbeddingType>| value.map(|t| (name, t));
+        Ok(named("embedding_type", self.embedding_type)
+            .or(named("encoding_type", self.encoding_type)))
+    }
+
     /// How the answer writes the vectors: OpenAI's `encoding_format`,
     /// Voyage's `output_dtype`, or Jina's `embedding_type` for both (a 400
     /// where it and one of them disagree).
     pub fn vector_encoding(&self) -> Result<VectorEncoding, ApiError> {
-        let (format, dtype) = match self.embedding_type {
+        let (format, dtype) = match self.jina_type()? {
             None => (self.encoding_format, self.output_dtype),
-            Some(jina) => {
+            Some((field, jina)) => {
                 let (format, dtype) = jina.parts();
                 let disagrees = self.encoding_format.is_some_and(|f| f != format)
                     || self.output_dtype.is_some_and(|t| t != dtype);
                 if disagrees {
                     return Err(ApiError::invalid(format!(
-                        "embedding_type {} is encoding_format {} with output_dtype {}: \
-                         send embedding_type alone, or encoding_format and output_dtype \
+                        "{field} {} is encoding_format {} with output_dtype {}: \
+                         send {field} alone, or encoding_format and output_dtype \
                          without it",
                         jina.name(),
                         format.name(),
                         dtype.name(),
                     ))
-                    .param("embedding_type"));
+                    .param(field));
                 }
                 (Some(format), Some(dtype))
             }
@@ -556,10 +579,7 @@ pub(crate) async fn embed_request(
         .or(req.normalized)
         .unwrap_or(true);
     if !normalize && req.vector_encoding()?.dtype != OutputDtype::Float {
-        let param = match req.embedding_type {
-            Some(_) => "embedding_type",
-            None => "output_dtype",
-        };
+        let param = req.jina_type()?.map_or("output_dtype", |(field, _)| field);
         return Err(ApiError::invalid(format!(
             "{param} other than float quantizes the unit vector: it cannot be combined \
              with use_activation (or normalize, normalized) false",

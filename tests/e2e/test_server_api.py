@@ -458,12 +458,18 @@ def test_jina_clients_older_encoding_type_name(server, golden):
     assert resp.json()["data"][0]["data"] == bits[0].tolist(), resp.text
 
     for body, needle in [
-        ({"input": ["a"], "encoding_type": "binary", "embedding_type": "ubinary"},
-         "embedding_type (ubinary) and encoding_type (binary) are the same setting and disagree"),
-        ({"input": ["a"], "encoding_type": "ubinary", "output_dtype": "binary"},
-         "encoding_type ubinary is encoding_format float with output_dtype ubinary"),
-        ({"input": ["a"], "encoding_type": "ubinary", "normalized": False},
-         "encoding_type other than float quantizes the unit vector"),
+        (
+            {"input": ["a"], "encoding_type": "binary", "embedding_type": "ubinary"},
+            "embedding_type (ubinary) and encoding_type (binary) are the same setting and disagree",
+        ),
+        (
+            {"input": ["a"], "encoding_type": "ubinary", "output_dtype": "binary"},
+            "encoding_type ubinary is encoding_format float with output_dtype ubinary",
+        ),
+        (
+            {"input": ["a"], "encoding_type": "ubinary", "normalized": False},
+            "encoding_type other than float quantizes the unit vector",
+        ),
         ({"input": ["a"], "encoding_type": "int8"}, "unknown variant `int8`"),
     ]:
         resp = server.post(url, body)

@@ -170,6 +170,33 @@ def test_task_on_every_route(server):
     assert resp.status_code == 200, resp.text
 
 
+def test_task_beside_token_ids(server):
+    """TEI's inputs may mix texts with token-id lists: the texts still take
+    the task's prompt (the ids run as given, under the task's adapter).
+    Before, one id list in the request dropped the prompt from every text
+    with a 200 (cosine 0.984 to the text's own retrieval.query vector)."""
+    texts, keep = _golden()
+    ids = server.post("/tokenize", {"inputs": texts[1], "add_special_tokens": True}).json()[0]
+    ids = [t["id"] for t in ids]
+    for task in ("retrieval.query", "retrieval.passage"):
+        alone = server.post("/embed", {"inputs": texts[:2], "task": task})
+        assert alone.status_code == 200, alone.text[:500]
+        alone = np.asarray(alone.json(), dtype=np.float32)
+        resp = server.post("/embed", {"inputs": [texts[0], ids], "task": task})
+        assert resp.status_code == 200, resp.text[:500]
+        mixed = np.asarray(resp.json(), dtype=np.float32)
+        # The text: its tasked vector, prompt and all.
+        _assert_close(mixed[:1], _ref(task)[keep][:1], f"text beside ids, task={task}")
+        assert np.array_equal(mixed[0], alone[0]), (task, np.abs(mixed[0] - alone[0]).max())
+        # The ids: the adapter without the prompt (what they say is all).
+        plain = server.post("/embed", {"inputs": [ids], "task": task})
+        assert np.array_equal(mixed[1], np.asarray(plain.json()[0], dtype=np.float32)), task
+    # A prompt the request names itself still cannot go with token ids.
+    resp = server.post("/embed", {"inputs": [texts[0], ids], "prompt_name": "retrieval.query"})
+    assert resp.status_code == 400, resp.text
+    assert "token ids run as given" in resp.text, resp.text
+
+
 def _refusal(resp):
     """The message and param of a 400, whatever the route's error shape."""
     assert resp.status_code == 400, resp.text

@@ -30,9 +30,11 @@ pub(crate) async fn encode_all(
     inputs: Vec<EmbedInput>,
     options: &EmbedOptions,
 ) -> Result<Vec<Encoded>, CoreError> {
-    let (adapter, tasked) = task_adapter(info, options, &inputs)?;
-    let options = tasked.as_ref().unwrap_or(options);
+    let (adapter, tasked) = task_adapter(info, options)?;
+    // The request's own prompt: a task's is the texts' (token ids beside
+    // them run as given), not one asked for with the ids.
     check_prompt(info, &options.prompt, &inputs)?;
+    let options = tasked.as_ref().unwrap_or(options);
     if options.truncate_to == Some(0) {
         return Err(CoreError::InvalidInput(
             "truncate_to must be at least 1 token".into(),
@@ -177,7 +179,6 @@ fn text_bytes(inputs: &[EmbedInput]) -> usize {
 fn task_adapter(
     info: &ModelInfo,
     options: &EmbedOptions,
-    inputs: &[EmbedInput],
 ) -> Result<(Option<u32>, Option<EmbedOptions>), CoreError> {
     let index = |name: &str| info.tasks.iter().position(|t| t == name).map(|i| i as u32);
     let Some(task) = &options.task else {
@@ -205,12 +206,14 @@ fn task_adapter(
             info.tasks.join(", ")
         )));
     };
-    // Token ids run as given: the adapter applies, no prompt is added.
-    let texts = inputs.iter().all(|x| !matches!(x, EmbedInput::Tokens(_)));
-    let tasked = (options.prompt == Prompt::Default && texts && info.prompts.contains_key(task))
-        .then(|| EmbedOptions {
-            prompt: Prompt::Named(task.clone()),
-            ..options.clone()
+    // Token ids run as given: the adapter applies, no prompt is added (the
+    // tokenizer adds none to them); texts beside them still take the task's.
+    let tasked =
+        (options.prompt == Prompt::Default && info.prompts.contains_key(task)).then(|| {
+            EmbedOptions {
+                prompt: Prompt::Named(task.clone()),
+                ..options.clone()
+            }
         });
     Ok((Some(i), tasked))
 }
@@ -343,7 +346,19 @@ mod tests {
     struct PromptMarker;
 
     impl Tokenize for PromptMarker {
-        fn encode(&self, _: &EmbedInput, options: &EmbedOptions) -> Result<Encoded, EmbedderError> {
+        fn encode(
+            &self,
+            input: &EmbedInput,
+            options: &EmbedOptions,
+        ) -> Result<Encoded, EmbedderError> {
+            if let EmbedInput::Tokens(ids) = input {
+                // As the real tokenizer: token ids run as given.
+                return Ok(Encoded {
+                    untruncated_len: ids.len() as u32,
+                    ids: ids.clone(),
+                    ..Encoded::default()
+                });
+            }
             let mut ids = match &options.prompt {
                 Prompt::Named(name) => vec![100 + name.len() as u32],
                 Prompt::Raw(_) => vec![99],
@@ -438,6 +453,36 @@ mod tests {
         assert_eq!(encode_one(&info, named).await.unwrap().adapter, Some(1));
         let plain = encode_one(&info, EmbedOptions::default()).await.unwrap();
         assert_eq!((plain.adapter, plain.ids), (None, vec![7]));
+    }
+
+    #[tokio::test]
+    async fn a_task_prompts_the_texts_beside_token_ids() {
+        // TEI's inputs may mix texts with token-id lists: the ids run as
+        // given, but the texts are still the task's texts and take its
+        // prompt, as they do alone.
+        let options = EmbedOptions {
+            task: Some("retrieval.query".into()),
+            ..EmbedOptions::default()
+        };
+        let inputs = vec![EmbedInput::Text("x".into()), EmbedInput::Tokens(vec![5, 6])];
+        let encoded = encode_all(Some(Arc::new(PromptMarker)), &jina_info(), inputs, &options)
+            .await
+            .unwrap();
+        let got: Vec<_> = encoded.iter().map(|e| (e.adapter, e.ids.clone())).collect();
+        assert_eq!(got, [(Some(0), vec![115, 7]), (Some(0), vec![5, 6])]);
+        // A prompt the request asks for itself still cannot go with ids.
+        let named = EmbedOptions {
+            prompt: Prompt::Named("retrieval.query".into()),
+            ..EmbedOptions::default()
+        };
+        let inputs = vec![EmbedInput::Text("x".into()), EmbedInput::Tokens(vec![5, 6])];
+        let err = encode_all(Some(Arc::new(PromptMarker)), &jina_info(), inputs, &named)
+            .await
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("input 1: token ids run as given"),
+            "{err}"
+        );
     }
 
     #[tokio::test]

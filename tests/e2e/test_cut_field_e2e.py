@@ -79,3 +79,30 @@ def test_a_cut_too_short_names_the_cut_field(server):
     # Any other refusal of an input still names the input.
     resp = server.post("/v1/embeddings", {"model": EMBEDDER, "input": ["a", ""], "truncate_prompt_tokens": 3})
     assert resp.status_code == 400 and resp.json()["error"]["param"] == "input", resp.text
+
+
+def test_a_cut_too_short_for_an_instruction_names_the_cut(server):
+    """A reranker's instruction is its own tokens too: a cut that leaves it
+    no room (where the model's own length would) is the cut's fault, with
+    the cut that fits. Before, the cut the message without an instruction
+    asks for (72) was refused as the input's fault ('the instruction leaves
+    the documents no room'), naming no cut that would do."""
+    instruction = "Given a web search query, retrieve relevant passages that answer the query in French"
+    body = {"model": RERANKER, "query": "what is the capital of France", "documents": ["Paris", "Lyon"],
+            "instruction": instruction}
+    resp = server.post("/v1/rerank", {**body, "truncate_prompt_tokens": 72})
+    _refused(resp, "truncate_prompt_tokens", "or more")
+    message = resp.json()["error"]["message"]
+    assert "around a pair with this instruction (its prompt, the instruction and special tokens)" in message, message
+    need = int(message.rsplit("so cut at ", 1)[1].split()[0])
+    assert need > 72, message
+    # One short is refused alike; at what it asks for, ranked.
+    _refused(server.post("/v1/rerank", {**body, "truncate_prompt_tokens": need - 1}), "truncate_prompt_tokens",
+             f"so cut at {need} or more")
+    resp = server.post("/v1/rerank", {**body, "truncate_prompt_tokens": need})
+    assert resp.status_code == 200, resp.text[:300]
+    assert len(resp.json()["results"]) == 2
+    # An instruction too long for the model's own length is still its own fault.
+    resp = server.post("/v1/rerank", {**body, "instruction": "word " * 5000, "truncate_prompt_tokens": 72})
+    assert resp.status_code == 400, resp.text[:300]
+    assert "the instruction leaves the documents no room" in resp.json()["error"]["message"], resp.text[:300]

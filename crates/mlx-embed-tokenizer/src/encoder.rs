@@ -398,6 +398,18 @@ impl HfTokenizer {
         if used < room {
             return Ok(());
         }
+        // Within the model's own length the instruction fits: the request's
+        // cut is what is short, and the client is owed the cut that fits.
+        let own = max_length - room + used;
+        if max_length < self.spec.max_length && own < self.spec.max_length {
+            return Err(EmbedderError::invalid_input(format!(
+                "a cut at {max_length} tokens {}: the model adds {own} tokens of its own around a \
+                 pair with this instruction (its prompt, the instruction and special tokens), so \
+                 cut at {} or more",
+                mlx_embed_core::CUT_LEAVES_NO_ROOM,
+                own + 1
+            )));
+        }
         Err(EmbedderError::invalid_input(format!(
             "the instruction leaves the documents no room within max_length {max_length} \
              (with the reranker's prompt it takes {used} of the {room} tokens the pair text may use; \

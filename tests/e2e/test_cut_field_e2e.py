@@ -106,3 +106,26 @@ def test_a_cut_too_short_for_an_instruction_names_the_cut(server):
     resp = server.post("/v1/rerank", {**body, "instruction": "word " * 5000, "truncate_prompt_tokens": 72})
     assert resp.status_code == 400, resp.text[:300]
     assert "the instruction leaves the documents no room" in resp.json()["error"]["message"], resp.text[:300]
+
+
+def test_a_cut_too_short_for_a_flagembedding_instruction_names_the_cut(tmp_path):
+    """FlagEmbedding's LLM reranker's instruction ends the input and counts
+    twice: a cut it leaves no room (where the model's own length would) is
+    the cut's fault, with the cut that fits. Before: cuts 57 (what the
+    message without an instruction asks) to 80 were the input's fault for a
+    3 x 3-word instruction, naming no cut."""
+    srv = start_server(tmp_path, "--model", str(FIXTURES / "tiny-bge-reranker-v2-gemma"), "--no-warmup")
+    try:
+        instruction = " ".join(f"alpha{i} beta{i} gamma{i}" for i in range(3))
+        body = {"query": "what is the capital of France", "documents": ["Paris"], "instruction": instruction}
+        resp = srv.post("/v1/rerank", {**body, "truncate_prompt_tokens": 57})
+        _refused(resp, "truncate_prompt_tokens", "or more")
+        message = resp.json()["error"]["message"]
+        assert "around a pair with this instruction" in message, message
+        need = int(message.rsplit("so cut at ", 1)[1].split()[0])
+        _refused(srv.post("/v1/rerank", {**body, "truncate_prompt_tokens": need - 1}), "truncate_prompt_tokens",
+                 f"so cut at {need} or more")
+        resp = srv.post("/v1/rerank", {**body, "truncate_prompt_tokens": need})
+        assert resp.status_code == 200, resp.text[:300]
+    finally:
+        srv.stop()

@@ -351,6 +351,21 @@ impl HfTokenizer {
                 let ids = self.encode_text(text, "")?;
                 with_suffix = pair.with_instruction_suffix(&ids).unwrap_or_default();
                 let budget = max_length.saturating_sub(with_suffix.specials());
+                let own = with_suffix.specials().max(with_suffix.uncounted);
+                if max_length <= own
+                    && max_length < self.spec.max_length
+                    && own < self.spec.max_length
+                {
+                    // As for a template's instruction: the request's cut is short.
+                    return Err(EmbedderError::invalid_input(format!(
+                        "a cut at {max_length} tokens {}: the model counts {own} tokens of its \
+                         own around a pair with this instruction (its prompt, special tokens and \
+                         the instruction, which counts twice, as FlagEmbedding's prompt), so cut \
+                         at {} or more",
+                        mlx_embed_core::CUT_LEAVES_NO_ROOM,
+                        own + 1
+                    )));
+                }
                 if budget == 0 || max_length <= with_suffix.uncounted {
                     return Err(EmbedderError::invalid_input(format!(
                         "the instruction leaves the pair no room within max_length {max_length} \

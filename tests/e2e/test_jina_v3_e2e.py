@@ -197,6 +197,31 @@ def test_task_beside_token_ids(server):
     assert "token ids run as given" in resp.text, resp.text
 
 
+def test_task_on_similarity(server):
+    """TEI's /similarity (and POST /'s sentence-similarity body) takes `task`
+    as /embed does: the cosines of the task's vectors. Before, it was
+    ignored with a 200 (the untasked cosines: text-matching's differed)."""
+    texts, _ = _golden()
+    source, sentences = texts[0], texts[1:6]
+    for task in TASKS:
+        vecs = np.asarray(server.post("/embed", {"inputs": [source, *sentences], "task": task}).json())
+        want = vecs[1:] @ vecs[0]
+        body = {"inputs": {"source_sentence": source, "sentences": sentences}, "task": task}
+        for route in ("/similarity", "/"):
+            resp = server.post(route, body)
+            assert resp.status_code == 200, (route, resp.text[:300])
+            np.testing.assert_allclose(resp.json(), want, rtol=0, atol=1e-6, err_msg=f"{route} {task}")
+    plain = server.post("/similarity", {"inputs": {"source_sentence": source, "sentences": sentences}}).json()
+    tasked = server.post("/similarity", {"inputs": {"source_sentence": source, "sentences": sentences},
+                                         "task": "text-matching"}).json()
+    assert np.abs(np.asarray(plain) - np.asarray(tasked)).max() > 1e-3
+    body = {"inputs": {"source_sentence": source, "sentences": sentences}}
+    resp = server.post("/similarity", {**body, "task": "retrieval"})
+    assert resp.status_code == 400 and "unknown task" in resp.text, resp.text
+    resp = server.post("/similarity", {**body, "task": "separation", "parameters": {"prompt_name": "retrieval.query"}})
+    assert resp.status_code == 400 and "prompt_name" in resp.text, resp.text
+
+
 def _refusal(resp):
     """The message and param of a 400, whatever the route's error shape."""
     assert resp.status_code == 400, resp.text

@@ -35,6 +35,11 @@ pub struct SimilarityRequest {
     pub model: Option<String>,
     pub inputs: SimilarityInputs,
     pub parameters: Option<SimilarityParameters>,
+    /// Jina AI's (not a TEI field): the task adapter to run with, one of the
+    /// model's `tasks` (`/info` lists them: jina-embeddings-v3's), as on
+    /// `/embed`. A model without task adapters, an unknown task, or a
+    /// `prompt_name` that names another task, is a 400.
+    pub task: Option<String>,
 }
 
 /// Cosine similarity of each sentence to the source, in order.
@@ -49,6 +54,12 @@ pub(crate) async fn similarities(
         );
     }
     let p = req.parameters.unwrap_or_default();
+    let pick = super::pick_task(
+        state,
+        req.model.as_deref(),
+        req.task,
+        super::Said::Prompt(p.prompt_name.map_or(Prompt::Default, Prompt::Named)),
+    )?;
     let mut inputs = Vec::with_capacity(req.inputs.sentences.len() + 1);
     inputs.push(EmbedInput::Text(req.inputs.source_sentence));
     inputs.extend(req.inputs.sentences.into_iter().map(EmbedInput::Text));
@@ -61,8 +72,9 @@ pub(crate) async fn similarities(
             options: EmbedOptions {
                 truncate: p.truncate.unwrap_or(true),
                 truncation_direction: p.truncation_direction.map(Into::into),
-                prompt: p.prompt_name.map_or(Prompt::Default, Prompt::Named),
+                prompt: pick.prompt,
                 priority: priority.unwrap_or_default(),
+                task: pick.task,
                 ..EmbedOptions::default()
             },
             // Unit vectors: the dot product is the cosine.

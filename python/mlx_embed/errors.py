@@ -20,6 +20,13 @@ class InvalidInput(MlxEmbedError, ValueError):
     model's length, unknown prompt name); retrying it cannot succeed."""
 
 
+class CutTooShort(InvalidInput):
+    """A call's ``truncate_to`` is too short for the model's own tokens
+    (its special tokens), so no input could fit; the message says the cut
+    that does. The bridge gives it its own kind, so a server names the
+    request's cut field rather than an input."""
+
+
 class InputTooLong(InvalidInput):
     """Input ``index`` (a text or a pair) has ``tokens`` tokens, more than
     ``max_length``, and truncation was turned off."""

@@ -22,7 +22,7 @@ from typing import Mapping, Optional, Sequence
 
 from tokenizers import Tokenizer, normalizers
 
-from .errors import InvalidInput
+from .errors import CutTooShort, InvalidInput
 from .json_files import read_json
 from .spec import PairSpec
 
@@ -154,7 +154,7 @@ class TextTokenizer:
         """Content tokens a cut at ``max_length`` leaves beside the specials
         (at least one, else the cut is invalid input)."""
         if max_length <= self.n_special:
-            raise InvalidInput(
+            raise CutTooShort(
                 f"a cut at {max_length} tokens leaves no room for text: the model adds "
                 f"{self.n_special} special tokens, so cut at {self.n_special + 1} or more"
             )

@@ -195,12 +195,6 @@ impl EmbedOptions {
     }
 }
 
-/// What a tokenizer's refusal of a per-request cut (`truncate_to`) too
-/// short for the model's own tokens says (`a cut at N tokens <this>: ...`):
-/// the server names the request's cut field by it, not the input, since no
-/// input could fit (the Python engine's tokenizer says the same words).
-pub const CUT_LEAVES_NO_ROOM: &str = "leaves no room for text";
-
 /// Most text one request's query/document pairs may hold, each pair's query
 /// counted again: a reranker request repeats its query in every pair, so a
 /// 2 MB query beside 2,048 short documents made 4 GB of pairs (and a
@@ -352,6 +346,11 @@ pub struct BatchOutput {
 pub enum EmbedderErrorKind {
     /// The input cannot be embedded (HTTP 400); the model is fine.
     InvalidInput,
+    /// A per-request cut ([`EmbedOptions::truncate_to`]) too short for the
+    /// model's own tokens (its special tokens, prompt or instruction): the
+    /// request's cut is at fault, not any input (every input fails alike),
+    /// and the message says the cut that fits (HTTP 400).
+    CutTooShort,
     /// The model failed on this batch (HTTP 500); it may work on the next.
     ModelFailure,
     /// The model can never answer again (HTTP 503): the batcher turns unhealthy.
@@ -376,6 +375,11 @@ impl EmbedderError {
 
     pub fn invalid_input(message: impl Into<String>) -> Self {
         Self::new(EmbedderErrorKind::InvalidInput, message)
+    }
+
+    /// [`EmbedderErrorKind::CutTooShort`].
+    pub fn cut_too_short(message: impl Into<String>) -> Self {
+        Self::new(EmbedderErrorKind::CutTooShort, message)
     }
 
     pub fn model_failure(message: impl Into<String>) -> Self {

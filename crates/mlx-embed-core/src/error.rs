@@ -42,6 +42,13 @@ pub enum CoreError {
     /// rejected as invalid. The message names the input where there is one.
     #[error("invalid input: {0}")]
     InvalidInput(String),
+    /// The request's per-request cut
+    /// ([`EmbedOptions::truncate_to`](crate::EmbedOptions::truncate_to)) is
+    /// too short for the model's own tokens, so no input could fit
+    /// ([`EmbedderErrorKind::CutTooShort`](crate::EmbedderErrorKind::CutTooShort));
+    /// the message says the cut that fits.
+    #[error("invalid input: {0}")]
+    CutTooShort(String),
     /// Input `index` has `tokens` tokens (special tokens included), more than
     /// `max` (the model's maximum, a multi-vector model's query or document
     /// length, or the request's shorter

@@ -122,8 +122,7 @@ pub use embedder::{
     l2_normalize, lexical_entries, sparse_entries, BatchOutput, DeviceMemory, EmbedInput,
     EmbedOptions, Embedder, EmbedderError, EmbedderErrorKind, Encoded, InputLimit, LiveStats,
     ModelInfo, ModelKind, MultiVectorLengths, Output, Prompt, Replica, Side, Submitted, Ticket,
-    TokenPooling, TokenSpan, Tokenize, TruncationDirection, WeightsInfo, CUT_LEAVES_NO_ROOM,
-    MAX_PAIR_TEXT_BYTES,
+    TokenPooling, TokenSpan, Tokenize, TruncationDirection, WeightsInfo, MAX_PAIR_TEXT_BYTES,
 };
 pub use error::{CoreError, OverloadReason};
 pub use metrics::{Histogram, LaneMetrics, MetricsSnapshot};

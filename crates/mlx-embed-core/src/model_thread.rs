@@ -564,6 +564,7 @@ fn row_starts(rows: &[u32]) -> Vec<usize> {
 fn failure(error: EmbedderError) -> CoreError {
     match error.kind {
         EmbedderErrorKind::InvalidInput => CoreError::InvalidInput(error.message),
+        EmbedderErrorKind::CutTooShort => CoreError::CutTooShort(error.message),
         EmbedderErrorKind::ModelFailure | EmbedderErrorKind::ModelGone => {
             CoreError::Model(error.message)
         }

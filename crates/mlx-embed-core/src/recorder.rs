@@ -121,6 +121,7 @@ impl Recorder {
             Err(
                 CoreError::ShuttingDown
                 | CoreError::InvalidInput(_)
+                | CoreError::CutTooShort(_)
                 | CoreError::InputTooLong { .. }
                 | CoreError::TooManyTokenRows { .. }
                 | CoreError::NoRuntime,

@@ -229,6 +229,7 @@ fn encode_with(
             EmbedderErrorKind::InvalidInput => {
                 CoreError::InvalidInput(format!("input {i}: {}", e.message))
             }
+            EmbedderErrorKind::CutTooShort => CoreError::CutTooShort(e.message),
             EmbedderErrorKind::ModelFailure | EmbedderErrorKind::ModelGone => {
                 CoreError::Model(format!("tokenizer failed on input {i}: {}", e.message))
             }

@@ -79,8 +79,9 @@ pub(crate) fn classify_load(py: Python<'_>, err: &PyErr) -> EmbedderError {
 }
 
 /// A Python exception from the running model as the kind the core acts on,
-/// by class: `mlx_embed.errors.InvalidInput` (the engine's own checks of a
-/// call's input) is the input's fault; a `BaseException` that is not an
+/// by class: `mlx_embed.errors.CutTooShort` is the request's cut's fault,
+/// `mlx_embed.errors.InvalidInput` (the engine's own checks of a call's
+/// input) the input's; a `BaseException` that is not an
 /// `Exception` (`SystemExit`, `KeyboardInterrupt`) or a Rust panic inside
 /// Python means the interpreter cannot be trusted again; anything else is a
 /// failure of this batch, a plain `ValueError` too (MLX raises its shape
@@ -88,11 +89,15 @@ pub(crate) fn classify_load(py: Python<'_>, err: &PyErr) -> EmbedderError {
 pub(crate) fn classify(py: Python<'_>, err: &PyErr) -> EmbedderError {
     // `ExceptionClass: message`, as the last line of a Python traceback.
     let message = err.to_string();
-    let invalid_input = py
-        .import("mlx_embed.errors")
-        .and_then(|m| m.getattr("InvalidInput"))
-        .is_ok_and(|class| err.is_instance(py, &class));
-    if invalid_input {
+    let is = |name: &str| {
+        py.import("mlx_embed.errors")
+            .and_then(|m| m.getattr(name))
+            .is_ok_and(|class| err.is_instance(py, &class))
+    };
+    if is("CutTooShort") {
+        // The server puts its own field's name before the message.
+        EmbedderError::cut_too_short(err.value(py).to_string())
+    } else if is("InvalidInput") {
         EmbedderError::invalid_input(message)
     } else if err.is_instance_of::<PanicException>(py) || !err.is_instance_of::<PyException>(py) {
         EmbedderError::model_gone(message)
@@ -127,6 +132,13 @@ mod tests {
         assert_eq!(
             kind_of(c"from mlx_embed.errors import InvalidInput\nraise InvalidInput('token id 7 is bad')"),
             (InvalidInput, "InvalidInput: token id 7 is bad".into())
+        );
+        // Its own kind, and only its message: the server names the cut field before it.
+        assert_eq!(
+            kind_of(
+                c"from mlx_embed.errors import CutTooShort\nraise CutTooShort('a cut at 1 tokens')"
+            ),
+            (CutTooShort, "a cut at 1 tokens".into())
         );
         // A plain ValueError while running (MLX's shape errors are) is the
         // model's failure: only the engine's own input checks blame the caller.

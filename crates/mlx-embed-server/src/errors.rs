@@ -192,6 +192,10 @@ pub struct ApiError {
     /// The request's body was left unread: the answer says `Connection:
     /// close`, as the connection cannot carry another request.
     pub closes_connection: bool,
+    /// The request's per-request cut is too short for the model's own
+    /// tokens (the core's [`CoreError::CutTooShort`]): each route names
+    /// its own field for that cut.
+    pub cut_too_short: bool,
 }
 
 impl ApiError {
@@ -203,6 +207,7 @@ impl ApiError {
             code: None,
             retry_after: None,
             closes_connection: false,
+            cut_too_short: false,
         }
     }
     pub fn invalid(message: impl Into<String>) -> Self {
@@ -247,20 +252,15 @@ impl ApiError {
         self
     }
 
-    /// The tokenizer's refusal of a per-request cut too short for the
-    /// model's own tokens ([`mlx_embed_core::CUT_LEAVES_NO_ROOM`]) as the
-    /// fault of `field`, the request's cut (`truncate_prompt_tokens`,
-    /// `max_tokens`, ...): the value the client can change, where the core
-    /// names the first input only because every input fails alike. Any
-    /// other error is left as it is.
+    /// A per-request cut too short for the model's own tokens
+    /// ([`cut_too_short`](Self::cut_too_short)) as the fault of `field`, the
+    /// route's name for that cut (`truncate_prompt_tokens`, `max_tokens`,
+    /// ...): the value the client can change. Any other error is left as it is.
     pub(crate) fn cut_by(mut self, field: &'static str) -> Self {
-        let Some(at) = self.message.find("a cut at ") else {
-            return self;
-        };
-        if !self.message[at..].contains(mlx_embed_core::CUT_LEAVES_NO_ROOM) {
+        if !self.cut_too_short {
             return self;
         }
-        self.message = format!("{field}: {}", &self.message[at..]);
+        self.message = format!("{field}: {}", self.message);
         self.param(field)
     }
 
@@ -484,6 +484,11 @@ impl From<CoreError> for ApiError {
                 };
                 Self::invalid(msg).param(param)
             }
+            // The core's own name for the cut, until the route names its field.
+            CoreError::CutTooShort(msg) => Self {
+                cut_too_short: true,
+                ..Self::invalid(msg).param("truncate_to")
+            },
             e @ CoreError::InputTooLong { .. } => Self::new(
                 ErrorKind::Unprocessable,
                 format!("{e}; shorten it or set truncate to true"),
@@ -745,12 +750,12 @@ mod tests {
 
     #[test]
     fn a_cut_refusal_names_the_cut_field() {
-        let refused = ApiError::from(CoreError::InvalidInput(
-            "input 0: a cut at 2 tokens leaves no room for text: the model adds 2 special \
-             tokens, so cut at 3 or more"
+        let refused = ApiError::from(CoreError::CutTooShort(
+            "a cut at 2 tokens leaves no room for text: the model adds 2 special tokens, so \
+             cut at 3 or more"
                 .into(),
         ));
-        assert_eq!(refused.param.as_deref(), Some("input"));
+        assert_eq!(refused.param.as_deref(), Some("truncate_to"));
         let named = refused.cut_by("max_tokens");
         assert_eq!(named.param.as_deref(), Some("max_tokens"));
         assert_eq!(
@@ -758,8 +763,10 @@ mod tests {
             "max_tokens: a cut at 2 tokens leaves no room for text: the model adds 2 special \
              tokens, so cut at 3 or more"
         );
-        // Another input's fault stays the input's.
-        let other = ApiError::from(CoreError::InvalidInput("input 1: cannot tokenize".into()));
+        // Another input's fault stays the input's, whatever its words.
+        let other = ApiError::from(CoreError::InvalidInput(
+            "input 1: a cut at 2 tokens leaves no room for text".into(),
+        ));
         assert_eq!(other.clone().cut_by("max_tokens"), other);
     }
 

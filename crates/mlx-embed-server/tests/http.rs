@@ -279,12 +279,16 @@ async fn vllm_options_it_cannot_honour_are_refused() {
     // Too short for the specials: a 400 that says so.
     let b = json!({ "input": ["abc"], "truncate_prompt_tokens": 2 });
     let (status, _, v) = post(&s, "/v1/embeddings", &b).await;
-    assert_eq!(status, 400, "{v}");
+    assert_eq!(
+        (status, &v["error"]["param"]),
+        (400, &json!("truncate_prompt_tokens")),
+        "{v}"
+    );
     assert!(
         v["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("leaves no room for text"),
+            .starts_with("truncate_prompt_tokens: a cut at 2 tokens leaves no room for text"),
         "{v}"
     );
     s.stop().await.unwrap();

@@ -357,12 +357,11 @@ impl HfTokenizer {
                     && own < self.spec.max_length
                 {
                     // As for a template's instruction: the request's cut is short.
-                    return Err(EmbedderError::invalid_input(format!(
-                        "a cut at {max_length} tokens {}: the model counts {own} tokens of its \
-                         own around a pair with this instruction (its prompt, special tokens and \
-                         the instruction, which counts twice, as FlagEmbedding's prompt), so cut \
-                         at {} or more",
-                        mlx_embed_core::CUT_LEAVES_NO_ROOM,
+                    return Err(EmbedderError::cut_too_short(format!(
+                        "a cut at {max_length} tokens leaves no room for text: the model counts \
+                         {own} tokens of its own around a pair with this instruction (its \
+                         prompt, special tokens and the instruction, which counts twice, as \
+                         FlagEmbedding's prompt), so cut at {} or more",
                         own + 1
                     )));
                 }
@@ -417,11 +416,10 @@ impl HfTokenizer {
         // cut is what is short, and the client is owed the cut that fits.
         let own = max_length - room + used;
         if max_length < self.spec.max_length && own < self.spec.max_length {
-            return Err(EmbedderError::invalid_input(format!(
-                "a cut at {max_length} tokens {}: the model adds {own} tokens of its own around a \
-                 pair with this instruction (its prompt, the instruction and special tokens), so \
-                 cut at {} or more",
-                mlx_embed_core::CUT_LEAVES_NO_ROOM,
+            return Err(EmbedderError::cut_too_short(format!(
+                "a cut at {max_length} tokens leaves no room for text: the model adds {own} tokens \
+                 of its own around a pair with this instruction (its prompt, the instruction and \
+                 special tokens), so cut at {} or more",
                 own + 1
             )));
         }
@@ -656,10 +654,9 @@ impl HfTokenizer {
 /// reads "71 special tokens" would not know why).
 fn content_room(max_length: usize, specials: usize, what: &str) -> Result<usize, EmbedderError> {
     if max_length <= specials {
-        return Err(EmbedderError::invalid_input(format!(
-            "a cut at {max_length} tokens {}: the model adds {specials} {what}, so cut at {} \
-             or more",
-            mlx_embed_core::CUT_LEAVES_NO_ROOM,
+        return Err(EmbedderError::cut_too_short(format!(
+            "a cut at {max_length} tokens leaves no room for text: the model adds {specials} \
+             {what}, so cut at {} or more",
             specials + 1
         )));
     }

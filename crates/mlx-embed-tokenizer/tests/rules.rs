@@ -155,7 +155,7 @@ fn a_per_request_cut_is_the_models_cut_at_that_length() {
         [CLS, content("one")[0], SEP]
     );
     let err = wide.encode(&text(words), &at(2)).unwrap_err();
-    assert_eq!(err.kind, EmbedderErrorKind::InvalidInput);
+    assert_eq!(err.kind, EmbedderErrorKind::CutTooShort);
     assert!(err.message.contains("leaves no room for text"), "{err:?}");
     // Ids without the specials are cut as they are.
     assert_eq!(

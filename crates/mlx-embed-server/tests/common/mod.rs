@@ -81,7 +81,7 @@ impl Tokenize for FakeTokenizer {
         let untruncated_len = content.len() as u32 + 2;
         let max = options.input_limit(MAX_TOKENS);
         if max < 3 {
-            return Err(EmbedderError::invalid_input(format!(
+            return Err(EmbedderError::cut_too_short(format!(
                 "a cut at {max} tokens leaves no room for text"
             )));
         }

@@ -349,20 +349,13 @@ pub enum TextOrIds {
 /// empty list, string or token list (`embed::check_inputs`).
 impl utoipa::PartialSchema for TextsOrTokens {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Type};
-        let text = || {
-            ObjectBuilder::new()
-                .schema_type(Type::String)
-                .min_length(Some(1))
-        };
-        let list_item = OneOfBuilder::new().item(text()).item(text_object());
-        let id = || <u32 as utoipa::PartialSchema>::schema();
-        let ids = || ArrayBuilder::new().items(id()).min_items(Some(1));
+        use utoipa::openapi::schema::{ArrayBuilder, OneOfBuilder};
+        let list_item = OneOfBuilder::new().item(text_schema()).item(text_object());
         OneOfBuilder::new()
-            .item(text())
+            .item(text_schema())
             .item(ArrayBuilder::new().items(list_item).min_items(Some(1)))
-            .item(ids())
-            .item(ArrayBuilder::new().items(ids()).min_items(Some(1)))
+            .item(ids_schema())
+            .item(ArrayBuilder::new().items(ids_schema()).min_items(Some(1)))
             .description(Some(
                 "A string, strings (or Jina AI's {\"text\": string} objects), token ids, or \
                  lists of token ids (run as given, special tokens included); no list, string \
@@ -485,42 +478,42 @@ impl<'de> Deserialize<'de> for TeiInputs {
     }
 }
 
+/// One text input: not empty.
+fn text_schema() -> utoipa::openapi::schema::ObjectBuilder {
+    use utoipa::openapi::schema::{ObjectBuilder, Type};
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .min_length(Some(1))
+}
+
+/// One input's token ids: not an empty list.
+fn ids_schema() -> utoipa::openapi::schema::ArrayBuilder {
+    utoipa::openapi::schema::ArrayBuilder::new()
+        .items(<u32 as utoipa::PartialSchema>::schema())
+        .min_items(Some(1))
+}
+
 /// Jina AI's object form of one text, `{"text": string}` (not empty, nothing else),
 /// as [`Item`] reads it in a list of inputs.
 fn text_object() -> utoipa::openapi::schema::ObjectBuilder {
-    use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder, Type};
+    use utoipa::openapi::schema::{AdditionalProperties, ObjectBuilder};
     ObjectBuilder::new()
-        .property(
-            "text",
-            ObjectBuilder::new()
-                .schema_type(Type::String)
-                .min_length(Some(1)),
-        )
+        .property("text", text_schema())
         .required("text")
         .additional_properties(Some(AdditionalProperties::FreeForm(false)))
 }
 
 impl utoipa::PartialSchema for TeiInputs {
     fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
-        use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Type};
-        let text = || {
-            ObjectBuilder::new()
-                .schema_type(Type::String)
-                .min_length(Some(1))
-        };
-        let ids = || {
-            ArrayBuilder::new()
-                .items(<u32 as utoipa::PartialSchema>::schema())
-                .min_items(Some(1))
-        };
+        use utoipa::openapi::schema::{ArrayBuilder, OneOfBuilder};
         // A list item is read by [`Item`], as OpenAI's are: Jina AI's text objects too.
         let either = OneOfBuilder::new()
-            .item(text())
-            .item(ids())
+            .item(text_schema())
+            .item(ids_schema())
             .item(text_object());
         OneOfBuilder::new()
-            .item(text())
-            .item(ids())
+            .item(text_schema())
+            .item(ids_schema())
             .item(ArrayBuilder::new().items(either).min_items(Some(1)))
             .description(Some(
                 "A string or token ids, or a list of strings (or Jina AI's {\"text\": string} \

@@ -597,6 +597,66 @@ impl<'de> Visitor<'de> for InputsVisitor {
     }
 }
 
+/// A unit enum read, and named in messages, by its wire names: implemented
+/// by [`wire_names!`] from the one table that writes them.
+pub(crate) trait WireName: Copy + 'static {
+    /// The names, in the order an unknown name's error lists them.
+    const NAMES: &'static [&'static str];
+    /// `VALUES[i]` is the value named `NAMES[i]`.
+    const VALUES: &'static [Self];
+    /// Whether a name is read in any case (lowercased, then looked up).
+    const ANY_CASE: bool;
+    /// The value's name, as sent.
+    fn name(self) -> &'static str;
+}
+
+/// A [`WireName`] enum from its name. Read as a string first, so that a
+/// value that is not one (`5`, `true`) is a wrong shape naming the field
+/// (400, or the route's 422), as another name is: serde's derived unit
+/// enums report it as malformed JSON.
+pub(crate) fn by_name<'de, D: Deserializer<'de>, T: WireName>(d: D) -> Result<T, D::Error> {
+    let mut name = String::deserialize(d)?;
+    if T::ANY_CASE {
+        name = name.to_lowercase();
+    }
+    match T::NAMES.iter().position(|n| *n == name) {
+        Some(i) => Ok(T::VALUES[i]),
+        None => Err(de::Error::unknown_variant(&name, T::NAMES)),
+    }
+}
+
+/// [`WireName`] and `Deserialize` (by [`by_name`]) for a unit enum, from
+/// one table of `Variant => "name"` (led by `any case` for names read in
+/// any case): the only place its names are written. `name` is a match, so a
+/// variant left out of the table does not compile.
+macro_rules! wire_names {
+    (@impl $any_case:literal, $ty:ident { $($variant:ident => $name:literal),+ }) => {
+        impl $crate::extract::WireName for $ty {
+            const NAMES: &'static [&'static str] = &[$($name),+];
+            const VALUES: &'static [Self] = &[$(Self::$variant),+];
+            const ANY_CASE: bool = $any_case;
+            fn name(self) -> &'static str {
+                match self {
+                    $(Self::$variant => $name),+
+                }
+            }
+        }
+
+        impl<'de> ::serde::Deserialize<'de> for $ty {
+            fn deserialize<D: ::serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                $crate::extract::by_name(d)
+            }
+        }
+    };
+    (any case $ty:ident { $($variant:ident => $name:literal),+ $(,)? }) => {
+        $crate::extract::wire_names!(@impl true, $ty { $($variant => $name),+ });
+    };
+    ($ty:ident { $($variant:ident => $name:literal),+ $(,)? }) => {
+        $crate::extract::wire_names!(@impl false, $ty { $($variant => $name),+ });
+    };
+}
+pub(crate) use wire_names;
+
 /// `truncation_direction`: which end of an over-long input is kept.
 /// `left` or `right` in any case (TEI sends `Left`/`Right`); `/info`
 /// writes it in lowercase.
@@ -628,14 +688,10 @@ impl From<TruncationDirection> for TruncationSide {
     }
 }
 
-impl<'de> Deserialize<'de> for TruncationSide {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        match lowercase_name(d, &["left", "right"])?.as_str() {
-            "left" => Ok(TruncationSide::Left),
-            _ => Ok(TruncationSide::Right),
-        }
-    }
-}
+wire_names!(any case TruncationSide {
+    Left => "left",
+    Right => "right",
+});
 
 /// `priority`: `high`, `normal` (default) or `low`, any case.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
@@ -656,46 +712,11 @@ impl From<PriorityName> for Priority {
     }
 }
 
-impl<'de> Deserialize<'de> for PriorityName {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        match lowercase_name(d, &["high", "normal", "low"])?.as_str() {
-            "high" => Ok(PriorityName::High),
-            "low" => Ok(PriorityName::Low),
-            _ => Ok(PriorityName::Normal),
-        }
-    }
-}
-
-/// A unit enum read by its name: `values[i]` for `names[i]`. Read as a
-/// string first, so that a value that is not one (`5`, `true`) is a wrong
-/// shape naming the field (400, or the route's 422), as another name is:
-/// serde's derived unit enums report it as malformed JSON.
-pub(crate) fn by_name<'de, D: Deserializer<'de>, T: Copy>(
-    d: D,
-    names: &'static [&'static str],
-    values: &[T],
-) -> Result<T, D::Error> {
-    let name = String::deserialize(d)?;
-    match names.iter().position(|n| *n == name) {
-        Some(i) => Ok(values[i]),
-        None => Err(de::Error::unknown_variant(&name, names)),
-    }
-}
-
-/// A string that must be one of `names` ignoring case, lowercased.
-/// Not a derived enum: serde_json reports a derived unit enum given a
-/// non-string as a *syntax* error (400); a wrong value is a shape error (422).
-fn lowercase_name<'de, D: Deserializer<'de>>(
-    d: D,
-    names: &'static [&'static str],
-) -> Result<String, D::Error> {
-    let name = String::deserialize(d)?.to_lowercase();
-    if names.contains(&name.as_str()) {
-        Ok(name)
-    } else {
-        Err(de::Error::unknown_variant(&name, names))
-    }
-}
+wire_names!(any case PriorityName {
+    High => "high",
+    Normal => "normal",
+    Low => "low",
+});
 
 #[cfg(test)]
 mod tests {
@@ -822,6 +843,42 @@ mod tests {
         assert_eq!(prio(r#""HIGH""#).unwrap(), PriorityName::High);
         assert_eq!(prio(r#""low""#).unwrap(), PriorityName::Low);
         assert!(prio(r#""urgent""#).unwrap_err().is_data());
+    }
+
+    /// Each name reads as the value that `name` writes back, and is the
+    /// name the OpenAPI schema documents (its `rename_all`), in order.
+    fn read_written_and_documented<T>()
+    where
+        T: WireName + DeserializeOwned + utoipa::PartialSchema,
+    {
+        for (name, value) in T::NAMES.iter().zip(T::VALUES) {
+            let read: T = serde_json::from_value(name.to_string().into()).unwrap();
+            assert_eq!((read.name(), value.name()), (*name, *name));
+        }
+        assert_eq!(T::NAMES.len(), T::VALUES.len());
+        let schema = serde_json::to_value(T::schema()).unwrap();
+        assert_eq!(schema["enum"], serde_json::json!(T::NAMES), "{schema}");
+    }
+
+    #[test]
+    fn every_wire_name_is_read_written_and_documented_alike() {
+        use crate::routes::{cohere, jina, openai, weaviate};
+        read_written_and_documented::<TruncationSide>();
+        read_written_and_documented::<PriorityName>();
+        read_written_and_documented::<openai::EncodingFormat>();
+        read_written_and_documented::<openai::Endianness>();
+        read_written_and_documented::<openai::InputType>();
+        read_written_and_documented::<openai::OutputDtype>();
+        read_written_and_documented::<openai::JinaEmbeddingType>();
+        read_written_and_documented::<cohere::CohereInputType>();
+        read_written_and_documented::<cohere::CohereEmbeddingType>();
+        read_written_and_documented::<cohere::CohereTruncate>();
+        read_written_and_documented::<jina::InputType>();
+        read_written_and_documented::<weaviate::TaskType>();
+        // The lanes' own names (the core's, for the header and metrics).
+        for (name, value) in PriorityName::NAMES.iter().zip(PriorityName::VALUES) {
+            assert_eq!(Priority::from(*value).as_str(), *name);
+        }
     }
 
     #[test]

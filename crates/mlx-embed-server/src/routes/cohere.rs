@@ -25,7 +25,7 @@ use super::openai::encode_base64;
 use super::{pick_task, Role, Said};
 use crate::embed::{embed_answering, output_dimension, EmbedRequest};
 use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
-use crate::extract::{ApiJson, PriorityHeader};
+use crate::extract::{wire_names, ApiJson, PriorityHeader, WireName};
 use crate::models::Task;
 use crate::state::AppState;
 
@@ -42,28 +42,13 @@ pub enum CohereInputType {
     Image,
 }
 
-// Not derived: a value that is not a name is a wrong shape, not malformed JSON.
-impl<'de> Deserialize<'de> for CohereInputType {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        crate::extract::by_name(
-            d,
-            &[
-                "search_document",
-                "search_query",
-                "classification",
-                "clustering",
-                "image",
-            ],
-            &[
-                CohereInputType::SearchDocument,
-                CohereInputType::SearchQuery,
-                CohereInputType::Classification,
-                CohereInputType::Clustering,
-                CohereInputType::Image,
-            ],
-        )
-    }
-}
+wire_names!(CohereInputType {
+    SearchDocument => "search_document",
+    SearchQuery => "search_query",
+    Classification => "classification",
+    Clustering => "clustering",
+    Image => "image",
+});
 
 /// A form the vectors are answered in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
@@ -77,23 +62,14 @@ pub enum CohereEmbeddingType {
     Base64,
 }
 
-// Not derived: a value that is not a name is a wrong shape, not malformed JSON.
-impl<'de> Deserialize<'de> for CohereEmbeddingType {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        crate::extract::by_name(
-            d,
-            &["float", "int8", "uint8", "binary", "ubinary", "base64"],
-            &[
-                CohereEmbeddingType::Float,
-                CohereEmbeddingType::Int8,
-                CohereEmbeddingType::Uint8,
-                CohereEmbeddingType::Binary,
-                CohereEmbeddingType::Ubinary,
-                CohereEmbeddingType::Base64,
-            ],
-        )
-    }
-}
+wire_names!(CohereEmbeddingType {
+    Float => "float",
+    Int8 => "int8",
+    Uint8 => "uint8",
+    Binary => "binary",
+    Ubinary => "ubinary",
+    Base64 => "base64",
+});
 
 impl CohereEmbeddingType {
     /// At most the bytes of JSON one value of a vector takes in this form:
@@ -122,20 +98,11 @@ pub enum CohereTruncate {
     End,
 }
 
-// Not derived: a value that is not a name is a wrong shape, not malformed JSON.
-impl<'de> Deserialize<'de> for CohereTruncate {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        crate::extract::by_name(
-            d,
-            &["NONE", "START", "END"],
-            &[
-                CohereTruncate::None,
-                CohereTruncate::Start,
-                CohereTruncate::End,
-            ],
-        )
-    }
-}
+wire_names!(CohereTruncate {
+    None => "NONE",
+    Start => "START",
+    End => "END",
+});
 
 /// Cohere embed request (v1 and v2).
 #[derive(Debug, Deserialize, ToSchema)]
@@ -286,10 +253,18 @@ async fn embed(
     }
     if req.input_type == Some(CohereInputType::Image) {
         // Texts sent as `image` would get a text's vector under an image's name.
-        return Err(ApiError::invalid(
-            "input_type `image` is for images, which this server does not embed: send the \
-             texts with `search_document`, `search_query`, `classification` or `clustering`",
-        )
+        let image = CohereInputType::Image.name();
+        let texts: Vec<_> = CohereInputType::NAMES
+            .iter()
+            .filter(|n| **n != image)
+            .map(|n| format!("`{n}`"))
+            .collect();
+        let (last, rest) = texts.split_last().expect("text input types");
+        return Err(ApiError::invalid(format!(
+            "input_type `{image}` is for images, which this server does not embed: send the \
+             texts with {} or {last}",
+            rest.join(", ")
+        ))
         .param("input_type"));
     }
     let texts = match (req.texts, req.inputs) {
@@ -441,13 +416,15 @@ fn texts_of_inputs(inputs: Vec<Value>) -> Result<Vec<String>, ApiError> {
 
 /// The role `input_type` names, with its name as sent (`image` is refused before).
 fn role_of(input_type: Option<CohereInputType>) -> Option<(&'static str, Role)> {
-    match input_type? {
-        CohereInputType::SearchQuery => Some(("search_query", Role::Query)),
-        CohereInputType::SearchDocument => Some(("search_document", Role::Document)),
-        CohereInputType::Classification => Some(("classification", Role::Classification)),
-        CohereInputType::Clustering => Some(("clustering", Role::Clustering)),
-        CohereInputType::Image => None,
-    }
+    let input_type = input_type?;
+    let role = match input_type {
+        CohereInputType::SearchQuery => Role::Query,
+        CohereInputType::SearchDocument => Role::Document,
+        CohereInputType::Classification => Role::Classification,
+        CohereInputType::Clustering => Role::Clustering,
+        CohereInputType::Image => return None,
+    };
+    Some((input_type.name(), role))
 }
 
 fn by_type(vectors: Vec<Vec<f32>>, types: &[CohereEmbeddingType]) -> CohereEmbeddingsByType {

@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 
 use crate::embed::{embed_multi_vector, EmbedRequest};
 use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
-use crate::extract::{ApiJson, PriorityHeader};
+use crate::extract::{wire_names, ApiJson, PriorityHeader};
 use crate::models::Task;
 use crate::state::AppState;
 
@@ -33,16 +33,10 @@ pub enum InputType {
     Document,
 }
 
-// Not derived: a value that is not a name is a wrong shape, not malformed JSON.
-impl<'de> Deserialize<'de> for InputType {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        crate::extract::by_name(
-            d,
-            &["query", "document"],
-            &[InputType::Query, InputType::Document],
-        )
-    }
-}
+wire_names!(InputType {
+    Query => "query",
+    Document => "document",
+});
 
 /// Jina multi-vector request.
 #[derive(Debug, Deserialize, ToSchema)]

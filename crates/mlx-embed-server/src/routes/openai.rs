@@ -18,7 +18,9 @@ use super::cohere;
 use super::Usage;
 use crate::embed::{embed as run_embed, output_dimension, EmbedOutput, EmbedRequest};
 use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
-use crate::extract::{ApiJson, PriorityHeader, TextsOrTokens, TruncationSide};
+use crate::extract::{
+    wire_names, ApiJson, PriorityHeader, TextsOrTokens, TruncationSide, WireName,
+};
 use crate::models::{ServedModel, Task};
 use crate::state::AppState;
 
@@ -33,28 +35,10 @@ pub enum EncodingFormat {
     Base64,
 }
 
-// Not derived: serde_json reports a derived unit enum given a non-string (e.g. `1`)
-// as a *syntax* error, which would answer well-formed JSON as malformed (the native and TEI
-// routes answer 400 for that, 422 for a wrong shape).
-impl<'de> Deserialize<'de> for EncodingFormat {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        crate::extract::by_name(
-            d,
-            &["float", "base64"],
-            &[EncodingFormat::Float, EncodingFormat::Base64],
-        )
-    }
-}
-
-impl EncodingFormat {
-    /// As sent, for messages.
-    fn name(self) -> &'static str {
-        match self {
-            EncodingFormat::Float => "float",
-            EncodingFormat::Base64 => "base64",
-        }
-    }
-}
+wire_names!(EncodingFormat {
+    Float => "float",
+    Base64 => "base64",
+});
 
 /// What Infinity's `modality` says the inputs are: text is all this server embeds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
@@ -63,8 +47,8 @@ pub enum Modality {
     Text,
 }
 
-// Not derived, as for `EncodingFormat`: another value is a wrong shape (400)
-// that says why, not malformed JSON.
+// Not derived, as for a [`WireName`] enum: another value is a wrong shape
+// (400) that says why, not malformed JSON.
 impl<'de> Deserialize<'de> for Modality {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let name = String::deserialize(d)?;
@@ -88,16 +72,11 @@ pub enum Endianness {
     Big,
 }
 
-// Not derived, as for `EncodingFormat`: a wrong value is a wrong shape (400), not malformed JSON.
-impl<'de> Deserialize<'de> for Endianness {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        crate::extract::by_name(
-            d,
-            &["native", "little", "big"],
-            &[Endianness::Native, Endianness::Little, Endianness::Big],
-        )
-    }
-}
+wire_names!(Endianness {
+    Native => "native",
+    Little => "little",
+    Big => "big",
+});
 
 impl Endianness {
     fn is_big(self) -> bool {
@@ -119,27 +98,13 @@ pub enum InputType {
     Passage,
 }
 
-// Not derived, as for `EncodingFormat`: a wrong value is a wrong shape (400), not malformed JSON.
-impl<'de> Deserialize<'de> for InputType {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        crate::extract::by_name(
-            d,
-            &["query", "document", "passage"],
-            &[InputType::Query, InputType::Document, InputType::Passage],
-        )
-    }
-}
+wire_names!(InputType {
+    Query => "query",
+    Document => "document",
+    Passage => "passage",
+});
 
 impl InputType {
-    /// As sent, for messages.
-    fn name(self) -> &'static str {
-        match self {
-            InputType::Query => "query",
-            InputType::Document => "document",
-            InputType::Passage => "passage",
-        }
-    }
-
     /// Its role: a passage is a model's `passage` prompt first, a
     /// document its `document` one.
     fn role(self) -> super::Role {
@@ -169,22 +134,13 @@ pub enum OutputDtype {
     Ubinary,
 }
 
-// Not derived, as for `EncodingFormat`: a wrong value is a wrong shape (400), not malformed JSON.
-impl<'de> Deserialize<'de> for OutputDtype {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        crate::extract::by_name(
-            d,
-            &["float", "int8", "uint8", "binary", "ubinary"],
-            &[
-                OutputDtype::Float,
-                OutputDtype::Int8,
-                OutputDtype::Uint8,
-                OutputDtype::Binary,
-                OutputDtype::Ubinary,
-            ],
-        )
-    }
-}
+wire_names!(OutputDtype {
+    Float => "float",
+    Int8 => "int8",
+    Uint8 => "uint8",
+    Binary => "binary",
+    Ubinary => "ubinary",
+});
 
 /// Jina AI's `embedding_type`: one name for the pair `encoding_format` and
 /// `output_dtype` name apart.
@@ -200,21 +156,12 @@ pub enum JinaEmbeddingType {
     Ubinary,
 }
 
-// Not derived, as for `EncodingFormat`: a wrong value is a wrong shape (400), not malformed JSON.
-impl<'de> Deserialize<'de> for JinaEmbeddingType {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        crate::extract::by_name(
-            d,
-            &["float", "base64", "binary", "ubinary"],
-            &[
-                JinaEmbeddingType::Float,
-                JinaEmbeddingType::Base64,
-                JinaEmbeddingType::Binary,
-                JinaEmbeddingType::Ubinary,
-            ],
-        )
-    }
-}
+wire_names!(JinaEmbeddingType {
+    Float => "float",
+    Base64 => "base64",
+    Binary => "binary",
+    Ubinary => "ubinary",
+});
 
 impl std::fmt::Display for JinaEmbeddingType {
     fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
@@ -223,15 +170,6 @@ impl std::fmt::Display for JinaEmbeddingType {
 }
 
 impl JinaEmbeddingType {
-    fn name(self) -> &'static str {
-        match self {
-            JinaEmbeddingType::Float => "float",
-            JinaEmbeddingType::Base64 => "base64",
-            JinaEmbeddingType::Binary => "binary",
-            JinaEmbeddingType::Ubinary => "ubinary",
-        }
-    }
-
     /// The `encoding_format` and `output_dtype` it stands for.
     fn parts(self) -> (EncodingFormat, OutputDtype) {
         match self {
@@ -239,19 +177,6 @@ impl JinaEmbeddingType {
             JinaEmbeddingType::Base64 => (EncodingFormat::Base64, OutputDtype::Float),
             JinaEmbeddingType::Binary => (EncodingFormat::Float, OutputDtype::Binary),
             JinaEmbeddingType::Ubinary => (EncodingFormat::Float, OutputDtype::Ubinary),
-        }
-    }
-}
-
-impl OutputDtype {
-    /// As sent, for messages.
-    fn name(self) -> &'static str {
-        match self {
-            OutputDtype::Float => "float",
-            OutputDtype::Int8 => "int8",
-            OutputDtype::Uint8 => "uint8",
-            OutputDtype::Binary => "binary",
-            OutputDtype::Ubinary => "ubinary",
         }
     }
 }

@@ -21,7 +21,7 @@ use utoipa::ToSchema;
 use super::{pick_task, Role, Said};
 use crate::embed::{embed as run_embed, EmbedRequest};
 use crate::errors::{ApiError, Shaped, Weaviate, WeaviateErrorBody};
-use crate::extract::{ApiJson, PriorityHeader};
+use crate::extract::{wire_names, ApiJson, PriorityHeader, WireName};
 use crate::models::Task;
 use crate::state::AppState;
 
@@ -36,16 +36,11 @@ pub enum TaskType {
     Document,
 }
 
-// Not derived: a value that is not a name is a wrong shape (422), not malformed JSON (400).
-impl<'de> Deserialize<'de> for TaskType {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        crate::extract::by_name(
-            d,
-            &["query", "passage", "document"],
-            &[TaskType::Query, TaskType::Passage, TaskType::Document],
-        )
-    }
-}
+wire_names!(TaskType {
+    Query => "query",
+    Passage => "passage",
+    Document => "document",
+});
 
 /// Weaviate's per-request settings.
 #[derive(Debug, Default, Deserialize, ToSchema)]
@@ -132,10 +127,13 @@ pub async fn vectors(
         req.task,
         Said::role(
             "task_type",
-            req.config.task_type.map(|t| match t {
-                TaskType::Query => ("query", Role::Query),
-                TaskType::Passage => ("passage", Role::Passage),
-                TaskType::Document => ("document", Role::Document),
+            req.config.task_type.map(|t| {
+                let role = match t {
+                    TaskType::Query => Role::Query,
+                    TaskType::Passage => Role::Passage,
+                    TaskType::Document => Role::Document,
+                };
+                (t.name(), role)
             }),
         ),
     )?;

@@ -7,12 +7,17 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 
 import numpy as np
 import pytest
 
 import mlx_embed
-from conftest import FIXTURES, MAX_DIFF, MIN_COS, load_fixture
+from conftest import FIXTURES, MAX_DIFF, MIN_COS, ROOT, load_fixture
+
+# The stray-file copy make_static.py makes its reference from (torch-free).
+sys.path.insert(0, str(ROOT / "scripts" / "fixtures"))
+from static_stray import BAKED, with_stray_tokenizer_files  # noqa: E402
 
 # folder -> (reference, normalized, model_type, max_length)
 FOLDERS = {
@@ -194,19 +199,10 @@ def test_tokenizer_truncation_bounds_a_static_embedding(tmp_path, golden_texts):
     assert max(model.count_tokens(golden_texts)) == 20
 
 
-# The files make_static.py puts beside a StaticEmbedding's tokenizer.json:
-# a Transformer module's tokenizer would cut at 10 (from the right) by them.
-STRAY = {
-    "tokenizer_config.json": {"model_max_length": 10, "truncation_side": "right"},
-    "sentence_bert_config.json": {"max_seq_length": 10, "do_lower_case": True},
-}
-
-
 @pytest.mark.parametrize(
     ("baked", "reference", "max_length", "side"),
     [
-        ({"direction": "Left", "max_length": 20, "strategy": "LongestFirst", "stride": 0},
-         "reference_baked_left20_normalized.npy", 20, "left"),
+        (BAKED, "reference_baked_left20_normalized.npy", 20, "left"),
         (None, "reference_normalized.npy", 8192, "right"),
     ],
 )
@@ -217,15 +213,7 @@ def test_static_embedding_reads_its_tokenizer_json_alone(tmp_path, golden_texts,
     truncation_side and sentence_bert_config.json's max_seq_length and
     do_lower_case (a Transformer's) change nothing (before: cut at 10, or
     from the right, cosine 0.098 to 0.67 against its vectors)."""
-    dst = tmp_path / "stray"
-    shutil.copytree(FIXTURES / "tiny-static", dst)
-    path = dst / "0_StaticEmbedding" / "tokenizer.json"
-    tok = json.loads(path.read_text())
-    tok["truncation"] = baked
-    path.write_text(json.dumps(tok))
-    for name, cfg in STRAY.items():
-        (dst / name).write_text(json.dumps(cfg))
-    (dst / "0_StaticEmbedding" / "tokenizer_config.json").write_text(json.dumps(STRAY["tokenizer_config.json"]))
+    dst = with_stray_tokenizer_files(FIXTURES / "tiny-static", baked, tmp_path / "stray")
     model = mlx_embed.load(dst)
     assert (model.max_length, model.truncation_side) == (max_length, side)
     _check(model.embed(golden_texts), _ref("tiny-static", reference))

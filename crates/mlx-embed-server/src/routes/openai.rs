@@ -47,7 +47,7 @@ pub enum Modality {
     Text,
 }
 
-// Not derived, as for a [`WireName`] enum: another value is a wrong shape
+// Not derived, as `wire_names!` enums are not: another value is a wrong shape
 // (400) that says why, not malformed JSON.
 impl<'de> Deserialize<'de> for Modality {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

@@ -8,7 +8,7 @@ adding a command to the README means making it run here.
 
 Servers: one `mlx-embed serve --rerank-model tests/fixtures/tiny-bert-reranker`
 on a free port answers the curl and Python examples (their `localhost:8080`
-rewritten to it), one serving tests/fixtures/tiny-splade the `/embed_sparse` one; `mlx-embed serve ...` and `make serve` commands are started
+rewritten to it; with gRPC on, for the gRPC example's `localhost:50051`), one serving tests/fixtures/tiny-splade the `/embed_sparse` one; `mlx-embed serve ...` and `make serve` commands are started
 themselves on a free port, checked on /health and stopped.
 """
 
@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -266,8 +267,11 @@ def run_cli(cmd: str, tmp_path: Path) -> None:
 
 @pytest.fixture(scope="module")
 def readme_server(tmp_path_factory):
+    """Also serves gRPC (the README's gRPC example; its port 50051 rewritten to this one)."""
+    grpc_port = free_port()
     srv = start_server(tmp_path_factory.mktemp("readme"), "--rerank-model",
-                       str(ROOT / "tests" / "fixtures" / "tiny-bert-reranker"))
+                       str(ROOT / "tests" / "fixtures" / "tiny-bert-reranker"), "--grpc-port", str(grpc_port))
+    srv.grpc_port = grpc_port
     yield srv
     srv.stop()
 
@@ -329,8 +333,10 @@ def test_every_readme_command_runs(readme_server, splade_server, tmp_path):
         "README commands this test neither runs nor excludes (make them run here, or add them to "
         f"EXCLUDED with the reason): {unknown}"
     )
+    # The gRPC example generates its client from proto/tei.proto, a path of the checkout.
+    shutil.copytree(ROOT / "proto", tmp_path / "proto")
     for i, block in enumerate(python):
-        code = _local(block, port)
+        code = _local(block, port).replace("localhost:50051", f"127.0.0.1:{readme_server.grpc_port}")
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                            cwd=tmp_path, env=_env())
         assert r.returncode == 0, f"README python block {i}:\n{block}\n{r.stderr[-3000:]}"

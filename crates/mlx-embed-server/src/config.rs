@@ -30,6 +30,12 @@ pub struct ServerArgs {
     #[arg(long, env = "MLX_EMBED_PORT", default_value_t = 8080)]
     pub port: u16,
 
+    /// Also serve Hugging Face TEI's gRPC API (package `tei.v1`: Info, Embed, Predict, Rerank,
+    /// Tokenize) on this port, at --host (0 picks a free one, printed on stdout as
+    /// `listening on grpc://host:port`). Unset: no gRPC listener.
+    #[arg(long, env = "MLX_EMBED_GRPC_PORT")]
+    pub grpc_port: Option<u16>,
+
     /// Model name reported by the APIs (default: the model's own name).
     #[arg(long, env = "MLX_EMBED_SERVED_MODEL_NAME", value_parser = parse_model_name)]
     pub served_model_name: Option<String>,
@@ -180,6 +186,7 @@ impl Default for ServerArgs {
         Self {
             host: "127.0.0.1".into(),
             port: 8080,
+            grpc_port: None,
             served_model_name: None,
             max_batch_size: None,
             max_batch_tokens: None,

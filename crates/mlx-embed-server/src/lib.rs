@@ -21,6 +21,7 @@ pub mod config;
 pub mod embed;
 pub mod errors;
 pub mod extract;
+mod grpc;
 mod live;
 pub mod metrics;
 pub mod middleware;

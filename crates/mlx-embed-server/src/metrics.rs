@@ -7,6 +7,8 @@
 //! their clients not reading: each is also in `http_requests_total`),
 //! `http_unreadable_requests_total{reason}` (refused by the HTTP/1 parser
 //! before any route: `malformed`, `too_large`),
+//! `grpc_requests_total{method,code}` (TEI's gRPC API, `--grpc-port`: the
+//! method's path and the status code's name, e.g. `INVALID_ARGUMENT`),
 //! `http_unsent_answer_bytes` and `http_requests_waiting_for_answer_room`
 //! (gauges: `--max-unsent-answers-mb`), `http_request_duration_seconds{route}` (histogram of answers;
 //! with several models served, both also carry `model`: the model the request
@@ -69,6 +71,8 @@ pub enum Unreadable {
 pub struct HttpMetrics {
     routes: Mutex<BTreeMap<(String, Option<String>), RouteStats>>,
     answers_dropped: AtomicU64,
+    /// gRPC calls (`--grpc-port`) by method and status code name.
+    grpc: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
     unreadable_malformed: AtomicU64,
     unreadable_too_large: AtomicU64,
 }
@@ -90,6 +94,13 @@ impl HttpMetrics {
     /// under its status: the answer was made before it could not be sent.
     pub fn record_answer_dropped(&self) {
         self.answers_dropped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts one finished gRPC call: its method's path and its status
+    /// code's name (`OK`, `INVALID_ARGUMENT`, ...).
+    pub fn record_grpc(&self, method: &'static str, code: &'static str) {
+        let mut grpc = self.grpc.lock().unwrap_or_else(|e| e.into_inner());
+        *grpc.entry((method, code)).or_default() += 1;
     }
 
     /// Counts a request hyper refused before any route saw it.
@@ -286,6 +297,18 @@ fn render_http(out: &mut String, http: &HttpMetrics) {
             out,
             "mlx_embed_http_unreadable_requests_total{{reason=\"{reason}\"}} {}",
             n.load(Ordering::Relaxed)
+        );
+    }
+    head(
+        out,
+        "mlx_embed_grpc_requests_total",
+        "gRPC calls (TEI's gRPC API, --grpc-port) by method and status code.",
+        "counter",
+    );
+    for ((method, code), n) in http.grpc.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        let _ = writeln!(
+            out,
+            "mlx_embed_grpc_requests_total{{method=\"{method}\",code=\"{code}\"}} {n}"
         );
     }
     head(
@@ -620,6 +643,22 @@ mod tests {
             "mlx_embed_http_request_duration_seconds_bucket{route=\"/embed\",le=\"0.005\"} 2"
         ));
         assert!(out.contains("mlx_embed_http_request_duration_seconds_count{route=\"/embed\"} 3"));
+    }
+
+    #[test]
+    fn grpc_calls_are_counted_by_method_and_code() {
+        let m = HttpMetrics::default();
+        m.record_grpc("/tei.v1.Embed/Embed", "OK");
+        m.record_grpc("/tei.v1.Embed/Embed", "OK");
+        m.record_grpc("/tei.v1.Embed/Embed", "INVALID_ARGUMENT");
+        let mut out = String::new();
+        render_http(&mut out, &m);
+        assert!(out.contains(
+            "mlx_embed_grpc_requests_total{method=\"/tei.v1.Embed/Embed\",code=\"OK\"} 2"
+        ));
+        assert!(out.contains(
+            "mlx_embed_grpc_requests_total{method=\"/tei.v1.Embed/Embed\",code=\"INVALID_ARGUMENT\"} 1"
+        ));
     }
 
     #[test]

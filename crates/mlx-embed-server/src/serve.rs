@@ -70,6 +70,7 @@ pub async fn serve_models_with(
             addr: addr.clone(),
             source,
         })?;
+    let grpc = crate::grpc::bind(&args).await?;
     if args.port == 0 {
         // The port picked is known nowhere else when the log filter hides
         // the start-up line, so it goes to stdout whatever the filter.
@@ -80,7 +81,7 @@ pub async fn serve_models_with(
             let _ = out.flush();
         }
     }
-    run(listener, args, batchers, load_duration, trigger).await
+    run(listener, grpc, args, batchers, load_duration, trigger).await
 }
 
 /// Like [`serve`] on an already bound `listener` (its address wins over
@@ -96,8 +97,10 @@ pub async fn serve_on(
     let batchers = vec![batcher];
     check(&args, &batchers)?;
     warm_up_if_enabled(&args, &batchers, load_duration).await?;
+    let grpc = crate::grpc::bind(&args).await?;
     run(
         listener,
+        grpc,
         args,
         batchers,
         load_duration,
@@ -257,8 +260,11 @@ fn log_summary(state: &AppState, addr: Option<SocketAddr>) {
     );
 }
 
+/// `grpc`: the `--grpc-port` listener, served beside the HTTP one and
+/// drained with it.
 async fn run(
     listener: TcpListener,
+    grpc: Option<TcpListener>,
     args: ServerArgs,
     batchers: Vec<Batcher>,
     load_duration: Duration,
@@ -269,7 +275,7 @@ async fn run(
 
     let mut graceful = trigger.clone();
     let draining = state.clone();
-    let server = serve_connections(
+    let http = serve_connections(
         listener,
         router(state.clone()),
         state.clone(),
@@ -279,6 +285,20 @@ async fn run(
             draining.begin_shutdown();
         },
     );
+    let mut grpc_stop = trigger.clone();
+    let grpc = async {
+        if let Some(listener) = grpc {
+            crate::grpc::serve(listener, state.clone(), async move {
+                grpc_stop.reached(1).await;
+            })
+            .await;
+        }
+    };
+    // Both listeners close on the first shutdown request and are done when
+    // their last calls are.
+    let server = async {
+        tokio::join!(http, grpc);
+    };
     let mut server = std::pin::pin!(server);
     let mut trigger = trigger;
 

@@ -69,12 +69,20 @@ pub async fn tokenize(
     State(state): State<AppState>,
     ApiJson(req, _): ApiJson<TokenizeRequest, Tei>,
 ) -> Result<Json<Vec<Vec<SimpleToken>>>, Shaped<Tei>> {
-    let tok = tokenizer(&state, req.model.as_deref())?;
+    Ok(Json(tokenize_texts(&state, req).await?))
+}
+
+/// `/tokenize`'s answer for `req` (TEI's gRPC `Tokenize` too): per text its tokens.
+pub(crate) async fn tokenize_texts(
+    state: &AppState,
+    req: TokenizeRequest,
+) -> Result<Vec<Vec<SimpleToken>>, ApiError> {
+    let tok = tokenizer(state, req.model.as_deref())?;
     let texts = match req.inputs {
         TextInputs::One(t) => vec![t],
         TextInputs::Many(v) => v,
     };
-    check_count(&state, texts.len())?;
+    check_count(state, texts.len())?;
     let specials = req.add_special_tokens.unwrap_or(true);
     let options = EmbedOptions {
         prompt: req.prompt_name.map_or(Prompt::Default, Prompt::Named),
@@ -83,7 +91,7 @@ pub async fn tokenize(
     // At most a token per byte, each listed in about this many bytes of JSON.
     const TOKEN_ENTRY_BYTES: usize = 56;
     let text_bytes: usize = texts.iter().map(String::len).sum();
-    make_room(&state, text_bytes.saturating_mul(TOKEN_ENTRY_BYTES)).await?;
+    make_room(state, text_bytes.saturating_mul(TOKEN_ENTRY_BYTES)).await?;
     // Tokenizing is CPU work: off the async threads, as the core does, and
     // within the room the core keeps for text being tokenized.
     let reading = mlx_embed_core::reading_room(text_bytes).await;
@@ -111,22 +119,21 @@ pub async fn tokenize(
     })
     .await
     .map_err(|e| ApiError::new(ErrorKind::Model, format!("tokenizer task failed: {e}")))??;
-    Ok(Json(
-        out.into_iter()
-            .map(|spans| {
-                spans
-                    .into_iter()
-                    .map(|s| SimpleToken {
-                        id: s.id,
-                        text: s.text,
-                        special: s.special,
-                        start: (!s.special).then_some(s.start),
-                        stop: (!s.special).then_some(s.stop),
-                    })
-                    .collect()
-            })
-            .collect(),
-    ))
+    Ok(out
+        .into_iter()
+        .map(|spans| {
+            spans
+                .into_iter()
+                .map(|s| SimpleToken {
+                    id: s.id,
+                    text: s.text,
+                    special: s.special,
+                    start: (!s.special).then_some(s.start),
+                    stop: (!s.special).then_some(s.stop),
+                })
+                .collect()
+        })
+        .collect())
 }
 
 /// Token ids: one list, or a list of lists. (Serialize only for the schema's
@@ -189,19 +196,23 @@ pub async fn decode(
     State(state): State<AppState>,
     ApiJson(req, _): ApiJson<DecodeRequest, Tei>,
 ) -> Result<Json<Vec<String>>, Shaped<Tei>> {
-    let tok = tokenizer(&state, req.model.as_deref())?;
+    Ok(Json(decode_ids(&state, req)?))
+}
+
+/// `/decode`'s answer for `req` (TEI's gRPC `Decode` too): one text per id list.
+pub(crate) fn decode_ids(state: &AppState, req: DecodeRequest) -> Result<Vec<String>, ApiError> {
+    let tok = tokenizer(state, req.model.as_deref())?;
     let lists = match req.ids {
         DecodeIds::One(ids) => vec![ids],
         DecodeIds::Many(lists) => lists,
     };
-    check_count(&state, lists.len())?;
+    check_count(state, lists.len())?;
     let skip = req.skip_special_tokens.unwrap_or(true);
-    let out = lists
+    lists
         .iter()
         .map(|ids| tok.decode(ids, skip))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| ApiError::invalid(e.message).param("ids"))?;
-    Ok(Json(out))
+        .map_err(|e| ApiError::invalid(e.message).param("ids"))
 }
 
 fn check_count(state: &AppState, n: usize) -> Result<(), ApiError> {

@@ -1,0 +1,361 @@
+//! The gRPC listener: HTTP/2 connections served until the shutdown begins,
+//! then drained with the HTTP server's; each call's API key checked, and
+//! counted and logged as the HTTP routes' requests are.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::HeaderMap;
+use axum::middleware::Next;
+use axum::response::Response;
+use axum::Router;
+use http_body::Frame;
+use hyper::server::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tonic::{Code, Status};
+
+use super::pb::{
+    embed_server::EmbedServer, info_server::InfoServer, predict_server::PredictServer,
+    rerank_server::RerankServer, tokenize_server::TokenizeServer,
+};
+use super::Tei;
+use crate::config::ServerArgs;
+use crate::errors::{LogSafe, ServerError};
+use crate::state::AppState;
+
+/// Binds `--host:--grpc-port` when `--grpc-port` is set.
+pub(crate) async fn bind(args: &ServerArgs) -> Result<Option<TcpListener>, ServerError> {
+    let Some(port) = args.grpc_port else {
+        return Ok(None);
+    };
+    let addr = format!("{}:{port}", args.host);
+    let listener = TcpListener::bind(&addr)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: addr.clone(),
+            source,
+        })?;
+    if let Ok(bound) = listener.local_addr() {
+        tracing::info!("serving TEI's gRPC API on grpc://{bound}");
+        if port == 0 {
+            // As for --port 0: the port picked is told whatever the log filter.
+            use std::io::Write;
+            let mut out = std::io::stdout().lock();
+            let _ = writeln!(out, "listening on grpc://{bound}");
+            let _ = out.flush();
+        }
+    }
+    Ok(Some(listener))
+}
+
+/// The services, each message capped at `--max-body-bytes`, behind
+/// [`observe`].
+fn app(state: &AppState) -> Router {
+    let tei = Tei {
+        state: state.clone(),
+    };
+    let max = state.args().max_body_bytes;
+    tonic::service::Routes::new(InfoServer::new(tei.clone()).max_decoding_message_size(max))
+        .add_service(EmbedServer::new(tei.clone()).max_decoding_message_size(max))
+        .add_service(PredictServer::new(tei.clone()).max_decoding_message_size(max))
+        .add_service(RerankServer::new(tei.clone()).max_decoding_message_size(max))
+        .add_service(TokenizeServer::new(tei).max_decoding_message_size(max))
+        .into_axum_router()
+        .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
+}
+
+/// Serves gRPC on every connection `listener` accepts until `stop`
+/// completes; then closes the listener, tells each connection to take no
+/// new calls (HTTP/2 GOAWAY) and waits for the calls in progress.
+pub(crate) async fn serve(listener: TcpListener, state: AppState, stop: impl Future<Output = ()>) {
+    let app = app(&state);
+    let mut http = http2::Builder::new(TokioExecutor::new());
+    http.timer(TokioTimer::new());
+    let graceful = GracefulShutdown::new();
+    let mut stop = std::pin::pin!(stop);
+    loop {
+        let (stream, _peer) = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(err) => {
+                    tracing::debug!("gRPC accept failed: {}", LogSafe(&err));
+                    // As the HTTP listener: out of descriptors, retried shortly.
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut stop => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let connection =
+            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!("gRPC connection ended: {}", LogSafe(&err));
+            }
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
+}
+
+/// The methods of `proto/tei.proto`: the metric's `method` label is one of
+/// these or `unmatched`, so made-up paths cannot grow the series without bound.
+const METHODS: [&str; 19] = [
+    "/tei.v1.Info/Info",
+    "/tei.v1.Embed/Embed",
+    "/tei.v1.Embed/EmbedStream",
+    "/tei.v1.Embed/EmbedSparse",
+    "/tei.v1.Embed/EmbedSparseStream",
+    "/tei.v1.Embed/EmbedAll",
+    "/tei.v1.Embed/EmbedAllStream",
+    "/tei.v1.Predict/Predict",
+    "/tei.v1.Predict/PredictPair",
+    "/tei.v1.Predict/PredictStream",
+    "/tei.v1.Predict/PredictPairStream",
+    "/tei.v1.Rerank/Rerank",
+    "/tei.v1.Rerank/RerankStream",
+    "/tei.v1.Tokenize/Tokenize",
+    "/tei.v1.Tokenize/TokenizeStream",
+    "/tei.v1.Tokenize/Decode",
+    "/tei.v1.Tokenize/DecodeStream",
+    // The standard services TEI also serves; not served here, so their
+    // calls are counted (UNIMPLEMENTED) under their own names.
+    "/grpc.health.v1.Health/Check",
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
+];
+
+/// gRPC's name of a status code, as its specification writes it.
+pub(crate) fn code_name(code: Code) -> &'static str {
+    match code {
+        Code::Ok => "OK",
+        Code::Cancelled => "CANCELLED",
+        Code::Unknown => "UNKNOWN",
+        Code::InvalidArgument => "INVALID_ARGUMENT",
+        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+        Code::NotFound => "NOT_FOUND",
+        Code::AlreadyExists => "ALREADY_EXISTS",
+        Code::PermissionDenied => "PERMISSION_DENIED",
+        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+        Code::FailedPrecondition => "FAILED_PRECONDITION",
+        Code::Aborted => "ABORTED",
+        Code::OutOfRange => "OUT_OF_RANGE",
+        Code::Unimplemented => "UNIMPLEMENTED",
+        Code::Internal => "INTERNAL",
+        Code::Unavailable => "UNAVAILABLE",
+        Code::DataLoss => "DATA_LOSS",
+        Code::Unauthenticated => "UNAUTHENTICATED",
+    }
+}
+
+/// tonic's refusal of a message over the decoding limit (`OUT_OF_RANGE`)
+/// as gRPC's own servers answer it, `RESOURCE_EXHAUSTED`, naming the flag
+/// that sets the limit. Any other status is left as it is.
+pub(crate) fn size_status(status: Status) -> Status {
+    const TONIC_TOO_LARGE: &str = "Error, decoded message length too large";
+    if status.code() != Code::OutOfRange || !status.message().starts_with(TONIC_TOO_LARGE) {
+        return status;
+    }
+    let detail = status.message().trim_start_matches("Error, ");
+    Status::resource_exhausted(format!(
+        "message larger than the server takes (--max-body-bytes): {detail}"
+    ))
+}
+
+/// Whether `headers` carry the API key (`authorization: Bearer <key>`).
+fn authorized(headers: &HeaderMap, key: &str) -> bool {
+    headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split_once(' '))
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .is_some_and(|(_, token)| {
+            crate::middleware::constant_time_eq(token.trim().as_bytes(), key.as_bytes())
+        })
+}
+
+/// Around every call: with `--api-key`, a call without it is refused
+/// `UNAUTHENTICATED`; each call's status is counted in `/metrics`
+/// (`mlx_embed_grpc_requests_total{method,code}`) and logged, a failure's
+/// message after it (at warn for the server's failures, at debug for
+/// refusals, which may quote what the client sent), as the HTTP routes'.
+async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let start = Instant::now();
+    let path = req.uri().path();
+    let method = METHODS
+        .iter()
+        .find(|m| **m == path)
+        .copied()
+        .unwrap_or("unmatched");
+    let done = Done {
+        state: state.clone(),
+        method,
+        start,
+    };
+    if let Some(key) = state.args().api_key.as_deref() {
+        if !authorized(req.headers(), key) {
+            let refusal = Status::unauthenticated(
+                "missing or invalid API key: send `authorization: Bearer <key>` metadata",
+            );
+            done.finish(Some(&refusal));
+            return refusal.into_http();
+        }
+    }
+    let response = next.run(req).await;
+    // A trailers-only answer (the call failed before any message, or a
+    // unary call's message could not be read) has its status in its headers.
+    if let Some(status) = Status::from_header_map(response.headers()) {
+        let status = size_status(status);
+        done.finish((status.code() != Code::Ok).then_some(&status));
+        return status.into_http();
+    }
+    let (parts, body) = response.into_parts();
+    Response::from_parts(
+        parts,
+        Body::new(Watched {
+            body,
+            done: Some(done),
+        }),
+    )
+}
+
+/// What a call's end is recorded with.
+struct Done {
+    state: AppState,
+    method: &'static str,
+    start: Instant,
+}
+
+impl Done {
+    /// Counts and logs the call; `failure`: its status, unless it ended OK.
+    fn finish(self, failure: Option<&Status>) {
+        let code = failure.map_or(Code::Ok, Status::code);
+        let name = code_name(code);
+        self.state.http_metrics().record_grpc(self.method, name);
+        let ms = (self.start.elapsed().as_secs_f64() * 1e6).round() / 1e3;
+        tracing::info!(method = %self.method, code = %name, ms, "gRPC call done");
+        let Some(status) = failure else {
+            return;
+        };
+        let server_side = matches!(
+            code,
+            Code::Internal
+                | Code::Unavailable
+                | Code::FailedPrecondition
+                | Code::Unknown
+                | Code::DataLoss
+        );
+        if server_side {
+            tracing::warn!("gRPC call failed: {}", LogSafe(status.message()));
+        } else {
+            tracing::debug!("gRPC call refused: {}", LogSafe(status.message()));
+        }
+    }
+}
+
+/// A call's answer, recording the call when its trailers (its status) go
+/// out, or as `CANCELLED` when it is dropped before: the client left.
+struct Watched {
+    body: Body,
+    done: Option<Done>,
+}
+
+impl http_body::Body for Watched {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(trailers) = frame.trailers_ref() {
+                    let status = Status::from_header_map(trailers)
+                        .unwrap_or_else(|| Status::unknown("the answer ended without a status"));
+                    if let Some(done) = self.done.take() {
+                        done.finish((status.code() != Code::Ok).then_some(&status));
+                    }
+                }
+            }
+            Poll::Ready(Some(Err(_))) | Poll::Ready(None) => {
+                if let Some(done) = self.done.take() {
+                    let status = Status::unknown("the answer ended without a status");
+                    done.finish(Some(&status));
+                }
+            }
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        if let Some(done) = self.done.take() {
+            done.finish(Some(&Status::cancelled(
+                "the client left before the answer",
+            )));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    #[test]
+    fn tonics_size_refusal_becomes_resource_exhausted() {
+        let tonic = Status::out_of_range(
+            "Error, decoded message length too large: found 9 bytes, the limit is: 4 bytes",
+        );
+        let s = size_status(tonic);
+        assert_eq!(s.code(), Code::ResourceExhausted);
+        assert_eq!(
+            s.message(),
+            "message larger than the server takes (--max-body-bytes): decoded message length \
+             too large: found 9 bytes, the limit is: 4 bytes"
+        );
+        let other = size_status(Status::out_of_range("something else"));
+        assert_eq!(other.code(), Code::OutOfRange);
+    }
+
+    #[test]
+    fn the_key_is_a_bearer_token() {
+        let headers = |v: &str| {
+            let mut h = HeaderMap::new();
+            h.insert("authorization", HeaderValue::from_str(v).unwrap());
+            h
+        };
+        assert!(authorized(&headers("Bearer k1"), "k1"));
+        assert!(authorized(&headers("bearer k1"), "k1"));
+        assert!(!authorized(&headers("Bearer k2"), "k1"));
+        assert!(!authorized(&headers("k1"), "k1"));
+        assert!(!authorized(&HeaderMap::new(), "k1"));
+    }
+
+    #[test]
+    fn code_names_are_grpcs() {
+        assert_eq!(code_name(Code::InvalidArgument), "INVALID_ARGUMENT");
+        assert_eq!(code_name(Code::Ok), "OK");
+        assert_eq!(METHODS.len(), 19);
+    }
+}

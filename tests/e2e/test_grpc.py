@@ -1,0 +1,328 @@
+"""TEI's gRPC API (``--grpc-port``, package ``tei.v1``) on the real server,
+through Python grpcio with stubs generated at test time from proto/tei.proto:
+every method, unary and streaming, answers what the HTTP routes answer for
+the same request (the same one path underneath), bit for bit; errors carry
+TEI's status codes; limits, the API key, /metrics and the log apply."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+import numpy as np
+import pytest
+import requests
+
+from harness import FIXTURES, NOMIC, ROOT, free_port, start_server
+
+grpc = pytest.importorskip("grpc")
+protoc = pytest.importorskip("grpc_tools.protoc")
+
+SPLADE = FIXTURES / "tiny-splade"
+CLASSIFIER = FIXTURES / "tiny-bert-classifier"
+RERANKER = FIXTURES / "tiny-bert-reranker"
+
+
+@pytest.fixture(scope="module")
+def pb(tmp_path_factory):
+    """(messages, stubs) generated from the repository's proto/tei.proto."""
+    out = tmp_path_factory.mktemp("stubs")
+    import grpc_tools
+
+    include = str(importlib.resources.files(grpc_tools) / "_proto")
+    rc = protoc.main(["protoc", f"-I{ROOT / 'proto'}", f"-I{include}", f"--python_out={out}",
+                      f"--grpc_python_out={out}", "tei.proto"])
+    assert rc == 0
+    sys.path.insert(0, str(out))
+    try:
+        yield importlib.import_module("tei_pb2"), importlib.import_module("tei_pb2_grpc")
+    finally:
+        sys.path.remove(str(out))
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """An embedder (the default), a SPLADE model, a classifier and a reranker,
+    with gRPC on; yields (server, channel)."""
+    port = free_port()
+    srv = start_server(tmp_path_factory.mktemp("grpc"), "--model", str(NOMIC), "--model", str(SPLADE),
+                       "--model", str(CLASSIFIER), "--model", str(RERANKER), "--no-warmup",
+                       "--grpc-port", str(port))
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    grpc.channel_ready_future(channel).result(timeout=30)
+    yield srv, channel
+    channel.close()
+    assert srv.stop() == 0, srv.log()[-4000:]
+
+
+@pytest.fixture(scope="module")
+def texts():
+    golden = json.loads((FIXTURES / "golden" / "minilm_texts.json").read_text())
+    return [t for t in golden if t][:10]
+
+
+def f32(values) -> np.ndarray:
+    return np.asarray(values, dtype=np.float32)
+
+
+def code_of(call) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as failed:
+        call()
+    return failed.value.code()
+
+
+def test_info_tells_the_default_model(pb, served):
+    (m, stubs), (srv, channel) = pb, served
+    info = stubs.InfoStub(channel).Info(m.InfoRequest())
+    http = srv.get("/info").json()
+    assert info.model_type == m.MODEL_TYPE_EMBEDDING
+    assert info.model_id == http["model_id"] and info.model_dtype == http["model_dtype"]
+    assert info.version == http["version"]
+    assert info.max_input_length == http["max_input_length"] > 0
+    assert info.max_client_batch_size == http["max_client_batch_size"] == 2048
+    assert info.max_batch_requests == http["max_batch_requests"]
+    assert info.max_batch_tokens == http["max_batch_tokens"]
+    assert info.max_concurrent_requests == http["max_concurrent_requests"]
+    assert not info.HasField("sha") and not info.HasField("model_sha")
+
+
+@pytest.mark.parametrize("normalize", [True, False])
+def test_embed_equals_http_embed_bit_for_bit(pb, served, texts, normalize):
+    (m, stubs), (srv, channel) = pb, served
+    embed = stubs.EmbedStub(channel)
+    dim = srv.get("/info").json()["dimension"]
+    http = srv.post("/embed", {"inputs": texts, "normalize": normalize})
+    assert http.status_code == 200, http.text
+    want = f32(http.json())
+    got = []
+    for text in texts:
+        r = embed.Embed(m.EmbedRequest(inputs=text, normalize=normalize, truncate=True))
+        assert len(r.embeddings) == dim
+        assert r.metadata.compute_chars == len(text) and r.metadata.compute_tokens > 0
+        got.append(r.embeddings)
+    np.testing.assert_array_equal(f32(got), want)
+    # A stream answers each message in order, with the same vectors.
+    answers = list(embed.EmbedStream(iter(
+        [m.EmbedRequest(inputs=t, normalize=normalize, truncate=True) for t in texts])))
+    assert len(answers) == len(texts)
+    np.testing.assert_array_equal(f32([a.embeddings for a in answers]), want)
+
+
+def test_a_prompt_name_and_left_truncation_reach_the_path(pb, served):
+    (m, stubs), (srv, channel) = pb, served
+    embed = stubs.EmbedStub(channel)
+    long_text = "word " * 3000
+    for side, name in ((m.TRUNCATION_DIRECTION_LEFT, "left"), (m.TRUNCATION_DIRECTION_RIGHT, "right")):
+        r = embed.Embed(m.EmbedRequest(inputs=long_text + "end", normalize=True, truncate=True,
+                                       truncation_direction=side, prompt_name="query"))
+        http = srv.post("/embed", {"inputs": long_text + "end", "truncation_direction": name,
+                                   "prompt_name": "query"}).json()
+        np.testing.assert_array_equal(f32(r.embeddings), f32(http[0]))
+
+
+def test_embed_sparse_equals_http(pb, served, texts):
+    (m, stubs), (srv, channel) = pb, served
+    embed = stubs.EmbedStub(channel)
+    http = srv.post("/embed_sparse", {"model": "tiny-splade", "inputs": texts[:4]})
+    assert http.status_code == 200, http.text
+    unary = [embed.EmbedSparse(m.EmbedSparseRequest(inputs=t, truncate=True)) for t in texts[:4]]
+    streamed = list(embed.EmbedSparseStream(iter([m.EmbedSparseRequest(inputs=t, truncate=True)
+                                                  for t in texts[:4]])))
+    for want, one, two in zip(http.json(), unary, streamed, strict=True):
+        assert len(want) > 0
+        for got in (one, two):
+            assert [v.index for v in got.sparse_embeddings] == [v["index"] for v in want]
+            np.testing.assert_array_equal(f32([v.value for v in got.sparse_embeddings]),
+                                          f32([v["value"] for v in want]))
+
+
+def test_embed_all_equals_http(pb, served, texts):
+    (m, stubs), (srv, channel) = pb, served
+    embed = stubs.EmbedStub(channel)
+    dim = srv.get("/info").json()["dimension"]
+    streamed = list(embed.EmbedAllStream(iter([m.EmbedAllRequest(inputs=t, truncate=True)
+                                               for t in texts[:3]])))
+    for text, two in zip(texts[:3], streamed, strict=True):
+        # Per text, as the gRPC call asks: rows of one input computed beside
+        # others are padded otherwise (no cache holds token rows).
+        http = srv.post("/embed_all", {"inputs": text})
+        assert http.status_code == 200, http.text
+        (want,) = http.json()
+        one = embed.EmbedAll(m.EmbedAllRequest(inputs=text, truncate=True))
+        tokens = srv.post("/tokenize", {"inputs": text}).json()[0]
+        for got in (one, two):
+            rows = f32([t.embeddings for t in got.token_embeddings])
+            assert rows.shape == (len(tokens), dim)
+            np.testing.assert_array_equal(rows, f32(want))
+
+
+def test_predict_equals_http_predict(pb, served, texts):
+    (m, stubs), (srv, channel) = pb, served
+    predict = stubs.PredictStub(channel)
+    labels = set(srv.get("/info").json()["models"][2]["labels"])
+    for raw in (False, True):
+        for text in texts[:3]:
+            want = srv.post("/predict", {"inputs": text, "raw_scores": raw}).json()
+            got = predict.Predict(m.PredictRequest(inputs=text, truncate=True, raw_scores=raw))
+            assert {p.label for p in got.predictions} == labels
+            assert [p.label for p in got.predictions] == [p["label"] for p in want]
+            np.testing.assert_array_equal(f32([p.score for p in got.predictions]), f32([p["score"] for p in want]))
+        pair = texts[:2]
+        want = srv.post("/predict", {"inputs": pair, "raw_scores": raw}).json()
+        got = predict.PredictPair(m.PredictPairRequest(inputs=pair, truncate=True, raw_scores=raw))
+        assert [p.label for p in got.predictions] == [p["label"] for p in want]
+        np.testing.assert_array_equal(f32([p.score for p in got.predictions]), f32([p["score"] for p in want]))
+    want = srv.post("/predict", {"inputs": [[t] for t in texts[:5]]}).json()
+    answers = list(predict.PredictStream(iter([m.PredictRequest(inputs=t, truncate=True) for t in texts[:5]])))
+    assert len(answers) == 5
+    for got, w in zip(answers, want, strict=True):
+        np.testing.assert_array_equal(f32([p.score for p in got.predictions]), f32([p["score"] for p in w]))
+    pairs = [texts[i:i + 2] for i in range(4)]
+    want = srv.post("/predict", {"inputs": pairs}).json()
+    answers = list(predict.PredictPairStream(iter([m.PredictPairRequest(inputs=p, truncate=True) for p in pairs])))
+    assert [[p.label for p in a.predictions] for a in answers] == [[p["label"] for p in w] for w in want]
+    for got, w in zip(answers, want, strict=True):
+        np.testing.assert_array_equal(f32([p.score for p in got.predictions]), f32([p["score"] for p in w]))
+    three = m.PredictPairRequest(inputs=texts[:3], truncate=True)
+    assert code_of(lambda: predict.PredictPair(three)) == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_rerank_equals_http_rerank(pb, served, texts):
+    (m, stubs), (srv, channel) = pb, served
+    rerank = stubs.RerankStub(channel)
+    query, docs = texts[0], texts[1:8]
+    for raw in (False, True):
+        want = srv.post("/rerank", {"query": query, "texts": docs, "raw_scores": raw, "return_text": True}).json()
+        got = rerank.Rerank(m.RerankRequest(query=query, texts=docs, truncate=True, raw_scores=raw,
+                                            return_text=True))
+        assert [r.index for r in got.ranks] == [r["index"] for r in want]
+        assert sorted(r.index for r in got.ranks) == list(range(len(docs)))
+        assert [r.text for r in got.ranks] == [docs[r.index] for r in got.ranks]
+        np.testing.assert_array_equal(f32([r.score for r in got.ranks]), f32([r["score"] for r in want]))
+        # The stream's first message sets raw_scores and return_text.
+        messages = [m.RerankStreamRequest(query=query, text=d, truncate=True, raw_scores=raw and i == 0,
+                                          return_text=i == 0) for i, d in enumerate(docs)]
+        streamed = rerank.RerankStream(iter(messages))
+        assert [r.index for r in streamed.ranks] == [r["index"] for r in want]
+        assert [r.text for r in streamed.ranks] == [docs[r.index] for r in streamed.ranks]
+        np.testing.assert_array_equal(f32([r.score for r in streamed.ranks]), f32([r["score"] for r in want]))
+    plain = rerank.Rerank(m.RerankRequest(query=query, texts=docs, truncate=True))
+    assert not any(r.HasField("text") for r in plain.ranks)
+    empty = m.RerankRequest(query=query, texts=[], truncate=True)
+    assert code_of(lambda: rerank.Rerank(empty)) == grpc.StatusCode.INVALID_ARGUMENT
+    mixed = iter([m.RerankStreamRequest(query="a", text="x"), m.RerankStreamRequest(query="b", text="y")])
+    assert code_of(lambda: rerank.RerankStream(mixed)) == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_tokenize_and_decode_equal_http(pb, served, texts):
+    (m, stubs), (srv, channel) = pb, served
+    tok = stubs.TokenizeStub(channel)
+    sample = [*texts[:4], "héllo wörld"]
+    for specials in (True, False):
+        want = srv.post("/tokenize", {"inputs": sample, "add_special_tokens": specials}).json()
+        streamed = list(tok.TokenizeStream(iter([m.EncodeRequest(inputs=t, add_special_tokens=specials)
+                                                 for t in sample])))
+        for text, w, two in zip(sample, want, streamed, strict=True):
+            one = tok.Tokenize(m.EncodeRequest(inputs=text, add_special_tokens=specials))
+            for got in (one, two):
+                assert [(t.id, t.text, t.special) for t in got.tokens] == [(t["id"], t["text"], t["special"]) for t in w]
+                assert [(t.start, t.stop) if t.HasField("start") else None for t in got.tokens] == [
+                    (t["start"], t["stop"]) if t["start"] is not None else None for t in w]
+            assert any(t.special for t in one.tokens) == specials
+    ids = [[t["id"] for t in w] for w in srv.post("/tokenize", {"inputs": sample}).json()]
+    for skip in (True, False):
+        want = srv.post("/decode", {"ids": ids, "skip_special_tokens": skip}).json()
+        got = [tok.Decode(m.DecodeRequest(ids=i, skip_special_tokens=skip)).text for i in ids]
+        streamed = [a.text for a in tok.DecodeStream(iter([m.DecodeRequest(ids=i, skip_special_tokens=skip)
+                                                           for i in ids]))]
+        assert got == streamed == want
+    bad = m.DecodeRequest(ids=[10**9])
+    assert code_of(lambda: tok.Decode(bad)) == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_errors_carry_teis_codes_and_end_a_stream(pb, served, texts):
+    (m, stubs), (srv, channel) = pb, served
+    embed = stubs.EmbedStub(channel)
+    assert code_of(lambda: embed.Embed(m.EmbedRequest(inputs=""))) == grpc.StatusCode.INVALID_ARGUMENT
+    # Over the model's maximum with truncate off (proto3's default): refused, as TEI does.
+    long_text = "word " * 3000
+    with pytest.raises(grpc.RpcError) as refused:
+        embed.Embed(m.EmbedRequest(inputs=long_text))
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "set truncate to true" in refused.value.details()
+    assert code_of(lambda: embed.Embed(m.EmbedRequest(inputs="a", prompt_name="nope"))) == \
+        grpc.StatusCode.INVALID_ARGUMENT
+    assert code_of(lambda: embed.Embed(m.EmbedRequest(inputs="a", truncation_direction=5))) == \
+        grpc.StatusCode.INVALID_ARGUMENT
+    # The first bad message ends the stream with its status, after the answers before it.
+    messages = [m.EmbedRequest(inputs=t, truncate=True) for t in (texts[0], texts[1], "", texts[2])]
+    got = []
+    with pytest.raises(grpc.RpcError) as ended:
+        for answer in embed.EmbedStream(iter(messages)):
+            got.append(answer)
+    assert ended.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert len(got) == 2
+    # A stream of many messages answers every one, in order.
+    many = [texts[i % len(texts)] + f" {i}" for i in range(150)]
+    answers = list(embed.EmbedStream(iter([m.EmbedRequest(inputs=t, truncate=True, normalize=True) for t in many])))
+    assert len(answers) == 150
+    want = f32(srv.post("/embed", {"inputs": many[:150:37]}).json())
+    np.testing.assert_array_equal(f32([a.embeddings for a in answers[::37]]), want)
+    # A method no service has.
+    unknown = channel.unary_unary("/tei.v1.Nope/Nope", request_serializer=lambda x: x,
+                                  response_deserializer=lambda x: x)
+    assert code_of(lambda: unknown(b"")) == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_calls_are_counted_and_failures_logged(pb, served):
+    (m, stubs), (srv, channel) = pb, served
+    stubs.InfoStub(channel).Info(m.InfoRequest())
+    with pytest.raises(grpc.RpcError):
+        stubs.EmbedStub(channel).Embed(m.EmbedRequest(inputs=""))
+    metrics = srv.get("/metrics").text
+    counts = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+              for line in metrics.splitlines() if line.startswith("mlx_embed_grpc_requests_total{")}
+    assert counts['mlx_embed_grpc_requests_total{method="/tei.v1.Info/Info",code="OK"}'] >= 2
+    assert counts['mlx_embed_grpc_requests_total{method="/tei.v1.Embed/Embed",code="INVALID_ARGUMENT"}'] >= 1
+    assert counts['mlx_embed_grpc_requests_total{method="/tei.v1.Embed/EmbedStream",code="OK"}'] >= 1
+    log = srv.log()
+    assert "gRPC call done" in log and "code=INVALID_ARGUMENT" in log and "method=/tei.v1.Embed/Embed" in log
+
+
+def test_api_key_and_message_size_limit(pb, tmp_path):
+    m, stubs = pb
+    port = free_port()
+    srv = start_server(tmp_path, "--model", str(NOMIC), "--no-warmup", "--api-key", "k1",
+                       "--max-body-bytes", "1000", env={"MLX_EMBED_GRPC_PORT": str(port)})
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        embed = stubs.EmbedStub(channel)
+        ok = [("authorization", "Bearer k1")]
+        for metadata in (None, [("authorization", "Bearer k2")], [("authorization", "k1")]):
+            with pytest.raises(grpc.RpcError) as refused:
+                embed.Embed(m.EmbedRequest(inputs="hi"), metadata=metadata)
+            assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+            assert "API key" in refused.value.details()
+        assert len(embed.Embed(m.EmbedRequest(inputs="hi"), metadata=ok).embeddings) > 0
+        with pytest.raises(grpc.RpcError) as refused:
+            embed.Embed(m.EmbedRequest(inputs="x" * 2000), metadata=ok)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "--max-body-bytes" in refused.value.details()
+        messages = iter([m.EmbedRequest(inputs="hi"), m.EmbedRequest(inputs="x" * 2000)])
+        with pytest.raises(grpc.RpcError) as refused:
+            list(embed.EmbedStream(messages, metadata=ok))
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        metrics = requests.get(srv.url + "/metrics", headers={"Authorization": "Bearer k1"}, timeout=30).text
+        assert 'mlx_embed_grpc_requests_total{method="/tei.v1.Embed/Embed",code="UNAUTHENTICATED"} 3' in metrics
+    finally:
+        channel.close()
+    assert srv.stop() == 0, srv.log()[-4000:]
+
+
+def test_no_grpc_listener_without_the_flag(tmp_path):
+    srv = start_server(tmp_path, "--model", str(NOMIC), "--no-warmup")
+    log = srv.log()
+    assert srv.stop() == 0
+    assert "grpc://" not in log and "gRPC" not in log

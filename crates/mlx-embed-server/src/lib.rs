@@ -13,7 +13,9 @@
 //! `/tokenize`, `/decode`, the model listings (`/v1/models`, Ollama's
 //! `/api/tags`, `/api/ps`, `/api/show`, Weaviate's `/meta`), `/health` and the
 //! `/.well-known` probes, `/metrics`, `/info` and `/openapi.json`. Status
-//! codes and error shapes are listed in [`errors`].
+//! codes and error shapes are listed in [`errors`]. With `--grpc-port`,
+//! Hugging Face TEI's gRPC API (`proto/tei.proto`) on a listener of its
+//! own, each method an adapter over the TEI HTTP route it stands for.
 //! Knows nothing of Python.
 
 mod answer_room;

@@ -164,38 +164,63 @@ pub(crate) fn rerank_request(r: pb::RerankRequest) -> Result<TeiRerankRequest, A
     })
 }
 
-/// A `RerankStream`'s messages as one `/rerank` request: TEI reads
-/// `raw_scores` and `return_text` from the first message; so are `truncate`
-/// and the side here, and the query, which every message must repeat (the
-/// pairs are ranked against one query).
-pub(crate) fn rerank_stream_request(
+/// A `RerankStream`'s messages as `/rerank` requests, one per query (in the
+/// order the queries first came), each with the positions of its texts in
+/// the stream. TEI reads `raw_scores` and `return_text` from the first
+/// message; so are `truncate` and the side here.
+pub(crate) fn rerank_stream_requests(
     messages: Vec<pb::RerankStreamRequest>,
-) -> Result<TeiRerankRequest, ApiError> {
+) -> Result<Vec<(Vec<u32>, TeiRerankRequest)>, ApiError> {
     let Some(first) = messages.first() else {
         return Err(ApiError::invalid("no documents to rank: send at least one"));
     };
-    if let Some(i) = messages.iter().position(|m| m.query != first.query) {
-        return Err(ApiError::invalid(format!(
-            "message {i} has another query than message 0: a stream ranks its texts against one query"
-        )));
+    let (raw_scores, return_text, truncate) = (first.raw_scores, first.return_text, first.truncate);
+    let truncation_direction = side(first.truncation_direction)?;
+    let mut groups: Vec<(Vec<u32>, TeiRerankRequest)> = Vec::new();
+    for (position, m) in messages.into_iter().enumerate() {
+        let position = u32::try_from(position).unwrap_or(u32::MAX);
+        match groups.iter_mut().find(|(_, r)| r.query == m.query) {
+            Some((positions, r)) => {
+                positions.push(position);
+                r.texts.push(m.text);
+            }
+            None => groups.push((
+                vec![position],
+                TeiRerankRequest {
+                    model: None,
+                    query: m.query,
+                    texts: vec![m.text],
+                    raw_scores,
+                    return_text,
+                    truncate: Some(truncate),
+                    truncation_direction,
+                    instruction: None,
+                },
+            )),
+        }
     }
-    let (raw_scores, return_text, truncate, side_value) = (
-        first.raw_scores,
-        first.return_text,
-        first.truncate,
-        first.truncation_direction,
-    );
-    let query = first.query.clone();
-    Ok(TeiRerankRequest {
-        model: None,
-        query,
-        texts: messages.into_iter().map(|m| m.text).collect(),
-        raw_scores,
-        return_text,
-        truncate: Some(truncate),
-        truncation_direction: side(side_value)?,
-        instruction: None,
-    })
+    Ok(groups)
+}
+
+/// The ranks of several queries' requests as one ranking, best first, each
+/// text's index its position in the stream: by score, as TEI orders a
+/// stream's pairs (ties in stream order), where one query's ranking is the
+/// path's own.
+fn merge_ranks(groups: Vec<(Vec<u32>, pb::RerankResponse)>) -> Vec<pb::Rank> {
+    let several = groups.len() > 1;
+    let mut ranks: Vec<pb::Rank> = groups
+        .into_iter()
+        .flat_map(|(positions, answer)| {
+            answer.ranks.into_iter().map(move |mut rank| {
+                rank.index = positions[rank.index as usize];
+                rank
+            })
+        })
+        .collect();
+    if several {
+        ranks.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.index.cmp(&b.index)));
+    }
+    ranks
 }
 
 /// TEI's per-call figures: what is known here (characters, tokens the
@@ -591,9 +616,22 @@ impl pb::rerank_server::Rerank for Tei {
                 return Err(status(ApiError::too_many_inputs(messages.len(), limit)));
             }
         }
+        let start = Instant::now();
         let answer = async {
-            let req = rerank_stream_request(messages)?;
-            rerank_one(&self.state, req).await
+            let groups = rerank_stream_requests(messages)?;
+            let (positions, requests): (Vec<_>, Vec<_>) = groups.into_iter().unzip();
+            let answers = futures_util::future::try_join_all(
+                requests.into_iter().map(|req| rerank_one(&self.state, req)),
+            )
+            .await?;
+            let chars = answers
+                .iter()
+                .filter_map(|a| a.metadata.map(|m| m.compute_chars))
+                .fold(0u32, u32::saturating_add);
+            Ok(pb::RerankResponse {
+                ranks: merge_ranks(positions.into_iter().zip(answers).collect()),
+                metadata: metadata(chars as usize, 0, start),
+            })
         };
         reply(answer.await)
     }
@@ -707,7 +745,7 @@ mod tests {
     }
 
     #[test]
-    fn a_rerank_stream_is_one_request_on_its_first_message() {
+    fn a_rerank_stream_is_a_request_per_query_on_its_first_messages_flags() {
         let message = |query: &str, text: &str, raw: bool| pb::RerankStreamRequest {
             query: query.into(),
             text: text.into(),
@@ -715,19 +753,49 @@ mod tests {
             return_text: raw,
             ..Default::default()
         };
-        let r =
-            rerank_stream_request(vec![message("q", "a", true), message("q", "b", false)]).unwrap();
-        assert_eq!(r.query, "q");
-        assert_eq!(r.texts, ["a", "b"]);
-        assert!(r.raw_scores && r.return_text);
-        let e = rerank_stream_request(vec![message("q", "a", true), message("p", "b", true)])
-            .unwrap_err();
-        assert!(
-            e.message.starts_with("message 1 has another query"),
-            "{}",
-            e.message
+        let groups = rerank_stream_requests(vec![
+            message("q", "a", true),
+            message("p", "b", false),
+            message("q", "c", false),
+        ])
+        .unwrap();
+        assert_eq!(groups.len(), 2);
+        let (positions, r) = &groups[0];
+        assert_eq!(
+            (positions.as_slice(), r.query.as_str()),
+            ([0, 2].as_slice(), "q")
         );
-        assert!(rerank_stream_request(Vec::new()).is_err());
+        assert_eq!(r.texts, ["a", "c"]);
+        assert!(r.raw_scores && r.return_text);
+        let (positions, r) = &groups[1];
+        assert_eq!(
+            (positions.as_slice(), r.texts.as_slice()),
+            ([1].as_slice(), ["b".to_owned()].as_slice())
+        );
+        assert!(r.raw_scores && r.return_text);
+        assert!(rerank_stream_requests(Vec::new()).is_err());
+    }
+
+    #[test]
+    fn several_queries_ranks_merge_by_score_at_their_stream_positions() {
+        let rank = |index, score| pb::Rank {
+            index,
+            text: None,
+            score,
+        };
+        let answer = |ranks| pb::RerankResponse {
+            ranks,
+            metadata: None,
+        };
+        let merged = merge_ranks(vec![
+            (vec![0, 2], answer(vec![rank(1, 0.9), rank(0, 0.1)])),
+            (vec![1, 3], answer(vec![rank(0, 0.5), rank(1, 0.1)])),
+        ]);
+        let got: Vec<(u32, f32)> = merged.iter().map(|r| (r.index, r.score)).collect();
+        assert_eq!(got, [(2, 0.9), (1, 0.5), (0, 0.1), (3, 0.1)]);
+        // One query: the path's own order, indices mapped.
+        let one = merge_ranks(vec![(vec![4, 7], answer(vec![rank(1, 0.2), rank(0, 0.2)]))]);
+        assert_eq!(one.iter().map(|r| r.index).collect::<Vec<_>>(), [7, 4]);
     }
 
     #[test]

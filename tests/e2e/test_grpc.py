@@ -7,17 +7,18 @@ TEI's status codes; limits, the API key, /metrics and the log apply."""
 from __future__ import annotations
 
 import importlib
+import importlib.resources
 import json
 import sys
 
+import grpc
+import grpc_tools
 import numpy as np
 import pytest
 import requests
+from grpc_tools import protoc
 
 from harness import FIXTURES, NOMIC, ROOT, cosine_rows, free_port, start_server
-
-grpc = pytest.importorskip("grpc")
-protoc = pytest.importorskip("grpc_tools.protoc")
 
 SPLADE = FIXTURES / "tiny-splade"
 CLASSIFIER = FIXTURES / "tiny-bert-classifier"
@@ -28,8 +29,6 @@ RERANKER = FIXTURES / "tiny-bert-reranker"
 def pb(tmp_path_factory):
     """(messages, stubs) generated from the repository's proto/tei.proto."""
     out = tmp_path_factory.mktemp("stubs")
-    import grpc_tools
-
     include = str(importlib.resources.files(grpc_tools) / "_proto")
     rc = protoc.main(["protoc", f"-I{ROOT / 'proto'}", f"-I{include}", f"--python_out={out}",
                       f"--grpc_python_out={out}", "tei.proto"])

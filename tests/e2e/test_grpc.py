@@ -340,6 +340,24 @@ def test_api_key_and_message_size_limit(pb, tmp_path):
         channel.close()
 
 
+def test_info_of_a_classifier_and_a_method_its_model_cannot_answer(pb, tmp_path):
+    m, stubs = pb
+    port = free_port()
+    srv = start_server(tmp_path, "--model", str(CLASSIFIER), "--no-warmup", "--grpc-port", str(port))
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        assert stubs.InfoStub(channel).Info(m.InfoRequest()).model_type == m.MODEL_TYPE_CLASSIFIER
+        with pytest.raises(grpc.RpcError) as refused:
+            stubs.EmbedStub(channel).Embed(m.EmbedRequest(inputs="hi"))
+        http = srv.post("/embed", {"inputs": "hi"})
+        assert http.status_code == 400
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert refused.value.details() == http.json()["error"]
+        rerank = m.RerankRequest(query="q", texts=["a"])
+        assert code_of(lambda: stubs.RerankStub(channel).Rerank(rerank)) == grpc.StatusCode.INVALID_ARGUMENT
+    assert srv.stop() == 0, srv.log()[-4000:]
+
+
 def test_no_grpc_listener_without_the_flag(tmp_path):
     srv = start_server(tmp_path, "--model", str(NOMIC), "--no-warmup")
     log = srv.log()

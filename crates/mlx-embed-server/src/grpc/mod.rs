@@ -9,7 +9,10 @@
 //! `normalize` false unless sent, as TEI's gRPC reads them), and errors as
 //! gRPC status codes ([`code`]). Streams answer one message per message, in
 //! the order sent, computing up to [`STREAM_CONCURRENCY`] at a time; the
-//! first failure ends the stream with its status, as TEI's do.
+//! first failure ends the stream with its status, as TEI's do. A large
+//! answer waits for the answer room (`--max-unsent-answers-mb`) as over
+//! HTTP, but is not counted in it while written (the layer that counts
+//! HTTP answers goes by a body's known size, which a gRPC body does not tell).
 
 mod serve;
 

@@ -24,7 +24,8 @@ use crate::routes::router;
 use crate::shutdown::Trigger;
 use crate::state::AppState;
 
-/// Warms up, binds `--host:--port`, logs the start-up summary, serves until
+/// Warms up, binds `--host:--port` (and `--grpc-port`, TEI's gRPC API, when
+/// set), logs the start-up summary, serves until
 /// SIGINT/SIGTERM/SIGHUP, then drains: `/health` turns 503, no new connections are
 /// accepted, accepted requests are answered, the batcher is closed and drained,
 /// all within `--drain-timeout-secs` (requests still waiting for a model then

@@ -77,7 +77,13 @@ fn app(state: &AppState) -> Router {
 pub(crate) async fn serve(listener: TcpListener, state: AppState, stop: impl Future<Output = ()>) {
     let app = app(&state);
     let mut http = http2::Builder::new(TokioExecutor::new());
-    http.timer(TokioTimer::new());
+    // A gRPC channel stays open between calls, so an idle connection is no
+    // fault; one whose peer is gone (no answer to a ping within
+    // --client-timeout-secs) is closed rather than held forever.
+    let patience = state.args().client_timeout();
+    http.timer(TokioTimer::new())
+        .keep_alive_interval(patience)
+        .keep_alive_timeout(patience);
     let graceful = GracefulShutdown::new();
     let mut stop = std::pin::pin!(stop);
     loop {

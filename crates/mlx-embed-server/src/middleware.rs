@@ -218,20 +218,22 @@ pub async fn require_api_key(State(state): State<AppState>, req: Request, next: 
     if !needs_api_key(path) {
         return next.run(req).await;
     }
-    let presented = req
-        .headers()
+    if carries_api_key(req.headers(), key) {
+        return next.run(req).await;
+    }
+    tracing::debug!("rejected: missing or wrong API key");
+    Api::for_path(path).render(ApiError::unauthorized())
+}
+
+/// Whether `headers` carry `key` as `Authorization: Bearer <key>` (the
+/// scheme in any case): the one reading of the key, HTTP's and gRPC's.
+pub(crate) fn carries_api_key(headers: &axum::http::HeaderMap, key: &str) -> bool {
+    headers
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.split_once(' '))
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .map(|(_, token)| token.trim());
-    match presented {
-        Some(token) if constant_time_eq(token.as_bytes(), key.as_bytes()) => next.run(req).await,
-        _ => {
-            tracing::debug!("rejected: missing or wrong API key");
-            Api::for_path(path).render(ApiError::unauthorized())
-        }
-    }
+        .is_some_and(|(_, token)| constant_time_eq(token.trim().as_bytes(), key.as_bytes()))
 }
 
 /// RFC 9112 section 3.2: an HTTP/1.1 request without a `Host`, or any with

@@ -64,25 +64,32 @@ pub async fn serve_models_with(
 ) -> Result<(), ServerError> {
     check(&args, &batchers)?;
     warm_up_if_enabled(&args, &batchers, load_duration).await?;
-    let addr = format!("{}:{}", args.host, args.port);
+    let listener = bind(&args.host, args.port, "http").await?;
+    let grpc = crate::grpc::bind(&args).await?;
+    run(listener, grpc, args, batchers, load_duration, trigger).await
+}
+
+/// Binds `host:port`, the HTTP listener's or the gRPC one's (`scheme`).
+/// With port 0 the port picked is known nowhere else when the log filter
+/// hides the start-up line, so `listening on {scheme}://{addr}` goes to
+/// stdout whatever the filter.
+pub(crate) async fn bind(host: &str, port: u16, scheme: &str) -> Result<TcpListener, ServerError> {
+    let addr = format!("{host}:{port}");
     let listener = TcpListener::bind(&addr)
         .await
         .map_err(|source| ServerError::Bind {
             addr: addr.clone(),
             source,
         })?;
-    let grpc = crate::grpc::bind(&args).await?;
-    if args.port == 0 {
-        // The port picked is known nowhere else when the log filter hides
-        // the start-up line, so it goes to stdout whatever the filter.
+    if port == 0 {
         if let Ok(bound) = listener.local_addr() {
             use std::io::Write;
             let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "listening on http://{bound}");
+            let _ = writeln!(out, "listening on {scheme}://{bound}");
             let _ = out.flush();
         }
     }
-    run(listener, grpc, args, batchers, load_duration, trigger).await
+    Ok(listener)
 }
 
 /// Like [`serve`] on an already bound `listener` (its address wins over

@@ -16,6 +16,7 @@
 
 mod serve;
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
 use std::time::Instant;
@@ -180,29 +181,64 @@ pub(crate) fn rerank_stream_requests(
     let (raw_scores, return_text, truncate) = (first.raw_scores, first.return_text, first.truncate);
     let truncation_direction = side(first.truncation_direction)?;
     let mut groups: Vec<(Vec<u32>, TeiRerankRequest)> = Vec::new();
+    // A stream of distinct queries would make a search per message quadratic.
+    let mut group_of: HashMap<String, usize> = HashMap::new();
     for (position, m) in messages.into_iter().enumerate() {
         let position = u32::try_from(position).unwrap_or(u32::MAX);
-        match groups.iter_mut().find(|(_, r)| r.query == m.query) {
-            Some((positions, r)) => {
+        match group_of.get(&m.query) {
+            Some(&g) => {
+                let (positions, r) = &mut groups[g];
                 positions.push(position);
                 r.texts.push(m.text);
             }
-            None => groups.push((
-                vec![position],
-                TeiRerankRequest {
-                    model: None,
-                    query: m.query,
-                    texts: vec![m.text],
-                    raw_scores,
-                    return_text,
-                    truncate: Some(truncate),
-                    truncation_direction,
-                    instruction: None,
-                },
-            )),
+            None => {
+                group_of.insert(m.query.clone(), groups.len());
+                groups.push((
+                    vec![position],
+                    TeiRerankRequest {
+                        model: None,
+                        query: m.query,
+                        texts: vec![m.text],
+                        raw_scores,
+                        return_text,
+                        truncate: Some(truncate),
+                        truncation_direction,
+                        instruction: None,
+                    },
+                ));
+            }
         }
     }
     Ok(groups)
+}
+
+/// A `RerankStream`'s messages, held until the client is done, within the
+/// limits of one HTTP `/rerank` request: `max_inputs` pairs and
+/// `max_bytes` in all (each message alone is capped by tonic, but a stream
+/// of many would otherwise be held whole, `max_inputs` times over). Refused
+/// as soon as it is over, not once the client is done.
+async fn rerank_stream_messages(
+    mut incoming: impl Stream<Item = Result<pb::RerankStreamRequest, Status>> + Unpin,
+    max_inputs: usize,
+    max_bytes: usize,
+) -> Result<Vec<pb::RerankStreamRequest>, Status> {
+    let mut messages = Vec::new();
+    let mut bytes = 0usize;
+    while let Some(message) = incoming.next().await {
+        let message = message.map_err(serve::size_status)?;
+        bytes = bytes.saturating_add(prost::Message::encoded_len(&message));
+        messages.push(message);
+        if messages.len() > max_inputs {
+            return Err(status(ApiError::too_many_inputs(
+                messages.len(),
+                max_inputs,
+            )));
+        }
+        if bytes > max_bytes {
+            return Err(status(ApiError::body_too_large(max_bytes)));
+        }
+    }
+    Ok(messages)
 }
 
 /// The ranks of several queries' requests as one ranking, best first, each
@@ -609,16 +645,13 @@ impl pb::rerank_server::Rerank for Tei {
         &self,
         request: Request<Streaming<pb::RerankStreamRequest>>,
     ) -> Result<Response<pb::RerankResponse>, Status> {
-        let mut incoming = request.into_inner();
-        let limit = self.state.args().max_inputs_per_request;
-        let mut messages = Vec::new();
-        while let Some(message) = incoming.next().await {
-            messages.push(message.map_err(serve::size_status)?);
-            // Refused as soon as it is over, not once the client is done.
-            if messages.len() > limit {
-                return Err(status(ApiError::too_many_inputs(messages.len(), limit)));
-            }
-        }
+        let args = self.state.args();
+        let messages = rerank_stream_messages(
+            request.into_inner(),
+            args.max_inputs_per_request,
+            args.max_body_bytes,
+        )
+        .await?;
         let start = Instant::now();
         let answer = async {
             let groups = rerank_stream_requests(messages)?;
@@ -777,6 +810,41 @@ mod tests {
         );
         assert!(r.raw_scores && r.return_text);
         assert!(rerank_stream_requests(Vec::new()).is_err());
+    }
+
+    #[tokio::test]
+    async fn a_rerank_stream_is_held_within_one_rerank_requests_limits() {
+        let stream = |texts: Vec<String>| {
+            futures_util::stream::iter(texts.into_iter().map(|text| {
+                Ok(pb::RerankStreamRequest {
+                    query: "q".into(),
+                    text,
+                    ..Default::default()
+                })
+            }))
+        };
+        let held = rerank_stream_messages(stream(vec!["a".into(), "b".into()]), 2, 100)
+            .await
+            .unwrap();
+        assert_eq!(held.len(), 2);
+        let many = rerank_stream_messages(stream(vec!["a".into(), "b".into(), "c".into()]), 2, 100)
+            .await
+            .unwrap_err();
+        assert_eq!(many.code(), Code::ResourceExhausted);
+        assert!(
+            many.message().contains("--max-inputs-per-request"),
+            "{many:?}"
+        );
+        // Each message is 3 + 7 bytes: the third goes over 25 in all.
+        let big = "x".repeat(5);
+        let heavy = rerank_stream_messages(stream(vec![big.clone(), big.clone(), big]), 10, 25)
+            .await
+            .unwrap_err();
+        assert_eq!(heavy.code(), Code::ResourceExhausted);
+        assert_eq!(
+            heavy.message(),
+            "request body is larger than the limit of 25 bytes (--max-body-bytes)"
+        );
     }
 
     #[test]

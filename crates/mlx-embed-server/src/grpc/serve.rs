@@ -9,7 +9,6 @@ use std::time::Instant;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::Response;
 use axum::Router;
@@ -28,6 +27,7 @@ use super::pb::{
 use super::Tei;
 use crate::config::ServerArgs;
 use crate::errors::{LogSafe, ServerError};
+use crate::middleware::carries_api_key;
 use crate::state::AppState;
 
 /// Binds `--host:--grpc-port` when `--grpc-port` is set.
@@ -35,22 +35,9 @@ pub(crate) async fn bind(args: &ServerArgs) -> Result<Option<TcpListener>, Serve
     let Some(port) = args.grpc_port else {
         return Ok(None);
     };
-    let addr = format!("{}:{port}", args.host);
-    let listener = TcpListener::bind(&addr)
-        .await
-        .map_err(|source| ServerError::Bind {
-            addr: addr.clone(),
-            source,
-        })?;
+    let listener = crate::serve::bind(&args.host, port, "grpc").await?;
     if let Ok(bound) = listener.local_addr() {
         tracing::info!("serving TEI's gRPC API on grpc://{bound}");
-        if port == 0 {
-            // As for --port 0: the port picked is told whatever the log filter.
-            use std::io::Write;
-            let mut out = std::io::stdout().lock();
-            let _ = writeln!(out, "listening on grpc://{bound}");
-            let _ = out.flush();
-        }
     }
     Ok(Some(listener))
 }
@@ -176,18 +163,6 @@ pub(crate) fn size_status(status: Status) -> Status {
     ))
 }
 
-/// Whether `headers` carry the API key (`authorization: Bearer <key>`).
-fn authorized(headers: &HeaderMap, key: &str) -> bool {
-    headers
-        .get(axum::http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.split_once(' '))
-        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
-        .is_some_and(|(_, token)| {
-            crate::middleware::constant_time_eq(token.trim().as_bytes(), key.as_bytes())
-        })
-}
-
 /// Around every call: with `--api-key`, a call without it is refused
 /// `UNAUTHENTICATED`; each call's status is counted in `/metrics`
 /// (`mlx_embed_grpc_requests_total{method,code}`) and logged, a failure's
@@ -207,7 +182,7 @@ async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Res
         start,
     };
     if let Some(key) = state.args().api_key.as_deref() {
-        if !authorized(req.headers(), key) {
+        if !carries_api_key(req.headers(), key) {
             let refusal = Status::unauthenticated(
                 "missing or invalid API key: send `authorization: Bearer <key>` metadata",
             );
@@ -326,7 +301,7 @@ impl Drop for Watched {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use axum::http::HeaderValue;
+    use axum::http::{HeaderMap, HeaderValue};
 
     #[test]
     fn tonics_size_refusal_becomes_resource_exhausted() {
@@ -351,11 +326,11 @@ mod tests {
             h.insert("authorization", HeaderValue::from_str(v).unwrap());
             h
         };
-        assert!(authorized(&headers("Bearer k1"), "k1"));
-        assert!(authorized(&headers("bearer k1"), "k1"));
-        assert!(!authorized(&headers("Bearer k2"), "k1"));
-        assert!(!authorized(&headers("k1"), "k1"));
-        assert!(!authorized(&HeaderMap::new(), "k1"));
+        assert!(carries_api_key(&headers("Bearer k1"), "k1"));
+        assert!(carries_api_key(&headers("bearer k1"), "k1"));
+        assert!(!carries_api_key(&headers("Bearer k2"), "k1"));
+        assert!(!carries_api_key(&headers("k1"), "k1"));
+        assert!(!carries_api_key(&HeaderMap::new(), "k1"));
     }
 
     #[test]

@@ -20,11 +20,12 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tonic::{Code, Status};
 
+use super::methods::Tei;
 use super::pb::{
     embed_server::EmbedServer, info_server::InfoServer, predict_server::PredictServer,
     rerank_server::RerankServer, tokenize_server::TokenizeServer,
 };
-use super::Tei;
+use super::status::{code_name, size_status};
 use crate::config::ServerArgs;
 use crate::errors::{LogSafe, ServerError};
 use crate::middleware::carries_api_key;
@@ -125,43 +126,6 @@ const METHODS: [&str; 19] = [
     "/grpc.health.v1.Health/Check",
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
 ];
-
-/// gRPC's name of a status code, as its specification writes it.
-pub(crate) fn code_name(code: Code) -> &'static str {
-    match code {
-        Code::Ok => "OK",
-        Code::Cancelled => "CANCELLED",
-        Code::Unknown => "UNKNOWN",
-        Code::InvalidArgument => "INVALID_ARGUMENT",
-        Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-        Code::NotFound => "NOT_FOUND",
-        Code::AlreadyExists => "ALREADY_EXISTS",
-        Code::PermissionDenied => "PERMISSION_DENIED",
-        Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-        Code::FailedPrecondition => "FAILED_PRECONDITION",
-        Code::Aborted => "ABORTED",
-        Code::OutOfRange => "OUT_OF_RANGE",
-        Code::Unimplemented => "UNIMPLEMENTED",
-        Code::Internal => "INTERNAL",
-        Code::Unavailable => "UNAVAILABLE",
-        Code::DataLoss => "DATA_LOSS",
-        Code::Unauthenticated => "UNAUTHENTICATED",
-    }
-}
-
-/// tonic's refusal of a message over the decoding limit (`OUT_OF_RANGE`)
-/// as gRPC's own servers answer it, `RESOURCE_EXHAUSTED`, naming the flag
-/// that sets the limit. Any other status is left as it is.
-pub(crate) fn size_status(status: Status) -> Status {
-    const TONIC_TOO_LARGE: &str = "Error, decoded message length too large";
-    if status.code() != Code::OutOfRange || !status.message().starts_with(TONIC_TOO_LARGE) {
-        return status;
-    }
-    let detail = status.message().trim_start_matches("Error, ");
-    Status::resource_exhausted(format!(
-        "message larger than the server takes (--max-body-bytes): {detail}"
-    ))
-}
 
 /// Around every call: with `--api-key`, a call without it is refused
 /// `UNAUTHENTICATED`; each call's status is counted in `/metrics`
@@ -304,22 +268,6 @@ mod tests {
     use axum::http::{HeaderMap, HeaderValue};
 
     #[test]
-    fn tonics_size_refusal_becomes_resource_exhausted() {
-        let tonic = Status::out_of_range(
-            "Error, decoded message length too large: found 9 bytes, the limit is: 4 bytes",
-        );
-        let s = size_status(tonic);
-        assert_eq!(s.code(), Code::ResourceExhausted);
-        assert_eq!(
-            s.message(),
-            "message larger than the server takes (--max-body-bytes): decoded message length \
-             too large: found 9 bytes, the limit is: 4 bytes"
-        );
-        let other = size_status(Status::out_of_range("something else"));
-        assert_eq!(other.code(), Code::OutOfRange);
-    }
-
-    #[test]
     fn the_key_is_a_bearer_token() {
         let headers = |v: &str| {
             let mut h = HeaderMap::new();
@@ -334,9 +282,7 @@ mod tests {
     }
 
     #[test]
-    fn code_names_are_grpcs() {
-        assert_eq!(code_name(Code::InvalidArgument), "INVALID_ARGUMENT");
-        assert_eq!(code_name(Code::Ok), "OK");
+    fn every_method_of_the_proto_is_listed() {
         assert_eq!(METHODS.len(), 19);
     }
 }

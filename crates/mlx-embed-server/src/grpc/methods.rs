@@ -1,0 +1,482 @@
+//! The services of `proto/tei.proto`: each method runs its message, as the
+//! HTTP request [`super::requests`] makes of it, down the HTTP route's path.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Instant;
+
+use axum::extract::State;
+use futures_util::stream::{Stream, StreamExt};
+use mlx_embed_core::Output;
+use tonic::{Request, Response, Status, Streaming};
+
+use super::requests::{
+    embed_request, merge_ranks, predict_request, raw_request, rerank_request,
+    rerank_stream_messages, rerank_stream_requests,
+};
+use super::status::{size_status, status};
+use super::{pb, STREAM_CONCURRENCY};
+use crate::embed::{embed as run_embed, embed_sparse as run_embed_sparse};
+use crate::errors::ApiError;
+use crate::extract::TextInputs;
+use crate::routes::ops::{info as http_info, TeiModelType};
+use crate::routes::predict::{predict_body, PredictResponse};
+use crate::routes::rerank::{tei_rank, TeiRerankRequest};
+use crate::routes::tokens::{
+    decode_ids, tokenize_texts, DecodeIds, DecodeRequest, TokenizeRequest,
+};
+use crate::state::AppState;
+
+/// TEI's per-call figures: what is known here (characters, tokens the
+/// model ran, total time); the phases' times are not measured apart.
+fn metadata(chars: usize, tokens: u64, start: Instant) -> Option<pb::Metadata> {
+    Some(pb::Metadata {
+        compute_chars: u32::try_from(chars).unwrap_or(u32::MAX),
+        compute_tokens: u32::try_from(tokens).unwrap_or(u32::MAX),
+        total_time_ns: u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX),
+        ..pb::Metadata::default()
+    })
+}
+
+/// The served model and limits: `/info`'s answer in TEI's gRPC fields.
+#[derive(Clone)]
+pub(crate) struct Tei {
+    pub(crate) state: AppState,
+}
+
+async fn embed_one(state: AppState, r: pb::EmbedRequest) -> Result<pb::EmbedResponse, ApiError> {
+    let start = Instant::now();
+    let chars = r.inputs.chars().count();
+    let req = embed_request(r)?.into_request(&state, None)?;
+    let mut out = run_embed(&state, req).await?;
+    Ok(pb::EmbedResponse {
+        embeddings: out.vectors.pop().unwrap_or_default(),
+        metadata: metadata(chars, out.prompt_tokens, start),
+    })
+}
+
+async fn embed_sparse_one(
+    state: AppState,
+    r: pb::EmbedSparseRequest,
+) -> Result<pb::EmbedSparseResponse, ApiError> {
+    let start = Instant::now();
+    let chars = r.inputs.chars().count();
+    let req = raw_request(r.inputs, r.truncate, r.truncation_direction, r.prompt_name)?
+        .into_request(&state, None, Output::Pooled)?;
+    let mut out = run_embed_sparse(&state, req).await?;
+    Ok(pb::EmbedSparseResponse {
+        sparse_embeddings: out
+            .entries
+            .pop()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(index, value)| pb::SparseValue { index, value })
+            .collect(),
+        metadata: metadata(chars, out.prompt_tokens, start),
+    })
+}
+
+async fn embed_all_one(
+    state: AppState,
+    r: pb::EmbedAllRequest,
+) -> Result<pb::EmbedAllResponse, ApiError> {
+    let start = Instant::now();
+    let chars = r.inputs.chars().count();
+    let req = raw_request(r.inputs, r.truncate, r.truncation_direction, r.prompt_name)?
+        .into_request(&state, None, Output::Tokens)?;
+    let out = run_embed(&state, req).await?;
+    let width = out.dimension;
+    let rows = out.vectors.into_iter().next().unwrap_or_default();
+    Ok(pb::EmbedAllResponse {
+        // Width 0: the input had no token (a static model's blank text).
+        token_embeddings: match width {
+            0 => Vec::new(),
+            _ => rows
+                .chunks_exact(width)
+                .map(|row| pb::TokenEmbedding {
+                    embeddings: row.to_vec(),
+                })
+                .collect(),
+        },
+        metadata: metadata(chars, out.prompt_tokens, start),
+    })
+}
+
+async fn predict_one(
+    state: AppState,
+    texts: Vec<String>,
+    truncate: bool,
+    raw_scores: bool,
+    truncation_direction: i32,
+) -> Result<pb::PredictResponse, ApiError> {
+    let start = Instant::now();
+    let chars = texts.iter().map(|t| t.chars().count()).sum();
+    let req = predict_request(texts, truncate, raw_scores, truncation_direction)?;
+    let predictions = match predict_body(&state, req, None).await? {
+        PredictResponse::Single(p) => p,
+        // A one-input request is answered flat; a batch never comes from here.
+        PredictResponse::Batch(mut all) => all.pop().unwrap_or_default(),
+    };
+    Ok(pb::PredictResponse {
+        predictions: predictions
+            .into_iter()
+            .map(|p| pb::Prediction {
+                score: p.score,
+                label: p.label,
+            })
+            .collect(),
+        metadata: metadata(chars, 0, start),
+    })
+}
+
+async fn rerank_one(
+    state: &AppState,
+    req: TeiRerankRequest,
+) -> Result<pb::RerankResponse, ApiError> {
+    let start = Instant::now();
+    let chars = req.query.chars().count() * req.texts.len()
+        + req.texts.iter().map(|t| t.chars().count()).sum::<usize>();
+    let ranks = tei_rank(state, req, None).await?;
+    Ok(pb::RerankResponse {
+        ranks: ranks
+            .into_iter()
+            .map(|r| pb::Rank {
+                index: u32::try_from(r.index).unwrap_or(u32::MAX),
+                text: r.text,
+                score: r.score,
+            })
+            .collect(),
+        metadata: metadata(chars, 0, start),
+    })
+}
+
+async fn tokenize_one(
+    state: AppState,
+    r: pb::EncodeRequest,
+) -> Result<pb::EncodeResponse, ApiError> {
+    let req = TokenizeRequest {
+        model: None,
+        inputs: TextInputs::One(r.inputs),
+        add_special_tokens: Some(r.add_special_tokens),
+        prompt_name: r.prompt_name,
+    };
+    let tokens = tokenize_texts(&state, req).await?.pop().unwrap_or_default();
+    let offset = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+    Ok(pb::EncodeResponse {
+        tokens: tokens
+            .into_iter()
+            .map(|t| pb::SimpleToken {
+                id: t.id,
+                text: t.text,
+                special: t.special,
+                start: t.start.map(offset),
+                stop: t.stop.map(offset),
+            })
+            .collect(),
+    })
+}
+
+async fn decode_one(state: AppState, r: pb::DecodeRequest) -> Result<pb::DecodeResponse, ApiError> {
+    let req = DecodeRequest {
+        model: None,
+        ids: DecodeIds::One(r.ids),
+        skip_special_tokens: Some(r.skip_special_tokens),
+    };
+    let text = decode_ids(&state, req)?.pop().unwrap_or_default();
+    Ok(pb::DecodeResponse { text })
+}
+
+type Answers<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+/// A stream's answers: `answer` for each message, up to
+/// [`STREAM_CONCURRENCY`] at once, in the order the messages came; ends
+/// after the first failure (a message tonic could not read included).
+fn answer_each<Q, A, F, Fut>(state: &AppState, incoming: Streaming<Q>, answer: F) -> Answers<A>
+where
+    Q: Send + 'static,
+    A: Send + 'static,
+    F: Fn(AppState, Q) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<A, ApiError>> + Send + 'static,
+{
+    let state = state.clone();
+    let answers = incoming
+        .map(move |message| {
+            let work = message.map(|q| answer(state.clone(), q));
+            async move {
+                match work {
+                    Ok(work) => work.await.map_err(status),
+                    Err(unreadable) => Err(size_status(unreadable)),
+                }
+            }
+        })
+        .buffered(STREAM_CONCURRENCY)
+        .scan(false, |failed, answer| {
+            let next = (!*failed).then(|| {
+                *failed = answer.is_err();
+                answer
+            });
+            futures_util::future::ready(next)
+        });
+    Box::pin(answers)
+}
+
+fn reply<T>(answer: Result<T, ApiError>) -> Result<Response<T>, Status> {
+    answer.map(Response::new).map_err(status)
+}
+
+#[tonic::async_trait]
+impl pb::info_server::Info for Tei {
+    async fn info(
+        &self,
+        _request: Request<pb::InfoRequest>,
+    ) -> Result<Response<pb::InfoResponse>, Status> {
+        let info = http_info(State(self.state.clone())).await.0;
+        let size = |n: usize| u32::try_from(n).unwrap_or(u32::MAX);
+        let model_type = match info.model_type {
+            TeiModelType::Embedding { .. } => pb::ModelType::Embedding,
+            TeiModelType::Classifier(_) => pb::ModelType::Classifier,
+            TeiModelType::Reranker(_) => pb::ModelType::Reranker,
+        };
+        Ok(Response::new(pb::InfoResponse {
+            version: info.version,
+            sha: info.sha,
+            docker_label: info.docker_label,
+            model_id: info.model_id,
+            model_sha: info.model_sha,
+            model_dtype: info.model_dtype,
+            model_type: model_type.into(),
+            max_concurrent_requests: size(info.max_concurrent_requests),
+            max_input_length: size(info.max_input_length),
+            max_batch_tokens: size(info.max_batch_tokens),
+            max_batch_requests: Some(size(info.max_batch_requests)),
+            max_client_batch_size: size(info.max_client_batch_size),
+            tokenization_workers: size(info.tokenization_workers),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::embed_server::Embed for Tei {
+    async fn embed(
+        &self,
+        request: Request<pb::EmbedRequest>,
+    ) -> Result<Response<pb::EmbedResponse>, Status> {
+        reply(embed_one(self.state.clone(), request.into_inner()).await)
+    }
+
+    type EmbedStreamStream = Answers<pb::EmbedResponse>;
+
+    async fn embed_stream(
+        &self,
+        request: Request<Streaming<pb::EmbedRequest>>,
+    ) -> Result<Response<Self::EmbedStreamStream>, Status> {
+        Ok(Response::new(answer_each(
+            &self.state,
+            request.into_inner(),
+            embed_one,
+        )))
+    }
+
+    async fn embed_sparse(
+        &self,
+        request: Request<pb::EmbedSparseRequest>,
+    ) -> Result<Response<pb::EmbedSparseResponse>, Status> {
+        reply(embed_sparse_one(self.state.clone(), request.into_inner()).await)
+    }
+
+    type EmbedSparseStreamStream = Answers<pb::EmbedSparseResponse>;
+
+    async fn embed_sparse_stream(
+        &self,
+        request: Request<Streaming<pb::EmbedSparseRequest>>,
+    ) -> Result<Response<Self::EmbedSparseStreamStream>, Status> {
+        Ok(Response::new(answer_each(
+            &self.state,
+            request.into_inner(),
+            embed_sparse_one,
+        )))
+    }
+
+    async fn embed_all(
+        &self,
+        request: Request<pb::EmbedAllRequest>,
+    ) -> Result<Response<pb::EmbedAllResponse>, Status> {
+        reply(embed_all_one(self.state.clone(), request.into_inner()).await)
+    }
+
+    type EmbedAllStreamStream = Answers<pb::EmbedAllResponse>;
+
+    async fn embed_all_stream(
+        &self,
+        request: Request<Streaming<pb::EmbedAllRequest>>,
+    ) -> Result<Response<Self::EmbedAllStreamStream>, Status> {
+        Ok(Response::new(answer_each(
+            &self.state,
+            request.into_inner(),
+            embed_all_one,
+        )))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::predict_server::Predict for Tei {
+    async fn predict(
+        &self,
+        request: Request<pb::PredictRequest>,
+    ) -> Result<Response<pb::PredictResponse>, Status> {
+        let r = request.into_inner();
+        let answer = predict_one(
+            self.state.clone(),
+            vec![r.inputs],
+            r.truncate,
+            r.raw_scores,
+            r.truncation_direction,
+        );
+        reply(answer.await)
+    }
+
+    async fn predict_pair(
+        &self,
+        request: Request<pb::PredictPairRequest>,
+    ) -> Result<Response<pb::PredictResponse>, Status> {
+        let r = request.into_inner();
+        let answer = predict_one(
+            self.state.clone(),
+            r.inputs,
+            r.truncate,
+            r.raw_scores,
+            r.truncation_direction,
+        );
+        reply(answer.await)
+    }
+
+    type PredictStreamStream = Answers<pb::PredictResponse>;
+
+    async fn predict_stream(
+        &self,
+        request: Request<Streaming<pb::PredictRequest>>,
+    ) -> Result<Response<Self::PredictStreamStream>, Status> {
+        Ok(Response::new(answer_each(
+            &self.state,
+            request.into_inner(),
+            |state, r: pb::PredictRequest| {
+                predict_one(
+                    state,
+                    vec![r.inputs],
+                    r.truncate,
+                    r.raw_scores,
+                    r.truncation_direction,
+                )
+            },
+        )))
+    }
+
+    type PredictPairStreamStream = Answers<pb::PredictResponse>;
+
+    async fn predict_pair_stream(
+        &self,
+        request: Request<Streaming<pb::PredictPairRequest>>,
+    ) -> Result<Response<Self::PredictPairStreamStream>, Status> {
+        Ok(Response::new(answer_each(
+            &self.state,
+            request.into_inner(),
+            |state, r: pb::PredictPairRequest| {
+                predict_one(
+                    state,
+                    r.inputs,
+                    r.truncate,
+                    r.raw_scores,
+                    r.truncation_direction,
+                )
+            },
+        )))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::rerank_server::Rerank for Tei {
+    async fn rerank(
+        &self,
+        request: Request<pb::RerankRequest>,
+    ) -> Result<Response<pb::RerankResponse>, Status> {
+        let answer = async {
+            let req = rerank_request(request.into_inner())?;
+            rerank_one(&self.state, req).await
+        };
+        reply(answer.await)
+    }
+
+    async fn rerank_stream(
+        &self,
+        request: Request<Streaming<pb::RerankStreamRequest>>,
+    ) -> Result<Response<pb::RerankResponse>, Status> {
+        let args = self.state.args();
+        let messages = rerank_stream_messages(
+            request.into_inner(),
+            args.max_inputs_per_request,
+            args.max_body_bytes,
+        )
+        .await?;
+        let start = Instant::now();
+        let answer = async {
+            let groups = rerank_stream_requests(messages)?;
+            let (positions, requests): (Vec<_>, Vec<_>) = groups.into_iter().unzip();
+            let answers = futures_util::future::try_join_all(
+                requests.into_iter().map(|req| rerank_one(&self.state, req)),
+            )
+            .await?;
+            let chars = answers
+                .iter()
+                .filter_map(|a| a.metadata.map(|m| m.compute_chars))
+                .fold(0u32, u32::saturating_add);
+            Ok(pb::RerankResponse {
+                ranks: merge_ranks(positions.into_iter().zip(answers).collect()),
+                metadata: metadata(chars as usize, 0, start),
+            })
+        };
+        reply(answer.await)
+    }
+}
+
+#[tonic::async_trait]
+impl pb::tokenize_server::Tokenize for Tei {
+    async fn tokenize(
+        &self,
+        request: Request<pb::EncodeRequest>,
+    ) -> Result<Response<pb::EncodeResponse>, Status> {
+        reply(tokenize_one(self.state.clone(), request.into_inner()).await)
+    }
+
+    type TokenizeStreamStream = Answers<pb::EncodeResponse>;
+
+    async fn tokenize_stream(
+        &self,
+        request: Request<Streaming<pb::EncodeRequest>>,
+    ) -> Result<Response<Self::TokenizeStreamStream>, Status> {
+        Ok(Response::new(answer_each(
+            &self.state,
+            request.into_inner(),
+            tokenize_one,
+        )))
+    }
+
+    async fn decode(
+        &self,
+        request: Request<pb::DecodeRequest>,
+    ) -> Result<Response<pb::DecodeResponse>, Status> {
+        reply(decode_one(self.state.clone(), request.into_inner()).await)
+    }
+
+    type DecodeStreamStream = Answers<pb::DecodeResponse>;
+
+    async fn decode_stream(
+        &self,
+        request: Request<Streaming<pb::DecodeRequest>>,
+    ) -> Result<Response<Self::DecodeStreamStream>, Status> {
+        Ok(Response::new(answer_each(
+            &self.state,
+            request.into_inner(),
+            decode_one,
+        )))
+    }
+}

@@ -351,10 +351,45 @@ def test_info_of_a_classifier_and_a_method_its_model_cannot_answer(pb, tmp_path)
             stubs.EmbedStub(channel).Embed(m.EmbedRequest(inputs="hi"))
         http = srv.post("/embed", {"inputs": "hi"})
         assert http.status_code == 400
-        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        # TEI's code for a method its model cannot answer (its HTTP says 424),
+        # which a client tells from a bad field's INVALID_ARGUMENT.
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert refused.value.details() == http.json()["error"]
         rerank = m.RerankRequest(query="q", texts=["a"])
-        assert code_of(lambda: stubs.RerankStub(channel).Rerank(rerank)) == grpc.StatusCode.INVALID_ARGUMENT
+        assert code_of(lambda: stubs.RerankStub(channel).Rerank(rerank)) == grpc.StatusCode.FAILED_PRECONDITION
+        pairs = iter([m.RerankStreamRequest(query="q", text="a")])
+        assert code_of(lambda: stubs.RerankStub(channel).RerankStream(pairs)) == \
+            grpc.StatusCode.FAILED_PRECONDITION
+        answers = stubs.EmbedStub(channel).EmbedSparseStream(iter([m.EmbedSparseRequest(inputs="hi")]))
+        assert code_of(lambda: list(answers)) == grpc.StatusCode.FAILED_PRECONDITION
+        # A bad field is still the request's fault.
+        assert code_of(lambda: stubs.PredictStub(channel).Predict(m.PredictRequest(inputs=""))) == \
+            grpc.StatusCode.INVALID_ARGUMENT
+    assert srv.stop() == 0, srv.log()[-4000:]
+
+
+def test_a_rerank_stream_holds_no_more_than_one_rerank_body(pb, tmp_path):
+    """RerankStream keeps every pair until the client ends the stream: held to
+    what one /rerank body may hold (--max-body-bytes), not that per message."""
+    m, stubs = pb
+    port = free_port()
+    srv = start_server(tmp_path, "--model", str(RERANKER), "--no-warmup", "--grpc-port", str(port),
+                       "--max-body-bytes", "1000")
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        rerank = stubs.RerankStub(channel)
+        text = "word " * 20
+        small = rerank.RerankStream(iter([m.RerankStreamRequest(query="q", text=text, truncate=True)
+                                          for _ in range(5)]))
+        assert sorted(r.index for r in small.ranks) == list(range(5))
+        # 20 messages of 100 bytes, each under the per-message cap.
+        with pytest.raises(grpc.RpcError) as refused:
+            rerank.RerankStream(iter([m.RerankStreamRequest(query="q", text=text, truncate=True)
+                                      for _ in range(20)]))
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "--max-body-bytes" in refused.value.details()
+        http = srv.post("/rerank", {"query": "q", "texts": [text] * 20})
+        assert http.status_code == 413
     assert srv.stop() == 0, srv.log()[-4000:]
 
 

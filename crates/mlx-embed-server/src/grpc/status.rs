@@ -30,9 +30,20 @@ pub(crate) fn code(kind: ErrorKind) -> Code {
     }
 }
 
-/// `err` as a gRPC status: its code ([`code`]) and message.
+/// `err` as a gRPC status: its code ([`code`]) and message. A method the
+/// served model cannot answer (an Embed to a classifier, a Rerank to an
+/// embedder: the path's refusal names `model`, which no gRPC message
+/// carries) is `FAILED_PRECONDITION`, TEI's code for it, not a fault of the
+/// request's fields: a TEI client tells the two apart by code.
 pub(crate) fn status(err: ApiError) -> Status {
-    Status::new(code(err.kind), err.message)
+    let wrong_model =
+        err.kind == ErrorKind::InvalidRequest && err.param.as_deref() == Some("model");
+    let code = if wrong_model {
+        Code::FailedPrecondition
+    } else {
+        code(err.kind)
+    };
+    Status::new(code, err.message)
 }
 
 /// gRPC's name of a status code, as its specification writes it.
@@ -75,6 +86,21 @@ pub(crate) fn size_status(status: Status) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_model_that_cannot_answer_the_method_is_a_failed_precondition() {
+        // As the path refuses it (crate::models::resolve): TEI's code.
+        let wrong =
+            ApiError::invalid("this route needs a reranker; this server serves x").param("model");
+        let s = status(wrong);
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert_eq!(
+            s.message(),
+            "this route needs a reranker; this server serves x"
+        );
+        let field = ApiError::invalid("inputs: empty").param("inputs");
+        assert_eq!(status(field).code(), Code::InvalidArgument);
+    }
 
     #[test]
     fn error_kinds_map_to_tei_codes() {

@@ -10,6 +10,8 @@ import importlib
 import importlib.resources
 import json
 import sys
+import threading
+import time
 
 import grpc
 import grpc_tools
@@ -398,3 +400,34 @@ def test_no_grpc_listener_without_the_flag(tmp_path):
     log = srv.log()
     assert srv.stop() == 0
     assert "grpc://" not in log and "gRPC" not in log
+
+
+def test_a_shutdown_ends_a_stream_the_client_holds_open(pb, tmp_path):
+    """A stream held open, idle, does not hold the drain: the messages read are
+    answered, then the stream ends UNAVAILABLE and the server exits at once,
+    cleanly (it waited for --drain-timeout-secs, then dropped the stream)."""
+    m, stubs = pb
+    port = free_port()
+    srv = start_server(tmp_path, "--model", str(NOMIC), "--no-warmup", "--grpc-port", str(port),
+                       "--drain-timeout-secs", "60")
+    release = threading.Event()
+
+    def held_open():
+        yield from (m.EmbedRequest(inputs=f"text {i}", truncate=True) for i in range(3))
+        release.wait(90)
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        answers = stubs.EmbedStub(channel).EmbedStream(held_open())
+        got = [next(answers) for _ in range(3)]
+        started = time.monotonic()
+        try:
+            assert srv.stop(timeout=20) == 0, srv.log()[-4000:]
+            assert time.monotonic() - started < 15
+            with pytest.raises(grpc.RpcError) as ended:
+                next(answers)
+            assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "shutting down" in ended.value.details()
+        finally:
+            release.set()
+    assert all(len(a.embeddings) > 0 for a in got)

@@ -8,6 +8,7 @@ use std::time::Instant;
 use axum::extract::State;
 use futures_util::stream::{Stream, StreamExt};
 use mlx_embed_core::Output;
+use tokio::sync::watch;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::requests::{
@@ -38,10 +39,12 @@ fn metadata(chars: usize, tokens: u64, start: Instant) -> Option<pb::Metadata> {
     })
 }
 
-/// The served model and limits: `/info`'s answer in TEI's gRPC fields.
+/// The services: every method on the HTTP routes' state.
 #[derive(Clone)]
 pub(crate) struct Tei {
     pub(crate) state: AppState,
+    /// True once the server begins to shut down ([`until_shutdown`]).
+    pub(crate) stopping: watch::Receiver<bool>,
 }
 
 async fn embed_one(state: AppState, r: pb::EmbedRequest) -> Result<pb::EmbedResponse, ApiError> {
@@ -188,18 +191,47 @@ async fn decode_one(state: AppState, r: pb::DecodeRequest) -> Result<pb::DecodeR
 
 type Answers<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
+/// A stream's messages until the server begins to shut down, then one
+/// `UNAVAILABLE` ("shutting down") in place of those not read yet. A
+/// client holds a stream open as long as it likes, idle between messages:
+/// without this the drain would wait on it until `--drain-timeout-secs`
+/// and then drop it unanswered; with it, the messages already read are
+/// answered and the stream ends, so the client retries elsewhere at once.
+fn until_shutdown<Q>(
+    incoming: Streaming<Q>,
+    stopping: watch::Receiver<bool>,
+) -> impl Stream<Item = Result<Q, Status>> + Send + 'static
+where
+    Q: Send + 'static,
+{
+    futures_util::stream::unfold(Some((incoming, stopping)), |open| async move {
+        let (mut incoming, mut stopping) = open?;
+        let message = tokio::select! {
+            biased;
+            message = incoming.next() => Some(message?),
+            // A sender gone (the listener done) is a shutdown too.
+            _ = stopping.wait_for(|&stop| stop) => None,
+        };
+        Some(match message {
+            Some(message) => (message, Some((incoming, stopping))),
+            None => (Err(status(ApiError::shutting_down())), None),
+        })
+    })
+}
+
 /// A stream's answers: `answer` for each message, up to
 /// [`STREAM_CONCURRENCY`] at once, in the order the messages came; ends
-/// after the first failure (a message tonic could not read included).
-fn answer_each<Q, A, F, Fut>(state: &AppState, incoming: Streaming<Q>, answer: F) -> Answers<A>
+/// after the first failure (a message tonic could not read included), or
+/// at a shutdown ([`until_shutdown`]).
+fn answer_each<Q, A, F, Fut>(tei: &Tei, incoming: Streaming<Q>, answer: F) -> Answers<A>
 where
     Q: Send + 'static,
     A: Send + 'static,
     F: Fn(AppState, Q) -> Fut + Send + 'static,
     Fut: Future<Output = Result<A, ApiError>> + Send + 'static,
 {
-    let state = state.clone();
-    let answers = incoming
+    let state = tei.state.clone();
+    let answers = until_shutdown(incoming, tei.stopping.clone())
         .map(move |message| {
             let work = message.map(|q| answer(state.clone(), q));
             async move {
@@ -271,7 +303,7 @@ impl pb::embed_server::Embed for Tei {
         request: Request<Streaming<pb::EmbedRequest>>,
     ) -> Result<Response<Self::EmbedStreamStream>, Status> {
         Ok(Response::new(answer_each(
-            &self.state,
+            self,
             request.into_inner(),
             embed_one,
         )))
@@ -291,7 +323,7 @@ impl pb::embed_server::Embed for Tei {
         request: Request<Streaming<pb::EmbedSparseRequest>>,
     ) -> Result<Response<Self::EmbedSparseStreamStream>, Status> {
         Ok(Response::new(answer_each(
-            &self.state,
+            self,
             request.into_inner(),
             embed_sparse_one,
         )))
@@ -311,7 +343,7 @@ impl pb::embed_server::Embed for Tei {
         request: Request<Streaming<pb::EmbedAllRequest>>,
     ) -> Result<Response<Self::EmbedAllStreamStream>, Status> {
         Ok(Response::new(answer_each(
-            &self.state,
+            self,
             request.into_inner(),
             embed_all_one,
         )))
@@ -357,7 +389,7 @@ impl pb::predict_server::Predict for Tei {
         request: Request<Streaming<pb::PredictRequest>>,
     ) -> Result<Response<Self::PredictStreamStream>, Status> {
         Ok(Response::new(answer_each(
-            &self.state,
+            self,
             request.into_inner(),
             |state, r: pb::PredictRequest| {
                 predict_one(
@@ -378,7 +410,7 @@ impl pb::predict_server::Predict for Tei {
         request: Request<Streaming<pb::PredictPairRequest>>,
     ) -> Result<Response<Self::PredictPairStreamStream>, Status> {
         Ok(Response::new(answer_each(
-            &self.state,
+            self,
             request.into_inner(),
             |state, r: pb::PredictPairRequest| {
                 predict_one(
@@ -411,8 +443,9 @@ impl pb::rerank_server::Rerank for Tei {
         request: Request<Streaming<pb::RerankStreamRequest>>,
     ) -> Result<Response<pb::RerankResponse>, Status> {
         let args = self.state.args();
+        let incoming = until_shutdown(request.into_inner(), self.stopping.clone());
         let messages = rerank_stream_messages(
-            request.into_inner(),
+            std::pin::pin!(incoming),
             args.max_inputs_per_request,
             args.max_body_bytes,
         )
@@ -454,7 +487,7 @@ impl pb::tokenize_server::Tokenize for Tei {
         request: Request<Streaming<pb::EncodeRequest>>,
     ) -> Result<Response<Self::TokenizeStreamStream>, Status> {
         Ok(Response::new(answer_each(
-            &self.state,
+            self,
             request.into_inner(),
             tokenize_one,
         )))
@@ -474,7 +507,7 @@ impl pb::tokenize_server::Tokenize for Tei {
         request: Request<Streaming<pb::DecodeRequest>>,
     ) -> Result<Response<Self::DecodeStreamStream>, Status> {
         Ok(Response::new(answer_each(
-            &self.state,
+            self,
             request.into_inner(),
             decode_one,
         )))

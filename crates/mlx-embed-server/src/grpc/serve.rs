@@ -18,6 +18,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tonic::{Code, Status};
 
 use super::methods::Tei;
@@ -44,10 +45,11 @@ pub(crate) async fn bind(args: &ServerArgs) -> Result<Option<TcpListener>, Serve
 }
 
 /// The services, each message capped at `--max-body-bytes`, behind
-/// [`observe`].
-fn app(state: &AppState) -> Router {
+/// [`observe`]; `stopping`: true once the shutdown begins.
+fn app(state: &AppState, stopping: watch::Receiver<bool>) -> Router {
     let tei = Tei {
         state: state.clone(),
+        stopping,
     };
     let max = state.args().max_body_bytes;
     tonic::service::Routes::new(InfoServer::new(tei.clone()).max_decoding_message_size(max))
@@ -63,7 +65,8 @@ fn app(state: &AppState) -> Router {
 /// completes; then closes the listener, tells each connection to take no
 /// new calls (HTTP/2 GOAWAY) and waits for the calls in progress.
 pub(crate) async fn serve(listener: TcpListener, state: AppState, stop: impl Future<Output = ()>) {
-    let app = app(&state);
+    let (stopping, stopping_rx) = watch::channel(false);
+    let app = app(&state, stopping_rx);
     let mut http = http2::Builder::new(TokioExecutor::new());
     // A gRPC channel stays open between calls, so an idle connection is no
     // fault; one whose peer is gone (no answer to a ping within
@@ -98,6 +101,8 @@ pub(crate) async fn serve(listener: TcpListener, state: AppState, stop: impl Fut
         });
     }
     drop(listener);
+    // Open streams stop reading and end once their answers are out.
+    stopping.send_replace(true);
     graceful.shutdown().await;
 }
 

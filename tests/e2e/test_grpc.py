@@ -171,6 +171,9 @@ def test_predict_equals_http_predict(pb, served, texts):
         for text in texts[:3]:
             want = srv.post("/predict", {"inputs": text, "raw_scores": raw}).json()
             got = predict.Predict(m.PredictRequest(inputs=text, truncate=True, raw_scores=raw))
+            tokens = srv.post("/tokenize", {"model": "tiny-bert-classifier", "inputs": text}).json()[0]
+            assert got.metadata.compute_tokens == len(tokens)
+            assert got.metadata.compute_chars == len(text)
             assert {p.label for p in got.predictions} == labels
             assert [p.label for p in got.predictions] == [p["label"] for p in want]
             np.testing.assert_array_equal(f32([p.score for p in got.predictions]), f32([p["score"] for p in want]))
@@ -204,12 +207,14 @@ def test_rerank_equals_http_rerank(pb, served, texts):
                                             return_text=True))
         assert [r.index for r in got.ranks] == [r["index"] for r in want]
         assert sorted(r.index for r in got.ranks) == list(range(len(docs)))
+        assert got.metadata.compute_tokens > len(docs)
         assert [r.text for r in got.ranks] == [docs[r.index] for r in got.ranks]
         np.testing.assert_array_equal(f32([r.score for r in got.ranks]), f32([r["score"] for r in want]))
         # The stream's first message sets raw_scores and return_text.
         messages = [m.RerankStreamRequest(query=query, text=d, truncate=True, raw_scores=raw and i == 0,
                                           return_text=i == 0) for i, d in enumerate(docs)]
         streamed = rerank.RerankStream(iter(messages))
+        assert streamed.metadata.compute_tokens == got.metadata.compute_tokens
         assert [r.index for r in streamed.ranks] == [r["index"] for r in want]
         assert [r.text for r in streamed.ranks] == [docs[r.index] for r in streamed.ranks]
         np.testing.assert_array_equal(f32([r.score for r in streamed.ranks]), f32([r["score"] for r in want]))

@@ -21,8 +21,8 @@ use crate::embed::{embed as run_embed, embed_sparse as run_embed_sparse};
 use crate::errors::ApiError;
 use crate::extract::TextInputs;
 use crate::routes::ops::{info as http_info, TeiModelType};
-use crate::routes::predict::{predict_body, PredictResponse};
-use crate::routes::rerank::{tei_rank, TeiRerankRequest};
+use crate::routes::predict::{predict_counted, PredictResponse};
+use crate::routes::rerank::{tei_rank_counted, TeiRerankRequest};
 use crate::routes::tokens::{
     decode_ids, tokenize_texts, DecodeIds, DecodeRequest, TokenizeRequest,
 };
@@ -115,7 +115,8 @@ async fn predict_one(
     let start = Instant::now();
     let chars = texts.iter().map(|t| t.chars().count()).sum();
     let req = predict_request(texts, truncate, raw_scores, truncation_direction)?;
-    let predictions = match predict_body(&state, req, None).await? {
+    let (answer, tokens) = predict_counted(&state, req, None).await?;
+    let predictions = match answer {
         PredictResponse::Single(p) => p,
         // A one-input request is answered flat; a batch never comes from here.
         PredictResponse::Batch(mut all) => all.pop().unwrap_or_default(),
@@ -128,7 +129,7 @@ async fn predict_one(
                 label: p.label,
             })
             .collect(),
-        metadata: metadata(chars, 0, start),
+        metadata: metadata(chars, tokens, start),
     })
 }
 
@@ -139,7 +140,7 @@ async fn rerank_one(
     let start = Instant::now();
     let chars = req.query.chars().count() * req.texts.len()
         + req.texts.iter().map(|t| t.chars().count()).sum::<usize>();
-    let ranks = tei_rank(state, req, None).await?;
+    let (ranks, tokens) = tei_rank_counted(state, req, None).await?;
     Ok(pb::RerankResponse {
         ranks: ranks
             .into_iter()
@@ -149,7 +150,7 @@ async fn rerank_one(
                 score: r.score,
             })
             .collect(),
-        metadata: metadata(chars, 0, start),
+        metadata: metadata(chars, tokens, start),
     })
 }
 
@@ -462,9 +463,13 @@ impl pb::rerank_server::Rerank for Tei {
                 .iter()
                 .filter_map(|a| a.metadata.map(|m| m.compute_chars))
                 .fold(0u32, u32::saturating_add);
+            let tokens = answers
+                .iter()
+                .filter_map(|a| a.metadata.map(|m| u64::from(m.compute_tokens)))
+                .sum();
             Ok(pb::RerankResponse {
                 ranks: merge_ranks(positions.into_iter().zip(answers).collect()),
-                metadata: metadata(chars as usize, 0, start),
+                metadata: metadata(chars as usize, tokens, start),
             })
         };
         reply(answer.await)

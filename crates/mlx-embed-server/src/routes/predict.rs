@@ -169,6 +169,16 @@ pub(crate) async fn predict_body(
     req: PredictRequest,
     priority: Option<Priority>,
 ) -> Result<PredictResponse, ApiError> {
+    Ok(predict_counted(state, req, priority).await?.0)
+}
+
+/// [`predict_body`]'s answer and the tokens its inputs are (TEI's gRPC
+/// `Metadata.compute_tokens`).
+pub(crate) async fn predict_counted(
+    state: &AppState,
+    req: PredictRequest,
+    priority: Option<Priority>,
+) -> Result<(PredictResponse, u64), ApiError> {
     let (batch, inputs) = parse_inputs(req.inputs)?;
     let out = score(
         state,
@@ -187,11 +197,12 @@ pub(crate) async fn predict_body(
     )
     .await?;
     let mut all = predictions(&out);
-    Ok(if batch {
+    let answer = if batch {
         PredictResponse::Batch(all)
     } else {
         PredictResponse::Single(all.remove(0))
-    })
+    };
+    Ok((answer, out.prompt_tokens))
 }
 
 #[cfg(test)]

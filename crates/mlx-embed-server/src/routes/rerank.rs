@@ -173,6 +173,16 @@ pub(crate) async fn tei_rank(
     req: TeiRerankRequest,
     priority: Option<Priority>,
 ) -> Result<Vec<TeiRank>, ApiError> {
+    Ok(tei_rank_counted(state, req, priority).await?.0)
+}
+
+/// [`tei_rank`]'s ranking and the tokens its pairs are (TEI's gRPC
+/// `Metadata.compute_tokens`).
+pub(crate) async fn tei_rank_counted(
+    state: &AppState,
+    req: TeiRerankRequest,
+    priority: Option<Priority>,
+) -> Result<(Vec<TeiRank>, u64), ApiError> {
     check_instruction(state, req.model.as_deref(), req.instruction.as_deref()).await?;
     let out = score(
         state,
@@ -195,7 +205,7 @@ pub(crate) async fn tei_rank(
     .await?;
     let scores = first_label(&out.scores);
     let mut texts: Vec<Option<String>> = req.texts.into_iter().map(Some).collect();
-    Ok(ranking(&first_label(&out.logits))
+    let ranks = ranking(&first_label(&out.logits))
         .into_iter()
         .map(|index| TeiRank {
             index,
@@ -206,7 +216,8 @@ pub(crate) async fn tei_rank(
                 None
             },
         })
-        .collect())
+        .collect();
+    Ok((ranks, out.prompt_tokens))
 }
 
 /// A Cohere/Jina document: a string, or a JSON object whose `text` (or

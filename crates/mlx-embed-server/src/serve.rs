@@ -710,7 +710,7 @@ where
 /// A failed `accept`: one client's connection that went away before it was
 /// taken is nothing; anything else (out of file descriptors) is logged and
 /// the loop pauses, so it does not spin while the cause lasts.
-async fn accept_failed(err: std::io::Error) {
+pub(crate) async fn accept_failed(err: std::io::Error) {
     use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
     if matches!(
         err.kind(),

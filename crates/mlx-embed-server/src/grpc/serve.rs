@@ -30,6 +30,7 @@ use super::status::{code_name, size_status};
 use crate::config::ServerArgs;
 use crate::errors::{LogSafe, ServerError};
 use crate::middleware::carries_api_key;
+use crate::serve::accept_failed;
 use crate::state::AppState;
 
 /// Binds `--host:--grpc-port` when `--grpc-port` is set.
@@ -82,9 +83,7 @@ pub(crate) async fn serve(listener: TcpListener, state: AppState, stop: impl Fut
             accepted = listener.accept() => match accepted {
                 Ok(accepted) => accepted,
                 Err(err) => {
-                    tracing::debug!("gRPC accept failed: {}", LogSafe(&err));
-                    // As the HTTP listener: out of descriptors, retried shortly.
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    accept_failed(err).await;
                     continue;
                 }
             },

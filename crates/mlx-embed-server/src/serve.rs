@@ -402,19 +402,7 @@ async fn serve_connections(
     let graceful = GracefulShutdown::new();
     let (stopped_tx, stopped) = tokio::sync::watch::channel(false);
     let mut stop = std::pin::pin!(stop);
-    loop {
-        let (stream, _peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(err) => {
-                    accept_failed(err).await;
-                    continue;
-                }
-            },
-            () = &mut stop => break,
-        };
-        // Answers are small and written whole: do not hold them back for more.
-        let _ = stream.set_nodelay(true);
+    while let Some(stream) = accept_until(&listener, &mut stop).await {
         let tracked = Tracked::new(app.clone());
         let busy = tracked.busy.clone();
         let stream = WriteWatched::new(stream, client_timeout, state.clone());
@@ -707,10 +695,31 @@ where
     }
 }
 
+/// The next connection `listener` accepts, or `None` once `stop` has
+/// completed (the HTTP listener's and the gRPC one's accept loop). Nagle
+/// is off: answers are written whole, so nothing is held back for more.
+pub(crate) async fn accept_until<F: Future<Output = ()>>(
+    listener: &TcpListener,
+    stop: &mut Pin<&mut F>,
+) -> Option<tokio::net::TcpStream> {
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    return Some(stream);
+                }
+                Err(err) => accept_failed(err).await,
+            },
+            () = stop.as_mut() => return None,
+        }
+    }
+}
+
 /// A failed `accept`: one client's connection that went away before it was
 /// taken is nothing; anything else (out of file descriptors) is logged and
 /// the loop pauses, so it does not spin while the cause lasts.
-pub(crate) async fn accept_failed(err: std::io::Error) {
+async fn accept_failed(err: std::io::Error) {
     use std::io::ErrorKind::{ConnectionAborted, ConnectionRefused, ConnectionReset};
     if matches!(
         err.kind(),

@@ -21,8 +21,8 @@ use crate::embed::{embed as run_embed, embed_sparse as run_embed_sparse};
 use crate::errors::ApiError;
 use crate::extract::TextInputs;
 use crate::routes::ops::{info as http_info, TeiModelType};
-use crate::routes::predict::{predict_counted, PredictResponse};
-use crate::routes::rerank::{tei_rank_counted, TeiRerankRequest};
+use crate::routes::predict::{predict_body, PredictResponse};
+use crate::routes::rerank::{tei_rank, TeiRerankRequest};
 use crate::routes::tokens::{
     decode_ids, tokenize_texts, DecodeIds, DecodeRequest, TokenizeRequest,
 };
@@ -115,7 +115,7 @@ async fn predict_one(
     let start = Instant::now();
     let chars = texts.iter().map(|t| t.chars().count()).sum();
     let req = predict_request(texts, truncate, raw_scores, truncation_direction)?;
-    let (answer, tokens) = predict_counted(&state, req, None).await?;
+    let (answer, tokens) = predict_body(&state, req, None).await?;
     let predictions = match answer {
         PredictResponse::Single(p) => p,
         // A one-input request is answered flat; a batch never comes from here.
@@ -140,7 +140,7 @@ async fn rerank_one(
     let start = Instant::now();
     let chars = req.query.chars().count() * req.texts.len()
         + req.texts.iter().map(|t| t.chars().count()).sum::<usize>();
-    let (ranks, tokens) = tei_rank_counted(state, req, None).await?;
+    let (ranks, tokens) = tei_rank(state, req, None).await?;
     Ok(pb::RerankResponse {
         ranks: ranks
             .into_iter()

@@ -30,7 +30,7 @@ use super::status::{code_name, size_status};
 use crate::config::ServerArgs;
 use crate::errors::{LogSafe, ServerError};
 use crate::middleware::carries_api_key;
-use crate::serve::accept_failed;
+use crate::serve::accept_until;
 use crate::state::AppState;
 
 /// Binds `--host:--grpc-port` when `--grpc-port` is set.
@@ -78,18 +78,7 @@ pub(crate) async fn serve(listener: TcpListener, state: AppState, stop: impl Fut
         .keep_alive_timeout(patience);
     let graceful = GracefulShutdown::new();
     let mut stop = std::pin::pin!(stop);
-    loop {
-        let (stream, _peer) = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(err) => {
-                    accept_failed(err).await;
-                    continue;
-                }
-            },
-            () = &mut stop => break,
-        };
-        let _ = stream.set_nodelay(true);
+    while let Some(stream) = accept_until(&listener, &mut stop).await {
         let connection =
             http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(app.clone()));
         let connection = graceful.watch(connection);

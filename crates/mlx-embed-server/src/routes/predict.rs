@@ -160,21 +160,12 @@ pub async fn predict(
     PriorityHeader(priority, _): PriorityHeader<Tei>,
     ApiJson(req, _): ApiJson<PredictRequest, Tei>,
 ) -> Result<Json<PredictResponse>, Shaped<Tei>> {
-    Ok(Json(predict_body(&state, req, priority).await?))
+    Ok(Json(predict_body(&state, req, priority).await?.0))
 }
 
-/// `/predict`'s answer for `req`; `priority`: the `X-Priority` header's lane.
+/// `/predict`'s answer for `req`, and the tokens its inputs are (TEI's gRPC
+/// `Metadata.compute_tokens`); `priority`: the `X-Priority` header's lane.
 pub(crate) async fn predict_body(
-    state: &AppState,
-    req: PredictRequest,
-    priority: Option<Priority>,
-) -> Result<PredictResponse, ApiError> {
-    Ok(predict_counted(state, req, priority).await?.0)
-}
-
-/// [`predict_body`]'s answer and the tokens its inputs are (TEI's gRPC
-/// `Metadata.compute_tokens`).
-pub(crate) async fn predict_counted(
     state: &AppState,
     req: PredictRequest,
     priority: Option<Priority>,

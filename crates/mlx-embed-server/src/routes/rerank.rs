@@ -115,7 +115,9 @@ pub(crate) async fn rerank_body(
         return answer.into_response();
     }
     let answer = match (priority, parse::<TeiRerankRequest>(body)) {
-        (Ok(priority), Ok(req)) => tei_rank(state, req, priority).await.map(Json),
+        (Ok(priority), Ok(req)) => tei_rank(state, req, priority)
+            .await
+            .map(|(ranks, _)| Json(ranks)),
         (Err(e), _) | (_, Err(e)) => Err(e),
     };
     answer.map_err(Shaped::<Tei>::from).into_response()
@@ -167,18 +169,9 @@ impl ToSchema for RerankAnswer {
     }
 }
 
-/// TEI's ranking for `req`: best first.
+/// TEI's ranking for `req`, best first, and the tokens its pairs are (TEI's
+/// gRPC `Metadata.compute_tokens`).
 pub(crate) async fn tei_rank(
-    state: &AppState,
-    req: TeiRerankRequest,
-    priority: Option<Priority>,
-) -> Result<Vec<TeiRank>, ApiError> {
-    Ok(tei_rank_counted(state, req, priority).await?.0)
-}
-
-/// [`tei_rank`]'s ranking and the tokens its pairs are (TEI's gRPC
-/// `Metadata.compute_tokens`).
-pub(crate) async fn tei_rank_counted(
     state: &AppState,
     req: TeiRerankRequest,
     priority: Option<Priority>,

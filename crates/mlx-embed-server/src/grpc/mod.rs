@@ -14,6 +14,7 @@
 //! HTTP, but is not counted in it while written (the layer that counts
 //! HTTP answers goes by a body's known size, which a gRPC body does not tell).
 
+mod health;
 mod methods;
 mod requests;
 mod serve;

@@ -1,6 +1,7 @@
 //! The gRPC listener: HTTP/2 connections served until the shutdown begins,
-//! then drained with the HTTP server's; each call's API key checked, and
-//! counted and logged as the HTTP routes' requests are.
+//! then drained with the HTTP server's; each call's API key checked (but
+//! the health service's, as `/health` needs none), and counted and logged
+//! as the HTTP routes' requests are.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -20,13 +21,15 @@ use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::{Code, Status};
+use tonic_health::pb::health_server::HealthServer;
 
+use super::health::Probe;
 use super::methods::Tei;
 use super::pb::{
     embed_server::EmbedServer, info_server::InfoServer, predict_server::PredictServer,
     rerank_server::RerankServer, tokenize_server::TokenizeServer,
 };
-use super::status::{code_name, size_status};
+use super::status::{code_name, size_status, CLIENT_FAULT};
 use crate::config::ServerArgs;
 use crate::errors::{LogSafe, ServerError};
 use crate::middleware::carries_api_key;
@@ -45,19 +48,45 @@ pub(crate) async fn bind(args: &ServerArgs) -> Result<Option<TcpListener>, Serve
     Ok(Some(listener))
 }
 
-/// The services, each message capped at `--max-body-bytes`, behind
-/// [`observe`]; `stopping`: true once the shutdown begins.
+/// `proto/tei.proto`'s descriptors, encoded by build.rs.
+const TEI_DESCRIPTORS: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/tei_descriptor.bin"));
+
+/// The services, each message capped at `--max-body-bytes`, the standard
+/// health service ([`Probe`]) and server reflection, behind [`observe`];
+/// `stopping`: true once the shutdown begins.
 fn app(state: &AppState, stopping: watch::Receiver<bool>) -> Router {
+    let probe = Probe {
+        state: state.clone(),
+        stopping: stopping.clone(),
+    };
     let tei = Tei {
         state: state.clone(),
         stopping,
     };
     let max = state.args().max_body_bytes;
+    // Both reflection versions list every service served, each other's too
+    // (grpcurl before 1.8.8 asks v1alpha only).
+    let described = || {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(TEI_DESCRIPTORS)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    };
+    let reflection = described()
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1alpha::FILE_DESCRIPTOR_SET)
+        .build_v1()
+        .expect("the descriptors compiled into the binary are valid");
+    let reflection_v1alpha = described()
+        .register_encoded_file_descriptor_set(tonic_reflection::pb::v1::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()
+        .expect("the descriptors compiled into the binary are valid");
     tonic::service::Routes::new(InfoServer::new(tei.clone()).max_decoding_message_size(max))
         .add_service(EmbedServer::new(tei.clone()).max_decoding_message_size(max))
         .add_service(PredictServer::new(tei.clone()).max_decoding_message_size(max))
         .add_service(RerankServer::new(tei.clone()).max_decoding_message_size(max))
         .add_service(TokenizeServer::new(tei).max_decoding_message_size(max))
+        .add_service(HealthServer::new(probe))
+        .add_service(reflection)
+        .add_service(reflection_v1alpha)
         .into_axum_router()
         .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
 }
@@ -96,7 +125,7 @@ pub(crate) async fn serve(listener: TcpListener, state: AppState, stop: impl Fut
 
 /// The methods of `proto/tei.proto`: the metric's `method` label is one of
 /// these or `unmatched`, so made-up paths cannot grow the series without bound.
-const METHODS: [&str; 19] = [
+const METHODS: [&str; 21] = [
     "/tei.v1.Info/Info",
     "/tei.v1.Embed/Embed",
     "/tei.v1.Embed/EmbedStream",
@@ -114,14 +143,18 @@ const METHODS: [&str; 19] = [
     "/tei.v1.Tokenize/TokenizeStream",
     "/tei.v1.Tokenize/Decode",
     "/tei.v1.Tokenize/DecodeStream",
-    // The standard services TEI also serves; not served here, so their
-    // calls are counted (UNIMPLEMENTED) under their own names.
     "/grpc.health.v1.Health/Check",
+    "/grpc.health.v1.Health/Watch",
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
 ];
 
+/// The health service's path prefix: its calls need no API key, as
+/// `/health` needs none (a probe carries none).
+const HEALTH: &str = "/grpc.health.v1.Health/";
+
 /// Around every call: with `--api-key`, a call without it is refused
-/// `UNAUTHENTICATED`; each call's status is counted in `/metrics`
+/// `UNAUTHENTICATED` (but a health check: [`HEALTH`]); each call's status is counted in `/metrics`
 /// (`mlx_embed_grpc_requests_total{method,code}`) and logged, a failure's
 /// message after it (at warn for the server's failures, at debug for
 /// refusals, which may quote what the client sent), as the HTTP routes'.
@@ -139,7 +172,7 @@ async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Res
         start,
     };
     if let Some(key) = state.args().api_key.as_deref() {
-        if !carries_api_key(req.headers(), key) {
+        if !path.starts_with(HEALTH) && !carries_api_key(req.headers(), key) {
             let refusal = Status::unauthenticated(
                 "missing or invalid API key: send `authorization: Bearer <key>` metadata",
             );
@@ -151,8 +184,9 @@ async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Res
     // A trailers-only answer (the call failed before any message, or a
     // unary call's message could not be read) has its status in its headers.
     if let Some(status) = Status::from_header_map(response.headers()) {
-        let status = size_status(status);
+        let mut status = size_status(status);
         done.finish((status.code() != Code::Ok).then_some(&status));
+        status.metadata_mut().remove(CLIENT_FAULT);
         return status.into_http();
     }
     let (parts, body) = response.into_parts();
@@ -183,6 +217,8 @@ impl Done {
         let Some(status) = failure else {
             return;
         };
+        // A method the model cannot answer is FAILED_PRECONDITION too, but
+        // the client's mistake (HTTP's 400): marked so by `status::status`.
         let server_side = matches!(
             code,
             Code::Internal
@@ -190,7 +226,7 @@ impl Done {
                 | Code::FailedPrecondition
                 | Code::Unknown
                 | Code::DataLoss
-        );
+        ) && !status.metadata().contains_key(CLIENT_FAULT);
         if server_side {
             tracing::warn!("gRPC call failed: {}", LogSafe(status.message()));
         } else {
@@ -214,12 +250,13 @@ impl http_body::Body for Watched {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let polled = Pin::new(&mut self.body).poll_frame(cx);
-        match &polled {
+        let mut polled = Pin::new(&mut self.body).poll_frame(cx);
+        match &mut polled {
             Poll::Ready(Some(Ok(frame))) => {
-                if let Some(trailers) = frame.trailers_ref() {
+                if let Some(trailers) = frame.trailers_mut() {
                     let status = Status::from_header_map(trailers)
                         .unwrap_or_else(|| Status::unknown("the answer ended without a status"));
+                    trailers.remove(CLIENT_FAULT);
                     if let Some(done) = self.done.take() {
                         done.finish((status.code() != Code::Ok).then_some(&status));
                     }
@@ -276,6 +313,6 @@ mod tests {
 
     #[test]
     fn every_method_of_the_proto_is_listed() {
-        assert_eq!(METHODS.len(), 19);
+        assert_eq!(METHODS.len(), 21);
     }
 }

@@ -1,6 +1,7 @@
 //! gRPC status codes: what an error kind of the HTTP routes is over gRPC
 //! (TEI's mapping), and their names as the metrics and logs give them.
 
+use tonic::metadata::MetadataValue;
 use tonic::{Code, Status};
 
 use crate::errors::{ApiError, ErrorKind};
@@ -30,20 +31,29 @@ pub(crate) fn code(kind: ErrorKind) -> Code {
     }
 }
 
+/// Metadata on a status that is the client's mistake under a code that is
+/// mostly the server's (a wrong method's `FAILED_PRECONDITION`): the log
+/// gives it at debug, as HTTP's 4xx, not at warn. Taken off before the
+/// status goes out (`super::serve`).
+pub(crate) const CLIENT_FAULT: &str = "x-mlx-embed-client-fault";
+
 /// `err` as a gRPC status: its code ([`code`]) and message. A method the
 /// served model cannot answer (an Embed to a classifier, a Rerank to an
 /// embedder: the path's refusal names `model`, which no gRPC message
 /// carries) is `FAILED_PRECONDITION`, TEI's code for it, not a fault of the
-/// request's fields: a TEI client tells the two apart by code.
+/// request's fields: a TEI client tells the two apart by code. It is still
+/// the client's mistake, marked [`CLIENT_FAULT`].
 pub(crate) fn status(err: ApiError) -> Status {
     let wrong_model =
         err.kind == ErrorKind::InvalidRequest && err.param.as_deref() == Some("model");
-    let code = if wrong_model {
-        Code::FailedPrecondition
-    } else {
-        code(err.kind)
-    };
-    Status::new(code, err.message)
+    if !wrong_model {
+        return Status::new(code(err.kind), err.message);
+    }
+    let mut status = Status::new(Code::FailedPrecondition, err.message);
+    status
+        .metadata_mut()
+        .insert(CLIENT_FAULT, MetadataValue::from_static("1"));
+    status
 }
 
 /// gRPC's name of a status code, as its specification writes it.
@@ -94,12 +104,17 @@ mod tests {
             ApiError::invalid("this route needs a reranker; this server serves x").param("model");
         let s = status(wrong);
         assert_eq!(s.code(), Code::FailedPrecondition);
+        assert!(s.metadata().contains_key(CLIENT_FAULT));
         assert_eq!(
             s.message(),
             "this route needs a reranker; this server serves x"
         );
         let field = ApiError::invalid("inputs: empty").param("inputs");
         assert_eq!(status(field).code(), Code::InvalidArgument);
+        // A model that failed on the request is the server's failure.
+        let failed = status(ApiError::new(ErrorKind::Model, "the model failed"));
+        assert_eq!(failed.code(), Code::FailedPrecondition);
+        assert!(!failed.metadata().contains_key(CLIENT_FAULT));
     }
 
     #[test]

@@ -2,7 +2,9 @@
 through Python grpcio with stubs generated at test time from proto/tei.proto:
 every method, unary and streaming, answers what the HTTP routes answer for
 the same request (the same one path underneath), bit for bit; errors carry
-TEI's status codes; limits, the API key, /metrics and the log apply."""
+TEI's status codes; limits, the API key, /metrics and the log apply. The
+standard health service answers what /health answers, and server reflection
+describes every service, through gRPC's own Python clients."""
 
 from __future__ import annotations
 
@@ -32,8 +34,16 @@ def pb(tmp_path_factory):
     """(messages, stubs) generated from the repository's proto/tei.proto."""
     out = tmp_path_factory.mktemp("stubs")
     include = str(importlib.resources.files(grpc_tools) / "_proto")
-    rc = protoc.main(["protoc", f"-I{ROOT / 'proto'}", f"-I{include}", f"--python_out={out}",
-                      f"--grpc_python_out={out}", "tei.proto"])
+    rc = protoc.main(
+        [
+            "protoc",
+            f"-I{ROOT / 'proto'}",
+            f"-I{include}",
+            f"--python_out={out}",
+            f"--grpc_python_out={out}",
+            "tei.proto",
+        ]
+    )
     assert rc == 0
     sys.path.insert(0, str(out))
     try:
@@ -47,9 +57,20 @@ def served(tmp_path_factory):
     """An embedder (the default), a SPLADE model, a classifier and a reranker,
     with gRPC on; yields (server, channel)."""
     port = free_port()
-    srv = start_server(tmp_path_factory.mktemp("grpc"), "--model", str(NOMIC), "--model", str(SPLADE),
-                       "--model", str(CLASSIFIER), "--model", str(RERANKER), "--no-warmup",
-                       "--grpc-port", str(port))
+    srv = start_server(
+        tmp_path_factory.mktemp("grpc"),
+        "--model",
+        str(NOMIC),
+        "--model",
+        str(SPLADE),
+        "--model",
+        str(CLASSIFIER),
+        "--model",
+        str(RERANKER),
+        "--no-warmup",
+        "--grpc-port",
+        str(port),
+    )
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     grpc.channel_ready_future(channel).result(timeout=30)
     yield srv, channel
@@ -61,6 +82,32 @@ def served(tmp_path_factory):
 def texts():
     golden = json.loads((FIXTURES / "golden" / "minilm_texts.json").read_text())
     return [t for t in golden if t][:10]
+
+
+SERVICES = ["tei.v1.Info", "tei.v1.Embed", "tei.v1.Predict", "tei.v1.Rerank", "tei.v1.Tokenize"]
+
+
+@pytest.fixture(scope="module")
+def health():
+    """(messages, stubs) of grpc.health.v1 (grpcio-health-checking)."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    return health_pb2, health_pb2_grpc
+
+
+def reflected_services(channel, version: str, metadata=None) -> list[str]:
+    """The services server reflection lists, asked of its `version` (v1 or
+    v1alpha: the same messages under two packages, so grpcio-reflection's
+    v1alpha ones serve both)."""
+    from grpc_reflection.v1alpha import reflection_pb2 as r
+
+    info = channel.stream_stream(
+        f"/grpc.reflection.{version}.ServerReflection/ServerReflectionInfo",
+        request_serializer=r.ServerReflectionRequest.SerializeToString,
+        response_deserializer=r.ServerReflectionResponse.FromString,
+    )
+    (answer,) = list(info(iter([r.ServerReflectionRequest(list_services="")]), metadata=metadata))
+    return sorted(s.name for s in answer.list_services_response.service)
 
 
 def f32(values) -> np.ndarray:
@@ -104,8 +151,9 @@ def test_embed_equals_http_embed_bit_for_bit(pb, served, texts, normalize):
         got.append(r.embeddings)
     np.testing.assert_array_equal(f32(got), want)
     # A stream answers each message in order, with the same vectors.
-    answers = list(embed.EmbedStream(iter(
-        [m.EmbedRequest(inputs=t, normalize=normalize, truncate=True) for t in texts])))
+    answers = list(
+        embed.EmbedStream(iter([m.EmbedRequest(inputs=t, normalize=normalize, truncate=True) for t in texts]))
+    )
     assert len(answers) == len(texts)
     np.testing.assert_array_equal(f32([a.embeddings for a in answers]), want)
 
@@ -115,10 +163,14 @@ def test_a_prompt_name_and_left_truncation_reach_the_path(pb, served):
     embed = stubs.EmbedStub(channel)
     long_text = "word " * 3000
     for side, name in ((m.TRUNCATION_DIRECTION_LEFT, "left"), (m.TRUNCATION_DIRECTION_RIGHT, "right")):
-        r = embed.Embed(m.EmbedRequest(inputs=long_text + "end", normalize=True, truncate=True,
-                                       truncation_direction=side, prompt_name="query"))
-        http = srv.post("/embed", {"inputs": long_text + "end", "truncation_direction": name,
-                                   "prompt_name": "query"}).json()
+        r = embed.Embed(
+            m.EmbedRequest(
+                inputs=long_text + "end", normalize=True, truncate=True, truncation_direction=side, prompt_name="query"
+            )
+        )
+        http = srv.post(
+            "/embed", {"inputs": long_text + "end", "truncation_direction": name, "prompt_name": "query"}
+        ).json()
         np.testing.assert_array_equal(f32(r.embeddings), f32(http[0]))
 
 
@@ -128,22 +180,21 @@ def test_embed_sparse_equals_http(pb, served, texts):
     http = srv.post("/embed_sparse", {"model": "tiny-splade", "inputs": texts[:4]})
     assert http.status_code == 200, http.text
     unary = [embed.EmbedSparse(m.EmbedSparseRequest(inputs=t, truncate=True)) for t in texts[:4]]
-    streamed = list(embed.EmbedSparseStream(iter([m.EmbedSparseRequest(inputs=t, truncate=True)
-                                                  for t in texts[:4]])))
+    streamed = list(embed.EmbedSparseStream(iter([m.EmbedSparseRequest(inputs=t, truncate=True) for t in texts[:4]])))
     for want, one, two in zip(http.json(), unary, streamed, strict=True):
         assert len(want) > 0
         for got in (one, two):
             assert [v.index for v in got.sparse_embeddings] == [v["index"] for v in want]
-            np.testing.assert_array_equal(f32([v.value for v in got.sparse_embeddings]),
-                                          f32([v["value"] for v in want]))
+            np.testing.assert_array_equal(
+                f32([v.value for v in got.sparse_embeddings]), f32([v["value"] for v in want])
+            )
 
 
 def test_embed_all_equals_http(pb, served, texts):
     (m, stubs), (srv, channel) = pb, served
     embed = stubs.EmbedStub(channel)
     dim = srv.get("/info").json()["dimension"]
-    streamed = list(embed.EmbedAllStream(iter([m.EmbedAllRequest(inputs=t, truncate=True)
-                                               for t in texts[:3]])))
+    streamed = list(embed.EmbedAllStream(iter([m.EmbedAllRequest(inputs=t, truncate=True) for t in texts[:3]])))
     for text, two in zip(texts[:3], streamed, strict=True):
         # Per text, as the gRPC call asks: rows of one input computed beside
         # others are padded otherwise (no cache holds token rows).
@@ -187,7 +238,7 @@ def test_predict_equals_http_predict(pb, served, texts):
     assert len(answers) == 5
     for got, w in zip(answers, want, strict=True):
         np.testing.assert_array_equal(f32([p.score for p in got.predictions]), f32([p["score"] for p in w]))
-    pairs = [texts[i:i + 2] for i in range(4)]
+    pairs = [texts[i : i + 2] for i in range(4)]
     want = srv.post("/predict", {"inputs": pairs}).json()
     answers = list(predict.PredictPairStream(iter([m.PredictPairRequest(inputs=p, truncate=True) for p in pairs])))
     assert [[p.label for p in a.predictions] for a in answers] == [[p["label"] for p in w] for w in want]
@@ -203,16 +254,17 @@ def test_rerank_equals_http_rerank(pb, served, texts):
     query, docs = texts[0], texts[1:8]
     for raw in (False, True):
         want = srv.post("/rerank", {"query": query, "texts": docs, "raw_scores": raw, "return_text": True}).json()
-        got = rerank.Rerank(m.RerankRequest(query=query, texts=docs, truncate=True, raw_scores=raw,
-                                            return_text=True))
+        got = rerank.Rerank(m.RerankRequest(query=query, texts=docs, truncate=True, raw_scores=raw, return_text=True))
         assert [r.index for r in got.ranks] == [r["index"] for r in want]
         assert sorted(r.index for r in got.ranks) == list(range(len(docs)))
         assert got.metadata.compute_tokens > len(docs)
         assert [r.text for r in got.ranks] == [docs[r.index] for r in got.ranks]
         np.testing.assert_array_equal(f32([r.score for r in got.ranks]), f32([r["score"] for r in want]))
         # The stream's first message sets raw_scores and return_text.
-        messages = [m.RerankStreamRequest(query=query, text=d, truncate=True, raw_scores=raw and i == 0,
-                                          return_text=i == 0) for i, d in enumerate(docs)]
+        messages = [
+            m.RerankStreamRequest(query=query, text=d, truncate=True, raw_scores=raw and i == 0, return_text=i == 0)
+            for i, d in enumerate(docs)
+        ]
         streamed = rerank.RerankStream(iter(messages))
         assert streamed.metadata.compute_tokens == got.metadata.compute_tokens
         assert [r.index for r in streamed.ranks] == [r["index"] for r in want]
@@ -225,8 +277,9 @@ def test_rerank_equals_http_rerank(pb, served, texts):
     # Pairs of two queries in one stream: each scored as /rerank scores it
     # under its own query, all ranked by score at their stream positions.
     queries = [texts[0] if i % 2 else texts[9] for i in range(len(docs))]
-    mixed = rerank.RerankStream(iter([m.RerankStreamRequest(query=q, text=d, truncate=True)
-                                      for q, d in zip(queries, docs, strict=True)]))
+    mixed = rerank.RerankStream(
+        iter([m.RerankStreamRequest(query=q, text=d, truncate=True) for q, d in zip(queries, docs, strict=True)])
+    )
     want = {}
     for q in set(queries):
         positions = [i for i, x in enumerate(queries) if x == q]
@@ -244,21 +297,26 @@ def test_tokenize_and_decode_equal_http(pb, served, texts):
     sample = [*texts[:4], "héllo wörld"]
     for specials in (True, False):
         want = srv.post("/tokenize", {"inputs": sample, "add_special_tokens": specials}).json()
-        streamed = list(tok.TokenizeStream(iter([m.EncodeRequest(inputs=t, add_special_tokens=specials)
-                                                 for t in sample])))
+        streamed = list(
+            tok.TokenizeStream(iter([m.EncodeRequest(inputs=t, add_special_tokens=specials) for t in sample]))
+        )
         for text, w, two in zip(sample, want, streamed, strict=True):
             one = tok.Tokenize(m.EncodeRequest(inputs=text, add_special_tokens=specials))
             for got in (one, two):
-                assert [(t.id, t.text, t.special) for t in got.tokens] == [(t["id"], t["text"], t["special"]) for t in w]
+                assert [(t.id, t.text, t.special) for t in got.tokens] == [
+                    (t["id"], t["text"], t["special"]) for t in w
+                ]
                 assert [(t.start, t.stop) if t.HasField("start") else None for t in got.tokens] == [
-                    (t["start"], t["stop"]) if t["start"] is not None else None for t in w]
+                    (t["start"], t["stop"]) if t["start"] is not None else None for t in w
+                ]
             assert any(t.special for t in one.tokens) == specials
     ids = [[t["id"] for t in w] for w in srv.post("/tokenize", {"inputs": sample}).json()]
     for skip in (True, False):
         want = srv.post("/decode", {"ids": ids, "skip_special_tokens": skip}).json()
         got = [tok.Decode(m.DecodeRequest(ids=i, skip_special_tokens=skip)).text for i in ids]
-        streamed = [a.text for a in tok.DecodeStream(iter([m.DecodeRequest(ids=i, skip_special_tokens=skip)
-                                                           for i in ids]))]
+        streamed = [
+            a.text for a in tok.DecodeStream(iter([m.DecodeRequest(ids=i, skip_special_tokens=skip) for i in ids]))
+        ]
         assert got == streamed == want
     bad = m.DecodeRequest(ids=[10**9])
     assert code_of(lambda: tok.Decode(bad)) == grpc.StatusCode.INVALID_ARGUMENT
@@ -274,10 +332,13 @@ def test_errors_carry_teis_codes_and_end_a_stream(pb, served, texts):
         embed.Embed(m.EmbedRequest(inputs=long_text))
     assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "set truncate to true" in refused.value.details()
-    assert code_of(lambda: embed.Embed(m.EmbedRequest(inputs="a", prompt_name="nope"))) == \
-        grpc.StatusCode.INVALID_ARGUMENT
-    assert code_of(lambda: embed.Embed(m.EmbedRequest(inputs="a", truncation_direction=5))) == \
-        grpc.StatusCode.INVALID_ARGUMENT
+    assert (
+        code_of(lambda: embed.Embed(m.EmbedRequest(inputs="a", prompt_name="nope"))) == grpc.StatusCode.INVALID_ARGUMENT
+    )
+    assert (
+        code_of(lambda: embed.Embed(m.EmbedRequest(inputs="a", truncation_direction=5)))
+        == grpc.StatusCode.INVALID_ARGUMENT
+    )
     # The first bad message ends the stream with its status, after the answers before it.
     messages = [m.EmbedRequest(inputs=t, truncate=True) for t in (texts[0], texts[1], "", texts[2])]
     got = []
@@ -293,8 +354,9 @@ def test_errors_carry_teis_codes_and_end_a_stream(pb, served, texts):
     want = f32(srv.post("/embed", {"inputs": many[:150:37]}).json())
     np.testing.assert_array_equal(f32([a.embeddings for a in answers[::37]]), want)
     # A method no service has.
-    unknown = channel.unary_unary("/tei.v1.Nope/Nope", request_serializer=lambda x: x,
-                                  response_deserializer=lambda x: x)
+    unknown = channel.unary_unary(
+        "/tei.v1.Nope/Nope", request_serializer=lambda x: x, response_deserializer=lambda x: x
+    )
     assert code_of(lambda: unknown(b"")) == grpc.StatusCode.UNIMPLEMENTED
 
 
@@ -304,8 +366,11 @@ def test_calls_are_counted_and_failures_logged(pb, served):
     with pytest.raises(grpc.RpcError):
         stubs.EmbedStub(channel).Embed(m.EmbedRequest(inputs=""))
     metrics = srv.get("/metrics").text
-    counts = {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
-              for line in metrics.splitlines() if line.startswith("mlx_embed_grpc_requests_total{")}
+    counts = {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("mlx_embed_grpc_requests_total{")
+    }
     assert counts['mlx_embed_grpc_requests_total{method="/tei.v1.Info/Info",code="OK"}'] >= 2
     assert counts['mlx_embed_grpc_requests_total{method="/tei.v1.Embed/Embed",code="INVALID_ARGUMENT"}'] >= 1
     assert counts['mlx_embed_grpc_requests_total{method="/tei.v1.Embed/EmbedStream",code="OK"}'] >= 1
@@ -313,11 +378,71 @@ def test_calls_are_counted_and_failures_logged(pb, served):
     assert "gRPC call done" in log and "code=INVALID_ARGUMENT" in log and "method=/tei.v1.Embed/Embed" in log
 
 
-def test_api_key_and_message_size_limit(pb, tmp_path):
+def test_health_answers_what_http_health_answers(served, health):
+    """A Kubernetes `grpc:` probe or grpc_health_probe: SERVING for the server
+    ("") and each tei.v1 service while /health says 200; NOT_FOUND for a
+    service the server does not have; a watch starts with the status now."""
+    (srv, channel), (h, stubs) = served, health
+    probe = stubs.HealthStub(channel)
+    assert srv.get("/health").status_code == 200
+    for service in ["", *SERVICES]:
+        answer = probe.Check(h.HealthCheckRequest(service=service), timeout=10)
+        assert answer.status == h.HealthCheckResponse.SERVING, service
+    with pytest.raises(grpc.RpcError) as unknown:
+        probe.Check(h.HealthCheckRequest(service="tei.v1.Nope"), timeout=10)
+    assert unknown.value.code() == grpc.StatusCode.NOT_FOUND
+    watch = probe.Watch(h.HealthCheckRequest(service="tei.v1.Embed"))
+    assert next(watch).status == h.HealthCheckResponse.SERVING
+    watch.cancel()
+    # The standard's Watch: an unknown service is SERVICE_UNKNOWN, not an error.
+    watch = probe.Watch(h.HealthCheckRequest(service="tei.v1.Nope"))
+    assert next(watch).status == h.HealthCheckResponse.SERVICE_UNKNOWN
+    watch.cancel()
+    metrics = srv.get("/metrics").text
+    assert 'mlx_embed_grpc_requests_total{method="/grpc.health.v1.Health/Check",code="OK"} 6' in metrics
+    assert 'mlx_embed_grpc_requests_total{method="/grpc.health.v1.Health/Check",code="NOT_FOUND"} 1' in metrics
+
+
+def test_reflection_lists_every_service(served):
+    """What `grpcurl list` asks (v1, or v1alpha before grpcurl 1.8.8), and the
+    descriptors a client builds its calls from."""
+    from google.protobuf.descriptor_pool import DescriptorPool
+    from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
+
+    _, channel = served
+    want = sorted(
+        [
+            *SERVICES,
+            "grpc.health.v1.Health",
+            "grpc.reflection.v1.ServerReflection",
+            "grpc.reflection.v1alpha.ServerReflection",
+        ]
+    )
+    assert reflected_services(channel, "v1") == want
+    assert reflected_services(channel, "v1alpha") == want
+    database = ProtoReflectionDescriptorDatabase(channel)
+    assert sorted(database.get_services()) == want
+    pool = DescriptorPool(database)
+    embed = pool.FindServiceByName("tei.v1.Embed").FindMethodByName("Embed")
+    assert embed.input_type.full_name == "tei.v1.EmbedRequest"
+    assert embed.output_type.full_name == "tei.v1.EmbedResponse"
+    assert pool.FindMessageTypeByName("grpc.health.v1.HealthCheckRequest").fields_by_name["service"].number == 1
+
+
+def test_api_key_and_message_size_limit(pb, health, tmp_path):
     m, stubs = pb
     port = free_port()
-    srv = start_server(tmp_path, "--model", str(NOMIC), "--no-warmup", "--api-key", "k1",
-                       "--max-body-bytes", "1000", env={"MLX_EMBED_GRPC_PORT": str(port)})
+    srv = start_server(
+        tmp_path,
+        "--model",
+        str(NOMIC),
+        "--no-warmup",
+        "--api-key",
+        "k1",
+        "--max-body-bytes",
+        "1000",
+        env={"MLX_EMBED_GRPC_PORT": str(port)},
+    )
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     try:
         grpc.channel_ready_future(channel).result(timeout=30)
@@ -337,6 +462,14 @@ def test_api_key_and_message_size_limit(pb, tmp_path):
         with pytest.raises(grpc.RpcError) as refused:
             list(embed.EmbedStream(messages, metadata=ok))
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        # A probe carries no key: health needs none, as /health needs none;
+        # reflection describes the API, so it needs the key as /openapi.json does.
+        h, health_stubs = health
+        assert health_stubs.HealthStub(channel).Check(h.HealthCheckRequest()).status == h.HealthCheckResponse.SERVING
+        assert requests.get(srv.url + "/health", timeout=30).status_code == 200
+        assert code_of(lambda: reflected_services(channel, "v1")) == grpc.StatusCode.UNAUTHENTICATED
+        assert requests.get(srv.url + "/openapi.json", timeout=30).status_code == 401
+        assert "tei.v1.Embed" in reflected_services(channel, "v1", metadata=ok)
         metrics = requests.get(srv.url + "/metrics", headers={"Authorization": "Bearer k1"}, timeout=30).text
         assert 'mlx_embed_grpc_requests_total{method="/tei.v1.Embed/Embed",code="UNAUTHENTICATED"} 3' in metrics
         # A shutdown drains the gRPC listener with the HTTP one: the client's
@@ -365,14 +498,18 @@ def test_info_of_a_classifier_and_a_method_its_model_cannot_answer(pb, tmp_path)
         rerank = m.RerankRequest(query="q", texts=["a"])
         assert code_of(lambda: stubs.RerankStub(channel).Rerank(rerank)) == grpc.StatusCode.FAILED_PRECONDITION
         pairs = iter([m.RerankStreamRequest(query="q", text="a")])
-        assert code_of(lambda: stubs.RerankStub(channel).RerankStream(pairs)) == \
-            grpc.StatusCode.FAILED_PRECONDITION
+        assert code_of(lambda: stubs.RerankStub(channel).RerankStream(pairs)) == grpc.StatusCode.FAILED_PRECONDITION
         answers = stubs.EmbedStub(channel).EmbedSparseStream(iter([m.EmbedSparseRequest(inputs="hi")]))
         assert code_of(lambda: list(answers)) == grpc.StatusCode.FAILED_PRECONDITION
         # A bad field is still the request's fault.
-        assert code_of(lambda: stubs.PredictStub(channel).Predict(m.PredictRequest(inputs=""))) == \
-            grpc.StatusCode.INVALID_ARGUMENT
+        assert (
+            code_of(lambda: stubs.PredictStub(channel).Predict(m.PredictRequest(inputs="")))
+            == grpc.StatusCode.INVALID_ARGUMENT
+        )
     assert srv.stop() == 0, srv.log()[-4000:]
+    # The client's mistakes, not the server's failures: no warning (debug, as HTTP's 4xx).
+    log = srv.log()
+    assert "code=FAILED_PRECONDITION" in log and "gRPC call failed" not in log
 
 
 def test_a_rerank_stream_holds_no_more_than_one_rerank_body(pb, tmp_path):
@@ -380,19 +517,20 @@ def test_a_rerank_stream_holds_no_more_than_one_rerank_body(pb, tmp_path):
     what one /rerank body may hold (--max-body-bytes), not that per message."""
     m, stubs = pb
     port = free_port()
-    srv = start_server(tmp_path, "--model", str(RERANKER), "--no-warmup", "--grpc-port", str(port),
-                       "--max-body-bytes", "1000")
+    srv = start_server(
+        tmp_path, "--model", str(RERANKER), "--no-warmup", "--grpc-port", str(port), "--max-body-bytes", "1000"
+    )
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
         grpc.channel_ready_future(channel).result(timeout=30)
         rerank = stubs.RerankStub(channel)
         text = "word " * 20
-        small = rerank.RerankStream(iter([m.RerankStreamRequest(query="q", text=text, truncate=True)
-                                          for _ in range(5)]))
+        small = rerank.RerankStream(
+            iter([m.RerankStreamRequest(query="q", text=text, truncate=True) for _ in range(5)])
+        )
         assert sorted(r.index for r in small.ranks) == list(range(5))
         # 20 messages of 100 bytes, each under the per-message cap.
         with pytest.raises(grpc.RpcError) as refused:
-            rerank.RerankStream(iter([m.RerankStreamRequest(query="q", text=text, truncate=True)
-                                      for _ in range(20)]))
+            rerank.RerankStream(iter([m.RerankStreamRequest(query="q", text=text, truncate=True) for _ in range(20)]))
         assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
         assert "--max-body-bytes" in refused.value.details()
         http = srv.post("/rerank", {"query": "q", "texts": [text] * 20})
@@ -407,14 +545,17 @@ def test_no_grpc_listener_without_the_flag(tmp_path):
     assert "grpc://" not in log and "gRPC" not in log
 
 
-def test_a_shutdown_ends_a_stream_the_client_holds_open(pb, tmp_path):
+def test_a_shutdown_ends_a_stream_the_client_holds_open(pb, health, tmp_path):
     """A stream held open, idle, does not hold the drain: the messages read are
     answered, then the stream ends UNAVAILABLE and the server exits at once,
-    cleanly (it waited for --drain-timeout-secs, then dropped the stream)."""
+    cleanly (it waited for --drain-timeout-secs, then dropped the stream).
+    A health watch sees the drain: NOT_SERVING, then it ends, holding nothing."""
     m, stubs = pb
+    h, health_stubs = health
     port = free_port()
-    srv = start_server(tmp_path, "--model", str(NOMIC), "--no-warmup", "--grpc-port", str(port),
-                       "--drain-timeout-secs", "60")
+    srv = start_server(
+        tmp_path, "--model", str(NOMIC), "--no-warmup", "--grpc-port", str(port), "--drain-timeout-secs", "60"
+    )
     release = threading.Event()
 
     def held_open():
@@ -425,6 +566,8 @@ def test_a_shutdown_ends_a_stream_the_client_holds_open(pb, tmp_path):
         grpc.channel_ready_future(channel).result(timeout=30)
         answers = stubs.EmbedStub(channel).EmbedStream(held_open())
         got = [next(answers) for _ in range(3)]
+        watch = health_stubs.HealthStub(channel).Watch(h.HealthCheckRequest())
+        assert next(watch).status == h.HealthCheckResponse.SERVING
         started = time.monotonic()
         try:
             assert srv.stop(timeout=20) == 0, srv.log()[-4000:]
@@ -433,6 +576,8 @@ def test_a_shutdown_ends_a_stream_the_client_holds_open(pb, tmp_path):
                 next(answers)
             assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
             assert "shutting down" in ended.value.details()
+            assert [a.status for a in watch] == [h.HealthCheckResponse.NOT_SERVING]
+            assert watch.code() == grpc.StatusCode.OK
         finally:
             release.set()
     assert all(len(a.embeddings) > 0 for a in got)

@@ -56,6 +56,10 @@ EXCLUDED_PREFIXES = {
     ".venv/bin/python scripts/bench_gpu.py": "needs an NVIDIA GPU (its --dry-run runs in make test)",
     ".venv/bin/python scripts/gpu_architectures.py": "needs a GPU (its --dry-run runs in make test)",
     ".venv/bin/python scripts/cold_start.py": "a benchmark (median of repeated cold starts) for a quiet machine",
+    "grpcurl ": "a Go binary the test environment lacks; tests/e2e/test_grpc.py makes the same calls (reflection's "
+    "list, Embed) through grpcio",
+    "grpc_health_probe ": "a Go binary the test environment lacks; tests/e2e/test_grpc.py makes the same health "
+    "Check through grpcio-health-checking, and the README's Python block too",
 }
 
 

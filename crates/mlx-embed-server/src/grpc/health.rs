@@ -120,3 +120,109 @@ impl Health for Probe {
         Ok(Response::new(Box::pin(statuses)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ServerArgs;
+    use futures_util::StreamExt;
+    use mlx_embed_core::{
+        BatchOutput, Batcher, BatcherConfig, EmbedInput, EmbedOptions, Embedder, EmbedderError,
+        Encoded, ModelInfo, Output, Tokenize,
+    };
+    use std::sync::Arc;
+    use tonic::Code;
+
+    /// A model that dies on its first batch.
+    struct Mortal;
+    impl Embedder for Mortal {
+        fn info(&self) -> ModelInfo {
+            ModelInfo {
+                name: "mortal".into(),
+                dim: 1,
+                max_input_tokens: 8,
+                vocab_size: 10,
+                ..ModelInfo::default()
+            }
+        }
+        fn tokenizer(&self) -> Option<Arc<dyn Tokenize>> {
+            None
+        }
+        fn embed_batch(&mut self, _: &[Encoded], _: Output) -> Result<BatchOutput, EmbedderError> {
+            Err(EmbedderError::model_gone("the model is gone"))
+        }
+    }
+
+    async fn check(probe: &Probe, service: &str) -> Result<i32, Code> {
+        let request = Request::new(HealthCheckRequest {
+            service: service.into(),
+        });
+        match probe.check(request).await {
+            Ok(answer) => Ok(answer.into_inner().status),
+            Err(status) => Err(status.code()),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_check_answers_what_health_answers() {
+        let batcher = Batcher::start(BatcherConfig::default(), || Ok(Mortal)).unwrap();
+        let args = ServerArgs::default();
+        let state = AppState::with_models(vec![batcher.clone()], &args, Duration::ZERO).unwrap();
+        let (_stop, stopping) = watch::channel(false);
+        let probe = Probe { state, stopping };
+        let serving = Ok(ServingStatus::Serving.into());
+        for service in SERVICES {
+            assert_eq!(check(&probe, service).await, serving, "{service:?}");
+        }
+        assert_eq!(check(&probe, "tei.v1.Nope").await, Err(Code::NotFound));
+        let request = Request::new(HealthCheckRequest::default());
+        let mut watch = probe.watch(request).await.unwrap().into_inner();
+        let next = |a: Option<Result<HealthCheckResponse, Status>>| a.unwrap().unwrap().status;
+        assert_eq!(next(watch.next().await), ServingStatus::Serving as i32);
+        // The model dies: /health says 503, and so does every check.
+        // Token ids: the fake has no tokenizer.
+        let input = vec![EmbedInput::Tokens(vec![1, 2])];
+        assert!(batcher.embed(input, EmbedOptions::default()).await.is_err());
+        assert!(!batcher.is_healthy());
+        let not_serving = Ok(ServingStatus::NotServing.into());
+        for service in SERVICES {
+            assert_eq!(check(&probe, service).await, not_serving, "{service:?}");
+        }
+        // A watch reads it again within WATCH_EVERY (nothing tells it).
+        let changed = tokio::time::timeout(WATCH_EVERY * 3, watch.next()).await;
+        assert_eq!(next(changed.unwrap()), ServingStatus::NotServing as i32);
+    }
+
+    #[tokio::test]
+    async fn a_watch_ends_with_not_serving_at_the_shutdown() {
+        let batcher = Batcher::start(BatcherConfig::default(), || Ok(Mortal)).unwrap();
+        let args = ServerArgs::default();
+        let state = AppState::with_models(vec![batcher], &args, Duration::ZERO).unwrap();
+        let (stop, stopping) = watch::channel(false);
+        let probe = Probe {
+            state: state.clone(),
+            stopping,
+        };
+        let watch = |service: &str| {
+            probe.watch(Request::new(HealthCheckRequest {
+                service: service.into(),
+            }))
+        };
+        let mut server = watch("").await.unwrap().into_inner();
+        let mut unknown = watch("tei.v1.Nope").await.unwrap().into_inner();
+        let status = |a: Option<Result<HealthCheckResponse, Status>>| a.unwrap().unwrap().status;
+        assert_eq!(status(server.next().await), ServingStatus::Serving as i32);
+        assert_eq!(
+            status(unknown.next().await),
+            ServingStatus::ServiceUnknown as i32
+        );
+        state.begin_shutdown();
+        stop.send_replace(true);
+        assert_eq!(
+            status(server.next().await),
+            ServingStatus::NotServing as i32
+        );
+        assert!(server.next().await.is_none());
+        assert!(unknown.next().await.is_none());
+    }
+}

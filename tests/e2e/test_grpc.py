@@ -495,12 +495,15 @@ def test_info_of_a_classifier_and_a_method_its_model_cannot_answer(pb, tmp_path)
         # which a client tells from a bad field's INVALID_ARGUMENT.
         assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert refused.value.details() == http.json()["error"]
+        # The server's own mark of a client's mistake stays in the server.
+        assert not [k for k, _ in refused.value.trailing_metadata() if "fault" in k]
         rerank = m.RerankRequest(query="q", texts=["a"])
         assert code_of(lambda: stubs.RerankStub(channel).Rerank(rerank)) == grpc.StatusCode.FAILED_PRECONDITION
         pairs = iter([m.RerankStreamRequest(query="q", text="a")])
         assert code_of(lambda: stubs.RerankStub(channel).RerankStream(pairs)) == grpc.StatusCode.FAILED_PRECONDITION
         answers = stubs.EmbedStub(channel).EmbedSparseStream(iter([m.EmbedSparseRequest(inputs="hi")]))
         assert code_of(lambda: list(answers)) == grpc.StatusCode.FAILED_PRECONDITION
+        assert not [k for k, _ in answers.trailing_metadata() if "fault" in k]
         # A bad field is still the request's fault.
         assert (
             code_of(lambda: stubs.PredictStub(channel).Predict(m.PredictRequest(inputs="")))

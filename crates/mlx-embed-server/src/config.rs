@@ -126,7 +126,8 @@ pub struct ServerArgs {
     pub max_inputs_per_request: usize,
 
     /// When set, every route but the probes (/health, /ping, /.well-known/live, /.well-known/ready)
-    /// requires `Authorization: Bearer <key>`, /metrics included (a scraper sends the key).
+    /// requires `Authorization: Bearer <key>`, /metrics included (a scraper sends the key);
+    /// so does every gRPC call but a health check (grpc.health.v1).
     #[arg(long, env = "MLX_EMBED_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
 

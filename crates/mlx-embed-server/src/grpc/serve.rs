@@ -65,7 +65,7 @@ fn app(state: &AppState, stopping: watch::Receiver<bool>) -> Router {
     };
     let max = state.args().max_body_bytes;
     // Both reflection versions list every service served, each other's too
-    // (grpcurl before 1.8.8 asks v1alpha only).
+    // (older grpcurl releases ask v1alpha only).
     let described = || {
         tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(TEI_DESCRIPTORS)

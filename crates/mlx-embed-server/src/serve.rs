@@ -10,9 +10,9 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use axum::Router;
-use hyper::server::conn::http1;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
+use hyper::server::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulConnection;
 use hyper_util::service::TowerToHyperService;
 use mlx_embed_core::{Batcher, CoreError, EmbedInput, EmbedOptions, ModelKind, Output, Side};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
@@ -380,15 +380,95 @@ async fn run(
 /// timeout and made the exit a forced one.
 const HEADERS_GRACE: Duration = Duration::from_secs(1);
 
+/// The most a request's head may take: over HTTP/1 its request line and
+/// headers as read (hyper's default, named so HTTP/2 gets the same; past it
+/// 431), over HTTP/2 its header list as decoded (`SETTINGS_MAX_HEADER_LIST_SIZE`).
+const MAX_HEAD_BYTES: usize = 8192 + 4096 * 100;
+
+/// Streams one HTTP/2 connection may have open at once (hyper's default,
+/// named so it cannot change under us). Admission is per server, not per
+/// connection (`--max-concurrent-requests`, `--max-waiting`, the answer
+/// room): a stream is admitted as a request on an HTTP/1 connection of its
+/// own would be, so this bounds what one client holds in hyper, not how
+/// much it gets computed.
+const H2_MAX_STREAMS: u32 = 200;
+
+/// What an HTTP/2 client with prior knowledge opens with (RFC 9113, 3.4).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// The protocol a connection's first bytes name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Protocol {
+    Http1,
+    Http2,
+}
+
+/// Reads a connection's first bytes, until they are the HTTP/2 preface or
+/// differ from it (at once for HTTP/1: its first byte differs unless it is
+/// a `P`): the protocol. The bytes read are left in `first` (as they come,
+/// so a caller that stops waiting knows whether any did), for its parser to
+/// read again. hyper_util's `auto` builder tells the two the same way but
+/// sets no deadline on it, so a client that connected and sent nothing was
+/// held forever: the caller sets one.
+async fn sniff(stream: &tokio::net::TcpStream, first: &mut Vec<u8>) -> std::io::Result<Protocol> {
+    let mut buf = [0u8; H2_PREFACE.len()];
+    while first.len() < H2_PREFACE.len() {
+        stream.readable().await?;
+        let n = match stream.try_read(&mut buf[..H2_PREFACE.len() - first.len()]) {
+            Ok(n) => n,
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(err) => return Err(err),
+        };
+        first.extend_from_slice(&buf[..n]);
+        if n == 0 || !H2_PREFACE.starts_with(first) {
+            return Ok(Protocol::Http1);
+        }
+    }
+    Ok(Protocol::Http2)
+}
+
+/// Both protocols' settings, made once.
+struct Protocols {
+    http1: http1::Builder,
+    http2: http2::Builder<TokioExecutor>,
+}
+
+impl Protocols {
+    /// HTTP/2 gets HTTP/1's bounds: the head limit, and `client_timeout`
+    /// for a peer that stops answering pings as for one that stops sending
+    /// headers. Its windows stay hyper's (1 MiB a stream and a connection):
+    /// they bound what a client may send unread, and `--max-body-bytes` is
+    /// held by the body's reader whatever the protocol.
+    fn new(client_timeout: Duration) -> Self {
+        let mut http1 = http1::Builder::new();
+        http1
+            .timer(TokioTimer::new())
+            .header_read_timeout(client_timeout)
+            .max_buf_size(MAX_HEAD_BYTES);
+        let mut http2 = http2::Builder::new(TokioExecutor::new());
+        http2
+            .timer(TokioTimer::new())
+            .max_concurrent_streams(H2_MAX_STREAMS)
+            .max_header_list_size(u32::try_from(MAX_HEAD_BYTES).unwrap_or(u32::MAX))
+            .keep_alive_interval(client_timeout)
+            .keep_alive_timeout(client_timeout);
+        Self { http1, http2 }
+    }
+}
+
 /// Serves `app` on every connection `listener` accepts until `stop`
 /// completes, then closes the listener and waits for the open connections to
 /// finish their requests (idle ones close at once, and ones with no request
-/// in progress after [`HEADERS_GRACE`]: part of a request's headers). Each connection gets
+/// in progress after [`HEADERS_GRACE`]: part of a request's headers). A
+/// connection speaks HTTP/1.1, or HTTP/2 when it opens with its preface
+/// (prior knowledge, as gRPC clients and h2c proxies do; `Upgrade: h2c` is
+/// not taken: the request is answered over HTTP/1.1). Each connection gets
 /// `client_timeout` to send a request's headers, counted from when it
 /// connects or its last response was sent: a client that stalls, or keeps an
-/// idle connection open, is dropped rather than held forever (bodies have
-/// their own deadline, in [`crate::extract`]); so is one whose answer could
-/// not be written for `client_timeout`, its client not reading ([`WriteWatched`]).
+/// idle connection open, is dropped rather than held forever (an idle HTTP/2
+/// one is sent a GOAWAY; bodies have their own deadline, in
+/// [`crate::extract`]); so is one whose answer could not be written for
+/// `client_timeout`, its client not reading ([`WriteWatched`]).
 async fn serve_connections(
     listener: TcpListener,
     app: Router,
@@ -396,38 +476,105 @@ async fn serve_connections(
     client_timeout: Duration,
     stop: impl Future<Output = ()>,
 ) {
-    let mut http = http1::Builder::new();
-    http.timer(TokioTimer::new())
-        .header_read_timeout(client_timeout);
-    let graceful = GracefulShutdown::new();
+    let protocols = Arc::new(Protocols::new(client_timeout));
+    // Each connection holds a receiver until it ends: the sender's
+    // `closed` is when the last one has.
     let (stopped_tx, stopped) = tokio::sync::watch::channel(false);
     let mut stop = std::pin::pin!(stop);
     while let Some(stream) = accept_until(&listener, &mut stop).await {
         let tracked = Tracked::new(app.clone());
-        let busy = tracked.busy.clone();
-        let stream = WriteWatched::new(stream, client_timeout, state.clone());
-        let blocked = stream.blocked.clone();
-        let connection =
-            http.serve_connection(TokioIo::new(stream), TowerToHyperService::new(tracked));
-        let connection = graceful.watch(connection);
         let mut stopped = stopped.clone();
         let state = state.clone();
+        let protocols = protocols.clone();
         tokio::spawn(async move {
-            tokio::select! {
-                ended = connection => {
-                    if let Err(err) = ended {
-                        connection_failed(&state, &err);
-                    }
+            let mut first = Vec::new();
+            let sniffed = tokio::select! {
+                sniffed = tokio::time::timeout(client_timeout, sniff(&stream, &mut first)) => Some(sniffed),
+                () = stopping(&mut stopped) => None,
+            };
+            let sniffed = match sniffed {
+                Some(sniffed) => sniffed,
+                // A connection that has sent nothing is idle: closed at
+                // once, as hyper closes an idle one; part of a preface gets
+                // what part of a request's headers gets.
+                None if first.is_empty() => return,
+                None => tokio::time::timeout(HEADERS_GRACE, sniff(&stream, &mut first)).await,
+            };
+            let Ok(Ok(protocol)) = sniffed else {
+                tracing::debug!("closed a connection that sent no request");
+                return;
+            };
+            let activity = tracked.activity.clone();
+            let stream = WriteWatched::new(stream, client_timeout, state.clone()).replaying(first);
+            let blocked = stream.blocked.clone();
+            let io = TokioIo::new(stream);
+            let service = TowerToHyperService::new(tracked);
+            let watched = Watched {
+                state: &state,
+                activity: &activity,
+                blocked: &blocked,
+            };
+            match protocol {
+                Protocol::Http1 => {
+                    let connection = protocols.http1.serve_connection(io, service);
+                    watched.drive(connection, None, &mut stopped).await;
                 }
-                () = unused_after_stop(&mut stopped, &busy, &blocked) => {
-                    tracing::debug!("closed a connection with no request in progress at shutdown");
+                Protocol::Http2 => {
+                    let connection = protocols.http2.serve_connection(io, service);
+                    watched
+                        .drive(connection, Some(client_timeout), &mut stopped)
+                        .await;
                 }
             }
         });
     }
     drop(listener);
+    drop(stopped);
     let _ = stopped_tx.send(true);
-    graceful.shutdown().await;
+    stopped_tx.closed().await;
+}
+
+/// What one connection's task watches while hyper serves it.
+struct Watched<'a> {
+    state: &'a AppState,
+    activity: &'a Activity,
+    blocked: &'a AtomicBool,
+}
+
+impl Watched<'_> {
+    /// Serves `connection` until it ends, or until the server stops or it
+    /// has been idle for `idle_after` (HTTP/2's: hyper closes an idle
+    /// HTTP/1 connection itself): then it is shut down gracefully (HTTP/2:
+    /// a GOAWAY, its open streams answered) and dropped once it has no
+    /// request in progress after [`HEADERS_GRACE`].
+    async fn drive<C>(
+        &self,
+        connection: C,
+        idle_after: Option<Duration>,
+        stopped: &mut tokio::sync::watch::Receiver<bool>,
+    ) where
+        C: GracefulConnection<Error = hyper::Error>,
+    {
+        let mut connection = std::pin::pin!(connection);
+        let why = tokio::select! {
+            ended = connection.as_mut() => return self.ended(ended),
+            () = stopping(stopped) => "shutdown",
+            () = self.activity.idle(idle_after) => "idle",
+        };
+        connection.as_mut().graceful_shutdown();
+        tokio::select! {
+            ended = connection => self.ended(ended),
+            () = unused(self.activity, self.blocked) => {
+                tracing::debug!("closed a connection with no request in progress ({why})");
+            }
+        }
+    }
+
+    fn ended(&self, ended: Result<(), hyper::Error>) {
+        if let Err(err) = ended {
+            connection_failed(self.state, &err);
+        }
+    }
 }
 
 /// A connection that ended in an error. A request hyper could not read
@@ -456,20 +603,19 @@ fn connection_failed(state: &AppState, err: &hyper::Error) {
     }
 }
 
-/// Completes once the server is stopping and, after [`HEADERS_GRACE`], the
-/// connection has no request in progress and nothing waiting to be written
-/// (an answer whose body hyper has taken may still sit in its buffer while a
-/// slow client reads).
-async fn unused_after_stop(
-    stopped: &mut tokio::sync::watch::Receiver<bool>,
-    busy: &AtomicUsize,
-    blocked: &AtomicBool,
-) {
+/// Completes once the server is stopping (never if it was dropped).
+async fn stopping(stopped: &mut tokio::sync::watch::Receiver<bool>) {
     if stopped.wait_for(|&s| s).await.is_err() {
-        return std::future::pending().await;
+        std::future::pending().await
     }
+}
+
+/// Completes once, after [`HEADERS_GRACE`], the connection has no request
+/// in progress and nothing waiting to be written (an answer whose body
+/// hyper has taken may still sit in its buffer while a slow client reads).
+async fn unused(activity: &Activity, blocked: &AtomicBool) {
     tokio::time::sleep(HEADERS_GRACE).await;
-    while busy.load(Ordering::Acquire) > 0 || blocked.load(Ordering::Acquire) {
+    while activity.busy.load(Ordering::Acquire) > 0 || blocked.load(Ordering::Acquire) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -496,6 +642,10 @@ struct WriteWatched {
     /// Where a dropped answer is counted: its request was counted under
     /// its status when the answer was made, before it was written.
     state: AppState,
+    /// Bytes read before the protocol was known ([`sniff`]), read again
+    /// first, from `replayed` on.
+    replay: Vec<u8>,
+    replayed: usize,
 }
 
 impl WriteWatched {
@@ -508,7 +658,14 @@ impl WriteWatched {
             waiting: false,
             unsent_at_arming: None,
             state,
+            replay: Vec::new(),
+            replayed: 0,
         }
+    }
+
+    fn replaying(mut self, first: Vec<u8>) -> Self {
+        self.replay = first;
+        self
     }
 
     /// Bytes written to the socket that the client has not yet taken
@@ -591,7 +748,19 @@ impl AsyncRead for WriteWatched {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.stream).poll_read(cx, buf)
+        let this = &mut *self;
+        if this.replayed < this.replay.len() {
+            let rest = &this.replay[this.replayed..];
+            let n = rest.len().min(buf.remaining());
+            buf.put_slice(&rest[..n]);
+            this.replayed += n;
+            if this.replayed == this.replay.len() {
+                this.replay = Vec::new();
+                this.replayed = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut this.stream).poll_read(cx, buf)
     }
 }
 
@@ -634,31 +803,59 @@ impl AsyncWrite for WriteWatched {
 #[derive(Clone)]
 struct Tracked {
     app: Router,
-    busy: Arc<AtomicUsize>,
+    activity: Arc<Activity>,
 }
 
 impl Tracked {
     fn new(app: Router) -> Self {
         Self {
             app,
-            busy: Arc::default(),
+            activity: Arc::default(),
+        }
+    }
+}
+
+/// A connection's requests: in progress, and begun so far.
+#[derive(Default)]
+struct Activity {
+    busy: AtomicUsize,
+    started: AtomicUsize,
+}
+
+impl Activity {
+    /// Completes once no request has been in progress or begun for a
+    /// whole `after` (between one and two of them after the last one
+    /// ended); never without one.
+    async fn idle(&self, after: Option<Duration>) {
+        let Some(after) = after else {
+            return std::future::pending().await;
+        };
+        loop {
+            let seen = self.started.load(Ordering::Acquire);
+            tokio::time::sleep(after).await;
+            if self.busy.load(Ordering::Acquire) == 0
+                && self.started.load(Ordering::Acquire) == seen
+            {
+                return;
+            }
         }
     }
 }
 
 /// One request in progress on its connection; dropped with its answer's body.
-struct InProgress(Arc<AtomicUsize>);
+struct InProgress(Arc<Activity>);
 
 impl InProgress {
-    fn new(busy: &Arc<AtomicUsize>) -> Self {
-        busy.fetch_add(1, Ordering::AcqRel);
-        Self(busy.clone())
+    fn new(activity: &Arc<Activity>) -> Self {
+        activity.started.fetch_add(1, Ordering::AcqRel);
+        activity.busy.fetch_add(1, Ordering::AcqRel);
+        Self(activity.clone())
     }
 }
 
 impl Drop for InProgress {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
+        self.0.busy.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -681,7 +878,7 @@ where
 
     fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
         use http_body_util::BodyExt;
-        let in_progress = InProgress::new(&self.busy);
+        let in_progress = InProgress::new(&self.activity);
         let answer = self.app.call(request);
         Box::pin(async move {
             let response = answer.await?;

@@ -136,6 +136,9 @@ async fn stalled_headers_and_idle_connections_are_closed_at_the_client_timeout()
         .unwrap();
     // Connected, never a byte.
     let mut silent = connect(&server).await;
+    // Half of HTTP/2's preface, then nothing.
+    let mut half_preface = connect(&server).await;
+    half_preface.write_all(b"PRI * HTTP/2.0\r\n").await.unwrap();
     // One answered request, then an idle keep-alive connection.
     let mut idle = connect(&server).await;
     idle.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -148,6 +151,7 @@ async fn stalled_headers_and_idle_connections_are_closed_at_the_client_timeout()
     for (name, stream) in [
         ("partial headers", &mut partial),
         ("silent", &mut silent),
+        ("half a preface", &mut half_preface),
         ("idle", &mut idle),
     ] {
         let (_, closed) = read_until_closed(stream, Duration::from_secs(10)).await;
@@ -535,7 +539,8 @@ async fn requests_hyper_cannot_read_are_counted() {
     let malformed = [
         "POST /embed HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 5\r\n\r\n{}}",
         "GET /health HTTP/1.1\r\nHost : x\r\n\r\n",
-        "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+        // Not quite HTTP/2's preface: an HTTP/1 request with a wrong version.
+        "PRI * HTTP/2.0\r\n\r\nXY\r\n\r\n",
     ];
     for request in malformed {
         let mut stream = connect(&server).await;
@@ -556,5 +561,50 @@ async fn requests_hyper_cannot_read_are_counted() {
     ] {
         assert!(metrics.contains(counted), "{counted} in {metrics}");
     }
+    server.stop().await.unwrap();
+}
+
+/// An HTTP/2 connection (prior knowledge) with no stream open is sent a
+/// GOAWAY and closed at the client timeout, as an idle HTTP/1 one is
+/// closed; its pings are answered, so it is its idleness that closes it.
+#[tokio::test]
+async fn an_idle_http2_connection_is_sent_a_goaway_at_the_client_timeout() {
+    const PING: u8 = 6;
+    const GOAWAY: u8 = 7;
+    let server = Server::start(args(1)).await;
+    let mut stream = connect(&server).await;
+    // The preface, then an empty SETTINGS frame.
+    stream
+        .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\0\0\0\x04\0\0\0\0\0")
+        .await
+        .unwrap();
+    let start = Instant::now();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let (mut got, mut frame_types) = (Vec::new(), Vec::new());
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = match tokio::time::timeout_at(deadline, stream.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => n,
+            Ok(_) => break,
+            Err(_) => panic!("still open after 10 s: frames {frame_types:?}"),
+        };
+        got.extend_from_slice(&buf[..n]);
+        // Whole frames: a 9-byte header (24-bit length, type, flags, stream).
+        while got.len() >= 9 {
+            let len = usize::from(got[0]) << 16 | usize::from(got[1]) << 8 | usize::from(got[2]);
+            if got.len() < 9 + len {
+                break;
+            }
+            let frame: Vec<u8> = got.drain(..9 + len).collect();
+            frame_types.push(frame[3]);
+            if frame[3] == PING && frame[4] & 1 == 0 {
+                let mut ack = frame.clone();
+                ack[4] = 1;
+                let _ = stream.write_all(&ack).await;
+            }
+        }
+    }
+    assert!(frame_types.contains(&GOAWAY), "frames {frame_types:?}");
+    assert_within(start, 5);
     server.stop().await.unwrap();
 }

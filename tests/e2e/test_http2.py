@@ -1,0 +1,182 @@
+"""HTTP/2 with prior knowledge (h2c) on the HTTP port, through curl (its
+nghttp2 client): the same answers as HTTP/1.1, byte for byte, the same
+limits, many streams on one connection each answered its own, and a drain
+that lets an HTTP/2 request finish."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import signal
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+import requests
+
+from test_overload import HOLD, metrics, start_held_server, wait_until_model_runs
+
+
+def _curl_speaks_http2() -> bool:
+    curl = shutil.which("curl")
+    if curl is None:
+        return False
+    version = subprocess.run([curl, "-V"], capture_output=True, text=True, timeout=10).stdout
+    return any(line.startswith("Features:") and " HTTP2" in line for line in version.splitlines())
+
+
+pytestmark = pytest.mark.skipif(not _curl_speaks_http2(), reason="needs curl built with HTTP/2 (nghttp2)")
+
+
+def h2(server, path: str, body=None, *, flag: str = "--http2-prior-knowledge", timeout: float = 60):
+    """One request over HTTP/2 with prior knowledge (or `flag`): status, HTTP
+    version as curl names it, Content-Type and the body's bytes."""
+    cmd = [
+        "curl",
+        "-sS",
+        flag,
+        "--max-time",
+        str(timeout),
+        "-o",
+        "-",
+        "-w",
+        "\n%{http_code} %{http_version} %{content_type}",
+    ]
+    data = None
+    if body is not None:
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        cmd += ["-H", "content-type: application/json", "--data-binary", "@-"]
+    out = subprocess.run([*cmd, server.url + path], input=data, capture_output=True, timeout=timeout + 10)
+    assert out.returncode == 0, out.stderr.decode()
+    answer, _, trailer = out.stdout.rpartition(b"\n")
+    status, version, ctype = (trailer.decode().split(" ", 2) + [""])[:3]
+    return int(status), version, ctype, answer
+
+
+def h1(server, path: str, body=None):
+    resp = (
+        requests.get(server.url + path, timeout=60)
+        if body is None
+        else requests.post(
+            server.url + path,
+            data=body if isinstance(body, bytes) else json.dumps(body),
+            headers={"content-type": "application/json"},
+            timeout=60,
+        )
+    )
+    assert resp.raw.version == 11
+    return resp.status_code, resp.headers.get("content-type", ""), resp.content
+
+
+SAME_BYTES = [
+    ("/embed", {"inputs": ["HTTP/2 and HTTP/1.1 give one answer", "a second input"]}),
+    ("/v1/embeddings", {"input": ["HTTP/2 and HTTP/1.1 give one answer"], "model": "m"}),
+    ("/v1/embeddings", {"input": "hi", "encoding_format": "base64"}),
+    ("/health", None),
+    # Errors: the same status and JSON body in each route's shape.
+    ("/v1/embeddings", {"input": "hi", "dimensions": 0}),
+    ("/embed", {"inputs": []}),
+    ("/api/v1/embed", {"texts": ["ok", 3]}),
+    ("/no/such/route", None),
+]
+
+
+@pytest.mark.parametrize("path,body", SAME_BYTES)
+def test_http2_answers_the_same_bytes_as_http1(server, path, body):
+    status, version, ctype, answer = h2(server, path, body)
+    assert version == "2"
+    assert (status, ctype, answer) == h1(server, path, body)
+
+
+def test_metrics_over_http2_have_the_same_series(server):
+    def series(text: str) -> set[str]:
+        return {line.rsplit(" ", 1)[0] for line in text.splitlines() if line and not line.startswith("#")}
+
+    h1(server, "/metrics")  # so /metrics itself is counted in both
+    status, version, ctype, answer = h2(server, "/metrics")
+    h1_status, h1_ctype, h1_answer = h1(server, "/metrics")
+    assert (status, version, ctype) == (h1_status, "2", h1_ctype)
+    assert series(answer.decode()) == series(h1_answer.decode())
+
+
+def test_upgrade_h2c_is_answered_over_http1(server):
+    """`Upgrade: h2c` (curl --http2 on http://) is not taken: HTTP/1.1 answers."""
+    status, version, _, answer = h2(server, "/health", flag="--http2")
+    assert (status, version) == (200, "1.1")
+
+
+def test_a_body_over_max_body_bytes_is_413_over_http2(server):
+    body = json.dumps({"inputs": "a" * (3 << 20)}).encode()
+    status, version, _, answer = h2(server, "/embed", body)
+    assert (status, version) == (413, "2")
+    assert (status, answer) == h1(server, "/embed", body)[::2]
+    assert b"--max-body-bytes" in answer
+    # The connection's refusal leaves the server serving.
+    assert h2(server, "/embed", {"inputs": "still fine"})[0] == 200
+
+
+def test_many_streams_on_one_connection_each_get_their_own_vectors(server, tmp_path):
+    n = 100
+    texts = [f"stream {i} of one HTTP/2 connection asks about topic {i * 7 % 13}" for i in range(n)]
+    cmd = [
+        "curl",
+        "-sS",
+        "--http2-prior-knowledge",
+        "--parallel",
+        "--parallel-max",
+        str(n),
+        "--max-time",
+        "120",
+        "-w",
+        "%{http_code} %{http_version} %{num_connects}\n",
+    ]
+    for i, text in enumerate(texts):
+        if i:
+            cmd.append("--next")
+        cmd += [
+            "-H",
+            "content-type: application/json",
+            "--data-binary",
+            json.dumps({"inputs": text}),
+            "-o",
+            str(tmp_path / f"{i}.json"),
+            server.url + "/embed",
+        ]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.split()
+    statuses, versions, connects = lines[0::3], lines[1::3], lines[2::3]
+    assert statuses == ["200"] * n and versions == ["2"] * n
+    # All on one connection: curl multiplexes parallel transfers to one host.
+    assert sum(map(int, connects)) == 1, connects
+    got = [np.array(json.loads((tmp_path / f"{i}.json").read_text())[0]) for i in range(n)]
+    singles = [np.array(json.loads(h1(server, "/embed", {"inputs": t})[2])[0]) for t in texts]
+    for i, (vector, single) in enumerate(zip(got, singles)):
+        # Its own: as close as a batch lets it be to its lone answer, and
+        # farther from every other one.
+        np.testing.assert_allclose(vector, single, atol=1e-5, err_msg=f"stream {i}")
+        others = np.delete(np.stack(singles), i, axis=0)
+        assert np.abs(others - vector).max(axis=1).min() > 1e-3
+    print(f"\n{n} streams on one HTTP/2 connection, each its own vector")
+
+
+def test_sigterm_during_an_http2_request_lets_it_finish_and_exits_0(tmp_path):
+    server, release = start_held_server(tmp_path, "--no-warmup", "--no-cache", "--drain-timeout-secs", "30")
+    before = metrics(server)["mlx_embed_queue_wait_seconds_count"]
+    answer = {}
+    body = {"inputs": [f"{HOLD} an HTTP/2 request in flight at SIGTERM"]}
+    caller = threading.Thread(target=lambda: answer.update(zip("svcb", h2(server, "/embed", body))))
+    caller.start()
+    asyncio.run(wait_until_model_runs(server, before))
+    server.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    assert caller.is_alive(), "the request was answered before the model let go"
+    release.touch()
+    caller.join(timeout=30)
+    assert (answer["s"], answer["v"]) == (200, "2"), answer
+    assert len(json.loads(answer["b"])) == 1
+    assert server.proc.wait(timeout=30) == 0, server.log()[-3000:]
+    assert "shut down" in server.log()

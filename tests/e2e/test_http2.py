@@ -165,3 +165,20 @@ def test_sigterm_during_an_http2_request_lets_it_finish_and_exits_0(tmp_path):
     assert len(json.loads(answer["b"])) == 1
     assert server.proc.wait(timeout=30) == 0, server.log()[-3000:]
     assert "shut down" in server.log()
+
+
+def test_a_header_list_over_the_head_limit_is_431_and_the_connection_goes_on(server):
+    """The HTTP/1 head limit (408 KiB) holds HTTP/2's header list: past it
+    the stream gets 431 (from the h2 library: no body, as hyper's HTTP/1
+    431 has none) and the connection serves on. curl's nghttp2 sends no
+    header over 64 KiB, so httpx's HTTP/2 client sends these."""
+    pytest.importorskip("h2", reason="the h2 package (the test extra) sends a header curl will not")
+    import httpx
+
+    with httpx.Client(http1=False, http2=True, limits=httpx.Limits(max_connections=1), timeout=60) as client:
+        under = client.get(server.url + "/health", headers={"x-big": "a" * (400 << 10)})
+        over = client.get(server.url + "/health", headers={"x-big": "a" * (420 << 10)})
+        after = client.get(server.url + "/health")
+    assert (under.status_code, under.http_version) == (200, "HTTP/2")
+    assert (over.status_code, over.content) == (431, b"")
+    assert after.status_code == 200

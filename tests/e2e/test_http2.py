@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 import requests
 
+from harness import start_server
 from test_overload import HOLD, metrics, start_held_server, wait_until_model_runs
 
 
@@ -207,3 +208,52 @@ def test_bodies_refused_unread_leave_the_connection_serving(server):
     assert wrong_type.status_code == 415
     assert (after.status_code, len(after.json())) == (200, 1)
     assert took < 10
+
+
+def test_a_stream_whose_window_stays_shut_drops_its_connection_at_the_client_timeout(tmp_path):
+    """A client that never opens a stream's flow-control window, while it
+    answers pings and so keeps its connection alive, cannot hold an answer
+    past --client-timeout-secs (over HTTP/1 a client not reading blocks the
+    socket's writes, which the same timeout bounds): the connection is
+    dropped and the answer counted as dropped."""
+    pytest.importorskip("h2", reason="the h2 package (the test extra) sets a window of 0")
+    import socket
+
+    import h2.config
+    import h2.connection
+    import h2.events
+    import h2.settings
+
+    server = start_server(tmp_path, "--no-warmup", "--client-timeout-secs", "2")
+    host, port = server.url.removeprefix("http://").split(":")
+    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn.initiate_connection()
+    conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+    body = json.dumps({"inputs": "an answer never let through"}).encode()
+    headers = [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":authority", f"{host}:{port}"),
+        (":path", "/embed"),
+        ("content-type", "application/json"),
+        ("content-length", str(len(body))),
+    ]
+    conn.send_headers(1, headers)
+    conn.send_data(1, body, end_stream=True)
+    events = []
+    with socket.create_connection((host, int(port)), timeout=15) as sock:
+        sock.sendall(conn.data_to_send())
+        start = time.monotonic()
+        try:
+            while data := sock.recv(65536):
+                events += conn.receive_data(data)  # pings are answered by h2 itself
+                sock.sendall(conn.data_to_send())
+        except ConnectionResetError:
+            pass
+        closed_after = time.monotonic() - start
+    kinds = {type(e) for e in events}
+    # The answer's head came (its body waits on the window), then the connection ended.
+    assert h2.events.ResponseReceived in kinds and h2.events.DataReceived not in kinds, events
+    assert 2 <= closed_after < 8, closed_after
+    assert metrics(server)["mlx_embed_http_answers_dropped_total"] == 1
+    assert server.stop() == 0

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
@@ -546,7 +546,9 @@ impl Watched<'_> {
     /// has been idle for `idle_after` (HTTP/2's: hyper closes an idle
     /// HTTP/1 connection itself): then it is shut down gracefully (HTTP/2:
     /// a GOAWAY, its open streams answered) and dropped once it has no
-    /// request in progress after [`HEADERS_GRACE`].
+    /// request in progress after [`HEADERS_GRACE`]. With `idle_after`, it
+    /// is dropped too once an answer has waited that long for hyper to take
+    /// it ([`Activity::stalled`]).
     async fn drive<C>(
         &self,
         connection: C,
@@ -560,6 +562,7 @@ impl Watched<'_> {
             ended = connection.as_mut() => return self.ended(ended),
             () = stopping(stopped) => "shutdown",
             () = self.activity.idle(idle_after) => "idle",
+            () = self.activity.stalled(idle_after) => return self.stalled(),
         };
         connection.as_mut().graceful_shutdown();
         tokio::select! {
@@ -567,7 +570,16 @@ impl Watched<'_> {
             () = unused(self.activity, self.blocked) => {
                 tracing::debug!("closed a connection with no request in progress ({why})");
             }
+            () = self.activity.stalled(idle_after) => self.stalled(),
         }
+    }
+
+    fn stalled(&self) {
+        tracing::debug!(
+            "dropping an HTTP/2 connection: an answer could not be sent for the client timeout, \
+             the client not reading it (--client-timeout-secs)"
+        );
+        self.state.http_metrics().record_answer_dropped();
     }
 
     fn ended(&self, ended: Result<(), hyper::Error>) {
@@ -815,14 +827,58 @@ impl Tracked {
     }
 }
 
-/// A connection's requests: in progress, and begun so far.
-#[derive(Default)]
+/// A connection's requests: in progress, begun so far, and answers being
+/// taken by hyper.
 struct Activity {
     busy: AtomicUsize,
     started: AtomicUsize,
+    /// Answers made whose bodies hyper has not all taken.
+    answering: AtomicUsize,
+    /// When hyper last took a piece of one (ms after `born`).
+    last_taken: AtomicU64,
+    born: Instant,
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Self {
+            busy: AtomicUsize::new(0),
+            started: AtomicUsize::new(0),
+            answering: AtomicUsize::new(0),
+            last_taken: AtomicU64::new(0),
+            born: Instant::now(),
+        }
+    }
 }
 
 impl Activity {
+    fn taken(&self) {
+        let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_taken.store(now, Ordering::Release);
+    }
+
+    /// Completes once an answer has waited `after` for hyper to take its
+    /// next piece; never without `after`. Over HTTP/2 a client can leave
+    /// one stream's window shut while its connection, pings answered and
+    /// other streams read, never blocks a write: [`WriteWatched`] would not
+    /// see it, and the answer (and its room, [`crate::answer_room`]) would
+    /// be held for as long as the client liked.
+    async fn stalled(&self, after: Option<Duration>) {
+        let Some(after) = after else {
+            return std::future::pending().await;
+        };
+        let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+        loop {
+            tokio::time::sleep((after / 4).max(Duration::from_millis(250))).await;
+            let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+            if self.answering.load(Ordering::Acquire) > 0
+                && now.saturating_sub(self.last_taken.load(Ordering::Acquire)) >= after_ms
+            {
+                return;
+            }
+        }
+    }
+
     /// Completes once no request has been in progress or begun for a
     /// whole `after` (between one and two of them after the last one
     /// ended); never without one.
@@ -859,6 +915,23 @@ impl Drop for InProgress {
     }
 }
 
+/// An answer made whose body hyper has not all taken; dropped with the body.
+struct Answering(Arc<Activity>);
+
+impl Answering {
+    fn new(activity: &Arc<Activity>) -> Self {
+        activity.taken();
+        activity.answering.fetch_add(1, Ordering::AcqRel);
+        Self(activity.clone())
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.0.answering.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 impl<B> tower_service::Service<axum::http::Request<B>> for Tracked
 where
     Router: tower_service::Service<
@@ -879,12 +952,15 @@ where
     fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
         use http_body_util::BodyExt;
         let in_progress = InProgress::new(&self.activity);
+        let activity = self.activity.clone();
         let answer = self.app.call(request);
         Box::pin(async move {
             let response = answer.await?;
+            let answering = Answering::new(&activity);
             Ok(response.map(|body| {
                 axum::body::Body::new(body.map_frame(move |frame| {
                     let _ = &in_progress;
+                    answering.0.taken();
                     frame
                 }))
             }))

@@ -37,13 +37,15 @@ setup: system-deps $(VENV)/.installed
 
 # OpenBLAS gives MLX's CPU backend a ~30x faster matmul than the reference BLAS
 # its Linux wheel links; wrk drives the load tests; nginx balances replicas
-# (deploy/nginx, tests/e2e/test_nginx.py). All from the OS packages.
+# (deploy/nginx, tests/e2e/test_nginx.py); curl speaks HTTP/2 with prior knowledge
+# in tests/e2e/test_http2.py. All from the OS packages.
 system-deps:
 	@need=""; \
 	if [ "$$(uname -s)" = Linux ]; then \
 	  ldconfig -p 2>/dev/null | grep -q 'libopenblas\.so\.0' || need="$$need libopenblas0-pthread"; \
 	  command -v wrk >/dev/null || need="$$need wrk"; \
 	  command -v nginx >/dev/null || [ -x /usr/sbin/nginx ] || need="$$need nginx"; \
+	  command -v curl >/dev/null || need="$$need curl"; \
 	fi; \
 	if [ -n "$$need" ]; then \
 	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \

@@ -2,7 +2,7 @@
 //! to the model thread, and the answer.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -11,7 +11,7 @@ use crate::cache::{Cache, CacheKey, Lead, Lookup};
 use crate::model_thread::{self, Handles};
 use crate::queue::Pending;
 use crate::recorder::Recorder;
-use crate::request::{ActiveGuard, CallerGuard, Request, Ticket};
+use crate::request::{ActiveGuard, CallerGuard, Computed, Request, Ticket};
 use crate::shared::Shared;
 use crate::tokenize;
 use crate::{
@@ -34,6 +34,33 @@ pub struct Embeddings {
     pub token_counts: Vec<u32>,
     /// How many of the inputs were answered from the embedding cache.
     pub cache_hits: u32,
+    /// Where the call's time went, phase by phase.
+    pub timings: Timings,
+}
+
+/// Where one [`Batcher::embed`] call's time went (TEI's per-request phases).
+/// The phases follow one another, so their sum is at most the call's time;
+/// what is left is the cache, the hand-offs, and waiting on another call
+/// that computes the same input (a cache follower's wait is in none).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timings {
+    /// Tokenizing the call's inputs (on tokio's blocking pool).
+    pub tokenization: Duration,
+    /// From the inputs' being ready to queue (admission included) until the
+    /// first of them entered a batch; zero when the cache answered them all.
+    pub queue: Duration,
+    /// Model time of the batches that computed the call's inputs, from each
+    /// one's start to its answer (at most the time from the first one's
+    /// start to the call's answer: pipelined batches overlap); zero when the
+    /// cache answered them all.
+    pub inference: Duration,
+}
+
+impl Timings {
+    fn add(&mut self, computed: &Computed) {
+        self.queue += computed.queue;
+        self.inference += computed.inference;
+    }
 }
 
 impl Embeddings {
@@ -227,8 +254,13 @@ impl Batcher {
         // A caller that leaves while its texts are tokenized leaves them all
         // uncomputed (a refusal is not a cancellation: disarmed before `?`).
         let mut tokenizing = LeftUncounted::new(&shared.recorder, inputs.len());
+        let tokenize_start = Instant::now();
         let encoded =
             tokenize::encode_all(inner.tokenizer.clone(), &inner.info, inputs, &options).await;
+        let mut timings = Timings {
+            tokenization: tokenize_start.elapsed(),
+            ..Timings::default()
+        };
         tokenizing.settle_all();
         let mut encoded = encoded?;
         // Each input carries its request's pooling to the engine: a batch
@@ -248,12 +280,12 @@ impl Batcher {
         let (vectors, row_counts, cache_hits) = match (options.output, &shared.cache) {
             (Output::Pooled, Some(cache)) => {
                 let (vectors, hits) = self
-                    .compute_cached(cache, encoded, options.priority)
+                    .compute_cached(cache, encoded, options.priority, &mut timings)
                     .await?;
                 (vectors, vec![1; token_counts.len()], hits)
             }
             (Output::Pooled, None) => (
-                self.compute(encoded, options.priority, Output::Pooled)
+                self.compute(encoded, options.priority, Output::Pooled, &mut timings)
                     .await?,
                 vec![1; token_counts.len()],
                 0,
@@ -261,7 +293,7 @@ impl Batcher {
             // The cache holds pooled vectors only; token rows are computed
             // every time. The model thread has checked one row per token.
             (Output::Tokens, _) => (
-                self.compute(encoded, options.priority, Output::Tokens)
+                self.compute(encoded, options.priority, Output::Tokens, &mut timings)
                     .await?,
                 token_counts.clone(),
                 0,
@@ -269,8 +301,9 @@ impl Batcher {
             // Checked by the model thread: at most one `dim`-wide row per
             // token, the ones the model keeps.
             (Output::MultiVector(side), _) => {
+                let output = Output::MultiVector(side);
                 let vectors = self
-                    .compute(encoded, options.priority, Output::MultiVector(side))
+                    .compute(encoded, options.priority, output, &mut timings)
                     .await?;
                 let dim = inner.info.dim.max(1);
                 let rows = vectors.iter().map(|v| (v.len() / dim) as u32).collect();
@@ -279,7 +312,7 @@ impl Batcher {
             // Checked by the model thread: `[id, weight]` rows.
             (Output::Sparse, _) => {
                 let vectors = self
-                    .compute(encoded, options.priority, Output::Sparse)
+                    .compute(encoded, options.priority, Output::Sparse, &mut timings)
                     .await?;
                 let rows = vectors.iter().map(|v| (v.len() / 2) as u32).collect();
                 (vectors, rows, 0)
@@ -290,6 +323,7 @@ impl Batcher {
             row_counts,
             token_counts,
             cache_hits,
+            timings,
         })
     }
 
@@ -305,6 +339,7 @@ impl Batcher {
         cache: &Arc<Cache>,
         mut encoded: Vec<Encoded>,
         priority: Priority,
+        timings: &mut Timings,
     ) -> Result<(Vec<Vec<f32>>, u32), CoreError> {
         let mut out: Vec<Option<Vec<f32>>> = vec![None; encoded.len()];
         let mut hits = 0u32;
@@ -347,13 +382,15 @@ impl Batcher {
                 // The request publishes each lead as its vector is computed,
                 // even if this caller has left by then; on error the leads
                 // drop unpublished, which wakes their followers.
-                let vectors = self
+                let computed = self
                     .compute_publishing(inputs, priority, Output::Pooled, leads)
                     .await;
-                if vectors.is_err() {
+                if computed.is_err() {
                     following.settle_all();
                 }
-                for (i, vector) in slots.into_iter().zip(vectors?) {
+                let computed = computed?;
+                timings.add(&computed);
+                for (i, vector) in slots.into_iter().zip(computed.vectors) {
                     out[i] = Some(vector);
                 }
             }
@@ -378,15 +415,19 @@ impl Batcher {
     }
 
     /// Admission into `priority`'s lane, then the model: the `output` of
-    /// `encoded`, in order.
+    /// `encoded`, in order; its queue and model time added to `timings`.
     async fn compute(
         &self,
         encoded: Vec<Encoded>,
         priority: Priority,
         output: Output,
+        timings: &mut Timings,
     ) -> Result<Vec<Vec<f32>>, CoreError> {
-        self.compute_publishing(encoded, priority, output, Vec::new())
-            .await
+        let computed = self
+            .compute_publishing(encoded, priority, output, Vec::new())
+            .await?;
+        timings.add(&computed);
+        Ok(computed.vectors)
     }
 
     /// [`Batcher::compute`] for inputs that lead cache flights: `leads` (one
@@ -398,7 +439,7 @@ impl Batcher {
         priority: Priority,
         output: Output,
         leads: Vec<Lead>,
-    ) -> Result<Vec<Vec<f32>>, CoreError> {
+    ) -> Result<Computed, CoreError> {
         let shared = &*self.inner.shared;
         let n = encoded.len();
         let size = shared

@@ -115,7 +115,7 @@ mod shared;
 mod threads;
 mod tokenize;
 
-pub use batcher::{Batcher, Embeddings};
+pub use batcher::{Batcher, Embeddings, Timings};
 pub use cache::CacheMetrics;
 pub use config::{BatcherConfig, DeviceKind};
 pub use embedder::{

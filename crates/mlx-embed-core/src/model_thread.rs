@@ -347,11 +347,8 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
         let recorder = &*self.shared.recorder;
         let now = Instant::now();
         for part in &batch.parts {
-            if part.req.mark_started() {
-                recorder.queue_wait(
-                    part.req.priority,
-                    now.saturating_duration_since(part.req.arrived),
-                );
+            if let Some(waited) = part.req.mark_started(now) {
+                recorder.queue_wait(part.req.priority, waited);
             }
         }
     }
@@ -379,8 +376,9 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
                     started.elapsed().as_secs_f64() * 1e3
                 );
                 let starts = row_starts(&output.rows);
+                let model_time = started.elapsed();
                 for part in &batch.parts {
-                    self.deliver(part, part.start, &output, &starts);
+                    self.deliver(part, part.start, &output, &starts, model_time);
                 }
             }
             Err(error) if batch.parts.len() == 1 => batch.parts[0].req.fail(failure(error)),
@@ -391,7 +389,14 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
                 for (i, part) in batch.parts.iter().enumerate() {
                     let inputs = &batch.inputs[part.start..part.start + part.len];
                     match self.call(inputs, batch.output) {
-                        Ok(Ok(output)) => self.deliver(part, 0, &output, &row_starts(&output.rows)),
+                        // Its time: the failed batch's and the retries' so far.
+                        Ok(Ok(output)) => self.deliver(
+                            part,
+                            0,
+                            &output,
+                            &row_starts(&output.rows),
+                            started.elapsed(),
+                        ),
                         Ok(Err(error)) => part.req.fail(failure(error)),
                         Err(died) => {
                             self.die(&died, &batch.parts[i..]);
@@ -538,13 +543,21 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
         Ok(())
     }
 
-    /// Hands `part` its rows of `output`; the batch's input `first` is the
-    /// part's first, and `starts` is each input's first row (plus the total).
-    fn deliver(&self, part: &Part, first: usize, output: &BatchOutput, starts: &[usize]) {
+    /// Hands `part` its rows of `output`, computed in `model_time`; the
+    /// batch's input `first` is the part's first, and `starts` is each
+    /// input's first row (plus the total).
+    fn deliver(
+        &self,
+        part: &Part,
+        first: usize,
+        output: &BatchOutput,
+        starts: &[usize],
+        model_time: std::time::Duration,
+    ) {
         let width = output.vectors.len() / starts[starts.len() - 1].max(1);
         let vectors = (first..first + part.len)
             .map(|i| output.vectors[starts[i] * width..starts[i + 1] * width].to_vec());
-        part.req.deliver(part.offset, vectors);
+        part.req.deliver(part.offset, vectors, model_time);
     }
 }
 

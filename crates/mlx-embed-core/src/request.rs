@@ -1,9 +1,9 @@
 //! One admitted `embed` call as the lanes and the model thread see it: where
 //! its answer is assembled and how the caller is told.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 
@@ -12,9 +12,24 @@ use crate::recorder::{lock, Recorder};
 use crate::shared::Shared;
 use crate::{CoreError, Output, Priority};
 
-/// A request's vectors (not normalized, in input order; per input one pooled
-/// vector, or its token rows flattened), or why not.
-pub(crate) type Answered = Result<Vec<Vec<f32>>, CoreError>;
+/// A request's vectors and where its time went, or why not.
+pub(crate) type Answered = Result<Computed, CoreError>;
+
+/// What a request's caller is answered with.
+pub(crate) struct Computed {
+    /// Not normalized, in input order; per input one pooled vector, or its
+    /// rows flattened.
+    pub vectors: Vec<Vec<f32>>,
+    /// From ready to queue (admission included) until its first input
+    /// entered a batch.
+    pub queue: Duration,
+    /// The model time of the batches that computed it, at most the time from
+    /// its first batch's start to its answer (pipelined batches overlap).
+    pub inference: Duration,
+}
+
+/// `Request::queued_for` before the request's first batch starts.
+const NOT_STARTED: u64 = u64::MAX;
 
 pub(crate) type Reply = oneshot::Sender<Answered>;
 
@@ -102,6 +117,8 @@ struct Answer {
     vectors: Vec<Vec<f32>>,
     /// Slots filled so far.
     delivered: usize,
+    /// Model time of the batches that delivered slots so far.
+    model_time: Duration,
     reply: Option<Reply>,
     ticket: Option<Ticket>,
     active: Option<ActiveGuard>,
@@ -123,8 +140,9 @@ pub(crate) struct Request {
     caller_gone: AtomicBool,
     /// Set once the request got an error: its remaining inputs are pointless.
     failed: AtomicBool,
-    /// Set when its first input enters a running batch (queue-wait metric).
-    started: AtomicBool,
+    /// Nanoseconds from `arrived` until its first input entered a running
+    /// batch (`NOT_STARTED` until then): its queue wait.
+    queued_for: AtomicU64,
     answer: Mutex<Answer>,
 }
 
@@ -145,10 +163,11 @@ impl Request {
             arrived,
             caller_gone: AtomicBool::new(false),
             failed: AtomicBool::new(false),
-            started: AtomicBool::new(false),
+            queued_for: AtomicU64::new(NOT_STARTED),
             answer: Mutex::new(Answer {
                 vectors: vec![Vec::new(); len],
                 delivered: 0,
+                model_time: Duration::ZERO,
                 reply: Some(reply),
                 ticket: Some(ticket),
                 active: Some(active),
@@ -176,9 +195,23 @@ impl Request {
         self.caller_gone.load(Ordering::Acquire) || self.failed.load(Ordering::Acquire)
     }
 
-    /// Returns true the first time it is called (the request's first batch starts).
-    pub fn mark_started(&self) -> bool {
-        !self.started.swap(true, Ordering::AcqRel)
+    /// Its first batch starts at `now`: its queue wait the first time it is
+    /// called, `None` after.
+    pub fn mark_started(&self, now: Instant) -> Option<Duration> {
+        let waited = now.saturating_duration_since(self.arrived);
+        let nanos = u64::try_from(waited.as_nanos()).unwrap_or(NOT_STARTED - 1);
+        self.queued_for
+            .compare_exchange(NOT_STARTED, nanos, Ordering::AcqRel, Ordering::Acquire)
+            .ok()
+            .map(|_| waited)
+    }
+
+    /// Its queue wait so far: until its first batch started, or until now.
+    fn queue_wait(&self) -> Duration {
+        match self.queued_for.load(Ordering::Acquire) {
+            NOT_STARTED => self.arrived.elapsed(),
+            nanos => Duration::from_nanos(nanos),
+        }
     }
 
     /// Accounts for `n` of this request's inputs being dropped uncomputed.
@@ -192,14 +225,21 @@ impl Request {
         recorder.inputs_cancelled(n);
     }
 
-    /// Stores computed rows for inputs `offset..`, one entry per input;
-    /// answers the caller when the last input is in. With more than one
-    /// model thread a request's chunks can be answered in any order.
-    pub fn deliver(&self, offset: usize, vectors: impl Iterator<Item = Vec<f32>>) {
+    /// Stores computed rows for inputs `offset..`, one entry per input, from
+    /// a batch the model took `model_time` on; answers the caller when the
+    /// last input is in. With more than one model thread a request's chunks
+    /// can be answered in any order.
+    pub fn deliver(
+        &self,
+        offset: usize,
+        vectors: impl Iterator<Item = Vec<f32>>,
+        model_time: Duration,
+    ) {
         let mut answer = lock(&self.answer);
         if answer.reply.is_none() {
             return;
         }
+        answer.model_time += model_time;
         let mut n = 0;
         {
             let Answer {
@@ -217,8 +257,16 @@ impl Request {
         }
         answer.delivered += n;
         if answer.delivered == self.len {
-            let vectors = std::mem::take(&mut answer.vectors);
-            Self::answer(answer, Ok(vectors));
+            let queue = self.queue_wait();
+            // Batches overlap when pipelined: their summed time can exceed
+            // the time since the first one started.
+            let since_start = self.arrived.elapsed().saturating_sub(queue);
+            let computed = Computed {
+                vectors: std::mem::take(&mut answer.vectors),
+                queue,
+                inference: answer.model_time.min(since_start),
+            };
+            Self::answer(answer, Ok(computed));
         } else if let Some(ticket) = answer.ticket.as_mut() {
             ticket.answered(n);
         }

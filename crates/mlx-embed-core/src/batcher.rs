@@ -271,6 +271,7 @@ impl Batcher {
             }
         }
         let token_counts: Vec<u32> = encoded.iter().map(|e| e.len() as u32).collect();
+        shared.recorder.input_tokens(&token_counts);
         if let (true, Some(max)) = (options.output.per_token(), options.max_token_rows) {
             let rows = token_counts.iter().map(|&n| n as usize).sum();
             if rows > max {

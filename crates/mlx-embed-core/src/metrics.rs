@@ -45,6 +45,9 @@ pub struct MetricsSnapshot {
     pub queue_wait_seconds: Histogram,
     pub gil_wait_seconds: Histogram,
     pub model_seconds: Histogram,
+    /// Tokens of each input of the calls tokenized (after truncation,
+    /// special tokens included), cache hits too.
+    pub input_tokens: Histogram,
     /// The same queue figures per priority lane, high, normal, low.
     pub lanes: Vec<LaneMetrics>,
     /// The embedding cache (all zero when it is off).
@@ -75,6 +78,13 @@ pub const SECONDS_BOUNDS: &[f64] = &[
 /// Bucket bounds for inputs per batch (powers of two cover every `max_batch_size`).
 pub const BATCH_SIZE_BOUNDS: &[f64] = &[
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+];
+
+/// Bucket bounds for an input's tokens: powers of two, as TEI's
+/// `te_request_input_length` (up to 32,768, the longest context served).
+pub const INPUT_TOKENS_BOUNDS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
+    16384.0, 32768.0,
 ];
 
 /// Bucket bounds for padded tokens per batch.

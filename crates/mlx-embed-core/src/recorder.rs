@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::metrics::{BATCH_SIZE_BOUNDS, BATCH_TOKENS_BOUNDS, SECONDS_BOUNDS};
+use crate::metrics::{BATCH_SIZE_BOUNDS, BATCH_TOKENS_BOUNDS, INPUT_TOKENS_BOUNDS, SECONDS_BOUNDS};
 use crate::{
     CacheMetrics, CoreError, Embeddings, Histogram, LaneMetrics, MetricsSnapshot, Priority,
 };
@@ -26,6 +26,7 @@ struct Histograms {
     lane_queue_wait: [Histogram; 3],
     gil_wait: Histogram,
     model: Histogram,
+    input_tokens: Histogram,
 }
 
 /// Counters shared by callers and the model thread.
@@ -61,6 +62,7 @@ impl Histograms {
             lane_queue_wait: std::array::from_fn(|_| Histogram::with_bounds(SECONDS_BOUNDS)),
             gil_wait: Histogram::with_bounds(SECONDS_BOUNDS),
             model: Histogram::with_bounds(SECONDS_BOUNDS),
+            input_tokens: Histogram::with_bounds(INPUT_TOKENS_BOUNDS),
         }
     }
 }
@@ -171,6 +173,14 @@ impl Recorder {
         h.gil_wait.observe(gil_wait.as_secs_f64());
     }
 
+    /// A call's inputs are tokenized: each one's tokens.
+    pub fn input_tokens(&self, counts: &[u32]) {
+        let mut h = lock(&self.hist);
+        for &n in counts {
+            h.input_tokens.observe(f64::from(n));
+        }
+    }
+
     pub fn tokens(&self, real: u64, padded: u64) {
         self.real_tokens.fetch_add(real, Relaxed);
         self.padded_tokens.fetch_add(padded, Relaxed);
@@ -241,6 +251,7 @@ impl Recorder {
             queue_wait_seconds: h.queue_wait.clone(),
             gil_wait_seconds: h.gil_wait.clone(),
             model_seconds: h.model.clone(),
+            input_tokens: h.input_tokens.clone(),
             lanes,
             cache,
         }

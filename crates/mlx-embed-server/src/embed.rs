@@ -14,6 +14,7 @@ use crate::answer_room::{make_room, JSON_FLOAT_BYTES, SPARSE_ENTRY_BYTES};
 use crate::errors::{ApiError, ErrorKind};
 use crate::models::{ServedModel, Task};
 use crate::state::AppState;
+use crate::timing;
 
 /// What every API's request boils down to.
 #[derive(Debug, Clone, PartialEq)]
@@ -180,6 +181,7 @@ async fn run(
     task: Task,
     bytes_per_value: usize,
 ) -> Result<EmbedOutput, ApiError> {
+    timing::begin(req.inputs.len());
     refuse_inputs(state, &req.inputs, req.empty_texts)
         .inspect_err(|_| state.count_under_requested(req.model.as_deref(), task))?;
     let model = state.model_for(req.model.as_deref(), task)?;
@@ -214,9 +216,11 @@ async fn run(
     };
     let values = rows.saturating_mul(dimension);
     make_room(state, values.saturating_mul(bytes_per_value)).await?;
+    let chars = timing::chars(&req.inputs);
     let out = state
         .unless_drain_ends(model.batcher.embed(req.inputs, req.options))
         .await?;
+    timing::record(model.info(), chars, &out);
     if out.vectors.len() != n_inputs || out.row_counts.len() != n_inputs {
         // The core promises one entry per input; never answer with misaligned data.
         return Err(ApiError::new(

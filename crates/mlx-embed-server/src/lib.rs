@@ -34,6 +34,7 @@ pub mod score;
 mod serve;
 mod shutdown;
 pub mod state;
+pub mod timing;
 
 pub use config::ServerArgs;
 pub use errors::ServerError;

@@ -31,10 +31,12 @@ use std::collections::BTreeMap;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use mlx_embed_core::{DeviceMemory, Histogram, LaneMetrics, MetricsSnapshot};
 
 use crate::state::AppState;
+use crate::timing::Measured;
 
 /// Upper bounds (seconds) of the request latency histogram.
 const LATENCY_BOUNDS: [f64; 14] = [
@@ -66,9 +68,59 @@ pub enum Unreadable {
     TooLarge,
 }
 
+/// TEI's duration buckets (its exporter's: 35 steps of x1.5 from 15 us,
+/// up to about 15 s), so its dashboards' quantiles read the same.
+fn tei_seconds_bounds() -> Vec<f64> {
+    (1..=35).map(|k| 1e-5 * 1.5f64.powi(k)).collect()
+}
+
+/// TEI's `te_request_*`: the requests that reached the model path (HTTP
+/// and gRPC alike), counted once each from the same figures as their
+/// `x-*` headers and gRPC `Metadata`.
+struct TeiRequests {
+    /// By method, `single` (one input) and `batch`: all, and answered.
+    count: [u64; 2],
+    success: [u64; 2],
+    /// Failures by TEI's `err` label ([`tei_error`]).
+    failure: BTreeMap<&'static str, u64>,
+    duration: Histogram,
+    tokenization: Histogram,
+    queue: Histogram,
+    inference: Histogram,
+}
+
+impl Default for TeiRequests {
+    fn default() -> Self {
+        let seconds = || Histogram::with_bounds(&tei_seconds_bounds());
+        Self {
+            count: [0; 2],
+            success: [0; 2],
+            failure: BTreeMap::new(),
+            duration: seconds(),
+            tokenization: seconds(),
+            queue: seconds(),
+            inference: seconds(),
+        }
+    }
+}
+
+/// TEI's `te_request_failure` `err` label for a refused request's status.
+fn tei_error(status: u16) -> &'static str {
+    match status {
+        413 => "batch_size",
+        422 => "tokenization",
+        424 => "model_type",
+        429 => "overloaded",
+        499 => "dropped",
+        500.. => "inference",
+        _ => "validation",
+    }
+}
+
 /// Per-route (and per-model) request counts by status code and latency histograms.
 #[derive(Default)]
 pub struct HttpMetrics {
+    tei: Mutex<TeiRequests>,
     routes: Mutex<BTreeMap<(String, Option<String>), RouteStats>>,
     answers_dropped: AtomicU64,
     /// gRPC calls (`--grpc-port`) by method and status code name.
@@ -101,6 +153,30 @@ impl HttpMetrics {
     pub fn record_grpc(&self, method: &'static str, code: &'static str) {
         let mut grpc = self.grpc.lock().unwrap_or_else(|e| e.into_inner());
         *grpc.entry((method, code)).or_default() += 1;
+    }
+
+    /// Counts a request that reached the model path (`measured.sent > 0`;
+    /// others are ignored) in TEI's `te_request_*`, by its status: an
+    /// answer's phase times and `total` in the histograms, a refusal by
+    /// TEI's `err`.
+    pub fn record_tei(&self, measured: &Measured, status: u16, total: Duration) {
+        if measured.sent == 0 {
+            return;
+        }
+        let method = usize::from(measured.sent > 1);
+        let mut tei = self.tei.lock().unwrap_or_else(|e| e.into_inner());
+        tei.count[method] += 1;
+        match (&measured.usage, (200..300).contains(&status)) {
+            (Some(usage), true) => {
+                tei.success[method] += 1;
+                let t = &usage.timings;
+                tei.duration.observe(total.as_secs_f64());
+                tei.tokenization.observe(t.tokenization.as_secs_f64());
+                tei.queue.observe(t.queue.as_secs_f64());
+                tei.inference.observe(t.inference.as_secs_f64());
+            }
+            _ => *tei.failure.entry(tei_error(status)).or_default() += 1,
+        }
     }
 
     /// Counts a request hyper refused before any route saw it.
@@ -143,6 +219,7 @@ fn observe(h: &mut Histogram, value: f64) {
 pub fn render(state: &AppState, memory: Option<&DeviceMemory>) -> String {
     let mut out = String::with_capacity(8 * 1024);
     render_http(&mut out, state.http_metrics());
+    render_tei(&mut out, state.http_metrics());
     let room = state.answer_room();
     gauge(
         &mut out,
@@ -329,6 +406,63 @@ fn render_http(out: &mut String, http: &HttpMetrics) {
     }
 }
 
+/// TEI's request metrics, under TEI's names and labels.
+fn render_tei(out: &mut String, http: &HttpMetrics) {
+    let tei = http.tei.lock().unwrap_or_else(|e| e.into_inner());
+    let methods = ["single", "batch"];
+    for (name, help, counts) in [
+        (
+            "te_request_count",
+            "Requests that reached the model path, by method (single: one input).",
+            &tei.count,
+        ),
+        (
+            "te_request_success",
+            "Of te_request_count, those answered.",
+            &tei.success,
+        ),
+    ] {
+        head(out, name, help, "counter");
+        for (method, n) in methods.iter().zip(counts) {
+            let _ = writeln!(out, "{name}{{method=\"{method}\"}} {n}");
+        }
+    }
+    head(
+        out,
+        "te_request_failure",
+        "Of te_request_count, those refused, by TEI's err (validation, tokenization, \
+         batch_size, model_type, overloaded, inference, dropped).",
+        "counter",
+    );
+    for (err, n) in &tei.failure {
+        let _ = writeln!(out, "te_request_failure{{err=\"{err}\"}} {n}");
+    }
+    for (name, help, h) in [
+        (
+            "te_request_duration",
+            "Seconds of an answered te_request_count request (x-total-time).",
+            &tei.duration,
+        ),
+        (
+            "te_request_tokenization_duration",
+            "Seconds its inputs were tokenized (x-tokenization-time).",
+            &tei.tokenization,
+        ),
+        (
+            "te_request_queue_duration",
+            "Seconds it waited for admission and its first batch (x-queue-time).",
+            &tei.queue,
+        ),
+        (
+            "te_request_inference_duration",
+            "Seconds of model time its batches took (x-inference-time).",
+            &tei.inference,
+        ),
+    ] {
+        histogram(out, name, help, h);
+    }
+}
+
 /// `route="..."`, and `,model="..."` where the series has one.
 fn series_labels((route, model): &(String, Option<String>)) -> String {
     match model {
@@ -438,6 +572,36 @@ fn render_core(out: &mut String, m: &MetricsSnapshot) {
     );
     render_lanes(out, m);
     render_cache(out, m);
+    render_tei_core(out, m);
+}
+
+/// TEI's names for the core's own figures: the same counts as the
+/// `mlx_embed_*` ones above, in our buckets.
+fn render_tei_core(out: &mut String, m: &MetricsSnapshot) {
+    gauge(
+        out,
+        "te_queue_size",
+        "Inputs queued for the model, not yet in a batch (mlx_embed_queued_inputs).",
+        m.queued_inputs,
+    );
+    histogram(
+        out,
+        "te_batch_next_size",
+        "Inputs per model call (mlx_embed_batch_size).",
+        &m.batch_size,
+    );
+    histogram(
+        out,
+        "te_batch_next_tokens",
+        "Padded tokens per model call (mlx_embed_batch_tokens).",
+        &m.batch_tokens,
+    );
+    histogram(
+        out,
+        "te_request_input_length",
+        "Tokens of each input, after truncation, special tokens included.",
+        &m.input_tokens,
+    );
 }
 
 /// Per priority lane, labelled `priority="high|normal|low"`.

@@ -24,6 +24,7 @@ use tracing::Instrument;
 use crate::errors::{Api, ApiError, ErrorKind, ErrorReason, LogSafe};
 use crate::metrics::Series;
 use crate::state::AppState;
+use crate::timing;
 
 /// Header carrying the request id, accepted from the client and echoed back.
 pub static REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -77,13 +78,14 @@ pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next
         span: &span,
         start,
     };
-    let handled = ANSWERING_MODEL.scope(
+    let handled = timing::measured(ANSWERING_MODEL.scope(
         model.clone(),
         AssertUnwindSafe(next.run(req).instrument(span.clone())).catch_unwind(),
-    );
+    ));
+    let (handled, measured) = handled.await;
     // A bug in a handler answers its own request 500, in the route's shape,
     // instead of dropping the connection unanswered; the server goes on.
-    let mut response = handled.await.unwrap_or_else(|_| {
+    let mut response = handled.unwrap_or_else(|_| {
         span.in_scope(|| tracing::error!("the handler panicked (see stderr)"));
         api.render(ApiError::new(
             ErrorKind::Model,
@@ -94,6 +96,14 @@ pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next
 
     let elapsed = start.elapsed();
     let status = response.status().as_u16();
+    // TEI's figures on every answer the model worked for; not on a refusal
+    // (a call can succeed before a later one fails the request).
+    if let (Some(usage), true) = (&measured.usage, response.status().is_success()) {
+        response
+            .headers_mut()
+            .extend(timing::headers(usage, elapsed));
+    }
+    state.http_metrics().record_tei(&measured, status, elapsed);
     let series = model.series(&state, &route);
     if status == CLIENT_CLOSED_REQUEST {
         // Closed in the middle of its body: counted as a client that left

@@ -13,6 +13,7 @@ use crate::embed::check_inputs;
 use crate::errors::{ApiError, ErrorKind};
 use crate::models::Task;
 use crate::state::AppState;
+use crate::timing;
 
 /// What every scoring route's request boils down to.
 #[derive(Debug, Clone, PartialEq)]
@@ -50,14 +51,20 @@ pub struct ScoreOutput {
 
 /// Scores `req`; errors carry their status (see [`crate::errors`]).
 pub async fn score(state: &AppState, req: ScoreRequest) -> Result<ScoreOutput, ApiError> {
+    timing::begin(req.inputs.len());
     check_inputs(state, &req.inputs, req.model.as_deref(), req.task)?;
-    score_checked(state, req).await
+    run(state, req).await
 }
 
 /// [`score`] for inputs the route checked itself: pieces the server made
 /// of what the client sent (Cohere's chunks), which count as the client's
 /// documents, not one input each.
 pub async fn score_checked(state: &AppState, req: ScoreRequest) -> Result<ScoreOutput, ApiError> {
+    timing::begin(req.inputs.len());
+    run(state, req).await
+}
+
+async fn run(state: &AppState, req: ScoreRequest) -> Result<ScoreOutput, ApiError> {
     let model = state.model_for(req.model.as_deref(), req.task)?;
     let labels = model.info().kind.labels().to_vec();
     let width = model.info().dim;
@@ -69,9 +76,11 @@ pub async fn score_checked(state: &AppState, req: ScoreRequest) -> Result<ScoreO
     }
     // One row of `width` (= `dim`) scores per input: the model thread checks
     // every output's shape before it answers.
+    let chars = timing::chars(&req.inputs);
     let out = state
         .unless_drain_ends(model.batcher.embed(req.inputs, req.options))
         .await?;
+    timing::record(model.info(), chars, &out);
     let logits = out.vectors;
     if logits.iter().flatten().any(|s| s.is_nan()) {
         return Err(ApiError::new(

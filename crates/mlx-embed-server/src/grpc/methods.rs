@@ -3,13 +3,15 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use axum::extract::State;
+use axum::http::HeaderMap;
 use futures_util::stream::{Stream, StreamExt};
 use mlx_embed_core::Output;
 use tokio::sync::watch;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::metadata::MetadataMap;
+use tonic::{Extensions, Request, Response, Status, Streaming};
 
 use super::requests::{
     embed_request, merge_ranks, predict_request, raw_request, rerank_request,
@@ -27,16 +29,86 @@ use crate::routes::tokens::{
     decode_ids, tokenize_texts, DecodeIds, DecodeRequest, TokenizeRequest,
 };
 use crate::state::AppState;
+use crate::timing::{self, Usage};
 
-/// TEI's per-call figures: what is known here (characters, tokens the
-/// model ran, total time); the phases' times are not measured apart.
-fn metadata(chars: usize, tokens: u64, start: Instant) -> Option<pb::Metadata> {
-    Some(pb::Metadata {
-        compute_chars: u32::try_from(chars).unwrap_or(u32::MAX),
-        compute_tokens: u32::try_from(tokens).unwrap_or(u32::MAX),
-        total_time_ns: u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX),
-        ..pb::Metadata::default()
-    })
+/// TEI's figures of one message's model work, `total` its time.
+fn metadata(usage: Option<&Usage>, total: Duration) -> pb::Metadata {
+    let nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    let usage = usage.cloned().unwrap_or_default();
+    pb::Metadata {
+        compute_chars: u32::try_from(usage.chars).unwrap_or(u32::MAX),
+        compute_tokens: u32::try_from(usage.tokens).unwrap_or(u32::MAX),
+        total_time_ns: nanos(total),
+        tokenization_time_ns: nanos(usage.timings.tokenization),
+        queue_time_ns: nanos(usage.timings.queue),
+        inference_time_ns: nanos(usage.timings.inference),
+    }
+}
+
+/// An answer message that carries TEI's `Metadata`.
+trait WithMetadata {
+    fn set_metadata(&mut self, metadata: pb::Metadata);
+}
+
+macro_rules! with_metadata {
+    ($($message:ty),*) => {$(
+        impl WithMetadata for $message {
+            fn set_metadata(&mut self, metadata: pb::Metadata) {
+                self.metadata = Some(metadata);
+            }
+        }
+    )*};
+}
+
+with_metadata!(
+    pb::EmbedResponse,
+    pb::EmbedSparseResponse,
+    pb::EmbedAllResponse,
+    pb::PredictResponse,
+    pb::RerankResponse
+);
+
+/// Runs one message's `work` in a [`timing::measured`] scope: its answer
+/// with `Metadata` filled in, and TEI's `x-*` headers of the same figures
+/// (none when it ran no model call), which a unary call's response carries
+/// as TEI's does.
+/// It counts in TEI's `te_request_*` metrics as an HTTP request does.
+async fn timed<T: WithMetadata>(
+    state: &AppState,
+    work: impl Future<Output = Result<T, ApiError>>,
+) -> Result<(T, HeaderMap), ApiError> {
+    let start = Instant::now();
+    let (answer, measured) = timing::measured(work).await;
+    let total = start.elapsed();
+    let status = match &answer {
+        Ok(_) => 200,
+        Err(e) => e.kind.status().as_u16(),
+    };
+    state.http_metrics().record_tei(&measured, status, total);
+    let mut answer = answer?;
+    answer.set_metadata(metadata(measured.usage.as_ref(), total));
+    let headers = measured
+        .usage
+        .map_or_else(HeaderMap::new, |u| timing::headers(&u, total));
+    Ok((answer, headers))
+}
+
+/// [`timed`] for a stream's message: its figures in its `Metadata` only.
+async fn timed_message<T: WithMetadata>(
+    state: AppState,
+    work: impl Future<Output = Result<T, ApiError>>,
+) -> Result<T, ApiError> {
+    timed(&state, work).await.map(|(answer, _)| answer)
+}
+
+/// A unary call's answer, TEI's headers as its response metadata.
+fn reply_timed<T>(answer: Result<(T, HeaderMap), ApiError>) -> Result<Response<T>, Status> {
+    let (answer, headers) = answer.map_err(status)?;
+    Ok(Response::from_parts(
+        MetadataMap::from_headers(headers),
+        answer,
+        Extensions::default(),
+    ))
 }
 
 /// The services: every method on the HTTP routes' state.
@@ -48,13 +120,11 @@ pub(crate) struct Tei {
 }
 
 async fn embed_one(state: AppState, r: pb::EmbedRequest) -> Result<pb::EmbedResponse, ApiError> {
-    let start = Instant::now();
-    let chars = r.inputs.chars().count();
     let req = embed_request(r)?.into_request(&state, None)?;
     let mut out = run_embed(&state, req).await?;
     Ok(pb::EmbedResponse {
         embeddings: out.vectors.pop().unwrap_or_default(),
-        metadata: metadata(chars, out.prompt_tokens, start),
+        metadata: None,
     })
 }
 
@@ -62,8 +132,6 @@ async fn embed_sparse_one(
     state: AppState,
     r: pb::EmbedSparseRequest,
 ) -> Result<pb::EmbedSparseResponse, ApiError> {
-    let start = Instant::now();
-    let chars = r.inputs.chars().count();
     let req = raw_request(r.inputs, r.truncate, r.truncation_direction, r.prompt_name)?
         .into_request(&state, None, Output::Pooled)?;
     let mut out = run_embed_sparse(&state, req).await?;
@@ -75,7 +143,7 @@ async fn embed_sparse_one(
             .into_iter()
             .map(|(index, value)| pb::SparseValue { index, value })
             .collect(),
-        metadata: metadata(chars, out.prompt_tokens, start),
+        metadata: None,
     })
 }
 
@@ -83,8 +151,6 @@ async fn embed_all_one(
     state: AppState,
     r: pb::EmbedAllRequest,
 ) -> Result<pb::EmbedAllResponse, ApiError> {
-    let start = Instant::now();
-    let chars = r.inputs.chars().count();
     let req = raw_request(r.inputs, r.truncate, r.truncation_direction, r.prompt_name)?
         .into_request(&state, None, Output::Tokens)?;
     let out = run_embed(&state, req).await?;
@@ -101,7 +167,7 @@ async fn embed_all_one(
                 })
                 .collect(),
         },
-        metadata: metadata(chars, out.prompt_tokens, start),
+        metadata: None,
     })
 }
 
@@ -112,10 +178,8 @@ async fn predict_one(
     raw_scores: bool,
     truncation_direction: i32,
 ) -> Result<pb::PredictResponse, ApiError> {
-    let start = Instant::now();
-    let chars = texts.iter().map(|t| t.chars().count()).sum();
     let req = predict_request(texts, truncate, raw_scores, truncation_direction)?;
-    let (answer, tokens) = predict_body(&state, req, None).await?;
+    let answer = predict_body(&state, req, None).await?;
     let predictions = match answer {
         PredictResponse::Single(p) => p,
         // A one-input request is answered flat; a batch never comes from here.
@@ -129,7 +193,7 @@ async fn predict_one(
                 label: p.label,
             })
             .collect(),
-        metadata: metadata(chars, tokens, start),
+        metadata: None,
     })
 }
 
@@ -137,10 +201,7 @@ async fn rerank_one(
     state: &AppState,
     req: TeiRerankRequest,
 ) -> Result<pb::RerankResponse, ApiError> {
-    let start = Instant::now();
-    let chars = req.query.chars().count() * req.texts.len()
-        + req.texts.iter().map(|t| t.chars().count()).sum::<usize>();
-    let (ranks, tokens) = tei_rank(state, req, None).await?;
+    let ranks = tei_rank(state, req, None).await?;
     Ok(pb::RerankResponse {
         ranks: ranks
             .into_iter()
@@ -150,7 +211,7 @@ async fn rerank_one(
                 score: r.score,
             })
             .collect(),
-        metadata: metadata(chars, tokens, start),
+        metadata: None,
     })
 }
 
@@ -294,7 +355,13 @@ impl pb::embed_server::Embed for Tei {
         &self,
         request: Request<pb::EmbedRequest>,
     ) -> Result<Response<pb::EmbedResponse>, Status> {
-        reply(embed_one(self.state.clone(), request.into_inner()).await)
+        reply_timed(
+            timed(
+                &self.state,
+                embed_one(self.state.clone(), request.into_inner()),
+            )
+            .await,
+        )
     }
 
     type EmbedStreamStream = Answers<pb::EmbedResponse>;
@@ -306,7 +373,7 @@ impl pb::embed_server::Embed for Tei {
         Ok(Response::new(answer_each(
             self,
             request.into_inner(),
-            embed_one,
+            |state, r| timed_message(state.clone(), embed_one(state, r)),
         )))
     }
 
@@ -314,7 +381,13 @@ impl pb::embed_server::Embed for Tei {
         &self,
         request: Request<pb::EmbedSparseRequest>,
     ) -> Result<Response<pb::EmbedSparseResponse>, Status> {
-        reply(embed_sparse_one(self.state.clone(), request.into_inner()).await)
+        reply_timed(
+            timed(
+                &self.state,
+                embed_sparse_one(self.state.clone(), request.into_inner()),
+            )
+            .await,
+        )
     }
 
     type EmbedSparseStreamStream = Answers<pb::EmbedSparseResponse>;
@@ -326,7 +399,7 @@ impl pb::embed_server::Embed for Tei {
         Ok(Response::new(answer_each(
             self,
             request.into_inner(),
-            embed_sparse_one,
+            |state, r| timed_message(state.clone(), embed_sparse_one(state, r)),
         )))
     }
 
@@ -334,7 +407,13 @@ impl pb::embed_server::Embed for Tei {
         &self,
         request: Request<pb::EmbedAllRequest>,
     ) -> Result<Response<pb::EmbedAllResponse>, Status> {
-        reply(embed_all_one(self.state.clone(), request.into_inner()).await)
+        reply_timed(
+            timed(
+                &self.state,
+                embed_all_one(self.state.clone(), request.into_inner()),
+            )
+            .await,
+        )
     }
 
     type EmbedAllStreamStream = Answers<pb::EmbedAllResponse>;
@@ -346,7 +425,7 @@ impl pb::embed_server::Embed for Tei {
         Ok(Response::new(answer_each(
             self,
             request.into_inner(),
-            embed_all_one,
+            |state, r| timed_message(state.clone(), embed_all_one(state, r)),
         )))
     }
 }
@@ -365,7 +444,7 @@ impl pb::predict_server::Predict for Tei {
             r.raw_scores,
             r.truncation_direction,
         );
-        reply(answer.await)
+        reply_timed(timed(&self.state, answer).await)
     }
 
     async fn predict_pair(
@@ -380,7 +459,7 @@ impl pb::predict_server::Predict for Tei {
             r.raw_scores,
             r.truncation_direction,
         );
-        reply(answer.await)
+        reply_timed(timed(&self.state, answer).await)
     }
 
     type PredictStreamStream = Answers<pb::PredictResponse>;
@@ -393,12 +472,15 @@ impl pb::predict_server::Predict for Tei {
             self,
             request.into_inner(),
             |state, r: pb::PredictRequest| {
-                predict_one(
-                    state,
-                    vec![r.inputs],
-                    r.truncate,
-                    r.raw_scores,
-                    r.truncation_direction,
+                timed_message(
+                    state.clone(),
+                    predict_one(
+                        state,
+                        vec![r.inputs],
+                        r.truncate,
+                        r.raw_scores,
+                        r.truncation_direction,
+                    ),
                 )
             },
         )))
@@ -414,12 +496,15 @@ impl pb::predict_server::Predict for Tei {
             self,
             request.into_inner(),
             |state, r: pb::PredictPairRequest| {
-                predict_one(
-                    state,
-                    r.inputs,
-                    r.truncate,
-                    r.raw_scores,
-                    r.truncation_direction,
+                timed_message(
+                    state.clone(),
+                    predict_one(
+                        state,
+                        r.inputs,
+                        r.truncate,
+                        r.raw_scores,
+                        r.truncation_direction,
+                    ),
                 )
             },
         )))
@@ -436,7 +521,7 @@ impl pb::rerank_server::Rerank for Tei {
             let req = rerank_request(request.into_inner())?;
             rerank_one(&self.state, req).await
         };
-        reply(answer.await)
+        reply_timed(timed(&self.state, answer).await)
     }
 
     async fn rerank_stream(
@@ -451,7 +536,7 @@ impl pb::rerank_server::Rerank for Tei {
             args.max_body_bytes,
         )
         .await?;
-        let start = Instant::now();
+        // One scope over the stream's requests: its figures are their sums.
         let answer = async {
             let groups = rerank_stream_requests(messages)?;
             let (positions, requests): (Vec<_>, Vec<_>) = groups.into_iter().unzip();
@@ -459,20 +544,12 @@ impl pb::rerank_server::Rerank for Tei {
                 requests.into_iter().map(|req| rerank_one(&self.state, req)),
             )
             .await?;
-            let chars = answers
-                .iter()
-                .filter_map(|a| a.metadata.map(|m| m.compute_chars))
-                .fold(0u32, u32::saturating_add);
-            let tokens = answers
-                .iter()
-                .filter_map(|a| a.metadata.map(|m| u64::from(m.compute_tokens)))
-                .sum();
             Ok(pb::RerankResponse {
                 ranks: merge_ranks(positions.into_iter().zip(answers).collect()),
-                metadata: metadata(chars as usize, tokens, start),
+                metadata: None,
             })
         };
-        reply(answer.await)
+        reply_timed(timed(&self.state, answer).await)
     }
 }
 

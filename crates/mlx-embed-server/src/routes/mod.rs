@@ -23,7 +23,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use axum::extract::DefaultBodyLimit;
-use axum::http::{header, HeaderValue, Method};
+use axum::http::{header, HeaderName, HeaderValue, Method};
 use axum::middleware::{from_fn, from_fn_with_state};
 use axum::routing::{get, post};
 use axum::Router;
@@ -134,7 +134,12 @@ fn cors(origins: &[String]) -> Option<CorsLayer> {
             // origin is what CORS restricts; the API key still guards the
             // request itself.
             .allow_headers(AllowHeaders::mirror_request())
-            .expose_headers([REQUEST_ID.clone(), header::RETRY_AFTER])
+            .expose_headers(
+                [REQUEST_ID.clone(), header::RETRY_AFTER]
+                    .into_iter()
+                    .chain(crate::timing::HEADER_NAMES.map(HeaderName::from_static))
+                    .collect::<Vec<_>>(),
+            )
             .max_age(Duration::from_secs(3600)),
     )
 }

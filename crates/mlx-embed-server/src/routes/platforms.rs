@@ -99,10 +99,10 @@ pub(crate) async fn answer(
             let req: TeiRawRequest = parse(body)?;
             RouteAnswer::EmbedSparse(sparse_values(state, req, priority).await?)
         }
-        Job::Predict => RouteAnswer::Predict(predict_body(state, parse(body)?, priority).await?.0),
+        Job::Predict => RouteAnswer::Predict(predict_body(state, parse(body)?, priority).await?),
         Job::Rerank => {
             let req: TeiRerankRequest = parse(body)?;
-            RouteAnswer::Rerank(tei_rank(state, req, priority).await?.0)
+            RouteAnswer::Rerank(tei_rank(state, req, priority).await?)
         }
     })
 }

@@ -160,16 +160,15 @@ pub async fn predict(
     PriorityHeader(priority, _): PriorityHeader<Tei>,
     ApiJson(req, _): ApiJson<PredictRequest, Tei>,
 ) -> Result<Json<PredictResponse>, Shaped<Tei>> {
-    Ok(Json(predict_body(&state, req, priority).await?.0))
+    Ok(Json(predict_body(&state, req, priority).await?))
 }
 
-/// `/predict`'s answer for `req`, and the tokens its inputs are (TEI's gRPC
-/// `Metadata.compute_tokens`); `priority`: the `X-Priority` header's lane.
+/// `/predict`'s answer for `req`; `priority`: the `X-Priority` header's lane.
 pub(crate) async fn predict_body(
     state: &AppState,
     req: PredictRequest,
     priority: Option<Priority>,
-) -> Result<(PredictResponse, u64), ApiError> {
+) -> Result<PredictResponse, ApiError> {
     let (batch, inputs) = parse_inputs(req.inputs)?;
     let out = score(
         state,
@@ -193,7 +192,7 @@ pub(crate) async fn predict_body(
     } else {
         PredictResponse::Single(all.remove(0))
     };
-    Ok((answer, out.prompt_tokens))
+    Ok(answer)
 }
 
 #[cfg(test)]

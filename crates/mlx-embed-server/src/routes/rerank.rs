@@ -115,9 +115,7 @@ pub(crate) async fn rerank_body(
         return answer.into_response();
     }
     let answer = match (priority, parse::<TeiRerankRequest>(body)) {
-        (Ok(priority), Ok(req)) => tei_rank(state, req, priority)
-            .await
-            .map(|(ranks, _)| Json(ranks)),
+        (Ok(priority), Ok(req)) => tei_rank(state, req, priority).await.map(Json),
         (Err(e), _) | (_, Err(e)) => Err(e),
     };
     answer.map_err(Shaped::<Tei>::from).into_response()
@@ -169,13 +167,12 @@ impl ToSchema for RerankAnswer {
     }
 }
 
-/// TEI's ranking for `req`, best first, and the tokens its pairs are (TEI's
-/// gRPC `Metadata.compute_tokens`).
+/// TEI's ranking for `req`, best first.
 pub(crate) async fn tei_rank(
     state: &AppState,
     req: TeiRerankRequest,
     priority: Option<Priority>,
-) -> Result<(Vec<TeiRank>, u64), ApiError> {
+) -> Result<Vec<TeiRank>, ApiError> {
     check_instruction(state, req.model.as_deref(), req.instruction.as_deref()).await?;
     let out = score(
         state,
@@ -210,7 +207,7 @@ pub(crate) async fn tei_rank(
             },
         })
         .collect();
-    Ok((ranks, out.prompt_tokens))
+    Ok(ranks)
 }
 
 /// A Cohere/Jina document: a string, or a JSON object whose `text` (or

@@ -1,0 +1,166 @@
+"""TEI's per-request figures on the real server: the ``x-compute-*`` /
+``x-*-time`` headers on every answer the model worked for (TEI's routes and
+the others alike), exact characters and tokens, phase times that add up, and
+TEI's ``te_*`` metrics counting exactly. gRPC's ``Metadata`` is in
+test_grpc.py."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from harness import FIXTURES, NOMIC, start_server
+
+SPLADE = FIXTURES / "tiny-splade"
+CLASSIFIER = FIXTURES / "tiny-bert-classifier"
+RERANKER = FIXTURES / "tiny-bert-reranker"
+
+HEADERS = ("x-compute-type", "x-compute-time", "x-compute-characters", "x-compute-tokens",
+           "x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time")
+TIMES = ("x-compute-time", "x-total-time", "x-tokenization-time", "x-queue-time", "x-inference-time")
+
+TEXTS = ["héllo wörld ✓", "a second, longer text about timing headers"]
+
+
+@pytest.fixture(scope="module")
+def srv(tmp_path_factory):
+    """An embedder (the default), a SPLADE model, a classifier and a reranker."""
+    server = start_server(tmp_path_factory.mktemp("timing"), "--model", str(NOMIC), "--model", str(SPLADE),
+                          "--model", str(CLASSIFIER), "--model", str(RERANKER), "--no-warmup")
+    yield server
+    assert server.stop() == 0, server.log()[-4000:]
+
+
+def figures(resp) -> dict[str, int]:
+    """The timing headers of a 200, as numbers (the type apart), checked."""
+    assert resp.status_code == 200, resp.text
+    got = {name: resp.headers.get(name) for name in HEADERS}
+    assert None not in got.values(), got
+    numbers = {name: int(value) for name, value in got.items() if name != "x-compute-type"}
+    assert all(n >= 0 for n in numbers.values()), numbers
+    # Whole milliseconds rounded down: the sum of the floors is at most the
+    # floor of the sum, which is at most the total.
+    assert numbers["x-compute-time"] == numbers["x-total-time"]
+    phases = numbers["x-tokenization-time"] + numbers["x-queue-time"] + numbers["x-inference-time"]
+    assert numbers["x-total-time"] >= phases, numbers
+    return numbers
+
+
+def device_of(srv) -> str:
+    """The backend word of the device /info names (``cpu (…)`` is ``cpu``)."""
+    info = srv.get("/info").json()
+    found = re.search(r'"device":\s*"(\w+)', srv.get("/info").text)
+    assert found, info
+    return found.group(1)
+
+
+def chars(texts) -> int:
+    return sum(len(t) for t in texts)  # code points, as TEI counts
+
+
+ROUTES = [
+    ("/embed", {"inputs": TEXTS}),
+    ("/embed_all", {"inputs": TEXTS[0]}),
+    ("/embed_sparse", {"model": "tiny-splade", "inputs": TEXTS}),
+    ("/similarity", {"inputs": {"source_sentence": TEXTS[0], "sentences": [TEXTS[1]]}}),
+    ("/v1/embeddings", {"input": TEXTS}),
+    ("/api/embed", {"input": TEXTS}),
+    ("/v2/embed", {"texts": TEXTS, "input_type": "search_document", "embedding_types": ["float"]}),
+    ("/api/v1/embed", {"texts": TEXTS}),
+]
+
+
+@pytest.mark.parametrize(("path", "body"), ROUTES, ids=[p for p, _ in ROUTES])
+def test_every_route_that_runs_the_model_carries_the_headers(srv, path, body):
+    resp = srv.post(path, body)
+    got = figures(resp)
+    assert resp.headers["x-compute-type"] == device_of(srv)
+    assert got["x-compute-tokens"] > 0
+    expected = chars([TEXTS[0]]) if path == "/embed_all" else chars(TEXTS)
+    assert got["x-compute-characters"] == expected
+
+
+def test_tokens_are_the_requests_usage_exactly(srv):
+    texts = ["tokens are counted exactly", "over two inputs, special tokens included"]
+    openai = srv.post("/v1/embeddings", {"input": texts})
+    usage = openai.json()["usage"]["prompt_tokens"]
+    assert figures(openai)["x-compute-tokens"] == usage
+    tokenized = sum(len(t) for t in srv.post("/tokenize", {"inputs": texts}).json())
+    assert usage == tokenized
+    # The same texts on TEI's route: the cache answers, the count is the same.
+    tei = srv.post("/embed", {"inputs": texts})
+    assert figures(tei)["x-compute-tokens"] == usage
+    assert figures(tei)["x-compute-characters"] == chars(texts)
+
+
+def test_predict_and_rerank_count_as_tei_does(srv):
+    query, docs = "which is about timing", ["timing headers", "something else", "ünïcödé"]
+    rerank = srv.post("/rerank", {"query": query, "texts": docs})
+    got = figures(rerank)
+    # TEI counts the query once per pair.
+    assert got["x-compute-characters"] == len(query) * len(docs) + chars(docs)
+    cohere = srv.post("/v2/rerank", {"model": "tiny-bert-reranker", "query": query, "documents": docs})
+    assert figures(cohere)["x-compute-tokens"] == got["x-compute-tokens"]
+    pair = srv.post("/predict", {"inputs": [query, docs[0]]})
+    assert figures(pair)["x-compute-characters"] == len(query) + len(docs[0])
+    single = srv.post("/predict", {"inputs": docs[2]})
+    tokens = srv.post("/tokenize", {"model": "tiny-bert-classifier", "inputs": docs[2]}).json()[0]
+    assert figures(single)["x-compute-tokens"] == len(tokens)
+
+
+def test_a_computed_call_shows_its_inference_and_a_cached_one_none(srv):
+    text = "a text no other test sends, computed once then cached"
+    first = figures(srv.post("/embed", {"inputs": text}))
+    again = figures(srv.post("/embed", {"inputs": text}))
+    # The tiny model runs in well under a millisecond: only the cache's zero is exact.
+    assert again["x-queue-time"] == 0 and again["x-inference-time"] == 0
+    assert first["x-compute-tokens"] == again["x-compute-tokens"]
+
+
+def test_no_headers_without_model_work_or_on_a_refusal(srv):
+    for resp in (srv.post("/tokenize", {"inputs": "hi"}), srv.get("/info"), srv.get("/health"),
+                 srv.post("/embed", {"inputs": ""}), srv.post("/embed", {"inputs": []})):
+        assert not any(name in resp.headers for name in HEADERS), (resp.status_code, dict(resp.headers))
+
+
+def metric(text: str, name: str, labels: str = "") -> float:
+    """The sum of `name`'s samples whose labels include `labels` (any model)."""
+    total = 0.0
+    for line in text.splitlines():
+        found = re.match(rf"^{re.escape(name)}(?:\{{([^}}]*)\}})? (\S+)$", line)
+        if found and labels in (found.group(1) or ""):
+            total += float(found.group(2))
+    return total
+
+
+def test_te_metrics_count_exactly(srv):
+    before = srv.get("/metrics").text
+    n = 5
+    for i in range(n):
+        figures(srv.post("/embed", {"inputs": f"metrics text {i}"}))
+    batch = figures(srv.post("/embed", {"inputs": ["metrics batch a", "metrics batch b", "metrics batch c"]}))
+    assert srv.post("/embed", {"inputs": ""}).status_code == 400
+    assert srv.post("/tokenize", {"inputs": "not a model call"}).status_code == 200
+    after = srv.get("/metrics").text
+
+    def delta(name, labels=""):
+        return metric(after, name, labels) - metric(before, name, labels)
+
+    assert delta("te_request_success", 'method="single"') == n
+    assert delta("te_request_success", 'method="batch"') == 1
+    assert delta("te_request_count", 'method="single"') == n + 1  # the refused one too
+    assert delta("te_request_count", 'method="batch"') == 1
+    assert delta("te_request_failure", 'err="validation"') == 1
+    for name in ("te_request_duration", "te_request_tokenization_duration", "te_request_queue_duration",
+                 "te_request_inference_duration"):
+        assert delta(f"{name}_count") == n + 1, name
+        assert delta(f"{name}_bucket", 'le="+Inf"') == n + 1, name
+    # Each input is tokenized once, cache hit or not; each was new here.
+    assert delta("te_request_input_length_count") == n + 3
+    # Beside our names, from the same counts.
+    assert metric(after, "te_batch_next_size_count") == metric(after, "mlx_embed_batch_size_count")
+    assert metric(after, "te_batch_next_tokens_sum") == metric(after, "mlx_embed_batch_tokens_sum")
+    assert metric(after, "te_queue_size") == metric(after, "mlx_embed_queued_inputs") == 0
+    assert re.search(r"^# TYPE te_request_duration histogram$", after, re.M)
+    assert batch["x-compute-tokens"] > 3

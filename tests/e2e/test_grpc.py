@@ -291,6 +291,60 @@ def test_rerank_equals_http_rerank(pb, served, texts):
     assert scores == sorted(scores, reverse=True)
 
 
+def te_success(srv) -> float:
+    """``te_request_success`` over both methods, from /metrics."""
+    lines = srv.get("/metrics").text.splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith("te_request_success{"))
+
+
+def test_metadata_times_and_headers_are_the_http_figures(pb, served):
+    """Metadata's six fields are measured (not 0), agree with the x-* headers
+    the call's response carries (the same figures, as TEI sends both) and
+    with HTTP's headers for the same input; each call counts in te_* once."""
+    (m, stubs), (srv, channel) = pb, served
+    embed = stubs.EmbedStub(channel)
+    before = te_success(srv)
+    text = "a text only this test sends, with ünïcödé"
+    answer, call = embed.Embed.with_call(m.EmbedRequest(inputs=text, truncate=True, normalize=True))
+    meta = answer.metadata
+    tokens = srv.post("/tokenize", {"inputs": text}).json()[0]
+    assert (meta.compute_chars, meta.compute_tokens) == (len(text), len(tokens))
+    # Computed, not found in the cache: every phase took some time.
+    assert meta.tokenization_time_ns > 0 and meta.queue_time_ns > 0 and meta.inference_time_ns > 0
+    assert meta.total_time_ns >= meta.tokenization_time_ns + meta.queue_time_ns + meta.inference_time_ns
+    headers = dict(call.initial_metadata())
+    ms = 1_000_000
+    assert headers["x-compute-characters"] == str(meta.compute_chars)
+    assert headers["x-compute-tokens"] == str(meta.compute_tokens)
+    assert headers["x-total-time"] == headers["x-compute-time"] == str(meta.total_time_ns // ms)
+    assert headers["x-tokenization-time"] == str(meta.tokenization_time_ns // ms)
+    assert headers["x-queue-time"] == str(meta.queue_time_ns // ms)
+    assert headers["x-inference-time"] == str(meta.inference_time_ns // ms)
+    http = srv.post("/embed", {"inputs": text})
+    assert http.status_code == 200, http.text
+    assert headers["x-compute-type"] == http.headers["x-compute-type"] != ""
+    assert http.headers["x-compute-characters"] == headers["x-compute-characters"]
+    assert http.headers["x-compute-tokens"] == headers["x-compute-tokens"]
+    # A stream's messages carry their own Metadata.
+    fresh = [f"stream text {i} for the metadata test" for i in range(3)]
+    streamed = list(embed.EmbedStream(iter([m.EmbedRequest(inputs=t, truncate=True) for t in fresh])))
+    for t, a in zip(fresh, streamed, strict=True):
+        assert a.metadata.compute_chars == len(t) and a.metadata.inference_time_ns > 0
+    # Scoring methods: the same counts as their HTTP routes.
+    query, docs = "what is timed", ["the phases", "the tokens", "the characters"]
+    ranked = stubs.RerankStub(channel).Rerank(m.RerankRequest(query=query, texts=docs, truncate=True))
+    http = srv.post("/rerank", {"query": query, "texts": docs})
+    assert ranked.metadata.compute_chars == len(query) * len(docs) + sum(len(d) for d in docs)
+    assert http.headers["x-compute-characters"] == str(ranked.metadata.compute_chars)
+    assert http.headers["x-compute-tokens"] == str(ranked.metadata.compute_tokens)
+    assert ranked.metadata.inference_time_ns > 0
+    predicted = stubs.PredictStub(channel).Predict(m.PredictRequest(inputs=docs[0], truncate=True))
+    http = srv.post("/predict", {"inputs": docs[0]})
+    assert http.headers["x-compute-tokens"] == str(predicted.metadata.compute_tokens)
+    # 1 + 3 streamed + 1 rerank + 1 predict gRPC answers, 3 HTTP ones.
+    assert te_success(srv) - before == 9
+
+
 def test_tokenize_and_decode_equal_http(pb, served, texts):
     (m, stubs), (srv, channel) = pb, served
     tok = stubs.TokenizeStub(channel)

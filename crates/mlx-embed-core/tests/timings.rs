@@ -97,3 +97,25 @@ async fn tokenization_is_the_time_the_tokenizer_took() {
         got.timings
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_input_s_tokens_are_counted_cache_hits_too() {
+    let (batcher, _record) = start(BatcherConfig::default(), Duration::ZERO, None);
+    for _ in 0..2 {
+        batcher
+            .embed(texts(&["ab", "abcdefgh"]), EmbedOptions::default())
+            .await
+            .unwrap();
+    }
+    let h = batcher.metrics().input_tokens;
+    // Two markers around a token per byte: 4 and 10 tokens, twice each.
+    assert_eq!((h.count, h.sum), (4, 28.0));
+    assert_eq!(
+        h.counts[h.bounds.iter().position(|&b| b == 4.0).unwrap()],
+        2
+    );
+    assert_eq!(
+        h.counts[h.bounds.iter().position(|&b| b == 16.0).unwrap()],
+        2
+    );
+}

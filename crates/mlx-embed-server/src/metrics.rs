@@ -853,6 +853,66 @@ mod tests {
     }
 
     #[test]
+    fn tei_requests_count_once_each_by_method_and_err() {
+        use crate::timing::Usage;
+        let m = HttpMetrics::default();
+        let answered = |sent| Measured {
+            sent,
+            usage: Some(Usage {
+                timings: mlx_embed_core::Timings {
+                    queue: Duration::from_millis(2),
+                    ..Default::default()
+                },
+                ..Usage::default()
+            }),
+        };
+        let ms = Duration::from_millis;
+        m.record_tei(&answered(1), 200, ms(5));
+        m.record_tei(&answered(1), 200, ms(8));
+        m.record_tei(&answered(3), 200, ms(9));
+        // Refused before the model, or after a call succeeded: failures.
+        m.record_tei(
+            &Measured {
+                sent: 1,
+                usage: None,
+            },
+            400,
+            ms(1),
+        );
+        m.record_tei(&answered(2), 429, ms(1));
+        m.record_tei(
+            &Measured {
+                sent: 1,
+                usage: None,
+            },
+            503,
+            ms(1),
+        );
+        // Never reached the model path: not TEI's request at all.
+        m.record_tei(&Measured::default(), 200, ms(1));
+        let mut out = String::new();
+        render_tei(&mut out, &m);
+        for line in [
+            "te_request_count{method=\"single\"} 4",
+            "te_request_count{method=\"batch\"} 2",
+            "te_request_success{method=\"single\"} 2",
+            "te_request_success{method=\"batch\"} 1",
+            "te_request_failure{err=\"validation\"} 1",
+            "te_request_failure{err=\"overloaded\"} 1",
+            "te_request_failure{err=\"inference\"} 1",
+            "te_request_duration_count 3",
+            "te_request_duration_sum 0.022",
+            "te_request_queue_duration_sum 0.006",
+            "te_request_inference_duration_count 3",
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line} missing from\n{out}");
+        }
+        assert_eq!(tei_error(413), "batch_size");
+        assert_eq!(tei_error(422), "tokenization");
+        assert_eq!(tei_error(499), "dropped");
+    }
+
+    #[test]
     fn adds_a_label_to_samples() {
         let l = "model=\"m\"";
         assert_eq!(with_label("x 3", l), "x{model=\"m\"} 3");

@@ -26,6 +26,13 @@
 //! metric with `model="name"`. MLX's memory, when the model reports it:
 //! `mlx_memory_bytes{kind="active|cache|peak|cache_limit"}`, read at scrape
 //! time; MLX counts it per process, so it carries no model label.
+//!
+//! TEI's names beside ours, from the same counts: `te_request_count{method}`,
+//! `te_request_success{method}`, `te_request_failure{err}` and the
+//! `te_request_*duration` histograms (requests that reached the model path,
+//! from the figures of their `x-*` headers: [`crate::timing`]), and, per
+//! model like the core's own, `te_queue_size`, `te_batch_next_size`,
+//! `te_batch_next_tokens` and `te_request_input_length`.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;

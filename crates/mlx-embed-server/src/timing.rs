@@ -4,7 +4,7 @@
 //!
 //! The core measures the phases ([`mlx_embed_core::Timings`]); the two
 //! places that call the model ([`crate::embed`] and [`crate::score`])
-//! [`record`] each call's figures into the request's [`measured`] scope,
+//! `record` each call's figures into the request's `measured` scope,
 //! which the HTTP layer ([`crate::middleware::observe`]) and each gRPC method
 //! open once per request. So every route that runs the model carries the
 //! figures, none adds them itself, and a request that runs none (`/info`,
@@ -33,10 +33,10 @@ pub struct Usage {
     pub compute_type: String,
 }
 
-/// What a [`measured`] scope saw of the model path.
+/// What a `measured` scope saw of the model path.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Measured {
-    /// Inputs the request asked the model path for ([`begin`]); 0: it never
+    /// Inputs the request asked the model path for (`begin`); 0: it never
     /// got there (not a model route, or refused before).
     pub sent: u64,
     /// The figures of its successful model calls (`None`: none succeeded).
@@ -47,7 +47,7 @@ tokio::task_local! {
     static MEASURED: RefCell<Measured>;
 }
 
-/// Runs `work` in a scope that [`begin`] and [`record`] add to; returns its
+/// Runs `work` in a scope that `begin` and `record` add to; returns its
 /// output and what they recorded.
 pub(crate) async fn measured<F: Future>(work: F) -> (F::Output, Measured) {
     MEASURED
@@ -80,9 +80,9 @@ pub(crate) fn chars(inputs: &[EmbedInput]) -> u64 {
     n as u64
 }
 
-/// Adds one successful model call (`chars` from [`chars`] of its inputs,
+/// Adds one successful model call (`chars` from `chars` of its inputs,
 /// `out` its answer, `model` the model that ran it) to the request's
-/// figures; outside a [`measured`] scope (the warm-up call) it does nothing.
+/// figures; outside a `measured` scope (the warm-up call) it does nothing.
 pub(crate) fn record(model: &ModelInfo, chars: u64, out: &Embeddings) {
     let _ = MEASURED.try_with(|m| {
         let mut m = m.borrow_mut();
@@ -135,7 +135,7 @@ pub(crate) fn headers(usage: &Usage, total: Duration) -> HeaderMap {
     headers
 }
 
-/// The names [`headers`] writes, for CORS to expose to a page's script.
+/// The names `headers` writes, for CORS to expose to a page's script.
 pub(crate) const HEADER_NAMES: [&str; 8] = [
     "x-compute-type",
     "x-compute-time",

@@ -2487,6 +2487,8 @@ async fn cors_lets_only_listed_origins_read_answers() {
         .to_str()
         .unwrap();
     assert!(exposed.contains("x-request-id"), "{exposed}");
+    // TEI's timing headers too, so a page's script reads them.
+    assert!(exposed.contains("x-compute-tokens"), "{exposed}");
     s.stop().await.unwrap();
 
     let plain = Server::default().await;

@@ -3759,3 +3759,41 @@ async fn voyage_rerank_body_gets_voyages_shape() {
     );
     s.stop().await.unwrap();
 }
+
+/// TEI's timing headers on every embed route's answer, from one place: the
+/// request's exact tokens (its usage) and characters, phases within the
+/// total; none on a refusal or a route that runs no model call.
+#[tokio::test]
+async fn every_embed_route_answers_with_teis_timing_headers() {
+    let s = Server::default().await;
+    let inputs = json!(["héllo", "a longer second text"]);
+    let (status, _, openai) =
+        post(&s, "/v1/embeddings", &body(Shape::OpenAi, inputs.clone())).await;
+    assert_eq!(status, 200, "{openai}");
+    let usage = openai["usage"]["prompt_tokens"].as_u64().unwrap();
+    let number = |h: &reqwest::header::HeaderMap, name: &str| -> u64 {
+        h[name].to_str().unwrap().parse().unwrap()
+    };
+    for (path, shape) in ROUTES {
+        let (status, h, v) = post(&s, path, &body(shape, inputs.clone())).await;
+        assert_eq!(status, 200, "{path}: {v}");
+        // The fake model names no device.
+        assert_eq!(h["x-compute-type"], "unknown", "{path}");
+        assert_eq!(number(&h, "x-compute-tokens"), usage, "{path}");
+        assert_eq!(number(&h, "x-compute-characters"), 5 + 20, "{path}");
+        let total = number(&h, "x-total-time");
+        assert_eq!(number(&h, "x-compute-time"), total, "{path}");
+        let phases: u64 = ["x-tokenization-time", "x-queue-time", "x-inference-time"]
+            .iter()
+            .map(|n| number(&h, n))
+            .sum();
+        assert!(phases <= total, "{path}: {h:?}");
+    }
+    let (status, h, _) = post(&s, "/embed", &json!({"inputs": ""})).await;
+    assert_eq!(status, 400);
+    assert!(!h.contains_key("x-compute-tokens"), "{h:?}");
+    // Whatever the fake's tokenizer answers, no model call ran.
+    let (_, h, _) = post(&s, "/tokenize", &json!({"inputs": "abc"})).await;
+    assert!(!h.contains_key("x-compute-tokens"), "{h:?}");
+    s.stop().await.unwrap();
+}

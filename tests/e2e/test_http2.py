@@ -13,15 +13,15 @@ import subprocess
 import threading
 import time
 
-import h2.config
-import h2.connection
-import h2.events
-import h2.settings
 import httpx
 import numpy as np
 import pytest
 import requests
 
+from h2.config import H2Configuration
+from h2.connection import H2Connection
+from h2.events import DataReceived, ResponseReceived
+from h2.settings import SettingCodes
 from harness import start_server
 from test_overload import HOLD, metrics, start_held_server, wait_until_model_runs
 
@@ -223,9 +223,9 @@ def test_a_stream_whose_window_stays_shut_drops_its_connection_at_the_client_tim
 
     server = start_server(tmp_path, "--no-warmup", "--client-timeout-secs", "2")
     host, port = server.url.removeprefix("http://").split(":")
-    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+    conn = H2Connection(H2Configuration(client_side=True))
     conn.initiate_connection()
-    conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0})
+    conn.update_settings({SettingCodes.INITIAL_WINDOW_SIZE: 0})
     body = json.dumps({"inputs": "an answer never let through"}).encode()
     headers = [
         (":method", "POST"),
@@ -250,7 +250,7 @@ def test_a_stream_whose_window_stays_shut_drops_its_connection_at_the_client_tim
         closed_after = time.monotonic() - start
     kinds = {type(e) for e in events}
     # The answer's head came (its body waits on the window), then the connection ended.
-    assert h2.events.ResponseReceived in kinds and h2.events.DataReceived not in kinds, events
+    assert ResponseReceived in kinds and DataReceived not in kinds, events
     assert 2 <= closed_after < 8, closed_after
     assert metrics(server)["mlx_embed_http_answers_dropped_total"] == 1
     assert server.stop() == 0

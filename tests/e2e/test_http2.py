@@ -440,3 +440,52 @@ def test_sigterm_with_idle_http2_connections_exits_promptly_and_0(tmp_path):
         _, goaways, closed_after = peer.events_until_closed(limit=5)
         assert closed_after is not None
         assert goaways and set(goaways) == {0}, goaways
+
+
+@pytest.mark.parametrize("window", [0, 1])
+def test_a_shut_stream_is_dropped_while_its_connection_reads_other_streams(tmp_path, window):
+    """A stream whose window stays shut (or at 1 byte) holds its answer no
+    longer than --client-timeout-secs, even while the client keeps its
+    connection busy: a /health stream every 0.3 s, each given a window and
+    read. Neither the connection's idleness nor its other streams' progress
+    may keep the stalled answer in memory."""
+    server = start_server(tmp_path, "--no-warmup", "--client-timeout-secs", "2")
+    peer = RawH2(server)
+    peer.conn.update_settings({h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: window})
+    body = json.dumps({"inputs": [f"an answer held back {i}" for i in range(8)]}).encode()
+    stuck = peer.headers("/embed", extra=[("content-type", "application/json"), ("content-length", str(len(body)))])
+    peer.conn.send_data(stuck, body, end_stream=True)
+    peer.flush()
+    peer.sock.settimeout(0.1)
+    start, healthy, closed_after = time.monotonic(), 0, None
+    while time.monotonic() - start < 12:
+        try:
+            sid = peer.headers("/health", method="GET", end_stream=True)
+            peer.conn.increment_flow_control_window(65535, stream_id=sid)
+            peer.flush()
+        except (BrokenPipeError, ConnectionResetError, h2.exceptions.ProtocolError):
+            closed_after = time.monotonic() - start
+            break
+        deadline = time.monotonic() + 0.3
+        while time.monotonic() < deadline:
+            try:
+                data = peer.sock.recv(65536)
+            except TimeoutError:
+                continue
+            except ConnectionResetError:
+                data = b""
+            if not data:
+                closed_after = time.monotonic() - start
+                break
+            try:
+                for event in peer.conn.receive_data(data):
+                    healthy += isinstance(event, h2.events.StreamEnded) and event.stream_id != stuck
+                peer.flush()
+            except h2.exceptions.ProtocolError:
+                pass
+        if closed_after is not None:
+            break
+    assert closed_after is not None, f"the stalled answer was held 12 s ({healthy} /health answers read)"
+    assert healthy >= 3 and 2 <= closed_after < 7, (healthy, closed_after)
+    assert metrics(server)["mlx_embed_http_answers_dropped_total"] == 1
+    assert server.stop() == 0

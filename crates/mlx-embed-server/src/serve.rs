@@ -393,6 +393,18 @@ const MAX_HEAD_BYTES: usize = 8192 + 4096 * 100;
 /// much it gets computed.
 const H2_MAX_STREAMS: u32 = 200;
 
+/// Streams an HTTP/2 client may reset before hyper has taken them, after
+/// which its connection gets a GOAWAY `ENHANCE_YOUR_CALM`: the "rapid
+/// reset" flood (CVE-2023-44487), thousands of streams opened and reset at
+/// once, each costing the server its setup and the client nothing. h2's
+/// default, named so it cannot change under us (tests/e2e/test_http2.py).
+const H2_MAX_PENDING_RESETS: usize = 20;
+
+/// Streams of one connection that the server may reset for the client's
+/// protocol errors before the connection is closed: the "MadeYouReset"
+/// variant of the flood (CVE-2025-8671). hyper's default, named likewise.
+const H2_MAX_ERROR_RESETS: usize = 1024;
+
 /// What an HTTP/2 client with prior knowledge opens with (RFC 9113, 3.4).
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
@@ -449,6 +461,8 @@ impl Protocols {
         http2
             .timer(TokioTimer::new())
             .max_concurrent_streams(H2_MAX_STREAMS)
+            .max_pending_accept_reset_streams(H2_MAX_PENDING_RESETS)
+            .max_local_error_reset_streams(H2_MAX_ERROR_RESETS)
             .max_header_list_size(u32::try_from(MAX_HEAD_BYTES).unwrap_or(u32::MAX))
             .keep_alive_interval(client_timeout)
             .keep_alive_timeout(client_timeout);
@@ -832,10 +846,10 @@ impl Tracked {
 struct Activity {
     busy: AtomicUsize,
     started: AtomicUsize,
-    /// Answers made whose bodies hyper has not all taken.
-    answering: AtomicUsize,
-    /// When hyper last took a piece of one (ms after `born`).
-    last_taken: AtomicU64,
+    /// For each answer made whose body hyper has not all taken, when hyper
+    /// last took a piece of it (ms after `born`). Each its own: one
+    /// stream's progress says nothing of another's over HTTP/2.
+    answering: std::sync::Mutex<Vec<Arc<AtomicU64>>>,
     born: Instant,
 }
 
@@ -844,17 +858,21 @@ impl Default for Activity {
         Self {
             busy: AtomicUsize::new(0),
             started: AtomicUsize::new(0),
-            answering: AtomicUsize::new(0),
-            last_taken: AtomicU64::new(0),
+            answering: std::sync::Mutex::default(),
             born: Instant::now(),
         }
     }
 }
 
 impl Activity {
-    fn taken(&self) {
-        let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_taken.store(now, Ordering::Release);
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn answers(&self) -> std::sync::MutexGuard<'_, Vec<Arc<AtomicU64>>> {
+        self.answering
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Completes once an answer has waited `after` for hyper to take its
@@ -870,10 +888,12 @@ impl Activity {
         let after_ms = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
         loop {
             tokio::time::sleep((after / 4).max(Duration::from_millis(250))).await;
-            let now = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
-            if self.answering.load(Ordering::Acquire) > 0
-                && now.saturating_sub(self.last_taken.load(Ordering::Acquire)) >= after_ms
-            {
+            let now = self.now_ms();
+            let stalled = self
+                .answers()
+                .iter()
+                .any(|taken| now.saturating_sub(taken.load(Ordering::Acquire)) >= after_ms);
+            if stalled {
                 return;
             }
         }
@@ -916,19 +936,86 @@ impl Drop for InProgress {
 }
 
 /// An answer made whose body hyper has not all taken; dropped with the body.
-struct Answering(Arc<Activity>);
+struct Answering {
+    activity: Arc<Activity>,
+    last_taken: Arc<AtomicU64>,
+}
 
 impl Answering {
     fn new(activity: &Arc<Activity>) -> Self {
-        activity.taken();
-        activity.answering.fetch_add(1, Ordering::AcqRel);
-        Self(activity.clone())
+        let last_taken = Arc::new(AtomicU64::new(activity.now_ms()));
+        activity.answers().push(last_taken.clone());
+        Self {
+            activity: activity.clone(),
+            last_taken,
+        }
+    }
+
+    fn taken(&self) {
+        self.last_taken
+            .store(self.activity.now_ms(), Ordering::Release);
     }
 }
 
 impl Drop for Answering {
     fn drop(&mut self) {
-        self.0.answering.fetch_sub(1, Ordering::AcqRel);
+        self.activity
+            .answers()
+            .retain(|taken| !Arc::ptr_eq(taken, &self.last_taken));
+    }
+}
+
+/// Over HTTP/2, the most of an answer hyper is handed at once (its
+/// default frame size). hyper takes a body's next piece whenever its
+/// stream's window has a byte of room and queues it whole in h2: handed a
+/// whole answer, a client that keeps the window at a byte would have it
+/// queued, the body done and [`Activity::stalled`] blind. In pieces, the
+/// next one waits for the window, so a stream that does not read stalls
+/// where it is seen, with at most a piece queued.
+const H2_PIECE: usize = 16 << 10;
+
+/// An answer's body handed over in pieces of at most `piece` bytes.
+struct InPieces {
+    body: axum::body::Body,
+    rest: axum::body::Bytes,
+    piece: usize,
+}
+
+impl http_body::Body for InPieces {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        if this.rest.is_empty() {
+            match std::task::ready!(Pin::new(&mut this.body).poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => this.rest = data,
+                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                },
+                other => return Poll::Ready(other),
+            }
+        }
+        let n = this.rest.len().min(this.piece);
+        Poll::Ready(Some(Ok(http_body::Frame::data(this.rest.split_to(n)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rest.is_empty() && self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        let rest = self.rest.len() as u64;
+        let inner = self.body.size_hint();
+        let mut hint = http_body::SizeHint::new();
+        hint.set_lower(inner.lower() + rest);
+        if let Some(upper) = inner.upper() {
+            hint.set_upper(upper + rest);
+        }
+        hint
     }
 }
 
@@ -953,14 +1040,24 @@ where
         use http_body_util::BodyExt;
         let in_progress = InProgress::new(&self.activity);
         let activity = self.activity.clone();
+        let http2 = request.version() == axum::http::Version::HTTP_2;
         let answer = self.app.call(request);
         Box::pin(async move {
             let response = answer.await?;
             let answering = Answering::new(&activity);
             Ok(response.map(|body| {
+                let body = if http2 {
+                    axum::body::Body::new(InPieces {
+                        body,
+                        rest: axum::body::Bytes::new(),
+                        piece: H2_PIECE,
+                    })
+                } else {
+                    body
+                };
                 axum::body::Body::new(body.map_frame(move |frame| {
                     let _ = &in_progress;
-                    answering.0.taken();
+                    answering.taken();
                     frame
                 }))
             }))

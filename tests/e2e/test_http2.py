@@ -358,19 +358,6 @@ def test_a_body_without_length_over_max_body_bytes_is_413_over_http2(tmp_path):
     assert server.stop() == 0
 
 
-def test_an_http2_peer_that_opens_no_stream_is_sent_a_goaway_and_closed(tmp_path):
-    """Slowloris over HTTP/2: a peer that sends its preface and SETTINGS (and
-    answers pings) but never a request holds its connection no longer than
-    --client-timeout-secs, as an HTTP/1 one that sends no request line."""
-    server = start_server(tmp_path, "--no-warmup", "--client-timeout-secs", "2")
-    peer = RawH2(server)
-    _, goaways, closed_after = peer.events_until_closed(limit=15)
-    assert closed_after is not None, "still open after 15 s"
-    assert goaways and set(goaways) == {0}, goaways  # NO_ERROR
-    assert 2 <= closed_after < 6, closed_after
-    assert server.stop() == 0
-
-
 def test_an_http2_request_whose_body_never_comes_is_408_at_the_client_timeout(tmp_path):
     """HEADERS without END_STREAM and then no DATA: the body's deadline
     (--client-timeout-secs) answers 408, as over HTTP/1, and the idle

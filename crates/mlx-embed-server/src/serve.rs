@@ -1105,6 +1105,32 @@ async fn accept_failed(err: std::io::Error) {
 mod tests {
     use super::*;
 
+    /// An HTTP/2 answer goes to hyper a piece at a time, whole and in
+    /// order, its size still known (hyper's `content-length`).
+    #[tokio::test]
+    async fn an_answer_in_pieces_is_the_answer() {
+        use http_body::Body as _;
+        use http_body_util::BodyExt;
+        let answer: Vec<u8> = (0..40_000u32).map(|i| (i % 251) as u8).collect();
+        let mut body = InPieces {
+            body: axum::body::Body::from(answer.clone()),
+            rest: axum::body::Bytes::new(),
+            piece: H2_PIECE,
+        };
+        assert_eq!(body.size_hint().exact(), Some(40_000));
+        let mut got = Vec::new();
+        let mut pieces = Vec::new();
+        while let Some(frame) = body.frame().await {
+            let data = frame.unwrap().into_data().unwrap();
+            pieces.push(data.len());
+            got.extend_from_slice(&data);
+            assert_eq!(body.size_hint().exact(), Some((40_000 - got.len()) as u64));
+        }
+        assert_eq!(pieces, [H2_PIECE, H2_PIECE, 40_000 - 2 * H2_PIECE]);
+        assert_eq!(got, answer);
+        assert!(body.is_end_stream());
+    }
+
     #[test]
     fn warm_up_text_is_the_maximum_up_to_the_cap() {
         let words = |max| warm_up_text(max).split_whitespace().count();

@@ -38,6 +38,8 @@ pub struct MetricsSnapshot {
     pub batch_size: Histogram,
     /// Estimated padded tokens per batch.
     pub batch_tokens: Histogram,
+    /// Real tokens per batch (what TEI's `te_batch_next_tokens` counts).
+    pub batch_real_tokens: Histogram,
     /// Real tokens the model ran, and padded tokens it processed (padding ratio).
     pub real_tokens: u64,
     pub padded_tokens: u64,
@@ -85,6 +87,13 @@ pub const BATCH_SIZE_BOUNDS: &[f64] = &[
 pub const INPUT_TOKENS_BOUNDS: &[f64] = &[
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
     16384.0, 32768.0,
+];
+
+/// Bucket bounds for real tokens per batch: powers of two up to 2^20, as
+/// TEI's `te_batch_next_tokens`.
+pub const BATCH_REAL_TOKENS_BOUNDS: &[f64] = &[
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
+    16384.0, 32768.0, 65536.0, 131072.0, 262144.0, 524288.0, 1048576.0,
 ];
 
 /// Bucket bounds for padded tokens per batch.

@@ -452,7 +452,9 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
         let recorder = &*self.shared.recorder;
         let gil_wait = result.as_ref().map(|o| o.gil_wait).unwrap_or_default();
         let longest = inputs.iter().map(Encoded::len).max().unwrap_or(0);
-        recorder.model_call(inputs.len(), longest * inputs.len(), elapsed, gil_wait);
+        let real: usize = inputs.iter().map(Encoded::len).sum();
+        let tokens = [real, longest * inputs.len()];
+        recorder.model_call(inputs.len(), tokens, elapsed, gil_wait);
         let kind = output;
         let output = match result {
             Ok(output) => output,
@@ -462,8 +464,7 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
         if let Err(message) = self.check_shape(&output, inputs, kind) {
             return Ok(Err(EmbedderError::model_failure(message)));
         }
-        let real: u64 = inputs.iter().map(|e| e.len() as u64).sum();
-        recorder.tokens(real, output.padded_tokens);
+        recorder.tokens(real as u64, output.padded_tokens);
         Ok(Ok(output))
     }
 

@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::metrics::{BATCH_SIZE_BOUNDS, BATCH_TOKENS_BOUNDS, INPUT_TOKENS_BOUNDS, SECONDS_BOUNDS};
+use crate::metrics::{
+    BATCH_REAL_TOKENS_BOUNDS, BATCH_SIZE_BOUNDS, BATCH_TOKENS_BOUNDS, INPUT_TOKENS_BOUNDS,
+    SECONDS_BOUNDS,
+};
 use crate::{
     CacheMetrics, CoreError, Embeddings, Histogram, LaneMetrics, MetricsSnapshot, Priority,
 };
@@ -21,6 +24,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 struct Histograms {
     batch_size: Histogram,
     batch_tokens: Histogram,
+    batch_real_tokens: Histogram,
     queue_wait: Histogram,
     /// Queue wait per lane, in `Priority::index` order.
     lane_queue_wait: [Histogram; 3],
@@ -58,6 +62,7 @@ impl Histograms {
         Self {
             batch_size: Histogram::with_bounds(BATCH_SIZE_BOUNDS),
             batch_tokens: Histogram::with_bounds(BATCH_TOKENS_BOUNDS),
+            batch_real_tokens: Histogram::with_bounds(BATCH_REAL_TOKENS_BOUNDS),
             queue_wait: Histogram::with_bounds(SECONDS_BOUNDS),
             lane_queue_wait: std::array::from_fn(|_| Histogram::with_bounds(SECONDS_BOUNDS)),
             gil_wait: Histogram::with_bounds(SECONDS_BOUNDS),
@@ -160,8 +165,15 @@ impl Recorder {
         h.lane_queue_wait[lane.index()].observe(wait.as_secs_f64());
     }
 
-    /// One model call: its size, padded tokens (longest x count) and timings.
-    pub fn model_call(&self, inputs: usize, padded: usize, model: Duration, gil_wait: Duration) {
+    /// One model call: its size, real and padded tokens (longest x count)
+    /// and timings.
+    pub fn model_call(
+        &self,
+        inputs: usize,
+        [real, padded]: [usize; 2],
+        model: Duration,
+        gil_wait: Duration,
+    ) {
         self.batches.fetch_add(1, Relaxed);
         self.inputs_computed.fetch_add(inputs as u64, Relaxed);
         self.model_nanos
@@ -169,6 +181,7 @@ impl Recorder {
         let mut h = lock(&self.hist);
         h.batch_size.observe(inputs as f64);
         h.batch_tokens.observe(padded as f64);
+        h.batch_real_tokens.observe(real as f64);
         h.model.observe(model.as_secs_f64());
         h.gil_wait.observe(gil_wait.as_secs_f64());
     }
@@ -246,6 +259,7 @@ impl Recorder {
             batches: self.batches.load(Relaxed),
             batch_size: h.batch_size.clone(),
             batch_tokens: h.batch_tokens.clone(),
+            batch_real_tokens: h.batch_real_tokens.clone(),
             real_tokens: self.real_tokens.load(Relaxed),
             padded_tokens: self.padded_tokens.load(Relaxed),
             queue_wait_seconds: h.queue_wait.clone(),

@@ -107,7 +107,15 @@ async fn each_input_s_tokens_are_counted_cache_hits_too() {
             .await
             .unwrap();
     }
-    let h = batcher.metrics().input_tokens;
+    let m = batcher.metrics();
+    // One batch (the second call was the cache's): TEI's batch tokens are
+    // the real ones, 4 + 10, where the padded count is 2 x 10.
+    assert_eq!(m.batches, 1);
+    let real = &m.batch_real_tokens;
+    assert_eq!((real.count, real.sum), (1, 14.0));
+    assert_eq!(m.batch_tokens.sum, 20.0);
+    assert_eq!(real.sum, m.real_tokens as f64);
+    let h = m.input_tokens;
     // Two markers around a token per byte: 4 and 10 tokens, twice each.
     assert_eq!((h.count, h.sum), (4, 28.0));
     assert_eq!(

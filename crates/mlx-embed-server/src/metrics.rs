@@ -76,9 +76,17 @@ pub enum Unreadable {
 }
 
 /// TEI's duration buckets (its exporter's: 35 steps of x1.5 from 15 us,
-/// up to about 15 s), so its dashboards' quantiles read the same.
+/// up to about 15 s), so its dashboards' quantiles read the same. Each is
+/// rounded to 5 significant digits: computed, they print as
+/// `0.000015000000000000002`, a `le` label no one can read or type.
 fn tei_seconds_bounds() -> Vec<f64> {
-    (1..=35).map(|k| 1e-5 * 1.5f64.powi(k)).collect()
+    (1..=35)
+        .map(|k| {
+            let bound = 1e-5 * 1.5f64.powi(k);
+            // The shortest decimal of the rounded value is what prints.
+            format!("{bound:.4e}").parse().unwrap_or(bound)
+        })
+        .collect()
 }
 
 /// TEI's `te_request_*`: the requests that reached the model path (HTTP
@@ -600,8 +608,8 @@ fn render_tei_core(out: &mut String, m: &MetricsSnapshot) {
     histogram(
         out,
         "te_batch_next_tokens",
-        "Padded tokens per model call (mlx_embed_batch_tokens).",
-        &m.batch_tokens,
+        "Real tokens per model call, padding not counted (as TEI's).",
+        &m.batch_real_tokens,
     );
     histogram(
         out,
@@ -917,6 +925,22 @@ mod tests {
         assert_eq!(tei_error(413), "batch_size");
         assert_eq!(tei_error(422), "tokenization");
         assert_eq!(tei_error(499), "dropped");
+    }
+
+    #[test]
+    fn tei_duration_bounds_print_short() {
+        let bounds = tei_seconds_bounds();
+        let printed: Vec<String> = bounds.iter().map(f64::to_string).collect();
+        assert_eq!(printed[..3], ["0.000015", "0.0000225", "0.00003375"]);
+        for p in &printed {
+            let digits = p.replace('.', "");
+            assert!(digits.trim_start_matches('0').len() <= 5, "{p}");
+        }
+        // Still TEI's x1.5 steps, to the rounding.
+        for w in bounds.windows(2) {
+            assert!((w[1] / w[0] - 1.5).abs() < 1e-4, "{w:?}");
+        }
+        assert_eq!(bounds.len(), 35);
     }
 
     #[test]

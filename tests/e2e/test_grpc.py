@@ -22,7 +22,7 @@ import pytest
 import requests
 from grpc_tools import protoc
 
-from harness import FIXTURES, NOMIC, ROOT, cosine_rows, free_port, start_server
+from harness import FIXTURES, NOMIC, ROOT, TEST_SERVER_BINARY, cosine_rows, free_port, start_server
 
 SPLADE = FIXTURES / "tiny-splade"
 CLASSIFIER = FIXTURES / "tiny-bert-classifier"
@@ -343,6 +343,56 @@ def test_metadata_times_and_headers_are_the_http_figures(pb, served):
     assert http.headers["x-compute-tokens"] == str(predicted.metadata.compute_tokens)
     # 1 + 3 streamed + 1 rerank + 1 predict gRPC answers, 3 HTTP ones.
     assert te_success(srv) - before == 9
+
+
+def sample_sum(text: str, prefix: str) -> float:
+    """The sum of the /metrics samples whose name and labels start with `prefix`."""
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def test_a_cancelled_call_counts_once_as_dropped(pb, tmp_path):
+    """A unary call its client cancels while its batch runs is TEI's
+    te_request_failure{err="dropped"}, counted once, and no success."""
+    m, stubs = pb
+    hold, release, port = "@@hold@@", tmp_path / "release-the-model", free_port()
+    hooks = {"MLX_EMBED_TEST_HOLD": hold, "MLX_EMBED_TEST_RELEASE": str(release)}
+    srv = start_server(
+        tmp_path,
+        "--model",
+        str(NOMIC),
+        "--no-warmup",
+        "--grpc-port",
+        str(port),
+        env=hooks,
+        command=[str(TEST_SERVER_BINARY)],
+    )
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        before = srv.get("/metrics").text
+        started = sample_sum(before, "mlx_embed_queue_wait_seconds_count")
+        call = stubs.EmbedStub(channel).Embed.future(m.EmbedRequest(inputs=f"{hold} cancelled", truncate=True))
+        deadline = time.monotonic() + 30
+        while sample_sum(srv.get("/metrics").text, "mlx_embed_queue_wait_seconds_count") <= started:
+            assert time.monotonic() < deadline, "the model never took the batch"
+            time.sleep(0.01)
+        assert call.cancel()
+        while sample_sum(after := srv.get("/metrics").text, 'te_request_failure{err="dropped"}') < 1:
+            assert time.monotonic() < deadline, "the cancelled call was never counted"
+            time.sleep(0.01)
+        release.touch()
+    finally:
+        release.touch()
+        channel.close()
+        assert srv.stop() == 0, srv.log()[-4000:]
+
+    def delta(prefix):
+        return sample_sum(after, prefix) - sample_sum(before, prefix)
+
+    assert delta('te_request_failure{err="dropped"}') == 1
+    assert delta("te_request_failure{") == 1
+    assert delta('te_request_count{method="single"}') == 1
+    assert delta("te_request_success{") == 0
 
 
 def test_tokenize_and_decode_equal_http(pb, served, texts):

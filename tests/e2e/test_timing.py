@@ -6,11 +6,15 @@ test_grpc.py."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
 import re
+import socket
+import time
 
 import pytest
 
-from harness import FIXTURES, NOMIC, start_server
+from harness import FIXTURES, NOMIC, TEST_SERVER_BINARY, start_server
 
 SPLADE = FIXTURES / "tiny-splade"
 CLASSIFIER = FIXTURES / "tiny-bert-classifier"
@@ -184,9 +188,109 @@ def test_te_metrics_count_exactly(srv):
         assert delta(f"{name}_bucket", 'le="+Inf"') == n + 1, name
     # Each input is tokenized once, cache hit or not; each was new here.
     assert delta("te_request_input_length_count") == n + 3
-    # Beside our names, from the same counts.
+    # Beside our names, from the same counts; TEI's batch tokens are the
+    # real ones (no padding), which every batch here ran without a fault.
     assert metric(after, "te_batch_next_size_count") == metric(after, "mlx_embed_batch_size_count")
-    assert metric(after, "te_batch_next_tokens_sum") == metric(after, "mlx_embed_batch_tokens_sum")
+    assert metric(after, "te_batch_next_tokens_sum") == metric(after, "mlx_embed_real_tokens_total") > 0
+    assert metric(after, "te_batch_next_tokens_count") == metric(after, "mlx_embed_batches_total")
     assert metric(after, "te_queue_size") == metric(after, "mlx_embed_queued_inputs") == 0
     assert re.search(r"^# TYPE te_request_duration histogram$", after, re.M)
     assert batch["x-compute-tokens"] > 3
+
+
+def test_duration_buckets_print_as_clean_numbers(srv):
+    """TEI's 1.5x steps from 15 us, each a short decimal a person can read
+    and a query can name (computed, the first is 0.000015000000000000002)."""
+    text = srv.get("/metrics").text
+    bounds = re.findall(r'^te_request_duration_bucket\{le="([^"]+)"\}', text, re.M)
+    assert len(bounds) == 36 and bounds[-1] == "+Inf", bounds
+    assert bounds[:4] == ["0.000015", "0.0000225", "0.00003375", "0.000050625"], bounds
+    for bound in bounds[:-1]:
+        digits = bound.replace("0.", "", 1).lstrip("0").replace(".", "")
+        assert len(digits) <= 5, bound
+    values = [float(b) for b in bounds[:-1]]
+    assert all(b / a == pytest.approx(1.5, rel=1e-4) for a, b in zip(values, values[1:]))
+    assert values[-1] == pytest.approx(1e-5 * 1.5**35, rel=1e-4)
+
+
+HOLD = "@@hold@@"
+
+
+@pytest.fixture(scope="module")
+def held(tmp_path_factory):
+    """The test-hooks server: a batch with a HOLD text holds the model until
+    the release file exists (each test removes it first, and makes it last)."""
+    tmp = tmp_path_factory.mktemp("held")
+    release = tmp / "release-the-model"
+    hooks = {"MLX_EMBED_TEST_HOLD": HOLD, "MLX_EMBED_TEST_RELEASE": str(release)}
+    server = start_server(tmp, "--model", str(NOMIC), "--no-warmup", env=hooks, command=[str(TEST_SERVER_BINARY)])
+    yield server, release
+    release.touch()
+    assert server.stop() == 0, server.log()[-4000:]
+
+
+def wait_for(server, name: str, above: float, labels: str = "", timeout: float = 30):
+    deadline = time.monotonic() + timeout
+    while metric(server.get("/metrics").text, name, labels) <= above:
+        assert time.monotonic() < deadline, f"{name}{{{labels}}} never rose above {above}"
+        time.sleep(0.01)
+
+
+def test_phase_times_are_measured_where_they_happen(held):
+    """A held batch's request shows the hold as inference; a request queued
+    behind it, as queue: each phase where its time went, not merely some."""
+    server, release = held
+    release.unlink(missing_ok=True)
+    hold_s = 0.3
+    try:
+        before = server.get("/metrics").text
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            first = pool.submit(server.post, "/embed", {"inputs": f"{HOLD} the held request"})
+            wait_for(server, "mlx_embed_queue_wait_seconds_count", metric(before, "mlx_embed_queue_wait_seconds_count"))
+            second = pool.submit(server.post, "/embed", {"inputs": ["queued behind it", "and its second text"]})
+            wait_for(server, "mlx_embed_in_flight_inputs", 2)
+            time.sleep(hold_s)
+            release.touch()
+            held_one, queued = figures(first.result()), figures(second.result())
+    finally:
+        release.touch()
+    ms = hold_s * 1000
+    assert held_one["x-inference-time"] >= ms and held_one["x-queue-time"] < ms, held_one
+    assert queued["x-queue-time"] >= ms and queued["x-inference-time"] < ms, queued
+    assert held_one["x-total-time"] >= held_one["x-inference-time"] + held_one["x-queue-time"]
+
+
+def test_a_client_that_leaves_is_counted_once_as_dropped(held):
+    """TEI counts a request whose client leaves as err="dropped"; here the
+    client leaves while its batch runs, so the request never finishes."""
+    server, release = held
+    release.unlink(missing_ok=True)
+    try:
+        before = server.get("/metrics").text
+        body = json.dumps({"inputs": f"{HOLD} a text whose client leaves"}).encode()
+        port = int(server.url.rsplit(":", 1)[1])
+        conn = socket.create_connection(("127.0.0.1", port))
+        conn.sendall(
+            b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        wait_for(server, "mlx_embed_queue_wait_seconds_count", metric(before, "mlx_embed_queue_wait_seconds_count"))
+        conn.close()
+        left = metric(before, "mlx_embed_http_requests_total", 'route="/embed",code="499"')
+        wait_for(server, "mlx_embed_http_requests_total", left, 'route="/embed",code="499"')
+        release.touch()
+        assert server.post("/embed", {"inputs": "after the release"}).status_code == 200
+        after = server.get("/metrics").text
+    finally:
+        release.touch()
+
+    def delta(name, labels=""):
+        return metric(after, name, labels) - metric(before, name, labels)
+
+    assert delta("te_request_count", 'method="single"') == 2
+    assert delta("te_request_success", 'method="single"') == 1
+    assert delta("te_request_failure", 'err="dropped"') == 1
+    assert delta("te_request_failure") == 1
+    # Its time is no answer's: the histograms hold the answered one only.
+    assert delta("te_request_duration_count") == 1

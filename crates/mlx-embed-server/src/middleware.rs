@@ -71,17 +71,22 @@ pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next
 
     let span = tracing::info_span!("request", id = %id, method = %method, route = %route);
     let model = AnsweringModel::default();
+    let tally = timing::Tally::default();
     let left = ClientLeft {
         state: &state,
         route: &route,
         model: &model,
+        tally: &tally,
         span: &span,
         start,
     };
-    let handled = timing::measured(ANSWERING_MODEL.scope(
-        model.clone(),
-        AssertUnwindSafe(next.run(req).instrument(span.clone())).catch_unwind(),
-    ));
+    let handled = timing::measured(
+        &tally,
+        ANSWERING_MODEL.scope(
+            model.clone(),
+            AssertUnwindSafe(next.run(req).instrument(span.clone())).catch_unwind(),
+        ),
+    );
     let (handled, measured) = handled.await;
     // A bug in a handler answers its own request 500, in the route's shape,
     // instead of dropping the connection unanswered; the server goes on.
@@ -181,6 +186,9 @@ struct ClientLeft<'a> {
     state: &'a AppState,
     route: &'a str,
     model: &'a AnsweringModel,
+    /// What the request's model work came to before it was dropped: TEI
+    /// counts a request whose client left as `te_request_failure{err="dropped"}`.
+    tally: &'a timing::Tally,
     span: &'a tracing::Span,
     start: Instant,
 }
@@ -202,6 +210,9 @@ impl Drop for ClientLeft<'_> {
             self.model.series(self.state, self.route),
             CLIENT_CLOSED_REQUEST,
         );
+        self.state
+            .http_metrics()
+            .record_tei(&self.tally.take(), CLIENT_CLOSED_REQUEST, elapsed);
         self.span.in_scope(|| {
             tracing::info!(
                 status = CLIENT_CLOSED_REQUEST,

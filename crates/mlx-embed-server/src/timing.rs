@@ -10,16 +10,18 @@
 //! figures, none adds them itself, and a request that runs none (`/info`,
 //! `/tokenize`, an error before the model) carries none.
 
-use std::cell::RefCell;
 use std::future::Future;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 use mlx_embed_core::{EmbedInput, Embeddings, ModelInfo, Timings};
 
-/// What the model work of one request came to: the sums over the model
-/// calls it made (one for almost every route; a request that makes several
-/// at once, as `/invocations`' groups, counts each call's times in full).
+/// What the model work of one request came to over the model calls it
+/// made: one for almost every route. A request that makes several at once
+/// (`/vertex`'s instances, a gRPC rerank stream's queries) gets each phase averaged
+/// over its inputs, as TEI averages a batch request's: summed, overlapping
+/// calls' phases would add up to more than the request's own time.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Usage {
     /// Characters of the inputs as sent (a pair's two texts, a token-id
@@ -27,8 +29,11 @@ pub struct Usage {
     pub chars: u64,
     /// Tokens the model ran, special tokens included: the request's usage count.
     pub tokens: u64,
-    /// Summed phase times of its model calls.
+    /// Its model calls' phase times (averaged over their inputs when it made
+    /// several).
     pub timings: Timings,
+    /// Inputs of its model calls (the weights of `timings`' average).
+    pub inputs: u64,
     /// What ran it, as `/info`'s device names it: `cpu`, `cuda`, `metal`.
     pub compute_type: String,
 }
@@ -44,24 +49,37 @@ pub struct Measured {
 }
 
 tokio::task_local! {
-    static MEASURED: RefCell<Measured>;
+    static MEASURED: Tally;
 }
 
-/// Runs `work` in a scope that `begin` and `record` add to; returns its
-/// output and what they recorded.
-pub(crate) async fn measured<F: Future>(work: F) -> (F::Output, Measured) {
-    MEASURED
-        .scope(RefCell::new(Measured::default()), async move {
-            let out = work.await;
-            (out, MEASURED.with(|m| std::mem::take(&mut *m.borrow_mut())))
-        })
-        .await
+/// What a request's `measured` scope has added up so far. Shared, not
+/// owned by the scope: a request dropped before its end (its client left)
+/// loses its scope with it, and whoever counts it as dropped reads this.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Tally(Arc<Mutex<Measured>>);
+
+impl Tally {
+    /// What was recorded, leaving it empty (a request is counted once).
+    pub(crate) fn take(&self) -> Measured {
+        std::mem::take(&mut *self.lock())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Measured> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Runs `work` in a scope that `begin` and `record` add to, in `tally`;
+/// returns its output and what they recorded.
+pub(crate) async fn measured<F: Future>(tally: &Tally, work: F) -> (F::Output, Measured) {
+    let out = MEASURED.scope(tally.clone(), work).await;
+    (out, tally.take())
 }
 
 /// The model path takes a request of `inputs` inputs (before any check):
 /// from here it counts in TEI's `te_request_count`, as a success or a failure.
 pub(crate) fn begin(inputs: usize) {
-    let _ = MEASURED.try_with(|m| m.borrow_mut().sent += inputs as u64);
+    let _ = MEASURED.try_with(|m| m.lock().sent += inputs as u64);
 }
 
 /// Characters of `inputs` as TEI counts them: Unicode scalar values of
@@ -85,18 +103,32 @@ pub(crate) fn chars(inputs: &[EmbedInput]) -> u64 {
 /// figures; outside a `measured` scope (the warm-up call) it does nothing.
 pub(crate) fn record(model: &ModelInfo, chars: u64, out: &Embeddings) {
     let _ = MEASURED.try_with(|m| {
-        let mut m = m.borrow_mut();
+        let mut m = m.lock();
         let usage = m.usage.get_or_insert_with(|| Usage {
             compute_type: compute_type(model).to_owned(),
             ..Usage::default()
         });
         usage.chars += chars;
         usage.tokens += out.token_counts.iter().map(|&n| u64::from(n)).sum::<u64>();
-        let t = &mut usage.timings;
-        t.tokenization += out.timings.tokenization;
-        t.queue += out.timings.queue;
-        t.inference += out.timings.inference;
+        let (before, added) = (usage.inputs, out.token_counts.len() as u64);
+        let blend = |avg: Duration, call: Duration| average(avg, before, call, added);
+        let (t, call) = (&mut usage.timings, &out.timings);
+        t.tokenization = blend(t.tokenization, call.tokenization);
+        t.queue = blend(t.queue, call.queue);
+        t.inference = blend(t.inference, call.inference);
+        usage.inputs += added;
     });
+}
+
+/// The mean of `avg` weighing `n` and `call` weighing `k`: a lone call's
+/// own time, however many inputs it had.
+fn average(avg: Duration, n: u64, call: Duration, k: u64) -> Duration {
+    if n == 0 {
+        return call;
+    }
+    let sum = avg.as_nanos() * u128::from(n) + call.as_nanos() * u128::from(k);
+    let nanos = sum / u128::from((n + k).max(1));
+    Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
 }
 
 /// The backend of the model's device as `/info` shows it (`cuda (NVIDIA
@@ -171,11 +203,11 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_scope_sums_its_calls_and_nothing_outside_it_counts() {
+    async fn a_scope_sums_its_counts_averages_its_times_and_nothing_outside_it_counts() {
         // The warm-up's call, in no scope: dropped.
         begin(1);
         record(&on("cpu"), 5, &call(vec![9], [1, 1, 1]));
-        let ((), m) = measured(async {
+        let ((), m) = measured(&Tally::default(), async {
             begin(2);
             record(&on("cuda (NVIDIA H200)"), 3, &call(vec![4, 6], [1, 2, 3]));
             begin(1);
@@ -186,11 +218,41 @@ mod tests {
         let usage = m.usage.expect("two calls recorded");
         assert_eq!((usage.chars, usage.tokens), (5, 15));
         assert_eq!(usage.compute_type, "cuda", "the first call's model's");
-        assert_eq!(usage.timings.tokenization, Duration::from_millis(11));
-        assert_eq!(usage.timings.queue, Duration::from_millis(22));
-        assert_eq!(usage.timings.inference, Duration::from_millis(33));
-        let ((), none) = measured(async {}).await;
+        // Weighted by inputs, 2 and 1: (2*1 + 10) / 3, ...; never their
+        // sum, which overlapping calls would push past the request's time.
+        assert_eq!(usage.timings.tokenization, Duration::from_millis(4));
+        assert_eq!(usage.timings.queue, Duration::from_millis(8));
+        assert_eq!(usage.timings.inference, Duration::from_millis(12));
+        assert_eq!(usage.inputs, 3);
+        // One call: its own times, whatever its size.
+        let ((), one) = measured(&Tally::default(), async {
+            begin(5);
+            record(&on("cpu"), 1, &call(vec![1; 5], [7, 0, 9]));
+        })
+        .await;
+        let one = one.usage.expect("one call");
+        assert_eq!(one.timings, call(vec![], [7, 0, 9]).timings);
+        // A call the cache answered whole (no inputs computed, zero times)
+        // still weighs its inputs.
+        let ((), mixed) = measured(&Tally::default(), async {
+            record(&on("cpu"), 1, &call(vec![1], [0, 0, 0]));
+            record(&on("cpu"), 1, &call(vec![1], [0, 6, 8]));
+        })
+        .await;
+        let mixed = mixed.usage.expect("two calls");
+        assert_eq!(mixed.timings, call(vec![], [0, 3, 4]).timings);
+        let ((), none) = measured(&Tally::default(), async {}).await;
         assert_eq!(none, Measured::default());
+        // A scope dropped midway leaves what it saw in its tally.
+        let tally = Tally::default();
+        let mut work = Box::pin(measured(&tally, async {
+            begin(4);
+            std::future::pending::<()>().await;
+        }));
+        assert!(futures_util::FutureExt::now_or_never(work.as_mut()).is_none());
+        drop(work);
+        assert_eq!(tally.take().sent, 4);
+        assert_eq!(tally.take(), Measured::default(), "taken once");
     }
 
     #[test]
@@ -216,6 +278,7 @@ mod tests {
                 queue: Duration::from_millis(3),
                 inference: Duration::from_millis(40),
             },
+            inputs: 2,
             compute_type: "metal".into(),
         };
         let h = headers(&usage, Duration::from_micros(45_900));

@@ -78,7 +78,14 @@ async fn timed<T: WithMetadata>(
     work: impl Future<Output = Result<T, ApiError>>,
 ) -> Result<(T, HeaderMap), ApiError> {
     let start = Instant::now();
-    let (answer, measured) = timing::measured(work).await;
+    let tally = timing::Tally::default();
+    let dropped = Dropped {
+        state,
+        tally: &tally,
+        start,
+    };
+    let (answer, measured) = timing::measured(&tally, work).await;
+    std::mem::forget(dropped);
     let total = start.elapsed();
     let status = match &answer {
         Ok(_) => 200,
@@ -91,6 +98,29 @@ async fn timed<T: WithMetadata>(
         .usage
         .map_or_else(HeaderMap::new, |u| timing::headers(&u, total));
     Ok((answer, headers))
+}
+
+/// Alive while [`timed`] waits: dropped with it when the call is (its
+/// client cancelled it, or left), it counts a request that reached the
+/// model path as TEI's `err="dropped"`, as the HTTP layer does.
+struct Dropped<'a> {
+    state: &'a AppState,
+    tally: &'a timing::Tally,
+    start: Instant,
+}
+
+impl Drop for Dropped<'_> {
+    fn drop(&mut self) {
+        if self.state.is_abandoning() {
+            // The server is exiting without this answer: its client did not leave.
+            return;
+        }
+        self.state.http_metrics().record_tei(
+            &self.tally.take(),
+            crate::middleware::CLIENT_CLOSED_REQUEST,
+            self.start.elapsed(),
+        );
+    }
 }
 
 /// [`timed`] for a stream's message: its figures in its `Metadata` only.

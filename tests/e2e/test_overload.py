@@ -212,6 +212,9 @@ def test_clients_that_leave_while_queued_are_not_computed(tmp_path, fd_room):
         assert (m['mlx_embed_batcher_requests_total{outcome="cancelled"}']
                 - before['mlx_embed_batcher_requests_total{outcome="cancelled"}']) == n
         assert m['mlx_embed_http_requests_total{route="/api/v1/embed",code="499"}'] == n
+        # And each once as TEI's dropped request.
+        dropped = 'te_request_failure{err="dropped"}'
+        assert m.get(dropped, 0) - before.get(dropped, 0) == n
         assert not blocker.done()
         release.touch()
         return await asyncio.wait_for(blocker, timeout=120)

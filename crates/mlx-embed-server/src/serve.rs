@@ -1044,7 +1044,10 @@ where
         let answer = self.app.call(request);
         Box::pin(async move {
             let response = answer.await?;
-            let answering = Answering::new(&activity);
+            // Only HTTP/2 watches for stalled answers ([`Activity::stalled`]):
+            // over HTTP/1 a client not reading blocks the socket's writes,
+            // which [`WriteWatched`] times.
+            let answering = http2.then(|| Answering::new(&activity));
             Ok(response.map(|body| {
                 let body = if http2 {
                     axum::body::Body::new(InPieces {
@@ -1057,7 +1060,9 @@ where
                 };
                 axum::body::Body::new(body.map_frame(move |frame| {
                     let _ = &in_progress;
-                    answering.taken();
+                    if let Some(answering) = &answering {
+                        answering.taken();
+                    }
                     frame
                 }))
             }))

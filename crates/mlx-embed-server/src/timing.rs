@@ -148,18 +148,19 @@ fn compute_type(model: &ModelInfo) -> &str {
 pub(crate) fn headers(usage: &Usage, total: Duration) -> HeaderMap {
     let ms = |d: Duration| d.as_millis().to_string();
     let t = &usage.timings;
+    // In `HEADER_NAMES`' order.
     let values = [
-        ("x-compute-type", usage.compute_type.clone()),
-        ("x-compute-time", ms(total)),
-        ("x-compute-characters", usage.chars.to_string()),
-        ("x-compute-tokens", usage.tokens.to_string()),
-        ("x-total-time", ms(total)),
-        ("x-tokenization-time", ms(t.tokenization)),
-        ("x-queue-time", ms(t.queue)),
-        ("x-inference-time", ms(t.inference)),
+        usage.compute_type.clone(),
+        ms(total),
+        usage.chars.to_string(),
+        usage.tokens.to_string(),
+        ms(total),
+        ms(t.tokenization),
+        ms(t.queue),
+        ms(t.inference),
     ];
     let mut headers = HeaderMap::with_capacity(values.len());
-    for (name, value) in values {
+    for (name, value) in HEADER_NAMES.into_iter().zip(values) {
         if let Ok(value) = HeaderValue::from_str(&value) {
             headers.insert(HeaderName::from_static(name), value);
         }
@@ -167,7 +168,7 @@ pub(crate) fn headers(usage: &Usage, total: Duration) -> HeaderMap {
     headers
 }
 
-/// The names `headers` writes, for CORS to expose to a page's script.
+/// The names `headers` writes, in its order; CORS exposes them to a page's script.
 pub(crate) const HEADER_NAMES: [&str; 8] = [
     "x-compute-type",
     "x-compute-time",

@@ -566,7 +566,8 @@ impl pb::rerank_server::Rerank for Tei {
             args.max_body_bytes,
         )
         .await?;
-        // One scope over the stream's requests: its figures are their sums.
+        // One scope over the stream's requests: counts summed, phase times
+        // averaged over their inputs ([`timing::Usage`]).
         let answer = async {
             let groups = rerank_stream_requests(messages)?;
             let (positions, requests): (Vec<_>, Vec<_>) = groups.into_iter().unzip();

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
+import time
 
 # Nothing may phone home from a test: Haystack reads its switch at import,
 # Graphiti's and LangSmith's are read when they would send.
@@ -29,6 +31,7 @@ os.environ.update(
 import numpy as np  # noqa: E402
 import openai  # noqa: E402
 import pytest  # noqa: E402
+import requests  # noqa: E402
 import tiktoken  # noqa: E402
 from graphiti_core.embedder.openai import OpenAIEmbedder, OpenAIEmbedderConfig  # noqa: E402
 from haystack import Document  # noqa: E402
@@ -46,6 +49,7 @@ from langchain_ollama import OllamaEmbeddings  # noqa: E402
 from langchain_openai import OpenAIEmbeddings  # noqa: E402
 
 from harness import FIXTURES, cosine_rows, start_server  # noqa: E402
+from test_overload import HOLD, start_held_server, wait_for_in_flight  # noqa: E402
 from test_client_libraries import reference_rerank  # noqa: E402
 
 MODEL = "all-MiniLM-L6-v2"
@@ -128,6 +132,47 @@ def test_graphiti_concurrent_creates_get_their_own_vectors(srv, texts_ref):
     want = np.concatenate([native(srv, texts[i : i + 50]) for i in (0, 50)])
     assert cosine_rows(got, want).min() >= 0.99999
     assert len({tuple(np.round(v, 4)) for v in got}) == len(texts), "each text its own vector"
+
+
+def test_graphiti_retries_a_429_and_gets_its_vector(tmp_path):
+    """A burst can meet a full server: Graphiti's OpenAI client (two retries
+    by default) waits out the 429's Retry-After and its retry gets the
+    vector. The held model is let go when the client reads the 429, so the
+    retry finds room."""
+    server, release = start_held_server(
+        tmp_path, "--no-warmup", "--no-cache", "--max-concurrent-requests", "1", "--max-waiting", "0"
+    )
+    seen = []
+
+    async def on_response(response):
+        seen.append((response.status_code, response.headers.get("retry-after")))
+        if response.status_code == 429:
+            release.touch()
+
+    async def main():
+        async with openai.DefaultAsyncHttpxClient(event_hooks={"response": [on_response]}) as http:
+            client = openai.AsyncOpenAI(base_url=server.url + "/v1", api_key="unused", http_client=http)
+            embedder = OpenAIEmbedder(OpenAIEmbedderConfig(embedding_model=MODEL, embedding_dim=384), client=client)
+            return await embedder.create(["Rivers flow into the sea."])
+
+    held = threading.Thread(
+        target=requests.post,
+        args=(server.url + "/api/v1/embed",),
+        kwargs={"json": {"texts": [f"{HOLD} the model"]}, "timeout": 60},
+    )
+    try:
+        held.start()
+        asyncio.run(wait_for_in_flight(server, 1))
+        started = time.monotonic()
+        got = asyncio.run(main())
+        waited = time.monotonic() - started
+    finally:
+        release.touch()
+    held.join(timeout=60)
+    assert [status for status, _ in seen] == [429, 200], seen
+    assert waited >= int(seen[0][1]) >= 1, (waited, seen)
+    assert cosine_rows(np.asarray([got]), native(server, ["Rivers flow into the sea."])).min() >= 0.99999
+    assert server.stop() == 0, server.log()[-4000:]
 
 
 # --- LangChain ----------------------------------------------------------------

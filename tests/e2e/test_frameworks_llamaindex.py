@@ -2,11 +2,10 @@
 OpenAI, OpenAI-like, Ollama and TEI embeddings (sync and async) and its TEI
 rerank postprocessor, checked as test_frameworks.py checks the others.
 
-LlamaIndex is not in the `test` extra: its core brings 35 packages (about
-110 MB: SQLAlchemy, NLTK, networkx, and pytest-asyncio, which its Ollama
-package requires and which would load into every test session), so these
-run where the `llamaindex` extra is installed (`pip install -e '.[llamaindex]'`)
-and are skipped elsewhere."""
+In a module of its own because LlamaIndex's core is large (35 packages, about
+110 MB: SQLAlchemy, NLTK, networkx and pytest-asyncio); the `test` extra
+installs it (as the `llamaindex` extra), and a missing package fails here, not
+a skip."""
 
 from __future__ import annotations
 
@@ -15,18 +14,16 @@ import asyncio
 import numpy as np
 import pytest
 
-pytest.importorskip("llama_index.core", reason="LlamaIndex is not installed: pip install -e '.[llamaindex]'")
+from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+from llama_index.embeddings.ollama import OllamaEmbedding
+from llama_index.embeddings.openai import OpenAIEmbedding
+from llama_index.embeddings.openai_like import OpenAILikeEmbedding
+from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference
+from llama_index.postprocessor.tei_rerank import TextEmbeddingInference as TEIRerank
 
-from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode  # noqa: E402
-from llama_index.embeddings.ollama import OllamaEmbedding  # noqa: E402
-from llama_index.embeddings.openai import OpenAIEmbedding  # noqa: E402
-from llama_index.embeddings.openai_like import OpenAILikeEmbedding  # noqa: E402
-from llama_index.embeddings.text_embeddings_inference import TextEmbeddingsInference  # noqa: E402
-from llama_index.postprocessor.tei_rerank import TextEmbeddingInference as TEIRerank  # noqa: E402
-
-from test_client_libraries import reference_rerank  # noqa: E402
-import test_frameworks  # noqa: E402
-from test_frameworks import MODEL, assert_golden, native, server_ranks  # noqa: E402
+from test_client_libraries import reference_rerank
+import test_frameworks
+from test_frameworks import MODEL, assert_golden, native, server_ranks
 
 # The same server and texts as test_frameworks.py's (a server of this module's own).
 srv = test_frameworks.srv

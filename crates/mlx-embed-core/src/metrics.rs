@@ -77,16 +77,18 @@ pub const SECONDS_BOUNDS: &[f64] = &[
     5.0, 10.0, 30.0, 60.0,
 ];
 
-/// Bucket bounds for inputs per batch (powers of two cover every `max_batch_size`).
+/// Bucket bounds for inputs per batch: powers of two up to 2^12, as TEI's
+/// `te_batch_next_size` (they cover every `max_batch_size`).
 pub const BATCH_SIZE_BOUNDS: &[f64] = &[
-    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
+    1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0,
 ];
 
-/// Bucket bounds for an input's tokens: powers of two, as TEI's
-/// `te_request_input_length` (up to 32,768, the longest context served).
+/// Bucket bounds for an input's tokens: powers of two up to 2^19, as TEI's
+/// `te_request_input_length`; the server renders those up to the model's
+/// maximum length, as TEI's exporter does.
 pub const INPUT_TOKENS_BOUNDS: &[f64] = &[
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 2048.0, 4096.0, 8192.0,
-    16384.0, 32768.0,
+    16384.0, 32768.0, 65536.0, 131072.0, 262144.0, 524288.0,
 ];
 
 /// Bucket bounds for real tokens per batch: powers of two up to 2^20, as

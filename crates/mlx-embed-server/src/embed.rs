@@ -181,7 +181,7 @@ async fn run(
     task: Task,
     bytes_per_value: usize,
 ) -> Result<EmbedOutput, ApiError> {
-    timing::begin(req.inputs.len());
+    timing::begin(req.inputs.len(), timing::Op::Embed);
     refuse_inputs(state, &req.inputs, req.empty_texts)
         .inspect_err(|_| state.count_under_requested(req.model.as_deref(), task))?;
     let model = state.model_for(req.model.as_deref(), task)?;

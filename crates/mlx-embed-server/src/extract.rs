@@ -19,6 +19,7 @@ use utoipa::ToSchema;
 
 use crate::errors::{ApiError, ErrorKind, Flavor, Shaped};
 use crate::state::AppState;
+use crate::timing::{self, Method};
 
 /// An optional integer field read as JSON Schema and pydantic's lax `int`
 /// (vLLM's and Infinity's request models) read one: an integer, or a number
@@ -290,6 +291,10 @@ pub enum TextInputs {
 
 impl TextInputs {
     pub fn into_inputs(self) -> Vec<EmbedInput> {
+        timing::shape(match self {
+            TextInputs::One(_) => Method::Single,
+            TextInputs::Many(_) => Method::Batch,
+        });
         match self {
             TextInputs::One(s) => vec![EmbedInput::Text(s)],
             TextInputs::Many(v) => v.into_iter().map(EmbedInput::Text).collect(),
@@ -369,6 +374,11 @@ impl ToSchema for TextsOrTokens {}
 
 impl TextsOrTokens {
     pub fn into_inputs(self) -> Vec<EmbedInput> {
+        // TEI's `method`: one input sent bare, or a list (of one too).
+        timing::shape(match self {
+            TextsOrTokens::Text(_) | TextsOrTokens::Tokens(_) => Method::Single,
+            _ => Method::Batch,
+        });
         match self {
             TextsOrTokens::Text(s) => vec![EmbedInput::Text(s)],
             TextsOrTokens::Texts(v) => v.into_iter().map(EmbedInput::Text).collect(),

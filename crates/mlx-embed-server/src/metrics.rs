@@ -43,7 +43,7 @@ use std::time::Duration;
 use mlx_embed_core::{DeviceMemory, Histogram, LaneMetrics, MetricsSnapshot};
 
 use crate::state::AppState;
-use crate::timing::Measured;
+use crate::timing::{Measured, Method, Op};
 
 /// Upper bounds (seconds) of the request latency histogram.
 const LATENCY_BOUNDS: [f64; 14] = [
@@ -91,9 +91,12 @@ fn tei_seconds_bounds() -> Vec<f64> {
 
 /// TEI's `te_request_*`: the requests that reached the model path (HTTP
 /// and gRPC alike), counted once each from the same figures as their
-/// `x-*` headers and gRPC `Metadata`.
+/// `x-*` headers and gRPC `Metadata`; and its per-input `te_embed_*` and
+/// `te_predict_*` ([`OpStats`]).
 struct TeiRequests {
-    /// By method, `single` (one input) and `batch`: all, and answered.
+    /// By method, `single` and `batch` as the client shaped the request
+    /// ([`crate::timing::Method`]): all, and answered. A gRPC stream's
+    /// messages are in neither, as in TEI's.
     count: [u64; 2],
     success: [u64; 2],
     /// Failures by TEI's `err` label ([`tei_error`]).
@@ -102,19 +105,52 @@ struct TeiRequests {
     tokenization: Histogram,
     queue: Histogram,
     inference: Histogram,
+    /// `te_embed_*` and `te_predict_*`, by [`Op`].
+    ops: [OpStats; 2],
+}
+
+/// One of TEI's per-input families (`te_embed_*`, `te_predict_*`): TEI
+/// counts each input of a request as its own call of the operation. Ours
+/// runs a request's inputs as one call, so each input counts with the
+/// request's figures: its total, and its phases averaged over its inputs
+/// (what its `x-*` headers say).
+struct OpStats {
+    count: u64,
+    success: u64,
+    duration: Histogram,
+    tokenization: Histogram,
+    queue: Histogram,
+    inference: Histogram,
+}
+
+fn tei_seconds() -> Histogram {
+    Histogram::with_bounds(&tei_seconds_bounds())
+}
+
+impl Default for OpStats {
+    fn default() -> Self {
+        Self {
+            count: 0,
+            success: 0,
+            duration: tei_seconds(),
+            tokenization: tei_seconds(),
+            queue: tei_seconds(),
+            inference: tei_seconds(),
+        }
+    }
 }
 
 impl Default for TeiRequests {
     fn default() -> Self {
-        let seconds = || Histogram::with_bounds(&tei_seconds_bounds());
         Self {
             count: [0; 2],
             success: [0; 2],
             failure: BTreeMap::new(),
-            duration: seconds(),
-            tokenization: seconds(),
-            queue: seconds(),
-            inference: seconds(),
+            duration: tei_seconds(),
+            tokenization: tei_seconds(),
+            queue: tei_seconds(),
+            inference: tei_seconds(),
+            ops: Default::default(),
         }
     }
 }
@@ -173,22 +209,63 @@ impl HttpMetrics {
     /// Counts a request that reached the model path (`measured.sent > 0`;
     /// others are ignored) in TEI's `te_request_*`, by its status: an
     /// answer's phase times and `total` in the histograms, a refusal by
-    /// TEI's `err`.
+    /// TEI's `err`; and its inputs in its operation's family.
     pub fn record_tei(&self, measured: &Measured, status: u16, total: Duration) {
         if measured.sent == 0 {
             return;
         }
-        let method = usize::from(measured.sent > 1);
+        let method = match measured.method() {
+            Method::Single => Some(0),
+            Method::Batch => Some(1),
+            Method::Stream => None,
+        };
+        let inputs = measured.sent;
         let mut tei = self.tei.lock().unwrap_or_else(|e| e.into_inner());
-        tei.count[method] += 1;
+        if let Some(m) = method {
+            tei.count[m] += 1;
+        }
+        let op = match measured.op {
+            Op::Embed => 0,
+            Op::Predict => 1,
+        };
+        tei.ops[op].count += inputs;
         match (&measured.usage, (200..300).contains(&status)) {
             (Some(usage), true) => {
-                tei.success[method] += 1;
+                if let Some(m) = method {
+                    tei.success[m] += 1;
+                }
                 let t = &usage.timings;
-                tei.duration.observe(total.as_secs_f64());
-                tei.tokenization.observe(t.tokenization.as_secs_f64());
-                tei.queue.observe(t.queue.as_secs_f64());
-                tei.inference.observe(t.inference.as_secs_f64());
+                let seconds = [
+                    total.as_secs_f64(),
+                    t.tokenization.as_secs_f64(),
+                    t.queue.as_secs_f64(),
+                    t.inference.as_secs_f64(),
+                ];
+                let TeiRequests {
+                    duration,
+                    tokenization,
+                    queue,
+                    inference,
+                    ops,
+                    ..
+                } = &mut *tei;
+                for (h, v) in [duration, tokenization, queue, inference]
+                    .into_iter()
+                    .zip(seconds)
+                {
+                    observe(h, v, 1);
+                }
+                let stats = &mut ops[op];
+                stats.success += inputs;
+                let per_input = [
+                    &mut stats.duration,
+                    &mut stats.tokenization,
+                    &mut stats.queue,
+                    &mut stats.inference,
+                ];
+                for (h, v) in per_input.into_iter().zip(seconds) {
+                    observe(h, v, inputs);
+                }
             }
             _ => *tei.failure.entry(tei_error(status)).or_default() += 1,
         }
@@ -216,17 +293,18 @@ impl HttpMetrics {
             counts: vec![0; LATENCY_BOUNDS.len()],
             ..Histogram::default()
         });
-        observe(h, seconds);
+        observe(h, seconds, 1);
     }
 }
 
-fn observe(h: &mut Histogram, value: f64) {
+/// `n` observations of `value`.
+fn observe(h: &mut Histogram, value: f64, n: u64) {
     match h.bounds.iter().position(|&b| value <= b) {
-        Some(i) => h.counts[i] += 1,
-        None => h.overflow += 1,
+        Some(i) => h.counts[i] += n,
+        None => h.overflow += n,
     }
-    h.sum += value;
-    h.count += 1;
+    h.sum += value * n as f64;
+    h.count += n;
 }
 
 /// The whole `/metrics` body; `memory` is the model's device memory, read
@@ -295,14 +373,14 @@ pub fn render(state: &AppState, memory: Option<&DeviceMemory>) -> String {
 fn render_models(out: &mut String, state: &AppState) {
     let models = state.models();
     if let [only] = models {
-        render_core(out, &only.batcher.metrics());
+        render_core(out, &only.batcher.metrics(), only.info().max_input_tokens);
         return;
     }
     // Family name -> (HELP/TYPE lines, samples), in first-seen order.
     let mut families: Vec<(String, String, Vec<String>)> = Vec::new();
     for m in models {
         let mut text = String::new();
-        render_core(&mut text, &m.batcher.metrics());
+        render_core(&mut text, &m.batcher.metrics(), m.info().max_input_tokens);
         let label = format!("model=\"{}\"", escape(&m.name));
         let mut current = usize::MAX;
         for line in text.lines() {
@@ -476,6 +554,52 @@ fn render_tei(out: &mut String, http: &HttpMetrics) {
     ] {
         histogram(out, name, help, h);
     }
+    for (op, what, stats) in [
+        ("embed", "inputs embedded", &tei.ops[0]),
+        (
+            "predict",
+            "inputs scored (classified or reranked)",
+            &tei.ops[1],
+        ),
+    ] {
+        let name = |suffix: &str| format!("te_{op}_{suffix}");
+        counter(
+            out,
+            &name("count"),
+            &format!("Of te_request_count's requests (and gRPC stream messages), {what}."),
+            stats.count,
+        );
+        counter(
+            out,
+            &name("success"),
+            &format!("Of te_{op}_count, those answered."),
+            stats.success,
+        );
+        for (suffix, help, h) in [
+            (
+                "duration",
+                "Seconds of each answered input: its request's total.",
+                &stats.duration,
+            ),
+            (
+                "tokenization_duration",
+                "Seconds each answered input was tokenized (its request's average).",
+                &stats.tokenization,
+            ),
+            (
+                "queue_duration",
+                "Seconds each answered input queued (its request's average).",
+                &stats.queue,
+            ),
+            (
+                "inference_duration",
+                "Seconds of model time of each answered input (its request's average).",
+                &stats.inference,
+            ),
+        ] {
+            histogram(out, &name(suffix), help, h);
+        }
+    }
 }
 
 /// `route="..."`, and `,model="..."` where the series has one.
@@ -486,7 +610,9 @@ fn series_labels((route, model): &(String, Option<String>)) -> String {
     }
 }
 
-fn render_core(out: &mut String, m: &MetricsSnapshot) {
+/// `max_input`: the model's longest input in tokens (`/info`'s
+/// `max_input_length`), where TEI's input-length buckets stop.
+fn render_core(out: &mut String, m: &MetricsSnapshot, max_input: usize) {
     gauge(
         out,
         "mlx_embed_waiting_inputs",
@@ -587,12 +713,12 @@ fn render_core(out: &mut String, m: &MetricsSnapshot) {
     );
     render_lanes(out, m);
     render_cache(out, m);
-    render_tei_core(out, m);
+    render_tei_core(out, m, max_input);
 }
 
 /// TEI's names for the core's own figures: the same counts as the
-/// `mlx_embed_*` ones above, in our buckets.
-fn render_tei_core(out: &mut String, m: &MetricsSnapshot) {
+/// `mlx_embed_*` ones above, in TEI's buckets (powers of two).
+fn render_tei_core(out: &mut String, m: &MetricsSnapshot, max_input: usize) {
     gauge(
         out,
         "te_queue_size",
@@ -615,7 +741,7 @@ fn render_tei_core(out: &mut String, m: &MetricsSnapshot) {
         out,
         "te_request_input_length",
         "Tokens of each input, after truncation, special tokens included.",
-        &m.input_tokens,
+        &cut_at(&m.input_tokens, max_input as f64),
     );
 }
 
@@ -770,6 +896,20 @@ fn histogram_lines(out: &mut String, name: &str, labels: &str, h: &Histogram) {
     let _ = writeln!(out, "{name}_count{braces} {cumulative}");
 }
 
+/// `h` with only its bounds up to `max`, as TEI's exporter buckets
+/// `te_request_input_length` (powers of two up to the model's maximum
+/// length): counts past it move to `+Inf`, the sum and count unchanged.
+fn cut_at(h: &Histogram, max: f64) -> Histogram {
+    let keep = h.bounds.partition_point(|&b| b <= max);
+    Histogram {
+        bounds: h.bounds[..keep].to_vec(),
+        counts: h.counts[..keep].to_vec(),
+        overflow: h.overflow + h.counts[keep..].iter().sum::<u64>(),
+        sum: h.sum,
+        count: h.count,
+    }
+}
+
 fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
@@ -880,6 +1020,7 @@ mod tests {
                 },
                 ..Usage::default()
             }),
+            ..Measured::default()
         };
         let ms = Duration::from_millis;
         m.record_tei(&answered(1), 200, ms(5));
@@ -889,7 +1030,7 @@ mod tests {
         m.record_tei(
             &Measured {
                 sent: 1,
-                usage: None,
+                ..Measured::default()
             },
             400,
             ms(1),
@@ -898,7 +1039,7 @@ mod tests {
         m.record_tei(
             &Measured {
                 sent: 1,
-                usage: None,
+                ..Measured::default()
             },
             503,
             ms(1),
@@ -928,6 +1069,58 @@ mod tests {
     }
 
     #[test]
+    fn tei_counts_the_client_s_shape_streams_apart_and_each_input_per_op() {
+        use crate::timing::Usage;
+        let m = HttpMetrics::default();
+        let ms = Duration::from_millis;
+        let answered = |sent, method, op| Measured {
+            sent,
+            usage: Some(Usage {
+                timings: mlx_embed_core::Timings {
+                    inference: ms(4),
+                    ..Default::default()
+                },
+                ..Usage::default()
+            }),
+            method,
+            op,
+        };
+        // `{"inputs": ["a"]}`: one input, sent as a batch.
+        m.record_tei(&answered(1, Some(Method::Batch), Op::Embed), 200, ms(10));
+        // A rerank of 3 documents, and 2 gRPC stream messages.
+        m.record_tei(&answered(3, Some(Method::Batch), Op::Predict), 200, ms(10));
+        m.record_tei(&answered(1, Some(Method::Stream), Op::Embed), 200, ms(10));
+        m.record_tei(&answered(1, Some(Method::Stream), Op::Embed), 200, ms(10));
+        // A stream message refused: a failure, in no te_request_count.
+        let refused = Measured {
+            sent: 1,
+            method: Some(Method::Stream),
+            ..Measured::default()
+        };
+        m.record_tei(&refused, 429, ms(1));
+        let mut out = String::new();
+        render_tei(&mut out, &m);
+        for line in [
+            "te_request_count{method=\"single\"} 0",
+            "te_request_count{method=\"batch\"} 2",
+            "te_request_success{method=\"batch\"} 2",
+            "te_request_failure{err=\"overloaded\"} 1",
+            "te_request_duration_count 4",
+            "te_embed_count 4",
+            "te_embed_success 3",
+            "te_embed_duration_count 3",
+            "te_embed_inference_duration_sum 0.012",
+            "te_predict_count 3",
+            "te_predict_success 3",
+            "te_predict_queue_duration_count 3",
+            "te_predict_duration_bucket{le=\"+Inf\"} 3",
+            "# TYPE te_predict_inference_duration histogram",
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line} missing from\n{out}");
+        }
+    }
+
+    #[test]
     fn tei_duration_bounds_print_short() {
         let bounds = tei_seconds_bounds();
         let printed: Vec<String> = bounds.iter().map(f64::to_string).collect();
@@ -941,6 +1134,30 @@ mod tests {
             assert!((w[1] / w[0] - 1.5).abs() < 1e-4, "{w:?}");
         }
         assert_eq!(bounds.len(), 35);
+    }
+
+    #[test]
+    fn input_length_buckets_stop_at_the_model_s_maximum() {
+        let mut h = Histogram::with_bounds(mlx_embed_core::metrics::INPUT_TOKENS_BOUNDS);
+        for tokens in [3.0, 512.0, 600.0] {
+            h.observe(tokens);
+        }
+        // TEI's bounds: 2^0..2^19, those <= the maximum (512 here).
+        assert_eq!(h.bounds.len(), 20);
+        assert_eq!(h.bounds.last(), Some(&524_288.0));
+        let mut out = String::new();
+        histogram_lines(&mut out, "x", "", &cut_at(&h, 512.0));
+        assert!(
+            out.contains("x_bucket{le=\"512\"} 2\nx_bucket{le=\"+Inf\"} 3\n"),
+            "{out}"
+        );
+        assert!(!out.contains("le=\"1024\""), "{out}");
+        assert!(
+            out.contains("x_count 3\n") && out.contains("x_sum 1115\n"),
+            "{out}"
+        );
+        // A maximum off the powers of two keeps the powers below it.
+        assert_eq!(cut_at(&h, 8192.0 + 7.0).bounds.len(), 14);
     }
 
     #[test]

@@ -51,7 +51,7 @@ pub struct ScoreOutput {
 
 /// Scores `req`; errors carry their status (see [`crate::errors`]).
 pub async fn score(state: &AppState, req: ScoreRequest) -> Result<ScoreOutput, ApiError> {
-    timing::begin(req.inputs.len());
+    begin(&req);
     check_inputs(state, &req.inputs, req.model.as_deref(), req.task)?;
     run(state, req).await
 }
@@ -60,8 +60,17 @@ pub async fn score(state: &AppState, req: ScoreRequest) -> Result<ScoreOutput, A
 /// of what the client sent (Cohere's chunks), which count as the client's
 /// documents, not one input each.
 pub async fn score_checked(state: &AppState, req: ScoreRequest) -> Result<ScoreOutput, ApiError> {
-    timing::begin(req.inputs.len());
+    begin(&req);
     run(state, req).await
+}
+
+/// [`timing::begin`] of a scoring request: TEI's `te_predict_*`, and a
+/// rerank is a batch whatever its documents (TEI's `/rerank` counts so).
+fn begin(req: &ScoreRequest) {
+    if req.task == Task::Rerank {
+        timing::shape(timing::Method::Batch);
+    }
+    timing::begin(req.inputs.len(), timing::Op::Predict);
 }
 
 async fn run(state: &AppState, req: ScoreRequest) -> Result<ScoreOutput, ApiError> {

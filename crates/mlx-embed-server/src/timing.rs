@@ -38,6 +38,31 @@ pub struct Usage {
     pub compute_type: String,
 }
 
+/// TEI's `te_request_count` `method` of a request: the shape its client
+/// sent, not how many inputs it holds (`{"inputs": ["a"]}` is a batch).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// One input sent bare: a string, a token list, a `/predict` pair;
+    /// every unary gRPC call but `Rerank`.
+    Single,
+    /// A list of inputs; every rerank (TEI's `/rerank` and `Rerank*`).
+    Batch,
+    /// One message of a gRPC stream: TEI counts it in no
+    /// `te_request_count`/`te_request_success`, only in the histograms,
+    /// `te_request_failure` and its operation's family.
+    Stream,
+}
+
+/// Which of TEI's per-input families a model path counts in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Op {
+    /// `te_embed_*`: embeddings of every kind (dense, sparse, per token).
+    #[default]
+    Embed,
+    /// `te_predict_*`: a classifier's or reranker's scores.
+    Predict,
+}
+
 /// What a `measured` scope saw of the model path.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Measured {
@@ -46,6 +71,22 @@ pub struct Measured {
     pub sent: u64,
     /// The figures of its successful model calls (`None`: none succeeded).
     pub usage: Option<Usage>,
+    /// Its shape, where its route told it (`shape`); `None`: by its
+    /// inputs, one or more.
+    pub method: Option<Method>,
+    /// The path it took (`begin`'s).
+    pub op: Op,
+}
+
+impl Measured {
+    /// `method`, else one input is `Single` and more a `Batch`.
+    pub fn method(&self) -> Method {
+        self.method.unwrap_or(if self.sent > 1 {
+            Method::Batch
+        } else {
+            Method::Single
+        })
+    }
 }
 
 tokio::task_local! {
@@ -76,10 +117,24 @@ pub(crate) async fn measured<F: Future>(tally: &Tally, work: F) -> (F::Output, M
     (out, tally.take())
 }
 
-/// The model path takes a request of `inputs` inputs (before any check):
-/// from here it counts in TEI's `te_request_count`, as a success or a failure.
-pub(crate) fn begin(inputs: usize) {
-    let _ = MEASURED.try_with(|m| m.lock().sent += inputs as u64);
+/// The model path (`op`'s) takes a request of `inputs` inputs (before any
+/// check): from here it counts in TEI's `te_request_count`, as a success or
+/// a failure.
+pub(crate) fn begin(inputs: usize, op: Op) {
+    let _ = MEASURED.try_with(|m| {
+        let mut m = m.lock();
+        m.sent += inputs as u64;
+        m.op = op;
+    });
+}
+
+/// The request's shape as its client sent it, for TEI's `method` label.
+/// The first said stands: a gRPC method says it before the HTTP request
+/// it makes of its message reads its inputs.
+pub(crate) fn shape(method: Method) {
+    let _ = MEASURED.try_with(|m| {
+        m.lock().method.get_or_insert(method);
+    });
 }
 
 /// Characters of `inputs` as TEI counts them: Unicode scalar values of
@@ -206,12 +261,12 @@ mod tests {
     #[tokio::test]
     async fn a_scope_sums_its_counts_averages_its_times_and_nothing_outside_it_counts() {
         // The warm-up's call, in no scope: dropped.
-        begin(1);
+        begin(1, Op::Embed);
         record(&on("cpu"), 5, &call(vec![9], [1, 1, 1]));
         let ((), m) = measured(&Tally::default(), async {
-            begin(2);
+            begin(2, Op::Embed);
             record(&on("cuda (NVIDIA H200)"), 3, &call(vec![4, 6], [1, 2, 3]));
-            begin(1);
+            begin(1, Op::Embed);
             record(&on("cpu"), 2, &call(vec![5], [10, 20, 30]));
         })
         .await;
@@ -227,7 +282,7 @@ mod tests {
         assert_eq!(usage.inputs, 3);
         // One call: its own times, whatever its size.
         let ((), one) = measured(&Tally::default(), async {
-            begin(5);
+            begin(5, Op::Embed);
             record(&on("cpu"), 1, &call(vec![1; 5], [7, 0, 9]));
         })
         .await;
@@ -247,7 +302,7 @@ mod tests {
         // A scope dropped midway leaves what it saw in its tally.
         let tally = Tally::default();
         let mut work = Box::pin(measured(&tally, async {
-            begin(4);
+            begin(4, Op::Predict);
             std::future::pending::<()>().await;
         }));
         assert!(futures_util::FutureExt::now_or_never(work.as_mut()).is_none());

@@ -72,11 +72,18 @@ with_metadata!(
 /// with `Metadata` filled in, and TEI's `x-*` headers of the same figures
 /// (none when it ran no model call), which a unary call's response carries
 /// as TEI's does.
-/// It counts in TEI's `te_request_*` metrics as an HTTP request does.
+/// It counts in TEI's `te_request_*` metrics as an HTTP request does, as
+/// TEI's gRPC server counts it: `method` a unary call's `Single` (a
+/// `Rerank*`'s `Batch`), a stream message's `Stream`.
 async fn timed<T: WithMetadata>(
     state: &AppState,
+    method: timing::Method,
     work: impl Future<Output = Result<T, ApiError>>,
 ) -> Result<(T, HeaderMap), ApiError> {
+    let work = async move {
+        timing::shape(method);
+        work.await
+    };
     let start = Instant::now();
     let tally = timing::Tally::default();
     let dropped = Dropped {
@@ -128,7 +135,9 @@ async fn timed_message<T: WithMetadata>(
     state: AppState,
     work: impl Future<Output = Result<T, ApiError>>,
 ) -> Result<T, ApiError> {
-    timed(&state, work).await.map(|(answer, _)| answer)
+    timed(&state, timing::Method::Stream, work)
+        .await
+        .map(|(answer, _)| answer)
 }
 
 /// A unary call's answer, TEI's headers as its response metadata.
@@ -388,6 +397,7 @@ impl pb::embed_server::Embed for Tei {
         reply_timed(
             timed(
                 &self.state,
+                timing::Method::Single,
                 embed_one(self.state.clone(), request.into_inner()),
             )
             .await,
@@ -414,6 +424,7 @@ impl pb::embed_server::Embed for Tei {
         reply_timed(
             timed(
                 &self.state,
+                timing::Method::Single,
                 embed_sparse_one(self.state.clone(), request.into_inner()),
             )
             .await,
@@ -440,6 +451,7 @@ impl pb::embed_server::Embed for Tei {
         reply_timed(
             timed(
                 &self.state,
+                timing::Method::Single,
                 embed_all_one(self.state.clone(), request.into_inner()),
             )
             .await,
@@ -474,7 +486,7 @@ impl pb::predict_server::Predict for Tei {
             r.raw_scores,
             r.truncation_direction,
         );
-        reply_timed(timed(&self.state, answer).await)
+        reply_timed(timed(&self.state, timing::Method::Single, answer).await)
     }
 
     async fn predict_pair(
@@ -489,7 +501,7 @@ impl pb::predict_server::Predict for Tei {
             r.raw_scores,
             r.truncation_direction,
         );
-        reply_timed(timed(&self.state, answer).await)
+        reply_timed(timed(&self.state, timing::Method::Single, answer).await)
     }
 
     type PredictStreamStream = Answers<pb::PredictResponse>;
@@ -551,7 +563,7 @@ impl pb::rerank_server::Rerank for Tei {
             let req = rerank_request(request.into_inner())?;
             rerank_one(&self.state, req).await
         };
-        reply_timed(timed(&self.state, answer).await)
+        reply_timed(timed(&self.state, timing::Method::Batch, answer).await)
     }
 
     async fn rerank_stream(
@@ -580,7 +592,7 @@ impl pb::rerank_server::Rerank for Tei {
                 metadata: None,
             })
         };
-        reply_timed(timed(&self.state, answer).await)
+        reply_timed(timed(&self.state, timing::Method::Batch, answer).await)
     }
 }
 

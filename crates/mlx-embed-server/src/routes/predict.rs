@@ -170,6 +170,11 @@ pub(crate) async fn predict_body(
     priority: Option<Priority>,
 ) -> Result<PredictResponse, ApiError> {
     let (batch, inputs) = parse_inputs(req.inputs)?;
+    crate::timing::shape(if batch {
+        crate::timing::Method::Batch
+    } else {
+        crate::timing::Method::Single
+    });
     let out = score(
         state,
         ScoreRequest {

@@ -16,12 +16,14 @@ use crate::routes::predict::PredictRequest;
 use crate::routes::rerank::TeiRerankRequest;
 use crate::routes::tei::{TeiEmbedRequest, TeiRawRequest};
 
-/// TEI's truncation side: `RIGHT` is proto3's default, so it cannot be told
-/// from unsent; it leaves the side to the model folder (`truncation_side`,
-/// else right), as an unsent `truncation_direction` does over HTTP.
+/// TEI's truncation side. TEI's proto declares the field plain (not
+/// `optional`), so `RIGHT` is also what a client that sets nothing sends,
+/// and TEI cuts it on the right; so do we, whatever the folder's
+/// `truncation_side` or `--truncation-side` say. Over HTTP an unsent
+/// `truncation_direction` can be told from `"right"`, and takes the folder's.
 fn side(value: i32) -> Result<Option<TruncationSide>, ApiError> {
     match pb::TruncationDirection::try_from(value) {
-        Ok(pb::TruncationDirection::Right) => Ok(None),
+        Ok(pb::TruncationDirection::Right) => Ok(Some(TruncationSide::Right)),
         Ok(pb::TruncationDirection::Left) => Ok(Some(TruncationSide::Left)),
         Err(_) => Err(ApiError::invalid(format!(
             "truncation_direction: {value} is not a TruncationDirection (0 right, 1 left)"
@@ -211,7 +213,8 @@ mod tests {
         .unwrap();
         assert_eq!(r.inputs, one_text("hi".into()));
         assert_eq!((r.normalize, r.truncate), (Some(false), Some(false)));
-        assert_eq!(r.truncation_direction, None);
+        // Unsent is RIGHT, which TEI cuts on the right, whatever the folder.
+        assert_eq!(r.truncation_direction, Some(TruncationSide::Right));
         let r = embed_request(pb::EmbedRequest {
             inputs: "hi".into(),
             normalize: true,

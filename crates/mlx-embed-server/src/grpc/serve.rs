@@ -59,6 +59,7 @@ fn app(state: &AppState, stopping: watch::Receiver<bool>) -> Router {
         state: state.clone(),
         stopping: stopping.clone(),
     };
+    let stopping_for_observe = stopping.clone();
     let tei = Tei {
         state: state.clone(),
         stopping,
@@ -88,7 +89,20 @@ fn app(state: &AppState, stopping: watch::Receiver<bool>) -> Router {
         .add_service(reflection)
         .add_service(reflection_v1alpha)
         .into_axum_router()
-        .layer(axum::middleware::from_fn_with_state(state.clone(), observe))
+        .layer(axum::middleware::from_fn_with_state(
+            Observed {
+                state: state.clone(),
+                stopping: stopping_for_observe,
+            },
+            observe,
+        ))
+}
+
+/// What [`observe`] needs: the state, and the shutdown's start.
+#[derive(Clone)]
+struct Observed {
+    state: AppState,
+    stopping: watch::Receiver<bool>,
 }
 
 /// Serves gRPC on every connection `listener` accepts until `stop`
@@ -153,14 +167,21 @@ const METHODS: [&str; 21] = [
 /// `/health` needs none (a probe carries none).
 const HEALTH: &str = "/grpc.health.v1.Health/";
 
+/// Server reflection's path prefix: its stream is tonic's, which ends only
+/// when its client ends it, so [`observe`] ends it at a shutdown
+/// ([`UntilShutdown`]) as the `tei.v1` streams and `Watch` end themselves.
+const REFLECTION: &str = "/grpc.reflection.";
+
 /// Around every call: with `--api-key`, a call without it is refused
 /// `UNAUTHENTICATED` (but a health check: [`HEALTH`]); each call's status is counted in `/metrics`
 /// (`mlx_embed_grpc_requests_total{method,code}`) and logged, a failure's
 /// message after it (at warn for the server's failures, at debug for
 /// refusals, which may quote what the client sent), as the HTTP routes'.
-async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Response {
+async fn observe(State(observed): State<Observed>, req: Request, next: Next) -> Response {
+    let Observed { state, stopping } = observed;
     let start = Instant::now();
     let path = req.uri().path();
+    let reflection = path.starts_with(REFLECTION);
     let method = METHODS
         .iter()
         .find(|m| **m == path)
@@ -189,7 +210,10 @@ async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Res
         status.metadata_mut().remove(CLIENT_FAULT);
         return status.into_http();
     }
-    let (parts, body) = response.into_parts();
+    let (parts, mut body) = response.into_parts();
+    if reflection {
+        body = Body::new(UntilShutdown::new(body, stopping));
+    }
     Response::from_parts(
         parts,
         Body::new(Watched {
@@ -197,6 +221,62 @@ async fn observe(State(state): State<AppState>, req: Request, next: Next) -> Res
             done: Some(done),
         }),
     )
+}
+
+/// A stream's answer that ends `UNAVAILABLE` ("server is shutting down")
+/// once the shutdown begins: an idle client holding it open would hold the
+/// drain until `--drain-timeout-secs`, and then be dropped unanswered.
+struct UntilShutdown {
+    body: Body,
+    /// Done once the shutdown begins (or its sender is gone); `None` once
+    /// the answer has ended.
+    stop: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+}
+
+impl UntilShutdown {
+    fn new(body: Body, mut stopping: watch::Receiver<bool>) -> Self {
+        let stop = async move {
+            let _ = stopping.wait_for(|&stop| stop).await;
+        };
+        Self {
+            body,
+            stop: Some(Box::pin(stop)),
+        }
+    }
+}
+
+impl http_body::Body for UntilShutdown {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let Some(stop) = self.stop.as_mut() else {
+            return Poll::Ready(None);
+        };
+        if stop.as_mut().poll(cx).is_ready() {
+            self.stop = None;
+            // A trailers-only answer's headers are the status's trailers.
+            let mut trailers = Status::unavailable("server is shutting down")
+                .into_http::<Body>()
+                .into_parts()
+                .0
+                .headers;
+            trailers.remove(axum::http::header::CONTENT_TYPE);
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+        }
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if matches!(&polled, Poll::Ready(None)) {
+            self.stop = None;
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.stop.is_none() || self.body.is_end_stream()
+    }
 }
 
 /// What a call's end is recorded with.

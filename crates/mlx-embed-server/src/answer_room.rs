@@ -60,7 +60,9 @@ pub const SPARSE_ENTRY_BYTES: usize = 36;
 /// over to the answer's body in [`count_unsent_answers`], or back to the
 /// room if the request ends without one.
 pub(crate) async fn make_room(state: &AppState, answer_bytes: usize) -> Result<(), ApiError> {
-    if (answer_bytes as u64) < COUNTED_FROM {
+    // A gRPC stream's answers wait in the stream unread, small ones too.
+    let every = KEPT.try_with(|kept| kept.every).unwrap_or(false);
+    if answer_bytes == 0 || (!every && (answer_bytes as u64) < COUNTED_FROM) {
         return Ok(());
     }
     let patience = state.batcher().config().max_queue_wait;
@@ -87,16 +89,40 @@ tokio::task_local! {
 }
 
 #[derive(Clone, Default)]
-struct Kept(Arc<Mutex<Option<Reserved>>>);
+struct Kept {
+    slot: Arc<Mutex<Option<Reserved>>>,
+    /// Room for any answer, however small ([`kept_for_stream_message`]).
+    every: bool,
+}
 
 impl Kept {
     fn put(&self, reserved: Reserved) {
-        *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some(reserved);
+        *self.slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(reserved);
     }
 
     fn take(&self) -> Option<Reserved> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+        self.slot
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
     }
+}
+
+/// Runs one gRPC stream message's `work`, keeping room for its answer as
+/// [`make_room`] keeps it for an HTTP request's, but for small answers too:
+/// a stream's finished answers (up to its 64 at once) wait in it until its
+/// client reads, and a client that opens many streams and reads none must
+/// not hold more than the room. Returns what was kept, for
+/// [`AnswerRoom::settle`] once the answer's exact size is known.
+pub(crate) async fn kept_for_stream_message<F: std::future::Future>(
+    work: F,
+) -> (F::Output, Option<Reserved>) {
+    let kept = Kept {
+        every: true,
+        ..Kept::default()
+    };
+    let out = KEPT.scope(kept.clone(), work).await;
+    (out, kept.take())
 }
 
 /// Innermost layer: every large answer counts in the room while it is
@@ -257,6 +283,19 @@ impl AnswerRoom {
             reserved,
             room: self.clone(),
         })
+    }
+
+    /// Counts an answer of `bytes` made (a gRPC stream's, encoded size),
+    /// in place of what was `kept` for it before it was computed: counted
+    /// as it is, without waiting (it exists already; what waits is the next
+    /// message's computation, in [`make_room`]).
+    pub fn settle(self: &Arc<Self>, kept: Option<Reserved>, bytes: usize) -> Reserved {
+        self.held.fetch_add(bytes, Ordering::AcqRel);
+        drop(kept);
+        Reserved {
+            room: self.clone(),
+            bytes,
+        }
     }
 
     fn release(&self, bytes: usize) {

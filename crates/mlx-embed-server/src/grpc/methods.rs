@@ -19,6 +19,7 @@ use super::requests::{
 };
 use super::status::{size_status, status};
 use super::{pb, STREAM_CONCURRENCY};
+use crate::answer_room::kept_for_stream_message;
 use crate::embed::{embed as run_embed, embed_sparse as run_embed_sparse};
 use crate::errors::ApiError;
 use crate::extract::TextInputs;
@@ -324,10 +325,16 @@ where
 /// [`STREAM_CONCURRENCY`] at once, in the order the messages came; ends
 /// after the first failure (a message tonic could not read included), or
 /// at a shutdown ([`until_shutdown`]).
+///
+/// Each answer counts in the answer room (`--max-unsent-answers-mb`) from
+/// before it is computed ([`kept_for_stream_message`]) until tonic takes the
+/// next one from the stream (the last one given is in tonic's and hyper's
+/// hands until they ask again), so the answers a client does not read are
+/// bounded by the room, over all its streams.
 fn answer_each<Q, A, F, Fut>(tei: &Tei, incoming: Streaming<Q>, answer: F) -> Answers<A>
 where
     Q: Send + 'static,
-    A: Send + 'static,
+    A: prost::Message + Send + 'static,
     F: Fn(AppState, Q) -> Fut + Send + 'static,
     Fut: Future<Output = Result<A, ApiError>> + Send + 'static,
 {
@@ -335,22 +342,61 @@ where
     let answers = until_shutdown(incoming, tei.stopping.clone())
         .map(move |message| {
             let work = message.map(|q| answer(state.clone(), q));
-            async move {
+            let room = state.answer_room().clone();
+            // Each message runs on its own task, as TEI's do: tonic polls
+            // the stream only while the client's window has room, and a
+            // message waiting for answer room must still reach its
+            // `--max-queue-wait-ms` (and not hold the room's line) when its
+            // client reads nothing. Aborted with the stream.
+            let task = Aborting(tokio::spawn(async move {
                 match work {
-                    Ok(work) => work.await.map_err(status),
+                    Ok(work) => {
+                        let (answer, kept) = kept_for_stream_message(work).await;
+                        let answer = answer.map_err(status)?;
+                        let held = room.settle(kept, answer.encoded_len());
+                        Ok((answer, held))
+                    }
                     Err(unreadable) => Err(size_status(unreadable)),
                 }
+            }));
+            async move {
+                task.await
+                    .unwrap_or_else(|_| Err(Status::internal("the message's task failed")))
             }
         })
         .buffered(STREAM_CONCURRENCY)
-        .scan(false, |failed, answer| {
+        .scan((false, None), |(failed, given), answer| {
             let next = (!*failed).then(|| {
                 *failed = answer.is_err();
-                answer
+                answer.map(|(answer, held)| {
+                    // The one given before has been taken on by now.
+                    *given = Some(held);
+                    answer
+                })
             });
             futures_util::future::ready(next)
         });
     Box::pin(answers)
+}
+
+/// A spawned task, aborted when dropped unfinished (its stream is gone).
+struct Aborting<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Future for Aborting<T> {
+    type Output = Result<T, tokio::task::JoinError>;
+
+    fn poll(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx)
+    }
+}
+
+impl<T> Drop for Aborting<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 fn reply<T>(answer: Result<T, ApiError>) -> Result<Response<T>, Status> {

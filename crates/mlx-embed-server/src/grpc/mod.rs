@@ -9,10 +9,13 @@
 //! `normalize` false unless sent, as TEI's gRPC reads them), and errors as
 //! gRPC status codes ([`status::code`]). Streams answer one message per message, in
 //! the order sent, computing up to [`STREAM_CONCURRENCY`] at a time; the
-//! first failure ends the stream with its status, as TEI's do. A large
-//! answer waits for the answer room (`--max-unsent-answers-mb`) as over
-//! HTTP, but is not counted in it while written (the layer that counts
-//! HTTP answers goes by a body's known size, which a gRPC body does not tell).
+//! first failure ends the stream with its status, as TEI's do. A stream's
+//! answers, small ones too, count in the answer room
+//! (`--max-unsent-answers-mb`) from before they are computed until the stream
+//! hands them on (`methods::answer_each`); a unary call's large answer waits
+//! for room as over HTTP, but is not counted while written (the layer that
+//! counts HTTP answers goes by a body's known size, which a gRPC body does
+//! not tell).
 
 mod health;
 mod methods;

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.resources
 import json
+import re
 import sys
 import threading
 import time
@@ -300,7 +301,8 @@ def te_success(srv) -> float:
 def test_metadata_times_and_headers_are_the_http_figures(pb, served):
     """Metadata's six fields are measured (not 0), agree with the x-* headers
     the call's response carries (the same figures, as TEI sends both) and
-    with HTTP's headers for the same input; each call counts in te_* once."""
+    with HTTP's headers for the same input; each unary call counts in
+    te_request_success once."""
     (m, stubs), (srv, channel) = pb, served
     embed = stubs.EmbedStub(channel)
     before = te_success(srv)
@@ -341,8 +343,9 @@ def test_metadata_times_and_headers_are_the_http_figures(pb, served):
     predicted = stubs.PredictStub(channel).Predict(m.PredictRequest(inputs=docs[0], truncate=True))
     http = srv.post("/predict", {"inputs": docs[0]})
     assert http.headers["x-compute-tokens"] == str(predicted.metadata.compute_tokens)
-    # 1 + 3 streamed + 1 rerank + 1 predict gRPC answers, 3 HTTP ones.
-    assert te_success(srv) - before == 9
+    # 1 embed + 1 rerank + 1 predict unary gRPC calls, 3 HTTP requests; the
+    # 3 streamed messages in none, as TEI's stream() counts none.
+    assert te_success(srv) - before == 6
 
 
 def sample_sum(text: str, prefix: str) -> float:
@@ -688,3 +691,192 @@ def test_a_shutdown_ends_a_stream_the_client_holds_open(pb, health, tmp_path):
         finally:
             release.set()
     assert all(len(a.embeddings) > 0 for a in got)
+
+
+def test_te_counts_follow_teis_grpc_server(pb, served):
+    """TEI's gRPC server counts a unary call in te_request_count (`single`,
+    a Rerank `batch`) but a stream's messages in none (its stream() counts
+    no request), while each message's input is in te_embed_count."""
+    (m, stubs), (srv, channel) = pb, served
+    before = srv.get("/metrics").text
+    embed, rerank = stubs.EmbedStub(channel), stubs.RerankStub(channel)
+    embed.Embed(m.EmbedRequest(inputs="one unary call", truncate=True))
+    got = list(embed.EmbedStream(iter([m.EmbedRequest(inputs=f"stream {i}", truncate=True) for i in range(3)])))
+    assert len(got) == 3
+    rerank.Rerank(m.RerankRequest(query="q", texts=["one", "two"], truncate=True))
+    stubs.PredictStub(channel).PredictPair(m.PredictPairRequest(inputs=["a", "pair"], truncate=True))
+    after = srv.get("/metrics").text
+
+    def delta(prefix):
+        return sample_sum(after, prefix) - sample_sum(before, prefix)
+
+    assert delta('te_request_count{method="single"}') == 2
+    assert delta('te_request_count{method="batch"}') == 1
+    assert delta('te_request_success{method="single"}') == 2
+    assert delta('te_request_success{method="batch"}') == 1
+    assert delta("te_request_duration_count") == 3 + 3  # the stream's messages too
+    assert delta("te_embed_count ") == delta("te_embed_success ") == 1 + 3
+    assert delta("te_predict_count ") == delta("te_predict_success ") == 2 + 1
+
+
+def test_an_unsent_truncation_direction_cuts_on_the_right_as_teis(pb, tmp_path):
+    """TEI's proto declares truncation_direction plain, so an unset one is
+    RIGHT, and TEI cuts on the right: a folder that cuts on the left is cut
+    on the right over gRPC unless the message says LEFT; over HTTP an unsaid
+    direction is the folder's."""
+    import shutil
+
+    m, stubs = pb
+    folder = tmp_path / "left-cut"
+    shutil.copytree(FIXTURES / "tiny-xlm-roberta", folder)
+    cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**cfg, "truncation_side": "left"}))
+    port = free_port()
+    srv = start_server(tmp_path, "--model", str(folder), "--no-warmup", "--grpc-port", str(port))
+    text = "mountains and valleys " * 60 + "the river bank at the end"
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=30)
+            embed = stubs.EmbedStub(channel)
+            unset = f32(embed.Embed(m.EmbedRequest(inputs=text, truncate=True, normalize=True)).embeddings)
+            left = f32(
+                embed.Embed(
+                    m.EmbedRequest(
+                        inputs=text, truncate=True, normalize=True, truncation_direction=m.TRUNCATION_DIRECTION_LEFT
+                    )
+                ).embeddings
+            )
+        http_right = f32(srv.post("/embed", {"inputs": text, "truncation_direction": "right"}).json()[0])
+        http_unsaid = f32(srv.post("/embed", {"inputs": text}).json()[0])
+        np.testing.assert_array_equal(unset, http_right)
+        np.testing.assert_array_equal(left, http_unsaid)
+        assert np.abs(unset - http_unsaid).max() > 1e-2
+    finally:
+        assert srv.stop() == 0, srv.log()[-4000:]
+
+
+def test_streams_never_read_hold_at_most_the_answer_room(pb, tmp_path):
+    """A stream's finished answers (up to 64) wait in it while its client
+    does not read; they count in --max-unsent-answers-mb from before they are
+    computed, so streams that are never read hold the room and no more: the
+    rest of their messages wait for room (and, past --max-queue-wait-ms, end
+    their streams RESOURCE_EXHAUSTED). Before, none was counted: 16 such
+    streams held up to 16 x 64 answers of 256 KiB (1000 tokens x 64 floats)."""
+    m, stubs = pb
+    port = free_port()
+    room_mb = 8
+    srv = start_server(
+        tmp_path,
+        "--model",
+        str(NOMIC),
+        "--no-warmup",
+        "--grpc-port",
+        str(port),
+        "--max-unsent-answers-mb",
+        str(room_mb),
+        "--max-queue-wait-ms",
+        "30000",
+        "--drain-timeout-secs",
+        "5",
+    )
+
+    def rss_mib() -> float:
+        status = open(f"/proc/{srv.proc.pid}/status").read()
+        return int(re.search(r"^VmRSS:\s+(\d+) kB", status, re.M).group(1)) / 1024
+
+    def gauge(name: str) -> float:
+        return sample_sum(srv.get("/metrics").text, name + " ")
+
+    release = threading.Event()
+    streams, messages = 16, 70
+
+    def never_done(s, n):
+        for i in range(n):
+            yield m.EmbedAllRequest(inputs=f"stream {s} message {i} " + "word " * 1000, truncate=True)
+        release.wait(60)
+
+    # A client that reads nothing at all: grpcio's transport would otherwise
+    # take every answer into its own buffers (its window grows as it likes).
+    options = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 65536)]
+    calls = []
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+            grpc.channel_ready_future(channel).result(timeout=30)
+            embed = stubs.EmbedStub(channel)
+            # The model's own memory first, on streams of the same shape, read.
+            for warm in [embed.EmbedAllStream(never_done(100 + s, 20)) for s in range(4)]:
+                assert len([next(warm) for _ in range(20)]) == 20
+                warm.cancel()
+            rss_before = rss_mib()
+            calls = [embed.EmbedAllStream(never_done(s, messages)) for s in range(streams)]
+            deadline = time.monotonic() + 60
+            while gauge("mlx_embed_http_unsent_answer_bytes") < (room_mb << 20) // 2:
+                assert time.monotonic() < deadline, "the unread stream answers were never counted"
+                time.sleep(0.1)
+            peak_unsent, peak_rss, waiting = 0.0, 0.0, 0.0
+            for _ in range(30):  # 3 s of the steady state
+                peak_unsent = max(peak_unsent, gauge("mlx_embed_http_unsent_answer_bytes"))
+                waiting = max(waiting, gauge("mlx_embed_http_requests_waiting_for_answer_room"))
+                peak_rss = max(peak_rss, rss_mib())
+                time.sleep(0.1)
+            print(
+                f"\nunread streams: RSS {rss_before:.1f} -> {peak_rss:.1f} MiB, unsent {peak_unsent / 2**20:.1f} "
+                f"MiB, {waiting:.0f} messages waiting for room"
+            )
+            # The room, plus what one computation reserves over it.
+            assert peak_unsent <= (room_mb + 1) << 20, peak_unsent
+            assert waiting > 0, "every message was answered: the room bounded nothing"
+            # Unbounded, 16 x 64 answers of 256 KiB would be 256 MiB of answers.
+            assert peak_rss - rss_before < 256, (rss_before, peak_rss)
+            for call in calls:
+                call.cancel()
+            release.set()
+        deadline = time.monotonic() + 30
+        while gauge("mlx_embed_http_unsent_answer_bytes") > 0 or gauge(
+            "mlx_embed_http_requests_waiting_for_answer_room"
+        ):
+            assert time.monotonic() < deadline, "the cancelled streams' answers were kept"
+            time.sleep(0.1)
+    finally:
+        release.set()
+        for call in calls:
+            call.cancel()
+        assert srv.stop() == 0, srv.log()[-4000:]
+
+
+def test_a_shutdown_ends_an_open_reflection_stream(tmp_path):
+    """A reflection stream its client holds open, idle, does not hold the
+    drain: it ends UNAVAILABLE and the server exits at once, 0 (it waited for
+    --drain-timeout-secs before)."""
+    from grpc_reflection.v1alpha import reflection_pb2 as r
+
+    port = free_port()
+    srv = start_server(
+        tmp_path, "--model", str(NOMIC), "--no-warmup", "--grpc-port", str(port), "--drain-timeout-secs", "60"
+    )
+    release = threading.Event()
+
+    def held_open():
+        yield r.ServerReflectionRequest(list_services="")
+        release.wait(90)
+
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        info = channel.stream_stream(
+            "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
+            request_serializer=r.ServerReflectionRequest.SerializeToString,
+            response_deserializer=r.ServerReflectionResponse.FromString,
+        )
+        answers = info(held_open())
+        first = next(answers)
+        assert "tei.v1.Embed" in [s.name for s in first.list_services_response.service]
+        started = time.monotonic()
+        try:
+            assert srv.stop(timeout=20) == 0, srv.log()[-4000:]
+            assert time.monotonic() - started < 15
+            with pytest.raises(grpc.RpcError) as ended:
+                next(answers)
+            assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert "shutting down" in ended.value.details()
+        finally:
+            release.set()

@@ -213,6 +213,66 @@ def test_duration_buckets_print_as_clean_numbers(srv):
     assert values[-1] == pytest.approx(1e-5 * 1.5**35, rel=1e-4)
 
 
+def test_te_request_method_is_the_requests_shape_and_each_input_counts_per_operation(srv):
+    """TEI's `method` follows the JSON shape, not the input count (a list of
+    one is a batch, a pair one input, a rerank a batch even of one text), and
+    its te_embed_* / te_predict_* count every input of every request."""
+    before = srv.get("/metrics").text
+    sent = [
+        ("/embed", {"inputs": ["a list of one is a batch"]}),  # batch, 1 embed
+        ("/embed", {"inputs": "one bare text"}),  # single, 1 embed
+        ("/v1/embeddings", {"input": ["x one", "x two"]}),  # batch, 2 embed
+        ("/predict", {"inputs": ["a pair is", "one input"]}),  # single, 1 predict
+        ("/predict", {"inputs": [["batch of"], ["two inputs"]]}),  # batch, 2 predict
+        ("/rerank", {"query": "q", "texts": ["a rerank of one text"]}),  # batch, 1 predict
+    ]
+    for path, body in sent:
+        figures(srv.post(path, body))
+    after = srv.get("/metrics").text
+
+    def delta(name, labels=""):
+        return metric(after, name, labels) - metric(before, name, labels)
+
+    assert delta("te_request_count", 'method="single"') == 2
+    assert delta("te_request_count", 'method="batch"') == 4
+    assert delta("te_request_success", 'method="single"') == 2
+    assert delta("te_request_success", 'method="batch"') == 4
+    assert (delta("te_embed_count"), delta("te_embed_success")) == (4, 4)
+    assert (delta("te_predict_count"), delta("te_predict_success")) == (4, 4)
+    for op, n in (("embed", 4), ("predict", 4)):
+        for phase in ("duration", "tokenization_duration", "queue_duration", "inference_duration"):
+            assert delta(f"te_{op}_{phase}_count") == n, (op, phase)
+            assert delta(f"te_{op}_{phase}_bucket", 'le="+Inf"') == n, (op, phase)
+    assert re.search(r"^# TYPE te_embed_count counter$", after, re.M)
+    assert re.search(r"^# TYPE te_predict_inference_duration histogram$", after, re.M)
+
+
+def test_input_length_buckets_stop_at_each_models_maximum(srv):
+    """TEI's exporter buckets te_request_input_length by powers of two up to
+    the model's max_input_length; te_batch_next_size by 2^0..2^12."""
+    text = srv.get("/metrics").text
+    models = srv.get("/info").json()["models"]
+    assert len(models) == 4
+    for m in models:
+        name, longest = m["model"], m["max_input_tokens"]
+        bounds = re.findall(rf'^te_request_input_length_bucket\{{model="{re.escape(name)}",le="([^"]+)"\}}', text, re.M)
+        powers = [str(2**k) for k in range(20) if 2**k <= longest]
+        assert bounds == powers + ["+Inf"], (name, longest, bounds)
+        sizes = re.findall(rf'^te_batch_next_size_bucket\{{model="{re.escape(name)}",le="([^"]+)"\}}', text, re.M)
+        assert sizes == [str(2**k) for k in range(13)] + ["+Inf"], sizes
+
+
+def test_a_body_over_the_limit_is_in_no_te_count(srv):
+    """TEI's body limit (axum's DefaultBodyLimit) refuses before its handler
+    counts anything: a 413 on size is in no te_* family, as here."""
+    before = srv.get("/metrics").text
+    resp = srv.post("/embed", {"inputs": "x" * (3 << 20)})
+    assert resp.status_code == 413, resp.status_code
+    after = srv.get("/metrics").text
+    for name in ("te_request_count", "te_request_failure", "te_embed_count"):
+        assert metric(after, name) == metric(before, name), name
+
+
 HOLD = "@@hold@@"
 
 

@@ -311,6 +311,24 @@ mod tests {
         assert_eq!(tally.take(), Measured::default(), "taken once");
     }
 
+    #[tokio::test]
+    async fn the_first_shape_said_stands_else_the_input_count_tells() {
+        let ((), m) = measured(&Tally::default(), async {
+            // A gRPC stream's message, then the HTTP request made of it.
+            shape(Method::Stream);
+            shape(Method::Single);
+            begin(1, Op::Predict);
+        })
+        .await;
+        assert_eq!((m.method(), m.op), (Method::Stream, Op::Predict));
+        let ((), m) = measured(&Tally::default(), async { begin(1, Op::Embed) }).await;
+        assert_eq!(m.method(), Method::Single);
+        let ((), m) = measured(&Tally::default(), async { begin(3, Op::Embed) }).await;
+        assert_eq!(m.method(), Method::Batch);
+        // Outside a scope (the warm-up): nothing, and no panic.
+        shape(Method::Batch);
+    }
+
     #[test]
     fn characters_are_tei_s() {
         let inputs = [

@@ -80,6 +80,24 @@ MIN_PARALLEL_TOKENS = 256
 # copies that collect the passes (``Pending.result``) happen outside it.
 _DEVICE_QUEUE_LOCK = threading.Lock()
 
+# A query thread's calls (the Rust core's ``BatcherConfig::query_threads``)
+# on the CPU: short by construction, they run beside whatever call holds the
+# model's lock, as one more worker would, instead of after it (a long-context
+# call holds it for seconds). One kernel thread, no worker threads and the
+# BLAS thread count left as it is, so a solo call never changes what a
+# running call set up. Off the CPU passes still queue under the device lock.
+_SOLO = threading.local()
+
+
+def call_solo(obj, method: str, *args, **kwargs):
+    """``obj.method(*args, **kwargs)`` with every CPU call it makes on this
+    thread run solo (see ``_SOLO``); what the Rust bridge's query replica calls."""
+    _SOLO.on = True
+    try:
+        return getattr(obj, method)(*args, **kwargs)
+    finally:
+        _SOLO.on = False
+
 
 def default_batch_tokens() -> int:
     return CPU_BATCH_TOKENS if device.is_cpu() else GPU_BATCH_TOKENS
@@ -311,13 +329,17 @@ class Scheduler:
         call = _Call(ids, type_ids, lengths, starts, attend, adapters)
         if self.pipeline:
             return self._submit_pipelined(plan, call, normalize, output)
-        with self._lock:
+        solo = getattr(_SOLO, "on", False) and device.is_cpu()
+        with contextlib.nullcontext() if solo else self._lock:
             out = _TokenRows(lengths) if tokens else np.empty((n, self.dim), dtype=np.float32)
-            if self.workers > 1 and len(plan) > 1:
+            if self.workers > 1 and len(plan) > 1 and not solo:
                 padded = self._run_parallel(plan, call, out, normalize, output)
             else:
-                self._set_blas_threads(self._blas_threads)
-                ctx = self.context.with_threads(self._blas_threads or os.cpu_count() or 1)
+                if solo:
+                    ctx = self.context.with_threads(1)
+                else:
+                    self._set_blas_threads(self._blas_threads)
+                    ctx = self.context.with_threads(self._blas_threads or os.cpu_count() or 1)
                 with ops.forward_context(ctx), ops.bounded_evaluation(self._evaluation_points()) as points:
                     padded = 0
                     for idx in plan:

@@ -502,6 +502,13 @@ impl Batcher {
         &self.inner.shared.config
     }
 
+    /// Query threads running: [`BatcherConfig::query_threads`], or 0 for a
+    /// model that serves from its model threads only
+    /// ([`crate::Embedder::query_replica`] is `None`).
+    pub fn query_threads(&self) -> usize {
+        self.inner.shared.query_threads_running()
+    }
+
     /// True while the model thread is alive and the batcher accepts work.
     pub fn is_healthy(&self) -> bool {
         self.inner.shared.is_healthy()

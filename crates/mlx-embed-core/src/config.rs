@@ -78,6 +78,19 @@ pub struct BatcherConfig {
     /// and gained nothing over bigger batches (docs/benchmarks.md). Zero is
     /// taken as one.
     pub model_threads: usize,
+    /// Query threads: model threads beside the `model_threads`, each on its
+    /// own replica of the model ([`crate::Embedder::query_replica`]), that
+    /// take only query-sized calls ([`BatcherConfig::max_priority_batch_size`]
+    /// inputs and a sixteenth of `max_batch_tokens`) of the high and normal
+    /// lanes, in batches of at most that size, so such a call never waits
+    /// behind a long batch another thread is running. The model threads
+    /// still take queries too when they are free; the low lane is bulk by
+    /// its name and stays theirs. A model that serves from one thread only
+    /// runs none (the batcher starts all the same:
+    /// [`crate::Batcher::query_threads`] says how many run).
+    /// 0 by default, in the library; [`BatcherConfig::for_device`] gives the
+    /// CPU one.
+    pub query_threads: usize,
 }
 
 /// Where the model computes, as far as batching cares.
@@ -107,7 +120,10 @@ impl BatcherConfig {
     /// than 2 ms did (docs/benchmarks.md, "Regrouping callers").
     pub fn for_device(device: DeviceKind) -> Self {
         match device {
-            DeviceKind::Cpu => Self::default(),
+            DeviceKind::Cpu => Self {
+                query_threads: 1,
+                ..Self::default()
+            },
             DeviceKind::Accelerator => Self {
                 max_batch_size: 256,
                 max_batch_tokens: 32_768,
@@ -119,7 +135,8 @@ impl BatcherConfig {
 }
 
 impl Default for BatcherConfig {
-    /// The CPU's defaults ([`DeviceKind::Cpu`]).
+    /// The CPU's defaults ([`DeviceKind::Cpu`]), without its query thread:
+    /// a library's embedder is one model thread unless asked for more.
     fn default() -> Self {
         Self {
             max_batch_size: 64,
@@ -134,6 +151,7 @@ impl Default for BatcherConfig {
             enable_batching: true,
             cache_bytes: 128 << 20,
             model_threads: 1,
+            query_threads: 0,
         }
     }
 }

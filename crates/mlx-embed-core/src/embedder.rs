@@ -659,6 +659,18 @@ pub trait Embedder {
         None
     }
 
+    /// A builder for a query thread's handle
+    /// ([`crate::BatcherConfig::query_threads`]): as [`Embedder::replica`]
+    /// (the default), for a model that runs a query thread's short calls
+    /// some other way, such as beside a running long call instead of after
+    /// it. `None`: no query thread runs, and the batcher starts without one.
+    fn query_replica(&self) -> Option<Replica<Self>>
+    where
+        Self: Sized,
+    {
+        self.replica()
+    }
+
     /// True when consecutive batches overlap on the model's device: the
     /// model thread then queues batch k+1 with [`Embedder::submit`] before it
     /// collects batch k. `false` (the default): one `embed_batch` per batch.

@@ -35,6 +35,9 @@ pub struct MetricsSnapshot {
     /// Sent inputs add up to computed + cache hits + these.
     pub inputs_cancelled_before_compute: u64,
     pub batches: u64,
+    /// Of `batches`, those a query thread ran
+    /// ([`crate::BatcherConfig::query_threads`]).
+    pub query_thread_batches: u64,
     pub batch_size: Histogram,
     /// Estimated padded tokens per batch.
     pub batch_tokens: Histogram,

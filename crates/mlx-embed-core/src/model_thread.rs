@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::queue::{Batch, Part};
-use crate::shared::{Activity, Shared};
+use crate::shared::{Activity, Role, Shared};
 use crate::threads;
 use crate::{
     BatchOutput, CoreError, Embedder, EmbedderError, EmbedderErrorKind, Encoded, LiveStats,
@@ -99,28 +99,50 @@ where
             }
             let _ = loaded_tx.send(Ok(handles));
             drop(loaded_tx);
-            ModelThread::new(&shared, model, shape).run();
+            ModelThread::new(&shared, model, shape, Role::All).run();
         }),
     )?;
     Ok(loaded_rx)
 }
 
 /// Starts model threads 1..`model_threads`, each on its own replica of
-/// `model` built on that thread, and returns once every one is ready to take
-/// batches, or with why one is not.
+/// `model` built on that thread, then the `query_threads` on query replicas,
+/// and returns once every one is ready to take batches, or with why one is
+/// not. A model with no query replica runs no query thread: that is said
+/// (`Shared::query_threads_running` stays zero), never an error.
 fn start_replicas<E: Embedder + 'static>(
     shared: &Arc<Shared>,
     model: &E,
     shape: OutputShape,
 ) -> Result<(), EmbedderError> {
     let threads = shared.config.model_threads;
-    let (ready_tx, ready_rx) = mpsc::channel::<Result<(), EmbedderError>>();
-    for n in 1..threads {
-        let build: Replica<E> = model.replica().ok_or_else(|| {
+    let mut builds: Vec<(Replica<E>, Role)> = Vec::new();
+    for _ in 1..threads {
+        let build = model.replica().ok_or_else(|| {
             EmbedderError::invalid_input(format!(
                 "model_threads = {threads}, but this model serves from one thread only"
             ))
         })?;
+        builds.push((build, Role::All));
+    }
+    let query_threads = shared.config.query_threads;
+    for _ in 0..query_threads {
+        match model.query_replica() {
+            Some(build) => builds.push((build, Role::Queries)),
+            None => {
+                tracing::info!(
+                    query_threads,
+                    "this model serves from its model threads only: no query thread"
+                );
+                builds.retain(|(_, role)| *role == Role::All);
+                break;
+            }
+        }
+    }
+    let started = builds.len();
+    let running_queries = builds.iter().filter(|(_, r)| *r == Role::Queries).count();
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<(), EmbedderError>>();
+    for (n, (build, role)) in (1..).zip(builds) {
         let shared = shared.clone();
         let ready_tx = ready_tx.clone();
         threads::run(
@@ -141,19 +163,24 @@ fn start_replicas<E: Embedder + 'static>(
                 };
                 let _ = ready_tx.send(Ok(()));
                 drop(ready_tx);
-                ModelThread::new(&shared, model, shape).run();
+                ModelThread::new(&shared, model, shape, role).run();
             }),
         )
         .map_err(|e| EmbedderError::model_failure(format!("cannot spawn model thread {n}: {e}")))?;
     }
     drop(ready_tx);
-    for _ in 1..threads {
+    for _ in 0..started {
         ready_rx
             .recv()
             .map_err(|_| EmbedderError::model_gone("a model thread exited while starting"))??;
     }
-    if threads > 1 {
-        tracing::info!(threads, "model threads started");
+    shared.set_query_threads_running(running_queries);
+    if started > 0 {
+        tracing::info!(
+            threads,
+            query_threads = running_queries,
+            "model threads started"
+        );
     }
     Ok(())
 }
@@ -196,15 +223,18 @@ struct ModelThread<'a, E> {
     shape: OutputShape,
     /// This thread's part in the shared state machine (see `shared.rs`).
     activity: Activity,
+    /// What it takes from the lanes.
+    role: Role,
 }
 
 impl<'a, E: Embedder> ModelThread<'a, E> {
-    fn new(shared: &'a Shared, model: E, shape: OutputShape) -> Self {
+    fn new(shared: &'a Shared, model: E, shape: OutputShape, role: Role) -> Self {
         Self {
             shared,
             model,
             shape,
             activity: Activity::Starting,
+            role,
         }
     }
 
@@ -229,7 +259,7 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
 
     /// One `embed_batch` per batch, each answered before the next is cut.
     fn run_one_by_one(&mut self) -> Result<(), Died> {
-        while let Some(batch) = self.shared.next_batch(&mut self.activity) {
+        while let Some(batch) = self.shared.next_batch(&mut self.activity, self.role) {
             self.mark_started(&batch);
             let started = Instant::now();
             match self.call(&batch.inputs, batch.output) {
@@ -251,8 +281,8 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
         let mut running: Option<InFlight> = None;
         loop {
             let next = match running {
-                Some(_) => self.shared.try_next_batch(&mut self.activity),
-                None => match self.shared.next_batch(&mut self.activity) {
+                Some(_) => self.shared.try_next_batch(&mut self.activity, self.role),
+                None => match self.shared.next_batch(&mut self.activity, self.role) {
                     Some(batch) => Some(batch),
                     None => return Ok(()),
                 },
@@ -345,6 +375,9 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
     /// Records the queue wait of the requests whose first inputs start now.
     fn mark_started(&self, batch: &Batch) {
         let recorder = &*self.shared.recorder;
+        if self.role == Role::Queries {
+            recorder.query_thread_batch();
+        }
         let now = Instant::now();
         for part in &batch.parts {
             if let Some(waited) = part.req.mark_started(now) {

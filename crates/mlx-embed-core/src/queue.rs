@@ -32,6 +32,9 @@
 //!   normal still gets more turns than low (1.5x with a limit of 2; with one
 //!   limit for both they aged together and low got as many). No lane is
 //!   passed over more than its limit in a row, whatever the lanes above it do.
+//! - **Query threads.** A query thread ([`Lanes::cut_queries`]) takes only
+//!   query-sized requests of the high and normal lanes, within a query's
+//!   batch; the other threads cut by the rules above, queries included.
 //! - **Drain.** Once a drain begins ([`Lanes::finish_whole`]) turns end: each
 //!   lane finishes its requests whole, oldest first (query-sized ones still
 //!   first), so the most callers are answered by the drain's deadline.
@@ -50,6 +53,9 @@ use std::sync::Arc;
 use crate::recorder::Recorder;
 use crate::request::Request;
 use crate::{Encoded, Output, Priority};
+
+/// The lanes a query thread serves ([`Lanes::cut_queries`]): low is bulk by its name.
+const QUERY_LANES: [Priority; 2] = [Priority::High, Priority::Normal];
 
 /// Requests that share a full batch's token budget when each takes one turn
 /// (see [`Limits::turn_tokens`]).
@@ -343,6 +349,8 @@ pub(crate) struct FairQueue {
     inputs: usize,
     /// Their tokens.
     tokens: usize,
+    /// Entries that are query-sized requests (what a query thread takes).
+    query_entries: usize,
     /// The last fill moved query-sized requests ahead and a longer request
     /// got nothing: the next one starts with that request's turn.
     turn_owed: bool,
@@ -359,6 +367,7 @@ impl FairQueue {
             priority,
             inputs: 0,
             tokens: 0,
+            query_entries: 0,
             turn_owed: false,
             whole: false,
         }
@@ -372,7 +381,25 @@ impl FairQueue {
             == CallSize::Query;
         self.inputs += pending.remaining();
         self.tokens += pending.remaining_tokens();
+        self.query_entries += usize::from(pending.query_sized);
         self.entries.push_back(pending);
+    }
+
+    /// Takes entry `at` out of the lane (its inputs are the caller's to count).
+    fn remove(&mut self, at: usize) -> Pending {
+        let gone = self.entries.remove(at).expect("an entry of the lane");
+        self.query_entries -= usize::from(gone.query_sized);
+        gone
+    }
+
+    /// Drops entry `at`, whose caller left, uncomputed.
+    fn drop_abandoned(&mut self, at: usize, recorder: &Recorder) {
+        let gone = self.remove(at);
+        let n = gone.remaining();
+        gone.req.skipped(n, recorder);
+        self.inputs -= n;
+        self.tokens -= gone.remaining_tokens();
+        recorder.dequeued(self.priority, n);
     }
 
     pub fn is_empty(&self) -> bool {
@@ -394,21 +421,16 @@ impl FairQueue {
         recorder.dequeued(self.priority, self.inputs);
         self.inputs = 0;
         self.tokens = 0;
+        self.query_entries = 0;
         self.entries.drain(..).map(|p| p.req).collect()
     }
 
     /// Drops `req`'s queued inputs, uncomputed (its caller left): they stop
     /// counting as queued at once, instead of when a cut reaches them.
     pub fn withdraw(&mut self, req: &Arc<Request>, recorder: &Recorder) {
-        let Some(at) = self.entries.iter().position(|p| Arc::ptr_eq(&p.req, req)) else {
-            return;
-        };
-        let gone = self.entries.remove(at).expect("found above");
-        let n = gone.remaining();
-        gone.req.skipped(n, recorder);
-        self.inputs -= n;
-        self.tokens -= gone.remaining_tokens();
-        recorder.dequeued(self.priority, n);
+        if let Some(at) = self.entries.iter().position(|p| Arc::ptr_eq(&p.req, req)) {
+            self.drop_abandoned(at, recorder);
+        }
     }
 
     /// Moves queued inputs into `batch` until the next one would take it past
@@ -431,6 +453,7 @@ impl FairQueue {
             // The longer request passed over last time takes its turn first.
             if let Some(at) = self.entries.iter().position(|p| !p.query_sized) {
                 let owed = self.entries.remove(at).expect("found above");
+                // Moved, not taken: its count stays.
                 self.entries.push_front(owed);
             }
             0
@@ -445,10 +468,21 @@ impl FairQueue {
             && (queries > 0 || owed)
             && longer == 0
             && self.entries.iter().any(|p| !p.query_sized);
+        self.debug_check();
+        queries + in_turn
+    }
+
+    /// The lane's counts match its entries (debug builds only).
+    fn debug_check(&self) {
         debug_assert_eq!(
             self.inputs,
             self.entries.iter().map(Pending::remaining).sum::<usize>(),
             "lane input count"
+        );
+        debug_assert_eq!(
+            self.query_entries,
+            self.entries.iter().filter(|p| p.query_sized).count(),
+            "lane query count"
         );
         debug_assert_eq!(
             self.tokens,
@@ -458,19 +492,28 @@ impl FairQueue {
                 .sum::<usize>(),
             "lane token count"
         );
-        queries + in_turn
+    }
+
+    /// Query-sized requests queued.
+    pub fn query_entries(&self) -> usize {
+        self.query_entries
     }
 
     /// Moves query-sized requests into `batch`, oldest first, skipping
-    /// longer ones, until one of the other output kind; returns the inputs moved.
+    /// longer ones, until one of the other output kind; returns the inputs
+    /// moved. Query-sized requests whose callers left are dropped on the way.
     fn fill_queries(&mut self, batch: &mut Batch, cap: Cap, recorder: &Recorder) -> usize {
         let limits = self.limits;
         let mut moved = 0;
         let mut i = 0;
         while i < self.entries.len() {
             let entry = &mut self.entries[i];
-            if !entry.query_sized || entry.req.abandoned() {
+            if !entry.query_sized {
                 i += 1;
+                continue;
+            }
+            if entry.req.abandoned() {
+                self.drop_abandoned(i, recorder);
                 continue;
             }
             // Query-sized requests keep their order among themselves, so one
@@ -483,7 +526,7 @@ impl FairQueue {
             self.count_moved(&step, recorder);
             moved += step.inputs;
             if done {
-                self.entries.remove(i);
+                self.remove(i);
             } else {
                 // The batch is full (a query-sized request never ends its turn).
                 break;
@@ -499,12 +542,7 @@ impl FairQueue {
         let (mut moved, mut longer) = (0, 0);
         while let Some(front) = self.entries.front_mut() {
             if front.req.abandoned() {
-                let n = front.remaining();
-                front.req.skipped(n, recorder);
-                self.inputs -= n;
-                self.tokens -= front.remaining_tokens();
-                recorder.dequeued(self.priority, n);
-                self.entries.pop_front();
+                self.drop_abandoned(0, recorder);
                 continue;
             }
             if !batch.takes(&front.req) {
@@ -526,7 +564,7 @@ impl FairQueue {
                 longer += step.inputs;
             }
             if remaining == 0 {
-                self.entries.pop_front();
+                self.remove(0);
             } else if step.turn_over {
                 let mut rotated = self.entries.pop_front().expect("front exists");
                 rotated.turn_used = 0;
@@ -582,6 +620,14 @@ impl Lanes {
         self.lanes.iter().map(FairQueue::tokens).sum()
     }
 
+    /// Whether a query thread has work: a query-sized request waits in the
+    /// high or normal lane (see [`Lanes::cut_queries`]).
+    pub fn has_queries(&self) -> bool {
+        QUERY_LANES
+            .iter()
+            .any(|p| self.lanes[p.index()].query_entries() > 0)
+    }
+
     /// Whether `priority`'s lane holds any request.
     pub fn has_waiting(&self, priority: Priority) -> bool {
         !self.lanes[priority.index()].is_empty()
@@ -613,6 +659,36 @@ impl Lanes {
             .collect()
     }
 
+    /// Cuts a query thread's next model call: query-sized requests only, of
+    /// the high lane and then the normal one, oldest first in each, within a
+    /// query's batch (`max_priority_batch_size` inputs, [`Limits::turn_tokens`]
+    /// padded tokens), so the thread is never held long by anything. Longer
+    /// requests and the low lane are left to the model threads, and so is
+    /// every lane's aging: a call the query thread takes passes no lane over.
+    /// Empty only when every query-sized request it met had been abandoned
+    /// (they are dropped: [`Lanes::has_queries`] is then false).
+    pub fn cut_queries(&mut self, recorder: &Recorder) -> Batch {
+        let cap = self.query_cap();
+        let mut batch = Batch::default();
+        for p in QUERY_LANES {
+            self.lanes[p.index()].fill_queries(&mut batch, cap, recorder);
+            self.lanes[p.index()].debug_check();
+        }
+        batch.debug_check(&self.limits);
+        debug_assert!(!batch.is_empty() || !self.has_queries());
+        batch
+    }
+
+    /// A query's batch: what lower lanes top a batch up to while high inputs
+    /// wait, and all a query thread's batch holds.
+    fn query_cap(&self) -> Cap {
+        let full = Cap::full(&self.limits);
+        Cap {
+            inputs: self.limits.max_priority_batch_size.min(full.inputs),
+            tokens: self.limits.turn_tokens().min(full.tokens),
+        }
+    }
+
     /// Cuts the next model call (see the module doc for the rules). Empty
     /// only when every request it met had been abandoned; the lanes are then
     /// empty too.
@@ -632,10 +708,7 @@ impl Lanes {
         // inputs and a turn of padded tokens, so the query's own batch is short.
         let full = Cap::full(&limits);
         let top_up = if waiting[Priority::High.index()] {
-            Cap {
-                inputs: limits.max_priority_batch_size.min(full.inputs),
-                tokens: limits.turn_tokens().min(full.tokens),
-            }
+            self.query_cap()
         } else {
             full
         };
@@ -1036,6 +1109,64 @@ mod tests {
     }
 
     use Output::{Pooled, Tokens};
+
+    #[test]
+    fn a_query_cut_takes_query_sized_calls_of_high_then_normal_only() {
+        let limits = Limits {
+            max_batch_size: 8,
+            max_batch_tokens: 1600,
+            max_priority_batch_size: 4,
+            ..limits(true)
+        };
+        let recorder = Arc::new(Recorder::new());
+        let mut lanes = Lanes::new(limits);
+        let mut send = |n: usize, tokens: usize, priority: Priority| {
+            let (req, inputs) = request(n, tokens, priority, Pooled, &recorder);
+            recorder.queued(priority, n);
+            lanes.push(Pending::new(req.clone(), inputs));
+            req
+        };
+        // A turn is 100 tokens: query-sized means at most 4 inputs and 100 tokens.
+        let longer = send(6, 10, Normal);
+        let low_query = send(1, 10, Low);
+        let long_text = send(1, 200, High);
+        let normal_query = send(2, 10, Normal);
+        let high_query = send(3, 10, High);
+        let gone = send(1, 10, High);
+        gone.fail(crate::CoreError::ShuttingDown);
+        assert!(lanes.has_queries());
+        // Within a query's batch (4 inputs): the high query, then one input of
+        // the normal one; the abandoned one is dropped, uncomputed.
+        let batch = lanes.cut_queries(&recorder);
+        let parts: Vec<_> = batch.parts.iter().map(|p| (p.req.clone(), p.len)).collect();
+        assert_eq!(parts.len(), 2);
+        assert!(Arc::ptr_eq(&parts[0].0, &high_query) && parts[0].1 == 3);
+        assert!(Arc::ptr_eq(&parts[1].0, &normal_query) && parts[1].1 == 1);
+        let batch = lanes.cut_queries(&recorder);
+        assert_eq!(batch.parts.len(), 1);
+        assert!(Arc::ptr_eq(&batch.parts[0].req, &normal_query) && batch.parts[0].len == 1);
+        // What is left is no query thread's: a longer call, a long text, the low lane.
+        assert!(!lanes.has_queries());
+        assert!(lanes.cut_queries(&recorder).is_empty());
+        assert_eq!(lanes.inputs(), 6 + 1 + 1);
+        let rest: Vec<_> = std::iter::from_fn(|| (!lanes.is_empty()).then(|| lanes.cut(&recorder)))
+            .flat_map(|b| {
+                b.parts
+                    .into_iter()
+                    .map(|p| (p.req, p.len))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        for req in [&longer, &low_query, &long_text] {
+            let n: usize = rest
+                .iter()
+                .filter(|(r, _)| Arc::ptr_eq(r, req))
+                .map(|p| p.1)
+                .sum();
+            assert_eq!(n, req.len);
+        }
+        assert_eq!(recorder.queued_total(), 0);
+    }
 
     #[test]
     fn pooled_and_token_requests_never_share_a_batch() {

@@ -46,6 +46,8 @@ pub(crate) struct Recorder {
     requests_cancelled: AtomicU64,
     inputs_cancelled: AtomicU64,
     batches: AtomicU64,
+    /// Of them, those a query thread cut.
+    query_thread_batches: AtomicU64,
     real_tokens: AtomicU64,
     padded_tokens: AtomicU64,
     /// Inputs the model computed and the time it took: the throughput behind `retry_after`.
@@ -84,6 +86,7 @@ impl Recorder {
             requests_cancelled: AtomicU64::new(0),
             inputs_cancelled: AtomicU64::new(0),
             batches: AtomicU64::new(0),
+            query_thread_batches: AtomicU64::new(0),
             real_tokens: AtomicU64::new(0),
             padded_tokens: AtomicU64::new(0),
             inputs_computed: AtomicU64::new(0),
@@ -104,6 +107,7 @@ impl Recorder {
             &self.requests_cancelled,
             &self.inputs_cancelled,
             &self.batches,
+            &self.query_thread_batches,
             &self.real_tokens,
             &self.padded_tokens,
             &self.inputs_computed,
@@ -163,6 +167,11 @@ impl Recorder {
         let mut h = lock(&self.hist);
         h.queue_wait.observe(wait.as_secs_f64());
         h.lane_queue_wait[lane.index()].observe(wait.as_secs_f64());
+    }
+
+    /// A query thread cut a batch (its model call is counted as any other's).
+    pub fn query_thread_batch(&self) {
+        self.query_thread_batches.fetch_add(1, Relaxed);
     }
 
     /// One model call: its size, real and padded tokens (longest x count)
@@ -257,6 +266,7 @@ impl Recorder {
             requests_cancelled: self.requests_cancelled.load(Relaxed),
             inputs_cancelled_before_compute: self.inputs_cancelled.load(Relaxed),
             batches: self.batches.load(Relaxed),
+            query_thread_batches: self.query_thread_batches.load(Relaxed),
             batch_size: h.batch_size.clone(),
             batch_tokens: h.batch_tokens.clone(),
             batch_real_tokens: h.batch_real_tokens.clone(),

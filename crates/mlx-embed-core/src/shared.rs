@@ -10,7 +10,8 @@
 //!   Open ──close()──> Closed ──last handle dropped──> Stopped
 //!   Open ─────────────last handle dropped───────────> Stopped
 //!
-//! Activity (what one model thread is doing; there are `model_threads`)
+//! Activity (what one model thread is doing; there are `model_threads`,
+//! and `query_threads` that take query-sized calls only: `Role`)
 //!   Starting ──no work──> Waiting { window_ends } ──work due──> Busy
 //!                                ^                               │
 //!                                └────────────no work────────────┘
@@ -35,6 +36,7 @@
 //! says so after an arrival, and on `Stopped` or death. Every check and
 //! every transition happens under the mutex, so no wake-up can be lost.
 
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
 
@@ -65,6 +67,16 @@ pub(crate) enum Activity {
     },
 }
 
+/// What a model thread takes from the lanes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// Every batch the lanes cut ([`Lanes::cut`]).
+    All,
+    /// Query-sized calls only ([`Lanes::cut_queries`]), at once: no batch
+    /// or regroup window, which trade a call's latency for company.
+    Queries,
+}
+
 /// Everything behind the one state mutex. Critical sections are short and
 /// run no user code.
 pub(crate) struct State {
@@ -73,6 +85,8 @@ pub(crate) struct State {
     pub dead: bool,
     /// Model threads asleep with nothing queued.
     idle: usize,
+    /// Query threads asleep with no query-sized call queued.
+    query_idle: usize,
     /// Model threads asleep with work queued, waiting out a batch window.
     in_window: usize,
     /// Admitted requests not yet (fully) in a batch.
@@ -93,7 +107,9 @@ impl State {
         if self.dead || self.lanes.is_empty() {
             return false;
         }
-        self.idle > 0 || (self.in_window > 0 && self.company_or_urgent(limits))
+        self.idle > 0
+            || (self.query_idle > 0 && self.lanes.has_queries())
+            || (self.in_window > 0 && self.company_or_urgent(limits))
     }
 
     /// A full batch waits (by inputs or by tokens), or a high-priority
@@ -139,6 +155,9 @@ pub(crate) struct Shared {
     pub recorder: Arc<Recorder>,
     /// `None` when `cache_bytes` is zero.
     pub cache: Option<Arc<Cache>>,
+    /// Query threads started (`config.query_threads`, or none for a model
+    /// without query replicas); set once they all are.
+    query_threads_running: AtomicUsize,
     /// Why the model is dead; set once, just before the state turns dead,
     /// so `Batcher::model_failure` can lend it out without the lock.
     dead_reason: OnceLock<String>,
@@ -171,6 +190,7 @@ impl Shared {
                 phase: Phase::Open,
                 dead: false,
                 idle: 0,
+                query_idle: 0,
                 in_window: 0,
                 lanes: Lanes::new(limits),
                 returning: 0,
@@ -179,6 +199,7 @@ impl Shared {
             model_cv: Condvar::new(),
             admission,
             recorder: Arc::new(Recorder::new()),
+            query_threads_running: AtomicUsize::new(0),
             dead_reason: OnceLock::new(),
         }
     }
@@ -208,6 +229,15 @@ impl Shared {
     /// Inputs waiting for admission, per lane.
     pub fn waiting_inputs(&self) -> [u64; 3] {
         self.admission.each_ref().map(|a| a.waiting_inputs() as u64)
+    }
+
+    /// Query threads running (see `BatcherConfig::query_threads`).
+    pub fn query_threads_running(&self) -> usize {
+        self.query_threads_running.load(Relaxed)
+    }
+
+    pub fn set_query_threads_running(&self, n: usize) {
+        self.query_threads_running.store(n, Relaxed);
     }
 
     /// Why the model is dead, once it is.
@@ -286,12 +316,30 @@ impl Shared {
     /// already: no window for it. A thread just `Starting` counts as idle.
     /// With a regroup window, a cut also waits for the callers of the
     /// batches answered lately (see [`Shared::answered`]), from any state.
-    pub fn next_batch(&self, me: &mut Activity) -> Option<Batch> {
+    ///
+    /// A query thread ([`Role::Queries`]) sleeps until a query-sized call is
+    /// queued and cuts it at once.
+    pub fn next_batch(&self, me: &mut Activity, role: Role) -> Option<Batch> {
         let window = self.config.batch_window;
         let mut st = self.state();
         loop {
             if st.phase == Phase::Stopped || st.dead {
                 return None;
+            }
+            if role == Role::Queries {
+                if !st.lanes.has_queries() {
+                    *me = Activity::Waiting { window_ends: None };
+                    st.query_idle += 1;
+                    st = self.model_cv.wait(st).unwrap_or_else(|e| e.into_inner());
+                    st.query_idle -= 1;
+                    continue;
+                }
+                *me = Activity::Busy;
+                let batch = st.lanes.cut_queries(&self.recorder);
+                if !batch.is_empty() {
+                    return Some(batch);
+                }
+                continue;
             }
             if st.lanes.is_empty() {
                 *me = Activity::Waiting { window_ends: None };
@@ -351,17 +399,22 @@ impl Shared {
     /// Also `None` while callers answered lately may still come back (see
     /// `BatcherConfig::regroup_window`): the thread then collects what is
     /// running and waits for them in [`Shared::next_batch`].
-    pub fn try_next_batch(&self, me: &mut Activity) -> Option<Batch> {
+    pub fn try_next_batch(&self, me: &mut Activity, role: Role) -> Option<Batch> {
         let mut st = self.state();
-        if st.phase == Phase::Stopped
-            || st.dead
-            || st.lanes.is_empty()
-            || st.regroup_until(&self.limits, Instant::now()).is_some()
-        {
+        let due = match role {
+            Role::All => {
+                !st.lanes.is_empty() && st.regroup_until(&self.limits, Instant::now()).is_none()
+            }
+            Role::Queries => st.lanes.has_queries(),
+        };
+        if st.phase == Phase::Stopped || st.dead || !due {
             return None;
         }
         *me = Activity::Busy;
-        let batch = st.lanes.cut(&self.recorder);
+        let batch = match role {
+            Role::All => st.lanes.cut(&self.recorder),
+            Role::Queries => st.lanes.cut_queries(&self.recorder),
+        };
         (!batch.is_empty()).then_some(batch)
     }
 

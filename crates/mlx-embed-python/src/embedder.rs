@@ -95,6 +95,10 @@ pub struct PythonEmbedder {
     info: ModelInfo,
     tokenizer: Arc<HfTokenizer>,
     pipelines: bool,
+    /// A query thread's handle: its calls run through the engine's
+    /// `scheduler.call_solo`, beside a running call on the CPU instead of
+    /// after it.
+    solo: bool,
 }
 
 /// A call the engine has queued: its `PendingResult`.
@@ -190,6 +194,7 @@ impl PythonEmbedder {
             info,
             tokenizer: Arc::new(tokenizer),
             pipelines,
+            solo: false,
         })
     }
 
@@ -221,17 +226,14 @@ impl Embedder for PythonEmbedder {
     /// The same Python model object: the engine takes calls from any
     /// thread, each on that thread's own MLX streams.
     fn replica(&self) -> Option<Replica<Self>> {
-        let model = Python::attach(|py| self.model.clone_ref(py));
-        let (info, tokenizer, pipelines) =
-            (self.info.clone(), self.tokenizer.clone(), self.pipelines);
-        Some(Box::new(move || {
-            Ok(Self {
-                model,
-                info,
-                tokenizer,
-                pipelines,
-            })
-        }))
+        Some(self.handle(false))
+    }
+
+    /// The same model, its calls run solo (`scheduler.call_solo`): on the
+    /// CPU a query no longer waits for the engine's lock, which a long
+    /// call holds for all its passes.
+    fn query_replica(&self) -> Option<Replica<Self>> {
+        Some(self.handle(true))
     }
 
     fn embed_batch(
@@ -283,6 +285,22 @@ impl PythonEmbedder {
     /// `submit_ids` (`pool_start` and `adapter` only when an input has one,
     /// so other models' calls are unchanged; the pooling lists, one entry
     /// per input, 1 for an input not pooled, only when an input is).
+    /// Another handle on the same Python model object.
+    fn handle(&self, solo: bool) -> Replica<Self> {
+        let model = Python::attach(|py| self.model.clone_ref(py));
+        let (info, tokenizer, pipelines) =
+            (self.info.clone(), self.tokenizer.clone(), self.pipelines);
+        Box::new(move || {
+            Ok(Self {
+                model,
+                info,
+                tokenizer,
+                pipelines,
+                solo,
+            })
+        })
+    }
+
     fn call_ids<'py>(
         &self,
         py: Python<'py>,
@@ -313,9 +331,14 @@ impl PythonEmbedder {
                 .collect();
             kwargs.set_item("adapter", adapters)?;
         }
-        self.model
-            .bind(py)
-            .call_method(method, (ids, type_ids), Some(&kwargs))
+        let model = self.model.bind(py);
+        if self.solo {
+            py.import("mlx_embed.scheduler")?
+                .getattr("call_solo")?
+                .call((model, method, ids, type_ids), Some(&kwargs))
+        } else {
+            model.call_method(method, (ids, type_ids), Some(&kwargs))
+        }
     }
 }
 

@@ -107,6 +107,14 @@ pub struct ServerArgs {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16))]
     pub model_threads: usize,
 
+    /// Query threads per model: model threads beside --model-threads that take only query-sized
+    /// calls (at most --max-priority-batch-size inputs and a sixteenth of --max-batch-tokens) of
+    /// the high and normal lanes, so a query never waits behind a long or bulk batch; off (0)
+    /// for a model that serves from one thread only [default: 1 on the CPU, 0 on a GPU].
+    #[arg(long, env = "MLX_EMBED_QUERY_THREADS",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(0..=4))]
+    pub query_threads: Option<usize>,
+
     /// Embedding cache size in MiB (raw vectors keyed by exact token ids).
     #[arg(long, env = "MLX_EMBED_CACHE_MB", default_value_t = core_defaults().cache_bytes >> 20)]
     pub cache_mb: usize,
@@ -200,6 +208,7 @@ impl Default for ServerArgs {
             max_priority_batch_size: core.max_priority_batch_size,
             aging_batches: core.aging_batches,
             model_threads: core.model_threads,
+            query_threads: None,
             cache_mb: core.cache_bytes >> 20,
             no_cache: false,
             max_body_bytes: 2 * 1024 * 1024,
@@ -334,6 +343,7 @@ impl ServerArgs {
             max_priority_batch_size: self.max_priority_batch_size.min(max_batch_size),
             aging_batches: self.aging_batches,
             model_threads: self.model_threads,
+            query_threads: self.query_threads.unwrap_or(caps.query_threads),
             cache_bytes: if self.no_cache {
                 0
             } else {

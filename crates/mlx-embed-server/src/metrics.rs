@@ -14,7 +14,7 @@
 //! with several models served, both also carry `model`: the model the request
 //! named or was given, `""` where it got none, as a 404 for an unknown one),
 //! `waiting_inputs`, `queued_inputs`, `in_flight_inputs` (gauges),
-//! `batcher_requests_total{outcome}`, `inputs_cancelled_total`, `batches_total`,
+//! `batcher_requests_total{outcome}`, `inputs_cancelled_total`, `batches_total`, `query_thread_batches_total`,
 //! `batch_size`, `batch_tokens`, `queue_wait_seconds`, `gil_wait_seconds`,
 //! `model_seconds` (histograms), `real_tokens_total`, `padded_tokens_total`,
 //! `padding_ratio` (real / padded tokens), `healthy`, `shutting_down`, `info{model,kind,version}`;
@@ -657,6 +657,12 @@ fn render_core(out: &mut String, m: &MetricsSnapshot, max_input: usize) {
         m.inputs_cancelled_before_compute,
     );
     counter(out, "mlx_embed_batches_total", "Model calls.", m.batches);
+    counter(
+        out,
+        "mlx_embed_query_thread_batches_total",
+        "Model calls a query thread ran (query-sized calls only, beside the model threads' batches).",
+        m.query_thread_batches,
+    );
     histogram(
         out,
         "mlx_embed_batch_size",

@@ -251,6 +251,7 @@ fn log_summary(state: &AppState, addr: Option<SocketAddr>) {
         max_waiting = c.max_waiting,
         max_queue_wait_ms = c.max_queue_wait.as_millis() as u64,
         model_threads = c.model_threads,
+        query_threads = state.batcher().query_threads(),
         max_priority_batch_size = c.max_priority_batch_size,
         cache_bytes = c.cache_bytes,
         max_body_bytes = a.max_body_bytes,

@@ -98,6 +98,12 @@ pub struct BatchingInfo {
     pub max_queue_wait_ms: u64,
     /// Model threads per model, each running its own batches.
     pub model_threads: usize,
+    /// Query threads asked for: model threads beside those that take
+    /// query-sized calls of the high and normal lanes only.
+    pub query_threads: usize,
+    /// Query threads running: `query_threads`, or 0 for a model that serves
+    /// from one thread only.
+    pub query_threads_running: usize,
     /// Inputs in a batch cut while high-priority inputs wait.
     pub max_priority_batch_size: usize,
     /// A priority lane passed over this many batches in a row goes first.
@@ -398,6 +404,8 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
             max_waiting: c.max_waiting,
             max_queue_wait_ms: c.max_queue_wait.as_millis() as u64,
             model_threads: c.model_threads,
+            query_threads: c.query_threads,
+            query_threads_running: state.batcher().query_threads(),
             max_priority_batch_size: c.max_priority_batch_size,
             aging_batches: c.aging_batches,
             cache_bytes: c.cache_bytes,

@@ -318,7 +318,7 @@ impl Shared {
     /// batches answered lately (see [`Shared::answered`]), from any state.
     ///
     /// A query thread ([`Role::Queries`]) sleeps until a query-sized call is
-    /// queued and cuts it at once.
+    /// queued while no model thread is free, and cuts it at once.
     pub fn next_batch(&self, me: &mut Activity, role: Role) -> Option<Batch> {
         let window = self.config.batch_window;
         let mut st = self.state();
@@ -327,7 +327,10 @@ impl Shared {
                 return None;
             }
             if role == Role::Queries {
-                if !st.lanes.has_queries() {
+                // A free model thread takes the query itself, at full speed:
+                // a query thread's call is single-threaded (5.3 vs 7.3 ms for
+                // one MiniLM text on the idle 2-core CPU).
+                if !st.lanes.has_queries() || st.idle > 0 {
                     *me = Activity::Waiting { window_ends: None };
                     st.query_idle += 1;
                     st = self.model_cv.wait(st).unwrap_or_else(|e| e.into_inner());
@@ -346,6 +349,12 @@ impl Shared {
                 st.idle += 1;
                 st = self.model_cv.wait(st).unwrap_or_else(|e| e.into_inner());
                 st.idle -= 1;
+                if st.idle == 0 && st.query_idle > 0 && st.lanes.has_queries() {
+                    // The query threads left the queries to this thread while
+                    // it was free; it may now wait out a window or cut
+                    // something else, so they look again.
+                    self.model_cv.notify_all();
+                }
                 continue;
             }
             let window_ends = match *me {

@@ -9,7 +9,8 @@ words (cut to the model's maximum, 256 tokens on MiniLM: a full batch is
 --seconds: the bulk inputs computed per second (from /metrics batch sizes).
 Phase 2, the same load for --seconds plus one-text queries, one at a time
 with a random pause of 0-0.3 s, alternately normal and ``X-Priority: high``:
-their latencies, and the bulk inputs per second again (queries taken off).
+their latencies, and the bulk inputs per second again (queries taken off;
+each rate from the first to the last batch answered in its phase).
 Then ten queries on the idle server. Variants alternate run by run; medians
 over runs of each figure, and B/A ratios.
 
@@ -73,8 +74,32 @@ class Bulk:
             t.join(timeout=900)
 
 
-def computed_inputs(server: Server) -> float:
-    return server.metrics()["mlx_embed_batch_size_sum"]
+class Throughput(threading.Thread):
+    """Bulk inputs per second over a phase, between the first and the last
+    batch answered in it (a bulk batch takes seconds: counting whole
+    seconds would round it away). Polls /metrics; the queries answered
+    (`queries`, one input each) are taken off."""
+
+    def __init__(self, server: Server):
+        super().__init__(daemon=True)
+        self.server, self.queries, self.stop = server, 0, threading.Event()
+        self.samples: list[tuple[float, float]] = []
+
+    def run(self) -> None:
+        last = None
+        while not self.stop.is_set():
+            value = self.server.metrics()["mlx_embed_batch_size_sum"] - self.queries
+            if value != last:
+                self.samples.append((time.perf_counter(), value))
+                last = value
+            time.sleep(0.02)
+
+    def rate(self) -> float:
+        self.stop.set()
+        self.join(timeout=30)
+        # The first sample is where the phase found the count, not a batch's end.
+        (t0, v0), (t1, v1) = self.samples[1], self.samples[-1]
+        return (v1 - v0) / (t1 - t0) if t1 > t0 else float("nan")
 
 
 def run(flags: list[str], name: str, a: argparse.Namespace, seed: int) -> dict:
@@ -87,11 +112,14 @@ def run(flags: list[str], name: str, a: argparse.Namespace, seed: int) -> dict:
         out: dict = {}
         with Bulk(server.url, a.bulk_conns, a.bulk_texts, a.words, seed) as bulk:
             time.sleep(a.warmup)
-            before, t0 = computed_inputs(server), time.perf_counter()
+            meter = Throughput(server)
+            meter.start()
             time.sleep(a.seconds)
-            out["bulk_alone_inputs_per_s"] = (computed_inputs(server) - before) / (time.perf_counter() - t0)
+            out["bulk_alone_inputs_per_s"] = meter.rate()
             lat: dict[str, list[float]] = {"normal": [], "high": []}
-            before, t0 = computed_inputs(server), time.perf_counter()
+            meter = Throughput(server)
+            meter.start()
+            t0 = time.perf_counter()
             k = 0
             while time.perf_counter() - t0 < a.seconds and k < 10_000:
                 prio = "high" if k % 2 else "normal"
@@ -102,8 +130,9 @@ def run(flags: list[str], name: str, a: argparse.Namespace, seed: int) -> dict:
                 r.raise_for_status()
                 lat[prio].append(time.perf_counter() - t)
                 k += 1
+                meter.queries = k
                 time.sleep(rng.uniform(0, 0.3))
-            out["bulk_with_queries_inputs_per_s"] = (computed_inputs(server) - before - k) / (time.perf_counter() - t0)
+            out["bulk_with_queries_inputs_per_s"] = meter.rate()
             out["bulk_errors"] = bulk.errors
         for prio, values in lat.items():
             out[f"{prio}_p50_ms"] = 1e3 * pct(values, 0.5)

@@ -564,8 +564,29 @@ mod tests {
         }
         assert_eq!(
             ServerArgs::default().batcher_config(DeviceKind::Cpu),
-            BatcherConfig::default()
+            BatcherConfig::for_device(DeviceKind::Cpu)
         );
+    }
+
+    #[test]
+    fn a_query_thread_on_the_cpu_none_on_a_gpu_and_the_flag_wins() {
+        let default = ServerArgs::default();
+        assert_eq!(default.batcher_config(DeviceKind::Cpu).query_threads, 1);
+        assert_eq!(
+            default
+                .batcher_config(DeviceKind::Accelerator)
+                .query_threads,
+            0
+        );
+        for (flag, want) in [("0", 0), ("2", 2)] {
+            let given = Cli::try_parse_from(["x", "--query-threads", flag])
+                .unwrap()
+                .args;
+            for device in [DeviceKind::Cpu, DeviceKind::Accelerator] {
+                assert_eq!(given.batcher_config(device).query_threads, want);
+            }
+        }
+        assert!(Cli::try_parse_from(["x", "--query-threads", "5"]).is_err());
     }
 
     #[test]

@@ -288,3 +288,36 @@ async fn a_drain_finishes_both_threads_work() {
         &timeout(LIMIT, bulk).await.unwrap().unwrap().unwrap(),
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_query_thread_leaves_a_model_thread_its_regroup_window() {
+    let config = BatcherConfig {
+        regroup_window: Duration::from_secs(5),
+        ..config(1)
+    };
+    let (batcher, record) = start(config, Duration::ZERO, None);
+    let two = ["first".to_string(), "second".to_string()];
+    assert_answer(
+        &two,
+        &batcher
+            .embed(owned_texts(&two), EmbedOptions::default())
+            .await
+            .unwrap(),
+    );
+    // One of the two callers comes back: the free model thread waits for the
+    // other, and the query thread does not run it alone.
+    let back = send(&batcher, vec!["back one".into()], Priority::Normal);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!back.is_finished(), "the model thread waits out its window");
+    let other = send(&batcher, vec!["back two".into()], Priority::Normal);
+    assert_answer(
+        &["back one".to_string()],
+        &timeout(LIMIT, back).await.unwrap().unwrap().unwrap(),
+    );
+    assert_answer(
+        &["back two".to_string()],
+        &timeout(LIMIT, other).await.unwrap().unwrap().unwrap(),
+    );
+    assert_eq!(record.batches().len(), 2, "{:?}", record.batches());
+    assert_eq!(batcher.metrics().query_thread_batches, 0);
+}

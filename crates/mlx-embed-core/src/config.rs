@@ -89,7 +89,10 @@ pub struct BatcherConfig {
     /// runs none (the batcher starts all the same:
     /// [`crate::Batcher::query_threads`] says how many run).
     /// 0 by default, in the library; [`BatcherConfig::for_device`] gives the
-    /// CPU one.
+    /// CPU one. On a 2-core CPU, beside bulk calls of 64 MiniLM texts of 256
+    /// tokens, one-text queries took ~18 ms with it and 1.3 s (high) to 2.6 s
+    /// (normal) without (docs/benchmarks.md, "A query thread"); idle, it
+    /// sleeps and costs the bulk calls nothing.
     pub query_threads: usize,
 }
 
@@ -118,6 +121,12 @@ impl BatcherConfig {
     /// (1.44x, 1.21x) and 8 ms no more. It costs a lone caller nothing; in
     /// the core's simulation it cost independent (open-loop) users more
     /// than 2 ms did (docs/benchmarks.md, "Regrouping callers").
+    ///
+    /// The CPU gets a query thread ([`BatcherConfig::query_threads`]); an
+    /// accelerator none until one is measured there: a full batch takes
+    /// milliseconds on an H200, more model threads lost there, and every
+    /// thread's passes queue under one process lock (two threads evaluating
+    /// on CUDA at once aborted an H200 run).
     pub fn for_device(device: DeviceKind) -> Self {
         match device {
             DeviceKind::Cpu => Self {

@@ -351,3 +351,28 @@ def test_a_slow_blas_is_said_once_when_a_model_loads_not_at_import():
     before, _, after = r.stderr.partition("imported")
     assert "slow reference BLAS" not in before, r.stderr
     assert after.count("slow reference BLAS") == 1, r.stderr
+
+
+def test_a_solo_call_runs_beside_a_call_holding_the_models_lock(minilm, golden_texts, golden_mean):
+    """The Rust query thread's calls (`scheduler.call_solo`) run while another
+    call holds the engine's CPU lock, instead of after it, with the same
+    vectors; the flag is this thread's and ends with the call, error or not."""
+    import mlx_embed.scheduler as sched
+
+    texts = [t for t in golden_texts[:8] if t]
+    rows = [i for i, t in enumerate(golden_texts[:8]) if t]
+    out = {}
+    solo = threading.Thread(target=lambda: out.update(vec=sched.call_solo(minilm, "embed", texts)))
+    assert minilm.scheduler._lock.acquire(timeout=30)  # as a long call would hold it
+    try:
+        solo.start()
+        solo.join(timeout=30)
+        assert "vec" in out, "the solo call waited for the lock"
+    finally:
+        minilm.scheduler._lock.release()
+        solo.join(timeout=60)
+        _wait_os_thread_gone(solo)
+    assert np.abs(out["vec"] - golden_mean[rows]).max() <= 1e-5
+    with pytest.raises(AttributeError):
+        sched.call_solo(minilm, "no_such_method")
+    assert not getattr(sched._SOLO, "on", False)

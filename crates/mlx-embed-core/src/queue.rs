@@ -1231,6 +1231,7 @@ mod tests {
         // batched exactly once, each request's in order, every batch within
         // its budgets and of one kind, and every cut makes progress. In a
         // third of the runs a drain begins part way (requests finished whole).
+        // Some cuts are a query thread's (`Lanes::cut_queries`).
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
         for _ in 0..300 {
             let max_batch_size = 1 + rng.below(8);
@@ -1267,7 +1268,12 @@ mod tests {
                     next_index.push(0);
                     continue;
                 }
-                let batch = lanes.cut(&recorder);
+                // A query thread's cut now and then, when it has work.
+                let batch = if lanes.has_queries() && rng.below(3) == 0 {
+                    lanes.cut_queries(&recorder)
+                } else {
+                    lanes.cut(&recorder)
+                };
                 cuts += 1;
                 assert!(!batch.is_empty(), "a cut of waiting inputs took none");
                 assert!(batch.inputs.len() <= limits.max_batch_size, "{limits:?}");

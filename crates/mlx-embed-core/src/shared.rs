@@ -330,8 +330,7 @@ impl Shared {
             }
             if role == Role::Queries {
                 // A free model thread takes the query itself (see `Role::Queries`):
-                // a query thread's call is single-threaded (5.3 vs 7.3 ms for
-                // one MiniLM text on the idle 2-core CPU).
+                // its call has the engine's workers, a query thread's one kernel thread.
                 if !st.lanes.has_queries() || st.idle > 0 || st.in_window > 0 {
                     *me = Activity::Waiting { window_ends: None };
                     st.query_idle += 1;

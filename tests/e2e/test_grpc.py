@@ -844,6 +844,52 @@ def test_streams_never_read_hold_at_most_the_answer_room(pb, tmp_path):
         assert srv.stop() == 0, srv.log()[-4000:]
 
 
+def test_a_read_stream_of_answers_larger_than_the_room_answers_every_message(pb, tmp_path):
+    """An answer larger than the whole answer room goes alone, once the room is
+    empty, over gRPC as over HTTP: a stream whose client reads each answer
+    answers every message. Before, the answer handed to tonic stayed counted
+    until the next one was computed, which waited for an empty room: the
+    second message waited --max-queue-wait-ms and ended the stream
+    RESOURCE_EXHAUSTED."""
+    import shutil
+
+    m, stubs = pb
+    # The fixture's model, cut at 2,048 tokens rather than 128 (its positions
+    # go to 8,192), so that one answer may be larger than the smallest room.
+    folder = tmp_path / "long-nomic"
+    shutil.copytree(NOMIC, folder)
+    for name, key in (("tokenizer_config.json", "model_max_length"), ("sentence_bert_config.json", "max_seq_length")):
+        cfg = json.loads((folder / name).read_text())
+        (folder / name).write_text(json.dumps({**cfg, key: 2048}))
+    port = free_port()
+    srv = start_server(
+        tmp_path,
+        "--model",
+        str(folder),
+        "--no-warmup",
+        "--grpc-port",
+        str(port),
+        "--max-unsent-answers-mb",
+        "1",
+        "--max-queue-wait-ms",
+        "2000",
+    )
+    # 5,000 bytes: room is kept for up to 2,048 rows of 64 floats (1.7 MB
+    # told), more than the 1 MiB room; each answer is ~1,000 rows.
+    messages = [m.EmbedAllRequest(inputs=f"message {i} " + "word " * 1000, truncate=True) for i in range(3)]
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            grpc.channel_ready_future(channel).result(timeout=30)
+            answers = list(stubs.EmbedStub(channel).EmbedAllStream(iter(messages)))
+        assert [len(a.token_embeddings) > 1000 for a in answers] == [True] * 3
+        deadline = time.monotonic() + 10
+        while sample_sum(srv.get("/metrics").text, "mlx_embed_http_unsent_answer_bytes ") > 0:
+            assert time.monotonic() < deadline, "a finished stream's answers stayed counted"
+            time.sleep(0.1)
+    finally:
+        assert srv.stop() == 0, srv.log()[-4000:]
+
+
 def test_a_shutdown_ends_an_open_reflection_stream(tmp_path):
     """A reflection stream its client holds open, idle, does not hold the
     drain: it ends UNAVAILABLE and the server exits at once, 0 (it waited for

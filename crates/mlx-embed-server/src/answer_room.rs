@@ -27,7 +27,7 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
 use http_body::{Frame, SizeHint};
-use tokio::sync::Notify;
+use tokio::sync::{oneshot, Notify};
 
 use crate::errors::ApiError;
 use crate::state::AppState;
@@ -61,14 +61,14 @@ pub const SPARSE_ENTRY_BYTES: usize = 36;
 /// room if the request ends without one.
 pub(crate) async fn make_room(state: &AppState, answer_bytes: usize) -> Result<(), ApiError> {
     // A gRPC stream's answers wait in the stream unread, small ones too.
-    let every = KEPT.try_with(|kept| kept.every).unwrap_or(false);
-    if answer_bytes == 0 || (!every && (answer_bytes as u64) < COUNTED_FROM) {
+    let turn = KEPT.try_with(|kept| kept.turn.clone()).ok().flatten();
+    if answer_bytes == 0 || (turn.is_none() && (answer_bytes as u64) < COUNTED_FROM) {
         return Ok(());
     }
     let patience = state.batcher().config().max_queue_wait;
     let room = state.answer_room();
     match state
-        .until_drain_ends(room.reserve(answer_bytes, patience))
+        .until_drain_ends(in_turn(turn, room.reserve(answer_bytes, patience)))
         .await
     {
         Some(Ok(reserved)) => {
@@ -91,8 +91,64 @@ tokio::task_local! {
 #[derive(Clone, Default)]
 struct Kept {
     slot: Arc<Mutex<Option<Reserved>>>,
-    /// Room for any answer, however small ([`kept_for_stream_message`]).
-    every: bool,
+    /// A gRPC stream message's place among its stream's: room for any
+    /// answer, however small, kept in the stream's order
+    /// ([`kept_for_stream_message`]).
+    turn: Option<Arc<Mutex<Turn>>>,
+}
+
+/// A gRPC stream message's turn to keep room ([`Turns`]).
+pub(crate) struct Turn {
+    /// Ends once the message before has kept its room, given up, or ended.
+    after: Option<oneshot::Receiver<()>>,
+    /// Dropped once this one has (ending the next one's `after`).
+    done: Option<oneshot::Sender<()>>,
+}
+
+/// The turns of one stream's messages, in the order they came. A stream
+/// answers in that order, and holds each answer until those before it are
+/// sent, so a message that kept room before an earlier one could hold room
+/// the earlier one waits for, and neither is sent: the earlier one waits
+/// `--max-queue-wait-ms` and ends the stream though its client reads. Its
+/// messages run on tasks that start in no set order (tokio runs the last
+/// spawned first), so each waits for the one before to keep its room.
+#[derive(Default)]
+pub(crate) struct Turns {
+    last: Option<oneshot::Receiver<()>>,
+}
+
+impl Turns {
+    /// The next message's turn: after the one before's.
+    pub(crate) fn next_turn(&mut self) -> Turn {
+        let (done, after) = oneshot::channel();
+        Turn {
+            after: self.last.replace(after),
+            done: Some(done),
+        }
+    }
+}
+
+/// `keep` once the message before (where `turn` is a stream message's)
+/// has kept its room; then the message after may.
+async fn in_turn<T>(
+    turn: Option<Arc<Mutex<Turn>>>,
+    keep: impl std::future::Future<Output = T>,
+) -> T {
+    let lock = |turn: &Arc<Mutex<Turn>>| {
+        turn.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .after
+            .take()
+    };
+    if let Some(after) = turn.as_ref().and_then(lock) {
+        // Sent or dropped: either way the one before is done with the room.
+        let _ = after.await;
+    }
+    let kept = keep.await;
+    if let Some(turn) = turn {
+        turn.lock().unwrap_or_else(PoisonError::into_inner).done = None;
+    }
+    kept
 }
 
 impl Kept {
@@ -112,13 +168,15 @@ impl Kept {
 /// [`make_room`] keeps it for an HTTP request's, but for small answers too:
 /// a stream's finished answers (up to its 64 at once) wait in it until its
 /// client reads, and a client that opens many streams and reads none must
-/// not hold more than the room. Returns what was kept, for
+/// not hold more than the room. It keeps room in `turn` (its stream's
+/// [`Turns`]), or once `work` ends without keeping any. Returns what was kept, for
 /// [`AnswerRoom::settle`] once the answer's exact size is known.
 pub(crate) async fn kept_for_stream_message<F: std::future::Future>(
     work: F,
+    turn: Turn,
 ) -> (F::Output, Option<Reserved>) {
     let kept = Kept {
-        every: true,
+        turn: Some(Arc::new(Mutex::new(turn))),
         ..Kept::default()
     };
     let out = KEPT.scope(kept.clone(), work).await;
@@ -529,6 +587,42 @@ mod tests {
         let fits = fits.await.unwrap().unwrap();
         assert_eq!((room.held(), room.waiting()), (4 * PIECE, 0));
         drop((held, fits));
+        assert_eq!(room.held(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_stream_s_messages_keep_room_in_their_order_whichever_starts_first() {
+        let room = Arc::new(AnswerRoom::new(2 * PIECE));
+        let mut turns = Turns::default();
+        let turn = |t: Turn| Some(Arc::new(Mutex::new(t)));
+        let (first, second, third) = (turns.next_turn(), turns.next_turn(), turns.next_turn());
+        // The second starts first (tokio runs the last spawned first).
+        let later = {
+            let room = room.clone();
+            tokio::spawn(
+                async move { in_turn(turn(second), room.reserve(2 * PIECE, PATIENT)).await },
+            )
+        };
+        settle().await;
+        assert_eq!(
+            (room.held(), room.waiting()),
+            (0, 0),
+            "not before the first"
+        );
+        let first = in_turn(turn(first), room.reserve(2 * PIECE, PATIENT))
+            .await
+            .unwrap();
+        settle().await;
+        assert_eq!(room.waiting(), 1, "the second waits for room now");
+        drop(first);
+        let later = later.await.unwrap().unwrap();
+        assert_eq!(room.held(), 2 * PIECE);
+        drop(later);
+        // A message that ended without keeping room lets the next go.
+        drop(third);
+        let after = turns.next_turn();
+        let alone = in_turn(turn(after), room.reserve(PIECE, PATIENT)).await;
+        assert_eq!(alone.unwrap().bytes, PIECE);
         assert_eq!(room.held(), 0);
     }
 

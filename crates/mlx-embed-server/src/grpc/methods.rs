@@ -19,7 +19,7 @@ use super::requests::{
 };
 use super::status::{size_status, status};
 use super::{pb, STREAM_CONCURRENCY};
-use crate::answer_room::kept_for_stream_message;
+use crate::answer_room::{kept_for_stream_message, Reserved, Turns};
 use crate::embed::{embed as run_embed, embed_sparse as run_embed_sparse};
 use crate::errors::ApiError;
 use crate::extract::TextInputs;
@@ -339,10 +339,12 @@ where
     Fut: Future<Output = Result<A, ApiError>> + Send + 'static,
 {
     let state = tei.state.clone();
+    let mut turns = Turns::default();
     let answers = until_shutdown(incoming, tei.stopping.clone())
         .map(move |message| {
             let work = message.map(|q| answer(state.clone(), q));
             let room = state.answer_room().clone();
+            let turn = turns.next_turn();
             // Each message runs on its own task, as TEI's do: tonic polls
             // the stream only while the client's window has room, and a
             // message waiting for answer room must still reach its
@@ -351,7 +353,7 @@ where
             let task = Aborting(tokio::spawn(async move {
                 match work {
                     Ok(work) => {
-                        let (answer, kept) = kept_for_stream_message(work).await;
+                        let (answer, kept) = kept_for_stream_message(work, turn).await;
                         let answer = answer.map_err(status)?;
                         let held = room.settle(kept, answer.encoded_len());
                         Ok((answer, held))
@@ -364,19 +366,31 @@ where
                     .unwrap_or_else(|_| Err(Status::internal("the message's task failed")))
             }
         })
-        .buffered(STREAM_CONCURRENCY)
-        .scan((false, None), |(failed, given), answer| {
-            let next = (!*failed).then(|| {
-                *failed = answer.is_err();
-                answer.map(|(answer, held)| {
-                    // The one given before has been taken on by now.
-                    *given = Some(held);
-                    answer
-                })
-            });
-            futures_util::future::ready(next)
-        });
-    Box::pin(answers)
+        .buffered(STREAM_CONCURRENCY);
+    Box::pin(handed_on(answers))
+}
+
+/// `answers` until the first failure, each one's room given back when tonic
+/// asks for the next: it asks once hyper has sent the one before (or, for
+/// answers under its write buffer, taken it into that buffer). Kept until
+/// the next is ready instead, an answer larger than the room (which goes
+/// only into an empty one) kept the next from ever being computed, its
+/// client reading: that waited `--max-queue-wait-ms` and ended the stream.
+fn handed_on<A>(
+    answers: impl Stream<Item = Result<(A, Reserved), Status>> + Send + 'static,
+) -> impl Stream<Item = Result<A, Status>> + Send + 'static
+where
+    A: Send + 'static,
+{
+    let answers = Box::pin(answers);
+    futures_util::stream::unfold(Some((answers, None::<Reserved>)), |open| async move {
+        let (mut answers, given) = open?;
+        drop(given);
+        Some(match answers.next().await? {
+            Ok((answer, held)) => (Ok(answer), Some((answers, Some(held)))),
+            Err(failed) => (Err(failed), None),
+        })
+    })
 }
 
 /// A spawned task, aborted when dropped unfinished (its stream is gone).

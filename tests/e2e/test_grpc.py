@@ -655,6 +655,19 @@ def test_no_grpc_listener_without_the_flag(tmp_path):
     assert "grpc://" not in log and "gRPC" not in log
 
 
+def stop_ends_unavailable(srv, answers) -> None:
+    """Stops `srv` with `answers`' stream held open by its client: the server
+    exits 0 at once (not after --drain-timeout-secs), and the stream ends
+    UNAVAILABLE, "shutting down"."""
+    started = time.monotonic()
+    assert srv.stop(timeout=20) == 0, srv.log()[-4000:]
+    assert time.monotonic() - started < 15
+    with pytest.raises(grpc.RpcError) as ended:
+        next(answers)
+    assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "shutting down" in ended.value.details()
+
+
 def test_a_shutdown_ends_a_stream_the_client_holds_open(pb, health, tmp_path):
     """A stream held open, idle, does not hold the drain: the messages read are
     answered, then the stream ends UNAVAILABLE and the server exits at once,
@@ -678,14 +691,8 @@ def test_a_shutdown_ends_a_stream_the_client_holds_open(pb, health, tmp_path):
         got = [next(answers) for _ in range(3)]
         watch = health_stubs.HealthStub(channel).Watch(h.HealthCheckRequest())
         assert next(watch).status == h.HealthCheckResponse.SERVING
-        started = time.monotonic()
         try:
-            assert srv.stop(timeout=20) == 0, srv.log()[-4000:]
-            assert time.monotonic() - started < 15
-            with pytest.raises(grpc.RpcError) as ended:
-                next(answers)
-            assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert "shutting down" in ended.value.details()
+            stop_ends_unavailable(srv, answers)
             assert [a.status for a in watch] == [h.HealthCheckResponse.NOT_SERVING]
             assert watch.code() == grpc.StatusCode.OK
         finally:
@@ -916,13 +923,7 @@ def test_a_shutdown_ends_an_open_reflection_stream(tmp_path):
         answers = info(held_open())
         first = next(answers)
         assert "tei.v1.Embed" in [s.name for s in first.list_services_response.service]
-        started = time.monotonic()
         try:
-            assert srv.stop(timeout=20) == 0, srv.log()[-4000:]
-            assert time.monotonic() - started < 15
-            with pytest.raises(grpc.RpcError) as ended:
-                next(answers)
-            assert ended.value.code() == grpc.StatusCode.UNAVAILABLE
-            assert "shutting down" in ended.value.details()
+            stop_ends_unavailable(srv, answers)
         finally:
             release.set()

@@ -506,7 +506,8 @@ fn render_tei(out: &mut String, http: &HttpMetrics) {
     for (name, help, counts) in [
         (
             "te_request_count",
-            "Requests that reached the model path, by method (single: one input).",
+            "Requests that reached the model path, by method as the client shaped them \
+             (single: one input sent bare; batch: a list, or a rerank).",
             &tei.count,
         ),
         (

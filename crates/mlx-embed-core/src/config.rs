@@ -90,8 +90,8 @@ pub struct BatcherConfig {
     /// [`crate::Batcher::query_threads`] says how many run).
     /// 0 by default, in the library; [`BatcherConfig::for_device`] gives the
     /// CPU one. On a 2-core CPU, beside bulk calls of 64 MiniLM texts of 256
-    /// tokens, one-text queries took ~18 ms with it and 1.3 s (high) to 2.6 s
-    /// (normal) without (docs/benchmarks.md, "A query thread"); idle, it
+    /// tokens, one-text queries took ~17 ms with it and 1.8 s (high) to 3.7 s
+    /// (normal) without (medians, docs/benchmarks.md, "A query thread"); idle, it
     /// sleeps and costs the bulk calls nothing.
     pub query_threads: usize,
 }

@@ -90,25 +90,6 @@ async fn many_callers_on_four_threads_each_get_their_own_vectors() {
     assert!(used.len() >= 2, "batches ran on {used:?}");
 }
 
-/// A fake that does not offer replicas.
-struct Single(Fake);
-
-impl Embedder for Single {
-    fn info(&self) -> ModelInfo {
-        self.0.info()
-    }
-    fn tokenizer(&self) -> Option<Arc<dyn Tokenize>> {
-        self.0.tokenizer()
-    }
-    fn embed_batch(
-        &mut self,
-        inputs: &[Encoded],
-        output: Output,
-    ) -> Result<BatchOutput, EmbedderError> {
-        self.0.embed_batch(inputs, output)
-    }
-}
-
 #[test]
 fn a_model_without_replicas_refuses_more_threads() {
     let record = Arc::new(Record::default());

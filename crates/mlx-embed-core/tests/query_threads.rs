@@ -56,25 +56,6 @@ impl Embedder for Holding {
     }
 }
 
-/// A fake that serves from one thread only: no replicas, so no query thread.
-struct Single(Fake);
-
-impl Embedder for Single {
-    fn info(&self) -> ModelInfo {
-        self.0.info()
-    }
-    fn tokenizer(&self) -> Option<Arc<dyn Tokenize>> {
-        self.0.tokenizer()
-    }
-    fn embed_batch(
-        &mut self,
-        inputs: &[Encoded],
-        output: Output,
-    ) -> Result<BatchOutput, EmbedderError> {
-        self.0.embed_batch(inputs, output)
-    }
-}
-
 fn config(query_threads: usize) -> BatcherConfig {
     BatcherConfig {
         query_threads,

@@ -280,11 +280,6 @@ impl Embedder for PythonEmbedder {
 }
 
 impl PythonEmbedder {
-    /// `model.<method>(ids, type_ids, output=..., pool_start=...,
-    /// pool_factor=..., protected_tokens=..., adapter=...)`: `embed_ids` or
-    /// `submit_ids` (`pool_start` and `adapter` only when an input has one,
-    /// so other models' calls are unchanged; the pooling lists, one entry
-    /// per input, 1 for an input not pooled, only when an input is).
     /// Another handle on the same Python model object.
     fn handle(&self, solo: bool) -> Replica<Self> {
         let model = Python::attach(|py| self.model.clone_ref(py));
@@ -301,6 +296,11 @@ impl PythonEmbedder {
         })
     }
 
+    /// `model.<method>(ids, type_ids, output=..., pool_start=...,
+    /// pool_factor=..., protected_tokens=..., adapter=...)`: `embed_ids` or
+    /// `submit_ids` (`pool_start` and `adapter` only when an input has one,
+    /// so other models' calls are unchanged; the pooling lists, one entry
+    /// per input, 1 for an input not pooled, only when an input is).
     fn call_ids<'py>(
         &self,
         py: Python<'py>,

@@ -381,3 +381,23 @@ pub async fn lone_requests(batcher: &mlx_embed_core::Batcher, n: usize) -> Durat
     }
     started.elapsed()
 }
+
+/// A fake that serves from one thread only: it offers no replicas, so
+/// neither more model threads nor a query thread.
+pub struct Single(pub Fake);
+
+impl Embedder for Single {
+    fn info(&self) -> ModelInfo {
+        self.0.info()
+    }
+    fn tokenizer(&self) -> Option<Arc<dyn Tokenize>> {
+        self.0.tokenizer()
+    }
+    fn embed_batch(
+        &mut self,
+        inputs: &[Encoded],
+        output: Output,
+    ) -> Result<BatchOutput, EmbedderError> {
+        self.0.embed_batch(inputs, output)
+    }
+}

@@ -327,9 +327,11 @@ class Scheduler:
         starts = None if tokens or pool_start is None or not any(pool_start) else pool_start
         adapters = None if adapter is None or all(a < 0 for a in adapter) else adapter
         call = _Call(ids, type_ids, lengths, starts, attend, adapters)
-        if self.pipeline:
-            return self._submit_pipelined(plan, call, normalize, output)
         solo = getattr(_SOLO, "on", False) and device.is_cpu()
+        # A solo call skips the pipelined path (``--pipeline true`` on the CPU):
+        # that path queues its passes under the lock a long call holds.
+        if self.pipeline and not solo:
+            return self._submit_pipelined(plan, call, normalize, output)
         with contextlib.nullcontext() if solo else self._lock:
             out = _TokenRows(lengths) if tokens else np.empty((n, self.dim), dtype=np.float32)
             if self.workers > 1 and len(plan) > 1 and not solo:

@@ -353,11 +353,19 @@ def test_a_slow_blas_is_said_once_when_a_model_loads_not_at_import():
     assert after.count("slow reference BLAS") == 1, r.stderr
 
 
-def test_a_solo_call_runs_beside_a_call_holding_the_models_lock(minilm, golden_texts, golden_mean):
+@pytest.mark.parametrize("pipeline", [False, True])
+def test_a_solo_call_runs_beside_a_call_holding_the_models_lock(pipeline, minilm, golden_texts, golden_mean):
     """The Rust query thread's calls (`scheduler.call_solo`) run while another
     call holds the engine's CPU lock, instead of after it, with the same
-    vectors; the flag is this thread's and ends with the call, error or not."""
+    vectors, also on a model loaded with ``pipeline=True`` (whose pipelined
+    path queues passes under that lock); the flag is this thread's and ends
+    with the call, error or not."""
+    import mlx_embed
     import mlx_embed.scheduler as sched
+
+    if pipeline:
+        minilm = mlx_embed.load(pipeline=True)
+        assert minilm.scheduler.pipeline
 
     texts = [t for t in golden_texts[:8] if t]
     rows = [i for i, t in enumerate(golden_texts[:8]) if t]

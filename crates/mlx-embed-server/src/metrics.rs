@@ -93,6 +93,7 @@ fn tei_seconds_bounds() -> Vec<f64> {
 /// and gRPC alike), counted once each from the same figures as their
 /// `x-*` headers and gRPC `Metadata`; and its per-input `te_embed_*` and
 /// `te_predict_*` ([`OpStats`]).
+#[derive(Default)]
 struct TeiRequests {
     /// By method, `single` and `batch` as the client shaped the request
     /// ([`crate::timing::Method`]): all, and answered. A gRPC stream's
@@ -101,12 +102,39 @@ struct TeiRequests {
     success: [u64; 2],
     /// Failures by TEI's `err` label ([`tei_error`]).
     failure: BTreeMap<&'static str, u64>,
-    duration: Histogram,
-    tokenization: Histogram,
-    queue: Histogram,
-    inference: Histogram,
+    /// One observation per answered request.
+    phases: Phases,
     /// `te_embed_*` and `te_predict_*`, by [`Op`].
     ops: [OpStats; 2],
+}
+
+/// A TEI family's four time histograms, in [`PHASES`]' order: the total,
+/// tokenization, queue and inference, on TEI's buckets.
+struct Phases([Histogram; 4]);
+
+/// Each phase's metric name suffix, in [`Phases`]' order.
+const PHASES: [&str; 4] = [
+    "duration",
+    "tokenization_duration",
+    "queue_duration",
+    "inference_duration",
+];
+
+impl Default for Phases {
+    fn default() -> Self {
+        Self(std::array::from_fn(|_| {
+            Histogram::with_bounds(&tei_seconds_bounds())
+        }))
+    }
+}
+
+impl Phases {
+    /// `n` observations of each phase's `seconds`.
+    fn observe(&mut self, seconds: [f64; 4], n: u64) {
+        for (h, v) in self.0.iter_mut().zip(seconds) {
+            observe(h, v, n);
+        }
+    }
 }
 
 /// One of TEI's per-input families (`te_embed_*`, `te_predict_*`): TEI
@@ -114,45 +142,12 @@ struct TeiRequests {
 /// runs a request's inputs as one call, so each input counts with the
 /// request's figures: its total, and its phases averaged over its inputs
 /// (what its `x-*` headers say).
+#[derive(Default)]
 struct OpStats {
     count: u64,
     success: u64,
-    duration: Histogram,
-    tokenization: Histogram,
-    queue: Histogram,
-    inference: Histogram,
-}
-
-fn tei_seconds() -> Histogram {
-    Histogram::with_bounds(&tei_seconds_bounds())
-}
-
-impl Default for OpStats {
-    fn default() -> Self {
-        Self {
-            count: 0,
-            success: 0,
-            duration: tei_seconds(),
-            tokenization: tei_seconds(),
-            queue: tei_seconds(),
-            inference: tei_seconds(),
-        }
-    }
-}
-
-impl Default for TeiRequests {
-    fn default() -> Self {
-        Self {
-            count: [0; 2],
-            success: [0; 2],
-            failure: BTreeMap::new(),
-            duration: tei_seconds(),
-            tokenization: tei_seconds(),
-            queue: tei_seconds(),
-            inference: tei_seconds(),
-            ops: Default::default(),
-        }
-    }
+    /// One observation per answered input.
+    phases: Phases,
 }
 
 /// TEI's `te_request_failure` `err` label for a refused request's status.
@@ -241,31 +236,10 @@ impl HttpMetrics {
                     t.queue.as_secs_f64(),
                     t.inference.as_secs_f64(),
                 ];
-                let TeiRequests {
-                    duration,
-                    tokenization,
-                    queue,
-                    inference,
-                    ops,
-                    ..
-                } = &mut *tei;
-                for (h, v) in [duration, tokenization, queue, inference]
-                    .into_iter()
-                    .zip(seconds)
-                {
-                    observe(h, v, 1);
-                }
-                let stats = &mut ops[op];
+                tei.phases.observe(seconds, 1);
+                let stats = &mut tei.ops[op];
                 stats.success += inputs;
-                let per_input = [
-                    &mut stats.duration,
-                    &mut stats.tokenization,
-                    &mut stats.queue,
-                    &mut stats.inference,
-                ];
-                for (h, v) in per_input.into_iter().zip(seconds) {
-                    observe(h, v, inputs);
-                }
+                stats.phases.observe(seconds, inputs);
             }
             _ => *tei.failure.entry(tei_error(status)).or_default() += 1,
         }
@@ -531,29 +505,14 @@ fn render_tei(out: &mut String, http: &HttpMetrics) {
     for (err, n) in &tei.failure {
         let _ = writeln!(out, "te_request_failure{{err=\"{err}\"}} {n}");
     }
-    for (name, help, h) in [
-        (
-            "te_request_duration",
-            "Seconds of an answered te_request_count request (x-total-time).",
-            &tei.duration,
-        ),
-        (
-            "te_request_tokenization_duration",
-            "Seconds its inputs were tokenized (x-tokenization-time).",
-            &tei.tokenization,
-        ),
-        (
-            "te_request_queue_duration",
-            "Seconds it waited for admission and its first batch (x-queue-time).",
-            &tei.queue,
-        ),
-        (
-            "te_request_inference_duration",
-            "Seconds of model time its batches took (x-inference-time).",
-            &tei.inference,
-        ),
-    ] {
-        histogram(out, name, help, h);
+    let request_help = [
+        "Seconds of an answered te_request_count request (x-total-time).",
+        "Seconds its inputs were tokenized (x-tokenization-time).",
+        "Seconds it waited for admission and its first batch (x-queue-time).",
+        "Seconds of model time its batches took (x-inference-time).",
+    ];
+    for ((suffix, help), h) in PHASES.iter().zip(request_help).zip(&tei.phases.0) {
+        histogram(out, &format!("te_request_{suffix}"), help, h);
     }
     for (op, what, stats) in [
         ("embed", "inputs embedded", &tei.ops[0]),
@@ -576,28 +535,13 @@ fn render_tei(out: &mut String, http: &HttpMetrics) {
             &format!("Of te_{op}_count, those answered."),
             stats.success,
         );
-        for (suffix, help, h) in [
-            (
-                "duration",
-                "Seconds of each answered input: its request's total.",
-                &stats.duration,
-            ),
-            (
-                "tokenization_duration",
-                "Seconds each answered input was tokenized (its request's average).",
-                &stats.tokenization,
-            ),
-            (
-                "queue_duration",
-                "Seconds each answered input queued (its request's average).",
-                &stats.queue,
-            ),
-            (
-                "inference_duration",
-                "Seconds of model time of each answered input (its request's average).",
-                &stats.inference,
-            ),
-        ] {
+        let input_help = [
+            "Seconds of each answered input: its request's total.",
+            "Seconds each answered input was tokenized (its request's average).",
+            "Seconds each answered input queued (its request's average).",
+            "Seconds of model time of each answered input (its request's average).",
+        ];
+        for ((suffix, help), h) in PHASES.iter().zip(input_help).zip(&stats.phases.0) {
             histogram(out, &name(suffix), help, h);
         }
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from typing import Optional
 
 import mlx.core as mx
@@ -23,6 +24,76 @@ DEFAULT_GPU_CACHE_LIMIT_MB = 2048
 _MB = 1024 * 1024
 # MLX has no getter for the cache limit; the last value we set (process-wide).
 _cache_limit_bytes: Optional[int] = None
+
+
+# MLX gives every OS thread that runs an op its own default stream, and each
+# stream its own scheduler thread, kept until the process ends: a model called
+# from threads that come and go (a thread per request, a pool that is replaced)
+# added one OS thread and its buffers per caller. And an MLX thread holds a
+# compile cache (thread_local in MLX 0.32) whose destructor takes the GIL: run
+# at the thread's exit while the interpreter finalizes, Python ends the thread
+# inside it and the process aborts ("terminate called without an active
+# exception", exit 134). So a Python thread other than the main one, on its
+# first model call or load, borrows streams that can move between threads
+# (``mx.new_thread_unsafe_stream``) as its defaults, and gives them back when
+# it ends, after dropping its MLX thread state while it still holds the GIL.
+# One thread holds a stream at a time (MLX leaves a shared stream's ordering to
+# its users), so the streams made number the engine's most concurrent callers,
+# not all the threads that ever called. The main thread, which outlives the
+# interpreter's threads, and foreign threads (Rust's, through PyO3: their
+# Python state lasts one call, their OS thread is the caller's to keep) keep
+# MLX's own default streams.
+_free_streams: dict = {}
+_made_streams = 0
+_free_lock = threading.Lock()
+_thread_lease = threading.local()
+
+
+class _Lease:
+    """One thread's borrowed default streams (one per device it runs on);
+    dropped with the thread's Python state, which puts them back."""
+
+    def __init__(self, devices):
+        global _made_streams
+        self.streams = []
+        with _free_lock:
+            for d in devices:
+                free = _free_streams.setdefault(str(d), [])
+                if not free:
+                    free.append(mx.new_thread_unsafe_stream(d))
+                    _made_streams += 1
+                self.streams.append(free.pop())
+        for s in self.streams:
+            mx.set_default_stream(s)
+
+    def __del__(self):
+        # The thread's compile cache and stream encoders, while it has the GIL.
+        mx.clear_streams()
+        with _free_lock:
+            for s in self.streams:
+                _free_streams[str(s.device)].append(s)
+
+
+def claim_thread_streams() -> None:
+    """Give a short-lived Python thread borrowed default streams before it
+    runs MLX (see ``_Lease``); a no-op after its first call, and on the main
+    thread and foreign threads."""
+    if getattr(_thread_lease, "claimed", False):
+        return
+    _thread_lease.claimed = True
+    t = threading.current_thread()
+    if t is threading.main_thread() or isinstance(t, threading._DummyThread):
+        return
+    devices = [mx.default_device()]
+    if devices[0] != mx.cpu:
+        # Code that names the CPU (``mx.stream(mx.cpu)``) takes its default.
+        devices.append(mx.Device(mx.cpu))
+    _thread_lease.lease = _Lease(devices)
+
+
+def lent_streams() -> int:
+    """Streams made for lending so far (each has one MLX scheduler thread)."""
+    return _made_streams
 
 
 def is_cpu() -> bool:

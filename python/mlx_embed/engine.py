@@ -74,6 +74,7 @@ class EmbeddingModel(ScoringMixin):
         _is_default: bool = False,
     ):
         t0 = time.perf_counter()
+        device.claim_thread_streams()
         _check_settings(
             quantize=quantize, group_size=group_size, max_length=max_length, batch_tokens=batch_tokens,
             workers=workers, streams=streams, pipeline=pipeline, fused_attention=fused_attention,

@@ -313,6 +313,7 @@ class Scheduler:
         ``attend``: per input, the keys its tokens attend to, fewer than its
         rows where it ends in tokens that are computed but not attended to
         (a ColBERT query's expansion); None: all of them."""
+        device.claim_thread_streams()
         if output not in OUTPUTS:
             raise ValueError(f"output must be one of {', '.join(OUTPUTS)}, got {output!r}")
         if output == "token_weights" and self.token_head is None:

@@ -77,15 +77,6 @@ def test_default_model_loads_offline_without_network():
     assert "(1, 384)" in r.stdout
 
 
-def _wait_os_thread_gone(t: threading.Thread) -> None:
-    # MLX's Python binding keeps thread_local state whose destructor takes the
-    # GIL; let the thread finish exiting before the test process may end.
-    task = f"/proc/self/task/{t.native_id}"
-    deadline = time.monotonic() + 5
-    while os.path.exists(task) and time.monotonic() < deadline:
-        time.sleep(0.001)
-
-
 def test_load_and_embed_on_a_non_main_thread(golden_texts, golden_mean):
     out = {}
 
@@ -100,7 +91,6 @@ def test_load_and_embed_on_a_non_main_thread(golden_texts, golden_mean):
     t = threading.Thread(target=work)
     t.start()
     t.join()
-    _wait_os_thread_gone(t)
     assert "err" not in out, out.get("err")
     assert np.abs(out["vec"] - golden_mean[:5]).max() <= 1e-5
     assert len(out["ids"].vectors) == 384 * 4
@@ -379,7 +369,6 @@ def test_a_solo_call_runs_beside_a_call_holding_the_models_lock(pipeline, minilm
     finally:
         minilm.scheduler._lock.release()
         solo.join(timeout=60)
-        _wait_os_thread_gone(solo)
     assert np.abs(out["vec"] - golden_mean[rows]).max() <= 1e-5
     with pytest.raises(AttributeError):
         sched.call_solo(minilm, "no_such_method")

@@ -1,0 +1,98 @@
+"""A model used from threads that come and go: bounded threads and memory,
+and a clean exit (device.claim_thread_streams). Each case runs in its own
+interpreter, since what is checked is the process's threads and its exit."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import FIXTURES, ROOT
+
+SCRIPT = r"""
+import asyncio, concurrent.futures as cf, json, os, sys, threading
+import numpy as np
+import mlx_embed
+from mlx_embed import device
+
+path = sys.argv[1] or None
+texts = ["hello world", "rivers meet the sea", "a third text, a little longer than the other two"]
+load = lambda: mlx_embed.load(path) if path else mlx_embed.load()
+model = load()
+ref = np.asarray(model.embed(texts))
+
+def threads():
+    # A joined thread's OS thread may still be finishing its exit.
+    for _ in range(100):
+        n = len(os.listdir("/proc/self/task"))
+        threading.Event().wait(0.01)
+        if len(os.listdir("/proc/self/task")) == n:
+            return n
+    return n
+
+def rss_mb():
+    return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") >> 20
+
+equal = []
+
+def call(_=None):
+    equal.append(bool(np.array_equal(np.asarray(model.embed(texts)), ref)))
+
+def loader():
+    m = load()
+    equal.append(bool(np.array_equal(np.asarray(m.embed(texts)), ref)))
+
+async def to_thread():
+    await asyncio.gather(*(asyncio.to_thread(call) for _ in range(4)))
+
+def round_of_threads():
+    for _ in range(12):  # a thread per request
+        t = threading.Thread(target=call)
+        t.start()
+        t.join()
+    for _ in range(3):  # pools that are replaced
+        with cf.ThreadPoolExecutor(4) as pool:
+            list(pool.map(call, range(8)))
+    asyncio.run(to_thread())
+    t = threading.Thread(target=loader)  # a loader thread that ends
+    t.start()
+    t.join()
+
+before = (threads(), rss_mb(), device.lent_streams())
+round_of_threads()
+first = (threads(), rss_mb(), device.lent_streams())
+round_of_threads()
+second = (threads(), rss_mb(), device.lent_streams())
+print(json.dumps({"before": before, "first": first, "second": second, "equal": equal}), flush=True)
+# The last threads end just before the interpreter finalizes: the window in
+# which a thread's MLX state, dropped at its exit, once aborted the process.
+with cf.ThreadPoolExecutor(8) as pool:
+    list(pool.map(call, range(16)))
+"""
+
+
+@pytest.mark.parametrize("folder", ["tiny-modernbert", "tiny-t5", None], ids=["modernbert", "t5", "minilm"])
+def test_threads_that_come_and_go_leave_nothing_behind(folder):
+    r = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(FIXTURES / folder) if folder else ""],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
+    )
+    assert "terminate called" not in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 0, r.stderr[-2000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    # Every call on every thread: bit for bit the main thread's vectors.
+    assert len(got["equal"]) == 2 * (12 + 24 + 4 + 1) and all(got["equal"])
+    (t0, _, s0), (t1, m1, s1), (t2, m2, s2) = got["before"], got["first"], got["second"]
+    # Streams lent number the most concurrent callers (a pool's 4, the asyncio
+    # executor's 4, with a thread that is still ending), not the 82 threads
+    # that called; the main thread lends none.
+    assert s0 == 0 and 1 <= s2 <= 6, got
+    # One MLX scheduler thread per lent stream, and the CPU worker threads
+    # the first parallel call may start; the second round only what it lent.
+    assert t1 - t0 <= s1 + 2, got
+    assert t2 - t1 <= s2 - s1, got
+    assert m2 - m1 <= 24, got

@@ -54,24 +54,34 @@ class _Lease:
     dropped with the thread's Python state, which puts them back."""
 
     def __init__(self, devices):
-        global _made_streams
-        self.streams = []
-        with _free_lock:
-            for d in devices:
-                free = _free_streams.setdefault(str(d), [])
-                if not free:
-                    free.append(mx.new_thread_unsafe_stream(d))
-                    _made_streams += 1
-                self.streams.append(free.pop())
+        self.streams = [_borrow(d) for d in devices]
+        # More streams for the thread's passes (``Scheduler(streams=)``).
+        self.extra: list = []
         for s in self.streams:
             mx.set_default_stream(s)
+
+    def more(self, n: int) -> list:
+        """``n`` more streams on the default device, the same ones call after call."""
+        while len(self.extra) < n:
+            self.extra.append(_borrow(mx.default_device()))
+        return self.extra[:n]
 
     def __del__(self):
         # The thread's compile cache and stream encoders, while it has the GIL.
         mx.clear_streams()
         with _free_lock:
-            for s in self.streams:
+            for s in self.streams + self.extra:
                 _free_streams[str(s.device)].append(s)
+
+
+def _borrow(d):
+    global _made_streams
+    with _free_lock:
+        free = _free_streams.setdefault(str(d), [])
+        if free:
+            return free.pop()
+        _made_streams += 1
+    return mx.new_thread_unsafe_stream(d)
 
 
 def claim_thread_streams() -> None:
@@ -89,6 +99,16 @@ def claim_thread_streams() -> None:
         # Code that names the CPU (``mx.stream(mx.cpu)``) takes its default.
         devices.append(mx.Device(mx.cpu))
     _thread_lease.lease = _Lease(devices)
+
+
+def extra_streams(n: int) -> list:
+    """``n`` streams of this thread's own besides its default, for a call's
+    passes to rotate over: lent with its other streams on a thread that
+    borrows them, made for good on the main thread and foreign threads."""
+    lease = getattr(_thread_lease, "lease", None)
+    if lease is not None:
+        return lease.more(n)
+    return [mx.new_stream(mx.default_device()) for _ in range(n)]
 
 
 def lent_streams() -> int:

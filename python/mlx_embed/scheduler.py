@@ -189,9 +189,10 @@ class Scheduler:
         # on the first stream. 1 by default until a GPU measures the rotation.
         # (load() refuses counts below 1: engine._check_settings.)
         self.streams = int(streams)
-        # MLX streams belong to the thread that made them: a model used from
-        # more than one thread (a Python thread pool) keeps its extra streams
-        # per thread, and its first pass always runs on the caller's own.
+        # A stream is used by one thread at a time: a model used from more
+        # than one thread (a Python thread pool) keeps its extra streams per
+        # thread (device.extra_streams), and its first pass always runs on the
+        # caller's default.
         self._thread_streams = threading.local()
         # On a GPU every new (rows, length) shape of a pass costs a one-time
         # build: measured on an H200 (docs/benchmarks.md), 60 calls of 1-64
@@ -454,7 +455,7 @@ class Scheduler:
 
     def _call_streams(self, passes: int) -> list:
         """The stream of each of a call's passes, from the calling thread's
-        own: None (its current stream), then ``streams - 1`` it made. The
+        own: None (its current stream), then ``streams - 1`` more. The
         rotation carries on from call to call, so a call of one pass (what a
         server batch of 32 texts is) lands on another stream than the call
         before it, and a caller that submits call k+1 before collecting call
@@ -462,9 +463,7 @@ class Scheduler:
         mine = self._thread_streams
         streams = getattr(mine, "streams", None)
         if streams is None:
-            streams = mine.streams = [None] + [
-                mx.new_stream(mx.default_device()) for _ in range(self.streams - 1)
-            ]
+            streams = mine.streams = [None] + device.extra_streams(self.streams - 1)
             mine.next = 0
         first = mine.next
         mine.next = (first + passes) % len(streams)

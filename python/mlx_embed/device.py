@@ -45,18 +45,31 @@ _cache_limit_bytes: Optional[int] = None
 # MLX's own default streams.
 _free_streams: dict = {}
 _made_streams = 0
+# False once a lease failed (logged once): threads then keep MLX's own streams
+# (and still drop their MLX state as they end).
+_lending = True
 _free_lock = threading.Lock()
 _thread_lease = threading.local()
 
 
 class _Lease:
-    """One thread's borrowed default streams (one per device it runs on);
-    dropped with the thread's Python state, which puts them back."""
+    """One thread's MLX state, dropped with the thread's Python state: its
+    borrowed default streams (one per device it runs on), which go back, and
+    its compile cache and stream encoders, which are cleared."""
 
-    def __init__(self, devices):
-        self.streams = [_borrow(d) for d in devices]
+    def __init__(self):
+        self.streams: list = []
         # More streams for the thread's passes (``Scheduler(streams=)``).
         self.extra: list = []
+
+    def borrow(self, devices) -> None:
+        try:
+            for d in devices:
+                self.streams.append(_borrow(d))
+        except BaseException:
+            _give_back(self.streams)
+            self.streams = []
+            raise
         for s in self.streams:
             mx.set_default_stream(s)
 
@@ -67,11 +80,15 @@ class _Lease:
         return self.extra[:n]
 
     def __del__(self):
-        # The thread's compile cache and stream encoders, while it has the GIL.
+        # While the thread still holds the GIL (see above).
         mx.clear_streams()
-        with _free_lock:
-            for s in self.streams + self.extra:
-                _free_streams[str(s.device)].append(s)
+        _give_back(self.streams + self.extra)
+
+
+def _give_back(streams) -> None:
+    with _free_lock:
+        for s in streams:
+            _free_streams[str(s.device)].append(s)
 
 
 def _borrow(d):
@@ -80,14 +97,17 @@ def _borrow(d):
         free = _free_streams.setdefault(str(d), [])
         if free:
             return free.pop()
+    s = mx.new_thread_unsafe_stream(d)
+    with _free_lock:
         _made_streams += 1
-    return mx.new_thread_unsafe_stream(d)
+    return s
 
 
 def claim_thread_streams() -> None:
     """Give a short-lived Python thread borrowed default streams before it
     runs MLX (see ``_Lease``); a no-op after its first call, and on the main
     thread and foreign threads."""
+    global _lending
     if getattr(_thread_lease, "claimed", False):
         return
     _thread_lease.claimed = True
@@ -98,7 +118,15 @@ def claim_thread_streams() -> None:
     if devices[0] != mx.cpu:
         # Code that names the CPU (``mx.stream(mx.cpu)``) takes its default.
         devices.append(mx.Device(mx.cpu))
-    _thread_lease.lease = _Lease(devices)
+    lease = _thread_lease.lease = _Lease()
+    if not _lending:
+        return
+    try:
+        lease.borrow(devices)
+    except Exception as e:  # a backend without streams that move between threads
+        if _lending:
+            _lending = False
+            log.warning("MLX streams cannot be lent to threads here (%s): each thread keeps its own", e)
 
 
 def extra_streams(n: int) -> list:
@@ -106,7 +134,7 @@ def extra_streams(n: int) -> list:
     passes to rotate over: lent with its other streams on a thread that
     borrows them, made for good on the main thread and foreign threads."""
     lease = getattr(_thread_lease, "lease", None)
-    if lease is not None:
+    if lease is not None and lease.streams:
         return lease.more(n)
     return [mx.new_stream(mx.default_device()) for _ in range(n)]
 

@@ -109,3 +109,39 @@ def test_threads_that_come_and_go_leave_nothing_behind(folder, settings):
     # Memory: the second round's loader thread loads (and drops) a model
     # again; less than half of MiniLM's 90 MB of weights stays.
     assert m2 - m1 <= 48, got
+
+
+FALLBACK = r"""
+import concurrent.futures as cf, sys
+import mlx.core as mx
+import numpy as np
+
+def refuse(device):
+    raise RuntimeError("no thread-unsafe streams on this backend")
+
+mx.new_thread_unsafe_stream = refuse
+import mlx_embed
+from mlx_embed import device
+
+model = mlx_embed.load(sys.argv[1])
+ref = np.asarray(model.embed(["hello world"]))
+with cf.ThreadPoolExecutor(8) as pool:
+    same = [np.array_equal(np.asarray(v), ref) for v in pool.map(lambda _: model.embed(["hello world"]), range(32))]
+print(all(same), device.lent_streams(), flush=True)
+"""
+
+
+def test_a_backend_that_cannot_lend_streams_still_exits_cleanly():
+    """Without ``mx.new_thread_unsafe_stream`` working, threads keep MLX's own
+    streams (a warning says so, once) and still drop their MLX state as they end."""
+    r = subprocess.run(
+        [sys.executable, "-c", FALLBACK, str(FIXTURES / "tiny-modernbert")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
+    )
+    assert "terminate called" not in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["True", "0"]
+    assert r.stderr.count("MLX streams cannot be lent to threads here") == 1, r.stderr

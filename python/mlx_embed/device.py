@@ -40,9 +40,9 @@ _cache_limit_bytes: Optional[int] = None
 # One thread holds a stream at a time (MLX leaves a shared stream's ordering to
 # its users), so the streams made number the engine's most concurrent callers,
 # not all the threads that ever called. The main thread, which outlives the
-# interpreter's threads, and foreign threads (Rust's, through PyO3: their
-# Python state lasts one call, their OS thread is the caller's to keep) keep
-# MLX's own default streams.
+# interpreter's threads, and foreign threads (Rust's, through PyO3: Python's
+# threading never sees them end, so a lease would not come back; their OS
+# thread is the caller's to keep) keep MLX's own default streams.
 _free_streams: dict = {}
 _made_streams = 0
 # False once a lease failed (logged once): threads then keep MLX's own streams

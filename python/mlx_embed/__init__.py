@@ -7,7 +7,7 @@ Import order matters: ``_blas.setup()`` must run before anything imports
 Public API::
 
     model = mlx_embed.load(path=None, *, dtype="float32", quantize=None,
-                           instruction=None, pooling=None, max_length=None,
+                           instruction=None, revision=None, cache_dir=None, pooling=None, max_length=None,
                            batch_tokens=None, workers=None, fast_ops=None,
                            cache_limit_mb=None, pipeline=None, streams=1,
                            fused_attention=None, shape_buckets=None,
@@ -67,8 +67,12 @@ def blas_info() -> dict:
 
 
 def load(path=None, *, dtype="float32", quantize=None, instruction=None, **kwargs):
-    """Load an embedding model from a local Hugging Face folder (or the bundled
-    all-MiniLM-L6-v2 when ``path`` is None).
+    """Load an embedding model from a local Hugging Face folder, a Hugging Face
+    repo id (``"BAAI/bge-small-en-v1.5"``: its snapshot in the local Hugging
+    Face cache, downloaded there first unless ``HF_HUB_OFFLINE`` is set; a
+    local folder of that name wins; ``revision=`` a branch, tag or commit sha,
+    ``cache_dir=`` another cache, see ``hub.py``), or the bundled
+    all-MiniLM-L6-v2 when ``path`` is None.
 
     Engine settings, per model (environment variables are only fallbacks):
     ``fast_ops`` "native" | "mlx" | "exact" (CPU element-wise path),

@@ -25,7 +25,7 @@ except ImportError as e:  # the `mlx` wheel alone has no backend on Linux
         "pip install 'mlx-embed[cpu]' (or 'mlx-embed[cuda]' on an NVIDIA GPU)"
     ) from e
 
-from . import _blas, device, lexical, loading, multi_vector, ops, precision, reranker_prompt, st_modules, startup
+from . import _blas, device, hub, lexical, loading, multi_vector, ops, precision, reranker_prompt, st_modules, startup
 from .errors import InputTooLong, InvalidInput, check_switches
 from .loading import DEFAULT_MODEL_NAME, DEFAULT_MODEL_NAMES, default_model_path  # noqa: F401  (re-exported)
 from .models import reads_type_ids
@@ -1147,6 +1147,8 @@ def load(
     dtype: str = "float32",
     quantize: Optional[int] = None,
     instruction: Optional[str] = None,
+    revision: Optional[str] = None,
+    cache_dir: Optional[Union[str, os.PathLike]] = None,
     **kwargs,
 ) -> EmbeddingModel:
     """See :func:`mlx_embed.load`."""
@@ -1158,6 +1160,8 @@ def load(
         kwargs.setdefault("name", loading.served_name(path))
     if is_default:
         path = default_model_path()
+    else:
+        path = hub.resolve_model(os.fspath(path), revision, None if cache_dir is None else os.fspath(cache_dir))
     return EmbeddingModel(
         os.fspath(path),
         dtype=dtype,

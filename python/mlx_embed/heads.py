@@ -35,13 +35,11 @@ generic: scorer modules return raw logits ``[B, num_labels]`` from
 from __future__ import annotations
 
 import importlib
-import os
-import re
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Optional
 
-from . import models, st_modules
+from . import hub, models, st_modules
 from .models import masked_lm, sequence_classification
 
 KINDS = ("embedding", "classifier", "reranker")
@@ -83,12 +81,7 @@ class ScoreHead(st_modules.StPipeline):
 
 
 def _named_like_reranker(path: str) -> bool:
-    name = os.path.basename(os.path.abspath(path).rstrip("/"))
-    # Hugging Face cache layout: .../models--org--name/snapshots/<sha>
-    m = re.search(r"models--[^/]+?--([^/]+)/snapshots/[^/]+/?$", os.path.abspath(path))
-    if m:
-        name = m.group(1)
-    return "rerank" in name.lower()
+    return "rerank" in hub.repo_name(path).lower()
 
 
 def resolve(

@@ -15,7 +15,6 @@ import glob
 import importlib
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -24,7 +23,7 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from . import heads, models, pooling as pooling_modes, sibling_linears, slow_tokenizers, st_modules, torch_weights
+from . import heads, hub, models, pooling as pooling_modes, sibling_linears, slow_tokenizers, st_modules, torch_weights
 from .json_files import read_json
 from .models import sequence_classification
 
@@ -70,10 +69,11 @@ def model_name(path: str, is_default: bool) -> str:
     if is_default:
         return DEFAULT_MODEL_NAME
     path = os.path.abspath(path)
-    # Hugging Face cache layout: .../models--org--name/snapshots/<sha>
-    m = re.search(r"models--([^/]+?)--([^/]+)/snapshots/[^/]+/?$", path)
-    if m:
-        return f"{m.group(1)}/{m.group(2)}"
+    # A snapshot of the Hugging Face cache is served as its repo id, as TEI
+    # and sentence-transformers name the model.
+    snapshot = hub.snapshot_of(path)
+    if snapshot is not None:
+        return snapshot[0]
     return os.path.basename(path.rstrip("/")) or path
 
 

@@ -26,14 +26,13 @@ except in a folder named as a model whose library scores it with its own
 from __future__ import annotations
 
 import logging
-import os
 import re
 from typing import Callable, Optional, Union
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from .. import ops, st_modules
+from .. import hub, ops, st_modules
 from ..reranker_prompt import RerankerPrompt, chat_template
 from . import DECODER_SIBLINGS, gemma, qwen2, qwen3
 
@@ -138,9 +137,7 @@ NAMED_CARDS = {
 
 def folder_name(path: str) -> str:
     """A folder's model name: its own, or the Hugging Face cache's repo name."""
-    full = os.path.abspath(path).rstrip("/")
-    m = re.search(r"models--[^/]+?--([^/]+)/snapshots/[^/]+/?$", full)
-    return m.group(1) if m else os.path.basename(full)
+    return hub.repo_name(path)
 
 
 def named_card(model_type: str, path: str) -> Optional[tuple]:

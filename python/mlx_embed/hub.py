@@ -1,0 +1,235 @@
+"""Models named by their Hugging Face Hub repo id, as TEI's ``--model-id`` and
+``SentenceTransformer("org/name")`` take them.
+
+:func:`resolve_model` is the one place a model's name becomes a folder:
+``load()``, the CLI and the server (through the Rust bridge) all call it.
+A name that is a local folder stays one; a repo id is looked up in the local
+Hugging Face cache, laid out as huggingface_hub writes it::
+
+    <cache>/models--org--name/refs/<branch or tag>   (a file holding a commit sha)
+    <cache>/models--org--name/snapshots/<sha>/...     (links into ../../blobs/)
+
+and only when it is not there, and ``HF_HUB_OFFLINE`` is not set, downloaded
+into that cache with huggingface_hub (the files the engine reads, nothing
+more: see :func:`engine_files`). A cached revision is used as it is, without
+asking the Hub whether its branch has moved: a server starts the same way
+with the network or without it (``hf download`` updates the cache).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import Iterable, Optional
+
+log = logging.getLogger("mlx_embed")
+
+# huggingface_hub's REGEX_COMMIT_HASH: a full sha names a snapshot itself.
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+# A snapshot folder: .../models--<repo id, "/" written "--">/snapshots/<sha>.
+_SNAPSHOT = re.compile(r"(?:^|/)models--([^/]+)/snapshots/([^/]+)/?$")
+# What huggingface_hub takes for "set" in a boolean variable.
+_TRUE = {"1", "ON", "YES", "TRUE"}
+# Folders of other runtimes' exports, whose files the engine never reads.
+_OTHER_EXPORTS = ("onnx/", "openvino/", "coreml/")
+
+
+class ModelNotFound(FileNotFoundError):
+    """``name`` is neither a local folder nor a repo id the cache holds or
+    the Hub gave: ``why`` says which and how to fetch it."""
+
+    def __init__(self, name: str, why: str):
+        super().__init__(f"{name}: {why}")
+        self.name = name
+        self.why = why
+
+
+def hub_cache(cache_dir: Optional[str] = None) -> str:
+    """The Hugging Face cache folder: ``cache_dir``, else ``HF_HUB_CACHE``,
+    else the older ``HUGGINGFACE_HUB_CACHE``, else ``HF_HOME/hub`` (``HF_HOME``
+    defaulting to ``$XDG_CACHE_HOME/huggingface``, else
+    ``~/.cache/huggingface``): huggingface_hub's order (its ``constants``),
+    read at each call rather than once at import."""
+    env = os.environ
+    chosen = cache_dir or env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
+    if not chosen:
+        home = env.get("HF_HOME") or os.path.join(
+            env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache"), "huggingface"
+        )
+        chosen = os.path.join(os.path.expandvars(os.path.expanduser(home)), "hub")
+    return os.path.expandvars(os.path.expanduser(os.fspath(chosen)))
+
+
+def offline() -> bool:
+    """Whether downloads are off: ``HF_HUB_OFFLINE`` (or transformers'
+    ``TRANSFORMERS_OFFLINE``) set true, as huggingface_hub reads them."""
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return value.upper() in _TRUE
+
+
+def is_repo_id(name: str) -> bool:
+    """Whether ``name`` is a repo id the Hub allows (``name`` or ``org/name``):
+    huggingface_hub's own rule."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def snapshot_of(path: str) -> Optional[tuple[str, str]]:
+    """(repo id, commit sha) where ``path`` is a snapshot folder of the cache,
+    else None. Repo ids hold no ``--`` (the Hub refuses them), so the folder
+    name reads back unambiguously."""
+    m = _SNAPSHOT.search(os.path.abspath(os.fspath(path)))
+    if m is None:
+        return None
+    return m.group(1).replace("--", "/"), m.group(2)
+
+
+def repo_name(path: str) -> str:
+    """A folder's model name without its organization: a snapshot's repo
+    name (``bge-reranker-base`` of ``models--BAAI--bge-reranker-base``), else
+    the folder's own name."""
+    snapshot = snapshot_of(path)
+    if snapshot is not None:
+        return snapshot[0].rpartition("/")[2]
+    return os.path.basename(os.path.abspath(os.fspath(path)).rstrip("/"))
+
+
+def repo_folder(cache: str, repo_id: str) -> str:
+    return os.path.join(cache, "models--" + repo_id.replace("/", "--"))
+
+
+def cached_snapshot(repo_id: str, revision: Optional[str] = None, cache_dir: Optional[str] = None) -> Optional[str]:
+    """The cache's snapshot folder of ``repo_id`` at ``revision`` (a branch or
+    tag, through ``refs/``, or a full commit sha; default ``main``), or None."""
+    folder = repo_folder(hub_cache(cache_dir), repo_id)
+    revision = revision or "main"
+    if _COMMIT.fullmatch(revision):
+        sha = revision
+    else:
+        try:
+            with open(os.path.join(folder, "refs", revision), encoding="utf-8") as f:
+                sha = f.read().strip()
+        except OSError:
+            return None
+    snapshot = os.path.join(folder, "snapshots", sha)
+    return snapshot if sha and os.path.isdir(snapshot) else None
+
+
+def engine_files(repo_files: Iterable[str]) -> list[str]:
+    """Of a repo's files, those ``load()`` may read: every JSON file (configs,
+    tokenizer and sentence-transformers settings, shard indexes, adapters),
+    the tokenizer's vocabularies (``*.txt``, sentencepiece ``*.model``, a
+    ``*.jinja`` chat template), ColBERT's ``artifact.metadata``, the weights
+    as ``*.safetensors`` (any folder: ``2_Dense/``, adapters), a folder's
+    ``pytorch_model*.bin`` only where that folder has no safetensors, and
+    BGE-M3's ``sparse_linear.pt``. Other runtimes' exports (ONNX, OpenVINO)
+    and other frameworks' weights stay on the Hub."""
+    files = [f for f in repo_files if not f.startswith(_OTHER_EXPORTS)]
+    with_safetensors = {os.path.dirname(f) for f in files if f.endswith(".safetensors")}
+    wanted = []
+    for f in files:
+        base = os.path.basename(f)
+        if base.endswith((".json", ".txt", ".model", ".jinja", ".safetensors")) or base in (
+            "artifact.metadata",
+            "sparse_linear.pt",
+        ):
+            wanted.append(f)
+        elif re.fullmatch(r"pytorch_model(-\d+-of-\d+)?\.bin", base) and os.path.dirname(f) not in with_safetensors:
+            wanted.append(f)
+    return sorted(wanted)
+
+
+def _fetch_hint(repo_id: str, revision: Optional[str], cache: str) -> str:
+    rev = f" --revision {revision}" if revision else ""
+    return f"fetch it with `hf download {repo_id}{rev} --cache-dir {cache}` where the Hub can be reached"
+
+
+def _cached_revisions(repo_id: str, cache: str) -> str:
+    refs = os.path.join(repo_folder(cache, repo_id), "refs")
+    names = (
+        sorted(os.path.relpath(os.path.join(d, f), refs) for d, _, fs in os.walk(refs) for f in fs)
+        if os.path.isdir(refs)
+        else []
+    )
+    return f" (cached: {', '.join(names)})" if names else ""
+
+
+def download(repo_id: str, revision: Optional[str] = None, cache_dir: Optional[str] = None) -> str:
+    """Downloads the files the engine reads (:func:`engine_files`) of
+    ``repo_id`` at ``revision`` into the cache, with ``HF_TOKEN`` (or the
+    saved token) where the repo needs one; returns the snapshot folder."""
+    from huggingface_hub import HfApi, snapshot_download
+
+    cache = hub_cache(cache_dir)
+    files = engine_files(HfApi(endpoint=endpoint()).list_repo_files(repo_id, revision=revision))
+    log.info(
+        "downloading %s (revision %s) from %s into %s: %s",
+        repo_id,
+        revision or "main",
+        endpoint(),
+        cache,
+        ", ".join(files),
+    )
+    return snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=files, endpoint=endpoint())
+
+
+def endpoint() -> str:
+    """The Hub's address: ``HF_ENDPOINT`` (a mirror), read at each call as
+    the cache's variables are, else huggingface.co."""
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def resolve_model(name: str, revision: Optional[str] = None, cache_dir: Optional[str] = None) -> str:
+    """The folder ``name`` loads from: ``name`` itself where it exists (a
+    local folder wins over a repo id of the same spelling; ``revision`` and
+    ``cache_dir`` apply to repo ids only) or cannot be a repo id (a missing
+    path, which the loader then names), else the cached snapshot of the
+    repo id ``name`` at ``revision`` (default ``main``), downloaded first
+    when it is not cached and ``HF_HUB_OFFLINE`` is not set. The bundled
+    model's names come back as they are (``load()`` knows them). Raises
+    :class:`ModelNotFound` (a ``FileNotFoundError``) saying why not."""
+    from .loading import is_default_name
+
+    name = os.fspath(name)
+    if os.path.exists(name) or is_default_name(name):
+        if revision:
+            log.warning("%s is not loaded from the Hub: revision %s applies to Hub repo ids only", name, revision)
+        return name
+    if not is_repo_id(name):
+        # A path that is not there: the loader names what is missing.
+        return name
+    cache = hub_cache(cache_dir)
+    if revision is not None and (not revision.strip() or ".." in revision.split("/")):
+        raise ModelNotFound(name, f"revision {revision!r} is not a branch, tag or commit sha")
+    found = cached_snapshot(name, revision, cache)
+    if found is not None:
+        log.info("%s (revision %s): the Hugging Face cache's %s", name, revision or "main", found)
+        return found
+    where = (
+        f"not a local folder, and revision {revision or 'main'} of the Hugging Face repo {name} is not in "
+        f"the cache {cache}{_cached_revisions(name, cache)}"
+    )
+    if offline():
+        raise ModelNotFound(
+            name, f"{where}; HF_HUB_OFFLINE is set, so nothing is downloaded: {_fetch_hint(name, revision, cache)}"
+        )
+    try:
+        return download(name, revision, cache)
+    except Exception as e:  # noqa: BLE001  (the Hub's, the network's or the disk's: all end the same way)
+        raise ModelNotFound(
+            name,
+            f"{where}, and downloading it from {endpoint()} failed "
+            f"({_first_line(e)}): {_fetch_hint(name, revision, cache)}",
+        ) from None

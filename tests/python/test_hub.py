@@ -1,0 +1,304 @@
+"""Models by Hugging Face repo id (python/mlx_embed/hub.py): found in a local
+Hugging Face cache laid out as huggingface_hub writes it, by branch, tag or
+commit, else downloaded by the real huggingface_hub client from a fake Hub
+(scripts/fake_hub.py) into a temporary cache; refused with what to do where
+neither works."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import FIXTURES, load_fixture
+from fake_hub import FakeHub, cache_repo, folder_files
+
+import mlx_embed
+from mlx_embed import hub, loading
+
+REPO = "test-org/tiny-mpnet"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+OLD = "fedcba9876543210fedcba9876543210fedcba98"
+TEXTS = ["A repo id names the same weights.", "Bit for bit.", "x"]
+HUB_VARIABLES = (
+    "HF_HUB_CACHE",
+    "HUGGINGFACE_HUB_CACHE",
+    "HF_HOME",
+    "XDG_CACHE_HOME",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "HF_ENDPOINT",
+    "HF_TOKEN",
+)
+
+
+@pytest.fixture
+def env(monkeypatch, tmp_path):
+    """No Hugging Face variable from outside, HOME a fresh folder, offline."""
+    for name in HUB_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return monkeypatch
+
+
+@pytest.fixture
+def cache(env, tmp_path) -> Path:
+    """A cache holding tiny-mpnet as REPO: main and the tag v1 at COMMIT, an
+    older commit (its config.json alone) at the branch old."""
+    root = tmp_path / "cache"
+    cache_repo(root, REPO, folder_files(FIXTURES / "tiny-mpnet"), commit=COMMIT, refs=("main", "v1"))
+    cache_repo(
+        root, REPO, {"config.json": (FIXTURES / "tiny-mpnet" / "config.json").read_bytes()}, commit=OLD, refs=("old",)
+    )
+    env.setenv("HF_HUB_CACHE", str(root))
+    return root
+
+
+def _snapshot(root: Path, commit: str = COMMIT) -> str:
+    return str(root / "models--test-org--tiny-mpnet" / "snapshots" / commit)
+
+
+def test_the_fake_cache_is_laid_out_as_huggingface_hub_reads_it(cache):
+    """huggingface_hub's own offline lookup finds the same snapshot, through
+    relative links into blobs/."""
+    from huggingface_hub import snapshot_download
+
+    link = Path(_snapshot(cache)) / "1_Pooling" / "config.json"
+    assert link.is_symlink() and not os.path.isabs(os.readlink(link))
+    assert os.readlink(link).startswith("../../../blobs/")
+    for revision in ("main", "v1", COMMIT, "old"):
+        theirs = snapshot_download(REPO, revision=revision, cache_dir=str(cache), local_files_only=True)
+        expected = _snapshot(cache, OLD if revision == "old" else COMMIT)
+        assert theirs == expected == hub.resolve_model(REPO, revision)
+
+
+def test_a_repo_id_loads_its_cached_snapshot_as_the_folder_does(cache):
+    model = mlx_embed.load(REPO)
+    assert model.path == _snapshot(cache)
+    assert model.name == REPO
+    direct = load_fixture("tiny-mpnet")
+    assert np.array_equal(model.embed(TEXTS), direct.embed(TEXTS))
+    # The name rule the server refuses duplicates by, known before loading.
+    assert loading.served_name(model.path) == REPO
+    assert hub.snapshot_of(model.path) == (REPO, COMMIT)
+
+
+def test_branches_tags_and_commits_pick_their_snapshot(cache):
+    assert hub.resolve_model(REPO) == _snapshot(cache)
+    assert hub.resolve_model(REPO, "main") == _snapshot(cache)
+    assert hub.resolve_model(REPO, "v1") == _snapshot(cache)
+    assert hub.resolve_model(REPO, COMMIT) == _snapshot(cache)
+    assert hub.resolve_model(REPO, "old") == _snapshot(cache, OLD)
+    assert hub.resolve_model(REPO, OLD) == _snapshot(cache, OLD)
+
+
+def test_a_missing_repo_or_revision_is_refused_offline_with_how_to_fetch_it(cache):
+    with pytest.raises(hub.ModelNotFound) as e:
+        hub.resolve_model("test-org/absent")
+    assert str(e.value) == (
+        f"test-org/absent: not a local folder, and revision main of the Hugging Face repo test-org/absent is "
+        f"not in the cache {cache}; HF_HUB_OFFLINE is set, so nothing is downloaded: fetch it with "
+        f"`hf download test-org/absent --cache-dir {cache}` where the Hub can be reached"
+    )
+    assert e.value.name == "test-org/absent" and isinstance(e.value, FileNotFoundError)
+    with pytest.raises(hub.ModelNotFound) as e:
+        mlx_embed.load(REPO, revision="v2")
+    assert e.value.why == (
+        f"not a local folder, and revision v2 of the Hugging Face repo {REPO} is not in the cache {cache} "
+        f"(cached: main, old, v1); HF_HUB_OFFLINE is set, so nothing is downloaded: fetch it with "
+        f"`hf download {REPO} --revision v2 --cache-dir {cache}` where the Hub can be reached"
+    )
+    # An abbreviated sha is no revision the cache knows (nor huggingface_hub offline).
+    with pytest.raises(hub.ModelNotFound, match="revision 0123456 of"):
+        hub.resolve_model(REPO, COMMIT[:7])
+    with pytest.raises(hub.ModelNotFound, match=r"revision '\.\./x' is not a branch, tag or commit sha"):
+        hub.resolve_model(REPO, "../x")
+
+
+def test_the_cache_folder_follows_huggingface_hubs_order(env, tmp_path):
+    home = tmp_path / "home"
+    assert hub.hub_cache() == str(home / ".cache" / "huggingface" / "hub")
+    env.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert hub.hub_cache() == str(tmp_path / "xdg" / "huggingface" / "hub")
+    env.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    assert hub.hub_cache() == str(tmp_path / "hf-home" / "hub")
+    env.setenv("HUGGINGFACE_HUB_CACHE", str(tmp_path / "legacy"))
+    assert hub.hub_cache() == str(tmp_path / "legacy")
+    env.setenv("HF_HUB_CACHE", str(tmp_path / "new"))
+    assert hub.hub_cache() == str(tmp_path / "new")
+    assert hub.hub_cache(str(tmp_path / "given")) == str(tmp_path / "given")
+    # The same order as huggingface_hub's constants, read in a fresh process.
+    import subprocess
+    import sys
+
+    for unset in (
+        (),
+        ("HF_HUB_CACHE",),
+        ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"),
+        ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HOME"),
+    ):
+        child = {k: v for k, v in os.environ.items() if k not in unset}
+        theirs = subprocess.run(
+            [sys.executable, "-c", "from huggingface_hub import constants as c; print(c.HF_HUB_CACHE)"],
+            env=child,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        for name in unset:
+            env.delenv(name, raising=False)
+        assert theirs.stdout.strip() == hub.hub_cache(), unset
+
+
+def test_hf_home_finds_the_cache(cache, env, tmp_path):
+    env.delenv("HF_HUB_CACHE")
+    (tmp_path / "hf-home").mkdir()
+    os.rename(cache, tmp_path / "hf-home" / "hub")
+    env.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    assert hub.resolve_model(REPO) == str(
+        tmp_path / "hf-home" / "hub" / "models--test-org--tiny-mpnet" / "snapshots" / COMMIT
+    )
+
+
+def test_a_local_folder_of_the_same_name_wins(cache, env, tmp_path):
+    local = tmp_path / "cwd"
+    (local / "test-org").mkdir(parents=True)
+    (local / "test-org" / "tiny-mpnet").symlink_to(FIXTURES / "tiny-mpnet")
+    env.chdir(local)
+    assert hub.resolve_model(REPO) == REPO
+    assert hub.resolve_model(REPO, "v1") == REPO
+    assert mlx_embed.load(REPO).name == "tiny-mpnet"
+    # A path that is not there, and cannot be a repo id, is the loader's to name.
+    assert hub.resolve_model(str(tmp_path / "nope")) == str(tmp_path / "nope")
+    assert hub.resolve_model("all-MiniLM-L6-v2") == "all-MiniLM-L6-v2"
+
+
+def test_a_repo_without_an_organization(env, tmp_path):
+    root = tmp_path / "cache"
+    cache_repo(root, "tiny-mpnet", folder_files(FIXTURES / "tiny-mpnet"), commit=COMMIT)
+    env.setenv("HF_HUB_CACHE", str(root))
+    path = hub.resolve_model("tiny-mpnet")
+    assert path == str(root / "models--tiny-mpnet" / "snapshots" / COMMIT)
+    assert loading.served_name(path) == "tiny-mpnet"
+    assert hub.snapshot_of(path) == ("tiny-mpnet", COMMIT)
+    assert hub.repo_name(str(root / "models--BAAI--bge-reranker-base" / "snapshots" / COMMIT)) == "bge-reranker-base"
+
+
+def test_only_the_files_the_engine_reads_are_fetched():
+    files = [
+        "README.md",
+        ".gitattributes",
+        "config.json",
+        "model.safetensors",
+        "pytorch_model.bin",
+        "tf_model.h5",
+        "flax_model.msgpack",
+        "onnx/model.onnx",
+        "onnx/config.json",
+        "tokenizer.json",
+        "vocab.txt",
+        "sentencepiece.bpe.model",
+        "chat_template.jinja",
+        "1_Pooling/config.json",
+        "2_Dense/config.json",
+        "2_Dense/pytorch_model.bin",
+        "3_Dense/model.safetensors",
+        "3_Dense/pytorch_model.bin",
+        "sparse_linear.pt",
+        "colbert_linear.pt",
+        "artifact.metadata",
+        "model-00001-of-00002.safetensors",
+        "model.safetensors.index.json",
+        "openvino/openvino_model.bin",
+    ]
+    assert hub.engine_files(files) == sorted(
+        [
+            "config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "vocab.txt",
+            "sentencepiece.bpe.model",
+            "chat_template.jinja",
+            "1_Pooling/config.json",
+            "2_Dense/config.json",
+            "2_Dense/pytorch_model.bin",
+            "3_Dense/model.safetensors",
+            "sparse_linear.pt",
+            "artifact.metadata",
+            "model-00001-of-00002.safetensors",
+            "model.safetensors.index.json",
+        ]
+    )
+    # PyTorch weights, sharded or not, where a folder has no safetensors.
+    assert hub.engine_files(
+        [
+            "config.json",
+            "pytorch_model-00001-of-00002.bin",
+            "pytorch_model.bin.index.json",
+            "pytorch_model-00002-of-00002.bin",
+        ]
+    ) == [
+        "config.json",
+        "pytorch_model-00001-of-00002.bin",
+        "pytorch_model-00002-of-00002.bin",
+        "pytorch_model.bin.index.json",
+    ]
+
+
+def test_a_repo_missing_from_the_cache_is_downloaded_from_the_hub(env, tmp_path):
+    """The real huggingface_hub client, against the fake Hub, into an empty
+    cache: the engine's files only, then served from the cache offline."""
+    from huggingface_hub import constants
+
+    env.delenv("HF_HUB_OFFLINE")
+    # huggingface_hub read the variable once, when an earlier test imported it.
+    env.setattr(constants, "HF_HUB_OFFLINE", False)
+    env.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    root = tmp_path / "cache"
+    env.setenv("HF_HUB_CACHE", str(root))
+    files = folder_files(FIXTURES / "tiny-mpnet")
+    # Beside the engine's: what other runtimes and libraries read.
+    files.update({"onnx/model.onnx": b"not for us", "pytorch_model.bin": b"the safetensors' twin"})
+    with FakeHub() as fake:
+        fake.add(REPO, files, commit=COMMIT, refs=("main", "v1"))
+        env.setenv("HF_ENDPOINT", fake.url)
+        model = mlx_embed.load(REPO)
+        assert model.path == _snapshot(root) and model.name == REPO
+        fetched = sorted(
+            p.split(f"/resolve/{COMMIT}/", 1)[1] for m, p in fake.requests if m == "GET" and "/resolve/" in p
+        )
+        assert fetched == [
+            "1_Pooling/config.json",
+            "2_Normalize/config.json",
+            "config.json",
+            "config_sentence_transformers.json",
+            "model.safetensors",
+            "modules.json",
+            "sentence_bert_config.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ]
+        assert (root / "models--test-org--tiny-mpnet" / "refs" / "main").read_text() == COMMIT
+        assert np.array_equal(model.embed(TEXTS), load_fixture("tiny-mpnet").embed(TEXTS))
+        # Cached now: found without asking the Hub, offline too.
+        asked = len(fake.requests)
+        env.setenv("HF_HUB_OFFLINE", "1")
+        assert hub.resolve_model(REPO) == _snapshot(root)
+        env.delenv("HF_HUB_OFFLINE")
+        assert hub.resolve_model(REPO) == _snapshot(root)
+        assert len(fake.requests) == asked
+        # A tag not cached yet is fetched, and lands on the same snapshot.
+        assert hub.resolve_model(REPO, "v1") == _snapshot(root)
+        for absent, revision, error in (
+            ("test-org/absent", None, "RepositoryNotFoundError"),
+            (REPO, "v9", "RevisionNotFoundError"),
+        ):
+            with pytest.raises(hub.ModelNotFound) as e:
+                hub.resolve_model(absent, revision)
+            rev = f" --revision {revision}" if revision else ""
+            assert e.value.why.endswith(
+                f"and downloading it from {fake.url} failed ({error}: 404 Client Error.): fetch it with "
+                f"`hf download {absent}{rev} --cache-dir {root}` where the Hub can be reached"
+            ), e.value.why

@@ -93,6 +93,9 @@ class EmbeddingModel(ScoringMixin):
         )
         self.path = ck.path
         self.name = ck.name
+        # The commit of the Hugging Face cache's snapshot it was read from.
+        snapshot = hub.snapshot_of(ck.path)
+        self.revision: Optional[str] = snapshot[1] if snapshot else None
         self.model_type = ck.model_type
         self.model = ck.model
         self.dtype = ck.dtype
@@ -357,6 +360,7 @@ class EmbeddingModel(ScoringMixin):
             weights_bytes=self.weights_bytes,
             weights_format=self.weights_format,
             path=os.fspath(self.path) if os.path.isdir(self.path) else None,
+            revision=self.revision,
         )
 
     def embed_ids(
@@ -961,6 +965,10 @@ class EmbeddingModel(ScoringMixin):
             # Where this process's start went, up to the model being built.
             "startup": startup.describe(),
         }
+        # Where a name (a repo id) led: the folder, and the snapshot's commit.
+        out["folder"] = os.fspath(self.path)
+        if self.revision:
+            out["revision"] = self.revision
         if self.quantization:
             out["quantization"] = f"{self.quantization}-bit"
         elif self.checkpoint_quantization:
@@ -993,6 +1001,8 @@ class EmbeddingModel(ScoringMixin):
         b = _blas.info(measure=True)
         return {
             "name": self.name,
+            "folder": os.fspath(self.path),
+            "revision": self.revision,
             "dim": self.dim,
             "max_length": self.max_length,
             "dtype": self.dtype,

@@ -208,6 +208,9 @@ class ModelSpec:
     # The folder the model was read from, if any: the server's model
     # listings (Ollama's digest) hash its files.
     path: Optional[str] = None
+    # The commit of a Hugging Face cache snapshot the folder is (TEI's
+    # model_sha), else None.
+    revision: Optional[str] = None
 
 
 @dataclass(frozen=True)

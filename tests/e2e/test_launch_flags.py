@@ -1,6 +1,7 @@
 """The launcher's start-up flags (crates/mlx-embed/src/launch.rs): a value
-that cannot be meant is refused at start, before Python starts or any model
-loads, with a message naming the flag; the usage line names the program."""
+that cannot be meant is refused at start, before Python starts (a model's
+name: before any model loads), with a message naming the flag; the usage
+line names the program."""
 
 import os
 import re
@@ -13,6 +14,8 @@ from harness import FIXTURES, ROOT, SERVER_BINARY, start_server
 CONSOLE_SCRIPT = Path(sys.prefix) / "bin" / "mlx-embed"
 # The engine's first log lines: a refusal before them came before Python started.
 PYTHON_STARTED = ("python interpreter ready", "python model loaded")
+# A model's checks come once Python has resolved its name: before any loads.
+NO_MODEL_LOADED = ("python model loaded",)
 
 
 def _refused(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -26,10 +29,11 @@ def _refused(*args: str, env: dict | None = None) -> subprocess.CompletedProcess
     )
 
 
-def _assert_refused(run: subprocess.CompletedProcess, code: int, message: str) -> None:
+def _assert_refused(run: subprocess.CompletedProcess, code: int, message: str,
+                    not_reached: tuple[str, ...] = PYTHON_STARTED) -> None:
     assert run.returncode == code, (run.returncode, run.stdout[-2000:], run.stderr[-2000:])
     assert message in run.stderr, run.stderr[-2000:]
-    for line in PYTHON_STARTED:
+    for line in not_reached:
         assert line not in run.stdout + run.stderr, run.stdout[-2000:]
 
 
@@ -89,10 +93,13 @@ def test_comma_separated_models_are_trimmed(tmp_path):
 
 def test_a_missing_or_repeated_model_is_refused_before_any_loads(tmp_path):
     """A missing folder was found only once the models before it had loaded,
-    the same folder twice only once both had."""
+    the same folder twice only once both had. Python starts first: it
+    resolves each name (a Hugging Face repo id, test_hub_models_e2e.py) to
+    the folder checked here."""
     mpnet = "tests/fixtures/tiny-mpnet"
     reranker = "tests/fixtures/tiny-bert-reranker"
-    hint = "(a model is a local Hugging Face model folder, or all-MiniLM-L6-v2 for the bundled one)"
+    hint = ("(a model is a local Hugging Face model folder, a Hugging Face repo id such as "
+            "BAAI/bge-small-en-v1.5, or all-MiniLM-L6-v2 for the bundled one)")
     missing = tmp_path / "nonexistent"
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(b"")
@@ -116,9 +123,9 @@ def test_a_missing_or_repeated_model_is_refused_before_any_loads(tmp_path):
          "mlx-embed: the default model (no --model) and --rerank-model all-MiniLM-L6-v2 are the same "
          "model (the bundled all-MiniLM-L6-v2): give each model once"),
     ):
-        _assert_refused(_refused(*args), 1, message)
+        _assert_refused(_refused(*args), 1, message, NO_MODEL_LOADED)
     _assert_refused(_refused(env={"MLX_EMBED_MODEL": f"{mpnet}, {mpnet}/."}), 1,
-                    f"mlx-embed: --model {mpnet} and --model {mpnet}/. are the same model")
+                    f"mlx-embed: --model {mpnet} and --model {mpnet}/. are the same model", NO_MODEL_LOADED)
 
 
 def test_two_folders_of_one_name_are_refused_before_any_loads(tmp_path):

@@ -554,6 +554,9 @@ pub struct WeightsInfo {
     /// The model's folder (weights, config, tokenizer), where it was read
     /// from one: Ollama's listings hash its files for the model's digest.
     pub folder: Option<std::path::PathBuf>,
+    /// The commit of the Hugging Face cache snapshot `folder` is, where it
+    /// is one (a model named by its repo id): TEI's `model_sha`.
+    pub revision: Option<String>,
 }
 
 /// The device memory of the model's runtime (MLX: active, cache, peak), in bytes.

@@ -31,6 +31,11 @@ pub enum BridgeError {
     /// `ModelFailure` otherwise.
     #[error("python: {0}")]
     Python(EmbedderError),
+    /// A model's name is neither a local folder nor a Hugging Face repo id
+    /// the cache holds or the Hub gave (`mlx_embed.hub.ModelNotFound`):
+    /// `why` says which, and how to fetch it.
+    #[error("{name}: {why}")]
+    ModelNotFound { name: String, why: String },
     /// The model answered with something the bridge cannot use.
     #[error("unexpected answer from the model: {0}")]
     Protocol(String),
@@ -53,9 +58,9 @@ impl From<BridgeError> for EmbedderError {
             // A setup to fix (no `mlx_embed` where Python looks, a tokenizer
             // that cannot be read or contradicts its spec): a retry would
             // fail the same way.
-            err @ (BridgeError::NotImportable { .. } | BridgeError::Tokenizer(_)) => {
-                EmbedderError::invalid_input(err.to_string())
-            }
+            err @ (BridgeError::NotImportable { .. }
+            | BridgeError::Tokenizer(_)
+            | BridgeError::ModelNotFound { .. }) => EmbedderError::invalid_input(err.to_string()),
             err @ BridgeError::Protocol(_) => EmbedderError::model_failure(err.to_string()),
         }
     }

@@ -91,6 +91,41 @@ pub fn served_name(model: Option<&str>) -> Result<String, BridgeError> {
     })
 }
 
+/// The folder `mlx_embed.load(model)` would load from, by
+/// `mlx_embed.hub.resolve_model`: a local folder as it is, a Hugging Face
+/// repo id as its snapshot in the cache `cache_dir` (default: the
+/// environment's, as huggingface_hub finds it) at `revision` (a branch, tag
+/// or commit; default `main`), downloaded first unless `HF_HUB_OFFLINE` is
+/// set. The bundled model's names, and a path that is not there and cannot
+/// be a repo id, come back as they are. One owner of what a name means: a
+/// server resolves each model once, then loads, names and tokenizes from the
+/// folder this returns.
+pub fn resolve_model(
+    model: &str,
+    revision: Option<&str>,
+    cache_dir: Option<&Path>,
+) -> Result<String, BridgeError> {
+    ensure_python()?;
+    Python::attach(|py| {
+        let hub = py.import("mlx_embed.hub")?;
+        let cache_dir = cache_dir.map(|p| p.to_string_lossy().into_owned());
+        match hub
+            .getattr("resolve_model")?
+            .call1((model, revision, cache_dir))
+        {
+            Ok(folder) => Ok(folder.extract()?),
+            Err(err) if err.is_instance(py, &hub.getattr("ModelNotFound")?) => {
+                let value = err.value(py);
+                Err(BridgeError::ModelNotFound {
+                    name: value.getattr("name")?.extract()?,
+                    why: value.getattr("why")?.extract()?,
+                })
+            }
+            Err(err) => Err(err.into()),
+        }
+    })
+}
+
 fn find_virtualenv() -> Option<PathBuf> {
     if let Some(venv) = std::env::var_os("VIRTUAL_ENV").filter(|v| !v.is_empty()) {
         return Some(PathBuf::from(venv));

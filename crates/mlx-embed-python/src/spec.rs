@@ -146,6 +146,7 @@ fn read_weights(spec: &Bound<'_, PyAny>) -> Result<Option<WeightsInfo>, BridgeEr
         bytes: optional(spec, "weights_bytes")?.unwrap_or(0),
         format: optional(spec, "weights_format")?.unwrap_or_else(|| "safetensors".into()),
         folder: optional::<String>(spec, "path")?.map(PathBuf::from),
+        revision: optional(spec, "revision")?,
     }))
 }
 

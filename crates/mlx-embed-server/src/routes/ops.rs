@@ -248,7 +248,8 @@ pub struct InfoResponse {
     pub model_type: TeiModelType,
     /// The float type the model runs in.
     pub model_dtype: String,
-    /// Always null (no Hub revision: a local folder).
+    /// The commit of the Hugging Face cache snapshot the model was read
+    /// from (a model named by its repo id); null for another folder.
     pub model_sha: Option<String>,
     /// `max_input_tokens`.
     pub max_input_length: usize,
@@ -428,7 +429,7 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
             .map(|w| w.dtype.clone())
             .or_else(|| m.details.get("dtype").cloned())
             .unwrap_or_else(|| "unknown".into()),
-        model_sha: None,
+        model_sha: m.weights.as_ref().and_then(|w| w.revision.clone()),
         max_input_length: m.max_input_tokens,
         max_client_batch_size: a.max_inputs_per_request,
         max_batch_requests: c.max_batch_size,

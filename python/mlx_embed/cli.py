@@ -1,8 +1,8 @@
 """``mlx-embed`` / ``python -m mlx_embed`` command line.
 
-    mlx-embed embed [TEXT ...] [-i FILE] [--jsonl] [-o OUT.jsonl|OUT.npy] [--model DIR]
+    mlx-embed embed [TEXT ...] [-i FILE] [--jsonl] [-o OUT.jsonl|OUT.npy] [--model DIR|ORG/NAME [--revision R]]
     mlx-embed serve ...        (everything after "serve" goes to the Rust server)
-    mlx-embed info [--model DIR]
+    mlx-embed info [--model DIR|ORG/NAME [--revision R]]
     mlx-embed --version        (the version `mlx-embed serve --version` shows)
     mlx-embed bulk INPUT... -o OUT_DIR [--concurrency N] ...   (Ray Data; the `ray` extra)
 """
@@ -164,7 +164,8 @@ def cmd_embed(args) -> int:
         print("mlx-embed embed: no input texts (give TEXT arguments or -i FILE)", file=sys.stderr)
         return 2
     model = mlx_embed.load(
-        args.model, dtype=args.dtype, quantize=args.quantize, instruction=args.instruction
+        args.model, dtype=args.dtype, quantize=args.quantize, instruction=args.instruction,
+        revision=args.revision,
     )
     if model.kind != "embedding":
         print(f"mlx-embed embed: {_not_an_embedder(model.name, model.kind, args.model)}",
@@ -324,7 +325,7 @@ def cmd_info(args) -> int:
 
     info = {"blas": mlx_embed.blas_info()}
     if not args.blas_only:
-        info["model"] = mlx_embed.load(args.model).info()
+        info["model"] = mlx_embed.load(args.model, revision=args.revision).info()
     print(json.dumps(info, indent=2))
     return 0
 
@@ -433,6 +434,9 @@ class _VersionAction(argparse.Action):
         parser.exit(0)
 
 
+MODEL_HELP = ("model folder, or Hugging Face repo id (its snapshot in the local Hugging Face cache, "
+              "downloaded there unless HF_HUB_OFFLINE is set) (default: bundled all-MiniLM-L6-v2)")
+REVISION_HELP = "branch, tag or commit sha of a --model given by repo id (default: main)"
 PROMPT_NAME_HELP = ("the model's prompt to put before each text (one of its sentence-transformers "
                     "prompts, e.g. query or document; default: its default prompt, if any)")
 
@@ -453,7 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
     kind.add_argument("--lines", action="store_true", help="treat a .jsonl -i input as plain lines")
     e.add_argument("--field", help="JSONL field holding the text (default: text)")
     e.add_argument("-o", "--output", help="output .jsonl (default stdout) or .npy")
-    e.add_argument("-m", "--model", help="model folder (default: bundled all-MiniLM-L6-v2)")
+    e.add_argument("-m", "--model", help=MODEL_HELP)
+    e.add_argument("--revision", help=REVISION_HELP)
     e.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     e.add_argument("--quantize", type=int, choices=[4, 8])
     e.add_argument("--instruction", help="query instruction for instruction-tuned decoders (Qwen3, Qwen2/Mistral-style e5/gte); goes in the model's query prompt")
@@ -481,7 +486,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("inputs", nargs="+", help=".parquet / .jsonl files or folders of them")
     b.add_argument("-o", "--output", required=True, help="output folder of .parquet files")
-    b.add_argument("-m", "--model", help="model folder (default: bundled all-MiniLM-L6-v2)")
+    b.add_argument("-m", "--model", help=MODEL_HELP)
     b.add_argument("--id-column", default="id")
     b.add_argument("--text-column", default="text")
     b.add_argument("--concurrency", type=_count,
@@ -508,7 +513,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.set_defaults(func=cmd_bulk)
 
     i = sub.add_parser("info", help="show BLAS and model information")
-    i.add_argument("-m", "--model")
+    i.add_argument("-m", "--model", help=MODEL_HELP)
+    i.add_argument("--revision", help=REVISION_HELP)
     i.add_argument("--blas-only", action="store_true")
     i.set_defaults(func=cmd_info)
 

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -41,13 +42,13 @@ def cache(tmp_path):
     return root
 
 
-def _assert_serves_the_fixture(server, snapshot) -> None:
+def _assert_serves_the_fixture(server, snapshot, served: str = REPO) -> None:
     info = server.get("/info").json()
-    assert (info["model_id"], info["model"], info["model_sha"]) == (REPO, REPO, COMMIT), info
+    assert (info["model_id"], info["model"], info["model_sha"]) == (REPO, served, COMMIT), info
     assert (info["details"]["folder"], info["details"]["revision"]) == (str(snapshot), COMMIT), info["details"]
-    assert [m["id"] for m in server.get("/v1/models").json()["data"]] == [REPO]
+    assert [m["id"] for m in server.get("/v1/models").json()["data"]] == [served]
     texts, reference = _texts_and_reference()
-    resp = server.post("/v1/embeddings", {"input": texts, "model": REPO})
+    resp = server.post("/v1/embeddings", {"input": texts, "model": served})
     assert resp.status_code == 200, resp.text[:500]
     got = np.asarray([d["embedding"] for d in resp.json()["data"]], dtype=np.float32)
     cos = cosine_rows(got, reference)
@@ -67,12 +68,14 @@ def test_a_repo_id_is_served_from_the_cache_offline(tmp_path, cache):
         assert f"{REPO} (revision main): the Hugging Face cache's {snapshot}" in server.log()
     finally:
         assert server.stop() == 0
-    # TEI's spellings: --model-id, --revision (a tag), --huggingface-hub-cache.
+    # TEI's spellings: --model-id, --revision (a tag), --huggingface-hub-cache;
+    # through the console script, and under a name of the operator's.
     env = _clean_env(HF_HUB_OFFLINE="1", HOME=str(tmp_path / "home"))
     server = start_server(tmp_path, "--no-warmup", "--model-id", REPO, "--revision", "v1",
-                          "--huggingface-hub-cache", str(cache), env=env)
+                          "--huggingface-hub-cache", str(cache), "--served-model-name", "bge", env=env,
+                          command=[str(Path(sys.prefix) / "bin" / "mlx-embed"), "serve"])
     try:
-        _assert_serves_the_fixture(server, snapshot)
+        _assert_serves_the_fixture(server, snapshot, served="bge")
     finally:
         assert server.stop() == 0
 

@@ -52,6 +52,10 @@ EXCLUDED = {
 # Prefixes: installs would replace the editable install this very test suite
 # imports (`make setup`, which `make test` runs, performs the same installs).
 EXCLUDED_PREFIXES = {
+    "hf download ": "needs the Hugging Face Hub, which the test machines cannot reach; tests/python/test_hub.py "
+    "downloads through huggingface_hub from a fake Hub instead",
+    "HF_HUB_OFFLINE=1 mlx-embed serve --model-id BAAI/": "needs that repo in the Hugging Face cache (fetched from the "
+    "Hub); tests/e2e/test_hub_models_e2e.py serves a repo id from a cache, offline, through the same flags",
     "pip install": "replaces the editable install the tests run from; `make setup` installs the same",
     ".venv/bin/python scripts/bench_gpu.py": "needs an NVIDIA GPU (its --dry-run runs in make test)",
     ".venv/bin/python scripts/gpu_architectures.py": "needs a GPU (its --dry-run runs in make test)",

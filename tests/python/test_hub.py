@@ -302,3 +302,15 @@ def test_a_repo_missing_from_the_cache_is_downloaded_from_the_hub(env, tmp_path)
                 f"and downloading it from {fake.url} failed ({error}: 404 Client Error.): fetch it with "
                 f"`hf download {absent}{rev} --cache-dir {root}` where the Hub can be reached"
             ), e.value.why
+
+
+def test_the_cli_embeds_by_repo_id(cache, tmp_path, capsys):
+    from mlx_embed import cli
+
+    out = tmp_path / "vectors.npy"
+    assert cli.main(["embed", *TEXTS, "-m", REPO, "--revision", "v1", "-o", str(out), "--progress", "never"]) == 0
+    assert np.array_equal(np.load(out), load_fixture("tiny-mpnet").embed(TEXTS))
+    assert cli.main(["embed", "x", "-m", REPO, "--revision", "v2", "--progress", "never"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"mlx-embed: error: {REPO}: not a local folder, and revision v2 of"), err
+    assert "Traceback" not in err

@@ -21,7 +21,9 @@ use crate::{error, BridgeError};
 /// max_length=, kind=)` and, in [`EngineOptions`], its engine settings.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PythonModelOptions {
-    /// Local Hugging Face folder; `None` is the default all-MiniLM-L6-v2.
+    /// A local Hugging Face folder, or a Hugging Face repo id that
+    /// `mlx_embed.load` resolves (see [`crate::interpreter::resolve_model`]);
+    /// `None` is the default all-MiniLM-L6-v2.
     pub model: Option<String>,
     /// "float32" (the only fast choice on x86 CPUs), "float16" or "bfloat16".
     pub dtype: String,

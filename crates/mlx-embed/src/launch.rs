@@ -920,7 +920,7 @@ mod tests {
         };
         let args = parsed(&["--model-id", "org/a", "--rerank-model", "all-MiniLM-L6-v2"]);
         let resolved = args.resolved(resolve).expect("resolved");
-        assert_eq!(resolved.model, [snapshot_s.clone()]);
+        assert_eq!(resolved.model, std::slice::from_ref(&snapshot_s));
         assert_eq!(resolved.rerank_model, ["all-MiniLM-L6-v2"]);
         let options = resolved.all_options();
         assert_eq!(options[0].model.as_deref(), Some(snapshot_s.as_str()));

@@ -512,7 +512,7 @@ def pass_profile(model, ids: list[list[int]], passes: int, row_counts=PROFILE_RO
         idx = np.arange(rows)
         def graph(host):
             with ops.forward_context(sched.context):
-                return sched._graph(host, False, "pooled")[0]
+                return sched._graph(host, "pooled")[0]
 
         def host(_, batch=batch, lengths=lengths, idx=idx):
             return sched._host_arrays(idx, _Call(batch, None, lengths, None))

@@ -257,7 +257,7 @@ def engine_profile(model, texts: list[str], reps: int) -> dict:
     """Where one ``embed(corpus)`` goes: the tokenizer step as the engine runs
     it (``model.encode``: the HF tokenizer's ``encode_batch_fast`` without
     specials, the character cut and [UNK] drop for Model2Vec), the
-    scheduler's passes on those ids (gather, mean, normalize, and the
+    scheduler's passes on those ids (gather, mean, and the
     padding and copies around them), and the whole call; best of ``reps``.
     Also the bare tokenizer calls, for scale: ``encode_batch_fast`` and
     ``encode_batch`` (character offsets too) on the same texts."""
@@ -265,13 +265,13 @@ def engine_profile(model, texts: list[str], reps: int) -> dict:
     ids, _ = model.encode(texts)
     secs = {
         "tokenize (model.encode)": _best(lambda: model.encode(texts), reps),
-        "passes (scheduler.run on the ids)": _best(lambda: model.scheduler.run(ids, normalize=True), reps),
+        "passes (scheduler.run on the ids)": _best(lambda: model.scheduler.run(ids), reps),
     }
     whole = _best(lambda: model.embed(texts), reps)
     bare = {"encode_batch_fast": _best(lambda: tok.encode_batch_fast(texts, add_special_tokens=False), reps),
             "encode_batch": _best(lambda: tok.encode_batch(texts, add_special_tokens=False), reps)}
     one = {"tokenize": _best(lambda: model.encode([LATENCY_TEXT]), 20),
-           "passes": _best(lambda: model.scheduler.run(model.encode([LATENCY_TEXT])[0], normalize=True), 20),
+           "passes": _best(lambda: model.scheduler.run(model.encode([LATENCY_TEXT])[0]), 20),
            "embed call": _best(lambda: model.embed([LATENCY_TEXT]), 20)}
     return {"seconds": secs, "whole_call": whole, "bare_tokenizer": bare, "one_text_best": one,
             "sub_batches": len(model.scheduler.plan(__import__("numpy").array([len(x) for x in ids])))}

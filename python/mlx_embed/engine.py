@@ -25,7 +25,10 @@ except ImportError as e:  # the `mlx` wheel alone has no backend on Linux
         "pip install 'mlx-embed[cpu]' (or 'mlx-embed[cuda]' on an NVIDIA GPU)"
     ) from e
 
-from . import _blas, device, hub, lexical, loading, multi_vector, ops, precision, reranker_prompt, st_modules, startup
+from . import (
+    _blas, device, hub, lexical, loading, multi_vector, ops, pooling, precision, reranker_prompt, st_modules,
+    startup,
+)
 from .errors import InputTooLong, InvalidInput, check_switches
 from .loading import DEFAULT_MODEL_NAME, DEFAULT_MODEL_NAMES, default_model_path  # noqa: F401  (re-exported)
 from .models import reads_type_ids
@@ -500,13 +503,14 @@ class EmbeddingModel(ScoringMixin):
         # Normalized rows are pooled by the engine, as the server asks for
         # them; PyLate pools unnormalized rows as they are.
         engine_pools = pooled and normalize
-        pooling = {}
+        token_pooling = {}
         if engine_pools:
-            pooling = {"pool_factor": [int(pool_factor)] * len(ids), "protected_tokens": [int(protected_tokens)] * len(ids)}
-        res = self.embed_ids(ids, output=output, **pooling)
+            token_pooling = {"pool_factor": [int(pool_factor)] * len(ids),
+                             "protected_tokens": [int(protected_tokens)] * len(ids)}
+        res = self.embed_ids(ids, output=output, **token_pooling)
         flat = np.frombuffer(res.vectors, dtype="<f4").reshape(-1, self.dim)
         if normalize and not engine_pools:
-            flat = multi_vector.unit_rows(flat)
+            flat = pooling.unit_rows(flat)
         rows = np.split(flat.astype(np.float32), np.cumsum(res.rows)[:-1])
         if pooled and not normalize:
             rows = [multi_vector.pool_rows(r, int(pool_factor), int(protected_tokens)) for r in rows]
@@ -853,8 +857,8 @@ class EmbeddingModel(ScoringMixin):
             prompt_name=prompt_name, prompt=prompt, instruction=instruction, truncate_to=truncate_to,
         )
         adapter = None if index is None else [index] * len(ids)
-        vecs, _ = self.scheduler.run(ids, normalize=normalize, pool_start=starts, adapter=adapter)
-        return vecs, [len(x) for x in ids]
+        vecs, _ = self.scheduler.run(ids, pool_start=starts, adapter=adapter)
+        return (pooling.unit_rows(vecs) if normalize else vecs), [len(x) for x in ids]
 
     def embed(
         self,

@@ -40,6 +40,7 @@ import numpy as np
 
 from .json_files import read_json
 from .pairs import _cut
+from .pooling import unit_rows
 from .spec import InputModeSpec
 from .st_modules import ColbertPipeline
 
@@ -103,11 +104,6 @@ class MultiVector:
         return np.ascontiguousarray(x, dtype=np.float32), rows
 
 
-def unit_rows(x: np.ndarray) -> np.ndarray:
-    """Each row scaled to length 1 (PyLate's ``normalize_embeddings``)."""
-    return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-
-
 def pool_documents(flat: np.ndarray, rows: list[int], factors: list[int],
                    protected: list[int]) -> tuple[np.ndarray, list[int]]:
     """A call's flat rows [sum of rows, dim] with each input whose factor
@@ -120,7 +116,7 @@ def pool_documents(flat: np.ndarray, rows: list[int], factors: list[int],
         part = flat[at : at + n]
         at += n
         if factor > 1:
-            part = pool_rows(unit_rows(part).astype(np.float32, copy=False), factor, keep)
+            part = pool_rows(unit_rows(part), factor, keep)
         parts.append(part)
         counts.append(len(part))
     if not parts:

@@ -1,12 +1,16 @@
 """Pooling the last hidden state into one vector per sequence, on the device.
 
 The modes are sentence-transformers' (``Pooling(pooling_mode=...)``), with
-the same arithmetic; several modes concatenate in the order given.
+the same arithmetic; several modes concatenate in the order given. The L2
+normalization (:func:`unit_rows`) is the server's, on the host.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
+
+from . import ops
 
 MODES = ("cls", "max", "mean", "mean_sqrt_len_tokens", "weightedmean", "lasttoken")
 # Other spellings of the same modes (this package's older API, configs).
@@ -76,7 +80,44 @@ def pool(h, mask, modes: tuple[str, ...], xp=mx):
     return out[0] if len(out) == 1 else xp.concatenate(out, axis=-1)
 
 
-def unit_rows(vec, xp=mx):
-    """Each row over its L2 norm, as sentence-transformers normalizes (eps 1e-12)."""
-    norm = xp.sqrt((vec * vec).sum(axis=-1, keepdims=True))
-    return vec / xp.maximum(norm, 1e-12)
+def unit_rows(vec) -> np.ndarray:
+    """Each row (last axis) of ``vec`` over its L2 norm, as
+    sentence-transformers normalizes (eps 1e-12): a new float32 NumPy array.
+
+    The server's normalization, ``mlx_embed_core::l2_normalize`` through the
+    extension, so the library's vectors are the server's to the last bit (the
+    server normalizes after its cache and ``dimensions``, which keep raw
+    vectors, so it cannot take the engine's normalized ones). On the host:
+    a call's vectors are there after its one sync anyway, and the pass is a
+    few microseconds."""
+    out = np.array(vec, dtype=np.float32, order="C")
+    native = getattr(ops._native, "unit_rows_", None)
+    if out.size == 0:
+        return out
+    if native is None:
+        return _unit_rows_like_native(out)
+    native(out)
+    return out
+
+
+# l2_normalize's partial sums (crates/mlx-embed-core, NORM_LANES).
+_NORM_LANES = 8
+
+
+def _unit_rows_like_native(x: np.ndarray) -> np.ndarray:
+    """:func:`unit_rows` without the extension: l2_normalize's arithmetic in
+    its order (float64 squares, exact; summed in lanes of components j, j + 8,
+    ..., lane 0 first; each quotient rounded to float32 once), so a source
+    checkout gives the same bits."""
+    wide = x.astype(np.float64)
+    squares = wide * wide
+    dim = x.shape[-1]
+    whole = dim - dim % _NORM_LANES
+    lanes = np.zeros((*x.shape[:-1], _NORM_LANES))
+    for start in range(0, whole, _NORM_LANES):
+        lanes += squares[..., start : start + _NORM_LANES]
+    lanes[..., : dim - whole] += squares[..., whole:]
+    total = np.zeros(x.shape[:-1])
+    for lane in range(_NORM_LANES):
+        total += lanes[..., lane]
+    return (wide / np.maximum(np.sqrt(total), 1e-12)[..., None]).astype(np.float32)

@@ -47,7 +47,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from . import _blas, device, ops, pooling
+from . import _blas, device, ops
 from .ops import bucket_length
 
 log = logging.getLogger("mlx_embed")
@@ -277,13 +277,13 @@ class Scheduler:
         ids: Sequence[Sequence[int]],
         type_ids: Optional[Sequence[Sequence[int]]] = None,
         *,
-        normalize: bool = False,
         output: str = "pooled",
         pool_start: Optional[Sequence[int]] = None,
         adapter: Optional[Sequence[int]] = None,
     ) -> tuple[np.ndarray, int]:
-        """Pooled float32 vectors [n, dim] in input order (L2-normalized on
-        the device with ``normalize``), and the padded tokens processed.
+        """Pooled float32 vectors [n, dim] in input order, unnormalized
+        (:func:`pooling.unit_rows` is the one normalization, the server's),
+        and the padded tokens processed.
         ``ids`` are complete sequences (specials included), each non-empty;
         the caller has validated them. ``pool_start``: per input, the leading
         tokens the pooling leaves out (a prompt under sentence-transformers'
@@ -293,7 +293,7 @@ class Scheduler:
         normalized). ``adapter``: per input, the index of the task adapter it
         runs with (-1: none; a model with ``adapters`` only)."""
         return self.submit(
-            ids, type_ids, normalize=normalize, output=output, pool_start=pool_start, adapter=adapter
+            ids, type_ids, output=output, pool_start=pool_start, adapter=adapter
         ).result()
 
     def submit(
@@ -301,7 +301,6 @@ class Scheduler:
         ids: Sequence[Sequence[int]],
         type_ids: Optional[Sequence[Sequence[int]]] = None,
         *,
-        normalize: bool = False,
         output: str = "pooled",
         pool_start: Optional[Sequence[int]] = None,
         attend: Optional[Sequence[int]] = None,
@@ -333,11 +332,11 @@ class Scheduler:
         # A solo call skips the pipelined path (``--pipeline true`` on the CPU):
         # that path queues its passes under the lock a long call holds.
         if self.pipeline and not solo:
-            return self._submit_pipelined(plan, call, normalize, output)
+            return self._submit_pipelined(plan, call, output)
         with contextlib.nullcontext() if solo else self._lock:
             out = _TokenRows(lengths) if tokens else np.empty((n, self.dim), dtype=np.float32)
             if self.workers > 1 and len(plan) > 1 and not solo:
-                padded = self._run_parallel(plan, call, out, normalize, output)
+                padded = self._run_parallel(plan, call, out, output)
             else:
                 if solo:
                     ctx = self.context.with_threads(1)
@@ -347,7 +346,7 @@ class Scheduler:
                 with ops.forward_context(ctx), ops.bounded_evaluation(self._evaluation_points()) as points:
                     padded = 0
                     for idx in plan:
-                        vec, p = self._submit(idx, call, normalize, output)
+                        vec, p = self._submit(idx, call, output)
                         mx.eval(vec)
                         if points is not None:
                             points.settled()
@@ -355,12 +354,12 @@ class Scheduler:
                         padded += p
         return Pending(out, padded)
 
-    def _submit(self, idx, call, normalize, output) -> tuple[mx.array, int]:
+    def _submit(self, idx, call, output) -> tuple[mx.array, int]:
         """Build one sub-batch's padded arrays and its pooled-vector graph
         ([B, dim]); with per-token ``output``, its last hidden state or token
         weights ([B, L, hidden or 1], padding included: the caller keeps each
         row's real tokens)."""
-        return self._graph(self._host_arrays(idx, call), normalize, output)
+        return self._graph(self._host_arrays(idx, call), output)
 
     def _host_arrays(self, idx, call: "_Call") -> "_PassArrays":
         """One sub-batch's padded ids, mask, type ids and pool mask, on the host."""
@@ -398,7 +397,7 @@ class Scheduler:
                 adapters = None  # no row of this pass has a task: the plain forward
         return _PassArrays(arr, mask, types, real, pool_mask, beyond, adapters)
 
-    def _graph(self, host: "_PassArrays", normalize, output) -> tuple[mx.array, int]:
+    def _graph(self, host: "_PassArrays", output) -> tuple[mx.array, int]:
         arr, mask, types, real = host.ids, host.mask, host.types, host.real
         B, L = arr.shape
         # Graph building is serialized across workers; the evaluations and
@@ -422,12 +421,12 @@ class Scheduler:
                 # under the real one.
                 mask, mask_mx = host.pool_mask, mx.array(host.pool_mask)
             if output != "pooled" or not (self._pools_on_host and h.dtype == mx.float32):
-                return self._head_graph(h, mask, mask_mx, real, normalize, output), L * B
+                return self._head_graph(h, mask, mask_mx, real, output), L * B
         # Outside the graph lock: pooling on the host builds no graph.
-        return self._pool_on_host(h, mask, real, normalize), L * B
+        return self._pool_on_host(h, mask, real), L * B
 
-    def _head_graph(self, h, mask, mask_mx, real, normalize, output) -> mx.array:
-        """The pass's output graph after the model: the head, the norm."""
+    def _head_graph(self, h, mask, mask_mx, real, output) -> mx.array:
+        """The pass's output graph after the model: the head."""
         B = h.shape[0]
         if B > real:
             # A new array from the host rows, not a lazy slice: a head that
@@ -438,19 +437,16 @@ class Scheduler:
             return h.astype(mx.float32)
         if output == "token_weights":
             return self.token_head(h).astype(mx.float32)
-        vec = self.head(h, mask_mx).astype(mx.float32)
-        return pooling.unit_rows(vec) if normalize else vec
+        return self.head(h, mask_mx).astype(mx.float32)
 
-    def _pool_on_host(self, h: mx.array, mask: np.ndarray, real: int, normalize: bool) -> mx.array:
-        """The head (pooling alone) and the norm in NumPy, as an evaluated
+    def _pool_on_host(self, h: mx.array, mask: np.ndarray, real: int) -> mx.array:
+        """The head (pooling alone) in NumPy, as an evaluated
         [real, dim] array. The native encoder's output is a host buffer
         already, and MLX would hand each op of the pooling to its stream's
         thread (about 0.2 ms of a one-text pass, docs/benchmarks.md); a pass MLX
         computes (not the BERT family's) is evaluated here, as the final
         evaluation would."""
         vec = self.head.pool_on_host(ops.host_view(h)[:real], mask[:real])
-        if normalize:
-            vec = pooling.unit_rows(vec, np)
         return mx.array(vec.astype(np.float32, copy=False))
 
     def _call_streams(self, passes: int) -> list:
@@ -476,7 +472,7 @@ class Scheduler:
         only where CUDA graphs are off (``default_eval_chunk_mb``)."""
         return ops.EvaluationPoints(self.eval_chunk_mb << 20) if self.eval_chunk_mb > 0 else None
 
-    def _submit_pipelined(self, plan, call, normalize, output) -> "Pending":
+    def _submit_pipelined(self, plan, call, output) -> "Pending":
         # Every BLAS thread, as the sequential path's lone passes have: the
         # CPU workers may have left OpenBLAS at one (and float32 sums split
         # over other thread counts differ in the last bits).
@@ -490,7 +486,7 @@ class Scheduler:
                 host = self._host_arrays(idx, call)
                 on_stream = mx.stream(stream) if stream is not None else contextlib.nullcontext()
                 with self._lock, on_stream:
-                    vec, p = self._graph(host, normalize, output)
+                    vec, p = self._graph(host, output)
                     mx.async_eval(vec)
                 # Outside the device queue's lock: a wait for the oldest
                 # piece holds up no other thread's passes.
@@ -518,7 +514,7 @@ class Scheduler:
         if n is not None and _blas.get_num_threads() != n:
             _blas.set_num_threads(n)
 
-    def _run_parallel(self, plan, call, out, normalize, output) -> int:
+    def _run_parallel(self, plan, call, out, output) -> int:
         """Sub-batches on the caller's thread plus the worker threads.
 
         MLX's CPU element-wise kernels are single-threaded, so one caller
@@ -550,7 +546,7 @@ class Scheduler:
                         state["busy"] += 1
                     p = 0
                     try:
-                        vec, p = self._submit(plan[k], call, normalize, output)
+                        vec, p = self._submit(plan[k], call, output)
                         mx.eval(vec)
                         if points is not None:
                             points.settled()

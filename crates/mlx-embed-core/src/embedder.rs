@@ -725,10 +725,42 @@ pub fn sparse_entries(v: &[f32]) -> Vec<(u32, f32)> {
         .collect()
 }
 
-/// Scales `v` to unit L2 norm (a zero vector stays zero), like sentence-transformers.
+/// Partial sums [`l2_normalize`] keeps: lane `j` adds the squares of
+/// components `j`, `j + NORM_LANES`, ... (`pooling.unit_rows`'s fallback
+/// in the library repeats this order).
+const NORM_LANES: usize = 8;
+
+/// Scales `v` to unit L2 norm (a zero vector stays zero), like
+/// sentence-transformers (`x / max(|x|, 1e-12)`): the one normalization of
+/// every vector the server and the Python library answer (the library calls
+/// it through `mlx_embed._native.unit_rows_`), so both give the same bits.
+///
+/// In float64: the squares are exact, their sum (in [`NORM_LANES`] lanes,
+/// added lane 0 first, an order fixed whatever the CPU) is off by ~1e-16 of
+/// the norm, and each `x / norm` is rounded to float32 once, so a component
+/// is the float32 nearest the exact quotient but in rare ties (a float32
+/// sum is ~1e-6 off at 1024 components, and its value depends on the order
+/// each path adds in). The lanes keep the sum a vector add, not one add
+/// after another.
 pub fn l2_normalize(v: &mut [f32]) {
-    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
-    v.iter_mut().for_each(|x| *x /= norm);
+    let mut lanes = [0.0f64; NORM_LANES];
+    let chunks = v.chunks_exact(NORM_LANES);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        for (lane, &x) in lanes.iter_mut().zip(chunk) {
+            *lane += f64::from(x) * f64::from(x);
+        }
+    }
+    for (lane, &x) in lanes.iter_mut().zip(tail) {
+        *lane += f64::from(x) * f64::from(x);
+    }
+    let norm = lanes
+        .iter()
+        .fold(0.0, |sum, lane| sum + lane)
+        .sqrt()
+        .max(1e-12);
+    v.iter_mut()
+        .for_each(|x| *x = (f64::from(*x) / norm) as f32);
 }
 
 #[cfg(test)]
@@ -740,6 +772,49 @@ mod tests {
         let v = [0.0, 1.5, 0.0, -0.0, 2.0e-7, 0.25];
         assert_eq!(sparse_entries(&v), vec![(1, 1.5), (4, 2.0e-7), (5, 0.25)]);
         assert!(sparse_entries(&[0.0; 4]).is_empty());
+    }
+
+    /// The float64 quotient of each component by the float64 norm, rounded
+    /// once: what `l2_normalize` promises, whatever its summation order.
+    fn nearest_unit(v: &[f32]) -> Vec<f32> {
+        let norm = v
+            .iter()
+            .map(|&x| f64::from(x) * f64::from(x))
+            .sum::<f64>()
+            .sqrt()
+            .max(1e-12);
+        v.iter().map(|&x| (f64::from(x) / norm) as f32).collect()
+    }
+
+    #[test]
+    fn l2_normalize_rounds_each_component_once() {
+        // Widths around the lanes (tails of 0..7) and a model's width, with
+        // components of very different sizes.
+        let mut seed = 0x9e37_79b9_u32;
+        for width in [1, 3, 7, 8, 9, 16, 17, 384, 1025] {
+            let v: Vec<f32> = (0..width)
+                .map(|i| {
+                    seed = seed.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                    let unit = f32::from(u16::try_from(seed >> 16).unwrap()) / 65536.0 - 0.5;
+                    unit * if i % 5 == 0 { 1e3 } else { 1e-2 }
+                })
+                .collect();
+            let mut got = v.clone();
+            l2_normalize(&mut got);
+            assert_eq!(got, nearest_unit(&v), "width {width}");
+            let norm: f64 = got.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
+            assert!((norm - 1.0).abs() < 1e-6, "width {width}: |v|^2 = {norm}");
+        }
+    }
+
+    #[test]
+    fn l2_normalize_leaves_a_zero_vector_zero() {
+        let mut v = [0.0f32; 12];
+        l2_normalize(&mut v);
+        assert_eq!(v, [0.0; 12]);
+        let mut tiny = [1e-30f32, 0.0];
+        l2_normalize(&mut tiny);
+        assert_eq!(tiny, [(1e-30f64 / 1e-12) as f32, 0.0]);
     }
 
     #[test]

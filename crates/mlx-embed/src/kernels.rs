@@ -18,7 +18,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
 /// A writable, C-contiguous float32 buffer: the only layout the kernels take.
-fn writable_f32(obj: &Bound<'_, PyAny>) -> PyResult<PyBuffer<f32>> {
+pub(crate) fn writable_f32(obj: &Bound<'_, PyAny>) -> PyResult<PyBuffer<f32>> {
     let buf = PyBuffer::<f32>::get(obj)?;
     if buf.readonly() {
         return Err(PyValueError::new_err("buffer is read-only"));
@@ -39,7 +39,7 @@ fn readable_f32(obj: &Bound<'_, PyAny>) -> PyResult<PyBuffer<f32>> {
 }
 
 /// Runs `work` on the buffer's floats with the GIL released.
-fn with_floats_detached<R: Send>(
+pub(crate) fn with_floats_detached<R: Send>(
     py: Python<'_>,
     buf: &PyBuffer<f32>,
     work: impl FnOnce(&mut [f32]) -> R + Send,

@@ -5,12 +5,14 @@
 //! its own interpreter) and from Python as `mlx_embed._native.serve(argv)`,
 //! the route `pip install .` gives the `mlx-embed serve` command.
 //!
-//! The extension also carries the engine's SIMD CPU kernels (`kernels`).
+//! The extension also carries the engine's SIMD CPU kernels (`kernels`)
+//! and the server's vector normalization for the library (`vectors`).
 
 mod kernels;
 mod launch;
 #[cfg(feature = "test-hooks")]
 pub mod test_hooks;
+mod vectors;
 
 pub use launch::{exit_now, run, ServeCli};
 
@@ -36,6 +38,7 @@ fn serve(py: Python<'_>, argv: Vec<String>) -> i32 {
 fn _native(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(serve, module)?)?;
     kernels::register(module)?;
+    vectors::register(module)?;
     module.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -1,0 +1,84 @@
+"""One L2 normalization for the server and the library: ``pooling.unit_rows``
+runs the server's ``l2_normalize`` (through the extension), its NumPy
+fallback repeats that arithmetic bit for bit, and every library path that
+normalizes goes through it (tests/e2e/test_server_library_bits.py holds the
+server to the same bits)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import load_fixture
+
+import mlx_embed
+from mlx_embed import ops, pooling
+
+
+def _rows(width: int, n: int = 33, seed: int = 0) -> np.ndarray:
+    """Rows of mixed magnitudes (a few large components among small ones)."""
+    rng = np.random.default_rng(seed + width)
+    x = rng.standard_normal((n, width)).astype(np.float32)
+    x[:, ::5] *= 1e3
+    return x
+
+
+def _nearest_unit(x: np.ndarray) -> np.ndarray:
+    """The float64 quotients by the float64 norm, each rounded once."""
+    wide = x.astype(np.float64)
+    norm = np.maximum(np.sqrt((wide * wide).sum(axis=-1, keepdims=True)), 1e-12)
+    return (wide / norm).astype(np.float32)
+
+
+needs_native = pytest.mark.skipif(not hasattr(ops._native, "unit_rows_"), reason="extension without unit_rows_")
+
+
+@needs_native
+@pytest.mark.parametrize("width", [1, 7, 8, 9, 17, 64, 384, 1024, 4097])
+def test_fallback_is_the_extension_bit_for_bit(width):
+    x = _rows(width)
+    native = pooling.unit_rows(x)
+    assert native.dtype == np.float32 and native.shape == x.shape
+    assert np.array_equal(native, pooling._unit_rows_like_native(x))
+    # Each component the float32 nearest its exact value (ties aside: none here).
+    assert np.array_equal(native, _nearest_unit(x))
+
+
+def test_without_the_extension_the_same_bits(monkeypatch):
+    x = _rows(384)
+    want = pooling.unit_rows(x)
+    monkeypatch.setattr(ops, "_native", None)
+    assert np.array_equal(pooling.unit_rows(x), want)
+
+
+def test_unit_rows_copies_and_takes_any_layout():
+    x = _rows(48)
+    before = x.copy()
+    got = pooling.unit_rows(x)
+    assert np.array_equal(x, before), "the input was written"
+    assert np.array_equal(pooling.unit_rows(np.asfortranarray(x)), got)
+    assert np.array_equal(pooling.unit_rows(mx.array(x)), got)
+    assert np.array_equal(pooling.unit_rows(x.astype(np.float64)), got)
+    # Any leading shape; an empty one stays empty.
+    assert np.array_equal(pooling.unit_rows(x.reshape(3, 11, 48)), got.reshape(3, 11, 48))
+    assert pooling.unit_rows(np.zeros((0, 48), np.float32)).shape == (0, 48)
+    # A zero row stays zero (eps 1e-12, as sentence-transformers).
+    assert not pooling.unit_rows(np.zeros((2, 5), np.float32)).any()
+
+
+@pytest.mark.parametrize("settings", [{}, {"fast_ops": "mlx"}, {"pipeline": True}])
+def test_embed_normalizes_with_unit_rows(minilm, golden_texts, settings):
+    """Whatever path the passes take (host pooling, MLX pooling, pipelined),
+    a normalized vector is unit_rows of the raw one, to the last bit."""
+    model = mlx_embed.load(**settings) if settings else minilm
+    raw = model.embed(golden_texts, normalize=False)
+    assert np.array_equal(model.embed(golden_texts), pooling.unit_rows(raw))
+
+
+def test_multi_vector_rows_normalize_with_unit_rows(golden_texts):
+    colbert = load_fixture("tiny-colbert")
+    texts = golden_texts[:6]
+    raw = colbert.embed_multi_vector(texts, normalize=False)
+    unit = colbert.embed_multi_vector(texts)
+    for r, u in zip(raw, unit):
+        assert np.array_equal(u, pooling.unit_rows(r))

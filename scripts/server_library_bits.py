@@ -5,10 +5,13 @@ For each model (the default one and tiny fixtures of last-token, CLS and mean
 pooling), the 39 non-empty texts of tests/fixtures/golden/minilm_texts.json go
 through TEI's ``/embed`` and OpenAI's ``/v1/embeddings`` (float and base64),
 normalized and not, cut to ``dimensions`` (against the library's unnormalized
-rows cut and normalized by ``mlx_embed.pooling.unit_rows``), a second time
-(answered from the cache) and one text per request. Prints, per case, how
-many floats differ from the library's and the largest difference in float32
-ulps; exits 1 if any differs.
+rows cut and normalized by ``mlx_embed.pooling.unit_rows``) and a second time
+(answered from the cache); then, on a server without the cache, one text per
+request, against the library's one call and its calls of one text each.
+Prints, per case, how many floats differ from the library's and the largest
+difference in float32 ulps; exits 1 if any differs but the one-text requests
+against the library's one call (batch composition: see
+docs/architecture.md, "Same bits").
 
     VIRTUAL_ENV=<venv> <venv>/bin/python scripts/server_library_bits.py \
         [--server target/release/mlx-embed-server] [FOLDER ...]
@@ -53,11 +56,11 @@ def ulps(a: np.ndarray, b: np.ndarray) -> int:
     return int(np.abs(ordered(a) - ordered(b)).max(initial=0))
 
 
-def start(server: str, model: str, log: Path) -> tuple[subprocess.Popen, str]:
+def start(server: str, model: str, log: Path, *extra: str) -> tuple[subprocess.Popen, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    args = [server, "--host", "127.0.0.1", "--port", str(port), "--no-warmup"]
+    args = [server, "--host", "127.0.0.1", "--port", str(port), "--no-warmup", *extra]
     if model != "all-MiniLM-L6-v2":
         args += ["--model", model]
     proc = subprocess.Popen(
@@ -77,13 +80,14 @@ def start(server: str, model: str, log: Path) -> tuple[subprocess.Popen, str]:
     raise SystemExit("server not healthy after 180 s")
 
 
+def _tei(url: str, body: dict) -> np.ndarray:
+    r = requests.post(url + "/embed", json=body, timeout=120)
+    r.raise_for_status()
+    return np.asarray(r.json(), dtype=np.float32)
+
+
 def cases(url: str, texts: list[str]):
     """(case, the server's rows, what the library side is: normalize, cut)."""
-
-    def tei(body):
-        r = requests.post(url + "/embed", json=body, timeout=120)
-        r.raise_for_status()
-        return np.asarray(r.json(), dtype=np.float32)
 
     def openai(body, b64=False):
         r = requests.post(
@@ -95,14 +99,22 @@ def cases(url: str, texts: list[str]):
             return np.stack([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in data])
         return np.asarray([d["embedding"] for d in data], dtype=np.float32)
 
-    yield "/embed", tei({"inputs": texts}), (True, None)
-    yield "/embed again (cache)", tei({"inputs": texts}), (True, None)
-    yield "/embed normalize false", tei({"inputs": texts, "normalize": False}), (False, None)
-    yield "/embed one text per request", np.concatenate([tei({"inputs": [t]}) for t in texts]), (True, None)
+    yield "/embed", _tei(url, {"inputs": texts}), (True, None)
+    yield "/embed again (cache)", _tei(url, {"inputs": texts}), (True, None)
+    yield "/embed normalize false", _tei(url, {"inputs": texts, "normalize": False}), (False, None)
     yield "/v1/embeddings float", openai({"input": texts}), (True, None)
     yield "/v1/embeddings base64", openai({"input": texts}, b64=True), (True, None)
     yield f"/v1/embeddings dimensions {CUT}", openai({"input": texts, "dimensions": CUT}), (True, CUT)
     yield f"/v1/embeddings dimensions {CUT} base64", openai({"input": texts, "dimensions": CUT}, b64=True), (True, CUT)
+
+
+def alone_cases(url: str, texts: list[str]):
+    """Batch composition, on a server without the cache: each text in a
+    request of its own, against the library's one call (all texts) and its
+    calls of one text each."""
+    alone = np.concatenate([_tei(url, {"inputs": [t]}) for t in texts])
+    yield "/embed one text per request (no cache)", alone, (True, None)
+    yield "  the same vs library one text per call", alone, "alone"
 
 
 def main() -> int:
@@ -119,18 +131,28 @@ def main() -> int:
         for model in args.models:
             lib = mlx_embed.load(model)
             raw = lib.embed(texts, normalize=False)
-            want = {(True, None): lib.embed(texts), (False, None): raw, (True, CUT): pooling.unit_rows(raw[:, :CUT])}
-            proc, url = start(args.server, model, Path(tmp) / "server.log")
-            try:
-                print(f"{Path(model).name}:")
-                for name, got, side in cases(url, texts):
-                    ref = want[side]
-                    differ = int((got != ref).sum()) if got.shape == ref.shape else -1
-                    worst = max(worst, differ)
-                    print(f"  {name:40s} {differ:6d} of {ref.size} floats differ, max {ulps(got, ref)} ulp")
-            finally:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=60)
+            want = {
+                (True, None): lib.embed(texts),
+                (False, None): raw,
+                (True, CUT): pooling.unit_rows(raw[:, :CUT]),
+                "alone": np.concatenate([lib.embed([t]) for t in texts]),
+            }
+            print(f"{Path(model).name}:")
+            for extra, table in (((), cases), (("--no-cache",), alone_cases)):
+                proc, url = start(args.server, model, Path(tmp) / "server.log", *extra)
+                try:
+                    for name, got, side in table(url, texts):
+                        ref = want[side]
+                        differ = int((got != ref).sum()) if got.shape == ref.shape else -1
+                        if table is cases:
+                            worst = max(worst, differ)
+                        print(
+                            f"  {name:40s} {differ:6d} of {ref.size} floats differ, max {ulps(got, ref)} ulp, "
+                            f"max |diff| {float(np.abs(got - ref).max(initial=0)):.1e}"
+                        )
+                finally:
+                    proc.send_signal(signal.SIGTERM)
+                    proc.wait(timeout=60)
     return 1 if worst else 0
 
 

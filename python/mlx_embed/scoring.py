@@ -1,8 +1,8 @@
 """The Python library's cross-encoder API: ``predict``, ``score`` and
 ``rerank`` on a model loaded as a classifier or reranker (``heads.py``).
 
-The engine returns raw logits; turning them into scores is this module's
-(and, on the server path, the server's) business, with TEI's rule:
+The engine returns raw logits; turning them into scores is the server's
+function (``score::activate``), which this module calls, with TEI's rule:
 sigmoid for one label, softmax over several, nothing with ``raw_scores``;
 a multi-label classifier's labels get a sigmoid each (transformers' rule).
 """
@@ -13,20 +13,31 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from . import ops
 from .errors import InputTooLong, InvalidInput, check_switches
 from .pairs import PairEncoder, pairs_only
 
 
 def activate(logits: np.ndarray, multi_label: bool = False) -> np.ndarray:
     """[n, labels] raw logits -> scores: sigmoid (1 label, or each label of a
-    multi-label classifier) or softmax."""
-    x = np.asarray(logits, dtype=np.float64)
+    multi-label classifier) or softmax; a new float32 array. The server's
+    (``score::activate`` through the extension), so a score is the server's
+    to the last bit; without the extension its arithmetic in NumPy (float64,
+    each score rounded once; NumPy's exp, not the C library's, may differ
+    in a float64 last bit)."""
+    out = np.array(logits, dtype=np.float32, order="C")
+    native = getattr(ops._native, "scores_", None)
+    if native is not None and out.ndim == 2:
+        native(out, bool(multi_label))
+        return out
+    x = out.astype(np.float64)
     if x.shape[1] == 1 or multi_label:
-        out = 1.0 / (1.0 + np.exp(-x))
-    else:
-        e = np.exp(x - x.max(axis=1, keepdims=True))
-        out = e / e.sum(axis=1, keepdims=True)
-    return out.astype(np.float32)
+        return (1.0 / (1.0 + np.exp(-x))).astype(np.float32)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    total = np.zeros((len(e), 1))
+    for label in range(e.shape[1]):  # the server's order
+        total += e[:, label : label + 1]
+    return (e / total).astype(np.float32)
 
 
 class ScoringMixin:

@@ -125,3 +125,29 @@ def test_multi_vector_rows_are_the_librarys(tmp_path):
         assert srv.stop() == 0, srv.log()[-3000:]
     finally:
         srv.stop()
+
+
+def test_scores_are_the_librarys(tmp_path, golden):
+    """A reranker's sigmoid and a classifier's softmax: the server's
+    ``score::activate``, which the library calls too (``scoring.activate``)."""
+    import mlx_embed
+
+    texts = [t for t in golden[0] if t]
+    classifier, reranker = FIXTURES / "tiny-bert-classifier", FIXTURES / "tiny-bert-reranker"
+    srv = start_server(tmp_path, "--model", str(classifier), "--rerank-model", str(reranker), "--no-warmup")
+    try:
+        query = "what flows into the sea?"
+        r = srv.post("/rerank", {"query": query, "texts": texts})
+        assert r.status_code == 200, r.text
+        got = np.zeros(len(texts), np.float32)
+        for hit in r.json():
+            got[hit["index"]] = hit["score"]
+        _same(got, mlx_embed.load(str(reranker)).score([(query, t) for t in texts])[:, 0], "rerank scores")
+        lib = mlx_embed.load(str(classifier))
+        r = srv.post("/predict", {"inputs": [[t] for t in texts]})
+        assert r.status_code == 200, r.text
+        got = _rows([[{p["label"]: p["score"] for p in row}[label] for label in lib.labels] for row in r.json()])
+        _same(got, lib.predict(texts), "classifier scores")
+        assert srv.stop() == 0, srv.log()[-3000:]
+    finally:
+        srv.stop()

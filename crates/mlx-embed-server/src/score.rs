@@ -118,15 +118,17 @@ async fn run(state: &AppState, req: ScoreRequest) -> Result<ScoreOutput, ApiErro
     })
 }
 
-/// Sigmoid of one logit, or softmax over several, in place.
+/// Sigmoid of one logit, or softmax over several, in place: in float64,
+/// each score rounded to float32 once. The library's scores are these too
+/// (`mlx_embed.scoring.activate`, through `mlx_embed._native.scores_`).
 pub fn activate(row: &mut [f32]) {
     if let [x] = row {
-        *x = 1.0 / (1.0 + (-f64::from(*x)).exp()) as f32;
+        *x = (1.0 / (1.0 + (-f64::from(*x)).exp())) as f32;
         return;
     }
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let exps: Vec<f64> = row.iter().map(|&x| f64::from(x - max).exp()).collect();
-    let sum: f64 = exps.iter().sum();
+    let max = f64::from(row.iter().copied().fold(f32::NEG_INFINITY, f32::max));
+    let exps: Vec<f64> = row.iter().map(|&x| (f64::from(x) - max).exp()).collect();
+    let sum = exps.iter().fold(0.0, |sum, e| sum + e);
     for (x, e) in row.iter_mut().zip(exps) {
         *x = (e / sum) as f32;
     }
@@ -163,6 +165,12 @@ mod tests {
         let want = [0.090_030_57, 0.244_728_48, 0.665_240_94];
         for (a, b) in three.iter().zip(want) {
             assert!((a - b).abs() < 1e-6, "{three:?}");
+        }
+        // One rounding: the float64 sigmoid's nearest float32.
+        for logit in [-3.7f32, -0.1, 0.3, 1.9, 7.25] {
+            let mut one = [logit];
+            activate(&mut one);
+            assert_eq!(one[0], (1.0 / (1.0 + (-f64::from(logit)).exp())) as f32);
         }
         // Large logits do not overflow.
         let mut big = [1000.0f32, 0.0];

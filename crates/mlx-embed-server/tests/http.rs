@@ -2858,16 +2858,18 @@ async fn score_counts_both_lists_against_the_input_limit() {
     s.stop().await.unwrap();
 }
 
-/// Softmax of `logits`, as the scoring path computes it.
+/// Softmax of several `logits`: the scoring path's own function.
 fn softmax(logits: &[f32]) -> Vec<f32> {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let exps: Vec<f64> = logits.iter().map(|&x| f64::from(x - max).exp()).collect();
-    let sum: f64 = exps.iter().sum();
-    exps.iter().map(|e| (e / sum) as f32).collect()
+    assert!(logits.len() > 1, "one logit is a sigmoid");
+    let mut v = logits.to_vec();
+    mlx_embed_server::score::activate(&mut v);
+    v
 }
 
 fn sigmoid(x: f32) -> f32 {
-    1.0 / (1.0 + (-f64::from(x)).exp()) as f32
+    let mut v = [x];
+    mlx_embed_server::score::activate(&mut v);
+    v[0]
 }
 
 #[tokio::test]

@@ -1,6 +1,7 @@
-//! `mlx_embed._native.unit_rows_`: the server's normalization
-//! (`mlx_embed_core::l2_normalize`) for the Python library, so a vector the
-//! library answers is the server's to the last bit.
+//! `mlx_embed._native.unit_rows_` and `scores_`: the server's normalization
+//! (`mlx_embed_core::l2_normalize`) and scores from logits
+//! (`mlx_embed_server::score`) for the Python library, so what the library
+//! answers is the server's to the last bit.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
@@ -26,6 +27,31 @@ fn unit_rows_py(py: Python<'_>, rows: &Bound<'_, PyAny>) -> PyResult<()> {
     Ok(())
 }
 
+/// `scores_(logits, multi_label)`: in place over a C-contiguous float32
+/// array `[n, labels]`, each row's scores (a sigmoid of each label with
+/// `multi_label` or one label, else a softmax).
+#[pyfunction]
+#[pyo3(name = "scores_")]
+fn scores_py(py: Python<'_>, logits: &Bound<'_, PyAny>, multi_label: bool) -> PyResult<()> {
+    let buf = writable_f32(logits)?;
+    let labels = match buf.shape() {
+        [_, 0] => return Ok(()),
+        [_, labels] => *labels,
+        _ => return Err(PyValueError::new_err("logits must be [n, labels]")),
+    };
+    with_floats_detached(py, &buf, |floats| {
+        for row in floats.chunks_exact_mut(labels) {
+            if multi_label {
+                mlx_embed_server::score::sigmoid_each(row);
+            } else {
+                mlx_embed_server::score::activate(row);
+            }
+        }
+    });
+    Ok(())
+}
+
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
-    module.add_function(wrap_pyfunction!(unit_rows_py, module)?)
+    module.add_function(wrap_pyfunction!(unit_rows_py, module)?)?;
+    module.add_function(wrap_pyfunction!(scores_py, module)?)
 }

@@ -1,8 +1,9 @@
-"""One L2 normalization for the server and the library: ``pooling.unit_rows``
-runs the server's ``l2_normalize`` (through the extension), its NumPy
-fallback repeats that arithmetic bit for bit, and every library path that
-normalizes goes through it (tests/e2e/test_server_library_bits.py holds the
-server to the same bits)."""
+"""One L2 normalization and one scoring for the server and the library:
+``pooling.unit_rows`` runs the server's ``l2_normalize`` and
+``scoring.activate`` its ``score::activate`` (through the extension); the
+NumPy fallbacks repeat that arithmetic, and every library path that
+normalizes goes through ``unit_rows`` (tests/e2e/test_server_library_bits.py
+holds the server to the same bits)."""
 
 from __future__ import annotations
 
@@ -82,3 +83,24 @@ def test_multi_vector_rows_normalize_with_unit_rows(golden_texts):
     unit = colbert.embed_multi_vector(texts)
     for r, u in zip(raw, unit):
         assert np.array_equal(u, pooling.unit_rows(r))
+
+
+@pytest.mark.parametrize("labels,multi_label", [(1, False), (3, False), (9, False), (4, True)])
+def test_scores_are_the_servers_and_the_fallback_rounds_alike(labels, multi_label, monkeypatch):
+    """``scoring.activate`` is the server's ``score::activate`` (float64,
+    each score rounded once); NumPy's arithmetic without the extension
+    gives the same floats here."""
+    from mlx_embed import scoring
+
+    logits = (np.random.default_rng(labels).standard_normal((200, labels)) * 4).astype(np.float32)
+    got = scoring.activate(logits, multi_label)
+    assert got.dtype == np.float32 and got.shape == logits.shape
+    x = logits.astype(np.float64)
+    if labels == 1 or multi_label:
+        want = 1.0 / (1.0 + np.exp(-x))
+    else:
+        e = np.exp(x - x.max(axis=1, keepdims=True))
+        want = e / e.sum(axis=1, keepdims=True)
+    assert np.abs(got - want).max() <= 6e-8
+    monkeypatch.setattr(ops, "_native", None)
+    assert np.array_equal(scoring.activate(logits, multi_label), got)

@@ -735,7 +735,7 @@ const NORM_LANES: usize = 8;
 /// every vector the server and the Python library answer (the library calls
 /// it through `mlx_embed._native.unit_rows_`), so both give the same bits.
 ///
-/// In float64: the squares are exact, their sum (in [`NORM_LANES`] lanes,
+/// In float64: the squares are exact, their sum (in 8 lanes,
 /// added lane 0 first, an order fixed whatever the CPU) is off by ~1e-16 of
 /// the norm, and each `x / norm` is rounded to float32 once, so a component
 /// is the float32 nearest the exact quotient but in rare ties (a float32

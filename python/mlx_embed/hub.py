@@ -105,21 +105,83 @@ def repo_folder(cache: str, repo_id: str) -> str:
     return os.path.join(cache, "models--" + repo_id.replace("/", "--"))
 
 
+def bad_revision(revision: str) -> Optional[str]:
+    """Why ``revision`` cannot name a branch, tag or commit, or None. It
+    becomes a path under the cache's ``refs/`` (``refs/pr/1`` too, as
+    huggingface_hub files it), so it is held to git's ref-name rules that
+    keep it there: no absolute path, no empty, ``.`` or ``..`` component, no
+    backslash or control character."""
+    if not revision.strip():
+        return "it is empty"
+    if revision.startswith("/") or "\\" in revision or any(ord(c) < 0x20 or c == "\x7f" for c in revision):
+        return "it is an absolute path or holds a backslash or control character"
+    if any(part in ("", ".", "..") for part in revision.split("/")):
+        return "it has an empty, '.' or '..' component"
+    return None
+
+
 def cached_snapshot(repo_id: str, revision: Optional[str] = None, cache_dir: Optional[str] = None) -> Optional[str]:
     """The cache's snapshot folder of ``repo_id`` at ``revision`` (a branch or
-    tag, through ``refs/``, or a full commit sha; default ``main``), or None."""
+    tag, through ``refs/``, or a full commit sha; default ``main``), or None.
+    A ref file must hold a full commit sha: anything else (a half-written
+    file, a path) would name a folder outside ``snapshots/``."""
     folder = repo_folder(hub_cache(cache_dir), repo_id)
     revision = revision or "main"
+    if bad_revision(revision):
+        return None
     if _COMMIT.fullmatch(revision):
         sha = revision
     else:
         try:
-            with open(os.path.join(folder, "refs", revision), encoding="utf-8") as f:
-                sha = f.read().strip()
+            with open(os.path.join(folder, "refs", revision), encoding="utf-8", errors="replace") as f:
+                sha = f.read(200).strip()
         except OSError:
             return None
+        if not _COMMIT.fullmatch(sha):
+            log.warning("%s: the cache's refs/%s holds no commit sha (%r): ignored", repo_id, revision, sha[:60])
+            return None
     snapshot = os.path.join(folder, "snapshots", sha)
-    return snapshot if sha and os.path.isdir(snapshot) else None
+    return snapshot if os.path.isdir(snapshot) else None
+
+
+def missing_files(snapshot: str) -> list[str]:
+    """What a cached snapshot lacks for the engine to load it, as far as its
+    own files tell (an interrupted download, or an ``hf download`` of a few
+    files): ``config.json`` (but a sentence-transformers folder of modules
+    alone, a static embedding, has none), any weights, the shards its
+    ``*.index.json`` files list, the module folders ``modules.json`` lists,
+    and files whose blob is gone (a link to nothing). Empty: complete."""
+    from .json_files import read_json
+
+    missing = []
+    modules = read_json(os.path.join(snapshot, "modules.json"))
+    if not os.path.exists(os.path.join(snapshot, "config.json")) and not modules:
+        missing.append("config.json")
+    if isinstance(modules, list):
+        for module in modules:
+            sub = module.get("path") if isinstance(module, dict) else None
+            if isinstance(sub, str) and sub and not os.path.isdir(os.path.join(snapshot, sub)):
+                missing.append(sub + "/")
+    weights = False
+    for d, _, fs in os.walk(snapshot):
+        for f in fs:
+            rel = os.path.relpath(os.path.join(d, f), snapshot)
+            if not os.path.exists(os.path.join(d, f)):
+                missing.append(rel)
+            elif f.endswith(".safetensors") or re.fullmatch(r"pytorch_model(-\d+-of-\d+)?\.bin", f):
+                weights = True
+            if f.endswith(".index.json"):
+                index = read_json(os.path.join(d, f))
+                shards = index.get("weight_map") if isinstance(index, dict) else None
+                if isinstance(shards, dict):
+                    missing += [
+                        os.path.relpath(os.path.join(d, s), snapshot)
+                        for s in sorted(set(map(str, shards.values())))
+                        if not os.path.exists(os.path.join(d, s))
+                    ]
+    if not weights:
+        missing.append("weights (*.safetensors or pytorch_model.bin)")
+    return sorted(set(missing))
 
 
 def engine_files(repo_files: Iterable[str]) -> list[str]:
@@ -164,16 +226,22 @@ def _cached_revisions(repo_id: str, cache: str) -> str:
 def download(repo_id: str, revision: Optional[str] = None, cache_dir: Optional[str] = None) -> str:
     """Downloads the files the engine reads (:func:`engine_files`) of
     ``repo_id`` at ``revision`` into the cache, with ``HF_TOKEN`` (or the
-    saved token) where the repo needs one; returns the snapshot folder."""
+    saved token) where the repo needs one; returns the snapshot folder.
+    Files the snapshot holds already are kept (snapshot_download fills a
+    partial one in)."""
     from huggingface_hub import HfApi, snapshot_download
 
     cache = hub_cache(cache_dir)
-    files = engine_files(HfApi(endpoint=endpoint()).list_repo_files(repo_id, revision=revision))
+    # The repo's file list from its info, one request: huggingface_hub's
+    # tree listing retries a refused connection five times (about 24 s)
+    # before a server start could say the Hub cannot be reached.
+    info = HfApi(endpoint=endpoint()).model_info(repo_id, revision=revision or "main")
+    files = engine_files(s.rfilename for s in info.siblings or ())
     log.info(
         "downloading %s (revision %s) from %s into %s: %s",
         repo_id,
         revision or "main",
-        endpoint(),
+        shown_endpoint(),
         cache,
         ", ".join(files),
     )
@@ -186,9 +254,20 @@ def endpoint() -> str:
     return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
 
 
+def _hide_userinfo(text: str) -> str:
+    # A mirror's address may carry a user and password (https://u:p@host):
+    # they stay out of logs and error messages, as a token does.
+    return re.sub(r"(\w+://)[^/@\s]+@", r"\1***@", text)
+
+
+def shown_endpoint() -> str:
+    """:func:`endpoint` as logs and messages show it: without a password."""
+    return _hide_userinfo(endpoint())
+
+
 def _first_line(err: BaseException) -> str:
     text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
+    return _hide_userinfo(f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": "))
 
 
 def resolve_model(name: str, revision: Optional[str] = None, cache_dir: Optional[str] = None) -> str:
@@ -211,25 +290,37 @@ def resolve_model(name: str, revision: Optional[str] = None, cache_dir: Optional
         # A path that is not there: the loader names what is missing.
         return name
     cache = hub_cache(cache_dir)
-    if revision is not None and (not revision.strip() or ".." in revision.split("/")):
-        raise ModelNotFound(name, f"revision {revision!r} is not a branch, tag or commit sha")
+    why_bad = None if revision is None else bad_revision(revision)
+    if why_bad:
+        raise ModelNotFound(name, f"revision {revision!r} is not a branch, tag or commit sha: {why_bad}")
     found = cached_snapshot(name, revision, cache)
-    if found is not None:
+    missing = missing_files(found) if found is not None else []
+    if found is not None and not missing:
         log.info("%s (revision %s): the Hugging Face cache's %s", name, revision or "main", found)
         return found
-    where = (
-        f"not a local folder, and revision {revision or 'main'} of the Hugging Face repo {name} is not in "
-        f"the cache {cache}{_cached_revisions(name, cache)}"
-    )
+    if found is None:
+        where = (
+            f"not a local folder, and revision {revision or 'main'} of the Hugging Face repo {name} is not in "
+            f"the cache {cache}{_cached_revisions(name, cache)}"
+        )
+    else:
+        # A partial snapshot would fail later, or load without a module.
+        where = f"the Hugging Face cache's snapshot {found} lacks {', '.join(missing)}"
     if offline():
         raise ModelNotFound(
             name, f"{where}; HF_HUB_OFFLINE is set, so nothing is downloaded: {_fetch_hint(name, revision, cache)}"
         )
+    if found is not None:
+        log.warning("%s: %s: fetching what is missing", name, where)
     try:
-        return download(name, revision, cache)
+        folder = download(name, revision, cache)
     except Exception as e:  # noqa: BLE001  (the Hub's, the network's or the disk's: all end the same way)
         raise ModelNotFound(
             name,
-            f"{where}, and downloading it from {endpoint()} failed "
+            f"{where}, and downloading it from {shown_endpoint()} failed "
             f"({_first_line(e)}): {_fetch_hint(name, revision, cache)}",
         ) from None
+    still = missing_files(folder)
+    if still:
+        raise ModelNotFound(name, f"the Hub's revision {revision or 'main'} of {name} has no {', '.join(still)}")
+    return folder

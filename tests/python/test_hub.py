@@ -71,7 +71,9 @@ def test_the_fake_cache_is_laid_out_as_huggingface_hub_reads_it(cache):
     for revision in ("main", "v1", COMMIT, "old"):
         theirs = snapshot_download(REPO, revision=revision, cache_dir=str(cache), local_files_only=True)
         expected = _snapshot(cache, OLD if revision == "old" else COMMIT)
-        assert theirs == expected == hub.resolve_model(REPO, revision)
+        assert theirs == expected == hub.cached_snapshot(REPO, revision)
+        if revision != "old":  # a partial snapshot (the next tests)
+            assert hub.resolve_model(REPO, revision) == expected
 
 
 def test_a_repo_id_loads_its_cached_snapshot_as_the_folder_does(cache):
@@ -90,8 +92,11 @@ def test_branches_tags_and_commits_pick_their_snapshot(cache):
     assert hub.resolve_model(REPO, "main") == _snapshot(cache)
     assert hub.resolve_model(REPO, "v1") == _snapshot(cache)
     assert hub.resolve_model(REPO, COMMIT) == _snapshot(cache)
-    assert hub.resolve_model(REPO, "old") == _snapshot(cache, OLD)
-    assert hub.resolve_model(REPO, OLD) == _snapshot(cache, OLD)
+    assert hub.cached_snapshot(REPO, "old") == hub.cached_snapshot(REPO, OLD) == _snapshot(cache, OLD)
+    # huggingface_hub's own layout for a pull request's ref: refs/refs/pr/1.
+    (cache / "models--test-org--tiny-mpnet" / "refs" / "refs" / "pr").mkdir(parents=True)
+    (cache / "models--test-org--tiny-mpnet" / "refs" / "refs" / "pr" / "1").write_text(COMMIT + "\n")
+    assert hub.resolve_model(REPO, "refs/pr/1") == _snapshot(cache)
 
 
 def test_a_missing_repo_or_revision_is_refused_offline_with_how_to_fetch_it(cache):
@@ -115,6 +120,70 @@ def test_a_missing_repo_or_revision_is_refused_offline_with_how_to_fetch_it(cach
         hub.resolve_model(REPO, COMMIT[:7])
     with pytest.raises(hub.ModelNotFound, match=r"revision '\.\./x' is not a branch, tag or commit sha"):
         hub.resolve_model(REPO, "../x")
+
+
+def test_a_revision_or_a_ref_file_cannot_lead_out_of_the_cache(cache, tmp_path):
+    """A revision is a path under refs/ and a ref file's text a folder under
+    snapshots/: neither may name a folder elsewhere."""
+    outside = tmp_path / "outside"
+    outside.symlink_to(FIXTURES / "tiny-mpnet")
+    refs = cache / "models--test-org--tiny-mpnet" / "refs"
+    # A ref file with a path in it (what a junk or hostile ref holds).
+    (refs / "evil").write_text(os.path.relpath(outside, refs.parent / "snapshots"))
+    (refs / "half").write_text(COMMIT[:20])
+    for revision in ("evil", "half"):
+        with pytest.raises(hub.ModelNotFound, match=f"revision {revision} of the Hugging Face repo"):
+            hub.resolve_model(REPO, revision)
+    # A revision that is a path out of refs/, to a file holding a sha.
+    (tmp_path / "sha").write_text(COMMIT)
+    for revision in (str(tmp_path / "sha"), "v1/../../../../sha", "a//b", "./main", "a\\b", "main\n", " "):
+        with pytest.raises(hub.ModelNotFound, match="is not a branch, tag or commit sha: it"):
+            hub.resolve_model(REPO, revision)
+    # What huggingface_hub writes (no newline) and a newline after it are both read.
+    (refs / "nl").write_text(COMMIT + "\n")
+    assert hub.resolve_model(REPO, "nl") == _snapshot(cache)
+
+
+def _partial(cache: Path, files: dict, commit: str = OLD) -> str:
+    cache_repo(cache, REPO, files, commit=commit, refs=("partial",))
+    return _snapshot(cache, commit)
+
+
+def test_a_partial_snapshot_is_refused_offline_naming_what_it_lacks(cache):
+    """An interrupted download, or an `hf download` of a few files, is no
+    model: refused at once, not loaded until the loader trips (or loaded
+    without a module)."""
+    files = folder_files(FIXTURES / "tiny-mpnet")
+    weights = files.pop("model.safetensors")
+    lacks = {
+        "weights (*.safetensors or pytorch_model.bin)": dict(files),
+        "1_Pooling/": {k: v for k, v in files.items() if not k.startswith("1_Pooling/")} | {"x.safetensors": weights},
+        "model-00002-of-00002.safetensors": files
+        | {
+            "model-00001-of-00002.safetensors": weights,
+            "model.safetensors.index.json": b'{"weight_map": {"a": "model-00001-of-00002.safetensors", '
+            b'"b": "model-00002-of-00002.safetensors"}}',
+        },
+        "config.json": {k: v for k, v in files.items() if k not in ("config.json", "modules.json")}
+        | {"model.safetensors": weights},
+    }
+    for i, (missing, content) in enumerate(lacks.items()):
+        snapshot = _partial(cache, content, commit=f"{i:040x}")
+        with pytest.raises(hub.ModelNotFound) as e:
+            hub.resolve_model(REPO, "partial")
+        assert e.value.why == (
+            f"the Hugging Face cache's snapshot {snapshot} lacks {missing}; HF_HUB_OFFLINE is set, so nothing is "
+            f"downloaded: fetch it with `hf download {REPO} --revision partial --cache-dir {cache}` where the Hub "
+            "can be reached"
+        ), missing
+    # A file whose blob was deleted.
+    snapshot = Path(_partial(cache, files | {"model.safetensors": weights}, commit="f" * 40))
+    os.remove(snapshot / os.readlink(snapshot / "tokenizer.json"))
+    with pytest.raises(hub.ModelNotFound, match=f"snapshot {snapshot} lacks tokenizer.json;"):
+        hub.resolve_model(REPO, "partial")
+    # A sentence-transformers folder of modules alone (a static embedding) needs no config.json.
+    del files["config.json"]
+    assert hub.missing_files(_partial(cache, files | {"model.safetensors": weights}, commit="e" * 40)) == []
 
 
 def test_the_cache_folder_follows_huggingface_hubs_order(env, tmp_path):

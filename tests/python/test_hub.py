@@ -383,3 +383,61 @@ def test_the_cli_embeds_by_repo_id(cache, tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"mlx-embed: error: {REPO}: not a local folder, and revision v2 of"), err
     assert "Traceback" not in err
+
+
+@pytest.fixture
+def online(env, tmp_path):
+    """No HF_HUB_OFFLINE, an empty cache; yields the cache folder."""
+    from huggingface_hub import constants
+
+    env.delenv("HF_HUB_OFFLINE")
+    env.setattr(constants, "HF_HUB_OFFLINE", False)
+    env.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    root = tmp_path / "cache"
+    env.setenv("HF_HUB_CACHE", str(root))
+    return root
+
+
+def test_a_partial_snapshot_is_filled_from_the_hub_online(online, env):
+    files = folder_files(FIXTURES / "tiny-mpnet")
+    snapshot = cache_repo(online, REPO, {"config.json": files["config.json"]}, commit=COMMIT)
+    with FakeHub() as fake:
+        fake.add(REPO, files, commit=COMMIT)
+        env.setenv("HF_ENDPOINT", fake.url)
+        assert hub.resolve_model(REPO) == str(snapshot)
+        fetched = {p.split(f"/resolve/{COMMIT}/", 1)[1] for m, p in fake.requests if m == "GET" and "/resolve/" in p}
+    assert {"model.safetensors", "tokenizer.json", "1_Pooling/config.json"} <= fetched, fetched
+    assert hub.missing_files(str(snapshot)) == []
+    assert np.array_equal(mlx_embed.load(REPO).embed(TEXTS), load_fixture("tiny-mpnet").embed(TEXTS))
+
+
+def test_a_hub_that_has_no_weights_is_refused_by_name(online, env):
+    files = {"config.json": b"{}", "tf_model.h5": b"not ours"}
+    with FakeHub() as fake:
+        fake.add(REPO, files, commit=COMMIT)
+        env.setenv("HF_ENDPOINT", fake.url)
+        with pytest.raises(hub.ModelNotFound) as e:
+            hub.resolve_model(REPO)
+    assert e.value.why == f"the Hub's revision main of {REPO} has no weights (*.safetensors or pytorch_model.bin)"
+
+
+def test_an_unreachable_hub_fails_at_once_and_shows_no_secret(online, env, caplog):
+    """A refused connection is said at once (huggingface_hub's tree listing
+    retried it five times: 24 s), and neither a mirror's password nor the
+    token shows in the message or the log."""
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env.setenv("HF_ENDPOINT", f"http://user:s3cret-pw@127.0.0.1:{port}")
+    env.setenv("HF_TOKEN", "hf_s3cretTokenValue")
+    start = time.monotonic()
+    with caplog.at_level("DEBUG"), pytest.raises(hub.ModelNotFound) as e:
+        hub.resolve_model(REPO)
+    took = time.monotonic() - start
+    assert took < 5, took
+    assert f"downloading it from http://***@127.0.0.1:{port} failed (ConnectError:" in e.value.why, e.value.why
+    for text in (e.value.why, caplog.text):
+        assert "s3cret" not in text, text

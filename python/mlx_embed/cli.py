@@ -270,7 +270,7 @@ def cmd_bulk(args) -> int:
                 # job as Ctrl-C does: one line, the files kept for the resume.
                 signal.signal(signal.SIGTERM, signal.default_int_handler)
         result = run_bulk(
-            args.inputs, args.output, model=args.model, id_column=args.id_column,
+            args.inputs, args.output, model=args.model, revision=args.revision, id_column=args.id_column,
             text_column=args.text_column, concurrency=args.concurrency,
             cpus_per_actor=args.cpus_per_actor, workers_per_actor=args.workers_per_actor,
             batch_size=args.batch_size, rows_per_file=args.rows_per_file,
@@ -487,6 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("inputs", nargs="+", help=".parquet / .jsonl files or folders of them")
     b.add_argument("-o", "--output", required=True, help="output folder of .parquet files")
     b.add_argument("-m", "--model", help=MODEL_HELP)
+    b.add_argument("--revision", help=REVISION_HELP)
     b.add_argument("--id-column", default="id")
     b.add_argument("--text-column", default="text")
     b.add_argument("--concurrency", type=_count,

@@ -129,7 +129,8 @@ class MlxEmbedder:
     DataFrame input.
 
     Keyword arguments (``fn_constructor_kwargs``): ``model`` (a local model
-    folder, default the bundled all-MiniLM-L6-v2), ``text_column``,
+    folder or a Hugging Face repo id, default the bundled all-MiniLM-L6-v2),
+    ``revision`` (of a repo id: a branch, tag or commit sha), ``text_column``,
     ``id_column``, ``normalize``, ``truncate`` (False: a text over the
     model's limit fails its row), ``workers`` (MLX threads; match the
     actor's ``num_cpus``), ``sparse`` (each text's sparse weights instead
@@ -143,6 +144,7 @@ class MlxEmbedder:
         self,
         model: str | None = None,
         *,
+        revision: str | None = None,
         text_column: str = "text",
         id_column: str = "id",
         normalize: bool = True,
@@ -157,7 +159,8 @@ class MlxEmbedder:
         import mlx_embed
 
         self.model = mlx_embed.load(
-            model, dtype=dtype, quantize=quantize, instruction=instruction, workers=workers
+            model, dtype=dtype, quantize=quantize, instruction=instruction, workers=workers,
+            revision=revision,
         )
         if sparse and not self.model.has_sparse_output:
             raise BulkError(_no_sparse_output(self.model.name))
@@ -470,27 +473,35 @@ def _folder_fingerprint(folder: str | os.PathLike) -> str:
 
 
 def model_identity(model: str | None = None, *, dtype: str = "float32",
-                   quantize: int | None = None, instruction: str | None = None) -> dict:
+                   quantize: int | None = None, instruction: str | None = None,
+                   revision: str | None = None) -> dict:
     """What the model the actors would load is: name, resolved folder, vector
-    width, max_length, the folder's fingerprint and whether it has sparse output."""
+    width, max_length, the folder's fingerprint and whether it has sparse
+    output; and, for a repo id, the commit its snapshot is (``commit``)."""
     import mlx_embed
+    from mlx_embed import hub
 
-    m = mlx_embed.load(model, dtype=dtype, quantize=quantize, instruction=instruction, workers=1)
+    m = mlx_embed.load(model, dtype=dtype, quantize=quantize, instruction=instruction, workers=1,
+                       revision=revision)
     return {
         "name": m.name, "path": os.path.realpath(m.path), "dim": int(m.dim),
         "max_length": int(m.max_length), "fingerprint": _folder_fingerprint(m.path),
         "sparse_output": bool(m.has_sparse_output), "prompts": sorted(m.prompts),
+        # Only where a repo id led to the snapshot (a snapshot folder given
+        # as a path is loaded as that path).
+        "commit": m.revision if model and hub.snapshot_of(model) is None else None,
     }
 
 
-def _remote_model_identity(ray, model, dtype, quantize, instruction) -> dict:
+def _remote_model_identity(ray, model, dtype, quantize, instruction, revision=None) -> dict:
     """model_identity, run where the actors run (on a cluster the model folder
     need not exist beside the driver), in a worker that then exits: a model
     loaded and dropped on the caller's thread could abort the process at exit
     when that thread was not the main one, and the driver keeps no copy."""
     task = ray.remote(num_cpus=1, max_calls=1, max_retries=0)(model_identity)
     try:
-        return ray.get(task.remote(model, dtype=dtype, quantize=quantize, instruction=instruction))
+        return ray.get(task.remote(model, dtype=dtype, quantize=quantize, instruction=instruction,
+                                   revision=revision))
     except ray.exceptions.RayTaskError as e:
         cause = getattr(e, "cause", None) or e
         raise BulkError(
@@ -626,6 +637,7 @@ def run_bulk(
     output_dir: str | os.PathLike,
     *,
     model: str | None = None,
+    revision: str | None = None,
     id_column: str = "id",
     text_column: str = "text",
     concurrency: int | None = None,
@@ -649,6 +661,8 @@ def run_bulk(
     sparse weights, from a SPLADE model or a BGE-M3 folder) instead of
     ``embedding``; ``normalize`` does not apply to them. ``prompt_name``:
     one of the model's prompts before each text (``"document"``).
+    ``model`` may be a Hugging Face repo id at ``revision`` (see
+    ``mlx_embed.hub``): resolved once, and every actor loads that commit.
 
     Resumes: ids already in ``output_dir`` are skipped. The folder's
     ``_mlx_embed_bulk.json`` records the model (name, folder, width, a
@@ -736,9 +750,12 @@ def run_bulk(
     _check_ids(input_ids, "input")
     input_rows = len(input_ids)
 
-    identity = _remote_model_identity(ray, model, dtype, quantize, instruction)
+    identity = _remote_model_identity(ray, model, dtype, quantize, instruction, revision)
     # Capabilities, not settings: the record keeps what made the vectors.
     prompts = identity.pop("prompts")
+    # Every actor loads the commit this resolved: a branch that moves on the
+    # Hub mid-job (an actor on another node downloading) mixes no two models.
+    commit = identity.pop("commit")
     if not identity.pop("sparse_output") and sparse:
         raise BulkError(_no_sparse_output(identity["name"]))
     if prompt_name is not None and prompt_name not in prompts:
@@ -770,7 +787,8 @@ def run_bulk(
         ds = ds.map_batches(
             MlxEmbedder,
             fn_constructor_kwargs={
-                "model": model, "text_column": text_column, "id_column": id_column,
+                "model": model, "revision": commit or revision,
+                "text_column": text_column, "id_column": id_column,
                 "normalize": normalize, "truncate": truncate,
                 "workers": workers_per_actor, "dtype": dtype,
                 "quantize": quantize, "instruction": instruction, "sparse": sparse,

@@ -441,3 +441,37 @@ def test_an_unreachable_hub_fails_at_once_and_shows_no_secret(online, env, caplo
     assert f"downloading it from http://***@127.0.0.1:{port} failed (ConnectError:" in e.value.why, e.value.why
     for text in (e.value.why, caplog.text):
         assert "s3cret" not in text, text
+
+
+def test_bulk_takes_a_repo_id_at_a_revision_and_pins_its_commit(cache, env, tmp_path):
+    """`mlx-embed bulk --revision` reaches run_bulk; the identity a job
+    records names the commit, which every actor then loads."""
+    pytest.importorskip("ray")
+    import pyarrow as pa
+
+    from mlx_embed import cli
+    from mlx_embed import ray as bulk
+
+    identity = bulk.model_identity(REPO, revision="v1")
+    assert (identity["commit"], identity["path"]) == (COMMIT, os.path.realpath(_snapshot(cache)))
+    assert bulk.model_identity(_snapshot(cache))["commit"] is None
+    table = bulk.MlxEmbedder(REPO, revision=COMMIT, workers=1)(pa.table({"id": [1, 2, 3], "text": TEXTS}))
+    got = np.asarray(table.column("embedding").to_pylist(), dtype=np.float32)
+    assert np.array_equal(got, load_fixture("tiny-mpnet").embed(TEXTS))
+    with pytest.raises(hub.ModelNotFound, match="revision v2 of"):
+        bulk.MlxEmbedder(REPO, revision="v2", workers=1)
+
+    import ray
+
+    seen = {}
+
+    def fake_run_bulk(inputs, output, **kwargs):
+        seen.update(kwargs)
+        raise bulk.BulkError("stop here")
+
+    corpus = tmp_path / "in.jsonl"
+    corpus.write_text('{"id": 1, "text": "x"}\n')
+    env.setattr(ray, "is_initialized", lambda: True)
+    env.setattr(bulk, "run_bulk", fake_run_bulk)
+    assert cli.main(["bulk", str(corpus), "-o", str(tmp_path / "out"), "-m", REPO, "--revision", "v1"]) == 1
+    assert (seen["model"], seen["revision"]) == (REPO, "v1")

@@ -148,7 +148,8 @@ def missing_files(snapshot: str) -> list[str]:
     """What a cached snapshot lacks for the engine to load it, as far as its
     own files tell (an interrupted download, or an ``hf download`` of a few
     files): ``config.json`` (but a sentence-transformers folder of modules
-    alone, a static embedding, has none), any weights, the shards its
+    alone, a static embedding, has none), any weights, any tokenizer file
+    (``tokenizer.json``, a vocabulary, a sentencepiece model), the shards its
     ``*.index.json`` files list, the module folders ``modules.json`` lists,
     and files whose blob is gone (a link to nothing). Empty: complete."""
     from .json_files import read_json
@@ -162,7 +163,7 @@ def missing_files(snapshot: str) -> list[str]:
             sub = module.get("path") if isinstance(module, dict) else None
             if isinstance(sub, str) and sub and not os.path.isdir(os.path.join(snapshot, sub)):
                 missing.append(sub + "/")
-    weights = False
+    weights = tokenizer = False
     for d, _, fs in os.walk(snapshot):
         for f in fs:
             rel = os.path.relpath(os.path.join(d, f), snapshot)
@@ -170,6 +171,8 @@ def missing_files(snapshot: str) -> list[str]:
                 missing.append(rel)
             elif f.endswith(".safetensors") or re.fullmatch(r"pytorch_model(-\d+-of-\d+)?\.bin", f):
                 weights = True
+            elif f in ("tokenizer.json", "vocab.txt", "vocab.json") or f.endswith(".model"):
+                tokenizer = True
             if f.endswith(".index.json"):
                 index = read_json(os.path.join(d, f))
                 shards = index.get("weight_map") if isinstance(index, dict) else None
@@ -181,6 +184,8 @@ def missing_files(snapshot: str) -> list[str]:
                     ]
     if not weights:
         missing.append("weights (*.safetensors or pytorch_model.bin)")
+    if not tokenizer:
+        missing.append("a tokenizer (tokenizer.json)")
     return sorted(set(missing))
 
 
@@ -322,5 +327,5 @@ def resolve_model(name: str, revision: Optional[str] = None, cache_dir: Optional
         ) from None
     still = missing_files(folder)
     if still:
-        raise ModelNotFound(name, f"the Hub's revision {revision or 'main'} of {name} has no {', '.join(still)}")
+        raise ModelNotFound(name, f"the Hub's revision {revision or 'main'} of {name} lacks {', '.join(still)}")
     return folder

@@ -135,3 +135,33 @@ def test_a_repo_id_and_its_snapshot_folder_are_one_model(tmp_path, cache):
     run = _refused("--model", f"{REPO},{snapshot}", env=_clean_env(HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1"))
     assert (f"mlx-embed: --model {REPO} and --model {snapshot} are the same model (the folder {snapshot}): "
             "give each model once") in run.stderr, run.stderr[-2000:]
+
+
+def test_a_partial_snapshot_or_a_path_for_a_revision_is_refused_at_start(tmp_path, cache):
+    """An interrupted download is refused before any model loads, naming
+    what it lacks (it was loaded, then failed with "no weights"); a revision
+    that is a path never leaves the cache's refs/; a refused connection to
+    the Hub is said at once, with no password of a mirror's in it."""
+    import socket
+    import time
+
+    files = folder_files(FIXTURES / "tiny-mpnet")
+    partial = cache_repo(cache, REPO, {"config.json": files["config.json"]}, commit="a" * 40, refs=("wip",))
+    env = _clean_env(HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE="1")
+    run = _refused("--model", REPO, "--revision", "wip", env=env)
+    assert (f"mlx-embed: --model {REPO}: the Hugging Face cache's snapshot {partial} lacks a tokenizer "
+            "(tokenizer.json), weights (*.safetensors or pytorch_model.bin); HF_HUB_OFFLINE is set") in run.stderr, run.stderr[-2000:]
+    (tmp_path / "sha").write_text(COMMIT)
+    run = _refused("--model", REPO, "--revision", str(tmp_path / "sha"), env=env)
+    assert (f"mlx-embed: --model {REPO}: revision '{tmp_path / 'sha'}' is not a branch, tag or commit sha: it is "
+            "an absolute path") in run.stderr, run.stderr[-2000:]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    start = time.monotonic()
+    run = _refused("--model", "test-org/absent", env=_clean_env(
+        HF_HUB_CACHE=str(cache), HF_ENDPOINT=f"http://user:s3cret@127.0.0.1:{port}", HF_TOKEN="hf_s3cretToken"))
+    took = time.monotonic() - start
+    assert f"downloading it from http://***@127.0.0.1:{port} failed (ConnectError:" in run.stderr, run.stderr[-2000:]
+    assert "s3cret" not in run.stdout + run.stderr
+    assert took < 10, took

@@ -166,6 +166,8 @@ def test_a_partial_snapshot_is_refused_offline_naming_what_it_lacks(cache):
         },
         "config.json": {k: v for k, v in files.items() if k not in ("config.json", "modules.json")}
         | {"model.safetensors": weights},
+        "a tokenizer (tokenizer.json)": {k: v for k, v in files.items() if k != "tokenizer.json"}
+        | {"model.safetensors": weights},
     }
     for i, (missing, content) in enumerate(lacks.items()):
         snapshot = _partial(cache, content, commit=f"{i:040x}")
@@ -178,8 +180,8 @@ def test_a_partial_snapshot_is_refused_offline_naming_what_it_lacks(cache):
         ), missing
     # A file whose blob was deleted.
     snapshot = Path(_partial(cache, files | {"model.safetensors": weights}, commit="f" * 40))
-    os.remove(snapshot / os.readlink(snapshot / "tokenizer.json"))
-    with pytest.raises(hub.ModelNotFound, match=f"snapshot {snapshot} lacks tokenizer.json;"):
+    os.remove(snapshot / os.readlink(snapshot / "tokenizer_config.json"))
+    with pytest.raises(hub.ModelNotFound, match=f"snapshot {snapshot} lacks tokenizer_config.json;"):
         hub.resolve_model(REPO, "partial")
     # A sentence-transformers folder of modules alone (a static embedding) needs no config.json.
     del files["config.json"]
@@ -418,7 +420,10 @@ def test_a_hub_that_has_no_weights_is_refused_by_name(online, env):
         env.setenv("HF_ENDPOINT", fake.url)
         with pytest.raises(hub.ModelNotFound) as e:
             hub.resolve_model(REPO)
-    assert e.value.why == f"the Hub's revision main of {REPO} has no weights (*.safetensors or pytorch_model.bin)"
+    assert e.value.why == (
+        f"the Hub's revision main of {REPO} lacks a tokenizer (tokenizer.json), weights (*.safetensors or "
+        "pytorch_model.bin)"
+    )
 
 
 def test_an_unreachable_hub_fails_at_once_and_shows_no_secret(online, env, caplog):

@@ -165,3 +165,18 @@ def test_a_partial_snapshot_or_a_path_for_a_revision_is_refused_at_start(tmp_pat
     assert f"downloading it from http://***@127.0.0.1:{port} failed (ConnectError:" in run.stderr, run.stderr[-2000:]
     assert "s3cret" not in run.stdout + run.stderr
     assert took < 10, took
+
+
+def test_an_empty_hf_hub_cache_reads_as_unset(tmp_path, cache):
+    """`HF_HUB_CACHE=` (a compose file's `${UNSET}`) is no cache: HF_HOME/hub
+    is searched, and the server starts (it failed every start, with exit 2,
+    when the flag read the variable through clap)."""
+    home = tmp_path / "hf-home"
+    home.mkdir()
+    os.rename(cache, home / "hub")
+    env = _clean_env(HF_HUB_CACHE="", HF_HOME=str(home), HF_HUB_OFFLINE="1")
+    server = start_server(tmp_path, "--no-warmup", "--model", REPO, env=env)
+    try:
+        _assert_serves_the_fixture(server, home / "hub" / "models--test-org--tiny-mpnet" / "snapshots" / COMMIT)
+    finally:
+        assert server.stop() == 0

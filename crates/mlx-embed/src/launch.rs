@@ -60,7 +60,11 @@ pub struct ModelArgs {
     pub revision: Option<String>,
     /// The Hugging Face cache repo ids are looked up in and downloaded to [default: HF_HUB_CACHE,
     /// else HF_HOME/hub, else ~/.cache/huggingface/hub, as huggingface_hub finds it].
-    #[arg(long, env = "HF_HUB_CACHE")]
+    // No clap `env`: mlx_embed.hub reads HF_HUB_CACHE (and its fallbacks)
+    // itself, an empty one as unset; through clap an empty HF_HUB_CACHE (a
+    // compose file's `HF_HUB_CACHE=${UNSET}`) failed every start, a local
+    // folder's too.
+    #[arg(long)]
     pub huggingface_hub_cache: Option<std::path::PathBuf>,
     /// Weights dtype. float32 is the only fast one on x86 CPUs.
     #[arg(long, env = "MLX_EMBED_DTYPE", default_value = "float32", value_parser = ["float32", "float16", "bfloat16"])]

@@ -72,6 +72,8 @@ class FakeHub:
     def __init__(self):
         self.repos: dict[str, tuple[str, tuple[str, ...], dict[str, bytes]]] = {}
         self.requests: list[tuple[str, str]] = []
+        # The next this many requests are answered 503, as a Hub under load.
+        self.unavailable = 0
         hub = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -106,6 +108,9 @@ class FakeHub:
     def _answer(self, req: BaseHTTPRequestHandler, body: bool):
         path = unquote(urlsplit(req.path).path)
         self.requests.append((req.command, path))
+        if self.unavailable > 0:
+            self.unavailable -= 1
+            return self._send(req, 503, b"busy", body, {"Content-Type": "text/plain"})
         m = re.fullmatch(r"/api/models/(.+)/(revision|tree)/([^/]+)(?:/.*)?", path) or re.fullmatch(
             r"/(.+)/(resolve)/([^/]+)/(.+)", path
         )

@@ -237,10 +237,7 @@ def download(repo_id: str, revision: Optional[str] = None, cache_dir: Optional[s
     from huggingface_hub import HfApi, snapshot_download
 
     cache = hub_cache(cache_dir)
-    # The repo's file list from its info, one request: huggingface_hub's
-    # tree listing retries a refused connection five times (about 24 s)
-    # before a server start could say the Hub cannot be reached.
-    info = HfApi(endpoint=endpoint()).model_info(repo_id, revision=revision or "main")
+    info = _repo_info(HfApi(endpoint=endpoint()), repo_id, revision or "main")
     files = engine_files(s.rfilename for s in info.siblings or ())
     log.info(
         "downloading %s (revision %s) from %s into %s: %s",
@@ -251,6 +248,33 @@ def download(repo_id: str, revision: Optional[str] = None, cache_dir: Optional[s
         ", ".join(files),
     )
     return snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=files, endpoint=endpoint())
+
+
+# A Hub under load (huggingface_hub's retried statuses): asked again after
+# 1, 2 and 4 s.
+_BUSY = (429, 500, 502, 503, 504)
+_WAITS = (1.0, 2.0, 4.0)
+
+
+def _repo_info(api, repo_id: str, revision: str):
+    """The repo's info at ``revision`` (its file list): one request, asked
+    again while the Hub answers that it is busy, but not where the
+    connection itself fails: huggingface_hub's tree listing retries that
+    five times (about 24 s) before a server start could say the Hub cannot
+    be reached."""
+    import time
+
+    from huggingface_hub.errors import HfHubHTTPError
+
+    for wait in (*_WAITS, None):
+        try:
+            return api.model_info(repo_id, revision=revision)
+        except HfHubHTTPError as e:
+            status = getattr(e.response, "status_code", None)
+            if wait is None or status not in _BUSY:
+                raise
+            log.warning("%s: the Hub answered %s; asking again in %.0f s", repo_id, status, wait)
+            time.sleep(wait)
 
 
 def endpoint() -> str:

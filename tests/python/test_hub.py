@@ -480,3 +480,18 @@ def test_bulk_takes_a_repo_id_at_a_revision_and_pins_its_commit(cache, env, tmp_
     env.setattr(bulk, "run_bulk", fake_run_bulk)
     assert cli.main(["bulk", str(corpus), "-o", str(tmp_path / "out"), "-m", REPO, "--revision", "v1"]) == 1
     assert (seen["model"], seen["revision"]) == (REPO, "v1")
+
+
+def test_a_busy_hub_is_asked_again(online, env):
+    """A 503 from the Hub is waited out (huggingface_hub's retried statuses),
+    a refused connection is not (the test above)."""
+    env.setattr(hub, "_WAITS", (0.01, 0.01, 0.01))
+    with FakeHub() as fake:
+        fake.add(REPO, folder_files(FIXTURES / "tiny-mpnet"), commit=COMMIT)
+        env.setenv("HF_ENDPOINT", fake.url)
+        fake.unavailable = 2
+        assert hub.resolve_model(REPO) == _snapshot(online)
+        fake.unavailable = 10
+        with pytest.raises(hub.ModelNotFound, match=r"failed \(HfHubHTTPError: .*503"):
+            hub.resolve_model("test-org/other")
+        assert fake.unavailable == 6  # four tries

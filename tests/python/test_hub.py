@@ -495,3 +495,35 @@ def test_a_busy_hub_is_asked_again(online, env):
         with pytest.raises(hub.ModelNotFound, match=r"failed \(HfHubHTTPError: .*503"):
             hub.resolve_model("test-org/other")
         assert fake.unavailable == 6  # four tries
+
+
+def test_offline_reads_the_variables_as_huggingface_hub_does(env):
+    import subprocess
+    import sys
+
+    for hf, transformers in (
+        ("1", None),
+        ("true", None),
+        ("ON", None),
+        ("yes", None),
+        ("0", None),
+        ("false", None),
+        ("", None),
+        (None, "1"),
+        ("0", "1"),
+        ("", "1"),
+        (None, None),
+    ):
+        for name, value in (("HF_HUB_OFFLINE", hf), ("TRANSFORMERS_OFFLINE", transformers)):
+            if value is None:
+                env.delenv(name, raising=False)
+            else:
+                env.setenv(name, value)
+        theirs = subprocess.run(
+            [sys.executable, "-c", "from huggingface_hub import constants as c; print(c.HF_HUB_OFFLINE)"],
+            env=dict(os.environ),
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        assert str(hub.offline()) == theirs, (hf, transformers)

@@ -13,7 +13,9 @@ and only when it is not there, and ``HF_HUB_OFFLINE`` is not set, downloaded
 into that cache with huggingface_hub (the files the engine reads, nothing
 more: see :func:`engine_files`). A cached revision is used as it is, without
 asking the Hub whether its branch has moved: a server starts the same way
-with the network or without it (``hf download`` updates the cache).
+with the network or without it (``hf download`` updates the cache). Only a
+partial snapshot (:func:`missing_files`) is completed from the Hub, or
+refused offline naming what it lacks.
 """
 
 from __future__ import annotations

@@ -57,7 +57,12 @@ class _Lease:
     borrowed default streams (one per device it runs on), which go back, and
     its compile cache and stream encoders, which are cleared."""
 
+    # Held by the class: at interpreter exit the module's globals may be gone
+    # before a lease is dropped.
+    _ident = staticmethod(threading.get_ident)
+
     def __init__(self):
+        self.owner = self._ident()
         self.streams: list = []
         # More streams for the thread's passes (``Scheduler(streams=)``).
         self.extra: list = []
@@ -80,6 +85,15 @@ class _Lease:
         return self.extra[:n]
 
     def __del__(self):
+        # Dropped on another thread only as the interpreter finalizes with the
+        # owner still alive (a daemon thread; ``threading.local`` then drops
+        # every thread's values on the main thread): ``clear_streams`` would
+        # clear the main thread's state, not the owner's (and on a GPU, MLX's
+        # main thread clears every lent stream's encoder, which the owner may
+        # be running on), and the streams are not free to lend. The process
+        # is ending; leave both.
+        if self._ident() != self.owner:
+            return
         # While the thread still holds the GIL (see above).
         mx.clear_streams()
         _give_back(self.streams + self.extra)

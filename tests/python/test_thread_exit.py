@@ -145,3 +145,52 @@ def test_a_backend_that_cannot_lend_streams_still_exits_cleanly():
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["True", "0"]
     assert r.stderr.count("MLX streams cannot be lent to threads here") == 1, r.stderr
+
+
+DAEMON_AT_EXIT = r"""
+import sys, threading
+import mlx.core as mx
+import mlx_embed
+
+model = mlx_embed.load(sys.argv[1])
+clear = mx.clear_streams
+main = threading.main_thread().ident
+
+def spy():
+    # threading.current_thread() would make a dummy thread here, at a thread's end.
+    print("clear_streams on", "main" if threading.get_ident() == main else "owner", flush=True)
+    clear()
+
+mx.clear_streams = spy
+busy = threading.Event()
+
+def serve():  # a daemon thread (a web server's connection thread) alive at exit
+    model.embed(["hello world"])
+    busy.set()
+    threading.Event().wait()
+
+threading.Thread(target=serve, daemon=True).start()
+busy.wait()
+t = threading.Thread(target=model.embed, args=(["a thread that ends"],))
+t.start()
+t.join()
+print("exit", flush=True)
+"""
+
+
+def test_a_daemon_threads_streams_are_left_alone_at_exit():
+    """At exit ``threading.local`` drops a still-running daemon thread's lease on
+    the main thread; clearing there would clear the main thread's MLX state
+    (on a GPU every lent stream's, the daemon's included), not the daemon's.
+    Before: ``clear_streams on main`` after ``exit``."""
+    r = subprocess.run(
+        [sys.executable, "-c", DAEMON_AT_EXIT, str(FIXTURES / "tiny-modernbert")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
+    )
+    assert "terminate called" not in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 0, r.stderr[-2000:]
+    # The thread that ended cleared its own state; nothing ran on the main thread.
+    assert r.stdout.split("\n")[:-1] == ["clear_streams on owner", "exit"], r.stdout + r.stderr[-2000:]

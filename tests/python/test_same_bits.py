@@ -65,6 +65,53 @@ def test_unit_rows_copies_and_takes_any_layout():
     assert not pooling.unit_rows(np.zeros((2, 5), np.float32)).any()
 
 
+def test_a_row_with_a_nan_or_an_infinity_is_left_as_the_others_leave_it(monkeypatch):
+    """A NaN component makes the whole row NaN, as sentence-transformers'
+    clamp_min, NumPy's maximum and MLX leave it (and the fallback here);
+    an infinite one NaN there and zero elsewhere; huge finite components
+    do not overflow (float64 squares). Before: the extension's norm took
+    ``f64::max(NaN, 1e-12)`` = 1e-12, answering [nan, 1e12, 2e12]."""
+    x = np.array(
+        [[np.nan, 1.0, 2.0], [np.inf, 1.0, 0.0], [-np.inf, np.inf, 1.0], [3e38, 3e38, 1.0], [0.0, 0.0, 0.0]],
+        np.float32,
+    )
+    with np.errstate(invalid="ignore"):
+        got = pooling.unit_rows(x)
+        assert np.isnan(got[0]).all(), got[0]
+        assert np.isnan(got[1, 0]) and np.array_equal(got[1, 1:], [0.0, 0.0]), got[1]
+        assert np.isnan(got[2, :2]).all() and got[2, 2] == 0.0, got[2]
+        assert np.array_equal(got[3], _nearest_unit(x[3:4])[0]) and abs(got[3, 0] - 0.70710677) < 1e-7
+        assert not got[4].any()
+        monkeypatch.setattr(ops, "_native", None)
+        np.testing.assert_array_equal(pooling.unit_rows(x), got)
+
+
+@pytest.mark.parametrize("multi_label", [False, True])
+def test_scores_at_extreme_logits_are_the_fallbacks(multi_label, monkeypatch):
+    """Logits of +-1e4 (a saturated classifier) and NaN: no overflow into a
+    wrong score, and the extension's scores are NumPy's fallback's."""
+    from mlx_embed import scoring
+
+    logits = np.array(
+        [[1e4, -1e4, 0.0], [-1e4, -1e4, -1e4], [1e4, 1e4, 1e4], [np.nan, 1.0, 2.0], [np.inf, 1.0, 0.0]],
+        np.float32,
+    )
+    got = scoring.activate(logits, multi_label)
+    if multi_label:
+        np.testing.assert_array_equal(got[0], [1.0, 0.0, 0.5])
+        assert np.isnan(got[3, 0]) and not np.isnan(got[3, 1:]).any()
+    else:
+        np.testing.assert_array_equal(got[0], [1.0, 0.0, 0.0])
+        np.testing.assert_array_equal(got[1], np.full(3, np.float32(1 / 3)))
+        np.testing.assert_array_equal(got[2], np.full(3, np.float32(1 / 3)))
+        assert np.isnan(got[3]).all()
+    one = scoring.activate(np.array([[1e4], [-1e4], [np.nan]], np.float32))
+    assert one[0, 0] == 1.0 and one[1, 0] == 0.0 and np.isnan(one[2, 0])
+    monkeypatch.setattr(ops, "_native", None)
+    with np.errstate(over="ignore", invalid="ignore"):
+        np.testing.assert_array_equal(scoring.activate(logits, multi_label), got)
+
+
 @pytest.mark.parametrize("settings", [{}, {"fast_ops": "mlx"}, {"pipeline": True}])
 def test_embed_normalizes_with_unit_rows(minilm, golden_texts, settings):
     """Whatever path the passes take (host pooling, MLX pooling, pipelined),

@@ -754,11 +754,12 @@ pub fn l2_normalize(v: &mut [f32]) {
     for (lane, &x) in lanes.iter_mut().zip(tail) {
         *lane += f64::from(x) * f64::from(x);
     }
-    let norm = lanes
-        .iter()
-        .fold(0.0, |sum, lane| sum + lane)
-        .sqrt()
-        .max(1e-12);
+    let norm = lanes.iter().fold(0.0, |sum, lane| sum + lane).sqrt();
+    // Not `f64::max`, which drops a NaN: a row with a NaN component would be
+    // divided by 1e-12, its other components answered as ~1e12 instead of
+    // NaN (sentence-transformers' clamp_min, NumPy's maximum and MLX's all
+    // keep the NaN).
+    let norm = if norm < 1e-12 { 1e-12 } else { norm };
     v.iter_mut()
         .for_each(|x| *x = (f64::from(*x) / norm) as f32);
 }
@@ -805,6 +806,16 @@ mod tests {
             let norm: f64 = got.iter().map(|&x| f64::from(x) * f64::from(x)).sum();
             assert!((norm - 1.0).abs() < 1e-6, "width {width}: |v|^2 = {norm}");
         }
+    }
+
+    #[test]
+    fn l2_normalize_leaves_a_nan_row_nan() {
+        let mut v = [f32::NAN, 1.0, 2.0];
+        l2_normalize(&mut v);
+        assert!(v.iter().all(|x| x.is_nan()), "{v:?}");
+        let mut v = [f32::INFINITY, 1.0];
+        l2_normalize(&mut v);
+        assert!(v[0].is_nan() && v[1] == 0.0, "{v:?}");
     }
 
     #[test]

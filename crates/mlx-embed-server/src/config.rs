@@ -22,12 +22,13 @@ const MAX_WAIT_SECS: u64 = 86_400;
 /// batching defaults come from [`BatcherConfig::default`].
 #[derive(clap::Args, Debug, Clone, PartialEq)]
 pub struct ServerArgs {
-    /// Address to listen on.
-    #[arg(long, env = "MLX_EMBED_HOST", default_value = "127.0.0.1")]
+    /// Address to listen on (TEI's --hostname too, whose default is 0.0.0.0: give it to listen
+    /// beyond this machine).
+    #[arg(long, visible_alias = "hostname", env = "MLX_EMBED_HOST", default_value = "127.0.0.1")]
     pub host: String,
 
     /// Port to listen on (0 picks a free one, printed on stdout as `listening on http://host:port`).
-    #[arg(long, env = "MLX_EMBED_PORT", default_value_t = 8080)]
+    #[arg(long, short = 'p', env = "MLX_EMBED_PORT", default_value_t = 8080)]
     pub port: u16,
 
     /// Also serve Hugging Face TEI's gRPC API (package `tei.v1`: Info, Embed, Predict, Rerank,
@@ -40,8 +41,9 @@ pub struct ServerArgs {
     #[arg(long, env = "MLX_EMBED_SERVED_MODEL_NAME", value_parser = parse_model_name)]
     pub served_model_name: Option<String>,
 
-    /// Most inputs in one model call [default: 64 on the CPU, 256 on a GPU].
-    #[arg(long, env = "MLX_EMBED_MAX_BATCH_SIZE",
+    /// Most inputs in one model call (TEI's --max-batch-requests: TEI queues each input of a
+    /// request as one entry) [default: 64 on the CPU, 256 on a GPU].
+    #[arg(long, visible_alias = "max-batch-requests", env = "MLX_EMBED_MAX_BATCH_SIZE",
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_batch_size: Option<usize>,
 
@@ -123,13 +125,13 @@ pub struct ServerArgs {
     #[arg(long, env = "MLX_EMBED_NO_CACHE", value_parser = clap::builder::BoolishValueParser::new())]
     pub no_cache: bool,
 
-    /// Largest request body in bytes; larger bodies get 413.
-    #[arg(long, env = "MLX_EMBED_MAX_BODY_BYTES", default_value_t = 2 * 1024 * 1024,
+    /// Largest request body in bytes; larger bodies get 413 (TEI's --payload-limit).
+    #[arg(long, visible_alias = "payload-limit", env = "MLX_EMBED_MAX_BODY_BYTES", default_value_t = 2 * 1024 * 1024,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_body_bytes: usize,
 
-    /// Most inputs in one request; more get 413.
-    #[arg(long, env = "MLX_EMBED_MAX_INPUTS_PER_REQUEST", default_value_t = 2048,
+    /// Most inputs in one request; more get 413 (TEI's --max-client-batch-size).
+    #[arg(long, visible_alias = "max-client-batch-size", env = "MLX_EMBED_MAX_INPUTS_PER_REQUEST", default_value_t = 2048,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_inputs_per_request: usize,
 
@@ -186,6 +188,24 @@ pub struct ServerArgs {
     /// Skip the start-up warm-up batch.
     #[arg(long, env = "MLX_EMBED_NO_WARMUP", value_parser = clap::builder::BoolishValueParser::new())]
     pub no_warmup: bool,
+
+    /// The prompt of every embedding model's that an embedding request naming no prompt (no
+    /// `prompt_name`, `prompt`, role or task) gets, over the folder's own default, as TEI's
+    /// --default-prompt-name; each embedding model must have a prompt of that name.
+    #[arg(long, env = "MLX_EMBED_DEFAULT_PROMPT_NAME", conflicts_with = "default_prompt",
+          value_parser = parse_prompt_flag)]
+    pub default_prompt_name: Option<String>,
+
+    /// Text put before each input of an embedding request naming no prompt (no `prompt_name`,
+    /// `prompt`, role or task), over the folder's own default, as TEI's --default-prompt.
+    #[arg(long, env = "MLX_EMBED_DEFAULT_PROMPT", value_parser = parse_prompt_flag)]
+    pub default_prompt: Option<String>,
+
+    /// Also serve GET /metrics (the same text as the main port's, behind --api-key as there)
+    /// on this port, at --host, as TEI's --prometheus-port (0 picks a free one, printed on
+    /// stdout as `listening on metrics://host:port`). Unset: /metrics on the main port only.
+    #[arg(long, env = "MLX_EMBED_PROMETHEUS_PORT")]
+    pub prometheus_port: Option<u16>,
 }
 
 impl Default for ServerArgs {
@@ -220,8 +240,21 @@ impl Default for ServerArgs {
             client_timeout_secs: 75,
             max_unsent_answers_mb: 1024,
             no_warmup: false,
+            default_prompt_name: None,
+            default_prompt: None,
+            prometheus_port: None,
         }
     }
+}
+
+/// A default prompt (name or text) with some text in it: an empty one (a
+/// compose file's `${PROMPT}` with PROMPT unset) would be no prompt, which
+/// leaving the flag out says.
+fn parse_prompt_flag(s: &str) -> Result<String, String> {
+    if s.is_empty() {
+        return Err("an empty prompt: leave the flag out for each model's own default".into());
+    }
+    Ok(s.to_owned())
 }
 
 /// A served name clients can send back: not empty, no whitespace at either

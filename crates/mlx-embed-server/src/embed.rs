@@ -185,6 +185,15 @@ async fn run(
     refuse_inputs(state, &req.inputs, req.empty_texts)
         .inspect_err(|_| state.count_under_requested(req.model.as_deref(), task))?;
     let model = state.model_for(req.model.as_deref(), task)?;
+    // The server's default prompt (TEI's --default-prompt-name/--default-prompt)
+    // stands in for the folder's where a request says nothing: here, where
+    // every embedding route's request passes. A task's own prompt is the
+    // task's (its adapter was trained with it).
+    if req.options.prompt == Prompt::Default && req.options.task.is_none() {
+        if let Some(prompt) = server_default_prompt(state.args()) {
+            req.options.prompt = prompt;
+        }
+    }
     // A SPLADE model's pooled vectors are sparse already; a BGE-M3 model
     // answers sparse requests with its lexical weights.
     if task == Task::EmbedSparse && !model.info().sparse {
@@ -261,6 +270,16 @@ async fn run(
         cache_hits: out.cache_hits,
         output,
     })
+}
+
+/// The prompt `--default-prompt-name` or `--default-prompt` gives a
+/// request that names none (clap lets at most one be set).
+pub(crate) fn server_default_prompt(args: &crate::ServerArgs) -> Option<Prompt> {
+    match (&args.default_prompt_name, &args.default_prompt) {
+        (Some(name), _) => Some(Prompt::Named(name.clone())),
+        (None, Some(text)) => Some(Prompt::Raw(text.clone())),
+        (None, None) => None,
+    }
 }
 
 /// The bytes of the prompt `prompt` puts before a text of `model` (a name

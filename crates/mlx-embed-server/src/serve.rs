@@ -127,6 +127,23 @@ fn check(args: &ServerArgs, batchers: &[Batcher]) -> Result<(), ServerError> {
     for warning in args.warnings(max_batch_size) {
         tracing::warn!("{warning}");
     }
+    // Named in every request that says nothing, a prompt a model lacks
+    // would make each of them a 400: refused once, here.
+    if let Some(name) = &args.default_prompt_name {
+        for batcher in batchers {
+            let info = batcher.model_info();
+            if info.kind == mlx_embed_core::ModelKind::Embedding && !info.prompts.contains_key(name)
+            {
+                let known: Vec<&str> = info.prompts.keys().map(String::as_str).collect();
+                return Err(ServerError::Config(format!(
+                    "--default-prompt-name {name:?}: {} has no prompt of that name (its prompts: \
+                     {})",
+                    info.name,
+                    if known.is_empty() { "none".to_owned() } else { known.join(", ") }
+                )));
+            }
+        }
+    }
     Ok(())
 }
 
@@ -294,6 +311,27 @@ async fn run(
             draining.begin_shutdown();
         },
     );
+    // Bound here, not before the warm-up: a scraper reaches it no earlier
+    // than clients reach the main port.
+    let prometheus = match args.prometheus_port {
+        Some(port) => Some(bind(&args.host, port, "metrics").await?),
+        None => None,
+    };
+    let mut metrics_stop = trigger.clone();
+    let metrics = async {
+        if let Some(listener) = prometheus {
+            serve_connections(
+                listener,
+                crate::routes::metrics_router(state.clone()),
+                state.clone(),
+                args.client_timeout(),
+                async move {
+                    metrics_stop.reached(1).await;
+                },
+            )
+            .await;
+        }
+    };
     let mut grpc_stop = trigger.clone();
     let grpc = async {
         if let Some(listener) = grpc {
@@ -303,10 +341,10 @@ async fn run(
             .await;
         }
     };
-    // Both listeners close on the first shutdown request and are done when
+    // Every listener closes on the first shutdown request and are done when
     // their last calls are.
     let server = async {
-        tokio::join!(http, grpc);
+        tokio::join!(http, grpc, metrics);
     };
     let mut server = std::pin::pin!(server);
     let mut trigger = trigger;

@@ -25,6 +25,103 @@ pub struct ServeCli {
     /// fields, and the request's span with its id), for log collectors.
     #[arg(long, env = "MLX_EMBED_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    #[command(flatten)]
+    pub tei: TeiArgs,
+}
+
+/// Hugging Face TEI router flags with no flag of ours to be an alias of, so
+/// a `text-embeddings-router` command line runs here unchanged: each does
+/// what TEI's does, is ignored where that is harmless (said at start), or
+/// is refused naming what to do instead. Flags only: TEI's generic
+/// environment names (PORT, HOSTNAME, which Docker sets to the container's
+/// name) would be read by accident.
+#[derive(Debug, Clone, Default, clap::Args)]
+#[command(next_help_heading = "Hugging Face TEI router flags")]
+pub struct TeiArgs {
+    /// Log lines as JSON (TEI's flag for --log-format json).
+    #[arg(long)]
+    pub json_output: bool,
+    /// JSON log lines without the request's span (TEI's flag); text lines are unchanged.
+    #[arg(long)]
+    pub disable_spans: bool,
+    /// Accepted, changes nothing: this server already cuts an over-long input to the model's
+    /// length unless the request says `truncate: false`, which is what TEI does with this flag.
+    #[arg(long)]
+    pub auto_truncate: bool,
+    /// The Hugging Face Hub token repo ids are downloaded with (set as HF_TOKEN for the
+    /// download; TEI's --hf-api-token too). Never printed.
+    #[arg(long, alias = "hf-api-token", env = "HF_TOKEN", hide_env_values = true)]
+    pub hf_token: Option<String>,
+    /// Accepted and ignored (said at start): inputs are tokenized on the HTTP threads (one
+    /// per core), so there is no tokenizer pool to size.
+    #[arg(long)]
+    pub tokenization_workers: Option<usize>,
+    /// Accepted and ignored (said at start): TEI's socket to its own backend process; the
+    /// engine runs in this process.
+    #[arg(long)]
+    pub uds_path: Option<String>,
+    /// Accepted and ignored (said at start) without --otlp-endpoint, which is refused.
+    #[arg(long)]
+    pub otlp_service_name: Option<String>,
+    /// Refused: there is no OpenTelemetry export; use --log-format json for a log collector
+    /// and /metrics for Prometheus.
+    #[arg(long)]
+    pub otlp_endpoint: Option<String>,
+    /// 0 is accepted (the first device, the one MLX uses); any other is refused: pick the GPU
+    /// with CUDA_VISIBLE_DEVICES.
+    #[arg(long)]
+    pub device_id: Option<usize>,
+    /// Refused: the Dense modules are the ones the folder's modules.json lists.
+    #[arg(long)]
+    pub dense_path: Option<String>,
+}
+
+impl TeiArgs {
+    /// Why a flag given cannot be honoured (the launcher exits 2, as for a
+    /// bad flag), else the lines to warn at start for flags that change
+    /// nothing here.
+    pub fn check(&self) -> Result<Vec<String>, String> {
+        if self.otlp_endpoint.is_some() {
+            return Err("--otlp-endpoint: this server exports no OpenTelemetry traces; leave \
+                        it out (--log-format json gives log collectors one JSON object per \
+                        line, with the request's span; /metrics serves Prometheus)"
+                .into());
+        }
+        if let Some(id) = self.device_id.filter(|&id| id != 0) {
+            return Err(format!(
+                "--device-id {id}: the engine runs on the first device it sees; leave the flag \
+                 out and start the server with CUDA_VISIBLE_DEVICES={id}"
+            ));
+        }
+        if let Some(path) = &self.dense_path {
+            return Err(format!(
+                "--dense-path {path}: the Dense modules run are the ones the model folder's \
+                 modules.json lists; leave the flag out, or give a folder whose modules.json \
+                 lists the one you want"
+            ));
+        }
+        let mut ignored = Vec::new();
+        if let Some(n) = self.tokenization_workers {
+            ignored.push(format!(
+                "--tokenization-workers {n} is ignored: inputs are tokenized on the HTTP \
+                 server's threads, one per core"
+            ));
+        }
+        if self.uds_path.is_some() {
+            ignored.push(
+                "--uds-path is ignored: it is TEI's socket to its own backend process, and \
+                 this engine runs in the server's process"
+                    .to_owned(),
+            );
+        }
+        if self.otlp_service_name.is_some() {
+            ignored.push(
+                "--otlp-service-name is ignored: this server exports no OpenTelemetry traces"
+                    .to_owned(),
+            );
+        }
+        Ok(ignored)
+    }
 }
 
 /// How log lines are written (to stdout).
@@ -427,7 +524,28 @@ where
             return err.exit_code();
         }
     };
-    init_logging(&cli.log, cli.log_format);
+    let ignored = match cli.tei.check() {
+        Ok(ignored) => ignored,
+        Err(why) => {
+            // As clap says a flag it cannot take: on stderr, exit code 2.
+            eprintln!("error: {why}");
+            return 2;
+        }
+    };
+    if let Some(token) = &cli.tei.hf_token {
+        // Read by huggingface_hub when a repo id is downloaded; set before
+        // any thread that could read the environment starts.
+        std::env::set_var("HF_TOKEN", token);
+    }
+    let format = if cli.tei.json_output {
+        LogFormat::Json
+    } else {
+        cli.log_format
+    };
+    init_logging(&cli.log, format, !cli.tei.disable_spans);
+    for line in ignored {
+        tracing::warn!("{line}");
+    }
     match serve(cli, wrap) {
         Ok(()) => 0,
         Err(message) => {
@@ -607,7 +725,7 @@ fn parse_log_filter(filter: &str) -> Result<String, String> {
         .map_err(|err| format!("{err}: {help}"))
 }
 
-fn init_logging(filter: &str, format: LogFormat) {
+fn init_logging(filter: &str, format: LogFormat, spans: bool) {
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // A second `serve` call in one Python process keeps the first subscriber.
@@ -621,7 +739,7 @@ fn init_logging(filter: &str, format: LogFormat) {
         LogFormat::Json => lines
             .json()
             .flatten_event(true)
-            .with_current_span(true)
+            .with_current_span(spans)
             .with_span_list(false)
             .try_init(),
     };

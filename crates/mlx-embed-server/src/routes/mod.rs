@@ -114,6 +114,18 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
+/// `--prometheus-port`'s routes: GET /metrics alone, behind the same key
+/// and host checks as the main port's (its text tells a model's traffic).
+pub fn metrics_router(state: AppState) -> Router {
+    Router::new()
+        .route("/metrics", get(ops::metrics))
+        .fallback(ops::not_found)
+        .method_not_allowed_fallback(ops::method_not_allowed)
+        .layer(from_fn_with_state(state.clone(), require_api_key))
+        .layer(from_fn_with_state(state.clone(), check_host))
+        .with_state(state)
+}
+
 /// The CORS policy for `--cors-allow-origin` (none when it is empty).
 fn cors(origins: &[String]) -> Option<CorsLayer> {
     if origins.is_empty() {

@@ -24,7 +24,12 @@ const MAX_WAIT_SECS: u64 = 86_400;
 pub struct ServerArgs {
     /// Address to listen on (TEI's --hostname too, whose default is 0.0.0.0: give it to listen
     /// beyond this machine).
-    #[arg(long, visible_alias = "hostname", env = "MLX_EMBED_HOST", default_value = "127.0.0.1")]
+    #[arg(
+        long,
+        visible_alias = "hostname",
+        env = "MLX_EMBED_HOST",
+        default_value = "127.0.0.1"
+    )]
     pub host: String,
 
     /// Port to listen on (0 picks a free one, printed on stdout as `listening on http://host:port`).

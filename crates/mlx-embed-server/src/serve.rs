@@ -139,7 +139,11 @@ fn check(args: &ServerArgs, batchers: &[Batcher]) -> Result<(), ServerError> {
                     "--default-prompt-name {name:?}: {} has no prompt of that name (its prompts: \
                      {})",
                     info.name,
-                    if known.is_empty() { "none".to_owned() } else { known.join(", ") }
+                    if known.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        known.join(", ")
+                    }
                 )));
             }
         }

@@ -82,10 +82,12 @@ impl TeiArgs {
     /// nothing here.
     pub fn check(&self) -> Result<Vec<String>, String> {
         if self.otlp_endpoint.is_some() {
-            return Err("--otlp-endpoint: this server exports no OpenTelemetry traces; leave \
+            return Err(
+                "--otlp-endpoint: this server exports no OpenTelemetry traces; leave \
                         it out (--log-format json gives log collectors one JSON object per \
                         line, with the request's span; /metrics serves Prometheus)"
-                .into());
+                    .into(),
+            );
         }
         if let Some(id) = self.device_id.filter(|&id| id != 0) {
             return Err(format!(
@@ -1086,6 +1088,122 @@ mod tests {
         assert!(
             err.contains("--revision") && err.contains("an empty revision"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn a_tei_router_command_line_parses_into_these_settings() {
+        // TEI's documented docker example plus the flags a compose file sets.
+        let cli = ServeCli::try_parse_from([
+            "text-embeddings-router",
+            "--model-id",
+            "BAAI/bge-large-en-v1.5",
+            "--revision",
+            "refs/pr/5",
+            "--hostname",
+            "0.0.0.0",
+            "-p",
+            "3000",
+            "--max-client-batch-size",
+            "64",
+            "--max-batch-tokens",
+            "16384",
+            "--max-batch-requests",
+            "32",
+            "--max-concurrent-requests",
+            "512",
+            "--payload-limit",
+            "2000000",
+            "--auto-truncate",
+            "--json-output",
+            "--api-key",
+            "k",
+            "--hf-api-token",
+            "hf_x",
+            "--pooling",
+            "last-token",
+            "--dtype",
+            "float16",
+            "--served-model-name",
+            "bge",
+            "--cors-allow-origin",
+            "https://app.example.com",
+            "--default-prompt-name",
+            "query",
+            "--prometheus-port",
+            "9000",
+            "--tokenization-workers",
+            "4",
+            "--uds-path",
+            "/tmp/text-embeddings-inference-server",
+            "--otlp-service-name",
+            "tei",
+            "--device-id",
+            "0",
+        ])
+        .expect("TEI's flags parse");
+        assert_eq!(cli.model.model, ["BAAI/bge-large-en-v1.5"]);
+        assert_eq!(cli.model.revision.as_deref(), Some("refs/pr/5"));
+        assert_eq!(cli.model.pooling.as_deref(), Some("lasttoken"));
+        assert_eq!(cli.model.dtype, "float16");
+        let server = &cli.server;
+        assert_eq!((server.host.as_str(), server.port), ("0.0.0.0", 3000));
+        assert_eq!(server.max_inputs_per_request, 64);
+        assert_eq!(server.max_batch_tokens, Some(16384));
+        assert_eq!(server.max_batch_size, Some(32));
+        assert_eq!(server.max_concurrent_requests, 512);
+        assert_eq!(server.max_body_bytes, 2_000_000);
+        assert_eq!(server.api_key.as_deref(), Some("k"));
+        assert_eq!(server.served_model_name.as_deref(), Some("bge"));
+        assert_eq!(server.cors_allow_origin, ["https://app.example.com"]);
+        assert_eq!(server.default_prompt_name.as_deref(), Some("query"));
+        assert_eq!(server.prometheus_port, Some(9000));
+        assert!(cli.tei.json_output && cli.tei.auto_truncate && !cli.tei.disable_spans);
+        assert_eq!(cli.tei.hf_token.as_deref(), Some("hf_x"));
+        assert_eq!(
+            cli.tei.check().expect("nothing refused"),
+            [
+                "--tokenization-workers 4 is ignored: inputs are tokenized on the HTTP server's \
+                 threads, one per core",
+                "--uds-path is ignored: it is TEI's socket to its own backend process, and this \
+                 engine runs in the server's process",
+                "--otlp-service-name is ignored: this server exports no OpenTelemetry traces",
+            ]
+        );
+        // The token is the Hub's secret: no help text shows its value.
+        let help = refusal(&["--help"]).to_string();
+        assert!(help.contains("--hf-token") && !help.contains("hf_x"));
+    }
+
+    #[test]
+    fn tei_flags_this_server_cannot_honour_are_refused_naming_what_to_do() {
+        let tei = |args: &[&str]| {
+            let argv = std::iter::once("mlx-embed serve").chain(args.iter().copied());
+            ServeCli::try_parse_from(argv).expect("flags parse").tei
+        };
+        assert!(tei(&["--otlp-endpoint", "http://localhost:4317"])
+            .check()
+            .expect_err("no OTLP")
+            .starts_with("--otlp-endpoint: this server exports no OpenTelemetry traces"));
+        assert_eq!(
+            tei(&["--device-id", "1"]).check(),
+            Err(
+                "--device-id 1: the engine runs on the first device it sees; leave the flag \
+                 out and start the server with CUDA_VISIBLE_DEVICES=1"
+                    .into()
+            )
+        );
+        assert!(tei(&["--dense-path", "2_Dense_1024"])
+            .check()
+            .expect_err("no dense path")
+            .starts_with("--dense-path 2_Dense_1024: the Dense modules run are"));
+        assert_eq!(tei(&["--device-id", "0"]).check(), Ok(vec![]));
+        // TEI's two default prompts exclude each other, as there.
+        let both = refusal(&["--default-prompt-name", "query", "--default-prompt", "q: "]);
+        assert_eq!(both.kind(), clap::error::ErrorKind::ArgumentConflict);
+        assert_eq!(
+            refusal(&["--default-prompt", ""]).kind(),
+            clap::error::ErrorKind::ValueValidation
         );
     }
 

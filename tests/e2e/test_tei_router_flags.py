@@ -59,6 +59,11 @@ def test_a_tei_command_line_serves_with_its_settings(tmp_path):
         for path, body in [("/embed", {"inputs": "hello"}), ("/v1/embeddings", {"input": "hello"}),
                            ("/api/v1/embed", {"texts": ["hello"]})]:
             np.testing.assert_array_equal(_vector(server, path, body), query, err_msg=path)
+        # /tokenize lists the tokens an embedding runs: the default prompt's too, as TEI lists them.
+        tokens = {name: server.post("/tokenize", {"inputs": "hello", **body}, headers=KEY).json()[0]
+                  for name, body in [("default", {}), ("query", {"prompt_name": "query"}),
+                                     ("document", {"prompt_name": "document"})]}
+        assert tokens["default"] == tokens["query"] != tokens["document"], tokens
         # --prometheus-port: /metrics alone, behind the key as on the main port.
         metrics_url = f"http://127.0.0.1:{metrics_port}"
         scraped = requests.get(metrics_url + "/metrics", headers=KEY, timeout=30)

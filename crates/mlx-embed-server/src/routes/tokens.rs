@@ -42,12 +42,23 @@ pub struct SimpleToken {
 }
 
 fn tokenizer(state: &AppState, model: Option<&str>) -> Result<Arc<dyn Tokenize>, ApiError> {
-    state
-        .model_for(model, Task::Tokenize)?
+    Ok(tokenizer_and_kind(state, model)?.0)
+}
+
+/// The tokenizer of the model `model` names, and whether it embeds (the
+/// server's default prompt is an embedding model's).
+fn tokenizer_and_kind(
+    state: &AppState,
+    model: Option<&str>,
+) -> Result<(Arc<dyn Tokenize>, bool), ApiError> {
+    let served = state.model_for(model, Task::Tokenize)?;
+    let tokenizer = served
         .batcher
         .tokenizer()
         .cloned()
-        .ok_or_else(|| ApiError::invalid("this model takes token ids only: it has no tokenizer"))
+        .ok_or_else(|| ApiError::invalid("this model takes token ids only: it has no tokenizer"))?;
+    let embeds = served.info().kind == mlx_embed_core::ModelKind::Embedding;
+    Ok((tokenizer, embeds))
 }
 
 /// Most tokens one `/tokenize` answer lists: about 70 MB of JSON. A 2 MB
@@ -77,7 +88,7 @@ pub(crate) async fn tokenize_texts(
     state: &AppState,
     req: TokenizeRequest,
 ) -> Result<Vec<Vec<SimpleToken>>, ApiError> {
-    let tok = tokenizer(state, req.model.as_deref())?;
+    let (tok, embeds) = tokenizer_and_kind(state, req.model.as_deref())?;
     let texts = match req.inputs {
         TextInputs::One(t) => vec![t],
         TextInputs::Many(v) => v,
@@ -85,7 +96,15 @@ pub(crate) async fn tokenize_texts(
     check_count(state, texts.len())?;
     let specials = req.add_special_tokens.unwrap_or(true);
     let options = EmbedOptions {
-        prompt: req.prompt_name.map_or(Prompt::Default, Prompt::Named),
+        // The tokens an embedding of these texts runs, the server's
+        // default prompt included, as TEI lists them.
+        prompt: match req.prompt_name {
+            Some(name) => Prompt::Named(name),
+            None if embeds => {
+                crate::embed::server_default_prompt(state.args()).unwrap_or(Prompt::Default)
+            }
+            None => Prompt::Default,
+        },
         ..EmbedOptions::default()
     };
     // At most a token per byte, each listed in about this many bytes of JSON.

@@ -52,11 +52,10 @@ fn tokenizer_and_kind(
     model: Option<&str>,
 ) -> Result<(Arc<dyn Tokenize>, bool), ApiError> {
     let served = state.model_for(model, Task::Tokenize)?;
-    let tokenizer = served
-        .batcher
-        .tokenizer()
-        .cloned()
-        .ok_or_else(|| ApiError::invalid("this model takes token ids only: it has no tokenizer"))?;
+    let tokenizer =
+        served.batcher.tokenizer().cloned().ok_or_else(|| {
+            ApiError::invalid("this model takes token ids only: it has no tokenizer")
+        })?;
     let embeds = served.info().kind == mlx_embed_core::ModelKind::Embedding;
     Ok((tokenizer, embeds))
 }

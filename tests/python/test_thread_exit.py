@@ -73,6 +73,21 @@ with cf.ThreadPoolExecutor(8) as pool:
 """
 
 
+def _exits_cleanly(script: str, *args: str) -> subprocess.CompletedProcess:
+    """Runs ``script`` in a fresh interpreter (exit-time behaviour is the
+    point) and checks it ended without MLX's abort, exit code 0."""
+    r = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
+    )
+    assert "terminate called" not in r.stderr, r.stderr[-2000:]
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r
+
+
 @pytest.mark.parametrize(
     "folder, settings",
     [
@@ -85,15 +100,7 @@ with cf.ThreadPoolExecutor(8) as pool:
     ids=["modernbert", "t5", "minilm", "modernbert-3-streams-pipelined"],
 )
 def test_threads_that_come_and_go_leave_nothing_behind(folder, settings):
-    r = subprocess.run(
-        [sys.executable, "-c", SCRIPT, str(FIXTURES / folder) if folder else "", json.dumps(settings)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
-    )
-    assert "terminate called" not in r.stderr, r.stderr[-2000:]
-    assert r.returncode == 0, r.stderr[-2000:]
+    r = _exits_cleanly(SCRIPT, str(FIXTURES / folder) if folder else "", json.dumps(settings))
     got = json.loads(r.stdout.strip().splitlines()[-1])
     # Every call on every thread: bit for bit the main thread's vectors.
     assert len(got["equal"]) == 2 * (12 + 24 + 4 + 1) and all(got["equal"])
@@ -134,15 +141,7 @@ print(all(same), device.lent_streams(), flush=True)
 def test_a_backend_that_cannot_lend_streams_still_exits_cleanly():
     """Without ``mx.new_thread_unsafe_stream`` working, threads keep MLX's own
     streams (a warning says so, once) and still drop their MLX state as they end."""
-    r = subprocess.run(
-        [sys.executable, "-c", FALLBACK, str(FIXTURES / "tiny-modernbert")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
-    )
-    assert "terminate called" not in r.stderr, r.stderr[-2000:]
-    assert r.returncode == 0, r.stderr[-2000:]
+    r = _exits_cleanly(FALLBACK, str(FIXTURES / "tiny-modernbert"))
     assert r.stdout.split() == ["True", "0"]
     assert r.stderr.count("MLX streams cannot be lent to threads here") == 1, r.stderr
 
@@ -183,14 +182,6 @@ def test_a_daemon_threads_streams_are_left_alone_at_exit():
     the main thread; clearing there would clear the main thread's MLX state
     (on a GPU every lent stream's, the daemon's included), not the daemon's.
     Before: ``clear_streams on main`` after ``exit``."""
-    r = subprocess.run(
-        [sys.executable, "-c", DAEMON_AT_EXIT, str(FIXTURES / "tiny-modernbert")],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
-    )
-    assert "terminate called" not in r.stderr, r.stderr[-2000:]
-    assert r.returncode == 0, r.stderr[-2000:]
+    r = _exits_cleanly(DAEMON_AT_EXIT, str(FIXTURES / "tiny-modernbert"))
     # The thread that ended cleared its own state; nothing ran on the main thread.
     assert r.stdout.split("\n")[:-1] == ["clear_streams on owner", "exit"], r.stdout + r.stderr[-2000:]

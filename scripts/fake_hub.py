@@ -66,11 +66,11 @@ def cache_repo(
 
 
 class FakeHub:
-    """The Hub's few endpoints over ``repos``: repo id -> (commit, refs,
+    """The Hub's few endpoints over ``repos``: repo id -> commit -> (refs,
     files). Every request's method and path is kept in ``requests``."""
 
     def __init__(self):
-        self.repos: dict[str, tuple[str, tuple[str, ...], dict[str, bytes]]] = {}
+        self.repos: dict[str, dict[str, tuple[tuple[str, ...], dict[str, bytes]]]] = {}
         self.requests: list[tuple[str, str]] = []
         # The next this many requests are answered 503, as a Hub under load.
         self.unavailable = 0
@@ -91,7 +91,13 @@ class FakeHub:
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
 
     def add(self, repo_id: str, files: dict[str, bytes], *, commit: str, refs: tuple[str, ...] = ("main",)):
-        self.repos[repo_id] = (commit, refs, files)
+        """Adds the commit ``commit`` of ``repo_id`` holding ``files``, with
+        ``refs`` pointing at it: a ref an earlier commit had moves here (a
+        push to a branch), the earlier commits stay reachable by sha."""
+        commits = self.repos.setdefault(repo_id, {})
+        for other, (other_refs, other_files) in list(commits.items()):
+            commits[other] = (tuple(r for r in other_refs if r not in refs), other_files)
+        commits[commit] = (refs, files)
 
     def __enter__(self) -> "FakeHub":
         self._thread.start()
@@ -102,8 +108,10 @@ class FakeHub:
         self._server.server_close()
 
     def _commit(self, repo_id: str, rev: str):
-        commit, refs, _ = self.repos[repo_id]
-        return commit if rev in (commit, *refs) else None
+        for commit, (refs, _) in self.repos[repo_id].items():
+            if rev in (commit, *refs):
+                return commit
+        return None
 
     def _answer(self, req: BaseHTTPRequestHandler, body: bool):
         path = unquote(urlsplit(req.path).path)
@@ -122,7 +130,7 @@ class FakeHub:
         commit = self._commit(repo_id, rev)
         if commit is None:
             return self._error(req, 404, "RevisionNotFound", f"Invalid rev id: {rev}")
-        files = self.repos[repo_id][2]
+        files = self.repos[repo_id][commit][1]
         if what == "revision":
             info = {
                 "id": repo_id,

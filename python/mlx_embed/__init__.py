@@ -69,8 +69,9 @@ def blas_info() -> dict:
 def load(path=None, *, dtype="float32", quantize=None, instruction=None, **kwargs):
     """Load an embedding model from a local Hugging Face folder, a Hugging Face
     repo id (``"BAAI/bge-small-en-v1.5"``: its snapshot in the local Hugging
-    Face cache, downloaded there first unless ``HF_HUB_OFFLINE`` is set; a
-    local folder of that name wins; ``revision=`` a branch, tag or commit sha,
+    Face cache, downloaded there first, and a branch or tag brought up to
+    the commit the Hub names, unless ``HF_HUB_OFFLINE`` is set; a local
+    folder of that name wins; ``revision=`` a branch, tag or commit sha,
     ``cache_dir=`` another cache, see ``hub.py``), or the bundled
     all-MiniLM-L6-v2 when ``path`` is None.
 

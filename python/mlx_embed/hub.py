@@ -11,11 +11,14 @@ Hugging Face cache, laid out as huggingface_hub writes it::
 
 and only when it is not there, and ``HF_HUB_OFFLINE`` is not set, downloaded
 into that cache with huggingface_hub (the files the engine reads, nothing
-more: see :func:`engine_files`). A cached revision is used as it is, without
-asking the Hub whether its branch has moved: a server starts the same way
-with the network or without it (``hf download`` updates the cache). Only a
-partial snapshot (:func:`missing_files`) is completed from the Hub, or
-refused offline naming what it lacks.
+more: see :func:`engine_files`). A branch or tag is looked up on the Hub as
+huggingface_hub does it: one request for the commit it is at now; where it
+moved, that commit's files are fetched and ``refs/`` updated, else the
+cached snapshot serves as it is. A full commit sha names its snapshot for
+good and asks nothing. Offline, or where the Hub cannot be asked (refused,
+timed out, busy, a token it refuses), a whole cached snapshot serves, with a
+warning naming its commit; a partial one (:func:`missing_files`) is
+completed from the Hub, or refused naming what it lacks.
 """
 
 from __future__ import annotations
@@ -230,26 +233,70 @@ def _cached_revisions(repo_id: str, cache: str) -> str:
     return f" (cached: {', '.join(names)})" if names else ""
 
 
-def download(repo_id: str, revision: Optional[str] = None, cache_dir: Optional[str] = None) -> str:
+def download(repo_id: str, revision: Optional[str] = None, cache_dir: Optional[str] = None, info=None) -> str:
     """Downloads the files the engine reads (:func:`engine_files`) of
     ``repo_id`` at ``revision`` into the cache, with ``HF_TOKEN`` (or the
-    saved token) where the repo needs one; returns the snapshot folder.
-    Files the snapshot holds already are kept (snapshot_download fills a
-    partial one in)."""
+    saved token) where the repo needs one; returns the snapshot folder and
+    points ``refs/<revision>`` at its commit. ``info`` is the Hub's answer
+    for that revision where the caller asked already (its commit and file
+    list), else it is asked here. Files the snapshot holds already are kept,
+    and so are blobs an older commit shares with it (snapshot_download links
+    them instead of fetching them again)."""
     from huggingface_hub import HfApi, snapshot_download
 
     cache = hub_cache(cache_dir)
-    info = _repo_info(HfApi(endpoint=endpoint()), repo_id, revision or "main")
+    revision = revision or "main"
+    if info is None:
+        info = _repo_info(HfApi(endpoint=endpoint()), repo_id, revision)
+    sha = _commit_of(info)
     files = engine_files(s.rfilename for s in info.siblings or ())
     log.info(
-        "downloading %s (revision %s) from %s into %s: %s",
+        "downloading %s (revision %s, commit %s) from %s into %s: %s",
         repo_id,
-        revision or "main",
+        revision,
+        sha,
         shown_endpoint(),
         cache,
         ", ".join(files),
     )
-    return snapshot_download(repo_id, revision=revision, cache_dir=cache, allow_patterns=files, endpoint=endpoint())
+    # By its commit: the files of the commit the Hub named, whatever the
+    # branch does meanwhile, and no second lookup of the branch.
+    folder = snapshot_download(repo_id, revision=sha, cache_dir=cache, allow_patterns=files, endpoint=endpoint())
+    if revision != sha:
+        _write_ref(cache, repo_id, revision, sha)
+    return folder
+
+
+def _commit_of(info) -> str:
+    sha = getattr(info, "sha", None)
+    if not isinstance(sha, str) or not _COMMIT.fullmatch(sha):
+        raise ValueError(f"the Hub's answer names no commit ({sha!r})")
+    return sha
+
+
+def _write_ref(cache: str, repo_id: str, revision: str, sha: str) -> None:
+    """Points the cache's ``refs/<revision>`` at ``sha`` as huggingface_hub
+    does: only where it changed (a cache mounted read-only is never written
+    while its refs hold), through a file renamed over it so that no reader
+    sees half a sha. A ref that cannot be written is a warning: the snapshot
+    is there, and the next start looks the branch up again."""
+    import uuid
+
+    path = os.path.join(repo_folder(cache, repo_id), "refs", revision)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            if f.read(200).strip() == sha:
+                return
+    except OSError:
+        pass
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        scratch = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
+        with open(scratch, "w", encoding="utf-8") as f:
+            f.write(sha)
+        os.replace(scratch, path)
+    except OSError as e:
+        log.warning("%s: could not record revision %s as commit %s in the cache (%s)", repo_id, revision, sha, e)
 
 
 # A Hub under load (huggingface_hub's retried statuses): asked again after
@@ -258,19 +305,32 @@ _BUSY = (429, 500, 502, 503, 504)
 _WAITS = (1.0, 2.0, 4.0)
 
 
-def _repo_info(api, repo_id: str, revision: str):
-    """The repo's info at ``revision`` (its file list): one request, asked
-    again while the Hub answers that it is busy, but not where the
-    connection itself fails: huggingface_hub's tree listing retries that
-    five times (about 24 s) before a server start could say the Hub cannot
-    be reached."""
+def _lookup_timeout() -> float:
+    """Seconds the Hub gets to answer a revision's lookup: huggingface_hub's
+    ``HF_HUB_ETAG_TIMEOUT`` (its wait for a file's metadata before it falls
+    back to the cache), 10 by default. The client waits forever otherwise,
+    and a Hub whose packets are dropped would hold a start that the cache
+    could serve."""
+    try:
+        seconds = float(os.environ.get("HF_HUB_ETAG_TIMEOUT") or 10)
+    except ValueError:
+        return 10.0
+    return seconds if seconds > 0 else 10.0
+
+
+def _repo_info(api, repo_id: str, revision: str, *, wait_busy: bool = True):
+    """The repo's info at ``revision`` (its commit and file list): one
+    request, asked again while the Hub answers that it is busy (unless
+    ``wait_busy`` is false), but not where the connection itself fails:
+    huggingface_hub's tree listing retries that five times (about 24 s)
+    before a server start could say the Hub cannot be reached."""
     import time
 
     from huggingface_hub.errors import HfHubHTTPError
 
-    for wait in (*_WAITS, None):
+    for wait in (*(_WAITS if wait_busy else ()), None):
         try:
-            return api.model_info(repo_id, revision=revision)
+            return api.model_info(repo_id, revision=revision, timeout=_lookup_timeout())
         except HfHubHTTPError as e:
             status = getattr(e.response, "status_code", None)
             if wait is None or status not in _BUSY:
@@ -305,11 +365,13 @@ def resolve_model(name: str, revision: Optional[str] = None, cache_dir: Optional
     """The folder ``name`` loads from: ``name`` itself where it exists (a
     local folder wins over a repo id of the same spelling; ``revision`` and
     ``cache_dir`` apply to repo ids only) or cannot be a repo id (a missing
-    path, which the loader then names), else the cached snapshot of the
-    repo id ``name`` at ``revision`` (default ``main``), downloaded first
-    when it is not cached and ``HF_HUB_OFFLINE`` is not set. The bundled
-    model's names come back as they are (``load()`` knows them). Raises
-    :class:`ModelNotFound` (a ``FileNotFoundError``) saying why not."""
+    path, which the loader then names), else the snapshot of the repo id
+    ``name`` at ``revision`` (default ``main``) in the cache: for a branch or
+    tag, the commit the Hub names now (fetched where the cache lacks it),
+    else, offline or where the Hub cannot be asked, the cached one (see the
+    module's text). The bundled model's names come back as they are
+    (``load()`` knows them). Raises :class:`ModelNotFound` (a
+    ``FileNotFoundError``) saying why not."""
     from .loading import is_default_name
 
     name = os.fspath(name)
@@ -324,14 +386,19 @@ def resolve_model(name: str, revision: Optional[str] = None, cache_dir: Optional
     why_bad = None if revision is None else bad_revision(revision)
     if why_bad:
         raise ModelNotFound(name, f"revision {revision!r} is not a branch, tag or commit sha: {why_bad}")
-    found = cached_snapshot(name, revision, cache)
+    rev = revision or "main"
+    pinned = _COMMIT.fullmatch(rev) is not None
+    found = cached_snapshot(name, rev, cache)
     missing = missing_files(found) if found is not None else []
-    if found is not None and not missing:
-        log.info("%s (revision %s): the Hugging Face cache's %s", name, revision or "main", found)
-        return found
+    # A whole snapshot of the revision, which serves where the Hub says
+    # nothing newer (or cannot be asked).
+    whole = found if found is not None and not missing else None
+    if whole is not None and (pinned or offline()):
+        log.info("%s (revision %s): the Hugging Face cache's %s", name, rev, whole)
+        return whole
     if found is None:
         where = (
-            f"not a local folder, and revision {revision or 'main'} of the Hugging Face repo {name} is not in "
+            f"not a local folder, and revision {rev} of the Hugging Face repo {name} is not in "
             f"the cache {cache}{_cached_revisions(name, cache)}"
         )
     else:
@@ -341,11 +408,69 @@ def resolve_model(name: str, revision: Optional[str] = None, cache_dir: Optional
         raise ModelNotFound(
             name, f"{where}; HF_HUB_OFFLINE is set, so nothing is downloaded: {_fetch_hint(name, revision, cache)}"
         )
-    if found is not None:
+    info = None
+    if not pinned:
+        from huggingface_hub import HfApi
+        from huggingface_hub.errors import RevisionNotFoundError
+
+        try:
+            # With a whole snapshot cached, a busy Hub is not waited out.
+            info = _repo_info(HfApi(endpoint=endpoint()), name, rev, wait_busy=whole is None)
+            sha = _commit_of(info)
+        except Exception as e:  # noqa: BLE001  (the Hub's, the network's: the cache serves if it can)
+            if whole is not None and isinstance(e, RevisionNotFoundError):
+                # The Hub answered: the branch or tag is gone (huggingface_hub
+                # refuses it too), which no cache should hide.
+                raise ModelNotFound(
+                    name,
+                    f"the Hub {shown_endpoint()} has no revision {rev} of {name} ({_first_line(e)}); the cache "
+                    f"{cache} holds it at commit {_sha(whole)}: name that commit as the revision to serve it",
+                ) from None
+            if whole is None:
+                raise ModelNotFound(
+                    name,
+                    f"{where}, and downloading it from {shown_endpoint()} failed "
+                    f"({_first_line(e)}): {_fetch_hint(name, revision, cache)}",
+                ) from None
+            log.warning(
+                "%s: could not ask %s which commit revision %s is (%s): serving the cached commit %s",
+                name,
+                shown_endpoint(),
+                rev,
+                _first_line(e),
+                _sha(whole),
+            )
+            return whole
+        current = cached_snapshot(name, sha, cache)
+        if current is not None and not missing_files(current):
+            _write_ref(cache, name, rev, sha)
+            if whole is not None and current != whole:
+                log.info(
+                    "%s: revision %s moved on the Hub from commit %s to %s, which the cache holds",
+                    name,
+                    rev,
+                    _sha(whole),
+                    sha,
+                )
+            log.info("%s (revision %s): the Hugging Face cache's %s", name, rev, current)
+            return current
+        if whole is not None:
+            log.info("%s: revision %s moved on the Hub from commit %s to %s: fetching it", name, rev, _sha(whole), sha)
+    if found is not None and whole is None:
         log.warning("%s: %s: fetching what is missing", name, where)
     try:
-        folder = download(name, revision, cache)
+        folder = download(name, rev, cache, info=info)
     except Exception as e:  # noqa: BLE001  (the Hub's, the network's or the disk's: all end the same way)
+        if whole is not None:
+            log.warning(
+                "%s: fetching revision %s's new commit from %s failed (%s): serving the cached commit %s",
+                name,
+                rev,
+                shown_endpoint(),
+                _first_line(e),
+                _sha(whole),
+            )
+            return whole
         raise ModelNotFound(
             name,
             f"{where}, and downloading it from {shown_endpoint()} failed "
@@ -353,5 +478,9 @@ def resolve_model(name: str, revision: Optional[str] = None, cache_dir: Optional
         ) from None
     still = missing_files(folder)
     if still:
-        raise ModelNotFound(name, f"the Hub's revision {revision or 'main'} of {name} lacks {', '.join(still)}")
+        raise ModelNotFound(name, f"the Hub's revision {rev} of {name} lacks {', '.join(still)}")
     return folder
+
+
+def _sha(snapshot: str) -> str:
+    return os.path.basename(os.path.normpath(snapshot))

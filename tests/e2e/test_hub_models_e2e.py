@@ -99,6 +99,44 @@ def test_a_repo_id_missing_from_the_cache_is_downloaded_from_the_hub(tmp_path):
     assert (root / "models--test-org--tiny-mpnet" / "refs" / "main").read_text() == COMMIT
 
 
+def test_a_cached_branch_that_moved_on_the_hub_is_served_at_its_new_commit(tmp_path):
+    """Online, a start looks main up (as sentence-transformers and TEI do):
+    it moved, so the new commit is fetched (its files are the old one's, so
+    nothing is downloaded again, only linked) and served; with the Hub then
+    unreachable, the next start serves that cached commit, with a warning."""
+    import socket
+
+    old = "fedcba9876543210fedcba9876543210fedcba98"
+    root = tmp_path / "hub-cache"
+    files = folder_files(FIXTURES / "tiny-mpnet")
+    cache_repo(root, REPO, files, commit=old)
+    snapshot = root / "models--test-org--tiny-mpnet" / "snapshots" / COMMIT
+    with FakeHub() as hub:
+        hub.add(REPO, files, commit=old)
+        hub.add(REPO, files, commit=COMMIT)
+        server = start_server(tmp_path, "--no-warmup", "--model", REPO,
+                              env=_clean_env(HF_HUB_CACHE=str(root), HF_ENDPOINT=hub.url))
+        try:
+            _assert_serves_the_fixture(server, snapshot)
+            assert f"{REPO}: revision main moved on the Hub from commit {old} to {COMMIT}: fetching it" in server.log()
+        finally:
+            assert server.stop() == 0
+        assert [p for m, p in hub.requests if m == "GET" and "/resolve/" in p] == []
+    assert (root / "models--test-org--tiny-mpnet" / "refs" / "main").read_text() == COMMIT
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        server = start_server(tmp_path, "--no-warmup", "--model", REPO,
+                              env=_clean_env(HF_HUB_CACHE=str(root), HF_ENDPOINT=f"http://127.0.0.1:{port}"))
+    try:
+        _assert_serves_the_fixture(server, snapshot)
+        assert (f"{REPO}: could not ask http://127.0.0.1:{port} which commit revision main is (ConnectError"
+                in server.log()), server.log()[-3000:]
+        assert f"): serving the cached commit {COMMIT}" in server.log()
+    finally:
+        assert server.stop() == 0
+
+
 def _refused(*args: str, env: dict) -> subprocess.CompletedProcess:
     run = subprocess.run(
         [str(SERVER_BINARY), "--host", "127.0.0.1", "--port", "0", "--no-warmup", *args],

@@ -6,6 +6,7 @@ neither works."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -353,15 +354,22 @@ def test_a_repo_missing_from_the_cache_is_downloaded_from_the_hub(env, tmp_path)
         ]
         assert (root / "models--test-org--tiny-mpnet" / "refs" / "main").read_text() == COMMIT
         assert np.array_equal(model.embed(TEXTS), load_fixture("tiny-mpnet").embed(TEXTS))
-        # Cached now: found without asking the Hub, offline too.
+        # One lookup of the branch: snapshot_download is told the commit.
+        assert [p for _, p in fake.requests if "/revision/" in p] == [f"/api/models/{REPO}/revision/main"]
+        # Cached now: offline found without asking the Hub; online, one
+        # lookup of the branch (unmoved) and nothing fetched.
         asked = len(fake.requests)
         env.setenv("HF_HUB_OFFLINE", "1")
         assert hub.resolve_model(REPO) == _snapshot(root)
+        assert len(fake.requests) == asked
         env.delenv("HF_HUB_OFFLINE")
         assert hub.resolve_model(REPO) == _snapshot(root)
-        assert len(fake.requests) == asked
-        # A tag not cached yet is fetched, and lands on the same snapshot.
+        assert fake.requests[asked:] == [("GET", f"/api/models/{REPO}/revision/main")]
+        # A tag not cached yet is looked up, and lands on the same snapshot
+        # without a download.
         assert hub.resolve_model(REPO, "v1") == _snapshot(root)
+        assert fake.requests[asked + 1 :] == [("GET", f"/api/models/{REPO}/revision/v1")]
+        assert (root / "models--test-org--tiny-mpnet" / "refs" / "v1").read_text() == COMMIT
         for absent, revision, error in (
             ("test-org/absent", None, "RepositoryNotFoundError"),
             (REPO, "v9", "RevisionNotFoundError"),
@@ -495,6 +503,154 @@ def test_a_busy_hub_is_asked_again(online, env):
         with pytest.raises(hub.ModelNotFound, match=r"failed \(HfHubHTTPError: .*503"):
             hub.resolve_model("test-org/other")
         assert fake.unavailable == 6  # four tries
+
+
+def _moved(old_files: dict) -> dict:
+    """tiny-mpnet's files as a later commit has them: CLS pooling instead of
+    the mean (other vectors, from one changed file), and an ONNX export."""
+    pooling = json.loads(old_files["1_Pooling/config.json"])
+    pooling["pooling_mode_mean_tokens"], pooling["pooling_mode_cls_token"] = False, True
+    return old_files | {"1_Pooling/config.json": json.dumps(pooling).encode(), "onnx/model.onnx": b"not for us"}
+
+
+def _lookups(fake) -> list[str]:
+    return [p.rsplit("/revision/", 1)[1] for _, p in fake.requests if "/revision/" in p]
+
+
+def test_a_branch_that_moved_on_the_hub_is_fetched_again(online, env, tmp_path, caplog):
+    """As huggingface_hub does for sentence-transformers: one lookup of the
+    branch; it moved, so the new commit's engine files are fetched (what
+    the old one shares is linked, not fetched again), refs/main follows,
+    and the new files' vectors come out. A tag that stayed put is looked up
+    and nothing more."""
+    old_files = folder_files(FIXTURES / "tiny-mpnet")
+    cache_repo(online, REPO, old_files, commit=OLD, refs=("main", "v1"))
+    new_files = _moved(old_files)
+    folder = tmp_path / "new-commit"
+    for rel, data in new_files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(data)
+    with FakeHub() as fake:
+        fake.add(REPO, old_files, commit=OLD, refs=("main", "v1"))
+        fake.add(REPO, new_files, commit=COMMIT, refs=("main",))
+        env.setenv("HF_ENDPOINT", fake.url)
+        with caplog.at_level("INFO", logger="mlx_embed"):
+            assert hub.resolve_model(REPO) == _snapshot(online, COMMIT)
+        assert f"{REPO}: revision main moved on the Hub from commit {OLD} to {COMMIT}: fetching it" in caplog.text
+        assert _lookups(fake) == ["main"]
+        fetched = [p.split(f"/resolve/{COMMIT}/", 1)[1] for m, p in fake.requests if m == "GET" and "/resolve/" in p]
+        assert fetched == ["1_Pooling/config.json"]
+        assert not any("onnx" in p for _, p in fake.requests)
+        refs = online / "models--test-org--tiny-mpnet" / "refs"
+        assert (refs / "main").read_text() == COMMIT and (refs / "v1").read_text() == OLD
+        assert hub.missing_files(_snapshot(online, COMMIT)) == []
+        assert sorted(os.listdir(refs)) == ["main", "v1"]  # no scratch file left
+        # Served: the new files' vectors, not the cached commit's.
+        asked = len(fake.requests)
+        got = mlx_embed.load(REPO).embed(TEXTS)
+        assert np.array_equal(got, mlx_embed.load(folder).embed(TEXTS))
+        assert not np.allclose(got, load_fixture("tiny-mpnet").embed(TEXTS), atol=1e-3)
+        # Unmoved now, and the tag never moved: one lookup each, nothing fetched.
+        assert hub.resolve_model(REPO, "v1") == _snapshot(online, OLD)
+        assert fake.requests[asked:] == [
+            ("GET", f"/api/models/{REPO}/revision/main"),
+            ("GET", f"/api/models/{REPO}/revision/v1"),
+        ]
+        # A full sha is its snapshot for good: no request.
+        assert hub.resolve_model(REPO, OLD) == _snapshot(online, OLD)
+        assert len(fake.requests) == asked + 2
+
+
+def test_a_branch_that_moved_to_a_cached_commit_is_not_fetched(online, env):
+    files = folder_files(FIXTURES / "tiny-mpnet")
+    cache_repo(online, REPO, files, commit=OLD, refs=("main",))
+    cache_repo(online, REPO, _moved(files), commit=COMMIT, refs=("v2",))
+    with FakeHub() as fake:
+        fake.add(REPO, files, commit=OLD)
+        fake.add(REPO, _moved(files), commit=COMMIT, refs=("main", "v2"))
+        env.setenv("HF_ENDPOINT", fake.url)
+        assert hub.resolve_model(REPO) == _snapshot(online, COMMIT)
+        assert fake.requests == [("GET", f"/api/models/{REPO}/revision/main")]
+    assert (online / "models--test-org--tiny-mpnet" / "refs" / "main").read_text() == COMMIT
+
+
+def test_offline_a_cached_branch_serves_without_a_request(env, tmp_path):
+    """HF_HUB_OFFLINE: the cache's commit, even where the Hub has moved on,
+    and not one request."""
+    root = tmp_path / "cache"
+    files = folder_files(FIXTURES / "tiny-mpnet")
+    cache_repo(root, REPO, files, commit=OLD)
+    env.setenv("HF_HUB_CACHE", str(root))
+    with FakeHub() as fake:
+        fake.add(REPO, _moved(files), commit=COMMIT)
+        env.setenv("HF_ENDPOINT", fake.url)
+        assert hub.resolve_model(REPO) == _snapshot(root, OLD)
+        assert np.array_equal(mlx_embed.load(REPO).embed(TEXTS), load_fixture("tiny-mpnet").embed(TEXTS))
+        assert fake.requests == []
+    assert (root / "models--test-org--tiny-mpnet" / "refs" / "main").read_text() == OLD
+
+
+def test_a_hub_that_cannot_be_asked_leaves_the_cached_commit_serving(online, env, caplog):
+    """Refused at once, silent past HF_HUB_ETAG_TIMEOUT, busy (not waited
+    out: the cache serves), or refusing the token: the cached snapshot,
+    with one warning that names its commit and no secret."""
+    import socket
+    import time
+
+    cache_repo(online, REPO, folder_files(FIXTURES / "tiny-mpnet"), commit=OLD)
+    env.setenv("HF_TOKEN", "hf_s3cretTokenValue")
+    with socket.socket() as refused, socket.socket() as silent:
+        refused.bind(("127.0.0.1", 0))
+        # Listening but never accepting: the connection is made, no answer comes.
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        env.setenv("HF_HUB_ETAG_TIMEOUT", "1")
+        for where, limit, error in (
+            (f"http://user:s3cret-pw@127.0.0.1:{refused.getsockname()[1]}", 1.0, "ConnectError"),
+            (f"http://127.0.0.1:{silent.getsockname()[1]}", 3.0, "ReadTimeout"),
+        ):
+            env.setenv("HF_ENDPOINT", where)
+            caplog.clear()
+            start = time.monotonic()
+            with caplog.at_level("DEBUG"):
+                assert hub.resolve_model(REPO) == _snapshot(online, OLD)
+            took = time.monotonic() - start
+            assert took < limit, (where, took)
+            warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+            assert len(warnings) == 1, warnings
+            shown = hub._hide_userinfo(where)
+            assert warnings[0].startswith(f"{REPO}: could not ask {shown} which commit revision main is ({error}"), (
+                warnings
+            )
+            assert warnings[0].endswith(f"): serving the cached commit {OLD}"), warnings
+            assert "s3cret" not in caplog.text
+    env.setattr(hub, "_WAITS", (5.0, 5.0, 5.0))
+    with FakeHub() as fake:
+        env.setenv("HF_ENDPOINT", fake.url)
+        fake.add("test-org/other", {}, commit=COMMIT)  # REPO itself: 404 RepositoryNotFound, as a gated one's
+        fake.unavailable = 1
+        caplog.clear()
+        with caplog.at_level("WARNING"):
+            assert hub.resolve_model(REPO) == _snapshot(online, OLD)
+            assert hub.resolve_model(REPO) == _snapshot(online, OLD)
+        assert len(fake.requests) == 2
+        warnings = [r.getMessage() for r in caplog.records]
+        assert [w.split("(", 1)[1].split(":", 1)[0] for w in warnings] == ["HfHubHTTPError", "RepositoryNotFoundError"]
+
+
+def test_a_branch_gone_from_the_hub_is_refused_naming_the_cached_commit(online, env):
+    """The Hub answered that the revision does not exist (huggingface_hub
+    refuses it too): no cache hides that; its commit stays servable by sha."""
+    cache_repo(online, REPO, folder_files(FIXTURES / "tiny-mpnet"), commit=OLD, refs=("wip",))
+    with FakeHub() as fake:
+        fake.add(REPO, {}, commit=COMMIT)
+        env.setenv("HF_ENDPOINT", fake.url)
+        with pytest.raises(hub.ModelNotFound) as e:
+            hub.resolve_model(REPO, "wip")
+    assert e.value.why == (
+        f"the Hub {fake.url} has no revision wip of {REPO} (RevisionNotFoundError: 404 Client Error.); the cache "
+        f"{online} holds it at commit {OLD}: name that commit as the revision to serve it"
+    )
 
 
 def test_offline_reads_the_variables_as_huggingface_hub_does(env):

@@ -113,6 +113,17 @@ def test_tei_flags_this_server_cannot_honour_are_refused_at_start():
     _assert_refused(_refused("--default-prompt-name", "query", "--default-prompt", "q: "), 2,
                     "error: the argument '--default-prompt-name <DEFAULT_PROMPT_NAME>' cannot be used with "
                     "'--default-prompt <DEFAULT_PROMPT>'")
+    # --json-output is --log-format json: beside --log-format text on the command line one would
+    # silently overrule the other; MLX_EMBED_LOG_FORMAT=text is overruled by the flag, as any variable is.
+    for args in (("--json-output", "--log-format", "text"), ("--log-format=text", "--json-output")):
+        _assert_refused(_refused(*args), 2,
+                        "error: --json-output and --log-format text contradict each other: --json-output "
+                        "writes JSON log lines (it is --log-format json); give one of them")
+    run = _refused("--json-output", "--model-id", "test-org/absent",
+                   env={"MLX_EMBED_LOG_FORMAT": "text", "HF_HUB_OFFLINE": "1"})
+    _assert_refused(run, 1, "not a local folder", not_reached=())
+    logged = [json.loads(line) for line in run.stdout.splitlines() if line.strip()]
+    assert any(e["level"] == "ERROR" and "not a local folder" in e["message"] for e in logged), run.stdout
     # A prompt name the model lacks would make every request naming none a 400: refused once loaded.
     run = _refused("--model-id", str(NOMIC), "--default-prompt-name", "nope")
     _assert_refused(run, 1, '--default-prompt-name "nope": tiny-nomic-bert has no prompt of that name (its '

@@ -22,7 +22,9 @@ pub struct ServeCli {
     #[arg(long, env = "MLX_EMBED_LOG", default_value = "info", value_parser = parse_log_filter)]
     pub log: String,
     /// Log lines as `text`, or as `json`: one object per line (timestamp, level, message,
-    /// fields, and the request's span with its id), for log collectors.
+    /// fields, and the request's span with its id), for log collectors. `--json-output` (TEI's
+    /// flag) is `--log-format json`: beside `--log-format text` on the command line it is
+    /// refused; over MLX_EMBED_LOG_FORMAT=text it wins, as a flag beats its variable.
     #[arg(long, env = "MLX_EMBED_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     #[command(flatten)]
@@ -38,7 +40,8 @@ pub struct ServeCli {
 #[derive(Debug, Clone, Default, clap::Args)]
 #[command(next_help_heading = "Hugging Face TEI router flags")]
 pub struct TeiArgs {
-    /// Log lines as JSON (TEI's flag for --log-format json).
+    /// Log lines as JSON (TEI's flag for --log-format json; refused beside --log-format text
+    /// on the command line, wins over MLX_EMBED_LOG_FORMAT=text).
     #[arg(long)]
     pub json_output: bool,
     /// JSON log lines without the request's span (TEI's flag); text lines are unchanged.
@@ -131,6 +134,38 @@ impl TeiArgs {
 pub enum LogFormat {
     Text,
     Json,
+}
+
+impl ServeCli {
+    /// The log lines asked for: `--json-output` is `--log-format json`.
+    pub fn log_lines(&self) -> LogFormat {
+        if self.tei.json_output {
+            LogFormat::Json
+        } else {
+            self.log_format
+        }
+    }
+}
+
+/// Why `--json-output` and `--log-format` cannot both be honoured, where
+/// they cannot: `--log-format text` typed on the command line beside it,
+/// which one of the two would otherwise silently overrule. The format from
+/// `MLX_EMBED_LOG_FORMAT` (`from` an environment variable) or the default
+/// is no contradiction: a flag on the command line beats its variable, as
+/// it does for every other flag.
+fn log_format_contradiction(
+    json_output: bool,
+    format: LogFormat,
+    from: Option<clap::parser::ValueSource>,
+) -> Option<String> {
+    (json_output
+        && format == LogFormat::Text
+        && from == Some(clap::parser::ValueSource::CommandLine))
+    .then(|| {
+        "--json-output and --log-format text contradict each other: --json-output writes \
+         JSON log lines (it is --log-format json); give one of them"
+            .to_owned()
+    })
 }
 
 /// Which model to load and how.
@@ -501,7 +536,16 @@ fn parse_argv(argv: &[String]) -> Result<ServeCli, clap::Error> {
     };
     let mut command = ServeCli::command().name(version_name).bin_name(name);
     let matches = command.try_get_matches_from_mut(argv)?;
-    ServeCli::from_arg_matches(&matches).map_err(|err| err.format(&mut command))
+    let cli = ServeCli::from_arg_matches(&matches).map_err(|err| err.format(&mut command))?;
+    // Only the parser knows where --log-format's value came from.
+    if let Some(why) = log_format_contradiction(
+        cli.tei.json_output,
+        cli.log_format,
+        matches.value_source("log_format"),
+    ) {
+        return Err(command.error(clap::error::ErrorKind::ArgumentConflict, why));
+    }
+    Ok(cli)
 }
 
 /// Runs the server to completion and returns the process exit code.
@@ -539,12 +583,7 @@ where
         // any thread that could read the environment starts.
         std::env::set_var("HF_TOKEN", token);
     }
-    let format = if cli.tei.json_output {
-        LogFormat::Json
-    } else {
-        cli.log_format
-    };
-    init_logging(&cli.log, format, !cli.tei.disable_spans);
+    init_logging(&cli.log, cli.log_lines(), !cli.tei.disable_spans);
     for line in ignored {
         tracing::warn!("{line}");
     }
@@ -1276,6 +1315,65 @@ mod tests {
             "{version}"
         );
         assert_eq!(command_name(None), "mlx-embed-server");
+    }
+
+    #[test]
+    fn json_output_beside_log_format_text_on_the_command_line_is_refused() {
+        use clap::parser::ValueSource;
+        let argv = |args: &[&str]| -> Vec<String> {
+            std::iter::once("mlx-embed-server")
+                .chain(args.iter().copied())
+                .map(String::from)
+                .collect()
+        };
+        for args in [
+            &["--json-output", "--log-format", "text"][..],
+            &["--log-format=text", "--json-output"],
+        ] {
+            let err = parse_argv(&argv(args)).expect_err("a contradiction");
+            assert_eq!(err.kind(), clap::error::ErrorKind::ArgumentConflict);
+            assert_eq!(err.exit_code(), 2);
+            assert!(
+                err.to_string().starts_with(
+                    "error: --json-output and --log-format text contradict each other: \
+                     --json-output writes JSON log lines (it is --log-format json); give one of them"
+                ),
+                "{err}"
+            );
+        }
+        // Alone, or agreeing: JSON lines.
+        for args in [
+            &["--json-output"][..],
+            &["--json-output", "--log-format", "json"],
+        ] {
+            let cli = parse_argv(&argv(args)).expect("no contradiction");
+            assert_eq!(cli.log_lines(), LogFormat::Json, "{args:?}");
+        }
+        // MLX_EMBED_LOG_FORMAT=text (clap's environment source) or the
+        // default: the flag on the command line wins, silently.
+        for from in [
+            Some(ValueSource::EnvVariable),
+            Some(ValueSource::DefaultValue),
+            None,
+        ] {
+            assert_eq!(
+                log_format_contradiction(true, LogFormat::Text, from),
+                None,
+                "{from:?}"
+            );
+        }
+        assert!(
+            log_format_contradiction(true, LogFormat::Text, Some(ValueSource::CommandLine))
+                .is_some()
+        );
+        assert_eq!(
+            log_format_contradiction(false, LogFormat::Text, Some(ValueSource::CommandLine)),
+            None
+        );
+        assert_eq!(
+            log_format_contradiction(true, LogFormat::Json, Some(ValueSource::CommandLine)),
+            None
+        );
     }
 
     #[test]

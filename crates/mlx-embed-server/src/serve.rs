@@ -652,6 +652,19 @@ impl Watched<'_> {
 /// is counted and logged here, so a proxy that sends such requests shows in
 /// `/metrics` and the log. The rest (a client gone, an idle connection
 /// timed out) is routine.
+///
+/// Why these answers carry no JSON error (looked into, hyper 1.12): hyper
+/// writes them in `Conn::on_parse_error` (a status line and
+/// `content-length: 0`), with no option or hook. A layer of ours cannot
+/// take them over at the same limits: a malformed head is no request at
+/// all; a URI past 65534 bytes (hyper's `MAX_URI_LEN`, `http::Uri`'s own
+/// most) cannot become a request either, so a layer could only refuse
+/// shorter ones than today; and a layer sees only heads within hyper's
+/// buffer (`MAX_HEAD_BYTES`, and 100 headers), so answering 431 at today's
+/// limit would need that buffer raised, which is hyper's one bound on the
+/// memory a slow or oversized head holds per connection (and on its write
+/// buffer too), while heads past the raised bound would still get hyper's
+/// empty 431.
 fn connection_failed(state: &AppState, err: &hyper::Error) {
     use crate::metrics::Unreadable;
     if err.is_parse_too_large() {

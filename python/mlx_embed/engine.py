@@ -432,7 +432,7 @@ class EmbeddingModel(ScoringMixin):
             mv = self.multi_vector
             attend = mv.attended(ids, output)
             pending = self.scheduler.submit(ids, type_ids, output="tokens", attend=attend)
-            return PendingResult(pending, multi_vector=(mv, ids, output, pooling))
+            return PendingResult(pending, multi_vector=(mv, ids, output, pooling, self.context))
         if output == "sparse":
             pending = self.scheduler.submit(ids, type_ids, output="token_weights")
             return PendingResult(pending, lexical_ids=ids, skipped=self.lexical.skipped_ids)
@@ -1061,8 +1061,11 @@ class PendingResult:
     def __init__(self, pending, *, lexical_ids=None, skipped: frozenset = frozenset(), multi_vector=None):
         self._pending = pending
         self._lexical_ids = lexical_ids
-        # (MultiVector, ids, output, pooling) of a ColBERT call: its rows
-        # kept, projected and (documents asked to be) pooled here.
+        # (MultiVector, ids, output, pooling, the model's ForwardContext) of
+        # a ColBERT call: its rows kept, projected (in the model's context:
+        # the native path's Dense layers run in the native kernel, so a
+        # text's rows do not follow its call's) and (documents asked to be)
+        # pooled here.
         self._multi_vector = multi_vector
         self._skipped = skipped
 
@@ -1071,8 +1074,9 @@ class PendingResult:
         if self._lexical_ids is not None:
             return self._lexical_result(vecs, padded)
         if self._multi_vector is not None:
-            mv, ids, output, pooling = self._multi_vector
-            flat, rows = mv.finish(vecs, ids, output, pooling)
+            mv, ids, output, pooling, context = self._multi_vector
+            with ops.forward_context(context):
+                flat, rows = mv.finish(vecs, ids, output, pooling)
             return EmbedResult(vectors=flat.astype("<f4", copy=False).tobytes(), padded_tokens=padded, rows=rows)
         return EmbedResult(
             vectors=vecs.astype("<f4", copy=False).tobytes(),

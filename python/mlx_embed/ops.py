@@ -324,7 +324,7 @@ def _packed_linear(layer: nn.Module) -> Optional[tuple]:
     ``nn.Linear`` for the native kernel, packed on first use and kept on the
     layer (tied to the weight array it was packed from); None for anything
     else (quantized layers, other dtypes), which keep MLX's matmul."""
-    if type(layer) is not nn.Linear or layer.weight.dtype != mx.float32:
+    if type(layer) not in (nn.Linear, EngineLinear) or layer.weight.dtype != mx.float32:
         return None
     weight = layer.weight
     cached = layer.__dict__.get("_mlx_embed_packed")
@@ -342,21 +342,102 @@ def _packed_linear(layer: nn.Module) -> Optional[tuple]:
     return entry
 
 
+class EngineLinear(nn.Linear):
+    """A float32 ``nn.Linear`` of a model on the CPU's native path (``prepare``
+    gives its layers this class): inside the engine's passes it runs in the
+    native kernel (:func:`linear`), whose every output is summed in k order
+    whatever the rows, so a text's bits do not follow the batch it ran in.
+    OpenBLAS's sgemm picks its kernel, and with it the order of the sums,
+    from the matrix sizes (docs/architecture.md, "Same bits"). A layer whose
+    MLX weight ``prepare`` let go of (``dropped``) runs in the kernel
+    everywhere: it has nothing else to run on."""
+
+    dropped = False
+
+    def __call__(self, x: mx.array) -> mx.array:
+        if x.dtype == mx.float32 and (self.dropped or _native_pass()):
+            return linear(self, x)
+        return super().__call__(x)
+
+
+def _native_pass() -> bool:
+    ctx = getattr(_active, "ctx", None)
+    return ctx is not None and ctx.path == "native"
+
+
+# A layer whose name ends so keeps its MLX weight and is packed on first use:
+# a decoder reranker scores through rows cut from its LM head (or the
+# quantized head itself), so the head rarely runs as a linear at all.
+_LAZY_LINEARS = ("lm_head",)
+
+
 def prepare(model: nn.Module, ctx: ForwardContext) -> None:
-    """Pack for the native kernel now (at load) rather than in the first
-    forward pass the float32 ``nn.Linear`` layers of every part of
-    ``model`` that runs them through :func:`linear`: a module whose class
-    says ``native_linears = True`` (the attention and feed-forward blocks
-    of bert.py, deberta_v2.py, jina_bert.py and gte_new.py). Nothing else
-    would ever read a packed copy, which is as large as the weights (1.8 GB
-    for Qwen3-0.6B's decoder layers, whose mlx-lm modules call MLX's
-    matmul)."""
+    """On the native path, make every float32 ``nn.Linear`` of ``model`` an
+    :class:`EngineLinear` and pack its weight for the kernel now (at load)
+    rather than in the first forward pass; then let go of MLX's copy of the
+    weight where nothing else in the model holds that array (a tied
+    embedding or head keeps its own): the packed copy is as large as the
+    weights (1.8 GB for Qwen3-0.6B), and the layer never reads MLX's again.
+    Quantized layers and other dtypes keep MLX's matmul."""
     if ctx.path != "native":
         return
-    for _, part in model.named_modules():
-        if getattr(type(part), "native_linears", False):
-            for _, module in part.named_modules():
-                _packed_linear(module)
+    from mlx.utils import tree_flatten
+
+    holders: dict[int, int] = {}
+    for _, array in tree_flatten(model.parameters()):
+        holders[id(array)] = holders.get(id(array), 0) + 1
+    for name, module in model.named_modules():
+        if type(module) is not nn.Linear or module.weight.dtype != mx.float32:
+            continue
+        module.__class__ = EngineLinear
+        if name.split(".")[-1] in _LAZY_LINEARS:
+            continue
+        _packed_linear(module)
+        if holders.get(id(module.weight), 0) == 1:
+            _drop_weight(module)
+
+
+def _drop_weight(layer: "EngineLinear") -> None:
+    """Replace the packed layer's MLX weight by a stand-in of its shape and
+    dtype that holds no memory (a broadcast zero), so shape and dtype
+    readers (the engine's descriptions) still see the layer as it is."""
+    weight, entry = layer.__dict__["_mlx_embed_packed"]
+    stand_in = mx.broadcast_to(mx.zeros((1, 1), dtype=weight.dtype), weight.shape)
+    layer.weight = stand_in
+    object.__setattr__(layer, "_mlx_embed_packed", (stand_in, entry))
+    object.__setattr__(layer, "dropped", True)
+
+
+def _packed_rows_matrix(owner, weight: mx.array, bias: Optional[mx.array], key: str, source) -> tuple:
+    """``(packed, bias view or None, outputs, inputs)`` for ``x @ weight.T (+
+    bias)`` by the native kernel, packed once and kept on ``owner`` under
+    ``key`` (tied to ``source``, the array it was made from)."""
+    attr = "_mlx_embed_packed_" + key
+    cached = owner.__dict__.get(attr)
+    if cached is not None and cached[0] is source:
+        return cached[1]
+    outputs, inputs = weight.shape
+    packed = np.empty(_native.linear_packed_len(outputs, inputs), dtype=np.float32)
+    _native.pack_linear_weights(_readonly_buffer(weight), outputs, inputs, packed)
+    entry = (packed, None if bias is None else _readonly_buffer(bias), outputs, inputs)
+    object.__setattr__(owner, attr, (source, entry))
+    return entry
+
+
+def rows_times(
+    x: mx.array, weight: mx.array, bias: Optional[mx.array] = None, *, owner, key: str = "w", source=None
+):
+    """``x @ weight.T (+ bias)`` for a float32 [out, in] ``weight`` that is
+    not an ``nn.Linear``'s (a Dense module, a reranker's score rows): inside
+    the engine's passes on the native path by the native kernel, each row's
+    outputs the same bits whatever the other rows; MLX's matmul elsewhere.
+    Packed once per ``source`` (default: ``weight``), the array the weight
+    is made from where the caller reshapes it."""
+    if _native_pass() and x.dtype == weight.dtype == mx.float32 and weight.ndim == 2:
+        entry = _packed_rows_matrix(owner, weight, bias, key, weight if source is None else source)
+        return _run_packed(entry, x, None)
+    y = x @ weight.T
+    return y if bias is None else y + bias
 
 
 def linear(layer: nn.Module, x: mx.array, *, activation: Optional[str] = None) -> mx.array:
@@ -367,11 +448,17 @@ def linear(layer: nn.Module, x: mx.array, *, activation: Optional[str] = None) -
     if activation not in (None, "gelu"):
         raise ValueError(f"linear: activation must be None or 'gelu', got {activation!r}")
     ctx = current()
-    entry = _packed_linear(layer) if ctx.path == "native" and x.dtype == mx.float32 else None
+    native = ctx.path == "native" or getattr(layer, "dropped", False)
+    entry = _packed_linear(layer) if native and x.dtype == mx.float32 else None
     if entry is None:
         y = layer(x)
         return gelu(y, overwrite_input=True) if activation else y
+    return _run_packed(entry, x, activation)
+
+
+def _run_packed(entry: tuple, x: mx.array, activation: Optional[str]) -> mx.array:
     packed, bias, outputs, inputs = entry
+    ctx = current()
     if x.shape[-1] != inputs:
         raise ValueError(f"linear: input width {x.shape[-1]}, layer takes {inputs}")
     with _graph_lock_released():
@@ -688,7 +775,21 @@ def packed_feed_forwards(mask: "KeyMask") -> ContextManager[Optional["PackedRows
     the padding, while attention, norms and residuals keep mlx-lm's padded
     layout (a padding slot then holds the pass's first token's values, which
     a causal or key mask never lets a real token see)."""
-    return _on_this_thread(_feed_forward_rows, "rows", mask.packed_rows())
+    return _on_this_thread(_feed_forward_rows, "rows", _PassRows(mask.packed_rows(), mask))
+
+
+class _PassRows:
+    """What ``packed_feed_forwards`` makes known on its thread: the packed
+    rows (or None) and the pass's keys, which a decoder's causal attention
+    (mlx-lm's, told only "causal") needs to attend per text."""
+
+    def __init__(self, rows: Optional["PackedRows"], keys: "KeyMask"):
+        self.rows, self.keys = rows, keys
+
+
+def _pass_keys() -> Optional["KeyMask"]:
+    state = getattr(_feed_forward_rows, "rows", None)
+    return None if state is None else state.keys
 
 
 def packs_feed_forward(cls: type) -> type:
@@ -701,7 +802,8 @@ def packs_feed_forward(cls: type) -> type:
     call = cls.__call__
 
     def packed_call(self, x):
-        rows = getattr(_feed_forward_rows, "rows", None)
+        state = getattr(_feed_forward_rows, "rows", None)
+        rows = None if state is None else state.rows
         if rows is None or x.ndim != 3:
             return call(self, x)
         return rows.unpack(call(self, rows.pack(x)))
@@ -815,6 +917,11 @@ class KeyMask:
         self._packed: Optional[PackedRows] = None
         self._packing_decided = False
 
+    @classmethod
+    def of_length(cls, n: int, dtype: mx.Dtype) -> "KeyMask":
+        """One text of ``n`` tokens, all real."""
+        return cls(mx.array(np.ones((1, n), dtype=np.int32)), dtype)
+
     def packed_rows(self) -> Optional[PackedRows]:
         """The pass's real tokens as rows (``PackedRows``) where the active
         context packs rows and packing drops at least a quarter of the rows a
@@ -896,6 +1003,42 @@ def query_blocks(q: mx.array, keys: int, max_rows: Optional[int] = None) -> list
     return [(i, min(i + rows, L)) for i in range(0, L, rows)]
 
 
+def per_text(q: mx.array, k: mx.array, v: mx.array, lengths: list[int], run) -> mx.array:
+    """Self-attention of a padded batch one text at a time, each on its real
+    tokens alone: ``run(q, k, v, b, n)`` for text ``b``'s first ``n``
+    positions ([1, H, n, head_dim] each), the outputs padded back to the
+    batch's length (padding rows 0) and stacked. The native path's attention
+    goes so, so that a text's bits do not follow its batch: every matmul and
+    softmax of a text then has the shapes the text alone gives it, where a
+    padded batch's would change the scores' row length and OpenBLAS's choice
+    of kernel (docs/architecture.md, "Same bits"). Measured on the
+    Qwen3-0.6B and ModernBERT-base shapes: no slower than the padded batch
+    (docs/benchmarks.md, "Batch-invariant CPU passes")."""
+    B, L = q.shape[0], q.shape[2]
+    outs = []
+    for b, n in enumerate(lengths):
+        n = max(1, min(int(n), L))
+        qb, kb, vb = (mx.contiguous(t[b : b + 1, :, :n]) for t in (q, k, v))
+        out = run(qb, kb, vb, b, n)
+        if n < L:
+            out = mx.pad(out, [(0, 0), (0, 0), (0, L - n), (0, 0)])
+        outs.append(out)
+    return outs[0] if B == 1 else mx.concatenate(outs, axis=0)
+
+
+def _text_rows(term: mx.array, b: int, n: int) -> mx.array:
+    """Text ``b``'s share of an additive attention term [B or 1, H or 1,
+    rows, L]: its real keys."""
+    i = b if term.shape[0] > 1 else 0
+    return term[i : i + 1, :, :, :n]
+
+
+def attends_per_text(q: mx.array) -> bool:
+    """Whether attention runs per text (``per_text``): in the engine's
+    passes on the native path, in float32."""
+    return _native_pass() and q.dtype == mx.float32
+
+
 def blocked_attention(
     q: mx.array,
     k: mx.array,
@@ -907,6 +1050,7 @@ def blocked_attention(
     alibi: Optional[list[float]] = None,
     window: Optional[int] = None,
     fused: bool = False,
+    one_text: bool = False,
 ) -> mx.array:
     """``softmax(scale * q @ k^T + A) @ v`` for [B, H, L, head_dim] q, k, v,
     where A is the padding ``mask`` or ``additive(start, end)``: the whole
@@ -925,7 +1069,20 @@ def blocked_attention(
     blocks, each evaluated before the next is built: left lazy, MLX runs
     every block's matmul first and holds all their scores at once (measured
     on one 4096-token, 12-head layer: 1.7 GB at once, 0.22 GB in blocks of
-    512 rows)."""
+    512 rows).
+
+    On the native path each text attends on its own (``per_text``;
+    ``one_text``: ``q`` is one text's, all real)."""
+    if mask is not None and not one_text and attends_per_text(q):
+
+        def text(qb, kb, vb, b, n):
+            bias = None if additive is None else (lambda start, end: _text_rows(additive(start, end), b, n))
+            return blocked_attention(
+                qb, kb, vb, scale, mask=KeyMask.of_length(n, mask.dtype), additive=bias,
+                alibi=alibi, window=window, fused=fused, one_text=True,
+            )
+
+        return per_text(q, k, v, mask.lengths, text)
     blocks = query_blocks(q, k.shape[2])
     outs = []
     for start, end in blocks:
@@ -957,6 +1114,7 @@ def capped_causal_attention(
     *,
     softcap: Optional[float] = None,
     window: Optional[int] = None,
+    one_text: bool = False,
 ) -> mx.array:
     """Causal ``softmax(cap(scale * q @ k^T) + mask) @ v`` with Gemma 2's
     attention logit soft-capping, ``cap(s) = tanh(s / softcap) * softcap``
@@ -973,7 +1131,17 @@ def capped_causal_attention(
     Past SCORES_BLOCK_BYTES the query rows go in blocks, each against only
     the keys it can see (up to its last row, from its first row's window),
     evaluated before the next: a 4,096-token input to 16 heads would
-    otherwise hold 1 GB of scores per temporary."""
+    otherwise hold 1 GB of scores per temporary. On the native path each
+    text attends on its own (``per_text``) where the pass's keys are known
+    (``packed_feed_forwards``)."""
+    keys = None if one_text or not attends_per_text(q) else _pass_keys()
+    if keys is not None:
+        return per_text(
+            q, k, v, keys.lengths,
+            lambda qb, kb, vb, b, n: capped_causal_attention(
+                qb, kb, vb, scale, softcap=softcap, window=window, one_text=True
+            ),
+        )
     B, H, L, hd = q.shape
     kv_heads = k.shape[1]
     rep = H // kv_heads
@@ -1164,7 +1332,7 @@ def engine_attention(module) -> None:
     if getattr(original, "_mlx_embed_attention", False):
         return
 
-    def attention(queries, keys, values, cache=None, scale=1.0, mask=None, **kwargs):
+    def attention(queries, keys, values, cache=None, scale=1.0, mask=None, one_text=False, **kwargs):
         band = isinstance(mask, BandMask)
         causal = isinstance(mask, str) and mask == "causal"
         in_pass = (
@@ -1177,6 +1345,15 @@ def engine_attention(module) -> None:
             return original(
                 queries, keys, values, cache=cache, scale=scale, mask=mask.additive if band else mask, **kwargs
             )
+        text_keys = None if one_text or not attends_per_text(queries) else (mask.keys if band else _pass_keys())
+        if text_keys is not None:
+            # Each text on its own (per_text); a causal one needs the pass's
+            # keys, which packed_feed_forwards makes known.
+            def text(qb, kb, vb, b, n):
+                sub = BandMask(KeyMask.of_length(n, text_keys.dtype), mask.half) if band else mask
+                return attention(qb, kb, vb, scale=scale, mask=sub, one_text=True, **kwargs)
+
+            return per_text(queries, keys, values, text_keys.lengths, text)
         whole = mx.default_device() != mx.cpu and queries.dtype in (mx.float16, mx.bfloat16)
         rows = CAUSAL_BLOCK_ROWS if causal and takes_native_attention(queries, keys.shape[2]) else None
         blocks = [(0, queries.shape[2])] if whole else query_blocks(queries, keys.shape[2], rows)

@@ -341,7 +341,7 @@ class Scheduler:
                 if solo:
                     ctx = self.context.with_threads(1)
                 else:
-                    self._set_blas_threads(self._blas_threads)
+                    self._set_blas_threads(self._pass_blas_threads())
                     ctx = self.context.with_threads(self._blas_threads or os.cpu_count() or 1)
                 with ops.forward_context(ctx), ops.bounded_evaluation(self._evaluation_points()) as points:
                     padded = 0
@@ -476,7 +476,7 @@ class Scheduler:
         # Every BLAS thread, as the sequential path's lone passes have: the
         # CPU workers may have left OpenBLAS at one (and float32 sums split
         # over other thread counts differ in the last bits).
-        self._set_blas_threads(self._blas_threads)
+        self._set_blas_threads(self._pass_blas_threads())
         parts, padded = [], 0
         points = self._evaluation_points()
         with ops.forward_context(self.context), ops.bounded_evaluation(points):
@@ -509,6 +509,17 @@ class Scheduler:
                     vecs = vecs[mx.array(np.argsort(order).astype(np.int32))]
                 mx.async_eval(vecs)
         return Pending(vecs, padded)
+
+    def _pass_blas_threads(self) -> Optional[int]:
+        """OpenBLAS's threads for a pass alone on the cores. One on the
+        native path: its linears run in the native kernel (on the context's
+        threads), and OpenBLAS is left the per-text attention products, whose
+        sums it orders differently on one thread than on two (tiny-qwen3's
+        texts of 400+ tokens: 4 of 39 raw vectors differed by up to 1.2e-6
+        between a one-text call and a 40-text call, which ran its passes on
+        the workers, one BLAS thread each). So a text's bits do not follow
+        how many passes its call made."""
+        return 1 if self.context.path == "native" else self._blas_threads
 
     def _set_blas_threads(self, n: Optional[int]) -> None:
         if n is not None and _blas.get_num_threads() != n:

@@ -194,6 +194,13 @@ def _relative_index(length: int, buckets: int, max_position: int, span: int) -> 
     return mx.array((rows - first).astype(np.int32)), first, last
 
 
+@functools.lru_cache(maxsize=1024)
+def _relative_index_of(length: int, buckets: int, max_position: int, span: int) -> tuple[mx.array, int, int]:
+    """``_relative_index``, kept per length: attention one text at a time
+    asks for each text's."""
+    return _relative_index(length, buckets, max_position, span)
+
+
 class Embeddings(nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -237,6 +244,7 @@ class Attention(nn.Module):
         self.scale = args.score_scale
         self.c2p = "c2p" in args.pos_att_type
         self.p2c = "p2c" in args.pos_att_type
+        self.index_args = (args.position_buckets, args.max_relative, args.span)
         self.relative = args.relative_attention
         self.query_proj = nn.Linear(dim, dim)
         self.key_proj = nn.Linear(dim, dim)
@@ -255,6 +263,23 @@ class Attention(nn.Module):
         x = x.reshape(*lead, L, self.n_heads, self.head_dim)
         return mx.swapaxes(x, -2, -3)
 
+    def _scores(self, q, k, index, pk, pq) -> mx.array:
+        """Scaled scores of queries against keys, with the relative terms
+        (``pk``/``pq``: the projected relative rows ``index`` reads)."""
+        scores = q @ k.swapaxes(-1, -2)
+        if pk is not None or pq is not None:
+            # [1, 1, L, L]: take_along_axis broadcasts it over batch and heads.
+            idx = index[None, None]
+            if pk is not None:
+                # c2p[i, j] = q_i . Pk[index[i, j]]
+                scores = scores + mx.take_along_axis(q @ pk.swapaxes(-1, -2), idx, axis=-1)
+            if pq is not None:
+                # p2c[i, j] = k_j . Pq[index[i, j]]: gathered per key row with
+                # the transposed index, then turned back to [query, key].
+                by_key = mx.take_along_axis(k @ pq.swapaxes(-1, -2), idx.swapaxes(-1, -2), axis=-1)
+                scores = scores + by_key.swapaxes(-1, -2)
+        return scores * (1.0 / self.scale)
+
     def __call__(
         self, x: mx.array, mask: ops.KeyMask, rel: Optional[mx.array], index: Optional[mx.array]
     ) -> mx.array:
@@ -262,22 +287,30 @@ class Attention(nn.Module):
         q = self._heads(ops.linear(self.query_proj, x))
         k = self._heads(ops.linear(self.key_proj, x))
         v = self._heads(ops.linear(self.value_proj, x))
-        scores = q @ k.swapaxes(-1, -2)
-        if self.relative and (self.c2p or self.p2c):
-            # [1, 1, L, L]: take_along_axis broadcasts it over batch and heads.
-            idx = index[None, None]
-            if self.c2p:
-                pk = self._heads(ops.linear(self.key_proj if self.share_att_key else self.pos_key_proj, rel))
-                # c2p[i, j] = q_i . Pk[index[i, j]]
-                scores = scores + mx.take_along_axis(q @ pk.swapaxes(-1, -2), idx, axis=-1)
-            if self.p2c:
-                pq = self._heads(ops.linear(self.query_proj if self.share_att_key else self.pos_query_proj, rel))
-                # p2c[i, j] = k_j . Pq[index[i, j]]: gathered per key row with
-                # the transposed index, then turned back to [query, key].
-                by_key = mx.take_along_axis(k @ pq.swapaxes(-1, -2), idx.swapaxes(-1, -2), axis=-1)
-                scores = scores + by_key.swapaxes(-1, -2)
-        probs = ops.softmax(scores * (1.0 / self.scale) + mask.additive)
-        out = (probs @ v).swapaxes(1, 2).reshape(B, L, D)
+        relative = self.relative and (self.c2p or self.p2c)
+        pk = pq = None
+        if relative and self.c2p:
+            pk = self._heads(ops.linear(self.key_proj if self.share_att_key else self.pos_key_proj, rel))
+        if relative and self.p2c:
+            pq = self._heads(ops.linear(self.query_proj if self.share_att_key else self.pos_query_proj, rel))
+        if not ops.attends_per_text(q):
+            probs = ops.softmax(self._scores(q, k, index, pk, pq) + mask.additive)
+            out = probs @ v
+        else:
+            # One text at a time (ops.per_text), against the relative rows its
+            # own length reads: a row's projection is the same bits whatever
+            # the slice (ops.linear), and so is each text's every product.
+            first = _relative_index_of(L, *self.index_args)[1] if relative else 0
+
+            def text(qb, kb, vb, b, n):
+                idx, lo, hi = _relative_index_of(n, *self.index_args) if relative else (None, 0, 0)
+                rows = slice(lo - first, hi - first + 1)
+                pkb = None if pk is None else pk[:, rows]
+                pqb = None if pq is None else pq[:, rows]
+                return ops.softmax(self._scores(qb, kb, idx, pkb, pqb)) @ vb
+
+            out = ops.per_text(q, k, v, mask.lengths, text)
+        out = out.swapaxes(1, 2).reshape(B, L, D)
         return ops.linear(self.out_proj, out)
 
 
@@ -328,7 +361,22 @@ class ConvLayer(nn.Module):
 
     def __call__(self, embedded: mx.array, h: mx.array, mask: mx.array) -> mx.array:
         m = mask[..., None]
-        out = mx.conv1d(embedded, self.weight, padding=self.padding, groups=self.groups) + self.bias
+        if self.groups == 1 and ops.attends_per_text(embedded):
+            # As one linear over each position's window of rows, by the native
+            # kernel (ops.rows_times): a text's outputs then do not follow its
+            # batch, as MLX's convolution (a BLAS product over every row of the
+            # batch) makes them. The padding rows are zero, as the window
+            # beyond a text's end is.
+            D, k, _ = self.weight.shape
+            L, p = embedded.shape[1], self.padding
+            x = mx.pad(embedded, [(0, 0), (p, p), (0, 0)])
+            count = L + 2 * p - k + 1
+            windows = mx.concatenate([x[:, j : j + count] for j in range(k)], axis=-1)
+            out = ops.rows_times(
+                windows, self.weight.reshape(D, -1), self.bias, owner=self, key="conv", source=self.weight
+            )
+        else:
+            out = mx.conv1d(embedded, self.weight, padding=self.padding, groups=self.groups) + self.bias
         out = self.act(out * m)
         return self.norm(h + out) * m
 

@@ -262,7 +262,9 @@ class Model(nn.Module):
         h = mx.take_along_axis(h, last[:, None, None], axis=1)[:, 0]
         rows = self.get("score_rows")
         if rows is not None:
-            return h @ rows.T
+            # By the native kernel on the CPU's native path: each row's score
+            # the same bits whatever the batch (ops.rows_times).
+            return ops.rows_times(h, rows, owner=self, key="score_rows")
         # Quantized head: the full projection, then the two columns.
         head = self.get("lm_head")
         logits = head(h) if head is not None else self.model.embed_tokens.as_linear(h)

@@ -102,9 +102,12 @@ class Attention(nn.Module):
         qkv = self.qkv(x).reshape(B, L, 3, self.n_heads, self.head_dim)
         qkv = mx.contiguous(qkv.transpose(2, 0, 3, 1, 4))
         q, k, v = qkv[0], qkv[1], qkv[2]
-        scores = (q * self.scale) @ k.swapaxes(-1, -2) + bias
-        probs = ops.softmax(scores + mask.additive)
-        out = (probs @ v).transpose(0, 2, 1, 3).reshape(B, L, D)
+        # The position bias and the padding as one additive term: for a real
+        # key the same sum as adding them one after the other (its mask is 0).
+        out = ops.blocked_attention(
+            q, k, v, self.scale, mask=mask, additive=lambda start, end: bias[:, :, start:end] + mask.additive
+        )
+        out = out.transpose(0, 2, 1, 3).reshape(B, L, D)
         return self.out_proj(out)
 
 

@@ -365,12 +365,6 @@ def _native_pass() -> bool:
     return ctx is not None and ctx.path == "native"
 
 
-# A layer whose name ends so keeps its MLX weight and is packed on first use:
-# a decoder reranker scores through rows cut from its LM head (or the
-# quantized head itself), so the head rarely runs as a linear at all.
-_LAZY_LINEARS = ("lm_head",)
-
-
 def prepare(model: nn.Module, ctx: ForwardContext) -> None:
     """On the native path, make every float32 ``nn.Linear`` of ``model`` an
     :class:`EngineLinear` and pack its weight for the kernel now (at load)
@@ -386,12 +380,10 @@ def prepare(model: nn.Module, ctx: ForwardContext) -> None:
     holders: dict[int, int] = {}
     for _, array in tree_flatten(model.parameters()):
         holders[id(array)] = holders.get(id(array), 0) + 1
-    for name, module in model.named_modules():
+    for _, module in model.named_modules():
         if type(module) is not nn.Linear or module.weight.dtype != mx.float32:
             continue
         module.__class__ = EngineLinear
-        if name.split(".")[-1] in _LAZY_LINEARS:
-            continue
         _packed_linear(module)
         if holders.get(id(module.weight), 0) == 1:
             _drop_weight(module)
@@ -1003,7 +995,7 @@ def query_blocks(q: mx.array, keys: int, max_rows: Optional[int] = None) -> list
     return [(i, min(i + rows, L)) for i in range(0, L, rows)]
 
 
-def per_text(q: mx.array, k: mx.array, v: mx.array, lengths: list[int], run) -> mx.array:
+def per_text(q: mx.array, k: mx.array, v: mx.array, lengths: list[int], run, tail=None) -> mx.array:
     """Self-attention of a padded batch one text at a time, each on its real
     tokens alone: ``run(q, k, v, b, n)`` for text ``b``'s first ``n``
     positions ([1, H, n, head_dim] each), the outputs padded back to the
@@ -1013,14 +1005,20 @@ def per_text(q: mx.array, k: mx.array, v: mx.array, lengths: list[int], run) -> 
     padded batch's would change the scores' row length and OpenBLAS's choice
     of kernel (docs/architecture.md, "Same bits"). Measured on the
     Qwen3-0.6B and ModernBERT-base shapes: no slower than the padded batch
-    (docs/benchmarks.md, "Batch-invariant CPU passes")."""
+    (docs/benchmarks.md, "Batch-invariant CPU passes").
+
+    ``tail(q, k, v, b, n)``: the rows after a text's real tokens, against
+    its real keys, where a caller reads them (an encoder's: a ColBERT
+    query's expansion tokens are outputs its keys leave out); else 0."""
     B, L = q.shape[0], q.shape[2]
     outs = []
     for b, n in enumerate(lengths):
         n = max(1, min(int(n), L))
         qb, kb, vb = (mx.contiguous(t[b : b + 1, :, :n]) for t in (q, k, v))
         out = run(qb, kb, vb, b, n)
-        if n < L:
+        if n < L and tail is not None:
+            out = mx.concatenate([out, tail(mx.contiguous(q[b : b + 1, :, n:]), kb, vb, b, n)], axis=2)
+        elif n < L:
             out = mx.pad(out, [(0, 0), (0, 0), (0, L - n), (0, 0)])
         outs.append(out)
     return outs[0] if B == 1 else mx.concatenate(outs, axis=0)
@@ -1051,6 +1049,7 @@ def blocked_attention(
     window: Optional[int] = None,
     fused: bool = False,
     one_text: bool = False,
+    first_query: int = 0,
 ) -> mx.array:
     """``softmax(scale * q @ k^T + A) @ v`` for [B, H, L, head_dim] q, k, v,
     where A is the padding ``mask`` or ``additive(start, end)``: the whole
@@ -1072,22 +1071,25 @@ def blocked_attention(
     512 rows).
 
     On the native path each text attends on its own (``per_text``;
-    ``one_text``: ``q`` is one text's, all real)."""
+    ``one_text``: ``q`` is one text's, its keys all real, its rows from
+    position ``first_query``)."""
     if mask is not None and not one_text and attends_per_text(q):
 
-        def text(qb, kb, vb, b, n):
-            bias = None if additive is None else (lambda start, end: _text_rows(additive(start, end), b, n))
+        def text(qb, kb, vb, b, n, first=0):
+            bias = None
+            if additive is not None:
+                bias = lambda start, end: _text_rows(additive(first + start, first + end), b, n)  # noqa: E731
             return blocked_attention(
                 qb, kb, vb, scale, mask=KeyMask.of_length(n, mask.dtype), additive=bias,
-                alibi=alibi, window=window, fused=fused, one_text=True,
+                alibi=alibi, window=window, fused=fused, one_text=True, first_query=first,
             )
 
-        return per_text(q, k, v, mask.lengths, text)
+        return per_text(q, k, v, mask.lengths, text, tail=lambda qb, kb, vb, b, n: text(qb, kb, vb, b, n, n))
     blocks = query_blocks(q, k.shape[2])
     outs = []
     for start, end in blocks:
         qb = q if len(blocks) == 1 else q[:, :, start:end]
-        probs = None if fused else _native_position_probs(qb, k, mask, scale, start, alibi, window)
+        probs = None if fused else _native_position_probs(qb, k, mask, scale, first_query + start, alibi, window)
         if probs is not None:
             out = probs @ v
         elif additive is None:

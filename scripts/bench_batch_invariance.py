@@ -1,0 +1,169 @@
+#!/usr/bin/env python3
+"""The CPU's native path before and after batch-invariant passes: speed and memory.
+
+One source tree against another (``--tree NAME=PATH``, each a ``python``
+folder; the first is the reference), on seeded random checkpoints of real
+models' shapes written once under ``--workdir`` (the vocabulary cut to
+32,000 rows, which only the embedding lookup reads):
+
+  qwen3-0.6b       Qwen3-Embedding-0.6B (scripts/bench_decoder.py's shape)
+  modernbert-base  ModernBERT-base: 768 wide, 22 layers (global attention
+                   every third, a 128-token window otherwise), 12 heads,
+                   GeGLU 1152
+
+Every round starts one process per tree, in turn (interleaved: both see the
+same machine load), which loads the model (its resident memory after load is
+``rss_mb``), warms up, and times two cases: ``one``, one short text (12
+token ids; the latency of a lone request) and ``mixed``, 64 texts of 8 to
+256 token ids in one call (texts per second). Medians of ``--calls`` calls,
+then of the rounds. It also reports whether the tree's vectors are the same
+bits for each text alone and in the 64-text call.
+
+    git worktree add /tmp/before <rev>
+    cp python/mlx_embed/_native*.so /tmp/before/python/mlx_embed/
+    .venv/bin/python scripts/bench_batch_invariance.py --tree before=/tmp/before/python --tree after=python
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+MODERNBERT_BASE = {
+    "model_type": "modernbert", "architectures": ["ModernBertModel"], "vocab_size": 32000,
+    "hidden_size": 768, "num_hidden_layers": 22, "num_attention_heads": 12, "intermediate_size": 1152,
+    "global_attn_every_n_layers": 3, "local_attention": 128, "global_rope_theta": 160000.0,
+    "local_rope_theta": 10000.0, "max_position_embeddings": 8192, "hidden_activation": "gelu",
+    "norm_eps": 1e-5, "norm_bias": False, "attention_bias": False, "mlp_bias": False,
+    "classifier_pooling": "cls", "pad_token_id": 703, "cls_token_id": 701, "sep_token_id": 702,
+    "bos_token_id": 701, "eos_token_id": 702, "tie_word_embeddings": True,
+}
+# The tokenizer files each shape's folder takes (only the special ids matter:
+# the cases send token ids).
+TOKENIZERS = {"qwen3-0.6b": "tiny-qwen3", "modernbert-base": "tiny-modernbert"}
+
+
+def shapes() -> dict:
+    from bench_decoder import SHAPES
+
+    return {"qwen3-0.6b": SHAPES["qwen3-0.6b"], "modernbert-base": MODERNBERT_BASE}
+
+
+def make_checkpoint(shape: str, folder: Path) -> None:
+    if (folder / "config.json").exists():
+        return
+    from bench_decoder import make_checkpoint as seeded
+
+    seeded(shapes()[shape], folder)
+    source = ROOT / "tests" / "fixtures" / TOKENIZERS[shape]
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (source / name).exists():
+            shutil.copy(source / name, folder / name)
+
+
+def rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def worker(args) -> None:
+    import mlx_embed
+    import numpy as np
+
+    # The fixtures' tokenizer files say 128 tokens.
+    model = mlx_embed.load(str(args.model), max_length=512)
+    out = {"tree": str(Path(mlx_embed.__file__).parents[1]), "rss_mb": rss_mb(), "ms": {}}
+    rng = np.random.default_rng(0)
+    vocab = min(model.vocab_size, model.tokenizer.vocab_size)
+    one = [rng.integers(vocab // 10, vocab, 12).tolist()]
+    mixed = [rng.integers(vocab // 10, vocab, int(n)).tolist() for n in rng.integers(8, 257, 64)]
+
+    def vectors(ids):
+        return np.frombuffer(model.embed_ids(ids).vectors, "<f4").reshape(len(ids), -1)
+
+    for name, ids in (("one", one), ("mixed", mixed)):
+        vectors(ids)  # warm-up: this case's shapes
+        times = []
+        for _ in range(args.calls):
+            t0 = time.perf_counter()
+            vectors(ids)
+            times.append(time.perf_counter() - t0)
+        out["ms"][name] = statistics.median(times) * 1e3
+    batch = vectors(mixed)
+    out["rows_differing_alone"] = int(sum(not np.array_equal(vectors([t])[0], batch[i]) for i, t in enumerate(mixed)))
+    out["rss_after_mb"] = rss_mb()
+    print(json.dumps(out))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tree", action="append", default=[], metavar="NAME=PATH")
+    ap.add_argument("--shape", action="append", choices=sorted(TOKENIZERS))
+    ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "mlx-embed-bench-invariance")
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        worker(args)
+        return
+    trees = [t.split("=", 1) for t in args.tree]
+    if not trees or any(len(t) != 2 for t in trees):
+        ap.error("give at least one --tree NAME=PATH")
+    sys.path.insert(0, str(ROOT / "python"))
+    summary = {}
+    for shape in args.shape or sorted(TOKENIZERS):
+        folder = args.workdir / shape
+        make_checkpoint(shape, folder)
+        runs = {name: [] for name, _ in trees}
+        for r in range(args.rounds):
+            for name, path in trees:
+                env = {**os.environ, "PYTHONPATH": str(Path(path).resolve())}
+                proc = subprocess.run(
+                    [sys.executable, __file__, "--worker", "--model", str(folder), "--calls", str(args.calls)],
+                    env=env, capture_output=True, text=True,
+                )
+                if proc.returncode:
+                    sys.exit(f"{name}: the worker failed:\n{proc.stderr[-3000:]}")
+                result = json.loads(proc.stdout.strip().splitlines()[-1])
+                runs[name].append(result)
+                print(f"{shape} round {r + 1} {name}: one {result['ms']['one']:.1f} ms, mixed "
+                      f"{result['ms']['mixed']:.0f} ms, RSS {result['rss_mb']:.0f} MB after load "
+                      f"({result['rss_after_mb']:.0f} after the cases), "
+                      f"{result['rows_differing_alone']} of 64 rows differ alone", flush=True)
+        summary[shape] = {}
+        for name, _ in trees:
+            rows = runs[name]
+            summary[shape][name] = {
+                "one_ms": statistics.median(x["ms"]["one"] for x in rows),
+                "mixed_ms": statistics.median(x["ms"]["mixed"] for x in rows),
+                "mixed_texts_per_s": 64e3 / statistics.median(x["ms"]["mixed"] for x in rows),
+                "rss_mb": statistics.median(x["rss_mb"] for x in rows),
+                "rss_after_mb": statistics.median(x["rss_after_mb"] for x in rows),
+                "rows_differing_alone": rows[-1]["rows_differing_alone"],
+            }
+            s = summary[shape][name]
+            print(f"{shape} {name}: one {s['one_ms']:.1f} ms, mixed {s['mixed_ms']:.0f} ms "
+                  f"({s['mixed_texts_per_s']:.1f} texts/s), RSS {s['rss_mb']:.0f} MB "
+                  f"(after the cases {s['rss_after_mb']:.0f}), {s['rows_differing_alone']}/64 differ alone")
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -15,7 +15,7 @@ Every round starts one process per tree, in turn (interleaved: both see the
 same machine load), which loads the model (its resident memory after load is
 ``rss_mb``), warms up, and times two cases: ``one``, one short text (12
 token ids; the latency of a lone request) and ``mixed``, 64 texts of 8 to
-256 token ids in one call (texts per second). Medians of ``--calls`` calls,
+``--mixed-max`` (256) token ids in one call (texts per second). Medians of ``--calls`` calls,
 then of the rounds. It also reports whether the tree's vectors are the same
 bits for each text alone and in the 64-text call.
 
@@ -89,7 +89,7 @@ def worker(args) -> None:
     rng = np.random.default_rng(0)
     vocab = min(model.vocab_size, model.tokenizer.vocab_size)
     one = [rng.integers(vocab // 10, vocab, 12).tolist()]
-    mixed = [rng.integers(vocab // 10, vocab, int(n)).tolist() for n in rng.integers(8, 257, 64)]
+    mixed = [rng.integers(vocab // 10, vocab, int(n)).tolist() for n in rng.integers(8, args.mixed_max + 1, 64)]
 
     def vectors(ids):
         return np.frombuffer(model.embed_ids(ids).vectors, "<f4").reshape(len(ids), -1)
@@ -113,6 +113,7 @@ def main() -> None:
     ap.add_argument("--tree", action="append", default=[], metavar="NAME=PATH")
     ap.add_argument("--shape", action="append", choices=sorted(TOKENIZERS))
     ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--mixed-max", type=int, default=256, help="the longest text of the mixed case, in tokens")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "mlx-embed-bench-invariance")
     ap.add_argument("--json", type=Path)
@@ -135,7 +136,8 @@ def main() -> None:
             for name, path in trees:
                 env = {**os.environ, "PYTHONPATH": str(Path(path).resolve())}
                 proc = subprocess.run(
-                    [sys.executable, __file__, "--worker", "--model", str(folder), "--calls", str(args.calls)],
+                    [sys.executable, __file__, "--worker", "--model", str(folder), "--calls", str(args.calls),
+                     "--mixed-max", str(args.mixed_max)],
                     env=env, capture_output=True, text=True,
                 )
                 if proc.returncode:

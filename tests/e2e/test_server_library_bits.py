@@ -20,13 +20,11 @@ import pytest
 from harness import FIXTURES, start_server
 
 # None: the default model (mean pooling on the host, the native encoder).
-MODELS = [None, "tiny-qwen3", "tiny-modernbert", "tiny-xlm-roberta", "tiny-gemma3"]
-# Models whose passes run the native encoder on the CPU: a text's vector is
-# the same bits in any batch. The others' matmuls go through OpenBLAS, whose
-# kernel (and its summation order) follows the matrix sizes, so a text's
-# bits follow the rows and padding of its pass (docs/architecture.md,
-# "Same bits"); the server matches the library pass for pass there.
-BATCH_INVARIANT = {None, "tiny-xlm-roberta"}
+MODELS = [None, "tiny-qwen3", "tiny-modernbert", "tiny-xlm-roberta", "tiny-gemma3", "tiny-gemma2", "tiny-t5"]
+# On the CPU's native path (the default) every model's passes are
+# batch-invariant: a text's vector is the same bits alone, in any batch, in
+# any order (docs/architecture.md, "Same bits"). On a GPU the server matches
+# the library pass for pass.
 CUT = 16
 
 
@@ -81,18 +79,18 @@ def test_server_answers_the_librarys_bits(tmp_path, golden, folder):
 
         # Batch composition, computed afresh (a server without the cache):
         # each text alone against the library's one-text calls (the same
-        # passes); where the model's passes are batch-invariant, against the
-        # one call too, and so are the texts reversed in one request and
-        # single-text requests at once, which the collector batches as they
-        # come.
+        # passes); on the CPU, against the one call too, and so are the texts
+        # reversed in one request and single-text requests at once, which the
+        # collector batches as they come.
         srv.stop()
         srv = start_server(tmp_path, *args, "--no-warmup", "--no-cache")
         alone = np.concatenate([tei([t]) for t in texts])
         _same(alone, np.concatenate([lib.embed([t]) for t in texts]), "one text per request and call")
         raw_alone = np.concatenate([tei([t], normalize=False) for t in texts])
         _same(raw_alone, np.concatenate([lib.embed([t], normalize=False) for t in texts]), "one raw text each")
-        if folder in BATCH_INVARIANT and mlx_embed.device.is_cpu():
+        if mlx_embed.device.is_cpu():
             _same(alone, unit, "one text per request, against the library's one call")
+            _same(raw_alone, raw, "one raw text per request, against the library's one call")
             _same(tei(texts[::-1])[::-1], unit, "reversed in one request")
             with ThreadPoolExecutor(8) as pool:
                 together = np.concatenate(list(pool.map(lambda t: tei([t]), texts)))
@@ -143,6 +141,14 @@ def test_scores_are_the_librarys(tmp_path, golden):
         for hit in r.json():
             got[hit["index"]] = hit["score"]
         _same(got, mlx_embed.load(str(reranker)).score([(query, t) for t in texts])[:, 0], "rerank scores")
+        if mlx_embed.device.is_cpu():
+            # One document per request: the same bits as in the one call.
+            alone = np.zeros(len(texts), np.float32)
+            for i, t in enumerate(texts):
+                r = srv.post("/rerank", {"query": query, "texts": [t]})
+                assert r.status_code == 200, r.text
+                alone[i] = r.json()[0]["score"]
+            _same(alone, got, "rerank scores, one document per request")
         lib = mlx_embed.load(str(classifier))
         r = srv.post("/predict", {"inputs": [[t] for t in texts]})
         assert r.status_code == 200, r.text

@@ -210,12 +210,15 @@ class ModelArgs:
         return out
 
 
-def _low_rank(x: mx.array, down: mx.array, up: mx.array, select: mx.array) -> mx.array:
+def _low_rank(x: mx.array, down: Optional[mx.array], up: mx.array, select: mx.array, owner) -> mx.array:
     """The rows' LoRA updates: ``x`` [.., in] through every task's ``down``
-    ([tasks*rank, in]), the other tasks' columns zeroed and the row's
-    scaled by ``select`` ([.., tasks*rank], broadcast over tokens), then
-    ``up`` ([tasks*rank, out])."""
-    return ((x @ down.T) * select) @ up
+    ([tasks*rank, in]; None: ``x`` is that product already), the other
+    tasks' columns zeroed and the row's scaled by ``select`` ([..,
+    tasks*rank], broadcast over tokens), then ``up`` ([tasks*rank, out]).
+    The products by the native kernel on the CPU's native path
+    (``ops.rows_times``: a row's bits whatever the batch)."""
+    low = x if down is None else ops.rows_times(x, down, owner=owner, key="lora_a")
+    return ops.rows_times(low * select, up.T, owner=owner, key="lora_b", source=up)
 
 
 class LoraLinear(nn.Module):
@@ -233,7 +236,7 @@ class LoraLinear(nn.Module):
         y = self.base(x)
         if select is None:
             return y
-        return y + _low_rank(x, self.lora_a, self.lora_b, select)
+        return y + _low_rank(x, self.lora_a, self.lora_b, select, self)
 
 
 class LoraEmbedding(nn.Module):
@@ -251,7 +254,7 @@ class LoraEmbedding(nn.Module):
         x = self.base(ids)
         if select is None:
             return x
-        return x + (self.lora_a[ids] * select) @ self.lora_b
+        return x + _low_rank(self.lora_a[ids], None, self.lora_b, select, self)
 
 
 class Attention(nn.Module):

@@ -28,6 +28,7 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 
+from .. import ops
 from . import bert, distilbert
 
 EMBEDDING_DEFAULTS = {"pooling": "splade"}
@@ -104,7 +105,15 @@ class LMHead(nn.Module):
         x = self.norm(x)
         # Tied: scores against the word-embedding table itself (quantized or
         # not: both embedding classes score through as_linear).
-        return self.decoder(x) if "decoder" in self else embeddings.as_linear(x)
+        if "decoder" in self:
+            return self.decoder(x)
+        if type(embeddings) is nn.Embedding:
+            # By the native kernel on the CPU's native path, each row's
+            # logits the same bits whatever the batch (ops.rows_times; a
+            # packed copy of the table beside MLX's, which the embedding
+            # lookup reads).
+            return ops.rows_times(x, embeddings.weight, owner=self, key="tied")
+        return embeddings.as_linear(x)
 
 
 class Model(nn.Module):

@@ -14,14 +14,17 @@ import pytest
 import mlx_embed
 from conftest import FIXTURES
 
-FOLDERS = sorted(p.name for p in FIXTURES.iterdir() if p.name.startswith("tiny-") and (p / "config.json").exists())
-# Folders the library loads that are not invariant yet, with the reason.
-NOT_INVARIANT = {}
+# Every tiny fixture folder (a model's; the other fixture folders hold
+# references and cases), and None: the bundled default model.
+FOLDERS = [None, *sorted(p.name for p in FIXTURES.iterdir() if p.name.startswith("tiny-"))]
+# Folders the library loads that are not invariant, with the reason: none.
+NOT_INVARIANT: dict = {}
 
 
-def test_every_fixture_is_listed():
-    # Fixture folders that are not a model's (a README and references only).
-    assert len(FOLDERS) >= 50
+def test_every_fixture_is_here():
+    # 57 tiny folders with a config.json, tiny-static (a StaticEmbedding)
+    # and the default model.
+    assert len(FOLDERS) == 59 and "tiny-static" in FOLDERS
 
 
 def _same_rows(run, texts):
@@ -41,8 +44,8 @@ def _same_rows(run, texts):
 def test_same_bits_alone_and_batched(folder, golden_texts):
     if folder in NOT_INVARIANT:
         pytest.xfail(NOT_INVARIANT[folder])
-    model = mlx_embed.load(str(FIXTURES / folder))
-    assert model.scheduler.context.path == "native"
+    model = mlx_embed.load(str(FIXTURES / folder)) if folder else mlx_embed.load()
+    assert model.scheduler.context.path == "native" or folder == "tiny-static"
     texts = [t for t in golden_texts if t]
     if model.kind == "embedding" and model.multi_vector is not None:
         checks = {

@@ -233,9 +233,6 @@ class Embeddings(nn.Module):
 
 
 class Attention(nn.Module):
-    # Its linears run through ops.linear: ops.prepare packs them at load.
-    native_linears = True
-
     def __init__(self, args: ModelArgs):
         super().__init__()
         dim = args.hidden_size
@@ -315,9 +312,6 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    # Its linears run through ops.linear: ops.prepare packs them at load.
-    native_linears = True
-
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.up = nn.Linear(args.hidden_size, args.intermediate_size)

@@ -192,9 +192,6 @@ def _logn_scale(args: ModelArgs, attention_mask: mx.array, dtype: mx.Dtype) -> m
 
 
 class Attention(nn.Module):
-    # Its linears run through ops.linear: ops.prepare packs them at load.
-    native_linears = True
-
     def __init__(self, args: ModelArgs):
         super().__init__()
         dim = args.hidden_size
@@ -214,8 +211,6 @@ class GatedMLP(nn.Module):
     fused into the gate's GEMM on the native path instead of over a strided
     half of one output."""
 
-    # Its linears run through ops.linear: ops.prepare packs them at load.
-    native_linears = True
 
     def __init__(self, args: ModelArgs):
         super().__init__()

@@ -178,9 +178,6 @@ class Embeddings(nn.Module):
 
 
 class Attention(nn.Module):
-    # Its linears run through ops.linear: ops.prepare packs them at load.
-    native_linears = True
-
     def __init__(self, args: ModelArgs):
         super().__init__()
         dim = args.hidden_size
@@ -218,8 +215,6 @@ class GatedMLP(nn.Module):
     then up rows) is kept as two so the GELU runs fused into the gate's GEMM
     on the native path."""
 
-    # Its linears run through ops.linear: ops.prepare packs them at load.
-    native_linears = True
 
     def __init__(self, args: ModelArgs):
         super().__init__()

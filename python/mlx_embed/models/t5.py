@@ -116,9 +116,6 @@ class RMSNorm(nn.Module):
 
 
 class Attention(nn.Module):
-    # Its linears run through ops.linear: ops.prepare packs them at load.
-    native_linears = True
-
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.n_heads = args.num_heads
@@ -141,8 +138,6 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    native_linears = True
-
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.gated = args.gated

@@ -41,13 +41,30 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 
 MODERNBERT_BASE = {
-    "model_type": "modernbert", "architectures": ["ModernBertModel"], "vocab_size": 32000,
-    "hidden_size": 768, "num_hidden_layers": 22, "num_attention_heads": 12, "intermediate_size": 1152,
-    "global_attn_every_n_layers": 3, "local_attention": 128, "global_rope_theta": 160000.0,
-    "local_rope_theta": 10000.0, "max_position_embeddings": 8192, "hidden_activation": "gelu",
-    "norm_eps": 1e-5, "norm_bias": False, "attention_bias": False, "mlp_bias": False,
-    "classifier_pooling": "cls", "pad_token_id": 703, "cls_token_id": 701, "sep_token_id": 702,
-    "bos_token_id": 701, "eos_token_id": 702, "tie_word_embeddings": True,
+    "model_type": "modernbert",
+    "architectures": ["ModernBertModel"],
+    "vocab_size": 32000,
+    "hidden_size": 768,
+    "num_hidden_layers": 22,
+    "num_attention_heads": 12,
+    "intermediate_size": 1152,
+    "global_attn_every_n_layers": 3,
+    "local_attention": 128,
+    "global_rope_theta": 160000.0,
+    "local_rope_theta": 10000.0,
+    "max_position_embeddings": 8192,
+    "hidden_activation": "gelu",
+    "norm_eps": 1e-5,
+    "norm_bias": False,
+    "attention_bias": False,
+    "mlp_bias": False,
+    "classifier_pooling": "cls",
+    "pad_token_id": 703,
+    "cls_token_id": 701,
+    "sep_token_id": 702,
+    "bos_token_id": 701,
+    "eos_token_id": 702,
+    "tie_word_embeddings": True,
 }
 # The tokenizer files each shape's folder takes (only the special ids matter:
 # the cases send token ids).
@@ -117,8 +134,12 @@ def main() -> None:
     ap.add_argument("--shape", action="append", choices=sorted(TOKENIZERS))
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--mixed-max", type=int, default=256, help="the longest text of the mixed case, in tokens")
-    ap.add_argument("--no-check", dest="check", action="store_false",
-                    help="skip embedding each mixed text alone (64 calls) to count the rows that differ")
+    ap.add_argument(
+        "--no-check",
+        dest="check",
+        action="store_false",
+        help="skip embedding each mixed text alone (64 calls) to count the rows that differ",
+    )
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "mlx-embed-bench-invariance")
     ap.add_argument("--json", type=Path)
@@ -141,18 +162,33 @@ def main() -> None:
             for name, path in trees:
                 env = {**os.environ, "PYTHONPATH": str(Path(path).resolve())}
                 proc = subprocess.run(
-                    [sys.executable, __file__, "--worker", "--model", str(folder), "--calls", str(args.calls),
-                     "--mixed-max", str(args.mixed_max), *([] if args.check else ["--no-check"])],
-                    env=env, capture_output=True, text=True,
+                    [
+                        sys.executable,
+                        __file__,
+                        "--worker",
+                        "--model",
+                        str(folder),
+                        "--calls",
+                        str(args.calls),
+                        "--mixed-max",
+                        str(args.mixed_max),
+                        *([] if args.check else ["--no-check"]),
+                    ],
+                    env=env,
+                    capture_output=True,
+                    text=True,
                 )
                 if proc.returncode:
                     sys.exit(f"{name}: the worker failed:\n{proc.stderr[-3000:]}")
                 result = json.loads(proc.stdout.strip().splitlines()[-1])
                 runs[name].append(result)
-                print(f"{shape} round {r + 1} {name}: one {result['ms']['one']:.1f} ms, mixed "
-                      f"{result['ms']['mixed']:.0f} ms, RSS {result['rss_mb']:.0f} MB after load "
-                      f"({result['rss_after_mb']:.0f} after the cases), "
-                      f"rows differing alone: {result['rows_differing_alone']} of 64", flush=True)
+                print(
+                    f"{shape} round {r + 1} {name}: one {result['ms']['one']:.1f} ms, mixed "
+                    f"{result['ms']['mixed']:.0f} ms, RSS {result['rss_mb']:.0f} MB after load "
+                    f"({result['rss_after_mb']:.0f} after the cases), "
+                    f"rows differing alone: {result['rows_differing_alone']} of 64",
+                    flush=True,
+                )
         summary[shape] = {}
         for name, _ in trees:
             rows = runs[name]
@@ -165,9 +201,11 @@ def main() -> None:
                 "rows_differing_alone": rows[-1]["rows_differing_alone"],
             }
             s = summary[shape][name]
-            print(f"{shape} {name}: one {s['one_ms']:.1f} ms, mixed {s['mixed_ms']:.0f} ms "
-                  f"({s['mixed_texts_per_s']:.1f} texts/s), RSS {s['rss_mb']:.0f} MB "
-                  f"(after the cases {s['rss_after_mb']:.0f}), rows differing alone: {s['rows_differing_alone']}/64")
+            print(
+                f"{shape} {name}: one {s['one_ms']:.1f} ms, mixed {s['mixed_ms']:.0f} ms "
+                f"({s['mixed_texts_per_s']:.1f} texts/s), RSS {s['rss_mb']:.0f} MB "
+                f"(after the cases {s['rss_after_mb']:.0f}), rows differing alone: {s['rows_differing_alone']}/64"
+            )
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
 

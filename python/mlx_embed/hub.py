@@ -155,8 +155,9 @@ def missing_files(snapshot: str) -> list[str]:
     files): ``config.json`` (but a sentence-transformers folder of modules
     alone, a static embedding, has none), any weights, any tokenizer file
     (``tokenizer.json``, a vocabulary, a sentencepiece model), the shards its
-    ``*.index.json`` files list, the module folders ``modules.json`` lists,
-    and files whose blob is gone (a link to nothing). Empty: complete."""
+    ``*.index.json`` files list, the module folders ``modules.json`` lists
+    (but a Normalize module's, which has no file), and files whose blob is
+    gone (a link to nothing). Empty: complete."""
     from .json_files import read_json
 
     missing = []
@@ -166,6 +167,12 @@ def missing_files(snapshot: str) -> list[str]:
     if isinstance(modules, list):
         for module in modules:
             sub = module.get("path") if isinstance(module, dict) else None
+            # A Normalize module keeps no file: sentence-transformers saves
+            # its folder empty, which git, and so the Hub, does not keep
+            # (nomic-embed-text-v1.5's 2_Normalize, potion's 1_Normalize).
+            kind = str(module.get("type", "")).rsplit(".", 1)[-1] if isinstance(module, dict) else ""
+            if kind == "Normalize":
+                continue
             if isinstance(sub, str) and sub and not os.path.isdir(os.path.join(snapshot, sub)):
                 missing.append(sub + "/")
     weights = tokenizer = False
@@ -242,7 +249,8 @@ def download(repo_id: str, revision: Optional[str] = None, cache_dir: Optional[s
     list), else it is asked here. Files the snapshot holds already are kept,
     and so are blobs an older commit shares with it (snapshot_download links
     them instead of fetching them again)."""
-    from huggingface_hub import HfApi, snapshot_download
+    HfApi = _hub_api()
+    from huggingface_hub import snapshot_download
 
     cache = hub_cache(cache_dir)
     revision = revision or "main"
@@ -410,10 +418,12 @@ def resolve_model(name: str, revision: Optional[str] = None, cache_dir: Optional
         )
     info = None
     if not pinned:
-        from huggingface_hub import HfApi
         from huggingface_hub.errors import RevisionNotFoundError
 
         try:
+            # Inside the try: huggingface_hub's client refuses to import
+            # over a bad variable of its own, which leaves the cache serving.
+            HfApi = _hub_api()
             # With a whole snapshot cached, a busy Hub is not waited out.
             info = _repo_info(HfApi(endpoint=endpoint()), name, rev, wait_busy=whole is None)
             sha = _commit_of(info)
@@ -442,7 +452,8 @@ def resolve_model(name: str, revision: Optional[str] = None, cache_dir: Optional
             )
             return whole
         current = cached_snapshot(name, sha, cache)
-        if current is not None and not missing_files(current):
+        absent = _absent(current, info) if current is not None else []
+        if current is not None and not missing_files(current) and not absent:
             _write_ref(cache, name, rev, sha)
             if whole is not None and current != whole:
                 log.info(
@@ -454,7 +465,12 @@ def resolve_model(name: str, revision: Optional[str] = None, cache_dir: Optional
                 )
             log.info("%s (revision %s): the Hugging Face cache's %s", name, rev, current)
             return current
-        if whole is not None:
+        if whole is not None and current == whole:
+            # The Hub's commit, cached, but short of files the Hub lists for
+            # it: not whole after all (fetched below, never served as it is).
+            whole = None
+            where = f"the Hugging Face cache's snapshot {found} lacks {', '.join(absent)}"
+        elif whole is not None:
             log.info("%s: revision %s moved on the Hub from commit %s to %s: fetching it", name, rev, _sha(whole), sha)
     if found is not None and whole is None:
         log.warning("%s: %s: fetching what is missing", name, where)
@@ -480,6 +496,41 @@ def resolve_model(name: str, revision: Optional[str] = None, cache_dir: Optional
     if still:
         raise ModelNotFound(name, f"the Hub's revision {rev} of {name} lacks {', '.join(still)}")
     return folder
+
+
+def _absent(snapshot: str, info) -> list[str]:
+    """The engine's files of the Hub's listing ``info`` of a commit that its
+    cached ``snapshot`` lacks. Exact where :func:`missing_files` can only
+    guess: a download cut short (a crash, or another process still
+    fetching) leaves a file's folder made before the file, and a module
+    folder without its config reads as whole; snapshot_download fills it
+    in, with no request for the files already there."""
+    return [
+        f
+        for f in engine_files(s.rfilename for s in info.siblings or ())
+        if not os.path.exists(os.path.join(snapshot, f))
+    ]
+
+
+def _hub_api():
+    """huggingface_hub's HfApi. Its import reads HF_HUB_ETAG_TIMEOUT and
+    HF_HUB_DOWNLOAD_TIMEOUT as whole seconds and fails on anything else
+    with a message that names neither: said here by name."""
+    try:
+        from huggingface_hub import HfApi
+    except ValueError as e:
+        bad = []
+        for variable in ("HF_HUB_ETAG_TIMEOUT", "HF_HUB_DOWNLOAD_TIMEOUT"):
+            value = os.environ.get(variable)
+            try:
+                if value is not None:
+                    int(value)
+            except ValueError:
+                bad.append(f"{variable}={value!r}")
+        if not bad:
+            raise
+        raise ValueError(f"huggingface_hub cannot start: {' and '.join(bad)} is not a whole number of seconds") from e
+    return HfApi
 
 
 def _sha(snapshot: str) -> str:

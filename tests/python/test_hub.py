@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import FIXTURES, load_fixture
-from fake_hub import FakeHub, cache_repo, folder_files
+from fake_hub import FakeHub, cache_repo, etag, folder_files
 
 import mlx_embed
 from mlx_embed import hub, loading
@@ -683,3 +683,88 @@ def test_offline_reads_the_variables_as_huggingface_hub_does(env):
             check=True,
         ).stdout.strip()
         assert str(hub.offline()) == theirs, (hf, transformers)
+
+
+def test_a_normalize_module_without_a_folder_is_whole(online, env):
+    """sentence-transformers saves a Normalize module's folder empty, and the
+    Hub keeps no empty folder (nomic-embed-text-v1.5's 2_Normalize, potion's
+    1_Normalize, as the fixtures are laid out): such a repo downloads and
+    serves offline, not refused as lacking that folder."""
+    for fixture in ("tiny-nomic-bert", "tiny-model2vec", "tiny-bge-m3"):
+        assert hub.missing_files(str(FIXTURES / fixture)) == [], fixture
+    with FakeHub() as fake:
+        fake.add(REPO, folder_files(FIXTURES / "tiny-nomic-bert"), commit=COMMIT)
+        env.setenv("HF_ENDPOINT", fake.url)
+        assert hub.resolve_model(REPO) == _snapshot(online)
+    assert not os.path.exists(os.path.join(_snapshot(online), "2_Normalize"))
+    env.setenv("HF_HUB_OFFLINE", "1")
+    assert hub.resolve_model(REPO) == _snapshot(online)
+    assert np.array_equal(mlx_embed.load(REPO).embed(TEXTS), load_fixture("tiny-nomic-bert").embed(TEXTS))
+
+
+def test_a_snapshot_cut_short_is_completed_from_the_hubs_listing(online, env):
+    """A download cut short (a crash, or a second server still fetching)
+    leaves a file's folder made before the file: 1_Pooling/ without its
+    config, which the cache alone takes for whole and the loader then
+    refuses at every start. Online, the Hub's listing of the commit shows
+    it, and that file alone is fetched: where the branch moved to that
+    commit and where it was there already."""
+    old_files = folder_files(FIXTURES / "tiny-mpnet")
+    new_files = _moved(old_files)
+    cache_repo(online, REPO, old_files, commit=OLD, refs=("main",))
+    kept = {f: new_files[f] for f in hub.engine_files(new_files) if f != "1_Pooling/config.json"}
+    cut = cache_repo(online, REPO, kept, commit=COMMIT, refs=("v2",))
+    (cut / "1_Pooling").mkdir()
+    assert hub.missing_files(str(cut)) == []  # what the cache alone can tell
+    with FakeHub() as fake:
+        fake.add(REPO, old_files, commit=OLD)
+        fake.add(REPO, new_files, commit=COMMIT, refs=("main", "v2"))
+        env.setenv("HF_ENDPOINT", fake.url)
+        for revision in ("main", "v2"):
+            asked = len(fake.requests)
+            assert hub.resolve_model(REPO, revision) == str(cut), revision
+            fetched = {p.split(f"/resolve/{COMMIT}/", 1)[1] for _, p in fake.requests[asked:] if "/resolve/" in p}
+            assert fetched == {"1_Pooling/config.json"}, (revision, fetched)
+            assert (cut / "1_Pooling" / "config.json").read_bytes() == new_files["1_Pooling/config.json"]
+            (cut / "1_Pooling" / "config.json").unlink()  # cut short again, for the tag
+        (cut / "1_Pooling" / "config.json").symlink_to("../../../blobs/" + etag(new_files["1_Pooling/config.json"]))
+        asked = len(fake.requests)
+        assert mlx_embed.load(REPO).embed(TEXTS).shape == (len(TEXTS), 64)
+        assert fake.requests[asked:] == [("GET", f"/api/models/{REPO}/revision/main")]
+
+
+def test_a_timeout_variable_huggingface_hub_refuses_is_named_and_the_cache_serves(online, env):
+    """huggingface_hub's client will not import over HF_HUB_ETAG_TIMEOUT=abc
+    (nor 1.5), with an error that names no variable: a cached snapshot still
+    serves, with a warning naming the variable, and a model not cached is
+    refused naming it. In a fresh process: this one imported the client."""
+    import subprocess
+    import sys
+
+    cache_repo(online, REPO, folder_files(FIXTURES / "tiny-mpnet"), commit=OLD)
+    env.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+    script = (
+        "import logging, sys\n"
+        "logging.basicConfig(level=logging.WARNING, format='%(levelname)s %(message)s', stream=sys.stdout)\n"
+        "from mlx_embed import hub\n"
+        f"print(hub.resolve_model({REPO!r}))\n"
+        "try:\n"
+        "    hub.resolve_model('test-org/absent')\n"
+        "except hub.ModelNotFound as e:\n"
+        "    print('REFUSED', e.why)\n"
+    )
+    for value in ("abc", "1.5"):
+        env.setenv("HF_HUB_ETAG_TIMEOUT", value)
+        run = subprocess.run([sys.executable, "-c", script], env=dict(os.environ), capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        named = (
+            f"ValueError: huggingface_hub cannot start: HF_HUB_ETAG_TIMEOUT={value!r} is not a whole number of seconds"
+        )
+        # huggingface_hub prints its own import error to stdout too.
+        lines = [line for line in run.stdout.splitlines() if not line.startswith("Error importing huggingface_hub")]
+        assert lines[0] == (
+            f"WARNING {REPO}: could not ask http://127.0.0.1:9 which commit revision main is ({named}): "
+            f"serving the cached commit {OLD}"
+        ), run.stdout
+        assert lines[1] == _snapshot(online, OLD), run.stdout
+        assert lines[2].startswith("REFUSED not a local folder") and f"({named})" in lines[2], run.stdout

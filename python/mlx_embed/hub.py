@@ -297,13 +297,20 @@ def _write_ref(cache: str, repo_id: str, revision: str, sha: str) -> None:
                 return
     except OSError:
         pass
+    scratch = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        scratch = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
         with open(scratch, "w", encoding="utf-8") as f:
             f.write(sha)
         os.replace(scratch, path)
     except OSError as e:
+        # Not left behind (a full disk, a folder where the ref goes): in
+        # refs/ it reads as a ref to no commit, which `hf cache scan`
+        # reports as a corrupted cache.
+        try:
+            os.remove(scratch)
+        except OSError:
+            pass
         log.warning("%s: could not record revision %s as commit %s in the cache (%s)", repo_id, revision, sha, e)
 
 

@@ -768,3 +768,22 @@ def test_a_timeout_variable_huggingface_hub_refuses_is_named_and_the_cache_serve
         ), run.stdout
         assert lines[1] == _snapshot(online, OLD), run.stdout
         assert lines[2].startswith("REFUSED not a local folder") and f"({named})" in lines[2], run.stdout
+
+
+def test_a_ref_that_cannot_be_written_leaves_no_scratch_file(env, tmp_path, caplog):
+    """The ref is written to a scratch file renamed over it; where the rename
+    fails (here a folder stands where the ref goes), the scratch file goes
+    too: left in refs/, huggingface_hub's cache scan takes it for a ref to no
+    commit and calls the repo corrupted."""
+    from huggingface_hub import scan_cache_dir
+
+    root = tmp_path / "cache"
+    cache_repo(root, REPO, folder_files(FIXTURES / "tiny-mpnet"), commit=COMMIT, refs=("v1",))
+    refs = root / "models--test-org--tiny-mpnet" / "refs"
+    (refs / "main").mkdir()
+    with caplog.at_level("WARNING"):
+        hub._write_ref(str(root), REPO, "main", COMMIT)
+    assert f"{REPO}: could not record revision main as commit {COMMIT} in the cache" in caplog.text
+    assert sorted(os.listdir(refs)) == ["main", "v1"]
+    (refs / "main").rmdir()
+    assert scan_cache_dir(root).warnings == []

@@ -473,10 +473,10 @@ def resolve_model(name: str, revision: Optional[str] = None, cache_dir: Optional
             log.info("%s (revision %s): the Hugging Face cache's %s", name, rev, current)
             return current
         if whole is not None and current == whole:
-            # The Hub's commit, cached, but short of files the Hub lists for
-            # it: not whole after all (fetched below, never served as it is).
-            whole = None
-            where = f"the Hugging Face cache's snapshot {found} lacks {', '.join(absent)}"
+            # The Hub's commit, cached, short of files the Hub lists for it:
+            # fetched below; where that fails (a read-only cache made by
+            # `hf download --include`), it serves as it did.
+            log.info("%s: the cache's %s lacks %s, which the Hub lists: fetching them", name, whole, ", ".join(absent))
         elif whole is not None:
             log.info("%s: revision %s moved on the Hub from commit %s to %s: fetching it", name, rev, _sha(whole), sha)
     if found is not None and whole is None:
@@ -486,8 +486,9 @@ def resolve_model(name: str, revision: Optional[str] = None, cache_dir: Optional
     except Exception as e:  # noqa: BLE001  (the Hub's, the network's or the disk's: all end the same way)
         if whole is not None:
             log.warning(
-                "%s: fetching revision %s's new commit from %s failed (%s): serving the cached commit %s",
+                "%s: fetching commit %s of revision %s from %s failed (%s): serving the cached commit %s",
                 name,
+                sha,
                 rev,
                 shown_endpoint(),
                 _first_line(e),

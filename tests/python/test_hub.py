@@ -787,3 +787,32 @@ def test_a_ref_that_cannot_be_written_leaves_no_scratch_file(env, tmp_path, capl
     assert sorted(os.listdir(refs)) == ["main", "v1"]
     (refs / "main").rmdir()
     assert scan_cache_dir(root).warnings == []
+
+
+def test_a_cached_commit_short_of_a_listed_file_serves_where_it_cannot_be_fetched(online, env, caplog):
+    """A snapshot that lacks a file the Hub lists but the loader can do
+    without (a cache made by `hf download --include ...`): that file is
+    fetched; where it cannot be (a read-only cache), the snapshot serves as
+    it is, with a warning, as it did before the Hub's listing was read."""
+    files = folder_files(FIXTURES / "tiny-mpnet")
+    snapshot = cache_repo(
+        online, REPO, {f: d for f, d in files.items() if f != "config_sentence_transformers.json"}, commit=COMMIT
+    )
+    with FakeHub() as fake:
+        fake.add(REPO, files, commit=COMMIT)
+        env.setenv("HF_ENDPOINT", fake.url)
+
+        def read_only(*args, **kwargs):
+            raise OSError(30, "Read-only file system")
+
+        with env.context() as patched, caplog.at_level("WARNING"):
+            patched.setattr(hub, "download", read_only)
+            assert hub.resolve_model(REPO) == str(snapshot)
+        assert [r.getMessage() for r in caplog.records] == [
+            f"{REPO}: fetching commit {COMMIT} of revision main from {fake.url} failed (OSError: [Errno 30] "
+            f"Read-only file system): serving the cached commit {COMMIT}"
+        ]
+        asked = len(fake.requests)
+        assert hub.resolve_model(REPO) == str(snapshot)
+        fetched = {p.split(f"/resolve/{COMMIT}/", 1)[1] for _, p in fake.requests[asked:] if "/resolve/" in p}
+        assert fetched == {"config_sentence_transformers.json"}

@@ -156,8 +156,8 @@ def missing_files(snapshot: str) -> list[str]:
     alone, a static embedding, has none), any weights, any tokenizer file
     (``tokenizer.json``, a vocabulary, a sentencepiece model), the shards its
     ``*.index.json`` files list, the module folders ``modules.json`` lists
-    (but a Normalize module's, which has no file), and files whose blob is
-    gone (a link to nothing). Empty: complete."""
+    (with a file in each; but a Normalize module's, which has none), and
+    files whose blob is gone (a link to nothing). Empty: complete."""
     from .json_files import read_json
 
     missing = []
@@ -173,7 +173,9 @@ def missing_files(snapshot: str) -> list[str]:
             kind = str(module.get("type", "")).rsplit(".", 1)[-1] if isinstance(module, dict) else ""
             if kind == "Normalize":
                 continue
-            if isinstance(sub, str) and sub and not os.path.isdir(os.path.join(snapshot, sub)):
+            # An empty one is a download cut short: huggingface_hub makes a
+            # file's folder before it fetches the file.
+            if isinstance(sub, str) and sub and not any(fs for _, _, fs in os.walk(os.path.join(snapshot, sub))):
                 missing.append(sub + "/")
     weights = tokenizer = False
     for d, _, fs in os.walk(snapshot):

@@ -99,6 +99,33 @@ def test_a_repo_id_missing_from_the_cache_is_downloaded_from_the_hub(tmp_path):
     assert (root / "models--test-org--tiny-mpnet" / "refs" / "main").read_text() == COMMIT
 
 
+def test_a_repo_whose_normalize_module_has_no_folder_is_served(tmp_path):
+    """nomic-embed-text-v1.5, bge-m3 or potion list a Normalize module whose
+    folder the Hub does not hold (sentence-transformers saves it empty): the
+    server downloads such a repo and serves it, then offline from the cache
+    (both were refused at start: "lacks 2_Normalize/")."""
+    repo = "test-org/tiny-nomic"
+    root = tmp_path / "hub-cache"
+    texts = json.loads((FIXTURES / "golden" / "minilm_texts.json").read_text())
+    keep = [i for i, t in enumerate(texts) if t != ""]
+    texts = [texts[i] for i in keep]
+    reference = np.load(FIXTURES / "tiny-nomic-bert" / "reference_document_normalized.npy")[keep]
+    with FakeHub() as hub:
+        hub.add(repo, folder_files(FIXTURES / "tiny-nomic-bert"), commit=COMMIT)
+        for env in (_clean_env(HF_HUB_CACHE=str(root), HF_ENDPOINT=hub.url),
+                    _clean_env(HF_HUB_CACHE=str(root), HF_HUB_OFFLINE="1")):
+            server = start_server(tmp_path, "--no-warmup", "--model", repo, env=env)
+            try:
+                assert server.get("/info").json()["model_sha"] == COMMIT
+                resp = server.post("/v1/embeddings", {"input": texts, "model": repo})
+                assert resp.status_code == 200, resp.text[:500]
+                got = np.asarray([d["embedding"] for d in resp.json()["data"]], dtype=np.float32)
+                assert got.shape == reference.shape and cosine_rows(got, reference).min() >= 0.99999
+                assert float(np.abs(got - reference).max()) <= 1e-5
+            finally:
+                assert server.stop() == 0
+
+
 def test_a_cached_branch_that_moved_on_the_hub_is_served_at_its_new_commit(tmp_path):
     """Online, a start looks main up (as sentence-transformers and TEI do):
     it moved, so the new commit is fetched (its files are the old one's, so

@@ -7,6 +7,7 @@ validates what callers pass and puts the pieces together.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 import logging
@@ -42,6 +43,9 @@ from .tokenization import (
 )
 
 log = logging.getLogger("mlx_embed")
+
+# What joins late chunking's chunks (the server's `LATE_CHUNK_SEPARATOR`).
+LATE_CHUNK_SEPARATOR = " "
 
 
 
@@ -464,6 +468,72 @@ class EmbeddingModel(ScoringMixin):
             return []
         flat, _ = self.scheduler.run(ids, output="tokens")
         return np.split(flat, np.cumsum([len(x) for x in ids])[:-1])
+
+    def embed_late_chunks(
+        self,
+        chunks: list[str],
+        *,
+        normalize: bool = True,
+        prompt_name: Optional[str] = None,
+        prompt: Optional[str] = None,
+    ) -> np.ndarray:
+        """Late chunking (Jina's ``late_chunking``; Günther et al., "Late
+        Chunking", 2024): ``chunks``, the pieces of one text in order, are
+        joined by a space and run as one input; each chunk's vector is the
+        mean of its own tokens' last hidden states (a token belongs to the
+        chunk holding its last character; specials, prompt and separators to
+        none), unit length unless ``normalize`` is False: float32 [len(chunks),
+        dim], the server's ``late_chunking: true`` vectors bit for bit. A
+        mean-pooling model only; the joined text must fit ``max_length``
+        (InputTooLong otherwise: a chunk cut away would have no vector)."""
+        self._check_output("tokens")
+        check_switches(normalize=normalize)
+        if self.pooling != "mean":
+            raise InvalidInput(
+                f"late chunking pools each chunk's tokens by their mean; {self.name} pools by "
+                f"{self.pooling}, so chunk means would not be its vectors"
+            )
+        chunks = self._check_texts(chunks)
+        if not chunks:
+            raise InvalidInput("late chunking needs at least one chunk")
+        joined, ranges = "", []
+        for i, chunk in enumerate(chunks):
+            if not chunk:
+                raise InvalidInput(f"chunk {i} is an empty string")
+            joined += LATE_CHUNK_SEPARATOR if i else ""
+            ranges.append((len(joined), len(joined) + len(chunk)))
+            joined += chunk
+        prefix = self._prompt(prompt_name, prompt, None)
+        default = prompt_name is None and prompt is None
+        full = with_prompt(prefix, joined, self.prompts if default else None)
+        skip = len(full) - len(joined)
+        tok = self.tokenizer
+        encoding = tok._tok.encode(full, add_special_tokens=False)
+        ids, spans = list(tok.prefix), [None] * len(chunks)
+        ends = [end for _, end in ranges]
+        for token_id, (start, stop) in zip(encoding.ids, encoding.offsets):
+            if token_id in tok.drop_ids:
+                continue
+            last = stop - 1 - skip
+            if stop > start and last >= 0:
+                i = bisect.bisect_right(ends, last)
+                if i < len(ranges) and ranges[i][0] <= last:
+                    spans[i] = (spans[i][0] if spans[i] else len(ids), len(ids) + 1)
+            ids.append(token_id)
+        ids += tok.suffix
+        if len(ids) > self.max_length:
+            raise InputTooLong("joined text", 0, len(ids), self.max_length)
+        for i, span in enumerate(spans):
+            if span is None:
+                raise InvalidInput(f"chunk {i} has no tokens of its own (only whitespace?)")
+        rows, _ = self.scheduler.run([ids], output="tokens")
+        if rows.shape[1] != self.dim:
+            raise InvalidInput(
+                f"late chunking needs a model whose vector is the mean of its token states; "
+                f"{self.name}'s are {rows.shape[1]} wide and its vectors {self.dim}"
+            )
+        vecs = pooling.span_means(rows, spans)
+        return pooling.unit_rows(vecs) if normalize else vecs
 
     def embed_multi_vector(
         self,

@@ -121,3 +121,19 @@ def _unit_rows_like_native(x: np.ndarray) -> np.ndarray:
     for lane in range(_NORM_LANES):
         total += lanes[..., lane]
     return (wide / np.maximum(np.sqrt(total), 1e-12)[..., None]).astype(np.float32)
+
+
+def span_means(rows: np.ndarray, spans) -> np.ndarray:
+    """The mean of each ``(start, end)`` span of ``rows`` (float32 [tokens,
+    width]): late chunking's chunk vectors. As the server's
+    ``mlx_embed_core::span_means`` computes them, bit for bit: the rows of a
+    span added one after another in float64 (a cumulative sum, which adds in
+    row order, where ``sum`` may pair them up), divided and rounded to
+    float32 once."""
+    rows = np.asarray(rows, dtype=np.float32)
+    out = np.empty((len(spans), rows.shape[1]), dtype=np.float32)
+    for i, (start, end) in enumerate(spans):
+        total = np.cumsum(rows[start:end], axis=0, dtype=np.float64)[-1]
+        out[i] = total / (end - start)
+    return out
+

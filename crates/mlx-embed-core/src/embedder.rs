@@ -301,6 +301,13 @@ pub trait Tokenize: Send + Sync {
         ))
     }
 
+    /// The prompt [`Tokenize::tokens`] puts before `text` under `options`:
+    /// its offsets count these bytes first. Default: none.
+    fn prompt_before(&self, text: &str, options: &EmbedOptions) -> Result<String, EmbedderError> {
+        let _ = (text, options);
+        Ok(String::new())
+    }
+
     /// Token ids back to text (TEI's `/decode`). Default: not supported.
     fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, EmbedderError> {
         let _ = (ids, skip_special_tokens);
@@ -762,6 +769,29 @@ pub fn l2_normalize(v: &mut [f32]) {
     let norm = if norm < 1e-12 { 1e-12 } else { norm };
     v.iter_mut()
         .for_each(|x| *x = (f64::from(*x) / norm) as f32);
+}
+
+/// The mean of each span of `rows` (row-major, `width` floats a row): late
+/// chunking's chunk vectors (Günther et al. 2024, Jina's `late_chunking`),
+/// each chunk the mean of its own tokens' last hidden states. One row added
+/// after another in float64, then divided and rounded to float32 once: the
+/// Python library's `pooling.span_means` adds in the same order (NumPy's
+/// reduction over rows), so both give the same bits. A span must be
+/// non-empty and inside `rows`.
+pub fn span_means(rows: &[f32], width: usize, spans: &[std::ops::Range<usize>]) -> Vec<Vec<f32>> {
+    spans
+        .iter()
+        .map(|span| {
+            let mut sum = vec![0.0f64; width];
+            for row in rows[span.start * width..span.end * width].chunks_exact(width) {
+                for (s, &x) in sum.iter_mut().zip(row) {
+                    *s += f64::from(x);
+                }
+            }
+            let n = span.len() as f64;
+            sum.into_iter().map(|s| (s / n) as f32).collect()
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -185,15 +185,7 @@ async fn run(
     refuse_inputs(state, &req.inputs, req.empty_texts)
         .inspect_err(|_| state.count_under_requested(req.model.as_deref(), task))?;
     let model = state.model_for(req.model.as_deref(), task)?;
-    // The server's default prompt (TEI's --default-prompt-name/--default-prompt)
-    // stands in for the folder's where a request says nothing: here, where
-    // every embedding route's request passes. A task's own prompt is the
-    // task's (its adapter was trained with it).
-    if req.options.prompt == Prompt::Default && req.options.task.is_none() {
-        if let Some(prompt) = server_default_prompt(state.args()) {
-            req.options.prompt = prompt;
-        }
-    }
+    server_prompt(state, &mut req.options);
     // A SPLADE model's pooled vectors are sparse already; a BGE-M3 model
     // answers sparse requests with its lexical weights.
     if task == Task::EmbedSparse && !model.info().sparse {
@@ -270,6 +262,211 @@ async fn run(
         cache_hits: out.cache_hits,
         output,
     })
+}
+
+/// The server's default prompt (TEI's --default-prompt-name/--default-prompt)
+/// stands in for the folder's where a request says nothing: here, where
+/// every embedding route's request passes. A task's own prompt is the
+/// task's (its adapter was trained with it).
+fn server_prompt(state: &AppState, options: &mut EmbedOptions) {
+    if options.prompt == Prompt::Default && options.task.is_none() {
+        if let Some(prompt) = server_default_prompt(state.args()) {
+            options.prompt = prompt;
+        }
+    }
+}
+
+/// What joins late chunking's chunks into the one text the model reads.
+/// Jina's API "concatenates" the inputs without naming a separator; a space
+/// keeps the last word of a chunk and the first of the next two words for
+/// every tokenizer (with none, "Germany." + "It" would be one word to a
+/// byte-level BPE), and its own tokens belong to no chunk.
+pub const LATE_CHUNK_SEPARATOR: &str = " ";
+
+/// Late chunking (Jina's `late_chunking: true`; Günther et al., "Late
+/// Chunking", 2024): `req.inputs`, the chunks of one text in order, are
+/// joined by [`LATE_CHUNK_SEPARATOR`] and run as one input (the model's
+/// per-token output, on the same path as TEI's `/embed_all`), and each chunk's
+/// vector is the mean of its own tokens' last hidden states
+/// ([`mlx_embed_core::span_means`]), then cut to `dimensions` and normalized
+/// as any pooled vector. A token belongs to the chunk that holds its last
+/// byte (the tokenizer's offsets into the joined text): the model's special
+/// tokens, the prompt's and a separator's own belong to none. The joined
+/// text must fit the model's length whole (Jina's 8192 tokens for its v3):
+/// a chunk cut away would have no vector, so `truncate` does not apply.
+/// Only a model that mean-pools: its pooled vector is then the same mean
+/// over all its tokens, and the chunks' means live in its space.
+pub async fn embed_late_chunks(
+    state: &AppState,
+    req: EmbedRequest,
+) -> Result<EmbedOutput, ApiError> {
+    let refuse = |e: ApiError| {
+        state.count_under_requested(req.model.as_deref(), Task::Embed);
+        e
+    };
+    refuse_inputs(state, &req.inputs, false).map_err(refuse)?;
+    let mut chunks = Vec::with_capacity(req.inputs.len());
+    for input in &req.inputs {
+        match input {
+            EmbedInput::Text(t) => chunks.push(t.as_str()),
+            _ => {
+                return Err(refuse(
+                    ApiError::invalid(
+                        "late_chunking takes the chunks as texts: token ids have no text to \
+                         join; send the chunks' texts",
+                    )
+                    .param("input"),
+                ))
+            }
+        }
+    }
+    let model = state.model_for(req.model.as_deref(), Task::Embed)?;
+    let info = model.info();
+    let pooling = info.details.get("pooling").map(String::as_str);
+    if pooling != Some("mean") {
+        return Err(ApiError::invalid(format!(
+            "late_chunking pools each chunk's tokens by their mean; {} pools by {} (its \
+             vectors are not the mean of its token states), so chunk means would not be its \
+             vectors: embed the chunks without late_chunking",
+            model.name,
+            pooling.unwrap_or("a method it does not state"),
+        ))
+        .param("late_chunking"));
+    }
+    let dimension = match req.dimensions {
+        None => info.dim,
+        Some(n) => output_dimension(n, model, "dimensions")?,
+    };
+    let tokenizer = model.batcher.tokenizer().cloned().ok_or_else(|| {
+        ApiError::invalid(
+            "late_chunking needs the model's tokenizer: this model takes token ids only",
+        )
+        .param("late_chunking")
+    })?;
+    let mut options = req.options.clone();
+    server_prompt(state, &mut options);
+    let mut joined = String::with_capacity(chunks.iter().map(|c| c.len() + 1).sum());
+    let mut ranges = Vec::with_capacity(chunks.len());
+    for (i, chunk) in chunks.iter().enumerate() {
+        if i > 0 {
+            joined.push_str(LATE_CHUNK_SEPARATOR);
+        }
+        ranges.push(joined.len()..joined.len() + chunk.len());
+        joined.push_str(chunk);
+    }
+    let reading = mlx_embed_core::reading_room(joined.len()).await;
+    let tokenized = {
+        let options = options.clone();
+        tokio::task::spawn_blocking(move || {
+            let _reading = reading;
+            let prompt = tokenizer.prompt_before(&joined, &options)?;
+            let tokens = tokenizer.tokens(&joined, true, &options)?;
+            Ok::<_, mlx_embed_core::EmbedderError>((prompt.len(), tokens))
+        })
+        .await
+        .map_err(|e| ApiError::new(ErrorKind::Model, format!("tokenizer task failed: {e}")))?
+    };
+    let (prompt_len, tokens) =
+        tokenized.map_err(|e| ApiError::invalid(e.message).param("input"))?;
+    let limit = match options.input_limit(info.max_input_tokens) {
+        0 => usize::MAX,
+        n => n,
+    };
+    if tokens.len() > limit {
+        return Err(ApiError::new(
+            ErrorKind::Unprocessable,
+            format!(
+                "with late_chunking the chunks are one text, and these {} chunks are {} tokens \
+                 (special tokens included), over the model's {limit}; late chunking needs the \
+                 whole text in one context (truncate does not apply: a chunk cut away would \
+                 have no vector): send fewer or shorter chunks, or the rest in another request",
+                chunks.len(),
+                tokens.len(),
+            ),
+        )
+        .param("input")
+        .code("context_length_exceeded"));
+    }
+    let spans = chunk_spans(&tokens, prompt_len, &ranges).map_err(|i| {
+        ApiError::invalid(format!(
+            "input {i} has no tokens of its own (only whitespace?): late_chunking gives each \
+             chunk the mean of its tokens"
+        ))
+        .param("input")
+    })?;
+    let ids = tokens.iter().map(|t| t.id).collect();
+    let rows = run(
+        state,
+        EmbedRequest {
+            model: Some(model.name.clone()),
+            inputs: vec![EmbedInput::Tokens(ids)],
+            options: EmbedOptions {
+                output: Output::Tokens,
+                // The ids are the tokenizer's own, made just now.
+                wrapped_token_ids: false,
+                truncate: false,
+                ..options
+            },
+            normalize: false,
+            dimensions: None,
+            empty_texts: false,
+        },
+        Task::Embed,
+        JSON_FLOAT_BYTES,
+    )
+    .await?;
+    if rows.dimension != info.dim {
+        // A Dense head after the pooling: its input is the mean, and chunk
+        // means without it would be in another space.
+        return Err(ApiError::invalid(format!(
+            "late_chunking needs a model whose vector is the mean of its token states; {}'s \
+             token states are {} wide and its vectors {} (a projection after the pooling)",
+            model.name, rows.dimension, info.dim,
+        ))
+        .param("late_chunking"));
+    }
+    let mut vectors = mlx_embed_core::span_means(&rows.vectors[0], rows.dimension, &spans);
+    for v in &mut vectors {
+        finish_pooled(v, dimension, req.normalize);
+    }
+    Ok(EmbedOutput {
+        model: rows.model,
+        rows: vec![1; vectors.len()],
+        vectors,
+        dimension,
+        prompt_tokens: rows.prompt_tokens,
+        cache_hits: 0,
+        output: Output::Pooled,
+    })
+}
+
+/// Each chunk's token positions in `tokens` (the joined text's, specials
+/// included; offsets count `prompt_len` bytes of prompt first): the tokens
+/// whose last byte lies in the chunk's byte range of the joined text. A
+/// chunk with none is an error naming it.
+fn chunk_spans(
+    tokens: &[mlx_embed_core::TokenSpan],
+    prompt_len: usize,
+    ranges: &[std::ops::Range<usize>],
+) -> Result<Vec<std::ops::Range<usize>>, usize> {
+    let mut spans: Vec<Option<std::ops::Range<usize>>> = vec![None; ranges.len()];
+    for (pos, token) in tokens.iter().enumerate() {
+        if token.special || token.stop <= token.start || token.stop <= prompt_len {
+            continue;
+        }
+        let last = token.stop - 1 - prompt_len;
+        // Ranges are in order and disjoint: the first that ends past `last`.
+        let i = ranges.partition_point(|r| r.end <= last);
+        if ranges.get(i).is_some_and(|r| r.contains(&last)) {
+            let span = spans[i].get_or_insert(pos..pos);
+            span.end = pos + 1;
+        }
+    }
+    spans
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| s.ok_or(i))
+        .collect()
 }
 
 /// The prompt `--default-prompt-name` or `--default-prompt` gives a

@@ -808,6 +808,10 @@ impl Tokenize for HfTokenizer {
         Ok(out)
     }
 
+    fn prompt_before(&self, text: &str, options: &EmbedOptions) -> Result<String, EmbedderError> {
+        Ok(self.prompt_text(&options.prompt, text)?.to_owned())
+    }
+
     fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, EmbedderError> {
         self.check_ids(ids)?;
         self.tokenizer

@@ -16,7 +16,9 @@ use utoipa::PartialSchema;
 
 use super::cohere;
 use super::Usage;
-use crate::embed::{embed as run_embed, output_dimension, EmbedOutput, EmbedRequest};
+use crate::embed::{
+    embed as run_embed, embed_late_chunks, output_dimension, EmbedOutput, EmbedRequest,
+};
 use crate::errors::{ApiError, OpenAi, OpenAiErrorBody, Shaped};
 use crate::extract::{
     wire_names, ApiJson, PriorityHeader, TextsOrTokens, TruncationSide, WireName,
@@ -296,9 +298,13 @@ pub struct OpenAiEmbeddingRequest {
     /// clients send (they unpack the bits they ask for); with both, they must
     /// be equal (else a 400).
     pub encoding_type: Option<JinaEmbeddingType>,
-    /// Jina AI's: true (embed the inputs as one context, then pool each) is
-    /// refused (400) rather than answered as independent inputs; false or
-    /// unsaid: each input on its own.
+    /// Jina AI's: true reads the inputs as the chunks of one text, in order:
+    /// joined by a space and run as one input, each chunk's vector is the mean
+    /// of its own tokens' last hidden states (late chunking), then
+    /// `dimensions` and normalization as usual. Texts only; a mean-pooling
+    /// model only; the joined text must fit the model's maximum length
+    /// (else 422, `truncate` notwithstanding). False or unsaid: each input on
+    /// its own.
     pub late_chunking: Option<bool>,
 }
 
@@ -491,13 +497,6 @@ pub(crate) async fn embed_request(
         embed_dtype: req.embed_dtype.as_deref(),
     }
     .truncate_to()?;
-    if req.late_chunking == Some(true) {
-        return Err(ApiError::invalid(
-            "late_chunking is not served: each input is embedded on its own context; \
-             send the chunks as inputs, or the whole text as one",
-        )
-        .param("late_chunking"));
-    }
     let normalize = req
         .use_activation
         .or(req.normalize)
@@ -544,32 +543,34 @@ pub(crate) async fn embed_request(
         super::pick_task(state, req.model.as_deref(), req.task, said)?;
     let voyage_truncation = req.truncation.is_some();
     let inputs = req.input.into_inputs();
-    run_embed(
-        state,
-        EmbedRequest {
-            empty_texts: false,
-            model: req.model,
-            inputs,
-            options: EmbedOptions {
-                prompt,
-                truncate,
-                truncation_direction: req.truncation_side.map(Into::into),
-                truncate_to,
-                priority: req
-                    .priority
-                    .map(Priority::from_vllm)
-                    .or(header)
-                    .unwrap_or_default(),
-                wrapped_token_ids: true,
-                task,
-                ..EmbedOptions::default()
-            },
-            normalize,
-            dimensions,
+    let late_chunking = req.late_chunking == Some(true);
+    let embed_req = EmbedRequest {
+        empty_texts: false,
+        model: req.model,
+        inputs,
+        options: EmbedOptions {
+            prompt,
+            truncate,
+            truncation_direction: req.truncation_side.map(Into::into),
+            truncate_to,
+            priority: req
+                .priority
+                .map(Priority::from_vllm)
+                .or(header)
+                .unwrap_or_default(),
+            wrapped_token_ids: true,
+            task,
+            ..EmbedOptions::default()
         },
-    )
-    .await
-    .map_err(|mut err| {
+        normalize,
+        dimensions,
+    };
+    let embedded = if late_chunking {
+        embed_late_chunks(state, embed_req).await
+    } else {
+        run_embed(state, embed_req).await
+    };
+    embedded.map_err(|mut err| {
         err = err.cut_by("truncate_prompt_tokens");
         // The shared message names the other APIs' field.
         if voyage_truncation && err.code == Some("context_length_exceeded") {

@@ -522,7 +522,13 @@ class EmbeddingModel(ScoringMixin):
             ids.append(token_id)
         ids += tok.suffix
         if len(ids) > self.max_length:
-            raise InputTooLong("joined text", 0, len(ids), self.max_length)
+            err = InputTooLong("joined text", 0, len(ids), self.max_length)
+            # truncate does not apply: a chunk cut away would have no vector.
+            err.args = (
+                f"the joined chunks have {len(ids)} tokens, more than max_length={self.max_length}: "
+                "late chunking needs the whole text in one context; send fewer or shorter chunks",
+            )
+            raise err
         for i, span in enumerate(spans):
             if span is None:
                 raise InvalidInput(f"chunk {i} has no tokens of its own (only whitespace?)")

@@ -382,8 +382,9 @@ def test_task_on_a_model_without_adapters(tmp_path):
 
 def test_jina_normalized_and_late_chunking(server):
     """Jina AI's `normalized: false` answers the raw vectors (the same
-    direction, not unit length); `late_chunking: true` is refused by name
-    rather than answered as independent inputs."""
+    direction, not unit length); `late_chunking: true` pools each chunk in
+    the others' context, and is refused with a task (its adapter runs for
+    pooled output only)."""
     texts, keep = _golden()
     body = {"input": texts[:4], "model": "tiny-jina-v3", "task": "retrieval.query"}
     unit = _openai(server.post("/v1/embeddings", body))
@@ -393,6 +394,11 @@ def test_jina_normalized_and_late_chunking(server):
     _assert_close(raw / norms[:, None], _ref("retrieval.query")[keep[:4]], "normalized: false, renormalized")
     np.testing.assert_allclose(unit, _ref("retrieval.query")[keep[:4]], atol=1e-5)
     assert np.array_equal(_openai(server.post("/v1/embeddings", {**body, "late_chunking": False})), unit)
+    # Late chunking runs the base weights (mean pooling): one vector per
+    # chunk; with a task it is refused, its adapter running for pooled output only.
+    late = _openai(server.post("/v1/embeddings", {"input": texts[:4], "model": "tiny-jina-v3", "late_chunking": True}))
+    assert late.shape == unit.shape
+    assert np.abs(late - _ref(None)[keep[:4]]).max() > 1e-3  # each chunk read in the others' context
     resp = server.post("/v1/embeddings", {**body, "late_chunking": True})
     assert resp.status_code == 400, resp.text
-    assert resp.json()["error"]["param"] == "late_chunking"
+    assert resp.json()["error"]["param"] == "task"

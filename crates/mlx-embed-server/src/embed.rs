@@ -333,6 +333,18 @@ pub async fn embed_late_chunks(
         ))
         .param("late_chunking"));
     }
+    let task_named = |p: &Prompt| matches!(p, Prompt::Named(n) if info.tasks.contains(n));
+    if req.options.task.is_some() || task_named(&req.options.prompt) {
+        // The engine runs a task's LoRA adapter for pooled output only, and
+        // the chunks' rows come from its per-token output: without the
+        // adapter they would not be the task's vectors.
+        return Err(ApiError::invalid(
+            "late_chunking with a task adapter is not served: the adapter runs for pooled \
+             output only; send late_chunking without task (the base weights), or the chunks \
+             without late_chunking",
+        )
+        .param("task"));
+    }
     let dimension = match req.dimensions {
         None => info.dim,
         Some(n) => output_dimension(n, model, "dimensions")?,

@@ -1,0 +1,93 @@
+"""Late chunking (``EmbeddingModel.embed_late_chunks``, the server's
+``late_chunking: true``) against an independent computation: the library's
+per-token rows of the joined text (``embed_tokens``, validated against
+sentence-transformers elsewhere), each chunk's token span from the
+``tokenizers`` library's own offsets, and a NumPy mean and normalization."""
+
+from pathlib import Path
+
+import mlx_embed
+import numpy as np
+import pytest
+from conftest import load_fixture
+from mlx_embed.errors import InputTooLong, InvalidInput
+from tokenizers import Tokenizer
+
+
+def _documents(texts: list[str]) -> list[list[str]]:
+    """The non-empty golden texts as documents of four chunks each, every
+    other text also split in two at a space (a boundary inside a sentence,
+    never inside a word)."""
+    # Short texts, so four of them fit MiniLM's 256 tokens as one text.
+    texts = [t for t in texts if t.strip() and len(t) < 200]
+    docs = []
+    for start in range(0, len(texts), 4):
+        chunks = []
+        for j, text in enumerate(texts[start : start + 4]):
+            words = text.split(" ")
+            if j % 2 and len(words) > 3:
+                half = len(words) // 2
+                chunks += [" ".join(words[:half]), " ".join(words[half:])]
+            else:
+                chunks.append(text)
+        docs.append(chunks)
+    return docs
+
+
+def _reference(model, chunks: list[str]) -> np.ndarray:
+    joined = " ".join(chunks)
+    tok = Tokenizer.from_file(str(Path(model.path) / "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    enc = tok.encode(joined)
+    starts = np.cumsum([0] + [len(c) + 1 for c in chunks[:-1]])
+    owner = []
+    for special, (start, stop) in zip(enc.special_tokens_mask, enc.offsets):
+        # A token is its chunk's when its last character lies in the chunk.
+        owner.append(-1 if special or stop == start else int(np.searchsorted(starts, stop - 1, side="right")) - 1)
+    rows = model.embed_tokens([joined])[0]
+    assert rows.shape[0] == len(enc.ids)
+    owner = np.array(owner)
+    means = np.stack([rows[owner == i].astype(np.float64).mean(axis=0) for i in range(len(chunks))])
+    return means / np.linalg.norm(means, axis=1, keepdims=True)
+
+
+def test_chunks_are_the_means_of_their_own_tokens(minilm, golden_texts, cos):
+    docs = _documents(golden_texts)
+    assert len(docs) >= 6 and sum(map(len, docs)) >= 30, [len(d) for d in docs]
+    worst_cos, worst_diff = 1.0, 0.0
+    for chunks in docs:
+        got = minilm.embed_late_chunks(chunks)
+        ref = _reference(minilm, chunks)
+        assert got.shape == (len(chunks), minilm.dim) and got.dtype == np.float32
+        worst_cos = min(worst_cos, float(cos(got, ref).min()))
+        worst_diff = max(worst_diff, float(np.abs(got - ref).max()))
+        raw = minilm.embed_late_chunks(chunks, normalize=False)
+        assert np.array_equal(mlx_embed.pooling.unit_rows(raw), got)
+    print(f"late chunking vs reference: min cosine {worst_cos:.9f}, max |diff| {worst_diff:.2e}")
+    assert worst_cos >= 0.99999 and worst_diff <= 1e-6
+
+
+def test_a_chunk_takes_context_from_the_others(minilm):
+    chunks = ["Berlin is in Germany.", "It is the capital."]
+    query = minilm.embed(["Berlin"])[0]
+    late = minilm.embed_late_chunks(chunks) @ query
+    plain = minilm.embed(chunks) @ query
+    print(f"cosine to 'Berlin': late {late}, plain {plain}")
+    # Measured: 0.587 late against 0.316 alone for "It is the capital.".
+    assert late[1] > plain[1] + 0.2
+
+
+def test_refusals(minilm):
+    with pytest.raises(InvalidInput, match="at least one chunk"):
+        minilm.embed_late_chunks([])
+    with pytest.raises(InvalidInput, match="chunk 1 is an empty string"):
+        minilm.embed_late_chunks(["a text", ""])
+    with pytest.raises(InvalidInput, match="chunk 1 has no tokens"):
+        minilm.embed_late_chunks(["a text", "  "])
+    with pytest.raises(InputTooLong, match="whole text in one context"):
+        minilm.embed_late_chunks(["word " * 200, "word " * 200])
+    cls = load_fixture("tiny-modernbert")
+    assert cls.pooling != "mean"
+    with pytest.raises(InvalidInput, match="pools each chunk's tokens by their mean"):
+        cls.embed_late_chunks(["a", "b"])

@@ -136,4 +136,3 @@ def span_means(rows: np.ndarray, spans) -> np.ndarray:
         total = np.cumsum(rows[start:end], axis=0, dtype=np.float64)[-1]
         out[i] = total / (end - start)
     return out
-

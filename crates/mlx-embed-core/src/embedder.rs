@@ -805,6 +805,24 @@ mod tests {
         assert!(sparse_entries(&[0.0; 4]).is_empty());
     }
 
+    #[test]
+    fn span_means_average_each_span_in_float64() {
+        // Rows of width 2: [1, 2], [3, 4], [5, 6], [1e8, 1].
+        let rows = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 1.0e8, 1.0];
+        let got = span_means(&rows, 2, &[0..2, 2..4, 1..2]);
+        assert_eq!(
+            got,
+            vec![
+                vec![2.0, 3.0],
+                vec![(5.0 + 1.0e8) / 2.0, 3.5],
+                vec![3.0, 4.0]
+            ]
+        );
+        // Divided in float64 and rounded once, not rounded twice.
+        let thirds = span_means(&[1.0, 0.0, 0.0], 1, &[0..3]);
+        assert_eq!(thirds[0][0], (1.0f64 / 3.0) as f32);
+    }
+
     /// The float64 quotient of each component by the float64 norm, rounded
     /// once: what `l2_normalize` promises, whatever its summation order.
     fn nearest_unit(v: &[f32]) -> Vec<f32> {

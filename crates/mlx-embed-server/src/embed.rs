@@ -695,6 +695,33 @@ mod tests {
     }
 
     #[test]
+    fn a_token_is_the_chunk_s_that_holds_its_last_byte() {
+        use mlx_embed_core::TokenSpan;
+        let token = |start: usize, stop: usize, special: bool| TokenSpan {
+            id: 0,
+            text: String::new(),
+            special,
+            start,
+            stop,
+        };
+        // "q: " (3 bytes of prompt), then "ab cd" + " " + "ef": chunks at
+        // 0..5 and 6..8 of the joined text.
+        let ranges = [0..5, 6..8];
+        let tokens = [
+            token(0, 0, true),  // [CLS]
+            token(0, 2, false), // the prompt's "q:"
+            token(3, 5, false), // "ab"
+            token(5, 8, false), // " cd" (a leading space, as a metaspace token has)
+            token(8, 9, false), // the separator alone
+            token(9, 11, false),
+            token(0, 0, true), // [SEP]
+        ];
+        assert_eq!(chunk_spans(&tokens, 3, &ranges), Ok(vec![2..4, 5..6]));
+        // A chunk no token ends in is named.
+        assert_eq!(chunk_spans(&tokens[..5], 3, &ranges), Err(1));
+    }
+
+    #[test]
     fn a_prompt_is_told_by_its_bytes() {
         let info = ModelInfo {
             prompts: [("query".to_string(), "query: ".to_string())].into(),

@@ -303,8 +303,8 @@ pub struct OpenAiEmbeddingRequest {
     /// of its own tokens' last hidden states (late chunking), then
     /// `dimensions` and normalization as usual. Texts only; a mean-pooling
     /// model only; the joined text must fit the model's maximum length
-    /// (else 422, `truncate` notwithstanding). False or unsaid: each input on
-    /// its own.
+    /// (else a 400 `context_length_exceeded`, `truncate` notwithstanding); with
+    /// `task` a 400. False or unsaid: each input on its own.
     pub late_chunking: Option<bool>,
 }
 

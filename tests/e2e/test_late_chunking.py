@@ -1,0 +1,117 @@
+"""Jina's `late_chunking: true` on `/v1/embeddings`, end to end on the real
+server binary (all-MiniLM-L6-v2, mean pooling): each chunk's vector is the one
+`mlx_embed.load().embed_late_chunks(chunks)` gives, to the bit (that method is
+held to an independent reference in tests/python/test_late_chunking.py), through
+raw HTTP and the official `openai` client's `extra_body`; its refusals with
+their status codes; concurrent late and plain requests each get their own."""
+
+from __future__ import annotations
+
+import base64
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from harness import FIXTURES, start_server
+
+DOCS = [
+    ["Berlin is in Germany.", "It is the capital.", "More than three million people live there."],
+    ["The cat sat on", "the mat and slept.", "It woke at noon."],
+    ["One chunk alone."],
+]
+
+
+@pytest.fixture(scope="module")
+def lib():
+    import mlx_embed
+
+    return mlx_embed.load()
+
+
+def _vectors(resp) -> np.ndarray:
+    assert resp.status_code == 200, resp.text[:500]
+    data = resp.json()["data"]
+    assert [d["index"] for d in data] == list(range(len(data)))
+    return np.asarray([d["embedding"] for d in data], dtype=np.float32)
+
+
+def _late(server, chunks, **extra):
+    return server.post("/v1/embeddings", {"input": chunks, "late_chunking": True, **extra})
+
+
+def test_vectors_are_the_library_s_to_the_bit(server, lib):
+    from mlx_embed import pooling
+
+    for chunks in DOCS:
+        got = _vectors(_late(server, chunks))
+        assert got.shape == (len(chunks), lib.dim)
+        assert np.array_equal(got, lib.embed_late_chunks(chunks))
+        raw = _vectors(_late(server, chunks, normalize=False))
+        assert np.array_equal(raw, lib.embed_late_chunks(chunks, normalize=False))
+        cut = _vectors(_late(server, chunks, dimensions=16))
+        assert np.array_equal(cut, pooling.unit_rows(np.ascontiguousarray(raw[:, :16])))
+    # Different from the chunks embedded alone: context from the others.
+    plain = _vectors(server.post("/v1/embeddings", {"input": DOCS[0]}))
+    assert np.abs(plain - _vectors(_late(server, DOCS[0]))).max() > 0.05
+    # Jina's own field names on the same route.
+    b64 = _late(server, DOCS[0], embedding_type="base64").json()["data"]
+    got = np.stack([np.frombuffer(base64.b64decode(d["embedding"]), "<f4") for d in b64])
+    assert np.array_equal(got, lib.embed_late_chunks(DOCS[0]))
+
+
+def test_openai_client_sends_it_with_extra_body(server, lib):
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused")
+    resp = client.embeddings.create(input=DOCS[0], model="all-MiniLM-L6-v2", extra_body={"late_chunking": True})
+    got = np.asarray([d.embedding for d in resp.data], dtype=np.float32)
+    assert np.array_equal(got, lib.embed_late_chunks(DOCS[0]))
+    assert resp.usage.prompt_tokens == len(lib.encode([" ".join(DOCS[0])])[0][0])
+
+
+def test_refusals(server):
+    cases = [
+        ({"input": []}, 400, "input"),
+        ({"input": ["a text", ""]}, 400, "input"),
+        ({"input": ["a text", "   "]}, 400, "input"),
+        ({"input": [[101, 7592, 102]]}, 400, "input"),
+        # Over-long: 400 on this route, as OpenAI answers an over-long input.
+        ({"input": ["word " * 200, "word " * 200]}, 400, "input"),
+        ({"input": ["a", "b"], "dimensions": 0}, 400, "dimensions"),
+    ]
+    for body, status, param in cases:
+        resp = server.post("/v1/embeddings", {**body, "late_chunking": True})
+        assert resp.status_code == status, (body, resp.text)
+        err = resp.json()["error"]
+        assert err["param"] == param, (body, err)
+    long = _late(server, ["word " * 200, "word " * 200]).json()["error"]
+    assert long["code"] == "context_length_exceeded" and "late_chunking" in long["message"]
+
+
+def test_a_model_that_does_not_mean_pool_is_refused(tmp_path):
+    srv = start_server(tmp_path, "--model", str(FIXTURES / "tiny-modernbert"), "--no-warmup")
+    try:
+        resp = _late(srv, ["a", "b"])
+        assert resp.status_code == 400, resp.text
+        err = resp.json()["error"]
+        assert err["param"] == "late_chunking" and "mean" in err["message"], err
+        assert _vectors(srv.post("/v1/embeddings", {"input": ["a", "b"]})).shape[0] == 2
+    finally:
+        assert srv.stop() == 0
+
+
+def test_concurrent_late_and_plain_requests_get_their_own(server, lib):
+    want_late = [lib.embed_late_chunks(c) for c in DOCS]
+    want_plain = [lib.embed(c) for c in DOCS]
+
+    def call(k):
+        chunks = DOCS[k % len(DOCS)]
+        late = k % 2 == 0
+        body = {"input": chunks, "late_chunking": late}
+        return k, late, _vectors(server.post("/v1/embeddings", body))
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(call, range(24)))
+    for k, late, got in results:
+        want = (want_late if late else want_plain)[k % len(DOCS)]
+        assert np.array_equal(got, want), (k, late)

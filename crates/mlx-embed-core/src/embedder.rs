@@ -819,7 +819,8 @@ mod tests {
             ]
         );
         // Divided in float64 and rounded once, not rounded twice.
-        let thirds = span_means(&[1.0, 0.0, 0.0], 1, &[0..3]);
+        let whole = vec![std::ops::Range { start: 0, end: 3 }];
+        let thirds = span_means(&[1.0, 0.0, 0.0], 1, &whole);
         assert_eq!(thirds[0][0], (1.0f64 / 3.0) as f32);
     }
 

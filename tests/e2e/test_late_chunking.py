@@ -115,3 +115,20 @@ def test_concurrent_late_and_plain_requests_get_their_own(server, lib):
     for k, late, got in results:
         want = (want_late if late else want_plain)[k % len(DOCS)]
         assert np.array_equal(got, want), (k, late)
+
+
+def test_a_prompt_is_read_with_the_chunks_and_belongs_to_none(nomic):
+    """NomicBERT's default prompt (`search_document: `) and a named one run
+    before the joined chunks, as in the library; a chunk that begins the text
+    with a prompt of its own keeps it (no default added)."""
+    import mlx_embed
+    from harness import NOMIC
+
+    lib = mlx_embed.load(str(NOMIC))
+    chunks = DOCS[0]
+    assert np.array_equal(_vectors(_late(nomic, chunks)), lib.embed_late_chunks(chunks))
+    query = _vectors(_late(nomic, chunks, prompt_name="query"))
+    assert np.array_equal(query, lib.embed_late_chunks(chunks, prompt_name="query"))
+    assert np.abs(query - lib.embed_late_chunks(chunks)).max() > 1e-3
+    written = ["search_query: " + chunks[0], *chunks[1:]]
+    assert np.array_equal(_vectors(_late(nomic, written)), lib.embed_late_chunks(written))

@@ -414,6 +414,9 @@ pub async fn embed_late_chunks(
             inputs: vec![EmbedInput::Tokens(ids)],
             options: EmbedOptions {
                 output: Output::Tokens,
+                // The prompt is in the ids already: none is added (nor
+                // refused, as one asked for with ids would be).
+                prompt: Prompt::Raw(String::new()),
                 // The ids are the tokenizer's own, made just now.
                 wrapped_token_ids: false,
                 truncate: false,

@@ -255,8 +255,14 @@ impl Batcher {
         // uncomputed (a refusal is not a cancellation: disarmed before `?`).
         let mut tokenizing = LeftUncounted::new(&shared.recorder, inputs.len());
         let tokenize_start = Instant::now();
+        // Phase spans are debug level: no cost unless a subscriber wants
+        // them (the launcher's OTLP export does). Held, never entered: no log
+        // line of the request moves into them. Counts as i64: span exporters
+        // (OTLP) have no unsigned integers, and send a u64 as text.
+        let tokenize_span = tracing::debug_span!("tokenize", inputs = inputs.len() as i64);
         let encoded =
             tokenize::encode_all(inner.tokenizer.clone(), &inner.info, inputs, &options).await;
+        drop(tokenize_span);
         let mut timings = Timings {
             tokenization: tokenize_start.elapsed(),
             ..Timings::default()
@@ -449,6 +455,7 @@ impl Batcher {
         let active = ActiveGuard::new(shared.recorder.clone());
         // Queue wait (and its bound) starts once the request is ready to queue.
         let arrived = Instant::now();
+        let queue_span = tracing::debug_span!("queue", inputs = n as i64);
         let admission = shared.admission(priority);
         // A caller that leaves while waiting for admission leaves its inputs
         // uncomputed too: counted with those skipped later, so what was sent
@@ -470,7 +477,9 @@ impl Batcher {
         let ticket = Ticket::new(permit, n, shared.recorder.clone());
         let (reply, answer) = oneshot::channel();
         let request = Arc::new(
-            Request::new(n, priority, output, arrived, reply, ticket, active).with_leads(leads),
+            Request::new(n, priority, output, arrived, reply, ticket, active)
+                .with_leads(leads)
+                .with_queue_span(queue_span),
         );
         let caller = CallerGuard::new(&request, shared);
         shared.submit(Pending::new(request, encoded))?;

@@ -144,6 +144,20 @@ pub(crate) struct Request {
     /// batch (`NOT_STARTED` until then): its queue wait.
     queued_for: AtomicU64,
     answer: Mutex<Answer>,
+    /// Its `queue` and `inference` spans, where a subscriber wants them
+    /// (`None` otherwise, which costs the model thread one branch).
+    phases: Option<Box<Phases>>,
+}
+
+/// A request's phase spans, children of the span its caller was in: `queue`
+/// from ready to queue until its first batch starts, then `inference` until
+/// its answer. Never entered (a batch runs many requests' inputs), so no log
+/// line is ever inside one: they only time their phase.
+struct Phases {
+    parent: tracing::Span,
+    inputs: usize,
+    /// The span of the phase in progress (`Span::none()` once answered).
+    open: Mutex<tracing::Span>,
 }
 
 impl Request {
@@ -173,6 +187,31 @@ impl Request {
                 active: Some(active),
                 leads: Vec::new(),
             }),
+            phases: None,
+        }
+    }
+
+    /// The request's phases are timed as spans from `queue` (opened when it
+    /// was ready to queue, under the caller's span) on; a disabled span
+    /// (no subscriber wants it) leaves them untimed.
+    pub fn with_queue_span(mut self, queue: tracing::Span) -> Self {
+        if !queue.is_disabled() {
+            self.phases = Some(Box::new(Phases {
+                parent: tracing::Span::current(),
+                inputs: self.len,
+                open: Mutex::new(queue),
+            }));
+        }
+        self
+    }
+
+    /// Closes the span of the phase that is open, opening `next`'s.
+    fn next_phase(&self, next: impl FnOnce(&Phases) -> tracing::Span) {
+        if let Some(phases) = &self.phases {
+            let mut open = lock(&phases.open);
+            // Closed before the next opens: one phase ends where the next begins.
+            drop(std::mem::replace(&mut *open, tracing::Span::none()));
+            *open = next(phases);
         }
     }
 
@@ -200,10 +239,16 @@ impl Request {
     pub fn mark_started(&self, now: Instant) -> Option<Duration> {
         let waited = now.saturating_duration_since(self.arrived);
         let nanos = u64::try_from(waited.as_nanos()).unwrap_or(NOT_STARTED - 1);
-        self.queued_for
+        let first = self
+            .queued_for
             .compare_exchange(NOT_STARTED, nanos, Ordering::AcqRel, Ordering::Acquire)
-            .ok()
-            .map(|_| waited)
+            .is_ok();
+        if first {
+            self.next_phase(
+                |p| tracing::debug_span!(parent: &p.parent, "inference", inputs = p.inputs as i64),
+            );
+        }
+        first.then_some(waited)
     }
 
     /// Its queue wait so far: until its first batch started, or until now.
@@ -267,6 +312,7 @@ impl Request {
                 inference: answer.model_time.min(since_start),
             };
             Self::answer(answer, Ok(computed));
+            self.next_phase(|_| tracing::Span::none());
         } else if let Some(ticket) = answer.ticket.as_mut() {
             ticket.answered(n);
         }
@@ -279,6 +325,7 @@ impl Request {
         if answer.reply.is_some() {
             Self::answer(answer, Err(error));
         }
+        self.next_phase(|_| tracing::Span::none());
     }
 
     fn answer(mut answer: std::sync::MutexGuard<'_, Answer>, result: Answered) {

@@ -69,7 +69,29 @@ pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next
     let api = Api::for_path(req.uri().path());
     req.extensions_mut().insert(RequestId(id.clone()));
 
-    let span = tracing::info_span!("request", id = %id, method = %method, route = %route);
+    let span = tracing::info_span!(
+        "request",
+        id = %id,
+        method = %method,
+        route = %route,
+        otel.name = tracing::field::Empty,
+        otel.kind = tracing::field::Empty,
+        otel.status_code = tracing::field::Empty,
+        http.request.method = tracing::field::Empty,
+        http.route = tracing::field::Empty,
+        http.response.status_code = tracing::field::Empty,
+        inputs = tracing::field::Empty,
+    );
+    let exported = exported_spans();
+    if let Some(continue_trace) = exported {
+        // Before the span starts (its first child or enter starts it): an
+        // exported span's kind and name are fixed then.
+        span.record("otel.kind", "server");
+        span.record("otel.name", format!("{method} {route}"));
+        span.record("http.request.method", method.as_str());
+        span.record("http.route", route.as_str());
+        continue_trace(&span, req.headers());
+    }
     let model = AnsweringModel::default();
     let tally = timing::Tally::default();
     let left = ClientLeft {
@@ -135,7 +157,44 @@ pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next
             None => {}
         }
     });
+    if exported.is_some() {
+        // After the log lines: they carry the span as they always did.
+        // As i64: OpenTelemetry has no unsigned integer (a u64 would go as text).
+        span.record("http.response.status_code", i64::from(status));
+        if measured.sent > 0 {
+            span.record("inputs", i64::try_from(measured.sent).unwrap_or(i64::MAX));
+        }
+        if status >= 500 {
+            // A server span fails on a server error only (OpenTelemetry's
+            // HTTP conventions): a 4xx is the client's.
+            span.record("otel.status_code", "ERROR");
+        }
+    }
     response
+}
+
+/// How an exported request span continues the caller's trace: given the
+/// span just made and the request's headers, it makes the span a child of
+/// the trace they name (a W3C `traceparent`), if any.
+pub type ContinueTrace = fn(&tracing::Span, &axum::http::HeaderMap);
+
+static EXPORTED_SPANS: OnceLock<ContinueTrace> = OnceLock::new();
+
+/// Says the process exports its spans (the launcher's `--otlp-endpoint`),
+/// once, before serving: from then on each request span carries
+/// OpenTelemetry's HTTP attributes (`otel.name` "POST /embed", `otel.kind`
+/// server, `http.request.method`, `http.route`, `http.response.status_code`,
+/// `inputs`: the inputs it sent the model path) and continues its caller's
+/// trace through `continue_trace`. The exporter is the launcher's: this
+/// layer knows nothing of OpenTelemetry. Off (never called), requests
+/// record none of these, and a JSON log line's span is as it always was.
+/// False when it was said already.
+pub fn export_spans(continue_trace: ContinueTrace) -> bool {
+    EXPORTED_SPANS.set(continue_trace).is_ok()
+}
+
+fn exported_spans() -> Option<ContinueTrace> {
+    EXPORTED_SPANS.get().copied()
 }
 
 tokio::task_local! {

@@ -63,12 +63,15 @@ pub struct TeiArgs {
     /// engine runs in this process.
     #[arg(long)]
     pub uds_path: Option<String>,
-    /// Accepted and ignored (said at start) without --otlp-endpoint, which is refused.
-    #[arg(long)]
+    /// The `service.name` of the exported spans [default: OTEL_SERVICE_NAME, else mlx-embed].
+    #[arg(long, env = "OTLP_SERVICE_NAME")]
     pub otlp_service_name: Option<String>,
-    /// Refused: there is no OpenTelemetry export; use --log-format json for a log collector
-    /// and /metrics for Prometheus.
-    #[arg(long)]
+    /// Export the server's spans to this OpenTelemetry collector over OTLP gRPC, e.g.
+    /// http://localhost:4317 [default: OTEL_EXPORTER_OTLP_ENDPOINT, else no export]: one
+    /// span per HTTP request (a child of the caller's W3C `traceparent`, if sent) with its
+    /// tokenize, queue and inference phases under it. An unreachable collector is a
+    /// warning: the server serves on, the spans are dropped.
+    #[arg(long, env = "OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
     /// 0 is accepted (the first device, the one MLX uses); any other is refused: pick the GPU
     /// with CUDA_VISIBLE_DEVICES.
@@ -84,14 +87,6 @@ impl TeiArgs {
     /// bad flag), else the lines to warn at start for flags that change
     /// nothing here.
     pub fn check(&self) -> Result<Vec<String>, String> {
-        if self.otlp_endpoint.is_some() {
-            return Err(
-                "--otlp-endpoint: this server exports no OpenTelemetry traces; leave \
-                        it out (--log-format json gives log collectors one JSON object per \
-                        line, with the request's span; /metrics serves Prometheus)"
-                    .into(),
-            );
-        }
         if let Some(id) = self.device_id.filter(|&id| id != 0) {
             return Err(format!(
                 "--device-id {id}: the engine runs on the first device it sees; leave the flag \
@@ -119,13 +114,49 @@ impl TeiArgs {
                     .to_owned(),
             );
         }
-        if self.otlp_service_name.is_some() {
+        if self.otlp_service_name.is_some() && self.otlp_endpoint.is_none() {
             ignored.push(
-                "--otlp-service-name is ignored: this server exports no OpenTelemetry traces"
+                "--otlp-service-name is ignored without --otlp-endpoint: no spans are exported"
                     .to_owned(),
             );
         }
         Ok(ignored)
+    }
+
+    /// The collector spans are exported to, checked: `--otlp-endpoint`
+    /// (or TEI's OTLP_ENDPOINT), else the standard OTEL_EXPORTER_OTLP_ENDPOINT
+    /// (`env` reads it); `None`: no export.
+    pub fn otlp(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<Option<(String, String)>, String> {
+        let endpoint = match &self.otlp_endpoint {
+            Some(endpoint) => endpoint.clone(),
+            None => match env("OTEL_EXPORTER_OTLP_ENDPOINT").filter(|e| !e.trim().is_empty()) {
+                Some(endpoint) => {
+                    // That variable may be meant for OTLP over HTTP (port 4318).
+                    let protocol = env("OTEL_EXPORTER_OTLP_PROTOCOL").unwrap_or_default();
+                    if !matches!(protocol.trim(), "" | "grpc") {
+                        return Err(format!(
+                            "OTEL_EXPORTER_OTLP_ENDPOINT {endpoint} with \
+                             OTEL_EXPORTER_OTLP_PROTOCOL {protocol}: this server exports OTLP \
+                             over gRPC only; give a collector's gRPC address with \
+                             --otlp-endpoint"
+                        ));
+                    }
+                    endpoint
+                }
+                None => return Ok(None),
+            },
+        };
+        let endpoint = crate::otlp::check_endpoint(&endpoint)?;
+        let service = self
+            .otlp_service_name
+            .clone()
+            .or_else(|| env("OTEL_SERVICE_NAME"))
+            .filter(|name| !name.trim().is_empty())
+            .unwrap_or_else(|| crate::otlp::DEFAULT_SERVICE_NAME.to_owned());
+        Ok(Some((endpoint, service)))
     }
 }
 
@@ -570,8 +601,12 @@ where
             return err.exit_code();
         }
     };
-    let ignored = match cli.tei.check() {
-        Ok(ignored) => ignored,
+    let checked = cli
+        .tei
+        .check()
+        .and_then(|ignored| Ok((ignored, cli.tei.otlp(|name| std::env::var(name).ok())?)));
+    let (ignored, otlp) = match checked {
+        Ok(checked) => checked,
         Err(why) => {
             // As clap says a flag it cannot take: on stderr, exit code 2.
             eprintln!("error: {why}");
@@ -583,18 +618,29 @@ where
         // any thread that could read the environment starts.
         std::env::set_var("HF_TOKEN", token);
     }
-    init_logging(&cli.log, cli.log_lines(), !cli.tei.disable_spans);
-    for line in ignored {
+    let export = match init_logging(&cli.log, cli.log_lines(), !cli.tei.disable_spans, otlp) {
+        Ok(export) => export,
+        Err(why) => {
+            eprintln!("error: {why}");
+            return 2;
+        }
+    };    for line in ignored {
         tracing::warn!("{line}");
     }
-    match serve(cli, wrap) {
+    let code = match serve(cli, wrap) {
         Ok(()) => 0,
         Err(message) => {
             tracing::error!("{message}");
             eprintln!("mlx-embed: {message}");
             1
         }
+    };
+    // Every request is answered (or the drain gave up on it): its spans are
+    // queued, and go out now, within a bound.
+    if let Some(export) = export {
+        export.finish();
     }
+    code
 }
 
 /// For a bad value that came from a flag's environment variable, not the
@@ -766,24 +812,80 @@ fn parse_log_filter(filter: &str) -> Result<String, String> {
         .map_err(|err| format!("{err}: {help}"))
 }
 
-fn init_logging(filter: &str, format: LogFormat, spans: bool) {
+/// Installs the process's subscriber: log lines to stdout under `filter`,
+/// and, with `otlp` (endpoint, service name), the spans exported there
+/// ([`crate::otlp`]), whose export the caller finishes at exit. The export
+/// takes the server's spans (info) and the core's phase spans (debug)
+/// whatever `filter` says, and no other crate's (the exporter's own gRPC
+/// client among them); `--disable-spans` is about log lines only.
+fn init_logging(
+    filter: &str,
+    format: LogFormat,
+    spans: bool,
+    otlp: Option<(String, String)>,
+) -> Result<Option<crate::otlp::Export>, String> {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+    use tracing_subscriber::Layer as _;
     let filter = tracing_subscriber::EnvFilter::try_new(filter)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // A second `serve` call in one Python process keeps the first subscriber.
     // Colours only on a terminal: log files and CI output stay plain text.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
-    let lines = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false);
-    let _ = match format {
-        LogFormat::Text => lines.with_ansi(ansi).try_init(),
+    let lines = tracing_subscriber::fmt::layer().with_target(false);
+    let lines = match format {
+        LogFormat::Text => lines.with_ansi(ansi).boxed(),
         LogFormat::Json => lines
             .json()
             .flatten_event(true)
             .with_current_span(spans)
             .with_span_list(false)
-            .try_init(),
+            .boxed(),
     };
+    let (export, tracer) = match &otlp {
+        Some((endpoint, service)) => {
+            let (export, tracer) = crate::otlp::start(endpoint, service)?;
+            (Some(export), Some(tracer))
+        }
+        None => (None, None),
+    };
+    let exported = tracer.map(|tracer| {
+        tracing_opentelemetry::layer()
+            .with_tracer(tracer)
+            .with_location(false)
+            .with_threads(false)
+            .with_target(false)
+            .with_tracked_inactivity(false)
+            .with_filter(
+                tracing_subscriber::filter::Targets::new()
+                    .with_target("mlx_embed_server", tracing::Level::INFO)
+                    .with_target("mlx_embed_core", tracing::Level::DEBUG),
+            )
+    });
+    let installed = tracing_subscriber::registry()
+        .with(lines.with_filter(filter))
+        .with(exported)
+        .try_init()
+        .is_ok();
+    match export {
+        // A second `serve` in one Python process keeps the first subscriber,
+        // and so exports nothing of its own.
+        Some(export) if !installed => {
+            export.finish();
+            tracing::warn!(
+                "--otlp-endpoint is ignored: this process's logging was set up by an earlier \
+                 serve, without it"
+            );
+            Ok(None)
+        }
+        Some(export) => {
+            mlx_embed_server::middleware::export_spans(crate::otlp::continue_trace);
+            if let Some((endpoint, service)) = &otlp {
+                tracing::info!("exporting spans to {endpoint} over OTLP gRPC as {service}");
+            }
+            Ok(Some(export))
+        }
+        None => Ok(None),
+    }
 }
 
 /// Ends the process with `code` once stdout and stderr are flushed, without

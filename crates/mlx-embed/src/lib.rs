@@ -10,6 +10,7 @@
 
 mod kernels;
 mod launch;
+mod otlp;
 #[cfg(feature = "test-hooks")]
 pub mod test_hooks;
 mod vectors;

@@ -1,0 +1,225 @@
+"""`--otlp-endpoint` / `--otlp-service-name` (TEI's flags) against a real OTLP gRPC receiver.
+
+The receiver is a grpcio server implementing
+`opentelemetry.proto.collector.trace.v1.TraceService/Export`; its messages are
+generated at test time (grpcio-tools, as test_grpc.py does for tei.proto) from
+the subset of the OTLP protos written below: the field numbers are OTLP's,
+the fields this test reads are the only ones declared (protobuf skips the
+rest), so no opentelemetry-proto package (which pins an older protobuf) is needed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import pytest
+import requests
+from grpc_tools import protoc
+
+from harness import free_port, start_server
+
+OTLP_SUBSET = """
+syntax = "proto3";
+package opentelemetry.proto.collector.trace.v1;
+
+service TraceService {
+  rpc Export(ExportTraceServiceRequest) returns (ExportTraceServiceResponse) {}
+}
+message ExportTraceServiceRequest { repeated ResourceSpans resource_spans = 1; }
+message ExportTraceServiceResponse {}
+message ResourceSpans { Resource resource = 1; repeated ScopeSpans scope_spans = 2; }
+message Resource { repeated KeyValue attributes = 1; }
+message ScopeSpans { repeated Span spans = 2; }
+message Span {
+  bytes trace_id = 1;
+  bytes span_id = 2;
+  bytes parent_span_id = 4;
+  string name = 5;
+  int32 kind = 6;
+  fixed64 start_time_unix_nano = 7;
+  fixed64 end_time_unix_nano = 8;
+  repeated KeyValue attributes = 9;
+  Status status = 15;
+}
+message Status { string message = 2; int32 code = 3; }
+message KeyValue { string key = 1; AnyValue value = 2; }
+message AnyValue {
+  oneof value { string string_value = 1; bool bool_value = 2; int64 int_value = 3; double double_value = 4; }
+}
+"""
+
+SPAN_KIND_SERVER = 2
+STATUS_ERROR = 2
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+CALLER_SPAN_ID = "00f067aa0ba902b7"
+SERVICE = "otlp-e2e-embedder"
+# Every wait below is bounded by this.
+WAIT_S = 30
+
+
+@pytest.fixture(scope="module")
+def otlp(tmp_path_factory):
+    """The subset's messages and service stubs."""
+    out = tmp_path_factory.mktemp("otlp")
+    (out / "otlp_subset.proto").write_text(OTLP_SUBSET)
+    rc = protoc.main(["protoc", f"-I{out}", f"--python_out={out}", f"--grpc_python_out={out}", "otlp_subset.proto"])
+    assert rc == 0
+    sys.path.insert(0, str(out))
+    try:
+        yield importlib.import_module("otlp_subset_pb2"), importlib.import_module("otlp_subset_pb2_grpc")
+    finally:
+        sys.path.remove(str(out))
+
+
+class Receiver:
+    """An OTLP trace receiver on loopback: every span it is sent, with its resource's attributes."""
+
+    def __init__(self, pb, stubs):
+        self.spans: list[tuple[dict, object]] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Service(stubs.TraceServiceServicer):
+            def Export(self, request, context):
+                with receiver.lock:
+                    for rs in request.resource_spans:
+                        resource = attributes(rs.resource.attributes)
+                        for ss in rs.scope_spans:
+                            receiver.spans.extend((resource, span) for span in ss.spans)
+                return pb.ExportTraceServiceResponse()
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        stubs.add_TraceServiceServicer_to_server(Service(), self.server)
+        self.port = free_port()
+        self.server.add_insecure_port(f"127.0.0.1:{self.port}")
+        self.server.start()
+
+    def stop(self):
+        self.server.stop(grace=None)
+
+
+def attributes(kvs) -> dict:
+    out = {}
+    for kv in kvs:
+        which = kv.value.WhichOneof("value")
+        out[kv.key] = getattr(kv.value, which) if which else None
+    return out
+
+
+@pytest.fixture
+def receiver(otlp):
+    r = Receiver(*otlp)
+    yield r
+    r.stop()
+
+
+def test_request_spans_reach_the_collector_with_the_callers_trace(receiver, tmp_path):
+    server = start_server(
+        tmp_path, "--otlp-endpoint", f"http://127.0.0.1:{receiver.port}", "--otlp-service-name", SERVICE,
+    )
+    traceparent = f"00-{TRACE_ID}-{CALLER_SPAN_ID}-01"
+    traced = requests.post(
+        server.url + "/embed", json={"inputs": ["a traced text", "and another"]},
+        headers={"traceparent": traceparent}, timeout=WAIT_S,
+    )
+    assert traced.status_code == 200, traced.text
+    for i in range(3):
+        r = server.post("/v1/embeddings", {"input": f"untraced {i}", "model": "all-MiniLM-L6-v2"})
+        assert r.status_code == 200, r.text
+    missing = server.post("/v1/embeddings", {"input": 5})
+    assert missing.status_code in (400, 422), missing.text
+    started = time.monotonic()
+    assert server.stop(timeout=WAIT_S) == 0, server.log()[-3000:]
+    # The spans queued at SIGTERM are flushed before exit, within the bound.
+    assert time.monotonic() - started < WAIT_S
+    log = server.log()
+    assert f"exporting spans to http://127.0.0.1:{receiver.port} over OTLP gRPC as {SERVICE}" in log, log[-3000:]
+    assert "cannot be reached" not in log and "failed" not in log, log[-3000:]
+
+    with receiver.lock:
+        spans = list(receiver.spans)
+    assert spans, "the receiver got no spans"
+    assert {resource.get("service.name") for resource, _ in spans} == {SERVICE}
+    spans = [s for _, s in spans]
+    # The harness's /health polls are requests too.
+    requests_ = [s for s in spans if s.kind == SPAN_KIND_SERVER and s.name != "GET /health"]
+    assert len(requests_) == 5, [s.name for s in spans]
+
+    caller = [s for s in requests_ if s.trace_id.hex() == TRACE_ID]
+    assert len(caller) == 1, [s.trace_id.hex() for s in requests_]
+    request = caller[0]
+    assert request.parent_span_id.hex() == CALLER_SPAN_ID
+    assert request.name == "POST /embed"
+    attrs = attributes(request.attributes)
+    assert attrs["http.request.method"] == "POST"
+    assert attrs["http.route"] == "/embed"
+    assert attrs["http.response.status_code"] == 200
+    assert attrs["inputs"] == 2
+    assert attrs["route"] == "/embed" and attrs["method"] == "POST"
+    assert request.status.code != STATUS_ERROR
+
+    # Its phases, each a child of the request span, in its trace, in order, inside it.
+    children = {s.name: s for s in spans if s.parent_span_id == request.span_id}
+    assert set(children) == {"tokenize", "queue", "inference"}, sorted(children)
+    for name, child in children.items():
+        assert child.trace_id == request.trace_id, name
+        assert attributes(child.attributes)["inputs"] == 2, name
+        assert request.start_time_unix_nano <= child.start_time_unix_nano, name
+        assert child.end_time_unix_nano <= request.end_time_unix_nano, name
+    tokenize, queue, inference = (children[n] for n in ("tokenize", "queue", "inference"))
+    assert tokenize.end_time_unix_nano <= queue.start_time_unix_nano
+    assert queue.end_time_unix_nano <= inference.start_time_unix_nano
+
+    # The untraced requests each start a trace of their own, with no parent.
+    others = [s for s in requests_ if s is not request]
+    assert len({s.trace_id for s in others}) == 4 and TRACE_ID not in {s.trace_id.hex() for s in others}
+    assert all(not s.parent_span_id for s in others)
+    assert sorted(s.name for s in others) == ["POST /v1/embeddings"] * 4
+    codes = sorted(attributes(s.attributes)["http.response.status_code"] for s in others)
+    assert codes == sorted([200, 200, 200, missing.status_code])
+    # A refusal is the client's: no error status (OpenTelemetry's HTTP conventions).
+    assert all(s.status.code != STATUS_ERROR for s in others)
+
+
+def test_an_unreachable_collector_is_a_warning_and_the_server_serves_on(tmp_path):
+    port = free_port()  # nothing listens there
+    server = start_server(tmp_path, "--otlp-endpoint", f"http://127.0.0.1:{port}")
+    times = []
+    for i in range(5):
+        t = time.monotonic()
+        r = server.post("/embed", {"inputs": f"text {i}"})
+        times.append(time.monotonic() - t)
+        assert r.status_code == 200, r.text
+    assert max(times) < 5, times
+    started = time.monotonic()
+    assert server.stop(timeout=WAIT_S) == 0, server.log()[-3000:]
+    took = time.monotonic() - started
+    # The flush at exit gives up after 4 s (otlp.rs FLUSH_AT_EXIT), plus the drain's own time.
+    assert took < 10, took
+    log = server.log()
+    assert f"OTLP export: the collector at http://127.0.0.1:{port} cannot be reached" in log, log[-3000:]
+
+
+@pytest.mark.parametrize(
+    "endpoint, why",
+    [
+        ("collector:4317", "no scheme"),
+        ("https://collector:4317", "https is not supported"),
+        ("http://collector:4318/v1/traces", "a path"),
+    ],
+)
+def test_a_bad_endpoint_is_refused_at_start(tmp_path, endpoint, why):
+    import subprocess
+
+    from harness import SERVER_BINARY
+
+    done = subprocess.run(
+        [str(SERVER_BINARY), "--otlp-endpoint", endpoint], capture_output=True, text=True, timeout=WAIT_S,
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"error: --otlp-endpoint {endpoint}: {why}"), done.stderr

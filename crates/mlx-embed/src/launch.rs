@@ -44,7 +44,8 @@ pub struct TeiArgs {
     /// on the command line, wins over MLX_EMBED_LOG_FORMAT=text).
     #[arg(long)]
     pub json_output: bool,
-    /// JSON log lines without the request's span (TEI's flag); text lines are unchanged.
+    /// JSON log lines without the request's span (TEI's flag); text lines and the OTLP export
+    /// (--otlp-endpoint) are unchanged.
     #[arg(long)]
     pub disable_spans: bool,
     /// Accepted, changes nothing: this server already cuts an over-long input to the model's
@@ -111,12 +112,6 @@ impl TeiArgs {
             ignored.push(
                 "--uds-path is ignored: it is TEI's socket to its own backend process, and \
                  this engine runs in the server's process"
-                    .to_owned(),
-            );
-        }
-        if self.otlp_service_name.is_some() && self.otlp_endpoint.is_none() {
-            ignored.push(
-                "--otlp-service-name is ignored without --otlp-endpoint: no spans are exported"
                     .to_owned(),
             );
         }
@@ -605,7 +600,7 @@ where
         .tei
         .check()
         .and_then(|ignored| Ok((ignored, cli.tei.otlp(|name| std::env::var(name).ok())?)));
-    let (ignored, otlp) = match checked {
+    let (mut ignored, otlp) = match checked {
         Ok(checked) => checked,
         Err(why) => {
             // As clap says a flag it cannot take: on stderr, exit code 2.
@@ -613,6 +608,12 @@ where
             return 2;
         }
     };
+    if otlp.is_none() && cli.tei.otlp_service_name.is_some() {
+        ignored.push(
+            "--otlp-service-name is ignored without --otlp-endpoint: no spans are exported"
+                .to_owned(),
+        );
+    }
     if let Some(token) = &cli.tei.hf_token {
         // Read by huggingface_hub when a repo id is downloaded; set before
         // any thread that could read the environment starts.
@@ -1308,12 +1309,55 @@ mod tests {
                  threads, one per core",
                 "--uds-path is ignored: it is TEI's socket to its own backend process, and this \
                  engine runs in the server's process",
-                "--otlp-service-name is ignored: this server exports no OpenTelemetry traces",
             ]
         );
+        // No endpoint: the name names nothing (said at start).
+        assert_eq!(cli.tei.otlp(|_| None), Ok(None));
         // The token is the Hub's secret: no help text shows its value.
         let help = refusal(&["--help"]).to_string();
         assert!(help.contains("--hf-token") && !help.contains("hf_x"));
+    }
+
+    #[test]
+    fn the_otlp_endpoint_and_service_name_come_from_flags_then_the_standard_variables() {
+        let tei = |args: &[&str]| {
+            let argv = std::iter::once("mlx-embed serve").chain(args.iter().copied());
+            ServeCli::try_parse_from(argv).expect("flags parse").tei
+        };
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| (*v).to_owned())
+            }
+        };
+        let otlp = |endpoint: &str, service: &str| Ok(Some((endpoint.into(), service.into())));
+        let flags = tei(&[
+            "--otlp-endpoint",
+            "http://c:4317",
+            "--otlp-service-name",
+            "tei",
+        ]);
+        let standard = env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://other:4317"),
+            ("OTEL_SERVICE_NAME", "std"),
+        ]);
+        assert_eq!(flags.otlp(&standard), otlp("http://c:4317", "tei"));
+        assert_eq!(tei(&[]).otlp(&standard), otlp("http://other:4317", "std"));
+        assert_eq!(
+            tei(&["--otlp-endpoint", "http://c:4317"]).otlp(|_| None),
+            otlp("http://c:4317", "mlx-embed")
+        );
+        assert_eq!(tei(&[]).otlp(|_| None), Ok(None));
+        // The standard variable may be meant for OTLP over HTTP: refused, not sent wrong.
+        let http = env(&[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://other:4318"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ]);
+        assert!(tei(&[])
+            .otlp(http)
+            .expect_err("gRPC only")
+            .contains("this server exports OTLP over gRPC only"));
     }
 
     #[test]
@@ -1322,10 +1366,10 @@ mod tests {
             let argv = std::iter::once("mlx-embed serve").chain(args.iter().copied());
             ServeCli::try_parse_from(argv).expect("flags parse").tei
         };
-        assert!(tei(&["--otlp-endpoint", "http://localhost:4317"])
-            .check()
-            .expect_err("no OTLP")
-            .starts_with("--otlp-endpoint: this server exports no OpenTelemetry traces"));
+        assert!(tei(&["--otlp-endpoint", "localhost:4317"])
+            .otlp(|_| None)
+            .expect_err("no scheme")
+            .starts_with("--otlp-endpoint localhost:4317: no scheme (http://)"));
         assert_eq!(
             tei(&["--device-id", "1"]).check(),
             Err(

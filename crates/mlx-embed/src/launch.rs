@@ -1342,8 +1342,8 @@ mod tests {
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://other:4317"),
             ("OTEL_SERVICE_NAME", "std"),
         ]);
-        assert_eq!(flags.otlp(&standard), otlp("http://c:4317", "tei"));
-        assert_eq!(tei(&[]).otlp(&standard), otlp("http://other:4317", "std"));
+        assert_eq!(flags.otlp(standard), otlp("http://c:4317", "tei"));
+        assert_eq!(tei(&[]).otlp(standard), otlp("http://other:4317", "std"));
         assert_eq!(
             tei(&["--otlp-endpoint", "http://c:4317"]).otlp(|_| None),
             otlp("http://c:4317", "mlx-embed")

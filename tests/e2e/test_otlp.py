@@ -120,12 +120,18 @@ def receiver(otlp):
 
 def test_request_spans_reach_the_collector_with_the_callers_trace(receiver, tmp_path):
     server = start_server(
-        tmp_path, "--otlp-endpoint", f"http://127.0.0.1:{receiver.port}", "--otlp-service-name", SERVICE,
+        tmp_path,
+        "--otlp-endpoint",
+        f"http://127.0.0.1:{receiver.port}",
+        "--otlp-service-name",
+        SERVICE,
     )
     traceparent = f"00-{TRACE_ID}-{CALLER_SPAN_ID}-01"
     traced = requests.post(
-        server.url + "/embed", json={"inputs": ["a traced text", "and another"]},
-        headers={"traceparent": traceparent}, timeout=WAIT_S,
+        server.url + "/embed",
+        json={"inputs": ["a traced text", "and another"]},
+        headers={"traceparent": traceparent},
+        timeout=WAIT_S,
     )
     assert traced.status_code == 200, traced.text
     for i in range(3):
@@ -219,7 +225,10 @@ def test_a_bad_endpoint_is_refused_at_start(tmp_path, endpoint, why):
     from harness import SERVER_BINARY
 
     done = subprocess.run(
-        [str(SERVER_BINARY), "--otlp-endpoint", endpoint], capture_output=True, text=True, timeout=WAIT_S,
+        [str(SERVER_BINARY), "--otlp-endpoint", endpoint],
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
     )
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(f"error: --otlp-endpoint {endpoint}: {why}"), done.stderr

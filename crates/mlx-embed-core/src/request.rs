@@ -311,8 +311,9 @@ impl Request {
                 queue,
                 inference: answer.model_time.min(since_start),
             };
-            Self::answer(answer, Ok(computed));
+            // Closed before the caller is woken: its span may end right after.
             self.next_phase(|_| tracing::Span::none());
+            Self::answer(answer, Ok(computed));
         } else if let Some(ticket) = answer.ticket.as_mut() {
             ticket.answered(n);
         }
@@ -322,10 +323,10 @@ impl Request {
     pub fn fail(&self, error: CoreError) {
         self.failed.store(true, Ordering::Release);
         let answer = lock(&self.answer);
+        self.next_phase(|_| tracing::Span::none());
         if answer.reply.is_some() {
             Self::answer(answer, Err(error));
         }
-        self.next_phase(|_| tracing::Span::none());
     }
 
     fn answer(mut answer: std::sync::MutexGuard<'_, Answer>, result: Answered) {

@@ -77,12 +77,15 @@ def shapes() -> dict:
     return {"qwen3-0.6b": SHAPES["qwen3-0.6b"], "modernbert-base": MODERNBERT_BASE}
 
 
-def make_checkpoint(shape: str, folder: Path) -> None:
+def make_checkpoint(shape: str, folder: Path, layers: int = 0) -> None:
     if (folder / "config.json").exists():
         return
     from bench_decoder import make_checkpoint as seeded
 
-    seeded(shapes()[shape], folder)
+    config = dict(shapes()[shape])
+    if layers:
+        config["num_hidden_layers"] = layers
+    seeded(config, folder)
     source = ROOT / "tests" / "fixtures" / TOKENIZERS[shape]
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         if (source / name).exists():
@@ -100,8 +103,9 @@ def worker(args) -> None:
     import mlx_embed
     import numpy as np
 
+    long_cases = parse_cases(args.cases)
     # The fixtures' tokenizer files say 128 tokens.
-    model = mlx_embed.load(str(args.model), max_length=512)
+    model = mlx_embed.load(str(args.model), max_length=max([512] + [n for _, n in long_cases]))
     out = {"tree": str(Path(mlx_embed.__file__).parents[1]), "rss_mb": rss_mb(), "ms": {}, "rows_differing_alone": None}
     rng = np.random.default_rng(0)
     vocab = min(model.vocab_size, model.tokenizer.vocab_size)
@@ -111,7 +115,10 @@ def worker(args) -> None:
     def vectors(ids):
         return np.frombuffer(model.embed_ids(ids).vectors, "<f4").reshape(len(ids), -1)
 
-    for name, ids in (("one", one), ("mixed", mixed)):
+    cases = [("one", one), ("mixed", mixed)] if not long_cases else []
+    for texts, tokens in long_cases:
+        cases.append((f"{texts}x{tokens}", [rng.integers(vocab // 10, vocab, tokens).tolist() for _ in range(texts)]))
+    for name, ids in cases:
         vectors(ids)  # warm-up: this case's shapes
         times = []
         for _ in range(args.calls):
@@ -128,6 +135,11 @@ def worker(args) -> None:
     print(json.dumps(out))
 
 
+def parse_cases(text: str) -> list[tuple[int, int]]:
+    """``TEXTSxTOKENS,...`` (``8x2048``: eight texts of 2,048 token ids in one call)."""
+    return [tuple(int(n) for n in case.split("x")) for case in text.split(",") if case]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tree", action="append", default=[], metavar="NAME=PATH")
@@ -140,6 +152,12 @@ def main() -> None:
         action="store_false",
         help="skip embedding each mixed text alone (64 calls) to count the rows that differ",
     )
+    ap.add_argument(
+        "--cases",
+        default="",
+        help="TEXTSxTOKENS,... (e.g. 1x512,8x512,1x2048) instead of the one and mixed cases",
+    )
+    ap.add_argument("--layers", type=int, default=0, help="cut the shape to this many layers (0: all)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "mlx-embed-bench-invariance")
     ap.add_argument("--json", type=Path)
@@ -155,8 +173,8 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "python"))
     summary = {}
     for shape in args.shape or sorted(TOKENIZERS):
-        folder = args.workdir / shape
-        make_checkpoint(shape, folder)
+        folder = args.workdir / (f"{shape}-{args.layers}l" if args.layers else shape)
+        make_checkpoint(shape, folder, args.layers)
         runs = {name: [] for name, _ in trees}
         for r in range(args.rounds):
             for name, path in trees:
@@ -172,6 +190,8 @@ def main() -> None:
                         str(args.calls),
                         "--mixed-max",
                         str(args.mixed_max),
+                        "--cases",
+                        args.cases,
                         *([] if args.check else ["--no-check"]),
                     ],
                     env=env,
@@ -182,9 +202,9 @@ def main() -> None:
                     sys.exit(f"{name}: the worker failed:\n{proc.stderr[-3000:]}")
                 result = json.loads(proc.stdout.strip().splitlines()[-1])
                 runs[name].append(result)
+                times = ", ".join(f"{case} {ms:.0f} ms" for case, ms in result["ms"].items())
                 print(
-                    f"{shape} round {r + 1} {name}: one {result['ms']['one']:.1f} ms, mixed "
-                    f"{result['ms']['mixed']:.0f} ms, RSS {result['rss_mb']:.0f} MB after load "
+                    f"{shape} round {r + 1} {name}: {times}, RSS {result['rss_mb']:.0f} MB after load "
                     f"({result['rss_after_mb']:.0f} after the cases), "
                     f"rows differing alone: {result['rows_differing_alone']} of 64",
                     flush=True,
@@ -192,18 +212,17 @@ def main() -> None:
         summary[shape] = {}
         for name, _ in trees:
             rows = runs[name]
-            summary[shape][name] = {
-                "one_ms": statistics.median(x["ms"]["one"] for x in rows),
-                "mixed_ms": statistics.median(x["ms"]["mixed"] for x in rows),
-                "mixed_texts_per_s": 64e3 / statistics.median(x["ms"]["mixed"] for x in rows),
+            s = summary[shape][name] = {
+                "ms": {case: statistics.median(x["ms"][case] for x in rows) for case in rows[0]["ms"]},
                 "rss_mb": statistics.median(x["rss_mb"] for x in rows),
                 "rss_after_mb": statistics.median(x["rss_after_mb"] for x in rows),
                 "rows_differing_alone": rows[-1]["rows_differing_alone"],
             }
-            s = summary[shape][name]
+            if "mixed" in s["ms"]:
+                s["mixed_texts_per_s"] = 64e3 / s["ms"]["mixed"]
+            times = ", ".join(f"{case} {ms:.0f} ms" for case, ms in s["ms"].items())
             print(
-                f"{shape} {name}: one {s['one_ms']:.1f} ms, mixed {s['mixed_ms']:.0f} ms "
-                f"({s['mixed_texts_per_s']:.1f} texts/s), RSS {s['rss_mb']:.0f} MB "
+                f"{shape} {name}: {times}, RSS {s['rss_mb']:.0f} MB "
                 f"(after the cases {s['rss_after_mb']:.0f}), rows differing alone: {s['rows_differing_alone']}/64"
             )
     if args.json:

@@ -324,6 +324,8 @@ def _packed_linear(layer: nn.Module) -> Optional[tuple]:
     ``nn.Linear`` for the native kernel, packed on first use and kept on the
     layer (tied to the weight array it was packed from); None for anything
     else (quantized layers, other dtypes), which keep MLX's matmul."""
+    if getattr(layer, "dropped", False):
+        return _dropped_entry(layer)
     if type(layer) not in (nn.Linear, EngineLinear) or layer.weight.dtype != mx.float32:
         return None
     weight = layer.weight
@@ -355,6 +357,9 @@ class EngineLinear(nn.Linear):
     dropped = False
 
     def __call__(self, x: mx.array) -> mx.array:
+        if self.dropped and x.dtype != mx.float32:
+            # MLX's matmul would read the stand-in: zeros.
+            return linear(self, x.astype(mx.float32)).astype(x.dtype)
         if x.dtype == mx.float32 and (self.dropped or _native_pass()):
             return linear(self, x)
         return super().__call__(x)
@@ -398,6 +403,29 @@ def _drop_weight(layer: "EngineLinear") -> None:
     layer.weight = stand_in
     object.__setattr__(layer, "_mlx_embed_packed", (stand_in, entry))
     object.__setattr__(layer, "dropped", True)
+
+
+def _dropped_entry(layer: "EngineLinear") -> tuple:
+    """The packed entry of a layer whose MLX weight was let go of. A pass
+    over the parameters that copies them as they are (``set_dtype(float32)``,
+    ``update(parameters())``) hands the layer a new array of the stand-in,
+    which must not be packed in turn (zeros); new float32 weights are the
+    layer's from then on; any other dtype is refused, as there is nothing
+    left to cast."""
+    stand_in, entry = layer.__dict__["_mlx_embed_packed"]
+    weight = layer.weight
+    if weight is stand_in:
+        return entry
+    if weight.dtype != mx.float32:
+        raise ValueError(
+            f"this linear's float32 weights were packed for the native kernel and MLX's copy let go of "
+            f"(ops.prepare); it cannot become {weight.dtype}: load the model with that dtype instead"
+        )
+    if weight.shape == stand_in.shape and all(s == 0 for s in host_view(weight).strides):
+        object.__setattr__(layer, "_mlx_embed_packed", (weight, entry))
+        return entry
+    object.__setattr__(layer, "dropped", False)
+    return _packed_linear(layer)
 
 
 def _packed_rows_matrix(owner, weight: mx.array, bias: Optional[mx.array], key: str, source) -> tuple:

@@ -301,6 +301,45 @@ def test_a_tied_weight_keeps_its_mlx_copy():
     assert not any(m.dropped for m in ops_model.layers)
 
 
+def _dropped_layer() -> tuple:
+    layer = nn.Linear(8, 3)
+    x = mx.random.normal((2, 8), key=mx.random.key(1))
+    want = np.array(layer(x))
+    ops.prepare(layer, ops.make_context("native"))
+    assert layer.dropped
+    return layer, x, want
+
+
+def test_a_let_go_weight_survives_a_no_op_pass_over_the_parameters():
+    """set_dtype(float32) and update(parameters()) hand the layer a new array
+    of the stand-in; the packed weights are still the layer's (re-packing the
+    stand-in once gave zeros: MiniLM's vector moved by 0.32)."""
+    layer, x, want = _dropped_layer()
+    layer.set_dtype(mx.float32)
+    np.testing.assert_allclose(np.array(layer(x)), want, rtol=1e-5, atol=1e-6)
+    layer.update(layer.parameters())
+    np.testing.assert_allclose(np.array(layer(x)), want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_let_go_weight_takes_new_weights_and_refuses_another_dtype():
+    layer, x, want = _dropped_layer()
+    new = mx.random.normal((3, 8), key=mx.random.key(2))
+    layer.weight = new
+    np.testing.assert_allclose(np.array(layer(x)), np.array(x @ new.T + layer.bias), rtol=1e-5, atol=1e-6)
+    layer, x, want = _dropped_layer()
+    layer.set_dtype(mx.bfloat16)
+    with pytest.raises(ValueError, match="let go of"):
+        layer(x)
+
+
+def test_a_let_go_weight_takes_inputs_of_another_dtype():
+    """Not MLX's matmul on the stand-in (zeros): the packed weights, in float32."""
+    layer, x, want = _dropped_layer()
+    got = layer(x.astype(mx.float16))
+    assert got.dtype == mx.float16
+    np.testing.assert_allclose(np.array(got.astype(mx.float32)), want, rtol=1e-2, atol=1e-2)
+
+
 @pytest.mark.parametrize("fixture", ["minilm", "tiny-xlm-roberta", "tiny-distilbert", "tiny-bert-reranker"])
 def test_embeddings_on_the_host_match_the_mlx_graph(fixture, minilm):
     """The native path sums a BERT-style embedding layer on the host

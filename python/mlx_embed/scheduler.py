@@ -340,6 +340,11 @@ class Scheduler:
             else:
                 if solo:
                     ctx = self.context.with_threads(1)
+                    if self.context.path == "native":
+                        # The thread count every native pass runs (a running
+                        # one has set the same): the per-text attention
+                        # products' sums follow it (_pass_blas_threads).
+                        self._set_blas_threads(1)
                 else:
                     self._set_blas_threads(self._pass_blas_threads())
                     ctx = self.context.with_threads(self._blas_threads or os.cpu_count() or 1)

@@ -63,3 +63,23 @@ def test_same_bits_alone_and_batched(folder, golden_texts):
         checks = {"label scores": lambda ts: list(model.predict(ts, raw_scores=True))}
     failures = {name: rows for name, run in checks.items() if (rows := _same_rows(run, texts))}
     assert not failures, f"rows differing alone/batched/shuffled: {failures}"
+
+
+def test_a_solo_call_runs_the_blas_threads_of_every_other_call(golden_texts):
+    """The server's query replica calls solo (scheduler.call_solo), which
+    leaves OpenBLAS's thread count as it finds it. On the native path that
+    must still be one thread: the per-text attention products' sums follow
+    OpenBLAS's threads, so a first solo call in a fresh process (OpenBLAS
+    on every core) gave other bits than the same text later."""
+    from mlx_embed import _blas, scheduler
+
+    own = _blas.own_num_threads()
+    if not own or own < 2:
+        pytest.skip("needs an OpenBLAS with at least two threads")
+    model = mlx_embed.load(str(FIXTURES / "tiny-qwen3"))
+    # The golden texts of 400+ tokens: 4 of them differed (1 vs 2 threads).
+    texts = [t for t in golden_texts if t]
+    batched = model.embed(texts, normalize=False)
+    _blas.set_num_threads(own)  # what a fresh process starts with
+    solo = scheduler.call_solo(model, "embed", texts, normalize=False)
+    assert np.array_equal(solo, batched)

@@ -7,6 +7,7 @@ models' shapes written once under ``--workdir`` (the vocabulary cut to
 32,000 rows, which only the embedding lookup reads):
 
   qwen3-0.6b       Qwen3-Embedding-0.6B (scripts/bench_decoder.py's shape)
+  minilm           the bundled all-MiniLM-L6-v2 (the native encoder)
   modernbert-base  ModernBERT-base: 768 wide, 22 layers (global attention
                    every third, a 128-token window otherwise), 12 heads,
                    GeGLU 1152
@@ -105,7 +106,8 @@ def worker(args) -> None:
 
     long_cases = parse_cases(args.cases)
     # The fixtures' tokenizer files say 128 tokens.
-    model = mlx_embed.load(str(args.model), max_length=max([512] + [n for _, n in long_cases]))
+    longest = max([512] + [n for _, n in long_cases])
+    model = mlx_embed.load() if str(args.model) == "default" else mlx_embed.load(str(args.model), max_length=longest)
     out = {"tree": str(Path(mlx_embed.__file__).parents[1]), "rss_mb": rss_mb(), "ms": {}, "rows_differing_alone": None}
     rng = np.random.default_rng(0)
     vocab = min(model.vocab_size, model.tokenizer.vocab_size)
@@ -143,7 +145,9 @@ def parse_cases(text: str) -> list[tuple[int, int]]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tree", action="append", default=[], metavar="NAME=PATH")
-    ap.add_argument("--shape", action="append", choices=sorted(TOKENIZERS))
+    ap.add_argument(
+        "--shape", action="append", choices=sorted(TOKENIZERS) + ["minilm"], help="minilm: the bundled default model"
+    )
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--mixed-max", type=int, default=256, help="the longest text of the mixed case, in tokens")
     ap.add_argument(
@@ -173,8 +177,11 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "python"))
     summary = {}
     for shape in args.shape or sorted(TOKENIZERS):
-        folder = args.workdir / (f"{shape}-{args.layers}l" if args.layers else shape)
-        make_checkpoint(shape, folder, args.layers)
+        if shape == "minilm":
+            folder = Path("default")
+        else:
+            folder = args.workdir / (f"{shape}-{args.layers}l" if args.layers else shape)
+            make_checkpoint(shape, folder, args.layers)
         runs = {name: [] for name, _ in trees}
         for r in range(args.rounds):
             for name, path in trees:

@@ -625,7 +625,8 @@ where
             eprintln!("error: {why}");
             return 2;
         }
-    };    for line in ignored {
+    };
+    for line in ignored {
         tracing::warn!("{line}");
     }
     let code = match serve(cli, wrap) {

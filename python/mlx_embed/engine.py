@@ -430,8 +430,13 @@ class EmbeddingModel(ScoringMixin):
         pooling = self._check_token_pooling(pool_factor, protected_tokens, ids, output)
         if adapter is not None:
             adapter = self._check_adapter(adapter, ids)
-            if adapter is not None and output != "pooled":
-                raise InvalidInput(f"a task adapter applies to pooled embeddings only, not output={output!r}")
+            # The adapter changes the model's hidden states, so a per-token
+            # answer (and late chunking's means of it) runs it too; the
+            # sparse and multi-vector heads of other models have no tasks.
+            if adapter is not None and output not in ("pooled", "tokens"):
+                raise InvalidInput(
+                    f"a task adapter applies to pooled or per-token embeddings only, not output={output!r}"
+                )
         if output in multi_vector.OUTPUTS:
             mv = self.multi_vector
             attend = mv.attended(ids, output)
@@ -476,6 +481,7 @@ class EmbeddingModel(ScoringMixin):
         normalize: bool = True,
         prompt_name: Optional[str] = None,
         prompt: Optional[str] = None,
+        task: Optional[str] = None,
     ) -> np.ndarray:
         """Late chunking (Jina's ``late_chunking``; Günther et al., "Late
         Chunking", 2024): ``chunks``, the pieces of one text in order, are
@@ -485,7 +491,9 @@ class EmbeddingModel(ScoringMixin):
         none), unit length unless ``normalize`` is False: float32 [len(chunks),
         dim], the server's ``late_chunking: true`` vectors bit for bit. A
         mean-pooling model only; the joined text must fit ``max_length``
-        (InputTooLong otherwise: a chunk cut away would have no vector)."""
+        (InputTooLong otherwise: a chunk cut away would have no vector).
+        ``task``: as :meth:`embed` takes it (the task's adapter runs for the
+        whole text, and its prompt leads it unless a prompt is given)."""
         self._check_output("tokens")
         check_switches(normalize=normalize)
         if self.pooling != "mean":
@@ -503,6 +511,9 @@ class EmbeddingModel(ScoringMixin):
             joined += LATE_CHUNK_SEPARATOR if i else ""
             ranges.append((len(joined), len(joined) + len(chunk)))
             joined += chunk
+        index = self.task_index(task)
+        if index is not None and prompt_name is None and prompt is None:
+            prompt_name = task if task in self.prompts else None
         prefix = self._prompt(prompt_name, prompt, None)
         default = prompt_name is None and prompt is None
         full = with_prompt(prefix, joined, self.prompts if default else None)
@@ -532,7 +543,8 @@ class EmbeddingModel(ScoringMixin):
         for i, span in enumerate(spans):
             if span is None:
                 raise InvalidInput(f"chunk {i} has no tokens of its own (only whitespace?)")
-        rows, _ = self.scheduler.run([ids], output="tokens")
+        adapter = None if index is None else [index]
+        rows, _ = self.scheduler.run([ids], output="tokens", adapter=adapter)
         if rows.shape[1] != self.dim:
             raise InvalidInput(
                 f"late chunking needs a model whose vector is the mean of its token states; "

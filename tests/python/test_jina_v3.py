@@ -284,8 +284,10 @@ def test_refusals():
         remote.embed_ids(ids * 2, adapter=[0])
     with pytest.raises(InvalidInput, match="has no task adapters"):
         load_fixture("tiny-xlm-roberta").embed_ids(ids, adapter=[0])
-    with pytest.raises(InvalidInput, match="pooled embeddings only"):
-        remote.embed_ids(ids, adapter=[0], output="tokens")
+    # Per-token output runs the adapter (test_late_chunking.py checks its
+    # rows against the references).
+    tokens = remote.embed_ids(ids, adapter=[0], output="tokens")
+    assert tokens.rows == [len(ids[0])] and tokens.vectors != remote.embed_ids(ids, output="tokens").vectors
 
 
 @pytest.mark.parametrize(

@@ -91,3 +91,81 @@ def test_refusals(minilm):
     assert cls.pooling != "mean"
     with pytest.raises(InvalidInput, match="pools each chunk's tokens by their mean"):
         cls.embed_late_chunks(["a", "b"])
+
+
+JINA_TASKS = ("retrieval.query", "retrieval.passage", "separation", "classification", "text-matching")
+
+
+def _task_rows(model, texts: list[str], task: str) -> list[np.ndarray]:
+    """Per-token rows under a task's adapter, each text led by the task's
+    prompt (what ``embed(task=)`` runs before it pools)."""
+    ids, _ = model.encode(texts, prompt_name=task)
+    res = model.embed_ids(ids, output="tokens", adapter=[model.tasks.index(task)] * len(ids))
+    flat = np.frombuffer(res.vectors, dtype="<f4").reshape(-1, model.dim)
+    assert res.rows == [len(x) for x in ids]
+    return np.split(flat, np.cumsum(res.rows)[:-1])
+
+
+@pytest.mark.parametrize("task", JINA_TASKS)
+def test_task_adapter_runs_for_per_token_output(task, golden_texts, cos):
+    """jina-embeddings-v3 (mean pooling, prompt pooled): the mean of every
+    per-token row under a task is the float64 sentence-transformers
+    reference of that task, so the per-token path runs the adapter."""
+    model = load_fixture("tiny-jina-v3")
+    ref = np.load(Path(model.path) / f"reference_{task}_normalized.npy")
+    means = np.stack([rows.astype(np.float64).mean(axis=0) for rows in _task_rows(model, golden_texts, task)])
+    got = means / np.linalg.norm(means, axis=1, keepdims=True)
+    print(
+        f"{task}: token means vs reference: min cosine {cos(got, ref).min():.9f}, max |diff| "
+        f"{np.abs(got - ref).max():.2e}"
+    )
+    assert cos(got, ref).min() >= 0.99999 and np.abs(got - ref).max() <= 1e-5
+    base = np.load(Path(model.path) / "reference_none_normalized.npy")
+    assert cos(got, base).min() < 0.999, "the adapter changed nothing: the test would not see it missing"
+
+
+@pytest.mark.parametrize("task", ["retrieval.passage", "separation"])
+def test_late_chunking_with_a_task(task, cos):
+    """Each chunk the mean of its own rows of the task's per-token output
+    (prompt included in the run, pooled by no chunk); spans from the
+    ``tokenizers`` library's offsets; multilingual chunks."""
+    model = load_fixture("tiny-jina-v3")
+    chunks = ["Berlin ist die Hauptstadt.", "Café crème à Paris", "東京は日本の首都です。", "emoji 🙂 ok 🚀", "x"]
+    prompt = model.prompts[task]
+    joined = " ".join(chunks)
+    tok = Tokenizer.from_file(str(Path(model.path) / "tokenizer.json"))
+    tok.no_truncation()
+    tok.no_padding()
+    enc = tok.encode(prompt + joined)
+    rows = _task_rows(model, [joined], task)[0]
+    assert rows.shape[0] == len(enc.ids)
+    starts = len(prompt) + np.cumsum([0] + [len(c) + 1 for c in chunks[:-1]])
+    ranges = [range(s, s + len(c)) for s, c in zip(starts, chunks)]
+    # XLM-R's SentencePiece makes the separator a token of its own ("▁"):
+    # a token whose last character is no chunk's belongs to none.
+    owner = np.array(
+        [
+            next((i for i, r in enumerate(ranges) if stop - 1 in r), -1) if stop > start and not special else -1
+            for special, (start, stop) in zip(enc.special_tokens_mask, enc.offsets)
+        ]
+    )
+    # Three separators are tokens of no chunk; the one before "Café" is in
+    # "▁Ca" (offsets from the space), whose last character is the chunk's.
+    assert sum(enc.offsets[k] == (r.start - 1, r.start) for k in range(len(owner)) for r in ranges[1:]) == 3
+    means = np.stack([rows[owner == i].astype(np.float64).mean(axis=0) for i in range(len(chunks))])
+    ref = means / np.linalg.norm(means, axis=1, keepdims=True)
+    got = model.embed_late_chunks(chunks, task=task)
+    print(f"late chunking {task}: min cosine {cos(got, ref).min():.9f}, max |diff| {np.abs(got - ref).max():.2e}")
+    assert cos(got, ref).min() >= 0.99999 and np.abs(got - ref).max() <= 1e-6
+    plain = model.embed_late_chunks(chunks)
+    assert cos(got, plain).min() < 0.999
+    # A one-chunk list is the task's pooled vector less the specials' and
+    # the prompt's rows: with those rows back it is embed(task=) itself.
+    one = model.embed_late_chunks([joined], task=task, normalize=False)[0]
+    other = np.array(
+        [bool(special) or stop - 1 < len(prompt) for special, (_, stop) in zip(enc.special_tokens_mask, enc.offsets)]
+    )
+    whole = one.astype(np.float64) * (~other).sum() + rows[other].astype(np.float64).sum(axis=0)
+    pooled = model.embed([joined], task=task, normalize=False)[0]
+    print(f"one chunk plus the other rows vs embed(task=): max |diff| {np.abs(whole / len(other) - pooled).max():.2e}")
+    assert np.abs(whole / len(other) - pooled).max() <= 1e-5

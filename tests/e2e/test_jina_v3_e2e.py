@@ -212,8 +212,9 @@ def test_task_on_similarity(server):
             assert resp.status_code == 200, (route, resp.text[:300])
             np.testing.assert_allclose(resp.json(), want, rtol=0, atol=1e-6, err_msg=f"{route} {task}")
     plain = server.post("/similarity", {"inputs": {"source_sentence": source, "sentences": sentences}}).json()
-    tasked = server.post("/similarity", {"inputs": {"source_sentence": source, "sentences": sentences},
-                                         "task": "text-matching"}).json()
+    tasked = server.post(
+        "/similarity", {"inputs": {"source_sentence": source, "sentences": sentences}, "task": "text-matching"}
+    ).json()
     assert np.abs(np.asarray(plain) - np.asarray(tasked)).max() > 1e-3
     body = {"inputs": {"source_sentence": source, "sentences": sentences}}
     resp = server.post("/similarity", {**body, "task": "retrieval"})
@@ -255,8 +256,13 @@ def test_task_refusals_on_every_route(server):
         ("/embed", {"inputs": ["x"], "prompt_name": "separation"}, "prompt_name", '"separation"', "separation"),
         ("/api/v1/embed", {"texts": ["x"], "prompt_name": "separation"}, "prompt_name", '"separation"', "separation"),
         ("/v1/embeddings", {"input": ["x"], "prompt_name": "separation"}, "prompt_name", '"separation"', "separation"),
-        ("/v1/embed", {"texts": ["x"], "input_type": "search_document"}, "input_type", "search_document",
-         "retrieval.passage"),
+        (
+            "/v1/embed",
+            {"texts": ["x"], "input_type": "search_document"},
+            "input_type",
+            "search_document",
+            "retrieval.passage",
+        ),
         ("/v2/embed", {"texts": ["x"], "input_type": "clustering"}, "input_type", "clustering", "separation"),
         ("/vectors", {"text": "x", "config": {"task_type": "passage"}}, "task_type", "passage", "retrieval.passage"),
     ]
@@ -275,9 +281,8 @@ def test_task_refusals_on_every_route(server):
     # A prompt that names no task runs under the task's adapter, as on the
     # native route (no conflict): a raw prompt here.
     assert server.post("/api/v1/embed", {"texts": ["x"], "task": "separation", "prompt": "p: "}).status_code == 200
-    # A task adapter is for pooled vectors: per-token output with one is a 400.
-    message, _ = _refusal(server.post("/embed_all", {"inputs": ["x"], "task": "separation"}))
-    assert "applies to pooled embeddings only" in message, message
+    # Per-token output runs the task's adapter (and its prompt), as the
+    # library's per-token rows do: test_jina_late_chunking_with_a_task.
 
 
 def test_mixed_tasks_concurrently(tmp_path):
@@ -383,8 +388,7 @@ def test_task_on_a_model_without_adapters(tmp_path):
 def test_jina_normalized_and_late_chunking(server):
     """Jina AI's `normalized: false` answers the raw vectors (the same
     direction, not unit length); `late_chunking: true` pools each chunk in
-    the others' context, and is refused with a task (its adapter runs for
-    pooled output only)."""
+    the others' context."""
     texts, keep = _golden()
     body = {"input": texts[:4], "model": "tiny-jina-v3", "task": "retrieval.query"}
     unit = _openai(server.post("/v1/embeddings", body))
@@ -394,11 +398,38 @@ def test_jina_normalized_and_late_chunking(server):
     _assert_close(raw / norms[:, None], _ref("retrieval.query")[keep[:4]], "normalized: false, renormalized")
     np.testing.assert_allclose(unit, _ref("retrieval.query")[keep[:4]], atol=1e-5)
     assert np.array_equal(_openai(server.post("/v1/embeddings", {**body, "late_chunking": False})), unit)
-    # Late chunking runs the base weights (mean pooling): one vector per
-    # chunk; with a task it is refused, its adapter running for pooled output only.
+    # Late chunking without a task runs the base weights: one vector per chunk.
     late = _openai(server.post("/v1/embeddings", {"input": texts[:4], "model": "tiny-jina-v3", "late_chunking": True}))
     assert late.shape == unit.shape
     assert np.abs(late - _ref(None)[keep[:4]]).max() > 1e-3  # each chunk read in the others' context
-    resp = server.post("/v1/embeddings", {**body, "late_chunking": True})
-    assert resp.status_code == 400, resp.text
-    assert resp.json()["error"]["param"] == "task"
+
+
+LATE_CHUNKS = ["Berlin ist die Hauptstadt.", "Café crème à Paris", "東京は日本の首都です。", "emoji 🙂 ok 🚀", "x"]
+
+
+def test_jina_late_chunking_with_a_task(server):
+    """Jina's API takes `late_chunking` with `task`: the task's adapter and
+    prompt run over the joined chunks (multilingual here), the library's
+    vectors to the bit on /v1/embeddings (`task`, or a `prompt_name` naming
+    it), and TEI's /embed_all with a task answers the library's per-token
+    rows under the adapter."""
+    import mlx_embed
+
+    lib = mlx_embed.load(str(REMOTE))
+    for task in ("retrieval.passage", "retrieval.query", "separation"):
+        want = lib.embed_late_chunks(LATE_CHUNKS, task=task)
+        assert np.abs(want - lib.embed_late_chunks(LATE_CHUNKS)).max() > 1e-3
+        body = {"input": LATE_CHUNKS, "model": "tiny-jina-v3", "late_chunking": True}
+        resp = server.post("/v1/embeddings", {**body, "task": task})
+        assert np.array_equal(_openai(resp), want), task
+        ids, _ = lib.encode([" ".join(LATE_CHUNKS)], prompt_name=task)
+        assert resp.json()["usage"]["prompt_tokens"] == len(ids[0])
+        assert np.array_equal(_openai(server.post("/v1/embeddings", {**body, "prompt_name": task})), want), task
+        rows = server.post("/embed_all", {"inputs": LATE_CHUNKS[1:3], "task": task})
+        assert rows.status_code == 200, rows.text[:300]
+        ids, _ = lib.encode(LATE_CHUNKS[1:3], prompt_name=task)
+        res = lib.embed_ids(ids, output="tokens", adapter=[lib.tasks.index(task)] * len(ids))
+        flat = np.frombuffer(res.vectors, dtype="<f4").reshape(-1, lib.dim)
+        want_rows = np.split(flat, np.cumsum(res.rows)[:-1])
+        for got, ref in zip(rows.json(), want_rows):
+            assert np.array_equal(np.asarray(got, dtype=np.float32), ref), task

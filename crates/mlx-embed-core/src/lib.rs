@@ -128,4 +128,4 @@ pub use embedder::{
 pub use error::{CoreError, OverloadReason};
 pub use metrics::{Histogram, LaneMetrics, MetricsSnapshot};
 pub use priority::{ParsePriorityError, Priority};
-pub use tokenize::reading_room;
+pub use tokenize::{reading_room, task_adapter};

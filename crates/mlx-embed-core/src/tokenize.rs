@@ -176,14 +176,16 @@ fn text_bytes(inputs: &[EmbedInput]) -> usize {
 /// model's), or a named prompt that is a task's name (a folder names its
 /// prompts after its tasks, as jina-embeddings-v3's does: the prompt alone,
 /// without its adapter, is never what the model's library runs).
-fn task_adapter(
+/// Pooled and per-token output run the adapter (it changes the hidden
+/// states both are read from; late chunking's chunk means too).
+pub fn task_adapter(
     info: &ModelInfo,
     options: &EmbedOptions,
 ) -> Result<(Option<u32>, Option<EmbedOptions>), CoreError> {
     let index = |name: &str| info.tasks.iter().position(|t| t == name).map(|i| i as u32);
     let Some(task) = &options.task else {
         return Ok(match &options.prompt {
-            Prompt::Named(name) if options.output == Output::Pooled => (index(name), None),
+            Prompt::Named(name) if runs_adapter(options.output) => (index(name), None),
             _ => (None, None),
         });
     };
@@ -194,10 +196,10 @@ fn task_adapter(
             info.name
         )));
     }
-    if options.output != Output::Pooled {
+    if !runs_adapter(options.output) {
         return Err(CoreError::InvalidInput(format!(
-            "task {task:?} applies to pooled embeddings only (a task adapter is not run for \
-             per-token or sparse output)"
+            "task {task:?} applies to pooled or per-token embeddings only (a task adapter is \
+             not run for sparse or multi-vector output)"
         )));
     }
     let Some(i) = index(task) else {
@@ -216,6 +218,10 @@ fn task_adapter(
             }
         });
     Ok((Some(i), tasked))
+}
+
+fn runs_adapter(output: Output) -> bool {
+    matches!(output, Output::Pooled | Output::Tokens)
 }
 
 fn encode_with(
@@ -519,8 +525,17 @@ mod tests {
             output: Output::Tokens,
             ..task("separation")
         };
-        let err = encode_one(&jina_info(), tokens).await.unwrap_err();
-        assert!(err.to_string().contains("pooled embeddings only"), "{err}");
+        // Per-token output runs the adapter (TEI's /embed_all, late chunking).
+        assert_eq!(
+            encode_one(&jina_info(), tokens).await.unwrap().adapter,
+            Some(2)
+        );
+        let sparse = EmbedOptions {
+            output: Output::Sparse,
+            ..task("separation")
+        };
+        let err = encode_one(&jina_info(), sparse).await.unwrap_err();
+        assert!(err.to_string().contains("pooled or per-token"), "{err}");
     }
 
     #[tokio::test]

@@ -333,18 +333,6 @@ pub async fn embed_late_chunks(
         ))
         .param("late_chunking"));
     }
-    let task_named = |p: &Prompt| matches!(p, Prompt::Named(n) if info.tasks.contains(n));
-    if req.options.task.is_some() || task_named(&req.options.prompt) {
-        // The engine runs a task's LoRA adapter for pooled output only, and
-        // the chunks' rows come from its per-token output: without the
-        // adapter they would not be the task's vectors.
-        return Err(ApiError::invalid(
-            "late_chunking with a task adapter is not served: the adapter runs for pooled \
-             output only; send late_chunking without task (the base weights), or the chunks \
-             without late_chunking",
-        )
-        .param("task"));
-    }
     let dimension = match req.dimensions {
         None => info.dim,
         Some(n) => output_dimension(n, model, "dimensions")?,
@@ -357,6 +345,11 @@ pub async fn embed_late_chunks(
     })?;
     let mut options = req.options.clone();
     server_prompt(state, &mut options);
+    // A task (or a prompt named after one) runs its adapter over the whole
+    // text, and its prompt leads it, as for pooled output: the core's rule.
+    let (adapter, tasked) = mlx_embed_core::task_adapter(info, &options)?;
+    let mut options = tasked.unwrap_or(options);
+    options.task = adapter.map(|i| info.tasks[i as usize].clone());
     let mut joined = String::with_capacity(chunks.iter().map(|c| c.len() + 1).sum());
     let mut ranges = Vec::with_capacity(chunks.len());
     for (i, chunk) in chunks.iter().enumerate() {

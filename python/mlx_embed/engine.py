@@ -487,8 +487,9 @@ class EmbeddingModel(ScoringMixin):
         Chunking", 2024): ``chunks``, the pieces of one text in order, are
         joined by a space and run as one input; each chunk's vector is the
         mean of its own tokens' last hidden states (a token belongs to the
-        chunk holding its last character; specials, prompt and separators to
-        none), unit length unless ``normalize`` is False: float32 [len(chunks),
+        last chunk it overlaps: the one holding its last character, or the one
+        before a separator it ends in; specials, prompt and a lone separator
+        to none), unit length unless ``normalize`` is False: float32 [len(chunks),
         dim], the server's ``late_chunking: true`` vectors bit for bit. A
         mean-pooling model only; the joined text must fit ``max_length``
         (InputTooLong otherwise: a chunk cut away would have no vector).
@@ -521,14 +522,14 @@ class EmbeddingModel(ScoringMixin):
         tok = self.tokenizer
         encoding = tok._tok.encode(full, add_special_tokens=False)
         ids, spans = list(tok.prefix), [None] * len(chunks)
-        ends = [end for _, end in ranges]
+        starts = [start for start, _ in ranges]
         for token_id, (start, stop) in zip(encoding.ids, encoding.offsets):
             if token_id in tok.drop_ids:
                 continue
-            last = stop - 1 - skip
-            if stop > start and last >= 0:
-                i = bisect.bisect_right(ends, last)
-                if i < len(ranges) and ranges[i][0] <= last:
+            if stop > start and stop > skip:
+                # The last chunk the token overlaps (the server's chunk_spans).
+                i = bisect.bisect_left(starts, stop - skip) - 1
+                if i >= 0 and ranges[i][1] > start - skip:
                     spans[i] = (spans[i][0] if spans[i] else len(ids), len(ids) + 1)
             ids.append(token_id)
         ids += tok.suffix
@@ -542,7 +543,10 @@ class EmbeddingModel(ScoringMixin):
             raise err
         for i, span in enumerate(spans):
             if span is None:
-                raise InvalidInput(f"chunk {i} has no tokens of its own (only whitespace?)")
+                raise InvalidInput(
+                    f"chunk {i} has no tokens of its own (only whitespace, or all its text in tokens that "
+                    "end in the next chunk)"
+                )
         adapter = None if index is None else [index]
         rows, _ = self.scheduler.run([ids], output="tokens", adapter=adapter)
         if rows.shape[1] != self.dim:

@@ -34,6 +34,13 @@ def _documents(texts: list[str]) -> list[list[str]]:
     return docs
 
 
+def _last_overlapped(chunks, starts, start: int, stop: int) -> int:
+    """The last chunk whose characters [start, stop) reaches into, -1 for
+    none (a token of the separator alone)."""
+    hit = [i for i, (s, c) in enumerate(zip(starts, chunks)) if s < stop and start < s + len(c)]
+    return hit[-1] if hit else -1
+
+
 def _reference(model, chunks: list[str]) -> np.ndarray:
     joined = " ".join(chunks)
     tok = Tokenizer.from_file(str(Path(model.path) / "tokenizer.json"))
@@ -41,10 +48,10 @@ def _reference(model, chunks: list[str]) -> np.ndarray:
     tok.no_padding()
     enc = tok.encode(joined)
     starts = np.cumsum([0] + [len(c) + 1 for c in chunks[:-1]])
-    owner = []
-    for special, (start, stop) in zip(enc.special_tokens_mask, enc.offsets):
-        # A token is its chunk's when its last character lies in the chunk.
-        owner.append(-1 if special or stop == start else int(np.searchsorted(starts, stop - 1, side="right")) - 1)
+    owner = [
+        -1 if special or stop == start else _last_overlapped(chunks, starts, start, stop)
+        for special, (start, stop) in zip(enc.special_tokens_mask, enc.offsets)
+    ]
     rows = model.embed_tokens([joined])[0]
     assert rows.shape[0] == len(enc.ids)
     owner = np.array(owner)
@@ -145,7 +152,7 @@ def test_late_chunking_with_a_task(task, cos):
     # a token whose last character is no chunk's belongs to none.
     owner = np.array(
         [
-            next((i for i, r in enumerate(ranges) if stop - 1 in r), -1) if stop > start and not special else -1
+            _last_overlapped(chunks, starts, start, stop) if stop > start and not special else -1
             for special, (start, stop) in zip(enc.special_tokens_mask, enc.offsets)
         ]
     )
@@ -169,3 +176,28 @@ def test_late_chunking_with_a_task(task, cos):
     pooled = model.embed([joined], task=task, normalize=False)[0]
     print(f"one chunk plus the other rows vs embed(task=): max |diff| {np.abs(whole / len(other) - pooled).max():.2e}")
     assert np.abs(whole / len(other) - pooled).max() <= 1e-5
+
+
+def test_a_piece_that_ends_in_the_separator_is_its_chunk_s(cos):
+    """A SentencePiece BPE (the EmbeddingGemma fixture's) merges across the
+    joining space: "Germany. It is." reads "G", "er", "man", "y", ".▁I",
+    "t▁", "i", "s", ".", so "It"'s "t" is in a piece that ends in the
+    separator. It belongs to "It" (the last chunk it overlaps), not to none;
+    a chunk whose text is all in a piece that ends in the next one ("." in
+    ".▁I" of "Germany. . It") is refused."""
+    model = load_fixture("tiny-embedding-gemma2")
+    tok = Tokenizer.from_file(str(Path(model.path) / "tokenizer.json"))
+    chunks = ["Germany.", "It", "is."]
+    enc = tok.encode(" ".join(chunks), add_special_tokens=False)
+    assert ("t▁", (10, 12)) in list(zip(enc.tokens, enc.offsets)), list(zip(enc.tokens, enc.offsets))
+    got = model.embed_late_chunks(chunks, normalize=False)
+    ids, _ = model.encode([" ".join(chunks)])
+    rows = model.embed_ids(ids, output="tokens")
+    flat = np.frombuffer(rows.vectors, dtype="<f4").reshape(-1, model.dim).astype(np.float64)
+    lead = len(ids[0]) - len(enc.ids) - len(model.tokenizer.suffix)
+    k = lead + [o for o in enc.offsets].index((10, 12))
+    # "It" is ".▁I" and "t▁": the mean of those two rows.
+    assert enc.offsets[k - lead - 1] == (7, 10)
+    assert np.abs(got[1] - flat[k - 1 : k + 1].mean(axis=0)).max() <= 1e-6
+    with pytest.raises(InvalidInput, match="chunk 1 has no tokens of its own"):
+        model.embed_late_chunks(["Germany.", ".", "It"])

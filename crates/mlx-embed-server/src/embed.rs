@@ -289,9 +289,9 @@ pub const LATE_CHUNK_SEPARATOR: &str = " ";
 /// per-token output, on the same path as TEI's `/embed_all`), and each chunk's
 /// vector is the mean of its own tokens' last hidden states
 /// ([`mlx_embed_core::span_means`]), then cut to `dimensions` and normalized
-/// as any pooled vector. A token belongs to the chunk that holds its last
-/// byte (the tokenizer's offsets into the joined text): the model's special
-/// tokens, the prompt's and a separator's own belong to none. The joined
+/// as any pooled vector. A token belongs to the last chunk it overlaps (the
+/// tokenizer's offsets into the joined text; [`chunk_spans`]): the model's
+/// special tokens, the prompt's and a separator's own belong to none. The joined
 /// text must fit the model's length whole (Jina's 8192 tokens for its v3):
 /// a chunk cut away would have no vector, so `truncate` does not apply.
 /// Only a model that mean-pools: its pooled vector is then the same mean
@@ -394,8 +394,8 @@ pub async fn embed_late_chunks(
     }
     let spans = chunk_spans(&tokens, prompt_len, &ranges).map_err(|i| {
         ApiError::invalid(format!(
-            "input {i} has no tokens of its own (only whitespace?): late_chunking gives each \
-             chunk the mean of its tokens"
+            "input {i} has no tokens of its own (only whitespace, or all its text in tokens \
+             that end in the next input): late_chunking gives each chunk the mean of its tokens"
         ))
         .param("input")
     })?;
@@ -450,7 +450,8 @@ pub async fn embed_late_chunks(
 
 /// Each chunk's token positions in `tokens` (the joined text's, specials
 /// included; offsets count `prompt_len` bytes of prompt first): the tokens
-/// whose last byte lies in the chunk's byte range of the joined text. A
+/// whose last byte lies in the chunk's byte range of the joined text, and
+/// those that end in the separator after it with bytes of the chunk. A
 /// chunk with none is an error naming it.
 fn chunk_spans(
     tokens: &[mlx_embed_core::TokenSpan],
@@ -462,10 +463,17 @@ fn chunk_spans(
         if token.special || token.stop <= token.start || token.stop <= prompt_len {
             continue;
         }
-        let last = token.stop - 1 - prompt_len;
-        // Ranges are in order and disjoint: the first that ends past `last`.
-        let i = ranges.partition_point(|r| r.end <= last);
-        if ranges.get(i).is_some_and(|r| r.contains(&last)) {
+        let (start, stop) = (
+            token.start.saturating_sub(prompt_len),
+            token.stop - prompt_len,
+        );
+        // The last chunk the token overlaps: the one holding its last byte,
+        // or, for a token that ends in the separator (a SentencePiece BPE
+        // piece such as "t▁"), the chunk its text is from. Ranges are in
+        // order and disjoint: the last that starts before `stop`.
+        let i = ranges.partition_point(|r| r.start < stop);
+        if i > 0 && ranges[i - 1].end > start {
+            let i = i - 1;
             let span = spans[i].get_or_insert(pos..pos);
             span.end = pos + 1;
         }
@@ -715,6 +723,17 @@ mod tests {
         assert_eq!(chunk_spans(&tokens, 3, &ranges), Ok(vec![2..4, 5..6]));
         // A chunk no token ends in is named.
         assert_eq!(chunk_spans(&tokens[..5], 3, &ranges), Err(1));
+        // A piece that ends in the separator ("cd▁", as a SentencePiece
+        // BPE merges) is the chunk's its text is from; one that runs over
+        // a chunk into the next ("d▁e") is the later chunk's.
+        let merged = [token(3, 5, false), token(6, 9, false), token(9, 11, false)];
+        assert_eq!(chunk_spans(&merged, 3, &ranges), Ok(vec![0..2, 2..3]));
+        let over = [
+            token(3, 7, false),
+            token(7, 10, false),
+            token(10, 11, false),
+        ];
+        assert_eq!(chunk_spans(&over, 3, &ranges), Ok(vec![0..1, 1..3]));
     }
 
     #[test]

@@ -132,3 +132,44 @@ def test_a_prompt_is_read_with_the_chunks_and_belongs_to_none(nomic):
     assert np.abs(query - lib.embed_late_chunks(chunks)).max() > 1e-3
     written = ["search_query: " + chunks[0], *chunks[1:]]
     assert np.array_equal(_vectors(_late(nomic, written)), lib.embed_late_chunks(written))
+
+
+# Multi-byte UTF-8 (accents, CJK, emoji), leading/trailing whitespace and
+# newlines, special-token text inside a chunk, and pieces that merge across
+# the joining space: the server's byte offsets and the library's character
+# offsets give the same spans.
+TRICKY = [
+    ["Café crème à Paris.", "東京は日本の首都です。", "emoji 🙂🚀 ok", "naïve façade"],
+    ["  leading spaces", "trailing spaces   ", "\nnew\nlines\n", "tab\there"],
+    ["a [SEP] b", "<s> c </s>", "[CLS]", "d"],
+    ["Germany.", "It", "is."],
+]
+
+
+@pytest.mark.parametrize("folder", ["tiny-embedding-gemma2", "tiny-eurobert", "tiny-xlm-roberta", "tiny-t5"])
+def test_tokenizers_of_every_kind_give_the_library_s_spans(tmp_path, folder):
+    import mlx_embed
+    from mlx_embed.errors import InvalidInput
+
+    lib = mlx_embed.load(str(FIXTURES / folder))
+    srv = start_server(tmp_path, "--model", str(FIXTURES / folder), "--no-warmup")
+    try:
+        for chunks in TRICKY:
+            got = _vectors(_late(srv, chunks))
+            assert np.array_equal(got, lib.embed_late_chunks(chunks)), (folder, chunks)
+        # A chunk whose text is all in a piece that ends in the next one
+        # (EmbeddingGemma's ".▁I"), or only whitespace where the tokenizer
+        # drops it: a 400 where the library refuses it (a byte-level BPE
+        # keeps the space: a vector, the same).
+        for bad in (["Germany.", ".", "It"], ["a", " "]):
+            resp = _late(srv, bad)
+            try:
+                want = lib.embed_late_chunks(bad)
+            except InvalidInput as e:
+                assert "chunk 1 has no tokens" in str(e)
+                assert resp.status_code == 400, resp.text
+                assert "input 1 has no tokens" in resp.json()["error"]["message"], resp.text
+                continue
+            assert np.array_equal(_vectors(resp), want), (folder, bad)
+    finally:
+        assert srv.stop() == 0

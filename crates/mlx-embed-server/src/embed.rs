@@ -699,7 +699,7 @@ mod tests {
     }
 
     #[test]
-    fn a_token_is_the_chunk_s_that_holds_its_last_byte() {
+    fn a_token_is_the_last_chunk_s_it_overlaps() {
         use mlx_embed_core::TokenSpan;
         let token = |start: usize, stop: usize, special: bool| TokenSpan {
             id: 0,

@@ -400,6 +400,17 @@ pub async fn embed_late_chunks(
         .param("input")
     })?;
     let ids = tokens.iter().map(|t| t.id).collect();
+    // The answer is one vector per chunk, not the token rows the run below
+    // computes (8k rows of 1024 would keep ~100 MB of room for a 40 KB
+    // answer), so the room is kept here and the run keeps none.
+    make_room(
+        state,
+        chunks
+            .len()
+            .saturating_mul(dimension)
+            .saturating_mul(JSON_FLOAT_BYTES),
+    )
+    .await?;
     let rows = run(
         state,
         EmbedRequest {
@@ -420,7 +431,7 @@ pub async fn embed_late_chunks(
             empty_texts: false,
         },
         Task::Embed,
-        JSON_FLOAT_BYTES,
+        0,
     )
     .await?;
     if rows.dimension != info.dim {

@@ -1118,8 +1118,11 @@ def blocked_attention(
     for start, end in blocks:
         qb = q if len(blocks) == 1 else q[:, :, start:end]
         probs = None if fused else _native_position_probs(qb, k, mask, scale, first_query + start, alibi, window)
+        if probs is None and not fused and additive is None and _long_native(qb, k):
+            # attention_probs's product and softmax, the product by the kernel.
+            probs = _native_probs(current(), qb, k, scale, mask)
         if probs is not None:
-            out = probs @ v
+            out = _probs_times(probs, v)
         elif additive is None:
             if fused:
                 out = mx.fast.scaled_dot_product_attention(qb, k, v, scale=scale, mask=mask.additive)
@@ -1288,7 +1291,7 @@ def native_attention(
     if not takes_native_attention(q, k.shape[2]) or (causal and window is not None) or q.shape[1] % k.shape[1]:
         return None
     probs = _native_probs(_active.ctx, q, k, scale, padding, first_query, half=window, causal=causal)
-    return None if probs is None else (probs @ v).reshape(q.shape[:3] + (v.shape[-1],))
+    return None if probs is None else _probs_times(probs, v).reshape(q.shape[:3] + (v.shape[-1],))
 
 
 def _native_probs(
@@ -1314,10 +1317,14 @@ def _native_probs(
     # A kv head's query heads as consecutive blocks of rows: one matmul per
     # kv head with no repeated keys, and the scores land in [B, H, Lq, Lk]
     # order, the layout the kernel reads.
-    scores = q.reshape(B, kv_heads, (H // kv_heads) * Lq, hd) @ k.swapaxes(-1, -2)
-    buf = _native_buffer(scores)
-    if buf is None:
-        return None
+    grouped = q.reshape(B, kv_heads, (H // kv_heads) * Lq, hd)
+    if Lk >= KERNEL_PRODUCTS_MIN_KEYS and q.dtype == k.dtype == mx.float32:
+        scores = buf = _kernel_products(ctx, grouped, k)
+    else:
+        scores = grouped @ k.swapaxes(-1, -2)
+        buf = _native_buffer(scores)
+        if buf is None:
+            return None
     rows = buf.reshape(B, H, Lq, Lk)
     lengths = [Lk] * B if padding is None else padding.lengths
     with _graph_lock_released():
@@ -1329,6 +1336,55 @@ def _native_probs(
         else:
             _native.masked_softmax_(rows, lengths, scale, ctx.kernel_threads)
     return scores
+
+
+# From this many keys (a text's own length, or its causal block's last row)
+# attention's two products run in the native linear kernel on the
+# context's kernel threads rather than MLX's matmul, which the native path
+# pins to one BLAS thread (per_text; scheduler._pass_blas_threads): a long
+# text's attention is no longer held to one core while its linears use all.
+# The kernel sums in k order whatever the thread split, so the bits do not
+# follow the threads either. Chosen by the text's keys, never the batch's.
+# One Qwen3-0.6B causal block (256 query rows, 16/8 heads of 128) on this
+# 2-core machine, OpenBLAS 1 thread / kernel 1 thread / kernel 2 threads:
+# 8.9/10.6/12.3 ms at 256 keys, 23.6/24.1/17.7 at 512, 52.8/51.6/37.9 at
+# 1,024, 107/95/86 at 2,048 (docs/benchmarks.md, "Long inputs"). Below
+# 1,024 the engine's workers (one thread each) gain nothing, and at 256 lose.
+KERNEL_PRODUCTS_MIN_KEYS = 1024
+
+
+def _long_native(q: mx.array, k: mx.array) -> bool:
+    """Whether attention of float32 ``q`` against ``k`` on the native path
+    has the keys for :func:`_kernel_products`."""
+    return _native_pass() and q.dtype == k.dtype == mx.float32 and k.shape[2] >= KERNEL_PRODUCTS_MIN_KEYS
+
+
+def _kernel_products(ctx: ForwardContext, x, w: mx.array, *, transposed: bool = False) -> np.ndarray:
+    """``x @ w^T`` (``transposed``: ``x @ w``) per batch row and group by
+    the native linear kernel, as a fresh float32 host buffer: ``x`` is
+    [B, G, M, K] (an MLX array or a C-contiguous float32 host buffer); ``w`` [B, G, N, K] (``transposed``: [B, G, K, N]). Each
+    [N, K] matrix is packed per call, O(N K) against the product's O(M N K)."""
+    B, G, M, K = x.shape
+    xs = x if isinstance(x, np.ndarray) else np.ascontiguousarray(host_view(x), dtype=np.float32)
+    ws = host_view(w)
+    N = ws.shape[3] if transposed else ws.shape[2]
+    out = np.empty((B, G, M, N), dtype=np.float32)
+    packed = np.empty(_native.linear_packed_len(N, K), dtype=np.float32)
+    with _graph_lock_released():
+        for b in range(B):
+            for g in range(G):
+                weight = np.ascontiguousarray(ws[b, g].T if transposed else ws[b, g], dtype=np.float32)
+                _native.pack_linear_weights(weight, N, K, packed)
+                _native.linear_(xs[b, g], packed, None, out[b, g], K, N, False, ctx.kernel_threads)
+    return out
+
+
+def _probs_times(probs, v: mx.array) -> mx.array:
+    """``probs @ v`` for :func:`_native_probs`'s weights: by the native
+    kernel where the scores were (a host buffer), else MLX's matmul."""
+    if isinstance(probs, np.ndarray):
+        return mx.array(_kernel_products(current(), probs, v, transposed=True))
+    return probs @ v
 
 
 def engine_attention(module) -> None:

@@ -83,3 +83,28 @@ def test_a_solo_call_runs_the_blas_threads_of_every_other_call(golden_texts):
     _blas.set_num_threads(own)  # what a fresh process starts with
     solo = scheduler.call_solo(model, "embed", texts, normalize=False)
     assert np.array_equal(solo, batched)
+
+
+@pytest.mark.parametrize("folder", ["tiny-qwen3", "tiny-modernbert"])
+def test_a_long_text_in_the_kernel_products_keeps_its_bits_among_short_ones(folder, golden_texts, monkeypatch):
+    """A text of at least ops.KERNEL_PRODUCTS_MIN_KEYS keys runs its
+    attention products in the native linear kernel (multi-threaded), the
+    short texts beside it in MLX's: its bits follow its own length alone.
+    tiny-modernbert: a local window and global layers, cut at 512 tokens."""
+    from mlx_embed import ops
+
+    # The fixtures' texts reach 512 tokens, under the threshold's 1,024.
+    monkeypatch.setattr(ops, "KERNEL_PRODUCTS_MIN_KEYS", 256)
+    model = mlx_embed.load(str(FIXTURES / folder), max_length=512)
+    texts = [t for t in golden_texts if t]
+    counts = model.count_tokens(texts)
+    long = max(range(len(texts)), key=lambda i: counts[i])
+    assert counts[long] >= ops.KERNEL_PRODUCTS_MIN_KEYS
+    batch = [texts[long], *sorted(texts, key=len)[:5], texts[long][: len(texts[long]) // 3]]
+    kernel_calls = []
+    products = ops._kernel_products
+    monkeypatch.setattr(ops, "_kernel_products", lambda *a, **k: kernel_calls.append(1) or products(*a, **k))
+    together = model.embed(batch, normalize=False)
+    assert kernel_calls, "the long text did not reach the kernel's products"
+    for i, text in enumerate(batch):
+        assert np.array_equal(model.embed([text], normalize=False)[0], together[i]), i

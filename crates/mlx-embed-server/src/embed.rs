@@ -290,7 +290,7 @@ pub const LATE_CHUNK_SEPARATOR: &str = " ";
 /// vector is the mean of its own tokens' last hidden states
 /// ([`mlx_embed_core::span_means`]), then cut to `dimensions` and normalized
 /// as any pooled vector. A token belongs to the last chunk it overlaps (the
-/// tokenizer's offsets into the joined text; [`chunk_spans`]): the model's
+/// tokenizer's offsets into the joined text; `chunk_spans`): the model's
 /// special tokens, the prompt's and a separator's own belong to none. The joined
 /// text must fit the model's length whole (Jina's 8192 tokens for its v3):
 /// a chunk cut away would have no vector, so `truncate` does not apply.

@@ -137,7 +137,7 @@ def run(folder: str, config: str, tokens: int, block_bytes: int) -> dict:
         ops.CAUSAL_BLOCK_ROWS = 1 << 62  # the native path's causal blocks too
     elif block_bytes:
         ops.SCORES_BLOCK_BYTES = block_bytes
-    model = mlx_embed.load(folder, max_length=max(8192, tokens + 64))
+    model = mlx_embed.load(folder, max_length=max(8192, tokens + 64), fast_ops="exact")
     model.embed(["warm up"])
     text = text_of(tokens)
     mx.reset_peak_memory()

@@ -952,7 +952,7 @@ def engine_optional(report, plans, args, common) -> None:
         dtype = "float32" if mx.default_device() == mx.cpu else "bfloat16"
         for name, config, folder, ids in qwen3_plans:
             section(report, name, "joined_linears", lambda f=folder, i=ids: joined_ab(
-                lambda **kw: load(f, dtype=dtype, **kw), i, reps, 1 if args.dry_run else 3), args)
+                lambda **kw: load(f, dtype=dtype, fast_ops="exact", **kw), i, reps, 1 if args.dry_run else 3), args)
             if args.pass_profile:
                 section(report, name, "pass_profile_joined", lambda f=folder, i=ids: pass_profile(
                     load(f, joined_linears=True), i, *profile_args), args)

@@ -319,6 +319,15 @@ def gelu(x: mx.array, *, overwrite_input: bool = False) -> mx.array:
     return nn.gelu(x)
 
 
+def _pack(weight: mx.array, bias: Optional[mx.array]) -> tuple:
+    """``(packed weight, bias view or None, outputs, inputs)`` of a float32
+    [outputs, inputs] ``weight`` for the native kernel."""
+    outputs, inputs = weight.shape
+    packed = np.empty(_native.linear_packed_len(outputs, inputs), dtype=np.float32)
+    _native.pack_linear_weights(_readonly_buffer(weight), outputs, inputs, packed)
+    return packed, None if bias is None else _readonly_buffer(bias), outputs, inputs
+
+
 def _packed_linear(layer: nn.Module) -> Optional[tuple]:
     """``(packed weight, bias view or None, outputs, inputs)`` of a float32
     ``nn.Linear`` for the native kernel, packed on first use and kept on the
@@ -332,12 +341,7 @@ def _packed_linear(layer: nn.Module) -> Optional[tuple]:
     cached = layer.__dict__.get("_mlx_embed_packed")
     if cached is not None and cached[0] is weight:
         return cached[1]
-    outputs, inputs = weight.shape
-    w = _readonly_buffer(weight)
-    packed = np.empty(_native.linear_packed_len(outputs, inputs), dtype=np.float32)
-    _native.pack_linear_weights(w, outputs, inputs, packed)
-    bias = _readonly_buffer(layer.bias) if "bias" in layer else None
-    entry = (packed, bias, outputs, inputs)
+    entry = _pack(weight, layer.bias if "bias" in layer else None)
     # A plain attribute, not a module child: nn.Module keeps arrays, dicts
     # and lists as parameters, and this must not become one.
     object.__setattr__(layer, "_mlx_embed_packed", (weight, entry))
@@ -436,10 +440,7 @@ def _packed_rows_matrix(owner, weight: mx.array, bias: Optional[mx.array], key: 
     cached = owner.__dict__.get(attr)
     if cached is not None and cached[0] is source:
         return cached[1]
-    outputs, inputs = weight.shape
-    packed = np.empty(_native.linear_packed_len(outputs, inputs), dtype=np.float32)
-    _native.pack_linear_weights(_readonly_buffer(weight), outputs, inputs, packed)
-    entry = (packed, None if bias is None else _readonly_buffer(bias), outputs, inputs)
+    entry = _pack(weight, bias)
     object.__setattr__(owner, attr, (source, entry))
     return entry
 

@@ -128,6 +128,12 @@ class EmbeddingModel(ScoringMixin):
         # sentence-transformers' include_prompt: false (INSTRUCTOR): the
         # prompt runs through the model but is left out of the pool.
         self.include_prompt = bool(getattr(ck.head, "include_prompt", True))
+        # What lies between the pooling and the vector, which late chunking
+        # (chunk means of the token states) must apply as the head does: a
+        # Matryoshka cut (truncate_dim: each mean's first dim values) it can,
+        # a Dense projection it cannot (no such layer runs on a chunk mean).
+        self._dense_layers = len(getattr(ck.head, "dense", ()) or ())
+        self._truncate_dim = getattr(ck.head, "truncate_dim", None) or None
         self.device = device.device_name()
         self.parameter_count, self.weights_bytes = loading.weight_stats(
             self.model,
@@ -459,11 +465,15 @@ class EmbeddingModel(ScoringMixin):
         prompt: Optional[str] = None,
         instruction: Optional[str] = None,
         truncate_to: Optional[int] = None,
+        task: Optional[str] = None,
     ) -> list[np.ndarray]:
         """Each text's per-token vectors: float32 [tokens, hidden] per text
-        (specials included, unnormalized), in input order. Keyword arguments
-        as :meth:`encode` takes them."""
+        (specials included, unnormalized), in input order, the server's
+        ``/embed_all`` rows. Keyword arguments as :meth:`encode` takes them;
+        ``task`` (or a ``prompt_name`` that names one) runs the task's
+        adapter, as :meth:`embed` does."""
         self._check_output("tokens")
+        index, prompt_name = self._task_and_prompt(task, prompt_name, prompt, instruction)
         ids, _ = self.encode(
             texts, truncate=truncate, truncation_direction=truncation_direction,
             prompt_name=prompt_name, prompt=prompt, instruction=instruction, truncate_to=truncate_to,
@@ -471,7 +481,8 @@ class EmbeddingModel(ScoringMixin):
         if not ids:
             # np.split of nothing is one empty piece, not none.
             return []
-        flat, _ = self.scheduler.run(ids, output="tokens")
+        adapter = None if index is None else [index] * len(ids)
+        flat, _ = self.scheduler.run(ids, output="tokens", adapter=adapter)
         return np.split(flat, np.cumsum([len(x) for x in ids])[:-1])
 
     def embed_late_chunks(
@@ -494,13 +505,19 @@ class EmbeddingModel(ScoringMixin):
         mean-pooling model only; the joined text must fit ``max_length``
         (InputTooLong otherwise: a chunk cut away would have no vector).
         ``task``: as :meth:`embed` takes it (the task's adapter runs for the
-        whole text, and its prompt leads it unless a prompt is given)."""
+        whole text, and its prompt leads it unless a prompt is given; a
+        ``prompt_name`` that names a task runs its adapter too)."""
         self._check_output("tokens")
         check_switches(normalize=normalize)
         if self.pooling != "mean":
             raise InvalidInput(
                 f"late chunking pools each chunk's tokens by their mean; {self.name} pools by "
                 f"{self.pooling}, so chunk means would not be its vectors"
+            )
+        if self._dense_layers:
+            raise InvalidInput(
+                f"late chunking needs a model whose vector is the mean of its token states; {self.name} "
+                "has a Dense projection after its pooling, which no chunk mean runs through"
             )
         chunks = self._check_texts(chunks)
         if not chunks:
@@ -512,9 +529,7 @@ class EmbeddingModel(ScoringMixin):
             joined += LATE_CHUNK_SEPARATOR if i else ""
             ranges.append((len(joined), len(joined) + len(chunk)))
             joined += chunk
-        index = self.task_index(task)
-        if index is not None and prompt_name is None and prompt is None:
-            prompt_name = task if task in self.prompts else None
+        index, prompt_name = self._task_and_prompt(task, prompt_name, prompt, None)
         prefix = self._prompt(prompt_name, prompt, None)
         default = prompt_name is None and prompt is None
         full = with_prompt(prefix, joined, self.prompts if default else None)
@@ -549,12 +564,15 @@ class EmbeddingModel(ScoringMixin):
                 )
         adapter = None if index is None else [index]
         rows, _ = self.scheduler.run([ids], output="tokens", adapter=adapter)
-        if rows.shape[1] != self.dim:
+        # A Matryoshka cut (truncate_dim) takes each mean's first dim values,
+        # as the head cuts the pooled mean, before normalizing.
+        cut = self._truncate_dim == self.dim and rows.shape[1] > self.dim
+        if rows.shape[1] != self.dim and not cut:
             raise InvalidInput(
                 f"late chunking needs a model whose vector is the mean of its token states; "
                 f"{self.name}'s are {rows.shape[1]} wide and its vectors {self.dim}"
             )
-        vecs = pooling.span_means(rows, spans)
+        vecs = np.ascontiguousarray(pooling.span_means(rows, spans)[:, : self.dim])
         return pooling.unit_rows(vecs) if normalize else vecs
 
     def embed_multi_vector(
@@ -800,6 +818,30 @@ class EmbeddingModel(ScoringMixin):
         out = [int(a) for a in out]
         return out if any(a >= 0 for a in out) else None
 
+    def _task_and_prompt(self, task, prompt_name, prompt, instruction) -> tuple[Optional[int], Optional[str]]:
+        """The adapter index a pooled or per-token call runs and the prompt
+        name it reads: the server's rule (``task_adapter`` in the core,
+        ``pick_task`` in the server). ``task`` runs its adapter and, unless a
+        prompt is given, the folder's prompt of its name; a ``prompt_name``
+        that is a task's name runs that task's adapter too (jina-embeddings-v3
+        names its prompts after its tasks, and its documented call passes
+        both, ``encode(task=t, prompt_name=t)``: the prompt without its
+        adapter is no vector its own code is shown making); a ``prompt_name``
+        naming another task than ``task`` is refused."""
+        index = self.task_index(task)
+        named = prompt_name if isinstance(prompt_name, str) and prompt_name in self.tasks else None
+        if index is None:
+            return (None if named is None else self.tasks.index(named)), prompt_name
+        if named is not None and named != task:
+            raise InvalidInput(
+                f"prompt_name {prompt_name!r} picks task {named!r} on this model, but task is {task!r}: "
+                "give one of them (or both the same)"
+            )
+        if prompt_name is None and prompt is None and instruction is None:
+            # The task's prompt, as the folder names it after the task.
+            prompt_name = task if task in self.prompts else None
+        return index, prompt_name
+
     def task_index(self, task: Optional[str]) -> Optional[int]:
         """The adapter index of a task name (None: no task); an unknown
         task, or any task for a model without adapters, is refused with
@@ -940,10 +982,7 @@ class EmbeddingModel(ScoringMixin):
                 f"{self.name} is a {self.kind}: use predict(), score() or rerank(), not embed()"
             )
         check_switches(normalize=normalize)
-        index = self.task_index(task)
-        if index is not None and prompt_name is None and prompt is None and instruction is None:
-            # The task's prompt, as the folder names it after the task.
-            prompt_name = task if task in self.prompts else None
+        index, prompt_name = self._task_and_prompt(task, prompt_name, prompt, instruction)
         ids, _, starts = self._encode(
             texts, truncate=truncate, truncation_direction=truncation_direction,
             prompt_name=prompt_name, prompt=prompt, instruction=instruction, truncate_to=truncate_to,
@@ -975,13 +1014,16 @@ class EmbeddingModel(ScoringMixin):
         ``truncation_side``, else right), ``truncate_to`` (cut at
         this many tokens, special tokens included, instead of the model's
         maximum), ``prompt_name`` (one of the folder's sentence-transformers
-        prompts), ``prompt`` (a raw prefix), ``instruction`` (formatted by the
+        prompts; one named after a task, as jina-embeddings-v3's are, runs
+        that task's adapter too, as the server's ``prompt_name`` does),
+        ``prompt`` (a raw prefix), ``instruction`` (formatted by the
         model's template), ``task`` (one of ``tasks``, a model with task
         adapters: jina-embeddings-v3's ``retrieval.query`` ...; it runs the
         task's LoRA adapter and, unless a prompt is given, the folder's
-        prompt of that name; None: the base weights, as the model's remote
-        code runs without a task). Spelled out rather than passed on, so a
-        wrong keyword's error names this method."""
+        prompt of that name; a ``prompt_name`` naming another task is
+        refused; None: the base weights, as the model's remote code runs
+        without a task). Spelled out rather than passed on, so a wrong
+        keyword's error names this method."""
         return self.embed_with_counts(
             texts, normalize=normalize, truncate=truncate, truncation_direction=truncation_direction,
             prompt_name=prompt_name, prompt=prompt, instruction=instruction, truncate_to=truncate_to,
@@ -1074,6 +1116,12 @@ class EmbeddingModel(ScoringMixin):
             )
         if not self.include_prompt:
             out["include_prompt"] = "false"
+        # Read by the server's late chunking (embed_late_chunks), which
+        # serves a cut and refuses a projection as this library does.
+        if self._dense_layers:
+            out["dense_layers"] = str(self._dense_layers)
+        if self._truncate_dim == self.dim:
+            out["truncate_dim"] = str(self._truncate_dim)
         if self.lexical is not None:
             out["lexical_weights"] = "true"
         if self.scheduler.streams > 1:

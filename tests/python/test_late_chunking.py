@@ -201,3 +201,109 @@ def test_a_piece_that_ends_in_the_separator_is_its_chunk_s(cos):
     assert np.abs(got[1] - flat[k - 1 : k + 1].mean(axis=0)).max() <= 1e-6
     with pytest.raises(InvalidInput, match="chunk 1 has no tokens of its own"):
         model.embed_late_chunks(["Germany.", ".", "It"])
+
+
+@pytest.mark.parametrize("task", JINA_TASKS)
+def test_a_prompt_name_naming_a_task_runs_its_adapter(task, golden_texts, cos):
+    """jina-embeddings-v3 names its prompts after its tasks, and its own
+    documented call passes both (``encode(task=t, prompt_name=t)``): a
+    ``prompt_name`` that names a task runs that task's adapter too, as the
+    server's does, in ``embed``, ``embed_tokens`` and ``embed_late_chunks``.
+    Held to the float64 sentence-transformers reference of the task."""
+    model = load_fixture("tiny-jina-v3")
+    ref = np.load(Path(model.path) / f"reference_{task}_normalized.npy")
+    got = model.embed(golden_texts, prompt_name=task)
+    print(f"embed(prompt_name={task!r}) vs reference: min cosine {cos(got, ref).min():.9f}")
+    assert cos(got, ref).min() >= 0.99999 and np.abs(got - ref).max() <= 1e-5
+    assert np.array_equal(got, model.embed(golden_texts, task=task))
+    assert np.array_equal(got, model.embed(golden_texts, task=task, prompt_name=task))
+    rows = model.embed_tokens(golden_texts[:3], prompt_name=task)
+    for mine, theirs in zip(rows, _task_rows(model, golden_texts[:3], task)):
+        assert np.array_equal(mine, theirs)
+    chunks = ["Berlin ist die Hauptstadt.", "Café crème à Paris", "x"]
+    assert np.array_equal(model.embed_late_chunks(chunks, prompt_name=task), model.embed_late_chunks(chunks, task=task))
+    # The prompt as raw text is no task's name: no adapter (the base weights).
+    raw = model.embed(golden_texts, prompt=model.prompts[task])
+    assert cos(raw, ref).min() < 0.999
+
+
+def test_a_prompt_name_of_another_task_than_task_is_refused():
+    model = load_fixture("tiny-jina-v3")
+    want = (
+        "prompt_name 'retrieval.query' picks task 'retrieval.query' on this model, but task is 'separation': "
+        "give one of them (or both the same)"
+    )
+    for call in (model.embed, model.embed_tokens, model.embed_late_chunks):
+        with pytest.raises(InvalidInput) as err:
+            call(["a text", "another"], task="separation", prompt_name="retrieval.query")
+        assert str(err.value) == want, call.__name__
+
+
+def _jina_cut_folder(tmp_path, truncate_dim):
+    """tiny-jina-v3 as the remote code's encode() reads it (no
+    sentence-transformers files), config.json's truncate_dim set."""
+    import json
+    import shutil
+
+    from conftest import FIXTURES
+
+    folder = tmp_path / f"cut{truncate_dim}"
+    shutil.copytree(FIXTURES / "tiny-jina-v3", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["truncate_dim"] = truncate_dim
+    (folder / "config.json").write_text(json.dumps(cfg))
+    for f in ("modules.json", "config_sentence_transformers.json"):
+        (folder / f).unlink()
+    shutil.rmtree(folder / "1_Pooling")
+    return folder
+
+
+def test_a_model_s_truncate_dim_cuts_each_chunk_mean(tmp_path, cos):
+    """A model whose vectors are its mean cut to truncate_dim (Matryoshka,
+    jina-embeddings-v3's config.json) is served: each chunk's mean of its
+    token rows (the full width), its first truncate_dim values, normalized,
+    as the model cuts its pooled mean. Reference: the full-width model's
+    per-token rows, spans from the ``tokenizers`` library's offsets, NumPy."""
+    cut = mlx_embed.load(_jina_cut_folder(tmp_path, 32))
+    whole = load_fixture("tiny-jina-v3")
+    assert (cut.dim, whole.dim) == (32, 64)
+    assert cut.spec().details["truncate_dim"] == "32" and "truncate_dim" not in whole.spec().details
+    chunks = ["Berlin ist die Hauptstadt.", "Café crème à Paris", "東京は日本の首都です。", "x"]
+    for task in (None, "retrieval.passage"):
+        prompt = whole.prompts[task] if task else ""
+        joined = " ".join(chunks)
+        tok = Tokenizer.from_file(str(Path(whole.path) / "tokenizer.json"))
+        tok.no_truncation()
+        tok.no_padding()
+        enc = tok.encode(prompt + joined)
+        rows = (_task_rows(whole, [joined], task) if task else whole.embed_tokens([joined]))[0]
+        assert rows.shape == (len(enc.ids), 64)
+        starts = len(prompt) + np.cumsum([0] + [len(c) + 1 for c in chunks[:-1]])
+        owner = np.array(
+            [
+                _last_overlapped(chunks, starts, start, stop) if stop > start and not special else -1
+                for special, (start, stop) in zip(enc.special_tokens_mask, enc.offsets)
+            ]
+        )
+        means = np.stack([rows[owner == i].astype(np.float64).mean(axis=0) for i in range(len(chunks))])[:, :32]
+        ref = means / np.linalg.norm(means, axis=1, keepdims=True)
+        got = cut.embed_late_chunks(chunks, task=task)
+        assert got.shape == (len(chunks), 32) and got.dtype == np.float32
+        print(f"truncate_dim 32, task {task}: min cosine {cos(got, ref).min():.9f}, max |diff| {np.abs(got - ref).max():.2e}")
+        assert cos(got, ref).min() >= 0.99999 and np.abs(got - ref).max() <= 1e-6
+        raw = cut.embed_late_chunks(chunks, task=task, normalize=False)
+        assert np.array_equal(raw, whole.embed_late_chunks(chunks, task=task, normalize=False)[:, :32])
+
+
+def test_a_dense_projection_after_the_pooling_is_refused():
+    """sentence-t5's layout (mean pooling, then a Dense): a chunk's mean
+    never runs through the Dense, so its vector would not be in the model's
+    space, even where the Dense keeps the width (64 -> 64 here)."""
+    model = load_fixture("tiny-t5")
+    assert (model.pooling, model.dim, model.spec().details["dense_layers"]) == ("mean", 64, "1")
+    with pytest.raises(InvalidInput) as err:
+        model.embed_late_chunks(["a text", "another"])
+    assert str(err.value) == (
+        f"late chunking needs a model whose vector is the mean of its token states; {model.name} has a "
+        "Dense projection after its pooling, which no chunk mean runs through"
+    )

@@ -146,7 +146,9 @@ TRICKY = [
 ]
 
 
-@pytest.mark.parametrize("folder", ["tiny-embedding-gemma2", "tiny-eurobert", "tiny-xlm-roberta", "tiny-t5"])
+# tiny-t5-relu: T5's SentencePiece Unigram without a Dense (tiny-t5's
+# sentence-T5 Dense is refused: test_a_dense_after_the_pooling_is_refused).
+@pytest.mark.parametrize("folder", ["tiny-embedding-gemma2", "tiny-eurobert", "tiny-xlm-roberta", "tiny-t5-relu"])
 def test_tokenizers_of_every_kind_give_the_library_s_spans(tmp_path, folder):
     import mlx_embed
     from mlx_embed.errors import InvalidInput
@@ -171,5 +173,112 @@ def test_tokenizers_of_every_kind_give_the_library_s_spans(tmp_path, folder):
                 assert "input 1 has no tokens" in resp.json()["error"]["message"], resp.text
                 continue
             assert np.array_equal(_vectors(resp), want), (folder, bad)
+    finally:
+        assert srv.stop() == 0
+
+
+def _metric(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_figures_count_the_chunks_the_client_sent(tmp_path, lib):
+    """A late-chunked request counts as its chunks, as the same chunks sent
+    without late_chunking count: TEI's te_embed_count/success, a batch in
+    te_request_count, x-compute-characters the chunks' characters. Its
+    tokens (usage, x-compute-tokens) are those the model ran: the joined
+    text's, its special tokens once."""
+    srv = start_server(tmp_path, "--no-warmup")
+    try:
+        chunks = DOCS[0]
+        late = _late(srv, chunks)
+        plain = srv.post("/v1/embeddings", {"input": chunks})
+        assert late.status_code == plain.status_code == 200, (late.text, plain.text)
+        joined_tokens = len(lib.encode([" ".join(chunks)])[0][0])
+        alone_tokens = sum(len(ids) for ids in lib.encode(chunks)[0])
+        # Two specials a text: the joined text has them once, not per chunk.
+        assert alone_tokens == joined_tokens + 2 * (len(chunks) - 1), (alone_tokens, joined_tokens)
+        assert late.json()["usage"] == {"prompt_tokens": joined_tokens, "total_tokens": joined_tokens, "cache_hits": 0}
+        assert plain.json()["usage"]["prompt_tokens"] == alone_tokens
+        chars = sum(len(c) for c in chunks)
+        for resp, tokens in ((late, joined_tokens), (plain, alone_tokens)):
+            assert resp.headers["x-compute-characters"] == str(chars)
+            assert resp.headers["x-compute-tokens"] == str(tokens)
+        metrics = srv.get("/metrics").text
+        assert _metric(metrics, "te_embed_count") == 2 * len(chunks)
+        assert _metric(metrics, "te_embed_success") == 2 * len(chunks)
+        assert _metric(metrics, 'te_request_count{method="batch"}') == 2
+        assert _metric(metrics, 'te_request_count{method="single"}') == 0
+        # A refused late-chunked request counts its chunks too.
+        assert _late(srv, ["a text", ""]).status_code == 400
+        metrics = srv.get("/metrics").text
+        assert _metric(metrics, "te_embed_count") == 2 * len(chunks) + 2
+        assert _metric(metrics, "te_embed_success") == 2 * len(chunks)
+    finally:
+        assert srv.stop() == 0
+
+
+def test_a_dense_after_the_pooling_is_refused(tmp_path):
+    """sentence-T5's layout (mean pooling, then a 64 -> 64 Dense): no chunk
+    mean runs through the Dense, so it is refused for that reason, before
+    any model work; without late_chunking the same chunks are served."""
+    import mlx_embed
+
+    name = mlx_embed.load(str(FIXTURES / "tiny-t5")).name
+    srv = start_server(tmp_path, "--model", str(FIXTURES / "tiny-t5"), "--no-warmup")
+    try:
+        resp = _late(srv, ["a", "b"])
+        assert resp.status_code == 400, resp.text
+        message = (
+            f"late_chunking needs a model whose vector is the mean of its token states; {name} has 1 Dense "
+            "layer(s) after its pooling, which no chunk mean runs through: embed the chunks without late_chunking"
+        )
+        assert resp.json() == {
+            "error": {"message": message, "type": "invalid_request_error", "param": "late_chunking", "code": None},
+            "detail": message,
+        }
+        assert _vectors(srv.post("/v1/embeddings", {"input": ["a", "b"]})).shape == (2, 64)
+    finally:
+        assert srv.stop() == 0
+
+
+def test_a_model_s_truncate_dim_cuts_each_chunk(tmp_path):
+    """A folder whose vectors are its mean cut to truncate_dim (Matryoshka;
+    jina-embeddings-v3's config.json) is served: each chunk's mean cut as
+    the model cuts its own, the library's vectors to the bit (held to a NumPy
+    reference in tests/python/test_late_chunking.py), `dimensions` below it."""
+    import json
+    import shutil
+
+    import mlx_embed
+    from mlx_embed import pooling
+
+    folder = tmp_path / "cut32"
+    shutil.copytree(FIXTURES / "tiny-jina-v3", folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["truncate_dim"] = 32
+    (folder / "config.json").write_text(json.dumps(cfg))
+    for f in ("modules.json", "config_sentence_transformers.json"):
+        (folder / f).unlink()
+    shutil.rmtree(folder / "1_Pooling")
+    lib = mlx_embed.load(str(folder))
+    assert lib.dim == 32
+    srv = start_server(tmp_path, "--model", str(folder), "--no-warmup")
+    try:
+        chunks = ["Berlin ist die Hauptstadt.", "Café crème à Paris", "x"]
+        for extra, want in (
+            ({}, lib.embed_late_chunks(chunks)),
+            ({"task": "retrieval.passage"}, lib.embed_late_chunks(chunks, task="retrieval.passage")),
+            ({"prompt_name": "separation"}, lib.embed_late_chunks(chunks, task="separation")),
+        ):
+            got = _vectors(_late(srv, chunks, **extra))
+            assert got.shape == (3, 32) and np.array_equal(got, want), extra
+        raw = lib.embed_late_chunks(chunks, normalize=False)
+        cut = _vectors(_late(srv, chunks, dimensions=16))
+        assert np.array_equal(cut, pooling.unit_rows(np.ascontiguousarray(raw[:, :16])))
+        resp = _late(srv, chunks, dimensions=64)
+        assert resp.status_code == 400 and resp.json()["error"]["param"] == "dimensions", resp.text
     finally:
         assert srv.stop() == 0

@@ -177,11 +177,34 @@ pub const MAX_TOKEN_OUTPUT_FLOATS: usize = 1 << 24;
 /// caller keeps room once it knows the answer's size).
 async fn run(
     state: &AppState,
-    mut req: EmbedRequest,
+    req: EmbedRequest,
     task: Task,
     bytes_per_value: usize,
 ) -> Result<EmbedOutput, ApiError> {
-    timing::begin(req.inputs.len(), timing::Op::Embed);
+    run_as(state, req, task, bytes_per_value, None).await
+}
+
+/// What a request's client sent, where the model runs it as other inputs
+/// (late chunking: its chunks as one text): what its figures count.
+struct AsSent {
+    /// The inputs the client sent (begun in the request's figures already).
+    inputs: usize,
+    /// Their characters, as [`timing::chars`] counts them.
+    chars: u64,
+}
+
+/// [`run`]; with `as_sent`, the request's figures count the client's
+/// inputs, not `req`'s (and begin where the caller began them).
+async fn run_as(
+    state: &AppState,
+    mut req: EmbedRequest,
+    task: Task,
+    bytes_per_value: usize,
+    as_sent: Option<AsSent>,
+) -> Result<EmbedOutput, ApiError> {
+    if as_sent.is_none() {
+        timing::begin(req.inputs.len(), timing::Op::Embed);
+    }
     refuse_inputs(state, &req.inputs, req.empty_texts)
         .inspect_err(|_| state.count_under_requested(req.model.as_deref(), task))?;
     let model = state.model_for(req.model.as_deref(), task)?;
@@ -217,11 +240,14 @@ async fn run(
     };
     let values = rows.saturating_mul(dimension);
     make_room(state, values.saturating_mul(bytes_per_value)).await?;
-    let chars = timing::chars(&req.inputs);
+    let (chars, counted) = match &as_sent {
+        Some(sent) => (sent.chars, sent.inputs),
+        None => (timing::chars(&req.inputs), n_inputs),
+    };
     let out = state
         .unless_drain_ends(model.batcher.embed(req.inputs, req.options))
         .await?;
-    timing::record(model.info(), chars, &out);
+    timing::record_as(model.info(), chars, counted as u64, &out);
     if out.vectors.len() != n_inputs || out.row_counts.len() != n_inputs {
         // The core promises one entry per input; never answer with misaligned data.
         return Err(ApiError::new(
@@ -294,12 +320,26 @@ pub const LATE_CHUNK_SEPARATOR: &str = " ";
 /// special tokens, the prompt's and a separator's own belong to none. The joined
 /// text must fit the model's length whole (Jina's 8192 tokens for its v3):
 /// a chunk cut away would have no vector, so `truncate` does not apply.
-/// Only a model that mean-pools: its pooled vector is then the same mean
-/// over all its tokens, and the chunks' means live in its space.
+/// Only a model that mean-pools with no Dense after it: its pooled vector
+/// is then the same mean over all its tokens, and the chunks' means live in
+/// its space; a folder's Matryoshka `truncate_dim` cuts each chunk's mean as
+/// it cuts the model's.
+///
+/// Figures: the request counts the chunks as its inputs and their
+/// characters (as the same chunks sent without late chunking count), and the
+/// tokens the model ran: the joined text's, once (its special tokens and
+/// prompt once, not per chunk, and any tokens of the separators).
+/// Not cached: the embedding cache holds pooled vectors, one per input
+/// (`mlx_embed_core`'s cache), and this path asks the model for token rows.
 pub async fn embed_late_chunks(
     state: &AppState,
     req: EmbedRequest,
 ) -> Result<EmbedOutput, ApiError> {
+    // The request counts as the chunks its client sent (TEI's te_embed_*
+    // and te_request_count's method, the x-compute-characters header), as
+    // the same chunks sent without late_chunking do; its tokens are those
+    // the model ran, the joined text's (`AsSent`).
+    timing::begin(req.inputs.len(), timing::Op::Embed);
     let refuse = |e: ApiError| {
         state.count_under_requested(req.model.as_deref(), Task::Embed);
         e
@@ -330,6 +370,15 @@ pub async fn embed_late_chunks(
              vectors: embed the chunks without late_chunking",
             model.name,
             pooling.unwrap_or("a method it does not state"),
+        ))
+        .param("late_chunking"));
+    }
+    if let Some(layers) = info.details.get("dense_layers") {
+        return Err(ApiError::invalid(format!(
+            "late_chunking needs a model whose vector is the mean of its token states; {} has \
+             {layers} Dense layer(s) after its pooling, which no chunk mean runs through: embed \
+             the chunks without late_chunking",
+            model.name,
         ))
         .param("late_chunking"));
     }
@@ -411,7 +460,11 @@ pub async fn embed_late_chunks(
             .saturating_mul(JSON_FLOAT_BYTES),
     )
     .await?;
-    let rows = run(
+    let as_sent = AsSent {
+        inputs: chunks.len(),
+        chars: timing::chars(&req.inputs),
+    };
+    let rows = run_as(
         state,
         EmbedRequest {
             model: Some(model.name.clone()),
@@ -432,14 +485,20 @@ pub async fn embed_late_chunks(
         },
         Task::Embed,
         0,
+        Some(as_sent),
     )
     .await?;
-    if rows.dimension != info.dim {
-        // A Dense head after the pooling: its input is the mean, and chunk
-        // means without it would be in another space.
+    // A Matryoshka cut (the folder's truncate_dim): the model's vector is
+    // its mean's first `dim` values, so each chunk's mean is cut as well
+    // (finish_pooled cuts to `dimension`, at most `dim`).
+    let cut = info.details.get("truncate_dim") == Some(&info.dim.to_string())
+        && rows.dimension > info.dim;
+    if rows.dimension != info.dim && !cut {
+        // Token states of another width than the vectors, for a reason the
+        // model does not state: chunk means would be in another space.
         return Err(ApiError::invalid(format!(
             "late_chunking needs a model whose vector is the mean of its token states; {}'s \
-             token states are {} wide and its vectors {} (a projection after the pooling)",
+             token states are {} wide and its vectors {}",
             model.name, rows.dimension, info.dim,
         ))
         .param("late_chunking"));

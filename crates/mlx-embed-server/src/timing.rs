@@ -157,6 +157,13 @@ pub(crate) fn chars(inputs: &[EmbedInput]) -> u64 {
 /// `out` its answer, `model` the model that ran it) to the request's
 /// figures; outside a `measured` scope (the warm-up call) it does nothing.
 pub(crate) fn record(model: &ModelInfo, chars: u64, out: &Embeddings) {
+    record_as(model, chars, out.token_counts.len() as u64, out);
+}
+
+/// [`record`] for a call whose `inputs` (what its phases are averaged
+/// over) are not its own: late chunking runs a request's chunks as one
+/// input, and counts them as the chunks its client sent.
+pub(crate) fn record_as(model: &ModelInfo, chars: u64, inputs: u64, out: &Embeddings) {
     let _ = MEASURED.try_with(|m| {
         let mut m = m.lock();
         let usage = m.usage.get_or_insert_with(|| Usage {
@@ -165,7 +172,7 @@ pub(crate) fn record(model: &ModelInfo, chars: u64, out: &Embeddings) {
         });
         usage.chars += chars;
         usage.tokens += out.token_counts.iter().map(|&n| u64::from(n)).sum::<u64>();
-        let (before, added) = (usage.inputs, out.token_counts.len() as u64);
+        let (before, added) = (usage.inputs, inputs);
         let blend = |avg: Duration, call: Duration| average(avg, before, call, added);
         let (t, call) = (&mut usage.timings, &out.timings);
         t.tokenization = blend(t.tokenization, call.tokenization);

@@ -160,15 +160,18 @@ def test_other_op_paths_match_reference(fast_ops, golden_texts):
 
 def test_task_selects_its_prompt(golden_texts):
     """A task runs the folder's prompt of the same name (retrieval.query's
-    "Represent the query ..."); an explicit prompt wins over it."""
+    "Represent the query ..."); an explicit prompt wins over it. A
+    prompt_name that names the task runs its adapter too (the server's rule);
+    the prompt's text alone runs the base weights."""
     model = load_fixture(REMOTE)
     assert model.prompts["retrieval.query"] == "Represent the query for retrieving evidence documents: "
     ref = _ref("retrieval.query")
     assert_parity(model.embed(golden_texts, task="retrieval.query", prompt_name="retrieval.query"), ref)
     raw = model.embed(golden_texts, task="retrieval.query", prompt=model.prompts["retrieval.query"])
     assert_parity(raw, ref)
-    # The prompt alone (base weights) is not the task.
-    alone = model.embed(golden_texts, prompt_name="retrieval.query")
+    assert_parity(model.embed(golden_texts, prompt_name="retrieval.query"), ref)
+    # The prompt's text alone (base weights) is not the task.
+    alone = model.embed(golden_texts, prompt=model.prompts["retrieval.query"])
     assert float((alone * ref).sum(1).min()) < 0.99
 
 

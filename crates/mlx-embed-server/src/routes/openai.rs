@@ -302,9 +302,12 @@ pub struct OpenAiEmbeddingRequest {
     /// joined by a space and run as one input, each chunk's vector is the mean
     /// of its own tokens' last hidden states (late chunking), then
     /// `dimensions` and normalization as usual. Texts only; a mean-pooling
-    /// model only; the joined text must fit the model's maximum length
-    /// (else a 400 `context_length_exceeded`, `truncate` notwithstanding); with
-    /// `task` a 400. False or unsaid: each input on its own.
+    /// model with no Dense after its pooling only (a folder's `truncate_dim`
+    /// cuts each chunk's mean); the joined text must fit the model's maximum
+    /// length (else a 400 `context_length_exceeded`, `truncate`
+    /// notwithstanding); `task` runs its adapter over the joined text. Counted
+    /// as the chunks sent; `usage` is the joined text's tokens. False or
+    /// unsaid: each input on its own.
     pub late_chunking: Option<bool>,
 }
 

@@ -424,12 +424,18 @@ def test_jina_late_chunking_with_a_task(server):
         assert np.array_equal(_openai(resp), want), task
         ids, _ = lib.encode([" ".join(LATE_CHUNKS)], prompt_name=task)
         assert resp.json()["usage"]["prompt_tokens"] == len(ids[0])
-        assert np.array_equal(_openai(server.post("/v1/embeddings", {**body, "prompt_name": task})), want), task
+        named = _openai(server.post("/v1/embeddings", {**body, "prompt_name": task}))
+        assert np.array_equal(named, want), task
+        # The library's prompt_name names the task as the server's does.
+        assert np.array_equal(lib.embed_late_chunks(LATE_CHUNKS, prompt_name=task), named), task
+        plain = {"input": LATE_CHUNKS, "model": "tiny-jina-v3", "prompt_name": task}
+        assert np.array_equal(_openai(server.post("/v1/embeddings", plain)), lib.embed(LATE_CHUNKS, prompt_name=task))
         rows = server.post("/embed_all", {"inputs": LATE_CHUNKS[1:3], "task": task})
         assert rows.status_code == 200, rows.text[:300]
         ids, _ = lib.encode(LATE_CHUNKS[1:3], prompt_name=task)
         res = lib.embed_ids(ids, output="tokens", adapter=[lib.tasks.index(task)] * len(ids))
         flat = np.frombuffer(res.vectors, dtype="<f4").reshape(-1, lib.dim)
         want_rows = np.split(flat, np.cumsum(res.rows)[:-1])
-        for got, ref in zip(rows.json(), want_rows):
+        for got, ref, mine in zip(rows.json(), want_rows, lib.embed_tokens(LATE_CHUNKS[1:3], prompt_name=task)):
             assert np.array_equal(np.asarray(got, dtype=np.float32), ref), task
+            assert np.array_equal(mine, ref), task

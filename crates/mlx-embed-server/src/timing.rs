@@ -319,6 +319,23 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_call_recorded_as_its_client_s_inputs_weighs_those() {
+        // Late chunking: three chunks run as one input of 20 tokens.
+        let ((), m) = measured(&Tally::default(), async {
+            begin(3, Op::Embed);
+            record_as(&on("cpu"), 40, 3, &call(vec![20], [3, 0, 6]));
+            record(&on("cpu"), 4, &call(vec![5], [9, 0, 0]));
+        })
+        .await;
+        assert_eq!(m.sent, 3);
+        let usage = m.usage.expect("two calls recorded");
+        assert_eq!((usage.chars, usage.tokens, usage.inputs), (44, 25, 4));
+        // Weighted 3 to 1: (3 * 3 + 9) / 4 ms.
+        assert_eq!(usage.timings.tokenization, Duration::from_micros(4500));
+        assert_eq!(usage.timings.inference, Duration::from_micros(4500));
+    }
+
+    #[tokio::test]
     async fn the_first_shape_said_stands_else_the_input_count_tells() {
         let ((), m) = measured(&Tally::default(), async {
             // A gRPC stream's message, then the HTTP request made of it.

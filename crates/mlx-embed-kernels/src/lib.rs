@@ -15,6 +15,9 @@
 //! * [`add_layer_norm`]: residual add and layer norm in one pass pair;
 //! * [`attention`]: multi-head attention from the fused q/k/v projection to
 //!   merged heads, the softmax's masking and scale included;
+//! * [`decoder_attention`]: a decoder's self-attention (causal or not,
+//!   grouped-query heads, a window, a soft-cap) per text from q, k and v as
+//!   they lie, keys in tiles with a streaming softmax;
 //! * [`linear`]: `x @ w^T + bias` (optionally GELU) on weights packed once
 //!   by [`pack_weights`] (the BLAS re-packs them on every call);
 //! * [`post_ln_encoder`]: a stack of BERT's post-LN blocks from the kernels
@@ -28,6 +31,7 @@
 //! output buffer.
 
 mod attention;
+mod causal_attention;
 mod dispatch;
 mod encoder;
 mod exp;
@@ -40,6 +44,7 @@ mod pool;
 mod softmax;
 
 pub use attention::{attention, AttentionShape};
+pub use causal_attention::{decoder_attention, DecoderMask, DecoderShape, Strided, KEY_TILE};
 pub use encoder::{post_ln_encoder, Norm, PackedLinear, PostLnBlock};
 pub use gelu::gelu;
 pub use glu::{gated_linear_unit, GateActivation};

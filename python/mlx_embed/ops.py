@@ -120,7 +120,7 @@ _PATH_NAMES = {
 
 
 # The extension's kernel_api these modules call (crates/mlx-embed/src/kernels.rs).
-KERNEL_API = 2
+KERNEL_API = 3
 
 
 def native_available() -> bool:
@@ -1148,7 +1148,6 @@ def capped_causal_attention(
     *,
     softcap: Optional[float] = None,
     window: Optional[int] = None,
-    one_text: bool = False,
 ) -> mx.array:
     """Causal ``softmax(cap(scale * q @ k^T) + mask) @ v`` with Gemma 2's
     attention logit soft-capping, ``cap(s) = tanh(s / softcap) * softcap``
@@ -1159,22 +1158,18 @@ def capped_causal_attention(
     (query head h reads kv head ``h // (H / Hkv)``). Right padding needs no
     mask: a real token never sees the padding after it.
 
-    MLX's matmuls, tanh and softmax in float32 (transformers upcasts the
-    softmax; the cap bounds the scores, so -1e9 masks in any dtype): neither
-    MLX's fused attention nor the native softmax kernel takes a soft-cap.
-    Past SCORES_BLOCK_BYTES the query rows go in blocks, each against only
-    the keys it can see (up to its last row, from its first row's window),
-    evaluated before the next: a 4,096-token input to 16 heads would
-    otherwise hold 1 GB of scores per temporary. On the native path each
-    text attends on its own (``per_text``) where the pass's keys are known
-    (``packed_feed_forwards``)."""
-    keys = None if one_text or not attends_per_text(q) else _pass_keys()
-    if keys is not None:
-        return per_text(
-            q, k, v, keys.lengths,
-            lambda qb, kb, vb, b, n: capped_causal_attention(
-                qb, kb, vb, scale, softcap=softcap, window=window, one_text=True
-            ),
+    On the CPU's native path the native kernel (:func:`decoder_attention`).
+    Elsewhere MLX's matmuls, tanh and softmax in float32 (transformers upcasts
+    the softmax; the cap bounds the scores, so -1e9 masks in any dtype):
+    MLX's fused attention takes no soft-cap. Past SCORES_BLOCK_BYTES the
+    query rows go in blocks, each against only the keys it can see (up to
+    its last row, from its first row's window), evaluated before the next: a
+    4,096-token input to 16 heads would otherwise hold 1 GB of scores per
+    temporary."""
+    if attends_per_text(q):
+        return decoder_attention(
+            q, k, v, scale, _pass_keys(), causal=True,
+            window=None if window is None else max(0, window - 1), softcap=softcap,
         )
     B, H, L, hd = q.shape
     kv_heads = k.shape[1]
@@ -1240,61 +1235,6 @@ class BandMask:
         return additive[:, :, start:end]
 
 
-# Measured on the Qwen3-0.6B shape, the engine's two workers, native against
-# MLX's attention: 0.96-0.99x at 32-128 keys, 1.00x at 256, 1.15x at 512.
-NATIVE_ATTENTION_MIN_KEYS = 256
-
-# Causal attention on the native path goes in blocks of this many query rows,
-# each against the keys up to its last row: the scores above the diagonal are
-# never computed, and a block's scores stay in cache. One Qwen3-0.6B layer's
-# attention at 1,024 tokens: 88.7 ms in one block, 47.7 ms in blocks of 256
-# rows (scripts/bench_decoder.py --attention); blocks of 128 or 512 rows
-# measured slower.
-CAUSAL_BLOCK_ROWS = 256
-
-
-def takes_native_attention(q: mx.array, keys: int) -> bool:
-    """Whether :func:`native_attention` runs for queries ``q`` against
-    ``keys`` keys here: inside the engine's passes on the native path, in
-    float32, from NATIVE_ATTENTION_MIN_KEYS keys."""
-    ctx = getattr(_active, "ctx", None)
-    return (
-        ctx is not None and ctx.path == "native" and q.dtype == mx.float32 and keys >= NATIVE_ATTENTION_MIN_KEYS
-    )
-
-
-def native_attention(
-    q: mx.array,
-    k: mx.array,
-    v: mx.array,
-    scale: float,
-    *,
-    padding: Optional[KeyMask] = None,
-    first_query: int = 0,
-    causal: bool = False,
-    window: Optional[int] = None,
-) -> Optional[mx.array]:
-    """``softmax(scale * q @ k^T) @ v`` with the softmax by the native
-    kernel, inside the engine's passes on the native path; None elsewhere
-    (callers take MLX's). ``q`` is [B, H, Lq, head_dim] at positions
-    ``first_query..``; ``k`` and ``v`` are [B, Hkv, Lk, head_dim] with H a
-    multiple of Hkv (grouped-query attention: query head h reads kv head
-    ``h // (H / Hkv)``). Padding keys (``padding``, default: none) get zero
-    weight, and also keys after the query (``causal``) or further than
-    ``window`` from it.
-
-    MLX's own attention on the CPU runs its softmax one scalar exp at a time:
-    30% of a Qwen3-0.6B layer at 512 tokens. Below ``NATIVE_ATTENTION_MIN_KEYS``
-    keys MLX's stays: the kernel needs the scores evaluated, one more
-    evaluation point a layer, which cost the engine's two workers more than
-    the softmax saved (docs/benchmarks.md, "The decoders' attention softmax
-    by the native kernel (CPU)")."""
-    if not takes_native_attention(q, k.shape[2]) or (causal and window is not None) or q.shape[1] % k.shape[1]:
-        return None
-    probs = _native_probs(_active.ctx, q, k, scale, padding, first_query, half=window, causal=causal)
-    return None if probs is None else _probs_times(probs, v).reshape(q.shape[:3] + (v.shape[-1],))
-
-
 def _native_probs(
     ctx: ForwardContext,
     q: mx.array,
@@ -1305,13 +1245,12 @@ def _native_probs(
     *,
     slopes: Optional[list[float]] = None,
     half: Optional[int] = None,
-    causal: bool = False,
 ) -> Optional[mx.array]:
     """Attention weights by the native kernels in place over the scores of
     [B, H, Lq, head_dim] queries against [B, Hkv, Lk, head_dim] keys, as
     [B, Hkv, (H / Hkv) * Lq, Lk]: padding keys (``padding``, default none)
-    weighted 0, and ALiBi's bias (``slopes``), a window (``half``) or the
-    causal mask, from query position ``first_query``. None where the scores
+    weighted 0, and ALiBi's bias (``slopes``) or a window (``half``), from
+    query position ``first_query``. None where the scores
     are not one float32 buffer the kernel can take."""
     B, H, Lq, hd = q.shape
     kv_heads, Lk = k.shape[1], k.shape[2]
@@ -1329,9 +1268,9 @@ def _native_probs(
     rows = buf.reshape(B, H, Lq, Lk)
     lengths = [Lk] * B if padding is None else padding.lengths
     with _graph_lock_released():
-        if slopes is not None or half is not None or causal:
+        if slopes is not None or half is not None:
             _native.masked_softmax_positions_(
-                rows, lengths, scale, first_query, slopes=slopes, half=half, causal=causal,
+                rows, lengths, scale, first_query, slopes=slopes, half=half,
                 threads=ctx.kernel_threads,
             )
         else:
@@ -1339,17 +1278,20 @@ def _native_probs(
     return scores
 
 
-# From this many keys (a text's own length, or its causal block's last row)
-# attention's two products run in the native linear kernel on the
-# context's kernel threads rather than MLX's matmul, which the native path
-# pins to one BLAS thread (per_text; scheduler._pass_blas_threads): a long
-# text's attention is no longer held to one core while its linears use all.
-# The kernel sums in k order whatever the thread split, so the bits do not
-# follow the threads either. Chosen by the text's keys, never the batch's.
-# One Qwen3-0.6B causal block (256 query rows, 16/8 heads of 128) on this
-# 2-core machine, OpenBLAS 1 thread / kernel 1 thread / kernel 2 threads:
-# 8.9/10.6/12.3 ms at 256 keys, 23.6/24.1/17.7 at 512, 52.8/51.6/37.9 at
-# 1,024, 107/95/86 at 2,048 (docs/benchmarks.md, "Long inputs"). Below
+# From this many keys (a text's own length) an encoder's attention
+# (blocked_attention, per text on the native path) runs its two products in
+# the native linear kernel on the context's kernel threads rather than MLX's
+# matmul, which the native path pins to one BLAS thread (per_text;
+# scheduler._pass_blas_threads): a long text's attention is no longer held to
+# one core while its linears use all. The kernel sums in k order whatever the
+# thread split, so the bits do not follow the threads either. Chosen by the
+# text's keys, never the batch's. (The decoders' attention runs whole in
+# decoder_attention's kernel; the encoders keep this glue for what that
+# kernel does not do: ALiBi, a ColBERT query's rows past its keys.)
+# Measured on one Qwen3-0.6B causal block (256 query rows, 16/8 heads of 128)
+# on the 2-core machine, OpenBLAS 1 thread / kernel 1 thread / kernel 2
+# threads: 8.9/10.6/12.3 ms at 256 keys, 23.6/24.1/17.7 at 512, 52.8/51.6/37.9
+# at 1,024, 107/95/86 at 2,048 (docs/benchmarks.md, "Long inputs"). Below
 # 1,024 the engine's workers (one thread each) gain nothing, and at 256 lose.
 KERNEL_PRODUCTS_MIN_KEYS = 1024
 
@@ -1363,8 +1305,9 @@ def _long_native(q: mx.array, k: mx.array) -> bool:
 def _scores_scratch(n: int) -> np.ndarray:
     """This thread's reusable buffer for :func:`_kernel_products`' scores,
     read by the softmax and the product after it before the next scores: a
-    fresh 32 MB per causal block of a 2,048-token Qwen3 text page-faulted in
-    every time (one text, 2 layers: 1.026x against 1.003x MLX's time)."""
+    fresh 32 MB per 2,048-key block page-faulted in every time (a Qwen3
+    text, 2 layers, when its attention ran here: 1.026x against 1.003x
+    MLX's time)."""
     buf = getattr(_scratch_local, "scores", None)
     if buf is None or buf.size < n:
         buf = _scratch_local.scores = np.empty(n, dtype=np.float32)
@@ -1407,34 +1350,28 @@ def engine_attention(module) -> None:
     """Make an mlx-lm model module's attention (its module-level
     ``scaled_dot_product_attention``) run this engine's inside the engine's
     forward passes, and mlx-lm's own everywhere else (a KV cache, attention
-    sinks, another mlx-lm user in the process):
+    sinks, another mlx-lm user in the process), for a "causal" mask (Qwen3,
+    Qwen2, Mistral, Llama, Gemma) and a :class:`BandMask` (EmbeddingGemma,
+    EuroBERT: the real keys, and a sliding layer's window):
 
-    - a "causal" mask (Qwen3, Qwen2, Mistral): the native softmax on the
-      CPU's native path (:func:`native_attention`). And query blocks for
-      long inputs: mlx-lm's ``mx.fast.scaled_dot_product_attention`` falls
-      back (the CPU; float32 on CUDA) to holding a layer's whole [B, H, L,
-      L] scores, 4.2 GB for one 8,192-token input to a 16-head model,
-      measured; a 32,768-token input to Qwen3-Embedding-0.6B would need
-      64 GB. Past ``SCORES_BLOCK_BYTES`` the query rows go in blocks, each
-      against only the keys up to its last row (half the work), each
-      evaluated before the next. With the native softmax the blocks are of
-      at most ``CAUSAL_BLOCK_ROWS`` rows at any size, which is faster. In
-      half precision on a GPU MLX's fused kernel, which never holds the
-      scores, runs whole.
-    - a :class:`BandMask` (EmbeddingGemma, EuroBERT): the native softmax
-      over the real keys (and the window) on the native path, MLX's
-      attention with the mask's additive form elsewhere; past
-      ``SCORES_BLOCK_BYTES`` in query blocks too, each against every key
-      (one 8,192-token input to a 12-head EuroBERT would otherwise hold
-      3.2 GB of scores per layer; measured on tiny-eurobert's 4 heads at
-      8,192 tokens: peak 1.10 GB whole, 0.16 GB in blocks, 36 s either
-      way), save MLX's fused kernel in half precision on a GPU, which runs
-      whole."""
+    - on the CPU's native path, the native kernel (:func:`decoder_attention`):
+      each text over its own tokens, keys in tiles, never a score matrix;
+    - elsewhere MLX's attention (the mask's additive form where it is a
+      ``BandMask``), query rows in blocks for long inputs: MLX's
+      ``mx.fast.scaled_dot_product_attention`` falls back (the CPU; float32
+      on CUDA) to holding a layer's whole [B, H, L, L] scores, 4.2 GB for
+      one 8,192-token input to a 16-head model, measured. Past
+      ``SCORES_BLOCK_BYTES`` the query rows go in blocks, each evaluated
+      before the next: causal ones against only the keys up to their last
+      row, a ``BandMask``'s against every key (one 8,192-token input to a
+      12-head EuroBERT would otherwise hold 3.2 GB of scores per layer).
+      In half precision on a GPU MLX's fused kernel, which never holds the
+      scores, runs whole."""
     original = module.scaled_dot_product_attention
     if getattr(original, "_mlx_embed_attention", False):
         return
 
-    def attention(queries, keys, values, cache=None, scale=1.0, mask=None, one_text=False, **kwargs):
+    def attention(queries, keys, values, cache=None, scale=1.0, mask=None, **kwargs):
         band = isinstance(mask, BandMask)
         causal = isinstance(mask, str) and mask == "causal"
         in_pass = (
@@ -1447,28 +1384,19 @@ def engine_attention(module) -> None:
             return original(
                 queries, keys, values, cache=cache, scale=scale, mask=mask.additive if band else mask, **kwargs
             )
-        text_keys = None if one_text or not attends_per_text(queries) else (mask.keys if band else _pass_keys())
-        if text_keys is not None:
-            # Each text on its own (per_text); a causal one needs the pass's
-            # keys, which packed_feed_forwards makes known.
-            def text(qb, kb, vb, b, n):
-                sub = BandMask(KeyMask.of_length(n, text_keys.dtype), mask.half) if band else mask
-                return attention(qb, kb, vb, scale=scale, mask=sub, one_text=True, **kwargs)
-
-            return per_text(queries, keys, values, text_keys.lengths, text)
+        if attends_per_text(queries):
+            return decoder_attention(
+                queries, keys, values, scale, mask.keys if band else _pass_keys(),
+                causal=causal, window=mask.half if band else None,
+            )
         whole = mx.default_device() != mx.cpu and queries.dtype in (mx.float16, mx.bfloat16)
-        rows = CAUSAL_BLOCK_ROWS if causal and takes_native_attention(queries, keys.shape[2]) else None
-        blocks = [(0, queries.shape[2])] if whole else query_blocks(queries, keys.shape[2], rows)
+        blocks = [(0, queries.shape[2])] if whole else query_blocks(queries, keys.shape[2])
         outs = []
         for start, end in blocks:
             one = len(blocks) == 1
             if band:
                 qb = queries if one else queries[:, :, start:end]
-                out = native_attention(
-                    qb, keys, values, scale, padding=mask.keys, first_query=start, window=mask.half
-                )
-                if out is None:
-                    out = original(qb, keys, values, cache=cache, scale=scale, mask=mask.rows(start, end), **kwargs)
+                out = original(qb, keys, values, cache=cache, scale=scale, mask=mask.rows(start, end), **kwargs)
             else:
                 # "causal" aligns the last query with the last key: rows
                 # [start, end) against keys [0, end) is the causal mask's band.
@@ -1477,9 +1405,7 @@ def engine_attention(module) -> None:
                     if one
                     else (queries[:, :, start:end], keys[:, :, :end], values[:, :, :end])
                 )
-                out = native_attention(qb, kb, vb, scale, first_query=start, causal=True)
-                if out is None:
-                    out = original(qb, kb, vb, cache=cache, scale=scale, mask="causal", **kwargs)
+                out = original(qb, kb, vb, cache=cache, scale=scale, mask="causal", **kwargs)
             if len(blocks) > 1:
                 with _graph_lock_released():
                     mx.eval(out)
@@ -1489,6 +1415,54 @@ def engine_attention(module) -> None:
     attention._mlx_embed_attention = True
     attention.__wrapped_original__ = original
     module.scaled_dot_product_attention = attention
+
+
+def _heads_view(x: mx.array) -> np.ndarray:
+    """An evaluated [B, H, L, head_dim] array as a NumPy view in its own
+    layout (a transpose's strides; no copy), or a copy where a head's
+    features do not lie side by side."""
+    view = host_view(x)
+    return view if view.strides[-1] == view.itemsize else np.ascontiguousarray(view)
+
+
+def decoder_attention(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    scale: float,
+    keys: Optional[KeyMask],
+    *,
+    causal: bool,
+    window: Optional[int] = None,
+    softcap: Optional[float] = None,
+) -> mx.array:
+    """A decoder's self-attention on the CPU's native path by the native
+    kernel (``_native.decoder_attention_``): ``q`` [B, H, L, head_dim], ``k``
+    and ``v`` [B, Hkv, L, head_dim] read as they lie after RoPE (the
+    transposes' strides, no copies), H a multiple of Hkv; each text over its
+    first ``keys.lengths[b]`` positions (None: all L, which a causal mask
+    makes exact for right padding), causal or not, keys at most ``window``
+    positions from the query, scores soft-capped by ``softcap``. Returns [B,
+    H, L, head_dim] (a transpose of the kernel's [B, L, H * head_dim], which
+    the caller's merge of the heads undoes for free); padding rows 0.
+
+    Keys go in fixed tiles of positions with a streaming softmax, so a text's
+    bits follow its own tokens alone (not the batch, its padding or the
+    threads) and no [queries, keys] score matrix is held at any length
+    (docs/benchmarks.md, "A decoder's attention in one native kernel")."""
+    B, H, L, hd = q.shape
+    lengths = [L] * B if keys is None else keys.lengths
+    with _graph_lock_released():
+        mx.eval(q, k, v)
+    qs, ks, vs = (_heads_view(t) for t in (q, k, v))
+    dst = _scratch(B * L * H * hd).reshape(B, L, H * hd)
+    with _graph_lock_released():
+        _native.decoder_attention_(
+            qs, ks, vs, lengths, float(scale), dst, causal=causal, window=window, softcap=softcap,
+            threads=current().kernel_threads,
+        )
+    # A new array from the host buffer (see _run_packed): the scratch is free again at once.
+    return mx.array(dst).reshape(B, L, H, hd).transpose(0, 2, 1, 3)
 
 
 def _native_gated(gate: mx.array, up: mx.array, activation: str) -> Optional[mx.array]:

@@ -84,30 +84,25 @@ def test_every_ops_path_matches_the_reference(fast_ops, golden_texts):
     assert_parity(mlx_embed.load(FOLDER, fast_ops=fast_ops).embed(golden_texts), REF)
 
 
-def test_native_softmax_takes_the_radius(golden_texts, monkeypatch):
-    """The native softmax (its floor lowered: the golden texts are short) runs
-    the full layer over the real keys and the sliding layers with the
-    config's window as the radius (half=sliding_window, not v1's halving)."""
-    from mlx_embed import _native, ops
+def test_native_kernel_takes_the_radius(golden_texts, monkeypatch):
+    """The native attention kernel runs the full layers over the real keys
+    and the sliding layers with the config's window as the radius
+    (window=sliding_window, not v1's halving), never causal."""
+    from mlx_embed import _native
 
     calls = []
-    real_positions, real_masked = _native.masked_softmax_positions_, _native.masked_softmax_
+    real = _native.decoder_attention_
 
-    def positions(scores, lengths, scale, first, **kw):
-        calls.append(f"window {kw.get('half')}")
-        real_positions(scores, lengths, scale, first, **kw)
+    def spy(*args, **kw):
+        assert kw["causal"] is False and kw["softcap"] is None
+        calls.append(kw["window"])
+        real(*args, **kw)
 
-    def masked(scores, lengths, scale, threads=1):
-        calls.append("keys")
-        real_masked(scores, lengths, scale, threads)
-
-    monkeypatch.setattr(_native, "masked_softmax_positions_", positions)
-    monkeypatch.setattr(_native, "masked_softmax_", masked)
-    monkeypatch.setattr(ops, "NATIVE_ATTENTION_MIN_KEYS", 1)
+    monkeypatch.setattr(_native, "decoder_attention_", spy)
     model = mlx_embed.load(FOLDER, fast_ops="native")
     assert_parity(model.embed(golden_texts), REF)
-    passes = calls.count("keys")
-    assert passes > 0 and set(calls) == {"keys", "window 4"} and calls.count("window 4") == 2 * passes
+    passes = calls.count(None)
+    assert passes > 0 and set(calls) == {None, 4} and calls.count(4) == 2 * passes
 
 
 def test_joined_projections_and_packed_rows(golden_texts):

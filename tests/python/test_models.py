@@ -73,36 +73,23 @@ def test_attention_in_query_blocks_matches_reference(folder, golden_texts, monke
 
 @pytest.mark.parametrize("folder", ["tiny-qwen2", "tiny-mistral", "tiny-llama", "tiny-qwen3"])
 def test_decoder_attention_in_query_blocks_matches_reference(folder, golden_texts, monkeypatch, query_block_counts):
-    """The decoders' long-input attention (mlx-lm's causal attention in query
-    blocks, each against the keys up to its last row:
-    ops.engine_attention) on ordinary inputs: blocks of 8 query rows give
-    the reference vectors, with the native softmax in each block (its floor
-    lowered: the golden texts are short) and with MLX's; mlx-lm's own
-    function runs again outside the engine's passes."""
-    from mlx_embed import _native, ops
+    """The decoders' long-input attention off the native path (mlx-lm's
+    causal attention in query blocks, each against the keys up to its last
+    row: ops.engine_attention) on ordinary inputs: blocks of 8 query rows
+    give the reference vectors. The native path's kernel takes each text
+    whole (its keys in tiles), no query blocks, with the same vectors;
+    mlx-lm's own function runs again outside the engine's passes."""
+    from mlx_embed import ops
 
     heads = 4
     monkeypatch.setattr(ops, "SCORES_BLOCK_BYTES", heads * 8 * MAX_LEN * 4)
-    monkeypatch.setattr(ops, "NATIVE_ATTENTION_MIN_KEYS", 1)
-    first_queries = []
-    real = _native.masked_softmax_positions_
-
-    def spy(scores, lengths, scale, first, **kw):
-        assert kw.get("causal")
-        first_queries.append(first)
-        real(scores, lengths, scale, first, **kw)
-
-    monkeypatch.setattr(_native, "masked_softmax_positions_", spy)
     ref = _ref(folder, "reference_last_token_normalized.npy")
     for fast_ops in ("native", "mlx"):
         model = mlx_embed.load(FIXTURES / folder, max_length=MAX_LEN, fast_ops=fast_ops)
         assert model.model.args.num_attention_heads == heads
         assert_parity(model.embed(golden_texts), ref)
-        assert max(query_block_counts) >= 8
-        # Blocks past the first (query rows from position 8 on) took the kernel.
-        assert (max(first_queries, default=0) >= 8) == (fast_ops == "native")
-        first_queries.clear()
-    query_block_counts.clear()
+        assert (max(query_block_counts, default=0) >= 8) == (fast_ops == "mlx")
+        query_block_counts.clear()
     ids = mx.array([model.encode(golden_texts[:1])[0][0]])
     model.model.model(ids)  # mlx-lm's model, outside a forward pass of the engine
     assert query_block_counts == []
@@ -113,19 +100,18 @@ def test_decoder_attention_in_query_blocks_matches_reference(folder, golden_text
 def test_bidirectional_decoder_attention_in_query_blocks_matches_reference(
         folder, fast_ops, golden_texts, monkeypatch, query_block_counts):
     """The bidirectional decoders' long-input attention (ops.engine_attention
-    with a BandMask: query rows in blocks, each against every key, a sliding
-    layer's window cut per block) on ordinary inputs: blocks of at most 8
-    query rows give the reference vectors on every ops path, the native
-    softmax taking each block on the native path (its floor lowered)."""
+    with a BandMask) off the native path: query rows in blocks, each against
+    every key, a sliding layer's window cut per block, on ordinary inputs:
+    blocks of at most 8 query rows give the reference vectors. The native
+    path's kernel takes each text whole, with the same vectors."""
     from mlx_embed import ops
 
     ref_name, _, _, _ = ARCHITECTURES[folder]
     model = mlx_embed.load(FIXTURES / folder, fast_ops=fast_ops)
     heads = model.model.args.num_attention_heads
     monkeypatch.setattr(ops, "SCORES_BLOCK_BYTES", heads * 8 * MAX_LEN * 4)
-    monkeypatch.setattr(ops, "NATIVE_ATTENTION_MIN_KEYS", 1)
     assert_parity(model.embed(golden_texts), _ref(folder, ref_name))
-    assert max(query_block_counts) >= 16
+    assert (max(query_block_counts, default=0) >= 16) == (fast_ops != "native")
 
 
 @pytest.mark.parametrize(
@@ -691,14 +677,16 @@ def test_gemma2_instruction_is_the_query_prompt(golden_texts):
 def test_gemma2_attention_in_query_blocks_matches_reference(fast_ops, golden_texts, monkeypatch, query_block_counts):
     """Long inputs' attention in query blocks, each against only the keys it
     sees (a sliding layer's from its first row's window on): blocks of 8
-    query rows give the reference vectors, on every ops path."""
+    query rows give the reference vectors on the MLX paths; the native
+    kernel's (no query blocks) too."""
     from mlx_embed import ops
 
     monkeypatch.setattr(ops, "SCORES_BLOCK_BYTES", 4 * 8 * MAX_LEN * 4)
     model = mlx_embed.load(FIXTURES / "tiny-gemma2", fast_ops=fast_ops)
     assert model.model.args.num_attention_heads == 4
     assert_parity(model.embed(golden_texts), _ref("tiny-gemma2", "reference_last_token_normalized.npy"))
-    assert max(query_block_counts) >= 8
+    # The native path's kernel takes each text whole, its keys in tiles.
+    assert (max(query_block_counts, default=0) >= 8) == (fast_ops != "native")
 
 
 def test_gemma2_transformers5_config(golden_texts, tmp_path):

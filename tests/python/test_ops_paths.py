@@ -610,129 +610,111 @@ def test_an_extension_from_an_older_tree_is_not_offered(monkeypatch):
             ops.resolve_path("native")
 
 
-@pytest.mark.parametrize("kind", ["causal", "lengths", "window"])
+@pytest.mark.parametrize("kind", ["causal", "lengths", "window", "capped"])
 @pytest.mark.parametrize("kv_heads", [6, 2, 1])
-def test_native_attention_matches_mlx_with_grouped_queries(kind, kv_heads, monkeypatch):
-    """The decoders' attention by the native softmax: 6 query heads over 6,
-    2 or 1 key/value heads (query head h reads kv head h // group, as MLX's
-    fused attention and transformers' repeat_kv do), causal (a block of query
-    rows from position 5 against the keys up to its last row), padding keys,
-    or a window with padding keys, against MLX's attention with the same
-    additive mask; off the native path, and below NATIVE_ATTENTION_MIN_KEYS
-    keys, it steps aside."""
+def test_decoder_attention_matches_mlx_with_grouped_queries(kind, kv_heads):
+    """The decoders' attention by the native kernel: 6 query heads over 6, 2
+    or 1 key/value heads (query head h reads kv head h // group, as MLX's
+    fused attention and transformers' repeat_kv do), k and v read as the
+    transposes they are, 150 positions (past two of the kernel's 64-key
+    tiles): causal with padding, bidirectional over padding keys, a window
+    with padding keys, or Gemma 2's soft-capped causal window, against MLX's
+    attention with the same mask (capped: ops.capped_causal_attention's MLX
+    path) on each text's real rows, padding rows 0."""
     mx.random.seed(11)
-    B, H, L, hd, half, first = 2, 6, 23, 8, 3, 5
+    B, H, L, hd, half = 2, 6, 150, 8, 3
     q = mx.random.normal((B, H, L, hd))
-    k, v = (mx.random.normal((B, kv_heads, L, hd)) for _ in range(2))
-    lengths = [L, 14]
+    k, v = (mx.random.normal((B, L, kv_heads, hd)).transpose(0, 2, 1, 3) for _ in range(2))
+    lengths = [L, 97]
     keys = ops.KeyMask(mx.array(np.arange(L)[None, :] < np.array(lengths)[:, None]), mx.float32)
-    if kind == "causal":
-        q = q[:, :, first:]
-        term = {"causal": True, "first_query": first}
-        mask = "causal"
-    elif kind == "lengths":
-        term = {"padding": keys}
-        mask = keys.additive
-    else:
-        term = {"padding": keys, "window": half}
-        mask = ops.BandMask(keys, half=half).additive
     q, k, v = _evaluated(q, k, v)
-    want = np.array(mx.fast.scaled_dot_product_attention(q, k, v, scale=0.3, mask=mask))
-    assert ops.native_attention(q, k, v, 0.3, **term) is None  # outside a pass
-    with ops.forward_context(ops.make_context("mlx")):
-        assert ops.native_attention(q, k, v, 0.3, **term) is None
+    assert kv_heads == 1 or not np.array(k, copy=False).flags.c_contiguous  # read as it lies
+    if kind == "capped":
+        with ops.forward_context(ops.make_context("mlx")):
+            (want,) = _evaluated(ops.capped_causal_attention(q, k, v, 0.3, softcap=2.0, window=70))
+        want = np.array(want)
+        term = {"causal": True, "window": 69, "softcap": 2.0}
+    else:
+        mask = {"causal": "causal", "lengths": keys.additive, "window": ops.BandMask(keys, half=half).additive}[kind]
+        want = np.array(mx.fast.scaled_dot_product_attention(q, k, v, scale=0.3, mask=mask))
+        term = {"causal": kind == "causal", "window": half if kind == "window" else None}
     with ops.forward_context(ops.make_context("native")):
-        assert ops.native_attention(q, k, v, 0.3, **term) is None  # 23 keys < 256
-    monkeypatch.setattr(ops, "NATIVE_ATTENTION_MIN_KEYS", L)
-    with ops.forward_context(ops.make_context("native")):
-        (got,) = _evaluated(ops.native_attention(q, k, v, 0.3, **term))
+        (got,) = _evaluated(ops.decoder_attention(q, k, v, 0.3, keys, **term))
     assert got.shape == q.shape
     got = np.array(got)
-    # Real query rows (a padding row's output is never read).
-    rows = [L - first] * B if kind == "causal" else lengths
-    for b, n in enumerate(rows):
+    for b, n in enumerate(lengths):
         assert np.abs(got[b, :, :n] - want[b, :, :n]).max() <= 1e-5
+        assert not got[b, :, n:].any()
 
 
-def test_native_causal_attention_goes_in_row_blocks(monkeypatch):
-    """On the native path mlx-lm's causal attention goes in blocks of
-    CAUSAL_BLOCK_ROWS query rows at any size (the kernel from each block's
-    first query, against the keys up to its last row), with MLX's whole
-    causal attention's output; on the other paths it stays one block."""
-    B, H, KV, L, hd = 2, 4, 2, 23, 8
+def test_the_engine_attention_takes_the_kernel_on_the_native_path_only(monkeypatch):
+    """mlx-lm's causal attention as ops.engine_attention wraps it: on the
+    native path one kernel call for the whole batch (no query blocks), on
+    the mlx path MLX's, both with MLX's whole causal attention's output."""
+    B, H, KV, L, hd = 2, 4, 2, 70, 8
     q, k, v, module = _wrapped_mlx_lm_attention(12, B, H, KV, L, hd)
     want = np.array(mx.fast.scaled_dot_product_attention(q, k, v, scale=0.3, mask="causal"))
-    monkeypatch.setattr(ops, "NATIVE_ATTENTION_MIN_KEYS", 1)
-    monkeypatch.setattr(ops, "CAUSAL_BLOCK_ROWS", 5)
-    firsts = []
-    real = _native.masked_softmax_positions_
-    monkeypatch.setattr(
-        _native, "masked_softmax_positions_", lambda *a, **kw: firsts.append((a[3], a[0].shape[-1])) or real(*a, **kw)
-    )
-    for path, blocks in (("native", [(i, min(i + 5, L)) for i in range(0, L, 5)]), ("mlx", [(0, L)])):
-        firsts.clear()
+    calls = []
+    real = _native.decoder_attention_
+    monkeypatch.setattr(_native, "decoder_attention_", lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    for path in ("native", "mlx"):
+        calls.clear()
         with ops.forward_context(ops.make_context(path)):
-            assert ops.query_blocks(q, L, ops.CAUSAL_BLOCK_ROWS if ops.takes_native_attention(q, L) else None) == blocks
             (got,) = _evaluated(module.scaled_dot_product_attention(q, k, v, scale=0.3, mask="causal"))
         assert np.abs(np.array(got) - want).max() <= 1e-5
-        assert firsts == ([(start, end) for start, end in blocks] if path == "native" else [])
+        assert [(c["causal"], c["window"], c["softcap"]) for c in calls] == (
+            [(True, None, None)] if path == "native" else []
+        )
 
 
-@pytest.mark.parametrize("fixture", ["tiny-qwen3", "tiny-qwen2", "tiny-mistral", "tiny-llama", "tiny-qwen3-reranker",
-                                     "tiny-gemma3", "tiny-eurobert"])
-def test_the_decoders_attention_runs_the_native_softmax_on_the_native_path(fixture, golden_texts, monkeypatch):
-    """The decoders' attention (mlx-lm's, through ops.engine_attention) takes
-    the native softmax inside the engine's passes on the native path: the
-    causal one in every layer of Qwen3, Qwen2, Mistral and the Qwen3
-    reranker; EmbeddingGemma's global layers over the real keys and its
-    sliding layers with their window. MLX's attention on the other paths,
-    with the same vectors to float32 rounding."""
+# Every decoder fixture that attends through ops.engine_attention or
+# ops.capped_causal_attention.
+DECODERS = ["tiny-qwen3", "tiny-qwen2", "tiny-mistral", "tiny-llama", "tiny-qwen3-reranker", "tiny-gemma3",
+            "tiny-eurobert", "tiny-gemma2", "tiny-embedding-gemma2", "tiny-bge-reranker-v2-gemma"]
+
+
+@pytest.mark.parametrize("fixture", DECODERS)
+def test_the_decoders_attention_runs_the_native_kernel_on_the_native_path(fixture, golden_texts, monkeypatch):
+    """The decoders' attention takes the native kernel inside the engine's
+    passes on the native path, once a layer a pass: causal in Qwen3, Qwen2,
+    Mistral, Llama, Gemma and the rerankers (Gemma 2 soft-capped, its sliding
+    layers with their window), bidirectional in EuroBERT and EmbeddingGemma
+    (its sliding layers with their window), on texts longer than one of
+    the kernel's key tiles; the exact path (MLX's attention, what a GPU runs)
+    gives the same answers within 1e-5, and never calls the kernel."""
     import mlx_embed
 
     folder = ROOT / "tests" / "fixtures" / fixture
     config = json.loads((folder / "config.json").read_text())
+    config = config.get("text_config", config)  # EmbeddingGemma 2's folder nests it
     layers = config["num_hidden_layers"]
-    calls, keys_seen = [], []
-    real_positions, real_masked = _native.masked_softmax_positions_, _native.masked_softmax_
+    calls, longest = [], []
+    real = _native.decoder_attention_
 
-    def positions(scores, lengths, scale, first, **kw):
-        calls.append("causal" if kw.get("causal") else f"window {kw.get('half')}")
-        keys_seen.append(scores.shape[-1])
-        real_positions(scores, lengths, scale, first, **kw)
+    def spy(q, k, v, lengths, scale, out, **kw):
+        calls.append((kw["causal"], kw["window"], kw["softcap"]))
+        longest.append(max(lengths))
+        real(q, k, v, lengths, scale, out, **kw)
 
-    def masked(scores, lengths, scale, threads=1):
-        calls.append("keys")
-        keys_seen.append(scores.shape[-1])
-        real_masked(scores, lengths, scale, threads)
-
-    monkeypatch.setattr(_native, "masked_softmax_positions_", positions)
-    monkeypatch.setattr(_native, "masked_softmax_", masked)
+    monkeypatch.setattr(_native, "decoder_attention_", spy)
     native, exact = (mlx_embed.load(folder, fast_ops=path) for path in ("native", "exact"))
-    run = functools.partial(_answers, texts=golden_texts)
-
-    want = run(exact)
+    want = _answers(exact, golden_texts)
     assert calls == []
-    # By default only passes of NATIVE_ATTENTION_MIN_KEYS keys or more take
-    # the kernel (the golden texts' longest passes, where there are such).
-    assert np.abs(run(native) - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
-    assert all(n >= ops.NATIVE_ATTENTION_MIN_KEYS for n in keys_seen), keys_seen
-    calls.clear()
-    monkeypatch.setattr(ops, "NATIVE_ATTENTION_MIN_KEYS", 1)
-    got = run(native)
-    assert calls and len(calls) % layers == 0, calls
-    if fixture == "tiny-gemma3":
-        # Counted, not in order: the engine's workers run sub-batches side by side.
-        kinds = native.model.args.layer_types
-        passes = len(calls) // layers
-        window = f"window {config['sliding_window'] // 2}"
-        assert calls.count("keys") == passes * kinds.count("full_attention") > 0
-        assert calls.count(window) == passes * kinds.count("sliding_attention") > 0
-    elif fixture == "tiny-eurobert":
-        # Bidirectional: every layer over the real keys, no causal band.
-        assert set(calls) == {"keys"}
-    else:
-        assert set(calls) == {"causal"}
+    got = _answers(native, golden_texts)
     assert np.abs(got - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+    assert calls and len(calls) % layers == 0, calls
+    assert max(longest) > 64  # past the kernel's first key tile
+    kinds = set(calls)
+    if fixture == "tiny-eurobert":
+        assert kinds == {(False, None, None)}
+    elif fixture in ("tiny-gemma3", "tiny-embedding-gemma2"):
+        half = config["sliding_window"] // (2 if fixture == "tiny-gemma3" else 1)
+        assert kinds == {(False, None, None), (False, half, None)}
+    elif fixture == "tiny-gemma2":
+        cap = config["attn_logit_softcapping"]
+        assert kinds == {(True, None, cap), (True, config["sliding_window"] - 1, cap)}
+    else:
+        assert kinds == {(True, None, None)}
 
 
 def test_the_swiglu_wrapper_wraps_once_and_runs_mlx_lm_outside_the_engine(monkeypatch):

@@ -272,8 +272,6 @@ impl Scratch {
 /// How one block's rows meet one key tile.
 #[derive(Clone, Copy)]
 struct BlockTile {
-    /// The tile's first key position.
-    first_key: usize,
     /// Columns `[lo, hi)` of the tile some row of the block sees.
     lo: usize,
     hi: usize,
@@ -347,7 +345,6 @@ unsafe fn one_head(text: &Text<'_>, scratch: &mut Scratch, out: OutPtr) {
                 continue;
             }
             let tile = BlockTile {
-                first_key,
                 lo,
                 hi,
                 rows,

@@ -1,16 +1,16 @@
 //! `mlx_embed._native.masked_softmax_` (and `masked_softmax_positions_`),
 //! `gelu_`, `gated_linear_unit_`, `add_layer_norm_`,
-//! `attention_`, `linear_` (with `pack_linear_weights`) and
+//! `attention_`, `decoder_attention_`, `linear_` (with `pack_linear_weights`) and
 //! `post_ln_encoder_`: the CPU kernels of
 //! `mlx-embed-kernels` over float32 buffers (in the engine, NumPy views of
 //! evaluated MLX arrays), run outside the GIL so the engine's other MLX
 //! worker keeps going meanwhile.
 
 use mlx_embed_kernels::{
-    add_layer_norm, attention, gated_linear_unit, gelu, linear, masked_softmax,
+    add_layer_norm, attention, decoder_attention, gated_linear_unit, gelu, linear, masked_softmax,
     masked_softmax_positions, pack_weights, packed_len, post_ln_encoder, Activation,
-    AttentionShape, GateActivation, LinearShape, Norm, PackedLinear, PositionBias, Positions,
-    PostLnBlock, SoftmaxShape,
+    AttentionShape, DecoderMask, DecoderShape, GateActivation, LinearShape, Norm, PackedLinear,
+    PositionBias, Positions, PostLnBlock, SoftmaxShape, Strided,
 };
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
@@ -398,6 +398,121 @@ fn attention_py(
     .map_err(|e| PyValueError::new_err(e.to_string()))
 }
 
+/// A float32 `[batch, heads, len, head_dim]` buffer in any layout whose
+/// features lie side by side (a NumPy view of a transposed MLX array): its
+/// shape, its strides in floats and the span of floats from its first
+/// element to one past its last.
+fn heads_view(name: &str, buf: &PyBuffer<f32>) -> PyResult<([usize; 4], [usize; 3], usize)> {
+    let (dims, strides) = (buf.shape(), buf.strides());
+    let item = std::mem::size_of::<f32>() as isize;
+    let shape: [usize; 4] = dims.try_into().map_err(|_| {
+        PyValueError::new_err(format!("{name} must be [batch, heads, len, head_dim]"))
+    })?;
+    if shape[3] > 1 && strides[3] != item || strides.iter().any(|&s| s < 0 || s % item != 0) {
+        return Err(PyValueError::new_err(format!(
+            "{name}'s features must lie side by side (strides {strides:?})"
+        )));
+    }
+    let floats: [usize; 3] = std::array::from_fn(|i| (strides[i] / item) as usize);
+    let span = if shape.contains(&0) {
+        0
+    } else {
+        (0..3).map(|i| (shape[i] - 1) * floats[i]).sum::<usize>() + shape[3]
+    };
+    Ok((shape, floats, span))
+}
+
+/// `decoder_attention_(q, k, v, key_lengths, scale, out, causal=True,
+/// window=None, softcap=None, threads=1)`: a decoder's self-attention of q
+/// `[batch, heads, len, head_dim]` against k and v `[batch, kv_heads, len,
+/// head_dim]` (any strides with the features side by side: the arrays as
+/// they lie after RoPE) into `out` `[batch, len, heads * head_dim]`, text
+/// `b` over its first `key_lengths[b]` positions (the rest of its rows 0);
+/// `window`: keys at most that many positions from the query.
+#[pyfunction]
+#[pyo3(
+    name = "decoder_attention_",
+    signature = (q, k, v, key_lengths, scale, out, causal = true, window = None, softcap = None, threads = 1)
+)]
+#[allow(clippy::too_many_arguments)]
+fn decoder_attention_py(
+    py: Python<'_>,
+    q: &Bound<'_, PyAny>,
+    k: &Bound<'_, PyAny>,
+    v: &Bound<'_, PyAny>,
+    key_lengths: Vec<usize>,
+    scale: f32,
+    out: &Bound<'_, PyAny>,
+    causal: bool,
+    window: Option<usize>,
+    softcap: Option<f32>,
+    threads: usize,
+) -> PyResult<()> {
+    let dst = writable_f32(out)?;
+    let bufs = [
+        PyBuffer::<f32>::get(q)?,
+        PyBuffer::<f32>::get(k)?,
+        PyBuffer::<f32>::get(v)?,
+    ];
+    let mut views = Vec::with_capacity(3);
+    for (name, buf) in ["q", "k", "v"].iter().zip(&bufs) {
+        let (dims, strides, span) = heads_view(name, buf)?;
+        let start = buf.buf_ptr() as usize;
+        if overlaps((start, start + span * 4), byte_range(&dst)) {
+            return Err(PyValueError::new_err(format!(
+                "{name} and out must not share memory"
+            )));
+        }
+        views.push((dims, strides, span, start));
+    }
+    let (qd, kd, vd) = (views[0].0, views[1].0, views[2].0);
+    if kd != vd || qd[0] != kd[0] || qd[2] != kd[2] || qd[3] != kd[3] {
+        return Err(PyValueError::new_err(format!(
+            "q {qd:?} and k {kd:?}, v {vd:?} must agree on batch, len and head_dim"
+        )));
+    }
+    let shape = DecoderShape {
+        batch: qd[0],
+        len: qd[2],
+        heads: qd[1],
+        kv_heads: kd[1],
+        head_dim: qd[3],
+    };
+    let mask = DecoderMask {
+        causal,
+        window,
+        softcap,
+    };
+    with_floats_detached(py, &dst, |floats| {
+        let [q, k, v] = std::array::from_fn(|i| {
+            let (_, strides, span, start) = views[i];
+            // SAFETY: each buffer export in `bufs` lives for this whole call;
+            // its floats from the first element span `span` items within the
+            // exporter's memory (non-negative strides, checked above), and
+            // none overlaps the buffer written.
+            let data = unsafe { std::slice::from_raw_parts(start as *const f32, span) };
+            Strided {
+                data,
+                batch: strides[0],
+                head: strides[1],
+                token: strides[2],
+            }
+        });
+        decoder_attention(
+            q,
+            k,
+            v,
+            shape,
+            &key_lengths,
+            scale,
+            mask,
+            floats,
+            threads.max(1),
+        )
+    })
+    .map_err(|e| PyValueError::new_err(e.to_string()))
+}
+
 /// One block's buffers as `post_ln_encoder_` takes them: heads, scale, then
 /// the 14 float arrays and the two epsilons in `PostLnBlock` order.
 struct BlockExports {
@@ -539,8 +654,8 @@ fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
 /// `mlx_embed._native.kernel_api`: raised whenever a kernel entry point or
 /// argument is added, so `ops.native_available` can tell an extension built
 /// from an older tree (it then offers no native path rather than failing a
-/// pass). 2: `masked_softmax_positions_(causal=)`.
-const KERNEL_API: u32 = 2;
+/// pass). 2: `masked_softmax_positions_(causal=)`; 3: `decoder_attention_`.
+const KERNEL_API: u32 = 3;
 
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     // A mistyped cap fails the import, not silently runs the widest build.
@@ -554,6 +669,7 @@ pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     module.add_function(wrap_pyfunction!(pack_linear_weights_py, module)?)?;
     module.add_function(wrap_pyfunction!(linear_py, module)?)?;
     module.add_function(wrap_pyfunction!(attention_py, module)?)?;
+    module.add_function(wrap_pyfunction!(decoder_attention_py, module)?)?;
     module.add_function(wrap_pyfunction!(post_ln_encoder_py, module)?)?;
     module.add("kernel_simd", mlx_embed_kernels::simd_level())?;
     module.add("kernel_api", KERNEL_API)?;

@@ -14,7 +14,7 @@ models' shapes written once under ``--workdir`` (the vocabulary cut to
 
 Every round starts one process per tree, in turn (interleaved: both see the
 same machine load), which loads the model (its resident memory after load is
-``rss_mb``), warms up, and times two cases: ``one``, one short text (12
+``rss_mb``; after the cases ``rss_after_mb``, its peak ``peak_mb``), warms up, and times two cases: ``one``, one short text (12
 token ids; the latency of a lone request) and ``mixed``, 64 texts of 8 to
 ``--mixed-max`` (256) token ids in one call (texts per second). Medians of ``--calls`` calls,
 then of the rounds. It also reports whether the tree's vectors are the same
@@ -93,9 +93,10 @@ def make_checkpoint(shape: str, folder: Path, layers: int = 0) -> None:
             shutil.copy(source / name, folder / name)
 
 
-def rss_mb() -> float:
+def rss_mb(field: str = "VmRSS") -> float:
+    """This process's resident memory (``VmHWM``: its peak so far), in MB."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -134,6 +135,7 @@ def worker(args) -> None:
             sum(not np.array_equal(vectors([t])[0], batch[i]) for i, t in enumerate(mixed))
         )
     out["rss_after_mb"] = rss_mb()
+    out["peak_mb"] = rss_mb("VmHWM")
     print(json.dumps(out))
 
 
@@ -212,7 +214,7 @@ def main() -> None:
                 times = ", ".join(f"{case} {ms:.0f} ms" for case, ms in result["ms"].items())
                 print(
                     f"{shape} round {r + 1} {name}: {times}, RSS {result['rss_mb']:.0f} MB after load "
-                    f"({result['rss_after_mb']:.0f} after the cases), "
+                    f"({result['rss_after_mb']:.0f} after the cases, peak {result['peak_mb']:.0f}), "
                     f"rows differing alone: {result['rows_differing_alone']} of 64",
                     flush=True,
                 )
@@ -223,6 +225,7 @@ def main() -> None:
                 "ms": {case: statistics.median(x["ms"][case] for x in rows) for case in rows[0]["ms"]},
                 "rss_mb": statistics.median(x["rss_mb"] for x in rows),
                 "rss_after_mb": statistics.median(x["rss_after_mb"] for x in rows),
+                "peak_mb": statistics.median(x["peak_mb"] for x in rows),
                 "rows_differing_alone": rows[-1]["rows_differing_alone"],
             }
             if "mixed" in s["ms"]:
@@ -230,7 +233,7 @@ def main() -> None:
             times = ", ".join(f"{case} {ms:.0f} ms" for case, ms in s["ms"].items())
             print(
                 f"{shape} {name}: {times}, RSS {s['rss_mb']:.0f} MB "
-                f"(after the cases {s['rss_after_mb']:.0f}), rows differing alone: {s['rows_differing_alone']}/64"
+                f"(after the cases {s['rss_after_mb']:.0f}, peak {s['peak_mb']:.0f}), rows differing alone: {s['rows_differing_alone']}/64"
             )
     if args.json:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")

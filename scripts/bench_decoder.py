@@ -32,11 +32,10 @@ a test fixture for a quick check of the script itself).
 
 ``--attention`` times one layer's attention alone in this tree, for the
 shape's heads: MLX's ``mx.fast.scaled_dot_product_attention`` (what mlx-lm
-calls) against ``ops.native_attention`` in one block, causal for Qwen3 and
-over all keys for Gemma, and for Qwen3 what the engine's passes run (mlx-lm's
-attention as ``ops.engine_attention`` wraps it: the native softmax from its
-floor of keys, in query blocks), each ``TEXTSxTOKENS`` case, medians of 20
-calls:
+calls) against the native kernel (``ops.decoder_attention``), causal for
+Qwen3 and over all keys for Gemma, and for Qwen3 what the engine's passes run
+(mlx-lm's attention as ``ops.engine_attention`` wraps it), each
+``TEXTSxTOKENS`` case, medians of 20 calls:
 
     .venv/bin/python scripts/bench_decoder.py --attention --shape qwen3-0.6b --cases 1x64,4x64,8x64,1x512
 """
@@ -143,10 +142,9 @@ def attention_alone(config: dict, cases: list[tuple[int, int]]) -> dict:
     causal = config["model_type"] != "gemma3_text"
     ctx = ops.make_context("native", kernel_threads=_blas.get_num_threads())
     # What the engine's passes call: mlx-lm's attention as ops.engine_attention
-    # wraps it (query blocks, the native softmax from its floor of keys).
+    # wraps it.
     module = loading.architecture(config["model_type"]).Model.__module__
     engine_attention = sys.modules[module]._lm.scaled_dot_product_attention
-    floor = ops.NATIVE_ATTENTION_MIN_KEYS
 
     def median_ms(fn) -> float:
         for _ in range(3):
@@ -168,23 +166,15 @@ def attention_alone(config: dict, cases: list[tuple[int, int]]) -> dict:
         mlx_ms = median_ms(lambda: mx.fast.scaled_dot_product_attention(
             q, k, v, scale=scale, mask="causal" if causal else None))
 
-        def native():
-            out = ops.native_attention(q, k, v, scale, causal=causal)
-            assert out is not None, "the native path stepped aside"
-            return out
-
         row = {"mlx_ms": mlx_ms}
         with ops.forward_context(ctx):
-            ops.NATIVE_ATTENTION_MIN_KEYS = 0  # the kernel at every size here
-            row["native_ms"] = median_ms(native)
-            ops.NATIVE_ATTENTION_MIN_KEYS = floor
+            row["native_ms"] = median_ms(lambda: ops.decoder_attention(q, k, v, scale, None, causal=causal))
             if causal:
                 row["engine_ms"] = median_ms(lambda: engine_attention(q, k, v, scale=scale, mask="causal"))
-        row["engine_runs"] = "native" if tokens >= floor else "MLX"
         out[f"{texts}x{tokens}"] = row
         engine = f", engine {row['engine_ms']:.2f} ms" if causal else ""
         print(f"  {texts}x{tokens}: MLX {mlx_ms:.2f} ms, native {row['native_ms']:.2f} ms "
-              f"({mlx_ms / row['native_ms']:.2f}x){engine}; the engine runs {row['engine_runs']}'s", flush=True)
+              f"({mlx_ms / row['native_ms']:.2f}x){engine}", flush=True)
     return out
 
 

@@ -12,10 +12,10 @@ tokenizer): one input of each length, each configuration in its own process
 (so each peak is its own), interleaved rounds, medians.
 
 ``--model qwen3-0.6b``: the decoders (Qwen3-Embedding takes 32,768 tokens),
-whose mlx-lm attention ``ops.engine_attention`` cuts the same way (on the
-CPU's native path with the native softmax in each block, from
-``ops.NATIVE_ATTENTION_MIN_KEYS`` keys; docs/benchmarks.md's figures for it
-predate that):
+whose mlx-lm attention ``ops.engine_attention`` cuts the same way on MLX's
+path (``fast_ops="exact"``, what a GPU runs; on the CPU's native path the
+decoders' attention runs in the native kernel, which holds no score matrix
+at any length: scripts/bench_batch_invariance.py measures that):
 Qwen3-0.6B's layer shape (1024 wide, 16 query and 8 key heads of 128, MLP
 3072) with ``--layers`` of its 28 layers (4 by default: the attention's
 memory is per layer, its time per layer), seeded random weights, tiny-qwen3's
@@ -25,7 +25,7 @@ tokenizer.
     .venv/bin/python scripts/bench_long_input.py --model qwen3-0.6b --lengths 2048,4096,8192 --rounds 1
 
 Configurations: ``blocked`` (the default) and ``whole`` (one block whatever
-the size, ``SCORES_BLOCK_BYTES`` and ``CAUSAL_BLOCK_ROWS`` set past any
+the size, ``SCORES_BLOCK_BYTES`` set past any
 input: the memory of the code before blocks).
 """
 
@@ -134,7 +134,6 @@ def run(folder: str, config: str, tokens: int, block_bytes: int) -> dict:
 
     if config == "whole":
         ops.SCORES_BLOCK_BYTES = 1 << 62
-        ops.CAUSAL_BLOCK_ROWS = 1 << 62  # the native path's causal blocks too
     elif block_bytes:
         ops.SCORES_BLOCK_BYTES = block_bytes
     model = mlx_embed.load(folder, max_length=max(8192, tokens + 64), fast_ops="exact")

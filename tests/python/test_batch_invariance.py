@@ -68,16 +68,17 @@ def test_same_bits_alone_and_batched(folder, golden_texts):
 def test_a_solo_call_runs_the_blas_threads_of_every_other_call(golden_texts):
     """The server's query replica calls solo (scheduler.call_solo), which
     leaves OpenBLAS's thread count as it finds it. On the native path that
-    must still be one thread: the per-text attention products' sums follow
-    OpenBLAS's threads, so a first solo call in a fresh process (OpenBLAS
-    on every core) gave other bits than the same text later."""
+    must still be one thread: an encoder's per-text attention products' sums
+    follow OpenBLAS's threads, so a first solo call in a fresh process
+    (OpenBLAS on every core) gave other bits than the same text later (seen
+    on tiny-qwen3 when the decoders' attention ran there too)."""
     from mlx_embed import _blas, scheduler
 
     own = _blas.own_num_threads()
     if not own or own < 2:
         pytest.skip("needs an OpenBLAS with at least two threads")
-    model = mlx_embed.load(str(FIXTURES / "tiny-qwen3"))
-    # The golden texts of 400+ tokens: 4 of them differed (1 vs 2 threads).
+    model = mlx_embed.load(str(FIXTURES / "tiny-modernbert"))
+    # The golden texts of 400+ tokens (tiny-qwen3's: 4 of them differed, 1 vs 2 threads).
     texts = [t for t in golden_texts if t]
     batched = model.embed(texts, normalize=False)
     _blas.set_num_threads(own)  # what a fresh process starts with
@@ -85,13 +86,16 @@ def test_a_solo_call_runs_the_blas_threads_of_every_other_call(golden_texts):
     assert np.array_equal(solo, batched)
 
 
-@pytest.mark.parametrize("folder", ["tiny-qwen3", "tiny-modernbert"])
-def test_a_long_text_in_the_kernel_products_keeps_its_bits_among_short_ones(folder, golden_texts, monkeypatch):
-    """A text of at least ops.KERNEL_PRODUCTS_MIN_KEYS keys runs its
-    attention products in the native linear kernel (multi-threaded), the
-    short texts beside it in MLX's: its bits follow its own length alone.
-    tiny-modernbert: a local window and global layers, cut at 512 tokens."""
-    from mlx_embed import ops
+@pytest.mark.parametrize("folder, kernel", [("tiny-qwen3", "decoder"), ("tiny-modernbert", "products")])
+def test_a_long_text_in_the_kernel_products_keeps_its_bits_among_short_ones(folder, kernel, golden_texts, monkeypatch):
+    """A long text's attention in a native kernel keeps its bits among short
+    texts: tiny-qwen3's in the decoder kernel (ops.decoder_attention; its
+    keys in several tiles, the short texts' in one), tiny-modernbert's (a
+    local window and global layers, cut at 512 tokens) with at least
+    ops.KERNEL_PRODUCTS_MIN_KEYS keys in the native linear kernel
+    (multi-threaded), the short texts beside it in MLX's: its bits follow
+    its own length alone."""
+    from mlx_embed import _native, ops
 
     # The fixtures' texts reach 512 tokens, under the threshold's 1,024.
     monkeypatch.setattr(ops, "KERNEL_PRODUCTS_MIN_KEYS", 256)
@@ -102,9 +106,17 @@ def test_a_long_text_in_the_kernel_products_keeps_its_bits_among_short_ones(fold
     assert counts[long] >= ops.KERNEL_PRODUCTS_MIN_KEYS
     batch = [texts[long], *sorted(texts, key=len)[:5], texts[long][: len(texts[long]) // 3]]
     kernel_calls = []
-    products = ops._kernel_products
-    monkeypatch.setattr(ops, "_kernel_products", lambda *a, **k: kernel_calls.append(1) or products(*a, **k))
+    if kernel == "decoder":
+        real = _native.decoder_attention_
+        monkeypatch.setattr(
+            _native, "decoder_attention_", lambda *a, **k: kernel_calls.append(max(a[3])) or real(*a, **k)
+        )
+    else:
+        products = ops._kernel_products
+        monkeypatch.setattr(ops, "_kernel_products", lambda *a, **k: kernel_calls.append(1) or products(*a, **k))
     together = model.embed(batch, normalize=False)
-    assert kernel_calls, "the long text did not reach the kernel's products"
+    assert kernel_calls, "the long text did not reach the kernel"
+    if kernel == "decoder":
+        assert max(kernel_calls) >= 3 * 64  # several of the kernel's key tiles
     for i, text in enumerate(batch):
         assert np.array_equal(model.embed([text], normalize=False)[0], together[i]), i

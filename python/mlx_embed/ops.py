@@ -1452,6 +1452,8 @@ def decoder_attention(
     (docs/benchmarks.md, "A decoder's attention in one native kernel")."""
     B, H, L, hd = q.shape
     lengths = [L] * B if keys is None else keys.lengths
+    # The kernel reads float32 (the native path's passes run in it).
+    q, k, v = (t if t.dtype == mx.float32 else t.astype(mx.float32) for t in (q, k, v))
     with _graph_lock_released():
         mx.eval(q, k, v)
     qs, ks, vs = (_heads_view(t) for t in (q, k, v))

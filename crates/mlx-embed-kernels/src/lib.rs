@@ -27,7 +27,8 @@
 //! and picks at run time (the FMA builds give the same bits); the code is
 //! written with 8- and 16-lane arrays the compiler maps onto SIMD registers,
 //! so no intrinsics; `unsafe` only in the dispatch and where
-//! [`linear`]'s and [`attention`]'s threads write disjoint parts of one
+//! [`linear`]'s, [`attention`]'s and [`decoder_attention`]'s threads write
+//! disjoint parts of one
 //! output buffer.
 
 mod attention;

@@ -11,17 +11,19 @@ rest), so no opentelemetry-proto package (which pins an older protobuf) is neede
 from __future__ import annotations
 
 import importlib
+import importlib.resources
 import sys
 import threading
 import time
 from concurrent import futures
 
 import grpc
+import grpc_tools
 import pytest
 import requests
 from grpc_tools import protoc
 
-from harness import free_port, start_server
+from harness import ROOT, free_port, start_server
 
 OTLP_SUBSET = """
 syntax = "proto3";
@@ -139,6 +141,9 @@ def test_request_spans_reach_the_collector_with_the_callers_trace(receiver, tmp_
         assert r.status_code == 200, r.text
     missing = server.post("/v1/embeddings", {"input": 5})
     assert missing.status_code in (400, 422), missing.text
+    # Probes and scrapes, polled every few seconds, are never exported.
+    for path in ("/health", "/ping", "/.well-known/ready", "/metrics"):
+        assert server.get(path).status_code == 200, path
     started = time.monotonic()
     assert server.stop(timeout=WAIT_S) == 0, server.log()[-3000:]
     # The spans queued at SIGTERM are flushed before exit, within the bound.
@@ -152,8 +157,8 @@ def test_request_spans_reach_the_collector_with_the_callers_trace(receiver, tmp_
     assert spans, "the receiver got no spans"
     assert {resource.get("service.name") for resource, _ in spans} == {SERVICE}
     spans = [s for _, s in spans]
-    # The harness's /health polls are requests too.
-    requests_ = [s for s in spans if s.kind == SPAN_KIND_SERVER and s.name != "GET /health"]
+    # The harness's /health polls, and those above, are in none.
+    requests_ = [s for s in spans if s.kind == SPAN_KIND_SERVER]
     assert len(requests_) == 5, [s.name for s in spans]
 
     caller = [s for s in requests_ if s.trace_id.hex() == TRACE_ID]
@@ -190,6 +195,83 @@ def test_request_spans_reach_the_collector_with_the_callers_trace(receiver, tmp_
     assert codes == sorted([200, 200, 200, missing.status_code])
     # A refusal is the client's: no error status (OpenTelemetry's HTTP conventions).
     assert all(s.status.code != STATUS_ERROR for s in others)
+
+
+@pytest.fixture(scope="module")
+def tei_stubs(tmp_path_factory):
+    """(messages, stubs) generated from the repository's proto/tei.proto."""
+    out = tmp_path_factory.mktemp("tei_stubs")
+    include = str(importlib.resources.files(grpc_tools) / "_proto")
+    rc = protoc.main(
+        ["protoc", f"-I{ROOT / 'proto'}", f"-I{include}", f"--python_out={out}", f"--grpc_python_out={out}", "tei.proto"]
+    )
+    assert rc == 0
+    sys.path.insert(0, str(out))
+    try:
+        yield importlib.import_module("tei_pb2"), importlib.import_module("tei_pb2_grpc")
+    finally:
+        sys.path.remove(str(out))
+
+
+def test_grpc_calls_are_spans_shaped_as_http_requests(receiver, tei_stubs, tmp_path):
+    """Each gRPC call is a server span named as OpenTelemetry's RPC conventions
+    name it (`tei.v1.Embed/Embed`), continuing the caller's `traceparent`
+    metadata, with its status code and the core's phases under it, a
+    stream's for every message; the health service's checks are probes,
+    never exported."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    tei_pb2, tei_grpc = tei_stubs
+    port = free_port()
+    server = start_server(tmp_path, "--otlp-endpoint", f"http://127.0.0.1:{receiver.port}", "--grpc-port", str(port))
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        grpc.channel_ready_future(channel).result(timeout=WAIT_S)
+        embed = tei_grpc.EmbedStub(channel)
+        traceparent = f"00-{TRACE_ID}-{CALLER_SPAN_ID}-01"
+        one = embed.Embed(tei_pb2.EmbedRequest(inputs="a traced grpc text"), metadata=[("traceparent", traceparent)])
+        assert len(one.embeddings) > 0
+        streamed = list(embed.EmbedStream(iter([tei_pb2.EmbedRequest(inputs=f"streamed {i}") for i in range(2)])))
+        assert len(streamed) == 2
+        with pytest.raises(grpc.RpcError) as refused:
+            embed.Embed(tei_pb2.EmbedRequest(inputs=""))
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
+        assert check.status == health_pb2.HealthCheckResponse.SERVING
+    assert server.stop(timeout=WAIT_S) == 0, server.log()[-3000:]
+
+    with receiver.lock:
+        spans = [s for _, s in receiver.spans]
+    calls = [s for s in spans if s.kind == SPAN_KIND_SERVER]
+    assert sorted(s.name for s in calls) == ["tei.v1.Embed/Embed"] * 2 + ["tei.v1.Embed/EmbedStream"], [
+        s.name for s in spans
+    ]
+    traced = [s for s in calls if s.trace_id.hex() == TRACE_ID]
+    assert len(traced) == 1
+    call = traced[0]
+    assert call.parent_span_id.hex() == CALLER_SPAN_ID
+    attrs = attributes(call.attributes)
+    assert (attrs["rpc.system"], attrs["rpc.service"], attrs["rpc.method"]) == ("grpc", "tei.v1.Embed", "Embed")
+    assert attrs["rpc.grpc.status_code"] == 0 and attrs["inputs"] == 1
+    assert call.status.code != STATUS_ERROR
+    children = {s.name: s for s in spans if s.parent_span_id == call.span_id}
+    assert set(children) == {"tokenize", "queue", "inference"}, sorted(children)
+    for name, child in children.items():
+        assert child.trace_id == call.trace_id, name
+        assert call.start_time_unix_nano <= child.start_time_unix_nano <= child.end_time_unix_nano, name
+        assert child.end_time_unix_nano <= call.end_time_unix_nano, name
+
+    # A stream: one span, each message's phases under it.
+    (stream,) = [s for s in calls if s.name == "tei.v1.Embed/EmbedStream"]
+    assert not stream.parent_span_id and stream.trace_id.hex() != TRACE_ID
+    assert attributes(stream.attributes)["rpc.grpc.status_code"] == 0
+    phases = sorted(s.name for s in spans if s.parent_span_id == stream.span_id)
+    assert phases == ["inference"] * 2 + ["queue"] * 2 + ["tokenize"] * 2, phases
+
+    # A refusal is the client's: its code, no error status, no phases.
+    (bad,) = [s for s in calls if s.name == "tei.v1.Embed/Embed" and s is not call]
+    assert attributes(bad.attributes)["rpc.grpc.status_code"] == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert bad.status.code != STATUS_ERROR
+    assert not [s for s in spans if s.parent_span_id == bad.span_id]
 
 
 def test_an_unreachable_collector_is_a_warning_and_the_server_serves_on(tmp_path):

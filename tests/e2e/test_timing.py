@@ -247,6 +247,77 @@ def test_te_request_method_is_the_requests_shape_and_each_input_counts_per_opera
     assert re.search(r"^# TYPE te_predict_inference_duration histogram$", after, re.M)
 
 
+def test_refusals_count_where_tei_counts_them(srv):
+    """TEI counts a request once its body is read (by its shape), a refusal by
+    its `err`, and an input in te_embed_count only once it reaches
+    tokenization: a request refused before (empty, too many inputs, the wrong
+    kind of model) is in te_request_count but none of its inputs is."""
+    before = srv.get("/metrics").text
+    too_many = 2048  # --max-inputs-per-request's default
+    refused = [
+        ("/embed", {"inputs": []}, 400),  # batch: validation
+        ("/embed", {"inputs": ["x"] * (too_many + 1)}, 413),  # batch: batch_size
+        ("/embed", {"model": "tiny-bert-classifier", "inputs": "not an embedder"}, 400),  # single: model_type
+        ("/embed", {"inputs": "word " * 20000, "truncate": False}, 422),  # single: tokenization
+        ("/embed", {"inputs": 5}, 422),  # unreadable: in no count, as in TEI
+    ]
+    for path, body, status in refused:
+        resp = srv.post(path, body)
+        assert resp.status_code == status, (body if len(str(body)) < 100 else path, resp.text)
+    after = srv.get("/metrics").text
+
+    def delta(name, labels=""):
+        return metric(after, name, labels) - metric(before, name, labels)
+
+    assert delta("te_request_count", 'method="batch"') == 2
+    assert delta("te_request_count", 'method="single"') == 2
+    assert delta("te_request_success") == 0
+    for err in ("validation", "batch_size", "model_type", "tokenization"):
+        assert delta("te_request_failure", f'err="{err}"') == 1, err
+    assert delta("te_request_failure") == 4
+    # Only the over-long input was tokenized (and refused there).
+    assert (delta("te_embed_count"), delta("te_embed_success")) == (1, 0)
+    assert delta("te_request_duration_count") == 0
+
+
+def test_each_vertex_instance_is_a_tei_request(srv):
+    """TEI's /vertex answers each instance through its route's handler, so
+    each is a request in te_request_* (by its own shape), the /vertex request
+    none; /invocations is the one request it carries."""
+    before = srv.get("/metrics").text
+    vertex = srv.post(
+        "/vertex",
+        {
+            "instances": [
+                {"inputs": "vertex one"},
+                {"inputs": ["vertex two a", "vertex two b"]},
+                {"query": "q", "texts": ["vertex t1", "vertex t2"]},
+            ]
+        },
+    )
+    figures(vertex)
+    assert len(vertex.json()["predictions"]) == 3
+    figures(srv.post("/invocations", {"inputs": ["invoked a", "invoked b"]}))
+    # One instance refused before any runs: that one is counted, refused.
+    refused = srv.post("/vertex", {"instances": [{"inputs": "vertex fine"}, {"inputs": []}]})
+    assert refused.status_code == 400, refused.text
+    after = srv.get("/metrics").text
+
+    def delta(name, labels=""):
+        return metric(after, name, labels) - metric(before, name, labels)
+
+    assert delta("te_request_count", 'method="single"') == 1
+    assert delta("te_request_count", 'method="batch"') == 4
+    assert delta("te_request_success", 'method="single"') == 1
+    assert delta("te_request_success", 'method="batch"') == 3
+    assert delta("te_request_failure", 'err="validation"') == 1
+    assert delta("te_request_failure") == 1
+    assert (delta("te_embed_count"), delta("te_embed_success")) == (5, 5)
+    assert (delta("te_predict_count"), delta("te_predict_success")) == (2, 2)
+    assert delta("te_request_duration_count") == 4
+    assert delta("te_embed_inference_duration_count") == 5
+
+
 def test_input_length_buckets_stop_at_each_models_maximum(srv):
     """TEI's exporter buckets te_request_input_length by powers of two up to
     the model's max_input_length; te_batch_next_size by 2^0..2^12."""

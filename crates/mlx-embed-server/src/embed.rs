@@ -241,8 +241,11 @@ async fn run_as(
     let values = rows.saturating_mul(dimension);
     make_room(state, values.saturating_mul(bytes_per_value)).await?;
     let (chars, counted) = match &as_sent {
-        Some(sent) => (sent.chars, sent.inputs),
-        None => (timing::chars(&req.inputs), n_inputs),
+        Some(sent) => {
+            timing::reached(sent.inputs);
+            (sent.chars, sent.inputs)
+        }
+        None => (timing::reach(&req.inputs), n_inputs),
     };
     let out = state
         .unless_drain_ends(model.batcher.embed(req.inputs, req.options))

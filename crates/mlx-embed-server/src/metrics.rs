@@ -30,7 +30,8 @@
 //! TEI's names beside ours, from the same counts: `te_request_count{method}`,
 //! `te_request_success{method}`, `te_request_failure{err}` and the
 //! `te_request_*duration` histograms (requests that reached the model path,
-//! from the figures of their `x-*` headers: [`crate::timing`]), and, per
+//! from the figures of their `x-*` headers: [`crate::timing`]; each
+//! `/vertex` instance a request of its own, as TEI counts them), and, per
 //! model like the core's own, `te_queue_size`, `te_batch_next_size`,
 //! `te_batch_next_tokens` and `te_request_input_length`.
 
@@ -138,10 +139,11 @@ impl Phases {
 }
 
 /// One of TEI's per-input families (`te_embed_*`, `te_predict_*`): TEI
-/// counts each input of a request as its own call of the operation. Ours
-/// runs a request's inputs as one call, so each input counts with the
-/// request's figures: its total, and its phases averaged over its inputs
-/// (what its `x-*` headers say).
+/// counts each input of a request as its own call of the operation, from
+/// its tokenization on. Ours runs a request's inputs as one call, so each
+/// input counts with the request's figures: its total, and its call's
+/// phases (averaged over its inputs where it made several calls: what its
+/// `x-*` headers say), where TEI charges an input its own batch's.
 #[derive(Default)]
 struct OpStats {
     count: u64,
@@ -201,12 +203,14 @@ impl HttpMetrics {
         *grpc.entry((method, code)).or_default() += 1;
     }
 
-    /// Counts a request that reached the model path (`measured.sent > 0`;
+    /// Counts a request that reached the model path (`measured.began`;
     /// others are ignored) in TEI's `te_request_*`, by its status: an
     /// answer's phase times and `total` in the histograms, a refusal by
-    /// TEI's `err`; and its inputs in its operation's family.
+    /// TEI's `err` (`model_type` for one refused for the model's kind); and
+    /// the inputs that reached the model call (`measured.reached`, but on an
+    /// overload, which TEI refuses before) in its operation's family.
     pub fn record_tei(&self, measured: &Measured, status: u16, total: Duration) {
-        if measured.sent == 0 {
+        if !measured.began {
             return;
         }
         let method = match measured.method() {
@@ -223,7 +227,12 @@ impl HttpMetrics {
             Op::Embed => 0,
             Op::Predict => 1,
         };
-        tei.ops[op].count += inputs;
+        // TEI counts an input in its operation's family once it is past the
+        // request's checks and a permit (an overload is refused before):
+        // those tokenized, whatever then becomes of them.
+        if status != 429 {
+            tei.ops[op].count += measured.reached;
+        }
         match (&measured.usage, (200..300).contains(&status)) {
             (Some(usage), true) => {
                 if let Some(m) = method {
@@ -241,7 +250,13 @@ impl HttpMetrics {
                 stats.success += inputs;
                 stats.phases.observe(seconds, inputs);
             }
-            _ => *tei.failure.entry(tei_error(status)).or_default() += 1,
+            _ => {
+                let err = match status {
+                    400 | 424 if measured.model_type => "model_type",
+                    _ => tei_error(status),
+                };
+                *tei.failure.entry(err).or_default() += 1;
+            }
         }
     }
 
@@ -526,7 +541,11 @@ fn render_tei(out: &mut String, http: &HttpMetrics) {
         counter(
             out,
             &name("count"),
-            &format!("Of te_request_count's requests (and gRPC stream messages), {what}."),
+            &format!(
+                "Of te_request_count's requests (and gRPC stream messages), {what}: those \
+                 that reached the model call (tokenized; not those refused before, nor an \
+                 overload's)."
+            ),
             stats.count,
         );
         counter(
@@ -537,9 +556,9 @@ fn render_tei(out: &mut String, http: &HttpMetrics) {
         );
         let input_help = [
             "Seconds of each answered input: its request's total.",
-            "Seconds each answered input was tokenized (its request's average).",
-            "Seconds each answered input queued (its request's average).",
-            "Seconds of model time of each answered input (its request's average).",
+            "Seconds each answered input was tokenized: its model call's (inputs tokenized together).",
+            "Seconds each answered input queued: its model call's, until its first batch.",
+            "Seconds of model time of each answered input: its model call's batches' (TEI: its batch's).",
         ];
         for ((suffix, help), h) in PHASES.iter().zip(input_help).zip(&stats.phases.0) {
             histogram(out, &name(suffix), help, h);
@@ -964,6 +983,8 @@ mod tests {
         let m = HttpMetrics::default();
         let answered = |sent| Measured {
             sent,
+            reached: sent,
+            began: true,
             usage: Some(Usage {
                 timings: mlx_embed_core::Timings {
                     queue: Duration::from_millis(2),
@@ -981,6 +1002,7 @@ mod tests {
         m.record_tei(
             &Measured {
                 sent: 1,
+                began: true,
                 ..Measured::default()
             },
             400,
@@ -990,6 +1012,7 @@ mod tests {
         m.record_tei(
             &Measured {
                 sent: 1,
+                began: true,
                 ..Measured::default()
             },
             503,
@@ -1026,6 +1049,9 @@ mod tests {
         let ms = Duration::from_millis;
         let answered = |sent, method, op| Measured {
             sent,
+            reached: sent,
+            began: true,
+            model_type: false,
             usage: Some(Usage {
                 timings: mlx_embed_core::Timings {
                     inference: ms(4),
@@ -1045,6 +1071,8 @@ mod tests {
         // A stream message refused: a failure, in no te_request_count.
         let refused = Measured {
             sent: 1,
+            reached: 1,
+            began: true,
             method: Some(Method::Stream),
             ..Measured::default()
         };
@@ -1057,7 +1085,8 @@ mod tests {
             "te_request_success{method=\"batch\"} 2",
             "te_request_failure{err=\"overloaded\"} 1",
             "te_request_duration_count 4",
-            "te_embed_count 4",
+            // The overloaded message is not (TEI refuses it before).
+            "te_embed_count 3",
             "te_embed_success 3",
             "te_embed_duration_count 3",
             "te_embed_inference_duration_sum 0.012",
@@ -1066,6 +1095,48 @@ mod tests {
             "te_predict_queue_duration_count 3",
             "te_predict_duration_bucket{le=\"+Inf\"} 3",
             "# TYPE te_predict_inference_duration histogram",
+        ] {
+            assert!(out.lines().any(|l| l == line), "{line} missing from\n{out}");
+        }
+    }
+
+    #[test]
+    fn tei_counts_inputs_per_op_once_past_the_request_s_checks() {
+        let m = HttpMetrics::default();
+        let ms = Duration::from_millis;
+        let refused = |sent, reached, model_type| Measured {
+            sent,
+            reached,
+            began: true,
+            model_type,
+            method: Some(Method::Batch),
+            ..Measured::default()
+        };
+        // Refused before the model call: a request, no input of the op.
+        m.record_tei(&refused(40, 0, false), 413, ms(1));
+        m.record_tei(&refused(2, 0, false), 400, ms(1));
+        // `[]`: a request still, as TEI counts it.
+        m.record_tei(&refused(0, 0, false), 400, ms(1));
+        // Refused for the model's kind, which TEI labels so.
+        m.record_tei(&refused(3, 0, true), 400, ms(1));
+        // Tokenized and then refused: in the op's count, a failure.
+        m.record_tei(&refused(2, 2, false), 422, ms(1));
+        // Overloaded: TEI refuses before its op's count.
+        m.record_tei(&refused(5, 5, false), 429, ms(1));
+        // Never begun (a body that could not be read): nothing.
+        m.record_tei(&Measured::default(), 422, ms(1));
+        let mut out = String::new();
+        render_tei(&mut out, &m);
+        for line in [
+            "te_request_count{method=\"batch\"} 6",
+            "te_request_success{method=\"batch\"} 0",
+            "te_request_failure{err=\"batch_size\"} 1",
+            "te_request_failure{err=\"validation\"} 2",
+            "te_request_failure{err=\"model_type\"} 1",
+            "te_request_failure{err=\"tokenization\"} 1",
+            "te_request_failure{err=\"overloaded\"} 1",
+            "te_embed_count 2",
+            "te_embed_success 0",
         ] {
             assert!(out.lines().any(|l| l == line), "{line} missing from\n{out}");
         }

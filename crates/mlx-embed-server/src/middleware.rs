@@ -69,20 +69,33 @@ pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next
     let api = Api::for_path(req.uri().path());
     req.extensions_mut().insert(RequestId(id.clone()));
 
-    let span = tracing::info_span!(
-        "request",
-        id = %id,
-        method = %method,
-        route = %route,
-        otel.name = tracing::field::Empty,
-        otel.kind = tracing::field::Empty,
-        otel.status_code = tracing::field::Empty,
-        http.request.method = tracing::field::Empty,
-        http.route = tracing::field::Empty,
-        http.response.status_code = tracing::field::Empty,
-        inputs = tracing::field::Empty,
-    );
-    let exported = exported_spans();
+    // A probe or a scrape, polled every few seconds, is no trace anyone
+    // looks for: its span is in the log lines, never exported.
+    let polled = is_polled(&route);
+    macro_rules! request_span {
+        ($target:expr) => {
+            tracing::info_span!(
+                target: $target,
+                "request",
+                id = %id,
+                method = %method,
+                route = %route,
+                otel.name = tracing::field::Empty,
+                otel.kind = tracing::field::Empty,
+                otel.status_code = tracing::field::Empty,
+                http.request.method = tracing::field::Empty,
+                http.route = tracing::field::Empty,
+                http.response.status_code = tracing::field::Empty,
+                inputs = tracing::field::Empty,
+            )
+        };
+    }
+    let span = if polled {
+        request_span!(UNEXPORTED_TARGET)
+    } else {
+        request_span!("mlx_embed_server::middleware")
+    };
+    let exported = exported_spans().filter(|_| !polled);
     if let Some(continue_trace) = exported {
         // Before the span starts (its first child or enter starts it): an
         // exported span's kind and name are fixed then.
@@ -173,6 +186,18 @@ pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next
     response
 }
 
+/// The target of the spans of requests whose spans are never exported
+/// (probes, scrapes: [`is_polled`]); the launcher's export leaves it out.
+pub const UNEXPORTED_TARGET: &str = "mlx_embed_server::unexported";
+
+/// Whether requests to `route` are a machine's polling: liveness and
+/// readiness probes (`/health`, SageMaker's `/ping`, `/.well-known/*`) and
+/// the Prometheus scrape of `/metrics`, every few seconds each. TEI exports
+/// them like any request; a trace backend would then hold mostly probes.
+fn is_polled(route: &str) -> bool {
+    !needs_api_key(route) || route == "/metrics"
+}
+
 /// How an exported request span continues the caller's trace: given the
 /// span just made and the request's headers, it makes the span a child of
 /// the trace they name (a W3C `traceparent`), if any.
@@ -193,7 +218,7 @@ pub fn export_spans(continue_trace: ContinueTrace) -> bool {
     EXPORTED_SPANS.set(continue_trace).is_ok()
 }
 
-fn exported_spans() -> Option<ContinueTrace> {
+pub(crate) fn exported_spans() -> Option<ContinueTrace> {
     EXPORTED_SPANS.get().copied()
 }
 

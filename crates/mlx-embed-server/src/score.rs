@@ -85,7 +85,7 @@ async fn run(state: &AppState, req: ScoreRequest) -> Result<ScoreOutput, ApiErro
     }
     // One row of `width` (= `dim`) scores per input: the model thread checks
     // every output's shape before it answers.
-    let chars = timing::chars(&req.inputs);
+    let chars = timing::reach(&req.inputs);
     let out = state
         .unless_drain_ends(model.batcher.embed(req.inputs, req.options))
         .await?;

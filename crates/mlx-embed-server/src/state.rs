@@ -116,6 +116,20 @@ impl AppState {
     /// The request counts under the model it gets, or, refused for naming a
     /// served model of another kind, under that one.
     pub fn model_for(&self, requested: Option<&str>, task: Task) -> Result<&ServedModel, ApiError> {
+        let resolved = self.counted_under(requested, task);
+        // Every `model` refusal but an unknown name's (404) is about the kind.
+        if let Err(e) = &resolved {
+            if e.kind == crate::errors::ErrorKind::InvalidRequest
+                && e.param.as_deref() == Some("model")
+            {
+                crate::timing::note_model_type();
+            }
+        }
+        resolved
+    }
+    /// [`Self::model_for`] without the note for TEI's `err`: the model the
+    /// request gets, under which it counts (or the one it names, refused).
+    fn counted_under(&self, requested: Option<&str>, task: Task) -> Result<&ServedModel, ApiError> {
         let resolved = resolve(&self.0.models, requested, task);
         let counted = match &resolved {
             Ok(model) => Some(*model),
@@ -128,8 +142,9 @@ impl AppState {
     }
     /// Counts a request refused before its model was picked under the
     /// model it names (or would get), as refusals after the pick count.
+    /// Its refusal stands: the model's kind is not why it was refused.
     pub(crate) fn count_under_requested(&self, requested: Option<&str>, task: Task) {
-        let _ = self.model_for(requested, task);
+        let _ = self.counted_under(requested, task);
     }
     pub fn args(&self) -> &ServerArgs {
         &self.0.args

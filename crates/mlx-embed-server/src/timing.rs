@@ -76,6 +76,16 @@ pub struct Measured {
     pub method: Option<Method>,
     /// The path it took (`begin`'s).
     pub op: Op,
+    /// Inputs that reached the model call (`reach`): past every check the
+    /// server makes of the request, so tokenized next. TEI's `te_embed_count`
+    /// and `te_predict_count` count these, not what was refused before.
+    pub reached: u64,
+    /// Refused for the model's kind (a rerank of an embedder): TEI's
+    /// `err="model_type"`.
+    pub model_type: bool,
+    /// The model path took it (`begin`), even with no input (`[]`, which
+    /// TEI counts, refused).
+    pub began: bool,
 }
 
 impl Measured {
@@ -125,6 +135,145 @@ pub(crate) fn begin(inputs: usize, op: Op) {
         let mut m = m.lock();
         m.sent += inputs as u64;
         m.op = op;
+        m.began = true;
+    });
+}
+
+/// The inputs go to the model call (nothing is checked between here and
+/// it): counted in TEI's per-input families from here. Returns their
+/// characters ([`chars`]), which the call's [`record`] takes.
+pub(crate) fn reach(inputs: &[EmbedInput]) -> u64 {
+    reached(inputs.len());
+    chars(inputs)
+}
+
+/// [`reach`] for a call whose client sent `inputs` inputs other than the
+/// call's own (late chunking's chunks, run as one text).
+pub(crate) fn reached(inputs: usize) {
+    let _ = MEASURED.try_with(|m| m.lock().reached += inputs as u64);
+}
+
+/// The request was refused for the kind of model it named or got (TEI's
+/// `err="model_type"`).
+pub(crate) fn note_model_type() {
+    let _ = MEASURED.try_with(|m| m.lock().model_type = true);
+}
+
+/// Runs `f` in a scope of its own and returns, with its output, what it
+/// said there: the shape and checks of one of several requests carried in
+/// one (a `/vertex` instance), as its body said it.
+pub(crate) fn scoped<T>(f: impl FnOnce() -> T) -> (T, Measured) {
+    let tally = Tally::default();
+    let out = MEASURED.sync_scope(tally.clone(), f);
+    (out, tally.take())
+}
+
+/// One TEI request that a route carries inside its own HTTP request (a
+/// `/vertex` instance): counted on its own, as TEI counts each instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Part {
+    /// Its inputs; `None`: those its work sends the model path (`begin`).
+    pub inputs: Option<u64>,
+    /// Its shape; `None`: what its work says (`shape`), else by its inputs.
+    pub method: Option<Method>,
+}
+
+/// Runs `work`, the model work of `parts` (one call may answer several),
+/// in a scope of its own, and counts each part in TEI's metrics as its own
+/// request when `work` ends (by its outcome, `total` from `start`) or as
+/// dropped when it is dropped before. Its figures add to the enclosing
+/// scope's (the request's headers), its count does not: the carrying
+/// request is in no `te_request_count` of its own, as in TEI.
+pub(crate) async fn apart<T>(
+    state: &crate::state::AppState,
+    start: std::time::Instant,
+    parts: Vec<Part>,
+    work: impl Future<Output = Result<T, crate::errors::ApiError>>,
+) -> Result<T, crate::errors::ApiError> {
+    let tally = Tally::default();
+    let counting = Apart {
+        state,
+        start,
+        parts: &parts,
+        tally: &tally,
+    };
+    let (out, measured) = measured(&tally, work).await;
+    std::mem::forget(counting);
+    let status = match &out {
+        Ok(_) => 200,
+        Err(e) => e.kind.status().as_u16(),
+    };
+    count_parts(state, &parts, &measured, status, start.elapsed());
+    if let Some(usage) = &measured.usage {
+        absorb(usage);
+    }
+    out
+}
+
+/// Each of `parts` counted with what their shared `measured` saw.
+fn count_parts(
+    state: &crate::state::AppState,
+    parts: &[Part],
+    measured: &Measured,
+    status: u16,
+    total: Duration,
+) {
+    for part in parts {
+        let sent = part.inputs.unwrap_or(measured.sent);
+        let one = Measured {
+            sent,
+            usage: measured.usage.clone(),
+            method: part.method.or(measured.method),
+            op: measured.op,
+            reached: if measured.reached > 0 { sent } else { 0 },
+            model_type: measured.model_type,
+            began: true,
+        };
+        state.http_metrics().record_tei(&one, status, total);
+    }
+}
+
+/// Alive while [`apart`] waits: dropped with it (the client left), it
+/// counts its parts as TEI's `dropped`, as the HTTP layer counts a request.
+struct Apart<'a> {
+    state: &'a crate::state::AppState,
+    start: std::time::Instant,
+    parts: &'a [Part],
+    tally: &'a Tally,
+}
+
+impl Drop for Apart<'_> {
+    fn drop(&mut self) {
+        if self.state.is_abandoning() {
+            return;
+        }
+        let measured = self.tally.take();
+        count_parts(
+            self.state,
+            self.parts,
+            &measured,
+            crate::middleware::CLIENT_CLOSED_REQUEST,
+            self.start.elapsed(),
+        );
+    }
+}
+
+/// Adds `usage`, another scope's figures, to the enclosing scope's, as
+/// [`record`] adds a call's.
+fn absorb(usage: &Usage) {
+    let _ = MEASURED.try_with(|m| {
+        let mut m = m.lock();
+        let mine = m.usage.get_or_insert_with(|| Usage {
+            compute_type: usage.compute_type.clone(),
+            ..Usage::default()
+        });
+        blend(
+            mine,
+            usage.chars,
+            usage.tokens,
+            &usage.timings,
+            usage.inputs,
+        );
     });
 }
 
@@ -170,16 +319,23 @@ pub(crate) fn record_as(model: &ModelInfo, chars: u64, inputs: u64, out: &Embedd
             compute_type: compute_type(model).to_owned(),
             ..Usage::default()
         });
-        usage.chars += chars;
-        usage.tokens += out.token_counts.iter().map(|&n| u64::from(n)).sum::<u64>();
-        let (before, added) = (usage.inputs, inputs);
-        let blend = |avg: Duration, call: Duration| average(avg, before, call, added);
-        let (t, call) = (&mut usage.timings, &out.timings);
-        t.tokenization = blend(t.tokenization, call.tokenization);
-        t.queue = blend(t.queue, call.queue);
-        t.inference = blend(t.inference, call.inference);
-        usage.inputs += added;
+        let tokens = out.token_counts.iter().map(|&n| u64::from(n)).sum::<u64>();
+        blend(usage, chars, tokens, &out.timings, inputs);
     });
+}
+
+/// Adds a call's (or another scope's) counts to `usage`, its phase times
+/// averaged in, weighing `inputs`.
+fn blend(usage: &mut Usage, chars: u64, tokens: u64, call: &Timings, inputs: u64) {
+    usage.chars += chars;
+    usage.tokens += tokens;
+    let before = usage.inputs;
+    let mix = |avg: Duration, call: Duration| average(avg, before, call, inputs);
+    let t = &mut usage.timings;
+    t.tokenization = mix(t.tokenization, call.tokenization);
+    t.queue = mix(t.queue, call.queue);
+    t.inference = mix(t.inference, call.inference);
+    usage.inputs += inputs;
 }
 
 /// The mean of `avg` weighing `n` and `call` weighing `k`: a lone call's
@@ -351,6 +507,32 @@ mod tests {
         assert_eq!(m.method(), Method::Batch);
         // Outside a scope (the warm-up): nothing, and no panic.
         shape(Method::Batch);
+    }
+
+    #[tokio::test]
+    async fn inputs_reach_the_model_call_apart_from_those_begun() {
+        let text = |t: &str| EmbedInput::Text(t.into());
+        let ((), m) = measured(&Tally::default(), async {
+            begin(3, Op::Embed);
+            assert_eq!(reach(&[text("héllo"), text("ab")]), 7, "their characters");
+        })
+        .await;
+        assert_eq!((m.sent, m.reached, m.began), (3, 2, true));
+        // `[]` is begun all the same; a kind refusal is noted.
+        let ((), m) = measured(&Tally::default(), async {
+            begin(0, Op::Predict);
+            note_model_type();
+        })
+        .await;
+        assert_eq!((m.sent, m.began, m.model_type), (0, true, true));
+        // A scope of its own inside another: what it says stays in it.
+        let ((), outer) = measured(&Tally::default(), async {
+            let ((), inner) = scoped(|| shape(Method::Single));
+            assert_eq!(inner.method, Some(Method::Single));
+            shape(Method::Batch);
+        })
+        .await;
+        assert_eq!(outer.method, Some(Method::Batch));
     }
 
     #[test]

@@ -818,8 +818,9 @@ fn parse_log_filter(filter: &str) -> Result<String, String> {
 /// and, with `otlp` (endpoint, service name), the spans exported there
 /// ([`crate::otlp`]), whose export the caller finishes at exit. The export
 /// takes the server's spans (info) and the core's phase spans (debug)
-/// whatever `filter` says, and no other crate's (the exporter's own gRPC
-/// client among them); `--disable-spans` is about log lines only.
+/// whatever `filter` says (but probes' and scrapes', which would flood a
+/// trace backend), and no other crate's (the exporter's own gRPC client
+/// among them); `--disable-spans` is about log lines only.
 fn init_logging(
     filter: &str,
     format: LogFormat,
@@ -860,6 +861,11 @@ fn init_logging(
             .with_filter(
                 tracing_subscriber::filter::Targets::new()
                     .with_target("mlx_embed_server", tracing::Level::INFO)
+                    // Probes' and scrapes' spans (the longest prefix wins).
+                    .with_target(
+                        mlx_embed_server::middleware::UNEXPORTED_TARGET,
+                        tracing_subscriber::filter::LevelFilter::OFF,
+                    )
                     .with_target("mlx_embed_core", tracing::Level::DEBUG),
             )
     });

@@ -12,6 +12,7 @@ use mlx_embed_core::Output;
 use tokio::sync::watch;
 use tonic::metadata::MetadataMap;
 use tonic::{Extensions, Request, Response, Status, Streaming};
+use tracing::Instrument as _;
 
 use super::requests::{
     embed_request, merge_ranks, predict_request, raw_request, rerank_request,
@@ -94,6 +95,11 @@ async fn timed<T: WithMetadata>(
     };
     let (answer, measured) = timing::measured(&tally, work).await;
     std::mem::forget(dropped);
+    if method != timing::Method::Stream && measured.sent > 0 {
+        // The call's span (a stream's messages share theirs: not each's).
+        let sent = i64::try_from(measured.sent).unwrap_or(i64::MAX);
+        tracing::Span::current().record("inputs", sent);
+    }
     let total = start.elapsed();
     let status = match &answer {
         Ok(_) => 200,
@@ -340,6 +346,9 @@ where
 {
     let state = tei.state.clone();
     let mut turns = Turns::default();
+    // Each message's task runs in the call's span, so the core's phase
+    // spans of every message are the call's children.
+    let span = tracing::Span::current();
     let answers = until_shutdown(incoming, tei.stopping.clone())
         .map(move |message| {
             let work = message.map(|q| answer(state.clone(), q));
@@ -350,17 +359,20 @@ where
             // message waiting for answer room must still reach its
             // `--max-queue-wait-ms` (and not hold the room's line) when its
             // client reads nothing. Aborted with the stream.
-            let task = Aborting(tokio::spawn(async move {
-                match work {
-                    Ok(work) => {
-                        let (answer, kept) = kept_for_stream_message(work, turn).await;
-                        let answer = answer.map_err(status)?;
-                        let held = room.settle(kept, answer.encoded_len());
-                        Ok((answer, held))
+            let task = Aborting(tokio::spawn(
+                async move {
+                    match work {
+                        Ok(work) => {
+                            let (answer, kept) = kept_for_stream_message(work, turn).await;
+                            let answer = answer.map_err(status)?;
+                            let held = room.settle(kept, answer.encoded_len());
+                            Ok((answer, held))
+                        }
+                        Err(unreadable) => Err(size_status(unreadable)),
                     }
-                    Err(unreadable) => Err(size_status(unreadable)),
                 }
-            }));
+                .instrument(span.clone()),
+            ));
             async move {
                 task.await
                     .unwrap_or_else(|_| Err(Status::internal("the message's task failed")))

@@ -22,6 +22,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tonic::{Code, Status};
 use tonic_health::pb::health_server::HealthServer;
+use tracing::Instrument as _;
 
 use super::health::Probe;
 use super::methods::Tei;
@@ -32,7 +33,7 @@ use super::pb::{
 use super::status::{code_name, size_status, CLIENT_FAULT};
 use crate::config::ServerArgs;
 use crate::errors::{LogSafe, ServerError};
-use crate::middleware::carries_api_key;
+use crate::middleware::{carries_api_key, exported_spans, UNEXPORTED_TARGET};
 use crate::serve::accept_until;
 use crate::state::AppState;
 
@@ -187,10 +188,50 @@ async fn observe(State(observed): State<Observed>, req: Request, next: Next) -> 
         .find(|m| **m == path)
         .copied()
         .unwrap_or("unmatched");
+    // The health service's checks are probes, reflection a client's tool:
+    // their spans are in the log lines, never exported.
+    let unexported = path.starts_with(HEALTH) || reflection;
+    macro_rules! call_span {
+        ($target:expr) => {
+            tracing::info_span!(
+                target: $target,
+                "grpc",
+                method = %method,
+                otel.name = tracing::field::Empty,
+                otel.kind = tracing::field::Empty,
+                otel.status_code = tracing::field::Empty,
+                rpc.system = tracing::field::Empty,
+                rpc.service = tracing::field::Empty,
+                rpc.method = tracing::field::Empty,
+                rpc.grpc.status_code = tracing::field::Empty,
+                inputs = tracing::field::Empty,
+            )
+        };
+    }
+    let span = if unexported {
+        call_span!(UNEXPORTED_TARGET)
+    } else {
+        call_span!("mlx_embed_server::grpc")
+    };
+    let exported = exported_spans().filter(|_| !unexported);
+    if let Some(continue_trace) = exported {
+        // OpenTelemetry's RPC conventions: named `tei.v1.Embed/Embed`.
+        let name = method.trim_start_matches('/');
+        let (service, rpc) = name.split_once('/').unwrap_or((name, ""));
+        span.record("otel.kind", "server");
+        span.record("otel.name", name);
+        span.record("rpc.system", "grpc");
+        span.record("rpc.service", service);
+        span.record("rpc.method", rpc);
+        // gRPC metadata are the call's HTTP/2 headers: a `traceparent` too.
+        continue_trace(&span, req.headers());
+    }
     let done = Done {
         state: state.clone(),
         method,
         start,
+        span: span.clone(),
+        exported: exported.is_some(),
     };
     if let Some(key) = state.args().api_key.as_deref() {
         if !path.starts_with(HEALTH) && !carries_api_key(req.headers(), key) {
@@ -201,7 +242,7 @@ async fn observe(State(observed): State<Observed>, req: Request, next: Next) -> 
             return refusal.into_http();
         }
     }
-    let response = next.run(req).await;
+    let response = next.run(req).instrument(span.clone()).await;
     // A trailers-only answer (the call failed before any message, or a
     // unary call's message could not be read) has its status in its headers.
     if let Some(status) = Status::from_header_map(response.headers()) {
@@ -219,6 +260,7 @@ async fn observe(State(observed): State<Observed>, req: Request, next: Next) -> 
         Body::new(Watched {
             body,
             done: Some(done),
+            span,
         }),
     )
 }
@@ -284,6 +326,9 @@ struct Done {
     state: AppState,
     method: &'static str,
     start: Instant,
+    /// The call's span: its log lines', and, `exported`, an OTLP span.
+    span: tracing::Span,
+    exported: bool,
 }
 
 impl Done {
@@ -293,7 +338,11 @@ impl Done {
         let name = code_name(code);
         self.state.http_metrics().record_grpc(self.method, name);
         let ms = (self.start.elapsed().as_secs_f64() * 1e6).round() / 1e3;
+        let _in_span = self.span.enter();
         tracing::info!(method = %self.method, code = %name, ms, "gRPC call done");
+        if self.exported {
+            self.span.record("rpc.grpc.status_code", code as i64);
+        }
         let Some(status) = failure else {
             return;
         };
@@ -308,6 +357,11 @@ impl Done {
                 | Code::DataLoss
         ) && !status.metadata().contains_key(CLIENT_FAULT);
         if server_side {
+            if self.exported {
+                // A server span fails on the server's errors only, as an
+                // HTTP request's on a 5xx.
+                self.span.record("otel.status_code", "ERROR");
+            }
             tracing::warn!("gRPC call failed: {}", LogSafe(status.message()));
         } else {
             tracing::debug!("gRPC call refused: {}", LogSafe(status.message()));
@@ -320,6 +374,9 @@ impl Done {
 struct Watched {
     body: Body,
     done: Option<Done>,
+    /// The call's span, entered while the answer is made (a stream's
+    /// messages are read and answered as it is polled).
+    span: tracing::Span,
 }
 
 impl http_body::Body for Watched {
@@ -330,6 +387,8 @@ impl http_body::Body for Watched {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let span = self.span.clone();
+        let _in_span = span.enter();
         let mut polled = Pin::new(&mut self.body).poll_frame(cx);
         match &mut polled {
             Poll::Ready(Some(Ok(frame))) => {

@@ -14,7 +14,7 @@ use std::borrow::Cow;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use futures_util::future::try_join_all;
+use futures_util::future::join_all;
 use mlx_embed_core::{EmbedInput, ModelKind, Priority};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -30,6 +30,7 @@ use crate::errors::{ApiError, ErrorKind, Shaped, Tei, TeiErrorBody, TeiOrOpenAiE
 use crate::extract::{ApiJson, PriorityHeader};
 use crate::models::Task;
 use crate::state::AppState;
+use crate::timing::{self, Measured};
 
 /// The route that answers a platform request, by the model's kind.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -276,14 +277,34 @@ pub async fn vertex(
     PriorityHeader(priority, _): PriorityHeader<Tei>,
     ApiJson(req, _): ApiJson<VertexRequest, Tei>,
 ) -> Result<Json<VertexResponse>, Shaped<Tei>> {
-    let planned = req
-        .instances
-        .into_iter()
-        .enumerate()
-        .map(|(i, instance)| plan(&state, instance, priority).map_err(|e| in_instance(e, i)))
-        .collect::<Result<Vec<_>, _>>()?;
+    // TEI answers each instance as its own request, and counts it so: each
+    // is one in `te_request_*`, the `/vertex` request none of its own.
+    let start = std::time::Instant::now();
+    let mut planned = Vec::with_capacity(req.instances.len());
+    for (i, instance) in req.instances.into_iter().enumerate() {
+        let (plan, seen) = timing::scoped(|| plan(&state, instance, priority));
+        match plan {
+            Ok(plan) => planned.push((plan, seen.method)),
+            Err(e) => {
+                // Read but refused: counted as TEI counts an instance refused
+                // (one that could not be read is in no count, nor in TEI's).
+                if let Some(method) = seen.method {
+                    let refused = Measured {
+                        method: Some(method),
+                        began: true,
+                        ..seen
+                    };
+                    let status = e.kind.status().as_u16();
+                    state
+                        .http_metrics()
+                        .record_tei(&refused, status, start.elapsed());
+                }
+                return Err(in_instance(e, i).into());
+            }
+        }
+    }
     let max_inputs = state.args().max_inputs_per_request;
-    let total: usize = planned.iter().map(Planned::inputs).sum();
+    let total: usize = planned.iter().map(|(p, _)| p.inputs()).sum();
     if total > max_inputs {
         return Err(ApiError::new(
             ErrorKind::TooLarge,
@@ -298,7 +319,7 @@ pub async fn vertex(
     let n = planned.len();
     let mut groups: Vec<EmbedGroup> = Vec::new();
     let mut others = Vec::new();
-    for (i, instance) in planned.into_iter().enumerate() {
+    for (i, (instance, method)) in planned.into_iter().enumerate() {
         match instance {
             Planned::Embed(req, dimension) => {
                 let owner = Owner {
@@ -306,6 +327,7 @@ pub async fn vertex(
                     inputs: req.inputs.len(),
                     dimension,
                     normalize: req.normalize,
+                    method,
                 };
                 match groups.iter_mut().find(|g| g.takes(&req)) {
                     Some(group) => group.add(owner, req.inputs),
@@ -316,17 +338,46 @@ pub async fn vertex(
         }
     }
     let state = &state;
-    let embedded = try_join_all(groups.into_iter().map(|group| group.run(state)));
-    let answered = try_join_all(others.into_iter().map(|(i, job, body)| async move {
-        answer(state, job, body, priority)
-            .await
-            .map(|a| (i, a))
-            .map_err(|e| in_instance(e, i))
+    // Every instance runs to its end, as TEI's do (each is counted by its
+    // own outcome, none as dropped for another's failure); the first
+    // instance's failure answers.
+    let embedded = join_all(groups.into_iter().map(|group| {
+        let first = group.owners.first().map_or(0, |o| o.instance);
+        let parts = group.parts();
+        async move {
+            timing::apart(state, start, parts, group.run(state))
+                .await
+                .map_err(|e| (first, e))
+        }
     }));
-    let (embedded, answered) = futures_util::future::try_join(embedded, answered).await?;
+    let answered = join_all(others.into_iter().map(|(i, job, body)| async move {
+        let whole = vec![timing::Part {
+            inputs: None,
+            method: None,
+        }];
+        timing::apart(state, start, whole, answer(state, job, body, priority))
+            .await
+            .map(|a| vec![(i, a)])
+            .map_err(|e| (i, in_instance(e, i)))
+    }));
+    let (embedded, answered) = futures_util::future::join(embedded, answered).await;
     let mut predictions: Vec<Option<RouteAnswer>> = (0..n).map(|_| None).collect();
-    for (i, answer) in embedded.into_iter().flatten().chain(answered) {
-        predictions[i] = Some(answer);
+    let mut failed: Option<(usize, ApiError)> = None;
+    for result in embedded.into_iter().chain(answered) {
+        match result {
+            Ok(answers) => {
+                for (i, answer) in answers {
+                    predictions[i] = Some(answer);
+                }
+            }
+            Err((i, e)) if failed.as_ref().is_none_or(|(first, _)| i < *first) => {
+                failed = Some((i, e));
+            }
+            Err(_) => {}
+        }
+    }
+    if let Some((_, e)) = failed {
+        return Err(e.into());
     }
     Ok(Json(VertexResponse {
         predictions: predictions
@@ -406,6 +457,8 @@ struct Owner {
     inputs: usize,
     dimension: usize,
     normalize: bool,
+    /// Its shape, as its body said it (TEI's `method`).
+    method: Option<timing::Method>,
 }
 
 impl EmbedGroup {
@@ -424,6 +477,17 @@ impl EmbedGroup {
     /// each instance's vectors (inputs, `normalize`, `dimensions`).
     fn takes(&self, req: &EmbedRequest) -> bool {
         (&self.req.model, &self.req.options) == (&req.model, &req.options)
+    }
+
+    /// Its instances, each a request of its own in TEI's metrics.
+    fn parts(&self) -> Vec<timing::Part> {
+        self.owners
+            .iter()
+            .map(|o| timing::Part {
+                inputs: Some(o.inputs as u64),
+                method: o.method,
+            })
+            .collect()
     }
 
     fn add(&mut self, owner: Owner, inputs: Vec<EmbedInput>) {

@@ -203,7 +203,14 @@ def tei_stubs(tmp_path_factory):
     out = tmp_path_factory.mktemp("tei_stubs")
     include = str(importlib.resources.files(grpc_tools) / "_proto")
     rc = protoc.main(
-        ["protoc", f"-I{ROOT / 'proto'}", f"-I{include}", f"--python_out={out}", f"--grpc_python_out={out}", "tei.proto"]
+        [
+            "protoc",
+            f"-I{ROOT / 'proto'}",
+            f"-I{include}",
+            f"--python_out={out}",
+            f"--grpc_python_out={out}",
+            "tei.proto",
+        ]
     )
     assert rc == 0
     sys.path.insert(0, str(out))

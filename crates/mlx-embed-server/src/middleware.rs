@@ -187,7 +187,8 @@ pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next
 }
 
 /// The target of the spans of requests whose spans are never exported
-/// (probes, scrapes: [`is_polled`]); the launcher's export leaves it out.
+/// (probes: `/health`, `/ping`, `/.well-known/*`, the gRPC health service;
+/// the scrape of `/metrics`; reflection); the launcher's export leaves it out.
 pub const UNEXPORTED_TARGET: &str = "mlx_embed_server::unexported";
 
 /// Whether requests to `route` are a machine's polling: liveness and

@@ -301,6 +301,9 @@ def test_each_vertex_instance_is_a_tei_request(srv):
     # One instance refused before any runs: that one is counted, refused.
     refused = srv.post("/vertex", {"instances": [{"inputs": "vertex fine"}, {"inputs": []}]})
     assert refused.status_code == 400, refused.text
+    # An instance its route cannot read: in no count, as in TEI.
+    unread = srv.post("/vertex", {"instances": [{"model": "tiny-bert-classifier", "inputs": 5}]})
+    assert unread.status_code in (400, 422), unread.text
     after = srv.get("/metrics").text
 
     def delta(name, labels=""):

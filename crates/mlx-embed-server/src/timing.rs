@@ -227,7 +227,8 @@ fn count_parts(
             op: measured.op,
             reached: if measured.reached > 0 { sent } else { 0 },
             model_type: measured.model_type,
-            began: true,
+            // A part whose body its work could not read is in no count.
+            began: part.inputs.is_some() || measured.began,
         };
         state.http_metrics().record_tei(&one, status, total);
     }

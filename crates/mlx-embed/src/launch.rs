@@ -889,6 +889,7 @@ fn init_logging(
             mlx_embed_server::middleware::export_spans(crate::otlp::continue_trace);
             if let Some((endpoint, service)) = &otlp {
                 tracing::info!("exporting spans to {endpoint} over OTLP gRPC as {service}");
+                export.probe(endpoint);
             }
             Ok(Some(export))
         }

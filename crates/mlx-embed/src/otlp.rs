@@ -82,7 +82,7 @@ pub struct Export {
 
 /// The tracer the subscriber's OpenTelemetry layer writes to, and the
 /// export behind it. Starts nothing that could fail later than here, bar
-/// the collector being away (a warning, not an error).
+/// the collector being away (a warning, once [`Export::probe`] runs).
 pub fn start(
     endpoint: &str,
     service_name: &str,
@@ -116,11 +116,17 @@ pub fn start(
         )
         .build();
     let tracer = provider.tracer("mlx-embed");
-    runtime.spawn(probe(endpoint.to_owned()));
     Ok((Export { provider, runtime }, tracer))
 }
 
 impl Export {
+    /// Checks, in the background, that something answers at `endpoint`,
+    /// and warns if not. Called once the subscriber is installed: a refusal
+    /// comes back at once, and its warning said before would be lost.
+    pub fn probe(&self, endpoint: &str) {
+        self.runtime.spawn(probe(endpoint.to_owned()));
+    }
+
     /// Sends the spans still queued, waiting [`FLUSH_AT_EXIT`] at most.
     pub fn finish(self) {
         if let Err(err) = self.provider.shutdown_with_timeout(FLUSH_AT_EXIT) {

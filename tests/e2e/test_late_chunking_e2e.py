@@ -211,10 +211,14 @@ def test_figures_count_the_chunks_the_client_sent(tmp_path, lib):
         assert _metric(metrics, "te_embed_success") == 2 * len(chunks)
         assert _metric(metrics, 'te_request_count{method="batch"}') == 2
         assert _metric(metrics, 'te_request_count{method="single"}') == 0
-        # A refused late-chunked request counts its chunks too.
+        # A late-chunked request refused before the model call counts as a
+        # request of its chunks (a batch) that failed validation; its chunks
+        # never reached the model, so no per-input family counts them (TEI's rule).
         assert _late(srv, ["a text", ""]).status_code == 400
         metrics = srv.get("/metrics").text
-        assert _metric(metrics, "te_embed_count") == 2 * len(chunks) + 2
+        assert _metric(metrics, 'te_request_count{method="batch"}') == 3
+        assert _metric(metrics, 'te_request_failure{err="validation"}') == 1
+        assert _metric(metrics, "te_embed_count") == 2 * len(chunks)
         assert _metric(metrics, "te_embed_success") == 2 * len(chunks)
     finally:
         assert srv.stop() == 0

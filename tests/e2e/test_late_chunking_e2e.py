@@ -227,10 +227,16 @@ def test_figures_count_the_chunks_the_client_sent(tmp_path, lib):
 def test_a_dense_after_the_pooling_is_refused(tmp_path):
     """sentence-T5's layout (mean pooling, then a 64 -> 64 Dense): no chunk
     mean runs through the Dense, so it is refused for that reason, before
-    any model work; without late_chunking the same chunks are served."""
+    any model work; without late_chunking the same chunks are served. The
+    library refuses it too (the rule is in both: this holds them together)."""
     import mlx_embed
+    from mlx_embed.errors import InvalidInput
 
-    name = mlx_embed.load(str(FIXTURES / "tiny-t5")).name
+    lib = mlx_embed.load(str(FIXTURES / "tiny-t5"))
+    name = lib.name
+    assert lib.spec().details["dense_layers"] == "1"
+    with pytest.raises(InvalidInput, match="Dense"):
+        lib.embed_late_chunks(["a", "b"])
     srv = start_server(tmp_path, "--model", str(FIXTURES / "tiny-t5"), "--no-warmup")
     try:
         resp = _late(srv, ["a", "b"])
@@ -243,9 +249,17 @@ def test_a_dense_after_the_pooling_is_refused(tmp_path):
             "error": {"message": message, "type": "invalid_request_error", "param": "late_chunking", "code": None},
             "detail": message,
         }
+        # Refused before any model work: no batch ran (the plain request's does).
+        assert _batches(srv) == 0
         assert _vectors(srv.post("/v1/embeddings", {"input": ["a", "b"]})).shape == (2, 64)
+        assert _batches(srv) >= 1
     finally:
         assert srv.stop() == 0
+
+
+def _batches(srv) -> float:
+    lines = srv.get("/metrics").text.splitlines()
+    return sum(float(line.split()[-1]) for line in lines if line.startswith("mlx_embed_batches_total"))
 
 
 def test_a_model_s_truncate_dim_cuts_each_chunk(tmp_path):

@@ -117,6 +117,24 @@ def test_concurrent_late_and_plain_requests_get_their_own(server, lib):
         assert np.array_equal(got, want), (k, late)
 
 
+def test_the_cache_neither_answers_nor_keeps_late_chunks(server, lib):
+    """The embedding cache (on in the default server) holds one pooled vector
+    per input: the same chunks cached by a plain request do not answer a
+    late-chunked one, and a late-chunked request leaves the cache as it was."""
+    chunks = ["A text the cache sees first.", "Its second chunk."]
+    first = server.post("/v1/embeddings", {"input": chunks})
+    assert _vectors(first).shape == (2, lib.dim)
+    again = server.post("/v1/embeddings", {"input": chunks})
+    assert again.json()["usage"]["cache_hits"] == 2, "the cache is off: the test would not see it"
+    late = _late(server, chunks)
+    assert late.json()["usage"]["cache_hits"] == 0
+    assert np.array_equal(_vectors(late), lib.embed_late_chunks(chunks))
+    plain = server.post("/v1/embeddings", {"input": chunks})
+    assert plain.json()["usage"]["cache_hits"] == 2
+    assert np.array_equal(_vectors(plain), _vectors(first))
+    assert _late(server, chunks).json()["usage"]["cache_hits"] == 0
+
+
 def test_a_prompt_is_read_with_the_chunks_and_belongs_to_none(nomic):
     """NomicBERT's default prompt (`search_document: `) and a named one run
     before the joined chunks, as in the library; a chunk that begins the text

@@ -202,7 +202,7 @@ def main() -> None:
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "mlx-embed-bench-decoder")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--attention", action="store_true",
-                    help="time one layer's attention alone (MLX against the native softmax), this tree")
+                    help="time one layer's attention alone (MLX against the native kernel), this tree")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     ap.add_argument("--vectors", type=Path, help=argparse.SUPPRESS)

@@ -1419,10 +1419,14 @@ def engine_attention(module) -> None:
 
 def _heads_view(x: mx.array) -> np.ndarray:
     """An evaluated [B, H, L, head_dim] array as a NumPy view in its own
-    layout (a transpose's strides; no copy), or a copy where a head's
-    features do not lie side by side."""
+    layout (a transpose's or a broadcast's strides; no copy), or a copy where
+    the kernel could not read it: a head's features not side by side, or a
+    negative stride (a reversed slice)."""
     view = host_view(x)
-    return view if view.strides[-1] == view.itemsize else np.ascontiguousarray(view)
+    readable = all(s >= 0 or n == 1 for s, n in zip(view.strides, view.shape))
+    if readable and (view.strides[-1] == view.itemsize or view.shape[-1] == 1):
+        return view
+    return np.ascontiguousarray(view)
 
 
 def decoder_attention(

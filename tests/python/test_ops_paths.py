@@ -530,7 +530,8 @@ def test_native_position_softmax_matches_mlx(kind, block_rows, monkeypatch):
     got, want = np.array(got), np.array(want)
     for b, n in enumerate(lengths):
         assert np.abs(got[b, :, :n] - want[b, :, :n]).max() <= 1e-5
-    for both in ({"slopes": slopes, "half": 1}, {"half": 1, "causal": True}, {}):
+    # Two terms, no term, or slopes for other heads than the scores'.
+    for both in ({"slopes": slopes, "half": 1}, {}, {"slopes": slopes[:2]}):
         with pytest.raises(ValueError, match="exactly one"):
             _native.masked_softmax_positions_(np.zeros((1, 3, 2, 2), np.float32), [2], 1.0, 0, **both)
 
@@ -645,6 +646,37 @@ def test_decoder_attention_matches_mlx_with_grouped_queries(kind, kv_heads):
     for b, n in enumerate(lengths):
         assert np.abs(got[b, :, :n] - want[b, :, :n]).max() <= 1e-5
         assert not got[b, :, n:].any()
+
+
+def test_decoder_attention_reads_strided_arrays_in_place_and_copies_reversed_ones(monkeypatch):
+    """q/k/v in the layouts MLX can hand over: a slice at an offset seen
+    through a transpose and a broadcast over the batch (stride 0) go to the
+    kernel as they lie; a reversed slice (a negative stride, which the
+    kernel refuses) is copied first, not a failed pass. One text of the
+    batch (B = 1) too, whose batch stride nobody reads."""
+    mx.random.seed(13)
+    H, KV, L, hd = 4, 2, 20, 8
+    strides = []
+    real = _native.decoder_attention_
+    monkeypatch.setattr(
+        _native, "decoder_attention_", lambda *a, **kw: strides.append([t.strides for t in a[:3]]) or real(*a, **kw)
+    )
+    for B in (2, 1):
+        q = mx.random.normal((B, L + 3, H, hd))[:, 3:].transpose(0, 2, 1, 3)
+        k = mx.random.normal((B, KV, L, hd))[:, :, ::-1]
+        v = mx.broadcast_to(mx.random.normal((1, KV, L, hd)), (B, KV, L, hd))
+        q, k, v = _evaluated(q, k, v)
+        strides.clear()
+        want = np.array(
+            mx.fast.scaled_dot_product_attention(*(mx.contiguous(t) for t in (q, k, v)), scale=0.3, mask="causal")
+        )
+        with ops.forward_context(ops.make_context("native")):
+            (got,) = _evaluated(ops.decoder_attention(q, k, v, 0.3, None, causal=True))
+        assert np.abs(np.array(got) - want).max() <= 1e-5
+        (qs, ks, vs), = strides
+        assert qs == (4 * (L + 3) * H * hd, 4 * hd, 4 * H * hd, 4)  # the transposed slice, in place
+        assert ks == (4 * KV * L * hd, 4 * L * hd, 4 * hd, 4)  # the reversed slice, copied
+        assert vs == ((0 if B > 1 else 4 * KV * L * hd), 4 * L * hd, 4 * hd, 4)  # the broadcast, in place
 
 
 def test_the_engine_attention_takes_the_kernel_on_the_native_path_only(monkeypatch):

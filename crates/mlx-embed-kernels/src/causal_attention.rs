@@ -8,7 +8,8 @@
 //! thread's scratch is one transposed key tile and two floats per position.
 //! Tiles start at fixed positions and every sum runs in a fixed order, so a
 //! row's bits depend on its own text alone: not on the padded length, the
-//! batch, the thread count or the SIMD build.
+//! batch, the thread count or which FMA build runs (AVX2 or AVX-512; the
+//! generic build, without fused multiply-adds, has bits of its own).
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -240,7 +241,10 @@ impl Text<'_> {
         let hi = if self.mask.causal {
             i + 1
         } else {
-            self.mask.window.map_or(self.n, |w| (i + w + 1).min(self.n))
+            // Saturating: a window as wide as usize (Python's int) is no window.
+            self.mask.window.map_or(self.n, |w| {
+                i.saturating_add(w).saturating_add(1).min(self.n)
+            })
         };
         (lo, hi)
     }
@@ -932,6 +936,41 @@ mod tests {
                 // Padding rows are zeros.
                 let pad = &together[(b * shape.len + n) * width..(b + 1) * shape.len * width];
                 assert!(pad.iter().all(|&x| x == 0.0), "text {b}'s padding rows");
+            }
+        }
+    }
+
+    #[test]
+    fn a_window_past_the_text_is_no_window() {
+        // usize::MAX too (what a Python int may be), which must not wrap.
+        let shape = DecoderShape {
+            batch: 2,
+            len: 2 * KEY_TILE + 6,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 16,
+        };
+        let lens = [2 * KEY_TILE + 6, 33];
+        let inputs = Inputs::new(shape, 9);
+        for causal in [true, false] {
+            let plain = DecoderMask {
+                causal,
+                window: None,
+                softcap: None,
+            };
+            let want = inputs.run(&lens, 0.5, plain, 1);
+            for w in [2 * KEY_TILE + 5, 10_000, usize::MAX] {
+                let mask = DecoderMask {
+                    window: Some(w),
+                    ..plain
+                };
+                let got = inputs.run(&lens, 0.5, mask, 1);
+                assert!(
+                    got.iter()
+                        .zip(&want)
+                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "causal {causal}, window {w}"
+                );
             }
         }
     }

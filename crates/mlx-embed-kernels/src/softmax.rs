@@ -1,5 +1,5 @@
-//! Fused scale + key mask (+ ALiBi position bias, a local window, or a
-//! causal mask) + softmax over attention scores.
+//! Fused scale + key mask (+ ALiBi position bias or a local window) +
+//! softmax over attention scores.
 
 use crate::dispatch::simd_dispatch;
 use crate::exp::exp_nonpositive;
@@ -49,19 +49,13 @@ pub enum PositionBias<'a> {
         /// Keys at most this far from the query (either side) are attended.
         half: usize,
     },
-    /// Causal attention (the decoders): keys after the query get exactly
-    /// zero weight.
-    Causal {
-        /// Attention heads.
-        heads: usize,
-    },
 }
 
 impl PositionBias<'_> {
     fn heads(&self) -> usize {
         match self {
             PositionBias::Alibi(slopes) => slopes.len(),
-            PositionBias::Window { heads, .. } | PositionBias::Causal { heads } => *heads,
+            PositionBias::Window { heads, .. } => *heads,
         }
     }
 }
@@ -80,7 +74,7 @@ pub struct Positions<'a> {
 /// [`masked_softmax`] with a position-dependent bias: each row becomes
 /// `softmax(scale * row[j] - slope * |query - j|)` over its valid keys
 /// (ALiBi), or the softmax of its valid keys within the window of its
-/// query, or up to its query (causal), followed by zeros.
+/// query, followed by zeros.
 pub fn masked_softmax_positions(
     scores: &mut [f32],
     shape: SoftmaxShape,
@@ -207,11 +201,6 @@ simd_dispatch! {
                     let hi = (query + half + 1).min(valid);
                     row[..lo].fill(0.0);
                     softmax_row::<FMA>(&mut row[lo..], hi - lo, scale);
-                }
-                PositionBias::Causal { .. } => {
-                    // A padding query past the valid keys sees all of them:
-                    // a row nobody reads, finite all the same.
-                    softmax_row::<FMA>(row, (query + 1).min(valid), scale);
                 }
             }
         }
@@ -478,11 +467,6 @@ mod tests {
         matches_a_float64_reference_with_a_band(PositionBias::Window { heads: 3, half }, |q, j| {
             j.abs_diff(q) <= half
         });
-    }
-
-    #[test]
-    fn causal_matches_a_float64_reference_in_blocks_of_query_rows() {
-        matches_a_float64_reference_with_a_band(PositionBias::Causal { heads: 3 }, |q, j| j <= q);
     }
 
     #[test]

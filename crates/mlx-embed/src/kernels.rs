@@ -113,19 +113,18 @@ fn masked_softmax_py(
 }
 
 /// `masked_softmax_positions_(scores, key_lengths, scale, first_query,
-/// slopes=None, half=None, causal=False, threads=1)`:
+/// slopes=None, half=None, threads=1)`:
 /// [`masked_softmax_`](masked_softmax_py) over `scores` shaped `[sequences,
 /// heads, queries, keys]`, the queries at positions `first_query..`, with
 /// ALiBi's `-slopes[head] * |query - key|` added to the scaled scores
 /// (`slopes`), or only the keys within `half` positions of the query
-/// weighted (`half`), or only the keys up to the query (`causal`). Exactly
-/// one of the three.
+/// weighted (`half`). Exactly one of the two. (Causal attention is
+/// `decoder_attention_`'s.)
 #[pyfunction]
 #[pyo3(
     name = "masked_softmax_positions_",
     signature = (
-        scores, key_lengths, scale, first_query, slopes = None, half = None, causal = false,
-        threads = 1
+        scores, key_lengths, scale, first_query, slopes = None, half = None, threads = 1
     )
 )]
 #[allow(clippy::too_many_arguments)]
@@ -137,7 +136,6 @@ fn masked_softmax_positions_py(
     first_query: usize,
     slopes: Option<Vec<f32>>,
     half: Option<usize>,
-    causal: bool,
     threads: usize,
 ) -> PyResult<()> {
     let buf = writable_f32(scores)?;
@@ -148,13 +146,12 @@ fn masked_softmax_positions_py(
         )));
     }
     let heads = dims[1];
-    let bias = match (&slopes, half, causal) {
-        (Some(slopes), None, false) if slopes.len() == heads => PositionBias::Alibi(slopes),
-        (None, Some(half), false) => PositionBias::Window { heads, half },
-        (None, None, true) => PositionBias::Causal { heads },
+    let bias = match (&slopes, half) {
+        (Some(slopes), None) if slopes.len() == heads => PositionBias::Alibi(slopes),
+        (None, Some(half)) => PositionBias::Window { heads, half },
         _ => {
             return Err(PyValueError::new_err(format!(
-                "give one slope per head ({heads}), a window half, or causal=True: exactly one"
+                "give one slope per head ({heads}) or a window half: exactly one"
             )))
         }
     };
@@ -399,21 +396,34 @@ fn attention_py(
 }
 
 /// A float32 `[batch, heads, len, head_dim]` buffer in any layout whose
-/// features lie side by side (a NumPy view of a transposed MLX array): its
-/// shape, its strides in floats and the span of floats from its first
-/// element to one past its last.
+/// features lie side by side at non-negative strides (a NumPy view of a
+/// transposed MLX array): its shape, its strides in floats (0 along an axis
+/// of one, whose stride an exporter may set to anything) and the span of
+/// floats from its first element to one past its last.
 fn heads_view(name: &str, buf: &PyBuffer<f32>) -> PyResult<([usize; 4], [usize; 3], usize)> {
     let (dims, strides) = (buf.shape(), buf.strides());
     let item = std::mem::size_of::<f32>() as isize;
     let shape: [usize; 4] = dims.try_into().map_err(|_| {
         PyValueError::new_err(format!("{name} must be [batch, heads, len, head_dim]"))
     })?;
-    if shape[3] > 1 && strides[3] != item || strides.iter().any(|&s| s < 0 || s % item != 0) {
+    let used = |i: usize| shape[i] > 1;
+    if used(3) && strides[3] != item {
         return Err(PyValueError::new_err(format!(
             "{name}'s features must lie side by side (strides {strides:?})"
         )));
     }
-    let floats: [usize; 3] = std::array::from_fn(|i| (strides[i] / item) as usize);
+    if (0..3).any(|i| used(i) && (strides[i] < 0 || strides[i] % item != 0)) {
+        return Err(PyValueError::new_err(format!(
+            "{name}'s strides must be non-negative whole floats (strides {strides:?})"
+        )));
+    }
+    let floats: [usize; 3] = std::array::from_fn(|i| {
+        if used(i) {
+            (strides[i] / item) as usize
+        } else {
+            0
+        }
+    });
     let span = if shape.contains(&0) {
         0
     } else {
@@ -654,7 +664,8 @@ fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
 /// `mlx_embed._native.kernel_api`: raised whenever a kernel entry point or
 /// argument is added, so `ops.native_available` can tell an extension built
 /// from an older tree (it then offers no native path rather than failing a
-/// pass). 2: `masked_softmax_positions_(causal=)`; 3: `decoder_attention_`.
+/// pass). 2: `masked_softmax_positions_(causal=)`; 3: `decoder_attention_`
+/// (and `causal=` gone again: the decoders' attention is that kernel's).
 const KERNEL_API: u32 = 3;
 
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {

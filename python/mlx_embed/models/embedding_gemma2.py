@@ -47,7 +47,7 @@ from .gemma3_text import GeGLU
 log = logging.getLogger(__name__)
 
 # Called through this module's global so that ops.engine_attention can make
-# it the engine's attention (native softmax with the window on the CPU).
+# it the engine's attention (the native kernel, with the window, on the CPU).
 scaled_dot_product_attention = mlx_lm_model("base").scaled_dot_product_attention
 ops.engine_attention(sys.modules[__name__])
 

@@ -92,7 +92,7 @@ class _Encoder(nn.Module):
         h = self.embed_tokens(input_ids)
         keys = ops.KeyMask(attention_mask, h.dtype)
         # Every real key, no window (llama.py's module wraps the attention
-        # so that the native softmax takes it on the CPU).
+        # so that the native kernel takes it on the CPU).
         mask = ops.BandMask(keys)
         with ops.packed_feed_forwards(keys):
             for layer in self.layers:

@@ -34,8 +34,8 @@ from .gemma3_text import GeGLU
 
 _lm = mlx_lm_model("gemma")
 
-# The attention's softmax by the native kernel on the CPU, long inputs in
-# query blocks (ops.engine_attention).
+# The attention by the native kernel on the CPU's native path, long inputs in
+# query blocks elsewhere (ops.engine_attention).
 ops.engine_attention(_lm)
 # A pass may be evaluated after each block (ops.EvaluationPoints).
 ops.layer_boundary(_lm.TransformerBlock)

@@ -25,8 +25,8 @@ from . import DECODER_SIBLINGS, checked_decoder_params, decoder_weights, mlx_lm_
 
 _lm = mlx_lm_model("gemma3_text")
 
-# The attention's softmax by the native kernel on the CPU, given the layer's
-# ops.BandMask (the real keys, and a sliding layer's window).
+# The attention by the native kernel on the CPU's native path, given the
+# layer's ops.BandMask (the real keys, and a sliding layer's window).
 ops.engine_attention(_lm)
 # A pass may be evaluated after each block (ops.EvaluationPoints).
 ops.layer_boundary(_lm.TransformerBlock)

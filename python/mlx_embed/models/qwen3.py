@@ -19,9 +19,9 @@ from . import DECODER_SIBLINGS, checked_decoder_params, decoder_weights, mlx_lm_
 
 _lm = mlx_lm_model("qwen3")
 
-# The attention's softmax by the native kernel on the CPU, long inputs in
-# query blocks (ops.engine_attention); the feed-forward's SiLU by the native
-# kernel on the CPU (ops.native_swiglu).
+# The attention by the native kernel on the CPU's native path, long inputs in
+# query blocks elsewhere (ops.engine_attention); the feed-forward's SiLU by
+# the native kernel on the CPU (ops.native_swiglu).
 ops.engine_attention(_lm)
 ops.native_swiglu(_lm)
 # Its feed-forward on each pass's real tokens where the engine packs rows.

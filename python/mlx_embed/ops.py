@@ -1028,8 +1028,9 @@ def per_text(q: mx.array, k: mx.array, v: mx.array, lengths: list[int], run, tai
     """Self-attention of a padded batch one text at a time, each on its real
     tokens alone: ``run(q, k, v, b, n)`` for text ``b``'s first ``n``
     positions ([1, H, n, head_dim] each), the outputs padded back to the
-    batch's length (padding rows 0) and stacked. The native path's attention
-    goes so, so that a text's bits do not follow its batch: every matmul and
+    batch's length (padding rows 0) and stacked. An encoder's attention on
+    the native path goes so (a decoder's is :func:`decoder_attention`'s),
+    so that a text's bits do not follow its batch: every matmul and
     softmax of a text then has the shapes the text alone gives it, where a
     padded batch's would change the scores' row length and OpenBLAS's choice
     of kernel (docs/architecture.md, "Same bits"). Measured on the
@@ -1061,8 +1062,9 @@ def _text_rows(term: mx.array, b: int, n: int) -> mx.array:
 
 
 def attends_per_text(q: mx.array) -> bool:
-    """Whether attention runs per text (``per_text``): in the engine's
-    passes on the native path, in float32."""
+    """Whether attention runs per text (an encoder's by ``per_text``, a
+    decoder's in :func:`decoder_attention`'s kernel): in the engine's passes
+    on the native path, in float32."""
     return _native_pass() and q.dtype == mx.float32
 
 

@@ -1010,15 +1010,12 @@ def attention_probs(q: mx.array, k: mx.array, mask: KeyMask, scale: float) -> mx
 SCORES_BLOCK_BYTES = 128 << 20
 
 
-def query_blocks(q: mx.array, keys: int, max_rows: Optional[int] = None) -> list[tuple[int, int]]:
+def query_blocks(q: mx.array, keys: int) -> list[tuple[int, int]]:
     """[start, end) query-row blocks of ``q`` [B, H, L, head_dim] whose
-    scores against ``keys`` keys stay within SCORES_BLOCK_BYTES, and of at
-    most ``max_rows`` rows; one block (all rows) for the inputs embedding
-    servers mostly see."""
+    scores against ``keys`` keys stay within SCORES_BLOCK_BYTES; one block
+    (all rows) for the inputs embedding servers mostly see."""
     B, H, L, _ = q.shape
     rows = max(1, SCORES_BLOCK_BYTES // (B * H * keys * q.dtype.size))
-    if max_rows is not None:
-        rows = min(rows, max_rows)
     if rows >= L:
         return [(0, L)]
     return [(i, min(i + rows, L)) for i in range(0, L, rows)]

@@ -182,8 +182,8 @@ def query_block_counts(monkeypatch) -> list:
     seen = []
     real = ops.query_blocks
 
-    def spy(q, keys, max_rows=None):
-        blocks = real(q, keys, max_rows)
+    def spy(q, keys):
+        blocks = real(q, keys)
         seen.append(len(blocks))
         return blocks
 

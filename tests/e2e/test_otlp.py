@@ -244,11 +244,22 @@ def test_grpc_calls_are_spans_shaped_as_http_requests(receiver, tei_stubs, tmp_p
         assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
         assert check.status == health_pb2.HealthCheckResponse.SERVING
+        # A method no service has: the server's error by OpenTelemetry's gRPC conventions.
+        nope = channel.unary_unary("/tei.v1.Nope/Nope", request_serializer=lambda x: x, response_deserializer=lambda x: x)
+        with pytest.raises(grpc.RpcError) as unknown:
+            nope(b"")
+        assert unknown.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert server.stop(timeout=WAIT_S) == 0, server.log()[-3000:]
 
     with receiver.lock:
         spans = [s for _, s in receiver.spans]
     calls = [s for s in spans if s.kind == SPAN_KIND_SERVER]
+    (unmatched,) = [s for s in calls if s.name == "unmatched"]
+    calls.remove(unmatched)
+    unmatched_attrs = attributes(unmatched.attributes)
+    assert unmatched_attrs["rpc.grpc.status_code"] == grpc.StatusCode.UNIMPLEMENTED.value[0]
+    assert unmatched_attrs["rpc.system"] == "grpc" and "rpc.service" not in unmatched_attrs
+    assert unmatched.status.code == STATUS_ERROR
     assert sorted(s.name for s in calls) == ["tei.v1.Embed/Embed"] * 2 + ["tei.v1.Embed/EmbedStream"], [
         s.name for s in spans
     ]

@@ -36,6 +36,13 @@ pub struct Embeddings {
     pub cache_hits: u32,
     /// Where the call's time went, phase by phase.
     pub timings: Timings,
+    /// Where each input's time went, in input order, as TEI charges an
+    /// input (its own batch's, not the call's): the call's tokenization
+    /// (its inputs are tokenized together), its queue wait from ready to
+    /// queue until its batch started, and its batch's model time (a batch
+    /// retried after a failure: the failed one's and the retry's). Zero
+    /// queue and inference for an input the cache answered.
+    pub input_timings: Vec<Timings>,
 }
 
 /// Where one [`Batcher::embed`] call's time went (TEI's per-request phases).
@@ -60,6 +67,15 @@ impl Timings {
     fn add(&mut self, computed: &Computed) {
         self.queue += computed.queue;
         self.inference += computed.inference;
+    }
+
+    /// An input's phases: its batch's `(queue, inference)`.
+    fn of_input(&(queue, inference): &(Duration, Duration)) -> Self {
+        Self {
+            queue,
+            inference,
+            ..Self::default()
+        }
     }
 }
 
@@ -267,6 +283,7 @@ impl Batcher {
             tokenization: tokenize_start.elapsed(),
             ..Timings::default()
         };
+        let mut input_timings = Vec::new();
         tokenizing.settle_all();
         let mut encoded = encoded?;
         // Each input carries its request's pooling to the engine: a batch
@@ -287,21 +304,39 @@ impl Batcher {
         let (vectors, row_counts, cache_hits) = match (options.output, &shared.cache) {
             (Output::Pooled, Some(cache)) => {
                 let (vectors, hits) = self
-                    .compute_cached(cache, encoded, options.priority, &mut timings)
+                    .compute_cached(
+                        cache,
+                        encoded,
+                        options.priority,
+                        &mut timings,
+                        &mut input_timings,
+                    )
                     .await?;
                 (vectors, vec![1; token_counts.len()], hits)
             }
             (Output::Pooled, None) => (
-                self.compute(encoded, options.priority, Output::Pooled, &mut timings)
-                    .await?,
+                self.compute(
+                    encoded,
+                    options.priority,
+                    Output::Pooled,
+                    &mut timings,
+                    &mut input_timings,
+                )
+                .await?,
                 vec![1; token_counts.len()],
                 0,
             ),
             // The cache holds pooled vectors only; token rows are computed
             // every time. The model thread has checked one row per token.
             (Output::Tokens, _) => (
-                self.compute(encoded, options.priority, Output::Tokens, &mut timings)
-                    .await?,
+                self.compute(
+                    encoded,
+                    options.priority,
+                    Output::Tokens,
+                    &mut timings,
+                    &mut input_timings,
+                )
+                .await?,
                 token_counts.clone(),
                 0,
             ),
@@ -310,7 +345,13 @@ impl Batcher {
             (Output::MultiVector(side), _) => {
                 let output = Output::MultiVector(side);
                 let vectors = self
-                    .compute(encoded, options.priority, output, &mut timings)
+                    .compute(
+                        encoded,
+                        options.priority,
+                        output,
+                        &mut timings,
+                        &mut input_timings,
+                    )
                     .await?;
                 let dim = inner.info.dim.max(1);
                 let rows = vectors.iter().map(|v| (v.len() / dim) as u32).collect();
@@ -319,18 +360,28 @@ impl Batcher {
             // Checked by the model thread: `[id, weight]` rows.
             (Output::Sparse, _) => {
                 let vectors = self
-                    .compute(encoded, options.priority, Output::Sparse, &mut timings)
+                    .compute(
+                        encoded,
+                        options.priority,
+                        Output::Sparse,
+                        &mut timings,
+                        &mut input_timings,
+                    )
                     .await?;
                 let rows = vectors.iter().map(|v| (v.len() / 2) as u32).collect();
                 (vectors, rows, 0)
             }
         };
+        for t in &mut input_timings {
+            t.tokenization = timings.tokenization;
+        }
         Ok(Embeddings {
             vectors,
             row_counts,
             token_counts,
             cache_hits,
             timings,
+            input_timings,
         })
     }
 
@@ -347,8 +398,11 @@ impl Batcher {
         mut encoded: Vec<Encoded>,
         priority: Priority,
         timings: &mut Timings,
+        input_timings: &mut Vec<Timings>,
     ) -> Result<(Vec<Vec<f32>>, u32), CoreError> {
         let mut out: Vec<Option<Vec<f32>>> = vec![None; encoded.len()];
+        // A hit's or a follower's input stays at zero queue and inference.
+        *input_timings = vec![Timings::default(); encoded.len()];
         let mut hits = 0u32;
         let mut todo: Vec<usize> = (0..encoded.len()).collect();
         // Inputs following another call's computation are neither computed
@@ -397,8 +451,13 @@ impl Batcher {
                 }
                 let computed = computed?;
                 timings.add(&computed);
-                for (i, vector) in slots.into_iter().zip(computed.vectors) {
+                for ((i, vector), phases) in slots
+                    .into_iter()
+                    .zip(computed.vectors)
+                    .zip(&computed.per_input)
+                {
                     out[i] = Some(vector);
+                    input_timings[i] = Timings::of_input(phases);
                 }
             }
             for (i, follow) in follows {
@@ -422,18 +481,21 @@ impl Batcher {
     }
 
     /// Admission into `priority`'s lane, then the model: the `output` of
-    /// `encoded`, in order; its queue and model time added to `timings`.
+    /// `encoded`, in order; its queue and model time added to `timings`,
+    /// each input's to `input_timings`.
     async fn compute(
         &self,
         encoded: Vec<Encoded>,
         priority: Priority,
         output: Output,
         timings: &mut Timings,
+        input_timings: &mut Vec<Timings>,
     ) -> Result<Vec<Vec<f32>>, CoreError> {
         let computed = self
             .compute_publishing(encoded, priority, output, Vec::new())
             .await?;
         timings.add(&computed);
+        input_timings.extend(computed.per_input.iter().map(Timings::of_input));
         Ok(computed.vectors)
     }
 

@@ -411,7 +411,7 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
                 let starts = row_starts(&output.rows);
                 let model_time = started.elapsed();
                 for part in &batch.parts {
-                    self.deliver(part, part.start, &output, &starts, model_time);
+                    self.deliver(part, part.start, &output, &starts, started, model_time);
                 }
             }
             Err(error) if batch.parts.len() == 1 => batch.parts[0].req.fail(failure(error)),
@@ -428,6 +428,7 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
                             0,
                             &output,
                             &row_starts(&output.rows),
+                            started,
                             started.elapsed(),
                         ),
                         Ok(Err(error)) => part.req.fail(failure(error)),
@@ -577,21 +578,22 @@ impl<'a, E: Embedder> ModelThread<'a, E> {
         Ok(())
     }
 
-    /// Hands `part` its rows of `output`, computed in `model_time`; the
-    /// batch's input `first` is the part's first, and `starts` is each
-    /// input's first row (plus the total).
+    /// Hands `part` its rows of `output`, computed in `model_time` from
+    /// `started`; the batch's input `first` is the part's first, and
+    /// `starts` is each input's first row (plus the total).
     fn deliver(
         &self,
         part: &Part,
         first: usize,
         output: &BatchOutput,
         starts: &[usize],
+        started: Instant,
         model_time: std::time::Duration,
     ) {
         let width = output.vectors.len() / starts[starts.len() - 1].max(1);
         let vectors = (first..first + part.len)
             .map(|i| output.vectors[starts[i] * width..starts[i + 1] * width].to_vec());
-        part.req.deliver(part.offset, vectors, model_time);
+        part.req.deliver(part.offset, vectors, started, model_time);
     }
 }
 

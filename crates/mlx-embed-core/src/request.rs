@@ -26,6 +26,9 @@ pub(crate) struct Computed {
     /// The model time of the batches that computed it, at most the time from
     /// its first batch's start to its answer (pipelined batches overlap).
     pub inference: Duration,
+    /// Each input's own `(queue, inference)`: from ready to queue until its
+    /// batch started, and that batch's model time (TEI's per-input phases).
+    pub per_input: Vec<(Duration, Duration)>,
 }
 
 /// `Request::queued_for` before the request's first batch starts.
@@ -119,6 +122,8 @@ struct Answer {
     delivered: usize,
     /// Model time of the batches that delivered slots so far.
     model_time: Duration,
+    /// Each slot's `(queue, inference)`, set with its vector.
+    phases: Vec<(Duration, Duration)>,
     reply: Option<Reply>,
     ticket: Option<Ticket>,
     active: Option<ActiveGuard>,
@@ -182,6 +187,7 @@ impl Request {
                 vectors: vec![Vec::new(); len],
                 delivered: 0,
                 model_time: Duration::ZERO,
+                phases: vec![(Duration::ZERO, Duration::ZERO); len],
                 reply: Some(reply),
                 ticket: Some(ticket),
                 active: Some(active),
@@ -271,13 +277,14 @@ impl Request {
     }
 
     /// Stores computed rows for inputs `offset..`, one entry per input, from
-    /// a batch the model took `model_time` on; answers the caller when the
-    /// last input is in. With more than one model thread a request's chunks
-    /// can be answered in any order.
+    /// a batch that started at `started` and took the model `model_time`;
+    /// answers the caller when the last input is in. With more than one
+    /// model thread a request's chunks can be answered in any order.
     pub fn deliver(
         &self,
         offset: usize,
         vectors: impl Iterator<Item = Vec<f32>>,
+        started: Instant,
         model_time: Duration,
     ) {
         let mut answer = lock(&self.answer);
@@ -289,14 +296,21 @@ impl Request {
         {
             let Answer {
                 vectors: slots,
+                phases,
                 leads,
                 ..
             } = &mut *answer;
-            for (slot, v) in slots[offset..].iter_mut().zip(vectors) {
+            let phase = (started.saturating_duration_since(self.arrived), model_time);
+            for ((slot, v), p) in slots[offset..]
+                .iter_mut()
+                .zip(vectors)
+                .zip(&mut phases[offset..])
+            {
                 if let Some(lead) = leads.get_mut(offset + n).and_then(Option::take) {
                     lead.publish(&v);
                 }
                 *slot = v;
+                *p = phase;
                 n += 1;
             }
         }
@@ -310,6 +324,7 @@ impl Request {
                 vectors: std::mem::take(&mut answer.vectors),
                 queue,
                 inference: answer.model_time.min(since_start),
+                per_input: std::mem::take(&mut answer.phases),
             };
             // Closed before the caller is woken: its span may end right after.
             self.next_phase(|_| tracing::Span::none());

@@ -141,9 +141,10 @@ impl Phases {
 /// One of TEI's per-input families (`te_embed_*`, `te_predict_*`): TEI
 /// counts each input of a request as its own call of the operation, from
 /// its tokenization on. Ours runs a request's inputs as one call, so each
-/// input counts with the request's figures: its total, and its call's
-/// phases (averaged over its inputs where it made several calls: what its
-/// `x-*` headers say), where TEI charges an input its own batch's.
+/// input counts with its request's total, and, as TEI charges it, its own
+/// phases ([`crate::timing::Usage::per_input`]): its call's tokenization
+/// (inputs tokenized together), its queue until its batch started, and its
+/// batch's model time.
 #[derive(Default)]
 struct OpStats {
     count: u64,
@@ -248,7 +249,20 @@ impl HttpMetrics {
                 tei.phases.observe(seconds, 1);
                 let stats = &mut tei.ops[op];
                 stats.success += inputs;
-                stats.phases.observe(seconds, inputs);
+                if usage.per_input.len() as u64 == inputs {
+                    // Each input its own batch's phases, as TEI charges them.
+                    for t in &usage.per_input {
+                        let own = [
+                            seconds[0],
+                            t.tokenization.as_secs_f64(),
+                            t.queue.as_secs_f64(),
+                            t.inference.as_secs_f64(),
+                        ];
+                        stats.phases.observe(own, 1);
+                    }
+                } else {
+                    stats.phases.observe(seconds, inputs);
+                }
             }
             _ => {
                 let err = match status {
@@ -557,8 +571,8 @@ fn render_tei(out: &mut String, http: &HttpMetrics) {
         let input_help = [
             "Seconds of each answered input: its request's total.",
             "Seconds each answered input was tokenized: its model call's (inputs tokenized together).",
-            "Seconds each answered input queued: its model call's, until its first batch.",
-            "Seconds of model time of each answered input: its model call's batches' (TEI: its batch's).",
+            "Seconds each answered input queued, until its batch started.",
+            "Seconds of model time of each answered input: its batch's.",
         ];
         for ((suffix, help), h) in PHASES.iter().zip(input_help).zip(&stats.phases.0) {
             histogram(out, &name(suffix), help, h);

@@ -70,8 +70,10 @@ pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next
     req.extensions_mut().insert(RequestId(id.clone()));
 
     // A probe or a scrape, polled every few seconds, is no trace anyone
-    // looks for: its span is in the log lines, never exported.
-    let polled = is_polled(&route);
+    // looks for: its span is in the log lines, not exported. But while the
+    // server is not ready (shutting down, a model down), when a probe is
+    // answered 503, it is the trace worth having: exported then.
+    let polled = is_polled(&route) && state.is_ready();
     macro_rules! request_span {
         ($target:expr) => {
             tracing::info_span!(
@@ -186,9 +188,10 @@ pub async fn observe(State(state): State<AppState>, mut req: Request, next: Next
     response
 }
 
-/// The target of the spans of requests whose spans are never exported
+/// The target of the spans of requests whose spans are not exported
 /// (probes: `/health`, `/ping`, `/.well-known/*`, the gRPC health service;
-/// the scrape of `/metrics`; reflection); the launcher's export leaves it out.
+/// the scrape of `/metrics`: each while the server is ready, so a failing
+/// probe is exported; reflection, always); the launcher's export leaves it out.
 pub const UNEXPORTED_TARGET: &str = "mlx_embed_server::unexported";
 
 /// Whether requests to `route` are a machine's polling: liveness and

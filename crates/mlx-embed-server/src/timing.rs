@@ -34,6 +34,10 @@ pub struct Usage {
     pub timings: Timings,
     /// Inputs of its model calls (the weights of `timings`' average).
     pub inputs: u64,
+    /// Each of those inputs' own phases, in the order its calls were
+    /// answered ([`Embeddings::input_timings`]): what TEI's per-input
+    /// families charge each input.
+    pub per_input: Vec<Timings>,
     /// What ran it, as `/info`'s device names it: `cpu`, `cuda`, `metal`.
     pub compute_type: String,
 }
@@ -218,11 +222,12 @@ fn count_parts(
     status: u16,
     total: Duration,
 ) {
-    for part in parts {
+    let usages = part_usages(measured.usage.as_ref(), parts);
+    for (part, usage) in parts.iter().zip(usages) {
         let sent = part.inputs.unwrap_or(measured.sent);
         let one = Measured {
             sent,
-            usage: measured.usage.clone(),
+            usage,
             method: part.method.or(measured.method),
             op: measured.op,
             reached: if measured.reached > 0 { sent } else { 0 },
@@ -232,6 +237,29 @@ fn count_parts(
         };
         state.http_metrics().record_tei(&one, status, total);
     }
+}
+
+/// `usage` as each of `parts` has it: the whole, but each input's own
+/// phases (`per_input`), which are the parts' inputs in their order, cut
+/// to the part's (left whole where they are not one per input: a part then
+/// counts with the average).
+fn part_usages(usage: Option<&Usage>, parts: &[Part]) -> Vec<Option<Usage>> {
+    let all: u64 = parts.iter().filter_map(|p| p.inputs).sum();
+    let mut rest = usage
+        .map(|u| u.per_input.as_slice())
+        .filter(|p| parts.len() > 1 && p.len() as u64 == all);
+    parts
+        .iter()
+        .map(|part| {
+            let mut u = usage?.clone();
+            if let (Some(per_input), Some(n)) = (rest.as_mut(), part.inputs) {
+                let (mine, after) = per_input.split_at(n as usize);
+                u.per_input = mine.to_vec();
+                *per_input = after;
+            }
+            Some(u)
+        })
+        .collect()
 }
 
 /// Alive while [`apart`] waits: dropped with it (the client left), it
@@ -275,6 +303,7 @@ fn absorb(usage: &Usage) {
             &usage.timings,
             usage.inputs,
         );
+        mine.per_input.extend_from_slice(&usage.per_input);
     });
 }
 
@@ -322,6 +351,14 @@ pub(crate) fn record_as(model: &ModelInfo, chars: u64, inputs: u64, out: &Embedd
         });
         let tokens = out.token_counts.iter().map(|&n| u64::from(n)).sum::<u64>();
         blend(usage, chars, tokens, &out.timings, inputs);
+        if out.input_timings.len() as u64 == inputs {
+            usage.per_input.extend_from_slice(&out.input_timings);
+        } else {
+            // Late chunking's chunks ran as one input: each is charged its.
+            let call = out.input_timings.first().unwrap_or(&out.timings);
+            let n = usize::try_from(inputs).unwrap_or(usize::MAX);
+            usage.per_input.extend(std::iter::repeat_n(*call, n));
+        }
     });
 }
 
@@ -550,6 +587,34 @@ mod tests {
     }
 
     #[test]
+    fn each_part_gets_its_own_inputs_phases() {
+        let ms = Duration::from_millis;
+        let phase = |q| Timings {
+            queue: ms(q),
+            ..Timings::default()
+        };
+        let usage = Usage {
+            inputs: 3,
+            per_input: vec![phase(1), phase(2), phase(3)],
+            ..Usage::default()
+        };
+        let part = |n| Part {
+            inputs: Some(n),
+            method: None,
+        };
+        let cut = part_usages(Some(&usage), &[part(1), part(2)]);
+        let per: Vec<_> = cut
+            .iter()
+            .map(|u| u.as_ref().unwrap().per_input.clone())
+            .collect();
+        assert_eq!(per, [vec![phase(1)], vec![phase(2), phase(3)]]);
+        // Not one per input: each part has them all (and counts the average).
+        let cut = part_usages(Some(&usage), &[part(1), part(1)]);
+        assert!(cut.iter().all(|u| u.as_ref().unwrap().per_input.len() == 3));
+        assert_eq!(part_usages(None, &[part(1)]), [None]);
+    }
+
+    #[test]
     fn headers_are_tei_s_names_in_milliseconds() {
         let usage = Usage {
             chars: 12,
@@ -561,6 +626,7 @@ mod tests {
             },
             inputs: 2,
             compute_type: "metal".into(),
+            ..Usage::default()
         };
         let h = headers(&usage, Duration::from_micros(45_900));
         let get = |n: &str| h.get(n).unwrap().to_str().unwrap().to_owned();

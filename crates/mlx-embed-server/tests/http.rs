@@ -3799,3 +3799,72 @@ async fn every_embed_route_answers_with_teis_timing_headers() {
     assert!(!h.contains_key("x-compute-tokens"), "{h:?}");
     s.stop().await.unwrap();
 }
+
+/// The cumulative count of `family`'s bucket with the largest bound at most
+/// `seconds` (TEI's buckets: x1.5 steps from 15 us).
+fn observed_at_most(metrics: &str, family: &str, seconds: f64) -> u64 {
+    let prefix = format!("{family}_bucket{{le=\"");
+    metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix(&prefix))
+        .filter_map(|rest| {
+            let (le, count) = rest.split_once("\"} ")?;
+            Some((le.parse::<f64>().ok()?, count.parse::<u64>().ok()?))
+        })
+        .filter(|&(le, _)| le <= seconds)
+        .map(|(_, count)| count)
+        .max()
+        .unwrap_or(0)
+}
+
+/// TEI charges each input its own batch's queue and model time, not its
+/// request's average: a request split over two batches, one slow (the
+/// fake's 600 ms) and one quick, shows one slow and one quick input.
+#[tokio::test]
+async fn each_input_is_charged_its_own_batch_s_queue_and_model_time() {
+    let s = Server::start(ServerArgs {
+        max_batch_size: Some(1),
+        model_threads: 1,
+        query_threads: Some(0),
+        ..test_args()
+    })
+    .await;
+    let (status, headers, _) = post(
+        &s,
+        "/embed",
+        &json!({ "inputs": ["slow one", "quick two"] }),
+    )
+    .await;
+    assert_eq!(status, 200);
+    // The request's own figures: its first batch's queue, both batches' time.
+    let ms = |h: &str| headers[h].to_str().unwrap().parse::<u64>().unwrap();
+    assert!(ms("x-inference-time") >= 600, "{headers:?}");
+    assert!(ms("x-queue-time") < 500, "{headers:?}");
+    let metrics = get_text(&s, "/metrics").await;
+    for family in ["te_embed_inference_duration", "te_embed_queue_duration"] {
+        assert!(
+            metrics.contains(&format!("\n{family}_count 2\n")),
+            "{family}\n{metrics}"
+        );
+        // The slow input ran 600 ms and queued for none of it; the quick one
+        // ran at once and queued while the slow one ran. A request's average
+        // would put both near 300 ms.
+        assert_eq!(
+            observed_at_most(&metrics, family, 0.1),
+            1,
+            "{family}\n{metrics}"
+        );
+        assert_eq!(
+            observed_at_most(&metrics, family, 0.5),
+            1,
+            "{family}\n{metrics}"
+        );
+    }
+    // Both are charged the request's total, as before.
+    assert_eq!(
+        observed_at_most(&metrics, "te_embed_duration", 0.5),
+        0,
+        "{metrics}"
+    );
+    s.stop().await.unwrap();
+}

@@ -189,8 +189,10 @@ async fn observe(State(observed): State<Observed>, req: Request, next: Next) -> 
         .copied()
         .unwrap_or("unmatched");
     // The health service's checks are probes, reflection a client's tool:
-    // their spans are in the log lines, never exported.
-    let unexported = path.starts_with(HEALTH) || reflection;
+    // their spans are in the log lines, not exported; but a check while the
+    // server is not ready (answered NOT_SERVING) is, as an HTTP probe's.
+    let serving = state.is_ready() && !*stopping.borrow();
+    let unexported = (path.starts_with(HEALTH) && serving) || reflection;
     macro_rules! call_span {
         ($target:expr) => {
             tracing::info_span!(
@@ -221,8 +223,12 @@ async fn observe(State(observed): State<Observed>, req: Request, next: Next) -> 
         span.record("otel.kind", "server");
         span.record("otel.name", name);
         span.record("rpc.system", "grpc");
-        span.record("rpc.service", service);
-        span.record("rpc.method", rpc);
+        // A path no method has (answered UNIMPLEMENTED) names none: a
+        // client's arbitrary path is no service of ours.
+        if method != "unmatched" {
+            span.record("rpc.service", service);
+            span.record("rpc.method", rpc);
+        }
         // gRPC metadata are the call's HTTP/2 headers: a `traceparent` too.
         continue_trace(&span, req.headers());
     }
@@ -356,12 +362,14 @@ impl Done {
                 | Code::Unknown
                 | Code::DataLoss
         ) && !status.metadata().contains_key(CLIENT_FAULT);
+        // OpenTelemetry's gRPC conventions: a server span fails on the
+        // server's errors, and on a deadline it missed or a method it lacks.
+        let span_error =
+            server_side || matches!(code, Code::DeadlineExceeded | Code::Unimplemented);
+        if self.exported && span_error {
+            self.span.record("otel.status_code", "ERROR");
+        }
         if server_side {
-            if self.exported {
-                // A server span fails on the server's errors only, as an
-                // HTTP request's on a 5xx.
-                self.span.record("otel.status_code", "ERROR");
-            }
             tracing::warn!("gRPC call failed: {}", LogSafe(status.message()));
         } else {
             tracing::debug!("gRPC call refused: {}", LogSafe(status.message()));

@@ -245,7 +245,9 @@ def test_grpc_calls_are_spans_shaped_as_http_requests(receiver, tei_stubs, tmp_p
         check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""))
         assert check.status == health_pb2.HealthCheckResponse.SERVING
         # A method no service has: the server's error by OpenTelemetry's gRPC conventions.
-        nope = channel.unary_unary("/tei.v1.Nope/Nope", request_serializer=lambda x: x, response_deserializer=lambda x: x)
+        nope = channel.unary_unary(
+            "/tei.v1.Nope/Nope", request_serializer=lambda x: x, response_deserializer=lambda x: x
+        )
         with pytest.raises(grpc.RpcError) as unknown:
             nope(b"")
         assert unknown.value.code() == grpc.StatusCode.UNIMPLEMENTED

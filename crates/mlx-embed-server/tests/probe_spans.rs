@@ -69,13 +69,13 @@ async fn a_probe_s_span_is_unexported_while_ready_and_exported_once_it_fails() {
     let s = Server::default().await;
     spans.made.lock().unwrap().clear();
     let client = client();
-    let exported = "mlx_embed_server::middleware".to_owned();
-    let unexported = UNEXPORTED_TARGET.to_owned();
+    let exported = "mlx_embed_server::middleware";
+    let unexported = UNEXPORTED_TARGET;
 
     for path in ["/health", "/ping", "/.well-known/ready", "/metrics"] {
         let r = client.get(s.url(path)).send().await.unwrap();
         assert!(r.status().is_success(), "{path}: {}", r.status());
-        assert_eq!(spans.take(path), [unexported.clone()], "{path} while ready");
+        assert_eq!(spans.take(path), vec![unexported], "{path} while ready");
     }
     let r = client
         .post(s.url("/embed"))
@@ -84,7 +84,7 @@ async fn a_probe_s_span_is_unexported_while_ready_and_exported_once_it_fails() {
         .await
         .unwrap();
     assert_eq!(r.status(), 200);
-    assert_eq!(spans.take("/embed"), [exported.clone()]);
+    assert_eq!(spans.take("/embed"), vec![exported]);
 
     // The model dies: the probes fail, and their spans are exported.
     let r = client
@@ -94,16 +94,16 @@ async fn a_probe_s_span_is_unexported_while_ready_and_exported_once_it_fails() {
         .await
         .unwrap();
     assert_eq!(r.status(), 503);
-    assert_eq!(spans.take("/embed"), [exported.clone()]);
+    assert_eq!(spans.take("/embed"), vec![exported]);
     for path in ["/health", "/ping", "/.well-known/ready"] {
         let r = client.get(s.url(path)).send().await.unwrap();
         assert_eq!(r.status(), 503, "{path}");
-        assert_eq!(spans.take(path), [exported.clone()], "{path} failing");
+        assert_eq!(spans.take(path), vec![exported], "{path} failing");
     }
     // The scrape that shows the server down is in the trace too.
     let r = client.get(s.url("/metrics")).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert!(r.text().await.unwrap().contains("mlx_embed_healthy 0"));
-    assert_eq!(spans.take("/metrics"), [exported]);
+    assert_eq!(spans.take("/metrics"), vec![exported]);
     s.stop().await.unwrap();
 }

@@ -351,6 +351,8 @@ class EmbeddingModel(ScoringMixin):
             empty_inputs=self.empty_inputs,
             multi_vector=self.multi_vector is not None,
             tasks=list(self.tasks),
+            dense_layers=self._dense_layers,
+            truncate_dim=self._truncate_dim if self._truncate_dim == self.dim else None,
             tokenizer=TokenizerSpec(
                 path=tok.path,
                 prefix_ids=list(tok.prefix),
@@ -1116,12 +1118,6 @@ class EmbeddingModel(ScoringMixin):
             )
         if not self.include_prompt:
             out["include_prompt"] = "false"
-        # Read by the server's late chunking (embed_late_chunks), which
-        # serves a cut and refuses a projection as this library does.
-        if self._dense_layers:
-            out["dense_layers"] = str(self._dense_layers)
-        if self._truncate_dim == self.dim:
-            out["truncate_dim"] = str(self._truncate_dim)
         if self.lexical is not None:
             out["lexical_weights"] = "true"
         if self.scheduler.streams > 1:

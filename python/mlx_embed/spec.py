@@ -172,6 +172,13 @@ class ModelSpec:
     workers: int
     elementwise_ops: str
     tokenizer: TokenizerSpec
+    # What runs after the pooling, which late chunking (a mean per chunk)
+    # must repeat or refuse; typed, never read from ``details``.
+    # ``dense_layers``: sentence-transformers Dense modules after the pooling
+    # (0: none). ``truncate_dim``: the Matryoshka width the pooled value is
+    # cut to when the model cuts it (then always ``dim``), else None.
+    dense_layers: int
+    truncate_dim: Optional[int]
     # "embedding" (dim-wide vectors), "classifier" or "reranker" (raw logits,
     # one per label: dim == len(labels); the caller applies sigmoid/softmax).
     kind: str = "embedding"

@@ -252,11 +252,15 @@ def test_a_dense_after_the_pooling_is_refused(tmp_path):
 
     lib = mlx_embed.load(str(FIXTURES / "tiny-t5"))
     name = lib.name
-    assert lib.spec().details["dense_layers"] == "1"
+    assert (lib.spec().dense_layers, lib.spec().truncate_dim) == (1, None)
     with pytest.raises(InvalidInput, match="Dense"):
         lib.embed_late_chunks(["a", "b"])
     srv = start_server(tmp_path, "--model", str(FIXTURES / "tiny-t5"), "--no-warmup")
     try:
+        # /info shows the typed fact among its details (as it did when the
+        # engine sent it as one), and no cut.
+        details = srv.get("/info").json()["details"]
+        assert details["dense_layers"] == "1" and "truncate_dim" not in details
         resp = _late(srv, ["a", "b"])
         assert resp.status_code == 400, resp.text
         message = (
@@ -300,9 +304,11 @@ def test_a_model_s_truncate_dim_cuts_each_chunk(tmp_path):
         (folder / f).unlink()
     shutil.rmtree(folder / "1_Pooling")
     lib = mlx_embed.load(str(folder))
-    assert lib.dim == 32
+    assert (lib.dim, lib.spec().truncate_dim, lib.spec().dense_layers) == (32, 32, 0)
     srv = start_server(tmp_path, "--model", str(folder), "--no-warmup")
     try:
+        details = srv.get("/info").json()["details"]
+        assert details["truncate_dim"] == "32" and "dense_layers" not in details
         chunks = ["Berlin ist die Hauptstadt.", "Café crème à Paris", "x"]
         for extra, want in (
             ({}, lib.embed_late_chunks(chunks)),

@@ -267,7 +267,9 @@ def test_a_model_s_truncate_dim_cuts_each_chunk_mean(tmp_path, cos):
     cut = mlx_embed.load(_jina_cut_folder(tmp_path, 32))
     whole = load_fixture("tiny-jina-v3")
     assert (cut.dim, whole.dim) == (32, 64)
-    assert cut.spec().details["truncate_dim"] == "32" and "truncate_dim" not in whole.spec().details
+    # Typed on the spec (the server's late chunking reads these, not details).
+    assert (cut.spec().truncate_dim, whole.spec().truncate_dim) == (32, None)
+    assert "truncate_dim" not in cut.spec().details
     chunks = ["Berlin ist die Hauptstadt.", "Café crème à Paris", "東京は日本の首都です。", "x"]
     for task in (None, "retrieval.passage"):
         prompt = whole.prompts[task] if task else ""
@@ -300,7 +302,9 @@ def test_a_dense_projection_after_the_pooling_is_refused():
     never runs through the Dense, so its vector would not be in the model's
     space, even where the Dense keeps the width (64 -> 64 here)."""
     model = load_fixture("tiny-t5")
-    assert (model.pooling, model.dim, model.spec().details["dense_layers"]) == ("mean", 64, "1")
+    spec = model.spec()
+    assert (model.pooling, model.dim, spec.dense_layers, spec.truncate_dim) == ("mean", 64, 1, None)
+    assert "dense_layers" not in spec.details
     with pytest.raises(InvalidInput) as err:
         model.embed_late_chunks(["a text", "another"])
     assert str(err.value) == (

@@ -490,7 +490,18 @@ pub struct ModelInfo {
     /// Task adapters an input may run with ([`EmbedOptions::task`]), in the
     /// model's order ([`Encoded::adapter`] indexes them); empty for most models.
     pub tasks: Vec<String>,
-    /// Free-form facts for display only (dtype, BLAS library, pooling, ...).
+    /// Dense layers after the pooling (sentence-transformers' `Dense`
+    /// modules): the vector is a projection of the token states' pooled
+    /// value, not that value, so a span's mean (late chunking) is not in the
+    /// vectors' space. 0 for most models.
+    pub dense_layers: usize,
+    /// The Matryoshka width the model cuts its pooled value to (a folder's
+    /// `truncate_dim`), when it does: always [`ModelInfo::dim`] then, with
+    /// token states wider than it. `None`: no cut.
+    pub truncate_dim: Option<usize>,
+    /// Free-form facts for display only (dtype, BLAS library, pooling, ...);
+    /// never parsed back ([`ModelInfo::shown_details`] adds the typed facts
+    /// shown beside them).
     pub details: BTreeMap<String, String>,
     /// What the weights are, where the model says (the Python engine does).
     pub weights: Option<WeightsInfo>,
@@ -507,6 +518,23 @@ pub struct MultiVectorLengths {
 }
 
 impl ModelInfo {
+    /// [`ModelInfo::details`] with the typed facts that are shown among
+    /// them (`dense_layers`, `truncate_dim`, where set): what `/info` and
+    /// the start-up line print.
+    pub fn shown_details(&self) -> BTreeMap<String, String> {
+        let mut out = self.details.clone();
+        // The typed fields alone say these, whatever the details hold.
+        out.remove("dense_layers");
+        out.remove("truncate_dim");
+        if self.dense_layers > 0 {
+            out.insert("dense_layers".into(), self.dense_layers.to_string());
+        }
+        if let Some(width) = self.truncate_dim {
+            out.insert("truncate_dim".into(), width.to_string());
+        }
+        out
+    }
+
     /// Longest input an `output` runs with, special tokens included: a
     /// multi-vector mode's length, else [`ModelInfo::max_input_tokens`].
     /// What `truncate: false` holds an input to.

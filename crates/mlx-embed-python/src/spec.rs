@@ -108,6 +108,7 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
                     .into(),
             )),
         };
+    let (dense_layers, truncate_dim) = read_head(spec, field(spec, "dim")?)?;
     let info = ModelInfo {
         name: field(spec, "name")?,
         kind,
@@ -123,6 +124,8 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
         default_prompt_name,
         truncation_side,
         tasks: optional(spec, "tasks")?.unwrap_or_default(),
+        dense_layers,
+        truncate_dim,
         details,
         weights: read_weights(spec)?,
     };
@@ -131,6 +134,24 @@ pub(crate) fn read_spec(spec: &Bound<'_, PyAny>) -> Result<ModelSpec, BridgeErro
         tokenizer,
         pipelines,
     })
+}
+
+/// What the model does after its pooling (`dense_layers`, `truncate_dim`),
+/// which late chunking repeats or refuses. Both are required: a spec without
+/// them (a Python side older than the fields) would read as "no Dense, no
+/// cut", and a width-keeping Dense would then let chunk means through that
+/// are not in the vectors' space; the package and its extension ship
+/// together, so such a spec is a broken install, refused at load.
+fn read_head(spec: &Bound<'_, PyAny>, dim: usize) -> Result<(usize, Option<usize>), BridgeError> {
+    let dense_layers: usize = field(spec, "dense_layers")?;
+    let truncate_dim: Option<usize> = field(spec, "truncate_dim")?;
+    if let Some(width) = truncate_dim.filter(|&w| w != dim) {
+        return Err(BridgeError::Protocol(format!(
+            "model.spec().truncate_dim is {width}, not the model's dim {dim}: it names the cut \
+             that makes the vectors, or is None"
+        )));
+    }
+    Ok((dense_layers, truncate_dim))
 }
 
 /// The weights' facts, where `spec()` counts them (`parameters`).
@@ -214,4 +235,78 @@ fn optional<'py, T: FromPyObjectOwned<'py>>(
 
 fn wrong_type(name: &str, err: PyErr) -> BridgeError {
     BridgeError::Protocol(format!("model.spec().{name} has the wrong type: {err}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::CString;
+
+    use pyo3::types::PyDict;
+
+    use super::*;
+
+    /// `read_spec` of a spec made in Python with `head` as its extra
+    /// attributes (a namespace with the fields `spec()` gives; the
+    /// tokenizer's file is only named, never opened).
+    fn read(head: &str) -> Result<ModelSpec, BridgeError> {
+        crate::interpreter::ensure_python().expect("python");
+        let code = CString::new(format!(
+            "from types import SimpleNamespace as N\n\
+             tok = N(path='/nowhere/tokenizer.json', prefix_ids=[101], suffix_ids=[102])\n\
+             spec = N(name='m', model_type='bert', kind='embedding', dim=32, max_length=16, \
+             vocab_size=100, tokenizer=tok{head})\n"
+        ))
+        .unwrap();
+        Python::attach(|py| {
+            let globals = PyDict::new(py);
+            py.run(&code, Some(&globals), None).expect("the snippet runs");
+            read_spec(&globals.get_item("spec").unwrap().unwrap())
+        })
+    }
+
+    fn protocol_message(got: Result<ModelSpec, BridgeError>) -> String {
+        match got {
+            Err(BridgeError::Protocol(message)) => message,
+            Err(other) => panic!("not a protocol error: {other}"),
+            Ok(_) => panic!("the spec was read"),
+        }
+    }
+
+    #[test]
+    fn the_head_after_the_pooling_is_read_typed() {
+        let info = read(", dense_layers=2, truncate_dim=None").unwrap().info;
+        assert_eq!((info.dense_layers, info.truncate_dim), (2, None));
+        // Shown among the details, derived from the typed fields only.
+        assert!(info.details.is_empty());
+        assert_eq!(info.shown_details()["dense_layers"], "2");
+        assert!(!info.shown_details().contains_key("truncate_dim"));
+
+        let info = read(", dense_layers=0, truncate_dim=32").unwrap().info;
+        assert_eq!((info.dense_layers, info.truncate_dim), (0, Some(32)));
+        assert_eq!(info.shown_details()["truncate_dim"], "32");
+        assert!(!info.shown_details().contains_key("dense_layers"));
+    }
+
+    #[test]
+    fn a_spec_without_the_head_or_with_a_stray_cut_is_refused() {
+        // An older Python side: "no Dense" read from a missing field would
+        // let late chunking serve means outside the vectors' space.
+        let message = protocol_message(read(", truncate_dim=None"));
+        assert!(message.starts_with("model.spec() lacks \"dense_layers\""), "{message}");
+        let message = protocol_message(read(", dense_layers=0"));
+        assert!(message.starts_with("model.spec() lacks \"truncate_dim\""), "{message}");
+        assert_eq!(
+            protocol_message(read(", dense_layers=0, truncate_dim=16")),
+            "model.spec().truncate_dim is 16, not the model's dim 32: it names the cut that \
+             makes the vectors, or is None"
+        );
+        // A detail of the same name is display only, never read back.
+        let info = read(", dense_layers=0, truncate_dim=None, details={'dense_layers': '3'}")
+            .unwrap()
+            .info;
+        assert_eq!(info.dense_layers, 0);
+        assert!(!info.shown_details().contains_key("dense_layers"));
+        let message = protocol_message(read(", dense_layers=-1, truncate_dim=None"));
+        assert!(message.contains("dense_layers"), "{message}");
+    }
 }

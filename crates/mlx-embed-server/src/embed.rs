@@ -376,7 +376,8 @@ pub async fn embed_late_chunks(
         ))
         .param("late_chunking"));
     }
-    if let Some(layers) = info.details.get("dense_layers") {
+    if info.dense_layers > 0 {
+        let layers = info.dense_layers;
         return Err(ApiError::invalid(format!(
             "late_chunking needs a model whose vector is the mean of its token states; {} has \
              {layers} Dense layer(s) after its pooling, which no chunk mean runs through: embed \
@@ -494,8 +495,7 @@ pub async fn embed_late_chunks(
     // A Matryoshka cut (the folder's truncate_dim): the model's vector is
     // its mean's first `dim` values, so each chunk's mean is cut as well
     // (finish_pooled cuts to `dimension`, at most `dim`).
-    let cut = info.details.get("truncate_dim") == Some(&info.dim.to_string())
-        && rows.dimension > info.dim;
+    let cut = info.truncate_dim == Some(info.dim) && rows.dimension > info.dim;
     if rows.dimension != info.dim && !cut {
         // Token states of another width than the vectors, for a reason the
         // model does not state: chunk means would be in another space.

@@ -249,7 +249,7 @@ fn log_summary(state: &AppState, addr: Option<SocketAddr>) {
     let m = state.model_info();
     let c = state.batcher().config();
     let mut details = String::new();
-    for (k, v) in &m.details {
+    for (k, v) in &m.shown_details() {
         let _ = write!(
             details,
             "{}{k}={v}",

@@ -343,7 +343,7 @@ pub async fn info(State(state): State<AppState>) -> Json<InfoResponse> {
     let live = crate::live::reading(&state).await;
     let m = state.model_info();
     let c = state.batcher().config();
-    let mut details = m.details.clone();
+    let mut details = m.shown_details();
     // Live figures come beside the load-time ones; a fact the model stated
     // at load keeps its wording (the engine repeats its cache limit live).
     for (key, value) in live.details {

@@ -259,7 +259,8 @@ mod tests {
         .unwrap();
         Python::attach(|py| {
             let globals = PyDict::new(py);
-            py.run(&code, Some(&globals), None).expect("the snippet runs");
+            py.run(&code, Some(&globals), None)
+                .expect("the snippet runs");
             read_spec(&globals.get_item("spec").unwrap().unwrap())
         })
     }
@@ -292,9 +293,15 @@ mod tests {
         // An older Python side: "no Dense" read from a missing field would
         // let late chunking serve means outside the vectors' space.
         let message = protocol_message(read(", truncate_dim=None"));
-        assert!(message.starts_with("model.spec() lacks \"dense_layers\""), "{message}");
+        assert!(
+            message.starts_with("model.spec() lacks \"dense_layers\""),
+            "{message}"
+        );
         let message = protocol_message(read(", dense_layers=0"));
-        assert!(message.starts_with("model.spec() lacks \"truncate_dim\""), "{message}");
+        assert!(
+            message.starts_with("model.spec() lacks \"truncate_dim\""),
+            "{message}"
+        );
         assert_eq!(
             protocol_message(read(", dense_layers=0, truncate_dim=16")),
             "model.spec().truncate_dim is 16, not the model's dim 32: it names the cut that \

@@ -68,22 +68,7 @@ pub fn attention(
             out.len()
         )));
     }
-    if key_lengths.len() != batch {
-        return Err(KernelError::Shape(format!(
-            "{} key lengths for {batch} sequences",
-            key_lengths.len()
-        )));
-    }
-    if let Some(&bad) = key_lengths.iter().find(|&&k| k > len) {
-        return Err(KernelError::Shape(format!(
-            "key length {bad} > sequence length {len}"
-        )));
-    }
-    if !(scale.is_finite() && scale > 0.0) {
-        return Err(KernelError::Shape(format!(
-            "scale must be positive, got {scale}"
-        )));
-    }
+    crate::check_keys(key_lengths, batch, len, scale)?;
     if out.is_empty() {
         return Ok(());
     }

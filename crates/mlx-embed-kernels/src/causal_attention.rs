@@ -189,22 +189,7 @@ fn check(
             heads * head_dim
         )));
     }
-    if key_lengths.len() != batch {
-        return Err(KernelError::Shape(format!(
-            "{} key lengths for {batch} texts",
-            key_lengths.len()
-        )));
-    }
-    if let Some(&bad) = key_lengths.iter().find(|&&n| n > len) {
-        return Err(KernelError::Shape(format!(
-            "key length {bad} > text length {len}"
-        )));
-    }
-    if !(scale.is_finite() && scale > 0.0) {
-        return Err(KernelError::Shape(format!(
-            "scale must be positive, got {scale}"
-        )));
-    }
+    crate::check_keys(key_lengths, batch, len, scale)?;
     if let Some(cap) = mask.softcap {
         if !(cap.is_finite() && cap > 0.0) {
             return Err(KernelError::Shape(format!(

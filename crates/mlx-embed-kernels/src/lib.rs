@@ -69,6 +69,34 @@ pub fn simd_level() -> &'static str {
     }
 }
 
+/// The arguments every attention kernel shares: one key length per text
+/// (`texts` of them), none past the `len` positions a text has room for,
+/// and a finite positive scale.
+pub(crate) fn check_keys(
+    key_lengths: &[usize],
+    texts: usize,
+    len: usize,
+    scale: f32,
+) -> Result<(), KernelError> {
+    if key_lengths.len() != texts {
+        return Err(KernelError::Shape(format!(
+            "{} key lengths for {texts} texts",
+            key_lengths.len()
+        )));
+    }
+    if let Some(&bad) = key_lengths.iter().find(|&&n| n > len) {
+        return Err(KernelError::Shape(format!(
+            "key length {bad} > text length {len}"
+        )));
+    }
+    if !(scale.is_finite() && scale > 0.0) {
+        return Err(KernelError::Shape(format!(
+            "scale must be positive, got {scale}"
+        )));
+    }
+    Ok(())
+}
+
 /// Reasons a kernel refuses its arguments.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum KernelError {

@@ -145,23 +145,7 @@ fn check(
             scores.len()
         )));
     }
-    if key_lengths.len() != sequences {
-        return Err(KernelError::Shape(format!(
-            "{} key lengths for {sequences} sequences",
-            key_lengths.len()
-        )));
-    }
-    if let Some(&bad) = key_lengths.iter().find(|&&k| k > row_len) {
-        return Err(KernelError::Shape(format!(
-            "key length {bad} > row length {row_len}"
-        )));
-    }
-    if !(scale.is_finite() && scale > 0.0) {
-        return Err(KernelError::Shape(format!(
-            "scale must be positive, got {scale}"
-        )));
-    }
-    Ok(())
+    crate::check_keys(key_lengths, sequences, row_len, scale)
 }
 
 simd_dispatch! {

@@ -354,7 +354,8 @@ pub(crate) fn record_as(model: &ModelInfo, chars: u64, inputs: u64, out: &Embedd
         if out.input_timings.len() as u64 == inputs {
             usage.per_input.extend_from_slice(&out.input_timings);
         } else {
-            // Late chunking's chunks ran as one input: each is charged its.
+            // Late chunking's chunks ran as one input: each chunk is charged
+            // the joined text's phases.
             let call = out.input_timings.first().unwrap_or(&out.timings);
             let n = usize::try_from(inputs).unwrap_or(usize::MAX);
             usage.per_input.extend(std::iter::repeat_n(*call, n));

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::dispatch::{madd, simd_dispatch};
 use crate::exp::exp_nonpositive;
+use crate::softmax::{exp_shifted_sum, row_max};
 use crate::KernelError;
 
 /// Keys per tile of the streaming softmax.
@@ -477,20 +478,7 @@ simd_dispatch! {
                 }
                 None => scale,
             };
-            let mut lane_max = [f32::NEG_INFINITY; 8];
-            let mut chunks = row[a..z].chunks_exact(8);
-            for chunk in &mut chunks {
-                for (m, &s) in lane_max.iter_mut().zip(chunk) {
-                    *m = if s > *m { s } else { *m };
-                }
-            }
-            let mut tile_max = chunks
-                .remainder()
-                .iter()
-                .fold(f32::NEG_INFINITY, |m, &s| if s > m { s } else { m });
-            for m in lane_max {
-                tile_max = if m > tile_max { m } else { tile_max };
-            }
+            let tile_max = row_max(&row[a..z]);
             let old = max[r];
             let new = if tile_max > old { tile_max } else { old };
             if new > old {
@@ -501,20 +489,7 @@ simd_dispatch! {
             max[r] = new;
             row[..a].fill(0.0);
             row[z..].fill(0.0);
-            let mut lane_sum = [0.0f32; 8];
-            let mut chunks = row[a..z].chunks_exact_mut(8);
-            for chunk in &mut chunks {
-                for (t, s) in lane_sum.iter_mut().zip(chunk.iter_mut()) {
-                    *s = exp_nonpositive::<FMA>((*s - new) * post);
-                    *t += *s;
-                }
-            }
-            let mut total = 0.0f32;
-            for s in chunks.into_remainder() {
-                *s = exp_nonpositive::<FMA>((*s - new) * post);
-                total += *s;
-            }
-            total += lane_sum.iter().sum::<f32>();
+            let total = exp_shifted_sum::<FMA>(&mut row[a..z], new, post);
             sum[r] = madd::<FMA>(sum[r], alpha[r], total);
         }
         alpha

@@ -191,17 +191,12 @@ simd_dispatch! {
     }
 }
 
+/// The largest value of `row` (-inf for none), in eight lanes then the
+/// rest: the one order every softmax here takes its maximum in.
 #[inline(always)]
-pub(crate) fn softmax_row<const FMA: bool>(row: &mut [f32], valid: usize, scale: f32) {
-    if valid == 0 {
-        row.fill(1.0 / row.len() as f32);
-        return;
-    }
-    let (live, padding) = row.split_at_mut(valid);
-    padding.fill(0.0);
-
+pub(crate) fn row_max(row: &[f32]) -> f32 {
     let mut lane_max = [f32::NEG_INFINITY; 8];
-    let mut chunks = live.chunks_exact(8);
+    let mut chunks = row.chunks_exact(8);
     for chunk in &mut chunks {
         for (m, &v) in lane_max.iter_mut().zip(chunk) {
             // `>` rather than f32::max: a plain compare-select maps to one
@@ -216,9 +211,16 @@ pub(crate) fn softmax_row<const FMA: bool>(row: &mut [f32], valid: usize, scale:
     for m in lane_max {
         max = if m > max { m } else { max };
     }
+    max
+}
 
+/// Overwrites each `v` of `row` with `exp((v - max) * scale)` and returns
+/// their sum, in eight lanes then the rest (a fixed order: a row's bits
+/// follow its own values alone).
+#[inline(always)]
+pub(crate) fn exp_shifted_sum<const FMA: bool>(row: &mut [f32], max: f32, scale: f32) -> f32 {
     let mut lane_sum = [0.0f32; 8];
-    let mut chunks = live.chunks_exact_mut(8);
+    let mut chunks = row.chunks_exact_mut(8);
     for chunk in &mut chunks {
         for (s, v) in lane_sum.iter_mut().zip(chunk.iter_mut()) {
             *v = exp_nonpositive::<FMA>((*v - max) * scale);
@@ -230,7 +232,20 @@ pub(crate) fn softmax_row<const FMA: bool>(row: &mut [f32], valid: usize, scale:
         *v = exp_nonpositive::<FMA>((*v - max) * scale);
         sum += *v;
     }
-    sum += lane_sum.iter().sum::<f32>();
+    sum + lane_sum.iter().sum::<f32>()
+}
+
+#[inline(always)]
+pub(crate) fn softmax_row<const FMA: bool>(row: &mut [f32], valid: usize, scale: f32) {
+    if valid == 0 {
+        row.fill(1.0 / row.len() as f32);
+        return;
+    }
+    let (live, padding) = row.split_at_mut(valid);
+    padding.fill(0.0);
+
+    let max = row_max(live);
+    let sum = exp_shifted_sum::<FMA>(live, max, scale);
 
     let inv = 1.0 / sum;
     for v in live.iter_mut() {

@@ -8,22 +8,17 @@ describes every service, through gRPC's own Python clients."""
 
 from __future__ import annotations
 
-import importlib
-import importlib.resources
 import json
 import re
-import sys
 import threading
 import time
 
 import grpc
-import grpc_tools
 import numpy as np
 import pytest
 import requests
-from grpc_tools import protoc
 
-from harness import FIXTURES, NOMIC, ROOT, TEST_SERVER_BINARY, cosine_rows, free_port, start_server
+from harness import FIXTURES, NOMIC, ROOT, TEST_SERVER_BINARY, cosine_rows, free_port, grpc_modules, start_server
 
 SPLADE = FIXTURES / "tiny-splade"
 CLASSIFIER = FIXTURES / "tiny-bert-classifier"
@@ -33,24 +28,8 @@ RERANKER = FIXTURES / "tiny-bert-reranker"
 @pytest.fixture(scope="module")
 def pb(tmp_path_factory):
     """(messages, stubs) generated from the repository's proto/tei.proto."""
-    out = tmp_path_factory.mktemp("stubs")
-    include = str(importlib.resources.files(grpc_tools) / "_proto")
-    rc = protoc.main(
-        [
-            "protoc",
-            f"-I{ROOT / 'proto'}",
-            f"-I{include}",
-            f"--python_out={out}",
-            f"--grpc_python_out={out}",
-            "tei.proto",
-        ]
-    )
-    assert rc == 0
-    sys.path.insert(0, str(out))
-    try:
-        yield importlib.import_module("tei_pb2"), importlib.import_module("tei_pb2_grpc")
-    finally:
-        sys.path.remove(str(out))
+    with grpc_modules(tmp_path_factory.mktemp("stubs"), "tei.proto", ROOT / "proto") as modules:
+        yield modules
 
 
 @pytest.fixture(scope="module")

@@ -10,20 +10,15 @@ rest), so no opentelemetry-proto package (which pins an older protobuf) is neede
 
 from __future__ import annotations
 
-import importlib
-import importlib.resources
-import sys
 import threading
 import time
 from concurrent import futures
 
 import grpc
-import grpc_tools
 import pytest
 import requests
-from grpc_tools import protoc
 
-from harness import ROOT, free_port, start_server
+from harness import ROOT, free_port, grpc_modules, start_server
 
 OTLP_SUBSET = """
 syntax = "proto3";
@@ -69,13 +64,8 @@ def otlp(tmp_path_factory):
     """The subset's messages and service stubs."""
     out = tmp_path_factory.mktemp("otlp")
     (out / "otlp_subset.proto").write_text(OTLP_SUBSET)
-    rc = protoc.main(["protoc", f"-I{out}", f"--python_out={out}", f"--grpc_python_out={out}", "otlp_subset.proto"])
-    assert rc == 0
-    sys.path.insert(0, str(out))
-    try:
-        yield importlib.import_module("otlp_subset_pb2"), importlib.import_module("otlp_subset_pb2_grpc")
-    finally:
-        sys.path.remove(str(out))
+    with grpc_modules(out, "otlp_subset.proto") as modules:
+        yield modules
 
 
 class Receiver:
@@ -200,24 +190,8 @@ def test_request_spans_reach_the_collector_with_the_callers_trace(receiver, tmp_
 @pytest.fixture(scope="module")
 def tei_stubs(tmp_path_factory):
     """(messages, stubs) generated from the repository's proto/tei.proto."""
-    out = tmp_path_factory.mktemp("tei_stubs")
-    include = str(importlib.resources.files(grpc_tools) / "_proto")
-    rc = protoc.main(
-        [
-            "protoc",
-            f"-I{ROOT / 'proto'}",
-            f"-I{include}",
-            f"--python_out={out}",
-            f"--grpc_python_out={out}",
-            "tei.proto",
-        ]
-    )
-    assert rc == 0
-    sys.path.insert(0, str(out))
-    try:
-        yield importlib.import_module("tei_pb2"), importlib.import_module("tei_pb2_grpc")
-    finally:
-        sys.path.remove(str(out))
+    with grpc_modules(tmp_path_factory.mktemp("tei_stubs"), "tei.proto", ROOT / "proto") as modules:
+        yield modules
 
 
 def test_grpc_calls_are_spans_shaped_as_http_requests(receiver, tei_stubs, tmp_path):

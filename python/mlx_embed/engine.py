@@ -133,7 +133,9 @@ class EmbeddingModel(ScoringMixin):
         # Matryoshka cut (truncate_dim: each mean's first dim values) it can,
         # a Dense projection it cannot (no such layer runs on a chunk mean).
         self._dense_layers = len(getattr(ck.head, "dense", ()) or ())
-        self._truncate_dim = getattr(ck.head, "truncate_dim", None) or None
+        # Only a cut that is the vector's width (one past the hidden size cuts nothing).
+        truncate_dim = getattr(ck.head, "truncate_dim", None) or None
+        self._truncate_dim = truncate_dim if truncate_dim == self.dim else None
         self.device = device.device_name()
         self.parameter_count, self.weights_bytes = loading.weight_stats(
             self.model,
@@ -352,7 +354,7 @@ class EmbeddingModel(ScoringMixin):
             multi_vector=self.multi_vector is not None,
             tasks=list(self.tasks),
             dense_layers=self._dense_layers,
-            truncate_dim=self._truncate_dim if self._truncate_dim == self.dim else None,
+            truncate_dim=self._truncate_dim,
             tokenizer=TokenizerSpec(
                 path=tok.path,
                 prefix_ids=list(tok.prefix),
@@ -568,7 +570,7 @@ class EmbeddingModel(ScoringMixin):
         rows, _ = self.scheduler.run([ids], output="tokens", adapter=adapter)
         # A Matryoshka cut (truncate_dim) takes each mean's first dim values,
         # as the head cuts the pooled mean, before normalizing.
-        cut = self._truncate_dim == self.dim and rows.shape[1] > self.dim
+        cut = self._truncate_dim is not None and rows.shape[1] > self.dim
         if rows.shape[1] != self.dim and not cut:
             raise InvalidInput(
                 f"late chunking needs a model whose vector is the mean of its token states; "

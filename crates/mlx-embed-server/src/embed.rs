@@ -494,8 +494,9 @@ pub async fn embed_late_chunks(
     .await?;
     // A Matryoshka cut (the folder's truncate_dim): the model's vector is
     // its mean's first `dim` values, so each chunk's mean is cut as well
-    // (finish_pooled cuts to `dimension`, at most `dim`).
-    let cut = info.truncate_dim == Some(info.dim) && rows.dimension > info.dim;
+    // (finish_pooled cuts to `dimension`, at most `dim`; the bridge
+    // admits no truncate_dim but `dim`).
+    let cut = info.truncate_dim.is_some() && rows.dimension > info.dim;
     if rows.dimension != info.dim && !cut {
         // Token states of another width than the vectors, for a reason the
         // model does not state: chunk means would be in another space.

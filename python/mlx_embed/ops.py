@@ -120,7 +120,7 @@ _PATH_NAMES = {
 
 
 # The extension's kernel_api these modules call (crates/mlx-embed/src/kernels.rs).
-KERNEL_API = 3
+KERNEL_API = 4
 
 
 def native_available() -> bool:

@@ -1,6 +1,7 @@
-//! Decoder self-attention (causal or bidirectional, grouped-query heads, an
-//! optional window and Gemma 2's logit soft-cap) over q, k and v as the
-//! decoders hold them after RoPE, one text at a time on its own tokens.
+//! Self-attention of decoders and encoders (causal or bidirectional,
+//! grouped-query heads, an optional window, Gemma 2's logit soft-cap or
+//! ALiBi's distance bias) over q, k and v as the models hold them after
+//! RoPE, one text at a time on its own tokens.
 //!
 //! Keys go in tiles of [`KEY_TILE`] positions with a streaming softmax: per
 //! query row a running maximum and sum, its output rows rescaled when the
@@ -64,9 +65,10 @@ pub struct DecoderShape {
     pub head_dim: usize,
 }
 
-/// Which keys a query sees and what happens to its scores.
+/// Which keys a query sees, what happens to its scores, and which rows
+/// are computed.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct DecoderMask {
+pub struct DecoderMask<'a> {
     /// Keys after the query get zero weight (a causal decoder); else every
     /// key of the text (EmbeddingGemma, EuroBERT).
     pub causal: bool,
@@ -76,13 +78,22 @@ pub struct DecoderMask {
     pub window: Option<usize>,
     /// Gemma 2's `cap * tanh(s / cap)` on the scaled scores before the mask.
     pub softcap: Option<f32>,
+    /// ALiBi (jina-bert-v2): query head `h`'s scaled scores less
+    /// `slopes[h] * |i - j|`, one slope per query head. Not with `softcap`.
+    pub slopes: Option<&'a [f32]>,
+    /// Every one of a text's `len` rows, not only its first
+    /// `key_lengths[b]`, attends to the text's keys: an encoder's rows past
+    /// its keys (a ColBERT query's expansion tokens) are outputs. A row
+    /// that sees no key (past the window's reach) is 0.
+    pub all_rows: bool,
 }
 
 /// `out[b, i, h, :] = sum_j p_j v[b, kv(h), j, :]` with `p` the softmax of
 /// `scale * q[b, h, i] . k[b, kv(h), j]` (soft-capped if asked) over the
 /// keys `j < key_lengths[b]` that `mask` lets query `i` see; `out` is
 /// `[batch, len, heads * head_dim]` (ready for the output projection) and
-/// is overwritten, rows at or past a text's length with zeros. Units of
+/// is overwritten, rows at or past a text's length with zeros (unless
+/// `mask.all_rows`). Units of
 /// (text, head) are shared out among up to `threads` threads (the caller's
 /// included); which thread runs one changes no bit.
 #[allow(clippy::too_many_arguments)]
@@ -93,7 +104,7 @@ pub fn decoder_attention(
     shape: DecoderShape,
     key_lengths: &[usize],
     scale: f32,
-    mask: DecoderMask,
+    mask: DecoderMask<'_>,
     out: &mut [f32],
     threads: usize,
 ) -> Result<(), KernelError> {
@@ -149,7 +160,7 @@ fn check(
     shape: DecoderShape,
     key_lengths: &[usize],
     scale: f32,
-    mask: DecoderMask,
+    mask: DecoderMask<'_>,
     out: &[f32],
 ) -> Result<(), KernelError> {
     let DecoderShape {
@@ -198,6 +209,19 @@ fn check(
             )));
         }
     }
+    if let Some(slopes) = mask.slopes {
+        if slopes.len() != heads || mask.softcap.is_some() {
+            return Err(KernelError::Shape(format!(
+                "{} ALiBi slopes for {heads} heads{}",
+                slopes.len(),
+                if mask.softcap.is_some() {
+                    ", with a softcap"
+                } else {
+                    ""
+                }
+            )));
+        }
+    }
     Ok(())
 }
 
@@ -217,7 +241,7 @@ struct Text<'a> {
     h: usize,
     n: usize,
     scale: f32,
-    mask: DecoderMask,
+    mask: DecoderMask<'a>,
 }
 
 impl Text<'_> {
@@ -225,7 +249,8 @@ impl Text<'_> {
     fn keys(&self, i: usize) -> (usize, usize) {
         let lo = self.mask.window.map_or(0, |w| i.saturating_sub(w));
         let hi = if self.mask.causal {
-            i + 1
+            // Capped for a row past the keys (`all_rows`).
+            (i + 1).min(self.n)
         } else {
             // Saturating: a window as wide as usize (Python's int) is no window.
             self.mask.window.map_or(self.n, |w| {
@@ -292,8 +317,11 @@ unsafe fn one_head(text: &Text<'_>, scratch: &mut Scratch, out: OutPtr) {
     let v_base = text.b * text.v.batch + kv * text.v.head;
     let q_base = text.b * text.q.batch + text.h * text.q.head;
     let row_at = |i: usize| (text.b * len + i) * width + text.h * head_dim;
-    scratch.max[..n].fill(f32::NEG_INFINITY);
-    scratch.sum[..n].fill(0.0);
+    // The rows computed: the text's, or every one with `all_rows`.
+    let m = if text.mask.all_rows { len } else { n };
+    let slope = text.mask.slopes.map(|s| s[text.h]);
+    scratch.max[..m].fill(f32::NEG_INFINITY);
+    scratch.sum[..m].fill(0.0);
     for first_key in (0..n).step_by(KEY_TILE) {
         let tile_keys = KEY_TILE.min(n - first_key);
         for d in 0..head_dim {
@@ -313,8 +341,8 @@ unsafe fn one_head(text: &Text<'_>, scratch: &mut Scratch, out: OutPtr) {
             (false, None) => 0,
         };
         let first_block = first_row / QUERY_BLOCK * QUERY_BLOCK;
-        for start in (first_block..n).step_by(QUERY_BLOCK) {
-            let count = QUERY_BLOCK.min(n - start);
+        for start in (first_block..m).step_by(QUERY_BLOCK) {
+            let count = QUERY_BLOCK.min(m - start);
             let mut rows = [(0usize, 0usize); QUERY_BLOCK];
             let (mut lo, mut hi) = (KEY_TILE, 0);
             for (r, cols) in rows.iter_mut().enumerate().take(count) {
@@ -352,11 +380,17 @@ unsafe fn one_head(text: &Text<'_>, scratch: &mut Scratch, out: OutPtr) {
                 tile.hi,
                 &mut scratch.scores,
             );
+            let bias = slope.map(|slope| Alibi {
+                slope,
+                // Distances of the block's first row from the tile's first key.
+                offset: start as isize - first_key as isize,
+            });
             let alpha = block_softmax(
                 &mut scratch.scores,
                 tile,
                 text.scale,
                 text.mask.softcap,
+                bias,
                 &mut scratch.max[start..start + count],
                 &mut scratch.sum[start..start + count],
             );
@@ -383,8 +417,10 @@ unsafe fn one_head(text: &Text<'_>, scratch: &mut Scratch, out: OutPtr) {
             );
         }
     }
-    for i in 0..n {
-        let inv = 1.0 / scratch.sum[i];
+    for i in 0..m {
+        // A row that saw no key (all_rows, past the window) stays 0.
+        let sum = scratch.sum[i];
+        let inv = if sum > 0.0 { 1.0 / sum } else { 0.0 };
         // SAFETY: row i of head h belongs to this unit alone.
         let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(row_at(i)), head_dim) };
         for o in dst {
@@ -455,6 +491,7 @@ simd_dispatch! {
         tile: BlockTile,
         scale: f32,
         softcap: Option<f32>,
+        alibi: Option<Alibi>,
         max: &mut [f32],
         sum: &mut [f32],
     ) -> [f32; QUERY_BLOCK] {
@@ -476,7 +513,20 @@ simd_dispatch! {
                     }
                     1.0
                 }
-                None => scale,
+                None => match alibi {
+                    Some(Alibi { slope, offset }) => {
+                        // Key column c (of the tile) is |offset + r - c|
+                        // positions from row r: a plain multiply and
+                        // subtract, the same bits in every build.
+                        let first = tile.lo + a;
+                        for (c, s) in row[a..z].iter_mut().enumerate() {
+                            let dist = (offset + r as isize - (first + c) as isize).unsigned_abs();
+                            *s = *s * scale - slope * dist as f32;
+                        }
+                        1.0
+                    }
+                    None => scale,
+                },
             };
             let tile_max = row_max(&row[a..z]);
             let old = max[r];
@@ -494,6 +544,15 @@ simd_dispatch! {
         }
         alpha
     }
+}
+
+/// ALiBi's bias for one block against one tile.
+#[derive(Clone, Copy)]
+struct Alibi {
+    /// The head's slope.
+    slope: f32,
+    /// The block's first query position less the tile's first key position.
+    offset: isize,
 }
 
 /// `tanh(x)`: an odd Taylor polynomial near 0 (where `1 - e^-2|x|` would
@@ -651,7 +710,7 @@ mod tests {
             }
         }
 
-        fn run(&self, lens: &[usize], scale: f32, mask: DecoderMask, threads: usize) -> Vec<f32> {
+        fn run(&self, lens: &[usize], scale: f32, mask: DecoderMask<'_>, threads: usize) -> Vec<f32> {
             let s = self.shape;
             let mut out = vec![f32::NAN; s.batch * s.len * s.heads * s.head_dim];
             decoder_attention(
@@ -669,7 +728,7 @@ mod tests {
             out
         }
 
-        fn reference(&self, lens: &[usize], scale: f64, mask: DecoderMask) -> Vec<f64> {
+        fn reference(&self, lens: &[usize], scale: f64, mask: DecoderMask<'_>) -> Vec<f64> {
             let s = self.shape;
             let at = |t: Strided<'_>, b: usize, h: usize, i: usize, d: usize| {
                 t.data[b * t.batch + h * t.head + i * t.token + d] as f64
@@ -679,7 +738,8 @@ mod tests {
             for (b, &n) in lens.iter().enumerate() {
                 for h in 0..s.heads {
                     let kv = h / (s.heads / s.kv_heads);
-                    for i in 0..n {
+                    let rows = if mask.all_rows { s.len } else { n };
+                    for i in 0..rows {
                         let seen: Vec<usize> = (0..n)
                             .filter(|&j| {
                                 (!mask.causal || j <= i)
@@ -695,12 +755,19 @@ mod tests {
                                             at(self.q(), b, h, i, d) * at(self.k(), b, kv, j, d)
                                         })
                                         .sum::<f64>();
+                                let bias = mask
+                                    .slopes
+                                    .map_or(0.0, |sl| -(sl[h] as f64) * i.abs_diff(j) as f64);
                                 match mask.softcap {
                                     Some(c) => c as f64 * (raw / c as f64).tanh(),
-                                    None => raw,
+                                    None => raw + bias,
                                 }
                             })
                             .collect();
+                        if seen.is_empty() {
+                            // A row past the keys and the window: 0.
+                            continue;
+                        }
                         let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                         let e: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
                         let total: f64 = e.iter().sum();
@@ -722,6 +789,8 @@ mod tests {
         causal: true,
         window: None,
         softcap: None,
+        slopes: None,
+        all_rows: false,
     };
 
     fn assert_close(got: &[f32], want: &[f64], what: &str) {
@@ -751,6 +820,8 @@ mod tests {
                     causal: true,
                     window: Some(t + 1),
                     softcap: Some(2.0),
+                    slopes: None,
+                    all_rows: false,
                 },
             ),
             (
@@ -759,6 +830,8 @@ mod tests {
                     causal: false,
                     window: None,
                     softcap: None,
+                    slopes: None,
+                    all_rows: false,
                 },
             ),
             (
@@ -767,6 +840,8 @@ mod tests {
                     causal: false,
                     window: Some(t / 4 + 1),
                     softcap: None,
+                    slopes: None,
+                    all_rows: false,
                 },
             ),
         ];
@@ -844,6 +919,18 @@ mod tests {
                 causal: false,
                 window: Some(9),
                 softcap: None,
+                slopes: None,
+                all_rows: false,
+            },
+            DecoderMask {
+                slopes: Some(&SLOPES[..3]),
+                all_rows: true,
+                ..BIDIRECTIONAL
+            },
+            DecoderMask {
+                window: Some(KEY_TILE / 2),
+                all_rows: true,
+                ..BIDIRECTIONAL
             },
         ] {
             let together = batched.run(&lens, 0.25, mask, 2);
@@ -893,10 +980,133 @@ mod tests {
                         "text {b}, {build} build, {threads} threads: other bits than in the batch"
                     );
                 });
-                // Padding rows are zeros.
+                // Padding rows are zeros (unless computed).
                 let pad = &together[(b * shape.len + n) * width..(b + 1) * shape.len * width];
-                assert!(pad.iter().all(|&x| x == 0.0), "text {b}'s padding rows");
+                assert!(
+                    mask.all_rows || pad.iter().all(|&x| x == 0.0),
+                    "text {b}'s padding rows"
+                );
             }
+        }
+    }
+
+    /// ALiBi slopes for 4 heads, steep (2^-2) to flat (2^-8) as
+    /// jina-bert-v2's run.
+    const SLOPES: [f32; 4] = [0.25, 0.0625, 0.015625, 0.00390625];
+
+    const BIDIRECTIONAL: DecoderMask = DecoderMask {
+        causal: false,
+        window: None,
+        softcap: None,
+        slopes: None,
+        all_rows: false,
+    };
+
+    #[test]
+    fn encoder_masks_match_a_float64_reference_at_tile_boundaries() {
+        let t = KEY_TILE;
+        let alibi = DecoderMask {
+            slopes: Some(&SLOPES),
+            ..BIDIRECTIONAL
+        };
+        let masks = [
+            ("alibi", alibi),
+            (
+                "alibi, every row",
+                DecoderMask {
+                    all_rows: true,
+                    ..alibi
+                },
+            ),
+            (
+                "alibi window",
+                DecoderMask {
+                    window: Some(t / 2 + 1),
+                    ..alibi
+                },
+            ),
+            (
+                "symmetric window",
+                DecoderMask {
+                    window: Some(t / 2),
+                    ..BIDIRECTIONAL
+                },
+            ),
+            (
+                "symmetric window, every row",
+                DecoderMask {
+                    window: Some(t / 2),
+                    all_rows: true,
+                    ..BIDIRECTIONAL
+                },
+            ),
+            (
+                "every row",
+                DecoderMask {
+                    all_rows: true,
+                    ..BIDIRECTIONAL
+                },
+            ),
+        ];
+        // Lengths around the tile, one past three tiles, padded texts whose
+        // rows past the keys (every row) see some keys or, past the
+        // window's reach, none.
+        let shape = DecoderShape {
+            batch: 6,
+            len: 3 * t + 5,
+            heads: 4,
+            kv_heads: 2,
+            head_dim: 24,
+        };
+        let lens = [1, t - 1, t, t + 1, 3 * t + 5, 100];
+        let inputs = Inputs::new(shape, 21);
+        for (name, mask) in masks {
+            let want = inputs.reference(&lens, 0.3, mask);
+            crate::dispatch::tests::each_build(|build, threads| {
+                let got = inputs.run(&lens, 0.3, mask, threads);
+                assert_close(
+                    &got,
+                    &want,
+                    &format!("{name}, {build} build, {threads} threads"),
+                );
+            });
+        }
+    }
+
+    #[test]
+    fn refuses_slopes_that_do_not_fit() {
+        let shape = DecoderShape {
+            batch: 1,
+            len: 4,
+            heads: 4,
+            kv_heads: 4,
+            head_dim: 8,
+        };
+        let inputs = Inputs::new(shape, 1);
+        let mut out = vec![0.0; 4 * 4 * 8];
+        for mask in [
+            DecoderMask {
+                slopes: Some(&SLOPES[..3]),
+                ..BIDIRECTIONAL
+            },
+            DecoderMask {
+                slopes: Some(&SLOPES),
+                softcap: Some(1.0),
+                ..BIDIRECTIONAL
+            },
+        ] {
+            let err = decoder_attention(
+                inputs.q(),
+                inputs.k(),
+                inputs.v(),
+                shape,
+                &[4],
+                1.0,
+                mask,
+                &mut out,
+                1,
+            );
+            assert!(err.is_err(), "{mask:?}");
         }
     }
 
@@ -917,6 +1127,8 @@ mod tests {
                 causal,
                 window: None,
                 softcap: None,
+                slopes: None,
+                all_rows: false,
             };
             let want = inputs.run(&lens, 0.5, plain, 1);
             for w in [2 * KEY_TILE + 5, 10_000, usize::MAX] {
@@ -972,7 +1184,7 @@ mod tests {
             kv_heads: 1,
             ..shape
         };
-        let call = |lens: &[usize], scale: f32, mask: DecoderMask, out: &mut [f32]| {
+        let call = |lens: &[usize], scale: f32, mask: DecoderMask<'_>, out: &mut [f32]| {
             decoder_attention(
                 inputs.q(),
                 inputs.k(),

@@ -433,16 +433,18 @@ fn heads_view(name: &str, buf: &PyBuffer<f32>) -> PyResult<([usize; 4], [usize; 
 }
 
 /// `decoder_attention_(q, k, v, key_lengths, scale, out, causal=True,
-/// window=None, softcap=None, threads=1)`: a decoder's self-attention of q
+/// window=None, softcap=None, slopes=None, all_rows=False, threads=1)`: a
+/// decoder's or an encoder's self-attention of q
 /// `[batch, heads, len, head_dim]` against k and v `[batch, kv_heads, len,
 /// head_dim]` (any strides with the features side by side: the arrays as
 /// they lie after RoPE) into `out` `[batch, len, heads * head_dim]`, text
-/// `b` over its first `key_lengths[b]` positions (the rest of its rows 0);
-/// `window`: keys at most that many positions from the query.
+/// `b` over its first `key_lengths[b]` positions (the rest of its rows 0,
+/// or with `all_rows` attending to those keys too); `window`: keys at most
+/// that many positions from the query; `slopes`: ALiBi's per-head slopes.
 #[pyfunction]
 #[pyo3(
     name = "decoder_attention_",
-    signature = (q, k, v, key_lengths, scale, out, causal = true, window = None, softcap = None, threads = 1)
+    signature = (q, k, v, key_lengths, scale, out, causal = true, window = None, softcap = None, slopes = None, all_rows = false, threads = 1)
 )]
 #[allow(clippy::too_many_arguments)]
 fn decoder_attention_py(
@@ -456,6 +458,8 @@ fn decoder_attention_py(
     causal: bool,
     window: Option<usize>,
     softcap: Option<f32>,
+    slopes: Option<Vec<f32>>,
+    all_rows: bool,
     threads: usize,
 ) -> PyResult<()> {
     let dst = writable_f32(out)?;
@@ -492,6 +496,8 @@ fn decoder_attention_py(
         causal,
         window,
         softcap,
+        slopes: slopes.as_deref(),
+        all_rows,
     };
     with_floats_detached(py, &dst, |floats| {
         let [q, k, v] = std::array::from_fn(|i| {
@@ -665,8 +671,9 @@ fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
 /// argument is added, so `ops.native_available` can tell an extension built
 /// from an older tree (it then offers no native path rather than failing a
 /// pass). 2: `masked_softmax_positions_(causal=)`; 3: `decoder_attention_`
-/// (and `causal=` gone again: the decoders' attention is that kernel's).
-const KERNEL_API: u32 = 3;
+/// (and `causal=` gone again: the decoders' attention is that kernel's);
+/// 4: `decoder_attention_(slopes=, all_rows=)` (the encoders' too).
+const KERNEL_API: u32 = 4;
 
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     // A mistyped cap fails the import, not silently runs the widest build.

@@ -1025,9 +1025,11 @@ def per_text(q: mx.array, k: mx.array, v: mx.array, lengths: list[int], run, tai
     """Self-attention of a padded batch one text at a time, each on its real
     tokens alone: ``run(q, k, v, b, n)`` for text ``b``'s first ``n``
     positions ([1, H, n, head_dim] each), the outputs padded back to the
-    batch's length (padding rows 0) and stacked. An encoder's attention on
-    the native path goes so (a decoder's is :func:`decoder_attention`'s),
-    so that a text's bits do not follow its batch: every matmul and
+    batch's length (padding rows 0) and stacked. An encoder's attention with
+    a position bias the streaming kernel does not compute (T5's, MPNet's
+    buckets) goes so on the native path (the others, and the decoders', run
+    in :func:`decoder_attention`'s kernel), so that a text's bits do not
+    follow its batch: every matmul and
     softmax of a text then has the shapes the text alone gives it, where a
     padded batch's would change the scores' row length and OpenBLAS's choice
     of kernel (docs/architecture.md, "Same bits"). Measured on the
@@ -1077,20 +1079,21 @@ def blocked_attention(
     window: Optional[int] = None,
     fused: bool = False,
     one_text: bool = False,
-    first_query: int = 0,
 ) -> mx.array:
     """``softmax(scale * q @ k^T + A) @ v`` for [B, H, L, head_dim] q, k, v,
     where A is the padding ``mask`` or ``additive(start, end)``: the whole
     additive term (padding included) for query rows [start, end), e.g. a
     position bias. ``fused``: through ``mx.fast.scaled_dot_product_attention``.
     ``alibi``: the [H] slopes when ``additive`` is ALiBi's ``-slope_h * |i -
-    j|`` plus ``mask``; the native path then computes the bias inside its
-    softmax, one pass over the scores instead of MLX's bias, adds and softmax
-    (8x less time for one 4096-token, 12-head layer: 0.5 s against 4.0 s).
-    ``window``: likewise when ``additive`` is a local band (keys at most
-    ``window`` positions from the query) plus ``mask``: the native softmax
-    cuts each row to its band (4x less time for a 12-head local layer over
-    8 inputs of 512 tokens: 0.14 s against 0.57 s).
+    j|`` plus ``mask``; ``window``: likewise when ``additive`` is a local band
+    (keys at most ``window`` positions from the query) plus ``mask``.
+
+    On the CPU's native path in float32, ``mask`` alone, ``alibi`` or
+    ``window`` run whole in :func:`decoder_attention`'s kernel (bidirectional,
+    each text over its own keys, every row including a ColBERT query's past
+    its keys; the bias or band computed inside its key tiles): no score
+    matrix at any length, and a text's bits its own (docs/benchmarks.md,
+    "An encoder's attention in the streaming kernel").
 
     When the scores would pass SCORES_BLOCK_BYTES the query rows go in
     blocks, each evaluated before the next is built: left lazy, MLX runs
@@ -1098,9 +1101,15 @@ def blocked_attention(
     on one 4096-token, 12-head layer: 1.7 GB at once, 0.22 GB in blocks of
     512 rows).
 
-    On the native path each text attends on its own (``per_text``;
-    ``one_text``: ``q`` is one text's, its keys all real, its rows from
-    position ``first_query``)."""
+    Otherwise on the native path (another ``additive``: T5's and MPNet's
+    relative position bias) each text attends on its own (``per_text``;
+    ``one_text``: ``q`` is one text's, its keys all real)."""
+    if mask is not None and not fused and (additive is None or alibi is not None or window is not None):
+        ctx = current()
+        if ctx.path == "native" and q.dtype == k.dtype == v.dtype == mx.float32:
+            return decoder_attention(
+                q, k, v, scale, mask, causal=False, window=window, slopes=alibi, all_rows=True,
+            )
     if mask is not None and not one_text and attends_per_text(q):
 
         def text(qb, kb, vb, b, n, first=0):
@@ -1109,7 +1118,7 @@ def blocked_attention(
                 bias = lambda start, end: _text_rows(additive(first + start, first + end), b, n)  # noqa: E731
             return blocked_attention(
                 qb, kb, vb, scale, mask=KeyMask.of_length(n, mask.dtype), additive=bias,
-                alibi=alibi, window=window, fused=fused, one_text=True, first_query=first,
+                fused=fused, one_text=True,
             )
 
         return per_text(q, k, v, mask.lengths, text, tail=lambda qb, kb, vb, b, n: text(qb, kb, vb, b, n, n))
@@ -1117,13 +1126,7 @@ def blocked_attention(
     outs = []
     for start, end in blocks:
         qb = q if len(blocks) == 1 else q[:, :, start:end]
-        probs = None if fused else _native_position_probs(qb, k, mask, scale, first_query + start, alibi, window)
-        if probs is None and not fused and additive is None and _long_native(qb, k):
-            # attention_probs's product and softmax, the product by the kernel.
-            probs = _native_probs(current(), qb, k, scale, mask)
-        if probs is not None:
-            out = _probs_times(probs, v)
-        elif additive is None:
+        if additive is None:
             if fused:
                 out = mx.fast.scaled_dot_product_attention(qb, k, v, scale=scale, mask=mask.additive)
             else:
@@ -1234,117 +1237,6 @@ class BandMask:
         return additive[:, :, start:end]
 
 
-def _native_probs(
-    ctx: ForwardContext,
-    q: mx.array,
-    k: mx.array,
-    scale: float,
-    padding: Optional[KeyMask],
-    first_query: int = 0,
-    *,
-    slopes: Optional[list[float]] = None,
-    half: Optional[int] = None,
-) -> Optional[mx.array]:
-    """Attention weights by the native kernels in place over the scores of
-    [B, H, Lq, head_dim] queries against [B, Hkv, Lk, head_dim] keys, as
-    [B, Hkv, (H / Hkv) * Lq, Lk]: padding keys (``padding``, default none)
-    weighted 0, and ALiBi's bias (``slopes``) or a window (``half``), from
-    query position ``first_query``. None where the scores
-    are not one float32 buffer the kernel can take."""
-    B, H, Lq, hd = q.shape
-    kv_heads, Lk = k.shape[1], k.shape[2]
-    # A kv head's query heads as consecutive blocks of rows: one matmul per
-    # kv head with no repeated keys, and the scores land in [B, H, Lq, Lk]
-    # order, the layout the kernel reads.
-    grouped = q.reshape(B, kv_heads, (H // kv_heads) * Lq, hd)
-    if Lk >= KERNEL_PRODUCTS_MIN_KEYS and q.dtype == k.dtype == mx.float32:
-        scores = buf = _kernel_products(ctx, grouped, k, scores=True)
-    else:
-        scores = grouped @ k.swapaxes(-1, -2)
-        buf = _native_buffer(scores)
-        if buf is None:
-            return None
-    rows = buf.reshape(B, H, Lq, Lk)
-    lengths = [Lk] * B if padding is None else padding.lengths
-    with _graph_lock_released():
-        if slopes is not None or half is not None:
-            _native.masked_softmax_positions_(
-                rows, lengths, scale, first_query, slopes=slopes, half=half,
-                threads=ctx.kernel_threads,
-            )
-        else:
-            _native.masked_softmax_(rows, lengths, scale, ctx.kernel_threads)
-    return scores
-
-
-# From this many keys (a text's own length) an encoder's attention
-# (blocked_attention, per text on the native path) runs its two products in
-# the native linear kernel on the context's kernel threads rather than MLX's
-# matmul, which the native path pins to one BLAS thread (per_text;
-# scheduler._pass_blas_threads): a long text's attention is no longer held to
-# one core while its linears use all. The kernel sums in k order whatever the
-# thread split, so the bits do not follow the threads either. Chosen by the
-# text's keys, never the batch's. (The decoders' attention runs whole in
-# decoder_attention's kernel; the encoders keep this glue for what that
-# kernel does not do: ALiBi, a ColBERT query's rows past its keys.)
-# Measured on one Qwen3-0.6B causal block (256 query rows, 16/8 heads of 128)
-# on the 2-core machine, OpenBLAS 1 thread / kernel 1 thread / kernel 2
-# threads: 8.9/10.6/12.3 ms at 256 keys, 23.6/24.1/17.7 at 512, 52.8/51.6/37.9
-# at 1,024, 107/95/86 at 2,048 (docs/benchmarks.md, "Long inputs"). Below
-# 1,024 the engine's workers (one thread each) gain nothing, and at 256 lose.
-KERNEL_PRODUCTS_MIN_KEYS = 1024
-
-
-def _long_native(q: mx.array, k: mx.array) -> bool:
-    """Whether attention of float32 ``q`` against ``k`` on the native path
-    has the keys for :func:`_kernel_products`."""
-    return _native_pass() and q.dtype == k.dtype == mx.float32 and k.shape[2] >= KERNEL_PRODUCTS_MIN_KEYS
-
-
-def _scores_scratch(n: int) -> np.ndarray:
-    """This thread's reusable buffer for :func:`_kernel_products`' scores,
-    read by the softmax and the product after it before the next scores: a
-    fresh 32 MB per 2,048-key block page-faulted in every time (a Qwen3
-    text, 2 layers, when its attention ran here: 1.026x against 1.003x
-    MLX's time)."""
-    buf = getattr(_scratch_local, "scores", None)
-    if buf is None or buf.size < n:
-        buf = _scratch_local.scores = np.empty(n, dtype=np.float32)
-    return buf[:n]
-
-
-def _kernel_products(
-    ctx: ForwardContext, x, w: mx.array, *, transposed: bool = False, scores: bool = False
-) -> np.ndarray:
-    """``x @ w^T`` (``transposed``: ``x @ w``) per batch row and group by
-    the native linear kernel, as a float32 host buffer: ``x`` is [B, G, M,
-    K] (an MLX array or a C-contiguous float32 host buffer); ``w`` [B, G, N,
-    K] (``transposed``: [B, G, K, N]). Each [N, K] matrix is packed per
-    call, O(N K) against the product's O(M N K).
-    ``scores``: into this thread's scores buffer (``_scores_scratch``)."""
-    B, G, M, K = x.shape
-    xs = x if isinstance(x, np.ndarray) else np.ascontiguousarray(host_view(x), dtype=np.float32)
-    ws = host_view(w)
-    N = ws.shape[3] if transposed else ws.shape[2]
-    out = (_scores_scratch(B * G * M * N) if scores else np.empty(B * G * M * N, dtype=np.float32)).reshape(B, G, M, N)
-    packed = np.empty(_native.linear_packed_len(N, K), dtype=np.float32)
-    with _graph_lock_released():
-        for b in range(B):
-            for g in range(G):
-                weight = np.ascontiguousarray(ws[b, g].T if transposed else ws[b, g], dtype=np.float32)
-                _native.pack_linear_weights(weight, N, K, packed)
-                _native.linear_(xs[b, g], packed, None, out[b, g], K, N, False, ctx.kernel_threads)
-    return out
-
-
-def _probs_times(probs, v: mx.array) -> mx.array:
-    """``probs @ v`` for :func:`_native_probs`'s weights: by the native
-    kernel where the scores were (a host buffer), else MLX's matmul."""
-    if isinstance(probs, np.ndarray):
-        return mx.array(_kernel_products(current(), probs, v, transposed=True))
-    return probs @ v
-
-
 def engine_attention(module) -> None:
     """Make an mlx-lm model module's attention (its module-level
     ``scaled_dot_product_attention``) run this engine's inside the engine's
@@ -1438,16 +1330,21 @@ def decoder_attention(
     causal: bool,
     window: Optional[int] = None,
     softcap: Optional[float] = None,
+    slopes: Optional[list[float]] = None,
+    all_rows: bool = False,
 ) -> mx.array:
-    """A decoder's self-attention on the CPU's native path by the native
-    kernel (``_native.decoder_attention_``): ``q`` [B, H, L, head_dim], ``k``
+    """A decoder's or an encoder's self-attention on the CPU's native path by
+    the native kernel (``_native.decoder_attention_``): ``q`` [B, H, L, head_dim], ``k``
     and ``v`` [B, Hkv, L, head_dim] read as they lie after RoPE (the
     transposes' strides, no copies), H a multiple of Hkv; each text over its
     first ``keys.lengths[b]`` positions (None: all L, which a causal mask
     makes exact for right padding), causal or not, keys at most ``window``
-    positions from the query, scores soft-capped by ``softcap``. Returns [B,
-    H, L, head_dim] (a transpose of the kernel's [B, L, H * head_dim], which
-    the caller's merge of the heads undoes for free); padding rows 0.
+    positions from the query, scores soft-capped by ``softcap`` or less ALiBi's
+    ``slopes[h] * |i - j|``. Returns [B, H, L, head_dim] (a transpose of the
+    kernel's [B, L, H * head_dim], which the caller's merge of the heads
+    undoes for free); padding rows 0, or with ``all_rows`` attending to the
+    text's keys too (an encoder's: a ColBERT query's expansion rows), a row
+    that sees none of them (past a window) 0.
 
     Keys go in fixed tiles of positions with a streaming softmax, so a text's
     bits follow its own tokens alone (not the batch, its padding or the
@@ -1464,6 +1361,7 @@ def decoder_attention(
     with _graph_lock_released():
         _native.decoder_attention_(
             qs, ks, vs, lengths, float(scale), dst, causal=causal, window=window, softcap=softcap,
+            slopes=None if slopes is None else [float(x) for x in slopes], all_rows=all_rows,
             threads=current().kernel_threads,
         )
     # A new array from the host buffer (see _run_packed): the scratch is free again at once.
@@ -1519,16 +1417,6 @@ def native_swiglu(module) -> None:
     swiglu._mlx_embed_native = True
     swiglu.__wrapped_original__ = original
     module.swiglu = swiglu
-
-
-def _native_position_probs(q, k, mask: KeyMask, scale: float, first_query: int, alibi, window):
-    """Attention weights with ALiBi's bias or a local window, by the native
-    kernels in place over the scores; None off the native path or with
-    neither (the caller takes the MLX one)."""
-    ctx = current()
-    if (alibi is None and window is None) or ctx.path != "native" or q.dtype != mx.float32:
-        return None
-    return _native_probs(ctx, q, k, scale, mask, first_query, slopes=alibi, half=window)
 
 
 def attention(qkv: mx.array, mask: KeyMask, n_heads: int, scale: float) -> mx.array:

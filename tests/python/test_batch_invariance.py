@@ -86,37 +86,32 @@ def test_a_solo_call_runs_the_blas_threads_of_every_other_call(golden_texts):
     assert np.array_equal(solo, batched)
 
 
-@pytest.mark.parametrize("folder, kernel", [("tiny-qwen3", "decoder"), ("tiny-modernbert", "products")])
-def test_a_long_text_in_the_kernel_products_keeps_its_bits_among_short_ones(folder, kernel, golden_texts, monkeypatch):
-    """A long text's attention in a native kernel keeps its bits among short
-    texts: tiny-qwen3's in the decoder kernel (ops.decoder_attention; its
-    keys in several tiles, the short texts' in one), tiny-modernbert's (a
-    local window and global layers, cut at 512 tokens) with at least
-    ops.KERNEL_PRODUCTS_MIN_KEYS keys in the native linear kernel
-    (multi-threaded), the short texts beside it in MLX's: its bits follow
-    its own length alone."""
-    from mlx_embed import _native, ops
+@pytest.mark.parametrize("folder", ["tiny-qwen3", "tiny-modernbert", "tiny-jina-v2"])
+def test_a_long_text_in_the_streaming_kernel_keeps_its_bits_among_short_ones(folder, golden_texts, monkeypatch):
+    """A long text's attention in the streaming kernel (ops.decoder_attention:
+    tiny-qwen3's causal layers, tiny-modernbert's local windows and global
+    layers, tiny-jina-v2's ALiBi; cut at 512 tokens) keeps its bits among
+    short texts: its keys in several 64-key tiles, the short texts' in one,
+    on the kernel's threads; its bits follow its own length alone."""
+    from mlx_embed import _native
 
-    # The fixtures' texts reach 512 tokens, under the threshold's 1,024.
-    monkeypatch.setattr(ops, "KERNEL_PRODUCTS_MIN_KEYS", 256)
     model = mlx_embed.load(str(FIXTURES / folder), max_length=512)
     texts = [t for t in golden_texts if t]
     counts = model.count_tokens(texts)
     long = max(range(len(texts)), key=lambda i: counts[i])
-    assert counts[long] >= ops.KERNEL_PRODUCTS_MIN_KEYS
     batch = [texts[long], *sorted(texts, key=len)[:5], texts[long][: len(texts[long]) // 3]]
     kernel_calls = []
-    if kernel == "decoder":
-        real = _native.decoder_attention_
-        monkeypatch.setattr(
-            _native, "decoder_attention_", lambda *a, **k: kernel_calls.append(max(a[3])) or real(*a, **k)
-        )
-    else:
-        products = ops._kernel_products
-        monkeypatch.setattr(ops, "_kernel_products", lambda *a, **k: kernel_calls.append(1) or products(*a, **k))
+    real = _native.decoder_attention_
+    monkeypatch.setattr(
+        _native, "decoder_attention_", lambda *a, **k: kernel_calls.append((max(a[3]), k)) or real(*a, **k)
+    )
     together = model.embed(batch, normalize=False)
     assert kernel_calls, "the long text did not reach the kernel"
-    if kernel == "decoder":
-        assert max(kernel_calls) >= 3 * 64  # several of the kernel's key tiles
+    assert max(n for n, _ in kernel_calls) >= 3 * 64  # several of the kernel's key tiles
+    if folder == "tiny-modernbert":
+        windows = {k["window"] for _, k in kernel_calls}
+        assert None in windows and len(windows) == 2, windows
+    if folder == "tiny-jina-v2":
+        assert all(k["slopes"] is not None for _, k in kernel_calls)
     for i, text in enumerate(batch):
         assert np.array_equal(model.embed([text], normalize=False)[0], together[i]), i

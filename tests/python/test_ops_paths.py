@@ -492,18 +492,13 @@ def test_long_causal_attention_in_blocks_bounds_memory(monkeypatch):
     assert cached_peak >= scores
 
 
-@pytest.mark.parametrize("block_rows", [45, 7])
-@pytest.mark.parametrize("kind", ["alibi", "window"])
-def test_native_position_softmax_matches_mlx(kind, block_rows, monkeypatch):
-    """The native kernel's position terms, made inside its softmax for each
-    block of query rows from the block's first query position, equal MLX
-    adding the same term and the padding mask before its softmax: ALiBi's
-    -slope_h |i - j| (JinaBERT), or a local window of keys within 4 of the
-    query (ModernBERT's local layers)."""
-    mx.random.seed(8)
-    B, H, L, hd, half = 2, 3, 45, 8, 4
-    q, k, v = (mx.random.normal((B, H, L, hd)) for _ in range(3))
-    lengths = [L, 30]
+def _encoder_attention_inputs(kind: str, lengths: list[int], L: int, seed: int = 8):
+    """Random q, k, v [B, 3, L, 24] (evaluated), the padding mask, the
+    blocked_attention keywords of ``kind`` ("alibi", "window" or "mask")
+    and a function of whether row i of text b sees a real key."""
+    mx.random.seed(seed)
+    B, H, hd, half = len(lengths), 3, 24, 40
+    q, k, v = _evaluated(*(mx.random.normal((B, H, L, hd)) for _ in range(3)))
     mask = ops.KeyMask(mx.array(np.arange(L)[None, :] < np.array(lengths)[:, None]), mx.float32)
     slopes = [0.5, 0.0625, 0.25]
 
@@ -513,27 +508,66 @@ def test_native_position_softmax_matches_mlx(kind, block_rows, monkeypatch):
             return -mx.array(slopes)[:, None, None] * dist.astype(mx.float32)[None] + mask.additive
         return mask.additive + mx.where(dist <= half, 0.0, -1e9)
 
+    kw = {"mask": mask}
+    if kind == "alibi":
+        kw.update(additive=additive, alibi=slopes)
+    elif kind == "window":
+        kw.update(additive=additive, window=half)
+    sees = (lambda b, i: i < lengths[b] + half) if kind == "window" else (lambda b, i: True)
+    return q, k, v, kw, sees
+
+
+@pytest.mark.parametrize("kind", ["alibi", "window", "mask"])
+def test_encoder_attention_in_the_streaming_kernel_matches_exact(kind, monkeypatch):
+    """On the native path an encoder's attention with ALiBi (JinaBERT), a
+    symmetric window (ModernBERT's local layers) or the padding mask alone
+    runs whole in the streaming kernel (``decoder_attention_``, slopes and
+    window computed inside its key tiles), over texts of several 64-key
+    tiles, and matches the exact path's MLX bias/band and softmax within
+    1e-5, rows past a text's keys (a ColBERT query's expansion rows) too
+    wherever they see a key."""
+    L, lengths = 150, [150, 70, 1]
+    q, k, v, kw, sees = _encoder_attention_inputs(kind, lengths, L)
     with ops.forward_context(ops.make_context("exact")):
-        (want,) = _evaluated(ops.blocked_attention(q, k, v, 0.35, additive=additive))
-    monkeypatch.setattr(ops, "SCORES_BLOCK_BYTES", B * H * L * 4 * block_rows)
+        (want,) = _evaluated(ops.blocked_attention(q, k, v, 0.35, **kw))
     calls = []
-    real = _native.masked_softmax_positions_
-    monkeypatch.setattr(_native, "masked_softmax_positions_", lambda *a, **kw: calls.append(a[3]) or real(*a, **kw))
-    term = {"alibi": slopes} if kind == "alibi" else {"window": half}
-    # The padded batch's blocks (the engine's passes attend one text at a
-    # time: test_batch_invariance.py).
-    monkeypatch.setattr(ops, "attends_per_text", lambda q: False)
+    real = _native.decoder_attention_
+    monkeypatch.setattr(_native, "decoder_attention_", lambda *a, **k: calls.append(k) or real(*a, **k))
     with ops.forward_context(ops.make_context("native")):
-        (got,) = _evaluated(ops.blocked_attention(q, k, v, 0.35, mask=mask, additive=additive, **term))
-    assert calls == list(range(0, L, block_rows))
-    # Real query rows (a padding row's output is never read).
+        (got,) = _evaluated(ops.blocked_attention(q, k, v, 0.35, **kw))
+    assert len(calls) == 1
+    assert calls[0]["causal"] is False and calls[0]["all_rows"] is True
+    assert calls[0]["slopes"] == (kw.get("alibi") and [float(s) for s in kw["alibi"]])
+    assert calls[0]["window"] == kw.get("window")
     got, want = np.array(got), np.array(want)
-    for b, n in enumerate(lengths):
-        assert np.abs(got[b, :, :n] - want[b, :, :n]).max() <= 1e-5
-    # Two terms, no term, or slopes for other heads than the scores'.
-    for both in ({"slopes": slopes, "half": 1}, {}, {"slopes": slopes[:2]}):
-        with pytest.raises(ValueError, match="exactly one"):
-            _native.masked_softmax_positions_(np.zeros((1, 3, 2, 2), np.float32), [2], 1.0, 0, **both)
+    checked = 0
+    for b in range(len(lengths)):
+        for i in range(L):
+            if sees(b, i):
+                assert np.abs(got[b, :, i] - want[b, :, i]).max() <= 1e-5, (b, i)
+                checked += 1
+            else:
+                # No key in its window: 0 (ModernBERT zeroes such rows on every path).
+                assert (got[b, :, i] == 0).all(), (b, i)
+    assert checked >= sum(lengths)
+
+
+@pytest.mark.parametrize("kind", ["alibi", "window", "mask"])
+def test_encoder_attention_in_the_streaming_kernel_is_batch_invariant(kind):
+    """A text's attention rows in the streaming kernel have the same bits
+    alone at its own length as in a padded batch beside longer texts, on
+    one kernel thread or two."""
+    L, lengths = 197, [197, 65, 64, 63]
+    q, k, v, kw, _ = _encoder_attention_inputs(kind, lengths, L, seed=9)
+    for threads in (1, 2):
+        with ops.forward_context(ops.make_context("native", kernel_threads=threads)):
+            (together,) = _evaluated(ops.blocked_attention(q, k, v, 0.35, **kw))
+            together = np.array(together)
+            for b, n in enumerate(lengths):
+                one = {**kw, "mask": ops.KeyMask(mx.ones((1, n), dtype=mx.int32), mx.float32)}
+                qb, kb, vb = (mx.contiguous(t[b : b + 1, :, :n]) for t in (q, k, v))
+                (alone,) = _evaluated(ops.blocked_attention(qb, kb, vb, 0.35, **one))
+                assert np.array_equal(np.array(alone)[0], together[b, :, :n]), (kind, threads, b)
 
 
 @pytest.mark.parametrize("activation, mlx_act", [("silu", nn.silu), ("gelu_tanh", nn.gelu_approx)])

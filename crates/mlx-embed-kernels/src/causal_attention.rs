@@ -210,6 +210,11 @@ fn check(
         }
     }
     if let Some(slopes) = mask.slopes {
+        if len > i32::MAX as usize {
+            return Err(KernelError::Shape(format!(
+                "ALiBi's distances are i32: {len} positions"
+            )));
+        }
         if slopes.len() != heads || mask.softcap.is_some() {
             return Err(KernelError::Shape(format!(
                 "{} ALiBi slopes for {heads} heads{}",
@@ -517,10 +522,11 @@ simd_dispatch! {
                     Some(Alibi { slope, offset }) => {
                         // Key column c (of the tile) is |offset + r - c|
                         // positions from row r: a plain multiply and
-                        // subtract, the same bits in every build.
-                        let first = tile.lo + a;
+                        // subtract, the same bits in every build. In i32
+                        // (positions are far below 2^31), which vectorizes.
+                        let base = (offset + r as isize - (tile.lo + a) as isize) as i32;
                         for (c, s) in row[a..z].iter_mut().enumerate() {
-                            let dist = (offset + r as isize - (first + c) as isize).unsigned_abs();
+                            let dist = (base - c as i32).abs();
                             *s = *s * scale - slope * dist as f32;
                         }
                         1.0
@@ -710,7 +716,13 @@ mod tests {
             }
         }
 
-        fn run(&self, lens: &[usize], scale: f32, mask: DecoderMask<'_>, threads: usize) -> Vec<f32> {
+        fn run(
+            &self,
+            lens: &[usize],
+            scale: f32,
+            mask: DecoderMask<'_>,
+            threads: usize,
+        ) -> Vec<f32> {
             let s = self.shape;
             let mut out = vec![f32::NAN; s.batch * s.len * s.heads * s.head_dim];
             decoder_attention(

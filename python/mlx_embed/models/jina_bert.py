@@ -33,9 +33,9 @@ does not, the weights do (``mlp.gated_layers`` or ``mlp.up_gated_layer``).
   slopes of the largest power of two p below n, then every other slope of 2p
   (``[0::2]``) for the remaining n - p heads.
 
-The attention: on the CPU's native path, one matmul, then the native masked
-softmax with the ALiBi bias computed in its pass (``masked_softmax_positions_``),
-then one matmul; elsewhere MLX: the bias and padding mask added before the
+The attention: on the CPU's native path, the streaming attention kernel
+(``ops.decoder_attention``), the ALiBi bias computed inside its key tiles from
+the slopes; elsewhere MLX: the bias and padding mask added before the
 project's softmax, or MLX's fused SDPA with them as its additive mask where
 the backend uses that. Long inputs (jina-embeddings-v2 takes 8192 tokens) go
 in blocks of query rows (``ops.blocked_attention``), their ALiBi rows made
@@ -95,7 +95,7 @@ def alibi_bias(n_heads: int, length: int) -> np.ndarray:
 class AlibiTerms:
     """What one forward pass's attention adds to the scores: the padding
     ``mask``; ALiBi's ``slopes`` (the native path computes the bias from them
-    inside its softmax); ``additive(start, end)``, the bias plus the padding
+    inside its attention kernel's key tiles); ``additive(start, end)``, the bias plus the padding
     mask for query rows [start, end), for the other paths."""
 
     mask: ops.KeyMask

@@ -18,8 +18,9 @@ float32 q/k/v, calls interleaved before/after, medians of ``--calls``:
     .venv/bin/python scripts/bench_encoder_attention.py --cases 1x128,8x128,1x512,1x2048,1x8192 --calls 15
 
 ``--rss SHAPE TEXTSxTOKENS``: each variant in its own process, one call
-after the inputs are built; prints the process's peak RSS and its RSS
-before the call (what the attention itself adds):
+after the inputs are built; prints the process's peak RSS, how far it rose
+over the RSS before the call (what the attention itself adds), and the
+call's time:
 
     .venv/bin/python scripts/bench_encoder_attention.py --rss jina-alibi 1x8192
 """
@@ -150,10 +151,12 @@ def one_rss(args) -> None:
     texts, tokens = (int(x) for x in args.rss[1].lower().split("x"))
     run = setup(args.rss[0], texts, tokens)
     start = rss_bytes()
+    t0 = time.perf_counter()
     with module.forward_context(ctx):
         mx.eval(run(module))
+    seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"variant": args.variant, "rss_before_call": start, "peak_rss": peak}))
+    print(json.dumps({"variant": args.variant, "rss_before_call": start, "peak_rss": peak, "seconds": seconds}))
 
 
 def main() -> None:
@@ -178,7 +181,8 @@ def main() -> None:
             ).stdout.strip().splitlines()[-1]
             out[variant] = row = json.loads(line)
             print(f"{variant:6} {' '.join(args.rss)}: peak RSS {row['peak_rss'] / 1e9:.2f} GB, "
-                  f"{(row['peak_rss'] - row['rss_before_call']) / 1e9:.2f} GB over the inputs'", flush=True)
+                  f"{(row['peak_rss'] - row['rss_before_call']) / 1e9:.2f} GB over the inputs', "
+                  f"one call {row['seconds']:.2f} s", flush=True)
     else:
         out = timed(args)
     if args.json:

@@ -15,9 +15,10 @@
 //! * [`add_layer_norm`]: residual add and layer norm in one pass pair;
 //! * [`attention`]: multi-head attention from the fused q/k/v projection to
 //!   merged heads, the softmax's masking and scale included;
-//! * [`decoder_attention`]: a decoder's self-attention (causal or not,
-//!   grouped-query heads, a window, a soft-cap) per text from q, k and v as
-//!   they lie, keys in tiles with a streaming softmax;
+//! * [`decoder_attention`]: a decoder's or an encoder's self-attention
+//!   (causal or not, grouped-query heads, a window, a soft-cap or ALiBi's
+//!   bias) per text from q, k and v as they lie, keys in tiles with a
+//!   streaming softmax;
 //! * [`linear`]: `x @ w^T + bias` (optionally GELU) on weights packed once
 //!   by [`pack_weights`] (the BLAS re-packs them on every call);
 //! * [`post_ln_encoder`]: a stack of BERT's post-LN blocks from the kernels

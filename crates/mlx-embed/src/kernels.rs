@@ -119,7 +119,9 @@ fn masked_softmax_py(
 /// ALiBi's `-slopes[head] * |query - key|` added to the scaled scores
 /// (`slopes`), or only the keys within `half` positions of the query
 /// weighted (`half`). Exactly one of the two. (Causal attention is
-/// `decoder_attention_`'s.)
+/// `decoder_attention_`'s, and on the engine's native path ALiBi and the
+/// window too: this one is left to `scripts/bench_encoder_attention.py`'s
+/// "before", the code it replaced.)
 #[pyfunction]
 #[pyo3(
     name = "masked_softmax_positions_",

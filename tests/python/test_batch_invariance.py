@@ -3,8 +3,9 @@ native path (the default), for every tiny fixture the library loads: the
 golden texts each alone, in one batch, and in a shuffled batch give the same
 bits (``np.array_equal``) as raw vectors, per-token rows, ColBERT rows,
 rerank and classifier scores. The linears run in the native kernel
-(``ops.EngineLinear``), attention one text at a time on its real tokens
-(``ops.per_text``); docs/architecture.md, "Same bits"."""
+(``ops.EngineLinear``), attention per text on its real tokens (the streaming
+kernel, ``ops.decoder_attention``, or ``ops.per_text``); docs/architecture.md,
+"Same bits"."""
 
 from __future__ import annotations
 

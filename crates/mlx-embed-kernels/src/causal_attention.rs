@@ -466,22 +466,49 @@ fn score_tiles<const FMA: bool, const KC: usize>(
     scores: &mut [f32],
 ) {
     let rows: [&[f32]; QUERY_BLOCK] = std::array::from_fn(|r| &q[q_at[r]..q_at[r] + head_dim]);
-    for j in (lo / KC * KC..hi).step_by(KC) {
-        let mut acc = [[0.0f32; KC]; QUERY_BLOCK];
-        for d in 0..head_dim {
-            let k: &[f32; KC] = keys_t[d * KEY_TILE + j..d * KEY_TILE + j + KC]
-                .try_into()
-                .expect("a KC-long slice");
-            for r in 0..QUERY_BLOCK {
-                let qd = rows[r][d];
-                for c in 0..KC {
-                    acc[r][c] = madd::<FMA>(qd, k[c], acc[r][c]);
-                }
+    let mut j = lo / KC * KC;
+    while j < hi {
+        // The last chunk as narrow as its columns allow (a short text's 8
+        // keys are not a 32-key tile's work): each column is its own chain
+        // of multiply-adds whatever the chunk's width, so no bit changes.
+        let left = hi - j;
+        if KC > 8 && left <= 8 {
+            score_chunk::<FMA, 8>(&rows, head_dim, keys_t, j, scores);
+            j += 8;
+        } else if KC > 16 && left <= 16 {
+            score_chunk::<FMA, 16>(&rows, head_dim, keys_t, j, scores);
+            j += 16;
+        } else {
+            score_chunk::<FMA, KC>(&rows, head_dim, keys_t, j, scores);
+            j += KC;
+        }
+    }
+}
+
+/// `scores[r, j..j + W] = q_r . k_c` for the block's rows, one register
+/// tile of `W` key columns.
+#[inline(always)]
+fn score_chunk<const FMA: bool, const W: usize>(
+    rows: &[&[f32]; QUERY_BLOCK],
+    head_dim: usize,
+    keys_t: &[f32],
+    j: usize,
+    scores: &mut [f32],
+) {
+    let mut acc = [[0.0f32; W]; QUERY_BLOCK];
+    for d in 0..head_dim {
+        let k: &[f32; W] = keys_t[d * KEY_TILE + j..d * KEY_TILE + j + W]
+            .try_into()
+            .expect("a W-long slice");
+        for r in 0..QUERY_BLOCK {
+            let qd = rows[r][d];
+            for c in 0..W {
+                acc[r][c] = madd::<FMA>(qd, k[c], acc[r][c]);
             }
         }
-        for (r, a) in acc.iter().enumerate() {
-            scores[r * KEY_TILE + j..r * KEY_TILE + j + KC].copy_from_slice(a);
-        }
+    }
+    for (r, a) in acc.iter().enumerate() {
+        scores[r * KEY_TILE + j..r * KEY_TILE + j + W].copy_from_slice(a);
     }
 }
 

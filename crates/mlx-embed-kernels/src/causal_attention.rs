@@ -329,13 +329,16 @@ unsafe fn one_head(text: &Text<'_>, scratch: &mut Scratch, out: OutPtr) {
     scratch.sum[..m].fill(0.0);
     for first_key in (0..n).step_by(KEY_TILE) {
         let tile_keys = KEY_TILE.min(n - first_key);
+        // The register tiles read up to the widest one's end past the keys
+        // (score_tiles); no further.
+        let read = tile_keys.next_multiple_of(KEY_CHUNK_WIDE).min(KEY_TILE);
         for d in 0..head_dim {
             let row = &mut scratch.keys_t[d * KEY_TILE..(d + 1) * KEY_TILE];
             for (c, slot) in row[..tile_keys].iter_mut().enumerate() {
                 *slot = text.k.data[k_base + (first_key + c) * text.k.token + d];
             }
             // Columns past the text: finite, computed and never weighted.
-            row[tile_keys..].fill(0.0);
+            row[tile_keys..read].fill(0.0);
         }
         let values = &text.v.data[v_base + first_key * text.v.token..];
         // The query blocks that see some key of this tile.

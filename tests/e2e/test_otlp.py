@@ -1,6 +1,9 @@
-"""`--otlp-endpoint` / `--otlp-service-name` (TEI's flags) against a real OTLP gRPC receiver.
+"""`--otlp-endpoint` / `--otlp-service-name` (TEI's flags), `--otlp-protocol` and the standard
+OTEL_EXPORTER_OTLP_* variables against real OTLP receivers on loopback: gRPC (plain and TLS)
+and OTLP/HTTP (plain and TLS), with the CA and server certificates made per test by the
+`openssl` command.
 
-The receiver is a grpcio server implementing
+The gRPC receiver is a grpcio server implementing
 `opentelemetry.proto.collector.trace.v1.TraceService/Export`; its messages are
 generated at test time (grpcio-tools, as test_grpc.py does for tei.proto) from
 the subset of the OTLP protos written below: the field numbers are OTLP's,
@@ -10,15 +13,20 @@ rest), so no opentelemetry-proto package (which pins an older protobuf) is neede
 
 from __future__ import annotations
 
+import os
+import ssl
+import subprocess
 import threading
 import time
 from concurrent import futures
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import grpc
 import pytest
 import requests
 
-from harness import ROOT, free_port, grpc_modules, start_server
+from harness import ROOT, SERVER_BINARY, free_port, grpc_modules, start_server
 
 OTLP_SUBSET = """
 syntax = "proto3";
@@ -69,16 +77,19 @@ def otlp(tmp_path_factory):
 
 
 class Receiver:
-    """An OTLP trace receiver on loopback: every span it is sent, with its resource's attributes."""
+    """An OTLP trace receiver on loopback: every span it is sent, with its resource's attributes,
+    and each export's metadata; over TLS with `credentials`."""
 
-    def __init__(self, pb, stubs):
+    def __init__(self, pb, stubs, credentials=None):
         self.spans: list[tuple[dict, object]] = []
+        self.metadata: list[list[tuple[str, str]]] = []
         self.lock = threading.Lock()
         receiver = self
 
         class Service(stubs.TraceServiceServicer):
             def Export(self, request, context):
                 with receiver.lock:
+                    receiver.metadata.append([(m.key, m.value) for m in context.invocation_metadata()])
                     for rs in request.resource_spans:
                         resource = attributes(rs.resource.attributes)
                         for ss in rs.scope_spans:
@@ -88,7 +99,10 @@ class Receiver:
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         stubs.add_TraceServiceServicer_to_server(Service(), self.server)
         self.port = free_port()
-        self.server.add_insecure_port(f"127.0.0.1:{self.port}")
+        if credentials is None:
+            self.server.add_insecure_port(f"127.0.0.1:{self.port}")
+        else:
+            self.server.add_secure_port(f"127.0.0.1:{self.port}", credentials)
         self.server.start()
 
     def stop(self):
@@ -288,23 +302,254 @@ def test_an_unreachable_collector_is_a_warning_and_the_server_serves_on(tmp_path
 
 
 @pytest.mark.parametrize(
-    "endpoint, why",
+    "args, env, said",
     [
-        ("collector:4317", "no scheme"),
-        ("https://collector:4317", "https is not supported"),
-        ("http://collector:4318/v1/traces", "a path"),
+        (["--otlp-endpoint", "collector:4317"], {}, "--otlp-endpoint collector:4317: no scheme"),
+        (
+            ["--otlp-endpoint", "http://collector:4318/v1/traces"],
+            {},
+            "--otlp-endpoint http://collector:4318/v1/traces: a path is not part of an OTLP gRPC address",
+        ),
+        (
+            ["--otlp-endpoint", "http://c:4318", "--otlp-protocol", "http/json"],
+            {},
+            "--otlp-protocol http/json: OTLP/HTTP with JSON is not supported",
+        ),
+        (
+            [],
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"},
+            "OTEL_EXPORTER_OTLP_PROTOCOL http/json: OTLP/HTTP with JSON is not supported",
+        ),
+        (
+            ["--otlp-endpoint", "http://c:4317"],
+            {"OTEL_EXPORTER_OTLP_HEADERS": "a=1,b"},
+            'OTEL_EXPORTER_OTLP_HEADERS: "b" is not key=value',
+        ),
+        (
+            ["--otlp-endpoint", "http://c:4317"],
+            {"OTEL_EXPORTER_OTLP_TRACES_HEADERS": "a=%zz"},
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS: the value of a is not percent-encoded UTF-8",
+        ),
+        (
+            ["--otlp-endpoint", "https://c:4317"],
+            {"OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent/ca.pem"},
+            "OTEL_EXPORTER_OTLP_CERTIFICATE /nonexistent/ca.pem: cannot be read: ",
+        ),
+        (
+            ["--otlp-endpoint", "https://c:4317"],
+            {"OTEL_EXPORTER_OTLP_CERTIFICATE": "/etc/hostname"},
+            "OTEL_EXPORTER_OTLP_CERTIFICATE /etc/hostname: no certificate in it",
+        ),
     ],
 )
-def test_a_bad_endpoint_is_refused_at_start(tmp_path, endpoint, why):
-    import subprocess
-
-    from harness import SERVER_BINARY
-
+def test_bad_export_settings_are_refused_at_start(args, env, said):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OTLP_"))}
     done = subprocess.run(
-        [str(SERVER_BINARY), "--otlp-endpoint", endpoint],
+        [str(SERVER_BINARY), *args],
         capture_output=True,
         text=True,
         timeout=WAIT_S,
+        env={**clean, **env},
     )
     assert done.returncode == 2, done.stderr
-    assert done.stderr.startswith(f"error: --otlp-endpoint {endpoint}: {why}"), done.stderr
+    assert done.stderr.startswith(f"error: {said}"), done.stderr
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> dict[str, Path]:
+    """A CA, a server certificate it signed for 127.0.0.1, and a second CA that signed nothing
+    here, made by the `openssl` command."""
+    out = tmp_path_factory.mktemp("certs")
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=out, check=True, capture_output=True, timeout=WAIT_S)
+
+    for ca in ("ca", "other-ca"):
+        openssl(
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{ca}.key",
+            "-out",
+            f"{ca}.pem",
+            "-days",
+            "2",
+            "-subj",
+            f"/CN=otlp e2e {ca}",
+        )
+    openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "server.key", "-out", "server.csr", "-subj", "/CN=127.0.0.1"
+    )
+    (out / "san.ext").write_text("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
+    openssl(
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "san.ext",
+    )
+    return {name: out / f"{name}.pem" for name in ("ca", "other-ca", "server")} | {"key": out / "server.key"}
+
+
+def embed_span(spans, inputs: int):
+    """The one `POST /embed` server span among `spans`, its attributes checked."""
+    (request,) = [s for s in spans if s.kind == SPAN_KIND_SERVER and s.name == "POST /embed"]
+    attrs = attributes(request.attributes)
+    assert attrs["http.request.method"] == "POST" and attrs["http.route"] == "/embed"
+    assert attrs["http.response.status_code"] == 200 and attrs["inputs"] == inputs
+    children = sorted(s.name for s in spans if s.parent_span_id == request.span_id)
+    assert children == ["inference", "queue", "tokenize"], children
+    return request
+
+
+def test_an_https_grpc_collector_gets_the_spans_with_the_headers(otlp, certs, tmp_path):
+    """https: TLS with the CA of OTEL_EXPORTER_OTLP_CERTIFICATE; OTEL_EXPORTER_OTLP_HEADERS are
+    each export's metadata, percent-decoded; --otlp-service-name names the resource."""
+    credentials = grpc.ssl_server_credentials([(certs["key"].read_bytes(), certs["server"].read_bytes())])
+    receiver = Receiver(*otlp, credentials=credentials)
+    try:
+        endpoint = f"https://127.0.0.1:{receiver.port}"
+        server = start_server(
+            tmp_path,
+            "--otlp-endpoint",
+            endpoint,
+            "--otlp-service-name",
+            SERVICE,
+            env={
+                "OTEL_EXPORTER_OTLP_CERTIFICATE": str(certs["ca"]),
+                "OTEL_EXPORTER_OTLP_HEADERS": "x-honeycomb-team=abc%3D%3D, authorization=Basic%20dXNlcjpwYXNz",
+            },
+        )
+        r = server.post("/embed", {"inputs": ["over tls", "twice"]})
+        assert r.status_code == 200, r.text
+        assert server.stop(timeout=WAIT_S) == 0, server.log()[-3000:]
+    finally:
+        receiver.stop()
+    log = server.log()
+    assert (
+        f"exporting spans to {endpoint} over OTLP gRPC with TLS (the CA of OTEL_EXPORTER_OTLP_CERTIFICATE) "
+        f"as {SERVICE}, 2 header(s) from OTEL_EXPORTER_OTLP_HEADERS"
+    ) in log, log[-3000:]
+    assert "failed" not in log and "cannot be reached" not in log, log[-3000:]
+    with receiver.lock:
+        spans, metadata = list(receiver.spans), list(receiver.metadata)
+    assert {resource.get("service.name") for resource, _ in spans} == {SERVICE}
+    embed_span([s for _, s in spans], inputs=2)
+    assert metadata
+    for sent in metadata:
+        assert [v for k, v in sent if k == "x-honeycomb-team"] == ["abc=="], sent
+        assert [v for k, v in sent if k == "authorization"] == ["Basic dXNlcjpwYXNz"], sent
+
+
+def test_a_collector_whose_certificate_the_ca_did_not_sign_gets_nothing(otlp, certs, tmp_path):
+    """The TLS client checks the collector: another CA's trust is a failed export (said once),
+    the server serving on."""
+    credentials = grpc.ssl_server_credentials([(certs["key"].read_bytes(), certs["server"].read_bytes())])
+    receiver = Receiver(*otlp, credentials=credentials)
+    try:
+        endpoint = f"https://127.0.0.1:{receiver.port}"
+        server = start_server(
+            tmp_path, "--otlp-endpoint", endpoint, env={"OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE": str(certs["other-ca"])}
+        )
+        r = server.post("/embed", {"inputs": "untrusted"})
+        assert r.status_code == 200, r.text
+        assert server.stop(timeout=WAIT_S) == 0, server.log()[-3000:]
+    finally:
+        receiver.stop()
+    assert f"OTLP export to {endpoint} failed" in server.log(), server.log()[-3000:]
+    with receiver.lock:
+        assert receiver.spans == []
+
+
+class HttpReceiver:
+    """An OTLP/HTTP trace receiver on loopback (over TLS with `certs`): each POST's path,
+    headers and decoded ExportTraceServiceRequest."""
+
+    def __init__(self, pb, certs: dict[str, Path] | None = None):
+        self.posts: list[tuple[str, dict, object]] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                with receiver.lock:
+                    receiver.posts.append((self.path, headers, pb.ExportTraceServiceRequest.FromString(body)))
+                out = pb.ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        if certs is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(certs["server"], certs["key"])
+            self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=WAIT_S)
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+def test_otlp_http_protobuf_posts_the_spans_to_v1_traces(otlp, certs, tmp_path, tls):
+    """OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf: the spans are POSTed as protobuf to the base
+    endpoint's /v1/traces, with the signal's own headers, under OTEL_SERVICE_NAME."""
+    pb, _ = otlp
+    receiver = HttpReceiver(pb, certs if tls else None)
+    scheme = "https" if tls else "http"
+    try:
+        env = {
+            "OTEL_EXPORTER_OTLP_ENDPOINT": f"{scheme}://127.0.0.1:{receiver.port}/otlp",
+            "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+            "OTEL_EXPORTER_OTLP_HEADERS": "x-generic=unused",
+            "OTEL_EXPORTER_OTLP_TRACES_HEADERS": "x-api-key=k%2Fv%3D1",
+            "OTEL_SERVICE_NAME": "otlp-http-embedder",
+        }
+        if tls:
+            env["OTEL_EXPORTER_OTLP_CERTIFICATE"] = str(certs["ca"])
+        server = start_server(tmp_path, env=env)
+        r = server.post("/embed", {"inputs": "over http"})
+        assert r.status_code == 200, r.text
+        assert server.stop(timeout=WAIT_S) == 0, server.log()[-3000:]
+    finally:
+        receiver.stop()
+    log = server.log()
+    url = f"{scheme}://127.0.0.1:{receiver.port}/otlp/v1/traces"
+    assert f"exporting spans to {url} over OTLP/HTTP protobuf" in log, log[-3000:]
+    assert "failed" not in log, log[-3000:]
+    with receiver.lock:
+        posts = list(receiver.posts)
+    assert posts
+    spans = []
+    for path, headers, request in posts:
+        assert path == "/otlp/v1/traces"
+        assert headers["content-type"] == "application/x-protobuf"
+        assert headers["x-api-key"] == "k/v=1" and "x-generic" not in headers, headers
+        for rs in request.resource_spans:
+            assert attributes(rs.resource.attributes)["service.name"] == "otlp-http-embedder"
+            spans.extend(span for ss in rs.scope_spans for span in ss.spans)
+    embed_span(spans, inputs=1)

@@ -67,13 +67,20 @@ pub struct TeiArgs {
     /// The `service.name` of the exported spans [default: OTEL_SERVICE_NAME, else mlx-embed].
     #[arg(long, env = "OTLP_SERVICE_NAME")]
     pub otlp_service_name: Option<String>,
-    /// Export the server's spans to this OpenTelemetry collector over OTLP gRPC, e.g.
-    /// http://localhost:4317 [default: OTEL_EXPORTER_OTLP_ENDPOINT, else no export]: one
-    /// span per HTTP request (a child of the caller's W3C `traceparent`, if sent) with its
-    /// tokenize, queue and inference phases under it. An unreachable collector is a
-    /// warning: the server serves on, the spans are dropped.
+    /// Export the server's spans to this OpenTelemetry collector, e.g. http://localhost:4317
+    /// (https: TLS with the system's roots, or the CA file OTEL_EXPORTER_OTLP_CERTIFICATE
+    /// names) [default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, then OTEL_EXPORTER_OTLP_ENDPOINT,
+    /// else no export]: one span per HTTP request (a child of the caller's W3C `traceparent`,
+    /// if sent) with its tokenize, queue and inference phases under it, and
+    /// OTEL_EXPORTER_OTLP_HEADERS on every export. An unreachable collector is a warning:
+    /// the server serves on, the spans are dropped.
     #[arg(long, env = "OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
+    /// How spans go to the collector: grpc, or http/protobuf (a POST to the endpoint's
+    /// /v1/traces) [default: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL, then
+    /// OTEL_EXPORTER_OTLP_PROTOCOL, else grpc].
+    #[arg(long, value_name = "grpc|http/protobuf")]
+    pub otlp_protocol: Option<String>,
     /// 0 is accepted (the first device, the one MLX uses); any other is refused: pick the GPU
     /// with CUDA_VISIBLE_DEVICES.
     #[arg(long)]
@@ -118,40 +125,20 @@ impl TeiArgs {
         Ok(ignored)
     }
 
-    /// The collector spans are exported to, checked: `--otlp-endpoint`
-    /// (or TEI's OTLP_ENDPOINT), else the standard OTEL_EXPORTER_OTLP_ENDPOINT
-    /// (`env` reads it); `None`: no export.
+    /// The span export asked for, checked: `--otlp-endpoint` (or TEI's
+    /// OTLP_ENDPOINT), `--otlp-protocol`, `--otlp-service-name`, else the
+    /// standard OTEL_* variables (`env` reads them; the CA file they may
+    /// name is read here); `None`: no export.
     pub fn otlp(
         &self,
         env: impl Fn(&str) -> Option<String>,
-    ) -> Result<Option<(String, String)>, String> {
-        let endpoint = match &self.otlp_endpoint {
-            Some(endpoint) => endpoint.clone(),
-            None => match env("OTEL_EXPORTER_OTLP_ENDPOINT").filter(|e| !e.trim().is_empty()) {
-                Some(endpoint) => {
-                    // That variable may be meant for OTLP over HTTP (port 4318).
-                    let protocol = env("OTEL_EXPORTER_OTLP_PROTOCOL").unwrap_or_default();
-                    if !matches!(protocol.trim(), "" | "grpc") {
-                        return Err(format!(
-                            "OTEL_EXPORTER_OTLP_ENDPOINT {endpoint} with \
-                             OTEL_EXPORTER_OTLP_PROTOCOL {protocol}: this server exports OTLP \
-                             over gRPC only; give a collector's gRPC address with \
-                             --otlp-endpoint"
-                        ));
-                    }
-                    endpoint
-                }
-                None => return Ok(None),
-            },
+    ) -> Result<Option<crate::otlp::Settings>, String> {
+        let flags = crate::otlp::Flags {
+            endpoint: self.otlp_endpoint.as_deref(),
+            protocol: self.otlp_protocol.as_deref(),
+            service_name: self.otlp_service_name.as_deref(),
         };
-        let endpoint = crate::otlp::check_endpoint(&endpoint)?;
-        let service = self
-            .otlp_service_name
-            .clone()
-            .or_else(|| env("OTEL_SERVICE_NAME"))
-            .filter(|name| !name.trim().is_empty())
-            .unwrap_or_else(|| crate::otlp::DEFAULT_SERVICE_NAME.to_owned());
-        Ok(Some((endpoint, service)))
+        crate::otlp::Settings::resolve(flags, env, |path| std::fs::read(path))
     }
 }
 
@@ -815,7 +802,7 @@ fn parse_log_filter(filter: &str) -> Result<String, String> {
 }
 
 /// Installs the process's subscriber: log lines to stdout under `filter`,
-/// and, with `otlp` (endpoint, service name), the spans exported there
+/// and, with `otlp` (where and how), the spans exported there
 /// ([`crate::otlp`]), whose export the caller finishes at exit. The export
 /// takes the server's spans (info) and the core's phase spans (debug)
 /// whatever `filter` says (but probes' and scrapes', which would flood a
@@ -825,7 +812,7 @@ fn init_logging(
     filter: &str,
     format: LogFormat,
     spans: bool,
-    otlp: Option<(String, String)>,
+    otlp: Option<crate::otlp::Settings>,
 ) -> Result<Option<crate::otlp::Export>, String> {
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
@@ -845,8 +832,8 @@ fn init_logging(
             .boxed(),
     };
     let (export, tracer) = match &otlp {
-        Some((endpoint, service)) => {
-            let (export, tracer) = crate::otlp::start(endpoint, service)?;
+        Some(settings) => {
+            let (export, tracer) = crate::otlp::start(settings)?;
             (Some(export), Some(tracer))
         }
         None => (None, None),
@@ -887,9 +874,9 @@ fn init_logging(
         }
         Some(export) => {
             mlx_embed_server::middleware::export_spans(crate::otlp::continue_trace);
-            if let Some((endpoint, service)) = &otlp {
-                tracing::info!("exporting spans to {endpoint} over OTLP gRPC as {service}");
-                export.probe(endpoint);
+            if let Some(settings) = &otlp {
+                tracing::info!("exporting spans to {}", settings.describe());
+                export.probe(&settings.endpoint);
             }
             Ok(Some(export))
         }
@@ -1326,46 +1313,247 @@ mod tests {
         assert!(help.contains("--hf-token") && !help.contains("hf_x"));
     }
 
+    /// The settings' (endpoint, protocol, service name), or the error.
+    fn otlp_of(
+        args: &[&str],
+        vars: &[(&str, &str)],
+    ) -> Result<Option<(String, crate::otlp::Protocol, String)>, String> {
+        let argv = std::iter::once("mlx-embed serve").chain(args.iter().copied());
+        let tei = ServeCli::try_parse_from(argv).expect("flags parse").tei;
+        let env = |name: &str| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| (*v).to_owned())
+        };
+        Ok(tei
+            .otlp(env)?
+            .map(|s| (s.endpoint, s.protocol, s.service_name)))
+    }
+
     #[test]
     fn the_otlp_endpoint_and_service_name_come_from_flags_then_the_standard_variables() {
-        let tei = |args: &[&str]| {
-            let argv = std::iter::once("mlx-embed serve").chain(args.iter().copied());
-            ServeCli::try_parse_from(argv).expect("flags parse").tei
+        use crate::otlp::Protocol::{Grpc, HttpProtobuf};
+        let some = |endpoint: &str, protocol, service: &str| {
+            Ok(Some((endpoint.to_owned(), protocol, service.to_owned())))
         };
-        let env = |vars: &'static [(&'static str, &'static str)]| {
-            move |name: &str| {
-                vars.iter()
-                    .find(|(n, _)| *n == name)
-                    .map(|(_, v)| (*v).to_owned())
-            }
-        };
-        let otlp = |endpoint: &str, service: &str| Ok(Some((endpoint.into(), service.into())));
-        let flags = tei(&[
+        let flags = [
             "--otlp-endpoint",
             "http://c:4317",
             "--otlp-service-name",
             "tei",
-        ]);
-        let standard = env(&[
+        ];
+        let standard = [
             ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://other:4317"),
             ("OTEL_SERVICE_NAME", "std"),
-        ]);
-        assert_eq!(flags.otlp(standard), otlp("http://c:4317", "tei"));
-        assert_eq!(tei(&[]).otlp(standard), otlp("http://other:4317", "std"));
+        ];
         assert_eq!(
-            tei(&["--otlp-endpoint", "http://c:4317"]).otlp(|_| None),
-            otlp("http://c:4317", "mlx-embed")
+            otlp_of(&flags, &standard),
+            some("http://c:4317", Grpc, "tei")
         );
-        assert_eq!(tei(&[]).otlp(|_| None), Ok(None));
-        // The standard variable may be meant for OTLP over HTTP: refused, not sent wrong.
-        let http = env(&[
-            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://other:4318"),
+        assert_eq!(
+            otlp_of(&[], &standard),
+            some("http://other:4317", Grpc, "std")
+        );
+        assert_eq!(
+            otlp_of(&["--otlp-endpoint", "https://c:4317"], &[]),
+            some("https://c:4317", Grpc, "mlx-embed")
+        );
+        assert_eq!(otlp_of(&[], &[]), Ok(None));
+        // The signal's own variable wins over the generic one.
+        let traces = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://other:4317"),
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://traces:4317"),
+        ];
+        assert_eq!(
+            otlp_of(&[], &traces),
+            some("http://traces:4317", Grpc, "mlx-embed")
+        );
+        // OTLP/HTTP: a base endpoint gets /v1/traces, the signal's endpoint is used as is.
+        let http = [
+            (
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                "https://api.example.com/otlp/",
+            ),
             ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
-        ]);
-        assert!(tei(&[])
-            .otlp(http)
-            .expect_err("gRPC only")
-            .contains("this server exports OTLP over gRPC only"));
+        ];
+        assert_eq!(
+            otlp_of(&[], &http),
+            some(
+                "https://api.example.com/otlp/v1/traces",
+                HttpProtobuf,
+                "mlx-embed"
+            )
+        );
+        let own = [
+            ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "http://c:4318/custom"),
+            ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+        ];
+        assert_eq!(
+            otlp_of(&[], &own),
+            some("http://c:4318/custom", HttpProtobuf, "mlx-embed")
+        );
+        for endpoint in ["http://c:4318", "http://c:4318/v1/traces"] {
+            assert_eq!(
+                otlp_of(
+                    &[
+                        "--otlp-endpoint",
+                        endpoint,
+                        "--otlp-protocol",
+                        "http/protobuf"
+                    ],
+                    &[]
+                ),
+                some("http://c:4318/v1/traces", HttpProtobuf, "mlx-embed")
+            );
+        }
+        // The flag wins over the variables.
+        assert_eq!(
+            otlp_of(&["--otlp-protocol", "grpc"], &http).unwrap_err(),
+            "OTEL_EXPORTER_OTLP_ENDPOINT https://api.example.com/otlp/: a path is not part of \
+             an OTLP gRPC address (for OTLP over HTTP's /v1/traces, set --otlp-protocol \
+             http/protobuf); give the collector's OTLP gRPC address, e.g. http://localhost:4317"
+        );
+        for (protocol, why) in [
+            ("http/json", "OTLP/HTTP with JSON is not supported"),
+            ("thrift", "not an OTLP protocol"),
+        ] {
+            let vars = [
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", protocol),
+            ];
+            let err = otlp_of(&[], &vars).unwrap_err();
+            assert!(
+                err.starts_with("OTEL_EXPORTER_OTLP_PROTOCOL") && err.contains(why),
+                "{err}"
+            );
+            let err = otlp_of(
+                &[
+                    "--otlp-endpoint",
+                    "http://c:4318",
+                    "--otlp-protocol",
+                    protocol,
+                ],
+                &[],
+            )
+            .unwrap_err();
+            assert!(
+                err.starts_with("--otlp-protocol") && err.contains(why),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn otlp_headers_are_decoded_and_a_malformed_list_is_refused() {
+        let headers = |vars: &[(&str, &str)]| {
+            let env = |name: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| (*v).to_owned())
+            };
+            let flags = crate::otlp::Flags {
+                endpoint: Some("http://c:4317"),
+                ..Default::default()
+            };
+            crate::otlp::Settings::resolve(flags, env, |_| unreachable!("no certificate")).map(
+                |s| {
+                    s.expect("an endpoint")
+                        .headers
+                        .into_iter()
+                        .map(|(k, v)| (k.to_string(), v.to_str().unwrap().to_owned()))
+                        .collect::<Vec<_>>()
+                },
+            )
+        };
+        let pairs = |list: &[(&str, &str)]| -> Result<Vec<(String, String)>, String> {
+            Ok(list
+                .iter()
+                .map(|(k, v)| ((*k).into(), (*v).into()))
+                .collect())
+        };
+        assert_eq!(
+            headers(&[(
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                " x-honeycomb-team = abc%3D%3D , Authorization=Basic%20dXNlcjpwYXNz,"
+            )]),
+            pairs(&[
+                ("x-honeycomb-team", "abc=="),
+                ("authorization", "Basic dXNlcjpwYXNz")
+            ])
+        );
+        // The signal's own list replaces the generic one.
+        assert_eq!(
+            headers(&[
+                ("OTEL_EXPORTER_OTLP_HEADERS", "a=1"),
+                ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "b=2"),
+            ]),
+            pairs(&[("b", "2")])
+        );
+        assert_eq!(headers(&[]), pairs(&[]));
+        for (list, why) in [
+            ("a=1,b", "\"b\" is not key=value"),
+            ("=1", "\"\" is not a header name"),
+            ("a b=1", "\"a b\" is not a header name"),
+            ("a=%zz", "the value of a is not percent-encoded UTF-8"),
+            (
+                "a=%0A",
+                "the value of a has a character a header cannot carry",
+            ),
+        ] {
+            assert_eq!(
+                headers(&[("OTEL_EXPORTER_OTLP_HEADERS", list)]),
+                Err(format!("OTEL_EXPORTER_OTLP_HEADERS: {why}")),
+                "{list}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_otlp_ca_certificate_must_be_a_readable_pem_file() {
+        let dir = std::env::temp_dir().join(format!("mlx-embed-otlp-ca-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let settings = |path: &str| {
+            let vars = [("OTEL_EXPORTER_OTLP_CERTIFICATE", path.to_owned())];
+            let env = move |name: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| v.clone())
+            };
+            let argv = ["mlx-embed serve", "--otlp-endpoint", "https://c:4317"];
+            ServeCli::try_parse_from(argv)
+                .expect("flags parse")
+                .tei
+                .otlp(env)
+        };
+        let missing = dir.join("missing.pem");
+        let missing = missing.to_str().unwrap();
+        let err = settings(missing).unwrap_err();
+        assert!(
+            err.starts_with(&format!(
+                "OTEL_EXPORTER_OTLP_CERTIFICATE {missing}: cannot be read: "
+            )),
+            "{err}"
+        );
+        let empty = dir.join("empty.pem");
+        std::fs::write(&empty, "no certificate here\n").unwrap();
+        let empty = empty.to_str().unwrap();
+        assert_eq!(
+            settings(empty).unwrap_err(),
+            format!(
+                "OTEL_EXPORTER_OTLP_CERTIFICATE {empty}: no certificate in it (a PEM file of CA \
+                 certificates, -----BEGIN CERTIFICATE-----)"
+            )
+        );
+        // A PEM certificate block is taken as it is (the TLS handshake checks the certificate).
+        let ca = dir.join("ca.pem");
+        let pem = "-----BEGIN CERTIFICATE-----\nMIIBdzCCAR2gAwIBAgIU\n-----END CERTIFICATE-----\n";
+        std::fs::write(&ca, pem).unwrap();
+        let settings = settings(ca.to_str().unwrap())
+            .unwrap()
+            .expect("an endpoint");
+        assert_eq!(settings.ca.as_deref(), Some(pem.as_bytes()));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -1377,7 +1565,7 @@ mod tests {
         assert!(tei(&["--otlp-endpoint", "localhost:4317"])
             .otlp(|_| None)
             .expect_err("no scheme")
-            .starts_with("--otlp-endpoint localhost:4317: no scheme (http://)"));
+            .starts_with("--otlp-endpoint localhost:4317: no scheme (http:// or https://)"));
         assert_eq!(
             tei(&["--device-id", "1"]).check(),
             Err(

@@ -1,6 +1,9 @@
-//! `--otlp-endpoint` (TEI's flag): the server's spans exported over OTLP
-//! gRPC to a collector. The one place that knows OpenTelemetry: the server
-//! makes `request` spans (and says, through
+//! `--otlp-endpoint` (TEI's flag): the server's spans exported over OTLP to
+//! a collector, as the OpenTelemetry exporter spec configures it: gRPC or
+//! HTTP/protobuf, TLS for an `https` endpoint (the system's roots, or the CA
+//! `OTEL_EXPORTER_OTLP_CERTIFICATE` names), `OTEL_EXPORTER_OTLP_HEADERS` on
+//! every export. The one place that knows OpenTelemetry: the server makes
+//! `request` spans (and says, through
 //! [`mlx_embed_server::middleware::export_spans`], that they are exported),
 //! the core its `tokenize`/`queue`/`inference` phase spans at debug level,
 //! and this module turns those into OTLP, continuing a caller's W3C
@@ -12,13 +15,16 @@
 //! is flushed within [`FLUSH_AT_EXIT`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use opentelemetry::propagation::{Extractor, TextMapPropagator as _};
 use opentelemetry::trace::{TraceContextExt as _, TracerProvider as _};
-use opentelemetry_otlp::WithExportConfig as _;
+use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _, WithTonicConfig as _};
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData};
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::CertificateDer;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 /// `service.name` without `--otlp-service-name`: this server's own name, not
@@ -36,72 +42,372 @@ pub const FLUSH_AT_EXIT: Duration = Duration::from_secs(4);
 /// The most the start's reachability check waits for the collector.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// `url` if it can name a collector: `http://host:port` (OTLP gRPC's usual
-/// port is 4317). `https` is refused: this build has no TLS client (export
-/// to a collector or agent beside the server).
-pub fn check_endpoint(url: &str) -> Result<String, String> {
+/// The path OTLP/HTTP's spans go to under a base endpoint (the spec's).
+const TRACES_PATH: &str = "/v1/traces";
+
+/// How spans travel to the collector (`OTEL_EXPORTER_OTLP_PROTOCOL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// `grpc`: the `TraceService/Export` call (port 4317 by custom).
+    Grpc,
+    /// `http/protobuf`: a POST of the protobuf request to `/v1/traces`
+    /// (port 4318 by custom).
+    HttpProtobuf,
+}
+
+impl Protocol {
+    /// The protocol a setting names; `source` (the flag or variable it came
+    /// from) is for the error.
+    pub fn parse(value: &str, source: &str) -> Result<Self, String> {
+        match value.trim() {
+            "grpc" => Ok(Self::Grpc),
+            "http/protobuf" => Ok(Self::HttpProtobuf),
+            "http/json" => Err(format!(
+                "{source} http/json: OTLP/HTTP with JSON is not supported; give grpc or \
+                 http/protobuf (every collector takes both)"
+            )),
+            other => Err(format!(
+                "{source} {other:?}: not an OTLP protocol; give grpc or http/protobuf"
+            )),
+        }
+    }
+
+    /// The spec's name of it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Grpc => "grpc",
+            Self::HttpProtobuf => "http/protobuf",
+        }
+    }
+}
+
+/// Where and how the spans are exported: the flags and the standard
+/// `OTEL_*` variables, checked at start so that a wrong one is an error
+/// there, not a silent loss of every span later.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// The URL spans are sent to: the collector's address for gRPC, the
+    /// full `.../v1/traces` URL for OTLP/HTTP.
+    pub endpoint: String,
+    /// How they travel.
+    pub protocol: Protocol,
+    /// Sent with every export (gRPC metadata or HTTP headers), in order.
+    pub headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    /// The PEM CA certificates an `https` collector's certificate must chain
+    /// to, in place of the system's roots; `None`: the system's roots.
+    pub ca: Option<Vec<u8>>,
+    /// The resource's `service.name`.
+    pub service_name: String,
+}
+
+/// The flags that configure the export (each `None` when not given); the
+/// standard variables fill in the rest.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Flags<'a> {
+    /// `--otlp-endpoint`: the collector, a base URL as
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT` is.
+    pub endpoint: Option<&'a str>,
+    /// `--otlp-protocol`.
+    pub protocol: Option<&'a str>,
+    /// `--otlp-service-name`.
+    pub service_name: Option<&'a str>,
+}
+
+/// The first of `names` set (and not blank) in `env`, with its name.
+fn first_set(
+    env: &impl Fn(&str) -> Option<String>,
+    names: &[&'static str],
+) -> Option<(&'static str, String)> {
+    names.iter().find_map(|&name| {
+        env(name)
+            .filter(|v| !v.trim().is_empty())
+            .map(|v| (name, v))
+    })
+}
+
+impl Settings {
+    /// The export `flags` and `env` (the process's variables, read by name)
+    /// ask for, checked; `None` when neither names a collector. A flag wins
+    /// over its variable, a `TRACES_` variable over the generic one, as the
+    /// spec orders them; `read` reads the certificate file.
+    pub fn resolve(
+        flags: Flags<'_>,
+        env: impl Fn(&str) -> Option<String>,
+        read: impl Fn(&str) -> std::io::Result<Vec<u8>>,
+    ) -> Result<Option<Self>, String> {
+        // (source, URL, whether it is a base URL OTLP/HTTP adds /v1/traces to)
+        let endpoint = match flags.endpoint.filter(|e| !e.trim().is_empty()) {
+            Some(endpoint) => ("--otlp-endpoint", endpoint.trim().to_owned(), true),
+            None => match first_set(
+                &env,
+                &[
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                    "OTEL_EXPORTER_OTLP_ENDPOINT",
+                ],
+            ) {
+                Some((name, endpoint)) => (
+                    name,
+                    endpoint.trim().to_owned(),
+                    name == "OTEL_EXPORTER_OTLP_ENDPOINT",
+                ),
+                None => return Ok(None),
+            },
+        };
+        let protocol = match flags.protocol {
+            Some(protocol) => Protocol::parse(protocol, "--otlp-protocol")?,
+            None => match first_set(
+                &env,
+                &[
+                    "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL",
+                    "OTEL_EXPORTER_OTLP_PROTOCOL",
+                ],
+            ) {
+                Some((name, protocol)) => Protocol::parse(&protocol, name)?,
+                None => Protocol::Grpc,
+            },
+        };
+        let (source, url, base) = endpoint;
+        let endpoint = check_endpoint(&url, source, protocol, base)?;
+        let headers = match first_set(
+            &env,
+            &[
+                "OTEL_EXPORTER_OTLP_TRACES_HEADERS",
+                "OTEL_EXPORTER_OTLP_HEADERS",
+            ],
+        ) {
+            Some((name, list)) => parse_headers(&list).map_err(|why| format!("{name}: {why}"))?,
+            None => Vec::new(),
+        };
+        for name in [
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+        ] {
+            if env(name).is_some_and(|v| !v.trim().is_empty()) {
+                return Err(format!(
+                    "{name}: client certificates (mutual TLS) are not supported; authenticate \
+                     with OTEL_EXPORTER_OTLP_HEADERS, or export to a collector beside the server"
+                ));
+            }
+        }
+        let ca = match first_set(
+            &env,
+            &[
+                "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+                "OTEL_EXPORTER_OTLP_CERTIFICATE",
+            ],
+        ) {
+            Some((name, path)) => Some(read_ca(name, path.trim(), &read)?),
+            None => None,
+        };
+        let service_name = flags
+            .service_name
+            .map(str::to_owned)
+            .or_else(|| env("OTEL_SERVICE_NAME"))
+            .filter(|name| !name.trim().is_empty())
+            .unwrap_or_else(|| DEFAULT_SERVICE_NAME.to_owned());
+        Ok(Some(Self {
+            endpoint,
+            protocol,
+            headers,
+            ca,
+            service_name,
+        }))
+    }
+
+    fn tls(&self) -> bool {
+        self.endpoint.starts_with("https://")
+    }
+
+    /// How the start's log line says where spans go.
+    pub fn describe(&self) -> String {
+        let how = match self.protocol {
+            Protocol::Grpc => "OTLP gRPC",
+            Protocol::HttpProtobuf => "OTLP/HTTP protobuf",
+        };
+        let tls = match (self.tls(), &self.ca) {
+            (false, _) => "",
+            (true, None) => " with TLS (system roots)",
+            (true, Some(_)) => " with TLS (the CA of OTEL_EXPORTER_OTLP_CERTIFICATE)",
+        };
+        let headers = match self.headers.len() {
+            0 => String::new(),
+            n => format!(", {n} header(s) from OTEL_EXPORTER_OTLP_HEADERS"),
+        };
+        format!(
+            "{} over {how}{tls} as {}{headers}",
+            self.endpoint, self.service_name
+        )
+    }
+}
+
+/// `url` checked as the collector `source` names for `protocol`, as spans
+/// will be sent to it: `http(s)://host[:port]` for gRPC (gRPC calls its own
+/// path); for OTLP/HTTP, `base` (`--otlp-endpoint`,
+/// `OTEL_EXPORTER_OTLP_ENDPOINT`) gets `/v1/traces` added to its path
+/// (unless it ends so already), a `TRACES_` endpoint is used as is.
+pub fn check_endpoint(
+    url: &str,
+    source: &str,
+    protocol: Protocol,
+    base: bool,
+) -> Result<String, String> {
     let url = url.trim();
-    let bad = |why: &str| {
-        Err(format!(
-            "--otlp-endpoint {url}: {why}; give the collector's OTLP gRPC address, \
-             e.g. http://localhost:4317"
-        ))
+    let example = match protocol {
+        Protocol::Grpc => "the collector's OTLP gRPC address, e.g. http://localhost:4317",
+        Protocol::HttpProtobuf => "the collector's OTLP/HTTP address, e.g. http://localhost:4318",
     };
+    let bad = |why: &str| Err(format!("{source} {url}: {why}; give {example}"));
     let Ok(uri) = url.parse::<http::Uri>() else {
         return bad("not a URL");
     };
     match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return bad(
-                "https is not supported (no TLS client in this build): send to a \
-                 collector or agent beside the server over http",
-            )
-        }
-        Some(other) => return bad(&format!("the scheme {other} is not http")),
-        None => return bad("no scheme (http://)"),
+        Some("http" | "https") => {}
+        Some(other) => return bad(&format!("the scheme {other} is not http or https")),
+        None => return bad("no scheme (http:// or https://)"),
     }
     if uri.host().is_none_or(str::is_empty) {
         return bad("no host");
     }
-    if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
-        // gRPC calls its own path; a `/v1/traces` is OTLP over HTTP's.
-        return bad("a path (OTLP over HTTP's /v1/traces?) is not an OTLP gRPC address");
+    match protocol {
+        Protocol::Grpc => {
+            if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
+                return bad(
+                    "a path is not part of an OTLP gRPC address (for OTLP over HTTP's \
+                     /v1/traces, set --otlp-protocol http/protobuf)",
+                );
+            }
+            Ok(url.to_owned())
+        }
+        Protocol::HttpProtobuf
+            if base && !uri.path().trim_end_matches('/').ends_with(TRACES_PATH) =>
+        {
+            if uri.query().is_some() {
+                return bad("a base endpoint with a query cannot take /v1/traces");
+            }
+            Ok(format!("{}{TRACES_PATH}", url.trim_end_matches('/')))
+        }
+        Protocol::HttpProtobuf => Ok(url.to_owned()),
     }
-    Ok(url.to_owned())
+}
+
+/// `OTEL_EXPORTER_OTLP_HEADERS`' `key=value,key2=value2`, values
+/// percent-decoded, as the spec writes it (the W3C baggage format, without
+/// properties); a list with an entry that is not one is an error.
+pub fn parse_headers(list: &str) -> Result<Vec<(http::HeaderName, http::HeaderValue)>, String> {
+    let mut headers = Vec::new();
+    for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let Some((key, value)) = entry.split_once('=') else {
+            return Err(format!("{entry:?} is not key=value"));
+        };
+        let (key, value) = (key.trim(), value.trim());
+        let name = http::HeaderName::from_bytes(key.as_bytes())
+            .map_err(|_| format!("{key:?} is not a header name"))?;
+        let decoded = percent_decode(value)
+            .ok_or_else(|| format!("the value of {key} is not percent-encoded UTF-8"))?;
+        let value = http::HeaderValue::from_str(&decoded)
+            .map_err(|_| format!("the value of {key} has a character a header cannot carry"))?;
+        headers.push((name, value));
+    }
+    Ok(headers)
+}
+
+/// `value` with each `%XX` replaced by its byte; `None` for a `%` not
+/// followed by two hex digits or bytes that are not UTF-8.
+fn percent_decode(value: &str) -> Option<String> {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The PEM file `path` (named by the variable `name`), read and checked to
+/// hold at least one certificate.
+fn read_ca(
+    name: &str,
+    path: &str,
+    read: &impl Fn(&str) -> std::io::Result<Vec<u8>>,
+) -> Result<Vec<u8>, String> {
+    let pem = read(path).map_err(|err| format!("{name} {path}: cannot be read: {err}"))?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|err| format!("{name} {path}: not a PEM certificate file: {err}"))?;
+    if certs.is_empty() {
+        return Err(format!(
+            "{name} {path}: no certificate in it (a PEM file of CA certificates, \
+             -----BEGIN CERTIFICATE-----)"
+        ));
+    }
+    Ok(pem)
 }
 
 /// The export's parts the process keeps until its end.
 pub struct Export {
     provider: SdkTracerProvider,
-    /// The runtime the gRPC channel runs on: the server's own runtime is
-    /// made later and ends before the final flush, and a second `serve` in
-    /// one Python process keeps the first's subscriber.
+    /// The runtime the exporter's client runs on: the server's own runtime
+    /// is made later and ends before the final flush, and a second `serve`
+    /// in one Python process keeps the first's subscriber.
     runtime: tokio::runtime::Runtime,
 }
 
 /// The tracer the subscriber's OpenTelemetry layer writes to, and the
 /// export behind it. Starts nothing that could fail later than here, bar
 /// the collector being away (a warning, once [`Export::probe`] runs).
-pub fn start(
-    endpoint: &str,
-    service_name: &str,
-) -> Result<(Export, opentelemetry_sdk::trace::Tracer), String> {
+pub fn start(settings: &Settings) -> Result<(Export, opentelemetry_sdk::trace::Tracer), String> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .thread_name("mlx-embed-otlp")
         .enable_all()
         .build()
         .map_err(|err| format!("could not start the OTLP export's runtime: {err}"))?;
+    let endpoint = &settings.endpoint;
+    let failed = |err: &dyn std::fmt::Display| format!("OTLP export to {endpoint}: {err}");
     // tonic's channel starts its connection task on the runtime it is made in.
     let exporter = {
         let _in_runtime = runtime.enter();
-        opentelemetry_otlp::SpanExporter::builder()
-            .with_tonic()
-            .with_endpoint(endpoint)
-            .with_timeout(EXPORT_TIMEOUT)
-            .build()
-            .map_err(|err| format!("--otlp-endpoint {endpoint}: {err}"))?
+        match settings.protocol {
+            Protocol::Grpc => {
+                use opentelemetry_otlp::tonic_types::{metadata::MetadataMap, transport};
+                let mut metadata = http::HeaderMap::new();
+                for (name, value) in &settings.headers {
+                    metadata.append(name.clone(), value.clone());
+                }
+                let mut builder = opentelemetry_otlp::SpanExporter::builder()
+                    .with_tonic()
+                    .with_endpoint(endpoint)
+                    .with_timeout(EXPORT_TIMEOUT)
+                    .with_metadata(MetadataMap::from_headers(metadata));
+                if settings.tls() {
+                    // tonic's own TLS default trusts no root at all.
+                    let tls = transport::ClientTlsConfig::new();
+                    let tls = match &settings.ca {
+                        Some(pem) => tls.ca_certificate(transport::Certificate::from_pem(pem)),
+                        None => tls.with_native_roots(),
+                    };
+                    builder = builder.with_tls_config(tls);
+                }
+                builder.build().map_err(|err| failed(&err))?
+            }
+            Protocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                .with_endpoint(endpoint)
+                .with_timeout(EXPORT_TIMEOUT)
+                .with_http_client(HttpsClient::new(settings)?)
+                .build()
+                .map_err(|err| failed(&err))?,
+        }
     };
     let provider = SdkTracerProvider::builder()
         .with_batch_exporter(Reporting {
@@ -111,12 +417,83 @@ pub fn start(
         })
         .with_resource(
             opentelemetry_sdk::Resource::builder_empty()
-                .with_service_name(service_name.to_owned())
+                .with_service_name(settings.service_name.clone())
                 .build(),
         )
         .build();
     let tracer = provider.tracer("mlx-embed");
     Ok((Export { provider, runtime }, tracer))
+}
+
+/// OTLP/HTTP's client: hyper's, over rustls for `https`, putting the
+/// settings' headers on every request (over the SDK's own reading of the
+/// variables, which decodes a value twice when given it).
+struct HttpsClient {
+    inner: opentelemetry_http::hyper::HyperClient<
+        hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    >,
+    headers: Vec<(http::HeaderName, http::HeaderValue)>,
+}
+
+impl std::fmt::Debug for HttpsClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpsClient").finish_non_exhaustive()
+    }
+}
+
+impl HttpsClient {
+    fn new(settings: &Settings) -> Result<Self, String> {
+        let mut roots = rustls::RootCertStore::empty();
+        match &settings.ca {
+            Some(pem) => {
+                for cert in CertificateDer::pem_slice_iter(pem) {
+                    let cert = cert.map_err(|err| format!("the OTLP CA certificate: {err}"))?;
+                    roots
+                        .add(cert)
+                        .map_err(|err| format!("the OTLP CA certificate: {err}"))?;
+                }
+            }
+            None if settings.tls() => {
+                // Unreadable ones are skipped, as tonic's native roots skip them.
+                let found = rustls_native_certs::load_native_certs();
+                roots.add_parsable_certificates(found.certs);
+            }
+            None => {}
+        }
+        let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map_err(|err| format!("OTLP export's TLS: {err}"))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http1()
+            .build();
+        Ok(Self {
+            inner: opentelemetry_http::hyper::HyperClient::new(connector, EXPORT_TIMEOUT, None),
+            headers: settings.headers.clone(),
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl opentelemetry_http::HttpClient for HttpsClient {
+    async fn send_bytes(
+        &self,
+        mut request: http::Request<opentelemetry_http::Bytes>,
+    ) -> Result<http::Response<opentelemetry_http::Bytes>, opentelemetry_http::HttpError> {
+        let headers = request.headers_mut();
+        for (name, _) in &self.headers {
+            headers.remove(name);
+        }
+        for (name, value) in &self.headers {
+            headers.append(name.clone(), value.clone());
+        }
+        self.inner.send_bytes(request).await
+    }
 }
 
 impl Export {
@@ -143,7 +520,12 @@ async fn probe(endpoint: String) {
         return;
     };
     let host = uri.host().unwrap_or_default().trim_matches(['[', ']']);
-    let port = uri.port_u16().unwrap_or(80);
+    let default_port = if uri.scheme_str() == Some("https") {
+        443
+    } else {
+        80
+    };
+    let port = uri.port_u16().unwrap_or(default_port);
     let reached =
         tokio::time::timeout(PROBE_TIMEOUT, tokio::net::TcpStream::connect((host, port))).await;
     let why = match reached {
@@ -224,27 +606,67 @@ mod tests {
     use super::*;
 
     #[test]
-    fn endpoints_are_http_addresses() {
+    fn endpoints_are_http_or_https_addresses() {
+        let grpc = |url: &str| check_endpoint(url, "--otlp-endpoint", Protocol::Grpc, true);
         assert_eq!(
-            check_endpoint("http://127.0.0.1:4317").unwrap(),
+            grpc("http://127.0.0.1:4317").unwrap(),
             "http://127.0.0.1:4317"
         );
-        assert!(check_endpoint("http://collector:4317/").is_ok());
-        assert!(check_endpoint("http://[::1]:4317").is_ok());
+        assert_eq!(
+            grpc("https://api.honeycomb.io:443").unwrap(),
+            "https://api.honeycomb.io:443"
+        );
+        assert!(grpc("http://collector:4317/").is_ok());
+        assert!(grpc("http://[::1]:4317").is_ok());
         for (bad, why) in [
             ("localhost:4317", "no scheme"),
             ("collector", "no scheme"),
-            ("https://collector:4317", "https is not supported"),
-            ("http://collector:4318/v1/traces", "a path"),
+            (
+                "http://collector:4318/v1/traces",
+                "a path is not part of an OTLP gRPC address",
+            ),
             ("http://", "not a URL"),
             ("not a url", "not a URL"),
-            ("ftp://collector", "the scheme ftp is not http"),
+            ("ftp://collector", "the scheme ftp is not http or https"),
         ] {
-            let err = check_endpoint(bad).unwrap_err();
+            let err = grpc(bad).unwrap_err();
             assert!(
                 err.starts_with(&format!("--otlp-endpoint {bad}: {why}")),
                 "{bad}: {err}"
             );
+        }
+        let http = |url: &str, base| {
+            check_endpoint(
+                url,
+                "OTEL_EXPORTER_OTLP_ENDPOINT",
+                Protocol::HttpProtobuf,
+                base,
+            )
+        };
+        assert_eq!(
+            http("http://c:4318", true).unwrap(),
+            "http://c:4318/v1/traces"
+        );
+        assert_eq!(
+            http("http://c:4318/", true).unwrap(),
+            "http://c:4318/v1/traces"
+        );
+        assert_eq!(
+            http("https://c/otlp", true).unwrap(),
+            "https://c/otlp/v1/traces"
+        );
+        assert_eq!(http("https://c/otlp", false).unwrap(), "https://c/otlp");
+        assert!(http("http://c:4318/?a=1", true)
+            .unwrap_err()
+            .contains("a base endpoint with a query cannot take /v1/traces"));
+    }
+
+    #[test]
+    fn percent_decoding_takes_two_hex_digits() {
+        assert_eq!(percent_decode("a%20b%3d%C3%A9").as_deref(), Some("a b=é"));
+        assert_eq!(percent_decode("plain+text").as_deref(), Some("plain+text"));
+        for bad in ["%", "%2", "%g0", "%C3"] {
+            assert_eq!(percent_decode(bad), None, "{bad}");
         }
     }
 }

@@ -440,8 +440,8 @@ def test_an_https_grpc_collector_gets_the_spans_with_the_headers(otlp, certs, tm
         receiver.stop()
     log = server.log()
     assert (
-        f"exporting spans to {endpoint} over OTLP gRPC with TLS (the CA of OTEL_EXPORTER_OTLP_CERTIFICATE) "
-        f"as {SERVICE}, 2 header(s) from OTEL_EXPORTER_OTLP_HEADERS"
+        f"exporting spans to {endpoint} over OTLP gRPC with TLS (the CA certificates of the given file) "
+        f"as {SERVICE}, 2 header(s) on each export"
     ) in log, log[-3000:]
     assert "failed" not in log and "cannot be reached" not in log, log[-3000:]
     with receiver.lock:

@@ -104,7 +104,7 @@ def test_a_default_prompt_text_and_spans_off(tmp_path):
 def test_tei_flags_this_server_cannot_honour_are_refused_at_start():
     # --otlp-endpoint is TEI's and works (test_otlp.py); only an address that is none is refused.
     _assert_refused(_refused("--otlp-endpoint", "localhost:4317"), 2,
-                    "error: --otlp-endpoint localhost:4317: no scheme (http://); give the collector's "
+                    "error: --otlp-endpoint localhost:4317: no scheme (http:// or https://); give the collector's "
                     "OTLP gRPC address, e.g. http://localhost:4317")
     _assert_refused(_refused("--device-id", "1"), 2,
                     "error: --device-id 1: the engine runs on the first device it sees; leave the flag out "

@@ -595,11 +595,16 @@ where
             return 2;
         }
     };
-    if otlp.is_none() && cli.tei.otlp_service_name.is_some() {
-        ignored.push(
-            "--otlp-service-name is ignored without --otlp-endpoint: no spans are exported"
-                .to_owned(),
-        );
+    if otlp.is_none() {
+        let given = [
+            ("--otlp-service-name", cli.tei.otlp_service_name.is_some()),
+            ("--otlp-protocol", cli.tei.otlp_protocol.is_some()),
+        ];
+        for (flag, _) in given.iter().filter(|(_, given)| *given) {
+            ignored.push(format!(
+                "{flag} is ignored without --otlp-endpoint: no spans are exported"
+            ));
+        }
     }
     if let Some(token) = &cli.tei.hf_token {
         // Read by huggingface_hub when a repo id is downloaded; set before
@@ -1509,6 +1514,20 @@ mod tests {
         }
     }
 
+    const TEST_CA_PEM: &str = "\
+-----BEGIN CERTIFICATE-----\n\
+MIIBoDCCAUegAwIBAgIUO1Ob4ppts/7y0LGpY3kslXbc7EYwCgYIKoZIzj0EAwIw\n\
+JTEjMCEGA1UEAwwabWx4LWVtYmVkIGxhdW5jaGVyIHRlc3QgQ0EwIBcNMjYxMjAy\n\
+MDE0NDIzWhgPMjEyNjExMDgwMTQ0MjNaMCUxIzAhBgNVBAMMGm1seC1lbWJlZCBs\n\
+YXVuY2hlciB0ZXN0IENBMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE+A5yHMI1\n\
+DkJsKbV+QgrkHLQeue09ymiW59dFZTmN02aVN5QQDo18k1GTRhTXKSc75PE4MCac\n\
+gX2e3+rFUF6K8qNTMFEwHQYDVR0OBBYEFKgBDAXw4vCj2/pzTw4ExVarifUBMB8G\n\
+A1UdIwQYMBaAFKgBDAXw4vCj2/pzTw4ExVarifUBMA8GA1UdEwEB/wQFMAMBAf8w\n\
+CgYIKoZIzj0EAwIDRwAwRAIgIk4msH+pAPMLfZRIEOQUj+8iPhx8qJZrxrVz/E+n\n\
+gE0CICP6ORwa+v8iBb07AGnX/kWZwiVUb4TPJkaeVMATisVn\n\
+-----END CERTIFICATE-----\n\
+";
+
     #[test]
     fn the_otlp_ca_certificate_must_be_a_readable_pem_file() {
         let dir = std::env::temp_dir().join(format!("mlx-embed-otlp-ca-{}", std::process::id()));
@@ -1545,9 +1564,21 @@ mod tests {
                  certificates, -----BEGIN CERTIFICATE-----)"
             )
         );
-        // A PEM certificate block is taken as it is (the TLS handshake checks the certificate).
+        let garbled = dir.join("garbled.pem");
+        std::fs::write(
+            &garbled,
+            "-----BEGIN CERTIFICATE-----\nMIIBdzCCAR2gAwIBAgIU\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let garbled = garbled.to_str().unwrap();
+        let err = settings(garbled).unwrap_err();
+        assert!(
+            err.starts_with(&format!("OTEL_EXPORTER_OTLP_CERTIFICATE {garbled}: a certificate in it cannot be a TLS root")),
+            "{err}"
+        );
+        // A self-signed CA (openssl req -x509, P-256, valid for 100 years).
         let ca = dir.join("ca.pem");
-        let pem = "-----BEGIN CERTIFICATE-----\nMIIBdzCCAR2gAwIBAgIU\n-----END CERTIFICATE-----\n";
+        let pem = TEST_CA_PEM;
         std::fs::write(&ca, pem).unwrap();
         let settings = settings(ca.to_str().unwrap())
             .unwrap()

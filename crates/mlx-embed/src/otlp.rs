@@ -228,12 +228,12 @@ impl Settings {
         };
         let tls = match (self.tls(), &self.ca) {
             (false, _) => "",
-            (true, None) => " with TLS (system roots)",
-            (true, Some(_)) => " with TLS (the CA of OTEL_EXPORTER_OTLP_CERTIFICATE)",
+            (true, None) => " with TLS (the system's CA certificates)",
+            (true, Some(_)) => " with TLS (the CA certificates of the given file)",
         };
         let headers = match self.headers.len() {
             0 => String::new(),
-            n => format!(", {n} header(s) from OTEL_EXPORTER_OTLP_HEADERS"),
+            n => format!(", {n} header(s) on each export"),
         };
         format!(
             "{} over {how}{tls} as {}{headers}",
@@ -333,23 +333,33 @@ fn percent_decode(value: &str) -> Option<String> {
 }
 
 /// The PEM file `path` (named by the variable `name`), read and checked to
-/// hold at least one certificate.
+/// hold CA certificates, one at least, that TLS can trust.
 fn read_ca(
     name: &str,
     path: &str,
     read: &impl Fn(&str) -> std::io::Result<Vec<u8>>,
 ) -> Result<Vec<u8>, String> {
     let pem = read(path).map_err(|err| format!("{name} {path}: cannot be read: {err}"))?;
-    let certs = CertificateDer::pem_slice_iter(&pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|err| format!("{name} {path}: not a PEM certificate file: {err}"))?;
-    if certs.is_empty() {
-        return Err(format!(
-            "{name} {path}: no certificate in it (a PEM file of CA certificates, \
-             -----BEGIN CERTIFICATE-----)"
-        ));
-    }
+    roots_of(&pem).map_err(|why| format!("{name} {path}: {why}"))?;
     Ok(pem)
+}
+
+/// The certificates of the PEM `pem` as TLS roots; an error when one is
+/// not a certificate or there is none.
+fn roots_of(pem: &[u8]) -> Result<rustls::RootCertStore, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(pem) {
+        let cert = cert.map_err(|err| format!("not a PEM certificate file: {err}"))?;
+        roots
+            .add(cert)
+            .map_err(|err| format!("a certificate in it cannot be a TLS root: {err}"))?;
+    }
+    if roots.is_empty() {
+        return Err("no certificate in it (a PEM file of CA certificates, \
+                    -----BEGIN CERTIFICATE-----)"
+            .to_owned());
+    }
+    Ok(roots)
 }
 
 /// The export's parts the process keeps until its end.
@@ -404,7 +414,7 @@ pub fn start(settings: &Settings) -> Result<(Export, opentelemetry_sdk::trace::T
                 .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
                 .with_endpoint(endpoint)
                 .with_timeout(EXPORT_TIMEOUT)
-                .with_http_client(HttpsClient::new(settings)?)
+                .with_http_client(HttpsClient::new(settings, runtime.handle().clone())?)
                 .build()
                 .map_err(|err| failed(&err))?,
         }
@@ -427,12 +437,15 @@ pub fn start(settings: &Settings) -> Result<(Export, opentelemetry_sdk::trace::T
 
 /// OTLP/HTTP's client: hyper's, over rustls for `https`, putting the
 /// settings' headers on every request (over the SDK's own reading of the
-/// variables, which decodes a value twice when given it).
+/// variables, which decodes a value twice when given it), each request run
+/// on the export's runtime: the SDK's batch thread polls the export outside
+/// any, and hyper spawns its connections on the one it is called in.
 struct HttpsClient {
     inner: opentelemetry_http::hyper::HyperClient<
         hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
     >,
     headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    runtime: tokio::runtime::Handle,
 }
 
 impl std::fmt::Debug for HttpsClient {
@@ -442,24 +455,24 @@ impl std::fmt::Debug for HttpsClient {
 }
 
 impl HttpsClient {
-    fn new(settings: &Settings) -> Result<Self, String> {
-        let mut roots = rustls::RootCertStore::empty();
-        match &settings.ca {
-            Some(pem) => {
-                for cert in CertificateDer::pem_slice_iter(pem) {
-                    let cert = cert.map_err(|err| format!("the OTLP CA certificate: {err}"))?;
-                    roots
-                        .add(cert)
-                        .map_err(|err| format!("the OTLP CA certificate: {err}"))?;
-                }
-            }
+    fn new(settings: &Settings, runtime: tokio::runtime::Handle) -> Result<Self, String> {
+        let roots = match &settings.ca {
+            Some(pem) => roots_of(pem).map_err(|why| format!("the OTLP CA file: {why}"))?,
             None if settings.tls() => {
                 // Unreadable ones are skipped, as tonic's native roots skip them.
-                let found = rustls_native_certs::load_native_certs();
-                roots.add_parsable_certificates(found.certs);
+                let mut roots = rustls::RootCertStore::empty();
+                roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
+                if roots.is_empty() {
+                    return Err(format!(
+                        "OTLP export to {}: no CA certificate found on this system to check \
+                         the collector's with; name one with OTEL_EXPORTER_OTLP_CERTIFICATE",
+                        settings.endpoint
+                    ));
+                }
+                roots
             }
-            None => {}
-        }
+            None => rustls::RootCertStore::empty(),
+        };
         let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
@@ -475,6 +488,7 @@ impl HttpsClient {
         Ok(Self {
             inner: opentelemetry_http::hyper::HyperClient::new(connector, EXPORT_TIMEOUT, None),
             headers: settings.headers.clone(),
+            runtime,
         })
     }
 }
@@ -492,7 +506,11 @@ impl opentelemetry_http::HttpClient for HttpsClient {
         for (name, value) in &self.headers {
             headers.append(name.clone(), value.clone());
         }
-        self.inner.send_bytes(request).await
+        let inner = self.inner.clone();
+        let sent = self
+            .runtime
+            .spawn(async move { inner.send_bytes(request).await });
+        sent.await?
     }
 }
 

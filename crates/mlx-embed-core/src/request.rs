@@ -159,10 +159,19 @@ pub(crate) struct Request {
 /// its answer. Never entered (a batch runs many requests' inputs), so no log
 /// line is ever inside one: they only time their phase.
 struct Phases {
-    parent: tracing::Span,
     inputs: usize,
-    /// The span of the phase in progress (`Span::none()` once answered).
-    open: Mutex<tracing::Span>,
+    open: Mutex<OpenPhase>,
+}
+
+/// The spans a request's phases hold while it is unanswered; both
+/// `Span::none()` once it is answered: the model thread may keep the
+/// request a while after, and a handle to the caller's span kept with it
+/// would hold that span open (unexported, at an exit right after).
+struct OpenPhase {
+    /// The caller's span, each phase's parent.
+    parent: tracing::Span,
+    /// The span of the phase in progress.
+    phase: tracing::Span,
 }
 
 impl Request {
@@ -203,21 +212,28 @@ impl Request {
     pub fn with_queue_span(mut self, queue: tracing::Span) -> Self {
         if !queue.is_disabled() {
             self.phases = Some(Box::new(Phases {
-                parent: tracing::Span::current(),
                 inputs: self.len,
-                open: Mutex::new(queue),
+                open: Mutex::new(OpenPhase {
+                    parent: tracing::Span::current(),
+                    phase: queue,
+                }),
             }));
         }
         self
     }
 
-    /// Closes the span of the phase that is open, opening `next`'s.
-    fn next_phase(&self, next: impl FnOnce(&Phases) -> tracing::Span) {
+    /// Closes the span of the phase that is open, opening `next`'s (given
+    /// the parent and the inputs), or, with `None`, none: answered, the
+    /// caller's span is let go too.
+    fn next_phase(&self, next: Option<fn(&tracing::Span, usize) -> tracing::Span>) {
         if let Some(phases) = &self.phases {
             let mut open = lock(&phases.open);
             // Closed before the next opens: one phase ends where the next begins.
-            drop(std::mem::replace(&mut *open, tracing::Span::none()));
-            *open = next(phases);
+            drop(std::mem::replace(&mut open.phase, tracing::Span::none()));
+            match next {
+                Some(next) => open.phase = next(&open.parent, phases.inputs),
+                None => drop(std::mem::replace(&mut open.parent, tracing::Span::none())),
+            }
         }
     }
 
@@ -250,9 +266,9 @@ impl Request {
             .compare_exchange(NOT_STARTED, nanos, Ordering::AcqRel, Ordering::Acquire)
             .is_ok();
         if first {
-            self.next_phase(
-                |p| tracing::debug_span!(parent: &p.parent, "inference", inputs = p.inputs as i64),
-            );
+            self.next_phase(Some(|parent, inputs| {
+                tracing::debug_span!(parent: parent, "inference", inputs = inputs as i64)
+            }));
         }
         first.then_some(waited)
     }
@@ -327,7 +343,7 @@ impl Request {
                 per_input: std::mem::take(&mut answer.phases),
             };
             // Closed before the caller is woken: its span may end right after.
-            self.next_phase(|_| tracing::Span::none());
+            self.next_phase(None);
             Self::answer(answer, Ok(computed));
         } else if let Some(ticket) = answer.ticket.as_mut() {
             ticket.answered(n);
@@ -338,7 +354,7 @@ impl Request {
     pub fn fail(&self, error: CoreError) {
         self.failed.store(true, Ordering::Release);
         let answer = lock(&self.answer);
-        self.next_phase(|_| tracing::Span::none());
+        self.next_phase(None);
         if answer.reply.is_some() {
             Self::answer(answer, Err(error));
         }

@@ -1419,6 +1419,13 @@ mod tests {
              an OTLP gRPC address (for OTLP over HTTP's /v1/traces, set --otlp-protocol \
              http/protobuf); give the collector's OTLP gRPC address, e.g. http://localhost:4317"
         );
+        // Mutual TLS is not here: refused, not left out silently.
+        let client_key = [("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/etc/otel/client.key")];
+        assert!(otlp_of(&["--otlp-endpoint", "https://c:4317"], &client_key)
+            .unwrap_err()
+            .starts_with(
+                "OTEL_EXPORTER_OTLP_CLIENT_KEY: client certificates (mutual TLS) are not supported"
+            ));
         for (protocol, why) in [
             ("http/json", "OTLP/HTTP with JSON is not supported"),
             ("thrift", "not an OTLP protocol"),

@@ -64,7 +64,7 @@ impl Protocol {
             "http/protobuf" => Ok(Self::HttpProtobuf),
             "http/json" => Err(format!(
                 "{source} http/json: OTLP/HTTP with JSON is not supported; give grpc or \
-                 http/protobuf (every collector takes both)"
+                 http/protobuf (OTLP/HTTP receivers all take protobuf)"
             )),
             other => Err(format!(
                 "{source} {other:?}: not an OTLP protocol; give grpc or http/protobuf"

@@ -40,9 +40,11 @@ _cache_limit_bytes: Optional[int] = None
 # One thread holds a stream at a time (MLX leaves a shared stream's ordering to
 # its users), so the streams made number the engine's most concurrent callers,
 # not all the threads that ever called. The main thread, which outlives the
-# interpreter's threads, and foreign threads (Rust's, through PyO3: Python's
-# threading never sees them end, so a lease would not come back; their OS
-# thread is the caller's to keep) keep MLX's own default streams.
+# interpreter's threads, and foreign threads (C's, ``_thread``'s, Rust's
+# through PyO3: Python's threading never sees them end, so a lease might not
+# come back) keep MLX's own default streams, unless the thread says that it
+# keeps its Python thread state to its end and clears it there
+# (``keep_thread_streams``: the Rust bridge's threads do).
 _free_streams: dict = {}
 _made_streams = 0
 # False once a lease failed (logged once): threads then keep MLX's own streams
@@ -61,8 +63,11 @@ class _Lease:
     # before a lease is dropped.
     _ident = staticmethod(threading.get_ident)
 
-    def __init__(self):
+    def __init__(self, clear: bool = True):
         self.owner = self._ident()
+        # False on a thread whose Python state ends after MLX's own thread
+        # state (``keep_thread_streams``): there is nothing left to clear.
+        self.clear = clear
         self.streams: list = []
         # More streams for the thread's passes (``Scheduler(streams=)``).
         self.extra: list = []
@@ -95,7 +100,8 @@ class _Lease:
         if self._ident() != self.owner:
             return
         # While the thread still holds the GIL (see above).
-        mx.clear_streams()
+        if self.clear:
+            mx.clear_streams()
         _give_back(self.streams + self.extra)
 
 
@@ -125,19 +131,23 @@ def _borrow(d):
 def claim_thread_streams() -> None:
     """Give a short-lived Python thread borrowed default streams before it
     runs MLX (see ``_Lease``); a no-op after its first call, and on the main
-    thread and foreign threads."""
+    thread and on foreign threads other than kept ones (``keep_thread_streams``)."""
     global _lending
     if getattr(_thread_lease, "claimed", False):
         return
     _thread_lease.claimed = True
-    t = threading.current_thread()
-    if t is threading.main_thread() or isinstance(t, threading._DummyThread):
-        return
+    kept = getattr(_thread_lease, "kept", False)
+    if not kept:
+        # (Not asked on a kept thread: it would leave a dummy Thread object
+        # in ``threading`` for good.)
+        t = threading.current_thread()
+        if t is threading.main_thread() or isinstance(t, threading._DummyThread):
+            return
     devices = [mx.default_device()]
     if devices[0] != mx.cpu:
         # Code that names the CPU (``mx.stream(mx.cpu)``) takes its default.
         devices.append(mx.Device(mx.cpu))
-    lease = _thread_lease.lease = _Lease()
+    lease = _thread_lease.lease = _Lease(clear=not kept)
     if not _lending:
         return
     try:
@@ -146,6 +156,19 @@ def claim_thread_streams() -> None:
         if _lending:
             _lending = False
             log.warning("MLX streams cannot be lent to threads here (%s): each thread keeps its own", e)
+
+
+def keep_thread_streams() -> None:
+    """Lend streams to the calling foreign thread too, from its first model
+    call to its end: for a thread that keeps one Python thread state until
+    it ends and clears it there, on itself, holding the GIL (the Rust
+    bridge's ``thread_state``, for a Rust thread that calls the model). Its
+    lease then goes back as a Python thread's does, without
+    ``mx.clear_streams``: the bridge clears the thread state from a Rust
+    thread-local destructor, which runs after MLX's own thread-locals (made
+    later, so destroyed first) are gone. Call it before the thread's first
+    model call."""
+    _thread_lease.kept = True
 
 
 def extra_streams(n: int) -> list:

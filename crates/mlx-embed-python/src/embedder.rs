@@ -15,6 +15,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use crate::interpreter::ensure_python;
 use crate::live::PythonLiveStats;
 use crate::spec::{read_spec, ModelSpec};
+use crate::thread_state::keep_thread_state;
 use crate::{error, BridgeError};
 
 /// What to load; mirrors `mlx_embed.load(path, dtype=, quantize=, instruction=, pooling=,
@@ -110,14 +111,18 @@ impl PythonEmbedder {
     /// Starts or joins the interpreter, loads the model on the calling
     /// thread, reads its spec and builds the Rust tokenizer from it.
     ///
-    /// Load and run models on long-lived threads: MLX keeps a stream thread
-    /// and its buffers for every OS thread that ever ran a model and never
-    /// frees them, so a load (or [`Embedder::embed_batch`]) on each of many
-    /// short-lived threads leaks a thread and tens of MB each. Loading inside
-    /// `Batcher::start`'s closure ([`Self::load_for_batcher`]) runs the model
-    /// on a model thread the next batcher reuses.
+    /// Any thread may load and call a model, threads that come and go too
+    /// (a thread per load, rayon, tokio's blocking pool): a Rust thread
+    /// borrows the engine's MLX streams on its first call and gives them
+    /// back when it ends, as Python's threads do, so the process keeps as
+    /// many MLX stream threads as calls ran at once. (The process's main
+    /// thread, unless it started the interpreter, keeps MLX's own streams
+    /// instead; so does the thread that started it.) Loading inside
+    /// `Batcher::start`'s closure ([`Self::load_for_batcher`]) runs the
+    /// model on a model thread the next batcher reuses.
     pub fn load(options: &PythonModelOptions) -> Result<Self, BridgeError> {
         ensure_python()?;
+        keep_thread_state();
         let (model, spec) = Python::attach(|py| -> Result<_, BridgeError> {
             let kwargs = PyDict::new(py);
             kwargs.set_item("dtype", &options.dtype)?;
@@ -243,6 +248,7 @@ impl Embedder for PythonEmbedder {
         inputs: &[Encoded],
         output: Output,
     ) -> Result<BatchOutput, EmbedderError> {
+        keep_thread_state();
         let before_attach = Instant::now();
         Python::attach(|py| -> Result<BatchOutput, EmbedderError> {
             let gil_wait = before_attach.elapsed();
@@ -260,6 +266,7 @@ impl Embedder for PythonEmbedder {
     /// `submit_ids` for `next`, then `result()` for `running`, in one
     /// interpreter crossing.
     fn submit(&mut self, next: &[Encoded], output: Output, running: Option<Ticket>) -> Submitted {
+        keep_thread_state();
         let before_attach = Instant::now();
         Python::attach(|py| {
             let gil_wait = before_attach.elapsed();
@@ -276,6 +283,7 @@ impl Embedder for PythonEmbedder {
     }
 
     fn collect(&mut self, ticket: Ticket) -> Result<BatchOutput, EmbedderError> {
+        keep_thread_state();
         let before_attach = Instant::now();
         Python::attach(|py| collect_in(py, ticket, before_attach.elapsed()))
     }

@@ -33,6 +33,7 @@ mod error;
 pub mod interpreter;
 mod live;
 mod spec;
+mod thread_state;
 
 pub use embedder::{EngineOptions, PythonEmbedder, PythonModelOptions};
 pub use error::BridgeError;

@@ -89,6 +89,20 @@ fn lent() -> usize {
     .unwrap()
 }
 
+/// Streams back in the engine's free list, ready to lend: all the lent ones
+/// once every thread that borrowed has ended.
+fn free() -> usize {
+    Python::attach(|py| {
+        py.eval(
+            c"sum(map(len, __import__('mlx_embed.device').device._free_streams.values()))",
+            None,
+            None,
+        )?
+        .extract()
+    })
+    .unwrap()
+}
+
 /// One round: 8 threads one after another, each loading the model and
 /// embedding; 4 threads at once on one model, each holding its lease until
 /// all four have called; 16 calls on tokio's blocking pool, whose threads
@@ -154,6 +168,7 @@ fn rust_threads_that_come_and_go_give_their_streams_back() {
     // whatever the 24 other threads that called.
     assert_eq!(s1, 4, "streams lent after the first round");
     assert_eq!(s2, s1, "the second round made streams");
+    assert_eq!(free(), s2, "every thread that ended gave its streams back");
     // On the CPU one MLX scheduler thread per lent stream, not one per
     // thread that called (28 threads, 14 more a round before).
     assert!(
@@ -198,4 +213,17 @@ fn rust_threads_that_come_and_go_give_their_streams_back() {
     .unwrap();
     assert_eq!(again, reference);
     assert_eq!(lent(), after_first, "the model thread kept its streams at its end");
+
+    // A thread that panics after its call gives its streams back as it unwinds.
+    let panicked = std::thread::spawn(|| {
+        load_and_embed();
+        panic!("after a model call");
+    })
+    .join();
+    assert!(panicked.is_err());
+    assert_eq!(
+        (lent(), free()),
+        (after_first, after_first),
+        "streams made and free after a thread that panicked"
+    );
 }

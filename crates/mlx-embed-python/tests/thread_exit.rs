@@ -4,9 +4,9 @@
 //! extension the second thread's first allocation in it crashed (SIGSEGV
 //! in `mi_thread_init`): the thread that first used it had been its main
 //! thread, and its state went with it. One test in its own binary, so the
-//! first thread to reach Python is the one this test spawns. (Not how to run
-//! models: each thread that ran one keeps MLX's stream thread and buffers;
-//! `PythonEmbedder::load`'s docs say where to load.)
+//! first thread to reach Python is the one this test spawns (which, as the
+//! interpreter's first thread, keeps MLX's own streams; the later ones
+//! borrow the engine's and give them back: `rust_thread_streams.rs`).
 
 use std::path::PathBuf;
 

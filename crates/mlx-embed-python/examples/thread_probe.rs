@@ -7,7 +7,9 @@
 //! line: OS threads and resident MB before and after the N, and the
 //! streams the engine lent (`mlx_embed.device.lent_streams`). Linux only.
 
-use mlx_embed_core::{Batcher, BatcherConfig, EmbedInput, EmbedOptions, Embedder, Output, Tokenize};
+use mlx_embed_core::{
+    Batcher, BatcherConfig, EmbedInput, EmbedOptions, Embedder, Output, Tokenize,
+};
 use mlx_embed_python::{PythonEmbedder, PythonModelOptions};
 use pyo3::prelude::*;
 

@@ -162,7 +162,10 @@ fn rust_threads_that_come_and_go_give_their_streams_back() {
 
     assert_eq!(first.len(), 28);
     for v in first.iter().chain(&second) {
-        assert_eq!(v, &reference, "a Rust thread's vectors are the main thread's");
+        assert_eq!(
+            v, &reference,
+            "a Rust thread's vectors are the main thread's"
+        );
     }
     // The burst's four held a lease each at once: four streams, no more,
     // whatever the 24 other threads that called.
@@ -175,7 +178,10 @@ fn rust_threads_that_come_and_go_give_their_streams_back() {
         t1 <= t0 + s1,
         "threads: {t0} before, {t1} after 28 calling threads ({s1} streams lent)"
     );
-    assert!(t2 <= t1, "threads: {t1} after the first round, {t2} after the second");
+    assert!(
+        t2 <= t1,
+        "threads: {t1} after the first round, {t2} after the second"
+    );
 
     // A long-lived Rust thread (a batcher's model thread) with 3 streams a
     // call: its two extra streams are borrowed once and kept, call after call.
@@ -212,7 +218,11 @@ fn rust_threads_that_come_and_go_give_their_streams_back() {
     .join()
     .unwrap();
     assert_eq!(again, reference);
-    assert_eq!(lent(), after_first, "the model thread kept its streams at its end");
+    assert_eq!(
+        lent(),
+        after_first,
+        "the model thread kept its streams at its end"
+    );
 
     // A thread that panics after its call gives its streams back as it unwinds.
     let panicked = std::thread::spawn(|| {

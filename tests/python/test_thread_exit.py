@@ -185,3 +185,50 @@ def test_a_daemon_threads_streams_are_left_alone_at_exit():
     r = _exits_cleanly(DAEMON_AT_EXIT, str(FIXTURES / "tiny-modernbert"))
     # The thread that ended cleared its own state; nothing ran on the main thread.
     assert r.stdout.split("\n")[:-1] == ["clear_streams on owner", "exit"], r.stdout + r.stderr[-2000:]
+
+
+KEPT_FOREIGN = r"""
+import _thread, os, sys, threading
+import mlx.core as mx
+import numpy as np
+import mlx_embed
+from mlx_embed import device
+
+model = mlx_embed.load(sys.argv[1])
+ref = np.asarray(model.embed(["hello world"]))
+cleared = []
+clear = mx.clear_streams
+mx.clear_streams = lambda: (cleared.append(threading.get_ident()), clear())
+
+def call(keep, done, out):
+    if keep:
+        device.keep_thread_streams()
+    out.append((np.array_equal(np.asarray(model.embed(["hello world"])), ref), device.lent_streams()))
+    out.append(threading.get_native_id())
+    done.release()
+
+for keep in (False, True, True):
+    done, out = _thread.allocate_lock(), []
+    done.acquire()
+    _thread.start_new_thread(call, (keep, done, out))
+    done.acquire()
+    # Until the OS thread is gone: its Python state is cleared as it ends,
+    # then MLX's thread-locals (whose compile cache takes the GIL: ending
+    # while the interpreter finalizes, the process would abort).
+    while os.path.exists(f"/proc/self/task/{out[1]}"):
+        threading.Event().wait(0.01)
+    free = sum(map(len, device._free_streams.values()))
+    print(keep, *out[0], free, len(cleared), flush=True)
+"""
+
+
+def test_a_foreign_thread_that_keeps_its_state_borrows_and_gives_back():
+    """A foreign thread (``_thread``'s, standing in for a Rust thread of the
+    bridge, ``crates/mlx-embed-python/tests/rust_thread_streams.rs``) keeps
+    MLX's own streams unless it says it keeps one Python thread state to its
+    end (``device.keep_thread_streams``); then it borrows, and its lease goes
+    back as it ends, without ``mx.clear_streams`` (the bridge clears a Rust
+    thread's state after MLX's own thread-locals are gone)."""
+    r = _exits_cleanly(KEPT_FOREIGN, str(FIXTURES / "tiny-modernbert"))
+    # keep, same vectors, streams made, streams free, clear_streams calls.
+    assert r.stdout.split("\n")[:-1] == ["False True 0 0 0", "True True 1 1 0", "True True 1 1 0"], r.stdout

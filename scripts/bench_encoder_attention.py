@@ -1,26 +1,25 @@
 #!/usr/bin/env python3
-"""One encoder layer's attention on the CPU's native path, before and after
-it ran in the streaming kernel (``ops.decoder_attention``'s).
+"""One encoder layer's attention: the CPU's native path (the streaming
+kernel, ``ops.decoder_attention``'s) against the exact path (MLX's products,
+bias or band and softmax, in blocks of query rows past SCORES_BLOCK_BYTES).
 
 Shapes (12 heads of 64, as ModernBERT-base and jina-embeddings-v2-base):
   modernbert-local   keys at most 64 positions away (local_attention 128)
   modernbert-global  every key of the text
   jina-alibi         every key, ALiBi's ``-slope_h * |i - j|`` (12 heads' slopes)
 
-"before" is ``ops.blocked_attention`` of the revision ``--before`` (default:
-the one before the change), its ``ops.py`` read by ``git show`` and run as a
-module of this package, on this tree's extension (which still exports the
-kernels it calls); "after" is this tree's. Both in one process, inside a
-native forward context as the engine's passes run them (OpenBLAS pinned to
-one thread, the kernels on every core), each case ``TEXTSxTOKENS`` random
-float32 q/k/v, calls interleaved before/after, medians of ``--calls``:
+Both are this tree's ``ops.blocked_attention`` in one process, each inside
+its forward context with OpenBLAS on the threads the engine's passes give
+it (native: one, the kernel on every core; exact: every core); each case
+``TEXTSxTOKENS`` random float32 q/k/v, calls interleaved native/exact,
+medians of ``--calls``:
 
-    .venv/bin/python scripts/bench_encoder_attention.py --cases 1x128,8x128,1x512,1x2048,1x8192 --calls 15
+    .venv/bin/python scripts/bench_encoder_attention.py --cases 1x128,8x128,1x512,1x2048 --calls 15
 
-``--rss SHAPE TEXTSxTOKENS``: each variant in its own process, one call
-after the inputs are built; prints the process's peak RSS, how far it rose
-over the RSS before the call (what the attention itself adds), and the
-call's time:
+``--rss SHAPE TEXTSxTOKENS``: each path in its own process, one call after
+the inputs are built; prints the process's peak RSS, how far it rose over
+the RSS before the call (what the attention itself adds), and the call's
+time:
 
     .venv/bin/python scripts/bench_encoder_attention.py --rss jina-alibi 1x8192
 """
@@ -28,7 +27,6 @@ call's time:
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import resource
@@ -39,27 +37,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BEFORE = "f6c2f69"
+PATHS = ("native", "exact")
 SHAPES = ("modernbert-local", "modernbert-global", "jina-alibi")
 HEADS, HEAD_DIM, HALF_WINDOW = 12, 64, 64
-
-
-def load_before(rev: str):
-    """``ops.py`` as of ``rev``, a module of this tree's package."""
-    import mlx_embed
-
-    source = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{rev}:python/mlx_embed/ops.py"],
-        check=True, capture_output=True, text=True,
-    ).stdout
-    name = "mlx_embed._ops_before"
-    spec = importlib.util.spec_from_loader(name, loader=None, origin=f"{rev}:ops.py")
-    module = importlib.util.module_from_spec(spec)
-    module.__package__ = "mlx_embed"
-    sys.modules[name] = module
-    exec(compile(source, f"{rev}:python/mlx_embed/ops.py", "exec"), module.__dict__)
-    mlx_embed._ops_before = module
-    return module
 
 
 def rss_bytes() -> int:
@@ -68,11 +48,12 @@ def rss_bytes() -> int:
 
 
 def setup(shape: str, texts: int, tokens: int):
-    """Inputs and a call ``run(ops)`` of that module's blocked_attention."""
+    """Inputs and a call ``run()`` of ``ops.blocked_attention`` on them."""
     import mlx_embed  # noqa: F401 - before mlx.core: picks the BLAS
     import mlx.core as mx
     import numpy as np
 
+    from mlx_embed import ops
     from mlx_embed.models.jina_bert import alibi_slopes
 
     mx.random.seed(0)
@@ -82,7 +63,7 @@ def setup(shape: str, texts: int, tokens: int):
     slopes = alibi_slopes(HEADS)
     attention_mask = mx.array(np.ones((texts, tokens), dtype=np.int32))
 
-    def run(ops):
+    def run():
         mask = ops.KeyMask(attention_mask, mx.float32)
         L = tokens
         if shape == "modernbert-global":
@@ -102,85 +83,91 @@ def setup(shape: str, texts: int, tokens: int):
     return run
 
 
-def contexts(before):
-    from mlx_embed import _blas, ops
+def contexts() -> dict:
+    """Each path's forward context and OpenBLAS threads, as the engine's
+    passes run it (scheduler._pass_blas_threads)."""
+    from mlx_embed import ops
 
-    _blas.set_num_threads(1)
     threads = os.cpu_count() or 1
     return {
-        "before": (before, before.make_context("native", kernel_threads=threads)),
-        "after": (ops, ops.make_context("native", kernel_threads=threads)),
+        "native": (ops.make_context("native", kernel_threads=threads), 1),
+        "exact": (ops.make_context("exact", kernel_threads=threads), threads),
     }
+
+
+def call(run, ctx, blas_threads: int):
+    """``run()`` evaluated inside ``ctx`` with OpenBLAS on ``blas_threads``."""
+    import mlx.core as mx
+
+    from mlx_embed import _blas, ops
+
+    _blas.set_num_threads(blas_threads)
+    with ops.forward_context(ctx):
+        out = run()
+        mx.eval(out)
+    return out
 
 
 def timed(args) -> dict:
     import mlx_embed  # noqa: F401 - before mlx.core: picks the BLAS
-    import mlx.core as mx
     import numpy as np
 
-    variants = contexts(load_before(args.before))
+    variants = contexts()
     results = {}
     for shape in args.shapes.split(","):
         for case in args.cases.split(","):
             texts, tokens = (int(x) for x in case.lower().split("x"))
             run = setup(shape, texts, tokens)
-            outs, times = {}, {name: [] for name in variants}
-            for name, (module, ctx) in variants.items():
-                with module.forward_context(ctx):
-                    outs[name] = np.array(run(module))  # warm-up, and the output compared
+            # Warm-up, and the outputs compared.
+            outs = {path: np.array(call(run, *variants[path])) for path in PATHS}
+            times = {path: [] for path in PATHS}
             for _ in range(args.calls):
-                for name, (module, ctx) in variants.items():
-                    with module.forward_context(ctx):
-                        t0 = time.perf_counter()
-                        mx.eval(run(module))
-                        times[name].append(time.perf_counter() - t0)
-            row = {name: statistics.median(t) * 1e3 for name, t in times.items()}
-            row["max_abs_diff"] = float(np.abs(outs["before"] - outs["after"]).max())
+                for path in PATHS:
+                    t0 = time.perf_counter()
+                    call(run, *variants[path])
+                    times[path].append(time.perf_counter() - t0)
+            row = {path: statistics.median(t) * 1e3 for path, t in times.items()}
+            row["max_abs_diff"] = float(np.abs(outs["native"] - outs["exact"]).max())
             results[f"{shape} {case}"] = row
-            print(f"{shape:18} {case:7} before {row['before']:9.2f} ms  after {row['after']:9.2f} ms  "
-                  f"{row['before'] / row['after']:5.2f}x  max|diff| {row['max_abs_diff']:.1e}", flush=True)
+            print(f"{shape:18} {case:7} native {row['native']:9.2f} ms  exact {row['exact']:9.2f} ms  "
+                  f"{row['exact'] / row['native']:5.2f}x  max|diff| {row['max_abs_diff']:.1e}", flush=True)
     return results
 
 
 def one_rss(args) -> None:
     import mlx_embed  # noqa: F401 - before mlx.core: picks the BLAS
-    import mlx.core as mx
 
-    variants = contexts(load_before(args.before))
-    module, ctx = variants[args.variant]
     texts, tokens = (int(x) for x in args.rss[1].lower().split("x"))
     run = setup(args.rss[0], texts, tokens)
     start = rss_bytes()
     t0 = time.perf_counter()
-    with module.forward_context(ctx):
-        mx.eval(run(module))
+    call(run, *contexts()[args.path])
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    print(json.dumps({"variant": args.variant, "rss_before_call": start, "peak_rss": peak, "seconds": seconds}))
+    print(json.dumps({"path": args.path, "rss_before_call": start, "peak_rss": peak, "seconds": seconds}))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--before", default=BEFORE, help="the git revision whose ops.py is 'before'")
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--cases", default="1x128,8x128,1x512,1x2048")
     ap.add_argument("--calls", type=int, default=15)
     ap.add_argument("--rss", nargs=2, metavar=("SHAPE", "TEXTSxTOKENS"))
-    ap.add_argument("--variant", choices=("before", "after"), help=argparse.SUPPRESS)
+    ap.add_argument("--path", choices=PATHS, help=argparse.SUPPRESS)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    if args.rss and args.variant:
+    if args.rss and args.path:
         one_rss(args)
         return
     if args.rss:
         out = {}
-        for variant in ("before", "after"):
+        for path in PATHS:
             line = subprocess.run(
-                [sys.executable, __file__, "--before", args.before, "--rss", *args.rss, "--variant", variant],
+                [sys.executable, __file__, "--rss", *args.rss, "--path", path],
                 check=True, capture_output=True, text=True,
             ).stdout.strip().splitlines()[-1]
-            out[variant] = row = json.loads(line)
-            print(f"{variant:6} {' '.join(args.rss)}: peak RSS {row['peak_rss'] / 1e9:.2f} GB, "
+            out[path] = row = json.loads(line)
+            print(f"{path:6} {' '.join(args.rss)}: peak RSS {row['peak_rss'] / 1e9:.2f} GB, "
                   f"{(row['peak_rss'] - row['rss_before_call']) / 1e9:.2f} GB over the inputs', "
                   f"one call {row['seconds']:.2f} s", flush=True)
     else:

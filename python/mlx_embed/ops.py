@@ -1061,9 +1061,9 @@ def _text_rows(term: mx.array, b: int, n: int) -> mx.array:
 
 
 def attends_per_text(q: mx.array) -> bool:
-    """Whether attention runs per text (an encoder's by ``per_text``, a
-    decoder's in :func:`decoder_attention`'s kernel): in the engine's passes
-    on the native path, in float32."""
+    """Whether attention runs per text (in :func:`decoder_attention`'s
+    kernel, or an encoder's with T5's or MPNet's bias by ``per_text``): in
+    the engine's passes on the native path, in float32."""
     return _native_pass() and q.dtype == mx.float32
 
 
@@ -1088,7 +1088,8 @@ def blocked_attention(
     j|`` plus ``mask``; ``window``: likewise when ``additive`` is a local band
     (keys at most ``window`` positions from the query) plus ``mask``.
 
-    On the CPU's native path in float32, ``mask`` alone, ``alibi`` or
+    In the engine's passes on the CPU's native path in float32, ``mask``
+    alone, ``alibi`` or
     ``window`` run whole in :func:`decoder_attention`'s kernel (bidirectional,
     each text over its own keys, every row including a ColBERT query's past
     its keys; the bias or band computed inside its key tiles): no score
@@ -1104,12 +1105,9 @@ def blocked_attention(
     Otherwise on the native path (another ``additive``: T5's and MPNet's
     relative position bias) each text attends on its own (``per_text``;
     ``one_text``: ``q`` is one text's, its keys all real)."""
-    if mask is not None and not fused and (additive is None or alibi is not None or window is not None):
-        ctx = current()
-        if ctx.path == "native" and q.dtype == k.dtype == v.dtype == mx.float32:
-            return decoder_attention(
-                q, k, v, scale, mask, causal=False, window=window, slopes=alibi, all_rows=True,
-            )
+    streams = additive is None or alibi is not None or window is not None
+    if mask is not None and not fused and streams and attends_per_text(q):
+        return decoder_attention(q, k, v, scale, mask, causal=False, window=window, slopes=alibi, all_rows=True)
     if mask is not None and not one_text and attends_per_text(q):
 
         def text(qb, kb, vb, b, n, first=0):

@@ -52,9 +52,7 @@ pub use gelu::gelu;
 pub use glu::{gated_linear_unit, GateActivation};
 pub use layer_norm::add_layer_norm;
 pub use linear::{linear, pack_weights, packed_len, Activation, LinearShape, PANEL};
-pub use softmax::{
-    masked_softmax, masked_softmax_positions, PositionBias, Positions, SoftmaxShape,
-};
+pub use softmax::{masked_softmax, SoftmaxShape};
 
 pub use dispatch::{check_simd_env, SIMD_ENV};
 

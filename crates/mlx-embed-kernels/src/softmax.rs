@@ -1,5 +1,4 @@
-//! Fused scale + key mask (+ ALiBi position bias or a local window) +
-//! softmax over attention scores.
+//! Fused scale + key mask + softmax over attention scores.
 
 use crate::dispatch::simd_dispatch;
 use crate::exp::exp_nonpositive;
@@ -30,78 +29,6 @@ pub fn masked_softmax(
     scale: f32,
     threads: usize,
 ) -> Result<(), KernelError> {
-    softmax_in_place(scores, shape, key_lengths, scale, None, threads)
-}
-
-/// A bias that depends on the query's position, applied inside the
-/// softmax's own pass over a row (no `[heads, queries, keys]` table).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum PositionBias<'a> {
-    /// ALiBi: `-slopes[head] * |query - key|` (the same for keys before and
-    /// after the query) added to the scaled scores; one slope per head, in
-    /// head order.
-    Alibi(&'a [f32]),
-    /// A local window (ModernBERT's local layers): keys more than `half`
-    /// positions from the query get exactly zero weight.
-    Window {
-        /// Attention heads.
-        heads: usize,
-        /// Keys at most this far from the query (either side) are attended.
-        half: usize,
-    },
-}
-
-impl PositionBias<'_> {
-    fn heads(&self) -> usize {
-        match self {
-            PositionBias::Alibi(slopes) => slopes.len(),
-            PositionBias::Window { heads, .. } => *heads,
-        }
-    }
-}
-
-/// Where a block's query rows sit: a sequence's rows are `[heads, queries]`
-/// (so `rows_per_sequence` is heads x query rows), the queries at positions
-/// `first_query..` (a block of query rows of a longer input).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Positions<'a> {
-    /// What the query's position does to its row.
-    pub bias: PositionBias<'a>,
-    /// Position of the block's first query row.
-    pub first_query: usize,
-}
-
-/// [`masked_softmax`] with a position-dependent bias: each row becomes
-/// `softmax(scale * row[j] - slope * |query - j|)` over its valid keys
-/// (ALiBi), or the softmax of its valid keys within the window of its
-/// query, followed by zeros.
-pub fn masked_softmax_positions(
-    scores: &mut [f32],
-    shape: SoftmaxShape,
-    key_lengths: &[usize],
-    scale: f32,
-    positions: Positions<'_>,
-    threads: usize,
-) -> Result<(), KernelError> {
-    check(scores, shape, key_lengths, scale)?;
-    let heads = positions.bias.heads();
-    if heads == 0 || !shape.rows_per_sequence.is_multiple_of(heads) {
-        return Err(KernelError::Shape(format!(
-            "{} rows per sequence are not heads x queries for {heads} heads",
-            shape.rows_per_sequence
-        )));
-    }
-    softmax_in_place(scores, shape, key_lengths, scale, Some(positions), threads)
-}
-
-fn softmax_in_place(
-    scores: &mut [f32],
-    shape: SoftmaxShape,
-    key_lengths: &[usize],
-    scale: f32,
-    positions: Option<Positions<'_>>,
-    threads: usize,
-) -> Result<(), KernelError> {
     check(scores, shape, key_lengths, scale)?;
     if scores.is_empty() {
         return Ok(());
@@ -119,7 +46,6 @@ fn softmax_in_place(
             rows_per_sequence,
             key_lengths,
             scale,
-            positions,
         )
     });
     Ok(())
@@ -156,37 +82,10 @@ simd_dispatch! {
         rows_per_sequence: usize,
         key_lengths: &[usize],
         scale: f32,
-        positions: Option<Positions<'_>>,
     ) {
-        let queries = positions.map_or(1, |p| rows_per_sequence / p.bias.heads());
         for (i, row) in rows.chunks_exact_mut(row_len).enumerate() {
-            let r = first_row + i;
-            let valid = key_lengths[r / rows_per_sequence];
-            let Some(positions) = positions else {
-                softmax_row::<FMA>(row, valid, scale);
-                continue;
-            };
-            let within = r % rows_per_sequence;
-            let query = positions.first_query + within % queries;
-            match positions.bias {
-                PositionBias::Alibi(slopes) => {
-                    let slope = slopes[within / queries];
-                    let at = query as f32;
-                    for (key, v) in row[..valid].iter_mut().enumerate() {
-                        *v = *v * scale - slope * (at - key as f32).abs();
-                    }
-                    softmax_row::<FMA>(row, valid, 1.0);
-                }
-                PositionBias::Window { half, .. } => {
-                    // A real query (query < valid) always has its own key in
-                    // range; a padding row past the window gets a uniform
-                    // row nobody reads.
-                    let lo = query.saturating_sub(half).min(valid);
-                    let hi = (query + half + 1).min(valid);
-                    row[..lo].fill(0.0);
-                    softmax_row::<FMA>(&mut row[lo..], hi - lo, scale);
-                }
-            }
+            let valid = key_lengths[(first_row + i) / rows_per_sequence];
+            softmax_row::<FMA>(row, valid, scale);
         }
     }
 }
@@ -346,126 +245,6 @@ mod tests {
         for copy in many.chunks(129) {
             assert_eq!(copy, &alone[..]);
         }
-    }
-
-    #[test]
-    fn alibi_matches_a_float64_reference_in_blocks_of_query_rows() {
-        // 2 sequences x 3 heads x 37 query rows (a block starting at query
-        // 50) x 301 keys; a non-power-of-two head count, padded keys.
-        let slopes = [0.5f32, 0.0625, 0.25];
-        let (heads, queries, keys, first) = (3, 37, 301, 50);
-        let shape = SoftmaxShape {
-            sequences: 2,
-            rows_per_sequence: heads * queries,
-            row_len: keys,
-        };
-        let lens = [301, 120];
-        let input = pseudo_random(2 * heads * queries * keys, 11);
-        let alibi = Positions {
-            bias: PositionBias::Alibi(&slopes),
-            first_query: first,
-        };
-        crate::dispatch::tests::each_build(|build, threads| {
-            let mut got = input.clone();
-            masked_softmax_positions(&mut got, shape, &lens, 0.125, alibi, threads).unwrap();
-            for (r, (row_in, row_out)) in input.chunks(keys).zip(got.chunks(keys)).enumerate() {
-                let valid = lens[r / (heads * queries)];
-                let (head, query) = ((r / queries) % heads, first + r % queries);
-                let live: Vec<f64> = row_in[..valid]
-                    .iter()
-                    .enumerate()
-                    .map(|(j, &v)| {
-                        v as f64 * 0.125 - slopes[head] as f64 * (query as f64 - j as f64).abs()
-                    })
-                    .collect();
-                let max = live.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-                let sum: f64 = live.iter().map(|v| (v - max).exp()).sum();
-                for (j, &g) in row_out[..valid].iter().enumerate() {
-                    let w = (live[j] - max).exp() / sum;
-                    assert!(
-                        (g as f64 - w).abs() < 1e-6,
-                        "{build} build: row {r} key {j}: {g} vs {w}"
-                    );
-                }
-                assert!(row_out[valid..].iter().all(|&v| v == 0.0));
-            }
-        });
-        // Rows that are not heads x queries are refused.
-        let mut buf = vec![0.0; 2 * 4 * 8];
-        let shape = SoftmaxShape {
-            sequences: 2,
-            rows_per_sequence: 4,
-            row_len: 8,
-        };
-        assert!(masked_softmax_positions(&mut buf, shape, &[8, 8], 1.0, alibi, 1).is_err());
-    }
-
-    /// 2 sequences x 3 heads x 37 query rows from query 50 x 301 keys, the
-    /// second sequence 60 keys long: rows near the start, the middle and past
-    /// a sequence's key length all occur. `seen(query, key)`: whether the
-    /// bias lets a query see a valid key.
-    fn matches_a_float64_reference_with_a_band(
-        bias: PositionBias<'_>,
-        seen: impl Fn(usize, usize) -> bool,
-    ) {
-        let (heads, queries, keys, first) = (3, 37, 301, 50);
-        let shape = SoftmaxShape {
-            sequences: 2,
-            rows_per_sequence: heads * queries,
-            row_len: keys,
-        };
-        let lens = [301, 60];
-        let input = pseudo_random(2 * heads * queries * keys, 13);
-        let positions = Positions {
-            bias,
-            first_query: first,
-        };
-        crate::dispatch::tests::each_build(|build, threads| {
-            let mut got = input.clone();
-            masked_softmax_positions(&mut got, shape, &lens, 0.125, positions, threads).unwrap();
-            for (r, (row_in, row_out)) in input.chunks(keys).zip(got.chunks(keys)).enumerate() {
-                let valid = lens[r / (heads * queries)];
-                let query = first + r % queries;
-                if query >= valid {
-                    assert!(row_out.iter().all(|w| w.is_finite()));
-                    continue; // a padding query row: its output is never read
-                }
-                let near = |j: usize| j < valid && seen(query, j);
-                let live: Vec<(usize, f64)> = (0..keys)
-                    .filter(|&j| near(j))
-                    .map(|j| (j, row_in[j] as f64 * 0.125))
-                    .collect();
-                let max = live.iter().map(|x| x.1).fold(f64::NEG_INFINITY, f64::max);
-                let sum: f64 = live.iter().map(|x| (x.1 - max).exp()).sum();
-                for (j, &g) in row_out.iter().enumerate() {
-                    let w = if near(j) {
-                        (row_in[j] as f64 * 0.125 - max).exp() / sum
-                    } else {
-                        0.0
-                    };
-                    assert!(
-                        (g as f64 - w).abs() < 1e-6,
-                        "{build} build: row {r} key {j}: {g} vs {w}"
-                    );
-                }
-            }
-        });
-        // 4 rows per sequence are not 3 heads x queries.
-        let mut buf = vec![0.0; 2 * 4 * 8];
-        let shape = SoftmaxShape {
-            sequences: 2,
-            rows_per_sequence: 4,
-            row_len: 8,
-        };
-        assert!(masked_softmax_positions(&mut buf, shape, &[8, 8], 1.0, positions, 1).is_err());
-    }
-
-    #[test]
-    fn window_matches_a_float64_reference_in_blocks_of_query_rows() {
-        let half = 8;
-        matches_a_float64_reference_with_a_band(PositionBias::Window { heads: 3, half }, |q, j| {
-            j.abs_diff(q) <= half
-        });
     }
 
     #[test]

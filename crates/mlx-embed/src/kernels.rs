@@ -1,4 +1,4 @@
-//! `mlx_embed._native.masked_softmax_` (and `masked_softmax_positions_`),
+//! `mlx_embed._native.masked_softmax_`,
 //! `gelu_`, `gated_linear_unit_`, `add_layer_norm_`,
 //! `attention_`, `decoder_attention_`, `linear_` (with `pack_linear_weights`) and
 //! `post_ln_encoder_`: the CPU kernels of
@@ -8,9 +8,9 @@
 
 use mlx_embed_kernels::{
     add_layer_norm, attention, decoder_attention, gated_linear_unit, gelu, linear, masked_softmax,
-    masked_softmax_positions, pack_weights, packed_len, post_ln_encoder, Activation,
-    AttentionShape, DecoderMask, DecoderShape, GateActivation, LinearShape, Norm, PackedLinear,
-    PositionBias, Positions, PostLnBlock, SoftmaxShape, Strided,
+    pack_weights, packed_len, post_ln_encoder, Activation, AttentionShape, DecoderMask,
+    DecoderShape, GateActivation, LinearShape, Norm, PackedLinear, PostLnBlock, SoftmaxShape,
+    Strided,
 };
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyValueError;
@@ -108,70 +108,6 @@ fn masked_softmax_py(
     };
     with_floats_detached(py, &buf, |floats| {
         masked_softmax(floats, shape, &key_lengths, scale, threads.max(1))
-    })
-    .map_err(|e| PyValueError::new_err(e.to_string()))
-}
-
-/// `masked_softmax_positions_(scores, key_lengths, scale, first_query,
-/// slopes=None, half=None, threads=1)`:
-/// [`masked_softmax_`](masked_softmax_py) over `scores` shaped `[sequences,
-/// heads, queries, keys]`, the queries at positions `first_query..`, with
-/// ALiBi's `-slopes[head] * |query - key|` added to the scaled scores
-/// (`slopes`), or only the keys within `half` positions of the query
-/// weighted (`half`). Exactly one of the two. (Causal attention is
-/// `decoder_attention_`'s, and on the engine's native path ALiBi and the
-/// window too: this one is left to `scripts/bench_encoder_attention.py`'s
-/// "before", the code it replaced.)
-#[pyfunction]
-#[pyo3(
-    name = "masked_softmax_positions_",
-    signature = (
-        scores, key_lengths, scale, first_query, slopes = None, half = None, threads = 1
-    )
-)]
-#[allow(clippy::too_many_arguments)]
-fn masked_softmax_positions_py(
-    py: Python<'_>,
-    scores: &Bound<'_, PyAny>,
-    key_lengths: Vec<usize>,
-    scale: f32,
-    first_query: usize,
-    slopes: Option<Vec<f32>>,
-    half: Option<usize>,
-    threads: usize,
-) -> PyResult<()> {
-    let buf = writable_f32(scores)?;
-    let dims = buf.shape();
-    if dims.len() != 4 {
-        return Err(PyValueError::new_err(format!(
-            "scores must be [sequences, heads, queries, keys], got {dims:?}"
-        )));
-    }
-    let heads = dims[1];
-    let bias = match (&slopes, half) {
-        (Some(slopes), None) if slopes.len() == heads => PositionBias::Alibi(slopes),
-        (None, Some(half)) => PositionBias::Window { heads, half },
-        _ => {
-            return Err(PyValueError::new_err(format!(
-                "give one slope per head ({heads}) or a window half: exactly one"
-            )))
-        }
-    };
-    let shape = SoftmaxShape {
-        sequences: dims[0],
-        rows_per_sequence: dims[1] * dims[2],
-        row_len: dims[3],
-    };
-    let positions = Positions { bias, first_query };
-    with_floats_detached(py, &buf, |floats| {
-        masked_softmax_positions(
-            floats,
-            shape,
-            &key_lengths,
-            scale,
-            positions,
-            threads.max(1),
-        )
     })
     .map_err(|e| PyValueError::new_err(e.to_string()))
 }
@@ -674,14 +610,14 @@ fn overlaps(a: (usize, usize), b: (usize, usize)) -> bool {
 /// from an older tree (it then offers no native path rather than failing a
 /// pass). 2: `masked_softmax_positions_(causal=)`; 3: `decoder_attention_`
 /// (and `causal=` gone again: the decoders' attention is that kernel's);
-/// 4: `decoder_attention_(slopes=, all_rows=)` (the encoders' too).
+/// 4: `decoder_attention_(slopes=, all_rows=)` (the encoders' too;
+/// `masked_softmax_positions_` gone).
 const KERNEL_API: u32 = 4;
 
 pub(crate) fn register(module: &Bound<'_, PyModule>) -> PyResult<()> {
     // A mistyped cap fails the import, not silently runs the widest build.
     mlx_embed_kernels::check_simd_env().map_err(|e| PyValueError::new_err(e.to_string()))?;
     module.add_function(wrap_pyfunction!(masked_softmax_py, module)?)?;
-    module.add_function(wrap_pyfunction!(masked_softmax_positions_py, module)?)?;
     module.add_function(wrap_pyfunction!(gelu_py, module)?)?;
     module.add_function(wrap_pyfunction!(gated_linear_unit_py, module)?)?;
     module.add_function(wrap_pyfunction!(add_layer_norm_py, module)?)?;

@@ -78,6 +78,13 @@ fn threads() -> usize {
     n
 }
 
+fn cosine(a: &[f32], b: &[f32]) -> f64 {
+    let dot = |x: &[f32], y: &[f32]| -> f64 {
+        x.iter().zip(y).map(|(p, q)| f64::from(*p) * f64::from(*q)).sum()
+    };
+    dot(a, b) / (dot(a, a).sqrt() * dot(b, b).sqrt())
+}
+
 /// Streams the engine has made for lending (`mlx_embed.device.lent_streams`).
 fn lent() -> usize {
     Python::attach(|py| {
@@ -206,7 +213,14 @@ fn rust_threads_that_come_and_go_give_their_streams_back() {
         (first, after_first, lent())
     });
     let (vectors, after_first, after_13) = kept.join().unwrap();
-    assert_eq!(vectors, reference, "3 streams, the same vectors");
+    // Not bit for bit: 16 tokens a batch splits the texts into other
+    // batches, padded to other lengths, than the reference's one batch.
+    assert_eq!(vectors.len(), reference.len());
+    let dim = reference.len() / TEXTS.len();
+    for (got, want) in vectors.chunks(dim).zip(reference.chunks(dim)) {
+        let c = cosine(got, want);
+        assert!(c >= 0.99999, "3 streams, 16 tokens a batch: cosine {c}");
+    }
     // Its default and two extras, from the free list, which had them.
     assert_eq!(after_first, s2, "streams made for its first call");
     assert_eq!(after_13, after_first, "12 more calls borrowed more streams");

@@ -117,7 +117,9 @@ impl PythonEmbedder {
     /// back when it ends, as Python's threads do, so the process keeps as
     /// many MLX stream threads as calls ran at once. (The process's main
     /// thread, unless it started the interpreter, keeps MLX's own streams
-    /// instead; so does the thread that started it.) Loading inside
+    /// instead; so does the thread that started it.) Such a thread takes
+    /// the GIL as it ends, to give its streams back: join it outside
+    /// `Python::attach`, or the join waits forever. Loading inside
     /// `Batcher::start`'s closure ([`Self::load_for_batcher`]) runs the
     /// model on a model thread the next batcher reuses.
     pub fn load(options: &PythonModelOptions) -> Result<Self, BridgeError> {

@@ -13,6 +13,16 @@
 //! thread and tens of MB for each. Here a Rust thread keeps one thread state
 //! until it ends, when a thread-local destructor clears it on the thread
 //! itself, with the GIL, as Python's own threads end.
+//!
+//! So such a thread takes the GIL as it ends: a caller that joins it while
+//! attached (inside `Python::attach`) waits forever; join it detached. Its
+//! destructor is registered on its first model call, before MLX makes its
+//! own thread-locals on it, so it runs after they are destroyed (glibc runs
+//! `__cxa_thread_atexit_impl` destructors, Rust's and C++'s alike, last
+//! registered first) and the lease goes back without `mx.clear_streams`,
+//! which would reach MLX's destroyed thread-locals (`device.py`). A thread
+//! that ran MLX before its first model call (in a `Python::attach` of its
+//! own) has MLX's thread-locals outlive its lease.
 
 use std::cell::OnceCell;
 use std::ptr::NonNull;
@@ -82,7 +92,11 @@ impl Drop for KeptState {
     /// engine's lease goes back), unless the interpreter is gone or going,
     /// which then clears it, or leaves it, itself. (A thread that ends while
     /// the interpreter finalizes would hang on the GIL, or be ended inside
-    /// this destructor: it must not reach for it.)
+    /// this destructor: it must not reach for it. The check is not atomic
+    /// with taking the GIL, so a thread ending just as finalizing starts can
+    /// still be; only a Python process that hosts Rust threads finalizes,
+    /// `mlx-embed serve`, whose model threads never end and whose blocking
+    /// pool, which calls no model, ends before `serve` returns.)
     fn drop(&mut self) {
         // SAFETY: as in `KeptState::new`; then this thread's own state,
         // saved by it, is restored (its count still at 1) and released:

@@ -80,7 +80,10 @@ fn threads() -> usize {
 
 fn cosine(a: &[f32], b: &[f32]) -> f64 {
     let dot = |x: &[f32], y: &[f32]| -> f64 {
-        x.iter().zip(y).map(|(p, q)| f64::from(*p) * f64::from(*q)).sum()
+        x.iter()
+            .zip(y)
+            .map(|(p, q)| f64::from(*p) * f64::from(*q))
+            .sum()
     };
     dot(a, b) / (dot(a, a).sqrt() * dot(b, b).sqrt())
 }

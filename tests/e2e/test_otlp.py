@@ -14,6 +14,7 @@ rest), so no opentelemetry-proto package (which pins an older protobuf) is neede
 from __future__ import annotations
 
 import os
+import socket
 import ssl
 import subprocess
 import threading
@@ -322,13 +323,18 @@ def test_an_unreachable_collector_is_a_warning_and_the_server_serves_on(tmp_path
         ),
         (
             ["--otlp-endpoint", "http://c:4317"],
-            {"OTEL_EXPORTER_OTLP_HEADERS": "a=1,b"},
-            'OTEL_EXPORTER_OTLP_HEADERS: "b" is not key=value',
+            {"OTEL_EXPORTER_OTLP_HEADERS": "a=1,authorization: Bearer s3cret"},
+            "OTEL_EXPORTER_OTLP_HEADERS: entry 2 is not key=value",
         ),
         (
             ["--otlp-endpoint", "http://c:4317"],
             {"OTEL_EXPORTER_OTLP_TRACES_HEADERS": "a=%zz"},
             "OTEL_EXPORTER_OTLP_TRACES_HEADERS: the value of a is not percent-encoded UTF-8",
+        ),
+        (
+            [],
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "https://user:s3cret@c:4317"},
+            "OTEL_EXPORTER_OTLP_ENDPOINT: credentials in the URL (user@host) are not supported",
         ),
         (
             ["--otlp-endpoint", "https://c:4317"],
@@ -353,6 +359,47 @@ def test_bad_export_settings_are_refused_at_start(args, env, said):
     )
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith(f"error: {said}"), done.stderr
+    assert "s3cret" not in done.stderr + done.stdout
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_a_collector_that_never_answers_holds_neither_requests_nor_the_exit(tmp_path, protocol):
+    """A collector that takes the connection and says nothing (a hung proxy, a full receiver):
+    requests answer at once, the exit comes within the flush's 4 s, the failure is said; the
+    variables the export does not apply are said at start."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)  # never accepted: the kernel completes the handshakes, nothing answers
+    try:
+        endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        server = start_server(
+            tmp_path,
+            "--otlp-endpoint",
+            endpoint,
+            "--otlp-protocol",
+            protocol,
+            env={"OTEL_EXPORTER_OTLP_COMPRESSION": "gzip", "OTEL_EXPORTER_OTLP_TIMEOUT": "60000"},
+        )
+        times = []
+        for i in range(5):
+            t = time.monotonic()
+            r = server.post("/embed", {"inputs": f"text {i}"})
+            times.append(time.monotonic() - t)
+            assert r.status_code == 200, r.text
+        assert max(times) < 5, times
+        started = time.monotonic()
+        assert server.stop(timeout=WAIT_S) == 0, server.log()[-3000:]
+        took = time.monotonic() - started
+    finally:
+        silent.close()
+    # The flush at exit gives up after 4 s (otlp.rs FLUSH_AT_EXIT), plus the drain's own time.
+    assert took < 10, took
+    log = server.log()
+    assert "OTEL_EXPORTER_OTLP_COMPRESSION gzip is ignored: spans are sent uncompressed" in log, log[-3000:]
+    assert "OTEL_EXPORTER_OTLP_TIMEOUT 60000 is ignored" in log, log[-3000:]
+    assert (
+        f"OTLP export to {endpoint}" in log and "failed" in log
+    ) or "OTLP export: the last spans were not all sent" in log, log[-3000:]
 
 
 @pytest.fixture(scope="module")
@@ -444,6 +491,9 @@ def test_an_https_grpc_collector_gets_the_spans_with_the_headers(otlp, certs, tm
         f"as {SERVICE}, 2 header(s) on each export"
     ) in log, log[-3000:]
     assert "failed" not in log and "cannot be reached" not in log, log[-3000:]
+    # The headers are credentials: their values are said nowhere, decoded or not.
+    for secret in ("abc==", "abc%3D%3D", "dXNlcjpwYXNz"):
+        assert secret not in log, log[-3000:]
     with receiver.lock:
         spans, metadata = list(receiver.spans), list(receiver.metadata)
     assert {resource.get("service.name") for resource, _ in spans} == {SERVICE}

@@ -231,6 +231,11 @@ impl Request {
             // Closed before the next opens: one phase ends where the next begins.
             drop(std::mem::replace(&mut open.phase, tracing::Span::none()));
             match next {
+                // A request failed (shutdown, another batch's error) while its
+                // batch was being formed still gets `mark_started`: with the
+                // caller's span let go, `parent: none` would make the phase a
+                // root span, a trace of its own.
+                Some(_) if open.parent.is_none() => {}
                 Some(next) => open.phase = next(&open.parent, phases.inputs),
                 None => drop(std::mem::replace(&mut open.parent, tracing::Span::none())),
             }
@@ -425,6 +430,58 @@ mod tests {
             .unwrap();
         let ticket = Ticket::new(permit, inputs, Arc::new(Recorder::new()));
         (semaphore, ticket)
+    }
+
+    /// The spans made while it is the default: each one's name and whether
+    /// it has a parent (explicit or the current span).
+    #[derive(Default)]
+    struct Spans {
+        made: Mutex<Vec<(&'static str, bool)>>,
+        next: AtomicU64,
+    }
+
+    impl tracing::Subscriber for Spans {
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, attrs: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            lock(&self.made).push((attrs.metadata().name(), attrs.parent().is_some()));
+            tracing::span::Id::from_u64(self.next.fetch_add(1, Ordering::Relaxed) + 1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, _: &tracing::Event<'_>) {}
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+
+    #[test]
+    fn a_request_answered_before_its_batch_starts_opens_no_orphan_phase() {
+        let spans = Arc::new(Spans::default());
+        let recorder = Arc::new(Recorder::new());
+        let (_room, ticket) = ticket(1, 1);
+        let (reply, _answer) = oneshot::channel();
+        let req = tracing::subscriber::with_default(spans.clone(), || {
+            let caller = tracing::info_span!("request");
+            let _in = caller.enter();
+            let req = Request::new(
+                1,
+                Priority::Normal,
+                Output::Pooled,
+                Instant::now(),
+                reply,
+                ticket,
+                ActiveGuard::new(recorder),
+            )
+            .with_queue_span(tracing::debug_span!(parent: &caller, "queue"));
+            // Shutdown fails it while a model thread forms a batch with it.
+            req.fail(CoreError::ShuttingDown);
+            assert!(req.mark_started(Instant::now()).is_some());
+            req
+        });
+        assert!(req.abandoned());
+        // No `inference` span: under no parent it would be a trace of its own.
+        assert_eq!(*lock(&spans.made), [("request", false), ("queue", true)]);
     }
 
     #[test]

@@ -605,6 +605,8 @@ where
                 "{flag} is ignored without --otlp-endpoint: no spans are exported"
             ));
         }
+    } else {
+        ignored.extend(crate::otlp::unapplied(|name| std::env::var(name).ok()));
     }
     if let Some(token) = &cli.tei.hf_token {
         // Read by huggingface_hub when a repo id is downloaded; set before
@@ -1504,9 +1506,12 @@ mod tests {
         );
         assert_eq!(headers(&[]), pairs(&[]));
         for (list, why) in [
-            ("a=1,b", "\"b\" is not key=value"),
-            ("=1", "\"\" is not a header name"),
-            ("a b=1", "\"a b\" is not a header name"),
+            ("a=1,b", "entry 2 is not key=value"),
+            ("=1", "entry 1: the text before = is not a header name"),
+            (
+                "a=1, a b=1",
+                "entry 2: the text before = is not a header name",
+            ),
             ("a=%zz", "the value of a is not percent-encoded UTF-8"),
             (
                 "a=%0A",

@@ -262,6 +262,14 @@ pub fn check_endpoint(
     let Ok(uri) = url.parse::<http::Uri>() else {
         return bad("not a URL");
     };
+    // A password in the URL would be printed wherever the endpoint is (the
+    // start's line, each failed export's warning): not even this error says it.
+    if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+        return Err(format!(
+            "{source}: credentials in the URL (user@host) are not supported; give them as a header, \
+             e.g. OTEL_EXPORTER_OTLP_HEADERS=authorization=Basic%20..."
+        ));
+    }
     match uri.scheme_str() {
         Some("http" | "https") => {}
         Some(other) => return bad(&format!("the scheme {other} is not http or https")),
@@ -292,22 +300,65 @@ pub fn check_endpoint(
     }
 }
 
+/// The standard variables set in `env` that the export does not apply, each
+/// as the start says it. The SDK would read them behind the settings' back:
+/// the timeout is overridden by [`EXPORT_TIMEOUT`] (the exit's bound rests on
+/// it), a compression it was not built with is dropped silently, and
+/// `INSECURE` only concerns an endpoint without a scheme, which is refused.
+pub fn unapplied(env: impl Fn(&str) -> Option<String>) -> Vec<String> {
+    let mut said = Vec::new();
+    for signal in ["OTEL_EXPORTER_OTLP_TRACES_", "OTEL_EXPORTER_OTLP_"] {
+        let var = |suffix: &str| {
+            let name = format!("{signal}{suffix}");
+            env(&name)
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty())
+                .map(|v| (name, v))
+        };
+        if let Some((name, value)) = var("TIMEOUT") {
+            said.push(format!(
+                "{name} {value} is ignored: each export is given {}s at most, the last ones at \
+                 exit {}s",
+                EXPORT_TIMEOUT.as_secs(),
+                FLUSH_AT_EXIT.as_secs()
+            ));
+        }
+        if let Some((name, value)) = var("COMPRESSION").filter(|(_, v)| v != "none") {
+            said.push(format!(
+                "{name} {value} is ignored: spans are sent uncompressed"
+            ));
+        }
+        if let Some((name, value)) = var("INSECURE") {
+            said.push(format!(
+                "{name} {value} is ignored: the endpoint's scheme says whether TLS is used \
+                 (https) or not (http)"
+            ));
+        }
+    }
+    said
+}
+
 /// `OTEL_EXPORTER_OTLP_HEADERS`' `key=value,key2=value2`, values
 /// percent-decoded, as the spec writes it (the W3C baggage format, without
 /// properties); a list with an entry that is not one is an error.
 pub fn parse_headers(list: &str) -> Result<Vec<(http::HeaderName, http::HeaderValue)>, String> {
     let mut headers = Vec::new();
-    for entry in list.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+    let entries = list.split(',').map(str::trim).filter(|e| !e.is_empty());
+    // A malformed entry is named by its place, never its text: it may be a
+    // credential written wrong (`authorization: Bearer ...`).
+    for (n, entry) in (1..).zip(entries) {
         let Some((key, value)) = entry.split_once('=') else {
-            return Err(format!("{entry:?} is not key=value"));
+            return Err(format!("entry {n} is not key=value"));
         };
         let (key, value) = (key.trim(), value.trim());
         let name = http::HeaderName::from_bytes(key.as_bytes())
-            .map_err(|_| format!("{key:?} is not a header name"))?;
+            .map_err(|_| format!("entry {n}: the text before = is not a header name"))?;
         let decoded = percent_decode(value)
             .ok_or_else(|| format!("the value of {key} is not percent-encoded UTF-8"))?;
-        let value = http::HeaderValue::from_str(&decoded)
+        let mut value = http::HeaderValue::from_str(&decoded)
             .map_err(|_| format!("the value of {key} has a character a header cannot carry"))?;
+        // Likely a credential: `Debug` (of `Settings` too) prints no value.
+        value.set_sensitive(true);
         headers.push((name, value));
     }
     Ok(headers)
@@ -653,6 +704,14 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+        // The password is said nowhere, this error included.
+        let err = grpc("https://user:s3cret@collector:4317").unwrap_err();
+        assert!(
+            err.starts_with(
+                "--otlp-endpoint: credentials in the URL (user@host) are not supported"
+            ) && !err.contains("s3cret"),
+            "{err}"
+        );
         let http = |url: &str, base| {
             check_endpoint(
                 url,
@@ -677,6 +736,33 @@ mod tests {
         assert!(http("http://c:4318/?a=1", true)
             .unwrap_err()
             .contains("a base endpoint with a query cannot take /v1/traces"));
+    }
+
+    #[test]
+    fn variables_the_export_does_not_apply_are_said() {
+        let vars = [
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "10000"),
+            ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip"),
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "none"),
+            ("OTEL_EXPORTER_OTLP_INSECURE", "true"),
+        ];
+        let env = |name: &str| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| (*v).to_owned())
+        };
+        assert_eq!(
+            unapplied(env),
+            [
+                "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION gzip is ignored: spans are sent \
+                 uncompressed",
+                "OTEL_EXPORTER_OTLP_TIMEOUT 10000 is ignored: each export is given 3s at most, \
+                 the last ones at exit 4s",
+                "OTEL_EXPORTER_OTLP_INSECURE true is ignored: the endpoint's scheme says whether \
+                 TLS is used (https) or not (http)",
+            ]
+        );
+        assert!(unapplied(|_| None).is_empty());
     }
 
     #[test]

@@ -844,6 +844,26 @@ mod tests {
         assert!(worst < 2e-5, "{what}: worst |diff| {worst:e}");
     }
 
+    /// Each mask's output within float precision of the float64 reference,
+    /// in every SIMD build and thread count.
+    fn matches_the_reference_in_every_build(
+        inputs: &Inputs,
+        lens: &[usize],
+        masks: &[(&str, DecoderMask<'_>)],
+    ) {
+        for &(name, mask) in masks {
+            let want = inputs.reference(lens, 0.3, mask);
+            crate::dispatch::tests::each_build(|build, threads| {
+                let got = inputs.run(lens, 0.3, mask, threads);
+                assert_close(
+                    &got,
+                    &want,
+                    &format!("{name}, {build} build, {threads} threads"),
+                );
+            });
+        }
+    }
+
     #[test]
     fn matches_a_float64_reference_at_tile_boundaries() {
         let t = KEY_TILE;
@@ -897,18 +917,7 @@ mod tests {
             head_dim: 20,
         };
         let lens = [1, t - 1, t, t + 1, 3 * t + 5, 7];
-        let inputs = Inputs::new(shape, 11);
-        for (name, mask) in masks {
-            let want = inputs.reference(&lens, 0.3, mask);
-            crate::dispatch::tests::each_build(|build, threads| {
-                let got = inputs.run(&lens, 0.3, mask, threads);
-                assert_close(
-                    &got,
-                    &want,
-                    &format!("{name}, {build} build, {threads} threads"),
-                );
-            });
-        }
+        matches_the_reference_in_every_build(&Inputs::new(shape, 11), &lens, &masks);
     }
 
     #[test]
@@ -1101,18 +1110,7 @@ mod tests {
             head_dim: 24,
         };
         let lens = [1, t - 1, t, t + 1, 3 * t + 5, 100];
-        let inputs = Inputs::new(shape, 21);
-        for (name, mask) in masks {
-            let want = inputs.reference(&lens, 0.3, mask);
-            crate::dispatch::tests::each_build(|build, threads| {
-                let got = inputs.run(&lens, 0.3, mask, threads);
-                assert_close(
-                    &got,
-                    &want,
-                    &format!("{name}, {build} build, {threads} threads"),
-                );
-            });
-        }
+        matches_the_reference_in_every_build(&Inputs::new(shape, 21), &lens, &masks);
     }
 
     #[test]

@@ -1359,7 +1359,7 @@ def decoder_attention(
     with _graph_lock_released():
         _native.decoder_attention_(
             qs, ks, vs, lengths, float(scale), dst, causal=causal, window=window, softcap=softcap,
-            slopes=None if slopes is None else [float(x) for x in slopes], all_rows=all_rows,
+            slopes=slopes, all_rows=all_rows,
             threads=current().kernel_threads,
         )
     # A new array from the host buffer (see _run_packed): the scratch is free again at once.

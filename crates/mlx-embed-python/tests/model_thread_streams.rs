@@ -7,9 +7,9 @@
 //! ends, so streams made per call show as threads. Its own binary, so no
 //! other test's threads come and go meanwhile.
 
-use std::path::PathBuf;
+mod common;
 
-use mlx_embed_core::{EmbedInput, EmbedOptions, Embedder, Output, Tokenize};
+use common::{embed, encode, fixture};
 use mlx_embed_python::{EngineOptions, PythonEmbedder, PythonModelOptions};
 
 fn threads() -> usize {
@@ -18,12 +18,8 @@ fn threads() -> usize {
 
 #[test]
 fn extra_streams_are_made_once_per_model_thread() {
-    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/tiny-modernbert")
-        .to_string_lossy()
-        .into_owned();
     let mut embedder = PythonEmbedder::load(&PythonModelOptions {
-        model: Some(model),
+        model: Some(fixture("tiny-modernbert")),
         engine: EngineOptions {
             pipeline: Some(true),
             streams: Some(3),
@@ -34,29 +30,16 @@ fn extra_streams_are_made_once_per_model_thread() {
         ..PythonModelOptions::default()
     })
     .expect("model loads");
-    let tokenizer = embedder.hf_tokenizer().clone();
-    let inputs: Vec<_> = [
-        "hello world",
-        "rivers meet the sea at the end of a long valley",
-        "a third text",
-        "the fourth one is a little longer than the others",
-    ]
-    .iter()
-    .map(|t| {
-        Tokenize::encode(
-            tokenizer.as_ref(),
-            &EmbedInput::Text((*t).into()),
-            &EmbedOptions::default(),
-        )
-        .unwrap()
-    })
-    .collect();
-    let mut call = || {
-        embedder
-            .embed_batch(&inputs, Output::Pooled)
-            .expect("embeds")
-            .vectors
-    };
+    let inputs = encode(
+        &embedder,
+        &[
+            "hello world",
+            "rivers meet the sea at the end of a long valley",
+            "a third text",
+            "the fourth one is a little longer than the others",
+        ],
+    );
+    let mut call = || embed(&mut embedder, &inputs);
     // The first calls make the streams (and MLX's own threads).
     let first = call();
     for _ in 0..3 {

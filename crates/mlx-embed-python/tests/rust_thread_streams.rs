@@ -10,22 +10,19 @@
 
 #![cfg(target_os = "linux")]
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::{Arc, Barrier};
 use std::time::Duration;
 
-use mlx_embed_core::{DeviceKind, EmbedInput, EmbedOptions, Embedder, Output, Tokenize};
+use common::{encode, fixture};
+use mlx_embed_core::{DeviceKind, Embedder};
 use mlx_embed_python::{EngineOptions, PythonEmbedder, PythonModelOptions};
 use pyo3::prelude::*;
 
 fn options(engine: EngineOptions) -> PythonModelOptions {
     PythonModelOptions {
-        model: Some(
-            PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-                .join("../../tests/fixtures/tiny-modernbert")
-                .to_string_lossy()
-                .into_owned(),
-        ),
+        model: Some(fixture("tiny-modernbert")),
         engine,
         ..PythonModelOptions::default()
     }
@@ -38,22 +35,8 @@ const TEXTS: [&str; 3] = [
 ];
 
 fn embed(embedder: &mut PythonEmbedder) -> Vec<f32> {
-    let tokenizer = embedder.hf_tokenizer().clone();
-    let inputs: Vec<_> = TEXTS
-        .iter()
-        .map(|t| {
-            Tokenize::encode(
-                tokenizer.as_ref(),
-                &EmbedInput::Text((*t).into()),
-                &EmbedOptions::default(),
-            )
-            .unwrap()
-        })
-        .collect();
-    embedder
-        .embed_batch(&inputs, Output::Pooled)
-        .expect("embeds")
-        .vectors
+    let inputs = encode(embedder, &TEXTS);
+    common::embed(embedder, &inputs)
 }
 
 fn load_and_embed() -> Vec<f32> {

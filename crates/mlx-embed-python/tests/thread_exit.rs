@@ -8,18 +8,10 @@
 //! interpreter's first thread, keeps MLX's own streams; the later ones
 //! borrow the engine's and give them back: `rust_thread_streams.rs`).
 
-use std::path::PathBuf;
+mod common;
 
-use mlx_embed_core::{EmbedInput, EmbedOptions, Embedder, Output};
+use common::{embed, encode, fixture};
 use mlx_embed_python::{PythonEmbedder, PythonModelOptions};
-
-fn fixture(name: &str) -> String {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures")
-        .join(name)
-        .to_string_lossy()
-        .into_owned()
-}
 
 /// Loads `model` (None: the default) and embeds two texts, on the calling thread.
 fn load_and_embed(model: Option<String>) -> Vec<f32> {
@@ -28,22 +20,8 @@ fn load_and_embed(model: Option<String>) -> Vec<f32> {
         ..PythonModelOptions::default()
     })
     .expect("model loads");
-    let tokenizer = embedder.hf_tokenizer().clone();
-    let inputs: Vec<_> = ["hello world", "rivers meet the sea"]
-        .iter()
-        .map(|t| {
-            mlx_embed_core::Tokenize::encode(
-                tokenizer.as_ref(),
-                &EmbedInput::Text((*t).into()),
-                &EmbedOptions::default(),
-            )
-            .unwrap()
-        })
-        .collect();
-    embedder
-        .embed_batch(&inputs, Output::Pooled)
-        .expect("embeds")
-        .vectors
+    let inputs = encode(&embedder, &["hello world", "rivers meet the sea"]);
+    embed(&mut embedder, &inputs)
 }
 
 #[test]

@@ -372,8 +372,12 @@ fn percent_decode(value: &str) -> Option<String> {
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'%' {
-            let hex = std::str::from_utf8(bytes.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
+            let hex = bytes.get(i + 1..i + 3)?;
+            // (`from_str_radix` alone would take a sign: "%+1".)
+            if !hex.iter().all(u8::is_ascii_hexdigit) {
+                return None;
+            }
+            out.push(u8::from_str_radix(std::str::from_utf8(hex).ok()?, 16).ok()?);
             i += 3;
         } else {
             out.push(bytes[i]);
@@ -769,7 +773,7 @@ mod tests {
     fn percent_decoding_takes_two_hex_digits() {
         assert_eq!(percent_decode("a%20b%3d%C3%A9").as_deref(), Some("a b=é"));
         assert_eq!(percent_decode("plain+text").as_deref(), Some("plain+text"));
-        for bad in ["%", "%2", "%g0", "%C3"] {
+        for bad in ["%", "%2", "%g0", "%+1", "%C3"] {
             assert_eq!(percent_decode(bad), None, "{bad}");
         }
     }

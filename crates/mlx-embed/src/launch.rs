@@ -81,6 +81,11 @@ pub struct TeiArgs {
     /// OTEL_EXPORTER_OTLP_PROTOCOL, else grpc].
     #[arg(long, value_name = "grpc|http/protobuf")]
     pub otlp_protocol: Option<String>,
+    /// Whether each export is gzipped (grpc-encoding or Content-Encoding gzip): gzip or none
+    /// [default: OTEL_EXPORTER_OTLP_TRACES_COMPRESSION, then OTEL_EXPORTER_OTLP_COMPRESSION,
+    /// else none].
+    #[arg(long, value_name = "gzip|none")]
+    pub otlp_compression: Option<String>,
     /// 0 is accepted (the first device, the one MLX uses); any other is refused: pick the GPU
     /// with CUDA_VISIBLE_DEVICES.
     #[arg(long)]
@@ -136,6 +141,7 @@ impl TeiArgs {
         let flags = crate::otlp::Flags {
             endpoint: self.otlp_endpoint.as_deref(),
             protocol: self.otlp_protocol.as_deref(),
+            compression: self.otlp_compression.as_deref(),
             service_name: self.otlp_service_name.as_deref(),
         };
         crate::otlp::Settings::resolve(flags, env, |path| std::fs::read(path))
@@ -599,6 +605,7 @@ where
         let given = [
             ("--otlp-service-name", cli.tei.otlp_service_name.is_some()),
             ("--otlp-protocol", cli.tei.otlp_protocol.is_some()),
+            ("--otlp-compression", cli.tei.otlp_compression.is_some()),
         ];
         for (flag, _) in given.iter().filter(|(_, given)| *given) {
             ignored.push(format!(
@@ -1421,13 +1428,52 @@ mod tests {
              an OTLP gRPC address (for OTLP over HTTP's /v1/traces, set --otlp-protocol \
              http/protobuf); give the collector's OTLP gRPC address, e.g. http://localhost:4317"
         );
-        // Mutual TLS is not here: refused, not left out silently.
+        // A client key without its certificate: refused, not left out silently.
         let client_key = [("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/etc/otel/client.key")];
         assert!(otlp_of(&["--otlp-endpoint", "https://c:4317"], &client_key)
             .unwrap_err()
             .starts_with(
-                "OTEL_EXPORTER_OTLP_CLIENT_KEY: client certificates (mutual TLS) are not supported"
+                "OTEL_EXPORTER_OTLP_CLIENT_KEY is set without OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"
             ));
+        // The generic variable is a base even when it ends in /v1/traces (the spec's rule).
+        let generic = [
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://c:4318/v1/traces"),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"),
+        ];
+        assert_eq!(
+            otlp_of(&[], &generic),
+            some("http://c:4318/v1/traces/v1/traces", HttpProtobuf, "mlx-embed")
+        );
+        // Compression and timeout: the flag, else the signal's variable, else the generic one.
+        let tuned = |args: &[&str], vars: &[(&str, &str)]| {
+            let argv = ["mlx-embed serve", "--otlp-endpoint", "http://c:4317"];
+            let argv = argv.iter().chain(args.iter()).copied();
+            let tei = ServeCli::try_parse_from(argv).expect("flags parse").tei;
+            let env = |name: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| (*v).to_owned())
+            };
+            tei.otlp(env).map(|s| {
+                let s = s.expect("an endpoint");
+                (s.gzip, s.timeout.as_millis())
+            })
+        };
+        assert_eq!(tuned(&[], &[]), Ok((false, 10_000)));
+        let vars = [
+            ("OTEL_EXPORTER_OTLP_COMPRESSION", "none"),
+            ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip"),
+            ("OTEL_EXPORTER_OTLP_TIMEOUT", "oops"),
+            ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "1500"),
+        ];
+        assert_eq!(tuned(&[], &vars), Ok((true, 1500)));
+        assert_eq!(
+            tuned(&["--otlp-compression", "none"], &vars),
+            Ok((false, 1500))
+        );
+        assert!(tuned(&["--otlp-compression", "br"], &[])
+            .unwrap_err()
+            .starts_with("--otlp-compression \"br\": not an OTLP compression"));
         for (protocol, why) in [
             ("http/json", "OTLP/HTTP with JSON is not supported"),
             ("thrift", "not an OTLP protocol"),

@@ -1,8 +1,11 @@
 //! `--otlp-endpoint` (TEI's flag): the server's spans exported over OTLP to
 //! a collector, as the OpenTelemetry exporter spec configures it: gRPC or
 //! HTTP/protobuf, TLS for an `https` endpoint (the system's roots, or the CA
-//! `OTEL_EXPORTER_OTLP_CERTIFICATE` names), `OTEL_EXPORTER_OTLP_HEADERS` on
-//! every export. The one place that knows OpenTelemetry: the server makes
+//! `OTEL_EXPORTER_OTLP_CERTIFICATE` names, with the client certificate of
+//! `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE`/`_CLIENT_KEY` for mutual TLS),
+//! `OTEL_EXPORTER_OTLP_HEADERS` on every export, gzip when
+//! `OTEL_EXPORTER_OTLP_COMPRESSION` asks, each export bounded by
+//! `OTEL_EXPORTER_OTLP_TIMEOUT`. The one place that knows OpenTelemetry: the server makes
 //! `request` spans (and says, through
 //! [`mlx_embed_server::middleware::export_spans`], that they are exported),
 //! the core its `tokenize`/`queue`/`inference` phase spans at debug level,
@@ -11,8 +14,8 @@
 //!
 //! The export never holds a request or the exit: spans go into the SDK's
 //! bounded queue (dropped when it is full) and a thread of its own sends
-//! them, with each send bounded by [`EXPORT_TIMEOUT`]; at exit what is left
-//! is flushed within [`FLUSH_AT_EXIT`].
+//! them, with each send bounded by the timeout ([`DEFAULT_TIMEOUT`] unless
+//! set); at exit what is left is flushed within that same timeout.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -24,7 +27,7 @@ use opentelemetry_otlp::{WithExportConfig as _, WithHttpConfig as _, WithTonicCo
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData};
 use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::CertificateDer;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 /// `service.name` without `--otlp-service-name`: this server's own name, not
@@ -32,12 +35,11 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 /// answered; a TEI command line that names one keeps it.
 pub const DEFAULT_SERVICE_NAME: &str = "mlx-embed";
 
-/// The most one export (one batch, with the exporter's retries) may take.
-const EXPORT_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// The most the exit waits for the spans still queued to go out: an
-/// unreachable collector delays a stop by this much at most.
-pub const FLUSH_AT_EXIT: Duration = Duration::from_secs(4);
+/// The most one export (one batch, with the exporter's retries) may take
+/// without `OTEL_EXPORTER_OTLP_TIMEOUT`: the spec's 10 s. The exit waits as
+/// long at most for the spans still queued, so an unreachable collector
+/// delays a stop by this much at most.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The most the start's reachability check waits for the collector.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -96,8 +98,32 @@ pub struct Settings {
     /// The PEM CA certificates an `https` collector's certificate must chain
     /// to, in place of the system's roots; `None`: the system's roots.
     pub ca: Option<Vec<u8>>,
+    /// The client certificate and key shown to an `https` collector that
+    /// asks for one (mutual TLS); `None`: none.
+    pub client: Option<ClientIdentity>,
+    /// Whether each export's body is gzipped (`grpc-encoding: gzip`,
+    /// `Content-Encoding: gzip`).
+    pub gzip: bool,
+    /// The most one export may take; the most the exit waits for the rest.
+    pub timeout: Duration,
     /// The resource's `service.name`.
     pub service_name: String,
+}
+
+/// A client certificate chain and its private key, both PEM, checked to
+/// match; `Debug` prints neither.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClientIdentity {
+    /// The PEM certificate chain, the client's own certificate first.
+    pub cert: Vec<u8>,
+    /// The PEM private key of the first certificate.
+    key: Vec<u8>,
+}
+
+impl std::fmt::Debug for ClientIdentity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientIdentity").finish_non_exhaustive()
+    }
 }
 
 /// The flags that configure the export (each `None` when not given); the
@@ -109,6 +135,8 @@ pub struct Flags<'a> {
     pub endpoint: Option<&'a str>,
     /// `--otlp-protocol`.
     pub protocol: Option<&'a str>,
+    /// `--otlp-compression`.
+    pub compression: Option<&'a str>,
     /// `--otlp-service-name`.
     pub service_name: Option<&'a str>,
 }
@@ -135,9 +163,9 @@ impl Settings {
         env: impl Fn(&str) -> Option<String>,
         read: impl Fn(&str) -> std::io::Result<Vec<u8>>,
     ) -> Result<Option<Self>, String> {
-        // (source, URL, whether it is a base URL OTLP/HTTP adds /v1/traces to)
+        // (source, URL, what OTLP/HTTP makes of its path)
         let endpoint = match flags.endpoint.filter(|e| !e.trim().is_empty()) {
-            Some(endpoint) => ("--otlp-endpoint", endpoint.trim().to_owned(), true),
+            Some(endpoint) => ("--otlp-endpoint", endpoint.trim().to_owned(), Path::Flag),
             None => match first_set(
                 &env,
                 &[
@@ -148,7 +176,11 @@ impl Settings {
                 Some((name, endpoint)) => (
                     name,
                     endpoint.trim().to_owned(),
-                    name == "OTEL_EXPORTER_OTLP_ENDPOINT",
+                    if name == "OTEL_EXPORTER_OTLP_ENDPOINT" {
+                        Path::Base
+                    } else {
+                        Path::AsIs
+                    },
                 ),
                 None => return Ok(None),
             },
@@ -166,8 +198,8 @@ impl Settings {
                 None => Protocol::Grpc,
             },
         };
-        let (source, url, base) = endpoint;
-        let endpoint = check_endpoint(&url, source, protocol, base)?;
+        let (source, url, path) = endpoint;
+        let endpoint = check_endpoint(&url, source, protocol, path)?;
         let headers = match first_set(
             &env,
             &[
@@ -175,21 +207,42 @@ impl Settings {
                 "OTEL_EXPORTER_OTLP_HEADERS",
             ],
         ) {
-            Some((name, list)) => parse_headers(&list).map_err(|why| format!("{name}: {why}"))?,
+            Some((name, list)) => {
+                let headers = parse_headers(&list).map_err(|why| format!("{name}: {why}"))?;
+                if protocol == Protocol::Grpc {
+                    check_binary_metadata(&headers).map_err(|why| format!("{name}: {why}"))?;
+                }
+                headers
+            }
             None => Vec::new(),
         };
-        for name in [
-            "OTEL_EXPORTER_OTLP_CLIENT_KEY",
-            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
-            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
-            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
-        ] {
-            if env(name).is_some_and(|v| !v.trim().is_empty()) {
-                return Err(format!(
-                    "{name}: client certificates (mutual TLS) are not supported; authenticate \
-                     with OTEL_EXPORTER_OTLP_HEADERS, or export to a collector beside the server"
-                ));
-            }
+        let gzip = match flags.compression {
+            Some(value) => parse_compression(value, "--otlp-compression")?,
+            None => match first_set(
+                &env,
+                &[
+                    "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+                    "OTEL_EXPORTER_OTLP_COMPRESSION",
+                ],
+            ) {
+                Some((name, value)) => parse_compression(&value, name)?,
+                None => false,
+            },
+        };
+        let timeout = match first_set(
+            &env,
+            &["OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"],
+        ) {
+            Some((name, value)) => parse_timeout(&value, name)?,
+            None => DEFAULT_TIMEOUT,
+        };
+        let client = client_identity(&env, &read)?;
+        if client.is_some() && !endpoint.starts_with("https://") {
+            return Err(format!(
+                "{source} {endpoint}: a client certificate (OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE) \
+                 is shown over TLS only; give an https endpoint, or leave the client certificate \
+                 and key unset"
+            ));
         }
         let ca = match first_set(
             &env,
@@ -212,6 +265,9 @@ impl Settings {
             protocol,
             headers,
             ca,
+            client,
+            gzip,
+            timeout,
             service_name,
         }))
     }
@@ -231,27 +287,47 @@ impl Settings {
             (true, None) => " with TLS (the system's CA certificates)",
             (true, Some(_)) => " with TLS (the CA certificates of the given file)",
         };
+        let client = match self.client {
+            Some(_) => " and a client certificate",
+            None => "",
+        };
         let headers = match self.headers.len() {
             0 => String::new(),
             n => format!(", {n} header(s) on each export"),
         };
+        let gzip = if self.gzip { ", gzipped" } else { "" };
         format!(
-            "{} over {how}{tls} as {}{headers}",
-            self.endpoint, self.service_name
+            "{} over {how}{tls}{client} as {}{headers}{gzip}, {} ms at most per export",
+            self.endpoint,
+            self.service_name,
+            self.timeout.as_millis()
         )
     }
 }
 
+/// What OTLP/HTTP makes of an endpoint's path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Path {
+    /// `OTEL_EXPORTER_OTLP_ENDPOINT`: a base, to which `/v1/traces` is
+    /// always added, as the spec says (`.../v1/traces` becomes
+    /// `.../v1/traces/v1/traces`).
+    Base,
+    /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`: the full URL, used as is.
+    AsIs,
+    /// `--otlp-endpoint` (TEI's flag, a gRPC address there): a base, to
+    /// which `/v1/traces` is added unless its path ends so already, so that
+    /// both the base and the full URL work.
+    Flag,
+}
+
 /// `url` checked as the collector `source` names for `protocol`, as spans
 /// will be sent to it: `http(s)://host[:port]` for gRPC (gRPC calls its own
-/// path); for OTLP/HTTP, `base` (`--otlp-endpoint`,
-/// `OTEL_EXPORTER_OTLP_ENDPOINT`) gets `/v1/traces` added to its path
-/// (unless it ends so already), a `TRACES_` endpoint is used as is.
+/// path); for OTLP/HTTP, the full URL `path` says.
 pub fn check_endpoint(
     url: &str,
     source: &str,
     protocol: Protocol,
-    base: bool,
+    path: Path,
 ) -> Result<String, String> {
     let url = url.trim();
     let example = match protocol {
@@ -289,7 +365,9 @@ pub fn check_endpoint(
             Ok(url.to_owned())
         }
         Protocol::HttpProtobuf
-            if base && !uri.path().trim_end_matches('/').ends_with(TRACES_PATH) =>
+            if path == Path::Base
+                || (path == Path::Flag
+                    && !uri.path().trim_end_matches('/').ends_with(TRACES_PATH)) =>
         {
             if uri.query().is_some() {
                 return bad("a base endpoint with a query cannot take /v1/traces");
@@ -301,10 +379,9 @@ pub fn check_endpoint(
 }
 
 /// The standard variables set in `env` that the export does not apply, each
-/// as the start says it. The SDK would read them behind the settings' back:
-/// the timeout is overridden by [`EXPORT_TIMEOUT`] (the exit's bound rests on
-/// it), a compression it was not built with is dropped silently, and
-/// `INSECURE` only concerns an endpoint without a scheme, which is refused.
+/// as the start says it: `INSECURE`, which the spec applies to a gRPC
+/// endpoint without a scheme only, and such an endpoint is refused (the spec
+/// has every exporter take `http://`/`https://`, whose scheme wins over it).
 pub fn unapplied(env: impl Fn(&str) -> Option<String>) -> Vec<String> {
     let mut said = Vec::new();
     for signal in ["OTEL_EXPORTER_OTLP_TRACES_", "OTEL_EXPORTER_OTLP_"] {
@@ -315,19 +392,6 @@ pub fn unapplied(env: impl Fn(&str) -> Option<String>) -> Vec<String> {
                 .filter(|v| !v.is_empty())
                 .map(|v| (name, v))
         };
-        if let Some((name, value)) = var("TIMEOUT") {
-            said.push(format!(
-                "{name} {value} is ignored: each export is given {}s at most, the last ones at \
-                 exit {}s",
-                EXPORT_TIMEOUT.as_secs(),
-                FLUSH_AT_EXIT.as_secs()
-            ));
-        }
-        if let Some((name, value)) = var("COMPRESSION").filter(|(_, v)| v != "none") {
-            said.push(format!(
-                "{name} {value} is ignored: spans are sent uncompressed"
-            ));
-        }
         if let Some((name, value)) = var("INSECURE") {
             said.push(format!(
                 "{name} {value} is ignored: the endpoint's scheme says whether TLS is used \
@@ -362,6 +426,132 @@ pub fn parse_headers(list: &str) -> Result<Vec<(http::HeaderName, http::HeaderVa
         headers.push((name, value));
     }
     Ok(headers)
+}
+
+/// Whether the compression `value` (from `source`) asks for gzip: `gzip` or
+/// `none`, the two the spec names; any other is an error, not a silent
+/// `none`.
+pub fn parse_compression(value: &str, source: &str) -> Result<bool, String> {
+    match value.trim().to_ascii_lowercase().as_str() {
+        "gzip" => Ok(true),
+        "none" => Ok(false),
+        _ => Err(format!(
+            "{source} {:?}: not an OTLP compression; give gzip or none",
+            value.trim()
+        )),
+    }
+}
+
+/// The export timeout `value` (from `source`) gives: a whole number of
+/// milliseconds, as the spec writes it, above 0.
+pub fn parse_timeout(value: &str, source: &str) -> Result<Duration, String> {
+    match value.trim().parse::<u64>() {
+        Ok(0) => Err(format!(
+            "{source} 0: an export given no time never succeeds; give the most one export \
+             may take, in milliseconds (the spec's default is 10000)"
+        )),
+        Ok(ms) => Ok(Duration::from_millis(ms)),
+        Err(_) => Err(format!(
+            "{source} {:?}: not a whole number of milliseconds; give e.g. 10000 (the spec's \
+             default)",
+            value.trim()
+        )),
+    }
+}
+
+/// gRPC sends a `-bin` metadata value base64-encoded, and tonic sends the
+/// value given as that encoding: one that is not base64 would reach the
+/// collector as bytes it cannot decode (an export it refuses), so it is
+/// refused here, by the header's name (its value may be a credential).
+fn check_binary_metadata(headers: &[(http::HeaderName, http::HeaderValue)]) -> Result<(), String> {
+    use base64::Engine as _;
+    // The gRPC spec has receivers accept base64 with or without padding.
+    const BASE64: base64::engine::GeneralPurpose = base64::engine::GeneralPurpose::new(
+        &base64::alphabet::STANDARD,
+        base64::engine::GeneralPurposeConfig::new()
+            .with_decode_padding_mode(base64::engine::DecodePaddingMode::Indifferent),
+    );
+    for (name, value) in headers {
+        if name.as_str().ends_with("-bin") && BASE64.decode(value.as_bytes()).is_err() {
+            return Err(format!(
+                "the value of {name} is not base64: gRPC metadata whose key ends in -bin is \
+                 binary, sent base64-encoded; give the bytes base64-encoded, or a key without -bin"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The client certificate and key (mutual TLS) the standard variables in
+/// `env` name, read with `read` and checked: both or neither, each a PEM
+/// file of its kind, the key the certificate's. Errors name the variable
+/// and the file, never what the key holds.
+fn client_identity(
+    env: &impl Fn(&str) -> Option<String>,
+    read: &impl Fn(&str) -> std::io::Result<Vec<u8>>,
+) -> Result<Option<ClientIdentity>, String> {
+    let cert = first_set(
+        env,
+        &[
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+        ],
+    );
+    let key = first_set(
+        env,
+        &[
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+        ],
+    );
+    let ((cert_var, cert_path), (key_var, key_path)) = match (cert, key) {
+        (None, None) => return Ok(None),
+        (Some(cert), Some(key)) => (cert, key),
+        (Some((name, _)), None) => {
+            return Err(format!(
+                "{name} is set without OTEL_EXPORTER_OTLP_CLIENT_KEY (or \
+                 OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY): mutual TLS takes the client certificate \
+                 and its private key; set both or neither"
+            ))
+        }
+        (None, Some((name, _))) => {
+            return Err(format!(
+                "{name} is set without OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE (or \
+                 OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE): mutual TLS takes the client \
+                 certificate and its private key; set both or neither"
+            ))
+        }
+    };
+    let (cert_path, key_path) = (cert_path.trim(), key_path.trim());
+    let cert = read(cert_path)
+        .map_err(|err| format!("{cert_var} {cert_path}: cannot be read: {err}"))?;
+    let key =
+        read(key_path).map_err(|err| format!("{key_var} {key_path}: cannot be read: {err}"))?;
+    let chain = CertificateDer::pem_slice_iter(&cert)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|err| format!("{cert_var} {cert_path}: not a PEM certificate file: {err}"))?;
+    if chain.is_empty() {
+        return Err(format!(
+            "{cert_var} {cert_path}: no certificate in it (a PEM file, \
+             -----BEGIN CERTIFICATE-----)"
+        ));
+    }
+    // The key's parse error may quote a line of the file: not said.
+    let der = PrivateKeyDer::from_pem_slice(&key).map_err(|_| {
+        format!(
+            "{key_var} {key_path}: no private key in it (a PEM file, -----BEGIN PRIVATE KEY-----, \
+             RSA or EC)"
+        )
+    })?;
+    rustls::sign::CertifiedKey::from_der(chain, der, &rustls::crypto::ring::default_provider())
+        .map_err(|err| match err {
+            rustls::Error::InconsistentKeys(_) => format!(
+                "{key_var} {key_path}: the key is not the one of the certificate in \
+                 {cert_var} {cert_path}"
+            ),
+            _ => format!("{key_var} {key_path}: the key cannot sign for TLS (RSA, ECDSA or Ed25519)"),
+        })?;
+    Ok(Some(ClientIdentity { cert, key }))
 }
 
 /// `value` with each `%XX` replaced by its byte; `None` for a `%` not
@@ -424,6 +614,8 @@ pub struct Export {
     /// is made later and ends before the final flush, and a second `serve`
     /// in one Python process keeps the first's subscriber.
     runtime: tokio::runtime::Runtime,
+    /// The export's timeout, which bounds the flush at exit too.
+    timeout: Duration,
 }
 
 /// The tracer the subscriber's OpenTelemetry layer writes to, and the
@@ -451,27 +643,37 @@ pub fn start(settings: &Settings) -> Result<(Export, opentelemetry_sdk::trace::T
                 let mut builder = opentelemetry_otlp::SpanExporter::builder()
                     .with_tonic()
                     .with_endpoint(endpoint)
-                    .with_timeout(EXPORT_TIMEOUT)
+                    .with_timeout(settings.timeout)
                     .with_metadata(MetadataMap::from_headers(metadata));
+                if settings.gzip {
+                    builder = builder.with_compression(opentelemetry_otlp::Compression::Gzip);
+                }
                 if settings.tls() {
                     // tonic's own TLS default trusts no root at all.
                     let tls = transport::ClientTlsConfig::new();
-                    let tls = match &settings.ca {
+                    let mut tls = match &settings.ca {
                         Some(pem) => tls.ca_certificate(transport::Certificate::from_pem(pem)),
                         None => tls.with_native_roots(),
                     };
+                    if let Some(client) = &settings.client {
+                        tls = tls.identity(transport::Identity::from_pem(&client.cert, &client.key));
+                    }
                     builder = builder.with_tls_config(tls);
                 }
                 builder.build().map_err(|err| failed(&err))?
             }
-            Protocol::HttpProtobuf => opentelemetry_otlp::SpanExporter::builder()
-                .with_http()
-                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
-                .with_endpoint(endpoint)
-                .with_timeout(EXPORT_TIMEOUT)
-                .with_http_client(HttpsClient::new(settings, runtime.handle().clone())?)
-                .build()
-                .map_err(|err| failed(&err))?,
+            Protocol::HttpProtobuf => {
+                let mut builder = opentelemetry_otlp::SpanExporter::builder()
+                    .with_http()
+                    .with_protocol(opentelemetry_otlp::Protocol::HttpBinary)
+                    .with_endpoint(endpoint)
+                    .with_timeout(settings.timeout)
+                    .with_http_client(HttpsClient::new(settings, runtime.handle().clone())?);
+                if settings.gzip {
+                    builder = builder.with_compression(opentelemetry_otlp::Compression::Gzip);
+                }
+                builder.build().map_err(|err| failed(&err))?
+            }
         }
     };
     let provider = SdkTracerProvider::builder()
@@ -487,7 +689,15 @@ pub fn start(settings: &Settings) -> Result<(Export, opentelemetry_sdk::trace::T
         )
         .build();
     let tracer = provider.tracer("mlx-embed");
-    Ok((Export { provider, runtime }, tracer))
+    let timeout = settings.timeout;
+    Ok((
+        Export {
+            provider,
+            runtime,
+            timeout,
+        },
+        tracer,
+    ))
 }
 
 /// OTLP/HTTP's client: hyper's, over rustls for `https`, putting the
@@ -533,15 +743,26 @@ impl HttpsClient {
         ))
         .with_safe_default_protocol_versions()
         .map_err(|err| format!("OTLP export's TLS: {err}"))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        .with_root_certificates(roots);
+        let tls = match &settings.client {
+            Some(client) => {
+                let chain = CertificateDer::pem_slice_iter(&client.cert)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|err| format!("the OTLP client certificate: {err}"))?;
+                let key = PrivateKeyDer::from_pem_slice(&client.key)
+                    .map_err(|_| "the OTLP client key: not a PEM private key".to_owned())?;
+                tls.with_client_auth_cert(chain, key)
+                    .map_err(|err| format!("the OTLP client certificate: {err}"))?
+            }
+            None => tls.with_no_client_auth(),
+        };
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http()
             .enable_http1()
             .build();
         Ok(Self {
-            inner: opentelemetry_http::hyper::HyperClient::new(connector, EXPORT_TIMEOUT, None),
+            inner: opentelemetry_http::hyper::HyperClient::new(connector, settings.timeout, None),
             headers: settings.headers.clone(),
             runtime,
         })
@@ -577,9 +798,9 @@ impl Export {
         self.runtime.spawn(probe(endpoint.to_owned()));
     }
 
-    /// Sends the spans still queued, waiting [`FLUSH_AT_EXIT`] at most.
+    /// Sends the spans still queued, waiting the export's timeout at most.
     pub fn finish(self) {
-        if let Err(err) = self.provider.shutdown_with_timeout(FLUSH_AT_EXIT) {
+        if let Err(err) = self.provider.shutdown_with_timeout(self.timeout) {
             tracing::warn!("OTLP export: the last spans were not all sent: {err}");
         }
         self.runtime.shutdown_timeout(Duration::from_millis(200));
@@ -680,7 +901,7 @@ mod tests {
 
     #[test]
     fn endpoints_are_http_or_https_addresses() {
-        let grpc = |url: &str| check_endpoint(url, "--otlp-endpoint", Protocol::Grpc, true);
+        let grpc = |url: &str| check_endpoint(url, "--otlp-endpoint", Protocol::Grpc, Path::Flag);
         assert_eq!(
             grpc("http://127.0.0.1:4317").unwrap(),
             "http://127.0.0.1:4317"
@@ -716,30 +937,42 @@ mod tests {
             ) && !err.contains("s3cret"),
             "{err}"
         );
-        let http = |url: &str, base| {
+        let http = |url: &str, path| {
             check_endpoint(
                 url,
                 "OTEL_EXPORTER_OTLP_ENDPOINT",
                 Protocol::HttpProtobuf,
-                base,
+                path,
             )
         };
+        for path in [Path::Base, Path::Flag] {
+            assert_eq!(
+                http("http://c:4318", path).unwrap(),
+                "http://c:4318/v1/traces"
+            );
+            assert_eq!(
+                http("http://c:4318/", path).unwrap(),
+                "http://c:4318/v1/traces"
+            );
+            assert_eq!(
+                http("https://c/otlp", path).unwrap(),
+                "https://c/otlp/v1/traces"
+            );
+            assert!(http("http://c:4318/?a=1", path)
+                .unwrap_err()
+                .contains("a base endpoint with a query cannot take /v1/traces"));
+        }
+        // The generic variable is a base whatever its path (the spec's rule);
+        // the flag takes the full URL too; the signal's variable is as is.
         assert_eq!(
-            http("http://c:4318", true).unwrap(),
-            "http://c:4318/v1/traces"
+            http("http://c:4318/v1/traces", Path::Base).unwrap(),
+            "http://c:4318/v1/traces/v1/traces"
         );
         assert_eq!(
-            http("http://c:4318/", true).unwrap(),
-            "http://c:4318/v1/traces"
+            http("http://c:4318/v1/traces/", Path::Flag).unwrap(),
+            "http://c:4318/v1/traces/"
         );
-        assert_eq!(
-            http("https://c/otlp", true).unwrap(),
-            "https://c/otlp/v1/traces"
-        );
-        assert_eq!(http("https://c/otlp", false).unwrap(), "https://c/otlp");
-        assert!(http("http://c:4318/?a=1", true)
-            .unwrap_err()
-            .contains("a base endpoint with a query cannot take /v1/traces"));
+        assert_eq!(http("https://c/otlp", Path::AsIs).unwrap(), "https://c/otlp");
     }
 
     #[test]
@@ -747,7 +980,6 @@ mod tests {
         let vars = [
             ("OTEL_EXPORTER_OTLP_TIMEOUT", "10000"),
             ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip"),
-            ("OTEL_EXPORTER_OTLP_COMPRESSION", "none"),
             ("OTEL_EXPORTER_OTLP_INSECURE", "true"),
         ];
         let env = |name: &str| {
@@ -758,15 +990,103 @@ mod tests {
         assert_eq!(
             unapplied(env),
             [
-                "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION gzip is ignored: spans are sent \
-                 uncompressed",
-                "OTEL_EXPORTER_OTLP_TIMEOUT 10000 is ignored: each export is given 3s at most, \
-                 the last ones at exit 4s",
                 "OTEL_EXPORTER_OTLP_INSECURE true is ignored: the endpoint's scheme says whether \
                  TLS is used (https) or not (http)",
             ]
         );
         assert!(unapplied(|_| None).is_empty());
+    }
+
+    #[test]
+    fn compression_is_gzip_or_none() {
+        assert_eq!(parse_compression("gzip", "X"), Ok(true));
+        assert_eq!(parse_compression(" GZIP ", "X"), Ok(true));
+        assert_eq!(parse_compression("none", "X"), Ok(false));
+        for bad in ["zstd", "deflate", "true", ""] {
+            assert_eq!(
+                parse_compression(bad, "OTEL_EXPORTER_OTLP_COMPRESSION"),
+                Err(format!(
+                    "OTEL_EXPORTER_OTLP_COMPRESSION {bad:?}: not an OTLP compression; give gzip \
+                     or none"
+                ))
+            );
+        }
+    }
+
+    #[test]
+    fn the_timeout_is_whole_milliseconds_above_zero() {
+        assert_eq!(parse_timeout("10000", "X"), Ok(Duration::from_secs(10)));
+        assert_eq!(parse_timeout(" 250 ", "X"), Ok(Duration::from_millis(250)));
+        for bad in ["10s", "1.5", "-1", "ten"] {
+            let err = parse_timeout(bad, "OTEL_EXPORTER_OTLP_TIMEOUT").unwrap_err();
+            assert!(
+                err.starts_with(&format!(
+                    "OTEL_EXPORTER_OTLP_TIMEOUT {bad:?}: not a whole number of milliseconds"
+                )),
+                "{err}"
+            );
+        }
+        assert!(parse_timeout("0", "X")
+            .unwrap_err()
+            .starts_with("X 0: an export given no time never succeeds"));
+    }
+
+    #[test]
+    fn binary_grpc_metadata_must_be_base64() {
+        let headers = parse_headers("x-token-bin=aGVsbG8=,x-raw-bin=aGVsbG8,plain=a b").unwrap();
+        assert_eq!(check_binary_metadata(&headers), Ok(()));
+        let headers = parse_headers("x-token-bin=s3cret value!").unwrap();
+        let err = check_binary_metadata(&headers).unwrap_err();
+        assert!(
+            err.starts_with("the value of x-token-bin is not base64") && !err.contains("s3cret"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_client_certificate_takes_its_key() {
+        let read = |path: &str| -> std::io::Result<Vec<u8>> {
+            Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                format!("no {path}"),
+            ))
+        };
+        let only = |name: &'static str| {
+            move |n: &str| (n == name).then(|| "/etc/otel/x.pem".to_owned())
+        };
+        let err = client_identity(&only("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"), &read)
+            .unwrap_err();
+        assert!(
+            err.starts_with(
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE is set without OTEL_EXPORTER_OTLP_CLIENT_KEY"
+            ),
+            "{err}"
+        );
+        let err =
+            client_identity(&only("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY"), &read).unwrap_err();
+        assert!(
+            err.starts_with(
+                "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY is set without \
+                 OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"
+            ),
+            "{err}"
+        );
+        let both = |n: &str| match n {
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE" => Some("/c.pem".to_owned()),
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY" => Some("/k.pem".to_owned()),
+            _ => None,
+        };
+        assert_eq!(
+            client_identity(&both, &read).unwrap_err(),
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE /c.pem: cannot be read: no /c.pem"
+        );
+        let not_pem = |_: &str| Ok(b"hello".to_vec());
+        assert_eq!(
+            client_identity(&both, &not_pem).unwrap_err(),
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE /c.pem: no certificate in it (a PEM \
+             file, -----BEGIN CERTIFICATE-----)"
+        );
+        assert_eq!(client_identity(&|_: &str| None, &read), Ok(None));
     }
 
     #[test]

@@ -1,7 +1,7 @@
-"""`--otlp-endpoint` / `--otlp-service-name` (TEI's flags), `--otlp-protocol` and the standard
-OTEL_EXPORTER_OTLP_* variables against real OTLP receivers on loopback: gRPC (plain and TLS)
-and OTLP/HTTP (plain and TLS), with the CA and server certificates made per test by the
-`openssl` command.
+"""`--otlp-endpoint` / `--otlp-service-name` (TEI's flags), `--otlp-protocol`,
+`--otlp-compression` and the standard OTEL_EXPORTER_OTLP_* variables against real OTLP receivers
+on loopback: gRPC (plain, gzip, TLS, mutual TLS) and OTLP/HTTP (plain, gzip, TLS, mutual TLS),
+with the CA, server and client certificates made per test by the `openssl` command.
 
 The gRPC receiver is a grpcio server implementing
 `opentelemetry.proto.collector.trace.v1.TraceService/Export`; its messages are
@@ -13,6 +13,7 @@ rest), so no opentelemetry-proto package (which pins an older protobuf) is neede
 
 from __future__ import annotations
 
+import gzip
 import os
 import socket
 import ssl
@@ -20,6 +21,7 @@ import subprocess
 import threading
 import time
 from concurrent import futures
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -283,9 +285,9 @@ def test_grpc_calls_are_spans_shaped_as_http_requests(receiver, tei_stubs, tmp_p
     assert not [s for s in spans if s.parent_span_id == bad.span_id]
 
 
-def serves_and_exits_promptly(server) -> None:
-    """Five requests each answered within 5 s, then an exit 0 within 10 s: the flush at exit
-    gives up after 4 s (otlp.rs FLUSH_AT_EXIT), plus the drain's own time."""
+def serves_and_exits_promptly(server, timeout_s: float) -> None:
+    """Five requests each answered within 5 s, then an exit 0 within the export's timeout
+    `timeout_s` (the flush at exit gives up then) plus 4 s for the drain's own time."""
     for i in range(5):
         t = time.monotonic()
         r = server.post("/embed", {"inputs": f"text {i}"})
@@ -295,13 +297,15 @@ def serves_and_exits_promptly(server) -> None:
     started = time.monotonic()
     assert server.stop(timeout=WAIT_S) == 0, server.log()[-3000:]
     took = time.monotonic() - started
-    assert took < 10, took
+    assert took < timeout_s + 4, took
 
 
 def test_an_unreachable_collector_is_a_warning_and_the_server_serves_on(tmp_path):
     port = free_port()  # nothing listens there
-    server = start_server(tmp_path, "--otlp-endpoint", f"http://127.0.0.1:{port}")
-    serves_and_exits_promptly(server)
+    server = start_server(
+        tmp_path, "--otlp-endpoint", f"http://127.0.0.1:{port}", env={"OTEL_EXPORTER_OTLP_TIMEOUT": "2000"}
+    )
+    serves_and_exits_promptly(server, timeout_s=2)
     log = server.log()
     assert f"OTLP export: the collector at http://127.0.0.1:{port} cannot be reached" in log, log[-3000:]
 
@@ -350,6 +354,54 @@ def test_an_unreachable_collector_is_a_warning_and_the_server_serves_on(tmp_path
             {"OTEL_EXPORTER_OTLP_CERTIFICATE": "/etc/hostname"},
             "OTEL_EXPORTER_OTLP_CERTIFICATE /etc/hostname: no certificate in it",
         ),
+        (
+            ["--otlp-endpoint", "http://c:4317"],
+            {"OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"},
+            'OTEL_EXPORTER_OTLP_COMPRESSION "zstd": not an OTLP compression; give gzip or none',
+        ),
+        (
+            ["--otlp-endpoint", "http://c:4317"],
+            {"OTEL_EXPORTER_OTLP_COMPRESSION": "none", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "br"},
+            'OTEL_EXPORTER_OTLP_TRACES_COMPRESSION "br": not an OTLP compression',
+        ),
+        (
+            ["--otlp-endpoint", "http://c:4317", "--otlp-compression", "deflate"],
+            {},
+            '--otlp-compression "deflate": not an OTLP compression',
+        ),
+        (
+            ["--otlp-endpoint", "http://c:4317"],
+            {"OTEL_EXPORTER_OTLP_TIMEOUT": "10s"},
+            'OTEL_EXPORTER_OTLP_TIMEOUT "10s": not a whole number of milliseconds',
+        ),
+        (
+            ["--otlp-endpoint", "http://c:4317"],
+            {"OTEL_EXPORTER_OTLP_TRACES_TIMEOUT": "0"},
+            "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT 0: an export given no time never succeeds",
+        ),
+        (
+            ["--otlp-endpoint", "http://c:4317"],
+            {"OTEL_EXPORTER_OTLP_HEADERS": "x-token-bin=s3cret!"},
+            "OTEL_EXPORTER_OTLP_HEADERS: the value of x-token-bin is not base64",
+        ),
+        (
+            ["--otlp-endpoint", "https://c:4317"],
+            {"OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": "/etc/otel/client.pem"},
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE is set without OTEL_EXPORTER_OTLP_CLIENT_KEY",
+        ),
+        (
+            ["--otlp-endpoint", "https://c:4317"],
+            {"OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY": "/etc/otel/client.key"},
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY is set without OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+        ),
+        (
+            ["--otlp-endpoint", "https://c:4317"],
+            {
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": "/nonexistent/client.pem",
+                "OTEL_EXPORTER_OTLP_CLIENT_KEY": "/nonexistent/client.key",
+            },
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE /nonexistent/client.pem: cannot be read: ",
+        ),
     ],
 )
 def test_bad_export_settings_are_refused_at_start(args, env, said):
@@ -369,8 +421,8 @@ def test_bad_export_settings_are_refused_at_start(args, env, said):
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
 def test_a_collector_that_never_answers_holds_neither_requests_nor_the_exit(tmp_path, protocol):
     """A collector that takes the connection and says nothing (a hung proxy, a full receiver):
-    requests answer at once, the exit comes within the flush's 4 s, the failure is said; the
-    variables the export does not apply are said at start."""
+    requests answer at once, the exit comes within OTEL_EXPORTER_OTLP_TIMEOUT's 1.5 s (plus the
+    drain's own time), the failure is said."""
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
     silent.listen(64)  # never accepted: the kernel completes the handshakes, nothing answers
@@ -382,14 +434,14 @@ def test_a_collector_that_never_answers_holds_neither_requests_nor_the_exit(tmp_
             endpoint,
             "--otlp-protocol",
             protocol,
-            env={"OTEL_EXPORTER_OTLP_COMPRESSION": "gzip", "OTEL_EXPORTER_OTLP_TIMEOUT": "60000"},
+            env={"OTEL_EXPORTER_OTLP_COMPRESSION": "gzip", "OTEL_EXPORTER_OTLP_TIMEOUT": "1500"},
         )
-        serves_and_exits_promptly(server)
+        serves_and_exits_promptly(server, timeout_s=1.5)
     finally:
         silent.close()
     log = server.log()
-    assert "OTEL_EXPORTER_OTLP_COMPRESSION gzip is ignored: spans are sent uncompressed" in log, log[-3000:]
-    assert "OTEL_EXPORTER_OTLP_TIMEOUT 60000 is ignored" in log, log[-3000:]
+    assert f"exporting spans to {endpoint}" in log and "gzipped, 1500 ms at most per export" in log, log[-3000:]
+    assert "is ignored" not in log, log[-3000:]
     assert (
         f"OTLP export to {endpoint}" in log and "failed" in log
     ) or "OTLP export: the last spans were not all sent" in log, log[-3000:]
@@ -441,7 +493,20 @@ def certs(tmp_path_factory) -> dict[str, Path]:
         "-extfile",
         "san.ext",
     )
-    return {name: out / f"{name}.pem" for name in ("ca", "other-ca", "server")} | {"key": out / "server.key"}
+    # A client certificate the same CA signed, for mutual TLS.
+    (out / "client.ext").write_text("extendedKeyUsage=clientAuth\n")
+    openssl(
+        "req", "-newkey", "rsa:2048", "-nodes", "-keyout", "client.key", "-out", "client.csr", "-subj", "/CN=embedder"
+    )
+    openssl(
+        "x509", "-req", "-in", "client.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+        "-out", "client.pem", "-days", "2", "-extfile", "client.ext",
+    )  # fmt: skip
+    return {name: out / f"{name}.pem" for name in ("ca", "other-ca", "server", "client")} | {
+        "key": out / "server.key",
+        "client-key": out / "client.key",
+        "other-key": out / "other-ca.key",
+    }
 
 
 def embed_span(spans, inputs: int):
@@ -521,7 +586,7 @@ class HttpReceiver:
     """An OTLP/HTTP trace receiver on loopback (over TLS with `certs`): each POST's path,
     headers and decoded ExportTraceServiceRequest."""
 
-    def __init__(self, pb, certs: dict[str, Path] | None = None):
+    def __init__(self, pb, certs: dict[str, Path] | None = None, client_auth: bool = False):
         self.posts: list[tuple[str, dict, object]] = []
         self.lock = threading.Lock()
         receiver = self
@@ -530,6 +595,8 @@ class HttpReceiver:
             def do_POST(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 headers = {k.lower(): v for k, v in self.headers.items()}
+                if headers.get("content-encoding") == "gzip":
+                    body = gzip.decompress(body)
                 with receiver.lock:
                     receiver.posts.append((self.path, headers, pb.ExportTraceServiceRequest.FromString(body)))
                 out = pb.ExportTraceServiceResponse().SerializeToString()
@@ -546,6 +613,9 @@ class HttpReceiver:
         if certs is not None:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.load_cert_chain(certs["server"], certs["key"])
+            if client_auth:
+                context.verify_mode = ssl.CERT_REQUIRED
+                context.load_verify_locations(certs["ca"])
             self.server.socket = context.wrap_socket(self.server.socket, server_side=True)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1}, daemon=True)
@@ -596,3 +666,267 @@ def test_otlp_http_protobuf_posts_the_spans_to_v1_traces(otlp, certs, tmp_path, 
             assert attributes(rs.resource.attributes)["service.name"] == "otlp-http-embedder"
             spans.extend(span for ss in rs.scope_spans for span in ss.spans)
     embed_span(spans, inputs=1)
+
+
+def http_spans(posts) -> list:
+    """The spans of every POST the HTTP receiver decoded."""
+    return [
+        span for _, _, request in posts for rs in request.resource_spans for ss in rs.scope_spans for span in ss.spans
+    ]
+
+
+class Tap:
+    """A TCP relay on loopback to `port`: the bytes the client sent, for what a receiver's library
+    hides (grpcio consumes `grpc-encoding`)."""
+
+    def __init__(self, port: int):
+        self.sent = bytearray()
+        self.lock = threading.Lock()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.target = port
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target), timeout=WAIT_S)
+            for a, b, record in ((client, upstream, True), (upstream, client, False)):
+                threading.Thread(target=self._pipe, args=(a, b, record), daemon=True).start()
+
+    def _pipe(self, src, dst, record):
+        try:
+            while chunk := src.recv(65536):
+                if record:
+                    with self.lock:
+                        self.sent += chunk
+                dst.sendall(chunk)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.listener.close()
+
+
+def test_gzip_grpc_exports_are_compressed_messages_the_collector_decodes(otlp, tmp_path):
+    """OTEL_EXPORTER_OTLP_COMPRESSION=gzip over gRPC: each Export message goes with gRPC's
+    compressed flag and a gzip body (which a receiver takes only under `grpc-encoding: gzip`),
+    and the receiver decodes the exact span."""
+    receiver = Receiver(*otlp)
+    tap = Tap(receiver.port)
+    try:
+        server = start_server(
+            tmp_path, "--otlp-endpoint", f"http://127.0.0.1:{tap.port}", env={"OTEL_EXPORTER_OTLP_COMPRESSION": "gzip"}
+        )
+        r = server.post("/embed", {"inputs": ["gzipped", "over grpc", "thrice"]})
+        assert r.status_code == 200, r.text
+        assert server.stop(timeout=WAIT_S) == 0, server.log()[-3000:]
+    finally:
+        tap.close()
+        receiver.stop()
+    log = server.log()
+    assert "gzipped" in log and "failed" not in log, log[-3000:]
+    with receiver.lock:
+        spans = [s for _, s in receiver.spans]
+    embed_span(spans, inputs=3)
+    with tap.lock:
+        sent = bytes(tap.sent)
+    # A gRPC message: flag 1 (compressed), a 4-byte length, then gzip's magic and deflate.
+    at = sent.find(b"\x1f\x8b\x08")
+    assert at >= 5 and sent[at - 5] == 1, sent[:200]
+    length = int.from_bytes(sent[at - 4 : at], "big")
+    assert length > 20
+
+
+def test_gzip_otlp_http_posts_carry_content_encoding(otlp, tmp_path):
+    """--otlp-compression gzip over OTLP/HTTP: `Content-Encoding: gzip`, a gzip body that is the
+    exact request."""
+    pb, _ = otlp
+    receiver = HttpReceiver(pb)
+    try:
+        server = start_server(
+            tmp_path,
+            "--otlp-endpoint",
+            f"http://127.0.0.1:{receiver.port}",
+            "--otlp-protocol",
+            "http/protobuf",
+            "--otlp-compression",
+            "gzip",
+        )
+        r = server.post("/embed", {"inputs": "gzipped over http"})
+        assert r.status_code == 200, r.text
+        assert server.stop(timeout=WAIT_S) == 0, server.log()[-3000:]
+    finally:
+        receiver.stop()
+    assert "failed" not in server.log(), server.log()[-3000:]
+    with receiver.lock:
+        posts = list(receiver.posts)
+    assert posts
+    for path, headers, _ in posts:
+        assert path == "/v1/traces" and headers.get("content-encoding") == "gzip", headers
+    embed_span(http_spans(posts), inputs=1)
+
+
+@contextmanager
+def mtls_receiver(otlp, certs, protocol):
+    """A receiver that asks for the client's certificate and takes only one the CA signed:
+    (its endpoint, a function returning the spans it got)."""
+    if protocol == "grpc":
+        credentials = grpc.ssl_server_credentials(
+            [(certs["key"].read_bytes(), certs["server"].read_bytes())],
+            root_certificates=certs["ca"].read_bytes(),
+            require_client_auth=True,
+        )
+        receiver = Receiver(*otlp, credentials=credentials)
+
+        def spans():
+            with receiver.lock:
+                return [s for _, s in receiver.spans]
+    else:
+        receiver = HttpReceiver(otlp[0], certs, client_auth=True)
+
+        def spans():
+            with receiver.lock:
+                return http_spans(receiver.posts)
+
+    try:
+        yield f"https://127.0.0.1:{receiver.port}", spans
+    finally:
+        receiver.stop()
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_mutual_tls_collectors_get_spans_with_the_client_certificate_only(otlp, certs, tmp_path, protocol):
+    """OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE / _CLIENT_KEY (here the TRACES_ forms for gRPC): the
+    certificate is shown to a collector that requires one; without it the same collector takes
+    nothing and the failure is said."""
+    prefix = "OTEL_EXPORTER_OTLP_TRACES_" if protocol == "grpc" else "OTEL_EXPORTER_OTLP_"
+    base = {"OTEL_EXPORTER_OTLP_CERTIFICATE": str(certs["ca"]), "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": protocol}
+    with mtls_receiver(otlp, certs, protocol) as (endpoint, spans):
+        env = base | {
+            f"{prefix}CLIENT_CERTIFICATE": str(certs["client"]),
+            f"{prefix}CLIENT_KEY": str(certs["client-key"]),
+        }
+        server = start_server(tmp_path, "--otlp-endpoint", endpoint, env=env)
+        r = server.post("/embed", {"inputs": ["mutual", "tls"]})
+        assert r.status_code == 200, r.text
+        assert server.stop(timeout=WAIT_S) == 0, server.log()[-3000:]
+        log = server.log()
+        assert "with TLS (the CA certificates of the given file) and a client certificate" in log, log[-3000:]
+        assert "failed" not in log, log[-3000:]
+        embed_span(spans(), inputs=2)
+
+    with mtls_receiver(otlp, certs, protocol) as (endpoint, spans):
+        server = start_server(tmp_path, "--otlp-endpoint", endpoint, env=base | {"OTEL_EXPORTER_OTLP_TIMEOUT": "3000"})
+        r = server.post("/embed", {"inputs": "no client certificate"})
+        assert r.status_code == 200, r.text
+        assert server.stop(timeout=WAIT_S) == 0, server.log()[-3000:]
+        log = server.log()
+        assert f"OTLP export to {endpoint}" in log and "failed" in log, log[-3000:]
+        assert spans() == []
+
+
+@pytest.mark.parametrize(
+    "env_of, problem",
+    [
+        (
+            lambda c: {
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": str(c["client"]),
+                "OTEL_EXPORTER_OTLP_CLIENT_KEY": str(c["other-key"]),
+            },
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY {other-key}: the key is not the one of the certificate in "
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE {client}",
+        ),
+        (
+            lambda c: {
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": str(c["client"]),
+                "OTEL_EXPORTER_OTLP_CLIENT_KEY": str(c["client"]),
+            },
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY {client}: no private key in it",
+        ),
+        (
+            lambda c: {
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": str(c["client-key"]),
+                "OTEL_EXPORTER_OTLP_CLIENT_KEY": str(c["client-key"]),
+            },
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE {client-key}: no certificate in it",
+        ),
+    ],
+    ids=["mismatched-key", "no-key", "no-certificate"],
+)
+def test_a_client_certificate_that_cannot_work_is_refused_at_start(certs, env_of, problem):
+    """Mutual TLS settings are checked at start (exit 2), by the variable and the file, never
+    saying what the key holds."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "OTLP_"))}
+    done = subprocess.run(
+        [str(SERVER_BINARY), "--otlp-endpoint", "https://127.0.0.1:4317"],
+        capture_output=True,
+        text=True,
+        timeout=WAIT_S,
+        env={**clean, **env_of(certs)},
+    )
+    assert done.returncode == 2, done.stderr
+    said = problem.format(**{k: str(v) for k, v in certs.items()})
+    assert done.stderr.startswith(f"error: {said}"), done.stderr
+    key_body = certs["client-key"].read_text().splitlines()[1]
+    assert key_body not in done.stderr + done.stdout
+
+
+@pytest.mark.parametrize(
+    "var, path, posted",
+    [
+        # The generic variable is a base: /v1/traces is appended, even to a path ending so.
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "/otlp/v1/traces", "/otlp/v1/traces/v1/traces"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "/", "/v1/traces"),
+        # The signal's own variable is used as is.
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "/custom/spans", "/custom/spans"),
+    ],
+)
+def test_otlp_http_endpoint_paths_follow_the_spec(otlp, tmp_path, var, path, posted):
+    pb, _ = otlp
+    receiver = HttpReceiver(pb)
+    try:
+        env = {var: f"http://127.0.0.1:{receiver.port}{path}", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
+        server = start_server(tmp_path, env=env)
+        r = server.post("/embed", {"inputs": "where to"})
+        assert r.status_code == 200, r.text
+        assert server.stop(timeout=WAIT_S) == 0, server.log()[-3000:]
+    finally:
+        receiver.stop()
+    assert f"exporting spans to http://127.0.0.1:{receiver.port}{posted} over OTLP/HTTP" in server.log()
+    with receiver.lock:
+        posts = list(receiver.posts)
+    assert posts and {p for p, _, _ in posts} == {posted}
+    embed_span(http_spans(posts), inputs=1)
+
+
+def test_binary_grpc_metadata_reaches_the_collector_decoded(receiver, tmp_path):
+    """A `-bin` header is gRPC binary metadata: its value, given base64 (padded or not) as the
+    gRPC wire carries it, reaches the receiver as the bytes it encodes."""
+    server = start_server(
+        tmp_path,
+        "--otlp-endpoint",
+        f"http://127.0.0.1:{receiver.port}",
+        env={"OTEL_EXPORTER_OTLP_HEADERS": "x-token-bin=AAEC/w==,x-raw-bin=aGVsbG8,x-plain=a%20b"},
+    )
+    r = server.post("/embed", {"inputs": "binary metadata"})
+    assert r.status_code == 200, r.text
+    assert server.stop(timeout=WAIT_S) == 0, server.log()[-3000:]
+    assert "failed" not in server.log(), server.log()[-3000:]
+    with receiver.lock:
+        metadata = list(receiver.metadata)
+    assert metadata
+    for sent in metadata:
+        assert [v for k, v in sent if k == "x-token-bin"] == [b"\x00\x01\x02\xff"], sent
+        assert [v for k, v in sent if k == "x-raw-bin"] == [b"hello"], sent
+        assert [v for k, v in sent if k == "x-plain"] == ["a b"], sent

@@ -69,8 +69,10 @@ pub struct TeiArgs {
     pub otlp_service_name: Option<String>,
     /// Export the server's spans to this OpenTelemetry collector, e.g. http://localhost:4317
     /// (https: TLS with the system's roots, or the CA file OTEL_EXPORTER_OTLP_CERTIFICATE
-    /// names) [default: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, then OTEL_EXPORTER_OTLP_ENDPOINT,
-    /// else no export]: one span per HTTP request (a child of the caller's W3C `traceparent`,
+    /// names; a client certificate with OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE and _KEY; for
+    /// http/protobuf a base URL, /v1/traces added unless it ends so) [default:
+    /// OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, used as is, then OTEL_EXPORTER_OTLP_ENDPOINT, a
+    /// base, else no export]: one span per HTTP request (a child of the caller's W3C `traceparent`,
     /// if sent) with its tokenize, queue and inference phases under it, and
     /// OTEL_EXPORTER_OTLP_HEADERS on every export. An unreachable collector is a warning:
     /// the server serves on, the spans are dropped.
@@ -1442,7 +1444,11 @@ mod tests {
         ];
         assert_eq!(
             otlp_of(&[], &generic),
-            some("http://c:4318/v1/traces/v1/traces", HttpProtobuf, "mlx-embed")
+            some(
+                "http://c:4318/v1/traces/v1/traces",
+                HttpProtobuf,
+                "mlx-embed"
+            )
         );
         // Compression and timeout: the flag, else the signal's variable, else the generic one.
         let tuned = |args: &[&str], vars: &[(&str, &str)]| {

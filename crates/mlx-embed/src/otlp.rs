@@ -231,7 +231,10 @@ impl Settings {
         };
         let timeout = match first_set(
             &env,
-            &["OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"],
+            &[
+                "OTEL_EXPORTER_OTLP_TRACES_TIMEOUT",
+                "OTEL_EXPORTER_OTLP_TIMEOUT",
+            ],
         ) {
             Some((name, value)) => parse_timeout(&value, name)?,
             None => DEFAULT_TIMEOUT,
@@ -523,8 +526,8 @@ fn client_identity(
         }
     };
     let (cert_path, key_path) = (cert_path.trim(), key_path.trim());
-    let cert = read(cert_path)
-        .map_err(|err| format!("{cert_var} {cert_path}: cannot be read: {err}"))?;
+    let cert =
+        read(cert_path).map_err(|err| format!("{cert_var} {cert_path}: cannot be read: {err}"))?;
     let key =
         read(key_path).map_err(|err| format!("{key_var} {key_path}: cannot be read: {err}"))?;
     let chain = CertificateDer::pem_slice_iter(&cert)
@@ -543,14 +546,26 @@ fn client_identity(
              RSA or EC)"
         )
     })?;
-    rustls::sign::CertifiedKey::from_der(chain, der, &rustls::crypto::ring::default_provider())
-        .map_err(|err| match err {
-            rustls::Error::InconsistentKeys(_) => format!(
-                "{key_var} {key_path}: the key is not the one of the certificate in \
-                 {cert_var} {cert_path}"
-            ),
-            _ => format!("{key_var} {key_path}: the key cannot sign for TLS (RSA, ECDSA or Ed25519)"),
-        })?;
+    let provider = rustls::crypto::ring::default_provider();
+    let signing = provider.key_provider.load_private_key(der).map_err(|_| {
+        format!("{key_var} {key_path}: the key cannot sign for TLS (RSA, ECDSA or Ed25519)")
+    })?;
+    match rustls::sign::CertifiedKey::new(chain, signing).keys_match() {
+        Ok(()) | Err(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::Unknown)) => {}
+        Err(rustls::Error::InconsistentKeys(_)) => {
+            return Err(format!(
+                "{key_var} {key_path}: the key is not the one of the certificate in {cert_var} \
+                 {cert_path}"
+            ))
+        }
+        // (The HTTP client's TLS would refuse it the same way at start.)
+        Err(err) => {
+            return Err(format!(
+                "{cert_var} {cert_path}: the first certificate cannot be used (an X.509 v3 \
+                 certificate): {err}"
+            ))
+        }
+    }
     Ok(Some(ClientIdentity { cert, key }))
 }
 
@@ -656,7 +671,8 @@ pub fn start(settings: &Settings) -> Result<(Export, opentelemetry_sdk::trace::T
                         None => tls.with_native_roots(),
                     };
                     if let Some(client) = &settings.client {
-                        tls = tls.identity(transport::Identity::from_pem(&client.cert, &client.key));
+                        tls =
+                            tls.identity(transport::Identity::from_pem(&client.cert, &client.key));
                     }
                     builder = builder.with_tls_config(tls);
                 }
@@ -972,7 +988,10 @@ mod tests {
             http("http://c:4318/v1/traces/", Path::Flag).unwrap(),
             "http://c:4318/v1/traces/"
         );
-        assert_eq!(http("https://c/otlp", Path::AsIs).unwrap(), "https://c/otlp");
+        assert_eq!(
+            http("https://c/otlp", Path::AsIs).unwrap(),
+            "https://c/otlp"
+        );
     }
 
     #[test]
@@ -1051,11 +1070,10 @@ mod tests {
                 format!("no {path}"),
             ))
         };
-        let only = |name: &'static str| {
-            move |n: &str| (n == name).then(|| "/etc/otel/x.pem".to_owned())
-        };
-        let err = client_identity(&only("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"), &read)
-            .unwrap_err();
+        let only =
+            |name: &'static str| move |n: &str| (n == name).then(|| "/etc/otel/x.pem".to_owned());
+        let err =
+            client_identity(&only("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE"), &read).unwrap_err();
         assert!(
             err.starts_with(
                 "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE is set without OTEL_EXPORTER_OTLP_CLIENT_KEY"

@@ -930,3 +930,13 @@ def test_binary_grpc_metadata_reaches_the_collector_decoded(receiver, tmp_path):
         assert [v for k, v in sent if k == "x-token-bin"] == [b"\x00\x01\x02\xff"], sent
         assert [v for k, v in sent if k == "x-raw-bin"] == [b"hello"], sent
         assert [v for k, v in sent if k == "x-plain"] == ["a b"], sent
+
+
+def test_export_flags_without_an_endpoint_are_said_ignored(tmp_path):
+    clean = {k: "" for k in os.environ if k.startswith(("OTEL_EXPORTER_OTLP_", "OTLP_"))}
+    server = start_server(tmp_path, "--otlp-compression", "gzip", "--otlp-protocol", "grpc", env=clean)
+    assert server.stop(timeout=WAIT_S) == 0, server.log()[-3000:]
+    log = server.log()
+    for flag in ("--otlp-compression", "--otlp-protocol"):
+        assert f"{flag} is ignored without --otlp-endpoint: no spans are exported" in log, log[-3000:]
+    assert "exporting spans" not in log, log[-3000:]

@@ -118,7 +118,8 @@ impl PythonEmbedder {
     /// many MLX stream threads as calls ran at once. (The process's main
     /// thread, unless it started the interpreter, keeps MLX's own streams
     /// instead; so does the thread that started it.) Such a thread takes
-    /// the GIL as it ends, to give its streams back: join it outside
+    /// the GIL as it ends, to give its streams back, and MLX's per-thread
+    /// compile cache takes it too as it is destroyed: join it outside
     /// `Python::attach`, or the join waits forever. Loading inside
     /// `Batcher::start`'s closure ([`Self::load_for_batcher`]) runs the
     /// model on a model thread the next batcher reuses.

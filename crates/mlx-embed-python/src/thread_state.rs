@@ -15,7 +15,10 @@
 //! itself, with the GIL, as Python's own threads end.
 //!
 //! So such a thread takes the GIL as it ends: a caller that joins it while
-//! attached (inside `Python::attach`) waits forever; join it detached. Its
+//! attached (inside `Python::attach`) waits forever; join it detached.
+//! Deferring this clear to the next call does not lift that: MLX 0.32's
+//! per-thread compile cache also frees Python objects, under the GIL, in its
+//! own thread-local destructor (seen in gdb on a hung join). Its
 //! destructor is registered on its first model call, before MLX makes its
 //! own thread-locals on it, so it runs after they are destroyed (glibc runs
 //! `__cxa_thread_atexit_impl` destructors, Rust's and C++'s alike, last

@@ -25,7 +25,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from . import ops, pooling, torch_weights
+from . import device, ops, pooling, torch_weights
 from .json_files import read_json
 
 log = logging.getLogger("mlx_embed")
@@ -160,6 +160,11 @@ class SpladePipeline(StPipeline):
             flat = mx.take(flat, mx.array(real.astype(np.int32)), axis=0)
         # Whole rows at a time, so the [tokens, vocab] logits stay bounded.
         budget = max(1, _SPLADE_CHUNK_FLOATS // max(1, self.vocab_size))
+        # The sum adds up to a text's length of same-sized terms (512 at ~1 each make ~300,
+        # whose float32 ulp is 3e-5): in float32 its rounding is most of a long text's error
+        # (8e-5 against float64, sentence-transformers' float32 sum 6e-5), in float64 (the
+        # CPU has it) the result is the correctly rounded sum of the float32 terms.
+        wide = self.strategy == "sum" and device.is_cpu()
         out, first, row = [], 0, 0
         while row < rows:
             end, tokens = row, 0
@@ -169,12 +174,14 @@ class SpladePipeline(StPipeline):
             scores = self.model.mlm_scores(flat[first : first + tokens])
             if self.strategy == "sum":
                 scores = self._activate(scores + self.model.mlm_bias)
+                if wide:
+                    scores = scores.astype(mx.float64)
             pooled, at = [], 0
             for n in lengths[row:end]:
                 seg = scores[at : at + n]
                 pooled.append(seg.max(axis=0) if self.strategy == "max" else seg.sum(axis=0))
                 at += n
-            block = mx.stack(pooled)
+            block = mx.stack(pooled).astype(h.dtype) if wide else mx.stack(pooled)
             if self.strategy == "max":
                 # The bias, relu and log1p never decrease (rounding included),
                 # so they may come after the max: they run on [rows, vocab],

@@ -101,7 +101,9 @@ class LMHead(nn.Module):
     def __call__(self, h: mx.array, embeddings: nn.Module) -> mx.array:
         """The logits before the vocabulary bias."""
         x = self.transform(h)
-        x = nn.gelu_approx(x) if self._tanh_gelu else nn.gelu(x)
+        # Its input sits in GELU's negative tail in trained heads and random ones alike
+        # (ops.gelu_precise says why that needs more than MLX's erf).
+        x = nn.gelu_approx(x) if self._tanh_gelu else ops.gelu_precise(x)
         x = self.norm(x)
         # Tied: scores against the word-embedding table itself (quantized or
         # not: both embedding classes score through as_linear).

@@ -261,3 +261,38 @@ def test_sparse_answers_keep_room_like_dense_ones(tmp_path):
     r = srv.post("/embed_sparse", {"inputs": [f"another text {i} about sparse retrieval" for i in range(2048)]})
     assert r.status_code == 200, r.text
     assert srv.stop() == 0, srv.log()[-3000:]
+
+
+def _long_reference(name: str, vocab: int) -> np.ndarray:
+    """A fixture's float64 long-input reference (make_long_sparse_refs.py), vocabulary-wide."""
+    with np.load(name, allow_pickle=False) as ref:
+        offsets, indices, values = ref["offsets"], ref["indices"], ref["values"]
+    out = np.zeros((len(offsets) - 1, vocab), dtype=np.float64)
+    for i in range(len(offsets) - 1):
+        out[i, indices[offsets[i]: offsets[i + 1]]] = values[offsets[i]: offsets[i + 1]]
+    return out
+
+
+def test_long_inputs_match_float64(tmp_path):
+    """Short texts and texts cut at 512 tokens in one request, sum and max
+    pooling, against the float64 references (tests/python/test_sparse_long_inputs.py
+    says where the bounds come from; sentence-transformers in float32 is 6.3e-5 and
+    8.4e-6 off them)."""
+    summed = tmp_path / "tiny-splade-sum"
+    shutil.copytree(SPLADE, summed)
+    cfg = summed / "1_SpladePooling" / "config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "pooling_strategy": "sum"}))
+    texts = json.loads((SPLADE / "reference_long_texts.json").read_text(encoding="utf-8"))
+    srv = start_server(tmp_path, "--model", str(SPLADE), "--model", str(summed),
+                       "--max-input-tokens", "512", "--no-warmup")
+    try:
+        for model, name, bound in (("tiny-splade", "max", 5e-6), ("tiny-splade-sum", "sum", 6e-5)):
+            r = srv.post("/embed_sparse", {"model": model, "inputs": texts})
+            assert r.status_code == 200, r.text
+            got = _dense(r.json()).astype(np.float64)
+            want = _long_reference(SPLADE / f"reference_long_{name}.npz", VOCAB)
+            assert np.abs(got - want).max() <= bound, name
+            differ = (got > 0) != (want > 0)
+            assert np.maximum(got, want)[differ].max(initial=0.0) < 1e-4
+    finally:
+        assert srv.stop() == 0, srv.log()[-3000:]

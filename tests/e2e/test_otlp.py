@@ -940,3 +940,42 @@ def test_export_flags_without_an_endpoint_are_said_ignored(tmp_path):
     for flag in ("--otlp-compression", "--otlp-protocol"):
         assert f"{flag} is ignored without --otlp-endpoint: no spans are exported" in log, log[-3000:]
     assert "exporting spans" not in log, log[-3000:]
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
+def test_the_compression_flag_wins_over_the_variables(otlp, tmp_path, protocol):
+    """`--otlp-compression none` over OTEL_EXPORTER_OTLP_COMPRESSION=gzip (and its TRACES_ form):
+    the exports go uncompressed, though the exporter library reads those variables itself."""
+    pb, _ = otlp
+    receiver = Receiver(*otlp) if protocol == "grpc" else HttpReceiver(pb)
+    tap = Tap(receiver.port)
+    try:
+        server = start_server(
+            tmp_path,
+            "--otlp-endpoint",
+            f"http://127.0.0.1:{tap.port}",
+            "--otlp-protocol",
+            protocol,
+            "--otlp-compression",
+            "none",
+            env={"OTEL_EXPORTER_OTLP_COMPRESSION": "gzip", "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "gzip"},
+        )
+        r = server.post("/embed", {"inputs": "not gzipped"})
+        assert r.status_code == 200, r.text
+        assert server.stop(timeout=WAIT_S) == 0, server.log()[-3000:]
+    finally:
+        tap.close()
+        receiver.stop()
+    log = server.log()
+    assert "exporting spans to" in log and "gzipped" not in log and "failed" not in log, log[-3000:]
+    with receiver.lock:
+        if protocol == "grpc":
+            spans = [s for _, s in receiver.spans]
+        else:
+            assert receiver.posts
+            assert all("content-encoding" not in headers for _, headers, _ in receiver.posts), receiver.posts
+            spans = http_spans(receiver.posts)
+    embed_span(spans, inputs=1)
+    with tap.lock:
+        sent = bytes(tap.sent)
+    assert b"\x1f\x8b\x08" not in sent, sent[:200]

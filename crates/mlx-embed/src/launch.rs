@@ -617,6 +617,14 @@ where
     } else {
         ignored.extend(crate::otlp::unapplied(|name| std::env::var(name).ok()));
     }
+    // Set, as HF_TOKEN below, before any thread that could read the
+    // environment starts.
+    if let Some(value) = otlp
+        .as_ref()
+        .and_then(|s| s.compression_for_exporter(|name| std::env::var(name).ok()))
+    {
+        std::env::set_var("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", value);
+    }
     if let Some(token) = &cli.tei.hf_token {
         // Read by huggingface_hub when a repo id is downloaded; set before
         // any thread that could read the environment starts.

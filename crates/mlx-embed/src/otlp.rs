@@ -275,6 +275,25 @@ impl Settings {
         }))
     }
 
+    /// The value `OTEL_EXPORTER_OTLP_TRACES_COMPRESSION` must be given in
+    /// the process's environment before [`start`] for the export to compress
+    /// as these settings say, if any. The exporter library reads the
+    /// compression variables itself when not told gzip, and has no way to be
+    /// told none: `--otlp-compression none` would lose to a `gzip` there.
+    pub fn compression_for_exporter(
+        &self,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Option<&'static str> {
+        let asked = first_set(
+            &env,
+            &[
+                "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+                "OTEL_EXPORTER_OTLP_COMPRESSION",
+            ],
+        );
+        (!self.gzip && asked.is_some()).then_some("none")
+    }
+
     fn tls(&self) -> bool {
         self.endpoint.starts_with("https://")
     }
@@ -357,6 +376,16 @@ pub fn check_endpoint(
     if uri.host().is_none_or(str::is_empty) {
         return bad("no host");
     }
+    // `http::Uri` drops a fragment: `/otlp#x` + `/v1/traces` would POST to `/otlp`.
+    if url.contains('#') {
+        return bad("a fragment (#...) is not part of an endpoint");
+    }
+    // The scheme is case-insensitive (`HTTPS://`), and whether TLS is used is
+    // read from this string later: lower-cased, as `http::Uri` reads it.
+    let url = match url.split_once("://") {
+        Some((scheme, rest)) => format!("{}://{rest}", scheme.to_ascii_lowercase()),
+        None => url.to_owned(),
+    };
     match protocol {
         Protocol::Grpc => {
             if !matches!(uri.path(), "" | "/") || uri.query().is_some() {
@@ -365,7 +394,7 @@ pub fn check_endpoint(
                      /v1/traces, set --otlp-protocol http/protobuf)",
                 );
             }
-            Ok(url.to_owned())
+            Ok(url)
         }
         Protocol::HttpProtobuf
             if path == Path::Base
@@ -377,7 +406,7 @@ pub fn check_endpoint(
             }
             Ok(format!("{}{TRACES_PATH}", url.trim_end_matches('/')))
         }
-        Protocol::HttpProtobuf => Ok(url.to_owned()),
+        Protocol::HttpProtobuf => Ok(url),
     }
 }
 
@@ -928,6 +957,8 @@ mod tests {
         );
         assert!(grpc("http://collector:4317/").is_ok());
         assert!(grpc("http://[::1]:4317").is_ok());
+        // The scheme's case is not the user's to get right: TLS is read from it.
+        assert_eq!(grpc("HTTPS://c:4317").unwrap(), "https://c:4317");
         for (bad, why) in [
             ("localhost:4317", "no scheme"),
             ("collector", "no scheme"),
@@ -938,6 +969,10 @@ mod tests {
             ("http://", "not a URL"),
             ("not a url", "not a URL"),
             ("ftp://collector", "the scheme ftp is not http or https"),
+            (
+                "http://collector:4317#x",
+                "a fragment (#...) is not part of an endpoint",
+            ),
         ] {
             let err = grpc(bad).unwrap_err();
             assert!(
@@ -978,6 +1013,13 @@ mod tests {
                 .unwrap_err()
                 .contains("a base endpoint with a query cannot take /v1/traces"));
         }
+        assert_eq!(
+            http("Https://c/otlp", Path::Base).unwrap(),
+            "https://c/otlp/v1/traces"
+        );
+        assert!(http("http://c:4318/otlp#x", Path::Base)
+            .unwrap_err()
+            .contains("a fragment (#...) is not part of an endpoint"));
         // The generic variable is a base whatever its path (the spec's rule);
         // the flag takes the full URL too; the signal's variable is as is.
         assert_eq!(
@@ -1030,6 +1072,33 @@ mod tests {
                 ))
             );
         }
+    }
+
+    #[test]
+    fn the_exporter_is_told_none_when_a_variable_would_say_gzip() {
+        let resolve = |compression: Option<&str>, vars: &'static [(&str, &str)]| {
+            let flags = Flags {
+                endpoint: Some("http://c:4317"),
+                compression,
+                ..Flags::default()
+            };
+            let env = |name: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| (*v).to_owned())
+            };
+            let settings = Settings::resolve(flags, env, |_| Ok(Vec::new()))
+                .unwrap()
+                .unwrap();
+            settings.compression_for_exporter(env)
+        };
+        let gzip = &[("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")];
+        assert_eq!(resolve(Some("none"), gzip), Some("none"));
+        assert_eq!(resolve(Some("gzip"), gzip), None);
+        assert_eq!(resolve(None, gzip), None);
+        assert_eq!(resolve(Some("none"), &[]), None);
+        let signal = &[("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip")];
+        assert_eq!(resolve(Some("none"), signal), Some("none"));
     }
 
     #[test]

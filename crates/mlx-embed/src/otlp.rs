@@ -35,10 +35,12 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 /// answered; a TEI command line that names one keeps it.
 pub const DEFAULT_SERVICE_NAME: &str = "mlx-embed";
 
-/// The most one export (one batch, with the exporter's retries) may take
-/// without `OTEL_EXPORTER_OTLP_TIMEOUT`: the spec's 10 s. The exit waits as
-/// long at most for the spans still queued, so an unreachable collector
-/// delays a stop by this much at most.
+/// The export timeout without `OTEL_EXPORTER_OTLP_TIMEOUT`: the spec's 10 s.
+/// It bounds each attempt (the gRPC channel's and the HTTP client's timeout)
+/// and the time in which the exporter starts retries, so one export (one
+/// batch) takes twice it at worst; the exit waits this long at most for the
+/// spans still queued, so an unreachable collector delays a stop by this much
+/// at most.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The most the start's reachability check waits for the collector.

@@ -890,14 +890,21 @@ def test_a_client_certificate_that_cannot_work_is_refused_at_start(certs, env_of
         ("OTEL_EXPORTER_OTLP_ENDPOINT", "/", "/v1/traces"),
         # The signal's own variable is used as is.
         ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "/custom/spans", "/custom/spans"),
+        # The flag takes a base or the full URL, a trailing / dropped (receivers route /v1/traces exactly).
+        ("--otlp-endpoint", "/otlp", "/otlp/v1/traces"),
+        ("--otlp-endpoint", "/v1/traces/", "/v1/traces"),
     ],
 )
 def test_otlp_http_endpoint_paths_follow_the_spec(otlp, tmp_path, var, path, posted):
     pb, _ = otlp
     receiver = HttpReceiver(pb)
     try:
-        env = {var: f"http://127.0.0.1:{receiver.port}{path}", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
-        server = start_server(tmp_path, env=env)
+        url = f"http://127.0.0.1:{receiver.port}{path}"
+        env = {"OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"}
+        if var.startswith("--"):
+            server = start_server(tmp_path, var, url, env=env)
+        else:
+            server = start_server(tmp_path, env=env | {var: url})
         r = server.post("/embed", {"inputs": "where to"})
         assert r.status_code == 200, r.text
         assert server.stop(timeout=WAIT_S) == 0, server.log()[-3000:]

@@ -339,8 +339,8 @@ pub enum Path {
     /// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`: the full URL, used as is.
     AsIs,
     /// `--otlp-endpoint` (TEI's flag, a gRPC address there): a base, to
-    /// which `/v1/traces` is added unless its path ends so already, so that
-    /// both the base and the full URL work.
+    /// which `/v1/traces` is added unless its path ends so already (a
+    /// trailing `/` dropped), so that both the base and the full URL work.
     Flag,
 }
 
@@ -407,6 +407,11 @@ pub fn check_endpoint(
                 return bad("a base endpoint with a query cannot take /v1/traces");
             }
             Ok(format!("{}{TRACES_PATH}", url.trim_end_matches('/')))
+        }
+        // The flag's full URL: a receiver routes `/v1/traces` exactly (the
+        // collector's answers `/v1/traces/` 404), so a trailing `/` goes.
+        Protocol::HttpProtobuf if path == Path::Flag && uri.query().is_none() => {
+            Ok(url.trim_end_matches('/').to_owned())
         }
         Protocol::HttpProtobuf => Ok(url),
     }
@@ -1030,6 +1035,15 @@ mod tests {
         );
         assert_eq!(
             http("http://c:4318/v1/traces/", Path::Flag).unwrap(),
+            "http://c:4318/v1/traces"
+        );
+        assert_eq!(
+            http("http://c:4318/v1/traces?tenant=a", Path::Flag).unwrap(),
+            "http://c:4318/v1/traces?tenant=a"
+        );
+        // The signal's variable keeps even its trailing `/`: as is.
+        assert_eq!(
+            http("http://c:4318/v1/traces/", Path::AsIs).unwrap(),
             "http://c:4318/v1/traces/"
         );
         assert_eq!(

@@ -719,14 +719,20 @@ class Tap:
 
 
 def test_gzip_grpc_exports_are_compressed_messages_the_collector_decodes(otlp, tmp_path):
-    """OTEL_EXPORTER_OTLP_COMPRESSION=gzip over gRPC: each Export message goes with gRPC's
-    compressed flag and a gzip body (which a receiver takes only under `grpc-encoding: gzip`),
-    and the receiver decodes the exact span."""
+    """--otlp-compression gzip over gRPC: each Export message goes with gRPC's compressed flag and
+    a gzip body (which a receiver takes only under `grpc-encoding: gzip`), and the receiver decodes
+    the exact span. (The flag, not OTEL_EXPORTER_OTLP_COMPRESSION: the exporter library reads that
+    variable itself, so this test would not see the server fail to ask for gzip.)"""
     receiver = Receiver(*otlp)
     tap = Tap(receiver.port)
     try:
         server = start_server(
-            tmp_path, "--otlp-endpoint", f"http://127.0.0.1:{tap.port}", env={"OTEL_EXPORTER_OTLP_COMPRESSION": "gzip"}
+            tmp_path,
+            "--otlp-endpoint",
+            f"http://127.0.0.1:{tap.port}",
+            "--otlp-compression",
+            "gzip",
+            env={"OTEL_EXPORTER_OTLP_COMPRESSION": "none"},
         )
         r = server.post("/embed", {"inputs": ["gzipped", "over grpc", "thrice"]})
         assert r.status_code == 200, r.text

@@ -418,14 +418,26 @@ def test_bad_export_settings_are_refused_at_start(args, env, said):
     assert "s3cret" not in done.stderr + done.stdout
 
 
+@pytest.mark.parametrize("connect", ["accepted", "black-hole"])
 @pytest.mark.parametrize("protocol", ["grpc", "http/protobuf"])
-def test_a_collector_that_never_answers_holds_neither_requests_nor_the_exit(tmp_path, protocol):
-    """A collector that takes the connection and says nothing (a hung proxy, a full receiver):
-    requests answer at once, the exit comes within OTEL_EXPORTER_OTLP_TIMEOUT's 1.5 s (plus the
-    drain's own time), the failure is said."""
+def test_a_collector_that_never_answers_holds_neither_requests_nor_the_exit(tmp_path, protocol, connect):
+    """A collector that takes the connection and says nothing (a hung proxy, a full receiver), or
+    whose address drops the connection's SYNs (a firewall; the exporter library bounds no connect
+    of its own there): requests answer at once, the exit comes within OTEL_EXPORTER_OTLP_TIMEOUT's
+    1.5 s (plus the drain's own time), the failure is said."""
     silent = socket.socket()
     silent.bind(("127.0.0.1", 0))
-    silent.listen(64)  # never accepted: the kernel completes the handshakes, nothing answers
+    fill = []
+    if connect == "accepted":
+        silent.listen(64)  # never accepted: the kernel completes the handshakes, nothing answers
+    else:
+        # An accept queue of one, filled: the kernel drops every later SYN.
+        silent.listen(0)
+        for _ in range(4):
+            c = socket.socket()
+            c.setblocking(False)
+            c.connect_ex(silent.getsockname())
+            fill.append(c)
     try:
         endpoint = f"http://127.0.0.1:{silent.getsockname()[1]}"
         server = start_server(
@@ -438,6 +450,8 @@ def test_a_collector_that_never_answers_holds_neither_requests_nor_the_exit(tmp_
         )
         serves_and_exits_promptly(server, timeout_s=1.5)
     finally:
+        for c in fill:
+            c.close()
         silent.close()
     log = server.log()
     assert f"exporting spans to {endpoint}" in log and "gzipped, 1500 ms at most per export" in log, log[-3000:]

@@ -448,6 +448,20 @@ def test_a_collector_that_never_answers_holds_neither_requests_nor_the_exit(tmp_
             protocol,
             env={"OTEL_EXPORTER_OTLP_COMPRESSION": "gzip", "OTEL_EXPORTER_OTLP_TIMEOUT": "1500"},
         )
+        if connect == "black-hole":
+            # The batch of the 5 s tick fails within the timeout, its connect included (tonic
+            # bounds none of its own: the export would wait out the system's, minutes).
+            assert server.post("/embed", {"inputs": "queued"}).status_code == 200
+
+            def failed() -> bool:
+                return any(
+                    f"OTLP export to {endpoint}" in line and " failed, " in line for line in server.log().splitlines()
+                )
+
+            deadline = time.monotonic() + 5 + 1.5 + 3
+            while not failed() and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert failed(), server.log()[-3000:]
         serves_and_exits_promptly(server, timeout_s=1.5)
     finally:
         for c in fill:

@@ -36,11 +36,11 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 pub const DEFAULT_SERVICE_NAME: &str = "mlx-embed";
 
 /// The export timeout without `OTEL_EXPORTER_OTLP_TIMEOUT`: the spec's 10 s.
-/// It bounds each attempt (the gRPC channel's and the HTTP client's timeout)
-/// and the time in which the exporter starts retries, so one export (one
-/// batch) takes twice it at worst; the exit waits this long at most for the
-/// spans still queued, so an unreachable collector delays a stop by this much
-/// at most.
+/// It bounds an attempt's connect and its request (the gRPC channel's connect
+/// and request timeouts; the HTTP client's, over both) and the time in which
+/// the exporter starts retries, so one export (one batch) takes three times
+/// it at worst; the exit waits this long at most for the spans still queued,
+/// so an unreachable collector delays a stop by this much at most.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The most the start's reachability check waits for the collector.
@@ -691,14 +691,15 @@ pub fn start(settings: &Settings) -> Result<(Export, opentelemetry_sdk::trace::T
                 for (name, value) in &settings.headers {
                     metadata.append(name.clone(), value.clone());
                 }
-                let mut builder = opentelemetry_otlp::SpanExporter::builder()
-                    .with_tonic()
-                    .with_endpoint(endpoint)
-                    .with_timeout(settings.timeout)
-                    .with_metadata(MetadataMap::from_headers(metadata));
-                if settings.gzip {
-                    builder = builder.with_compression(opentelemetry_otlp::Compression::Gzip);
-                }
+                // The channel is made here, not by the exporter, for its
+                // connect timeout: tonic has none by default and its request
+                // timeout starts once connected, so a collector whose address
+                // drops SYNs held each export for the system's connect
+                // timeout (minutes), not OTEL_EXPORTER_OTLP_TIMEOUT.
+                let mut channel = tonic::transport::Endpoint::from_shared(endpoint.clone())
+                    .map_err(|err| failed(&err))?
+                    .timeout(settings.timeout)
+                    .connect_timeout(settings.timeout);
                 if settings.tls() {
                     // tonic's own TLS default trusts no root at all.
                     let tls = transport::ClientTlsConfig::new();
@@ -710,7 +711,15 @@ pub fn start(settings: &Settings) -> Result<(Export, opentelemetry_sdk::trace::T
                         tls =
                             tls.identity(transport::Identity::from_pem(&client.cert, &client.key));
                     }
-                    builder = builder.with_tls_config(tls);
+                    channel = channel.tls_config(tls).map_err(|err| failed(&err))?;
+                }
+                let mut builder = opentelemetry_otlp::SpanExporter::builder()
+                    .with_tonic()
+                    .with_channel(channel.connect_lazy())
+                    .with_timeout(settings.timeout)
+                    .with_metadata(MetadataMap::from_headers(metadata));
+                if settings.gzip {
+                    builder = builder.with_compression(opentelemetry_otlp::Compression::Gzip);
                 }
                 builder.build().map_err(|err| failed(&err))?
             }

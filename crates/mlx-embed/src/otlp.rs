@@ -320,9 +320,13 @@ impl Settings {
             n => format!(", {n} header(s) on each export"),
         };
         let gzip = if self.gzip { ", gzipped" } else { "" };
+        // Some hosted collectors take a key in the query string: never log it.
+        let endpoint = match self.endpoint.split_once('?') {
+            Some((path, _)) => format!("{path}?<query not shown>"),
+            None => self.endpoint.clone(),
+        };
         format!(
-            "{} over {how}{tls}{client} as {}{headers}{gzip}, {} ms at most per export",
-            self.endpoint,
+            "{endpoint} over {how}{tls}{client} as {}{headers}{gzip}, {} ms at most per export",
             self.service_name,
             self.timeout.as_millis()
         )
@@ -1124,6 +1128,32 @@ mod tests {
         assert_eq!(resolve(Some("none"), &[]), None);
         let signal = &[("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "gzip")];
         assert_eq!(resolve(Some("none"), signal), Some("none"));
+    }
+
+    #[test]
+    fn the_start_line_never_shows_a_query() {
+        let describe = |endpoint: &'static str| {
+            let flags = Flags {
+                protocol: Some("http/protobuf"),
+                endpoint: Some(endpoint),
+                ..Flags::default()
+            };
+            Settings::resolve(flags, |_| None, |_| Ok(Vec::new()))
+                .unwrap()
+                .unwrap()
+                .describe()
+        };
+        let line = describe("https://c/v1/traces?api_key=s3cret");
+        assert!(
+            line.starts_with("https://c/v1/traces?<query not shown> over OTLP/HTTP protobuf"),
+            "{line}"
+        );
+        assert!(!line.contains("s3cret"), "{line}");
+        let line = describe("http://c:4318");
+        assert!(
+            line.starts_with("http://c:4318/v1/traces over OTLP/HTTP protobuf"),
+            "{line}"
+        );
     }
 
     #[test]

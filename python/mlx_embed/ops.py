@@ -100,10 +100,12 @@ def _gelu_erfc(x: mx.array) -> mx.array:
     # erfc(|x| / sqrt 2) to a few float32 ulps of itself, however small: the exponential of the
     # exact half-square times the fitted smooth factor. 1 + erf(z) loses erf's absolute error
     # to cancellation where erf nears -1, so this side is 0.5 x erfc(-z) instead.
-    u = 1.0 / (1.0 + (0.5 * _SQRT1_2) * mx.abs(x))
-    e = mx.exp(-0.5 * (x * x)) * (u * _horner(_ERFCX, u))
-    half = 0.5 * x
-    return mx.where(x < 0, half * e, x - half * e)
+    # Beyond |x| = 20 the exponential is 0 in float32 (e^-200), so clipping there changes no
+    # finite result, and it keeps inf * 0 out: GELU(+inf) = +inf, GELU(-inf) = -0 (its limit).
+    c = mx.clip(x, -20.0, 20.0)
+    u = 1.0 / (1.0 + (0.5 * _SQRT1_2) * mx.abs(c))
+    half_e = (0.5 * c) * (mx.exp(-0.5 * (c * c)) * (u * _horner(_ERFCX, u)))
+    return mx.where(x < 0, half_e, x - half_e)
 
 
 _gelu_erfc_compiled = mx.compile(_gelu_erfc, shapeless=True)

@@ -1,5 +1,6 @@
 """Sparse outputs on long inputs against float64 references: SPLADE's sum and
-max pooling at 512 tokens (tiny-splade) and BGE-M3's lexical weights at its
+max pooling at 512 tokens (tiny-splade; tiny-splade-distilbert, whose bounds its
+test states) and BGE-M3's lexical weights at its
 128 (tiny-bge-m3), short and long texts in one call.
 
 The references and the texts are the fixtures' ``reference_long_*`` files
@@ -30,6 +31,7 @@ import mlx_embed
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SPLADE = FIXTURES / "tiny-splade"
+SPLADE_DISTILBERT = FIXTURES / "tiny-splade-distilbert"
 BGE_M3 = FIXTURES / "tiny-bge-m3"
 SPLADE_VOCAB = 3000
 SPLADE_LENGTH = 512
@@ -124,6 +126,31 @@ def test_splade_embed_sparse_on_long_inputs(tmp_path):
         assert (np.diff(idx) > 0).all() and (values > 0).all()
         got[i, idx] = values
     assert np.abs(got - want).max() <= 6e-5
+    _same_active_set(got, want)
+
+
+@pytest.mark.parametrize("fast_ops", ["native", "mlx", "exact"])
+@pytest.mark.parametrize("strategy", ["sum", "max"])
+def test_distilbert_splade_on_long_inputs(tmp_path, strategy, fast_ops):
+    """The DistilBERT head (its activation key, log1p_relu) routed to the same GELU:
+    sum max |diff| 1.1e-5 to 1.3e-5 over the paths, 1.6e-7 of a long text's largest
+    weight (before the head's GELU and the float64 sum, 2.2e-4 and 2.2e-6), max
+    1.5e-6 to 2.1e-6 (before, 6.4e-6 to 7.0e-6); sentence-transformers float32 7.2e-5
+    and 1.0e-5."""
+    folder = tmp_path / "distilbert"
+    shutil.copytree(SPLADE_DISTILBERT, folder)
+    cfg = folder / "1_SpladePooling" / "config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "pooling_strategy": strategy}))
+    want, tokens = _reference(SPLADE_DISTILBERT / f"reference_long_{strategy}.npz", 1200)
+    assert sorted(tokens.tolist()) == [3, 7, 10, 254, 383, 508, 508, 512, 512]
+    model = mlx_embed.load(folder, max_length=SPLADE_LENGTH, fast_ops=fast_ops)
+    got = np.asarray(model.embed(_texts(SPLADE_DISTILBERT), normalize=False), dtype=np.float64)
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= (2e-5 if strategy == "sum" else 3e-6)
+    if strategy == "sum":
+        for g, w, n in zip(got, want, tokens):
+            if n >= 250:
+                assert np.abs(g - w).max() <= 3e-7 * np.abs(w).max(), n
     _same_active_set(got, want)
 
 

@@ -204,7 +204,7 @@ class SpladePipeline(StPipeline):
                 seg = scores[at : at + n]
                 pooled.append(seg.max(axis=0) if self.strategy == "max" else _sum_tokens(seg, wide))
                 at += n
-            block = mx.stack(pooled).astype(h.dtype) if wide else mx.stack(pooled)
+            block = mx.stack(pooled).astype(scores.dtype) if wide else mx.stack(pooled)
             if self.strategy == "max":
                 # The bias, relu and log1p never decrease (rounding included),
                 # so they may come after the max: they run on [rows, vocab],

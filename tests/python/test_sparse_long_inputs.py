@@ -104,14 +104,17 @@ def test_splade_max_on_long_inputs(fast_ops):
     _same_active_set(got, want)
 
 
-def test_splade_sum_without_float64(monkeypatch, tmp_path):
-    """A GPU has no float64: the blocks' sums are added in float32 there,
-    which measured 4.6e-5 here (4.5e-5 with float64)."""
+@pytest.mark.parametrize("fast_ops", ["native", "mlx", "exact"])
+def test_splade_sum_without_float64(monkeypatch, tmp_path, fast_ops):
+    """A GPU has no float64 (and takes the exact path): the blocks' sums are
+    added in compensated float32 there (st_modules._add_compensated), 4.3e-5
+    to 4.5e-5 here as with float64; a plain float32 sum of them measured 7.2e-5
+    and 7.5e-5 on the mlx and exact paths."""
     from mlx_embed import device
 
     monkeypatch.setattr(device, "is_cpu", lambda: False)
     want, _ = _reference(SPLADE / "reference_long_sum.npz", SPLADE_VOCAB)
-    model = mlx_embed.load(_splade_folder(tmp_path, "sum"), max_length=SPLADE_LENGTH)
+    model = mlx_embed.load(_splade_folder(tmp_path, "sum"), max_length=SPLADE_LENGTH, fast_ops=fast_ops)
     got = np.asarray(model.embed(_texts(SPLADE), normalize=False), dtype=np.float64)
     assert np.abs(got - want).max() <= 6e-5
     _same_active_set(got, want)
@@ -223,3 +226,23 @@ def test_gelu_precise_over_the_whole_line():
         h = mx.array(np.linspace(-12, 12, 24_001).astype(np.float32)).astype(dtype)
         assert np.array_equal(np.asarray(ops.gelu_precise(h).astype(mx.float32)),
                               np.asarray(nn.gelu(h).astype(mx.float32)))
+
+
+@pytest.mark.parametrize("rows", [2, 3, 17, 32, 33])
+def test_compensated_float32_sum_is_float64s(rows):
+    """st_modules._add_compensated (the GPU's sum of the block sums): the exact
+    sum (float64) rounded to float32, odd row counts included, where a plain
+    float32 sum of the same rows is off by more."""
+    import mlx.core as mx
+
+    from mlx_embed import st_modules
+
+    rng = np.random.default_rng(rows)
+    p = (rng.random((rows, 4096)) * 20).astype(np.float32)
+    exact = p.astype(np.float64).sum(axis=0)
+    got = np.asarray(st_modules._add_compensated(mx.array(p)), dtype=np.float64)
+    ulp = np.spacing(exact.astype(np.float32)).astype(np.float64)
+    assert (np.abs(got - exact) <= 0.5 * ulp * 1.001).all()  # correctly rounded, up to ties
+    if rows >= 17:
+        plain = np.asarray(mx.array(p).sum(axis=0), dtype=np.float64)
+        assert np.abs(plain - exact).max() > np.abs(got - exact).max()

@@ -552,9 +552,10 @@ async fn serve_connections(
             let sniffed = match sniffed {
                 Some(sniffed) => sniffed,
                 // A connection that has sent nothing is idle: closed at
-                // once, as hyper closes an idle one; part of a preface gets
-                // what part of a request's headers gets.
-                None if first.is_empty() => return,
+                // once, as hyper closes an idle one; part of a preface, or
+                // a request already in the socket's buffer, gets what part
+                // of a request's headers gets.
+                None if first.is_empty() && !received(&stream) => return,
                 None => tokio::time::timeout(HEADERS_GRACE, sniff(&stream, &mut first)).await,
             };
             let Ok(Ok(protocol)) = sniffed else {
@@ -562,7 +563,11 @@ async fn serve_connections(
                 return;
             };
             let activity = tracked.activity.clone();
-            let stream = WriteWatched::new(stream, client_timeout, state.clone()).replaying(first);
+            #[cfg(unix)]
+            let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
+            activity.taken.store(first.len(), Ordering::Release);
+            let stream = WriteWatched::new(stream, client_timeout, state.clone(), activity.clone())
+                .replaying(first);
             let blocked = stream.blocked.clone();
             let io = TokioIo::new(stream);
             let service = TowerToHyperService::new(tracked);
@@ -570,6 +575,8 @@ async fn serve_connections(
                 state: &state,
                 activity: &activity,
                 blocked: &blocked,
+                #[cfg(unix)]
+                fd,
             };
             match protocol {
                 Protocol::Http1 => {
@@ -596,6 +603,9 @@ struct Watched<'a> {
     state: &'a AppState,
     activity: &'a Activity,
     blocked: &'a AtomicBool,
+    /// The connection's socket, open while `drive` holds the connection.
+    #[cfg(unix)]
+    fd: std::os::fd::RawFd,
 }
 
 impl Watched<'_> {
@@ -621,6 +631,20 @@ impl Watched<'_> {
             () = self.activity.idle(idle_after) => "idle",
             () = self.activity.stalled(idle_after) => return self.stalled(),
         };
+        // hyper closes an HTTP/1 connection between requests at once on a
+        // graceful shutdown, even one whose next request has arrived (in
+        // the socket's buffer, or partly read): that request would be lost
+        // unanswered. It is let in first, for up to [`HEADERS_GRACE`]; the
+        // shutdown then makes its answer the last (`Connection: close`).
+        // An HTTP/2 client is told by the GOAWAY which streams were taken.
+        if why == "shutdown" && idle_after.is_none() && self.holds_unread_request() {
+            let begun = self.activity.started.load(Ordering::Acquire);
+            tokio::select! {
+                ended = connection.as_mut() => return self.ended(ended),
+                () = self.activity.begun_after(begun) => {}
+                () = tokio::time::sleep(HEADERS_GRACE) => {}
+            }
+        }
         connection.as_mut().graceful_shutdown();
         tokio::select! {
             ended = connection => self.ended(ended),
@@ -629,6 +653,24 @@ impl Watched<'_> {
             }
             () = self.activity.stalled(idle_after) => self.stalled(),
         }
+    }
+
+    /// Whether, with no request in progress, bytes have come that no
+    /// request has begun with yet: taken by hyper since its last request
+    /// began or ended, or waiting in the socket's buffer.
+    fn holds_unread_request(&self) -> bool {
+        if self.activity.busy.load(Ordering::Acquire) > 0 {
+            return false;
+        }
+        if self.activity.taken.load(Ordering::Acquire) > 0 {
+            return true;
+        }
+        #[cfg(unix)]
+        {
+            fd_received(self.fd)
+        }
+        #[cfg(not(unix))]
+        false
     }
 
     fn stalled(&self) {
@@ -685,6 +727,30 @@ fn connection_failed(state: &AppState, err: &hyper::Error) {
     }
 }
 
+/// Whether `stream`'s socket holds bytes received and not yet read.
+fn received(stream: &tokio::net::TcpStream) -> bool {
+    #[cfg(unix)]
+    {
+        fd_received(std::os::fd::AsRawFd::as_raw_fd(stream))
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = stream;
+        false
+    }
+}
+
+/// Whether socket `fd` holds bytes received and not yet read (`FIONREAD`;
+/// a client's FIN alone is none).
+#[cfg(unix)]
+fn fd_received(fd: std::os::fd::RawFd) -> bool {
+    let mut queued: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int through the pointer, which points
+    // at `queued`; the caller holds the socket open.
+    let ok = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut queued) };
+    ok == 0 && queued > 0
+}
+
 /// Completes once the server is stopping (never if it was dropped).
 async fn stopping(stopped: &mut tokio::sync::watch::Receiver<bool>) {
     if stopped.wait_for(|&s| s).await.is_err() {
@@ -728,10 +794,17 @@ struct WriteWatched {
     /// first, from `replayed` on.
     replay: Vec<u8>,
     replayed: usize,
+    /// Where the bytes read are counted ([`Activity::taken`]).
+    activity: Arc<Activity>,
 }
 
 impl WriteWatched {
-    fn new(stream: tokio::net::TcpStream, timeout: Duration, state: AppState) -> Self {
+    fn new(
+        stream: tokio::net::TcpStream,
+        timeout: Duration,
+        state: AppState,
+        activity: Arc<Activity>,
+    ) -> Self {
         Self {
             stream,
             blocked: Arc::default(),
@@ -742,6 +815,7 @@ impl WriteWatched {
             state,
             replay: Vec::new(),
             replayed: 0,
+            activity,
         }
     }
 
@@ -842,7 +916,13 @@ impl AsyncRead for WriteWatched {
             }
             return Poll::Ready(Ok(()));
         }
-        Pin::new(&mut this.stream).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let poll = Pin::new(&mut this.stream).poll_read(cx, buf);
+        let read = buf.filled().len() - before;
+        if read > 0 {
+            this.activity.taken.fetch_add(read, Ordering::AcqRel);
+        }
+        poll
     }
 }
 
@@ -902,6 +982,9 @@ impl Tracked {
 struct Activity {
     busy: AtomicUsize,
     started: AtomicUsize,
+    /// Bytes taken from the socket (by [`sniff`] or hyper) since a request
+    /// last began or ended: with none in progress, the start of the next.
+    taken: AtomicUsize,
     /// For each answer made whose body hyper has not all taken, when hyper
     /// last took a piece of it (ms after `born`). Each its own: one
     /// stream's progress says nothing of another's over HTTP/2.
@@ -914,6 +997,7 @@ impl Default for Activity {
         Self {
             busy: AtomicUsize::new(0),
             started: AtomicUsize::new(0),
+            taken: AtomicUsize::new(0),
             answering: std::sync::Mutex::default(),
             born: Instant::now(),
         }
@@ -955,6 +1039,13 @@ impl Activity {
         }
     }
 
+    /// Completes once a request has begun after `begun` had.
+    async fn begun_after(&self, begun: usize) {
+        while self.started.load(Ordering::Acquire) == begun {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     /// Completes once no request has been in progress or begun for a
     /// whole `after` (between one and two of them after the last one
     /// ended); never without one.
@@ -981,12 +1072,14 @@ impl InProgress {
     fn new(activity: &Arc<Activity>) -> Self {
         activity.started.fetch_add(1, Ordering::AcqRel);
         activity.busy.fetch_add(1, Ordering::AcqRel);
+        activity.taken.store(0, Ordering::Release);
         Self(activity.clone())
     }
 }
 
 impl Drop for InProgress {
     fn drop(&mut self) {
+        self.0.taken.store(0, Ordering::Release);
         self.0.busy.fetch_sub(1, Ordering::AcqRel);
     }
 }

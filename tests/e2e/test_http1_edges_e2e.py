@@ -58,11 +58,10 @@ def port_of(server) -> int:
 def test_requests_in_the_socket_buffer_at_sigterm_are_answered(tmp_path, golden):
     """Keep-alive connections, each answered once, send a second request
     and SIGTERM follows the writes at once: each second request is answered
-    200 with its own vector and `Connection: close`, then the connection
-    ends, and the server exits 0. Rounds, since whether hyper has read a
+    200 with its own vector, then the connection ends, and the server exits 0. Rounds, since whether hyper has read a
     request when the signal lands is a race."""
     texts, ref, _ = non_empty_golden(golden, 2 * CONNECTIONS)
-    lost = 0
+    lost = closing = 0
     for round_ in range(ROUNDS):
         (tmp_path / f"round{round_}").mkdir()
         server = start_server(tmp_path / f"round{round_}", "--no-warmup")
@@ -83,7 +82,9 @@ def test_requests_in_the_socket_buffer_at_sigterm_are_answered(tmp_path, golden)
                     continue
                 status, headers, body = got
                 assert status == 200, (status, body)
-                assert headers.get("connection") == "close", headers
+                # `Connection: close` unless it was answered whole before
+                # the signal took effect: the connection ends after it either way.
+                closing += headers.get("connection") == "close"
                 vector = np.asarray(json.loads(body), dtype=np.float32)
                 cos = cosine_rows(vector, ref[CONNECTIONS + i : CONNECTIONS + i + 1])
                 assert cos[0] >= 0.99999, (i, cos)
@@ -94,8 +95,36 @@ def test_requests_in_the_socket_buffer_at_sigterm_are_answered(tmp_path, golden)
             for s in socks:
                 s.close()
             server.stop()
+    print(f"\n{ROUNDS * CONNECTIONS} requests sent just before SIGTERM: {lost} closed unanswered, "
+          f"{closing} answered with Connection: close, the rest answered before the signal took effect")
     assert lost == 0, f"{lost} of {ROUNDS * CONNECTIONS} requests sent before SIGTERM closed unanswered"
 
+
+
+def test_a_next_request_partly_read_at_sigterm_is_answered(tmp_path, golden):
+    """A keep-alive connection, answered once, whose next request's head had
+    partly come (and been read) when SIGTERM landed, and whose rest follows
+    within the second a head gets: answered 200 with its own vector and
+    `Connection: close`, not closed as an idle connection."""
+    texts, ref, _ = non_empty_golden(golden, 2)
+    server = start_server(tmp_path, "--no-warmup")
+    with socket.create_connection(("127.0.0.1", port_of(server)), timeout=30) as s:
+        buf = bytearray()
+        s.sendall(request(texts[0]))
+        assert read_response(s, buf)[0] == 200
+        second = request(texts[1])
+        s.sendall(second[:20])
+        time.sleep(0.2)
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        s.sendall(second[20:])
+        got = read_response(s, buf)
+        assert got is not None, "closed unanswered"
+        status, headers, body = got
+        assert status == 200 and headers.get("connection") == "close", (status, headers, body)
+        assert cosine_rows(np.asarray(json.loads(body), dtype=np.float32), ref[1:2])[0] >= 0.99999
+        assert s.recv(1) == b""
+    assert server.proc.wait(timeout=30) == 0, server.log()[-3000:]
 
 def test_an_idle_keep_alive_connection_closes_at_once_on_sigterm(tmp_path):
     """A connection whose answer was sent and which sent nothing since is

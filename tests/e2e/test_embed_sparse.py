@@ -26,10 +26,11 @@ VOCAB = 3000
 MAX_LENGTH = 128
 
 
-def _reference() -> np.ndarray:
-    ref = np.load(SPLADE / "reference_max.npz")
-    offsets, indices, values = ref["offsets"], ref["indices"], ref["values"]
-    out = np.zeros((len(offsets) - 1, VOCAB), dtype=np.float32)
+def _reference(name: str = "reference_max.npz", dtype=np.float32) -> np.ndarray:
+    """A tiny-splade reference (its rows stored sparse), vocabulary-wide."""
+    with np.load(SPLADE / name, allow_pickle=False) as ref:
+        offsets, indices, values = ref["offsets"], ref["indices"], ref["values"]
+    out = np.zeros((len(offsets) - 1, VOCAB), dtype=dtype)
     for i in range(len(offsets) - 1):
         out[i, indices[offsets[i]: offsets[i + 1]]] = values[offsets[i]: offsets[i + 1]]
     return out
@@ -263,16 +264,6 @@ def test_sparse_answers_keep_room_like_dense_ones(tmp_path):
     assert srv.stop() == 0, srv.log()[-3000:]
 
 
-def _long_reference(name: str, vocab: int) -> np.ndarray:
-    """A fixture's float64 long-input reference (make_long_sparse_refs.py), vocabulary-wide."""
-    with np.load(name, allow_pickle=False) as ref:
-        offsets, indices, values = ref["offsets"], ref["indices"], ref["values"]
-    out = np.zeros((len(offsets) - 1, vocab), dtype=np.float64)
-    for i in range(len(offsets) - 1):
-        out[i, indices[offsets[i]: offsets[i + 1]]] = values[offsets[i]: offsets[i + 1]]
-    return out
-
-
 def test_long_inputs_match_float64(tmp_path):
     """Short texts and texts cut at 512 tokens in one request, sum and max
     pooling, against the float64 references (tests/python/test_sparse_long_inputs.py
@@ -290,7 +281,7 @@ def test_long_inputs_match_float64(tmp_path):
             r = srv.post("/embed_sparse", {"model": model, "inputs": texts})
             assert r.status_code == 200, r.text
             got = _dense(r.json()).astype(np.float64)
-            want = _long_reference(SPLADE / f"reference_long_{name}.npz", VOCAB)
+            want = _reference(f"reference_long_{name}.npz", np.float64)
             assert np.abs(got - want).max() <= bound, name
             differ = (got > 0) != (want > 0)
             assert np.maximum(got, want)[differ].max(initial=0.0) < 1e-4

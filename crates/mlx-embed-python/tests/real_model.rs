@@ -1,6 +1,8 @@
 //! The real embedded Python model through the Rust core: golden parity and
 //! 200 concurrent callers. Needs the project's virtualenv (`make test` builds it).
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -143,23 +145,15 @@ fn pipelined_submit_and_collect_match_the_one_shot_path() {
     };
     let mut model = PythonEmbedder::load(&options).expect("model loads");
     assert!(model.pipelines());
-    let tokenizer = model.tokenizer().unwrap();
-    let encode = |texts: &[&str]| -> Vec<Encoded> {
-        texts
-            .iter()
-            .map(|t| {
-                tokenizer
-                    .encode(&EmbedInput::Text((*t).into()), &EmbedOptions::default())
-                    .unwrap()
-            })
-            .collect()
-    };
-    let first = encode(&["a river runs through it", "short"]);
-    let second = encode(&[
-        "the second batch",
-        "has three texts",
-        "of varied length here",
-    ]);
+    let first = common::encode(&model, &["a river runs through it", "short"]);
+    let second = common::encode(
+        &model,
+        &[
+            "the second batch",
+            "has three texts",
+            "of varied length here",
+        ],
+    );
     // The vocabulary is 30522 ids: this one is out of range.
     let bad = vec![Encoded {
         ids: vec![101, 999_999, 102],
@@ -241,7 +235,7 @@ fn a_failed_load_says_whose_fault_it_is() {
 
     // A folder whose weights cannot be read is a failed load, not a bad option.
     let broken = tempfile_dir("mlx-embed-broken-weights");
-    let golden = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tiny-qwen3");
+    let golden = common::fixture("tiny-qwen3");
     for entry in std::fs::read_dir(&golden).unwrap() {
         let path = entry.unwrap().path();
         if path.extension().is_some_and(|e| e == "json" || e == "txt") {

@@ -1338,10 +1338,11 @@ mod tests {
     }
 
     /// The settings' (endpoint, protocol, service name), or the error.
-    fn otlp_of(
+    /// The export settings `args` and the variables `vars` give.
+    fn otlp_settings(
         args: &[&str],
         vars: &[(&str, &str)],
-    ) -> Result<Option<(String, crate::otlp::Protocol, String)>, String> {
+    ) -> Result<Option<crate::otlp::Settings>, String> {
         let argv = std::iter::once("mlx-embed serve").chain(args.iter().copied());
         let tei = ServeCli::try_parse_from(argv).expect("flags parse").tei;
         let env = |name: &str| {
@@ -1349,9 +1350,14 @@ mod tests {
                 .find(|(n, _)| *n == name)
                 .map(|(_, v)| (*v).to_owned())
         };
-        Ok(tei
-            .otlp(env)?
-            .map(|s| (s.endpoint, s.protocol, s.service_name)))
+        tei.otlp(env)
+    }
+
+    fn otlp_of(
+        args: &[&str],
+        vars: &[(&str, &str)],
+    ) -> Result<Option<(String, crate::otlp::Protocol, String)>, String> {
+        Ok(otlp_settings(args, vars)?.map(|s| (s.endpoint, s.protocol, s.service_name)))
     }
 
     #[test]
@@ -1460,15 +1466,8 @@ mod tests {
         );
         // Compression and timeout: the flag, else the signal's variable, else the generic one.
         let tuned = |args: &[&str], vars: &[(&str, &str)]| {
-            let argv = ["mlx-embed serve", "--otlp-endpoint", "http://c:4317"];
-            let argv = argv.iter().chain(args.iter()).copied();
-            let tei = ServeCli::try_parse_from(argv).expect("flags parse").tei;
-            let env = |name: &str| {
-                vars.iter()
-                    .find(|(n, _)| *n == name)
-                    .map(|(_, v)| (*v).to_owned())
-            };
-            tei.otlp(env).map(|s| {
+            let args = [&["--otlp-endpoint", "http://c:4317"], args].concat();
+            otlp_settings(&args, vars).map(|s| {
                 let s = s.expect("an endpoint");
                 (s.gzip, s.timeout.as_millis())
             })

@@ -43,6 +43,13 @@ pub const DEFAULT_SERVICE_NAME: &str = "mlx-embed";
 /// so an unreachable collector delays a stop by this much at most.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The variables that ask for compression, the signal's first: read by
+/// [`Settings::resolve`], and by the exporter library itself.
+const COMPRESSION_VARS: &[&str] = &[
+    "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
+    "OTEL_EXPORTER_OTLP_COMPRESSION",
+];
+
 /// The most the start's reachability check waits for the collector.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 
@@ -220,13 +227,7 @@ impl Settings {
         };
         let gzip = match flags.compression {
             Some(value) => parse_compression(value, "--otlp-compression")?,
-            None => match first_set(
-                &env,
-                &[
-                    "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
-                    "OTEL_EXPORTER_OTLP_COMPRESSION",
-                ],
-            ) {
+            None => match first_set(&env, COMPRESSION_VARS) {
                 Some((name, value)) => parse_compression(&value, name)?,
                 None => false,
             },
@@ -286,13 +287,7 @@ impl Settings {
         &self,
         env: impl Fn(&str) -> Option<String>,
     ) -> Option<&'static str> {
-        let asked = first_set(
-            &env,
-            &[
-                "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION",
-                "OTEL_EXPORTER_OTLP_COMPRESSION",
-            ],
-        );
+        let asked = first_set(&env, COMPRESSION_VARS);
         (!self.gzip && asked.is_some()).then_some("none")
     }
 

@@ -438,6 +438,17 @@ impl ModelKind {
         )
     }
 
+    /// One input's logits (its row of a scoring model's output) as its
+    /// scores, in place: [`sigmoid_each`] for a multi-label classifier,
+    /// else [`activate`] (a reranker's sigmoid, a classifier's softmax).
+    pub fn activate(&self, row: &mut [f32]) {
+        if self.multi_label() {
+            sigmoid_each(row);
+        } else {
+            activate(row);
+        }
+    }
+
     /// "embedding", "classifier" or "reranker", as the APIs report it.
     pub fn as_str(&self) -> &'static str {
         match self {
@@ -760,6 +771,35 @@ pub fn sparse_entries(v: &[f32]) -> Vec<(u32, f32)> {
         .collect()
 }
 
+/// Scores from a scoring model's logits (one input's row, one logit per
+/// label), in place, as TEI and sentence-transformers' `CrossEncoder` make
+/// them: the sigmoid of a lone logit (a reranker), else the softmax over the
+/// labels (a classifier). In float64, each score rounded to float32 once.
+/// The one activation of every score the server and the Python library give
+/// (the library calls it through `mlx_embed._native.scores_`), so a Rust
+/// program that runs a reranker through a [`crate::Batcher`] gets their
+/// scores to the bit; [`ModelKind::activate`] picks it or [`sigmoid_each`]
+/// by the model's kind.
+pub fn activate(row: &mut [f32]) {
+    if let [x] = row {
+        *x = (1.0 / (1.0 + (-f64::from(*x)).exp())) as f32;
+        return;
+    }
+    let max = f64::from(row.iter().copied().fold(f32::NEG_INFINITY, f32::max));
+    let exps: Vec<f64> = row.iter().map(|&x| (f64::from(x) - max).exp()).collect();
+    let sum = exps.iter().fold(0.0, |sum, e| sum + e);
+    for (x, e) in row.iter_mut().zip(exps) {
+        *x = (e / sum) as f32;
+    }
+}
+
+/// A sigmoid of each logit, in place: a multi-label classifier's labels,
+/// each scored alone (transformers' rule), as [`activate`] scores one.
+pub fn sigmoid_each(row: &mut [f32]) {
+    row.iter_mut()
+        .for_each(|x| activate(std::slice::from_mut(x)));
+}
+
 /// Partial sums [`l2_normalize`] keeps: lane `j` adds the squares of
 /// components `j`, `j + NORM_LANES`, ... (`pooling.unit_rows`'s fallback
 /// in the library repeats this order).
@@ -850,6 +890,49 @@ mod tests {
         let whole = vec![std::ops::Range { start: 0, end: 3 }];
         let thirds = span_means(&[1.0, 0.0, 0.0], 1, &whole);
         assert_eq!(thirds[0][0], (1.0f64 / 3.0) as f32);
+    }
+
+    #[test]
+    fn sigmoid_and_softmax() {
+        let mut one = [0.0f32];
+        activate(&mut one);
+        assert_eq!(one, [0.5]);
+        let mut one = [2.0f32];
+        activate(&mut one);
+        assert!((one[0] - 0.880_797_1).abs() < 1e-6);
+        let mut three = [1.0f32, 2.0, 3.0];
+        activate(&mut three);
+        let want = [0.090_030_57, 0.244_728_48, 0.665_240_94];
+        for (a, b) in three.iter().zip(want) {
+            assert!((a - b).abs() < 1e-6, "{three:?}");
+        }
+        // One rounding: the float64 sigmoid's nearest float32.
+        for logit in [-3.7f32, -0.1, 0.3, 1.9, 7.25] {
+            let mut one = [logit];
+            activate(&mut one);
+            assert_eq!(one[0], (1.0 / (1.0 + (-f64::from(logit)).exp())) as f32);
+        }
+        // Large logits do not overflow.
+        let mut big = [1000.0f32, 0.0];
+        activate(&mut big);
+        assert_eq!(big, [1.0, 0.0]);
+        // By kind: a multi-label classifier's labels each get a sigmoid.
+        let logits = [0.5f32, -1.0];
+        let (mut softmax, mut sigmoids) = (logits, logits);
+        ModelKind::Classifier {
+            labels: vec![],
+            multi_label: false,
+        }
+        .activate(&mut softmax);
+        ModelKind::Classifier {
+            labels: vec![],
+            multi_label: true,
+        }
+        .activate(&mut sigmoids);
+        let sigmoid = |x: f32| (1.0 / (1.0 + (-f64::from(x)).exp())) as f32;
+        assert_eq!(sigmoids, logits.map(sigmoid));
+        assert!((softmax[0] + softmax[1] - 1.0).abs() < 1e-6, "{softmax:?}");
+        assert_ne!(softmax, sigmoids);
     }
 
     /// The float64 quotient of each component by the float64 norm, rounded

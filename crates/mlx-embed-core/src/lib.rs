@@ -119,10 +119,10 @@ pub use batcher::{Batcher, Embeddings, Timings};
 pub use cache::CacheMetrics;
 pub use config::{BatcherConfig, DeviceKind};
 pub use embedder::{
-    l2_normalize, lexical_entries, span_means, sparse_entries, BatchOutput, DeviceMemory,
-    EmbedInput, EmbedOptions, Embedder, EmbedderError, EmbedderErrorKind, Encoded, InputLimit,
-    LiveStats, ModelInfo, ModelKind, MultiVectorLengths, Output, Prompt, Replica, Side, Submitted,
-    Ticket, TokenPooling, TokenSpan, Tokenize, TruncationDirection, WeightsInfo,
+    activate, l2_normalize, lexical_entries, sigmoid_each, span_means, sparse_entries, BatchOutput,
+    DeviceMemory, EmbedInput, EmbedOptions, Embedder, EmbedderError, EmbedderErrorKind, Encoded,
+    InputLimit, LiveStats, ModelInfo, ModelKind, MultiVectorLengths, Output, Prompt, Replica, Side,
+    Submitted, Ticket, TokenPooling, TokenSpan, Tokenize, TruncationDirection, WeightsInfo,
     MAX_PAIR_TEXT_BYTES,
 };
 pub use error::{CoreError, OverloadReason};

@@ -7,6 +7,9 @@
 //! sigmoid for one label, softmax over several, none with `raw_scores`; a
 //! multi-label classifier's labels get a sigmoid each (transformers' rule).
 
+/// The activation, owned by the core (a Rust program scores without this
+/// crate); here too for the routes and the extension that named it here.
+pub use mlx_embed_core::{activate, sigmoid_each};
 use mlx_embed_core::{EmbedInput, EmbedOptions};
 
 use crate::embed::check_inputs;
@@ -99,13 +102,9 @@ async fn run(state: &AppState, req: ScoreRequest) -> Result<ScoreOutput, ApiErro
     }
     let mut scores = logits.clone();
     if !req.raw_scores {
-        let multi_label = model.info().kind.multi_label();
+        let kind = &model.info().kind;
         for row in &mut scores {
-            if multi_label {
-                sigmoid_each(row);
-            } else {
-                activate(row);
-            }
+            kind.activate(row);
         }
     }
     Ok(ScoreOutput {
@@ -116,28 +115,6 @@ async fn run(state: &AppState, req: ScoreRequest) -> Result<ScoreOutput, ApiErro
         prompt_tokens: out.token_counts.iter().map(|&n| u64::from(n)).sum(),
         cache_hits: out.cache_hits,
     })
-}
-
-/// Sigmoid of one logit, or softmax over several, in place: in float64,
-/// each score rounded to float32 once. The library's scores are these too
-/// (`mlx_embed.scoring.activate`, through `mlx_embed._native.scores_`).
-pub fn activate(row: &mut [f32]) {
-    if let [x] = row {
-        *x = (1.0 / (1.0 + (-f64::from(*x)).exp())) as f32;
-        return;
-    }
-    let max = f64::from(row.iter().copied().fold(f32::NEG_INFINITY, f32::max));
-    let exps: Vec<f64> = row.iter().map(|&x| (f64::from(x) - max).exp()).collect();
-    let sum = exps.iter().fold(0.0, |sum, e| sum + e);
-    for (x, e) in row.iter_mut().zip(exps) {
-        *x = (e / sum) as f32;
-    }
-}
-
-/// A sigmoid of each logit, in place: labels scored one by one.
-pub fn sigmoid_each(row: &mut [f32]) {
-    row.iter_mut()
-        .for_each(|x| activate(std::slice::from_mut(x)));
 }
 
 /// Indices of `scores` best first; equal scores keep input order. Rank on
@@ -151,32 +128,6 @@ pub fn ranking(scores: &[f32]) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sigmoid_and_softmax() {
-        let mut one = [0.0f32];
-        activate(&mut one);
-        assert_eq!(one, [0.5]);
-        let mut one = [2.0f32];
-        activate(&mut one);
-        assert!((one[0] - 0.880_797_1).abs() < 1e-6);
-        let mut three = [1.0f32, 2.0, 3.0];
-        activate(&mut three);
-        let want = [0.090_030_57, 0.244_728_48, 0.665_240_94];
-        for (a, b) in three.iter().zip(want) {
-            assert!((a - b).abs() < 1e-6, "{three:?}");
-        }
-        // One rounding: the float64 sigmoid's nearest float32.
-        for logit in [-3.7f32, -0.1, 0.3, 1.9, 7.25] {
-            let mut one = [logit];
-            activate(&mut one);
-            assert_eq!(one[0], (1.0 / (1.0 + (-f64::from(logit)).exp())) as f32);
-        }
-        // Large logits do not overflow.
-        let mut big = [1000.0f32, 0.0];
-        activate(&mut big);
-        assert_eq!(big, [1.0, 0.0]);
-    }
 
     #[test]
     fn ranking_is_stable_and_descending() {

@@ -1,6 +1,6 @@
 //! `mlx_embed._native.unit_rows_` and `scores_`: the server's normalization
 //! (`mlx_embed_core::l2_normalize`) and scores from logits
-//! (`mlx_embed_server::score`) for the Python library, so what the library
+//! (`mlx_embed_core::activate`) for the Python library, so what the library
 //! answers is the server's to the last bit.
 
 use pyo3::exceptions::PyValueError;
@@ -42,9 +42,9 @@ fn scores_py(py: Python<'_>, logits: &Bound<'_, PyAny>, multi_label: bool) -> Py
     with_floats_detached(py, &buf, |floats| {
         for row in floats.chunks_exact_mut(labels) {
             if multi_label {
-                mlx_embed_server::score::sigmoid_each(row);
+                mlx_embed_core::sigmoid_each(row);
             } else {
-                mlx_embed_server::score::activate(row);
+                mlx_embed_core::activate(row);
             }
         }
     });

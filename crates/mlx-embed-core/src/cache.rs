@@ -75,6 +75,7 @@ pub struct CacheMetrics {
     pub capacity_bytes: u64,
     /// Bytes accounted to the stored entries.
     pub bytes: u64,
+    /// Vectors stored.
     pub entries: u64,
     /// Inputs answered from the cache, including those that waited for a
     /// concurrent computation of the same key.

@@ -96,7 +96,9 @@ pub struct TokenPooling {
 /// its own tokenization and keeps its own rows (PyLate's `is_query`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub enum Side {
+    /// A search query: cut to the model's query length and expanded.
     Query,
+    /// A document to index: cut to the model's document length.
     #[default]
     Document,
 }
@@ -124,6 +126,7 @@ impl Output {
 /// Per-request choices that change how inputs are tokenized, queued and computed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct EmbedOptions {
+    /// The lane the request waits in ([`Priority::Normal`] by default).
     pub priority: Priority,
     /// `false`: an input over [`ModelInfo::max_input_tokens`] is refused
     /// ([`crate::CoreError::InputTooLong`]) before any compute, instead of cut.
@@ -139,6 +142,8 @@ pub struct EmbedOptions {
     /// the model's maximum. It must leave room for the model's special
     /// tokens and one more (invalid input otherwise).
     pub truncate_to: Option<usize>,
+    /// What goes before each text input ([`Prompt::Default`]: the model's
+    /// default prompt, if it has one); token-id inputs take none.
     pub prompt: Prompt,
     /// Pooled vectors or per-token rows; a model call computes one kind only.
     pub output: Output,
@@ -206,6 +211,8 @@ pub const MAX_PAIR_TEXT_BYTES: usize = 16 << 20;
 /// One input to embed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum EmbedInput {
+    /// A text, tokenized by the model's tokenizer (prompt and special
+    /// tokens added, cut to the model's maximum). May be empty.
     Text(String),
     /// Token ids of the model's own tokenizer, run as given (the OpenAI and
     /// TEI APIs take pre-tokenized input, and vLLM and TEI add nothing to
@@ -215,7 +222,9 @@ pub enum EmbedInput {
     Tokens(Vec<u32>),
     /// A query/document pair for cross-encoders (rerankers).
     Pair {
+        /// The query, the first text of the pair.
         query: String,
+        /// The document scored against it, the second text.
         document: String,
     },
 }
@@ -224,6 +233,7 @@ pub enum EmbedInput {
 /// already truncated.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct Encoded {
+    /// The token ids the model runs.
     pub ids: Vec<u32>,
     /// Segment ids, for models that take them (pairs); `None`: all zero.
     pub type_ids: Option<Vec<u32>>,
@@ -320,6 +330,7 @@ pub trait Tokenize: Send + Sync {
 /// One token of a text (TEI's `/tokenize` item).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenSpan {
+    /// The token's id in the model's vocabulary.
     pub id: u32,
     /// The token's text: the slice of the input it covers, or the special
     /// token's own text.
@@ -328,6 +339,7 @@ pub struct TokenSpan {
     pub special: bool,
     /// Byte offsets of the token in the input (`start == stop` for specials).
     pub start: usize,
+    /// Byte offset just past the token's end in the input.
     pub stop: usize,
 }
 
@@ -368,11 +380,14 @@ pub enum EmbedderErrorKind {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{message}")]
 pub struct EmbedderError {
+    /// Whose fault it is and what the batcher does about it.
     pub kind: EmbedderErrorKind,
+    /// The model's or tokenizer's own words.
     pub message: String,
 }
 
 impl EmbedderError {
+    /// An error of `kind` saying `message`.
     pub fn new(kind: EmbedderErrorKind, message: impl Into<String>) -> Self {
         Self {
             kind,
@@ -380,6 +395,7 @@ impl EmbedderError {
         }
     }
 
+    /// [`EmbedderErrorKind::InvalidInput`].
     pub fn invalid_input(message: impl Into<String>) -> Self {
         Self::new(EmbedderErrorKind::InvalidInput, message)
     }
@@ -389,10 +405,12 @@ impl EmbedderError {
         Self::new(EmbedderErrorKind::CutTooShort, message)
     }
 
+    /// [`EmbedderErrorKind::ModelFailure`].
     pub fn model_failure(message: impl Into<String>) -> Self {
         Self::new(EmbedderErrorKind::ModelFailure, message)
     }
 
+    /// [`EmbedderErrorKind::ModelGone`].
     pub fn model_gone(message: impl Into<String>) -> Self {
         Self::new(EmbedderErrorKind::ModelGone, message)
     }
@@ -409,12 +427,17 @@ pub enum ModelKind {
     /// `multi_label_classification`): the labels are independent yes/no
     /// answers, each scored by a sigmoid, not one choice among them.
     Classifier {
+        /// The labels' names (`id2label`), in logit order.
         labels: Vec<String>,
+        /// Independent labels, a sigmoid each (see above).
         multi_label: bool,
     },
     /// One relevance score per query/document pair; `labels` has the one
     /// name TEI's `/predict` reports for it (`id2label`, e.g. "LABEL_0").
-    Reranker { labels: Vec<String> },
+    Reranker {
+        /// The one label's name.
+        labels: Vec<String>,
+    },
 }
 
 impl ModelKind {
@@ -464,6 +487,7 @@ impl ModelKind {
 pub struct ModelInfo {
     /// Name the model serves under.
     pub name: String,
+    /// An embedding model, a classifier or a reranker (whose vectors are logits).
     pub kind: ModelKind,
     /// Output width: floats per input in [`BatchOutput::vectors`].
     pub dim: usize,
@@ -524,7 +548,9 @@ pub struct ModelInfo {
 /// `document_length`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MultiVectorLengths {
+    /// Tokens of a query, expansion tokens included.
     pub query: usize,
+    /// Most tokens of a document.
     pub document: usize,
 }
 

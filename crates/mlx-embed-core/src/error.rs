@@ -16,9 +16,14 @@ pub enum OverloadReason {
 /// Errors a caller of [`crate::Batcher`] can get.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum CoreError {
+    /// Refused by admission, before anything was computed: the lane's
+    /// waiting line was full or the wait passed `max_queue_wait`. Retry.
     #[error("overloaded ({reason:?}); retry after {retry_after:?}")]
     Overloaded {
+        /// Which bound refused it.
         reason: OverloadReason,
+        /// When to come back: the work ahead at the model's recent
+        /// throughput, 1 to 60 s.
         retry_after: Duration,
     },
     /// The model raised on this request's own inputs (the message is the model's).
@@ -35,6 +40,8 @@ pub enum CoreError {
     /// load panicked or its thread died.
     #[error("cannot load the model: {0}")]
     LoadFailed(EmbedderError),
+    /// [`crate::Batcher::close`] was called: no new work is taken (work
+    /// already admitted still completes).
     #[error("shutting down")]
     ShuttingDown,
     /// The request cannot be embedded as sent: no inputs, an unknown prompt
@@ -57,16 +64,25 @@ pub enum CoreError {
     /// tokenization, before the request is admitted: nothing was computed.
     #[error("input {index} has {tokens} tokens, more than {limit} of {max}")]
     InputTooLong {
+        /// The input's position in the request.
         index: usize,
+        /// Its tokens before truncation, special tokens included.
         tokens: usize,
+        /// The most it may have.
         max: usize,
+        /// Which limit `max` is.
         limit: crate::InputLimit,
     },
     /// Per-token output of `rows` token rows in all, more than the request's
     /// [`EmbedOptions::max_token_rows`](crate::EmbedOptions::max_token_rows).
     /// Raised after tokenization, before the request is admitted.
     #[error("these inputs have {rows} tokens in all, more than the {max} token rows one request may have")]
-    TooManyTokenRows { rows: usize, max: usize },
+    TooManyTokenRows {
+        /// Token rows the request's inputs have in all.
+        rows: usize,
+        /// The request's bound.
+        max: usize,
+    },
     /// [`crate::Batcher::embed`] was polled outside a tokio runtime (by
     /// another executor, or `block_on` of a crate other than tokio's). It
     /// tokenizes on tokio's blocking pool and waits with tokio's timer.

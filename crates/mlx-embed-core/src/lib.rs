@@ -99,6 +99,9 @@
 //! # Ok(()) }
 //! ```
 
+// Every public item is documented: clippy's -D warnings holds the line.
+#![warn(missing_docs)]
+
 mod admission;
 mod batcher;
 mod cache;

@@ -6,10 +6,15 @@ use crate::{CacheMetrics, Priority};
 /// above `bounds[i-1]` (NOT cumulative); `overflow` counts those above the last bound.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Histogram {
+    /// Upper bounds of the buckets, increasing.
     pub bounds: Vec<f64>,
+    /// Observations in each bucket (not cumulative).
     pub counts: Vec<u64>,
+    /// Observations above the last bound.
     pub overflow: u64,
+    /// Sum of every observation.
     pub sum: f64,
+    /// Number of observations.
     pub count: u64,
 }
 
@@ -22,9 +27,15 @@ pub struct MetricsSnapshot {
     pub in_flight_inputs: u64,
     /// Inputs queued for the model but not yet in a batch.
     pub queued_inputs: u64,
+    /// Requests answered with their vectors.
     pub requests_ok: u64,
+    /// Requests refused by admission ([`crate::CoreError::Overloaded`]).
     pub requests_overloaded: u64,
+    /// Requests the model failed on ([`crate::CoreError::Model`]); refused
+    /// input and closed batchers count in none of these.
     pub requests_model_error: u64,
+    /// Requests refused because the model was gone
+    /// ([`crate::CoreError::ModelUnavailable`]).
     pub requests_unavailable: u64,
     /// Requests whose caller went away before their answer, wherever they
     /// were (tokenizing, waiting for admission, queued, being computed).
@@ -34,10 +45,12 @@ pub struct MetricsSnapshot {
     /// waited on another call computing the same input (cache single-flight).
     /// Sent inputs add up to computed + cache hits + these.
     pub inputs_cancelled_before_compute: u64,
+    /// Model calls run.
     pub batches: u64,
     /// Of `batches`, those a query thread ran
     /// ([`crate::BatcherConfig::query_threads`]).
     pub query_thread_batches: u64,
+    /// Inputs per batch.
     pub batch_size: Histogram,
     /// Estimated padded tokens per batch.
     pub batch_tokens: Histogram,
@@ -45,10 +58,13 @@ pub struct MetricsSnapshot {
     pub batch_real_tokens: Histogram,
     /// Real tokens the model ran, and padded tokens it processed (padding ratio).
     pub real_tokens: u64,
+    /// Padded tokens the model's device passes processed.
     pub padded_tokens: u64,
     /// Seconds from submission to the start of the batch (admission + queue).
     pub queue_wait_seconds: Histogram,
+    /// Seconds each batch waited to enter the Python interpreter.
     pub gil_wait_seconds: Histogram,
+    /// Seconds of model time per batch.
     pub model_seconds: Histogram,
     /// Tokens of each input of the calls tokenized (after truncation,
     /// special tokens included), cache hits too.
@@ -62,6 +78,7 @@ pub struct MetricsSnapshot {
 /// Queue figures of one priority lane.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LaneMetrics {
+    /// The lane.
     pub priority: Priority,
     /// Inputs waiting for this lane's admission.
     pub waiting_inputs: u64,

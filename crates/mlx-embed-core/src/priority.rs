@@ -12,9 +12,12 @@ use std::str::FromStr;
 /// (see [`crate::BatcherConfig::aging_batches`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Priority {
+    /// Interactive queries: the next batch takes them first.
     High,
+    /// Ordinary traffic.
     #[default]
     Normal,
+    /// Bulk work, passed over while others wait (within aging).
     Low,
 }
 

@@ -17,8 +17,11 @@ pub enum BridgeError {
     /// looked, and why the virtualenv found gave nothing where that is known.
     #[error("cannot import the Python package `mlx_embed`: {message}{venv} (sys.prefix = {prefix}; sys.path = {path}). Install the project into a virtualenv (`make serve` does) and set VIRTUAL_ENV or run the binary from that virtualenv")]
     NotImportable {
+        /// Python's `ImportError` message.
         message: String,
+        /// The interpreter's `sys.prefix`.
         prefix: String,
+        /// The interpreter's `sys.path`, as Python prints it.
         path: String,
         /// Empty, or `"; "` and why the virtualenv added no packages (one
         /// made for another Python version than the one this program embeds).
@@ -35,7 +38,12 @@ pub enum BridgeError {
     /// the cache holds or the Hub gave (`mlx_embed.hub.ModelNotFound`):
     /// `why` says which, and how to fetch it.
     #[error("{name}: {why}")]
-    ModelNotFound { name: String, why: String },
+    ModelNotFound {
+        /// The model as it was named.
+        name: String,
+        /// Why it was not found, and how to fetch it.
+        why: String,
+    },
     /// The model answered with something the bridge cannot use.
     #[error("unexpected answer from the model: {0}")]
     Protocol(String),

@@ -28,6 +28,9 @@
 //!
 //! [`Embedder`]: mlx_embed_core::Embedder
 
+// Every public item is documented: clippy's -D warnings holds the line.
+#![warn(missing_docs)]
+
 mod embedder;
 mod error;
 pub mod interpreter;

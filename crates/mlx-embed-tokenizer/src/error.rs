@@ -5,7 +5,12 @@
 pub enum TokenizerError {
     /// `tokenizer.json` is missing or not a tokenizer the `tokenizers` crate reads.
     #[error("cannot load the tokenizer {path}: {message}")]
-    Load { path: String, message: String },
+    Load {
+        /// The file.
+        path: String,
+        /// What the `tokenizers` crate said.
+        message: String,
+    },
     /// The spec contradicts itself or the tokenizer.
     #[error("invalid tokenizer spec: {0}")]
     Spec(String),

@@ -34,6 +34,9 @@
 //! [`TruncationDirection::Right`]: mlx_embed_core::TruncationDirection::Right
 //! [`TruncationDirection::Left`]: mlx_embed_core::TruncationDirection::Left
 
+// Every public item is documented: clippy's -D warnings holds the line.
+#![warn(missing_docs)]
+
 mod encoder;
 mod error;
 mod pair;

@@ -66,8 +66,11 @@ pub struct TokenizerSpec {
 /// it to `max_length` (query expansion with `[MASK]`).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct InputMode {
+    /// The mode's marker ids, put in after the first token.
     pub insert_ids: Vec<u32>,
     /// Tokens of an input in this mode, specials and `insert_ids` included.
     pub max_length: usize,
+    /// The id a sequence is padded with to `max_length` (a query's
+    /// `[MASK]`); `None`: no padding.
     pub expand_id: Option<u32>,
 }

@@ -10,6 +10,9 @@
 //! its binary loads that interpreter's libpython (README, "Use from Rust,
 //! without HTTP", has the Cargo.toml). [`mlx_embed_core::Batcher::start`] blocks while
 //! the model loads: call it outside async code, or in `spawn_blocking`.
+//! A program that uses pyo3 itself must not wait for an `embed` while it holds
+//! the GIL (inside `Python::attach`): the model thread takes the GIL for each
+//! batch, so that wait never ends; wait inside `py.detach(|| ...)` instead.
 //!
 //! ```no_run
 //! use mlx_embed_core::{Batcher, BatcherConfig, EmbedInput, EmbedOptions};

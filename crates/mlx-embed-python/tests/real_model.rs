@@ -258,3 +258,31 @@ fn tempfile_dir(what: &str) -> PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// What the README tells a program that uses pyo3 itself: a wait for
+/// `embed` inside `Python::attach` cannot end (the model thread needs the
+/// GIL for the batch), one inside `py.detach` answers.
+#[test]
+fn a_wait_for_embed_holding_the_gil_never_ends_and_one_detached_answers() {
+    use pyo3::prelude::*;
+    let batcher = start();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let text = |t: &str| vec![EmbedInput::Text(t.into())];
+    Python::attach(|py| {
+        let held = runtime.block_on(async {
+            tokio::time::timeout(
+                std::time::Duration::from_secs(2),
+                batcher.embed(text("waited for under the GIL"), EmbedOptions::default()),
+            )
+            .await
+        });
+        assert!(held.is_err(), "answered while the GIL was held: {held:?}");
+        let detached = py.detach(|| {
+            runtime.block_on(batcher.embed(text("waited for detached"), EmbedOptions::default()))
+        });
+        assert_eq!(detached.expect("answers").vectors[0].len(), 384);
+    });
+}

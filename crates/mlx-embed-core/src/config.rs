@@ -15,7 +15,8 @@ pub struct BatcherConfig {
     /// 8192 by default, 32768 on an accelerator.
     pub max_batch_tokens: usize,
     /// How long an idle model waits for company before running a lone request.
-    /// Zero by default: on an idle model waiting only adds latency.
+    /// Zero by default: on an idle model waiting only adds latency. A year at
+    /// most: a longer one (`Duration::MAX` too) runs as a year.
     pub batch_window: Duration,
     /// How long a batch may wait, after a batch is answered, for that
     /// batch's callers to come back. Zero (the default) turns it off.
@@ -34,7 +35,8 @@ pub struct BatcherConfig {
     /// for it. Nothing waits without batching or once the batcher is closed.
     /// With several model threads each answer restarts the window. 4 ms on
     /// an accelerator ([`BatcherConfig::for_device`]), zero on the CPU, where
-    /// a pass costs what its inputs cost and waiting gains nothing.
+    /// a pass costs what its inputs cost and waiting gains nothing. A year at
+    /// most, as `batch_window`.
     pub regroup_window: Duration,
     /// Inputs (not requests) admitted at once, per priority lane and line;
     /// more wait their turn in FIFO order. Each lane has its own room, so

@@ -165,10 +165,21 @@ pub(crate) struct Shared {
     dead_reason: OnceLock<String>,
 }
 
+/// The longest batch or regroup window run ([`BatcherConfig::batch_window`]):
+/// a year, as long as forever to any caller, and an `Instant` that far ahead
+/// is one every platform's clock holds.
+pub(crate) const LONGEST_WINDOW: std::time::Duration =
+    std::time::Duration::from_secs(365 * 24 * 60 * 60);
+
 impl Shared {
     pub fn new(mut config: BatcherConfig) -> Self {
         // Stored as run, so every reader sees the count of threads started.
         config.model_threads = config.model_threads.max(1);
+        // A window whose end an `Instant` cannot hold (`Duration::MAX`, "wait
+        // for company however long") panicked the model thread where that end
+        // was computed, and every caller got `ModelUnavailable`.
+        config.batch_window = config.batch_window.min(LONGEST_WINDOW);
+        config.regroup_window = config.regroup_window.min(LONGEST_WINDOW);
         let max_batch_size = config.max_batch_size.max(1);
         let limits = Limits {
             max_batch_size,

@@ -260,6 +260,46 @@ async fn batch_window_gathers_company_on_an_idle_model() {
     );
 }
 
+/// `Duration::MAX` windows ("wait for company however long"): a full batch
+/// and a high-priority input still end them, and the model thread lives.
+/// Before, it panicked computing the window's end (`Instant` overflow), and
+/// every caller got `ModelUnavailable`.
+#[tokio::test(flavor = "current_thread")]
+async fn windows_too_long_for_an_instant_still_end_at_company() {
+    let config = BatcherConfig {
+        batch_window: Duration::MAX,
+        regroup_window: Duration::MAX,
+        max_batch_size: 2,
+        ..BatcherConfig::default()
+    };
+    let (batcher, record) = start(config, Duration::ZERO, None);
+    let full = ["a full", "batch"].map(String::from);
+    let got = timeout(
+        LIMIT,
+        batcher.embed(owned_texts(&full), EmbedOptions::default()),
+    )
+    .await
+    .expect("a full batch ends the window")
+    .expect("answered");
+    assert_answer(&full, &got);
+    // The regroup window after that batch waits for two inputs; a query does not wait.
+    let query = EmbedOptions {
+        priority: mlx_embed_core::Priority::High,
+        ..EmbedOptions::default()
+    };
+    let got = timeout(LIMIT, batcher.embed(texts(&["urgent"]), query))
+        .await
+        .expect("a high-priority input ends the windows")
+        .expect("answered");
+    assert_answer(&["urgent".into()], &got);
+    assert!(batcher.is_healthy(), "{:?}", batcher.model_failure());
+    assert_eq!(record.batches().len(), 2);
+    assert_eq!(
+        batcher.config().batch_window,
+        Duration::from_secs(365 * 24 * 60 * 60)
+    );
+}
+
 #[tokio::test(flavor = "current_thread")]
 async fn idle_model_starts_a_lone_request_at_once() {
     let (batcher, _record) = start(BatcherConfig::default(), Duration::ZERO, None);

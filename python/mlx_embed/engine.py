@@ -1256,6 +1256,36 @@ _WHOLE_NUMBERS = {
     **dict.fromkeys(("quantize", "group_size", "max_length", "batch_tokens", "workers", "streams"), 1),
     **dict.fromkeys(("eval_chunk_mb", "cache_limit_mb"), 0),
 }
+# The most of a whole-number setting a load takes (the server's flags say the
+# same before Python starts): each worker is a thread computing on a core of
+# its own, so past 4 per core (256 at most) the value cannot be meant; a
+# load(workers=2000) once started 2000 threads on 2 cores. MLX takes the
+# cache limit in bytes as a size_t, which a bigger value overflowed
+# (set_cache_limit's TypeError).
+MAX_WORKERS = 256
+WORKERS_PER_CORE = 4
+MAX_CACHE_LIMIT_MB = 1 << 24
+
+
+def _cores() -> int:
+    """Cores this process may run on (its affinity, else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def _most(key: str) -> Optional[tuple[int, str]]:
+    """A whole-number setting's most, and why, where it has one."""
+    if key == "workers":
+        cores = _cores()
+        most = min(MAX_WORKERS, WORKERS_PER_CORE * cores)
+        return most, f"{WORKERS_PER_CORE} per core on {cores} core{'s' if cores != 1 else ''}, {MAX_WORKERS} at most"
+    if key == "cache_limit_mb":
+        return MAX_CACHE_LIMIT_MB, "16 TiB"
+    return None
+
+
 # Text settings.
 _TEXTS = ("name", "fast_ops", "kind", "instruction", "truncation_side")
 _SWITCHES = ("pipeline", "fused_attention", "shape_buckets", "dequantize", "joined_linears", "packed_rows")
@@ -1275,6 +1305,9 @@ def _check_settings(**settings) -> None:
             if value < _WHOLE_NUMBERS[key]:
                 least = "at least 1" if _WHOLE_NUMBERS[key] else "0 or more"
                 raise ValueError(f"{key} must be {least}, got {value!r}")
+            most = _most(key)
+            if most is not None and value > most[0]:
+                raise ValueError(f"{key} must be at most {most[0]} ({most[1]}), got {value!r}")
         elif key in _SWITCHES:
             if not isinstance(value, (bool, np.bool_)):
                 raise TypeError(f"{key} must be True, False or None, got {value!r}")

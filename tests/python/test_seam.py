@@ -307,6 +307,9 @@ def test_streams_and_overlapping_calls_equal_synchronous(golden_texts):
     ({"cache_limit_mb": 1.5}, TypeError, "cache_limit_mb must be a whole number, got 1.5"),
     ({"cache_limit_mb": True}, TypeError, "cache_limit_mb must be a whole number, got True"),
     ({"cache_limit_mb": -1}, ValueError, "cache_limit_mb must be 0 or more, got -1"),
+    # A library probe: the server's bounds were its flags' alone (2000 workers started 2000 threads).
+    ({"workers": 257}, ValueError, r"workers must be at most \d+ \(4 per core on \d+ cores?, 256 at most\), got 257"),
+    ({"cache_limit_mb": (1 << 24) + 1}, ValueError, r"cache_limit_mb must be at most 16777216 \(16 TiB\)"),
     ({"pooling": 5}, TypeError, "pooling must be a string or a list of strings, got 5"),
     ({"instruction": 5}, TypeError, "instruction must be a string, got 5"),
     ({"kind": 1}, TypeError, "kind must be a string, got 1"),
@@ -319,6 +322,16 @@ def test_load_refuses_a_setting_of_the_wrong_type_or_range_naming_it(setting, er
     pipelining on, workers=0 became 1, max_length=2.5 became 2."""
     with pytest.raises(error, match=message):
         mlx_embed.load(TINY_QWEN3, **setting)
+
+
+def test_load_takes_up_to_4_workers_per_core_and_refuses_more():
+    """The bound is the cores this process may run on: 4 each load, one more
+    is refused before any thread starts."""
+    cores = len(os.sched_getaffinity(0))
+    most = min(256, 4 * cores)
+    assert mlx_embed.load(TINY_QWEN3, workers=most).scheduler.workers in (most, 1)
+    with pytest.raises(ValueError, match=f"workers must be at most {most} "):
+        mlx_embed.load(TINY_QWEN3, workers=most + 1)
 
 
 def test_quantizing_no_layer_is_an_error_not_a_report(monkeypatch):

@@ -232,6 +232,20 @@ fn a_failed_load_says_whose_fault_it_is() {
         message.contains("ValueError: workers must be at least 1"),
         "{message}"
     );
+    // The server's bound is the engine's: a library load of 100,000 workers
+    // once started as many threads.
+    let (kind, message) = refusal(PythonModelOptions {
+        engine: EngineOptions {
+            workers: Some(100_000),
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    assert_eq!(kind, EmbedderErrorKind::InvalidInput, "{message}");
+    assert!(
+        message.contains("ValueError: workers must be at most ") && message.contains("256 at most"),
+        "{message}"
+    );
 
     // A folder whose weights cannot be read is a failed load, not a bad option.
     let broken = tempfile_dir("mlx-embed-broken-weights");

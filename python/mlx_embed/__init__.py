@@ -77,7 +77,7 @@ def load(path=None, *, dtype="float32", quantize=None, instruction=None, **kwarg
 
     Engine settings, per model (environment variables are only fallbacks):
     ``fast_ops`` "native" | "mlx" | "exact" (CPU element-wise path),
-    ``workers`` (MLX threads on the CPU; at most 4 per core and 256), ``batch_tokens`` (padded tokens per
+    ``workers`` (MLX threads on the CPU; at most 4 per core and 256, ``MLX_EMBED_WORKERS`` too), ``batch_tokens`` (padded tokens per
     device pass), ``cache_limit_mb`` (MLX buffer cache; default 0 on the CPU,
     2048 on a GPU), ``pipeline`` (async sub-batch submission; default on a GPU),
     ``streams`` (device streams the passes of a call spread over; 1),

@@ -34,7 +34,7 @@ from .errors import InputTooLong, InvalidInput, check_switches
 from .loading import DEFAULT_MODEL_NAME, DEFAULT_MODEL_NAMES, default_model_path  # noqa: F401  (re-exported)
 from .models import reads_type_ids
 from .pairs import segment_spec, template_spec
-from .scheduler import Scheduler
+from .scheduler import Scheduler, most_workers
 from .scoring import ScoringMixin
 from .spec import EmbedResult, ModelSpec, TokenizerSpec
 from .tokenization import (
@@ -1257,30 +1257,16 @@ _WHOLE_NUMBERS = {
     **dict.fromkeys(("eval_chunk_mb", "cache_limit_mb"), 0),
 }
 # The most of a whole-number setting a load takes (the server's flags say the
-# same before Python starts): each worker is a thread computing on a core of
-# its own, so past 4 per core (256 at most) the value cannot be meant; a
-# load(workers=2000) once started 2000 threads on 2 cores. MLX takes the
-# cache limit in bytes as a size_t, which a bigger value overflowed
-# (set_cache_limit's TypeError).
-MAX_WORKERS = 256
-WORKERS_PER_CORE = 4
+# same before Python starts). Workers: scheduler.most_workers, which bounds
+# MLX_EMBED_WORKERS too. MLX takes the cache limit in bytes as a size_t,
+# which a bigger value overflowed (set_cache_limit's TypeError).
 MAX_CACHE_LIMIT_MB = 1 << 24
-
-
-def _cores() -> int:
-    """Cores this process may run on (its affinity, else the machine's)."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 def _most(key: str) -> Optional[tuple[int, str]]:
     """A whole-number setting's most, and why, where it has one."""
     if key == "workers":
-        cores = _cores()
-        most = min(MAX_WORKERS, WORKERS_PER_CORE * cores)
-        return most, f"{WORKERS_PER_CORE} per core on {cores} core{'s' if cores != 1 else ''}, {MAX_WORKERS} at most"
+        return most_workers()
     if key == "cache_limit_mb":
         return MAX_CACHE_LIMIT_MB, "16 TiB"
     return None

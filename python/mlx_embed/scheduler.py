@@ -125,6 +125,25 @@ def bucket_rows(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+# The most workers a load takes, from load(workers=) or MLX_EMBED_WORKERS (the
+# server's --workers says the same before Python starts): each worker is a
+# thread computing on a core of its own, so past 4 per core (256 at most) the
+# value cannot be meant; 2000 once started 2000 threads on 2 cores.
+MAX_WORKERS = 256
+WORKERS_PER_CORE = 4
+
+
+def most_workers() -> tuple[int, str]:
+    """The most workers this process takes, and why: 4 per core it may run
+    on (its affinity, else the machine's), 256 at most."""
+    try:
+        cores = len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    most = min(MAX_WORKERS, WORKERS_PER_CORE * cores)
+    return most, f"{WORKERS_PER_CORE} per core on {cores} core{'s' if cores != 1 else ''}, {MAX_WORKERS} at most"
+
+
 def default_workers() -> int:
     # Parallel callers only pay off where element-wise kernels are the
     # bottleneck: the CPU backend. Two is what was measured (2 cores).
@@ -170,6 +189,9 @@ class Scheduler:
             env = os.environ.get("MLX_EMBED_WORKERS", "").strip()
             if env and not (env.isdecimal() and env.isascii() and int(env) >= 1):
                 raise ValueError(f"MLX_EMBED_WORKERS must be a whole number of at least 1, got {env!r}")
+            most, why = most_workers()
+            if env and int(env) > most:
+                raise ValueError(f"MLX_EMBED_WORKERS must be at most {most} ({why}), got {env!r}")
             workers = int(env) if env else default_workers()
         self.workers = int(workers)
         if self.workers > 1 and not device.is_cpu():

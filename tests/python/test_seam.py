@@ -334,6 +334,17 @@ def test_load_takes_up_to_4_workers_per_core_and_refuses_more():
         mlx_embed.load(TINY_QWEN3, workers=most + 1)
 
 
+def test_the_workers_variable_is_bounded_as_load_workers(monkeypatch):
+    """MLX_EMBED_WORKERS, load()'s fallback, had no most: 2000 there started
+    2000 threads on 2 cores, which load(workers=2000) refuses."""
+    most = min(256, 4 * len(os.sched_getaffinity(0)))
+    monkeypatch.setenv("MLX_EMBED_WORKERS", str(most + 1))
+    with pytest.raises(ValueError, match=rf"MLX_EMBED_WORKERS must be at most {most} \(4 per core on \d+ cores?, 256 at most\), got '{most + 1}'"):
+        mlx_embed.load(TINY_QWEN3)
+    monkeypatch.setenv("MLX_EMBED_WORKERS", str(most))
+    assert mlx_embed.load(TINY_QWEN3).scheduler.workers in (most, 1)
+
+
 def test_quantizing_no_layer_is_an_error_not_a_report(monkeypatch):
     """A group size that divides no layer's input width quantized nothing,
     yet the model reported 4-bit weights."""

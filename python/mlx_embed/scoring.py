@@ -1,8 +1,9 @@
 """The Python library's cross-encoder API: ``predict``, ``score`` and
 ``rerank`` on a model loaded as a classifier or reranker (``heads.py``).
 
-The engine returns raw logits; turning them into scores is the server's
-function (``score::activate``), which this module calls, with TEI's rule:
+The engine returns raw logits; turning them into scores is the Rust core's
+function (``mlx_embed_core::activate``, the server's too), which this module
+calls, with TEI's rule:
 sigmoid for one label, softmax over several, nothing with ``raw_scores``;
 a multi-label classifier's labels get a sigmoid each (transformers' rule).
 """
@@ -21,7 +22,7 @@ from .pairs import PairEncoder, pairs_only
 def activate(logits: np.ndarray, multi_label: bool = False) -> np.ndarray:
     """[n, labels] raw logits -> scores: sigmoid (1 label, or each label of a
     multi-label classifier) or softmax; a new float32 array. The server's
-    (``score::activate`` through the extension), so a score is the server's
+    (``mlx_embed_core::activate`` through the extension), so a score is the server's
     to the last bit; without the extension its arithmetic in NumPy (float64,
     each score rounded once; NumPy's exp, not the C library's, may differ
     in a float64 last bit)."""

@@ -127,7 +127,7 @@ def test_multi_vector_rows_are_the_librarys(tmp_path):
 
 def test_scores_are_the_librarys(tmp_path, golden):
     """A reranker's sigmoid and a classifier's softmax: the server's
-    ``score::activate``, which the library calls too (``scoring.activate``)."""
+    ``mlx_embed_core::activate``, which the library calls too (``scoring.activate``)."""
     import mlx_embed
 
     texts = [t for t in golden[0] if t]

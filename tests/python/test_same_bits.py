@@ -1,6 +1,6 @@
 """One L2 normalization and one scoring for the server and the library:
 ``pooling.unit_rows`` runs the server's ``l2_normalize`` and
-``scoring.activate`` its ``score::activate`` (through the extension); the
+``scoring.activate`` its ``mlx_embed_core::activate`` (through the extension); the
 NumPy fallbacks repeat that arithmetic, and every library path that
 normalizes goes through ``unit_rows`` (tests/e2e/test_server_library_bits.py
 holds the server to the same bits)."""
@@ -132,7 +132,7 @@ def test_multi_vector_rows_normalize_with_unit_rows(golden_texts):
 
 @pytest.mark.parametrize("labels,multi_label", [(1, False), (3, False), (9, False), (4, True)])
 def test_scores_are_the_servers_and_the_fallback_rounds_alike(labels, multi_label, monkeypatch):
-    """``scoring.activate`` is the server's ``score::activate`` (float64,
+    """``scoring.activate`` is the server's ``mlx_embed_core::activate`` (float64,
     each score rounded once); NumPy's arithmetic without the extension
     gives the same floats here."""
     from mlx_embed import scoring

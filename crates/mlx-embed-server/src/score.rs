@@ -5,11 +5,9 @@
 //!
 //! The model returns raw logits, one per label; the activation is TEI's:
 //! sigmoid for one label, softmax over several, none with `raw_scores`; a
-//! multi-label classifier's labels get a sigmoid each (transformers' rule).
+//! multi-label classifier's labels get a sigmoid each (transformers' rule),
+//! the core's [`mlx_embed_core::ModelKind::activate`].
 
-/// The activation, owned by the core (a Rust program scores without this
-/// crate); here too for the routes and the extension that named it here.
-pub use mlx_embed_core::{activate, sigmoid_each};
 use mlx_embed_core::{EmbedInput, EmbedOptions};
 
 use crate::embed::check_inputs;

@@ -2862,13 +2862,13 @@ async fn score_counts_both_lists_against_the_input_limit() {
 fn softmax(logits: &[f32]) -> Vec<f32> {
     assert!(logits.len() > 1, "one logit is a sigmoid");
     let mut v = logits.to_vec();
-    mlx_embed_server::score::activate(&mut v);
+    mlx_embed_core::activate(&mut v);
     v
 }
 
 fn sigmoid(x: f32) -> f32 {
     let mut v = [x];
-    mlx_embed_server::score::activate(&mut v);
+    mlx_embed_core::activate(&mut v);
     v[0]
 }
 

@@ -20,7 +20,7 @@ use std::borrow::Cow;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use mlx_embed_core::{EmbedOptions, Priority};
+use mlx_embed_core::{activate, sigmoid_each, EmbedOptions, Priority};
 use serde::Deserialize;
 use serde_json::Value;
 use utoipa::openapi::schema::{AnyOfBuilder, ArrayBuilder, Schema};
@@ -35,7 +35,7 @@ use super::tei::SparseValue;
 use crate::errors::{ApiError, ErrorKind, Shaped, Tei, TeiOrOpenAiErrorBody};
 use crate::extract::{ApiJson, PriorityHeader};
 use crate::models::Task;
-use crate::score::{activate, score, sigmoid_each, ScoreRequest};
+use crate::score::{score, ScoreRequest};
 use crate::state::AppState;
 
 /// Text-classification parameters of the Inference API.

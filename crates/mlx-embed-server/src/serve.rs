@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use axum::http::StatusCode;
 use axum::Router;
 use hyper::server::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -424,9 +425,20 @@ async fn run(
 const HEADERS_GRACE: Duration = Duration::from_secs(1);
 
 /// The most a request's head may take: over HTTP/1 its request line and
-/// headers as read (hyper's default, named so HTTP/2 gets the same; past it
-/// 431), over HTTP/2 its header list as decoded (`SETTINGS_MAX_HEADER_LIST_SIZE`).
+/// header lines, their line ends and the blank line after them included
+/// (hyper's default buffer, named so HTTP/2 gets the same; past it 431),
+/// over HTTP/2 its header list as decoded (`SETTINGS_MAX_HEADER_LIST_SIZE`).
+/// Held exactly: hyper's buffer bound alone let a head that arrived in one
+/// piece run past it by one read (a 500 KB header was answered 200).
 const MAX_HEAD_BYTES: usize = 8192 + 4096 * 100;
+
+/// The most header lines an HTTP/1 request may have (hyper's default, named
+/// so the 431 that refuses more can say it).
+const MAX_HEADERS: usize = 100;
+
+/// The longest HTTP/1 request target hyper takes (its `MAX_URI_LEN`, which
+/// has no setting); past it 414.
+const MAX_URI_BYTES: usize = u16::MAX as usize - 1;
 
 /// Streams one HTTP/2 connection may have open at once (hyper's default,
 /// named so it cannot change under us). Admission is per server, not per
@@ -499,7 +511,9 @@ impl Protocols {
         http1
             .timer(TokioTimer::new())
             .header_read_timeout(client_timeout)
-            .max_buf_size(MAX_HEAD_BYTES);
+            .max_buf_size(MAX_HEAD_BYTES)
+            .max_header_size(MAX_HEAD_BYTES)
+            .max_headers(MAX_HEADERS);
         let mut http2 = http2::Builder::new(TokioExecutor::new());
         http2
             .timer(TokioTimer::new())
@@ -567,7 +581,8 @@ async fn serve_connections(
             let fd = std::os::fd::AsRawFd::as_raw_fd(&stream);
             activity.taken.store(first.len(), Ordering::Release);
             let stream = WriteWatched::new(stream, client_timeout, state.clone(), activity.clone())
-                .replaying(first);
+                .replaying(first)
+                .holding_unowed(protocol == Protocol::Http1);
             let blocked = stream.blocked.clone();
             let io = TokioIo::new(stream);
             let service = TowerToHyperService::new(tracked);
@@ -580,14 +595,22 @@ async fn serve_connections(
             };
             match protocol {
                 Protocol::Http1 => {
-                    let connection = protocols.http1.serve_connection(io, service);
-                    watched.drive(connection, None, &mut stopped).await;
+                    let mut connection = Http1(protocols.http1.serve_connection(io, service));
+                    let ended = watched
+                        .drive(Pin::new(&mut connection), None, &mut stopped)
+                        .await;
+                    if let Some(ended) = ended {
+                        close_http1(connection, ended, &state).await;
+                    }
                 }
                 Protocol::Http2 => {
-                    let connection = protocols.http2.serve_connection(io, service);
-                    watched
+                    let connection = std::pin::pin!(protocols.http2.serve_connection(io, service));
+                    let ended = watched
                         .drive(connection, Some(client_timeout), &mut stopped)
                         .await;
+                    if let Some(Err(err)) = ended {
+                        connection_failed(&state, &err);
+                    }
                 }
             }
         });
@@ -615,21 +638,22 @@ impl Watched<'_> {
     /// a GOAWAY, its open streams answered) and dropped once it has no
     /// request in progress after [`HEADERS_GRACE`]. With `idle_after`, it
     /// is dropped too once an answer has waited that long for hyper to take
-    /// it ([`Activity::stalled`]).
-    async fn drive<C>(
+    /// it ([`Activity::stalled`]). Returns how the connection ended, or
+    /// `None` where it was dropped.
+    async fn drive<C: Served>(
         &self,
-        connection: C,
+        mut connection: Pin<&mut C>,
         idle_after: Option<Duration>,
         stopped: &mut tokio::sync::watch::Receiver<bool>,
-    ) where
-        C: GracefulConnection<Error = hyper::Error>,
-    {
-        let mut connection = std::pin::pin!(connection);
+    ) -> Option<Result<(), hyper::Error>> {
         let why = tokio::select! {
-            ended = connection.as_mut() => return self.ended(ended),
+            ended = connection.as_mut() => return Some(ended),
             () = stopping(stopped) => "shutdown",
             () = self.activity.idle(idle_after) => "idle",
-            () = self.activity.stalled(idle_after) => return self.stalled(),
+            () = self.activity.stalled(idle_after) => {
+                self.stalled();
+                return None;
+            }
         };
         // hyper closes an HTTP/1 connection between requests at once on a
         // graceful shutdown, even one whose next request has arrived (in
@@ -640,18 +664,22 @@ impl Watched<'_> {
         if why == "shutdown" && idle_after.is_none() && self.holds_unread_request() {
             let begun = self.activity.started.load(Ordering::Acquire);
             tokio::select! {
-                ended = connection.as_mut() => return self.ended(ended),
+                ended = connection.as_mut() => return Some(ended),
                 () = self.activity.begun_after(begun) => {}
                 () = tokio::time::sleep(HEADERS_GRACE) => {}
             }
         }
         connection.as_mut().graceful_shutdown();
         tokio::select! {
-            ended = connection => self.ended(ended),
+            ended = connection => Some(ended),
             () = unused(self.activity, self.blocked) => {
                 tracing::debug!("closed a connection with no request in progress ({why})");
+                None
             }
-            () = self.activity.stalled(idle_after) => self.stalled(),
+            () = self.activity.stalled(idle_after) => {
+                self.stalled();
+                None
+            }
         }
     }
 
@@ -680,33 +708,158 @@ impl Watched<'_> {
         );
         self.state.http_metrics().record_answer_dropped();
     }
+}
 
-    fn ended(&self, ended: Result<(), hyper::Error>) {
-        if let Err(err) = ended {
-            connection_failed(self.state, &err);
-        }
+/// A connection hyper serves, as [`Watched::drive`] drives it.
+trait Served: Future<Output = Result<(), hyper::Error>> {
+    /// Lets it finish the requests it has begun and take no more.
+    fn graceful_shutdown(self: Pin<&mut Self>);
+}
+
+impl<C: GracefulConnection<Error = hyper::Error>> Served for C {
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        GracefulConnection::graceful_shutdown(self);
     }
 }
 
+/// An HTTP/1 connection that leaves its socket open when it ends, for
+/// [`close_http1`] to answer on and close.
+struct Http1(http1::Connection<TokioIo<WriteWatched>, TowerToHyperService<Tracked>>);
+
+impl Future for Http1 {
+    type Output = Result<(), hyper::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.get_mut().0.poll_without_shutdown(cx)
+    }
+}
+
+impl Served for Http1 {
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        Pin::new(&mut self.get_mut().0).graceful_shutdown();
+    }
+}
+
+/// Closes an HTTP/1 connection that hyper is done with (`ended`), as hyper
+/// would have, but for one thing: a request whose head hyper could not
+/// read gets our answer, a JSON error that says what was wrong
+/// ([`unreadable_head`]), in place of hyper's own, which has no body
+/// ([`Unowed`] kept it from the socket). hyper has no way to give its
+/// answer a body, and no layer of ours sees such a request: a malformed
+/// head is no request at all, nor is a URI past [`MAX_URI_BYTES`].
+async fn close_http1(connection: Http1, ended: Result<(), hyper::Error>, state: &AppState) {
+    use tokio::io::AsyncWriteExt;
+    let mut io = connection.0.into_parts().io.into_inner();
+    let held = io.take_held();
+    if let Err(err) = &ended {
+        connection_failed(state, err);
+    }
+    let refusal = match &ended {
+        Err(err) if !held.is_empty() => unreadable_head(err),
+        _ => None,
+    };
+    // Anything else held (none is known) goes out as hyper wrote it.
+    let answer = match &refusal {
+        Some((status, message)) => refusal_bytes(*status, message),
+        None => held,
+    };
+    if !answer.is_empty() && io.write_all(&answer).await.is_err() {
+        return;
+    }
+    let _ = io.shutdown().await;
+    if refusal.is_some() {
+        io.linger().await;
+    }
+}
+
+/// The status and message for a head hyper could not read (`err`): hyper's
+/// status for it (400, 414 or 431), told in words. `None` for an error
+/// that is not about the head.
+fn unreadable_head(err: &hyper::Error) -> Option<(StatusCode, String)> {
+    if !err.is_parse() {
+        return None;
+    }
+    // hyper's kinds of parse error are private: its words name them.
+    let said = err.to_string();
+    if err.is_parse_too_large() {
+        return Some(if said == "URI too long" {
+            (
+                StatusCode::URI_TOO_LONG,
+                format!("the request's URI is longer than the limit of {MAX_URI_BYTES} bytes"),
+            )
+        } else {
+            (
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                format!(
+                    "the request's head (its request line and header lines) is over the limit \
+                     of {MAX_HEAD_BYTES} bytes or of {MAX_HEADERS} header lines"
+                ),
+            )
+        });
+    }
+    let what = match said.as_str() {
+        "invalid HTTP method parsed" => {
+            "the request line does not start with a method (a token: letters, digits and \
+             !#$%&'*+-.^_`|~) and one space; a request line is `METHOD target HTTP/1.1`"
+                .to_owned()
+        }
+        "invalid URI" => "the request line's target is not a valid URI".to_owned(),
+        "invalid HTTP version parsed" => {
+            "the request line's version is not HTTP/1.1 or HTTP/1.0 (HTTP/2 is spoken to a \
+             client that opens the connection with its preface, prior knowledge)"
+                .to_owned()
+        }
+        "invalid HTTP header parsed" => {
+            "a header line is not `Name: value` (a name is a token: letters, digits and \
+             !#$%&'*+-.^_`|~, with no space before the colon; a value has no control \
+             characters), or a line does not end in CRLF"
+                .to_owned()
+        }
+        "invalid content-length parsed" => {
+            "Content-Length is not a decimal number, or two Content-Length headers differ"
+                .to_owned()
+        }
+        "unexpected transfer-encoding parsed" => {
+            "an HTTP/1.0 request has no Transfer-Encoding (chunked bodies are HTTP/1.1's)"
+                .to_owned()
+        }
+        other => other.to_owned(),
+    };
+    Some((
+        StatusCode::BAD_REQUEST,
+        format!("malformed HTTP/1 request: {what}"),
+    ))
+}
+
+/// A whole HTTP/1.1 answer that ends its connection: `status` and, in the
+/// native error shape ([`crate::errors::NativeErrorBody`]), `message`.
+fn refusal_bytes(status: StatusCode, message: &str) -> Vec<u8> {
+    let body = serde_json::to_vec(&crate::errors::NativeErrorBody {
+        error: crate::errors::NativeErrorDetail {
+            message: message.to_owned(),
+            kind: "invalid_request_error".into(),
+            code: status.as_u16(),
+        },
+    })
+    .expect("a string and a number serialize");
+    let mut answer = format!(
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\ndate: {}\r\n\r\n",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or(""),
+        body.len(),
+        httpdate::fmt_http_date(std::time::SystemTime::now()),
+    )
+    .into_bytes();
+    answer.extend_from_slice(&body);
+    answer
+}
+
 /// A connection that ended in an error. A request hyper could not read
-/// (malformed, or a head past its limits) it has already answered itself
-/// (400, 414 or 431, with no body) and closed, before any route saw it: it
-/// is counted and logged here, so a proxy that sends such requests shows in
-/// `/metrics` and the log. The rest (a client gone, an idle connection
-/// timed out) is routine.
-///
-/// Why these answers carry no JSON error (looked into, hyper 1.12): hyper
-/// writes them in `Conn::on_parse_error` (a status line and
-/// `content-length: 0`), with no option or hook. A layer of ours cannot
-/// take them over at the same limits: a malformed head is no request at
-/// all; a URI past 65534 bytes (hyper's `MAX_URI_LEN`, `http::Uri`'s own
-/// most) cannot become a request either, so a layer could only refuse
-/// shorter ones than today; and a layer sees only heads within hyper's
-/// buffer (`MAX_HEAD_BYTES`, and 100 headers), so answering 431 at today's
-/// limit would need that buffer raised, which is hyper's one bound on the
-/// memory a slow or oversized head holds per connection (and on its write
-/// buffer too), while heads past the raised bound would still get hyper's
-/// empty 431.
+/// (malformed, or a head past its limits) was refused before any route saw
+/// it (over HTTP/1, [`close_http1`] answers it): it is counted and logged
+/// here, so a proxy that sends such requests shows in `/metrics` and the
+/// log. The rest (a client gone, an idle connection timed out) is routine.
 fn connection_failed(state: &AppState, err: &hyper::Error) {
     use crate::metrics::Unreadable;
     if err.is_parse_too_large() {
@@ -796,6 +949,24 @@ struct WriteWatched {
     replayed: usize,
     /// Where the bytes read are counted ([`Activity::taken`]).
     activity: Arc<Activity>,
+    /// HTTP/1's: what hyper writes while it owes no answer, held back.
+    unowed: Option<Unowed>,
+}
+
+/// What an HTTP/1 connection's socket holds back: hyper writes nothing but
+/// the answers to the requests it has handed the service, and its own
+/// answer to a head it could not read (400, 414 or 431: a status line,
+/// no body). So bytes written while no answer is owed (no request in
+/// progress, and every answer's bytes written: hyper flushes the socket
+/// only once its own buffer is empty) are that answer, kept from the
+/// client for [`close_http1`] to replace. (A head read and refused while an
+/// answer still waits in hyper's buffer, for a client that sends and does
+/// not read, gets hyper's answer.)
+struct Unowed {
+    /// How many requests had begun ([`Activity::started`]) when hyper last
+    /// flushed the socket with none in progress.
+    settled: usize,
+    held: Vec<u8>,
 }
 
 impl WriteWatched {
@@ -816,12 +987,59 @@ impl WriteWatched {
             replay: Vec::new(),
             replayed: 0,
             activity,
+            unowed: None,
         }
     }
 
     fn replaying(mut self, first: Vec<u8>) -> Self {
         self.replay = first;
         self
+    }
+
+    /// With `http1`, holds back what hyper writes while it owes no answer
+    /// ([`Unowed`]); nothing owed yet.
+    fn holding_unowed(mut self, http1: bool) -> Self {
+        self.unowed = http1.then(|| Unowed {
+            settled: 0,
+            held: Vec::new(),
+        });
+        self
+    }
+
+    /// Whether what hyper writes now is held back ([`Unowed`]).
+    fn holds(&self) -> bool {
+        self.unowed.as_ref().is_some_and(|unowed| {
+            self.activity.busy.load(Ordering::Acquire) == 0
+                && unowed.settled == self.activity.started.load(Ordering::Acquire)
+        })
+    }
+
+    /// What was held back; nothing is held from now on.
+    fn take_held(&mut self) -> Vec<u8> {
+        self.unowed
+            .take()
+            .map(|unowed| unowed.held)
+            .unwrap_or_default()
+    }
+
+    /// Reads away what the client is still sending, until it closes or for
+    /// up to [`HEADERS_GRACE`] (1 MiB at most), after an answer that ends
+    /// the connection before its request was all read (a head past its
+    /// limit): closed with bytes unread, the socket would send a reset,
+    /// which can reach the client before it reads the answer and discard it.
+    async fn linger(&mut self) {
+        use tokio::io::AsyncReadExt;
+        let mut buf = vec![0u8; 64 << 10];
+        let mut left = 1usize << 20;
+        let _ = tokio::time::timeout(HEADERS_GRACE, async {
+            while left > 0 {
+                match self.stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => left = left.saturating_sub(n),
+                }
+            }
+        })
+        .await;
     }
 
     /// Bytes written to the socket that the client has not yet taken
@@ -898,6 +1116,18 @@ impl WriteWatched {
     }
 }
 
+impl WriteWatched {
+    /// Holds `bufs` back ([`Unowed`]): their length.
+    fn hold(&mut self, bufs: &[std::io::IoSlice<'_>]) -> usize {
+        let held = &mut self.unowed.as_mut().expect("held only over HTTP/1").held;
+        let before = held.len();
+        for buf in bufs {
+            held.extend_from_slice(buf);
+        }
+        held.len() - before
+    }
+}
+
 impl AsyncRead for WriteWatched {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -932,6 +1162,9 @@ impl AsyncWrite for WriteWatched {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
+        if self.holds() {
+            return Poll::Ready(Ok(self.hold(&[std::io::IoSlice::new(buf)])));
+        }
         let poll = Pin::new(&mut self.stream).poll_write(cx, buf);
         self.note(cx, poll)
     }
@@ -941,6 +1174,9 @@ impl AsyncWrite for WriteWatched {
         cx: &mut Context<'_>,
         bufs: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
+        if self.holds() {
+            return Poll::Ready(Ok(self.hold(bufs)));
+        }
         let poll = Pin::new(&mut self.stream).poll_write_vectored(cx, bufs);
         self.note(cx, poll)
     }
@@ -951,6 +1187,13 @@ impl AsyncWrite for WriteWatched {
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         let poll = Pin::new(&mut self.stream).poll_flush(cx);
+        let this = &mut *self;
+        if let (Poll::Ready(Ok(())), Some(unowed)) = (&poll, &mut this.unowed) {
+            // hyper's buffer is empty: every answer begun so far is written.
+            if this.activity.busy.load(Ordering::Acquire) == 0 {
+                unowed.settled = this.activity.started.load(Ordering::Acquire);
+            }
+        }
         self.note(cx, poll)
     }
 

@@ -354,6 +354,35 @@ def test_an_unreachable_collector_is_a_warning_and_the_server_serves_on(tmp_path
             {"OTEL_EXPORTER_OTLP_CERTIFICATE": "/etc/hostname"},
             "OTEL_EXPORTER_OTLP_CERTIFICATE /etc/hostname: no certificate in it",
         ),
+        # Files only TLS uses, with an http endpoint: refused by the variable, before any is read.
+        (
+            ["--otlp-endpoint", "http://c:4317"],
+            {"OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent/ca.pem"},
+            "--otlp-endpoint http://c:4317: OTEL_EXPORTER_OTLP_CERTIFICATE names the CA certificates a "
+            "collector's TLS certificate is checked against, and an http endpoint has no TLS: the spans would "
+            "go in plain text to a collector nobody checked; give an https endpoint, or leave "
+            "OTEL_EXPORTER_OTLP_CERTIFICATE unset",
+        ),
+        (
+            [],
+            {
+                "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318",
+                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf",
+                "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE": "/etc/hostname",
+            },
+            "OTEL_EXPORTER_OTLP_ENDPOINT http://c:4318/v1/traces: OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE names the "
+            "CA certificates",
+        ),
+        (
+            ["--otlp-endpoint", "http://c:4317"],
+            {
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE": "/nonexistent/client.pem",
+                "OTEL_EXPORTER_OTLP_CLIENT_KEY": "/nonexistent/client.key",
+            },
+            "--otlp-endpoint http://c:4317: OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE is for mutual TLS (the client "
+            "certificate and key shown to the collector), and an http endpoint has no TLS; give an https "
+            "endpoint, or leave the client certificate and key unset",
+        ),
         (
             ["--otlp-endpoint", "http://c:4317"],
             {"OTEL_EXPORTER_OTLP_COMPRESSION": "zstd"},

@@ -242,21 +242,11 @@ impl Settings {
             Some((name, value)) => parse_timeout(&value, name)?,
             None => DEFAULT_TIMEOUT,
         };
-        let client = client_identity(&env, &read)?;
-        if client.is_some() && !endpoint.starts_with("https://") {
-            return Err(format!(
-                "{source} {endpoint}: a client certificate (OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE) \
-                 is shown over TLS only; give an https endpoint, or leave the client certificate \
-                 and key unset"
-            ));
+        if !endpoint.starts_with("https://") {
+            check_no_tls_files(&env, source, &endpoint)?;
         }
-        let ca = match first_set(
-            &env,
-            &[
-                "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
-                "OTEL_EXPORTER_OTLP_CERTIFICATE",
-            ],
-        ) {
+        let client = client_identity(&env, &read)?;
+        let ca = match first_set(&env, CA_VARS) {
             Some((name, path)) => Some(read_ca(name, path.trim(), &read)?),
             None => None,
         };
@@ -520,6 +510,52 @@ fn check_binary_metadata(headers: &[(http::HeaderName, http::HeaderValue)]) -> R
     Ok(())
 }
 
+/// The variables naming the CA certificates a collector's TLS certificate
+/// must chain to, the signal's first.
+const CA_VARS: &[&str] = &[
+    "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_CERTIFICATE",
+];
+
+/// The variables naming the client certificate and key (mutual TLS), the
+/// signal's first.
+const CLIENT_VARS: &[&str] = &[
+    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+    "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+    "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+];
+
+/// Refuses, for `endpoint` (an `http` one: no TLS), a file `env` names that
+/// only TLS uses, before any is read. Whoever gives a CA expects the
+/// collector to be checked against it, and whoever gives a client
+/// certificate expects the collector to see it; over `http` the spans would
+/// go in plain text to a collector nobody checked, which sees no
+/// certificate: an export that only looks secured. (The spec has these
+/// apply to secure connections only; an SDK that ignores them leaves the
+/// mistake silent.)
+fn check_no_tls_files(
+    env: &impl Fn(&str) -> Option<String>,
+    source: &str,
+    endpoint: &str,
+) -> Result<(), String> {
+    if let Some((name, _)) = first_set(env, CA_VARS) {
+        return Err(format!(
+            "{source} {endpoint}: {name} names the CA certificates a collector's TLS certificate \
+             is checked against, and an http endpoint has no TLS: the spans would go in plain \
+             text to a collector nobody checked; give an https endpoint, or leave {name} unset"
+        ));
+    }
+    if let Some((name, _)) = first_set(env, CLIENT_VARS) {
+        return Err(format!(
+            "{source} {endpoint}: {name} is for mutual TLS (the client certificate and key shown \
+             to the collector), and an http endpoint has no TLS; give an https endpoint, or \
+             leave the client certificate and key unset"
+        ));
+    }
+    Ok(())
+}
+
 /// The client certificate and key (mutual TLS) the standard variables in
 /// `env` name, read with `read` and checked: both or neither, each a PEM
 /// file of its kind, the key the certificate's. Errors name the variable
@@ -528,20 +564,8 @@ fn client_identity(
     env: &impl Fn(&str) -> Option<String>,
     read: &impl Fn(&str) -> std::io::Result<Vec<u8>>,
 ) -> Result<Option<ClientIdentity>, String> {
-    let cert = first_set(
-        env,
-        &[
-            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
-            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
-        ],
-    );
-    let key = first_set(
-        env,
-        &[
-            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
-            "OTEL_EXPORTER_OTLP_CLIENT_KEY",
-        ],
-    );
+    let cert = first_set(env, &CLIENT_VARS[..2]);
+    let key = first_set(env, &CLIENT_VARS[2..]);
     let ((cert_var, cert_path), (key_var, key_path)) = match (cert, key) {
         (None, None) => return Ok(None),
         (Some(cert), Some(key)) => (cert, key),
@@ -1224,6 +1248,76 @@ mod tests {
              file, -----BEGIN CERTIFICATE-----)"
         );
         assert_eq!(client_identity(&|_: &str| None, &read), Ok(None));
+    }
+
+    #[test]
+    fn tls_files_with_an_http_endpoint_are_refused_unread() {
+        let resolve = |endpoint: Option<&str>, vars: &[(&str, &str)]| {
+            let vars: Vec<(String, String)> = vars
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect();
+            let env =
+                move |name: &str| vars.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
+            let flags = Flags {
+                endpoint,
+                ..Flags::default()
+            };
+            Settings::resolve(flags, env, |path: &str| {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("read {path}"),
+                ))
+            })
+        };
+        let ca = ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/etc/otel/ca.pem");
+        assert_eq!(
+            resolve(Some("http://c:4317"), &[ca]).unwrap_err(),
+            "--otlp-endpoint http://c:4317: OTEL_EXPORTER_OTLP_CERTIFICATE names the CA \
+             certificates a collector's TLS certificate is checked against, and an http endpoint \
+             has no TLS: the spans would go in plain text to a collector nobody checked; give an \
+             https endpoint, or leave OTEL_EXPORTER_OTLP_CERTIFICATE unset"
+        );
+        // The signal's own variables, over OTLP/HTTP.
+        let err = resolve(
+            None,
+            &[
+                (
+                    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+                    "http://c:4318/v1/traces",
+                ),
+                ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "http/protobuf"),
+                ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "/etc/otel/ca.pem"),
+                ca,
+            ],
+        )
+        .unwrap_err();
+        assert!(
+            err.starts_with(
+                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT http://c:4318/v1/traces: \
+                 OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE names the CA certificates"
+            ),
+            "{err}"
+        );
+        // A key alone is refused for the endpoint, not for its missing certificate.
+        assert_eq!(
+            resolve(
+                Some("http://c:4317"),
+                &[("OTEL_EXPORTER_OTLP_CLIENT_KEY", "/etc/otel/k.pem")]
+            )
+            .unwrap_err(),
+            "--otlp-endpoint http://c:4317: OTEL_EXPORTER_OTLP_CLIENT_KEY is for mutual TLS (the \
+             client certificate and key shown to the collector), and an http endpoint has no TLS; \
+             give an https endpoint, or leave the client certificate and key unset"
+        );
+        // Over https (the scheme in any case) the file is read.
+        for endpoint in ["https://c:4317", "HTTPS://c:4317"] {
+            assert_eq!(
+                resolve(Some(endpoint), &[ca]).unwrap_err(),
+                "OTEL_EXPORTER_OTLP_CERTIFICATE /etc/otel/ca.pem: cannot be read: read \
+                 /etc/otel/ca.pem"
+            );
+        }
     }
 
     #[test]

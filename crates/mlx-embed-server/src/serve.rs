@@ -661,6 +661,14 @@ impl Watched<'_> {
         // unanswered. It is let in first, for up to [`HEADERS_GRACE`]; the
         // shutdown then makes its answer the last (`Connection: close`).
         // An HTTP/2 client is told by the GOAWAY which streams were taken.
+        // A request pipelined behind one in progress is not let in: the
+        // one in progress is answered `Connection: close` (its client then
+        // knows the next was not taken, RFC 9112 9.3.2). Letting the next
+        // in would need that answer to keep the connection exactly when a
+        // next request has come, which cannot be told when its head is
+        // written: hyper reads ahead into a buffer of its own, and no
+        // answer may keep the connection on a guess (a keep-alive client
+        // whose next request crosses the close would lose it unanswered).
         if why == "shutdown" && idle_after.is_none() && self.holds_unread_request() {
             let begun = self.activity.started.load(Ordering::Acquire);
             tokio::select! {

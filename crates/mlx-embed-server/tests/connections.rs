@@ -531,8 +531,9 @@ async fn a_body_in_another_transfer_coding_is_refused_501() {
     server.stop().await.unwrap();
 }
 
-/// Requests hyper cannot read are answered by hyper before any route sees
-/// them: they are counted apart, so a proxy sending them shows.
+/// Requests hyper cannot read are refused before any route sees them
+/// (tests/e2e/test_http1_heads_e2e.py checks the answers): they are counted
+/// apart, so a proxy sending them shows.
 #[tokio::test]
 async fn requests_hyper_cannot_read_are_counted() {
     let server = Server::start(args(5)).await;

@@ -1031,14 +1031,14 @@ impl WriteWatched {
     }
 
     /// Reads away what the client is still sending, until it closes or for
-    /// up to [`HEADERS_GRACE`] (1 MiB at most), after an answer that ends
+    /// up to [`HEADERS_GRACE`] (4 MiB at most), after an answer that ends
     /// the connection before its request was all read (a head past its
     /// limit): closed with bytes unread, the socket would send a reset,
     /// which can reach the client before it reads the answer and discard it.
     async fn linger(&mut self) {
         use tokio::io::AsyncReadExt;
         let mut buf = vec![0u8; 64 << 10];
-        let mut left = 1usize << 20;
+        let mut left = 4usize << 20;
         let _ = tokio::time::timeout(HEADERS_GRACE, async {
             while left > 0 {
                 match self.stream.read(&mut buf).await {

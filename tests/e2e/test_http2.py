@@ -178,8 +178,8 @@ def test_sigterm_during_an_http2_request_lets_it_finish_and_exits_0(tmp_path):
 
 def test_a_header_list_over_the_head_limit_is_431_and_the_connection_goes_on(server):
     """The HTTP/1 head limit (408 KiB) holds HTTP/2's header list: past it
-    the stream gets 431 (from the h2 library: no body, as hyper's HTTP/1
-    431 has none) and the connection serves on. curl's nghttp2 sends no
+    the stream gets 431 (from the h2 library, before any of ours sees it:
+    no body, unlike HTTP/1's JSON one) and the connection serves on. curl's nghttp2 sends no
     header over 64 KiB, so httpx's HTTP/2 client sends these."""
 
     with httpx.Client(http1=False, http2=True, limits=httpx.Limits(max_connections=1), timeout=60) as client:

@@ -225,3 +225,29 @@ def test_refusals_are_counted_and_the_server_serves_on(srv):
     after = counts()
     assert (after["malformed"] - before["malformed"], after["too_large"] - before["too_large"]) == (1, 2)
     assert srv.post("/embed", {"inputs": "still serving"}).status_code == 200
+
+
+def test_100_continue_on_a_kept_connection_is_written_at_once(srv):
+    """`100 Continue` is written while an answer is owed (the request handed
+    on), never held back as a refusal would be: on a connection whose
+    earlier answers are all written, it reaches the client before the body
+    is sent, and the answer follows, twice over."""
+    body = json.dumps({"inputs": "x"}).encode()
+    with socket.create_connection(("127.0.0.1", port_of(srv)), timeout=10) as s:
+        buf = bytearray()
+        s.sendall(get())
+        status_line, _, answer = read_one(s, buf)
+        assert (status_line, json.loads(answer)) == ("HTTP/1.1 200 OK", {"status": "ok"}), (status_line, answer)
+        for _ in range(2):
+            s.sendall(b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Expect: 100-continue\r\nContent-Length: %d\r\n\r\n" % len(body))
+            while b"\r\n\r\n" not in buf:
+                chunk = s.recv(65536)
+                assert chunk, bytes(buf)
+                buf += chunk
+            assert bytes(buf) == b"HTTP/1.1 100 Continue\r\n\r\n", bytes(buf)
+            buf.clear()
+            s.sendall(body)
+            status_line, headers, answer = read_one(s, buf)
+            assert status_line == "HTTP/1.1 200 OK" and "connection" not in headers, (status_line, headers)
+            assert [len(v) for v in json.loads(answer)] == [384], answer[:200]

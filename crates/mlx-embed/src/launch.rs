@@ -614,8 +614,10 @@ where
                 "{flag} is ignored without --otlp-endpoint: no spans are exported"
             ));
         }
-    } else {
-        ignored.extend(crate::otlp::unapplied(|name| std::env::var(name).ok()));
+    } else if let Some(settings) = &otlp {
+        ignored.extend(crate::otlp::unapplied(settings, |name| {
+            std::env::var(name).ok()
+        }));
     }
     // Set, as HF_TOKEN below, before any thread that could read the
     // environment starts.

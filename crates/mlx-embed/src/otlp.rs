@@ -242,11 +242,13 @@ impl Settings {
             Some((name, value)) => parse_timeout(&value, name)?,
             None => DEFAULT_TIMEOUT,
         };
-        if !endpoint.starts_with("https://") {
-            check_no_tls_files(&env, source, &endpoint)?;
+        let tls = endpoint.starts_with("https://");
+        if !tls {
+            check_no_client_files(&env, source, &endpoint)?;
         }
         let client = client_identity(&env, &read)?;
-        let ca = match first_set(&env, CA_VARS) {
+        // Over http a CA file is not read: [`unapplied`] says it is ignored.
+        let ca = match first_set(&env, CA_VARS).filter(|_| tls) {
             Some((name, path)) => Some(read_ca(name, path.trim(), &read)?),
             None => None,
         };
@@ -406,12 +408,25 @@ pub fn check_endpoint(
     }
 }
 
-/// The standard variables set in `env` that the export does not apply, each
-/// as the start says it: `INSECURE`, which the spec applies to a gRPC
-/// endpoint without a scheme only, and such an endpoint is refused (the spec
-/// has every exporter take `http://`/`https://`, whose scheme wins over it).
-pub fn unapplied(env: impl Fn(&str) -> Option<String>) -> Vec<String> {
+/// The standard variables set in `env` that the export to `settings` does
+/// not apply, each as the start says it: `INSECURE`, which the spec applies
+/// to a gRPC endpoint without a scheme only, and such an endpoint is refused
+/// (the spec has every exporter take `http://`/`https://`, whose scheme wins
+/// over it); a CA file with an `http` endpoint, which has no TLS.
+pub fn unapplied(settings: &Settings, env: impl Fn(&str) -> Option<String>) -> Vec<String> {
     let mut said = Vec::new();
+    if !settings.endpoint.starts_with("https://") {
+        for name in CA_VARS {
+            if env(name).is_some_and(|v| !v.trim().is_empty()) {
+                said.push(format!(
+                    "{name} is ignored: the endpoint {} is http, which has no TLS, so the spans \
+                     go in plain text to a collector no certificate is checked for; give an \
+                     https endpoint for the CA file to apply",
+                    settings.endpoint
+                ));
+            }
+        }
+    }
     for signal in ["OTEL_EXPORTER_OTLP_TRACES_", "OTEL_EXPORTER_OTLP_"] {
         let var = |suffix: &str| {
             let name = format!("{signal}{suffix}");
@@ -526,26 +541,18 @@ const CLIENT_VARS: &[&str] = &[
     "OTEL_EXPORTER_OTLP_CLIENT_KEY",
 ];
 
-/// Refuses, for `endpoint` (an `http` one: no TLS), a file `env` names that
-/// only TLS uses, before any is read. Whoever gives a CA expects the
-/// collector to be checked against it, and whoever gives a client
-/// certificate expects the collector to see it; over `http` the spans would
-/// go in plain text to a collector nobody checked, which sees no
-/// certificate: an export that only looks secured. (The spec has these
-/// apply to secure connections only; an SDK that ignores them leaves the
-/// mistake silent.)
-fn check_no_tls_files(
+/// Refuses, for `endpoint` (an `http` one: no TLS), a client certificate
+/// or key `env` names, before either is read: whoever gives one expects the
+/// collector to see it, and over `http` it sees none. (A CA file is only
+/// said to be ignored, [`unapplied`]: the spec applies it to secure
+/// connections only, every SDK ignores it over `http`, and it is often set
+/// for all of a host's exporters, so refusing it would stop a server whose
+/// traces go to a local `http` agent.)
+fn check_no_client_files(
     env: &impl Fn(&str) -> Option<String>,
     source: &str,
     endpoint: &str,
 ) -> Result<(), String> {
-    if let Some((name, _)) = first_set(env, CA_VARS) {
-        return Err(format!(
-            "{source} {endpoint}: {name} names the CA certificates a collector's TLS certificate \
-             is checked against, and an http endpoint has no TLS: the spans would go in plain \
-             text to a collector nobody checked; give an https endpoint, or leave {name} unset"
-        ));
-    }
     if let Some((name, _)) = first_set(env, CLIENT_VARS) {
         return Err(format!(
             "{source} {endpoint}: {name} is for mutual TLS (the client certificate and key shown \
@@ -1096,14 +1103,35 @@ mod tests {
                 .find(|(n, _)| *n == name)
                 .map(|(_, v)| (*v).to_owned())
         };
+        let at = |endpoint: &str| {
+            let flags = Flags {
+                endpoint: Some(endpoint),
+                ..Flags::default()
+            };
+            Settings::resolve(flags, |_| None, |_| Ok(Vec::new()))
+                .unwrap()
+                .unwrap()
+        };
+        let https = at("https://c:4317");
         assert_eq!(
-            unapplied(env),
+            unapplied(&https, env),
             [
                 "OTEL_EXPORTER_OTLP_INSECURE true is ignored: the endpoint's scheme says whether \
                  TLS is used (https) or not (http)",
             ]
         );
-        assert!(unapplied(|_| None).is_empty());
+        assert!(unapplied(&https, |_| None).is_empty());
+        // A CA file, only over http.
+        let ca = |name: &str| (name == "OTEL_EXPORTER_OTLP_CERTIFICATE").then(|| "/ca.pem".into());
+        assert!(unapplied(&https, ca).is_empty());
+        assert_eq!(
+            unapplied(&at("http://c:4317"), ca),
+            [
+                "OTEL_EXPORTER_OTLP_CERTIFICATE is ignored: the endpoint http://c:4317 is http, \
+                 which has no TLS, so the spans go in plain text to a collector no certificate is \
+                 checked for; give an https endpoint for the CA file to apply",
+            ]
+        );
     }
 
     #[test]
@@ -1251,7 +1279,7 @@ mod tests {
     }
 
     #[test]
-    fn tls_files_with_an_http_endpoint_are_refused_unread() {
+    fn tls_files_with_an_http_endpoint_are_refused_or_ignored_unread() {
         let resolve = |endpoint: Option<&str>, vars: &[(&str, &str)]| {
             let vars: Vec<(String, String)> = vars
                 .iter()
@@ -1271,15 +1299,11 @@ mod tests {
             })
         };
         let ca = ("OTEL_EXPORTER_OTLP_CERTIFICATE", "/etc/otel/ca.pem");
-        assert_eq!(
-            resolve(Some("http://c:4317"), &[ca]).unwrap_err(),
-            "--otlp-endpoint http://c:4317: OTEL_EXPORTER_OTLP_CERTIFICATE names the CA \
-             certificates a collector's TLS certificate is checked against, and an http endpoint \
-             has no TLS: the spans would go in plain text to a collector nobody checked; give an \
-             https endpoint, or leave OTEL_EXPORTER_OTLP_CERTIFICATE unset"
-        );
-        // The signal's own variables, over OTLP/HTTP.
-        let err = resolve(
+        // A CA file over http is not read (the read would fail): the
+        // start says it is ignored ([`unapplied`]).
+        let settings = resolve(Some("http://c:4317"), &[ca]).unwrap().unwrap();
+        assert!(settings.ca.is_none());
+        let settings = resolve(
             None,
             &[
                 (
@@ -1291,14 +1315,9 @@ mod tests {
                 ca,
             ],
         )
-        .unwrap_err();
-        assert!(
-            err.starts_with(
-                "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT http://c:4318/v1/traces: \
-                 OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE names the CA certificates"
-            ),
-            "{err}"
-        );
+        .unwrap()
+        .unwrap();
+        assert!(settings.ca.is_none());
         // A key alone is refused for the endpoint, not for its missing certificate.
         assert_eq!(
             resolve(

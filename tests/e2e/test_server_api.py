@@ -270,6 +270,50 @@ def test_a_per_request_cut_is_the_same_on_every_route(server):
     assert server.post("/api/embed", {"input": text, "options": {"num_ctx": -1}}).status_code == 400
 
 
+def test_nvidia_nim_truncate_on_the_openai_route(server):
+    """NVIDIA NIM's embeddings API takes `truncate` as NONE, START or END, and its
+    clients send it on every call (LangChain's NVIDIAEmbeddings, Haystack's
+    Nvidia embedders, the OpenAI client with NIM's documented
+    `extra_body={"input_type": ..., "truncate": ...}`): END keeps an over-long
+    input's start, START its end, NONE refuses it as `truncate: false` does."""
+    text = "the cat sat on the mat. " * 50 + "quantum fields describe particles. " * 50  # 602 tokens
+    native = {side: server.post("/api/v1/embed", {"texts": [text], "truncation_direction": side}).json()[
+        "embeddings"][0] for side in ("right", "left")}
+    assert float(np.dot(native["right"], native["left"])) < 0.9  # the two ends differ
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+
+    def nim(truncate, **extra):
+        return client.embeddings.create(model="all-MiniLM-L6-v2", input=[text], encoding_format="float",
+                                        extra_body={"input_type": "query", "truncate": truncate, **extra})
+
+    for truncate, side in (("END", "right"), ("START", "left")):
+        got = nim(truncate)
+        assert got.usage.prompt_tokens == 256
+        assert float(np.dot(got.data[0].embedding, native[side])) >= 0.99999, truncate
+    # vLLM's truncation_side may say the same end; another is a 400 naming it.
+    assert float(np.dot(nim("START", truncation_side="left").data[0].embedding, native["left"])) >= 0.99999
+    with pytest.raises(openai.BadRequestError) as conflict:
+        nim("END", truncation_side="left")
+    assert conflict.value.body["param"] == "truncation_side", conflict.value.body
+    with pytest.raises(openai.BadRequestError) as refused:
+        nim("NONE")
+    assert refused.value.body["code"] == "context_length_exceeded", refused.value.body
+    assert "set truncate to END or START" in refused.value.body["message"], refused.value.body
+    # An input that fits is answered as any other.
+    short = client.embeddings.create(model="all-MiniLM-L6-v2", input=["hello world"], encoding_format="float",
+                                     extra_body={"truncate": "NONE"})
+    assert float(np.dot(short.data[0].embedding, embed_via(server, "native", ["hello world"])[0])) >= 0.99999
+    # NONE with Voyage's truncation true is one setting said twice, differently.
+    with pytest.raises(openai.BadRequestError) as twice:
+        nim("NONE", truncation=True)
+    assert twice.value.body["param"] == "truncation", twice.value.body
+    # The boolean form is unchanged; an unknown name is a 400 that lists the names.
+    assert server.post("/v1/embeddings", {"input": "hi", "truncate": True}).status_code == 200
+    wrong = server.post("/v1/embeddings", {"input": "hi", "truncate": "MIDDLE"})
+    assert wrong.status_code == 400, wrong.text
+    assert wrong.json()["error"]["param"] == "truncate" and "`NONE`, `START` or `END`" in wrong.text, wrong.text
+
+
 def test_ops_routes(server):
     assert server.get("/health").status_code == 200
     info = server.get("/info").json()

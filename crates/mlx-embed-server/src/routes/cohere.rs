@@ -104,6 +104,23 @@ wire_names!(CohereTruncate {
     End => "END",
 });
 
+impl CohereTruncate {
+    /// Whether an over-long text is cut (`NONE` refuses it).
+    pub(crate) fn truncates(self) -> bool {
+        self != CohereTruncate::None
+    }
+
+    /// The end it cuts; `NONE` says none (the model's own applies to a cut
+    /// made by another field, such as `max_tokens`).
+    pub(crate) fn direction(self) -> Option<TruncationDirection> {
+        match self {
+            CohereTruncate::Start => Some(TruncationDirection::Left),
+            CohereTruncate::End => Some(TruncationDirection::Right),
+            CohereTruncate::None => None,
+        }
+    }
+}
+
 /// Cohere embed request (v1 and v2).
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct CohereEmbedRequest {
@@ -298,7 +315,6 @@ async fn embed(
         req.task,
         Said::role("input_type", role_of(req.input_type)),
     )?;
-    let truncate = req.truncate.unwrap_or(CohereTruncate::End);
     // Every form asked for answers every value again.
     let bytes_per_value = match req.embedding_types.as_deref() {
         Some(types) => types.iter().map(|t| t.answer_bytes()).sum(),
@@ -311,13 +327,9 @@ async fn embed(
             model: Some(model.name.clone()),
             inputs: texts.iter().cloned().map(EmbedInput::Text).collect(),
             options: EmbedOptions {
-                truncate: truncate != CohereTruncate::None,
+                truncate: req.truncate.is_none_or(CohereTruncate::truncates),
                 // Unsaid, the model's own side (Cohere's END where the folder says none).
-                truncation_direction: match req.truncate {
-                    Some(CohereTruncate::Start) => Some(TruncationDirection::Left),
-                    Some(CohereTruncate::End) => Some(TruncationDirection::Right),
-                    Some(CohereTruncate::None) | None => None,
-                },
+                truncation_direction: req.truncate.and_then(CohereTruncate::direction),
                 truncate_to,
                 prompt: pick.prompt,
                 task: pick.task,

@@ -10,11 +10,11 @@ use utoipa::ToSchema;
 
 use std::borrow::Cow;
 
-use utoipa::openapi::schema::{AnyOfBuilder, Schema};
+use utoipa::openapi::schema::{AnyOfBuilder, OneOfBuilder, Schema};
 use utoipa::openapi::RefOr;
 use utoipa::PartialSchema;
 
-use super::cohere;
+use super::cohere::{self, CohereTruncate};
 use super::Usage;
 use crate::embed::{
     embed as run_embed, embed_late_chunks, output_dimension, EmbedOutput, EmbedRequest,
@@ -192,6 +192,70 @@ pub struct VectorEncoding {
     pub dtype: OutputDtype,
 }
 
+/// `truncate` on `/v1/embeddings`: this server's boolean, or NVIDIA NIM's
+/// `NONE`, `START` or `END` (Cohere's names, and meaning), which NIM's
+/// clients send with every call (`NONE` by default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenAiTruncate {
+    /// `true` cuts an over-long input (at the model's own end), `false` refuses it.
+    Bool(bool),
+    /// NIM's: `END` cuts an over-long input's end, `START` its start, `NONE` refuses it.
+    Nim(CohereTruncate),
+}
+
+impl OpenAiTruncate {
+    /// Whether an over-long input is cut.
+    fn truncates(self) -> bool {
+        match self {
+            OpenAiTruncate::Bool(cut) => cut,
+            OpenAiTruncate::Nim(nim) => nim.truncates(),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for OpenAiTruncate {
+    /// By hand: a boolean or one of NIM's names, and a message that says so
+    /// for anything else (serde's untagged enums name the Rust type).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = OpenAiTruncate;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("true, false, or NVIDIA NIM's `NONE`, `START` or `END`")
+            }
+            fn visit_bool<E: serde::de::Error>(self, cut: bool) -> Result<Self::Value, E> {
+                Ok(OpenAiTruncate::Bool(cut))
+            }
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<Self::Value, E> {
+                use serde::de::IntoDeserializer;
+                crate::extract::by_name::<_, CohereTruncate>(name.into_deserializer())
+                    .map(OpenAiTruncate::Nim)
+                    .map_err(|_: E| E::invalid_value(serde::de::Unexpected::Str(name), &self))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+impl PartialSchema for OpenAiTruncate {
+    fn schema() -> RefOr<Schema> {
+        OneOfBuilder::new()
+            .item(bool::schema())
+            .item(CohereTruncate::schema())
+            .description(Some(
+                "true (default) cuts an over-long input, false refuses it (400); or NVIDIA NIM's \
+                 `END` (cut its end), `START` (cut its start) or `NONE` (refuse it)",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for OpenAiTruncate {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("OpenAiTruncate")
+    }
+}
+
 /// OpenAI embeddings request.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct OpenAiEmbeddingRequest {
@@ -234,8 +298,10 @@ pub struct OpenAiEmbeddingRequest {
     pub priority: Option<i64>,
     /// Truncate inputs longer than the model's maximum (default true, as the other routes do);
     /// false answers 400 instead, as OpenAI refuses an over-long input. Not an OpenAI field:
-    /// the official client sends it with `extra_body`.
-    pub truncate: Option<bool>,
+    /// the official client sends it with `extra_body`. NVIDIA NIM's `END`, `START` and
+    /// `NONE` say the same with the end to cut (`START` keeps the input's end); with
+    /// `truncation_side` too, the two must name the same end.
+    pub truncate: Option<OpenAiTruncate>,
     /// vLLM's: false answers the vectors before normalization (so does its older
     /// `normalize: false`).
     pub use_activation: Option<bool>,
@@ -528,8 +594,28 @@ pub(crate) async fn embed_request(
             "output_dimension",
         )?;
     }
-    let truncate =
-        one_of(("truncate", req.truncate), ("truncation", req.truncation))?.unwrap_or(true);
+    let truncate = one_of(
+        ("truncate", req.truncate.map(OpenAiTruncate::truncates)),
+        ("truncation", req.truncation),
+    )?
+    .unwrap_or(true);
+    let nim = match req.truncate {
+        Some(OpenAiTruncate::Nim(nim)) => Some(nim),
+        _ => None,
+    };
+    let truncation_direction = match (nim, req.truncation_side) {
+        (Some(nim), Some(side)) if nim.direction().is_some_and(|d| d != side.into()) => {
+            return Err(ApiError::invalid(format!(
+                "truncate {} and truncation_side {} name different ends to cut: send one",
+                nim.name(),
+                side.name()
+            ))
+            .param("truncation_side"))
+        }
+        (nim, side) => side
+            .map(Into::into)
+            .or(nim.and_then(CohereTruncate::direction)),
+    };
     let said = match (req.prompt_name, req.input_type) {
         (Some(_), Some(_)) => {
             return Err(
@@ -554,7 +640,7 @@ pub(crate) async fn embed_request(
         options: EmbedOptions {
             prompt,
             truncate,
-            truncation_direction: req.truncation_side.map(Into::into),
+            truncation_direction,
             truncate_to,
             priority: req
                 .priority
@@ -576,10 +662,15 @@ pub(crate) async fn embed_request(
     embedded.map_err(|mut err| {
         err = err.cut_by("truncate_prompt_tokens");
         // The shared message names the other APIs' field.
-        if voyage_truncation && err.code == Some("context_length_exceeded") {
-            err.message = err
-                .message
-                .replace("set truncate to true", "set truncation to true");
+        if err.code == Some("context_length_exceeded") {
+            let fix = if voyage_truncation {
+                "set truncation to true"
+            } else if nim.is_some() {
+                "set truncate to END or START"
+            } else {
+                "set truncate to true"
+            };
+            err.message = err.message.replace("set truncate to true", fix);
         }
         err
     })
@@ -819,6 +910,31 @@ mod tests {
         assert_eq!(
             parse(r#""hex""#).unwrap_err().to_string(),
             "unknown variant `hex`, expected `float` or `base64`"
+        );
+    }
+
+    #[test]
+    fn truncate_is_a_boolean_or_nims_names() {
+        let parse = |s: &str| serde_json::from_str::<Option<OpenAiTruncate>>(s);
+        assert_eq!(parse("true").unwrap(), Some(OpenAiTruncate::Bool(true)));
+        assert_eq!(parse("null").unwrap(), None);
+        for (name, nim) in [
+            ("NONE", CohereTruncate::None),
+            ("START", CohereTruncate::Start),
+            ("END", CohereTruncate::End),
+        ] {
+            let read = parse(&format!("{name:?}")).unwrap().unwrap();
+            assert_eq!(read, OpenAiTruncate::Nim(nim));
+            assert_eq!(read.truncates(), nim != CohereTruncate::None);
+        }
+        for bad in ["1", r#""end""#, r#""MIDDLE""#, "[]"] {
+            let err = parse(bad).unwrap_err();
+            assert!(err.is_data(), "{bad}: {err}");
+        }
+        assert_eq!(
+            parse(r#""MIDDLE""#).unwrap_err().to_string(),
+            "invalid value: string \"MIDDLE\", expected true, false, or NVIDIA NIM's `NONE`, \
+             `START` or `END` at line 1 column 8"
         );
     }
 

@@ -314,6 +314,38 @@ def test_nvidia_nim_truncate_on_the_openai_route(server):
     assert wrong.json()["error"]["param"] == "truncate" and "`NONE`, `START` or `END`" in wrong.text, wrong.text
 
 
+def test_mixedbread_prompt_on_the_openai_route(server):
+    """Mixedbread's embeddings API (POST /v1/embeddings, as its SDK and the LlamaIndex
+    and LangChain integrations send it) takes `prompt`, a text put before each input,
+    beside `normalized` and `dimensions`. Left unread, the answer was each input's
+    vector without it: another vector, with a 200. It is the native route's `prompt`."""
+    prompt = "Represent this sentence for searching relevant passages: "
+    texts = ["why is bread so tasty?", "the river runs to the sea"]
+    native = server.post("/api/v1/embed", {"texts": texts, "prompt": prompt}).json()["embeddings"]
+    joined = embed_via(server, "native", [prompt + t for t in texts])
+    plain = embed_via(server, "native", texts)
+    assert cosine_rows(np.asarray(native, dtype=np.float32), joined).min() >= 0.99999
+    assert cosine_rows(joined, plain).max() < 0.99  # the prompt changes the vectors
+    got = server.post("/v1/embeddings", {"model": "mixedbread-ai/mxbai-embed-large-v1", "input": texts,
+                                         "prompt": prompt, "normalized": True, "encoding_format": "float"})
+    assert got.status_code == 200, got.text
+    vectors = np.asarray([d["embedding"] for d in got.json()["data"]], dtype=np.float32)
+    assert cosine_rows(vectors, joined).min() >= 0.99999
+    assert got.json()["usage"]["prompt_tokens"] == server.post(
+        "/api/v1/embed", {"texts": texts, "prompt": prompt}).json()["usage"]["prompt_tokens"]
+    # Matryoshka and unnormalized, as Mixedbread's clients may ask.
+    cut = server.post("/v1/embeddings", {"input": texts[:1], "prompt": prompt, "dimensions": 64,
+                                         "normalized": False}).json()["data"][0]["embedding"]
+    raw = server.post("/api/v1/embed", {"texts": texts[:1], "prompt": prompt, "dimensions": 64,
+                                        "normalize": False}).json()["embeddings"][0]
+    np.testing.assert_allclose(cut, raw, atol=1e-5)
+    # One prompt per request: with prompt_name or input_type too, a 400 naming the field.
+    for other in ({"prompt_name": "query"}, {"input_type": "query"}):
+        both = server.post("/v1/embeddings", {"input": texts, "prompt": prompt, **other})
+        assert both.status_code == 400, both.text
+        assert both.json()["error"]["param"] == "prompt", both.text
+
+
 def test_ops_routes(server):
     assert server.get("/health").status_code == 200
     info = server.get("/info").json()

@@ -4,7 +4,7 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::Json;
 use base64::Engine as _;
-use mlx_embed_core::{EmbedOptions, MetricsSnapshot, ModelKind, Priority, Prompt};
+use mlx_embed_core::{EmbedOptions, MetricsSnapshot, ModelKind, Priority};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -291,6 +291,9 @@ pub struct OpenAiEmbeddingRequest {
     /// One of the model's named prompts (`/info` lists them); default: the model's default
     /// prompt. Not an OpenAI field: the official client sends it with `extra_body`.
     pub prompt_name: Option<String>,
+    /// Mixedbread's: text put before every input instead of a named prompt (`""`: none
+    /// at all), as the native route's `prompt`. Not with `prompt_name` or `input_type`.
+    pub prompt: Option<String>,
     /// vLLM's request priority: lower is served earlier, 0 is the default. Below 0 is the high
     /// lane, 0 normal, above 0 low. Wins over an `X-Priority` header. The official client
     /// sends it with `extra_body`.
@@ -616,17 +619,22 @@ pub(crate) async fn embed_request(
             .map(Into::into)
             .or(nim.and_then(CohereTruncate::direction)),
     };
-    let said = match (req.prompt_name, req.input_type) {
-        (Some(_), Some(_)) => {
+    let said = match (req.prompt_name, req.prompt, req.input_type) {
+        (Some(_), None, Some(_)) => {
             return Err(
                 ApiError::invalid("give either prompt_name or input_type, not both")
                     .param("input_type"),
             )
         }
-        (Some(name), None) => super::Said::Prompt(Prompt::Named(name)),
-        (None, input_type) => {
+        (_, Some(_), Some(_)) => {
+            return Err(
+                ApiError::invalid("give either prompt or input_type, not both").param("prompt"),
+            )
+        }
+        (None, None, input_type) => {
             super::Said::role("input_type", input_type.map(|t| (t.name(), t.role())))
         }
+        (name, raw, None) => super::Said::Prompt(super::prompt_of(name, raw)?),
     };
     let super::RolePick { prompt, task } =
         super::pick_task(state, req.model.as_deref(), req.task, said)?;

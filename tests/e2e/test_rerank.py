@@ -156,6 +156,23 @@ def test_a_voyage_body_on_v2_rerank_gets_voyages_answer(duo):
     assert r.status_code == 400 and r.json()["error"]["param"] == "top_k", r.text
 
 
+def test_rerank_with_both_top_k_and_top_n(duo):
+    """A body with Voyage's `top_k` and Cohere's/Jina's `top_n` was read as
+    Voyage's and `top_n` dropped: the other count of results, with a 200. Equal,
+    they are one setting; different, a 400 naming both; `top_k: null` (which
+    Voyage's client always sends) leaves `top_n` in force."""
+    docs = [p[1] for p in _pairs(BERT_RERANKER)[:4]]
+    body = {"model": "tiny-bert-reranker", "query": "a query", "documents": docs}
+    r = duo.post("/v1/rerank", {**body, "top_k": 3, "top_n": 1})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "top_n", r.text
+    assert "top_k (3) and top_n (1)" in r.json()["error"]["message"], r.text
+    for top_k, top_n in ((2, 2), (None, 2)):
+        r = duo.post("/v1/rerank", {**body, "top_k": top_k, "top_n": top_n})
+        assert r.status_code == 200, r.text
+        assert len(r.json()["data"]) == 2, r.text
+
+
 def test_rerank_takes_the_documents_shape_too(duo):
     """Infinity, vLLM and Jina serve `/rerank` with `documents` (and Infinity
     `/embeddings` without the version prefix): that body gets /v1/rerank's answer."""

@@ -511,6 +511,9 @@ pub struct VoyageRerankRequest {
     /// How many results to return, best first (at least 1; null: all).
     #[schema(minimum = 1)]
     pub top_k: Option<i64>,
+    /// Not a Voyage field: Cohere's and Jina's name for `top_k`, which a body
+    /// that mixes the two APIs may send; with `top_k` too they must be equal.
+    pub top_n: Option<i64>,
     /// Include each document, as sent, in its result (default false).
     pub return_documents: Option<bool>,
     /// Cut a query/document pair longer than the model's maximum (default
@@ -559,6 +562,15 @@ async fn voyage_rerank(
                 .param("top_k"),
         );
     }
+    // Read silently, the other would be dropped: a different number of results, with a 200.
+    if let (Some(k), Some(n)) = (req.top_k, req.top_n) {
+        if k != n {
+            return Err(ApiError::invalid(format!(
+                "top_k ({k}) and top_n ({n}) are the same setting and disagree: send one"
+            ))
+            .param("top_n"));
+        }
+    }
     let ranked = rank(
         state,
         CohereRerankRequest {
@@ -569,7 +581,7 @@ async fn voyage_rerank(
                 .into_iter()
                 .map(RerankDocument::Text)
                 .collect(),
-            top_n: req.top_k,
+            top_n: req.top_k.or(req.top_n),
             return_documents: req.return_documents,
             max_chunks_per_doc: None,
             max_tokens_per_doc: None,

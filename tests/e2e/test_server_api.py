@@ -346,6 +346,31 @@ def test_mixedbread_prompt_on_the_openai_route(server):
         assert both.json()["error"]["param"] == "prompt", both.text
 
 
+def test_mixedbread_truncation_strategy_on_the_openai_route(server):
+    """Mixedbread's `truncation_strategy` (`start`, `end`, `none`; its clients'
+    option) was dropped unread: `start` cut the wrong end and `none` answered a
+    cut vector, each with a 200. It is NIM's `truncate` in lowercase."""
+    text = "the cat sat on the mat. " * 50 + "quantum fields describe particles. " * 50  # 602 tokens
+    native = {side: server.post("/api/v1/embed", {"texts": [text], "truncation_direction": side}).json()[
+        "embeddings"][0] for side in ("right", "left")}
+    assert float(np.dot(native["right"], native["left"])) < 0.9
+    for strategy, side in (("end", "right"), ("start", "left")):
+        got = server.post("/v1/embeddings", {"input": [text], "truncation_strategy": strategy})
+        assert got.status_code == 200, got.text
+        assert got.json()["usage"]["prompt_tokens"] == 256
+        assert float(np.dot(got.json()["data"][0]["embedding"], native[side])) >= 0.99999, strategy
+    refused = server.post("/v1/embeddings", {"input": [text], "truncation_strategy": "none"})
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["code"] == "context_length_exceeded", error
+    assert error["message"].endswith("shorten it or set truncation_strategy to end or start"), error
+    clash = server.post("/v1/embeddings", {"input": [text], "truncation_strategy": "start", "truncate": "END"})
+    assert clash.status_code == 400, clash.text
+    assert clash.json()["error"]["param"] == "truncation_strategy", clash.text
+    assert clash.json()["error"]["message"] == (
+        "truncate END and truncation_strategy start name different ends to cut: send one"), clash.text
+
+
 def test_ops_routes(server):
     assert server.get("/health").status_code == 200
     info = server.get("/info").json()

@@ -4,7 +4,7 @@ use axum::extract::rejection::PathRejection;
 use axum::extract::{Path, State};
 use axum::Json;
 use base64::Engine as _;
-use mlx_embed_core::{EmbedOptions, MetricsSnapshot, ModelKind, Priority};
+use mlx_embed_core::{EmbedOptions, MetricsSnapshot, ModelKind, Priority, TruncationDirection};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -203,16 +203,6 @@ pub enum OpenAiTruncate {
     Nim(CohereTruncate),
 }
 
-impl OpenAiTruncate {
-    /// Whether an over-long input is cut.
-    fn truncates(self) -> bool {
-        match self {
-            OpenAiTruncate::Bool(cut) => cut,
-            OpenAiTruncate::Nim(nim) => nim.truncates(),
-        }
-    }
-}
-
 impl<'de> Deserialize<'de> for OpenAiTruncate {
     /// By hand: a boolean or one of NIM's names, and a message that says so
     /// for anything else (serde's untagged enums name the Rust type).
@@ -254,6 +244,102 @@ impl ToSchema for OpenAiTruncate {
     fn name() -> Cow<'static, str> {
         Cow::Borrowed("OpenAiTruncate")
     }
+}
+
+/// Mixedbread's `truncation_strategy`: NIM's and Cohere's `truncate` names, in
+/// lowercase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TruncationStrategy {
+    /// Cut an over-long input's start (keep its end).
+    Start,
+    /// Cut its end (Mixedbread's default).
+    End,
+    /// Refuse it (400).
+    None,
+}
+
+wire_names!(TruncationStrategy {
+    Start => "start",
+    End => "end",
+    None => "none",
+});
+
+impl TruncationStrategy {
+    /// Cohere's (and NIM's) name for the same.
+    fn cohere(self) -> CohereTruncate {
+        match self {
+            TruncationStrategy::Start => CohereTruncate::Start,
+            TruncationStrategy::End => CohereTruncate::End,
+            TruncationStrategy::None => CohereTruncate::None,
+        }
+    }
+}
+
+/// What one field of `/v1/embeddings` says about an over-long input: whether
+/// it is cut, and which end.
+struct CutSaid {
+    field: &'static str,
+    /// The value as sent, for a message.
+    shown: &'static str,
+    truncates: Option<bool>,
+    direction: Option<TruncationDirection>,
+}
+
+impl CutSaid {
+    fn names(name: &'static str, field: &'static str, nim: CohereTruncate) -> Self {
+        CutSaid {
+            field,
+            shown: name,
+            truncates: Some(nim.truncates()),
+            direction: nim.direction(),
+        }
+    }
+}
+
+/// Whether an over-long input is cut (default true) and at which end (unsaid:
+/// the model's), from every field that says so: `truncate` (a boolean or NIM's
+/// names), Voyage's `truncation`, vLLM's `truncation_side` and Mixedbread's
+/// `truncation_strategy`. Two that disagree are a 400 naming both; the second
+/// return is the field that refused an over-long input, for the 400's advice.
+fn agreed_cut(
+    said: &[CutSaid],
+) -> Result<(bool, Option<TruncationDirection>, Option<&CutSaid>), ApiError> {
+    let (mut cut, mut end) = (None::<&CutSaid>, None::<&CutSaid>);
+    for s in said {
+        if s.truncates.is_some() {
+            match cut {
+                Some(c) if c.truncates != s.truncates => {
+                    return Err(ApiError::invalid(format!(
+                        "{} ({}) and {} ({}) are the same setting and disagree: send one",
+                        c.field, c.shown, s.field, s.shown
+                    ))
+                    .param(s.field))
+                }
+                Some(_) => {}
+                None => cut = Some(s),
+            }
+        }
+        if s.direction.is_some() {
+            match end {
+                Some(e) if e.direction != s.direction => {
+                    return Err(ApiError::invalid(format!(
+                        "{} {} and {} {} name different ends to cut: send one",
+                        e.field, e.shown, s.field, s.shown
+                    ))
+                    .param(s.field))
+                }
+                Some(_) => {}
+                None => end = Some(s),
+            }
+        }
+    }
+    let truncates = cut.is_none_or(|c| c.truncates == Some(true));
+    Ok((
+        truncates,
+        end.and_then(|e| e.direction),
+        cut.filter(|_| !truncates),
+    ))
 }
 
 /// OpenAI embeddings request.
@@ -341,6 +427,10 @@ pub struct OpenAiEmbeddingRequest {
     /// Voyage AI's name for `truncate` (both set: they must be equal): false
     /// answers 400 for an over-long input.
     pub truncation: Option<bool>,
+    /// Mixedbread's: `end` (default) cuts an over-long input's end, `start` its
+    /// start, `none` refuses it (400). With `truncate`, `truncation` or
+    /// `truncation_side` too, they must agree.
+    pub truncation_strategy: Option<TruncationStrategy>,
     /// Voyage AI's: `float` (default), or quantized forms of the unit vector:
     /// `int8` (`round(127 x)`), `uint8` (that + 128), `binary` (sign bits,
     /// `x > 0`, eight to a byte, first component in the high bit, minus 128)
@@ -457,6 +547,49 @@ impl EmbeddingValue {
 }
 
 impl OpenAiEmbeddingRequest {
+    /// Whether an over-long input is cut, at which end (unsaid: the model's),
+    /// and the advice for the 400 when it is refused (the refusing field's own terms).
+    fn cut(&self) -> Result<(bool, Option<TruncationDirection>, Option<&'static str>), ApiError> {
+        let shown = |cut: bool| if cut { "true" } else { "false" };
+        let said: Vec<CutSaid> = [
+            self.truncate.map(|t| match t {
+                OpenAiTruncate::Bool(cut) => CutSaid {
+                    field: "truncate",
+                    shown: shown(cut),
+                    truncates: Some(cut),
+                    direction: None,
+                },
+                OpenAiTruncate::Nim(nim) => CutSaid::names(nim.name(), "truncate", nim),
+            }),
+            self.truncation.map(|cut| CutSaid {
+                field: "truncation",
+                shown: shown(cut),
+                truncates: Some(cut),
+                direction: None,
+            }),
+            self.truncation_side.map(|side| CutSaid {
+                field: "truncation_side",
+                shown: side.name(),
+                truncates: None,
+                direction: Some(side.into()),
+            }),
+            self.truncation_strategy
+                .map(|s| CutSaid::names(s.name(), "truncation_strategy", s.cohere())),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        let (truncate, direction, refused_by) = agreed_cut(&said)?;
+        // The shared 400's advice names the field that refused, in its own terms.
+        let fix = refused_by.map(|by| match (by.field, by.shown) {
+            ("truncation", _) => "set truncation to true",
+            ("truncation_strategy", _) => "set truncation_strategy to end or start",
+            ("truncate", "NONE") => "set truncate to END or START",
+            _ => "set truncate to true",
+        });
+        Ok((truncate, direction, fix))
+    }
+
     /// Jina's answer form with the name it was sent under: `embedding_type`,
     /// or `encoding_type` (LangChain's and LlamaIndex's Jina clients); both
     /// are one setting, so both and different is a 400.
@@ -597,28 +730,7 @@ pub(crate) async fn embed_request(
             "output_dimension",
         )?;
     }
-    let truncate = one_of(
-        ("truncate", req.truncate.map(OpenAiTruncate::truncates)),
-        ("truncation", req.truncation),
-    )?
-    .unwrap_or(true);
-    let nim = match req.truncate {
-        Some(OpenAiTruncate::Nim(nim)) => Some(nim),
-        _ => None,
-    };
-    let truncation_direction = match (nim, req.truncation_side) {
-        (Some(nim), Some(side)) if nim.direction().is_some_and(|d| d != side.into()) => {
-            return Err(ApiError::invalid(format!(
-                "truncate {} and truncation_side {} name different ends to cut: send one",
-                nim.name(),
-                side.name()
-            ))
-            .param("truncation_side"))
-        }
-        (nim, side) => side
-            .map(Into::into)
-            .or(nim.and_then(CohereTruncate::direction)),
-    };
+    let (truncate, truncation_direction, fix) = req.cut()?;
     let said = match (req.prompt_name, req.prompt, req.input_type) {
         (Some(_), None, Some(_)) => {
             return Err(
@@ -638,7 +750,6 @@ pub(crate) async fn embed_request(
     };
     let super::RolePick { prompt, task } =
         super::pick_task(state, req.model.as_deref(), req.task, said)?;
-    let voyage_truncation = req.truncation.is_some();
     let inputs = req.input.into_inputs();
     let late_chunking = req.late_chunking == Some(true);
     let embed_req = EmbedRequest {
@@ -670,14 +781,7 @@ pub(crate) async fn embed_request(
     embedded.map_err(|mut err| {
         err = err.cut_by("truncate_prompt_tokens");
         // The shared message names the other APIs' field.
-        if err.code == Some("context_length_exceeded") {
-            let fix = if voyage_truncation {
-                "set truncation to true"
-            } else if nim.is_some() {
-                "set truncate to END or START"
-            } else {
-                "set truncate to true"
-            };
+        if let Some(fix) = fix.filter(|_| err.code == Some("context_length_exceeded")) {
             err.message = err.message.replace("set truncate to true", fix);
         }
         err
@@ -933,7 +1037,6 @@ mod tests {
         ] {
             let read = parse(&format!("{name:?}")).unwrap().unwrap();
             assert_eq!(read, OpenAiTruncate::Nim(nim));
-            assert_eq!(read.truncates(), nim != CohereTruncate::None);
         }
         for bad in ["1", r#""end""#, r#""MIDDLE""#, "[]"] {
             let err = parse(bad).unwrap_err();
@@ -944,6 +1047,71 @@ mod tests {
             "invalid value: string \"MIDDLE\", expected true, false, or NVIDIA NIM's `NONE`, \
              `START` or `END` at line 1 column 8"
         );
+    }
+
+    #[test]
+    fn every_truncation_field_is_read_and_two_that_disagree_are_a_400() {
+        use TruncationDirection::{Left, Right};
+        let cut = |extra: &str| {
+            serde_json::from_str::<OpenAiEmbeddingRequest>(&format!(r#"{{"input": "x"{extra}}}"#))
+                .unwrap()
+                .cut()
+        };
+        let agreed = [
+            ("", (true, None, None)),
+            (
+                r#", "truncate": false"#,
+                (false, None, Some("set truncate to true")),
+            ),
+            (r#", "truncate": "END""#, (true, Some(Right), None)),
+            (
+                r#", "truncate": "START", "truncation_side": "left""#,
+                (true, Some(Left), None),
+            ),
+            (
+                r#", "truncate": "NONE", "truncation_side": "left""#,
+                (false, Some(Left), Some("set truncate to END or START")),
+            ),
+            (
+                r#", "truncation": false"#,
+                (false, None, Some("set truncation to true")),
+            ),
+            // Mixedbread's truncation_strategy: start keeps the end.
+            (
+                r#", "truncation_strategy": "start""#,
+                (true, Some(Left), None),
+            ),
+            (
+                r#", "truncation_strategy": "end", "truncate": true"#,
+                (true, Some(Right), None),
+            ),
+            (
+                r#", "truncation_strategy": "none""#,
+                (false, None, Some("set truncation_strategy to end or start")),
+            ),
+        ];
+        for (extra, want) in agreed {
+            assert_eq!(cut(extra).unwrap(), want, "{extra}");
+        }
+        let refused = [
+            (r#", "truncate": "END", "truncation_side": "left""#, "truncation_side", "truncate END and truncation_side left name different ends to cut: send one"),
+            (r#", "truncate": "NONE", "truncation": true"#, "truncation", "truncate (NONE) and truncation (true) are the same setting and disagree: send one"),
+            (r#", "truncate": true, "truncation_strategy": "none""#, "truncation_strategy", "truncate (true) and truncation_strategy (none) are the same setting and disagree: send one"),
+            (r#", "truncation_side": "right", "truncation_strategy": "start""#, "truncation_strategy", "truncation_side right and truncation_strategy start name different ends to cut: send one"),
+            (r#", "truncate": "START", "truncation_strategy": "end""#, "truncation_strategy", "truncate START and truncation_strategy end name different ends to cut: send one"),
+        ];
+        for (extra, param, message) in refused {
+            let err = cut(extra).unwrap_err();
+            assert_eq!(
+                (err.param.as_deref(), err.message.as_str()),
+                (Some(param), message),
+                "{extra}"
+            );
+        }
+        let wrong = serde_json::from_str::<OpenAiEmbeddingRequest>(
+            r#"{"input": "x", "truncation_strategy": "END"}"#,
+        );
+        assert!(wrong.unwrap_err().is_data());
     }
 
     #[test]

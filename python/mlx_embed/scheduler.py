@@ -48,6 +48,7 @@ import mlx.nn as nn
 import numpy as np
 
 from . import _blas, device, ops
+from . import workers as workers_module
 from .ops import bucket_length
 
 log = logging.getLogger("mlx_embed")
@@ -125,25 +126,6 @@ def bucket_rows(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-# The most workers a load takes, from load(workers=) or MLX_EMBED_WORKERS (the
-# server's --workers says the same before Python starts): each worker is a
-# thread computing on a core of its own, so past 4 per core (256 at most) the
-# value cannot be meant; 2000 once started 2000 threads on 2 cores.
-MAX_WORKERS = 256
-WORKERS_PER_CORE = 4
-
-
-def most_workers() -> tuple[int, str]:
-    """The most workers this process takes, and why: 4 per core it may run
-    on (its affinity, else the machine's), 256 at most."""
-    try:
-        cores = len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    most = min(MAX_WORKERS, WORKERS_PER_CORE * cores)
-    return most, f"{WORKERS_PER_CORE} per core on {cores} core{'s' if cores != 1 else ''}, {MAX_WORKERS} at most"
-
-
 def default_workers() -> int:
     # Parallel callers only pay off where element-wise kernels are the
     # bottleneck: the CPU backend. Two is what was measured (2 cores).
@@ -186,13 +168,8 @@ class Scheduler:
         if self.batch_tokens < 1:
             raise ValueError(f"batch_tokens must be >= 1, got {batch_tokens}")
         if workers is None:
-            env = os.environ.get("MLX_EMBED_WORKERS", "").strip()
-            if env and not (env.isdecimal() and env.isascii() and int(env) >= 1):
-                raise ValueError(f"MLX_EMBED_WORKERS must be a whole number of at least 1, got {env!r}")
-            most, why = most_workers()
-            if env and int(env) > most:
-                raise ValueError(f"MLX_EMBED_WORKERS must be at most {most} ({why}), got {env!r}")
-            workers = int(env) if env else default_workers()
+            # The bound's one owner checks the fallback as load(workers=).
+            workers = workers_module.from_environment() or default_workers()
         self.workers = int(workers)
         if self.workers > 1 and not device.is_cpu():
             # Worker threads would evaluate passes on the device at once,

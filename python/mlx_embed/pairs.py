@@ -25,7 +25,7 @@ from typing import Optional
 
 from tokenizers import Tokenizer
 
-from .errors import InvalidInput
+from .errors import InvalidInput, InvalidOption
 from .spec import PairSpec
 from .tokenization import check_direction, content_ids, read_tokenizer
 
@@ -240,7 +240,7 @@ class PairEncoder:
         self.max_content = self.max_length - self.n_special
         self.type_ids = uses_type_ids(spec)
         if self.max_content < 1:
-            raise ValueError(
+            raise InvalidOption(
                 f"max_length={self.max_length} leaves no room for a pair "
                 f"({self.n_special} special tokens)"
             )

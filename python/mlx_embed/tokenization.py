@@ -22,7 +22,7 @@ from typing import Mapping, Optional, Sequence
 
 from tokenizers import Tokenizer, normalizers
 
-from .errors import CutTooShort, InvalidInput
+from .errors import CutTooShort, InvalidInput, InvalidOption
 from .json_files import read_json
 from .spec import PairSpec
 
@@ -107,7 +107,7 @@ class TextTokenizer:
             self.suffix = self.suffix + list(append_ids)
         self.n_special = len(self.prefix) + len(self.suffix)
         if self.n_special >= self.max_length:
-            raise ValueError(
+            raise InvalidOption(
                 f"max_length={self.max_length} leaves no room for content "
                 f"({self.n_special} special tokens)"
             )

@@ -374,6 +374,32 @@ pub enum EmbedderErrorKind {
     ModelFailure,
     /// The model can never answer again (HTTP 503): the batcher turns unhealthy.
     ModelGone,
+    /// A load only ([`crate::CoreError::LoadFailed`]): the model's engine
+    /// cannot start here, its code missing or not importable (the Python
+    /// package `mlx_embed` where the embedder looks). A setup to fix: install
+    /// it, or point the program at the environment that has it.
+    EngineUnavailable,
+    /// A load only: the model named is not there (no such folder, no repo
+    /// of that name) or its files make no model the engine runs (an
+    /// architecture it does not know, a file it must have missing, a
+    /// tokenizer that cannot be read). Another model, or its files fixed.
+    InvalidModel,
+    /// A load only: a load option the engine cannot take (out of its
+    /// range, as more workers than the cores run, or a `max_length` past
+    /// the model's positions; the wrong type, from a dynamic caller). The
+    /// message names the option.
+    InvalidOption,
+}
+
+impl EmbedderErrorKind {
+    /// Whether only a load gives this kind: a model never raises it on a
+    /// batch (one that did is a failure of that batch).
+    pub fn is_load_only(self) -> bool {
+        matches!(
+            self,
+            Self::EngineUnavailable | Self::InvalidModel | Self::InvalidOption
+        )
+    }
 }
 
 /// A failure inside the model or its tokenizer, with the message it gave.

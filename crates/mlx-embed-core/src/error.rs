@@ -33,11 +33,14 @@ pub enum CoreError {
     #[error("model unavailable: {0}")]
     ModelUnavailable(String),
     /// [`crate::Batcher::start`] could not load the model or start its
-    /// threads. The kind says what to do: `InvalidInput`, the options, the
-    /// model files or the setup (e.g. no Python package where the embedder
-    /// looks) cannot work (fix them, a retry will not help);
-    /// `ModelFailure`, loading failed (a retry may load it); `ModelGone`, the
-    /// load panicked or its thread died.
+    /// threads. The kind says what to do, each but the last two a setup
+    /// to fix (a retry will not help): `EngineUnavailable`, the model's
+    /// engine cannot start (no Python package `mlx_embed` where the embedder
+    /// looks); `InvalidModel`, no such model, or its files make none;
+    /// `InvalidOption`, a load option the engine cannot take;
+    /// `InvalidInput`, another refusal of what was given (an embedder's
+    /// own); `ModelFailure`, loading failed (a retry may load it);
+    /// `ModelGone`, the load panicked or its thread died.
     #[error("cannot load the model: {0}")]
     LoadFailed(EmbedderError),
     /// [`crate::Batcher::close`] was called: no new work is taken (work

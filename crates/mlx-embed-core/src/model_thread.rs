@@ -614,8 +614,11 @@ fn failure(error: EmbedderError) -> CoreError {
     match error.kind {
         EmbedderErrorKind::InvalidInput => CoreError::InvalidInput(error.message),
         EmbedderErrorKind::CutTooShort => CoreError::CutTooShort(error.message),
-        EmbedderErrorKind::ModelFailure | EmbedderErrorKind::ModelGone => {
-            CoreError::Model(error.message)
-        }
+        // A load's kinds, raised on a batch, are that batch's failure.
+        EmbedderErrorKind::ModelFailure
+        | EmbedderErrorKind::ModelGone
+        | EmbedderErrorKind::EngineUnavailable
+        | EmbedderErrorKind::InvalidModel
+        | EmbedderErrorKind::InvalidOption => CoreError::Model(error.message),
     }
 }

@@ -236,7 +236,12 @@ fn encode_with(
                 CoreError::InvalidInput(format!("input {i}: {}", e.message))
             }
             EmbedderErrorKind::CutTooShort => CoreError::CutTooShort(e.message),
-            EmbedderErrorKind::ModelFailure | EmbedderErrorKind::ModelGone => {
+            // A load's kinds, from a tokenizer at work, are its failure.
+            EmbedderErrorKind::ModelFailure
+            | EmbedderErrorKind::ModelGone
+            | EmbedderErrorKind::EngineUnavailable
+            | EmbedderErrorKind::InvalidModel
+            | EmbedderErrorKind::InvalidOption => {
                 CoreError::Model(format!("tokenizer failed on input {i}: {}", e.message))
             }
         })

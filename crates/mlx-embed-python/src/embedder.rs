@@ -51,14 +51,29 @@ pub struct PythonModelOptions {
     pub kind: Option<String>,
 }
 
-/// The Python engine's per-model settings (`mlx_embed.load(cache_limit_mb=, fast_ops=, workers=, batch_tokens=, pipeline=, streams=, packed_rows=, eval_chunk_mb=)`).
+/// The Python engine's per-model settings (`mlx_embed.load(cache_limit_mb=, fast_ops=, workers=,
+/// batch_tokens=, pipeline=, streams=, packed_rows=, eval_chunk_mb=, fused_attention=,
+/// shape_buckets=, joined_linears=)`), each passed as that keyword argument where set.
+///
+/// The engine checks them as it loads, as it checks a Python caller's: one
+/// it cannot take fails the load with
+/// [`EmbedderErrorKind::InvalidOption`](mlx_embed_core::EmbedderErrorKind::InvalidOption),
+/// its message naming the argument. What each setting came to shows among
+/// the model's details ([`ModelInfo::details`](mlx_embed_core::ModelInfo::details)):
+/// `attention` (`fused` or `matmul`), `shape_buckets` (`true` or `false`),
+/// `joined_linears` (the groups joined, where any were), `workers`.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct EngineOptions {
     /// MLX buffer cache limit in MiB (engine default: 2048 on a GPU, 0 on the CPU).
     pub cache_limit_mb: Option<u64>,
     /// CPU element-wise path: "native", "mlx" or "exact".
     pub fast_ops: Option<String>,
-    /// MLX worker threads on the CPU.
+    /// MLX worker threads on the CPU: at most 4 per core this process may
+    /// run on (fewer where a container's CPU quota grants fewer cores) and
+    /// 256, as the engine's `mlx_embed.workers` counts them (see
+    /// [`crate::interpreter::workers_refusal`]); `None` reads the
+    /// `MLX_EMBED_WORKERS` environment variable, bounded alike, else the
+    /// engine's default (2 with 2+ cores; 1 on a GPU).
     pub workers: Option<usize>,
     /// Padded tokens per device pass (how the engine cuts one model call).
     pub batch_tokens: Option<usize>,
@@ -73,6 +88,21 @@ pub struct EngineOptions {
     /// evaluation points, which bound its device memory; 0 turns them off
     /// (engine default: 64 there, 0 elsewhere).
     pub eval_chunk_mb: Option<u32>,
+    /// Attention through MLX's fused `scaled_dot_product_attention` kernel
+    /// (cuDNN on CUDA) rather than matmuls and a softmax; the same vectors
+    /// either way, to float rounding. It runs on the engine's exact path
+    /// only: on the CPU with `fast_ops` other than "exact" the setting is
+    /// taken and attention stays matmuls (the `attention` detail says
+    /// which ran). Engine default: on a GPU in float16 and bfloat16.
+    pub fused_attention: Option<bool>,
+    /// Pad each device pass to a bounded set of shapes (rows to a power of
+    /// two, lengths to steps), as every new shape costs a GPU a compile or
+    /// a kernel plan; the vectors are the same. Engine default: on a GPU.
+    pub shape_buckets: Option<bool>,
+    /// Run a decoder's sibling projections (q/k/v, gate/up) as one matmul
+    /// each, joined once at load; the same vectors, to float rounding. An
+    /// architecture without such siblings is unchanged. Engine default: off.
+    pub joined_linears: Option<bool>,
 }
 
 impl Default for PythonModelOptions {
@@ -164,6 +194,15 @@ impl PythonEmbedder {
             }
             if let Some(mb) = engine.eval_chunk_mb {
                 kwargs.set_item("eval_chunk_mb", mb)?;
+            }
+            if let Some(on) = engine.fused_attention {
+                kwargs.set_item("fused_attention", on)?;
+            }
+            if let Some(on) = engine.shape_buckets {
+                kwargs.set_item("shape_buckets", on)?;
+            }
+            if let Some(on) = engine.joined_linears {
+                kwargs.set_item("joined_linears", on)?;
             }
             if let Some(kind) = &options.kind {
                 kwargs.set_item("kind", kind)?;

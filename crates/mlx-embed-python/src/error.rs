@@ -1,11 +1,11 @@
 //! The bridge's one error type, and how a Python exception becomes a typed
 //! [`EmbedderError`].
 
-use mlx_embed_core::EmbedderError;
+use mlx_embed_core::{EmbedderError, EmbedderErrorKind};
 use mlx_embed_tokenizer::TokenizerError;
 use pyo3::exceptions::{
-    PyException, PyFileNotFoundError, PyNotADirectoryError, PyPermissionError, PyTypeError,
-    PyValueError,
+    PyException, PyFileNotFoundError, PyImportError, PyNotADirectoryError, PyPermissionError,
+    PyTypeError, PyValueError,
 };
 use pyo3::panic::PanicException;
 use pyo3::prelude::*;
@@ -28,10 +28,13 @@ pub enum BridgeError {
         venv: String,
     },
     /// Python raised while loading the model; the kind is the exception's,
-    /// by class: `InvalidInput` when the options or files given cannot work
-    /// (a `ValueError` or `TypeError`; a missing, non-folder or unreadable
-    /// path), `ModelGone` for a `BaseException` that is not an `Exception`,
-    /// `ModelFailure` otherwise.
+    /// by class (see [`EmbedderErrorKind`](mlx_embed_core::EmbedderErrorKind)):
+    /// `InvalidOption` for the engine's `mlx_embed.errors.InvalidOption` (a
+    /// `load()` keyword argument it cannot take), `InvalidModel` for its
+    /// `InvalidModel` (the folder missing, or its files making no model),
+    /// `InvalidInput` for another refusal of what was given (a `ValueError`
+    /// or `TypeError`; an unreadable path), `ModelGone` for a
+    /// `BaseException` that is not an `Exception`, `ModelFailure` otherwise.
     #[error("python: {0}")]
     Python(EmbedderError),
     /// A model's name is neither a local folder nor a Hugging Face repo id
@@ -63,32 +66,54 @@ impl From<BridgeError> for EmbedderError {
         match err {
             // The model's own message is what a caller needs to see, unprefixed.
             BridgeError::Python(err) => err,
-            // A setup to fix (no `mlx_embed` where Python looks, a tokenizer
-            // that cannot be read or contradicts its spec): a retry would
-            // fail the same way.
-            err @ (BridgeError::NotImportable { .. }
-            | BridgeError::Tokenizer(_)
-            | BridgeError::ModelNotFound { .. }) => EmbedderError::invalid_input(err.to_string()),
+            // Setups to fix, each its own kind so a program acts on it
+            // without reading the message: a retry would fail the same way.
+            err @ BridgeError::NotImportable { .. } => {
+                EmbedderError::new(EmbedderErrorKind::EngineUnavailable, err.to_string())
+            }
+            // The model's own files: no such model, or a tokenizer that
+            // cannot be read or contradicts its spec.
+            err @ (BridgeError::Tokenizer(_) | BridgeError::ModelNotFound { .. }) => {
+                EmbedderError::new(EmbedderErrorKind::InvalidModel, err.to_string())
+            }
             err @ BridgeError::Protocol(_) => EmbedderError::model_failure(err.to_string()),
         }
     }
 }
 
-/// [`classify`] for an exception `mlx_embed.load` raised: a path that is
-/// missing, not a folder or not readable is the caller's to fix, as a bad
-/// option or file (a `ValueError` or `TypeError`) is, so both are
-/// `InvalidInput`.
+/// [`classify`] for an exception `mlx_embed.load` raised: the engine's
+/// typed refusals (`mlx_embed.errors.InvalidOption`, `InvalidModel`) by
+/// their class, an `ImportError` as the engine unavailable; a path that is missing, not a folder or not readable is
+/// the caller's to fix, as another bad option or file (a `ValueError` or
+/// `TypeError`) is, so these are `InvalidInput`.
 pub(crate) fn classify_load(py: Python<'_>, err: &PyErr) -> EmbedderError {
-    if err.is_instance_of::<PyFileNotFoundError>(py)
+    let message = err.to_string();
+    if is_engine_error(py, err, "InvalidOption") {
+        EmbedderError::new(EmbedderErrorKind::InvalidOption, message)
+    } else if is_engine_error(py, err, "InvalidModel") {
+        EmbedderError::new(EmbedderErrorKind::InvalidModel, message)
+    } else if err.is_instance_of::<PyImportError>(py) {
+        // `mlx_embed` imported, but the engine behind `load()` did not (its
+        // MLX backend missing): the engine cannot start, as when the
+        // package itself is not there.
+        EmbedderError::new(EmbedderErrorKind::EngineUnavailable, message)
+    } else if err.is_instance_of::<PyFileNotFoundError>(py)
         || err.is_instance_of::<PyNotADirectoryError>(py)
         || err.is_instance_of::<PyPermissionError>(py)
         || err.is_instance_of::<PyValueError>(py)
         || err.is_instance_of::<PyTypeError>(py)
     {
-        EmbedderError::invalid_input(err.to_string())
+        EmbedderError::invalid_input(message)
     } else {
         classify(py, err)
     }
+}
+
+/// Whether `err` is the engine's exception class `name` (`mlx_embed.errors`).
+fn is_engine_error(py: Python<'_>, err: &PyErr, name: &str) -> bool {
+    py.import("mlx_embed.errors")
+        .and_then(|m| m.getattr(name))
+        .is_ok_and(|class| err.is_instance(py, &class))
 }
 
 /// A Python exception from the running model as the kind the core acts on,
@@ -102,11 +127,7 @@ pub(crate) fn classify_load(py: Python<'_>, err: &PyErr) -> EmbedderError {
 pub(crate) fn classify(py: Python<'_>, err: &PyErr) -> EmbedderError {
     // `ExceptionClass: message`, as the last line of a Python traceback.
     let message = err.to_string();
-    let is = |name: &str| {
-        py.import("mlx_embed.errors")
-            .and_then(|m| m.getattr(name))
-            .is_ok_and(|class| err.is_instance(py, &class))
-    };
+    let is = |name: &str| is_engine_error(py, err, name);
     if is("CutTooShort") {
         // The server puts its own field's name before the message.
         EmbedderError::cut_too_short(err.value(py).to_string())
@@ -187,22 +208,45 @@ mod tests {
                 classify_load(py, &err).kind
             })
         };
+        // The engine's own refusals, by class (their built-in bases too).
+        assert_eq!(
+            load_kind(c"from mlx_embed.errors import InvalidOption\nraise InvalidOption('workers must be at least 1')"),
+            InvalidOption
+        );
+        assert_eq!(
+            load_kind(c"from mlx_embed.errors import InvalidOptionType\nraise InvalidOptionType('pipeline must be True')"),
+            InvalidOption
+        );
+        assert_eq!(
+            load_kind(c"from mlx_embed.errors import InvalidModel\nraise InvalidModel('unsupported model_type')"),
+            InvalidModel
+        );
+        assert_eq!(
+            load_kind(c"from mlx_embed.errors import ModelFolderMissing\nraise ModelFolderMissing('no config.json')"),
+            InvalidModel
+        );
+        assert_eq!(
+            load_kind(c"from mlx_embed.hub import ModelNotFound\nraise ModelNotFound('a/b', 'not on the Hub')"),
+            InvalidModel
+        );
+        assert_eq!(
+            load_kind(c"raise ModuleNotFoundError('no mlx')"),
+            EngineUnavailable
+        );
+        // Other refusals of what was given stay the caller's.
         assert_eq!(
             load_kind(c"raise FileNotFoundError('no config.json')"),
             InvalidInput
         );
         assert_eq!(load_kind(c"raise NotADirectoryError('x')"), InvalidInput);
         assert_eq!(load_kind(c"raise PermissionError('x')"), InvalidInput);
-        assert_eq!(
-            load_kind(c"raise ValueError('workers must be at least 1')"),
-            InvalidInput
-        );
+        assert_eq!(load_kind(c"raise ValueError('a bad file')"), InvalidInput);
         assert_eq!(load_kind(c"raise OSError('disk')"), ModelFailure);
         assert_eq!(load_kind(c"raise MemoryError()"), ModelFailure);
     }
 
     #[test]
-    fn a_setup_to_fix_is_invalid_input_and_a_bad_answer_a_failure() {
+    fn each_setup_to_fix_has_its_kind_and_a_bad_answer_is_a_failure() {
         use EmbedderErrorKind::*;
         let kind = |err: BridgeError| EmbedderError::from(err).kind;
         let missing = BridgeError::NotImportable {
@@ -211,12 +255,17 @@ mod tests {
             path: "[]".into(),
             venv: String::new(),
         };
-        assert_eq!(kind(missing), InvalidInput);
+        assert_eq!(kind(missing), EngineUnavailable);
+        let not_found = BridgeError::ModelNotFound {
+            name: "a/b".into(),
+            why: "not on the Hub".into(),
+        };
+        assert_eq!(kind(not_found), InvalidModel);
         let tokenizer = TokenizerError::Load {
             path: "tokenizer.json".into(),
             message: "missing".into(),
         };
-        assert_eq!(kind(tokenizer.into()), InvalidInput);
+        assert_eq!(kind(tokenizer.into()), InvalidModel);
         assert_eq!(
             kind(BridgeError::Protocol("no vectors".into())),
             ModelFailure

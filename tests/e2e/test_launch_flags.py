@@ -1,7 +1,7 @@
 """The launcher's start-up flags (crates/mlx-embed/src/launch.rs): a value
 that cannot be meant is refused at start, before Python starts (a model's
-name: before any model loads), with a message naming the flag; the usage
-line names the program."""
+name, or a bound the engine owns as --workers': before any model loads),
+with a message naming the flag; the usage line names the program."""
 
 import os
 import re
@@ -41,26 +41,26 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def test_workers_past_256_or_4_per_core_are_refused_at_start():
+def test_workers_past_256_or_4_per_core_are_refused_before_any_model_loads():
     """`--workers 65535` passed /health, then its first batch failed "can't
-    start new thread" with 22,000 threads running."""
-    _assert_refused(_refused("--workers", "65535"), 2,
-                    "error: invalid value '65535' for '--workers <WORKERS>': 65535 is not in 1..=256")
-    _assert_refused(_refused(env={"MLX_EMBED_WORKERS": "257"}), 2,
-                    "(the value of --workers came from the environment variable MLX_EMBED_WORKERS)")
-    workers = 4 * _cores() + 1
-    if workers > 256:
-        return  # clap's range refuses it first
-    run = _refused("--workers", str(workers))
-    assert run.returncode == 1, (run.returncode, run.stderr[-2000:])
-    # The launcher counts the cores it may use (a CPU quota may be fewer).
-    said = re.search(rf"mlx-embed: --workers {workers} is more than 4 per core: this machine has (\d+) "
-                     r"cores?, so at most (\d+) \(each worker is a thread computing on a core of its own\)",
-                     run.stderr)
-    assert said, run.stderr[-2000:]
-    cores, most = int(said.group(1)), int(said.group(2))
-    assert 1 <= cores <= _cores() and most == 4 * cores, said.group(0)
-    _assert_refused(run, 1, said.group(0))
+    start new thread" with 22,000 threads running. The bound is the engine's
+    (mlx_embed/workers.py, which counts a container's CPU quota too): the
+    launcher asks it once Python runs, before any model loads."""
+    from mlx_embed.workers import most_workers
+
+    most, why = most_workers()
+    for args, env, workers in (
+        (("--workers", "65535"), None, 65535),
+        ((), {"MLX_EMBED_WORKERS": "257"}, 257),
+        (("--workers", str(most + 1)), None, most + 1),
+    ):
+        _assert_refused(
+            _refused(*args, env=env), 1,
+            f"mlx-embed: --workers must be at most {most} ({why}), got {workers} "
+            "(each worker is a thread computing on a core of its own)",
+            NO_MODEL_LOADED)
+    assert most == min(256, 4 * int(re.match(r"4 per core on (\d+) cores?", why).group(1))), why
+    assert int(re.match(r"4 per core on (\d+) cores?", why).group(1)) <= _cores(), why
 
 
 def test_an_empty_instruction_is_refused_at_start():
@@ -173,8 +173,8 @@ def test_out_of_range_numbers_name_their_flag():
         "error: invalid value '18446744073709551615' for '--cache-limit-mb <CACHE_LIMIT_MB>': "
         "18446744073709551615 is not in 0..=16777216")
     for tokens, why in (
-        ("4294967295", "ValueError: max_length 4294967295 > the 512 positions bert models have"),
-        ("1", "ValueError: max_length=1 leaves no room for content (2 special tokens)"),
+        ("4294967295", "InvalidOption: max_length 4294967295 > the 512 positions bert models have"),
+        ("1", "InvalidOption: max_length=1 leaves no room for content (2 special tokens)"),
     ):
         run = _refused("--max-input-tokens", tokens)
         assert run.returncode == 1, (run.returncode, run.stderr[-2000:])

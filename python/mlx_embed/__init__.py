@@ -37,6 +37,11 @@ Public API::
     model.info() -> dict
     mlx_embed.blas_info() -> dict
     mlx_embed.errors.InvalidInput                   # bad input (a ValueError)
+    mlx_embed.errors.InvalidOption                  # load(): a setting it refuses (a ValueError;
+                                                    # InvalidOptionType, a TypeError too)
+    mlx_embed.errors.InvalidModel                   # load(): the folder's files make no model (a ValueError;
+                                                    # ModelFolderMissing, a FileNotFoundError too)
+    mlx_embed.workers.most_workers() -> (most, why) # the workers bound (the container's CPU quota counted)
 """
 
 import time as _time

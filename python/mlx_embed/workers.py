@@ -9,7 +9,7 @@ one per core they only take turns on the same cores, holding their
 sub-batches' memory meanwhile. Four per core leaves room to measure
 oversubscription, while a value that cannot be meant (2000 once started
 2000 threads on 2 cores; 65535 passed /health, then failed the first batch)
-is refused. No MLX here: the launcher imports this before the engine.
+is refused. No MLX here: asking the bound loads no engine.
 """
 
 from __future__ import annotations

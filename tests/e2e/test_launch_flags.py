@@ -45,20 +45,31 @@ def test_workers_past_256_or_4_per_core_are_refused_before_any_model_loads():
     """`--workers 65535` passed /health, then its first batch failed "can't
     start new thread" with 22,000 threads running. The bound is the engine's
     (mlx_embed/workers.py, which counts a container's CPU quota too): the
-    launcher asks it once Python runs, before any model loads."""
+    launcher asks it once Python runs, before any model loads, and exits 2
+    as for any flag's bad value (as clap's range refusal did)."""
     from mlx_embed.workers import most_workers
 
     most, why = most_workers()
+    env_note = "(the value of --workers came from the environment variable MLX_EMBED_WORKERS)"
     for args, env, workers in (
         (("--workers", "65535"), None, 65535),
         ((), {"MLX_EMBED_WORKERS": "257"}, 257),
         (("--workers", str(most + 1)), None, most + 1),
     ):
+        run = _refused(*args, env=env)
         _assert_refused(
-            _refused(*args, env=env), 1,
-            f"mlx-embed: --workers must be at most {most} ({why}), got {workers} "
+            run, 2,
+            f"error: --workers must be at most {most} ({why}), got {workers} "
             "(each worker is a thread computing on a core of its own)",
             NO_MODEL_LOADED)
+        # The variable is named only where the value came from it.
+        assert (env_note in run.stderr) == (env is not None), run.stderr[-2000:]
+    # The bound itself is taken: the start goes on to the next check (the
+    # model folder's, which refuses this one).
+    run = _refused("--workers", str(most), "--model", "/nonexistent-model-folder")
+    assert run.returncode == 1, (run.returncode, run.stderr[-2000:])
+    assert "mlx-embed: --model /nonexistent-model-folder: no such folder" in run.stderr, run.stderr[-2000:]
+    assert "--workers must be at most" not in run.stderr, run.stderr[-2000:]
     assert most == min(256, 4 * int(re.match(r"4 per core on (\d+) cores?", why).group(1))), why
     assert int(re.match(r"4 per core on (\d+) cores?", why).group(1)) <= _cores(), why
 

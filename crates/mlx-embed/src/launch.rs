@@ -376,18 +376,20 @@ impl ModelArgs {
     /// container's CPU quota and bounds `load(workers=)` alike): asked once
     /// Python runs, before any model loads, so a refused count costs no
     /// load. 65535 workers once passed /health, then failed the first batch
-    /// with 22,000 threads started.
+    /// with 22,000 threads started. A refusal is a usage error (exit 2),
+    /// an engine that cannot answer a failure to start (exit 1).
     fn check_workers(
         &self,
         refusal: impl FnOnce(usize) -> Result<Option<String>, String>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Stop> {
         let Some(workers) = self.workers else {
             return Ok(());
         };
         match refusal(usize::from(workers))? {
-            Some(why) => Err(format!(
-                "{why} (each worker is a thread computing on a core of its own)"
-            )),
+            Some(why) => Err(Stop::Usage {
+                flag: "--workers",
+                why: format!("{why} (each worker is a thread computing on a core of its own)"),
+            }),
             None => Ok(()),
         }
     }
@@ -639,7 +641,15 @@ where
     }
     let code = match serve(cli, wrap) {
         Ok(()) => 0,
-        Err(message) => {
+        Err(Stop::Usage { flag, why }) => {
+            // As clap says a flag it cannot take: on stderr, exit code 2.
+            eprintln!("error: {why}");
+            if let Some(note) = environment_note(flag, &argv, |name| std::env::var_os(name)) {
+                eprintln!("{note}");
+            }
+            2
+        }
+        Err(Stop::Failed(message)) => {
             tracing::error!("{message}");
             eprintln!("mlx-embed: {message}");
             1
@@ -662,7 +672,6 @@ fn value_from_environment(
     env: impl Fn(&str) -> Option<std::ffi::OsString>,
 ) -> Option<String> {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
-    use clap::CommandFactory;
     if !matches!(
         err.kind(),
         ErrorKind::ValueValidation | ErrorKind::InvalidValue
@@ -672,7 +681,18 @@ fn value_from_environment(
     let Some(ContextValue::String(arg)) = err.get(ContextKind::InvalidArg) else {
         return None;
     };
-    let flag = arg.split_whitespace().next()?;
+    environment_note(arg.split_whitespace().next()?, argv, env)
+}
+
+/// For `flag` (`--workers`), whose value the launcher refused: where that
+/// value came from its environment variable rather than the command line,
+/// a line saying so.
+fn environment_note(
+    flag: &str,
+    argv: &[String],
+    env: impl Fn(&str) -> Option<std::ffi::OsString>,
+) -> Option<String> {
+    use clap::CommandFactory;
     let long = flag.strip_prefix("--")?;
     let command = ServeCli::command();
     let variable = command
@@ -688,7 +708,24 @@ fn value_from_environment(
         .then(|| format!("(the value of {flag} came from the environment variable {variable})"))
 }
 
-fn serve<E, W>(cli: ServeCli, wrap: W) -> Result<(), String>
+/// Why [`serve`] stopped short of serving to the end.
+#[derive(Debug, PartialEq, Eq)]
+enum Stop {
+    /// A flag's value the launcher refuses once Python runs (`--workers`
+    /// past the engine's bound): a usage error, exit code 2 as clap's, so
+    /// a bad value exits as it did when clap's range refused it.
+    Usage { flag: &'static str, why: String },
+    /// Anything else that stopped the start or the serving: exit code 1.
+    Failed(String),
+}
+
+impl From<String> for Stop {
+    fn from(message: String) -> Self {
+        Stop::Failed(message)
+    }
+}
+
+fn serve<E, W>(cli: ServeCli, wrap: W) -> Result<(), Stop>
 where
     E: Embedder + 'static,
     W: FnOnce(PythonEmbedder) -> E + Clone + Send + 'static,
@@ -784,7 +821,7 @@ where
             load_duration,
             trigger,
         ))
-        .map_err(|err| err.to_string())
+        .map_err(|err| Stop::Failed(err.to_string()))
 }
 
 /// Why `what` did not load. The engine names `--max-input-tokens` by its
@@ -1061,13 +1098,15 @@ mod tests {
                 }))
             }
         };
+        // A usage error (exit 2), as clap's range refusal was.
         assert_eq!(
             parsed(&["--workers", "9"]).check_workers(engine(8)),
-            Err(
-                "--workers must be at most 8 (4 per core on 2 cores, 256 at most), got 9 \
-                 (each worker is a thread computing on a core of its own)"
+            Err(Stop::Usage {
+                flag: "--workers",
+                why: "--workers must be at most 8 (4 per core on 2 cores, 256 at most), got 9 \
+                      (each worker is a thread computing on a core of its own)"
                     .to_owned()
-            )
+            })
         );
         assert_eq!(parsed(&["--workers", "8"]).check_workers(engine(8)), Ok(()));
         // No --workers: nothing to ask.
@@ -1075,10 +1114,10 @@ mod tests {
             parsed(&[]).check_workers(|_| -> Result<_, String> { panic!("asked") }),
             Ok(())
         );
-        // An engine that cannot answer stops the start, saying so.
+        // An engine that cannot answer stops the start, saying so (exit 1).
         assert_eq!(
             parsed(&["--workers", "2"]).check_workers(|_| Err("no engine".to_owned())),
-            Err("no engine".to_owned())
+            Err(Stop::Failed("no engine".to_owned()))
         );
     }
 

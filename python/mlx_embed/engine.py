@@ -31,7 +31,9 @@ from . import (
     _blas, device, hub, lexical, loading, multi_vector, ops, pooling, precision, reranker_prompt, st_modules,
     startup,
 )
-from .errors import InputTooLong, InvalidInput, InvalidOption, InvalidOptionType, ModelFolderMissing, check_switches
+from .errors import (
+    InputTooLong, InvalidInput, InvalidModel, InvalidOption, InvalidOptionType, ModelFolderMissing, check_switches,
+)
 from .loading import DEFAULT_MODEL_NAME, DEFAULT_MODEL_NAMES, default_model_path  # noqa: F401  (re-exported)
 from .models import reads_type_ids
 from .pairs import segment_spec, template_spec
@@ -246,7 +248,7 @@ class EmbeddingModel(ScoringMixin):
         if self.kind != "embedding" and pair is not None and pair.template is None and reads_types:
             if max(pair.first_type_id, pair.second_type_id) >= self._type_vocab_size:
                 # Every pair would fail; transformers fails on them too.
-                raise ValueError(
+                raise InvalidModel(
                     f"{self.name}: the tokenizer gives a pair's texts token types "
                     f"{pair.first_type_id} and {pair.second_type_id}, but config.json's "
                     f"type_vocab_size is {self._type_vocab_size}"

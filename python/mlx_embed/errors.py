@@ -40,7 +40,8 @@ class InvalidOptionType(InvalidOption, TypeError):
 
 class InvalidModel(MlxEmbedError, ValueError):
     """The model folder's files make no model this engine runs: an
-    architecture or layout it does not know, a config it cannot read."""
+    architecture or layout it does not know, a config or tokenizer file it
+    cannot read, a setting in them it does not support."""
 
 
 class ModelFolderMissing(InvalidModel, FileNotFoundError):

@@ -40,6 +40,7 @@ from types import ModuleType
 from typing import Optional
 
 from . import hub, models, st_modules
+from .errors import InvalidModel, InvalidOption
 from .models import masked_lm, sequence_classification
 
 KINDS = ("embedding", "classifier", "reranker")
@@ -91,11 +92,11 @@ def resolve(
     and fails clearly where the checkpoint has no such head; ``pooling`` is
     the caller's override (only ``"splade"`` changes the head)."""
     if kind is not None and kind not in KINDS:
-        raise ValueError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+        raise InvalidOption(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     model_type = config.get("model_type")
     declared = st_modules.declares_splade(path)
     if pooling is not None and pooling != SPLADE and declared:
-        raise ValueError(
+        raise InvalidOption(
             f"{path} is a SPLADE SparseEncoder: pooling={pooling!r} does not apply "
             "(it pools masked-LM logits over the vocabulary, not hidden states)"
         )
@@ -114,7 +115,7 @@ def resolve(
         labels = sequence_classification.labels_from_config(config)
         natural = "reranker" if len(labels) == 1 else "classifier"
         if kind == "reranker" and len(labels) != 1:
-            raise ValueError(
+            raise InvalidOption(
                 f"{path} is a {len(labels)}-label classifier; a reranker has one label"
             )
         return Head(kind or natural, sequence_classification)
@@ -122,7 +123,7 @@ def resolve(
                    if str(a).endswith("ForSequenceClassification")]
     if unsupported and kind is None and not st_modules.declares_pooling(path):
         # Loaded as an embedding model, its head would be dropped silently.
-        raise ValueError(
+        raise InvalidModel(
             f"{path}: {unsupported[0]} is not a supported cross-encoder or classifier "
             f"(supported: {', '.join(sequence_classification.ARCHITECTURES)})"
         )
@@ -131,7 +132,7 @@ def resolve(
     # with a LogitScore module, whatever the folder is called.
     logit_score = kind in (None, "reranker") and st_modules.read_logit_score(path) is not None
     if logit_score and decoder is None:
-        raise ValueError(
+        raise InvalidModel(
             f"{path} is a sentence-transformers LogitScore reranker on model_type {model_type!r}; "
             f"yes/no rerankers are supported on {', '.join(DECODER_RERANKERS)}"
         )
@@ -141,7 +142,7 @@ def resolve(
         return Head("reranker", importlib.import_module(f"{models.__name__}.{decoder}"))
     if kind in ("classifier", "reranker"):
         archs = ", ".join(config.get("architectures") or []) or "none"
-        raise ValueError(
+        raise InvalidOption(
             f"{path} has no {kind} head (architectures: {archs}); supported: "
             f"{', '.join(sequence_classification.ARCHITECTURES)}, and yes/no rerankers on "
             f"{', '.join(DECODER_RERANKERS)}"

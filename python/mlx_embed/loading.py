@@ -518,7 +518,11 @@ def load_checkpoint(
             # pipeline (whose truncate_dim the folder would state) is read.
             head.truncate_dim = defaults.get("truncate_dim")
         if pooling is not None:
-            head.pooling = pooling_modes.check_modes(pooling)
+            try:
+                head.pooling = pooling_modes.check_modes(pooling)
+            except ValueError as e:
+                # The caller's pooling=, not the folder's: an option refused.
+                raise InvalidOption(str(e)) from None
             if head.dense:
                 raise InvalidOption(f"pooling={pooling!r}: {path} has Dense layers made for its own pooling")
     else:

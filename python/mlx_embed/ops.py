@@ -47,6 +47,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from .errors import InvalidOption
+
 try:
     from . import _native
 except ImportError:  # a source checkout without the built extension
@@ -181,12 +183,12 @@ def resolve_path(fast_ops: Optional[str] = None, device: Optional[mx.Device] = N
     name = (fast_ops if fast_ops in ("native", "mlx", "exact") else None) if explicit else (
         _PATH_NAMES.get(str(raw).strip().lower()))
     if name is None:
-        raise ValueError(f"fast_ops must be 'native', 'mlx' or 'exact', got {raw!r}")
+        raise InvalidOption(f"fast_ops must be 'native', 'mlx' or 'exact', got {raw!r}")
     if (device or mx.default_device()) != mx.cpu:
         return "exact"
     if name == "native" and not native_available():
         if explicit:
-            raise ValueError("fast_ops='native' needs the built extension mlx_embed._native")
+            raise InvalidOption("fast_ops='native' needs the built extension mlx_embed._native")
         return "mlx"
     return name
 

@@ -26,6 +26,7 @@ import shutil
 import tempfile
 from typing import Any, Optional
 
+from .errors import InvalidModel, ModelFolderMissing
 from .json_files import read_json
 
 log = logging.getLogger("mlx_embed")
@@ -92,7 +93,7 @@ def tokenizer_file(files: str, model_type: Optional[str] = None) -> str:
         what += f"; tokenizer_config.json names {tc['tokenizer_class']}"
     elif has_vocab:
         what += f"; tokenizer_config.json names no tokenizer class and model_type is {model_type!r}"
-    raise FileNotFoundError(f"{files} has no tokenizer.json{what}): {supported}")
+    raise ModelFolderMissing(f"{files} has no tokenizer.json{what}): {supported}")
 
 
 # ------------------------------------------------------------------ cache
@@ -236,7 +237,7 @@ def _settings(files: str, tc: dict) -> tuple[dict[str, Any], list[Any], list[tup
     if isinstance(tc.get("added_tokens_decoder"), dict):
         for idx, tok in tc["added_tokens_decoder"].items():
             if not isinstance(tok, dict) or "content" not in tok:
-                raise ValueError(f"{files}/tokenizer_config.json: added_tokens_decoder[{idx!r}] "
+                raise InvalidModel(f"{files}/tokenizer_config.json: added_tokens_decoder[{idx!r}] "
                                  "is not a token ({\"content\": ...})")
             added.append((int(idx), tok))
     else:

@@ -26,6 +26,7 @@ import mlx.nn as nn
 import numpy as np
 
 from . import device, ops, pooling, torch_weights
+from .errors import InvalidModel, ModelFolderMissing
 from .json_files import read_json
 
 log = logging.getLogger("mlx_embed")
@@ -292,10 +293,10 @@ def _prompts(st_cfg: dict, folder: str) -> tuple[dict, Optional[str]]:
     """config_sentence_transformers.json's prompts and default prompt name, checked."""
     prompts = st_cfg.get("prompts") or {}
     if not isinstance(prompts, dict) or not all(isinstance(v, str) for v in prompts.values()):
-        raise ValueError(f"{folder}/{ST_CONFIG}: prompts must map names to strings")
+        raise InvalidModel(f"{folder}/{ST_CONFIG}: prompts must map names to strings")
     default_name = st_cfg.get("default_prompt_name")
     if default_name is not None and default_name not in prompts:
-        raise ValueError(
+        raise InvalidModel(
             f"{folder}/{ST_CONFIG}: default_prompt_name {default_name!r} is not one of the prompts {sorted(prompts)}"
         )
     return dict(prompts), default_name
@@ -354,7 +355,7 @@ def _stanford_defaults(folder: str) -> ColbertSettings:
     if meta is None:
         meta = {}
     elif not isinstance(meta, dict):
-        raise ValueError(f"{where}: not a JSON object")
+        raise InvalidModel(f"{where}: not a JSON object")
     names = {"query_prefix": "query_token_id", "document_prefix": "doc_token_id", "query_length": "query_maxlen",
              "document_length": "doc_maxlen", "attend_to_expansion_tokens": "attend_to_mask_tokens"}
     renamed = {ours: meta.get(theirs) for ours, theirs in names.items()}
@@ -369,7 +370,7 @@ def _stanford_defaults(folder: str) -> ColbertSettings:
         msg = str(e)
         for ours, theirs in names.items():
             msg = msg.replace(f": {ours} ", f": {theirs} ")
-        raise ValueError(msg) from None
+        raise InvalidModel(msg) from None
 
 
 def _colbert_settings(st_cfg: dict, where: str, defaults: ColbertSettings = ColbertSettings()) -> ColbertSettings:
@@ -377,7 +378,7 @@ def _colbert_settings(st_cfg: dict, where: str, defaults: ColbertSettings = Colb
     for key in ("query_prefix", "document_prefix"):
         value = st_cfg.get(key)
         if value is not None and not isinstance(value, str):
-            raise ValueError(f"{where}: {key} must be a token (a string), got {value!r}")
+            raise InvalidModel(f"{where}: {key} must be a token (a string), got {value!r}")
         values[key] = getattr(defaults, key) if value is None else value
     for key in ("query_length", "document_length"):
         value = _positive_int(st_cfg, key, where)
@@ -385,13 +386,13 @@ def _colbert_settings(st_cfg: dict, where: str, defaults: ColbertSettings = Colb
     for key in ("do_query_expansion", "attend_to_expansion_tokens"):
         value = st_cfg.get(key)
         if value is not None and not isinstance(value, bool):
-            raise ValueError(f"{where}: {key} must be true or false, got {value!r}")
+            raise InvalidModel(f"{where}: {key} must be true or false, got {value!r}")
         values[key] = getattr(defaults, key) if value is None else value
     # PyLate: no expansion, nothing to attend to.
     values["attend_to_expansion_tokens"] = values["attend_to_expansion_tokens"] and values["do_query_expansion"]
     words = st_cfg.get("skiplist_words")
     if words is not None and (not isinstance(words, list) or not all(isinstance(w, str) for w in words)):
-        raise ValueError(f"{where}: skiplist_words must be a list of tokens (strings)")
+        raise InvalidModel(f"{where}: skiplist_words must be a list of tokens (strings)")
     values["skiplist_words"] = defaults.skiplist_words if words is None else tuple(words)
     return ColbertSettings(**values)
 
@@ -427,7 +428,7 @@ def read_colbert_pipeline(folder: str, stanford_linear: Optional[mx.array] = Non
     )
     if stanford:
         if stanford_linear is None:
-            raise ValueError(f"{folder}: a {STANFORD_COLBERT} checkpoint without its 'linear.weight'")
+            raise InvalidModel(f"{folder}: a {STANFORD_COLBERT} checkpoint without its 'linear.weight'")
         weight = stanford_linear.astype(mx.float32)
         mx.eval(weight)
         pipe.dense.append(DenseLayer(weight=weight, bias=None, activation="Identity"))
@@ -440,15 +441,15 @@ def read_colbert_pipeline(folder: str, stanford_linear: Optional[mx.array] = Non
         if i > 0 and kind == "Dense":
             cfg = read_json(os.path.join(folder, sub, "config.json")) or {}
             if cfg.get("use_residual"):
-                raise ValueError(f"{folder}/{sub}/config.json: use_residual is not supported")
+                raise InvalidModel(f"{folder}/{sub}/config.json: use_residual is not supported")
             pipe.dense.append(_load_dense(folder, sub))
             continue
-        raise ValueError(
+        raise InvalidModel(
             f"{folder}/modules.json: module {i} ({m.get('type')!r}) is not supported in a ColBERT "
             "model; supported: Transformer -> Dense+ (PyLate's layout)"
         )
     if not pipe.dense:
-        raise ValueError(
+        raise InvalidModel(
             f"{folder}/modules.json: a ColBERT model without its Dense projection is not supported "
             "(PyLate would add a randomly initialized one)"
         )
@@ -459,9 +460,9 @@ def _splade_pooling(cfg: dict, where: str) -> tuple[str, str]:
     strategy = cfg.get("pooling_strategy", "max")
     activation = cfg.get("activation_function", "relu")
     if strategy not in SPLADE_STRATEGIES:
-        raise ValueError(f"{where}: pooling_strategy {strategy!r} is not one of {SPLADE_STRATEGIES}")
+        raise InvalidModel(f"{where}: pooling_strategy {strategy!r} is not one of {SPLADE_STRATEGIES}")
     if activation not in SPLADE_ACTIVATIONS:
-        raise ValueError(
+        raise InvalidModel(
             f"{where}: activation_function {activation!r} is not one of {SPLADE_ACTIVATIONS}"
         )
     return strategy, activation
@@ -518,7 +519,7 @@ def _check_text_modality(bert_cfg: dict, folder: str) -> None:
     vectors, so such a folder is refused rather than run as plain text."""
     modality = bert_cfg.get("modality_config")
     if isinstance(modality, dict) and "message" in modality:
-        raise ValueError(
+        raise InvalidModel(
             f"{folder}/sentence_bert_config.json: modality_config has 'message': "
             "sentence-transformers runs each text through the chat template as a chat "
             "message, which is not supported here (a folder whose modality_config has "
@@ -541,19 +542,19 @@ def _processing_max_length(bert_cfg: dict, folder: str) -> Optional[int]:
     where = f"{folder}/sentence_bert_config.json"
     for key in _TASK_KEYS:
         if bert_cfg.get(key) is not None:
-            raise ValueError(
+            raise InvalidModel(
                 f"{where}: {key} is set: sentence-transformers cuts or expands query and document "
                 "inputs apart (encode_query / encode_document), which is not supported here"
             )
     kwargs = bert_cfg.get("processing_kwargs") or {}
     if not isinstance(kwargs, dict):
-        raise ValueError(f"{where}: processing_kwargs must be an object")
+        raise InvalidModel(f"{where}: processing_kwargs must be an object")
     cuts = {}
     for group, values in kwargs.items():
         values = values or {}
         unknown = sorted(set(values) - _PROCESSING_KEYS) if isinstance(values, dict) else [repr(values)]
         if group not in ("text", "common") or unknown or values.get("truncation", True) is not True:
-            raise ValueError(
+            raise InvalidModel(
                 f"{where}: processing_kwargs {group!r} {values!r} is not supported here (only a "
                 "text or common max_length)"
             )
@@ -585,7 +586,7 @@ def read_logit_score(folder: str) -> Optional[LogitScore]:
     for key, value, optional in (("true_token_id", true_id, False), ("false_token_id", false_id, True)):
         if (value is None and not optional) or (value is not None and (
                 isinstance(value, bool) or not isinstance(value, int) or value < 0)):
-            raise ValueError(f"{where}: {key} must be a token id (a non-negative integer), got {value!r}")
+            raise InvalidModel(f"{where}: {key} must be a token id (a non-negative integer), got {value!r}")
     return LogitScore(true_id, false_id)
 
 
@@ -624,14 +625,14 @@ def _positive_int(cfg: dict, key: str, where: str) -> Optional[int]:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{where}: {key} must be a positive integer, got {value!r}")
+        raise InvalidModel(f"{where}: {key} must be a positive integer, got {value!r}")
     return value
 
 
 def _flag(cfg: dict, key: str, folder: str) -> bool:
     value = cfg.get(key, False)
     if not isinstance(value, bool):
-        raise ValueError(f"{folder}/sentence_bert_config.json: {key} must be true or false, got {value!r}")
+        raise InvalidModel(f"{folder}/sentence_bert_config.json: {key} must be true or false, got {value!r}")
     return value
 
 
@@ -641,7 +642,7 @@ def _pooling_modes(cfg: dict, where: str) -> tuple[str, ...]:
     modes = [mode for key, mode in _LEGACY_FLAGS.items() if cfg.get(key)]
     unknown = [k for k, v in cfg.items() if k.startswith("pooling_mode") and v and k not in _LEGACY_FLAGS]
     if unknown:
-        raise ValueError(f"unsupported pooling in {where}: {unknown}")
+        raise InvalidModel(f"unsupported pooling in {where}: {unknown}")
     # sentence-transformers' own fallback when no flag is set.
     return tuple(m for m in pooling.MODES if m in modes) or ("mean",)
 
@@ -650,18 +651,18 @@ def _load_dense(folder: str, sub: str) -> DenseLayer:
     where = os.path.join(sub, "config.json")
     cfg = read_json(os.path.join(folder, where))
     if cfg is None:
-        raise FileNotFoundError(f"{folder}: Dense module {sub!r} has no config.json")
+        raise ModelFolderMissing(f"{folder}: Dense module {sub!r} has no config.json")
     # sentence-transformers 6 can point a Dense at the token embeddings
     # (module_input_name): it then leaves the sentence vector as it is.
     for key in ("module_input_name", "module_output_name"):
         if cfg.get(key, "sentence_embedding") != "sentence_embedding":
-            raise ValueError(
+            raise InvalidModel(
                 f"{where}: {key}={cfg[key]!r} is not supported (only a Dense over the "
                 "sentence embedding, after the pooling)"
             )
     act = str(cfg.get("activation_function", "torch.nn.modules.activation.Tanh")).rsplit(".", 1)[-1]
     if act not in _ACTIVATIONS:
-        raise ValueError(
+        raise InvalidModel(
             f"{where}: unsupported activation_function {cfg.get('activation_function')!r}; "
             f"supported: {', '.join(_ACTIVATIONS)}"
         )
@@ -672,19 +673,19 @@ def _load_dense(folder: str, sub: str) -> DenseLayer:
     else:
         path = os.path.join(folder, sub, "pytorch_model.bin")
         if not os.path.exists(path):
-            raise FileNotFoundError(f"{folder}/{sub}: Dense weights in neither model.safetensors nor pytorch_model.bin")
+            raise ModelFolderMissing(f"{folder}/{sub}: Dense weights in neither model.safetensors nor pytorch_model.bin")
         w = torch_weights.load(path)
         kind = "PyTorch zip checkpoint (read without torch)"
     log.info("%s: Dense weights read from %s, %s", os.path.join(folder, sub), os.path.basename(path), kind)
     weight = w.get("linear.weight")
     if weight is None:
-        raise ValueError(f"{path}: no 'linear.weight'")
+        raise InvalidModel(f"{path}: no 'linear.weight'")
     shape = (int(cfg["out_features"]), int(cfg["in_features"]))
     if tuple(weight.shape) != shape:
-        raise ValueError(f"{path}: linear.weight is {tuple(weight.shape)}, config says {shape}")
+        raise InvalidModel(f"{path}: linear.weight is {tuple(weight.shape)}, config says {shape}")
     bias = w.get("linear.bias")
     if cfg.get("bias", True) and bias is None:
-        raise ValueError(f"{path}: config has a bias but the weights do not")
+        raise InvalidModel(f"{path}: config has a bias but the weights do not")
     # In float32 whatever they were saved in, as sentence-transformers loads
     # them (EmbeddingGemma's are bfloat16): run in bfloat16 they moved the
     # vectors by 1.6e-3. They are a few matmuls on pooled vectors.
@@ -826,7 +827,7 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
             continue
         if i == 0:
             if kind not in (("Transformer", "MLMTransformer") if sparse else ("Transformer",)):
-                raise ValueError(
+                raise InvalidModel(
                     f"{folder}/modules.json: the first module must be a Transformer or a StaticEmbedding, "
                     f"got {kind!r}"
                 )
@@ -841,7 +842,7 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
             where = os.path.join(sub, "config.json")
             cfg = read_json(os.path.join(folder, where))
             if cfg is None:
-                raise FileNotFoundError(f"{folder}: Pooling module {sub!r} has no config.json")
+                raise ModelFolderMissing(f"{folder}: Pooling module {sub!r} has no config.json")
             pipe.pooling = _pooling_modes(cfg, where)
             pipe.include_prompt = bool(cfg.get("include_prompt", True))
             seen_pooling = True
@@ -850,15 +851,15 @@ def _read(folder: str, default_pooling: str, sparse: bool) -> tuple[StPipeline, 
         elif kind == "Normalize" and seen_pooling:
             pipe.normalize = True
         else:
-            raise ValueError(
+            raise InvalidModel(
                 f"{folder}/modules.json: module {i} ({m.get('type')!r}) is not supported here; "
                 "supported: Transformer -> Pooling -> Dense* -> Normalize, StaticEmbedding -> "
                 "Dense* -> Normalize, or a SPLADE SparseEncoder (MLMTransformer -> SpladePooling)"
             )
     if splade is not None and (pipe.dense or pipe.normalize):
-        raise ValueError(f"{folder}/modules.json: modules after SpladePooling are not supported")
+        raise InvalidModel(f"{folder}/modules.json: modules after SpladePooling are not supported")
     if not seen_pooling:
-        raise ValueError(f"{folder}/modules.json has no Pooling module")
+        raise InvalidModel(f"{folder}/modules.json has no Pooling module")
     if instructor:
         pipe.include_prompt = False
     return pipe, splade

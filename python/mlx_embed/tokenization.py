@@ -22,7 +22,7 @@ from typing import Mapping, Optional, Sequence
 
 from tokenizers import Tokenizer, normalizers
 
-from .errors import CutTooShort, InvalidInput, InvalidOption
+from .errors import CutTooShort, InvalidInput, InvalidModel, InvalidOption
 from .json_files import read_json
 from .spec import PairSpec
 
@@ -35,7 +35,7 @@ def read_tokenizer(path: str) -> Tokenizer:
     try:
         return Tokenizer.from_file(path)
     except Exception as e:  # the tokenizers library raises bare Exception
-        raise ValueError(f"{path} cannot be read as a tokenizer: {e}") from None
+        raise InvalidModel(f"{path} cannot be read as a tokenizer: {e}") from None
 
 
 def _find_sub(hay: list[int], needle: list[int], start: int = 0) -> int:
@@ -297,7 +297,7 @@ def resolve_truncation_side(folder: str, file_side: Optional[str] = None, overri
         return "right"
     where, side = found[0]
     if side not in TRUNCATION_DIRECTIONS:
-        raise ValueError(f"{folder}/{where}: truncation_side must be 'right' or 'left', got {side!r}")
+        raise InvalidModel(f"{folder}/{where}: truncation_side must be 'right' or 'left', got {side!r}")
     return side
 
 

@@ -59,7 +59,12 @@ def quota_cores(root: Optional[str] = None) -> Optional[int]:
     counts them), or None where no quota is set or none can be read. Reads
     cgroup v2's ``cpu.max`` and v1's ``cpu.cfs_quota_us`` from the process's
     cgroup up to the hierarchy's root (a parent's quota bounds its children
-    too). ``root``: where ``/proc`` and ``/sys`` are (a test's tree)."""
+    too). A group the mount does not hold under its own path (Docker
+    without a cgroup namespace bind-mounts the container's group itself at
+    ``/sys/fs/cgroup``) is read at the mount's own files, which the walk up
+    reaches: Rust's std finds those through mountinfo on v1 and not at all
+    on v2, so there this may count fewer cores than it, never more.
+    ``root``: where ``/proc`` and ``/sys`` are (a test's tree)."""
     root = root or _cgroup_root()
     try:
         with open(os.path.join(root, "proc/self/cgroup")) as f:

@@ -104,3 +104,35 @@ def test_the_environment_fallback_is_checked_by_the_same_owner(monkeypatch):
         monkeypatch.setenv("MLX_EMBED_WORKERS", bad)
         with pytest.raises(errors.InvalidOption, match="MLX_EMBED_WORKERS must be a whole number of at least 1"):
             workers.from_environment()
+
+
+def test_a_bind_mounted_container_cgroup_is_read_at_the_mount(tmp_path):
+    """Docker without a cgroup namespace: /proc/self/cgroup names the host's
+    path, while /sys/fs/cgroup/<controller> is the container's own group (a
+    bind mount of that path), so the named path is not there and the quota
+    is the mount's own file (Rust's std finds it through mountinfo)."""
+    v1 = _tree(tmp_path / "v1", "12:cpu,cpuacct:/docker/abc\n11:memory:/docker/abc\n", {
+        "cpu,cpuacct/cpu.cfs_quota_us": "150000\n",
+        "cpu,cpuacct/cpu.cfs_period_us": "100000\n",
+    })
+    assert workers.quota_cores(v1) == 1
+    v2 = _tree(tmp_path / "v2", "0::/system.slice/docker-abc.scope\n", {"cpu.max": "300000 100000\n"})
+    assert workers.quota_cores(v2) == 3
+
+
+def test_a_hybrid_hierarchy_reads_the_v1_cpu_controller(tmp_path):
+    """systemd's hybrid layout (this project's CI machine): a v2 line for
+    the unified tree, which holds no cpu controller, beside the v1 ones."""
+    root = _tree(tmp_path, "1:cpu:/job\n2:cpuacct:/\n0::/\n", {
+        "cpu/job/cpu.cfs_quota_us": "200000\n",
+        "cpu/job/cpu.cfs_period_us": "100000\n",
+        "cpu/cpu.cfs_quota_us": "-1\n",
+        "cpu/cpu.cfs_period_us": "100000\n",
+        "unified/cgroup.controllers": "pids\n",
+    })
+    assert workers.quota_cores(root) == 2
+
+
+def test_a_malformed_quota_counts_none(tmp_path):
+    root = _tree(tmp_path, "0::/c\n", {"c/cpu.max": "lots 100000\n", "cpu.max": "100000 0\n"})
+    assert workers.quota_cores(root) is None

@@ -47,6 +47,8 @@ import resource
 import mlx.core as mx
 import numpy as np
 
+from ..errors import InvalidModel
+
 SUPPORTED = (
     "bert",
     "xlm-roberta",
@@ -171,14 +173,14 @@ def checked_decoder_params(params: dict, arch: str, activation_key: str = "hidde
     params = dict(params)
     act = params.get(activation_key, activation)
     if act != activation:
-        raise ValueError(f"{arch}: {activation_key}={act!r} is not supported (only {activation!r})")
+        raise InvalidModel(f"{arch}: {activation_key}={act!r} is not supported (only {activation!r})")
     if params.get("attention_bias"):
-        raise ValueError(f"{arch}: attention_bias=true is not supported (no query/key/value biases)")
+        raise InvalidModel(f"{arch}: attention_bias=true is not supported (no query/key/value biases)")
     scaling = params.get("rope_scaling")
     if isinstance(scaling, dict):
         kind = scaling.get("rope_type") or scaling.get("type") or "default"
         if kind in ("longrope", "su"):
-            raise ValueError(f"{arch}: rope_scaling type {kind!r} is not supported")
+            raise InvalidModel(f"{arch}: rope_scaling type {kind!r} is not supported")
         if kind == "yarn" and "original_max_position_embeddings" not in scaling:
             original = params.get("max_position_embeddings")
             params["rope_scaling"] = {**scaling, "original_max_position_embeddings": original}
@@ -192,11 +194,11 @@ def plain_rope_only(params: dict, arch: str) -> None:
     rope = params.get("rope_parameters")
     if isinstance(rope, dict):
         if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"{arch}: rope_type={rope['rope_type']!r} is not supported (only plain RoPE)")
+            raise InvalidModel(f"{arch}: rope_type={rope['rope_type']!r} is not supported (only plain RoPE)")
         params.setdefault("rope_theta", rope.get("rope_theta", 10000.0))
     scaling = params.get("rope_scaling")
     if scaling and (scaling.get("rope_type") or scaling.get("type") or "default") != "default":
-        raise ValueError(f"{arch}: rope_scaling={scaling!r} is not supported (only plain RoPE)")
+        raise InvalidModel(f"{arch}: rope_scaling={scaling!r} is not supported (only plain RoPE)")
 
 
 def join_linears(weights: dict, parts, joined: str) -> None:

@@ -56,6 +56,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import reads_type_ids
+from ..errors import InvalidModel
 
 # config.json ``architectures`` entries this module serves: the encoder's
 # module, the head style and the prefix the checkpoint keeps the encoder under.
@@ -107,7 +108,7 @@ class ModelArgs:
     def from_dict(cls, params: dict) -> "ModelArgs":
         arch = architecture(params)
         if arch is None:
-            raise ValueError(
+            raise InvalidModel(
                 f"config.json names no supported sequence-classification architecture "
                 f"(got {params.get('architectures')!r}; supported: {', '.join(ARCHITECTURES)})"
             )
@@ -130,13 +131,13 @@ def labels_from_config(config: dict) -> list:
         try:
             ordered = sorted(((int(k), str(v)) for k, v in id2label.items()))
         except (TypeError, ValueError) as e:
-            raise ValueError(f"config.json id2label has a non-integer key: {e}") from e
+            raise InvalidModel(f"config.json id2label has a non-integer key: {e}") from e
         if [k for k, _ in ordered] != list(range(len(ordered))):
-            raise ValueError("config.json id2label keys must be 0..n-1")
+            raise InvalidModel("config.json id2label keys must be 0..n-1")
         return [v for _, v in ordered]
     n = int(config.get("num_labels", 2))
     if n < 1:
-        raise ValueError(f"config.json num_labels must be >= 1, got {n}")
+        raise InvalidModel(f"config.json num_labels must be >= 1, got {n}")
     return [f"LABEL_{i}" for i in range(n)]
 
 
@@ -237,7 +238,7 @@ class ModernBertHead(nn.Module):
 def _modernbert_pooling(config: dict) -> str:
     pooling = config.get("classifier_pooling", "cls")
     if pooling not in ("cls", "mean"):
-        raise ValueError(f"ModernBERT: classifier_pooling={pooling!r} is not supported (only 'cls', 'mean')")
+        raise InvalidModel(f"ModernBERT: classifier_pooling={pooling!r} is not supported (only 'cls', 'mean')")
     return pooling
 
 
@@ -287,14 +288,14 @@ def _eurobert_pooling(config: dict) -> str:
     else:
         legacy = config.get("clf_pooling", "late")
         if legacy != "late":
-            raise ValueError(
+            raise InvalidModel(
                 f"EuroBERT: config.json sets clf_pooling={legacy!r} (the remote code's key) but no "
                 "classifier_pooling: transformers 5 reads only classifier_pooling and would pool 'late'; "
                 f"set classifier_pooling to the pooling the model was trained with ({', '.join(EUROBERT_POOLINGS)})"
             )
         pooling = "late"
     if pooling not in EUROBERT_POOLINGS:
-        raise ValueError(
+        raise InvalidModel(
             f"EuroBERT: classifier_pooling={pooling!r} is not supported (only {', '.join(map(repr, EUROBERT_POOLINGS))})"
         )
     return pooling
@@ -355,7 +356,7 @@ def last_token(input_ids: mx.array, attention_mask: mx.array, pad_id: Optional[i
 def _pad_token_id(config: dict) -> Optional[int]:
     pad = config.get("pad_token_id")
     if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int)):
-        raise ValueError(f"config.json pad_token_id must be an integer or null, got {pad!r}")
+        raise InvalidModel(f"config.json pad_token_id must be an integer or null, got {pad!r}")
     return pad
 
 
@@ -472,7 +473,7 @@ class Model(nn.Module):
         want = {"head." + k: v.shape for k, v in tree_flatten(self.head.parameters())}
         missing = sorted(k for k in want if k not in head)
         if missing:
-            raise ValueError(
+            raise InvalidModel(
                 f"{self.args.architecture}: the checkpoint has no {', '.join(m[len('head.'):] for m in missing)} "
                 "(a classification head config.json names but the weights lack)"
             )
@@ -482,7 +483,7 @@ class Model(nn.Module):
             # pre-quantized weights pack the input axis, so only rows compare.
             if shape is None or (w.shape[0] == shape[0] and (w.dtype == mx.uint32 or w.shape == shape)):
                 continue
-            raise ValueError(
+            raise InvalidModel(
                 f"{self.args.architecture}: the checkpoint's {name[len('head.'):]} has shape {tuple(w.shape)}, "
                 f"config.json's layout wants {tuple(shape)} ({self.args.num_labels} label(s) from "
                 f"num_labels/id2label, hidden_size {self.args.hidden_size}): they do not match"

@@ -276,6 +276,20 @@ fn a_failed_load_says_whose_fault_it_is() {
     });
     assert_eq!(kind, EmbedderErrorKind::InvalidOption, "{message}");
     assert_eq!(message, "InvalidOption: workers must be at least 1, got 0");
+    // A free-text setting the engine does not know, checked deep in the
+    // engine rather than with the keyword arguments.
+    let (kind, message) = refusal(PythonModelOptions {
+        engine: EngineOptions {
+            fast_ops: Some("fastest".into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    });
+    assert_eq!(kind, EmbedderErrorKind::InvalidOption, "{message}");
+    assert_eq!(
+        message,
+        "InvalidOption: fast_ops must be 'native', 'mlx' or 'exact', got 'fastest'"
+    );
     // The server's bound is the engine's: a library load of 100,000 workers
     // once started as many threads.
     let (kind, message) = refusal(PythonModelOptions {

@@ -919,6 +919,18 @@ mod tests {
     use super::*;
 
     #[test]
+    fn only_the_loads_own_kinds_are_load_only() {
+        use EmbedderErrorKind::*;
+        for kind in [EngineUnavailable, InvalidModel, InvalidOption] {
+            assert!(kind.is_load_only(), "{kind:?}");
+        }
+        // What a batch can fail with (a load can too: ModelFailure, ModelGone).
+        for kind in [InvalidInput, CutTooShort, ModelFailure, ModelGone] {
+            assert!(!kind.is_load_only(), "{kind:?}");
+        }
+    }
+
+    #[test]
     fn sparse_entries_keep_every_non_zero_in_index_order() {
         let v = [0.0, 1.5, 0.0, -0.0, 2.0e-7, 0.25];
         assert_eq!(sparse_entries(&v), vec![(1, 1.5), (4, 2.0e-7), (5, 0.25)]);

@@ -24,7 +24,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import heads, hub, models, pooling as pooling_modes, sibling_linears, slow_tokenizers, st_modules, torch_weights
-from .errors import InvalidModel, InvalidOption, ModelFolderMissing
+from .errors import InvalidModel, InvalidOption, MlxEmbedError, ModelFolderMissing
 from .json_files import read_json
 from .models import sequence_classification
 
@@ -431,8 +431,18 @@ def load_checkpoint(
     # Adapters a folder keeps beside its weights (jina-embeddings-v3-hf's
     # PEFT subfolders): what they add to the model's shape, and their weights.
     folder_adapters = getattr(arch, "folder_adapters", None)
-    config, adapter_weights = folder_adapters(files, config) if folder_adapters else (config, {})
-    model = arch.Model(arch.ModelArgs.from_dict(config))
+    try:
+        config, adapter_weights = folder_adapters(files, config) if folder_adapters else (config, {})
+        args = arch.ModelArgs.from_dict(config)
+    except MlxEmbedError:
+        raise
+    except ValueError as e:
+        # The architecture reading the folder's config (a setting it does not
+        # run, a value out of range): the model's to fix. Only this reading
+        # is wrapped, so a ValueError from building or running the network
+        # is not blamed on the folder.
+        raise InvalidModel(f"{e} (in {path}/config.json)") from None
+    model = arch.Model(args)
     weights, weights_format = load_weights(files)
     weights.update(adapter_weights)
     # A Stanford ColBERT keeps its projection beside the encoder's weights.

@@ -54,6 +54,15 @@ def test_a_sentence_transformers_file_the_engine_cannot_run_is_invalid_model(tmp
         mlx_embed.load(str(folder))
 
 
+def test_a_config_setting_the_architecture_does_not_run_is_invalid_model(tmp_path):
+    folder = _copy(tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "hidden_act": "relu"}))
+    with pytest.raises(errors.InvalidModel, match=r"mpnet: hidden_act='relu' is not supported \(only 'gelu'\) "
+                       r"\(in .*/model/config.json\)"):
+        mlx_embed.load(str(folder))
+
+
 def test_an_unreadable_tokenizer_is_invalid_model(tmp_path):
     folder = _copy(tmp_path)
     (folder / "tokenizer.json").write_text('{"version": "1.0"}')

@@ -11,7 +11,10 @@ setting from a bad model folder without reading the message:
 :class:`InvalidOption` (a ``load()`` keyword argument the engine cannot
 take) and :class:`InvalidModel` (the folder is missing, or its files make
 no model this engine runs). Each keeps the built-in class Python callers
-caught before (``ValueError``, ``TypeError``, ``FileNotFoundError``).
+caught before (``ValueError``, ``TypeError``, ``FileNotFoundError``). A
+missing folder or file (:class:`ModelFolderMissing`, ``hub.ModelNotFound``)
+is a ``ValueError`` now too, as every ``InvalidModel`` is: a caller's
+``except ValueError`` placed before its ``except FileNotFoundError`` takes it.
 """
 
 from __future__ import annotations

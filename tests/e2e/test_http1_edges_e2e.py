@@ -4,14 +4,17 @@ write side mid-headers. Raw sockets against the real server over loopback."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import socket
 import time
 
 import numpy as np
+import pytest
 
 from harness import cosine_rows, non_empty_golden, start_server
+from test_overload import HOLD, metrics, start_held_server, wait_until_model_runs
 
 CONNECTIONS = 16
 ROUNDS = 10
@@ -104,9 +107,9 @@ def test_requests_in_the_socket_buffer_at_sigterm_are_answered(tmp_path, golden)
 def test_a_next_request_partly_read_at_sigterm_is_answered(tmp_path, golden):
     """A keep-alive connection, answered once, whose next request's head had
     partly come (and been read) when SIGTERM landed, and whose rest follows
-    within the second a head gets: answered 200 with its own vector (and
-    `Connection: close`, unless the answer beat the shutdown to the socket),
-    then the connection ends; not closed as an idle connection."""
+    within the second a head gets: answered 200 with its own vector and
+    `Connection: close`, then the connection ends; not closed as an idle
+    connection."""
     texts, ref, _ = non_empty_golden(golden, 2)
     server = start_server(tmp_path, "--no-warmup")
     with socket.create_connection(("127.0.0.1", port_of(server)), timeout=30) as s:
@@ -123,15 +126,97 @@ def test_a_next_request_partly_read_at_sigterm_is_answered(tmp_path, golden):
         assert got is not None, "closed unanswered"
         status, headers, body = got
         assert status == 200, (status, headers, body)
-        # `Connection: close` as a rule; on a loaded machine the answer's head
-        # can be written before the connection's task has turned the signal
-        # into hyper's shutdown (the task is woken when the request begins,
-        # and the model takes ~6 ms): the connection then ends after it all
-        # the same, which the recv below checks.
-        assert headers.get("connection") in ("close", None), headers
+        # Made after the shutdown was requested, the answer says it is the
+        # last, however late the connection's task turns the signal into
+        # hyper's shutdown (on a loaded machine, after the ~6 ms the model takes).
+        assert headers.get("connection") == "close", headers
         assert cosine_rows(np.asarray(json.loads(body), dtype=np.float32), ref[1:2])[0] >= 0.99999
         assert s.recv(1) == b""
     assert server.proc.wait(timeout=30) == 0, server.log()[-3000:]
+
+def test_an_answer_made_at_once_after_sigterm_says_close(tmp_path):
+    """A next request partly read at SIGTERM whose answer needs no model
+    (GET /info: made within microseconds of its last byte, before the
+    connection's task has woken to turn the signal into hyper's shutdown)
+    still says `Connection: close`, and the connection then ends: a pooled
+    client never reuses a connection the server is closing."""
+    server = start_server(tmp_path, "--no-warmup")
+    info = b"GET /info HTTP/1.1\r\nHost: x\r\n\r\n"
+    with socket.create_connection(("127.0.0.1", port_of(server)), timeout=30) as s:
+        buf = bytearray()
+        s.sendall(info)
+        status, headers, before = read_response(s, buf)
+        assert status == 200 and headers.get("connection") != "close", (status, headers)
+        s.sendall(info[:10])
+        time.sleep(0.2)
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        s.sendall(info[10:])
+        got = read_response(s, buf)
+        assert got is not None, "closed unanswered"
+        status, headers, body = got
+        assert (status, headers.get("connection")) == (200, "close"), (status, headers, body)
+        assert json.loads(body) == json.loads(before)
+        assert s.recv(1) == b"" and not buf
+    assert server.proc.wait(timeout=30) == 0, server.log()[-3000:]
+
+
+@pytest.mark.parametrize("sent", ["with_it", "while_it_runs", "still_sending"])
+def test_a_request_pipelined_behind_one_in_progress_at_sigterm(tmp_path, sent):
+    """A request pipelined behind one the model is computing when SIGTERM
+    comes (sent in the same write, while it runs, or still being sent when
+    its answer comes): the one in progress is answered 200, its vector as
+    unloaded, with `Connection: close`; the pipelined one is not taken
+    (after an answer that says `close` no further request is processed,
+    RFC 9112 9.6, and its client sends it again, 9.3.2), and the connection
+    ends. It is closed in stages (9.6): the client's bytes are read away,
+    so one still sending is not reset (a reset can discard the answer
+    unread, and fails the client's write), and one that reads only after the
+    server has exited gets the answer and then EOF."""
+    server, release = start_held_server(tmp_path, "--no-warmup", "--no-cache")
+    text = f"{HOLD} in progress at SIGTERM"
+    release.touch()
+    unloaded = server.post("/embed", {"inputs": text})
+    assert unloaded.status_code == 200, unloaded.text
+    release.unlink()
+    before = metrics(server)["mlx_embed_queue_wait_seconds_count"]
+    with socket.create_connection(("127.0.0.1", port_of(server)), timeout=30) as s:
+        first, second = request(text), request("pipelined behind it")
+        if sent == "still_sending":
+            second = request("pipelined " * 100_000)
+        s.sendall(first + second if sent == "with_it" else first)
+        asyncio.run(wait_until_model_runs(server, before))
+        if sent == "while_it_runs":
+            s.sendall(second)
+        elif sent == "still_sending":
+            s.sendall(second[:1000])
+        time.sleep(0.2)
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        release.touch()
+        buf = bytearray()
+        if sent == "still_sending":
+            got = read_response(s, buf)
+            assert s.recv(1) == b"", "the connection did not end after its last answer"
+            # The rest of the pipelined request (1 MB) after the server's
+            # last answer and its FIN: read away, not refused with a reset.
+            s.sendall(second[1000:])
+            time.sleep(0.1)
+            s.sendall(b"\r\n")
+        else:
+            # The server lingers for the client's close for a second at
+            # most: read only once it has exited.
+            assert server.proc.wait(timeout=30) == 0, server.log()[-3000:]
+            got = read_response(s, buf)
+            assert s.recv(1) == b"", "the connection did not end after its last answer"
+        assert got is not None, "closed unanswered"
+        status, headers, body = got
+        assert (status, headers.get("connection")) == (200, "close"), (status, headers, body)
+        vector = np.asarray(json.loads(body), dtype=np.float32)
+        assert cosine_rows(vector, np.asarray(unloaded.json(), dtype=np.float32))[0] >= 0.99999
+        assert not buf
+    assert server.proc.wait(timeout=30) == 0, server.log()[-3000:]
+
 
 def test_an_idle_keep_alive_connection_closes_at_once_on_sigterm(tmp_path):
     """A connection whose answer was sent and which sent nothing since is

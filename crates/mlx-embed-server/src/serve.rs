@@ -553,7 +553,7 @@ async fn serve_connections(
     let (stopped_tx, stopped) = tokio::sync::watch::channel(false);
     let mut stop = std::pin::pin!(stop);
     while let Some(stream) = accept_until(&listener, &mut stop).await {
-        let tracked = Tracked::new(app.clone());
+        let tracked = Tracked::new(app.clone(), state.clone());
         let mut stopped = stopped.clone();
         let state = state.clone();
         let protocols = protocols.clone();
@@ -663,12 +663,16 @@ impl Watched<'_> {
         // An HTTP/2 client is told by the GOAWAY which streams were taken.
         // A request pipelined behind one in progress is not let in: the
         // one in progress is answered `Connection: close` (its client then
-        // knows the next was not taken, RFC 9112 9.3.2). Letting the next
-        // in would need that answer to keep the connection exactly when a
-        // next request has come, which cannot be told when its head is
-        // written: hyper reads ahead into a buffer of its own, and no
-        // answer may keep the connection on a guess (a keep-alive client
-        // whose next request crosses the close would lose it unanswered).
+        // knows the next was not taken, RFC 9112 9.3.2), and the
+        // connection is closed in stages ([`close_http1`]) so the client
+        // reads that answer. Letting the next in would need that answer to
+        // keep the connection exactly when a next request has come, which
+        // cannot be told when its head is written: hyper reads ahead into a
+        // buffer of its own, and no answer may keep the connection on a
+        // guess (a keep-alive client whose next request crosses the close
+        // would lose it unanswered). Nor can the next be refused (a 503):
+        // after an answer that says `close`, no further request may be
+        // processed (9.6), and its client reads nothing more.
         if why == "shutdown" && idle_after.is_none() && self.holds_unread_request() {
             let begun = self.activity.started.load(Ordering::Acquire);
             tokio::select! {
@@ -749,15 +753,22 @@ impl Served for Http1 {
 }
 
 /// Closes an HTTP/1 connection that hyper is done with (`ended`), as hyper
-/// would have, but for one thing: a request whose head hyper could not
+/// would have, but for two things. A request whose head hyper could not
 /// read gets our answer, a JSON error that says what was wrong
 /// ([`unreadable_head`]), in place of hyper's own, which has no body
 /// ([`Unowed`] kept it from the socket). hyper has no way to give its
 /// answer a body, and no layer of ours sees such a request: a malformed
-/// head is no request at all, nor is a URI past [`MAX_URI_BYTES`].
+/// head is no request at all, nor is a URI past [`MAX_URI_BYTES`]. And a
+/// connection closed with bytes of the client's unread (a request
+/// pipelined behind its last answer) is closed in stages, so that answer
+/// is not lost to a reset ([`WriteWatched::linger`]).
 async fn close_http1(connection: Http1, ended: Result<(), hyper::Error>, state: &AppState) {
     use tokio::io::AsyncWriteExt;
-    let mut io = connection.0.into_parts().io.into_inner();
+    let parts = connection.0.into_parts();
+    // Bytes of requests that hyper read and will not answer: one pipelined
+    // behind an answer that ended the connection (`Connection: close`).
+    let unanswered = !parts.read_buf.is_empty();
+    let mut io = parts.io.into_inner();
     let held = io.take_held();
     if let Err(err) = &ended {
         connection_failed(state, err);
@@ -775,7 +786,13 @@ async fn close_http1(connection: Http1, ended: Result<(), hyper::Error>, state: 
         return;
     }
     let _ = io.shutdown().await;
-    if refusal.is_some() {
+    // Closed with a client's bytes unread, the socket sends a reset, which
+    // can reach the client before it has read the last answer and discard
+    // it (RFC 9112 9.6: close in stages). A client that pipelined a
+    // request behind the last answer loses nothing by it: that answer said
+    // `close`, so it knows the request was not taken and sends it again
+    // (9.3.2); it must be let read the answer that says so.
+    if refusal.is_some() || (ended.is_ok() && (unanswered || received(&io.stream))) {
         io.linger().await;
     }
 }
@@ -1213,18 +1230,41 @@ impl AsyncWrite for WriteWatched {
 /// `app` for one connection, counting its requests in progress: from the
 /// moment their headers are in until their answers' bodies are written (or
 /// dropped), so a connection whose answer is still being sent counts too.
+/// Over HTTP/1, an answer made once a shutdown has been requested ends its
+/// connection and says so ([`last_if_stopping`]).
 #[derive(Clone)]
 struct Tracked {
     app: Router,
     activity: Arc<Activity>,
+    state: AppState,
 }
 
 impl Tracked {
-    fn new(app: Router) -> Self {
+    fn new(app: Router, state: AppState) -> Self {
         Self {
             app,
             activity: Arc::default(),
+            state,
         }
+    }
+}
+
+/// Marks an HTTP/1 answer `Connection: close` when the server is shutting
+/// down (`stopping`), which makes hyper end the connection after it. The
+/// connection's task turns the shutdown into hyper's own
+/// ([`Watched::drive`]) only once it is woken, and an answer's head can be
+/// written first on a loaded machine: it said keep-alive, and a pooled
+/// client's next request then met the close. hyper writes the head in the
+/// same poll of the connection's task that makes the answer, so the answer
+/// says what the connection will do: every one made after the shutdown
+/// was requested says `close`. (An HTTP/2 answer has no `Connection`
+/// header: its client is told by the GOAWAY.)
+fn last_if_stopping(response: &mut axum::response::Response, stopping: bool) {
+    if stopping {
+        response.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
     }
 }
 
@@ -1442,8 +1482,12 @@ where
         let activity = self.activity.clone();
         let http2 = request.version() == axum::http::Version::HTTP_2;
         let answer = self.app.call(request);
+        let state = self.state.clone();
         Box::pin(async move {
-            let response = answer.await?;
+            let mut response = answer.await?;
+            if !http2 {
+                last_if_stopping(&mut response, state.is_shutting_down());
+            }
             // Only HTTP/2 watches for stalled answers ([`Activity::stalled`]):
             // over HTTP/1 a client not reading blocks the socket's writes,
             // which [`WriteWatched`] times.

@@ -134,6 +134,7 @@ def test_a_next_request_partly_read_at_sigterm_is_answered(tmp_path, golden):
         assert s.recv(1) == b""
     assert server.proc.wait(timeout=30) == 0, server.log()[-3000:]
 
+
 def test_an_answer_made_at_once_after_sigterm_says_close(tmp_path):
     """A next request partly read at SIGTERM whose answer needs no model
     (GET /info: made within microseconds of its last byte, before the
@@ -216,6 +217,37 @@ def test_a_request_pipelined_behind_one_in_progress_at_sigterm(tmp_path, sent):
         assert cosine_rows(vector, np.asarray(unloaded.json(), dtype=np.float32))[0] >= 0.99999
         assert not buf
     assert server.proc.wait(timeout=30) == 0, server.log()[-3000:]
+
+
+def test_a_pipelining_client_at_the_drain_timeout_does_not_hold_the_exit(tmp_path):
+    """A request the model holds past --drain-timeout-secs, with one
+    pipelined behind it, from a client that keeps its socket open: the held
+    one is answered 503 `Connection: close` when the timeout runs out, and
+    the server exits 0 within the second it gives those answers. The staged
+    close (the linger) ends with the drain: it neither holds the exit past
+    that second nor makes it a forced one (exit 1, "dropped")."""
+    drain = 1
+    server, release = start_held_server(tmp_path, "--no-warmup", "--no-cache", "--drain-timeout-secs", str(drain))
+    try:
+        before = metrics(server)["mlx_embed_queue_wait_seconds_count"]
+        with socket.create_connection(("127.0.0.1", port_of(server)), timeout=30) as s:
+            s.sendall(request(f"{HOLD} past the drain") + request("pipelined behind it"))
+            asyncio.run(wait_until_model_runs(server, before))
+            signalled = time.monotonic()
+            server.proc.send_signal(signal.SIGTERM)
+            code = server.proc.wait(timeout=30)
+            exited = time.monotonic() - signalled
+            buf = bytearray()
+            got = read_response(s, buf)
+            assert s.recv(1) == b"" and not buf, "the connection did not end after its last answer"
+    finally:
+        release.touch()
+    assert got is not None, "closed unanswered"
+    status, headers, body = got
+    assert (status, headers.get("connection")) == (503, "close"), (status, headers, body)
+    log = server.log()
+    assert code == 0 and exited < drain + 1, (code, exited, log[-3000:])
+    assert "connections still open after the drain timeout are dropped" not in log, log[-3000:]
 
 
 def test_an_idle_keep_alive_connection_closes_at_once_on_sigterm(tmp_path):

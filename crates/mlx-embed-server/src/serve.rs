@@ -791,9 +791,12 @@ async fn close_http1(connection: Http1, ended: Result<(), hyper::Error>, state: 
     // it (RFC 9112 9.6: close in stages). A client that pipelined a
     // request behind the last answer loses nothing by it: that answer said
     // `close`, so it knows the request was not taken and sends it again
-    // (9.3.2); it must be let read the answer that says so.
+    // (9.3.2); it must be let read the answer that says so. Not past the
+    // drain timeout: the exit then waits only [`ANSWER_GRACE`] for the
+    // connections left, and one lingering for a client that keeps its
+    // socket open would make it a forced one, every answer written.
     if refusal.is_some() || (ended.is_ok() && (unanswered || received(&io.stream))) {
-        io.linger().await;
+        state.until_drain_ends(io.linger()).await;
     }
 }
 
@@ -1049,8 +1052,9 @@ impl WriteWatched {
 
     /// Reads away what the client is still sending, until it closes or for
     /// up to [`HEADERS_GRACE`] (4 MiB at most), after an answer that ends
-    /// the connection before its request was all read (a head past its
-    /// limit): closed with bytes unread, the socket would send a reset,
+    /// the connection before the client's bytes were all read (a head past
+    /// its limit, a request pipelined behind an answer that said `close`):
+    /// closed with bytes unread, the socket would send a reset,
     /// which can reach the client before it reads the answer and discard it.
     async fn linger(&mut self) {
         use tokio::io::AsyncReadExt;

@@ -135,14 +135,17 @@ def test_a_next_request_partly_read_at_sigterm_is_answered(tmp_path, golden):
     assert server.proc.wait(timeout=30) == 0, server.log()[-3000:]
 
 
-def test_an_answer_made_at_once_after_sigterm_says_close(tmp_path):
+@pytest.mark.parametrize("info", [b"GET /info HTTP/1.1\r\nHost: x\r\n\r\n",
+                                  b"GET /info HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"],
+                         ids=["http11", "http10_keep_alive"])
+def test_an_answer_made_at_once_after_sigterm_says_close(tmp_path, info):
     """A next request partly read at SIGTERM whose answer needs no model
     (GET /info: made within microseconds of its last byte, before the
     connection's task has woken to turn the signal into hyper's shutdown)
-    still says `Connection: close`, and the connection then ends: a pooled
+    still says `Connection: close` (and only that, to an HTTP/1.0 client
+    that asked for keep-alive too), and the connection then ends: a pooled
     client never reuses a connection the server is closing."""
     server = start_server(tmp_path, "--no-warmup")
-    info = b"GET /info HTTP/1.1\r\nHost: x\r\n\r\n"
     with socket.create_connection(("127.0.0.1", port_of(server)), timeout=30) as s:
         buf = bytearray()
         s.sendall(info)
@@ -248,6 +251,22 @@ def test_a_pipelining_client_at_the_drain_timeout_does_not_hold_the_exit(tmp_pat
     log = server.log()
     assert code == 0 and exited < drain + 1, (code, exited, log[-3000:])
     assert "connections still open after the drain timeout are dropped" not in log, log[-3000:]
+
+
+def test_an_http10_keep_alive_request_refused_unread_is_told_close_alone(tmp_path):
+    """An HTTP/1.0 client that asked for keep-alive, its body refused unread
+    (413): the answer says `Connection: close` and nothing else (hyper
+    appended `keep-alive` to it), and the connection ends."""
+    server = start_server(tmp_path, "--no-warmup", "--max-body-bytes", "1000")
+    with socket.create_connection(("127.0.0.1", port_of(server)), timeout=30) as s:
+        s.sendall(b"POST /embed HTTP/1.0\r\nConnection: keep-alive\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 5000\r\n\r\n" + b"x" * 5000)
+        buf = bytearray()
+        status, headers, body = read_response(s, buf)
+        assert (status, headers.get("connection")) == (413, "close"), (status, headers, body)
+        assert s.recv(1) == b"" and not buf
+    server.proc.terminate()
+    assert server.proc.wait(timeout=30) == 0, server.log()[-3000:]
 
 
 def test_an_idle_keep_alive_connection_closes_at_once_on_sigterm(tmp_path):

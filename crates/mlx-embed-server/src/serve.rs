@@ -1272,6 +1272,23 @@ fn last_if_stopping(response: &mut axum::response::Response, stopping: bool) {
     }
 }
 
+/// Makes an answer to an HTTP/1.0 request that says `Connection: close` an
+/// HTTP/1.0 answer, as hyper writes it to that client in any case. hyper
+/// decides whether to add `keep-alive` for a 1.0 client that asked for it
+/// by the answer's own version, before setting that to 1.0: a 1.1 answer
+/// went out saying `Connection: close, keep-alive`. (hyper ends the
+/// connection all the same; a client may read either word first.)
+fn close_as_http10(response: &mut axum::response::Response) {
+    let closes = response
+        .headers()
+        .get_all(axum::http::header::CONNECTION)
+        .iter()
+        .any(|value| value.as_bytes().eq_ignore_ascii_case(b"close"));
+    if closes {
+        *response.version_mut() = axum::http::Version::HTTP_10;
+    }
+}
+
 /// A connection's requests: in progress, begun so far, and answers being
 /// taken by hyper.
 struct Activity {
@@ -1484,13 +1501,17 @@ where
         use http_body_util::BodyExt;
         let in_progress = InProgress::new(&self.activity);
         let activity = self.activity.clone();
-        let http2 = request.version() == axum::http::Version::HTTP_2;
+        let version = request.version();
+        let http2 = version == axum::http::Version::HTTP_2;
         let answer = self.app.call(request);
         let state = self.state.clone();
         Box::pin(async move {
             let mut response = answer.await?;
             if !http2 {
                 last_if_stopping(&mut response, state.is_shutting_down());
+            }
+            if version == axum::http::Version::HTTP_10 {
+                close_as_http10(&mut response);
             }
             // Only HTTP/2 watches for stalled answers ([`Activity::stalled`]):
             // over HTTP/1 a client not reading blocks the socket's writes,

@@ -144,25 +144,29 @@ def test_an_answer_made_at_once_after_sigterm_says_close(tmp_path, info):
     connection's task has woken to turn the signal into hyper's shutdown)
     still says `Connection: close` (and only that, to an HTTP/1.0 client
     that asked for keep-alive too), and the connection then ends: a pooled
-    client never reuses a connection the server is closing."""
-    server = start_server(tmp_path, "--no-warmup")
-    with socket.create_connection(("127.0.0.1", port_of(server)), timeout=30) as s:
-        buf = bytearray()
-        s.sendall(info)
-        status, headers, before = read_response(s, buf)
-        assert status == 200 and headers.get("connection") != "close", (status, headers)
-        s.sendall(info[:10])
-        time.sleep(0.2)
-        server.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
-        s.sendall(info[10:])
-        got = read_response(s, buf)
-        assert got is not None, "closed unanswered"
-        status, headers, body = got
-        assert (status, headers.get("connection")) == (200, "close"), (status, headers, body)
-        assert json.loads(body) == json.loads(before)
-        assert s.recv(1) == b"" and not buf
-    assert server.proc.wait(timeout=30) == 0, server.log()[-3000:]
+    client is not told to reuse a connection the server is closing. Rounds:
+    main's binary, which marked the answer only once the task had woken,
+    passed about one round in three."""
+    for round_ in range(3):
+        (tmp_path / f"round{round_}").mkdir()
+        server = start_server(tmp_path / f"round{round_}", "--no-warmup")
+        with socket.create_connection(("127.0.0.1", port_of(server)), timeout=30) as s:
+            buf = bytearray()
+            s.sendall(info)
+            status, headers, before = read_response(s, buf)
+            assert status == 200 and headers.get("connection") != "close", (status, headers)
+            s.sendall(info[:10])
+            time.sleep(0.2)
+            server.proc.send_signal(signal.SIGTERM)
+            time.sleep(0.2)
+            s.sendall(info[10:])
+            got = read_response(s, buf)
+            assert got is not None, f"round {round_}: closed unanswered"
+            status, headers, body = got
+            assert (status, headers.get("connection")) == (200, "close"), (round_, status, headers, body)
+            assert json.loads(body) == json.loads(before)
+            assert s.recv(1) == b"" and not buf
+        assert server.proc.wait(timeout=30) == 0, server.log()[-3000:]
 
 
 @pytest.mark.parametrize("sent", ["with_it", "while_it_runs", "still_sending"])

@@ -522,8 +522,11 @@ mod tests {
         }
         assert_eq!(
             schemas["EmbeddingValue"]["anyOf"].as_array().unwrap().len(),
-            4
+            5
         );
+        // Mixedbread's: one format or a list of them.
+        let formats = &schemas["OpenAiEmbeddingRequest"]["properties"]["encoding_format"];
+        assert_eq!(formats["oneOf"].as_array().unwrap().len(), 2, "{formats}");
         assert_eq!(
             schemas["V1RerankBody"]["anyOf"].as_array().unwrap().len(),
             2

@@ -456,6 +456,31 @@ fn rows<T>(vectors: &[Vec<f32>], form: impl Fn(&[f32]) -> T) -> Vec<T> {
     vectors.iter().map(|v| form(v)).collect()
 }
 
+/// Each component rounded to the nearest float16 (ties to even), kept as
+/// f32, which holds every float16 exactly: what a client reading the numbers
+/// as float16 gets, with none of float32's extra digits in the JSON. Past
+/// float16's range a component is infinite, below its smallest subnormal 0.
+pub(crate) fn float16(v: &[f32]) -> Vec<f32> {
+    v.iter().map(|&x| to_float16(x)).collect()
+}
+
+fn to_float16(x: f32) -> f32 {
+    // Largest float16 (65504) plus half its step (32): from there it rounds up to infinity.
+    const OVERFLOW: f32 = 65520.0;
+    if !x.is_finite() {
+        return x;
+    }
+    if x.abs() >= OVERFLOW {
+        return f32::INFINITY.copysign(x);
+    }
+    // float16's step where x lies: 2^(e - 10) for x in [2^e, 2^(e+1)), and
+    // the subnormals' 2^-24 below 2^-14 (x is a normal f32 there or zero).
+    let exponent = ((x.to_bits() >> 23) & 0xff) as i32 - 127;
+    let step = f32::from_bits(((exponent.max(-14) - 10 + 127) as u32) << 23);
+    // Dividing and multiplying by a power of two are exact: one rounding.
+    (x / step).round_ties_even() * step
+}
+
 /// `round(127 x)` per component of a unit vector (each in [-1, 1]).
 pub(crate) fn int8(v: &[f32]) -> Vec<i8> {
     v.iter()
@@ -518,6 +543,50 @@ mod tests {
         assert!(t.float.is_none() && t.int8.is_none());
         let u = by_type(vec![vec![1.0, -1.0, 0.0]], &[CohereEmbeddingType::Uint8]);
         assert_eq!(u.uint8.unwrap()[0], [255, 1, 128]);
+    }
+
+    #[test]
+    fn float16_rounds_to_the_nearest_half_precision_value() {
+        // Exactly representable: unchanged.
+        for x in [
+            0.0,
+            -0.0,
+            1.0,
+            -0.5,
+            0.01128387451171875,
+            65504.0,
+            2f32.powi(-24),
+        ] {
+            assert_eq!(to_float16(x).to_bits(), x.to_bits(), "{x}");
+        }
+        // 1 + 2^-11 is halfway between 1 and 1 + 2^-10: ties to even (1).
+        assert_eq!(to_float16(1.0 + 2f32.powi(-11)), 1.0);
+        assert_eq!(
+            to_float16(1.0 + 3.0 * 2f32.powi(-11)),
+            1.0 + 2.0 * 2f32.powi(-10)
+        );
+        // Nearest, below 1: the step is 2^-11 in [0.5, 1).
+        assert_eq!(to_float16(0.1), 0.0999755859375);
+        assert_eq!(to_float16(-0.1), -0.0999755859375);
+        // Subnormals: a step of 2^-24; below half of it, zero.
+        assert_eq!(to_float16(3.0 * 2f32.powi(-25)), 2f32.powi(-23));
+        assert_eq!(to_float16(2f32.powi(-26)), 0.0);
+        // Past the range: infinity, as a float16 cast gives.
+        assert_eq!(to_float16(65519.0), 65504.0);
+        assert_eq!(to_float16(-65520.0), f32::NEG_INFINITY);
+        assert!(to_float16(f32::NAN).is_nan());
+        // Every result is a float16: its low 13 mantissa bits are zero.
+        for i in 0..10_000 {
+            let x = (i as f32 * 0.7071).sin();
+            let r = to_float16(x);
+            assert!(
+                (r - x).abs() <= x.abs() * 2f32.powi(-11) + 2f32.powi(-25),
+                "{x} {r}"
+            );
+            if r.abs() >= 2f32.powi(-14) {
+                assert_eq!(r.to_bits() & 0x1fff, 0, "{x} {r}");
+            }
+        }
     }
 
     #[test]

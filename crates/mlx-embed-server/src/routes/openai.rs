@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 
 use std::borrow::Cow;
 
-use utoipa::openapi::schema::{AnyOfBuilder, OneOfBuilder, Schema};
+use utoipa::openapi::schema::{AnyOfBuilder, ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema};
 use utoipa::openapi::RefOr;
 use utoipa::PartialSchema;
 
@@ -26,21 +26,145 @@ use crate::extract::{
 use crate::models::{ServedModel, Task};
 use crate::state::AppState;
 
-/// How vectors are encoded in the response.
+/// How vectors are encoded in the response: OpenAI's `float` and `base64`,
+/// and Mixedbread's other forms.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum EncodingFormat {
     /// JSON array of floats.
     #[default]
     Float,
-    /// Base64 (standard alphabet) of the little-endian f32 bytes.
+    /// Mixedbread's: JSON array of floats, each rounded to the nearest float16.
+    Float16,
+    /// Base64 (standard alphabet) of the vector's bytes: float32, little-endian
+    /// (or `output_dtype`'s type).
     Base64,
+    /// Mixedbread's: `output_dtype: int8`'s integers.
+    Int8,
+    /// Mixedbread's: `output_dtype: uint8`'s integers.
+    Uint8,
+    /// Mixedbread's: `output_dtype: binary`'s packed sign bits.
+    Binary,
+    /// Mixedbread's: `output_dtype: ubinary`'s packed sign bits.
+    Ubinary,
 }
 
 wire_names!(EncodingFormat {
     Float => "float",
+    Float16 => "float16",
     Base64 => "base64",
+    Int8 => "int8",
+    Uint8 => "uint8",
+    Binary => "binary",
+    Ubinary => "ubinary",
 });
+
+impl std::fmt::Display for EncodingFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl EncodingFormat {
+    /// What it says of the answer: how the numbers are written (`float`,
+    /// `float16` or `base64`) and, where it says so, their type. Mixedbread's
+    /// integer names are `output_dtype`'s forms, written as JSON integers;
+    /// `float16` is floats only.
+    fn parts(self) -> (EncodingFormat, Option<OutputDtype>) {
+        match self {
+            EncodingFormat::Float | EncodingFormat::Base64 => (self, None),
+            EncodingFormat::Float16 => (self, Some(OutputDtype::Float)),
+            EncodingFormat::Int8 => (EncodingFormat::Float, Some(OutputDtype::Int8)),
+            EncodingFormat::Uint8 => (EncodingFormat::Float, Some(OutputDtype::Uint8)),
+            EncodingFormat::Binary => (EncodingFormat::Float, Some(OutputDtype::Binary)),
+            EncodingFormat::Ubinary => (EncodingFormat::Float, Some(OutputDtype::Ubinary)),
+        }
+    }
+}
+
+/// `encoding_format`: one format, or Mixedbread's list of them, where each
+/// vector is answered as an object with one key per format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EncodingFormats {
+    One(EncodingFormat),
+    Many(Vec<EncodingFormat>),
+}
+
+impl EncodingFormats {
+    /// Whether Mixedbread's API asked for it (a list, or a format OpenAI
+    /// does not have): its answer then carries Mixedbread's `normalized`,
+    /// `encoding_format` and `dimensions`. OpenAI's answers stay OpenAI's.
+    fn is_mixedbread(&self) -> bool {
+        !matches!(
+            self,
+            EncodingFormats::One(EncodingFormat::Float | EncodingFormat::Base64)
+        )
+    }
+}
+
+impl<'de> Deserialize<'de> for EncodingFormats {
+    /// By hand: a name or a list of names, each read as [`EncodingFormat`]
+    /// (an unknown one's message lists the names).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = EncodingFormats;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string or a list of strings")
+            }
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<Self::Value, E> {
+                use serde::de::IntoDeserializer;
+                crate::extract::by_name(name.into_deserializer()).map(EncodingFormats::One)
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<Self::Value, A::Error> {
+                let mut formats = Vec::new();
+                while let Some(format) = seq.next_element::<EncodingFormat>()? {
+                    formats.push(format);
+                }
+                Ok(EncodingFormats::Many(formats))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
+}
+
+impl Serialize for EncodingFormats {
+    /// As sent: a name, or the list of names.
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self {
+            EncodingFormats::One(format) => s.serialize_str(format.name()),
+            EncodingFormats::Many(formats) => {
+                s.collect_seq(formats.iter().map(|format| format.name()))
+            }
+        }
+    }
+}
+
+impl PartialSchema for EncodingFormats {
+    fn schema() -> RefOr<Schema> {
+        OneOfBuilder::new()
+            .item(EncodingFormat::schema())
+            .item(
+                ArrayBuilder::new()
+                    .items(EncodingFormat::schema())
+                    .min_items(Some(1)),
+            )
+            .description(Some(
+                "A format, or (Mixedbread's) a list of formats: each vector is then an object \
+                 with one key per format, each written as that format alone writes it",
+            ))
+            .into()
+    }
+}
+
+impl ToSchema for EncodingFormats {
+    fn name() -> Cow<'static, str> {
+        Cow::Borrowed("EncodingFormats")
+    }
+}
 
 /// What Infinity's `modality` says the inputs are: text is all this server embeds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
@@ -184,12 +308,21 @@ impl JinaEmbeddingType {
 }
 
 /// How a request wants its vectors written: the format, for base64 the byte
-/// order, and the numbers' type.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// order, and the numbers' type; or Mixedbread's several formats.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct VectorEncoding {
+    /// `float`, `float16` or `base64` (Mixedbread's integer names are read
+    /// as their `dtype`).
     pub format: EncodingFormat,
     pub endianness: Endianness,
     pub dtype: OutputDtype,
+    /// Mixedbread's list of formats: each vector is an object keyed by
+    /// these (each once, in the order sent), each written as that format
+    /// alone writes it.
+    pub keyed: Option<Vec<EncodingFormat>>,
+    /// The field that asked for integers, which quantize a unit vector (a
+    /// 400 where the vectors are not normalized).
+    quantized_by: Option<&'static str>,
 }
 
 /// `truncate` on `/v1/embeddings`: this server's boolean, or NVIDIA NIM's
@@ -370,7 +503,12 @@ pub struct OpenAiEmbeddingRequest {
     /// `float` (default) or `base64`: base64 of the vector's bytes, in
     /// `output_dtype`'s type (float32: four bytes each, little-endian unless
     /// `endianness: big`; the others one byte each), as Voyage's client decodes it.
-    pub encoding_format: Option<EncodingFormat>,
+    /// Mixedbread's too: `float16` (floats rounded to the nearest float16),
+    /// `int8`, `uint8`, `binary`, `ubinary` (`output_dtype`'s integers, as
+    /// JSON), or a list of formats: each `embedding` is then an object with a
+    /// key per format (`object: embedding_dict`). A Mixedbread form's answer
+    /// also carries `normalized`, `encoding_format` and `dimensions`.
+    pub encoding_format: Option<EncodingFormats>,
     /// vLLM's: the byte order of `base64` vectors, `native` (default: little-endian
     /// here), `little` or `big`.
     pub endianness: Option<Endianness>,
@@ -482,8 +620,9 @@ pub struct OpenAiEmbeddingRequest {
     pub late_chunking: Option<bool>,
 }
 
-/// A float array, an integer array (`output_dtype` other than `float`), or
-/// base64 of the vector's bytes.
+/// A float array, an integer array (`output_dtype` other than `float`),
+/// base64 of the vector's bytes, or (Mixedbread's list of formats) an object
+/// of these keyed by format.
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
 pub enum EmbeddingValue {
@@ -491,6 +630,18 @@ pub enum EmbeddingValue {
     Int8(Vec<i8>),
     Uint8(Vec<u8>),
     Base64(String),
+    ByFormat(ByFormat),
+}
+
+/// One vector in several formats: a JSON object, a key per format, in the
+/// order asked.
+#[derive(Debug)]
+pub struct ByFormat(Vec<(&'static str, EmbeddingValue)>);
+
+impl Serialize for ByFormat {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(name, value)| (name, value)))
+    }
 }
 
 // By hand: any of the forms (a float vector such as `[1.0]` is also an
@@ -502,9 +653,17 @@ impl PartialSchema for EmbeddingValue {
             .item(Vec::<i8>::schema())
             .item(Vec::<u8>::schema())
             .item(String::schema())
+            .item(
+                ObjectBuilder::new()
+                    .additional_properties(Some(ArrayBuilder::new()))
+                    .description(Some(
+                        "Mixedbread's list of formats: a key per format asked, each value as \
+                         that format alone writes it (an array, or base64's string)",
+                    )),
+            )
             .description(Some(
-                "Floats, integers (`output_dtype` int8, uint8, binary, ubinary), or base64 of the \
-                 vector's bytes",
+                "Floats, integers (`output_dtype` int8, uint8, binary, ubinary), base64 of the \
+                 vector's bytes, or an object of these keyed by format",
             ))
             .into()
     }
@@ -518,7 +677,8 @@ impl ToSchema for EmbeddingValue {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct OpenAiEmbedding {
-    /// Always `embedding`.
+    /// `embedding`; `embedding_dict` for Mixedbread's list of formats (an
+    /// object keyed by format).
     pub object: String,
     pub index: usize,
     pub embedding: EmbeddingValue,
@@ -532,20 +692,52 @@ pub struct OpenAiEmbeddingResponse {
     pub data: Vec<OpenAiEmbedding>,
     pub model: String,
     pub usage: Usage,
+    /// Mixedbread's (only where its `encoding_format` asked): whether the
+    /// vectors are unit length.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub normalized: Option<bool>,
+    /// Mixedbread's: `encoding_format` as sent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<EncodingFormats>)]
+    pub encoding_format: Option<EncodingFormats>,
+    /// Mixedbread's: the vectors' dimension (before any packing into bits).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dimensions: Option<usize>,
 }
 
 impl EmbeddingValue {
     /// `v` as `encoding` asks.
-    pub fn encode(v: Vec<f32>, encoding: VectorEncoding) -> Self {
-        let base64 = encoding.format == EncodingFormat::Base64;
+    pub fn encode(v: Vec<f32>, encoding: &VectorEncoding) -> Self {
+        let big = encoding.endianness.is_big();
+        match &encoding.keyed {
+            None => Self::write(v, encoding.format, encoding.dtype, big),
+            Some(formats) => EmbeddingValue::ByFormat(ByFormat(
+                formats
+                    .iter()
+                    .map(|&format| {
+                        let value = Self::write(v.clone(), format, OutputDtype::Float, big);
+                        (format.name(), value)
+                    })
+                    .collect(),
+            )),
+        }
+    }
+
+    /// `v` written as `format` of `dtype` numbers (a Mixedbread name's own
+    /// type wins: the agreement is checked before).
+    fn write(v: Vec<f32>, format: EncodingFormat, dtype: OutputDtype, big_endian: bool) -> Self {
+        let (format, said) = format.parts();
+        let dtype = said.unwrap_or(dtype);
+        let base64 = format == EncodingFormat::Base64;
         let bytes = |b: Vec<u8>| base64::engine::general_purpose::STANDARD.encode(b);
         // Signed bytes as they lie in memory (two's complement), as numpy reads them.
         let signed = |b: Vec<i8>| bytes(b.into_iter().map(|x| x as u8).collect());
-        match (encoding.dtype, base64) {
-            (OutputDtype::Float, false) => EmbeddingValue::Float(v),
-            (OutputDtype::Float, true) => {
-                EmbeddingValue::Base64(base64_bytes(&v, encoding.endianness.is_big()))
+        match (dtype, base64) {
+            (OutputDtype::Float, false) if format == EncodingFormat::Float16 => {
+                EmbeddingValue::Float(cohere::float16(&v))
             }
+            (OutputDtype::Float, false) => EmbeddingValue::Float(v),
+            (OutputDtype::Float, true) => EmbeddingValue::Base64(base64_bytes(&v, big_endian)),
             (OutputDtype::Int8, false) => EmbeddingValue::Int8(cohere::int8(&v)),
             (OutputDtype::Int8, true) => EmbeddingValue::Base64(signed(cohere::int8(&v))),
             (OutputDtype::Uint8, false) => EmbeddingValue::Uint8(cohere::uint8(&v)),
@@ -615,16 +807,44 @@ impl OpenAiEmbeddingRequest {
             .or(named("encoding_type", self.encoding_type)))
     }
 
-    /// How the answer writes the vectors: OpenAI's `encoding_format`,
-    /// Voyage's `output_dtype`, or Jina's `embedding_type` for both (a 400
-    /// where it and one of them disagree).
+    /// How the answer writes the vectors: OpenAI's (or Mixedbread's)
+    /// `encoding_format`, Voyage's `output_dtype`, or Jina's `embedding_type`
+    /// for both (a 400 where it and one of them disagree). Mixedbread's
+    /// integer names are `output_dtype`'s forms, and `float16` is floats: an
+    /// `output_dtype` that says otherwise is a 400 naming both.
     pub fn vector_encoding(&self) -> Result<VectorEncoding, ApiError> {
-        let (format, dtype) = match self.jina_type()? {
-            None => (self.encoding_format, self.output_dtype),
+        let endianness = self.endianness.unwrap_or_default();
+        let jina = self.jina_type()?;
+        let one = match &self.encoding_format {
+            None => None,
+            Some(EncodingFormats::One(format)) => Some(*format),
+            Some(EncodingFormats::Many(formats)) => {
+                return self.keyed_encoding(formats, jina.map(|(field, _)| field), endianness)
+            }
+        };
+        let (format, said) = match one.map(EncodingFormat::parts) {
+            Some((format, said)) => (Some(format), said),
+            None => (None, None),
+        };
+        if let (Some(sent), Some(said), Some(dtype)) = (one, said, self.output_dtype) {
+            if said != dtype {
+                return Err(ApiError::invalid(format!(
+                    "encoding_format {sent} is output_dtype {} and output_dtype is {}: they \
+                     disagree, send one",
+                    said.name(),
+                    dtype.name(),
+                ))
+                .param("output_dtype"));
+            }
+        }
+        let dtype = said.or(self.output_dtype);
+        let (format, dtype) = match jina {
+            None => (format, dtype),
             Some((field, jina)) => {
-                let (format, dtype) = jina.parts();
-                let disagrees = self.encoding_format.is_some_and(|f| f != format)
-                    || self.output_dtype.is_some_and(|t| t != dtype);
+                let (jina_format, jina_dtype) = jina.parts();
+                let disagrees = format.is_some_and(|f| f != jina_format)
+                    || dtype.is_some_and(|t| t != jina_dtype);
+                let (format, dtype) = (jina_format, jina_dtype);
                 if disagrees {
                     return Err(ApiError::invalid(format!(
                         "{field} {} is encoding_format {} with output_dtype {}: \
@@ -639,11 +859,71 @@ impl OpenAiEmbeddingRequest {
                 (Some(format), Some(dtype))
             }
         };
+        let dtype = dtype.unwrap_or_default();
+        let quantized_by = (dtype != OutputDtype::Float).then(|| match (jina, said) {
+            (Some((field, _)), _) => field,
+            (None, Some(_)) => "encoding_format",
+            (None, None) => "output_dtype",
+        });
         Ok(VectorEncoding {
             format: format.unwrap_or_default(),
-            endianness: self.endianness.unwrap_or_default(),
-            dtype: dtype.unwrap_or_default(),
+            endianness,
+            dtype,
+            keyed: None,
+            quantized_by,
         })
+    }
+
+    /// Mixedbread's list of formats: each vector answered in each (once,
+    /// in the order sent). The list says every form's numbers, so
+    /// `output_dtype` or Jina's field beside it is a 400 naming both, as an
+    /// empty list is (an answer of no vectors).
+    fn keyed_encoding(
+        &self,
+        formats: &[EncodingFormat],
+        jina: Option<&'static str>,
+        endianness: Endianness,
+    ) -> Result<VectorEncoding, ApiError> {
+        if formats.is_empty() {
+            return Err(ApiError::invalid(format!(
+                "encoding_format is an empty list: name at least one of {} (or leave it out for \
+                 float)",
+                EncodingFormat::NAMES.join(", ")
+            ))
+            .param("encoding_format"));
+        }
+        if let Some(field) = jina.or(self.output_dtype.map(|_| "output_dtype")) {
+            return Err(ApiError::invalid(format!(
+                "encoding_format, a list, names each format's numbers itself, and {field} \
+                 names one type for all: send encoding_format without {field}"
+            ))
+            .param(field));
+        }
+        let mut keyed: Vec<EncodingFormat> = Vec::with_capacity(formats.len());
+        for &format in formats {
+            if !keyed.contains(&format) {
+                keyed.push(format);
+            }
+        }
+        let quantized_by = keyed
+            .iter()
+            .any(|f| f.parts().1.is_some_and(|d| d != OutputDtype::Float))
+            .then_some("encoding_format");
+        Ok(VectorEncoding {
+            endianness,
+            keyed: Some(keyed),
+            quantized_by,
+            ..VectorEncoding::default()
+        })
+    }
+
+    /// Whether the vectors are normalized: vLLM's `use_activation` (or its
+    /// older `normalize`), Jina's and Mixedbread's `normalized`; default true.
+    fn normalizes(&self) -> bool {
+        self.use_activation
+            .or(self.normalize)
+            .or(self.normalized)
+            .unwrap_or(true)
     }
 }
 
@@ -681,22 +961,38 @@ pub async fn embeddings(
     ApiJson(req, _): ApiJson<OpenAiEmbeddingRequest, OpenAi>,
 ) -> Result<Json<OpenAiEmbeddingResponse>, Shaped<OpenAi>> {
     let format = req.vector_encoding()?;
+    // Mixedbread's answer carries its own fields; OpenAI's stays as it is.
+    let mixedbread = req
+        .encoding_format
+        .clone()
+        .filter(EncodingFormats::is_mixedbread)
+        .map(|sent| (sent, req.normalizes()));
     let out = embed_request(&state, header, req).await?;
+    let dimensions = out.vectors.first().map(Vec::len);
+    let object = if format.keyed.is_some() {
+        "embedding_dict"
+    } else {
+        "embedding"
+    };
     let data = out
         .vectors
         .into_iter()
         .enumerate()
         .map(|(index, v)| OpenAiEmbedding {
-            object: "embedding".into(),
+            object: object.into(),
             index,
-            embedding: EmbeddingValue::encode(v, format),
+            embedding: EmbeddingValue::encode(v, &format),
         })
         .collect();
+    let (encoding_format, normalized) = mixedbread.unzip();
     Ok(Json(OpenAiEmbeddingResponse {
         object: "list".into(),
         data,
         model: out.model,
         usage: Usage::new(out.prompt_tokens, out.cache_hits),
+        dimensions: dimensions.filter(|_| normalized.is_some()),
+        normalized,
+        encoding_format,
     }))
 }
 
@@ -714,15 +1010,15 @@ pub(crate) async fn embed_request(
         embed_dtype: req.embed_dtype.as_deref(),
     }
     .truncate_to()?;
-    let normalize = req
-        .use_activation
-        .or(req.normalize)
-        .or(req.normalized)
-        .unwrap_or(true);
-    if !normalize && req.vector_encoding()?.dtype != OutputDtype::Float {
-        let param = req.jina_type()?.map_or("output_dtype", |(field, _)| field);
+    let normalize = req.normalizes();
+    if let Some(param) = req.vector_encoding()?.quantized_by.filter(|_| !normalize) {
+        let what = if param == "encoding_format" {
+            "encoding_format int8, uint8, binary or ubinary"
+        } else {
+            &format!("{param} other than float")
+        };
         return Err(ApiError::invalid(format!(
-            "{param} other than float quantizes the unit vector: it cannot be combined \
+            "{what} quantizes the unit vector: it cannot be combined \
              with use_activation (or normalize, normalized) false",
         ))
         .param(param));
@@ -1023,18 +1319,184 @@ mod tests {
 
     #[test]
     fn encoding_format_errors_are_data_errors() {
-        let parse = |s: &str| serde_json::from_str::<Option<EncodingFormat>>(s);
-        assert_eq!(parse(r#""base64""#).unwrap(), Some(EncodingFormat::Base64));
-        assert_eq!(parse(r#""float""#).unwrap(), Some(EncodingFormat::Float));
+        use EncodingFormat::*;
+        let parse = |s: &str| serde_json::from_str::<Option<EncodingFormats>>(s);
+        assert_eq!(
+            parse(r#""base64""#).unwrap(),
+            Some(EncodingFormats::One(Base64))
+        );
+        assert_eq!(
+            parse(r#""float""#).unwrap(),
+            Some(EncodingFormats::One(Float))
+        );
+        assert_eq!(
+            parse(r#""float16""#).unwrap(),
+            Some(EncodingFormats::One(Float16))
+        );
         assert_eq!(parse("null").unwrap(), None);
-        for bad in ["1", r#""hex""#, "[]", "{}", "true"] {
+        assert_eq!(
+            parse(r#"["ubinary", "float", "int8"]"#).unwrap(),
+            Some(EncodingFormats::Many(vec![Ubinary, Float, Int8]))
+        );
+        assert_eq!(parse("[]").unwrap(), Some(EncodingFormats::Many(vec![])));
+        for bad in [
+            "1",
+            r#""hex""#,
+            "{}",
+            "true",
+            r#"["float", "hex"]"#,
+            "[1]",
+            "[[]]",
+        ] {
             let err = parse(bad).unwrap_err();
             assert!(err.is_data(), "{bad}: {err}");
         }
         assert_eq!(
             parse(r#""hex""#).unwrap_err().to_string(),
-            "unknown variant `hex`, expected `float` or `base64`"
+            "unknown variant `hex`, expected one of `float`, `float16`, `base64`, `int8`, \
+             `uint8`, `binary`, `ubinary` at line 1 column 5"
         );
+        assert_eq!(
+            parse("1").unwrap_err().to_string(),
+            "invalid type: integer `1`, expected a string or a list of strings at line 1 column 1"
+        );
+        // Written back as sent.
+        for sent in [r#""int8""#, r#"["float16","base64"]"#] {
+            let read = parse(sent).unwrap().unwrap();
+            assert_eq!(serde_json::to_string(&read).unwrap(), sent);
+        }
+        assert!(!EncodingFormats::One(Float).is_mixedbread());
+        assert!(!EncodingFormats::One(Base64).is_mixedbread());
+        assert!(EncodingFormats::One(Binary).is_mixedbread());
+        assert!(EncodingFormats::Many(vec![Float]).is_mixedbread());
+    }
+
+    fn encoding(extra: &str) -> Result<VectorEncoding, ApiError> {
+        serde_json::from_str::<OpenAiEmbeddingRequest>(&format!(r#"{{"input": "x"{extra}}}"#))
+            .unwrap()
+            .vector_encoding()
+    }
+
+    #[test]
+    fn mixedbread_names_are_output_dtypes_forms_and_must_agree() {
+        use EncodingFormat::{Base64, Float, Float16};
+        let got = |extra: &str| {
+            let e = encoding(extra).unwrap();
+            (e.format, e.dtype, e.keyed, e.quantized_by)
+        };
+        let agreed = [
+            ("", (Float, OutputDtype::Float, None, None)),
+            (
+                r#", "encoding_format": "base64", "output_dtype": "int8""#,
+                (Base64, OutputDtype::Int8, None, Some("output_dtype")),
+            ),
+            (
+                r#", "encoding_format": "int8""#,
+                (Float, OutputDtype::Int8, None, Some("encoding_format")),
+            ),
+            (
+                r#", "encoding_format": "ubinary", "output_dtype": "ubinary""#,
+                (Float, OutputDtype::Ubinary, None, Some("encoding_format")),
+            ),
+            (
+                r#", "encoding_format": "float16", "output_dtype": "float""#,
+                (Float16, OutputDtype::Float, None, None),
+            ),
+            (
+                r#", "encoding_format": "binary", "embedding_type": "binary""#,
+                (Float, OutputDtype::Binary, None, Some("embedding_type")),
+            ),
+            (
+                r#", "encoding_format": ["int8", "float16", "int8"]"#,
+                (
+                    Float,
+                    OutputDtype::Float,
+                    Some(vec![EncodingFormat::Int8, Float16]),
+                    Some("encoding_format"),
+                ),
+            ),
+            (
+                r#", "encoding_format": ["base64", "float"]"#,
+                (Float, OutputDtype::Float, Some(vec![Base64, Float]), None),
+            ),
+        ];
+        for (extra, want) in agreed {
+            assert_eq!(got(extra), want, "{extra}");
+        }
+        let refused = [
+            (r#", "encoding_format": "int8", "output_dtype": "binary""#, "output_dtype",
+             "encoding_format int8 is output_dtype int8 and output_dtype is binary: they disagree, send one"),
+            (r#", "encoding_format": "float16", "output_dtype": "uint8""#, "output_dtype",
+             "encoding_format float16 is output_dtype float and output_dtype is uint8: they disagree, send one"),
+            (r#", "encoding_format": "float16", "embedding_type": "float""#, "embedding_type",
+             "embedding_type float is encoding_format float with output_dtype float: send embedding_type alone, or encoding_format and output_dtype without it"),
+            (r#", "encoding_format": "uint8", "embedding_type": "ubinary""#, "embedding_type",
+             "embedding_type ubinary is encoding_format float with output_dtype ubinary: send embedding_type alone, or encoding_format and output_dtype without it"),
+            (r#", "encoding_format": ["float"], "output_dtype": "float""#, "output_dtype",
+             "encoding_format, a list, names each format's numbers itself, and output_dtype names one type for all: send encoding_format without output_dtype"),
+            (r#", "encoding_format": ["binary"], "encoding_type": "binary""#, "encoding_type",
+             "encoding_format, a list, names each format's numbers itself, and encoding_type names one type for all: send encoding_format without encoding_type"),
+            (r#", "encoding_format": []"#, "encoding_format",
+             "encoding_format is an empty list: name at least one of float, float16, base64, int8, uint8, binary, ubinary (or leave it out for float)"),
+        ];
+        for (extra, param, message) in refused {
+            let err = encoding(extra).unwrap_err();
+            assert_eq!(
+                (err.param.as_deref(), err.message.as_str()),
+                (Some(param), message),
+                "{extra}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_form_is_what_the_one_quantizer_makes() {
+        let v = vec![0.6, -0.8, 0.1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.3];
+        let json = |extra: &str| {
+            let e = encoding(extra).unwrap();
+            serde_json::to_value(EmbeddingValue::encode(v.clone(), &e)).unwrap()
+        };
+        assert_eq!(
+            json(r#", "encoding_format": "int8""#),
+            serde_json::json!(cohere::int8(&v))
+        );
+        assert_eq!(
+            json(r#", "encoding_format": "uint8""#),
+            serde_json::json!(cohere::uint8(&v))
+        );
+        assert_eq!(
+            json(r#", "encoding_format": "binary""#),
+            serde_json::json!(cohere::binary(&v))
+        );
+        assert_eq!(
+            json(r#", "encoding_format": "ubinary""#),
+            serde_json::json!(cohere::sign_bits(&v))
+        );
+        assert_eq!(
+            json(r#", "encoding_format": "float16""#),
+            serde_json::json!(cohere::float16(&v))
+        );
+        assert_eq!(
+            json(r#", "encoding_format": "base64""#),
+            serde_json::json!(encode_base64(&v))
+        );
+        let keyed = json(r#", "encoding_format": ["ubinary", "float", "base64", "ubinary"]"#);
+        assert_eq!(
+            serde_json::to_string(&keyed).unwrap(),
+            serde_json::to_string(&serde_json::json!({
+                "ubinary": cohere::sign_bits(&v),
+                "float": v,
+                "base64": encode_base64(&v),
+            }))
+            .unwrap()
+        );
+        // Keys in the order asked, not sorted.
+        let text = serde_json::to_string(&EmbeddingValue::encode(
+            v.clone(),
+            &encoding(r#", "encoding_format": ["uint8", "binary"]"#).unwrap(),
+        ))
+        .unwrap();
+        assert!(text.starts_with(r#"{"uint8":["#), "{text}");
     }
 
     #[test]

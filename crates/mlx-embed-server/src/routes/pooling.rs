@@ -103,7 +103,7 @@ pub async fn pooling(
             .map(|(index, v)| PoolingData {
                 index,
                 object: "pooling",
-                data: EmbeddingValue::encode(v, format),
+                data: EmbeddingValue::encode(v, &format),
             })
             .collect(),
         usage: Usage::new(out.prompt_tokens, out.cache_hits),

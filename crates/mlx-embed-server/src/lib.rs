@@ -5,6 +5,7 @@
 //! `/v2/embed`, Weaviate's `/vectors`, and TEI's `/similarity`) are thin
 //! adapters over one embed path ([`embed::embed`]); the cross-encoder APIs
 //! (TEI `/rerank` and `/predict`, Cohere/Jina `/v1/rerank` and `/v2/rerank`,
+//! NVIDIA NIM's `/v1/ranking`,
 //! vLLM's `/score` and `/classify`, the Inference API's `POST /`) over one
 //! scoring path ([`score::score`]); vLLM's `/pooling` and the cloud
 //! platforms' `/invocations` and `/vertex` over the routes they stand for.

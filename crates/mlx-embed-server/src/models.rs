@@ -185,7 +185,7 @@ pub enum Task {
     /// Sparse vectors as their non-zero entries (`/embed_sparse`): a SPLADE
     /// model's, or a BGE-M3 model's lexical weights.
     EmbedSparse,
-    /// Query/document relevance (`/rerank`, `/v1/rerank`, `/v2/rerank`).
+    /// Query/document relevance (`/rerank`, `/v1/rerank`, `/v2/rerank`, `/v1/ranking`).
     Rerank,
     /// Pair scores (vLLM's `/score`): a reranker's, else an embedding
     /// model's cosine. Unnamed, the first reranker answers, else the first

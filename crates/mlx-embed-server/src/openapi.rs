@@ -20,7 +20,7 @@ use crate::routes::{
 
 #[derive(OpenApi)]
 #[openapi(
-    info(title = "mlx-embed", description = "Text embeddings and cross-encoders: native, OpenAI, TEI, Cohere/Jina, Voyage AI, Ollama, Weaviate, vLLM (score, pooling, classify), SageMaker and Vertex AI compatible APIs. Not listed per operation: a path answers a method it does not serve with 405 and an unknown path is a 404, each in the error shape of the API the path belongs to; every GET route also answers HEAD (its headers, no body)."),
+    info(title = "mlx-embed", description = "Text embeddings and cross-encoders: native, OpenAI, TEI, Cohere/Jina, Voyage AI, NVIDIA NIM (rerank), Mixedbread, Ollama, Weaviate, vLLM (score, pooling, classify), SageMaker and Vertex AI compatible APIs. Not listed per operation: a path answers a method it does not serve with 405 and an unknown path is a 404, each in the error shape of the API the path belongs to; every GET route also answers HEAD (its headers, no body)."),
     paths(
         native::embed,
         openai::embeddings,
@@ -43,6 +43,7 @@ use crate::routes::{
         rerank::tei_rerank,
         rerank::cohere_rerank_v1,
         rerank::cohere_rerank_v2,
+        rerank::nim_ranking,
         vllm::score_pairs,
         vllm::version,
         pooling::pooling,
@@ -78,6 +79,7 @@ use crate::routes::{
         (name = "ollama", description = "Ollama compatible"),
         (name = "jina", description = "Jina AI's multi-vector (ColBERT) API"),
         (name = "cohere", description = "Cohere embed and Cohere / Jina / Voyage AI rerank compatible"),
+        (name = "nim", description = "NVIDIA NIM's reranking API (/v1/ranking)"),
         (name = "vllm", description = "vLLM's score, pooling, classify and version APIs"),
         (name = "platforms", description = "AWS SageMaker (/invocations, /ping) and Google Vertex AI (/vertex), as TEI serves them"),
         (name = "weaviate", description = "Weaviate text2vec-transformers inference API compatible"),
@@ -217,7 +219,7 @@ pub(crate) fn refusals_by_case(list: &str, cases: &[(&str, Task)]) -> String {
 /// [`Task::unknown_name_rule`]: [`ModelRules`] adds it. A schema in several
 /// unions (`/invocations`, `/vertex`) keeps its own routes' rule: those
 /// routes state theirs in their 4XX answer.
-const MODEL_FIELDS: [(&str, &[(&str, Task)]); 19] = [
+const MODEL_FIELDS: [(&str, &[(&str, Task)]); 20] = [
     ("NativeEmbedRequest", &[("", Task::Embed)]),
     // `/v1/embeddings` and vLLM's `/pooling` (its `allOf`).
     ("OpenAiEmbeddingRequest", &[("", Task::Embed)]),
@@ -237,6 +239,7 @@ const MODEL_FIELDS: [(&str, &[(&str, Task)]); 19] = [
     ("MultiVectorRequest", &[("", Task::MultiVector)]),
     ("CohereRerankRequest", &[("", Task::Rerank)]),
     ("VoyageRerankRequest", &[("", Task::Rerank)]),
+    ("NimRankingRequest", &[("", Task::Rerank)]),
     ("TeiRerankRequest", &[("", Task::Rerank)]),
     ("ScoreBody", &[("", Task::Score)]),
     ("ClassifyRequest", &[("", Task::Predict)]),
@@ -763,6 +766,7 @@ mod tests {
             ("/api/embed", &[Task::Embed]),
             ("/embed_sparse", &[Task::EmbedSparse]),
             ("/v1/rerank", &[Task::Rerank]),
+            ("/v1/ranking", &[Task::Rerank]),
             ("/rerank", &[Task::Rerank]),
             ("/v1/score", &[Task::Score]),
             ("/classify", &[Task::Predict]),
@@ -841,6 +845,7 @@ mod tests {
             ("TeiRerankRequest", "texts"),
             ("CohereRerankRequest", "documents"),
             ("VoyageRerankRequest", "documents"),
+            ("NimRankingRequest", "passages"),
             ("CohereEmbedRequest", "texts"),
             ("CohereEmbedRequest", "inputs"),
             ("SimilarityInputs", "sentences"),

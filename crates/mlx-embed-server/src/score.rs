@@ -1,5 +1,5 @@
 //! The one scoring path the cross-encoder routes call (`/rerank`,
-//! `/v1/rerank`, `/v2/rerank`, `/predict`, `POST /`): validate -> pick the
+//! `/v1/rerank`, `/v2/rerank`, `/v1/ranking`, `/predict`, `POST /`): validate -> pick the
 //! model -> `batcher.embed` (each pair or text one input: the same admission,
 //! batching and model thread as embeddings) -> activation.
 //!

@@ -203,7 +203,7 @@ pub struct ModelArgs {
           value_parser = parse_model)]
     pub model: Vec<String>,
     /// A cross-encoder to serve next to the embedding model(s) for /rerank, /v1/rerank,
-    /// /v2/rerank and /predict: a *ForSequenceClassification folder (or repo id, as --model
+    /// /v2/rerank, /v1/ranking and /predict: a *ForSequenceClassification folder (or repo id, as --model
     /// takes), or a decoder scored as a yes/no reranker (Qwen3-Reranker, mxbai-rerank v2).
     /// Repeat it (or separate models with commas) to serve several; a request's `model` field
     /// picks one.

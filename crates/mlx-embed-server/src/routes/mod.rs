@@ -69,6 +69,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v2/embed", post(cohere::embed_v2))
         .route("/v1/rerank", post(rerank::cohere_rerank_v1))
         .route("/v2/rerank", post(rerank::cohere_rerank_v2))
+        .route("/v1/ranking", post(rerank::nim_ranking))
         .route("/score", post(vllm::score_pairs))
         .route("/v1/score", post(vllm::score_pairs))
         .route("/pooling", post(pooling::pooling))

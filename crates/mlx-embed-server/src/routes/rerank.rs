@@ -1,13 +1,15 @@
 //! Reranking: `POST /rerank` (Hugging Face TEI's shape, or the Cohere/Jina
 //! shape Infinity and vLLM serve there) and `POST /v1/rerank`,
 //! `POST /v2/rerank` (Cohere / Jina; the `cohere` Python client works with
-//! `base_url`). Each document becomes one query/document pair input of the
-//! one scoring path ([`crate::score`]).
+//! `base_url`), and NVIDIA NIM's `POST /v1/ranking`. Each document becomes
+//! one query/document pair input of the one scoring path ([`crate::score`]).
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use mlx_embed_core::{EmbedInput, EmbedOptions, Priority, Prompt, MAX_PAIR_TEXT_BYTES};
+use mlx_embed_core::{
+    EmbedInput, EmbedOptions, Priority, Prompt, TruncationDirection, MAX_PAIR_TEXT_BYTES,
+};
 use serde::de::{self, Deserializer};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -16,6 +18,7 @@ use utoipa::openapi::schema::{AnyOfBuilder, ArrayBuilder, OneOfBuilder, Schema};
 use utoipa::openapi::{Ref, RefOr};
 use utoipa::{PartialSchema, ToSchema};
 
+use super::cohere::CohereTruncate;
 use super::Usage;
 use crate::embed::check_inputs;
 use crate::errors::{
@@ -594,6 +597,7 @@ async fn voyage_rerank(
         RerankRoute::Voyage,
         priority,
         req.truncation.unwrap_or(true),
+        None,
     )
     .await
     .map_err(|mut err| {
@@ -664,6 +668,143 @@ enum RerankRoute {
     /// Voyage AI's body (on `/v1/rerank` or `/rerank`): documents, strings,
     /// come back as sent with `return_documents: true`.
     Voyage,
+    /// NVIDIA NIM's `/v1/ranking`: indices and logits, never documents.
+    Nim,
+}
+
+/// NVIDIA NIM's text object: `{"text": ...}`.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct NimText {
+    pub text: String,
+    /// Refused (400): NIM's vision rerankers take an image beside the text;
+    /// this server ranks text, and a passage ranked on its text alone would
+    /// get another score with a 200.
+    #[schema(value_type = Option<String>)]
+    pub image: Option<Value>,
+}
+
+/// NVIDIA NIM's ranking request (LangChain's `NVIDIARerank` with `base_url`).
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct NimRankingRequest {
+    /// Which served reranker answers; default: the first reranker.
+    pub model: Option<String>,
+    pub query: NimText,
+    /// Passages to rank against the query (at least one).
+    #[schema(min_items = 1)]
+    pub passages: Vec<NimText>,
+    /// `NONE` (default, as NIM's): a query/passage pair longer than the
+    /// model's maximum is a 400; `END` cuts it (each side's end). `START`
+    /// (Cohere's, not NIM's) cuts each side's start.
+    pub truncate: Option<CohereTruncate>,
+}
+
+/// One ranked passage.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct NimRanking {
+    /// Position of the passage in the request's `passages`.
+    pub index: usize,
+    /// The model's raw score (no sigmoid), as `/rerank` answers with `raw_scores: true`.
+    pub logit: f32,
+}
+
+/// NVIDIA NIM's ranking response.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct NimRankingResponse {
+    /// Every passage, highest logit first.
+    pub rankings: Vec<NimRanking>,
+    pub usage: Usage,
+}
+
+/// Rank passages (NVIDIA NIM's reranking API); highest logit first.
+///
+/// Errors use `{"error": {"message", "type", "param", "code"}, "detail"}`.
+#[utoipa::path(
+    post, path = "/v1/ranking", tag = "nim", operation_id = "nim_ranking",
+    request_body = NimRankingRequest,
+    params(("X-Priority" = Option<String>, Header, description = "`high`, `normal` (default) or `low`: the priority lane")),
+    responses(
+        (status = 200, description = "Passages by logit, highest first", body = NimRankingResponse),
+        (status = "4XX", description = crate::openapi::refusals("Invalid request (400 also: an over-long pair with `truncate: NONE`, the default, as NIM answers; an `image`; no reranker served; a wrong shape; 401, 404 unknown model (below), 413, 415, 429)", Task::Rerank), body = OpenAiErrorBody),
+        (status = "5XX", description = "Model failed (500) or unavailable (503)", body = OpenAiErrorBody),
+    )
+)]
+pub async fn nim_ranking(
+    State(state): State<AppState>,
+    PriorityHeader(priority, _): PriorityHeader<OpenAi>,
+    ApiJson(req, _): ApiJson<NimRankingRequest, OpenAi>,
+) -> Result<Json<NimRankingResponse>, Shaped<OpenAi>> {
+    Ok(Json(nim_rank(&state, req, priority).await?))
+}
+
+/// NIM's ranking for `req`, by the one Cohere/Jina path: every passage,
+/// ranked by raw score.
+async fn nim_rank(
+    state: &AppState,
+    req: NimRankingRequest,
+    priority: Option<Priority>,
+) -> Result<NimRankingResponse, ApiError> {
+    let image = |param: &'static str| {
+        ApiError::invalid(format!(
+            "an `image` in {param} is not supported: this server ranks text (send `text` alone)"
+        ))
+        .param(param)
+    };
+    if req.query.image.is_some() {
+        return Err(image("query"));
+    }
+    if req.passages.iter().any(|p| p.image.is_some()) {
+        return Err(image("passages"));
+    }
+    let truncate = req.truncate.unwrap_or(CohereTruncate::None);
+    let ranked = rank(
+        state,
+        CohereRerankRequest {
+            model: req.model,
+            query: req.query.text,
+            documents: req
+                .passages
+                .into_iter()
+                .map(|p| RerankDocument::Text(p.text))
+                .collect(),
+            top_n: None,
+            return_documents: Some(false),
+            max_chunks_per_doc: None,
+            max_tokens_per_doc: None,
+            rank_fields: None,
+            raw_scores: Some(true),
+            use_activation: None,
+            truncate_prompt_tokens: None,
+            instruction: None,
+        },
+        RerankRoute::Nim,
+        priority,
+        truncate.truncates(),
+        truncate.direction(),
+    )
+    .await
+    .map_err(|mut err| {
+        if err.param.as_deref() == Some("documents") {
+            err.param = Some("passages".into());
+        }
+        // The shared message speaks of the other APIs' boolean.
+        if err.code == Some("context_length_exceeded") {
+            err.message = err
+                .message
+                .replace("set truncate to true", "set truncate to END");
+        }
+        err
+    })?;
+    Ok(NimRankingResponse {
+        rankings: ranked
+            .results
+            .into_iter()
+            .map(|r| NimRanking {
+                index: r.index,
+                logit: r.relevance_score,
+            })
+            .collect(),
+        usage: ranked.usage,
+    })
 }
 
 /// A ranking, before its API's shape.
@@ -680,7 +821,7 @@ async fn cohere_rerank(
     route: RerankRoute,
     priority: Option<Priority>,
 ) -> Result<Json<CohereRerankResponse>, Shaped<OpenAi>> {
-    let ranked = rank(state, req, route, priority, true).await?;
+    let ranked = rank(state, req, route, priority, true, None).await?;
     let bare = route == RerankRoute::Bare;
     Ok(Json(CohereRerankResponse {
         object: bare.then(|| "rerank".to_owned()),
@@ -698,14 +839,16 @@ async fn cohere_rerank(
     }))
 }
 
-/// The one ranking path of the Cohere, Jina, Infinity, vLLM and Voyage
-/// shapes; `truncate`: cut over-long pairs (false: refuse them).
+/// The one ranking path of the Cohere, Jina, Infinity, vLLM, Voyage and NIM
+/// shapes; `truncate`: cut over-long pairs (false: refuse them), at
+/// `direction`'s end of each side (unsaid: the model's).
 async fn rank(
     state: &AppState,
     req: CohereRerankRequest,
     route: RerankRoute,
     priority: Option<Priority>,
     truncate: bool,
+    direction: Option<TruncationDirection>,
 ) -> Result<Ranked, ApiError> {
     let strings_as_sent = (route == RerankRoute::Bare && req.return_documents == Some(true))
         || route == RerankRoute::Voyage;
@@ -744,6 +887,7 @@ async fn rank(
     let options = EmbedOptions {
         priority: priority.unwrap_or_default(),
         truncate,
+        truncation_direction: direction,
         truncate_to,
         prompt: instruction_prompt(req.instruction.clone()),
         ..EmbedOptions::default()
@@ -789,9 +933,10 @@ async fn rank(
         scores[doc] = scores[doc].max(score);
         logits[doc] = logits[doc].max(logit);
     }
-    let with_documents = req
-        .return_documents
-        .unwrap_or(!matches!(route, RerankRoute::V2 | RerankRoute::Voyage));
+    let with_documents = req.return_documents.unwrap_or(!matches!(
+        route,
+        RerankRoute::V2 | RerankRoute::Voyage | RerankRoute::Nim
+    ));
     let mut documents: Vec<Option<RerankDocument>> = req.documents.into_iter().map(Some).collect();
     let mut order = ranking(&logits);
     order.truncate(top_n.unwrap_or(order.len()));
@@ -1152,6 +1297,39 @@ mod tests {
 
     fn doc(v: Value) -> RerankDocument {
         serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn nim_ranking_bodies() {
+        let read = |v: Value| serde_json::from_value::<NimRankingRequest>(v);
+        let req = read(json!({
+            "model": "nvidia/llama-3.2-nv-rerankqa-1b-v2",
+            "query": {"text": "which way?"},
+            "passages": [{"text": "left"}, {"text": "right"}],
+            "truncate": "END",
+        }))
+        .unwrap();
+        assert_eq!(req.query.text, "which way?");
+        let texts: Vec<&str> = req.passages.iter().map(|p| p.text.as_str()).collect();
+        assert_eq!(texts, ["left", "right"]);
+        assert_eq!(req.truncate, Some(CohereTruncate::End));
+        assert!(req.query.image.is_none() && req.passages.iter().all(|p| p.image.is_none()));
+        // NIM's default, NONE, is left out by LangChain's client.
+        let bare = read(json!({"query": {"text": "q"}, "passages": [{"text": "p"}]})).unwrap();
+        assert_eq!((bare.model, bare.truncate), (None, None));
+        let with_image = read(json!({
+            "query": {"text": "q"}, "passages": [{"text": "p", "image": "data:image/png;base64,AA=="}],
+        }))
+        .unwrap();
+        assert!(with_image.passages[0].image.is_some());
+        for bad in [
+            json!({"query": "q", "passages": [{"text": "p"}]}),
+            json!({"query": {"text": "q"}, "passages": ["p"]}),
+            json!({"query": {"text": "q"}, "passages": [{"text": "p"}], "truncate": "end"}),
+            json!({"query": {"text": "q"}, "passages": [{}]}),
+        ] {
+            assert!(read(bad.clone()).is_err(), "{bad}");
+        }
     }
 
     #[test]

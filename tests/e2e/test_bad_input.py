@@ -163,10 +163,11 @@ def cases():
 
     # OpenAI only: encoding_format.
     add("encoding-format-hex", "openai", dumps({"input": "hi", "encoding_format": "hex"}), 422,
-        f"{SHAPE}encoding_format: unknown variant `hex`, expected `float` or `base64`",
+        f"{SHAPE}encoding_format: unknown variant `hex`, expected one of `float`, `float16`, `base64`, `int8`, "
+        "`uint8`, `binary`, `ubinary`",
         param="encoding_format", code="invalid_value", pos=True)
     add("encoding-format-null-ok-but-number", "openai", dumps({"input": "hi", "encoding_format": 1}), 422,
-        f"{SHAPE}encoding_format: invalid type: integer `1`, expected a string",
+        f"{SHAPE}encoding_format: invalid type: integer `1`, expected a string or a list of strings",
         param="encoding_format", code="invalid_type", pos=True)
     # OpenAI and TEI: token ids.
     for route in ("openai", "tei"):

@@ -1,8 +1,8 @@
 """Mixedbread's `encoding_format` on /v1/embeddings and NVIDIA NIM's
 /v1/ranking, end to end: the real server binary serving all-MiniLM-L6-v2
 next to the tiny BERT reranker, driven over HTTP and with the official
-clients (the `mixedbread` SDK, langchain-nvidia-ai-endpoints' NVIDIARerank)
-where they are installed.
+clients (the `mixedbread` SDK, langchain-nvidia-ai-endpoints' NVIDIARerank,
+both in the test extra).
 
 Every form is checked against another route's answer for the same texts:
 the float vector (sentence-transformers' reference), Cohere's /v2/embed byte
@@ -147,7 +147,7 @@ def test_disagreeing_fields_are_a_400_naming_both(duo):
 
 
 def test_the_mixedbread_sdk(duo, golden):
-    mixedbread = pytest.importorskip("mixedbread")
+    import mixedbread  # the test extra's
     texts, ref, _ = non_empty_golden(golden, 4)
     client = mixedbread.Mixedbread(api_key="unused", base_url=duo.url)
     res = client.embed(model=EMBEDDER, input=texts, normalized=True, encoding_format="float")
@@ -243,7 +243,8 @@ def test_nim_ranking_bad_bodies(duo):
 
 
 def test_langchain_nvidia_rerank(duo, golden):
-    reranking = pytest.importorskip("langchain_nvidia_ai_endpoints")
+    # The test extra's.
+    import langchain_nvidia_ai_endpoints as reranking
     from langchain_core.documents import Document
 
     texts, _, _ = non_empty_golden(golden, 7)

@@ -627,6 +627,10 @@ pub struct OpenAiEmbeddingRequest {
 #[serde(untagged)]
 pub enum EmbeddingValue {
     Float(Vec<f32>),
+    /// float16 values, written as f64 so that each number in the JSON is
+    /// the float16's exact value (f32's shortest digits read as another
+    /// number by a client parsing float64), as Mixedbread writes them.
+    Half(Vec<f64>),
     Int8(Vec<i8>),
     Uint8(Vec<u8>),
     Base64(String),
@@ -734,7 +738,7 @@ impl EmbeddingValue {
         let signed = |b: Vec<i8>| bytes(b.into_iter().map(|x| x as u8).collect());
         match (dtype, base64) {
             (OutputDtype::Float, false) if format == EncodingFormat::Float16 => {
-                EmbeddingValue::Float(cohere::float16(&v))
+                EmbeddingValue::Half(cohere::float16(&v).into_iter().map(f64::from).collect())
             }
             (OutputDtype::Float, false) => EmbeddingValue::Float(v),
             (OutputDtype::Float, true) => EmbeddingValue::Base64(base64_bytes(&v, big_endian)),
@@ -1472,10 +1476,10 @@ mod tests {
             json(r#", "encoding_format": "ubinary""#),
             serde_json::json!(cohere::sign_bits(&v))
         );
-        assert_eq!(
-            json(r#", "encoding_format": "float16""#),
-            serde_json::json!(cohere::float16(&v))
-        );
+        let half = json(r#", "encoding_format": "float16""#);
+        assert_eq!(half, serde_json::json!(cohere::float16(&v)));
+        // Written as the float16's exact value: 0.1 is 0.0999755859375 as float16.
+        assert_eq!(half[2], serde_json::json!(0.0999755859375));
         assert_eq!(
             json(r#", "encoding_format": "base64""#),
             serde_json::json!(encode_base64(&v))

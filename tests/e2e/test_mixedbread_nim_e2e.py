@@ -223,7 +223,7 @@ def test_nim_truncate_none_refuses_an_over_long_pair(duo):
 
 def test_nim_ranking_bad_bodies(duo):
     for body, param, needle in [
-        ({"query": {"text": "q"}, "passages": []}, "passages", "no documents to rank"),
+        ({"query": {"text": "q"}, "passages": []}, "passages", "no passages to rank"),
         ({"query": "q", "passages": [{"text": "p"}]}, "query", "invalid type"),
         ({"query": {"text": "q"}, "passages": ["p"]}, "passages", "invalid type"),
         ({"query": {"text": "q"}, "passages": [{"text": "p"}], "truncate": "end"}, "truncate", "unknown variant"),
@@ -234,6 +234,11 @@ def test_nim_ranking_bad_bodies(duo):
         assert resp.status_code == 400, (body, resp.text)
         err = resp.json()["error"]
         assert err["param"] == param and needle in err["message"], (body, err)
+    # The rerank routes' limits: more pairs than --max-inputs-per-request (2048) is a 413, as on /v1/rerank.
+    many = {"model": RERANKER, "query": {"text": "q"}, "passages": [{"text": "x"}] * 2049}
+    resp = duo.post("/v1/ranking", many)
+    assert resp.status_code == 413, resp.text
+    assert duo.post("/v1/rerank", {"model": RERANKER, "query": "q", "documents": ["x"] * 2049}).status_code == 413
     # An embedding model does not rank.
     resp = duo.post("/v1/ranking", {"model": EMBEDDER, "query": {"text": "q"}, "passages": [{"text": "p"}]})
     assert resp.status_code == 400, resp.text

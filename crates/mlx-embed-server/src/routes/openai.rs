@@ -864,7 +864,7 @@ impl OpenAiEmbeddingRequest {
             }
         };
         let dtype = dtype.unwrap_or_default();
-        let quantized_by = (dtype != OutputDtype::Float).then(|| match (jina, said) {
+        let quantized_by = (dtype != OutputDtype::Float).then_some(match (jina, said) {
             (Some((field, _)), _) => field,
             (None, Some(_)) => "encoding_format",
             (None, None) => "output_dtype",

@@ -783,8 +783,10 @@ async fn nim_rank(
     )
     .await
     .map_err(|mut err| {
+        // The shared checks speak of Cohere's documents: NIM calls them passages.
         if err.param.as_deref() == Some("documents") {
             err.param = Some("passages".into());
+            err.message = err.message.replace("documents", "passages");
         }
         // The shared message speaks of the other APIs' boolean.
         if err.code == Some("context_length_exceeded") {

@@ -527,6 +527,9 @@ mod tests {
             schemas["EmbeddingValue"]["anyOf"].as_array().unwrap().len(),
             5
         );
+        // Mixedbread's keyed answer: arrays, and base64's string.
+        let keyed = &schemas["EmbeddingValue"]["anyOf"][4]["additionalProperties"]["anyOf"];
+        assert_eq!(keyed[1]["type"], "string", "{keyed}");
         // Mixedbread's: one format or a list of them.
         let formats = &schemas["OpenAiEmbeddingRequest"]["properties"]["encoding_format"];
         assert_eq!(formats["oneOf"].as_array().unwrap().len(), 2, "{formats}");

@@ -659,7 +659,11 @@ impl PartialSchema for EmbeddingValue {
             .item(String::schema())
             .item(
                 ObjectBuilder::new()
-                    .additional_properties(Some(ArrayBuilder::new()))
+                    .additional_properties(Some(RefOr::<Schema>::from(
+                        AnyOfBuilder::new()
+                            .item(ArrayBuilder::new())
+                            .item(String::schema()),
+                    )))
                     .description(Some(
                         "Mixedbread's list of formats: a key per format asked, each value as \
                          that format alone writes it (an array, or base64's string)",

@@ -262,3 +262,11 @@ def test_langchain_nvidia_rerank(duo, golden):
     want = _raw_scores(duo, query, docs)
     assert [d.page_content for d in out] == [docs[r["index"]] for r in want]
     assert [d.metadata["relevance_score"] for d in out] == [r["score"] for r in want]
+    # Without model the client takes /v1/models' first entry, here the embedding model: a 400
+    # saying what to serve (the README tells users to name the reranker).
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        unnamed = reranking.NVIDIARerank(base_url=duo.url + "/v1", api_key="unused", usage_telemetry_enabled=False)
+    assert unnamed.model == duo.get("/v1/models").json()["data"][0]["id"] == EMBEDDER
+    with pytest.raises(Exception, match=r"\[400\].*is an embedding model.*--rerank-model"):
+        unnamed.compress_documents(query=query, documents=[Document(page_content=d) for d in docs])

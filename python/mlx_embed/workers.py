@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from typing import Optional
 
 MAX_WORKERS = 256
@@ -53,49 +54,140 @@ def _cgroup_root() -> str:
     return "/"
 
 
-def quota_cores(root: Optional[str] = None) -> Optional[int]:
-    """The whole cores the container's CPU quota grants this process (its
-    quota over its period, at least 1: as Rust's ``available_parallelism``
-    counts them), or None where no quota is set or none can be read. Reads
-    cgroup v2's ``cpu.max`` and v1's ``cpu.cfs_quota_us`` from the process's
-    cgroup up to the hierarchy's root (a parent's quota bounds its children
-    too). A group the mount does not hold under its own path (Docker
-    without a cgroup namespace bind-mounts the container's group itself at
-    ``/sys/fs/cgroup``) is read at the mount's own files, which the walk up
-    reaches: Rust's std finds those through mountinfo on v1 and not at all
-    on v2, so there this may count fewer cores than it, never more.
-    ``root``: where ``/proc`` and ``/sys`` are (a test's tree)."""
-    root = root or _cgroup_root()
-    try:
-        with open(os.path.join(root, "proc/self/cgroup")) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return None
-    fs = os.path.join(root, "sys/fs/cgroup")
-    found: list[int] = []
-    for line in lines:
+@dataclasses.dataclass(frozen=True)
+class CgroupMount:
+    """One cgroup hierarchy mounted here, from ``/proc/self/mountinfo``:
+    ``root`` is the group the mount shows at ``mount_point`` (``/`` for the
+    whole hierarchy; a container's own group where Docker bind-mounts it
+    without a cgroup namespace); ``controllers`` a v1 mount's (empty for v2)."""
+
+    version: int
+    root: str
+    mount_point: str
+    controllers: frozenset = frozenset()
+
+
+def _unescape(field: str) -> str:
+    # mountinfo writes a space, tab, newline or backslash in a path as \ooo.
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def parse_mountinfo(text: str) -> list[CgroupMount]:
+    """The cgroup mounts in a ``/proc/<pid>/mountinfo``'s text: each line is
+    ``id parent major:minor root mount_point options [optional...] - fstype
+    source super_options``; v1's controllers are among its super options."""
+    mounts = []
+    for line in text.splitlines():
+        fields = line.split()
+        if "-" not in fields:
+            continue
+        sep = fields.index("-")
+        if sep < 5 or len(fields) < sep + 2:
+            continue
+        fstype = fields[sep + 1]
+        root, point = _unescape(fields[3]), _unescape(fields[4])
+        if fstype == "cgroup2":
+            mounts.append(CgroupMount(2, root, point))
+        elif fstype == "cgroup" and len(fields) > sep + 3:
+            options = frozenset(fields[sep + 3].split(","))
+            mounts.append(CgroupMount(1, root, point, options))
+    return mounts
+
+
+def parse_proc_cgroup(text: str) -> list[tuple[frozenset, str]]:
+    """A ``/proc/<pid>/cgroup``'s lines as (controllers, the group's path):
+    ``0::<path>`` is cgroup v2's unified group (no controllers named),
+    ``<id>:<controllers>:<path>`` a v1 hierarchy's."""
+    groups = []
+    for line in text.splitlines():
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
         _, controllers, path = parts
-        rel = path.strip("/")
-        if controllers == "":
-            # v2: one unified tree, cpu.max is "max <period>" or "<quota> <period>".
-            for folder in _up_from(fs, rel):
-                read = _read(os.path.join(folder, "cpu.max"))
-                if read is None:
-                    continue
-                fields = read.split()
-                if len(fields) == 2 and fields[0] != "max":
-                    found.append(_cores(fields[0], fields[1]))
-        elif "cpu" in controllers.split(","):
-            # v1: the cpu controller's mount, named for it or for the group it is in.
-            for mount in dict.fromkeys((controllers, "cpu", "cpu,cpuacct")):
-                for folder in _up_from(os.path.join(fs, mount), rel):
-                    quota = _read(os.path.join(folder, "cpu.cfs_quota_us"))
-                    period = _read(os.path.join(folder, "cpu.cfs_period_us"))
-                    if quota is not None and period is not None and quota.strip() != "-1":
-                        found.append(_cores(quota, period))
+        groups.append((frozenset(c for c in controllers.split(",") if c), path))
+    return groups
+
+
+def _group_folders(mount_point: str, mount_root: str, group: str) -> list[str]:
+    """The folders of ``group`` and each group above it that ``mount_point``
+    shows (which holds ``mount_root``'s group and those under it), nearest
+    first. A group not under the mount's root (a cgroup namespace's path,
+    relative to where the process was when it was made) is read as under
+    the mount point, and so reaches the mount point's own files."""
+    rel = group.strip("/")
+    base = mount_root.strip("/")
+    if base and (rel == base or rel.startswith(base + "/")):
+        rel = rel[len(base):].strip("/")
+    return _up_from(mount_point, rel)
+
+
+def _quota_v2(folder: str) -> Optional[int]:
+    # cpu.max is "max <period>" (no quota) or "<quota> <period>".
+    read = _read(os.path.join(folder, "cpu.max"))
+    fields = read.split() if read is not None else []
+    if len(fields) == 2 and fields[0] != "max":
+        return _cores(fields[0], fields[1])
+    return None
+
+
+def _quota_v1(folder: str) -> Optional[int]:
+    quota = _read(os.path.join(folder, "cpu.cfs_quota_us"))
+    period = _read(os.path.join(folder, "cpu.cfs_period_us"))
+    if quota is not None and period is not None and quota.strip() != "-1":
+        return _cores(quota, period)
+    return None
+
+
+def quota_cores(root: Optional[str] = None, *, proc_cgroup: Optional[str] = None,
+                mountinfo: Optional[str] = None) -> Optional[int]:
+    """The whole cores the container's CPU quota grants this process (its
+    quota over its period, at least 1: as Rust's ``available_parallelism``
+    counts them), or None where no quota is set or none can be read. Reads
+    cgroup v2's ``cpu.max`` and v1's ``cpu.cfs_quota_us`` from the process's
+    own group (``/proc/self/cgroup``) up to the hierarchy's root (a
+    parent's quota bounds its children too), where the hierarchy is
+    mounted (``/proc/self/mountinfo``: a nested group, a mount elsewhere
+    than ``/sys/fs/cgroup``, a mount of the container's own group, which
+    Docker without a cgroup namespace bind-mounts at ``/sys/fs/cgroup``,
+    are each found there). Where mountinfo is unreadable or names no cgroup
+    mount, ``/sys/fs/cgroup`` (v2) and its controller folders (v1) are read
+    as the hierarchy's root. ``root``: where ``/proc`` and ``/sys`` are (a
+    test's tree; mount points are read under it); ``proc_cgroup``,
+    ``mountinfo``: those two files' paths, where not under ``root``."""
+    root = root or _cgroup_root()
+    text = _read(proc_cgroup or os.path.join(root, "proc/self/cgroup"))
+    if text is None:
+        return None
+    mounts = parse_mountinfo(_read(mountinfo or os.path.join(root, "proc/self/mountinfo")) or "")
+
+    def under_root(point: str) -> str:
+        return os.path.join(root, point.lstrip("/"))
+
+    fs = os.path.join(root, "sys/fs/cgroup")
+    found: list[int] = []
+    for controllers, group in parse_proc_cgroup(text):
+        if not controllers:
+            if not group.startswith("/"):
+                continue
+            places = [(under_root(m.mount_point), m.root) for m in mounts if m.version == 2] or [(fs, "/")]
+            read = _quota_v2
+        elif "cpu" in controllers:
+            places = [(under_root(m.mount_point), m.root) for m in mounts
+                      if m.version == 1 and "cpu" in m.controllers]
+            if not places:
+                # v1's usual layout: the cpu controller's folder, named for
+                # it or for the group of controllers it is in.
+                named = ",".join(sorted(controllers))
+                places = [(os.path.join(fs, mount), "/")
+                          for mount in dict.fromkeys((named, "cpu", "cpu,cpuacct"))]
+            read = _quota_v1
+        else:
+            continue
+        for point, mount_root in places:
+            for folder in _group_folders(point, mount_root, group):
+                cores = read(folder)
+                if cores is not None:
+                    found.append(cores)
     valid = [n for n in found if n > 0]
     return min(valid) if valid else None
 

@@ -136,3 +136,102 @@ def test_a_hybrid_hierarchy_reads_the_v1_cpu_controller(tmp_path):
 def test_a_malformed_quota_counts_none(tmp_path):
     root = _tree(tmp_path, "0::/c\n", {"c/cpu.max": "lots 100000\n", "cpu.max": "100000 0\n"})
     assert workers.quota_cores(root) is None
+
+
+# mountinfo lines as the kernel writes them: id parent major:minor root
+# mount_point options [optional fields] - fstype source super_options.
+V2_MOUNT = "30 24 0:26 {root} {point} rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n"
+V1_MOUNT = "35 25 0:31 {root} {point} rw,nosuid,nodev,noexec,relatime shared:9 - cgroup cgroup rw,{controllers}\n"
+ROOT_FS = "22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/sda1 rw\n"
+
+
+def _mounted(tmp_path, cgroup: str, mountinfo: str, files: dict[str, str]):
+    """A fake root whose ``/proc/self/mountinfo`` says where cgroups are;
+    ``files`` are under the root itself (mount points are absolute)."""
+    (tmp_path / "proc/self").mkdir(parents=True)
+    (tmp_path / "proc/self/cgroup").write_text(cgroup)
+    (tmp_path / "proc/self/mountinfo").write_text(mountinfo)
+    for rel, text in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return str(tmp_path)
+
+
+def test_mountinfo_is_parsed_for_cgroup_mounts_alone():
+    text = (ROOT_FS
+            + V2_MOUNT.format(root="/", point="/sys/fs/cgroup/unified")
+            + V1_MOUNT.format(root="/docker/abc", point="/sys/fs/cgroup/cpu,cpuacct", controllers="cpu,cpuacct")
+            # No optional fields, and a space in the mount point (\040).
+            + "40 25 0:33 /a /mnt/my\\040cgroups rw - cgroup2 none rw\n"
+            + "garbage line\n")
+    assert workers.parse_mountinfo(text) == [
+        workers.CgroupMount(2, "/", "/sys/fs/cgroup/unified"),
+        workers.CgroupMount(1, "/docker/abc", "/sys/fs/cgroup/cpu,cpuacct", frozenset({"rw", "cpu", "cpuacct"})),
+        workers.CgroupMount(2, "/a", "/mnt/my cgroups"),
+    ]
+    assert workers.parse_proc_cgroup("0::/a/b\n3:cpu,cpuacct:/docker/x\nbad\n2:name=systemd:/\n") == [
+        (frozenset(), "/a/b"), (frozenset({"cpu", "cpuacct"}), "/docker/x"), (frozenset({"name=systemd"}), "/"),
+    ]
+
+
+def test_a_nested_v2_group_is_read_where_mountinfo_mounts_the_hierarchy(tmp_path):
+    """A v2 hierarchy mounted away from /sys/fs/cgroup: the process's own
+    group, three levels down, and its parents are read there; a decoy at
+    /sys/fs/cgroup, where the old reading looked, is not."""
+    root = _mounted(tmp_path, "0::/kubepods/burstable/pod7/c1\n",
+                    ROOT_FS + V2_MOUNT.format(root="/", point="/run/cg2"), {
+                        "run/cg2/kubepods/burstable/pod7/c1/cpu.max": "max 100000\n",
+                        "run/cg2/kubepods/burstable/pod7/cpu.max": "350000 100000\n",
+                        "run/cg2/kubepods/cpu.max": "800000 100000\n",
+                        "sys/fs/cgroup/kubepods/burstable/pod7/c1/cpu.max": "100000 100000\n",
+                    })
+    assert workers.quota_cores(root) == 3
+
+
+def test_a_v2_mount_of_the_containers_own_group_is_read_at_its_mount_point(tmp_path):
+    """Docker without a cgroup namespace: mountinfo says the mount at
+    /sys/fs/cgroup is the group /system.slice/docker-abc.scope itself, so
+    the process's group (that path) is the mount point's own files."""
+    group = "/system.slice/docker-abc.scope"
+    root = _mounted(tmp_path, f"0::{group}/app\n",
+                    ROOT_FS + V2_MOUNT.format(root=group, point="/sys/fs/cgroup"), {
+                        "sys/fs/cgroup/app/cpu.max": "max 100000\n",
+                        "sys/fs/cgroup/cpu.max": "600000 100000\n",
+                    })
+    assert workers.quota_cores(root) == 6
+
+
+def test_a_v1_cpu_controller_is_found_through_mountinfo(tmp_path):
+    """The cpu controller mounted by a name the old reading did not try,
+    holding a nested group below its mount's root."""
+    root = _mounted(tmp_path, "5:memory:/k/p\n4:cpuacct,cpu:/k/p/c\n",
+                    ROOT_FS
+                    + V1_MOUNT.format(root="/", point="/cgroup/memory", controllers="memory")
+                    + V1_MOUNT.format(root="/k", point="/cgroup/compute", controllers="cpuacct,cpu"), {
+                        "cgroup/compute/p/c/cpu.cfs_quota_us": "-1\n",
+                        "cgroup/compute/p/c/cpu.cfs_period_us": "100000\n",
+                        "cgroup/compute/p/cpu.cfs_quota_us": "500000\n",
+                        "cgroup/compute/p/cpu.cfs_period_us": "100000\n",
+                        # The memory controller's mount holds no cpu files to read.
+                        "cgroup/memory/p/cpu.cfs_quota_us": "100000\n",
+                        "cgroup/memory/p/cpu.cfs_period_us": "100000\n",
+                    })
+    assert workers.quota_cores(root) == 5
+
+
+def test_the_proc_files_can_be_given_by_path(tmp_path):
+    (tmp_path / "cgroup.txt").write_text("0::/g\n")
+    (tmp_path / "mountinfo.txt").write_text(V2_MOUNT.format(root="/", point="/hier"))
+    (tmp_path / "hier/g").mkdir(parents=True)
+    (tmp_path / "hier/g/cpu.max").write_text("200000 100000\n")
+    assert workers.quota_cores(str(tmp_path), proc_cgroup=str(tmp_path / "cgroup.txt"),
+                               mountinfo=str(tmp_path / "mountinfo.txt")) == 2
+    # Without mountinfo's word, /sys/fs/cgroup is the hierarchy (none here).
+    assert workers.quota_cores(str(tmp_path), proc_cgroup=str(tmp_path / "cgroup.txt"),
+                               mountinfo=str(tmp_path / "none.txt")) is None
+
+
+def test_a_mountinfo_without_cgroup_mounts_falls_back_to_sys_fs_cgroup(tmp_path):
+    root = _mounted(tmp_path, "0::/c\n", ROOT_FS, {"sys/fs/cgroup/c/cpu.max": "300000 100000\n"})
+    assert workers.quota_cores(root) == 3

@@ -21,9 +21,12 @@ import numpy as np
 try:
     import mlx.core  # noqa: F401
 except ImportError as e:  # the `mlx` wheel alone has no backend on Linux
+    # Named, so a load tells the engine's own package missing from a
+    # model's dependency (errors.as_missing_dependency).
     raise ImportError(
         f"MLX cannot load ({e}); on Linux install a backend with it: "
-        "pip install 'mlx-embed[cpu]' (or 'mlx-embed[cuda]' on an NVIDIA GPU)"
+        "pip install 'mlx-embed[cpu]' (or 'mlx-embed[cuda]' on an NVIDIA GPU)",
+        name="mlx",
     ) from e
 
 from . import workers as workers_module
@@ -32,7 +35,8 @@ from . import (
     startup,
 )
 from .errors import (
-    InputTooLong, InvalidInput, InvalidModel, InvalidOption, InvalidOptionType, ModelFolderMissing, check_switches,
+    InputTooLong, InvalidInput, InvalidModel, InvalidOption, InvalidOptionType, MlxEmbedError, ModelFolderMissing,
+    as_missing_dependency, check_switches,
 )
 from .loading import DEFAULT_MODEL_NAME, DEFAULT_MODEL_NAMES, default_model_path  # noqa: F401  (re-exported)
 from .models import reads_type_ids
@@ -156,6 +160,83 @@ class EmbeddingModel(ScoringMixin):
         tokenizer_folder = ck.tokenizer_files or os.path.dirname(ck.tokenizer_path)
         self._type_vocab_size = int(ck.config.get("type_vocab_size") or 1)
 
+        try:
+            reads_types = self._read_tokenizer_files(ck, tokenizer_folder, truncation_side, max_length is not None)
+        except MlxEmbedError:
+            raise
+        except ValueError as e:
+            # The folder's tokenizer files and the model's own prompts and
+            # score tokens, read against each other: the model's to fix.
+            # Only this reading is wrapped, so a ValueError from building
+            # or running the network is not blamed on the folder.
+            raise InvalidModel(f"{ck.path}: {e}") from None
+        if instruction is not None:
+            try:
+                query = self._format_instruction(instruction)
+            except InvalidInput as e:
+                # The load's instruction=, not a call's: an option refused.
+                raise InvalidOption(f"instruction: {e}") from None
+        self.instruction = instruction
+        if instruction is not None:
+            # The load's instruction is the model's query prompt, and the
+            # default for a call that names none (as it was before it had a
+            # name); documents keep the folder's document prompt, else none,
+            # so routes that say what an input is (Cohere's search_document,
+            # prompt_name="document") embed them without it.
+            self.prompts = {**self.prompts, "query": query}
+            if "document" not in self.prompts and "passage" not in self.prompts:
+                self.prompts["document"] = ""
+            self.default_prompt_name = "query"
+
+        self._blas_threads = _blas.own_num_threads()
+        self.context = ops.make_context(
+            fast_ops, kernel_threads=self._blas_threads, fused_attention=fused_attention,
+            dtype=self.dtype, packed_rows=packed_rows,
+        )
+        ops.prepare(self.model, self.context)
+        # BGE-M3's sparse head, where the folder has one (lexical.py).
+        self.lexical = None
+        if self.kind == "embedding" and not self.sparse:
+            try:
+                self.lexical = lexical.read(
+                    ck.path, ck.tokenizer_files,
+                    int(getattr(self.model, "hidden_size", None) or ck.config["hidden_size"]),
+                    self.vocab_size, self.tokenizer.token_id,
+                    default_skips=[*self.tokenizer.prefix, *self.tokenizer.suffix, self.pad_id],
+                    model_type=self.model_type,
+                )
+            except MlxEmbedError:
+                raise
+            except ValueError as e:
+                raise InvalidModel(str(e)) from None
+        self.scheduler = Scheduler(
+            self.model,
+            head=ck.head,
+            dim=self.dim,
+            pad_id=self.pad_id,
+            max_length=self.max_length,
+            context=self.context,
+            batch_tokens=batch_tokens or ck.defaults.get("batch_tokens"),
+            workers=workers,
+            pipeline=pipeline,
+            streams=streams,
+            shape_buckets=shape_buckets,
+            takes_type_ids=reads_types,
+            eval_chunk_mb=eval_chunk_mb,
+            token_head=self.lexical,
+        )
+        self.load_timings = {**ck.timings, "total": time.perf_counter() - t0}
+        for stage in ("read_weights", "build"):
+            startup.record(stage, ck.timings[stage])
+        startup.record("load_total", self.load_timings["total"])
+        log.info("mlx_embed startup: %s", startup.describe())
+
+    def _read_tokenizer_files(self, ck, tokenizer_folder: str, truncation_side: Optional[str],
+                              max_length_given: bool) -> bool:
+        """The tokenizer, its pair template and truncation side, a ColBERT
+        model's modes and a reranker's prompt and score tokens, from the
+        folder's files (part of ``__init__``); whether the model reads
+        token type ids."""
         append: Sequence[int] = ()
         eos = ck.defaults.get("eos_token")
         if eos:
@@ -189,7 +270,7 @@ class EmbeddingModel(ScoringMixin):
         if isinstance(ck.head, st_modules.ColbertPipeline):
             self.multi_vector = multi_vector.resolve(
                 ck.head, self.tokenizer.token_id, unknown_id(self.tokenizer._tok),
-                tokenizer_folder, self.max_length, self.name,
+                tokenizer_folder, self.max_length, self.name, max_length_given=max_length_given,
             )
         # Whether an input may run with no tokens at all (its vector is what
         # the pooling makes of nothing: zeros for the mean).
@@ -253,56 +334,7 @@ class EmbeddingModel(ScoringMixin):
                     f"{pair.first_type_id} and {pair.second_type_id}, but config.json's "
                     f"type_vocab_size is {self._type_vocab_size}"
                 )
-        self.instruction = instruction
-        if instruction is not None:
-            # The load's instruction is the model's query prompt, and the
-            # default for a call that names none (as it was before it had a
-            # name); documents keep the folder's document prompt, else none,
-            # so routes that say what an input is (Cohere's search_document,
-            # prompt_name="document") embed them without it.
-            self.prompts = {**self.prompts, "query": self._format_instruction(instruction)}
-            if "document" not in self.prompts and "passage" not in self.prompts:
-                self.prompts["document"] = ""
-            self.default_prompt_name = "query"
-
-        self._blas_threads = _blas.own_num_threads()
-        self.context = ops.make_context(
-            fast_ops, kernel_threads=self._blas_threads, fused_attention=fused_attention,
-            dtype=self.dtype, packed_rows=packed_rows,
-        )
-        ops.prepare(self.model, self.context)
-        # BGE-M3's sparse head, where the folder has one (lexical.py).
-        self.lexical = None
-        if self.kind == "embedding" and not self.sparse:
-            self.lexical = lexical.read(
-                ck.path, ck.tokenizer_files,
-                int(getattr(self.model, "hidden_size", None) or ck.config["hidden_size"]),
-                self.vocab_size, self.tokenizer.token_id,
-                default_skips=[*self.tokenizer.prefix, *self.tokenizer.suffix, self.pad_id],
-                model_type=self.model_type,
-            )
-        self.scheduler = Scheduler(
-            self.model,
-            head=ck.head,
-            dim=self.dim,
-            pad_id=self.pad_id,
-            max_length=self.max_length,
-            context=self.context,
-            batch_tokens=batch_tokens or ck.defaults.get("batch_tokens"),
-            workers=workers,
-            pipeline=pipeline,
-            streams=streams,
-            shape_buckets=shape_buckets,
-            takes_type_ids=reads_types,
-            eval_chunk_mb=eval_chunk_mb,
-            token_head=self.lexical,
-        )
-        self.load_timings = {**ck.timings, "total": time.perf_counter() - t0}
-        for stage in ("read_weights", "build"):
-            startup.record(stage, ck.timings[stage])
-        startup.record("load_total", self.load_timings["total"])
-        log.info("mlx_embed startup: %s", startup.describe())
-
+        return reads_types
     # ------------------------------------------------------------ settings
 
     @property
@@ -1347,15 +1379,25 @@ def load(
     is_default = path is None or loading.is_default_name(os.fspath(path))
     if is_default and path is not None:
         kwargs.setdefault("name", loading.served_name(path))
-    if is_default:
-        path = default_model_path()
-    else:
-        path = hub.resolve_model(os.fspath(path), revision, None if cache_dir is None else os.fspath(cache_dir))
-    return EmbeddingModel(
-        os.fspath(path),
-        dtype=dtype,
-        quantize=quantize,
-        instruction=instruction,
-        _is_default=is_default,
-        **kwargs,
-    )
+    what = "the default model" if is_default else os.fspath(path)
+    try:
+        if is_default:
+            path = default_model_path()
+        else:
+            path = hub.resolve_model(os.fspath(path), revision, None if cache_dir is None else os.fspath(cache_dir))
+        return EmbeddingModel(
+            os.fspath(path),
+            dtype=dtype,
+            quantize=quantize,
+            instruction=instruction,
+            _is_default=is_default,
+            **kwargs,
+        )
+    except ImportError as e:
+        # The engine imported (this module runs), so a package missing now
+        # is one this model needs (mlx_lm for a decoder's layers), unless
+        # it is the engine's own: see errors.as_missing_dependency.
+        typed = as_missing_dependency(e, what)
+        if typed is e:
+            raise
+        raise typed from e

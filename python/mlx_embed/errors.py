@@ -52,6 +52,52 @@ class ModelFolderMissing(InvalidModel, FileNotFoundError):
     weights shard its index lists), is not there."""
 
 
+class MissingDependency(InvalidModel, ImportError):
+    """A Python package this model needs cannot be imported (``mlx_lm``,
+    whose layers the decoder architectures run), though the engine itself
+    imports: the engine runs other models, not this one here. Typed as the
+    model's (``InvalidModel``), so the bridge does not report the engine
+    unavailable (``EngineUnavailable`` is the engine's own import failing:
+    ``mlx_embed``'s modules or MLX); the message names the package. Still an
+    ``ImportError`` for Python callers."""
+
+
+# The engine's own packages: one of them missing is the engine unavailable,
+# never a model's dependency.
+ENGINE_PACKAGES = ("mlx_embed", "mlx")
+
+
+def missing_package(err: ImportError) -> str | None:
+    """The top-level package an ``ImportError`` could not import, from its
+    ``name`` or those of the errors it was raised from; None if none says."""
+    seen = set()
+    e: BaseException | None = err
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        name = getattr(e, "name", None) if isinstance(e, ImportError) else None
+        if name:
+            return name.split(".", 1)[0]
+        e = e.__cause__ or e.__context__
+    return None
+
+
+def as_missing_dependency(err: ImportError, what: str) -> ImportError:
+    """An ``ImportError`` raised while loading ``what`` (not while importing
+    the engine), typed: a package other than the engine's own
+    (``ENGINE_PACKAGES``) becomes :class:`MissingDependency` naming it; the
+    engine's own, or an error already typed, is returned as it is."""
+    if isinstance(err, MlxEmbedError):
+        return err
+    package = missing_package(err)
+    if package in ENGINE_PACKAGES:
+        return err
+    needs = f"the Python package {package!r}" if package else "a Python package"
+    install = f" (pip install {package.replace('_', '-')})" if package else ""
+    typed = MissingDependency(f"{what} needs {needs}, which cannot be imported here{install}: {err}")
+    typed.name = package
+    return typed
+
+
 class CutTooShort(InvalidInput):
     """A call's ``truncate_to`` is too short for the model's own tokens
     (its special tokens), so no input could fit; the message says the cut

@@ -101,10 +101,17 @@ def resolve(
             "(it pools masked-LM logits over the vocabulary, not hidden states)"
         )
     if pooling == SPLADE or (pooling is None and declared):
-        if kind not in (None, "embedding") or sequence_classification.architecture(config):
-            raise ValueError(f"{path}: SPLADE makes an embedding model, not a {kind or 'scorer'}")
+        if kind not in (None, "embedding"):
+            raise InvalidOption(f"kind={kind!r}: {path} is SPLADE, which makes an embedding model, not a {kind}")
+        # Whose the SPLADE was: the caller's pooling=, else the folder's modules.json.
+        refusal = InvalidOption if pooling == SPLADE else InvalidModel
+        said = "pooling='splade': " if pooling == SPLADE else ""
+        if sequence_classification.architecture(config):
+            raise refusal(f"{said}{path}: SPLADE makes an embedding model, not a scorer "
+                          f"({sequence_classification.architecture(config)} in config.json)")
         if model_type not in masked_lm.MODEL_TYPES:
-            raise ValueError(
+            raise refusal(
+                f"{said}"
                 f"{path}: SPLADE needs a masked-LM checkpoint of {', '.join(masked_lm.MODEL_TYPES)} "
                 f"(BertForMaskedLM, DistilBertForMaskedLM), got model_type {model_type!r}"
             )

@@ -191,7 +191,13 @@ def load_weights(path: str) -> tuple[dict, str]:
         read, file_format = torch_weights.load, "pytorch"
     weights = {}
     for f in files:
-        weights.update(read(f))
+        try:
+            weights.update(read(f))
+        except (RuntimeError, ValueError) as e:
+            # MLX's safetensors reader raises RuntimeError on a file it
+            # cannot parse (a truncated download, not safetensors at all);
+            # torch_weights a ValueError naming what it could not read.
+            raise InvalidModel(f"{f} cannot be read as {kind} weights: {e}") from None
     log.info("%s: weights read from %d %s file(s): %s", path, len(files), kind,
              ", ".join(os.path.basename(f) for f in files))
     return weights, file_format
@@ -447,9 +453,18 @@ def load_checkpoint(
     weights.update(adapter_weights)
     # A Stanford ColBERT keeps its projection beside the encoder's weights.
     stanford_linear = weights.pop("linear.weight", None) if st_modules.is_stanford_colbert(path) else None
-    if choice.from_classifier:
-        weights = sequence_classification.encoder_weights(config, weights)
-    weights = model.sanitize(weights)
+    try:
+        if choice.from_classifier:
+            weights = sequence_classification.encoder_weights(config, weights)
+        weights = model.sanitize(weights)
+    except MlxEmbedError:
+        raise
+    except ValueError as e:
+        # The architecture mapping the checkpoint's tensors to its own
+        # (a layout it does not know, a head the weights lack).
+        raise InvalidModel(f"{files}: its weights do not make a {model_type} model: {e}") from None
+    except KeyError as e:
+        raise InvalidModel(f"{files}: its weights lack the tensor {e}, which a {model_type} model needs") from None
     # What the folder decides beyond its architecture's defaults (Model2Vec's
     # config: its max_length, dropping the unknown token).
     defaults.update(getattr(model, "embedding_defaults", None) or {})
@@ -472,7 +487,15 @@ def load_checkpoint(
         kw = {"mode": qcfg["mode"]} if "mode" in qcfg else {}
         nn.quantize(model, qcfg["group_size"], qcfg["bits"], class_predicate=pred, **kw)
         quantization = int(qcfg["bits"])
-    model.load_weights(list(weights.items()), strict=True)
+    try:
+        model.load_weights(list(weights.items()), strict=True)
+    except ValueError as e:
+        # MLX names the tensors: missing, not in the model, or of another
+        # shape than config.json makes them.
+        raise InvalidModel(
+            f"{files}: the weights do not fit the {model_type} model config.json describes: "
+            + " ".join(str(e).split())
+        ) from None
     del weights
     checkpoint_quantization = quantization
     dequantized_because = None

@@ -38,6 +38,7 @@ from typing import Optional
 
 import numpy as np
 
+from .errors import InvalidModel, InvalidOption
 from .json_files import read_json
 from .pairs import _cut
 from .pooling import unit_rows
@@ -146,9 +147,11 @@ def _special(folder: str, key: str) -> Optional[str]:
 
 
 def resolve(pipeline: ColbertPipeline, token_id, unknown_id: Optional[int], tokenizer_files: str,
-            max_length: int, model_name: str) -> MultiVector:
+            max_length: int, model_name: str, *, max_length_given: bool = False) -> MultiVector:
     """The folder's ColBERT settings as ids of its tokenizer (``token_id``:
-    a token's id, or None), checked against the model's ``max_length``."""
+    a token's id, or None), checked against the model's ``max_length``
+    (``max_length_given``: the load's own ``max_length=``, so a mode past
+    it is that option's fault, not the folder's)."""
     s = pipeline.colbert
 
     def prefix(token: str, side: str) -> list[int]:
@@ -176,7 +179,10 @@ def resolve(pipeline: ColbertPipeline, token_id, unknown_id: Optional[int], toke
             raise ValueError(f"{model_name}: query expansion needs a mask, EOS or pad token; the tokenizer has none")
     for side, length in (("query_length", s.query_length), ("document_length", s.document_length)):
         if length > max_length:
-            raise ValueError(f"{model_name}: {side} {length} is over the model's {max_length} positions")
+            if max_length_given:
+                # The load's max_length= cut below the folder's own mode.
+                raise InvalidOption(f"max_length {max_length} is under {model_name}'s {side} {length}")
+            raise InvalidModel(f"{model_name}: {side} {length} is over the model's {max_length} positions")
     skip = set()
     for word in s.skiplist_words:
         tid = token_id(word)

@@ -60,6 +60,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .. import ops
+from ..errors import InvalidModel
 from . import config_args
 
 EMBEDDING_DEFAULTS = {"pooling": "mean"}
@@ -565,7 +566,7 @@ def folder_adapters(path: str, config: dict) -> tuple[dict, dict]:
         for key, plain in _PEFT_PLAIN.items():
             value = cfg.get(key, plain)
             if value != plain and not (plain is None and value in ([], {})):
-                raise ValueError(
+                raise InvalidModel(
                     f"{folder}/adapter_config.json: {key}={cfg[key]!r} is not supported "
                     f"(only plain LoRA adapters: {key}={plain!r})"
                 )
@@ -578,17 +579,17 @@ def folder_adapters(path: str, config: dict) -> tuple[dict, dict]:
                 r"^(?:base_model\.model\.)?(.+)\.(lora_embedding_A|lora_embedding_B)$", key
             )
             if m is None:
-                raise ValueError(f"{file}: {key} is not a LoRA weight (lora_A/lora_B, lora_embedding_A/B)")
+                raise InvalidModel(f"{file}: {key} is not a LoRA weight (lora_A/lora_B, lora_embedding_A/B)")
             modules.setdefault(m.group(1), {})[m.group(2)[-1]] = w
         fused: dict = {}
         for module, ab in sorted(modules.items()):
             if set(ab) != {"A", "B"}:
-                raise ValueError(f"{file}: {module} has {sorted(ab)} of LoRA's A and B")
+                raise InvalidModel(f"{file}: {module} has {sorted(ab)} of LoRA's A and B")
             r = int(_pattern_value(cfg.get("rank_pattern"), module, cfg.get("r", 8)))
             alpha = float(_pattern_value(cfg.get("alpha_pattern"), module, cfg.get("lora_alpha", 8)))
             a, b = ab["A"].astype(mx.float32), ab["B"].astype(mx.float32)
             if a.shape[0] != r or b.shape[-1] != r:
-                raise ValueError(f"{file}: {module}'s A {a.shape} and B {b.shape} are not of rank r={r}")
+                raise InvalidModel(f"{file}: {module}'s A {a.shape} and B {b.shape} are not of rank r={r}")
             scaling = alpha / math.sqrt(r) if cfg.get("use_rslora") else alpha / r
             ours = _our_name(module + ".weight")
             if ours is None:

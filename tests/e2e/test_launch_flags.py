@@ -193,6 +193,26 @@ def test_out_of_range_numbers_name_their_flag():
                 f"(the engine's max_length): {why}") in run.stderr, run.stderr[-2000:]
 
 
+def test_a_model_whose_weights_cannot_be_read_is_refused_as_the_models_fault(tmp_path):
+    """A folder whose model.safetensors is not one (a download that
+    failed) once failed the load as the caller's input; the engine names
+    the file, as the model's fault (InvalidModel), and the server exits 1
+    as for any model that does not load."""
+    import shutil
+
+    folder = tmp_path / "broken"
+    shutil.copytree(FIXTURES / "tiny-mpnet", folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(b"<html>rate limited</html>")
+    run = _refused("--model", str(folder))
+    _assert_refused(
+        run, 1,
+        f"mlx-embed: could not load {folder}: InvalidModel: {weights} cannot be read as safetensors "
+        f"weights: [load_safetensors] Invalid json header length file {weights}",
+        not_reached=NO_MODEL_LOADED,
+    )
+
+
 def test_the_usage_line_names_the_program():
     """`mlx-embed-server --help` printed `Usage: mlx-embed serve`; the
     console script's `mlx-embed serve --help` keeps that name."""

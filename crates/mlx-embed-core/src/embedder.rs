@@ -361,7 +361,13 @@ pub struct BatchOutput {
 }
 
 /// What kind of failure an [`EmbedderError`] is; decides who is told what.
+///
+/// `#[non_exhaustive]`: kinds are added as the engine tells more failures
+/// apart, so a `match` outside this crate needs a wildcard arm (`_ =>`,
+/// best treated as the nearest of [`ModelFailure`](Self::ModelFailure) or,
+/// where [`is_load_only`](Self::is_load_only), a load to give up on).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum EmbedderErrorKind {
     /// The input cannot be embedded (HTTP 400); the model is fine.
     InvalidInput,
@@ -376,13 +382,20 @@ pub enum EmbedderErrorKind {
     ModelGone,
     /// A load only ([`crate::CoreError::LoadFailed`]): the model's engine
     /// cannot start here, its code missing or not importable (the Python
-    /// package `mlx_embed` where the embedder looks). A setup to fix: install
-    /// it, or point the program at the environment that has it.
+    /// package `mlx_embed`, or MLX under it, where the embedder looks; a
+    /// package only some models need is [`InvalidModel`](Self::InvalidModel)).
+    /// A setup to fix: install it, or point the program at the environment
+    /// that has it.
     EngineUnavailable,
     /// A load only: the model named is not there (no such folder, no repo
     /// of that name) or its files make no model the engine runs (an
     /// architecture it does not know, a file it must have missing, a
-    /// tokenizer that cannot be read). Another model, or its files fixed.
+    /// tokenizer that cannot be read, a weights file that cannot be read
+    /// or whose tensors are missing, extra or of another shape than its
+    /// config makes them), or it needs a Python package this installation
+    /// cannot import (`mlx_lm` for a decoder: the engine itself imports,
+    /// and runs other models; the message names the package). Another
+    /// model, its files fixed, or the package installed.
     InvalidModel,
     /// A load only: a load option the engine cannot take (out of its
     /// range, as more workers than the cores run, or a `max_length` past

@@ -5,7 +5,6 @@ use mlx_embed_core::{EmbedderError, EmbedderErrorKind};
 use mlx_embed_tokenizer::TokenizerError;
 use pyo3::exceptions::{
     PyException, PyFileNotFoundError, PyImportError, PyNotADirectoryError, PyPermissionError,
-    PyTypeError, PyValueError,
 };
 use pyo3::panic::PanicException;
 use pyo3::prelude::*;
@@ -31,10 +30,12 @@ pub enum BridgeError {
     /// by class (see [`EmbedderErrorKind`](mlx_embed_core::EmbedderErrorKind)):
     /// `InvalidOption` for the engine's `mlx_embed.errors.InvalidOption` (a
     /// `load()` keyword argument it cannot take), `InvalidModel` for its
-    /// `InvalidModel` (the folder missing, or its files making no model),
-    /// `InvalidInput` for another refusal of what was given (a `ValueError`
-    /// or `TypeError`; an unreadable path), `ModelGone` for a
-    /// `BaseException` that is not an `Exception`, `ModelFailure` otherwise.
+    /// `InvalidModel` (the folder missing, its files making no model, a
+    /// package the model needs missing) and for a file of the folder that
+    /// is not there or cannot be opened, `EngineUnavailable` for an
+    /// `ImportError` the engine leaves untyped (its own), `ModelGone` for a
+    /// `BaseException` that is not an `Exception`, `ModelFailure` otherwise
+    /// (never `InvalidInput`: a load has no input).
     #[error("python: {0}")]
     Python(EmbedderError),
     /// A model's name is neither a local folder nor a Hugging Face repo id
@@ -83,9 +84,15 @@ impl From<BridgeError> for EmbedderError {
 
 /// [`classify`] for an exception `mlx_embed.load` raised: the engine's
 /// typed refusals (`mlx_embed.errors.InvalidOption`, `InvalidModel`) by
-/// their class, an `ImportError` as the engine unavailable; a path that is missing, not a folder or not readable is
-/// the caller's to fix, as another bad option or file (a `ValueError` or
-/// `TypeError`) is, so these are `InvalidInput`.
+/// their class. An `ImportError` the engine leaves untyped is the engine
+/// unavailable: the engine types one of a package a model needs
+/// (`mlx_embed.errors.MissingDependency`, an `InvalidModel` naming it), so
+/// only its own modules or MLX failing to import stay plain. A file the load
+/// opens that is missing, not a folder or not readable is the folder's
+/// (`InvalidModel`). Nothing at a load is `InvalidInput` or `CutTooShort`,
+/// which blame a call's input: an untyped `ValueError` or `TypeError` (or an
+/// engine `InvalidInput` reached at load) is the load failing,
+/// `ModelFailure`, as a plain one while running is.
 pub(crate) fn classify_load(py: Python<'_>, err: &PyErr) -> EmbedderError {
     let message = err.to_string();
     if is_engine_error(py, err, "InvalidOption") {
@@ -100,12 +107,16 @@ pub(crate) fn classify_load(py: Python<'_>, err: &PyErr) -> EmbedderError {
     } else if err.is_instance_of::<PyFileNotFoundError>(py)
         || err.is_instance_of::<PyNotADirectoryError>(py)
         || err.is_instance_of::<PyPermissionError>(py)
-        || err.is_instance_of::<PyValueError>(py)
-        || err.is_instance_of::<PyTypeError>(py)
     {
-        EmbedderError::invalid_input(message)
+        EmbedderError::new(EmbedderErrorKind::InvalidModel, message)
     } else {
-        classify(py, err)
+        let classified = classify(py, err);
+        match classified.kind {
+            EmbedderErrorKind::InvalidInput | EmbedderErrorKind::CutTooShort => {
+                EmbedderError::model_failure(message)
+            }
+            _ => classified,
+        }
     }
 }
 
@@ -197,7 +208,7 @@ mod tests {
     }
 
     #[test]
-    fn a_load_blames_the_caller_for_missing_files_and_bad_options() {
+    fn a_load_types_its_failures_by_what_to_fix_and_never_as_input() {
         use EmbedderErrorKind::*;
         crate::interpreter::ensure_python().expect("python");
         let load_kind = |raise_it: &std::ffi::CStr| {
@@ -230,19 +241,36 @@ mod tests {
             InvalidModel
         );
         assert_eq!(
-            load_kind(c"raise ModuleNotFoundError('no mlx')"),
+            load_kind(c"raise ModuleNotFoundError('no mlx', name='mlx')"),
             EngineUnavailable
         );
-        // Other refusals of what was given stay the caller's.
+        // A package a model needs, typed by the engine: the model's.
+        assert_eq!(
+            load_kind(c"from mlx_embed.errors import MissingDependency\nraise MissingDependency('needs mlx_lm')"),
+            InvalidModel
+        );
+        // A file of the folder missing or unreadable is the folder's.
         assert_eq!(
             load_kind(c"raise FileNotFoundError('no config.json')"),
-            InvalidInput
+            InvalidModel
         );
-        assert_eq!(load_kind(c"raise NotADirectoryError('x')"), InvalidInput);
-        assert_eq!(load_kind(c"raise PermissionError('x')"), InvalidInput);
-        assert_eq!(load_kind(c"raise ValueError('a bad file')"), InvalidInput);
+        assert_eq!(load_kind(c"raise NotADirectoryError('x')"), InvalidModel);
+        assert_eq!(load_kind(c"raise PermissionError('x')"), InvalidModel);
+        // Nothing at a load blames a call's input: an untyped ValueError
+        // or TypeError is the load failing (an engine bug).
+        assert_eq!(load_kind(c"raise ValueError('a bad file')"), ModelFailure);
+        assert_eq!(load_kind(c"raise TypeError('x')"), ModelFailure);
+        assert_eq!(
+            load_kind(c"from mlx_embed.errors import InvalidInput\nraise InvalidInput('x')"),
+            ModelFailure
+        );
+        assert_eq!(
+            load_kind(c"from mlx_embed.errors import CutTooShort\nraise CutTooShort('x')"),
+            ModelFailure
+        );
         assert_eq!(load_kind(c"raise OSError('disk')"), ModelFailure);
         assert_eq!(load_kind(c"raise MemoryError()"), ModelFailure);
+        assert_eq!(load_kind(c"raise SystemExit(3)"), ModelGone);
     }
 
     #[test]

@@ -307,7 +307,8 @@ fn a_failed_load_says_whose_fault_it_is() {
     assert!(why.contains("256 at most"), "{why}");
     assert_eq!(message, format!("InvalidOption: {why}"));
 
-    // A folder whose weights cannot be read is a failed load, not a bad option.
+    // A folder whose weights cannot be read, or do not make the network its
+    // config describes, is the model's to fix: never the caller's input.
     let broken = tempfile_dir("mlx-embed-broken-weights");
     let golden = common::fixture("tiny-qwen3");
     for entry in std::fs::read_dir(&golden).unwrap() {
@@ -316,12 +317,57 @@ fn a_failed_load_says_whose_fault_it_is() {
             std::fs::copy(&path, broken.join(path.file_name().unwrap())).unwrap();
         }
     }
-    std::fs::write(broken.join("model.safetensors"), b"not a safetensors file").unwrap();
+    let weights = broken.join("model.safetensors");
+    std::fs::write(&weights, b"not a safetensors file").unwrap();
     let (kind, message) = refusal(PythonModelOptions {
         model: Some(broken.display().to_string()),
         ..Default::default()
     });
-    assert_eq!(kind, EmbedderErrorKind::ModelFailure, "{message}");
+    assert_eq!(kind, EmbedderErrorKind::InvalidModel, "{message}");
+    assert_eq!(
+        message,
+        format!(
+            "InvalidModel: {w} cannot be read as safetensors weights: \
+             [load_safetensors] Invalid json header length file {w}",
+            w = weights.display()
+        )
+    );
+    // Cut short, as a download that stopped.
+    let whole = std::fs::read(golden.join("model.safetensors")).unwrap();
+    std::fs::write(&weights, &whole[..whole.len() / 2]).unwrap();
+    let (kind, message) = refusal(PythonModelOptions {
+        model: Some(broken.display().to_string()),
+        ..Default::default()
+    });
+    assert_eq!(kind, EmbedderErrorKind::InvalidModel, "{message}");
+    assert!(
+        message.contains("invalid data offsets")
+            && message.contains("exceeding the size of the file"),
+        "{message}"
+    );
+    // Whole, but for one layer more than config.json has: the tensors not
+    // in the model are named.
+    std::fs::write(&weights, &whole).unwrap();
+    let config_path = broken.join("config.json");
+    let config = std::fs::read_to_string(&config_path).unwrap();
+    let layers: serde_json::Value = serde_json::from_str(&config).unwrap();
+    let n = layers["num_hidden_layers"].as_u64().unwrap();
+    let mut fewer = layers.clone();
+    fewer["num_hidden_layers"] = (n - 1).into();
+    std::fs::write(&config_path, fewer.to_string()).unwrap();
+    let (kind, message) = refusal(PythonModelOptions {
+        model: Some(broken.display().to_string()),
+        ..Default::default()
+    });
+    assert_eq!(kind, EmbedderErrorKind::InvalidModel, "{message}");
+    assert!(
+        message.starts_with(&format!(
+            "InvalidModel: {}: the weights do not fit the qwen3 model config.json describes: \
+             Received ",
+            broken.display()
+        )) && message.contains(&format!("layers.{}.", n - 1)),
+        "{message}"
+    );
     std::fs::remove_dir_all(&broken).unwrap();
 }
 

@@ -40,7 +40,9 @@ Public API::
     mlx_embed.errors.InvalidOption                  # load(): a setting it refuses (a ValueError;
                                                     # InvalidOptionType, a TypeError too)
     mlx_embed.errors.InvalidModel                   # load(): the folder's files make no model (a ValueError;
-                                                    # ModelFolderMissing, a FileNotFoundError too)
+                                                    # ModelFolderMissing, a FileNotFoundError too;
+                                                    # MissingDependency, an ImportError too: a package
+                                                    # this model needs, named)
     mlx_embed.workers.most_workers() -> (most, why) # the workers bound (the container's CPU quota counted)
 """
 

@@ -573,8 +573,12 @@ def folder_adapters(path: str, config: dict) -> tuple[dict, dict]:
         file = os.path.join(folder, "adapter_model.safetensors")
         if not os.path.isfile(file):
             raise FileNotFoundError(f"{folder} has adapter_config.json but no adapter_model.safetensors")
+        try:
+            tensors = mx.load(file)
+        except RuntimeError as e:
+            raise InvalidModel(f"{file} cannot be read as safetensors weights: {e}") from None
         modules: dict = {}
-        for key, w in mx.load(file).items():
+        for key, w in tensors.items():
             m = re.match(r"^(?:base_model\.model\.)?(.+)\.(lora_A|lora_B)\.weight$", key) or re.match(
                 r"^(?:base_model\.model\.)?(.+)\.(lora_embedding_A|lora_embedding_B)$", key
             )

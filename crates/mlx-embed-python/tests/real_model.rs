@@ -333,7 +333,7 @@ fn a_failed_load_says_whose_fault_it_is() {
         )
     );
     // Cut short, as a download that stopped.
-    let whole = std::fs::read(golden.join("model.safetensors")).unwrap();
+    let whole = std::fs::read(PathBuf::from(&golden).join("model.safetensors")).unwrap();
     std::fs::write(&weights, &whole[..whole.len() / 2]).unwrap();
     let (kind, message) = refusal(PythonModelOptions {
         model: Some(broken.display().to_string()),

@@ -15,6 +15,11 @@ caught before (``ValueError``, ``TypeError``, ``FileNotFoundError``). A
 missing folder or file (:class:`ModelFolderMissing`, ``hub.ModelNotFound``)
 is a ``ValueError`` now too, as every ``InvalidModel`` is: a caller's
 ``except ValueError`` placed before its ``except FileNotFoundError`` takes it.
+A package only some models need (:class:`MissingDependency`, an
+``ImportError`` too) is the model's kind: the bridge keeps
+``EngineUnavailable`` for the engine's own import failing, the one
+``ImportError`` a load leaves untyped. Nothing a load raises is
+``InvalidInput``: a load has no input to blame.
 """
 
 from __future__ import annotations

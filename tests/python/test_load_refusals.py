@@ -1,7 +1,10 @@
 """A load's deliberate refusals are typed by whose fault they are (the
 bridge maps each class to its kind, crates/mlx-embed-python/src/error.rs):
 ``InvalidOption`` for a keyword argument the engine cannot take,
-``InvalidModel`` for a folder whose files make no model. Each is still the
+``InvalidModel`` for a folder whose files make no model (broken weights
+too: unreadable, cut short, tensors missing, extra or mis-shaped, each
+named), or a package the model needs that is missing (``MissingDependency``,
+apart from the engine's own import failing). Each is still the
 ``ValueError`` Python callers caught before; an unexpected exception inside
 the load stays what it was, so a bug is never reported as the model's
 fault."""

@@ -79,10 +79,10 @@ def parse_mountinfo(text: str) -> list[CgroupMount]:
     mounts = []
     for line in text.splitlines():
         fields = line.split()
-        if "-" not in fields:
-            continue
-        sep = fields.index("-")
-        if sep < 5 or len(fields) < sep + 2:
+        # The separator follows the six fixed fields and the optional ones;
+        # a root or mount point that is itself "-" comes before it.
+        sep = next((i for i in range(6, len(fields)) if fields[i] == "-"), None)
+        if sep is None or len(fields) < sep + 2:
             continue
         fstype = fields[sep + 1]
         root, point = _unescape(fields[3]), _unescape(fields[4])
@@ -108,13 +108,24 @@ def parse_proc_cgroup(text: str) -> list[tuple[frozenset, str]]:
     return groups
 
 
+def _holds(mount_root: str, group: str) -> bool:
+    """Whether a mount of ``mount_root``'s group shows ``group`` (the group
+    itself or one under it)."""
+    rel, base = group.strip("/"), mount_root.strip("/")
+    return ".." not in rel.split("/") and (not base or rel == base or rel.startswith(base + "/"))
+
+
 def _group_folders(mount_point: str, mount_root: str, group: str) -> list[str]:
     """The folders of ``group`` and each group above it that ``mount_point``
     shows (which holds ``mount_root``'s group and those under it), nearest
     first. A group not under the mount's root (a cgroup namespace's path,
     relative to where the process was when it was made) is read as under
-    the mount point, and so reaches the mount point's own files."""
+    the mount point, and so reaches the mount point's own files; one that
+    climbs out of the namespace (``/../x``) is the mount point's alone, as
+    no folder under it is that group's."""
     rel = group.strip("/")
+    if ".." in rel.split("/"):
+        return [mount_point]
     base = mount_root.strip("/")
     if base and (rel == base or rel.startswith(base + "/")):
         rel = rel[len(base):].strip("/")
@@ -183,6 +194,11 @@ def quota_cores(root: Optional[str] = None, *, proc_cgroup: Optional[str] = None
             read = _quota_v1
         else:
             continue
+        # A mount showing the process's group is read, not another of the
+        # same hierarchy showing some other group (a second container's, a
+        # host's hierarchy mounted for an agent): that group's quota is not
+        # this process's. Only where none shows it are all read as above.
+        places = [p for p in places if _holds(p[1], group)] or places
         for point, mount_root in places:
             for folder in _group_folders(point, mount_root, group):
                 cores = read(folder)

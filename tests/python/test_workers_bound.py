@@ -235,3 +235,37 @@ def test_the_proc_files_can_be_given_by_path(tmp_path):
 def test_a_mountinfo_without_cgroup_mounts_falls_back_to_sys_fs_cgroup(tmp_path):
     root = _mounted(tmp_path, "0::/c\n", ROOT_FS, {"sys/fs/cgroup/c/cpu.max": "300000 100000\n"})
     assert workers.quota_cores(root) == 3
+
+
+def test_a_mount_of_another_group_is_not_read_where_one_shows_the_process(tmp_path):
+    """Two mounts of the v2 hierarchy: the whole of it at /sys/fs/cgroup,
+    and another container's group at /mnt/other (as an agent mounts one).
+    The process's group is under the first alone: the other's 1-core quota
+    is not this process's."""
+    root = _mounted(tmp_path, "0::/user.slice/app\n",
+                    ROOT_FS
+                    + V2_MOUNT.format(root="/", point="/sys/fs/cgroup")
+                    + V2_MOUNT.format(root="/kubepods/other", point="/mnt/other"), {
+                        "sys/fs/cgroup/user.slice/cpu.max": "400000 100000\n",
+                        "mnt/other/cpu.max": "100000 100000\n",
+                    })
+    assert workers.quota_cores(root) == 4
+
+
+def test_a_mountinfo_line_whose_mount_point_is_a_dash_is_still_a_cgroup_mount():
+    text = "41 25 0:34 / - rw shared:5 - cgroup2 cgroup2 rw\n"
+    assert workers.parse_mountinfo(text) == [workers.CgroupMount(2, "/", "-")]
+
+
+def test_a_group_outside_the_namespace_does_not_climb_out_of_the_mount(tmp_path):
+    """/proc/self/cgroup's /../sibling (moved out of its cgroup namespace's
+    root): no folder above the mount point is read as its group."""
+    root = _mounted(tmp_path, "0::/../sibling\n",
+                    ROOT_FS + V2_MOUNT.format(root="/", point="/sys/fs/cgroup/ns"), {
+                        "sys/fs/sibling/cpu.max": "100000 100000\n",
+                        "sys/fs/cgroup/sibling/cpu.max": "100000 100000\n",
+                    })
+    assert workers.quota_cores(root) is None
+    (tmp_path / "sys/fs/cgroup/ns").mkdir(parents=True)
+    (tmp_path / "sys/fs/cgroup/ns/cpu.max").write_text("700000 100000\n")
+    assert workers.quota_cores(root) == 7

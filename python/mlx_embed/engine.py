@@ -169,7 +169,7 @@ class EmbeddingModel(ScoringMixin):
             # score tokens, read against each other: the model's to fix.
             # Only this reading is wrapped, so a ValueError from building
             # or running the network is not blamed on the folder.
-            raise InvalidModel(f"{ck.path}: {e}") from None
+            raise InvalidModel(f"{ck.path}: {e}") from e
         if instruction is not None:
             try:
                 query = self._format_instruction(instruction)
@@ -208,7 +208,7 @@ class EmbeddingModel(ScoringMixin):
             except MlxEmbedError:
                 raise
             except ValueError as e:
-                raise InvalidModel(str(e)) from None
+                raise InvalidModel(str(e)) from e
         self.scheduler = Scheduler(
             self.model,
             head=ck.head,

@@ -167,6 +167,16 @@ def _safetensors_file(path: str) -> list[str]:
     return found
 
 
+def _names_a_missing_tensor(err: KeyError, checkpoint_names: set) -> bool:
+    """Whether a ``KeyError`` an architecture's ``sanitize`` raised is a
+    tensor its mapping looked up and the checkpoint lacks: a dotted name
+    (as every layer's tensor is: ``layers.0.attn.q.weight``) the checkpoint
+    does not hold. Any other key (a config key, a name the checkpoint does
+    hold, so one the mapping lost itself) is the engine's own bug."""
+    key = err.args[0] if len(err.args) == 1 else None
+    return isinstance(key, str) and "." in key and key not in checkpoint_names
+
+
 def load_weights(path: str) -> tuple[dict, str]:
     """The folder's weights by name, and their files' format (``safetensors``
     or ``pytorch``): its safetensors when it has any
@@ -197,7 +207,7 @@ def load_weights(path: str) -> tuple[dict, str]:
             # MLX's safetensors reader raises RuntimeError on a file it
             # cannot parse (a truncated download, not safetensors at all);
             # torch_weights a ValueError naming what it could not read.
-            raise InvalidModel(f"{f} cannot be read as {kind} weights: {e}") from None
+            raise InvalidModel(f"{f} cannot be read as {kind} weights: {e}") from e
     log.info("%s: weights read from %d %s file(s): %s", path, len(files), kind,
              ", ".join(os.path.basename(f) for f in files))
     return weights, file_format
@@ -453,6 +463,8 @@ def load_checkpoint(
     weights.update(adapter_weights)
     # A Stanford ColBERT keeps its projection beside the encoder's weights.
     stanford_linear = weights.pop("linear.weight", None) if st_modules.is_stanford_colbert(path) else None
+    # The checkpoint's own tensor names, before the mapping renames them.
+    checkpoint_names = set(weights)
     try:
         if choice.from_classifier:
             weights = sequence_classification.encoder_weights(config, weights)
@@ -461,10 +473,15 @@ def load_checkpoint(
         raise
     except ValueError as e:
         # The architecture mapping the checkpoint's tensors to its own
-        # (a layout it does not know, a head the weights lack).
-        raise InvalidModel(f"{files}: its weights do not make a {model_type} model: {e}") from None
+        # (a layout it does not know, a head the weights lack). Chained, so
+        # a ValueError that is the engine's own bug keeps its traceback.
+        raise InvalidModel(f"{files}: its weights do not make a {model_type} model: {e}") from e
     except KeyError as e:
-        raise InvalidModel(f"{files}: its weights lack the tensor {e}, which a {model_type} model needs") from None
+        if not _names_a_missing_tensor(e, checkpoint_names):
+            # A key that is no tensor's name (a config key, a table of the
+            # engine's): the engine's bug, left as it is (ModelFailure).
+            raise
+        raise InvalidModel(f"{files}: its weights lack the tensor {e}, which a {model_type} model needs") from e
     # What the folder decides beyond its architecture's defaults (Model2Vec's
     # config: its max_length, dropping the unknown token).
     defaults.update(getattr(model, "embedding_defaults", None) or {})
@@ -495,7 +512,7 @@ def load_checkpoint(
         raise InvalidModel(
             f"{files}: the weights do not fit the {model_type} model config.json describes: "
             + " ".join(str(e).split())
-        ) from None
+        ) from e
     del weights
     checkpoint_quantization = quantization
     dequantized_because = None

@@ -95,6 +95,48 @@ def test_a_bug_inside_the_load_is_not_blamed_on_the_model(monkeypatch):
     assert not isinstance(raised.value, errors.MlxEmbedError)
 
 
+def test_a_key_error_inside_sanitize_is_a_missing_tensor_only_for_a_tensor_name(monkeypatch):
+    """An architecture's mapping looking up a tensor the checkpoint lacks is
+    the model's (InvalidModel naming it, the KeyError kept as its cause);
+    a KeyError for anything else there (a config key, a name the checkpoint
+    holds, which the mapping lost itself) is the engine's bug, left as it is."""
+    from mlx_embed.models import mpnet
+
+    original = mpnet.Model.sanitize
+
+    def looks_up(key):
+        def sanitize(self, weights):
+            mapped = original(self, weights)
+            # A lookup in the mapped tensors, as a mapping's join does.
+            return {**mapped, "extra": {k: mapped[k] for k in mapped if k != key}[key]}
+        return sanitize
+
+    monkeypatch.setattr(mpnet.Model, "sanitize", looks_up("layers.0.attn.absent.weight"))
+    with pytest.raises(errors.InvalidModel) as refused:
+        mlx_embed.load(FIXTURE)
+    assert str(refused.value) == (f"{FIXTURE}: its weights lack the tensor 'layers.0.attn.absent.weight', "
+                                  "which a mpnet model needs")
+    assert isinstance(refused.value.__cause__, KeyError)
+    # encoder.layer.1.output.dense.weight: the checkpoint's own name.
+    for bug in ("hidden_size", "encoder.layer.1.output.dense.weight"):
+        monkeypatch.setattr(mpnet.Model, "sanitize", looks_up(bug))
+        with pytest.raises(KeyError) as raised:
+            mlx_embed.load(FIXTURE)
+        assert not isinstance(raised.value, errors.MlxEmbedError), bug
+
+
+def test_a_sanitize_value_error_keeps_its_cause(monkeypatch):
+    from mlx_embed.models import mpnet
+
+    def sanitize(self, weights):
+        raise ValueError("a layout it does not know")
+
+    monkeypatch.setattr(mpnet.Model, "sanitize", sanitize)
+    with pytest.raises(errors.InvalidModel, match=r"its weights do not make a mpnet model: a layout") as refused:
+        mlx_embed.load(FIXTURE)
+    assert str(refused.value.__cause__) == "a layout it does not know"
+
+
 # Broken checkpoints: the model's files are at fault, never the caller's input.
 
 def test_a_weights_file_that_is_not_safetensors_is_invalid_model(tmp_path):

@@ -576,7 +576,7 @@ def folder_adapters(path: str, config: dict) -> tuple[dict, dict]:
         try:
             tensors = mx.load(file)
         except RuntimeError as e:
-            raise InvalidModel(f"{file} cannot be read as safetensors weights: {e}") from None
+            raise InvalidModel(f"{file} cannot be read as safetensors weights: {e}") from e
         modules: dict = {}
         for key, w in tensors.items():
             m = re.match(r"^(?:base_model\.model\.)?(.+)\.(lora_A|lora_B)\.weight$", key) or re.match(

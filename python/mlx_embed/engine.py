@@ -271,6 +271,7 @@ class EmbeddingModel(ScoringMixin):
             self.multi_vector = multi_vector.resolve(
                 ck.head, self.tokenizer.token_id, unknown_id(self.tokenizer._tok),
                 tokenizer_folder, self.max_length, self.name, max_length_given=max_length_given,
+                positions=ck.positions,
             )
         # Whether an input may run with no tokens at all (its vector is what
         # the pooling makes of nothing: zeros for the mean).

@@ -147,11 +147,13 @@ def _special(folder: str, key: str) -> Optional[str]:
 
 
 def resolve(pipeline: ColbertPipeline, token_id, unknown_id: Optional[int], tokenizer_files: str,
-            max_length: int, model_name: str, *, max_length_given: bool = False) -> MultiVector:
+            max_length: int, model_name: str, *, max_length_given: bool = False,
+            positions: Optional[int] = None) -> MultiVector:
     """The folder's ColBERT settings as ids of its tokenizer (``token_id``:
     a token's id, or None), checked against the model's ``max_length``
     (``max_length_given``: the load's own ``max_length=``, so a mode past
-    it is that option's fault, not the folder's)."""
+    it is that option's fault, not the folder's, unless it is past the
+    model's ``positions`` too: then no ``max_length=`` could fit it)."""
     s = pipeline.colbert
 
     def prefix(token: str, side: str) -> list[int]:
@@ -179,7 +181,7 @@ def resolve(pipeline: ColbertPipeline, token_id, unknown_id: Optional[int], toke
             raise ValueError(f"{model_name}: query expansion needs a mask, EOS or pad token; the tokenizer has none")
     for side, length in (("query_length", s.query_length), ("document_length", s.document_length)):
         if length > max_length:
-            if max_length_given:
+            if max_length_given and (positions is None or length <= positions):
                 # The load's max_length= cut below the folder's own mode.
                 raise InvalidOption(f"max_length {max_length} is under {model_name}'s {side} {length}")
             raise InvalidModel(f"{model_name}: {side} {length} is over the model's {max_length} positions")

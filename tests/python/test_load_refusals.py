@@ -230,6 +230,21 @@ def test_load_options_refused_for_this_model_are_invalid_option():
         mlx_embed.load("tests/fixtures/tiny-colbert", max_length=12)
 
 
+def test_a_colbert_mode_past_the_models_positions_is_the_folders_whatever_max_length(tmp_path):
+    """document_length 65 on a model of 64 positions: no max_length= could
+    hold it, so even a load that gives one is refused as the model's."""
+    folder = _copy(tmp_path, "tests/fixtures/tiny-colbert")
+    st = json.loads((folder / "config_sentence_transformers.json").read_text())
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({**st, "document_length": 65}))
+    for kwargs in ({}, {"max_length": 64}):
+        with pytest.raises(errors.InvalidModel, match=r": document_length 65 is over the model's 64 positions$"):
+            mlx_embed.load(str(folder), **kwargs)
+    # Within the positions, a max_length= under it is the option's.
+    (folder / "config_sentence_transformers.json").write_text(json.dumps({**st, "document_length": 60}))
+    with pytest.raises(errors.InvalidOption, match=r"^max_length 50 is under .*'s document_length 60$"):
+        mlx_embed.load(str(folder), max_length=50)
+
+
 # A package a model needs, apart from the engine's own.
 
 def _load_in_subprocess(blocked: str, fixture: str) -> dict:

@@ -103,9 +103,11 @@ def resolve(
     if pooling == SPLADE or (pooling is None and declared):
         if kind not in (None, "embedding"):
             raise InvalidOption(f"kind={kind!r}: {path} is SPLADE, which makes an embedding model, not a {kind}")
-        # Whose the SPLADE was: the caller's pooling=, else the folder's modules.json.
-        refusal = InvalidOption if pooling == SPLADE else InvalidModel
-        said = "pooling='splade': " if pooling == SPLADE else ""
+        # Whose the SPLADE was: the folder's modules.json where it declares
+        # it (a caller's pooling="splade" too only repeats it), else the
+        # caller's pooling=.
+        refusal = InvalidModel if declared else InvalidOption
+        said = "" if declared else "pooling='splade': "
         if sequence_classification.architecture(config):
             raise refusal(f"{said}{path}: SPLADE makes an embedding model, not a scorer "
                           f"({sequence_classification.architecture(config)} in config.json)")

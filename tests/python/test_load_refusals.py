@@ -213,6 +213,10 @@ def test_splade_on_a_model_that_is_no_masked_lm(tmp_path):
     with pytest.raises(errors.InvalidModel, match=rf"^{folder}: SPLADE needs a masked-LM checkpoint of .* "
                        r"got model_type 'electra'$"):
         mlx_embed.load(str(folder))
+    # pooling="splade" as well only repeats what the folder declares.
+    with pytest.raises(errors.InvalidModel, match=rf"^{folder}: SPLADE needs a masked-LM checkpoint of .* "
+                       r"got model_type 'electra'$"):
+        mlx_embed.load(str(folder), pooling="splade")
     with pytest.raises(errors.InvalidOption, match=r"^pooling='splade': .*tiny-mpnet: SPLADE needs a masked-LM "
                        r"checkpoint .* got model_type 'mpnet'$"):
         mlx_embed.load(FIXTURE, pooling="splade")

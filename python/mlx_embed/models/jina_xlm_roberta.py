@@ -47,7 +47,6 @@ as wide as the widest (zero columns elsewhere).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -60,7 +59,8 @@ import mlx.nn as nn
 import numpy as np
 
 from .. import ops
-from ..errors import InvalidModel
+from ..errors import InvalidModel, ModelFolderMissing
+from ..json_files import read_json
 from . import config_args
 
 EMBEDDING_DEFAULTS = {"pooling": "mean"}
@@ -561,8 +561,11 @@ def folder_adapters(path: str, config: dict) -> tuple[dict, dict]:
         task = PEFT_SUBFOLDERS.get(sub, sub)
         tasks.append(task)
         folder = os.path.join(path, sub)
-        with open(os.path.join(folder, "adapter_config.json"), encoding="utf-8") as f:
-            cfg = json.load(f)
+        # Read by the one JSON reader: one that is not JSON is InvalidModel
+        # naming this file (the caller's wrap would name config.json).
+        cfg = read_json(os.path.join(folder, "adapter_config.json"))
+        if not isinstance(cfg, dict):
+            raise InvalidModel(f"{folder}/adapter_config.json is not a JSON object")
         for key, plain in _PEFT_PLAIN.items():
             value = cfg.get(key, plain)
             if value != plain and not (plain is None and value in ([], {})):
@@ -572,7 +575,7 @@ def folder_adapters(path: str, config: dict) -> tuple[dict, dict]:
                 )
         file = os.path.join(folder, "adapter_model.safetensors")
         if not os.path.isfile(file):
-            raise FileNotFoundError(f"{folder} has adapter_config.json but no adapter_model.safetensors")
+            raise ModelFolderMissing(f"{folder} has adapter_config.json but no adapter_model.safetensors")
         try:
             tensors = mx.load(file)
         except RuntimeError as e:

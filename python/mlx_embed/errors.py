@@ -72,6 +72,11 @@ class MissingDependency(InvalidModel, ImportError):
 ENGINE_PACKAGES = ("mlx_embed", "mlx")
 
 
+# Packages imported by another name than pip installs them by, among those
+# mlx_lm and the tokenizer stack import (the hint would name a wrong one).
+_PIP_NAMES = {"yaml": "pyyaml", "google": "protobuf", "sklearn": "scikit-learn", "PIL": "pillow"}
+
+
 def missing_package(err: ImportError) -> str | None:
     """The top-level package an ``ImportError`` could not import, from its
     ``name`` or those of the errors it was raised from; None if none says."""
@@ -97,7 +102,7 @@ def as_missing_dependency(err: ImportError, what: str) -> ImportError:
     if package in ENGINE_PACKAGES:
         return err
     needs = f"the Python package {package!r}" if package else "a Python package"
-    install = f" (pip install {package.replace('_', '-')})" if package else ""
+    install = f" (pip install {_PIP_NAMES.get(package, package.replace('_', '-'))})" if package else ""
     typed = MissingDependency(f"{what} needs {needs}, which cannot be imported here{install}: {err}")
     typed.name = package
     return typed

@@ -312,6 +312,9 @@ def test_an_import_error_is_typed_by_the_package_missing():
     assert isinstance(typed, errors.MissingDependency)
     assert str(typed) == ("m needs the Python package 'jinja2', which cannot be imported here "
                           "(pip install jinja2): No module named 'jinja2.sandbox'")
+    # The hint names what pip installs, where that is not the import's name.
+    assert str(raised("yaml")).endswith("(pip install pyyaml): No module named 'yaml'")
+    assert str(raised("google.protobuf")).endswith("(pip install protobuf): No module named 'google.protobuf'")
     # Named only by the error it was raised from (engine.py's own MLX
     # refusal names "mlx" itself).
     for inner_name, engine in (("mlx.core", True), ("sentencepiece", False)):

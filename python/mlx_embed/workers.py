@@ -160,7 +160,9 @@ def quota_cores(root: Optional[str] = None, *, proc_cgroup: Optional[str] = None
     mounted (``/proc/self/mountinfo``: a nested group, a mount elsewhere
     than ``/sys/fs/cgroup``, a mount of the container's own group, which
     Docker without a cgroup namespace bind-mounts at ``/sys/fs/cgroup``,
-    are each found there). Where mountinfo is unreadable or names no cgroup
+    are each found there; of several mounts of a hierarchy, those showing
+    the process's group are read, not one of another group's). Where
+    mountinfo is unreadable or names no cgroup
     mount, ``/sys/fs/cgroup`` (v2) and its controller folders (v1) are read
     as the hierarchy's root. ``root``: where ``/proc`` and ``/sys`` are (a
     test's tree; mount points are read under it); ``proc_cgroup``,

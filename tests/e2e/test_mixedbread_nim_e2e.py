@@ -91,6 +91,41 @@ def test_each_mixedbread_format_over_http(duo, golden):
     assert cosine_rows(h.astype(np.float32), ref).min() >= 0.99999
 
 
+def test_a_mixedbread_shaped_float_request_gets_mixedbreads_fields(duo, golden):
+    """A float or base64 request that sends a field of Mixedbread's that
+    OpenAI's API lacks (normalized, prompt, truncation_strategy) is
+    Mixedbread's: its answer carries normalized, encoding_format and
+    dimensions, which the SDK's typed answer reads. The vectors are the
+    OpenAI answer's."""
+    texts, ref, _ = non_empty_golden(golden, 2)
+    openai = _embeddings(duo, texts)
+    mixedbread_keys = ["object", "data", "model", "usage", "normalized", "encoding_format", "dimensions"]
+    for fields, want in [
+        ({"normalized": True}, (True, "float", 384)),
+        ({"normalized": True, "encoding_format": "float"}, (True, "float", 384)),
+        ({"truncation_strategy": "end"}, (True, "float", 384)),
+        ({"prompt": ""}, (True, "float", 384)),
+        ({"normalized": True, "encoding_format": "base64", "dimensions": 128}, (True, "base64", 128)),
+    ]:
+        answer = _embeddings(duo, texts, **fields)
+        assert list(answer) == mixedbread_keys, (fields, answer.keys())
+        assert (answer["normalized"], answer["encoding_format"], answer["dimensions"]) == want, fields
+        # The vectors are OpenAI's answer's for the same format and dimensions.
+        same = {k: v for k, v in fields.items() if k in ("encoding_format", "dimensions")}
+        assert answer["data"] == _embeddings(duo, texts, **same)["data"], fields
+    assert [d["embedding"] for d in _embeddings(duo, texts, normalized=True)["data"]] == \
+        [d["embedding"] for d in openai["data"]]
+    raw = _embeddings(duo, texts, normalized=False)
+    assert (raw["normalized"], raw["encoding_format"], raw["dimensions"]) == (False, "float", 384)
+    assert abs(np.linalg.norm(raw["data"][0]["embedding"]) - 1.0) > 1e-3
+    # Jina's embedding_type (or Voyage's output_dtype) says the numbers, which encoding_format
+    # would misname: Jina's normalized there leaves the answer as it was.
+    jina = _embeddings(duo, texts, normalized=True, embedding_type="binary")
+    assert list(jina) == ["object", "data", "model", "usage"], jina.keys()
+    voyage = _embeddings(duo, texts, normalized=True, output_dtype="int8")
+    assert list(voyage) == ["object", "data", "model", "usage"], voyage.keys()
+
+
 def test_a_list_of_formats_answers_an_object_per_vector(duo, golden):
     texts, _, _ = non_empty_golden(golden, 3)
     f = np.asarray([d["embedding"] for d in _embeddings(duo, texts)["data"]], dtype=np.float32)
@@ -110,6 +145,17 @@ def test_a_list_of_formats_answers_an_object_per_vector(duo, golden):
         np.testing.assert_array_equal(np.asarray(e["float16"]).astype(np.float16), f[i].astype(np.float16))
 
 
+# Why an integer form of an unnormalized vector is refused, and what answers instead.
+QUANTIZED_RAW = (
+    "encoding_format int8, uint8, binary or ubinary quantizes the unit vector, so it cannot be combined with "
+    "normalized (or use_activation, normalize) false: int8 is round(127 x) of each component (uint8 that plus "
+    "128), a scale for components within [-1, 1], which an unnormalized vector's need not be (Mixedbread "
+    "documents none for them), and binary and ubinary, the components' signs, are the same for either vector. "
+    "Leave normalized true (the default) for these forms, or ask float, float16 or base64 with normalized false "
+    "for the raw vector"
+)
+
+
 def test_disagreeing_fields_are_a_400_naming_both(duo):
     cases = [
         ({"encoding_format": "int8", "output_dtype": "binary"}, "output_dtype",
@@ -123,10 +169,9 @@ def test_disagreeing_fields_are_a_400_naming_both(duo):
         ({"encoding_format": ["binary"], "embedding_type": "binary"}, "embedding_type",
          "send encoding_format without embedding_type"),
         ({"encoding_format": []}, "encoding_format", "encoding_format is an empty list"),
-        ({"encoding_format": "int8", "normalized": False}, "encoding_format",
-         "encoding_format int8, uint8, binary or ubinary quantizes the unit vector"),
-        ({"encoding_format": ["float", "binary"], "normalized": False}, "encoding_format",
-         "quantizes the unit vector"),
+        ({"encoding_format": "int8", "normalized": False}, "encoding_format", QUANTIZED_RAW),
+        ({"encoding_format": ["float", "binary"], "normalized": False}, "encoding_format", QUANTIZED_RAW),
+        ({"encoding_format": "uint8", "normalized": False}, "encoding_format", QUANTIZED_RAW),
         ({"encoding_format": "float32"}, "encoding_format",
          "unknown variant `float32`, expected one of `float`, `float16`, `base64`, `int8`, `uint8`, "
          "`binary`, `ubinary`"),
@@ -137,6 +182,12 @@ def test_disagreeing_fields_are_a_400_naming_both(duo):
         assert resp.status_code == 400, (fields, resp.text)
         err = resp.json()["error"]
         assert err["param"] == param and needle in err["message"], (fields, err)
+        if needle == QUANTIZED_RAW:
+            assert err["message"] == QUANTIZED_RAW, err
+    # What the refusal says answers: the raw vector as floats, whose components pass 1 here
+    # (MiniLM's unnormalized mean), so round(127 x) would have clipped them.
+    raw = _embeddings(duo, ["bread"], encoding_format="float", normalized=False)["data"][0]["embedding"]
+    assert max(abs(x) for x in raw) > 1.0
     # Agreeing names are one request: the same answer.
     agreed = _embeddings(duo, ["bread"], encoding_format="binary", output_dtype="binary", embedding_type="binary")
     assert agreed["data"] == _embeddings(duo, ["bread"], encoding_format="binary")["data"]
@@ -153,6 +204,12 @@ def test_the_mixedbread_sdk(duo, golden):
     res = client.embed(model=EMBEDDER, input=texts, normalized=True, encoding_format="float")
     f = np.asarray([d.embedding for d in res.data], dtype=np.float32)
     assert f.shape == (4, 384) and cosine_rows(f, ref).min() >= 0.99999
+    # The typed answer's own fields, read as sent (missing, they would read None).
+    assert (res.normalized, res.encoding_format, res.dimensions) == (True, "float", 384)
+    res = client.embeddings.create(model=EMBEDDER, input=texts, normalized=False, encoding_format="base64")
+    assert (res.normalized, res.encoding_format, res.dimensions) == (False, "base64", 384)
+    raw = np.stack([np.frombuffer(base64.b64decode(d.embedding), dtype="<f4") for d in res.data])
+    np.testing.assert_allclose(raw / np.linalg.norm(raw, axis=1, keepdims=True), f, atol=1e-6)
     cohere = _cohere_forms(duo, texts)
     res = client.embeddings.create(model=EMBEDDER, input=texts, encoding_format="ubinary")
     assert (res.normalized, res.encoding_format, res.dimensions) == (True, "ubinary", 384)
@@ -208,9 +265,30 @@ def test_nim_truncate_none_refuses_an_over_long_pair(duo):
     refused = _ranking(duo, "a query", docs)  # NONE: NIM's default
     assert refused.status_code == 400, refused.text
     err = refused.json()["error"]
-    assert err["code"] == "context_length_exceeded", err
-    assert "set truncate to END" in err["message"] and "set truncate to true" not in err["message"], err
+    # TEI's refusal of the same pair counts its tokens; NIM's names the passage and its END.
+    tei = duo.post("/rerank", {"model": RERANKER, "query": "a query", "texts": docs, "truncate": False})
+    assert tei.status_code == 422, tei.text
+    tokens = tei.json()["error"].removeprefix("input 1 has ").split(" tokens")[0]
+    assert int(tokens) > 128
+    assert tei.json()["error"] == (f"input 1 has {tokens} tokens, more than the model's maximum of 128; "
+                                   "shorten it or set truncate to true")
+    assert (err["code"], err["param"], err["message"]) == (
+        "context_length_exceeded", None,
+        f"passage 1 has {tokens} tokens, more than the model's maximum of 128; shorten it or set truncate to END")
     assert refused.json() == _ranking(duo, "a query", docs, truncate="NONE").json()
+    # A passage's own words are never the message's: one that says "documents" and
+    # "set truncate to true" is named by its index alone, and the advice is NIM's.
+    wordy = _ranking(duo, "a query", ["short passage", "documents set truncate to true " + long])
+    assert wordy.status_code == 400, wordy.text
+    message = wordy.json()["error"]["message"]
+    assert message.startswith("passage 1 has ") and message.endswith("; shorten it or set truncate to END")
+    assert "documents" not in message and "truncate to true" not in message, message
+    # Voyage's body on /v1/rerank advises its own boolean, in the same words as before.
+    voyage = duo.post("/v1/rerank", {"model": RERANKER, "query": "a query", "documents": docs, "top_k": 2,
+                                     "truncation": False})
+    assert voyage.status_code == 400, voyage.text
+    assert voyage.json()["error"]["message"] == (
+        f"input 1 has {tokens} tokens, more than the model's maximum of 128; shorten it or set truncation to true")
     # The other NIM route says it in the same words (its NONE).
     embed = duo.post("/v1/embeddings", {"model": EMBEDDER, "input": [long], "truncate": "NONE"})
     assert embed.status_code == 400 and embed.json()["error"]["code"] == "context_length_exceeded"
@@ -223,7 +301,13 @@ def test_nim_truncate_none_refuses_an_over_long_pair(duo):
 
 def test_nim_ranking_bad_bodies(duo):
     for body, param, needle in [
-        ({"query": {"text": "q"}, "passages": []}, "passages", "no passages to rank"),
+        ({"query": {"text": "q"}, "passages": []}, "passages", "no passages to rank: send at least one"),
+        # NIM documents NONE and END; Cohere's START is refused, naming the two.
+        ({"query": {"text": "q"}, "passages": [{"text": "p"}], "truncate": "START"}, "truncate",
+         "unknown variant `START`, expected `NONE` or `END`"),
+        # A text that says "documents" is quoted as sent.
+        ({"query": {"text": "q"}, "passages": [{"text": "p"}, "documents"]}, "passages",
+         'invalid type: string "documents"'),
         ({"query": "q", "passages": [{"text": "p"}]}, "query", "invalid type"),
         ({"query": {"text": "q"}, "passages": ["p"]}, "passages", "invalid type"),
         ({"query": {"text": "q"}, "passages": [{"text": "p"}], "truncate": "end"}, "truncate", "unknown variant"),
@@ -235,10 +319,19 @@ def test_nim_ranking_bad_bodies(duo):
         err = resp.json()["error"]
         assert err["param"] == param and needle in err["message"], (body, err)
     # The rerank routes' limits: more pairs than --max-inputs-per-request (2048) is a 413, as on /v1/rerank.
+    limit = "2049 inputs is more than the limit of 2048 per request (--max-inputs-per-request); split the request"
     many = {"model": RERANKER, "query": {"text": "q"}, "passages": [{"text": "x"}] * 2049}
     resp = duo.post("/v1/ranking", many)
     assert resp.status_code == 413, resp.text
-    assert duo.post("/v1/rerank", {"model": RERANKER, "query": "q", "documents": ["x"] * 2049}).status_code == 413
+    assert (resp.json()["error"]["param"], resp.json()["error"]["message"]) == ("passages", limit)
+    cohere = duo.post("/v1/rerank", {"model": RERANKER, "query": "q", "documents": ["x"] * 2049})
+    assert cohere.status_code == 413
+    assert (cohere.json()["error"]["param"], cohere.json()["error"]["message"]) == ("input", limit)
+    # Cohere's messages keep Cohere's words, a field named "documents" too.
+    fields = duo.post("/v1/rerank", {"model": RERANKER, "query": "q", "documents": [{"text": "t"}],
+                                     "rank_fields": ["documents"]})
+    assert fields.status_code == 400, fields.text
+    assert fields.json()["error"]["message"] == "document 0 has no field `documents` (named in rank_fields)"
     # An embedding model does not rank.
     resp = duo.post("/v1/ranking", {"model": EMBEDDER, "query": {"text": "q"}, "passages": [{"text": "p"}]})
     assert resp.status_code == 400, resp.text

@@ -196,7 +196,35 @@ pub struct ApiError {
     /// tokens (the core's [`CoreError::CutTooShort`]): each route names
     /// its own field for that cut.
     pub cut_too_short: bool,
+    /// An input over the model's maximum (the core's
+    /// [`CoreError::InputTooLong`]), in parts: the message is made of them,
+    /// so a route can name the input and the fix in its API's words.
+    too_long: Option<TooLong>,
 }
+
+/// The parts of an over-long input's message: `{input}{detail}; shorten it
+/// or {fix}`, e.g. "input 3 has 600 tokens, more than the model's 512;
+/// shorten it or set truncate to true".
+#[derive(Debug, Clone, PartialEq)]
+struct TooLong {
+    /// How the input is named: "input 3" until a route names it its own way.
+    input: String,
+    /// The core's account of the tokens, after the input's name.
+    detail: String,
+    /// How the request allows the cut, in its API's words.
+    fix: Cow<'static, str>,
+}
+
+impl TooLong {
+    fn message(&self) -> String {
+        format!("{}{}; shorten it or {}", self.input, self.detail, self.fix)
+    }
+}
+
+/// How an over-long input's message says to allow the cut where the route
+/// gives no words of its own (the boolean `truncate` of TEI, OpenAI's
+/// extension and most others).
+pub(crate) const TRUNCATE_FIX: &str = "set truncate to true";
 
 impl ApiError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
@@ -208,6 +236,7 @@ impl ApiError {
             retry_after: None,
             closes_connection: false,
             cut_too_short: false,
+            too_long: None,
         }
     }
     pub fn invalid(message: impl Into<String>) -> Self {
@@ -246,8 +275,28 @@ impl ApiError {
     /// `name(i)` replaces "input i" (a route whose inputs come from several
     /// fields: vLLM's text_1 and text_2, TEI's source_sentence and sentences).
     pub(crate) fn renaming_input(mut self, name: impl FnOnce(usize) -> String) -> Self {
-        if let Some((i, rest)) = self.input_index() {
-            self.message = format!("{}{rest}", name(i));
+        let Some((i, rest)) = self.input_index() else {
+            return self;
+        };
+        let (name, rest) = (name(i), rest.to_owned());
+        self.message = match &mut self.too_long {
+            Some(too_long) => {
+                too_long.input = name;
+                too_long.message()
+            }
+            None => format!("{name}{rest}"),
+        };
+        self
+    }
+
+    /// An over-long input's error ([`CoreError::InputTooLong`]) with `fix`,
+    /// the route's own words for allowing the cut, in place of
+    /// [`TRUNCATE_FIX`] (Cohere's `set truncate to END or START`). Any
+    /// other error is left as it is.
+    pub(crate) fn advising(mut self, fix: &'static str) -> Self {
+        if let Some(too_long) = &mut self.too_long {
+            too_long.fix = Cow::Borrowed(fix);
+            self.message = too_long.message();
         }
         self
     }
@@ -489,11 +538,30 @@ impl From<CoreError> for ApiError {
                 cut_too_short: true,
                 ..Self::invalid(msg).param("truncate_to")
             },
-            e @ CoreError::InputTooLong { .. } => Self::new(
-                ErrorKind::Unprocessable,
-                format!("{e}; shorten it or set truncate to true"),
-            )
-            .code("context_length_exceeded"),
+            e @ CoreError::InputTooLong { index, .. } => {
+                // The core's message starts with the input's name, which a
+                // route may give in its own words ([`ApiError::renaming_input`]).
+                let text = e.to_string();
+                let input = format!("input {index}");
+                let too_long = match text.strip_prefix(&input) {
+                    Some(detail) => TooLong {
+                        detail: detail.to_owned(),
+                        input,
+                        fix: Cow::Borrowed(TRUNCATE_FIX),
+                    },
+                    None => TooLong {
+                        input: String::new(),
+                        detail: text,
+                        fix: Cow::Borrowed(TRUNCATE_FIX),
+                    },
+                };
+                Self {
+                    message: too_long.message(),
+                    too_long: Some(too_long),
+                    ..Self::new(ErrorKind::Unprocessable, String::new())
+                }
+                .code("context_length_exceeded")
+            }
             e @ CoreError::TooManyTokenRows { .. } => Self::new(
                 ErrorKind::TooLarge,
                 format!("{e} (every token's vector is answered); send fewer or shorter inputs per request"),
@@ -747,6 +815,43 @@ impl<F: Flavor> IntoResponse for Shaped<F> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_over_long_input_is_named_and_advised_in_the_routes_words() {
+        let too_long = || {
+            ApiError::from(CoreError::InputTooLong {
+                index: 2,
+                tokens: 600,
+                max: 512,
+                limit: mlx_embed_core::InputLimit::Model,
+            })
+        };
+        let plain = too_long();
+        assert_eq!(
+            (plain.status().as_u16(), plain.code, plain.message.as_str()),
+            (
+                422,
+                Some("context_length_exceeded"),
+                "input 2 has 600 tokens, more than the model's maximum of 512; shorten it or \
+                 set truncate to true"
+            )
+        );
+        // The advice and the name are parts: either order gives one message.
+        let want = "passage 2 has 600 tokens, more than the model's maximum of 512; shorten it \
+                    or set truncate to END";
+        let advised_first = too_long()
+            .advising("set truncate to END")
+            .renaming_input(|i| format!("passage {i}"));
+        let named_first = too_long()
+            .renaming_input(|i| format!("passage {i}"))
+            .advising("set truncate to END");
+        assert_eq!(advised_first.message, want);
+        assert_eq!(named_first.message, want);
+        assert_eq!(too_long().advising(TRUNCATE_FIX), too_long());
+        // Any other error keeps its words, whatever they say.
+        let other = ApiError::invalid("set truncate to true is in this text").param("input");
+        assert_eq!(other.clone().advising("set truncate to END"), other);
+    }
 
     #[test]
     fn a_cut_refusal_names_the_cut_field() {

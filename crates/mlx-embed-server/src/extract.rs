@@ -883,6 +883,7 @@ mod tests {
         read_written_and_documented::<cohere::CohereInputType>();
         read_written_and_documented::<cohere::CohereEmbeddingType>();
         read_written_and_documented::<cohere::CohereTruncate>();
+        read_written_and_documented::<crate::routes::rerank::NimTruncate>();
         read_written_and_documented::<jina::InputType>();
         read_written_and_documented::<weaviate::TaskType>();
         // The lanes' own names (the core's, for the header and metrics).

@@ -346,15 +346,10 @@ async fn embed(
         bytes_per_value,
     )
     .await
-    .map_err(|mut err| {
-        err = err.cut_by("max_tokens");
-        // The shared message speaks of the other APIs' boolean.
-        if err.code == Some("context_length_exceeded") {
-            err.message = err
-                .message
-                .replace("set truncate to true", "set truncate to END or START");
-        }
-        err
+    .map_err(|err| {
+        // Cohere's truncate is not a boolean: the advice names its values.
+        err.cut_by("max_tokens")
+            .advising("set truncate to END or START")
     })?;
     let (response_type, embeddings) = match (version, req.embedding_types) {
         ("1", None) => ("embeddings_floats", CohereEmbeddings::Floats(out.vectors)),

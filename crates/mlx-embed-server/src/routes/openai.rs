@@ -717,23 +717,43 @@ impl EmbeddingValue {
     /// `v` as `encoding` asks.
     pub fn encode(v: Vec<f32>, encoding: &VectorEncoding) -> Self {
         let big = encoding.endianness.is_big();
-        match &encoding.keyed {
-            None => Self::write(v, encoding.format, encoding.dtype, big),
-            Some(formats) => EmbeddingValue::ByFormat(ByFormat(
-                formats
-                    .iter()
-                    .map(|&format| {
-                        let value = Self::write(v.clone(), format, OutputDtype::Float, big);
-                        (format.name(), value)
-                    })
-                    .collect(),
-            )),
-        }
+        let Some(formats) = &encoding.keyed else {
+            return Self::write(Cow::Owned(v), encoding.format, encoding.dtype, big);
+        };
+        // Every form is written from the vector borrowed, except `float`,
+        // which is the vector itself: it takes it once the others are
+        // written (the list holds each format once).
+        let written: Vec<(EncodingFormat, Option<Self>)> = formats
+            .iter()
+            .map(|&format| {
+                let value = (format != EncodingFormat::Float)
+                    .then(|| Self::write(Cow::Borrowed(&v), format, OutputDtype::Float, big));
+                (format, value)
+            })
+            .collect();
+        let mut float = Some(v);
+        EmbeddingValue::ByFormat(ByFormat(
+            written
+                .into_iter()
+                .map(|(format, value)| {
+                    let value = value.unwrap_or_else(|| {
+                        EmbeddingValue::Float(float.take().unwrap_or_default())
+                    });
+                    (format.name(), value)
+                })
+                .collect(),
+        ))
     }
 
     /// `v` written as `format` of `dtype` numbers (a Mixedbread name's own
-    /// type wins: the agreement is checked before).
-    fn write(v: Vec<f32>, format: EncodingFormat, dtype: OutputDtype, big_endian: bool) -> Self {
+    /// type wins: the agreement is checked before). Only the float form
+    /// keeps the vector: the others read it, so it may be borrowed.
+    fn write(
+        v: Cow<'_, [f32]>,
+        format: EncodingFormat,
+        dtype: OutputDtype,
+        big_endian: bool,
+    ) -> Self {
         let (format, said) = format.parts();
         let dtype = said.unwrap_or(dtype);
         let base64 = format == EncodingFormat::Base64;
@@ -744,7 +764,7 @@ impl EmbeddingValue {
             (OutputDtype::Float, false) if format == EncodingFormat::Float16 => {
                 EmbeddingValue::Half(cohere::float16(&v).into_iter().map(f64::from).collect())
             }
-            (OutputDtype::Float, false) => EmbeddingValue::Float(v),
+            (OutputDtype::Float, false) => EmbeddingValue::Float(v.into_owned()),
             (OutputDtype::Float, true) => EmbeddingValue::Base64(base64_bytes(&v, big_endian)),
             (OutputDtype::Int8, false) => EmbeddingValue::Int8(cohere::int8(&v)),
             (OutputDtype::Int8, true) => EmbeddingValue::Base64(signed(cohere::int8(&v))),
@@ -925,6 +945,31 @@ impl OpenAiEmbeddingRequest {
         })
     }
 
+    /// Whether the request is Mixedbread's, whose answer carries
+    /// `normalized`, `encoding_format` and `dimensions` (its SDK's typed
+    /// answer reads them: left out, they read as None). Mixedbread's: an
+    /// `encoding_format` OpenAI does not have (a list, `float16`, the
+    /// integer forms); or, with the vectors written as `encoding_format`
+    /// alone says (no `output_dtype`, `embedding_type` or `encoding_type`,
+    /// which `encoding_format` would misname), a field of Mixedbread's that
+    /// OpenAI's API does not have: `normalized`, `prompt` or
+    /// `truncation_strategy`. An OpenAI request sends none of these, so its
+    /// answer stays OpenAI's, byte for byte. (The SDK sending none of them,
+    /// `embed(model=, input=)` alone, is an OpenAI request: its answer has
+    /// no `normalized`.)
+    fn is_mixedbread(&self, encoding: &VectorEncoding) -> bool {
+        let format_says_all = encoding.dtype == OutputDtype::Float
+            && self.embedding_type.is_none()
+            && self.encoding_type.is_none();
+        self.encoding_format
+            .as_ref()
+            .is_some_and(EncodingFormats::is_mixedbread)
+            || (format_says_all
+                && (self.normalized.is_some()
+                    || self.prompt.is_some()
+                    || self.truncation_strategy.is_some()))
+    }
+
     /// Whether the vectors are normalized: vLLM's `use_activation` (or its
     /// older `normalize`), Jina's and Mixedbread's `normalized`; default true.
     fn normalizes(&self) -> bool {
@@ -970,11 +1015,13 @@ pub async fn embeddings(
 ) -> Result<Json<OpenAiEmbeddingResponse>, Shaped<OpenAi>> {
     let format = req.vector_encoding()?;
     // Mixedbread's answer carries its own fields; OpenAI's stays as it is.
-    let mixedbread = req
-        .encoding_format
-        .clone()
-        .filter(EncodingFormats::is_mixedbread)
-        .map(|sent| (sent, req.normalizes()));
+    let mixedbread = req.is_mixedbread(&format).then(|| {
+        let sent = req.encoding_format.clone();
+        (
+            sent.unwrap_or(EncodingFormats::One(EncodingFormat::Float)),
+            req.normalizes(),
+        )
+    });
     let out = embed_request(&state, header, req).await?;
     let dimensions = out.vectors.first().map(Vec::len);
     let object = if format.keyed.is_some() {
@@ -1020,16 +1067,25 @@ pub(crate) async fn embed_request(
     .truncate_to()?;
     let normalize = req.normalizes();
     if let Some(param) = req.vector_encoding()?.quantized_by.filter(|_| !normalize) {
-        let what = if param == "encoding_format" {
-            "encoding_format int8, uint8, binary or ubinary"
+        // Mixedbread documents no scale for an unnormalized vector's
+        // integers: Cohere's round(127 x) would clip components past 1, so
+        // the refusal says why and what answers instead.
+        let message = if param == "encoding_format" {
+            "encoding_format int8, uint8, binary or ubinary quantizes the unit vector, so it \
+             cannot be combined with normalized (or use_activation, normalize) false: int8 is \
+             round(127 x) of each component (uint8 that plus 128), a scale for components within \
+             [-1, 1], which an unnormalized vector's need not be (Mixedbread documents none for \
+             them), and binary and ubinary, the components' signs, are the same for either \
+             vector. Leave normalized true (the default) for these forms, or ask float, float16 \
+             or base64 with normalized false for the raw vector"
+                .to_owned()
         } else {
-            &format!("{param} other than float")
+            format!(
+                "{param} other than float quantizes the unit vector: it cannot be combined \
+                 with use_activation (or normalize, normalized) false"
+            )
         };
-        return Err(ApiError::invalid(format!(
-            "{what} quantizes the unit vector: it cannot be combined \
-             with use_activation (or normalize, normalized) false",
-        ))
-        .param(param));
+        return Err(ApiError::invalid(message).param(param));
     }
     let dimensions = one_of(
         (
@@ -1094,13 +1150,13 @@ pub(crate) async fn embed_request(
     } else {
         run_embed(state, embed_req).await
     };
-    embedded.map_err(|mut err| {
-        err = err.cut_by("truncate_prompt_tokens");
-        // The shared message names the other APIs' field.
-        if let Some(fix) = fix.filter(|_| err.code == Some("context_length_exceeded")) {
-            err.message = err.message.replace("set truncate to true", fix);
+    embedded.map_err(|err| {
+        let err = err.cut_by("truncate_prompt_tokens");
+        // The shared message's advice names the field that refused.
+        match fix {
+            Some(fix) => err.advising(fix),
+            None => err,
         }
-        err
     })
 }
 

@@ -18,11 +18,10 @@ use utoipa::openapi::schema::{AnyOfBuilder, ArrayBuilder, OneOfBuilder, Schema};
 use utoipa::openapi::{Ref, RefOr};
 use utoipa::{PartialSchema, ToSchema};
 
-use super::cohere::CohereTruncate;
 use super::Usage;
 use crate::embed::check_inputs;
 use crate::errors::{
-    ApiError, ErrorKind, OpenAi, OpenAiErrorBody, Shaped, Tei, TeiOrOpenAiErrorBody,
+    ApiError, ErrorKind, OpenAi, OpenAiErrorBody, Shaped, Tei, TeiOrOpenAiErrorBody, TRUNCATE_FIX,
 };
 use crate::extract::{ApiBody, ApiJson, JsonBody, PriorityHeader, TruncationSide};
 use crate::models::Task;
@@ -177,6 +176,7 @@ pub(crate) async fn tei_rank(
     priority: Option<Priority>,
 ) -> Result<Vec<TeiRank>, ApiError> {
     check_instruction(state, req.model.as_deref(), req.instruction.as_deref()).await?;
+    let words = RankWords::TEI;
     let out = score(
         state,
         pairs_request(
@@ -192,10 +192,11 @@ pub(crate) async fn tei_rank(
                 ..EmbedOptions::default()
             },
             req.raw_scores,
-        )
-        .map_err(|e| e.param("texts"))?,
+            words,
+        )?,
     )
-    .await?;
+    .await
+    .map_err(|e| words.too_long(e))?;
     let scores = first_label(&out.scores);
     let mut texts: Vec<Option<String>> = req.texts.into_iter().map(Some).collect();
     let ranks = ranking(&first_label(&out.logits))
@@ -241,8 +242,19 @@ impl RerankDocument {
     /// The text the reranker scores: a string as it is; an object's `text`
     /// field, or with `rank_fields`, Cohere's structured form: one
     /// `field: value` line per field, in the order named (a string value as
-    /// it is, any other as compact JSON). `index` names the document in errors.
-    fn rank_text(&self, index: usize, rank_fields: Option<&[String]>) -> Result<String, ApiError> {
+    /// it is, any other as compact JSON). `index` names the document in
+    /// errors, in the route's `words`.
+    fn rank_text(
+        &self,
+        index: usize,
+        rank_fields: Option<&[String]>,
+        words: RankWords,
+    ) -> Result<String, ApiError> {
+        let RankWords {
+            field: documents,
+            noun,
+            ..
+        } = words;
         let fields = match self {
             RerankDocument::Text(text) => return Ok(text.clone()),
             RerankDocument::Object(fields) => fields,
@@ -251,14 +263,14 @@ impl RerankDocument {
             fields.get(name).map(plain).ok_or_else(|| {
                 ApiError::invalid(match rank_fields {
                     Some(_) => {
-                        format!("document {index} has no field `{name}` (named in rank_fields)")
+                        format!("{noun} {index} has no field `{name}` (named in rank_fields)")
                     }
                     None => format!(
-                        "document {index} has no `text` field: send `text`, or name the fields \
+                        "{noun} {index} has no `text` field: send `text`, or name the fields \
                          to rank on in rank_fields"
                     ),
                 })
-                .param("documents")
+                .param(documents)
             })
         };
         match rank_fields {
@@ -267,10 +279,10 @@ impl RerankDocument {
             None => match fields.get("text") {
                 Some(Value::String(text)) => Ok(text.clone()),
                 Some(_) => Err(ApiError::invalid(format!(
-                    "document {index}'s `text` must be a string; to rank on other values, \
+                    "{noun} {index}'s `text` must be a string; to rank on other values, \
                      name their fields in rank_fields"
                 ))
-                .param("documents")),
+                .param(documents)),
                 None => field("text"),
             },
             Some(names) => names
@@ -599,15 +611,7 @@ async fn voyage_rerank(
         req.truncation.unwrap_or(true),
         None,
     )
-    .await
-    .map_err(|mut err| {
-        if err.code == Some("context_length_exceeded") {
-            err.message = err
-                .message
-                .replace("set truncate to true", "set truncation to true");
-        }
-        err
-    })?;
+    .await?;
     Ok(VoyageRerankResponse {
         object: "list".into(),
         data: ranked
@@ -672,6 +676,79 @@ enum RerankRoute {
     Nim,
 }
 
+impl RerankRoute {
+    /// The words of the route's API for the shared path's messages.
+    fn words(self) -> RankWords {
+        match self {
+            RerankRoute::V1 | RerankRoute::V2 | RerankRoute::Bare => RankWords::COHERE,
+            RerankRoute::Voyage => RankWords::VOYAGE,
+            RerankRoute::Nim => RankWords::NIM,
+        }
+    }
+}
+
+/// How a rank route's API names what the shared rank path's messages speak
+/// of. Each route passes its own, and the shared checks build their
+/// messages from it: a message is written once, in the client's words,
+/// never rewritten after (a rewrite of "documents" would reach a model name
+/// or a text the message quotes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RankWords {
+    /// The request's field of documents (Cohere's `documents`, TEI's
+    /// `texts`, NIM's `passages`): the `param` of errors about them.
+    field: &'static str,
+    /// One document in messages ("document 3", "no documents to rank").
+    noun: &'static str,
+    /// How the request allows an over-long pair to be cut, the advice of
+    /// its refusal.
+    fix: &'static str,
+    /// The `param` of the 413 for more pairs than `--max-inputs-per-request`.
+    limit_param: &'static str,
+    /// Whether a refused over-long pair is named as the API's document
+    /// ("passage 3"): otherwise "input 3", as these routes have always named it.
+    names_pairs: bool,
+}
+
+impl RankWords {
+    /// TEI's `/rerank`: its documents are `texts`.
+    const TEI: Self = Self {
+        field: "texts",
+        ..Self::COHERE
+    };
+    /// Cohere's, Jina's, Infinity's and vLLM's.
+    const COHERE: Self = Self {
+        field: "documents",
+        noun: "document",
+        fix: TRUNCATE_FIX,
+        limit_param: "input",
+        names_pairs: false,
+    };
+    /// Voyage AI's: its boolean is `truncation`.
+    const VOYAGE: Self = Self {
+        fix: "set truncation to true",
+        ..Self::COHERE
+    };
+    /// NVIDIA NIM's: passages, and `truncate` is `NONE` or `END`.
+    const NIM: Self = Self {
+        field: "passages",
+        noun: "passage",
+        fix: "set truncate to END",
+        limit_param: "passages",
+        names_pairs: true,
+    };
+
+    /// A scoring error in these words: an over-long pair's refusal names
+    /// the pair and the fix as the API does. Any other error is left as it is.
+    fn too_long(self, err: ApiError) -> ApiError {
+        let err = err.advising(self.fix);
+        if self.names_pairs {
+            err.renaming_input(|i| format!("{} {i}", self.noun))
+        } else {
+            err
+        }
+    }
+}
+
 /// NVIDIA NIM's text object: `{"text": ...}`.
 #[derive(Debug, Deserialize, ToSchema)]
 pub struct NimText {
@@ -693,10 +770,27 @@ pub struct NimRankingRequest {
     #[schema(min_items = 1)]
     pub passages: Vec<NimText>,
     /// `NONE` (default, as NIM's): a query/passage pair longer than the
-    /// model's maximum is a 400; `END` cuts it (each side's end). `START`
-    /// (Cohere's, not NIM's) cuts each side's start.
-    pub truncate: Option<CohereTruncate>,
+    /// model's maximum is a 400; `END` cuts it (each side's end). Any other
+    /// value (Cohere's `START` too, which NIM does not take) is a 400.
+    pub truncate: Option<NimTruncate>,
 }
+
+/// NVIDIA NIM's `truncate` on `/v1/ranking`: the two values NIM documents.
+/// (Cohere's `START` is refused, not read as a cut NIM never makes: a
+/// client that sends it would get an answer no NIM gives.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum NimTruncate {
+    /// Refuse a pair over the model's maximum (400, as NIM answers).
+    None,
+    /// Cut a pair over the model's maximum at its end.
+    End,
+}
+
+crate::extract::wire_names!(NimTruncate {
+    None => "NONE",
+    End => "END",
+});
 
 /// One ranked passage.
 #[derive(Debug, Serialize, ToSchema)]
@@ -755,7 +849,7 @@ async fn nim_rank(
     if req.passages.iter().any(|p| p.image.is_some()) {
         return Err(image("passages"));
     }
-    let truncate = req.truncate.unwrap_or(CohereTruncate::None);
+    let truncate = req.truncate.unwrap_or(NimTruncate::None);
     let ranked = rank(
         state,
         CohereRerankRequest {
@@ -778,24 +872,11 @@ async fn nim_rank(
         },
         RerankRoute::Nim,
         priority,
-        truncate.truncates(),
-        truncate.direction(),
+        truncate == NimTruncate::End,
+        // END cuts each side's end, whatever the model folder's side.
+        (truncate == NimTruncate::End).then_some(TruncationDirection::Right),
     )
-    .await
-    .map_err(|mut err| {
-        // The shared checks speak of Cohere's documents: NIM calls them passages.
-        if err.param.as_deref() == Some("documents") {
-            err.param = Some("passages".into());
-            err.message = err.message.replace("documents", "passages");
-        }
-        // The shared message speaks of the other APIs' boolean.
-        if err.code == Some("context_length_exceeded") {
-            err.message = err
-                .message
-                .replace("set truncate to true", "set truncate to END");
-        }
-        err
-    })?;
+    .await?;
     Ok(NimRankingResponse {
         rankings: ranked
             .results
@@ -852,6 +933,7 @@ async fn rank(
     truncate: bool,
     direction: Option<TruncationDirection>,
 ) -> Result<Ranked, ApiError> {
+    let words = route.words();
     let strings_as_sent = (route == RerankRoute::Bare && req.return_documents == Some(true))
         || route == RerankRoute::Voyage;
     let top_n = match req.top_n {
@@ -869,7 +951,7 @@ async fn rank(
         .documents
         .iter()
         .enumerate()
-        .map(|(i, doc)| doc.rank_text(i, rank_fields.as_deref()))
+        .map(|(i, doc)| doc.rank_text(i, rank_fields.as_deref(), words))
         .collect::<Result<Vec<String>, ApiError>>()?;
     let limits = DocumentLimits {
         max_tokens: at_least_one(req.max_tokens_per_doc, "max_tokens_per_doc")?,
@@ -905,9 +987,13 @@ async fn rank(
         &texts,
         options.clone(),
         raw,
-    )
-    .map_err(|e| e.param("documents"))?;
-    check_inputs(state, &sent.inputs, req.model.as_deref(), Task::Rerank)?;
+        words,
+    )?;
+    // The pairs are the documents sent, one each: past the limit, the
+    // field at fault is the route's (a non-empty list of pairs has no other
+    // refusal here).
+    check_inputs(state, &sent.inputs, req.model.as_deref(), Task::Rerank)
+        .map_err(|e| e.param(words.limit_param))?;
     // Which document each scored input belongs to: one each, or its chunks.
     let (owners, request) = if limits.max_tokens.is_some() || limits.max_chunks.is_some() {
         let model = state.model_for(req.model.as_deref(), Task::Rerank)?;
@@ -916,15 +1002,14 @@ async fn rank(
             document_pieces(model, &req.query, texts, limits, max_pieces, &options).await?;
         let query = pieces.query.as_deref().unwrap_or(&req.query);
         let (owners, texts): (Vec<usize>, Vec<String>) = pieces.pieces.into_iter().unzip();
-        let request = pairs_request(state, req.model, query, &texts, options, raw)
-            .map_err(|e| e.param("documents"))?;
+        let request = pairs_request(state, req.model, query, &texts, options, raw, words)?;
         (owners, request)
     } else {
         ((0..texts.len()).collect(), sent)
     };
     let out = score_checked(state, request)
         .await
-        .map_err(|e| e.cut_by("truncate_prompt_tokens"))?;
+        .map_err(|e| words.too_long(e.cut_by("truncate_prompt_tokens")))?;
     // A document scores as its best piece (best by logit is best by score).
     let mut scores = vec![f32::NEG_INFINITY; req.documents.len()];
     let mut logits = scores.clone();
@@ -1175,34 +1260,36 @@ fn split_at_tokens(
 
 /// The pairs of `query` with each of `documents` hold at most
 /// [`MAX_PAIR_TEXT_BYTES`] of text, the query counted in each: checked
-/// before they are built, since each pair holds its own copy.
-pub(crate) fn check_pair_text(query: &str, documents: &[String]) -> Result<(), ApiError> {
+/// before they are built, since each pair holds its own copy. `noun` names
+/// a document in the message.
+fn check_pair_text(query: &str, documents: &[String], noun: &str) -> Result<(), ApiError> {
     let bytes = query
         .len()
         .saturating_mul(documents.len())
         .saturating_add(documents.iter().map(String::len).sum());
-    check_pair_bytes(bytes, documents.len())
+    check_pair_bytes(bytes, documents.len(), noun)
 }
 
-/// `pairs` pairs of `bytes` of text in all (each pair's query counted).
-pub(crate) fn check_pair_bytes(bytes: usize, pairs: usize) -> Result<(), ApiError> {
+/// `pairs` pairs of `bytes` of text in all (each pair's query counted),
+/// their second texts called `noun` in the message.
+pub(crate) fn check_pair_bytes(bytes: usize, pairs: usize, noun: &str) -> Result<(), ApiError> {
     if bytes <= MAX_PAIR_TEXT_BYTES {
         return Ok(());
     }
     Err(ApiError::new(
         ErrorKind::TooLarge,
         format!(
-            "these {pairs} query/document pairs hold {bytes} bytes of text, each pair's query \
+            "these {pairs} query/{noun} pairs hold {bytes} bytes of text, each pair's query \
              counted, more than the {} MiB one request may have; send a shorter query or fewer \
-             documents per request",
+             {noun}s per request",
             MAX_PAIR_TEXT_BYTES >> 20
         ),
     ))
 }
 
-/// One pair input per document. A refusal still counts in `/metrics` under
-/// the reranker the request names (or gets), as refusals after the model is
-/// picked do.
+/// One pair input per document. A refusal, in the route's `words`, still
+/// counts in `/metrics` under the reranker the request names (or gets), as
+/// refusals after the model is picked do.
 fn pairs_request(
     state: &AppState,
     model: Option<String>,
@@ -1210,15 +1297,19 @@ fn pairs_request(
     texts: &[String],
     options: EmbedOptions,
     raw_scores: bool,
+    words: RankWords,
 ) -> Result<ScoreRequest, ApiError> {
     let refusal = if texts.is_empty() {
-        Some(ApiError::invalid("no documents to rank: send at least one"))
+        Some(ApiError::invalid(format!(
+            "no {}s to rank: send at least one",
+            words.noun
+        )))
     } else {
-        check_pair_text(query, texts).err()
+        check_pair_text(query, texts, words.noun).err()
     };
     if let Some(err) = refusal {
         state.count_under_requested(model.as_deref(), Task::Rerank);
-        return Err(err);
+        return Err(err.param(words.field));
     }
     Ok(ScoreRequest {
         model,
@@ -1314,7 +1405,7 @@ mod tests {
         assert_eq!(req.query.text, "which way?");
         let texts: Vec<&str> = req.passages.iter().map(|p| p.text.as_str()).collect();
         assert_eq!(texts, ["left", "right"]);
-        assert_eq!(req.truncate, Some(CohereTruncate::End));
+        assert_eq!(req.truncate, Some(NimTruncate::End));
         assert!(req.query.image.is_none() && req.passages.iter().all(|p| p.image.is_none()));
         // NIM's default, NONE, is left out by LangChain's client.
         let bare = read(json!({"query": {"text": "q"}, "passages": [{"text": "p"}]})).unwrap();
@@ -1332,6 +1423,87 @@ mod tests {
         ] {
             assert!(read(bad.clone()).is_err(), "{bad}");
         }
+        // Cohere's START is not NIM's: refused, naming the two NIM takes.
+        let start = json!({"query": {"text": "q"}, "passages": [{"text": "p"}], "truncate": "START"});
+        assert_eq!(
+            read(start).unwrap_err().to_string(),
+            "unknown variant `START`, expected `NONE` or `END`"
+        );
+    }
+
+    #[test]
+    fn each_route_words_the_shared_messages() {
+        // A document's own text is never part of a message's words.
+        let texts = vec!["documents about documents".to_owned(); 2];
+        assert!(check_pair_text("q", &texts, "passage").is_ok());
+        // The query counts in each pair: three of half the limit are over it.
+        let query = "q".repeat(MAX_PAIR_TEXT_BYTES / 2);
+        let three = vec!["p".to_owned(); 3];
+        let e = check_pair_text(&query, &three, RankWords::NIM.noun).unwrap_err();
+        assert_eq!(e.status().as_u16(), 413);
+        assert!(
+            e.message.starts_with("these 3 query/passage pairs hold ")
+                && e.message.ends_with("; send a shorter query or fewer passages per request"),
+            "{}",
+            e.message
+        );
+        let e = check_pair_text(&query, &three, RankWords::COHERE.noun).unwrap_err();
+        assert!(
+            e.message.starts_with("these 3 query/document pairs hold ")
+                && e.message.ends_with("; send a shorter query or fewer documents per request"),
+            "{}",
+            e.message
+        );
+        let e = doc(json!({"title": "documents"}))
+            .rank_text(4, None, RankWords::NIM)
+            .unwrap_err();
+        assert_eq!(
+            (e.message.as_str(), e.param.as_deref()),
+            (
+                "passage 4 has no `text` field: send `text`, or name the fields to rank on in \
+                 rank_fields",
+                Some("passages")
+            )
+        );
+        // Each route's words: its field, its fix, its 413's field.
+        let words = |r: RerankRoute| {
+            let w = r.words();
+            (w.field, w.noun, w.fix, w.limit_param, w.names_pairs)
+        };
+        for route in [RerankRoute::V1, RerankRoute::V2, RerankRoute::Bare] {
+            assert_eq!(
+                words(route),
+                ("documents", "document", "set truncate to true", "input", false)
+            );
+        }
+        assert_eq!(
+            words(RerankRoute::Voyage),
+            ("documents", "document", "set truncation to true", "input", false)
+        );
+        assert_eq!(
+            words(RerankRoute::Nim),
+            ("passages", "passage", "set truncate to END", "passages", true)
+        );
+        assert_eq!(RankWords::TEI.field, "texts");
+        let too_long = || {
+            ApiError::from(mlx_embed_core::CoreError::InputTooLong {
+                index: 1,
+                tokens: 3003,
+                max: 512,
+                limit: mlx_embed_core::InputLimit::Model,
+            })
+        };
+        assert_eq!(
+            RankWords::NIM.too_long(too_long()).message,
+            "passage 1 has 3003 tokens, more than the model's maximum of 512; shorten it or set \
+             truncate to END"
+        );
+        assert_eq!(
+            RankWords::VOYAGE.too_long(too_long()).message,
+            "input 1 has 3003 tokens, more than the model's maximum of 512; shorten it or set \
+             truncation to true"
+        );
+        assert_eq!(RankWords::COHERE.too_long(too_long()), too_long());
     }
 
     #[test]
@@ -1392,26 +1564,26 @@ mod tests {
     #[test]
     fn rank_fields_make_one_line_per_field_in_order() {
         let d = doc(json!({"title": "Paris", "text": "France", "year": 1900, "tags": ["a", "b"]}));
-        assert_eq!(d.rank_text(0, None).unwrap(), "France");
+        assert_eq!(d.rank_text(0, None, RankWords::COHERE).unwrap(), "France");
         let fields = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
         assert_eq!(
-            d.rank_text(0, Some(&fields(&["title"]))).unwrap(),
+            d.rank_text(0, Some(&fields(&["title"])), RankWords::COHERE).unwrap(),
             "title: Paris"
         );
         assert_eq!(
-            d.rank_text(0, Some(&fields(&["year", "title", "tags"])))
+            d.rank_text(0, Some(&fields(&["year", "title", "tags"])), RankWords::COHERE)
                 .unwrap(),
             "year: 1900\ntitle: Paris\ntags: [\"a\",\"b\"]"
         );
         // A string document is ranked as it is, whatever rank_fields names.
         assert_eq!(
             doc(json!("plain"))
-                .rank_text(0, Some(&fields(&["title"])))
+                .rank_text(0, Some(&fields(&["title"])), RankWords::COHERE)
                 .unwrap(),
             "plain"
         );
         let e = d
-            .rank_text(3, Some(&fields(&["title", "author"])))
+            .rank_text(3, Some(&fields(&["title", "author"])), RankWords::COHERE)
             .unwrap_err();
         assert_eq!(
             (e.status().as_u16(), e.message.as_str(), e.param.as_deref()),
@@ -1421,7 +1593,7 @@ mod tests {
                 Some("documents")
             )
         );
-        let e = doc(json!({"title": "x"})).rank_text(1, None).unwrap_err();
+        let e = doc(json!({"title": "x"})).rank_text(1, None, RankWords::COHERE).unwrap_err();
         assert_eq!(
             e.message,
             "document 1 has no `text` field: send `text`, or name the fields to rank on in rank_fields"

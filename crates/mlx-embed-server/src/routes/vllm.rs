@@ -162,7 +162,7 @@ pub async fn score_pairs(
             .enumerate()
             .map(|(i, document)| firsts[i % firsts.len()].len() + document.len())
             .sum();
-        super::rerank::check_pair_bytes(bytes, seconds.len())?;
+        super::rerank::check_pair_bytes(bytes, seconds.len(), "document")?;
         let out = score(
             &state,
             ScoreRequest {

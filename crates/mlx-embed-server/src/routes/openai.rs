@@ -736,9 +736,8 @@ impl EmbeddingValue {
             written
                 .into_iter()
                 .map(|(format, value)| {
-                    let value = value.unwrap_or_else(|| {
-                        EmbeddingValue::Float(float.take().unwrap_or_default())
-                    });
+                    let value = value
+                        .unwrap_or_else(|| EmbeddingValue::Float(float.take().unwrap_or_default()));
                     (format.name(), value)
                 })
                 .collect(),

@@ -1424,7 +1424,8 @@ mod tests {
             assert!(read(bad.clone()).is_err(), "{bad}");
         }
         // Cohere's START is not NIM's: refused, naming the two NIM takes.
-        let start = json!({"query": {"text": "q"}, "passages": [{"text": "p"}], "truncate": "START"});
+        let start =
+            json!({"query": {"text": "q"}, "passages": [{"text": "p"}], "truncate": "START"});
         assert_eq!(
             read(start).unwrap_err().to_string(),
             "unknown variant `START`, expected `NONE` or `END`"
@@ -1443,14 +1444,16 @@ mod tests {
         assert_eq!(e.status().as_u16(), 413);
         assert!(
             e.message.starts_with("these 3 query/passage pairs hold ")
-                && e.message.ends_with("; send a shorter query or fewer passages per request"),
+                && e.message
+                    .ends_with("; send a shorter query or fewer passages per request"),
             "{}",
             e.message
         );
         let e = check_pair_text(&query, &three, RankWords::COHERE.noun).unwrap_err();
         assert!(
             e.message.starts_with("these 3 query/document pairs hold ")
-                && e.message.ends_with("; send a shorter query or fewer documents per request"),
+                && e.message
+                    .ends_with("; send a shorter query or fewer documents per request"),
             "{}",
             e.message
         );
@@ -1473,16 +1476,34 @@ mod tests {
         for route in [RerankRoute::V1, RerankRoute::V2, RerankRoute::Bare] {
             assert_eq!(
                 words(route),
-                ("documents", "document", "set truncate to true", "input", false)
+                (
+                    "documents",
+                    "document",
+                    "set truncate to true",
+                    "input",
+                    false
+                )
             );
         }
         assert_eq!(
             words(RerankRoute::Voyage),
-            ("documents", "document", "set truncation to true", "input", false)
+            (
+                "documents",
+                "document",
+                "set truncation to true",
+                "input",
+                false
+            )
         );
         assert_eq!(
             words(RerankRoute::Nim),
-            ("passages", "passage", "set truncate to END", "passages", true)
+            (
+                "passages",
+                "passage",
+                "set truncate to END",
+                "passages",
+                true
+            )
         );
         assert_eq!(RankWords::TEI.field, "texts");
         let too_long = || {
@@ -1567,12 +1588,17 @@ mod tests {
         assert_eq!(d.rank_text(0, None, RankWords::COHERE).unwrap(), "France");
         let fields = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
         assert_eq!(
-            d.rank_text(0, Some(&fields(&["title"])), RankWords::COHERE).unwrap(),
+            d.rank_text(0, Some(&fields(&["title"])), RankWords::COHERE)
+                .unwrap(),
             "title: Paris"
         );
         assert_eq!(
-            d.rank_text(0, Some(&fields(&["year", "title", "tags"])), RankWords::COHERE)
-                .unwrap(),
+            d.rank_text(
+                0,
+                Some(&fields(&["year", "title", "tags"])),
+                RankWords::COHERE
+            )
+            .unwrap(),
             "year: 1900\ntitle: Paris\ntags: [\"a\",\"b\"]"
         );
         // A string document is ranked as it is, whatever rank_fields names.
@@ -1593,7 +1619,9 @@ mod tests {
                 Some("documents")
             )
         );
-        let e = doc(json!({"title": "x"})).rank_text(1, None, RankWords::COHERE).unwrap_err();
+        let e = doc(json!({"title": "x"}))
+            .rank_text(1, None, RankWords::COHERE)
+            .unwrap_err();
         assert_eq!(
             e.message,
             "document 1 has no `text` field: send `text`, or name the fields to rank on in rank_fields"

@@ -199,7 +199,8 @@ pub struct ApiError {
     /// An input over the model's maximum (the core's
     /// [`CoreError::InputTooLong`]), in parts: the message is made of them,
     /// so a route can name the input and the fix in its API's words.
-    too_long: Option<TooLong>,
+    /// (Boxed: every `Result` of the server carries an `ApiError`.)
+    too_long: Option<Box<TooLong>>,
 }
 
 /// The parts of an over-long input's message: `{input}{detail}; shorten it
@@ -557,7 +558,7 @@ impl From<CoreError> for ApiError {
                 };
                 Self {
                     message: too_long.message(),
-                    too_long: Some(too_long),
+                    too_long: Some(Box::new(too_long)),
                     ..Self::new(ErrorKind::Unprocessable, String::new())
                 }
                 .code("context_length_exceeded")

@@ -124,6 +124,15 @@ def test_a_mixedbread_shaped_float_request_gets_mixedbreads_fields(duo, golden):
     assert list(jina) == ["object", "data", "model", "usage"], jina.keys()
     voyage = _embeddings(duo, texts, normalized=True, output_dtype="int8")
     assert list(voyage) == ["object", "data", "model", "usage"], voyage.keys()
+    # normalized is Jina's too: with Jina's own late_chunking (or task, on a model with
+    # tasks), or with another API's field, the request is that API's and its answer unchanged.
+    for fields in [{"normalized": False, "late_chunking": False}, {"normalized": True, "input_type": "query"},
+                   {"normalized": True, "truncate": True}, {"truncation_strategy": "end", "priority": 0},
+                   {"prompt": "", "use_activation": True}]:
+        answer = _embeddings(duo, texts, **fields)
+        assert list(answer) == ["object", "data", "model", "usage"], (fields, answer.keys())
+    jina_raw = _embeddings(duo, texts, normalized=False, late_chunking=False)["data"]
+    assert jina_raw == raw["data"]
 
 
 def test_a_list_of_formats_answers_an_object_per_vector(duo, golden):

@@ -840,6 +840,41 @@ mod tests {
     }
 
     #[test]
+    fn nims_truncate_and_mixedbreads_answer_fields_are_documented_as_served() {
+        let doc: Value = serde_json::from_str(super::json()).unwrap();
+        let schemas = &doc["components"]["schemas"];
+        // /v1/ranking takes NIM's two values; START (Cohere's) is a 400.
+        let truncate = &schemas["NimRankingRequest"]["properties"]["truncate"];
+        let target = truncate["oneOf"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .chain([truncate])
+            .find_map(|s| s["$ref"].as_str())
+            .expect("truncate names its schema");
+        assert_eq!(target, "#/components/schemas/NimTruncate");
+        assert_eq!(schemas["NimTruncate"]["enum"], json!(["NONE", "END"]));
+        // The answer's Mixedbread fields say when they come: not only for
+        // Mixedbread's encoding_format, and never for another API's request.
+        let answer = &schemas["OpenAiEmbeddingResponse"]["properties"];
+        let said = answer["normalized"]["description"]
+            .as_str()
+            .unwrap()
+            .replace('\n', " ");
+        assert!(
+            said.contains(
+                "`normalized`, `prompt` or `truncation_strategy` with no other API's field"
+            ),
+            "{said}"
+        );
+        let said = answer["encoding_format"]["oneOf"][1]["description"]
+            .as_str()
+            .unwrap()
+            .replace('\n', " ");
+        assert!(said.contains("(`float` where unsaid)"), "{said}");
+    }
+
+    #[test]
     fn the_schemas_carry_the_bounds_the_routes_enforce() {
         let doc: Value = serde_json::from_str(super::json()).unwrap();
         let schemas = &doc["components"]["schemas"];

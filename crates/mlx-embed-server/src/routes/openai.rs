@@ -507,7 +507,9 @@ pub struct OpenAiEmbeddingRequest {
     /// `int8`, `uint8`, `binary`, `ubinary` (`output_dtype`'s integers, as
     /// JSON), or a list of formats: each `embedding` is then an object with a
     /// key per format (`object: embedding_dict`). A Mixedbread form's answer
-    /// also carries `normalized`, `encoding_format` and `dimensions`.
+    /// also carries `normalized`, `encoding_format` and `dimensions`; so does
+    /// a `float` or `base64` request with Mixedbread's `normalized`, `prompt`
+    /// or `truncation_strategy` and no field of another API's.
     pub encoding_format: Option<EncodingFormats>,
     /// vLLM's: the byte order of `base64` vectors, `native` (default: little-endian
     /// here), `little` or `big`.
@@ -700,11 +702,12 @@ pub struct OpenAiEmbeddingResponse {
     pub data: Vec<OpenAiEmbedding>,
     pub model: String,
     pub usage: Usage,
-    /// Mixedbread's (only where its `encoding_format` asked): whether the
-    /// vectors are unit length.
+    /// Mixedbread's (only for Mixedbread's request: an `encoding_format`
+    /// OpenAI lacks, or `normalized`, `prompt` or `truncation_strategy` with
+    /// no other API's field): whether the vectors are unit length.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub normalized: Option<bool>,
-    /// Mixedbread's: `encoding_format` as sent.
+    /// Mixedbread's: `encoding_format` as sent (`float` where unsaid).
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Option<EncodingFormats>)]
     pub encoding_format: Option<EncodingFormats>,
@@ -948,25 +951,54 @@ impl OpenAiEmbeddingRequest {
     /// `normalized`, `encoding_format` and `dimensions` (its SDK's typed
     /// answer reads them: left out, they read as None). Mixedbread's: an
     /// `encoding_format` OpenAI does not have (a list, `float16`, the
-    /// integer forms); or, with the vectors written as `encoding_format`
-    /// alone says (no `output_dtype`, `embedding_type` or `encoding_type`,
-    /// which `encoding_format` would misname), a field of Mixedbread's that
-    /// OpenAI's API does not have: `normalized`, `prompt` or
-    /// `truncation_strategy`. An OpenAI request sends none of these, so its
-    /// answer stays OpenAI's, byte for byte. (The SDK sending none of them,
-    /// `embed(model=, input=)` alone, is an OpenAI request: its answer has
-    /// no `normalized`.)
-    fn is_mixedbread(&self, encoding: &VectorEncoding) -> bool {
-        let format_says_all = encoding.dtype == OutputDtype::Float
-            && self.embedding_type.is_none()
-            && self.encoding_type.is_none();
+    /// integer forms); or a field of Mixedbread's that OpenAI's API does
+    /// not have (`normalized`, `prompt` or `truncation_strategy`) with no
+    /// field Mixedbread's API lacks ([`Self::speaks_another_api`]). An
+    /// OpenAI request sends none of Mixedbread's, and Jina's `normalized`
+    /// comes with Jina's own `task`, `late_chunking` or `embedding_type`
+    /// (as Jina's clients send them), so their answers stay as they were,
+    /// byte for byte. (The SDK sending none of them, `embed(model=,
+    /// input=)` alone, is an OpenAI request: its answer has no
+    /// `normalized`.)
+    fn is_mixedbread(&self) -> bool {
         self.encoding_format
             .as_ref()
             .is_some_and(EncodingFormats::is_mixedbread)
-            || (format_says_all
+            || (!self.speaks_another_api()
                 && (self.normalized.is_some()
                     || self.prompt.is_some()
                     || self.truncation_strategy.is_some()))
+    }
+
+    /// Whether the request sends a field Mixedbread's API does not have
+    /// (OpenAI's own aside): Jina's (`task`, `late_chunking`,
+    /// `embedding_type`, `encoding_type`: `normalized` is Jina's too),
+    /// Voyage's, vLLM's, NIM's, Infinity's, or this server's extensions.
+    /// Such a request is that API's, whatever else it sends.
+    fn speaks_another_api(&self) -> bool {
+        // Jina's.
+        self.task.is_some()
+            || self.late_chunking.is_some()
+            || self.embedding_type.is_some()
+            || self.encoding_type.is_some()
+            // Voyage's.
+            || self.output_dtype.is_some()
+            || self.input_type.is_some()
+            || self.output_dimension.is_some()
+            || self.truncation.is_some()
+            // vLLM's.
+            || self.use_activation.is_some()
+            || self.normalize.is_some()
+            || self.truncate_prompt_tokens.is_some()
+            || self.truncation_side.is_some()
+            || self.add_special_tokens.is_some()
+            || self.embed_dtype.is_some()
+            || self.endianness.is_some()
+            || self.priority.is_some()
+            // Infinity's; this server's and NIM's.
+            || self.modality.is_some()
+            || self.prompt_name.is_some()
+            || self.truncate.is_some()
     }
 
     /// Whether the vectors are normalized: vLLM's `use_activation` (or its
@@ -1014,7 +1046,7 @@ pub async fn embeddings(
 ) -> Result<Json<OpenAiEmbeddingResponse>, Shaped<OpenAi>> {
     let format = req.vector_encoding()?;
     // Mixedbread's answer carries its own fields; OpenAI's stays as it is.
-    let mixedbread = req.is_mixedbread(&format).then(|| {
+    let mixedbread = req.is_mixedbread().then(|| {
         let sent = req.encoding_format.clone();
         (
             sent.unwrap_or(EncodingFormats::One(EncodingFormat::Float)),
@@ -1432,6 +1464,47 @@ mod tests {
         assert!(!EncodingFormats::One(Base64).is_mixedbread());
         assert!(EncodingFormats::One(Binary).is_mixedbread());
         assert!(EncodingFormats::Many(vec![Float]).is_mixedbread());
+    }
+
+    #[test]
+    fn only_mixedbreads_requests_get_mixedbreads_answer_fields() {
+        let mixedbread = |body: &str| {
+            serde_json::from_str::<OpenAiEmbeddingRequest>(&format!(r#"{{"input": "x"{body}}}"#))
+                .unwrap()
+                .is_mixedbread()
+        };
+        // Mixedbread's SDK: its own fields, OpenAI's beside them.
+        for body in [
+            r#", "normalized": true"#,
+            r#", "normalized": false, "encoding_format": "base64""#,
+            r#", "prompt": "", "dimensions": 8, "encoding_format": "float""#,
+            r#", "truncation_strategy": "end", "user": "u""#,
+            r#", "encoding_format": "int8""#,
+            // An encoding_format OpenAI lacks is Mixedbread's whatever comes beside it.
+            r#", "encoding_format": ["float"], "task": "retrieval.query""#,
+        ] {
+            assert!(mixedbread(body), "{body}");
+        }
+        // OpenAI's, and Jina's normalized with Jina's own fields (its clients
+        // and this project's jina-v3 test send it with task), Voyage's, vLLM's,
+        // Infinity's and this server's: each answer stays as it was.
+        for body in [
+            "",
+            r#", "encoding_format": "base64", "dimensions": 8, "user": "u""#,
+            r#", "normalized": false, "task": "retrieval.query""#,
+            r#", "normalized": true, "late_chunking": false"#,
+            r#", "normalized": true, "embedding_type": "float""#,
+            r#", "normalized": true, "encoding_type": "float""#,
+            r#", "normalized": true, "output_dtype": "float""#,
+            r#", "normalized": true, "input_type": "query""#,
+            r#", "normalized": true, "use_activation": true"#,
+            r#", "normalized": true, "truncate_prompt_tokens": 8"#,
+            r#", "normalized": true, "modality": "text""#,
+            r#", "prompt": "q: ", "truncate": false"#,
+            r#", "truncation_strategy": "none", "priority": 1"#,
+        ] {
+            assert!(!mixedbread(body), "{body}");
+        }
     }
 
     fn encoding(extra: &str) -> Result<VectorEncoding, ApiError> {

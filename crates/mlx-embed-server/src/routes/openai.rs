@@ -971,7 +971,7 @@ impl OpenAiEmbeddingRequest {
     }
 
     /// Whether the request sends a field Mixedbread's API does not have
-    /// (OpenAI's own aside): Jina's (`task`, `late_chunking`,
+    /// (OpenAI's own aside): Jina's (`task`, `late_chunking`, `truncate`,
     /// `embedding_type`, `encoding_type`: `normalized` is Jina's too),
     /// Voyage's, vLLM's, NIM's, Infinity's, or this server's extensions.
     /// Such a request is that API's, whatever else it sends.
@@ -995,7 +995,7 @@ impl OpenAiEmbeddingRequest {
             || self.embed_dtype.is_some()
             || self.endianness.is_some()
             || self.priority.is_some()
-            // Infinity's; this server's and NIM's.
+            // Infinity's; this server's; Jina's and NIM's truncate.
             || self.modality.is_some()
             || self.prompt_name.is_some()
             || self.truncate.is_some()

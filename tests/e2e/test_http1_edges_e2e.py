@@ -58,6 +58,18 @@ def port_of(server) -> int:
     return int(server.url.rsplit(":", 1)[1])
 
 
+# What the server logs once a shutdown request has marked it shutting down
+# (every HTTP/1 answer made from then on says `Connection: close`).
+SHUTTING_DOWN = "shutting down: no new connections"
+
+
+def wait_for_log(server, text: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while text not in server.log():
+        assert time.monotonic() < deadline, f"the server never logged {text!r}:\n{server.log()[-3000:]}"
+        time.sleep(0.01)
+
+
 def test_requests_in_the_socket_buffer_at_sigterm_are_answered(tmp_path, golden):
     """Keep-alive connections, each answered once, send a second request
     and SIGTERM follows the writes at once: each second request is answered
@@ -198,9 +210,12 @@ def test_a_request_pipelined_behind_one_in_progress_at_sigterm(tmp_path, sent):
             s.sendall(second)
         elif sent == "still_sending":
             s.sendall(second[:1000])
-        time.sleep(0.2)
         server.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.3)
+        # The model is released only once the server has taken the signal
+        # (it logs so after marking itself shutting down): a fixed sleep let
+        # a loaded machine make the answer first, which then said
+        # keep-alive and let the pipelined request in.
+        wait_for_log(server, SHUTTING_DOWN)
         release.touch()
         buf = bytearray()
         if sent == "still_sending":

@@ -52,6 +52,30 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def listening(port: int) -> bool:
+    """A socket listens on `port` (any address). After a stop this is what
+    "still held" means: a bind test also fails while another program's
+    outgoing connection has the port as its source port (the ports these
+    scripts pick come from the ephemeral range, and on a busy machine one
+    freed is soon taken that way, or left in TIME_WAIT by a client, which
+    SO_REUSEADDR does not pass). Linux reads /proc/net/tcp{,6}; elsewhere
+    the bind test stands in."""
+    tables = [Path("/proc/net/tcp"), Path("/proc/net/tcp6")]
+    if not tables[0].exists():
+        return not port_free(port)
+    for table in tables:
+        try:
+            lines = table.read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            # local_address is HEXIP:HEXPORT; state 0A is TCP_LISTEN.
+            if len(fields) > 3 and fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+                return True
+    return False
+
+
 def port_free(port: int) -> bool:
     """Nobody listens on `port` (TIME_WAIT leftovers do not count: nginx and
     the server bind with SO_REUSEADDR too)."""

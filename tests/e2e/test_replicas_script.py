@@ -141,7 +141,7 @@ def assert_all_stopped(s: Script) -> None:
     left = [pid for pid in s.seen if alive(pid)]
     assert not left, f"left running: {left}\n{s.stderr()[-3000:]}"
     for k in range(3):
-        assert rp.port_free(s.port + k), f"port {s.port + k} still held"
+        assert not rp.listening(s.port + k), f"port {s.port + k} still listened on"
 
 
 STOPS = {

@@ -332,3 +332,38 @@ def test_a_client_that_half_closes_mid_headers_is_dropped(tmp_path):
     assert server.post("/embed", {"inputs": "still serving"}).status_code == 200
     assert server.stop() == 0, server.log()[-3000:]
 
+
+
+@pytest.mark.parametrize("framing", ["content_length", "chunked"])
+def test_an_upload_refused_413_while_still_being_sent_is_read_away(tmp_path, framing):
+    """An 8 MiB upload to a server whose limit is 256 KiB, sent in 64 KiB
+    pieces with pauses (a client that reads only once it has sent its
+    body, as Python's http.client does): every byte is taken, none meets a
+    reset (the connection is read away until the client's last piece, not
+    cut after a few MiB, or when the socket happened to hold nothing), and
+    the client then reads the 413 with its JSON error, `Connection: close`,
+    and EOF; all within a few seconds."""
+    limit, size, piece = 256 << 10, 8 << 20, 64 << 10
+    server = start_server(tmp_path, "--no-warmup", "--max-body-bytes", str(limit))
+    started = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port_of(server)), timeout=30) as s:
+        head = b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        head += b"Transfer-Encoding: chunked\r\n\r\n" if framing == "chunked" else f"Content-Length: {size}\r\n\r\n".encode()
+        s.sendall(head)
+        for i in range(size // piece):
+            data = b"x" * piece
+            s.sendall(f"{piece:x}\r\n".encode() + data + b"\r\n" if framing == "chunked" else data)
+            if i % 8 == 7:
+                time.sleep(0.02)
+        if framing == "chunked":
+            s.sendall(b"0\r\n\r\n")
+        buf = bytearray()
+        status, headers, body = read_response(s, buf)
+        assert (status, headers.get("connection")) == (413, "close"), (status, headers, body)
+        # TEI's error shape (the route is TEI's /embed).
+        error = json.loads(body)
+        assert error["error_type"] == "Validation" and str(limit) in error["error"], error
+        assert s.recv(1) == b"" and not buf
+    took = time.monotonic() - started
+    assert took < 10, took
+    assert server.stop() == 0, server.log()[-3000:]

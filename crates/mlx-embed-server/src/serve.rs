@@ -424,6 +424,11 @@ async fn run(
 /// timeout and made the exit a forced one.
 const HEADERS_GRACE: Duration = Duration::from_secs(1);
 
+/// The longest a connection closed with the client still sending is read
+/// away before it is dropped ([`WriteWatched::linger`]); within it, a pause
+/// of [`HEADERS_GRACE`] ends it too. (nginx's `lingering_time` is 30 s.)
+const LINGER_LIMIT: Duration = Duration::from_secs(30);
+
 /// The most a request's head may take: over HTTP/1 its request line and
 /// header lines, their line ends and the blank line after them included
 /// (hyper's default buffer, named so HTTP/2 gets the same; past it 431),
@@ -600,7 +605,7 @@ async fn serve_connections(
                         .drive(Pin::new(&mut connection), None, &mut stopped)
                         .await;
                     if let Some(ended) = ended {
-                        close_http1(connection, ended, &state).await;
+                        close_http1(connection, ended, &state, &activity).await;
                     }
                 }
                 Protocol::Http2 => {
@@ -761,8 +766,15 @@ impl Served for Http1 {
 /// head is no request at all, nor is a URI past [`MAX_URI_BYTES`]. And a
 /// connection closed with bytes of the client's unread (a request
 /// pipelined behind its last answer) is closed in stages, so that answer
-/// is not lost to a reset ([`WriteWatched::linger`]).
-async fn close_http1(connection: Http1, ended: Result<(), hyper::Error>, state: &AppState) {
+/// is not lost to a reset ([`WriteWatched::linger`]); so is one whose
+/// last request's body was not read to its end (a 413 refuses an upload
+/// while its client is still sending it).
+async fn close_http1(
+    connection: Http1,
+    ended: Result<(), hyper::Error>,
+    state: &AppState,
+    activity: &Activity,
+) {
     use tokio::io::AsyncWriteExt;
     let parts = connection.0.into_parts();
     // Bytes of requests that hyper read and will not answer: one pipelined
@@ -795,7 +807,11 @@ async fn close_http1(connection: Http1, ended: Result<(), hyper::Error>, state: 
     // drain timeout: the exit then waits only [`ANSWER_GRACE`] for the
     // connections left, and one lingering for a client that keeps its
     // socket open would make it a forced one, every answer written.
-    if refusal.is_some() || (ended.is_ok() && (unanswered || received(&io.stream))) {
+    // Whether bytes are queued at this instant is not enough: a client
+    // still sending a body it paused in (a refused upload) would have the
+    // rest of it answered with a reset.
+    let body_open = activity.body_open.load(Ordering::Acquire);
+    if refusal.is_some() || (ended.is_ok() && (unanswered || body_open || received(&io.stream))) {
         state.until_drain_ends(io.linger()).await;
     }
 }
@@ -1050,21 +1066,25 @@ impl WriteWatched {
             .unwrap_or_default()
     }
 
-    /// Reads away what the client is still sending, until it closes or for
-    /// up to [`HEADERS_GRACE`] (4 MiB at most), after an answer that ends
-    /// the connection before the client's bytes were all read (a head past
-    /// its limit, a request pipelined behind an answer that said `close`):
-    /// closed with bytes unread, the socket would send a reset,
-    /// which can reach the client before it reads the answer and discard it.
+    /// Reads away what the client is still sending, until it closes, sends
+    /// nothing for [`HEADERS_GRACE`], or [`LINGER_LIMIT`] has passed, after
+    /// an answer that ends the connection before the client's bytes were
+    /// all read (a head past its limit, a request pipelined behind an
+    /// answer that said `close`, an upload refused with 413 while it is
+    /// still being sent): closed with bytes unread, the socket would send a
+    /// reset, which can reach the client before it reads the answer and
+    /// discard it, and fails the write of a client that reads only once it
+    /// has sent its body. Bounded by time, not bytes: a cap of 4 MiB reset
+    /// an 8 MiB upload's client mid-body (nginx's `lingering_close` is
+    /// bounded likewise: `lingering_timeout`, `lingering_time`).
     async fn linger(&mut self) {
         use tokio::io::AsyncReadExt;
         let mut buf = vec![0u8; 64 << 10];
-        let mut left = 4usize << 20;
-        let _ = tokio::time::timeout(HEADERS_GRACE, async {
-            while left > 0 {
-                match self.stream.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => left = left.saturating_sub(n),
+        let _ = tokio::time::timeout(LINGER_LIMIT, async {
+            loop {
+                match tokio::time::timeout(HEADERS_GRACE, self.stream.read(&mut buf)).await {
+                    Ok(Ok(n)) if n > 0 => {}
+                    _ => return,
                 }
             }
         })
@@ -1297,6 +1317,9 @@ struct Activity {
     /// Bytes taken from the socket (by [`sniff`] or hyper) since a request
     /// last began or ended: with none in progress, the start of the next.
     taken: AtomicUsize,
+    /// Whether the last request's body has not been read to its end
+    /// ([`BodyWatched`]; HTTP/1's, one request at a time).
+    body_open: AtomicBool,
     /// For each answer made whose body hyper has not all taken, when hyper
     /// last took a piece of it (ms after `born`). Each its own: one
     /// stream's progress says nothing of another's over HTTP/2.
@@ -1310,6 +1333,7 @@ impl Default for Activity {
             busy: AtomicUsize::new(0),
             started: AtomicUsize::new(0),
             taken: AtomicUsize::new(0),
+            body_open: AtomicBool::new(false),
             answering: std::sync::Mutex::default(),
             born: Instant::now(),
         }
@@ -1480,21 +1504,59 @@ impl http_body::Body for InPieces {
     }
 }
 
+/// A request's body, noting on its connection's [`Activity`] when it has
+/// been read to its end.
+struct BodyWatched<B> {
+    body: B,
+    activity: Arc<Activity>,
+}
+
+impl<B: http_body::Body + Unpin> http_body::Body for BodyWatched<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        let this = &mut *self;
+        let poll = Pin::new(&mut this.body).poll_frame(cx);
+        let ended = match &poll {
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Ok(_))) => this.body.is_end_stream(),
+            _ => false,
+        };
+        if ended {
+            this.activity.body_open.store(false, Ordering::Release);
+        }
+        poll
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 impl<B> tower_service::Service<axum::http::Request<B>> for Tracked
 where
+    B: http_body::Body + Unpin,
     Router: tower_service::Service<
-        axum::http::Request<B>,
+        axum::http::Request<BodyWatched<B>>,
         Response = axum::response::Response,
         Error = std::convert::Infallible,
     >,
-    <Router as tower_service::Service<axum::http::Request<B>>>::Future: Send + 'static,
+    <Router as tower_service::Service<axum::http::Request<BodyWatched<B>>>>::Future: Send + 'static,
 {
     type Response = axum::response::Response;
     type Error = std::convert::Infallible;
     type Future = futures_util::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        tower_service::Service::<axum::http::Request<B>>::poll_ready(&mut self.app, cx)
+        tower_service::Service::<axum::http::Request<BodyWatched<B>>>::poll_ready(&mut self.app, cx)
     }
 
     fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
@@ -1503,6 +1565,13 @@ where
         let activity = self.activity.clone();
         let version = request.version();
         let http2 = version == axum::http::Version::HTTP_2;
+        activity
+            .body_open
+            .store(!request.body().is_end_stream(), Ordering::Release);
+        let request = request.map(|body| BodyWatched {
+            body,
+            activity: activity.clone(),
+        });
         let answer = self.app.call(request);
         let state = self.state.clone();
         Box::pin(async move {

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import re
 import socket
+import time
 
 import pytest
 
@@ -251,3 +252,32 @@ def test_100_continue_on_a_kept_connection_is_written_at_once(srv):
             status_line, headers, answer = read_one(s, buf)
             assert status_line == "HTTP/1.1 200 OK" and "connection" not in headers, (status_line, headers)
             assert [len(v) for v in json.loads(answer)] == [384], answer[:200]
+
+
+def test_a_bad_head_pipelined_behind_an_answer_the_client_has_not_read(srv):
+    """A request whose answer (/embed_all's token vectors, ~8 MB) is far
+    more than the sockets hold, and a malformed head pipelined behind it in
+    the same write, from a client with a 4 KiB receive buffer that reads
+    nothing for a while: the server waits with the answer half written.
+    Then read whole: the 200 answer, then our JSON refusal (not hyper's
+    bodyless 400), then EOF."""
+    texts = [" ".join(f"word{i}x{j}" for j in range(300)) for i in range(8)]
+    body = json.dumps({"inputs": texts}).encode()
+    post = (b"POST /embed_all HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    bad = b"GET /health HTTP/1.1\r\nHost: x\r\nBad Name: y\r\n\r\n"
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.settimeout(60)
+        s.connect(("127.0.0.1", port_of(srv)))
+        s.sendall(post + bad)
+        # Long enough for the model to answer and the server's socket to fill.
+        time.sleep(3)
+        got = b""
+        while chunk := s.recv(1 << 20):
+            got += chunk
+    answer, refusal = responses(got)
+    assert answer[0] == "HTTP/1.1 200 OK" and len(answer[2]) > 6_000_000, (answer[0], len(answer[2]))
+    # Cut at the model's 256 tokens.
+    assert [len(v) for v in json.loads(answer[2])] == [256] * 8
+    assert_refusal(refusal, BAD_HEADER)

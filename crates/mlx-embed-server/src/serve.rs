@@ -1003,9 +1003,14 @@ struct WriteWatched {
 /// no body). So bytes written while no answer is owed (no request in
 /// progress, and every answer's bytes written: hyper flushes the socket
 /// only once its own buffer is empty) are that answer, kept from the
-/// client for [`close_http1`] to replace. (A head read and refused while an
-/// answer still waits in hyper's buffer, for a client that sends and does
-/// not read, gets hyper's answer.)
+/// client for [`close_http1`] to replace. A head pipelined behind an answer
+/// the client has not read is parsed only once that answer is flushed
+/// whole: hyper reads ahead into its buffer, but takes the next head only
+/// after its connection is idle again, which a write buffer that is empty
+/// makes it (hyper 1.x: `Conn::poll_flush` calls `try_keep_alive`); that
+/// flush settles it here first. (Only a request whose body hyper finished
+/// reading after its answer was made, and while that answer could not be
+/// written, could see its next head refused with hyper's answer.)
 struct Unowed {
     /// How many requests had begun ([`Activity::started`]) when hyper last
     /// flushed the socket with none in progress.

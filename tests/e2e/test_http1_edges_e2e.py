@@ -116,6 +116,65 @@ def test_requests_in_the_socket_buffer_at_sigterm_are_answered(tmp_path, golden)
 
 
 
+def test_a_request_sent_right_after_sigterm_on_an_idle_connection_is_answered(tmp_path, golden):
+    """Keep-alive connections, each answered once and idle, whose clients
+    send their next request right after SIGTERM (a pool reusing the
+    connection as the signal lands): each is answered 200 with its own
+    vector, not met with a reset, then the connection ends, and the server
+    exits 0. An idle connection waits a moment (a quarter second) for a
+    next request before it is closed."""
+    texts, ref, _ = non_empty_golden(golden, 2 * CONNECTIONS)
+    for round_ in range(3):
+        (tmp_path / f"round{round_}").mkdir()
+        server = start_server(tmp_path / f"round{round_}", "--no-warmup")
+        socks = [socket.create_connection(("127.0.0.1", port_of(server)), timeout=30) for _ in range(CONNECTIONS)]
+        bufs = [bytearray() for _ in socks]
+        try:
+            for i, (s, buf) in enumerate(zip(socks, bufs)):
+                s.sendall(request(texts[i]))
+                status, headers, _ = read_response(s, buf)
+                assert status == 200 and headers.get("connection") != "close", (status, headers)
+            server.proc.send_signal(signal.SIGTERM)
+            for i, s in enumerate(socks):
+                s.sendall(request(texts[CONNECTIONS + i]))
+            for i, (s, buf) in enumerate(zip(socks, bufs)):
+                got = read_response(s, buf)
+                assert got is not None, f"round {round_}: connection {i} closed unanswered"
+                status, headers, body = got
+                assert status == 200, (status, body)
+                vector = np.asarray(json.loads(body), dtype=np.float32)
+                assert cosine_rows(vector, ref[CONNECTIONS + i : CONNECTIONS + i + 1])[0] >= 0.99999
+                if headers.get("connection") == "close":
+                    assert s.recv(1) == b"" and not buf
+            assert server.proc.wait(timeout=60) == 0, server.log()[-3000:]
+        finally:
+            for s in socks:
+                s.close()
+            server.stop()
+
+
+def test_a_request_crossing_the_close_of_an_idle_connection_is_read_away(tmp_path):
+    """An idle keep-alive connection closed on SIGTERM (past the quarter
+    second it waits for a next request), whose client sends a request as
+    the close reaches it: the connection ends cleanly (EOF), its request
+    read away, and the client's socket is not reset (a reset fails its
+    next write and can discard what it has not read)."""
+    server = start_server(tmp_path, "--no-warmup")
+    with socket.create_connection(("127.0.0.1", port_of(server)), timeout=30) as s:
+        buf = bytearray()
+        s.sendall(request("answered before the signal"))
+        assert read_response(s, buf)[0] == 200
+        server.proc.send_signal(signal.SIGTERM)
+        wait_for_log(server, SHUTTING_DOWN)
+        time.sleep(0.5)
+        s.sendall(request("crossing the close"))
+        time.sleep(0.2)
+        assert s.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR) == 0, "the connection was reset"
+        s.sendall(b"\r\n")
+        assert s.recv(1) == b"" and not buf
+    assert server.proc.wait(timeout=30) == 0, server.log()[-3000:]
+
+
 def test_a_next_request_partly_read_at_sigterm_is_answered(tmp_path, golden):
     """A keep-alive connection, answered once, whose next request's head had
     partly come (and been read) when SIGTERM landed, and whose rest follows

@@ -424,6 +424,14 @@ async fn run(
 /// timeout and made the exit a forced one.
 const HEADERS_GRACE: Duration = Duration::from_secs(1);
 
+/// After a shutdown begins, how long an idle HTTP/1 connection waits for
+/// its client's next request to start coming before it is closed: a
+/// request sent right behind the last answer arrives within a round trip.
+/// Past it the connection is closed in stages ([`close_http1`]): a request
+/// that crosses the close is read away and its client sees the connection
+/// end (EOF), not a reset.
+const IDLE_GRACE: Duration = Duration::from_millis(250);
+
 /// The longest a connection closed with the client still sending is read
 /// away before it is dropped ([`WriteWatched::linger`]); within it, a pause
 /// of [`HEADERS_GRACE`] ends it too. (nginx's `lingering_time` is 30 s.)
@@ -678,8 +686,27 @@ impl Watched<'_> {
         // would lose it unanswered). Nor can the next be refused (a 503):
         // after an answer that says `close`, no further request may be
         // processed (9.6), and its client reads nothing more.
-        if why == "shutdown" && idle_after.is_none() && self.holds_unread_request() {
-            let begun = self.activity.started.load(Ordering::Acquire);
+        // An idle connection whose last answer went out just before the
+        // signal may have its client's next request on the way (a pipelining
+        // client, or a pool that reuses the connection at once): closed at
+        // once, that request would meet a reset. It gets [`IDLE_GRACE`] for
+        // its first bytes to come; one that begins is let in as above.
+        let begun = self.activity.started.load(Ordering::Acquire);
+        if why == "shutdown"
+            && idle_after.is_none()
+            && self.activity.busy.load(Ordering::Acquire) == 0
+            && !self.holds_unread_request()
+        {
+            tokio::select! {
+                ended = connection.as_mut() => return Some(ended),
+                () = self.next_request_within(begun, IDLE_GRACE) => {}
+            }
+        }
+        if why == "shutdown"
+            && idle_after.is_none()
+            && self.activity.started.load(Ordering::Acquire) == begun
+            && self.holds_unread_request()
+        {
             tokio::select! {
                 ended = connection.as_mut() => return Some(ended),
                 () = self.activity.begun_after(begun) => {}
@@ -697,6 +724,19 @@ impl Watched<'_> {
                 self.stalled();
                 None
             }
+        }
+    }
+
+    /// Completes once a request has begun after `begun` had, bytes of a
+    /// next one have come ([`Self::holds_unread_request`]), or `within` has
+    /// passed.
+    async fn next_request_within(&self, begun: usize, within: Duration) {
+        let until = tokio::time::Instant::now() + within;
+        while self.activity.started.load(Ordering::Acquire) == begun
+            && !self.holds_unread_request()
+            && tokio::time::Instant::now() < until
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
@@ -810,8 +850,13 @@ async fn close_http1(
     // Whether bytes are queued at this instant is not enough: a client
     // still sending a body it paused in (a refused upload) would have the
     // rest of it answered with a reset.
+    // At a shutdown, a keep-alive client's next request may cross the
+    // close: read away, not reset.
     let body_open = activity.body_open.load(Ordering::Acquire);
-    if refusal.is_some() || (ended.is_ok() && (unanswered || body_open || received(&io.stream))) {
+    let crossing = state.is_shutting_down();
+    if refusal.is_some()
+        || (ended.is_ok() && (unanswered || body_open || crossing || received(&io.stream)))
+    {
         state.until_drain_ends(io.linger()).await;
     }
 }

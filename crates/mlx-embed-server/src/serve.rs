@@ -542,7 +542,7 @@ impl Protocols {
 
 /// Serves `app` on every connection `listener` accepts until `stop`
 /// completes, then closes the listener and waits for the open connections to
-/// finish their requests (idle ones close at once, and ones with no request
+/// finish their requests (idle ones close within [`IDLE_GRACE`], and ones with no request
 /// in progress after [`HEADERS_GRACE`]: part of a request's headers). A
 /// connection speaks HTTP/1.1, or HTTP/2 when it opens with its preface
 /// (prior knowledge, as gRPC clients and h2c proxies do; `Upgrade: h2c` is

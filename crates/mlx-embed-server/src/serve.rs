@@ -437,6 +437,12 @@ const IDLE_GRACE: Duration = Duration::from_millis(250);
 /// of [`HEADERS_GRACE`] ends it too. (nginx's `lingering_time` is 30 s.)
 const LINGER_LIMIT: Duration = Duration::from_secs(30);
 
+/// [`LINGER_LIMIT`] once a shutdown has begun: every connection's task is
+/// waited for before the exit, so a client that trickles a byte a second
+/// into a closed connection would otherwise hold the exit to the drain
+/// timeout (and make it one). (nginx's `lingering_timeout` is 5 s.)
+const SHUTDOWN_LINGER_LIMIT: Duration = Duration::from_secs(5);
+
 /// The most a request's head may take: over HTTP/1 its request line and
 /// header lines, their line ends and the blank line after them included
 /// (hyper's default buffer, named so HTTP/2 gets the same; past it 431),
@@ -852,12 +858,17 @@ async fn close_http1(
     // rest of it answered with a reset.
     // At a shutdown, a keep-alive client's next request may cross the
     // close: read away, not reset.
+    // Such a request comes within a round trip of the close, so a silent
+    // client (a pool that notices the close only when it next uses the
+    // connection) is waited for [`IDLE_GRACE`], not [`HEADERS_GRACE`]: the
+    // exit waits for every connection's task.
     let body_open = activity.body_open.load(Ordering::Acquire);
-    let crossing = state.is_shutting_down();
-    if refusal.is_some()
-        || (ended.is_ok() && (unanswered || body_open || crossing || received(&io.stream)))
-    {
-        state.until_drain_ends(io.linger()).await;
+    let owed =
+        refusal.is_some() || (ended.is_ok() && (unanswered || body_open || received(&io.stream)));
+    let crossing = ended.is_ok() && state.is_shutting_down();
+    if owed || crossing {
+        let pause = if owed { HEADERS_GRACE } else { IDLE_GRACE };
+        state.until_drain_ends(io.linger(pause)).await;
     }
 }
 
@@ -1117,7 +1128,8 @@ impl WriteWatched {
     }
 
     /// Reads away what the client is still sending, until it closes, sends
-    /// nothing for [`HEADERS_GRACE`], or [`LINGER_LIMIT`] has passed, after
+    /// nothing for `pause`, or [`LINGER_LIMIT`] has passed
+    /// ([`SHUTDOWN_LINGER_LIMIT`] once a shutdown has begun), after
     /// an answer that ends the connection before the client's bytes were
     /// all read (a head past its limit, a request pipelined behind an
     /// answer that said `close`, an upload refused with 413 while it is
@@ -1127,18 +1139,26 @@ impl WriteWatched {
     /// has sent its body. Bounded by time, not bytes: a cap of 4 MiB reset
     /// an 8 MiB upload's client mid-body (nginx's `lingering_close` is
     /// bounded likewise: `lingering_timeout`, `lingering_time`).
-    async fn linger(&mut self) {
+    async fn linger(&mut self, pause: Duration) {
         use tokio::io::AsyncReadExt;
         let mut buf = vec![0u8; 64 << 10];
-        let _ = tokio::time::timeout(LINGER_LIMIT, async {
-            loop {
-                match tokio::time::timeout(HEADERS_GRACE, self.stream.read(&mut buf)).await {
-                    Ok(Ok(n)) if n > 0 => {}
-                    _ => return,
-                }
+        let began = tokio::time::Instant::now();
+        loop {
+            // Asked on each read: a linger begun before a shutdown is cut
+            // to the shorter limit once one begins.
+            let limit = if self.state.is_shutting_down() {
+                SHUTDOWN_LINGER_LIMIT
+            } else {
+                LINGER_LIMIT
+            };
+            let Some(left) = limit.checked_sub(began.elapsed()) else {
+                return;
+            };
+            match tokio::time::timeout(pause.min(left), self.stream.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => return,
             }
-        })
-        .await;
+        }
     }
 
     /// Bytes written to the socket that the client has not yet taken

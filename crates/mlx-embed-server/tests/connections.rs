@@ -609,3 +609,86 @@ async fn an_idle_http2_connection_is_sent_a_goaway_at_the_client_timeout() {
     assert_within(start, 5);
     server.stop().await.unwrap();
 }
+
+/// A keep-alive connection answered once, its answer read, its client then
+/// silent (a pool that notices a close only when it next uses the
+/// connection).
+async fn idle_connection(server: &Server) -> TcpStream {
+    let mut stream = connect(server).await;
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (head, _) = read_answer(&mut stream).await;
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    stream
+}
+
+/// At a shutdown an idle connection whose client stays silent is closed
+/// after its quarter second's wait for a next request, and read a quarter
+/// second more for one crossing the close: the exit is not held the second
+/// a client's paused upload gets. Its client sees the connection end (EOF).
+#[tokio::test]
+async fn a_silent_idle_connection_does_not_hold_the_exit_a_second() {
+    let server = Server::start(args(60)).await;
+    let mut stream = idle_connection(&server).await;
+    let start = Instant::now();
+    server.stop().await.expect("a clean stop");
+    let stopped = start.elapsed();
+    assert!(
+        stopped >= Duration::from_millis(250) && stopped < Duration::from_millis(1000),
+        "{stopped:?}"
+    );
+    let mut buf = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
+        .await
+        .expect("closed")
+        .expect("an end, not a reset");
+    assert_eq!(n, 0);
+}
+
+/// A client that, once its idle connection is closed at a shutdown, sends a
+/// byte every 100 ms (never the pause that ends a linger) is read away for
+/// a few seconds, not until the drain timeout: the exit waits for every
+/// connection's task, and the stop is a clean one.
+#[tokio::test]
+async fn a_client_trickling_into_a_closed_connection_does_not_hold_the_exit() {
+    let server = Server::start(ServerArgs {
+        drain_timeout_secs: 12,
+        ..args(60)
+    })
+    .await;
+    let stream = idle_connection(&server).await;
+    let (mut rd, mut wr) = stream.into_split();
+    let trickle = tokio::spawn(async move {
+        let mut buf = [0u8; 16];
+        // The server's close (its FIN) first: only then is it a linger.
+        let n = tokio::time::timeout(Duration::from_secs(5), rd.read(&mut buf))
+            .await
+            .expect("closed")
+            .expect("an end, not a reset");
+        assert_eq!(n, 0);
+        let mut sent = 0;
+        for _ in 0..300 {
+            if wr.write_all(b"x").await.is_err() {
+                break;
+            }
+            sent += 1;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        sent
+    });
+    let start = Instant::now();
+    server.stop().await.expect("a clean stop");
+    let stopped = start.elapsed();
+    // Five seconds of linger after the quarter second's wait.
+    assert!(
+        stopped >= Duration::from_secs(5) && stopped < Duration::from_secs(8),
+        "{stopped:?}"
+    );
+    let sent = tokio::time::timeout(Duration::from_secs(60), trickle)
+        .await
+        .expect("the trickle ends once the server has gone")
+        .unwrap();
+    assert!(sent < 300, "{sent}");
+}
